@@ -1,0 +1,391 @@
+//! The graph IR: ops as petgraph nodes, tensors as values with typed ids.
+//!
+//! Values (`%vN`) live in an arena owned by the graph; each is a graph input, a weight
+//! (initializer or folded constant) or the output of exactly one node. Nodes (`nN`) sit
+//! in a petgraph `StableDiGraph` whose edges carry the value flowing from producer to
+//! consumer, so graph algorithms (topological order, cycle checks, partitioning) work on
+//! petgraph directly while the node's own `inputs` list keeps operand order.
+
+use std::fmt;
+
+use petgraph::stable_graph::{NodeIndex, StableDiGraph};
+use petgraph::visit::{EdgeRef, IntoEdgeReferences, NodeIndexable};
+use petgraph::Direction;
+
+use crate::{Op, TensorData, TensorType};
+
+/// Handle of a node; prints as `n12`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct NodeId(pub(crate) NodeIndex<u32>);
+
+impl NodeId {
+    pub fn index(self) -> usize {
+        self.0.index()
+    }
+}
+
+impl fmt::Display for NodeId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "n{}", self.0.index())
+    }
+}
+
+/// Handle of a value; prints as `%v12`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ValueId(pub(crate) u32);
+
+impl ValueId {
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+impl fmt::Display for ValueId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "%v{}", self.0)
+    }
+}
+
+/// A tensor stored in the model.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Weight {
+    pub data: TensorData,
+    /// Trainable parameters are float initializers of rank >= 1; everything else
+    /// (index tensors, scalars, folded shape constants) is a constant.
+    pub trainable: bool,
+}
+
+/// Where a value comes from.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ValueDef {
+    /// A graph input (fed per microbatch).
+    Input,
+    Weight(Weight),
+    /// Output `slot` of `node`.
+    Node { node: NodeId, slot: usize },
+}
+
+/// A tensor value.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Value {
+    /// The ONNX name, kept for error messages, export and inspection.
+    pub name: String,
+    pub ty: TensorType,
+    pub def: ValueDef,
+}
+
+impl Value {
+    pub fn weight(&self) -> Option<&Weight> {
+        match &self.def {
+            ValueDef::Weight(w) => Some(w),
+            _ => None,
+        }
+    }
+}
+
+/// One operator application.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Node {
+    /// The ONNX node name (may be empty in the source model; import fills `OpType_k`).
+    pub name: String,
+    pub op: Op,
+    /// Operands in ONNX order; `None` for an omitted optional input.
+    pub inputs: Vec<Option<ValueId>>,
+    /// Results in ONNX order; `None` for an omitted optional output.
+    pub outputs: Vec<Option<ValueId>>,
+}
+
+/// The value carried by a petgraph edge and the consumer's operand slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Edge {
+    pub value: ValueId,
+    pub slot: usize,
+}
+
+/// Facts about the source model, kept for inspection and export.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ModelMeta {
+    pub producer_name: String,
+    pub producer_version: String,
+    pub ir_version: i64,
+    /// The default-domain opset.
+    pub opset: i64,
+    pub graph_name: String,
+}
+
+/// The symbolic batch dimension: its name and the extent the model was exported with.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BatchInfo {
+    pub name: String,
+    /// The batch size the model's constants were written for (used to resolve them).
+    pub export_size: i64,
+}
+
+/// A model graph.
+#[derive(Clone, Debug, Default)]
+pub struct Graph {
+    pub meta: ModelMeta,
+    pub batch: Option<BatchInfo>,
+    values: Vec<Value>,
+    dag: StableDiGraph<Node, Edge, u32>,
+    inputs: Vec<ValueId>,
+    outputs: Vec<ValueId>,
+    /// Notes from import (e.g. a batch dimension resolved to a constant at a node).
+    pub warnings: Vec<String>,
+}
+
+impl Graph {
+    pub fn new(meta: ModelMeta) -> Graph {
+        Graph { meta, ..Graph::default() }
+    }
+
+    pub fn add_value(&mut self, value: Value) -> ValueId {
+        let id = ValueId(self.values.len() as u32);
+        if matches!(value.def, ValueDef::Input) {
+            self.inputs.push(id);
+        }
+        self.values.push(value);
+        id
+    }
+
+    /// Adds a node whose inputs are already defined, creating one output value per
+    /// `(name, type)` in `outputs` (`None` for an omitted output).
+    pub fn add_node(
+        &mut self,
+        name: String,
+        op: Op,
+        inputs: Vec<Option<ValueId>>,
+        outputs: Vec<Option<(String, TensorType)>>,
+    ) -> NodeId {
+        let idx = self.dag.add_node(Node { name, op, inputs: inputs.clone(), outputs: Vec::new() });
+        let node = NodeId(idx);
+        let mut outs = Vec::with_capacity(outputs.len());
+        for (slot, out) in outputs.into_iter().enumerate() {
+            outs.push(out.map(|(name, ty)| self.add_value(Value { name, ty, def: ValueDef::Node { node, slot } })));
+        }
+        self.dag[idx].outputs = outs;
+        for (slot, input) in inputs.iter().enumerate() {
+            if let Some(v) = *input {
+                if let Some(ValueDef::Node { node: producer, .. }) = self.values.get(v.index()).map(|x| &x.def) {
+                    self.dag.add_edge(producer.0, idx, Edge { value: v, slot });
+                }
+            }
+        }
+        node
+    }
+
+    pub fn set_outputs(&mut self, outputs: Vec<ValueId>) {
+        self.outputs = outputs;
+    }
+
+    pub fn inputs(&self) -> &[ValueId] {
+        &self.inputs
+    }
+
+    pub fn outputs(&self) -> &[ValueId] {
+        &self.outputs
+    }
+
+    pub fn value(&self, id: ValueId) -> &Value {
+        &self.values[id.index()]
+    }
+
+    pub fn value_mut(&mut self, id: ValueId) -> &mut Value {
+        &mut self.values[id.index()]
+    }
+
+    /// The value, or `None` when `id` is out of range (for the verifier).
+    pub fn try_value(&self, id: ValueId) -> Option<&Value> {
+        self.values.get(id.index())
+    }
+
+    pub fn value_count(&self) -> usize {
+        self.values.len()
+    }
+
+    pub fn value_ids(&self) -> impl Iterator<Item = ValueId> + '_ {
+        (0..self.values.len() as u32).map(ValueId)
+    }
+
+    pub fn node(&self, id: NodeId) -> &Node {
+        &self.dag[id.0]
+    }
+
+    pub fn try_node(&self, id: NodeId) -> Option<&Node> {
+        self.dag.node_weight(id.0)
+    }
+
+    pub fn node_count(&self) -> usize {
+        self.dag.node_count()
+    }
+
+    /// Node ids in insertion order (not necessarily topological after edits).
+    pub fn node_ids(&self) -> impl Iterator<Item = NodeId> + '_ {
+        self.dag.node_indices().map(NodeId)
+    }
+
+    /// The petgraph view, for graph algorithms.
+    pub fn dag(&self) -> &StableDiGraph<Node, Edge, u32> {
+        &self.dag
+    }
+
+    /// Nodes in a topological order (ties broken by id, so the order is stable), or the
+    /// id of a node on a cycle.
+    pub fn topo_order(&self) -> Result<Vec<NodeId>, NodeId> {
+        let mut indegree: Vec<usize> = vec![0; self.dag.node_bound()];
+        for e in self.dag.edge_references() {
+            indegree[e.target().index()] += 1;
+        }
+        let mut ready: std::collections::BinaryHeap<std::cmp::Reverse<u32>> = self
+            .dag
+            .node_indices()
+            .filter(|n| indegree[n.index()] == 0)
+            .map(|n| std::cmp::Reverse(n.index() as u32))
+            .collect();
+        let mut order = Vec::with_capacity(self.dag.node_count());
+        while let Some(std::cmp::Reverse(i)) = ready.pop() {
+            let idx = NodeIndex::new(i as usize);
+            order.push(NodeId(idx));
+            for e in self.dag.edges_directed(idx, Direction::Outgoing) {
+                let t = e.target().index();
+                indegree[t] -= 1;
+                if indegree[t] == 0 {
+                    ready.push(std::cmp::Reverse(t as u32));
+                }
+            }
+        }
+        if order.len() == self.dag.node_count() {
+            Ok(order)
+        } else {
+            let stuck = self.dag.node_indices().find(|n| indegree[n.index()] > 0).expect("a node left on a cycle");
+            Err(NodeId(stuck))
+        }
+    }
+
+    /// Nodes that read `value`, with the operand slot.
+    pub fn consumers(&self, value: ValueId) -> Vec<(NodeId, usize)> {
+        let mut out = Vec::new();
+        for n in self.dag.node_indices() {
+            for (slot, v) in self.dag[n].inputs.iter().enumerate() {
+                if *v == Some(value) {
+                    out.push((NodeId(n), slot));
+                }
+            }
+        }
+        out
+    }
+
+    /// Number of reads of every value (graph outputs count as a read).
+    pub fn use_counts(&self) -> Vec<usize> {
+        let mut uses = vec![0; self.values.len()];
+        for n in self.dag.node_weights() {
+            for v in n.inputs.iter().flatten() {
+                uses[v.index()] += 1;
+            }
+        }
+        for v in &self.outputs {
+            uses[v.index()] += 1;
+        }
+        uses
+    }
+
+    /// Replaces node `node` by making each of its outputs a weight holding `data[slot]`.
+    /// Used by constant folding; the outputs keep their ids.
+    pub fn replace_with_constants(&mut self, node: NodeId, data: Vec<TensorData>) {
+        let removed = self.dag.remove_node(node.0).expect("folded node exists");
+        for (slot, (out, d)) in removed.outputs.iter().zip(data).enumerate() {
+            let _ = slot;
+            if let Some(v) = out {
+                self.values[v.index()].def = ValueDef::Weight(Weight { data: d, trainable: false });
+            }
+        }
+    }
+
+    /// Removes nodes whose outputs nobody reads, repeatedly, and returns how many went.
+    pub fn remove_dead_nodes(&mut self) -> usize {
+        let mut removed = 0;
+        loop {
+            let uses = self.use_counts();
+            let dead: Vec<NodeIndex<u32>> = self
+                .dag
+                .node_indices()
+                .filter(|&n| self.dag[n].outputs.iter().flatten().all(|v| uses[v.index()] == 0))
+                .collect();
+            if dead.is_empty() {
+                return removed;
+            }
+            for n in dead {
+                self.dag.remove_node(n);
+                removed += 1;
+            }
+        }
+    }
+
+    /// Renumbers nodes and values densely: inputs, then weights (in their current order),
+    /// then node outputs in topological order. Unused weights are dropped. Ids printed by
+    /// the text form are the ids of the compacted graph.
+    pub fn compact(&mut self) -> Result<(), NodeId> {
+        let order = self.topo_order()?;
+        let uses = self.use_counts();
+        let mut remap: Vec<Option<ValueId>> = vec![None; self.values.len()];
+        let mut out = Graph { meta: self.meta.clone(), batch: self.batch.clone(), ..Graph::default() };
+        out.warnings = std::mem::take(&mut self.warnings);
+        for &v in &self.inputs {
+            remap[v.index()] = Some(out.add_value(self.values[v.index()].clone()));
+        }
+        for (i, v) in self.values.iter().enumerate() {
+            if matches!(v.def, ValueDef::Weight(_)) && uses[i] > 0 {
+                remap[i] = Some(out.add_value(v.clone()));
+            }
+        }
+        for n in order {
+            let node = &self.dag[n.0];
+            let inputs = node.inputs.iter().map(|v| v.and_then(|v| remap[v.index()])).collect();
+            let outputs = node
+                .outputs
+                .iter()
+                .map(|v| v.map(|v| (self.values[v.index()].name.clone(), self.values[v.index()].ty.clone())))
+                .collect();
+            let new = out.add_node(node.name.clone(), node.op.clone(), inputs, outputs);
+            for (old, newv) in node.outputs.iter().zip(out.dag[new.0].outputs.clone()) {
+                if let (Some(o), Some(nv)) = (old, newv) {
+                    remap[o.index()] = Some(nv);
+                }
+            }
+        }
+        out.outputs = self.outputs.iter().filter_map(|v| remap[v.index()]).collect();
+        *self = out;
+        Ok(())
+    }
+
+    /// Trainable weights' total element count.
+    pub fn parameter_count(&self) -> u64 {
+        self.values
+            .iter()
+            .filter_map(|v| v.weight())
+            .filter(|w| w.trainable)
+            .map(|w| w.data.numel() as u64)
+            .sum()
+    }
+
+    /// Trainable weights' total bytes.
+    pub fn parameter_bytes(&self) -> u64 {
+        self.values
+            .iter()
+            .filter_map(|v| v.weight())
+            .filter(|w| w.trainable)
+            .map(|w| w.data.bytes.len() as u64)
+            .sum()
+    }
+
+    /// Mutable access to a node for passes that rewrite ops in place.
+    pub fn node_mut(&mut self, id: NodeId) -> &mut Node {
+        &mut self.dag[id.0]
+    }
+
+    /// Builds a graph from raw parts without checks, for verifier tests of broken graphs.
+    #[doc(hidden)]
+    pub fn push_raw_node(&mut self, node: Node) -> NodeId {
+        NodeId(self.dag.add_node(node))
+    }
+}

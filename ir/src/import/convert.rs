@@ -1,0 +1,253 @@
+//! One ONNX node to one [`Op`], reading the attributes its definition version has.
+
+use std::path::Path;
+
+use onnx_protobuf::NodeProto;
+
+use super::attrs::Attrs;
+use super::tensor::tensor_from_proto;
+use crate::ops::*;
+use crate::DType;
+
+/// Converts a (non-Constant) node whose schema version at the model's opset is `version`.
+pub fn convert_node(node: &NodeProto, version: i64) -> Result<Op, String> {
+    let mut a = Attrs::new(&node.attribute);
+    // The v1 in-place hint carries no semantics.
+    a.ignore("consumed_inputs");
+    let op = convert_op(&node.op_type, version, &mut a, node.input.len())?;
+    a.finish()?;
+    Ok(op)
+}
+
+fn convert_op(op_type: &str, version: i64, a: &mut Attrs, n_inputs: usize) -> Result<Op, String> {
+    if let Some(u) = unary(op_type) {
+        return Ok(Op::Unary(u));
+    }
+    if let Some(b) = binary(op_type) {
+        return Ok(Op::Binary(b));
+    }
+    Ok(match op_type {
+        "Mod" => Op::Binary(if a.bool_or("fmod", false)? { BinaryOp::Fmod } else { BinaryOp::Mod }),
+        "Sum" => Op::Variadic(VariadicOp::Sum),
+        "Max" => Op::Variadic(VariadicOp::Max),
+        "Min" => Op::Variadic(VariadicOp::Min),
+        "Mean" => Op::Variadic(VariadicOp::Mean),
+        "LeakyRelu" => Op::LeakyRelu { alpha: a.float_or("alpha", 0.01)? },
+        "Elu" => Op::Elu { alpha: a.float_or("alpha", 1.0)? },
+        "Celu" => Op::Celu { alpha: a.float_or("alpha", 1.0)? },
+        "Selu" => Op::Selu { alpha: a.float_or("alpha", 1.673_263_2)?, gamma: a.float_or("gamma", 1.050_701)? },
+        "HardSigmoid" => Op::HardSigmoid { alpha: a.float_or("alpha", 0.2)?, beta: a.float_or("beta", 0.5)? },
+        "ThresholdedRelu" => Op::ThresholdedRelu { alpha: a.float_or("alpha", 1.0)? },
+        "Gelu" => Op::Gelu {
+            approximate: match a.string("approximate")?.as_deref() {
+                None | Some("none") => GeluApprox::None,
+                Some("tanh") => GeluApprox::Tanh,
+                Some(other) => return Err(format!("approximate={other:?} is not a Gelu mode")),
+            },
+        },
+        "Clip" if version < 11 => Op::Clip { min: Some(a.float_or("min", f32::MIN)?), max: Some(a.float_or("max", f32::MAX)?) },
+        "Clip" => Op::Clip { min: None, max: None },
+        "IsInf" => Op::IsInf {
+            detect_positive: a.bool_or("detect_positive", true)?,
+            detect_negative: a.bool_or("detect_negative", true)?,
+        },
+        "Softmax" | "LogSoftmax" => {
+            let s = Softmax { axis: a.int_or("axis", if version < 13 { 1 } else { -1 })?, coerce_2d: version < 13 };
+            if op_type == "Softmax" { Op::Softmax(s) } else { Op::LogSoftmax(s) }
+        }
+        "MatMul" => Op::MatMul,
+        "Gemm" => Op::Gemm(Gemm {
+            alpha: a.float_or("alpha", 1.0)?,
+            beta: a.float_or("beta", 1.0)?,
+            trans_a: a.bool_or("transA", false)?,
+            trans_b: a.bool_or("transB", false)?,
+        }),
+        "Conv" => Op::Conv(Conv { window: window(a, true)?, group: a.int_or("group", 1)? }),
+        "ConvTranspose" => Op::ConvTranspose(ConvTranspose {
+            window: window(a, true)?,
+            group: a.int_or("group", 1)?,
+            output_padding: a.ints_or_empty("output_padding")?,
+            output_shape: a.ints_or_empty("output_shape")?,
+        }),
+        "MaxPool" => {
+            if a.int_or("storage_order", 0)? != 0 {
+                return Err("storage_order=1 (column-major indices) is not supported".into());
+            }
+            Op::MaxPool(Pool { window: window(a, true)?, ceil_mode: a.bool_or("ceil_mode", false)?, count_include_pad: false })
+        }
+        "AveragePool" => Op::AveragePool(Pool {
+            window: window(a, true)?,
+            ceil_mode: a.bool_or("ceil_mode", false)?,
+            count_include_pad: a.bool_or("count_include_pad", false)?,
+        }),
+        "GlobalAveragePool" => Op::GlobalAveragePool,
+        "GlobalMaxPool" => Op::GlobalMaxPool,
+        "BatchNormalization" => {
+            if version < 9 && !a.bool_or("spatial", true)? {
+                return Err("spatial=0 (per-activation statistics) is not supported".into());
+            }
+            Op::BatchNormalization(BatchNorm {
+                epsilon: a.float_or("epsilon", 1e-5)?,
+                momentum: a.float_or("momentum", 0.9)?,
+                training_mode: a.bool_or("training_mode", false)?,
+            })
+        }
+        "LayerNormalization" => Op::LayerNormalization(LayerNorm {
+            axis: a.int_or("axis", -1)?,
+            epsilon: a.float_or("epsilon", 1e-5)?,
+            stash_type: a.int_or("stash_type", 1)?,
+        }),
+        "InstanceNormalization" => Op::InstanceNormalization { epsilon: a.float_or("epsilon", 1e-5)? },
+        "Dropout" if version < 12 => Op::Dropout { ratio: Some(a.float_or("ratio", 0.5)?), seed: None },
+        "Dropout" => Op::Dropout { ratio: None, seed: a.int("seed")? },
+        "Reshape" => Op::Reshape { allow_zero: a.bool_or("allowzero", false)? },
+        "Flatten" => Op::Flatten { axis: a.int_or("axis", 1)? },
+        "Transpose" => Op::Transpose { perm: a.ints("perm")? },
+        "Squeeze" if version < 13 => Op::Squeeze { axes: a.ints("axes")? },
+        "Squeeze" => Op::Squeeze { axes: None },
+        "Unsqueeze" if version < 13 => Op::Unsqueeze { axes: Some(a.ints("axes")?.ok_or("attribute \"axes\" is required")?) },
+        "Unsqueeze" => {
+            if n_inputs < 2 {
+                return Err("input \"axes\" is required from opset 13".into());
+            }
+            Op::Unsqueeze { axes: None }
+        }
+        "Concat" => Op::Concat { axis: a.int("axis")?.ok_or("attribute \"axis\" is required")? },
+        "Split" => Op::Split(Split {
+            axis: a.int_or("axis", 0)?,
+            split: if version < 13 { a.ints("split")? } else { None },
+            num_outputs: if version >= 18 { a.int("num_outputs")? } else { None },
+        }),
+        "Slice" if version < 10 => {
+            let starts = a.ints("starts")?.ok_or("attribute \"starts\" is required")?;
+            let ends = a.ints("ends")?.ok_or("attribute \"ends\" is required")?;
+            Op::Slice(Slice { attrs: Some((starts, ends, a.ints("axes")?)) })
+        }
+        "Slice" => Op::Slice(Slice { attrs: None }),
+        "Gather" => Op::Gather { axis: a.int_or("axis", 0)? },
+        "GatherElements" => Op::GatherElements { axis: a.int_or("axis", 0)? },
+        "Expand" => Op::Expand,
+        "Where" => Op::Where,
+        "Cast" => {
+            let code = a.int("to")?.ok_or("attribute \"to\" is required")?;
+            // Both only affect float8/float4 targets, which the IR rejects below.
+            a.ignore("saturate");
+            a.ignore("round_mode");
+            let to = DType::from_onnx(code as i32)
+                .ok_or_else(|| format!("cast to {} is not supported", crate::dtype::onnx_type_name(code as i32)))?;
+            Op::Cast { to }
+        }
+        "CastLike" => {
+            a.ignore("saturate");
+            a.ignore("round_mode");
+            Op::CastLike
+        }
+        "Shape" => Op::Shape { start: a.int_or("start", 0)?, end: a.int("end")? },
+        "Size" => Op::Size,
+        "ConstantOfShape" => {
+            let value = match a.tensor("value")? {
+                Some(t) => Some(tensor_from_proto(t, Path::new(".")).map_err(|e| format!("attribute \"value\": {e}"))?),
+                None => None,
+            };
+            Op::ConstantOfShape { value }
+        }
+        "Range" => {
+            // stash_type (opset 27) only widens the accumulator of narrow floats.
+            a.ignore("stash_type");
+            Op::Range
+        }
+        "ArgMax" | "ArgMin" => {
+            let (axis, keepdims, select_last_index) =
+                (a.int_or("axis", 0)?, a.bool_or("keepdims", true)?, a.bool_or("select_last_index", false)?);
+            if op_type == "ArgMax" {
+                Op::ArgMax { axis, keepdims, select_last_index }
+            } else {
+                Op::ArgMin { axis, keepdims, select_last_index }
+            }
+        }
+        "Trilu" => Op::Trilu { upper: a.bool_or("upper", true)? },
+        "Einsum" => Op::Einsum { equation: a.string("equation")?.ok_or("attribute \"equation\" is required")? },
+        "Pad" => {
+            let mode = match a.string("mode")?.as_deref() {
+                None | Some("constant") => PadMode::Constant,
+                Some("reflect") => PadMode::Reflect,
+                Some("edge") => PadMode::Edge,
+                Some("wrap") if version >= 19 => PadMode::Wrap,
+                Some(other) => return Err(format!("mode={other:?} is not a Pad mode at this opset")),
+            };
+            let attrs = if version < 11 {
+                Some((a.ints("pads")?.ok_or("attribute \"pads\" is required")?, a.float_or("value", 0.0)?))
+            } else {
+                None
+            };
+            Op::Pad(Pad { mode, attrs })
+        }
+        "Tile" => Op::Tile,
+        "CumSum" => Op::CumSum { exclusive: a.bool_or("exclusive", false)?, reverse: a.bool_or("reverse", false)? },
+        other => match reduce_kind(other) {
+            Some(kind) => {
+                // ReduceSum took axes as an input from 13, the others from 18.
+                let axes_as_input = if kind == ReduceKind::Sum { version >= 13 } else { version >= 18 };
+                Op::Reduce(Reduce {
+                    kind,
+                    axes: if axes_as_input { None } else { a.ints("axes")? },
+                    keepdims: a.bool_or("keepdims", true)?,
+                    noop_with_empty_axes: axes_as_input && a.bool_or("noop_with_empty_axes", false)?,
+                })
+            }
+            None => return Err(format!("{other} has no converter")),
+        },
+    })
+}
+
+/// Reads the convolution/pool window attributes.
+fn window(a: &mut Attrs, with_dilations: bool) -> Result<Window, String> {
+    let auto_pad = match a.string("auto_pad")?.as_deref() {
+        None | Some("NOTSET") | Some("") => AutoPad::NotSet,
+        Some("SAME_UPPER") => AutoPad::SameUpper,
+        Some("SAME_LOWER") => AutoPad::SameLower,
+        Some("VALID") => AutoPad::Valid,
+        Some(other) => return Err(format!("auto_pad={other:?} is not valid")),
+    };
+    Ok(Window {
+        kernel_shape: a.ints_or_empty("kernel_shape")?,
+        strides: a.ints_or_empty("strides")?,
+        pads: a.ints_or_empty("pads")?,
+        dilations: if with_dilations { a.ints_or_empty("dilations")? } else { Vec::new() },
+        auto_pad,
+    })
+}
+
+fn unary(op: &str) -> Option<UnaryOp> {
+    use UnaryOp::*;
+    Some(match op {
+        "Abs" => Abs, "Neg" => Neg, "Sqrt" => Sqrt, "Reciprocal" => Reciprocal, "Exp" => Exp,
+        "Log" => Log, "Erf" => Erf, "Tanh" => Tanh, "Sigmoid" => Sigmoid, "Relu" => Relu,
+        "Not" => Not, "IsNaN" => IsNaN, "Floor" => Floor, "Ceil" => Ceil, "Round" => Round,
+        "Sign" => Sign, "Sin" => Sin, "Cos" => Cos, "Tan" => Tan, "Asin" => Asin, "Acos" => Acos,
+        "Atan" => Atan, "Sinh" => Sinh, "Cosh" => Cosh, "Asinh" => Asinh, "Acosh" => Acosh,
+        "Atanh" => Atanh, "Softplus" => Softplus, "Softsign" => Softsign, "Identity" => Identity,
+        "HardSwish" => HardSwish, "Mish" => Mish,
+        _ => return None,
+    })
+}
+
+fn binary(op: &str) -> Option<BinaryOp> {
+    use BinaryOp::*;
+    Some(match op {
+        "Add" => Add, "Sub" => Sub, "Mul" => Mul, "Div" => Div, "Pow" => Pow, "Equal" => Equal,
+        "Less" => Less, "Greater" => Greater, "LessOrEqual" => LessOrEqual,
+        "GreaterOrEqual" => GreaterOrEqual, "And" => And, "Or" => Or, "Xor" => Xor, "PRelu" => PRelu,
+        _ => return None,
+    })
+}
+
+fn reduce_kind(op: &str) -> Option<ReduceKind> {
+    use ReduceKind::*;
+    Some(match op {
+        "ReduceSum" => Sum, "ReduceMean" => Mean, "ReduceMax" => Max, "ReduceMin" => Min,
+        "ReduceProd" => Prod, "ReduceL1" => L1, "ReduceL2" => L2, "ReduceLogSum" => LogSum,
+        "ReduceLogSumExp" => LogSumExp, "ReduceSumSquare" => SumSquare,
+        _ => return None,
+    })
+}

@@ -1,0 +1,503 @@
+//! ONNX to [`Graph`]: parse, validate domains/opsets/ops, convert nodes, infer shapes,
+//! fold shape subgraphs, compact and verify.
+
+mod attrs;
+mod convert;
+pub mod tensor;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+
+use onnx_protobuf::{Message, ModelProto, NodeProto, ValueInfoProto};
+
+use crate::dim::{Dim, Shape, TensorType};
+use crate::dtype::onnx_type_name;
+use crate::error::{ImportError, ModelError, NodeRef};
+use crate::infer::{infer, Ctx, In};
+use crate::known::{evaluate, Known};
+use crate::spec::{spec, MAX_KNOWN_OPSET};
+use crate::{BatchInfo, DType, Graph, ModelMeta, ValueDef, ValueId, Weight};
+
+/// How the batch dimension is chosen.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum BatchMode {
+    /// Axis 0 of the graph inputs: a named (`dim_param`) axis 0, or a fixed axis 0 shared
+    /// by every input, becomes the symbol `N`.
+    #[default]
+    Auto,
+    /// Keep every dimension as exported.
+    Fixed,
+}
+
+/// Options of [`import_model`].
+#[derive(Clone, Debug, Default)]
+pub struct ImportOptions {
+    pub batch: BatchMode,
+    /// Graph inputs replaced by these constants (by input name): for tests whose shape
+    /// parameters (axes, target shapes, pads) are fed as inputs.
+    pub frozen_inputs: HashMap<String, crate::TensorData>,
+}
+
+/// Reads a serialized `TensorProto` file (the backend suite's `input_K.pb`).
+pub fn read_tensor_file(path: &Path) -> Result<crate::TensorData, ModelError> {
+    let wrap = |error| ModelError { path: path.to_path_buf(), error };
+    let bytes = std::fs::read(path).map_err(|e| wrap(ImportError::Io(e)))?;
+    let t = onnx_protobuf::TensorProto::parse_from_bytes(&bytes).map_err(|e| wrap(ImportError::NotOnnx(e.to_string())))?;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    tensor::tensor_from_proto(t, dir).map_err(wrap)
+}
+
+/// The name stored in a serialized `TensorProto` file.
+pub fn tensor_file_name(path: &Path) -> Option<String> {
+    let bytes = std::fs::read(path).ok()?;
+    onnx_protobuf::TensorProto::parse_from_bytes(&bytes).ok().map(|t| t.name)
+}
+
+/// Imports an ONNX file. External data is read relative to the file's folder.
+pub fn import_model(path: &Path, opts: &ImportOptions) -> Result<Graph, ModelError> {
+    let wrap = |error| ModelError { path: path.to_path_buf(), error };
+    let bytes = std::fs::read(path).map_err(|e| wrap(ImportError::Io(e)))?;
+    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    import_bytes(&bytes, dir, opts).map_err(wrap)
+}
+
+/// Imports a serialized model; `model_dir` is where external data files live.
+pub fn import_bytes(bytes: &[u8], model_dir: &Path, opts: &ImportOptions) -> Result<Graph, ImportError> {
+    let model = parse(bytes)?;
+    Importer::new(model_dir, opts).run(model)
+}
+
+fn parse(bytes: &[u8]) -> Result<ModelProto, ImportError> {
+    if bytes.is_empty() {
+        return Err(ImportError::Empty);
+    }
+    let model = ModelProto::parse_from_bytes(bytes).map_err(|e| {
+        let msg = e.to_string();
+        if msg.contains("EOF") || msg.contains("truncated") {
+            ImportError::Truncated(msg)
+        } else {
+            ImportError::NotOnnx(msg)
+        }
+    })?;
+    if model.ir_version == 0 {
+        return Err(ImportError::NotAModel("it declares no IR version"));
+    }
+    if model.graph.is_none() {
+        return Err(ImportError::NotAModel("it has no graph"));
+    }
+    if !(3..=14).contains(&model.ir_version) {
+        return Err(ImportError::IrVersion(model.ir_version));
+    }
+    Ok(model)
+}
+
+struct Importer<'a> {
+    dir: &'a Path,
+    opts: &'a ImportOptions,
+    graph: Graph,
+    names: HashMap<String, ValueId>,
+    known: Vec<Option<Known>>,
+    ctx: Ctx,
+}
+
+impl<'a> Importer<'a> {
+    fn new(dir: &'a Path, opts: &'a ImportOptions) -> Importer<'a> {
+        Importer { dir, opts, graph: Graph::default(), names: HashMap::new(), known: Vec::new(), ctx: Ctx::default() }
+    }
+
+    fn run(mut self, mut model: ModelProto) -> Result<Graph, ImportError> {
+        let opset = default_opset(&model)?;
+        let mut g = model.graph.take().expect("checked by parse");
+        self.graph.meta = ModelMeta {
+            producer_name: model.producer_name.clone(),
+            producer_version: model.producer_version.clone(),
+            ir_version: model.ir_version,
+            opset,
+            graph_name: g.name.clone(),
+        };
+        name_nodes(&mut g.node);
+        check_ops(&g.node, opset)?;
+        let initializer_names: std::collections::HashSet<String> = g.initializer.iter().map(|t| t.name.clone()).collect();
+        self.add_inputs(&g.input, &initializer_names)?;
+        for t in std::mem::take(&mut g.initializer) {
+            let name = t.name.clone();
+            let data = tensor::tensor_from_proto(t, self.dir)?;
+            let trainable = data.dtype.is_float() && !data.dims.is_empty() && !self.is_batch_baked(&name, &data);
+            self.define(name, TensorType::new(data.dtype, Shape::fixed(&data.dims)), ValueDef::Weight(Weight { data, trainable }));
+        }
+        for idx in topo_sort(&g.node, &self.names)? {
+            self.add_node(&g.node[idx], opset)?;
+        }
+        let outputs = g
+            .output
+            .iter()
+            .map(|o| self.names.get(&o.name).copied().ok_or_else(|| ImportError::UndefinedOutput(o.name.clone())))
+            .collect::<Result<Vec<_>, _>>()?;
+        self.graph.set_outputs(outputs);
+        self.check_declared_types(g.output.iter().chain(&g.value_info));
+        self.graph.remove_dead_nodes();
+        self.graph
+            .compact()
+            .map_err(|n| ImportError::Cycle(vec![self.graph.node(n).name.clone()]))?;
+        crate::verify::verify(&self.graph).map_err(|errs| {
+            ImportError::Verify(errs.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; "))
+        })?;
+        Ok(self.graph)
+    }
+
+    fn define(&mut self, name: String, ty: TensorType, def: ValueDef) -> ValueId {
+        let known = match &def {
+            ValueDef::Weight(w) => Known::from_tensor(&w.data),
+            _ => None,
+        };
+        let id = self.graph.add_value(crate::Value { name: name.clone(), ty, def });
+        self.names.insert(name, id);
+        self.set_known(id, known);
+        id
+    }
+
+    /// A float initializer of rank >= 3 whose leading extent is the export batch is an
+    /// activation the exporter evaluated for that batch (attention masks, an expanded
+    /// class token), not a parameter: it is kept as a constant, with a warning.
+    fn is_batch_baked(&mut self, name: &str, data: &crate::TensorData) -> bool {
+        let baked = data.dims.len() >= 3 && self.ctx.export_batch.is_some_and(|b| b > 1 && data.dims[0] == b);
+        if baked {
+            self.graph.warnings.push(format!(
+                "initializer {name:?} {:?} has the export batch as its leading extent; kept as a constant, not trained",
+                data.dims
+            ));
+        }
+        baked
+    }
+
+    fn set_known(&mut self, id: ValueId, k: Option<Known>) {
+        if self.known.len() <= id.index() {
+            self.known.resize(id.index() + 1, None);
+        }
+        self.known[id.index()] = k;
+    }
+
+    fn add_inputs(&mut self, inputs: &[ValueInfoProto], initializers: &std::collections::HashSet<String>) -> Result<(), ImportError> {
+        for (name, data) in &self.opts.frozen_inputs {
+            if inputs.iter().any(|i| &i.name == name) && !initializers.contains(name) {
+                let ty = TensorType::new(data.dtype, Shape::fixed(&data.dims));
+                self.define(name.clone(), ty, ValueDef::Weight(Weight { data: data.clone(), trainable: false }));
+            }
+        }
+        let frozen = &self.opts.frozen_inputs;
+        let feeds: Vec<&ValueInfoProto> =
+            inputs.iter().filter(|i| !initializers.contains(&i.name) && !frozen.contains_key(&i.name)).collect();
+        let mut typed = Vec::with_capacity(feeds.len());
+        for vi in &feeds {
+            typed.push(declared_type(vi)?);
+        }
+        let batch = match self.opts.batch {
+            BatchMode::Fixed => None,
+            BatchMode::Auto => detect_batch(&typed),
+        };
+        if let Some((name, size)) = &batch {
+            self.graph.batch = Some(BatchInfo { name: name.clone(), export_size: size.unwrap_or(1) });
+            self.ctx.export_batch = *size;
+        }
+        for (vi, (dtype, dims)) in feeds.iter().zip(typed) {
+            let shape = dims
+                .iter()
+                .enumerate()
+                .map(|(axis, d)| match d {
+                    DeclaredDim::Fixed(v) if axis == 0 && batch.as_ref().is_some_and(|b| b.1 == Some(*v)) => Ok(Dim::N),
+                    DeclaredDim::Fixed(v) => Ok(Dim::Fixed(*v)),
+                    DeclaredDim::Param(p) if axis == 0 && batch.as_ref().is_some_and(|b| &b.0 == p) => Ok(Dim::N),
+                    DeclaredDim::Param(p) => Err(ImportError::BadTensor {
+                        name: vi.name.clone(),
+                        reason: format!("axis {axis} is the symbol {p:?}; only the batch axis (axis 0) may be symbolic"),
+                    }),
+                    DeclaredDim::Unknown => Err(ImportError::BadTensor {
+                        name: vi.name.clone(),
+                        reason: format!("axis {axis} has no extent; graph inputs need static shapes except the batch axis"),
+                    }),
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            self.define(vi.name.clone(), TensorType::new(dtype, Shape(shape)), ValueDef::Input);
+        }
+        Ok(())
+    }
+
+    fn add_node(&mut self, node: &NodeProto, opset: i64) -> Result<(), ImportError> {
+        let nref = || NodeRef { name: node.name.clone(), op_type: node.op_type.clone() };
+        let bad = |reason: String| ImportError::BadNode { node: nref(), reason };
+        if node.op_type == "Constant" {
+            let data = constant_value(node, self.dir).map_err(bad)?;
+            let out = node.output.first().ok_or_else(|| bad("has no output".into()))?;
+            self.define(out.clone(), TensorType::new(data.dtype, Shape::fixed(&data.dims)), ValueDef::Weight(Weight { data, trainable: false }));
+            return Ok(());
+        }
+        let spec = spec(&node.op_type).expect("checked by check_ops");
+        let version = spec.version_at(opset).expect("checked by check_ops");
+        let op = convert::convert_node(node, version).map_err(bad)?;
+        let (imin, imax) = spec.inputs;
+        let (omin, omax) = spec.outputs;
+        if node.input.len() < imin || node.input.len() > imax {
+            return Err(bad(format!("has {} inputs; {} takes {}", node.input.len(), node.op_type, arity(imin, imax))));
+        }
+        if node.output.len() < omin || node.output.len() > omax {
+            return Err(bad(format!("has {} outputs; {} gives {}", node.output.len(), node.op_type, arity(omin, omax))));
+        }
+        let inputs: Vec<Option<ValueId>> = node
+            .input
+            .iter()
+            .map(|n| if n.is_empty() { None } else { Some(self.names[n]) })
+            .collect();
+        let types: Vec<Option<In>> = inputs
+            .iter()
+            .map(|v| v.map(|v| In { ty: &self.graph.value(v).ty, known: self.known.get(v.index()).and_then(|k| k.as_ref()) }))
+            .collect();
+        let out_types = infer(&op, &types, node.output.len(), self.ctx)
+            .map_err(|reason| ImportError::Shape { node: nref(), reason })?;
+        if out_types.iter().any(|t| t.shape.0.iter().any(|d| d.fixed().is_some_and(|v| v < 0))) {
+            return Err(ImportError::Shape { node: nref(), reason: "an output extent is negative".into() });
+        }
+        let known_out = self.evaluate_known(&op, &inputs, &out_types);
+        let foldable = known_out.as_ref().is_some_and(|k| k.to_tensor().is_some())
+            && node.output.len() == 1
+            && inputs.iter().flatten().all(|v| self.is_constant_or_shape_source(&op, *v));
+        if foldable {
+            let k = known_out.expect("checked");
+            let data = k.to_tensor().expect("checked");
+            let ty = TensorType::new(data.dtype, Shape::fixed(&data.dims));
+            self.define(node.output[0].clone(), ty, ValueDef::Weight(Weight { data, trainable: false }));
+            return Ok(());
+        }
+        let outputs = node
+            .output
+            .iter()
+            .zip(out_types)
+            .map(|(name, ty)| (!name.is_empty()).then(|| (name.clone(), ty)))
+            .collect();
+        let id = self.graph.add_node(node.name.clone(), op, inputs, outputs);
+        let outs = self.graph.node(id).outputs.clone();
+        for (slot, out) in outs.iter().enumerate() {
+            if let Some(v) = out {
+                self.names.insert(node.output[slot].clone(), *v);
+                self.set_known(*v, if slot == 0 { known_out.clone() } else { None });
+            }
+        }
+        Ok(())
+    }
+
+    fn evaluate_known(&self, op: &crate::Op, inputs: &[Option<ValueId>], out_types: &[TensorType]) -> Option<Known> {
+        let ks: Vec<Option<&Known>> = inputs.iter().map(|v| v.and_then(|v| self.known.get(v.index()).and_then(|k| k.as_ref()))).collect();
+        let dims: Vec<Option<Vec<Dim>>> = inputs.iter().map(|v| v.map(|v| self.graph.value(v).ty.shape.0.clone())).collect();
+        let out = out_types.first()?;
+        let fixed_shape: Option<Vec<i64>> = out.shape.0.iter().map(|d| d.fixed()).collect();
+        evaluate(op, &ks, &dims, out.dtype, fixed_shape)
+    }
+
+    /// Folding may consume constants, and inputs whose static shape is all that is read;
+    /// never a trainable weight, which must stay a parameter.
+    fn is_constant_or_shape_source(&self, op: &crate::Op, v: ValueId) -> bool {
+        match &self.graph.value(v).def {
+            ValueDef::Weight(w) => !w.trainable,
+            _ => matches!(op, crate::Op::Shape { .. } | crate::Op::Size),
+        }
+    }
+
+    /// Compares declared `value_info`/output types with inferred ones; disagreements are
+    /// kept as warnings (the exporter's declaration may predate batch symbolisation).
+    fn check_declared_types<'v>(&mut self, infos: impl Iterator<Item = &'v ValueInfoProto>) {
+        let n = self.ctx.export_batch.unwrap_or(1);
+        for vi in infos {
+            let Some(&id) = self.names.get(&vi.name) else { continue };
+            let Ok((dtype, dims)) = declared_type(vi) else { continue };
+            let ty = &self.graph.value(id).ty;
+            let shape_differs = dims.len() == ty.shape.rank()
+                && dims.iter().zip(&ty.shape.0).any(|(d, ours)| matches!(d, DeclaredDim::Fixed(v) if *v != ours.eval(n)))
+                || (dims.len() != ty.shape.rank() && !dims.is_empty());
+            if dtype != ty.dtype || shape_differs {
+                let msg = format!("value {:?}: the model declares {dtype}{:?}, inference gives {}", vi.name, dims, ty);
+                self.graph.warnings.push(msg);
+            }
+        }
+    }
+}
+
+fn arity(min: usize, max: usize) -> String {
+    match (min, max) {
+        (a, b) if a == b => a.to_string(),
+        (a, usize::MAX) => format!("{a} or more"),
+        (a, b) => format!("{a} to {b}"),
+    }
+}
+
+fn default_opset(model: &ModelProto) -> Result<i64, ImportError> {
+    let v = model
+        .opset_import
+        .iter()
+        .find(|o| o.domain.is_empty() || o.domain == "ai.onnx")
+        .map(|o| o.version)
+        .ok_or(ImportError::NoDefaultOpset)?;
+    if !(1..=MAX_KNOWN_OPSET).contains(&v) {
+        return Err(ImportError::Opset(v));
+    }
+    Ok(v)
+}
+
+/// Gives unnamed nodes a stable name (`Relu_3`) so every message can name them.
+fn name_nodes(nodes: &mut [NodeProto]) {
+    for (i, n) in nodes.iter_mut().enumerate() {
+        if n.name.is_empty() {
+            n.name = format!("{}_{i}", n.op_type);
+        }
+    }
+}
+
+/// Rejects foreign domains, unknown op types (all reported together) and op versions
+/// whose semantics are not implemented.
+fn check_ops(nodes: &[NodeProto], opset: i64) -> Result<(), ImportError> {
+    let nref = |n: &NodeProto| NodeRef { name: n.name.clone(), op_type: n.op_type.clone() };
+    let foreign: Vec<(NodeRef, String)> = nodes
+        .iter()
+        .filter(|n| !n.domain.is_empty() && n.domain != "ai.onnx")
+        .map(|n| (nref(n), n.domain.clone()))
+        .collect();
+    if !foreign.is_empty() {
+        return Err(ImportError::Domain(foreign));
+    }
+    let mut unknown: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for n in nodes.iter().filter(|n| spec(&n.op_type).is_none()) {
+        unknown.entry(n.op_type.clone()).or_default().push(n.name.clone());
+    }
+    if !unknown.is_empty() {
+        return Err(ImportError::UnknownOps(unknown.into_iter().collect()));
+    }
+    for n in nodes {
+        let s = spec(&n.op_type).expect("known");
+        match s.version_at(opset) {
+            None => return Err(ImportError::OpNotInOpset { node: nref(n), op: n.op_type.clone(), opset }),
+            Some(v) if v < s.supported_from => {
+                return Err(ImportError::OpVersion { node: nref(n), op: n.op_type.clone(), opset, version: v, from: s.supported_from })
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(())
+}
+
+/// Orders nodes so producers come first; reports undefined inputs, values defined twice
+/// and cycles by node name.
+fn topo_sort(nodes: &[NodeProto], defined: &HashMap<String, ValueId>) -> Result<Vec<usize>, ImportError> {
+    let mut producer: HashMap<&str, usize> = HashMap::new();
+    for (i, n) in nodes.iter().enumerate() {
+        for o in n.output.iter().filter(|o| !o.is_empty()) {
+            if let Some(&first) = producer.get(o.as_str()) {
+                return Err(ImportError::DuplicateValue { value: o.clone(), first: nodes[first].name.clone(), second: n.name.clone() });
+            }
+            if defined.contains_key(o) {
+                return Err(ImportError::DuplicateValue { value: o.clone(), first: "an initializer or graph input".into(), second: n.name.clone() });
+            }
+            producer.insert(o, i);
+        }
+    }
+    let mut pending = vec![0usize; nodes.len()];
+    let mut users: Vec<Vec<usize>> = vec![Vec::new(); nodes.len()];
+    for (i, n) in nodes.iter().enumerate() {
+        for input in n.input.iter().filter(|x| !x.is_empty()) {
+            match producer.get(input.as_str()) {
+                Some(&p) => {
+                    pending[i] += 1;
+                    users[p].push(i);
+                }
+                None if defined.contains_key(input) => {}
+                None => {
+                    return Err(ImportError::UndefinedInput {
+                        node: NodeRef { name: n.name.clone(), op_type: n.op_type.clone() },
+                        input: input.clone(),
+                    })
+                }
+            }
+        }
+    }
+    let mut ready: std::collections::VecDeque<usize> = (0..nodes.len()).filter(|&i| pending[i] == 0).collect();
+    let mut order = Vec::with_capacity(nodes.len());
+    while let Some(i) = ready.pop_front() {
+        order.push(i);
+        for &u in &users[i] {
+            pending[u] -= 1;
+            if pending[u] == 0 {
+                ready.push_back(u);
+            }
+        }
+    }
+    if order.len() < nodes.len() {
+        let stuck = (0..nodes.len()).filter(|&i| pending[i] > 0).map(|i| nodes[i].name.clone()).collect();
+        return Err(ImportError::Cycle(stuck));
+    }
+    Ok(order)
+}
+
+#[derive(Clone, Debug, PartialEq)]
+enum DeclaredDim {
+    Fixed(i64),
+    Param(String),
+    Unknown,
+}
+
+fn declared_type(vi: &ValueInfoProto) -> Result<(DType, Vec<DeclaredDim>), ImportError> {
+    use onnx_protobuf::tensor_shape_proto::dimension::Value as D;
+    use onnx_protobuf::type_proto::Value as T;
+    let bad = |reason: String| ImportError::BadTensor { name: vi.name.clone(), reason };
+    let t = match vi.type_.as_ref().and_then(|t| t.value.as_ref()) {
+        Some(T::TensorType(t)) => t,
+        Some(_) => return Err(bad("only tensor-typed values are supported (not sequences, maps or optionals)".into())),
+        None => return Err(bad("has no type".into())),
+    };
+    let dtype = DType::from_onnx(t.elem_type)
+        .ok_or_else(|| ImportError::ValueType { name: vi.name.clone(), type_name: onnx_type_name(t.elem_type) })?;
+    let dims = match t.shape.as_ref() {
+        None => return Err(bad("has no shape".into())),
+        Some(s) => s
+            .dim
+            .iter()
+            .map(|d| match &d.value {
+                Some(D::DimValue(v)) if *v >= 0 => DeclaredDim::Fixed(*v),
+                Some(D::DimParam(p)) if !p.is_empty() => DeclaredDim::Param(p.clone()),
+                _ => DeclaredDim::Unknown,
+            })
+            .collect(),
+    };
+    Ok((dtype, dims))
+}
+
+/// The batch symbol's name and export size: a shared named axis 0, or a shared fixed axis 0.
+fn detect_batch(inputs: &[(DType, Vec<DeclaredDim>)]) -> Option<(String, Option<i64>)> {
+    let firsts: Vec<&DeclaredDim> = inputs.iter().filter_map(|(_, d)| d.first()).collect();
+    if firsts.is_empty() || firsts.len() != inputs.len() {
+        return None;
+    }
+    match firsts[0] {
+        DeclaredDim::Param(p) if firsts.iter().all(|d| *d == firsts[0]) => Some((p.clone(), None)),
+        DeclaredDim::Fixed(v) if *v > 0 && firsts.iter().all(|d| *d == firsts[0]) => Some(("N".into(), Some(*v))),
+        _ => None,
+    }
+}
+
+/// The tensor of a Constant node, from whichever `value*` attribute it carries.
+fn constant_value(node: &NodeProto, dir: &Path) -> Result<crate::TensorData, String> {
+    use onnx_protobuf::attribute_proto::AttributeType as A;
+    let attr = match node.attribute.as_slice() {
+        [a] => a,
+        [] => return Err("has no value attribute".into()),
+        _ => return Err("must have exactly one value attribute".into()),
+    };
+    let kind = attr.type_.enum_value().ok();
+    Ok(match attr.name.as_str() {
+        "value" => tensor::tensor_from_proto(attr.t.as_ref().cloned().ok_or("value is not a tensor")?, dir).map_err(|e| e.to_string())?,
+        "value_float" => crate::TensorData::from_f64s(DType::F32, vec![], &[attr.f as f64]),
+        "value_floats" => crate::TensorData::from_f64s(DType::F32, vec![attr.floats.len() as i64], &attr.floats.iter().map(|&f| f as f64).collect::<Vec<_>>()),
+        "value_int" => crate::TensorData::from_i64s(vec![], &[attr.i]),
+        "value_ints" => crate::TensorData::from_i64s(vec![attr.ints.len() as i64], &attr.ints),
+        other if kind == Some(A::SPARSE_TENSOR) || other.starts_with("value_string") || other == "sparse_value" => {
+            return Err(format!("attribute {other:?} (sparse or string constants) is not supported"))
+        }
+        other => return Err(format!("attribute {other:?} is not a Constant value attribute")),
+    })
+}

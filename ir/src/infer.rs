@@ -1,0 +1,787 @@
+//! Shape and dtype inference for every op, over dimensions with a symbolic batch `N`.
+//!
+//! Models exported at a fixed batch size carry that size in constants (Reshape targets,
+//! Expand shapes). `Ctx::export_batch` is that size: a fixed extent equal to it that
+//! meets an `N` is read as `N`, so the batch stays symbolic through such constants.
+
+use crate::dim::{normalize_axis, Dim, Shape, TensorType};
+use crate::known::Known;
+use crate::ops::*;
+use crate::DType;
+
+/// What inference knows beyond the op: the batch size the model's constants assume.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Ctx {
+    pub export_batch: Option<i64>,
+}
+
+/// One operand as inference sees it.
+#[derive(Clone, Copy, Debug)]
+pub struct In<'a> {
+    pub ty: &'a TensorType,
+    pub known: Option<&'a Known>,
+}
+
+type R<T> = Result<T, String>;
+
+/// Infers the types of the first `n_out` outputs of `op`.
+pub fn infer(op: &Op, ins: &[Option<In>], n_out: usize, ctx: Ctx) -> R<Vec<TensorType>> {
+    let req = |i: usize| -> R<In> { ins.get(i).copied().flatten().ok_or_else(|| format!("input {i} is required")) };
+    let x = || req(0);
+    let out1 = |dtype: DType, shape: Shape| Ok(vec![TensorType::new(dtype, shape)]);
+    match op {
+        Op::Unary(UnaryOp::Not) | Op::Unary(UnaryOp::IsNaN) | Op::IsInf { .. } => out1(DType::Bool, x()?.ty.shape.clone()),
+        Op::Unary(_)
+        | Op::LeakyRelu { .. }
+        | Op::Elu { .. }
+        | Op::Celu { .. }
+        | Op::Selu { .. }
+        | Op::HardSigmoid { .. }
+        | Op::ThresholdedRelu { .. }
+        | Op::Gelu { .. }
+        | Op::Clip { .. }
+        | Op::Softmax(_)
+        | Op::LogSoftmax(_)
+        | Op::Trilu { .. }
+        | Op::InstanceNormalization { .. }
+        | Op::CumSum { .. } => out1(x()?.ty.dtype, x()?.ty.shape.clone()),
+        Op::Binary(BinaryOp::PRelu) => {
+            broadcast(&[&x()?.ty.shape, &req(1)?.ty.shape], ctx)?;
+            out1(x()?.ty.dtype, x()?.ty.shape.clone())
+        }
+        Op::Binary(b) => {
+            let (a, c) = (x()?, req(1)?);
+            let shape = broadcast(&[&a.ty.shape, &c.ty.shape], ctx)?;
+            if !matches!(b, BinaryOp::Pow) && a.ty.dtype != c.ty.dtype {
+                return Err(format!("operand types differ: {} and {}", a.ty.dtype, c.ty.dtype));
+            }
+            out1(if b.is_predicate() { DType::Bool } else { a.ty.dtype }, shape)
+        }
+        Op::Variadic(_) => {
+            let all: Vec<In> = ins.iter().map(|i| i.ok_or_else(|| "inputs cannot be omitted".to_string())).collect::<R<_>>()?;
+            let shapes: Vec<&Shape> = all.iter().map(|i| &i.ty.shape).collect();
+            out1(x()?.ty.dtype, broadcast(&shapes, ctx)?)
+        }
+        Op::MatMul => out1(x()?.ty.dtype, matmul(&x()?.ty.shape, &req(1)?.ty.shape, ctx)?),
+        Op::Gemm(g) => gemm(g, x()?, req(1)?, ins.get(2).copied().flatten(), ctx),
+        Op::Conv(c) => conv(c, x()?, req(1)?),
+        Op::ConvTranspose(c) => conv_transpose(c, x()?, req(1)?),
+        Op::MaxPool(p) | Op::AveragePool(p) => {
+            let y = pool(p, x()?)?;
+            let mut outs = vec![y.clone()];
+            if n_out > 1 {
+                outs.push(TensorType::new(DType::I64, y.shape));
+            }
+            Ok(outs)
+        }
+        Op::GlobalAveragePool | Op::GlobalMaxPool => {
+            let t = &x()?.ty;
+            if t.shape.rank() < 3 {
+                return Err(format!("input must be [N,C,spatial...], got {}", t.shape));
+            }
+            let mut d = t.shape.0[..2].to_vec();
+            d.extend(std::iter::repeat_n(Dim::Fixed(1), t.shape.rank() - 2));
+            out1(t.dtype, Shape(d))
+        }
+        Op::BatchNormalization(_) => {
+            let t = &x()?.ty;
+            if t.shape.rank() < 2 {
+                return Err(format!("input must have a channel axis, got {}", t.shape));
+            }
+            let stats = TensorType::new(t.dtype, Shape(vec![t.shape.0[1]]));
+            let mut outs: Vec<TensorType> = vec![(*t).clone()];
+            outs.extend(std::iter::repeat_n(stats, n_out.saturating_sub(1)));
+            Ok(outs)
+        }
+        Op::LayerNormalization(l) => {
+            let t = &x()?.ty;
+            let axis = t.shape.axis(l.axis).ok_or_else(|| format!("axis {} out of range for {}", l.axis, t.shape))?;
+            let mut stat = t.shape.0.clone();
+            stat[axis..].iter_mut().for_each(|d| *d = Dim::Fixed(1));
+            let stash = DType::from_onnx(l.stash_type as i32).unwrap_or(DType::F32);
+            let mut outs: Vec<TensorType> = vec![(*t).clone()];
+            outs.extend(std::iter::repeat_n(TensorType::new(stash, Shape(stat)), n_out.saturating_sub(1)));
+            Ok(outs)
+        }
+        Op::Dropout { .. } => {
+            let t = &x()?.ty;
+            let mut outs: Vec<TensorType> = vec![(*t).clone()];
+            if n_out > 1 {
+                outs.push(TensorType::new(DType::Bool, t.shape.clone()));
+            }
+            Ok(outs)
+        }
+        Op::Reshape { allow_zero } => {
+            let target = known_dims(req(1)?, "shape")?;
+            out1(x()?.ty.dtype, reshape(&x()?.ty.shape, &target, *allow_zero, ctx)?)
+        }
+        Op::Flatten { axis } => {
+            let t = &x()?.ty;
+            let r = t.shape.rank();
+            let a = if *axis < 0 { *axis + r as i64 } else { *axis };
+            if !(0..=r as i64).contains(&a) {
+                return Err(format!("axis {axis} out of range for {}", t.shape));
+            }
+            let (outer, inner) = t.shape.0.split_at(a as usize);
+            out1(t.dtype, Shape(vec![product(outer, ctx), product(inner, ctx)]))
+        }
+        Op::Transpose { perm } => {
+            let t = &x()?.ty;
+            let r = t.shape.rank();
+            let perm: Vec<i64> = perm.clone().unwrap_or_else(|| (0..r as i64).rev().collect());
+            let mut seen = vec![false; r];
+            let mut d = Vec::with_capacity(r);
+            for &p in &perm {
+                let a = normalize_axis(p, r).filter(|&a| !seen[a]).ok_or_else(|| format!("perm {perm:?} is not a permutation of rank {r}"))?;
+                seen[a] = true;
+                d.push(t.shape.0[a]);
+            }
+            if d.len() != r {
+                return Err(format!("perm {perm:?} is not a permutation of rank {r}"));
+            }
+            out1(t.dtype, Shape(d))
+        }
+        Op::Squeeze { axes } => {
+            let t = &x()?.ty;
+            let axes = match axes {
+                Some(a) => Some(a.clone()),
+                None => ins.get(1).copied().flatten().map(|i| known_ints(i, "axes")).transpose()?,
+            };
+            let r = t.shape.rank();
+            let drop: Vec<usize> = match axes {
+                Some(a) => a.iter().map(|&x| normalize_axis(x, r).ok_or(format!("axis {x} out of range for {}", t.shape))).collect::<R<_>>()?,
+                None => (0..r).filter(|&i| t.shape.0[i] == Dim::Fixed(1)).collect(),
+            };
+            for &a in &drop {
+                if t.shape.0[a] != Dim::Fixed(1) && !(t.shape.0[a] == Dim::N && ctx.export_batch == Some(1)) {
+                    return Err(format!("cannot squeeze axis {a} of extent {} in {}", t.shape.0[a], t.shape));
+                }
+            }
+            let d = (0..r).filter(|i| !drop.contains(i)).map(|i| t.shape.0[i]).collect();
+            out1(t.dtype, Shape(d))
+        }
+        Op::Unsqueeze { axes } => {
+            let t = &x()?.ty;
+            let axes = match axes {
+                Some(a) => a.clone(),
+                None => known_ints(req(1)?, "axes")?,
+            };
+            let r = t.shape.rank() + axes.len();
+            let mut ins_at = vec![false; r];
+            for &a in &axes {
+                let n = normalize_axis(a, r).ok_or(format!("axis {a} out of range for output rank {r}"))?;
+                if ins_at[n] {
+                    return Err(format!("axis {a} repeated"));
+                }
+                ins_at[n] = true;
+            }
+            let mut src = t.shape.0.iter();
+            let d = ins_at.iter().map(|&new| if new { Dim::Fixed(1) } else { *src.next().expect("rank checked") }).collect();
+            out1(t.dtype, Shape(d))
+        }
+        Op::Concat { axis } => {
+            let all: Vec<In> = ins.iter().map(|i| i.ok_or_else(|| "inputs cannot be omitted".to_string())).collect::<R<_>>()?;
+            let first = &all.first().ok_or("needs at least one input")?.ty;
+            let r = first.shape.rank();
+            let a = normalize_axis(*axis, r).ok_or(format!("axis {axis} out of range for {}", first.shape))?;
+            let mut d = first.shape.0.clone();
+            for other in &all[1..] {
+                if other.ty.shape.rank() != r {
+                    return Err(format!("inputs of rank {} and {} cannot be concatenated", r, other.ty.shape.rank()));
+                }
+                for (i, &o) in other.ty.shape.0.iter().enumerate() {
+                    if i == a {
+                        d[a] = d[a].add(o).unwrap_or_else(|| resolve_sum(d[a], o, ctx));
+                    } else if dims_agree(d[i], o, ctx) {
+                        // An input baked at the export batch meets one with N: keep N.
+                        if o.is_batch() {
+                            d[i] = o;
+                        }
+                    } else {
+                        return Err(format!("{} and {} differ outside axis {a}", first.shape, other.ty.shape));
+                    }
+                }
+            }
+            out1(first.dtype, Shape(d))
+        }
+        Op::Split(s) => split(s, x()?, ins.get(1).copied().flatten(), n_out, ctx),
+        Op::Slice(s) => slice(s, ins, ctx),
+        Op::Gather { axis } => {
+            let (d, i) = (&x()?.ty, &req(1)?.ty);
+            let a = d.shape.axis(*axis).ok_or(format!("axis {axis} out of range for {}", d.shape))?;
+            let mut out = d.shape.0[..a].to_vec();
+            out.extend(&i.shape.0);
+            out.extend(&d.shape.0[a + 1..]);
+            out1(d.dtype, Shape(out))
+        }
+        Op::GatherElements { .. } => out1(x()?.ty.dtype, req(1)?.ty.shape.clone()),
+        Op::Expand => {
+            let target = Shape(known_dims(req(1)?, "shape")?);
+            out1(x()?.ty.dtype, broadcast(&[&x()?.ty.shape, &target], ctx)?)
+        }
+        Op::Where => {
+            let (c, a, b) = (x()?, req(1)?, req(2)?);
+            out1(a.ty.dtype, broadcast(&[&c.ty.shape, &a.ty.shape, &b.ty.shape], ctx)?)
+        }
+        Op::Cast { to } => out1(*to, x()?.ty.shape.clone()),
+        Op::CastLike => out1(req(1)?.ty.dtype, x()?.ty.shape.clone()),
+        Op::Shape { start, end } => {
+            let r = x()?.ty.shape.rank() as i64;
+            let clamp = |v: i64| if v < 0 { (v + r).clamp(0, r) } else { v.min(r) };
+            let n = (clamp(end.unwrap_or(r)) - clamp(*start)).max(0);
+            out1(DType::I64, Shape::fixed(&[n]))
+        }
+        Op::Size => out1(DType::I64, Shape::scalar()),
+        Op::ConstantOfShape { value } => {
+            let dims = known_dims(x()?, "shape")?;
+            out1(value.as_ref().map(|v| v.dtype).unwrap_or(DType::F32), Shape(dims))
+        }
+        Op::Range => {
+            let start = x()?;
+            let n = match (start.known, req(1)?.known, req(2)?.known) {
+                (Some(s), Some(l), Some(d)) => {
+                    let f = |k: &Known| k.floats().and_then(|v| v.first().copied());
+                    match (f(s), f(l), f(d)) {
+                        (Some(s), Some(l), Some(d)) if d != 0.0 => ((l - s) / d).ceil().max(0.0) as i64,
+                        _ => return Err("start, limit and delta must be known scalars with delta != 0".into()),
+                    }
+                }
+                _ => return Err("the output length depends on start/limit/delta, which are not known at import".into()),
+            };
+            out1(start.ty.dtype, Shape::fixed(&[n]))
+        }
+        Op::Reduce(r) => reduce(r, x()?, ins.get(1).copied().flatten()),
+        Op::ArgMax { axis, keepdims, .. } | Op::ArgMin { axis, keepdims, .. } => {
+            let t = &x()?.ty;
+            let a = t.shape.axis(*axis).ok_or(format!("axis {axis} out of range for {}", t.shape))?;
+            out1(DType::I64, reduce_shape(&t.shape, &[a], *keepdims))
+        }
+        Op::Einsum { equation } => {
+            let all: Vec<In> = ins.iter().map(|i| i.ok_or_else(|| "inputs cannot be omitted".to_string())).collect::<R<_>>()?;
+            let shapes: Vec<&Shape> = all.iter().map(|i| &i.ty.shape).collect();
+            out1(x()?.ty.dtype, einsum(equation, &shapes, ctx)?)
+        }
+        Op::Pad(p) => pad(p, ins),
+        Op::Tile => {
+            let t = &x()?.ty;
+            let reps = known_ints(req(1)?, "repeats")?;
+            if reps.len() != t.shape.rank() {
+                return Err(format!("{} repeats for rank {}", reps.len(), t.shape.rank()));
+            }
+            let d = t.shape.0.iter().zip(&reps).map(|(d, &r)| d.mul(Dim::Fixed(r)).unwrap_or(Dim::Fixed(0))).collect();
+            out1(t.dtype, Shape(d))
+        }
+    }
+    .map(|mut v: Vec<TensorType>| {
+        v.truncate(n_out.max(1));
+        v
+    })
+    .and_then(|v| if v.len() < n_out { Err(format!("op has {} outputs, node names {n_out}", v.len())) } else { Ok(v) })
+}
+
+/// Whether two extents agree, reading a fixed export-batch extent as `N`.
+fn dims_agree(a: Dim, b: Dim, ctx: Ctx) -> bool {
+    a == b
+        || match (a, b, ctx.export_batch) {
+            (Dim::Batch(k), Dim::Fixed(v), Some(n)) | (Dim::Fixed(v), Dim::Batch(k), Some(n)) => v == k * n,
+            _ => false,
+        }
+}
+
+/// Numpy multidirectional broadcasting.
+pub fn broadcast(shapes: &[&Shape], ctx: Ctx) -> R<Shape> {
+    let rank = shapes.iter().map(|s| s.rank()).max().unwrap_or(0);
+    let mut out = vec![Dim::Fixed(1); rank];
+    for s in shapes {
+        let off = rank - s.rank();
+        for (i, &d) in s.0.iter().enumerate() {
+            let o = &mut out[off + i];
+            if *o == Dim::Fixed(1) {
+                *o = d;
+            } else if d == Dim::Fixed(1) || dims_agree(*o, d, ctx) {
+                if d.is_batch() {
+                    *o = d;
+                }
+            } else if ctx.export_batch == Some(1) && (*o == Dim::N || d == Dim::N) {
+                // Exported at batch 1, an N axis may really be a broadcast axis of extent 1.
+                *o = if *o == Dim::N { d } else { *o };
+            } else {
+                let list: Vec<String> = shapes.iter().map(|s| s.to_string()).collect();
+                return Err(format!("shapes {} do not broadcast", list.join(" and ")));
+            }
+        }
+    }
+    Ok(Shape(out))
+}
+
+fn product(dims: &[Dim], ctx: Ctx) -> Dim {
+    dims.iter().fold(Dim::Fixed(1), |acc, &d| acc.mul(d).unwrap_or_else(|| Dim::Fixed(acc.eval(batch(ctx)) * d.eval(batch(ctx)))))
+}
+
+fn batch(ctx: Ctx) -> i64 {
+    ctx.export_batch.unwrap_or(1)
+}
+
+fn resolve_sum(a: Dim, b: Dim, ctx: Ctx) -> Dim {
+    Dim::Fixed(a.eval(batch(ctx)) + b.eval(batch(ctx)))
+}
+
+fn known_dims(i: In, what: &str) -> R<Vec<Dim>> {
+    i.known.map(|k| k.dims()).ok_or_else(|| format!("{what} input is not known at import (computed at run time from data)"))
+}
+
+fn known_ints(i: In, what: &str) -> R<Vec<i64>> {
+    let k = i.known.ok_or_else(|| format!("{what} input is not known at import"))?;
+    k.fixed_ints().ok_or_else(|| format!("{what} input depends on the batch size"))
+}
+
+fn matmul(a: &Shape, b: &Shape, ctx: Ctx) -> R<Shape> {
+    if a.rank() == 0 || b.rank() == 0 {
+        return Err("MatMul operands must have rank >= 1".into());
+    }
+    let a2 = if a.rank() == 1 { Shape(vec![Dim::Fixed(1), a.0[0]]) } else { a.clone() };
+    let b2 = if b.rank() == 1 { Shape(vec![b.0[0], Dim::Fixed(1)]) } else { b.clone() };
+    let (ra, rb) = (a2.rank(), b2.rank());
+    let (m, ka) = (a2.0[ra - 2], a2.0[ra - 1]);
+    let (kb, n) = (b2.0[rb - 2], b2.0[rb - 1]);
+    if !dims_agree(ka, kb, ctx) {
+        return Err(format!("inner dimensions differ: {a} x {b}"));
+    }
+    let batch_dims = broadcast(&[&Shape(a2.0[..ra - 2].to_vec()), &Shape(b2.0[..rb - 2].to_vec())], ctx)?;
+    let mut out = batch_dims.0;
+    if a.rank() > 1 {
+        out.push(m);
+    }
+    if b.rank() > 1 {
+        out.push(n);
+    }
+    Ok(Shape(out))
+}
+
+fn gemm(g: &Gemm, a: In, b: In, c: Option<In>, ctx: Ctx) -> R<Vec<TensorType>> {
+    let (sa, sb) = (&a.ty.shape, &b.ty.shape);
+    if sa.rank() != 2 || sb.rank() != 2 {
+        return Err(format!("Gemm needs 2-D operands, got {sa} and {sb}"));
+    }
+    let (m, ka) = if g.trans_a { (sa.0[1], sa.0[0]) } else { (sa.0[0], sa.0[1]) };
+    let (kb, n) = if g.trans_b { (sb.0[1], sb.0[0]) } else { (sb.0[0], sb.0[1]) };
+    if !dims_agree(ka, kb, ctx) {
+        return Err(format!("inner dimensions differ: {sa} x {sb} (trans_a={}, trans_b={})", g.trans_a as u8, g.trans_b as u8));
+    }
+    let y = Shape(vec![m, n]);
+    if let Some(c) = c {
+        let out = broadcast(&[&y, &c.ty.shape], ctx)?;
+        if !out.0.iter().zip(&y.0).all(|(p, q)| dims_agree(*p, *q, ctx)) {
+            return Err(format!("C of shape {} does not broadcast to {y}", c.ty.shape));
+        }
+    }
+    Ok(vec![TensorType::new(a.ty.dtype, y)])
+}
+
+fn spatial<'a>(v: &'a [i64], n: usize, default: i64) -> Vec<i64> {
+    if v.is_empty() { vec![default; n] } else { v.to_vec() }
+}
+
+/// Output extents of a convolution-like window over `input` spatial extents.
+fn window_out(w: &Window, input: &[i64], kernel: &[i64], ceil_mode: bool) -> R<Vec<i64>> {
+    let n = input.len();
+    let strides = spatial(&w.strides, n, 1);
+    let dil = spatial(&w.dilations, n, 1);
+    let pads = spatial(&w.pads, 2 * n, 0);
+    if kernel.len() != n || strides.len() != n || dil.len() != n || pads.len() != 2 * n {
+        return Err(format!("window attributes do not match {n} spatial dimensions"));
+    }
+    let mut out = Vec::with_capacity(n);
+    for i in 0..n {
+        let eff = (kernel[i] - 1) * dil[i] + 1;
+        let o = match w.auto_pad {
+            AutoPad::SameUpper | AutoPad::SameLower => (input[i] + strides[i] - 1) / strides[i],
+            AutoPad::Valid => (input[i] - eff) / strides[i] + 1,
+            AutoPad::NotSet => {
+                let span = input[i] + pads[i] + pads[i + n] - eff;
+                if ceil_mode {
+                    let mut o = (span + strides[i] - 1) / strides[i] + 1;
+                    // The last window must start inside the input or its leading pad.
+                    if (o - 1) * strides[i] >= input[i] + pads[i] {
+                        o -= 1;
+                    }
+                    o
+                } else {
+                    span.div_euclid(strides[i]) + 1
+                }
+            }
+        };
+        if o < 1 {
+            return Err(format!("window {kernel:?} does not fit the input extents {input:?}"));
+        }
+        out.push(o);
+    }
+    Ok(out)
+}
+
+fn fixed_spatial(s: &Shape, what: &str) -> R<Vec<i64>> {
+    s.0[2..].iter().map(|d| d.fixed().ok_or_else(|| format!("{what} spatial extents must not depend on the batch"))).collect()
+}
+
+fn conv(c: &Conv, x: In, w: In) -> R<Vec<TensorType>> {
+    let (sx, sw) = (&x.ty.shape, &w.ty.shape);
+    if sx.rank() < 3 || sw.rank() != sx.rank() {
+        return Err(format!("input {sx} and weight {sw} must be [N,C,spatial...] and [M,C/group,kernel...]"));
+    }
+    let input = fixed_spatial(sx, "input")?;
+    let kernel = if c.window.kernel_shape.is_empty() { fixed_spatial(sw, "kernel")? } else { c.window.kernel_shape.clone() };
+    let cin = sw.0[1].fixed().ok_or("weight channels must be fixed")? * c.group;
+    if sx.0[1].fixed() != Some(cin) {
+        return Err(format!("input has {} channels, weight {sw} with group {} expects {cin}", sx.0[1], c.group));
+    }
+    let mut d = vec![sx.0[0], sw.0[0]];
+    d.extend(window_out(&c.window, &input, &kernel, false)?.into_iter().map(Dim::Fixed));
+    Ok(vec![TensorType::new(x.ty.dtype, Shape(d))])
+}
+
+fn conv_transpose(c: &ConvTranspose, x: In, w: In) -> R<Vec<TensorType>> {
+    let (sx, sw) = (&x.ty.shape, &w.ty.shape);
+    if sx.rank() < 3 || sw.rank() != sx.rank() {
+        return Err(format!("input {sx} and weight {sw} must be [N,C,spatial...] and [C,M/group,kernel...]"));
+    }
+    let input = fixed_spatial(sx, "input")?;
+    let n = input.len();
+    let kernel = if c.window.kernel_shape.is_empty() { fixed_spatial(sw, "kernel")? } else { c.window.kernel_shape.clone() };
+    let strides = spatial(&c.window.strides, n, 1);
+    let dil = spatial(&c.window.dilations, n, 1);
+    let pads = spatial(&c.window.pads, 2 * n, 0);
+    let outpad = spatial(&c.output_padding, n, 0);
+    let out: Vec<i64> = if !c.output_shape.is_empty() {
+        c.output_shape[c.output_shape.len().saturating_sub(n)..].to_vec()
+    } else {
+        (0..n)
+            .map(|i| match c.window.auto_pad {
+                AutoPad::SameUpper | AutoPad::SameLower => input[i] * strides[i],
+                _ => strides[i] * (input[i] - 1) + outpad[i] + (kernel[i] - 1) * dil[i] + 1 - pads[i] - pads[i + n],
+            })
+            .collect()
+    };
+    let m = sw.0[1].fixed().ok_or("weight channels must be fixed")? * c.group;
+    let mut d = vec![sx.0[0], Dim::Fixed(m)];
+    d.extend(out.into_iter().map(Dim::Fixed));
+    Ok(vec![TensorType::new(x.ty.dtype, Shape(d))])
+}
+
+fn pool(p: &Pool, x: In) -> R<TensorType> {
+    let s = &x.ty.shape;
+    if s.rank() < 3 {
+        return Err(format!("input must be [N,C,spatial...], got {s}"));
+    }
+    if p.window.kernel_shape.is_empty() {
+        return Err("attribute \"kernel_shape\" is required".into());
+    }
+    let out = window_out(&p.window, &fixed_spatial(s, "input")?, &p.window.kernel_shape, p.ceil_mode)?;
+    let mut d = s.0[..2].to_vec();
+    d.extend(out.into_iter().map(Dim::Fixed));
+    Ok(TensorType::new(x.ty.dtype, Shape(d)))
+}
+
+/// Resolves a Reshape target (with `0` and `-1`) against the input shape.
+fn reshape(input: &Shape, target: &[Dim], allow_zero: bool, ctx: Ctx) -> R<Shape> {
+    let mut out: Vec<Option<Dim>> = Vec::with_capacity(target.len());
+    for (i, &t) in target.iter().enumerate() {
+        out.push(match t {
+            Dim::Fixed(0) if !allow_zero => Some(*input.0.get(i).ok_or(format!("0 at position {i} copies a dimension {input} lacks"))?),
+            Dim::Fixed(-1) => None,
+            Dim::Fixed(v) if v < -1 => return Err(format!("invalid target extent {v}")),
+            other => Some(other),
+        });
+    }
+    if out.iter().filter(|d| d.is_none()).count() > 1 {
+        return Err("more than one -1 in the target shape".into());
+    }
+    let total = input.numel_dim();
+    let n = batch(ctx);
+    let mut dims: Vec<Dim> = out.iter().map(|d| d.unwrap_or(Dim::Fixed(1))).collect();
+    let known_product = product(&dims, ctx);
+    match out.iter().position(|d| d.is_none()) {
+        Some(hole) => {
+            // A leading export-batch literal next to a -1 is the batch (`[2, 65, -1]`).
+            if let (Some(Dim::Batch(_)), Some(b), Some(Dim::Batch(1))) = (total, ctx.export_batch, input.0.first()) {
+                if hole != 0 && dims[0] == Dim::Fixed(b) && !dims.iter().any(|d| d.is_batch()) {
+                    dims[0] = Dim::N;
+                }
+            }
+            let known_product = product(&dims.iter().enumerate().map(|(i, &d)| if i == hole { Dim::Fixed(1) } else { d }).collect::<Vec<_>>(), ctx);
+            dims[hole] = match total.and_then(|t| t.div_exact(known_product)) {
+                Some(d) => d,
+                None => {
+                    let (t, k) = (input.numel(n), known_product.eval(n));
+                    if k == 0 || t % k != 0 {
+                        return Err(format!("cannot reshape {input} to {}", fmt_target(target)));
+                    }
+                    Dim::Fixed(t / k)
+                }
+            };
+        }
+        None => {
+            if input.numel(n) != known_product.eval(n) {
+                return Err(format!("cannot reshape {input} ({} elements) to {}", input.numel(n), fmt_target(target)));
+            }
+            // A target written for the export batch: find where the batch went.
+            if let (Some(Dim::Batch(k)), Some(b)) = (total, ctx.export_batch) {
+                if !dims.iter().any(|d| d.is_batch()) {
+                    symbolize_batch(&mut dims, k, b);
+                }
+            }
+        }
+    }
+    Ok(Shape(dims))
+}
+
+/// Rewrites one fixed extent of `dims` as a batch multiple so the element count is `k*N`.
+fn symbolize_batch(dims: &mut [Dim], k: i64, b: i64) {
+    let total: i64 = dims.iter().map(|d| d.fixed().unwrap_or(1)).product();
+    // Prefer an extent equal to the export batch, then any multiple of it (batch folded
+    // into a larger extent); leading positions first, as exporters keep batch leading.
+    let rest_ok = |i: usize, mult: i64| dims[i].fixed().is_some_and(|v| v == mult * b && total / v * mult == k);
+    if let Some(i) = (0..dims.len()).find(|&i| rest_ok(i, 1)) {
+        dims[i] = Dim::Batch(1);
+        return;
+    }
+    for i in 0..dims.len() {
+        if let Some(v) = dims[i].fixed() {
+            if b > 0 && v % b == 0 && total / v * (v / b) == k {
+                dims[i] = Dim::Batch(v / b);
+                return;
+            }
+        }
+    }
+}
+
+fn fmt_target(t: &[Dim]) -> String {
+    format!("[{}]", t.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(","))
+}
+
+fn split(s: &Split, x: In, sizes: Option<In>, n_out: usize, ctx: Ctx) -> R<Vec<TensorType>> {
+    let t = &x.ty;
+    let a = t.shape.axis(s.axis).ok_or(format!("axis {} out of range for {}", s.axis, t.shape))?;
+    let extent = t.shape.0[a];
+    let parts: Vec<Dim> = match (&s.split, sizes) {
+        (Some(v), _) => v.iter().map(|&x| Dim::Fixed(x)).collect(),
+        (None, Some(i)) => known_ints(i, "split")?.into_iter().map(Dim::Fixed).collect(),
+        (None, None) => {
+            let n = s.num_outputs.unwrap_or(n_out as i64).max(1);
+            match extent.div_exact(Dim::Fixed(n)) {
+                Some(d) => vec![d; n as usize],
+                None => {
+                    let e = extent.eval(batch(ctx));
+                    let chunk = (e + n - 1) / n;
+                    (0..n).map(|i| Dim::Fixed(chunk.min(e - i * chunk).max(0))).collect()
+                }
+            }
+        }
+    };
+    let total = parts.iter().try_fold(Dim::Fixed(0), |acc, &d| acc.add(d));
+    if !total.is_some_and(|t| dims_agree(t, extent, ctx)) {
+        let sum: i64 = parts.iter().map(|d| d.eval(batch(ctx))).sum();
+        if sum != extent.eval(batch(ctx)) {
+            return Err(format!("split sizes {} do not add up to extent {extent}", fmt_target(&parts)));
+        }
+    }
+    Ok(parts
+        .into_iter()
+        .map(|p| {
+            let mut d = t.shape.0.clone();
+            d[a] = p;
+            TensorType::new(t.dtype, Shape(d))
+        })
+        .collect())
+}
+
+/// Indices selected by a Slice over an axis of extent `n` (ONNX clamping rules).
+pub fn slice_indices(n: i64, start: i64, end: i64, step: i64) -> Option<Vec<i64>> {
+    if step == 0 {
+        return None;
+    }
+    let fix = |v: i64| if v < 0 { v + n } else { v };
+    let (s, e) = (fix(start), fix(end));
+    let mut out = Vec::new();
+    if step > 0 {
+        let (s, e) = (s.clamp(0, n), e.clamp(0, n));
+        let mut i = s;
+        while i < e {
+            out.push(i);
+            i += step;
+        }
+    } else {
+        let (s, e) = (s.clamp(-1, n - 1), e.clamp(-1, n - 1));
+        let mut i = s;
+        while i > e {
+            out.push(i);
+            i += step;
+        }
+    }
+    Some(out)
+}
+
+fn slice(s: &Slice, ins: &[Option<In>], ctx: Ctx) -> R<Vec<TensorType>> {
+    let x = ins.first().copied().flatten().ok_or("input 0 is required")?;
+    let t = &x.ty;
+    let get = |i: usize, what: &str| -> R<Option<Vec<i64>>> {
+        ins.get(i).copied().flatten().map(|k| known_ints(k, what)).transpose()
+    };
+    let (starts, ends, axes, steps) = match &s.attrs {
+        Some((st, en, ax)) => (st.clone(), en.clone(), ax.clone(), None),
+        None => (get(1, "starts")?.ok_or("starts is required")?, get(2, "ends")?.ok_or("ends is required")?, get(3, "axes")?, get(4, "steps")?),
+    };
+    let r = t.shape.rank();
+    let axes = axes.unwrap_or_else(|| (0..starts.len() as i64).collect());
+    let steps = steps.unwrap_or_else(|| vec![1; starts.len()]);
+    if ends.len() != starts.len() || axes.len() != starts.len() || steps.len() != starts.len() {
+        return Err("starts, ends, axes and steps differ in length".into());
+    }
+    let mut d = t.shape.0.clone();
+    for i in 0..starts.len() {
+        let a = normalize_axis(axes[i], r).ok_or(format!("axis {} out of range for {}", axes[i], t.shape))?;
+        let whole = starts[i] == 0 && steps[i] == 1 && ends[i] >= i32::MAX as i64;
+        if whole {
+            continue;
+        }
+        let n = d[a].eval(batch(ctx));
+        let idx = slice_indices(n, starts[i], ends[i], steps[i]).ok_or("step 0")?;
+        d[a] = if d[a].is_batch() && idx.len() as i64 == n { d[a] } else { Dim::Fixed(idx.len() as i64) };
+    }
+    Ok(vec![TensorType::new(t.dtype, Shape(d))])
+}
+
+fn reduce_shape(s: &Shape, axes: &[usize], keepdims: bool) -> Shape {
+    let mut d = Vec::new();
+    for (i, &x) in s.0.iter().enumerate() {
+        if axes.contains(&i) {
+            if keepdims {
+                d.push(Dim::Fixed(1));
+            }
+        } else {
+            d.push(x);
+        }
+    }
+    Shape(d)
+}
+
+fn reduce(r: &Reduce, x: In, axes_in: Option<In>) -> R<Vec<TensorType>> {
+    let t = &x.ty;
+    let axes = match (&r.axes, axes_in) {
+        (Some(a), _) => a.clone(),
+        (None, Some(i)) => known_ints(i, "axes")?,
+        (None, None) => Vec::new(),
+    };
+    if axes.is_empty() && r.noop_with_empty_axes {
+        return Ok(vec![(*t).clone()]);
+    }
+    let rank = t.shape.rank();
+    let axes: Vec<usize> = if axes.is_empty() {
+        (0..rank).collect()
+    } else {
+        axes.iter().map(|&a| normalize_axis(a, rank).ok_or(format!("axis {a} out of range for {}", t.shape))).collect::<R<_>>()?
+    };
+    Ok(vec![TensorType::new(t.dtype, reduce_shape(&t.shape, &axes, r.keepdims))])
+}
+
+fn pad(p: &Pad, ins: &[Option<In>]) -> R<Vec<TensorType>> {
+    let x = ins.first().copied().flatten().ok_or("input 0 is required")?;
+    let t = &x.ty;
+    let r = t.shape.rank();
+    let pads = match &p.attrs {
+        Some((pads, _)) => pads.clone(),
+        None => known_ints(ins.get(1).copied().flatten().ok_or("pads is required")?, "pads")?,
+    };
+    let axes: Vec<usize> = match ins.get(3).copied().flatten() {
+        Some(a) => known_ints(a, "axes")?
+            .into_iter()
+            .map(|a| normalize_axis(a, r).ok_or(format!("axis {a} out of range for {}", t.shape)))
+            .collect::<R<_>>()?,
+        None => (0..r).collect(),
+    };
+    if pads.len() != 2 * axes.len() {
+        return Err(format!("{} pads for {} axes", pads.len(), axes.len()));
+    }
+    let mut d = t.shape.0.clone();
+    let k = axes.len();
+    for (i, &a) in axes.iter().enumerate() {
+        let extra = pads[i] + pads[i + k];
+        d[a] = match d[a] {
+            Dim::Fixed(v) if v + extra >= 0 => Dim::Fixed(v + extra),
+            Dim::Batch(_) if extra == 0 => d[a],
+            other => return Err(format!("padding {extra} on extent {other} is not supported")),
+        };
+    }
+    Ok(vec![TensorType::new(t.dtype, Shape(d))])
+}
+
+/// Shape of an einsum result; supports explicit and implicit outputs and `...`.
+fn einsum(eq: &str, shapes: &[&Shape], ctx: Ctx) -> R<Shape> {
+    let eq: String = eq.chars().filter(|c| !c.is_whitespace()).collect();
+    let (lhs, rhs) = match eq.split_once("->") {
+        Some((l, r)) => (l.to_string(), Some(r.to_string())),
+        None => (eq.clone(), None),
+    };
+    let terms: Vec<&str> = lhs.split(',').collect();
+    if terms.len() != shapes.len() {
+        return Err(format!("equation has {} operands, node has {}", terms.len(), shapes.len()));
+    }
+    let mut sizes: std::collections::BTreeMap<char, Dim> = Default::default();
+    let mut counts: std::collections::BTreeMap<char, usize> = Default::default();
+    let mut ellipsis: Vec<&Shape> = Vec::new();
+    let mut ell_shapes: Vec<Shape> = Vec::new();
+    for (term, shape) in terms.iter().zip(shapes) {
+        let letters: Vec<char> = term.replace("...", "").chars().collect();
+        let has_ell = term.contains("...");
+        let ell_rank = shape.rank().checked_sub(letters.len()).ok_or(format!("term {term:?} has more letters than {shape} has axes"))?;
+        if !has_ell && ell_rank != 0 {
+            return Err(format!("term {term:?} does not match {shape}"));
+        }
+        let prefix = term.find("...").map(|p| term[..p].chars().count()).unwrap_or(letters.len());
+        let mut axis = 0;
+        for (i, c) in letters.iter().enumerate() {
+            if i == prefix {
+                if has_ell {
+                    ell_shapes.push(Shape(shape.0[axis..axis + ell_rank].to_vec()));
+                }
+                axis += ell_rank;
+            }
+            let d = shape.0[axis];
+            match sizes.get(c) {
+                Some(&prev) if !dims_agree(prev, d, ctx) && prev != Dim::Fixed(1) && d != Dim::Fixed(1) => {
+                    return Err(format!("label {c} has extents {prev} and {d}"));
+                }
+                Some(&prev) if prev != Dim::Fixed(1) && !d.is_batch() => {}
+                _ => {
+                    sizes.insert(*c, d);
+                }
+            }
+            *counts.entry(*c).or_default() += 1;
+            axis += 1;
+        }
+        if has_ell && prefix == letters.len() {
+            ell_shapes.push(Shape(shape.0[axis..axis + ell_rank].to_vec()));
+        }
+    }
+    ellipsis.extend(ell_shapes.iter());
+    let ell = broadcast(&ellipsis, ctx)?;
+    let out_term = match rhs {
+        Some(r) => r,
+        None => {
+            let once: String = counts.iter().filter(|(_, &n)| n == 1).map(|(c, _)| *c).collect();
+            if ellipsis.is_empty() { once } else { format!("...{once}") }
+        }
+    };
+    let mut out = Vec::new();
+    let mut rest = out_term.as_str();
+    while !rest.is_empty() {
+        if let Some(r) = rest.strip_prefix("...") {
+            out.extend(&ell.0);
+            rest = r;
+            continue;
+        }
+        let c = rest.chars().next().expect("non-empty");
+        out.push(*sizes.get(&c).ok_or(format!("output label {c} does not appear in the inputs"))?);
+        rest = &rest[c.len_utf8()..];
+    }
+    Ok(Shape(out))
+}

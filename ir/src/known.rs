@@ -1,0 +1,391 @@
+//! Values known at import time: constants and shape-derived integers, possibly
+//! containing the batch symbol. They drive shape inference (Reshape targets, Slice
+//! bounds, ...) and constant folding of shape-computing subgraphs.
+
+use crate::dim::Dim;
+use crate::ops::{BinaryOp, Op, UnaryOp, VariadicOp};
+use crate::{DType, TensorData};
+
+/// Tensors larger than this are never tracked or folded: shape arithmetic is small.
+pub const KNOWN_LIMIT: usize = 4096;
+
+/// A small tensor whose contents are known at import.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Known {
+    pub dtype: DType,
+    pub shape: Vec<i64>,
+    pub data: KnownData,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum KnownData {
+    /// Integer and bool elements; shape arithmetic may make them multiples of `N`.
+    Ints(Vec<Dim>),
+    /// Float elements, exactly representable in f64.
+    Floats(Vec<f64>),
+}
+
+impl Known {
+    pub fn from_tensor(t: &TensorData) -> Option<Known> {
+        if t.numel() > KNOWN_LIMIT {
+            return None;
+        }
+        let data = if t.dtype.is_float() {
+            KnownData::Floats(t.to_f64s())
+        } else {
+            KnownData::Ints(t.to_i64s().into_iter().map(Dim::Fixed).collect())
+        };
+        Some(Known { dtype: t.dtype, shape: t.dims.clone(), data })
+    }
+
+    pub fn ints(dtype: DType, shape: Vec<i64>, values: Vec<Dim>) -> Known {
+        Known { dtype, shape, data: KnownData::Ints(values) }
+    }
+
+    pub fn len(&self) -> usize {
+        match &self.data {
+            KnownData::Ints(v) => v.len(),
+            KnownData::Floats(v) => v.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Elements as dims (floats truncated).
+    pub fn dims(&self) -> Vec<Dim> {
+        match &self.data {
+            KnownData::Ints(v) => v.clone(),
+            KnownData::Floats(v) => v.iter().map(|&f| Dim::Fixed(f as i64)).collect(),
+        }
+    }
+
+    /// Elements as fixed integers; `None` if any is a multiple of `N`.
+    pub fn fixed_ints(&self) -> Option<Vec<i64>> {
+        self.dims().into_iter().map(Dim::fixed).collect()
+    }
+
+    /// Elements as f64 (ints must be fixed).
+    pub fn floats(&self) -> Option<Vec<f64>> {
+        match &self.data {
+            KnownData::Floats(v) => Some(v.clone()),
+            KnownData::Ints(v) => v.iter().map(|d| d.fixed().map(|x| x as f64)).collect(),
+        }
+    }
+
+    /// The tensor, when every element is fixed.
+    pub fn to_tensor(&self) -> Option<TensorData> {
+        Some(match &self.data {
+            KnownData::Floats(v) => TensorData::from_f64s(self.dtype, self.shape.clone(), v),
+            KnownData::Ints(v) => {
+                let fixed: Vec<f64> = v.iter().map(|d| d.fixed().map(|x| x as f64)).collect::<Option<_>>()?;
+                if self.dtype == DType::I64 {
+                    TensorData::from_i64s(self.shape.clone(), &v.iter().filter_map(|d| d.fixed()).collect::<Vec<_>>())
+                } else {
+                    TensorData::from_f64s(self.dtype, self.shape.clone(), &fixed)
+                }
+            }
+        })
+    }
+
+    fn with(&self, dtype: DType, shape: Vec<i64>, data: KnownData) -> Known {
+        let _ = self;
+        Known { dtype, shape, data }
+    }
+}
+
+/// Evaluates `op` on known inputs; `None` when the op is not evaluated at import or a
+/// needed input is unknown. `in_shapes` are the fixed input shapes where known (Shape
+/// reads its input's type, not its contents), `out_dtype`/`out_shape` the inferred output.
+pub fn evaluate(
+    op: &Op,
+    inputs: &[Option<&Known>],
+    input_dims: &[Option<Vec<Dim>>],
+    out_dtype: DType,
+    out_shape: Option<Vec<i64>>,
+) -> Option<Known> {
+    let k = |i: usize| inputs.get(i).copied().flatten();
+    match op {
+        Op::Shape { start, end } => {
+            let dims = input_dims.first()?.clone()?;
+            let r = dims.len() as i64;
+            let clamp = |v: i64| if v < 0 { (v + r).clamp(0, r) } else { v.min(r) } as usize;
+            let (s, e) = (clamp(*start), clamp(end.unwrap_or(r)));
+            let slice = if s < e { dims[s..e].to_vec() } else { Vec::new() };
+            Some(Known::ints(DType::I64, vec![slice.len() as i64], slice))
+        }
+        Op::Size => {
+            let dims = input_dims.first()?.clone()?;
+            let n = dims.iter().try_fold(Dim::Fixed(1), |a, &d| a.mul(d))?;
+            Some(Known::ints(DType::I64, vec![], vec![n]))
+        }
+        Op::Unary(UnaryOp::Identity) | Op::Reshape { .. } | Op::Squeeze { .. } | Op::Unsqueeze { .. } | Op::Flatten { .. } => {
+            let x = k(0)?;
+            Some(x.with(x.dtype, out_shape?, x.data.clone()))
+        }
+        Op::Cast { to } => cast(k(0)?, *to),
+        Op::CastLike => cast(k(0)?, out_dtype),
+        Op::Concat { .. } => {
+            let parts: Vec<&Known> = inputs.iter().map(|x| *x).collect::<Option<_>>()?;
+            if parts.iter().any(|p| p.shape.len() > 1) {
+                return None;
+            }
+            let data = if out_dtype.is_float() {
+                KnownData::Floats(parts.iter().map(|p| p.floats()).collect::<Option<Vec<_>>>()?.concat())
+            } else {
+                KnownData::Ints(parts.iter().flat_map(|p| p.dims()).collect())
+            };
+            Some(Known { dtype: out_dtype, shape: out_shape?, data })
+        }
+        Op::Gather { axis } => {
+            let (data, idx) = (k(0)?, k(1)?);
+            if data.shape.len() != 1 || (*axis != 0 && *axis != -1) {
+                return None;
+            }
+            let n = data.len() as i64;
+            let picks: Vec<usize> = idx
+                .fixed_ints()?
+                .into_iter()
+                .map(|i| if i < 0 { i + n } else { i })
+                .map(|i| (0..n).contains(&i).then_some(i as usize))
+                .collect::<Option<_>>()?;
+            let out = match &data.data {
+                KnownData::Ints(v) => KnownData::Ints(picks.iter().map(|&i| v[i]).collect()),
+                KnownData::Floats(v) => KnownData::Floats(picks.iter().map(|&i| v[i]).collect()),
+            };
+            Some(Known { dtype: data.dtype, shape: idx.shape.clone(), data: out })
+        }
+        Op::Slice(s) => slice_1d(s, inputs, out_shape?),
+        Op::ConstantOfShape { value } => {
+            let shape = out_shape?;
+            let n: i64 = shape.iter().product();
+            if n as usize > KNOWN_LIMIT {
+                return None;
+            }
+            let fill = match value {
+                Some(t) => t.to_f64s().first().copied().unwrap_or(0.0),
+                None => 0.0,
+            };
+            Some(filled(out_dtype, shape, fill, n as usize))
+        }
+        Op::Range => {
+            let (s, l, d) = (k(0)?.floats()?, k(1)?.floats()?, k(2)?.floats()?);
+            let (s, l, d) = (*s.first()?, *l.first()?, *d.first()?);
+            if d == 0.0 {
+                return None;
+            }
+            let n = ((l - s) / d).ceil().max(0.0) as usize;
+            if n > KNOWN_LIMIT {
+                return None;
+            }
+            let vals: Vec<f64> = (0..n).map(|i| s + i as f64 * d).collect();
+            Some(from_f64s(out_dtype, vec![n as i64], vals))
+        }
+        Op::Unary(UnaryOp::Neg) => map_unary(k(0)?, |d| d.mul(Dim::Fixed(-1)).or(None), |f| -f),
+        Op::Unary(UnaryOp::Abs) => map_unary(k(0)?, |d| Some(Dim::Fixed(d.fixed()?.abs())), f64::abs),
+        Op::Unary(UnaryOp::Sqrt) if out_dtype.is_float() => map_unary(k(0)?, |_| None, f64::sqrt),
+        Op::Unary(UnaryOp::Not) => map_unary(k(0)?, |d| Some(Dim::Fixed((d.fixed()? == 0) as i64)), |f| (f == 0.0) as i64 as f64),
+        Op::Binary(b) => binary(*b, k(0)?, k(1)?, out_dtype, out_shape?),
+        Op::Variadic(v @ (VariadicOp::Max | VariadicOp::Min)) if inputs.len() == 2 => {
+            let b = if *v == VariadicOp::Max { BinaryOp::Greater } else { BinaryOp::Less };
+            let (x, y) = (k(0)?, k(1)?);
+            let pick = binary(b, x, y, DType::Bool, out_shape.clone()?)?;
+            where_(&pick, x, y, out_dtype, out_shape?)
+        }
+        Op::Where => where_(k(0)?, k(1)?, k(2)?, out_dtype, out_shape?),
+        _ => None,
+    }
+}
+
+fn filled(dtype: DType, shape: Vec<i64>, fill: f64, n: usize) -> Known {
+    from_f64s(dtype, shape, vec![fill; n])
+}
+
+fn from_f64s(dtype: DType, shape: Vec<i64>, vals: Vec<f64>) -> Known {
+    let data = if dtype.is_float() {
+        KnownData::Floats(vals)
+    } else {
+        KnownData::Ints(vals.into_iter().map(|f| Dim::Fixed(f as i64)).collect())
+    };
+    Known { dtype, shape, data }
+}
+
+fn cast(x: &Known, to: DType) -> Option<Known> {
+    let data = match (&x.data, to.is_float()) {
+        (KnownData::Ints(v), false) if to == DType::Bool => {
+            KnownData::Ints(v.iter().map(|d| d.fixed().map(|i| Dim::Fixed((i != 0) as i64))).collect::<Option<_>>()?)
+        }
+        (KnownData::Ints(v), false) => KnownData::Ints(v.clone()),
+        (KnownData::Floats(v), false) => {
+            KnownData::Ints(v.iter().map(|&f| Dim::Fixed(if to == DType::Bool { (f != 0.0) as i64 } else { f as i64 })).collect())
+        }
+        (_, true) => KnownData::Floats(round_floats(to, x.floats()?)),
+    };
+    Some(Known { dtype: to, shape: x.shape.clone(), data })
+}
+
+/// Rounds f64 values to the precision of `dtype` so folded constants match the runtime.
+fn round_floats(dtype: DType, v: Vec<f64>) -> Vec<f64> {
+    match dtype {
+        DType::F32 => v.into_iter().map(|f| f as f32 as f64).collect(),
+        DType::F16 => v.into_iter().map(|f| half::f16::from_f64(f).to_f64()).collect(),
+        DType::Bf16 => v.into_iter().map(|f| half::bf16::from_f64(f).to_f64()).collect(),
+        _ => v,
+    }
+}
+
+fn map_unary(x: &Known, on_int: impl Fn(Dim) -> Option<Dim>, on_float: impl Fn(f64) -> f64) -> Option<Known> {
+    let data = match &x.data {
+        KnownData::Ints(v) => KnownData::Ints(v.iter().map(|&d| on_int(d)).collect::<Option<_>>()?),
+        KnownData::Floats(v) => KnownData::Floats(round_floats(x.dtype, v.iter().map(|&f| on_float(f)).collect())),
+    };
+    Some(Known { dtype: x.dtype, shape: x.shape.clone(), data })
+}
+
+/// Index into a broadcast operand for output element `i`.
+fn bcast_index(i: usize, out: &[i64], shape: &[i64]) -> usize {
+    let mut rem = i;
+    let mut idx = 0usize;
+    let mut stride = 1usize;
+    let offset = out.len() - shape.len();
+    for ax in (0..out.len()).rev() {
+        let o = out[ax] as usize;
+        let c = rem % o;
+        rem /= o;
+        if ax >= offset {
+            let s = shape[ax - offset] as usize;
+            if s != 1 {
+                idx += c * stride;
+            }
+            stride *= s;
+        }
+    }
+    idx
+}
+
+fn binary(op: BinaryOp, x: &Known, y: &Known, out_dtype: DType, out_shape: Vec<i64>) -> Option<Known> {
+    let n: i64 = out_shape.iter().product();
+    let n = n as usize;
+    if n > KNOWN_LIMIT {
+        return None;
+    }
+    let both_int = matches!((&x.data, &y.data), (KnownData::Ints(_), KnownData::Ints(_)));
+    if both_int && !op.is_predicate() {
+        let (a, b) = (x.dims(), y.dims());
+        let mut out = Vec::with_capacity(n);
+        for i in 0..n {
+            let (p, q) = (a[bcast_index(i, &out_shape, &x.shape)], b[bcast_index(i, &out_shape, &y.shape)]);
+            out.push(int_op(op, p, q)?);
+        }
+        return Some(Known { dtype: out_dtype, shape: out_shape, data: KnownData::Ints(out) });
+    }
+    let (a, b) = (x.floats()?, y.floats()?);
+    let mut out = Vec::with_capacity(n);
+    for i in 0..n {
+        let (p, q) = (a[bcast_index(i, &out_shape, &x.shape)], b[bcast_index(i, &out_shape, &y.shape)]);
+        out.push(float_op(op, p, q)?);
+    }
+    Some(from_f64s(out_dtype, out_shape, round_floats(out_dtype, out)))
+}
+
+fn int_op(op: BinaryOp, p: Dim, q: Dim) -> Option<Dim> {
+    match op {
+        BinaryOp::Add => p.add(q),
+        BinaryOp::Sub => p.add(q.mul(Dim::Fixed(-1)).or_else(|| q.fixed().map(|v| Dim::Fixed(-v)))?).or_else(|| match (p, q) {
+            (Dim::Batch(a), Dim::Batch(b)) if a > b => Some(Dim::Batch(a - b)),
+            (Dim::Batch(a), Dim::Batch(b)) if a == b => Some(Dim::Fixed(0)),
+            _ => None,
+        }),
+        BinaryOp::Mul => p.mul(q),
+        // ONNX integer division truncates; the symbolic form only divides exactly.
+        BinaryOp::Div => match (p, q) {
+            (Dim::Fixed(a), Dim::Fixed(b)) if b != 0 => Some(Dim::Fixed(a / b)),
+            _ => p.div_exact(q),
+        },
+        BinaryOp::Mod => match (p.fixed()?, q.fixed()?) {
+            (_, 0) => None,
+            (a, b) => Some(Dim::Fixed(((a % b) + b) % b)),
+        },
+        BinaryOp::Fmod => match (p.fixed()?, q.fixed()?) {
+            (_, 0) => None,
+            (a, b) => Some(Dim::Fixed(a % b)),
+        },
+        BinaryOp::Pow => {
+            let (a, b) = (p.fixed()?, q.fixed()?);
+            u32::try_from(b).ok().and_then(|e| a.checked_pow(e)).map(Dim::Fixed)
+        }
+        _ => None,
+    }
+}
+
+fn float_op(op: BinaryOp, p: f64, q: f64) -> Option<f64> {
+    let b = |c: bool| c as i64 as f64;
+    Some(match op {
+        BinaryOp::Add => p + q,
+        BinaryOp::Sub => p - q,
+        BinaryOp::Mul => p * q,
+        BinaryOp::Div => p / q,
+        BinaryOp::Equal => b(p == q),
+        BinaryOp::Less => b(p < q),
+        BinaryOp::Greater => b(p > q),
+        BinaryOp::LessOrEqual => b(p <= q),
+        BinaryOp::GreaterOrEqual => b(p >= q),
+        BinaryOp::And => b(p != 0.0 && q != 0.0),
+        BinaryOp::Or => b(p != 0.0 || q != 0.0),
+        BinaryOp::Xor => b((p != 0.0) != (q != 0.0)),
+        _ => return None,
+    })
+}
+
+fn where_(c: &Known, x: &Known, y: &Known, out_dtype: DType, out_shape: Vec<i64>) -> Option<Known> {
+    let n = out_shape.iter().product::<i64>() as usize;
+    if n > KNOWN_LIMIT {
+        return None;
+    }
+    let cond = c.fixed_ints()?;
+    let pick = |i: usize| cond[bcast_index(i, &out_shape, &c.shape)] != 0;
+    let data = match (&x.data, &y.data) {
+        (KnownData::Ints(a), KnownData::Ints(b)) => KnownData::Ints(
+            (0..n)
+                .map(|i| if pick(i) { a[bcast_index(i, &out_shape, &x.shape)] } else { b[bcast_index(i, &out_shape, &y.shape)] })
+                .collect(),
+        ),
+        _ => {
+            let (a, b) = (x.floats()?, y.floats()?);
+            KnownData::Floats(
+                (0..n)
+                    .map(|i| if pick(i) { a[bcast_index(i, &out_shape, &x.shape)] } else { b[bcast_index(i, &out_shape, &y.shape)] })
+                    .collect(),
+            )
+        }
+    };
+    Some(Known { dtype: out_dtype, shape: out_shape, data })
+}
+
+fn slice_1d(s: &crate::ops::Slice, inputs: &[Option<&Known>], out_shape: Vec<i64>) -> Option<Known> {
+    let data = inputs.first().copied().flatten()?;
+    if data.shape.len() != 1 {
+        return None;
+    }
+    let (starts, ends, steps) = match &s.attrs {
+        Some((st, en, _)) => (st.clone(), en.clone(), vec![1]),
+        None => {
+            let get = |i: usize| inputs.get(i).copied().flatten().and_then(|k| k.fixed_ints());
+            (get(1)?, get(2)?, match inputs.get(4).copied().flatten() {
+                Some(k) => k.fixed_ints()?,
+                None => vec![1],
+            })
+        }
+    };
+    let (start, end, step) = (*starts.first()?, *ends.first()?, *steps.first()?);
+    let idx = crate::infer::slice_indices(data.len() as i64, start, end, step)?;
+    if idx.len() as i64 != *out_shape.first()? {
+        return None;
+    }
+    let out = match &data.data {
+        KnownData::Ints(v) => KnownData::Ints(idx.iter().map(|&i| v[i as usize]).collect()),
+        KnownData::Floats(v) => KnownData::Floats(idx.iter().map(|&i| v[i as usize]).collect()),
+    };
+    Some(Known { dtype: data.dtype, shape: out_shape, data: out })
+}

@@ -1,0 +1,30 @@
+//! pipewright's graph IR: ONNX import, typed ops, shapes with a symbolic batch
+//! dimension, the verifier and the text form.
+//!
+//! The flow is `import_model` (parse, convert nodes to [`Op`]s, infer shapes, fold
+//! shape subgraphs, compact, verify) and then passes over [`Graph`] in the
+//! `pipewright-passes` crate.
+
+pub mod dim;
+pub mod dot;
+pub mod dtype;
+pub mod error;
+pub mod graph;
+pub mod import;
+pub mod infer;
+pub mod known;
+pub mod ops;
+pub mod spec;
+pub mod summary;
+pub mod tensor;
+pub mod text;
+pub mod verify;
+
+pub use dim::{Dim, Shape, TensorType};
+pub use dtype::DType;
+pub use error::{ImportError, ModelError, NodeRef};
+pub use graph::{BatchInfo, Edge, Graph, ModelMeta, Node, NodeId, Value, ValueDef, ValueId, Weight};
+pub use import::{import_bytes, import_model, read_tensor_file, BatchMode, ImportOptions};
+pub use ops::Op;
+pub use tensor::TensorData;
+pub use verify::{verify, VerifyError};

@@ -1,0 +1,566 @@
+//! The closed set of operators the IR understands, with typed attributes.
+//!
+//! Every ONNX node becomes one [`Op`]. Attributes are parsed once at import (see
+//! `import::convert`) into the fields below, so no pass looks anything up by string.
+//! Where an ONNX opset moved an attribute to an input (Squeeze axes, Split sizes, Slice
+//! bounds, Clip bounds, Pad pads, Reduce axes, Dropout ratio), the field is `Some` for the
+//! attribute form and `None` when the value comes from the node's input.
+
+use std::fmt::{self, Write};
+
+use crate::{DType, TensorData};
+
+/// Elementwise ops with one input and no attributes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum UnaryOp {
+    Abs, Neg, Sqrt, Reciprocal, Exp, Log, Erf, Tanh, Sigmoid, Relu, Not, IsNaN, Floor, Ceil,
+    Round, Sign, Sin, Cos, Tan, Asin, Acos, Atan, Sinh, Cosh, Asinh, Acosh, Atanh, Softplus,
+    Softsign, Identity, HardSwish, Mish,
+}
+
+/// Elementwise ops with two inputs and numpy broadcasting.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BinaryOp {
+    Add, Sub, Mul, Div, Pow, Equal, Less, Greater, LessOrEqual, GreaterOrEqual, And, Or, Xor,
+    /// `fmod = 0`: integer modulo with the divisor's sign.
+    Mod,
+    /// `fmod = 1`: C `fmod`, the dividend's sign.
+    Fmod,
+    PRelu,
+}
+
+impl BinaryOp {
+    /// Comparison and logic ops produce `bool`.
+    pub fn is_predicate(self) -> bool {
+        use BinaryOp::*;
+        matches!(self, Equal | Less | Greater | LessOrEqual | GreaterOrEqual | And | Or | Xor)
+    }
+}
+
+/// Elementwise ops over any number of broadcast inputs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum VariadicOp {
+    Sum, Max, Min, Mean,
+}
+
+/// Reductions sharing the `axes`/`keepdims` interface.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ReduceKind {
+    Sum, Mean, Max, Min, Prod, L1, L2, LogSum, LogSumExp, SumSquare,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AutoPad {
+    NotSet, SameUpper, SameLower, Valid,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PadMode {
+    Constant, Reflect, Edge, Wrap,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum GeluApprox {
+    None, Tanh,
+}
+
+/// Convolution geometry shared by Conv, ConvTranspose and the pools. Empty vectors mean
+/// "the ONNX default for the input's spatial rank" (ones for strides/dilations, zeros for pads).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Window {
+    pub kernel_shape: Vec<i64>,
+    pub strides: Vec<i64>,
+    /// `[x1_begin, x2_begin, ..., x1_end, x2_end, ...]`.
+    pub pads: Vec<i64>,
+    pub dilations: Vec<i64>,
+    pub auto_pad: AutoPad,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Conv {
+    pub window: Window,
+    pub group: i64,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct ConvTranspose {
+    pub window: Window,
+    pub group: i64,
+    pub output_padding: Vec<i64>,
+    pub output_shape: Vec<i64>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Pool {
+    pub window: Window,
+    pub ceil_mode: bool,
+    /// AveragePool only.
+    pub count_include_pad: bool,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Gemm {
+    pub alpha: f32,
+    pub beta: f32,
+    pub trans_a: bool,
+    pub trans_b: bool,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct BatchNorm {
+    pub epsilon: f32,
+    pub momentum: f32,
+    /// The exported mode. The runtime trains with batch statistics regardless (see the stage program).
+    pub training_mode: bool,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct LayerNorm {
+    pub axis: i64,
+    pub epsilon: f32,
+    pub stash_type: i64,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Softmax {
+    pub axis: i64,
+    /// Opsets < 13: the input is coerced to 2-D at `axis` and normalised over the trailing block.
+    pub coerce_2d: bool,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Slice {
+    /// Opsets < 10 carry the bounds as attributes: `(starts, ends, axes)`.
+    pub attrs: Option<(Vec<i64>, Vec<i64>, Option<Vec<i64>>)>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Split {
+    pub axis: i64,
+    /// Sizes from the attribute (opsets < 13); `None` means input 1 or equal parts.
+    pub split: Option<Vec<i64>>,
+    pub num_outputs: Option<i64>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Reduce {
+    pub kind: ReduceKind,
+    /// From the attribute (older opsets); `None` means input 1 (or all axes when absent).
+    pub axes: Option<Vec<i64>>,
+    pub keepdims: bool,
+    pub noop_with_empty_axes: bool,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Pad {
+    pub mode: PadMode,
+    /// Opsets < 11: pads and value as attributes.
+    pub attrs: Option<(Vec<i64>, f32)>,
+}
+
+/// One operator with its typed attributes.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Op {
+    Unary(UnaryOp),
+    Binary(BinaryOp),
+    Variadic(VariadicOp),
+    LeakyRelu { alpha: f32 },
+    Elu { alpha: f32 },
+    Celu { alpha: f32 },
+    Selu { alpha: f32, gamma: f32 },
+    HardSigmoid { alpha: f32, beta: f32 },
+    ThresholdedRelu { alpha: f32 },
+    Gelu { approximate: GeluApprox },
+    /// Bounds from attributes in opsets < 11; inputs 1 and 2 afterwards.
+    Clip { min: Option<f32>, max: Option<f32> },
+    IsInf { detect_positive: bool, detect_negative: bool },
+    Softmax(Softmax),
+    LogSoftmax(Softmax),
+    MatMul,
+    Gemm(Gemm),
+    Conv(Conv),
+    ConvTranspose(ConvTranspose),
+    MaxPool(Pool),
+    AveragePool(Pool),
+    GlobalAveragePool,
+    GlobalMaxPool,
+    BatchNormalization(BatchNorm),
+    LayerNormalization(LayerNorm),
+    InstanceNormalization { epsilon: f32 },
+    /// `ratio` is the attribute of opsets < 12; afterwards input 1.
+    Dropout { ratio: Option<f32>, seed: Option<i64> },
+    Reshape { allow_zero: bool },
+    Flatten { axis: i64 },
+    Transpose { perm: Option<Vec<i64>> },
+    Squeeze { axes: Option<Vec<i64>> },
+    Unsqueeze { axes: Option<Vec<i64>> },
+    Concat { axis: i64 },
+    Split(Split),
+    Slice(Slice),
+    Gather { axis: i64 },
+    GatherElements { axis: i64 },
+    Expand,
+    Where,
+    Cast { to: DType },
+    CastLike,
+    Shape { start: i64, end: Option<i64> },
+    Size,
+    ConstantOfShape { value: Option<TensorData> },
+    Range,
+    Reduce(Reduce),
+    ArgMax { axis: i64, keepdims: bool, select_last_index: bool },
+    ArgMin { axis: i64, keepdims: bool, select_last_index: bool },
+    Trilu { upper: bool },
+    Einsum { equation: String },
+    Pad(Pad),
+    Tile,
+    CumSum { exclusive: bool, reverse: bool },
+}
+
+impl Op {
+    /// The ONNX op type this op was imported from (and is exported as).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Op::Unary(u) => unary_name(*u),
+            Op::Binary(b) => binary_name(*b),
+            Op::Variadic(v) => match v {
+                VariadicOp::Sum => "Sum",
+                VariadicOp::Max => "Max",
+                VariadicOp::Min => "Min",
+                VariadicOp::Mean => "Mean",
+            },
+            Op::LeakyRelu { .. } => "LeakyRelu",
+            Op::Elu { .. } => "Elu",
+            Op::Celu { .. } => "Celu",
+            Op::Selu { .. } => "Selu",
+            Op::HardSigmoid { .. } => "HardSigmoid",
+            Op::ThresholdedRelu { .. } => "ThresholdedRelu",
+            Op::Gelu { .. } => "Gelu",
+            Op::Clip { .. } => "Clip",
+            Op::IsInf { .. } => "IsInf",
+            Op::Softmax(_) => "Softmax",
+            Op::LogSoftmax(_) => "LogSoftmax",
+            Op::MatMul => "MatMul",
+            Op::Gemm(_) => "Gemm",
+            Op::Conv(_) => "Conv",
+            Op::ConvTranspose(_) => "ConvTranspose",
+            Op::MaxPool(_) => "MaxPool",
+            Op::AveragePool(_) => "AveragePool",
+            Op::GlobalAveragePool => "GlobalAveragePool",
+            Op::GlobalMaxPool => "GlobalMaxPool",
+            Op::BatchNormalization(_) => "BatchNormalization",
+            Op::LayerNormalization(_) => "LayerNormalization",
+            Op::InstanceNormalization { .. } => "InstanceNormalization",
+            Op::Dropout { .. } => "Dropout",
+            Op::Reshape { .. } => "Reshape",
+            Op::Flatten { .. } => "Flatten",
+            Op::Transpose { .. } => "Transpose",
+            Op::Squeeze { .. } => "Squeeze",
+            Op::Unsqueeze { .. } => "Unsqueeze",
+            Op::Concat { .. } => "Concat",
+            Op::Split(_) => "Split",
+            Op::Slice(_) => "Slice",
+            Op::Gather { .. } => "Gather",
+            Op::GatherElements { .. } => "GatherElements",
+            Op::Expand => "Expand",
+            Op::Where => "Where",
+            Op::Cast { .. } => "Cast",
+            Op::CastLike => "CastLike",
+            Op::Shape { .. } => "Shape",
+            Op::Size => "Size",
+            Op::ConstantOfShape { .. } => "ConstantOfShape",
+            Op::Range => "Range",
+            Op::Reduce(r) => reduce_name(r.kind),
+            Op::ArgMax { .. } => "ArgMax",
+            Op::ArgMin { .. } => "ArgMin",
+            Op::Trilu { .. } => "Trilu",
+            Op::Einsum { .. } => "Einsum",
+            Op::Pad(_) => "Pad",
+            Op::Tile => "Tile",
+            Op::CumSum { .. } => "CumSum",
+        }
+    }
+
+    /// The attributes in text form, `""` when there are none (`[axis=1, keepdims=0]`).
+    pub fn attrs_text(&self) -> String {
+        let mut a = AttrWriter::default();
+        match self {
+            Op::Unary(_) | Op::Binary(_) | Op::Variadic(_) | Op::MatMul | Op::GlobalAveragePool => {}
+            Op::GlobalMaxPool | Op::Expand | Op::Where | Op::CastLike | Op::Size | Op::Range | Op::Tile => {}
+            Op::LeakyRelu { alpha } | Op::Elu { alpha } | Op::Celu { alpha } | Op::ThresholdedRelu { alpha } => {
+                a.f("alpha", *alpha)
+            }
+            Op::Selu { alpha, gamma } => {
+                a.f("alpha", *alpha);
+                a.f("gamma", *gamma);
+            }
+            Op::HardSigmoid { alpha, beta } => {
+                a.f("alpha", *alpha);
+                a.f("beta", *beta);
+            }
+            Op::Gelu { approximate } => {
+                if *approximate == GeluApprox::Tanh {
+                    a.s("approximate", "tanh");
+                }
+            }
+            Op::Clip { min, max } => {
+                if let Some(v) = min {
+                    a.f("min", *v);
+                }
+                if let Some(v) = max {
+                    a.f("max", *v);
+                }
+            }
+            Op::IsInf { detect_positive, detect_negative } => {
+                a.b("detect_positive", *detect_positive);
+                a.b("detect_negative", *detect_negative);
+            }
+            Op::Softmax(s) | Op::LogSoftmax(s) => {
+                a.i("axis", s.axis);
+                if s.coerce_2d {
+                    a.b("coerce_2d", true);
+                }
+            }
+            Op::Gemm(g) => {
+                a.f("alpha", g.alpha);
+                a.f("beta", g.beta);
+                a.b("trans_a", g.trans_a);
+                a.b("trans_b", g.trans_b);
+            }
+            Op::Conv(c) => {
+                a.window(&c.window);
+                a.i("group", c.group);
+            }
+            Op::ConvTranspose(c) => {
+                a.window(&c.window);
+                a.i("group", c.group);
+                a.v("output_padding", &c.output_padding);
+                a.v("output_shape", &c.output_shape);
+            }
+            Op::MaxPool(p) => {
+                a.window(&p.window);
+                a.b("ceil_mode", p.ceil_mode);
+            }
+            Op::AveragePool(p) => {
+                a.window(&p.window);
+                a.b("ceil_mode", p.ceil_mode);
+                a.b("count_include_pad", p.count_include_pad);
+            }
+            Op::BatchNormalization(b) => {
+                a.f("epsilon", b.epsilon);
+                a.f("momentum", b.momentum);
+                a.b("training_mode", b.training_mode);
+            }
+            Op::LayerNormalization(l) => {
+                a.i("axis", l.axis);
+                a.f("epsilon", l.epsilon);
+                a.i("stash_type", l.stash_type);
+            }
+            Op::InstanceNormalization { epsilon } => a.f("epsilon", *epsilon),
+            Op::Dropout { ratio, seed } => {
+                if let Some(r) = ratio {
+                    a.f("ratio", *r);
+                }
+                if let Some(s) = seed {
+                    a.i("seed", *s);
+                }
+            }
+            Op::Reshape { allow_zero } => a.b("allowzero", *allow_zero),
+            Op::Flatten { axis } | Op::Concat { axis } | Op::Gather { axis } | Op::GatherElements { axis } => {
+                a.i("axis", *axis)
+            }
+            Op::Transpose { perm } | Op::Squeeze { axes: perm } | Op::Unsqueeze { axes: perm } => {
+                if let Some(p) = perm {
+                    a.v(if matches!(self, Op::Transpose { .. }) { "perm" } else { "axes" }, p);
+                }
+            }
+            Op::Split(s) => {
+                a.i("axis", s.axis);
+                if let Some(v) = &s.split {
+                    a.v("split", v);
+                }
+                if let Some(n) = s.num_outputs {
+                    a.i("num_outputs", n);
+                }
+            }
+            Op::Slice(s) => {
+                if let Some((starts, ends, axes)) = &s.attrs {
+                    a.v("starts", starts);
+                    a.v("ends", ends);
+                    if let Some(ax) = axes {
+                        a.v("axes", ax);
+                    }
+                }
+            }
+            Op::Cast { to } => a.s("to", to.name()),
+            Op::Shape { start, end } => {
+                a.i("start", *start);
+                if let Some(e) = end {
+                    a.i("end", *e);
+                }
+            }
+            Op::ConstantOfShape { value } => {
+                if let Some(v) = value {
+                    let x = v.to_f64s().first().copied().unwrap_or(0.0);
+                    a.s("value", &format!("{}:{}", v.dtype, x));
+                }
+            }
+            Op::Reduce(r) => {
+                if let Some(ax) = &r.axes {
+                    a.v("axes", ax);
+                }
+                a.b("keepdims", r.keepdims);
+                if r.noop_with_empty_axes {
+                    a.b("noop_with_empty_axes", true);
+                }
+            }
+            Op::ArgMax { axis, keepdims, select_last_index } | Op::ArgMin { axis, keepdims, select_last_index } => {
+                a.i("axis", *axis);
+                a.b("keepdims", *keepdims);
+                a.b("select_last_index", *select_last_index);
+            }
+            Op::Trilu { upper } => a.b("upper", *upper),
+            Op::Einsum { equation } => a.s("equation", &format!("{equation:?}")),
+            Op::Pad(p) => {
+                a.s("mode", pad_mode_name(p.mode));
+                if let Some((pads, value)) = &p.attrs {
+                    a.v("pads", pads);
+                    a.f("value", *value);
+                }
+            }
+            Op::CumSum { exclusive, reverse } => {
+                a.b("exclusive", *exclusive);
+                a.b("reverse", *reverse);
+            }
+        }
+        a.finish()
+    }
+
+    /// Whether the op is an elementwise map of its (broadcast) inputs.
+    pub fn is_elementwise(&self) -> bool {
+        matches!(
+            self,
+            Op::Unary(_)
+                | Op::Binary(_)
+                | Op::Variadic(_)
+                | Op::LeakyRelu { .. }
+                | Op::Elu { .. }
+                | Op::Celu { .. }
+                | Op::Selu { .. }
+                | Op::HardSigmoid { .. }
+                | Op::ThresholdedRelu { .. }
+                | Op::Gelu { .. }
+                | Op::Clip { .. }
+                | Op::IsInf { .. }
+                | Op::Where
+                | Op::Cast { .. }
+                | Op::CastLike
+                | Op::Dropout { .. }
+        )
+    }
+}
+
+impl fmt::Display for Op {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}{}", self.name(), self.attrs_text())
+    }
+}
+
+pub fn unary_name(u: UnaryOp) -> &'static str {
+    use UnaryOp::*;
+    match u {
+        Abs => "Abs", Neg => "Neg", Sqrt => "Sqrt", Reciprocal => "Reciprocal", Exp => "Exp",
+        Log => "Log", Erf => "Erf", Tanh => "Tanh", Sigmoid => "Sigmoid", Relu => "Relu",
+        Not => "Not", IsNaN => "IsNaN", Floor => "Floor", Ceil => "Ceil", Round => "Round",
+        Sign => "Sign", Sin => "Sin", Cos => "Cos", Tan => "Tan", Asin => "Asin", Acos => "Acos",
+        Atan => "Atan", Sinh => "Sinh", Cosh => "Cosh", Asinh => "Asinh", Acosh => "Acosh",
+        Atanh => "Atanh", Softplus => "Softplus", Softsign => "Softsign", Identity => "Identity",
+        HardSwish => "HardSwish", Mish => "Mish",
+    }
+}
+
+pub fn binary_name(b: BinaryOp) -> &'static str {
+    use BinaryOp::*;
+    match b {
+        Add => "Add", Sub => "Sub", Mul => "Mul", Div => "Div", Pow => "Pow", Equal => "Equal",
+        Less => "Less", Greater => "Greater", LessOrEqual => "LessOrEqual",
+        GreaterOrEqual => "GreaterOrEqual", And => "And", Or => "Or", Xor => "Xor",
+        Mod | Fmod => "Mod", PRelu => "PRelu",
+    }
+}
+
+pub fn reduce_name(k: ReduceKind) -> &'static str {
+    use ReduceKind::*;
+    match k {
+        Sum => "ReduceSum", Mean => "ReduceMean", Max => "ReduceMax", Min => "ReduceMin",
+        Prod => "ReduceProd", L1 => "ReduceL1", L2 => "ReduceL2", LogSum => "ReduceLogSum",
+        LogSumExp => "ReduceLogSumExp", SumSquare => "ReduceSumSquare",
+    }
+}
+
+pub fn pad_mode_name(m: PadMode) -> &'static str {
+    match m {
+        PadMode::Constant => "constant",
+        PadMode::Reflect => "reflect",
+        PadMode::Edge => "edge",
+        PadMode::Wrap => "wrap",
+    }
+}
+
+pub fn auto_pad_name(p: AutoPad) -> &'static str {
+    match p {
+        AutoPad::NotSet => "NOTSET",
+        AutoPad::SameUpper => "SAME_UPPER",
+        AutoPad::SameLower => "SAME_LOWER",
+        AutoPad::Valid => "VALID",
+    }
+}
+
+/// Builds the `[k=v, ...]` attribute text.
+#[derive(Default)]
+struct AttrWriter {
+    out: String,
+}
+
+impl AttrWriter {
+    fn sep(&mut self) {
+        self.out.push_str(if self.out.is_empty() { "[" } else { ", " });
+    }
+    fn i(&mut self, k: &str, v: i64) {
+        self.sep();
+        let _ = write!(self.out, "{k}={v}");
+    }
+    fn b(&mut self, k: &str, v: bool) {
+        self.i(k, v as i64)
+    }
+    fn f(&mut self, k: &str, v: f32) {
+        self.sep();
+        let _ = write!(self.out, "{k}={v:?}");
+    }
+    fn s(&mut self, k: &str, v: &str) {
+        self.sep();
+        let _ = write!(self.out, "{k}={v}");
+    }
+    fn v(&mut self, k: &str, v: &[i64]) {
+        if v.is_empty() {
+            return;
+        }
+        self.sep();
+        let _ = write!(self.out, "{k}={v:?}");
+    }
+    fn window(&mut self, w: &Window) {
+        self.v("kernel_shape", &w.kernel_shape);
+        self.v("strides", &w.strides);
+        self.v("pads", &w.pads);
+        self.v("dilations", &w.dilations);
+        if w.auto_pad != AutoPad::NotSet {
+            self.s("auto_pad", auto_pad_name(w.auto_pad));
+        }
+    }
+    fn finish(mut self) -> String {
+        if !self.out.is_empty() {
+            self.out.push(']');
+        }
+        self.out
+    }
+}

@@ -1,0 +1,109 @@
+//! Tensor contents kept as raw little-endian bytes.
+//!
+//! Weights are never converted: the bytes read from the model are shared (`Bytes` is
+//! reference-counted) by every pass and by codegen, so no pass copies a weight.
+
+use bytes::Bytes;
+
+use crate::DType;
+
+/// A dense tensor: element type, extents and raw little-endian bytes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TensorData {
+    pub dtype: DType,
+    pub dims: Vec<i64>,
+    pub bytes: Bytes,
+}
+
+impl TensorData {
+    /// Wraps bytes; `None` if their length does not match `dims` and `dtype`.
+    pub fn new(dtype: DType, dims: Vec<i64>, bytes: Bytes) -> Option<TensorData> {
+        let numel: i64 = dims.iter().product();
+        (numel >= 0 && bytes.len() == numel as usize * dtype.size()).then_some(TensorData { dtype, dims, bytes })
+    }
+
+    pub fn numel(&self) -> usize {
+        self.dims.iter().product::<i64>() as usize
+    }
+
+    pub fn from_i64s(dims: Vec<i64>, values: &[i64]) -> TensorData {
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        TensorData { dtype: DType::I64, dims, bytes: Bytes::from(bytes) }
+    }
+
+    /// Builds a tensor of `dtype` from f64 values (rounding/truncating as a cast would).
+    pub fn from_f64s(dtype: DType, dims: Vec<i64>, values: &[f64]) -> TensorData {
+        let mut out = Vec::with_capacity(values.len() * dtype.size());
+        for &v in values {
+            encode_f64(dtype, v, &mut out);
+        }
+        TensorData { dtype, dims, bytes: Bytes::from(out) }
+    }
+
+    /// Elements as i64 (integer and bool types exactly; floats truncated).
+    pub fn to_i64s(&self) -> Vec<i64> {
+        (0..self.numel()).map(|i| self.get_f64_or_i64(i).1).collect()
+    }
+
+    /// Elements as f64.
+    pub fn to_f64s(&self) -> Vec<f64> {
+        (0..self.numel()).map(|i| self.get_f64_or_i64(i).0).collect()
+    }
+
+    fn get_f64_or_i64(&self, i: usize) -> (f64, i64) {
+        let s = self.dtype.size();
+        let b = &self.bytes[i * s..(i + 1) * s];
+        macro_rules! int {
+            ($t:ty) => {{
+                let v = <$t>::from_le_bytes(b.try_into().expect("element width"));
+                (v as f64, v as i64)
+            }};
+        }
+        match self.dtype {
+            DType::I64 => int!(i64),
+            DType::I32 => int!(i32),
+            DType::I16 => int!(i16),
+            DType::I8 => int!(i8),
+            DType::U8 => int!(u8),
+            DType::U16 => int!(u16),
+            DType::U32 => int!(u32),
+            DType::U64 => int!(u64),
+            DType::Bool => ((b[0] != 0) as i64 as f64, (b[0] != 0) as i64),
+            DType::F32 => {
+                let v = f32::from_le_bytes(b.try_into().expect("element width")) as f64;
+                (v, v as i64)
+            }
+            DType::F64 => {
+                let v = f64::from_le_bytes(b.try_into().expect("element width"));
+                (v, v as i64)
+            }
+            DType::F16 => {
+                let v = half::f16::from_le_bytes(b.try_into().expect("element width")).to_f64();
+                (v, v as i64)
+            }
+            DType::Bf16 => {
+                let v = half::bf16::from_le_bytes(b.try_into().expect("element width")).to_f64();
+                (v, v as i64)
+            }
+        }
+    }
+}
+
+/// Appends `v` encoded as `dtype` to `out`.
+pub fn encode_f64(dtype: DType, v: f64, out: &mut Vec<u8>) {
+    match dtype {
+        DType::F32 => out.extend((v as f32).to_le_bytes()),
+        DType::F64 => out.extend(v.to_le_bytes()),
+        DType::F16 => out.extend(half::f16::from_f64(v).to_le_bytes()),
+        DType::Bf16 => out.extend(half::bf16::from_f64(v).to_le_bytes()),
+        DType::I64 => out.extend((v as i64).to_le_bytes()),
+        DType::I32 => out.extend((v as i32).to_le_bytes()),
+        DType::I16 => out.extend((v as i16).to_le_bytes()),
+        DType::I8 => out.extend((v as i8).to_le_bytes()),
+        DType::U8 => out.extend((v as u8).to_le_bytes()),
+        DType::U16 => out.extend((v as u16).to_le_bytes()),
+        DType::U32 => out.extend((v as u32).to_le_bytes()),
+        DType::U64 => out.extend((v as u64).to_le_bytes()),
+        DType::Bool => out.push((v != 0.0) as u8),
+    }
+}
