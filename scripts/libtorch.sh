@@ -7,6 +7,10 @@
 # keeps that choice: this script then does nothing but echo it.
 #
 # Progress goes to stderr; the only line on stdout is the LIBTORCH directory.
+#
+# It also points the symlink `.libtorch` at the repository root at the assembled directory;
+# `.cargo/config.toml` sets LIBTORCH to that link (unless the caller set LIBTORCH), so plain
+# `cargo build` / `cargo test` find libtorch, and build scripts bake its resolved lib/ in as rpath.
 set -euo pipefail
 
 TORCH_VERSION=2.11.0
@@ -14,6 +18,17 @@ CUDART_SPEC='nvidia-cuda-runtime==13.0.96.*'
 CUPTI_SPEC='nvidia-cuda-cupti==13.0.85.*'
 
 log() { echo "libtorch.sh: $*" >&2; }
+
+repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+link_repo() { # link_repo DIR: point <repo>/.libtorch at DIR (replacing an old link only)
+    local link="$repo_root/.libtorch"
+    if [[ -e "$link" && ! -L "$link" ]]; then
+        log "not linking: $link exists and is not a symlink"
+        return 0
+    fi
+    ln -sfn "$1" "$link"
+    log "linked $link -> $1"
+}
 
 if [[ -n "${LIBTORCH:-}" ]]; then
     log "using LIBTORCH=$LIBTORCH as set by the caller"
@@ -31,6 +46,7 @@ root="$cache/libtorch-$TORCH_VERSION-cpu"
 stamp="$root/.complete"
 if [[ -f "$stamp" ]]; then
     log "cached libtorch $TORCH_VERSION at $root"
+    link_repo "$root"
     echo "$root"
     exit 0
 fi
@@ -77,4 +93,5 @@ touch "$tmp/out/.complete"
 rm -rf "$root"
 mv "$tmp/out" "$root"
 log "libtorch $TORCH_VERSION (CPU view) ready at $root"
+link_repo "$root"
 echo "$root"

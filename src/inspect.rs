@@ -12,6 +12,7 @@ pub fn run(args: &InspectArgs) -> Result<()> {
             BatchArg::Auto => BatchMode::Auto,
             BatchArg::Fixed => BatchMode::Fixed,
         },
+        ..ImportOptions::default()
     };
     let graph = import_model(&args.model, &opts)?;
     if let Some(path) = &args.dot {

@@ -1,6 +1,10 @@
 //! The `pipewright` command line: inspect ONNX models (and, as the later passes land,
 //! plan, compile and train them).
 
+#[cfg(feature = "torch")]
+mod conformance;
+#[cfg(feature = "torch")]
+mod forward;
 mod inspect;
 mod output;
 
@@ -20,6 +24,41 @@ struct Cli {
 enum Command {
     /// Import an ONNX model and print a summary (or its IR, or a Graphviz drawing).
     Inspect(InspectArgs),
+    /// Run a model forward through the runtime's op layer and compare with expected outputs.
+    #[cfg(feature = "torch")]
+    RunForward(RunForwardArgs),
+    /// Run the ONNX backend test suite through the op layer and report conformance.
+    #[cfg(feature = "torch")]
+    Conformance(ConformanceArgs),
+}
+
+#[derive(clap::Args)]
+pub struct RunForwardArgs {
+    /// The ONNX model file.
+    pub model: PathBuf,
+    /// A folder of `input_K.pb` files (and optionally `output_K.pb` to compare with).
+    #[arg(long)]
+    pub inputs: PathBuf,
+    /// `cpu`, `cuda` or `cuda:N`.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    #[arg(long, default_value_t = 1e-3)]
+    pub rtol: f64,
+    #[arg(long, default_value_t = 1e-7)]
+    pub atol: f64,
+}
+
+#[derive(clap::Args)]
+pub struct ConformanceArgs {
+    /// Suite folders (each holding `test_*/model.onnx` or `*.onnx` files).
+    #[arg(required = true)]
+    pub suites: Vec<PathBuf>,
+    /// Write the markdown report here instead of stdout.
+    #[arg(long)]
+    pub report: Option<PathBuf>,
+    /// Only tests whose name contains this.
+    #[arg(long)]
+    pub filter: Option<String>,
 }
 
 /// How to treat the batch axis at import.
@@ -53,6 +92,10 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Inspect(args) => inspect::run(&args),
+        #[cfg(feature = "torch")]
+        Command::RunForward(args) => forward::run(&args),
+        #[cfg(feature = "torch")]
+        Command::Conformance(args) => conformance::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,3 +1,10 @@
-//! Code generation of per-stage modules from a partitioned graph. The stage module
-//! format and its writer arrive with the compile issue; the crate exists now so the
-//! dependency direction ir <- passes <- codegen is fixed from the start.
+//! Code generation: lowering the IR to the runtime's plain-data [`Program`] (one
+//! [`Kernel`] per op, values as numbered slots, weights as stored tensors). Stage
+//! modules are built from lowered programs.
+//!
+//! [`Program`]: pipewright_runtime::program::Program
+//! [`Kernel`]: pipewright_runtime::Kernel
+
+pub mod lower;
+
+pub use lower::{lower_graph, LowerError};

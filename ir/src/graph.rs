@@ -388,4 +388,11 @@ impl Graph {
     pub fn push_raw_node(&mut self, node: Node) -> NodeId {
         NodeId(self.dag.add_node(node))
     }
+
+    /// Adds a petgraph edge without checks, for verifier tests of broken graphs (a cycle
+    /// cannot be built through `add_node`, which only links to existing producers).
+    #[doc(hidden)]
+    pub fn push_raw_edge(&mut self, from: NodeId, to: NodeId, edge: Edge) {
+        self.dag.add_edge(from.0, to.0, edge);
+    }
 }

@@ -1,0 +1,450 @@
+//! Shape inference through import of tiny hand-built models: broadcasting and MatMul
+//! with the batch symbol, Reshape/Flatten, window ops, Split, Slice, folding of shape
+//! subgraphs, and op versions whose semantics are not implemented.
+
+mod common;
+
+use std::path::Path;
+
+use common::*;
+use pipewright_ir::summary::Summary;
+use pipewright_ir::{import_bytes, verify, BatchMode, Graph, ImportError, ImportOptions};
+
+fn try_import(m: &ModelBuilder, batch: BatchMode) -> Result<Graph, ImportError> {
+    import_bytes(&m.bytes(), Path::new("."), &ImportOptions { batch, ..ImportOptions::default() })
+}
+
+fn import(m: &ModelBuilder) -> Graph {
+    import_mode(m, BatchMode::Auto)
+}
+
+fn import_mode(m: &ModelBuilder, batch: BatchMode) -> Graph {
+    let g = try_import(m, batch).unwrap_or_else(|e| panic!("import failed: {e}"));
+    verify(&g).unwrap_or_else(|e| panic!("imported graph fails verification: {e:?}"));
+    g
+}
+
+fn import_err(m: &ModelBuilder) -> ImportError {
+    match try_import(m, BatchMode::Auto) {
+        Ok(g) => panic!("import succeeded:\n{}", pipewright_ir::text::print_graph(&g)),
+        Err(e) => e,
+    }
+}
+
+/// The type of the value named `name`, as text (`f32[N,3,4]`).
+fn ty(g: &Graph, name: &str) -> String {
+    let v = g.value_ids().find(|v| g.value(*v).name == name).unwrap_or_else(|| panic!("no value {name:?}"));
+    g.value(v).ty.to_string()
+}
+
+fn op_names(g: &Graph) -> Vec<&'static str> {
+    g.topo_order().unwrap().into_iter().map(|n| g.node(n).op.name()).collect()
+}
+
+fn fixed(dims: &[i64]) -> Vec<Ax> {
+    dims.iter().map(|&d| Ax::Fixed(d)).collect()
+}
+
+/// `x` of `dims` (axis 0 the batch), then `nodes`, with `outputs`.
+fn model(opset: i64, dims: &[i64], nodes: Vec<onnx_protobuf::NodeProto>, outputs: &[&str]) -> ModelBuilder {
+    let mut m = ModelBuilder::new(opset).input("x", F32, &fixed(dims));
+    for n in nodes {
+        m = m.node(n);
+    }
+    for o in outputs {
+        m = m.output(o);
+    }
+    m
+}
+
+// ---------------------------------------------------------------- broadcasting
+
+#[test]
+fn broadcasting_keeps_a_named_batch() {
+    let m = ModelBuilder::new(13)
+        .input("x", F32, &["B".into(), 3.into(), 4.into()])
+        .input("y", F32, &["B".into(), 1.into(), 1.into()])
+        .init(tensor_f32("row", &[4], &[1.0, 2.0, 3.0, 4.0]))
+        .init(tensor_f32("col", &[3, 1], &[1.0, 2.0, 3.0]))
+        .node(node("Add", "add_xy", &["x", "y"], &["a"]))
+        .node(node("Mul", "mul_row", &["a", "row"], &["b"]))
+        .node(node("Sub", "sub_col", &["col", "b"], &["c"]))
+        .output("c");
+    let g = import(&m);
+    let batch = g.batch.as_ref().expect("batch detected");
+    assert_eq!(batch.name, "B");
+    assert_eq!(ty(&g, "x"), "f32[N,3,4]");
+    assert_eq!(ty(&g, "y"), "f32[N,1,1]");
+    assert_eq!(ty(&g, "a"), "f32[N,3,4]");
+    assert_eq!(ty(&g, "b"), "f32[N,3,4]");
+    assert_eq!(ty(&g, "c"), "f32[N,3,4]");
+}
+
+#[test]
+fn broadcasting_against_a_constant_baked_at_the_export_batch() {
+    // x exported at batch 2; the mask constant carries that 2 on its leading axis.
+    let m = model(13, &[2, 3, 4], vec![node("Add", "add_mask", &["x", "mask"], &["y"])], &["y"])
+        .init(tensor_f32("mask", &[2, 1, 4], &[0.0; 8]));
+    let g = import(&m);
+    assert_eq!(g.batch.as_ref().unwrap().export_size, 2);
+    assert_eq!(ty(&g, "mask"), "f32[2,1,4]");
+    assert_eq!(ty(&g, "y"), "f32[N,3,4]");
+    assert!(g.warnings.iter().any(|w| w.contains("\"mask\"") && w.contains("export batch")), "{:?}", g.warnings);
+
+    let g = import_mode(&m, BatchMode::Fixed);
+    assert!(g.batch.is_none());
+    assert_eq!(ty(&g, "y"), "f32[2,3,4]");
+}
+
+#[test]
+fn broadcasting_failure_is_reported_with_the_node() {
+    let m = model(13, &[2, 3, 4], vec![node("Add", "bad_add", &["x", "w"], &["y"])], &["y"]).init(tensor_f32_zeros("w", &[5]));
+    let e = import_err(&m);
+    assert!(matches!(&e, ImportError::Shape { node, reason } if node.name == "bad_add" && reason.contains("do not broadcast")), "{e}");
+    assert!(e.to_string().contains("\"bad_add\""), "{e}");
+}
+
+// ---------------------------------------------------------------- MatMul
+
+#[test]
+fn matmul_with_batch_dims() {
+    let m = ModelBuilder::new(13)
+        .input("a", F32, &fixed(&[2, 8, 16, 32]))
+        .input("q", F32, &fixed(&[2, 4, 5, 6]))
+        .input("k", F32, &fixed(&[2, 4, 6, 7]))
+        .init(tensor_f32_zeros("w", &[32, 64]))
+        .init(tensor_f32_zeros("v", &[6]))
+        .init(tensor_f32_zeros("wb", &[1, 6, 3]))
+        .node(node("MatMul", "proj", &["a", "w"], &["p"]))
+        .node(node("MatMul", "scores", &["q", "k"], &["s"]))
+        .node(node("MatMul", "vec", &["q", "v"], &["qv"]))
+        .node(node("MatMul", "bcast", &["q", "wb"], &["qb"]))
+        .output("p")
+        .output("s")
+        .output("qv")
+        .output("qb");
+    let g = import(&m);
+    assert_eq!(ty(&g, "p"), "f32[N,8,16,64]");
+    assert_eq!(ty(&g, "s"), "f32[N,4,5,7]");
+    assert_eq!(ty(&g, "qv"), "f32[N,4,5]");
+    assert_eq!(ty(&g, "qb"), "f32[N,4,5,3]");
+}
+
+#[test]
+fn matmul_inner_mismatch() {
+    let m = model(13, &[2, 3, 6], vec![node("MatMul", "mm", &["x", "w"], &["y"])], &["y"]).init(tensor_f32_zeros("w", &[5, 7]));
+    let e = import_err(&m);
+    assert!(matches!(&e, ImportError::Shape { reason, .. } if reason.contains("inner dimensions differ")), "{e}");
+}
+
+// ---------------------------------------------------------------- Reshape, Flatten
+
+fn reshape_model(input: &[i64], target: &[i64]) -> ModelBuilder {
+    model(13, input, vec![node("Reshape", "reshape", &["x", "shape"], &["y"])], &["y"])
+        .init(tensor_i64("shape", &[target.len() as i64], target))
+}
+
+#[test]
+fn reshape_with_minus_one() {
+    assert_eq!(ty(&import(&reshape_model(&[2, 8], &[-1, 2, 4])), "y"), "f32[N,2,4]");
+    assert_eq!(ty(&import(&reshape_model(&[2, 2, 4], &[0, -1])), "y"), "f32[N,8]");
+    assert_eq!(ty(&import(&reshape_model(&[2, 8], &[-1])), "y"), "f32[8N]");
+    assert_eq!(ty(&import(&reshape_model(&[2, 8], &[4, -1, 2])), "y"), "f32[4,N,2]");
+}
+
+#[test]
+fn reshape_with_a_literal_export_batch() {
+    // Exported at batch 2: the target's leading 2 is the batch.
+    assert_eq!(ty(&import(&reshape_model(&[2, 8], &[2, 2, 4])), "y"), "f32[N,2,4]");
+    assert_eq!(ty(&import(&reshape_model(&[2, 2, 4], &[2, -1])), "y"), "f32[N,8]");
+    // The batch folded into a larger leading extent.
+    assert_eq!(ty(&import(&reshape_model(&[2, 8], &[4, 4])), "y"), "f32[2N,4]");
+    // With the batch fixed nothing is symbolic.
+    assert_eq!(ty(&import_mode(&reshape_model(&[2, 8], &[2, 2, 4]), BatchMode::Fixed), "y"), "f32[2,2,4]");
+}
+
+#[test]
+fn reshape_errors() {
+    let e = import_err(&reshape_model(&[2, 8], &[-1, -1]));
+    assert!(e.to_string().contains("more than one -1"), "{e}");
+    let e = import_err(&reshape_model(&[2, 8], &[3, 5]));
+    assert!(e.to_string().contains("cannot reshape"), "{e}");
+}
+
+#[test]
+fn flatten() {
+    let cases = [(1, "f32[N,60]"), (2, "f32[3N,20]"), (0, "f32[1,60N]"), (-1, "f32[12N,5]"), (4, "f32[60N,1]")];
+    for (axis, want) in cases {
+        let m = model(13, &[2, 3, 4, 5], vec![node("Flatten", "flat", &["x"], &["y"]).int("axis", axis)], &["y"]);
+        assert_eq!(ty(&import(&m), "y"), want, "axis {axis}");
+    }
+    let m = model(13, &[2, 3, 4, 5], vec![node("Flatten", "flat", &["x"], &["y"]).int("axis", 5)], &["y"]);
+    assert!(import_err(&m).to_string().contains("out of range"));
+}
+
+// ---------------------------------------------------------------- Conv and pools
+
+fn conv_model(input: &[i64], weight: &[i64], f: impl FnOnce(onnx_protobuf::NodeProto) -> onnx_protobuf::NodeProto) -> ModelBuilder {
+    model(13, input, vec![f(node("Conv", "conv", &["x", "w"], &["y"]))], &["y"]).init(tensor_f32_zeros("w", weight))
+}
+
+fn pool_model(op: &str, input: &[i64], f: impl FnOnce(onnx_protobuf::NodeProto) -> onnx_protobuf::NodeProto) -> ModelBuilder {
+    model(13, input, vec![f(node(op, "pool", &["x"], &["y"]))], &["y"])
+}
+
+#[test]
+fn conv_output_extents() {
+    let g = import(&conv_model(&[2, 3, 32, 32], &[16, 3, 3, 3], |n| n.ints("pads", &[1, 1, 1, 1]).ints("strides", &[2, 2])));
+    assert_eq!(ty(&g, "y"), "f32[N,16,16,16]");
+    // Kernel taken from the weight, dilation 2: 10 - (3-1)*2 = 6.
+    let g = import(&conv_model(&[2, 3, 10, 10], &[8, 3, 3, 3], |n| n.ints("dilations", &[2, 2])));
+    assert_eq!(ty(&g, "y"), "f32[N,8,6,6]");
+    // Asymmetric pads on one side.
+    let g = import(&conv_model(&[2, 3, 5, 5], &[4, 3, 2, 2], |n| n.ints("pads", &[0, 0, 1, 1])));
+    assert_eq!(ty(&g, "y"), "f32[N,4,5,5]");
+    // Grouped.
+    let g = import(&conv_model(&[2, 4, 8, 8], &[8, 2, 3, 3], |n| n.int("group", 2)));
+    assert_eq!(ty(&g, "y"), "f32[N,8,6,6]");
+}
+
+#[test]
+fn conv_same_padding() {
+    for mode in ["SAME_UPPER", "SAME_LOWER"] {
+        let g = import(&conv_model(&[2, 3, 33, 33], &[4, 3, 3, 3], |n| n.string("auto_pad", mode).ints("strides", &[2, 2])));
+        assert_eq!(ty(&g, "y"), "f32[N,4,17,17]", "{mode}");
+        let g = import(&conv_model(&[2, 3, 7, 9], &[4, 3, 3, 3], |n| n.string("auto_pad", mode)));
+        assert_eq!(ty(&g, "y"), "f32[N,4,7,9]", "{mode}");
+    }
+    let g = import(&conv_model(&[2, 3, 7, 7], &[4, 3, 3, 3], |n| n.string("auto_pad", "VALID").ints("strides", &[2, 2])));
+    assert_eq!(ty(&g, "y"), "f32[N,4,3,3]");
+}
+
+#[test]
+fn conv_channel_mismatch() {
+    let e = import_err(&conv_model(&[2, 3, 8, 8], &[4, 5, 3, 3], |n| n));
+    assert!(matches!(&e, ImportError::Shape { reason, .. } if reason.contains("channels")), "{e}");
+}
+
+#[test]
+fn pool_ceil_mode() {
+    let k3s2 = |ceil: i64| move |n: onnx_protobuf::NodeProto| n.ints("kernel_shape", &[3, 3]).ints("strides", &[2, 2]).int("ceil_mode", ceil);
+    assert_eq!(ty(&import(&pool_model("MaxPool", &[2, 3, 32, 32], k3s2(0))), "y"), "f32[N,3,15,15]");
+    assert_eq!(ty(&import(&pool_model("MaxPool", &[2, 3, 32, 32], k3s2(1))), "y"), "f32[N,3,16,16]");
+    assert_eq!(ty(&import(&pool_model("AveragePool", &[2, 3, 32, 32], k3s2(1))), "y"), "f32[N,3,16,16]");
+    // ceil_mode would add a window starting in the trailing pad; it is dropped:
+    // 5 + 1 + 1 - 2 = 5 -> ceil(5/2) + 1 = 4, but the 4th window starts at 6 >= 5 + 1.
+    let clipped = |n: onnx_protobuf::NodeProto| n.ints("kernel_shape", &[2, 2]).ints("strides", &[2, 2]).ints("pads", &[1, 1, 1, 1]).int("ceil_mode", 1);
+    assert_eq!(ty(&import(&pool_model("MaxPool", &[2, 3, 5, 5], clipped)), "y"), "f32[N,3,3,3]");
+    // ResNet's stem pool.
+    let stem = |n: onnx_protobuf::NodeProto| n.ints("kernel_shape", &[3, 3]).ints("strides", &[2, 2]).ints("pads", &[1, 1, 1, 1]);
+    assert_eq!(ty(&import(&pool_model("MaxPool", &[2, 64, 112, 112], stem)), "y"), "f32[N,64,56,56]");
+}
+
+#[test]
+fn pool_same_padding() {
+    for mode in ["SAME_UPPER", "SAME_LOWER"] {
+        let f = |n: onnx_protobuf::NodeProto| n.ints("kernel_shape", &[3, 3]).ints("strides", &[2, 2]).string("auto_pad", mode);
+        assert_eq!(ty(&import(&pool_model("AveragePool", &[2, 3, 7, 8], f)), "y"), "f32[N,3,4,4]", "{mode}");
+    }
+    let g = import(&pool_model("GlobalAveragePool", &[2, 3, 7, 8], |n| n));
+    assert_eq!(ty(&g, "y"), "f32[N,3,1,1]");
+}
+
+#[test]
+fn pool_without_kernel_shape() {
+    let e = import_err(&pool_model("MaxPool", &[2, 3, 8, 8], |n| n));
+    assert!(e.to_string().contains("kernel_shape"), "{e}");
+}
+
+// ---------------------------------------------------------------- Split
+
+#[test]
+fn split_equal() {
+    let m = model(13, &[2, 9], vec![node("Split", "split", &["x"], &["a", "b", "c"]).int("axis", 1)], &["a", "b", "c"]);
+    let g = import(&m);
+    for v in ["a", "b", "c"] {
+        assert_eq!(ty(&g, v), "f32[N,3]");
+    }
+}
+
+#[test]
+fn split_uneven_sizes_from_an_input() {
+    let m = model(13, &[2, 8], vec![node("Split", "split", &["x", "sizes"], &["a", "b"]).int("axis", 1)], &["a", "b"])
+        .init(tensor_i64("sizes", &[2], &[2, 6]));
+    let g = import(&m);
+    assert_eq!(ty(&g, "a"), "f32[N,2]");
+    assert_eq!(ty(&g, "b"), "f32[N,6]");
+}
+
+#[test]
+fn split_uneven_sizes_from_the_attribute() {
+    let m = model(11, &[2, 4], vec![node("Split", "split", &["x"], &["a", "b"]).int("axis", -1).ints("split", &[1, 3])], &["a", "b"]);
+    let g = import(&m);
+    assert_eq!(ty(&g, "a"), "f32[N,1]");
+    assert_eq!(ty(&g, "b"), "f32[N,3]");
+}
+
+#[test]
+fn split_num_outputs_uneven() {
+    // Opset 18: 8 into 3 parts is 3, 3, 2.
+    let m = model(18, &[2, 8], vec![node("Split", "split", &["x"], &["a", "b", "c"]).int("axis", 1).int("num_outputs", 3)], &["a", "b", "c"]);
+    let g = import(&m);
+    assert_eq!([ty(&g, "a"), ty(&g, "b"), ty(&g, "c")], ["f32[N,3]", "f32[N,3]", "f32[N,2]"]);
+}
+
+#[test]
+fn split_sizes_that_do_not_add_up() {
+    let m = model(13, &[2, 8], vec![node("Split", "split", &["x", "sizes"], &["a", "b"]).int("axis", 1)], &["a", "b"])
+        .init(tensor_i64("sizes", &[2], &[2, 5]));
+    let e = import_err(&m);
+    assert!(e.to_string().contains("do not add up"), "{e}");
+}
+
+// ---------------------------------------------------------------- Slice
+
+fn slice_model(starts: i64, ends: i64, axis: i64, step: i64) -> ModelBuilder {
+    model(13, &[2, 10], vec![node("Slice", "slice", &["x", "starts", "ends", "axes", "steps"], &["y"])], &["y"])
+        .init(tensor_i64("starts", &[1], &[starts]))
+        .init(tensor_i64("ends", &[1], &[ends]))
+        .init(tensor_i64("axes", &[1], &[axis]))
+        .init(tensor_i64("steps", &[1], &[step]))
+}
+
+#[test]
+fn slice_with_negative_steps() {
+    // 8, 6, 4, 2
+    assert_eq!(ty(&import(&slice_model(8, 1, 1, -2)), "y"), "f32[N,4]");
+    // The whole axis reversed.
+    assert_eq!(ty(&import(&slice_model(-1, i64::MIN, 1, -1)), "y"), "f32[N,10]");
+    // 9, 6, 3, 0: an end of -11 clamps to "before index 0".
+    assert_eq!(ty(&import(&slice_model(-1, -11, 1, -3)), "y"), "f32[N,4]");
+    // Out-of-range start clamps to the last index: 9, 8, 7.
+    assert_eq!(ty(&import(&slice_model(100, 6, 1, -1)), "y"), "f32[N,3]");
+    // Nothing selected.
+    assert_eq!(ty(&import(&slice_model(2, 5, 1, -1)), "y"), "f32[N,0]");
+}
+
+#[test]
+fn slice_over_the_batch_axis() {
+    // Reversing the whole batch keeps N.
+    assert_eq!(ty(&import(&slice_model(-1, i64::MIN, 0, -1)), "y"), "f32[N,10]");
+    // The whole batch, forwards.
+    assert_eq!(ty(&import(&slice_model(0, i64::MAX, 0, 1)), "y"), "f32[N,10]");
+    // A fixed part of it is fixed.
+    assert_eq!(ty(&import(&slice_model(0, 1, 0, 1)), "y"), "f32[1,10]");
+}
+
+#[test]
+fn slice_with_step_zero() {
+    let e = import_err(&slice_model(0, 5, 1, 0));
+    assert!(matches!(e, ImportError::Shape { .. }), "{e}");
+}
+
+// ---------------------------------------------------------------- folding shape subgraphs
+
+/// `y = Reshape(x, Concat(Unsqueeze(Gather(Shape(x), 0)), [-1]))`, the exporter's
+/// `x.view(x.size(0), -1)`, with x: [2,3,4].
+fn view_model() -> ModelBuilder {
+    model(
+        13,
+        &[2, 3, 4],
+        vec![
+            node("Shape", "shape", &["x"], &["s"]),
+            node("Constant", "zero", &[], &["zero"]).tensor("value", tensor_i64("", &[], &[0])),
+            node("Gather", "gather", &["s", "zero"], &["d0"]).int("axis", 0),
+            node("Unsqueeze", "unsqueeze", &["d0", "axes0"], &["d0u"]),
+            node("Concat", "concat", &["d0u", "minus1"], &["target"]).int("axis", 0),
+            node("Reshape", "view", &["x", "target"], &["y"]),
+        ],
+        &["y"],
+    )
+    .init(tensor_i64("axes0", &[1], &[0]))
+    .init(tensor_i64("minus1", &[1], &[-1]))
+}
+
+#[test]
+fn fixed_batch_folds_the_shape_subgraph() {
+    let g = import_mode(&view_model(), BatchMode::Fixed);
+    assert_eq!(op_names(&g), ["Reshape"], "{}", pipewright_ir::text::print_graph(&g));
+    assert_eq!(ty(&g, "y"), "f32[2,12]");
+    assert_eq!(ty(&g, "target"), "i64[2]");
+    let text = pipewright_ir::text::print_graph(&g);
+    assert!(text.contains("const \"target\" [2, -1]"), "{text}");
+    let s = Summary::of(&g);
+    assert_eq!(s.nodes, 1);
+    assert_eq!(s.parameters, 0);
+}
+
+#[test]
+fn auto_batch_keeps_the_shape_of_a_batched_tensor() {
+    let g = import(&view_model());
+    let ops = op_names(&g);
+    assert_eq!(ops, ["Shape", "Gather", "Unsqueeze", "Concat", "Reshape"], "{}", pipewright_ir::text::print_graph(&g));
+    assert_eq!(ty(&g, "s"), "i64[3]");
+    assert_eq!(ty(&g, "target"), "i64[2]");
+    assert_eq!(ty(&g, "y"), "f32[N,12]");
+}
+
+#[test]
+fn auto_batch_folds_shape_reads_that_avoid_the_batch() {
+    // Shape(x)[1:] does not involve N: the Shape/Slice pair folds even with Auto, and
+    // Reshape gets [N,...] by putting the batch back in front.
+    let m = model(
+        13,
+        &[2, 3, 4],
+        vec![
+            node("Shape", "shape", &["x"], &["s"]).int("start", 1),
+            node("Concat", "concat", &["minus1", "s"], &["target"]).int("axis", 0),
+            node("Reshape", "view", &["x", "target"], &["y"]),
+        ],
+        &["y"],
+    )
+    .init(tensor_i64("minus1", &[1], &[-1]));
+    let g = import(&m);
+    assert_eq!(op_names(&g), ["Reshape"], "{}", pipewright_ir::text::print_graph(&g));
+    assert_eq!(ty(&g, "y"), "f32[N,3,4]");
+}
+
+// ---------------------------------------------------------------- op versions
+
+#[test]
+fn op_version_without_implemented_semantics() {
+    let m = ModelBuilder::new(6)
+        .input("x", F32, &fixed(&[2, 4]))
+        .init(tensor_f32_zeros("b", &[4]))
+        .node(node("Add", "old_add", &["x", "b"], &["y"]))
+        .output("y");
+    let e = import_err(&m);
+    assert!(
+        matches!(&e, ImportError::OpVersion { node, op, opset: 6, version: 6, from: 7 } if node.name == "old_add" && op == "Add"),
+        "{e:?}"
+    );
+    let msg = e.to_string();
+    for w in ["\"old_add\"", "Add", "opset 6", "version 6", "supported from version 7"] {
+        assert!(msg.contains(w), "{w:?} missing from: {msg}");
+    }
+
+    // The first implemented version imports.
+    let mut m7 = m.clone();
+    m7.model.opset_import[0].version = 7;
+    assert_eq!(ty(&import(&m7), "y"), "f32[N,4]");
+}
+
+#[test]
+fn op_that_does_not_exist_at_the_opset() {
+    // Gelu is defined from opset 20.
+    let m = model(17, &[2, 4], vec![node("Gelu", "gelu", &["x"], &["y"])], &["y"]);
+    let e = import_err(&m);
+    assert!(matches!(&e, ImportError::OpNotInOpset { opset: 17, .. }), "{e:?}");
+    assert!(e.to_string().contains("does not exist at opset 17"), "{e}");
+    let mut m20 = m.clone();
+    m20.model.opset_import[0].version = 20;
+    assert_eq!(ty(&import(&m20), "y"), "f32[N,4]");
+}
+
+#[test]
+fn unsupported_attribute_is_an_error() {
+    let m = model(13, &[2, 4], vec![node("Relu", "relu", &["x"], &["y"]).int("bogus", 1)], &["y"]);
+    let e = import_err(&m);
+    assert!(e.to_string().contains("\"bogus\"") && e.to_string().contains("not supported"), "{e}");
+}

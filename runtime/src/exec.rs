@@ -1,0 +1,165 @@
+//! Executes [`Kernel`]s on libtorch tensors through `tch` (the `torch` feature).
+//!
+//! Every kernel is built from differentiable libtorch ops, so running a stage forward with
+//! autograd enabled gives its backward pass for free. Kernels never panic on bad inputs:
+//! libtorch failures are caught through tch's fallible `f_` functions and reported, with
+//! the op's name, as [`KernelError`]s.
+
+mod convert;
+mod elementwise;
+mod nn;
+mod reduce;
+mod shape;
+mod util;
+mod window;
+
+use tch::Tensor;
+
+pub use crate::device::{Device, DeviceError};
+pub use convert::{elem_type, tensor_from_bytes, tensor_to_bytes, torch_kind};
+
+use crate::kernel::Kernel;
+use util::{all, need, opt, Fail, R};
+
+/// Training or inference: decides BatchNormalization (batch vs running statistics) and
+/// Dropout (random mask vs identity).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Mode {
+    Train,
+    Eval,
+}
+
+/// Why a kernel could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum KernelError {
+    #[error("{op}: required input {index} is missing")]
+    MissingInput { op: &'static str, index: usize },
+    #[error("{op}: unsupported attribute value: {detail}")]
+    Unsupported { op: &'static str, detail: String },
+    #[error("{op}: dtype not supported: {detail}")]
+    DType { op: &'static str, detail: String },
+    #[error("{op}: invalid input: {detail}")]
+    Invalid { op: &'static str, detail: String },
+    #[error("{op}: libtorch error: {source}")]
+    Torch {
+        op: &'static str,
+        #[source]
+        source: tch::TchError,
+    },
+}
+
+impl Fail {
+    pub(crate) fn into_error(self, op: &'static str) -> KernelError {
+        match self {
+            Fail::Missing(index) => KernelError::MissingInput { op, index },
+            Fail::Unsupported(detail) => KernelError::Unsupported { op, detail },
+            Fail::DType(detail) => KernelError::DType { op, detail },
+            Fail::Invalid(detail) => KernelError::Invalid { op, detail },
+            Fail::Torch(source) => KernelError::Torch { op, source },
+        }
+    }
+}
+
+/// Runs one kernel. `inputs` follow the ONNX input order, `None` for absent optional
+/// inputs. Returns every output the op defines, in ONNX order (a node with fewer outputs
+/// uses the prefix; see [`Kernel`]).
+pub fn run(k: &Kernel, inputs: &[Option<&Tensor>], mode: Mode) -> Result<Vec<Tensor>, KernelError> {
+    dispatch(k, inputs, mode).map_err(|f| f.into_error(k.name()))
+}
+
+fn one(t: R<Tensor>) -> R<Vec<Tensor>> {
+    t.map(|t| vec![t])
+}
+
+fn dispatch(k: &Kernel, ins: &[Option<&Tensor>], mode: Mode) -> R<Vec<Tensor>> {
+    use Kernel::*;
+    let x = || need(ins, 0);
+    let y = || need(ins, 1);
+    match k {
+        Unary(u) => one(elementwise::unary(*u, x()?)),
+        Binary(b) => one(elementwise::binary(*b, x()?, y()?)),
+        Variadic(v) => one(elementwise::variadic(*v, &all(ins)?)),
+        LeakyRelu { alpha } => one(elementwise::leaky_relu(x()?, *alpha)),
+        Elu { alpha } => one(elementwise::elu(x()?, *alpha)),
+        Celu { alpha } => one(elementwise::celu(x()?, *alpha)),
+        Selu { alpha, gamma } => one(elementwise::selu(x()?, *alpha, *gamma)),
+        HardSigmoid { alpha, beta } => one(elementwise::hard_sigmoid(x()?, *alpha, *beta)),
+        ThresholdedRelu { alpha } => one(elementwise::thresholded_relu(x()?, *alpha)),
+        Gelu { approximate } => one(elementwise::gelu(x()?, *approximate)),
+        Clip { min, max } => one(elementwise::clip(ins, *min, *max)),
+        IsInf { detect_positive, detect_negative } => {
+            one(elementwise::is_inf(x()?, *detect_positive, *detect_negative))
+        }
+        Where => one(elementwise::where_(x()?, y()?, need(ins, 2)?)),
+        Cast { to } => one(convert::kind_of(*to).and_then(|kd| Ok(x()?.f_to_kind(kd)?))),
+        CastLike => one(Ok(x()?.f_to_kind(y()?.f_kind()?)?)),
+        _ => dispatch_nn(k, ins, mode),
+    }
+}
+
+fn dispatch_nn(k: &Kernel, ins: &[Option<&Tensor>], mode: Mode) -> R<Vec<Tensor>> {
+    use Kernel::*;
+    let x = || need(ins, 0);
+    let y = || need(ins, 1);
+    match k {
+        Softmax(s) => one(nn::softmax(x()?, s, false)),
+        LogSoftmax(s) => one(nn::softmax(x()?, s, true)),
+        MatMul => one(Ok(x()?.f_matmul(y()?)?)),
+        Gemm(g) => one(nn::gemm(g, x()?, y()?, opt(ins, 2))),
+        Conv(c) => one(window::conv(c, x()?, y()?, opt(ins, 2))),
+        ConvTranspose(c) => one(window::conv_transpose(c, x()?, y()?, opt(ins, 2))),
+        MaxPool(p) => window::max_pool(p, x()?),
+        AveragePool(p) => one(window::average_pool(p, x()?)),
+        GlobalAveragePool => one(window::global_pool(x()?, false)),
+        GlobalMaxPool => one(window::global_pool(x()?, true)),
+        BatchNormalization(b) => nn::batch_norm(b, ins, mode),
+        LayerNormalization(l) => nn::layer_norm(l, ins),
+        InstanceNormalization { epsilon } => one(nn::instance_norm(*epsilon, ins)),
+        Dropout { ratio, .. } => nn::dropout(*ratio, ins, mode),
+        _ => dispatch_shape(k, ins),
+    }
+}
+
+fn dispatch_shape(k: &Kernel, ins: &[Option<&Tensor>]) -> R<Vec<Tensor>> {
+    use Kernel::*;
+    let x = || need(ins, 0);
+    let y = || need(ins, 1);
+    match k {
+        Reshape { allow_zero } => one(shape::reshape(x()?, y()?, *allow_zero)),
+        Flatten { axis } => one(shape::flatten(x()?, *axis)),
+        Transpose { perm } => one(shape::transpose(x()?, perm.as_ref())),
+        Squeeze { axes } => one(shape::squeeze(ins, axes.as_ref())),
+        Unsqueeze { axes } => one(shape::unsqueeze(ins, axes.as_ref())),
+        Concat { axis } => one(shape::concat(&all(ins)?, *axis)),
+        Split(s) => shape::split(s, ins),
+        Slice(s) => one(shape::slice(s, ins)),
+        Gather { axis } => one(shape::gather(x()?, y()?, *axis)),
+        GatherElements { axis } => one(shape::gather_elements(x()?, y()?, *axis)),
+        Expand => one(shape::expand(x()?, y()?)),
+        Shape { start, end } => one(shape::shape_of(x()?, *start, *end)),
+        Size => one(shape::size_of(x()?)),
+        ConstantOfShape { value } => one(shape::constant_of_shape(x()?, *value)),
+        Range => one(shape::range(x()?, y()?, need(ins, 2)?)),
+        Tile => one(shape::tile(x()?, y()?)),
+        Trilu { upper } => one(shape::trilu(ins, *upper)),
+        Einsum { equation } => one(shape::einsum(equation, &all(ins)?)),
+        Pad(p) => one(shape::pad(p, ins)),
+        CumSum { exclusive, reverse } => one(shape::cumsum(x()?, y()?, *exclusive, *reverse)),
+        _ => dispatch_reduce(k, ins),
+    }
+}
+
+fn dispatch_reduce(k: &Kernel, ins: &[Option<&Tensor>]) -> R<Vec<Tensor>> {
+    use Kernel::*;
+    let x = || need(ins, 0);
+    match k {
+        Reduce(r) => one(reduce::reduce(r, ins)),
+        ArgMax { axis, keepdims, select_last_index } => {
+            one(reduce::arg(x()?, *axis, *keepdims, *select_last_index, true))
+        }
+        ArgMin { axis, keepdims, select_last_index } => {
+            one(reduce::arg(x()?, *axis, *keepdims, *select_last_index, false))
+        }
+        other => Err(Fail::Unsupported(format!("internal: no kernel for {}", other.name()))),
+    }
+}

@@ -1,0 +1,99 @@
+//! Conversions between [`ElemType`] and libtorch kinds, and between tensors and raw
+//! little-endian bytes (the format of the conformance runner and the stage files).
+
+use tch::{Kind, Tensor};
+
+use super::util::{bad_dtype, invalid, R};
+use super::KernelError;
+use crate::kernel::ElemType;
+
+/// The libtorch kind of an element type. `u16`, `u32` and `u64` have no kind in tch.
+pub(crate) fn kind_of(et: ElemType) -> R<Kind> {
+    use ElemType::*;
+    Ok(match et {
+        F32 => Kind::Float,
+        F16 => Kind::Half,
+        Bf16 => Kind::BFloat16,
+        F64 => Kind::Double,
+        I64 => Kind::Int64,
+        I32 => Kind::Int,
+        I16 => Kind::Int16,
+        I8 => Kind::Int8,
+        U8 => Kind::Uint8,
+        Bool => Kind::Bool,
+        U16 | U32 | U64 => return Err(bad_dtype(format!("{et} has no libtorch kind through tch"))),
+    })
+}
+
+/// The element type of a libtorch kind (complex, quantised and fp8 kinds have none).
+pub(crate) fn elem_of(k: Kind) -> R<ElemType> {
+    use ElemType::*;
+    Ok(match k {
+        Kind::Float => F32,
+        Kind::Half => F16,
+        Kind::BFloat16 => Bf16,
+        Kind::Double => F64,
+        Kind::Int64 => I64,
+        Kind::Int => I32,
+        Kind::Int16 => I16,
+        Kind::Int8 => I8,
+        Kind::Uint8 => U8,
+        Kind::Bool => Bool,
+        k => return Err(bad_dtype(format!("libtorch kind {k:?} has no element type"))),
+    })
+}
+
+/// The libtorch kind of an element type, as a public error.
+pub fn torch_kind(et: ElemType) -> Result<Kind, KernelError> {
+    kind_of(et).map_err(|f| f.into_error("tensor conversion"))
+}
+
+/// The element type of a tensor.
+pub fn elem_type(t: &Tensor) -> Result<ElemType, KernelError> {
+    (|| elem_of(t.f_kind()?))().map_err(|f| f.into_error("tensor conversion"))
+}
+
+/// A CPU tensor from raw little-endian bytes (`bool`: one byte each, nonzero is true).
+pub fn tensor_from_bytes(et: ElemType, shape: &[i64], bytes: &[u8]) -> Result<Tensor, KernelError> {
+    from_bytes(et, shape, bytes).map_err(|f| f.into_error("tensor conversion"))
+}
+
+fn from_bytes(et: ElemType, shape: &[i64], bytes: &[u8]) -> R<Tensor> {
+    if cfg!(target_endian = "big") {
+        return Err(invalid("raw tensor bytes are little-endian; big-endian hosts are not supported"));
+    }
+    if shape.iter().any(|&d| d < 0) {
+        return Err(invalid(format!("negative dimension in shape {shape:?}")));
+    }
+    let numel = shape.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d as usize));
+    let want = numel.and_then(|n| n.checked_mul(et.size_bytes()));
+    if want != Some(bytes.len()) {
+        return Err(invalid(format!("{} bytes do not hold a {et} tensor of shape {shape:?}", bytes.len())));
+    }
+    let kind = kind_of(et)?;
+    if et == ElemType::Bool {
+        let norm: Vec<u8> = bytes.iter().map(|&b| (b != 0) as u8).collect();
+        return Ok(Tensor::f_from_data_size(&norm, shape, kind)?);
+    }
+    Ok(Tensor::f_from_data_size(bytes, shape, kind)?)
+}
+
+/// The element type, shape and raw little-endian bytes of a tensor (any device).
+pub fn tensor_to_bytes(t: &Tensor) -> Result<(ElemType, Vec<i64>, Vec<u8>), KernelError> {
+    to_bytes(t).map_err(|f| f.into_error("tensor conversion"))
+}
+
+fn to_bytes(t: &Tensor) -> R<(ElemType, Vec<i64>, Vec<u8>)> {
+    if cfg!(target_endian = "big") {
+        return Err(invalid("raw tensor bytes are little-endian; big-endian hosts are not supported"));
+    }
+    let et = elem_of(t.f_kind()?)?;
+    let shape = t.size();
+    let cpu = t.f_detach()?.f_to(tch::Device::Cpu)?.f_contiguous()?;
+    let numel = cpu.numel();
+    let mut bytes = vec![0u8; numel * et.size_bytes()];
+    if numel > 0 {
+        cpu.f_copy_data_u8(&mut bytes, numel)?;
+    }
+    Ok((et, shape, bytes))
+}

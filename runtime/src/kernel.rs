@@ -1,0 +1,369 @@
+//! The closed set of kernels the runtime executes, as plain serialisable data.
+//!
+//! [`Kernel`] mirrors the IR's `Op` one for one, with the same attribute meanings, but owns
+//! its own types so the runtime never depends on the IR: codegen lowers each `Op` to a
+//! `Kernel` and writes it into the stage module. Where an ONNX opset moved an attribute to
+//! an input (Squeeze/Unsqueeze axes, Split sizes, Slice bounds, Clip bounds, Pad pads,
+//! Reduce axes, Dropout ratio), the field is `Some` for the attribute form and `None` when
+//! the value comes from the node's input.
+//!
+//! This module builds without libtorch (`--no-default-features`).
+
+use serde::{Deserialize, Serialize};
+
+/// Element types of runtime tensors (the IR's `DType`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ElemType {
+    F32, F16, Bf16, F64, I64, I32, I16, I8, U8, U16, U32, U64, Bool,
+}
+
+impl ElemType {
+    /// Bytes per element in the raw little-endian encoding.
+    pub fn size_bytes(self) -> usize {
+        use ElemType::*;
+        match self {
+            F64 | I64 | U64 => 8,
+            F32 | I32 | U32 => 4,
+            F16 | Bf16 | I16 | U16 => 2,
+            I8 | U8 | Bool => 1,
+        }
+    }
+
+    /// The lowercase name (`f32`, `bool`, ...).
+    pub fn name(self) -> &'static str {
+        use ElemType::*;
+        match self {
+            F32 => "f32", F16 => "f16", Bf16 => "bf16", F64 => "f64", I64 => "i64",
+            I32 => "i32", I16 => "i16", I8 => "i8", U8 => "u8", U16 => "u16", U32 => "u32",
+            U64 => "u64", Bool => "bool",
+        }
+    }
+
+    /// Floating-point types.
+    pub fn is_float(self) -> bool {
+        matches!(self, ElemType::F32 | ElemType::F16 | ElemType::Bf16 | ElemType::F64)
+    }
+}
+
+impl std::fmt::Display for ElemType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Elementwise kernels with one input and no attributes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum UnaryKind {
+    Abs, Neg, Sqrt, Reciprocal, Exp, Log, Erf, Tanh, Sigmoid, Relu, Not, IsNaN, Floor, Ceil,
+    Round, Sign, Sin, Cos, Tan, Asin, Acos, Atan, Sinh, Cosh, Asinh, Acosh, Atanh, Softplus,
+    Softsign, Identity, HardSwish, Mish,
+}
+
+/// Elementwise kernels with two inputs and numpy broadcasting.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum BinaryKind {
+    Add, Sub, Mul, Div, Pow, Equal, Less, Greater, LessOrEqual, GreaterOrEqual, And, Or, Xor,
+    /// ONNX `Mod` with `fmod = 0`: the result takes the divisor's sign.
+    Mod,
+    /// ONNX `Mod` with `fmod = 1`: C `fmod`, the result takes the dividend's sign.
+    Fmod,
+    PRelu,
+}
+
+/// Elementwise kernels over any number of broadcast inputs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum VariadicKind {
+    Sum, Max, Min, Mean,
+}
+
+/// Reductions sharing the `axes`/`keepdims` interface.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum ReduceKind {
+    Sum, Mean, Max, Min, Prod, L1, L2, LogSum, LogSumExp, SumSquare,
+}
+
+/// ONNX `auto_pad`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum AutoPad {
+    #[default]
+    NotSet,
+    SameUpper,
+    SameLower,
+    Valid,
+}
+
+/// ONNX `Pad` modes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum PadMode {
+    Constant, Reflect, Edge, Wrap,
+}
+
+/// ONNX `Gelu` `approximate`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum GeluApprox {
+    None, Tanh,
+}
+
+/// Window geometry shared by Conv, ConvTranspose and the pools. Empty vectors mean the ONNX
+/// default for the input's spatial rank (ones for strides/dilations, zeros for pads; the
+/// kernel shape of a convolution then comes from its weight).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Window {
+    pub kernel_shape: Vec<i64>,
+    pub strides: Vec<i64>,
+    /// `[x1_begin, x2_begin, ..., x1_end, x2_end, ...]`.
+    pub pads: Vec<i64>,
+    pub dilations: Vec<i64>,
+    pub auto_pad: AutoPad,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Conv {
+    pub window: Window,
+    pub group: i64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ConvTranspose {
+    pub window: Window,
+    pub group: i64,
+    pub output_padding: Vec<i64>,
+    /// Spatial output shape; when non-empty the pads are derived from it.
+    pub output_shape: Vec<i64>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Pool {
+    pub window: Window,
+    pub ceil_mode: bool,
+    /// AveragePool only.
+    pub count_include_pad: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Gemm {
+    pub alpha: f32,
+    pub beta: f32,
+    pub trans_a: bool,
+    pub trans_b: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct BatchNorm {
+    pub epsilon: f32,
+    /// ONNX convention: `running = running * momentum + batch * (1 - momentum)`.
+    pub momentum: f32,
+    /// The exported mode; the runtime's train/eval mode decides what runs.
+    pub training_mode: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LayerNorm {
+    pub axis: i64,
+    pub epsilon: f32,
+    /// 1: compute the statistics in f32 (for f16/bf16 inputs).
+    pub stash_type: i64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Softmax {
+    pub axis: i64,
+    /// Opsets < 13: the input is coerced to 2-D at `axis` and normalised over the trailing block.
+    pub coerce_2d: bool,
+}
+
+/// `(starts, ends, axes)` of the Slice attribute form.
+pub type SliceAttrs = (Vec<i64>, Vec<i64>, Option<Vec<i64>>);
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Slice {
+    /// Opsets < 10 carry the bounds as attributes; `None`: inputs 1..=4.
+    pub attrs: Option<SliceAttrs>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Split {
+    pub axis: i64,
+    /// Sizes from the attribute (opsets < 13); `None` means input 1 or equal parts.
+    pub split: Option<Vec<i64>>,
+    /// The opset-18 attribute. For an equal split in older opsets (no sizes anywhere) the
+    /// lowering must set it to the node's output count: the kernel cannot see the node.
+    pub num_outputs: Option<i64>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Reduce {
+    pub kind: ReduceKind,
+    /// From the attribute (older opsets); `None` means input 1 (or all axes when absent).
+    pub axes: Option<Vec<i64>>,
+    pub keepdims: bool,
+    pub noop_with_empty_axes: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Pad {
+    pub mode: PadMode,
+    /// Opsets < 11: pads and value as attributes; `None`: inputs 1..=3.
+    pub attrs: Option<(Vec<i64>, f32)>,
+}
+
+/// One kernel with its typed attributes: the runtime twin of the IR's `Op`.
+///
+/// Multi-output kernels produce every output ONNX defines, in ONNX order (Dropout: output,
+/// mask; MaxPool: Y, Indices; LayerNormalization: Y, Mean, InvStdDev; BatchNormalization in
+/// training: Y, running mean, running var); a node with fewer outputs uses the prefix.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Kernel {
+    Unary(UnaryKind),
+    Binary(BinaryKind),
+    Variadic(VariadicKind),
+    LeakyRelu { alpha: f32 },
+    Elu { alpha: f32 },
+    Celu { alpha: f32 },
+    Selu { alpha: f32, gamma: f32 },
+    HardSigmoid { alpha: f32, beta: f32 },
+    ThresholdedRelu { alpha: f32 },
+    Gelu { approximate: GeluApprox },
+    /// Bounds from attributes in opsets < 11 (`None` = unbounded); inputs 1 and 2 afterwards
+    /// (then both fields are `None`).
+    Clip { min: Option<f32>, max: Option<f32> },
+    IsInf { detect_positive: bool, detect_negative: bool },
+    Softmax(Softmax),
+    LogSoftmax(Softmax),
+    MatMul,
+    Gemm(Gemm),
+    Conv(Conv),
+    ConvTranspose(ConvTranspose),
+    MaxPool(Pool),
+    AveragePool(Pool),
+    GlobalAveragePool,
+    GlobalMaxPool,
+    BatchNormalization(BatchNorm),
+    LayerNormalization(LayerNorm),
+    InstanceNormalization { epsilon: f32 },
+    /// `ratio` is the attribute of opsets < 12; afterwards input 1 (default 0.5).
+    Dropout { ratio: Option<f32>, seed: Option<i64> },
+    Reshape { allow_zero: bool },
+    Flatten { axis: i64 },
+    Transpose { perm: Option<Vec<i64>> },
+    Squeeze { axes: Option<Vec<i64>> },
+    Unsqueeze { axes: Option<Vec<i64>> },
+    Concat { axis: i64 },
+    Split(Split),
+    Slice(Slice),
+    Gather { axis: i64 },
+    GatherElements { axis: i64 },
+    Expand,
+    Where,
+    Cast { to: ElemType },
+    CastLike,
+    Shape { start: i64, end: Option<i64> },
+    Size,
+    /// The `value` attribute as `(dtype, value)`; `None` = f32 zero.
+    ConstantOfShape { value: Option<(ElemType, f64)> },
+    Range,
+    Reduce(Reduce),
+    ArgMax { axis: i64, keepdims: bool, select_last_index: bool },
+    ArgMin { axis: i64, keepdims: bool, select_last_index: bool },
+    Trilu { upper: bool },
+    Einsum { equation: String },
+    Pad(Pad),
+    Tile,
+    CumSum { exclusive: bool, reverse: bool },
+}
+
+impl Kernel {
+    /// The ONNX op type this kernel implements (for error messages).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Kernel::Unary(u) => unary_name(*u),
+            Kernel::Binary(b) => binary_name(*b),
+            Kernel::Variadic(v) => variadic_name(*v),
+            Kernel::Reduce(r) => reduce_name(r.kind),
+            other => plain_name(other),
+        }
+    }
+}
+
+fn plain_name(k: &Kernel) -> &'static str {
+    use Kernel::*;
+    match k {
+        LeakyRelu { .. } => "LeakyRelu", Elu { .. } => "Elu", Celu { .. } => "Celu",
+        Selu { .. } => "Selu", HardSigmoid { .. } => "HardSigmoid",
+        ThresholdedRelu { .. } => "ThresholdedRelu", Gelu { .. } => "Gelu", Clip { .. } => "Clip",
+        IsInf { .. } => "IsInf", Softmax(_) => "Softmax", LogSoftmax(_) => "LogSoftmax",
+        MatMul => "MatMul", Gemm(_) => "Gemm", Conv(_) => "Conv", ConvTranspose(_) => "ConvTranspose",
+        MaxPool(_) => "MaxPool", AveragePool(_) => "AveragePool",
+        GlobalAveragePool => "GlobalAveragePool", GlobalMaxPool => "GlobalMaxPool",
+        BatchNormalization(_) => "BatchNormalization", LayerNormalization(_) => "LayerNormalization",
+        InstanceNormalization { .. } => "InstanceNormalization", Dropout { .. } => "Dropout",
+        Reshape { .. } => "Reshape", Flatten { .. } => "Flatten", Transpose { .. } => "Transpose",
+        Squeeze { .. } => "Squeeze", Unsqueeze { .. } => "Unsqueeze", Concat { .. } => "Concat",
+        Split(_) => "Split", Slice(_) => "Slice", Gather { .. } => "Gather",
+        GatherElements { .. } => "GatherElements", Expand => "Expand", Where => "Where",
+        Cast { .. } => "Cast", CastLike => "CastLike", Shape { .. } => "Shape", Size => "Size",
+        ConstantOfShape { .. } => "ConstantOfShape", Range => "Range", ArgMax { .. } => "ArgMax",
+        ArgMin { .. } => "ArgMin", Trilu { .. } => "Trilu", Einsum { .. } => "Einsum",
+        Pad(_) => "Pad", Tile => "Tile", CumSum { .. } => "CumSum",
+        Unary(_) | Binary(_) | Variadic(_) | Reduce(_) => "?",
+    }
+}
+
+/// The ONNX name of a unary kernel.
+pub fn unary_name(u: UnaryKind) -> &'static str {
+    use UnaryKind::*;
+    match u {
+        Abs => "Abs", Neg => "Neg", Sqrt => "Sqrt", Reciprocal => "Reciprocal", Exp => "Exp",
+        Log => "Log", Erf => "Erf", Tanh => "Tanh", Sigmoid => "Sigmoid", Relu => "Relu",
+        Not => "Not", IsNaN => "IsNaN", Floor => "Floor", Ceil => "Ceil", Round => "Round",
+        Sign => "Sign", Sin => "Sin", Cos => "Cos", Tan => "Tan", Asin => "Asin", Acos => "Acos",
+        Atan => "Atan", Sinh => "Sinh", Cosh => "Cosh", Asinh => "Asinh", Acosh => "Acosh",
+        Atanh => "Atanh", Softplus => "Softplus", Softsign => "Softsign", Identity => "Identity",
+        HardSwish => "HardSwish", Mish => "Mish",
+    }
+}
+
+/// The ONNX name of a binary kernel.
+pub fn binary_name(b: BinaryKind) -> &'static str {
+    use BinaryKind::*;
+    match b {
+        Add => "Add", Sub => "Sub", Mul => "Mul", Div => "Div", Pow => "Pow", Equal => "Equal",
+        Less => "Less", Greater => "Greater", LessOrEqual => "LessOrEqual",
+        GreaterOrEqual => "GreaterOrEqual", And => "And", Or => "Or", Xor => "Xor",
+        Mod | Fmod => "Mod", PRelu => "PRelu",
+    }
+}
+
+/// The ONNX name of a variadic kernel.
+pub fn variadic_name(v: VariadicKind) -> &'static str {
+    match v {
+        VariadicKind::Sum => "Sum",
+        VariadicKind::Max => "Max",
+        VariadicKind::Min => "Min",
+        VariadicKind::Mean => "Mean",
+    }
+}
+
+/// The ONNX name of a reduction.
+pub fn reduce_name(k: ReduceKind) -> &'static str {
+    use ReduceKind::*;
+    match k {
+        Sum => "ReduceSum", Mean => "ReduceMean", Max => "ReduceMax", Min => "ReduceMin",
+        Prod => "ReduceProd", L1 => "ReduceL1", L2 => "ReduceL2", LogSum => "ReduceLogSum",
+        LogSumExp => "ReduceLogSumExp", SumSquare => "ReduceSumSquare",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_and_sizes() {
+        assert_eq!(Kernel::Binary(BinaryKind::Fmod).name(), "Mod");
+        assert_eq!(Kernel::Tile.name(), "Tile");
+        assert_eq!(ElemType::Bf16.size_bytes(), 2);
+        assert_eq!(ElemType::U64.to_string(), "u64");
+    }
+}

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs what a fresh Debian machine with only the Rust toolchain lacks for pipewright:
+# Python 3 with pip (used to fetch the libtorch wheel from PyPI) and a C++ compiler (for
+# torch-sys). Idempotent: installs nothing when everything is present.
+set -euo pipefail
+
+log() { echo "prereqs.sh: $*" >&2; }
+
+need=()
+command -v python3 >/dev/null 2>&1 || need+=(python3)
+python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip)
+command -v g++ >/dev/null 2>&1 || need+=(g++)
+command -v unzip >/dev/null 2>&1 || true
+
+if ((${#need[@]} == 0)); then
+    log "prerequisites present"
+    exit 0
+fi
+
+sudo=""
+if [[ $(id -u) -ne 0 ]]; then
+    command -v sudo >/dev/null 2>&1 || { log "need root (or sudo) to install: ${need[*]}"; exit 1; }
+    sudo="sudo"
+fi
+log "installing ${need[*]} with apt-get"
+$sudo apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need[@]}" >&2

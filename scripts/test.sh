@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# The test command: installs what is missing, then runs every test of the workspace.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+bash scripts/prereqs.sh
+if [[ ! -d ../shared/corpus ]]; then
+    echo "test.sh: the shared corpus is missing: expected it at $(cd .. && pwd)/shared/corpus" >&2
+    exit 1
+fi
+cargo test --workspace --locked 2>&1

@@ -1,0 +1,195 @@
+//! The conformance runner: every ONNX backend-suite test whose ops import is run through
+//! the runtime's op layer and compared with the suite's expected outputs (rtol 1e-3,
+//! atol 1e-7, as ONNX's own runner). Tests that do not import are skipped with the reason.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::path::{Path, PathBuf};
+
+use anyhow::Result;
+use pipewright_ir::{ImportError, ImportOptions};
+
+use crate::forward::{compare, read_tensors, NamedTensor, Runner};
+use crate::output::write_atomic;
+use crate::ConformanceArgs;
+
+const RTOL: f64 = 1e-3;
+const ATOL: f64 = 1e-7;
+
+/// The outcome of one test.
+#[derive(Clone, Debug)]
+pub enum Outcome {
+    Passed,
+    Failed(String),
+    Skipped(String),
+}
+
+/// One backend test: a model and its data sets.
+struct Case {
+    suite: String,
+    name: String,
+    model: PathBuf,
+    /// Folders holding `input_K.pb`/`output_K.pb`; for `light/` the model's own folder
+    /// with a file prefix.
+    data: Vec<(PathBuf, String)>,
+}
+
+fn cases(root: &Path) -> Result<Vec<Case>> {
+    let suite = root.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let mut out = Vec::new();
+    let mut entries: Vec<PathBuf> = std::fs::read_dir(root)?.filter_map(|e| e.ok().map(|e| e.path())).collect();
+    entries.sort();
+    for e in entries {
+        let name = e.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        if e.is_dir() && e.join("model.onnx").is_file() {
+            let mut data: Vec<(PathBuf, String)> = std::fs::read_dir(&e)?
+                .filter_map(|d| d.ok().map(|d| d.path()))
+                .filter(|d| d.is_dir() && d.file_name().is_some_and(|n| n.to_string_lossy().starts_with("test_data_set")))
+                .map(|d| (d, String::new()))
+                .collect();
+            data.sort();
+            out.push(Case { suite: suite.clone(), name, model: e.join("model.onnx"), data });
+        } else if name.ends_with(".onnx") {
+            let stem = name.trim_end_matches(".onnx").to_string();
+            out.push(Case { suite: suite.clone(), name: stem.clone(), model: e.clone(), data: vec![(root.to_path_buf(), format!("{stem}_"))] });
+        }
+    }
+    Ok(out)
+}
+
+/// Integer inputs (axes, shapes, pads) and scalars become constants, as a compiler for
+/// static shapes needs them.
+fn frozen(inputs: &[NamedTensor]) -> ImportOptions {
+    let mut opts = ImportOptions::default();
+    for t in inputs {
+        if !t.name.is_empty() && (t.data.numel() <= 1 || (!t.data.dtype.is_float() && t.data.numel() <= 64)) {
+            opts.frozen_inputs.insert(t.name.clone(), t.data.clone());
+        }
+    }
+    opts
+}
+
+fn skip_reason(e: &ImportError) -> Option<String> {
+    Some(match e {
+        ImportError::UnknownOps(ops) => format!("unsupported op {}", ops.iter().map(|o| o.0.as_str()).collect::<Vec<_>>().join(", ")),
+        ImportError::OpVersion { op, version, .. } => format!("{op} version {version} not implemented"),
+        ImportError::ValueType { type_name, .. } => format!("element type {type_name}"),
+        ImportError::BadTensor { reason, .. } if reason.contains("element type") => "unsupported element type".into(),
+        ImportError::BadTensor { reason, .. } if reason.contains("symbol") || reason.contains("no extent") => "dynamic input shape".into(),
+        ImportError::Domain(_) | ImportError::NoDefaultOpset => "non-default operator domain".into(),
+        ImportError::BadNode { reason, .. } if reason.contains("not supported") => reason.clone(),
+        ImportError::Shape { reason, .. } if reason.contains("not known at import") => "data-dependent output shape".into(),
+        _ => return None,
+    })
+}
+
+fn run_case(case: &Case) -> Outcome {
+    let mut any = false;
+    for (dir, prefix) in &case.data {
+        let inputs = match read_tensors(dir, &format!("{prefix}input_")) {
+            Ok(v) => v,
+            Err(e) => return Outcome::Failed(format!("reading inputs: {e}")),
+        };
+        let expected = match read_tensors(dir, &format!("{prefix}output_")) {
+            Ok(v) if !v.is_empty() => v,
+            Ok(_) => continue,
+            Err(e) => return Outcome::Failed(format!("reading outputs: {e}")),
+        };
+        any = true;
+        let opts = frozen(&inputs);
+        let runner = match Runner::load(&case.model, &opts, tch::Device::Cpu) {
+            Ok(r) => r,
+            Err(e) => {
+                return match e.downcast_ref::<pipewright_ir::ModelError>().and_then(|m| skip_reason(&m.error)) {
+                    Some(reason) => Outcome::Skipped(reason),
+                    None => Outcome::Failed(format!("import: {e}")),
+                }
+            }
+        };
+        let feeds: Vec<NamedTensor> = inputs.into_iter().filter(|t| !opts.frozen_inputs.contains_key(&t.name)).collect();
+        let outs = match runner.run(&feeds) {
+            Ok(o) => o,
+            Err(e) => return Outcome::Failed(format!("run: {e:#}")),
+        };
+        for (k, (got, want)) in outs.iter().zip(&expected).enumerate() {
+            match compare(got, &want.data, RTOL, ATOL) {
+                Err(e) => return Outcome::Failed(format!("output {k}: {e}")),
+                Ok(c) if c.mismatches > 0 => {
+                    return Outcome::Failed(format!(
+                        "output {k}: {} of {} elements outside tolerance (max abs err {:.3e})",
+                        c.mismatches, c.numel, c.max_abs_err
+                    ))
+                }
+                Ok(_) => {}
+            }
+        }
+    }
+    if any { Outcome::Passed } else { Outcome::Skipped("no expected outputs".into()) }
+}
+
+/// Runs every case under `roots`; returns `(suite, name, outcome)` rows.
+pub fn run_all(roots: &[PathBuf], filter: Option<&str>) -> Result<Vec<(String, String, Outcome)>> {
+    let mut rows = Vec::new();
+    for root in roots {
+        for case in cases(root)? {
+            if filter.is_some_and(|f| !case.name.contains(f)) {
+                continue;
+            }
+            let outcome = run_case(&case);
+            rows.push((case.suite, case.name, outcome));
+        }
+    }
+    Ok(rows)
+}
+
+/// The markdown report: totals per suite, every failure with its cause, skip reasons.
+pub fn report(rows: &[(String, String, Outcome)]) -> String {
+    let mut totals: BTreeMap<&str, [usize; 3]> = BTreeMap::new();
+    let mut skips: BTreeMap<String, usize> = BTreeMap::new();
+    for (suite, _, o) in rows {
+        let t = totals.entry(suite).or_default();
+        match o {
+            Outcome::Passed => t[0] += 1,
+            Outcome::Failed(_) => t[1] += 1,
+            Outcome::Skipped(r) => {
+                t[2] += 1;
+                *skips.entry(r.clone()).or_default() += 1;
+            }
+        }
+    }
+    let mut s = String::from("| suite | passed | failed | skipped | pass rate of run tests |\n|---|---|---|---|---|\n");
+    for (suite, [p, f, k]) in &totals {
+        let rate = if p + f > 0 { 100.0 * *p as f64 / (p + f) as f64 } else { 0.0 };
+        let _ = writeln!(s, "| {suite} | {p} | {f} | {k} | {rate:.1}% |");
+    }
+    s.push_str("\n### Failures\n\n");
+    for (suite, name, o) in rows {
+        if let Outcome::Failed(r) = o {
+            let _ = writeln!(s, "- `{suite}/{name}`: {}", r.replace('\n', " "));
+        }
+    }
+    s.push_str("\n### Skip reasons\n\n| reason | tests |\n|---|---|\n");
+    let mut sk: Vec<_> = skips.into_iter().collect();
+    sk.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    for (r, n) in sk {
+        let _ = writeln!(s, "| {} | {n} |", r.replace('|', "/"));
+    }
+    s
+}
+
+/// `pipewright conformance`.
+pub fn run(args: &ConformanceArgs) -> Result<()> {
+    let rows = run_all(&args.suites, args.filter.as_deref())?;
+    let text = report(&rows);
+    match &args.report {
+        Some(path) => write_atomic(path, text.as_bytes())?,
+        None => print!("{text}"),
+    }
+    let (p, f) = rows.iter().fold((0, 0), |(p, f), r| match r.2 {
+        Outcome::Passed => (p + 1, f),
+        Outcome::Failed(_) => (p, f + 1),
+        Outcome::Skipped(_) => (p, f),
+    });
+    eprintln!("conformance: {p} passed, {f} failed, {} skipped", rows.len() - p - f);
+    Ok(())
+}
