@@ -4,6 +4,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 bash scripts/prereqs.sh
+# libtorch for the runtime (cached per user; links it as .libtorch for .cargo/config.toml).
+bash scripts/libtorch.sh >/dev/null
 if [[ ! -d ../shared/corpus ]]; then
     echo "test.sh: the shared corpus is missing: expected it at $(cd .. && pwd)/shared/corpus" >&2
     exit 1

@@ -88,12 +88,12 @@ fn run_case(case: &Case) -> Outcome {
     for (dir, prefix) in &case.data {
         let inputs = match read_tensors(dir, &format!("{prefix}input_")) {
             Ok(v) => v,
-            Err(e) => return Outcome::Failed(format!("reading inputs: {e}")),
+            Err(e) => return unreadable("inputs", e),
         };
         let expected = match read_tensors(dir, &format!("{prefix}output_")) {
             Ok(v) if !v.is_empty() => v,
             Ok(_) => continue,
-            Err(e) => return Outcome::Failed(format!("reading outputs: {e}")),
+            Err(e) => return unreadable("outputs", e),
         };
         any = true;
         let opts = frozen(&inputs);
@@ -102,17 +102,27 @@ fn run_case(case: &Case) -> Outcome {
             Err(e) => {
                 return match e.downcast_ref::<pipewright_ir::ModelError>().and_then(|m| skip_reason(&m.error)) {
                     Some(reason) => Outcome::Skipped(reason),
+                    None if format!("{e:#}").contains("dtype not supported") => {
+                        Outcome::Skipped("element type not supported by libtorch (u16/u32/u64)".into())
+                    }
                     None => Outcome::Failed(format!("import: {e}")),
                 }
             }
         };
+        if has_training_dropout(&runner.graph) {
+            return Outcome::Skipped("random output (Dropout in training mode)".into());
+        }
         let feeds: Vec<NamedTensor> = inputs.into_iter().filter(|t| !opts.frozen_inputs.contains_key(&t.name)).collect();
+        if feeds.len() < runner.graph.inputs().len() {
+            return Outcome::Skipped("the suite ships no input data for this model".into());
+        }
         let outs = match runner.run(&feeds) {
             Ok(o) => o,
             Err(e) => return Outcome::Failed(format!("run: {e:#}")),
         };
         for (k, (got, want)) in outs.iter().zip(&expected).enumerate() {
-            match compare(got, &want.data, RTOL, ATOL) {
+            let (rtol, atol) = tolerance(want.data.dtype);
+            match compare(got, &want.data, rtol, atol) {
                 Err(e) => return Outcome::Failed(format!("output {k}: {e}")),
                 Ok(c) if c.mismatches > 0 => {
                     return Outcome::Failed(format!(
@@ -125,6 +135,37 @@ fn run_case(case: &Case) -> Outcome {
         }
     }
     if any { Outcome::Passed } else { Outcome::Skipped("no expected outputs".into()) }
+}
+
+/// A data file the IR cannot represent (string, float8, 4-bit types) skips the test.
+fn unreadable(what: &str, e: anyhow::Error) -> Outcome {
+    let msg = format!("{e:#}");
+    if msg.contains("element type") {
+        Outcome::Skipped("unsupported element type".into())
+    } else {
+        Outcome::Failed(format!("reading {what}: {msg}"))
+    }
+}
+
+/// ONNX's runner tolerances, looser for half-precision outputs: their expected values come
+/// from a reference that rounds differently (f32 accumulation in libtorch vs per-op
+/// rounding in the reference), which moves results by about one unit in the last place.
+fn tolerance(dtype: pipewright_ir::DType) -> (f64, f64) {
+    match dtype {
+        pipewright_ir::DType::Bf16 => (1e-2, 1e-2),
+        pipewright_ir::DType::F16 => (1e-3, 1e-3),
+        _ => (RTOL, ATOL),
+    }
+}
+
+/// A Dropout whose `training_mode` input is a true constant draws a random mask that no
+/// other implementation reproduces.
+fn has_training_dropout(g: &pipewright_ir::Graph) -> bool {
+    g.node_ids().any(|n| {
+        let node = g.node(n);
+        matches!(node.op, pipewright_ir::Op::Dropout { .. })
+            && node.inputs.get(2).copied().flatten().and_then(|v| g.value(v).weight()).is_some_and(|w| w.data.to_i64s().iter().any(|&x| x != 0))
+    })
 }
 
 /// Runs every case under `roots`; returns `(suite, name, outcome)` rows.

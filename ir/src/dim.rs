@@ -37,12 +37,13 @@ impl Dim {
         matches!(self, Dim::Batch(_))
     }
 
-    /// `self * other`, or `None` when the product is not of the form `k*N` or fixed.
+    /// `self * other`, or `None` when the product is not of the form `k*N` or fixed, or
+    /// overflows `i64`.
     pub fn mul(self, other: Dim) -> Option<Dim> {
         match (self, other) {
-            (Dim::Fixed(a), Dim::Fixed(b)) => Some(Dim::Fixed(a * b)),
+            (Dim::Fixed(a), Dim::Fixed(b)) => a.checked_mul(b).map(Dim::Fixed),
             (Dim::Fixed(0), Dim::Batch(_)) | (Dim::Batch(_), Dim::Fixed(0)) => Some(Dim::Fixed(0)),
-            (Dim::Fixed(a), Dim::Batch(k)) | (Dim::Batch(k), Dim::Fixed(a)) if a > 0 => Some(Dim::Batch(a * k)),
+            (Dim::Fixed(a), Dim::Batch(k)) | (Dim::Batch(k), Dim::Fixed(a)) if a > 0 => a.checked_mul(k).map(Dim::Batch),
             _ => None,
         }
     }
@@ -50,18 +51,19 @@ impl Dim {
     /// `self / other` when it divides exactly into the `k*N` or fixed form.
     pub fn div_exact(self, other: Dim) -> Option<Dim> {
         match (self, other) {
-            (Dim::Fixed(a), Dim::Fixed(b)) if b != 0 && a % b == 0 => Some(Dim::Fixed(a / b)),
+            // `checked_rem` also rules out `i64::MIN / -1`, which panics even in release.
+            (Dim::Fixed(a), Dim::Fixed(b)) if a.checked_rem(b) == Some(0) => a.checked_div(b).map(Dim::Fixed),
             (Dim::Batch(k), Dim::Fixed(b)) if b > 0 && k % b == 0 => Some(Dim::Batch(k / b)),
             (Dim::Batch(k), Dim::Batch(j)) if k % j == 0 => Some(Dim::Fixed(k / j)),
             _ => None,
         }
     }
 
-    /// `self + other` when both are fixed or both are batch multiples.
+    /// `self + other` when both are fixed or both are batch multiples (and the sum fits).
     pub fn add(self, other: Dim) -> Option<Dim> {
         match (self, other) {
-            (Dim::Fixed(a), Dim::Fixed(b)) => Some(Dim::Fixed(a + b)),
-            (Dim::Batch(a), Dim::Batch(b)) => Some(Dim::Batch(a + b)),
+            (Dim::Fixed(a), Dim::Fixed(b)) => a.checked_add(b).map(Dim::Fixed),
+            (Dim::Batch(a), Dim::Batch(b)) => a.checked_add(b).map(Dim::Batch),
             (Dim::Fixed(0), d) | (d, Dim::Fixed(0)) => Some(d),
             _ => None,
         }

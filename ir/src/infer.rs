@@ -40,11 +40,19 @@ pub fn infer(op: &Op, ins: &[Option<In>], n_out: usize, ctx: Ctx) -> R<Vec<Tenso
         | Op::ThresholdedRelu { .. }
         | Op::Gelu { .. }
         | Op::Clip { .. }
-        | Op::Softmax(_)
-        | Op::LogSoftmax(_)
         | Op::Trilu { .. }
         | Op::InstanceNormalization { .. }
         | Op::CumSum { .. } => out1(x()?.ty.dtype, x()?.ty.shape.clone()),
+        Op::Softmax(s) | Op::LogSoftmax(s) => {
+            let t = &x()?.ty;
+            // Before opset 13 the axis splits the input into a 2-D view, so `r` is valid too.
+            let r = t.shape.rank() as i64;
+            let ok = if s.coerce_2d { (-r..=r).contains(&s.axis) } else { (-r..r).contains(&s.axis) };
+            if !ok {
+                return Err(format!("axis {} out of range for {}", s.axis, t.shape));
+            }
+            out1(t.dtype, t.shape.clone())
+        }
         Op::Binary(BinaryOp::PRelu) => {
             broadcast(&[&x()?.ty.shape, &req(1)?.ty.shape], ctx)?;
             out1(x()?.ty.dtype, x()?.ty.shape.clone())
@@ -268,7 +276,17 @@ pub fn infer(op: &Op, ins: &[Option<In>], n_out: usize, ctx: Ctx) -> R<Vec<Tenso
             if reps.len() != t.shape.rank() {
                 return Err(format!("{} repeats for rank {}", reps.len(), t.shape.rank()));
             }
-            let d = t.shape.0.iter().zip(&reps).map(|(d, &r)| d.mul(Dim::Fixed(r)).unwrap_or(Dim::Fixed(0))).collect();
+            let d = t
+                .shape
+                .0
+                .iter()
+                .zip(&reps)
+                .map(|(d, &r)| match r {
+                    0 => Ok(Dim::Fixed(0)),
+                    1.. => d.mul(Dim::Fixed(r)).ok_or_else(|| format!("repeats {reps:?} overflow the extents of {}", t.shape)),
+                    _ => Err(format!("repeats {reps:?} must not be negative")),
+                })
+                .collect::<R<_>>()?;
             out1(t.dtype, Shape(d))
         }
     }
@@ -391,30 +409,35 @@ fn window_out(w: &Window, input: &[i64], kernel: &[i64], ceil_mode: bool) -> R<V
     if kernel.len() != n || strides.len() != n || dil.len() != n || pads.len() != 2 * n {
         return Err(format!("window attributes do not match {n} spatial dimensions"));
     }
+    if kernel.iter().chain(&strides).chain(&dil).any(|&v| v < 1) {
+        return Err(format!("kernel {kernel:?}, strides {strides:?} and dilations {dil:?} must be positive"));
+    }
     let mut out = Vec::with_capacity(n);
     for i in 0..n {
-        let eff = (kernel[i] - 1) * dil[i] + 1;
+        // In i128, so absurd attribute values give an error rather than an overflow.
+        let (input_i, stride, pad_begin) = (input[i] as i128, strides[i] as i128, pads[i] as i128);
+        let eff = (kernel[i] as i128 - 1) * dil[i] as i128 + 1;
         let o = match w.auto_pad {
-            AutoPad::SameUpper | AutoPad::SameLower => (input[i] + strides[i] - 1) / strides[i],
-            AutoPad::Valid => (input[i] - eff) / strides[i] + 1,
+            AutoPad::SameUpper | AutoPad::SameLower => (input_i + stride - 1) / stride,
+            AutoPad::Valid => (input_i - eff).div_euclid(stride) + 1,
             AutoPad::NotSet => {
-                let span = input[i] + pads[i] + pads[i + n] - eff;
+                let span = input_i + pad_begin + pads[i + n] as i128 - eff;
                 if ceil_mode {
-                    let mut o = (span + strides[i] - 1) / strides[i] + 1;
+                    let mut o = (span + stride - 1).div_euclid(stride) + 1;
                     // The last window must start inside the input or its leading pad.
-                    if (o - 1) * strides[i] >= input[i] + pads[i] {
+                    if (o - 1) * stride >= input_i + pad_begin {
                         o -= 1;
                     }
                     o
                 } else {
-                    span.div_euclid(strides[i]) + 1
+                    span.div_euclid(stride) + 1
                 }
             }
         };
         if o < 1 {
             return Err(format!("window {kernel:?} does not fit the input extents {input:?}"));
         }
-        out.push(o);
+        out.push(i64::try_from(o).map_err(|_| format!("output extent {o} is out of range"))?);
     }
     Ok(out)
 }
@@ -430,7 +453,7 @@ fn conv(c: &Conv, x: In, w: In) -> R<Vec<TensorType>> {
     }
     let input = fixed_spatial(sx, "input")?;
     let kernel = if c.window.kernel_shape.is_empty() { fixed_spatial(sw, "kernel")? } else { c.window.kernel_shape.clone() };
-    let cin = sw.0[1].fixed().ok_or("weight channels must be fixed")? * c.group;
+    let cin = sw.0[1].fixed().ok_or("weight channels must be fixed")?.checked_mul(c.group).ok_or("group overflows")?;
     if sx.0[1].fixed() != Some(cin) {
         return Err(format!("input has {} channels, weight {sw} with group {} expects {cin}", sx.0[1], c.group));
     }
@@ -451,17 +474,29 @@ fn conv_transpose(c: &ConvTranspose, x: In, w: In) -> R<Vec<TensorType>> {
     let dil = spatial(&c.window.dilations, n, 1);
     let pads = spatial(&c.window.pads, 2 * n, 0);
     let outpad = spatial(&c.output_padding, n, 0);
+    if kernel.len() != n || strides.len() != n || dil.len() != n || pads.len() != 2 * n || outpad.len() != n {
+        return Err(format!("window attributes do not match {n} spatial dimensions"));
+    }
     let out: Vec<i64> = if !c.output_shape.is_empty() {
         c.output_shape[c.output_shape.len().saturating_sub(n)..].to_vec()
     } else {
         (0..n)
-            .map(|i| match c.window.auto_pad {
-                AutoPad::SameUpper | AutoPad::SameLower => input[i] * strides[i],
-                _ => strides[i] * (input[i] - 1) + outpad[i] + (kernel[i] - 1) * dil[i] + 1 - pads[i] - pads[i + n],
+            .map(|i| {
+                // In i128, so absurd attribute values give an error rather than an overflow.
+                let w = |v: i64| v as i128;
+                let o = match c.window.auto_pad {
+                    AutoPad::SameUpper | AutoPad::SameLower => w(input[i]) * w(strides[i]),
+                    _ => {
+                        w(strides[i]) * (w(input[i]) - 1) + w(outpad[i]) + (w(kernel[i]) - 1) * w(dil[i]) + 1
+                            - w(pads[i])
+                            - w(pads[i + n])
+                    }
+                };
+                i64::try_from(o).map_err(|_| format!("output extent {o} is out of range"))
             })
-            .collect()
+            .collect::<R<_>>()?
     };
-    let m = sw.0[1].fixed().ok_or("weight channels must be fixed")? * c.group;
+    let m = sw.0[1].fixed().ok_or("weight channels must be fixed")?.checked_mul(c.group).ok_or("group overflows")?;
     let mut d = vec![sx.0[0], Dim::Fixed(m)];
     d.extend(out.into_iter().map(Dim::Fixed));
     Ok(vec![TensorType::new(x.ty.dtype, Shape(d))])
@@ -594,30 +629,36 @@ fn split(s: &Split, x: In, sizes: Option<In>, n_out: usize, ctx: Ctx) -> R<Vec<T
         .collect())
 }
 
-/// Indices selected by a Slice over an axis of extent `n` (ONNX clamping rules).
-pub fn slice_indices(n: i64, start: i64, end: i64, step: i64) -> Option<Vec<i64>> {
+/// The first index and the exclusive end of a Slice over an axis of extent `n` after
+/// the ONNX clamping rules, or `None` for step 0 (or an empty axis with a negative step).
+fn slice_bounds(n: i64, start: i64, end: i64, step: i64) -> Option<(i64, i64)> {
+    let fix = |v: i64| if v < 0 { v.saturating_add(n) } else { v };
+    let (s, e) = (fix(start), fix(end));
+    match step {
+        0 => None,
+        // Positive steps: start and end are clamped to [0, n].
+        1.. => Some((s.clamp(0, n), e.clamp(0, n))),
+        // Negative steps: start is clamped to [0, n-1], end to [-1, n-1].
+        _ if n > 0 => Some((s.clamp(0, n - 1), e.clamp(-1, n - 1))),
+        _ => Some((0, 0)),
+    }
+}
+
+/// The number of elements a Slice selects over an axis of extent `n`, without listing them.
+pub fn slice_len(n: i64, start: i64, end: i64, step: i64) -> Option<i64> {
     if step == 0 {
         return None;
     }
-    let fix = |v: i64| if v < 0 { v + n } else { v };
-    let (s, e) = (fix(start), fix(end));
-    let mut out = Vec::new();
-    if step > 0 {
-        let (s, e) = (s.clamp(0, n), e.clamp(0, n));
-        let mut i = s;
-        while i < e {
-            out.push(i);
-            i += step;
-        }
-    } else {
-        let (s, e) = (s.clamp(-1, n - 1), e.clamp(-1, n - 1));
-        let mut i = s;
-        while i > e {
-            out.push(i);
-            i += step;
-        }
-    }
-    Some(out)
+    let (s, e) = slice_bounds(n, start, end, step)?;
+    let span = if step > 0 { e - s } else { s - e };
+    Some(if span > 0 { ((span - 1) as u64 / step.unsigned_abs()) as i64 + 1 } else { 0 })
+}
+
+/// Indices selected by a Slice over an axis of extent `n` (ONNX clamping rules).
+pub fn slice_indices(n: i64, start: i64, end: i64, step: i64) -> Option<Vec<i64>> {
+    let len = slice_len(n, start, end, step)?;
+    let (s, _) = slice_bounds(n, start, end, step)?;
+    Some((0..len).map(|j| s + j * step).collect())
 }
 
 fn slice(s: &Slice, ins: &[Option<In>], ctx: Ctx) -> R<Vec<TensorType>> {
@@ -644,8 +685,8 @@ fn slice(s: &Slice, ins: &[Option<In>], ctx: Ctx) -> R<Vec<TensorType>> {
             continue;
         }
         let n = d[a].eval(batch(ctx));
-        let idx = slice_indices(n, starts[i], ends[i], steps[i]).ok_or("step 0")?;
-        d[a] = if d[a].is_batch() && idx.len() as i64 == n { d[a] } else { Dim::Fixed(idx.len() as i64) };
+        let len = slice_len(n, starts[i], ends[i], steps[i]).ok_or("step 0")?;
+        d[a] = if d[a].is_batch() && len == n { d[a] } else { Dim::Fixed(len) };
     }
     Ok(vec![TensorType::new(t.dtype, Shape(d))])
 }
@@ -704,9 +745,9 @@ fn pad(p: &Pad, ins: &[Option<In>]) -> R<Vec<TensorType>> {
     let mut d = t.shape.0.clone();
     let k = axes.len();
     for (i, &a) in axes.iter().enumerate() {
-        let extra = pads[i] + pads[i + k];
+        let extra = pads[i].checked_add(pads[i + k]).ok_or_else(|| format!("pads {pads:?} overflow"))?;
         d[a] = match d[a] {
-            Dim::Fixed(v) if v + extra >= 0 => Dim::Fixed(v + extra),
+            Dim::Fixed(v) if v.checked_add(extra).is_some_and(|e| e >= 0) => Dim::Fixed(v + extra),
             Dim::Batch(_) if extra == 0 => d[a],
             other => return Err(format!("padding {extra} on extent {other} is not supported")),
         };

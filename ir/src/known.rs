@@ -159,7 +159,7 @@ pub fn evaluate(
         Op::Slice(s) => slice_1d(s, inputs, out_shape?),
         Op::ConstantOfShape { value } => {
             let shape = out_shape?;
-            let n: i64 = shape.iter().product();
+            let n = shape.iter().try_fold(1i64, |a, &d| a.checked_mul(d))?;
             if n as usize > KNOWN_LIMIT {
                 return None;
             }
@@ -183,7 +183,7 @@ pub fn evaluate(
             Some(from_f64s(out_dtype, vec![n as i64], vals))
         }
         Op::Unary(UnaryOp::Neg) => map_unary(k(0)?, |d| d.mul(Dim::Fixed(-1)).or(None), |f| -f),
-        Op::Unary(UnaryOp::Abs) => map_unary(k(0)?, |d| Some(Dim::Fixed(d.fixed()?.abs())), f64::abs),
+        Op::Unary(UnaryOp::Abs) => map_unary(k(0)?, |d| d.fixed()?.checked_abs().map(Dim::Fixed), f64::abs),
         Op::Unary(UnaryOp::Sqrt) if out_dtype.is_float() => map_unary(k(0)?, |_| None, f64::sqrt),
         Op::Unary(UnaryOp::Not) => map_unary(k(0)?, |d| Some(Dim::Fixed((d.fixed()? == 0) as i64)), |f| (f == 0.0) as i64 as f64),
         Op::Binary(b) => binary(*b, k(0)?, k(1)?, out_dtype, out_shape?),
@@ -292,7 +292,7 @@ fn binary(op: BinaryOp, x: &Known, y: &Known, out_dtype: DType, out_shape: Vec<i
 fn int_op(op: BinaryOp, p: Dim, q: Dim) -> Option<Dim> {
     match op {
         BinaryOp::Add => p.add(q),
-        BinaryOp::Sub => p.add(q.mul(Dim::Fixed(-1)).or_else(|| q.fixed().map(|v| Dim::Fixed(-v)))?).or_else(|| match (p, q) {
+        BinaryOp::Sub => p.add(q.mul(Dim::Fixed(-1)).or_else(|| q.fixed().and_then(i64::checked_neg).map(Dim::Fixed))?).or_else(|| match (p, q) {
             (Dim::Batch(a), Dim::Batch(b)) if a > b => Some(Dim::Batch(a - b)),
             (Dim::Batch(a), Dim::Batch(b)) if a == b => Some(Dim::Fixed(0)),
             _ => None,
@@ -300,17 +300,17 @@ fn int_op(op: BinaryOp, p: Dim, q: Dim) -> Option<Dim> {
         BinaryOp::Mul => p.mul(q),
         // ONNX integer division truncates; the symbolic form only divides exactly.
         BinaryOp::Div => match (p, q) {
-            (Dim::Fixed(a), Dim::Fixed(b)) if b != 0 => Some(Dim::Fixed(a / b)),
+            // `checked_div` is `None` for a zero divisor and for `i64::MIN / -1`.
+            (Dim::Fixed(a), Dim::Fixed(b)) => a.checked_div(b).map(Dim::Fixed),
             _ => p.div_exact(q),
         },
-        BinaryOp::Mod => match (p.fixed()?, q.fixed()?) {
-            (_, 0) => None,
-            (a, b) => Some(Dim::Fixed(((a % b) + b) % b)),
-        },
-        BinaryOp::Fmod => match (p.fixed()?, q.fixed()?) {
-            (_, 0) => None,
-            (a, b) => Some(Dim::Fixed(a % b)),
-        },
+        BinaryOp::Mod => {
+            // The divisor's sign; `checked_rem` is `None` for 0 and for `i64::MIN % -1`.
+            let (a, b) = (p.fixed()?, q.fixed()?);
+            let r = a.checked_rem(b)?;
+            Some(Dim::Fixed(if r != 0 && (r < 0) != (b < 0) { r + b } else { r }))
+        }
+        BinaryOp::Fmod => p.fixed()?.checked_rem(q.fixed()?).map(Dim::Fixed),
         BinaryOp::Pow => {
             let (a, b) = (p.fixed()?, q.fixed()?);
             u32::try_from(b).ok().and_then(|e| a.checked_pow(e)).map(Dim::Fixed)

@@ -448,3 +448,125 @@ fn unsupported_attribute_is_an_error() {
     let e = import_err(&m);
     assert!(e.to_string().contains("\"bogus\"") && e.to_string().contains("not supported"), "{e}");
 }
+
+// ---------------------------------------------------------------- malformed models: errors, never panics
+
+#[test]
+fn slice_start_clamps_for_negative_steps() {
+    // With a negative step the start clamps to [0, n-1]: -100 becomes 0, one element.
+    assert_eq!(ty(&import(&slice_model(-100, i64::MIN, 1, -1)), "y"), "f32[N,1]");
+    // 100 becomes 9: the whole axis.
+    assert_eq!(ty(&import(&slice_model(100, i64::MIN, 1, -1)), "y"), "f32[N,10]");
+    // A step larger than the axis selects the start only (and does not overflow).
+    assert_eq!(ty(&import(&slice_model(1, i64::MAX, 1, i64::MAX)), "y"), "f32[N,1]");
+    assert_eq!(ty(&import(&slice_model(-1, i64::MIN, 1, i64::MIN)), "y"), "f32[N,1]");
+}
+
+fn assert_shape_error(m: &ModelBuilder, words: &[&str]) {
+    let e = std::panic::catch_unwind(|| import_err(m)).expect("import panicked instead of reporting an error");
+    let msg = e.to_string();
+    for w in words {
+        assert!(msg.contains(w), "{w:?} missing from: {msg}");
+    }
+}
+
+#[test]
+fn zero_strides_and_dilations() {
+    let m = conv_model(&[2, 3, 8, 8], &[4, 3, 3, 3], |n| n.ints("strides", &[0, 0]));
+    assert_shape_error(&m, &["\"conv\"", "must be positive"]);
+    let m = conv_model(&[2, 3, 8, 8], &[4, 3, 3, 3], |n| n.ints("dilations", &[1, 0]));
+    assert_shape_error(&m, &["must be positive"]);
+    let m = pool_model("MaxPool", &[2, 3, 8, 8], |n| n.ints("kernel_shape", &[2, 2]).ints("strides", &[0, 0]).string("auto_pad", "SAME_UPPER"));
+    assert_shape_error(&m, &["\"pool\"", "must be positive"]);
+    let m = pool_model("AveragePool", &[2, 3, 8, 8], |n| n.ints("kernel_shape", &[0, 2]));
+    assert_shape_error(&m, &["must be positive"]);
+}
+
+#[test]
+fn absurd_window_attributes() {
+    let big = i64::MAX;
+    let m = conv_model(&[2, 3, 8, 8], &[4, 3, 3, 3], |n| n.ints("pads", &[big, big, big, big]));
+    assert_shape_error(&m, &["\"conv\"", "out of range"]);
+    let m = model(13, &[2, 3, 8, 8], vec![node("ConvTranspose", "deconv", &["x", "w"], &["y"]).ints("strides", &[big, big])], &["y"])
+        .init(tensor_f32_zeros("w", &[3, 4, 3, 3]));
+    assert_shape_error(&m, &["\"deconv\"", "out of range"]);
+    // One stride for two spatial axes.
+    let m = model(13, &[2, 3, 8, 8], vec![node("ConvTranspose", "deconv", &["x", "w"], &["y"]).ints("strides", &[2])], &["y"])
+        .init(tensor_f32_zeros("w", &[3, 4, 3, 3]));
+    assert_shape_error(&m, &["\"deconv\"", "2 spatial dimensions"]);
+    let ok = model(13, &[2, 3, 8, 8], vec![node("ConvTranspose", "deconv", &["x", "w"], &["y"]).ints("strides", &[2, 2])], &["y"])
+        .init(tensor_f32_zeros("w", &[3, 4, 3, 3]));
+    assert_eq!(ty(&import(&ok), "y"), "f32[N,4,17,17]");
+}
+
+#[test]
+fn absurd_pads_and_repeats() {
+    let m = model(13, &[2, 3], vec![node("Pad", "pad", &["x", "pads"], &["y"])], &["y"]).init(tensor_i64("pads", &[4], &[0, i64::MAX, 0, i64::MAX]));
+    assert_shape_error(&m, &["\"pad\"", "overflow"]);
+    let m = model(13, &[2, 3], vec![node("Tile", "tile", &["x", "reps"], &["y"])], &["y"]).init(tensor_i64("reps", &[2], &[-1, 2]));
+    assert_shape_error(&m, &["\"tile\"", "must not be negative"]);
+    let m = model(13, &[2, 3], vec![node("Tile", "tile", &["x", "reps"], &["y"])], &["y"]).init(tensor_i64("reps", &[2], &[i64::MAX, 2]));
+    assert_shape_error(&m, &["\"tile\"", "overflow"]);
+    let ok = model(13, &[2, 3], vec![node("Tile", "tile", &["x", "reps"], &["y"])], &["y"]).init(tensor_i64("reps", &[2], &[3, 0]));
+    assert_eq!(ty(&import(&ok), "y"), "f32[3N,0]");
+}
+
+#[test]
+fn sizes_that_overflow() {
+    let big = 1i64 << 32;
+    let m = ModelBuilder::new(13).input("x", F32, &fixed(&[2, big, big])).node(node("Flatten", "flat", &["x"], &["y"])).output("y");
+    assert_shape_error(&m, &["tensor \"x\"", "too large"]);
+    let m = model(13, &[2, 3], vec![node("ConstantOfShape", "fill", &["shape"], &["y"])], &["y"]).init(tensor_i64("shape", &[3], &[big, big, 4]));
+    assert_shape_error(&m, &["\"fill\"", "too large"]);
+    let m = model(13, &[2, 3], vec![node("Range", "range", &["a", "b", "c"], &["y"])], &["y"])
+        .init(tensor_i64("a", &[], &[0]))
+        .init(tensor_i64("b", &[], &[i64::MAX]))
+        .init(tensor_i64("c", &[], &[1]));
+    assert_shape_error(&m, &["\"range\"", "too large"]);
+}
+
+#[test]
+fn integer_folding_that_would_overflow_is_left_unfolded() {
+    // i64::MIN / -1, i64::MIN % -1, |i64::MIN| and i64::MIN - 1 have no i64 result.
+    let m = ModelBuilder::new(13)
+        .input("x", F32, &fixed(&[2, 3]))
+        .init(tensor_i64("min", &[1], &[i64::MIN]))
+        .init(tensor_i64("m1", &[1], &[-1]))
+        .init(tensor_i64("one", &[1], &[1]))
+        .node(node("Div", "div", &["min", "m1"], &["q"]))
+        .node(node("Mod", "mod", &["min", "m1"], &["r"]))
+        .node(node("Abs", "abs", &["min"], &["a"]))
+        .node(node("Sub", "sub", &["min", "one"], &["s"]))
+        .node(node("Neg", "neg", &["min"], &["n"]))
+        .output("q")
+        .output("r")
+        .output("a")
+        .output("s")
+        .output("n");
+    let g = std::panic::catch_unwind(|| import(&m)).expect("import panicked");
+    assert_eq!(op_names(&g), ["Div", "Mod", "Abs", "Sub", "Neg"]);
+    // Exact integer shape arithmetic still folds.
+    let m = ModelBuilder::new(13)
+        .input("x", F32, &fixed(&[2, 3]))
+        .init(tensor_i64("a", &[1], &[-7]))
+        .init(tensor_i64("b", &[1], &[3]))
+        .node(node("Mod", "mod", &["a", "b"], &["r"]))
+        .node(node("Div", "div", &["a", "b"], &["q"]))
+        .node(node("Concat", "cat", &["r", "q"], &["y"]).int("axis", 0))
+        .output("y");
+    let g = import(&m);
+    assert!(op_names(&g).is_empty());
+    // Mod takes the divisor's sign (2), Div truncates (-2).
+    assert!(pipewright_ir::text::print_graph(&g).contains("const \"y\" [2, -2]"), "{}", pipewright_ir::text::print_graph(&g));
+}
+
+#[test]
+fn softmax_axis_is_checked() {
+    let m = model(13, &[2, 10], vec![node("Softmax", "sm", &["x"], &["y"]).int("axis", 2)], &["y"]);
+    assert_shape_error(&m, &["\"sm\"", "axis 2 out of range"]);
+    let m = model(13, &[2, 10], vec![node("LogSoftmax", "lsm", &["x"], &["y"]).int("axis", -3)], &["y"]);
+    assert_shape_error(&m, &["\"lsm\"", "out of range"]);
+    // Before opset 13 the axis splits a 2-D view, and the rank itself is allowed.
+    let m = model(11, &[2, 10], vec![node("Softmax", "sm", &["x"], &["y"]).int("axis", 2)], &["y"]);
+    assert_eq!(ty(&import(&m), "y"), "f32[N,10]");
+}

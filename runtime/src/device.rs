@@ -63,7 +63,10 @@ impl Device {
                 }
                 let count = tch::Cuda::device_count();
                 if n as i64 >= count {
-                    return Err(DeviceError::OutOfRange { device: *self, count });
+                    return Err(DeviceError::OutOfRange {
+                        device: *self,
+                        count,
+                    });
                 }
                 Ok(tch::Device::Cuda(n))
             }
@@ -80,8 +83,14 @@ mod tests {
         assert_eq!("cpu".parse::<Device>(), Ok(Device::Cpu));
         assert_eq!("cuda".parse::<Device>(), Ok(Device::Cuda(0)));
         assert_eq!("cuda:3".parse::<Device>(), Ok(Device::Cuda(3)));
-        assert!(matches!("gpu".parse::<Device>(), Err(DeviceError::Parse(_))));
-        assert!(matches!("cuda:x".parse::<Device>(), Err(DeviceError::Parse(_))));
+        assert!(matches!(
+            "gpu".parse::<Device>(),
+            Err(DeviceError::Parse(_))
+        ));
+        assert!(matches!(
+            "cuda:x".parse::<Device>(),
+            Err(DeviceError::Parse(_))
+        ));
     }
 
     #[test]

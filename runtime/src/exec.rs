@@ -87,9 +87,14 @@ fn dispatch(k: &Kernel, ins: &[Option<&Tensor>], mode: Mode) -> R<Vec<Tensor>> {
         ThresholdedRelu { alpha } => one(elementwise::thresholded_relu(x()?, *alpha)),
         Gelu { approximate } => one(elementwise::gelu(x()?, *approximate)),
         Clip { min, max } => one(elementwise::clip(ins, *min, *max)),
-        IsInf { detect_positive, detect_negative } => {
-            one(elementwise::is_inf(x()?, *detect_positive, *detect_negative))
-        }
+        IsInf {
+            detect_positive,
+            detect_negative,
+        } => one(elementwise::is_inf(
+            x()?,
+            *detect_positive,
+            *detect_negative,
+        )),
         Where => one(elementwise::where_(x()?, y()?, need(ins, 2)?)),
         Cast { to } => one(convert::kind_of(*to).and_then(|kd| Ok(x()?.f_to_kind(kd)?))),
         CastLike => one(Ok(x()?.f_to_kind(y()?.f_kind()?)?)),
@@ -154,12 +159,31 @@ fn dispatch_reduce(k: &Kernel, ins: &[Option<&Tensor>]) -> R<Vec<Tensor>> {
     let x = || need(ins, 0);
     match k {
         Reduce(r) => one(reduce::reduce(r, ins)),
-        ArgMax { axis, keepdims, select_last_index } => {
-            one(reduce::arg(x()?, *axis, *keepdims, *select_last_index, true))
-        }
-        ArgMin { axis, keepdims, select_last_index } => {
-            one(reduce::arg(x()?, *axis, *keepdims, *select_last_index, false))
-        }
-        other => Err(Fail::Unsupported(format!("internal: no kernel for {}", other.name()))),
+        ArgMax {
+            axis,
+            keepdims,
+            select_last_index,
+        } => one(reduce::arg(
+            x()?,
+            *axis,
+            *keepdims,
+            *select_last_index,
+            true,
+        )),
+        ArgMin {
+            axis,
+            keepdims,
+            select_last_index,
+        } => one(reduce::arg(
+            x()?,
+            *axis,
+            *keepdims,
+            *select_last_index,
+            false,
+        )),
+        other => Err(Fail::Unsupported(format!(
+            "internal: no kernel for {}",
+            other.name()
+        ))),
     }
 }

@@ -15,18 +15,33 @@ fn one(k: Kernel, ins: &[&Tensor]) -> Tensor {
 }
 
 fn win(kernel: &[i64], strides: &[i64], pads: &[i64]) -> Window {
-    Window { kernel_shape: kernel.to_vec(), strides: strides.to_vec(), pads: pads.to_vec(), ..Window::default() }
+    Window {
+        kernel_shape: kernel.to_vec(),
+        strides: strides.to_vec(),
+        pads: pads.to_vec(),
+        ..Window::default()
+    }
 }
 
 #[test]
 fn mod_sign_rules() {
     let x = i64s(&[-7, 7, -7, 7], &[4]);
     let y = i64s(&[3, 3, -3, -3], &[4]);
-    assert_eq!(to_i64(&one(Kernel::Binary(BinaryKind::Mod), &[&x, &y])), [2, 1, -1, -2]);
-    assert_eq!(to_i64(&one(Kernel::Binary(BinaryKind::Fmod), &[&x, &y])), [-1, 1, -1, 1]);
+    assert_eq!(
+        to_i64(&one(Kernel::Binary(BinaryKind::Mod), &[&x, &y])),
+        [2, 1, -1, -2]
+    );
+    assert_eq!(
+        to_i64(&one(Kernel::Binary(BinaryKind::Fmod), &[&x, &y])),
+        [-1, 1, -1, 1]
+    );
     let xf = f64s(&[-7.5, 7.5], &[2]);
     let yf = f64s(&[2.0, -2.0], &[2]);
-    assert_close(&to_f64(&one(Kernel::Binary(BinaryKind::Fmod), &[&xf, &yf])), &[-1.5, 1.5], 0.0);
+    assert_close(
+        &to_f64(&one(Kernel::Binary(BinaryKind::Fmod), &[&xf, &yf])),
+        &[-1.5, 1.5],
+        0.0,
+    );
 }
 
 #[test]
@@ -59,13 +74,34 @@ fn comparisons_give_bool() {
 #[test]
 fn softmax_coerce_2d_normalises_trailing_block() {
     let x = f64s(&[0.0, 1.0, 2.0, 3.0], &[2, 2]);
-    let y = one(Kernel::Softmax(Softmax { axis: 0, coerce_2d: true }), &[&x]);
+    let y = one(
+        Kernel::Softmax(Softmax {
+            axis: 0,
+            coerce_2d: true,
+        }),
+        &[&x],
+    );
     let z: f64 = (0..4).map(|i| (i as f64).exp()).sum();
     let want: Vec<f64> = (0..4).map(|i| (i as f64).exp() / z).collect();
     assert_close(&to_f64(&y), &want, 1e-12);
-    let y13 = one(Kernel::Softmax(Softmax { axis: 0, coerce_2d: false }), &[&x]);
+    let y13 = one(
+        Kernel::Softmax(Softmax {
+            axis: 0,
+            coerce_2d: false,
+        }),
+        &[&x],
+    );
     let e2 = 2f64.exp();
-    assert_close(&to_f64(&y13), &[1.0 / (1.0 + e2), 1.0 / (1.0 + e2), e2 / (1.0 + e2), e2 / (1.0 + e2)], 1e-12);
+    assert_close(
+        &to_f64(&y13),
+        &[
+            1.0 / (1.0 + e2),
+            1.0 / (1.0 + e2),
+            e2 / (1.0 + e2),
+            e2 / (1.0 + e2),
+        ],
+        1e-12,
+    );
 }
 
 #[test]
@@ -73,7 +109,12 @@ fn slice_negative_steps_and_clamping() {
     let x = Tensor::arange(10, (Kind::Int64, tch::Device::Cpu));
     let k = Kernel::Slice(Slice { attrs: None });
     let s = |st: i64, en: i64, step: i64| {
-        let (st, en, ax, sp) = (i64s(&[st], &[1]), i64s(&[en], &[1]), i64s(&[0], &[1]), i64s(&[step], &[1]));
+        let (st, en, ax, sp) = (
+            i64s(&[st], &[1]),
+            i64s(&[en], &[1]),
+            i64s(&[0], &[1]),
+            i64s(&[step], &[1]),
+        );
         to_i64(&one(k.clone(), &[&x, &st, &en, &ax, &sp]))
     };
     assert_eq!(s(-1, i64::MIN, -3), [9, 6, 3, 0]);
@@ -93,24 +134,42 @@ fn pad_modes_values() {
     assert_eq!(pad(PadMode::Edge), [1.0, 1.0, 1.0, 2.0, 3.0, 3.0, 3.0]);
     assert_eq!(pad(PadMode::Wrap), [2.0, 3.0, 1.0, 2.0, 3.0, 1.0, 2.0]);
     assert_eq!(pad(PadMode::Constant), [0.0, 0.0, 1.0, 2.0, 3.0, 0.0, 0.0]);
-    let k = Kernel::Pad(Pad { mode: PadMode::Constant, attrs: Some((vec![1, -1], 9.0)) });
+    let k = Kernel::Pad(Pad {
+        mode: PadMode::Constant,
+        attrs: Some((vec![1, -1], 9.0)),
+    });
     assert_eq!(to_f64(&one(k, &[&x])), [9.0, 1.0, 2.0]);
 }
 
 #[test]
 fn split_uneven() {
     let x = Tensor::arange(7, (Kind::Int64, tch::Device::Cpu));
-    let k = Kernel::Split(Split { axis: 0, split: None, num_outputs: Some(3) });
+    let k = Kernel::Split(Split {
+        axis: 0,
+        split: None,
+        num_outputs: Some(3),
+    });
     let parts = eval(&k, &[Some(&x)], Mode::Eval);
     let sizes: Vec<i64> = parts.iter().map(|p| p.size()[0]).collect();
     assert_eq!(sizes, [3, 3, 1]);
     assert_eq!(to_i64(&parts[2]), [6]);
-    let k = Kernel::Split(Split { axis: -1, split: Some(vec![2, 5]), num_outputs: None });
+    let k = Kernel::Split(Split {
+        axis: -1,
+        split: Some(vec![2, 5]),
+        num_outputs: None,
+    });
     let parts = eval(&k, &[Some(&x)], Mode::Eval);
     assert_eq!(to_i64(&parts[0]), [0, 1]);
-    let k = Kernel::Split(Split { axis: 0, split: None, num_outputs: None });
+    let k = Kernel::Split(Split {
+        axis: 0,
+        split: None,
+        num_outputs: None,
+    });
     let err = run(&k, &[Some(&x)], Mode::Eval).unwrap_err();
-    assert!(matches!(err, KernelError::Invalid { op: "Split", .. }), "{err}");
+    assert!(
+        matches!(err, KernelError::Invalid { op: "Split", .. }),
+        "{err}"
+    );
     let bad = i64s(&[3, 3], &[2]);
     assert!(run(&k, &[Some(&x), Some(&bad)], Mode::Eval).is_err());
 }
@@ -118,9 +177,16 @@ fn split_uneven() {
 #[test]
 fn ceil_mode_pool_shapes() {
     let x = Tensor::arange(25, (Kind::Double, tch::Device::Cpu)).reshape([1, 1, 5, 5]);
-    let pool = |ceil_mode| Pool { window: win(&[2, 2], &[2, 2], &[]), ceil_mode, count_include_pad: false };
+    let pool = |ceil_mode| Pool {
+        window: win(&[2, 2], &[2, 2], &[]),
+        ceil_mode,
+        count_include_pad: false,
+    };
     assert_eq!(one(Kernel::MaxPool(pool(true)), &[&x]).size(), [1, 1, 3, 3]);
-    assert_eq!(one(Kernel::MaxPool(pool(false)), &[&x]).size(), [1, 1, 2, 2]);
+    assert_eq!(
+        one(Kernel::MaxPool(pool(false)), &[&x]).size(),
+        [1, 1, 2, 2]
+    );
     let avg = one(Kernel::AveragePool(pool(true)), &[&x]);
     assert_eq!(avg.size(), [1, 1, 3, 3]);
     // The last window holds only element 24; the corner windows of the last column two.
@@ -128,7 +194,11 @@ fn ceil_mode_pool_shapes() {
     assert_close(&[v[2], v[8]], &[(4.0 + 9.0) / 2.0, 24.0], 1e-12);
     // A window that would start in the end padding is dropped: in 3, k 2, s 2, pads 1/1.
     let x3 = f64s(&[1.0, 2.0, 3.0], &[1, 1, 3]);
-    let p = Pool { window: win(&[2], &[2], &[1, 1]), ceil_mode: true, count_include_pad: true };
+    let p = Pool {
+        window: win(&[2], &[2], &[1, 1]),
+        ceil_mode: true,
+        count_include_pad: true,
+    };
     let y = one(Kernel::AveragePool(p), &[&x3]);
     assert_close(&to_f64(&y), &[0.5, 2.5], 1e-12);
 }
@@ -136,15 +206,34 @@ fn ceil_mode_pool_shapes() {
 #[test]
 fn average_pool_count_include_pad() {
     let x = f64s(&[1.0, 2.0, 3.0, 4.0], &[1, 1, 2, 2]);
-    let p = |count_include_pad| Pool { window: win(&[2, 2], &[1, 1], &[1, 1, 0, 0]), ceil_mode: false, count_include_pad };
-    assert_close(&to_f64(&one(Kernel::AveragePool(p(false)), &[&x])), &[1.0, 1.5, 2.0, 2.5], 1e-12);
-    assert_close(&to_f64(&one(Kernel::AveragePool(p(true)), &[&x])), &[0.25, 0.75, 1.0, 2.5], 1e-12);
+    let p = |count_include_pad| Pool {
+        window: win(&[2, 2], &[1, 1], &[1, 1, 0, 0]),
+        ceil_mode: false,
+        count_include_pad,
+    };
+    assert_close(
+        &to_f64(&one(Kernel::AveragePool(p(false)), &[&x])),
+        &[1.0, 1.5, 2.0, 2.5],
+        1e-12,
+    );
+    assert_close(
+        &to_f64(&one(Kernel::AveragePool(p(true)), &[&x])),
+        &[0.25, 0.75, 1.0, 2.5],
+        1e-12,
+    );
 }
 
 #[test]
 fn max_pool_indices_are_onnx_flat_offsets() {
-    let x = f64s(&[1.0, 5.0, 3.0, 2.0, 9.0, 4.0, 0.0, 7.0, 8.0, 6.0, 1.0, 2.0], &[2, 1, 2, 3]);
-    let p = Pool { window: win(&[2, 2], &[1, 1], &[1, 0, 0, 0]), ceil_mode: false, count_include_pad: false };
+    let x = f64s(
+        &[1.0, 5.0, 3.0, 2.0, 9.0, 4.0, 0.0, 7.0, 8.0, 6.0, 1.0, 2.0],
+        &[2, 1, 2, 3],
+    );
+    let p = Pool {
+        window: win(&[2, 2], &[1, 1], &[1, 0, 0, 0]),
+        ceil_mode: false,
+        count_include_pad: false,
+    };
     let outs = eval(&Kernel::MaxPool(p), &[Some(&x)], Mode::Eval);
     assert_eq!(outs[0].size(), [2, 1, 2, 2]);
     assert_eq!(to_f64(&outs[0]), [5.0, 5.0, 9.0, 9.0, 7.0, 8.0, 7.0, 8.0]);
@@ -156,12 +245,25 @@ fn conv_transpose_output_shapes() {
     let x = Tensor::ones([1, 1, 3, 3], (Kind::Double, tch::Device::Cpu));
     let w = Tensor::ones([1, 2, 3, 3], (Kind::Double, tch::Device::Cpu));
     let ct = |pads: &[i64], op: &[i64], os: &[i64], auto_pad| {
-        let window = Window { strides: vec![3, 2], pads: pads.to_vec(), auto_pad, ..Window::default() };
-        let c = ConvTranspose { window, group: 1, output_padding: op.to_vec(), output_shape: os.to_vec() };
+        let window = Window {
+            strides: vec![3, 2],
+            pads: pads.to_vec(),
+            auto_pad,
+            ..Window::default()
+        };
+        let c = ConvTranspose {
+            window,
+            group: 1,
+            output_padding: op.to_vec(),
+            output_shape: os.to_vec(),
+        };
         one(Kernel::ConvTranspose(c), &[&x, &w]).size()
     };
     assert_eq!(ct(&[], &[], &[], AutoPad::NotSet), [1, 2, 9, 7]);
-    assert_eq!(ct(&[0, 0, 0, 0], &[1, 1], &[], AutoPad::NotSet), [1, 2, 10, 8]);
+    assert_eq!(
+        ct(&[0, 0, 0, 0], &[1, 1], &[], AutoPad::NotSet),
+        [1, 2, 10, 8]
+    );
     assert_eq!(ct(&[1, 2, 1, 2], &[], &[], AutoPad::NotSet), [1, 2, 7, 3]);
     assert_eq!(ct(&[], &[], &[10, 8], AutoPad::NotSet), [1, 2, 10, 8]);
     assert_eq!(ct(&[], &[], &[], AutoPad::SameUpper), [1, 2, 9, 6]);
@@ -171,16 +273,29 @@ fn conv_transpose_output_shapes() {
 fn reshape_flatten_squeeze() {
     let x = Tensor::zeros([2, 3, 4], (Kind::Float, tch::Device::Cpu));
     let sh = i64s(&[0, -1], &[2]);
-    assert_eq!(one(Kernel::Reshape { allow_zero: false }, &[&x, &sh]).size(), [2, 12]);
+    assert_eq!(
+        one(Kernel::Reshape { allow_zero: false }, &[&x, &sh]).size(),
+        [2, 12]
+    );
     let e = Tensor::zeros([0, 3], (Kind::Float, tch::Device::Cpu));
     let sh = i64s(&[3, 0], &[2]);
-    assert_eq!(one(Kernel::Reshape { allow_zero: true }, &[&e, &sh]).size(), [3, 0]);
+    assert_eq!(
+        one(Kernel::Reshape { allow_zero: true }, &[&e, &sh]).size(),
+        [3, 0]
+    );
     assert_eq!(one(Kernel::Flatten { axis: 0 }, &[&x]).size(), [1, 24]);
     assert_eq!(one(Kernel::Flatten { axis: -1 }, &[&x]).size(), [6, 4]);
-    let u = one(Kernel::Unsqueeze { axes: Some(vec![-1, 1]) }, &[&x]);
+    let u = one(
+        Kernel::Unsqueeze {
+            axes: Some(vec![-1, 1]),
+        },
+        &[&x],
+    );
     assert_eq!(u.size(), [2, 1, 3, 4, 1]);
     assert_eq!(one(Kernel::Squeeze { axes: None }, &[&u]).size(), [2, 3, 4]);
-    let bad = Kernel::Squeeze { axes: Some(vec![0]) };
+    let bad = Kernel::Squeeze {
+        axes: Some(vec![0]),
+    };
     assert!(run(&bad, &[Some(&x)], Mode::Eval).is_err());
 }
 
@@ -188,15 +303,40 @@ fn reshape_flatten_squeeze() {
 fn gather_shape_size_range() {
     let x = f64s(&[1.0, 2.0, 3.0], &[3]);
     let idx = i64s(&[-1, 0], &[2]);
-    assert_eq!(to_f64(&one(Kernel::Gather { axis: 0 }, &[&x, &idx])), [3.0, 1.0]);
+    assert_eq!(
+        to_f64(&one(Kernel::Gather { axis: 0 }, &[&x, &idx])),
+        [3.0, 1.0]
+    );
     let m = Tensor::zeros([2, 3, 4, 5], (Kind::Float, tch::Device::Cpu));
-    assert_eq!(to_i64(&one(Kernel::Shape { start: 1, end: Some(-1) }, &[&m])), [3, 4]);
-    assert_eq!(to_i64(&one(Kernel::Shape { start: -10, end: None }, &[&m])), [2, 3, 4, 5]);
+    assert_eq!(
+        to_i64(&one(
+            Kernel::Shape {
+                start: 1,
+                end: Some(-1)
+            },
+            &[&m]
+        )),
+        [3, 4]
+    );
+    assert_eq!(
+        to_i64(&one(
+            Kernel::Shape {
+                start: -10,
+                end: None
+            },
+            &[&m]
+        )),
+        [2, 3, 4, 5]
+    );
     let size = one(Kernel::Size, &[&m]);
     assert_eq!((size.dim(), to_i64(&size)), (0, vec![120]));
     let (s, l, d) = (Tensor::from(10i64), Tensor::from(1i64), Tensor::from(-3i64));
     assert_eq!(to_i64(&one(Kernel::Range, &[&s, &l, &d])), [10, 7, 4]);
-    let (s, l, d) = (Tensor::from(0.5f32), Tensor::from(2.0f32), Tensor::from(0.5f32));
+    let (s, l, d) = (
+        Tensor::from(0.5f32),
+        Tensor::from(2.0f32),
+        Tensor::from(0.5f32),
+    );
     let r = one(Kernel::Range, &[&s, &l, &d]);
     assert_eq!((r.kind(), to_f64(&r)), (Kind::Float, vec![0.5, 1.0, 1.5]));
 }
@@ -204,12 +344,20 @@ fn gather_shape_size_range() {
 #[test]
 fn constant_of_shape_cast_and_cumsum() {
     let sh = i64s(&[2, 2], &[2]);
-    let c = one(Kernel::ConstantOfShape { value: Some((ElemType::I32, 7.0)) }, &[&sh]);
+    let c = one(
+        Kernel::ConstantOfShape {
+            value: Some((ElemType::I32, 7.0)),
+        },
+        &[&sh],
+    );
     assert_eq!((c.kind(), to_i64(&c)), (Kind::Int, vec![7; 4]));
     let z = one(Kernel::ConstantOfShape { value: None }, &[&sh]);
     assert_eq!(z.kind(), Kind::Float);
     let x = f64s(&[-1.7, 2.9], &[2]);
-    assert_eq!(to_i64(&one(Kernel::Cast { to: ElemType::I32 }, &[&x])), [-1, 2]);
+    assert_eq!(
+        to_i64(&one(Kernel::Cast { to: ElemType::I32 }, &[&x])),
+        [-1, 2]
+    );
     let x = f64s(&[1.0, 2.0, 3.0], &[3]);
     let ax = Tensor::from(0i32);
     let cs = |exclusive, reverse| to_f64(&one(Kernel::CumSum { exclusive, reverse }, &[&x, &ax]));
@@ -223,7 +371,12 @@ fn constant_of_shape_cast_and_cumsum() {
 fn reduce_semantics() {
     let x = f64s(&[1.0, 2.0, 3.0, 4.0], &[2, 2]);
     let r = |kind, axes: Option<Vec<i64>>, keepdims, noop| {
-        Kernel::Reduce(Reduce { kind, axes, keepdims, noop_with_empty_axes: noop })
+        Kernel::Reduce(Reduce {
+            kind,
+            axes,
+            keepdims,
+            noop_with_empty_axes: noop,
+        })
     };
     let y = one(r(ReduceKind::Sum, Some(vec![1]), true, false), &[&x]);
     assert_eq!((y.size(), to_f64(&y)), (vec![2, 1], vec![3.0, 7.0]));
@@ -244,9 +397,17 @@ fn argmax_select_last_index() {
     let x = f64s(&[1.0, 3.0, 3.0, 0.0, 0.0, -1.0], &[2, 3]);
     let a = |last, max| {
         let k = if max {
-            Kernel::ArgMax { axis: 1, keepdims: false, select_last_index: last }
+            Kernel::ArgMax {
+                axis: 1,
+                keepdims: false,
+                select_last_index: last,
+            }
         } else {
-            Kernel::ArgMin { axis: 1, keepdims: false, select_last_index: last }
+            Kernel::ArgMin {
+                axis: 1,
+                keepdims: false,
+                select_last_index: last,
+            }
         };
         to_i64(&one(k, &[&x]))
     };
@@ -260,7 +421,11 @@ fn batch_norm_modes_and_dropout() {
     let x = f64s(&[1.0, 3.0, 5.0, 7.0], &[2, 2]);
     let (s, b) = (f64s(&[1.0, 1.0], &[2]), f64s(&[0.0, 0.0], &[2]));
     let (m, v) = (f64s(&[0.0, 0.0], &[2]), f64s(&[1.0, 1.0], &[2]));
-    let k = Kernel::BatchNormalization(BatchNorm { epsilon: 0.0, momentum: 0.9, training_mode: true });
+    let k = Kernel::BatchNormalization(BatchNorm {
+        epsilon: 0.0,
+        momentum: 0.9,
+        training_mode: true,
+    });
     let ins = [Some(&x), Some(&s), Some(&b), Some(&m), Some(&v)];
     let outs = eval(&k, &ins, Mode::Train);
     assert_close(&to_f64(&outs[0]), &[-1.0, -1.0, 1.0, 1.0], 1e-12);
@@ -270,7 +435,10 @@ fn batch_norm_modes_and_dropout() {
     let outs = eval(&k, &ins, Mode::Eval);
     assert_eq!(outs.len(), 1);
     assert_close(&to_f64(&outs[0]), &[1.0, 3.0, 5.0, 7.0], 1e-12);
-    let d = Kernel::Dropout { ratio: Some(0.5), seed: None };
+    let d = Kernel::Dropout {
+        ratio: Some(0.5),
+        seed: None,
+    };
     let big = Tensor::ones([1000], (Kind::Double, tch::Device::Cpu));
     let outs = eval(&d, &[Some(&big)], Mode::Eval);
     assert_eq!((to_f64(&outs[0])[0], outs[1].kind()), (1.0, Kind::Bool));
@@ -286,7 +454,11 @@ fn batch_norm_modes_and_dropout() {
 fn layer_norm_outputs() {
     let x = f64s(&[1.0, 3.0, 2.0, 2.0], &[2, 2]);
     let s = f64s(&[1.0, 1.0], &[2]);
-    let k = Kernel::LayerNormalization(LayerNorm { axis: -1, epsilon: 0.0, stash_type: 1 });
+    let k = Kernel::LayerNormalization(LayerNorm {
+        axis: -1,
+        epsilon: 0.0,
+        stash_type: 1,
+    });
     let outs = eval(&k, &[Some(&x), Some(&s)], Mode::Eval);
     assert_eq!(outs.len(), 3);
     assert_eq!(outs[1].size(), [2, 1]);
@@ -308,20 +480,34 @@ fn errors_name_the_problem() {
     let e = run(&Kernel::Cast { to: ElemType::U32 }, &[Some(&x)], Mode::Eval).unwrap_err();
     assert!(e.to_string().contains("u32"), "{e}");
     let x4 = Tensor::zeros([1, 1, 2, 2], (Kind::Double, tch::Device::Cpu));
-    let p = Pool { window: win(&[3, 3], &[], &[]), ceil_mode: false, count_include_pad: false };
+    let p = Pool {
+        window: win(&[3, 3], &[], &[]),
+        ceil_mode: false,
+        count_include_pad: false,
+    };
     assert!(run(&Kernel::MaxPool(p), &[Some(&x4)], Mode::Eval).is_err());
     let x6 = Tensor::zeros([1, 1, 1, 1, 1, 1], (Kind::Double, tch::Device::Cpu));
-    let p = Pool { window: win(&[1, 1, 1, 1], &[], &[]), ceil_mode: false, count_include_pad: false };
+    let p = Pool {
+        window: win(&[1, 1, 1, 1], &[], &[]),
+        ceil_mode: false,
+        count_include_pad: false,
+    };
     let e = run(&Kernel::AveragePool(p), &[Some(&x6)], Mode::Eval).unwrap_err();
     assert!(matches!(e, KernelError::Unsupported { .. }), "{e}");
 }
 
 #[test]
 fn bytes_round_trip() {
-    let bytes: Vec<u8> = [1.5f32, -2.0, 3.25, 0.0].iter().flat_map(|v| v.to_le_bytes()).collect();
+    let bytes: Vec<u8> = [1.5f32, -2.0, 3.25, 0.0]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
     let t = tensor_from_bytes(ElemType::F32, &[2, 2], &bytes).unwrap();
     assert_eq!(t.size(), [2, 2]);
-    assert_eq!(tensor_to_bytes(&t).unwrap(), (ElemType::F32, vec![2, 2], bytes.clone()));
+    assert_eq!(
+        tensor_to_bytes(&t).unwrap(),
+        (ElemType::F32, vec![2, 2], bytes.clone())
+    );
     let tt = t.transpose(0, 1);
     let (_, shape, tb) = tensor_to_bytes(&tt).unwrap();
     assert_eq!(shape, [2, 2]);
@@ -348,7 +534,10 @@ fn devices() {
 
 #[test]
 fn kernels_serialise() {
-    let k = Kernel::Conv(Conv { window: win(&[3, 3], &[1, 1], &[1, 1, 1, 1]), group: 1 });
+    let k = Kernel::Conv(Conv {
+        window: win(&[3, 3], &[1, 1], &[1, 1, 1, 1]),
+        group: 1,
+    });
     let json = serde_json::to_string(&k).unwrap();
     assert_eq!(serde_json::from_str::<Kernel>(&json).unwrap(), k);
 }

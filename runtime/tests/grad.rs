@@ -11,7 +11,13 @@ fn g1(k: Kernel, inputs: Vec<In>) {
     gradcheck(&k, inputs, 1)
 }
 
-fn win(kernel: &[i64], strides: &[i64], pads: &[i64], dilations: &[i64], auto_pad: AutoPad) -> Window {
+fn win(
+    kernel: &[i64],
+    strides: &[i64],
+    pads: &[i64],
+    dilations: &[i64],
+    auto_pad: AutoPad,
+) -> Window {
     Window {
         kernel_shape: kernel.to_vec(),
         strides: strides.to_vec(),
@@ -64,58 +70,155 @@ fn activations() {
     g1(Kernel::LeakyRelu { alpha: 0.1 }, vec![In::D(x())]);
     g1(Kernel::Elu { alpha: 0.7 }, vec![In::D(x())]);
     g1(Kernel::Celu { alpha: 0.6 }, vec![In::D(x())]);
-    g1(Kernel::Selu { alpha: 1.673_263_2, gamma: 1.050_701 }, vec![In::D(x())]);
-    g1(Kernel::HardSigmoid { alpha: 0.2, beta: 0.5 }, vec![In::D(rand(&[3, 4], 32, -2.4, 2.4))]);
+    g1(
+        Kernel::Selu {
+            alpha: 1.673_263_2,
+            gamma: 1.050_701,
+        },
+        vec![In::D(x())],
+    );
+    g1(
+        Kernel::HardSigmoid {
+            alpha: 0.2,
+            beta: 0.5,
+        },
+        vec![In::D(rand(&[3, 4], 32, -2.4, 2.4))],
+    );
     g1(Kernel::ThresholdedRelu { alpha: 0.5 }, vec![In::D(x())]);
-    g1(Kernel::Gelu { approximate: GeluApprox::None }, vec![In::D(x())]);
-    g1(Kernel::Gelu { approximate: GeluApprox::Tanh }, vec![In::D(x())]);
-    g1(Kernel::Binary(BinaryKind::PRelu), vec![In::D(x()), In::D(rand(&[4], 33, 0.1, 0.5))]);
+    g1(
+        Kernel::Gelu {
+            approximate: GeluApprox::None,
+        },
+        vec![In::D(x())],
+    );
+    g1(
+        Kernel::Gelu {
+            approximate: GeluApprox::Tanh,
+        },
+        vec![In::D(x())],
+    );
+    g1(
+        Kernel::Binary(BinaryKind::PRelu),
+        vec![In::D(x()), In::D(rand(&[4], 33, 0.1, 0.5))],
+    );
 }
 
 #[test]
 fn clip_attrs_and_inputs() {
     let x = || rand(&[2, 5], 41, -2.0, 2.0);
-    g1(Kernel::Clip { min: Some(-0.5), max: Some(0.7) }, vec![In::D(x())]);
-    g1(Kernel::Clip { min: None, max: Some(0.3) }, vec![In::D(x())]);
+    g1(
+        Kernel::Clip {
+            min: Some(-0.5),
+            max: Some(0.7),
+        },
+        vec![In::D(x())],
+    );
+    g1(
+        Kernel::Clip {
+            min: None,
+            max: Some(0.3),
+        },
+        vec![In::D(x())],
+    );
     let lo = Tensor::from(-0.25f64);
-    g1(Kernel::Clip { min: None, max: None }, vec![In::D(x()), In::F(lo), In::N]);
+    g1(
+        Kernel::Clip {
+            min: None,
+            max: None,
+        },
+        vec![In::D(x()), In::F(lo), In::N],
+    );
     let hi = Tensor::from(0.55f64);
-    g1(Kernel::Clip { min: None, max: None }, vec![In::D(x()), In::N, In::F(hi)]);
+    g1(
+        Kernel::Clip {
+            min: None,
+            max: None,
+        },
+        vec![In::D(x()), In::N, In::F(hi)],
+    );
 }
 
 #[test]
 fn binary_broadcasting() {
     use BinaryKind::*;
     for (b, seed) in [(Add, 50), (Sub, 51), (Mul, 52)] {
-        g1(Kernel::Binary(b), vec![In::D(normal(&[2, 1, 3], seed)), In::D(normal(&[4, 1], seed + 10))]);
+        g1(
+            Kernel::Binary(b),
+            vec![
+                In::D(normal(&[2, 1, 3], seed)),
+                In::D(normal(&[4, 1], seed + 10)),
+            ],
+        );
     }
-    g1(Kernel::Binary(Div), vec![In::D(normal(&[2, 3], 53)), In::D(signed(&[3], 54))]);
-    g1(Kernel::Binary(Pow), vec![In::D(rand(&[2, 3], 55, 0.5, 2.0)), In::D(normal(&[2, 1], 56))]);
-    g1(Kernel::Binary(Pow), vec![In::D(normal(&[2, 3], 57)), In::F(i64s(&[2], &[1]))]);
+    g1(
+        Kernel::Binary(Div),
+        vec![In::D(normal(&[2, 3], 53)), In::D(signed(&[3], 54))],
+    );
+    g1(
+        Kernel::Binary(Pow),
+        vec![
+            In::D(rand(&[2, 3], 55, 0.5, 2.0)),
+            In::D(normal(&[2, 1], 56)),
+        ],
+    );
+    g1(
+        Kernel::Binary(Pow),
+        vec![In::D(normal(&[2, 3], 57)), In::F(i64s(&[2], &[1]))],
+    );
 }
 
 #[test]
 fn variadic() {
     use VariadicKind::*;
     for v in [Sum, Max, Min, Mean] {
-        let ins = vec![In::D(normal(&[2, 3], 60)), In::D(normal(&[3], 61)), In::D(normal(&[2, 1], 62))];
+        let ins = vec![
+            In::D(normal(&[2, 3], 60)),
+            In::D(normal(&[3], 61)),
+            In::D(normal(&[2, 1], 62)),
+        ];
         g1(Kernel::Variadic(v), ins);
     }
 }
 
 #[test]
 fn matmul_and_gemm() {
-    let mm = |a: &[i64], b: &[i64]| g1(Kernel::MatMul, vec![In::D(normal(a, 70)), In::D(normal(b, 71))]);
+    let mm = |a: &[i64], b: &[i64]| {
+        g1(
+            Kernel::MatMul,
+            vec![In::D(normal(a, 70)), In::D(normal(b, 71))],
+        )
+    };
     mm(&[2, 3], &[3, 4]);
     mm(&[2, 2, 3], &[3, 2]);
     mm(&[3], &[3, 4]);
     mm(&[2, 3], &[3]);
     mm(&[3], &[3]);
-    let gemm = Gemm { alpha: 0.5, beta: 2.0, trans_a: true, trans_b: true };
-    let ins = vec![In::D(normal(&[3, 2], 72)), In::D(normal(&[4, 3], 73)), In::D(normal(&[4], 74))];
+    let gemm = Gemm {
+        alpha: 0.5,
+        beta: 2.0,
+        trans_a: true,
+        trans_b: true,
+    };
+    let ins = vec![
+        In::D(normal(&[3, 2], 72)),
+        In::D(normal(&[4, 3], 73)),
+        In::D(normal(&[4], 74)),
+    ];
     g1(Kernel::Gemm(gemm), ins);
-    let plain = Gemm { alpha: 1.0, beta: 1.0, trans_a: false, trans_b: false };
-    g1(Kernel::Gemm(plain), vec![In::D(normal(&[2, 3], 75)), In::D(normal(&[3, 4], 76)), In::N]);
+    let plain = Gemm {
+        alpha: 1.0,
+        beta: 1.0,
+        trans_a: false,
+        trans_b: false,
+    };
+    g1(
+        Kernel::Gemm(plain),
+        vec![
+            In::D(normal(&[2, 3], 75)),
+            In::D(normal(&[3, 4], 76)),
+            In::N,
+        ],
+    );
 }
 
 #[test]
@@ -123,15 +226,46 @@ fn conv_variants() {
     let conv = |w: Window, group| Kernel::Conv(Conv { window: w, group });
     // 2-D, groups, symmetric pads, bias.
     let k = conv(win(&[], &[1, 1], &[1, 1, 1, 1], &[], AutoPad::NotSet), 2);
-    g1(k, vec![In::D(normal(&[1, 4, 4, 4], 80)), In::D(normal(&[2, 2, 3, 3], 81)), In::D(normal(&[2], 82))]);
+    g1(
+        k,
+        vec![
+            In::D(normal(&[1, 4, 4, 4], 80)),
+            In::D(normal(&[2, 2, 3, 3], 81)),
+            In::D(normal(&[2], 82)),
+        ],
+    );
     // Asymmetric pads, stride 2, dilation 2.
-    let k = conv(win(&[2, 2], &[2, 2], &[0, 1, 2, 0], &[2, 2], AutoPad::NotSet), 1);
-    g1(k, vec![In::D(normal(&[1, 2, 5, 5], 83)), In::D(normal(&[3, 2, 2, 2], 84)), In::N]);
+    let k = conv(
+        win(&[2, 2], &[2, 2], &[0, 1, 2, 0], &[2, 2], AutoPad::NotSet),
+        1,
+    );
+    g1(
+        k,
+        vec![
+            In::D(normal(&[1, 2, 5, 5], 83)),
+            In::D(normal(&[3, 2, 2, 2], 84)),
+            In::N,
+        ],
+    );
     // 1-D with SAME_UPPER, 3-D with SAME_LOWER.
     let k = conv(win(&[], &[2], &[], &[], AutoPad::SameUpper), 1);
-    g1(k, vec![In::D(normal(&[2, 2, 6], 85)), In::D(normal(&[2, 2, 2], 86)), In::D(normal(&[2], 87))]);
+    g1(
+        k,
+        vec![
+            In::D(normal(&[2, 2, 6], 85)),
+            In::D(normal(&[2, 2, 2], 86)),
+            In::D(normal(&[2], 87)),
+        ],
+    );
     let k = conv(win(&[], &[], &[], &[], AutoPad::SameLower), 1);
-    g1(k, vec![In::D(normal(&[1, 1, 3, 3, 2], 88)), In::D(normal(&[2, 1, 2, 2, 2], 89)), In::N]);
+    g1(
+        k,
+        vec![
+            In::D(normal(&[1, 1, 3, 3, 2], 88)),
+            In::D(normal(&[2, 1, 2, 2, 2], 89)),
+            In::N,
+        ],
+    );
 }
 
 #[test]
@@ -144,37 +278,104 @@ fn conv_transpose_variants() {
             output_shape: output_shape.to_vec(),
         })
     };
-    let k = ct(win(&[], &[2, 2], &[1, 0, 0, 1], &[], AutoPad::NotSet), 1, &[1, 1], &[]);
-    g1(k, vec![In::D(normal(&[1, 2, 3, 3], 90)), In::D(normal(&[2, 3, 3, 3], 91)), In::D(normal(&[3], 92))]);
+    let k = ct(
+        win(&[], &[2, 2], &[1, 0, 0, 1], &[], AutoPad::NotSet),
+        1,
+        &[1, 1],
+        &[],
+    );
+    g1(
+        k,
+        vec![
+            In::D(normal(&[1, 2, 3, 3], 90)),
+            In::D(normal(&[2, 3, 3, 3], 91)),
+            In::D(normal(&[3], 92)),
+        ],
+    );
     let k = ct(win(&[], &[2], &[], &[2], AutoPad::NotSet), 2, &[], &[]);
-    g1(k, vec![In::D(normal(&[1, 4, 3], 93)), In::D(normal(&[4, 1, 2], 94)), In::N]);
-    let k = ct(win(&[], &[3, 2], &[], &[], AutoPad::NotSet), 1, &[], &[8, 7]);
-    g1(k, vec![In::D(normal(&[1, 1, 2, 3], 95)), In::D(normal(&[1, 2, 3, 3], 96)), In::N]);
+    g1(
+        k,
+        vec![
+            In::D(normal(&[1, 4, 3], 93)),
+            In::D(normal(&[4, 1, 2], 94)),
+            In::N,
+        ],
+    );
+    let k = ct(
+        win(&[], &[3, 2], &[], &[], AutoPad::NotSet),
+        1,
+        &[],
+        &[8, 7],
+    );
+    g1(
+        k,
+        vec![
+            In::D(normal(&[1, 1, 2, 3], 95)),
+            In::D(normal(&[1, 2, 3, 3], 96)),
+            In::N,
+        ],
+    );
 }
 
 #[test]
 fn pools() {
-    let pool = |w, ceil_mode, count_include_pad| Pool { window: w, ceil_mode, count_include_pad };
+    let pool = |w, ceil_mode, count_include_pad| Pool {
+        window: w,
+        ceil_mode,
+        count_include_pad,
+    };
     let x = || In::D(normal(&[1, 2, 5, 5], 100));
-    let p = pool(win(&[3, 3], &[2, 2], &[1, 0, 1, 1], &[], AutoPad::NotSet), true, false);
+    let p = pool(
+        win(&[3, 3], &[2, 2], &[1, 0, 1, 1], &[], AutoPad::NotSet),
+        true,
+        false,
+    );
     gradcheck(&Kernel::MaxPool(p.clone()), vec![x()], 1);
     g1(Kernel::AveragePool(p), vec![x()]);
-    let p = pool(win(&[2, 2], &[1, 2], &[1, 1, 1, 1], &[2, 1], AutoPad::NotSet), false, true);
+    let p = pool(
+        win(&[2, 2], &[1, 2], &[1, 1, 1, 1], &[2, 1], AutoPad::NotSet),
+        false,
+        true,
+    );
     gradcheck(&Kernel::MaxPool(p.clone()), vec![x()], 1);
     g1(Kernel::AveragePool(p), vec![x()]);
     let p = pool(win(&[2], &[2], &[], &[], AutoPad::SameUpper), false, false);
-    g1(Kernel::AveragePool(p.clone()), vec![In::D(normal(&[2, 1, 5], 101))]);
+    g1(
+        Kernel::AveragePool(p.clone()),
+        vec![In::D(normal(&[2, 1, 5], 101))],
+    );
     gradcheck(&Kernel::MaxPool(p), vec![In::D(normal(&[2, 1, 5], 102))], 1);
-    let p = pool(win(&[2, 2, 2], &[1, 1, 1], &[], &[], AutoPad::NotSet), false, false);
-    g1(Kernel::AveragePool(p.clone()), vec![In::D(normal(&[1, 1, 3, 3, 3], 103))]);
-    gradcheck(&Kernel::MaxPool(p), vec![In::D(normal(&[1, 1, 3, 3, 3], 104))], 1);
-    g1(Kernel::GlobalAveragePool, vec![In::D(normal(&[2, 3, 2, 2], 105))]);
-    g1(Kernel::GlobalMaxPool, vec![In::D(normal(&[2, 3, 2, 2], 106))]);
+    let p = pool(
+        win(&[2, 2, 2], &[1, 1, 1], &[], &[], AutoPad::NotSet),
+        false,
+        false,
+    );
+    g1(
+        Kernel::AveragePool(p.clone()),
+        vec![In::D(normal(&[1, 1, 3, 3, 3], 103))],
+    );
+    gradcheck(
+        &Kernel::MaxPool(p),
+        vec![In::D(normal(&[1, 1, 3, 3, 3], 104))],
+        1,
+    );
+    g1(
+        Kernel::GlobalAveragePool,
+        vec![In::D(normal(&[2, 3, 2, 2], 105))],
+    );
+    g1(
+        Kernel::GlobalMaxPool,
+        vec![In::D(normal(&[2, 3, 2, 2], 106))],
+    );
 }
 
 #[test]
 fn normalisations() {
-    let bn = Kernel::BatchNormalization(BatchNorm { epsilon: 1e-5, momentum: 0.9, training_mode: true });
+    let bn = Kernel::BatchNormalization(BatchNorm {
+        epsilon: 1e-5,
+        momentum: 0.9,
+        training_mode: true,
+    });
     let ins = vec![
         In::D(normal(&[3, 2, 2, 2], 110)),
         In::D(normal(&[2], 111)),
@@ -184,13 +385,25 @@ fn normalisations() {
     ];
     gradcheck(&bn, ins, 1);
     for axis in [-1, 1] {
-        let ln = Kernel::LayerNormalization(LayerNorm { axis, epsilon: 1e-5, stash_type: 1 });
+        let ln = Kernel::LayerNormalization(LayerNorm {
+            axis,
+            epsilon: 1e-5,
+            stash_type: 1,
+        });
         let sshape: &[i64] = if axis == 1 { &[3, 4] } else { &[4] };
-        let ins = vec![In::D(normal(&[2, 3, 4], 115)), In::D(normal(sshape, 116)), In::D(normal(sshape, 117))];
+        let ins = vec![
+            In::D(normal(&[2, 3, 4], 115)),
+            In::D(normal(sshape, 116)),
+            In::D(normal(sshape, 117)),
+        ];
         gradcheck(&ln, ins, 3);
     }
     let inorm = Kernel::InstanceNormalization { epsilon: 1e-5 };
-    let ins = vec![In::D(normal(&[2, 3, 4], 118)), In::D(normal(&[3], 119)), In::D(normal(&[3], 120))];
+    let ins = vec![
+        In::D(normal(&[2, 3, 4], 118)),
+        In::D(normal(&[3], 119)),
+        In::D(normal(&[3], 120)),
+    ];
     g1(inorm, ins);
 }
 
@@ -199,7 +412,10 @@ fn softmax_variants() {
     for coerce_2d in [false, true] {
         for axis in [1, -1] {
             let s = Softmax { axis, coerce_2d };
-            g1(Kernel::Softmax(s.clone()), vec![In::D(normal(&[2, 3, 4], 130))]);
+            g1(
+                Kernel::Softmax(s.clone()),
+                vec![In::D(normal(&[2, 3, 4], 130))],
+            );
             g1(Kernel::LogSoftmax(s), vec![In::D(normal(&[2, 3, 4], 131))]);
         }
     }
@@ -208,44 +424,128 @@ fn softmax_variants() {
 #[test]
 fn shape_ops() {
     let x = || In::D(normal(&[2, 3, 4], 140));
-    g1(Kernel::Reshape { allow_zero: false }, vec![x(), In::F(i64s(&[0, -1], &[2]))]);
+    g1(
+        Kernel::Reshape { allow_zero: false },
+        vec![x(), In::F(i64s(&[0, -1], &[2]))],
+    );
     g1(Kernel::Flatten { axis: 2 }, vec![x()]);
-    g1(Kernel::Transpose { perm: Some(vec![2, 0, 1]) }, vec![x()]);
-    g1(Kernel::Squeeze { axes: None }, vec![In::D(normal(&[2, 1, 3], 141)), In::F(i64s(&[-2], &[1]))]);
-    g1(Kernel::Unsqueeze { axes: Some(vec![0, -1]) }, vec![x()]);
-    g1(Kernel::Concat { axis: 1 }, vec![x(), In::D(normal(&[2, 2, 4], 142))]);
-    let split = Split { axis: 1, split: None, num_outputs: Some(2) };
+    g1(
+        Kernel::Transpose {
+            perm: Some(vec![2, 0, 1]),
+        },
+        vec![x()],
+    );
+    g1(
+        Kernel::Squeeze { axes: None },
+        vec![In::D(normal(&[2, 1, 3], 141)), In::F(i64s(&[-2], &[1]))],
+    );
+    g1(
+        Kernel::Unsqueeze {
+            axes: Some(vec![0, -1]),
+        },
+        vec![x()],
+    );
+    g1(
+        Kernel::Concat { axis: 1 },
+        vec![x(), In::D(normal(&[2, 2, 4], 142))],
+    );
+    let split = Split {
+        axis: 1,
+        split: None,
+        num_outputs: Some(2),
+    };
     gradcheck(&Kernel::Split(split), vec![x()], 2);
-    let split = Split { axis: 2, split: None, num_outputs: None };
-    gradcheck(&Kernel::Split(split), vec![x(), In::F(i64s(&[1, 3], &[2]))], 2);
+    let split = Split {
+        axis: 2,
+        split: None,
+        num_outputs: None,
+    };
+    gradcheck(
+        &Kernel::Split(split),
+        vec![x(), In::F(i64s(&[1, 3], &[2]))],
+        2,
+    );
     let sl = Kernel::Slice(Slice { attrs: None });
-    let ins = vec![x(), In::F(i64s(&[-1, 0], &[2])), In::F(i64s(&[-5, 3], &[2])), In::F(i64s(&[2, 1], &[2])), In::F(i64s(&[-2, 2], &[2]))];
+    let ins = vec![
+        x(),
+        In::F(i64s(&[-1, 0], &[2])),
+        In::F(i64s(&[-5, 3], &[2])),
+        In::F(i64s(&[2, 1], &[2])),
+        In::F(i64s(&[-2, 2], &[2])),
+    ];
     g1(sl, ins);
-    let sl = Kernel::Slice(Slice { attrs: Some((vec![1], vec![100], Some(vec![1]))) });
+    let sl = Kernel::Slice(Slice {
+        attrs: Some((vec![1], vec![100], Some(vec![1]))),
+    });
     g1(sl, vec![x()]);
-    g1(Kernel::Gather { axis: 1 }, vec![x(), In::F(i64s(&[-1, 0, 2, 2], &[2, 2]))]);
-    g1(Kernel::Gather { axis: 0 }, vec![x(), In::F(i64s(&[1], &[]))]);
+    g1(
+        Kernel::Gather { axis: 1 },
+        vec![x(), In::F(i64s(&[-1, 0, 2, 2], &[2, 2]))],
+    );
+    g1(
+        Kernel::Gather { axis: 0 },
+        vec![x(), In::F(i64s(&[1], &[]))],
+    );
     let idx = i64s(&[0, 2, -1, 1, 1, 0], &[2, 3, 1]);
     g1(Kernel::GatherElements { axis: 2 }, vec![x(), In::F(idx)]);
-    g1(Kernel::Expand, vec![In::D(normal(&[3, 1], 143)), In::F(i64s(&[2, 1, 4], &[3]))]);
+    g1(
+        Kernel::Expand,
+        vec![In::D(normal(&[3, 1], 143)), In::F(i64s(&[2, 1, 4], &[3]))],
+    );
     let cond = Tensor::from_slice(&[true, false, true]);
-    g1(Kernel::Where, vec![In::F(cond), In::D(normal(&[2, 3], 144)), In::D(normal(&[3], 145))]);
-    g1(Kernel::Tile, vec![In::D(normal(&[2, 3], 146)), In::F(i64s(&[2, 1], &[2]))]);
-    g1(Kernel::Trilu { upper: true }, vec![In::D(normal(&[3, 4], 147)), In::F(Tensor::from(1i64))]);
-    g1(Kernel::Trilu { upper: false }, vec![In::D(normal(&[2, 3, 3], 148))]);
+    g1(
+        Kernel::Where,
+        vec![
+            In::F(cond),
+            In::D(normal(&[2, 3], 144)),
+            In::D(normal(&[3], 145)),
+        ],
+    );
+    g1(
+        Kernel::Tile,
+        vec![In::D(normal(&[2, 3], 146)), In::F(i64s(&[2, 1], &[2]))],
+    );
+    g1(
+        Kernel::Trilu { upper: true },
+        vec![In::D(normal(&[3, 4], 147)), In::F(Tensor::from(1i64))],
+    );
+    g1(
+        Kernel::Trilu { upper: false },
+        vec![In::D(normal(&[2, 3, 3], 148))],
+    );
 }
 
 #[test]
 fn pad_modes() {
-    for mode in [PadMode::Constant, PadMode::Reflect, PadMode::Edge, PadMode::Wrap] {
+    for mode in [
+        PadMode::Constant,
+        PadMode::Reflect,
+        PadMode::Edge,
+        PadMode::Wrap,
+    ] {
         let p = Kernel::Pad(Pad { mode, attrs: None });
         let pads = i64s(&[1, 2, 2, -1], &[4]);
-        g1(p.clone(), vec![In::D(normal(&[3, 4], 150)), In::F(pads), In::F(Tensor::from(0.5f64))]);
+        g1(
+            p.clone(),
+            vec![
+                In::D(normal(&[3, 4], 150)),
+                In::F(pads),
+                In::F(Tensor::from(0.5f64)),
+            ],
+        );
         let pads = i64s(&[2, 1], &[2]);
-        let ins = vec![In::D(normal(&[2, 3, 3], 151)), In::F(pads), In::N, In::F(i64s(&[-1], &[1]))];
+        let ins = vec![
+            In::D(normal(&[2, 3, 3], 151)),
+            In::F(pads),
+            In::N,
+            In::F(i64s(&[-1], &[1])),
+        ];
         g1(p, ins);
     }
-    let p = Kernel::Pad(Pad { mode: PadMode::Reflect, attrs: Some((vec![0, 2, 0, 2], 0.0)) });
+    let p = Kernel::Pad(Pad {
+        mode: PadMode::Reflect,
+        attrs: Some((vec![0, 2, 0, 2], 0.0)),
+    });
     g1(p, vec![In::D(normal(&[2, 3], 152))]);
 }
 
@@ -253,33 +553,65 @@ fn pad_modes() {
 fn cumsum_variants() {
     for (exclusive, reverse) in [(false, false), (true, false), (false, true), (true, true)] {
         let k = Kernel::CumSum { exclusive, reverse };
-        g1(k, vec![In::D(normal(&[2, 4], 160)), In::F(Tensor::from(-1i64))]);
+        g1(
+            k,
+            vec![In::D(normal(&[2, 4], 160)), In::F(Tensor::from(-1i64))],
+        );
     }
 }
 
 #[test]
 fn reductions() {
     use ReduceKind::*;
-    for kind in [Sum, Mean, Max, Min, Prod, L1, L2, LogSum, LogSumExp, SumSquare] {
+    for kind in [
+        Sum, Mean, Max, Min, Prod, L1, L2, LogSum, LogSumExp, SumSquare,
+    ] {
         let x = || match kind {
             LogSum => rand(&[2, 3, 2], 170, 0.2, 2.0),
             _ => signed(&[2, 3, 2], 171),
         };
         for keepdims in [false, true] {
-            let r = Reduce { kind, axes: Some(vec![0, -1]), keepdims, noop_with_empty_axes: false };
+            let r = Reduce {
+                kind,
+                axes: Some(vec![0, -1]),
+                keepdims,
+                noop_with_empty_axes: false,
+            };
             g1(Kernel::Reduce(r), vec![In::D(x())]);
         }
-        let r = Reduce { kind, axes: None, keepdims: false, noop_with_empty_axes: false };
-        g1(Kernel::Reduce(r.clone()), vec![In::D(x()), In::F(i64s(&[1], &[1]))]);
+        let r = Reduce {
+            kind,
+            axes: None,
+            keepdims: false,
+            noop_with_empty_axes: false,
+        };
+        g1(
+            Kernel::Reduce(r.clone()),
+            vec![In::D(x()), In::F(i64s(&[1], &[1]))],
+        );
         g1(Kernel::Reduce(r), vec![In::D(x())]);
     }
 }
 
 #[test]
 fn einsum() {
-    let e = |eq: &str| Kernel::Einsum { equation: eq.to_string() };
-    g1(e("ij,jk->ik"), vec![In::D(normal(&[2, 3], 180)), In::D(normal(&[3, 4], 181))]);
-    g1(e("bij, bjk -> bik"), vec![In::D(normal(&[2, 2, 3], 182)), In::D(normal(&[2, 3, 2], 183))]);
+    let e = |eq: &str| Kernel::Einsum {
+        equation: eq.to_string(),
+    };
+    g1(
+        e("ij,jk->ik"),
+        vec![In::D(normal(&[2, 3], 180)), In::D(normal(&[3, 4], 181))],
+    );
+    g1(
+        e("bij, bjk -> bik"),
+        vec![
+            In::D(normal(&[2, 2, 3], 182)),
+            In::D(normal(&[2, 3, 2], 183)),
+        ],
+    );
     g1(e("...ii->...i"), vec![In::D(normal(&[2, 3, 3], 184))]);
-    g1(e("ij,ij"), vec![In::D(normal(&[2, 3], 185)), In::D(normal(&[2, 3], 186))]);
+    g1(
+        e("ij,ij"),
+        vec![In::D(normal(&[2, 3], 185)), In::D(normal(&[2, 3], 186))],
+    );
 }

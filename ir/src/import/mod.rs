@@ -217,6 +217,12 @@ impl<'a> Importer<'a> {
                     }),
                 })
                 .collect::<Result<Vec<_>, _>>()?;
+            // Shape arithmetic (Flatten, Reshape) multiplies extents: refuse sizes that overflow.
+            let n = self.ctx.export_batch.unwrap_or(1);
+            if shape.iter().try_fold(dtype.size() as i64, |acc, d| acc.checked_mul(d.eval(n))).is_none() {
+                let ty = TensorType::new(dtype, Shape(shape));
+                return Err(ImportError::BadTensor { name: vi.name.clone(), reason: format!("{ty} is too large (its byte size overflows 64 bits)") });
+            }
             self.define(vi.name.clone(), TensorType::new(dtype, Shape(shape)), ValueDef::Input);
         }
         Ok(())
@@ -255,6 +261,10 @@ impl<'a> Importer<'a> {
             .map_err(|reason| ImportError::Shape { node: nref(), reason })?;
         if out_types.iter().any(|t| t.shape.0.iter().any(|d| d.fixed().is_some_and(|v| v < 0))) {
             return Err(ImportError::Shape { node: nref(), reason: "an output extent is negative".into() });
+        }
+        let n = self.ctx.export_batch.unwrap_or(1);
+        if let Some(t) = out_types.iter().find(|t| t.shape.0.iter().try_fold(t.dtype.size() as i64, |acc, d| acc.checked_mul(d.eval(n))).is_none()) {
+            return Err(ImportError::Shape { node: nref(), reason: format!("output {t} is too large (its byte size overflows 64 bits)") });
         }
         let known_out = self.evaluate_known(&op, &inputs, &out_types);
         let foldable = known_out.as_ref().is_some_and(|k| k.to_tensor().is_some())

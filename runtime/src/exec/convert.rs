@@ -39,7 +39,11 @@ pub(crate) fn elem_of(k: Kind) -> R<ElemType> {
         Kind::Int8 => I8,
         Kind::Uint8 => U8,
         Kind::Bool => Bool,
-        k => return Err(bad_dtype(format!("libtorch kind {k:?} has no element type"))),
+        k => {
+            return Err(bad_dtype(format!(
+                "libtorch kind {k:?} has no element type"
+            )))
+        }
     })
 }
 
@@ -60,15 +64,22 @@ pub fn tensor_from_bytes(et: ElemType, shape: &[i64], bytes: &[u8]) -> Result<Te
 
 fn from_bytes(et: ElemType, shape: &[i64], bytes: &[u8]) -> R<Tensor> {
     if cfg!(target_endian = "big") {
-        return Err(invalid("raw tensor bytes are little-endian; big-endian hosts are not supported"));
+        return Err(invalid(
+            "raw tensor bytes are little-endian; big-endian hosts are not supported",
+        ));
     }
     if shape.iter().any(|&d| d < 0) {
         return Err(invalid(format!("negative dimension in shape {shape:?}")));
     }
-    let numel = shape.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d as usize));
+    let numel = shape
+        .iter()
+        .try_fold(1usize, |acc, &d| acc.checked_mul(d as usize));
     let want = numel.and_then(|n| n.checked_mul(et.size_bytes()));
     if want != Some(bytes.len()) {
-        return Err(invalid(format!("{} bytes do not hold a {et} tensor of shape {shape:?}", bytes.len())));
+        return Err(invalid(format!(
+            "{} bytes do not hold a {et} tensor of shape {shape:?}",
+            bytes.len()
+        )));
     }
     let kind = kind_of(et)?;
     if et == ElemType::Bool {
@@ -85,7 +96,9 @@ pub fn tensor_to_bytes(t: &Tensor) -> Result<(ElemType, Vec<i64>, Vec<u8>), Kern
 
 fn to_bytes(t: &Tensor) -> R<(ElemType, Vec<i64>, Vec<u8>)> {
     if cfg!(target_endian = "big") {
-        return Err(invalid("raw tensor bytes are little-endian; big-endian hosts are not supported"));
+        return Err(invalid(
+            "raw tensor bytes are little-endian; big-endian hosts are not supported",
+        ));
     }
     let et = elem_of(t.f_kind()?)?;
     let shape = t.size();

@@ -63,7 +63,9 @@ fn require_bool<'a>(x: &'a Tensor, op: &str) -> R<&'a Tensor> {
 
 fn require_numeric(x: &Tensor) -> R<()> {
     match kind(x)? {
-        Kind::Bool => Err(bad_dtype("bool inputs are not supported by this arithmetic op")),
+        Kind::Bool => Err(bad_dtype(
+            "bool inputs are not supported by this arithmetic op",
+        )),
         _ => Ok(()),
     }
 }
@@ -114,7 +116,9 @@ fn pow(x: &Tensor, y: &Tensor) -> R<Tensor> {
 
 /// Sum/Max/Min/Mean over broadcast inputs.
 pub(crate) fn variadic(v: VariadicKind, xs: &[&Tensor]) -> R<Tensor> {
-    let (first, rest) = xs.split_first().ok_or_else(|| bad_dtype("needs at least one input"))?;
+    let (first, rest) = xs
+        .split_first()
+        .ok_or_else(|| bad_dtype("needs at least one input"))?;
     let mut acc = first.shallow_clone();
     for x in rest {
         acc = match v {
@@ -141,7 +145,11 @@ pub(crate) fn elu(x: &Tensor, alpha: f32) -> R<Tensor> {
 
 pub(crate) fn celu(x: &Tensor, alpha: f32) -> R<Tensor> {
     let a = alpha as f64;
-    let neg = x.f_clamp_max(0.0)?.f_div_scalar(a)?.f_expm1()?.f_mul_scalar(a)?;
+    let neg = x
+        .f_clamp_max(0.0)?
+        .f_div_scalar(a)?
+        .f_expm1()?
+        .f_mul_scalar(a)?;
     Ok(x.f_relu()?.f_add(&neg)?)
 }
 
@@ -150,7 +158,9 @@ pub(crate) fn selu(x: &Tensor, alpha: f32, gamma: f32) -> R<Tensor> {
 }
 
 pub(crate) fn hard_sigmoid(x: &Tensor, alpha: f32, beta: f32) -> R<Tensor> {
-    Ok(x.f_mul_scalar(alpha as f64)?.f_add_scalar(beta as f64)?.f_clamp(0.0, 1.0)?)
+    Ok(x.f_mul_scalar(alpha as f64)?
+        .f_add_scalar(beta as f64)?
+        .f_clamp(0.0, 1.0)?)
 }
 
 pub(crate) fn thresholded_relu(x: &Tensor, alpha: f32) -> R<Tensor> {

@@ -11,7 +11,11 @@ use crate::kernel::{BatchNorm, Gemm, LayerNorm, Softmax};
 pub(crate) fn softmax(x: &Tensor, s: &Softmax, log: bool) -> R<Tensor> {
     let axis = norm_axis(s.axis, x.dim())?;
     let f = |t: &Tensor, d: i64| -> R<Tensor> {
-        Ok(if log { t.f_log_softmax(d, None)? } else { t.f_softmax(d, None)? })
+        Ok(if log {
+            t.f_log_softmax(d, None)?
+        } else {
+            t.f_softmax(d, None)?
+        })
     };
     if !s.coerce_2d {
         return f(x, axis);
@@ -19,22 +23,40 @@ pub(crate) fn softmax(x: &Tensor, s: &Softmax, log: bool) -> R<Tensor> {
     let shape = x.size();
     let outer: i64 = shape[..axis as usize].iter().product();
     let inner: i64 = shape[axis as usize..].iter().product();
-    f(&x.f_reshape([outer, inner])?, 1)?.f_reshape(&shape).map_err(Into::into)
+    f(&x.f_reshape([outer, inner])?, 1)?
+        .f_reshape(&shape)
+        .map_err(Into::into)
 }
 
 /// `alpha * A' B' + beta * C`, `C` optional and broadcast.
 pub(crate) fn gemm(g: &Gemm, a: &Tensor, b: &Tensor, c: Option<&Tensor>) -> R<Tensor> {
     if a.dim() != 2 || b.dim() != 2 {
-        return Err(invalid(format!("A and B must be 2-D, got ranks {} and {}", a.dim(), b.dim())));
+        return Err(invalid(format!(
+            "A and B must be 2-D, got ranks {} and {}",
+            a.dim(),
+            b.dim()
+        )));
     }
-    let a = if g.trans_a { a.f_transpose(0, 1)? } else { a.shallow_clone() };
-    let b = if g.trans_b { b.f_transpose(0, 1)? } else { b.shallow_clone() };
+    let a = if g.trans_a {
+        a.f_transpose(0, 1)?
+    } else {
+        a.shallow_clone()
+    };
+    let b = if g.trans_b {
+        b.f_transpose(0, 1)?
+    } else {
+        b.shallow_clone()
+    };
     let mut y = a.f_matmul(&b)?;
     if g.alpha != 1.0 {
         y = y.f_mul_scalar(g.alpha as f64)?;
     }
     if let Some(c) = c {
-        let c = if g.beta != 1.0 { c.f_mul_scalar(g.beta as f64)? } else { c.shallow_clone() };
+        let c = if g.beta != 1.0 {
+            c.f_mul_scalar(g.beta as f64)?
+        } else {
+            c.shallow_clone()
+        };
         y = y.f_add(&c)?;
     }
     let k = kind(&a)?;
@@ -42,7 +64,8 @@ pub(crate) fn gemm(g: &Gemm, a: &Tensor, b: &Tensor, c: Option<&Tensor>) -> R<Te
 }
 
 /// BatchNormalization. Train: batch statistics, and the updated running mean and variance
-/// (ONNX momentum convention, population variance) as outputs 1 and 2. Eval: running stats.
+/// (ONNX momentum convention, population variance) as outputs 1 and 2. Eval: running stats,
+/// unless the node was exported with `training_mode = 1`.
 pub(crate) fn batch_norm(bn: &BatchNorm, ins: &[Option<&Tensor>], mode: Mode) -> R<Vec<Tensor>> {
     let (x, scale, bias) = (need(ins, 0)?, need(ins, 1)?, need(ins, 2)?);
     let (mean, var) = (need(ins, 3)?, need(ins, 4)?);
@@ -50,15 +73,31 @@ pub(crate) fn batch_norm(bn: &BatchNorm, ins: &[Option<&Tensor>], mode: Mode) ->
         return Err(invalid(format!("X must have rank >= 2, got {}", x.dim())));
     }
     let eps = bn.epsilon as f64;
-    if mode == Mode::Eval {
-        let y = x.f_batch_norm(Some(scale), Some(bias), Some(mean), Some(var), false, 0.0, eps, true)?;
+    // A node exported with training_mode=1 asks for batch statistics even at inference.
+    if mode == Mode::Eval && !bn.training_mode {
+        let y = x.f_batch_norm(
+            Some(scale),
+            Some(bias),
+            Some(mean),
+            Some(var),
+            false,
+            0.0,
+            eps,
+            true,
+        )?;
         return Ok(vec![y]);
     }
     let y = x.f_batch_norm(Some(scale), Some(bias), None, None, true, 0.0, eps, true)?;
     let (bm, bv) = batch_stats(&x.f_detach()?)?;
     let m = bn.momentum as f64;
-    let run_mean = mean.f_detach()?.f_mul_scalar(m)?.f_add(&bm.f_mul_scalar(1.0 - m)?)?;
-    let run_var = var.f_detach()?.f_mul_scalar(m)?.f_add(&bv.f_mul_scalar(1.0 - m)?)?;
+    let run_mean = mean
+        .f_detach()?
+        .f_mul_scalar(m)?
+        .f_add(&bm.f_mul_scalar(1.0 - m)?)?;
+    let run_var = var
+        .f_detach()?
+        .f_mul_scalar(m)?
+        .f_add(&bv.f_mul_scalar(1.0 - m)?)?;
     Ok(vec![y, run_mean, run_var])
 }
 
@@ -78,7 +117,11 @@ pub(crate) fn layer_norm(ln: &LayerNorm, ins: &[Option<&Tensor>]) -> R<Vec<Tenso
     let dims: Vec<i64> = (axis..x.dim() as i64).collect();
     let k = kind(x)?;
     let half = matches!(k, Kind::Half | Kind::BFloat16);
-    let xs = if ln.stash_type == 1 && half { x.f_to_kind(Kind::Float)? } else { x.shallow_clone() };
+    let xs = if ln.stash_type == 1 && half {
+        x.f_to_kind(Kind::Float)?
+    } else {
+        x.shallow_clone()
+    };
     let mean = xs.f_mean_dim(dims.as_slice(), true, None)?;
     let d = xs.f_sub(&mean)?;
     let var = d.f_mul(&d)?.f_mean_dim(dims.as_slice(), true, None)?;
@@ -103,7 +146,8 @@ pub(crate) fn instance_norm(eps: f32, ins: &[Option<&Tensor>]) -> R<Tensor> {
     let mut cshape = vec![1i64; x.dim()];
     cshape[1] = -1;
     let y = d.f_mul(&var.f_add_scalar(eps as f64)?.f_rsqrt()?)?;
-    Ok(y.f_mul(&scale.f_reshape(&cshape)?)?.f_add(&bias.f_reshape(&cshape)?)?)
+    Ok(y.f_mul(&scale.f_reshape(&cshape)?)?
+        .f_add(&bias.f_reshape(&cshape)?)?)
 }
 
 /// Dropout: outputs (output, mask). Train: keep each element with probability
@@ -120,9 +164,14 @@ pub(crate) fn dropout(ratio: Option<f32>, ins: &[Option<&Tensor>], mode: Mode) -
         return Err(invalid(format!("ratio must be in [0, 1), got {ratio}")));
     }
     if mode == Mode::Eval || ratio == 0.0 {
-        return Ok(vec![x.shallow_clone(), x.f_ones_like()?.f_to_kind(Kind::Bool)?]);
+        return Ok(vec![
+            x.shallow_clone(),
+            x.f_ones_like()?.f_to_kind(Kind::Bool)?,
+        ]);
     }
     let mask = x.f_rand_like()?.f_ge(ratio)?;
-    let y = x.f_mul(&mask.f_to_kind(kind(x)?)?)?.f_div_scalar(1.0 - ratio)?;
+    let y = x
+        .f_mul(&mask.f_to_kind(kind(x)?)?)?
+        .f_div_scalar(1.0 - ratio)?;
     Ok(vec![y, mask])
 }

@@ -31,9 +31,9 @@ fn reduce_dims(kind_: ReduceKind, x: &Tensor, dims: &[i64], keep: bool) -> R<Ten
     Ok(match kind_ {
         Sum => sum(x, dims, keep)?,
         Mean => mean(x, dims, keep)?,
-        Max if dims.is_empty() => x.shallow_clone(),
+        Max | Min if dims.is_empty() => x.shallow_clone(),
+        Max | Min if dims.iter().any(|&d| dim(x, d) == 0) => empty_extreme(x, dims, keep, kind_ == Max)?,
         Max => x.f_amax(dims, keep)?,
-        Min if dims.is_empty() => x.shallow_clone(),
         Min => x.f_amin(dims, keep)?,
         Prod => prod(x, dims, keep)?,
         L1 => sum(&x.f_abs()?, dims, keep)?,
@@ -43,6 +43,22 @@ fn reduce_dims(kind_: ReduceKind, x: &Tensor, dims: &[i64], keep: bool) -> R<Ten
         LogSumExp => x.f_logsumexp(dims, keep)?,
         SumSquare => sum(&x.f_mul(x)?, dims, keep)?,
     })
+}
+
+/// Max/Min over an empty set: the identity of the reduction (-inf for Max, +inf for Min;
+/// the type's limits for integers, false/true for bool), as the ONNX reference defines.
+fn empty_extreme(x: &Tensor, dims: &[i64], keep: bool, max: bool) -> R<Tensor> {
+    let k = kind(x)?;
+    let shape: Vec<i64> = (0..x.dim() as i64)
+        .filter_map(|d| if dims.contains(&d) { keep.then_some(1) } else { Some(dim(x, d)) })
+        .collect();
+    let fill = match k {
+        Kind::Bool => if max { 0.0 } else { 1.0 },
+        Kind::Int64 => if max { i64::MIN as f64 } else { i64::MAX as f64 },
+        Kind::Int => if max { i32::MIN as f64 } else { i32::MAX as f64 },
+        _ => if max { f64::NEG_INFINITY } else { f64::INFINITY },
+    };
+    Ok(Tensor::f_full(&shape, fill, (k, x.device()))?)
 }
 
 fn sum(x: &Tensor, dims: &[i64], keep: bool) -> R<Tensor> {
@@ -75,10 +91,20 @@ fn prod(x: &Tensor, dims: &[i64], keep: bool) -> R<Tensor> {
 /// with select_last_index.
 pub(crate) fn arg(x: &Tensor, axis: i64, keepdims: bool, last: bool, max: bool) -> R<Tensor> {
     let a = norm_axis(axis, x.dim())?;
-    let t = if last { x.f_flip([a])? } else { x.shallow_clone() };
-    let i = if max { t.f_argmax(a, keepdims)? } else { t.f_argmin(a, keepdims)? };
+    let t = if last {
+        x.f_flip([a])?
+    } else {
+        x.shallow_clone()
+    };
+    let i = if max {
+        t.f_argmax(a, keepdims)?
+    } else {
+        t.f_argmin(a, keepdims)?
+    };
     if !last {
         return Ok(i);
     }
-    Ok(i.f_neg()?.f_add_scalar(dim(x, a) - 1)?.f_to_kind(Kind::Int64)?)
+    Ok(i.f_neg()?
+        .f_add_scalar(dim(x, a) - 1)?
+        .f_to_kind(Kind::Int64)?)
 }

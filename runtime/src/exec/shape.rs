@@ -6,8 +6,8 @@ use tch::{Kind, Tensor};
 
 use super::convert::kind_of;
 use super::util::{
-    broadcast_shapes, dim, index_tensor, invalid, ints, is_float_kind, kind, need, norm_axes, norm_axis, opt,
-    pad_axis, pad_dims, scalar_f64, scalar_i64, R,
+    broadcast_shapes, dim, index_tensor, ints, invalid, is_float_kind, kind, need, norm_axes,
+    norm_axis, opt, pad_axis, pad_dims, scalar_f64, scalar_i64, R,
 };
 use crate::kernel::{ElemType, Pad, PadMode, Slice, Split};
 
@@ -19,7 +19,11 @@ pub(crate) fn reshape(x: &Tensor, shape: &Tensor, allow_zero: bool) -> R<Tensor>
     let mut infer = None;
     for (i, &d) in dims.iter().enumerate() {
         match d {
-            0 if !allow_zero => out.push(*input.get(i).ok_or_else(|| invalid(format!("0 at {i} has no input dim")))?),
+            0 if !allow_zero => out.push(
+                *input
+                    .get(i)
+                    .ok_or_else(|| invalid(format!("0 at {i} has no input dim")))?,
+            ),
             -1 if infer.is_none() => {
                 infer = Some(i);
                 out.push(1);
@@ -29,7 +33,10 @@ pub(crate) fn reshape(x: &Tensor, shape: &Tensor, allow_zero: bool) -> R<Tensor>
         }
     }
     if let Some(i) = infer {
-        let known: i64 = out.iter().product();
+        let known = out
+            .iter()
+            .try_fold(1i64, |a, &d| a.checked_mul(d))
+            .unwrap_or(0);
         let numel: i64 = input.iter().product();
         if known == 0 || numel % known != 0 {
             return Err(invalid(format!("cannot reshape {input:?} to {dims:?}")));
@@ -76,7 +83,10 @@ pub(crate) fn squeeze(ins: &[Option<&Tensor>], attr: Option<&Vec<i64>>) -> R<Ten
     };
     let axes = norm_axes(&axes, x.dim())?;
     if let Some(a) = axes.iter().find(|&&a| dim(x, a) != 1) {
-        return Err(invalid(format!("cannot squeeze axis {a} of size {}", dim(x, *a))));
+        return Err(invalid(format!(
+            "cannot squeeze axis {a} of size {}",
+            dim(x, *a)
+        )));
     }
     Ok(x.f_squeeze_dims(axes.as_slice())?)
 }
@@ -93,7 +103,9 @@ pub(crate) fn unsqueeze(ins: &[Option<&Tensor>], attr: Option<&Vec<i64>>) -> R<T
 }
 
 pub(crate) fn concat(xs: &[&Tensor], axis: i64) -> R<Tensor> {
-    let first = xs.first().ok_or_else(|| invalid("Concat needs at least one input"))?;
+    let first = xs
+        .first()
+        .ok_or_else(|| invalid("Concat needs at least one input"))?;
     Ok(Tensor::f_cat(xs, norm_axis(axis, first.dim())?)?)
 }
 
@@ -106,12 +118,14 @@ pub(crate) fn split(s: &Split, ins: &[Option<&Tensor>]) -> R<Vec<Tensor>> {
         (Some(v), _, _) => v.clone(),
         (None, Some(t), _) => ints(t)?,
         (None, None, Some(n)) => equal_parts(total, n)?,
-        (None, None, None) => {
-            return Err(invalid("an equal split needs num_outputs (the lowering sets it to the node's output count)"))
-        }
+        (None, None, None) => return Err(invalid(
+            "an equal split needs num_outputs (the lowering sets it to the node's output count)",
+        )),
     };
     if sizes.iter().any(|&v| v < 0) || sizes.iter().sum::<i64>() != total {
-        return Err(invalid(format!("split sizes {sizes:?} do not add up to dimension {total}")));
+        return Err(invalid(format!(
+            "split sizes {sizes:?} do not add up to dimension {total}"
+        )));
     }
     Ok(x.f_split_with_sizes(&sizes, axis)?)
 }
@@ -138,19 +152,32 @@ pub(crate) fn slice(s: &Slice, ins: &[Option<&Tensor>]) -> R<Tensor> {
         Some((st, en, ax)) => (st.clone(), en.clone(), ax.clone(), None),
         None => {
             let axes = opt(ins, 3).map(ints).transpose()?;
-            (ints(need(ins, 1)?)?, ints(need(ins, 2)?)?, axes, opt(ins, 4).map(ints).transpose()?)
+            (
+                ints(need(ins, 1)?)?,
+                ints(need(ins, 2)?)?,
+                axes,
+                opt(ins, 4).map(ints).transpose()?,
+            )
         }
     };
     let n = starts.len();
     let axes = axes.unwrap_or_else(|| (0..n as i64).collect());
     let steps = steps.unwrap_or_else(|| vec![1; n]);
     if ends.len() != n || axes.len() != n || steps.len() != n {
-        return Err(invalid("starts, ends, axes and steps must have the same length"));
+        return Err(invalid(
+            "starts, ends, axes and steps must have the same length",
+        ));
     }
     norm_axes(&axes, x.dim())?;
     let mut y = x.shallow_clone();
     for i in 0..n {
-        y = slice_axis(&y, norm_axis(axes[i], x.dim())?, starts[i], ends[i], steps[i])?;
+        y = slice_axis(
+            &y,
+            norm_axis(axes[i], x.dim())?,
+            starts[i],
+            ends[i],
+            steps[i],
+        )?;
     }
     Ok(y)
 }
@@ -160,7 +187,11 @@ fn slice_axis(t: &Tensor, a: i64, start: i64, end: i64, step: i64) -> R<Tensor> 
     if step == 0 {
         return Err(invalid("slice step must not be 0"));
     }
-    let s = if start < 0 { start.saturating_add(d) } else { start };
+    let s = if start < 0 {
+        start.saturating_add(d)
+    } else {
+        start
+    };
     let e = if end < 0 { end.saturating_add(d) } else { end };
     if step > 0 || d == 0 {
         let (s, e) = (s.clamp(0, d), e.clamp(0, d));
@@ -207,7 +238,11 @@ pub(crate) fn shape_of(x: &Tensor, start: i64, end: Option<i64>) -> R<Tensor> {
     let r = dims.len() as i64;
     let clampi = |v: i64| if v < 0 { (v + r).max(0) } else { v.min(r) };
     let (s, e) = (clampi(start), clampi(end.unwrap_or(r)));
-    let slice = if s < e { &dims[s as usize..e as usize] } else { &[][..] };
+    let slice = if s < e {
+        &dims[s as usize..e as usize]
+    } else {
+        &[][..]
+    };
     index_tensor(slice, x)
 }
 
@@ -243,7 +278,7 @@ pub(crate) fn range(start: &Tensor, limit: &Tensor, delta: &Tensor) -> R<Tensor>
     if d == 0 {
         return Err(invalid("delta must not be 0"));
     }
-    let n = ((l - s) as f64 / d as f64).ceil().max(0.0) as i64;
+    let n = ((l as f64 - s as f64) / d as f64).ceil().max(0.0) as i64;
     let steps = Tensor::f_arange(n, (Kind::Int64, dev))?;
     Ok(steps.f_mul_scalar(d)?.f_add_scalar(s)?.f_to_kind(k)?)
 }
@@ -251,7 +286,11 @@ pub(crate) fn range(start: &Tensor, limit: &Tensor, delta: &Tensor) -> R<Tensor>
 pub(crate) fn tile(x: &Tensor, repeats: &Tensor) -> R<Tensor> {
     let reps = ints(repeats)?;
     if reps.len() != x.dim() {
-        return Err(invalid(format!("repeats has {} values for rank {}", reps.len(), x.dim())));
+        return Err(invalid(format!(
+            "repeats has {} values for rank {}",
+            reps.len(),
+            x.dim()
+        )));
     }
     Ok(x.f_repeat(&reps)?)
 }
@@ -273,14 +312,24 @@ pub(crate) fn pad(p: &Pad, ins: &[Option<&Tensor>]) -> R<Tensor> {
     let r = x.dim();
     let (pads, value) = match &p.attrs {
         Some((pads, v)) => (pads.clone(), *v as f64),
-        None => (ints(need(ins, 1)?)?, opt(ins, 2).map(scalar_f64).transpose()?.unwrap_or(0.0)),
+        None => (
+            ints(need(ins, 1)?)?,
+            opt(ins, 2).map(scalar_f64).transpose()?.unwrap_or(0.0),
+        ),
     };
     let axes = match opt(ins, 3) {
-        Some(t) => ints(t)?.iter().map(|&a| norm_axis(a, r)).collect::<R<Vec<_>>>()?,
+        Some(t) => ints(t)?
+            .iter()
+            .map(|&a| norm_axis(a, r))
+            .collect::<R<Vec<_>>>()?,
         None => (0..r as i64).collect(),
     };
     if pads.len() != 2 * axes.len() {
-        return Err(invalid(format!("{} pads for {} axes", pads.len(), axes.len())));
+        return Err(invalid(format!(
+            "{} pads for {} axes",
+            pads.len(),
+            axes.len()
+        )));
     }
     let (mut begins, mut ends) = (vec![0i64; r], vec![0i64; r]);
     for (i, &a) in axes.iter().enumerate() {
@@ -312,7 +361,11 @@ fn index_pad(t: &Tensor, a: i64, b: i64, e: i64, mode: PadMode) -> R<Tensor> {
         _ => {
             let period = 2 * (d - 1);
             let m = j.rem_euclid(period);
-            if m >= d { period - m } else { m }
+            if m >= d {
+                period - m
+            } else {
+                m
+            }
         }
     };
     let idx: Vec<i64> = (-b..d + e).map(src).collect();
@@ -322,7 +375,11 @@ fn index_pad(t: &Tensor, a: i64, b: i64, e: i64, mode: PadMode) -> R<Tensor> {
 /// CumSum along the axis from input 1, optionally exclusive and/or reversed.
 pub(crate) fn cumsum(x: &Tensor, axis: &Tensor, exclusive: bool, reverse: bool) -> R<Tensor> {
     let a = norm_axis(scalar_i64(axis)?, x.dim())?;
-    let t = if reverse { x.f_flip([a])? } else { x.shallow_clone() };
+    let t = if reverse {
+        x.f_flip([a])?
+    } else {
+        x.shallow_clone()
+    };
     let mut c = t.f_cumsum(a, kind(x)?)?;
     if exclusive {
         c = pad_axis(&c, a, 1, -1, 0.0)?;

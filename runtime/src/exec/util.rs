@@ -57,21 +57,33 @@ pub(crate) fn is_float_kind(k: Kind) -> bool {
 }
 
 pub(crate) fn is_int_kind(k: Kind) -> bool {
-    matches!(k, Kind::Uint8 | Kind::Int8 | Kind::Int16 | Kind::Int | Kind::Int64)
+    matches!(
+        k,
+        Kind::Uint8 | Kind::Int8 | Kind::Int16 | Kind::Int | Kind::Int64
+    )
 }
 
 /// The values of a small integer tensor (shape, axes, pads, ...), flattened.
 pub(crate) fn ints(t: &Tensor) -> R<Vec<i64>> {
-    let flat = t.f_to_kind(Kind::Int64)?.f_to(tch::Device::Cpu)?.f_reshape([-1])?;
+    let flat = t
+        .f_to_kind(Kind::Int64)?
+        .f_to(tch::Device::Cpu)?
+        .f_reshape([-1])?;
     Ok(Vec::<i64>::try_from(&flat)?)
 }
 
 /// The single value of a scalar (or one-element) tensor as `f64`.
 pub(crate) fn scalar_f64(t: &Tensor) -> R<f64> {
-    let flat = t.f_to_kind(Kind::Double)?.f_to(tch::Device::Cpu)?.f_reshape([-1])?;
+    let flat = t
+        .f_to_kind(Kind::Double)?
+        .f_to(tch::Device::Cpu)?
+        .f_reshape([-1])?;
     match Vec::<f64>::try_from(&flat)?.as_slice() {
         [v] => Ok(*v),
-        v => Err(invalid(format!("expected a scalar, got {} elements", v.len()))),
+        v => Err(invalid(format!(
+            "expected a scalar, got {} elements",
+            v.len()
+        ))),
     }
 }
 
@@ -79,7 +91,10 @@ pub(crate) fn scalar_f64(t: &Tensor) -> R<f64> {
 pub(crate) fn scalar_i64(t: &Tensor) -> R<i64> {
     match ints(t)?.as_slice() {
         [v] => Ok(*v),
-        v => Err(invalid(format!("expected a scalar, got {} elements", v.len()))),
+        v => Err(invalid(format!(
+            "expected a scalar, got {} elements",
+            v.len()
+        ))),
     }
 }
 
@@ -90,13 +105,18 @@ pub(crate) fn norm_axis(axis: i64, rank: usize) -> R<i64> {
     if (0..r).contains(&a) {
         Ok(a)
     } else {
-        Err(invalid(format!("axis {axis} is out of range for rank {rank}")))
+        Err(invalid(format!(
+            "axis {axis} is out of range for rank {rank}"
+        )))
     }
 }
 
 /// Normalises a list of axes, rejecting duplicates.
 pub(crate) fn norm_axes(axes: &[i64], rank: usize) -> R<Vec<i64>> {
-    let mut out = axes.iter().map(|&a| norm_axis(a, rank)).collect::<R<Vec<_>>>()?;
+    let mut out = axes
+        .iter()
+        .map(|&a| norm_axis(a, rank))
+        .collect::<R<Vec<_>>>()?;
     out.sort_unstable();
     if out.windows(2).any(|w| w[0] == w[1]) {
         return Err(invalid(format!("repeated axis in {axes:?}")));
@@ -111,7 +131,13 @@ pub(crate) fn dim(t: &Tensor, axis: i64) -> i64 {
 
 /// Pads (or, with negative amounts, crops) the trailing dimensions from `first` on with a
 /// constant: `begins[i]`/`ends[i]` apply to dimension `first + i`.
-pub(crate) fn pad_dims(t: &Tensor, first: usize, begins: &[i64], ends: &[i64], value: f64) -> R<Tensor> {
+pub(crate) fn pad_dims(
+    t: &Tensor,
+    first: usize,
+    begins: &[i64],
+    ends: &[i64],
+    value: f64,
+) -> R<Tensor> {
     if begins.iter().chain(ends).all(|&p| p == 0) {
         return Ok(t.shallow_clone());
     }
@@ -137,12 +163,20 @@ pub(crate) fn pad_axis(t: &Tensor, axis: i64, begin: i64, end: i64, value: f64) 
 /// The numpy broadcast of two shapes.
 pub(crate) fn broadcast_shapes(a: &[i64], b: &[i64]) -> R<Vec<i64>> {
     let n = a.len().max(b.len());
-    let at = |s: &[i64], i: usize| if i + s.len() >= n { s[i + s.len() - n] } else { 1 };
+    let at = |s: &[i64], i: usize| {
+        if i + s.len() >= n {
+            s[i + s.len() - n]
+        } else {
+            1
+        }
+    };
     (0..n)
         .map(|i| match (at(a, i), at(b, i)) {
             (x, y) if x == y || y == 1 => Ok(x),
             (1, y) => Ok(y),
-            (x, y) => Err(invalid(format!("shapes {a:?} and {b:?} do not broadcast ({x} vs {y})"))),
+            (x, y) => Err(invalid(format!(
+                "shapes {a:?} and {b:?} do not broadcast ({x} vs {y})"
+            ))),
         })
         .collect()
 }

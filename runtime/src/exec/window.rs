@@ -21,7 +21,9 @@ struct Geometry {
 fn spatial_rank(x: &Tensor) -> R<usize> {
     match x.dim() {
         3..=5 => Ok(x.dim() - 2),
-        r => Err(unsupported(format!("only 1-D, 2-D and 3-D spatial inputs are supported (rank {r})"))),
+        r => Err(unsupported(format!(
+            "only 1-D, 2-D and 3-D spatial inputs are supported (rank {r})"
+        ))),
     }
 }
 
@@ -29,7 +31,9 @@ fn or_default(v: &[i64], n: usize, default: i64, what: &str) -> R<Vec<i64>> {
     match v.len() {
         0 => Ok(vec![default; n]),
         l if l == n => Ok(v.to_vec()),
-        l => Err(invalid(format!("{what} has {l} values for {n} spatial dimensions"))),
+        l => Err(invalid(format!(
+            "{what} has {l} values for {n} spatial dimensions"
+        ))),
     }
 }
 
@@ -38,8 +42,15 @@ fn geometry(w: &Window, kernel: Vec<i64>, input: &[i64]) -> R<Geometry> {
     let n = input.len();
     let strides = or_default(&w.strides, n, 1, "strides")?;
     let dilations = or_default(&w.dilations, n, 1, "dilations")?;
-    if strides.iter().chain(&dilations).chain(&kernel).any(|&v| v < 1) {
-        return Err(invalid("kernel_shape, strides and dilations must be positive"));
+    if strides
+        .iter()
+        .chain(&dilations)
+        .chain(&kernel)
+        .any(|&v| v < 1)
+    {
+        return Err(invalid(
+            "kernel_shape, strides and dilations must be positive",
+        ));
     }
     let (begins, ends) = match w.auto_pad {
         AutoPad::NotSet => {
@@ -47,20 +58,38 @@ fn geometry(w: &Window, kernel: Vec<i64>, input: &[i64]) -> R<Geometry> {
             (pads[..n].to_vec(), pads[n..].to_vec())
         }
         AutoPad::Valid => (vec![0; n], vec![0; n]),
-        AutoPad::SameUpper | AutoPad::SameLower => same_pads(w.auto_pad, &kernel, &strides, &dilations, input),
+        AutoPad::SameUpper | AutoPad::SameLower => {
+            same_pads(w.auto_pad, &kernel, &strides, &dilations, input)
+        }
     };
-    Ok(Geometry { kernel, strides, dilations, begins, ends })
+    Ok(Geometry {
+        kernel,
+        strides,
+        dilations,
+        begins,
+        ends,
+    })
 }
 
 /// SAME_UPPER / SAME_LOWER: output size `ceil(in / stride)`, the odd pad at the end / start.
-fn same_pads(mode: AutoPad, k: &[i64], s: &[i64], d: &[i64], input: &[i64]) -> (Vec<i64>, Vec<i64>) {
+fn same_pads(
+    mode: AutoPad,
+    k: &[i64],
+    s: &[i64],
+    d: &[i64],
+    input: &[i64],
+) -> (Vec<i64>, Vec<i64>) {
     let mut begins = Vec::new();
     let mut ends = Vec::new();
     for i in 0..input.len() {
         let out = (input[i] + s[i] - 1) / s[i];
         let total = ((out - 1) * s[i] + (k[i] - 1) * d[i] + 1 - input[i]).max(0);
         let small = total / 2;
-        let (b, e) = if mode == AutoPad::SameUpper { (small, total - small) } else { (total - small, small) };
+        let (b, e) = if mode == AutoPad::SameUpper {
+            (small, total - small)
+        } else {
+            (total - small, small)
+        };
         begins.push(b);
         ends.push(e);
     }
@@ -70,7 +99,10 @@ fn same_pads(mode: AutoPad, k: &[i64], s: &[i64], d: &[i64], input: &[i64]) -> (
 fn kernel_from_weight(w: &Window, weight: &Tensor) -> R<Vec<i64>> {
     let k = weight.size()[2..].to_vec();
     if !w.kernel_shape.is_empty() && w.kernel_shape != k {
-        return Err(invalid(format!("kernel_shape {:?} does not match the weight's {k:?}", w.kernel_shape)));
+        return Err(invalid(format!(
+            "kernel_shape {:?} does not match the weight's {k:?}",
+            w.kernel_shape
+        )));
     }
     Ok(k)
 }
@@ -79,7 +111,11 @@ fn kernel_from_weight(w: &Window, weight: &Tensor) -> R<Vec<i64>> {
 pub(crate) fn conv(c: &Conv, x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> R<Tensor> {
     let n = spatial_rank(x)?;
     if w.dim() != n + 2 {
-        return Err(invalid(format!("weight rank {} does not match input rank {}", w.dim(), x.dim())));
+        return Err(invalid(format!(
+            "weight rank {} does not match input rank {}",
+            w.dim(),
+            x.dim()
+        )));
     }
     let g = geometry(&c.window, kernel_from_weight(&c.window, w)?, &x.size()[2..])?;
     let (x, pads) = if g.begins == g.ends {
@@ -88,15 +124,33 @@ pub(crate) fn conv(c: &Conv, x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> R<Te
         (pad_dims(x, 2, &g.begins, &g.ends, 0.0)?, vec![0; n])
     };
     let zeros = vec![0i64; n];
-    Ok(x.f_convolution(w, b, &g.strides, &pads, &g.dilations, false, &zeros, c.group)?)
+    Ok(x.f_convolution(
+        w,
+        b,
+        &g.strides,
+        &pads,
+        &g.dilations,
+        false,
+        &zeros,
+        c.group,
+    )?)
 }
 
 /// ConvTranspose: the full transposed convolution, then cropped or extended to the ONNX
 /// output window (pads, output_padding, output_shape, auto_pad), then the bias.
-pub(crate) fn conv_transpose(c: &ConvTranspose, x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> R<Tensor> {
+pub(crate) fn conv_transpose(
+    c: &ConvTranspose,
+    x: &Tensor,
+    w: &Tensor,
+    b: Option<&Tensor>,
+) -> R<Tensor> {
     let n = spatial_rank(x)?;
     if w.dim() != n + 2 {
-        return Err(invalid(format!("weight rank {} does not match input rank {}", w.dim(), x.dim())));
+        return Err(invalid(format!(
+            "weight rank {} does not match input rank {}",
+            w.dim(),
+            x.dim()
+        )));
     }
     let input = x.size()[2..].to_vec();
     let kernel = kernel_from_weight(&c.window, w)?;
@@ -107,10 +161,21 @@ pub(crate) fn conv_transpose(c: &ConvTranspose, x: &Tensor, w: &Tensor, b: Optio
     }
     let g = geometry(&win, kernel, &input)?;
     let out_pad = or_default(&c.output_padding, n, 0, "output_padding")?;
-    let full: Vec<i64> = (0..n).map(|i| (input[i] - 1) * g.strides[i] + (g.kernel[i] - 1) * g.dilations[i] + 1).collect();
+    let full: Vec<i64> = (0..n)
+        .map(|i| (input[i] - 1) * g.strides[i] + (g.kernel[i] - 1) * g.dilations[i] + 1)
+        .collect();
     let (begins, ends) = transpose_pads(c, &g, &full, &out_pad, &input)?;
     let zeros = vec![0i64; n];
-    let y = x.f_convolution::<&Tensor>(w, None, &g.strides, &zeros, &g.dilations, true, &zeros, c.group)?;
+    let y = x.f_convolution::<&Tensor>(
+        w,
+        None,
+        &g.strides,
+        &zeros,
+        &g.dilations,
+        true,
+        &zeros,
+        c.group,
+    )?;
     let crop_b: Vec<i64> = begins.iter().map(|b| -b).collect();
     let crop_e: Vec<i64> = (0..n).map(|i| out_pad[i] - ends[i]).collect();
     let y = pad_dims(&y, 2, &crop_b, &crop_e, 0.0)?;
@@ -118,14 +183,26 @@ pub(crate) fn conv_transpose(c: &ConvTranspose, x: &Tensor, w: &Tensor, b: Optio
 }
 
 /// The begin/end pads of a transposed convolution (negative: extra output).
-fn transpose_pads(c: &ConvTranspose, g: &Geometry, full: &[i64], op: &[i64], input: &[i64]) -> R<(Vec<i64>, Vec<i64>)> {
+fn transpose_pads(
+    c: &ConvTranspose,
+    g: &Geometry,
+    full: &[i64],
+    op: &[i64],
+    input: &[i64],
+) -> R<(Vec<i64>, Vec<i64>)> {
     let n = full.len();
     let target: Option<Vec<i64>> = match (c.output_shape.len(), c.window.auto_pad) {
-        (0, AutoPad::SameUpper | AutoPad::SameLower) => Some((0..n).map(|i| input[i] * g.strides[i]).collect()),
+        (0, AutoPad::SameUpper | AutoPad::SameLower) => {
+            Some((0..n).map(|i| input[i] * g.strides[i]).collect())
+        }
         (0, _) => None,
         (l, _) if l == n => Some(c.output_shape.clone()),
         (l, _) if l == n + 2 => Some(c.output_shape[2..].to_vec()),
-        (l, _) => return Err(invalid(format!("output_shape has {l} values for {n} spatial dimensions"))),
+        (l, _) => {
+            return Err(invalid(format!(
+                "output_shape has {l} values for {n} spatial dimensions"
+            )))
+        }
     };
     let Some(target) = target else {
         return Ok((g.begins.clone(), g.ends.clone()));
@@ -135,7 +212,11 @@ fn transpose_pads(c: &ConvTranspose, g: &Geometry, full: &[i64], op: &[i64], inp
     for i in 0..n {
         let total = full[i] + op[i] - target[i];
         let half = total.div_euclid(2);
-        let (b, e) = if c.window.auto_pad == AutoPad::SameUpper { (half, total - half) } else { (total - half, half) };
+        let (b, e) = if c.window.auto_pad == AutoPad::SameUpper {
+            (half, total - half)
+        } else {
+            (total - half, half)
+        };
         begins.push(b);
         ends.push(e);
     }
@@ -158,9 +239,16 @@ fn pool_extent(g: &Geometry, input: &[i64], ceil_mode: bool) -> R<(Vec<i64>, Vec
         let eff = (g.kernel[i] - 1) * g.dilations[i] + 1;
         let span = len + b + g.ends[i] - eff;
         if span < 0 {
-            return Err(invalid(format!("window {eff} is larger than the padded input {}", span + eff)));
+            return Err(invalid(format!(
+                "window {eff} is larger than the padded input {}",
+                span + eff
+            )));
         }
-        let mut out = if ceil_mode { (span + s - 1) / s + 1 } else { span / s + 1 };
+        let mut out = if ceil_mode {
+            (span + s - 1) / s + 1
+        } else {
+            span / s + 1
+        };
         if ceil_mode && (out - 1) * s >= len + b {
             out -= 1;
         }
@@ -173,7 +261,10 @@ fn pool_extent(g: &Geometry, input: &[i64], ceil_mode: bool) -> R<(Vec<i64>, Vec
 fn pool_geometry(p: &Pool, x: &Tensor) -> R<(Geometry, Vec<i64>)> {
     let n = spatial_rank(x)?;
     if p.window.kernel_shape.len() != n {
-        return Err(invalid(format!("kernel_shape {:?} does not match {n} spatial dimensions", p.window.kernel_shape)));
+        return Err(invalid(format!(
+            "kernel_shape {:?} does not match {n} spatial dimensions",
+            p.window.kernel_shape
+        )));
     }
     let input = x.size()[2..].to_vec();
     let mut g = geometry(&p.window, p.window.kernel_shape.clone(), &input)?;
@@ -191,7 +282,11 @@ fn lowest(k: Kind) -> R<f64> {
         Kind::Int16 => i16::MIN as f64,
         Kind::Int => i32::MIN as f64,
         Kind::Int64 => i64::MIN as f64,
-        k => return Err(super::util::bad_dtype(format!("MaxPool does not support {k:?}"))),
+        k => {
+            return Err(super::util::bad_dtype(format!(
+                "MaxPool does not support {k:?}"
+            )))
+        }
     })
 }
 
@@ -224,7 +319,9 @@ fn onnx_indices(idx: &Tensor, padded: &[i64], x_shape: &[i64], begins: &[i64]) -
     let planes = x_shape[0] * x_shape[1];
     let mut base_shape = vec![x_shape[0], x_shape[1]];
     base_shape.extend(vec![1; orig.len()]);
-    let base = Tensor::f_arange(planes, (Kind::Int64, idx.device()))?.f_mul_scalar(stride)?.f_reshape(&base_shape)?;
+    let base = Tensor::f_arange(planes, (Kind::Int64, idx.device()))?
+        .f_mul_scalar(stride)?
+        .f_reshape(&base_shape)?;
     Ok(flat.f_add(&base)?)
 }
 
@@ -235,7 +332,9 @@ pub(crate) fn average_pool(p: &Pool, x: &Tensor) -> R<Tensor> {
     let (g, real_ends) = pool_geometry(p, x)?;
     let k = kind(x)?;
     if !is_float_kind(k) {
-        return Err(super::util::bad_dtype(format!("AveragePool needs a floating-point input, got {k:?}")));
+        return Err(super::util::bad_dtype(format!(
+            "AveragePool needs a floating-point input, got {k:?}"
+        )));
     }
     let shape = x.size();
     let n = g.kernel.len();
@@ -248,7 +347,16 @@ pub(crate) fn average_pool(p: &Pool, x: &Tensor) -> R<Tensor> {
     let ones = Tensor::f_ones(&ones_shape, (k, x.device()))?;
     let sum_of = |t: &Tensor| -> R<Tensor> {
         let zeros = vec![0i64; n];
-        Ok(t.f_convolution::<&Tensor>(&ones, None, &g.strides, &zeros, &g.dilations, false, &zeros, 1)?)
+        Ok(t.f_convolution::<&Tensor>(
+            &ones,
+            None,
+            &g.strides,
+            &zeros,
+            &g.dilations,
+            false,
+            &zeros,
+            1,
+        )?)
     };
     let sums = sum_of(&xp.f_reshape(&flat_shape)?)?;
     let count = sum_of(&count_mask(p, &g, &real_ends, &shape, k, x)?)?;
@@ -259,7 +367,14 @@ pub(crate) fn average_pool(p: &Pool, x: &Tensor) -> R<Tensor> {
 
 /// 1 where an element counts toward the average: the input, plus the real pads when
 /// count_include_pad; 0 in the ceil-mode extension.
-fn count_mask(p: &Pool, g: &Geometry, real_ends: &[i64], shape: &[i64], k: Kind, x: &Tensor) -> R<Tensor> {
+fn count_mask(
+    p: &Pool,
+    g: &Geometry,
+    real_ends: &[i64],
+    shape: &[i64],
+    k: Kind,
+    x: &Tensor,
+) -> R<Tensor> {
     let mut mshape = vec![1i64, 1];
     mshape.extend(&shape[2..]);
     let ones = Tensor::f_ones(&mshape, (k, x.device()))?;
@@ -278,5 +393,9 @@ pub(crate) fn global_pool(x: &Tensor, max: bool) -> R<Tensor> {
         return Err(invalid(format!("X must have rank >= 3, got {}", x.dim())));
     }
     let dims: Vec<i64> = (2..x.dim() as i64).collect();
-    Ok(if max { x.f_amax(dims.as_slice(), true)? } else { x.f_mean_dim(dims.as_slice(), true, None)? })
+    Ok(if max {
+        x.f_amax(dims.as_slice(), true)?
+    } else {
+        x.f_mean_dim(dims.as_slice(), true, None)?
+    })
 }

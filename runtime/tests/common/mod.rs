@@ -19,10 +19,14 @@ pub enum In {
 
 /// Deterministic pseudo-random values in `[lo, hi)`.
 pub fn uniform(n: usize, seed: u64, lo: f64, hi: f64) -> Vec<f64> {
-    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let mut s = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
     (0..n)
         .map(|_| {
-            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             let u = (s >> 11) as f64 / (1u64 << 53) as f64;
             lo + (hi - lo) * u
         })
@@ -40,7 +44,11 @@ pub fn signed(shape: &[i64], seed: u64) -> Tensor {
     let n: i64 = shape.iter().product();
     let mags = uniform(n as usize, seed, 0.2, 1.5);
     let signs = uniform(n as usize, seed ^ 0x9e37, 0.0, 1.0);
-    let v: Vec<f64> = mags.iter().zip(&signs).map(|(m, s)| if *s < 0.5 { -m } else { *m }).collect();
+    let v: Vec<f64> = mags
+        .iter()
+        .zip(&signs)
+        .map(|(m, s)| if *s < 0.5 { -m } else { *m })
+        .collect();
     Tensor::from_slice(&v).reshape(shape)
 }
 
@@ -68,7 +76,10 @@ pub fn to_i64(t: &Tensor) -> Vec<i64> {
 pub fn assert_close(got: &[f64], want: &[f64], tol: f64) {
     assert_eq!(got.len(), want.len(), "length: got {got:?}, want {want:?}");
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        assert!((g - w).abs() <= tol * (1.0 + w.abs()), "element {i}: got {g}, want {w} (all: {got:?})");
+        assert!(
+            (g - w).abs() <= tol * (1.0 + w.abs()),
+            "element {i}: got {g}, want {w} (all: {got:?})"
+        );
     }
 }
 
@@ -84,7 +95,7 @@ fn loss(k: &Kernel, xs: &[Option<Tensor>], n_out: usize, weights: &[Tensor]) -> 
     let mut total = Tensor::from(0.0f64);
     for (o, w) in outs.iter().take(n_out).zip(weights) {
         if matches!(o.kind(), Kind::Double) {
-            total = total + (o * w).sum(Kind::Double);
+            total += (o * w).sum(Kind::Double);
         }
     }
     total
@@ -108,9 +119,17 @@ pub fn gradcheck(k: &Kernel, inputs: Vec<In>, n_out: usize) {
     }
     let refs: Vec<Option<&Tensor>> = xs.iter().map(|x| x.as_ref()).collect();
     let outs = eval(k, &refs, Mode::Train);
-    assert!(outs.len() >= n_out, "{} produced {} outputs, wanted {n_out}", k.name(), outs.len());
-    let weights: Vec<Tensor> =
-        outs.iter().enumerate().map(|(i, o)| rand(&o.size(), 1000 + i as u64, -1.0, 1.0)).collect();
+    assert!(
+        outs.len() >= n_out,
+        "{} produced {} outputs, wanted {n_out}",
+        k.name(),
+        outs.len()
+    );
+    let weights: Vec<Tensor> = outs
+        .iter()
+        .enumerate()
+        .map(|(i, o)| rand(&o.size(), 1000 + i as u64, -1.0, 1.0))
+        .collect();
     let l = loss(k, &xs, n_out, &weights);
     let leaves: Vec<&Tensor> = diff.iter().map(|&i| xs[i].as_ref().unwrap()).collect();
     let grads = Tensor::run_backward(&[&l], &leaves, false, false);
@@ -127,7 +146,13 @@ pub fn gradcheck(k: &Kernel, inputs: Vec<In>, n_out: usize) {
     }
 }
 
-fn numeric_grad(k: &Kernel, xs: &[Option<Tensor>], i: usize, n_out: usize, w: &[Tensor]) -> Vec<f64> {
+fn numeric_grad(
+    k: &Kernel,
+    xs: &[Option<Tensor>],
+    i: usize,
+    n_out: usize,
+    w: &[Tensor],
+) -> Vec<f64> {
     let eps = 1e-6;
     let x = xs[i].as_ref().unwrap().detach();
     let shape = x.size();
@@ -135,9 +160,12 @@ fn numeric_grad(k: &Kernel, xs: &[Option<Tensor>], i: usize, n_out: usize, w: &[
     let at = |j: usize, d: f64| -> f64 {
         let mut v = base.clone();
         v[j] += d;
-        let mut ys: Vec<Option<Tensor>> = xs.iter().map(|t| t.as_ref().map(|t| t.detach())).collect();
+        let mut ys: Vec<Option<Tensor>> =
+            xs.iter().map(|t| t.as_ref().map(|t| t.detach())).collect();
         ys[i] = Some(Tensor::from_slice(&v).reshape(&shape));
         tch::no_grad(|| loss(k, &ys, n_out, w).double_value(&[]))
     };
-    (0..base.len()).map(|j| (at(j, eps) - at(j, -eps)) / (2.0 * eps)).collect()
+    (0..base.len())
+        .map(|j| (at(j, eps) - at(j, -eps)) / (2.0 * eps))
+        .collect()
 }
