@@ -61,6 +61,11 @@ impl Runner {
         Ok(Runner { graph, interp })
     }
 
+    /// The interpreter (for callers that run with autograd on, e.g. `bench-step`).
+    pub fn interp(&self) -> &Interpreter {
+        &self.interp
+    }
+
     /// Runs on `inputs`, matched to graph inputs by name when names are given, else by order.
     pub fn run(&self, inputs: &[NamedTensor]) -> Result<Vec<Tensor>> {
         let g = &self.graph;

@@ -2,6 +2,8 @@
 //! plan, compile and train them).
 
 #[cfg(feature = "torch")]
+mod bench_step;
+#[cfg(feature = "torch")]
 mod conformance;
 #[cfg(feature = "torch")]
 mod forward;
@@ -27,6 +29,9 @@ enum Command {
     /// Run a model forward through the runtime's op layer and compare with expected outputs.
     #[cfg(feature = "torch")]
     RunForward(RunForwardArgs),
+    /// Time forward + backward steps of a model (issue 3's benchmark).
+    #[cfg(feature = "torch")]
+    BenchStep(bench_step::BenchStepArgs),
     /// Run the ONNX backend test suite through the op layer and report conformance.
     #[cfg(feature = "torch")]
     Conformance(ConformanceArgs),
@@ -94,6 +99,8 @@ fn main() -> ExitCode {
         Command::Inspect(args) => inspect::run(&args),
         #[cfg(feature = "torch")]
         Command::RunForward(args) => forward::run(&args),
+        #[cfg(feature = "torch")]
+        Command::BenchStep(args) => bench_step::run(&args),
         #[cfg(feature = "torch")]
         Command::Conformance(args) => conformance::run(&args),
     };

@@ -19,7 +19,7 @@ pub fn write_atomic(path: &Path, contents: &[u8]) -> Result<()> {
     })();
     if let Err(e) = result {
         let _ = std::fs::remove_file(&tmp);
-        return Err(e).with_context(|| format!("{}: cannot write", path.display()));
+        return Err(anyhow::anyhow!("{}: cannot write: {e}", path.display()));
     }
     Ok(())
 }

@@ -279,3 +279,29 @@ fn external_data_past_the_end_of_its_file() {
     let out = inspect(&path, &[]);
     assert_clean_error(&out, &path, &["tensor \"W\"", "too few", "offset 8"]);
 }
+
+#[test]
+fn malformed_attribute_is_an_error_not_a_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = ModelBuilder::new(13)
+        .input_f32("x", &[2, 3, 8, 8])
+        .init(tensor_f32_zeros("w", &[4, 3, 3, 3]))
+        .node(node("Conv", "conv0", &["x", "w"], &["y"]).ints("strides", &[0, 0]))
+        .output("y")
+        .write(dir.path(), "stride0.onnx");
+    let out = inspect(&path, &[]);
+    assert_clean_error(&out, &path, &["\"conv0\"", "Conv", "strides [0, 0]", "must be positive"]);
+}
+
+#[test]
+fn shape_error_names_the_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = ModelBuilder::new(13)
+        .input_f32("x", &[2, 3, 6])
+        .init(tensor_f32_zeros("w", &[5, 7]))
+        .node(node("MatMul", "proj", &["x", "w"], &["y"]))
+        .output("y")
+        .write(dir.path(), "mismatch.onnx");
+    let out = inspect(&path, &[]);
+    assert_clean_error(&out, &path, &["\"proj\"", "MatMul", "shape inference failed", "inner dimensions differ"]);
+}

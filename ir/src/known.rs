@@ -292,11 +292,12 @@ fn binary(op: BinaryOp, x: &Known, y: &Known, out_dtype: DType, out_shape: Vec<i
 fn int_op(op: BinaryOp, p: Dim, q: Dim) -> Option<Dim> {
     match op {
         BinaryOp::Add => p.add(q),
-        BinaryOp::Sub => p.add(q.mul(Dim::Fixed(-1)).or_else(|| q.fixed().and_then(i64::checked_neg).map(Dim::Fixed))?).or_else(|| match (p, q) {
+        BinaryOp::Sub => match (p, q) {
             (Dim::Batch(a), Dim::Batch(b)) if a > b => Some(Dim::Batch(a - b)),
             (Dim::Batch(a), Dim::Batch(b)) if a == b => Some(Dim::Fixed(0)),
+            (_, Dim::Fixed(b)) => p.add(Dim::Fixed(b.checked_neg()?)),
             _ => None,
-        }),
+        },
         BinaryOp::Mul => p.mul(q),
         // ONNX integer division truncates; the symbolic form only divides exactly.
         BinaryOp::Div => match (p, q) {

@@ -570,3 +570,32 @@ fn softmax_axis_is_checked() {
     let m = model(11, &[2, 10], vec![node("Softmax", "sm", &["x"], &["y"]).int("axis", 2)], &["y"]);
     assert_eq!(ty(&import(&m), "y"), "f32[N,10]");
 }
+
+#[test]
+fn batch_arithmetic_in_shape_subgraphs() {
+    // target = [2*N - N, -1]: the batch survives subtraction of batch multiples.
+    let m = model(
+        13,
+        &[2, 3, 4],
+        vec![
+            node("Shape", "shape", &["x"], &["s"]),
+            node("Gather", "gather", &["s", "zero"], &["d0"]).int("axis", 0),
+            node("Mul", "twice", &["d0", "two"], &["d2"]),
+            node("Sub", "sub", &["d2", "d0"], &["d"]),
+            node("Unsqueeze", "unsqueeze", &["d", "axes0"], &["du"]),
+            node("Concat", "concat", &["du", "minus1"], &["target"]).int("axis", 0),
+            node("Reshape", "view", &["x", "target"], &["y"]),
+        ],
+        &["y"],
+    )
+    .init(tensor_i64("zero", &[], &[0]))
+    .init(tensor_i64("two", &[], &[2]))
+    .init(tensor_i64("axes0", &[1], &[0]))
+    .init(tensor_i64("minus1", &[1], &[-1]));
+    let g = import(&m);
+    assert_eq!(ty(&g, "y"), "f32[N,12]");
+    // With the batch fixed the whole subgraph folds.
+    let g = import_mode(&m, BatchMode::Fixed);
+    assert_eq!(op_names(&g), ["Reshape"]);
+    assert_eq!(ty(&g, "y"), "f32[2,12]");
+}

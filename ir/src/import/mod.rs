@@ -218,12 +218,11 @@ impl<'a> Importer<'a> {
                 })
                 .collect::<Result<Vec<_>, _>>()?;
             // Shape arithmetic (Flatten, Reshape) multiplies extents: refuse sizes that overflow.
-            let n = self.ctx.export_batch.unwrap_or(1);
-            if shape.iter().try_fold(dtype.size() as i64, |acc, d| acc.checked_mul(d.eval(n))).is_none() {
-                let ty = TensorType::new(dtype, Shape(shape));
+            let ty = TensorType::new(dtype, Shape(shape));
+            if byte_size(&ty, self.ctx.export_batch.unwrap_or(1)).is_none() {
                 return Err(ImportError::BadTensor { name: vi.name.clone(), reason: format!("{ty} is too large (its byte size overflows 64 bits)") });
             }
-            self.define(vi.name.clone(), TensorType::new(dtype, Shape(shape)), ValueDef::Input);
+            self.define(vi.name.clone(), ty, ValueDef::Input);
         }
         Ok(())
     }
@@ -262,8 +261,7 @@ impl<'a> Importer<'a> {
         if out_types.iter().any(|t| t.shape.0.iter().any(|d| d.fixed().is_some_and(|v| v < 0))) {
             return Err(ImportError::Shape { node: nref(), reason: "an output extent is negative".into() });
         }
-        let n = self.ctx.export_batch.unwrap_or(1);
-        if let Some(t) = out_types.iter().find(|t| t.shape.0.iter().try_fold(t.dtype.size() as i64, |acc, d| acc.checked_mul(d.eval(n))).is_none()) {
+        if let Some(t) = out_types.iter().find(|t| byte_size(t, self.ctx.export_batch.unwrap_or(1)).is_none()) {
             return Err(ImportError::Shape { node: nref(), reason: format!("output {t} is too large (its byte size overflows 64 bits)") });
         }
         let known_out = self.evaluate_known(&op, &inputs, &out_types);
@@ -328,6 +326,14 @@ impl<'a> Importer<'a> {
             }
         }
     }
+}
+
+/// Bytes of one tensor of type `t` at batch size `n`, or `None` if that overflows `i64`.
+fn byte_size(t: &TensorType, n: i64) -> Option<i64> {
+    t.shape.0.iter().try_fold(t.dtype.size() as i64, |acc, d| match *d {
+        Dim::Fixed(v) => acc.checked_mul(v),
+        Dim::Batch(k) => acc.checked_mul(k.checked_mul(n)?),
+    })
 }
 
 fn arity(min: usize, max: usize) -> String {
