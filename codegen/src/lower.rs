@@ -187,6 +187,8 @@ fn shape_kernel(op: &Op, n_out: usize, n_in: usize) -> Kernel {
         }),
         Op::Tile => Kernel::Tile,
         Op::CumSum { exclusive, reverse } => Kernel::CumSum { exclusive: *exclusive, reverse: *reverse },
+        // Within one program a crossing is the identity; stage modules split here.
+        Op::StageBoundary { .. } => Kernel::Unary(rt::UnaryKind::Identity),
         other => unreachable!("{} is lowered by `kernel`", other.name()),
     }
 }

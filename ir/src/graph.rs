@@ -325,7 +325,14 @@ impl Graph {
     /// then node outputs in topological order. Unused weights are dropped. Ids printed by
     /// the text form are the ids of the compacted graph.
     pub fn compact(&mut self) -> Result<(), NodeId> {
+        self.compact_with_remap().map(|_| ())
+    }
+
+    /// [`Graph::compact`], returning each old node index's new id (`None`: removed), so
+    /// side tables keyed by node can follow the renumbering.
+    pub fn compact_with_remap(&mut self) -> Result<Vec<Option<NodeId>>, NodeId> {
         let order = self.topo_order()?;
+        let mut node_remap: Vec<Option<NodeId>> = vec![None; self.dag.node_bound()];
         let uses = self.use_counts();
         let mut remap: Vec<Option<ValueId>> = vec![None; self.values.len()];
         let mut out = Graph { meta: self.meta.clone(), batch: self.batch.clone(), ..Graph::default() };
@@ -347,6 +354,7 @@ impl Graph {
                 .map(|v| v.map(|v| (self.values[v.index()].name.clone(), self.values[v.index()].ty.clone())))
                 .collect();
             let new = out.add_node(node.name.clone(), node.op.clone(), inputs, outputs);
+            node_remap[n.index()] = Some(new);
             for (old, newv) in node.outputs.iter().zip(out.dag[new.0].outputs.clone()) {
                 if let (Some(o), Some(nv)) = (old, newv) {
                     remap[o.index()] = Some(nv);
@@ -355,7 +363,25 @@ impl Graph {
         }
         out.outputs = self.outputs.iter().filter_map(|v| remap[v.index()]).collect();
         *self = out;
-        Ok(())
+        Ok(node_remap)
+    }
+
+    /// Points operand `slot` of `node` at `value`, keeping the petgraph edges in step.
+    pub fn set_input(&mut self, node: NodeId, slot: usize, value: Option<ValueId>) {
+        if let Some(e) = self
+            .dag
+            .edges_directed(node.0, Direction::Incoming)
+            .find(|e| e.weight().slot == slot)
+            .map(|e| e.id())
+        {
+            self.dag.remove_edge(e);
+        }
+        self.dag[node.0].inputs[slot] = value;
+        if let Some(v) = value {
+            if let ValueDef::Node { node: producer, .. } = self.values[v.index()].def {
+                self.dag.add_edge(producer.0, node.0, Edge { value: v, slot });
+            }
+        }
     }
 
     /// Trainable weights' total element count.

@@ -42,7 +42,8 @@ pub fn infer(op: &Op, ins: &[Option<In>], n_out: usize, ctx: Ctx) -> R<Vec<Tenso
         | Op::Clip { .. }
         | Op::Trilu { .. }
         | Op::InstanceNormalization { .. }
-        | Op::CumSum { .. } => out1(x()?.ty.dtype, x()?.ty.shape.clone()),
+        | Op::CumSum { .. }
+        | Op::StageBoundary { .. } => out1(x()?.ty.dtype, x()?.ty.shape.clone()),
         Op::Softmax(s) | Op::LogSoftmax(s) => {
             let t = &x()?.ty;
             // Before opset 13 the axis splits the input into a 2-D view, so `r` is valid too.

@@ -120,7 +120,7 @@ pub fn evaluate(
             let n = dims.iter().try_fold(Dim::Fixed(1), |a, &d| a.mul(d))?;
             Some(Known::ints(DType::I64, vec![], vec![n]))
         }
-        Op::Unary(UnaryOp::Identity) | Op::Reshape { .. } | Op::Squeeze { .. } | Op::Unsqueeze { .. } | Op::Flatten { .. } => {
+        Op::Unary(UnaryOp::Identity) | Op::StageBoundary { .. } | Op::Reshape { .. } | Op::Squeeze { .. } | Op::Unsqueeze { .. } | Op::Flatten { .. } => {
             let x = k(0)?;
             Some(x.with(x.dtype, out_shape?, x.data.clone()))
         }

@@ -15,6 +15,7 @@ pub mod infer;
 pub mod known;
 pub mod ops;
 pub mod spec;
+pub mod stage;
 pub mod summary;
 pub mod tensor;
 pub mod text;
@@ -27,4 +28,5 @@ pub use graph::{BatchInfo, Edge, Graph, ModelMeta, Node, NodeId, Value, ValueDef
 pub use import::{import_bytes, import_model, read_tensor_file, BatchMode, ImportOptions};
 pub use ops::Op;
 pub use tensor::TensorData;
+pub use stage::{verify_stages, StageMap};
 pub use verify::{verify, VerifyError};

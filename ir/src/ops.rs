@@ -215,6 +215,10 @@ pub enum Op {
     Pad(Pad),
     Tile,
     CumSum { exclusive: bool, reverse: bool },
+    /// Not an ONNX op: the crossing of a tensor from pipeline stage `from` to stage
+    /// `from + 1` (a send on one side, a receive on the other), inserted by the partition
+    /// pass. Identity on the value; its gradient crosses back the same way.
+    StageBoundary { from: u32, to: u32 },
 }
 
 impl Op {
@@ -278,6 +282,7 @@ impl Op {
             Op::Pad(_) => "Pad",
             Op::Tile => "Tile",
             Op::CumSum { .. } => "CumSum",
+            Op::StageBoundary { .. } => "StageBoundary",
         }
     }
 
@@ -431,6 +436,10 @@ impl Op {
             Op::CumSum { exclusive, reverse } => {
                 a.b("exclusive", *exclusive);
                 a.b("reverse", *reverse);
+            }
+            Op::StageBoundary { from, to } => {
+                a.i("from", *from as i64);
+                a.i("to", *to as i64);
             }
         }
         a.finish()

@@ -19,6 +19,8 @@ pub enum VerifyError {
     Cycle { node: NodeId },
     InferenceFailed { node: NodeId, reason: String },
     TypeMismatch { node: NodeId, value: ValueId, stored: TensorType, inferred: TensorType },
+    NoStage { node: NodeId },
+    StageCrossing { node: NodeId, value: ValueId, producer_stage: u32, consumer_stage: u32 },
 }
 
 impl fmt::Display for VerifyError {
@@ -32,6 +34,11 @@ impl fmt::Display for VerifyError {
             VerifyError::EdgeMismatch { node } => write!(f, "{node}: graph edges do not match its operands"),
             VerifyError::Cycle { node } => write!(f, "the graph has a cycle through {node}"),
             VerifyError::InferenceFailed { node, reason } => write!(f, "{node}: shape inference fails: {reason}"),
+            VerifyError::NoStage { node } => write!(f, "{node} has no pipeline stage"),
+            VerifyError::StageCrossing { node, value, producer_stage, consumer_stage } => write!(
+                f,
+                "{node} in stage {consumer_stage} reads {value} from stage {producer_stage} without a stage boundary"
+            ),
             VerifyError::TypeMismatch { node, value, stored, inferred } => {
                 write!(f, "{node}: {value} is typed {stored} but inference gives {inferred}")
             }

@@ -1,0 +1,104 @@
+//! The partition pass: given the stage of every node, insert explicit `StageBoundary`
+//! nodes wherever a value crosses from one stage to the next, and return the stage side
+//! table of the rewritten graph.
+//!
+//! A value produced in stage `s` and read in stages up to `t > s` crosses every stage in
+//! between: it is forwarded through a chain of boundaries `s -> s+1 -> ... -> t`, so a
+//! skip connection or an attention mask costs a send in every stage it passes, and each
+//! reader takes the copy that arrived in its own stage.
+
+use pipewright_ir::{Graph, NodeId, Op, StageMap, ValueDef, ValueId};
+
+/// Why stages could not be inserted.
+#[derive(Debug)]
+pub enum BoundaryError {
+    /// A node has no stage.
+    Unassigned { node: String },
+    /// A value is read in an earlier stage than the one producing it.
+    Backward { value: String, producer_stage: u32, consumer: String, consumer_stage: u32 },
+    /// The rewritten graph failed verification (a bug in this pass).
+    Invalid(String),
+}
+
+impl std::fmt::Display for BoundaryError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BoundaryError::Unassigned { node } => write!(f, "node {node:?} has no stage"),
+            BoundaryError::Backward { value, producer_stage, consumer, consumer_stage } => write!(
+                f,
+                "value {value:?} is produced in stage {producer_stage} but read by node {consumer:?} in earlier stage {consumer_stage}"
+            ),
+            BoundaryError::Invalid(why) => write!(f, "the partitioned graph is invalid: {why}"),
+        }
+    }
+}
+
+impl std::error::Error for BoundaryError {}
+
+/// Inserts stage boundaries for `stages` (which must give every node a stage) and
+/// returns the stage table of the compacted, rewritten graph.
+pub fn insert_stage_boundaries(g: &mut Graph, stages: &StageMap) -> Result<StageMap, BoundaryError> {
+    let mut table = stages.clone();
+    let original: Vec<NodeId> = g.node_ids().collect();
+    for &n in &original {
+        if stages.get(n).is_none() {
+            return Err(BoundaryError::Unassigned { node: g.node(n).name.clone() });
+        }
+    }
+    let produced: Vec<(ValueId, NodeId)> = g
+        .value_ids()
+        .filter_map(|v| match g.value(v).def {
+            ValueDef::Node { node, .. } => Some((v, node)),
+            _ => None,
+        })
+        .collect();
+    for (v, producer) in produced {
+        forward_value(g, &mut table, v, producer)?;
+    }
+    let remap = g.compact_with_remap().map_err(|n| BoundaryError::Invalid(format!("cycle through {n}")))?;
+    let table = table.remap(&remap);
+    pipewright_ir::verify(g).map_err(|e| BoundaryError::Invalid(format!("{e:?}")))?;
+    pipewright_ir::verify_stages(g, &table).map_err(|e| {
+        BoundaryError::Invalid(e.iter().map(|x| x.to_string()).collect::<Vec<_>>().join("; "))
+    })?;
+    Ok(table)
+}
+
+/// Chains boundaries for one value and points each reader at its own stage's copy.
+fn forward_value(g: &mut Graph, table: &mut StageMap, v: ValueId, producer: NodeId) -> Result<(), BoundaryError> {
+    let s = table.get(producer).expect("checked: every node has a stage");
+    let readers: Vec<(NodeId, usize, u32)> = g
+        .consumers(v)
+        .into_iter()
+        .map(|(n, slot)| (n, slot, table.get(n).expect("checked: every node has a stage")))
+        .collect();
+    if let Some(&(n, _, t)) = readers.iter().find(|r| r.2 < s) {
+        return Err(BoundaryError::Backward {
+            value: g.value(v).name.clone(),
+            producer_stage: s,
+            consumer: g.node(n).name.clone(),
+            consumer_stage: t,
+        });
+    }
+    let last = readers.iter().map(|r| r.2).max().unwrap_or(s);
+    let mut copy_in: Vec<ValueId> = vec![v];
+    let ty = g.value(v).ty.clone();
+    let name = g.value(v).name.clone();
+    for k in s..last {
+        let prev = *copy_in.last().expect("non-empty");
+        let b = g.add_node(
+            format!("{name}->stage{}", k + 1),
+            Op::StageBoundary { from: k, to: k + 1 },
+            vec![Some(prev)],
+            vec![Some((format!("{name}@stage{}", k + 1), ty.clone()))],
+        );
+        table.set(b, k + 1);
+        copy_in.push(g.node(b).outputs[0].expect("boundary has an output"));
+    }
+    for (n, slot, t) in readers {
+        if t > s {
+            g.set_input(n, slot, Some(copy_in[(t - s) as usize]));
+        }
+    }
+    Ok(())
+}

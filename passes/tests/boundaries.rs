@@ -1,0 +1,89 @@
+//! The partition pass on real models: every crossing goes through boundary nodes, skip
+//! tensors are forwarded through the stages in between, and bad assignments are refused.
+
+use std::path::PathBuf;
+
+use pipewright_ir::{import_model, verify_stages, Graph, ImportOptions, Op, StageMap};
+use pipewright_passes::boundaries::{insert_stage_boundaries, BoundaryError};
+
+fn model(name: &str) -> Graph {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/corpus/models").join(name);
+    import_model(&p, &ImportOptions::default()).expect("shared model imports")
+}
+
+/// Splits the topological order into `d` chunks of equal node count.
+fn contiguous(g: &Graph, d: u32) -> StageMap {
+    let order = g.topo_order().expect("acyclic");
+    let mut m = StageMap::new(d);
+    for (i, n) in order.iter().enumerate() {
+        m.set(*n, (i * d as usize / order.len()) as u32);
+    }
+    m
+}
+
+fn boundaries(g: &Graph) -> Vec<(u32, u32)> {
+    g.node_ids()
+        .filter_map(|n| match g.node(n).op {
+            Op::StageBoundary { from, to } => Some((from, to)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn crossings_go_through_boundaries() {
+    for (name, d) in [("gpt2-tiny.onnx", 4), ("resnet18.onnx", 2), ("resnet18.onnx", 4), ("bert-tiny.onnx", 3)] {
+        let mut g = model(name);
+        let before = g.node_count();
+        let stages = contiguous(&g, d);
+        let table = insert_stage_boundaries(&mut g, &stages).unwrap_or_else(|e| panic!("{name}: {e}"));
+        verify_stages(&g, &table).unwrap_or_else(|e| panic!("{name}: {e:?}"));
+        let b = boundaries(&g);
+        assert_eq!(g.node_count(), before + b.len());
+        for s in 0..d - 1 {
+            assert!(b.contains(&(s, s + 1)), "{name}: no crossing from stage {s}");
+        }
+        assert!(b.iter().all(|(f, t)| t == &(f + 1)), "{name}: a boundary skips a stage");
+    }
+}
+
+#[test]
+fn a_skip_connection_is_forwarded_through_every_stage_it_crosses() {
+    // gpt2's attention mask constant path and residual adds cross cuts; with one stage per
+    // quarter, some value must be forwarded twice or more.
+    let mut g = model("gpt2-tiny.onnx");
+    let stages = contiguous(&g, 4);
+    let table = insert_stage_boundaries(&mut g, &stages).expect("partitions");
+    let chained = g.node_ids().any(|n| {
+        let node = g.node(n);
+        matches!(node.op, Op::StageBoundary { .. })
+            && node.inputs[0].is_some_and(|v| match g.value(v).def {
+                pipewright_ir::ValueDef::Node { node: p, .. } => matches!(g.node(p).op, Op::StageBoundary { .. }),
+                _ => false,
+            })
+    });
+    assert!(chained, "no value was forwarded through an intermediate stage");
+    assert_eq!(table.num_stages, 4);
+}
+
+#[test]
+fn a_read_in_an_earlier_stage_is_refused() {
+    let mut g = model("mlp.onnx");
+    let order = g.topo_order().unwrap();
+    let mut stages = StageMap::new(2);
+    for (i, n) in order.iter().enumerate() {
+        stages.set(*n, if i == 0 { 1 } else { 0 });
+    }
+    match insert_stage_boundaries(&mut g, &stages) {
+        Err(BoundaryError::Backward { producer_stage: 1, consumer_stage: 0, .. }) => {}
+        other => panic!("expected a backward-crossing error, got {other:?}"),
+    }
+}
+
+#[test]
+fn the_stage_verifier_rejects_a_crossing_without_boundary() {
+    let g = model("mlp.onnx");
+    let stages = contiguous(&g, 2);
+    let errs = verify_stages(&g, &stages).expect_err("unpartitioned crossing must be reported");
+    assert!(errs.iter().any(|e| e.to_string().contains("without a stage boundary")), "{errs:?}");
+}
