@@ -5,6 +5,8 @@
 //! This crate currently holds the pass plumbing every later pass uses: running a pass and
 //! verifying its result.
 
+pub mod boundaries;
+
 use pipewright_ir::{verify, Graph, VerifyError};
 
 /// Runs the verifier after a pass in debug builds and tests; release builds skip it
