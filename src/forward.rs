@@ -131,6 +131,18 @@ pub fn compare(actual: &Tensor, expected: &TensorData, rtol: f64, atol: f64) -> 
     Ok(c)
 }
 
+/// Repeats a tensor `k` times along axis 0 (raw bytes: axis 0 is outermost).
+fn tile(t: NamedTensor, k: usize) -> NamedTensor {
+    if k == 1 || t.data.dims.is_empty() {
+        return t;
+    }
+    let mut dims = t.data.dims.clone();
+    dims[0] *= k as i64;
+    let bytes: Vec<u8> = t.data.bytes.iter().copied().cycle().take(t.data.bytes.len() * k).collect();
+    let data = TensorData::new(t.data.dtype, dims, bytes.into()).expect("tiled size matches");
+    NamedTensor { name: t.name, data }
+}
+
 /// `pipewright run-forward`.
 pub fn run(args: &RunForwardArgs) -> Result<()> {
     let device = args.device.parse::<pipewright_runtime::Device>()?.to_tch()?;
@@ -139,8 +151,10 @@ pub fn run(args: &RunForwardArgs) -> Result<()> {
     if inputs.is_empty() {
         bail!("{}: no input_K.pb files", args.inputs.display());
     }
+    let k = args.tile_batch.max(1);
+    let inputs: Vec<NamedTensor> = inputs.into_iter().map(|t| tile(t, k)).collect();
     let outputs = runner.run(&inputs)?;
-    let expected = read_tensors(&args.inputs, "output_")?;
+    let expected: Vec<NamedTensor> = read_tensors(&args.inputs, "output_")?.into_iter().map(|t| tile(t, k)).collect();
     let g = &runner.graph;
     for (i, (t, v)) in outputs.iter().zip(g.outputs()).enumerate() {
         let shape = t.size();

@@ -7,6 +7,8 @@ mod bench_step;
 mod conformance;
 #[cfg(feature = "torch")]
 mod forward;
+#[cfg(feature = "torch")]
+mod profile;
 mod inspect;
 mod output;
 
@@ -35,6 +37,9 @@ enum Command {
     /// Run the ONNX backend test suite through the op layer and report conformance.
     #[cfg(feature = "torch")]
     Conformance(ConformanceArgs),
+    /// Measure forward and backward time per node at several microbatch sizes (JSON for `plan`).
+    #[cfg(feature = "torch")]
+    Profile(ProfileArgs),
 }
 
 #[derive(clap::Args)]
@@ -51,6 +56,31 @@ pub struct RunForwardArgs {
     pub rtol: f64,
     #[arg(long, default_value_t = 1e-7)]
     pub atol: f64,
+    /// Repeat the inputs (and expected outputs) K times along the batch axis: checks the
+    /// compiled model at a microbatch other than the one it was exported with.
+    #[arg(long, default_value_t = 1)]
+    pub tile_batch: usize,
+}
+
+#[derive(clap::Args)]
+pub struct ProfileArgs {
+    /// The ONNX model file.
+    pub model: PathBuf,
+    /// Microbatch sizes, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8")]
+    pub batch: Vec<i64>,
+    /// `cpu`, `cuda` or `cuda:N`.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    /// Timed repetitions per node (median).
+    #[arg(long, default_value_t = 5)]
+    pub reps: usize,
+    /// Seed of the synthetic inputs.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Write the profile here (atomically) instead of stdout.
+    #[arg(short, long)]
+    pub output: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -103,6 +133,8 @@ fn main() -> ExitCode {
         Command::BenchStep(args) => bench_step::run(&args),
         #[cfg(feature = "torch")]
         Command::Conformance(args) => conformance::run(&args),
+        #[cfg(feature = "torch")]
+        Command::Profile(args) => profile::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -44,6 +44,7 @@ pub fn lower_graph(g: &Graph) -> Result<Program, LowerError> {
             outputs: node.outputs.iter().map(|v| v.map(slot)).collect(),
         });
     }
+    rebatch::apply(g, &mut p);
     Ok(p)
 }
 
@@ -246,5 +247,157 @@ fn binary(b: ir::BinaryOp) -> rt::BinaryKind {
         I::Equal => R::Equal, I::Less => R::Less, I::Greater => R::Greater,
         I::LessOrEqual => R::LessOrEqual, I::GreaterOrEqual => R::GreaterOrEqual, I::And => R::And,
         I::Or => R::Or, I::Xor => R::Xor, I::Mod => R::Mod, I::Fmod => R::Fmod, I::PRelu => R::PRelu,
+    }
+}
+
+/// Rewrites what a fixed-batch export baked into constants so the program runs at any
+/// microbatch size: Reshape targets get `-1` where the IR inferred the batch, Expand
+/// targets get `1` where the operand already carries the batch, and constants that are
+/// one slice repeated over the export batch (attention masks) keep a single slice when
+/// every reader broadcasts.
+pub mod rebatch {
+    use pipewright_ir::{Dim, Graph, Op, ValueDef, ValueId};
+    use pipewright_runtime::program::{Extent, Program, SlotId, SlotInfo, Stored};
+    use pipewright_runtime::ElemType;
+
+    pub fn apply(g: &Graph, p: &mut Program) {
+        let Some(b0) = g.batch.as_ref().map(|b| b.export_size).filter(|&b| b > 1) else { return };
+        for (k, n) in g.topo_order().unwrap_or_default().into_iter().enumerate() {
+            let node = g.node(n);
+            let target = node.inputs.get(1).copied().flatten().filter(|v| is_const(g, *v));
+            let out = node.outputs.first().copied().flatten().map(|v| g.value(v).ty.shape.0.clone());
+            let (Some(target), Some(out)) = (target, out) else { continue };
+            let new = match node.op {
+                Op::Reshape { .. } if out.iter().filter(|d| d.is_batch()).count() == 1 => {
+                    Some(out.iter().map(|d| if d.is_batch() { -1 } else { d.fixed().unwrap_or(0) }).collect::<Vec<i64>>())
+                }
+                Op::Expand => expand_target(g, node.inputs[0], &out, b0),
+                _ => None,
+            };
+            if let Some(values) = new {
+                let slot = push_i64(p, &format!("{}:rebatched", g.value(target).name), &values);
+                p.instrs[k].inputs[1] = Some(slot);
+            }
+        }
+        shrink_repeated_constants(g, p, b0);
+        expand_concat_constants(p, b0);
+    }
+
+    /// A constant `[B0, ...]` of repeated slices concatenated (on another axis) with a
+    /// batched tensor, like a class token, becomes its first slice expanded to the batch
+    /// of that tensor at run time: `Expand(c[0:1], Concat(Shape(x)[0:1], c.dims[1..]))`.
+    fn expand_concat_constants(p: &mut Program, b0: i64) {
+        use pipewright_runtime::kernel::Kernel;
+        use pipewright_runtime::program::Instr;
+        let mut k = p.instrs.len();
+        while k > 0 {
+            k -= 1;
+            let Kernel::Concat { axis } = p.instrs[k].kernel else { continue };
+            let ins = p.instrs[k].inputs.clone();
+            let rank = ins.first().copied().flatten().map(|s| p.slots[s.index()].shape.len()).unwrap_or(0) as i64;
+            if rank < 2 || axis == 0 || axis == -rank {
+                continue;
+            }
+            let Some(batched) = ins.iter().flatten().copied().find(|s| matches!(p.slots[s.index()].shape.first(), Some(Extent::Batch(1)))) else {
+                continue;
+            };
+            for (pos, s) in ins.iter().enumerate() {
+                let Some(s) = *s else { continue };
+                let Some(st) = p.stored.iter().position(|x| x.slot == s && !x.trainable) else { continue };
+                let dims = p.stored[st].dims.clone();
+                let bytes = p.stored[st].bytes.clone();
+                let slice = bytes.len() / b0.max(1) as usize;
+                if dims.len() < 2 || dims[0] != b0 || slice == 0 || !bytes.chunks(slice).all(|c| c == &bytes[..slice]) {
+                    continue;
+                }
+                let name = p.slots[s.index()].name.clone();
+                let elem = p.slots[s.index()].elem;
+                let mut one = dims.clone();
+                one[0] = 1;
+                let single = SlotId(p.slots.len() as u32);
+                p.slots.push(SlotInfo { name: format!("{name}:slice"), elem, shape: one.iter().map(|&d| Extent::Fixed(d)).collect() });
+                p.stored.push(Stored { slot: single, elem, dims: one, bytes: bytes.slice(..slice), trainable: false });
+                let rest = push_i64(p, &format!("{name}:dims"), &dims[1..]);
+                let n_slot = new_slot(p, &format!("{name}:batch"), ElemType::I64, vec![Extent::Fixed(1)]);
+                let target = new_slot(p, &format!("{name}:target"), ElemType::I64, vec![Extent::Fixed(dims.len() as i64)]);
+                let mut shape = vec![Extent::Batch(1)];
+                shape.extend(dims[1..].iter().map(|&d| Extent::Fixed(d)));
+                let expanded = new_slot(p, &format!("{name}:expanded"), elem, shape);
+                let label = p.instrs[k].name.clone();
+                let new = [
+                    Instr { name: format!("{label}:batch"), kernel: Kernel::Shape { start: 0, end: Some(1) }, inputs: vec![Some(batched)], outputs: vec![Some(n_slot)] },
+                    Instr { name: format!("{label}:target"), kernel: Kernel::Concat { axis: 0 }, inputs: vec![Some(n_slot), Some(rest)], outputs: vec![Some(target)] },
+                    Instr { name: format!("{label}:expand"), kernel: Kernel::Expand, inputs: vec![Some(single), Some(target)], outputs: vec![Some(expanded)] },
+                ];
+                p.instrs[k].inputs[pos] = Some(expanded);
+                for (i, instr) in new.into_iter().enumerate() {
+                    p.instrs.insert(k + i, instr);
+                }
+            }
+        }
+    }
+
+    fn new_slot(p: &mut Program, name: &str, elem: ElemType, shape: Vec<Extent>) -> SlotId {
+        let slot = SlotId(p.slots.len() as u32);
+        p.slots.push(SlotInfo { name: name.to_string(), elem, shape });
+        slot
+    }
+
+    fn is_const(g: &Graph, v: ValueId) -> bool {
+        matches!(&g.value(v).def, ValueDef::Weight(w) if !w.trainable)
+    }
+
+    /// An Expand target with `1` wherever the operand's own extent is the batch, and
+    /// where a leading axis of extent 1 was expanded to the export batch (the result then
+    /// broadcasts against the batch instead of fixing it).
+    fn expand_target(g: &Graph, x: Option<ValueId>, out: &[Dim], b0: i64) -> Option<Vec<i64>> {
+        let xs = &g.value(x?).ty.shape.0;
+        let off = out.len().checked_sub(xs.len())?;
+        let mut t = Vec::with_capacity(out.len());
+        let mut changed = false;
+        for (i, d) in out.iter().enumerate() {
+            t.push(match d {
+                Dim::Fixed(v) if i == 0 && *v == b0 && (off > 0 || xs[0] == Dim::Fixed(1)) => {
+                    changed = true;
+                    1
+                }
+                Dim::Fixed(v) => *v,
+                Dim::Batch(_) if i >= off && xs[i - off] == *d => {
+                    changed = true;
+                    1
+                }
+                Dim::Batch(_) => return None,
+            });
+        }
+        changed.then_some(t)
+    }
+
+    fn push_i64(p: &mut Program, name: &str, values: &[i64]) -> SlotId {
+        let slot = SlotId(p.slots.len() as u32);
+        p.slots.push(SlotInfo { name: name.to_string(), elem: ElemType::I64, shape: vec![Extent::Fixed(values.len() as i64)] });
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        p.stored.push(Stored { slot, elem: ElemType::I64, dims: vec![values.len() as i64], bytes: bytes.into(), trainable: false });
+        slot
+    }
+
+    /// Constants `[B0, ...]` whose B0 slices are equal and whose readers all broadcast.
+    fn shrink_repeated_constants(g: &Graph, p: &mut Program, b0: i64) {
+        let readers_broadcast = |v: ValueId| {
+            let c = g.consumers(v);
+            !c.is_empty() && c.iter().all(|(n, _)| matches!(g.node(*n).op, Op::Binary(_) | Op::Variadic(_) | Op::Where))
+        };
+        for s in p.stored.iter_mut() {
+            let v = ValueId::from_index(s.slot.index());
+            if s.trainable || s.dims.len() < 2 || s.dims[0] != b0 || !readers_broadcast(v) {
+                continue;
+            }
+            let slice = s.bytes.len() / b0 as usize;
+            let first = &s.bytes[..slice];
+            if s.bytes.chunks(slice).all(|c| c == first) {
+                s.bytes = s.bytes.slice(..slice);
+                s.dims[0] = 1;
+                p.slots[s.slot.index()].shape[0] = Extent::Fixed(1);
+            }
+        }
     }
 }

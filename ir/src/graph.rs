@@ -38,6 +38,11 @@ impl ValueId {
     pub fn index(self) -> usize {
         self.0 as usize
     }
+
+    /// The id of arena index `i` (for side tables indexed by value).
+    pub fn from_index(i: usize) -> ValueId {
+        ValueId(i as u32)
+    }
 }
 
 impl fmt::Display for ValueId {

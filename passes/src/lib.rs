@@ -6,6 +6,10 @@
 //! verifying its result.
 
 pub mod boundaries;
+pub mod cluster;
+pub mod cost;
+pub mod partition;
+pub mod planner;
 
 use pipewright_ir::{verify, Graph, VerifyError};
 

@@ -40,7 +40,7 @@ pub enum KernelError {
     DType { op: &'static str, detail: String },
     #[error("{op}: invalid input: {detail}")]
     Invalid { op: &'static str, detail: String },
-    #[error("{op}: libtorch error: {source}")]
+    #[error("{op}: libtorch error: {}", first_line(source))]
     Torch {
         op: &'static str,
         #[source]
@@ -58,6 +58,13 @@ impl Fail {
             Fail::Torch(source) => KernelError::Torch { op, source },
         }
     }
+}
+
+/// libtorch's messages carry a C++ stack trace after the first line; users get the line.
+fn first_line(e: &tch::TchError) -> String {
+    let text = e.to_string();
+    let line = text.lines().next().unwrap_or("").trim();
+    line.strip_prefix("Internal torch error: ").unwrap_or(line).to_string()
 }
 
 /// Runs one kernel. `inputs` follow the ONNX input order, `None` for absent optional

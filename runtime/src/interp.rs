@@ -62,6 +62,17 @@ impl Interpreter {
 
     /// Executes the program on `inputs` (in the order of `Program::inputs`).
     pub fn run(&self, inputs: &[Tensor], mode: Mode) -> Result<Vec<Tensor>, InterpError> {
+        let slots = self.execute(inputs, mode, true)?;
+        let p = &self.program;
+        p.outputs.iter().map(|s| slots[s.index()].as_ref().map(|t| t.shallow_clone()).ok_or_else(|| self.unset(*s))).collect()
+    }
+
+    /// Executes the program and keeps every slot's tensor (for per-node profiling).
+    pub fn run_keep_all(&self, inputs: &[Tensor], mode: Mode) -> Result<Vec<Option<Tensor>>, InterpError> {
+        self.execute(inputs, mode, false)
+    }
+
+    fn execute(&self, inputs: &[Tensor], mode: Mode, free: bool) -> Result<Vec<Option<Tensor>>, InterpError> {
         let p = &self.program;
         if inputs.len() != p.inputs.len() {
             return Err(InterpError::InputCount { expected: p.inputs.len(), got: inputs.len() });
@@ -91,12 +102,12 @@ impl Interpreter {
                 }
             }
             for s in ins.inputs.iter().flatten() {
-                if self.last_use[s.index()] == Some(i) {
+                if free && self.last_use[s.index()] == Some(i) {
                     slots[s.index()] = None;
                 }
             }
         }
-        p.outputs.iter().map(|s| slots[s.index()].as_ref().map(|t| t.shallow_clone()).ok_or_else(|| self.unset(*s))).collect()
+        Ok(slots)
     }
 
     fn unset(&self, s: SlotId) -> InterpError {

@@ -1,0 +1,593 @@
+//! The cost model: an analysis kept beside the IR giving every node its compute, memory
+//! traffic, stashed activations and parameters, linear in the microbatch size `b`.
+//!
+//! Every tensor's element count is linear in the symbolic batch `N` (dims are `k*N` or
+//! fixed), so each cost is a [`Lin`] `per_sample * b + fixed`. Costs are indexed by
+//! `NodeId::index()`.
+//!
+//! # Rules per op class (forward flops; backward as stated)
+//! - **MatMul / Gemm / Einsum**: `2*M*N*K` (= `2 * out_numel * K`; Einsum: 2 * the product of
+//!   every index extent). Backward = 2x forward (both operand gradients).
+//! - **Conv**: `2 * out_numel * (Cin/group * prod(kernel))` (the weight's dims 1..).
+//!   **ConvTranspose**: `2 * in_numel * (Cout/group * prod(kernel))`. Backward = 2x.
+//! - **Elementwise**: `out_numel`; transcendentals (exp, log, erf, tanh, sigmoid, trig,
+//!   gelu, softplus, mish, pow, elu/selu/celu) ~4 per element. Backward ~1x forward.
+//! - **Softmax / LogSoftmax**: 5 per element; **LayerNorm / InstanceNorm**: 8;
+//!   **BatchNorm**: 6. Backward = 2x.
+//! - **Pools**: `out_numel * prod(kernel)`; global pools `in_numel`. Backward 1x.
+//! - **Reductions, ArgMax/ArgMin, CumSum**: `in_numel`. Backward 1x.
+//! - **Gather / GatherElements**: `out_numel`. Backward 1x (scatter-add).
+//! - **Shape and data-movement ops** (Reshape, Transpose, Concat, Slice, Split, Pad, Expand,
+//!   Tile, ...): 0 flops, but their bytes moved count.
+//!
+//! `bytes_moved` is all input bytes (weights included) plus output bytes of the forward.
+//! The backward is taken to move twice that (it reads the output gradient and the stash and
+//! writes the input gradients). `activation_bytes` is the bytes of the node's outputs
+//! (stashed for the backward); pure views (Reshape, Flatten, Squeeze, Unsqueeze,
+//! Identity) stash nothing of their own.
+//!
+//! # Weights
+//! Trainable weights are attributed to their consuming node. A weight read by several
+//! nodes is counted once, by its first consumer in topological order, and listed in
+//! [`CostModel::shared`].
+//!
+//! # Time
+//! Analytic time per node is the roofline `max(flops / peak_flops, bytes / mem_bw)` of a
+//! [`Device`]. A measured [`Profile`] overrides node times by a least-squares linear fit
+//! over `b`; nodes missing from the profile are scaled by the median measured/analytic
+//! ratio of their [`OpClass`] (or of all measured nodes when the class has none).
+
+use std::collections::HashMap;
+
+use pipewright_ir::ops::{BinaryOp, UnaryOp};
+use pipewright_ir::{Dim, Graph, NodeId, Op, TensorType, ValueDef, ValueId};
+use serde::{Deserialize, Serialize};
+
+/// A cost linear in the microbatch size: `per_sample * b + fixed`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Lin {
+    pub per_sample: f64,
+    pub fixed: f64,
+}
+
+impl Lin {
+    pub const ZERO: Lin = Lin { per_sample: 0.0, fixed: 0.0 };
+
+    pub fn new(per_sample: f64, fixed: f64) -> Lin {
+        Lin { per_sample, fixed }
+    }
+
+    /// The value at microbatch size `b`.
+    pub fn at(self, b: u64) -> f64 {
+        self.per_sample * b as f64 + self.fixed
+    }
+
+    pub fn scale(self, k: f64) -> Lin {
+        Lin { per_sample: self.per_sample * k, fixed: self.fixed * k }
+    }
+}
+
+impl std::ops::Add for Lin {
+    type Output = Lin;
+    fn add(self, o: Lin) -> Lin {
+        Lin { per_sample: self.per_sample + o.per_sample, fixed: self.fixed + o.fixed }
+    }
+}
+
+impl std::ops::AddAssign for Lin {
+    fn add_assign(&mut self, o: Lin) {
+        *self = *self + o;
+    }
+}
+
+/// Coarse op classes: the unit of profile calibration and of the flop rules.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum OpClass {
+    MatMul,
+    Conv,
+    Elementwise,
+    Normalization,
+    Pool,
+    Reduction,
+    Gather,
+    DataMovement,
+}
+
+impl OpClass {
+    pub fn of(op: &Op) -> OpClass {
+        match op {
+            Op::MatMul | Op::Gemm(_) | Op::Einsum { .. } => OpClass::MatMul,
+            Op::Conv(_) | Op::ConvTranspose(_) => OpClass::Conv,
+            Op::Softmax(_)
+            | Op::LogSoftmax(_)
+            | Op::LayerNormalization(_)
+            | Op::BatchNormalization(_)
+            | Op::InstanceNormalization { .. } => OpClass::Normalization,
+            Op::MaxPool(_) | Op::AveragePool(_) | Op::GlobalAveragePool | Op::GlobalMaxPool => OpClass::Pool,
+            Op::Reduce(_) | Op::ArgMax { .. } | Op::ArgMin { .. } | Op::CumSum { .. } => OpClass::Reduction,
+            Op::Gather { .. } | Op::GatherElements { .. } => OpClass::Gather,
+            op if op.is_elementwise() => OpClass::Elementwise,
+            _ => OpClass::DataMovement,
+        }
+    }
+}
+
+/// The performance description of one accelerator for the roofline.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Device {
+    pub name: String,
+    /// Peak arithmetic throughput, flop/s.
+    pub peak_flops: f64,
+    /// Memory bandwidth, bytes/s.
+    pub mem_bw: f64,
+}
+
+impl Default for Device {
+    /// A V100-class GPU: 15.7 Tflop/s fp32, 900 GB/s.
+    fn default() -> Device {
+        Device { name: "default".into(), peak_flops: 15.7e12, mem_bw: 900e9 }
+    }
+}
+
+/// Costs of one node.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct NodeCost {
+    pub fwd_flops: Lin,
+    pub bwd_flops: Lin,
+    pub bytes_moved: Lin,
+    /// Outputs stashed for the backward.
+    pub activation_bytes: Lin,
+    /// Bytes of trainable weights attributed to this node (first consumer only).
+    pub param_bytes: u64,
+    /// Elements of trainable weights attributed to this node (first consumer only).
+    pub params: u64,
+}
+
+/// A trainable weight read by more than one node.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SharedWeightUse {
+    pub name: String,
+    #[serde(skip)]
+    pub value: Option<ValueId>,
+    pub bytes: u64,
+    /// Consumers in topological order; the first one carries the bytes in [`NodeCost`].
+    #[serde(skip)]
+    pub consumers: Vec<NodeId>,
+}
+
+/// A measured per-node profile, written by `pipewright profile`.
+///
+/// JSON format:
+/// ```json
+/// { "model": "gpt2-tiny", "device": "H100",
+///   "batches": [1, 2, 4, 8],
+///   "nodes": [ { "name": "MatMul_3", "op": "MatMul",
+///                "fwd_ms": [0.01, 0.02, 0.04, 0.08], "bwd_ms": [0.02, 0.04, 0.08, 0.16] } ] }
+/// ```
+/// `batches` are the microbatch sizes measured; `fwd_ms`/`bwd_ms` hold one time in
+/// milliseconds per batch size, in the same order. Nodes are matched by IR node name; `op`
+/// is the ONNX op type, kept for checking.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Profile {
+    pub model: String,
+    pub device: String,
+    pub batches: Vec<u64>,
+    pub nodes: Vec<ProfileNode>,
+}
+
+/// One node's measurements in a [`Profile`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ProfileNode {
+    pub name: String,
+    pub op: String,
+    pub fwd_ms: Vec<f64>,
+    pub bwd_ms: Vec<f64>,
+}
+
+impl Profile {
+    /// Parses and checks a profile (one time per batch size, finite and non-negative).
+    pub fn from_json(text: &str) -> Result<Profile, CostError> {
+        let p: Profile = serde_json::from_str(text).map_err(|e| CostError::ProfileJson(e.to_string()))?;
+        p.check()?;
+        Ok(p)
+    }
+
+    pub fn check(&self) -> Result<(), CostError> {
+        if self.batches.is_empty() || self.batches.iter().any(|&b| b == 0) {
+            return Err(CostError::ProfileInvalid("`batches` must be non-empty positive sizes".into()));
+        }
+        for n in &self.nodes {
+            for (what, v) in [("fwd_ms", &n.fwd_ms), ("bwd_ms", &n.bwd_ms)] {
+                if v.len() != self.batches.len() {
+                    return Err(CostError::ProfileInvalid(format!(
+                        "node {:?}: {what} has {} entries for {} batch sizes",
+                        n.name,
+                        v.len(),
+                        self.batches.len()
+                    )));
+                }
+                if v.iter().any(|x| !x.is_finite() || *x < 0.0) {
+                    return Err(CostError::ProfileInvalid(format!("node {:?}: {what} has a negative or non-finite time", n.name)));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What applying a profile did.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct ProfileReport {
+    /// Nodes whose times come from the profile.
+    pub measured: usize,
+    /// Graph nodes absent from the profile (calibrated analytic times).
+    pub calibrated: usize,
+    /// Profile entries naming no node of the graph.
+    pub unknown_nodes: Vec<String>,
+    /// Profile entries whose `op` differs from the node's op type.
+    pub op_mismatches: Vec<String>,
+    /// Median measured/analytic time ratio per class.
+    pub class_ratio: Vec<(OpClass, f64)>,
+}
+
+/// Cost model errors.
+#[derive(Debug, thiserror::Error)]
+pub enum CostError {
+    #[error("the graph has a cycle through node {0:?}")]
+    Cycle(String),
+    #[error("the profile is not valid JSON: {0}")]
+    ProfileJson(String),
+    #[error("invalid profile: {0}")]
+    ProfileInvalid(String),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Timing {
+    Analytic { scale: f64 },
+    /// Fitted seconds.
+    Measured { fwd: Lin, bwd: Lin },
+}
+
+/// Per-node costs of a graph, indexed by `NodeId::index()`.
+#[derive(Clone, Debug)]
+pub struct CostModel {
+    pub device: Device,
+    nodes: Vec<NodeCost>,
+    classes: Vec<OpClass>,
+    timing: Vec<Timing>,
+    /// Trainable weights each node reads (shared ones included), by node index.
+    weights: Vec<Vec<ValueId>>,
+    /// Trainable weights read by more than one node.
+    pub shared: Vec<SharedWeightUse>,
+    /// The topological order used for attribution.
+    pub topo: Vec<NodeId>,
+    /// The batch size the model was exported with (1 when unknown).
+    pub export_batch: i64,
+}
+
+fn numel_lin(ty: &TensorType, export: i64) -> Lin {
+    match ty.shape.numel_dim() {
+        Some(Dim::Fixed(k)) => Lin::new(0.0, k as f64),
+        Some(Dim::Batch(k)) => Lin::new(k as f64, 0.0),
+        None => Lin::new(0.0, ty.shape.numel(export).max(0) as f64),
+    }
+}
+
+/// `lin * d` where `d` is a dimension; a batch dimension times a batch-linear count is
+/// not linear, so it is resolved at the export size.
+fn mul_dim(lin: Lin, d: Dim, export: i64) -> Lin {
+    match d {
+        Dim::Fixed(k) => lin.scale(k as f64),
+        Dim::Batch(k) if lin.per_sample == 0.0 => Lin::new(lin.fixed * k as f64, 0.0),
+        Dim::Batch(_) => lin.scale(d.eval(export) as f64),
+    }
+}
+
+fn bytes_lin(ty: &TensorType, export: i64) -> Lin {
+    numel_lin(ty, export).scale(ty.dtype.size() as f64)
+}
+
+fn is_transcendental(op: &Op) -> bool {
+    match op {
+        Op::Unary(u) => matches!(
+            u,
+            UnaryOp::Exp
+                | UnaryOp::Log
+                | UnaryOp::Erf
+                | UnaryOp::Tanh
+                | UnaryOp::Sigmoid
+                | UnaryOp::Sin
+                | UnaryOp::Cos
+                | UnaryOp::Tan
+                | UnaryOp::Asin
+                | UnaryOp::Acos
+                | UnaryOp::Atan
+                | UnaryOp::Sinh
+                | UnaryOp::Cosh
+                | UnaryOp::Asinh
+                | UnaryOp::Acosh
+                | UnaryOp::Atanh
+                | UnaryOp::Softplus
+                | UnaryOp::Mish
+        ),
+        Op::Binary(BinaryOp::Pow) => true,
+        Op::Gelu { .. } | Op::Elu { .. } | Op::Selu { .. } | Op::Celu { .. } => true,
+        _ => false,
+    }
+}
+
+fn is_view(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::Reshape { .. } | Op::Flatten { .. } | Op::Squeeze { .. } | Op::Unsqueeze { .. } | Op::Unary(UnaryOp::Identity)
+    )
+}
+
+/// Flops of `Einsum`: 2 * the product of all index extents (`None` if unparsable).
+fn einsum_flops(eq: &str, inputs: &[&TensorType], export: i64) -> Option<Lin> {
+    let lhs = eq.split("->").next()?;
+    let terms: Vec<&str> = lhs.split(',').map(|t| t.trim()).collect();
+    if terms.len() != inputs.len() || lhs.contains('.') {
+        return None;
+    }
+    let mut extents: HashMap<char, Dim> = HashMap::new();
+    for (t, ty) in terms.iter().zip(inputs) {
+        let letters: Vec<char> = t.chars().filter(|c| c.is_alphabetic()).collect();
+        if letters.len() != ty.shape.rank() {
+            return None;
+        }
+        for (c, &d) in letters.iter().zip(ty.shape.dims()) {
+            extents.entry(*c).or_insert(d);
+        }
+    }
+    let mut acc = Lin::new(0.0, 2.0);
+    for d in extents.values() {
+        acc = mul_dim(acc, *d, export);
+    }
+    Some(acc)
+}
+
+fn kernel_prod(w: &pipewright_ir::ops::Window) -> f64 {
+    w.kernel_shape.iter().product::<i64>().max(1) as f64
+}
+
+/// The analytic forward flops and backward/forward ratio of one node.
+fn flops(g: &Graph, n: NodeId, export: i64) -> (Lin, f64) {
+    let node = g.node(n);
+    let ty_in = |i: usize| node.inputs.get(i).copied().flatten().map(|v| &g.value(v).ty);
+    let out_numel: Lin = node.outputs.iter().flatten().map(|&v| numel_lin(&g.value(v).ty, export)).fold(Lin::ZERO, |a, b| a + b);
+    let in_numel = ty_in(0).map(|t| numel_lin(t, export)).unwrap_or(Lin::ZERO);
+    let first_out = node.outputs.iter().flatten().next().map(|&v| numel_lin(&g.value(v).ty, export)).unwrap_or(Lin::ZERO);
+    match &node.op {
+        Op::MatMul => {
+            let k = ty_in(0).and_then(|t| t.shape.dims().last().copied()).unwrap_or(Dim::Fixed(1));
+            (mul_dim(first_out, k, export).scale(2.0), 2.0)
+        }
+        Op::Gemm(gm) => {
+            let k = ty_in(0)
+                .and_then(|t| t.shape.dims().get(if gm.trans_a { 0 } else { 1 }).copied())
+                .unwrap_or(Dim::Fixed(1));
+            (mul_dim(first_out, k, export).scale(2.0) + first_out, 2.0)
+        }
+        Op::Einsum { equation } => {
+            let tys: Vec<&TensorType> = node.inputs.iter().flatten().map(|&v| &g.value(v).ty).collect();
+            (einsum_flops(equation, &tys, export).unwrap_or(first_out.scale(2.0)), 2.0)
+        }
+        Op::Conv(_) => {
+            let per_out = ty_in(1).map(|w| w.shape.eval(export).iter().skip(1).product::<i64>()).unwrap_or(1);
+            (first_out.scale(2.0 * per_out as f64), 2.0)
+        }
+        Op::ConvTranspose(_) => {
+            let per_in = ty_in(1).map(|w| w.shape.eval(export).iter().skip(1).product::<i64>()).unwrap_or(1);
+            (in_numel.scale(2.0 * per_in as f64), 2.0)
+        }
+        Op::Softmax(_) | Op::LogSoftmax(_) => (out_numel.scale(5.0), 2.0),
+        Op::LayerNormalization(_) | Op::InstanceNormalization { .. } => (first_out.scale(8.0), 2.0),
+        Op::BatchNormalization(_) => (first_out.scale(6.0), 2.0),
+        Op::MaxPool(p) | Op::AveragePool(p) => (first_out.scale(kernel_prod(&p.window)), 1.0),
+        Op::GlobalAveragePool | Op::GlobalMaxPool => (in_numel, 1.0),
+        Op::Reduce(_) | Op::ArgMax { .. } | Op::ArgMin { .. } | Op::CumSum { .. } => (in_numel, 1.0),
+        Op::Gather { .. } | Op::GatherElements { .. } => (out_numel, 1.0),
+        op if op.is_elementwise() => (out_numel.scale(if is_transcendental(op) { 4.0 } else { 1.0 }), 1.0),
+        _ => (Lin::ZERO, 0.0),
+    }
+}
+
+fn least_squares(xs: &[u64], ys: &[f64]) -> Lin {
+    let n = xs.len() as f64;
+    if xs.len() < 2 {
+        let x = xs.first().copied().unwrap_or(1).max(1) as f64;
+        return Lin::new(ys.first().copied().unwrap_or(0.0) / x, 0.0);
+    }
+    let mx = xs.iter().map(|&x| x as f64).sum::<f64>() / n;
+    let my = ys.iter().sum::<f64>() / n;
+    let sxx: f64 = xs.iter().map(|&x| (x as f64 - mx).powi(2)).sum();
+    if sxx == 0.0 {
+        return Lin::new(0.0, my);
+    }
+    let sxy: f64 = xs.iter().zip(ys).map(|(&x, &y)| (x as f64 - mx) * (y - my)).sum();
+    let slope = sxy / sxx;
+    Lin::new(slope, my - slope * mx)
+}
+
+fn median(v: &mut [f64]) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    let m = v.len() / 2;
+    Some(if v.len() % 2 == 1 { v[m] } else { 0.5 * (v[m - 1] + v[m]) })
+}
+
+impl CostModel {
+    /// Computes the analytic costs of every node of `g` on `device`.
+    pub fn new(g: &Graph, device: Device) -> Result<CostModel, CostError> {
+        let topo = g.topo_order().map_err(|n| CostError::Cycle(g.node(n).name.clone()))?;
+        let export = g.batch.as_ref().map(|b| b.export_size).filter(|&s| s > 0).unwrap_or(1);
+        let bound = g.node_ids().map(|n| n.index() + 1).max().unwrap_or(0);
+        let mut nodes = vec![NodeCost::default(); bound];
+        let mut classes = vec![OpClass::DataMovement; bound];
+        let mut weights: Vec<Vec<ValueId>> = vec![Vec::new(); bound];
+        let mut first_consumer: HashMap<ValueId, Vec<NodeId>> = HashMap::new();
+        for &n in &topo {
+            let node = g.node(n);
+            let i = n.index();
+            classes[i] = OpClass::of(&node.op);
+            let (fwd, bwd_ratio) = flops(g, n, export);
+            let mut bytes = Lin::ZERO;
+            for &v in node.inputs.iter().flatten() {
+                let val = g.value(v);
+                bytes += bytes_lin(&val.ty, export);
+                if let ValueDef::Weight(w) = &val.def {
+                    if w.trainable {
+                        let users = first_consumer.entry(v).or_default();
+                        if users.is_empty() {
+                            nodes[i].param_bytes += w.data.bytes.len() as u64;
+                            nodes[i].params += w.data.numel() as u64;
+                        }
+                        if !users.contains(&n) {
+                            users.push(n);
+                            weights[i].push(v);
+                        }
+                    }
+                }
+            }
+            let mut act = Lin::ZERO;
+            for &v in node.outputs.iter().flatten() {
+                let b = bytes_lin(&g.value(v).ty, export);
+                bytes += b;
+                act += b;
+            }
+            nodes[i].fwd_flops = fwd;
+            nodes[i].bwd_flops = fwd.scale(bwd_ratio);
+            nodes[i].bytes_moved = bytes;
+            nodes[i].activation_bytes = if is_view(&node.op) { Lin::ZERO } else { act };
+        }
+        let mut shared: Vec<SharedWeightUse> = first_consumer
+            .into_iter()
+            .filter(|(_, users)| users.len() > 1)
+            .map(|(v, consumers)| SharedWeightUse {
+                name: g.value(v).name.clone(),
+                value: Some(v),
+                bytes: g.value(v).weight().map(|w| w.data.bytes.len() as u64).unwrap_or(0),
+                consumers,
+            })
+            .collect();
+        shared.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(CostModel {
+            device,
+            timing: vec![Timing::Analytic { scale: 1.0 }; bound],
+            nodes,
+            classes,
+            weights,
+            shared,
+            topo,
+            export_batch: export,
+        })
+    }
+
+    /// The costs of node `n` (zero for an index the graph did not have).
+    pub fn node(&self, n: NodeId) -> NodeCost {
+        self.nodes.get(n.index()).cloned().unwrap_or_default()
+    }
+
+    pub fn class(&self, n: NodeId) -> OpClass {
+        self.classes.get(n.index()).copied().unwrap_or(OpClass::DataMovement)
+    }
+
+    /// Trainable weights node `n` reads (shared ones included).
+    pub fn weights_of(&self, n: NodeId) -> &[ValueId] {
+        self.weights.get(n.index()).map(|v| v.as_slice()).unwrap_or(&[])
+    }
+
+    /// The uncalibrated roofline `(forward, backward)` seconds at microbatch `b`.
+    pub fn analytic_time(&self, n: NodeId, b: u64) -> (f64, f64) {
+        let c = match self.nodes.get(n.index()) {
+            Some(c) => c,
+            None => return (0.0, 0.0),
+        };
+        let dev = &self.device;
+        let fwd = (c.fwd_flops.at(b) / dev.peak_flops).max(c.bytes_moved.at(b) / dev.mem_bw);
+        let bwd = (c.bwd_flops.at(b) / dev.peak_flops).max(2.0 * c.bytes_moved.at(b) / dev.mem_bw);
+        (fwd.max(0.0), bwd.max(0.0))
+    }
+
+    /// `(forward, backward)` seconds of node `n` at microbatch `b`: measured when the
+    /// profile has the node, calibrated analytic otherwise.
+    pub fn time(&self, n: NodeId, b: u64) -> (f64, f64) {
+        match self.timing.get(n.index()) {
+            Some(Timing::Measured { fwd, bwd }) => (fwd.at(b).max(0.0), bwd.at(b).max(0.0)),
+            Some(Timing::Analytic { scale }) => {
+                let (f, bw) = self.analytic_time(n, b);
+                (f * scale, bw * scale)
+            }
+            None => (0.0, 0.0),
+        }
+    }
+
+    /// Overrides node times with the profile's least-squares fits and calibrates the
+    /// others by the median measured/analytic ratio of their class.
+    pub fn apply_profile(&mut self, g: &Graph, profile: &Profile) -> Result<ProfileReport, CostError> {
+        profile.check()?;
+        let by_name: HashMap<&str, NodeId> = self.topo.iter().map(|&n| (g.node(n).name.as_str(), n)).collect();
+        let mut report = ProfileReport::default();
+        let mut ratios: HashMap<OpClass, Vec<f64>> = HashMap::new();
+        let mut measured = vec![false; self.nodes.len()];
+        for p in &profile.nodes {
+            let Some(&n) = by_name.get(p.name.as_str()) else {
+                report.unknown_nodes.push(p.name.clone());
+                continue;
+            };
+            if g.node(n).op.name() != p.op {
+                report.op_mismatches.push(format!("{}: profile says {}, graph has {}", p.name, p.op, g.node(n).op.name()));
+            }
+            let fwd_s: Vec<f64> = p.fwd_ms.iter().map(|x| x * 1e-3).collect();
+            let bwd_s: Vec<f64> = p.bwd_ms.iter().map(|x| x * 1e-3).collect();
+            let analytic: f64 = profile.batches.iter().map(|&b| {
+                let (f, bw) = self.analytic_time(n, b);
+                f + bw
+            }).sum();
+            let total: f64 = fwd_s.iter().chain(&bwd_s).sum();
+            if analytic > 0.0 && total > 0.0 {
+                ratios.entry(self.classes[n.index()]).or_default().push(total / analytic);
+            }
+            self.timing[n.index()] =
+                Timing::Measured { fwd: least_squares(&profile.batches, &fwd_s), bwd: least_squares(&profile.batches, &bwd_s) };
+            measured[n.index()] = true;
+            report.measured += 1;
+        }
+        let mut all: Vec<f64> = ratios.values().flatten().copied().collect();
+        let global = median(&mut all).unwrap_or(1.0);
+        let mut class_ratio: HashMap<OpClass, f64> = HashMap::new();
+        for (c, mut v) in ratios {
+            if let Some(m) = median(&mut v) {
+                class_ratio.insert(c, m);
+            }
+        }
+        for &n in &self.topo {
+            if !measured[n.index()] {
+                let scale = class_ratio.get(&self.classes[n.index()]).copied().unwrap_or(global);
+                self.timing[n.index()] = Timing::Analytic { scale };
+                report.calibrated += 1;
+            }
+        }
+        let mut cr: Vec<(OpClass, f64)> = class_ratio.into_iter().collect();
+        cr.sort_by(|a, b| a.0.cmp(&b.0));
+        report.class_ratio = cr;
+        Ok(report)
+    }
+
+    /// Totals over all nodes: (forward+backward flops, activation bytes, parameter bytes).
+    pub fn totals(&self) -> (Lin, Lin, u64) {
+        let mut f = Lin::ZERO;
+        let mut a = Lin::ZERO;
+        let mut p = 0;
+        for &n in &self.topo {
+            let c = &self.nodes[n.index()];
+            f += c.fwd_flops + c.bwd_flops;
+            a += c.activation_bytes;
+            p += c.param_bytes;
+        }
+        (f, a, p)
+    }
+}

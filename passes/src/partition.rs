@@ -1,0 +1,608 @@
+//! The stage partitioner: splits a linear (topological) order of `n` nodes into `d`
+//! contiguous stages minimising the bottleneck stage time under a per-stage memory limit.
+//!
+//! # Model
+//! Position `i` has time `t_i`, parameter bytes `p_i` and activation bytes `a_i`; cut `c`
+//! (`0..=n`, the boundary before position `c`) has `live(c)`, the bytes of values produced
+//! before `c` and consumed at or after `c` (graph inputs count at cut 0, graph outputs at
+//! cut `n`), so a skip connection counts at every cut it crosses.
+//!
+//! Stage `[i, j)` takes `T(i,j) = sum(t_i..t_j) + comm(i) + comm(j)` with
+//! `comm(c) = 2 * live(c) / bandwidth` (forward activation plus backward gradient) and
+//! `comm(0) = comm(n) = 0`. Its memory is
+//! `M(i,j) = weight_factor * P(i,j) + act_factor * A(i,j) + input_factor * live(i)`
+//! ([`MemoryModel`]): with recomputation `act_factor = 1` (one microbatch's activations
+//! rebuilt at a time) and `input_factor` = microbatches in flight (their stage inputs);
+//! without it `act_factor` = microbatches in flight and `input_factor = 0`.
+//!
+//! # Algorithm ([`PartitionProblem::optimal_partition`])
+//! Bisection on the bottleneck `B` over the bit patterns of positive `f64`s (so it ends on
+//! the smallest representable feasible `B`, at most 64 steps) with a reachability DP per
+//! step: with prefix sums `S`, position `j` is reachable with `k` stages iff some `i < j`
+//! reachable with `k-1` stages has `S(i) - comm(i) >= S(j) + comm(j) - B` and
+//! `M(i,j) <= limit`. Writing `M(i,j) = G(j) - H(i)` with `G` non-decreasing, an `i` that
+//! fails the memory test for `j` fails it for every later `j`; so each layer keeps the
+//! candidate `i`s in a max-heap on `S(i) - comm(i)` and drops failed tops lazily:
+//! `O(d * n log n)` per step, `O(d * n)` when the memory limit cannot bind (a running
+//! maximum). The result is exact: the optimum up to floating-point rounding in the last
+//! bits (the tests compare it with [`PartitionProblem::brute_force_partition`]).
+//!
+//! # Linear order ([`choose_order`])
+//! The partition is contiguous in one topological order. Two are compared: the IR's
+//! [`Graph::topo_order`] (ties by node id) and a depth-first order (Kahn's algorithm with
+//! a LIFO ready list, which finishes a branch before starting the next). The order whose
+//! largest live bytes over its cuts is smaller is kept (ties: the IR's order), because
+//! live bytes are what cuts cost in communication and what recomputation stashes.
+
+use std::cmp::Ordering;
+use std::collections::BinaryHeap;
+use std::ops::Range;
+
+use petgraph::visit::{EdgeRef, IntoEdgeReferences};
+use petgraph::Direction;
+use pipewright_ir::{Graph, NodeId, ValueDef};
+use serde::Serialize;
+
+use crate::cost::{CostModel, Lin};
+
+/// Memory of a stage `[i, j)`: `weight_factor * P + act_factor * A + input_factor * live(i)`
+/// must stay `<= limit`.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct MemoryModel {
+    /// Copies of each weight byte: versions + gradient buffer + optimizer state.
+    pub weight_factor: f64,
+    pub act_factor: f64,
+    pub input_factor: f64,
+    pub limit: f64,
+}
+
+impl MemoryModel {
+    /// No memory limit.
+    pub fn unlimited() -> MemoryModel {
+        MemoryModel { weight_factor: 1.0, act_factor: 1.0, input_factor: 0.0, limit: f64::INFINITY }
+    }
+}
+
+/// The numeric inputs of the partitioner.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct PartitionProblem {
+    /// `t_i`, seconds (forward + backward) per position.
+    pub time: Vec<f64>,
+    /// `p_i`, parameter bytes per position.
+    pub param_bytes: Vec<f64>,
+    /// `a_i`, activation bytes per position.
+    pub act_bytes: Vec<f64>,
+    /// `live(c)` for `c` in `0..=n`.
+    pub live_bytes: Vec<f64>,
+    /// Bytes/s between consecutive stages.
+    pub bandwidth: f64,
+}
+
+/// A partition into stages: `cuts` are the first positions of stages `1..d` (increasing).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Partition {
+    pub cuts: Vec<usize>,
+    /// The largest stage time `T(i,j)`.
+    pub bottleneck: f64,
+}
+
+impl Partition {
+    /// The stages as position ranges of an order of `n` nodes.
+    pub fn stages(&self, n: usize) -> Vec<Range<usize>> {
+        stage_ranges(&self.cuts, n)
+    }
+
+    /// The stage of every node of `order` (the order the partition was made on).
+    pub fn stage_of_nodes(&self, order: &[NodeId]) -> Vec<(NodeId, usize)> {
+        let mut out = Vec::with_capacity(order.len());
+        for (s, r) in self.stages(order.len()).into_iter().enumerate() {
+            out.extend(order[r].iter().map(|&n| (n, s)));
+        }
+        out
+    }
+}
+
+/// Stage ranges from cut positions.
+pub fn stage_ranges(cuts: &[usize], n: usize) -> Vec<Range<usize>> {
+    let mut bounds = Vec::with_capacity(cuts.len() + 2);
+    bounds.push(0);
+    bounds.extend_from_slice(cuts);
+    bounds.push(n);
+    bounds.windows(2).map(|w| w[0]..w[1]).collect()
+}
+
+#[derive(Clone, Copy, PartialEq)]
+struct Cand {
+    x: f64,
+    i: u32,
+}
+impl Eq for Cand {}
+impl PartialOrd for Cand {
+    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Cand {
+    fn cmp(&self, o: &Self) -> Ordering {
+        self.x.total_cmp(&o.x).then(o.i.cmp(&self.i))
+    }
+}
+
+/// Prefix sums shared by every feasibility test.
+struct Prefix {
+    s: Vec<f64>,
+    /// `G(j) = wf * P(j) + ka * A(j)`.
+    g: Vec<f64>,
+    /// `H(i) = wf * P(i) + ka * A(i) - kin * live(i)`.
+    h: Vec<f64>,
+    comm: Vec<f64>,
+}
+
+impl PartitionProblem {
+    pub fn len(&self) -> usize {
+        self.time.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.time.is_empty()
+    }
+
+    /// `comm(c) = 2 * live(c) / bandwidth`, zero at both ends.
+    pub fn comm(&self, c: usize) -> f64 {
+        let n = self.len();
+        if c == 0 || c >= n || self.bandwidth <= 0.0 {
+            if c == 0 || c >= n {
+                return 0.0;
+            }
+            return f64::INFINITY;
+        }
+        2.0 * self.live_bytes.get(c).copied().unwrap_or(0.0) / self.bandwidth
+    }
+
+    fn prefix(&self, mem: &MemoryModel) -> Prefix {
+        let n = self.len();
+        let mut s = vec![0.0; n + 1];
+        let mut p = vec![0.0; n + 1];
+        let mut a = vec![0.0; n + 1];
+        for i in 0..n {
+            s[i + 1] = s[i] + self.time[i];
+            p[i + 1] = p[i] + self.param_bytes.get(i).copied().unwrap_or(0.0);
+            a[i + 1] = a[i] + self.act_bytes.get(i).copied().unwrap_or(0.0);
+        }
+        let live = |c: usize| self.live_bytes.get(c).copied().unwrap_or(0.0);
+        let g = (0..=n).map(|j| mem.weight_factor * p[j] + mem.act_factor * a[j]).collect();
+        let h = (0..=n).map(|i| mem.weight_factor * p[i] + mem.act_factor * a[i] - mem.input_factor * live(i)).collect();
+        let comm = (0..=n).map(|c| self.comm(c)).collect();
+        Prefix { s, g, h, comm }
+    }
+
+    /// `T(i,j)`, from prefix sums (as the DP computes it).
+    pub fn stage_time(&self, i: usize, j: usize) -> f64 {
+        self.evaluate_ranges(&[i..j], &MemoryModel::unlimited()).0[0]
+    }
+
+    /// `M(i,j)`, from prefix sums (as the DP computes it).
+    pub fn stage_memory(&self, i: usize, j: usize, mem: &MemoryModel) -> f64 {
+        self.evaluate_ranges(&[i..j], mem).1[0]
+    }
+
+    fn evaluate_ranges(&self, ranges: &[Range<usize>], mem: &MemoryModel) -> (Vec<f64>, Vec<f64>) {
+        let pre = self.prefix(mem);
+        let t = ranges.iter().map(|r| pre.s[r.end] - pre.s[r.start] + pre.comm[r.start] + pre.comm[r.end]).collect();
+        let m = ranges.iter().map(|r| pre.g[r.end] - pre.h[r.start]).collect();
+        (t, m)
+    }
+
+    /// Times and memories of the stages given by `cuts`.
+    pub fn evaluate(&self, cuts: &[usize], mem: &MemoryModel) -> (Vec<f64>, Vec<f64>) {
+        self.evaluate_ranges(&stage_ranges(cuts, self.len()), mem)
+    }
+
+    /// The bottleneck of `cuts`, or `None` if a stage breaks the memory limit (with a
+    /// relative slack of 1e-9 for rounding) or the cuts are not a valid split.
+    pub fn bottleneck_of(&self, cuts: &[usize], mem: &MemoryModel) -> Option<f64> {
+        if !valid_cuts(cuts, self.len()) {
+            return None;
+        }
+        let (t, m) = self.evaluate(cuts, mem);
+        if m.iter().any(|&x| x > mem.limit * (1.0 + 1e-9)) {
+            return None;
+        }
+        Some(t.into_iter().fold(0.0, f64::max))
+    }
+
+    /// One feasibility test: is there a split into `d` stages with every `T <= bound` and
+    /// every `M <= limit`? Returns the cuts when there is.
+    fn feasible(&self, pre: &Prefix, d: usize, bound: f64, mem: &MemoryModel, memory_binds: bool) -> Option<Vec<usize>> {
+        let n = self.len();
+        // parent[k][j]: the start of the k-th stage ending at j (k = 1..d).
+        let mut parent = vec![u32::MAX; d * (n + 1)];
+        let mut prev = vec![false; n + 1];
+        prev[0] = true;
+        let mut cur = vec![false; n + 1];
+        let mut heap: BinaryHeap<Cand> = BinaryHeap::new();
+        for k in 1..=d {
+            cur.iter_mut().for_each(|c| *c = false);
+            heap.clear();
+            let mut best: Option<Cand> = None;
+            let last = n - (d - k);
+            let mut any = false;
+            for j in k..=last {
+                let i = j - 1;
+                if prev[i] {
+                    let c = Cand { x: pre.s[i] - pre.comm[i], i: i as u32 };
+                    if memory_binds {
+                        heap.push(c);
+                    } else if best.map_or(true, |b| c > b) {
+                        best = Some(c);
+                    }
+                }
+                let need = pre.s[j] + pre.comm[j] - bound;
+                let top = if memory_binds {
+                    let gj = pre.g[j];
+                    while let Some(t) = heap.peek() {
+                        if gj - pre.h[t.i as usize] > mem.limit {
+                            heap.pop();
+                        } else {
+                            break;
+                        }
+                    }
+                    heap.peek().copied()
+                } else {
+                    best
+                };
+                if let Some(t) = top {
+                    if t.x >= need {
+                        cur[j] = true;
+                        any = true;
+                        parent[(k - 1) * (n + 1) + j] = t.i;
+                    }
+                }
+            }
+            if !any {
+                return None;
+            }
+            std::mem::swap(&mut prev, &mut cur);
+        }
+        if !prev[n] {
+            return None;
+        }
+        let mut cuts = Vec::with_capacity(d.saturating_sub(1));
+        let mut j = n;
+        for k in (1..=d).rev() {
+            let i = parent[(k - 1) * (n + 1) + j] as usize;
+            if k > 1 {
+                cuts.push(i);
+            }
+            j = i;
+        }
+        cuts.reverse();
+        Some(cuts)
+    }
+
+    /// The partition into exactly `d` non-empty stages minimising the bottleneck under the
+    /// memory limit, or `None` when `d` is 0, exceeds `n`, or no split fits in memory.
+    pub fn optimal_partition(&self, d: usize, mem: &MemoryModel) -> Option<Partition> {
+        let n = self.len();
+        if d == 0 || d > n || self.time.iter().any(|t| !t.is_finite() || *t < 0.0) {
+            return None;
+        }
+        let pre = self.prefix(mem);
+        // Can the memory test fail for any i < j at all?
+        let memory_binds = mem.limit.is_finite() && {
+            let mut min_h = f64::INFINITY;
+            let mut worst = f64::NEG_INFINITY;
+            for j in 1..=n {
+                min_h = min_h.min(pre.h[j - 1]);
+                worst = worst.max(pre.g[j] - min_h);
+            }
+            worst > mem.limit
+        };
+        let max_comm = pre.comm.iter().copied().fold(0.0, f64::max);
+        let hi = pre.s[n] + 2.0 * max_comm;
+        if !hi.is_finite() {
+            return None;
+        }
+        let mut hi_cuts = self.feasible(&pre, d, hi, mem, memory_binds)?;
+        let mut hi_bits = hi.to_bits();
+        // Every split has a stage of at least total/d: start just below it.
+        let lower = (pre.s[n] / d as f64) * (1.0 - 1e-12);
+        let mut lo_bits = if lower > 0.0 && self.feasible(&pre, d, lower, mem, memory_binds).is_none() {
+            lower.to_bits()
+        } else if self.feasible(&pre, d, 0.0, mem, memory_binds).is_some() {
+            hi_bits = 0;
+            hi_cuts = self.feasible(&pre, d, 0.0, mem, memory_binds)?;
+            0
+        } else {
+            0
+        };
+        while hi_bits > lo_bits + 1 {
+            let mid = lo_bits + (hi_bits - lo_bits) / 2;
+            match self.feasible(&pre, d, f64::from_bits(mid), mem, memory_binds) {
+                Some(c) => {
+                    hi_bits = mid;
+                    hi_cuts = c;
+                }
+                None => lo_bits = mid,
+            }
+        }
+        let (t, _) = self.evaluate(&hi_cuts, mem);
+        Some(Partition { bottleneck: t.into_iter().fold(0.0, f64::max), cuts: hi_cuts })
+    }
+
+    /// Exhaustive search over all `C(n-1, d-1)` splits, for tests.
+    pub fn brute_force_partition(&self, d: usize, mem: &MemoryModel) -> Option<Partition> {
+        let n = self.len();
+        if d == 0 || d > n {
+            return None;
+        }
+        let mut best: Option<Partition> = None;
+        let mut cuts: Vec<usize> = (1..d).collect();
+        loop {
+            let (t, m) = self.evaluate(&cuts, mem);
+            if m.iter().all(|&x| x <= mem.limit) {
+                let b = t.into_iter().fold(0.0, f64::max);
+                if best.as_ref().map_or(true, |p| b < p.bottleneck) {
+                    best = Some(Partition { cuts: cuts.clone(), bottleneck: b });
+                }
+            }
+            // Next combination of d-1 cuts from 1..n.
+            let k = cuts.len();
+            let mut idx = k;
+            while idx > 0 && cuts[idx - 1] == n - (k - idx) - 1 {
+                idx -= 1;
+            }
+            if idx == 0 {
+                break;
+            }
+            cuts[idx - 1] += 1;
+            for t in idx..k {
+                cuts[t] = cuts[t - 1] + 1;
+            }
+        }
+        best
+    }
+}
+
+/// Whether `cuts` split `0..n` into non-empty stages.
+pub fn valid_cuts(cuts: &[usize], n: usize) -> bool {
+    let mut prev = 0;
+    for &c in cuts {
+        if c <= prev || c >= n {
+            return false;
+        }
+        prev = c;
+    }
+    n > 0
+}
+
+/// Baseline: `d` stages of (nearly) equal node counts.
+pub fn uniform_by_nodes(n: usize, d: usize) -> Vec<usize> {
+    if d == 0 || d > n {
+        return Vec::new();
+    }
+    (1..d).map(|k| k * n / d).collect()
+}
+
+/// Baseline: a greedy contiguous split balancing a per-node weight (parameters, as
+/// DeepSpeed's default `partition_method="parameters"`, or flops): stage `k` ends at the
+/// boundary whose prefix weight is nearest `k * total / d`, keeping every stage non-empty.
+pub fn balanced_by(weights: &[f64], d: usize) -> Vec<usize> {
+    let n = weights.len();
+    if d == 0 || d > n {
+        return Vec::new();
+    }
+    let mut prefix = vec![0.0; n + 1];
+    for i in 0..n {
+        prefix[i + 1] = prefix[i] + weights[i].max(0.0);
+    }
+    let total = prefix[n];
+    let mut cuts = Vec::with_capacity(d - 1);
+    let mut prev = 0usize;
+    for k in 1..d {
+        let target = total * k as f64 / d as f64;
+        // Positions allowed so that every stage stays non-empty.
+        let lo = prev + 1;
+        let hi = n - (d - k);
+        let pos = prefix[lo..=hi].partition_point(|&x| x < target) + lo;
+        let mut best = pos.min(hi);
+        if best > lo && (target - prefix[best - 1]).abs() <= (prefix[best] - target).abs() {
+            best -= 1;
+        }
+        cuts.push(best);
+        prev = best;
+    }
+    cuts
+}
+
+/// Which linear order was kept.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum OrderKind {
+    /// [`Graph::topo_order`].
+    Topological,
+    /// Kahn's algorithm with a LIFO ready list.
+    DepthFirst,
+}
+
+/// A linear order of the nodes with its per-cut live values.
+#[derive(Clone, Debug)]
+pub struct LinearOrder {
+    pub kind: OrderKind,
+    pub nodes: Vec<NodeId>,
+    /// `live(c)` as a function of the microbatch size, `c` in `0..=n`.
+    pub live: Vec<Lin>,
+    /// Largest live bytes over the cuts at the reference batch, for this and the other order.
+    pub max_live: f64,
+    pub other_max_live: f64,
+}
+
+/// A depth-first topological order: Kahn's algorithm with a LIFO ready list (successors
+/// pushed in reverse id order so the lowest id runs first), or a node on a cycle.
+pub fn depth_first_order(g: &Graph) -> Result<Vec<NodeId>, NodeId> {
+    let dag = g.dag();
+    let bound = g.node_ids().map(|n| n.index() + 1).max().unwrap_or(0);
+    let mut indeg = vec![0usize; bound];
+    for e in dag.edge_references() {
+        indeg[e.target().index()] += 1;
+    }
+    let ids: Vec<NodeId> = g.node_ids().collect();
+    let mut by_index: Vec<Option<NodeId>> = vec![None; bound];
+    for &n in &ids {
+        by_index[n.index()] = Some(n);
+    }
+    let mut stack: Vec<NodeId> = ids.iter().rev().copied().filter(|n| indeg[n.index()] == 0).collect();
+    let mut order = Vec::with_capacity(ids.len());
+    let mut succ: Vec<usize> = Vec::new();
+    while let Some(n) = stack.pop() {
+        order.push(n);
+        succ.clear();
+        for e in dag.edges_directed(petgraph::stable_graph::NodeIndex::new(n.index()), Direction::Outgoing) {
+            let t = e.target().index();
+            indeg[t] -= 1;
+            if indeg[t] == 0 {
+                succ.push(t);
+            }
+        }
+        succ.sort_unstable_by(|a, b| b.cmp(a));
+        succ.dedup();
+        stack.extend(succ.iter().filter_map(|&t| by_index[t]));
+    }
+    if order.len() == ids.len() {
+        Ok(order)
+    } else {
+        Err(ids.into_iter().find(|n| indeg[n.index()] > 0).unwrap_or(order[0]))
+    }
+}
+
+/// `live(c)` for every cut of `order` (weights excluded; graph inputs from cut 0, graph
+/// outputs to cut `n`), as functions of the microbatch size.
+pub fn live_bytes(g: &Graph, order: &[NodeId], cost: &CostModel) -> Vec<Lin> {
+    let n = order.len();
+    let export = cost.export_batch;
+    let bound = g.node_ids().map(|x| x.index() + 1).max().unwrap_or(0);
+    let mut pos = vec![usize::MAX; bound];
+    for (p, &x) in order.iter().enumerate() {
+        pos[x.index()] = p;
+    }
+    // last[v]: the last position reading value v (n for graph outputs).
+    let mut last: Vec<Option<usize>> = vec![None; g.value_count()];
+    for (p, &x) in order.iter().enumerate() {
+        for v in g.node(x).inputs.iter().flatten() {
+            let l = &mut last[v.index()];
+            *l = Some(l.map_or(p, |q| q.max(p)));
+        }
+    }
+    for v in g.outputs() {
+        last[v.index()] = Some(n);
+    }
+    let mut diff = vec![Lin::ZERO; n + 2];
+    for v in g.value_ids() {
+        let Some(q) = last[v.index()] else { continue };
+        let val = g.value(v);
+        let first = match val.def {
+            ValueDef::Input => 0,
+            ValueDef::Node { node, .. } => match pos.get(node.index()) {
+                Some(&p) if p != usize::MAX => p + 1,
+                _ => continue,
+            },
+            ValueDef::Weight(_) => continue,
+        };
+        if first > q {
+            continue;
+        }
+        let bytes = value_bytes(val, export);
+        diff[first] += bytes;
+        diff[q + 1] += bytes.scale(-1.0);
+    }
+    let mut out = Vec::with_capacity(n + 1);
+    let mut acc = Lin::ZERO;
+    for d in diff.iter().take(n + 1) {
+        acc += *d;
+        out.push(acc);
+    }
+    out
+}
+
+/// Bytes of a value as a function of the microbatch size.
+pub fn value_bytes(v: &pipewright_ir::Value, export: i64) -> Lin {
+    let size = v.ty.dtype.size() as f64;
+    match v.ty.shape.numel_dim() {
+        Some(pipewright_ir::Dim::Fixed(k)) => Lin::new(0.0, k as f64 * size),
+        Some(pipewright_ir::Dim::Batch(k)) => Lin::new(k as f64 * size, 0.0),
+        None => Lin::new(0.0, v.ty.shape.numel(export).max(0) as f64 * size),
+    }
+}
+
+/// Picks the linear order (see the module docs), comparing max live bytes at microbatch `b`.
+pub fn choose_order(g: &Graph, cost: &CostModel, b: u64) -> Result<LinearOrder, NodeId> {
+    let topo = g.topo_order()?;
+    let dfs = depth_first_order(g)?;
+    let peak = |l: &[Lin]| l.iter().map(|x| x.at(b)).fold(0.0, f64::max);
+    let lt = live_bytes(g, &topo, cost);
+    let ld = live_bytes(g, &dfs, cost);
+    let (pt, pd) = (peak(&lt), peak(&ld));
+    Ok(if pd < pt {
+        LinearOrder { kind: OrderKind::DepthFirst, nodes: dfs, live: ld, max_live: pd, other_max_live: pt }
+    } else {
+        LinearOrder { kind: OrderKind::Topological, nodes: topo, live: lt, max_live: pt, other_max_live: pd }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chain(times: &[f64]) -> PartitionProblem {
+        let n = times.len();
+        PartitionProblem {
+            time: times.to_vec(),
+            param_bytes: vec![1.0; n],
+            act_bytes: vec![1.0; n],
+            live_bytes: vec![0.0; n + 1],
+            bandwidth: 1.0,
+        }
+    }
+
+    #[test]
+    fn chain_without_comm() {
+        let p = chain(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+        let part = p.optimal_partition(3, &MemoryModel::unlimited()).unwrap();
+        // 21 total: best split {1,2,3,4}=10? no: [1,2,3][4,5][6] -> 6,9,6 = 9; [1..4][5][6]=10.
+        assert_eq!(part.bottleneck, 9.0);
+        assert_eq!(part.cuts, vec![3, 5]);
+        assert_eq!(p.brute_force_partition(3, &MemoryModel::unlimited()).unwrap().bottleneck, 9.0);
+        assert!(p.optimal_partition(7, &MemoryModel::unlimited()).is_none());
+        assert_eq!(p.optimal_partition(1, &MemoryModel::unlimited()).unwrap().cuts, Vec::<usize>::new());
+    }
+
+    #[test]
+    fn comm_moves_the_cut() {
+        // Cutting at 2 costs 2*10/1 = 20 on both sides; elsewhere nothing.
+        let mut p = chain(&[5.0, 5.0, 5.0, 5.0]);
+        p.live_bytes = vec![0.0, 0.0, 10.0, 0.0, 0.0];
+        let part = p.optimal_partition(2, &MemoryModel::unlimited()).unwrap();
+        assert_eq!(part.bottleneck, 15.0);
+        assert!(part.cuts == vec![1] || part.cuts == vec![3]);
+    }
+
+    #[test]
+    fn memory_limit_forces_uneven_split() {
+        let mut p = chain(&[1.0, 1.0, 1.0, 1.0]);
+        p.param_bytes = vec![10.0, 0.0, 0.0, 0.0];
+        let mem = MemoryModel { weight_factor: 1.0, act_factor: 0.0, input_factor: 0.0, limit: 10.0 };
+        let part = p.optimal_partition(2, &mem).unwrap();
+        assert_eq!(part.bottleneck, 2.0);
+        let tight = MemoryModel { limit: 9.0, ..mem };
+        assert!(p.optimal_partition(2, &tight).is_none());
+        assert!(p.brute_force_partition(2, &tight).is_none());
+    }
+
+    #[test]
+    fn baselines() {
+        assert_eq!(uniform_by_nodes(10, 3), vec![3, 6]);
+        assert_eq!(balanced_by(&[1.0, 1.0, 1.0, 1.0], 2), vec![2]);
+        assert_eq!(balanced_by(&[0.0, 0.0, 0.0, 9.0], 2), vec![3]);
+        assert_eq!(balanced_by(&[9.0, 0.0, 0.0, 0.0], 3), vec![1, 2]);
+        assert!(valid_cuts(&balanced_by(&[5.0, 0.0, 0.0, 0.0, 0.0], 4), 5));
+    }
+}

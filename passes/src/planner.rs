@@ -1,0 +1,781 @@
+//! The planner: searches PipeDream-2BW's configuration space (data-parallel width `w`,
+//! pipeline depth `d`, microbatch `b`, recomputation, schedule) for the highest predicted
+//! throughput that fits in memory, and partitions the graph into `d` stages.
+//!
+//! # Search space
+//! `w * d <= workers`, `d <= n` (nodes), `w` divides the global batch `B`, `b` a power of
+//! two dividing `B / w`, `m = B / (w * b)` microbatches per batch per pipeline, with
+//! `m >= d` for 2BW and Flush; recomputation on and off; every requested schedule.
+//!
+//! # Memory per worker (stage `[i, j)`, [`MemoryModel`])
+//! Weight bytes count `versions + 1 (gradient accumulator) + optimizer state` times
+//! (SGD 0, momentum 1, Adam 2; the gradient buffer is a pipewright addition to the
+//! paper's formula). Versions: 2BW 2, Flush and GPipe 1. Activations: in-flight
+//! microbatches `k` = `d` for 2BW and Flush (1F1B), `m` for GPipe; with recomputation
+//! `k * live(i)` (stage inputs) plus one microbatch's activations of the stage, without
+//! `k *` the stage's activations. Tied weights read in several stages count in each.
+//!
+//! # Time
+//! Stage time `T_s` = compute (forward + backward, times 4/3 with recomputation) plus
+//! `2 * live / bw` at each of its cuts. Its all-reduce `AR_s = 2 (w-1)/w * grad_bytes / bw`
+//! (intra-server bandwidth when the `w * d` workers fit in one server, else inter), plus
+//! for tied weights spanning `k` stages `2 (k-1)/k * bytes / pipeline_bw`. Per microbatch
+//! `t = max_s max(T_s, AR_s / m)`; per batch 2BW takes `m * t`, Flush and GPipe
+//! `(m + d - 1) * t` (the bubble). Throughput = `B / time per batch` (= `b * w / t` for 2BW).
+//!
+//! Workers are numbered `replica * d + stage`, so a pipeline stays in a server when `d`
+//! divides the server size ([`Cluster::pipeline_bw`]).
+//!
+//! The search evaluates configurations in decreasing order of an optimistic throughput
+//! (bottleneck >= total compute / d) and stops once no remaining one can enter the top
+//! list; partitions are cached per `(d, b, recompute)` and only re-solved with the memory
+//! limit when the unconstrained optimum does not fit.
+
+use std::collections::HashMap;
+use std::fmt::Write;
+
+use pipewright_ir::{Graph, NodeId, StageMap};
+use serde::Serialize;
+
+use crate::cluster::Cluster;
+use crate::cost::{CostError, CostModel, Lin};
+use crate::partition::{balanced_by, choose_order, stage_ranges, uniform_by_nodes, value_bytes, valid_cuts, LinearOrder, MemoryModel, OrderKind, PartitionProblem};
+
+/// A pipeline schedule.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+pub enum Schedule {
+    #[serde(rename = "2bw")]
+    TwoBW,
+    #[serde(rename = "flush")]
+    Flush,
+    #[serde(rename = "gpipe")]
+    GPipe,
+}
+
+impl Schedule {
+    pub fn name(self) -> &'static str {
+        match self {
+            Schedule::TwoBW => "2BW",
+            Schedule::Flush => "Flush",
+            Schedule::GPipe => "GPipe",
+        }
+    }
+
+    fn versions(self) -> f64 {
+        match self {
+            Schedule::TwoBW => 2.0,
+            Schedule::Flush | Schedule::GPipe => 1.0,
+        }
+    }
+}
+
+/// How stages are balanced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum Balance {
+    /// The exact DP of [`crate::partition`] on predicted stage time with the memory limit.
+    Optimal,
+    /// Greedy contiguous split balancing parameter bytes (DeepSpeed's default).
+    Params,
+    /// Greedy split balancing forward+backward flops.
+    Flops,
+    /// Greedy split balancing node time from the cost model (measured when a profile
+    /// was applied).
+    Profile,
+    /// Equal node counts.
+    Nodes,
+}
+
+/// Optimizer, for the state kept per weight.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum Optimizer {
+    /// Plain SGD: no state.
+    Sgd,
+    /// SGD with momentum: one tensor per weight.
+    Momentum,
+    /// Adam: two tensors per weight.
+    Adam,
+}
+
+impl Optimizer {
+    pub fn state_factor(self) -> f64 {
+        match self {
+            Optimizer::Sgd => 0.0,
+            Optimizer::Momentum => 1.0,
+            Optimizer::Adam => 2.0,
+        }
+    }
+}
+
+/// What to search.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct PlanOptions {
+    /// Samples per optimizer step over all replicas.
+    pub global_batch: u64,
+    pub schedules: Vec<Schedule>,
+    /// Fix the pipeline depth.
+    pub stages: Option<usize>,
+    /// Explicit boundaries: a stage starts at each named node.
+    pub cuts: Option<Vec<String>>,
+    pub balance: Balance,
+    pub optimizer: Optimizer,
+    /// How many candidates to keep.
+    pub top: usize,
+    /// Fix the microbatch size.
+    pub microbatch: Option<u64>,
+    /// Fix recomputation on or off.
+    pub recompute: Option<bool>,
+}
+
+impl Default for PlanOptions {
+    fn default() -> PlanOptions {
+        PlanOptions {
+            global_batch: 64,
+            schedules: vec![Schedule::TwoBW, Schedule::Flush, Schedule::GPipe],
+            stages: None,
+            cuts: None,
+            balance: Balance::Optimal,
+            optimizer: Optimizer::Adam,
+            top: 10,
+            microbatch: None,
+            recompute: None,
+        }
+    }
+}
+
+/// One evaluated configuration.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Candidate {
+    pub w: usize,
+    pub d: usize,
+    pub b: u64,
+    pub m: u64,
+    pub recompute: bool,
+    pub schedule: Schedule,
+    pub samples_per_s: f64,
+    pub peak_memory_per_stage: Vec<u64>,
+    pub bottleneck_stage: usize,
+    /// First positions (in the plan's linear order) of stages `1..d`.
+    pub cuts: Vec<usize>,
+}
+
+/// One stage of the chosen configuration.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct StagePlan {
+    pub index: usize,
+    pub first_node: String,
+    pub last_node: String,
+    pub nodes: usize,
+    /// Parameter elements held (tied weights counted in each stage using them).
+    pub params: u64,
+    /// Forward + backward flops per microbatch (without recomputation).
+    pub flops: f64,
+    /// One microbatch's activation bytes.
+    pub activation_bytes: u64,
+    /// Predicted seconds per microbatch: compute plus boundary communication.
+    pub time_s: f64,
+    /// Predicted bytes per worker.
+    pub memory: u64,
+    /// Values live across the stage's first cut (received), with bytes per microbatch;
+    /// values passing through (skip connections) appear in both lists.
+    pub inputs: Vec<(String, u64)>,
+    /// Values live across the stage's last cut (sent).
+    pub outputs: Vec<(String, u64)>,
+}
+
+/// A tied weight read in more than one stage.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SharedWeight {
+    pub name: String,
+    pub stages: Vec<usize>,
+    pub decision: String,
+}
+
+/// The planner's result.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Plan {
+    pub order: OrderKind,
+    /// Best first.
+    pub candidates: Vec<Candidate>,
+    pub chosen: Candidate,
+    pub stages: Vec<StagePlan>,
+    pub shared_weights: Vec<SharedWeight>,
+    #[serde(skip)]
+    node_stage: Vec<(NodeId, usize)>,
+}
+
+/// Planner errors.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    #[error("the graph has no nodes")]
+    EmptyGraph,
+    #[error("the graph has a cycle through node {0:?}")]
+    Cycle(String),
+    #[error("invalid plan options: {0}")]
+    Options(String),
+    #[error("cut at unknown node {0:?}")]
+    UnknownCutNode(String),
+    #[error("cut at node {0:?} is not a valid stage start (first node, or repeated)")]
+    BadCut(String),
+    #[error("{stages} stages requested but the cuts give {from_cuts}")]
+    StagesMismatch { stages: usize, from_cuts: usize },
+    #[error("no configuration fits: {0}")]
+    NoFeasible(String),
+    #[error(transparent)]
+    Cost(#[from] CostError),
+}
+
+impl Plan {
+    /// The stage of every node of the graph (for the partition pass).
+    pub fn stage_of_nodes(&self) -> &[(NodeId, usize)] {
+        &self.node_stage
+    }
+
+    /// The chosen stages as the IR's stage side table.
+    pub fn stage_map(&self) -> StageMap {
+        let mut map = StageMap::new(self.chosen.d as u32);
+        for &(n, s) in &self.node_stage {
+            map.set(n, s as u32);
+        }
+        map
+    }
+
+    /// The candidates table and the chosen partition, as text.
+    pub fn text(&self) -> String {
+        let mut s = String::new();
+        let _ = writeln!(s, "linear order: {:?}", self.order);
+        let _ = writeln!(s, "{:>3} {:>3} {:>3} {:>5} {:>5} {:>9} {:>8} {:>12}  {:<10} peak memory per stage", "#", "w", "d", "b", "m", "recompute", "schedule", "samples/s", "bottleneck");
+        for (k, c) in self.candidates.iter().enumerate() {
+            let mem: Vec<String> = c.peak_memory_per_stage.iter().map(|&x| human_bytes(x)).collect();
+            let _ = writeln!(
+                s,
+                "{:>3} {:>3} {:>3} {:>5} {:>5} {:>9} {:>8} {:>12.1}  {:<10} {}",
+                k + 1,
+                c.w,
+                c.d,
+                c.b,
+                c.m,
+                if c.recompute { "yes" } else { "no" },
+                c.schedule.name(),
+                c.samples_per_s,
+                format!("stage {}", c.bottleneck_stage),
+                mem.join(" ")
+            );
+        }
+        let c = &self.chosen;
+        let _ = writeln!(
+            s,
+            "\nchosen: w={} d={} b={} m={} recompute={} schedule={} ({:.1} samples/s)",
+            c.w,
+            c.d,
+            c.b,
+            c.m,
+            c.recompute,
+            c.schedule.name(),
+            c.samples_per_s
+        );
+        for st in &self.stages {
+            let _ = writeln!(
+                s,
+                "stage {}: {} nodes [{} .. {}], {} params, {:.3} GFLOP, act {}, {:.3} ms, memory {}, in {}, out {}",
+                st.index,
+                st.nodes,
+                st.first_node,
+                st.last_node,
+                st.params,
+                st.flops / 1e9,
+                human_bytes(st.activation_bytes),
+                st.time_s * 1e3,
+                human_bytes(st.memory),
+                boundary_text(&st.inputs),
+                boundary_text(&st.outputs)
+            );
+        }
+        for w in &self.shared_weights {
+            let _ = writeln!(s, "shared weight {} in stages {:?}: {}", w.name, w.stages, w.decision);
+        }
+        s
+    }
+}
+
+fn boundary_text(list: &[(String, u64)]) -> String {
+    if list.is_empty() {
+        return "-".into();
+    }
+    let total: u64 = list.iter().map(|x| x.1).sum();
+    let names: Vec<&str> = list.iter().take(3).map(|x| x.0.as_str()).collect();
+    let more = if list.len() > 3 { format!(" +{}", list.len() - 3) } else { String::new() };
+    format!("{} ({}{})", human_bytes(total), names.join(", "), more)
+}
+
+/// `1.5 GiB`-style sizes.
+pub fn human_bytes(x: u64) -> String {
+    const U: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = x as f64;
+    let mut k = 0;
+    while v >= 1024.0 && k + 1 < U.len() {
+        v /= 1024.0;
+        k += 1;
+    }
+    if k == 0 {
+        format!("{x}B")
+    } else {
+        format!("{v:.1}{}", U[k])
+    }
+}
+
+struct SharedInfo {
+    name: String,
+    bytes: f64,
+    numel: u64,
+    owner: usize,
+    positions: Vec<usize>,
+}
+
+/// Everything per position of the linear order, fixed for one planning run.
+pub struct PlanContext<'a> {
+    g: &'a Graph,
+    cost: &'a CostModel,
+    cluster: &'a Cluster,
+    order: LinearOrder,
+    n: usize,
+    param_bytes: Vec<f64>,
+    params: Vec<u64>,
+    flops: Vec<Lin>,
+    act: Vec<Lin>,
+    shared: Vec<SharedInfo>,
+    problems: HashMap<(u64, bool, u64), PartitionProblem>,
+}
+
+impl<'a> PlanContext<'a> {
+    /// Chooses the linear order and gathers per-position costs.
+    pub fn new(g: &'a Graph, cost: &'a CostModel, cluster: &'a Cluster) -> Result<PlanContext<'a>, PlanError> {
+        if g.node_count() == 0 {
+            return Err(PlanError::EmptyGraph);
+        }
+        let reference_b = cost.export_batch.max(1) as u64;
+        let order = choose_order(g, cost, reference_b).map_err(|n| PlanError::Cycle(g.node(n).name.clone()))?;
+        let n = order.nodes.len();
+        let mut pos = vec![usize::MAX; g.node_ids().map(|x| x.index() + 1).max().unwrap_or(0)];
+        for (p, &x) in order.nodes.iter().enumerate() {
+            pos[x.index()] = p;
+        }
+        let costs: Vec<_> = order.nodes.iter().map(|&x| cost.node(x)).collect();
+        let shared = cost
+            .shared
+            .iter()
+            .filter_map(|s| {
+                let positions: Vec<usize> = s.consumers.iter().filter_map(|c| pos.get(c.index()).copied()).filter(|&p| p != usize::MAX).collect();
+                let owner = *positions.first()?;
+                let numel = s.value.and_then(|v| g.value(v).weight()).map(|w| w.data.numel() as u64).unwrap_or(0);
+                Some(SharedInfo { name: s.name.clone(), bytes: s.bytes as f64, numel, owner, positions })
+            })
+            .collect();
+        Ok(PlanContext {
+            g,
+            cost,
+            cluster,
+            n,
+            param_bytes: costs.iter().map(|c| c.param_bytes as f64).collect(),
+            params: costs.iter().map(|c| c.params).collect(),
+            flops: costs.iter().map(|c| c.fwd_flops + c.bwd_flops).collect(),
+            act: costs.iter().map(|c| c.activation_bytes).collect(),
+            order,
+            shared,
+            problems: HashMap::new(),
+        })
+    }
+
+    pub fn order(&self) -> &LinearOrder {
+        &self.order
+    }
+
+    pub fn len(&self) -> usize {
+        self.n
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.n == 0
+    }
+
+    /// The partitioner's inputs at microbatch `b` (compute times 4/3 with recomputation).
+    pub fn problem(&mut self, b: u64, recompute: bool, bandwidth: f64) -> &PartitionProblem {
+        let key = (b, recompute, bandwidth.to_bits());
+        let (cost, order, act, pb) = (self.cost, &self.order, &self.act, &self.param_bytes);
+        self.problems.entry(key).or_insert_with(|| {
+            let k = if recompute { 4.0 / 3.0 } else { 1.0 };
+            PartitionProblem {
+                time: order
+                    .nodes
+                    .iter()
+                    .map(|&x| {
+                        let (f, bw) = cost.time(x, b);
+                        (f + bw) * k
+                    })
+                    .collect(),
+                param_bytes: pb.clone(),
+                act_bytes: act.iter().map(|a| a.at(b).max(0.0)).collect(),
+                live_bytes: order.live.iter().map(|l| l.at(b).max(0.0)).collect(),
+                bandwidth,
+            }
+        })
+    }
+
+    /// Per-position weights for the greedy baselines.
+    pub fn balance_weights(&self, balance: Balance, b: u64) -> Vec<f64> {
+        match balance {
+            Balance::Params => self.param_bytes.clone(),
+            Balance::Flops => self.flops.iter().map(|f| f.at(b)).collect(),
+            Balance::Profile | Balance::Optimal => self
+                .order
+                .nodes
+                .iter()
+                .map(|&x| {
+                    let (f, bw) = self.cost.time(x, b);
+                    f + bw
+                })
+                .collect(),
+            Balance::Nodes => vec![1.0; self.n],
+        }
+    }
+
+    /// Extra weight bytes per stage from tied weights read outside their owner's stage,
+    /// and the tied-gradient all-reduce seconds per stage.
+    fn shared_extra(&self, cuts: &[usize], pipeline_bw: f64) -> (Vec<f64>, Vec<u64>, Vec<f64>) {
+        let d = cuts.len() + 1;
+        let stage = |p: usize| cuts.partition_point(|&c| c <= p);
+        let mut bytes = vec![0.0; d];
+        let mut numel = vec![0u64; d];
+        let mut sync = vec![0.0; d];
+        for s in &self.shared {
+            let mut stages: Vec<usize> = s.positions.iter().map(|&p| stage(p)).collect();
+            stages.sort_unstable();
+            stages.dedup();
+            let owner = stage(s.owner);
+            for &st in &stages {
+                if st != owner {
+                    bytes[st] += s.bytes;
+                    numel[st] += s.numel;
+                }
+            }
+            let k = stages.len() as f64;
+            if stages.len() > 1 {
+                for &st in &stages {
+                    sync[st] += 2.0 * (k - 1.0) / k * s.bytes / pipeline_bw;
+                }
+            }
+        }
+        (bytes, numel, sync)
+    }
+}
+
+fn memory_model(schedule: Schedule, recompute: bool, d: usize, m: u64, optimizer: Optimizer, limit: f64) -> MemoryModel {
+    let in_flight = match schedule {
+        Schedule::TwoBW | Schedule::Flush => d as f64,
+        Schedule::GPipe => m as f64,
+    };
+    let weight_factor = schedule.versions() + 1.0 + optimizer.state_factor();
+    if recompute {
+        MemoryModel { weight_factor, act_factor: 1.0, input_factor: in_flight, limit }
+    } else {
+        MemoryModel { weight_factor, act_factor: in_flight, input_factor: 0.0, limit }
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Config {
+    w: usize,
+    d: usize,
+    b: u64,
+    m: u64,
+    recompute: bool,
+    schedule: Schedule,
+    optimistic: f64,
+}
+
+/// Evaluates one configuration on given cuts; `None` when over memory.
+fn assess(ctx: &mut PlanContext, cfg: &Config, cuts: &[usize], opts: &PlanOptions) -> Option<Candidate> {
+    let cluster = ctx.cluster;
+    let limit = cluster.memory_per_worker as f64;
+    let pbw = cluster.pipeline_bw(cfg.d);
+    let mem = memory_model(cfg.schedule, cfg.recompute, cfg.d, cfg.m, opts.optimizer, limit);
+    let (extra_bytes, _, sync) = ctx.shared_extra(cuts, pbw);
+    let prob = ctx.problem(cfg.b, cfg.recompute, pbw);
+    let (times, mems) = prob.evaluate(cuts, &mem);
+    let ranges = stage_ranges(cuts, prob.len());
+    let ar_bw = cluster.allreduce_bw(cfg.w, cfg.d);
+    let mut peak = Vec::with_capacity(cfg.d);
+    let mut worst = (0.0f64, 0usize);
+    for s in 0..cfg.d {
+        let memory = mems[s] + mem.weight_factor * extra_bytes[s];
+        if !(memory <= limit * (1.0 + 1e-12)) {
+            return None;
+        }
+        peak.push(memory.max(0.0).round() as u64);
+        let grad: f64 = prob.param_bytes[ranges[s].clone()].iter().sum::<f64>() + extra_bytes[s];
+        let ar = if cfg.w > 1 { 2.0 * (cfg.w as f64 - 1.0) / cfg.w as f64 * grad / ar_bw } else { 0.0 } + sync[s];
+        let eff = times[s].max(ar / cfg.m as f64);
+        if eff > worst.0 || s == 0 {
+            worst = (eff, s);
+        }
+    }
+    let per_batch = match cfg.schedule {
+        Schedule::TwoBW => cfg.m as f64 * worst.0,
+        Schedule::Flush | Schedule::GPipe => (cfg.m + cfg.d as u64 - 1) as f64 * worst.0,
+    };
+    let samples = (cfg.b * cfg.m * cfg.w as u64) as f64;
+    let samples_per_s = if per_batch > 0.0 { samples / per_batch } else { f64::INFINITY };
+    Some(Candidate {
+        w: cfg.w,
+        d: cfg.d,
+        b: cfg.b,
+        m: cfg.m,
+        recompute: cfg.recompute,
+        schedule: cfg.schedule,
+        samples_per_s,
+        peak_memory_per_stage: peak,
+        bottleneck_stage: worst.1,
+        cuts: cuts.to_vec(),
+    })
+}
+
+fn explicit_cuts(ctx: &PlanContext, names: &[String]) -> Result<Vec<usize>, PlanError> {
+    let by_name: HashMap<&str, usize> = ctx.order.nodes.iter().enumerate().map(|(p, &x)| (ctx.g.node(x).name.as_str(), p)).collect();
+    let mut cuts = Vec::with_capacity(names.len());
+    for name in names {
+        let &p = by_name.get(name.as_str()).ok_or_else(|| PlanError::UnknownCutNode(name.clone()))?;
+        if p == 0 || cuts.contains(&p) {
+            return Err(PlanError::BadCut(name.clone()));
+        }
+        cuts.push(p);
+    }
+    cuts.sort_unstable();
+    Ok(cuts)
+}
+
+/// Plans `g` on `cluster`: see the module docs.
+pub fn plan(g: &Graph, cost: &CostModel, cluster: &Cluster, opts: &PlanOptions) -> Result<Plan, PlanError> {
+    if opts.global_batch == 0 {
+        return Err(PlanError::Options("global_batch must be positive".into()));
+    }
+    if opts.schedules.is_empty() {
+        return Err(PlanError::Options("no schedule to search".into()));
+    }
+    if cluster.workers == 0 {
+        return Err(PlanError::Options("the cluster has no workers".into()));
+    }
+    let mut ctx = PlanContext::new(g, cost, cluster)?;
+    let n = ctx.n;
+    let fixed_cuts = match &opts.cuts {
+        Some(names) => Some(explicit_cuts(&ctx, names)?),
+        None => None,
+    };
+    let depths: Vec<usize> = match (&fixed_cuts, opts.stages) {
+        (Some(c), Some(s)) if c.len() + 1 != s => return Err(PlanError::StagesMismatch { stages: s, from_cuts: c.len() + 1 }),
+        (Some(c), _) => vec![c.len() + 1],
+        (None, Some(0)) => return Err(PlanError::Options("stages must be at least 1".into())),
+        (None, Some(s)) if s > n => return Err(PlanError::Options(format!("{s} stages but the graph has {n} nodes"))),
+        (None, Some(s)) => vec![s],
+        (None, None) => (1..=cluster.workers.min(n)).collect(),
+    };
+    let recomputes: Vec<bool> = match opts.recompute {
+        Some(r) => vec![r],
+        None => vec![false, true],
+    };
+    let mut configs = Vec::new();
+    let mut totals: HashMap<u64, f64> = HashMap::new();
+    for &d in &depths {
+        if d > cluster.workers {
+            return Err(PlanError::Options(format!("{d} stages but the cluster has {} workers", cluster.workers)));
+        }
+        for w in 1..=cluster.workers / d {
+            if opts.global_batch % w as u64 != 0 {
+                continue;
+            }
+            let per_replica = opts.global_batch / w as u64;
+            let mut b = 1u64;
+            while b <= per_replica && per_replica % b == 0 {
+                if opts.microbatch.map_or(true, |x| x == b) {
+                    let m = per_replica / b;
+                    let total = *totals.entry(b).or_insert_with(|| {
+                        ctx.order.nodes.iter().map(|&x| {
+                            let (f, bw) = cost.time(x, b);
+                            f + bw
+                        }).sum()
+                    });
+                    for &recompute in &recomputes {
+                        for &schedule in &opts.schedules {
+                            if schedule != Schedule::GPipe && m < d as u64 {
+                                continue;
+                            }
+                            let t_lb = total * if recompute { 4.0 / 3.0 } else { 1.0 } / d as f64;
+                            let per_batch = match schedule {
+                                Schedule::TwoBW => m as f64 * t_lb,
+                                _ => (m + d as u64 - 1) as f64 * t_lb,
+                            };
+                            let optimistic = if per_batch > 0.0 { (b * m * w as u64) as f64 / per_batch } else { f64::INFINITY };
+                            configs.push(Config { w, d, b, m, recompute, schedule, optimistic });
+                        }
+                    }
+                }
+                b *= 2;
+            }
+        }
+    }
+    if configs.is_empty() {
+        return Err(PlanError::NoFeasible(format!(
+            "no (w, d, b, m) satisfies w*d <= {} workers, b a power of two dividing {}/w, and m >= d for 2BW/Flush",
+            cluster.workers, opts.global_batch
+        )));
+    }
+    configs.sort_by(|a, b| b.optimistic.total_cmp(&a.optimistic));
+    let top = opts.top.max(1);
+    let mut found: Vec<Candidate> = Vec::new();
+    let mut free_cache: HashMap<(usize, u64, bool), Option<Vec<usize>>> = HashMap::new();
+    let mut bound_cache: HashMap<(usize, u64, bool, Schedule, u64), Option<Vec<usize>>> = HashMap::new();
+    let limit = cluster.memory_per_worker as f64;
+    for cfg in &configs {
+        if found.len() >= top && cfg.optimistic < found[top - 1].samples_per_s {
+            break;
+        }
+        let pbw = cluster.pipeline_bw(cfg.d);
+        let candidate = if let Some(c) = &fixed_cuts {
+            assess(&mut ctx, cfg, c, opts)
+        } else if opts.balance != Balance::Optimal {
+            let cuts = if opts.balance == Balance::Nodes {
+                uniform_by_nodes(n, cfg.d)
+            } else {
+                balanced_by(&ctx.balance_weights(opts.balance, cfg.b), cfg.d)
+            };
+            assess(&mut ctx, cfg, &cuts, opts)
+        } else {
+            let key = (cfg.d, cfg.b, cfg.recompute);
+            if !free_cache.contains_key(&key) {
+                let p = ctx.problem(cfg.b, cfg.recompute, pbw).optimal_partition(cfg.d, &MemoryModel::unlimited());
+                free_cache.insert(key, p.map(|p| p.cuts));
+            }
+            let free = free_cache.get(&key).cloned().flatten();
+            match free.and_then(|c| assess(&mut ctx, cfg, &c, opts)) {
+                Some(c) => Some(c),
+                None => {
+                    let m_key = if cfg.schedule == Schedule::GPipe { cfg.m } else { 0 };
+                    let bkey = (cfg.d, cfg.b, cfg.recompute, cfg.schedule, m_key);
+                    if !bound_cache.contains_key(&bkey) {
+                        let mem = memory_model(cfg.schedule, cfg.recompute, cfg.d, cfg.m, opts.optimizer, limit);
+                        let p = ctx.problem(cfg.b, cfg.recompute, pbw).optimal_partition(cfg.d, &mem);
+                        bound_cache.insert(bkey, p.map(|p| p.cuts));
+                    }
+                    bound_cache.get(&bkey).cloned().flatten().and_then(|c| assess(&mut ctx, cfg, &c, opts))
+                }
+            }
+        };
+        if let Some(c) = candidate {
+            let at = found.partition_point(|x| {
+                x.samples_per_s > c.samples_per_s
+                    || (x.samples_per_s == c.samples_per_s
+                        && x.peak_memory_per_stage.iter().max() <= c.peak_memory_per_stage.iter().max())
+            });
+            if at < top {
+                found.insert(at, c);
+                found.truncate(top);
+            }
+        }
+    }
+    let chosen = match found.first() {
+        Some(c) => c.clone(),
+        None => {
+            return Err(PlanError::NoFeasible(format!(
+                "every configuration needs more than {} per worker",
+                human_bytes(cluster.memory_per_worker)
+            )))
+        }
+    };
+    Ok(describe(&mut ctx, found, chosen, opts))
+}
+
+fn describe(ctx: &mut PlanContext, candidates: Vec<Candidate>, chosen: Candidate, opts: &PlanOptions) -> Plan {
+    let n = ctx.n;
+    let g = ctx.g;
+    let cuts = chosen.cuts.clone();
+    let ranges = stage_ranges(&cuts, n);
+    let pbw = ctx.cluster.pipeline_bw(chosen.d);
+    let (_, extra_numel, _) = ctx.shared_extra(&cuts, pbw);
+    let mem = memory_model(chosen.schedule, chosen.recompute, chosen.d, chosen.m, opts.optimizer, f64::INFINITY);
+    let (times, _) = ctx.problem(chosen.b, chosen.recompute, pbw).evaluate(&cuts, &mem);
+    let b = chosen.b;
+    let export = ctx.cost.export_batch;
+    // Live values per cut: (first cut, last cut) of each non-weight value.
+    let mut pos = vec![usize::MAX; g.node_ids().map(|x| x.index() + 1).max().unwrap_or(0)];
+    for (p, &x) in ctx.order.nodes.iter().enumerate() {
+        pos[x.index()] = p;
+    }
+    let mut last: Vec<Option<usize>> = vec![None; g.value_count()];
+    for (p, &x) in ctx.order.nodes.iter().enumerate() {
+        for v in g.node(x).inputs.iter().flatten() {
+            let l = &mut last[v.index()];
+            *l = Some(l.map_or(p, |q| q.max(p)));
+        }
+    }
+    for v in g.outputs() {
+        last[v.index()] = Some(n);
+    }
+    let mut spans: Vec<(usize, usize, String, u64)> = Vec::new();
+    for v in g.value_ids() {
+        let Some(q) = last[v.index()] else { continue };
+        let val = g.value(v);
+        let first = match val.def {
+            pipewright_ir::ValueDef::Input => 0,
+            pipewright_ir::ValueDef::Node { node, .. } => match pos.get(node.index()) {
+                Some(&p) if p != usize::MAX => p + 1,
+                _ => continue,
+            },
+            pipewright_ir::ValueDef::Weight(_) => continue,
+        };
+        if first <= q {
+            spans.push((first, q, val.name.clone(), value_bytes(val, export).at(b).max(0.0) as u64));
+        }
+    }
+    let live_at = |c: usize| -> Vec<(String, u64)> {
+        spans.iter().filter(|s| s.0 <= c && c <= s.1).map(|s| (s.2.clone(), s.3)).collect()
+    };
+    let mut stages = Vec::with_capacity(ranges.len());
+    for (s, r) in ranges.iter().enumerate() {
+        let name = |p: usize| g.node(ctx.order.nodes[p]).name.clone();
+        stages.push(StagePlan {
+            index: s,
+            first_node: name(r.start),
+            last_node: name(r.end - 1),
+            nodes: r.len(),
+            params: ctx.params[r.clone()].iter().sum::<u64>() + extra_numel[s],
+            flops: ctx.flops[r.clone()].iter().map(|f| f.at(b)).sum(),
+            activation_bytes: ctx.act[r.clone()].iter().map(|a| a.at(b)).sum::<f64>().max(0.0) as u64,
+            time_s: times[s],
+            memory: chosen.peak_memory_per_stage[s],
+            inputs: live_at(r.start),
+            outputs: live_at(r.end),
+        });
+    }
+    let stage_of = |p: usize| cuts.partition_point(|&c| c <= p);
+    let mut shared_weights = Vec::new();
+    for sh in &ctx.shared {
+        let mut st: Vec<usize> = sh.positions.iter().map(|&p| stage_of(p)).collect();
+        st.sort_unstable();
+        st.dedup();
+        if st.len() > 1 {
+            shared_weights.push(SharedWeight {
+                name: sh.name.clone(),
+                decision: format!(
+                    "tied weight read in stages {st:?}: each of those stages holds a copy (counted in its memory) and their \
+                     gradients are summed by an all-reduce among those stages before every update, so the copies stay \
+                     identical without moving activations across the pipeline to a single owner"
+                ),
+                stages: st,
+            });
+        }
+    }
+    let mut node_stage = Vec::with_capacity(n);
+    for (s, r) in ranges.iter().enumerate() {
+        node_stage.extend(ctx.order.nodes[r.clone()].iter().map(|&x| (x, s)));
+    }
+    debug_assert!(valid_cuts(&cuts, n) || cuts.is_empty());
+    Plan { order: ctx.order.kind, candidates, chosen, stages, shared_weights, node_stage }
+}
