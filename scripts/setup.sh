@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
-# The set-up and main-job command: installs prerequisites, builds pipewright in release
-# mode, and runs the main job on an example model.
+# The set-up and main-job command: installs prerequisites and libtorch, builds pipewright
+# in release mode, and runs the main job on an example model.
+#
+# The main job today: import the example model, print its summary, and run it through the
+# runtime's op layer at twice its exported batch, comparing with onnxruntime's outputs.
+# (Training it in a pipeline is the open work of the runtime issue.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 bash scripts/prereqs.sh
-# libtorch for the runtime (cached per user; links it as .libtorch for .cargo/config.toml).
 bash scripts/libtorch.sh >/dev/null
 cargo build --release --locked
-model=../shared/corpus/models/gpt2-tiny.onnx
-echo "== pipewright inspect $model" >&2
-./target/release/pipewright inspect "$model"
+models=../shared/corpus/models
+name=gpt2-tiny
+echo "== pipewright inspect $models/$name.onnx" >&2
+./target/release/pipewright inspect "$models/$name.onnx"
+echo "== pipewright run-forward $models/$name.onnx --tile-batch 2" >&2
+./target/release/pipewright run-forward "$models/$name.onnx" --inputs "$models/$name.inputs" --tile-batch 2

@@ -10,4 +10,6 @@ if [[ ! -d ../shared/corpus ]]; then
     echo "test.sh: the shared corpus is missing: expected it at $(cd .. && pwd)/shared/corpus" >&2
     exit 1
 fi
+# Compile-only commands must build without libtorch.
+cargo build --locked --no-default-features -p pipewright
 cargo test --workspace --locked 2>&1
