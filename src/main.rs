@@ -11,6 +11,7 @@ mod forward;
 mod profile;
 mod inspect;
 mod output;
+mod plan;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -28,6 +29,8 @@ struct Cli {
 enum Command {
     /// Import an ONNX model and print a summary (or its IR, or a Graphviz drawing).
     Inspect(InspectArgs),
+    /// Plan the pipeline: depth, width, microbatch, recomputation, schedule, and the stages.
+    Plan(PlanArgs),
     /// Run a model forward through the runtime's op layer and compare with expected outputs.
     #[cfg(feature = "torch")]
     RunForward(RunForwardArgs),
@@ -60,6 +63,69 @@ pub struct RunForwardArgs {
     /// compiled model at a microbatch other than the one it was exported with.
     #[arg(long, default_value_t = 1)]
     pub tile_batch: usize,
+}
+
+#[derive(clap::Args)]
+pub struct PlanArgs {
+    /// The ONNX model file.
+    pub model: PathBuf,
+    /// Workers (accelerators) in the cluster.
+    #[arg(long)]
+    pub workers: Option<usize>,
+    /// Memory per worker, e.g. 16GiB.
+    #[arg(long)]
+    pub memory: Option<String>,
+    /// Bandwidth between workers of one server, e.g. 150GB/s.
+    #[arg(long)]
+    pub intra_bw: Option<String>,
+    /// Bandwidth between servers, e.g. 25Gbit/s.
+    #[arg(long)]
+    pub inter_bw: Option<String>,
+    /// Workers per server.
+    #[arg(long)]
+    pub workers_per_node: Option<usize>,
+    /// Peak flop/s of one worker, e.g. 15.7T.
+    #[arg(long)]
+    pub peak_flops: Option<String>,
+    /// A cluster description in TOML (flags override it).
+    #[arg(long)]
+    pub cluster: Option<PathBuf>,
+    /// Global batch size (samples per optimizer step).
+    #[arg(long, default_value_t = 512)]
+    pub batch: u64,
+    /// Fix the microbatch size.
+    #[arg(long)]
+    pub microbatch: Option<u64>,
+    /// Fix the pipeline depth.
+    #[arg(long)]
+    pub stages: Option<usize>,
+    /// Explicit stage starts, by ONNX node name.
+    #[arg(long, value_delimiter = ',')]
+    pub cut: Vec<String>,
+    /// How stages are balanced: optimal (the DP), params, flops, profile.
+    #[arg(long, default_value = "optimal")]
+    pub balance: String,
+    /// A profile from `pipewright profile` to calibrate the cost model.
+    #[arg(long)]
+    pub profile: Option<PathBuf>,
+    /// Optimizer whose state counts in memory: sgd, momentum, adam.
+    #[arg(long, default_value = "adam")]
+    pub optimizer: String,
+    /// Schedules to consider.
+    #[arg(long, value_delimiter = ',', default_value = "2bw,flush,gpipe")]
+    pub schedule: Vec<String>,
+    /// Fix activation recomputation: on or off.
+    #[arg(long)]
+    pub recompute: Option<String>,
+    /// Candidates to show.
+    #[arg(long, default_value_t = 10)]
+    pub top: usize,
+    /// Print the plan as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Print the IR after a pass instead of the plan (`partition`).
+    #[arg(long)]
+    pub print_after: Option<String>,
 }
 
 #[derive(clap::Args)]
@@ -127,6 +193,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Inspect(args) => inspect::run(&args),
+        Command::Plan(args) => plan::run(&args),
         #[cfg(feature = "torch")]
         Command::RunForward(args) => forward::run(&args),
         #[cfg(feature = "torch")]

@@ -1,1 +1,65 @@
-fn main() {}
+//! Planning time: the corpus models (goal < 1 s) and a generated 100,000-node layered DAG
+//! with skip edges (goal < 10 s), on the default 8-worker cluster, global batch 64.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use criterion::{criterion_group, criterion_main, Criterion};
+use pipewright_ir::ops::{BinaryOp, UnaryOp};
+use pipewright_ir::{DType, Dim, Graph, ModelMeta, Op, Shape, TensorType, Value, ValueDef};
+use pipewright_passes::cluster::Cluster;
+use pipewright_passes::cost::CostModel;
+use pipewright_passes::planner::{plan, PlanOptions};
+
+/// `n` nodes of Relu chains on f32[N,64]; every fourth node adds a skip from 3 nodes back.
+pub fn layered_dag(n: usize) -> Graph {
+    let mut g = Graph::new(ModelMeta::default());
+    let ty = TensorType::new(DType::F32, Shape(vec![Dim::N, Dim::Fixed(64)]));
+    let x = g.add_value(Value { name: "x".into(), ty: ty.clone(), def: ValueDef::Input });
+    let mut outs = vec![x];
+    for i in 0..n {
+        let prev = *outs.last().unwrap_or(&x);
+        let (op, inputs) = if i % 4 == 3 && outs.len() > 3 {
+            (Op::Binary(BinaryOp::Add), vec![Some(prev), Some(outs[outs.len() - 4])])
+        } else {
+            (Op::Unary(UnaryOp::Relu), vec![Some(prev)])
+        };
+        let node = g.add_node(format!("n{i}"), op, inputs, vec![Some((format!("v{i}"), ty.clone()))]);
+        outs.push(g.node(node).outputs[0].expect("output"));
+    }
+    g.set_outputs(vec![*outs.last().unwrap_or(&x)]);
+    g
+}
+
+fn bench(c: &mut Criterion) {
+    let cluster = Cluster::default();
+    let opts = PlanOptions::default();
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/corpus/models");
+    for name in ["gpt2-tiny", "resnet18"] {
+        let path = dir.join(format!("{name}.onnx"));
+        if !path.exists() {
+            eprintln!("skipping {name}: {} not found", path.display());
+            continue;
+        }
+        let g = pipewright_ir::import_model(&path, &Default::default()).expect("import");
+        c.bench_function(&format!("plan/{name} (cost model + plan)"), |b| {
+            b.iter(|| {
+                let cost = CostModel::new(&g, cluster.device()).expect("cost");
+                plan(&g, &cost, &cluster, &opts).expect("plan")
+            })
+        });
+    }
+    let g = layered_dag(100_000);
+    let mut group = c.benchmark_group("plan-100k");
+    group.sample_size(10).measurement_time(Duration::from_secs(20));
+    group.bench_function("layered 100k nodes (cost model + plan)", |b| {
+        b.iter(|| {
+            let cost = CostModel::new(&g, cluster.device()).expect("cost");
+            plan(&g, &cost, &cluster, &opts).expect("plan")
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

@@ -241,7 +241,7 @@ impl PartitionProblem {
                 let top = if memory_binds {
                     let gj = pre.g[j];
                     while let Some(t) = heap.peek() {
-                        if gj - pre.h[t.i as usize] >= mem.limit {
+                        if gj - pre.h[t.i as usize] > mem.limit {
                             heap.pop();
                         } else {
                             break;

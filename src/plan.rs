@@ -1,0 +1,114 @@
+//! `pipewright plan`: the PipeDream-2BW planner over an imported model — candidate
+//! configurations ranked by predicted throughput, and the chosen partition; with
+//! `--print-after partition`, the IR after the stage-boundary pass.
+
+use anyhow::{bail, Context, Result};
+use pipewright_ir::text::print_graph_annotated;
+use pipewright_ir::{import_model, ImportOptions};
+use pipewright_passes::boundaries::insert_stage_boundaries;
+use pipewright_passes::cluster::{parse_bandwidth, parse_bytes, parse_flops, Cluster};
+use pipewright_passes::cost::{CostModel, Profile};
+use pipewright_passes::planner::{plan, Balance, Optimizer, PlanOptions, Schedule};
+
+use crate::PlanArgs;
+
+/// The cluster: defaults, then the TOML file, then individual flags.
+pub fn cluster(args: &PlanArgs) -> Result<Cluster> {
+    let mut c = match &args.cluster {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).with_context(|| format!("{}: cannot read", path.display()))?;
+            Cluster::from_toml(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?
+        }
+        None => Cluster::default(),
+    };
+    if let Some(w) = args.workers {
+        c.workers = w;
+    }
+    if let Some(m) = &args.memory {
+        c.memory_per_worker = parse_bytes(m)?;
+    }
+    if let Some(b) = &args.intra_bw {
+        c.intra_bw = parse_bandwidth(b)?;
+    }
+    if let Some(b) = &args.inter_bw {
+        c.inter_bw = parse_bandwidth(b)?;
+    }
+    if let Some(n) = args.workers_per_node {
+        c.workers_per_node = n;
+    }
+    if let Some(f) = &args.peak_flops {
+        c.peak_flops = parse_flops(f)?;
+    }
+    Ok(c)
+}
+
+fn options(args: &PlanArgs) -> Result<PlanOptions> {
+    let schedules = args
+        .schedule
+        .iter()
+        .map(|s| match s.as_str() {
+            "2bw" => Ok(Schedule::TwoBW),
+            "flush" => Ok(Schedule::Flush),
+            "gpipe" => Ok(Schedule::GPipe),
+            other => bail!("unknown schedule {other:?} (2bw, flush, gpipe)"),
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(PlanOptions {
+        global_batch: args.batch,
+        schedules,
+        stages: args.stages,
+        cuts: (!args.cut.is_empty()).then(|| args.cut.clone()),
+        balance: match args.balance.as_str() {
+            "optimal" => Balance::Optimal,
+            "params" => Balance::Params,
+            "flops" => Balance::Flops,
+            "profile" => Balance::Profile,
+            other => bail!("unknown balance {other:?} (optimal, params, flops, profile)"),
+        },
+        optimizer: match args.optimizer.as_str() {
+            "sgd" => Optimizer::Sgd,
+            "momentum" => Optimizer::Momentum,
+            "adam" | "adamw" => Optimizer::Adam,
+            other => bail!("unknown optimizer {other:?} (sgd, momentum, adam)"),
+        },
+        top: args.top,
+        microbatch: args.microbatch,
+        recompute: match args.recompute.as_deref() {
+            None => None,
+            Some("on") => Some(true),
+            Some("off") => Some(false),
+            Some(other) => bail!("--recompute takes on or off, not {other:?}"),
+        },
+    })
+}
+
+pub fn run(args: &PlanArgs) -> Result<()> {
+    let mut graph = import_model(&args.model, &ImportOptions::default())?;
+    let cluster = cluster(args)?;
+    let mut cost = CostModel::new(&graph, cluster.device()).map_err(|e| anyhow::anyhow!("{}: {e}", args.model.display()))?;
+    if let Some(path) = &args.profile {
+        let text = std::fs::read_to_string(path).with_context(|| format!("{}: cannot read", path.display()))?;
+        let profile = Profile::from_json(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        cost.apply_profile(&graph, &profile).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    } else if args.balance == "profile" {
+        bail!("--balance profile needs --profile FILE (from `pipewright profile`)");
+    }
+    let opts = options(args)?;
+    let plan = plan(&graph, &cost, &cluster, &opts).map_err(|e| anyhow::anyhow!("{}: {e}", args.model.display()))?;
+    match args.print_after.as_deref() {
+        None => {}
+        Some("partition") => {
+            let stages = insert_stage_boundaries(&mut graph, &plan.stage_map())
+                .map_err(|e| anyhow::anyhow!("{}: partition: {e}", args.model.display()))?;
+            print!("{}", print_graph_annotated(&graph, |n| stages.get(n).map(|s| format!("stage={s}"))));
+            return Ok(());
+        }
+        Some(other) => bail!("--print-after takes a pass name; `plan` runs: partition (not {other:?})"),
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&plan)?);
+    } else {
+        print!("{}", plan.text());
+    }
+    Ok(())
+}
