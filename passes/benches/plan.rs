@@ -15,16 +15,28 @@ use pipewright_passes::planner::{plan, PlanOptions};
 pub fn layered_dag(n: usize) -> Graph {
     let mut g = Graph::new(ModelMeta::default());
     let ty = TensorType::new(DType::F32, Shape(vec![Dim::N, Dim::Fixed(64)]));
-    let x = g.add_value(Value { name: "x".into(), ty: ty.clone(), def: ValueDef::Input });
+    let x = g.add_value(Value {
+        name: "x".into(),
+        ty: ty.clone(),
+        def: ValueDef::Input,
+    });
     let mut outs = vec![x];
     for i in 0..n {
         let prev = *outs.last().unwrap_or(&x);
         let (op, inputs) = if i % 4 == 3 && outs.len() > 3 {
-            (Op::Binary(BinaryOp::Add), vec![Some(prev), Some(outs[outs.len() - 4])])
+            (
+                Op::Binary(BinaryOp::Add),
+                vec![Some(prev), Some(outs[outs.len() - 4])],
+            )
         } else {
             (Op::Unary(UnaryOp::Relu), vec![Some(prev)])
         };
-        let node = g.add_node(format!("n{i}"), op, inputs, vec![Some((format!("v{i}"), ty.clone()))]);
+        let node = g.add_node(
+            format!("n{i}"),
+            op,
+            inputs,
+            vec![Some((format!("v{i}"), ty.clone()))],
+        );
         outs.push(g.node(node).outputs[0].expect("output"));
     }
     g.set_outputs(vec![*outs.last().unwrap_or(&x)]);
@@ -51,7 +63,9 @@ fn bench(c: &mut Criterion) {
     }
     let g = layered_dag(100_000);
     let mut group = c.benchmark_group("plan-100k");
-    group.sample_size(10).measurement_time(Duration::from_secs(20));
+    group
+        .sample_size(10)
+        .measurement_time(Duration::from_secs(20));
     group.bench_function("layered 100k nodes (cost model + plan)", |b| {
         b.iter(|| {
             let cost = CostModel::new(&g, cluster.device()).expect("cost");

@@ -17,6 +17,9 @@
 //! 1024). Bandwidths: a size followed by `/s` (bytes), or `bit/s`, `Kbit/s`, `Mbit/s`,
 //! `Gbit/s`, `Tbit/s` (`bps` and `Gbps` forms accepted), converted to bytes/s.
 
+// `%`: the workspace's MSRV is 1.80.
+#![allow(clippy::manual_is_multiple_of)]
+
 use serde::Serialize;
 
 use crate::cost::Device;
@@ -69,7 +72,11 @@ pub enum ClusterError {
 
 fn split_number(s: &str) -> Option<(f64, &str)> {
     let s = s.trim();
-    let end = s.find(|c: char| !(c.is_ascii_digit() || c == '.' || c == 'e' || c == 'E' || c == '+' || c == '-')).unwrap_or(s.len());
+    let end = s
+        .find(|c: char| {
+            !(c.is_ascii_digit() || c == '.' || c == 'e' || c == 'E' || c == '+' || c == '-')
+        })
+        .unwrap_or(s.len());
     // An 'e' directly followed by a letter that is not a digit belongs to the unit (rare); keep it simple.
     let (num, unit) = s.split_at(end);
     let v: f64 = num.parse().ok()?;
@@ -93,7 +100,10 @@ fn size_multiplier(unit: &str) -> Option<f64> {
 
 /// Parses a byte size: `"16GiB"`, `"512MiB"`, `"1.5GB"`, `"4096"`.
 pub fn parse_bytes(text: &str) -> Result<u64, ClusterError> {
-    let err = || ClusterError::Parse { text: text.to_string(), what: "a byte size" };
+    let err = || ClusterError::Parse {
+        text: text.to_string(),
+        what: "a byte size",
+    };
     let (v, unit) = split_number(text).ok_or_else(err)?;
     let bytes = v * size_multiplier(unit).ok_or_else(err)?;
     if bytes > u64::MAX as f64 {
@@ -104,7 +114,10 @@ pub fn parse_bytes(text: &str) -> Result<u64, ClusterError> {
 
 /// Parses a bandwidth into bytes/s: `"25GB/s"`, `"100Gbit/s"`, `"10Gbps"`, `"1.5e9"`.
 pub fn parse_bandwidth(text: &str) -> Result<f64, ClusterError> {
-    let err = || ClusterError::Parse { text: text.to_string(), what: "a bandwidth" };
+    let err = || ClusterError::Parse {
+        text: text.to_string(),
+        what: "a bandwidth",
+    };
     let (v, unit) = split_number(text).ok_or_else(err)?;
     let bits = |prefix: &str| -> Option<f64> {
         Some(match prefix {
@@ -116,7 +129,10 @@ pub fn parse_bandwidth(text: &str) -> Result<f64, ClusterError> {
             _ => return None,
         })
     };
-    let bytes_per_s = if let Some(p) = unit.strip_suffix("bit/s").or_else(|| unit.strip_suffix("bps")) {
+    let bytes_per_s = if let Some(p) = unit
+        .strip_suffix("bit/s")
+        .or_else(|| unit.strip_suffix("bps"))
+    {
         v * bits(p).ok_or_else(err)? / 8.0
     } else if let Some(p) = unit.strip_suffix("/s") {
         v * size_multiplier(p).ok_or_else(err)?
@@ -130,7 +146,10 @@ pub fn parse_bandwidth(text: &str) -> Result<f64, ClusterError> {
 
 /// Parses a flop rate: `"15.7T"`, `"312Tflops"`, `"1e14"`, `"100 TFLOPS"`.
 pub fn parse_flops(text: &str) -> Result<f64, ClusterError> {
-    let err = || ClusterError::Parse { text: text.to_string(), what: "a flop rate" };
+    let err = || ClusterError::Parse {
+        text: text.to_string(),
+        what: "a flop rate",
+    };
     let (v, unit) = split_number(text).ok_or_else(err)?;
     let unit = unit.trim_end_matches("/s");
     let lower = unit.to_ascii_lowercase();
@@ -150,32 +169,44 @@ pub fn parse_flops(text: &str) -> Result<f64, ClusterError> {
 impl Cluster {
     /// Reads a cluster from TOML (keys in the module docs).
     pub fn from_toml(text: &str) -> Result<Cluster, ClusterError> {
-        let root: toml::Table = text.parse().map_err(|e: toml::de::Error| ClusterError::Toml(e.to_string()))?;
+        let root: toml::Table = text
+            .parse()
+            .map_err(|e: toml::de::Error| ClusterError::Toml(e.to_string()))?;
         let table = match root.get("cluster") {
             Some(toml::Value::Table(t)) if root.len() == 1 => t.clone(),
             _ => root,
         };
         let mut c = Cluster::default();
         for (key, value) in &table {
-            let bad = |why: &str| ClusterError::BadValue { key: key.clone(), why: why.to_string() };
+            let bad = |why: &str| ClusterError::BadValue {
+                key: key.clone(),
+                why: why.to_string(),
+            };
             let count = || -> Result<usize, ClusterError> {
                 match value {
-                    toml::Value::Integer(i) if *i >= 1 => usize::try_from(*i).map_err(|_| bad("too large")),
+                    toml::Value::Integer(i) if *i >= 1 => {
+                        usize::try_from(*i).map_err(|_| bad("too large"))
+                    }
                     _ => Err(bad("expected a positive integer")),
                 }
             };
-            let text_or_number = |parse: fn(&str) -> Result<f64, ClusterError>| -> Result<f64, ClusterError> {
-                let v = match value {
-                    toml::Value::Integer(i) if *i >= 0 => *i as f64,
-                    toml::Value::Float(f) if f.is_finite() && *f >= 0.0 => *f,
-                    toml::Value::String(s) => parse(s)?,
-                    _ => return Err(bad("expected a non-negative number or a string with a unit")),
+            let text_or_number =
+                |parse: fn(&str) -> Result<f64, ClusterError>| -> Result<f64, ClusterError> {
+                    let v = match value {
+                        toml::Value::Integer(i) if *i >= 0 => *i as f64,
+                        toml::Value::Float(f) if f.is_finite() && *f >= 0.0 => *f,
+                        toml::Value::String(s) => parse(s)?,
+                        _ => {
+                            return Err(bad(
+                                "expected a non-negative number or a string with a unit",
+                            ))
+                        }
+                    };
+                    if v <= 0.0 {
+                        return Err(bad("must be positive"));
+                    }
+                    Ok(v)
                 };
-                if v <= 0.0 {
-                    return Err(bad("must be positive"));
-                }
-                Ok(v)
-            };
             match key.as_str() {
                 "workers" => c.workers = count()?,
                 "workers_per_node" => c.workers_per_node = count()?,
@@ -183,7 +214,11 @@ impl Cluster {
                     c.memory_per_worker = match value {
                         toml::Value::Integer(i) if *i > 0 => *i as u64,
                         toml::Value::String(s) => parse_bytes(s)?,
-                        _ => return Err(bad("expected a positive byte count or a size such as \"16GiB\"")),
+                        _ => {
+                            return Err(bad(
+                                "expected a positive byte count or a size such as \"16GiB\"",
+                            ))
+                        }
                     };
                     if c.memory_per_worker == 0 {
                         return Err(bad("must be positive"));
@@ -201,7 +236,11 @@ impl Cluster {
 
     /// The roofline description of one worker.
     pub fn device(&self) -> Device {
-        Device { name: "cluster worker".into(), peak_flops: self.peak_flops, mem_bw: self.mem_bw }
+        Device {
+            name: "cluster worker".into(),
+            peak_flops: self.peak_flops,
+            mem_bw: self.mem_bw,
+        }
     }
 
     /// Bandwidth between consecutive stages of one pipeline. Workers are numbered
@@ -261,8 +300,17 @@ mod tests {
         assert_eq!(c.mem_bw, 1e12);
         let t = Cluster::from_toml("[cluster]\nworkers = 2\n").unwrap();
         assert_eq!(t.workers, 2);
-        assert!(matches!(Cluster::from_toml("gpus = 3"), Err(ClusterError::UnknownKey(_))));
-        assert!(matches!(Cluster::from_toml("workers = 0"), Err(ClusterError::BadValue { .. })));
-        assert!(matches!(Cluster::from_toml("workers = ["), Err(ClusterError::Toml(_))));
+        assert!(matches!(
+            Cluster::from_toml("gpus = 3"),
+            Err(ClusterError::UnknownKey(_))
+        ));
+        assert!(matches!(
+            Cluster::from_toml("workers = 0"),
+            Err(ClusterError::BadValue { .. })
+        ));
+        assert!(matches!(
+            Cluster::from_toml("workers = ["),
+            Err(ClusterError::Toml(_))
+        ));
     }
 }

@@ -51,7 +51,10 @@ pub struct Lin {
 }
 
 impl Lin {
-    pub const ZERO: Lin = Lin { per_sample: 0.0, fixed: 0.0 };
+    pub const ZERO: Lin = Lin {
+        per_sample: 0.0,
+        fixed: 0.0,
+    };
 
     pub fn new(per_sample: f64, fixed: f64) -> Lin {
         Lin { per_sample, fixed }
@@ -63,14 +66,20 @@ impl Lin {
     }
 
     pub fn scale(self, k: f64) -> Lin {
-        Lin { per_sample: self.per_sample * k, fixed: self.fixed * k }
+        Lin {
+            per_sample: self.per_sample * k,
+            fixed: self.fixed * k,
+        }
     }
 }
 
 impl std::ops::Add for Lin {
     type Output = Lin;
     fn add(self, o: Lin) -> Lin {
-        Lin { per_sample: self.per_sample + o.per_sample, fixed: self.fixed + o.fixed }
+        Lin {
+            per_sample: self.per_sample + o.per_sample,
+            fixed: self.fixed + o.fixed,
+        }
     }
 }
 
@@ -103,8 +112,12 @@ impl OpClass {
             | Op::LayerNormalization(_)
             | Op::BatchNormalization(_)
             | Op::InstanceNormalization { .. } => OpClass::Normalization,
-            Op::MaxPool(_) | Op::AveragePool(_) | Op::GlobalAveragePool | Op::GlobalMaxPool => OpClass::Pool,
-            Op::Reduce(_) | Op::ArgMax { .. } | Op::ArgMin { .. } | Op::CumSum { .. } => OpClass::Reduction,
+            Op::MaxPool(_) | Op::AveragePool(_) | Op::GlobalAveragePool | Op::GlobalMaxPool => {
+                OpClass::Pool
+            }
+            Op::Reduce(_) | Op::ArgMax { .. } | Op::ArgMin { .. } | Op::CumSum { .. } => {
+                OpClass::Reduction
+            }
             Op::Gather { .. } | Op::GatherElements { .. } => OpClass::Gather,
             op if op.is_elementwise() => OpClass::Elementwise,
             _ => OpClass::DataMovement,
@@ -125,7 +138,11 @@ pub struct Device {
 impl Default for Device {
     /// A V100-class GPU: 15.7 Tflop/s fp32, 900 GB/s.
     fn default() -> Device {
-        Device { name: "default".into(), peak_flops: 15.7e12, mem_bw: 900e9 }
+        Device {
+            name: "default".into(),
+            peak_flops: 15.7e12,
+            mem_bw: 900e9,
+        }
     }
 }
 
@@ -187,14 +204,17 @@ pub struct ProfileNode {
 impl Profile {
     /// Parses and checks a profile (one time per batch size, finite and non-negative).
     pub fn from_json(text: &str) -> Result<Profile, CostError> {
-        let p: Profile = serde_json::from_str(text).map_err(|e| CostError::ProfileJson(e.to_string()))?;
+        let p: Profile =
+            serde_json::from_str(text).map_err(|e| CostError::ProfileJson(e.to_string()))?;
         p.check()?;
         Ok(p)
     }
 
     pub fn check(&self) -> Result<(), CostError> {
-        if self.batches.is_empty() || self.batches.iter().any(|&b| b == 0) {
-            return Err(CostError::ProfileInvalid("`batches` must be non-empty positive sizes".into()));
+        if self.batches.is_empty() || self.batches.contains(&0) {
+            return Err(CostError::ProfileInvalid(
+                "`batches` must be non-empty positive sizes".into(),
+            ));
         }
         for n in &self.nodes {
             for (what, v) in [("fwd_ms", &n.fwd_ms), ("bwd_ms", &n.bwd_ms)] {
@@ -207,7 +227,10 @@ impl Profile {
                     )));
                 }
                 if v.iter().any(|x| !x.is_finite() || *x < 0.0) {
-                    return Err(CostError::ProfileInvalid(format!("node {:?}: {what} has a negative or non-finite time", n.name)));
+                    return Err(CostError::ProfileInvalid(format!(
+                        "node {:?}: {what} has a negative or non-finite time",
+                        n.name
+                    )));
                 }
             }
         }
@@ -243,9 +266,14 @@ pub enum CostError {
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Timing {
-    Analytic { scale: f64 },
+    Analytic {
+        scale: f64,
+    },
     /// Fitted seconds.
-    Measured { fwd: Lin, bwd: Lin },
+    Measured {
+        fwd: Lin,
+        bwd: Lin,
+    },
 }
 
 /// Per-node costs of a graph, indexed by `NodeId::index()`.
@@ -319,7 +347,11 @@ fn is_transcendental(op: &Op) -> bool {
 fn is_view(op: &Op) -> bool {
     matches!(
         op,
-        Op::Reshape { .. } | Op::Flatten { .. } | Op::Squeeze { .. } | Op::Unsqueeze { .. } | Op::Unary(UnaryOp::Identity)
+        Op::Reshape { .. }
+            | Op::Flatten { .. }
+            | Op::Squeeze { .. }
+            | Op::Unsqueeze { .. }
+            | Op::Unary(UnaryOp::Identity)
     )
 }
 
@@ -354,13 +386,32 @@ fn kernel_prod(w: &pipewright_ir::ops::Window) -> f64 {
 /// The analytic forward flops and backward/forward ratio of one node.
 fn flops(g: &Graph, n: NodeId, export: i64) -> (Lin, f64) {
     let node = g.node(n);
-    let ty_in = |i: usize| node.inputs.get(i).copied().flatten().map(|v| &g.value(v).ty);
-    let out_numel: Lin = node.outputs.iter().flatten().map(|&v| numel_lin(&g.value(v).ty, export)).fold(Lin::ZERO, |a, b| a + b);
+    let ty_in = |i: usize| {
+        node.inputs
+            .get(i)
+            .copied()
+            .flatten()
+            .map(|v| &g.value(v).ty)
+    };
+    let out_numel: Lin = node
+        .outputs
+        .iter()
+        .flatten()
+        .map(|&v| numel_lin(&g.value(v).ty, export))
+        .fold(Lin::ZERO, |a, b| a + b);
     let in_numel = ty_in(0).map(|t| numel_lin(t, export)).unwrap_or(Lin::ZERO);
-    let first_out = node.outputs.iter().flatten().next().map(|&v| numel_lin(&g.value(v).ty, export)).unwrap_or(Lin::ZERO);
+    let first_out = node
+        .outputs
+        .iter()
+        .flatten()
+        .next()
+        .map(|&v| numel_lin(&g.value(v).ty, export))
+        .unwrap_or(Lin::ZERO);
     match &node.op {
         Op::MatMul => {
-            let k = ty_in(0).and_then(|t| t.shape.dims().last().copied()).unwrap_or(Dim::Fixed(1));
+            let k = ty_in(0)
+                .and_then(|t| t.shape.dims().last().copied())
+                .unwrap_or(Dim::Fixed(1));
             (mul_dim(first_out, k, export).scale(2.0), 2.0)
         }
         Op::Gemm(gm) => {
@@ -370,15 +421,27 @@ fn flops(g: &Graph, n: NodeId, export: i64) -> (Lin, f64) {
             (mul_dim(first_out, k, export).scale(2.0) + first_out, 2.0)
         }
         Op::Einsum { equation } => {
-            let tys: Vec<&TensorType> = node.inputs.iter().flatten().map(|&v| &g.value(v).ty).collect();
-            (einsum_flops(equation, &tys, export).unwrap_or(first_out.scale(2.0)), 2.0)
+            let tys: Vec<&TensorType> = node
+                .inputs
+                .iter()
+                .flatten()
+                .map(|&v| &g.value(v).ty)
+                .collect();
+            (
+                einsum_flops(equation, &tys, export).unwrap_or(first_out.scale(2.0)),
+                2.0,
+            )
         }
         Op::Conv(_) => {
-            let per_out = ty_in(1).map(|w| w.shape.eval(export).iter().skip(1).product::<i64>()).unwrap_or(1);
+            let per_out = ty_in(1)
+                .map(|w| w.shape.eval(export).iter().skip(1).product::<i64>())
+                .unwrap_or(1);
             (first_out.scale(2.0 * per_out as f64), 2.0)
         }
         Op::ConvTranspose(_) => {
-            let per_in = ty_in(1).map(|w| w.shape.eval(export).iter().skip(1).product::<i64>()).unwrap_or(1);
+            let per_in = ty_in(1)
+                .map(|w| w.shape.eval(export).iter().skip(1).product::<i64>())
+                .unwrap_or(1);
             (in_numel.scale(2.0 * per_in as f64), 2.0)
         }
         Op::Softmax(_) | Op::LogSoftmax(_) => (out_numel.scale(5.0), 2.0),
@@ -386,9 +449,14 @@ fn flops(g: &Graph, n: NodeId, export: i64) -> (Lin, f64) {
         Op::BatchNormalization(_) => (first_out.scale(6.0), 2.0),
         Op::MaxPool(p) | Op::AveragePool(p) => (first_out.scale(kernel_prod(&p.window)), 1.0),
         Op::GlobalAveragePool | Op::GlobalMaxPool => (in_numel, 1.0),
-        Op::Reduce(_) | Op::ArgMax { .. } | Op::ArgMin { .. } | Op::CumSum { .. } => (in_numel, 1.0),
+        Op::Reduce(_) | Op::ArgMax { .. } | Op::ArgMin { .. } | Op::CumSum { .. } => {
+            (in_numel, 1.0)
+        }
         Op::Gather { .. } | Op::GatherElements { .. } => (out_numel, 1.0),
-        op if op.is_elementwise() => (out_numel.scale(if is_transcendental(op) { 4.0 } else { 1.0 }), 1.0),
+        op if op.is_elementwise() => (
+            out_numel.scale(if is_transcendental(op) { 4.0 } else { 1.0 }),
+            1.0,
+        ),
         _ => (Lin::ZERO, 0.0),
     }
 }
@@ -405,7 +473,11 @@ fn least_squares(xs: &[u64], ys: &[f64]) -> Lin {
     if sxx == 0.0 {
         return Lin::new(0.0, my);
     }
-    let sxy: f64 = xs.iter().zip(ys).map(|(&x, &y)| (x as f64 - mx) * (y - my)).sum();
+    let sxy: f64 = xs
+        .iter()
+        .zip(ys)
+        .map(|(&x, &y)| (x as f64 - mx) * (y - my))
+        .sum();
     let slope = sxy / sxx;
     Lin::new(slope, my - slope * mx)
 }
@@ -416,14 +488,25 @@ fn median(v: &mut [f64]) -> Option<f64> {
     }
     v.sort_by(|a, b| a.total_cmp(b));
     let m = v.len() / 2;
-    Some(if v.len() % 2 == 1 { v[m] } else { 0.5 * (v[m - 1] + v[m]) })
+    Some(if v.len() % 2 == 1 {
+        v[m]
+    } else {
+        0.5 * (v[m - 1] + v[m])
+    })
 }
 
 impl CostModel {
     /// Computes the analytic costs of every node of `g` on `device`.
     pub fn new(g: &Graph, device: Device) -> Result<CostModel, CostError> {
-        let topo = g.topo_order().map_err(|n| CostError::Cycle(g.node(n).name.clone()))?;
-        let export = g.batch.as_ref().map(|b| b.export_size).filter(|&s| s > 0).unwrap_or(1);
+        let topo = g
+            .topo_order()
+            .map_err(|n| CostError::Cycle(g.node(n).name.clone()))?;
+        let export = g
+            .batch
+            .as_ref()
+            .map(|b| b.export_size)
+            .filter(|&s| s > 0)
+            .unwrap_or(1);
         let bound = g.node_ids().map(|n| n.index() + 1).max().unwrap_or(0);
         let mut nodes = vec![NodeCost::default(); bound];
         let mut classes = vec![OpClass::DataMovement; bound];
@@ -469,7 +552,11 @@ impl CostModel {
             .map(|(v, consumers)| SharedWeightUse {
                 name: g.value(v).name.clone(),
                 value: Some(v),
-                bytes: g.value(v).weight().map(|w| w.data.bytes.len() as u64).unwrap_or(0),
+                bytes: g
+                    .value(v)
+                    .weight()
+                    .map(|w| w.data.bytes.len() as u64)
+                    .unwrap_or(0),
                 consumers,
             })
             .collect();
@@ -492,12 +579,18 @@ impl CostModel {
     }
 
     pub fn class(&self, n: NodeId) -> OpClass {
-        self.classes.get(n.index()).copied().unwrap_or(OpClass::DataMovement)
+        self.classes
+            .get(n.index())
+            .copied()
+            .unwrap_or(OpClass::DataMovement)
     }
 
     /// Trainable weights node `n` reads (shared ones included).
     pub fn weights_of(&self, n: NodeId) -> &[ValueId] {
-        self.weights.get(n.index()).map(|v| v.as_slice()).unwrap_or(&[])
+        self.weights
+            .get(n.index())
+            .map(|v| v.as_slice())
+            .unwrap_or(&[])
     }
 
     /// The uncalibrated roofline `(forward, backward)` seconds at microbatch `b`.
@@ -527,9 +620,17 @@ impl CostModel {
 
     /// Overrides node times with the profile's least-squares fits and calibrates the
     /// others by the median measured/analytic ratio of their class.
-    pub fn apply_profile(&mut self, g: &Graph, profile: &Profile) -> Result<ProfileReport, CostError> {
+    pub fn apply_profile(
+        &mut self,
+        g: &Graph,
+        profile: &Profile,
+    ) -> Result<ProfileReport, CostError> {
         profile.check()?;
-        let by_name: HashMap<&str, NodeId> = self.topo.iter().map(|&n| (g.node(n).name.as_str(), n)).collect();
+        let by_name: HashMap<&str, NodeId> = self
+            .topo
+            .iter()
+            .map(|&n| (g.node(n).name.as_str(), n))
+            .collect();
         let mut report = ProfileReport::default();
         let mut ratios: HashMap<OpClass, Vec<f64>> = HashMap::new();
         let mut measured = vec![false; self.nodes.len()];
@@ -539,20 +640,34 @@ impl CostModel {
                 continue;
             };
             if g.node(n).op.name() != p.op {
-                report.op_mismatches.push(format!("{}: profile says {}, graph has {}", p.name, p.op, g.node(n).op.name()));
+                report.op_mismatches.push(format!(
+                    "{}: profile says {}, graph has {}",
+                    p.name,
+                    p.op,
+                    g.node(n).op.name()
+                ));
             }
             let fwd_s: Vec<f64> = p.fwd_ms.iter().map(|x| x * 1e-3).collect();
             let bwd_s: Vec<f64> = p.bwd_ms.iter().map(|x| x * 1e-3).collect();
-            let analytic: f64 = profile.batches.iter().map(|&b| {
-                let (f, bw) = self.analytic_time(n, b);
-                f + bw
-            }).sum();
+            let analytic: f64 = profile
+                .batches
+                .iter()
+                .map(|&b| {
+                    let (f, bw) = self.analytic_time(n, b);
+                    f + bw
+                })
+                .sum();
             let total: f64 = fwd_s.iter().chain(&bwd_s).sum();
             if analytic > 0.0 && total > 0.0 {
-                ratios.entry(self.classes[n.index()]).or_default().push(total / analytic);
+                ratios
+                    .entry(self.classes[n.index()])
+                    .or_default()
+                    .push(total / analytic);
             }
-            self.timing[n.index()] =
-                Timing::Measured { fwd: least_squares(&profile.batches, &fwd_s), bwd: least_squares(&profile.batches, &bwd_s) };
+            self.timing[n.index()] = Timing::Measured {
+                fwd: least_squares(&profile.batches, &fwd_s),
+                bwd: least_squares(&profile.batches, &bwd_s),
+            };
             measured[n.index()] = true;
             report.measured += 1;
         }
@@ -566,13 +681,16 @@ impl CostModel {
         }
         for &n in &self.topo {
             if !measured[n.index()] {
-                let scale = class_ratio.get(&self.classes[n.index()]).copied().unwrap_or(global);
+                let scale = class_ratio
+                    .get(&self.classes[n.index()])
+                    .copied()
+                    .unwrap_or(global);
                 self.timing[n.index()] = Timing::Analytic { scale };
                 report.calibrated += 1;
             }
         }
         let mut cr: Vec<(OpClass, f64)> = class_ratio.into_iter().collect();
-        cr.sort_by(|a, b| a.0.cmp(&b.0));
+        cr.sort_by_key(|x| x.0);
         report.class_ratio = cr;
         Ok(report)
     }

@@ -34,6 +34,9 @@
 //! largest live bytes over its cuts is smaller is kept (ties: the IR's order), because
 //! live bytes are what cuts cost in communication and what recomputation stashes.
 
+// `map_or(true, ..)` instead of `is_none_or`: the workspace's MSRV is 1.80.
+#![allow(clippy::unnecessary_map_or)]
+
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 use std::ops::Range;
@@ -59,7 +62,12 @@ pub struct MemoryModel {
 impl MemoryModel {
     /// No memory limit.
     pub fn unlimited() -> MemoryModel {
-        MemoryModel { weight_factor: 1.0, act_factor: 1.0, input_factor: 0.0, limit: f64::INFINITY }
+        MemoryModel {
+            weight_factor: 1.0,
+            act_factor: 1.0,
+            input_factor: 0.0,
+            limit: f64::INFINITY,
+        }
     }
 }
 
@@ -170,26 +178,37 @@ impl PartitionProblem {
             a[i + 1] = a[i] + self.act_bytes.get(i).copied().unwrap_or(0.0);
         }
         let live = |c: usize| self.live_bytes.get(c).copied().unwrap_or(0.0);
-        let g = (0..=n).map(|j| mem.weight_factor * p[j] + mem.act_factor * a[j]).collect();
-        let h = (0..=n).map(|i| mem.weight_factor * p[i] + mem.act_factor * a[i] - mem.input_factor * live(i)).collect();
+        let g = (0..=n)
+            .map(|j| mem.weight_factor * p[j] + mem.act_factor * a[j])
+            .collect();
+        let h = (0..=n)
+            .map(|i| mem.weight_factor * p[i] + mem.act_factor * a[i] - mem.input_factor * live(i))
+            .collect();
         let comm = (0..=n).map(|c| self.comm(c)).collect();
         Prefix { s, g, h, comm }
     }
 
     /// `T(i,j)`, from prefix sums (as the DP computes it).
     pub fn stage_time(&self, i: usize, j: usize) -> f64 {
-        self.evaluate_ranges(&[i..j], &MemoryModel::unlimited()).0[0]
+        self.evaluate_ranges(std::slice::from_ref(&(i..j)), &MemoryModel::unlimited())
+            .0[0]
     }
 
     /// `M(i,j)`, from prefix sums (as the DP computes it).
     pub fn stage_memory(&self, i: usize, j: usize, mem: &MemoryModel) -> f64 {
-        self.evaluate_ranges(&[i..j], mem).1[0]
+        self.evaluate_ranges(std::slice::from_ref(&(i..j)), mem).1[0]
     }
 
     fn evaluate_ranges(&self, ranges: &[Range<usize>], mem: &MemoryModel) -> (Vec<f64>, Vec<f64>) {
         let pre = self.prefix(mem);
-        let t = ranges.iter().map(|r| pre.s[r.end] - pre.s[r.start] + pre.comm[r.start] + pre.comm[r.end]).collect();
-        let m = ranges.iter().map(|r| pre.g[r.end] - pre.h[r.start]).collect();
+        let t = ranges
+            .iter()
+            .map(|r| pre.s[r.end] - pre.s[r.start] + pre.comm[r.start] + pre.comm[r.end])
+            .collect();
+        let m = ranges
+            .iter()
+            .map(|r| pre.g[r.end] - pre.h[r.start])
+            .collect();
         (t, m)
     }
 
@@ -213,7 +232,14 @@ impl PartitionProblem {
 
     /// One feasibility test: is there a split into `d` stages with every `T <= bound` and
     /// every `M <= limit`? Returns the cuts when there is.
-    fn feasible(&self, pre: &Prefix, d: usize, bound: f64, mem: &MemoryModel, memory_binds: bool) -> Option<Vec<usize>> {
+    fn feasible(
+        &self,
+        pre: &Prefix,
+        d: usize,
+        bound: f64,
+        mem: &MemoryModel,
+        memory_binds: bool,
+    ) -> Option<Vec<usize>> {
         let n = self.len();
         // parent[k][j]: the start of the k-th stage ending at j (k = 1..d).
         let mut parent = vec![u32::MAX; d * (n + 1)];
@@ -230,7 +256,10 @@ impl PartitionProblem {
             for j in k..=last {
                 let i = j - 1;
                 if prev[i] {
-                    let c = Cand { x: pre.s[i] - pre.comm[i], i: i as u32 };
+                    let c = Cand {
+                        x: pre.s[i] - pre.comm[i],
+                        i: i as u32,
+                    };
                     if memory_binds {
                         heap.push(c);
                     } else if best.map_or(true, |b| c > b) {
@@ -307,15 +336,16 @@ impl PartitionProblem {
         let mut hi_bits = hi.to_bits();
         // Every split has a stage of at least total/d: start just below it.
         let lower = (pre.s[n] / d as f64) * (1.0 - 1e-12);
-        let mut lo_bits = if lower > 0.0 && self.feasible(&pre, d, lower, mem, memory_binds).is_none() {
-            lower.to_bits()
-        } else if self.feasible(&pre, d, 0.0, mem, memory_binds).is_some() {
-            hi_bits = 0;
-            hi_cuts = self.feasible(&pre, d, 0.0, mem, memory_binds)?;
-            0
-        } else {
-            0
-        };
+        let mut lo_bits =
+            if lower > 0.0 && self.feasible(&pre, d, lower, mem, memory_binds).is_none() {
+                lower.to_bits()
+            } else if self.feasible(&pre, d, 0.0, mem, memory_binds).is_some() {
+                hi_bits = 0;
+                hi_cuts = self.feasible(&pre, d, 0.0, mem, memory_binds)?;
+                0
+            } else {
+                0
+            };
         while hi_bits > lo_bits + 1 {
             let mid = lo_bits + (hi_bits - lo_bits) / 2;
             match self.feasible(&pre, d, f64::from_bits(mid), mem, memory_binds) {
@@ -327,7 +357,10 @@ impl PartitionProblem {
             }
         }
         let (t, _) = self.evaluate(&hi_cuts, mem);
-        Some(Partition { bottleneck: t.into_iter().fold(0.0, f64::max), cuts: hi_cuts })
+        Some(Partition {
+            bottleneck: t.into_iter().fold(0.0, f64::max),
+            cuts: hi_cuts,
+        })
     }
 
     /// Exhaustive search over all `C(n-1, d-1)` splits, for tests.
@@ -343,7 +376,10 @@ impl PartitionProblem {
             if m.iter().all(|&x| x <= mem.limit) {
                 let b = t.into_iter().fold(0.0, f64::max);
                 if best.as_ref().map_or(true, |p| b < p.bottleneck) {
-                    best = Some(Partition { cuts: cuts.clone(), bottleneck: b });
+                    best = Some(Partition {
+                        cuts: cuts.clone(),
+                        bottleneck: b,
+                    });
                 }
             }
             // Next combination of d-1 cuts from 1..n.
@@ -450,13 +486,21 @@ pub fn depth_first_order(g: &Graph) -> Result<Vec<NodeId>, NodeId> {
     for &n in &ids {
         by_index[n.index()] = Some(n);
     }
-    let mut stack: Vec<NodeId> = ids.iter().rev().copied().filter(|n| indeg[n.index()] == 0).collect();
+    let mut stack: Vec<NodeId> = ids
+        .iter()
+        .rev()
+        .copied()
+        .filter(|n| indeg[n.index()] == 0)
+        .collect();
     let mut order = Vec::with_capacity(ids.len());
     let mut succ: Vec<usize> = Vec::new();
     while let Some(n) = stack.pop() {
         order.push(n);
         succ.clear();
-        for e in dag.edges_directed(petgraph::stable_graph::NodeIndex::new(n.index()), Direction::Outgoing) {
+        for e in dag.edges_directed(
+            petgraph::stable_graph::NodeIndex::new(n.index()),
+            Direction::Outgoing,
+        ) {
             let t = e.target().index();
             indeg[t] -= 1;
             if indeg[t] == 0 {
@@ -470,7 +514,10 @@ pub fn depth_first_order(g: &Graph) -> Result<Vec<NodeId>, NodeId> {
     if order.len() == ids.len() {
         Ok(order)
     } else {
-        Err(ids.into_iter().find(|n| indeg[n.index()] > 0).unwrap_or(order[0]))
+        Err(ids
+            .into_iter()
+            .find(|n| indeg[n.index()] > 0)
+            .unwrap_or(order[0]))
     }
 }
 
@@ -542,9 +589,21 @@ pub fn choose_order(g: &Graph, cost: &CostModel, b: u64) -> Result<LinearOrder, 
     let ld = live_bytes(g, &dfs, cost);
     let (pt, pd) = (peak(&lt), peak(&ld));
     Ok(if pd < pt {
-        LinearOrder { kind: OrderKind::DepthFirst, nodes: dfs, live: ld, max_live: pd, other_max_live: pt }
+        LinearOrder {
+            kind: OrderKind::DepthFirst,
+            nodes: dfs,
+            live: ld,
+            max_live: pd,
+            other_max_live: pt,
+        }
     } else {
-        LinearOrder { kind: OrderKind::Topological, nodes: topo, live: lt, max_live: pt, other_max_live: pd }
+        LinearOrder {
+            kind: OrderKind::Topological,
+            nodes: topo,
+            live: lt,
+            max_live: pt,
+            other_max_live: pd,
+        }
     })
 }
 
@@ -570,9 +629,19 @@ mod tests {
         // 21 total: best split {1,2,3,4}=10? no: [1,2,3][4,5][6] -> 6,9,6 = 9; [1..4][5][6]=10.
         assert_eq!(part.bottleneck, 9.0);
         assert_eq!(part.cuts, vec![3, 5]);
-        assert_eq!(p.brute_force_partition(3, &MemoryModel::unlimited()).unwrap().bottleneck, 9.0);
+        assert_eq!(
+            p.brute_force_partition(3, &MemoryModel::unlimited())
+                .unwrap()
+                .bottleneck,
+            9.0
+        );
         assert!(p.optimal_partition(7, &MemoryModel::unlimited()).is_none());
-        assert_eq!(p.optimal_partition(1, &MemoryModel::unlimited()).unwrap().cuts, Vec::<usize>::new());
+        assert_eq!(
+            p.optimal_partition(1, &MemoryModel::unlimited())
+                .unwrap()
+                .cuts,
+            Vec::<usize>::new()
+        );
     }
 
     #[test]
@@ -589,7 +658,12 @@ mod tests {
     fn memory_limit_forces_uneven_split() {
         let mut p = chain(&[1.0, 1.0, 1.0, 1.0]);
         p.param_bytes = vec![10.0, 0.0, 0.0, 0.0];
-        let mem = MemoryModel { weight_factor: 1.0, act_factor: 0.0, input_factor: 0.0, limit: 10.0 };
+        let mem = MemoryModel {
+            weight_factor: 1.0,
+            act_factor: 0.0,
+            input_factor: 0.0,
+            limit: 10.0,
+        };
         let part = p.optimal_partition(2, &mem).unwrap();
         assert_eq!(part.bottleneck, 2.0);
         let tight = MemoryModel { limit: 9.0, ..mem };

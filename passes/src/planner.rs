@@ -31,6 +31,9 @@
 //! list; partitions are cached per `(d, b, recompute)` and only re-solved with the memory
 //! limit when the unconstrained optimum does not fit.
 
+// `%` and `map_or(true, ..)`: the workspace's MSRV is 1.80.
+#![allow(clippy::manual_is_multiple_of, clippy::unnecessary_map_or)]
+
 use std::collections::HashMap;
 use std::fmt::Write;
 
@@ -39,7 +42,10 @@ use serde::Serialize;
 
 use crate::cluster::Cluster;
 use crate::cost::{CostError, CostModel, Lin};
-use crate::partition::{balanced_by, choose_order, stage_ranges, uniform_by_nodes, value_bytes, valid_cuts, LinearOrder, MemoryModel, OrderKind, PartitionProblem};
+use crate::partition::{
+    balanced_by, choose_order, stage_ranges, uniform_by_nodes, valid_cuts, value_bytes,
+    LinearOrder, MemoryModel, OrderKind, PartitionProblem,
+};
 
 /// A pipeline schedule.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
@@ -243,9 +249,17 @@ impl Plan {
     pub fn text(&self) -> String {
         let mut s = String::new();
         let _ = writeln!(s, "linear order: {:?}", self.order);
-        let _ = writeln!(s, "{:>3} {:>3} {:>3} {:>5} {:>5} {:>9} {:>8} {:>12}  {:<10} peak memory per stage", "#", "w", "d", "b", "m", "recompute", "schedule", "samples/s", "bottleneck");
+        let _ = writeln!(
+            s,
+            "{:>3} {:>3} {:>3} {:>5} {:>5} {:>9} {:>8} {:>12}  {:<10} peak memory per stage",
+            "#", "w", "d", "b", "m", "recompute", "schedule", "samples/s", "bottleneck"
+        );
         for (k, c) in self.candidates.iter().enumerate() {
-            let mem: Vec<String> = c.peak_memory_per_stage.iter().map(|&x| human_bytes(x)).collect();
+            let mem: Vec<String> = c
+                .peak_memory_per_stage
+                .iter()
+                .map(|&x| human_bytes(x))
+                .collect();
             let _ = writeln!(
                 s,
                 "{:>3} {:>3} {:>3} {:>5} {:>5} {:>9} {:>8} {:>12.1}  {:<10} {}",
@@ -291,7 +305,11 @@ impl Plan {
             );
         }
         for w in &self.shared_weights {
-            let _ = writeln!(s, "shared weight {} in stages {:?}: {}", w.name, w.stages, w.decision);
+            let _ = writeln!(
+                s,
+                "shared weight {} in stages {:?}: {}",
+                w.name, w.stages, w.decision
+            );
         }
         s
     }
@@ -303,7 +321,11 @@ fn boundary_text(list: &[(String, u64)]) -> String {
     }
     let total: u64 = list.iter().map(|x| x.1).sum();
     let names: Vec<&str> = list.iter().take(3).map(|x| x.0.as_str()).collect();
-    let more = if list.len() > 3 { format!(" +{}", list.len() - 3) } else { String::new() };
+    let more = if list.len() > 3 {
+        format!(" +{}", list.len() - 3)
+    } else {
+        String::new()
+    };
     format!("{} ({}{})", human_bytes(total), names.join(", "), more)
 }
 
@@ -322,6 +344,9 @@ pub fn human_bytes(x: u64) -> String {
         format!("{v:.1}{}", U[k])
     }
 }
+
+/// Cached cuts per partition key (`None`: no feasible split).
+type CutsCache<K> = HashMap<K, Option<Vec<usize>>>;
 
 struct SharedInfo {
     name: String,
@@ -348,12 +373,17 @@ pub struct PlanContext<'a> {
 
 impl<'a> PlanContext<'a> {
     /// Chooses the linear order and gathers per-position costs.
-    pub fn new(g: &'a Graph, cost: &'a CostModel, cluster: &'a Cluster) -> Result<PlanContext<'a>, PlanError> {
+    pub fn new(
+        g: &'a Graph,
+        cost: &'a CostModel,
+        cluster: &'a Cluster,
+    ) -> Result<PlanContext<'a>, PlanError> {
         if g.node_count() == 0 {
             return Err(PlanError::EmptyGraph);
         }
         let reference_b = cost.export_batch.max(1) as u64;
-        let order = choose_order(g, cost, reference_b).map_err(|n| PlanError::Cycle(g.node(n).name.clone()))?;
+        let order = choose_order(g, cost, reference_b)
+            .map_err(|n| PlanError::Cycle(g.node(n).name.clone()))?;
         let n = order.nodes.len();
         let mut pos = vec![usize::MAX; g.node_ids().map(|x| x.index() + 1).max().unwrap_or(0)];
         for (p, &x) in order.nodes.iter().enumerate() {
@@ -364,10 +394,25 @@ impl<'a> PlanContext<'a> {
             .shared
             .iter()
             .filter_map(|s| {
-                let positions: Vec<usize> = s.consumers.iter().filter_map(|c| pos.get(c.index()).copied()).filter(|&p| p != usize::MAX).collect();
+                let positions: Vec<usize> = s
+                    .consumers
+                    .iter()
+                    .filter_map(|c| pos.get(c.index()).copied())
+                    .filter(|&p| p != usize::MAX)
+                    .collect();
                 let owner = *positions.first()?;
-                let numel = s.value.and_then(|v| g.value(v).weight()).map(|w| w.data.numel() as u64).unwrap_or(0);
-                Some(SharedInfo { name: s.name.clone(), bytes: s.bytes as f64, numel, owner, positions })
+                let numel = s
+                    .value
+                    .and_then(|v| g.value(v).weight())
+                    .map(|w| w.data.numel() as u64)
+                    .unwrap_or(0);
+                Some(SharedInfo {
+                    name: s.name.clone(),
+                    bytes: s.bytes as f64,
+                    numel,
+                    owner,
+                    positions,
+                })
             })
             .collect();
         Ok(PlanContext {
@@ -468,16 +513,33 @@ impl<'a> PlanContext<'a> {
     }
 }
 
-fn memory_model(schedule: Schedule, recompute: bool, d: usize, m: u64, optimizer: Optimizer, limit: f64) -> MemoryModel {
+fn memory_model(
+    schedule: Schedule,
+    recompute: bool,
+    d: usize,
+    m: u64,
+    optimizer: Optimizer,
+    limit: f64,
+) -> MemoryModel {
     let in_flight = match schedule {
         Schedule::TwoBW | Schedule::Flush => d as f64,
         Schedule::GPipe => m as f64,
     };
     let weight_factor = schedule.versions() + 1.0 + optimizer.state_factor();
     if recompute {
-        MemoryModel { weight_factor, act_factor: 1.0, input_factor: in_flight, limit }
+        MemoryModel {
+            weight_factor,
+            act_factor: 1.0,
+            input_factor: in_flight,
+            limit,
+        }
     } else {
-        MemoryModel { weight_factor, act_factor: in_flight, input_factor: 0.0, limit }
+        MemoryModel {
+            weight_factor,
+            act_factor: in_flight,
+            input_factor: 0.0,
+            limit,
+        }
     }
 }
 
@@ -493,11 +555,23 @@ struct Config {
 }
 
 /// Evaluates one configuration on given cuts; `None` when over memory.
-fn assess(ctx: &mut PlanContext, cfg: &Config, cuts: &[usize], opts: &PlanOptions) -> Option<Candidate> {
+fn assess(
+    ctx: &mut PlanContext,
+    cfg: &Config,
+    cuts: &[usize],
+    opts: &PlanOptions,
+) -> Option<Candidate> {
     let cluster = ctx.cluster;
     let limit = cluster.memory_per_worker as f64;
     let pbw = cluster.pipeline_bw(cfg.d);
-    let mem = memory_model(cfg.schedule, cfg.recompute, cfg.d, cfg.m, opts.optimizer, limit);
+    let mem = memory_model(
+        cfg.schedule,
+        cfg.recompute,
+        cfg.d,
+        cfg.m,
+        opts.optimizer,
+        limit,
+    );
     let (extra_bytes, _, sync) = ctx.shared_extra(cuts, pbw);
     let prob = ctx.problem(cfg.b, cfg.recompute, pbw);
     let (times, mems) = prob.evaluate(cuts, &mem);
@@ -507,12 +581,16 @@ fn assess(ctx: &mut PlanContext, cfg: &Config, cuts: &[usize], opts: &PlanOption
     let mut worst = (0.0f64, 0usize);
     for s in 0..cfg.d {
         let memory = mems[s] + mem.weight_factor * extra_bytes[s];
-        if !(memory <= limit * (1.0 + 1e-12)) {
+        if memory.is_nan() || memory > limit * (1.0 + 1e-12) {
             return None;
         }
         peak.push(memory.max(0.0).round() as u64);
         let grad: f64 = prob.param_bytes[ranges[s].clone()].iter().sum::<f64>() + extra_bytes[s];
-        let ar = if cfg.w > 1 { 2.0 * (cfg.w as f64 - 1.0) / cfg.w as f64 * grad / ar_bw } else { 0.0 } + sync[s];
+        let ar = if cfg.w > 1 {
+            2.0 * (cfg.w as f64 - 1.0) / cfg.w as f64 * grad / ar_bw
+        } else {
+            0.0
+        } + sync[s];
         let eff = times[s].max(ar / cfg.m as f64);
         if eff > worst.0 || s == 0 {
             worst = (eff, s);
@@ -523,7 +601,11 @@ fn assess(ctx: &mut PlanContext, cfg: &Config, cuts: &[usize], opts: &PlanOption
         Schedule::Flush | Schedule::GPipe => (cfg.m + cfg.d as u64 - 1) as f64 * worst.0,
     };
     let samples = (cfg.b * cfg.m * cfg.w as u64) as f64;
-    let samples_per_s = if per_batch > 0.0 { samples / per_batch } else { f64::INFINITY };
+    let samples_per_s = if per_batch > 0.0 {
+        samples / per_batch
+    } else {
+        f64::INFINITY
+    };
     Some(Candidate {
         w: cfg.w,
         d: cfg.d,
@@ -539,10 +621,18 @@ fn assess(ctx: &mut PlanContext, cfg: &Config, cuts: &[usize], opts: &PlanOption
 }
 
 fn explicit_cuts(ctx: &PlanContext, names: &[String]) -> Result<Vec<usize>, PlanError> {
-    let by_name: HashMap<&str, usize> = ctx.order.nodes.iter().enumerate().map(|(p, &x)| (ctx.g.node(x).name.as_str(), p)).collect();
+    let by_name: HashMap<&str, usize> = ctx
+        .order
+        .nodes
+        .iter()
+        .enumerate()
+        .map(|(p, &x)| (ctx.g.node(x).name.as_str(), p))
+        .collect();
     let mut cuts = Vec::with_capacity(names.len());
     for name in names {
-        let &p = by_name.get(name.as_str()).ok_or_else(|| PlanError::UnknownCutNode(name.clone()))?;
+        let &p = by_name
+            .get(name.as_str())
+            .ok_or_else(|| PlanError::UnknownCutNode(name.clone()))?;
         if p == 0 || cuts.contains(&p) {
             return Err(PlanError::BadCut(name.clone()));
         }
@@ -553,7 +643,12 @@ fn explicit_cuts(ctx: &PlanContext, names: &[String]) -> Result<Vec<usize>, Plan
 }
 
 /// Plans `g` on `cluster`: see the module docs.
-pub fn plan(g: &Graph, cost: &CostModel, cluster: &Cluster, opts: &PlanOptions) -> Result<Plan, PlanError> {
+pub fn plan(
+    g: &Graph,
+    cost: &CostModel,
+    cluster: &Cluster,
+    opts: &PlanOptions,
+) -> Result<Plan, PlanError> {
     if opts.global_batch == 0 {
         return Err(PlanError::Options("global_batch must be positive".into()));
     }
@@ -570,10 +665,19 @@ pub fn plan(g: &Graph, cost: &CostModel, cluster: &Cluster, opts: &PlanOptions) 
         None => None,
     };
     let depths: Vec<usize> = match (&fixed_cuts, opts.stages) {
-        (Some(c), Some(s)) if c.len() + 1 != s => return Err(PlanError::StagesMismatch { stages: s, from_cuts: c.len() + 1 }),
+        (Some(c), Some(s)) if c.len() + 1 != s => {
+            return Err(PlanError::StagesMismatch {
+                stages: s,
+                from_cuts: c.len() + 1,
+            })
+        }
         (Some(c), _) => vec![c.len() + 1],
         (None, Some(0)) => return Err(PlanError::Options("stages must be at least 1".into())),
-        (None, Some(s)) if s > n => return Err(PlanError::Options(format!("{s} stages but the graph has {n} nodes"))),
+        (None, Some(s)) if s > n => {
+            return Err(PlanError::Options(format!(
+                "{s} stages but the graph has {n} nodes"
+            )))
+        }
         (None, Some(s)) => vec![s],
         (None, None) => (1..=cluster.workers.min(n)).collect(),
     };
@@ -585,7 +689,10 @@ pub fn plan(g: &Graph, cost: &CostModel, cluster: &Cluster, opts: &PlanOptions) 
     let mut totals: HashMap<u64, f64> = HashMap::new();
     for &d in &depths {
         if d > cluster.workers {
-            return Err(PlanError::Options(format!("{d} stages but the cluster has {} workers", cluster.workers)));
+            return Err(PlanError::Options(format!(
+                "{d} stages but the cluster has {} workers",
+                cluster.workers
+            )));
         }
         for w in 1..=cluster.workers / d {
             if opts.global_batch % w as u64 != 0 {
@@ -597,10 +704,14 @@ pub fn plan(g: &Graph, cost: &CostModel, cluster: &Cluster, opts: &PlanOptions) 
                 if opts.microbatch.map_or(true, |x| x == b) {
                     let m = per_replica / b;
                     let total = *totals.entry(b).or_insert_with(|| {
-                        ctx.order.nodes.iter().map(|&x| {
-                            let (f, bw) = cost.time(x, b);
-                            f + bw
-                        }).sum()
+                        ctx.order
+                            .nodes
+                            .iter()
+                            .map(|&x| {
+                                let (f, bw) = cost.time(x, b);
+                                f + bw
+                            })
+                            .sum()
                     });
                     for &recompute in &recomputes {
                         for &schedule in &opts.schedules {
@@ -612,8 +723,20 @@ pub fn plan(g: &Graph, cost: &CostModel, cluster: &Cluster, opts: &PlanOptions) 
                                 Schedule::TwoBW => m as f64 * t_lb,
                                 _ => (m + d as u64 - 1) as f64 * t_lb,
                             };
-                            let optimistic = if per_batch > 0.0 { (b * m * w as u64) as f64 / per_batch } else { f64::INFINITY };
-                            configs.push(Config { w, d, b, m, recompute, schedule, optimistic });
+                            let optimistic = if per_batch > 0.0 {
+                                (b * m * w as u64) as f64 / per_batch
+                            } else {
+                                f64::INFINITY
+                            };
+                            configs.push(Config {
+                                w,
+                                d,
+                                b,
+                                m,
+                                recompute,
+                                schedule,
+                                optimistic,
+                            });
                         }
                     }
                 }
@@ -630,8 +753,8 @@ pub fn plan(g: &Graph, cost: &CostModel, cluster: &Cluster, opts: &PlanOptions) 
     configs.sort_by(|a, b| b.optimistic.total_cmp(&a.optimistic));
     let top = opts.top.max(1);
     let mut found: Vec<Candidate> = Vec::new();
-    let mut free_cache: HashMap<(usize, u64, bool), Option<Vec<usize>>> = HashMap::new();
-    let mut bound_cache: HashMap<(usize, u64, bool, Schedule, u64), Option<Vec<usize>>> = HashMap::new();
+    let mut free_cache: CutsCache<(usize, u64, bool)> = HashMap::new();
+    let mut bound_cache: CutsCache<(usize, u64, bool, Schedule, u64)> = HashMap::new();
     let limit = cluster.memory_per_worker as f64;
     for cfg in &configs {
         if found.len() >= top && cfg.optimistic < found[top - 1].samples_per_s {
@@ -649,22 +772,40 @@ pub fn plan(g: &Graph, cost: &CostModel, cluster: &Cluster, opts: &PlanOptions) 
             assess(&mut ctx, cfg, &cuts, opts)
         } else {
             let key = (cfg.d, cfg.b, cfg.recompute);
-            if !free_cache.contains_key(&key) {
-                let p = ctx.problem(cfg.b, cfg.recompute, pbw).optimal_partition(cfg.d, &MemoryModel::unlimited());
-                free_cache.insert(key, p.map(|p| p.cuts));
-            }
-            let free = free_cache.get(&key).cloned().flatten();
+            let free = free_cache
+                .entry(key)
+                .or_insert_with(|| {
+                    ctx.problem(cfg.b, cfg.recompute, pbw)
+                        .optimal_partition(cfg.d, &MemoryModel::unlimited())
+                        .map(|p| p.cuts)
+                })
+                .clone();
             match free.and_then(|c| assess(&mut ctx, cfg, &c, opts)) {
                 Some(c) => Some(c),
                 None => {
-                    let m_key = if cfg.schedule == Schedule::GPipe { cfg.m } else { 0 };
+                    let m_key = if cfg.schedule == Schedule::GPipe {
+                        cfg.m
+                    } else {
+                        0
+                    };
                     let bkey = (cfg.d, cfg.b, cfg.recompute, cfg.schedule, m_key);
-                    if !bound_cache.contains_key(&bkey) {
-                        let mem = memory_model(cfg.schedule, cfg.recompute, cfg.d, cfg.m, opts.optimizer, limit);
-                        let p = ctx.problem(cfg.b, cfg.recompute, pbw).optimal_partition(cfg.d, &mem);
-                        bound_cache.insert(bkey, p.map(|p| p.cuts));
-                    }
-                    bound_cache.get(&bkey).cloned().flatten().and_then(|c| assess(&mut ctx, cfg, &c, opts))
+                    let mem = memory_model(
+                        cfg.schedule,
+                        cfg.recompute,
+                        cfg.d,
+                        cfg.m,
+                        opts.optimizer,
+                        limit,
+                    );
+                    bound_cache
+                        .entry(bkey)
+                        .or_insert_with(|| {
+                            ctx.problem(cfg.b, cfg.recompute, pbw)
+                                .optimal_partition(cfg.d, &mem)
+                                .map(|p| p.cuts)
+                        })
+                        .clone()
+                        .and_then(|c| assess(&mut ctx, cfg, &c, opts))
                 }
             }
         };
@@ -672,7 +813,8 @@ pub fn plan(g: &Graph, cost: &CostModel, cluster: &Cluster, opts: &PlanOptions) 
             let at = found.partition_point(|x| {
                 x.samples_per_s > c.samples_per_s
                     || (x.samples_per_s == c.samples_per_s
-                        && x.peak_memory_per_stage.iter().max() <= c.peak_memory_per_stage.iter().max())
+                        && x.peak_memory_per_stage.iter().max()
+                            <= c.peak_memory_per_stage.iter().max())
             });
             if at < top {
                 found.insert(at, c);
@@ -692,15 +834,29 @@ pub fn plan(g: &Graph, cost: &CostModel, cluster: &Cluster, opts: &PlanOptions) 
     Ok(describe(&mut ctx, found, chosen, opts))
 }
 
-fn describe(ctx: &mut PlanContext, candidates: Vec<Candidate>, chosen: Candidate, opts: &PlanOptions) -> Plan {
+fn describe(
+    ctx: &mut PlanContext,
+    candidates: Vec<Candidate>,
+    chosen: Candidate,
+    opts: &PlanOptions,
+) -> Plan {
     let n = ctx.n;
     let g = ctx.g;
     let cuts = chosen.cuts.clone();
     let ranges = stage_ranges(&cuts, n);
     let pbw = ctx.cluster.pipeline_bw(chosen.d);
     let (_, extra_numel, _) = ctx.shared_extra(&cuts, pbw);
-    let mem = memory_model(chosen.schedule, chosen.recompute, chosen.d, chosen.m, opts.optimizer, f64::INFINITY);
-    let (times, _) = ctx.problem(chosen.b, chosen.recompute, pbw).evaluate(&cuts, &mem);
+    let mem = memory_model(
+        chosen.schedule,
+        chosen.recompute,
+        chosen.d,
+        chosen.m,
+        opts.optimizer,
+        f64::INFINITY,
+    );
+    let (times, _) = ctx
+        .problem(chosen.b, chosen.recompute, pbw)
+        .evaluate(&cuts, &mem);
     let b = chosen.b;
     let export = ctx.cost.export_batch;
     // Live values per cut: (first cut, last cut) of each non-weight value.
@@ -731,11 +887,20 @@ fn describe(ctx: &mut PlanContext, candidates: Vec<Candidate>, chosen: Candidate
             pipewright_ir::ValueDef::Weight(_) => continue,
         };
         if first <= q {
-            spans.push((first, q, val.name.clone(), value_bytes(val, export).at(b).max(0.0) as u64));
+            spans.push((
+                first,
+                q,
+                val.name.clone(),
+                value_bytes(val, export).at(b).max(0.0) as u64,
+            ));
         }
     }
     let live_at = |c: usize| -> Vec<(String, u64)> {
-        spans.iter().filter(|s| s.0 <= c && c <= s.1).map(|s| (s.2.clone(), s.3)).collect()
+        spans
+            .iter()
+            .filter(|s| s.0 <= c && c <= s.1)
+            .map(|s| (s.2.clone(), s.3))
+            .collect()
     };
     let mut stages = Vec::with_capacity(ranges.len());
     for (s, r) in ranges.iter().enumerate() {
@@ -747,7 +912,11 @@ fn describe(ctx: &mut PlanContext, candidates: Vec<Candidate>, chosen: Candidate
             nodes: r.len(),
             params: ctx.params[r.clone()].iter().sum::<u64>() + extra_numel[s],
             flops: ctx.flops[r.clone()].iter().map(|f| f.at(b)).sum(),
-            activation_bytes: ctx.act[r.clone()].iter().map(|a| a.at(b)).sum::<f64>().max(0.0) as u64,
+            activation_bytes: ctx.act[r.clone()]
+                .iter()
+                .map(|a| a.at(b))
+                .sum::<f64>()
+                .max(0.0) as u64,
             time_s: times[s],
             memory: chosen.peak_memory_per_stage[s],
             inputs: live_at(r.start),
@@ -777,5 +946,12 @@ fn describe(ctx: &mut PlanContext, candidates: Vec<Candidate>, chosen: Candidate
         node_stage.extend(ctx.order.nodes[r.clone()].iter().map(|&x| (x, s)));
     }
     debug_assert!(valid_cuts(&cuts, n) || cuts.is_empty());
-    Plan { order: ctx.order.kind, candidates, chosen, stages, shared_weights, node_stage }
+    Plan {
+        order: ctx.order.kind,
+        candidates,
+        chosen,
+        stages,
+        shared_weights,
+        node_stage,
+    }
 }

@@ -5,7 +5,9 @@
 
 use pipewright_ir::{DType, Dim, Graph, ModelMeta, Op, Shape, TensorType, Value, ValueDef};
 use pipewright_passes::cost::{CostModel, Device};
-use pipewright_passes::partition::{choose_order, live_bytes, valid_cuts, MemoryModel, PartitionProblem};
+use pipewright_passes::partition::{
+    choose_order, live_bytes, valid_cuts, MemoryModel, PartitionProblem,
+};
 use proptest::prelude::*;
 
 /// `inputs[i]` lists earlier nodes node `i` reads (empty: the graph input); `widths[i]` is
@@ -13,20 +15,37 @@ use proptest::prelude::*;
 fn build(inputs: &[Vec<usize>], widths: &[i64]) -> Graph {
     let mut g = Graph::new(ModelMeta::default());
     let ty = |w: i64| TensorType::new(DType::F32, Shape(vec![Dim::N, Dim::Fixed(w)]));
-    let x = g.add_value(Value { name: "x".into(), ty: ty(8), def: ValueDef::Input });
+    let x = g.add_value(Value {
+        name: "x".into(),
+        ty: ty(8),
+        def: ValueDef::Input,
+    });
     let mut outs = Vec::new();
     for (i, ins) in inputs.iter().enumerate() {
         let mut args: Vec<_> = ins.iter().map(|&j| Some(outs[j])).collect();
         if args.is_empty() {
             args.push(Some(x));
         }
-        let op = if args.len() == 1 { Op::Unary(pipewright_ir::ops::UnaryOp::Relu) } else { Op::Variadic(pipewright_ir::ops::VariadicOp::Sum) };
-        let n = g.add_node(format!("n{i}"), op, args, vec![Some((format!("v{i}"), ty(widths[i])))]);
+        let op = if args.len() == 1 {
+            Op::Unary(pipewright_ir::ops::UnaryOp::Relu)
+        } else {
+            Op::Variadic(pipewright_ir::ops::VariadicOp::Sum)
+        };
+        let n = g.add_node(
+            format!("n{i}"),
+            op,
+            args,
+            vec![Some((format!("v{i}"), ty(widths[i])))],
+        );
         outs.push(g.node(n).outputs[0].unwrap());
     }
     // Graph outputs: every value nobody reads.
     let uses = g.use_counts();
-    let sinks = outs.iter().copied().filter(|v| uses[v.index()] == 0).collect();
+    let sinks = outs
+        .iter()
+        .copied()
+        .filter(|v| uses[v.index()] == 0)
+        .collect();
     g.set_outputs(sinks);
     g
 }
@@ -39,7 +58,11 @@ fn dag() -> impl Strategy<Value = (Vec<Vec<usize>>, Vec<i64>)> {
                     Just(Vec::new()).boxed()
                 } else {
                     // The previous layer plus, sometimes, a skip edge from further back.
-                    (0..i, proptest::option::of(0..i), proptest::bool::weighted(0.8))
+                    (
+                        0..i,
+                        proptest::option::of(0..i),
+                        proptest::bool::weighted(0.8),
+                    )
                         .prop_map(move |(a, skip, chain)| {
                             let mut v = vec![if chain { i - 1 } else { a }];
                             if let Some(s) = skip {

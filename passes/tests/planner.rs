@@ -5,7 +5,10 @@ use std::path::PathBuf;
 
 use bytes::Bytes;
 use pipewright_ir::ops::UnaryOp;
-use pipewright_ir::{DType, Dim, Graph, ModelMeta, NodeId, Op, Shape, TensorData, TensorType, Value, ValueDef, ValueId, Weight};
+use pipewright_ir::{
+    DType, Dim, Graph, ModelMeta, NodeId, Op, Shape, TensorData, TensorType, Value, ValueDef,
+    ValueId, Weight,
+};
 use pipewright_passes::cluster::Cluster;
 use pipewright_passes::cost::{CostModel, Device, Lin, Profile};
 use pipewright_passes::partition::{choose_order, live_bytes};
@@ -16,32 +19,59 @@ fn row(w: i64) -> TensorType {
 }
 
 fn input(g: &mut Graph, w: i64) -> ValueId {
-    g.add_value(Value { name: "x".into(), ty: row(w), def: ValueDef::Input })
+    g.add_value(Value {
+        name: "x".into(),
+        ty: row(w),
+        def: ValueDef::Input,
+    })
 }
 
 fn unary(g: &mut Graph, name: &str, x: ValueId, w: i64) -> (NodeId, ValueId) {
-    let n = g.add_node(name.into(), Op::Unary(UnaryOp::Relu), vec![Some(x)], vec![Some((format!("{name}_out"), row(w)))]);
+    let n = g.add_node(
+        name.into(),
+        Op::Unary(UnaryOp::Relu),
+        vec![Some(x)],
+        vec![Some((format!("{name}_out"), row(w)))],
+    );
     (n, g.node(n).outputs[0].unwrap())
 }
 
 fn add(g: &mut Graph, name: &str, a: ValueId, b: ValueId, w: i64) -> (NodeId, ValueId) {
     let op = Op::Binary(pipewright_ir::ops::BinaryOp::Add);
-    let n = g.add_node(name.into(), op, vec![Some(a), Some(b)], vec![Some((format!("{name}_out"), row(w)))]);
+    let n = g.add_node(
+        name.into(),
+        op,
+        vec![Some(a), Some(b)],
+        vec![Some((format!("{name}_out"), row(w)))],
+    );
     (n, g.node(n).outputs[0].unwrap())
 }
 
 fn weight(g: &mut Graph, name: &str, dims: &[i64]) -> ValueId {
     let numel: i64 = dims.iter().product();
-    let data = TensorData::new(DType::F32, dims.to_vec(), Bytes::from(vec![0u8; numel as usize * 4])).unwrap();
+    let data = TensorData::new(
+        DType::F32,
+        dims.to_vec(),
+        Bytes::from(vec![0u8; numel as usize * 4]),
+    )
+    .unwrap();
     g.add_value(Value {
         name: name.into(),
         ty: TensorType::new(DType::F32, Shape::fixed(dims)),
-        def: ValueDef::Weight(Weight { data, trainable: true }),
+        def: ValueDef::Weight(Weight {
+            data,
+            trainable: true,
+        }),
     })
 }
 
 fn matmul(g: &mut Graph, name: &str, x: ValueId, w: ValueId, out: i64) -> (NodeId, ValueId) {
-    let n = g.add_node(name.into(), Op::MatMul, vec![Some(x), Some(w)], vec![Some((format!("{name}_out"), row(out)))]);
+    let n = g.add_node(
+        name.into(),
+        Op::MatMul,
+        vec![Some(x), Some(w)],
+        vec![Some((format!("{name}_out"), row(out)))],
+    );
     (n, g.node(n).outputs[0].unwrap())
 }
 
@@ -69,7 +99,11 @@ fn diamond() -> Graph {
 }
 
 fn small_cluster() -> Cluster {
-    Cluster { workers: 4, workers_per_node: 4, ..Cluster::default() }
+    Cluster {
+        workers: 4,
+        workers_per_node: 4,
+        ..Cluster::default()
+    }
 }
 
 #[test]
@@ -79,7 +113,12 @@ fn cost_rules() {
     let w = weight(&mut g, "w", &[64, 32]);
     let (mm, y) = matmul(&mut g, "mm", x, w, 32);
     let (r, y) = unary(&mut g, "relu", y, 32);
-    let t = g.add_node("tanh".into(), Op::Unary(UnaryOp::Tanh), vec![Some(y)], vec![Some(("t".into(), row(32)))]);
+    let t = g.add_node(
+        "tanh".into(),
+        Op::Unary(UnaryOp::Tanh),
+        vec![Some(y)],
+        vec![Some(("t".into(), row(32)))],
+    );
     g.set_outputs(vec![g.node(t).outputs[0].unwrap()]);
     let c = CostModel::new(&g, Device::default()).unwrap();
     assert_eq!(c.node(mm).fwd_flops, Lin::new(2.0 * 32.0 * 64.0, 0.0));
@@ -87,7 +126,10 @@ fn cost_rules() {
     assert_eq!(c.node(mm).params, 64 * 32);
     assert_eq!(c.node(mm).param_bytes, 64 * 32 * 4);
     assert_eq!(c.node(mm).activation_bytes, Lin::new(32.0 * 4.0, 0.0));
-    assert_eq!(c.node(mm).bytes_moved, Lin::new(64.0 * 4.0 + 32.0 * 4.0, 64.0 * 32.0 * 4.0));
+    assert_eq!(
+        c.node(mm).bytes_moved,
+        Lin::new(64.0 * 4.0 + 32.0 * 4.0, 64.0 * 32.0 * 4.0)
+    );
     assert_eq!(c.node(r).fwd_flops, Lin::new(32.0, 0.0));
     assert_eq!(c.node(t).fwd_flops, Lin::new(4.0 * 32.0, 0.0));
     assert_eq!(c.node(t).bwd_flops, c.node(t).fwd_flops);
@@ -115,7 +157,12 @@ fn shared_weight_counted_once_and_reported() {
     assert_eq!(c.shared.len(), 1);
     assert_eq!(c.shared[0].name, "tied");
     assert_eq!(c.shared[0].consumers, vec![m1, m2]);
-    let opts = PlanOptions { stages: Some(2), cuts: Some(vec!["mid3".into()]), microbatch: Some(4), ..PlanOptions::default() };
+    let opts = PlanOptions {
+        stages: Some(2),
+        cuts: Some(vec!["mid3".into()]),
+        microbatch: Some(4),
+        ..PlanOptions::default()
+    };
     let p = plan(&g, &c, &small_cluster(), &opts).unwrap();
     assert_eq!(p.shared_weights.len(), 1);
     assert_eq!(p.shared_weights[0].stages, vec![0, 1]);
@@ -133,9 +180,18 @@ fn chain_live_bytes_and_plan() {
     let live = live_bytes(&g, &order.nodes, &c);
     assert_eq!(live.len(), 9);
     assert!(live.iter().all(|l| *l == Lin::new(256.0, 0.0)));
-    let opts = PlanOptions { stages: Some(4), microbatch: Some(8), schedules: vec![Schedule::TwoBW], ..PlanOptions::default() };
+    let opts = PlanOptions {
+        stages: Some(4),
+        microbatch: Some(8),
+        schedules: vec![Schedule::TwoBW],
+        ..PlanOptions::default()
+    };
     // Communication nearly free: equal stages.
-    let fast = Cluster { intra_bw: 1e18, inter_bw: 1e18, ..small_cluster() };
+    let fast = Cluster {
+        intra_bw: 1e18,
+        inter_bw: 1e18,
+        ..small_cluster()
+    };
     let p = plan(&g, &c, &fast, &opts).unwrap();
     assert_eq!(p.chosen.d, 4);
     assert_eq!(p.stages.len(), 4);
@@ -145,10 +201,16 @@ fn chain_live_bytes_and_plan() {
     assert_eq!(seen, (0..8).collect::<Vec<_>>());
     assert_eq!(p.stage_map().get(p.stage_of_nodes()[7].0), Some(3));
     // Candidates are sorted best first.
-    assert!(p.candidates.windows(2).all(|w| w[0].samples_per_s >= w[1].samples_per_s));
+    assert!(p
+        .candidates
+        .windows(2)
+        .all(|w| w[0].samples_per_s >= w[1].samples_per_s));
     assert_eq!(p.candidates[0], p.chosen);
     let text = p.text();
-    assert!(text.contains("samples/s") && text.contains("stage 3"), "{text}");
+    assert!(
+        text.contains("samples/s") && text.contains("stage 3"),
+        "{text}"
+    );
     let json = serde_json::to_string(&p).unwrap();
     assert!(json.contains("\"schedule\":\"2bw\""));
 }
@@ -158,17 +220,33 @@ fn diamond_skip_counts_at_every_cut() {
     let g = diamond();
     let c = CostModel::new(&g, Device::default()).unwrap();
     let order = choose_order(&g, &c, 1).unwrap();
-    let names: Vec<&str> = order.nodes.iter().map(|&n| g.node(n).name.as_str()).collect();
+    let names: Vec<&str> = order
+        .nodes
+        .iter()
+        .map(|&n| g.node(n).name.as_str())
+        .collect();
     assert_eq!(names, ["a", "b", "c", "d", "e"]);
-    let live: Vec<f64> = live_bytes(&g, &order.nodes, &c).iter().map(|l| l.at(1)).collect();
+    let live: Vec<f64> = live_bytes(&g, &order.nodes, &c)
+        .iter()
+        .map(|l| l.at(1))
+        .collect();
     // cut 1: a; cut 2: a, b; cut 3: a, b, c; cut 4: a (skip), d; cut 5: e.
     assert_eq!(live, vec![256.0, 256.0, 512.0, 768.0, 512.0, 256.0]);
-    let opts = PlanOptions { stages: Some(2), microbatch: Some(4), recompute: Some(false), ..PlanOptions::default() };
+    let opts = PlanOptions {
+        stages: Some(2),
+        microbatch: Some(4),
+        recompute: Some(false),
+        ..PlanOptions::default()
+    };
     let p = plan(&g, &c, &small_cluster(), &opts).unwrap();
     // The cheapest cuts carry only one tensor: after `a`.
     assert_eq!(p.chosen.cuts, vec![1], "{}", p.text());
     assert_eq!(p.stages[1].inputs, vec![("a_out".to_string(), 1024)]);
-    let opts = PlanOptions { cuts: Some(vec!["d".into()]), microbatch: Some(4), ..PlanOptions::default() };
+    let opts = PlanOptions {
+        cuts: Some(vec!["d".into()]),
+        microbatch: Some(4),
+        ..PlanOptions::default()
+    };
     let p = plan(&g, &c, &small_cluster(), &opts).unwrap();
     let ins: Vec<&str> = p.stages[1].inputs.iter().map(|x| x.0.as_str()).collect();
     assert_eq!(ins, ["a_out", "b_out", "c_out"]);
@@ -180,32 +258,96 @@ fn plan_errors() {
     let c = CostModel::new(&g, Device::default()).unwrap();
     let cl = small_cluster();
     let bad = |o: PlanOptions| plan(&g, &c, &cl, &o).unwrap_err();
-    assert!(matches!(bad(PlanOptions { cuts: Some(vec!["nope".into()]), ..PlanOptions::default() }), PlanError::UnknownCutNode(_)));
-    assert!(matches!(bad(PlanOptions { cuts: Some(vec!["relu0".into()]), ..PlanOptions::default() }), PlanError::BadCut(_)));
     assert!(matches!(
-        bad(PlanOptions { cuts: Some(vec!["relu1".into()]), stages: Some(3), ..PlanOptions::default() }),
+        bad(PlanOptions {
+            cuts: Some(vec!["nope".into()]),
+            ..PlanOptions::default()
+        }),
+        PlanError::UnknownCutNode(_)
+    ));
+    assert!(matches!(
+        bad(PlanOptions {
+            cuts: Some(vec!["relu0".into()]),
+            ..PlanOptions::default()
+        }),
+        PlanError::BadCut(_)
+    ));
+    assert!(matches!(
+        bad(PlanOptions {
+            cuts: Some(vec!["relu1".into()]),
+            stages: Some(3),
+            ..PlanOptions::default()
+        }),
         PlanError::StagesMismatch { .. }
     ));
-    assert!(matches!(bad(PlanOptions { global_batch: 0, ..PlanOptions::default() }), PlanError::Options(_)));
-    assert!(matches!(bad(PlanOptions { stages: Some(4), ..PlanOptions::default() }), PlanError::Options(_)));
-    let tiny = Cluster { memory_per_worker: 16, ..cl.clone() };
-    assert!(matches!(plan(&g, &c, &tiny, &PlanOptions::default()), Err(PlanError::NoFeasible(_))));
-    assert!(matches!(plan(&Graph::new(ModelMeta::default()), &c, &cl, &PlanOptions::default()), Err(PlanError::EmptyGraph)));
+    assert!(matches!(
+        bad(PlanOptions {
+            global_batch: 0,
+            ..PlanOptions::default()
+        }),
+        PlanError::Options(_)
+    ));
+    assert!(matches!(
+        bad(PlanOptions {
+            stages: Some(4),
+            ..PlanOptions::default()
+        }),
+        PlanError::Options(_)
+    ));
+    let tiny = Cluster {
+        memory_per_worker: 16,
+        ..cl.clone()
+    };
+    assert!(matches!(
+        plan(&g, &c, &tiny, &PlanOptions::default()),
+        Err(PlanError::NoFeasible(_))
+    ));
+    assert!(matches!(
+        plan(
+            &Graph::new(ModelMeta::default()),
+            &c,
+            &cl,
+            &PlanOptions::default()
+        ),
+        Err(PlanError::EmptyGraph)
+    ));
 }
 
 #[test]
 fn memory_limit_prefers_recompute_or_deeper_pipelines() {
     let g = chain(16);
     let c = CostModel::new(&g, Device::default()).unwrap();
-    let opts = PlanOptions { global_batch: 256, top: 100_000, ..PlanOptions::default() };
+    let opts = PlanOptions {
+        global_batch: 256,
+        top: 100_000,
+        ..PlanOptions::default()
+    };
     let roomy = plan(&g, &c, &small_cluster(), &opts).unwrap();
-    let peak = |p: &pipewright_passes::planner::Plan| p.candidates.iter().flat_map(|c| c.peak_memory_per_stage.iter().copied()).max().unwrap();
+    let peak = |p: &pipewright_passes::planner::Plan| {
+        p.candidates
+            .iter()
+            .flat_map(|c| c.peak_memory_per_stage.iter().copied())
+            .max()
+            .unwrap()
+    };
     let limit = peak(&roomy) / 4;
-    let tight = Cluster { memory_per_worker: limit, ..small_cluster() };
+    let tight = Cluster {
+        memory_per_worker: limit,
+        ..small_cluster()
+    };
     let p = plan(&g, &c, &tight, &opts).unwrap();
     assert!(peak(&p) <= limit);
-    let fitting = roomy.candidates.iter().filter(|c| c.peak_memory_per_stage.iter().all(|&m| m <= limit)).count();
-    eprintln!("roomy {} fitting {} tight {}", roomy.candidates.len(), fitting, p.candidates.len());
+    let fitting = roomy
+        .candidates
+        .iter()
+        .filter(|c| c.peak_memory_per_stage.iter().all(|&m| m <= limit))
+        .count();
+    eprintln!(
+        "roomy {} fitting {} tight {}",
+        roomy.candidates.len(),
+        fitting,
+        p.candidates.len()
+    );
     assert!(p.candidates.len() >= fitting);
     assert!(p.candidates.len() < roomy.candidates.len());
 }
@@ -231,15 +373,27 @@ fn baselines_and_profile() {
     assert!((ratio - 1.0).abs() < 0.05, "{ratio}");
     assert!(Profile::from_json(r#"{"model":"m","device":"d","batches":[1,2],"nodes":[{"name":"a","op":"Relu","fwd_ms":[1],"bwd_ms":[1,2]}]}"#).is_err());
     assert!(Profile::from_json("not json").is_err());
-    for balance in [Balance::Params, Balance::Flops, Balance::Profile, Balance::Nodes] {
-        let opts = PlanOptions { stages: Some(3), balance, microbatch: Some(2), ..PlanOptions::default() };
+    for balance in [
+        Balance::Params,
+        Balance::Flops,
+        Balance::Profile,
+        Balance::Nodes,
+    ] {
+        let opts = PlanOptions {
+            stages: Some(3),
+            balance,
+            microbatch: Some(2),
+            ..PlanOptions::default()
+        };
         let p = plan(&g, &c, &small_cluster(), &opts).unwrap();
         assert_eq!(p.stages.iter().map(|s| s.nodes).sum::<usize>(), 6);
     }
 }
 
 fn corpus(name: &str) -> Option<PathBuf> {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/corpus/models").join(name);
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../shared/corpus/models")
+        .join(name);
     p.exists().then_some(p)
 }
 
@@ -257,7 +411,11 @@ fn plans_corpus_models() {
         assert_eq!(p.stage_of_nodes().len(), g.node_count());
         assert!(p.chosen.samples_per_s > 0.0);
         let params: u64 = p.stages.iter().map(|s| s.params).sum();
-        let shared_extra: u64 = p.shared_weights.iter().map(|w| w.stages.len() as u64 - 1).sum::<u64>();
+        let shared_extra: u64 = p
+            .shared_weights
+            .iter()
+            .map(|w| w.stages.len() as u64 - 1)
+            .sum::<u64>();
         if shared_extra == 0 {
             assert_eq!(params, g.parameter_count(), "{name}");
         }

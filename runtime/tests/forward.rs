@@ -432,7 +432,12 @@ fn batch_norm_modes_and_dropout() {
     // momentum is an f32 attribute: 0.9f32 is not 0.9.
     assert_close(&to_f64(&outs[1]), &[0.3, 0.5], 1e-6);
     assert_close(&to_f64(&outs[2]), &[0.9 + 0.4, 0.9 + 0.4], 1e-6);
+    // Exported with training_mode=1, the node uses batch statistics even in Eval.
     let outs = eval(&k, &ins, Mode::Eval);
+    assert_eq!(outs.len(), 3);
+    assert_close(&to_f64(&outs[0]), &[-1.0, -1.0, 1.0, 1.0], 1e-12);
+    let inference = Kernel::BatchNormalization(BatchNorm { epsilon: 0.0, momentum: 0.9, training_mode: false });
+    let outs = eval(&inference, &ins, Mode::Eval);
     assert_eq!(outs.len(), 1);
     assert_close(&to_f64(&outs[0]), &[1.0, 3.0, 5.0, 7.0], 1e-12);
     let d = Kernel::Dropout {
