@@ -6,5 +6,6 @@
 //! [`Kernel`]: pipewright_runtime::Kernel
 
 pub mod lower;
+pub mod module;
 
 pub use lower::{lower_graph, LowerError};

@@ -8,6 +8,7 @@
 
 pub mod device;
 pub mod kernel;
+pub mod module;
 pub mod program;
 
 #[cfg(feature = "torch")]

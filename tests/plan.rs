@@ -1,0 +1,87 @@
+//! `pipewright plan` on every shared model under three fixed cluster descriptions
+//! (insta snapshots of the candidates table and the chosen partition), plus the
+//! partition pass as `--print-after partition` and the planner's bad-input errors.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn model(name: &str) -> String {
+    let p = root().join("../shared/corpus/models").join(format!("{name}.onnx"));
+    assert!(p.is_file(), "the shared corpus is missing: {}", p.display());
+    p.to_string_lossy().into_owned()
+}
+
+fn plan(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_pipewright")).arg("plan").args(args).output().expect("runs pipewright");
+    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+const MODELS: [&str; 6] = ["mlp", "gpt2-tiny", "bert-tiny", "vit-tiny", "mobilenet_v2", "resnet18"];
+
+/// The paper's setting: one server of eight 16 GiB GPUs, global batch 512.
+#[test]
+fn plans_on_one_eight_gpu_server() {
+    for name in MODELS {
+        let (ok, out, err) = plan(&[&model(name), "--workers", "8", "--memory", "16GiB", "--batch", "512", "--top", "5"]);
+        assert!(ok, "{name}: {err}");
+        insta::assert_snapshot!(format!("server8_{name}"), out);
+    }
+}
+
+/// Four stages forced on a small cluster from a TOML file, global batch 64.
+#[test]
+fn plans_with_four_stages_on_a_small_cluster() {
+    let cluster = root().join("tests/data/cluster-small.toml");
+    for name in MODELS {
+        let (ok, out, err) = plan(&[&model(name), "--cluster", cluster.to_str().unwrap(), "--stages", "4", "--batch", "64", "--top", "5"]);
+        assert!(ok, "{name}: {err}");
+        insta::assert_snapshot!(format!("small4_{name}"), out);
+    }
+}
+
+/// Two servers of four GPUs over a slow network, 2BW only, with a tight memory limit.
+#[test]
+fn plans_two_servers_2bw_tight_memory() {
+    for name in MODELS {
+        let (ok, out, err) = plan(&[
+            &model(name), "--workers", "8", "--workers-per-node", "4", "--memory", "512MiB", "--inter-bw", "10Gbit/s",
+            "--schedule", "2bw", "--batch", "256", "--top", "5",
+        ]);
+        assert!(ok, "{name}: {err}");
+        insta::assert_snapshot!(format!("twoservers_{name}"), out);
+    }
+}
+
+#[test]
+fn print_after_partition_marks_every_node_with_its_stage() {
+    let (ok, out, err) = plan(&[&model("resnet18"), "--stages", "2", "--batch", "64", "--print-after", "partition"]);
+    assert!(ok, "{err}");
+    let nodes: Vec<&str> = out.lines().filter(|l| l.contains(" # n")).collect();
+    assert!(nodes.iter().all(|l| l.contains(" stage=")), "a node without a stage");
+    assert!(out.contains("StageBoundary[from=0, to=1]"), "no boundary in\n{out}");
+    // resnet's residual adds: a skip tensor crossing the cut is forwarded too.
+    assert!(nodes.iter().any(|l| l.contains("stage=1")) && nodes.iter().any(|l| l.contains("stage=0")));
+}
+
+#[test]
+fn bad_planner_input_is_one_clear_error() {
+    let cases: [(&[&str], &str); 4] = [
+        (&["--memory", "lots"], "lots"),
+        (&["--cut", "no_such_node"], "no_such_node"),
+        (&["--schedule", "zigzag"], "zigzag"),
+        (&["--balance", "profile"], "--profile"),
+    ];
+    for (extra, needle) in cases {
+        let mut args = vec![model("mlp")];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let refs: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
+        let (ok, _, err) = plan(&refs);
+        assert!(!ok, "{extra:?} should fail");
+        assert!(err.starts_with("error:") && err.contains(needle), "{extra:?}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+}
