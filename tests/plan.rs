@@ -85,3 +85,32 @@ fn bad_planner_input_is_one_clear_error() {
         assert!(!err.contains("panicked"), "{err}");
     }
 }
+
+#[test]
+fn explicit_cuts_start_stages_at_the_named_nodes() {
+    let (ok, out, err) = plan(&[&model("mlp"), "--cut", "node_gelu", "--batch", "64", "--top", "1"]);
+    assert!(ok, "{err}");
+    assert!(out.contains("stage 1: 4 nodes [node_gelu .."), "{out}");
+}
+
+/// A measured profile from `pipewright profile` calibrates the plan.
+#[cfg(feature = "torch")]
+#[test]
+fn a_measured_profile_drives_the_plan() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let profile = dir.path().join("mlp.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_pipewright"))
+        .args(["profile", &model("mlp"), "--batch", "1,8", "--reps", "2", "-o", profile.to_str().unwrap()])
+        .output()
+        .expect("runs pipewright");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(&profile).unwrap()).expect("profile is JSON");
+    assert_eq!(json["nodes"].as_array().map(|a| a.len()), Some(7));
+    let args = [&model("mlp"), "--stages", "2", "--batch", "64", "--top", "1"];
+    let (_, analytic, _) = plan(&args);
+    let mut with = args.to_vec();
+    with.extend(["--profile", profile.to_str().unwrap(), "--balance", "profile"]);
+    let (ok, measured, err) = plan(&with);
+    assert!(ok, "{err}");
+    assert_ne!(analytic, measured, "the profile changed nothing");
+}
