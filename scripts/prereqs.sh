@@ -10,7 +10,6 @@ need=()
 command -v python3 >/dev/null 2>&1 || need+=(python3)
 python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip)
 command -v g++ >/dev/null 2>&1 || need+=(g++)
-command -v unzip >/dev/null 2>&1 || true
 
 if ((${#need[@]} == 0)); then
     log "prerequisites present"
