@@ -7,6 +7,11 @@ use pipewright_ir::{import_model, BatchMode, ImportOptions};
 use crate::{output::write_atomic, BatchArg, InspectArgs};
 
 pub fn run(args: &InspectArgs) -> Result<()> {
+    if is_stage_module(&args.model) {
+        let m = pipewright_runtime::module::read_module(&args.model).map_err(|e| anyhow::anyhow!("{e}"))?;
+        print!("{}", print_module(&m));
+        return Ok(());
+    }
     let opts = ImportOptions {
         batch: match args.batch {
             BatchArg::Auto => BatchMode::Auto,
@@ -26,4 +31,111 @@ pub fn run(args: &InspectArgs) -> Result<()> {
         print!("{}", Summary::of(&graph).text());
     }
     Ok(())
+}
+
+/// A `.pwm` file, or one starting with the stage module magic (or a prefix of it: a
+/// truncated module, which the module reader then reports).
+fn is_stage_module(path: &std::path::Path) -> bool {
+    use std::io::Read;
+    use pipewright_runtime::module::MAGIC;
+    if path.extension().is_some_and(|e| e == "pwm") {
+        return true;
+    }
+    let mut head = Vec::with_capacity(8);
+    let Ok(f) = std::fs::File::open(path) else { return false };
+    if f.take(8).read_to_end(&mut head).is_err() {
+        return false;
+    }
+    !head.is_empty() && MAGIC.starts_with(&head)
+}
+
+/// Decodes a stage module from bytes and prints it (for stage executables).
+pub fn print_module_bytes(bytes: &[u8]) -> Result<String> {
+    let m = pipewright_runtime::module::decode_module(bytes).map_err(|e| anyhow::anyhow!("{e}"))?;
+    Ok(print_module(&m))
+}
+
+/// The header and program of a stage module in text form; stored tensors by name and
+/// shape, never their values.
+pub fn print_module(m: &pipewright_runtime::module::StageModule) -> String {
+    use std::fmt::Write;
+    let h = &m.header;
+    let p = &m.program;
+    let mut s = String::new();
+    let _ = writeln!(s, "stage module: stage {} of {}", h.params.stage, h.params.depth);
+    let _ = writeln!(s, "schedule:     {}", h.params.schedule);
+    let _ = writeln!(s, "recompute:    {}", h.params.recompute);
+    let _ = writeln!(s, "version:      {}", h.version);
+    let _ = writeln!(s, "checksum:     {:#010x}", h.checksum);
+    let _ = writeln!(
+        s,
+        "sections:     program {} bytes at {}, weights {} bytes at {}",
+        h.program.len, h.program.offset, h.weights.len, h.weights.offset
+    );
+    let ty = |id: pipewright_runtime::program::SlotId| {
+        let info = &p.slots[id.index()];
+        let dims: Vec<String> = info.shape.iter().map(|&e| crate::compile::extent_text(e)).collect();
+        format!("{}[{}]", info.elem, dims.join(","))
+    };
+    let slot_line = |id: pipewright_runtime::program::SlotId| format!("{id}: {}  # {:?}", ty(id), p.slots[id.index()].name);
+    let _ = writeln!(s, "inputs ({}):", p.inputs.len());
+    for &id in &p.inputs {
+        let _ = writeln!(s, "  {}", slot_line(id));
+    }
+    let _ = writeln!(s, "outputs ({}):", p.outputs.len());
+    for &id in &p.outputs {
+        let _ = writeln!(s, "  {}", slot_line(id));
+    }
+    let params: u64 = p.stored.iter().filter(|t| t.trainable).map(|t| t.dims.iter().product::<i64>().max(0) as u64).sum();
+    let _ = writeln!(s, "stored ({}, {} trainable parameters):", p.stored.len(), params);
+    for t in &p.stored {
+        let dims: Vec<String> = t.dims.iter().map(|d| d.to_string()).collect();
+        let kind = if t.trainable { "param" } else { "const" };
+        let _ = writeln!(s, "  {}: {}[{}] {kind}  # {:?}", t.slot, t.elem, dims.join(","), p.slots[t.slot.index()].name);
+    }
+    let _ = writeln!(s, "slots ({}):", p.slots.len());
+    for k in 0..p.slots.len() {
+        let _ = writeln!(s, "  {}", slot_line(pipewright_runtime::program::SlotId(k as u32)));
+    }
+    let _ = writeln!(s, "instructions ({}):", p.instrs.len());
+    let opt = |x: &Option<pipewright_runtime::program::SlotId>| x.map(|id| id.to_string()).unwrap_or_else(|| "_".into());
+    for ins in &p.instrs {
+        let outs: Vec<String> = ins.outputs.iter().map(opt).collect();
+        let args: Vec<String> = ins.inputs.iter().map(opt).collect();
+        let _ = writeln!(s, "  {} = {}({})  # {}", outs.join(", "), kernel_text(&ins.kernel), args.join(", "), ins.name);
+    }
+    s
+}
+
+/// `Gemm[alpha=1, beta=1, trans_a=false, trans_b=true]`, `Relu`, `MatMul`.
+fn kernel_text(k: &pipewright_runtime::Kernel) -> String {
+    use serde_json::Value;
+    fn value(v: &Value) -> String {
+        match v {
+            Value::Array(xs) => format!("[{}]", xs.iter().map(value).collect::<Vec<_>>().join(",")),
+            Value::Object(o) => {
+                let items: Vec<String> = o.iter().filter(|(_, x)| !x.is_null()).map(|(k, x)| format!("{k}={}", value(x))).collect();
+                format!("{{{}}}", items.join(", "))
+            }
+            Value::String(s) => s.clone(),
+            other => other.to_string(),
+        }
+    }
+    match serde_json::to_value(k) {
+        Ok(Value::String(name)) => name,
+        Ok(Value::Object(o)) if o.len() == 1 => {
+            let (name, inner) = o.into_iter().next().expect("one entry");
+            match inner {
+                Value::String(kind) => kind,
+                Value::Object(fields) => {
+                    let items: Vec<String> =
+                        fields.iter().filter(|(_, x)| !x.is_null()).map(|(k, x)| format!("{k}={}", value(x))).collect();
+                    if items.is_empty() { name } else { format!("{name}[{}]", items.join(", ")) }
+                }
+                Value::Null => name,
+                other => format!("{name}[{}]", value(&other)),
+            }
+        }
+        _ => format!("{k:?}"),
+    }
 }

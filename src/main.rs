@@ -9,6 +9,7 @@ mod conformance;
 mod forward;
 #[cfg(feature = "torch")]
 mod profile;
+mod compile;
 mod inspect;
 mod output;
 mod plan;
@@ -31,6 +32,8 @@ enum Command {
     Inspect(InspectArgs),
     /// Plan the pipeline: depth, width, microbatch, recomputation, schedule, and the stages.
     Plan(PlanArgs),
+    /// Compile a model into per-stage modules (`stageK.pwm`), stage ONNX models and `pipeline.toml`.
+    Compile(CompileArgs),
     /// Run a model forward through the runtime's op layer and compare with expected outputs.
     #[cfg(feature = "torch")]
     RunForward(RunForwardArgs),
@@ -129,6 +132,47 @@ pub struct PlanArgs {
 }
 
 #[derive(clap::Args)]
+pub struct CompileArgs {
+    /// The ONNX model file.
+    pub model: PathBuf,
+    /// Pipeline depth (number of stages); the planner picks it when neither this nor --plan is given.
+    #[arg(long, conflicts_with = "plan")]
+    pub stages: Option<usize>,
+    /// A plan from `pipewright plan --json` (its depth, stage starts, microbatch and schedule).
+    #[arg(long)]
+    pub plan: Option<PathBuf>,
+    /// The build folder (created if missing).
+    #[arg(short, long)]
+    pub output: PathBuf,
+    /// Pipeline schedule: 2bw, flush or gpipe.
+    #[arg(long, default_value = "2bw")]
+    pub schedule: String,
+    /// Activation recomputation: none, full or selective.
+    #[arg(long, default_value = "none")]
+    pub recompute: String,
+    /// Global batch size (samples per optimizer step) for the planner.
+    #[arg(long, default_value_t = 512)]
+    pub batch: u64,
+    /// Fix the microbatch size.
+    #[arg(long)]
+    pub microbatch: Option<u64>,
+    /// Also write `stageK`: a copy of this binary with the stage module appended (run it
+    /// without arguments to print its module).
+    #[arg(long)]
+    pub executables: bool,
+    /// Print the IR after a pass (import, shape-inference, partition, recompute,
+    /// weight-versioning, lower) or after `all`.
+    #[arg(long)]
+    pub print_after: Option<String>,
+    /// Stop after this pass (nothing is written unless it is `lower`).
+    #[arg(long)]
+    pub stop_after: Option<String>,
+    /// Print the time each pass took (stderr).
+    #[arg(long)]
+    pub timings: bool,
+}
+
+#[derive(clap::Args)]
 pub struct ProfileArgs {
     /// The ONNX model file.
     pub model: PathBuf,
@@ -190,10 +234,27 @@ pub struct InspectArgs {
 }
 
 fn main() -> ExitCode {
+    // A stage executable (`compile --executables`) run without arguments describes the
+    // stage module appended to it; with arguments it is the ordinary CLI.
+    if std::env::args_os().len() == 1 {
+        if let Some(bytes) = compile::embedded_module() {
+            return match inspect::print_module_bytes(&bytes) {
+                Ok(text) => {
+                    print!("{text}");
+                    ExitCode::SUCCESS
+                }
+                Err(err) => {
+                    eprintln!("error: the stage module appended to this executable: {err}");
+                    ExitCode::FAILURE
+                }
+            };
+        }
+    }
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Inspect(args) => inspect::run(&args),
         Command::Plan(args) => plan::run(&args),
+        Command::Compile(args) => compile::run(&args),
         #[cfg(feature = "torch")]
         Command::RunForward(args) => forward::run(&args),
         #[cfg(feature = "torch")]

@@ -7,5 +7,7 @@
 
 pub mod lower;
 pub mod module;
+pub mod onnx_export;
+pub mod stage;
 
 pub use lower::{lower_graph, LowerError};

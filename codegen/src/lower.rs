@@ -2,7 +2,7 @@
 //! graph's topological order, weights and constants to stored tensors (sharing bytes).
 
 use pipewright_ir::ops as ir;
-use pipewright_ir::{DType, Dim, Graph, Op, ValueDef, ValueId};
+use pipewright_ir::{DType, Dim, Graph, NodeId, Op, ValueDef, ValueId};
 use pipewright_runtime::kernel as rt;
 use pipewright_runtime::program::{Extent, Instr, Program, SlotId, SlotInfo, Stored};
 use pipewright_runtime::{ElemType, Kernel};
@@ -12,22 +12,53 @@ use pipewright_runtime::{ElemType, Kernel};
 pub enum LowerError {
     #[error("the graph has a cycle through node {0:?}")]
     Cycle(String),
+    /// A node reads or writes a value that was given no slot (a bug in the caller).
+    #[error("value {0:?} has no slot in the program")]
+    MissingValue(String),
+    /// The graph's stages are inconsistent.
+    #[error("stage {stage}: {reason}")]
+    Stage { stage: u32, reason: String },
 }
 
 /// Lowers the whole graph to one program.
 pub fn lower_graph(g: &Graph) -> Result<Program, LowerError> {
     let order = g.topo_order().map_err(|n| LowerError::Cycle(g.node(n).name.clone()))?;
-    let slot = |v: ValueId| SlotId(v.index() as u32);
+    let values: Vec<ValueId> = g.value_ids().collect();
+    lower_nodes(g, &Lowering { nodes: &order, values: &values, inputs: g.inputs(), outputs: g.outputs() })
+}
+
+/// What [`lower_nodes`] lowers: a subset of a graph's nodes in execution order, and the
+/// values that get slots (slot `i` is `values[i]`; every value a node reads or writes,
+/// and every input and output, must be among them).
+pub struct Lowering<'a> {
+    pub nodes: &'a [NodeId],
+    pub values: &'a [ValueId],
+    /// Program inputs (fed by the caller), in order.
+    pub inputs: &'a [ValueId],
+    /// Program outputs, in order (a value may appear more than once).
+    pub outputs: &'a [ValueId],
+}
+
+/// Lowers `l.nodes` of `g` to one program: weights and constants among `l.values` become
+/// stored tensors, each node one instruction; then the [`rebatch`] rewrites apply.
+pub fn lower_nodes(g: &Graph, l: &Lowering<'_>) -> Result<Program, LowerError> {
+    let mut index: Vec<Option<SlotId>> = vec![None; g.value_count()];
+    for (i, v) in l.values.iter().enumerate() {
+        index[v.index()] = Some(SlotId(i as u32));
+    }
+    let slot = |v: ValueId| -> Result<SlotId, LowerError> {
+        index.get(v.index()).copied().flatten().ok_or_else(|| LowerError::MissingValue(g.value(v).name.clone()))
+    };
     let mut p = Program {
-        slots: g.value_ids().map(|v| slot_info(g, v)).collect(),
-        inputs: g.inputs().iter().map(|&v| slot(v)).collect(),
-        outputs: g.outputs().iter().map(|&v| slot(v)).collect(),
+        slots: l.values.iter().map(|&v| slot_info(g, v)).collect(),
+        inputs: l.inputs.iter().map(|&v| slot(v)).collect::<Result<_, _>>()?,
+        outputs: l.outputs.iter().map(|&v| slot(v)).collect::<Result<_, _>>()?,
         ..Program::default()
     };
-    for v in g.value_ids() {
+    for &v in l.values {
         if let ValueDef::Weight(w) = &g.value(v).def {
             p.stored.push(Stored {
-                slot: slot(v),
+                slot: slot(v)?,
                 elem: elem(w.data.dtype),
                 dims: w.data.dims.clone(),
                 bytes: w.data.bytes.clone(),
@@ -35,16 +66,16 @@ pub fn lower_graph(g: &Graph) -> Result<Program, LowerError> {
             });
         }
     }
-    for n in order {
+    for &n in l.nodes {
         let node = g.node(n);
         p.instrs.push(Instr {
             name: node.name.clone(),
             kernel: kernel(&node.op, node.outputs.len(), node.inputs.len()),
-            inputs: node.inputs.iter().map(|v| v.map(slot)).collect(),
-            outputs: node.outputs.iter().map(|v| v.map(slot)).collect(),
+            inputs: node.inputs.iter().map(|v| v.map(slot).transpose()).collect::<Result<_, _>>()?,
+            outputs: node.outputs.iter().map(|v| v.map(slot).transpose()).collect::<Result<_, _>>()?,
         });
     }
-    rebatch::apply(g, &mut p);
+    rebatch::apply_to(g, &mut p, l.nodes, l.values);
     Ok(p)
 }
 
@@ -256,13 +287,23 @@ fn binary(b: ir::BinaryOp) -> rt::BinaryKind {
 /// one slice repeated over the export batch (attention masks) keep a single slice when
 /// every reader broadcasts.
 pub mod rebatch {
-    use pipewright_ir::{Dim, Graph, Op, ValueDef, ValueId};
+    use pipewright_ir::{Dim, Graph, NodeId, Op, ValueDef, ValueId};
     use pipewright_runtime::program::{Extent, Program, SlotId, SlotInfo, Stored};
     use pipewright_runtime::ElemType;
 
+    /// The rewrites for a whole-graph program (slot `i` is value `i`, one instruction per
+    /// node in topological order), as `lower_graph` builds it.
     pub fn apply(g: &Graph, p: &mut Program) {
+        let order = g.topo_order().unwrap_or_default();
+        let values: Vec<ValueId> = g.value_ids().collect();
+        apply_to(g, p, &order, &values);
+    }
+
+    /// The rewrites for a program whose instruction `k` lowers `nodes[k]` and whose slot
+    /// `i` holds `values[i]` (slots past `values` are ones codegen added).
+    pub fn apply_to(g: &Graph, p: &mut Program, nodes: &[NodeId], values: &[ValueId]) {
         let Some(b0) = g.batch.as_ref().map(|b| b.export_size).filter(|&b| b > 1) else { return };
-        for (k, n) in g.topo_order().unwrap_or_default().into_iter().enumerate() {
+        for (k, &n) in nodes.iter().enumerate() {
             let node = g.node(n);
             let target = node.inputs.get(1).copied().flatten().filter(|v| is_const(g, *v));
             let out = node.outputs.first().copied().flatten().map(|v| g.value(v).ty.shape.0.clone());
@@ -279,7 +320,7 @@ pub mod rebatch {
                 p.instrs[k].inputs[1] = Some(slot);
             }
         }
-        shrink_repeated_constants(g, p, b0);
+        shrink_repeated_constants(g, p, b0, values);
         expand_concat_constants(p, b0);
     }
 
@@ -381,13 +422,13 @@ pub mod rebatch {
     }
 
     /// Constants `[B0, ...]` whose B0 slices are equal and whose readers all broadcast.
-    fn shrink_repeated_constants(g: &Graph, p: &mut Program, b0: i64) {
+    fn shrink_repeated_constants(g: &Graph, p: &mut Program, b0: i64, values: &[ValueId]) {
         let readers_broadcast = |v: ValueId| {
             let c = g.consumers(v);
             !c.is_empty() && c.iter().all(|(n, _)| matches!(g.node(*n).op, Op::Binary(_) | Op::Variadic(_) | Op::Where))
         };
         for s in p.stored.iter_mut() {
-            let v = ValueId::from_index(s.slot.index());
+            let Some(&v) = values.get(s.slot.index()) else { continue };
             if s.trainable || s.dims.len() < 2 || s.dims[0] != b0 || !readers_broadcast(v) {
                 continue;
             }

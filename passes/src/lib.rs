@@ -8,8 +8,11 @@
 pub mod boundaries;
 pub mod cluster;
 pub mod cost;
+pub mod manager;
 pub mod partition;
 pub mod planner;
+pub mod recompute;
+pub mod versioning;
 
 use pipewright_ir::{verify, Graph, VerifyError};
 

@@ -1,0 +1,281 @@
+//! Per-stage lowering of a partitioned graph: one [`Program`] per pipeline stage.
+//!
+//! The graph has been through `passes::boundaries::insert_stage_boundaries`: a
+//! `StageBoundary { from, to }` node sits in stage `to` and reads a value produced in
+//! stage `from`. Stage `k`'s program holds the stage's own nodes; its boundary nodes are
+//! not executed but become **program inputs** (the received tensors), and the value each
+//! boundary reads becomes a **program output** of stage `k - 1` (the sent tensors).
+//!
+//! A crossing is named by the boundary's output value (`x@stage2` for the copy of `x`
+//! arriving in stage 2): the "wire name" under which the sender's output and the
+//! receiver's input meet. Program inputs are the received tensors, then the graph inputs
+//! the stage reads; program outputs are the sent tensors, then the graph outputs the
+//! stage produces. Weights and constants the stage reads are its stored tensors.
+
+use std::collections::BTreeSet;
+
+use pipewright_ir::{Graph, NodeId, Op, StageMap, ValueDef, ValueId};
+use pipewright_runtime::program::{Extent, Program};
+use pipewright_runtime::ElemType;
+
+use crate::lower::{elem, lower_nodes, LowerError, Lowering};
+
+/// A tensor crossing between two adjacent stages.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BoundaryTensor {
+    /// The wire name: the boundary's output value (`x@stage2`).
+    pub name: String,
+    /// The value's name on this side (for a sent tensor, the sender's value; for a
+    /// received one, the wire name).
+    pub value: String,
+    /// The stage on the other side.
+    pub peer: u32,
+    pub elem: ElemType,
+    /// With `Batch(k)` for `k * N`.
+    pub shape: Vec<Extent>,
+}
+
+/// A graph input read, or a graph output produced, by a stage.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StageTensor {
+    pub name: String,
+    pub elem: ElemType,
+    pub shape: Vec<Extent>,
+}
+
+/// Which parts of the graph make up one stage (shared by lowering and ONNX export).
+#[derive(Clone, Debug, Default)]
+pub struct StageSlice {
+    pub stage: u32,
+    /// The stage's nodes in execution order, boundaries excluded.
+    pub nodes: Vec<NodeId>,
+    /// Received: the boundary output values of this stage (wire values).
+    pub received: Vec<ValueId>,
+    /// Sent: `(value in this stage, wire value in the next stage)`.
+    pub sent: Vec<(ValueId, ValueId)>,
+    /// Graph inputs read here, in graph-input order.
+    pub graph_inputs: Vec<ValueId>,
+    /// Graph outputs produced here, in graph-output order.
+    pub graph_outputs: Vec<ValueId>,
+    /// Weights and constants read here, by value id.
+    pub weights: Vec<ValueId>,
+}
+
+impl StageSlice {
+    /// Program inputs: received, then graph inputs.
+    pub fn inputs(&self) -> Vec<ValueId> {
+        self.received.iter().chain(&self.graph_inputs).copied().collect()
+    }
+
+    /// Program outputs: sent (the local value), then graph outputs.
+    pub fn outputs(&self) -> Vec<ValueId> {
+        self.sent.iter().map(|s| s.0).chain(self.graph_outputs.iter().copied()).collect()
+    }
+}
+
+/// One lowered stage.
+#[derive(Clone, Debug)]
+pub struct StageProgram {
+    pub stage: u32,
+    pub program: Program,
+    pub received: Vec<BoundaryTensor>,
+    pub sent: Vec<BoundaryTensor>,
+    pub graph_inputs: Vec<StageTensor>,
+    pub graph_outputs: Vec<StageTensor>,
+}
+
+/// Splits a partitioned graph into its stages.
+pub fn slice_stages(g: &Graph, stages: &StageMap) -> Result<Vec<StageSlice>, LowerError> {
+    let order = g.topo_order().map_err(|n| LowerError::Cycle(g.node(n).name.clone()))?;
+    let d = stages.num_stages;
+    let mut out: Vec<StageSlice> = (0..d).map(|stage| StageSlice { stage, ..StageSlice::default() }).collect();
+    let mut weights: Vec<BTreeSet<ValueId>> = vec![BTreeSet::new(); d as usize];
+    let mut reads_input: Vec<BTreeSet<ValueId>> = vec![BTreeSet::new(); d as usize];
+    let stage_of = |n: NodeId| -> Result<u32, LowerError> {
+        stages.get(n).filter(|&s| s < d).ok_or_else(|| LowerError::Stage {
+            stage: d,
+            reason: format!("node {:?} has no stage below {d}", g.node(n).name),
+        })
+    };
+    for &n in &order {
+        let s = stage_of(n)?;
+        let node = g.node(n);
+        if let Op::StageBoundary { from, to } = node.op {
+            let input = node.inputs.first().copied().flatten();
+            let output = node.outputs.first().copied().flatten();
+            let (Some(input), Some(output)) = (input, output) else {
+                return Err(LowerError::Stage { stage: s, reason: format!("boundary {:?} lacks its input or output", node.name) });
+            };
+            if to != s || from + 1 != to {
+                return Err(LowerError::Stage { stage: s, reason: format!("boundary {:?} crosses {from} -> {to}", node.name) });
+            }
+            out[s as usize].received.push(output);
+            out[from as usize].sent.push((input, output));
+            continue;
+        }
+        for v in node.inputs.iter().flatten() {
+            match g.value(*v).def {
+                ValueDef::Input => {
+                    reads_input[s as usize].insert(*v);
+                }
+                ValueDef::Weight(_) => {
+                    weights[s as usize].insert(*v);
+                }
+                ValueDef::Node { node: p, .. } => {
+                    let ps = stage_of(p)?;
+                    if ps != s {
+                        return Err(LowerError::Stage {
+                            stage: s,
+                            reason: format!("node {:?} reads {:?} from stage {ps} without a boundary", node.name, g.value(*v).name),
+                        });
+                    }
+                }
+            }
+        }
+        out[s as usize].nodes.push(n);
+    }
+    for (k, slice) in out.iter_mut().enumerate() {
+        slice.graph_inputs = g.inputs().iter().copied().filter(|v| reads_input[k].contains(v)).collect();
+        slice.weights = weights[k].iter().copied().collect();
+    }
+    for &v in g.outputs() {
+        match g.value(v).def {
+            ValueDef::Node { node, .. } => out[stage_of(node)? as usize].graph_outputs.push(v),
+            // A graph input or constant returned as is: the last stage returns it.
+            _ => {
+                let last = out.last_mut().ok_or(LowerError::Stage { stage: 0, reason: "no stages".into() })?;
+                last.graph_outputs.push(v);
+                match g.value(v).def {
+                    ValueDef::Input if !last.graph_inputs.contains(&v) => last.graph_inputs.push(v),
+                    ValueDef::Weight(_) if !last.weights.contains(&v) => last.weights.push(v),
+                    _ => {}
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The values a stage's program gives slots to: inputs, weights, then node outputs.
+fn stage_values(g: &Graph, s: &StageSlice) -> Vec<ValueId> {
+    let mut seen = vec![false; g.value_count()];
+    let mut values = Vec::new();
+    let mut add = |v: ValueId| {
+        if !seen[v.index()] {
+            seen[v.index()] = true;
+            values.push(v);
+        }
+    };
+    s.received.iter().chain(&s.graph_inputs).chain(&s.weights).for_each(|&v| add(v));
+    for &n in &s.nodes {
+        g.node(n).outputs.iter().flatten().for_each(|&v| add(v));
+    }
+    values
+}
+
+fn shape_of(g: &Graph, v: ValueId) -> Vec<Extent> {
+    g.value(v)
+        .ty
+        .shape
+        .0
+        .iter()
+        .map(|d| match *d {
+            pipewright_ir::Dim::Fixed(x) => Extent::Fixed(x),
+            pipewright_ir::Dim::Batch(k) => Extent::Batch(k),
+        })
+        .collect()
+}
+
+fn tensor(g: &Graph, v: ValueId) -> StageTensor {
+    StageTensor { name: g.value(v).name.clone(), elem: elem(g.value(v).ty.dtype), shape: shape_of(g, v) }
+}
+
+/// Lowers every stage of a partitioned graph to its own program.
+pub fn lower_stages(g: &Graph, stages: &StageMap) -> Result<Vec<StageProgram>, LowerError> {
+    slice_stages(g, stages)?.iter().map(|s| lower_slice(g, s)).collect()
+}
+
+/// Lowers one stage.
+pub fn lower_slice(g: &Graph, s: &StageSlice) -> Result<StageProgram, LowerError> {
+    let values = stage_values(g, s);
+    let inputs = s.inputs();
+    let outputs = s.outputs();
+    let program = lower_nodes(g, &Lowering { nodes: &s.nodes, values: &values, inputs: &inputs, outputs: &outputs })
+        .map_err(|e| LowerError::Stage { stage: s.stage, reason: e.to_string() })?;
+    let boundary = |local: ValueId, wire: ValueId, peer: u32| BoundaryTensor {
+        name: g.value(wire).name.clone(),
+        value: g.value(local).name.clone(),
+        peer,
+        elem: elem(g.value(wire).ty.dtype),
+        shape: shape_of(g, wire),
+    };
+    Ok(StageProgram {
+        stage: s.stage,
+        program,
+        received: s.received.iter().map(|&v| boundary(v, v, s.stage.saturating_sub(1))).collect(),
+        sent: s.sent.iter().map(|&(local, wire)| boundary(local, wire, s.stage + 1)).collect(),
+        graph_inputs: s.graph_inputs.iter().map(|&v| tensor(g, v)).collect(),
+        graph_outputs: s.graph_outputs.iter().map(|&v| tensor(g, v)).collect(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pipewright_ir::{import_bytes, import_model, ImportOptions};
+    use std::path::Path;
+
+    /// The shared MLP cut into `d` stages of consecutive nodes (topological order).
+    fn partitioned(d: u32) -> Option<(Graph, StageMap)> {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/corpus/models/mlp.onnx");
+        if !path.exists() {
+            eprintln!("skipped: {} is missing", path.display());
+            return None;
+        }
+        let mut g = import_model(&path, &ImportOptions::default()).unwrap();
+        let order = g.topo_order().unwrap();
+        let mut map = StageMap::new(d);
+        for (i, n) in order.iter().enumerate() {
+            map.set(*n, (i * d as usize / order.len()) as u32);
+        }
+        let stages = pipewright_passes::boundaries::insert_stage_boundaries(&mut g, &map).unwrap();
+        Some((g, stages))
+    }
+
+    #[test]
+    fn stages_connect_and_cover_the_graph() {
+        let Some((g, stages)) = partitioned(3) else { return };
+        let progs = lower_stages(&g, &stages).unwrap();
+        assert_eq!(progs.len(), 3);
+        let boundaries = g.node_ids().filter(|&n| matches!(g.node(n).op, Op::StageBoundary { .. })).count();
+        let instrs: usize = progs.iter().map(|p| p.program.instrs.len()).sum();
+        assert!(instrs >= g.node_count() - boundaries);
+        assert!(progs[0].received.is_empty() && progs[2].sent.is_empty());
+        for k in 0..2 {
+            let sent: Vec<_> = progs[k].sent.iter().map(|t| (&t.name, t.elem, &t.shape)).collect();
+            let recv: Vec<_> = progs[k + 1].received.iter().map(|t| (&t.name, t.elem, &t.shape)).collect();
+            assert_eq!(sent, recv);
+            assert!(!sent.is_empty());
+            assert!(progs[k + 1].received.iter().all(|t| t.shape.first() == Some(&Extent::Batch(1))));
+        }
+        assert_eq!(progs[0].graph_inputs.len(), 1);
+        assert_eq!(progs[2].graph_outputs.len(), 1);
+        for p in &progs {
+            assert_eq!(p.program.inputs.len(), p.received.len() + p.graph_inputs.len());
+            assert_eq!(p.program.outputs.len(), p.sent.len() + p.graph_outputs.len());
+        }
+    }
+
+    #[test]
+    fn stage_onnx_reimports() {
+        let Some((g, stages)) = partitioned(2) else { return };
+        for s in slice_stages(&g, &stages).unwrap() {
+            let bytes = crate::onnx_export::export_stage_bytes(&g, &s).unwrap();
+            let h = import_bytes(&bytes, Path::new("."), &ImportOptions::default()).unwrap();
+            assert_eq!(h.meta.opset, g.meta.opset);
+            assert_eq!(h.inputs().len(), s.received.len() + s.graph_inputs.len());
+            assert_eq!(h.outputs().len(), s.sent.len() + s.graph_outputs.len());
+            assert_eq!(h.parameter_count(), s.weights.iter().filter(|&&w| g.value(w).weight().is_some_and(|x| x.trainable)).map(|&w| g.value(w).ty.shape.numel(1) as u64).sum::<u64>());
+        }
+    }
+}

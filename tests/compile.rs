@@ -1,0 +1,326 @@
+//! `pipewright compile`: compile the shared models into stages, load the stage modules,
+//! run them in pipeline order (each stage fed the tensors the earlier stages sent, by
+//! wire name) and compare with the stored onnxruntime outputs; the stage ONNX files
+//! re-import and chain to the same outputs; `inspect` prints modules and reports corrupt
+//! ones in one line.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+use common::*;
+
+fn models() -> PathBuf {
+    corpus().join("models")
+}
+
+fn compile(model: &Path, d: usize, out: &Path, extra: &[&str]) -> Output {
+    let mut args: Vec<std::ffi::OsString> =
+        vec!["compile".into(), model.into(), "--stages".into(), d.to_string().into(), "-o".into(), out.into()];
+    args.extend(extra.iter().map(|s| s.into()));
+    let refs: Vec<&std::ffi::OsStr> = args.iter().map(|a| a.as_os_str()).collect();
+    pipewright(&refs)
+}
+
+fn compile_ok(model: &Path, d: usize, out: &Path) -> toml::Value {
+    let o = compile(model, d, out, &[]);
+    assert!(o.status.success(), "compile {} d={d}: {}", model.display(), String::from_utf8_lossy(&o.stderr));
+    let text = std::fs::read_to_string(out.join("pipeline.toml")).unwrap();
+    text.parse::<toml::Value>().unwrap()
+}
+
+fn names(stage: &toml::Value, key: &str) -> Vec<String> {
+    stage.get(key).and_then(|v| v.as_array()).map(|a| a.iter().map(|t| t["name"].as_str().unwrap().to_string()).collect()).unwrap_or_default()
+}
+
+#[cfg(feature = "torch")]
+mod run {
+    use super::*;
+    use std::collections::HashMap;
+    use pipewright_ir::{import_model, read_tensor_file, ImportOptions, TensorData};
+    use pipewright_runtime::exec::{tensor_from_bytes, tensor_to_bytes, Mode};
+    use pipewright_runtime::interp::Interpreter;
+    use tch::Tensor;
+
+    fn to_torch(t: &TensorData) -> Tensor {
+        tensor_from_bytes(pipewright_codegen::lower::elem(t.dtype), &t.dims, &t.bytes).unwrap()
+    }
+
+    /// `(name, tensor)` of `PREFIXk.pb` in k order.
+    fn tensors(dir: &Path, prefix: &str) -> Vec<(String, TensorData)> {
+        let mut out = Vec::new();
+        for k in 0.. {
+            let p = dir.join(format!("{prefix}{k}.pb"));
+            if !p.exists() {
+                break;
+            }
+            let name = pipewright_ir::import::tensor_file_name(&p).unwrap_or_default();
+            out.push((name, read_tensor_file(&p).unwrap()));
+        }
+        out
+    }
+
+    /// The model's graph input and output names.
+    fn io_names(model: &Path) -> (Vec<String>, Vec<String>) {
+        let g = import_model(model, &ImportOptions::default()).unwrap();
+        let n = |vs: &[pipewright_ir::ValueId]| vs.iter().map(|&v| g.value(v).name.clone()).collect();
+        (n(g.inputs()), n(g.outputs()))
+    }
+
+    /// Feeds: the model's stored inputs by graph input name.
+    fn feeds(model: &Path) -> (HashMap<String, Tensor>, Vec<String>, Vec<TensorData>) {
+        let dir = model.with_extension("inputs");
+        let (ins, outs) = io_names(model);
+        let mut env = HashMap::new();
+        for (i, (name, t)) in tensors(&dir, "input_").into_iter().enumerate() {
+            let key = if ins.contains(&name) { name } else { ins[i].clone() };
+            env.insert(key, to_torch(&t));
+        }
+        let expected = tensors(&dir, "output_").into_iter().map(|(_, t)| t).collect();
+        (env, outs, expected)
+    }
+
+    fn check(model: &Path, what: &str, actual: &[Tensor], expected: &[TensorData]) {
+        assert_eq!(actual.len(), expected.len(), "{what}: output count");
+        for (k, (a, e)) in actual.iter().zip(expected).enumerate() {
+            let (_, dims, _) = tensor_to_bytes(a).unwrap();
+            assert_eq!(dims, e.dims, "{} {what}: output {k} shape", model.display());
+            let a: Vec<f64> = Vec::<f64>::try_from(a.to_kind(tch::Kind::Double).flatten(0, -1)).unwrap();
+            let e = e.to_f64s();
+            let max_e = e.iter().filter(|x| x.is_finite()).fold(0.0f64, |m, x| m.max(x.abs()));
+            let err = a.iter().zip(&e).fold(0.0f64, |m, (x, y)| m.max((x - y).abs()));
+            let rel = if max_e > 0.0 { err / max_e } else { err };
+            assert!(rel <= 1e-4, "{} {what}: output {k} relative error {rel:.3e}", model.display());
+        }
+    }
+
+    /// Runs the stage modules of `build` in order on the model's stored inputs.
+    pub fn run_modules(model: &Path, build: &Path, manifest: &toml::Value, what: &str) {
+        let (mut env, outs, expected) = feeds(model);
+        let stages = manifest["stage"].as_array().unwrap();
+        let _guard = tch::no_grad_guard();
+        for st in stages {
+            let module = pipewright_runtime::module::read_module(build.join(st["module"].as_str().unwrap())).unwrap();
+            let (received, inputs) = (names(st, "received"), names(st, "graph_inputs"));
+            let (sent, outputs) = (names(st, "sent"), names(st, "graph_outputs"));
+            assert_eq!(module.program.inputs.len(), received.len() + inputs.len());
+            assert_eq!(module.program.outputs.len(), sent.len() + outputs.len());
+            let args: Vec<Tensor> = received
+                .iter()
+                .chain(&inputs)
+                .map(|n| env.get(n).unwrap_or_else(|| panic!("{what}: nothing sent or fed as {n:?}")).shallow_clone())
+                .collect();
+            let interp = Interpreter::new(module.program, tch::Device::Cpu).unwrap();
+            let results = interp.run(&args, Mode::Eval).unwrap_or_else(|e| panic!("{what}: stage {}: {e}", st["index"]));
+            for (n, t) in sent.iter().chain(&outputs).zip(results) {
+                env.insert(n.clone(), t);
+            }
+        }
+        let actual: Vec<Tensor> = outs.iter().map(|n| env[n].shallow_clone()).collect();
+        check(model, what, &actual, &expected);
+    }
+
+    /// Re-imports each `stageK.onnx` and runs them in order.
+    pub fn run_onnx(model: &Path, build: &Path, manifest: &toml::Value) {
+        let (mut env, outs, expected) = feeds(model);
+        let _guard = tch::no_grad_guard();
+        for st in manifest["stage"].as_array().unwrap() {
+            let path = build.join(st["onnx"].as_str().unwrap());
+            let g = import_model(&path, &ImportOptions::default()).unwrap_or_else(|e| panic!("re-import: {e}"));
+            pipewright_ir::verify(&g).unwrap();
+            let program = pipewright_codegen::lower_graph(&g).unwrap();
+            let args: Vec<Tensor> = g
+                .inputs()
+                .iter()
+                .map(|&v| env.get(&g.value(v).name).unwrap_or_else(|| panic!("{}: no tensor {:?}", path.display(), g.value(v).name)).shallow_clone())
+                .collect();
+            let interp = Interpreter::new(program, tch::Device::Cpu).unwrap();
+            let results = interp.run(&args, Mode::Eval).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            for (&v, t) in g.outputs().iter().zip(results) {
+                env.insert(g.value(v).name.clone(), t);
+            }
+        }
+        let actual: Vec<Tensor> = outs.iter().map(|n| env[n].shallow_clone()).collect();
+        check(model, "stage ONNX chain", &actual, &expected);
+    }
+}
+
+#[cfg(feature = "torch")]
+fn modules_match(name: &str, depths: &[usize]) {
+    let model = models().join(format!("{name}.onnx"));
+    for &d in depths {
+        let dir = tempfile::tempdir().unwrap();
+        let manifest = compile_ok(&model, d, dir.path());
+        assert_eq!(manifest["plan"]["d"].as_integer(), Some(d as i64));
+        assert_eq!(manifest["stage"].as_array().unwrap().len(), d);
+        for k in 0..d {
+            assert!(dir.path().join(format!("stage{k}.pwm")).is_file());
+            assert!(dir.path().join(format!("stage{k}.onnx")).is_file());
+        }
+        run::run_modules(&model, dir.path(), &manifest, &format!("{name} d={d}"));
+    }
+}
+
+#[cfg(feature = "torch")]
+mod stages_reproduce_the_model {
+    use super::modules_match;
+
+    #[test]
+    fn mlp() {
+        modules_match("mlp", &[1, 2, 3, 4]);
+    }
+    #[test]
+    fn gpt2_tiny() {
+        modules_match("gpt2-tiny", &[1, 2, 3, 4]);
+    }
+    #[test]
+    fn bert_tiny() {
+        modules_match("bert-tiny", &[1, 2, 3, 4]);
+    }
+    #[test]
+    fn resnet18() {
+        modules_match("resnet18", &[1, 2, 3, 4]);
+    }
+    #[test]
+    fn mobilenet_v2() {
+        modules_match("mobilenet_v2", &[1, 2, 3, 4]);
+    }
+    #[test]
+    fn vit_tiny() {
+        modules_match("vit-tiny", &[1, 2, 3, 4]);
+    }
+}
+
+#[cfg(feature = "torch")]
+mod stage_onnx_chains {
+    use super::*;
+
+    fn chain(name: &str, d: usize) {
+        let model = models().join(format!("{name}.onnx"));
+        let dir = tempfile::tempdir().unwrap();
+        let manifest = compile_ok(&model, d, dir.path());
+        run::run_onnx(&model, dir.path(), &manifest);
+    }
+
+    #[test]
+    fn mlp() {
+        chain("mlp", 2);
+        chain("mlp", 4);
+    }
+    #[test]
+    fn resnet18() {
+        chain("resnet18", 2);
+    }
+    #[test]
+    fn gpt2_tiny() {
+        chain("gpt2-tiny", 3);
+    }
+    #[test]
+    fn bert_tiny() {
+        chain("bert-tiny", 2);
+    }
+    #[test]
+    fn vit_tiny() {
+        chain("vit-tiny", 2);
+    }
+    #[test]
+    fn mobilenet_v2() {
+        chain("mobilenet_v2", 2);
+    }
+}
+
+/// Boundary tensors match across stages: what stage k sends, stage k+1 receives.
+#[test]
+fn manifest_connects_stages() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = compile_ok(&models().join("resnet18.onnx"), 4, dir.path());
+    let stages = m["stage"].as_array().unwrap();
+    assert_eq!(m["plan"]["schedule"].as_str(), Some("2bw"));
+    assert_eq!(m["plan"]["recompute"].as_str(), Some("none"));
+    for k in 0..stages.len() - 1 {
+        assert_eq!(names(&stages[k], "sent"), names(&stages[k + 1], "received"), "stage {k} -> {}", k + 1);
+        assert!(!names(&stages[k], "sent").is_empty());
+    }
+    assert!(names(&stages[0], "received").is_empty());
+    assert!(names(&stages[stages.len() - 1], "sent").is_empty());
+    assert_eq!(names(&stages[stages.len() - 1], "graph_outputs").len(), 1);
+    // No temporary files left behind.
+    for e in std::fs::read_dir(dir.path()).unwrap() {
+        let n = e.unwrap().file_name().to_string_lossy().into_owned();
+        assert!(!n.contains(".tmp"), "{n}");
+    }
+}
+
+fn inspect_module(path: &Path) -> Output {
+    pipewright(&[std::ffi::OsStr::new("inspect"), path.as_os_str()])
+}
+
+#[test]
+fn inspect_prints_a_module() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = compile(&models().join("mlp.onnx"), 2, dir.path(), &["--schedule", "flush", "--recompute", "full"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let out = inspect_module(&dir.path().join("stage1.pwm"));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    for needle in ["stage module: stage 1 of 2", "schedule:     flush", "recompute:    full", "version:      1", "checksum:", "f32[N,", "Gemm[", "# "] {
+        assert!(text.contains(needle), "{needle:?} missing in:\n{text}");
+    }
+}
+
+#[test]
+fn corrupt_modules_fail_in_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = compile(&models().join("mlp.onnx"), 2, dir.path(), &[]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let good = std::fs::read(dir.path().join("stage1.pwm")).unwrap();
+    let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+        ("flipped.pwm", { let mut b = good.clone(); let i = b.len() / 2; b[i] ^= 0x40; b }, "checksum mismatch"),
+        ("short.pwm", good[..good.len() - 100].to_vec(), "truncated"),
+        ("header.pwm", good[..40].to_vec(), "truncated"),
+        ("prefix.bin", good[..5].to_vec(), "truncated"),
+        ("magic.pwm", { let mut b = good.clone(); b[0] = b'X'; b }, "not a pipewright stage module"),
+        ("empty.pwm", Vec::new(), "truncated"),
+    ];
+    for (name, bytes, needle) in cases {
+        let path = dir.path().join(name);
+        std::fs::write(&path, bytes).unwrap();
+        let out = inspect_module(&path);
+        assert!(!out.status.success(), "{name}: succeeded");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(err.trim_end().lines().count(), 1, "{name}: {err}");
+        assert!(err.starts_with("error: "), "{name}: {err}");
+        assert!(err.contains(name) && err.contains(needle), "{name}: {err}");
+        assert!(!err.contains("panicked"), "{name}: {err}");
+    }
+}
+
+#[test]
+fn bad_arguments_fail_in_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = compile(&models().join("mlp.onnx"), 2, dir.path(), &["--schedule", "zigzag"]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(err.contains("zigzag"), "{err}");
+    let missing = dir.path().join("absent.onnx");
+    let o = compile(&missing, 2, &dir.path().join("b"), &[]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(err.contains("absent.onnx"), "{err}");
+}
+
+/// `--executables`: `stageK` is this binary with the module appended; run without
+/// arguments it prints its module.
+#[test]
+fn executables_carry_their_module() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = compile(&models().join("mlp.onnx"), 2, dir.path(), &["--executables"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let exe = dir.path().join("stage1");
+    let out = std::process::Command::new(&exe).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("stage module: stage 1 of 2"));
+}
