@@ -215,15 +215,22 @@ pub fn run(args: &CompileArgs) -> Result<()> {
     std::fs::create_dir_all(out).with_context(|| format!("{}: cannot create the output folder", out.display()))?;
     let mut entries = Vec::new();
     let mut order = Vec::new();
+    let mut spent = WriteTimes::default();
     for slice in &slices {
         let k = slice.stage;
+        let t = std::time::Instant::now();
         let sp = lower_slice(&graph, slice).map_err(|e| at("lower", &e))?;
+        spent.lower += t.elapsed();
         let module_name = format!("stage{k}.pwm");
         let onnx_name = format!("stage{k}.onnx");
         let params = StageParams { stage: k, depth, schedule, recompute };
+        let t = std::time::Instant::now();
         write_module(out.join(&module_name), &params, &sp.program).map_err(|e| anyhow!("{e}"))?;
+        spent.modules += t.elapsed();
+        let t = std::time::Instant::now();
         let onnx = export_stage_bytes(&graph, slice).map_err(|e| at("ONNX export", &e))?;
         write_atomic(&out.join(&onnx_name), &onnx)?;
+        spent.onnx += t.elapsed();
         if args.executables {
             write_executable(&out.join(format!("stage{k}")), &out.join(&module_name))?;
         }
@@ -238,6 +245,9 @@ pub fn run(args: &CompileArgs) -> Result<()> {
             graph_inputs: sp.graph_inputs.iter().map(tensor_entry).collect(),
             graph_outputs: sp.graph_outputs.iter().map(tensor_entry).collect(),
         });
+    }
+    if args.timings {
+        eprint!("{}", spent.text());
     }
     let c = &plan.chosen;
     let manifest = Manifest {
@@ -268,6 +278,27 @@ pub fn run(args: &CompileArgs) -> Result<()> {
         recompute.name()
     );
     Ok(())
+}
+
+/// Time spent after the passes, for `--timings`: lowering every stage, writing the stage
+/// modules (program + weights), and exporting the stage ONNX files.
+#[derive(Default)]
+struct WriteTimes {
+    lower: std::time::Duration,
+    modules: std::time::Duration,
+    onnx: std::time::Duration,
+}
+
+impl WriteTimes {
+    fn text(&self) -> String {
+        let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+        format!(
+            "  lower stages            {:.3} ms\n  write stage modules     {:.3} ms\n  write stage ONNX        {:.3} ms\n",
+            ms(self.lower),
+            ms(self.modules),
+            ms(self.onnx)
+        )
+    }
 }
 
 /// Trailer magic of a stage executable: the pipewright binary, then the stage module,
