@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{anyhow, bail, Context, Result};
 use pipewright_codegen::module::{write_module, Recompute, Schedule, StageParams};
 use pipewright_codegen::onnx_export::export_stage_bytes;
-use pipewright_codegen::stage::{lower_slice, slice_stages, BoundaryTensor, StageTensor};
+use pipewright_codegen::stage::{lower_slice_annotated, slice_stages, Annotations, BoundaryTensor, StageTensor};
 use pipewright_ir::{import_model, ImportOptions};
 use pipewright_passes::manager::{compile_passes, CompileOptions, PrintAfter};
 use pipewright_passes::recompute::RecomputeMode;
@@ -210,6 +210,7 @@ pub fn run(args: &CompileArgs) -> Result<()> {
         None => bail!("{}: the pass pipeline produced no stages", model.display()),
     };
     let slices = slice_stages(&graph, &stage_map).map_err(|e| at("lower", &e))?;
+    let annotations = Annotations { recompute: state.recompute.as_ref(), versions: state.versions.as_ref() };
 
     let out = &args.output;
     std::fs::create_dir_all(out).with_context(|| format!("{}: cannot create the output folder", out.display()))?;
@@ -219,7 +220,7 @@ pub fn run(args: &CompileArgs) -> Result<()> {
     for slice in &slices {
         let k = slice.stage;
         let t = std::time::Instant::now();
-        let sp = lower_slice(&graph, slice).map_err(|e| at("lower", &e))?;
+        let sp = lower_slice_annotated(&graph, slice, &annotations).map_err(|e| at("lower", &e))?;
         spent.lower += t.elapsed();
         let module_name = format!("stage{k}.pwm");
         let onnx_name = format!("stage{k}.onnx");

@@ -91,18 +91,69 @@ pub fn print_module(m: &pipewright_runtime::module::StageModule) -> String {
     for t in &p.stored {
         let dims: Vec<String> = t.dims.iter().map(|d| d.to_string()).collect();
         let kind = if t.trainable { "param" } else { "const" };
-        let _ = writeln!(s, "  {}: {}[{}] {kind}  # {:?}", t.slot, t.elem, dims.join(","), p.slots[t.slot.index()].name);
+        let update = if t.update.is_empty() { String::new() } else { format!(" ({})", t.update) };
+        let _ = writeln!(
+            s,
+            "  {}: {}[{}] {kind} x{}{update}  # {:?}",
+            t.slot,
+            t.elem,
+            dims.join(","),
+            t.versions,
+            p.slots[t.slot.index()].name
+        );
     }
+    // Recompute/stash marks only when the module was compiled with recomputation.
+    let marks = h.params.recompute.name() != "none";
+    let stashed = p.stashed_slots();
+    let recomputed = p.recompute_count();
+    let _ = writeln!(
+        s,
+        "segments:     forward {} instrs, recompute {} instrs, stashed {} slots",
+        p.instrs.len(),
+        recomputed,
+        stashed.len()
+    );
+    let first = p.first_defs();
+    let outputs: std::collections::HashSet<_> = p.outputs.iter().copied().collect();
+    let entry: std::collections::HashSet<_> = p.inputs.iter().copied().chain(p.stored.iter().map(|t| t.slot)).collect();
+    let mut in_recompute = vec![false; p.slots.len()];
+    for ins in p.instrs.iter().filter(|i| i.recompute) {
+        for o in ins.outputs.iter().flatten() {
+            in_recompute[o.index()] = true;
+        }
+    }
+    let stashed_set: std::collections::HashSet<_> = stashed.iter().copied().collect();
     let _ = writeln!(s, "slots ({}):", p.slots.len());
     for k in 0..p.slots.len() {
-        let _ = writeln!(s, "  {}", slot_line(pipewright_runtime::program::SlotId(k as u32)));
+        let id = pipewright_runtime::program::SlotId(k as u32);
+        let start = if entry.contains(&id) { "in".to_string() } else { first[k].map(|i| format!("n{i}")).unwrap_or_else(|| "-".into()) };
+        let end = if outputs.contains(&id) { Some("out".to_string()) } else { p.slots[k].last_use.map(|i| format!("n{i}")) };
+        let live = match end {
+            Some(end) => format!("live {start}..{end}"),
+            None => format!("live {start} (unused)"),
+        };
+        let mark = if !marks {
+            ""
+        } else if in_recompute[k] {
+            " [recompute]"
+        } else if stashed_set.contains(&id) {
+            " [stash]"
+        } else {
+            ""
+        };
+        let _ = writeln!(s, "  {}  {live}{mark}", slot_line(id));
     }
     let _ = writeln!(s, "instructions ({}):", p.instrs.len());
     let opt = |x: &Option<pipewright_runtime::program::SlotId>| x.map(|id| id.to_string()).unwrap_or_else(|| "_".into());
-    for ins in &p.instrs {
+    for (i, ins) in p.instrs.iter().enumerate() {
         let outs: Vec<String> = ins.outputs.iter().map(opt).collect();
         let args: Vec<String> = ins.inputs.iter().map(opt).collect();
-        let _ = writeln!(s, "  {} = {}({})  # {}", outs.join(", "), kernel_text(&ins.kernel), args.join(", "), ins.name);
+        let mark = match (marks, ins.recompute) {
+            (false, _) => "",
+            (true, true) => " [recompute]",
+            (true, false) => " [stash]",
+        };
+        let _ = writeln!(s, "  n{i}: {} = {}({}){mark}  # {}", outs.join(", "), kernel_text(&ins.kernel), args.join(", "), ins.name);
     }
     s
 }

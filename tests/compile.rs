@@ -324,3 +324,79 @@ fn executables_carry_their_module() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(String::from_utf8_lossy(&out.stdout).contains("stage module: stage 1 of 2"));
 }
+
+/// The `inspect` text of every stage module of `name` compiled at depth `d` with
+/// `--recompute MODE`, a fixed batch and microbatch (so the plan is deterministic).
+fn inspected_stages(name: &str, d: usize, mode: &str) -> Vec<String> {
+    let dir = tempfile::tempdir().unwrap();
+    let o = compile(&models().join(format!("{name}.onnx")), d, dir.path(), &["--recompute", mode, "--batch", "64", "--microbatch", "8"]);
+    assert!(o.status.success(), "compile {name} d={d}: {}", String::from_utf8_lossy(&o.stderr));
+    (0..d)
+        .map(|k| {
+            let out = inspect_module(&dir.path().join(format!("stage{k}.pwm")));
+            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+            String::from_utf8(out.stdout).unwrap()
+        })
+        .collect()
+}
+
+/// The lowered stage programs with `--recompute selective`: instructions marked
+/// `[recompute]`/`[stash]`, slot lifetimes, weight versions and update rules, segments.
+#[test]
+fn stage_programs_snapshot() {
+    for name in ["gpt2-tiny", "resnet18"] {
+        for d in [2, 4] {
+            for (k, text) in inspected_stages(name, d, "selective").iter().enumerate() {
+                assert!(text.contains("segments:") && text.contains("live "), "{text}");
+                insta::assert_snapshot!(format!("stage_program_{}_d{d}_stage{k}", name.replace('-', "_")), text);
+            }
+        }
+    }
+}
+
+/// `--recompute full`: every slot an instruction writes is in the recompute segment
+/// (only the stage inputs are stashed); `none`: nothing is.
+#[test]
+fn recompute_segments_follow_the_mode() {
+    let dir = tempfile::tempdir().unwrap();
+    for mode in ["full", "none", "selective"] {
+        let build = dir.path().join(mode);
+        let o = compile(&models().join("gpt2-tiny.onnx"), 2, &build, &["--recompute", mode, "--batch", "64", "--microbatch", "8"]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        for k in 0..2 {
+            let m = pipewright_runtime::module::read_module(build.join(format!("stage{k}.pwm"))).unwrap();
+            let p = &m.program;
+            let recomputed = p.recompute_count();
+            match mode {
+                "full" => {
+                    assert_eq!(recomputed, p.instrs.len(), "stage {k}");
+                    let entry: Vec<_> = p.inputs.iter().chain(p.stored.iter().map(|t| &t.slot)).collect();
+                    for ins in &p.instrs {
+                        for o in ins.outputs.iter().flatten() {
+                            assert!(!entry.contains(&o), "stage {k}: {o} is an input");
+                        }
+                    }
+                    assert_eq!(p.stashed_slots(), p.inputs, "stage {k}");
+                }
+                "none" => {
+                    assert_eq!(recomputed, 0, "stage {k}");
+                    assert!(p.instrs.iter().all(|i| !i.recompute));
+                }
+                _ => assert!(recomputed > 0 && recomputed < p.instrs.len(), "stage {k}: {recomputed} of {}", p.instrs.len()),
+            }
+            // Lifetimes: each slot's last use is the last instruction reading it.
+            let last = p.last_uses();
+            for (info, l) in p.slots.iter().zip(last) {
+                assert_eq!(info.last_use, l.filter(|&i| i != usize::MAX).map(|i| i as u32), "{}", info.name);
+            }
+            // 2BW: trainable weights hold two versions; constants one.
+            for t in &p.stored {
+                if t.trainable {
+                    assert_eq!((t.versions, t.update.as_str()), (2, "2bw"), "{}", p.slots[t.slot.index()].name);
+                } else {
+                    assert_eq!(t.versions, 1);
+                }
+            }
+        }
+    }
+}

@@ -63,6 +63,8 @@ pub fn lower_nodes(g: &Graph, l: &Lowering<'_>) -> Result<Program, LowerError> {
                 dims: w.data.dims.clone(),
                 bytes: w.data.bytes.clone(),
                 trainable: w.trainable,
+                versions: 1,
+                update: String::new(),
             });
         }
     }
@@ -73,6 +75,7 @@ pub fn lower_nodes(g: &Graph, l: &Lowering<'_>) -> Result<Program, LowerError> {
             kernel: kernel(&node.op, node.outputs.len(), node.inputs.len()),
             inputs: node.inputs.iter().map(|v| v.map(slot).transpose()).collect::<Result<_, _>>()?,
             outputs: node.outputs.iter().map(|v| v.map(slot).transpose()).collect::<Result<_, _>>()?,
+            recompute: false,
         });
     }
     rebatch::apply_to(g, &mut p, l.nodes, l.values);
@@ -81,7 +84,7 @@ pub fn lower_nodes(g: &Graph, l: &Lowering<'_>) -> Result<Program, LowerError> {
 
 fn slot_info(g: &Graph, v: ValueId) -> SlotInfo {
     let val = g.value(v);
-    SlotInfo { name: val.name.clone(), elem: elem(val.ty.dtype), shape: val.ty.shape.0.iter().map(|&d| extent(d)).collect() }
+    SlotInfo { name: val.name.clone(), elem: elem(val.ty.dtype), shape: val.ty.shape.0.iter().map(|&d| extent(d)).collect(), last_use: None }
 }
 
 fn extent(d: Dim) -> Extent {
@@ -356,8 +359,8 @@ pub mod rebatch {
                 let mut one = dims.clone();
                 one[0] = 1;
                 let single = SlotId(p.slots.len() as u32);
-                p.slots.push(SlotInfo { name: format!("{name}:slice"), elem, shape: one.iter().map(|&d| Extent::Fixed(d)).collect() });
-                p.stored.push(Stored { slot: single, elem, dims: one, bytes: bytes.slice(..slice), trainable: false });
+                p.slots.push(SlotInfo { name: format!("{name}:slice"), elem, shape: one.iter().map(|&d| Extent::Fixed(d)).collect(), last_use: None });
+                p.stored.push(Stored { slot: single, elem, dims: one, bytes: bytes.slice(..slice), trainable: false, versions: 1, update: String::new() });
                 let rest = push_i64(p, &format!("{name}:dims"), &dims[1..]);
                 let n_slot = new_slot(p, &format!("{name}:batch"), ElemType::I64, vec![Extent::Fixed(1)]);
                 let target = new_slot(p, &format!("{name}:target"), ElemType::I64, vec![Extent::Fixed(dims.len() as i64)]);
@@ -366,9 +369,9 @@ pub mod rebatch {
                 let expanded = new_slot(p, &format!("{name}:expanded"), elem, shape);
                 let label = p.instrs[k].name.clone();
                 let new = [
-                    Instr { name: format!("{label}:batch"), kernel: Kernel::Shape { start: 0, end: Some(1) }, inputs: vec![Some(batched)], outputs: vec![Some(n_slot)] },
-                    Instr { name: format!("{label}:target"), kernel: Kernel::Concat { axis: 0 }, inputs: vec![Some(n_slot), Some(rest)], outputs: vec![Some(target)] },
-                    Instr { name: format!("{label}:expand"), kernel: Kernel::Expand, inputs: vec![Some(single), Some(target)], outputs: vec![Some(expanded)] },
+                    Instr { name: format!("{label}:batch"), kernel: Kernel::Shape { start: 0, end: Some(1) }, inputs: vec![Some(batched)], outputs: vec![Some(n_slot)], recompute: false },
+                    Instr { name: format!("{label}:target"), kernel: Kernel::Concat { axis: 0 }, inputs: vec![Some(n_slot), Some(rest)], outputs: vec![Some(target)], recompute: false },
+                    Instr { name: format!("{label}:expand"), kernel: Kernel::Expand, inputs: vec![Some(single), Some(target)], outputs: vec![Some(expanded)], recompute: false },
                 ];
                 p.instrs[k].inputs[pos] = Some(expanded);
                 for (i, instr) in new.into_iter().enumerate() {
@@ -380,7 +383,7 @@ pub mod rebatch {
 
     fn new_slot(p: &mut Program, name: &str, elem: ElemType, shape: Vec<Extent>) -> SlotId {
         let slot = SlotId(p.slots.len() as u32);
-        p.slots.push(SlotInfo { name: name.to_string(), elem, shape });
+        p.slots.push(SlotInfo { name: name.to_string(), elem, shape, last_use: None });
         slot
     }
 
@@ -415,9 +418,9 @@ pub mod rebatch {
 
     fn push_i64(p: &mut Program, name: &str, values: &[i64]) -> SlotId {
         let slot = SlotId(p.slots.len() as u32);
-        p.slots.push(SlotInfo { name: name.to_string(), elem: ElemType::I64, shape: vec![Extent::Fixed(values.len() as i64)] });
+        p.slots.push(SlotInfo { name: name.to_string(), elem: ElemType::I64, shape: vec![Extent::Fixed(values.len() as i64)], last_use: None });
         let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-        p.stored.push(Stored { slot, elem: ElemType::I64, dims: vec![values.len() as i64], bytes: bytes.into(), trainable: false });
+        p.stored.push(Stored { slot, elem: ElemType::I64, dims: vec![values.len() as i64], bytes: bytes.into(), trainable: false, versions: 1, update: String::new() });
         slot
     }
 

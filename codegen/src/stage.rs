@@ -15,6 +15,8 @@
 use std::collections::BTreeSet;
 
 use pipewright_ir::{Graph, NodeId, Op, StageMap, ValueDef, ValueId};
+use pipewright_passes::recompute::{Decision, RecomputePlan};
+use pipewright_passes::versioning::{UpdateRule, WeightVersions};
 use pipewright_runtime::program::{Extent, Program};
 use pipewright_runtime::ElemType;
 
@@ -82,6 +84,64 @@ pub struct StageProgram {
     pub sent: Vec<BoundaryTensor>,
     pub graph_inputs: Vec<StageTensor>,
     pub graph_outputs: Vec<StageTensor>,
+    /// The IR node of each instruction of `program` (same order); `None` for the helper
+    /// instructions the rebatch rewrites insert (they serve the instruction after them).
+    pub instr_nodes: Vec<Option<NodeId>>,
+    /// The IR value of each slot of `program`; `None` for the helper slots and constants
+    /// the rebatch rewrites add.
+    pub slot_values: Vec<Option<ValueId>>,
+}
+
+/// The pass results a stage module carries as annotations.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Annotations<'a> {
+    pub recompute: Option<&'a RecomputePlan>,
+    pub versions: Option<&'a WeightVersions>,
+}
+
+/// The `Stored::update` text of an update rule.
+pub fn update_name(rule: UpdateRule) -> &'static str {
+    match rule {
+        UpdateRule::TwoBW { .. } => "2bw",
+        UpdateRule::Vanilla => "vanilla",
+        UpdateRule::Stashed => "stashed",
+        UpdateRule::Constant => "constant",
+    }
+}
+
+impl StageProgram {
+    /// Fills the program's annotations: each instruction's recompute flag (from the
+    /// recompute plan; a helper instruction follows the instruction it serves), each stored
+    /// tensor's weight versions and update rule (constants: 1 version, `constant`), and
+    /// each slot's last use.
+    pub fn annotate(&mut self, a: &Annotations<'_>) {
+        let p = &mut self.program;
+        if let Some(plan) = a.recompute {
+            let mut next = false;
+            for (ins, node) in p.instrs.iter_mut().zip(&self.instr_nodes).rev() {
+                ins.recompute = match node {
+                    Some(n) => plan.node(*n) == Some(Decision::Recompute),
+                    None => next,
+                };
+                next = ins.recompute;
+            }
+        }
+        for t in p.stored.iter_mut() {
+            let w = self.slot_values.get(t.slot.index()).copied().flatten().and_then(|v| a.versions.and_then(|vs| vs.get(v)));
+            match w {
+                Some(w) => {
+                    t.versions = w.versions_in(self.stage).max(1);
+                    t.update = update_name(w.rule).to_string();
+                }
+                None if !t.trainable => {
+                    t.versions = 1;
+                    t.update = "constant".to_string();
+                }
+                None => {}
+            }
+        }
+        p.fill_last_uses();
+    }
 }
 
 /// Splits a partitioned graph into its stages.
@@ -200,8 +260,22 @@ pub fn lower_slice(g: &Graph, s: &StageSlice) -> Result<StageProgram, LowerError
     let values = stage_values(g, s);
     let inputs = s.inputs();
     let outputs = s.outputs();
-    let program = lower_nodes(g, &Lowering { nodes: &s.nodes, values: &values, inputs: &inputs, outputs: &outputs })
+    let mut program = lower_nodes(g, &Lowering { nodes: &s.nodes, values: &values, inputs: &inputs, outputs: &outputs })
         .map_err(|e| LowerError::Stage { stage: s.stage, reason: e.to_string() })?;
+    program.fill_last_uses();
+    // One instruction per node in order, plus helper instructions inserted by the rebatch
+    // rewrites; those write only new slots (past `values`), which identifies them.
+    let slot_values: Vec<Option<ValueId>> = (0..program.slots.len()).map(|k| values.get(k).copied()).collect();
+    let mut nodes = s.nodes.iter();
+    let instr_nodes: Vec<Option<NodeId>> = program
+        .instrs
+        .iter()
+        .map(|ins| {
+            let mut outs = ins.outputs.iter().flatten().peekable();
+            let helper = outs.peek().is_some() && outs.all(|o| o.index() >= values.len());
+            if helper { None } else { nodes.next().copied() }
+        })
+        .collect();
     let boundary = |local: ValueId, wire: ValueId, peer: u32| BoundaryTensor {
         name: g.value(wire).name.clone(),
         value: g.value(local).name.clone(),
@@ -216,7 +290,16 @@ pub fn lower_slice(g: &Graph, s: &StageSlice) -> Result<StageProgram, LowerError
         sent: s.sent.iter().map(|&(local, wire)| boundary(local, wire, s.stage + 1)).collect(),
         graph_inputs: s.graph_inputs.iter().map(|&v| tensor(g, v)).collect(),
         graph_outputs: s.graph_outputs.iter().map(|&v| tensor(g, v)).collect(),
+        instr_nodes,
+        slot_values,
     })
+}
+
+/// Lowers one stage and fills its annotations (see [`StageProgram::annotate`]).
+pub fn lower_slice_annotated(g: &Graph, s: &StageSlice, a: &Annotations<'_>) -> Result<StageProgram, LowerError> {
+    let mut sp = lower_slice(g, s)?;
+    sp.annotate(a);
+    Ok(sp)
 }
 
 #[cfg(test)]
@@ -263,6 +346,29 @@ mod tests {
         for p in &progs {
             assert_eq!(p.program.inputs.len(), p.received.len() + p.graph_inputs.len());
             assert_eq!(p.program.outputs.len(), p.sent.len() + p.graph_outputs.len());
+        }
+    }
+
+    #[test]
+    fn instructions_map_to_their_nodes() {
+        let Some((g, stages)) = partitioned(2) else { return };
+        for sp in lower_stages(&g, &stages).unwrap() {
+            assert_eq!(sp.instr_nodes.len(), sp.program.instrs.len());
+            assert_eq!(sp.slot_values.len(), sp.program.slots.len());
+            for (ins, n) in sp.program.instrs.iter().zip(&sp.instr_nodes) {
+                if let Some(n) = n {
+                    assert_eq!(g.node(*n).name, ins.name);
+                }
+            }
+            for (info, v) in sp.program.slots.iter().zip(&sp.slot_values) {
+                if let Some(v) = v {
+                    assert_eq!(g.value(*v).name, info.name);
+                }
+            }
+            let last = sp.program.last_uses();
+            for (info, l) in sp.program.slots.iter().zip(last) {
+                assert_eq!(info.last_use, l.filter(|&i| i != usize::MAX).map(|i| i as u32));
+            }
         }
     }
 

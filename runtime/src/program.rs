@@ -46,6 +46,11 @@ pub struct SlotInfo {
     pub name: String,
     pub elem: ElemType,
     pub shape: Vec<Extent>,
+    /// Index of the last instruction reading the slot; `None` for a program output (it
+    /// lives to the end) or a slot nothing reads. Filled by [`Program::fill_last_uses`]
+    /// when the module is written; absent in older modules.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_use: Option<u32>,
 }
 
 /// A tensor stored in the program: a trainable parameter or a constant.
@@ -57,6 +62,26 @@ pub struct Stored {
     #[serde(skip)]
     pub bytes: Bytes,
     pub trainable: bool,
+    /// Weight version slots the stage holds (2 for a PipeDream-2BW parameter, 1 for a
+    /// constant or a parameter updated after a flush). 1 when absent (older modules).
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub versions: u32,
+    /// How the tensor is updated: `2bw`, `vanilla`, `stashed` or `constant`; empty when
+    /// unknown (older modules, or a program lowered without weight versioning).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub update: String,
+}
+
+fn one() -> u32 {
+    1
+}
+
+fn is_one(v: &u32) -> bool {
+    *v == 1
+}
+
+fn is_false(v: &bool) -> bool {
+    !*v
 }
 
 /// One kernel application.
@@ -67,6 +92,11 @@ pub struct Instr {
     pub kernel: Kernel,
     pub inputs: Vec<Option<SlotId>>,
     pub outputs: Vec<Option<SlotId>>,
+    /// The instruction belongs to the stage's recompute segment: its outputs are not
+    /// stashed for the backward pass but recomputed (from the stashed stage inputs and
+    /// stashed outputs) right before it. `false` for stashed ones and in older modules.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub recompute: bool,
 }
 
 /// A straight-line program over slots.
@@ -95,6 +125,52 @@ impl Program {
             last[s.index()] = Some(usize::MAX);
         }
         last
+    }
+
+    /// Stores each slot's [`SlotInfo::last_use`] from the instruction list (program
+    /// outputs and unread slots get `None`).
+    pub fn fill_last_uses(&mut self) {
+        let last = self.last_uses();
+        for (info, l) in self.slots.iter_mut().zip(last) {
+            info.last_use = l.filter(|&i| i != usize::MAX).map(|i| i as u32);
+        }
+    }
+
+    /// For each slot, the index of the first instruction writing it (`None` for program
+    /// inputs, stored tensors and slots nothing writes).
+    pub fn first_defs(&self) -> Vec<Option<usize>> {
+        let mut first = vec![None; self.slots.len()];
+        for (i, ins) in self.instrs.iter().enumerate() {
+            for s in ins.outputs.iter().flatten() {
+                if first[s.index()].is_none() {
+                    first[s.index()] = Some(i);
+                }
+            }
+        }
+        first
+    }
+
+    /// Instructions in the recompute segment.
+    pub fn recompute_count(&self) -> usize {
+        self.instrs.iter().filter(|i| i.recompute).count()
+    }
+
+    /// Slots kept for the backward pass: the program inputs plus every slot written by an
+    /// instruction outside the recompute segment (stored tensors are weights, not counted).
+    pub fn stashed_slots(&self) -> Vec<SlotId> {
+        let mut stashed = vec![false; self.slots.len()];
+        for s in &self.inputs {
+            stashed[s.index()] = true;
+        }
+        for ins in self.instrs.iter().filter(|i| !i.recompute) {
+            for s in ins.outputs.iter().flatten() {
+                stashed[s.index()] = true;
+            }
+        }
+        for t in &self.stored {
+            stashed[t.slot.index()] = false;
+        }
+        (0..self.slots.len()).filter(|&k| stashed[k]).map(|k| SlotId(k as u32)).collect()
     }
 
     /// The slot of a program input by its source name.

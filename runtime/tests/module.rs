@@ -13,11 +13,11 @@ use pipewright_runtime::{ElemType, Kernel};
 const PARAMS: StageParams = StageParams { stage: 1, depth: 4, schedule: Schedule::TwoBw, recompute: Recompute::Selective };
 
 fn slot(name: &str, elem: ElemType, shape: &[Extent]) -> SlotInfo {
-    SlotInfo { name: name.into(), elem, shape: shape.to_vec() }
+    SlotInfo { name: name.into(), elem, shape: shape.to_vec(), last_use: None }
 }
 
 fn stored(slot: u32, elem: ElemType, dims: &[i64], bytes: Vec<u8>, trainable: bool) -> Stored {
-    Stored { slot: SlotId(slot), elem, dims: dims.to_vec(), bytes: Bytes::from(bytes), trainable }
+    Stored { slot: SlotId(slot), elem, dims: dims.to_vec(), bytes: Bytes::from(bytes), trainable, versions: 1, update: String::new() }
 }
 
 /// y = relu(x @ W^T + b) * scale, where(mask, ., .) with weights of several dtypes.
@@ -58,24 +58,28 @@ fn program() -> Program {
                 kernel: Kernel::Gemm(Gemm { alpha: 1.0, beta: 0.1, trans_a: false, trans_b: true }),
                 inputs: vec![Some(SlotId(0)), Some(SlotId(1)), Some(SlotId(2))],
                 outputs: vec![Some(SlotId(3))],
+                recompute: false,
             },
             Instr {
                 name: "relu".into(),
                 kernel: Kernel::Unary(UnaryKind::Relu),
                 inputs: vec![Some(SlotId(3))],
                 outputs: vec![Some(SlotId(4))],
+                recompute: false,
             },
             Instr {
                 name: "clip".into(),
                 kernel: Kernel::Clip { min: Some(-0.1), max: None },
                 inputs: vec![Some(SlotId(4)), None, None],
                 outputs: vec![Some(SlotId(4))],
+                recompute: false,
             },
             Instr {
                 name: "mul".into(),
                 kernel: Kernel::Binary(BinaryKind::Mul),
                 inputs: vec![Some(SlotId(4)), Some(SlotId(5))],
                 outputs: vec![Some(SlotId(8))],
+                recompute: false,
             },
         ],
     }
