@@ -9,6 +9,10 @@ mod conformance;
 mod forward;
 #[cfg(feature = "torch")]
 mod profile;
+#[cfg(feature = "torch")]
+mod data;
+#[cfg(feature = "torch")]
+mod train;
 mod compile;
 mod inspect;
 mod output;
@@ -46,6 +50,9 @@ enum Command {
     /// Measure forward and backward time per node at several microbatch sizes (JSON for `plan`).
     #[cfg(feature = "torch")]
     Profile(ProfileArgs),
+    /// Train a compiled pipeline on the embedded executor (one thread per stage).
+    #[cfg(feature = "torch")]
+    Train(TrainArgs),
 }
 
 #[derive(clap::Args)]
@@ -173,6 +180,66 @@ pub struct CompileArgs {
 }
 
 #[derive(clap::Args)]
+pub struct TrainArgs {
+    /// The build folder written by `pipewright compile`.
+    pub build: PathBuf,
+    /// `synthetic`, or a .npz file, a folder of .npy files, or a .safetensors file whose
+    /// arrays are named after the model's inputs (first axis = samples).
+    #[arg(long, default_value = "synthetic")]
+    pub data: PathBuf,
+    /// The labels array in the data file.
+    #[arg(long)]
+    pub label: Option<String>,
+    /// cross-entropy, mse (both need --output), or output:NAME (a scalar the model computes).
+    #[arg(long, default_value = "cross-entropy")]
+    pub loss: String,
+    /// The model output the loss applies to.
+    #[arg(long)]
+    pub output: Option<String>,
+    /// Classes of the random labels of `--data synthetic`.
+    #[arg(long, default_value_t = 10)]
+    pub classes: i64,
+    /// Optimizer steps (batches).
+    #[arg(long, default_value_t = 100)]
+    pub steps: usize,
+    /// Microbatch size.
+    #[arg(long, default_value_t = 16)]
+    pub microbatch: usize,
+    /// Microbatches per step (default: the pipeline depth, the least 2BW allows).
+    #[arg(long)]
+    pub microbatches: Option<usize>,
+    #[arg(long, default_value_t = 0.05)]
+    pub lr: f64,
+    /// sgd, adam or adamw.
+    #[arg(long, default_value = "sgd")]
+    pub optimizer: String,
+    #[arg(long, default_value_t = 0.0)]
+    pub momentum: f64,
+    #[arg(long, default_value_t = 0.0)]
+    pub weight_decay: f64,
+    /// Linear warm-up steps.
+    #[arg(long, default_value_t = 0)]
+    pub warmup: usize,
+    /// Learning-rate decay: constant, linear or cosine.
+    #[arg(long, default_value = "constant")]
+    pub decay: String,
+    /// Clip gradients to this global norm across all stages.
+    #[arg(long)]
+    pub clip_norm: Option<f64>,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// `cpu`, `cuda` or `cuda:N`.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    /// Write one JSON line of metrics per step here.
+    #[arg(long)]
+    pub metrics: Option<PathBuf>,
+    /// Print progress every this many steps.
+    #[arg(long, default_value_t = 10)]
+    pub log_every: usize,
+}
+
+#[derive(clap::Args)]
 pub struct ProfileArgs {
     /// The ONNX model file.
     pub model: PathBuf,
@@ -263,6 +330,8 @@ fn main() -> ExitCode {
         Command::Conformance(args) => conformance::run(&args),
         #[cfg(feature = "torch")]
         Command::Profile(args) => profile::run(&args),
+        #[cfg(feature = "torch")]
+        Command::Train(args) => train::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

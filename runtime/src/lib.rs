@@ -15,6 +15,8 @@ pub mod program;
 pub mod exec;
 #[cfg(feature = "torch")]
 pub mod interp;
+#[cfg(feature = "torch")]
+pub mod pipeline;
 
 pub use device::{Device, DeviceError};
 pub use kernel::{ElemType, Kernel};

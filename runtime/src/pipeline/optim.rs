@@ -1,0 +1,128 @@
+//! Optimizers on plain tensors (no autograd) and learning-rate schedules.
+
+use tch::Tensor;
+
+/// The update rule. One state per weight; with 2BW the moments see the 1-stale gradient.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Optimizer {
+    /// `d = g + wd*w; buf = momentum*buf + d` (first step: `buf = d`); `w -= lr*buf`.
+    Sgd { momentum: f64, weight_decay: f64 },
+    /// Adam with L2 weight decay folded into the gradient; bias-corrected moments.
+    Adam { beta1: f64, beta2: f64, eps: f64, weight_decay: f64 },
+    /// AdamW: decoupled weight decay `w -= lr*wd*w`.
+    AdamW { beta1: f64, beta2: f64, eps: f64, weight_decay: f64 },
+}
+
+impl Optimizer {
+    pub fn sgd() -> Self {
+        Optimizer::Sgd { momentum: 0.0, weight_decay: 0.0 }
+    }
+    pub fn adam() -> Self {
+        Optimizer::Adam { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0 }
+    }
+}
+
+/// How the learning rate decays after the linear warm-up.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Decay {
+    Constant,
+    /// Linear from the base rate to `final_lr` at step `total_steps`.
+    Linear { total_steps: usize, final_lr: f64 },
+    /// Cosine from the base rate to `final_lr` at step `total_steps`.
+    Cosine { total_steps: usize, final_lr: f64 },
+}
+
+/// Linear warm-up over `warmup_steps` (step t uses `lr*(t+1)/warmup_steps`), then `decay`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LrSchedule {
+    pub warmup_steps: usize,
+    pub decay: Decay,
+}
+
+impl Default for LrSchedule {
+    fn default() -> Self {
+        LrSchedule { warmup_steps: 0, decay: Decay::Constant }
+    }
+}
+
+impl LrSchedule {
+    /// The learning rate of step `t` (0-based) for base rate `lr`.
+    pub fn at(&self, lr: f64, t: usize) -> f64 {
+        if t < self.warmup_steps {
+            return lr * (t + 1) as f64 / self.warmup_steps as f64;
+        }
+        let frac = |total: usize| {
+            let span = total.saturating_sub(self.warmup_steps).max(1) as f64;
+            ((t - self.warmup_steps) as f64 / span).min(1.0)
+        };
+        match self.decay {
+            Decay::Constant => lr,
+            Decay::Linear { total_steps, final_lr } => lr + (final_lr - lr) * frac(total_steps),
+            Decay::Cosine { total_steps, final_lr } => {
+                final_lr + (lr - final_lr) * 0.5 * (1.0 + (std::f64::consts::PI * frac(total_steps)).cos())
+            }
+        }
+    }
+}
+
+/// Per-weight optimizer state of one stage.
+pub(crate) struct OptState {
+    opt: Optimizer,
+    t: i32,
+    m: Vec<Option<Tensor>>,
+    v: Vec<Option<Tensor>>,
+}
+
+impl OptState {
+    pub(crate) fn new(opt: Optimizer, n: usize) -> Self {
+        OptState { opt, t: 0, m: (0..n).map(|_| None).collect(), v: (0..n).map(|_| None).collect() }
+    }
+
+    /// New weights from `w` (the newest version) and gradient `g`, at rate `lr`.
+    pub(crate) fn step(&mut self, w: &[Tensor], g: &[Tensor], lr: f64) -> Vec<Tensor> {
+        tch::no_grad(|| {
+            self.t += 1;
+            let t = self.t;
+            let mut out = Vec::with_capacity(w.len());
+            for (i, (w, g)) in w.iter().zip(g).enumerate() {
+                let new = match self.opt {
+                    Optimizer::Sgd { momentum, weight_decay } => {
+                        let d = if weight_decay != 0.0 { g + w * weight_decay } else { g.shallow_clone() };
+                        let d = if momentum != 0.0 {
+                            let buf = match self.m[i].take() {
+                                None => d.copy(),
+                                Some(b) => b * momentum + d,
+                            };
+                            self.m[i] = Some(buf.shallow_clone());
+                            buf
+                        } else {
+                            d
+                        };
+                        w - d * lr
+                    }
+                    Optimizer::Adam { beta1, beta2, eps, weight_decay } | Optimizer::AdamW { beta1, beta2, eps, weight_decay } => {
+                        let decoupled = matches!(self.opt, Optimizer::AdamW { .. });
+                        let g = if !decoupled && weight_decay != 0.0 { g + w * weight_decay } else { g.shallow_clone() };
+                        let m = match self.m[i].take() {
+                            None => &g * (1.0 - beta1),
+                            Some(m) => m * beta1 + &g * (1.0 - beta1),
+                        };
+                        let v = match self.v[i].take() {
+                            None => (&g * &g) * (1.0 - beta2),
+                            Some(v) => v * beta2 + (&g * &g) * (1.0 - beta2),
+                        };
+                        let mhat = &m / (1.0 - beta1.powi(t));
+                        let vhat = &v / (1.0 - beta2.powi(t));
+                        let upd = mhat / (vhat.sqrt() + eps);
+                        self.m[i] = Some(m);
+                        self.v[i] = Some(v);
+                        let base = if decoupled && weight_decay != 0.0 { w * (1.0 - lr * weight_decay) } else { w.shallow_clone() };
+                        base - upd * lr
+                    }
+                };
+                out.push(new);
+            }
+            out
+        })
+    }
+}

@@ -1,0 +1,286 @@
+//! The embedded pipeline executor against single-stage references written with plain tch.
+
+mod common;
+
+use bytes::Bytes;
+use common::{normal, uniform};
+use pipewright_runtime::kernel::{Gemm, Kernel, UnaryKind};
+use pipewright_runtime::module::{ModuleHeader, Recompute, Schedule as ModSchedule, Section, StageModule, StageParams};
+use pipewright_runtime::pipeline::*;
+use pipewright_runtime::program::{Extent, Instr, Program, SlotId, SlotInfo, Stored};
+use pipewright_runtime::ElemType;
+use tch::{Kind, Tensor};
+
+const DIMS: [i64; 5] = [4, 6, 5, 4, 3];
+const LAYERS: usize = 4;
+
+fn init_weights() -> Vec<(Tensor, Tensor)> {
+    (0..LAYERS)
+        .map(|i| {
+            let (o, n) = (DIMS[i + 1], DIMS[i]);
+            let w: Vec<f64> = uniform((o * n) as usize, 10 + i as u64, -0.8, 0.8);
+            let b: Vec<f64> = uniform(o as usize, 20 + i as u64, -0.2, 0.2);
+            (Tensor::from_slice(&w).reshape([o, n]), Tensor::from_slice(&b))
+        })
+        .collect()
+}
+
+fn bytes_of(t: &Tensor) -> Bytes {
+    let v = Vec::<f64>::try_from(&t.reshape([-1])).unwrap();
+    Bytes::from(v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>())
+}
+
+/// Layers `lo..hi` of the MLP (Gemm, then Relu except after the last layer) as stage `k`.
+fn stage(k: usize, depth: usize, lo: usize, hi: usize, sched: ModSchedule, rec: Recompute) -> StageModule {
+    let init = init_weights();
+    let mut p = Program::default();
+    let slot = |p: &mut Program, name: String| {
+        p.slots.push(SlotInfo { name, elem: ElemType::F64, shape: vec![Extent::Batch(1)], last_use: None });
+        SlotId(p.slots.len() as u32 - 1)
+    };
+    let mut cur = slot(&mut p, if lo == 0 { "x".into() } else { format!("a{lo}") });
+    p.inputs.push(cur);
+    for i in lo..hi {
+        let w = slot(&mut p, format!("w{i}"));
+        let b = slot(&mut p, format!("b{i}"));
+        for (s, t) in [(w, &init[i].0), (b, &init[i].1)] {
+            p.stored.push(Stored { slot: s, elem: ElemType::F64, dims: t.size(), bytes: bytes_of(t), trainable: true, versions: 1, update: String::new() });
+        }
+        let last = i + 1 == LAYERS;
+        let g = slot(&mut p, if last { format!("a{}", i + 1) } else { format!("g{i}") });
+        let gemm = Gemm { alpha: 1.0, beta: 1.0, trans_a: false, trans_b: true };
+        p.instrs.push(Instr { name: format!("gemm{i}"), kernel: Kernel::Gemm(gemm), inputs: vec![Some(cur), Some(w), Some(b)], outputs: vec![Some(g)], recompute: false });
+        cur = g;
+        if !last {
+            let a = slot(&mut p, format!("a{}", i + 1));
+            p.instrs.push(Instr { name: format!("relu{i}"), kernel: Kernel::Unary(UnaryKind::Relu), inputs: vec![Some(cur)], outputs: vec![Some(a)], recompute: false });
+            cur = a;
+        }
+    }
+    p.outputs.push(cur);
+    p.fill_last_uses();
+    let params = StageParams { stage: k as u32, depth: depth as u32, schedule: sched, recompute: rec };
+    let z = Section { offset: 0, len: 0 };
+    StageModule { header: ModuleHeader { version: 1, params, checksum: 0, program: z, weights: z }, program: p }
+}
+
+fn stages(d: usize, rec: Recompute) -> Vec<StageModule> {
+    let mut bounds = vec![0usize; d + 1];
+    for i in 0..LAYERS {
+        bounds[i * d / LAYERS + 1] = i + 1;
+    }
+    (0..d).map(|k| stage(k, d, bounds[k], bounds[k + 1], ModSchedule::Flush, rec)).collect()
+}
+
+type Batch = Vec<(Tensor, Tensor)>;
+
+fn dataset(steps: usize, m: usize, nan_at: Option<usize>) -> Vec<Batch> {
+    (0..steps)
+        .map(|t| {
+            (0..m)
+                .map(|i| {
+                    let seed = 1000 + (t * m + i) as u64;
+                    let x = normal(&[2, 4], seed);
+                    let x = if nan_at == Some(t) { x * f64::NAN } else { x };
+                    let y: Vec<i64> = uniform(2, seed ^ 77, 0.0, 3.0).iter().map(|v| *v as i64).collect();
+                    (x, Tensor::from_slice(&y))
+                })
+                .collect()
+        })
+        .collect()
+}
+
+fn feed(data: &[Batch]) -> Box<dyn Iterator<Item = Vec<Microbatch>> + Send> {
+    let v: Vec<Vec<Microbatch>> = data
+        .iter()
+        .map(|b| b.iter().map(|(x, y)| Microbatch { inputs: vec![("x".into(), x.shallow_clone())], labels: Some(y.shallow_clone()) }).collect())
+        .collect();
+    Box::new(v.into_iter())
+}
+
+// ---- single-stage reference ----
+
+fn ref_loss(ws: &[Tensor], x: &Tensor, y: &Tensor) -> Tensor {
+    let mut h = x.shallow_clone();
+    for i in 0..LAYERS {
+        h = h.matmul(&ws[2 * i].tr()) + &ws[2 * i + 1];
+        if i + 1 < LAYERS {
+            h = h.relu();
+        }
+    }
+    let lp = h.log_softmax(-1, Kind::Double);
+    -lp.gather(1, &y.reshape([-1, 1]), false).mean(Kind::Double)
+}
+
+/// Mean over the batch's microbatches of the per-microbatch gradient at `ws`.
+fn ref_grad(ws: &[Tensor], batch: &Batch) -> Vec<Tensor> {
+    let leaves: Vec<Tensor> = ws.iter().map(|w| w.detach().set_requires_grad(true)).collect();
+    let mut acc: Vec<Tensor> = ws.iter().map(|w| w.zeros_like()).collect();
+    for (x, y) in batch {
+        let l = ref_loss(&leaves, x, y);
+        let g = Tensor::run_backward(&[l], &leaves, false, false);
+        acc = acc.iter().zip(&g).map(|(a, g)| a + g).collect();
+    }
+    acc.iter().map(|a| a / batch.len() as f64).collect()
+}
+
+fn ref_train(data: &[Batch], opt: Optimizer, lr: f64, stale: bool, clip: Option<f64>) -> Vec<(String, Tensor)> {
+    let mut ws: Vec<Tensor> = init_weights().into_iter().flat_map(|(w, b)| [w, b]).collect();
+    let mut prev = ws.iter().map(|w| w.copy()).collect::<Vec<_>>();
+    let mut m1: Vec<Tensor> = ws.iter().map(|w| w.zeros_like()).collect();
+    let mut m2: Vec<Tensor> = ws.iter().map(|w| w.zeros_like()).collect();
+    for (t, batch) in data.iter().enumerate() {
+        let at = if stale { &prev } else { &ws };
+        let mut g = ref_grad(at, batch);
+        if let Some(c) = clip {
+            let norm = g.iter().map(|g| g.square().sum(Kind::Double).double_value(&[])).sum::<f64>().sqrt();
+            let coef = c / (norm + 1e-6);
+            if coef < 1.0 {
+                g = g.iter().map(|g| g * coef).collect();
+            }
+        }
+        let new: Vec<Tensor> = tch::no_grad(|| match opt {
+            Optimizer::Sgd { momentum, weight_decay } => {
+                assert_eq!((momentum, weight_decay), (0.0, 0.0));
+                ws.iter().zip(&g).map(|(w, g)| w - g * lr).collect()
+            }
+            Optimizer::Adam { beta1, beta2, eps, .. } => {
+                let n = (t + 1) as i32;
+                (0..ws.len())
+                    .map(|i| {
+                        m1[i] = &m1[i] * beta1 + &g[i] * (1.0 - beta1);
+                        m2[i] = &m2[i] * beta2 + &g[i] * &g[i] * (1.0 - beta2);
+                        let mh = &m1[i] / (1.0 - beta1.powi(n));
+                        let vh = &m2[i] / (1.0 - beta2.powi(n));
+                        &ws[i] - mh / (vh.sqrt() + eps) * lr
+                    })
+                    .collect()
+            }
+            _ => unreachable!(),
+        });
+        prev = std::mem::replace(&mut ws, new);
+    }
+    ws.into_iter().enumerate().map(|(i, w)| (if i % 2 == 0 { format!("w{}", i / 2) } else { format!("b{}", i / 2) }, w)).collect()
+}
+
+fn assert_weights(got: &TrainReport, want: &[(String, Tensor)], what: &str) {
+    let flat: Vec<&(String, Tensor)> = got.weights.iter().flatten().collect();
+    assert_eq!(flat.len(), want.len(), "{what}: weight count");
+    for (name, w) in want {
+        let (_, g) = flat.iter().find(|(n, _)| n == name).unwrap_or_else(|| panic!("{what}: no weight {name}"));
+        let diff = (g - w).abs().max().double_value(&[]);
+        let scale = w.abs().max().double_value(&[]).max(1e-12);
+        assert!(diff / scale <= 1e-5, "{what}: {name} differs by {diff} (scale {scale})");
+    }
+}
+
+fn cfg(schedule: Schedule, opt: Optimizer, lr: f64, steps: usize) -> TrainConfig {
+    let mut c = TrainConfig::new(schedule, Loss::CrossEntropy { output: "a4".into() }, lr, steps);
+    c.optimizer = opt;
+    c
+}
+
+const STEPS: usize = 3;
+const M: usize = 4;
+
+#[test]
+fn gpipe_and_flush_equal_vanilla_training() {
+    let data = dataset(STEPS, M, None);
+    for opt in [Optimizer::sgd(), Optimizer::adam()] {
+        let lr = if matches!(opt, Optimizer::Sgd { .. }) { 0.3 } else { 0.05 };
+        let want = ref_train(&data, opt, lr, false, None);
+        for sched in [Schedule::GPipe, Schedule::Flush] {
+            for d in 1..=4 {
+                for rec in [Recompute::None, Recompute::Full] {
+                    let what = format!("{sched:?} d={d} {opt:?} {rec:?}");
+                    let mut reports = Vec::new();
+                    let r = train(stages(d, rec), &cfg(sched, opt, lr, STEPS), feed(&data), &mut |s| reports.push(s)).unwrap_or_else(|e| panic!("{what}: {e}"));
+                    assert_weights(&r, &want, &what);
+                    assert_eq!(reports.len(), STEPS);
+                    assert_eq!(reports.iter().map(|r| r.samples).collect::<Vec<_>>(), vec![2 * M; STEPS]);
+                    assert_eq!(r.losses.len(), STEPS);
+                    assert!(r.peak_versions.iter().all(|&v| v == 1), "{what}: {:?}", r.peak_versions);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn twobw_equals_one_stale_update_with_two_versions() {
+    let steps = 5;
+    let data = dataset(steps, M, None);
+    for opt in [Optimizer::sgd(), Optimizer::adam()] {
+        let lr = if matches!(opt, Optimizer::Sgd { .. }) { 0.3 } else { 0.05 };
+        let want = ref_train(&data, opt, lr, true, None);
+        let vanilla = ref_train(&data, opt, lr, false, None);
+        for d in 1..=4 {
+            for rec in [Recompute::None, Recompute::Full] {
+                let what = format!("2BW d={d} {opt:?} {rec:?}");
+                let r = train(stages(d, rec), &cfg(Schedule::TwoBW, opt, lr, steps), feed(&data), &mut |_| {}).unwrap_or_else(|e| panic!("{what}: {e}"));
+                assert_weights(&r, &want, &what);
+                assert!(r.peak_versions.iter().all(|&v| v <= 2), "{what}: {:?}", r.peak_versions);
+                assert!(r.peak_versions.iter().all(|&v| v == 2), "{what}: expected a shadow version: {:?}", r.peak_versions);
+            }
+        }
+        // The stale rule really differs from vanilla training.
+        let d0 = (&want[0].1 - &vanilla[0].1).abs().max().double_value(&[]);
+        assert!(d0 > 1e-6, "stale and vanilla references coincide");
+    }
+}
+
+#[test]
+fn clipping_uses_the_global_norm_across_stages() {
+    let data = dataset(STEPS, M, None);
+    let want = ref_train(&data, Optimizer::sgd(), 0.3, false, Some(0.05));
+    let unclipped = ref_train(&data, Optimizer::sgd(), 0.3, false, None);
+    assert!((&want[0].1 - &unclipped[0].1).abs().max().double_value(&[]) > 1e-6, "clipping never engaged");
+    for d in [1, 3] {
+        let mut c = cfg(Schedule::Flush, Optimizer::sgd(), 0.3, STEPS);
+        c.clip_norm = Some(0.05);
+        let r = train(stages(d, Recompute::None), &c, feed(&data), &mut |_| {}).unwrap();
+        assert_weights(&r, &want, &format!("clip d={d}"));
+    }
+}
+
+#[test]
+fn nan_loss_names_step_and_stage() {
+    let data = dataset(STEPS, M, Some(1));
+    for sched in [Schedule::TwoBW, Schedule::Flush, Schedule::GPipe] {
+        let mut steps = Vec::new();
+        let e = train(stages(3, Recompute::None), &cfg(sched, Optimizer::sgd(), 0.1, STEPS), feed(&data), &mut |s| steps.push(s.step)).unwrap_err();
+        let msg = e.to_string();
+        assert!(matches!(e, PipelineError::NonFiniteLoss { step: 1, stage: 2, .. }), "{sched:?}: {msg}");
+        assert!(msg.contains("step 1") && msg.contains("stage 2"), "{msg}");
+    }
+}
+
+#[test]
+fn configuration_errors() {
+    let data = dataset(STEPS, 2, None);
+    let e = train(stages(3, Recompute::None), &cfg(Schedule::TwoBW, Optimizer::sgd(), 0.1, STEPS), feed(&data), &mut |_| {}).unwrap_err();
+    assert!(e.to_string().contains("m = 2 < d = 3"), "{e}");
+    // Too little data: an error, not a hang.
+    let e = train(stages(2, Recompute::None), &cfg(Schedule::TwoBW, Optimizer::sgd(), 0.1, STEPS + 2), feed(&data), &mut |_| {}).unwrap_err();
+    assert!(e.to_string().contains("ran out"), "{e}");
+    // Unknown loss output.
+    let mut c = cfg(Schedule::Flush, Optimizer::sgd(), 0.1, 1);
+    c.loss = Loss::Mse { output: "nope".into() };
+    let e = train(stages(2, Recompute::None), &c, feed(&data), &mut |_| {}).unwrap_err();
+    assert!(e.to_string().contains("stage 1") && e.to_string().contains("nope"), "{e}");
+}
+
+#[test]
+fn schedules_generate_expected_ops() {
+    use Op::*;
+    assert_eq!(Schedule::Flush.ops(0, 2, 2, 1).unwrap(), vec![Forward(0), Forward(1), Backward(0), Backward(1), Step(0)]);
+    assert_eq!(Schedule::Flush.ops(1, 2, 2, 1).unwrap(), vec![Forward(0), Backward(0), Forward(1), Backward(1), Step(0)]);
+    assert_eq!(Schedule::GPipe.ops(1, 2, 2, 1).unwrap(), vec![Forward(0), Forward(1), Backward(0), Backward(1), Step(0)]);
+    assert_eq!(
+        Schedule::TwoBW.ops(0, 2, 2, 2).unwrap(),
+        vec![Forward(0), Forward(1), Backward(0), Forward(2), Backward(1), Step(0), Forward(3), Backward(2), Backward(3), Step(1)]
+    );
+    assert_eq!((0..8).map(|j| Schedule::TwoBW.version_for(j, 2)).collect::<Vec<_>>(), vec![0, 0, 0, 0, 1, 1, 2, 2]);
+    let lr = LrSchedule { warmup_steps: 2, decay: Decay::Linear { total_steps: 4, final_lr: 0.0 } };
+    assert_eq!((0..5).map(|t| lr.at(1.0, t)).collect::<Vec<_>>(), vec![0.5, 1.0, 1.0, 0.5, 0.0]);
+}

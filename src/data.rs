@@ -1,0 +1,679 @@
+//! Training data: a [`Dataset`] of named arrays whose first dimension is the sample, loaded
+//! from `.npy` files, `.npz` archives or safetensors files (or made up, seeded, for
+//! benchmarks), checked against the inputs the model expects, and cut into shuffled
+//! batches of microbatches for the pipeline.
+//!
+//! The `.npy` reader is our own (format version 1, 2 and 3; little-endian `<f4 <f8 <i8 <i4`
+//! and `|u1 |b1`; C order only). An `.npz` is a zip of `.npy` files (stored or deflated).
+//!
+//! Everything lives on the CPU; the caller moves microbatches to their devices.
+
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use anyhow::{anyhow, bail, Context, Result};
+use pipewright_runtime::exec::tensor_from_bytes;
+use pipewright_runtime::ElemType;
+use tch::{Kind, Tensor};
+
+/// What the model expects of one input: graph input name, element type and per-sample
+/// shape (the input's shape without the leading batch dimension; `-1` matches any size).
+pub type InputSpec = (String, ElemType, Vec<i64>);
+
+/// One microbatch: the named inputs and the labels (when the data set has them).
+pub type MicrobatchData = (Vec<(String, Tensor)>, Option<Tensor>);
+
+/// How many batches [`Dataset::batches`] yields.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stop {
+    /// Whole passes over the data (each reshuffled); the incomplete tail batch is dropped.
+    Epochs(usize),
+    /// This many batches, reshuffling at every epoch boundary.
+    Steps(usize),
+}
+
+/// How [`Dataset::synthetic`] fills integer (and bool) inputs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IntFill {
+    /// All zeros: valid for any index input (token ids, positions, class ids).
+    Zeros,
+    /// Uniform in `[0, high)`; bool inputs are uniform true/false.
+    Uniform(i64),
+}
+
+/// Named arrays sharing a first (sample) dimension.
+pub struct Dataset {
+    /// Input arrays `[samples, ...]`, in the order the caller asked for them.
+    inputs: Vec<(String, Tensor)>,
+    labels: Option<Tensor>,
+    samples: usize,
+    /// Where the data came from, for messages.
+    source: String,
+}
+
+/// A raw little-endian array read from a file.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RawArray {
+    pub elem: ElemType,
+    pub shape: Vec<i64>,
+    pub data: Vec<u8>,
+}
+
+impl Dataset {
+    /// Random data for `inputs`: floats standard normal, integers per `IntFill::Zeros`.
+    /// The same `(inputs, samples, seed)` always gives the same data.
+    pub fn synthetic(inputs: &[InputSpec], samples: usize, seed: u64) -> Result<Dataset> {
+        Self::synthetic_with(inputs, samples, seed, IntFill::Zeros)
+    }
+
+    /// Random data for `inputs`, seeded and deterministic (our own generator, so the data
+    /// does not depend on libtorch's global RNG): floats standard normal, integers and bools
+    /// per `ints`. Dynamic (`-1`) per-sample dims are not allowed here.
+    pub fn synthetic_with(inputs: &[InputSpec], samples: usize, seed: u64, ints: IntFill) -> Result<Dataset> {
+        if samples == 0 {
+            bail!("synthetic data set: needs at least one sample");
+        }
+        let mut out = Vec::with_capacity(inputs.len());
+        for (i, (name, elem, shape)) in inputs.iter().enumerate() {
+            if let Some(d) = shape.iter().find(|&&d| d < 0) {
+                bail!("synthetic input `{name}`: per-sample shape {shape:?} has a dynamic dimension ({d}); give a concrete size");
+            }
+            let mut full = vec![samples as i64];
+            full.extend_from_slice(shape);
+            let count: i64 = full.iter().product();
+            let mut rng = Rng::new(seed ^ (i as u64 + 1).wrapping_mul(0xA076_1D64_78BD_642F));
+            let t = if elem.is_float() {
+                let v: Vec<f32> = (0..count).map(|_| rng.normal()).collect();
+                Tensor::from_slice(&v).view(full.as_slice()).to_kind(kind(*elem)?)
+            } else {
+                let v: Vec<i64> = match ints {
+                    IntFill::Zeros => vec![0; count as usize],
+                    IntFill::Uniform(high) => {
+                        let high = if *elem == ElemType::Bool { 2 } else { high };
+                        if high <= 0 {
+                            bail!("synthetic input `{name}`: integer range [0, {high}) is empty");
+                        }
+                        (0..count).map(|_| rng.below(high as u64) as i64).collect()
+                    }
+                };
+                Tensor::from_slice(&v).view(full.as_slice()).to_kind(kind(*elem)?)
+            };
+            out.push((name.clone(), t));
+        }
+        Ok(Dataset { inputs: out, labels: None, samples, source: "synthetic data".into() })
+    }
+
+    /// Adds seeded random class labels (i64 `[samples]`, uniform in `[0, classes)`).
+    pub fn with_random_labels(mut self, classes: i64, seed: u64) -> Result<Dataset> {
+        if classes <= 0 {
+            bail!("random labels: need at least one class, got {classes}");
+        }
+        let mut rng = Rng::new(seed ^ 0x005E_ED1A_BE15);
+        let v: Vec<i64> = (0..self.samples).map(|_| rng.below(classes as u64) as i64).collect();
+        self.labels = Some(Tensor::from_slice(&v));
+        Ok(self)
+    }
+
+    /// Sets (or replaces) the labels; their first dimension must be the sample count.
+    pub fn with_labels(mut self, labels: Tensor) -> Result<Dataset> {
+        let n = labels.size().first().copied();
+        if n != Some(self.samples as i64) {
+            bail!("{}: labels have shape {:?}, expected {} samples in the first dimension", self.source, labels.size(), self.samples);
+        }
+        self.labels = Some(labels);
+        Ok(self)
+    }
+
+    /// Loads by file kind: a folder or `.npy` file ([`Dataset::from_npy`]), `.npz`, or
+    /// `.safetensors`.
+    pub fn open(path: &Path, inputs: &[InputSpec], label: Option<&str>) -> Result<Dataset> {
+        let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("").to_ascii_lowercase();
+        if path.is_dir() || ext == "npy" {
+            Self::from_npy(&[path], inputs, label)
+        } else if ext == "npz" {
+            Self::from_npz(path, inputs, label)
+        } else if ext == "safetensors" {
+            Self::from_safetensors(path, inputs, label)
+        } else {
+            bail!("{}: unknown data file kind (expected a folder of .npy files, .npy, .npz or .safetensors)", path.display())
+        }
+    }
+
+    /// Loads `inputs` (by graph input name) and the `label` array from an `.npz` archive
+    /// (member `NAME.npy` holds array `NAME`).
+    pub fn from_npz(path: &Path, inputs: &[InputSpec], label: Option<&str>) -> Result<Dataset> {
+        let file = std::fs::File::open(path).with_context(|| format!("{}: cannot open", path.display()))?;
+        let mut zip = zip::ZipArchive::new(file).map_err(|e| anyhow!("{}: not a valid .npz (zip) archive: {e}", path.display()))?;
+        let mut members = BTreeMap::new();
+        for i in 0..zip.len() {
+            let name = zip.by_index(i).map_err(|e| anyhow!("{}: {e}", path.display()))?.name().to_string();
+            let array = name.strip_suffix(".npy").unwrap_or(&name).to_string();
+            members.insert(array, name);
+        }
+        let shown = path.display().to_string();
+        Self::assemble(&shown, members.keys().cloned().collect(), inputs, label, |array| {
+            let member = &members[array];
+            let mut f = zip.by_name(member).map_err(|e| anyhow!("{shown}: member `{member}`: {e}"))?;
+            let mut bytes = Vec::with_capacity(f.size() as usize);
+            f.read_to_end(&mut bytes).map_err(|e| anyhow!("{shown}: member `{member}`: {e}"))?;
+            parse_npy(&bytes).with_context(|| format!("{shown}: array `{array}`"))
+        })
+    }
+
+    /// Loads from `.npy` files: each path is a `.npy` file (array name = file stem) or a
+    /// folder whose `*.npy` files are all taken.
+    pub fn from_npy<P: AsRef<Path>>(paths: &[P], inputs: &[InputSpec], label: Option<&str>) -> Result<Dataset> {
+        let mut files: BTreeMap<String, PathBuf> = BTreeMap::new();
+        let mut add = |file: PathBuf| -> Result<()> {
+            let stem = file.file_stem().and_then(|s| s.to_str()).ok_or_else(|| anyhow!("{}: file name is not valid UTF-8", file.display()))?.to_string();
+            if let Some(prev) = files.insert(stem.clone(), file.clone()) {
+                bail!("array `{stem}` is given twice: {} and {}", prev.display(), file.display());
+            }
+            Ok(())
+        };
+        for p in paths {
+            let p = p.as_ref();
+            if p.is_dir() {
+                let mut found: Vec<PathBuf> = std::fs::read_dir(p)
+                    .with_context(|| format!("{}: cannot read folder", p.display()))?
+                    .filter_map(|e| e.ok().map(|e| e.path()))
+                    .filter(|f| f.is_file() && f.extension().is_some_and(|e| e == "npy"))
+                    .collect();
+                found.sort();
+                for f in found {
+                    add(f)?;
+                }
+            } else {
+                add(p.to_path_buf())?;
+            }
+        }
+        let shown = paths.iter().map(|p| p.as_ref().display().to_string()).collect::<Vec<_>>().join(", ");
+        Self::assemble(&shown, files.keys().cloned().collect(), inputs, label, |array| {
+            let f = &files[array];
+            let bytes = std::fs::read(f).with_context(|| format!("{}: cannot read", f.display()))?;
+            parse_npy(&bytes).with_context(|| format!("{}: array `{array}`", f.display()))
+        })
+    }
+
+    /// Loads from a safetensors file (any of its little-endian dtypes libtorch has).
+    pub fn from_safetensors(path: &Path, inputs: &[InputSpec], label: Option<&str>) -> Result<Dataset> {
+        let bytes = std::fs::read(path).with_context(|| format!("{}: cannot read", path.display()))?;
+        let st = safetensors::SafeTensors::deserialize(&bytes)
+            .map_err(|e| anyhow!("{}: not a valid safetensors file: {e:?}", path.display()))?;
+        let mut names: Vec<String> = st.names().into_iter().cloned().collect();
+        names.sort();
+        let shown = path.display().to_string();
+        Self::assemble(&shown, names, inputs, label, |array| {
+            let view = st.tensor(array).map_err(|e| anyhow!("{shown}: array `{array}`: {e:?}"))?;
+            use safetensors::Dtype as D;
+            let elem = match view.dtype() {
+                D::F32 => ElemType::F32,
+                D::F64 => ElemType::F64,
+                D::F16 => ElemType::F16,
+                D::BF16 => ElemType::Bf16,
+                D::I64 => ElemType::I64,
+                D::I32 => ElemType::I32,
+                D::I16 => ElemType::I16,
+                D::I8 => ElemType::I8,
+                D::U8 => ElemType::U8,
+                D::BOOL => ElemType::Bool,
+                other => bail!("{shown}: array `{array}`: dtype {other:?} is not supported"),
+            };
+            let shape = view.shape().iter().map(|&d| d as i64).collect();
+            Ok(RawArray { elem, shape, data: view.data().to_vec() })
+        })
+    }
+
+    /// Shared by the loaders: picks the arrays, checks them and builds tensors.
+    fn assemble(
+        source: &str,
+        available: Vec<String>,
+        inputs: &[InputSpec],
+        label: Option<&str>,
+        mut read: impl FnMut(&str) -> Result<RawArray>,
+    ) -> Result<Dataset> {
+        let listing = || if available.is_empty() { "none".to_string() } else { available.join(", ") };
+        let mut samples: Option<(usize, String)> = None;
+        let mut check_samples = |name: &str, a: &RawArray| -> Result<usize> {
+            let Some(&n) = a.shape.first() else {
+                bail!("{source}: array `{name}` is a scalar (shape []); its first dimension must be the sample");
+            };
+            let n = n as usize;
+            match &samples {
+                None => samples = Some((n, name.to_string())),
+                Some((m, first)) if *m != n => bail!(
+                    "{source}: arrays have different sample counts: `{first}` has {m}, `{name}` has {n}"
+                ),
+                _ => {}
+            }
+            Ok(n)
+        };
+        let mut out = Vec::with_capacity(inputs.len());
+        for (name, elem, per_sample) in inputs {
+            if !available.iter().any(|a| a == name) {
+                bail!("{source}: no array for model input `{name}` (arrays: {})", listing());
+            }
+            let a = read(name)?;
+            if a.elem != *elem {
+                bail!(
+                    "{source}: array `{name}` has element type {}, but the model input `{name}` is {elem} (convert the array, e.g. numpy `.astype`)",
+                    a.elem
+                );
+            }
+            check_samples(name, &a)?;
+            let got = &a.shape[1..];
+            let fits = got.len() == per_sample.len() && got.iter().zip(per_sample).all(|(&g, &w)| w < 0 || g == w);
+            if !fits {
+                bail!(
+                    "{source}: array `{name}` has per-sample shape {got:?} (array shape {:?}), but the model input `{name}` expects per-sample shape {per_sample:?}",
+                    a.shape
+                );
+            }
+            out.push((name.clone(), to_tensor(source, name, &a)?));
+        }
+        let labels = match label {
+            None => None,
+            Some(name) => {
+                if !available.iter().any(|a| a == name) {
+                    bail!("{source}: no label array `{name}` (arrays: {})", listing());
+                }
+                let a = read(name)?;
+                check_samples(name, &a)?;
+                Some(to_tensor(source, name, &a)?)
+            }
+        };
+        let Some((samples, _)) = samples else {
+            bail!("{source}: no arrays selected (give the model inputs and/or a label array)");
+        };
+        if samples == 0 {
+            bail!("{source}: the arrays have no samples");
+        }
+        Ok(Dataset { inputs: out, labels, samples, source: source.to_string() })
+    }
+
+    pub fn samples(&self) -> usize {
+        self.samples
+    }
+
+    pub fn inputs(&self) -> &[(String, Tensor)] {
+        &self.inputs
+    }
+
+    pub fn input(&self, name: &str) -> Option<&Tensor> {
+        self.inputs.iter().find(|(n, _)| n == name).map(|(_, t)| t)
+    }
+
+    pub fn labels(&self) -> Option<&Tensor> {
+        self.labels.as_ref()
+    }
+
+    /// Full batches of `m * microbatch` samples in one epoch.
+    pub fn batches_per_epoch(&self, microbatch: usize, m: usize) -> usize {
+        if microbatch == 0 || m == 0 {
+            0
+        } else {
+            self.samples / (microbatch * m)
+        }
+    }
+
+    /// Batches of `m` microbatches of `microbatch` samples each. Every epoch visits the
+    /// samples in a fresh order drawn from `seed` and the epoch number (same seed, same
+    /// order); the incomplete last batch of an epoch is dropped. Errors when not even one
+    /// batch fits in the data set.
+    pub fn batches(&self, microbatch: usize, m: usize, seed: u64, stop: Stop) -> Result<Batches<'_>> {
+        if microbatch == 0 || m == 0 {
+            bail!("batches: microbatch size and microbatch count must be at least 1 (got {microbatch} x {m})");
+        }
+        let per_epoch = self.batches_per_epoch(microbatch, m);
+        if per_epoch == 0 {
+            bail!(
+                "{}: {} samples are fewer than one batch ({m} microbatches of {microbatch} = {})",
+                self.source,
+                self.samples,
+                m * microbatch
+            );
+        }
+        let total = match stop {
+            Stop::Epochs(e) => e * per_epoch,
+            Stop::Steps(s) => s,
+        };
+        Ok(Batches { data: self, microbatch, m, seed, per_epoch, total, step: 0, order: Vec::new() })
+    }
+
+    /// The sample order of epoch `epoch` under `seed` (a permutation of `0..samples`).
+    pub fn epoch_order(&self, seed: u64, epoch: u64) -> Vec<i64> {
+        permutation(self.samples, seed, epoch)
+    }
+}
+
+/// The iterator from [`Dataset::batches`].
+pub struct Batches<'a> {
+    data: &'a Dataset,
+    microbatch: usize,
+    m: usize,
+    seed: u64,
+    per_epoch: usize,
+    total: usize,
+    step: usize,
+    order: Vec<i64>,
+}
+
+impl Iterator for Batches<'_> {
+    type Item = Vec<MicrobatchData>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.step >= self.total {
+            return None;
+        }
+        let epoch = self.step / self.per_epoch;
+        let within = self.step % self.per_epoch;
+        if within == 0 {
+            self.order = permutation(self.data.samples, self.seed, epoch as u64);
+        }
+        self.step += 1;
+        let start = within * self.m * self.microbatch;
+        let batch = (0..self.m)
+            .map(|k| {
+                let lo = start + k * self.microbatch;
+                let index = Tensor::from_slice(&self.order[lo..lo + self.microbatch]);
+                let inputs = self.data.inputs.iter().map(|(n, t)| (n.clone(), t.index_select(0, &index))).collect();
+                let labels = self.data.labels.as_ref().map(|t| t.index_select(0, &index));
+                (inputs, labels)
+            })
+            .collect();
+        Some(batch)
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let left = self.total - self.step;
+        (left, Some(left))
+    }
+}
+
+impl ExactSizeIterator for Batches<'_> {}
+
+fn kind(elem: ElemType) -> Result<Kind> {
+    pipewright_runtime::exec::torch_kind(elem).map_err(|e| anyhow!("{e}"))
+}
+
+fn to_tensor(source: &str, name: &str, a: &RawArray) -> Result<Tensor> {
+    tensor_from_bytes(a.elem, &a.shape, &a.data).map_err(|e| anyhow!("{source}: array `{name}`: {e}"))
+}
+
+/// A Fisher–Yates permutation of `0..n` from `(seed, epoch)`.
+fn permutation(n: usize, seed: u64, epoch: u64) -> Vec<i64> {
+    let mut rng = Rng::new(seed ^ epoch.wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    let mut order: Vec<i64> = (0..n as i64).collect();
+    for i in (1..n).rev() {
+        let j = rng.below(i as u64 + 1) as usize;
+        order.swap(i, j);
+    }
+    order
+}
+
+/// splitmix64: small, seedable, and the same on every platform.
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Rng {
+        let mut r = Rng(seed);
+        r.next_u64();
+        r
+    }
+
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `[0, n)` (n > 0), without modulo bias.
+    fn below(&mut self, n: u64) -> u64 {
+        let zone = u64::MAX - u64::MAX % n;
+        loop {
+            let x = self.next_u64();
+            if x < zone {
+                return x % n;
+            }
+        }
+    }
+
+    /// Uniform in `(0, 1]`.
+    fn unit(&mut self) -> f64 {
+        ((self.next_u64() >> 11) as f64 + 1.0) / (1u64 << 53) as f64
+    }
+
+    /// Standard normal (Box–Muller).
+    fn normal(&mut self) -> f32 {
+        let (u1, u2) = (self.unit(), self.unit());
+        ((-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()) as f32
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// .npy
+
+const NPY_MAGIC: &[u8] = b"\x93NUMPY";
+
+/// Parses a `.npy` file: versions 1.0, 2.0 and 3.0, little-endian `<f4 <f8 <i8 <i4`, `|u1`,
+/// `|b1` (and `<u1`/`<b1`/`|i1`), C order.
+pub fn parse_npy(bytes: &[u8]) -> Result<RawArray> {
+    if bytes.len() < 10 || &bytes[..6] != NPY_MAGIC {
+        bail!("not a .npy file (no \\x93NUMPY magic)");
+    }
+    let (major, minor) = (bytes[6], bytes[7]);
+    let (header_len, start) = match major {
+        1 => (u16::from_le_bytes([bytes[8], bytes[9]]) as usize, 10),
+        2 | 3 => {
+            if bytes.len() < 12 {
+                bail!("truncated .npy header");
+            }
+            (u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize, 12)
+        }
+        _ => bail!(".npy format version {major}.{minor} is not supported (1.0, 2.0, 3.0 are)"),
+    };
+    let end = start + header_len;
+    if bytes.len() < end {
+        bail!("truncated .npy header ({} bytes, header says {header_len})", bytes.len() - start);
+    }
+    let header = std::str::from_utf8(&bytes[start..end]).map_err(|_| anyhow!(".npy header is not text"))?;
+    let dict = parse_header(header).with_context(|| format!("bad .npy header {:?}", header.trim_end()))?;
+    let descr = match dict.get("descr") {
+        Some(Value::Str(s)) => s.clone(),
+        Some(_) => bail!(".npy header: `descr` is not a plain dtype string (structured arrays are not supported)"),
+        None => bail!(".npy header has no `descr`"),
+    };
+    match dict.get("fortran_order") {
+        Some(Value::Bool(false)) => {}
+        Some(Value::Bool(true)) => bail!(
+            "array is stored in Fortran (column-major) order, which is not supported; save it C-ordered (numpy.ascontiguousarray)"
+        ),
+        _ => bail!(".npy header has no boolean `fortran_order`"),
+    }
+    let shape = match dict.get("shape") {
+        Some(Value::Tuple(v)) => v.clone(),
+        _ => bail!(".npy header has no `shape` tuple"),
+    };
+    let elem = match descr.as_str() {
+        "<f4" => ElemType::F32,
+        "<f8" => ElemType::F64,
+        "<i8" => ElemType::I64,
+        "<i4" => ElemType::I32,
+        "|u1" | "<u1" => ElemType::U8,
+        "|i1" | "<i1" => ElemType::I8,
+        "|b1" | "<b1" => ElemType::Bool,
+        d if d.starts_with('>') => bail!(
+            "dtype `{d}` is big-endian, which is not supported; convert it to little-endian (e.g. arr.astype('<{}'))",
+            &d[1..]
+        ),
+        d => bail!("dtype `{d}` is not supported (supported: <f4 <f8 <i8 <i4 |u1 |b1)"),
+    };
+    let count = shape.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d as usize)).ok_or_else(|| anyhow!("shape {shape:?} is too large"))?;
+    let want = count * elem.size_bytes();
+    let data = &bytes[end..];
+    if data.len() != want {
+        bail!("data is {} bytes, but shape {shape:?} of {descr} needs {want}", data.len());
+    }
+    if elem == ElemType::Bool {
+        if let Some(b) = data.iter().find(|&&b| b > 1) {
+            bail!("bool array holds byte {b} (expected 0 or 1)");
+        }
+    }
+    Ok(RawArray { elem, shape: shape.iter().map(|&d| d as i64).collect(), data: data.to_vec() })
+}
+
+/// Writes a `.npy` (version 1.0) file's bytes for a little-endian array: the inverse of
+/// [`parse_npy`].
+pub fn encode_npy(a: &RawArray) -> Result<Vec<u8>> {
+    let descr = match a.elem {
+        ElemType::F32 => "<f4",
+        ElemType::F64 => "<f8",
+        ElemType::I64 => "<i8",
+        ElemType::I32 => "<i4",
+        ElemType::U8 => "|u1",
+        ElemType::I8 => "|i1",
+        ElemType::Bool => "|b1",
+        e => bail!("cannot write {e} arrays to .npy"),
+    };
+    let mut shape = String::from("(");
+    for d in &a.shape {
+        write!(shape, "{d}, ").unwrap();
+    }
+    if a.shape.len() > 1 {
+        shape.truncate(shape.len() - 2);
+    } else if a.shape.len() == 1 {
+        shape.truncate(shape.len() - 1);
+    }
+    shape.push(')');
+    let mut header = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}");
+    // Pad with spaces so the data starts on a 64-byte boundary; the header ends in '\n'.
+    while (10 + header.len() + 1) % 64 != 0 {
+        header.push(' ');
+    }
+    header.push('\n');
+    let mut out = Vec::with_capacity(10 + header.len() + a.data.len());
+    out.extend_from_slice(NPY_MAGIC);
+    out.extend_from_slice(&[1, 0]);
+    out.extend_from_slice(&(header.len() as u16).to_le_bytes());
+    out.extend_from_slice(header.as_bytes());
+    out.extend_from_slice(&a.data);
+    Ok(out)
+}
+
+#[derive(Clone, Debug, PartialEq)]
+enum Value {
+    Str(String),
+    Bool(bool),
+    Tuple(Vec<u64>),
+    Other,
+}
+
+/// The header's Python dict literal: string keys; values strings, True/False, tuples of
+/// ints (anything else, e.g. a structured descr list, parses as `Other`).
+fn parse_header(s: &str) -> Result<BTreeMap<String, Value>> {
+    let b = s.trim().as_bytes();
+    let mut p = 0usize;
+    let skip_ws = |p: &mut usize| {
+        while *p < b.len() && (b[*p] as char).is_whitespace() {
+            *p += 1;
+        }
+    };
+    let expect = |p: &mut usize, c: u8| -> Result<()> {
+        skip_ws(p);
+        if *p < b.len() && b[*p] == c {
+            *p += 1;
+            Ok(())
+        } else {
+            bail!("expected `{}` at offset {}", c as char, *p)
+        }
+    };
+    fn string(b: &[u8], p: &mut usize) -> Result<String> {
+        let q = b[*p];
+        *p += 1;
+        let st = *p;
+        while *p < b.len() && b[*p] != q {
+            *p += 1;
+        }
+        if *p >= b.len() {
+            bail!("unterminated string");
+        }
+        let v = String::from_utf8(b[st..*p].to_vec())?;
+        *p += 1;
+        Ok(v)
+    }
+    let mut out = BTreeMap::new();
+    expect(&mut p, b'{')?;
+    loop {
+        skip_ws(&mut p);
+        if p < b.len() && b[p] == b'}' {
+            break;
+        }
+        if p >= b.len() || (b[p] != b'\'' && b[p] != b'"') {
+            bail!("expected a string key at offset {p}");
+        }
+        let key = string(b, &mut p)?;
+        expect(&mut p, b':')?;
+        skip_ws(&mut p);
+        let value = if p < b.len() && (b[p] == b'\'' || b[p] == b'"') {
+            Value::Str(string(b, &mut p)?)
+        } else if b[p..].starts_with(b"True") {
+            p += 4;
+            Value::Bool(true)
+        } else if b[p..].starts_with(b"False") {
+            p += 5;
+            Value::Bool(false)
+        } else if p < b.len() && b[p] == b'(' {
+            p += 1;
+            let mut dims = Vec::new();
+            loop {
+                skip_ws(&mut p);
+                if p < b.len() && b[p] == b')' {
+                    p += 1;
+                    break;
+                }
+                let st = p;
+                while p < b.len() && b[p].is_ascii_digit() {
+                    p += 1;
+                }
+                let txt = std::str::from_utf8(&b[st..p]).unwrap();
+                // numpy may write `2L` in old Python 2 files.
+                if p < b.len() && b[p] == b'L' {
+                    p += 1;
+                }
+                dims.push(txt.parse::<u64>().map_err(|_| anyhow!("bad shape entry at offset {st}"))?);
+                skip_ws(&mut p);
+                if p < b.len() && b[p] == b',' {
+                    p += 1;
+                }
+            }
+            Value::Tuple(dims)
+        } else {
+            // Skip an unsupported value (e.g. a list descr) up to the next top-level comma.
+            let mut depth = 0i32;
+            while p < b.len() {
+                match b[p] {
+                    b'[' | b'(' | b'{' => depth += 1,
+                    b']' | b')' => depth -= 1,
+                    b'}' if depth == 0 => break,
+                    b'}' => depth -= 1,
+                    b',' if depth == 0 => break,
+                    _ => {}
+                }
+                p += 1;
+            }
+            Value::Other
+        };
+        out.insert(key, value);
+        skip_ws(&mut p);
+        if p < b.len() && b[p] == b',' {
+            p += 1;
+        }
+    }
+    Ok(out)
+}

@@ -1,0 +1,399 @@
+//! The training data loader (src/data.rs): .npy / .npz / safetensors round trips, the
+//! errors for data that does not fit the model, seeded shuffling and synthetic data, and
+//! the shipped digits example.
+
+#![cfg(feature = "torch")]
+
+#[path = "../src/data.rs"]
+mod data;
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use data::{encode_npy, parse_npy, Dataset, IntFill, RawArray, Stop};
+use pipewright_runtime::ElemType;
+use tch::{Kind, Tensor};
+
+fn spec(name: &str, elem: ElemType, shape: &[i64]) -> (String, ElemType, Vec<i64>) {
+    (name.to_string(), elem, shape.to_vec())
+}
+
+fn f32_array(shape: &[i64], f: impl Fn(usize) -> f32) -> RawArray {
+    let n: i64 = shape.iter().product();
+    let data = (0..n as usize).flat_map(|i| f(i).to_le_bytes()).collect();
+    RawArray { elem: ElemType::F32, shape: shape.to_vec(), data }
+}
+
+fn i64_array(shape: &[i64], f: impl Fn(usize) -> i64) -> RawArray {
+    let n: i64 = shape.iter().product();
+    let data = (0..n as usize).flat_map(|i| f(i).to_le_bytes()).collect();
+    RawArray { elem: ElemType::I64, shape: shape.to_vec(), data }
+}
+
+fn write_npz(path: &Path, arrays: &[(&str, &RawArray)], deflate: bool) {
+    let file = std::fs::File::create(path).unwrap();
+    let mut zip = zip::ZipWriter::new(file);
+    let method = if deflate { zip::CompressionMethod::Deflated } else { zip::CompressionMethod::Stored };
+    let opts = zip::write::FileOptions::default().compression_method(method);
+    for (name, a) in arrays {
+        zip.start_file(format!("{name}.npy"), opts).unwrap();
+        zip.write_all(&encode_npy(a).unwrap()).unwrap();
+    }
+    zip.finish().unwrap();
+}
+
+fn to_vec_f32(t: &Tensor) -> Vec<f32> {
+    Vec::<f32>::try_from(t.to_kind(Kind::Float).flatten(0, -1)).unwrap()
+}
+
+fn to_vec_i64(t: &Tensor) -> Vec<i64> {
+    Vec::<i64>::try_from(t.to_kind(Kind::Int64).flatten(0, -1)).unwrap()
+}
+
+fn err_of<T>(r: anyhow::Result<T>) -> String {
+    match r {
+        Ok(_) => panic!("expected an error"),
+        Err(e) => format!("{e:#}"),
+    }
+}
+
+/// 10 samples: input row i is [i*3, i*3+1, i*3+2], label i is i.
+fn toy() -> (RawArray, RawArray) {
+    (f32_array(&[10, 3], |i| i as f32), i64_array(&[10], |i| i as i64))
+}
+
+#[test]
+fn npy_round_trips_every_supported_dtype() {
+    let arrays = [
+        f32_array(&[2, 3], |i| i as f32 * 0.5 - 1.0),
+        RawArray { elem: ElemType::F64, shape: vec![4], data: [1.5f64, -2.0, 0.0, 1e300].iter().flat_map(|v| v.to_le_bytes()).collect() },
+        i64_array(&[3, 1, 2], |i| i as i64 - 3),
+        RawArray { elem: ElemType::I32, shape: vec![2, 2], data: [7i32, -8, 9, i32::MAX].iter().flat_map(|v| v.to_le_bytes()).collect() },
+        RawArray { elem: ElemType::U8, shape: vec![5], data: vec![0, 1, 128, 255, 3] },
+        RawArray { elem: ElemType::Bool, shape: vec![1, 3], data: vec![1, 0, 1] },
+        RawArray { elem: ElemType::F32, shape: vec![0, 4], data: vec![] },
+    ];
+    for a in &arrays {
+        let bytes = encode_npy(a).unwrap();
+        assert_eq!(&bytes[..6], b"\x93NUMPY");
+        // numpy aligns the data to 64 bytes; so do we.
+        assert_eq!((bytes.len() - a.data.len()) % 64, 0, "{a:?}");
+        assert_eq!(&parse_npy(&bytes).unwrap(), a);
+    }
+}
+
+#[test]
+fn npy_parses_hand_built_headers() {
+    // Version 2.0 (u32 header length), double quotes, no trailing comma, a 1-d shape.
+    let header = "{\"descr\": \"<i4\", \"fortran_order\": False, \"shape\": (3,)}\n";
+    let mut bytes = b"\x93NUMPY\x02\x00".to_vec();
+    bytes.extend_from_slice(&(header.len() as u32).to_le_bytes());
+    bytes.extend_from_slice(header.as_bytes());
+    for v in [1i32, -2, 3] {
+        bytes.extend_from_slice(&v.to_le_bytes());
+    }
+    let a = parse_npy(&bytes).unwrap();
+    assert_eq!(a.elem, ElemType::I32);
+    assert_eq!(a.shape, vec![3]);
+
+    // Version 1.0, keys in another order, a scalar shape.
+    let header = "{'shape': (), 'fortran_order': False, 'descr': '<f8', }          \n";
+    let mut bytes = b"\x93NUMPY\x01\x00".to_vec();
+    bytes.extend_from_slice(&(header.len() as u16).to_le_bytes());
+    bytes.extend_from_slice(header.as_bytes());
+    bytes.extend_from_slice(&2.5f64.to_le_bytes());
+    let a = parse_npy(&bytes).unwrap();
+    assert_eq!((a.elem, a.shape.len()), (ElemType::F64, 0));
+}
+
+fn npy_with_header(header: &str, data: &[u8]) -> Vec<u8> {
+    let mut bytes = b"\x93NUMPY\x01\x00".to_vec();
+    bytes.extend_from_slice(&(header.len() as u16).to_le_bytes());
+    bytes.extend_from_slice(header.as_bytes());
+    bytes.extend_from_slice(data);
+    bytes
+}
+
+#[test]
+fn npy_rejects_fortran_order_big_endian_and_other_dtypes() {
+    let e = format!("{:#}", parse_npy(&npy_with_header("{'descr': '<f4', 'fortran_order': True, 'shape': (1,), }\n", &[0; 4])).unwrap_err());
+    assert!(e.contains("Fortran"), "{e}");
+    let e = format!("{:#}", parse_npy(&npy_with_header("{'descr': '>f4', 'fortran_order': False, 'shape': (1,), }\n", &[0; 4])).unwrap_err());
+    assert!(e.contains("big-endian") && e.contains(">f4"), "{e}");
+    let e = format!("{:#}", parse_npy(&npy_with_header("{'descr': '<c8', 'fortran_order': False, 'shape': (1,), }\n", &[0; 8])).unwrap_err());
+    assert!(e.contains("<c8") && e.contains("not supported"), "{e}");
+    let e = format!("{:#}", parse_npy(&npy_with_header("{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }\n", &[0; 4])).unwrap_err());
+    assert!(e.contains("needs 8"), "{e}");
+    let e = format!("{:#}", parse_npy(b"PK\x03\x04 not npy at all").unwrap_err());
+    assert!(e.contains("magic"), "{e}");
+}
+
+#[test]
+fn loads_a_folder_and_files_of_npy() {
+    let dir = tempfile::tempdir().unwrap();
+    let (x, y) = toy();
+    std::fs::write(dir.path().join("x.npy"), encode_npy(&x).unwrap()).unwrap();
+    std::fs::write(dir.path().join("y.npy"), encode_npy(&y).unwrap()).unwrap();
+    std::fs::write(dir.path().join("notes.txt"), "ignored").unwrap();
+    let inputs = [spec("x", ElemType::F32, &[3])];
+
+    let d = Dataset::from_npy(&[dir.path()], &inputs, Some("y")).unwrap();
+    assert_eq!(d.samples(), 10);
+    assert_eq!(d.input("x").unwrap().size(), vec![10, 3]);
+    assert_eq!(to_vec_f32(d.input("x").unwrap()), (0..30).map(|i| i as f32).collect::<Vec<_>>());
+    assert_eq!(to_vec_i64(d.labels().unwrap()), (0..10).collect::<Vec<_>>());
+
+    let files: Vec<PathBuf> = vec![dir.path().join("x.npy"), dir.path().join("y.npy")];
+    let d = Dataset::from_npy(&files, &inputs, Some("y")).unwrap();
+    assert_eq!(d.labels().unwrap().kind(), Kind::Int64);
+    let d = Dataset::open(dir.path(), &inputs, None).unwrap();
+    assert!(d.labels().is_none());
+}
+
+#[test]
+fn loads_npz_stored_and_deflated() {
+    let dir = tempfile::tempdir().unwrap();
+    let (x, y) = toy();
+    let mask = RawArray { elem: ElemType::Bool, shape: vec![10, 2], data: (0..20).map(|i| (i % 3 == 0) as u8).collect() };
+    let ids = RawArray { elem: ElemType::I32, shape: vec![10], data: (0..10i32).flat_map(|v| v.to_le_bytes()).collect() };
+    for deflate in [false, true] {
+        let path = dir.path().join(format!("d{deflate}.npz"));
+        write_npz(&path, &[("x", &x), ("y", &y), ("mask", &mask), ("ids", &ids)], deflate);
+        let inputs = [spec("x", ElemType::F32, &[3]), spec("mask", ElemType::Bool, &[2]), spec("ids", ElemType::I32, &[])];
+        let d = Dataset::open(&path, &inputs, Some("y")).unwrap();
+        assert_eq!(d.samples(), 10);
+        assert_eq!(d.inputs().iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(), ["x", "mask", "ids"]);
+        assert_eq!(to_vec_f32(d.input("x").unwrap())[29], 29.0);
+        assert_eq!(d.input("mask").unwrap().kind(), Kind::Bool);
+        assert_eq!(to_vec_i64(d.input("mask").unwrap()), (0..20).map(|i| (i % 3 == 0) as i64).collect::<Vec<_>>());
+        assert_eq!(d.input("ids").unwrap().kind(), Kind::Int);
+        assert_eq!(to_vec_i64(d.labels().unwrap()), (0..10).collect::<Vec<_>>());
+    }
+}
+
+#[test]
+fn loads_safetensors() {
+    use safetensors::tensor::TensorView;
+    use safetensors::Dtype;
+    let dir = tempfile::tempdir().unwrap();
+    let (x, y) = toy();
+    let h: Vec<u8> = (0..10 * 2).flat_map(|i| half_bits(i as f32 * 0.25).to_le_bytes()).collect();
+    let tensors = vec![
+        ("x", TensorView::new(Dtype::F32, vec![10, 3], &x.data).unwrap()),
+        ("y", TensorView::new(Dtype::I64, vec![10], &y.data).unwrap()),
+        ("h", TensorView::new(Dtype::F16, vec![10, 2], &h).unwrap()),
+    ];
+    let bytes = safetensors::tensor::serialize(tensors, &None).unwrap();
+    let path = dir.path().join("d.safetensors");
+    std::fs::write(&path, bytes).unwrap();
+
+    let inputs = [spec("x", ElemType::F32, &[3]), spec("h", ElemType::F16, &[2])];
+    let d = Dataset::open(&path, &inputs, Some("y")).unwrap();
+    assert_eq!(d.samples(), 10);
+    assert_eq!(to_vec_f32(d.input("x").unwrap()), (0..30).map(|i| i as f32).collect::<Vec<_>>());
+    assert_eq!(d.input("h").unwrap().kind(), Kind::Half);
+    assert_eq!(to_vec_f32(d.input("h").unwrap())[3], 0.75);
+    assert_eq!(to_vec_i64(d.labels().unwrap()), (0..10).collect::<Vec<_>>());
+
+    let e = err_of(Dataset::from_safetensors(&path, &[spec("z", ElemType::F32, &[3])], None));
+    assert!(e.contains("d.safetensors") && e.contains("`z`") && e.contains("(arrays: h, x, y)"), "{e}");
+}
+
+/// f32 -> IEEE half bits, for the small exact values used above.
+fn half_bits(v: f32) -> u16 {
+    let b = v.to_bits();
+    if v == 0.0 {
+        return 0;
+    }
+    let sign = ((b >> 16) & 0x8000) as u16;
+    let exp = ((b >> 23) & 0xff) as i32 - 127 + 15;
+    let mant = ((b >> 13) & 0x3ff) as u16;
+    sign | ((exp as u16) << 10) | mant
+}
+
+#[test]
+fn errors_name_the_file_and_the_array() {
+    let dir = tempfile::tempdir().unwrap();
+    let (x, y) = toy();
+    let short_y = i64_array(&[9], |i| i as i64);
+    let path = dir.path().join("bad.npz");
+    write_npz(&path, &[("x", &x), ("y", &y), ("short", &short_y)], true);
+    let ok = [spec("x", ElemType::F32, &[3])];
+
+    // A model input with no array.
+    let e = err_of(Dataset::from_npz(&path, &[spec("input", ElemType::F32, &[3])], Some("y")));
+    assert!(e.contains("bad.npz") && e.contains("model input `input`") && e.contains("short, x, y"), "{e}");
+    // No label array.
+    let e = err_of(Dataset::from_npz(&path, &ok, Some("label")));
+    assert!(e.contains("bad.npz") && e.contains("label array `label`"), "{e}");
+    // Wrong per-sample shape.
+    let e = err_of(Dataset::from_npz(&path, &[spec("x", ElemType::F32, &[4])], None));
+    assert!(e.contains("bad.npz") && e.contains("`x`") && e.contains("[3]") && e.contains("[4]"), "{e}");
+    let e = err_of(Dataset::from_npz(&path, &[spec("x", ElemType::F32, &[3, 1])], None));
+    assert!(e.contains("per-sample shape [3]"), "{e}");
+    // A dynamic dimension matches any size.
+    assert_eq!(Dataset::from_npz(&path, &[spec("x", ElemType::F32, &[-1])], None).unwrap().samples(), 10);
+    // Wrong element type.
+    let e = err_of(Dataset::from_npz(&path, &[spec("x", ElemType::I64, &[3])], None));
+    assert!(e.contains("bad.npz") && e.contains("`x`") && e.contains("f32") && e.contains("i64"), "{e}");
+    // Different sample counts (input vs label).
+    let e = err_of(Dataset::from_npz(&path, &ok, Some("short")));
+    assert!(e.contains("bad.npz") && e.contains("different sample counts") && e.contains("`x` has 10") && e.contains("`short` has 9"), "{e}");
+    // Unsupported dtype inside the archive names the array.
+    let big = npy_with_header("{'descr': '>i8', 'fortran_order': False, 'shape': (10,), }\n", &[0; 80]);
+    let path2 = dir.path().join("be.npz");
+    {
+        let mut zip = zip::ZipWriter::new(std::fs::File::create(&path2).unwrap());
+        zip.start_file("x.npy", zip::write::FileOptions::default()).unwrap();
+        zip.write_all(&encode_npy(&x).unwrap()).unwrap();
+        zip.start_file("y.npy", zip::write::FileOptions::default()).unwrap();
+        zip.write_all(&big).unwrap();
+        zip.finish().unwrap();
+    }
+    let e = err_of(Dataset::from_npz(&path2, &ok, Some("y")));
+    assert!(e.contains("be.npz") && e.contains("`y`") && e.contains("big-endian"), "{e}");
+    // Not a zip at all; a missing file.
+    std::fs::write(dir.path().join("junk.npz"), b"hello").unwrap();
+    let e = err_of(Dataset::from_npz(&dir.path().join("junk.npz"), &ok, None));
+    assert!(e.contains("junk.npz"), "{e}");
+    let e = err_of(Dataset::open(&dir.path().join("missing.npz"), &ok, None));
+    assert!(e.contains("missing.npz"), "{e}");
+    // Fortran order in a loose .npy names the file.
+    let f = dir.path().join("f.npy");
+    std::fs::write(&f, npy_with_header("{'descr': '<f4', 'fortran_order': True, 'shape': (10, 3), }\n", &[0; 120])).unwrap();
+    let e = err_of(Dataset::from_npy(&[&f], &[spec("f", ElemType::F32, &[3])], None));
+    assert!(e.contains("f.npy") && e.contains("`f`") && e.contains("Fortran"), "{e}");
+}
+
+#[test]
+fn batches_shuffle_deterministically_and_drop_the_tail() {
+    let (x, y) = toy();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("toy.npz");
+    write_npz(&path, &[("x", &x), ("y", &y)], true);
+    let d = Dataset::from_npz(&path, &[spec("x", ElemType::F32, &[3])], Some("y")).unwrap();
+
+    // 10 samples, batches of 2 microbatches of 2: 2 per epoch, 2 samples dropped each epoch.
+    assert_eq!(d.batches_per_epoch(2, 2), 2);
+    let labels_of = |seed: u64, stop: Stop| -> Vec<Vec<Vec<i64>>> {
+        d.batches(2, 2, seed, stop)
+            .unwrap()
+            .map(|batch| {
+                assert_eq!(batch.len(), 2);
+                batch
+                    .iter()
+                    .map(|(inputs, labels)| {
+                        let labels = to_vec_i64(labels.as_ref().unwrap());
+                        // Inputs stay aligned with labels: row of sample i starts at 3i.
+                        let (name, t) = &inputs[0];
+                        assert_eq!(name, "x");
+                        assert_eq!(t.size(), vec![2, 3]);
+                        let xs = to_vec_f32(t);
+                        for (k, l) in labels.iter().enumerate() {
+                            assert_eq!(xs[k * 3], (*l * 3) as f32);
+                        }
+                        labels
+                    })
+                    .collect()
+            })
+            .collect()
+    };
+    let a = labels_of(7, Stop::Epochs(3));
+    assert_eq!(a.len(), 6);
+    assert_eq!(a, labels_of(7, Stop::Epochs(3)), "same seed, same order");
+    assert_ne!(a, labels_of(8, Stop::Epochs(3)), "another seed, another order");
+    // Each epoch draws 8 distinct samples, and the epochs differ.
+    for epoch in a.chunks(2) {
+        let mut seen: Vec<i64> = epoch.iter().flatten().flatten().copied().collect();
+        seen.sort();
+        seen.dedup();
+        assert_eq!(seen.len(), 8);
+    }
+    assert_ne!(a[0..2], a[2..4]);
+    // Steps run across epochs in the same order as epochs.
+    let s = labels_of(7, Stop::Steps(5));
+    assert_eq!(s[..], a[..5]);
+    assert_eq!(d.batches(2, 2, 7, Stop::Steps(5)).unwrap().len(), 5);
+    // The per-epoch order is a seeded permutation.
+    let mut o = d.epoch_order(7, 0);
+    assert_eq!(o, d.epoch_order(7, 0));
+    assert_ne!(o, d.epoch_order(7, 1));
+    o.sort();
+    assert_eq!(o, (0..10).collect::<Vec<_>>());
+    // Not even one batch fits; degenerate sizes.
+    let e = err_of(d.batches(4, 3, 0, Stop::Epochs(1)));
+    assert!(e.contains("10 samples") && e.contains("12"), "{e}");
+    assert!(d.batches(0, 2, 0, Stop::Epochs(1)).is_err());
+    assert!(d.batches(2, 0, 0, Stop::Epochs(1)).is_err());
+    // Exactly one batch per epoch with b*m == samples: everything is used.
+    let all: Vec<i64> = d.batches(5, 2, 1, Stop::Epochs(1)).unwrap().flatten().flat_map(|(_, l)| to_vec_i64(&l.unwrap())).collect();
+    let mut sorted = all.clone();
+    sorted.sort();
+    assert_eq!(sorted, (0..10).collect::<Vec<_>>());
+}
+
+#[test]
+fn synthetic_data_is_seeded() {
+    let inputs = [spec("x", ElemType::F32, &[4, 5]), spec("ids", ElemType::I64, &[7]), spec("m", ElemType::Bool, &[3]), spec("h", ElemType::F16, &[2])];
+    let a = Dataset::synthetic(&inputs, 100, 42).unwrap();
+    let b = Dataset::synthetic(&inputs, 100, 42).unwrap();
+    let c = Dataset::synthetic(&inputs, 100, 43).unwrap();
+    assert_eq!(a.samples(), 100);
+    assert_eq!(a.input("x").unwrap().size(), vec![100, 4, 5]);
+    assert_eq!(a.input("x").unwrap().kind(), Kind::Float);
+    assert_eq!(a.input("ids").unwrap().kind(), Kind::Int64);
+    assert_eq!(a.input("m").unwrap().kind(), Kind::Bool);
+    assert_eq!(a.input("h").unwrap().kind(), Kind::Half);
+    assert_eq!(to_vec_f32(a.input("x").unwrap()), to_vec_f32(b.input("x").unwrap()));
+    assert_ne!(to_vec_f32(a.input("x").unwrap()), to_vec_f32(c.input("x").unwrap()));
+    // Standard normal, roughly.
+    let xs = to_vec_f32(a.input("x").unwrap());
+    let mean = xs.iter().sum::<f32>() / xs.len() as f32;
+    let var = xs.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / xs.len() as f32;
+    assert!(mean.abs() < 0.1 && (var - 1.0).abs() < 0.15, "mean {mean} var {var}");
+    // Integers default to zeros.
+    assert!(to_vec_i64(a.input("ids").unwrap()).iter().all(|&v| v == 0));
+
+    let u = Dataset::synthetic_with(&inputs, 100, 42, IntFill::Uniform(30)).unwrap();
+    let ids = to_vec_i64(u.input("ids").unwrap());
+    assert!(ids.iter().all(|&v| (0..30).contains(&v)));
+    assert!(ids.iter().collect::<std::collections::BTreeSet<_>>().len() > 20);
+    assert_eq!(ids, to_vec_i64(Dataset::synthetic_with(&inputs, 100, 42, IntFill::Uniform(30)).unwrap().input("ids").unwrap()));
+    let m = to_vec_i64(u.input("m").unwrap());
+    assert!(m.contains(&0) && m.contains(&1));
+
+    let l = a.with_random_labels(10, 5).unwrap();
+    let labels = to_vec_i64(l.labels().unwrap());
+    assert_eq!(labels.len(), 100);
+    assert!(labels.iter().all(|&v| (0..10).contains(&v)));
+    let batches: Vec<_> = l.batches(8, 4, 0, Stop::Steps(7)).unwrap().collect();
+    assert_eq!(batches.len(), 7);
+    assert_eq!(batches[0][0].0.len(), 4);
+
+    assert!(Dataset::synthetic(&[spec("x", ElemType::F32, &[-1])], 4, 0).is_err());
+    assert!(Dataset::synthetic(&inputs, 0, 0).is_err());
+}
+
+#[test]
+fn loads_the_digits_example() {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/digits/digits.npz");
+    let d = Dataset::open(&path, &[spec("input", ElemType::F32, &[64])], Some("label")).unwrap();
+    assert_eq!(d.samples(), 1797);
+    let x = d.input("input").unwrap();
+    assert_eq!(x.size(), vec![1797, 64]);
+    assert_eq!(x.kind(), Kind::Float);
+    let xs = to_vec_f32(x);
+    assert!(xs.iter().all(|&v| (0.0..=1.0).contains(&v)));
+    assert_eq!(xs.iter().cloned().fold(0.0f32, f32::max), 1.0);
+    let labels = d.labels().unwrap();
+    assert_eq!(labels.kind(), Kind::Int64);
+    let labels = to_vec_i64(labels);
+    let mut counts = [0usize; 10];
+    for l in &labels {
+        counts[*l as usize] += 1;
+    }
+    assert!(counts.iter().all(|&c| c > 150), "{counts:?}");
+    assert_eq!(&labels[..10], &[0, 1, 2, 3, 4, 5, 6, 7, 8, 9]);
+    // 1797 = 28 batches of 4 x 16 (+ 5 dropped).
+    assert_eq!(d.batches(16, 4, 0, Stop::Epochs(1)).unwrap().count(), 28);
+}
