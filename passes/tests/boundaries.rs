@@ -1,25 +1,14 @@
 //! The partition pass on real models: every crossing goes through boundary nodes, skip
 //! tensors are forwarded through the stages in between, and bad assignments are refused.
 
-use std::path::PathBuf;
+mod common;
 
-use pipewright_ir::{import_model, verify_stages, Graph, ImportOptions, Op, StageMap};
+use common::{contiguous, model};
+
+use pipewright_ir::{verify_stages, Graph, Op, StageMap};
 use pipewright_passes::boundaries::{insert_stage_boundaries, BoundaryError};
 
-fn model(name: &str) -> Graph {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/corpus/models").join(name);
-    import_model(&p, &ImportOptions::default()).expect("shared model imports")
-}
 
-/// Splits the topological order into `d` chunks of equal node count.
-fn contiguous(g: &Graph, d: u32) -> StageMap {
-    let order = g.topo_order().expect("acyclic");
-    let mut m = StageMap::new(d);
-    for (i, n) in order.iter().enumerate() {
-        m.set(*n, (i * d as usize / order.len()) as u32);
-    }
-    m
-}
 
 fn boundaries(g: &Graph) -> Vec<(u32, u32)> {
     g.node_ids()

@@ -2,31 +2,17 @@
 //! unknown names are refused with the valid list, and the `--print-after` text of each
 //! pass is snapshotted on gpt2-tiny and resnet18 at 2 and 4 stages.
 
-use std::path::PathBuf;
+mod common;
 
-use pipewright_ir::{import_model, Graph, ImportOptions, StageMap};
+use common::{contiguous, model};
+
 use pipewright_passes::manager::{
     compile_passes, standard_passes, CompileOptions, ManagerError, PassManager, PipelineState,
     PrintAfter, RunOptions, STANDARD_PASSES,
 };
 use pipewright_passes::recompute::RecomputeMode;
 
-fn model(name: &str) -> Graph {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../shared/corpus/models")
-        .join(name);
-    import_model(&p, &ImportOptions::default()).expect("shared model imports")
-}
 
-/// Splits the topological order into `d` chunks of equal node count (deterministic).
-fn contiguous(g: &Graph, d: u32) -> StageMap {
-    let order = g.topo_order().expect("acyclic");
-    let mut m = StageMap::new(d);
-    for (i, n) in order.iter().enumerate() {
-        m.set(*n, (i * d as usize / order.len()) as u32);
-    }
-    m
-}
 
 fn compile(name: &str, d: u32, opts: CompileOptions) -> Result<PipelineState, ManagerError> {
     let g = model(name);

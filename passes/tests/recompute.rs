@@ -2,29 +2,16 @@
 //! selective keeps matmul/conv outputs and sits between none and full, and a memory limit
 //! is met greedily.
 
-use std::path::PathBuf;
+mod common;
 
-use pipewright_ir::{import_model, Graph, ImportOptions, Op, StageMap, ValueDef};
+use common::{contiguous, model};
+
+use pipewright_ir::{Graph, Op, StageMap, ValueDef};
 use pipewright_passes::boundaries::insert_stage_boundaries;
 use pipewright_passes::cost::{CostModel, Device, OpClass};
 use pipewright_passes::recompute::{decide_recomputation, Decision, RecomputeMode, RecomputePlan};
 
-fn model(name: &str) -> Graph {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../shared/corpus/models")
-        .join(name);
-    import_model(&p, &ImportOptions::default()).expect("shared model imports")
-}
 
-/// Splits the topological order into `d` chunks of equal node count.
-fn contiguous(g: &Graph, d: u32) -> StageMap {
-    let order = g.topo_order().expect("acyclic");
-    let mut m = StageMap::new(d);
-    for (i, n) in order.iter().enumerate() {
-        m.set(*n, (i * d as usize / order.len()) as u32);
-    }
-    m
-}
 
 fn partitioned(name: &str, d: u32) -> (Graph, StageMap, CostModel) {
     let mut g = model(name);

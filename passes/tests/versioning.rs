@@ -2,32 +2,20 @@
 //! one, weight stashing d - s; BatchNorm running stats are constants; tied weights get a
 //! gradient-sync group.
 
-use std::path::PathBuf;
+mod common;
+
+use common::{contiguous, model};
 
 use pipewright_ir::ops::BatchNorm;
 use pipewright_ir::{
-    import_model, DType, Dim, Graph, ImportOptions, ModelMeta, Op, Shape, StageMap, TensorData,
+    DType, Dim, Graph, ModelMeta, Op, Shape, StageMap, TensorData,
     TensorType, Value, ValueDef, Weight,
 };
 use pipewright_passes::boundaries::insert_stage_boundaries;
 use pipewright_passes::planner::Schedule;
 use pipewright_passes::versioning::{version_weights, UpdateRule, VersionError, WeightKind};
 
-fn model(name: &str) -> Graph {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../shared/corpus/models")
-        .join(name);
-    import_model(&p, &ImportOptions::default()).expect("shared model imports")
-}
 
-fn contiguous(g: &Graph, d: u32) -> StageMap {
-    let order = g.topo_order().expect("acyclic");
-    let mut m = StageMap::new(d);
-    for (i, n) in order.iter().enumerate() {
-        m.set(*n, (i * d as usize / order.len()) as u32);
-    }
-    m
-}
 
 fn partitioned(name: &str, d: u32) -> (Graph, StageMap) {
     let mut g = model(name);
