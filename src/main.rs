@@ -17,6 +17,7 @@ mod compile;
 mod inspect;
 mod output;
 mod plan;
+mod trace_svg;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -53,6 +54,8 @@ enum Command {
     /// Train a compiled pipeline on the embedded executor (one thread per stage).
     #[cfg(feature = "torch")]
     Train(TrainArgs),
+    /// Draw a `train --trace` timeline as SVG (one row per stage) and print bubble fractions.
+    TraceSvg(trace_svg::TraceSvgArgs),
 }
 
 #[derive(clap::Args)]
@@ -237,6 +240,10 @@ pub struct TrainArgs {
     /// Print progress every this many steps.
     #[arg(long, default_value_t = 10)]
     pub log_every: usize,
+    /// Write a Chrome/Perfetto trace (JSON) of every forward, backward, recompute, send,
+    /// receive and optimizer step per stage here.
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -332,6 +339,7 @@ fn main() -> ExitCode {
         Command::Profile(args) => profile::run(&args),
         #[cfg(feature = "torch")]
         Command::Train(args) => train::run(&args),
+        Command::TraceSvg(args) => trace_svg::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

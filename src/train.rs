@@ -108,6 +108,7 @@ pub fn run(args: &TrainArgs) -> Result<()> {
     cfg.clip_norm = args.clip_norm;
     cfg.seed = args.seed as i64;
     cfg.device = device;
+    cfg.trace = args.trace.is_some();
     let mut metrics = match &args.metrics {
         Some(p) => Some(std::fs::File::create(p).with_context(|| format!("{}: cannot create", p.display()))?),
         None => None,
@@ -127,6 +128,11 @@ pub fn run(args: &TrainArgs) -> Result<()> {
         }
     };
     let report = train(modules, &cfg, Box::new(batches.into_iter()), &mut on_step).map_err(|e| anyhow!("{}: {e}", args.build.display()))?;
+    if let Some(path) = &args.trace {
+        let json = pipewright_runtime::pipeline::chrome_trace_json(&report.trace);
+        crate::output::write_atomic(path, json.as_bytes())?;
+        eprintln!("wrote {} trace events to {}", report.trace.len(), path.display());
+    }
     let (first, last) = (report.losses.first().copied().unwrap_or(f64::NAN), report.losses.last().copied().unwrap_or(f64::NAN));
     println!(
         "trained {} steps in {:.1}s: loss {:.4} -> {:.4}; weight versions held per stage (peak): {:?}",

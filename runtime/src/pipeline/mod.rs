@@ -4,6 +4,7 @@
 mod optim;
 mod schedule;
 mod stage;
+mod trace;
 mod transport;
 
 use std::sync::mpsc;
@@ -14,6 +15,7 @@ use tch::Tensor;
 pub use crate::exec::Mode;
 pub use optim::{Decay, LrSchedule, Optimizer};
 pub use schedule::{Op, Schedule};
+pub use trace::{chrome_trace_json, TraceEvent, TraceKind};
 pub use transport::{InProcess, Named, Transport};
 
 use crate::module::StageModule;
@@ -59,6 +61,9 @@ pub struct TrainConfig {
     /// Train or Eval kernels (BatchNormalization statistics, Dropout).
     pub mode: Mode,
     pub loss: Loss,
+    /// Record a per-stage timeline of every forward, backward, recompute, send, receive
+    /// and optimizer step into `TrainReport::trace` (off by default).
+    pub trace: bool,
 }
 
 impl TrainConfig {
@@ -75,6 +80,7 @@ impl TrainConfig {
             device: tch::Device::Cpu,
             mode: Mode::Train,
             loss,
+            trace: false,
         }
     }
 }
@@ -98,6 +104,9 @@ pub struct TrainReport {
     pub losses: Vec<f64>,
     /// Per stage: most weight versions held at once.
     pub peak_versions: Vec<usize>,
+    /// With `TrainConfig::trace`: every traced interval, stage by stage, each stage's in
+    /// time order (times share one epoch, the start of training). Empty otherwise.
+    pub trace: Vec<TraceEvent>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -147,7 +156,7 @@ pub fn train(
         }
     }
     if cfg.steps == 0 {
-        return Ok(TrainReport { weights: Vec::new(), losses: Vec::new(), peak_versions: vec![0; d] });
+        return Ok(TrainReport { weights: Vec::new(), losses: Vec::new(), peak_versions: vec![0; d], trace: Vec::new() });
     }
     let specs = stage::specs(&stages, &cfg.loss)?;
     // m comes from the first batch.
@@ -219,6 +228,7 @@ pub fn train(
 
     let (ev_tx, ev_rx) = mpsc::channel::<Event>();
     let transports = InProcess::pipeline(d);
+    let epoch = cfg.trace.then(Instant::now);
     let mut handles = Vec::new();
     for (((spec, ops), rx), tr) in specs.into_iter().zip(all_ops).zip(data_rx).zip(transports) {
         let cfg = cfg.clone();
@@ -226,7 +236,7 @@ pub fn train(
         let k = spec.index;
         let h = std::thread::Builder::new()
             .name(format!("pipewright-stage-{k}"))
-            .spawn(move || stage::run(spec, ops, m, cfg, rx, Box::new(tr), ev))
+            .spawn(move || stage::run(spec, ops, m, cfg, rx, Box::new(tr), ev, epoch))
             .map_err(|e| PipelineError::Stage { stage: k, message: format!("cannot spawn thread: {e}") })?;
         handles.push(h);
     }
@@ -246,6 +256,7 @@ pub fn train(
     }
     let mut weights = Vec::new();
     let mut peak_versions = Vec::new();
+    let mut trace = Vec::new();
     let mut primary: Option<PipelineError> = None;
     let mut secondary: Option<PipelineError> = None;
     for (k, h) in handles.into_iter().enumerate() {
@@ -253,6 +264,7 @@ pub fn train(
             Ok(Ok(out)) => {
                 weights.push(out.weights);
                 peak_versions.push(out.peak_versions);
+                trace.extend(out.trace);
             }
             Ok(Err(stage::Failure { error, induced })) => {
                 let slot = if induced { &mut secondary } else { &mut primary };
@@ -273,5 +285,5 @@ pub fn train(
     if let Some(e) = primary.or(secondary) {
         return Err(e);
     }
-    Ok(TrainReport { weights, losses, peak_versions })
+    Ok(TrainReport { weights, losses, peak_versions, trace })
 }

@@ -7,6 +7,7 @@ use std::sync::mpsc::{Receiver, Sender};
 use tch::{Kind, Tensor};
 
 use super::optim::OptState;
+use super::trace::{Recorder, TraceKind};
 use super::{Event, Loss, Op, PipelineError, StageData, TrainConfig, Transport};
 use crate::exec::{run as run_kernel, tensor_from_bytes, Mode};
 use crate::module::{Recompute, StageModule};
@@ -77,6 +78,7 @@ pub(crate) fn specs(stages: &[StageModule], loss: &Loss) -> Result<Vec<StageSpec
 pub(crate) struct StageOut {
     pub weights: Vec<(String, Tensor)>,
     pub peak_versions: usize,
+    pub trace: Vec<super::TraceEvent>,
 }
 
 /// A stage error; `induced` when it only reflects another stage (or the feeder) stopping.
@@ -119,9 +121,11 @@ pub(crate) fn run(
     data: Option<Receiver<StageData>>,
     mut tr: Box<dyn Transport>,
     events: Option<Sender<Event>>,
+    epoch: Option<std::time::Instant>,
 ) -> Result<StageOut, Failure> {
     let k = spec.index;
-    let r = run_inner(spec, ops, m, &cfg, data, tr.as_mut(), events);
+    let mut rec = Recorder::new(epoch, k);
+    let r = run_inner(spec, ops, m, &cfg, data, tr.as_mut(), events, &mut rec);
     if r.is_err() {
         tr.abort();
     }
@@ -155,6 +159,7 @@ fn run_inner(
     data: Option<Receiver<StageData>>,
     tr: &mut dyn Transport,
     events: Option<Sender<Event>>,
+    rec: &mut Recorder,
 ) -> Result<StageOut, E> {
     let k = spec.index;
     tch::manual_seed(cfg.seed.wrapping_add(k as i64));
@@ -191,8 +196,11 @@ fn run_inner(
                 let v = cfg.schedule.version_for(j, m64);
                 let wts = versions.get(&v).ok_or_else(|| E::Msg(format!("weight version {v} for microbatch {j} is gone")))?;
                 let mut inputs = Vec::new();
+                let step = j / m64;
                 if w.spec.n_recv > 0 {
+                    let t0 = rec.start();
                     let got = tr.recv_forward(j).map_err(induced)?;
+                    rec.record(TraceKind::Recv, t0, Some(j), v, step);
                     inputs.extend(got.into_iter().map(|(_, t)| t));
                 }
                 let mut labels = None;
@@ -208,14 +216,22 @@ fn run_inner(
                     batch_samples += sd.samples;
                 }
                 let grad = !w.spec.recompute_full;
+                let t0 = rec.start();
                 let fwd = w.forward(wts, &inputs, labels.as_ref(), grad)?;
+                // Reading the loss synchronizes with the device, so it counts as forward.
+                let loss_value = match &fwd.loss {
+                    Some(l) => Some(l.f_double_value(&[]).map_err(torch("reading the loss"))?),
+                    None => None,
+                };
+                rec.record(TraceKind::Forward, t0, Some(j), v, step);
                 if w.spec.n_send > 0 {
+                    let t0 = rec.start();
                     let names = w.output_names();
                     let sent = fwd.outputs[..w.spec.n_send].iter().zip(names).map(|(t, n)| (n, t.detach())).collect();
                     tr.send_forward(j, sent).map_err(induced)?;
+                    rec.record(TraceKind::Send, t0, Some(j), v, step);
                 }
-                if let Some(l) = &fwd.loss {
-                    let value = l.f_double_value(&[]).map_err(torch("reading the loss"))?;
+                if let Some(value) = loss_value {
                     if !value.is_finite() {
                         return Err(E::Err(PipelineError::NonFiniteLoss { step: (j / m64) as usize, stage: k, value }));
                     }
@@ -229,14 +245,26 @@ fn run_inner(
                 if s.mb != j {
                     return Err(E::Msg(format!("backward of microbatch {j}, but {} is the oldest stashed", s.mb)));
                 }
+                let (v, step) = (s.version, j / m64);
                 let fwd = match s.fwd {
                     Some(f) => f,
                     None => {
+                        let t0 = rec.start();
                         let wts = versions.get(&s.version).ok_or_else(|| E::Msg(format!("weight version {} for microbatch {j} is gone", s.version)))?;
-                        w.forward(wts, &s.inputs, s.labels.as_ref(), true)?
+                        let f = w.forward(wts, &s.inputs, s.labels.as_ref(), true)?;
+                        rec.record(TraceKind::Recompute, t0, Some(j), v, step);
+                        f
                     }
                 };
-                let out_grads = if w.spec.n_send > 0 { Some(tr.recv_backward(j).map_err(induced)?) } else { None };
+                let out_grads = if w.spec.n_send > 0 {
+                    let t0 = rec.start();
+                    let g = tr.recv_backward(j).map_err(induced)?;
+                    rec.record(TraceKind::Recv, t0, Some(j), v, step);
+                    Some(g)
+                } else {
+                    None
+                };
+                let t0 = rec.start();
                 let (pg, ig) = w.backward(&fwd, out_grads)?;
                 drop(fwd);
                 tch::no_grad(|| {
@@ -245,12 +273,16 @@ fn run_inner(
                         Some(a) => a.iter().zip(&pg).map(|(a, g)| a + g).collect(),
                     });
                 });
+                rec.record(TraceKind::Backward, t0, Some(j), v, step);
                 if w.spec.n_recv > 0 {
+                    let t0 = rec.start();
                     let names = w.input_names();
                     tr.send_backward(j, names.into_iter().zip(ig).collect()).map_err(induced)?;
+                    rec.record(TraceKind::Send, t0, Some(j), v, step);
                 }
             }
             Op::Step(t) => {
+                let t0 = rec.start();
                 let grads = acc.take().ok_or_else(|| E::Msg(format!("step {t} without gradients")))?;
                 let mut grads: Vec<Tensor> = tch::no_grad(|| grads.iter().map(|g| g / m as f64).collect());
                 if let Some(clip) = cfg.clip_norm {
@@ -271,6 +303,7 @@ fn run_inner(
                 }
                 let new = opt.step(cur, &grads, lr);
                 versions.insert(t + 1, new);
+                rec.record(TraceKind::Optimizer, t0, None, t + 1, t);
                 if let Some(ev) = &events {
                     let _ = ev.send(Event::Step { step: t as usize, loss: batch_loss / m as f64, samples: batch_samples });
                 }
@@ -286,7 +319,7 @@ fn run_inner(
     }
     let (_, last) = versions.into_iter().next_back().unwrap();
     let weights = w.param_slots.iter().zip(last).map(|(s, t)| (w.spec.program.slots[s.index()].name.clone(), t)).collect();
-    Ok(StageOut { weights, peak_versions: peak })
+    Ok(StageOut { weights, peak_versions: peak, trace: std::mem::take(&mut rec.events) })
 }
 
 impl Worker {

@@ -1,0 +1,179 @@
+//! `pipewright train --trace` and `pipewright trace-svg` end to end (issue 6): compile the
+//! shared MLP into 2 stages, train 5 steps on the digits with a trace, check the trace
+//! against the schedule and draw it.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use pipewright_runtime::pipeline::{Op, Schedule};
+use serde_json::Value;
+
+const STEPS: usize = 5;
+const M: usize = 4;
+const DEPTH: usize = 2;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn pw(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_pipewright")).args(args).output().expect("runs pipewright")
+}
+
+fn compile(dir: &Path, schedule: &str, recompute: &str) {
+    let model = root().join("../shared/corpus/models/mlp.onnx");
+    let out = pw(&["compile", model.to_str().unwrap(), "--stages", "2", "--schedule", schedule, "--recompute", recompute, "-o", dir.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// Trains `STEPS` steps with `--trace` and returns the parsed trace.
+fn train_traced(dir: &Path) -> (PathBuf, Vec<Value>) {
+    let data = root().join("examples/digits/digits.npz");
+    let trace = dir.join("trace.json");
+    let steps = STEPS.to_string();
+    let m = M.to_string();
+    let out = pw(&[
+        "train", dir.to_str().unwrap(), "--data", data.to_str().unwrap(), "--label", "label", "--output", "linear_3",
+        "--steps", &steps, "--microbatch", "16", "--microbatches", &m, "--optimizer", "adam", "--lr", "0.003",
+        "--trace", trace.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = std::fs::read_to_string(&trace).expect("trace written");
+    let v: Value = serde_json::from_str(&text).expect("trace is valid JSON");
+    let events = v.as_array().expect("trace is a JSON array").clone();
+    (trace, events)
+}
+
+fn name(e: &Value) -> &str {
+    e["name"].as_str().expect("name")
+}
+fn tid(e: &Value) -> usize {
+    e["tid"].as_u64().expect("tid") as usize
+}
+fn ts(e: &Value) -> f64 {
+    e["ts"].as_f64().expect("ts")
+}
+fn dur(e: &Value) -> f64 {
+    e["dur"].as_f64().expect("dur")
+}
+fn mb(e: &Value) -> u64 {
+    e["args"]["microbatch"].as_u64().expect("microbatch")
+}
+fn step(e: &Value) -> u64 {
+    e["args"]["step"].as_u64().expect("step")
+}
+
+/// The events of stage `k` in time order.
+fn stage_events(events: &[Value], k: usize) -> Vec<&Value> {
+    let mut v: Vec<&Value> = events.iter().filter(|e| tid(e) == k).collect();
+    v.sort_by(|a, b| ts(a).partial_cmp(&ts(b)).unwrap());
+    v
+}
+
+/// Structural checks every schedule must pass.
+fn check_trace(events: &[Value], schedule: Schedule, recompute: bool) {
+    assert!(!events.is_empty());
+    let kinds = ["forward", "backward", "recompute", "send", "recv", "optimizer"];
+    for e in events {
+        assert_eq!(e["ph"], "X", "{e}");
+        assert_eq!(e["pid"], 0, "{e}");
+        assert!(kinds.contains(&name(e)), "{e}");
+        assert!(e["cat"].is_string(), "{e}");
+        assert!(ts(e) >= 0.0 && dur(e) >= 0.0, "{e}");
+        assert!(tid(e) < DEPTH, "{e}");
+        assert!(e["args"]["version"].is_u64(), "{e}");
+        assert!(e["args"]["step"].is_u64(), "{e}");
+    }
+    let total = (STEPS * M) as u64;
+    for k in 0..DEPTH {
+        let evs = stage_events(events, k);
+        // No overlap within a stage (a few ns of float slack).
+        for w in evs.windows(2) {
+            assert!(ts(w[0]) + dur(w[0]) <= ts(w[1]) + 1e-3, "stage {k}: {} overlaps {}", w[0], w[1]);
+        }
+        // Forward and backward of every microbatch, backward after its forward.
+        for j in 0..total {
+            let f: Vec<&&Value> = evs.iter().filter(|e| name(e) == "forward" && mb(e) == j).collect();
+            let b: Vec<&&Value> = evs.iter().filter(|e| name(e) == "backward" && mb(e) == j).collect();
+            assert_eq!(f.len(), 1, "stage {k}: forwards of microbatch {j}");
+            assert_eq!(b.len(), 1, "stage {k}: backwards of microbatch {j}");
+            assert!(ts(b[0]) >= ts(f[0]) + dur(f[0]) - 1e-3, "stage {k}: backward of {j} before its forward ends");
+            assert_eq!(step(f[0]), j / M as u64);
+            let r = evs.iter().filter(|e| name(e) == "recompute" && mb(e) == j).count();
+            assert_eq!(r, recompute as usize, "stage {k}: recomputes of microbatch {j}");
+        }
+        // One optimizer event per step, in order.
+        let opt: Vec<u64> = evs.iter().filter(|e| name(e) == "optimizer").map(|e| step(e)).collect();
+        assert_eq!(opt, (0..STEPS as u64).collect::<Vec<_>>(), "stage {k}: optimizer steps");
+        // Sends and receives: stage 0 receives gradients and sends activations; the last
+        // stage the opposite — one each per microbatch.
+        let sends = evs.iter().filter(|e| name(e) == "send").count();
+        let recvs = evs.iter().filter(|e| name(e) == "recv").count();
+        assert_eq!((sends, recvs), (total as usize, total as usize), "stage {k}: sends/receives");
+        // The op order is the schedule's.
+        let got: Vec<Op> = evs
+            .iter()
+            .filter_map(|e| match name(e) {
+                "forward" => Some(Op::Forward(mb(e))),
+                "backward" => Some(Op::Backward(mb(e))),
+                "optimizer" => Some(Op::Step(step(e))),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(got, schedule.ops(k, DEPTH, M, STEPS).unwrap(), "stage {k}: op order under {schedule:?}");
+    }
+}
+
+#[test]
+fn gpipe_trace_matches_the_schedule_and_draws() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    compile(dir.path(), "gpipe", "full");
+    let (trace, events) = train_traced(dir.path());
+    check_trace(&events, Schedule::GPipe, true);
+    // GPipe: on stage 0 every forward of a batch ends before any of its backwards starts.
+    let s0 = stage_events(&events, 0);
+    for t in 0..STEPS as u64 {
+        let last_f = s0.iter().filter(|e| name(e) == "forward" && step(e) == t).map(|e| ts(e) + dur(e)).fold(0.0, f64::max);
+        let first_b = s0.iter().filter(|e| name(e) == "backward" && step(e) == t).map(|e| ts(e)).fold(f64::INFINITY, f64::min);
+        assert!(last_f <= first_b + 1e-3, "batch {t}: a backward starts before the last forward");
+    }
+
+    let svg = dir.path().join("timeline.svg");
+    let out = pw(&["trace-svg", trace.to_str().unwrap(), "-o", svg.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = std::fs::read_to_string(&svg).expect("svg written");
+    assert!(text.starts_with("<svg") && text.trim_end().ends_with("</svg>"));
+    assert_eq!(text.matches("<rect").count(), events.len(), "one <rect> per event");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    for k in 0..DEPTH {
+        let line = stdout.lines().find(|l| l.starts_with(&format!("stage {k}:"))).unwrap_or_else(|| panic!("no bubble line for stage {k}: {stdout}"));
+        let frac: f64 = line.split("bubble fraction ").nth(1).and_then(|r| r.split_whitespace().next()).and_then(|f| f.parse().ok()).unwrap_or_else(|| panic!("{line}"));
+        assert!((0.0..1.0).contains(&frac), "{line}");
+    }
+}
+
+#[test]
+fn two_bw_trace_interleaves_forwards_and_backwards() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    compile(dir.path(), "2bw", "none");
+    let (_, events) = train_traced(dir.path());
+    check_trace(&events, Schedule::TwoBW, false);
+    // 1F1B: on stage 0 the backward of microbatch 0 comes before the forward of microbatch
+    // M - 1 (under GPipe it would come after all of batch 0's forwards).
+    let s0 = stage_events(&events, 0);
+    let b0 = s0.iter().position(|e| name(e) == "backward" && mb(e) == 0).unwrap();
+    let f_last = s0.iter().position(|e| name(e) == "forward" && mb(e) == M as u64 - 1).unwrap();
+    assert!(b0 < f_last, "2BW stage 0 should interleave");
+}
+
+#[test]
+fn trace_svg_rejects_a_bad_trace() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let bad = dir.path().join("bad.json");
+    std::fs::write(&bad, "{not json").unwrap();
+    let out = pw(&["trace-svg", bad.to_str().unwrap(), "-o", dir.path().join("x.svg").to_str().unwrap()]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.lines().last().unwrap_or_default().starts_with("error:"), "{err}");
+    assert!(!dir.path().join("x.svg").exists());
+}
