@@ -13,6 +13,8 @@ mod profile;
 mod data;
 #[cfg(feature = "torch")]
 mod train;
+#[cfg(feature = "torch")]
+mod export;
 mod compile;
 mod inspect;
 mod output;
@@ -54,6 +56,9 @@ enum Command {
     /// Train a compiled pipeline on the embedded executor (one thread per stage).
     #[cfg(feature = "torch")]
     Train(TrainArgs),
+    /// Write the weights `train` saved back into the original ONNX model.
+    #[cfg(feature = "torch")]
+    Export(ExportArgs),
     /// Draw a `train --trace` timeline as SVG (one row per stage) and print bubble fractions.
     TraceSvg(trace_svg::TraceSvgArgs),
 }
@@ -180,6 +185,15 @@ pub struct CompileArgs {
     /// Print the time each pass took (stderr).
     #[arg(long)]
     pub timings: bool,
+}
+
+#[derive(clap::Args)]
+pub struct ExportArgs {
+    /// The build folder (with pipeline.toml and the trained weights.safetensors).
+    pub build: PathBuf,
+    /// The ONNX file to write.
+    #[arg(short, long)]
+    pub output: PathBuf,
 }
 
 #[derive(clap::Args)]
@@ -339,6 +353,8 @@ fn main() -> ExitCode {
         Command::Profile(args) => profile::run(&args),
         #[cfg(feature = "torch")]
         Command::Train(args) => train::run(&args),
+        #[cfg(feature = "torch")]
+        Command::Export(args) => export::run(&args),
         Command::TraceSvg(args) => trace_svg::run(&args),
     };
     match result {

@@ -133,6 +133,7 @@ pub fn run(args: &TrainArgs) -> Result<()> {
         crate::output::write_atomic(path, json.as_bytes())?;
         eprintln!("wrote {} trace events to {}", report.trace.len(), path.display());
     }
+    crate::export::save_weights(&args.build.join(crate::export::WEIGHTS_FILE), &report.weights)?;
     let (first, last) = (report.losses.first().copied().unwrap_or(f64::NAN), report.losses.last().copied().unwrap_or(f64::NAN));
     println!(
         "trained {} steps in {:.1}s: loss {:.4} -> {:.4}; weight versions held per stage (peak): {:?}",

@@ -77,3 +77,20 @@ fn bad_training_input_is_one_clear_error() {
         assert!(!err.contains("panicked"), "{err}");
     }
 }
+
+/// Trained weights go back into the ONNX model: a pipeline compiled from the exported
+/// model starts where the first training ended.
+#[test]
+fn export_writes_the_trained_weights_into_the_model() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    compile(dir.path(), "2", "2bw", "none");
+    let losses = train(dir.path(), "150");
+    let trained = dir.path().join("trained.onnx");
+    let out = pw(&["export", dir.path().to_str().unwrap(), "-o", trained.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let again = tempfile::tempdir().expect("temp dir");
+    let out = pw(&["compile", trained.to_str().unwrap(), "--stages", "2", "-o", again.path().to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let resumed = train(again.path(), "3");
+    assert!(losses[0] > 2.0 && resumed[0] < 0.5, "fresh start {} vs exported start {}", losses[0], resumed[0]);
+}
