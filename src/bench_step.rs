@@ -1,5 +1,5 @@
 //! `pipewright bench-step`: times forward + backward steps of a model through the runtime's
-//! interpreter (issue 3's benchmark; `bench/fwd_bwd.sh` compares it with PyTorch eager).
+//! interpreter (a benchmark; `bench/fwd_bwd.sh` compares it with PyTorch eager).
 //!
 //! One step: forward with autograd on, loss = sum over the floating-point outputs of
 //! `output.sum()`, `loss.backward()`, then the parameter gradients are zeroed in place.

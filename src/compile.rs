@@ -220,13 +220,7 @@ pub fn run(args: &CompileArgs) -> Result<()> {
     for slice in &slices {
         let k = slice.stage;
         let t = std::time::Instant::now();
-        let mut sp = lower_slice_annotated(&graph, slice, &annotations).map_err(|e| at("lower", &e))?;
-        // Sent tensors carry their wire name (`x@stage2`), the name the next stage's
-        // program gives the received tensor, so the executor pairs them by name.
-        for (i, t) in sp.sent.iter().enumerate() {
-            let slot = sp.program.outputs[i];
-            sp.program.slots[slot.index()].name = t.name.clone();
-        }
+        let sp = lower_slice_annotated(&graph, slice, &annotations).map_err(|e| at("lower", &e))?;
         spent.lower += t.elapsed();
         let module_name = format!("stage{k}.pwm");
         let onnx_name = format!("stage{k}.onnx");

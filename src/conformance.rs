@@ -61,11 +61,7 @@ fn cases(root: &Path) -> Result<Vec<Case>> {
 /// static shapes needs them.
 fn frozen(inputs: &[NamedTensor]) -> ImportOptions {
     let mut opts = ImportOptions::default();
-    for t in inputs {
-        if !t.name.is_empty() && (t.data.numel() <= 1 || (!t.data.dtype.is_float() && t.data.numel() <= 64)) {
-            opts.frozen_inputs.insert(t.name.clone(), t.data.clone());
-        }
-    }
+    opts.freeze_shape_inputs(inputs.iter().map(|t| (t.name.as_str(), &t.data)));
     opts
 }
 

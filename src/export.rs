@@ -8,32 +8,15 @@ use std::path::Path;
 use anyhow::{anyhow, bail, Context, Result};
 use onnx_protobuf::{Message, ModelProto};
 use pipewright_runtime::exec::tensor_to_bytes;
+use pipewright_runtime::module::dtype_of;
 use pipewright_runtime::ElemType;
-use safetensors::tensor::{Dtype, TensorView};
+use safetensors::tensor::TensorView;
 
 use crate::output::write_atomic;
 use crate::ExportArgs;
 
 /// The file `train` writes into the build folder.
 pub const WEIGHTS_FILE: &str = "weights.safetensors";
-
-fn dtype(e: ElemType) -> Dtype {
-    match e {
-        ElemType::F32 => Dtype::F32,
-        ElemType::F16 => Dtype::F16,
-        ElemType::Bf16 => Dtype::BF16,
-        ElemType::F64 => Dtype::F64,
-        ElemType::I64 => Dtype::I64,
-        ElemType::I32 => Dtype::I32,
-        ElemType::I16 => Dtype::I16,
-        ElemType::I8 => Dtype::I8,
-        ElemType::U8 => Dtype::U8,
-        ElemType::U16 => Dtype::U16,
-        ElemType::U32 => Dtype::U32,
-        ElemType::U64 => Dtype::U64,
-        ElemType::Bool => Dtype::BOOL,
-    }
-}
 
 /// Saves each stage's newest trainable weights, by source name, atomically. A weight
 /// present in several stages (a tied weight) is saved once, from its first stage.
@@ -48,7 +31,7 @@ pub fn save_weights(path: &Path, stages: &[Vec<(String, tch::Tensor)>]) -> Resul
     }
     let views = raw
         .iter()
-        .map(|(n, e, d, b)| TensorView::new(dtype(*e), d.clone(), b).map(|v| (n.clone(), v)).map_err(|e| anyhow!("weight {n:?}: {e:?}")))
+        .map(|(n, e, d, b)| TensorView::new(dtype_of(*e), d.clone(), b).map(|v| (n.clone(), v)).map_err(|e| anyhow!("weight {n:?}: {e:?}")))
         .collect::<Result<Vec<_>>>()?;
     let bytes = safetensors::serialize(views, &None).map_err(|e| anyhow!("{}: {e:?}", path.display()))?;
     write_atomic(path, &bytes)

@@ -35,8 +35,7 @@ pub fn read_tensors(dir: &Path, prefix: &str) -> Result<Vec<NamedTensor>> {
     files
         .into_iter()
         .map(|(_, p)| {
-            let data = read_tensor_file(&p)?;
-            let name = pipewright_ir::import::tensor_file_name(&p).unwrap_or_default();
+            let (name, data) = read_tensor_file(&p)?;
             Ok(NamedTensor { name, data })
         })
         .collect()

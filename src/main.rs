@@ -1,5 +1,5 @@
-//! The `pipewright` command line: inspect ONNX models (and, as the later passes land,
-//! plan, compile and train them).
+//! The `pipewright` command line: inspect, plan, compile and train ONNX models as
+//! pipeline-parallel jobs, plus the tools that check and measure them.
 
 #[cfg(feature = "torch")]
 mod bench_step;
@@ -35,7 +35,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Import an ONNX model and print a summary (or its IR, or a Graphviz drawing).
+    /// Import an ONNX model and print a summary (or its IR, or a Graphviz drawing); given a
+    /// stage module (`.pwm`), print its header and stage program.
     Inspect(InspectArgs),
     /// Plan the pipeline: depth, width, microbatch, recomputation, schedule, and the stages.
     Plan(PlanArgs),
@@ -44,7 +45,7 @@ enum Command {
     /// Run a model forward through the runtime's op layer and compare with expected outputs.
     #[cfg(feature = "torch")]
     RunForward(RunForwardArgs),
-    /// Time forward + backward steps of a model (issue 3's benchmark).
+    /// Time forward + backward steps of a model through the op layer (for benchmarks).
     #[cfg(feature = "torch")]
     BenchStep(bench_step::BenchStepArgs),
     /// Run the ONNX backend test suite through the op layer and report conformance.
@@ -305,7 +306,7 @@ pub enum BatchArg {
 
 #[derive(clap::Args)]
 pub struct InspectArgs {
-    /// The ONNX model file.
+    /// The ONNX model file, or a stage module (`.pwm`) written by `compile`.
     pub model: PathBuf,
     /// Print the IR in text form instead of the summary.
     #[arg(long)]

@@ -25,7 +25,7 @@ fn graph_inputs(manifest: &toml::Value, path: &Path) -> Result<Vec<InputSpec>> {
                 continue;
             }
             let dtype = t.get("dtype").and_then(|v| v.as_str()).unwrap_or_default();
-            let elem = elem_type(dtype).ok_or_else(|| anyhow!("{}: input {name:?} has unknown dtype {dtype:?}", path.display()))?;
+            let elem = ElemType::from_name(dtype).ok_or_else(|| anyhow!("{}: input {name:?} has unknown dtype {dtype:?}", path.display()))?;
             let shape: Vec<&str> = t.get("shape").and_then(|v| v.as_array()).into_iter().flatten().filter_map(|v| v.as_str()).collect();
             if shape.first() != Some(&"N") {
                 bail!("{}: input {name:?} has no batch axis first (shape {shape:?})", path.display());
@@ -38,11 +38,6 @@ fn graph_inputs(manifest: &toml::Value, path: &Path) -> Result<Vec<InputSpec>> {
         }
     }
     Ok(out)
-}
-
-fn elem_type(name: &str) -> Option<ElemType> {
-    use ElemType::*;
-    [F32, F16, Bf16, F64, I64, I32, I16, I8, U8, U16, U32, U64, Bool].into_iter().find(|e| e.name() == name)
 }
 
 fn loss(args: &TrainArgs) -> Result<Loss> {

@@ -55,8 +55,7 @@ mod run {
             if !p.exists() {
                 break;
             }
-            let name = pipewright_ir::import::tensor_file_name(&p).unwrap_or_default();
-            out.push((name, read_tensor_file(&p).unwrap()));
+            out.push(read_tensor_file(&p).unwrap());
         }
         out
     }

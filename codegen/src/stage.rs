@@ -283,6 +283,12 @@ pub fn lower_slice(g: &Graph, s: &StageSlice) -> Result<StageProgram, LowerError
         elem: elem(g.value(wire).ty.dtype),
         shape: shape_of(g, wire),
     };
+    // A sent tensor's slot carries its wire name (`x@stage2`), the name the next stage's
+    // program gives the tensor it receives, so an executor pairs them by name.
+    for (i, &(_, wire)) in s.sent.iter().enumerate() {
+        let slot = program.outputs[i];
+        program.slots[slot.index()].name = g.value(wire).name.clone();
+    }
     Ok(StageProgram {
         stage: s.stage,
         program,
@@ -307,6 +313,7 @@ mod tests {
     use super::*;
     use pipewright_ir::{import_bytes, import_model, ImportOptions};
     use std::path::Path;
+    use pipewright_runtime::program::SlotId;
 
     /// The shared MLP cut into `d` stages of consecutive nodes (topological order).
     fn partitioned(d: u32) -> Option<(Graph, StageMap)> {
@@ -360,9 +367,17 @@ mod tests {
                     assert_eq!(g.node(*n).name, ins.name);
                 }
             }
-            for (info, v) in sp.program.slots.iter().zip(&sp.slot_values) {
-                if let Some(v) = v {
-                    assert_eq!(g.value(*v).name, info.name);
+            // Sent slots carry the wire name the next stage receives them under; every
+            // other slot keeps its value's name.
+            let sent: Vec<SlotId> = sp.program.outputs[..sp.sent.len()].to_vec();
+            for (k, (info, v)) in sp.program.slots.iter().zip(&sp.slot_values).enumerate() {
+                match sent.iter().position(|s| s.index() == k) {
+                    Some(i) => assert_eq!(info.name, sp.sent[i].name),
+                    None => {
+                        if let Some(v) = v {
+                            assert_eq!(g.value(*v).name, info.name);
+                        }
+                    }
                 }
             }
             let last = sp.program.last_uses();

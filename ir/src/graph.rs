@@ -294,18 +294,6 @@ impl Graph {
         uses
     }
 
-    /// Replaces node `node` by making each of its outputs a weight holding `data[slot]`.
-    /// Used by constant folding; the outputs keep their ids.
-    pub fn replace_with_constants(&mut self, node: NodeId, data: Vec<TensorData>) {
-        let removed = self.dag.remove_node(node.0).expect("folded node exists");
-        for (slot, (out, d)) in removed.outputs.iter().zip(data).enumerate() {
-            let _ = slot;
-            if let Some(v) = out {
-                self.values[v.index()].def = ValueDef::Weight(Weight { data: d, trainable: false });
-            }
-        }
-    }
-
     /// Removes nodes whose outputs nobody reads, repeatedly, and returns how many went.
     pub fn remove_dead_nodes(&mut self) -> usize {
         let mut removed = 0;

@@ -88,11 +88,6 @@ impl Known {
             }
         })
     }
-
-    fn with(&self, dtype: DType, shape: Vec<i64>, data: KnownData) -> Known {
-        let _ = self;
-        Known { dtype, shape, data }
-    }
 }
 
 /// Evaluates `op` on known inputs; `None` when the op is not evaluated at import or a
@@ -122,7 +117,7 @@ pub fn evaluate(
         }
         Op::Unary(UnaryOp::Identity) | Op::StageBoundary { .. } | Op::Reshape { .. } | Op::Squeeze { .. } | Op::Unsqueeze { .. } | Op::Flatten { .. } => {
             let x = k(0)?;
-            Some(x.with(x.dtype, out_shape?, x.data.clone()))
+            Some(Known { dtype: x.dtype, shape: out_shape?, data: x.data.clone() })
         }
         Op::Cast { to } => cast(k(0)?, *to),
         Op::CastLike => cast(k(0)?, out_dtype),

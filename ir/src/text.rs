@@ -6,7 +6,7 @@
 use std::fmt::Write;
 
 use crate::known::Known;
-use crate::{Graph, ValueDef, ValueId};
+use crate::{Graph, ValueDef};
 
 /// Constants with at most this many elements print their contents.
 const SHOWN_CONSTANT: usize = 8;
@@ -85,9 +85,4 @@ fn constant_text(t: &crate::TensorData) -> String {
         }
         None => String::new(),
     }
-}
-
-/// A value reference with its ONNX name, for messages: `%v3 ("x")`.
-pub fn value_ref(g: &Graph, v: ValueId) -> String {
-    format!("{v} ({:?})", g.value(v).name)
 }

@@ -45,17 +45,13 @@ fn options_for(model: &std::path::Path) -> ImportOptions {
     let mut opts = ImportOptions::default();
     let data = model.with_file_name("test_data_set_0");
     let Ok(entries) = std::fs::read_dir(&data) else { return opts };
-    for e in entries.flatten() {
-        let p = e.path();
-        let is_input = p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("input_"));
-        if !is_input {
-            continue;
-        }
-        let (Ok(t), Some(name)) = (pipewright_ir::read_tensor_file(&p), pipewright_ir::import::tensor_file_name(&p)) else { continue };
-        if (t.numel() <= 1 || (!t.dtype.is_float() && t.numel() <= 64)) && !name.is_empty() {
-            opts.frozen_inputs.insert(name, t);
-        }
-    }
+    let inputs: Vec<(String, pipewright_ir::TensorData)> = entries
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("input_")))
+        .filter_map(|p| pipewright_ir::read_tensor_file(&p).ok())
+        .collect();
+    opts.freeze_shape_inputs(inputs.iter().map(|(n, t)| (n.as_str(), t)));
     opts
 }
 

@@ -40,6 +40,12 @@ impl ElemType {
         }
     }
 
+    /// Parses the name printed by [`ElemType::name`].
+    pub fn from_name(name: &str) -> Option<Self> {
+        use ElemType::*;
+        [F32, F16, Bf16, F64, I64, I32, I16, I8, U8, U16, U32, U64, Bool].into_iter().find(|e| e.name() == name)
+    }
+
     /// Floating-point types.
     pub fn is_float(self) -> bool {
         matches!(self, ElemType::F32 | ElemType::F16 | ElemType::Bf16 | ElemType::F64)

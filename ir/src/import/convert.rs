@@ -62,9 +62,9 @@ fn convert_op(op_type: &str, version: i64, a: &mut Attrs, n_inputs: usize) -> Re
             trans_a: a.bool_or("transA", false)?,
             trans_b: a.bool_or("transB", false)?,
         }),
-        "Conv" => Op::Conv(Conv { window: window(a, true)?, group: a.int_or("group", 1)? }),
+        "Conv" => Op::Conv(Conv { window: window(a)?, group: a.int_or("group", 1)? }),
         "ConvTranspose" => Op::ConvTranspose(ConvTranspose {
-            window: window(a, true)?,
+            window: window(a)?,
             group: a.int_or("group", 1)?,
             output_padding: a.ints_or_empty("output_padding")?,
             output_shape: a.ints_or_empty("output_shape")?,
@@ -73,10 +73,10 @@ fn convert_op(op_type: &str, version: i64, a: &mut Attrs, n_inputs: usize) -> Re
             if a.int_or("storage_order", 0)? != 0 {
                 return Err("storage_order=1 (column-major indices) is not supported".into());
             }
-            Op::MaxPool(Pool { window: window(a, true)?, ceil_mode: a.bool_or("ceil_mode", false)?, count_include_pad: false })
+            Op::MaxPool(Pool { window: window(a)?, ceil_mode: a.bool_or("ceil_mode", false)?, count_include_pad: false })
         }
         "AveragePool" => Op::AveragePool(Pool {
-            window: window(a, true)?,
+            window: window(a)?,
             ceil_mode: a.bool_or("ceil_mode", false)?,
             count_include_pad: a.bool_or("count_include_pad", false)?,
         }),
@@ -201,7 +201,7 @@ fn convert_op(op_type: &str, version: i64, a: &mut Attrs, n_inputs: usize) -> Re
 }
 
 /// Reads the convolution/pool window attributes.
-fn window(a: &mut Attrs, with_dilations: bool) -> Result<Window, String> {
+fn window(a: &mut Attrs) -> Result<Window, String> {
     let auto_pad = match a.string("auto_pad")?.as_deref() {
         None | Some("NOTSET") | Some("") => AutoPad::NotSet,
         Some("SAME_UPPER") => AutoPad::SameUpper,
@@ -213,7 +213,7 @@ fn window(a: &mut Attrs, with_dilations: bool) -> Result<Window, String> {
         kernel_shape: a.ints_or_empty("kernel_shape")?,
         strides: a.ints_or_empty("strides")?,
         pads: a.ints_or_empty("pads")?,
-        dilations: if with_dilations { a.ints_or_empty("dilations")? } else { Vec::new() },
+        dilations: a.ints_or_empty("dilations")?,
         auto_pad,
     })
 }

@@ -38,19 +38,28 @@ pub struct ImportOptions {
     pub frozen_inputs: HashMap<String, crate::TensorData>,
 }
 
-/// Reads a serialized `TensorProto` file (the backend suite's `input_K.pb`).
-pub fn read_tensor_file(path: &Path) -> Result<crate::TensorData, ModelError> {
+impl ImportOptions {
+    /// Freezes the named tensors that look like shape parameters fed as inputs (integer
+    /// tensors of at most 64 elements, and scalars): axes, target shapes, pads, Range
+    /// bounds. A compiler for static shapes needs their values; data stays an input.
+    pub fn freeze_shape_inputs<'a>(&mut self, tensors: impl IntoIterator<Item = (&'a str, &'a crate::TensorData)>) {
+        for (name, t) in tensors {
+            if !name.is_empty() && (t.numel() <= 1 || (!t.dtype.is_float() && t.numel() <= 64)) {
+                self.frozen_inputs.insert(name.to_string(), t.clone());
+            }
+        }
+    }
+}
+
+/// Reads a serialized `TensorProto` file (the backend suite's `input_K.pb`): the name it
+/// stores (may be empty) and its contents.
+pub fn read_tensor_file(path: &Path) -> Result<(String, crate::TensorData), ModelError> {
     let wrap = |error| ModelError { path: path.to_path_buf(), error };
     let bytes = std::fs::read(path).map_err(|e| wrap(ImportError::Io(e)))?;
     let t = onnx_protobuf::TensorProto::parse_from_bytes(&bytes).map_err(|e| wrap(ImportError::NotOnnx(e.to_string())))?;
+    let name = t.name.clone();
     let dir = path.parent().unwrap_or(Path::new("."));
-    tensor::tensor_from_proto(t, dir).map_err(wrap)
-}
-
-/// The name stored in a serialized `TensorProto` file.
-pub fn tensor_file_name(path: &Path) -> Option<String> {
-    let bytes = std::fs::read(path).ok()?;
-    onnx_protobuf::TensorProto::parse_from_bytes(&bytes).ok().map(|t| t.name)
+    Ok((name, tensor::tensor_from_proto(t, dir).map_err(wrap)?))
 }
 
 /// Imports an ONNX file. External data is read relative to the file's folder.

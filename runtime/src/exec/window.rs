@@ -107,16 +107,18 @@ fn kernel_from_weight(w: &Window, weight: &Tensor) -> R<Vec<i64>> {
     Ok(k)
 }
 
-/// Conv with groups, dilations, explicit or automatic (possibly asymmetric) pads.
-pub(crate) fn conv(c: &Conv, x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> R<Tensor> {
+/// The spatial rank of `x`, checking the weight has the same rank.
+fn weighted_spatial_rank(x: &Tensor, w: &Tensor) -> R<usize> {
     let n = spatial_rank(x)?;
     if w.dim() != n + 2 {
-        return Err(invalid(format!(
-            "weight rank {} does not match input rank {}",
-            w.dim(),
-            x.dim()
-        )));
+        return Err(invalid(format!("weight rank {} does not match input rank {}", w.dim(), x.dim())));
     }
+    Ok(n)
+}
+
+/// Conv with groups, dilations, explicit or automatic (possibly asymmetric) pads.
+pub(crate) fn conv(c: &Conv, x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> R<Tensor> {
+    let n = weighted_spatial_rank(x, w)?;
     let g = geometry(&c.window, kernel_from_weight(&c.window, w)?, &x.size()[2..])?;
     let (x, pads) = if g.begins == g.ends {
         (x.shallow_clone(), g.begins.clone())
@@ -144,14 +146,7 @@ pub(crate) fn conv_transpose(
     w: &Tensor,
     b: Option<&Tensor>,
 ) -> R<Tensor> {
-    let n = spatial_rank(x)?;
-    if w.dim() != n + 2 {
-        return Err(invalid(format!(
-            "weight rank {} does not match input rank {}",
-            w.dim(),
-            x.dim()
-        )));
-    }
+    let n = weighted_spatial_rank(x, w)?;
     let input = x.size()[2..].to_vec();
     let kernel = kernel_from_weight(&c.window, w)?;
     let mut win = c.window.clone();
