@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{anyhow, bail, Context, Result};
 use pipewright_codegen::module::{write_module, Recompute, Schedule, StageParams};
 use pipewright_codegen::onnx_export::export_stage_bytes;
-use pipewright_codegen::stage::{lower_slice_annotated, slice_stages, Annotations, BoundaryTensor, StageTensor};
+use pipewright_codegen::stage::{lower_slice_annotated, slice_stages, Annotations, BoundaryTensor, StageSlice, StageTensor};
 use pipewright_ir::{import_model, ImportOptions};
 use pipewright_passes::manager::{compile_passes, CompileOptions, PrintAfter};
 use pipewright_passes::recompute::RecomputeMode;
@@ -25,6 +25,8 @@ use crate::CompileArgs;
 #[derive(Serialize)]
 struct Manifest {
     model: String,
+    /// The id every stage module of this compile carries (`Program::pipeline`).
+    pipeline_id: String,
     plan: PlanNumbers,
     /// Stage module files in pipeline order.
     stage_order: Vec<String>,
@@ -148,6 +150,39 @@ fn read_saved_plan(path: &Path) -> Result<SavedPlan> {
     Ok(SavedPlan { d, b, schedule, cuts })
 }
 
+fn params_text(depth: u32, schedule: Schedule, recompute: Recompute) -> String {
+    format!("{depth}|{schedule:?}|{recompute:?}")
+}
+
+/// The id every stage of this compile carries: a hash of the source model (path, size,
+/// modification time), the stage parameters and the node-to-stage assignment. The same
+/// compile run twice gives the same id (and byte-identical modules); a different model or
+/// partition gives another, so `train` refuses to mix their stages.
+fn pipeline_id(model: &Path, params: &str, slices: &[StageSlice]) -> String {
+    // FNV-1a: stable across builds and Rust versions, unlike std's DefaultHasher.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut feed = |bytes: &[u8]| {
+        for b in bytes {
+            h = (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    };
+    feed(model.to_string_lossy().as_bytes());
+    if let Ok(meta) = std::fs::metadata(model) {
+        feed(&meta.len().to_le_bytes());
+        if let Ok(t) = meta.modified().map(|t| t.duration_since(std::time::UNIX_EPOCH).unwrap_or_default()) {
+            feed(&t.as_nanos().to_le_bytes());
+        }
+    }
+    feed(params.as_bytes());
+    for s in slices {
+        feed(&s.stage.to_le_bytes());
+        for n in &s.nodes {
+            feed(&(n.index() as u64).to_le_bytes());
+        }
+    }
+    format!("{h:016x}")
+}
+
 pub fn run(args: &CompileArgs) -> Result<()> {
     let model = &args.model;
     let at = |what: &str, e: &dyn std::fmt::Display| anyhow!("{}: {what}: {e}", model.display());
@@ -217,10 +252,12 @@ pub fn run(args: &CompileArgs) -> Result<()> {
     let mut entries = Vec::new();
     let mut order = Vec::new();
     let mut spent = WriteTimes::default();
+    let pipeline_id = pipeline_id(model, &params_text(depth, schedule, recompute), &slices);
     for slice in &slices {
         let k = slice.stage;
         let t = std::time::Instant::now();
-        let sp = lower_slice_annotated(&graph, slice, &annotations).map_err(|e| at("lower", &e))?;
+        let mut sp = lower_slice_annotated(&graph, slice, &annotations).map_err(|e| at("lower", &e))?;
+        sp.program.pipeline = pipeline_id.clone();
         spent.lower += t.elapsed();
         let module_name = format!("stage{k}.pwm");
         let onnx_name = format!("stage{k}.onnx");
@@ -253,6 +290,7 @@ pub fn run(args: &CompileArgs) -> Result<()> {
     let c = &plan.chosen;
     let manifest = Manifest {
         model: std::fs::canonicalize(model).unwrap_or_else(|_| model.clone()).display().to_string(),
+        pipeline_id: pipeline_id.clone(),
         plan: PlanNumbers {
             w: c.w,
             d: c.d,

@@ -259,6 +259,23 @@ pub struct TrainArgs {
     /// receive and optimizer step per stage here.
     #[arg(long)]
     pub trace: Option<PathBuf>,
+    /// Data-parallel width: this many copies of the pipeline, each fed every W-th
+    /// microbatch; gradients are averaged across copies before each update.
+    #[arg(long, default_value_t = 1)]
+    pub replicas: usize,
+    /// Write a checkpoint (weights, both 2BW versions, optimizer state) every N steps.
+    #[arg(long, value_name = "N")]
+    pub checkpoint_every: Option<usize>,
+    /// Where checkpoints go (default: BUILD/checkpoints).
+    #[arg(long)]
+    pub checkpoint_dir: Option<PathBuf>,
+    /// Continue from a checkpoint: a step folder, or a checkpoint folder (its newest step).
+    /// Give the same data, seed and --steps as the interrupted run.
+    #[arg(long)]
+    pub resume: Option<PathBuf>,
+    /// Plain progress lines instead of a progress bar (also when stderr is not a terminal).
+    #[arg(long)]
+    pub no_progress: bool,
 }
 
 #[derive(clap::Args)]

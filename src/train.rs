@@ -2,13 +2,16 @@
 //! wrote) on the embedded executor — one process, one worker thread per stage — with the
 //! schedule the modules were compiled for (2BW, PipeDream-Flush or GPipe).
 
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{anyhow, bail, Context, Result};
-use pipewright_runtime::module::read_module;
-use pipewright_runtime::pipeline::{train, Decay, Loss, LrSchedule, Microbatch, Optimizer, Schedule, TrainConfig};
+use indicatif::{ProgressBar, ProgressStyle};
+use pipewright_runtime::module::{read_module, StageModule};
+use pipewright_runtime::pipeline::{
+    chrome_trace_json, read_checkpoint, resume, train, Decay, Loss, LrSchedule, Microbatch, Optimizer, Schedule, StepReport, TrainConfig,
+};
 use pipewright_runtime::ElemType;
 
 use crate::data::{Dataset, InputSpec, Stop};
@@ -71,8 +74,9 @@ fn lr_schedule(args: &TrainArgs) -> Result<LrSchedule> {
     Ok(LrSchedule { warmup_steps: args.warmup, decay })
 }
 
-pub fn run(args: &TrainArgs) -> Result<()> {
-    let manifest_path = args.build.join("pipeline.toml");
+/// The manifest and the stage modules it lists, checked to come from one compile.
+fn load_pipeline(build: &Path) -> Result<(toml::Value, Vec<StageModule>)> {
+    let manifest_path = build.join("pipeline.toml");
     let text = std::fs::read_to_string(&manifest_path).with_context(|| format!("{}: cannot read (run `pipewright compile` first)", manifest_path.display()))?;
     let manifest: toml::Value = toml::from_str(&text).map_err(|e| anyhow!("{}: {e}", manifest_path.display()))?;
     let order: Vec<PathBuf> = manifest
@@ -81,62 +85,171 @@ pub fn run(args: &TrainArgs) -> Result<()> {
         .ok_or_else(|| anyhow!("{}: no stage_order", manifest_path.display()))?
         .iter()
         .filter_map(|v| v.as_str())
-        .map(|f| args.build.join(f))
+        .map(|f| build.join(f))
         .collect();
-    let modules = order.iter().map(|p| read_module(p).map_err(|e| anyhow!("{e}"))).collect::<Result<Vec<_>>>()?;
-    let schedule: Schedule = modules.first().map(|m| m.header.params.schedule.into()).ok_or_else(|| anyhow!("no stages"))?;
-    let depth = modules.len();
-    let m = args.microbatches.unwrap_or(depth.max(1));
-    let inputs = graph_inputs(&manifest, &manifest_path)?;
-    let data = match args.data.to_str() {
-        Some("synthetic") => Dataset::synthetic(&inputs, args.microbatch * m * 4, args.seed)?.with_random_labels(args.classes, args.seed)?,
-        _ => Dataset::open(&args.data, &inputs, args.label.as_deref())?,
-    };
-    let batches: Vec<Vec<Microbatch>> = data
-        .batches(args.microbatch, m, args.seed, Stop::Steps(args.steps))?
-        .map(|batch| batch.into_iter().map(|(inputs, labels)| Microbatch { inputs, labels }).collect())
-        .collect();
-    let device = args.device.parse::<pipewright_runtime::Device>()?.to_tch()?;
+    let id = manifest.get("pipeline_id").and_then(|v| v.as_str()).unwrap_or_default();
+    let mut modules = Vec::new();
+    for path in &order {
+        let module = read_module(path).map_err(|e| anyhow!("{e}"))?;
+        if module.program.pipeline != id {
+            bail!(
+                "{}: this stage module comes from another compile (pipeline id {:?}) than {} ({id:?}); recompile, or copy the whole build folder",
+                path.display(),
+                module.program.pipeline,
+                manifest_path.display()
+            );
+        }
+        modules.push(module);
+    }
+    if modules.is_empty() {
+        bail!("{}: no stages", manifest_path.display());
+    }
+    Ok((manifest, modules))
+}
+
+fn config(args: &TrainArgs, schedule: Schedule) -> Result<TrainConfig> {
     let mut cfg = TrainConfig::new(schedule, loss(args)?, args.lr, args.steps);
     cfg.optimizer = optimizer(args)?;
     cfg.lr_schedule = lr_schedule(args)?;
     cfg.clip_norm = args.clip_norm;
     cfg.seed = args.seed as i64;
-    cfg.device = device;
+    cfg.device = args.device.parse::<pipewright_runtime::Device>()?.to_tch()?;
     cfg.trace = args.trace.is_some();
-    let mut metrics = match &args.metrics {
-        Some(p) => Some(std::fs::File::create(p).with_context(|| format!("{}: cannot create", p.display()))?),
-        None => None,
-    };
-    let started = Instant::now();
-    let steps = args.steps;
-    eprintln!("training {} stage(s), schedule {schedule:?}, microbatch {}, {m} microbatches per step, {steps} steps", depth, args.microbatch);
-    let mut on_step = |r: pipewright_runtime::pipeline::StepReport| {
-        let elapsed = started.elapsed().as_secs_f64();
-        let rate = r.samples as f64 / r.seconds.max(1e-9);
-        let eta = elapsed / (r.step + 1) as f64 * (steps - r.step - 1) as f64;
-        if r.step % args.log_every.max(1) == 0 || r.step + 1 == steps {
-            eprintln!("step {:>5}/{steps}  loss {:.4}  {:.0} samples/s  eta {:.1}s", r.step + 1, r.loss, rate, eta);
+    cfg.replicas = args.replicas;
+    if args.replicas == 0 {
+        bail!("--replicas must be at least 1");
+    }
+    if let Some(n) = args.checkpoint_every {
+        if n == 0 {
+            bail!("--checkpoint-every must be at least 1");
         }
-        if let Some(f) = metrics.as_mut() {
+        cfg.checkpoint_every = Some(n);
+        cfg.checkpoint_dir = Some(args.checkpoint_dir.clone().unwrap_or_else(|| args.build.join("checkpoints")));
+    }
+    Ok(cfg)
+}
+
+/// Prints progress: an indicatif bar on a terminal, plain lines every `--log-every` steps
+/// otherwise; and writes the metrics lines.
+struct Progress {
+    bar: Option<ProgressBar>,
+    metrics: Option<std::fs::File>,
+    started: Instant,
+    first_step: usize,
+    steps: usize,
+    log_every: usize,
+}
+
+impl Progress {
+    fn new(args: &TrainArgs, first_step: usize) -> Result<Self> {
+        let metrics = match &args.metrics {
+            Some(p) => Some(std::fs::File::create(p).with_context(|| format!("{}: cannot create", p.display()))?),
+            None => None,
+        };
+        let bar = (!args.no_progress && std::io::stderr().is_terminal()).then(|| {
+            let bar = ProgressBar::new(args.steps as u64);
+            let style = ProgressStyle::with_template("{bar:30} step {pos}/{len}  {msg}  eta {eta}").unwrap_or_else(|_| ProgressStyle::default_bar());
+            bar.set_style(style);
+            bar.set_position(first_step as u64);
+            bar
+        });
+        Ok(Progress { bar, metrics, started: Instant::now(), first_step, steps: args.steps, log_every: args.log_every.max(1) })
+    }
+
+    fn step(&mut self, r: &StepReport) {
+        let rate = r.samples as f64 / r.seconds.max(1e-9);
+        let done = r.step + 1 - self.first_step;
+        let eta = self.started.elapsed().as_secs_f64() / done as f64 * (self.steps - r.step - 1) as f64;
+        match &self.bar {
+            Some(bar) => {
+                bar.set_message(format!("loss {:.4}  {:.0} samples/s", r.loss, rate));
+                bar.set_position(r.step as u64 + 1);
+            }
+            None if r.step % self.log_every == 0 || r.step + 1 == self.steps => {
+                eprintln!("step {:>5}/{}  loss {:.4}  {:.0} samples/s  eta {:.1}s", r.step + 1, self.steps, r.loss, rate, eta);
+            }
+            None => {}
+        }
+        if let Some(f) = self.metrics.as_mut() {
             let _ = writeln!(f, "{{\"step\":{},\"loss\":{},\"samples\":{},\"seconds\":{},\"samples_per_s\":{}}}", r.step + 1, r.loss, r.samples, r.seconds, rate);
         }
+    }
+
+    fn finish(&self) {
+        if let Some(bar) = &self.bar {
+            bar.finish();
+        }
+    }
+}
+
+fn human(bytes: u64) -> String {
+    const UNITS: [&str; 4] = ["B", "KiB", "MiB", "GiB"];
+    let (mut v, mut u) = (bytes as f64, 0);
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    format!("{v:.1} {}", UNITS[u])
+}
+
+pub fn run(args: &TrainArgs) -> Result<()> {
+    let (manifest, modules) = load_pipeline(&args.build)?;
+    let manifest_path = args.build.join("pipeline.toml");
+    let schedule: Schedule = modules[0].header.params.schedule.into();
+    let depth = modules.len();
+    let m = args.microbatches.unwrap_or(depth.max(1));
+    let w = args.replicas.max(1);
+    let checkpoint = match &args.resume {
+        Some(dir) => Some(read_checkpoint(dir).map_err(|e| anyhow!("--resume: {e}"))?),
+        None => None,
     };
-    let report = train(modules, &cfg, Box::new(batches.into_iter()), &mut on_step).map_err(|e| anyhow!("{}: {e}", args.build.display()))?;
+    let start = checkpoint.as_ref().map_or(0, |c| c.step as usize);
+    let inputs = graph_inputs(&manifest, &manifest_path)?;
+    let data = match args.data.to_str() {
+        Some("synthetic") => Dataset::synthetic(&inputs, args.microbatch * m * w * 4, args.seed)?.with_random_labels(args.classes, args.seed)?,
+        _ => Dataset::open(&args.data, &inputs, args.label.as_deref())?,
+    };
+    // A resumed run sees the batches an uninterrupted one would from `start` on.
+    let batches: Vec<Vec<Microbatch>> = data
+        .batches(args.microbatch, m * w, args.seed, Stop::Steps(args.steps))?
+        .skip(start)
+        .map(|batch| batch.into_iter().map(|(inputs, labels)| Microbatch { inputs, labels }).collect())
+        .collect();
+    let cfg = config(args, schedule)?;
+    let mut progress = Progress::new(args, start)?;
+    eprintln!(
+        "training {depth} stage(s) x {w} replica(s), schedule {schedule:?}, microbatch {}, {m} microbatches per step and replica, steps {}..{}",
+        args.microbatch, start, args.steps
+    );
+    let mut on_step = |r: StepReport| progress.step(&r);
+    let data = Box::new(batches.into_iter());
+    let report = match checkpoint {
+        Some(ck) => resume(modules, &cfg, ck, data, &mut on_step),
+        None => train(modules, &cfg, data, &mut on_step),
+    }
+    .map_err(|e| anyhow!("{}: {e}", args.build.display()))?;
+    progress.finish();
     if let Some(path) = &args.trace {
-        let json = pipewright_runtime::pipeline::chrome_trace_json(&report.trace);
+        let json = chrome_trace_json(&report.trace);
         crate::output::write_atomic(path, json.as_bytes())?;
         eprintln!("wrote {} trace events to {}", report.trace.len(), path.display());
     }
-    crate::export::save_weights(&args.build.join(crate::export::WEIGHTS_FILE), &report.weights)?;
+    for p in &report.checkpoints {
+        eprintln!("wrote checkpoint {}", p.display());
+    }
+    let saved: Vec<Vec<(String, tch::Tensor)>> =
+        report.weights.iter().zip(&report.buffers).map(|(w, b)| w.iter().chain(b).map(|(n, t)| (n.clone(), t.shallow_clone())).collect()).collect();
+    crate::export::save_weights(&args.build.join(crate::export::WEIGHTS_FILE), &saved)?;
     let (first, last) = (report.losses.first().copied().unwrap_or(f64::NAN), report.losses.last().copied().unwrap_or(f64::NAN));
     println!(
         "trained {} steps in {:.1}s: loss {:.4} -> {:.4}; weight versions held per stage (peak): {:?}",
         report.losses.len(),
-        started.elapsed().as_secs_f64(),
+        progress.started.elapsed().as_secs_f64(),
         first,
         last,
         report.peak_versions
     );
+    let peaks: Vec<String> = report.memory.iter().map(|m| human(m.total)).collect();
+    println!("peak live tensor bytes per stage: {}", peaks.join(", "));
     Ok(())
 }

@@ -65,6 +65,7 @@ pub fn lower_nodes(g: &Graph, l: &Lowering<'_>) -> Result<Program, LowerError> {
                 trainable: w.trainable,
                 versions: 1,
                 update: String::new(),
+                sync: Vec::new(),
             });
         }
     }
@@ -360,7 +361,7 @@ pub mod rebatch {
                 one[0] = 1;
                 let single = SlotId(p.slots.len() as u32);
                 p.slots.push(SlotInfo { name: format!("{name}:slice"), elem, shape: one.iter().map(|&d| Extent::Fixed(d)).collect(), last_use: None });
-                p.stored.push(Stored { slot: single, elem, dims: one, bytes: bytes.slice(..slice), trainable: false, versions: 1, update: String::new() });
+                p.stored.push(Stored { slot: single, elem, dims: one, bytes: bytes.slice(..slice), trainable: false, versions: 1, update: String::new(), sync: Vec::new() });
                 let rest = push_i64(p, &format!("{name}:dims"), &dims[1..]);
                 let n_slot = new_slot(p, &format!("{name}:batch"), ElemType::I64, vec![Extent::Fixed(1)]);
                 let target = new_slot(p, &format!("{name}:target"), ElemType::I64, vec![Extent::Fixed(dims.len() as i64)]);
@@ -420,7 +421,7 @@ pub mod rebatch {
         let slot = SlotId(p.slots.len() as u32);
         p.slots.push(SlotInfo { name: name.to_string(), elem: ElemType::I64, shape: vec![Extent::Fixed(values.len() as i64)], last_use: None });
         let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-        p.stored.push(Stored { slot, elem: ElemType::I64, dims: vec![values.len() as i64], bytes: bytes.into(), trainable: false, versions: 1, update: String::new() });
+        p.stored.push(Stored { slot, elem: ElemType::I64, dims: vec![values.len() as i64], bytes: bytes.into(), trainable: false, versions: 1, update: String::new(), sync: Vec::new() });
         slot
     }
 

@@ -132,6 +132,9 @@ impl StageProgram {
                 Some(w) => {
                     t.versions = w.versions_in(self.stage).max(1);
                     t.update = update_name(w.rule).to_string();
+                    if w.trainable && w.stages.len() > 1 {
+                        t.sync = w.stages.clone();
+                    }
                 }
                 None if !t.trainable => {
                     t.versions = 1;

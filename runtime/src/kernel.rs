@@ -280,6 +280,15 @@ pub enum Kernel {
 }
 
 impl Kernel {
+    /// Reshape-like kernels whose output shares its input's storage: they add no
+    /// activation memory (the same rule as the planner's cost model).
+    pub fn is_view(&self) -> bool {
+        matches!(
+            self,
+            Kernel::Reshape { .. } | Kernel::Flatten { .. } | Kernel::Squeeze { .. } | Kernel::Unsqueeze { .. } | Kernel::Unary(UnaryKind::Identity)
+        )
+    }
+
     /// The ONNX op type this kernel implements (for error messages).
     pub fn name(&self) -> &'static str {
         match self {

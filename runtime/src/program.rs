@@ -70,6 +70,11 @@ pub struct Stored {
     /// unknown (older modules, or a program lowered without weight versioning).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub update: String,
+    /// A tied weight read in several stages: every stage holding a copy (this one
+    /// included), ascending. Their gradients are summed before each update so the copies
+    /// stay identical. Empty for a weight only this stage reads (and in older modules).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sync: Vec<u32>,
 }
 
 fn one() -> u32 {
@@ -102,6 +107,10 @@ pub struct Instr {
 /// A straight-line program over slots.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Program {
+    /// Identifies the compile that wrote the pipeline: every stage of one compile carries
+    /// the same id, so stages of different compiles are not mixed. Empty when unknown.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub pipeline: String,
     pub slots: Vec<SlotInfo>,
     /// Slots fed by the caller, in order.
     pub inputs: Vec<SlotId>,

@@ -17,7 +17,7 @@ fn slot(name: &str, elem: ElemType, shape: &[Extent]) -> SlotInfo {
 }
 
 fn stored(slot: u32, elem: ElemType, dims: &[i64], bytes: Vec<u8>, trainable: bool) -> Stored {
-    Stored { slot: SlotId(slot), elem, dims: dims.to_vec(), bytes: Bytes::from(bytes), trainable, versions: 1, update: String::new() }
+    Stored { slot: SlotId(slot), elem, dims: dims.to_vec(), bytes: Bytes::from(bytes), trainable, versions: 1, update: String::new(), sync: Vec::new() }
 }
 
 /// y = relu(x @ W^T + b) * scale, where(mask, ., .) with weights of several dtypes.

@@ -44,7 +44,7 @@ fn stage(k: usize, depth: usize, lo: usize, hi: usize, sched: ModSchedule, rec: 
         let w = slot(&mut p, format!("w{i}"));
         let b = slot(&mut p, format!("b{i}"));
         for (s, t) in [(w, &init[i].0), (b, &init[i].1)] {
-            p.stored.push(Stored { slot: s, elem: ElemType::F64, dims: t.size(), bytes: bytes_of(t), trainable: true, versions: 1, update: String::new() });
+            p.stored.push(Stored { slot: s, elem: ElemType::F64, dims: t.size(), bytes: bytes_of(t), trainable: true, versions: 1, update: String::new(), sync: Vec::new() });
         }
         let last = i + 1 == LAYERS;
         let g = slot(&mut p, if last { format!("a{}", i + 1) } else { format!("g{i}") });

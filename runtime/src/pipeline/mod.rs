@@ -1,12 +1,15 @@
 //! The embedded pipeline executor: one process, one worker thread per stage, running
 //! GPipe, PipeDream-Flush or PipeDream-2BW (see `shared/design/2bw.md`).
 
+mod checkpoint;
+mod memory;
 mod optim;
 mod schedule;
 mod stage;
 mod trace;
 mod transport;
 
+use std::path::PathBuf;
 use std::sync::mpsc;
 use std::time::Instant;
 
@@ -15,6 +18,8 @@ use tch::Tensor;
 pub use crate::exec::Mode;
 pub use optim::{Decay, LrSchedule, Optimizer};
 pub use schedule::{Op, Schedule};
+pub use checkpoint::{read_checkpoint, step_dir_name, write_checkpoint, Checkpoint, CheckpointError, StageState};
+pub use memory::{bytes_of, StageMemory};
 pub use trace::{chrome_trace_json, TraceEvent, TraceKind};
 pub use transport::{InProcess, Named, Transport};
 
@@ -62,8 +67,14 @@ pub struct TrainConfig {
     pub mode: Mode,
     pub loss: Loss,
     /// Record a per-stage timeline of every forward, backward, recompute, send, receive
-    /// and optimizer step into `TrainReport::trace` (off by default).
+    /// and optimizer step into `TrainReport::trace` (off by default; replica 0 only).
     pub trace: bool,
+    /// Data-parallel width `w`: copies of the whole pipeline, each fed every `w`-th
+    /// microbatch (round-robin); gradients are averaged across copies before each update.
+    pub replicas: usize,
+    /// Write a checkpoint into `checkpoint_dir` after every this many updates.
+    pub checkpoint_every: Option<usize>,
+    pub checkpoint_dir: Option<PathBuf>,
 }
 
 impl TrainConfig {
@@ -81,6 +92,9 @@ impl TrainConfig {
             mode: Mode::Train,
             loss,
             trace: false,
+            replicas: 1,
+            checkpoint_every: None,
+            checkpoint_dir: None,
         }
     }
 }
@@ -100,6 +114,13 @@ pub struct StepReport {
 pub struct TrainReport {
     /// Per stage: the newest trainable weights as (slot name, tensor).
     pub weights: Vec<Vec<(String, Tensor)>>,
+    /// Per stage: running statistics (BatchNormalization mean and variance) as training
+    /// left them, by name; replica 0's when there are several.
+    pub buffers: Vec<Vec<(String, Tensor)>>,
+    /// Per stage: the peak of live tensor bytes (replica 0) and its breakdown.
+    pub memory: Vec<StageMemory>,
+    /// Folders of the checkpoints written, in order.
+    pub checkpoints: Vec<PathBuf>,
     /// Per step: mean microbatch loss.
     pub losses: Vec<f64>,
     /// Per stage: most weight versions held at once.
@@ -119,6 +140,8 @@ pub enum PipelineError {
     Stage { stage: usize, message: String },
     #[error("step {step}, stage {stage}: loss is {value} (not finite)")]
     NonFiniteLoss { step: usize, stage: usize, value: f64 },
+    #[error("checkpoint: {0}")]
+    Checkpoint(#[from] CheckpointError),
 }
 
 /// Data for one stage and microbatch: its graph inputs in program order, the labels (last
@@ -132,19 +155,51 @@ pub(crate) struct StageData {
 
 pub(crate) enum Event {
     Step { step: usize, loss: f64, samples: usize },
+    Checkpoint { step: u64, state: StageState },
 }
 
 /// Trains `stages` (any order; sorted by their header's stage index) for `cfg.steps`
-/// batches drawn from `data`, one worker thread per stage, calling `on_step` after each
-/// update. Never hangs: a failing stage closes its channels and the others stop.
+/// batches drawn from `data`, one worker thread per stage and replica, calling `on_step`
+/// after each update. A batch is `cfg.replicas * m` microbatches. Never hangs: a failing
+/// worker closes its channels and aborts the reductions, and the others stop.
 pub fn train(
     stages: Vec<StageModule>,
     cfg: &TrainConfig,
     data: Box<dyn Iterator<Item = Vec<Microbatch>> + Send>,
     on_step: &mut dyn FnMut(StepReport),
 ) -> Result<TrainReport, PipelineError> {
-    let mut stages = stages;
-    stages.sort_by_key(|s| s.header.params.stage);
+    run_training(stages, cfg, None, data, on_step)
+}
+
+/// Continues the training `checkpoint` saved: weights (both 2BW versions), optimizer state
+/// and running statistics are restored and training runs from batch `checkpoint.step` to
+/// `cfg.steps`. `data` must yield the batches from `checkpoint.step` on (the same ones an
+/// uninterrupted run would see there); with the same seed the result is bit-identical to
+/// an uninterrupted run on CPU.
+pub fn resume(
+    stages: Vec<StageModule>,
+    cfg: &TrainConfig,
+    checkpoint: Checkpoint,
+    data: Box<dyn Iterator<Item = Vec<Microbatch>> + Send>,
+    on_step: &mut dyn FnMut(StepReport),
+) -> Result<TrainReport, PipelineError> {
+    run_training(stages, cfg, Some(checkpoint), data, on_step)
+}
+
+fn empty_report(d: usize) -> TrainReport {
+    TrainReport {
+        weights: Vec::new(),
+        buffers: Vec::new(),
+        memory: vec![StageMemory::default(); d],
+        checkpoints: Vec::new(),
+        losses: Vec::new(),
+        peak_versions: vec![0; d],
+        trace: Vec::new(),
+    }
+}
+
+/// Stage order, depth and compile id agree across the modules (and with a checkpoint).
+fn check_stages(stages: &[StageModule], resume: Option<&Checkpoint>, cfg: &TrainConfig) -> Result<(), PipelineError> {
     let d = stages.len();
     if d == 0 {
         return Err(PipelineError::Config("no stages".into()));
@@ -154,117 +209,202 @@ pub fn train(
         if p.stage as usize != k || p.depth as usize != d {
             return Err(PipelineError::Config(format!("stage {k}: header says stage {} of {}, have {d} stages", p.stage, p.depth)));
         }
-    }
-    if cfg.steps == 0 {
-        return Ok(TrainReport { weights: Vec::new(), losses: Vec::new(), peak_versions: vec![0; d], trace: Vec::new() });
-    }
-    let specs = stage::specs(&stages, &cfg.loss)?;
-    // m comes from the first batch.
-    let mut data = data;
-    let first = data.next().ok_or_else(|| PipelineError::Data("the data iterator is empty".into()))?;
-    let m = first.len();
-    if m == 0 {
-        return Err(PipelineError::Data("batch 0 has no microbatches".into()));
-    }
-    let mut all_ops = Vec::new();
-    for k in 0..d {
-        all_ops.push(cfg.schedule.ops(k, d, m, cfg.steps).map_err(PipelineError::Config)?);
-    }
-    // Data channels for stages that read graph inputs (and the last, for labels).
-    let cap = 2 * m + d;
-    let mut data_tx = Vec::new();
-    let mut data_rx = Vec::new();
-    for spec in &specs {
-        if spec.needs_data {
-            let (tx, rx) = mpsc::sync_channel::<StageData>(cap);
-            data_tx.push(Some(tx));
-            data_rx.push(Some(rx));
-        } else {
-            data_tx.push(None);
-            data_rx.push(None);
+        let (mine, first) = (&s.program.pipeline, &stages[0].program.pipeline);
+        if mine != first {
+            return Err(PipelineError::Config(format!(
+                "stage {k} comes from a different compile (pipeline id {mine:?}) than stage 0 ({first:?}); recompile and use one build folder's modules"
+            )));
         }
     }
+    if cfg.replicas == 0 {
+        return Err(PipelineError::Config("the data-parallel width must be at least 1".into()));
+    }
+    if cfg.checkpoint_every.is_some() && cfg.checkpoint_dir.is_none() {
+        return Err(PipelineError::Config("checkpoints need a folder (checkpoint_dir)".into()));
+    }
+    if let Some(ck) = resume {
+        if ck.stages.len() != d {
+            return Err(PipelineError::Config(format!("the checkpoint holds {} stages, the pipeline has {d}", ck.stages.len())));
+        }
+        if ck.pipeline != stages[0].program.pipeline {
+            return Err(PipelineError::Config(format!(
+                "the checkpoint was written for pipeline {:?}, these modules are pipeline {:?}",
+                ck.pipeline, stages[0].program.pipeline
+            )));
+        }
+        let sched = stages[0].header.params.schedule.name();
+        if ck.schedule != sched {
+            return Err(PipelineError::Config(format!("the checkpoint was written under schedule {}, the modules use {sched}", ck.schedule)));
+        }
+        if ck.step > cfg.steps as u64 {
+            return Err(PipelineError::Config(format!("the checkpoint is at step {}, beyond the {} steps asked for", ck.step, cfg.steps)));
+        }
+    }
+    Ok(())
+}
+
+/// Per replica and stage, the data channel of workers that read graph inputs or labels.
+type DataLinks = (Vec<Vec<Option<mpsc::SyncSender<StageData>>>>, Vec<Vec<Option<mpsc::Receiver<StageData>>>>);
+
+fn data_links(specs: &[stage::StageSpec], replicas: usize, cap: usize) -> DataLinks {
+    let (mut txs, mut rxs) = (Vec::new(), Vec::new());
+    for _ in 0..replicas {
+        let (mut tx_row, mut rx_row) = (Vec::new(), Vec::new());
+        for spec in specs {
+            if spec.needs_data {
+                let (tx, rx) = mpsc::sync_channel::<StageData>(cap);
+                tx_row.push(Some(tx));
+                rx_row.push(Some(rx));
+            } else {
+                tx_row.push(None);
+                rx_row.push(None);
+            }
+        }
+        txs.push(tx_row);
+        rxs.push(rx_row);
+    }
+    (txs, rxs)
+}
+
+/// Deals each batch's microbatches round-robin to the replicas (microbatch `i` of batch
+/// `t` becomes replica `i % w`'s microbatch `t*m + i/w`) and sends each stage that reads
+/// data its graph inputs and labels.
+#[allow(clippy::too_many_arguments)]
+fn feed(
+    batches: impl Iterator<Item = Vec<Microbatch>>,
+    first_step: usize,
+    steps: usize,
+    m: usize,
+    txs: Vec<Vec<Option<mpsc::SyncSender<StageData>>>>,
+    input_names: Vec<Vec<String>>,
+    err: mpsc::Sender<PipelineError>,
+) {
+    let w = txs.len();
+    let mut fed = first_step;
+    for (t, batch) in (first_step..steps).zip(batches) {
+        if batch.len() != m * w {
+            let _ = err.send(PipelineError::Data(format!("batch {t} has {} microbatches, expected {}", batch.len(), m * w)));
+            return;
+        }
+        for (i, micro) in batch.into_iter().enumerate() {
+            let (r, mb) = (i % w, (t * m + i / w) as u64);
+            let samples = micro.inputs.first().map(|(_, x)| x.size().first().copied().unwrap_or(1)).unwrap_or(0) as usize;
+            for (k, tx) in txs[r].iter().enumerate() {
+                let Some(tx) = tx else { continue };
+                let mut inputs = Vec::new();
+                for name in &input_names[k] {
+                    match micro.inputs.iter().find(|(n, _)| n == name) {
+                        Some((_, x)) => inputs.push(x.shallow_clone()),
+                        None => {
+                            let _ = err.send(PipelineError::Data(format!("microbatch {i} of batch {t} lacks graph input {name:?} (stage {k})")));
+                            return;
+                        }
+                    }
+                }
+                let labels = micro.labels.as_ref().map(|l| l.shallow_clone());
+                if tx.send(StageData { mb, inputs, labels, samples }).is_err() {
+                    return; // the stage stopped; its error is reported by it
+                }
+            }
+        }
+        fed += 1;
+    }
+    if fed < steps {
+        let _ = err.send(PipelineError::Data(format!("the data ran out after {fed} of {steps} batches")));
+    }
+}
+
+fn run_training(
+    stages: Vec<StageModule>,
+    cfg: &TrainConfig,
+    resume: Option<Checkpoint>,
+    data: Box<dyn Iterator<Item = Vec<Microbatch>> + Send>,
+    on_step: &mut dyn FnMut(StepReport),
+) -> Result<TrainReport, PipelineError> {
+    let mut stages = stages;
+    stages.sort_by_key(|s| s.header.params.stage);
+    check_stages(&stages, resume.as_ref(), cfg)?;
+    let (d, w) = (stages.len(), cfg.replicas);
+    let start = resume.as_ref().map_or(0, |c| c.step as usize);
+    if cfg.steps == start {
+        return Ok(empty_report(d));
+    }
+    let pipeline_id = stages[0].program.pipeline.clone();
+    let specs = stage::specs(&stages, &cfg.loss)?;
+    let tied: Vec<Vec<u32>> = tied_sets(&stages);
+    drop(stages);
+    // m (per replica) comes from the first batch.
+    let mut data = data;
+    let first = data.next().ok_or_else(|| PipelineError::Data("the data iterator is empty".into()))?;
+    if first.is_empty() || first.len() % w != 0 {
+        return Err(PipelineError::Data(format!("batch {start} has {} microbatches, which {w} replica(s) cannot share evenly", first.len())));
+    }
+    let m = first.len() / w;
+    let mut all_ops = Vec::new();
+    for k in 0..d {
+        all_ops.push(cfg.schedule.ops_from(k, d, m, start, cfg.steps).map_err(PipelineError::Config)?);
+    }
+    let (data_tx, data_rx) = data_links(&specs, w, 2 * m + d);
     let input_names: Vec<Vec<String>> = specs.iter().map(|s| s.graph_input_names.clone()).collect();
     let steps = cfg.steps;
     let (err_tx, err_rx) = mpsc::channel::<PipelineError>();
     let feeder_err = err_tx.clone();
-    let feeder = std::thread::spawn(move || {
-        let batches = std::iter::once(first).chain(data);
-        let mut fed = 0usize;
-        let mut mb = 0u64;
-        for (t, batch) in batches.take(steps).enumerate() {
-            if batch.len() != m {
-                let _ = feeder_err.send(PipelineError::Data(format!("batch {t} has {} microbatches, batch 0 had {m}", batch.len())));
-                return;
-            }
-            for micro in batch {
-                let samples = micro.inputs.first().map(|(_, x)| x.size().first().copied().unwrap_or(1)).unwrap_or(0) as usize;
-                for (k, tx) in data_tx.iter().enumerate() {
-                    let Some(tx) = tx else { continue };
-                    let mut inputs = Vec::new();
-                    for name in &input_names[k] {
-                        match micro.inputs.iter().find(|(n, _)| n == name) {
-                            Some((_, x)) => inputs.push(x.shallow_clone()),
-                            None => {
-                                let _ = feeder_err.send(PipelineError::Data(format!("microbatch {mb} lacks graph input {name:?} (stage {k})")));
-                                return;
-                            }
-                        }
-                    }
-                    let labels = micro.labels.as_ref().map(|l| l.shallow_clone());
-                    if tx.send(StageData { mb, inputs, labels, samples }).is_err() {
-                        return; // the stage stopped; its error is reported by it
-                    }
-                }
-                mb += 1;
-            }
-            fed += 1;
-        }
-        if fed < steps {
-            let _ = feeder_err.send(PipelineError::Data(format!("the data ran out after {fed} of {steps} batches")));
-        }
-    });
+    let feeder = std::thread::spawn(move || feed(std::iter::once(first).chain(data), start, steps, m, data_tx, input_names, feeder_err));
     drop(err_tx);
 
     let (ev_tx, ev_rx) = mpsc::channel::<Event>();
-    let transports = InProcess::pipeline(d);
     let epoch = cfg.trace.then(Instant::now);
+    let mut resume_states: Vec<Option<StageState>> = match resume {
+        Some(ck) => ck.stages.into_iter().map(Some).collect(),
+        None => (0..d).map(|_| None).collect(),
+    };
     let mut handles = Vec::new();
-    for (((spec, ops), rx), tr) in specs.into_iter().zip(all_ops).zip(data_rx).zip(transports) {
-        let cfg = cfg.clone();
-        let ev = (spec.index + 1 == d).then(|| ev_tx.clone());
-        let k = spec.index;
-        let h = std::thread::Builder::new()
-            .name(format!("pipewright-stage-{k}"))
-            .spawn(move || stage::run(spec, ops, m, cfg, rx, Box::new(tr), ev, epoch))
-            .map_err(|e| PipelineError::Stage { stage: k, message: format!("cannot spawn thread: {e}") })?;
-        handles.push(h);
-    }
-    drop(ev_tx);
-
-    let mut losses = Vec::new();
-    let mut last = Instant::now();
-    for ev in ev_rx {
-        match ev {
-            Event::Step { step, loss, samples } => {
-                let now = Instant::now();
-                losses.push(loss);
-                on_step(StepReport { step, loss, samples, seconds: now.duration_since(last).as_secs_f64() });
-                last = now;
-            }
+    for (r, (row, rx_row)) in transport::InProcess::grid(d, w, &tied).into_iter().zip(data_rx).enumerate() {
+        for (k, (tr, rx)) in row.into_iter().zip(rx_row).enumerate() {
+            let saved = if r + 1 == w { resume_states[k].take() } else { resume_states[k].as_ref().map(copy_state) };
+            let args = stage::WorkerArgs {
+                spec: specs[k].clone(),
+                replica: r,
+                replicas: w,
+                ops: all_ops[k].clone(),
+                m,
+                cfg: cfg.clone(),
+                data: rx,
+                transport: Box::new(tr),
+                events: ev_tx.clone(),
+                epoch,
+                start_step: start as u64,
+                resume: saved,
+            };
+            let h = std::thread::Builder::new()
+                .name(format!("pipewright-r{r}-stage{k}"))
+                .spawn(move || stage::run(args))
+                .map_err(|e| PipelineError::Stage { stage: k, message: format!("cannot spawn thread: {e}") })?;
+            handles.push((k, h));
         }
     }
-    let mut weights = Vec::new();
-    let mut peak_versions = Vec::new();
-    let mut trace = Vec::new();
+    drop(ev_tx);
+    let mut events = EventSink::new(d, w, cfg, pipeline_id, on_step);
+    for ev in ev_rx {
+        events.handle(ev);
+    }
+    let (losses, checkpoints, checkpoint_error) = (events.losses, events.written, events.error);
+    let mut report = empty_report(d);
+    report.losses = losses;
+    report.checkpoints = checkpoints;
+    report.peak_versions = vec![0; d];
     let mut primary: Option<PipelineError> = None;
     let mut secondary: Option<PipelineError> = None;
-    for (k, h) in handles.into_iter().enumerate() {
+    for (i, (k, h)) in handles.into_iter().enumerate() {
         match h.join() {
             Ok(Ok(out)) => {
-                weights.push(out.weights);
-                peak_versions.push(out.peak_versions);
-                trace.extend(out.trace);
+                report.peak_versions[k] = report.peak_versions[k].max(out.peak_versions);
+                if i < d {
+                    report.weights.push(out.weights);
+                    report.buffers.push(out.buffers);
+                    report.memory[k] = out.memory;
+                    report.trace.extend(out.trace);
+                }
             }
             Ok(Err(stage::Failure { error, induced })) => {
                 let slot = if induced { &mut secondary } else { &mut primary };
@@ -285,5 +425,110 @@ pub fn train(
     if let Some(e) = primary.or(secondary) {
         return Err(e);
     }
-    Ok(TrainReport { weights, losses, peak_versions, trace })
+    if let Some(e) = checkpoint_error {
+        return Err(e.into());
+    }
+    Ok(report)
+}
+
+/// The stage sets sharing a tied weight, each once.
+fn tied_sets(stages: &[StageModule]) -> Vec<Vec<u32>> {
+    let mut sets: Vec<Vec<u32>> = Vec::new();
+    for s in stages {
+        for t in s.program.stored.iter().filter(|t| t.sync.len() > 1) {
+            if !sets.contains(&t.sync) {
+                sets.push(t.sync.clone());
+            }
+        }
+    }
+    sets
+}
+
+fn copy_state(s: &StageState) -> StageState {
+    let c = |v: &Vec<(String, Tensor)>| v.iter().map(|(n, t)| (n.clone(), t.copy())).collect();
+    StageState {
+        stage: s.stage,
+        newest: c(&s.newest),
+        shadow: c(&s.shadow),
+        opt_steps: s.opt_steps,
+        opt_m: c(&s.opt_m),
+        opt_v: c(&s.opt_v),
+        buffers: c(&s.buffers),
+    }
+}
+
+/// The main thread's side of the workers' events: step reports (merged over replicas)
+/// and checkpoint parts (written once every stage's part of a step has arrived).
+struct EventSink<'a> {
+    d: usize,
+    w: usize,
+    schedule: Schedule,
+    pipeline: String,
+    dir: Option<PathBuf>,
+    on_step: &'a mut dyn FnMut(StepReport),
+    pending_steps: std::collections::BTreeMap<usize, (usize, f64, usize)>,
+    pending_ckpt: std::collections::BTreeMap<u64, Vec<StageState>>,
+    last: Instant,
+    losses: Vec<f64>,
+    written: Vec<PathBuf>,
+    error: Option<CheckpointError>,
+}
+
+impl<'a> EventSink<'a> {
+    fn new(d: usize, w: usize, cfg: &TrainConfig, pipeline: String, on_step: &'a mut dyn FnMut(StepReport)) -> Self {
+        EventSink {
+            d,
+            w,
+            schedule: cfg.schedule,
+            pipeline,
+            dir: cfg.checkpoint_dir.clone(),
+            on_step,
+            pending_steps: Default::default(),
+            pending_ckpt: Default::default(),
+            last: Instant::now(),
+            losses: Vec::new(),
+            written: Vec::new(),
+            error: None,
+        }
+    }
+
+    fn handle(&mut self, ev: Event) {
+        match ev {
+            Event::Step { step, loss, samples } => {
+                let e = self.pending_steps.entry(step).or_insert((0, 0.0, 0));
+                *e = (e.0 + 1, e.1 + loss, e.2 + samples);
+                if e.0 == self.w {
+                    let (_, sum, samples) = self.pending_steps.remove(&step).unwrap_or_default();
+                    let now = Instant::now();
+                    let loss = sum / self.w as f64;
+                    self.losses.push(loss);
+                    (self.on_step)(StepReport { step, loss, samples, seconds: now.duration_since(self.last).as_secs_f64() });
+                    self.last = now;
+                }
+            }
+            Event::Checkpoint { step, state } => {
+                let parts = self.pending_ckpt.entry(step).or_default();
+                parts.push(state);
+                if parts.len() == self.d {
+                    let mut parts = self.pending_ckpt.remove(&step).unwrap_or_default();
+                    parts.sort_by_key(|s| s.stage);
+                    self.write(step, parts);
+                }
+            }
+        }
+    }
+
+    fn write(&mut self, step: u64, stages: Vec<StageState>) {
+        let (Some(dir), None) = (&self.dir, &self.error) else { return };
+        let schedule = match self.schedule {
+            Schedule::TwoBW => "2bw",
+            Schedule::Flush => "flush",
+            Schedule::GPipe => "gpipe",
+        };
+        let ck = Checkpoint { step, pipeline: self.pipeline.clone(), schedule: schedule.into(), stages };
+        match write_checkpoint(dir, &ck) {
+            Ok(p) => self.written.push(p),
+            Err(e) => self.error = Some(e),
+        }
+    }
 }

@@ -126,3 +126,40 @@ impl OptState {
         })
     }
 }
+
+impl OptState {
+    /// Steps taken and the per-weight state as `(name, tensor)` (names by weight index).
+    pub(crate) fn export(&self, names: &[String]) -> (i32, Vec<(String, Tensor)>, Vec<(String, Tensor)>) {
+        let pick = |xs: &[Option<Tensor>]| -> Vec<(String, Tensor)> {
+            names.iter().zip(xs).filter_map(|(n, x)| x.as_ref().map(|t| (n.clone(), t.shallow_clone()))).collect()
+        };
+        (self.t, pick(&self.m), pick(&self.v))
+    }
+
+    /// Restores what [`OptState::export`] gave, checking names and shapes against `w`.
+    pub(crate) fn restore(
+        &mut self,
+        steps: i32,
+        names: &[String],
+        w: &[Tensor],
+        m: &[(String, Tensor)],
+        v: &[(String, Tensor)],
+    ) -> Result<(), String> {
+        self.t = steps;
+        for (list, slots, what) in [(m, &mut self.m, "opt.m"), (v, &mut self.v, "opt.v")] {
+            for (name, t) in list {
+                let i = names.iter().position(|n| n == name).ok_or_else(|| format!("{what}/{name}: no such weight in this stage"))?;
+                if t.size() != w[i].size() {
+                    return Err(format!("{what}/{name}: shape {:?}, the weight has {:?}", t.size(), w[i].size()));
+                }
+                slots[i] = Some(t.to_device(w[i].device()));
+            }
+        }
+        Ok(())
+    }
+
+    /// Bytes of the optimizer state held.
+    pub(crate) fn bytes(&self) -> u64 {
+        self.m.iter().chain(&self.v).flatten().map(super::memory::bytes_of).sum()
+    }
+}

@@ -45,7 +45,13 @@ impl Schedule {
     /// The operation sequence of stage `stage` of `depth` for `steps` batches of `m`
     /// microbatches. Errors when 2BW is asked for `m < depth`.
     pub fn ops(self, stage: usize, depth: usize, m: usize, steps: usize) -> Result<Vec<Op>, String> {
-        if m == 0 || depth == 0 || stage >= depth {
+        self.ops_from(stage, depth, m, 0, steps)
+    }
+
+    /// The operation sequence for batches `start..steps` (a resumed run): microbatch and
+    /// step indices stay global, and the pipeline warms up again at `start`.
+    pub fn ops_from(self, stage: usize, depth: usize, m: usize, start: usize, steps: usize) -> Result<Vec<Op>, String> {
+        if m == 0 || depth == 0 || stage >= depth || start > steps {
             return Err(format!("invalid schedule shape: stage {stage}, depth {depth}, m {m}"));
         }
         if self == Schedule::TwoBW && m < depth {
@@ -55,21 +61,21 @@ impl Schedule {
         let warm = depth - 1 - stage;
         match self {
             Schedule::GPipe => {
-                for t in 0..steps as u64 {
+                for t in start as u64..steps as u64 {
                     ops.extend((0..m64).map(|i| Op::Forward(t * m64 + i)));
                     ops.extend((0..m64).map(|i| Op::Backward(t * m64 + i)));
                     ops.push(Op::Step(t));
                 }
             }
             Schedule::Flush => {
-                for t in 0..steps as u64 {
+                for t in start as u64..steps as u64 {
                     one_f_one_b(&mut ops, t * m64, m64, warm as u64, |_| None);
                     ops.push(Op::Step(t));
                 }
             }
             Schedule::TwoBW => {
-                let total = steps as u64 * m64;
-                one_f_one_b(&mut ops, 0, total, warm as u64, |i| ((i + 1) % m64 == 0).then(|| Op::Step(i / m64)));
+                let (base, total) = (start as u64 * m64, (steps - start) as u64 * m64);
+                one_f_one_b(&mut ops, base, total, warm as u64, |i| ((i + 1) % m64 == 0).then(|| Op::Step(i / m64)));
             }
         }
         Ok(ops)

@@ -6,13 +6,17 @@ use std::sync::mpsc::{Receiver, Sender};
 
 use tch::{Kind, Tensor};
 
+use super::checkpoint::StageState;
+use super::memory::{bytes_of, StageMemory};
 use super::optim::OptState;
 use super::trace::{Recorder, TraceKind};
 use super::{Event, Loss, Op, PipelineError, StageData, TrainConfig, Transport};
 use crate::exec::{run as run_kernel, tensor_from_bytes, Mode};
+use crate::kernel::Kernel;
 use crate::module::{Recompute, StageModule};
 use crate::program::{Program, SlotId};
 
+#[derive(Clone)]
 pub(crate) struct StageSpec {
     pub index: usize,
     pub program: Program,
@@ -77,7 +81,10 @@ pub(crate) fn specs(stages: &[StageModule], loss: &Loss) -> Result<Vec<StageSpec
 
 pub(crate) struct StageOut {
     pub weights: Vec<(String, Tensor)>,
+    /// Running statistics as training left them.
+    pub buffers: Vec<(String, Tensor)>,
     pub peak_versions: usize,
+    pub memory: StageMemory,
     pub trace: Vec<super::TraceEvent>,
 }
 
@@ -93,6 +100,8 @@ struct Fwd {
     recv: Vec<Tensor>,
     outputs: Vec<Tensor>,
     loss: Option<Tensor>,
+    /// Bytes of the non-view kernel outputs this forward produced while recording a graph.
+    act_bytes: u64,
 }
 
 struct Stash {
@@ -102,30 +111,34 @@ struct Stash {
     inputs: Vec<Tensor>,
     labels: Option<Tensor>,
     fwd: Option<Fwd>,
+    /// Live bytes this entry holds.
+    bytes: u64,
 }
 
-struct Worker {
-    spec: StageSpec,
-    mode: Mode,
-    last_use: Vec<Option<usize>>,
-    /// Non-trainable stored tensors.
-    constants: Vec<(SlotId, Tensor)>,
-    param_slots: Vec<SlotId>,
+/// Everything one worker thread needs: which stage of which replica it runs, its op
+/// sequence, its links and, when resuming, its saved state.
+pub(crate) struct WorkerArgs {
+    pub spec: StageSpec,
+    pub replica: usize,
+    pub replicas: usize,
+    pub ops: Vec<Op>,
+    pub m: usize,
+    pub cfg: TrainConfig,
+    pub data: Option<Receiver<StageData>>,
+    pub transport: Box<dyn Transport>,
+    pub events: Sender<Event>,
+    pub epoch: Option<std::time::Instant>,
+    pub start_step: u64,
+    pub resume: Option<StageState>,
 }
 
-pub(crate) fn run(
-    spec: StageSpec,
-    ops: Vec<Op>,
-    m: usize,
-    cfg: TrainConfig,
-    data: Option<Receiver<StageData>>,
-    mut tr: Box<dyn Transport>,
-    events: Option<Sender<Event>>,
-    epoch: Option<std::time::Instant>,
-) -> Result<StageOut, Failure> {
-    let k = spec.index;
-    let mut rec = Recorder::new(epoch, k);
-    let r = run_inner(spec, ops, m, &cfg, data, tr.as_mut(), events, &mut rec);
+pub(crate) fn run(args: WorkerArgs) -> Result<StageOut, Failure> {
+    let k = args.spec.index;
+    let mut tr = args.transport;
+    let (spec, data, events) = (args.spec, args.data, args.events);
+    let ctx = Ctx { replica: args.replica, replicas: args.replicas, m: args.m, cfg: &args.cfg, start_step: args.start_step };
+    let mut rec = Recorder::new(args.epoch.filter(|_| args.replica == 0), k);
+    let r = run_inner(spec, args.ops, &ctx, args.resume, data, tr.as_mut(), &events, &mut rec);
     if r.is_err() {
         tr.abort();
     }
@@ -135,6 +148,14 @@ pub(crate) fn run(
         E::Induced(message) => Failure { error: PipelineError::Stage { stage: k, message }, induced: true },
         E::Err(error) => Failure { error, induced: false },
     })
+}
+
+struct Ctx<'a> {
+    replica: usize,
+    replicas: usize,
+    m: usize,
+    cfg: &'a TrainConfig,
+    start_step: u64,
 }
 
 enum E {
@@ -151,175 +172,441 @@ fn torch(what: &str) -> impl Fn(tch::TchError) -> E + '_ {
     move |e| E::Msg(format!("{what}: {}", e.to_string().lines().next().unwrap_or("")))
 }
 
+/// The mutable state of a worker between ops.
+struct State {
+    versions: BTreeMap<u64, Vec<Tensor>>,
+    opt: OptState,
+    stash: VecDeque<Stash>,
+    acc: Option<Vec<Tensor>>,
+    batch_loss: f64,
+    batch_samples: usize,
+    /// Running statistics after the last forward of each batch not yet checkpointed.
+    stats_at_batch_end: BTreeMap<u64, Vec<Tensor>>,
+    peak_versions: usize,
+    memory: StageMemory,
+}
+
+#[allow(clippy::too_many_arguments)]
 fn run_inner(
     spec: StageSpec,
     ops: Vec<Op>,
-    m: usize,
-    cfg: &TrainConfig,
+    ctx: &Ctx<'_>,
+    resume: Option<StageState>,
     data: Option<Receiver<StageData>>,
     tr: &mut dyn Transport,
-    events: Option<Sender<Event>>,
+    events: &Sender<Event>,
     rec: &mut Recorder,
 ) -> Result<StageOut, E> {
-    let k = spec.index;
-    tch::manual_seed(cfg.seed.wrapping_add(k as i64));
-    let dev = cfg.device;
-    let p = &spec.program;
-    let mut constants = Vec::new();
-    let mut params = Vec::new();
-    let mut param_slots = Vec::new();
-    for s in &p.stored {
-        let name = &p.slots[s.slot.index()].name;
-        let t = tensor_from_bytes(s.elem, &s.dims, &s.bytes).map_err(|e| E::Msg(format!("stored tensor {name:?}: {e}")))?;
-        let t = t.f_to_device(dev).map_err(torch("moving weights"))?;
-        if s.trainable {
-            params.push(t);
-            param_slots.push(s.slot);
-        } else {
-            constants.push((s.slot, t));
+    let cfg = ctx.cfg;
+    tch::manual_seed(cfg.seed.wrapping_add(spec.index as i64));
+    let (mut w, params) = Worker::load(spec, cfg)?;
+    let mut st = State {
+        versions: BTreeMap::new(),
+        opt: OptState::new(cfg.optimizer, params.len()),
+        stash: VecDeque::new(),
+        acc: None,
+        batch_loss: 0.0,
+        batch_samples: 0,
+        stats_at_batch_end: BTreeMap::new(),
+        peak_versions: 1,
+        memory: StageMemory::default(),
+    };
+    match resume {
+        Some(saved) => w.restore(&mut st, params, saved, ctx)?,
+        None => {
+            st.versions.insert(ctx.start_step, params);
         }
     }
-    let total = ops.iter().filter(|o| matches!(o, Op::Forward(_))).count() as u64;
-    let w = Worker { last_use: p.last_uses(), mode: cfg.mode, constants, param_slots, spec };
-    let m64 = m as u64;
-    let mut versions: BTreeMap<u64, Vec<Tensor>> = BTreeMap::new();
-    versions.insert(0, params);
-    let mut peak = 1usize;
-    let mut opt = OptState::new(cfg.optimizer, w.param_slots.len());
-    let mut stash: VecDeque<Stash> = VecDeque::new();
-    let mut acc: Option<Vec<Tensor>> = None;
-    let mut fwd_done = 0u64;
-    let (mut batch_loss, mut batch_samples) = (0.0f64, 0usize);
-    for op in ops {
+    // For each op, the microbatch of the next forward at or after it.
+    let mut next_fwd: Vec<Option<u64>> = vec![None; ops.len() + 1];
+    for i in (0..ops.len()).rev() {
+        next_fwd[i] = match ops[i] {
+            Op::Forward(j) => Some(j),
+            _ => next_fwd[i + 1],
+        };
+    }
+    let m64 = ctx.m as u64;
+    for (i, op) in ops.into_iter().enumerate() {
         match op {
-            Op::Forward(j) => {
-                let v = cfg.schedule.version_for(j, m64);
-                let wts = versions.get(&v).ok_or_else(|| E::Msg(format!("weight version {v} for microbatch {j} is gone")))?;
-                let mut inputs = Vec::new();
-                let step = j / m64;
-                if w.spec.n_recv > 0 {
-                    let t0 = rec.start();
-                    let got = tr.recv_forward(j).map_err(induced)?;
-                    rec.record(TraceKind::Recv, t0, Some(j), v, step);
-                    inputs.extend(got.into_iter().map(|(_, t)| t));
-                }
-                let mut labels = None;
-                if let Some(rx) = &data {
-                    let sd = rx.recv().map_err(|_| E::Induced("the data feed stopped".into()))?;
-                    if sd.mb != j {
-                        return Err(E::Msg(format!("data for microbatch {} arrived when {j} was expected", sd.mb)));
-                    }
-                    for x in sd.inputs {
-                        inputs.push(x.f_to_device(dev).map_err(torch("moving inputs"))?);
-                    }
-                    labels = sd.labels.map(|l| l.to_device(dev));
-                    batch_samples += sd.samples;
-                }
-                let grad = !w.spec.recompute_full;
-                let t0 = rec.start();
-                let fwd = w.forward(wts, &inputs, labels.as_ref(), grad)?;
-                // Reading the loss synchronizes with the device, so it counts as forward.
-                let loss_value = match &fwd.loss {
-                    Some(l) => Some(l.f_double_value(&[]).map_err(torch("reading the loss"))?),
-                    None => None,
-                };
-                rec.record(TraceKind::Forward, t0, Some(j), v, step);
-                if w.spec.n_send > 0 {
-                    let t0 = rec.start();
-                    let names = w.output_names();
-                    let sent = fwd.outputs[..w.spec.n_send].iter().zip(names).map(|(t, n)| (n, t.detach())).collect();
-                    tr.send_forward(j, sent).map_err(induced)?;
-                    rec.record(TraceKind::Send, t0, Some(j), v, step);
-                }
-                if let Some(value) = loss_value {
-                    if !value.is_finite() {
-                        return Err(E::Err(PipelineError::NonFiniteLoss { step: (j / m64) as usize, stage: k, value }));
-                    }
-                    batch_loss += value;
-                }
-                stash.push_back(Stash { mb: j, version: v, inputs, labels, fwd: grad.then_some(fwd) });
-                fwd_done += 1;
-            }
-            Op::Backward(j) => {
-                let s = stash.pop_front().ok_or_else(|| E::Msg(format!("backward of microbatch {j} without its forward")))?;
-                if s.mb != j {
-                    return Err(E::Msg(format!("backward of microbatch {j}, but {} is the oldest stashed", s.mb)));
-                }
-                let (v, step) = (s.version, j / m64);
-                let fwd = match s.fwd {
-                    Some(f) => f,
-                    None => {
-                        let t0 = rec.start();
-                        let wts = versions.get(&s.version).ok_or_else(|| E::Msg(format!("weight version {} for microbatch {j} is gone", s.version)))?;
-                        let f = w.forward(wts, &s.inputs, s.labels.as_ref(), true)?;
-                        rec.record(TraceKind::Recompute, t0, Some(j), v, step);
-                        f
-                    }
-                };
-                let out_grads = if w.spec.n_send > 0 {
-                    let t0 = rec.start();
-                    let g = tr.recv_backward(j).map_err(induced)?;
-                    rec.record(TraceKind::Recv, t0, Some(j), v, step);
-                    Some(g)
-                } else {
-                    None
-                };
-                let t0 = rec.start();
-                let (pg, ig) = w.backward(&fwd, out_grads)?;
-                drop(fwd);
-                tch::no_grad(|| {
-                    acc = Some(match acc.take() {
-                        None => pg,
-                        Some(a) => a.iter().zip(&pg).map(|(a, g)| a + g).collect(),
-                    });
-                });
-                rec.record(TraceKind::Backward, t0, Some(j), v, step);
-                if w.spec.n_recv > 0 {
-                    let t0 = rec.start();
-                    let names = w.input_names();
-                    tr.send_backward(j, names.into_iter().zip(ig).collect()).map_err(induced)?;
-                    rec.record(TraceKind::Send, t0, Some(j), v, step);
-                }
-            }
+            Op::Forward(j) => w.forward_op(&mut st, j, ctx, data.as_ref(), tr, rec)?,
+            Op::Backward(j) => w.backward_op(&mut st, j, ctx, tr, rec)?,
             Op::Step(t) => {
-                let t0 = rec.start();
-                let grads = acc.take().ok_or_else(|| E::Msg(format!("step {t} without gradients")))?;
-                let mut grads: Vec<Tensor> = tch::no_grad(|| grads.iter().map(|g| g / m as f64).collect());
-                if let Some(clip) = cfg.clip_norm {
-                    let mut local = 0.0;
-                    for g in &grads {
-                        local += g.f_square().and_then(|x| x.f_sum(Kind::Double)).and_then(|x| x.f_double_value(&[])).map_err(torch("gradient norm"))?;
-                    }
-                    let norm = tr.all_reduce_sum(local).map_err(induced)?.sqrt();
-                    let coef = clip / (norm + 1e-6);
-                    if coef < 1.0 {
-                        grads = tch::no_grad(|| grads.iter().map(|g| g * coef).collect());
-                    }
-                }
-                let lr = cfg.lr_schedule.at(cfg.lr, t as usize);
-                let (&newest, cur) = versions.iter().next_back().ok_or_else(|| E::Msg("no weights".into()))?;
-                if newest != t {
-                    return Err(E::Msg(format!("step {t} found newest weight version {newest}")));
-                }
-                let new = opt.step(cur, &grads, lr);
-                versions.insert(t + 1, new);
-                rec.record(TraceKind::Optimizer, t0, None, t + 1, t);
-                if let Some(ev) = &events {
-                    let _ = ev.send(Event::Step { step: t as usize, loss: batch_loss / m as f64, samples: batch_samples });
-                }
-                batch_loss = 0.0;
-                batch_samples = 0;
+                // Free versions no longer needed before making the new one, so 2BW never
+                // holds three.
+                w.retain_versions(&mut st, next_fwd[i + 1].map(|j| cfg.schedule.version_for(j, m64)));
+                w.step_op(&mut st, t, ctx, tr, events, rec)?;
             }
         }
-        // Keep the newest version, the one the next forward uses, and those in flight.
-        let newest = *versions.keys().next_back().unwrap();
-        let next_v = (fwd_done < total).then(|| cfg.schedule.version_for(fwd_done, m64));
-        versions.retain(|v, _| *v == newest || Some(*v) == next_v || stash.iter().any(|s| s.version == *v));
-        peak = peak.max(versions.len());
+        w.retain_versions(&mut st, next_fwd[i + 1].map(|j| cfg.schedule.version_for(j, m64)));
     }
-    let (_, last) = versions.into_iter().next_back().unwrap();
-    let weights = w.param_slots.iter().zip(last).map(|(s, t)| (w.spec.program.slots[s.index()].name.clone(), t)).collect();
-    Ok(StageOut { weights, peak_versions: peak, trace: std::mem::take(&mut rec.events) })
+    let (_, last) = st.versions.into_iter().next_back().ok_or_else(|| E::Msg("no weights".into()))?;
+    let weights = w.param_names.iter().cloned().zip(last).collect();
+    Ok(StageOut { weights, buffers: w.buffers(), peak_versions: st.peak_versions, memory: st.memory, trace: std::mem::take(&mut rec.events) })
+}
+
+struct Worker {
+    spec: StageSpec,
+    mode: Mode,
+    last_use: Vec<Option<usize>>,
+    /// Non-trainable stored tensors (running statistics are replaced as training updates them).
+    constants: Vec<(SlotId, Tensor)>,
+    constant_bytes: u64,
+    param_slots: Vec<SlotId>,
+    param_names: Vec<String>,
+    /// Per weight: the stages sharing it when tied (empty otherwise).
+    param_sync: Vec<Vec<u32>>,
+    tied_groups: Vec<(Vec<u32>, Vec<usize>)>,
+    /// BatchNormalization instructions whose running mean and variance are stored
+    /// constants: `(instruction, mean index, variance index)` into `constants`.
+    bn_stats: Vec<(usize, usize, usize)>,
+}
+
+impl Worker {
+    /// Reads the stored tensors: constants stay in the worker, trainable ones are returned
+    /// as weight version 0.
+    fn load(spec: StageSpec, cfg: &TrainConfig) -> Result<(Worker, Vec<Tensor>), E> {
+        let p = &spec.program;
+        let (mut constants, mut params, mut param_slots, mut param_sync) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for s in &p.stored {
+            let name = &p.slots[s.slot.index()].name;
+            let t = tensor_from_bytes(s.elem, &s.dims, &s.bytes).map_err(|e| E::Msg(format!("stored tensor {name:?}: {e}")))?;
+            let t = t.f_to_device(cfg.device).map_err(torch("moving weights"))?;
+            if s.trainable {
+                params.push(t);
+                param_slots.push(s.slot);
+                param_sync.push(s.sync.clone());
+            } else {
+                constants.push((s.slot, t));
+            }
+        }
+        let param_names: Vec<String> = param_slots.iter().map(|s| p.slots[s.index()].name.clone()).collect();
+        let tied_groups = tied_groups(&param_sync, &param_names, spec.index as u32);
+        let const_index = |s: Option<SlotId>| s.and_then(|s| constants.iter().position(|(c, _)| *c == s));
+        let bn_stats = p
+            .instrs
+            .iter()
+            .enumerate()
+            .filter(|(_, ins)| matches!(ins.kernel, Kernel::BatchNormalization(_)))
+            .filter_map(|(i, ins)| Some((i, const_index(ins.inputs.get(3).copied().flatten())?, const_index(ins.inputs.get(4).copied().flatten())?)))
+            .collect();
+        let constant_bytes = constants.iter().map(|(_, t)| bytes_of(t)).sum();
+        let w = Worker {
+            last_use: p.last_uses(),
+            mode: cfg.mode,
+            constants,
+            param_slots,
+            param_names,
+            param_sync,
+            tied_groups,
+            bn_stats,
+            constant_bytes,
+            spec,
+        };
+        Ok((w, params))
+    }
+
+    /// Installs a checkpoint's weights, shadow version, optimizer state and statistics.
+    fn restore(&mut self, st: &mut State, params: Vec<Tensor>, saved: StageState, ctx: &Ctx<'_>) -> Result<(), E> {
+        let bad = |m: String| E::Msg(format!("resuming: {m}"));
+        let newest = self.match_weights(&params, &saved.newest).map_err(bad)?;
+        st.versions.insert(ctx.start_step, newest);
+        if ctx.cfg.schedule == super::Schedule::TwoBW && ctx.start_step > 0 {
+            if saved.shadow.is_empty() && !params.is_empty() {
+                return Err(bad("a 2BW checkpoint needs the shadow weight version, and this one has none".into()));
+            }
+            let shadow = self.match_weights(&params, &saved.shadow).map_err(bad)?;
+            st.versions.insert(ctx.start_step - 1, shadow);
+        }
+        st.opt.restore(saved.opt_steps, &self.param_names, &params, &saved.opt_m, &saved.opt_v).map_err(bad)?;
+        let p = &self.spec.program;
+        for (name, t) in saved.buffers {
+            let i = self.constants.iter().position(|(s, _)| p.slots[s.index()].name == name).ok_or_else(|| bad(format!("buf/{name}: no such tensor in this stage")))?;
+            let cur = &self.constants[i].1;
+            if t.size() != cur.size() {
+                return Err(bad(format!("buf/{name}: shape {:?}, the stage has {:?}", t.size(), cur.size())));
+            }
+            self.constants[i].1 = t.to_kind(cur.kind()).to_device(cur.device());
+        }
+        Ok(())
+    }
+
+    /// `saved` in this stage's weight order, checked against the module's weights.
+    fn match_weights(&self, params: &[Tensor], saved: &[(String, Tensor)]) -> Result<Vec<Tensor>, String> {
+        if saved.len() != params.len() {
+            return Err(format!("the checkpoint has {} weights for this stage, the module {}", saved.len(), params.len()));
+        }
+        self.param_names
+            .iter()
+            .zip(params)
+            .map(|(name, p)| {
+                let (_, t) = saved.iter().find(|(n, _)| n == name).ok_or_else(|| format!("weight {name:?} is missing"))?;
+                if t.size() != p.size() || t.kind() != p.kind() {
+                    return Err(format!("weight {name:?}: {:?} {:?} in the checkpoint, {:?} {:?} in the module", t.kind(), t.size(), p.kind(), p.size()));
+                }
+                Ok(t.to_device(p.device()))
+            })
+            .collect()
+    }
+
+    /// Keeps the newest version, the one the next forward uses and those in flight.
+    fn retain_versions(&self, st: &mut State, next_v: Option<u64>) {
+        let Some(&newest) = st.versions.keys().next_back() else { return };
+        let stash = &st.stash;
+        st.versions.retain(|v, _| *v == newest || Some(*v) == next_v || stash.iter().any(|s| s.version == *v));
+        st.peak_versions = st.peak_versions.max(st.versions.len());
+    }
+
+    fn observe(&self, st: &mut State, extra_grads: u64, extra_act: u64) {
+        let weights = st.versions.values().flatten().map(bytes_of).sum();
+        let gradients = st.acc.iter().flatten().map(bytes_of).sum::<u64>() + extra_grads;
+        let activations = st.stash.iter().map(|s| s.bytes).sum::<u64>() + extra_act;
+        st.memory.keep_peak(StageMemory {
+            total: 0,
+            weights,
+            gradients,
+            optimizer: st.opt.bytes(),
+            activations,
+            constants: self.constant_bytes,
+            versions: st.versions.len(),
+            in_flight: st.stash.len() + usize::from(extra_act > 0),
+        });
+    }
+
+    fn forward_op(&mut self, st: &mut State, j: u64, ctx: &Ctx<'_>, data: Option<&Receiver<StageData>>, tr: &mut dyn Transport, rec: &mut Recorder) -> Result<(), E> {
+        let (cfg, m64) = (ctx.cfg, ctx.m as u64);
+        let v = cfg.schedule.version_for(j, m64);
+        let step = j / m64;
+        let mut inputs = Vec::new();
+        if self.spec.n_recv > 0 {
+            let t0 = rec.start();
+            let got = tr.recv_forward(j).map_err(induced)?;
+            rec.record(TraceKind::Recv, t0, Some(j), v, step);
+            inputs.extend(got.into_iter().map(|(_, t)| t));
+        }
+        let mut labels = None;
+        if let Some(rx) = data {
+            let sd = rx.recv().map_err(|_| E::Induced("the data feed stopped".into()))?;
+            if sd.mb != j {
+                return Err(E::Msg(format!("data for microbatch {} arrived when {j} was expected", sd.mb)));
+            }
+            for x in sd.inputs {
+                inputs.push(x.f_to_device(cfg.device).map_err(torch("moving inputs"))?);
+            }
+            labels = sd.labels.map(|l| l.to_device(cfg.device));
+            st.batch_samples += sd.samples;
+        }
+        let grad = !self.spec.recompute_full;
+        let t0 = rec.start();
+        let wts = st.versions.get(&v).ok_or_else(|| E::Msg(format!("weight version {v} for microbatch {j} is gone")))?;
+        let (fwd, stats) = self.forward(wts, &inputs, labels.as_ref(), grad, true)?;
+        // Reading the loss synchronizes with the device, so it counts as forward.
+        let loss_value = match &fwd.loss {
+            Some(l) => Some(l.f_double_value(&[]).map_err(torch("reading the loss"))?),
+            None => None,
+        };
+        rec.record(TraceKind::Forward, t0, Some(j), v, step);
+        self.apply_stats(stats);
+        if (j + 1) % m64 == 0 {
+            st.stats_at_batch_end.insert(step, self.bn_stat_tensors());
+        }
+        if self.spec.n_send > 0 {
+            let t0 = rec.start();
+            let sent = fwd.outputs[..self.spec.n_send].iter().zip(self.output_names()).map(|(t, n)| (n, t.detach())).collect();
+            tr.send_forward(j, sent).map_err(induced)?;
+            rec.record(TraceKind::Send, t0, Some(j), v, step);
+        }
+        if let Some(value) = loss_value {
+            if !value.is_finite() {
+                return Err(E::Err(PipelineError::NonFiniteLoss { step: step as usize, stage: self.spec.index, value }));
+            }
+            st.batch_loss += value;
+        }
+        let bytes = inputs.iter().chain(labels.iter()).map(bytes_of).sum::<u64>() + if grad { fwd.act_bytes } else { 0 };
+        st.stash.push_back(Stash { mb: j, version: v, inputs, labels, fwd: grad.then_some(fwd), bytes });
+        self.observe(st, 0, 0);
+        Ok(())
+    }
+
+    fn backward_op(&mut self, st: &mut State, j: u64, ctx: &Ctx<'_>, tr: &mut dyn Transport, rec: &mut Recorder) -> Result<(), E> {
+        let m64 = ctx.m as u64;
+        let s = st.stash.pop_front().ok_or_else(|| E::Msg(format!("backward of microbatch {j} without its forward")))?;
+        if s.mb != j {
+            return Err(E::Msg(format!("backward of microbatch {j}, but {} is the oldest stashed", s.mb)));
+        }
+        let (v, step) = (s.version, j / m64);
+        let fwd = match s.fwd {
+            Some(f) => f,
+            None => {
+                let t0 = rec.start();
+                let wts = st.versions.get(&s.version).ok_or_else(|| E::Msg(format!("weight version {} for microbatch {j} is gone", s.version)))?;
+                // Statistics were updated by the first forward; the rerun leaves them.
+                let (f, _) = self.forward(wts, &s.inputs, s.labels.as_ref(), true, false)?;
+                rec.record(TraceKind::Recompute, t0, Some(j), v, step);
+                f
+            }
+        };
+        self.observe(st, 0, s.bytes + if self.spec.recompute_full { fwd.act_bytes } else { 0 });
+        let out_grads = if self.spec.n_send > 0 {
+            let t0 = rec.start();
+            let g = tr.recv_backward(j).map_err(induced)?;
+            rec.record(TraceKind::Recv, t0, Some(j), v, step);
+            Some(g)
+        } else {
+            None
+        };
+        let t0 = rec.start();
+        let (pg, ig) = self.backward(&fwd, out_grads)?;
+        drop(fwd);
+        tch::no_grad(|| {
+            st.acc = Some(match st.acc.take() {
+                None => pg,
+                Some(a) => a.iter().zip(&pg).map(|(a, g)| a + g).collect(),
+            });
+        });
+        rec.record(TraceKind::Backward, t0, Some(j), v, step);
+        if self.spec.n_recv > 0 {
+            let t0 = rec.start();
+            tr.send_backward(j, self.input_names().into_iter().zip(ig).collect()).map_err(induced)?;
+            rec.record(TraceKind::Send, t0, Some(j), v, step);
+        }
+        Ok(())
+    }
+
+    fn step_op(&mut self, st: &mut State, t: u64, ctx: &Ctx<'_>, tr: &mut dyn Transport, events: &Sender<Event>, rec: &mut Recorder) -> Result<(), E> {
+        let (cfg, m) = (ctx.cfg, ctx.m);
+        let t0 = rec.start();
+        let grads = st.acc.take().ok_or_else(|| E::Msg(format!("step {t} without gradients")))?;
+        let grads = self.reduce_gradients(grads, m, ctx.replicas, tr)?;
+        let grads = match cfg.clip_norm {
+            Some(clip) => self.clip(grads, clip, ctx.replicas, tr)?,
+            None => grads,
+        };
+        let lr = cfg.lr_schedule.at(cfg.lr, t as usize);
+        let (&newest, cur) = st.versions.iter().next_back().ok_or_else(|| E::Msg("no weights".into()))?;
+        if newest != t {
+            return Err(E::Msg(format!("step {t} found newest weight version {newest}")));
+        }
+        let new = st.opt.step(cur, &grads, lr);
+        st.versions.insert(t + 1, new);
+        self.observe(st, grads.iter().map(bytes_of).sum(), 0);
+        drop(grads);
+        rec.record(TraceKind::Optimizer, t0, None, t + 1, t);
+        if self.spec.loss.is_some() {
+            let _ = events.send(Event::Step { step: t as usize, loss: st.batch_loss / m as f64, samples: st.batch_samples });
+        }
+        st.batch_loss = 0.0;
+        st.batch_samples = 0;
+        let due = cfg.checkpoint_every.is_some_and(|n| n > 0 && (t + 1) % n as u64 == 0);
+        if due && ctx.replica == 0 {
+            let state = self.snapshot(st, t, cfg)?;
+            let _ = events.send(Event::Checkpoint { step: t + 1, state });
+        }
+        st.stats_at_batch_end.retain(|b, _| *b > t);
+        Ok(())
+    }
+
+    /// Mean gradient of the batch: accumulated / m, tied copies summed across their
+    /// stages, then averaged over the replicas.
+    fn reduce_gradients(&self, grads: Vec<Tensor>, m: usize, replicas: usize, tr: &mut dyn Transport) -> Result<Vec<Tensor>, E> {
+        let mut grads: Vec<Tensor> = tch::no_grad(|| grads.iter().map(|g| g / m as f64).collect());
+        for (stages, idx) in &self.tied_groups {
+            let part: Vec<Tensor> = idx.iter().map(|&i| grads[i].shallow_clone()).collect();
+            let summed = tr.all_reduce_tied(stages, part).map_err(induced)?;
+            for (&i, g) in idx.iter().zip(summed) {
+                grads[i] = g;
+            }
+        }
+        if replicas > 1 {
+            let summed = tr.all_reduce_replicas(grads).map_err(induced)?;
+            grads = tch::no_grad(|| summed.iter().map(|g| g / replicas as f64).collect());
+        }
+        Ok(grads)
+    }
+
+    /// Scales `grads` so the global norm over all stages is at most `clip`. A tied weight
+    /// counts once (in the first stage holding it); replicas hold equal gradients, so the
+    /// sum over every worker is divided by their number.
+    fn clip(&self, grads: Vec<Tensor>, clip: f64, replicas: usize, tr: &mut dyn Transport) -> Result<Vec<Tensor>, E> {
+        let mut local = 0.0;
+        for (g, sync) in grads.iter().zip(&self.param_sync) {
+            if sync.first().is_some_and(|&first| first != self.spec.index as u32) {
+                continue;
+            }
+            local += g.f_square().and_then(|x| x.f_sum(Kind::Double)).and_then(|x| x.f_double_value(&[])).map_err(torch("gradient norm"))?;
+        }
+        let norm = (tr.all_reduce_sum(local).map_err(induced)? / replicas as f64).sqrt();
+        let coef = clip / (norm + 1e-6);
+        Ok(if coef < 1.0 { tch::no_grad(|| grads.iter().map(|g| g * coef).collect()) } else { grads })
+    }
+
+    /// The stage's state after update `t`: newest weights, the 2BW shadow, optimizer state
+    /// and the running statistics as of the end of batch `t`.
+    fn snapshot(&self, st: &State, t: u64, cfg: &TrainConfig) -> Result<StageState, E> {
+        let named = |ts: &[Tensor]| -> Vec<(String, Tensor)> { self.param_names.iter().cloned().zip(ts.iter().map(|x| x.shallow_clone())).collect() };
+        let newest = st.versions.get(&(t + 1)).ok_or_else(|| E::Msg(format!("checkpoint after step {t}: version {} is gone", t + 1)))?;
+        let shadow = match (cfg.schedule, st.versions.get(&t)) {
+            (super::Schedule::TwoBW, Some(s)) => named(s),
+            (super::Schedule::TwoBW, None) => return Err(E::Msg(format!("checkpoint after step {t}: the shadow version {t} is gone"))),
+            _ => Vec::new(),
+        };
+        let (opt_steps, opt_m, opt_v) = st.opt.export(&self.param_names);
+        let stats = st.stats_at_batch_end.get(&t).map(|v| v.iter().map(|x| x.shallow_clone()).collect()).unwrap_or_else(|| self.bn_stat_tensors());
+        let p = &self.spec.program;
+        let buffers = self.bn_stat_slots().into_iter().zip(stats).map(|(s, t)| (p.slots[s.index()].name.clone(), t)).collect();
+        Ok(StageState { stage: self.spec.index, newest: named(newest), shadow, opt_steps, opt_m, opt_v, buffers })
+    }
+
+    /// The running-statistics constants, in `bn_stats` order (mean, var per node).
+    fn bn_stat_indices(&self) -> Vec<usize> {
+        let mut out: Vec<usize> = Vec::new();
+        for &(_, a, b) in &self.bn_stats {
+            for i in [a, b] {
+                if !out.contains(&i) {
+                    out.push(i);
+                }
+            }
+        }
+        out
+    }
+
+    fn bn_stat_slots(&self) -> Vec<SlotId> {
+        self.bn_stat_indices().into_iter().map(|i| self.constants[i].0).collect()
+    }
+
+    fn bn_stat_tensors(&self) -> Vec<Tensor> {
+        self.bn_stat_indices().into_iter().map(|i| self.constants[i].1.shallow_clone()).collect()
+    }
+
+    fn apply_stats(&mut self, stats: Vec<(usize, Tensor)>) {
+        for (i, t) in stats {
+            self.constants[i].1 = t;
+        }
+    }
+
+    /// Running statistics by source name, as training left them.
+    fn buffers(&self) -> Vec<(String, Tensor)> {
+        let p = &self.spec.program;
+        self.bn_stat_slots().into_iter().zip(self.bn_stat_tensors()).map(|(s, t)| (p.slots[s.index()].name.clone(), t)).collect()
+    }
+}
+
+/// Tied weights grouped by the stage set that shares them (groups in ascending order of
+/// that set, weights in each by name), so every stage of a group reduces the same tensors
+/// in the same order and groups are reduced in one global order (no deadlock).
+fn tied_groups(sync: &[Vec<u32>], names: &[String], stage: u32) -> Vec<(Vec<u32>, Vec<usize>)> {
+    let mut groups: BTreeMap<Vec<u32>, Vec<usize>> = BTreeMap::new();
+    for (i, s) in sync.iter().enumerate() {
+        if s.len() > 1 && s.contains(&stage) {
+            groups.entry(s.clone()).or_default().push(i);
+        }
+    }
+    groups
+        .into_iter()
+        .map(|(set, mut idx)| {
+            idx.sort_by(|&a, &b| names[a].cmp(&names[b]));
+            (set, idx)
+        })
+        .collect()
 }
 
 impl Worker {
@@ -334,20 +621,22 @@ impl Worker {
     }
 
     /// Runs the program with weights `wts`; with `grad`, received activations and weights
-    /// become leaves that require gradients, otherwise nothing records a graph.
-    fn forward(&self, wts: &[Tensor], inputs: &[Tensor], labels: Option<&Tensor>, grad: bool) -> Result<Fwd, E> {
-        let body = || -> Result<Fwd, E> {
+    /// become leaves that require gradients, otherwise nothing records a graph. With
+    /// `update_stats` (and train mode) also returns the new running statistics as
+    /// `(constant index, tensor)`.
+    fn forward(&self, wts: &[Tensor], inputs: &[Tensor], labels: Option<&Tensor>, grad: bool, update_stats: bool) -> Result<(Fwd, Vec<(usize, Tensor)>), E> {
+        let body = || -> Result<(Fwd, Vec<(usize, Tensor)>), E> {
             let leaf = |t: &Tensor| if grad && t.is_floating_point() { t.detach().set_requires_grad(true) } else { t.detach() };
             let recv: Vec<Tensor> = inputs[..self.spec.n_recv].iter().map(leaf).collect();
             let params: Vec<Tensor> = wts.iter().map(leaf).collect();
             let mut all: Vec<Tensor> = recv.iter().map(|t| t.shallow_clone()).collect();
             all.extend(inputs[self.spec.n_recv..].iter().map(|t| t.shallow_clone()));
-            let outputs = self.execute(&params, &all)?;
+            let run = self.execute(&params, &all, update_stats && self.mode == Mode::Train, grad)?;
             let loss = match &self.spec.loss {
-                Some((l, i)) => Some(loss_of(l, &outputs[*i], labels).map_err(|e| E::Msg(format!("loss: {e}")))?),
+                Some((l, i)) => Some(loss_of(l, &run.outputs[*i], labels).map_err(|e| E::Msg(format!("loss: {e}")))?),
                 None => None,
             };
-            Ok(Fwd { params, recv, outputs, loss })
+            Ok((Fwd { params, recv, outputs: run.outputs, loss, act_bytes: run.act_bytes }, run.stats))
         };
         if grad {
             body()
@@ -356,7 +645,7 @@ impl Worker {
         }
     }
 
-    fn execute(&self, params: &[Tensor], inputs: &[Tensor]) -> Result<Vec<Tensor>, E> {
+    fn execute(&self, params: &[Tensor], inputs: &[Tensor], collect_stats: bool, count_act: bool) -> Result<Run, E> {
         let p = &self.spec.program;
         let mut slots: Vec<Option<Tensor>> = (0..p.slots.len()).map(|_| None).collect();
         for (s, t) in &self.constants {
@@ -371,6 +660,7 @@ impl Worker {
         for (s, t) in p.inputs.iter().zip(inputs) {
             slots[s.index()] = Some(t.shallow_clone());
         }
+        let (mut act_bytes, mut stats) = (0u64, Vec::new());
         let unset = |s: SlotId| E::Msg(format!("slot {s} ({:?}) is read before it is written", p.slots[s.index()].name));
         for (i, ins) in p.instrs.iter().enumerate() {
             let outs = {
@@ -384,8 +674,19 @@ impl Worker {
             if outs.len() < ins.outputs.len() {
                 return Err(E::Msg(format!("node {:?}: produced {} outputs, expected {}", ins.name, outs.len(), ins.outputs.len())));
             }
+            if collect_stats {
+                if let Some(&(_, mean, var)) = self.bn_stats.iter().find(|(n, _, _)| *n == i) {
+                    if let (Some(new_mean), Some(new_var)) = (outs.get(1), outs.get(2)) {
+                        stats.push((mean, new_mean.detach()));
+                        stats.push((var, new_var.detach()));
+                    }
+                }
+            }
             for (slot, t) in ins.outputs.iter().zip(outs) {
                 if let Some(s) = slot {
+                    if count_act && !ins.kernel.is_view() {
+                        act_bytes += bytes_of(&t);
+                    }
                     slots[s.index()] = Some(t);
                 }
             }
@@ -395,7 +696,8 @@ impl Worker {
                 }
             }
         }
-        p.outputs.iter().map(|s| slots[s.index()].as_ref().map(|t| t.shallow_clone()).ok_or_else(|| unset(*s))).collect()
+        let outputs = p.outputs.iter().map(|s| slots[s.index()].as_ref().map(|t| t.shallow_clone()).ok_or_else(|| unset(*s))).collect::<Result<_, _>>()?;
+        Ok(Run { outputs, act_bytes, stats })
     }
 
     /// Weight gradients and received-input gradients (zeros where nothing flows).
@@ -433,6 +735,13 @@ impl Worker {
         let ig: Vec<Tensor> = f.recv.iter().map(|t| if t.requires_grad() { fix(it.next(), t) } else { t.zeros_like() }).collect();
         Ok((pg, ig))
     }
+}
+
+/// What one execution of the program gave.
+struct Run {
+    outputs: Vec<Tensor>,
+    act_bytes: u64,
+    stats: Vec<(usize, Tensor)>,
 }
 
 fn loss_of(l: &Loss, out: &Tensor, labels: Option<&Tensor>) -> Result<Tensor, String> {

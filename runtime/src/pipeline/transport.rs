@@ -1,5 +1,7 @@
-//! Moving activations and gradients between neighbouring stages.
+//! Moving activations and gradients between neighbouring stages, and the reductions
+//! across stages (gradient norm, tied weights) and across replicas (data parallelism).
 
+use std::collections::HashMap;
 use std::sync::mpsc::{Receiver, Sender};
 use std::sync::{Arc, Condvar, Mutex};
 
@@ -8,8 +10,13 @@ use tch::Tensor;
 /// Named tensors of one microbatch.
 pub type Named = Vec<(String, Tensor)>;
 
-/// A stage's link to its neighbours (stage k-1 upstream, k+1 downstream) and to the
-/// cross-stage reduction. Errors are messages; a closed peer is an error, never a hang.
+/// A stage worker's link to its neighbours (stage k-1 upstream, k+1 downstream in the same
+/// replica), to the other stages and to the other replicas of its stage. Errors are
+/// messages; a closed peer is an error, never a hang.
+///
+/// Every reduction is collective: all its participants call it the same number of times,
+/// in the same order. Sums are taken in a fixed participant order, so results do not
+/// depend on arrival order (training stays bit-deterministic).
 pub trait Transport: Send {
     /// Sends microbatch `mb`'s activations to the next stage.
     fn send_forward(&mut self, mb: u64, tensors: Named) -> Result<(), String>;
@@ -19,9 +26,15 @@ pub trait Transport: Send {
     fn send_backward(&mut self, mb: u64, grads: Named) -> Result<(), String>;
     /// Receives microbatch `mb`'s output gradients from the next stage.
     fn recv_backward(&mut self, mb: u64) -> Result<Named, String>;
-    /// Sum of `x` over every stage (each stage calls it the same number of times).
+    /// Sum of `x` over every worker (every stage of every replica).
     fn all_reduce_sum(&mut self, x: f64) -> Result<f64, String>;
-    /// Makes every pending and future reduction fail (a stage has failed).
+    /// Element-wise sums of `tensors` over the replicas of this stage (summed in replica
+    /// order); `tensors` itself when there is one replica.
+    fn all_reduce_replicas(&mut self, tensors: Vec<Tensor>) -> Result<Vec<Tensor>, String>;
+    /// Element-wise sums of `tensors` over the stages `stages` (ascending, this stage among
+    /// them) of this replica, summed in stage order: the gradients of tied weights.
+    fn all_reduce_tied(&mut self, stages: &[u32], tensors: Vec<Tensor>) -> Result<Vec<Tensor>, String>;
+    /// Makes every pending and future reduction fail (a worker has failed).
     fn abort(&mut self);
 }
 
@@ -30,31 +43,68 @@ struct Msg {
     tensors: Named,
 }
 
-/// Stages as threads of one process, linked by `std::sync::mpsc` channels.
+/// Workers as threads of one process, linked by `std::sync::mpsc` channels.
 pub struct InProcess {
+    stage: u32,
+    replica: usize,
     fwd_in: Option<Receiver<Msg>>,
     fwd_out: Option<Sender<Msg>>,
     bwd_in: Option<Receiver<Msg>>,
     bwd_out: Option<Sender<Msg>>,
-    reducer: Arc<Reducer>,
+    everyone: Arc<Gather<f64>>,
+    replicas: Arc<Gather<Vec<Tensor>>>,
+    /// Per tied-weight stage set: the gather of this replica.
+    tied: HashMap<Vec<u32>, Arc<Gather<Vec<Tensor>>>>,
+    /// Every gather this worker takes part in, to abort them all.
+    all: Vec<Arc<dyn Abort>>,
 }
 
 impl InProcess {
-    /// One transport per stage of a `depth`-stage pipeline, in stage order.
+    /// One transport per stage of a single `depth`-stage pipeline, in stage order.
     pub fn pipeline(depth: usize) -> Vec<InProcess> {
-        let reducer = Arc::new(Reducer::new(depth));
-        let mut ts: Vec<InProcess> = (0..depth)
-            .map(|_| InProcess { fwd_in: None, fwd_out: None, bwd_in: None, bwd_out: None, reducer: reducer.clone() })
-            .collect();
-        for k in 0..depth.saturating_sub(1) {
-            let (ftx, frx) = std::sync::mpsc::channel();
-            let (btx, brx) = std::sync::mpsc::channel();
-            ts[k].fwd_out = Some(ftx);
-            ts[k + 1].fwd_in = Some(frx);
-            ts[k + 1].bwd_out = Some(btx);
-            ts[k].bwd_in = Some(brx);
+        Self::grid(depth, 1, &[]).into_iter().next().unwrap_or_default()
+    }
+
+    /// Transports for `replicas` copies of a `depth`-stage pipeline, indexed
+    /// `[replica][stage]`; `tied` lists the stage sets that share a tied weight.
+    pub fn grid(depth: usize, replicas: usize, tied: &[Vec<u32>]) -> Vec<Vec<InProcess>> {
+        let everyone = Arc::new(Gather::new(depth * replicas));
+        let per_stage: Vec<Arc<Gather<Vec<Tensor>>>> = (0..depth).map(|_| Arc::new(Gather::new(replicas))).collect();
+        let mut grid = Vec::new();
+        for r in 0..replicas {
+            let groups: HashMap<Vec<u32>, Arc<Gather<Vec<Tensor>>>> =
+                tied.iter().map(|set| (set.clone(), Arc::new(Gather::new(set.len())))).collect();
+            let mut row: Vec<InProcess> = (0..depth)
+                .map(|k| {
+                    let mine: HashMap<Vec<u32>, Arc<Gather<Vec<Tensor>>>> =
+                        groups.iter().filter(|(set, _)| set.contains(&(k as u32))).map(|(s, g)| (s.clone(), g.clone())).collect();
+                    let mut all: Vec<Arc<dyn Abort>> = vec![everyone.clone(), per_stage[k].clone()];
+                    all.extend(mine.values().map(|g| g.clone() as Arc<dyn Abort>));
+                    InProcess {
+                        stage: k as u32,
+                        replica: r,
+                        fwd_in: None,
+                        fwd_out: None,
+                        bwd_in: None,
+                        bwd_out: None,
+                        everyone: everyone.clone(),
+                        replicas: per_stage[k].clone(),
+                        tied: mine,
+                        all,
+                    }
+                })
+                .collect();
+            for k in 0..depth.saturating_sub(1) {
+                let (ftx, frx) = std::sync::mpsc::channel();
+                let (btx, brx) = std::sync::mpsc::channel();
+                row[k].fwd_out = Some(ftx);
+                row[k + 1].fwd_in = Some(frx);
+                row[k + 1].bwd_out = Some(btx);
+                row[k].bwd_in = Some(brx);
+            }
+            grid.push(row);
         }
-        ts
+        grid
     }
 }
 
@@ -72,6 +122,19 @@ fn recv(rx: &Option<Receiver<Msg>>, mb: u64, what: &str) -> Result<Named, String
     Ok(msg.tensors)
 }
 
+/// Element-wise sum of equally long tensor lists, in list order.
+fn sum_lists(parts: Vec<Vec<Tensor>>) -> Vec<Tensor> {
+    tch::no_grad(|| {
+        let mut it = parts.into_iter();
+        let first = it.next().unwrap_or_default();
+        it.fold(first, |acc, p| acc.iter().zip(&p).map(|(a, b)| a + b).collect())
+    })
+}
+
+fn share(ts: &Vec<Tensor>) -> Vec<Tensor> {
+    ts.iter().map(|t| t.shallow_clone()).collect()
+}
+
 impl Transport for InProcess {
     fn send_forward(&mut self, mb: u64, tensors: Named) -> Result<(), String> {
         send(&self.fwd_out, mb, tensors, "next")
@@ -86,61 +149,88 @@ impl Transport for InProcess {
         recv(&self.bwd_in, mb, "next")
     }
     fn all_reduce_sum(&mut self, x: f64) -> Result<f64, String> {
-        self.reducer.all_reduce(x)
+        let rank = self.replica * (self.everyone.n / self.replicas.n.max(1)) + self.stage as usize;
+        self.everyone.reduce(rank, x, |xs| xs.into_iter().sum(), |x| *x)
+    }
+    fn all_reduce_replicas(&mut self, tensors: Vec<Tensor>) -> Result<Vec<Tensor>, String> {
+        if self.replicas.n == 1 {
+            return Ok(tensors);
+        }
+        self.replicas.reduce(self.replica, tensors, sum_lists, share)
+    }
+    fn all_reduce_tied(&mut self, stages: &[u32], tensors: Vec<Tensor>) -> Result<Vec<Tensor>, String> {
+        let g = self.tied.get(stages).ok_or_else(|| format!("stage {} is not in a tied-weight group {stages:?}", self.stage))?;
+        let rank = stages.iter().position(|&s| s == self.stage).unwrap_or(0);
+        g.reduce(rank, tensors, sum_lists, share)
     }
     fn abort(&mut self) {
-        self.reducer.abort();
+        for g in &self.all {
+            g.abort();
+        }
     }
 }
 
-/// A reusable sum-barrier over a fixed number of participants.
-struct Reducer {
+trait Abort: Send + Sync {
+    fn abort(&self);
+}
+
+/// A reusable all-reduce over `n` ranked participants: each contributes a value, the last
+/// to arrive combines them in rank order, and every participant gets a share of the result.
+struct Gather<T> {
     n: usize,
-    state: Mutex<RState>,
+    state: Mutex<GState<T>>,
     cv: Condvar,
 }
 
-#[derive(Default)]
-struct RState {
+struct GState<T> {
     generation: u64,
-    count: usize,
-    acc: f64,
-    result: f64,
+    parts: Vec<Option<T>>,
+    arrived: usize,
+    result: Option<T>,
     aborted: bool,
 }
 
-impl Reducer {
+impl<T: Send> Gather<T> {
     fn new(n: usize) -> Self {
-        Reducer { n, state: Mutex::new(RState::default()), cv: Condvar::new() }
+        let state = GState { generation: 0, parts: (0..n).map(|_| None).collect(), arrived: 0, result: None, aborted: false };
+        Gather { n, state: Mutex::new(state), cv: Condvar::new() }
     }
 
-    fn all_reduce(&self, x: f64) -> Result<f64, String> {
-        let aborted = || "all-reduce aborted: another stage has stopped".to_string();
+    fn reduce(&self, rank: usize, x: T, combine: impl FnOnce(Vec<T>) -> T, share: impl Fn(&T) -> T) -> Result<T, String> {
+        let aborted = || "reduction aborted: another worker has stopped".to_string();
         let mut s = self.state.lock().map_err(|_| aborted())?;
         if s.aborted {
             return Err(aborted());
         }
+        if rank >= self.n || s.parts[rank].is_some() {
+            return Err(format!("reduction: rank {rank} of {} contributed twice or is out of range", self.n));
+        }
         let gen = s.generation;
-        s.acc += x;
-        s.count += 1;
-        if s.count == self.n {
-            s.result = s.acc;
-            s.acc = 0.0;
-            s.count = 0;
+        s.parts[rank] = Some(x);
+        s.arrived += 1;
+        if s.arrived == self.n {
+            let parts: Vec<T> = s.parts.iter_mut().map(|p| p.take()).collect::<Option<_>>().ok_or_else(aborted)?;
+            let result = combine(parts);
+            let mine = share(&result);
+            s.result = Some(result);
+            s.arrived = 0;
             s.generation += 1;
             self.cv.notify_all();
-            return Ok(s.result);
+            return Ok(mine);
         }
+        // The result of `gen` stays until all `n` have arrived at `gen + 1`, which needs
+        // every waiter of `gen` to have left, so it cannot be overwritten under a waiter.
         while s.generation == gen && !s.aborted {
             s = self.cv.wait(s).map_err(|_| aborted())?;
         }
         if s.generation == gen {
-            Err(aborted())
-        } else {
-            Ok(s.result)
+            return Err(aborted());
         }
+        s.result.as_ref().map(&share).ok_or_else(aborted)
     }
+}
 
+impl<T: Send> Abort for Gather<T> {
     fn abort(&self) {
         if let Ok(mut s) = self.state.lock() {
             s.aborted = true;

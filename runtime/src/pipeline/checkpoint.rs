@@ -1,0 +1,249 @@
+//! Training checkpoints: every stage's weights (both versions under 2BW), optimizer state
+//! and running statistics after a given number of batches, so training can resume and
+//! reach the same weights as an uninterrupted run.
+//!
+//! Layout: `DIR/step-000012/` holds `checkpoint.json` (step, depth, schedule, the
+//! pipeline id of the modules, the stage files) and one `stageK.safetensors` per stage
+//! with tensors named `w/NAME` (newest weights), `shadow/NAME` (2BW: the older version the
+//! next batch's microbatches still run with), `opt.m/NAME`, `opt.v/NAME` (optimizer
+//! moments or momentum) and `buf/NAME` (BatchNormalization running statistics as of the
+//! end of the batch). The folder is written under a temporary name and renamed into
+//! place, so a step folder is either complete or absent.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use safetensors::tensor::{Dtype, TensorView};
+use safetensors::SafeTensors;
+use serde::{Deserialize, Serialize};
+use tch::Tensor;
+
+use crate::exec::{tensor_from_bytes, tensor_to_bytes};
+use crate::kernel::ElemType;
+use crate::module::dtype_of;
+
+/// One stage's training state after `step` batches.
+#[derive(Debug)]
+pub struct StageState {
+    pub stage: usize,
+    pub newest: Vec<(String, Tensor)>,
+    /// 2BW only: the version before `newest`; empty for the other schedules.
+    pub shadow: Vec<(String, Tensor)>,
+    /// Optimizer steps taken (for Adam's bias correction).
+    pub opt_steps: i32,
+    pub opt_m: Vec<(String, Tensor)>,
+    pub opt_v: Vec<(String, Tensor)>,
+    /// Running statistics (non-trainable tensors training updates).
+    pub buffers: Vec<(String, Tensor)>,
+}
+
+/// The whole pipeline's state after `step` batches.
+#[derive(Debug)]
+pub struct Checkpoint {
+    pub step: u64,
+    /// `Program::pipeline` of the modules that were trained.
+    pub pipeline: String,
+    /// `2bw`, `flush` or `gpipe`.
+    pub schedule: String,
+    pub stages: Vec<StageState>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    #[error("{path}: {message}")]
+    At { path: PathBuf, message: String },
+}
+
+fn at(path: &Path, message: impl Into<String>) -> CheckpointError {
+    CheckpointError::At { path: path.to_path_buf(), message: message.into() }
+}
+
+#[derive(Serialize, Deserialize)]
+struct Manifest {
+    format: String,
+    version: u32,
+    step: u64,
+    depth: usize,
+    schedule: String,
+    pipeline: String,
+    stages: Vec<String>,
+}
+
+const FORMAT: &str = "pipewright-checkpoint";
+const MANIFEST: &str = "checkpoint.json";
+
+/// The folder name of the checkpoint after `step` batches.
+pub fn step_dir_name(step: u64) -> String {
+    format!("step-{step:06}")
+}
+
+/// Writes `ck` as `dir/step-NNNNNN/` (replacing an older folder of that step) and returns
+/// that folder. Nothing is visible under the final name until every file is complete.
+pub fn write_checkpoint(dir: &Path, ck: &Checkpoint) -> Result<PathBuf, CheckpointError> {
+    std::fs::create_dir_all(dir).map_err(|e| at(dir, format!("cannot create the checkpoint folder: {e}")))?;
+    let name = step_dir_name(ck.step);
+    let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    let result = write_into(&tmp, ck).and_then(|()| publish(&tmp, &dir.join(&name)));
+    if result.is_err() {
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
+    result.map(|()| dir.join(name))
+}
+
+fn write_into(tmp: &Path, ck: &Checkpoint) -> Result<(), CheckpointError> {
+    std::fs::create_dir(tmp).map_err(|e| at(tmp, format!("cannot create: {e}")))?;
+    let mut files = Vec::new();
+    for st in &ck.stages {
+        let file = format!("stage{}.safetensors", st.stage);
+        let bytes = encode_stage(st, ck.step).map_err(|m| at(&tmp.join(&file), m))?;
+        write_synced(&tmp.join(&file), &bytes)?;
+        files.push(file);
+    }
+    let manifest = Manifest {
+        format: FORMAT.into(),
+        version: 1,
+        step: ck.step,
+        depth: ck.stages.len(),
+        schedule: ck.schedule.clone(),
+        pipeline: ck.pipeline.clone(),
+        stages: files,
+    };
+    let json = serde_json::to_vec_pretty(&manifest).map_err(|e| at(tmp, e.to_string()))?;
+    write_synced(&tmp.join(MANIFEST), &json)
+}
+
+fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
+    use std::io::Write;
+    let mut f = std::fs::File::create(path).map_err(|e| at(path, format!("cannot create: {e}")))?;
+    f.write_all(bytes).and_then(|()| f.sync_all()).map_err(|e| at(path, format!("cannot write: {e}")))
+}
+
+fn publish(tmp: &Path, target: &Path) -> Result<(), CheckpointError> {
+    let old = target.with_extension(format!("old-{}", std::process::id()));
+    let had_old = target.exists();
+    if had_old {
+        std::fs::rename(target, &old).map_err(|e| at(target, format!("cannot move the older checkpoint aside: {e}")))?;
+    }
+    std::fs::rename(tmp, target).map_err(|e| at(target, format!("cannot rename the new checkpoint into place: {e}")))?;
+    if had_old {
+        let _ = std::fs::remove_dir_all(&old);
+    }
+    Ok(())
+}
+
+fn encode_stage(st: &StageState, step: u64) -> Result<Vec<u8>, String> {
+    let groups: [(&str, &Vec<(String, Tensor)>); 5] =
+        [("w", &st.newest), ("shadow", &st.shadow), ("opt.m", &st.opt_m), ("opt.v", &st.opt_v), ("buf", &st.buffers)];
+    // safetensors 0.3 writes an unreadable header for an empty tensor map with metadata
+    // (a stage may hold no weights), so every file carries its step as a tensor too.
+    let mut raw: Vec<(String, ElemType, Vec<usize>, Vec<u8>)> = vec![("meta/step".into(), ElemType::I64, vec![1], (step as i64).to_le_bytes().to_vec())];
+    for (prefix, list) in groups {
+        for (name, t) in list {
+            let (elem, dims, bytes) = tensor_to_bytes(t).map_err(|e| format!("tensor {name:?}: {e}"))?;
+            raw.push((format!("{prefix}/{name}"), elem, dims.iter().map(|&d| d as usize).collect(), bytes));
+        }
+    }
+    let views = raw
+        .iter()
+        .map(|(n, e, d, b)| TensorView::new(dtype_of(*e), d.clone(), b).map(|v| (n.clone(), v)).map_err(|e| format!("tensor {n:?}: {e:?}")))
+        .collect::<Result<Vec<_>, _>>()?;
+    let meta: HashMap<String, String> =
+        [("stage".to_string(), st.stage.to_string()), ("step".into(), step.to_string()), ("opt_steps".into(), st.opt_steps.to_string())]
+            .into_iter()
+            .collect();
+    safetensors::serialize(views, &Some(meta)).map_err(|e| format!("{e:?}"))
+}
+
+/// Reads a checkpoint: `path` is a step folder, or a folder of step folders (the newest
+/// complete one is taken).
+pub fn read_checkpoint(path: &Path) -> Result<Checkpoint, CheckpointError> {
+    let dir = if path.join(MANIFEST).is_file() { path.to_path_buf() } else { newest_step_dir(path)? };
+    let mpath = dir.join(MANIFEST);
+    let text = std::fs::read(&mpath).map_err(|e| at(&mpath, format!("cannot read: {e}")))?;
+    let m: Manifest = serde_json::from_slice(&text).map_err(|e| at(&mpath, format!("not a pipewright checkpoint manifest: {e}")))?;
+    if m.format != FORMAT || m.version != 1 {
+        return Err(at(&mpath, format!("unsupported checkpoint format {:?} version {}", m.format, m.version)));
+    }
+    if m.stages.len() != m.depth {
+        return Err(at(&mpath, format!("lists {} stage files for depth {}", m.stages.len(), m.depth)));
+    }
+    let mut stages = Vec::new();
+    for (k, file) in m.stages.iter().enumerate() {
+        if file.contains('/') || file.contains('\\') || file.starts_with('.') {
+            return Err(at(&mpath, format!("stage file name {file:?} is not a plain file name")));
+        }
+        let p = dir.join(file);
+        let bytes = std::fs::read(&p).map_err(|e| at(&p, format!("cannot read: {e}")))?;
+        stages.push(decode_stage(&bytes, k).map_err(|msg| at(&p, msg))?);
+    }
+    Ok(Checkpoint { step: m.step, pipeline: m.pipeline, schedule: m.schedule, stages })
+}
+
+fn newest_step_dir(parent: &Path) -> Result<PathBuf, CheckpointError> {
+    let entries = std::fs::read_dir(parent).map_err(|e| at(parent, format!("cannot read the checkpoint folder: {e}")))?;
+    let mut best: Option<(u64, PathBuf)> = None;
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().to_string();
+        let Some(step) = name.strip_prefix("step-").and_then(|s| s.parse::<u64>().ok()) else { continue };
+        if e.path().join(MANIFEST).is_file() && best.as_ref().map_or(true, |(b, _)| step > *b) {
+            best = Some((step, e.path()));
+        }
+    }
+    best.map(|(_, p)| p).ok_or_else(|| at(parent, "no checkpoint here (expected checkpoint.json or step-NNNNNN folders)"))
+}
+
+fn elem_of_dtype(d: Dtype) -> Option<ElemType> {
+    Some(match d {
+        Dtype::F32 => ElemType::F32,
+        Dtype::F16 => ElemType::F16,
+        Dtype::BF16 => ElemType::Bf16,
+        Dtype::F64 => ElemType::F64,
+        Dtype::I64 => ElemType::I64,
+        Dtype::I32 => ElemType::I32,
+        Dtype::I16 => ElemType::I16,
+        Dtype::I8 => ElemType::I8,
+        Dtype::U8 => ElemType::U8,
+        Dtype::BOOL => ElemType::Bool,
+        _ => return None,
+    })
+}
+
+fn decode_stage(bytes: &[u8], k: usize) -> Result<StageState, String> {
+    let (_, meta) = SafeTensors::read_metadata(bytes).map_err(|e| format!("not a safetensors file: {e:?}"))?;
+    let meta = meta.metadata().clone().unwrap_or_default();
+    let field = |name: &str| meta.get(name).and_then(|v| v.parse::<i64>().ok()).ok_or_else(|| format!("metadata lacks {name:?}"));
+    if field("stage")? != k as i64 {
+        return Err(format!("holds stage {}, expected stage {k}", field("stage")?));
+    }
+    let st = SafeTensors::deserialize(bytes).map_err(|e| format!("not a safetensors file: {e:?}"))?;
+    let mut state = StageState {
+        stage: k,
+        newest: Vec::new(),
+        shadow: Vec::new(),
+        opt_steps: field("opt_steps")? as i32,
+        opt_m: Vec::new(),
+        opt_v: Vec::new(),
+        buffers: Vec::new(),
+    };
+    let mut names: Vec<String> = st.names().into_iter().cloned().collect();
+    names.sort();
+    for full in names {
+        let view = st.tensor(&full).map_err(|e| format!("tensor {full:?}: {e:?}"))?;
+        let elem = elem_of_dtype(view.dtype()).ok_or_else(|| format!("tensor {full:?}: unsupported dtype {:?}", view.dtype()))?;
+        let dims: Vec<i64> = view.shape().iter().map(|&d| d as i64).collect();
+        let t = tensor_from_bytes(elem, &dims, view.data()).map_err(|e| format!("tensor {full:?}: {e}"))?;
+        let (prefix, name) = full.split_once('/').ok_or_else(|| format!("tensor {full:?} has no group prefix"))?;
+        let list = match prefix {
+            "w" => &mut state.newest,
+            "shadow" => &mut state.shadow,
+            "opt.m" => &mut state.opt_m,
+            "opt.v" => &mut state.opt_v,
+            "buf" => &mut state.buffers,
+            "meta" => continue,
+            other => return Err(format!("tensor {full:?}: unknown group {other:?}")),
+        };
+        list.push((name.to_string(), t));
+    }
+    Ok(state)
+}
