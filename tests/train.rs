@@ -94,3 +94,69 @@ fn export_writes_the_trained_weights_into_the_model() {
     let resumed = train(again.path(), "3");
     assert!(losses[0] > 2.0 && resumed[0] < 0.5, "fresh start {} vs exported start {}", losses[0], resumed[0]);
 }
+
+fn train_args<'a>(dir: &'a Path, data: &'a Path, steps: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec![
+        "train", dir.to_str().unwrap(), "--data", data.to_str().unwrap(), "--label", "label", "--output", "linear_3",
+        "--steps", steps, "--microbatch", "8", "--microbatches", "3", "--optimizer", "adam", "--lr", "0.003", "--no-progress",
+    ];
+    args.extend_from_slice(extra);
+    args
+}
+
+/// Interrupting a run at a checkpoint and resuming it gives bit-identical weights under
+/// every schedule (2BW included: both weight versions and Adam's moments are restored).
+#[test]
+fn resuming_from_a_checkpoint_reaches_the_same_weights() {
+    let data = root().join("examples/digits/digits.npz");
+    for schedule in ["2bw", "flush", "gpipe"] {
+        let dir = tempfile::tempdir().expect("temp dir");
+        compile(dir.path(), "3", schedule, if schedule == "gpipe" { "full" } else { "none" });
+        let out = pw(&train_args(dir.path(), &data, "7", &["--checkpoint-every", "3"]));
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let weights = dir.path().join("weights.safetensors");
+        let uninterrupted = std::fs::read(&weights).expect("weights written");
+        let ckpts = dir.path().join("checkpoints");
+        for step in ["000003", "000006"] {
+            let step_dir = ckpts.join(format!("step-{step}"));
+            assert!(step_dir.join("checkpoint.json").is_file(), "{schedule}: checkpoint {step} written");
+            let leftovers: Vec<_> = std::fs::read_dir(&ckpts).unwrap().flatten().filter(|e| e.file_name().to_string_lossy().contains(".tmp")).collect();
+            assert!(leftovers.is_empty(), "{schedule}: temporary folders left behind");
+            std::fs::remove_file(&weights).unwrap();
+            let out = pw(&train_args(dir.path(), &data, "7", &["--resume", step_dir.to_str().unwrap()]));
+            assert!(out.status.success(), "{schedule} resume {step}: {}", String::from_utf8_lossy(&out.stderr));
+            let resumed = std::fs::read(&weights).expect("weights written");
+            assert!(resumed == uninterrupted, "{schedule}: resuming from step {step} changed the weights");
+        }
+        // A different schedule's modules refuse the checkpoint.
+        let other = tempfile::tempdir().expect("temp dir");
+        compile(other.path(), "3", if schedule == "2bw" { "flush" } else { "2bw" }, "none");
+        let out = pw(&train_args(other.path(), &data, "7", &["--resume", ckpts.to_str().unwrap()]));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains("checkpoint") && !err.contains("panicked"), "{schedule}: {err}");
+    }
+}
+
+/// Two replicas train to a low loss; a stage module from another compile is refused by name.
+#[test]
+fn replicas_train_and_mismatched_modules_are_refused() {
+    let data = root().join("examples/digits/digits.npz");
+    let dir = tempfile::tempdir().expect("temp dir");
+    compile(dir.path(), "2", "2bw", "none");
+    let metrics = dir.path().join("m.jsonl");
+    let out = pw(&train_args(dir.path(), &data, "120", &["--replicas", "2", "--metrics", metrics.to_str().unwrap()]));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&metrics).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.len(), 120);
+    assert_eq!(lines[0]["samples"].as_u64(), Some(2 * 3 * 8), "a step is replicas x microbatches x microbatch samples");
+    let last = lines[110..].iter().map(|l| l["loss"].as_f64().unwrap()).sum::<f64>() / 10.0;
+    assert!(last < 0.6, "two replicas: loss {last}");
+
+    let other = tempfile::tempdir().expect("temp dir");
+    compile(other.path(), "2", "2bw", "full");
+    std::fs::copy(other.path().join("stage1.pwm"), dir.path().join("stage1.pwm")).unwrap();
+    let out = pw(&train_args(dir.path(), &data, "3", &[]));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "mixed modules must be refused");
+    assert!(err.contains("stage1.pwm") && err.contains("another compile"), "{err}");
+}

@@ -284,3 +284,51 @@ fn schedules_generate_expected_ops() {
     let lr = LrSchedule { warmup_steps: 2, decay: Decay::Linear { total_steps: 4, final_lr: 0.0 } };
     assert_eq!((0..5).map(|t| lr.at(1.0, t)).collect::<Vec<_>>(), vec![0.5, 1.0, 1.0, 0.5, 0.0]);
 }
+
+/// `w` replicas of a `d`-stage pipeline, each fed every `w`-th microbatch, equal
+/// single-stage training on the whole batch: the gradient all-reduce averages over all
+/// `w * m` microbatches (vanilla for GPipe/Flush, the 1-stale rule for 2BW).
+#[test]
+fn replicas_average_gradients_over_the_whole_batch() {
+    let steps = 3;
+    let data = dataset(steps, 2 * M, None);
+    for sched in [Schedule::TwoBW, Schedule::Flush, Schedule::GPipe] {
+        let want = ref_train(&data, Optimizer::adam(), 0.05, sched == Schedule::TwoBW, Some(0.5));
+        for d in [1, 2, 3] {
+            let what = format!("{sched:?} d={d} w=2");
+            let mut c = cfg(sched, Optimizer::adam(), 0.05, steps);
+            c.replicas = 2;
+            c.clip_norm = Some(0.5);
+            let mut reports = Vec::new();
+            let r = train(stages(d, Recompute::Full), &c, feed(&data), &mut |s| reports.push(s)).unwrap_or_else(|e| panic!("{what}: {e}"));
+            assert_weights(&r, &want, &what);
+            assert_eq!(reports.iter().map(|r| r.samples).collect::<Vec<_>>(), vec![2 * 2 * M; steps], "{what}");
+        }
+    }
+    // A batch the replicas cannot share evenly is refused.
+    let mut c = cfg(Schedule::Flush, Optimizer::sgd(), 0.1, 1);
+    c.replicas = 3;
+    let e = train(stages(2, Recompute::None), &c, feed(&dataset(1, 4, None)), &mut |_| {}).unwrap_err();
+    assert!(e.to_string().contains("cannot share evenly"), "{e}");
+}
+
+/// The runtime's live-bytes counter: 2BW without recomputation holds two weight versions,
+/// the gradient accumulator and `d` microbatches' activations at stage 0; with full
+/// recomputation only the stashed inputs plus one microbatch's activations.
+#[test]
+fn memory_counter_sees_versions_and_stashes() {
+    let d = 2;
+    let data = dataset(4, M, None);
+    let run = |rec| train(stages(d, rec), &cfg(Schedule::TwoBW, Optimizer::sgd(), 0.1, 4), feed(&data), &mut |_| {}).unwrap();
+    let (none, full) = (run(Recompute::None), run(Recompute::Full));
+    let w0: u64 = none.weights[0].iter().map(|(_, t)| pipewright_runtime::pipeline::bytes_of(t)).sum();
+    for r in [&none, &full] {
+        let m0 = r.memory[0];
+        assert_eq!(m0.versions, 2, "{m0:?}");
+        assert_eq!(m0.weights, 2 * w0, "{m0:?}");
+        assert_eq!(m0.optimizer, 0, "plain SGD keeps no state");
+        assert!(m0.in_flight <= d && m0.in_flight >= 1, "{m0:?}");
+        assert_eq!(m0.total, m0.weights + m0.gradients + m0.optimizer + m0.activations + m0.constants);
+    }
+    assert!(full.memory[0].activations < none.memory[0].activations, "recomputation stashes less: {:?} vs {:?}", full.memory[0], none.memory[0]);
+}
