@@ -154,11 +154,13 @@ fn params_text(depth: u32, schedule: Schedule, recompute: Recompute) -> String {
     format!("{depth}|{schedule:?}|{recompute:?}")
 }
 
-/// The id every stage of this compile carries: a hash of the source model (path, size,
-/// modification time), the stage parameters and the node-to-stage assignment. The same
-/// compile run twice gives the same id (and byte-identical modules); a different model or
-/// partition gives another, so `train` refuses to mix their stages.
+/// The id every stage of this compile carries: a CRC-32 of the source model's bytes
+/// joined with a hash of the stage parameters and the node-to-stage assignment. The same
+/// compile run twice (anywhere) gives the same id and byte-identical modules; another
+/// model, other weights or another partition give another, so `train` refuses to mix
+/// their stages.
 fn pipeline_id(model: &Path, params: &str, slices: &[StageSlice]) -> String {
+    let content = std::fs::read(model).map(|b| crc32fast::hash(&b)).unwrap_or(0);
     // FNV-1a: stable across builds and Rust versions, unlike std's DefaultHasher.
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     let mut feed = |bytes: &[u8]| {
@@ -166,13 +168,6 @@ fn pipeline_id(model: &Path, params: &str, slices: &[StageSlice]) -> String {
             h = (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
         }
     };
-    feed(model.to_string_lossy().as_bytes());
-    if let Ok(meta) = std::fs::metadata(model) {
-        feed(&meta.len().to_le_bytes());
-        if let Ok(t) = meta.modified().map(|t| t.duration_since(std::time::UNIX_EPOCH).unwrap_or_default()) {
-            feed(&t.as_nanos().to_le_bytes());
-        }
-    }
     feed(params.as_bytes());
     for s in slices {
         feed(&s.stage.to_le_bytes());
@@ -180,7 +175,7 @@ fn pipeline_id(model: &Path, params: &str, slices: &[StageSlice]) -> String {
             feed(&(n.index() as u64).to_le_bytes());
         }
     }
-    format!("{h:016x}")
+    format!("{content:08x}{:08x}", (h >> 32) as u32 ^ h as u32)
 }
 
 pub fn run(args: &CompileArgs) -> Result<()> {

@@ -67,6 +67,9 @@ pub fn print_module(m: &pipewright_runtime::module::StageModule) -> String {
     let _ = writeln!(s, "recompute:    {}", h.params.recompute);
     let _ = writeln!(s, "version:      {}", h.version);
     let _ = writeln!(s, "checksum:     {:#010x}", h.checksum);
+    if !p.pipeline.is_empty() {
+        let _ = writeln!(s, "pipeline:     {}", p.pipeline);
+    }
     let _ = writeln!(
         s,
         "sections:     program {} bytes at {}, weights {} bytes at {}",
@@ -91,7 +94,13 @@ pub fn print_module(m: &pipewright_runtime::module::StageModule) -> String {
     for t in &p.stored {
         let dims: Vec<String> = t.dims.iter().map(|d| d.to_string()).collect();
         let kind = if t.trainable { "param" } else { "const" };
-        let update = if t.update.is_empty() { String::new() } else { format!(" ({})", t.update) };
+        let sync = if t.sync.is_empty() {
+            String::new()
+        } else {
+            let st: Vec<String> = t.sync.iter().map(|k| k.to_string()).collect();
+            format!(", sync {}", st.join("+"))
+        };
+        let update = if t.update.is_empty() { String::new() } else { format!(" ({}{sync})", t.update) };
         let _ = writeln!(
             s,
             "  {}: {}[{}] {kind} x{}{update}  # {:?}",

@@ -1,0 +1,165 @@
+//! The pipeline executor on real models: gpt2-tiny and resnet18 compiled into 1..4
+//! stages train to the same weights under every schedule (PipeDream-Flush and GPipe: plain
+//! training; 2BW: the 1-stale update, which the single-stage 2BW run applies), and the
+//! runtime's peak live bytes match the planner's memory prediction.
+#![cfg(feature = "torch")]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use pipewright_runtime::module::{read_module, StageModule};
+use pipewright_runtime::pipeline::{train, Loss, Microbatch, Optimizer, Schedule, TrainConfig, TrainReport};
+use tch::{Kind, Tensor};
+
+fn model(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/corpus/models").join(format!("{name}.onnx"))
+}
+
+fn pw(args: &[&str]) {
+    let out = Command::new(env!("CARGO_BIN_EXE_pipewright")).args(args).output().expect("runs pipewright");
+    assert!(out.status.success(), "pipewright {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+fn load(dir: &Path) -> Vec<StageModule> {
+    let mut mods = Vec::new();
+    for k in 0.. {
+        let p = dir.join(format!("stage{k}.pwm"));
+        if !p.exists() {
+            break;
+        }
+        mods.push(read_module(&p).unwrap_or_else(|e| panic!("{e}")));
+    }
+    mods
+}
+
+fn compile(name: &str, d: usize, schedule: &str, recompute: &str, dir: &Path) -> Vec<StageModule> {
+    let m = model(name);
+    pw(&["compile", m.to_str().unwrap(), "--stages", &d.to_string(), "--schedule", schedule, "--recompute", recompute, "-o", dir.to_str().unwrap()]);
+    load(dir)
+}
+
+/// Seeded random batches: `steps` batches of `m` microbatches of `b` samples.
+fn batches(name: &str, steps: usize, m: usize, b: i64) -> Vec<Vec<(Tensor, Tensor)>> {
+    tch::manual_seed(7);
+    (0..steps)
+        .map(|_| {
+            (0..m)
+                .map(|_| match name {
+                    "gpt2-tiny" => (Tensor::randint(1000, [b, 32], (Kind::Int64, tch::Device::Cpu)), Tensor::randint(1000, [b, 32], (Kind::Int64, tch::Device::Cpu))),
+                    "resnet18" => (Tensor::randn([b, 3, 224, 224], (Kind::Float, tch::Device::Cpu)), Tensor::randint(1000, [b], (Kind::Int64, tch::Device::Cpu))),
+                    other => panic!("no data for {other}"),
+                })
+                .collect()
+        })
+        .collect()
+}
+
+fn feed(name: &str, data: &[Vec<(Tensor, Tensor)>]) -> Box<dyn Iterator<Item = Vec<Microbatch>> + Send> {
+    let input = if name == "gpt2-tiny" { "input_ids" } else { "x" };
+    let v: Vec<Vec<Microbatch>> = data
+        .iter()
+        .map(|b| b.iter().map(|(x, y)| Microbatch { inputs: vec![(input.into(), x.shallow_clone())], labels: Some(y.shallow_clone()) }).collect())
+        .collect();
+    Box::new(v.into_iter())
+}
+
+fn run(name: &str, stages: Vec<StageModule>, schedule: Schedule, data: &[Vec<(Tensor, Tensor)>]) -> TrainReport {
+    let mut cfg = TrainConfig::new(schedule, Loss::CrossEntropy { output: "linear".into() }, 0.05, data.len());
+    cfg.optimizer = Optimizer::Sgd { momentum: 0.9, weight_decay: 0.0 };
+    train(stages, &cfg, feed(name, data), &mut |_| {}).unwrap_or_else(|e| panic!("{name} {schedule:?}: {e}"))
+}
+
+/// Every weight of `got` (tied copies in several stages included) equals the reference's
+/// within 1e-5 of the weight's largest magnitude; returns the largest relative difference.
+fn assert_same_weights(got: &TrainReport, want: &TrainReport, what: &str) -> f64 {
+    let reference: Vec<&(String, Tensor)> = want.weights.iter().flatten().collect();
+    let mut worst: f64 = 0.0;
+    let mut seen = 0;
+    for (name, g) in got.weights.iter().flatten() {
+        let (_, w) = reference.iter().find(|(n, _)| n == name).unwrap_or_else(|| panic!("{what}: {name} not in the reference"));
+        let diff = (g - w).abs().max().double_value(&[]);
+        let scale = w.abs().max().double_value(&[]).max(1e-12);
+        assert!(diff / scale <= 1e-5, "{what}: {name} differs by {diff} (scale {scale})");
+        worst = worst.max(diff / scale);
+        seen += 1;
+    }
+    assert!(seen >= reference.len(), "{what}: {seen} weights, the reference has {}", reference.len());
+    worst
+}
+
+fn same_weights_at_every_depth(name: &str, steps: usize, b: i64) {
+    let data = batches(name, steps, 4, b);
+    for (schedule, sched, recompute) in [("gpipe", Schedule::GPipe, "full"), ("flush", Schedule::Flush, "none"), ("2bw", Schedule::TwoBW, "full")] {
+        let tmp = tempfile::tempdir().expect("temp dir");
+        let single = run(name, compile(name, 1, schedule, recompute, &tmp.path().join("d1")), sched, &data);
+        let initial = load(&tmp.path().join("d1"));
+        let moved = single.weights[0].iter().any(|(n, t)| {
+            let p = &initial[0].program;
+            let s = p.stored.iter().find(|s| &p.slots[s.slot.index()].name == n).expect("stored weight");
+            let t0 = pipewright_runtime::exec::tensor_from_bytes(s.elem, &s.dims, &s.bytes).unwrap();
+            (t - t0).abs().max().double_value(&[]) > 1e-6
+        });
+        assert!(moved, "{name} {schedule}: training did not change the weights");
+        for d in 2..=4 {
+            let what = format!("{name} {schedule} d={d}");
+            let r = run(name, compile(name, d, schedule, recompute, &tmp.path().join(format!("d{d}"))), sched, &data);
+            assert_eq!(r.weights.len(), d);
+            let worst = assert_same_weights(&r, &single, &what);
+            eprintln!("{what}: largest relative weight difference to d=1: {worst:.2e}");
+            let versions = if sched == Schedule::TwoBW { 2 } else { 1 };
+            assert!(r.peak_versions.iter().all(|&v| v <= versions), "{what}: {:?}", r.peak_versions);
+        }
+    }
+}
+
+#[test]
+fn gpt2_tiny_trains_to_the_same_weights_at_every_depth() {
+    same_weights_at_every_depth("gpt2-tiny", 3, 2);
+}
+
+#[test]
+fn resnet18_trains_to_the_same_weights_at_every_depth() {
+    same_weights_at_every_depth("resnet18", 2, 1);
+}
+
+/// The planner's memory prediction for stage 0 (which holds `d` microbatches in flight,
+/// the number the planner's formula assumes for every stage) matches the runtime's peak
+/// live bytes within 10% under 2BW, with and without recomputation; later stages hold
+/// fewer microbatches and stay under the prediction; no stage holds more than two weight
+/// versions.
+#[test]
+fn peak_memory_matches_the_planner_prediction() {
+    let name = "gpt2-tiny";
+    let m = model(name);
+    let (b, mb) = (4i64, 2usize);
+    let data = batches(name, 4, mb, b);
+    for (flag, recompute) in [("off", "none"), ("on", "full")] {
+        let tmp = tempfile::tempdir().expect("temp dir");
+        let plan_file = tmp.path().join("plan.json");
+        let out = Command::new(env!("CARGO_BIN_EXE_pipewright"))
+            .args(["plan", m.to_str().unwrap(), "--stages", "2", "--workers", "2", "--microbatch", &b.to_string(), "--batch", &(b * mb as i64).to_string()])
+            .args(["--schedule", "2bw", "--recompute", flag, "--optimizer", "sgd", "--json"])
+            .output()
+            .expect("runs pipewright");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        std::fs::write(&plan_file, &out.stdout).unwrap();
+        let plan: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let predicted: Vec<u64> = plan["chosen"]["peak_memory_per_stage"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+        let build = tmp.path().join("build");
+        pw(&["compile", m.to_str().unwrap(), "--plan", plan_file.to_str().unwrap(), "--recompute", recompute, "-o", build.to_str().unwrap()]);
+        let mut cfg = TrainConfig::new(Schedule::TwoBW, Loss::CrossEntropy { output: "linear".into() }, 0.05, data.len());
+        cfg.optimizer = Optimizer::sgd();
+        let r = train(load(&build), &cfg, feed(name, &data), &mut |_| {}).unwrap();
+        for (k, (mem, &want)) in r.memory.iter().zip(&predicted).enumerate() {
+            let ratio = mem.total as f64 / want as f64;
+            eprintln!("recompute {recompute}, stage {k}: runtime peak {} B vs planner {want} B (ratio {ratio:.3}); {mem:?}", mem.total);
+            if k == 0 {
+                assert!((ratio - 1.0).abs() <= 0.10, "recompute {recompute}: stage 0 peak {} vs predicted {want}", mem.total);
+                assert_eq!(mem.in_flight, 2, "stage 0 of 2 holds 2 microbatches at its peak");
+            } else {
+                assert!(ratio <= 1.10, "recompute {recompute}: stage {k} peak {} over predicted {want}", mem.total);
+            }
+            assert!(mem.versions <= 2 && r.peak_versions[k] <= 2, "{mem:?}");
+        }
+    }
+}
