@@ -4,6 +4,7 @@
 mod checkpoint;
 mod memory;
 mod optim;
+mod pieces;
 mod schedule;
 mod stage;
 mod trace;

@@ -9,6 +9,7 @@ use tch::{Kind, Tensor};
 use super::checkpoint::StageState;
 use super::memory::{bytes_of, StageMemory};
 use super::optim::OptState;
+use super::pieces::{pieces, Engine, Piece, PieceFwd};
 use super::trace::{Recorder, TraceKind};
 use super::{Event, Loss, Op, PipelineError, StageData, TrainConfig, Transport};
 use crate::exec::{run as run_kernel, tensor_from_bytes, Mode};
@@ -28,6 +29,8 @@ pub(crate) struct StageSpec {
     /// Last stage: the loss and the index of its output in `program.outputs`.
     pub loss: Option<(Loss, usize)>,
     pub recompute_full: bool,
+    /// Selective recomputation: the program runs piece by piece ([`super::pieces`]).
+    pub recompute_selective: bool,
     pub needs_data: bool,
 }
 
@@ -74,6 +77,7 @@ pub(crate) fn specs(stages: &[StageModule], loss: &Loss) -> Result<Vec<StageSpec
             n_send,
             loss,
             recompute_full: s.header.params.recompute == Recompute::Full,
+            recompute_selective: s.header.params.recompute == Recompute::Selective,
         });
     }
     Ok(out)
@@ -102,6 +106,8 @@ struct Fwd {
     loss: Option<Tensor>,
     /// Bytes of the non-view kernel outputs this forward produced while recording a graph.
     act_bytes: u64,
+    /// Selective recomputation: the pieces' state and the leaf the loss was computed on.
+    pieces: Option<(PieceFwd, Option<Tensor>)>,
 }
 
 struct Stash {
@@ -259,6 +265,8 @@ struct Worker {
     /// BatchNormalization instructions whose running mean and variance are stored
     /// constants: `(instruction, mean index, variance index)` into `constants`.
     bn_stats: Vec<(usize, usize, usize)>,
+    /// Selective recomputation's pieces (empty otherwise).
+    pieces: Vec<Piece>,
 }
 
 impl Worker {
@@ -290,7 +298,9 @@ impl Worker {
             .filter_map(|(i, ins)| Some((i, const_index(ins.inputs.get(3).copied().flatten())?, const_index(ins.inputs.get(4).copied().flatten())?)))
             .collect();
         let constant_bytes = constants.iter().map(|(_, t)| bytes_of(t)).sum();
+        let pieces = if spec.recompute_selective { pieces(p, &param_slots) } else { Vec::new() };
         let w = Worker {
+            pieces,
             last_use: p.last_uses(),
             mode: cfg.mode,
             constants,
@@ -455,8 +465,7 @@ impl Worker {
             None
         };
         let t0 = rec.start();
-        let (pg, ig) = self.backward(&fwd, out_grads)?;
-        drop(fwd);
+        let (pg, ig) = if fwd.pieces.is_some() { self.backward_pieces(fwd, out_grads)? } else { self.backward(&fwd, out_grads)? };
         tch::no_grad(|| {
             st.acc = Some(match st.acc.take() {
                 None => pg,
@@ -625,6 +634,9 @@ impl Worker {
     /// `update_stats` (and train mode) also returns the new running statistics as
     /// `(constant index, tensor)`.
     fn forward(&self, wts: &[Tensor], inputs: &[Tensor], labels: Option<&Tensor>, grad: bool, update_stats: bool) -> Result<(Fwd, Vec<(usize, Tensor)>), E> {
+        if self.spec.recompute_selective && grad {
+            return self.forward_pieces(wts, inputs, labels, update_stats);
+        }
         let body = || -> Result<(Fwd, Vec<(usize, Tensor)>), E> {
             let leaf = |t: &Tensor| if grad && t.is_floating_point() { t.detach().set_requires_grad(true) } else { t.detach() };
             let recv: Vec<Tensor> = inputs[..self.spec.n_recv].iter().map(leaf).collect();
@@ -636,13 +648,42 @@ impl Worker {
                 Some((l, i)) => Some(loss_of(l, &run.outputs[*i], labels).map_err(|e| E::Msg(format!("loss: {e}")))?),
                 None => None,
             };
-            Ok((Fwd { params, recv, outputs: run.outputs, loss, act_bytes: run.act_bytes }, run.stats))
+            Ok((Fwd { params, recv, outputs: run.outputs, loss, act_bytes: run.act_bytes, pieces: None }, run.stats))
         };
         if grad {
             body()
         } else {
             tch::no_grad(body)
         }
+    }
+
+    fn engine(&self) -> Engine<'_> {
+        Engine {
+            program: &self.spec.program,
+            pieces: &self.pieces,
+            constants: &self.constants,
+            param_slots: &self.param_slots,
+            mode: self.mode,
+            last_use: &self.last_use,
+            bn_stats: &self.bn_stats,
+        }
+    }
+
+    /// The selective forward: kept pieces record graphs, recomputed pieces do not.
+    fn forward_pieces(&self, wts: &[Tensor], inputs: &[Tensor], labels: Option<&Tensor>, update_stats: bool) -> Result<(Fwd, Vec<(usize, Tensor)>), E> {
+        let params: Vec<Tensor> = wts.iter().map(|t| if t.is_floating_point() { t.detach().set_requires_grad(true) } else { t.detach() }).collect();
+        let (pf, stats) = self.engine().forward(&params, inputs, update_stats && self.mode == Mode::Train).map_err(E::Msg)?;
+        let (loss, loss_leaf) = match &self.spec.loss {
+            Some((l, i)) => {
+                let leaf = pf.outputs[*i].detach().set_requires_grad(pf.outputs[*i].is_floating_point());
+                let loss = loss_of(l, &leaf, labels).map_err(|e| E::Msg(format!("loss: {e}")))?;
+                (Some(loss), Some(leaf))
+            }
+            None => (None, None),
+        };
+        let recv = inputs[..self.spec.n_recv].iter().map(|t| t.shallow_clone()).collect();
+        let fwd = Fwd { params, recv, outputs: pf.outputs.iter().map(|t| t.shallow_clone()).collect(), loss, act_bytes: pf.act_bytes, pieces: None };
+        Ok((Fwd { pieces: Some((pf, loss_leaf)), ..fwd }, stats))
     }
 
     fn execute(&self, params: &[Tensor], inputs: &[Tensor], collect_stats: bool, count_act: bool) -> Result<Run, E> {
@@ -698,6 +739,29 @@ impl Worker {
         }
         let outputs = p.outputs.iter().map(|s| slots[s.index()].as_ref().map(|t| t.shallow_clone()).ok_or_else(|| unset(*s))).collect::<Result<_, _>>()?;
         Ok(Run { outputs, act_bytes, stats })
+    }
+
+    /// The selective backward: seeds from the next stage and the loss, then piece by piece.
+    fn backward_pieces(&self, f: Fwd, out_grads: Option<super::Named>) -> Result<(Vec<Tensor>, Vec<Tensor>), E> {
+        let p = &self.spec.program;
+        let Some((pf, loss_leaf)) = f.pieces else { return Err(E::Msg("selective backward without its forward state".into())) };
+        let mut seeds = Vec::new();
+        if let Some(gs) = out_grads {
+            if gs.len() != self.spec.n_send {
+                return Err(E::Msg(format!("received {} output gradients, expected {}", gs.len(), self.spec.n_send)));
+            }
+            seeds.extend(p.outputs.iter().zip(gs).map(|(s, (_, g))| (*s, g)));
+        }
+        if let (Some(loss), Some(leaf), Some((_, i))) = (&f.loss, &loss_leaf, &self.spec.loss) {
+            if leaf.requires_grad() {
+                let g = Tensor::f_run_backward(&[loss.to_kind(Kind::Double)], &[leaf], false, false).map_err(torch("loss backward"))?;
+                seeds.push((p.outputs[*i], g.into_iter().next().ok_or_else(|| E::Msg("no loss gradient".into()))?));
+            }
+        }
+        let (pg, mut ig) = self.engine().backward(pf, &f.params, seeds).map_err(E::Msg)?;
+        let pg = pg.into_iter().zip(&f.params).map(|(g, t)| g.unwrap_or_else(|| t.zeros_like())).collect();
+        let ig = p.inputs[..self.spec.n_recv].iter().zip(&f.recv).map(|(s, t)| ig.remove(s).unwrap_or_else(|| t.zeros_like())).collect();
+        Ok((pg, ig))
     }
 
     /// Weight gradients and received-input gradients (zeros where nothing flows).

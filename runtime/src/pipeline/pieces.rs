@@ -1,0 +1,298 @@
+//! Selective recomputation: the stage program is cut into maximal runs of instructions
+//! with the same recompute flag ("pieces"). A kept piece runs with autograd and keeps its
+//! graph (what its backward needs stays alive); a recomputed piece runs without a graph
+//! and keeps only its inputs, and reruns with autograd right before its backward. Every
+//! piece's inputs are detached leaves, so the backward runs piece by piece in reverse,
+//! carrying the gradient of each value from the pieces that read it to the piece that
+//! wrote it. Values only a recomputed piece's internals use are freed after the forward.
+
+use std::collections::HashMap;
+use std::ops::Range;
+
+use tch::{Kind, Tensor};
+
+use super::memory::bytes_of;
+use crate::exec::{run as run_kernel, Mode};
+use crate::program::{Program, SlotId};
+
+/// A maximal run of instructions with the same recompute flag.
+#[derive(Clone, Debug)]
+pub(crate) struct Piece {
+    range: Range<usize>,
+    recompute: bool,
+    /// Slots it reads that are written before it (stage inputs, earlier pieces' values);
+    /// stored tensors excluded.
+    inputs: Vec<SlotId>,
+    /// Slots it writes that are read after it or are program outputs.
+    outputs: Vec<SlotId>,
+    /// Indices into the trainable weights it reads.
+    params: Vec<usize>,
+}
+
+/// The pieces of `p`; `param_slots` are the trainable weights, `stored` every stored slot.
+pub(crate) fn pieces(p: &Program, param_slots: &[SlotId]) -> Vec<Piece> {
+    let stored: Vec<bool> = {
+        let mut v = vec![false; p.slots.len()];
+        for s in &p.stored {
+            v[s.slot.index()] = true;
+        }
+        v
+    };
+    let mut out: Vec<Piece> = Vec::new();
+    for (i, ins) in p.instrs.iter().enumerate() {
+        match out.last_mut() {
+            Some(last) if last.recompute == ins.recompute => last.range.end = i + 1,
+            _ => out.push(Piece { range: i..i + 1, recompute: ins.recompute, inputs: Vec::new(), outputs: Vec::new(), params: Vec::new() }),
+        }
+    }
+    let defined_in: Vec<Option<usize>> = {
+        let mut v = vec![None; p.slots.len()];
+        for (pi, piece) in out.iter().enumerate() {
+            for ins in &p.instrs[piece.range.clone()] {
+                for s in ins.outputs.iter().flatten() {
+                    v[s.index()] = Some(pi);
+                }
+            }
+        }
+        v
+    };
+    let mut read_after: Vec<Option<usize>> = vec![None; p.slots.len()];
+    for (pi, piece) in out.iter().enumerate() {
+        for ins in &p.instrs[piece.range.clone()] {
+            for s in ins.inputs.iter().flatten() {
+                read_after[s.index()] = Some(read_after[s.index()].map_or(pi, |r: usize| r.max(pi)));
+            }
+        }
+    }
+    for s in &p.outputs {
+        read_after[s.index()] = Some(usize::MAX);
+    }
+    for (pi, piece) in out.iter_mut().enumerate() {
+        for ins in &p.instrs[piece.range.clone()] {
+            for s in ins.inputs.iter().flatten() {
+                if let Some(k) = param_slots.iter().position(|x| x == s) {
+                    if !piece.params.contains(&k) {
+                        piece.params.push(k);
+                    }
+                } else if !stored[s.index()] && defined_in[s.index()] != Some(pi) && !piece.inputs.contains(s) {
+                    piece.inputs.push(*s);
+                }
+            }
+            for s in ins.outputs.iter().flatten() {
+                if read_after[s.index()].is_some_and(|r| r > pi) && !piece.outputs.contains(s) {
+                    piece.outputs.push(*s);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// What the forward of one piece left for its backward.
+enum PieceState {
+    /// Leaf inputs and the outputs, whose graph reaches back to those leaves.
+    Kept { leaves: Vec<(SlotId, Tensor)>, outputs: Vec<(SlotId, Tensor)> },
+    /// The inputs to rerun from.
+    Recompute { inputs: Vec<(SlotId, Tensor)> },
+}
+
+/// A selective forward: per piece its state, the weight leaves and the program outputs.
+pub(crate) struct PieceFwd {
+    states: Vec<PieceState>,
+    pub outputs: Vec<Tensor>,
+    /// Live bytes it holds: kept pieces' outputs and every piece's inputs.
+    pub act_bytes: u64,
+}
+
+/// The parts of a worker the piece engine reads.
+pub(crate) struct Engine<'a> {
+    pub program: &'a Program,
+    pub pieces: &'a [Piece],
+    pub constants: &'a [(SlotId, Tensor)],
+    pub param_slots: &'a [SlotId],
+    pub mode: Mode,
+    pub last_use: &'a [Option<usize>],
+    /// `(instruction, mean index, variance index)` of BatchNormalization running stats.
+    pub bn_stats: &'a [(usize, usize, usize)],
+}
+
+fn leaf(t: &Tensor) -> Tensor {
+    if t.is_floating_point() {
+        t.detach().set_requires_grad(true)
+    } else {
+        t.detach()
+    }
+}
+
+impl Engine<'_> {
+    fn base_slots(&self, params: &[Tensor]) -> Vec<Option<Tensor>> {
+        let mut slots: Vec<Option<Tensor>> = (0..self.program.slots.len()).map(|_| None).collect();
+        for (s, t) in self.constants {
+            slots[s.index()] = Some(t.shallow_clone());
+        }
+        for (s, t) in self.param_slots.iter().zip(params) {
+            slots[s.index()] = Some(t.shallow_clone());
+        }
+        slots
+    }
+
+    /// Runs the instructions of `range` over `slots`; frees slots after their last read
+    /// when `free`. Returns new running statistics when `stats` is set.
+    fn run_range(&self, range: Range<usize>, slots: &mut [Option<Tensor>], free: bool, stats: bool) -> Result<Vec<(usize, Tensor)>, String> {
+        let p = self.program;
+        let mut new_stats = Vec::new();
+        for i in range {
+            let ins = &p.instrs[i];
+            let outs = {
+                let args: Vec<Option<&Tensor>> = ins
+                    .inputs
+                    .iter()
+                    .map(|s| s.map(|s| slots[s.index()].as_ref().ok_or_else(|| format!("slot {s} ({:?}) is read before it is written", p.slots[s.index()].name))).transpose())
+                    .collect::<Result<_, _>>()?;
+                run_kernel(&ins.kernel, &args, self.mode).map_err(|e| format!("node {:?}: {e}", ins.name))?
+            };
+            if stats {
+                if let Some(&(_, mean, var)) = self.bn_stats.iter().find(|(n, _, _)| *n == i) {
+                    if let (Some(m), Some(v)) = (outs.get(1), outs.get(2)) {
+                        new_stats.push((mean, m.detach()));
+                        new_stats.push((var, v.detach()));
+                    }
+                }
+            }
+            for (slot, t) in ins.outputs.iter().zip(outs) {
+                if let Some(s) = slot {
+                    slots[s.index()] = Some(t);
+                }
+            }
+            if free {
+                for s in ins.inputs.iter().flatten() {
+                    if self.last_use[s.index()] == Some(i) && !p.outputs.contains(s) {
+                        slots[s.index()] = None;
+                    }
+                }
+            }
+        }
+        Ok(new_stats)
+    }
+
+    fn take(slots: &[Option<Tensor>], ids: &[SlotId], what: &str) -> Result<Vec<(SlotId, Tensor)>, String> {
+        ids.iter()
+            .map(|s| slots[s.index()].as_ref().map(|t| (*s, t.shallow_clone())).ok_or_else(|| format!("{what}: slot {s} is not set")))
+            .collect()
+    }
+
+    /// The first forward: kept pieces record their graphs on leaf inputs, recomputed pieces
+    /// run without one. `params` are the weight leaves (`requires_grad`), `inputs` the
+    /// stage inputs in program order.
+    pub(crate) fn forward(&self, params: &[Tensor], inputs: &[Tensor], stats: bool) -> Result<(PieceFwd, Vec<(usize, Tensor)>), String> {
+        let p = self.program;
+        let mut slots = self.base_slots(params);
+        for (s, t) in p.inputs.iter().zip(inputs) {
+            slots[s.index()] = Some(t.detach());
+        }
+        let (mut states, mut all_stats, mut act_bytes) = (Vec::new(), Vec::new(), 0u64);
+        // Each value counts once, however many pieces hold it.
+        let mut counted = vec![false; p.slots.len()];
+        let mut count = |list: &[(SlotId, Tensor)]| {
+            for (s, t) in list {
+                if !std::mem::replace(&mut counted[s.index()], true) {
+                    act_bytes += bytes_of(t);
+                }
+            }
+        };
+        for piece in self.pieces {
+            let ins = Self::take(&slots, &piece.inputs, "piece input")?;
+            count(&ins);
+            if piece.recompute {
+                all_stats.extend(tch::no_grad(|| self.run_range(piece.range.clone(), &mut slots, true, stats))?);
+                states.push(PieceState::Recompute { inputs: ins.into_iter().map(|(s, t)| (s, t.detach())).collect() });
+            } else {
+                let leaves: Vec<(SlotId, Tensor)> = ins.iter().map(|(s, t)| (*s, leaf(t))).collect();
+                for (s, t) in &leaves {
+                    slots[s.index()] = Some(t.shallow_clone());
+                }
+                all_stats.extend(self.run_range(piece.range.clone(), &mut slots, true, stats)?);
+                let outputs = Self::take(&slots, &piece.outputs, "piece output")?;
+                count(&outputs);
+                // Later pieces read these values as fresh leaves, not through this graph.
+                for (s, t) in &outputs {
+                    slots[s.index()] = Some(t.detach());
+                }
+                states.push(PieceState::Kept { leaves, outputs });
+            }
+        }
+        let outputs = Self::take(&slots, &p.outputs, "program output")?.into_iter().map(|(_, t)| t).collect();
+        Ok((PieceFwd { states, outputs, act_bytes }, all_stats))
+    }
+
+    /// Back-propagates `seeds` (gradients of program outputs, by slot) through the pieces
+    /// in reverse. Returns the weight gradients (by weight index) and the gradients of the
+    /// stage inputs (by slot), `None` where nothing flows.
+    pub(crate) fn backward(&self, f: PieceFwd, params: &[Tensor], seeds: Vec<(SlotId, Tensor)>) -> Result<(Vec<Option<Tensor>>, HashMap<SlotId, Tensor>), String> {
+        let mut grads: HashMap<SlotId, Tensor> = HashMap::new();
+        for (s, g) in seeds {
+            add(&mut grads, s, g);
+        }
+        let mut pgrads: Vec<Option<Tensor>> = (0..params.len()).map(|_| None).collect();
+        for (piece, state) in self.pieces.iter().zip(f.states).rev() {
+            if !piece.outputs.iter().any(|s| grads.contains_key(s)) {
+                continue;
+            }
+            let (leaves, outputs) = match state {
+                PieceState::Kept { leaves, outputs } => (leaves, outputs),
+                PieceState::Recompute { inputs } => self.rerun(piece, params, inputs)?,
+            };
+            let mut root: Option<Tensor> = None;
+            for (s, o) in &outputs {
+                if let (Some(g), true) = (grads.remove(s), o.requires_grad()) {
+                    let term = (o * g.to_device(o.device())).f_sum(Kind::Double).map_err(|e| e.to_string())?;
+                    root = Some(match root {
+                        None => term,
+                        Some(r) => r + term,
+                    });
+                }
+            }
+            let Some(root) = root else { continue };
+            let leaf_targets: Vec<&(SlotId, Tensor)> = leaves.iter().filter(|(_, t)| t.requires_grad()).collect();
+            let mut targets: Vec<&Tensor> = leaf_targets.iter().map(|(_, t)| t).collect();
+            targets.extend(piece.params.iter().map(|&k| &params[k]));
+            let gs = Tensor::f_run_backward(&[root], &targets, false, false).map_err(|e| e.to_string().lines().next().unwrap_or("").to_string())?;
+            let mut it = gs.into_iter();
+            for (s, _) in leaf_targets {
+                if let Some(g) = it.next().filter(|g| g.defined()) {
+                    add(&mut grads, *s, g);
+                }
+            }
+            for &k in &piece.params {
+                if let Some(g) = it.next().filter(|g| g.defined()) {
+                    pgrads[k] = Some(match pgrads[k].take() {
+                        None => g,
+                        Some(a) => tch::no_grad(|| a + g),
+                    });
+                }
+            }
+        }
+        Ok((pgrads, grads))
+    }
+
+    /// A recomputed piece again, with its graph, from its saved inputs.
+    #[allow(clippy::type_complexity)]
+    fn rerun(&self, piece: &Piece, params: &[Tensor], inputs: Vec<(SlotId, Tensor)>) -> Result<(Vec<(SlotId, Tensor)>, Vec<(SlotId, Tensor)>), String> {
+        let mut slots = self.base_slots(params);
+        let leaves: Vec<(SlotId, Tensor)> = inputs.iter().map(|(s, t)| (*s, leaf(t))).collect();
+        for (s, t) in &leaves {
+            slots[s.index()] = Some(t.shallow_clone());
+        }
+        self.run_range(piece.range.clone(), &mut slots, false, false)?;
+        let outputs = Self::take(&slots, &piece.outputs, "piece output")?;
+        Ok((leaves, outputs))
+    }
+}
+
+fn add(grads: &mut HashMap<SlotId, Tensor>, s: SlotId, g: Tensor) {
+    let g = match grads.remove(&s) {
+        None => g,
+        Some(a) => tch::no_grad(|| a + g),
+    };
+    grads.insert(s, g);
+}
