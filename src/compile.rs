@@ -204,7 +204,7 @@ pub fn run(args: &CompileArgs) -> Result<()> {
         stages,
         cuts: saved.as_ref().map(|p| p.cuts.clone()).filter(|c| !c.is_empty()),
         microbatch: saved.as_ref().map(|p| p.b).or(args.microbatch),
-        recompute: Some(recompute != Recompute::None),
+        recompute: RecomputeMode::parse(&args.recompute),
         top: 1,
         ..PlanOptions::default()
     };

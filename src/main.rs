@@ -133,7 +133,8 @@ pub struct PlanArgs {
     /// Schedules to consider.
     #[arg(long, value_delimiter = ',', default_value = "2bw,flush,gpipe")]
     pub schedule: Vec<String>,
-    /// Fix activation recomputation: on or off.
+    /// Fix activation recomputation: none, selective or full (off = none, on = full);
+    /// by default all three are tried.
     #[arg(long)]
     pub recompute: Option<String>,
     /// Candidates to show.

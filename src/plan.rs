@@ -5,6 +5,7 @@
 use anyhow::{bail, Context, Result};
 use pipewright_ir::text::print_graph_annotated;
 use pipewright_ir::{import_model, ImportOptions};
+use pipewright_passes::recompute::RecomputeMode;
 use pipewright_passes::boundaries::insert_stage_boundaries;
 use pipewright_passes::cluster::{parse_bandwidth, parse_bytes, parse_flops, Cluster};
 use pipewright_passes::cost::{CostModel, Profile};
@@ -75,9 +76,7 @@ fn options(args: &PlanArgs) -> Result<PlanOptions> {
         microbatch: args.microbatch,
         recompute: match args.recompute.as_deref() {
             None => None,
-            Some("on") => Some(true),
-            Some("off") => Some(false),
-            Some(other) => bail!("--recompute takes on or off, not {other:?}"),
+            Some(r) => Some(RecomputeMode::parse(r).ok_or_else(|| anyhow::anyhow!("--recompute takes none, selective or full (or off/on), not {r:?}"))?),
         },
     })
 }

@@ -48,13 +48,15 @@ use serde::Serialize;
 
 use crate::cost::{CostModel, Lin};
 
-/// Memory of a stage `[i, j)`: `weight_factor * P + act_factor * A + input_factor * live(i)`
-/// must stay `<= limit`.
+/// Memory of a stage `[i, j)`: `weight_factor * P + act_factor * A + kept_factor * K +
+/// input_factor * live(i)` must stay `<= limit` (`K`: the activations selective
+/// recomputation keeps).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct MemoryModel {
     /// Copies of each weight byte: versions + gradient buffer + optimizer state.
     pub weight_factor: f64,
     pub act_factor: f64,
+    pub kept_factor: f64,
     pub input_factor: f64,
     pub limit: f64,
 }
@@ -65,6 +67,7 @@ impl MemoryModel {
         MemoryModel {
             weight_factor: 1.0,
             act_factor: 1.0,
+            kept_factor: 0.0,
             input_factor: 0.0,
             limit: f64::INFINITY,
         }
@@ -80,6 +83,9 @@ pub struct PartitionProblem {
     pub param_bytes: Vec<f64>,
     /// `a_i`, activation bytes per position.
     pub act_bytes: Vec<f64>,
+    /// `k_i`, the part of `a_i` selective recomputation keeps (matmul/conv outputs);
+    /// empty = none.
+    pub kept_bytes: Vec<f64>,
     /// `live(c)` for `c` in `0..=n`.
     pub live_bytes: Vec<f64>,
     /// Bytes/s between consecutive stages.
@@ -175,14 +181,16 @@ impl PartitionProblem {
         for i in 0..n {
             s[i + 1] = s[i] + self.time[i];
             p[i + 1] = p[i] + self.param_bytes.get(i).copied().unwrap_or(0.0);
-            a[i + 1] = a[i] + self.act_bytes.get(i).copied().unwrap_or(0.0);
+            a[i + 1] = a[i]
+                + mem.act_factor * self.act_bytes.get(i).copied().unwrap_or(0.0)
+                + mem.kept_factor * self.kept_bytes.get(i).copied().unwrap_or(0.0);
         }
         let live = |c: usize| self.live_bytes.get(c).copied().unwrap_or(0.0);
         let g = (0..=n)
-            .map(|j| mem.weight_factor * p[j] + mem.act_factor * a[j])
+            .map(|j| mem.weight_factor * p[j] + a[j])
             .collect();
         let h = (0..=n)
-            .map(|i| mem.weight_factor * p[i] + mem.act_factor * a[i] - mem.input_factor * live(i))
+            .map(|i| mem.weight_factor * p[i] + a[i] - mem.input_factor * live(i))
             .collect();
         let comm = (0..=n).map(|c| self.comm(c)).collect();
         Prefix { s, g, h, comm }
@@ -617,6 +625,7 @@ mod tests {
             time: times.to_vec(),
             param_bytes: vec![1.0; n],
             act_bytes: vec![1.0; n],
+            kept_bytes: Vec::new(),
             live_bytes: vec![0.0; n + 1],
             bandwidth: 1.0,
         }
@@ -661,6 +670,7 @@ mod tests {
         let mem = MemoryModel {
             weight_factor: 1.0,
             act_factor: 0.0,
+            kept_factor: 0.0,
             input_factor: 0.0,
             limit: 10.0,
         };

@@ -41,7 +41,8 @@ use pipewright_ir::{Graph, NodeId, StageMap};
 use serde::Serialize;
 
 use crate::cluster::Cluster;
-use crate::cost::{CostError, CostModel, Lin};
+use crate::cost::{CostError, CostModel, Lin, OpClass};
+use crate::recompute::RecomputeMode;
 use crate::partition::{
     balanced_by, choose_order, stage_ranges, uniform_by_nodes, valid_cuts, value_bytes,
     LinearOrder, MemoryModel, OrderKind, PartitionProblem,
@@ -128,8 +129,8 @@ pub struct PlanOptions {
     pub top: usize,
     /// Fix the microbatch size.
     pub microbatch: Option<u64>,
-    /// Fix recomputation on or off.
-    pub recompute: Option<bool>,
+    /// Fix the recomputation mode (otherwise none, selective and full are all tried).
+    pub recompute: Option<RecomputeMode>,
 }
 
 impl Default for PlanOptions {
@@ -155,7 +156,7 @@ pub struct Candidate {
     pub d: usize,
     pub b: u64,
     pub m: u64,
-    pub recompute: bool,
+    pub recompute: RecomputeMode,
     pub schedule: Schedule,
     pub samples_per_s: f64,
     pub peak_memory_per_stage: Vec<u64>,
@@ -268,7 +269,7 @@ impl Plan {
                 c.d,
                 c.b,
                 c.m,
-                if c.recompute { "yes" } else { "no" },
+                c.recompute.name(),
                 c.schedule.name(),
                 c.samples_per_s,
                 format!("stage {}", c.bottleneck_stage),
@@ -283,7 +284,7 @@ impl Plan {
             c.d,
             c.b,
             c.m,
-            c.recompute,
+            c.recompute.name(),
             c.schedule.name(),
             c.samples_per_s
         );
@@ -368,7 +369,7 @@ pub struct PlanContext<'a> {
     flops: Vec<Lin>,
     act: Vec<Lin>,
     shared: Vec<SharedInfo>,
-    problems: HashMap<(u64, bool, u64), PartitionProblem>,
+    problems: HashMap<(u64, RecomputeMode, u64), PartitionProblem>,
 }
 
 impl<'a> PlanContext<'a> {
@@ -442,23 +443,36 @@ impl<'a> PlanContext<'a> {
         self.n == 0
     }
 
-    /// The partitioner's inputs at microbatch `b` (compute times 4/3 with recomputation).
-    pub fn problem(&mut self, b: u64, recompute: bool, bandwidth: f64) -> &PartitionProblem {
+    /// The partitioner's inputs at microbatch `b`: compute times 4/3 with full
+    /// recomputation; with selective recomputation each recomputed node (all but the
+    /// matmul/conv class, whose outputs stay stashed) adds its forward time once more.
+    pub fn problem(&mut self, b: u64, recompute: RecomputeMode, bandwidth: f64) -> &PartitionProblem {
         let key = (b, recompute, bandwidth.to_bits());
         let (cost, order, act, pb) = (self.cost, &self.order, &self.act, &self.param_bytes);
         self.problems.entry(key).or_insert_with(|| {
-            let k = if recompute { 4.0 / 3.0 } else { 1.0 };
+            let kept = |x: NodeId| matches!(cost.class(x), OpClass::MatMul | OpClass::Conv);
             PartitionProblem {
                 time: order
                     .nodes
                     .iter()
                     .map(|&x| {
                         let (f, bw) = cost.time(x, b);
-                        (f + bw) * k
+                        match recompute {
+                            RecomputeMode::None => f + bw,
+                            RecomputeMode::Full => (f + bw) * 4.0 / 3.0,
+                            RecomputeMode::Selective if kept(x) => f + bw,
+                            RecomputeMode::Selective => 2.0 * f + bw,
+                        }
                     })
                     .collect(),
                 param_bytes: pb.clone(),
                 act_bytes: act.iter().map(|a| a.at(b).max(0.0)).collect(),
+                kept_bytes: order
+                    .nodes
+                    .iter()
+                    .zip(act)
+                    .map(|(&x, a)| if kept(x) { a.at(b).max(0.0) } else { 0.0 })
+                    .collect(),
                 live_bytes: order.live.iter().map(|l| l.at(b).max(0.0)).collect(),
                 bandwidth,
             }
@@ -515,7 +529,7 @@ impl<'a> PlanContext<'a> {
 
 fn memory_model(
     schedule: Schedule,
-    recompute: bool,
+    recompute: RecomputeMode,
     d: usize,
     m: u64,
     optimizer: Optimizer,
@@ -526,20 +540,30 @@ fn memory_model(
         Schedule::GPipe => m as f64,
     };
     let weight_factor = schedule.versions() + 1.0 + optimizer.state_factor();
-    if recompute {
-        MemoryModel {
+    match recompute {
+        RecomputeMode::Full => MemoryModel {
             weight_factor,
             act_factor: 1.0,
+            kept_factor: 0.0,
             input_factor: in_flight,
             limit,
-        }
-    } else {
-        MemoryModel {
+        },
+        // Every in-flight microbatch keeps its stage inputs and matmul/conv outputs; the
+        // one being back-propagated also has its recomputed activations.
+        RecomputeMode::Selective => MemoryModel {
+            weight_factor,
+            act_factor: 1.0,
+            kept_factor: in_flight - 1.0,
+            input_factor: in_flight,
+            limit,
+        },
+        RecomputeMode::None => MemoryModel {
             weight_factor,
             act_factor: in_flight,
+            kept_factor: 0.0,
             input_factor: 0.0,
             limit,
-        }
+        },
     }
 }
 
@@ -549,7 +573,7 @@ struct Config {
     d: usize,
     b: u64,
     m: u64,
-    recompute: bool,
+    recompute: RecomputeMode,
     schedule: Schedule,
     optimistic: f64,
 }
@@ -681,9 +705,9 @@ pub fn plan(
         (None, Some(s)) => vec![s],
         (None, None) => (1..=cluster.workers.min(n)).collect(),
     };
-    let recomputes: Vec<bool> = match opts.recompute {
+    let recomputes: Vec<RecomputeMode> = match opts.recompute {
         Some(r) => vec![r],
-        None => vec![false, true],
+        None => vec![RecomputeMode::None, RecomputeMode::Selective, RecomputeMode::Full],
     };
     let mut configs = Vec::new();
     let mut totals: HashMap<u64, f64> = HashMap::new();
@@ -718,7 +742,9 @@ pub fn plan(
                             if schedule != Schedule::GPipe && m < d as u64 {
                                 continue;
                             }
-                            let t_lb = total * if recompute { 4.0 / 3.0 } else { 1.0 } / d as f64;
+                            // Selective adds at most a third; 1 keeps the bound optimistic.
+                            let slowdown = if recompute == RecomputeMode::Full { 4.0 / 3.0 } else { 1.0 };
+                            let t_lb = total * slowdown / d as f64;
                             let per_batch = match schedule {
                                 Schedule::TwoBW => m as f64 * t_lb,
                                 _ => (m + d as u64 - 1) as f64 * t_lb,
@@ -753,8 +779,8 @@ pub fn plan(
     configs.sort_by(|a, b| b.optimistic.total_cmp(&a.optimistic));
     let top = opts.top.max(1);
     let mut found: Vec<Candidate> = Vec::new();
-    let mut free_cache: CutsCache<(usize, u64, bool)> = HashMap::new();
-    let mut bound_cache: CutsCache<(usize, u64, bool, Schedule, u64)> = HashMap::new();
+    let mut free_cache: CutsCache<(usize, u64, RecomputeMode)> = HashMap::new();
+    let mut bound_cache: CutsCache<(usize, u64, RecomputeMode, Schedule, u64)> = HashMap::new();
     let limit = cluster.memory_per_worker as f64;
     for cfg in &configs {
         if found.len() >= top && cfg.optimistic < found[top - 1].samples_per_s {

@@ -29,7 +29,8 @@ use crate::partition::value_bytes;
 use crate::planner::human_bytes;
 
 /// How much of the forward is recomputed.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum RecomputeMode {
     /// Stash every activation.
     None,

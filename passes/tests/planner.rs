@@ -235,7 +235,7 @@ fn diamond_skip_counts_at_every_cut() {
     let opts = PlanOptions {
         stages: Some(2),
         microbatch: Some(4),
-        recompute: Some(false),
+        recompute: Some(pipewright_passes::recompute::RecomputeMode::None),
         ..PlanOptions::default()
     };
     let p = plan(&g, &c, &small_cluster(), &opts).unwrap();
