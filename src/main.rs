@@ -15,6 +15,8 @@ mod data;
 mod train;
 #[cfg(feature = "torch")]
 mod export;
+#[cfg(feature = "torch")]
+mod worker;
 mod compile;
 mod inspect;
 mod output;
@@ -60,6 +62,10 @@ enum Command {
     /// Write the weights `train` saved back into the original ONNX model.
     #[cfg(feature = "torch")]
     Export(ExportArgs),
+    /// Run one stage of one replica as its own process, linked to the other workers over
+    /// TCP (a multi-process or multi-machine pipeline; stage executables do the same).
+    #[cfg(feature = "torch")]
+    Worker(worker::WorkerArgs),
     /// Draw a `train --trace` timeline as SVG (one row per stage) and print bubble fractions.
     TraceSvg(trace_svg::TraceSvgArgs),
 }
@@ -340,9 +346,32 @@ pub struct InspectArgs {
     pub batch: BatchArg,
 }
 
+/// A stage executable started with options: its folder is the build folder.
+#[cfg(feature = "torch")]
+fn stage_executable(bytes: Vec<u8>) -> ExitCode {
+    let mut argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let dir = std::env::current_exe().ok().and_then(|p| p.parent().map(|d| d.to_path_buf())).unwrap_or_else(|| PathBuf::from("."));
+    argv.insert(1, dir.into_os_string());
+    let cli = <worker::StageExeCli as Parser>::parse_from(argv);
+    match worker::run(&cli.args, Some(bytes)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 fn main() -> ExitCode {
     // A stage executable (`compile --executables`) run without arguments describes the
-    // stage module appended to it; with arguments it is the ordinary CLI.
+    // stage module appended to it; with options (`--...`) it runs that stage as a worker
+    // of a multi-process pipeline; with a subcommand it is the ordinary CLI.
+    #[cfg(feature = "torch")]
+    if std::env::args().nth(1).is_some_and(|a| a.starts_with("--") && a != "--help" && a != "--version") {
+        if let Some(bytes) = compile::embedded_module() {
+            return stage_executable(bytes);
+        }
+    }
     if std::env::args_os().len() == 1 {
         if let Some(bytes) = compile::embedded_module() {
             return match inspect::print_module_bytes(&bytes) {
@@ -374,6 +403,8 @@ fn main() -> ExitCode {
         Command::Train(args) => train::run(&args),
         #[cfg(feature = "torch")]
         Command::Export(args) => export::run(&args),
+        #[cfg(feature = "torch")]
+        Command::Worker(args) => worker::run(&args, None),
         Command::TraceSvg(args) => trace_svg::run(&args),
     };
     match result {

@@ -107,7 +107,7 @@ fn load_pipeline(build: &Path) -> Result<(toml::Value, Vec<StageModule>)> {
     Ok((manifest, modules))
 }
 
-fn config(args: &TrainArgs, schedule: Schedule) -> Result<TrainConfig> {
+pub(crate) fn config(args: &TrainArgs, schedule: Schedule) -> Result<TrainConfig> {
     let mut cfg = TrainConfig::new(schedule, loss(args)?, args.lr, args.steps);
     cfg.optimizer = optimizer(args)?;
     cfg.lr_schedule = lr_schedule(args)?;
@@ -131,17 +131,17 @@ fn config(args: &TrainArgs, schedule: Schedule) -> Result<TrainConfig> {
 
 /// Prints progress: an indicatif bar on a terminal, plain lines every `--log-every` steps
 /// otherwise; and writes the metrics lines.
-struct Progress {
+pub(crate) struct Progress {
     bar: Option<ProgressBar>,
     metrics: Option<std::fs::File>,
-    started: Instant,
+    pub(crate) started: Instant,
     first_step: usize,
     steps: usize,
     log_every: usize,
 }
 
 impl Progress {
-    fn new(args: &TrainArgs, first_step: usize) -> Result<Self> {
+    pub(crate) fn new(args: &TrainArgs, first_step: usize) -> Result<Self> {
         let metrics = match &args.metrics {
             Some(p) => Some(std::fs::File::create(p).with_context(|| format!("{}: cannot create", p.display()))?),
             None => None,
@@ -156,7 +156,7 @@ impl Progress {
         Ok(Progress { bar, metrics, started: Instant::now(), first_step, steps: args.steps, log_every: args.log_every.max(1) })
     }
 
-    fn step(&mut self, r: &StepReport) {
+    pub(crate) fn step(&mut self, r: &StepReport) {
         let rate = r.samples as f64 / r.seconds.max(1e-9);
         let done = r.step + 1 - self.first_step;
         let eta = self.started.elapsed().as_secs_f64() / done as f64 * (self.steps - r.step - 1) as f64;
@@ -175,14 +175,14 @@ impl Progress {
         }
     }
 
-    fn finish(&self) {
+    pub(crate) fn finish(&self) {
         if let Some(bar) = &self.bar {
             bar.finish();
         }
     }
 }
 
-fn human(bytes: u64) -> String {
+pub(crate) fn human(bytes: u64) -> String {
     const UNITS: [&str; 4] = ["B", "KiB", "MiB", "GiB"];
     let (mut v, mut u) = (bytes as f64, 0);
     while v >= 1024.0 && u + 1 < UNITS.len() {
@@ -190,6 +190,21 @@ fn human(bytes: u64) -> String {
         u += 1;
     }
     format!("{v:.1} {}", UNITS[u])
+}
+
+/// The batches of `per_batch` microbatches from step `start` on (a resumed run sees the
+/// batches an uninterrupted one would from there on).
+pub(crate) fn load_batches(args: &TrainArgs, manifest: &toml::Value, manifest_path: &Path, per_batch: usize, start: usize) -> Result<Vec<Vec<Microbatch>>> {
+    let inputs = graph_inputs(manifest, manifest_path)?;
+    let data = match args.data.to_str() {
+        Some("synthetic") => Dataset::synthetic(&inputs, args.microbatch * per_batch * 4, args.seed)?.with_random_labels(args.classes, args.seed)?,
+        _ => Dataset::open(&args.data, &inputs, args.label.as_deref())?,
+    };
+    Ok(data
+        .batches(args.microbatch, per_batch, args.seed, Stop::Steps(args.steps))?
+        .skip(start)
+        .map(|batch| batch.into_iter().map(|(inputs, labels)| Microbatch { inputs, labels }).collect())
+        .collect())
 }
 
 pub fn run(args: &TrainArgs) -> Result<()> {
@@ -204,17 +219,7 @@ pub fn run(args: &TrainArgs) -> Result<()> {
         None => None,
     };
     let start = checkpoint.as_ref().map_or(0, |c| c.step as usize);
-    let inputs = graph_inputs(&manifest, &manifest_path)?;
-    let data = match args.data.to_str() {
-        Some("synthetic") => Dataset::synthetic(&inputs, args.microbatch * m * w * 4, args.seed)?.with_random_labels(args.classes, args.seed)?,
-        _ => Dataset::open(&args.data, &inputs, args.label.as_deref())?,
-    };
-    // A resumed run sees the batches an uninterrupted one would from `start` on.
-    let batches: Vec<Vec<Microbatch>> = data
-        .batches(args.microbatch, m * w, args.seed, Stop::Steps(args.steps))?
-        .skip(start)
-        .map(|batch| batch.into_iter().map(|(inputs, labels)| Microbatch { inputs, labels }).collect())
-        .collect();
+    let batches = load_batches(args, &manifest, &manifest_path, m * w, start)?;
     let cfg = config(args, schedule)?;
     let mut progress = Progress::new(args, start)?;
     eprintln!(

@@ -7,6 +7,7 @@ mod optim;
 mod pieces;
 mod schedule;
 mod stage;
+mod tcp;
 mod trace;
 mod transport;
 
@@ -21,6 +22,7 @@ pub use optim::{Decay, LrSchedule, Optimizer};
 pub use schedule::{Op, Schedule};
 pub use checkpoint::{read_checkpoint, step_dir_name, write_checkpoint, Checkpoint, CheckpointError, StageState};
 pub use memory::{bytes_of, StageMemory};
+pub use tcp::{Tcp, TcpOptions};
 pub use trace::{chrome_trace_json, TraceEvent, TraceKind};
 pub use transport::{InProcess, Named, Transport};
 
@@ -429,6 +431,101 @@ fn run_training(
     if let Some(e) = checkpoint_error {
         return Err(e.into());
     }
+    Ok(report)
+}
+
+/// A worker process's view of its stage: what it receives and sends (by wire name).
+pub fn boundary_names(module: &StageModule, loss: &Loss) -> Result<(Vec<String>, Vec<String>), PipelineError> {
+    let spec = stage::spec_alone(module, loss)?;
+    let p = &spec.program;
+    let name = |s: &crate::program::SlotId| p.slots[s.index()].name.clone();
+    Ok((p.inputs[..spec.n_recv].iter().map(name).collect(), p.outputs[..spec.n_send].iter().map(name).collect()))
+}
+
+/// Runs one stage of one replica in this process, linked to the other workers by
+/// `transport` (e.g. [`Tcp`]): the same worker the embedded executor runs per thread.
+/// `data` yields whole batches (`replicas * m` microbatches, from the first step on);
+/// this worker takes its replica's share. The report holds this stage only (index 0);
+/// `on_step` is called on the last stage.
+pub fn run_worker(
+    module: StageModule,
+    cfg: &TrainConfig,
+    replica: usize,
+    transport: Box<dyn Transport>,
+    data: Box<dyn Iterator<Item = Vec<Microbatch>> + Send>,
+    on_step: &mut dyn FnMut(StepReport),
+) -> Result<TrainReport, PipelineError> {
+    let (k, d, w) = (module.header.params.stage as usize, module.header.params.depth as usize, cfg.replicas.max(1));
+    if cfg.checkpoint_every.is_some() {
+        return Err(PipelineError::Config("checkpoints are written by the embedded executor only (pipewright train)".into()));
+    }
+    if replica >= w {
+        return Err(PipelineError::Config(format!("replica {replica} of {w}")));
+    }
+    let spec = stage::spec_alone(&module, &cfg.loss)?;
+    let mut data = data;
+    let first = data.next().ok_or_else(|| PipelineError::Data("the data iterator is empty".into()))?;
+    if first.is_empty() || first.len() % w != 0 {
+        return Err(PipelineError::Data(format!("batch 0 has {} microbatches, which {w} replica(s) cannot share evenly", first.len())));
+    }
+    let m = first.len() / w;
+    let ops = cfg.schedule.ops_from(k, d, m, 0, cfg.steps).map_err(PipelineError::Config)?;
+    // Only this worker's data channel exists; the feeder skips the others.
+    let mut txs: Vec<Vec<Option<mpsc::SyncSender<StageData>>>> = (0..w).map(|_| (0..d).map(|_| None).collect()).collect();
+    let rx = if spec.needs_data {
+        let (tx, rx) = mpsc::sync_channel::<StageData>(2 * m + d);
+        txs[replica][k] = Some(tx);
+        Some(rx)
+    } else {
+        None
+    };
+    let mut input_names = vec![Vec::new(); d];
+    input_names[k] = spec.graph_input_names.clone();
+    let (err_tx, err_rx) = mpsc::channel::<PipelineError>();
+    let steps = cfg.steps;
+    let feeder = std::thread::spawn(move || feed(std::iter::once(first).chain(data), 0, steps, m, txs, input_names, err_tx));
+    let (ev_tx, ev_rx) = mpsc::channel::<Event>();
+    let args = stage::WorkerArgs {
+        spec,
+        replica,
+        replicas: w,
+        ops,
+        m,
+        cfg: cfg.clone(),
+        data: rx,
+        transport,
+        events: ev_tx,
+        epoch: cfg.trace.then(Instant::now),
+        start_step: 0,
+        resume: None,
+    };
+    let h = std::thread::Builder::new()
+        .name(format!("pipewright-r{replica}-stage{k}"))
+        .spawn(move || stage::run(args))
+        .map_err(|e| PipelineError::Stage { stage: k, message: format!("cannot spawn thread: {e}") })?;
+    let mut sink = EventSink::new(1, 1, cfg, module.program.pipeline.clone(), on_step);
+    for ev in ev_rx {
+        sink.handle(ev);
+    }
+    let losses = sink.losses;
+    let out = h.join().map_err(|_| PipelineError::Stage { stage: k, message: "worker thread panicked".into() })?;
+    let _ = feeder.join();
+    let out = match out {
+        Ok(out) => out,
+        Err(f) => {
+            if let Ok(e) = err_rx.try_recv() {
+                return Err(e);
+            }
+            return Err(f.error);
+        }
+    };
+    let mut report = empty_report(1);
+    report.losses = losses;
+    report.weights = vec![out.weights];
+    report.buffers = vec![out.buffers];
+    report.memory = vec![out.memory];
+    report.peak_versions = vec![out.peak_versions];
+    report.trace = out.trace;
     Ok(report)
 }
 

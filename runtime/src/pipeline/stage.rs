@@ -34,6 +34,42 @@ pub(crate) struct StageSpec {
     pub needs_data: bool,
 }
 
+/// The spec of one stage known only from its own module (a worker process): received
+/// inputs and sent outputs are recognised by their wire names (`value@stageK`).
+pub(crate) fn spec_alone(s: &StageModule, loss: &Loss) -> Result<StageSpec, PipelineError> {
+    let (k, d) = (s.header.params.stage as usize, s.header.params.depth as usize);
+    let p = &s.program;
+    let names = |slots: &[SlotId]| -> Vec<String> { slots.iter().map(|s| p.slots[s.index()].name.clone()).collect() };
+    let (ins, outs) = (names(&p.inputs), names(&p.outputs));
+    let (recv_tag, send_tag) = (format!("@stage{k}"), format!("@stage{}", k + 1));
+    let n_recv = ins.iter().take_while(|n| n.ends_with(&recv_tag)).count();
+    let n_send = if k + 1 < d { outs.iter().take_while(|n| n.ends_with(&send_tag)).count() } else { 0 };
+    if ins[n_recv..].iter().any(|n| n.ends_with(&recv_tag)) || outs[n_send..].iter().any(|n| k + 1 < d && n.ends_with(&send_tag)) {
+        return Err(PipelineError::Config(format!("stage {k}: received inputs / sent outputs must come first in the program")));
+    }
+    let loss = if k + 1 == d {
+        let i = outs.iter().position(|n| n == loss.output()).ok_or_else(|| PipelineError::Stage {
+            stage: k,
+            message: format!("the loss reads output {:?}, which the last stage does not produce (outputs {outs:?})", loss.output()),
+        })?;
+        Some((loss.clone(), i))
+    } else {
+        None
+    };
+    let graph_input_names = ins[n_recv..].to_vec();
+    Ok(StageSpec {
+        index: k,
+        program: p.clone(),
+        n_recv,
+        needs_data: !graph_input_names.is_empty() || loss.is_some(),
+        graph_input_names,
+        n_send,
+        loss,
+        recompute_full: s.header.params.recompute == Recompute::Full,
+        recompute_selective: s.header.params.recompute == Recompute::Selective,
+    })
+}
+
 pub(crate) fn specs(stages: &[StageModule], loss: &Loss) -> Result<Vec<StageSpec>, PipelineError> {
     let d = stages.len();
     let names = |p: &Program, slots: &[SlotId]| -> Vec<String> { slots.iter().map(|s| p.slots[s.index()].name.clone()).collect() };
