@@ -332,3 +332,64 @@ fn memory_counter_sees_versions_and_stashes() {
     }
     assert!(full.memory[0].activations < none.memory[0].activations, "recomputation stashes less: {:?} vs {:?}", full.memory[0], none.memory[0]);
 }
+
+/// One stage `x -> BatchNormalization -> Gemm -> a4` whose running mean and variance are
+/// stored constants (as exported models keep them).
+fn batchnorm_stage(sched: ModSchedule, rec: Recompute) -> StageModule {
+    use pipewright_runtime::kernel::BatchNorm;
+    let mut p = Program::default();
+    let mut slot = |name: &str| {
+        p.slots.push(SlotInfo { name: name.into(), elem: ElemType::F64, shape: vec![Extent::Batch(1)], last_use: None });
+        SlotId(p.slots.len() as u32 - 1)
+    };
+    let (x, scale, bias, mean, var, h, w, b, out) = (slot("x"), slot("scale"), slot("bias"), slot("mean"), slot("var"), slot("h"), slot("w"), slot("b"), slot("a4"));
+    let w0 = Tensor::from_slice(&uniform(12, 5, -0.5, 0.5)).reshape([3, 4]);
+    let stored = [
+        (scale, Tensor::ones([4], (Kind::Double, tch::Device::Cpu)), true),
+        (bias, Tensor::zeros([4], (Kind::Double, tch::Device::Cpu)), true),
+        (mean, Tensor::from_slice(&[0.1f64, -0.2, 0.3, 0.0]), false),
+        (var, Tensor::from_slice(&[1.0f64, 2.0, 0.5, 1.5]), false),
+        (w, w0, true),
+        (b, Tensor::zeros([3], (Kind::Double, tch::Device::Cpu)), true),
+    ];
+    for (s, t, trainable) in stored {
+        p.stored.push(Stored { slot: s, elem: ElemType::F64, dims: t.size(), bytes: bytes_of(&t), trainable, versions: 1, update: String::new(), sync: Vec::new() });
+    }
+    let bn = BatchNorm { epsilon: 1e-5, momentum: 0.9, training_mode: false };
+    p.instrs.push(Instr { name: "bn".into(), kernel: Kernel::BatchNormalization(bn), inputs: vec![Some(x), Some(scale), Some(bias), Some(mean), Some(var)], outputs: vec![Some(h)], recompute: false });
+    let gemm = Gemm { alpha: 1.0, beta: 1.0, trans_a: false, trans_b: true };
+    p.instrs.push(Instr { name: "fc".into(), kernel: Kernel::Gemm(gemm), inputs: vec![Some(h), Some(w), Some(b)], outputs: vec![Some(out)], recompute: false });
+    p.inputs.push(x);
+    p.outputs.push(out);
+    p.fill_last_uses();
+    let params = StageParams { stage: 0, depth: 1, schedule: sched, recompute: rec };
+    let z = Section { offset: 0, len: 0 };
+    StageModule { header: ModuleHeader { version: 1, params, checksum: 0, program: z, weights: z }, program: p }
+}
+
+/// Train mode updates the running statistics once per microbatch forward (a recomputation
+/// does not update them again), in microbatch order, and the report returns them by name.
+#[test]
+fn batchnorm_running_statistics_follow_training() {
+    let data = dataset(2, M, None);
+    let (mut mean, mut var) = (Tensor::from_slice(&[0.1f64, -0.2, 0.3, 0.0]), Tensor::from_slice(&[1.0f64, 2.0, 0.5, 1.5]));
+    for (x, _) in data.iter().flatten() {
+        let bm = x.mean_dim([0i64].as_slice(), false, Kind::Double);
+        let bv = (x - &bm).square().mean_dim([0i64].as_slice(), false, Kind::Double);
+        // The attribute is an f32, as in ONNX.
+        let mom = 0.9f32 as f64;
+        mean = &mean * mom + bm * (1.0 - mom);
+        var = &var * mom + bv * (1.0 - mom);
+    }
+    for (sched, msched) in [(Schedule::GPipe, ModSchedule::GPipe), (Schedule::TwoBW, ModSchedule::TwoBw)] {
+        for rec in [Recompute::None, Recompute::Full] {
+            let r = train(vec![batchnorm_stage(msched, rec)], &cfg(sched, Optimizer::sgd(), 0.1, 2), feed(&data), &mut |_| {}).unwrap();
+            let got = &r.buffers[0];
+            assert_eq!(got.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(), ["mean", "var"], "{sched:?} {rec:?}");
+            for ((_, g), want) in got.iter().zip([&mean, &var]) {
+                let diff = (g - want).abs().max().double_value(&[]);
+                assert!(diff < 1e-12, "{sched:?} {rec:?}: running statistics off by {diff}");
+            }
+        }
+    }
+}
