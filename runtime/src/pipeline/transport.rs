@@ -131,6 +131,7 @@ fn sum_lists(parts: Vec<Vec<Tensor>>) -> Vec<Tensor> {
     })
 }
 
+#[allow(clippy::ptr_arg)] // the gather shares its `Vec<Tensor>` value type
 fn share(ts: &Vec<Tensor>) -> Vec<Tensor> {
     ts.iter().map(|t| t.shallow_clone()).collect()
 }
