@@ -108,13 +108,34 @@ impl Dataset {
     }
 
     /// Adds seeded random class labels (i64 `[samples]`, uniform in `[0, classes)`).
-    pub fn with_random_labels(mut self, classes: i64, seed: u64) -> Result<Dataset> {
+    pub fn with_random_labels(self, classes: i64, seed: u64) -> Result<Dataset> {
+        self.with_random_labels_shaped(classes, &[], seed)
+    }
+
+    /// Adds seeded random class labels of per-sample shape `shape` (i64
+    /// `[samples, ...shape]`, uniform in `[0, classes)`): `[T]` for per-token logits
+    /// `[N, T, C]`.
+    pub fn with_random_labels_shaped(mut self, classes: i64, shape: &[i64], seed: u64) -> Result<Dataset> {
         if classes <= 0 {
             bail!("random labels: need at least one class, got {classes}");
         }
+        let per: i64 = shape.iter().product();
         let mut rng = Rng::new(seed ^ 0x005E_ED1A_BE15);
-        let v: Vec<i64> = (0..self.samples).map(|_| rng.below(classes as u64) as i64).collect();
-        self.labels = Some(Tensor::from_slice(&v));
+        let v: Vec<i64> = (0..self.samples as i64 * per).map(|_| rng.below(classes as u64) as i64).collect();
+        let mut dims = vec![self.samples as i64];
+        dims.extend_from_slice(shape);
+        self.labels = Some(Tensor::from_slice(&v).reshape(dims));
+        Ok(self)
+    }
+
+    /// Adds seeded standard-normal f32 targets of per-sample shape `shape` (for `mse`).
+    pub fn with_random_targets(mut self, shape: &[i64], seed: u64) -> Result<Dataset> {
+        let per: i64 = shape.iter().product();
+        let mut rng = Rng::new(seed ^ 0x7A26_E75E_ED00);
+        let v: Vec<f32> = (0..self.samples as i64 * per).map(|_| rng.normal()).collect();
+        let mut dims = vec![self.samples as i64];
+        dims.extend_from_slice(shape);
+        self.labels = Some(Tensor::from_slice(&v).reshape(dims));
         Ok(self)
     }
 

@@ -283,6 +283,10 @@ pub struct TrainArgs {
     /// Plain progress lines instead of a progress bar (also when stderr is not a terminal).
     #[arg(long)]
     pub no_progress: bool,
+    /// Intra-op threads per worker (default for `train`: the cores divided among its
+    /// stages x replicas worker threads, at least 1; for `worker`: libtorch's default).
+    #[arg(long)]
+    pub threads: Option<usize>,
 }
 
 #[derive(clap::Args)]

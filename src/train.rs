@@ -74,19 +74,29 @@ fn lr_schedule(args: &TrainArgs) -> Result<LrSchedule> {
     Ok(LrSchedule { warmup_steps: args.warmup, decay })
 }
 
+/// `pipeline.toml` of a build folder and its stage module file names, in stage order.
+pub(crate) fn read_manifest(build: &Path) -> Result<(toml::Value, Vec<String>)> {
+    let path = build.join("pipeline.toml");
+    let text = std::fs::read_to_string(&path).with_context(|| format!("{}: cannot read (run `pipewright compile` first)", path.display()))?;
+    let manifest: toml::Value = toml::from_str(&text).map_err(|e| anyhow!("{}: {e}", path.display()))?;
+    let order: Vec<String> = manifest
+        .get("stage_order")
+        .and_then(|v| v.as_array())
+        .ok_or_else(|| anyhow!("{}: no stage_order", path.display()))?
+        .iter()
+        .filter_map(|v| v.as_str().map(String::from))
+        .collect();
+    if order.is_empty() {
+        bail!("{}: no stages", path.display());
+    }
+    Ok((manifest, order))
+}
+
 /// The manifest and the stage modules it lists, checked to come from one compile.
 fn load_pipeline(build: &Path) -> Result<(toml::Value, Vec<StageModule>)> {
     let manifest_path = build.join("pipeline.toml");
-    let text = std::fs::read_to_string(&manifest_path).with_context(|| format!("{}: cannot read (run `pipewright compile` first)", manifest_path.display()))?;
-    let manifest: toml::Value = toml::from_str(&text).map_err(|e| anyhow!("{}: {e}", manifest_path.display()))?;
-    let order: Vec<PathBuf> = manifest
-        .get("stage_order")
-        .and_then(|v| v.as_array())
-        .ok_or_else(|| anyhow!("{}: no stage_order", manifest_path.display()))?
-        .iter()
-        .filter_map(|v| v.as_str())
-        .map(|f| build.join(f))
-        .collect();
+    let (manifest, names) = read_manifest(build)?;
+    let order: Vec<PathBuf> = names.iter().map(|f| build.join(f)).collect();
     let id = manifest.get("pipeline_id").and_then(|v| v.as_str()).unwrap_or_default();
     let mut modules = Vec::new();
     for path in &order {
@@ -101,9 +111,6 @@ fn load_pipeline(build: &Path) -> Result<(toml::Value, Vec<StageModule>)> {
         }
         modules.push(module);
     }
-    if modules.is_empty() {
-        bail!("{}: no stages", manifest_path.display());
-    }
     Ok((manifest, modules))
 }
 
@@ -116,6 +123,10 @@ pub(crate) fn config(args: &TrainArgs, schedule: Schedule) -> Result<TrainConfig
     cfg.device = args.device.parse::<pipewright_runtime::Device>()?.to_tch()?;
     cfg.trace = args.trace.is_some();
     cfg.replicas = args.replicas;
+    cfg.threads = args.threads;
+    if args.threads == Some(0) {
+        bail!("--threads must be at least 1");
+    }
     if args.replicas == 0 {
         bail!("--replicas must be at least 1");
     }
@@ -192,12 +203,34 @@ pub(crate) fn human(bytes: u64) -> String {
     format!("{v:.1} {}", UNITS[u])
 }
 
+/// The per-sample shape of graph output `name` from `pipeline.toml` (`None` when absent
+/// or not fixed).
+fn output_shape(manifest: &toml::Value, name: &str) -> Option<Vec<i64>> {
+    let stages = manifest.get("stage")?.as_array()?;
+    let entry = stages.iter().flat_map(|st| st.get("graph_outputs").and_then(|g| g.as_array()).into_iter().flatten()).find(|t| t.get("name").and_then(|v| v.as_str()) == Some(name))?;
+    let shape: Vec<&str> = entry.get("shape")?.as_array()?.iter().filter_map(|v| v.as_str()).collect();
+    (shape.first() == Some(&"N")).then_some(())?;
+    shape[1..].iter().map(|d| d.parse::<i64>().ok()).collect()
+}
+
+/// `--data synthetic`: seeded inputs, and labels shaped for the loss (class ids of the
+/// output's shape minus its class axis for cross-entropy, targets of its shape for mse).
+fn synthetic(args: &TrainArgs, manifest: &toml::Value, inputs: &[InputSpec], samples: usize) -> Result<Dataset> {
+    let data = Dataset::synthetic(inputs, samples, args.seed)?;
+    let out = args.output.as_deref().and_then(|o| output_shape(manifest, o));
+    match (args.loss.as_str(), out) {
+        ("mse", Some(shape)) => data.with_random_targets(&shape, args.seed),
+        ("cross-entropy", Some(shape)) if !shape.is_empty() => data.with_random_labels_shaped(args.classes, &shape[..shape.len() - 1], args.seed),
+        _ => data.with_random_labels(args.classes, args.seed),
+    }
+}
+
 /// The batches of `per_batch` microbatches from step `start` on (a resumed run sees the
 /// batches an uninterrupted one would from there on).
 pub(crate) fn load_batches(args: &TrainArgs, manifest: &toml::Value, manifest_path: &Path, per_batch: usize, start: usize) -> Result<Vec<Vec<Microbatch>>> {
     let inputs = graph_inputs(manifest, manifest_path)?;
     let data = match args.data.to_str() {
-        Some("synthetic") => Dataset::synthetic(&inputs, args.microbatch * per_batch * 4, args.seed)?.with_random_labels(args.classes, args.seed)?,
+        Some("synthetic") => synthetic(args, manifest, &inputs, args.microbatch * per_batch * 4)?,
         _ => Dataset::open(&args.data, &inputs, args.label.as_deref())?,
     };
     Ok(data
@@ -220,7 +253,9 @@ pub fn run(args: &TrainArgs) -> Result<()> {
     };
     let start = checkpoint.as_ref().map_or(0, |c| c.step as usize);
     let batches = load_batches(args, &manifest, &manifest_path, m * w, start)?;
-    let cfg = config(args, schedule)?;
+    let mut cfg = config(args, schedule)?;
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    cfg.threads = Some(args.threads.unwrap_or((cores / (depth * w)).max(1)));
     let mut progress = Progress::new(args, start)?;
     eprintln!(
         "training {depth} stage(s) x {w} replica(s), schedule {schedule:?}, microbatch {}, {m} microbatches per step and replica, steps {}..{}",

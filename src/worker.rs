@@ -5,13 +5,13 @@
 //! (`mpirun -np 1 build/stage0 OPTS : -np 1 build/stage1 OPTS`) each process takes its
 //! rank from the launcher's environment.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{anyhow, bail, Result};
 use pipewright_runtime::module::{decode_module_bytes, read_module, StageModule};
 use pipewright_runtime::pipeline::{boundary_names, chrome_trace_json, run_worker, Schedule, StepReport, Tcp, TcpOptions};
 
-use crate::train::{config, human, load_batches, Progress};
+use crate::train::{config, human, load_batches, read_manifest, Progress};
 use crate::TrainArgs;
 
 #[derive(clap::Args)]
@@ -46,27 +46,10 @@ fn env_usize(names: &[&str]) -> Option<usize> {
     names.iter().find_map(|n| std::env::var(n).ok()).and_then(|v| v.trim().parse().ok())
 }
 
-fn manifest(build: &Path) -> Result<(toml::Value, Vec<String>)> {
-    let path = build.join("pipeline.toml");
-    let text = std::fs::read_to_string(&path).with_context(|| format!("{}: cannot read (the worker needs the build folder's pipeline.toml)", path.display()))?;
-    let manifest: toml::Value = toml::from_str(&text).map_err(|e| anyhow!("{}: {e}", path.display()))?;
-    let order: Vec<String> = manifest
-        .get("stage_order")
-        .and_then(|v| v.as_array())
-        .ok_or_else(|| anyhow!("{}: no stage_order", path.display()))?
-        .iter()
-        .filter_map(|v| v.as_str().map(String::from))
-        .collect();
-    if order.is_empty() {
-        bail!("{}: no stages", path.display());
-    }
-    Ok((manifest, order))
-}
-
 /// Runs one worker. `embedded` is a stage executable's own module.
 pub fn run(args: &WorkerArgs, embedded: Option<Vec<u8>>) -> Result<()> {
     let t = &args.train;
-    let (manifest, order) = manifest(&t.build)?;
+    let (manifest, order) = read_manifest(&t.build)?;
     let manifest_path = t.build.join("pipeline.toml");
     let (d, w) = (order.len(), t.replicas.max(1));
     let embedded = match embedded {

@@ -66,6 +66,7 @@ fn bad_training_input_is_one_clear_error() {
         (vec!["--label", "nope", "--output", "linear_3"], "nope"),
         (vec!["--label", "label", "--output", "no_output"], "no_output"),
         (vec!["--label", "label", "--output", "linear_3", "--microbatches", "1"], "m"),
+        (vec!["--label", "label", "--output", "linear_3", "--loss", "mse"], "targets have shape"),
     ] {
         let mut args = vec!["train", dir.path().to_str().unwrap(), "--data", data.to_str().unwrap(), "--steps", "3"];
         args.extend(extra.iter().copied());

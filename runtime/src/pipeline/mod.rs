@@ -78,6 +78,9 @@ pub struct TrainConfig {
     /// Write a checkpoint into `checkpoint_dir` after every this many updates.
     pub checkpoint_every: Option<usize>,
     pub checkpoint_dir: Option<PathBuf>,
+    /// Intra-op threads of each worker (libtorch's per-thread setting); `None` leaves
+    /// libtorch's default (every core, for every worker).
+    pub threads: Option<usize>,
 }
 
 impl TrainConfig {
@@ -98,6 +101,7 @@ impl TrainConfig {
             replicas: 1,
             checkpoint_every: None,
             checkpoint_dir: None,
+            threads: None,
         }
     }
 }

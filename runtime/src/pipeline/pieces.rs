@@ -125,7 +125,8 @@ fn leaf(t: &Tensor) -> Tensor {
 }
 
 impl Engine<'_> {
-    fn base_slots(&self, params: &[Tensor]) -> Vec<Option<Tensor>> {
+    /// Slots with the constants and `params` (the trainable weights) set.
+    pub(crate) fn base_slots(&self, params: &[Tensor]) -> Vec<Option<Tensor>> {
         let mut slots: Vec<Option<Tensor>> = (0..self.program.slots.len()).map(|_| None).collect();
         for (s, t) in self.constants {
             slots[s.index()] = Some(t.shallow_clone());
@@ -137,10 +138,19 @@ impl Engine<'_> {
     }
 
     /// Runs the instructions of `range` over `slots`; frees slots after their last read
-    /// when `free`. Returns new running statistics when `stats` is set.
-    fn run_range(&self, range: Range<usize>, slots: &mut [Option<Tensor>], free: bool, stats: bool) -> Result<Vec<(usize, Tensor)>, String> {
+    /// when `free`. Returns the new running statistics when `stats` is set, and with
+    /// `count_act` the bytes of the non-view kernel outputs (what a graph-recording
+    /// forward keeps).
+    pub(crate) fn run_range(
+        &self,
+        range: Range<usize>,
+        slots: &mut [Option<Tensor>],
+        free: bool,
+        stats: bool,
+        count_act: bool,
+    ) -> Result<(Vec<(usize, Tensor)>, u64), String> {
         let p = self.program;
-        let mut new_stats = Vec::new();
+        let (mut new_stats, mut act_bytes) = (Vec::new(), 0u64);
         for i in range {
             let ins = &p.instrs[i];
             let outs = {
@@ -151,6 +161,9 @@ impl Engine<'_> {
                     .collect::<Result<_, _>>()?;
                 run_kernel(&ins.kernel, &args, self.mode).map_err(|e| format!("node {:?}: {e}", ins.name))?
             };
+            if outs.len() < ins.outputs.len() {
+                return Err(format!("node {:?}: produced {} outputs, expected {}", ins.name, outs.len(), ins.outputs.len()));
+            }
             if stats {
                 if let Some(&(_, mean, var)) = self.bn_stats.iter().find(|(n, _, _)| *n == i) {
                     if let (Some(m), Some(v)) = (outs.get(1), outs.get(2)) {
@@ -161,6 +174,9 @@ impl Engine<'_> {
             }
             for (slot, t) in ins.outputs.iter().zip(outs) {
                 if let Some(s) = slot {
+                    if count_act && !ins.kernel.is_view() {
+                        act_bytes += bytes_of(&t);
+                    }
                     slots[s.index()] = Some(t);
                 }
             }
@@ -172,7 +188,7 @@ impl Engine<'_> {
                 }
             }
         }
-        Ok(new_stats)
+        Ok((new_stats, act_bytes))
     }
 
     fn take(slots: &[Option<Tensor>], ids: &[SlotId], what: &str) -> Result<Vec<(SlotId, Tensor)>, String> {
@@ -204,14 +220,14 @@ impl Engine<'_> {
             let ins = Self::take(&slots, &piece.inputs, "piece input")?;
             count(&ins);
             if piece.recompute {
-                all_stats.extend(tch::no_grad(|| self.run_range(piece.range.clone(), &mut slots, true, stats))?);
+                all_stats.extend(tch::no_grad(|| self.run_range(piece.range.clone(), &mut slots, true, stats, false))?.0);
                 states.push(PieceState::Recompute { inputs: ins.into_iter().map(|(s, t)| (s, t.detach())).collect() });
             } else {
                 let leaves: Vec<(SlotId, Tensor)> = ins.iter().map(|(s, t)| (*s, leaf(t))).collect();
                 for (s, t) in &leaves {
                     slots[s.index()] = Some(t.shallow_clone());
                 }
-                all_stats.extend(self.run_range(piece.range.clone(), &mut slots, true, stats)?);
+                all_stats.extend(self.run_range(piece.range.clone(), &mut slots, true, stats, false)?.0);
                 let outputs = Self::take(&slots, &piece.outputs, "piece output")?;
                 count(&outputs);
                 // Later pieces read these values as fresh leaves, not through this graph.
@@ -283,7 +299,7 @@ impl Engine<'_> {
         for (s, t) in &leaves {
             slots[s.index()] = Some(t.shallow_clone());
         }
-        self.run_range(piece.range.clone(), &mut slots, false, false)?;
+        self.run_range(piece.range.clone(), &mut slots, false, false, false)?;
         let outputs = Self::take(&slots, &piece.outputs, "piece output")?;
         Ok((leaves, outputs))
     }

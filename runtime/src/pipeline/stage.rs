@@ -12,7 +12,7 @@ use super::optim::OptState;
 use super::pieces::{pieces, Engine, Piece, PieceFwd};
 use super::trace::{Recorder, TraceKind};
 use super::{Event, Loss, Op, PipelineError, StageData, TrainConfig, Transport};
-use crate::exec::{run as run_kernel, tensor_from_bytes, Mode};
+use crate::exec::{tensor_from_bytes, Mode};
 use crate::kernel::Kernel;
 use crate::module::{Recompute, StageModule};
 use crate::program::{Program, SlotId};
@@ -47,7 +47,13 @@ pub(crate) fn spec_alone(s: &StageModule, loss: &Loss) -> Result<StageSpec, Pipe
     if ins[n_recv..].iter().any(|n| n.ends_with(&recv_tag)) || outs[n_send..].iter().any(|n| k + 1 < d && n.ends_with(&send_tag)) {
         return Err(PipelineError::Config(format!("stage {k}: received inputs / sent outputs must come first in the program")));
     }
-    let loss = if k + 1 == d {
+    stage_spec(s, k + 1 == d, &ins, &outs, n_recv, n_send, loss)
+}
+
+/// The spec of stage `s` once its received inputs and sent outputs are known.
+fn stage_spec(s: &StageModule, last: bool, ins: &[String], outs: &[String], n_recv: usize, n_send: usize, loss: &Loss) -> Result<StageSpec, PipelineError> {
+    let k = s.header.params.stage as usize;
+    let loss = if last {
         let i = outs.iter().position(|n| n == loss.output()).ok_or_else(|| PipelineError::Stage {
             stage: k,
             message: format!("the loss reads output {:?}, which the last stage does not produce (outputs {outs:?})", loss.output()),
@@ -59,7 +65,7 @@ pub(crate) fn spec_alone(s: &StageModule, loss: &Loss) -> Result<StageSpec, Pipe
     let graph_input_names = ins[n_recv..].to_vec();
     Ok(StageSpec {
         index: k,
-        program: p.clone(),
+        program: s.program.clone(),
         n_recv,
         needs_data: !graph_input_names.is_empty() || loss.is_some(),
         graph_input_names,
@@ -94,27 +100,7 @@ pub(crate) fn specs(stages: &[StageModule], loss: &Loss) -> Result<Vec<StageSpec
                 return Err(PipelineError::Config(format!("stage {k}: sends {mine:?} but stage {} receives {their_recv:?}", k + 1)));
             }
         }
-        let loss = if k + 1 == d {
-            let i = outs.iter().position(|n| n == loss.output()).ok_or_else(|| PipelineError::Stage {
-                stage: k,
-                message: format!("the loss reads output {:?}, which the last stage does not produce (outputs {outs:?})", loss.output()),
-            })?;
-            Some((loss.clone(), i))
-        } else {
-            None
-        };
-        let graph_input_names = ins[n_recv..].to_vec();
-        out.push(StageSpec {
-            index: k,
-            program: p.clone(),
-            n_recv,
-            needs_data: !graph_input_names.is_empty() || loss.is_some(),
-            graph_input_names,
-            n_send,
-            loss,
-            recompute_full: s.header.params.recompute == Recompute::Full,
-            recompute_selective: s.header.params.recompute == Recompute::Selective,
-        });
+        out.push(stage_spec(s, k + 1 == d, &ins, &outs, n_recv, n_send, loss)?);
     }
     Ok(out)
 }
@@ -240,6 +226,10 @@ fn run_inner(
     rec: &mut Recorder,
 ) -> Result<StageOut, E> {
     let cfg = ctx.cfg;
+    if let Some(n) = cfg.threads {
+        // Per calling thread (OpenMP): each worker gets its own share of the cores.
+        tch::set_num_threads(n.max(1) as i32);
+    }
     tch::manual_seed(cfg.seed.wrapping_add(spec.index as i64));
     let (mut w, params) = Worker::load(spec, cfg)?;
     let mut st = State {
@@ -724,56 +714,20 @@ impl Worker {
 
     fn execute(&self, params: &[Tensor], inputs: &[Tensor], collect_stats: bool, count_act: bool) -> Result<Run, E> {
         let p = &self.spec.program;
-        let mut slots: Vec<Option<Tensor>> = (0..p.slots.len()).map(|_| None).collect();
-        for (s, t) in &self.constants {
-            slots[s.index()] = Some(t.shallow_clone());
-        }
-        for (s, t) in self.param_slots.iter().zip(params) {
-            slots[s.index()] = Some(t.shallow_clone());
-        }
         if inputs.len() != p.inputs.len() {
             return Err(E::Msg(format!("the program takes {} inputs, {} were given", p.inputs.len(), inputs.len())));
         }
+        let engine = self.engine();
+        let mut slots = engine.base_slots(params);
         for (s, t) in p.inputs.iter().zip(inputs) {
             slots[s.index()] = Some(t.shallow_clone());
         }
-        let (mut act_bytes, mut stats) = (0u64, Vec::new());
-        let unset = |s: SlotId| E::Msg(format!("slot {s} ({:?}) is read before it is written", p.slots[s.index()].name));
-        for (i, ins) in p.instrs.iter().enumerate() {
-            let outs = {
-                let args: Vec<Option<&Tensor>> = ins
-                    .inputs
-                    .iter()
-                    .map(|s| s.map(|s| slots[s.index()].as_ref().ok_or_else(|| unset(s))).transpose())
-                    .collect::<Result<_, _>>()?;
-                run_kernel(&ins.kernel, &args, self.mode).map_err(|e| E::Msg(format!("node {:?}: {e}", ins.name)))?
-            };
-            if outs.len() < ins.outputs.len() {
-                return Err(E::Msg(format!("node {:?}: produced {} outputs, expected {}", ins.name, outs.len(), ins.outputs.len())));
-            }
-            if collect_stats {
-                if let Some(&(_, mean, var)) = self.bn_stats.iter().find(|(n, _, _)| *n == i) {
-                    if let (Some(new_mean), Some(new_var)) = (outs.get(1), outs.get(2)) {
-                        stats.push((mean, new_mean.detach()));
-                        stats.push((var, new_var.detach()));
-                    }
-                }
-            }
-            for (slot, t) in ins.outputs.iter().zip(outs) {
-                if let Some(s) = slot {
-                    if count_act && !ins.kernel.is_view() {
-                        act_bytes += bytes_of(&t);
-                    }
-                    slots[s.index()] = Some(t);
-                }
-            }
-            for s in ins.inputs.iter().flatten() {
-                if self.last_use[s.index()] == Some(i) && !p.outputs.contains(s) {
-                    slots[s.index()] = None;
-                }
-            }
-        }
-        let outputs = p.outputs.iter().map(|s| slots[s.index()].as_ref().map(|t| t.shallow_clone()).ok_or_else(|| unset(*s))).collect::<Result<_, _>>()?;
+        let (stats, act_bytes) = engine.run_range(0..p.instrs.len(), &mut slots, true, collect_stats, count_act).map_err(E::Msg)?;
+        let outputs = p
+            .outputs
+            .iter()
+            .map(|s| slots[s.index()].as_ref().map(|t| t.shallow_clone()).ok_or_else(|| E::Msg(format!("output slot {s} was never written"))))
+            .collect::<Result<_, _>>()?;
         Ok(Run { outputs, act_bytes, stats })
     }
 
@@ -853,13 +807,24 @@ fn loss_of(l: &Loss, out: &Tensor, labels: Option<&Tensor>) -> Result<Tensor, St
             }
             Ok(out.reshape([] as [i64; 0]))
         }
-        Loss::Mse { .. } => {
+        Loss::Mse { output } => {
             let y = need()?;
+            if y.size() != out.size() {
+                return Err(format!("mse: targets have shape {:?}, output {output:?} has {:?}", y.size(), out.size()));
+            }
             (|| (out - y.f_to_kind(out.kind())?).f_square()?.f_mean(out.kind()))()
         }
-        Loss::CrossEntropy { .. } => {
+        Loss::CrossEntropy { output } => {
             let y = need()?;
-            let c = *out.size().last().ok_or("logits are a scalar")?;
+            let dims = out.size();
+            let c = *dims.last().ok_or("logits are a scalar")?;
+            if y.size() != dims[..dims.len() - 1] {
+                return Err(format!(
+                    "cross-entropy: labels have shape {:?}, but output {output:?} of shape {dims:?} needs class ids of shape {:?}",
+                    y.size(),
+                    &dims[..dims.len() - 1]
+                ));
+            }
             (|| {
                 let lp = out.f_reshape([-1, c])?.f_log_softmax(-1, out.kind())?;
                 let y = y.f_to_kind(Kind::Int64)?.f_reshape([-1, 1])?;

@@ -1,0 +1,138 @@
+#!/usr/bin/env python3
+"""Steady-state figures of one `pipewright train` run, from its --metrics JSON lines and its
+--trace (Chrome trace JSON), and a markdown table over several runs. Stdlib only.
+
+Usage:
+  pipeline_stats.py run --metrics M.jsonl --trace T.json --warmup W [--label TEXT]
+      prints one JSON object (see below) on stdout
+  pipeline_stats.py table FILE.jsonl
+      FILE holds one `run` object per line (several rounds of the same label allowed);
+      prints a markdown table, one row per label, the median over its rounds
+
+Definitions (steps 1..S of the metrics = batches 0..S-1 of the trace; the first W are
+warm-up and dropped):
+- samples_per_s: sum of `samples` / sum of `seconds` over metrics steps W+1..S
+  (`seconds` is the wall time between consecutive weight updates reported by the last stage).
+- busy: forward + backward + recompute + optimizer durations (send/recv are waiting).
+- per stage, time per microbatch t_k = busy of the events of batches W..S-1 / number of
+  microbatches that stage ran forward in those batches.
+- ideal_samples_per_s = samples per microbatch / max_k t_k (the slowest stage's rate, the
+  most a pipeline of these stages can sustain); efficiency = samples_per_s / ideal.
+- bubble_k (steady): 1 - busy of stage k inside the window / window length, the window
+  running from the end of the last stage's update of batch W-1 to the end of its update
+  of batch S-1 (the interval the steady samples/s is measured over); busy intervals are
+  clipped to the window.
+- bubble_k (whole run): 1 - busy / span of the whole trace, what `pipewright trace-svg` prints.
+"""
+import argparse
+import json
+import statistics
+import sys
+
+BUSY = {"forward", "backward", "recompute", "optimizer"}
+
+
+def run_stats(metrics_path, trace_path, warmup, label):
+    steps = [json.loads(l) for l in open(metrics_path) if l.strip()]
+    S = len(steps)
+    if S <= warmup:
+        sys.exit(f"{metrics_path}: {S} steps, not more than the {warmup} warm-up steps")
+    steady = steps[warmup:]
+    samples = sum(s["samples"] for s in steady)
+    seconds = sum(s["seconds"] for s in steady)
+
+    ev = json.load(open(trace_path))
+    if isinstance(ev, dict):
+        ev = ev["traceEvents"]
+    ev = [e for e in ev if e.get("ph") == "X"]
+    stages = sorted({e["tid"] for e in ev})
+    last = stages[-1]
+    step_of = lambda e: (e.get("args") or {}).get("step")
+    mb_of = lambda e: (e.get("args") or {}).get("microbatch")
+
+    # The steady window on the trace clock (µs).
+    opt_end = {step_of(e): e["ts"] + e["dur"] for e in ev if e["tid"] == last and e["name"] == "optimizer"}
+    if warmup > 0:
+        w0 = opt_end[warmup - 1]
+    else:
+        w0 = min(e["ts"] for e in ev)
+    w1 = opt_end[S - 1]
+    t0 = min(e["ts"] for e in ev)
+    t1 = max(e["ts"] + e["dur"] for e in ev)
+
+    # microbatches per batch and samples per microbatch
+    fw0 = [e for e in ev if e["tid"] == stages[0] and e["name"] == "forward" and step_of(e) == 0]
+    m = len(fw0)
+    per_mb = steps[-1]["samples"] / m
+
+    out = {"label": label, "steps": S, "warmup": warmup, "m": m, "samples_per_microbatch": per_mb,
+           "samples_per_s": samples / seconds, "trace_window_s": (w1 - w0) / 1e6,
+           "trace_samples_per_s": samples / ((w1 - w0) / 1e6), "stages": []}
+    slowest = 0.0
+    for k in stages:
+        mine = [e for e in ev if e["tid"] == k]
+        busy_steady = sum(e["dur"] for e in mine if e["name"] in BUSY and step_of(e) is not None and step_of(e) >= warmup)
+        mbs = {mb_of(e) for e in mine if e["name"] == "forward" and step_of(e) is not None and step_of(e) >= warmup}
+        t_mb = busy_steady / len(mbs) / 1e6
+        slowest = max(slowest, t_mb)
+        clipped = sum(max(0.0, min(e["ts"] + e["dur"], w1) - max(e["ts"], w0)) for e in mine if e["name"] in BUSY)
+        busy_all = sum(e["dur"] for e in mine if e["name"] in BUSY)
+        kinds = {}
+        for e in mine:
+            if step_of(e) is not None and step_of(e) >= warmup:
+                kinds[e["name"]] = kinds.get(e["name"], 0.0) + e["dur"] / len(mbs) / 1e3
+        out["stages"].append({
+            "stage": k,
+            "microbatches": len(mbs),
+            "ms_per_microbatch": t_mb * 1e3,
+            "ms_per_microbatch_by_kind": {n: round(v, 3) for n, v in sorted(kinds.items())},
+            "bubble_steady": 1.0 - clipped / (w1 - w0),
+            "bubble_whole_run": 1.0 - busy_all / (t1 - t0),
+        })
+    out["ideal_samples_per_s"] = per_mb / slowest
+    out["efficiency"] = out["samples_per_s"] / out["ideal_samples_per_s"]
+    return out
+
+
+def table(path):
+    runs = [json.loads(l) for l in open(path) if l.strip()]
+    labels = list(dict.fromkeys(r["label"] for r in runs))
+    nst = max(len(r["stages"]) for r in runs)
+    med = lambda xs: statistics.median(xs)
+    hdr = ["run", "rounds", "samples/s"]
+    hdr += [f"bubble s{k} (steady / whole run)" for k in range(nst)]
+    hdr += [f"ms/microbatch s{k}" for k in range(nst)]
+    hdr += ["ideal samples/s", "efficiency"]
+    print("| " + " | ".join(hdr) + " |")
+    print("|" + "---|" * len(hdr))
+    for lab in labels:
+        rs = [r for r in runs if r["label"] == lab]
+        row = [lab, str(len(rs)), f"{med([r['samples_per_s'] for r in rs]):.2f}"]
+        for k in range(nst):
+            row.append(f"{med([r['stages'][k]['bubble_steady'] for r in rs]):.3f} / {med([r['stages'][k]['bubble_whole_run'] for r in rs]):.3f}")
+        for k in range(nst):
+            row.append(f"{med([r['stages'][k]['ms_per_microbatch'] for r in rs]):.1f}")
+        row.append(f"{med([r['ideal_samples_per_s'] for r in rs]):.2f}")
+        row.append(f"{med([r['efficiency'] for r in rs]):.3f}")
+        print("| " + " | ".join(row) + " |")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("--metrics", required=True)
+    r.add_argument("--trace", required=True)
+    r.add_argument("--warmup", type=int, required=True)
+    r.add_argument("--label", default="")
+    t = sub.add_parser("table")
+    t.add_argument("file")
+    a = ap.parse_args()
+    if a.cmd == "run":
+        print(json.dumps(run_stats(a.metrics, a.trace, a.warmup, a.label)))
+    else:
+        table(a.file)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# Pipeline schedules on the embedded executor: gpt2-tiny and resnet18 compiled into d = 2
+# stages with each schedule (2bw, flush, gpipe), trained on seeded random data, reporting per
+# run the steady-state samples/s (metrics JSON lines, first WARMUP steps dropped), each
+# stage's bubble fraction and time per microbatch (from the --trace), and the pipeline
+# efficiency = samples/s / (samples per microbatch / the slowest stage's busy time per
+# microbatch). Definitions: bench/pipeline_stats.py.
+#
+# Usage: bench/schedules.sh [MODEL:MICROBATCH:STEPS ...]
+#        (default: gpt2-tiny:4:40 resnet18:2:12)
+# Env:   ROUNDS (3: each round runs every model x schedule once, the schedules back to back
+#        in an order rotated by one each round, so they see the same machine noise and no
+#        schedule always runs first; the table gives the median over rounds),
+#        WARMUP (3 steps dropped), M (4 microbatches per step), STAGES (2),
+#        THREADS (1: libtorch intra-op threads per stage, through OMP_NUM_THREADS and
+#        MKL_NUM_THREADS — `pipewright train` has no thread flag; 2 stage threads x 1 on the
+#        2-core machine), LR (1e-4, plain SGD: small enough that no run diverges),
+#        SCHEDULES ("2bw flush gpipe"), MODELS_DIR (../shared/corpus/models),
+#        BENCH_VENV (${XDG_CACHE_HOME:-~/.cache}/pipewright/bench-venv: numpy + onnx for
+#        bench/make_data.py), OUT (target/bench/schedules: build folders, data, metrics,
+#        traces, SVG timelines, runs.jsonl, table.md).
+#
+# Data: bench/make_data.py writes an .npz of random inputs (token ids uniform over the
+# vocabulary for gpt2-tiny) and class labels shaped like the output without its class axis
+# ([N, 32] for gpt2-tiny's per-token logits, [N] for resnet18); `--data synthetic` only
+# makes [N] labels.
+set -euo pipefail
+
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$repo"
+ROUNDS="${ROUNDS:-3}"
+WARMUP="${WARMUP:-3}"
+M="${M:-4}"
+STAGES="${STAGES:-2}"
+THREADS="${THREADS:-1}"
+LR="${LR:-0.0001}"
+read -r -a schedules <<<"${SCHEDULES:-2bw flush gpipe}"
+MODELS_DIR="${MODELS_DIR:-$repo/../shared/corpus/models}"
+cache="${PIPEWRIGHT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/pipewright}"
+py="${BENCH_VENV:-$cache/bench-venv}/bin/python"
+OUT="${OUT:-$repo/target/bench/schedules}"
+specs=("$@")
+[[ ${#specs[@]} -gt 0 ]] || specs=(gpt2-tiny:4:40 resnet18:2:12)
+log() { echo "schedules.sh: $*" >&2; }
+
+"$py" -c 'import numpy, onnx' 2>/dev/null || { log "$py lacks numpy/onnx (see bench/fwd_bwd.sh for the venv)"; exit 1; }
+log "cargo build --release"
+cargo build --release >&2
+pw="$repo/target/release/pipewright"
+
+mkdir -p "$OUT"
+runs="$OUT/runs.jsonl"
+: >"$runs"
+
+# Compile and make the data once per model (outside the timed rounds).
+declare -A out_name
+for spec in "${specs[@]}"; do
+    IFS=: read -r model mb steps <<<"$spec"
+    out_name[$model]="$("$py" -c 'import onnx,sys; print(onnx.load(sys.argv[1], load_external_data=False).graph.output[0].name)' "$MODELS_DIR/$model.onnx")"
+    "$py" bench/make_data.py "$MODELS_DIR/$model.onnx" -o "$OUT/$model.npz" --samples $((mb * M * 4)) >&2
+    for s in "${schedules[@]}"; do
+        "$pw" compile "$MODELS_DIR/$model.onnx" --stages "$STAGES" --schedule "$s" -o "$OUT/$model-$s" >&2
+    done
+done
+
+export OMP_NUM_THREADS="$THREADS" MKL_NUM_THREADS="$THREADS"
+for r in $(seq 1 "$ROUNDS"); do
+    for spec in "${specs[@]}"; do
+        IFS=: read -r model mb steps <<<"$spec"
+        n=${#schedules[@]}
+        for ((i = 0; i < n; i++)); do
+            s="${schedules[$(((i + r - 1) % n))]}"
+            dir="$OUT/$model-$s"
+            log "round $r: $model, schedule $s, microbatch $mb x $M, $steps steps"
+            "$pw" train "$dir" --data "$OUT/$model.npz" --label label --loss cross-entropy --output "${out_name[$model]}" \
+                --steps "$steps" --microbatch "$mb" --microbatches "$M" --optimizer sgd --lr "$LR" \
+                --log-every 1000 --metrics "$dir/m$r.jsonl" --trace "$dir/trace$r.json" >&2
+            "$pw" trace-svg "$dir/trace$r.json" -o "$dir/timeline$r.svg" 2>/dev/null | sed "s/^/round $r $model $s: trace-svg: /" >&2
+            "$py" bench/pipeline_stats.py run --metrics "$dir/m$r.jsonl" --trace "$dir/trace$r.json" --warmup "$WARMUP" \
+                --label "$model, $s (microbatch $mb, m = $M)" | tee -a "$runs" >&2
+        done
+    done
+done
+
+{
+    echo "d = $STAGES, $THREADS intra-op thread(s) per stage (OMP_NUM_THREADS), SGD lr $LR, steps after $WARMUP warm-up, median over $ROUNDS round(s); $(getconf _NPROCESSORS_ONLN) CPUs"
+    echo
+    "$py" bench/pipeline_stats.py table "$runs"
+} | tee "$OUT/table.md"
