@@ -71,14 +71,22 @@ fn first_line(e: &tch::TchError) -> String {
 /// inputs. Returns every output the op defines, in ONNX order (a node with fewer outputs
 /// uses the prefix; see [`Kernel`]).
 pub fn run(k: &Kernel, inputs: &[Option<&Tensor>], mode: Mode) -> Result<Vec<Tensor>, KernelError> {
-    dispatch(k, inputs, mode).map_err(|f| f.into_error(k.name()))
+    dispatch(k, inputs, mode, None).map_err(|f| f.into_error(k.name()))
+}
+
+/// [`run`] for a node that reads only the outputs marked in `used` (by ONNX output index;
+/// missing = unused). Outputs nobody reads may come back as placeholders that carry no
+/// gradient, which lets a kernel take a fused path (LayerNormalization whose mean and
+/// inverse deviation nobody reads runs libtorch's single layer-norm kernel).
+pub fn run_used(k: &Kernel, inputs: &[Option<&Tensor>], mode: Mode, used: &[bool]) -> Result<Vec<Tensor>, KernelError> {
+    dispatch(k, inputs, mode, Some(used)).map_err(|f| f.into_error(k.name()))
 }
 
 fn one(t: R<Tensor>) -> R<Vec<Tensor>> {
     t.map(|t| vec![t])
 }
 
-fn dispatch(k: &Kernel, ins: &[Option<&Tensor>], mode: Mode) -> R<Vec<Tensor>> {
+fn dispatch(k: &Kernel, ins: &[Option<&Tensor>], mode: Mode, outputs_read: Option<&[bool]>) -> R<Vec<Tensor>> {
     use Kernel::*;
     let x = || need(ins, 0);
     let y = || need(ins, 1);
@@ -105,11 +113,11 @@ fn dispatch(k: &Kernel, ins: &[Option<&Tensor>], mode: Mode) -> R<Vec<Tensor>> {
         Where => one(elementwise::where_(x()?, y()?, need(ins, 2)?)),
         Cast { to } => one(convert::kind_of(*to).and_then(|kd| Ok(x()?.f_to_kind(kd)?))),
         CastLike => one(Ok(x()?.f_to_kind(y()?.f_kind()?)?)),
-        _ => dispatch_nn(k, ins, mode),
+        _ => dispatch_nn(k, ins, mode, outputs_read),
     }
 }
 
-fn dispatch_nn(k: &Kernel, ins: &[Option<&Tensor>], mode: Mode) -> R<Vec<Tensor>> {
+fn dispatch_nn(k: &Kernel, ins: &[Option<&Tensor>], mode: Mode, outputs_read: Option<&[bool]>) -> R<Vec<Tensor>> {
     use Kernel::*;
     let x = || need(ins, 0);
     let y = || need(ins, 1);
@@ -125,7 +133,10 @@ fn dispatch_nn(k: &Kernel, ins: &[Option<&Tensor>], mode: Mode) -> R<Vec<Tensor>
         GlobalAveragePool => one(window::global_pool(x()?, false)),
         GlobalMaxPool => one(window::global_pool(x()?, true)),
         BatchNormalization(b) => nn::batch_norm(b, ins, mode),
-        LayerNormalization(l) => nn::layer_norm(l, ins),
+        LayerNormalization(l) => {
+            let stats_read = outputs_read.map_or(true, |u| u.iter().skip(1).any(|&x| x));
+            nn::layer_norm(l, ins, stats_read)
+        }
         InstanceNormalization { epsilon } => one(nn::instance_norm(*epsilon, ins)),
         Dropout { ratio, .. } => nn::dropout(*ratio, ins, mode),
         _ => dispatch_shape(k, ins),

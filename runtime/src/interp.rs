@@ -4,7 +4,7 @@
 
 use tch::Tensor;
 
-use crate::exec::{run, tensor_from_bytes, KernelError, Mode};
+use crate::exec::{run_used, tensor_from_bytes, KernelError, Mode};
 use crate::program::{Program, SlotId};
 
 /// Why a program could not run.
@@ -91,7 +91,8 @@ impl Interpreter {
                     .iter()
                     .map(|s| s.map(|s| slots[s.index()].as_ref().ok_or_else(|| self.unset(s))).transpose())
                     .collect::<Result<_, _>>()?;
-                run(&ins.kernel, &args, mode).map_err(|source| InterpError::Kernel { node: ins.name.clone(), source })?
+                let used: Vec<bool> = ins.outputs.iter().map(Option::is_some).collect();
+                run_used(&ins.kernel, &args, mode, &used).map_err(|source| InterpError::Kernel { node: ins.name.clone(), source })?
             };
             if outs.len() < ins.outputs.len() {
                 return Err(InterpError::OutputCount { node: ins.name.clone(), expected: ins.outputs.len(), got: outs.len() });

@@ -165,6 +165,12 @@ fn binary_broadcasting() {
         Kernel::Binary(Pow),
         vec![In::D(normal(&[2, 3], 57)), In::F(i64s(&[2], &[1]))],
     );
+    // A constant one-element exponent takes the scalar kernel (GELU's x^3).
+    for e in [3.0f64, 0.5, -1.5] {
+        let base = if e == 3.0 { normal(&[2, 3], 58) } else { rand(&[2, 3], 58, 0.5, 2.0) };
+        g1(Kernel::Binary(Pow), vec![In::D(base), In::F(Tensor::from(e))]);
+    }
+    g1(Kernel::Binary(Pow), vec![In::D(rand(&[2, 3], 59, 0.5, 2.0)), In::F(Tensor::from_slice(&[2.0f64]).reshape([1, 1]))]);
 }
 
 #[test]
@@ -614,4 +620,29 @@ fn einsum() {
         e("ij,ij"),
         vec![In::D(normal(&[2, 3], 185)), In::D(normal(&[2, 3], 186))],
     );
+}
+
+/// LayerNormalization whose mean and inverse deviation nobody reads runs libtorch's fused
+/// kernel: the same output and the same gradients as the composed definition.
+#[test]
+fn fused_layer_norm_matches_the_composed_one() {
+    use pipewright_runtime::exec::{run, run_used, Mode};
+    for axis in [-1i64, 1] {
+        let k = Kernel::LayerNormalization(LayerNorm { axis, epsilon: 1e-5, stash_type: 1 });
+        let sshape: &[i64] = if axis == 1 { &[3, 4] } else { &[4] };
+        let leaves = [normal(&[2, 3, 4], 130), normal(sshape, 131), normal(sshape, 132)].map(|t| t.set_requires_grad(true));
+        let w = normal(&[2, 3, 4], 133);
+        let grads = |fused: bool| {
+            let ins: Vec<Option<&Tensor>> = leaves.iter().map(Some).collect();
+            let y = if fused { run_used(&k, &ins, Mode::Train, &[true, false, false]) } else { run(&k, &ins, Mode::Train) }.unwrap().remove(0);
+            let l = (&y * &w).sum(tch::Kind::Double);
+            let refs: Vec<&Tensor> = leaves.iter().collect();
+            (y.detach(), Tensor::run_backward(&[&l], &refs, false, false))
+        };
+        let ((y1, g1), (y2, g2)) = (grads(true), grads(false));
+        assert!((&y1 - &y2).abs().max().double_value(&[]) < 1e-12, "axis {axis}: outputs differ");
+        for (a, b) in g1.iter().zip(&g2) {
+            assert!((a - b).abs().max().double_value(&[]) < 1e-10, "axis {axis}: gradients differ");
+        }
+    }
 }

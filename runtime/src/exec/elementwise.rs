@@ -107,9 +107,18 @@ fn arithmetic(b: BinaryKind, x: &Tensor, y: &Tensor) -> R<Tensor> {
     })
 }
 
-/// ONNX Pow: the output has the base's type whatever the exponent's type.
+/// ONNX Pow: the output has the base's type whatever the exponent's type. A one-element
+/// exponent that needs no gradient (a constant, as in GELU's `x^3`) goes through the
+/// scalar kernel, whose forward and backward are a few times faster than the
+/// tensor-exponent ones (libtorch special-cases 2, 3, 0.5, -1...).
 fn pow(x: &Tensor, y: &Tensor) -> R<Tensor> {
-    let r = x.f_pow(y)?;
+    let r = if y.numel() == 1 && !y.requires_grad() && x.is_floating_point() && y.dim() <= x.dim() {
+        // With a rank no higher than the base's, a one-element exponent broadcasts to the
+        // base's shape, so the result's shape is the base's as with the tensor kernel.
+        x.f_pow_tensor_scalar(y.f_double_value(&vec![0; y.dim()])?)?
+    } else {
+        x.f_pow(y)?
+    };
     let k = kind(x)?;
     Ok(if kind(&r)? == k { r } else { r.f_to_kind(k)? })
 }

@@ -111,11 +111,23 @@ fn batch_stats(x: &Tensor) -> R<(Tensor, Tensor)> {
 }
 
 /// LayerNormalization over dimensions `axis..`; outputs Y, Mean, InvStdDev (kept dims).
-pub(crate) fn layer_norm(ln: &LayerNorm, ins: &[Option<&Tensor>]) -> R<Vec<Tensor>> {
+/// LayerNormalization. Outputs 1 and 2 (mean, inverse standard deviation) are
+/// differentiable when `stats_read`; otherwise libtorch's fused kernel runs, whose
+/// statistics carry no gradient.
+pub(crate) fn layer_norm(ln: &LayerNorm, ins: &[Option<&Tensor>], stats_read: bool) -> R<Vec<Tensor>> {
     let (x, scale) = (need(ins, 0)?, need(ins, 1)?);
     let axis = norm_axis(ln.axis, x.dim())?;
     let dims: Vec<i64> = (axis..x.dim() as i64).collect();
     let k = kind(x)?;
+    let normalized: Vec<i64> = x.size()[axis as usize..].to_vec();
+    let bias = opt(ins, 2);
+    let exact_shapes = scale.size() == normalized && bias.map_or(true, |b| b.size() == normalized);
+    if !stats_read && matches!(k, Kind::Float | Kind::Double) && exact_shapes && scale.kind() == k && bias.map_or(true, |b| b.kind() == k) {
+        // libtorch's fused kernel (one pass forward, one backward) computes exactly the
+        // ONNX definition; its mean and rstd keep the reduced axes as 1s, as ONNX's do.
+        let (y, mean, rstd) = x.f_native_layer_norm(normalized.as_slice(), Some(scale), bias, ln.epsilon as f64)?;
+        return Ok(vec![y, mean, rstd]);
+    }
     let half = matches!(k, Kind::Half | Kind::BFloat16);
     let xs = if ln.stash_type == 1 && half {
         x.f_to_kind(Kind::Float)?

@@ -12,7 +12,7 @@ use std::ops::Range;
 use tch::{Kind, Tensor};
 
 use super::memory::bytes_of;
-use crate::exec::{run as run_kernel, Mode};
+use crate::exec::{run_used, Mode};
 use crate::program::{Program, SlotId};
 
 /// A maximal run of instructions with the same recompute flag.
@@ -159,7 +159,8 @@ impl Engine<'_> {
                     .iter()
                     .map(|s| s.map(|s| slots[s.index()].as_ref().ok_or_else(|| format!("slot {s} ({:?}) is read before it is written", p.slots[s.index()].name))).transpose())
                     .collect::<Result<_, _>>()?;
-                run_kernel(&ins.kernel, &args, self.mode).map_err(|e| format!("node {:?}: {e}", ins.name))?
+                let used: Vec<bool> = ins.outputs.iter().map(Option::is_some).collect();
+                run_used(&ins.kernel, &args, self.mode, &used).map_err(|e| format!("node {:?}: {e}", ins.name))?
             };
             if outs.len() < ins.outputs.len() {
                 return Err(format!("node {:?}: produced {} outputs, expected {}", ins.name, outs.len(), ins.outputs.len()));
