@@ -5,9 +5,9 @@ Runs MODEL.onnx as a torch.nn.Module executing the graph node by node with eager
 (a minimal converter below: onnx2torch 1.5.15 has converters only up to about opset 17 and
 fails on these opset-20 models: ReduceMean-18, Reshape-19 with allowzero=1, Split-18), feeds DIR/input_K.pb, and times `steps`
 iterations of: forward (autograd on, eval mode), loss = sum over float outputs of
-`output.sum()`, `loss.backward()`, zero the gradients in place. Every floating-point
-initializer is a trainable parameter, matching pipewright,
-where float initializers are trainable parameters.
+`output.sum()`, `loss.backward()`, zero the gradients in place. The trainable tensors
+are pipewright's (`match_pipewright`): float initializers, except scalars (gpt2-tiny's
+GELU exponent) and batch-baked masks, which pipewright keeps as constants.
 
 Prints `torch-eager model=NAME median_ms=X mean_ms=Y threads=T`.
 """
@@ -159,6 +159,41 @@ def read_inputs(d):
     return out
 
 
+
+def match_pipewright(module, export_batch, batch):
+    """Makes constants of what pipewright does not train (scalars, batch-baked
+    initializers); adapts the graph to `batch`."""
+    for onnx_name, (_, key) in list(module.names.items()):
+        p = module.params[key]
+        if p.dim() == 0:
+            # e.g. gpt2-tiny's GELU exponent (Pow(x, 3.0)): as a parameter its gradient,
+            # x^3 * ln(x), is NaN for x < 0 and the first SGD step turns the model NaN.
+            module.consts[onnx_name] = p.detach()
+            del module.names[onnx_name]
+            del module.params[key]
+        elif p.dim() >= 3 and p.shape[0] == export_batch and export_batch > 1:
+            t = p.detach()
+            if batch != export_batch:
+                if not all(torch.equal(t[0], t[i]) for i in range(1, t.shape[0])):
+                    raise SystemExit(f"initializer {onnx_name}: batch-baked slices differ; cannot run at batch {batch}")
+                t = t[:1]
+            module.consts[onnx_name] = t
+            del module.names[onnx_name]
+            del module.params[key]
+    if batch == export_batch:
+        return
+
+    def reshape(x, s, allowzero=0):
+        s = s.tolist()
+        if s and s[0] == export_batch:
+            s[0] = batch
+        elif s and -1 not in s and s[0] % export_batch == 0:
+            s[0] = -1
+        return _reshape(x, torch.tensor(s), allowzero)
+
+    module.nodes = [(reshape if fn is OPS["Reshape"] else fn, i, o, a) for fn, i, o, a in module.nodes]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("model")
@@ -174,6 +209,9 @@ def main():
     onnx_model = onnx.load(a.model)
     model = OnnxModule(onnx_model)
     model.train(a.train)
+    graph_inputs0 = read_inputs(a.inputs)
+    export_batch = graph_inputs0[0][1].shape[0] if graph_inputs0 and graph_inputs0[0][1].dim() > 0 else 1
+    match_pipewright(model, export_batch, export_batch)
     params = list(model.parameters())
     trainable = len(params)
 

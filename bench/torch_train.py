@@ -35,40 +35,6 @@ import onnx  # noqa: E402
 import torch_eager  # noqa: E402
 
 
-def match_pipewright(module, export_batch, batch):
-    """Makes constants of what pipewright does not train (scalars, batch-baked
-    initializers); adapts the graph to `batch`."""
-    for onnx_name, (_, key) in list(module.names.items()):
-        p = module.params[key]
-        if p.dim() == 0:
-            # e.g. gpt2-tiny's GELU exponent (Pow(x, 3.0)): as a parameter its gradient,
-            # x^3 * ln(x), is NaN for x < 0 and the first SGD step turns the model NaN.
-            module.consts[onnx_name] = p.detach()
-            del module.names[onnx_name]
-            del module.params[key]
-        elif p.dim() >= 3 and p.shape[0] == export_batch and export_batch > 1:
-            t = p.detach()
-            if batch != export_batch:
-                if not all(torch.equal(t[0], t[i]) for i in range(1, t.shape[0])):
-                    raise SystemExit(f"initializer {onnx_name}: batch-baked slices differ; cannot run at batch {batch}")
-                t = t[:1]
-            module.consts[onnx_name] = t
-            del module.names[onnx_name]
-            del module.params[key]
-    if batch == export_batch:
-        return
-
-    def reshape(x, s, allowzero=0):
-        s = s.tolist()
-        if s and s[0] == export_batch:
-            s[0] = batch
-        elif s and -1 not in s and s[0] % export_batch == 0:
-            s[0] = -1
-        return torch_eager._reshape(x, torch.tensor(s), allowzero)
-
-    module.nodes = [(reshape if fn is torch_eager.OPS["Reshape"] else fn, i, o, a) for fn, i, o, a in module.nodes]
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("model")
@@ -86,7 +52,7 @@ def main():
 
     onnx_model = onnx.load(a.model)
     model = torch_eager.OnnxModule(onnx_model)
-    match_pipewright(model, a.export_batch, a.batch)
+    torch_eager.match_pipewright(model, a.export_batch, a.batch)
     model.train(True)
     params = list(model.parameters())
     out_idx = model.outputs.index(a.output)

@@ -78,52 +78,67 @@ impl OptState {
         OptState { opt, t: 0, m: (0..n).map(|_| None).collect(), v: (0..n).map(|_| None).collect() }
     }
 
-    /// New weights from `w` (the newest version) and gradient `g`, at rate `lr`.
+    /// New weights from `w` (the newest version) and gradient `g`, at rate `lr`. The
+    /// weights are never changed in place (under 2BW the older version is still in use);
+    /// the optimizer's own state is, so each update allocates one new tensor per weight
+    /// (and Adam one temporary), which matters on large models.
     pub(crate) fn step(&mut self, w: &[Tensor], g: &[Tensor], lr: f64) -> Vec<Tensor> {
         tch::no_grad(|| {
             self.t += 1;
             let t = self.t;
-            let mut out = Vec::with_capacity(w.len());
-            for (i, (w, g)) in w.iter().zip(g).enumerate() {
-                let new = match self.opt {
-                    Optimizer::Sgd { momentum, weight_decay } => {
-                        let d = if weight_decay != 0.0 { g + w * weight_decay } else { g.shallow_clone() };
-                        let d = if momentum != 0.0 {
-                            let buf = match self.m[i].take() {
-                                None => d.copy(),
-                                Some(b) => b * momentum + d,
-                            };
-                            self.m[i] = Some(buf.shallow_clone());
-                            buf
-                        } else {
-                            d
-                        };
-                        w - d * lr
-                    }
-                    Optimizer::Adam { beta1, beta2, eps, weight_decay } | Optimizer::AdamW { beta1, beta2, eps, weight_decay } => {
-                        let decoupled = matches!(self.opt, Optimizer::AdamW { .. });
-                        let g = if !decoupled && weight_decay != 0.0 { g + w * weight_decay } else { g.shallow_clone() };
-                        let m = match self.m[i].take() {
-                            None => &g * (1.0 - beta1),
-                            Some(m) => m * beta1 + &g * (1.0 - beta1),
-                        };
-                        let v = match self.v[i].take() {
-                            None => (&g * &g) * (1.0 - beta2),
-                            Some(v) => v * beta2 + (&g * &g) * (1.0 - beta2),
-                        };
-                        let mhat = &m / (1.0 - beta1.powi(t));
-                        let vhat = &v / (1.0 - beta2.powi(t));
-                        let upd = mhat / (vhat.sqrt() + eps);
-                        self.m[i] = Some(m);
-                        self.v[i] = Some(v);
-                        let base = if decoupled && weight_decay != 0.0 { w * (1.0 - lr * weight_decay) } else { w.shallow_clone() };
-                        base - upd * lr
+            w.iter().zip(g).enumerate().map(|(i, (w, g))| self.update(i, w, g, lr, t)).collect()
+        })
+    }
+
+    fn update(&mut self, i: usize, w: &Tensor, g: &Tensor, lr: f64, t: i32) -> Tensor {
+        // `w + a * b` with a scalar `a`, in one pass and one allocation.
+        let axpy = |w: &Tensor, a: f64, b: &Tensor| w.addcmul(b, &Tensor::from(a).to_kind(b.kind()).to_device(b.device()));
+        match self.opt {
+            Optimizer::Sgd { momentum, weight_decay } => {
+                let d = if weight_decay != 0.0 { axpy(g, weight_decay, w) } else { g.shallow_clone() };
+                let d = if momentum != 0.0 {
+                    let buf = match self.m[i].take() {
+                        None => d.copy(),
+                        Some(mut b) => {
+                            let _ = b.f_mul_scalar_(momentum).and_then(|mut b| b.f_add_(&d));
+                            b
+                        }
+                    };
+                    self.m[i] = Some(buf.shallow_clone());
+                    buf
+                } else {
+                    d
+                };
+                axpy(w, -lr, &d)
+            }
+            Optimizer::Adam { beta1, beta2, eps, weight_decay } | Optimizer::AdamW { beta1, beta2, eps, weight_decay } => {
+                let decoupled = matches!(self.opt, Optimizer::AdamW { .. });
+                let g = if !decoupled && weight_decay != 0.0 { axpy(g, weight_decay, w) } else { g.shallow_clone() };
+                // m = beta1*m + (1-beta1)*g and v = beta2*v + (1-beta2)*g^2, in place.
+                let m = match self.m[i].take() {
+                    None => &g * (1.0 - beta1),
+                    Some(mut m) => {
+                        let _ = m.f_lerp_(&g, 1.0 - beta1);
+                        m
                     }
                 };
-                out.push(new);
+                let v = match self.v[i].take() {
+                    None => &g * &g * (1.0 - beta2),
+                    Some(mut v) => {
+                        let _ = v.f_lerp_(&(&g * &g), 1.0 - beta2);
+                        v
+                    }
+                };
+                let (bc1, bc2) = (1.0 - beta1.powi(t), 1.0 - beta2.powi(t));
+                let mut denom = &v / bc2;
+                let _ = denom.f_sqrt_().and_then(|mut d| d.f_add_scalar_(eps));
+                let upd = &m / &denom;
+                self.m[i] = Some(m);
+                self.v[i] = Some(v);
+                let base = if decoupled && weight_decay != 0.0 { w * (1.0 - lr * weight_decay) } else { w.shallow_clone() };
+                axpy(&base, -lr / bc1, &upd)
             }
-            out
-        })
+        }
     }
 }
 
@@ -131,7 +146,8 @@ impl OptState {
     /// Steps taken and the per-weight state as `(name, tensor)` (names by weight index).
     pub(crate) fn export(&self, names: &[String]) -> (i32, Vec<(String, Tensor)>, Vec<(String, Tensor)>) {
         let pick = |xs: &[Option<Tensor>]| -> Vec<(String, Tensor)> {
-            names.iter().zip(xs).filter_map(|(n, x)| x.as_ref().map(|t| (n.clone(), t.shallow_clone()))).collect()
+            // Copies: the state is updated in place by later steps.
+            names.iter().zip(xs).filter_map(|(n, x)| x.as_ref().map(|t| (n.clone(), t.copy()))).collect()
         };
         (self.t, pick(&self.m), pick(&self.v))
     }

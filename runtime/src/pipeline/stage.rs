@@ -492,11 +492,13 @@ impl Worker {
         };
         let t0 = rec.start();
         let (pg, ig) = if fwd.pieces.is_some() { self.backward_pieces(fwd, out_grads)? } else { self.backward(&fwd, out_grads)? };
-        tch::no_grad(|| {
-            st.acc = Some(match st.acc.take() {
-                None => pg,
-                Some(a) => a.iter().zip(&pg).map(|(a, g)| a + g).collect(),
-            });
+        st.acc = Some(match st.acc.take() {
+            None => pg,
+            // The accumulator is this worker's own: add in place, no new allocation.
+            Some(mut a) => {
+                tch::no_grad(|| a.iter_mut().zip(&pg).try_for_each(|(a, g)| a.f_add_(g).map(|_| ()))).map_err(torch("accumulating gradients"))?;
+                a
+            }
         });
         rec.record(TraceKind::Backward, t0, Some(j), v, step);
         if self.spec.n_recv > 0 {
@@ -543,7 +545,10 @@ impl Worker {
     /// Mean gradient of the batch: accumulated / m, tied copies summed across their
     /// stages, then averaged over the replicas.
     fn reduce_gradients(&self, grads: Vec<Tensor>, m: usize, replicas: usize, tr: &mut dyn Transport) -> Result<Vec<Tensor>, E> {
-        let mut grads: Vec<Tensor> = tch::no_grad(|| grads.iter().map(|g| g / m as f64).collect());
+        let mut grads = grads;
+        if m > 1 {
+            tch::no_grad(|| grads.iter_mut().try_for_each(|g| g.f_div_scalar_(m as f64).map(|_| ()))).map_err(torch("scaling gradients"))?;
+        }
         for (stages, idx) in &self.tied_groups {
             let part: Vec<Tensor> = idx.iter().map(|&i| grads[i].shallow_clone()).collect();
             let summed = tr.all_reduce_tied(stages, part).map_err(induced)?;
