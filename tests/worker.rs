@@ -23,6 +23,9 @@ fn common(data: &Path) -> Vec<String> {
     let v = [
         "--data", data.to_str().unwrap(), "--label", "label", "--output", "linear_3", "--steps", "12", "--microbatch", "8",
         "--microbatches", "3", "--optimizer", "adam", "--lr", "0.003", "--clip-norm", "1.0", "--no-progress",
+        // Bit-identical results need the same intra-op thread count on both sides
+        // (parallel reductions inside kernels sum in a thread-dependent order).
+        "--threads", "1",
     ];
     v.iter().map(|s| s.to_string()).collect()
 }

@@ -2,6 +2,8 @@
 
 use tch::Tensor;
 
+use super::transport::Named;
+
 /// The update rule. One state per weight; with 2BW the moments see the 1-stale gradient.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Optimizer {
@@ -144,7 +146,7 @@ impl OptState {
 
 impl OptState {
     /// Steps taken and the per-weight state as `(name, tensor)` (names by weight index).
-    pub(crate) fn export(&self, names: &[String]) -> (i32, Vec<(String, Tensor)>, Vec<(String, Tensor)>) {
+    pub(crate) fn export(&self, names: &[String]) -> (i32, Named, Named) {
         let pick = |xs: &[Option<Tensor>]| -> Vec<(String, Tensor)> {
             // Copies: the state is updated in place by later steps.
             names.iter().zip(xs).filter_map(|(n, x)| x.as_ref().map(|t| (n.clone(), t.copy()))).collect()

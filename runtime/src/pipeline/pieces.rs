@@ -96,6 +96,9 @@ enum PieceState {
     Recompute { inputs: Vec<(SlotId, Tensor)> },
 }
 
+/// Weight gradients by weight index, and gradients of values by slot.
+pub(crate) type Grads = (Vec<Option<Tensor>>, HashMap<SlotId, Tensor>);
+
 /// A selective forward: per piece its state, the weight leaves and the program outputs.
 pub(crate) struct PieceFwd {
     states: Vec<PieceState>,
@@ -245,7 +248,7 @@ impl Engine<'_> {
     /// Back-propagates `seeds` (gradients of program outputs, by slot) through the pieces
     /// in reverse. Returns the weight gradients (by weight index) and the gradients of the
     /// stage inputs (by slot), `None` where nothing flows.
-    pub(crate) fn backward(&self, f: PieceFwd, params: &[Tensor], seeds: Vec<(SlotId, Tensor)>) -> Result<(Vec<Option<Tensor>>, HashMap<SlotId, Tensor>), String> {
+    pub(crate) fn backward(&self, f: PieceFwd, params: &[Tensor], seeds: Vec<(SlotId, Tensor)>) -> Result<Grads, String> {
         let mut grads: HashMap<SlotId, Tensor> = HashMap::new();
         for (s, g) in seeds {
             add(&mut grads, s, g);
