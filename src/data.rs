@@ -230,20 +230,8 @@ impl Dataset {
         let shown = path.display().to_string();
         Self::assemble(&shown, names, inputs, label, |array| {
             let view = st.tensor(array).map_err(|e| anyhow!("{shown}: array `{array}`: {e:?}"))?;
-            use safetensors::Dtype as D;
-            let elem = match view.dtype() {
-                D::F32 => ElemType::F32,
-                D::F64 => ElemType::F64,
-                D::F16 => ElemType::F16,
-                D::BF16 => ElemType::Bf16,
-                D::I64 => ElemType::I64,
-                D::I32 => ElemType::I32,
-                D::I16 => ElemType::I16,
-                D::I8 => ElemType::I8,
-                D::U8 => ElemType::U8,
-                D::BOOL => ElemType::Bool,
-                other => bail!("{shown}: array `{array}`: dtype {other:?} is not supported"),
-            };
+            let elem = pipewright_runtime::module::elem_of_dtype(view.dtype())
+                .ok_or_else(|| anyhow!("{shown}: array `{array}`: dtype {:?} is not supported", view.dtype()))?;
             let shape = view.shape().iter().map(|&d| d as i64).collect();
             Ok(RawArray { elem, shape, data: view.data().to_vec() })
         })

@@ -9,6 +9,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use onnx_protobuf::{Message, ModelProto};
 use pipewright_runtime::exec::tensor_to_bytes;
 use pipewright_runtime::module::dtype_of;
+use pipewright_runtime::pipeline::TrainReport;
 use pipewright_runtime::ElemType;
 use safetensors::tensor::TensorView;
 
@@ -18,11 +19,12 @@ use crate::ExportArgs;
 /// The file `train` writes into the build folder.
 pub const WEIGHTS_FILE: &str = "weights.safetensors";
 
-/// Saves each stage's newest trainable weights, by source name, atomically. A weight
-/// present in several stages (a tied weight) is saved once, from its first stage.
-pub fn save_weights(path: &Path, stages: &[Vec<(String, tch::Tensor)>]) -> Result<()> {
+/// Saves a training report's newest trainable weights and running statistics, by source
+/// name, atomically. A weight present in several stages (a tied weight) is saved once,
+/// from its first stage.
+pub fn save_weights(path: &Path, report: &TrainReport) -> Result<()> {
     let mut raw: Vec<(String, ElemType, Vec<usize>, Vec<u8>)> = Vec::new();
-    for (name, t) in stages.iter().flatten() {
+    for (name, t) in report.weights.iter().chain(&report.buffers).flatten() {
         if raw.iter().any(|r| &r.0 == name) {
             continue;
         }

@@ -277,9 +277,7 @@ pub fn run(args: &TrainArgs) -> Result<()> {
     for p in &report.checkpoints {
         eprintln!("wrote checkpoint {}", p.display());
     }
-    let saved: Vec<Vec<(String, tch::Tensor)>> =
-        report.weights.iter().zip(&report.buffers).map(|(w, b)| w.iter().chain(b).map(|(n, t)| (n.clone(), t.shallow_clone())).collect()).collect();
-    crate::export::save_weights(&args.build.join(crate::export::WEIGHTS_FILE), &saved)?;
+    crate::export::save_weights(&args.build.join(crate::export::WEIGHTS_FILE), &report)?;
     let (first, last) = (report.losses.first().copied().unwrap_or(f64::NAN), report.losses.last().copied().unwrap_or(f64::NAN));
     println!(
         "trained {} steps in {:.1}s: loss {:.4} -> {:.4}; weight versions held per stage (peak): {:?}",

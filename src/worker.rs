@@ -104,9 +104,7 @@ pub fn run(args: &WorkerArgs, embedded: Option<Vec<u8>>) -> Result<()> {
         crate::output::write_atomic(path, chrome_trace_json(&report.trace).as_bytes())?;
     }
     if let Some(path) = &args.save {
-        let saved: Vec<Vec<(String, tch::Tensor)>> =
-            report.weights.iter().zip(&report.buffers).map(|(w, b)| w.iter().chain(b).map(|(n, t)| (n.clone(), t.shallow_clone())).collect()).collect();
-        crate::export::save_weights(path, &saved)?;
+        crate::export::save_weights(path, &report)?;
     }
     if last {
         let (first, end) = (report.losses.first().copied().unwrap_or(f64::NAN), report.losses.last().copied().unwrap_or(f64::NAN));

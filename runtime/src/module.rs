@@ -291,6 +291,23 @@ pub fn dtype_of(e: ElemType) -> Dtype {
     }
 }
 
+/// The element type of a safetensors dtype; `None` for dtypes libtorch lacks.
+pub fn elem_of_dtype(d: Dtype) -> Option<ElemType> {
+    Some(match d {
+        Dtype::F32 => ElemType::F32,
+        Dtype::F16 => ElemType::F16,
+        Dtype::BF16 => ElemType::Bf16,
+        Dtype::F64 => ElemType::F64,
+        Dtype::I64 => ElemType::I64,
+        Dtype::I32 => ElemType::I32,
+        Dtype::I16 => ElemType::I16,
+        Dtype::I8 => ElemType::I8,
+        Dtype::U8 => ElemType::U8,
+        Dtype::BOOL => ElemType::Bool,
+        _ => return None,
+    })
+}
+
 /// The safetensors tensor name of a stored slot (`s12`).
 pub fn tensor_name(slot: SlotId) -> String {
     slot.to_string()

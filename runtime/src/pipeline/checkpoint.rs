@@ -13,14 +13,14 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use safetensors::tensor::{Dtype, TensorView};
+use safetensors::tensor::TensorView;
 use safetensors::SafeTensors;
 use serde::{Deserialize, Serialize};
 use tch::Tensor;
 
 use crate::exec::{tensor_from_bytes, tensor_to_bytes};
 use crate::kernel::ElemType;
-use crate::module::dtype_of;
+use crate::module::{dtype_of, elem_of_dtype};
 
 /// One stage's training state after `step` batches.
 #[derive(Debug)]
@@ -191,22 +191,6 @@ fn newest_step_dir(parent: &Path) -> Result<PathBuf, CheckpointError> {
         }
     }
     best.map(|(_, p)| p).ok_or_else(|| at(parent, "no checkpoint here (expected checkpoint.json or step-NNNNNN folders)"))
-}
-
-fn elem_of_dtype(d: Dtype) -> Option<ElemType> {
-    Some(match d {
-        Dtype::F32 => ElemType::F32,
-        Dtype::F16 => ElemType::F16,
-        Dtype::BF16 => ElemType::Bf16,
-        Dtype::F64 => ElemType::F64,
-        Dtype::I64 => ElemType::I64,
-        Dtype::I32 => ElemType::I32,
-        Dtype::I16 => ElemType::I16,
-        Dtype::I8 => ElemType::I8,
-        Dtype::U8 => ElemType::U8,
-        Dtype::BOOL => ElemType::Bool,
-        _ => return None,
-    })
 }
 
 fn decode_stage(bytes: &[u8], k: usize) -> Result<StageState, String> {

@@ -336,7 +336,7 @@ fn run_training(
     if cfg.steps == start {
         return Ok(empty_report(d));
     }
-    let pipeline_id = stages[0].program.pipeline.clone();
+    let (pipeline_id, schedule_name) = (stages[0].program.pipeline.clone(), stages[0].header.params.schedule.name());
     let specs = stage::specs(&stages, &cfg.loss)?;
     let tied: Vec<Vec<u32>> = tied_sets(&stages);
     drop(stages);
@@ -391,7 +391,7 @@ fn run_training(
         }
     }
     drop(ev_tx);
-    let mut events = EventSink::new(d, w, cfg, pipeline_id, on_step);
+    let mut events = EventSink::new(d, w, cfg, pipeline_id, schedule_name, on_step);
     for ev in ev_rx {
         events.handle(ev);
     }
@@ -399,7 +399,6 @@ fn run_training(
     let mut report = empty_report(d);
     report.losses = losses;
     report.checkpoints = checkpoints;
-    report.peak_versions = vec![0; d];
     let mut primary: Option<PipelineError> = None;
     let mut secondary: Option<PipelineError> = None;
     for (i, (k, h)) in handles.into_iter().enumerate() {
@@ -507,7 +506,7 @@ pub fn run_worker(
         .name(format!("pipewright-r{replica}-stage{k}"))
         .spawn(move || stage::run(args))
         .map_err(|e| PipelineError::Stage { stage: k, message: format!("cannot spawn thread: {e}") })?;
-    let mut sink = EventSink::new(1, 1, cfg, module.program.pipeline.clone(), on_step);
+    let mut sink = EventSink::new(1, 1, cfg, module.program.pipeline.clone(), module.header.params.schedule.name(), on_step);
     for ev in ev_rx {
         sink.handle(ev);
     }
@@ -564,7 +563,8 @@ fn copy_state(s: &StageState) -> StageState {
 struct EventSink<'a> {
     d: usize,
     w: usize,
-    schedule: Schedule,
+    /// The modules' schedule name (`2bw`, `flush`, `gpipe`), recorded in checkpoints.
+    schedule: &'static str,
     pipeline: String,
     dir: Option<PathBuf>,
     on_step: &'a mut dyn FnMut(StepReport),
@@ -577,11 +577,11 @@ struct EventSink<'a> {
 }
 
 impl<'a> EventSink<'a> {
-    fn new(d: usize, w: usize, cfg: &TrainConfig, pipeline: String, on_step: &'a mut dyn FnMut(StepReport)) -> Self {
+    fn new(d: usize, w: usize, cfg: &TrainConfig, pipeline: String, schedule: &'static str, on_step: &'a mut dyn FnMut(StepReport)) -> Self {
         EventSink {
             d,
             w,
-            schedule: cfg.schedule,
+            schedule,
             pipeline,
             dir: cfg.checkpoint_dir.clone(),
             on_step,
@@ -622,12 +622,7 @@ impl<'a> EventSink<'a> {
 
     fn write(&mut self, step: u64, stages: Vec<StageState>) {
         let (Some(dir), None) = (&self.dir, &self.error) else { return };
-        let schedule = match self.schedule {
-            Schedule::TwoBW => "2bw",
-            Schedule::Flush => "flush",
-            Schedule::GPipe => "gpipe",
-        };
-        let ck = Checkpoint { step, pipeline: self.pipeline.clone(), schedule: schedule.into(), stages };
+        let ck = Checkpoint { step, pipeline: self.pipeline.clone(), schedule: self.schedule.into(), stages };
         match write_checkpoint(dir, &ck) {
             Ok(p) => self.written.push(p),
             Err(e) => self.error = Some(e),

@@ -291,6 +291,8 @@ struct Worker {
     /// BatchNormalization instructions whose running mean and variance are stored
     /// constants: `(instruction, mean index, variance index)` into `constants`.
     bn_stats: Vec<(usize, usize, usize)>,
+    /// The distinct constants in `bn_stats` (mean, variance per node, in node order).
+    stat_consts: Vec<usize>,
     /// Selective recomputation's pieces (empty otherwise).
     pieces: Vec<Piece>,
 }
@@ -323,6 +325,14 @@ impl Worker {
             .filter(|(_, ins)| matches!(ins.kernel, Kernel::BatchNormalization(_)))
             .filter_map(|(i, ins)| Some((i, const_index(ins.inputs.get(3).copied().flatten())?, const_index(ins.inputs.get(4).copied().flatten())?)))
             .collect();
+        let mut stat_consts: Vec<usize> = Vec::new();
+        for &(_, mean, var) in &bn_stats {
+            for i in [mean, var] {
+                if !stat_consts.contains(&i) {
+                    stat_consts.push(i);
+                }
+            }
+        }
         let constant_bytes = constants.iter().map(|(_, t)| bytes_of(t)).sum();
         let pieces = if spec.recompute_selective { pieces(p, &param_slots) } else { Vec::new() };
         let w = Worker {
@@ -335,6 +345,7 @@ impl Worker {
             param_sync,
             tied_groups,
             bn_stats,
+            stat_consts,
             constant_bytes,
             spec,
         };
@@ -442,7 +453,8 @@ impl Worker {
         };
         rec.record(TraceKind::Forward, t0, Some(j), v, step);
         self.apply_stats(stats);
-        if (j + 1) % m64 == 0 {
+        // A checkpoint records the statistics as of its batch's last forward.
+        if cfg.checkpoint_every.is_some() && (j + 1) % m64 == 0 {
             st.stats_at_batch_end.insert(step, self.bn_stat_tensors());
         }
         if self.spec.n_send > 0 {
@@ -591,30 +603,17 @@ impl Worker {
         };
         let (opt_steps, opt_m, opt_v) = st.opt.export(&self.param_names);
         let stats = st.stats_at_batch_end.get(&t).map(|v| v.iter().map(|x| x.shallow_clone()).collect()).unwrap_or_else(|| self.bn_stat_tensors());
-        let p = &self.spec.program;
-        let buffers = self.bn_stat_slots().into_iter().zip(stats).map(|(s, t)| (p.slots[s.index()].name.clone(), t)).collect();
+        let buffers = self.bn_stat_names().into_iter().zip(stats).collect();
         Ok(StageState { stage: self.spec.index, newest: named(newest), shadow, opt_steps, opt_m, opt_v, buffers })
     }
 
-    /// The running-statistics constants, in `bn_stats` order (mean, var per node).
-    fn bn_stat_indices(&self) -> Vec<usize> {
-        let mut out: Vec<usize> = Vec::new();
-        for &(_, a, b) in &self.bn_stats {
-            for i in [a, b] {
-                if !out.contains(&i) {
-                    out.push(i);
-                }
-            }
-        }
-        out
-    }
-
-    fn bn_stat_slots(&self) -> Vec<SlotId> {
-        self.bn_stat_indices().into_iter().map(|i| self.constants[i].0).collect()
-    }
-
     fn bn_stat_tensors(&self) -> Vec<Tensor> {
-        self.bn_stat_indices().into_iter().map(|i| self.constants[i].1.shallow_clone()).collect()
+        self.stat_consts.iter().map(|&i| self.constants[i].1.shallow_clone()).collect()
+    }
+
+    fn bn_stat_names(&self) -> Vec<String> {
+        let p = &self.spec.program;
+        self.stat_consts.iter().map(|&i| p.slots[self.constants[i].0.index()].name.clone()).collect()
     }
 
     fn apply_stats(&mut self, stats: Vec<(usize, Tensor)>) {
@@ -625,8 +624,7 @@ impl Worker {
 
     /// Running statistics by source name, as training left them.
     fn buffers(&self) -> Vec<(String, Tensor)> {
-        let p = &self.spec.program;
-        self.bn_stat_slots().into_iter().zip(self.bn_stat_tensors()).map(|(s, t)| (p.slots[s.index()].name.clone(), t)).collect()
+        self.bn_stat_names().into_iter().zip(self.bn_stat_tensors()).collect()
     }
 }
 

@@ -40,7 +40,7 @@ pub struct TcpOptions {
     /// next, in order (checked against the neighbours).
     pub recv_names: Vec<String>,
     pub send_names: Vec<String>,
-    /// Stage sets sharing tied weights (for routing their reductions).
+    /// How long to wait for the coordinator, the other workers and the neighbours.
     pub timeout: Duration,
 }
 

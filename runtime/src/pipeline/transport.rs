@@ -60,11 +60,6 @@ pub struct InProcess {
 }
 
 impl InProcess {
-    /// One transport per stage of a single `depth`-stage pipeline, in stage order.
-    pub fn pipeline(depth: usize) -> Vec<InProcess> {
-        Self::grid(depth, 1, &[]).into_iter().next().unwrap_or_default()
-    }
-
     /// Transports for `replicas` copies of a `depth`-stage pipeline, indexed
     /// `[replica][stage]`; `tied` lists the stage sets that share a tied weight.
     pub fn grid(depth: usize, replicas: usize, tied: &[Vec<u32>]) -> Vec<Vec<InProcess>> {
