@@ -578,6 +578,12 @@ struct Config {
     optimistic: f64,
 }
 
+impl Config {
+    fn memory_model(&self, optimizer: Optimizer, limit: f64) -> MemoryModel {
+        memory_model(self.schedule, self.recompute, self.d, self.m, optimizer, limit)
+    }
+}
+
 /// Evaluates one configuration on given cuts; `None` when over memory.
 fn assess(
     ctx: &mut PlanContext,
@@ -588,14 +594,7 @@ fn assess(
     let cluster = ctx.cluster;
     let limit = cluster.memory_per_worker as f64;
     let pbw = cluster.pipeline_bw(cfg.d);
-    let mem = memory_model(
-        cfg.schedule,
-        cfg.recompute,
-        cfg.d,
-        cfg.m,
-        opts.optimizer,
-        limit,
-    );
+    let mem = cfg.memory_model(opts.optimizer, limit);
     let (extra_bytes, _, sync) = ctx.shared_extra(cuts, pbw);
     let prob = ctx.problem(cfg.b, cfg.recompute, pbw);
     let (times, mems) = prob.evaluate(cuts, &mem);
@@ -815,14 +814,7 @@ pub fn plan(
                         0
                     };
                     let bkey = (cfg.d, cfg.b, cfg.recompute, cfg.schedule, m_key);
-                    let mem = memory_model(
-                        cfg.schedule,
-                        cfg.recompute,
-                        cfg.d,
-                        cfg.m,
-                        opts.optimizer,
-                        limit,
-                    );
+                    let mem = cfg.memory_model(opts.optimizer, limit);
                     bound_cache
                         .entry(bkey)
                         .or_insert_with(|| {
