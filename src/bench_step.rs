@@ -36,14 +36,14 @@ pub struct BenchStepArgs {
     pub train: bool,
     /// `cpu`, `cuda` or `cuda:N`.
     #[arg(long, default_value = "cpu")]
-    pub device: String,
+    pub device: pipewright_core::Device,
 }
 
 pub fn run(args: &BenchStepArgs) -> Result<()> {
     if let Some(t) = args.threads {
         tch::set_num_threads(t);
     }
-    let device = args.device.parse::<pipewright_runtime::Device>()?.to_tch()?;
+    let device = pipewright_runtime::device::tch_device(args.device)?;
     let runner = Runner::load(&args.model, &ImportOptions::default(), device)?;
     let inputs = read_tensors(&args.inputs, "input_")?;
     if inputs.is_empty() {

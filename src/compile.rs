@@ -6,12 +6,12 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, Context, Result};
-use pipewright_codegen::module::{write_module, Recompute, Schedule, StageParams};
+use pipewright_codegen::module::{write_module, StageParams};
+use pipewright_core::{Recompute, Schedule};
 use pipewright_codegen::onnx_export::export_stage_bytes;
 use pipewright_codegen::stage::{lower_slice_annotated, slice_stages, Annotations, BoundaryTensor, StageSlice, StageTensor};
 use pipewright_ir::{import_model, ImportOptions};
 use pipewright_passes::manager::{compile_passes, CompileOptions, PrintAfter};
-use pipewright_passes::recompute::RecomputeMode;
 use pipewright_passes::cluster::Cluster;
 use pipewright_passes::cost::CostModel;
 use pipewright_passes::planner::{self, PlanOptions};
@@ -103,29 +103,11 @@ fn tensor_entry(t: &StageTensor) -> TensorEntry {
     }
 }
 
-fn parse_schedule(s: &str) -> Result<(Schedule, planner::Schedule)> {
-    Ok(match s.to_ascii_lowercase().as_str() {
-        "2bw" => (Schedule::TwoBw, planner::Schedule::TwoBW),
-        "flush" => (Schedule::Flush, planner::Schedule::Flush),
-        "gpipe" => (Schedule::GPipe, planner::Schedule::GPipe),
-        other => bail!("unknown schedule {other:?} (2bw, flush, gpipe)"),
-    })
-}
-
-fn parse_recompute(s: &str) -> Result<Recompute> {
-    Ok(match s {
-        "none" => Recompute::None,
-        "full" => Recompute::Full,
-        "selective" => Recompute::Selective,
-        other => bail!("--recompute takes none, full or selective, not {other:?}"),
-    })
-}
-
 /// The stage count, stage starts, microbatch and schedule of a `pipewright plan --json` file.
 struct SavedPlan {
     d: usize,
     b: u64,
-    schedule: String,
+    schedule: Schedule,
     cuts: Vec<String>,
 }
 
@@ -137,7 +119,8 @@ fn read_saved_plan(path: &Path) -> Result<SavedPlan> {
     let chosen = v.get("chosen").ok_or_else(|| bad("no \"chosen\" configuration"))?;
     let d = chosen.get("d").and_then(|x| x.as_u64()).ok_or_else(|| bad("no chosen.d"))? as usize;
     let b = chosen.get("b").and_then(|x| x.as_u64()).ok_or_else(|| bad("no chosen.b"))?;
-    let schedule = chosen.get("schedule").and_then(|x| x.as_str()).ok_or_else(|| bad("no chosen.schedule"))?.to_string();
+    let schedule = chosen.get("schedule").and_then(|x| x.as_str()).ok_or_else(|| bad("no chosen.schedule"))?;
+    let schedule: Schedule = schedule.parse().map_err(|e| bad(&format!("{e}")))?;
     let stages = v.get("stages").and_then(|x| x.as_array()).ok_or_else(|| bad("no \"stages\" list"))?;
     let cuts = stages
         .iter()
@@ -185,9 +168,8 @@ pub fn run(args: &CompileArgs) -> Result<()> {
     let graph = import_model(model, &ImportOptions::default())?;
     let import_time = started.elapsed();
     let saved = args.plan.as_deref().map(read_saved_plan).transpose()?;
-    let schedule_name = saved.as_ref().map(|p| p.schedule.clone()).unwrap_or_else(|| args.schedule.clone());
-    let (schedule, plan_schedule) = parse_schedule(&schedule_name)?;
-    let recompute = parse_recompute(&args.recompute)?;
+    let schedule = saved.as_ref().map(|p| p.schedule).unwrap_or(args.schedule);
+    let recompute = args.recompute;
     let stages = saved.as_ref().map(|p| p.d).or(args.stages);
     if stages == Some(0) {
         bail!("--stages must be at least 1");
@@ -197,24 +179,24 @@ pub fn run(args: &CompileArgs) -> Result<()> {
         cluster.workers = cluster.workers.max(d);
         cluster.workers_per_node = cluster.workers_per_node.max(d);
     }
-    let cost = CostModel::new(&graph, cluster.device()).map_err(|e| at("cost model", &e))?;
+    let cost = CostModel::new(&graph, cluster.roofline()).map_err(|e| at("cost model", &e))?;
     let opts = PlanOptions {
         global_batch: args.batch,
-        schedules: vec![plan_schedule],
+        schedules: vec![schedule],
         stages,
         cuts: saved.as_ref().map(|p| p.cuts.clone()).filter(|c| !c.is_empty()),
         microbatch: saved.as_ref().map(|p| p.b).or(args.microbatch),
-        recompute: RecomputeMode::parse(&args.recompute),
+        recompute: Some(recompute),
         top: 1,
         ..PlanOptions::default()
     };
     let plan = planner::plan(&graph, &cost, &cluster, &opts).map_err(|e| at("plan", &e))?;
     let depth = plan.chosen.d as u32;
     let pass_opts = CompileOptions {
-        device: cluster.device(),
-        recompute: RecomputeMode::parse(&args.recompute).unwrap_or(RecomputeMode::None),
+        device: cluster.roofline(),
+        recompute,
         microbatch: plan.chosen.b,
-        schedule: plan_schedule,
+        schedule,
         microbatches: u32::try_from(plan.chosen.m).ok(),
         print_after: match args.print_after.as_deref() {
             None => PrintAfter::None,
@@ -291,8 +273,8 @@ pub fn run(args: &CompileArgs) -> Result<()> {
             d: c.d,
             b: c.b,
             m: c.m,
-            schedule: schedule.name().into(),
-            recompute: recompute.name().into(),
+            schedule: schedule.to_string(),
+            recompute: recompute.to_string(),
         },
         stage_order: order,
         stage: entries,
@@ -308,8 +290,8 @@ pub fn run(args: &CompileArgs) -> Result<()> {
         c.d,
         c.b,
         c.m,
-        schedule.name(),
-        recompute.name()
+        schedule,
+        recompute
     );
     Ok(())
 }

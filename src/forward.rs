@@ -144,7 +144,7 @@ fn tile(t: NamedTensor, k: usize) -> NamedTensor {
 
 /// `pipewright run-forward`.
 pub fn run(args: &RunForwardArgs) -> Result<()> {
-    let device = args.device.parse::<pipewright_runtime::Device>()?.to_tch()?;
+    let device = pipewright_runtime::device::tch_device(args.device)?;
     let runner = Runner::load(&args.model, &ImportOptions::default(), device)?;
     let inputs = read_tensors(&args.inputs, "input_")?;
     if inputs.is_empty() {

@@ -2,9 +2,9 @@
 
 use anyhow::Result;
 use pipewright_ir::summary::Summary;
-use pipewright_ir::{import_model, BatchMode, ImportOptions};
+use pipewright_ir::{import_model, ImportOptions};
 
-use crate::{output::write_atomic, BatchArg, InspectArgs};
+use crate::{output::write_atomic, InspectArgs};
 
 pub fn run(args: &InspectArgs) -> Result<()> {
     if is_stage_module(&args.model) {
@@ -13,10 +13,7 @@ pub fn run(args: &InspectArgs) -> Result<()> {
         return Ok(());
     }
     let opts = ImportOptions {
-        batch: match args.batch {
-            BatchArg::Auto => BatchMode::Auto,
-            BatchArg::Fixed => BatchMode::Fixed,
-        },
+        batch: args.batch,
         ..ImportOptions::default()
     };
     let graph = import_model(&args.model, &opts)?;
@@ -100,7 +97,7 @@ pub fn print_module(m: &pipewright_runtime::module::StageModule) -> String {
             let st: Vec<String> = t.sync.iter().map(|k| k.to_string()).collect();
             format!(", sync {}", st.join("+"))
         };
-        let update = if t.update.is_empty() { String::new() } else { format!(" ({}{sync})", t.update) };
+        let update = format!(" ({}{sync})", t.update);
         let _ = writeln!(
             s,
             "  {}: {}[{}] {kind} x{}{update}  # {:?}",
@@ -112,7 +109,7 @@ pub fn print_module(m: &pipewright_runtime::module::StageModule) -> String {
         );
     }
     // Recompute/stash marks only when the module was compiled with recomputation.
-    let marks = h.params.recompute.name() != "none";
+    let marks = h.params.recompute != pipewright_core::Recompute::None;
     let stashed = p.stashed_slots();
     let recomputed = p.recompute_count();
     let _ = writeln!(

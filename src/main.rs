@@ -26,7 +26,8 @@ mod trace_svg;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Parser, Subcommand};
+use pipewright_core::{Balance, BatchMode, Decay, Device, Loss, Optimizer, PassName, Recompute, Schedule};
 
 #[derive(Parser)]
 #[command(name = "pipewright", version, about = "Compile ONNX models into pipeline-parallel (PipeDream-2BW) training jobs")]
@@ -79,7 +80,7 @@ pub struct RunForwardArgs {
     pub inputs: PathBuf,
     /// `cpu`, `cuda` or `cuda:N`.
     #[arg(long, default_value = "cpu")]
-    pub device: String,
+    pub device: Device,
     #[arg(long, default_value_t = 1e-3)]
     pub rtol: f64,
     #[arg(long, default_value_t = 1e-7)]
@@ -127,22 +128,24 @@ pub struct PlanArgs {
     /// Explicit stage starts, by ONNX node name.
     #[arg(long, value_delimiter = ',')]
     pub cut: Vec<String>,
-    /// How stages are balanced: optimal (the DP), params, flops, profile.
-    #[arg(long, default_value = "optimal")]
-    pub balance: String,
+    /// How stages are balanced.
+    #[arg(long, value_enum, default_value_t = Balance::Optimal)]
+    pub balance: Balance,
     /// A profile from `pipewright profile` to calibrate the cost model.
     #[arg(long)]
     pub profile: Option<PathBuf>,
-    /// Optimizer whose state counts in memory: sgd, momentum, adam.
-    #[arg(long, default_value = "adam")]
-    pub optimizer: String,
-    /// Schedules to consider.
-    #[arg(long, value_delimiter = ',', default_value = "2bw,flush,gpipe")]
-    pub schedule: Vec<String>,
-    /// Fix activation recomputation: none, selective or full (off = none, on = full);
-    /// by default all three are tried.
+    /// Optimizer whose state counts in memory.
+    #[arg(long, value_enum, default_value_t = Optimizer::Adam)]
+    pub optimizer: Optimizer,
+    /// Count an SGD momentum buffer per weight.
     #[arg(long)]
-    pub recompute: Option<String>,
+    pub momentum: bool,
+    /// Schedules to consider.
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = Schedule::ALL.to_vec())]
+    pub schedule: Vec<Schedule>,
+    /// Fix activation recomputation; by default all three are tried.
+    #[arg(long, value_enum)]
+    pub recompute: Option<Recompute>,
     /// Candidates to show.
     #[arg(long, default_value_t = 10)]
     pub top: usize,
@@ -150,8 +153,8 @@ pub struct PlanArgs {
     #[arg(long)]
     pub json: bool,
     /// Print the IR after a pass instead of the plan (`partition`).
-    #[arg(long)]
-    pub print_after: Option<String>,
+    #[arg(long, value_enum)]
+    pub print_after: Option<PassName>,
 }
 
 #[derive(clap::Args)]
@@ -167,12 +170,12 @@ pub struct CompileArgs {
     /// The build folder (created if missing).
     #[arg(short, long)]
     pub output: PathBuf,
-    /// Pipeline schedule: 2bw, flush or gpipe.
-    #[arg(long, default_value = "2bw")]
-    pub schedule: String,
-    /// Activation recomputation: none, full or selective.
-    #[arg(long, default_value = "none")]
-    pub recompute: String,
+    /// Pipeline schedule.
+    #[arg(long, value_enum, default_value_t = Schedule::TwoBw)]
+    pub schedule: Schedule,
+    /// Activation recomputation.
+    #[arg(long, value_enum, default_value_t = Recompute::None)]
+    pub recompute: Recompute,
     /// Global batch size (samples per optimizer step) for the planner.
     #[arg(long, default_value_t = 512)]
     pub batch: u64,
@@ -215,9 +218,9 @@ pub struct TrainArgs {
     /// The labels array in the data file.
     #[arg(long)]
     pub label: Option<String>,
-    /// cross-entropy, mse (both need --output), or output:NAME (a scalar the model computes).
-    #[arg(long, default_value = "cross-entropy")]
-    pub loss: String,
+    /// The loss, applied to the model output --output names.
+    #[arg(long, value_enum, default_value_t = Loss::CrossEntropy)]
+    pub loss: Loss,
     /// The model output the loss applies to.
     #[arg(long)]
     pub output: Option<String>,
@@ -235,9 +238,8 @@ pub struct TrainArgs {
     pub microbatches: Option<usize>,
     #[arg(long, default_value_t = 0.05)]
     pub lr: f64,
-    /// sgd, adam or adamw.
-    #[arg(long, default_value = "sgd")]
-    pub optimizer: String,
+    #[arg(long, value_enum, default_value_t = Optimizer::Sgd)]
+    pub optimizer: Optimizer,
     #[arg(long, default_value_t = 0.0)]
     pub momentum: f64,
     #[arg(long, default_value_t = 0.0)]
@@ -245,9 +247,9 @@ pub struct TrainArgs {
     /// Linear warm-up steps.
     #[arg(long, default_value_t = 0)]
     pub warmup: usize,
-    /// Learning-rate decay: constant, linear or cosine.
-    #[arg(long, default_value = "constant")]
-    pub decay: String,
+    /// Learning-rate decay after the warm-up.
+    #[arg(long, value_enum, default_value_t = Decay::Constant)]
+    pub decay: Decay,
     /// Clip gradients to this global norm across all stages.
     #[arg(long)]
     pub clip_norm: Option<f64>,
@@ -255,7 +257,7 @@ pub struct TrainArgs {
     pub seed: u64,
     /// `cpu`, `cuda` or `cuda:N`.
     #[arg(long, default_value = "cpu")]
-    pub device: String,
+    pub device: Device,
     /// Write one JSON line of metrics per step here.
     #[arg(long)]
     pub metrics: Option<PathBuf>,
@@ -298,7 +300,7 @@ pub struct ProfileArgs {
     pub batch: Vec<i64>,
     /// `cpu`, `cuda` or `cuda:N`.
     #[arg(long, default_value = "cpu")]
-    pub device: String,
+    pub device: Device,
     /// Timed repetitions per node (median).
     #[arg(long, default_value_t = 5)]
     pub reps: usize,
@@ -323,15 +325,6 @@ pub struct ConformanceArgs {
     pub filter: Option<String>,
 }
 
-/// How to treat the batch axis at import.
-#[derive(Clone, Copy, Debug, ValueEnum)]
-pub enum BatchArg {
-    /// Axis 0 of the graph inputs becomes the symbol N when all inputs share it.
-    Auto,
-    /// Keep every extent as exported.
-    Fixed,
-}
-
 #[derive(clap::Args)]
 pub struct InspectArgs {
     /// The ONNX model file, or a stage module (`.pwm`) written by `compile`.
@@ -346,8 +339,8 @@ pub struct InspectArgs {
     #[arg(long, conflicts_with = "ir")]
     pub json: bool,
     /// How the batch axis is chosen.
-    #[arg(long, value_enum, default_value = "auto")]
-    pub batch: BatchArg,
+    #[arg(long, value_enum, default_value_t = BatchMode::Auto)]
+    pub batch: BatchMode,
 }
 
 /// A stage executable started with options: its folder is the build folder.
@@ -364,6 +357,22 @@ fn stage_executable(bytes: Vec<u8>) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Help and version go to stdout as clap writes them; a bad argument is one line on
+/// stderr, with the accepted values when there is a list of them.
+fn argument_error(e: clap::Error) -> ExitCode {
+    use clap::error::ErrorKind;
+    if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand) {
+        let _ = e.print();
+        return if e.use_stderr() { ExitCode::from(2) } else { ExitCode::SUCCESS };
+    }
+    // clap's first paragraph says what is wrong (and lists the accepted values); usage and
+    // tips follow after a blank line.
+    let rendered = e.render().to_string();
+    let first: Vec<&str> = rendered.lines().take_while(|l| !l.trim().is_empty()).map(str::trim).collect();
+    eprintln!("{}", first.join(" "));
+    ExitCode::from(2)
 }
 
 fn main() -> ExitCode {
@@ -390,7 +399,10 @@ fn main() -> ExitCode {
             };
         }
     }
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return argument_error(e),
+    };
     let result = match cli.command {
         Command::Inspect(args) => inspect::run(&args),
         Command::Plan(args) => plan::run(&args),

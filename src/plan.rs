@@ -5,11 +5,11 @@
 use anyhow::{bail, Context, Result};
 use pipewright_ir::text::print_graph_annotated;
 use pipewright_ir::{import_model, ImportOptions};
-use pipewright_passes::recompute::RecomputeMode;
 use pipewright_passes::boundaries::insert_stage_boundaries;
 use pipewright_passes::cluster::{parse_bandwidth, parse_bytes, parse_flops, Cluster};
 use pipewright_passes::cost::{CostModel, Profile};
-use pipewright_passes::planner::{plan, Balance, Optimizer, PlanOptions, Schedule};
+use pipewright_core::{Balance, PassName};
+use pipewright_passes::planner::{plan, PlanOptions};
 
 use crate::PlanArgs;
 
@@ -43,66 +43,43 @@ pub fn cluster(args: &PlanArgs) -> Result<Cluster> {
     Ok(c)
 }
 
-fn options(args: &PlanArgs) -> Result<PlanOptions> {
-    let schedules = args
-        .schedule
-        .iter()
-        .map(|s| match s.as_str() {
-            "2bw" => Ok(Schedule::TwoBW),
-            "flush" => Ok(Schedule::Flush),
-            "gpipe" => Ok(Schedule::GPipe),
-            other => bail!("unknown schedule {other:?} (2bw, flush, gpipe)"),
-        })
-        .collect::<Result<Vec<_>>>()?;
-    Ok(PlanOptions {
+fn options(args: &PlanArgs) -> PlanOptions {
+    PlanOptions {
         global_batch: args.batch,
-        schedules,
+        schedules: args.schedule.clone(),
         stages: args.stages,
         cuts: (!args.cut.is_empty()).then(|| args.cut.clone()),
-        balance: match args.balance.as_str() {
-            "optimal" => Balance::Optimal,
-            "params" => Balance::Params,
-            "flops" => Balance::Flops,
-            "profile" => Balance::Profile,
-            other => bail!("unknown balance {other:?} (optimal, params, flops, profile)"),
-        },
-        optimizer: match args.optimizer.as_str() {
-            "sgd" => Optimizer::Sgd,
-            "momentum" => Optimizer::Momentum,
-            "adam" | "adamw" => Optimizer::Adam,
-            other => bail!("unknown optimizer {other:?} (sgd, momentum, adam)"),
-        },
+        balance: args.balance,
+        optimizer: args.optimizer,
+        momentum: args.momentum,
         top: args.top,
         microbatch: args.microbatch,
-        recompute: match args.recompute.as_deref() {
-            None => None,
-            Some(r) => Some(RecomputeMode::parse(r).ok_or_else(|| anyhow::anyhow!("--recompute takes none, selective or full (or off/on), not {r:?}"))?),
-        },
-    })
+        recompute: args.recompute,
+    }
 }
 
 pub fn run(args: &PlanArgs) -> Result<()> {
     let mut graph = import_model(&args.model, &ImportOptions::default())?;
     let cluster = cluster(args)?;
-    let mut cost = CostModel::new(&graph, cluster.device()).map_err(|e| anyhow::anyhow!("{}: {e}", args.model.display()))?;
+    let mut cost = CostModel::new(&graph, cluster.roofline()).map_err(|e| anyhow::anyhow!("{}: {e}", args.model.display()))?;
     if let Some(path) = &args.profile {
         let text = std::fs::read_to_string(path).with_context(|| format!("{}: cannot read", path.display()))?;
         let profile = Profile::from_json(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
         cost.apply_profile(&graph, &profile).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-    } else if args.balance == "profile" {
+    } else if args.balance == Balance::Profile {
         bail!("--balance profile needs --profile FILE (from `pipewright profile`)");
     }
-    let opts = options(args)?;
+    let opts = options(args);
     let plan = plan(&graph, &cost, &cluster, &opts).map_err(|e| anyhow::anyhow!("{}: {e}", args.model.display()))?;
-    match args.print_after.as_deref() {
+    match args.print_after {
         None => {}
-        Some("partition") => {
+        Some(PassName::Partition) => {
             let stages = insert_stage_boundaries(&mut graph, &plan.stage_map())
                 .map_err(|e| anyhow::anyhow!("{}: partition: {e}", args.model.display()))?;
             print!("{}", print_graph_annotated(&graph, |n| stages.get(n).map(|s| format!("stage={s}"))));
             return Ok(());
         }
-        Some(other) => bail!("--print-after takes a pass name; `plan` runs: partition (not {other:?})"),
+        Some(other) => bail!("--print-after takes a pass `plan` runs: partition (not {other})"),
     }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&plan)?);

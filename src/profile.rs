@@ -20,7 +20,7 @@ use crate::output::write_atomic;
 use crate::ProfileArgs;
 
 pub fn run(args: &ProfileArgs) -> Result<()> {
-    let device = args.device.parse::<pipewright_runtime::Device>()?.to_tch()?;
+    let device = pipewright_runtime::device::tch_device(args.device)?;
     let runner = Runner::load(&args.model, &ImportOptions::default(), device)?;
     tch::manual_seed(args.seed as i64);
     let mut nodes: Vec<(String, String, Vec<f64>, Vec<f64>)> = runner
@@ -46,7 +46,7 @@ pub fn run(args: &ProfileArgs) -> Result<()> {
     }
     let doc = json!({
         "model": args.model.display().to_string(),
-        "device": args.device,
+        "device": args.device.to_string(),
         "batches": args.batch,
         "nodes": nodes.iter().map(|(name, op, f, b)| json!({"name": name, "op": op, "fwd_ms": f, "bwd_ms": b})).collect::<Vec<_>>(),
     });

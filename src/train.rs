@@ -9,8 +9,9 @@ use std::time::Instant;
 use anyhow::{anyhow, bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use pipewright_runtime::module::{read_module, StageModule};
+use pipewright_core::Loss;
 use pipewright_runtime::pipeline::{
-    chrome_trace_json, read_checkpoint, resume, train, Decay, Loss, LrSchedule, Microbatch, Optimizer, Schedule, StepReport, TrainConfig,
+    chrome_trace_json, read_checkpoint, resume, train, LrSchedule, Microbatch, Objective, OptimizerConfig, StepReport, TrainConfig,
 };
 use pipewright_runtime::ElemType;
 
@@ -43,35 +44,17 @@ fn graph_inputs(manifest: &toml::Value, path: &Path) -> Result<Vec<InputSpec>> {
     Ok(out)
 }
 
-fn loss(args: &TrainArgs) -> Result<Loss> {
-    Ok(match args.loss.split_once(':') {
-        Some(("output", name)) => Loss::Output(name.to_string()),
-        None if args.loss == "cross-entropy" || args.loss == "mse" => {
-            let output = args.output.clone().ok_or_else(|| anyhow!("--loss {} needs --output NAME (the model output it applies to)", args.loss))?;
-            if args.loss == "mse" { Loss::Mse { output } } else { Loss::CrossEntropy { output } }
-        }
-        _ => bail!("--loss takes cross-entropy, mse or output:NAME, not {:?}", args.loss),
-    })
+fn objective(args: &TrainArgs) -> Result<Objective> {
+    let output = args.output.clone().ok_or_else(|| anyhow!("--loss {} needs --output NAME (the model output it applies to)", args.loss))?;
+    Ok(Objective::new(args.loss, output))
 }
 
-fn optimizer(args: &TrainArgs) -> Result<Optimizer> {
-    let (b1, b2, eps, wd) = (0.9, 0.999, 1e-8, args.weight_decay);
-    Ok(match args.optimizer.as_str() {
-        "sgd" => Optimizer::Sgd { momentum: args.momentum, weight_decay: wd },
-        "adam" => Optimizer::Adam { beta1: b1, beta2: b2, eps, weight_decay: wd },
-        "adamw" => Optimizer::AdamW { beta1: b1, beta2: b2, eps, weight_decay: wd },
-        other => bail!("--optimizer takes sgd, adam or adamw, not {other:?}"),
-    })
+fn optimizer(args: &TrainArgs) -> OptimizerConfig {
+    OptimizerConfig { momentum: args.momentum, weight_decay: args.weight_decay, ..OptimizerConfig::new(args.optimizer) }
 }
 
-fn lr_schedule(args: &TrainArgs) -> Result<LrSchedule> {
-    let decay = match args.decay.as_str() {
-        "constant" => Decay::Constant,
-        "linear" => Decay::Linear { total_steps: args.steps, final_lr: 0.0 },
-        "cosine" => Decay::Cosine { total_steps: args.steps, final_lr: 0.0 },
-        other => bail!("--decay takes constant, linear or cosine, not {other:?}"),
-    };
-    Ok(LrSchedule { warmup_steps: args.warmup, decay })
+fn lr_schedule(args: &TrainArgs) -> LrSchedule {
+    LrSchedule { warmup_steps: args.warmup, decay: args.decay, total_steps: args.steps, final_lr: 0.0 }
 }
 
 /// `pipeline.toml` of a build folder and its stage module file names, in stage order.
@@ -114,13 +97,13 @@ fn load_pipeline(build: &Path) -> Result<(toml::Value, Vec<StageModule>)> {
     Ok((manifest, modules))
 }
 
-pub(crate) fn config(args: &TrainArgs, schedule: Schedule) -> Result<TrainConfig> {
-    let mut cfg = TrainConfig::new(schedule, loss(args)?, args.lr, args.steps);
-    cfg.optimizer = optimizer(args)?;
-    cfg.lr_schedule = lr_schedule(args)?;
+pub(crate) fn config(args: &TrainArgs, schedule: pipewright_core::Schedule) -> Result<TrainConfig> {
+    let mut cfg = TrainConfig::new(schedule, objective(args)?, args.lr, args.steps);
+    cfg.optimizer = optimizer(args);
+    cfg.lr_schedule = lr_schedule(args);
     cfg.clip_norm = args.clip_norm;
     cfg.seed = args.seed as i64;
-    cfg.device = args.device.parse::<pipewright_runtime::Device>()?.to_tch()?;
+    cfg.device = pipewright_runtime::device::tch_device(args.device)?;
     cfg.trace = args.trace.is_some();
     cfg.replicas = args.replicas;
     cfg.threads = args.threads;
@@ -218,9 +201,9 @@ fn output_shape(manifest: &toml::Value, name: &str) -> Option<Vec<i64>> {
 fn synthetic(args: &TrainArgs, manifest: &toml::Value, inputs: &[InputSpec], samples: usize) -> Result<Dataset> {
     let data = Dataset::synthetic(inputs, samples, args.seed)?;
     let out = args.output.as_deref().and_then(|o| output_shape(manifest, o));
-    match (args.loss.as_str(), out) {
-        ("mse", Some(shape)) => data.with_random_targets(&shape, args.seed),
-        ("cross-entropy", Some(shape)) if !shape.is_empty() => data.with_random_labels_shaped(args.classes, &shape[..shape.len() - 1], args.seed),
+    match (args.loss, out) {
+        (Loss::Mse, Some(shape)) => data.with_random_targets(&shape, args.seed),
+        (Loss::CrossEntropy, Some(shape)) if !shape.is_empty() => data.with_random_labels_shaped(args.classes, &shape[..shape.len() - 1], args.seed),
         _ => data.with_random_labels(args.classes, args.seed),
     }
 }
@@ -243,7 +226,7 @@ pub(crate) fn load_batches(args: &TrainArgs, manifest: &toml::Value, manifest_pa
 pub fn run(args: &TrainArgs) -> Result<()> {
     let (manifest, modules) = load_pipeline(&args.build)?;
     let manifest_path = args.build.join("pipeline.toml");
-    let schedule: Schedule = modules[0].header.params.schedule.into();
+    let schedule = modules[0].header.params.schedule;
     let depth = modules.len();
     let m = args.microbatches.unwrap_or(depth.max(1));
     let w = args.replicas.max(1);
@@ -258,7 +241,7 @@ pub fn run(args: &TrainArgs) -> Result<()> {
     cfg.threads = Some(args.threads.unwrap_or((cores / (depth * w)).max(1)));
     let mut progress = Progress::new(args, start)?;
     eprintln!(
-        "training {depth} stage(s) x {w} replica(s), schedule {schedule:?}, microbatch {}, {m} microbatches per step and replica, steps {}..{}",
+        "training {depth} stage(s) x {w} replica(s), schedule {schedule}, microbatch {}, {m} microbatches per step and replica, steps {}..{}",
         args.microbatch, start, args.steps
     );
     let mut on_step = |r: StepReport| progress.step(&r);

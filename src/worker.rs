@@ -9,7 +9,7 @@ use std::path::PathBuf;
 
 use anyhow::{anyhow, bail, Result};
 use pipewright_runtime::module::{decode_module_bytes, read_module, StageModule};
-use pipewright_runtime::pipeline::{boundary_names, chrome_trace_json, run_worker, Schedule, StepReport, Tcp, TcpOptions};
+use pipewright_runtime::pipeline::{boundary_names, chrome_trace_json, run_worker, StepReport, Tcp, TcpOptions};
 
 use crate::train::{config, human, load_batches, read_manifest, Progress};
 use crate::TrainArgs;
@@ -75,7 +75,7 @@ pub fn run(args: &WorkerArgs, embedded: Option<Vec<u8>>) -> Result<()> {
     if module.program.pipeline != id {
         bail!("stage {stage}: this stage module comes from another compile (pipeline id {:?}) than {} ({id:?})", module.program.pipeline, manifest_path.display());
     }
-    let schedule: Schedule = module.header.params.schedule.into();
+    let schedule = module.header.params.schedule;
     let m = t.microbatches.unwrap_or(d);
     let batches = load_batches(t, &manifest, &manifest_path, m * w, 0)?;
     let cfg = config(t, schedule)?;

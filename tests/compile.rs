@@ -263,7 +263,7 @@ fn inspect_prints_a_module() {
     let out = inspect_module(&dir.path().join("stage1.pwm"));
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8_lossy(&out.stdout);
-    for needle in ["stage module: stage 1 of 2", "schedule:     flush", "recompute:    full", "version:      1", "checksum:", "f32[N,", "Gemm[", "# "] {
+    for needle in ["stage module: stage 1 of 2", "schedule:     flush", "recompute:    full", "version:      2", "checksum:", "f32[N,", "Gemm[", "# "] {
         assert!(text.contains(needle), "{needle:?} missing in:\n{text}");
     }
 }
@@ -391,7 +391,7 @@ fn recompute_segments_follow_the_mode() {
             // 2BW: trainable weights hold two versions; constants one.
             for t in &p.stored {
                 if t.trainable {
-                    assert_eq!((t.versions, t.update.as_str()), (2, "2bw"), "{}", p.slots[t.slot.index()].name);
+                    assert_eq!((t.versions, t.update.name()), (2, "2bw"), "{}", p.slots[t.slot.index()].name);
                 } else {
                     assert_eq!(t.versions, 1);
                 }

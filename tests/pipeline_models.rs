@@ -8,7 +8,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use pipewright_runtime::module::{read_module, StageModule};
-use pipewright_runtime::pipeline::{train, Loss, Microbatch, Optimizer, Schedule, TrainConfig, TrainReport};
+use pipewright_core::{Loss, Schedule};
+use pipewright_runtime::pipeline::{train, Microbatch, Objective, OptimizerConfig, TrainConfig, TrainReport};
 use tch::{Kind, Tensor};
 
 fn model(name: &str) -> PathBuf {
@@ -64,8 +65,8 @@ fn feed(name: &str, data: &[Vec<(Tensor, Tensor)>]) -> Box<dyn Iterator<Item = V
 }
 
 fn run(name: &str, stages: Vec<StageModule>, schedule: Schedule, data: &[Vec<(Tensor, Tensor)>]) -> TrainReport {
-    let mut cfg = TrainConfig::new(schedule, Loss::CrossEntropy { output: "linear".into() }, 0.05, data.len());
-    cfg.optimizer = Optimizer::Sgd { momentum: 0.9, weight_decay: 0.0 };
+    let mut cfg = TrainConfig::new(schedule, Objective::new(Loss::CrossEntropy, "linear"), 0.05, data.len());
+    cfg.optimizer = OptimizerConfig { momentum: 0.9, ..OptimizerConfig::sgd() };
     train(stages, &cfg, feed(name, data), &mut |_| {}).unwrap_or_else(|e| panic!("{name} {schedule:?}: {e}"))
 }
 
@@ -89,7 +90,7 @@ fn assert_same_weights(got: &TrainReport, want: &TrainReport, what: &str) -> f64
 
 fn same_weights_at_every_depth(name: &str, steps: usize, b: i64) {
     let data = batches(name, steps, 4, b);
-    for (schedule, sched, recompute) in [("gpipe", Schedule::GPipe, "full"), ("flush", Schedule::Flush, "none"), ("2bw", Schedule::TwoBW, "full")] {
+    for (schedule, sched, recompute) in [("gpipe", Schedule::GPipe, "full"), ("flush", Schedule::Flush, "none"), ("2bw", Schedule::TwoBw, "full")] {
         let tmp = tempfile::tempdir().expect("temp dir");
         let single = run(name, compile(name, 1, schedule, recompute, &tmp.path().join("d1")), sched, &data);
         let initial = load(&tmp.path().join("d1"));
@@ -106,7 +107,7 @@ fn same_weights_at_every_depth(name: &str, steps: usize, b: i64) {
             assert_eq!(r.weights.len(), d);
             let worst = assert_same_weights(&r, &single, &what);
             eprintln!("{what}: largest relative weight difference to d=1: {worst:.2e}");
-            let versions = if sched == Schedule::TwoBW { 2 } else { 1 };
+            let versions = if sched == Schedule::TwoBw { 2 } else { 1 };
             assert!(r.peak_versions.iter().all(|&v| v <= versions), "{what}: {:?}", r.peak_versions);
         }
     }
@@ -133,12 +134,12 @@ fn peak_memory_matches_the_planner_prediction() {
     let m = model(name);
     let (b, mb) = (4i64, 2usize);
     let data = batches(name, 4, mb, b);
-    for (flag, recompute) in [("off", "none"), ("on", "full")] {
+    for recompute in ["none", "full"] {
         let tmp = tempfile::tempdir().expect("temp dir");
         let plan_file = tmp.path().join("plan.json");
         let out = Command::new(env!("CARGO_BIN_EXE_pipewright"))
             .args(["plan", m.to_str().unwrap(), "--stages", "2", "--workers", "2", "--microbatch", &b.to_string(), "--batch", &(b * mb as i64).to_string()])
-            .args(["--schedule", "2bw", "--recompute", flag, "--optimizer", "sgd", "--json"])
+            .args(["--schedule", "2bw", "--recompute", recompute, "--optimizer", "sgd", "--json"])
             .output()
             .expect("runs pipewright");
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
@@ -147,8 +148,8 @@ fn peak_memory_matches_the_planner_prediction() {
         let predicted: Vec<u64> = plan["chosen"]["peak_memory_per_stage"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
         let build = tmp.path().join("build");
         pw(&["compile", m.to_str().unwrap(), "--plan", plan_file.to_str().unwrap(), "--recompute", recompute, "-o", build.to_str().unwrap()]);
-        let mut cfg = TrainConfig::new(Schedule::TwoBW, Loss::CrossEntropy { output: "linear".into() }, 0.05, data.len());
-        cfg.optimizer = Optimizer::sgd();
+        let mut cfg = TrainConfig::new(Schedule::TwoBw, Objective::new(Loss::CrossEntropy, "linear"), 0.05, data.len());
+        cfg.optimizer = OptimizerConfig::sgd();
         let r = train(load(&build), &cfg, feed(name, &data), &mut |_| {}).unwrap();
         for (k, (mem, &want)) in r.memory.iter().zip(&predicted).enumerate() {
             let ratio = mem.total as f64 / want as f64;
@@ -171,10 +172,10 @@ fn selective_recompute_matches_no_recompute() {
     for (name, steps, b) in [("gpt2-tiny", 3, 2), ("resnet18", 2, 1)] {
         let data = batches(name, steps, 2, b);
         let tmp = tempfile::tempdir().expect("temp dir");
-        let none = run(name, compile(name, 2, "2bw", "none", &tmp.path().join("none")), Schedule::TwoBW, &data);
+        let none = run(name, compile(name, 2, "2bw", "none", &tmp.path().join("none")), Schedule::TwoBw, &data);
         let selective_modules = compile(name, 2, "2bw", "selective", &tmp.path().join("sel"));
         assert!(selective_modules.iter().any(|m| m.program.recompute_count() > 0), "{name}: nothing marked for recomputation");
-        let selective = run(name, selective_modules, Schedule::TwoBW, &data);
+        let selective = run(name, selective_modules, Schedule::TwoBw, &data);
         let worst = assert_same_weights(&selective, &none, &format!("{name} selective"));
         let (a_sel, a_none) = (selective.memory[0].activations, none.memory[0].activations);
         eprintln!("{name}: selective vs none: weights within {worst:.2e}; stage-0 activations {a_sel} vs {a_none} bytes");

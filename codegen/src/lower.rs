@@ -1,6 +1,7 @@
 //! IR graph to runtime [`Program`]: `Op` to `Kernel` one for one, values to slots in the
 //! graph's topological order, weights and constants to stored tensors (sharing bytes).
 
+use pipewright_core::UpdateRule;
 use pipewright_ir::ops as ir;
 use pipewright_ir::{DType, Dim, Graph, NodeId, Op, ValueDef, ValueId};
 use pipewright_runtime::kernel as rt;
@@ -64,7 +65,8 @@ pub fn lower_nodes(g: &Graph, l: &Lowering<'_>) -> Result<Program, LowerError> {
                 bytes: w.data.bytes.clone(),
                 trainable: w.trainable,
                 versions: 1,
-                update: String::new(),
+                // Plain training until the weight-versioning pass says otherwise.
+                update: if w.trainable { UpdateRule::Vanilla } else { UpdateRule::Constant },
                 sync: Vec::new(),
             });
         }
@@ -291,6 +293,7 @@ fn binary(b: ir::BinaryOp) -> rt::BinaryKind {
 /// one slice repeated over the export batch (attention masks) keep a single slice when
 /// every reader broadcasts.
 pub mod rebatch {
+    use pipewright_core::UpdateRule;
     use pipewright_ir::{Dim, Graph, NodeId, Op, ValueDef, ValueId};
     use pipewright_runtime::program::{Extent, Program, SlotId, SlotInfo, Stored};
     use pipewright_runtime::ElemType;
@@ -361,7 +364,7 @@ pub mod rebatch {
                 one[0] = 1;
                 let single = SlotId(p.slots.len() as u32);
                 p.slots.push(SlotInfo { name: format!("{name}:slice"), elem, shape: one.iter().map(|&d| Extent::Fixed(d)).collect(), last_use: None });
-                p.stored.push(Stored { slot: single, elem, dims: one, bytes: bytes.slice(..slice), trainable: false, versions: 1, update: String::new(), sync: Vec::new() });
+                p.stored.push(Stored { slot: single, elem, dims: one, bytes: bytes.slice(..slice), trainable: false, versions: 1, update: UpdateRule::Constant, sync: Vec::new() });
                 let rest = push_i64(p, &format!("{name}:dims"), &dims[1..]);
                 let n_slot = new_slot(p, &format!("{name}:batch"), ElemType::I64, vec![Extent::Fixed(1)]);
                 let target = new_slot(p, &format!("{name}:target"), ElemType::I64, vec![Extent::Fixed(dims.len() as i64)]);
@@ -421,7 +424,7 @@ pub mod rebatch {
         let slot = SlotId(p.slots.len() as u32);
         p.slots.push(SlotInfo { name: name.to_string(), elem: ElemType::I64, shape: vec![Extent::Fixed(values.len() as i64)], last_use: None });
         let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-        p.stored.push(Stored { slot, elem: ElemType::I64, dims: vec![values.len() as i64], bytes: bytes.into(), trainable: false, versions: 1, update: String::new(), sync: Vec::new() });
+        p.stored.push(Stored { slot, elem: ElemType::I64, dims: vec![values.len() as i64], bytes: bytes.into(), trainable: false, versions: 1, update: UpdateRule::Constant, sync: Vec::new() });
         slot
     }
 

@@ -16,7 +16,8 @@ use std::collections::BTreeSet;
 
 use pipewright_ir::{Graph, NodeId, Op, StageMap, ValueDef, ValueId};
 use pipewright_passes::recompute::{Decision, RecomputePlan};
-use pipewright_passes::versioning::{UpdateRule, WeightVersions};
+use pipewright_core::UpdateRule;
+use pipewright_passes::versioning::WeightVersions;
 use pipewright_runtime::program::{Extent, Program};
 use pipewright_runtime::ElemType;
 
@@ -99,16 +100,6 @@ pub struct Annotations<'a> {
     pub versions: Option<&'a WeightVersions>,
 }
 
-/// The `Stored::update` text of an update rule.
-pub fn update_name(rule: UpdateRule) -> &'static str {
-    match rule {
-        UpdateRule::TwoBW { .. } => "2bw",
-        UpdateRule::Vanilla => "vanilla",
-        UpdateRule::Stashed => "stashed",
-        UpdateRule::Constant => "constant",
-    }
-}
-
 impl StageProgram {
     /// Fills the program's annotations: each instruction's recompute flag (from the
     /// recompute plan; a helper instruction follows the instruction it serves), each stored
@@ -131,14 +122,14 @@ impl StageProgram {
             match w {
                 Some(w) => {
                     t.versions = w.versions_in(self.stage).max(1);
-                    t.update = update_name(w.rule).to_string();
+                    t.update = w.rule;
                     if w.trainable && w.stages.len() > 1 {
                         t.sync = w.stages.clone();
                     }
                 }
                 None if !t.trainable => {
                     t.versions = 1;
-                    t.update = "constant".to_string();
+                    t.update = UpdateRule::Constant;
                 }
                 None => {}
             }

@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
+use pipewright_core::units::human_bytes;
 use serde::Serialize;
 
 use crate::{Graph, ValueDef};
@@ -95,16 +96,4 @@ impl Summary {
         }
         s
     }
-}
-
-/// `1.5 MiB`-style sizes.
-pub fn human_bytes(b: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = b as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u + 1 < UNITS.len() {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 { format!("{b} B") } else { format!("{v:.1} {}", UNITS[u]) }
 }

@@ -56,7 +56,7 @@ fn bench(c: &mut Criterion) {
         let g = pipewright_ir::import_model(&path, &Default::default()).expect("import");
         c.bench_function(&format!("plan/{name} (cost model + plan)"), |b| {
             b.iter(|| {
-                let cost = CostModel::new(&g, cluster.device()).expect("cost");
+                let cost = CostModel::new(&g, cluster.roofline()).expect("cost");
                 plan(&g, &cost, &cluster, &opts).expect("plan")
             })
         });
@@ -68,7 +68,7 @@ fn bench(c: &mut Criterion) {
         .measurement_time(Duration::from_secs(20));
     group.bench_function("layered 100k nodes (cost model + plan)", |b| {
         b.iter(|| {
-            let cost = CostModel::new(&g, cluster.device()).expect("cost");
+            let cost = CostModel::new(&g, cluster.roofline()).expect("cost");
             plan(&g, &cost, &cluster, &opts).expect("plan")
         })
     });

@@ -22,7 +22,7 @@
 
 use serde::Serialize;
 
-use crate::cost::Device;
+use crate::cost::Roofline;
 
 /// The hardware a plan is made for.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -235,8 +235,8 @@ impl Cluster {
     }
 
     /// The roofline description of one worker.
-    pub fn device(&self) -> Device {
-        Device {
+    pub fn roofline(&self) -> Roofline {
+        Roofline {
             name: "cluster worker".into(),
             peak_flops: self.peak_flops,
             mem_bw: self.mem_bw,

@@ -33,7 +33,7 @@
 //!
 //! # Time
 //! Analytic time per node is the roofline `max(flops / peak_flops, bytes / mem_bw)` of a
-//! [`Device`]. A measured [`Profile`] overrides node times by a least-squares linear fit
+//! [`Roofline`]. A measured [`Profile`] overrides node times by a least-squares linear fit
 //! over `b`; nodes missing from the profile are scaled by the median measured/analytic
 //! ratio of their [`OpClass`] (or of all measured nodes when the class has none).
 
@@ -127,7 +127,7 @@ impl OpClass {
 
 /// The performance description of one accelerator for the roofline.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Device {
+pub struct Roofline {
     pub name: String,
     /// Peak arithmetic throughput, flop/s.
     pub peak_flops: f64,
@@ -135,10 +135,10 @@ pub struct Device {
     pub mem_bw: f64,
 }
 
-impl Default for Device {
+impl Default for Roofline {
     /// A V100-class GPU: 15.7 Tflop/s fp32, 900 GB/s.
-    fn default() -> Device {
-        Device {
+    fn default() -> Roofline {
+        Roofline {
             name: "default".into(),
             peak_flops: 15.7e12,
             mem_bw: 900e9,
@@ -279,7 +279,7 @@ enum Timing {
 /// Per-node costs of a graph, indexed by `NodeId::index()`.
 #[derive(Clone, Debug)]
 pub struct CostModel {
-    pub device: Device,
+    pub roofline: Roofline,
     nodes: Vec<NodeCost>,
     classes: Vec<OpClass>,
     timing: Vec<Timing>,
@@ -496,8 +496,8 @@ fn median(v: &mut [f64]) -> Option<f64> {
 }
 
 impl CostModel {
-    /// Computes the analytic costs of every node of `g` on `device`.
-    pub fn new(g: &Graph, device: Device) -> Result<CostModel, CostError> {
+    /// Computes the analytic costs of every node of `g` on `roofline`.
+    pub fn new(g: &Graph, roofline: Roofline) -> Result<CostModel, CostError> {
         let topo = g
             .topo_order()
             .map_err(|n| CostError::Cycle(g.node(n).name.clone()))?;
@@ -562,7 +562,7 @@ impl CostModel {
             .collect();
         shared.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(CostModel {
-            device,
+            roofline,
             timing: vec![Timing::Analytic { scale: 1.0 }; bound],
             nodes,
             classes,
@@ -599,7 +599,7 @@ impl CostModel {
             Some(c) => c,
             None => return (0.0, 0.0),
         };
-        let dev = &self.device;
+        let dev = &self.roofline;
         let fwd = (c.fwd_flops.at(b) / dev.peak_flops).max(c.bytes_moved.at(b) / dev.mem_bw);
         let bwd = (c.bwd_flops.at(b) / dev.peak_flops).max(2.0 * c.bytes_moved.at(b) / dev.mem_bw);
         (fwd.max(0.0), bwd.max(0.0))

@@ -19,9 +19,9 @@ use pipewright_ir::text::print_graph_annotated;
 use pipewright_ir::{verify, verify_stages, Graph, NodeId, StageMap};
 
 use crate::boundaries::insert_stage_boundaries;
-use crate::cost::{CostModel, Device};
-use crate::planner::Schedule;
-use crate::recompute::{decide_recomputation, RecomputeMode, RecomputePlan};
+use crate::cost::{CostModel, Roofline};
+use pipewright_core::{Recompute, Schedule};
+use crate::recompute::{decide_recomputation, RecomputePlan};
 use crate::versioning::{version_weights, WeightVersions};
 
 /// Everything the passes have produced so far.
@@ -340,8 +340,8 @@ fn print_state(pass: &str, state: &mut PipelineState) {
 #[derive(Clone, Debug, PartialEq)]
 pub struct CompileOptions {
     /// Device for the cost model of the partitioned graph.
-    pub device: Device,
-    pub recompute: RecomputeMode,
+    pub device: Roofline,
+    pub recompute: Recompute,
     /// Per-stage stash limit in bytes per microbatch (selective recomputation).
     pub memory_limit: Option<u64>,
     /// Microbatch size `b` the recomputation figures are costed at.
@@ -349,8 +349,6 @@ pub struct CompileOptions {
     pub schedule: Schedule,
     /// Microbatches per batch `m`; `None` uses the depth `d` (the least 2BW allows).
     pub microbatches: Option<u32>,
-    /// PipeDream weight stashing instead of the schedule's versioning.
-    pub stashing: bool,
     pub print_after: PrintAfter,
     pub stop_after: Option<String>,
     /// Verify after each pass (default `cfg!(debug_assertions)`).
@@ -360,13 +358,12 @@ pub struct CompileOptions {
 impl Default for CompileOptions {
     fn default() -> CompileOptions {
         CompileOptions {
-            device: Device::default(),
-            recompute: RecomputeMode::Full,
+            device: Roofline::default(),
+            recompute: Recompute::Full,
             memory_limit: None,
             microbatch: 1,
-            schedule: Schedule::TwoBW,
+            schedule: Schedule::TwoBw,
             microbatches: None,
-            stashing: false,
             print_after: PrintAfter::None,
             stop_after: None,
             verify: cfg!(debug_assertions),
@@ -393,7 +390,7 @@ fn missing(what: &str, pass: &str) -> BoxError {
 pub fn standard_passes(opts: &CompileOptions) -> PassManager<'static> {
     let device = opts.device.clone();
     let (mode, limit, b) = (opts.recompute, opts.memory_limit, opts.microbatch);
-    let (schedule, m, stashing) = (opts.schedule, opts.microbatches, opts.stashing);
+    let (schedule, m) = (opts.schedule, opts.microbatches);
     PassManager::new()
         // Done by the importer: the state starts with the imported, shape-inferred graph.
         .add("import", |_| Ok(()))
@@ -436,7 +433,6 @@ pub fn standard_passes(opts: &CompileOptions) -> PassManager<'static> {
                 schedule,
                 d,
                 m.unwrap_or(d),
-                stashing,
             )?);
             Ok(())
         })

@@ -40,78 +40,15 @@ use std::fmt::Write;
 use pipewright_ir::{Graph, NodeId, StageMap};
 use serde::Serialize;
 
+use pipewright_core::units::human_bytes;
+use pipewright_core::{Balance, Optimizer, Recompute, Schedule};
+
 use crate::cluster::Cluster;
 use crate::cost::{CostError, CostModel, Lin, OpClass};
-use crate::recompute::RecomputeMode;
 use crate::partition::{
     balanced_by, choose_order, stage_ranges, uniform_by_nodes, valid_cuts, value_bytes,
     LinearOrder, MemoryModel, OrderKind, PartitionProblem,
 };
-
-/// A pipeline schedule.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
-pub enum Schedule {
-    #[serde(rename = "2bw")]
-    TwoBW,
-    #[serde(rename = "flush")]
-    Flush,
-    #[serde(rename = "gpipe")]
-    GPipe,
-}
-
-impl Schedule {
-    pub fn name(self) -> &'static str {
-        match self {
-            Schedule::TwoBW => "2BW",
-            Schedule::Flush => "Flush",
-            Schedule::GPipe => "GPipe",
-        }
-    }
-
-    fn versions(self) -> f64 {
-        match self {
-            Schedule::TwoBW => 2.0,
-            Schedule::Flush | Schedule::GPipe => 1.0,
-        }
-    }
-}
-
-/// How stages are balanced.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-pub enum Balance {
-    /// The exact DP of [`crate::partition`] on predicted stage time with the memory limit.
-    Optimal,
-    /// Greedy contiguous split balancing parameter bytes (DeepSpeed's default).
-    Params,
-    /// Greedy split balancing forward+backward flops.
-    Flops,
-    /// Greedy split balancing node time from the cost model (measured when a profile
-    /// was applied).
-    Profile,
-    /// Equal node counts.
-    Nodes,
-}
-
-/// Optimizer, for the state kept per weight.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-pub enum Optimizer {
-    /// Plain SGD: no state.
-    Sgd,
-    /// SGD with momentum: one tensor per weight.
-    Momentum,
-    /// Adam: two tensors per weight.
-    Adam,
-}
-
-impl Optimizer {
-    pub fn state_factor(self) -> f64 {
-        match self {
-            Optimizer::Sgd => 0.0,
-            Optimizer::Momentum => 1.0,
-            Optimizer::Adam => 2.0,
-        }
-    }
-}
 
 /// What to search.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -124,24 +61,28 @@ pub struct PlanOptions {
     /// Explicit boundaries: a stage starts at each named node.
     pub cuts: Option<Vec<String>>,
     pub balance: Balance,
+    /// The optimizer whose state counts in memory.
     pub optimizer: Optimizer,
+    /// SGD with momentum keeps one state tensor per weight.
+    pub momentum: bool,
     /// How many candidates to keep.
     pub top: usize,
     /// Fix the microbatch size.
     pub microbatch: Option<u64>,
     /// Fix the recomputation mode (otherwise none, selective and full are all tried).
-    pub recompute: Option<RecomputeMode>,
+    pub recompute: Option<Recompute>,
 }
 
 impl Default for PlanOptions {
     fn default() -> PlanOptions {
         PlanOptions {
             global_batch: 64,
-            schedules: vec![Schedule::TwoBW, Schedule::Flush, Schedule::GPipe],
+            schedules: vec![Schedule::TwoBw, Schedule::Flush, Schedule::GPipe],
             stages: None,
             cuts: None,
             balance: Balance::Optimal,
             optimizer: Optimizer::Adam,
+            momentum: false,
             top: 10,
             microbatch: None,
             recompute: None,
@@ -156,7 +97,7 @@ pub struct Candidate {
     pub d: usize,
     pub b: u64,
     pub m: u64,
-    pub recompute: RecomputeMode,
+    pub recompute: Recompute,
     pub schedule: Schedule,
     pub samples_per_s: f64,
     pub peak_memory_per_stage: Vec<u64>,
@@ -330,22 +271,6 @@ fn boundary_text(list: &[(String, u64)]) -> String {
     format!("{} ({}{})", human_bytes(total), names.join(", "), more)
 }
 
-/// `1.5 GiB`-style sizes.
-pub fn human_bytes(x: u64) -> String {
-    const U: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = x as f64;
-    let mut k = 0;
-    while v >= 1024.0 && k + 1 < U.len() {
-        v /= 1024.0;
-        k += 1;
-    }
-    if k == 0 {
-        format!("{x}B")
-    } else {
-        format!("{v:.1}{}", U[k])
-    }
-}
-
 /// Cached cuts per partition key (`None`: no feasible split).
 type CutsCache<K> = HashMap<K, Option<Vec<usize>>>;
 
@@ -369,7 +294,7 @@ pub struct PlanContext<'a> {
     flops: Vec<Lin>,
     act: Vec<Lin>,
     shared: Vec<SharedInfo>,
-    problems: HashMap<(u64, RecomputeMode, u64), PartitionProblem>,
+    problems: HashMap<(u64, Recompute, u64), PartitionProblem>,
 }
 
 impl<'a> PlanContext<'a> {
@@ -446,7 +371,7 @@ impl<'a> PlanContext<'a> {
     /// The partitioner's inputs at microbatch `b`: compute times 4/3 with full
     /// recomputation; with selective recomputation each recomputed node (all but the
     /// matmul/conv class, whose outputs stay stashed) adds its forward time once more.
-    pub fn problem(&mut self, b: u64, recompute: RecomputeMode, bandwidth: f64) -> &PartitionProblem {
+    pub fn problem(&mut self, b: u64, recompute: Recompute, bandwidth: f64) -> &PartitionProblem {
         let key = (b, recompute, bandwidth.to_bits());
         let (cost, order, act, pb) = (self.cost, &self.order, &self.act, &self.param_bytes);
         self.problems.entry(key).or_insert_with(|| {
@@ -458,10 +383,10 @@ impl<'a> PlanContext<'a> {
                     .map(|&x| {
                         let (f, bw) = cost.time(x, b);
                         match recompute {
-                            RecomputeMode::None => f + bw,
-                            RecomputeMode::Full => (f + bw) * 4.0 / 3.0,
-                            RecomputeMode::Selective if kept(x) => f + bw,
-                            RecomputeMode::Selective => 2.0 * f + bw,
+                            Recompute::None => f + bw,
+                            Recompute::Full => (f + bw) * 4.0 / 3.0,
+                            Recompute::Selective if kept(x) => f + bw,
+                            Recompute::Selective => 2.0 * f + bw,
                         }
                     })
                     .collect(),
@@ -529,19 +454,19 @@ impl<'a> PlanContext<'a> {
 
 fn memory_model(
     schedule: Schedule,
-    recompute: RecomputeMode,
+    recompute: Recompute,
     d: usize,
     m: u64,
-    optimizer: Optimizer,
+    state_tensors: u32,
     limit: f64,
 ) -> MemoryModel {
     let in_flight = match schedule {
-        Schedule::TwoBW | Schedule::Flush => d as f64,
+        Schedule::TwoBw | Schedule::Flush => d as f64,
         Schedule::GPipe => m as f64,
     };
-    let weight_factor = schedule.versions() + 1.0 + optimizer.state_factor();
+    let weight_factor = f64::from(schedule.weight_versions() + 1 + state_tensors);
     match recompute {
-        RecomputeMode::Full => MemoryModel {
+        Recompute::Full => MemoryModel {
             weight_factor,
             act_factor: 1.0,
             kept_factor: 0.0,
@@ -550,14 +475,14 @@ fn memory_model(
         },
         // Every in-flight microbatch keeps its stage inputs and matmul/conv outputs; the
         // one being back-propagated also has its recomputed activations.
-        RecomputeMode::Selective => MemoryModel {
+        Recompute::Selective => MemoryModel {
             weight_factor,
             act_factor: 1.0,
             kept_factor: in_flight - 1.0,
             input_factor: in_flight,
             limit,
         },
-        RecomputeMode::None => MemoryModel {
+        Recompute::None => MemoryModel {
             weight_factor,
             act_factor: in_flight,
             kept_factor: 0.0,
@@ -573,14 +498,15 @@ struct Config {
     d: usize,
     b: u64,
     m: u64,
-    recompute: RecomputeMode,
+    recompute: Recompute,
     schedule: Schedule,
     optimistic: f64,
 }
 
 impl Config {
-    fn memory_model(&self, optimizer: Optimizer, limit: f64) -> MemoryModel {
-        memory_model(self.schedule, self.recompute, self.d, self.m, optimizer, limit)
+    fn memory_model(&self, opts: &PlanOptions, limit: f64) -> MemoryModel {
+        let state = opts.optimizer.state_tensors(opts.momentum);
+        memory_model(self.schedule, self.recompute, self.d, self.m, state, limit)
     }
 }
 
@@ -594,7 +520,7 @@ fn assess(
     let cluster = ctx.cluster;
     let limit = cluster.memory_per_worker as f64;
     let pbw = cluster.pipeline_bw(cfg.d);
-    let mem = cfg.memory_model(opts.optimizer, limit);
+    let mem = cfg.memory_model(opts, limit);
     let (extra_bytes, _, sync) = ctx.shared_extra(cuts, pbw);
     let prob = ctx.problem(cfg.b, cfg.recompute, pbw);
     let (times, mems) = prob.evaluate(cuts, &mem);
@@ -620,7 +546,7 @@ fn assess(
         }
     }
     let per_batch = match cfg.schedule {
-        Schedule::TwoBW => cfg.m as f64 * worst.0,
+        Schedule::TwoBw => cfg.m as f64 * worst.0,
         Schedule::Flush | Schedule::GPipe => (cfg.m + cfg.d as u64 - 1) as f64 * worst.0,
     };
     let samples = (cfg.b * cfg.m * cfg.w as u64) as f64;
@@ -704,9 +630,9 @@ pub fn plan(
         (None, Some(s)) => vec![s],
         (None, None) => (1..=cluster.workers.min(n)).collect(),
     };
-    let recomputes: Vec<RecomputeMode> = match opts.recompute {
+    let recomputes: Vec<Recompute> = match opts.recompute {
         Some(r) => vec![r],
-        None => vec![RecomputeMode::None, RecomputeMode::Selective, RecomputeMode::Full],
+        None => vec![Recompute::None, Recompute::Selective, Recompute::Full],
     };
     let mut configs = Vec::new();
     let mut totals: HashMap<u64, f64> = HashMap::new();
@@ -742,10 +668,10 @@ pub fn plan(
                                 continue;
                             }
                             // Selective adds at most a third; 1 keeps the bound optimistic.
-                            let slowdown = if recompute == RecomputeMode::Full { 4.0 / 3.0 } else { 1.0 };
+                            let slowdown = if recompute == Recompute::Full { 4.0 / 3.0 } else { 1.0 };
                             let t_lb = total * slowdown / d as f64;
                             let per_batch = match schedule {
-                                Schedule::TwoBW => m as f64 * t_lb,
+                                Schedule::TwoBw => m as f64 * t_lb,
                                 _ => (m + d as u64 - 1) as f64 * t_lb,
                             };
                             let optimistic = if per_batch > 0.0 {
@@ -778,8 +704,8 @@ pub fn plan(
     configs.sort_by(|a, b| b.optimistic.total_cmp(&a.optimistic));
     let top = opts.top.max(1);
     let mut found: Vec<Candidate> = Vec::new();
-    let mut free_cache: CutsCache<(usize, u64, RecomputeMode)> = HashMap::new();
-    let mut bound_cache: CutsCache<(usize, u64, RecomputeMode, Schedule, u64)> = HashMap::new();
+    let mut free_cache: CutsCache<(usize, u64, Recompute)> = HashMap::new();
+    let mut bound_cache: CutsCache<(usize, u64, Recompute, Schedule, u64)> = HashMap::new();
     let limit = cluster.memory_per_worker as f64;
     for cfg in &configs {
         if found.len() >= top && cfg.optimistic < found[top - 1].samples_per_s {
@@ -814,7 +740,7 @@ pub fn plan(
                         0
                     };
                     let bkey = (cfg.d, cfg.b, cfg.recompute, cfg.schedule, m_key);
-                    let mem = cfg.memory_model(opts.optimizer, limit);
+                    let mem = cfg.memory_model(opts, limit);
                     bound_cache
                         .entry(bkey)
                         .or_insert_with(|| {
@@ -869,7 +795,7 @@ fn describe(
         chosen.recompute,
         chosen.d,
         chosen.m,
-        opts.optimizer,
+        opts.optimizer.state_tensors(opts.momentum),
         f64::INFINITY,
     );
     let (times, _) = ctx

@@ -2,11 +2,11 @@
 //! node outputs are stashed for the backward pass and which are recomputed from the
 //! stage's inputs just before it.
 //!
-//! - [`RecomputeMode::None`]: every node output the backward needs is stashed.
-//! - [`RecomputeMode::Full`]: only the stage inputs are stashed (outputs of `StageBoundary`
+//! - [`Recompute::None`]: every node output the backward needs is stashed.
+//! - [`Recompute::Full`]: only the stage inputs are stashed (outputs of `StageBoundary`
 //!   nodes and graph inputs read in the stage); the stage's forward reruns before its
 //!   backward. This is PipeDream-2BW's default (`|A_input(b)|` per in-flight microbatch).
-//! - [`RecomputeMode::Selective`]: keep tensors that are cheap to store and expensive to
+//! - [`Recompute::Selective`]: keep tensors that are cheap to store and expensive to
 //!   recompute (MatMul / Gemm / Einsum / Conv outputs: high flops per byte) and recompute
 //!   elementwise, normalisation and data-movement outputs. Without a memory limit exactly
 //!   the matmul/conv class is kept. With a limit, a stage starts from "stash everything"
@@ -26,40 +26,8 @@ use pipewright_ir::{Graph, NodeId, Op, StageMap, ValueDef, ValueId};
 
 use crate::cost::{CostModel, OpClass};
 use crate::partition::value_bytes;
-use crate::planner::human_bytes;
-
-/// How much of the forward is recomputed.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum RecomputeMode {
-    /// Stash every activation.
-    None,
-    /// Stash stage inputs only; rerun the stage forward before its backward.
-    #[default]
-    Full,
-    /// Stash matmul/conv outputs (or greedily, to fit a memory limit).
-    Selective,
-}
-
-impl RecomputeMode {
-    pub fn name(self) -> &'static str {
-        match self {
-            RecomputeMode::None => "none",
-            RecomputeMode::Full => "full",
-            RecomputeMode::Selective => "selective",
-        }
-    }
-
-    /// Parses `none`, `full` or `selective`.
-    pub fn parse(s: &str) -> Option<RecomputeMode> {
-        match s.to_ascii_lowercase().as_str() {
-            "none" | "off" => Some(RecomputeMode::None),
-            "full" | "on" => Some(RecomputeMode::Full),
-            "selective" => Some(RecomputeMode::Selective),
-            _ => None,
-        }
-    }
-}
+use pipewright_core::units::human_bytes;
+use pipewright_core::Recompute;
 
 /// What happens to one tensor between the forward and the backward.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -102,7 +70,7 @@ pub struct StageRecompute {
 /// `ValueId::index`, with per-stage totals.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RecomputePlan {
-    pub mode: RecomputeMode,
+    pub mode: Recompute,
     /// The microbatch size the figures are costed at.
     pub b: u64,
     pub memory_limit: Option<u64>,
@@ -194,12 +162,12 @@ fn round(x: f64) -> u64 {
 
 /// Decides stash/recompute for every node output of the partitioned graph `g`.
 /// `cost` must be built on `g`; `memory_limit` (bytes per microbatch per stage) only
-/// matters for [`RecomputeMode::Selective`].
+/// matters for [`Recompute::Selective`].
 pub fn decide_recomputation(
     g: &Graph,
     stages: &StageMap,
     cost: &CostModel,
-    mode: RecomputeMode,
+    mode: Recompute,
     memory_limit: Option<u64>,
     b: u64,
 ) -> RecomputePlan {
@@ -249,9 +217,9 @@ pub fn decide_recomputation(
             .iter()
             .map(|&n| {
                 let dec = match mode {
-                    RecomputeMode::None => Decision::Stash,
-                    RecomputeMode::Full => Decision::Recompute,
-                    RecomputeMode::Selective => match memory_limit {
+                    Recompute::None => Decision::Stash,
+                    Recompute::Full => Decision::Recompute,
+                    Recompute::Selective => match memory_limit {
                         None if matches!(cost.class(n), OpClass::MatMul | OpClass::Conv)
                             && act(n) > 0 =>
                         {
@@ -274,7 +242,7 @@ pub fn decide_recomputation(
                     .map(|x| act(x.0))
                     .sum::<u64>()
         };
-        if let (RecomputeMode::Selective, Some(limit)) = (mode, memory_limit) {
+        if let (Recompute::Selective, Some(limit)) = (mode, memory_limit) {
             let mut stash = stash_of(&decision);
             if stash > limit {
                 // Cheapest to recompute per byte saved first; ties by node id.

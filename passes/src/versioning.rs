@@ -7,10 +7,6 @@
 //!   `m >= d` (else the shadow would still be in use when a third version appears).
 //! - **PipeDream-Flush / GPipe**: 1 version, vanilla update `W(t+1) = W(t) - lr * grad f(W(t))`
 //!   after the flush.
-//! - **PipeDream weight stashing** (`stashing = true`, the 2019 asynchronous scheme; it
-//!   replaces the schedule's rule): stage `s` of `d` keeps `d - s` versions, one per
-//!   microbatch in flight between its forward and backward; updates are per microbatch
-//!   with a stage-dependent staleness of `d - 1 - s`. The `m >= d` check does not apply.
 //!
 //! Non-trainable weights (constants: index tensors, folded shapes) and BatchNormalization
 //! running statistics (inputs 3 and 4, updated by the forward rather than the optimizer)
@@ -26,7 +22,8 @@ use std::fmt::Write;
 
 use pipewright_ir::{Graph, NodeId, Op, StageMap, ValueDef, ValueId};
 
-use crate::planner::{human_bytes, Schedule};
+use pipewright_core::units::human_bytes;
+use pipewright_core::{Schedule, UpdateRule};
 
 /// What kind of weight a value is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -35,45 +32,6 @@ pub enum WeightKind {
     /// BatchNormalization running mean / variance.
     RunningStat,
     Constant,
-}
-
-/// How a weight's versions are updated.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum UpdateRule {
-    /// 2BW: `W(t+1) = W(t) - lr * grad f(W(t-1))` every `every` microbatches.
-    TwoBW { every: u32 },
-    /// `W(t+1) = W(t) - lr * grad f(W(t))` once per batch (after the flush).
-    Vanilla,
-    /// PipeDream weight stashing: updated every microbatch with stage-dependent staleness.
-    Stashed,
-    /// Not updated by the optimizer.
-    Constant,
-}
-
-impl UpdateRule {
-    /// The short tag used in notes: `2bw`, `vanilla`, `stash`, `const`.
-    pub fn tag(self) -> &'static str {
-        match self {
-            UpdateRule::TwoBW { .. } => "2bw",
-            UpdateRule::Vanilla => "vanilla",
-            UpdateRule::Stashed => "stash",
-            UpdateRule::Constant => "const",
-        }
-    }
-
-    /// The update formula, for summaries.
-    pub fn formula(self) -> String {
-        match self {
-            UpdateRule::TwoBW { every } => {
-                format!("W(t+1) = W(t) - lr*grad f(W(t-1)) every {every} microbatches")
-            }
-            UpdateRule::Vanilla => "W(t+1) = W(t) - lr*grad f(W(t)) after each flush".into(),
-            UpdateRule::Stashed => {
-                "W(t+1) = W(t) - lr*grad f(W(t-d+1+s)) every microbatch (stashed)".into()
-            }
-            UpdateRule::Constant => "constant".into(),
-        }
-    }
 }
 
 /// The versioning of one weight.
@@ -151,7 +109,6 @@ pub struct WeightVersions {
     pub schedule: Schedule,
     pub d: u32,
     pub m: u32,
-    pub stashing: bool,
     /// Every weight read by some node, in value id order.
     pub weights: Vec<WeightVersion>,
     /// Tied trainable weights, in value id order.
@@ -209,7 +166,7 @@ impl WeightVersions {
                 } else {
                     String::new()
                 };
-                format!("w:{} x{} ({}{})", w.value, k, w.rule.tag(), tied)
+                format!("w:{} x{} ({}{})", w.value, k, w.rule, tied)
             })
             .collect();
         if parts.is_empty() {
@@ -223,12 +180,7 @@ impl WeightVersions {
     /// the update rule, then the sync groups.
     pub fn text(&self) -> String {
         let mut s = String::new();
-        let scheme = if self.stashing {
-            "PipeDream weight stashing".to_string()
-        } else {
-            self.schedule.name().to_string()
-        };
-        let _ = writeln!(s, "weight versions: {scheme}, d={}, m={}", self.d, self.m);
+        let _ = writeln!(s, "weight versions: {}, d={}, m={}", self.schedule, self.d, self.m);
         for st in 0..self.d {
             let here: Vec<&WeightVersion> = self
                 .weights
@@ -249,7 +201,7 @@ impl WeightVersions {
                 .count();
             let rule = trainable
                 .first()
-                .map(|w| w.rule.formula())
+                .map(|w| format!("{} ({})", w.rule, w.rule.help()))
                 .unwrap_or_else(|| "no trainable weights".into());
             let _ = writeln!(
                 s,
@@ -277,14 +229,13 @@ impl WeightVersions {
 }
 
 /// Versions every weight of the partitioned graph `g` for `schedule` with `d` stages and
-/// `m` microbatches per batch; `stashing` selects PipeDream weight stashing instead.
+/// `m` microbatches per batch.
 pub fn version_weights(
     g: &Graph,
     stages: &StageMap,
     schedule: Schedule,
     d: u32,
     m: u32,
-    stashing: bool,
 ) -> Result<WeightVersions, VersionError> {
     if d == 0 {
         return Err(VersionError::Zero {
@@ -302,7 +253,7 @@ pub fn version_weights(
             stages: stages.num_stages,
         });
     }
-    if schedule == Schedule::TwoBW && !stashing && m < d {
+    if schedule == Schedule::TwoBw && m < d {
         return Err(VersionError::TooFewMicrobatches { m, d });
     }
     let order = g.topo_order().unwrap_or_else(|_| g.node_ids().collect());
@@ -403,19 +354,11 @@ pub fn version_weights(
         let mut st = readers[v.index()].clone();
         st.sort_unstable();
         let rule = match kind {
-            WeightKind::Trainable if stashing => UpdateRule::Stashed,
-            WeightKind::Trainable if schedule == Schedule::TwoBW => UpdateRule::TwoBW { every: m },
-            WeightKind::Trainable => UpdateRule::Vanilla,
+            WeightKind::Trainable => schedule.update_rule(),
             _ => UpdateRule::Constant,
         };
-        let versions: Vec<u32> = st
-            .iter()
-            .map(|&s| match rule {
-                UpdateRule::Stashed => d.saturating_sub(s).max(1),
-                UpdateRule::TwoBW { .. } => 2,
-                UpdateRule::Vanilla | UpdateRule::Constant => 1,
-            })
-            .collect();
+        let slots = if rule == UpdateRule::Constant { 1 } else { schedule.weight_versions() };
+        let versions: Vec<u32> = vec![slots; st.len()];
         let name = g.value(v).name.clone();
         if kind == WeightKind::Trainable && st.len() > 1 {
             sync_groups.push(SyncGroup {
@@ -444,7 +387,6 @@ pub fn version_weights(
         schedule,
         d,
         m,
-        stashing,
         weights,
         sync_groups,
         by_value,

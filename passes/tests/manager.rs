@@ -10,7 +10,7 @@ use pipewright_passes::manager::{
     compile_passes, standard_passes, CompileOptions, ManagerError, PassManager, PipelineState,
     PrintAfter, RunOptions, STANDARD_PASSES,
 };
-use pipewright_passes::recompute::RecomputeMode;
+use pipewright_core::Recompute;
 
 
 
@@ -150,7 +150,7 @@ fn the_verifier_catches_a_pass_that_breaks_the_graph() {
 fn print_after_all_prints_each_pass_with_combined_notes() {
     let opts = CompileOptions {
         print_after: PrintAfter::All,
-        recompute: RecomputeMode::Selective,
+        recompute: Recompute::Selective,
         ..CompileOptions::default()
     };
     let st = compile("mlp.onnx", 2, opts).unwrap();
@@ -162,7 +162,7 @@ fn print_after_all_prints_each_pass_with_combined_notes() {
     }
     assert!(st.printed.contains("stage=1 stash w:%v"), "{}", st.printed);
     assert!(st.printed.contains("recompute: mode selective"));
-    assert!(st.printed.contains("weight versions: 2BW"));
+    assert!(st.printed.contains("weight versions: 2bw"));
 }
 
 #[test]
@@ -172,7 +172,7 @@ fn print_after_snapshots() {
             for pass in ["partition", "recompute", "weight-versioning"] {
                 let opts = CompileOptions {
                     print_after: PrintAfter::Pass(pass.into()),
-                    recompute: RecomputeMode::Selective,
+                    recompute: Recompute::Selective,
                     microbatch: 8,
                     ..CompileOptions::default()
                 };

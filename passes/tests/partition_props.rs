@@ -4,7 +4,7 @@
 //! with and without a memory limit that rules some splits out.
 
 use pipewright_ir::{DType, Dim, Graph, ModelMeta, Op, Shape, TensorType, Value, ValueDef};
-use pipewright_passes::cost::{CostModel, Device};
+use pipewright_passes::cost::{CostModel, Roofline};
 use pipewright_passes::partition::{
     choose_order, live_bytes, valid_cuts, MemoryModel, PartitionProblem,
 };
@@ -99,7 +99,7 @@ proptest! {
     ) {
         let g = build(&inputs, &widths);
         let n = inputs.len();
-        let cost = CostModel::new(&g, Device::default()).unwrap();
+        let cost = CostModel::new(&g, Roofline::default()).unwrap();
         let order = choose_order(&g, &cost, 1).unwrap();
         prop_assert_eq!(order.nodes.len(), n);
         // Random times, parameters and activations (integers, so sums are exact).

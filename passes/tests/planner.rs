@@ -10,9 +10,10 @@ use pipewright_ir::{
     ValueId, Weight,
 };
 use pipewright_passes::cluster::Cluster;
-use pipewright_passes::cost::{CostModel, Device, Lin, Profile};
+use pipewright_passes::cost::{CostModel, Lin, Profile, Roofline};
 use pipewright_passes::partition::{choose_order, live_bytes};
-use pipewright_passes::planner::{plan, Balance, PlanError, PlanOptions, Schedule};
+use pipewright_core::{Balance, Schedule};
+use pipewright_passes::planner::{plan, PlanError, PlanOptions};
 
 fn row(w: i64) -> TensorType {
     TensorType::new(DType::F32, Shape(vec![Dim::N, Dim::Fixed(w)]))
@@ -120,7 +121,7 @@ fn cost_rules() {
         vec![Some(("t".into(), row(32)))],
     );
     g.set_outputs(vec![g.node(t).outputs[0].unwrap()]);
-    let c = CostModel::new(&g, Device::default()).unwrap();
+    let c = CostModel::new(&g, Roofline::default()).unwrap();
     assert_eq!(c.node(mm).fwd_flops, Lin::new(2.0 * 32.0 * 64.0, 0.0));
     assert_eq!(c.node(mm).bwd_flops, Lin::new(4.0 * 32.0 * 64.0, 0.0));
     assert_eq!(c.node(mm).params, 64 * 32);
@@ -151,7 +152,7 @@ fn shared_weight_counted_once_and_reported() {
     }
     let (m2, z) = matmul(&mut g, "last", v, w, 16);
     g.set_outputs(vec![z]);
-    let c = CostModel::new(&g, Device::default()).unwrap();
+    let c = CostModel::new(&g, Roofline::default()).unwrap();
     assert_eq!(c.node(m1).params, 256);
     assert_eq!(c.node(m2).params, 0);
     assert_eq!(c.shared.len(), 1);
@@ -175,7 +176,7 @@ fn shared_weight_counted_once_and_reported() {
 #[test]
 fn chain_live_bytes_and_plan() {
     let g = chain(8);
-    let c = CostModel::new(&g, Device::default()).unwrap();
+    let c = CostModel::new(&g, Roofline::default()).unwrap();
     let order = choose_order(&g, &c, 1).unwrap();
     let live = live_bytes(&g, &order.nodes, &c);
     assert_eq!(live.len(), 9);
@@ -183,7 +184,7 @@ fn chain_live_bytes_and_plan() {
     let opts = PlanOptions {
         stages: Some(4),
         microbatch: Some(8),
-        schedules: vec![Schedule::TwoBW],
+        schedules: vec![Schedule::TwoBw],
         ..PlanOptions::default()
     };
     // Communication nearly free: equal stages.
@@ -218,7 +219,7 @@ fn chain_live_bytes_and_plan() {
 #[test]
 fn diamond_skip_counts_at_every_cut() {
     let g = diamond();
-    let c = CostModel::new(&g, Device::default()).unwrap();
+    let c = CostModel::new(&g, Roofline::default()).unwrap();
     let order = choose_order(&g, &c, 1).unwrap();
     let names: Vec<&str> = order
         .nodes
@@ -235,7 +236,7 @@ fn diamond_skip_counts_at_every_cut() {
     let opts = PlanOptions {
         stages: Some(2),
         microbatch: Some(4),
-        recompute: Some(pipewright_passes::recompute::RecomputeMode::None),
+        recompute: Some(pipewright_core::Recompute::None),
         ..PlanOptions::default()
     };
     let p = plan(&g, &c, &small_cluster(), &opts).unwrap();
@@ -255,7 +256,7 @@ fn diamond_skip_counts_at_every_cut() {
 #[test]
 fn plan_errors() {
     let g = chain(3);
-    let c = CostModel::new(&g, Device::default()).unwrap();
+    let c = CostModel::new(&g, Roofline::default()).unwrap();
     let cl = small_cluster();
     let bad = |o: PlanOptions| plan(&g, &c, &cl, &o).unwrap_err();
     assert!(matches!(
@@ -316,7 +317,7 @@ fn plan_errors() {
 #[test]
 fn memory_limit_prefers_recompute_or_deeper_pipelines() {
     let g = chain(16);
-    let c = CostModel::new(&g, Device::default()).unwrap();
+    let c = CostModel::new(&g, Roofline::default()).unwrap();
     let opts = PlanOptions {
         global_batch: 256,
         top: 100_000,
@@ -355,7 +356,7 @@ fn memory_limit_prefers_recompute_or_deeper_pipelines() {
 #[test]
 fn baselines_and_profile() {
     let g = chain(6);
-    let mut c = CostModel::new(&g, Device::default()).unwrap();
+    let mut c = CostModel::new(&g, Roofline::default()).unwrap();
     let json = r#"{"model": "chain", "device": "test", "batches": [1, 2, 4],
         "nodes": [{"name": "relu0", "op": "Relu", "fwd_ms": [1.0, 2.0, 4.0], "bwd_ms": [2.0, 4.0, 8.0]},
                   {"name": "ghost", "op": "Relu", "fwd_ms": [1, 1, 1], "bwd_ms": [1, 1, 1]}]}"#;
@@ -406,7 +407,7 @@ fn plans_corpus_models() {
         };
         let g = pipewright_ir::import_model(&path, &Default::default()).unwrap();
         let cl = Cluster::default();
-        let c = CostModel::new(&g, cl.device()).unwrap();
+        let c = CostModel::new(&g, cl.roofline()).unwrap();
         let p = plan(&g, &c, &cl, &PlanOptions::default()).unwrap();
         assert_eq!(p.stage_of_nodes().len(), g.node_count());
         assert!(p.chosen.samples_per_s > 0.0);

@@ -11,7 +11,8 @@ use std::path::PathBuf;
 use pipewright_passes::cluster::Cluster;
 use pipewright_passes::cost::CostModel;
 use pipewright_passes::partition::{balanced_by, uniform_by_nodes, MemoryModel};
-use pipewright_passes::planner::{Balance, PlanContext};
+use pipewright_core::Balance;
+use pipewright_passes::planner::PlanContext;
 
 #[test]
 fn planner_table() {
@@ -32,7 +33,7 @@ fn planner_table() {
     for path in models {
         let name = path.file_stem().unwrap().to_string_lossy().to_string();
         let g = pipewright_ir::import_model(&path, &Default::default()).expect("import");
-        let cost = CostModel::new(&g, cluster.device()).expect("cost");
+        let cost = CostModel::new(&g, cluster.roofline()).expect("cost");
         let b = cost.export_batch.max(1) as u64;
         let mut ctx = PlanContext::new(&g, &cost, &cluster).expect("context");
         let n = ctx.len();
@@ -43,7 +44,7 @@ fn planner_table() {
             if d > n {
                 continue;
             }
-            let prob = ctx.problem(b, pipewright_passes::recompute::RecomputeMode::None, cluster.pipeline_bw(d)).clone();
+            let prob = ctx.problem(b, pipewright_core::Recompute::None, cluster.pipeline_bw(d)).clone();
             let total: f64 = prob.time.iter().sum();
             let lb = total / d as f64;
             let free = MemoryModel::unlimited();

@@ -8,8 +8,9 @@ use common::{contiguous, model};
 
 use pipewright_ir::{Graph, Op, StageMap, ValueDef};
 use pipewright_passes::boundaries::insert_stage_boundaries;
-use pipewright_passes::cost::{CostModel, Device, OpClass};
-use pipewright_passes::recompute::{decide_recomputation, Decision, RecomputeMode, RecomputePlan};
+use pipewright_passes::cost::{CostModel, OpClass, Roofline};
+use pipewright_core::Recompute;
+use pipewright_passes::recompute::{decide_recomputation, Decision, RecomputePlan};
 
 
 
@@ -17,7 +18,7 @@ fn partitioned(name: &str, d: u32) -> (Graph, StageMap, CostModel) {
     let mut g = model(name);
     let stages = contiguous(&g, d);
     let table = insert_stage_boundaries(&mut g, &stages).expect("partitions");
-    let cost = CostModel::new(&g, Device::default()).expect("costs");
+    let cost = CostModel::new(&g, Roofline::default()).expect("costs");
     (g, table, cost)
 }
 
@@ -33,7 +34,7 @@ fn plan(
     g: &Graph,
     t: &StageMap,
     c: &CostModel,
-    mode: RecomputeMode,
+    mode: Recompute,
     limit: Option<u64>,
 ) -> RecomputePlan {
     decide_recomputation(g, t, c, mode, limit, B)
@@ -43,7 +44,7 @@ fn plan(
 fn full_stashes_only_stage_inputs() {
     for (name, d) in CASES {
         let (g, t, c) = partitioned(name, d);
-        let p = plan(&g, &t, &c, RecomputeMode::Full, None);
+        let p = plan(&g, &t, &c, Recompute::Full, None);
         assert_eq!(p.stages.len(), d as usize);
         for v in p.stashed_values() {
             let ok = match g.value(v).def {
@@ -85,7 +86,7 @@ fn full_stashes_only_stage_inputs() {
 fn none_stashes_everything_and_recomputes_nothing() {
     for (name, d) in CASES {
         let (g, t, c) = partitioned(name, d);
-        let p = plan(&g, &t, &c, RecomputeMode::None, None);
+        let p = plan(&g, &t, &c, Recompute::None, None);
         assert_eq!(p.total_recompute_flops(), 0.0, "{name}");
         for n in g.node_ids() {
             assert_eq!(p.node(n), Some(Decision::Stash), "{name} {n}");
@@ -97,9 +98,9 @@ fn none_stashes_everything_and_recomputes_nothing() {
 fn selective_keeps_matmul_and_conv_outputs_between_none_and_full() {
     for (name, d) in CASES {
         let (g, t, c) = partitioned(name, d);
-        let none = plan(&g, &t, &c, RecomputeMode::None, None);
-        let full = plan(&g, &t, &c, RecomputeMode::Full, None);
-        let sel = plan(&g, &t, &c, RecomputeMode::Selective, None);
+        let none = plan(&g, &t, &c, Recompute::None, None);
+        let full = plan(&g, &t, &c, Recompute::Full, None);
+        let sel = plan(&g, &t, &c, Recompute::Selective, None);
         let mut kept = 0;
         for n in g.node_ids() {
             let heavy = matches!(c.class(n), OpClass::MatMul | OpClass::Conv);
@@ -138,14 +139,14 @@ fn selective_keeps_matmul_and_conv_outputs_between_none_and_full() {
 #[test]
 fn selective_with_a_limit_fits_and_drops_cheap_ops_first() {
     let (g, t, c) = partitioned("gpt2-tiny.onnx", 2);
-    let none = plan(&g, &t, &c, RecomputeMode::None, None);
-    let full = plan(&g, &t, &c, RecomputeMode::Full, None);
+    let none = plan(&g, &t, &c, Recompute::None, None);
+    let full = plan(&g, &t, &c, Recompute::Full, None);
     // Halfway between full and none in every stage.
     let limit = (0..2)
         .map(|s| (none.stages[s].stash_bytes + full.stages[s].stash_bytes) / 2)
         .min()
         .unwrap();
-    let p = plan(&g, &t, &c, RecomputeMode::Selective, Some(limit));
+    let p = plan(&g, &t, &c, Recompute::Selective, Some(limit));
     for st in &p.stages {
         assert!(
             st.fits,
@@ -169,19 +170,19 @@ fn selective_with_a_limit_fits_and_drops_cheap_ops_first() {
         "a matmul was recomputed while cheap elementwise outputs stayed stashed"
     );
     // A limit below the stage inputs cannot be met: reported, and everything is recomputed.
-    let tiny = plan(&g, &t, &c, RecomputeMode::Selective, Some(1));
+    let tiny = plan(&g, &t, &c, Recompute::Selective, Some(1));
     assert!(tiny.stages.iter().any(|s| !s.fits));
     assert_eq!(tiny.total_stash_bytes(), full.total_stash_bytes());
     // A generous limit stashes everything.
-    let roomy = plan(&g, &t, &c, RecomputeMode::Selective, Some(u64::MAX));
+    let roomy = plan(&g, &t, &c, Recompute::Selective, Some(u64::MAX));
     assert_eq!(roomy.total_stash_bytes(), none.total_stash_bytes());
 }
 
 #[test]
 fn stash_scales_with_the_microbatch() {
     let (g, t, c) = partitioned("mlp.onnx", 2);
-    let p1 = decide_recomputation(&g, &t, &c, RecomputeMode::None, None, 1);
-    let p8 = decide_recomputation(&g, &t, &c, RecomputeMode::None, None, 8);
+    let p1 = decide_recomputation(&g, &t, &c, Recompute::None, None, 1);
+    let p8 = decide_recomputation(&g, &t, &c, Recompute::None, None, 8);
     assert!(p8.total_stash_bytes() > p1.total_stash_bytes());
     assert!(p1.text().contains("stage 1"));
 }

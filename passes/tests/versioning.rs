@@ -1,5 +1,5 @@
 //! The weight-versioning pass: 2BW keeps two versions and needs m >= d, Flush and GPipe
-//! one, weight stashing d - s; BatchNorm running stats are constants; tied weights get a
+//! one; BatchNorm running stats are constants; tied weights get a
 //! gradient-sync group.
 
 mod common;
@@ -11,9 +11,9 @@ use pipewright_ir::{
     DType, Dim, Graph, ModelMeta, Op, Shape, StageMap, TensorData,
     TensorType, Value, ValueDef, Weight,
 };
+use pipewright_core::{Schedule, UpdateRule};
 use pipewright_passes::boundaries::insert_stage_boundaries;
-use pipewright_passes::planner::Schedule;
-use pipewright_passes::versioning::{version_weights, UpdateRule, VersionError, WeightKind};
+use pipewright_passes::versioning::{version_weights, VersionError, WeightKind};
 
 
 
@@ -28,12 +28,12 @@ fn partitioned(name: &str, d: u32) -> (Graph, StageMap) {
 fn two_bw_keeps_two_versions_of_every_trainable_weight() {
     for (name, d) in [("mlp.onnx", 2), ("resnet18.onnx", 4), ("gpt2-tiny.onnx", 4)] {
         let (g, t) = partitioned(name, d);
-        let v = version_weights(&g, &t, Schedule::TwoBW, d, d, false).expect("versions");
+        let v = version_weights(&g, &t, Schedule::TwoBw, d, d).expect("versions");
         let trainable: Vec<_> = v.weights.iter().filter(|w| w.trainable).collect();
         assert!(!trainable.is_empty(), "{name}");
         for w in &trainable {
             assert!(w.versions.iter().all(|&k| k == 2), "{name} {}", w.name);
-            assert_eq!(w.rule, UpdateRule::TwoBW { every: d });
+            assert_eq!(w.rule, UpdateRule::TwoBw);
         }
         for w in v.weights.iter().filter(|w| !w.trainable) {
             assert_eq!(w.rule, UpdateRule::Constant, "{name} {}", w.name);
@@ -59,7 +59,7 @@ fn two_bw_keeps_two_versions_of_every_trainable_weight() {
             note.starts_with("w:%v") && note.contains(" x2 (2bw"),
             "{name}: {note}"
         );
-        assert!(v.text().contains("every"), "{}", v.text());
+        assert!(v.text().contains("W(t+1) = W(t) - lr * grad f(W(t-1))"), "{}", v.text());
     }
 }
 
@@ -67,16 +67,16 @@ fn two_bw_keeps_two_versions_of_every_trainable_weight() {
 fn two_bw_needs_at_least_d_microbatches() {
     let (g, t) = partitioned("gpt2-tiny.onnx", 4);
     assert_eq!(
-        version_weights(&g, &t, Schedule::TwoBW, 4, 3, false).unwrap_err(),
+        version_weights(&g, &t, Schedule::TwoBw, 4, 3).unwrap_err(),
         VersionError::TooFewMicrobatches { m: 3, d: 4 }
     );
-    assert!(version_weights(&g, &t, Schedule::TwoBW, 4, 4, false).is_ok());
-    assert!(version_weights(&g, &t, Schedule::TwoBW, 4, 8, false).is_ok());
+    assert!(version_weights(&g, &t, Schedule::TwoBw, 4, 4).is_ok());
+    assert!(version_weights(&g, &t, Schedule::TwoBw, 4, 8).is_ok());
     // Flush and GPipe accept any m.
-    assert!(version_weights(&g, &t, Schedule::Flush, 4, 1, false).is_ok());
+    assert!(version_weights(&g, &t, Schedule::Flush, 4, 1).is_ok());
     // The depth must match the stage map.
     assert_eq!(
-        version_weights(&g, &t, Schedule::Flush, 3, 4, false).unwrap_err(),
+        version_weights(&g, &t, Schedule::Flush, 3, 4).unwrap_err(),
         VersionError::DepthMismatch { d: 3, stages: 4 }
     );
     assert!(VersionError::TooFewMicrobatches { m: 3, d: 4 }
@@ -88,7 +88,7 @@ fn two_bw_needs_at_least_d_microbatches() {
 fn flush_and_gpipe_keep_one_version() {
     let (g, t) = partitioned("resnet18.onnx", 2);
     for sched in [Schedule::Flush, Schedule::GPipe] {
-        let v = version_weights(&g, &t, sched, 2, 1, false).unwrap();
+        let v = version_weights(&g, &t, sched, 2, 1).unwrap();
         for w in &v.weights {
             assert_eq!(w.max_versions(), 1, "{sched:?} {}", w.name);
             if w.trainable {
@@ -97,31 +97,6 @@ fn flush_and_gpipe_keep_one_version() {
         }
         assert_eq!(v.stage_bytes(0) + v.stage_bytes(1), g.parameter_bytes());
     }
-}
-
-#[test]
-fn weight_stashing_keeps_d_minus_s_versions() {
-    let d = 4;
-    let (g, t) = partitioned("resnet18.onnx", d);
-    let v = version_weights(&g, &t, Schedule::TwoBW, d, 1, true).expect("stashing ignores m >= d");
-    let mut seen = [false; 4];
-    for w in v.weights.iter().filter(|w| w.trainable) {
-        assert_eq!(w.rule, UpdateRule::Stashed);
-        for (&s, &k) in w.stages.iter().zip(&w.versions) {
-            assert_eq!(k, d - s, "{} in stage {s}", w.name);
-            seen[s as usize] = true;
-        }
-    }
-    assert_eq!(seen, [true; 4], "every stage holds trainable weights");
-    let n3 = g
-        .node_ids()
-        .find(|&n| t.get(n) == Some(3) && v.weights_of(n).iter().any(|w| w.trainable))
-        .unwrap();
-    assert!(
-        v.note(n3).unwrap().contains(" x1 (stash)"),
-        "{:?}",
-        v.note(n3)
-    );
 }
 
 fn f32s(dims: &[i64]) -> TensorData {
@@ -177,7 +152,7 @@ fn batchnorm_running_stats_are_constants() {
     pipewright_ir::verify(&g).expect("valid graph");
     let mut t = StageMap::new(1);
     t.set(bn, 0);
-    let v = version_weights(&g, &t, Schedule::TwoBW, 1, 1, false).unwrap();
+    let v = version_weights(&g, &t, Schedule::TwoBw, 1, 1).unwrap();
     for (w, kind) in [
         (scale, WeightKind::Trainable),
         (bias, WeightKind::Trainable),
@@ -193,7 +168,7 @@ fn batchnorm_running_stats_are_constants() {
         }
     }
     let note = v.note(bn).unwrap();
-    assert!(note.contains(&format!("w:{mean} x1 (const)")), "{note}");
+    assert!(note.contains(&format!("w:{mean} x1 (constant)")), "{note}");
     assert!(note.contains(&format!("w:{scale} x2 (2bw)")), "{note}");
     assert!(v.text().contains("2 running stats"), "{}", v.text());
 }
@@ -201,7 +176,7 @@ fn batchnorm_running_stats_are_constants() {
 #[test]
 fn tied_embedding_gets_a_sync_group_on_gpt2() {
     let (g, t) = partitioned("gpt2-tiny.onnx", 2);
-    let v = version_weights(&g, &t, Schedule::TwoBW, 2, 2, false).unwrap();
+    let v = version_weights(&g, &t, Schedule::TwoBw, 2, 2).unwrap();
     // lm_head.weight is GPT-2's token embedding: `Gather` reads it in stage 0 and the LM
     // head reads `Transpose(lm_head.weight)`, forwarded to stage 1 through a boundary.
     let lm = v
@@ -243,7 +218,7 @@ fn tied_embedding_gets_a_sync_group_on_gpt2() {
     // At 4 stages the transposed table is forwarded through stages 1 and 2, which only
     // pass it on: the copies live in stage 0 and the LM head's stage 3.
     let (g4, t4) = partitioned("gpt2-tiny.onnx", 4);
-    let v4 = version_weights(&g4, &t4, Schedule::TwoBW, 4, 4, false).unwrap();
+    let v4 = version_weights(&g4, &t4, Schedule::TwoBw, 4, 4).unwrap();
     let lm4 = v4
         .weights
         .iter()

@@ -18,6 +18,7 @@ use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
 use safetensors::tensor::{Dtype, SafeTensors};
+use pipewright_core::{Recompute, Schedule};
 use serde::{Deserialize, Serialize};
 
 use crate::kernel::ElemType;
@@ -26,7 +27,7 @@ use crate::program::{Program, SlotId, Stored};
 /// The first 8 bytes of every stage module.
 pub const MAGIC: [u8; 8] = *b"PWMODULE";
 /// The format version this crate writes, and the only one it reads.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 /// Length of the fixed header in bytes; the program section starts right after it.
 pub const HEADER_LEN: usize = 64;
 /// The weights section starts at a multiple of this (zero padding before it).
@@ -42,96 +43,30 @@ const OFF_CHECKSUM: usize = 24;
 const OFF_PROGRAM: usize = 32;
 const OFF_WEIGHTS: usize = 48;
 
-/// The pipeline schedule the stage was compiled for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub enum Schedule {
-    /// PipeDream-2BW (double-buffered weights). Header code 0.
-    #[serde(rename = "2bw")]
-    TwoBw,
-    /// PipeDream-Flush (1F1B with a flush). Header code 1.
-    #[serde(rename = "flush")]
-    Flush,
-    /// GPipe (all forwards, then all backwards). Header code 2.
-    #[serde(rename = "gpipe")]
-    GPipe,
-}
-
-impl Schedule {
-    pub fn code(self) -> u8 {
-        match self {
-            Schedule::TwoBw => 0,
-            Schedule::Flush => 1,
-            Schedule::GPipe => 2,
-        }
-    }
-
-    pub fn from_code(code: u8) -> Option<Self> {
-        Some(match code {
-            0 => Schedule::TwoBw,
-            1 => Schedule::Flush,
-            2 => Schedule::GPipe,
-            _ => return None,
-        })
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Schedule::TwoBw => "2bw",
-            Schedule::Flush => "flush",
-            Schedule::GPipe => "gpipe",
-        }
+/// The header code of a schedule (byte 20).
+fn schedule_code(s: Schedule) -> u8 {
+    match s {
+        Schedule::TwoBw => 0,
+        Schedule::Flush => 1,
+        Schedule::GPipe => 2,
     }
 }
 
-impl fmt::Display for Schedule {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
+/// The header code of a recompute mode (byte 21).
+fn recompute_code(r: Recompute) -> u8 {
+    match r {
+        Recompute::None => 0,
+        Recompute::Full => 1,
+        Recompute::Selective => 2,
     }
 }
 
-/// Activation recomputation in the backward pass.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Recompute {
-    /// Stash every activation. Header code 0.
-    None,
-    /// Stash only the stage input; rerun the forward before the backward. Header code 1.
-    Full,
-    /// Recompute only cheap ops. Header code 2.
-    Selective,
+fn schedule_of_code(code: u8) -> Option<Schedule> {
+    Schedule::ALL.iter().copied().find(|&s| schedule_code(s) == code)
 }
 
-impl Recompute {
-    pub fn code(self) -> u8 {
-        match self {
-            Recompute::None => 0,
-            Recompute::Full => 1,
-            Recompute::Selective => 2,
-        }
-    }
-
-    pub fn from_code(code: u8) -> Option<Self> {
-        Some(match code {
-            0 => Recompute::None,
-            1 => Recompute::Full,
-            2 => Recompute::Selective,
-            _ => return None,
-        })
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Recompute::None => "none",
-            Recompute::Full => "full",
-            Recompute::Selective => "selective",
-        }
-    }
-}
-
-impl fmt::Display for Recompute {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
+fn recompute_of_code(code: u8) -> Option<Recompute> {
+    Recompute::ALL.iter().copied().find(|&r| recompute_code(r) == code)
 }
 
 /// What the writer says about the stage: the header fields that are not layout.
@@ -434,8 +369,8 @@ pub fn encode(params: &StageParams, program: &Program) -> Result<Vec<u8>> {
     put_u32(&mut file, OFF_VERSION, FORMAT_VERSION);
     put_u32(&mut file, OFF_STAGE, params.stage);
     put_u32(&mut file, OFF_DEPTH, params.depth);
-    file[OFF_SCHEDULE] = params.schedule.code();
-    file[OFF_RECOMPUTE] = params.recompute.code();
+    file[OFF_SCHEDULE] = schedule_code(params.schedule);
+    file[OFF_RECOMPUTE] = recompute_code(params.recompute);
     put_u64(&mut file, OFF_PROGRAM, program_off as u64);
     put_u64(&mut file, OFF_PROGRAM + 8, json.len() as u64);
     put_u64(&mut file, OFF_WEIGHTS, weights_off as u64);
@@ -613,9 +548,9 @@ fn check_envelope(data: &[u8]) -> Result<ModuleHeader> {
         return err(ModuleErrorKind::ChecksumMismatch { expected, found });
     }
     // The checksum matched, so what follows is how the writer made it.
-    let schedule = Schedule::from_code(data[OFF_SCHEDULE])
+    let schedule = schedule_of_code(data[OFF_SCHEDULE])
         .ok_or_else(|| bad(format!("unknown schedule code {}", data[OFF_SCHEDULE])))?;
-    let recompute = Recompute::from_code(data[OFF_RECOMPUTE])
+    let recompute = recompute_of_code(data[OFF_RECOMPUTE])
         .ok_or_else(|| bad(format!("unknown recompute code {}", data[OFF_RECOMPUTE])))?;
     let params = StageParams { stage: get_u32(data, OFF_STAGE), depth: get_u32(data, OFF_DEPTH), schedule, recompute };
     check_params(&params).map_err(bad)?;

@@ -3,6 +3,7 @@
 //! data, so it builds without libtorch.
 
 use bytes::Bytes;
+use pipewright_core::UpdateRule;
 use serde::{Deserialize, Serialize};
 
 use crate::kernel::{ElemType, Kernel};
@@ -62,27 +63,18 @@ pub struct Stored {
     #[serde(skip)]
     pub bytes: Bytes,
     pub trainable: bool,
-    /// Weight version slots the stage holds (2 for a PipeDream-2BW parameter, 1 for a
-    /// constant or a parameter updated after a flush). 1 when absent (older modules).
-    #[serde(default = "one", skip_serializing_if = "is_one")]
+    /// Weight version slots the stage may hold (2 for a PipeDream-2BW parameter, 1 for a
+    /// constant or a parameter updated after a flush), as the weight-versioning pass
+    /// decided; the runtime refuses to hold more.
     pub versions: u32,
-    /// How the tensor is updated: `2bw`, `vanilla`, `stashed` or `constant`; empty when
-    /// unknown (older modules, or a program lowered without weight versioning).
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub update: String,
+    /// How the tensor is updated, as the weight-versioning pass decided; the runtime runs
+    /// each microbatch with the weight version this rule names.
+    pub update: UpdateRule,
     /// A tied weight read in several stages: every stage holding a copy (this one
     /// included), ascending. Their gradients are summed before each update so the copies
     /// stay identical. Empty for a weight only this stage reads (and in older modules).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub sync: Vec<u32>,
-}
-
-fn one() -> u32 {
-    1
-}
-
-fn is_one(v: &u32) -> bool {
-    *v == 1
 }
 
 fn is_false(v: &bool) -> bool {

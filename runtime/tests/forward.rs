@@ -6,7 +6,7 @@ mod common;
 use common::{assert_close, eval, f64s, i64s, to_f64, to_i64};
 use pipewright_runtime::exec::{run, tensor_from_bytes, tensor_to_bytes, KernelError, Mode};
 use pipewright_runtime::kernel::*;
-use pipewright_runtime::Device;
+use pipewright_runtime::device::{tch_device, Device};
 use tch::{Kind, Tensor};
 
 fn one(k: Kernel, ins: &[&Tensor]) -> Tensor {
@@ -527,9 +527,9 @@ fn bytes_round_trip() {
 
 #[test]
 fn devices() {
-    assert_eq!(Device::Cpu.to_tch().unwrap(), tch::Device::Cpu);
+    assert_eq!(tch_device(Device::Cpu).unwrap(), tch::Device::Cpu);
     if !tch::Cuda::is_available() {
-        let e = Device::Cuda(0).to_tch().unwrap_err();
+        let e = tch_device(Device::Cuda(0)).unwrap_err();
         assert_eq!(
             e.to_string(),
             "CUDA device cuda:0 requested but no CUDA device is available (libtorch built without CUDA or no GPU)"

@@ -3,9 +3,9 @@
 
 use bytes::Bytes;
 use pipewright_runtime::kernel::{BinaryKind, Gemm, UnaryKind};
+use pipewright_core::{Recompute, Schedule, UpdateRule};
 use pipewright_runtime::module::{
-    decode_header, decode_module, decode_module_bytes, encode, read_module, ModuleErrorKind, Recompute, Schedule,
-    StageParams, FORMAT_VERSION, HEADER_LEN, MAGIC,
+    decode_header, decode_module, decode_module_bytes, encode, read_module, ModuleErrorKind, StageParams, FORMAT_VERSION, HEADER_LEN, MAGIC,
 };
 use pipewright_runtime::program::{Extent, Instr, Program, SlotId, SlotInfo, Stored};
 use pipewright_runtime::{ElemType, Kernel};
@@ -17,7 +17,7 @@ fn slot(name: &str, elem: ElemType, shape: &[Extent]) -> SlotInfo {
 }
 
 fn stored(slot: u32, elem: ElemType, dims: &[i64], bytes: Vec<u8>, trainable: bool) -> Stored {
-    Stored { slot: SlotId(slot), elem, dims: dims.to_vec(), bytes: Bytes::from(bytes), trainable, versions: 1, update: String::new(), sync: Vec::new() }
+    Stored { slot: SlotId(slot), elem, dims: dims.to_vec(), bytes: Bytes::from(bytes), trainable, versions: if trainable { 2 } else { 1 }, update: if trainable { UpdateRule::TwoBw } else { UpdateRule::Constant }, sync: Vec::new() }
 }
 
 /// y = relu(x @ W^T + b) * scale, where(mask, ., .) with weights of several dtypes.
@@ -144,7 +144,7 @@ fn program_section_is_json_and_weights_are_safetensors() {
     let m = decode_header(&file).unwrap();
     let (po, pl) = (m.program.offset as usize, m.program.len as usize);
     let json: serde_json::Value = serde_json::from_slice(&file[po..po + pl]).unwrap();
-    assert_eq!(json["stored"][0], serde_json::json!({"slot": 1, "elem": "f32", "dims": [3, 4], "trainable": true}));
+    assert_eq!(json["stored"][0], serde_json::json!({"slot": 1, "elem": "f32", "dims": [3, 4], "trainable": true, "versions": 2, "update": "2bw"}));
     assert_eq!(json["instrs"][1]["kernel"], serde_json::json!({"Unary": "Relu"}));
     let wo = m.weights.offset as usize;
     let st = safetensors::SafeTensors::deserialize(&file[wo..]).unwrap();
@@ -233,7 +233,8 @@ fn future_version_says_version_not_checksum() {
         matches!(e.kind, ModuleErrorKind::UnsupportedVersion { found, supported } if found == FORMAT_VERSION + 1 && supported == FORMAT_VERSION),
         "{e}"
     );
-    assert!(e.to_string().contains("unsupported format version 2 (this pipewright reads version 1)"), "{e}");
+    let said = format!("unsupported format version {} (this pipewright reads version {FORMAT_VERSION})", FORMAT_VERSION + 1);
+    assert!(e.to_string().contains(&said), "{e}");
     // With a fixed checksum, the same.
     fix_checksum(&mut file);
     let e = decode_module(&file).unwrap_err();

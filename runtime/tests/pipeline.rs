@@ -5,7 +5,8 @@ mod common;
 use bytes::Bytes;
 use common::{normal, uniform};
 use pipewright_runtime::kernel::{Gemm, Kernel, UnaryKind};
-use pipewright_runtime::module::{ModuleHeader, Recompute, Schedule as ModSchedule, Section, StageModule, StageParams};
+use pipewright_core::{Decay, Loss, Optimizer, Recompute, Schedule, UpdateRule};
+use pipewright_runtime::module::{ModuleHeader, Section, StageModule, StageParams};
 use pipewright_runtime::pipeline::*;
 use pipewright_runtime::program::{Extent, Instr, Program, SlotId, SlotInfo, Stored};
 use pipewright_runtime::ElemType;
@@ -31,7 +32,7 @@ fn bytes_of(t: &Tensor) -> Bytes {
 }
 
 /// Layers `lo..hi` of the MLP (Gemm, then Relu except after the last layer) as stage `k`.
-fn stage(k: usize, depth: usize, lo: usize, hi: usize, sched: ModSchedule, rec: Recompute) -> StageModule {
+fn stage(k: usize, depth: usize, lo: usize, hi: usize, sched: Schedule, rec: Recompute) -> StageModule {
     let init = init_weights();
     let mut p = Program::default();
     let slot = |p: &mut Program, name: String| {
@@ -44,7 +45,7 @@ fn stage(k: usize, depth: usize, lo: usize, hi: usize, sched: ModSchedule, rec: 
         let w = slot(&mut p, format!("w{i}"));
         let b = slot(&mut p, format!("b{i}"));
         for (s, t) in [(w, &init[i].0), (b, &init[i].1)] {
-            p.stored.push(Stored { slot: s, elem: ElemType::F64, dims: t.size(), bytes: bytes_of(t), trainable: true, versions: 1, update: String::new(), sync: Vec::new() });
+            p.stored.push(Stored { slot: s, elem: ElemType::F64, dims: t.size(), bytes: bytes_of(t), trainable: true, versions: sched.weight_versions(), update: sched.update_rule(), sync: Vec::new() });
         }
         let last = i + 1 == LAYERS;
         let g = slot(&mut p, if last { format!("a{}", i + 1) } else { format!("g{i}") });
@@ -64,12 +65,12 @@ fn stage(k: usize, depth: usize, lo: usize, hi: usize, sched: ModSchedule, rec: 
     StageModule { header: ModuleHeader { version: 1, params, checksum: 0, program: z, weights: z }, program: p }
 }
 
-fn stages(d: usize, rec: Recompute) -> Vec<StageModule> {
+fn stages(d: usize, sched: Schedule, rec: Recompute) -> Vec<StageModule> {
     let mut bounds = vec![0usize; d + 1];
     for i in 0..LAYERS {
         bounds[i * d / LAYERS + 1] = i + 1;
     }
-    (0..d).map(|k| stage(k, d, bounds[k], bounds[k + 1], ModSchedule::Flush, rec)).collect()
+    (0..d).map(|k| stage(k, d, bounds[k], bounds[k + 1], sched, rec)).collect()
 }
 
 type Batch = Vec<(Tensor, Tensor)>;
@@ -124,7 +125,7 @@ fn ref_grad(ws: &[Tensor], batch: &Batch) -> Vec<Tensor> {
     acc.iter().map(|a| a / batch.len() as f64).collect()
 }
 
-fn ref_train(data: &[Batch], opt: Optimizer, lr: f64, stale: bool, clip: Option<f64>) -> Vec<(String, Tensor)> {
+fn ref_train(data: &[Batch], opt: OptimizerConfig, lr: f64, stale: bool, clip: Option<f64>) -> Vec<(String, Tensor)> {
     let mut ws: Vec<Tensor> = init_weights().into_iter().flat_map(|(w, b)| [w, b]).collect();
     let mut prev = ws.iter().map(|w| w.copy()).collect::<Vec<_>>();
     let mut m1: Vec<Tensor> = ws.iter().map(|w| w.zeros_like()).collect();
@@ -139,12 +140,13 @@ fn ref_train(data: &[Batch], opt: Optimizer, lr: f64, stale: bool, clip: Option<
                 g = g.iter().map(|g| g * coef).collect();
             }
         }
-        let new: Vec<Tensor> = tch::no_grad(|| match opt {
-            Optimizer::Sgd { momentum, weight_decay } => {
+        let OptimizerConfig { momentum, weight_decay, beta1, beta2, eps, .. } = opt;
+        let new: Vec<Tensor> = tch::no_grad(|| match opt.kind {
+            Optimizer::Sgd => {
                 assert_eq!((momentum, weight_decay), (0.0, 0.0));
                 ws.iter().zip(&g).map(|(w, g)| w - g * lr).collect()
             }
-            Optimizer::Adam { beta1, beta2, eps, .. } => {
+            Optimizer::Adam => {
                 let n = (t + 1) as i32;
                 (0..ws.len())
                     .map(|i| {
@@ -174,8 +176,8 @@ fn assert_weights(got: &TrainReport, want: &[(String, Tensor)], what: &str) {
     }
 }
 
-fn cfg(schedule: Schedule, opt: Optimizer, lr: f64, steps: usize) -> TrainConfig {
-    let mut c = TrainConfig::new(schedule, Loss::CrossEntropy { output: "a4".into() }, lr, steps);
+fn cfg(schedule: Schedule, opt: OptimizerConfig, lr: f64, steps: usize) -> TrainConfig {
+    let mut c = TrainConfig::new(schedule, Objective::new(Loss::CrossEntropy, "a4"), lr, steps);
     c.optimizer = opt;
     c
 }
@@ -186,15 +188,15 @@ const M: usize = 4;
 #[test]
 fn gpipe_and_flush_equal_vanilla_training() {
     let data = dataset(STEPS, M, None);
-    for opt in [Optimizer::sgd(), Optimizer::adam()] {
-        let lr = if matches!(opt, Optimizer::Sgd { .. }) { 0.3 } else { 0.05 };
+    for opt in [OptimizerConfig::sgd(), OptimizerConfig::adam()] {
+        let lr = if opt.kind == Optimizer::Sgd { 0.3 } else { 0.05 };
         let want = ref_train(&data, opt, lr, false, None);
         for sched in [Schedule::GPipe, Schedule::Flush] {
             for d in 1..=4 {
                 for rec in [Recompute::None, Recompute::Full] {
                     let what = format!("{sched:?} d={d} {opt:?} {rec:?}");
                     let mut reports = Vec::new();
-                    let r = train(stages(d, rec), &cfg(sched, opt, lr, STEPS), feed(&data), &mut |s| reports.push(s)).unwrap_or_else(|e| panic!("{what}: {e}"));
+                    let r = train(stages(d, sched, rec), &cfg(sched, opt, lr, STEPS), feed(&data), &mut |s| reports.push(s)).unwrap_or_else(|e| panic!("{what}: {e}"));
                     assert_weights(&r, &want, &what);
                     assert_eq!(reports.len(), STEPS);
                     assert_eq!(reports.iter().map(|r| r.samples).collect::<Vec<_>>(), vec![2 * M; STEPS]);
@@ -210,14 +212,14 @@ fn gpipe_and_flush_equal_vanilla_training() {
 fn twobw_equals_one_stale_update_with_two_versions() {
     let steps = 5;
     let data = dataset(steps, M, None);
-    for opt in [Optimizer::sgd(), Optimizer::adam()] {
-        let lr = if matches!(opt, Optimizer::Sgd { .. }) { 0.3 } else { 0.05 };
+    for opt in [OptimizerConfig::sgd(), OptimizerConfig::adam()] {
+        let lr = if opt.kind == Optimizer::Sgd { 0.3 } else { 0.05 };
         let want = ref_train(&data, opt, lr, true, None);
         let vanilla = ref_train(&data, opt, lr, false, None);
         for d in 1..=4 {
             for rec in [Recompute::None, Recompute::Full] {
                 let what = format!("2BW d={d} {opt:?} {rec:?}");
-                let r = train(stages(d, rec), &cfg(Schedule::TwoBW, opt, lr, steps), feed(&data), &mut |_| {}).unwrap_or_else(|e| panic!("{what}: {e}"));
+                let r = train(stages(d, Schedule::TwoBw, rec), &cfg(Schedule::TwoBw, opt, lr, steps), feed(&data), &mut |_| {}).unwrap_or_else(|e| panic!("{what}: {e}"));
                 assert_weights(&r, &want, &what);
                 assert!(r.peak_versions.iter().all(|&v| v <= 2), "{what}: {:?}", r.peak_versions);
                 assert!(r.peak_versions.iter().all(|&v| v == 2), "{what}: expected a shadow version: {:?}", r.peak_versions);
@@ -232,13 +234,13 @@ fn twobw_equals_one_stale_update_with_two_versions() {
 #[test]
 fn clipping_uses_the_global_norm_across_stages() {
     let data = dataset(STEPS, M, None);
-    let want = ref_train(&data, Optimizer::sgd(), 0.3, false, Some(0.05));
-    let unclipped = ref_train(&data, Optimizer::sgd(), 0.3, false, None);
+    let want = ref_train(&data, OptimizerConfig::sgd(), 0.3, false, Some(0.05));
+    let unclipped = ref_train(&data, OptimizerConfig::sgd(), 0.3, false, None);
     assert!((&want[0].1 - &unclipped[0].1).abs().max().double_value(&[]) > 1e-6, "clipping never engaged");
     for d in [1, 3] {
-        let mut c = cfg(Schedule::Flush, Optimizer::sgd(), 0.3, STEPS);
+        let mut c = cfg(Schedule::Flush, OptimizerConfig::sgd(), 0.3, STEPS);
         c.clip_norm = Some(0.05);
-        let r = train(stages(d, Recompute::None), &c, feed(&data), &mut |_| {}).unwrap();
+        let r = train(stages(d, c.schedule, Recompute::None), &c, feed(&data), &mut |_| {}).unwrap();
         assert_weights(&r, &want, &format!("clip d={d}"));
     }
 }
@@ -246,9 +248,9 @@ fn clipping_uses_the_global_norm_across_stages() {
 #[test]
 fn nan_loss_names_step_and_stage() {
     let data = dataset(STEPS, M, Some(1));
-    for sched in [Schedule::TwoBW, Schedule::Flush, Schedule::GPipe] {
+    for sched in [Schedule::TwoBw, Schedule::Flush, Schedule::GPipe] {
         let mut steps = Vec::new();
-        let e = train(stages(3, Recompute::None), &cfg(sched, Optimizer::sgd(), 0.1, STEPS), feed(&data), &mut |s| steps.push(s.step)).unwrap_err();
+        let e = train(stages(3, sched, Recompute::None), &cfg(sched, OptimizerConfig::sgd(), 0.1, STEPS), feed(&data), &mut |s| steps.push(s.step)).unwrap_err();
         let msg = e.to_string();
         assert!(matches!(e, PipelineError::NonFiniteLoss { step: 1, stage: 2, .. }), "{sched:?}: {msg}");
         assert!(msg.contains("step 1") && msg.contains("stage 2"), "{msg}");
@@ -258,30 +260,30 @@ fn nan_loss_names_step_and_stage() {
 #[test]
 fn configuration_errors() {
     let data = dataset(STEPS, 2, None);
-    let e = train(stages(3, Recompute::None), &cfg(Schedule::TwoBW, Optimizer::sgd(), 0.1, STEPS), feed(&data), &mut |_| {}).unwrap_err();
+    let e = train(stages(3, Schedule::TwoBw, Recompute::None), &cfg(Schedule::TwoBw, OptimizerConfig::sgd(), 0.1, STEPS), feed(&data), &mut |_| {}).unwrap_err();
     assert!(e.to_string().contains("m = 2 < d = 3"), "{e}");
     // Too little data: an error, not a hang.
-    let e = train(stages(2, Recompute::None), &cfg(Schedule::TwoBW, Optimizer::sgd(), 0.1, STEPS + 2), feed(&data), &mut |_| {}).unwrap_err();
+    let e = train(stages(2, Schedule::TwoBw, Recompute::None), &cfg(Schedule::TwoBw, OptimizerConfig::sgd(), 0.1, STEPS + 2), feed(&data), &mut |_| {}).unwrap_err();
     assert!(e.to_string().contains("ran out"), "{e}");
     // Unknown loss output.
-    let mut c = cfg(Schedule::Flush, Optimizer::sgd(), 0.1, 1);
-    c.loss = Loss::Mse { output: "nope".into() };
-    let e = train(stages(2, Recompute::None), &c, feed(&data), &mut |_| {}).unwrap_err();
+    let mut c = cfg(Schedule::Flush, OptimizerConfig::sgd(), 0.1, 1);
+    c.loss = Objective::new(Loss::Mse, "nope");
+    let e = train(stages(2, c.schedule, Recompute::None), &c, feed(&data), &mut |_| {}).unwrap_err();
     assert!(e.to_string().contains("stage 1") && e.to_string().contains("nope"), "{e}");
 }
 
 #[test]
 fn schedules_generate_expected_ops() {
     use Op::*;
-    assert_eq!(Schedule::Flush.ops(0, 2, 2, 1).unwrap(), vec![Forward(0), Forward(1), Backward(0), Backward(1), Step(0)]);
-    assert_eq!(Schedule::Flush.ops(1, 2, 2, 1).unwrap(), vec![Forward(0), Backward(0), Forward(1), Backward(1), Step(0)]);
-    assert_eq!(Schedule::GPipe.ops(1, 2, 2, 1).unwrap(), vec![Forward(0), Forward(1), Backward(0), Backward(1), Step(0)]);
+    assert_eq!(stage_ops(Schedule::Flush, 0, 2, 2, 1).unwrap(), vec![Forward(0), Forward(1), Backward(0), Backward(1), Step(0)]);
+    assert_eq!(stage_ops(Schedule::Flush, 1, 2, 2, 1).unwrap(), vec![Forward(0), Backward(0), Forward(1), Backward(1), Step(0)]);
+    assert_eq!(stage_ops(Schedule::GPipe, 1, 2, 2, 1).unwrap(), vec![Forward(0), Forward(1), Backward(0), Backward(1), Step(0)]);
     assert_eq!(
-        Schedule::TwoBW.ops(0, 2, 2, 2).unwrap(),
+        stage_ops(Schedule::TwoBw, 0, 2, 2, 2).unwrap(),
         vec![Forward(0), Forward(1), Backward(0), Forward(2), Backward(1), Step(0), Forward(3), Backward(2), Backward(3), Step(1)]
     );
-    assert_eq!((0..8).map(|j| Schedule::TwoBW.version_for(j, 2)).collect::<Vec<_>>(), vec![0, 0, 0, 0, 1, 1, 2, 2]);
-    let lr = LrSchedule { warmup_steps: 2, decay: Decay::Linear { total_steps: 4, final_lr: 0.0 } };
+    assert_eq!((0..8).map(|j| UpdateRule::TwoBw.version_for(j, 2)).collect::<Vec<_>>(), vec![0, 0, 0, 0, 1, 1, 2, 2]);
+    let lr = LrSchedule { warmup_steps: 2, decay: Decay::Linear, total_steps: 4, final_lr: 0.0 };
     assert_eq!((0..5).map(|t| lr.at(1.0, t)).collect::<Vec<_>>(), vec![0.5, 1.0, 1.0, 0.5, 0.0]);
 }
 
@@ -292,23 +294,23 @@ fn schedules_generate_expected_ops() {
 fn replicas_average_gradients_over_the_whole_batch() {
     let steps = 3;
     let data = dataset(steps, 2 * M, None);
-    for sched in [Schedule::TwoBW, Schedule::Flush, Schedule::GPipe] {
-        let want = ref_train(&data, Optimizer::adam(), 0.05, sched == Schedule::TwoBW, Some(0.5));
+    for sched in [Schedule::TwoBw, Schedule::Flush, Schedule::GPipe] {
+        let want = ref_train(&data, OptimizerConfig::adam(), 0.05, sched == Schedule::TwoBw, Some(0.5));
         for d in [1, 2, 3] {
             let what = format!("{sched:?} d={d} w=2");
-            let mut c = cfg(sched, Optimizer::adam(), 0.05, steps);
+            let mut c = cfg(sched, OptimizerConfig::adam(), 0.05, steps);
             c.replicas = 2;
             c.clip_norm = Some(0.5);
             let mut reports = Vec::new();
-            let r = train(stages(d, Recompute::Full), &c, feed(&data), &mut |s| reports.push(s)).unwrap_or_else(|e| panic!("{what}: {e}"));
+            let r = train(stages(d, c.schedule, Recompute::Full), &c, feed(&data), &mut |s| reports.push(s)).unwrap_or_else(|e| panic!("{what}: {e}"));
             assert_weights(&r, &want, &what);
             assert_eq!(reports.iter().map(|r| r.samples).collect::<Vec<_>>(), vec![2 * 2 * M; steps], "{what}");
         }
     }
     // A batch the replicas cannot share evenly is refused.
-    let mut c = cfg(Schedule::Flush, Optimizer::sgd(), 0.1, 1);
+    let mut c = cfg(Schedule::Flush, OptimizerConfig::sgd(), 0.1, 1);
     c.replicas = 3;
-    let e = train(stages(2, Recompute::None), &c, feed(&dataset(1, 4, None)), &mut |_| {}).unwrap_err();
+    let e = train(stages(2, c.schedule, Recompute::None), &c, feed(&dataset(1, 4, None)), &mut |_| {}).unwrap_err();
     assert!(e.to_string().contains("cannot share evenly"), "{e}");
 }
 
@@ -319,7 +321,7 @@ fn replicas_average_gradients_over_the_whole_batch() {
 fn memory_counter_sees_versions_and_stashes() {
     let d = 2;
     let data = dataset(4, M, None);
-    let run = |rec| train(stages(d, rec), &cfg(Schedule::TwoBW, Optimizer::sgd(), 0.1, 4), feed(&data), &mut |_| {}).unwrap();
+    let run = |rec| train(stages(d, Schedule::TwoBw, rec), &cfg(Schedule::TwoBw, OptimizerConfig::sgd(), 0.1, 4), feed(&data), &mut |_| {}).unwrap();
     let (none, full) = (run(Recompute::None), run(Recompute::Full));
     let w0: u64 = none.weights[0].iter().map(|(_, t)| pipewright_runtime::pipeline::bytes_of(t)).sum();
     for r in [&none, &full] {
@@ -335,7 +337,7 @@ fn memory_counter_sees_versions_and_stashes() {
 
 /// One stage `x -> BatchNormalization -> Gemm -> a4` whose running mean and variance are
 /// stored constants (as exported models keep them).
-fn batchnorm_stage(sched: ModSchedule, rec: Recompute) -> StageModule {
+fn batchnorm_stage(sched: Schedule, rec: Recompute) -> StageModule {
     use pipewright_runtime::kernel::BatchNorm;
     let mut p = Program::default();
     let mut slot = |name: &str| {
@@ -353,7 +355,8 @@ fn batchnorm_stage(sched: ModSchedule, rec: Recompute) -> StageModule {
         (b, Tensor::zeros([3], (Kind::Double, tch::Device::Cpu)), true),
     ];
     for (s, t, trainable) in stored {
-        p.stored.push(Stored { slot: s, elem: ElemType::F64, dims: t.size(), bytes: bytes_of(&t), trainable, versions: 1, update: String::new(), sync: Vec::new() });
+        let (versions, update) = if trainable { (sched.weight_versions(), sched.update_rule()) } else { (1, UpdateRule::Constant) };
+        p.stored.push(Stored { slot: s, elem: ElemType::F64, dims: t.size(), bytes: bytes_of(&t), trainable, versions, update, sync: Vec::new() });
     }
     let bn = BatchNorm { epsilon: 1e-5, momentum: 0.9, training_mode: false };
     p.instrs.push(Instr { name: "bn".into(), kernel: Kernel::BatchNormalization(bn), inputs: vec![Some(x), Some(scale), Some(bias), Some(mean), Some(var)], outputs: vec![Some(h)], recompute: false });
@@ -381,9 +384,9 @@ fn batchnorm_running_statistics_follow_training() {
         mean = &mean * mom + bm * (1.0 - mom);
         var = &var * mom + bv * (1.0 - mom);
     }
-    for (sched, msched) in [(Schedule::GPipe, ModSchedule::GPipe), (Schedule::TwoBW, ModSchedule::TwoBw)] {
+    for sched in [Schedule::GPipe, Schedule::TwoBw] {
         for rec in [Recompute::None, Recompute::Full] {
-            let r = train(vec![batchnorm_stage(msched, rec)], &cfg(sched, Optimizer::sgd(), 0.1, 2), feed(&data), &mut |_| {}).unwrap();
+            let r = train(vec![batchnorm_stage(sched, rec)], &cfg(sched, OptimizerConfig::sgd(), 0.1, 2), feed(&data), &mut |_| {}).unwrap();
             let got = &r.buffers[0];
             assert_eq!(got.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(), ["mean", "var"], "{sched:?} {rec:?}");
             for ((_, g), want) in got.iter().zip([&mean, &var]) {

@@ -18,16 +18,9 @@ use crate::known::{evaluate, Known};
 use crate::spec::{spec, MAX_KNOWN_OPSET};
 use crate::{BatchInfo, DType, Graph, ModelMeta, ValueDef, ValueId, Weight};
 
-/// How the batch dimension is chosen.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub enum BatchMode {
-    /// Axis 0 of the graph inputs: a named (`dim_param`) axis 0, or a fixed axis 0 shared
-    /// by every input, becomes the symbol `N`.
-    #[default]
-    Auto,
-    /// Keep every dimension as exported.
-    Fixed,
-}
+/// How the batch dimension is chosen: `Auto` makes a named (`dim_param`) axis 0, or a
+/// fixed axis 0 shared by every input, the symbol `N`; `Fixed` keeps every extent.
+pub use pipewright_core::BatchMode;
 
 /// Options of [`import_model`].
 #[derive(Clone, Debug, Default)]

@@ -15,11 +15,12 @@ use std::path::PathBuf;
 use std::sync::mpsc;
 use std::time::Instant;
 
+use pipewright_core::{Loss, Schedule};
 use tch::Tensor;
 
 pub use crate::exec::Mode;
-pub use optim::{Decay, LrSchedule, Optimizer};
-pub use schedule::{Op, Schedule};
+pub use optim::{LrSchedule, OptimizerConfig};
+pub use schedule::{stage_ops, stage_ops_from, Op};
 pub use checkpoint::{read_checkpoint, step_dir_name, write_checkpoint, Checkpoint, CheckpointError, StageState};
 pub use memory::{bytes_of, StageMemory};
 pub use tcp::{Tcp, TcpOptions};
@@ -28,22 +29,19 @@ pub use transport::{InProcess, Named, Transport};
 
 use crate::module::StageModule;
 
-/// The training objective, evaluated at the last stage on one of its outputs (by name).
+/// The training objective: a loss applied at the last stage to one of its outputs (by
+/// name): cross-entropy of logits `[N, C]` or `[N, ..., C]` against i64 labels `[N, ...]`,
+/// mean squared error against float labels of the output's shape, or the output itself
+/// (a scalar the graph computes).
 #[derive(Clone, Debug, PartialEq)]
-pub enum Loss {
-    /// Mean cross-entropy of logits `[N, C]` or `[N, ..., C]` against i64 labels `[N, ...]`.
-    CrossEntropy { output: String },
-    /// Mean squared error against float labels of the output's shape.
-    Mse { output: String },
-    /// A scalar the graph computes itself.
-    Output(String),
+pub struct Objective {
+    pub loss: Loss,
+    pub output: String,
 }
 
-impl Loss {
-    pub fn output(&self) -> &str {
-        match self {
-            Loss::CrossEntropy { output } | Loss::Mse { output } | Loss::Output(output) => output,
-        }
+impl Objective {
+    pub fn new(loss: Loss, output: impl Into<String>) -> Self {
+        Objective { loss, output: output.into() }
     }
 }
 
@@ -59,7 +57,7 @@ pub struct TrainConfig {
     /// Base learning rate.
     pub lr: f64,
     pub lr_schedule: LrSchedule,
-    pub optimizer: Optimizer,
+    pub optimizer: OptimizerConfig,
     /// Clip gradients to this global norm (over all stages) before each update.
     pub clip_norm: Option<f64>,
     /// Number of batches (weight updates).
@@ -68,7 +66,7 @@ pub struct TrainConfig {
     pub device: tch::Device,
     /// Train or Eval kernels (BatchNormalization statistics, Dropout).
     pub mode: Mode,
-    pub loss: Loss,
+    pub loss: Objective,
     /// Record a per-stage timeline of every forward, backward, recompute, send, receive
     /// and optimizer step into `TrainReport::trace` (off by default; replica 0 only).
     pub trace: bool,
@@ -85,12 +83,12 @@ pub struct TrainConfig {
 
 impl TrainConfig {
     /// SGD at `lr`, constant rate, no clipping, CPU, train mode.
-    pub fn new(schedule: Schedule, loss: Loss, lr: f64, steps: usize) -> Self {
+    pub fn new(schedule: Schedule, loss: Objective, lr: f64, steps: usize) -> Self {
         TrainConfig {
             schedule,
             lr,
             lr_schedule: LrSchedule::default(),
-            optimizer: Optimizer::sgd(),
+            optimizer: OptimizerConfig::sgd(),
             clip_norm: None,
             steps,
             seed: 0,
@@ -349,7 +347,7 @@ fn run_training(
     let m = first.len() / w;
     let mut all_ops = Vec::new();
     for k in 0..d {
-        all_ops.push(cfg.schedule.ops_from(k, d, m, start, cfg.steps).map_err(PipelineError::Config)?);
+        all_ops.push(stage_ops_from(cfg.schedule, k, d, m, start, cfg.steps).map_err(PipelineError::Config)?);
     }
     let (data_tx, data_rx) = data_links(&specs, w, 2 * m + d);
     let input_names: Vec<Vec<String>> = specs.iter().map(|s| s.graph_input_names.clone()).collect();
@@ -438,7 +436,7 @@ fn run_training(
 }
 
 /// A worker process's view of its stage: what it receives and sends (by wire name).
-pub fn boundary_names(module: &StageModule, loss: &Loss) -> Result<(Vec<String>, Vec<String>), PipelineError> {
+pub fn boundary_names(module: &StageModule, loss: &Objective) -> Result<(Vec<String>, Vec<String>), PipelineError> {
     let spec = stage::spec_alone(module, loss)?;
     let p = &spec.program;
     let name = |s: &crate::program::SlotId| p.slots[s.index()].name.clone();
@@ -472,7 +470,7 @@ pub fn run_worker(
         return Err(PipelineError::Data(format!("batch 0 has {} microbatches, which {w} replica(s) cannot share evenly", first.len())));
     }
     let m = first.len() / w;
-    let ops = cfg.schedule.ops_from(k, d, m, 0, cfg.steps).map_err(PipelineError::Config)?;
+    let ops = stage_ops_from(cfg.schedule, k, d, m, 0, cfg.steps).map_err(PipelineError::Config)?;
     // Only this worker's data channel exists; the feeder skips the others.
     let mut txs: Vec<Vec<Option<mpsc::SyncSender<StageData>>>> = (0..w).map(|_| (0..d).map(|_| None).collect()).collect();
     let rx = if spec.needs_data {

@@ -1,49 +1,56 @@
 //! Optimizers on plain tensors (no autograd) and learning-rate schedules.
 
+use pipewright_core::{Decay, Optimizer};
 use tch::Tensor;
 
 use super::transport::Named;
 
-/// The update rule. One state per weight; with 2BW the moments see the 1-stale gradient.
+/// The optimizer and its hyperparameters. One state per weight; with 2BW the moments see
+/// the 1-stale gradient.
+///
+/// - SGD: `d = g + wd*w; buf = momentum*buf + d` (first step: `buf = d`); `w -= lr*buf`.
+/// - Adam: L2 weight decay folded into the gradient; bias-corrected moments.
+/// - AdamW: decoupled weight decay `w -= lr*wd*w`.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Optimizer {
-    /// `d = g + wd*w; buf = momentum*buf + d` (first step: `buf = d`); `w -= lr*buf`.
-    Sgd { momentum: f64, weight_decay: f64 },
-    /// Adam with L2 weight decay folded into the gradient; bias-corrected moments.
-    Adam { beta1: f64, beta2: f64, eps: f64, weight_decay: f64 },
-    /// AdamW: decoupled weight decay `w -= lr*wd*w`.
-    AdamW { beta1: f64, beta2: f64, eps: f64, weight_decay: f64 },
+pub struct OptimizerConfig {
+    pub kind: Optimizer,
+    /// SGD only.
+    pub momentum: f64,
+    /// Adam and AdamW.
+    pub beta1: f64,
+    pub beta2: f64,
+    pub eps: f64,
+    pub weight_decay: f64,
 }
 
-impl Optimizer {
+impl OptimizerConfig {
+    /// `kind` with PyTorch's default hyperparameters (no momentum, no weight decay).
+    pub fn new(kind: Optimizer) -> Self {
+        OptimizerConfig { kind, momentum: 0.0, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0 }
+    }
+
     pub fn sgd() -> Self {
-        Optimizer::Sgd { momentum: 0.0, weight_decay: 0.0 }
+        Self::new(Optimizer::Sgd)
     }
+
     pub fn adam() -> Self {
-        Optimizer::Adam { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0 }
+        Self::new(Optimizer::Adam)
     }
 }
 
-/// How the learning rate decays after the linear warm-up.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Decay {
-    Constant,
-    /// Linear from the base rate to `final_lr` at step `total_steps`.
-    Linear { total_steps: usize, final_lr: f64 },
-    /// Cosine from the base rate to `final_lr` at step `total_steps`.
-    Cosine { total_steps: usize, final_lr: f64 },
-}
-
-/// Linear warm-up over `warmup_steps` (step t uses `lr*(t+1)/warmup_steps`), then `decay`.
+/// Linear warm-up over `warmup_steps` (step t uses `lr*(t+1)/warmup_steps`), then
+/// `decay` from the base rate to `final_lr` at step `total_steps`.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct LrSchedule {
     pub warmup_steps: usize,
     pub decay: Decay,
+    pub total_steps: usize,
+    pub final_lr: f64,
 }
 
 impl Default for LrSchedule {
     fn default() -> Self {
-        LrSchedule { warmup_steps: 0, decay: Decay::Constant }
+        LrSchedule { warmup_steps: 0, decay: Decay::Constant, total_steps: 0, final_lr: 0.0 }
     }
 }
 
@@ -53,30 +60,27 @@ impl LrSchedule {
         if t < self.warmup_steps {
             return lr * (t + 1) as f64 / self.warmup_steps as f64;
         }
-        let frac = |total: usize| {
-            let span = total.saturating_sub(self.warmup_steps).max(1) as f64;
-            ((t - self.warmup_steps) as f64 / span).min(1.0)
-        };
+        let span = self.total_steps.saturating_sub(self.warmup_steps).max(1) as f64;
+        let frac = ((t - self.warmup_steps) as f64 / span).min(1.0);
+        let final_lr = self.final_lr;
         match self.decay {
             Decay::Constant => lr,
-            Decay::Linear { total_steps, final_lr } => lr + (final_lr - lr) * frac(total_steps),
-            Decay::Cosine { total_steps, final_lr } => {
-                final_lr + (lr - final_lr) * 0.5 * (1.0 + (std::f64::consts::PI * frac(total_steps)).cos())
-            }
+            Decay::Linear => lr + (final_lr - lr) * frac,
+            Decay::Cosine => final_lr + (lr - final_lr) * 0.5 * (1.0 + (std::f64::consts::PI * frac).cos()),
         }
     }
 }
 
 /// Per-weight optimizer state of one stage.
 pub(crate) struct OptState {
-    opt: Optimizer,
+    opt: OptimizerConfig,
     t: i32,
     m: Vec<Option<Tensor>>,
     v: Vec<Option<Tensor>>,
 }
 
 impl OptState {
-    pub(crate) fn new(opt: Optimizer, n: usize) -> Self {
+    pub(crate) fn new(opt: OptimizerConfig, n: usize) -> Self {
         OptState { opt, t: 0, m: (0..n).map(|_| None).collect(), v: (0..n).map(|_| None).collect() }
     }
 
@@ -95,8 +99,9 @@ impl OptState {
     fn update(&mut self, i: usize, w: &Tensor, g: &Tensor, lr: f64, t: i32) -> Tensor {
         // `w + a * b` with a scalar `a`, in one pass and one allocation.
         let axpy = |w: &Tensor, a: f64, b: &Tensor| w.addcmul(b, &Tensor::from(a).to_kind(b.kind()).to_device(b.device()));
-        match self.opt {
-            Optimizer::Sgd { momentum, weight_decay } => {
+        let OptimizerConfig { kind, momentum, beta1, beta2, eps, weight_decay } = self.opt;
+        match kind {
+            Optimizer::Sgd => {
                 let d = if weight_decay != 0.0 { axpy(g, weight_decay, w) } else { g.shallow_clone() };
                 let d = if momentum != 0.0 {
                     let buf = match self.m[i].take() {
@@ -113,8 +118,8 @@ impl OptState {
                 };
                 axpy(w, -lr, &d)
             }
-            Optimizer::Adam { beta1, beta2, eps, weight_decay } | Optimizer::AdamW { beta1, beta2, eps, weight_decay } => {
-                let decoupled = matches!(self.opt, Optimizer::AdamW { .. });
+            Optimizer::Adam | Optimizer::AdamW => {
+                let decoupled = kind == Optimizer::AdamW;
                 let g = if !decoupled && weight_decay != 0.0 { axpy(g, weight_decay, w) } else { g.shallow_clone() };
                 // m = beta1*m + (1-beta1)*g and v = beta2*v + (1-beta2)*g^2, in place.
                 let m = match self.m[i].take() {

@@ -1,25 +1,6 @@
 //! Per-stage operation sequences for the three pipeline schedules.
 
-/// How microbatches are interleaved and when weights are updated.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Schedule {
-    /// PipeDream-2BW: 1F1B without flushes, double-buffered weights, 1-stale gradients.
-    TwoBW,
-    /// PipeDream-Flush: 1F1B within each batch, flush and vanilla update after it.
-    Flush,
-    /// GPipe: all forwards of a batch, then all backwards, then a vanilla update.
-    GPipe,
-}
-
-impl From<crate::module::Schedule> for Schedule {
-    fn from(s: crate::module::Schedule) -> Self {
-        match s {
-            crate::module::Schedule::TwoBw => Schedule::TwoBW,
-            crate::module::Schedule::Flush => Schedule::Flush,
-            crate::module::Schedule::GPipe => Schedule::GPipe,
-        }
-    }
-}
+use pipewright_core::Schedule;
 
 /// One step of a stage's work. Microbatch indices are 0-based and global over training;
 /// `Step(t)` applies the update of batch `t` (0-based) and creates weight version `t + 1`.
@@ -30,56 +11,43 @@ pub enum Op {
     Step(u64),
 }
 
-impl Schedule {
-    /// The weight version microbatch `j` (0-based) runs its forward and backward with.
-    /// 2BW: `max(floor(j/m) - 1, 0)` (the design's `max(floor((k-1)/m) - 1, 0)` for
-    /// 1-based `k = j + 1`); GPipe and Flush: the batch index (weights after `t` updates).
-    pub fn version_for(self, j: u64, m: u64) -> u64 {
-        let t = j / m;
-        match self {
-            Schedule::TwoBW => t.saturating_sub(1),
-            Schedule::Flush | Schedule::GPipe => t,
-        }
-    }
+/// The operation sequence of stage `stage` of `depth` for `steps` batches of `m`
+/// microbatches. Errors when 2BW is asked for `m < depth`.
+pub fn stage_ops(schedule: Schedule, stage: usize, depth: usize, m: usize, steps: usize) -> Result<Vec<Op>, String> {
+    stage_ops_from(schedule, stage, depth, m, 0, steps)
+}
 
-    /// The operation sequence of stage `stage` of `depth` for `steps` batches of `m`
-    /// microbatches. Errors when 2BW is asked for `m < depth`.
-    pub fn ops(self, stage: usize, depth: usize, m: usize, steps: usize) -> Result<Vec<Op>, String> {
-        self.ops_from(stage, depth, m, 0, steps)
+/// The operation sequence for batches `start..steps` (a resumed run): microbatch and
+/// step indices stay global, and the pipeline warms up again at `start`.
+pub fn stage_ops_from(schedule: Schedule, stage: usize, depth: usize, m: usize, start: usize, steps: usize) -> Result<Vec<Op>, String> {
+    if m == 0 || depth == 0 || stage >= depth || start > steps {
+        return Err(format!("invalid schedule shape: stage {stage}, depth {depth}, m {m}"));
     }
-
-    /// The operation sequence for batches `start..steps` (a resumed run): microbatch and
-    /// step indices stay global, and the pipeline warms up again at `start`.
-    pub fn ops_from(self, stage: usize, depth: usize, m: usize, start: usize, steps: usize) -> Result<Vec<Op>, String> {
-        if m == 0 || depth == 0 || stage >= depth || start > steps {
-            return Err(format!("invalid schedule shape: stage {stage}, depth {depth}, m {m}"));
-        }
-        if self == Schedule::TwoBW && m < depth {
-            return Err(format!("2BW needs at least as many microbatches per batch as stages (m = {m} < d = {depth})"));
-        }
-        let (m64, mut ops) = (m as u64, Vec::new());
-        let warm = depth - 1 - stage;
-        match self {
-            Schedule::GPipe => {
-                for t in start as u64..steps as u64 {
-                    ops.extend((0..m64).map(|i| Op::Forward(t * m64 + i)));
-                    ops.extend((0..m64).map(|i| Op::Backward(t * m64 + i)));
-                    ops.push(Op::Step(t));
-                }
-            }
-            Schedule::Flush => {
-                for t in start as u64..steps as u64 {
-                    one_f_one_b(&mut ops, t * m64, m64, warm as u64, |_| None);
-                    ops.push(Op::Step(t));
-                }
-            }
-            Schedule::TwoBW => {
-                let (base, total) = (start as u64 * m64, (steps - start) as u64 * m64);
-                one_f_one_b(&mut ops, base, total, warm as u64, |i| ((i + 1) % m64 == 0).then(|| Op::Step(i / m64)));
-            }
-        }
-        Ok(ops)
+    if schedule == Schedule::TwoBw && m < depth {
+        return Err(format!("2BW needs at least as many microbatches per batch as stages (m = {m} < d = {depth})"));
     }
+    let (m64, mut ops) = (m as u64, Vec::new());
+    let warm = depth - 1 - stage;
+    match schedule {
+        Schedule::GPipe => {
+            for t in start as u64..steps as u64 {
+                ops.extend((0..m64).map(|i| Op::Forward(t * m64 + i)));
+                ops.extend((0..m64).map(|i| Op::Backward(t * m64 + i)));
+                ops.push(Op::Step(t));
+            }
+        }
+        Schedule::Flush => {
+            for t in start as u64..steps as u64 {
+                one_f_one_b(&mut ops, t * m64, m64, warm as u64, |_| None);
+                ops.push(Op::Step(t));
+            }
+        }
+        Schedule::TwoBw => {
+            let (base, total) = (start as u64 * m64, (steps - start) as u64 * m64);
+            one_f_one_b(&mut ops, base, total, warm as u64, |i| ((i + 1) % m64 == 0).then(|| Op::Step(i / m64)));
+        }
+    }
+    Ok(ops)
 }
 
 /// Microbatches `base..base+n`: `warm` forwards, steady 1F1B, then the remaining

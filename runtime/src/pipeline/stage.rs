@@ -4,6 +4,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::mpsc::{Receiver, Sender};
 
+use pipewright_core::{Loss, Recompute, UpdateRule};
 use tch::{Kind, Tensor};
 
 use super::checkpoint::StageState;
@@ -11,10 +12,10 @@ use super::memory::{bytes_of, StageMemory};
 use super::optim::OptState;
 use super::pieces::{pieces, Engine, Piece, PieceFwd};
 use super::trace::{Recorder, TraceKind};
-use super::{Event, Loss, Op, PipelineError, StageData, TrainConfig, Transport};
+use super::{Event, Objective, Op, PipelineError, StageData, TrainConfig, Transport};
 use crate::exec::{tensor_from_bytes, Mode};
 use crate::kernel::Kernel;
-use crate::module::{Recompute, StageModule};
+use crate::module::StageModule;
 use crate::program::{Program, SlotId};
 
 #[derive(Clone)]
@@ -27,8 +28,13 @@ pub(crate) struct StageSpec {
     /// Leading program outputs sent to the next stage.
     pub n_send: usize,
     /// Last stage: the loss and the index of its output in `program.outputs`.
-    pub loss: Option<(Loss, usize)>,
+    pub loss: Option<(Objective, usize)>,
     pub recompute_full: bool,
+    /// The update rule of the stage's trainable weights (the weight-versioning pass's
+    /// decision, from the module); `Constant` when the stage trains nothing.
+    pub update: UpdateRule,
+    /// The most weight versions the module lets the stage hold at once.
+    pub version_budget: usize,
     /// Selective recomputation: the program runs piece by piece ([`super::pieces`]).
     pub recompute_selective: bool,
     pub needs_data: bool,
@@ -36,7 +42,7 @@ pub(crate) struct StageSpec {
 
 /// The spec of one stage known only from its own module (a worker process): received
 /// inputs and sent outputs are recognised by their wire names (`value@stageK`).
-pub(crate) fn spec_alone(s: &StageModule, loss: &Loss) -> Result<StageSpec, PipelineError> {
+pub(crate) fn spec_alone(s: &StageModule, loss: &Objective) -> Result<StageSpec, PipelineError> {
     let (k, d) = (s.header.params.stage as usize, s.header.params.depth as usize);
     let p = &s.program;
     let names = |slots: &[SlotId]| -> Vec<String> { slots.iter().map(|s| p.slots[s.index()].name.clone()).collect() };
@@ -51,18 +57,19 @@ pub(crate) fn spec_alone(s: &StageModule, loss: &Loss) -> Result<StageSpec, Pipe
 }
 
 /// The spec of stage `s` once its received inputs and sent outputs are known.
-fn stage_spec(s: &StageModule, last: bool, ins: &[String], outs: &[String], n_recv: usize, n_send: usize, loss: &Loss) -> Result<StageSpec, PipelineError> {
+fn stage_spec(s: &StageModule, last: bool, ins: &[String], outs: &[String], n_recv: usize, n_send: usize, loss: &Objective) -> Result<StageSpec, PipelineError> {
     let k = s.header.params.stage as usize;
     let loss = if last {
-        let i = outs.iter().position(|n| n == loss.output()).ok_or_else(|| PipelineError::Stage {
+        let i = outs.iter().position(|n| *n == loss.output).ok_or_else(|| PipelineError::Stage {
             stage: k,
-            message: format!("the loss reads output {:?}, which the last stage does not produce (outputs {outs:?})", loss.output()),
+            message: format!("the loss reads output {:?}, which the last stage does not produce (outputs {outs:?})", loss.output),
         })?;
         Some((loss.clone(), i))
     } else {
         None
     };
     let graph_input_names = ins[n_recv..].to_vec();
+    let (update, version_budget) = weight_versioning(s)?;
     Ok(StageSpec {
         index: k,
         program: s.program.clone(),
@@ -72,11 +79,42 @@ fn stage_spec(s: &StageModule, last: bool, ins: &[String], outs: &[String], n_re
         n_send,
         loss,
         recompute_full: s.header.params.recompute == Recompute::Full,
+        update,
+        version_budget,
         recompute_selective: s.header.params.recompute == Recompute::Selective,
     })
 }
 
-pub(crate) fn specs(stages: &[StageModule], loss: &Loss) -> Result<Vec<StageSpec>, PipelineError> {
+/// The update rule and version budget the weight-versioning pass gave the stage's
+/// trainable weights: one rule for all of them (versions advance per stage, not per
+/// weight), and the one the module's schedule implies. A stage that trains nothing
+/// follows its schedule.
+fn weight_versioning(s: &StageModule) -> Result<(UpdateRule, usize), PipelineError> {
+    let k = s.header.params.stage as usize;
+    let p = &s.program;
+    let schedule = s.header.params.schedule;
+    let fail = |message: String| PipelineError::Stage { stage: k, message };
+    let mut decided: Option<(UpdateRule, usize)> = None;
+    for t in p.stored.iter().filter(|t| t.trainable) {
+        let name = &p.slots[t.slot.index()].name;
+        if t.update != schedule.update_rule() {
+            return Err(fail(format!(
+                "trainable weight {name:?} is versioned for update rule {}, but the module's schedule {schedule} updates by {}; recompile the model",
+                t.update,
+                schedule.update_rule()
+            )));
+        }
+        let budget = decided.map_or(0, |d| d.1).max(t.versions as usize);
+        decided = Some((t.update, budget));
+    }
+    let (update, budget) = decided.unwrap_or((schedule.update_rule(), schedule.weight_versions() as usize));
+    if update == UpdateRule::TwoBw && budget < 2 {
+        return Err(fail(format!("2BW needs two weight versions, the module allows {budget}")));
+    }
+    Ok((update, budget))
+}
+
+pub(crate) fn specs(stages: &[StageModule], loss: &Objective) -> Result<Vec<StageSpec>, PipelineError> {
     let d = stages.len();
     let names = |p: &Program, slots: &[SlotId]| -> Vec<String> { slots.iter().map(|s| p.slots[s.index()].name.clone()).collect() };
     let mut out = Vec::new();
@@ -265,11 +303,11 @@ fn run_inner(
             Op::Step(t) => {
                 // Free versions no longer needed before making the new one, so 2BW never
                 // holds three.
-                w.retain_versions(&mut st, next_fwd[i + 1].map(|j| cfg.schedule.version_for(j, m64)));
+                w.retain_versions(&mut st, next_fwd[i + 1].map(|j| w.spec.update.version_for(j, m64)))?;
                 w.step_op(&mut st, t, ctx, tr, events, rec)?;
             }
         }
-        w.retain_versions(&mut st, next_fwd[i + 1].map(|j| cfg.schedule.version_for(j, m64)));
+        w.retain_versions(&mut st, next_fwd[i + 1].map(|j| w.spec.update.version_for(j, m64)))?;
     }
     let (_, last) = st.versions.into_iter().next_back().ok_or_else(|| E::Msg("no weights".into()))?;
     let weights = w.param_names.iter().cloned().zip(last).collect();
@@ -301,6 +339,14 @@ impl Worker {
     /// Reads the stored tensors: constants stay in the worker, trainable ones are returned
     /// as weight version 0.
     fn load(spec: StageSpec, cfg: &TrainConfig) -> Result<(Worker, Vec<Tensor>), E> {
+        if spec.update != cfg.schedule.update_rule() {
+            return Err(E::Msg(format!(
+                "its module updates weights by rule {} but the pipeline runs schedule {} (rule {})",
+                spec.update,
+                cfg.schedule,
+                cfg.schedule.update_rule()
+            )));
+        }
         let p = &spec.program;
         let (mut constants, mut params, mut param_slots, mut param_sync) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for s in &p.stored {
@@ -357,7 +403,7 @@ impl Worker {
         let bad = |m: String| E::Msg(format!("resuming: {m}"));
         let newest = self.match_weights(&params, &saved.newest).map_err(bad)?;
         st.versions.insert(ctx.start_step, newest);
-        if ctx.cfg.schedule == super::Schedule::TwoBW && ctx.start_step > 0 {
+        if self.spec.update == UpdateRule::TwoBw && ctx.start_step > 0 {
             if saved.shadow.is_empty() && !params.is_empty() {
                 return Err(bad("a 2BW checkpoint needs the shadow weight version, and this one has none".into()));
             }
@@ -395,12 +441,22 @@ impl Worker {
             .collect()
     }
 
-    /// Keeps the newest version, the one the next forward uses and those in flight.
-    fn retain_versions(&self, st: &mut State, next_v: Option<u64>) {
-        let Some(&newest) = st.versions.keys().next_back() else { return };
+    /// Keeps the newest version, the one the next forward uses and those in flight; errs
+    /// when that is more than the module's version budget.
+    fn retain_versions(&self, st: &mut State, next_v: Option<u64>) -> Result<(), E> {
+        let Some(&newest) = st.versions.keys().next_back() else { return Ok(()) };
         let stash = &st.stash;
         st.versions.retain(|v, _| *v == newest || Some(*v) == next_v || stash.iter().any(|s| s.version == *v));
         st.peak_versions = st.peak_versions.max(st.versions.len());
+        if st.versions.len() > self.spec.version_budget {
+            return Err(E::Msg(format!(
+                "holds {} weight versions, more than the {} its module allows (update rule {})",
+                st.versions.len(),
+                self.spec.version_budget,
+                self.spec.update
+            )));
+        }
+        Ok(())
     }
 
     fn observe(&self, st: &mut State, extra_grads: u64, extra_act: u64) {
@@ -421,7 +477,7 @@ impl Worker {
 
     fn forward_op(&mut self, st: &mut State, j: u64, ctx: &Ctx<'_>, data: Option<&Receiver<StageData>>, tr: &mut dyn Transport, rec: &mut Recorder) -> Result<(), E> {
         let (cfg, m64) = (ctx.cfg, ctx.m as u64);
-        let v = cfg.schedule.version_for(j, m64);
+        let v = self.spec.update.version_for(j, m64);
         let step = j / m64;
         let mut inputs = Vec::new();
         if self.spec.n_recv > 0 {
@@ -547,7 +603,7 @@ impl Worker {
         st.batch_samples = 0;
         let due = cfg.checkpoint_every.is_some_and(|n| n > 0 && (t + 1) % n as u64 == 0);
         if due && ctx.replica == 0 {
-            let state = self.snapshot(st, t, cfg)?;
+            let state = self.snapshot(st, t)?;
             let _ = events.send(Event::Checkpoint { step: t + 1, state });
         }
         st.stats_at_batch_end.retain(|b, _| *b > t);
@@ -593,12 +649,12 @@ impl Worker {
 
     /// The stage's state after update `t`: newest weights, the 2BW shadow, optimizer state
     /// and the running statistics as of the end of batch `t`.
-    fn snapshot(&self, st: &State, t: u64, cfg: &TrainConfig) -> Result<StageState, E> {
+    fn snapshot(&self, st: &State, t: u64) -> Result<StageState, E> {
         let named = |ts: &[Tensor]| -> Vec<(String, Tensor)> { self.param_names.iter().cloned().zip(ts.iter().map(|x| x.shallow_clone())).collect() };
         let newest = st.versions.get(&(t + 1)).ok_or_else(|| E::Msg(format!("checkpoint after step {t}: version {} is gone", t + 1)))?;
-        let shadow = match (cfg.schedule, st.versions.get(&t)) {
-            (super::Schedule::TwoBW, Some(s)) => named(s),
-            (super::Schedule::TwoBW, None) => return Err(E::Msg(format!("checkpoint after step {t}: the shadow version {t} is gone"))),
+        let shadow = match (self.spec.update, st.versions.get(&t)) {
+            (UpdateRule::TwoBw, Some(s)) => named(s),
+            (UpdateRule::TwoBw, None) => return Err(E::Msg(format!("checkpoint after step {t}: the shadow version {t} is gone"))),
             _ => Vec::new(),
         };
         let (opt_steps, opt_m, opt_v) = st.opt.export(&self.param_names);
@@ -801,23 +857,24 @@ struct Run {
     stats: Vec<(usize, Tensor)>,
 }
 
-fn loss_of(l: &Loss, out: &Tensor, labels: Option<&Tensor>) -> Result<Tensor, String> {
+fn loss_of(l: &Objective, out: &Tensor, labels: Option<&Tensor>) -> Result<Tensor, String> {
     let need = || labels.ok_or_else(|| "the microbatch has no labels".to_string());
-    let r = match l {
-        Loss::Output(_) => {
+    let output = &l.output;
+    let r = match l.loss {
+        Loss::Output => {
             if out.numel() != 1 {
                 return Err(format!("loss output has shape {:?}, expected a scalar", out.size()));
             }
             Ok(out.reshape([] as [i64; 0]))
         }
-        Loss::Mse { output } => {
+        Loss::Mse => {
             let y = need()?;
             if y.size() != out.size() {
                 return Err(format!("mse: targets have shape {:?}, output {output:?} has {:?}", y.size(), out.size()));
             }
             (|| (out - y.f_to_kind(out.kind())?).f_square()?.f_mean(out.kind()))()
         }
-        Loss::CrossEntropy { output } => {
+        Loss::CrossEntropy => {
             let y = need()?;
             let dims = out.size();
             let c = *dims.last().ok_or("logits are a scalar")?;

@@ -1,0 +1,111 @@
+//! Files that appear whole or not at all: [`write_atomic`] writes to an exclusively
+//! created temporary file beside the target, flushes it to disk and renames it over the
+//! target. On any failure the temporary file is removed and the target is untouched, so a
+//! crash or a full disk never leaves a partial file under the real name.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// A file could not be written; names the target and the step that failed.
+#[derive(Debug, thiserror::Error)]
+#[error("{}: cannot {op}: {source}", .path.display())]
+pub struct WriteError {
+    pub path: PathBuf,
+    pub op: &'static str,
+    #[source]
+    pub source: std::io::Error,
+}
+
+/// Writes `bytes` to `path` atomically (see the module docs).
+pub fn write_atomic(path: impl AsRef<Path>, bytes: &[u8]) -> Result<(), WriteError> {
+    write_atomic_with(path, |f| f.write_all(bytes))
+}
+
+/// Like [`write_atomic`], with the contents written by `fill` (for large outputs that are
+/// produced piecewise).
+pub fn write_atomic_with(path: impl AsRef<Path>, fill: impl FnOnce(&mut File) -> std::io::Result<()>) -> Result<(), WriteError> {
+    let path = path.as_ref();
+    let fail = |op: &'static str, source: std::io::Error| WriteError { path: path.to_path_buf(), op, source };
+    let name = path
+        .file_name()
+        .ok_or_else(|| fail("write the file", std::io::Error::new(std::io::ErrorKind::InvalidInput, "the path names no file")))?;
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let (tmp, mut file) = create_temp(&dir, &name.to_string_lossy()).map_err(|e| fail("create a temporary file next to it", e))?;
+    let result = fill(&mut file)
+        .map_err(|e| fail("write the temporary file", e))
+        .and_then(|()| file.sync_all().map_err(|e| fail("flush the temporary file to disk", e)))
+        .and_then(|()| fs::rename(&tmp, path).map_err(|e| fail("rename the temporary file into place", e)));
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+        return result;
+    }
+    // Make the rename itself durable; best effort (not every platform allows it).
+    if let Ok(d) = File::open(&dir) {
+        let _ = d.sync_all();
+    }
+    Ok(())
+}
+
+/// A new, exclusively created `.NAME.PID.N.tmp` in `dir`.
+fn create_temp(dir: &Path, name: &str) -> std::io::Result<(PathBuf, File)> {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    loop {
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let tmp = dir.join(format!(".{name}.{}.{n}.tmp", std::process::id()));
+        match OpenOptions::new().write(true).create_new(true).open(&tmp) {
+            Ok(f) => return Ok((tmp, f)),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn leftovers(dir: &Path) -> Vec<String> {
+        fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).filter(|n| n.ends_with(".tmp")).collect()
+    }
+
+    #[test]
+    fn writes_and_replaces() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("out.txt");
+        write_atomic(&path, b"one").unwrap();
+        write_atomic(&path, b"two").unwrap();
+        assert_eq!(fs::read(&path).unwrap(), b"two");
+        assert!(leftovers(dir.path()).is_empty());
+    }
+
+    #[test]
+    fn a_failed_write_leaves_the_target_and_no_temporary_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("out.txt");
+        write_atomic(&path, b"kept").unwrap();
+        let e = write_atomic_with(&path, |f| {
+            f.write_all(b"partial")?;
+            Err(std::io::Error::other("disk full"))
+        })
+        .unwrap_err();
+        assert_eq!(e.to_string(), format!("{}: cannot write the temporary file: disk full", path.display()));
+        assert_eq!(fs::read(&path).unwrap(), b"kept");
+        assert!(leftovers(dir.path()).is_empty());
+    }
+
+    #[test]
+    fn a_failed_rename_names_the_target() {
+        let dir = tempfile::tempdir().unwrap();
+        // The target is a non-empty folder, so the rename fails.
+        let path = dir.path().join("stage0.pwm");
+        fs::create_dir_all(path.join("occupied")).unwrap();
+        let e = write_atomic(&path, b"x").unwrap_err();
+        assert!(e.to_string().contains("stage0.pwm: cannot rename"), "{e}");
+        assert!(leftovers(dir.path()).is_empty());
+    }
+}

@@ -1,0 +1,16 @@
+//! The vocabulary every pipewright crate shares, defined once: the configuration words
+//! ([`Schedule`], [`Recompute`], [`Optimizer`], [`Loss`], [`Decay`], [`Balance`],
+//! [`BatchMode`], [`PassName`], [`UpdateRule`]) and the [`Device`]; plus the small
+//! utilities every stage of the tool needs ([`fs::write_atomic`], [`units::human_bytes`]).
+//!
+//! It depends on no other pipewright crate, so the importer, the passes, codegen and the
+//! runtime (which must not depend on the importer or the passes) all speak it.
+
+pub mod device;
+pub mod fs;
+pub mod units;
+#[macro_use]
+pub mod words;
+
+pub use device::{Device, UnknownDevice};
+pub use words::{Balance, BatchMode, Decay, Loss, Optimizer, PassName, Recompute, Schedule, UnknownWord, UpdateRule};

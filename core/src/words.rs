@@ -1,0 +1,302 @@
+//! The configuration words: each is one closed enum with one spelling, used by flags,
+//! printed output, plan files, build manifests and stage-module headers alike.
+//!
+//! Every word type has [`Display`](std::fmt::Display) and [`FromStr`](std::str::FromStr)
+//! (the same spelling both ways), serde as that string, `ALL` (every value, in order), and
+//! with the `clap` feature `clap::ValueEnum` (so `--help` lists the values with a line
+//! each). [`word_enum!`] generates all of that from one table per type.
+
+use std::fmt;
+
+/// A word that is not one of its type's values.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown {what} {given:?}: expected one of {}", .expected.join(", "))]
+pub struct UnknownWord {
+    /// What kind of word was expected (`schedule`, `recompute mode`, ...).
+    pub what: &'static str,
+    pub given: String,
+    pub expected: Vec<&'static str>,
+}
+
+/// Defines a word enum: variants with their one spelling and a help line.
+macro_rules! word_enum {
+    (
+        $(#[$meta:meta])*
+        $what:literal pub enum $name:ident {
+            $( $(#[$vmeta:meta])* $variant:ident = $word:literal, $help:literal; )+
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub enum $name {
+            $( $(#[$vmeta])* #[doc = $help] $variant, )+
+        }
+
+        impl $name {
+            /// Every value, in declaration order.
+            pub const ALL: &'static [$name] = &[$($name::$variant),+];
+
+            /// The one spelling of this value.
+            pub fn name(self) -> &'static str {
+                match self {
+                    $($name::$variant => $word,)+
+                }
+            }
+
+            /// One line saying what this value means.
+            pub fn help(self) -> &'static str {
+                match self {
+                    $($name::$variant => $help,)+
+                }
+            }
+        }
+
+        impl ::std::fmt::Display for $name {
+            fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
+                f.write_str(self.name())
+            }
+        }
+
+        impl ::std::str::FromStr for $name {
+            type Err = $crate::words::UnknownWord;
+
+            fn from_str(s: &str) -> Result<Self, Self::Err> {
+                $name::ALL.iter().copied().find(|v| v.name() == s).ok_or_else(|| $crate::words::UnknownWord {
+                    what: $what,
+                    given: s.to_string(),
+                    expected: $name::ALL.iter().map(|v| v.name()).collect(),
+                })
+            }
+        }
+
+        impl ::serde::Serialize for $name {
+            fn serialize<S: ::serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_str(self.name())
+            }
+        }
+
+        impl<'de> ::serde::Deserialize<'de> for $name {
+            fn deserialize<D: ::serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                let s = <::std::borrow::Cow<'de, str> as ::serde::Deserialize>::deserialize(d)?;
+                s.parse().map_err(::serde::de::Error::custom)
+            }
+        }
+
+        #[cfg(feature = "clap")]
+        impl ::clap::ValueEnum for $name {
+            fn value_variants<'a>() -> &'a [Self] {
+                $name::ALL
+            }
+
+            fn to_possible_value(&self) -> Option<::clap::builder::PossibleValue> {
+                Some(::clap::builder::PossibleValue::new(self.name()).help(self.help()))
+            }
+        }
+    };
+}
+
+word_enum! {
+    /// How microbatches are interleaved and when weights are updated.
+    "schedule" pub enum Schedule {
+        TwoBw = "2bw", "PipeDream-2BW: 1F1B without flushes, two weight versions, 1-stale updates";
+        Flush = "flush", "PipeDream-Flush: 1F1B within each batch, then a flush and a vanilla update";
+        GPipe = "gpipe", "GPipe: all forwards of a batch, then all backwards, then a vanilla update";
+    }
+}
+
+impl Schedule {
+    /// Weight versions a stage holds of each trainable weight under this schedule.
+    pub fn weight_versions(self) -> u32 {
+        match self {
+            Schedule::TwoBw => 2,
+            Schedule::Flush | Schedule::GPipe => 1,
+        }
+    }
+
+    /// The update rule of trainable weights under this schedule.
+    pub fn update_rule(self) -> UpdateRule {
+        match self {
+            Schedule::TwoBw => UpdateRule::TwoBw,
+            Schedule::Flush | Schedule::GPipe => UpdateRule::Vanilla,
+        }
+    }
+
+    /// Whether the schedule needs at least as many microbatches per batch as stages
+    /// (1F1B: every stage must have a microbatch to work on in the steady state).
+    pub fn needs_m_at_least_d(self) -> bool {
+        matches!(self, Schedule::TwoBw | Schedule::Flush)
+    }
+}
+
+word_enum! {
+    /// How much of a stage's forward is recomputed before its backward.
+    "recompute mode" pub enum Recompute {
+        None = "none", "stash every activation the backward needs";
+        Selective = "selective", "stash matmul/conv outputs and stage inputs, recompute the rest";
+        Full = "full", "stash only stage inputs, rerun the stage's forward before its backward";
+    }
+}
+
+word_enum! {
+    /// The update rule of a weight: decided by the weight-versioning pass, carried in the
+    /// stage modules, executed by the runtime.
+    "update rule" pub enum UpdateRule {
+        Constant = "constant", "never updated by the optimizer (constants, running statistics)";
+        Vanilla = "vanilla", "W(t+1) = W(t) - lr * grad f(W(t)), once per batch after the flush";
+        TwoBw = "2bw", "W(t+1) = W(t) - lr * grad f(W(t-1)), once per batch (double-buffered)";
+    }
+}
+
+impl UpdateRule {
+    /// The weight version (updates applied) microbatch `j` (0-based, global) runs its
+    /// forward and backward with, for `m` microbatches per batch: 2BW `max(floor(j/m) - 1,
+    /// 0)`, vanilla `floor(j/m)`, constants always 0.
+    pub fn version_for(self, j: u64, m: u64) -> u64 {
+        let t = j / m.max(1);
+        match self {
+            UpdateRule::TwoBw => t.saturating_sub(1),
+            UpdateRule::Vanilla => t,
+            UpdateRule::Constant => 0,
+        }
+    }
+}
+
+word_enum! {
+    /// The optimizer.
+    "optimizer" pub enum Optimizer {
+        Sgd = "sgd", "SGD, with optional momentum and weight decay";
+        Adam = "adam", "Adam, weight decay added to the gradient";
+        AdamW = "adamw", "AdamW, decoupled weight decay";
+    }
+}
+
+impl Optimizer {
+    /// State tensors kept per weight (momentum buffer; Adam's two moments).
+    pub fn state_tensors(self, momentum: bool) -> u32 {
+        match self {
+            Optimizer::Sgd => u32::from(momentum),
+            Optimizer::Adam | Optimizer::AdamW => 2,
+        }
+    }
+}
+
+word_enum! {
+    /// The training loss, applied to one model output.
+    "loss" pub enum Loss {
+        CrossEntropy = "cross-entropy", "mean cross-entropy of logits [N, ..., C] against class ids [N, ...]";
+        Mse = "mse", "mean squared error against targets of the output's shape";
+        Output = "output", "the output is the loss itself (a scalar the model computes)";
+    }
+}
+
+word_enum! {
+    /// How the learning rate decays after the warm-up.
+    "learning-rate decay" pub enum Decay {
+        Constant = "constant", "keep the base rate";
+        Linear = "linear", "linear from the base rate to 0 at the last step";
+        Cosine = "cosine", "cosine from the base rate to 0 at the last step";
+    }
+}
+
+word_enum! {
+    /// How the planner balances stages.
+    "balance" pub enum Balance {
+        Optimal = "optimal", "the exact partitioner on predicted stage time, within the memory limit";
+        Params = "params", "greedy split with equal parameter bytes per stage";
+        Flops = "flops", "greedy split with equal forward+backward flops per stage";
+        Profile = "profile", "greedy split with equal node time from a measured profile";
+        Nodes = "nodes", "equal node counts per stage";
+    }
+}
+
+word_enum! {
+    /// How the importer treats the batch axis.
+    "batch mode" pub enum BatchMode {
+        Auto = "auto", "axis 0 of the graph inputs becomes the symbol N when all inputs share it";
+        Fixed = "fixed", "keep every extent as exported";
+    }
+}
+
+word_enum! {
+    /// The passes of `pipewright compile`, in order.
+    "pass" pub enum PassName {
+        Import = "import", "read the ONNX file, infer shapes, fold constants, verify";
+        Plan = "plan", "choose w, d, b, m, recomputation, schedule and the stage cuts";
+        Partition = "partition", "assign nodes to stages and insert stage boundaries";
+        Recompute = "recompute", "decide which activations are stashed or recomputed";
+        WeightVersioning = "weight-versioning", "give every weight its versions and update rule";
+        Lower = "lower", "lower each stage to a stage program";
+    }
+}
+
+impl Default for BatchMode {
+    /// Import finds the batch axis unless told to keep the exported extents.
+    fn default() -> Self {
+        BatchMode::Auto
+    }
+}
+
+/// Joins the spellings of `values` for messages: `2bw, flush, gpipe`.
+pub fn spellings<T: fmt::Display>(values: &[T]) -> String {
+    values.iter().map(|v| v.to_string()).collect::<Vec<_>>().join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_word_round_trips_through_text_and_serde() {
+        fn check<T>(all: &[T])
+        where
+            T: Copy + PartialEq + fmt::Debug + fmt::Display + std::str::FromStr + serde::Serialize + serde::de::DeserializeOwned,
+            T::Err: fmt::Debug,
+        {
+            for &v in all {
+                assert_eq!(v.to_string().parse::<T>().unwrap(), v);
+                let json = serde_json::to_string(&v).unwrap();
+                assert_eq!(json, format!("{:?}", v.to_string()));
+                assert_eq!(serde_json::from_str::<T>(&json).unwrap(), v);
+            }
+        }
+        check(Schedule::ALL);
+        check(Recompute::ALL);
+        check(UpdateRule::ALL);
+        check(Optimizer::ALL);
+        check(Loss::ALL);
+        check(Decay::ALL);
+        check(Balance::ALL);
+        check(BatchMode::ALL);
+        check(PassName::ALL);
+    }
+
+    #[test]
+    fn one_spelling_only() {
+        assert_eq!("2bw".parse::<Schedule>(), Ok(Schedule::TwoBw));
+        let e = "2BW".parse::<Schedule>().unwrap_err();
+        assert_eq!(e.to_string(), "unknown schedule \"2BW\": expected one of 2bw, flush, gpipe");
+        // The old aliases of the planner are gone: one spelling everywhere.
+        assert!("on".parse::<Recompute>().is_err());
+        assert!("off".parse::<Recompute>().is_err());
+        let e = serde_json::from_str::<Recompute>("\"on\"").unwrap_err();
+        assert!(e.to_string().contains("expected one of none, selective, full"), "{e}");
+    }
+
+    #[test]
+    fn update_rules_pick_the_documented_versions() {
+        // m = 4: microbatches 0..3 are batch 0, 4..7 batch 1, 8..11 batch 2.
+        let versions = |r: UpdateRule| (0..12).map(|j| r.version_for(j, 4)).collect::<Vec<_>>();
+        assert_eq!(versions(UpdateRule::Vanilla), [0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2]);
+        assert_eq!(versions(UpdateRule::TwoBw), [0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1]);
+        assert_eq!(versions(UpdateRule::Constant), [0; 12]);
+        assert_eq!(Schedule::TwoBw.update_rule(), UpdateRule::TwoBw);
+        assert_eq!(Schedule::GPipe.weight_versions(), 1);
+    }
+
+    #[test]
+    fn optimizer_state() {
+        assert_eq!(Optimizer::Sgd.state_tensors(false), 0);
+        assert_eq!(Optimizer::Sgd.state_tensors(true), 1);
+        assert_eq!(Optimizer::AdamW.state_tensors(false), 2);
+    }
+}
