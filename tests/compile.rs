@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::Output;
 
 use common::*;
+use pipewright_runtime::build::{Manifest, StageEntry, TensorEntry};
 
 fn models() -> PathBuf {
     corpus().join("models")
@@ -23,15 +24,14 @@ fn compile(model: &Path, d: usize, out: &Path, extra: &[&str]) -> Output {
     pipewright(&refs)
 }
 
-fn compile_ok(model: &Path, d: usize, out: &Path) -> toml::Value {
+fn compile_ok(model: &Path, d: usize, out: &Path) -> Manifest {
     let o = compile(model, d, out, &[]);
     assert!(o.status.success(), "compile {} d={d}: {}", model.display(), String::from_utf8_lossy(&o.stderr));
-    let text = std::fs::read_to_string(out.join("pipeline.toml")).unwrap();
-    text.parse::<toml::Value>().unwrap()
+    Manifest::read(out).unwrap()
 }
 
-fn names(stage: &toml::Value, key: &str) -> Vec<String> {
-    stage.get(key).and_then(|v| v.as_array()).map(|a| a.iter().map(|t| t["name"].as_str().unwrap().to_string()).collect()).unwrap_or_default()
+fn names(tensors: &[TensorEntry]) -> Vec<String> {
+    tensors.iter().map(|t| t.name.clone()).collect()
 }
 
 #[cfg(feature = "torch")]
@@ -95,14 +95,13 @@ mod run {
     }
 
     /// Runs the stage modules of `build` in order on the model's stored inputs.
-    pub fn run_modules(model: &Path, build: &Path, manifest: &toml::Value, what: &str) {
+    pub fn run_modules(model: &Path, build: &Path, manifest: &Manifest, what: &str) {
         let (mut env, outs, expected) = feeds(model);
-        let stages = manifest["stage"].as_array().unwrap();
         let _guard = tch::no_grad_guard();
-        for st in stages {
-            let module = pipewright_runtime::module::read_module(build.join(st["module"].as_str().unwrap())).unwrap();
-            let (received, inputs) = (names(st, "received"), names(st, "graph_inputs"));
-            let (sent, outputs) = (names(st, "sent"), names(st, "graph_outputs"));
+        for st in &manifest.stages {
+            let module = pipewright_runtime::module::read_module(build.join(&st.module)).unwrap();
+            let (received, inputs) = (names(&st.received), names(&st.graph_inputs));
+            let (sent, outputs) = (names(&st.sent), names(&st.graph_outputs));
             assert_eq!(module.program.inputs.len(), received.len() + inputs.len());
             assert_eq!(module.program.outputs.len(), sent.len() + outputs.len());
             let args: Vec<Tensor> = received
@@ -111,7 +110,7 @@ mod run {
                 .map(|n| env.get(n).unwrap_or_else(|| panic!("{what}: nothing sent or fed as {n:?}")).shallow_clone())
                 .collect();
             let interp = Interpreter::new(module.program, tch::Device::Cpu).unwrap();
-            let results = interp.run(&args, Mode::Eval).unwrap_or_else(|e| panic!("{what}: stage {}: {e}", st["index"]));
+            let results = interp.run(&args, Mode::Eval).unwrap_or_else(|e| panic!("{what}: stage {}: {e}", st.index));
             for (n, t) in sent.iter().chain(&outputs).zip(results) {
                 env.insert(n.clone(), t);
             }
@@ -121,11 +120,11 @@ mod run {
     }
 
     /// Re-imports each `stageK.onnx` and runs them in order.
-    pub fn run_onnx(model: &Path, build: &Path, manifest: &toml::Value) {
+    pub fn run_onnx(model: &Path, build: &Path, manifest: &Manifest) {
         let (mut env, outs, expected) = feeds(model);
         let _guard = tch::no_grad_guard();
-        for st in manifest["stage"].as_array().unwrap() {
-            let path = build.join(st["onnx"].as_str().unwrap());
+        for st in &manifest.stages {
+            let path = build.join(&st.onnx);
             let g = import_model(&path, &ImportOptions::default()).unwrap_or_else(|e| panic!("re-import: {e}"));
             pipewright_ir::verify(&g).unwrap();
             let program = pipewright_codegen::lower_graph(&g).unwrap();
@@ -151,8 +150,8 @@ fn modules_match(name: &str, depths: &[usize]) {
     for &d in depths {
         let dir = tempfile::tempdir().unwrap();
         let manifest = compile_ok(&model, d, dir.path());
-        assert_eq!(manifest["plan"]["d"].as_integer(), Some(d as i64));
-        assert_eq!(manifest["stage"].as_array().unwrap().len(), d);
+        assert_eq!(manifest.pipeline.depth as usize, d);
+        assert_eq!(manifest.stages.len(), d);
         for k in 0..d {
             assert!(dir.path().join(format!("stage{k}.pwm")).is_file());
             assert!(dir.path().join(format!("stage{k}.onnx")).is_file());
@@ -234,16 +233,18 @@ mod stage_onnx_chains {
 fn manifest_connects_stages() {
     let dir = tempfile::tempdir().unwrap();
     let m = compile_ok(&models().join("resnet18.onnx"), 4, dir.path());
-    let stages = m["stage"].as_array().unwrap();
-    assert_eq!(m["plan"]["schedule"].as_str(), Some("2bw"));
-    assert_eq!(m["plan"]["recompute"].as_str(), Some("none"));
+    let stages: &[StageEntry] = &m.stages;
+    assert_eq!((m.pipeline.schedule.name(), m.pipeline.recompute.name()), ("2bw", "none"));
+    // `--stages` alone decides no microbatch, microbatch count or width.
+    assert_eq!((m.pipeline.microbatch, m.pipeline.microbatches, m.pipeline.replicas), (None, None, None));
+    assert_eq!(m.pipeline.origin, "compile --stages 4");
     for k in 0..stages.len() - 1 {
-        assert_eq!(names(&stages[k], "sent"), names(&stages[k + 1], "received"), "stage {k} -> {}", k + 1);
-        assert!(!names(&stages[k], "sent").is_empty());
+        assert_eq!(names(&stages[k].sent), names(&stages[k + 1].received), "stage {k} -> {}", k + 1);
+        assert!(!stages[k].sent.is_empty());
     }
-    assert!(names(&stages[0], "received").is_empty());
-    assert!(names(&stages[stages.len() - 1], "sent").is_empty());
-    assert_eq!(names(&stages[stages.len() - 1], "graph_outputs").len(), 1);
+    assert!(stages[0].received.is_empty());
+    assert!(stages[stages.len() - 1].sent.is_empty());
+    assert_eq!(stages[stages.len() - 1].graph_outputs.len(), 1);
     // No temporary files left behind.
     for e in std::fs::read_dir(dir.path()).unwrap() {
         let n = e.unwrap().file_name().to_string_lossy().into_owned();
@@ -325,10 +326,10 @@ fn executables_carry_their_module() {
 }
 
 /// The `inspect` text of every stage module of `name` compiled at depth `d` with
-/// `--recompute MODE`, a fixed batch and microbatch (so the plan is deterministic).
+/// `--recompute MODE` and microbatch 8.
 fn inspected_stages(name: &str, d: usize, mode: &str) -> Vec<String> {
     let dir = tempfile::tempdir().unwrap();
-    let o = compile(&models().join(format!("{name}.onnx")), d, dir.path(), &["--recompute", mode, "--batch", "64", "--microbatch", "8"]);
+    let o = compile(&models().join(format!("{name}.onnx")), d, dir.path(), &["--recompute", mode, "--microbatch", "8"]);
     assert!(o.status.success(), "compile {name} d={d}: {}", String::from_utf8_lossy(&o.stderr));
     (0..d)
         .map(|k| {
@@ -360,7 +361,7 @@ fn recompute_segments_follow_the_mode() {
     let dir = tempfile::tempdir().unwrap();
     for mode in ["full", "none", "selective"] {
         let build = dir.path().join(mode);
-        let o = compile(&models().join("gpt2-tiny.onnx"), 2, &build, &["--recompute", mode, "--batch", "64", "--microbatch", "8"]);
+        let o = compile(&models().join("gpt2-tiny.onnx"), 2, &build, &["--recompute", mode, "--microbatch", "8"]);
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
         for k in 0..2 {
             let m = pipewright_runtime::module::read_module(build.join(format!("stage{k}.pwm"))).unwrap();

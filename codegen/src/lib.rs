@@ -1,10 +1,12 @@
 //! Code generation: lowering the IR to the runtime's plain-data [`Program`] (one
 //! [`Kernel`] per op, values as numbered slots, weights as stored tensors). Stage
-//! modules are built from lowered programs.
+//! modules are built from lowered programs; [`build`] is the `lower` pass and writes the
+//! build folder.
 //!
 //! [`Program`]: pipewright_runtime::program::Program
 //! [`Kernel`]: pipewright_runtime::Kernel
 
+pub mod build;
 pub mod lower;
 pub mod module;
 pub mod onnx_export;

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 /// A file could not be written; names the target and the step that failed.
 #[derive(Debug, thiserror::Error)]
-#[error("{}: cannot {op}: {source}", .path.display())]
+#[error("{}: cannot write ({op}): {source}", .path.display())]
 pub struct WriteError {
     pub path: PathBuf,
     pub op: &'static str,
@@ -93,7 +93,7 @@ mod tests {
             Err(std::io::Error::other("disk full"))
         })
         .unwrap_err();
-        assert_eq!(e.to_string(), format!("{}: cannot write the temporary file: disk full", path.display()));
+        assert_eq!(e.to_string(), format!("{}: cannot write (write the temporary file): disk full", path.display()));
         assert_eq!(fs::read(&path).unwrap(), b"kept");
         assert!(leftovers(dir.path()).is_empty());
     }
@@ -105,7 +105,7 @@ mod tests {
         let path = dir.path().join("stage0.pwm");
         fs::create_dir_all(path.join("occupied")).unwrap();
         let e = write_atomic(&path, b"x").unwrap_err();
-        assert!(e.to_string().contains("stage0.pwm: cannot rename"), "{e}");
+        assert!(e.to_string().contains("stage0.pwm: cannot write (rename the temporary file into place)"), "{e}");
         assert!(leftovers(dir.path()).is_empty());
     }
 }

@@ -116,6 +116,9 @@ pub struct ModelMeta {
     /// The default-domain opset.
     pub opset: i64,
     pub graph_name: String,
+    /// CRC-32 of the model file's bytes: names the exact model a plan or a build was made
+    /// from. 0 for graphs not read from a file.
+    pub source_crc32: u32,
 }
 
 /// The symbolic batch dimension: its name and the extent the model was exported with.

@@ -25,7 +25,7 @@ pub use dim::{Dim, Shape, TensorType};
 pub use dtype::DType;
 pub use error::{ImportError, ModelError, NodeRef};
 pub use graph::{BatchInfo, Edge, Graph, ModelMeta, Node, NodeId, Value, ValueDef, ValueId, Weight};
-pub use import::{import_bytes, import_model, read_tensor_file, BatchMode, ImportOptions};
+pub use import::{content_crc32, import_bytes, import_model, read_tensor_file, BatchMode, ImportOptions};
 pub use ops::Op;
 pub use tensor::TensorData;
 pub use stage::{verify_stages, StageMap};

@@ -20,12 +20,13 @@
 // `%`: the workspace's MSRV is 1.80.
 #![allow(clippy::manual_is_multiple_of)]
 
-use serde::Serialize;
+use pipewright_core::units::human_bytes;
+use serde::{Deserialize, Serialize};
 
 use crate::cost::Roofline;
 
 /// The hardware a plan is made for.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Cluster {
     pub workers: usize,
     /// Bytes of accelerator memory per worker.
@@ -232,6 +233,17 @@ impl Cluster {
             }
         }
         Ok(c)
+    }
+
+    /// One line for people: `8 workers (8 per server), 16.0 GiB, 15.7 Tflop/s each`.
+    pub fn summary(&self) -> String {
+        format!(
+            "{} workers ({} per server), {}, {:.1} Tflop/s each",
+            self.workers,
+            self.workers_per_node,
+            human_bytes(self.memory_per_worker),
+            self.peak_flops / 1e12
+        )
     }
 
     /// The roofline description of one worker.

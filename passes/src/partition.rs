@@ -44,7 +44,7 @@ use std::ops::Range;
 use petgraph::visit::{EdgeRef, IntoEdgeReferences};
 use petgraph::Direction;
 use pipewright_ir::{Graph, NodeId, ValueDef};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::cost::{CostModel, Lin};
 
@@ -459,13 +459,34 @@ pub fn balanced_by(weights: &[f64], d: usize) -> Vec<usize> {
     cuts
 }
 
-/// Which linear order was kept.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+/// Which linear order of the nodes the stages are cut from (the one with fewer live
+/// bytes at its widest cut).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum OrderKind {
     /// [`Graph::topo_order`].
     Topological,
     /// Kahn's algorithm with a LIFO ready list.
     DepthFirst,
+}
+
+impl OrderKind {
+    /// The nodes of `g` in this order, or a node on a cycle.
+    pub fn order(self, g: &Graph) -> Result<Vec<NodeId>, NodeId> {
+        match self {
+            OrderKind::Topological => g.topo_order(),
+            OrderKind::DepthFirst => depth_first_order(g),
+        }
+    }
+}
+
+impl std::fmt::Display for OrderKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            OrderKind::Topological => "topological",
+            OrderKind::DepthFirst => "depth-first",
+        })
+    }
 }
 
 /// A linear order of the nodes with its per-cut live values.

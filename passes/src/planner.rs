@@ -38,10 +38,9 @@ use std::collections::HashMap;
 use std::fmt::Write;
 
 use pipewright_ir::{Graph, NodeId, StageMap};
-use serde::Serialize;
-
 use pipewright_core::units::human_bytes;
 use pipewright_core::{Balance, Optimizer, Recompute, Schedule};
+use serde::{Deserialize, Serialize};
 
 use crate::cluster::Cluster;
 use crate::cost::{CostError, CostModel, Lin, OpClass};
@@ -51,7 +50,7 @@ use crate::partition::{
 };
 
 /// What to search.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct PlanOptions {
     /// Samples per optimizer step over all replicas.
     pub global_batch: u64,
@@ -91,7 +90,7 @@ impl Default for PlanOptions {
 }
 
 /// One evaluated configuration.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Candidate {
     pub w: usize,
     pub d: usize,
@@ -107,7 +106,7 @@ pub struct Candidate {
 }
 
 /// One stage of the chosen configuration.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct StagePlan {
     pub index: usize,
     pub first_node: String,
@@ -131,22 +130,27 @@ pub struct StagePlan {
 }
 
 /// A tied weight read in more than one stage.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SharedWeight {
     pub name: String,
     pub stages: Vec<usize>,
     pub decision: String,
 }
 
-/// The planner's result.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+/// The planner's result, with the cluster and options it was made for. `plan --json`
+/// writes it (inside a [`crate::plan_file::PlanFile`]); `compile --plan` reads it back.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Plan {
+    pub cluster: Cluster,
+    pub options: PlanOptions,
+    /// The node order the cuts are positions in.
     pub order: OrderKind,
     /// Best first.
     pub candidates: Vec<Candidate>,
     pub chosen: Candidate,
     pub stages: Vec<StagePlan>,
     pub shared_weights: Vec<SharedWeight>,
+    /// Not saved: a plan read back rebuilds it from the order and the stage starts.
     #[serde(skip)]
     node_stage: Vec<(NodeId, usize)>,
 }
@@ -168,6 +172,10 @@ pub enum PlanError {
     StagesMismatch { stages: usize, from_cuts: usize },
     #[error("no configuration fits: {0}")]
     NoFeasible(String),
+    #[error("the plan's stage {stage} starts at node {node:?}, which this model does not have (planned for another model?)")]
+    PlanNodeMissing { stage: usize, node: String },
+    #[error("the plan's stage starts are out of order for this model: {0}")]
+    PlanCutsInvalid(String),
     #[error(transparent)]
     Cost(#[from] CostError),
 }
@@ -187,10 +195,36 @@ impl Plan {
         map
     }
 
+    /// The first node of each stage after the first, by name.
+    pub fn cut_names(&self) -> Vec<String> {
+        self.stages.iter().skip(1).map(|s| s.first_node.clone()).collect()
+    }
+
+    /// Attaches a plan read from a file to `g`: rebuilds the node order the plan was cut
+    /// from and assigns every node its stage from the saved stage starts.
+    pub fn attach(&mut self, g: &Graph) -> Result<(), PlanError> {
+        let nodes = self.order.order(g).map_err(|n| PlanError::Cycle(g.node(n).name.clone()))?;
+        let by_name: HashMap<&str, usize> = nodes.iter().enumerate().map(|(p, &x)| (g.node(x).name.as_str(), p)).collect();
+        let mut cuts = Vec::with_capacity(self.stages.len().saturating_sub(1));
+        for st in self.stages.iter().skip(1) {
+            let &p = by_name
+                .get(st.first_node.as_str())
+                .ok_or_else(|| PlanError::PlanNodeMissing { stage: st.index, node: st.first_node.clone() })?;
+            cuts.push(p);
+        }
+        if self.stages.len() != self.chosen.d || !valid_cuts(&cuts, nodes.len()) {
+            return Err(PlanError::PlanCutsInvalid(format!("{} stages starting at positions {cuts:?} of {} nodes", self.stages.len(), nodes.len())));
+        }
+        let ranges = stage_ranges(&cuts, nodes.len());
+        self.node_stage = ranges.iter().enumerate().flat_map(|(s, r)| nodes[r.clone()].iter().map(move |&x| (x, s))).collect();
+        Ok(())
+    }
+
     /// The candidates table and the chosen partition, as text.
     pub fn text(&self) -> String {
         let mut s = String::new();
-        let _ = writeln!(s, "linear order: {:?}", self.order);
+        let _ = writeln!(s, "planned for: {}, global batch {}", self.cluster.summary(), self.options.global_batch);
+        let _ = writeln!(s, "node order: {} (stages are contiguous runs of it)", self.order);
         let _ = writeln!(
             s,
             "{:>3} {:>3} {:>3} {:>5} {:>5} {:>9} {:>8} {:>12}  {:<10} peak memory per stage",
@@ -778,12 +812,7 @@ pub fn plan(
     Ok(describe(&mut ctx, found, chosen, opts))
 }
 
-fn describe(
-    ctx: &mut PlanContext,
-    candidates: Vec<Candidate>,
-    chosen: Candidate,
-    opts: &PlanOptions,
-) -> Plan {
+fn describe(ctx: &mut PlanContext, candidates: Vec<Candidate>, chosen: Candidate, opts: &PlanOptions) -> Plan {
     let n = ctx.n;
     let g = ctx.g;
     let cuts = chosen.cuts.clone();
@@ -891,6 +920,8 @@ fn describe(
     }
     debug_assert!(valid_cuts(&cuts, n) || cuts.is_empty());
     Plan {
+        cluster: ctx.cluster.clone(),
+        options: opts.clone(),
         order: ctx.order.kind,
         candidates,
         chosen,

@@ -207,6 +207,21 @@ fn err<T>(kind: ModuleErrorKind) -> Result<T> {
     Err(ModuleError::new(kind))
 }
 
+/// Whether `path` names a stage module: a `.pwm` file, or one starting with [`MAGIC`] (or
+/// a prefix of it: a truncated module, which [`read_module`] then reports).
+pub fn looks_like_module(path: &Path) -> bool {
+    use std::io::Read;
+    if path.extension().is_some_and(|e| e == "pwm") {
+        return true;
+    }
+    let mut head = Vec::with_capacity(8);
+    let Ok(f) = std::fs::File::open(path) else { return false };
+    if f.take(8).read_to_end(&mut head).is_err() {
+        return false;
+    }
+    !head.is_empty() && MAGIC.starts_with(&head)
+}
+
 /// The safetensors dtype of an element type.
 pub fn dtype_of(e: ElemType) -> Dtype {
     match e {

@@ -63,10 +63,17 @@ pub fn import_model(path: &Path, opts: &ImportOptions) -> Result<Graph, ModelErr
     import_bytes(&bytes, dir, opts).map_err(wrap)
 }
 
+/// The CRC-32 a model file is identified by (`ModelMeta::source_crc32`).
+pub fn content_crc32(bytes: &[u8]) -> u32 {
+    crc32fast::hash(bytes)
+}
+
 /// Imports a serialized model; `model_dir` is where external data files live.
 pub fn import_bytes(bytes: &[u8], model_dir: &Path, opts: &ImportOptions) -> Result<Graph, ImportError> {
     let model = parse(bytes)?;
-    Importer::new(model_dir, opts).run(model)
+    let mut graph = Importer::new(model_dir, opts).run(model)?;
+    graph.meta.source_crc32 = content_crc32(bytes);
+    Ok(graph)
 }
 
 fn parse(bytes: &[u8]) -> Result<ModelProto, ImportError> {
@@ -116,6 +123,7 @@ impl<'a> Importer<'a> {
             ir_version: model.ir_version,
             opset,
             graph_name: g.name.clone(),
+            source_crc32: 0,
         };
         name_nodes(&mut g.node);
         check_ops(&g.node, opset)?;

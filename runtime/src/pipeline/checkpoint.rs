@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 
 use safetensors::tensor::TensorView;
 use safetensors::SafeTensors;
+use pipewright_core::Schedule;
 use serde::{Deserialize, Serialize};
 use tch::Tensor;
 
@@ -43,8 +44,7 @@ pub struct Checkpoint {
     pub step: u64,
     /// `Program::pipeline` of the modules that were trained.
     pub pipeline: String,
-    /// `2bw`, `flush` or `gpipe`.
-    pub schedule: String,
+    pub schedule: Schedule,
     pub stages: Vec<StageState>,
 }
 
@@ -64,7 +64,7 @@ struct Manifest {
     version: u32,
     step: u64,
     depth: usize,
-    schedule: String,
+    schedule: Schedule,
     pipeline: String,
     stages: Vec<String>,
 }
@@ -105,7 +105,7 @@ fn write_into(tmp: &Path, ck: &Checkpoint) -> Result<(), CheckpointError> {
         version: 1,
         step: ck.step,
         depth: ck.stages.len(),
-        schedule: ck.schedule.clone(),
+        schedule: ck.schedule,
         pipeline: ck.pipeline.clone(),
         stages: files,
     };

@@ -2,6 +2,7 @@
 //! GPipe, PipeDream-Flush or PipeDream-2BW (see `shared/design/2bw.md`).
 
 mod checkpoint;
+mod launcher;
 mod memory;
 mod optim;
 mod pieces;
@@ -22,12 +23,13 @@ pub use crate::exec::Mode;
 pub use optim::{LrSchedule, OptimizerConfig};
 pub use schedule::{stage_ops, stage_ops_from, Op};
 pub use checkpoint::{read_checkpoint, step_dir_name, write_checkpoint, Checkpoint, CheckpointError, StageState};
+pub use launcher::{launcher_rank, launcher_size};
 pub use memory::{bytes_of, StageMemory};
 pub use tcp::{Tcp, TcpOptions};
-pub use trace::{chrome_trace_json, TraceEvent, TraceKind};
 pub use transport::{InProcess, Named, Transport};
 
 use crate::module::StageModule;
+use crate::timeline::TraceEvent;
 
 /// The training objective: a loss applied at the last stage to one of its outputs (by
 /// name): cross-entropy of logits `[N, C]` or `[N, ..., C]` against i64 labels `[N, ...]`,
@@ -237,7 +239,7 @@ fn check_stages(stages: &[StageModule], resume: Option<&Checkpoint>, cfg: &Train
                 ck.pipeline, stages[0].program.pipeline
             )));
         }
-        let sched = stages[0].header.params.schedule.name();
+        let sched = stages[0].header.params.schedule;
         if ck.schedule != sched {
             return Err(PipelineError::Config(format!("the checkpoint was written under schedule {}, the modules use {sched}", ck.schedule)));
         }
@@ -334,7 +336,7 @@ fn run_training(
     if cfg.steps == start {
         return Ok(empty_report(d));
     }
-    let (pipeline_id, schedule_name) = (stages[0].program.pipeline.clone(), stages[0].header.params.schedule.name());
+    let (pipeline_id, schedule) = (stages[0].program.pipeline.clone(), stages[0].header.params.schedule);
     let specs = stage::specs(&stages, &cfg.loss)?;
     let tied: Vec<Vec<u32>> = tied_sets(&stages);
     drop(stages);
@@ -389,7 +391,7 @@ fn run_training(
         }
     }
     drop(ev_tx);
-    let mut events = EventSink::new(d, w, cfg, pipeline_id, schedule_name, on_step);
+    let mut events = EventSink::new(d, w, cfg, pipeline_id, schedule, on_step);
     for ev in ev_rx {
         events.handle(ev);
     }
@@ -504,7 +506,7 @@ pub fn run_worker(
         .name(format!("pipewright-r{replica}-stage{k}"))
         .spawn(move || stage::run(args))
         .map_err(|e| PipelineError::Stage { stage: k, message: format!("cannot spawn thread: {e}") })?;
-    let mut sink = EventSink::new(1, 1, cfg, module.program.pipeline.clone(), module.header.params.schedule.name(), on_step);
+    let mut sink = EventSink::new(1, 1, cfg, module.program.pipeline.clone(), module.header.params.schedule, on_step);
     for ev in ev_rx {
         sink.handle(ev);
     }
@@ -562,7 +564,7 @@ struct EventSink<'a> {
     d: usize,
     w: usize,
     /// The modules' schedule name (`2bw`, `flush`, `gpipe`), recorded in checkpoints.
-    schedule: &'static str,
+    schedule: Schedule,
     pipeline: String,
     dir: Option<PathBuf>,
     on_step: &'a mut dyn FnMut(StepReport),
@@ -575,7 +577,7 @@ struct EventSink<'a> {
 }
 
 impl<'a> EventSink<'a> {
-    fn new(d: usize, w: usize, cfg: &TrainConfig, pipeline: String, schedule: &'static str, on_step: &'a mut dyn FnMut(StepReport)) -> Self {
+    fn new(d: usize, w: usize, cfg: &TrainConfig, pipeline: String, schedule: Schedule, on_step: &'a mut dyn FnMut(StepReport)) -> Self {
         EventSink {
             d,
             w,
@@ -620,7 +622,7 @@ impl<'a> EventSink<'a> {
 
     fn write(&mut self, step: u64, stages: Vec<StageState>) {
         let (Some(dir), None) = (&self.dir, &self.error) else { return };
-        let ck = Checkpoint { step, pipeline: self.pipeline.clone(), schedule: self.schedule.into(), stages };
+        let ck = Checkpoint { step, pipeline: self.pipeline.clone(), schedule: self.schedule, stages };
         match write_checkpoint(dir, &ck) {
             Ok(p) => self.written.push(p),
             Err(e) => self.error = Some(e),

@@ -11,7 +11,8 @@ use super::checkpoint::StageState;
 use super::memory::{bytes_of, StageMemory};
 use super::optim::OptState;
 use super::pieces::{pieces, Engine, Piece, PieceFwd};
-use super::trace::{Recorder, TraceKind};
+use super::trace::Recorder;
+use crate::timeline::{TraceEvent, TraceKind};
 use super::{Event, Objective, Op, PipelineError, StageData, TrainConfig, Transport};
 use crate::exec::{tensor_from_bytes, Mode};
 use crate::kernel::Kernel;
@@ -149,7 +150,7 @@ pub(crate) struct StageOut {
     pub buffers: Vec<(String, Tensor)>,
     pub peak_versions: usize,
     pub memory: StageMemory,
-    pub trace: Vec<super::TraceEvent>,
+    pub trace: Vec<TraceEvent>,
 }
 
 /// A stage error; `induced` when it only reflects another stage (or the feeder) stopping.

@@ -1,21 +1,18 @@
-//! The training data loader (src/data.rs): .npy / .npz / safetensors round trips, the
-//! errors for data that does not fit the model, seeded shuffling and synthetic data, and
-//! the shipped digits example.
+//! The training data loader (`pipewright_runtime::data`): .npy / .npz / safetensors round
+//! trips, the errors for data that does not fit the model, seeded shuffling and synthetic
+//! data, and the shipped digits example.
 
 #![cfg(feature = "torch")]
-
-#[path = "../src/data.rs"]
-mod data;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use data::{encode_npy, parse_npy, Dataset, IntFill, RawArray, Stop};
+use pipewright_runtime::data::{encode_npy, parse_npy, DataError, Dataset, InputSpec, IntFill, RawArray, Stop};
 use pipewright_runtime::ElemType;
 use tch::{Kind, Tensor};
 
-fn spec(name: &str, elem: ElemType, shape: &[i64]) -> (String, ElemType, Vec<i64>) {
-    (name.to_string(), elem, shape.to_vec())
+fn spec(name: &str, elem: ElemType, shape: &[i64]) -> InputSpec {
+    InputSpec { name: name.to_string(), elem, per_sample: shape.to_vec() }
 }
 
 fn f32_array(shape: &[i64], f: impl Fn(usize) -> f32) -> RawArray {
@@ -50,10 +47,10 @@ fn to_vec_i64(t: &Tensor) -> Vec<i64> {
     Vec::<i64>::try_from(t.to_kind(Kind::Int64).flatten(0, -1)).unwrap()
 }
 
-fn err_of<T>(r: anyhow::Result<T>) -> String {
+fn err_of<T>(r: Result<T, DataError>) -> String {
     match r {
         Ok(_) => panic!("expected an error"),
-        Err(e) => format!("{e:#}"),
+        Err(e) => e.to_string(),
     }
 }
 
@@ -376,7 +373,7 @@ fn synthetic_data_is_seeded() {
 
 #[test]
 fn loads_the_digits_example() {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/digits/digits.npz");
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/digits/digits.npz");
     let d = Dataset::open(&path, &[spec("input", ElemType::F32, &[64])], Some("label")).unwrap();
     assert_eq!(d.samples(), 1797);
     let x = d.input("input").unwrap();

@@ -8,21 +8,43 @@
 //!
 //! Everything lives on the CPU; the caller moves microbatches to their devices.
 
-#![allow(dead_code)]
-
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
+use std::fmt::{Display, Write as _};
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use anyhow::{anyhow, bail, Context, Result};
-use pipewright_runtime::exec::tensor_from_bytes;
-use pipewright_runtime::ElemType;
 use tch::{Kind, Tensor};
 
-/// What the model expects of one input: graph input name, element type and per-sample
-/// shape (the input's shape without the leading batch dimension; `-1` matches any size).
-pub type InputSpec = (String, ElemType, Vec<i64>);
+pub use crate::build::InputSpec;
+use crate::exec::tensor_from_bytes;
+use crate::kernel::ElemType;
+
+/// Data that cannot be loaded or batched; the message names the file and the array, and
+/// keeps every cause (`data.npz: array `x`: dtype `>f4` is big-endian, ...`).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct DataError(pub String);
+
+type Result<T> = std::result::Result<T, DataError>;
+
+macro_rules! bail {
+    ($($t:tt)*) => { return Err(DataError(format!($($t)*))) };
+}
+
+macro_rules! anyhow {
+    ($($t:tt)*) => { DataError(format!($($t)*)) };
+}
+
+/// `what: cause`, for errors from the file system, zip, safetensors and the parsers.
+trait Context<T> {
+    fn with_context<C: Display>(self, what: impl FnOnce() -> C) -> Result<T>;
+}
+
+impl<T, E: Display> Context<T> for std::result::Result<T, E> {
+    fn with_context<C: Display>(self, what: impl FnOnce() -> C) -> Result<T> {
+        self.map_err(|e| DataError(format!("{}: {e}", what())))
+    }
+}
 
 /// One microbatch: the named inputs and the labels (when the data set has them).
 pub type MicrobatchData = (Vec<(String, Tensor)>, Option<Tensor>);
@@ -78,7 +100,7 @@ impl Dataset {
             bail!("synthetic data set: needs at least one sample");
         }
         let mut out = Vec::with_capacity(inputs.len());
-        for (i, (name, elem, shape)) in inputs.iter().enumerate() {
+        for (i, InputSpec { name, elem, per_sample: shape }) in inputs.iter().enumerate() {
             if let Some(d) = shape.iter().find(|&&d| d < 0) {
                 bail!("synthetic input `{name}`: per-sample shape {shape:?} has a dynamic dimension ({d}); give a concrete size");
             }
@@ -230,7 +252,7 @@ impl Dataset {
         let shown = path.display().to_string();
         Self::assemble(&shown, names, inputs, label, |array| {
             let view = st.tensor(array).map_err(|e| anyhow!("{shown}: array `{array}`: {e:?}"))?;
-            let elem = pipewright_runtime::module::elem_of_dtype(view.dtype())
+            let elem = crate::module::elem_of_dtype(view.dtype())
                 .ok_or_else(|| anyhow!("{shown}: array `{array}`: dtype {:?} is not supported", view.dtype()))?;
             let shape = view.shape().iter().map(|&d| d as i64).collect();
             Ok(RawArray { elem, shape, data: view.data().to_vec() })
@@ -262,7 +284,7 @@ impl Dataset {
             Ok(n)
         };
         let mut out = Vec::with_capacity(inputs.len());
-        for (name, elem, per_sample) in inputs {
+        for InputSpec { name, elem, per_sample } in inputs {
             if !available.iter().any(|a| a == name) {
                 bail!("{source}: no array for model input `{name}` (arrays: {})", listing());
             }
@@ -406,7 +428,7 @@ impl Iterator for Batches<'_> {
 impl ExactSizeIterator for Batches<'_> {}
 
 fn kind(elem: ElemType) -> Result<Kind> {
-    pipewright_runtime::exec::torch_kind(elem).map_err(|e| anyhow!("{e}"))
+    crate::exec::torch_kind(elem).map_err(|e| anyhow!("{e}"))
 }
 
 fn to_tensor(source: &str, name: &str, a: &RawArray) -> Result<Tensor> {
@@ -612,7 +634,7 @@ fn parse_header(s: &str) -> Result<BTreeMap<String, Value>> {
         if *p >= b.len() {
             bail!("unterminated string");
         }
-        let v = String::from_utf8(b[st..*p].to_vec())?;
+        let v = String::from_utf8(b[st..*p].to_vec()).map_err(|_| anyhow!("a string that is not UTF-8"))?;
         *p += 1;
         Ok(v)
     }

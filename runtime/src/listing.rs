@@ -1,61 +1,21 @@
-//! `pipewright inspect`: summary, text IR, Graphviz and JSON views of a model.
+//! The text form of a stage module, for `pipewright inspect` and for a stage executable
+//! run without arguments: the header, the stage's inputs and outputs, its stored tensors
+//! with their weight versions and update rules, each slot's lifetime and every instruction
+//! with its recompute/stash mark. Stored tensors are shown by name and shape, never by
+//! value.
 
-use anyhow::Result;
-use pipewright_ir::summary::Summary;
-use pipewright_ir::{import_model, ImportOptions};
+use std::fmt::Write;
 
-use crate::{output::write_atomic, InspectArgs};
+use pipewright_core::Recompute;
 
-pub fn run(args: &InspectArgs) -> Result<()> {
-    if is_stage_module(&args.model) {
-        let m = pipewright_runtime::module::read_module(&args.model).map_err(|e| anyhow::anyhow!("{e}"))?;
-        print!("{}", print_module(&m));
-        return Ok(());
-    }
-    let opts = ImportOptions {
-        batch: args.batch,
-        ..ImportOptions::default()
-    };
-    let graph = import_model(&args.model, &opts)?;
-    if let Some(path) = &args.dot {
-        write_atomic(path, pipewright_ir::dot::print_dot(&graph).as_bytes())?;
-    }
-    if args.ir {
-        print!("{}", pipewright_ir::text::print_graph(&graph));
-    } else if args.json {
-        println!("{}", serde_json::to_string_pretty(&Summary::of(&graph))?);
-    } else {
-        print!("{}", Summary::of(&graph).text());
-    }
-    Ok(())
-}
-
-/// A `.pwm` file, or one starting with the stage module magic (or a prefix of it: a
-/// truncated module, which the module reader then reports).
-fn is_stage_module(path: &std::path::Path) -> bool {
-    use std::io::Read;
-    use pipewright_runtime::module::MAGIC;
-    if path.extension().is_some_and(|e| e == "pwm") {
-        return true;
-    }
-    let mut head = Vec::with_capacity(8);
-    let Ok(f) = std::fs::File::open(path) else { return false };
-    if f.take(8).read_to_end(&mut head).is_err() {
-        return false;
-    }
-    !head.is_empty() && MAGIC.starts_with(&head)
-}
-
-/// Decodes a stage module from bytes and prints it (for stage executables).
-pub fn print_module_bytes(bytes: &[u8]) -> Result<String> {
-    let m = pipewright_runtime::module::decode_module(bytes).map_err(|e| anyhow::anyhow!("{e}"))?;
-    Ok(print_module(&m))
-}
+use crate::build::extent_text;
+use crate::kernel::Kernel;
+use crate::module::StageModule;
+use crate::program::{Program, SlotId};
 
 /// The header and program of a stage module in text form; stored tensors by name and
 /// shape, never their values.
-pub fn print_module(m: &pipewright_runtime::module::StageModule) -> String {
-    use std::fmt::Write;
+pub fn module_text(m: &StageModule) -> String {
     let h = &m.header;
     let p = &m.program;
     let mut s = String::new();
@@ -72,12 +32,22 @@ pub fn print_module(m: &pipewright_runtime::module::StageModule) -> String {
         "sections:     program {} bytes at {}, weights {} bytes at {}",
         h.program.len, h.program.offset, h.weights.len, h.weights.offset
     );
-    let ty = |id: pipewright_runtime::program::SlotId| {
+    // Recompute/stash marks only when the module was compiled with recomputation.
+    s.push_str(&program_text(p, h.params.recompute != Recompute::None));
+    s
+}
+
+/// A stage program in text form: inputs, outputs, stored tensors, segments, slot
+/// lifetimes and instructions; `marks` adds each instruction's and slot's
+/// `[recompute]`/`[stash]` mark.
+pub fn program_text(p: &Program, marks: bool) -> String {
+    let mut s = String::new();
+    let ty = |id: SlotId| {
         let info = &p.slots[id.index()];
-        let dims: Vec<String> = info.shape.iter().map(|&e| crate::compile::extent_text(e)).collect();
+        let dims: Vec<String> = info.shape.iter().map(|&e| extent_text::text(e)).collect();
         format!("{}[{}]", info.elem, dims.join(","))
     };
-    let slot_line = |id: pipewright_runtime::program::SlotId| format!("{id}: {}  # {:?}", ty(id), p.slots[id.index()].name);
+    let slot_line = |id: SlotId| format!("{id}: {}  # {:?}", ty(id), p.slots[id.index()].name);
     let _ = writeln!(s, "inputs ({}):", p.inputs.len());
     for &id in &p.inputs {
         let _ = writeln!(s, "  {}", slot_line(id));
@@ -108,8 +78,6 @@ pub fn print_module(m: &pipewright_runtime::module::StageModule) -> String {
             p.slots[t.slot.index()].name
         );
     }
-    // Recompute/stash marks only when the module was compiled with recomputation.
-    let marks = h.params.recompute != pipewright_core::Recompute::None;
     let stashed = p.stashed_slots();
     let recomputed = p.recompute_count();
     let _ = writeln!(
@@ -131,7 +99,7 @@ pub fn print_module(m: &pipewright_runtime::module::StageModule) -> String {
     let stashed_set: std::collections::HashSet<_> = stashed.iter().copied().collect();
     let _ = writeln!(s, "slots ({}):", p.slots.len());
     for k in 0..p.slots.len() {
-        let id = pipewright_runtime::program::SlotId(k as u32);
+        let id = SlotId(k as u32);
         let start = if entry.contains(&id) { "in".to_string() } else { first[k].map(|i| format!("n{i}")).unwrap_or_else(|| "-".into()) };
         let end = if outputs.contains(&id) { Some("out".to_string()) } else { p.slots[k].last_use.map(|i| format!("n{i}")) };
         let live = match end {
@@ -150,7 +118,7 @@ pub fn print_module(m: &pipewright_runtime::module::StageModule) -> String {
         let _ = writeln!(s, "  {}  {live}{mark}", slot_line(id));
     }
     let _ = writeln!(s, "instructions ({}):", p.instrs.len());
-    let opt = |x: &Option<pipewright_runtime::program::SlotId>| x.map(|id| id.to_string()).unwrap_or_else(|| "_".into());
+    let opt = |x: &Option<SlotId>| x.map(|id| id.to_string()).unwrap_or_else(|| "_".into());
     for (i, ins) in p.instrs.iter().enumerate() {
         let outs: Vec<String> = ins.outputs.iter().map(opt).collect();
         let args: Vec<String> = ins.inputs.iter().map(opt).collect();
@@ -165,7 +133,7 @@ pub fn print_module(m: &pipewright_runtime::module::StageModule) -> String {
 }
 
 /// `Gemm[alpha=1, beta=1, trans_a=false, trans_b=true]`, `Relu`, `MatMul`.
-fn kernel_text(k: &pipewright_runtime::Kernel) -> String {
+fn kernel_text(k: &Kernel) -> String {
     use serde_json::Value;
     fn value(v: &Value) -> String {
         match v {

@@ -1,6 +1,6 @@
 //! `pipewright profile`: measured forward and backward time of every node at several
-//! microbatch sizes, with the runtime's own kernels, written as the JSON profile that
-//! `pipewright plan --profile` reads (format: `pipewright_passes` `Profile`).
+//! microbatch sizes, with the runtime's own kernels, as the [`Profile`] that
+//! `pipewright plan --profile` reads.
 //!
 //! Each node is timed in isolation on the tensors a full forward pass gave it: forward is
 //! the kernel call; backward is autograd through that one kernel from a ones gradient on
@@ -8,58 +8,47 @@
 
 use std::time::Instant;
 
-use anyhow::{Context, Result};
+use std::path::Path;
+
+use pipewright_core::Device;
 use pipewright_ir::{Graph, ImportOptions};
+use pipewright_passes::cost::{Profile, ProfileNode};
 use pipewright_runtime::exec::{run as run_kernel, Mode};
 use pipewright_runtime::program::Instr;
-use serde_json::json;
 use tch::{Kind, Tensor};
 
 use crate::forward::Runner;
-use crate::output::write_atomic;
-use crate::ProfileArgs;
+use crate::DriverError;
 
-pub fn run(args: &ProfileArgs) -> Result<()> {
-    let device = pipewright_runtime::device::tch_device(args.device)?;
-    let runner = Runner::load(&args.model, &ImportOptions::default(), device)?;
-    tch::manual_seed(args.seed as i64);
-    let mut nodes: Vec<(String, String, Vec<f64>, Vec<f64>)> = runner
-        .interp()
-        .program()
-        .instrs
-        .iter()
-        .map(|i| (i.name.clone(), i.kernel.name().to_string(), Vec::new(), Vec::new()))
-        .collect();
-    for &b in &args.batch {
-        let inputs = synthetic_inputs(&runner.graph, b, device)?;
+/// Profiles `model` on `device` at each microbatch size of `batches` (`reps` timed
+/// repetitions per node, median; synthetic inputs from `seed`); `on_batch` hears when a
+/// size is done.
+pub fn profile(model: &Path, device: Device, batches: &[u64], reps: usize, seed: u64, on_batch: &mut dyn FnMut(u64)) -> Result<Profile, DriverError> {
+    let tdev = pipewright_runtime::device::tch_device(device).map_err(|e| DriverError::msg(e.to_string()))?;
+    let runner = Runner::load(model, &ImportOptions::default(), tdev)?;
+    tch::manual_seed(seed as i64);
+    let instrs = &runner.interp().program().instrs;
+    let mut nodes: Vec<ProfileNode> =
+        instrs.iter().map(|i| ProfileNode { name: i.name.clone(), op: i.kernel.name().to_string(), fwd_ms: Vec::new(), bwd_ms: Vec::new() }).collect();
+    for &b in batches {
+        let inputs = synthetic_inputs(&runner.graph, b as i64, tdev)?;
         let slots = runner
             .interp()
             .run_keep_all(&inputs, Mode::Train)
-            .map_err(|e| anyhow::anyhow!("{}: the model does not run at batch {b}: {e}", args.model.display()))?;
-        for (k, ins) in runner.interp().program().instrs.iter().enumerate() {
-            let args_t: Vec<Option<Tensor>> = ins.inputs.iter().map(|s| s.and_then(|s| slots[s.index()].as_ref().map(|t| t.detach()))).collect();
-            let (f, bw) = time_node(ins, &args_t, args.reps)?;
-            nodes[k].2.push(f);
-            nodes[k].3.push(bw);
+            .map_err(|e| DriverError::msg(format!("{}: the model does not run at batch {b}: {e}", model.display())))?;
+        for (node, ins) in nodes.iter_mut().zip(instrs) {
+            let args: Vec<Option<Tensor>> = ins.inputs.iter().map(|s| s.and_then(|s| slots[s.index()].as_ref().map(|t| t.detach()))).collect();
+            let (f, bw) = time_node(ins, &args, reps)?;
+            node.fwd_ms.push(f);
+            node.bwd_ms.push(bw);
         }
-        eprintln!("profile: batch {b} done");
+        on_batch(b);
     }
-    let doc = json!({
-        "model": args.model.display().to_string(),
-        "device": args.device.to_string(),
-        "batches": args.batch,
-        "nodes": nodes.iter().map(|(name, op, f, b)| json!({"name": name, "op": op, "fwd_ms": f, "bwd_ms": b})).collect::<Vec<_>>(),
-    });
-    let text = serde_json::to_string_pretty(&doc)?;
-    match &args.output {
-        Some(p) => write_atomic(p, text.as_bytes())?,
-        None => println!("{text}"),
-    }
-    Ok(())
+    Ok(Profile { model: model.display().to_string(), device: device.to_string(), batches: batches.to_vec(), nodes })
 }
 
 /// Random float inputs (seeded) and zero index inputs of the graph's input shapes at `b`.
-fn synthetic_inputs(g: &Graph, b: i64, device: tch::Device) -> Result<Vec<Tensor>> {
+fn synthetic_inputs(g: &Graph, b: i64, device: tch::Device) -> Result<Vec<Tensor>, DriverError> {
     g.inputs()
         .iter()
         .map(|&v| {
@@ -82,7 +71,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 /// Median forward and backward milliseconds of one node.
-fn time_node(ins: &Instr, inputs: &[Option<Tensor>], reps: usize) -> Result<(f64, f64)> {
+fn time_node(ins: &Instr, inputs: &[Option<Tensor>], reps: usize) -> Result<(f64, f64), DriverError> {
     let reps = reps.max(1);
     let mut fwd = Vec::with_capacity(reps);
     let mut bwd = Vec::with_capacity(reps);
@@ -93,7 +82,7 @@ fn time_node(ins: &Instr, inputs: &[Option<Tensor>], reps: usize) -> Result<(f64
             .collect();
         let refs: Vec<Option<&Tensor>> = leaves.iter().map(|t| t.as_ref()).collect();
         let start = Instant::now();
-        let outs = run_kernel(&ins.kernel, &refs, Mode::Train).with_context(|| format!("node {:?}", ins.name))?;
+        let outs = run_kernel(&ins.kernel, &refs, Mode::Train).map_err(|e| DriverError::msg(format!("node {:?}: {e}", ins.name)))?;
         fwd.push(start.elapsed().as_secs_f64() * 1e3);
         let diff: Vec<Tensor> = outs.into_iter().filter(|o| is_float(o) && o.requires_grad()).collect();
         let start = Instant::now();

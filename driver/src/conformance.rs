@@ -1,17 +1,17 @@
 //! The conformance runner: every ONNX backend-suite test whose ops import is run through
 //! the runtime's op layer and compared with the suite's expected outputs (rtol 1e-3,
 //! atol 1e-7, as ONNX's own runner). Tests that do not import are skipped with the reason.
+//! Cases run in parallel (rayon), each on one intra-op thread; the report keeps suite order.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::path::{Path, PathBuf};
 
-use anyhow::Result;
 use pipewright_ir::{ImportError, ImportOptions};
+use rayon::prelude::{IntoParallelRefIterator, ParallelIterator};
 
 use crate::forward::{compare, read_tensors, NamedTensor, Runner};
-use crate::output::write_atomic;
-use crate::ConformanceArgs;
+use crate::DriverError;
 
 const RTOL: f64 = 1e-3;
 const ATOL: f64 = 1e-7;
@@ -34,15 +34,16 @@ struct Case {
     data: Vec<(PathBuf, String)>,
 }
 
-fn cases(root: &Path) -> Result<Vec<Case>> {
+fn cases(root: &Path) -> Result<Vec<Case>, DriverError> {
+    let list = |dir: &Path| std::fs::read_dir(dir).map_err(|source| DriverError::Read { path: dir.to_path_buf(), source });
     let suite = root.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let mut out = Vec::new();
-    let mut entries: Vec<PathBuf> = std::fs::read_dir(root)?.filter_map(|e| e.ok().map(|e| e.path())).collect();
+    let mut entries: Vec<PathBuf> = list(root)?.filter_map(|e| e.ok().map(|e| e.path())).collect();
     entries.sort();
     for e in entries {
         let name = e.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         if e.is_dir() && e.join("model.onnx").is_file() {
-            let mut data: Vec<(PathBuf, String)> = std::fs::read_dir(&e)?
+            let mut data: Vec<(PathBuf, String)> = list(&e)?
                 .filter_map(|d| d.ok().map(|d| d.path()))
                 .filter(|d| d.is_dir() && d.file_name().is_some_and(|n| n.to_string_lossy().starts_with("test_data_set")))
                 .map(|d| (d, String::new()))
@@ -96,13 +97,15 @@ fn run_case(case: &Case) -> Outcome {
         let runner = match Runner::load(&case.model, &opts, tch::Device::Cpu) {
             Ok(r) => r,
             Err(e) => {
-                return match e.downcast_ref::<pipewright_ir::ModelError>().and_then(|m| skip_reason(&m.error)) {
+                let reason = match &e {
+                    DriverError::Model(m) => skip_reason(&m.error),
+                    _ => None,
+                };
+                return match reason {
                     Some(reason) => Outcome::Skipped(reason),
-                    None if format!("{e:#}").contains("dtype not supported") => {
-                        Outcome::Skipped("element type not supported by libtorch (u16/u32/u64)".into())
-                    }
+                    None if e.to_string().contains("dtype not supported") => Outcome::Skipped("element type not supported by libtorch (u16/u32/u64)".into()),
                     None => Outcome::Failed(format!("import: {e}")),
-                }
+                };
             }
         };
         if has_training_dropout(&runner.graph) {
@@ -114,7 +117,7 @@ fn run_case(case: &Case) -> Outcome {
         }
         let outs = match runner.run(&feeds) {
             Ok(o) => o,
-            Err(e) => return Outcome::Failed(format!("run: {e:#}")),
+            Err(e) => return Outcome::Failed(format!("run: {e}")),
         };
         for (k, (got, want)) in outs.iter().zip(&expected).enumerate() {
             let (rtol, atol) = tolerance(want.data.dtype);
@@ -134,8 +137,8 @@ fn run_case(case: &Case) -> Outcome {
 }
 
 /// A data file the IR cannot represent (string, float8, 4-bit types) skips the test.
-fn unreadable(what: &str, e: anyhow::Error) -> Outcome {
-    let msg = format!("{e:#}");
+fn unreadable(what: &str, e: DriverError) -> Outcome {
+    let msg = e.to_string();
     if msg.contains("element type") {
         Outcome::Skipped("unsupported element type".into())
     } else {
@@ -164,23 +167,28 @@ fn has_training_dropout(g: &pipewright_ir::Graph) -> bool {
     })
 }
 
-/// Runs every case under `roots`; returns `(suite, name, outcome)` rows.
-pub fn run_all(roots: &[PathBuf], filter: Option<&str>) -> Result<Vec<(String, String, Outcome)>> {
-    let mut rows = Vec::new();
+/// One test's result.
+pub type Row = (String, String, Outcome);
+
+/// Runs every case under `roots` (those whose name contains `filter`), in parallel;
+/// returns `(suite, name, outcome)` rows in suite order.
+pub fn run_all(roots: &[PathBuf], filter: Option<&str>) -> Result<Vec<Row>, DriverError> {
+    let mut all = Vec::new();
     for root in roots {
-        for case in cases(root)? {
-            if filter.is_some_and(|f| !case.name.contains(f)) {
-                continue;
-            }
-            let outcome = run_case(&case);
-            rows.push((case.suite, case.name, outcome));
-        }
+        all.extend(cases(root)?.into_iter().filter(|c| !filter.is_some_and(|f| !c.name.contains(f))));
     }
-    Ok(rows)
+    Ok(all
+        .par_iter()
+        .map(|case| {
+            // Small single-op cases: one intra-op thread each, and the cores go to cases.
+            tch::set_num_threads(1);
+            (case.suite.clone(), case.name.clone(), run_case(case))
+        })
+        .collect())
 }
 
 /// The markdown report: totals per suite, every failure with its cause, skip reasons.
-pub fn report(rows: &[(String, String, Outcome)]) -> String {
+pub fn report(rows: &[Row]) -> String {
     let mut totals: BTreeMap<&str, [usize; 3]> = BTreeMap::new();
     let mut skips: BTreeMap<String, usize> = BTreeMap::new();
     for (suite, _, o) in rows {
@@ -214,19 +222,11 @@ pub fn report(rows: &[(String, String, Outcome)]) -> String {
     s
 }
 
-/// `pipewright conformance`.
-pub fn run(args: &ConformanceArgs) -> Result<()> {
-    let rows = run_all(&args.suites, args.filter.as_deref())?;
-    let text = report(&rows);
-    match &args.report {
-        Some(path) => write_atomic(path, text.as_bytes())?,
-        None => print!("{text}"),
-    }
-    let (p, f) = rows.iter().fold((0, 0), |(p, f), r| match r.2 {
-        Outcome::Passed => (p + 1, f),
-        Outcome::Failed(_) => (p, f + 1),
-        Outcome::Skipped(_) => (p, f),
-    });
-    eprintln!("conformance: {p} passed, {f} failed, {} skipped", rows.len() - p - f);
-    Ok(())
+/// Passed, failed and skipped counts.
+pub fn totals(rows: &[Row]) -> (usize, usize, usize) {
+    rows.iter().fold((0, 0, 0), |(p, f, k), r| match r.2 {
+        Outcome::Passed => (p + 1, f, k),
+        Outcome::Failed(_) => (p, f + 1, k),
+        Outcome::Skipped(_) => (p, f, k + 1),
+    })
 }

@@ -1,0 +1,257 @@
+//! `pipewright train` (the embedded executor: every stage and replica a thread of this
+//! process) and `pipewright worker` / stage executables (one stage of one replica per
+//! process, linked over TCP).
+//!
+//! Both take the pipeline's shape from the build: the schedule and recomputation the
+//! stages were compiled for, and the microbatch size, microbatches per step and replicas
+//! when the compile decided them (a plan), each overridable by a flag; [`RunShape`] says
+//! where every value came from.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use pipewright_core::{Decay, Device, Loss};
+use pipewright_runtime::build::{Build, Manifest, RunFlags, RunShape, MANIFEST_FILE};
+use pipewright_runtime::data::{Dataset, Stop};
+use pipewright_runtime::device::tch_device;
+use pipewright_runtime::module::{decode_module_bytes, read_module, StageModule};
+use pipewright_runtime::pipeline::{
+    boundary_names, launcher_rank, launcher_size, read_checkpoint, resume, run_worker, train, Checkpoint, LrSchedule, Microbatch, Objective, OptimizerConfig, StepReport, Tcp, TcpOptions,
+    TrainConfig, TrainReport,
+};
+
+use crate::DriverError;
+
+/// Where the training data comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DataSource {
+    /// Seeded random inputs, and labels shaped for the loss.
+    Synthetic,
+    /// A `.npz`, a `.npy` or a folder of them, or a `.safetensors` file.
+    File(PathBuf),
+}
+
+/// What a training run is asked to do (the options of `train`, `worker` and stage
+/// executables).
+#[derive(Clone, Debug)]
+pub struct TrainRequest {
+    pub data: DataSource,
+    /// The labels array in the data.
+    pub label: Option<String>,
+    pub loss: Loss,
+    /// The model output the loss applies to.
+    pub output: Option<String>,
+    /// Classes of synthetic labels.
+    pub classes: i64,
+    pub steps: usize,
+    /// Overrides of the build's microbatch, microbatches and replicas.
+    pub flags: RunFlags,
+    pub lr: f64,
+    pub optimizer: OptimizerConfig,
+    pub warmup: usize,
+    pub decay: Decay,
+    pub clip_norm: Option<f64>,
+    pub seed: u64,
+    pub device: Device,
+    pub trace: bool,
+    /// Write a checkpoint every this many steps into `checkpoint_dir` (default:
+    /// `BUILD/checkpoints`).
+    pub checkpoint_every: Option<usize>,
+    pub checkpoint_dir: Option<PathBuf>,
+    /// Continue from a checkpoint (a step folder, or a checkpoints folder).
+    pub resume: Option<PathBuf>,
+    /// Intra-op threads per worker.
+    pub threads: Option<usize>,
+}
+
+/// The run's configuration, built from the request and the build's shape.
+fn config(req: &TrainRequest, manifest: &Manifest, shape: &RunShape, build: &Path) -> Result<TrainConfig, DriverError> {
+    let output = req
+        .output
+        .clone()
+        .ok_or_else(|| DriverError::msg(format!("--loss {} needs --output NAME (the model output it applies to)", req.loss)))?;
+    let mut cfg = TrainConfig::new(manifest.pipeline.schedule, Objective::new(req.loss, output), req.lr, req.steps);
+    cfg.optimizer = req.optimizer;
+    cfg.lr_schedule = LrSchedule { warmup_steps: req.warmup, decay: req.decay, total_steps: req.steps, final_lr: 0.0 };
+    cfg.clip_norm = req.clip_norm;
+    cfg.seed = req.seed as i64;
+    cfg.device = tch_device(req.device).map_err(|e| DriverError::msg(e.to_string()))?;
+    cfg.trace = req.trace;
+    cfg.replicas = usize::try_from(shape.replicas.value).unwrap_or(usize::MAX);
+    if req.threads == Some(0) {
+        return Err(DriverError::msg("--threads must be at least 1"));
+    }
+    cfg.threads = req.threads;
+    if let Some(n) = req.checkpoint_every {
+        if n == 0 {
+            return Err(DriverError::msg("--checkpoint-every must be at least 1"));
+        }
+        cfg.checkpoint_every = Some(n);
+        cfg.checkpoint_dir = Some(req.checkpoint_dir.clone().unwrap_or_else(|| build.join("checkpoints")));
+    }
+    Ok(cfg)
+}
+
+/// `--data synthetic`: seeded inputs, and labels shaped for the loss (class ids of the
+/// output's shape minus its class axis for cross-entropy, targets of its shape for mse).
+fn synthetic(req: &TrainRequest, manifest: &Manifest, samples: usize) -> Result<Dataset, DriverError> {
+    let inputs = manifest.input_specs().map_err(|e| DriverError::msg(format!("{MANIFEST_FILE}: {e}")))?;
+    let data = Dataset::synthetic(&inputs, samples, req.seed)?;
+    let out = req.output.as_deref().and_then(|o| manifest.output_per_sample(o));
+    Ok(match (req.loss, out) {
+        (Loss::Mse, Some(shape)) => data.with_random_targets(&shape, req.seed)?,
+        (Loss::CrossEntropy, Some(shape)) if !shape.is_empty() => data.with_random_labels_shaped(req.classes, &shape[..shape.len() - 1], req.seed)?,
+        _ => data.with_random_labels(req.classes, req.seed)?,
+    })
+}
+
+/// The batches of `per_batch` microbatches of `microbatch` samples from step `start` on (a
+/// resumed run sees the batches an uninterrupted one would from there on).
+fn batches(req: &TrainRequest, manifest: &Manifest, microbatch: usize, per_batch: usize, start: usize) -> Result<Vec<Vec<Microbatch>>, DriverError> {
+    let data = match &req.data {
+        DataSource::Synthetic => synthetic(req, manifest, microbatch * per_batch * 4)?,
+        DataSource::File(path) => {
+            let inputs = manifest.input_specs().map_err(|e| DriverError::msg(format!("{MANIFEST_FILE}: {e}")))?;
+            Dataset::open(path, &inputs, req.label.as_deref())?
+        }
+    };
+    Ok(data
+        .batches(microbatch, per_batch, req.seed, Stop::Steps(req.steps))?
+        .skip(start)
+        .map(|batch| batch.into_iter().map(|(inputs, labels)| Microbatch { inputs, labels }).collect())
+        .collect())
+}
+
+fn size(v: u64) -> usize {
+    usize::try_from(v).unwrap_or(usize::MAX)
+}
+
+/// A training run on the embedded executor, ready to start.
+pub struct Session {
+    pub build: Build,
+    pub shape: RunShape,
+    pub config: TrainConfig,
+    /// The first step (after the checkpoint resumed from).
+    pub start: usize,
+    checkpoint: Option<Checkpoint>,
+    batches: Vec<Vec<Microbatch>>,
+}
+
+impl Session {
+    /// Opens the build, resolves the run's shape, loads the data and the checkpoint.
+    pub fn prepare(build_dir: &Path, req: &TrainRequest) -> Result<Session, DriverError> {
+        let build = Build::open(build_dir)?;
+        let shape = build.manifest.pipeline.resolve(req.flags);
+        let mut config = config(req, &build.manifest, &shape, build_dir)?;
+        let checkpoint = match &req.resume {
+            Some(dir) => Some(read_checkpoint(dir).map_err(|e| DriverError::msg(format!("--resume: {e}")))?),
+            None => None,
+        };
+        let start = checkpoint.as_ref().map_or(0, |c| c.step as usize);
+        let (b, m, w) = (size(shape.microbatch.value), size(shape.microbatches.value), size(shape.replicas.value));
+        let batches = batches(req, &build.manifest, b, m * w, start)?;
+        let workers = build.modules.len() * w;
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        config.threads = Some(req.threads.unwrap_or((cores / workers).max(1)));
+        Ok(Session { build, shape, config, start, checkpoint, batches })
+    }
+
+    /// Trains; `on_step` sees every step.
+    pub fn run(self, on_step: &mut dyn FnMut(StepReport)) -> Result<TrainReport, DriverError> {
+        let Session { build, config, checkpoint, batches, .. } = self;
+        let data = Box::new(batches.into_iter());
+        match checkpoint {
+            Some(ck) => resume(build.modules, &config, ck, data, on_step),
+            None => train(build.modules, &config, data, on_step),
+        }
+        .map_err(|e| DriverError::msg(format!("{}: {e}", build.dir.display())))
+    }
+}
+
+/// What a worker process is asked to do.
+#[derive(Clone, Debug)]
+pub struct WorkerRequest {
+    pub train: TrainRequest,
+    /// `replica * stages + stage`; default: the MPI launcher's, else a stage executable's
+    /// own stage.
+    pub rank: Option<usize>,
+    /// `host:port` where rank 0 listens.
+    pub rendezvous: String,
+    /// How long to wait for the other workers.
+    pub wait: Duration,
+    /// Save this stage's trained weights here.
+    pub save: Option<PathBuf>,
+}
+
+/// One stage of one replica, ready to join the others.
+pub struct WorkerSession {
+    pub rank: usize,
+    pub stage: usize,
+    pub replica: usize,
+    pub depth: usize,
+    pub shape: RunShape,
+    pub config: TrainConfig,
+    module: StageModule,
+    batches: Vec<Vec<Microbatch>>,
+    tcp: TcpOptions,
+}
+
+impl WorkerSession {
+    /// Reads the manifest and this rank's stage module (the executable's own when
+    /// `embedded`), checks them against each other and loads the data.
+    pub fn prepare(build_dir: &Path, req: &WorkerRequest, embedded: Option<Vec<u8>>) -> Result<WorkerSession, DriverError> {
+        let manifest = Manifest::read(build_dir)?;
+        let manifest_path = build_dir.join(MANIFEST_FILE);
+        let shape = manifest.pipeline.resolve(req.train.flags);
+        let (d, w) = (manifest.stages.len(), size(shape.replicas.value));
+        let embedded = match embedded {
+            Some(bytes) => Some(decode_module_bytes(bytes.into()).map_err(|e| DriverError::msg(format!("the stage module appended to this executable: {e}")))?),
+            None => None,
+        };
+        let rank = req
+            .rank
+            .or_else(launcher_rank)
+            .or(embedded.as_ref().map(|m| m.header.params.stage as usize))
+            .ok_or_else(|| DriverError::msg("no --rank, and no MPI launcher environment to take it from"))?;
+        if let Some(n) = launcher_size() {
+            if n != d * w {
+                return Err(DriverError::msg(format!("the launcher started {n} processes but the job has {} ({d} stages x {w} replicas)", d * w)));
+            }
+        }
+        if rank >= d * w {
+            return Err(DriverError::msg(format!("rank {rank}, but the job has {} ranks ({d} stages x {w} replicas)", d * w)));
+        }
+        let (stage, replica) = (rank % d, rank / d);
+        let module_path = build_dir.join(&manifest.stages[stage].module);
+        let module = match embedded {
+            Some(m) => m,
+            None => read_module(&module_path)?,
+        };
+        manifest.check_module(stage, &module, &module_path, &manifest_path)?;
+        let config = config(&req.train, &manifest, &shape, build_dir)?;
+        if config.checkpoint_every.is_some() || req.train.resume.is_some() {
+            return Err(DriverError::msg("--checkpoint-every and --resume work with `pipewright train` (the embedded executor) only"));
+        }
+        let batches = batches(&req.train, &manifest, size(shape.microbatch.value), size(shape.microbatches.value) * w, 0)?;
+        let (recv_names, send_names) = boundary_names(&module, &config.loss).map_err(|e| DriverError::msg(format!("stage {stage}: {e}")))?;
+        let tcp = TcpOptions {
+            rank,
+            depth: d,
+            replicas: w,
+            rendezvous: req.rendezvous.clone(),
+            pipeline: module.program.pipeline.clone(),
+            recv_names,
+            send_names,
+            timeout: req.wait,
+        };
+        Ok(WorkerSession { rank, stage, replica, depth: d, shape, config, module, batches, tcp })
+    }
+
+    /// Joins the other workers and trains this stage.
+    pub fn run(self, on_step: &mut dyn FnMut(StepReport)) -> Result<TrainReport, DriverError> {
+        let rank = self.rank;
+        let fail = |e: String| DriverError::msg(format!("rank {rank}: {e}"));
+        let tcp = Tcp::connect(self.tcp).map_err(|e| fail(e.to_string()))?;
+        run_worker(self.module, &self.config, self.replica, Box::new(tcp), Box::new(self.batches.into_iter()), on_step).map_err(|e| fail(e.to_string()))
+    }
+}

@@ -1,0 +1,494 @@
+//! The build folder: what `pipewright compile` writes and `train`, `worker`, `export` and
+//! the stage executables read. Its contract is the [`Manifest`] (`pipeline.toml`), read
+//! and written through this one struct: the source model, the pipeline id, the decided
+//! pipeline values ([`PipelineConfig`]) and how the stage modules connect.
+//!
+//! The manifest is versioned. [`Manifest::parse`] first reads only `format` and `version`,
+//! so a manifest of another pipewright version (or another tool) is refused with a message
+//! naming its version before anything else is read. [`Build::open`] loads the stage
+//! modules and checks each against the manifest ([`Manifest::check_module`], the one
+//! pipeline-id check every reader uses).
+//!
+//! Plain Rust: builds without libtorch.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use pipewright_core::fs::{write_atomic, WriteError};
+use pipewright_core::{Recompute, Schedule};
+use serde::{Deserialize, Serialize};
+
+use crate::kernel::ElemType;
+use crate::module::{read_module, ModuleError, StageModule};
+use crate::program::Extent;
+
+/// The manifest's file name in a build folder.
+pub const MANIFEST_FILE: &str = "pipeline.toml";
+/// The manifest's `format`.
+pub const BUILD_FORMAT: &str = "pipewright-build";
+/// The manifest version this pipewright writes and reads. Version 1 (before the field
+/// existed) had an untyped `[plan]` table that nothing read back.
+pub const BUILD_VERSION: u32 = 2;
+/// The microbatch size `train` uses when neither the build nor a flag gives one.
+pub const DEFAULT_MICROBATCH: u64 = 16;
+
+/// `pipeline.toml`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    pub format: String,
+    pub version: u32,
+    /// The source model, as an absolute path.
+    pub model: String,
+    /// CRC-32 of the source model's bytes (8 hex digits).
+    pub model_crc32: String,
+    /// The id every stage module of this compile carries (`Program::pipeline`).
+    pub pipeline_id: String,
+    pub pipeline: PipelineConfig,
+    /// The stages in pipeline order.
+    #[serde(rename = "stage")]
+    pub stages: Vec<StageEntry>,
+}
+
+/// The pipeline values the compile decided. `None`: not decided at compile time (`train`
+/// takes a flag or its default).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PipelineConfig {
+    pub depth: u32,
+    pub schedule: Schedule,
+    pub recompute: Recompute,
+    /// Samples per microbatch (`b`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub microbatch: Option<u64>,
+    /// Microbatches per step and pipeline (`m`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub microbatches: Option<u64>,
+    /// Data-parallel replicas of the pipeline (`w`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<u64>,
+    /// What decided these values: `plan p.json`, `planned for 8 workers ...`,
+    /// `compile --stages 2`.
+    pub origin: String,
+}
+
+/// One stage of the build.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StageEntry {
+    pub index: u32,
+    /// The stage module file, relative to the build folder.
+    pub module: String,
+    /// The stage's forward subgraph as ONNX, relative to the build folder.
+    pub onnx: String,
+    pub nodes: usize,
+    pub received: Vec<TensorEntry>,
+    pub sent: Vec<TensorEntry>,
+    pub graph_inputs: Vec<TensorEntry>,
+    pub graph_outputs: Vec<TensorEntry>,
+}
+
+/// A tensor crossing a stage's edge.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TensorEntry {
+    /// The wire name for boundary tensors (`x@stage2`), else the graph's name.
+    pub name: String,
+    /// For boundary tensors: the value's name in the sending stage.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+    /// For boundary tensors: the stage on the other side.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peer: Option<u32>,
+    pub dtype: ElemType,
+    /// Extents: `N` for the microbatch size, `16*N` for a multiple of it, or a number.
+    #[serde(with = "extent_text")]
+    pub shape: Vec<Extent>,
+}
+
+/// What a training input looks like: graph input name, element type and per-sample shape
+/// (the shape without the leading batch axis).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InputSpec {
+    pub name: String,
+    pub elem: ElemType,
+    pub per_sample: Vec<i64>,
+}
+
+/// A build folder that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    #[error("{}: cannot read: {source} (run `pipewright compile` first)", .path.display())]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("{}: not a pipewright build manifest: {reason}", .path.display())]
+    NotAManifest { path: PathBuf, reason: String },
+    #[error("{}: written by another pipewright (build format version {found}); this pipewright reads version {BUILD_VERSION}: compile the model again", .path.display())]
+    Version { path: PathBuf, found: u32 },
+    #[error("{}: {reason}", .path.display())]
+    Invalid { path: PathBuf, reason: String },
+    #[error(transparent)]
+    Module(#[from] ModuleError),
+    #[error("{}: this stage module comes from another compile (pipeline id {found:?}) than {} ({expected:?}); recompile, or copy the whole build folder", .path.display(), .manifest.display())]
+    OtherCompile { path: PathBuf, manifest: PathBuf, found: String, expected: String },
+    #[error(transparent)]
+    Write(#[from] WriteError),
+}
+
+/// Only the fields that say what a file is.
+#[derive(Deserialize)]
+struct Header {
+    format: Option<String>,
+    version: Option<u32>,
+}
+
+impl Manifest {
+    /// Parses a manifest; `path` names it in errors.
+    pub fn parse(text: &str, path: &Path) -> Result<Manifest, BuildError> {
+        let not_one = |reason: String| BuildError::NotAManifest { path: path.to_path_buf(), reason };
+        let header: Header = toml::from_str(text).map_err(|e| not_one(first_line(&e)))?;
+        match (header.format.as_deref(), header.version) {
+            (Some(BUILD_FORMAT), Some(BUILD_VERSION)) => {}
+            (Some(BUILD_FORMAT), Some(found)) => return Err(BuildError::Version { path: path.to_path_buf(), found }),
+            (Some(BUILD_FORMAT), None) => return Err(not_one("it has no format version".into())),
+            (Some(other), _) => return Err(not_one(format!("its format is {other:?}"))),
+            // Version 1 manifests had neither field.
+            (None, _) if text.contains("stage_order") => return Err(BuildError::Version { path: path.to_path_buf(), found: 1 }),
+            (None, _) => return Err(not_one(format!("it has no `format = \"{BUILD_FORMAT}\"`"))),
+        }
+        let m: Manifest = toml::from_str(text).map_err(|e| not_one(first_line(&e)))?;
+        m.check().map_err(|reason| BuildError::Invalid { path: path.to_path_buf(), reason })?;
+        Ok(m)
+    }
+
+    /// Reads `BUILD/pipeline.toml`.
+    pub fn read(build: &Path) -> Result<Manifest, BuildError> {
+        let path = build.join(MANIFEST_FILE);
+        let text = std::fs::read_to_string(&path).map_err(|source| BuildError::Read { path: path.clone(), source })?;
+        Self::parse(&text, &path)
+    }
+
+    /// The manifest as TOML.
+    pub fn to_toml(&self) -> String {
+        // Plain data (strings, numbers, lists of tables): serialising cannot fail.
+        toml::to_string_pretty(self).unwrap_or_default()
+    }
+
+    /// Writes `BUILD/pipeline.toml` atomically.
+    pub fn write(&self, build: &Path) -> Result<(), BuildError> {
+        Ok(write_atomic(build.join(MANIFEST_FILE), self.to_toml().as_bytes())?)
+    }
+
+    /// Consistency of what a well-formed manifest says.
+    fn check(&self) -> Result<(), String> {
+        if self.stages.is_empty() {
+            return Err("no stages".into());
+        }
+        if self.stages.len() != self.pipeline.depth as usize {
+            return Err(format!("{} stages listed for a pipeline of depth {}", self.stages.len(), self.pipeline.depth));
+        }
+        if let Some(k) = self.stages.iter().enumerate().find(|(k, s)| s.index as usize != *k).map(|(k, _)| k) {
+            return Err(format!("stage entry {k} says it is stage {}", self.stages[k].index));
+        }
+        if self.pipeline.microbatch == Some(0) || self.pipeline.microbatches == Some(0) || self.pipeline.replicas == Some(0) {
+            return Err("microbatch, microbatches and replicas must be at least 1".into());
+        }
+        Ok(())
+    }
+
+    /// Checks that `module`, read from `path`, is stage `stage` of this compile.
+    pub fn check_module(&self, stage: usize, module: &StageModule, path: &Path, manifest: &Path) -> Result<(), BuildError> {
+        if module.program.pipeline != self.pipeline_id {
+            return Err(BuildError::OtherCompile {
+                path: path.to_path_buf(),
+                manifest: manifest.to_path_buf(),
+                found: module.program.pipeline.clone(),
+                expected: self.pipeline_id.clone(),
+            });
+        }
+        let p = &module.header.params;
+        let c = &self.pipeline;
+        if p.stage as usize != stage || p.depth != c.depth || p.schedule != c.schedule || p.recompute != c.recompute {
+            return Err(BuildError::Invalid {
+                path: path.to_path_buf(),
+                reason: format!(
+                    "the module is stage {} of {} ({}, recompute {}) but {} lists it as stage {stage} of {} ({}, recompute {})",
+                    p.stage,
+                    p.depth,
+                    p.schedule,
+                    p.recompute,
+                    manifest.display(),
+                    c.depth,
+                    c.schedule,
+                    c.recompute
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// The graph inputs the pipeline reads, first use first, each once.
+    pub fn input_specs(&self) -> Result<Vec<InputSpec>, String> {
+        let mut out: Vec<InputSpec> = Vec::new();
+        for t in self.stages.iter().flat_map(|s| &s.graph_inputs) {
+            if out.iter().any(|o| o.name == t.name) {
+                continue;
+            }
+            let per_sample = per_sample(&t.shape).ok_or_else(|| {
+                format!("input {:?} has shape {}, which has no batch axis N first followed by fixed extents", t.name, shape_text(&t.shape))
+            })?;
+            out.push(InputSpec { name: t.name.clone(), elem: t.dtype, per_sample });
+        }
+        Ok(out)
+    }
+
+    /// The graph outputs the last stages produce.
+    pub fn outputs(&self) -> impl Iterator<Item = &TensorEntry> {
+        self.stages.iter().flat_map(|s| &s.graph_outputs)
+    }
+
+    /// The per-sample shape of graph output `name` (`None` when absent or not batched).
+    pub fn output_per_sample(&self, name: &str) -> Option<Vec<i64>> {
+        self.outputs().find(|t| t.name == name).and_then(|t| per_sample(&t.shape))
+    }
+
+    /// The stage module files, in stage order.
+    pub fn module_paths(&self, build: &Path) -> Vec<PathBuf> {
+        self.stages.iter().map(|s| build.join(&s.module)).collect()
+    }
+}
+
+/// `[N, 3, 4]` → `[3, 4]`; `None` unless the first extent is `N` and the rest are fixed.
+fn per_sample(shape: &[Extent]) -> Option<Vec<i64>> {
+    match shape.split_first() {
+        Some((Extent::Batch(1), rest)) => rest
+            .iter()
+            .map(|e| match e {
+                Extent::Fixed(v) => Some(*v),
+                Extent::Batch(_) => None,
+            })
+            .collect(),
+        _ => None,
+    }
+}
+
+/// `[N,3,4]`.
+pub fn shape_text(shape: &[Extent]) -> String {
+    let dims: Vec<String> = shape.iter().map(|&e| extent_text::text(e)).collect();
+    format!("[{}]", dims.join(","))
+}
+
+fn first_line(e: &toml::de::Error) -> String {
+    e.to_string().lines().find(|l| !l.trim().is_empty()).unwrap_or("invalid TOML").trim().to_string()
+}
+
+/// Extents as text: `N`, `16*N`, `64`.
+pub mod extent_text {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    use crate::program::Extent;
+
+    /// `N`, `16*N` or a number.
+    pub fn text(e: Extent) -> String {
+        match e {
+            Extent::Fixed(v) => v.to_string(),
+            Extent::Batch(1) => "N".into(),
+            Extent::Batch(k) => format!("{k}*N"),
+        }
+    }
+
+    /// Parses [`text`]'s output.
+    pub fn parse(s: &str) -> Option<Extent> {
+        if s == "N" {
+            return Some(Extent::Batch(1));
+        }
+        if let Some(k) = s.strip_suffix("*N") {
+            return k.parse().ok().map(Extent::Batch);
+        }
+        s.parse().ok().map(Extent::Fixed)
+    }
+
+    pub fn serialize<S: Serializer>(shape: &[Extent], s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(shape.iter().map(|&e| text(e)))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Extent>, D::Error> {
+        let texts = Vec::<String>::deserialize(d)?;
+        texts
+            .iter()
+            .map(|t| parse(t).ok_or_else(|| serde::de::Error::custom(format!("extent {t:?} is not N, K*N or a number"))))
+            .collect()
+    }
+}
+
+/// Where a run value came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// The build (the compile decided it).
+    Build,
+    /// A flag; `overrides` is the build's value it replaced, if the build had one.
+    Flag { overrides: Option<u64> },
+    /// Neither the build nor a flag: the default.
+    Default,
+}
+
+/// One run value and where it came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Setting {
+    pub value: u64,
+    pub source: Source,
+}
+
+impl Setting {
+    fn resolve(flag: Option<u64>, build: Option<u64>, default: u64) -> Setting {
+        match (flag, build) {
+            (Some(value), _) => Setting { value, source: Source::Flag { overrides: build.filter(|&b| b != value) } },
+            (None, Some(value)) => Setting { value, source: Source::Build },
+            (None, None) => Setting { value: default, source: Source::Default },
+        }
+    }
+}
+
+/// The flags a run may override the build's values with.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RunFlags {
+    pub microbatch: Option<u64>,
+    pub microbatches: Option<u64>,
+    pub replicas: Option<u64>,
+}
+
+/// The shape of a training run: microbatch size, microbatches per step and replicas, each
+/// with where it came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RunShape {
+    pub microbatch: Setting,
+    pub microbatches: Setting,
+    pub replicas: Setting,
+    /// What decided the build's values.
+    pub origin: String,
+}
+
+impl PipelineConfig {
+    /// The run shape: a flag wins over the build, the build over the default (microbatch
+    /// [`DEFAULT_MICROBATCH`], microbatches = depth, one replica).
+    pub fn resolve(&self, flags: RunFlags) -> RunShape {
+        RunShape {
+            microbatch: Setting::resolve(flags.microbatch, self.microbatch, DEFAULT_MICROBATCH),
+            microbatches: Setting::resolve(flags.microbatches, self.microbatches, u64::from(self.depth)),
+            replicas: Setting::resolve(flags.replicas, self.replicas, 1),
+            origin: self.origin.clone(),
+        }
+    }
+}
+
+impl RunShape {
+    /// One line per value saying where it came from; a flag that overrides the build says so.
+    pub fn report(&self) -> String {
+        let mut s = String::new();
+        for (what, flag, v) in [("microbatch", "--microbatch", self.microbatch), ("microbatches", "--microbatches", self.microbatches), ("replicas", "--replicas", self.replicas)] {
+            let from = match v.source {
+                Source::Build => format!("from the build: {}", self.origin),
+                Source::Flag { overrides: Some(b) } => format!("{flag}, overriding the build's {b}"),
+                Source::Flag { overrides: None } => flag.to_string(),
+                Source::Default => "default".into(),
+            };
+            let _ = writeln!(s, "{what} {} ({from})", v.value);
+        }
+        s
+    }
+}
+
+/// A build folder: its manifest and stage modules, checked to belong together.
+#[derive(Clone, Debug)]
+pub struct Build {
+    pub dir: PathBuf,
+    pub manifest: Manifest,
+    pub modules: Vec<StageModule>,
+}
+
+impl Build {
+    /// Reads the manifest and every stage module it lists, checking each module.
+    pub fn open(dir: &Path) -> Result<Build, BuildError> {
+        let manifest = Manifest::read(dir)?;
+        let manifest_path = dir.join(MANIFEST_FILE);
+        let mut modules = Vec::with_capacity(manifest.stages.len());
+        for (k, path) in manifest.module_paths(dir).iter().enumerate() {
+            let module = read_module(path)?;
+            manifest.check_module(k, &module, path, &manifest_path)?;
+            modules.push(module);
+        }
+        Ok(Build { dir: dir.to_path_buf(), manifest, modules })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn manifest() -> Manifest {
+        let t = |name: &str, shape: Vec<Extent>| TensorEntry { name: name.into(), value: None, peer: None, dtype: ElemType::F32, shape };
+        Manifest {
+            format: BUILD_FORMAT.into(),
+            version: BUILD_VERSION,
+            model: "/m.onnx".into(),
+            model_crc32: "0000abcd".into(),
+            pipeline_id: "id".into(),
+            pipeline: PipelineConfig {
+                depth: 2,
+                schedule: Schedule::TwoBw,
+                recompute: Recompute::Selective,
+                microbatch: Some(32),
+                microbatches: Some(4),
+                replicas: None,
+                origin: "plan p.json".into(),
+            },
+            stages: (0..2)
+                .map(|k| StageEntry {
+                    index: k,
+                    module: format!("stage{k}.pwm"),
+                    onnx: format!("stage{k}.onnx"),
+                    nodes: 3,
+                    received: Vec::new(),
+                    sent: Vec::new(),
+                    graph_inputs: if k == 0 { vec![t("x", vec![Extent::Batch(1), Extent::Fixed(64)])] } else { Vec::new() },
+                    graph_outputs: if k == 1 { vec![t("y", vec![Extent::Batch(1), Extent::Fixed(10)])] } else { Vec::new() },
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn round_trips_field_for_field() {
+        let m = manifest();
+        let text = m.to_toml();
+        assert!(text.contains("shape = [\n    \"N\",\n    \"64\",\n]"), "{text}");
+        assert_eq!(Manifest::parse(&text, Path::new("pipeline.toml")).unwrap(), m);
+        assert_eq!(m.input_specs().unwrap(), vec![InputSpec { name: "x".into(), elem: ElemType::F32, per_sample: vec![64] }]);
+        assert_eq!(m.output_per_sample("y"), Some(vec![10]));
+    }
+
+    #[test]
+    fn old_and_foreign_manifests_are_refused_by_version() {
+        let p = Path::new("b/pipeline.toml");
+        let old = "model = \"m.onnx\"\npipeline_id = \"x\"\nstage_order = [\"stage0.pwm\"]\n[plan]\nw = 4\n";
+        let e = Manifest::parse(old, p).unwrap_err().to_string();
+        assert_eq!(e, "b/pipeline.toml: written by another pipewright (build format version 1); this pipewright reads version 2: compile the model again");
+        let newer = manifest().to_toml().replace("version = 2", "version = 3");
+        assert!(Manifest::parse(&newer, p).unwrap_err().to_string().contains("build format version 3"));
+        let foreign = "format = \"cargo\"\nversion = 2\n";
+        assert_eq!(Manifest::parse(foreign, p).unwrap_err().to_string(), "b/pipeline.toml: not a pipewright build manifest: its format is \"cargo\"");
+        let bad = manifest().to_toml().replace("depth = 2", "depth = 3");
+        assert_eq!(Manifest::parse(&bad, p).unwrap_err().to_string(), "b/pipeline.toml: 2 stages listed for a pipeline of depth 3");
+    }
+
+    #[test]
+    fn flags_override_the_build_and_say_so() {
+        let c = manifest().pipeline;
+        let shape = c.resolve(RunFlags { microbatches: Some(8), ..RunFlags::default() });
+        assert_eq!(shape.microbatch, Setting { value: 32, source: Source::Build });
+        assert_eq!(shape.microbatches, Setting { value: 8, source: Source::Flag { overrides: Some(4) } });
+        assert_eq!(shape.replicas, Setting { value: 1, source: Source::Default });
+        assert_eq!(
+            shape.report(),
+            "microbatch 32 (from the build: plan p.json)\nmicrobatches 8 (--microbatches, overriding the build's 4)\nreplicas 1 (default)\n"
+        );
+        let undecided = PipelineConfig { microbatch: None, microbatches: None, ..c };
+        let shape = undecided.resolve(RunFlags::default());
+        assert_eq!((shape.microbatch.value, shape.microbatches.value), (DEFAULT_MICROBATCH, 2));
+    }
+}

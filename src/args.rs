@@ -1,0 +1,406 @@
+//! The command line: every subcommand's arguments, and their translation into the
+//! requests the driver crate takes.
+
+use std::path::PathBuf;
+
+use pipewright_core::{Balance, BatchMode, Decay, Device, Loss, Optimizer, PassName, Recompute, Schedule};
+use pipewright_passes::manager::{PassOptions, PrintAfter};
+
+#[derive(clap::Args)]
+pub struct InspectArgs {
+    /// The ONNX model file, or a stage module (`.pwm`) written by `compile`.
+    pub model: PathBuf,
+    /// Print the IR in text form instead of the summary.
+    #[arg(long)]
+    pub ir: bool,
+    /// Write a Graphviz drawing of the graph to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub dot: Option<PathBuf>,
+    /// Print the summary as JSON.
+    #[arg(long, conflicts_with = "ir")]
+    pub json: bool,
+    /// How the batch axis is chosen.
+    #[arg(long, value_enum, default_value_t = BatchMode::Auto)]
+    pub batch: BatchMode,
+}
+
+/// The cluster a plan is made for: defaults, then a TOML file, then single flags.
+#[derive(clap::Args)]
+pub struct ClusterArgs {
+    /// Workers (accelerators) in the cluster.
+    #[arg(long)]
+    pub workers: Option<usize>,
+    /// Memory per worker, e.g. 16GiB.
+    #[arg(long)]
+    pub memory: Option<String>,
+    /// Bandwidth between workers of one server, e.g. 150GB/s.
+    #[arg(long)]
+    pub intra_bw: Option<String>,
+    /// Bandwidth between servers, e.g. 25Gbit/s.
+    #[arg(long)]
+    pub inter_bw: Option<String>,
+    /// Workers per server.
+    #[arg(long)]
+    pub workers_per_node: Option<usize>,
+    /// Peak flop/s of one worker, e.g. 15.7T.
+    #[arg(long)]
+    pub peak_flops: Option<String>,
+    /// A cluster description in TOML (flags override it).
+    #[arg(long)]
+    pub cluster: Option<PathBuf>,
+}
+
+#[derive(clap::Args)]
+pub struct PlanArgs {
+    /// The ONNX model file.
+    pub model: PathBuf,
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
+    /// Global batch size (samples per optimizer step).
+    #[arg(long, default_value_t = 512)]
+    pub batch: u64,
+    /// Fix the microbatch size.
+    #[arg(long)]
+    pub microbatch: Option<u64>,
+    /// Fix the pipeline depth.
+    #[arg(long)]
+    pub stages: Option<usize>,
+    /// Explicit stage starts, by ONNX node name.
+    #[arg(long, value_delimiter = ',')]
+    pub cut: Vec<String>,
+    /// How stages are balanced.
+    #[arg(long, value_enum, default_value_t = Balance::Optimal)]
+    pub balance: Balance,
+    /// A profile from `pipewright profile` to calibrate the cost model.
+    #[arg(long)]
+    pub profile: Option<PathBuf>,
+    /// Optimizer whose state counts in memory.
+    #[arg(long, value_enum, default_value_t = Optimizer::Adam)]
+    pub optimizer: Optimizer,
+    /// Count an SGD momentum buffer per weight.
+    #[arg(long)]
+    pub momentum: bool,
+    /// Schedules to consider.
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = Schedule::ALL.to_vec())]
+    pub schedule: Vec<Schedule>,
+    /// Fix activation recomputation; by default all three are tried.
+    #[arg(long, value_enum)]
+    pub recompute: Option<Recompute>,
+    /// Candidates to show.
+    #[arg(long, default_value_t = 10)]
+    pub top: usize,
+    /// Print the plan file (JSON, for `compile --plan`) instead of the table.
+    #[arg(long)]
+    pub json: bool,
+    /// Print the result of a pass (`import`, `plan`, `partition`) instead of the plan.
+    #[arg(long, value_enum)]
+    pub print_after: Option<PassName>,
+}
+
+#[derive(clap::Args)]
+pub struct CompileArgs {
+    /// The ONNX model file.
+    pub model: PathBuf,
+    /// A plan from `pipewright plan --json`: its depth, stage starts, microbatch,
+    /// microbatches, replicas, recomputation and schedule, as planned.
+    #[arg(long, conflicts_with_all = ["stages", "schedule", "recompute", "microbatch", "microbatches", "batch"])]
+    pub plan: Option<PathBuf>,
+    /// Pipeline depth; the stages are cut to balance predicted compute. Without this or
+    /// --plan, the planner chooses every value on its default cluster.
+    #[arg(long)]
+    pub stages: Option<usize>,
+    /// The build folder (created if missing).
+    #[arg(short, long)]
+    pub output: PathBuf,
+    /// Pipeline schedule.
+    #[arg(long, value_enum, default_value_t = Schedule::TwoBw)]
+    pub schedule: Schedule,
+    /// Activation recomputation.
+    #[arg(long, value_enum, default_value_t = Recompute::None)]
+    pub recompute: Recompute,
+    /// Samples per microbatch, recorded in the build for `train`.
+    #[arg(long)]
+    pub microbatch: Option<u64>,
+    /// Microbatches per step, recorded in the build for `train` (2BW needs at least the depth).
+    #[arg(long, requires = "stages")]
+    pub microbatches: Option<u64>,
+    /// Global batch size the planner searches for (without --stages or --plan).
+    #[arg(long, conflicts_with = "stages")]
+    pub batch: Option<u64>,
+    /// Also write `stageK`: a copy of this binary with the stage module appended (run it
+    /// without arguments to print its module, with training options to run its stage).
+    #[arg(long)]
+    pub executables: bool,
+    /// Print the result of a pass, or of `all`.
+    #[arg(long, value_name = "PASS")]
+    pub print_after: Option<PrintAfter>,
+    /// Stop after this pass (the build folder is written only when `lower` ran).
+    #[arg(long, value_enum)]
+    pub stop_after: Option<PassName>,
+    /// Print the time each pass and each kind of output file took (stderr).
+    #[arg(long)]
+    pub timings: bool,
+}
+
+impl CompileArgs {
+    pub fn pass_options(&self) -> PassOptions {
+        PassOptions { print_after: self.print_after.unwrap_or_default(), stop_after: self.stop_after, ..PassOptions::default() }
+    }
+}
+
+#[derive(clap::Args)]
+pub struct TrainArgs {
+    /// The build folder written by `pipewright compile`.
+    pub build: PathBuf,
+    /// `synthetic`, or a .npz file, a folder of .npy files, or a .safetensors file whose
+    /// arrays are named after the model's inputs (first axis = samples).
+    #[arg(long, default_value = "synthetic")]
+    pub data: PathBuf,
+    /// The labels array in the data file.
+    #[arg(long)]
+    pub label: Option<String>,
+    /// The loss, applied to the model output --output names.
+    #[arg(long, value_enum, default_value_t = Loss::CrossEntropy)]
+    pub loss: Loss,
+    /// The model output the loss applies to.
+    #[arg(long)]
+    pub output: Option<String>,
+    /// Classes of the random labels of `--data synthetic`.
+    #[arg(long, default_value_t = 10)]
+    pub classes: i64,
+    /// Optimizer steps (batches).
+    #[arg(long, default_value_t = 100)]
+    pub steps: usize,
+    /// Samples per microbatch (default: the build's, else 16).
+    #[arg(long)]
+    pub microbatch: Option<u64>,
+    /// Microbatches per step and replica (default: the build's, else the pipeline depth,
+    /// the least 2BW allows).
+    #[arg(long)]
+    pub microbatches: Option<u64>,
+    /// Data-parallel width: copies of the pipeline, each fed every W-th microbatch;
+    /// gradients are averaged across copies before each update (default: the build's, else 1).
+    #[arg(long)]
+    pub replicas: Option<u64>,
+    #[arg(long, default_value_t = 0.05)]
+    pub lr: f64,
+    #[arg(long, value_enum, default_value_t = Optimizer::Sgd)]
+    pub optimizer: Optimizer,
+    #[arg(long, default_value_t = 0.0)]
+    pub momentum: f64,
+    #[arg(long, default_value_t = 0.0)]
+    pub weight_decay: f64,
+    /// Linear warm-up steps.
+    #[arg(long, default_value_t = 0)]
+    pub warmup: usize,
+    /// Learning-rate decay after the warm-up.
+    #[arg(long, value_enum, default_value_t = Decay::Constant)]
+    pub decay: Decay,
+    /// Clip gradients to this global norm across all stages.
+    #[arg(long)]
+    pub clip_norm: Option<f64>,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// `cpu`, `cuda` or `cuda:N`.
+    #[arg(long, default_value = "cpu")]
+    pub device: Device,
+    /// Write one JSON line of metrics per step here.
+    #[arg(long)]
+    pub metrics: Option<PathBuf>,
+    /// Print progress every this many steps.
+    #[arg(long, default_value_t = 10)]
+    pub log_every: usize,
+    /// Write a Chrome/Perfetto trace (JSON) of every forward, backward, recompute, send,
+    /// receive and optimizer step per stage here.
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
+    /// Write a checkpoint (weights, both 2BW versions, optimizer state) every N steps.
+    #[arg(long, value_name = "N")]
+    pub checkpoint_every: Option<usize>,
+    /// Where checkpoints go (default: BUILD/checkpoints).
+    #[arg(long)]
+    pub checkpoint_dir: Option<PathBuf>,
+    /// Continue from a checkpoint: a step folder, or a checkpoint folder (its newest step).
+    /// Give the same data, seed and --steps as the interrupted run.
+    #[arg(long)]
+    pub resume: Option<PathBuf>,
+    /// Plain progress lines instead of a progress bar (also when stderr is not a terminal).
+    #[arg(long)]
+    pub no_progress: bool,
+    /// Intra-op threads per worker (default for `train`: the cores divided among its
+    /// stages x replicas worker threads, at least 1; for `worker`: libtorch's default).
+    #[arg(long)]
+    pub threads: Option<usize>,
+}
+
+#[derive(clap::Args)]
+pub struct WorkerArgs {
+    #[command(flatten)]
+    pub train: TrainArgs,
+    /// This worker's rank, `replica * stages + stage`. Default: the MPI launcher's
+    /// (OMPI_COMM_WORLD_RANK, PMI_RANK or PMIX_RANK), else a stage executable's own stage.
+    #[arg(long)]
+    pub rank: Option<usize>,
+    /// `host:port` where rank 0 listens and every worker registers.
+    #[arg(long, default_value = "127.0.0.1:29500")]
+    pub rendezvous: String,
+    /// Seconds to wait for the other workers.
+    #[arg(long, default_value_t = 120)]
+    pub wait: u64,
+    /// Save this stage's trained weights (safetensors) here.
+    #[arg(long)]
+    pub save: Option<PathBuf>,
+}
+
+/// The stage executable's command line: the worker options, the build folder being the
+/// executable's own folder.
+#[derive(clap::Parser)]
+#[command(about = "A pipewright stage executable: run without arguments to print its stage module; with options, run its stage as a pipeline worker")]
+pub struct StageExeCli {
+    #[command(flatten)]
+    pub args: WorkerArgs,
+}
+
+#[cfg(feature = "torch")]
+mod requests {
+    use pipewright_driver::train::{DataSource, TrainRequest, WorkerRequest};
+    use pipewright_runtime::build::RunFlags;
+    use pipewright_runtime::pipeline::OptimizerConfig;
+
+    impl super::TrainArgs {
+        pub fn request(&self) -> TrainRequest {
+            TrainRequest {
+                data: if self.data.as_os_str() == "synthetic" { DataSource::Synthetic } else { DataSource::File(self.data.clone()) },
+                label: self.label.clone(),
+                loss: self.loss,
+                output: self.output.clone(),
+                classes: self.classes,
+                steps: self.steps,
+                flags: RunFlags { microbatch: self.microbatch, microbatches: self.microbatches, replicas: self.replicas },
+                lr: self.lr,
+                optimizer: OptimizerConfig { momentum: self.momentum, weight_decay: self.weight_decay, ..OptimizerConfig::new(self.optimizer) },
+                warmup: self.warmup,
+                decay: self.decay,
+                clip_norm: self.clip_norm,
+                seed: self.seed,
+                device: self.device,
+                trace: self.trace.is_some(),
+                checkpoint_every: self.checkpoint_every,
+                checkpoint_dir: self.checkpoint_dir.clone(),
+                resume: self.resume.clone(),
+                threads: self.threads,
+            }
+        }
+    }
+
+    impl super::WorkerArgs {
+        pub fn request(&self) -> WorkerRequest {
+            WorkerRequest {
+                train: self.train.request(),
+                rank: self.rank,
+                rendezvous: self.rendezvous.clone(),
+                wait: std::time::Duration::from_secs(self.wait),
+                save: self.save.clone(),
+            }
+        }
+    }
+}
+
+#[derive(clap::Args)]
+pub struct ExportArgs {
+    /// The build folder (with pipeline.toml and the trained weights.safetensors).
+    pub build: PathBuf,
+    /// The ONNX file to write.
+    #[arg(short, long)]
+    pub output: PathBuf,
+}
+
+#[derive(clap::Args)]
+pub struct RunForwardArgs {
+    /// The ONNX model file.
+    pub model: PathBuf,
+    /// A folder of `input_K.pb` files (and optionally `output_K.pb` to compare with).
+    #[arg(long)]
+    pub inputs: PathBuf,
+    /// `cpu`, `cuda` or `cuda:N`.
+    #[arg(long, default_value = "cpu")]
+    pub device: Device,
+    #[arg(long, default_value_t = 1e-3)]
+    pub rtol: f64,
+    #[arg(long, default_value_t = 1e-7)]
+    pub atol: f64,
+    /// Repeat the inputs (and expected outputs) K times along the batch axis: checks the
+    /// compiled model at a microbatch other than the one it was exported with.
+    #[arg(long, default_value_t = 1)]
+    pub tile_batch: usize,
+}
+
+#[derive(clap::Args)]
+pub struct BenchStepArgs {
+    /// The ONNX model file.
+    pub model: PathBuf,
+    /// A folder of `input_K.pb` files.
+    #[arg(long)]
+    pub inputs: PathBuf,
+    /// Timed steps.
+    #[arg(long, default_value_t = 20)]
+    pub steps: usize,
+    /// Untimed steps before the timed ones.
+    #[arg(long, default_value_t = 3)]
+    pub warmup: usize,
+    /// Intra-op threads; libtorch's default when absent.
+    #[arg(long)]
+    pub threads: Option<i32>,
+    /// Run in training mode (batch statistics, dropout) instead of eval mode.
+    #[arg(long)]
+    pub train: bool,
+    /// `cpu`, `cuda` or `cuda:N`.
+    #[arg(long, default_value = "cpu")]
+    pub device: Device,
+}
+
+#[derive(clap::Args)]
+pub struct ConformanceArgs {
+    /// Suite folders (each holding `test_*/model.onnx` or `*.onnx` files).
+    #[arg(required = true)]
+    pub suites: Vec<PathBuf>,
+    /// Write the markdown report here instead of stdout.
+    #[arg(long)]
+    pub report: Option<PathBuf>,
+    /// Only tests whose name contains this.
+    #[arg(long)]
+    pub filter: Option<String>,
+}
+
+#[derive(clap::Args)]
+pub struct ProfileArgs {
+    /// The ONNX model file.
+    pub model: PathBuf,
+    /// Microbatch sizes, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8")]
+    pub batch: Vec<u64>,
+    /// `cpu`, `cuda` or `cuda:N`.
+    #[arg(long, default_value = "cpu")]
+    pub device: Device,
+    /// Timed repetitions per node (median).
+    #[arg(long, default_value_t = 5)]
+    pub reps: usize,
+    /// Seed of the synthetic inputs.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Write the profile here (atomically) instead of stdout.
+    #[arg(short, long)]
+    pub output: Option<PathBuf>,
+}
+
+#[derive(clap::Args)]
+pub struct TraceSvgArgs {
+    /// The trace written by `pipewright train --trace`.
+    pub trace: PathBuf,
+    /// Where to write the SVG.
+    #[arg(short, long, default_value = "timeline.svg")]
+    pub output: PathBuf,
+    /// Width of the time axis in pixels.
+    #[arg(long, default_value_t = 1200)]
+    pub width: u32,
+}

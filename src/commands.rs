@@ -1,0 +1,171 @@
+//! One function per subcommand: build the request from the arguments, call the library,
+//! print what it returns.
+
+use std::path::Path;
+
+use anyhow::{anyhow, bail, Context, Result};
+use pipewright_core::fs::write_atomic;
+use pipewright_core::Balance;
+use pipewright_driver::compile::{compile, plan, CompileRequest};
+use pipewright_ir::summary::Summary;
+use pipewright_ir::{import_model, ImportOptions};
+use pipewright_passes::cluster::{parse_bandwidth, parse_bytes, parse_flops, Cluster};
+use pipewright_passes::cost::Profile;
+use pipewright_passes::manager::{PassOptions, PrintAfter};
+use pipewright_passes::pipeline::PlanRequest;
+use pipewright_passes::plan_file::PlanFile;
+use pipewright_passes::planner::PlanOptions;
+use pipewright_runtime::listing::module_text;
+use pipewright_runtime::module::{looks_like_module, read_module};
+use pipewright_runtime::timeline::{bubbles, read_chrome_trace, timeline_svg};
+
+use crate::args::{ClusterArgs, CompileArgs, ExportArgs, InspectArgs, PlanArgs, TraceSvgArgs};
+
+pub fn inspect(args: &InspectArgs) -> Result<()> {
+    if looks_like_module(&args.model) {
+        print!("{}", module_text(&read_module(&args.model)?));
+        return Ok(());
+    }
+    let graph = import_model(&args.model, &ImportOptions { batch: args.batch, ..ImportOptions::default() })?;
+    if let Some(path) = &args.dot {
+        write_atomic(path, pipewright_ir::dot::print_dot(&graph).as_bytes())?;
+    }
+    if args.ir {
+        print!("{}", pipewright_ir::text::print_graph(&graph));
+    } else if args.json {
+        println!("{}", serde_json::to_string_pretty(&Summary::of(&graph))?);
+    } else {
+        print!("{}", Summary::of(&graph).text());
+    }
+    Ok(())
+}
+
+/// The cluster: defaults, then the TOML file, then individual flags.
+fn cluster(args: &ClusterArgs) -> Result<Cluster> {
+    let mut c = match &args.cluster {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).with_context(|| format!("{}: cannot read", path.display()))?;
+            Cluster::from_toml(&text).map_err(|e| anyhow!("{}: {e}", path.display()))?
+        }
+        None => Cluster::default(),
+    };
+    if let Some(w) = args.workers {
+        c.workers = w;
+    }
+    if let Some(m) = &args.memory {
+        c.memory_per_worker = parse_bytes(m)?;
+    }
+    if let Some(b) = &args.intra_bw {
+        c.intra_bw = parse_bandwidth(b)?;
+    }
+    if let Some(b) = &args.inter_bw {
+        c.inter_bw = parse_bandwidth(b)?;
+    }
+    if let Some(n) = args.workers_per_node {
+        c.workers_per_node = n;
+    }
+    if let Some(f) = &args.peak_flops {
+        c.peak_flops = parse_flops(f)?;
+    }
+    Ok(c)
+}
+
+fn read_profile(path: &Path) -> Result<Profile> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("{}: cannot read", path.display()))?;
+    Profile::from_json(&text).map_err(|e| anyhow!("{}: {e}", path.display()))
+}
+
+pub fn plan_command(args: &PlanArgs) -> Result<()> {
+    let profile = args.profile.as_deref().map(read_profile).transpose()?;
+    if args.balance == Balance::Profile && profile.is_none() {
+        bail!("--balance profile needs --profile FILE (from `pipewright profile`)");
+    }
+    let options = PlanOptions {
+        global_batch: args.batch,
+        schedules: args.schedule.clone(),
+        stages: args.stages,
+        cuts: (!args.cut.is_empty()).then(|| args.cut.clone()),
+        balance: args.balance,
+        optimizer: args.optimizer,
+        momentum: args.momentum,
+        top: args.top,
+        microbatch: args.microbatch,
+        recompute: args.recompute,
+    };
+    let request = PlanRequest::Search { cluster: cluster(&args.cluster)?, options, profile };
+    let passes = PassOptions { print_after: args.print_after.map_or(PrintAfter::None, PrintAfter::Pass), ..PassOptions::default() };
+    let planned = plan(&args.model, &request, &passes)?;
+    if args.print_after.is_some() {
+        print!("{}", planned.printed);
+        return Ok(());
+    }
+    let file = planned.file.ok_or_else(|| anyhow!("{}: nothing was planned", args.model.display()))?;
+    if args.json {
+        println!("{}", file.to_json());
+    } else {
+        print!("{}", file.plan.text());
+    }
+    Ok(())
+}
+
+fn compile_request(args: &CompileArgs) -> Result<CompileRequest> {
+    let plan = if let Some(path) = &args.plan {
+        PlanRequest::File { path: path.clone(), file: Box::new(PlanFile::read(path)?) }
+    } else if let Some(depth) = args.stages {
+        if depth == 0 {
+            bail!("--stages must be at least 1");
+        }
+        PlanRequest::Stages { depth, schedule: args.schedule, recompute: args.recompute, microbatch: args.microbatch, microbatches: args.microbatches }
+    } else {
+        let options = PlanOptions {
+            global_batch: args.batch.unwrap_or(512),
+            schedules: vec![args.schedule],
+            recompute: Some(args.recompute),
+            microbatch: args.microbatch,
+            top: 1,
+            ..PlanOptions::default()
+        };
+        PlanRequest::Search { cluster: Cluster::default(), options, profile: None }
+    };
+    let executable = if args.executables { Some(std::env::current_exe().context("cannot locate the pipewright binary")?) } else { None };
+    Ok(CompileRequest { model: args.model.clone(), plan, output: args.output.clone(), executable, passes: args.pass_options() })
+}
+
+pub fn compile_command(args: &CompileArgs) -> Result<()> {
+    let compiled = compile(&compile_request(args)?)?;
+    print!("{}", compiled.printed);
+    if args.timings {
+        eprint!("{}", compiled.pass_timings);
+    }
+    let Some((manifest, times)) = compiled.written else { return Ok(()) };
+    if args.timings {
+        let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+        eprintln!("  write stage modules  {:>10.3} ms\n  write stage ONNX     {:>10.3} ms", ms(times.modules), ms(times.onnx));
+        if args.executables {
+            eprintln!("  write executables    {:>10.3} ms", ms(times.executables));
+        }
+    }
+    let decision = compiled.decision.map(|d| d.text()).unwrap_or_default();
+    println!("compiled {} into {} stage(s) in {}: {decision}", args.model.display(), manifest.stages.len(), args.output.display());
+    Ok(())
+}
+
+pub fn export(args: &ExportArgs) -> Result<()> {
+    let replaced = pipewright_driver::export::export_onnx(&args.build, &args.output)?;
+    println!("wrote {} ({replaced} trained initializers from {})", args.output.display(), args.build.join(pipewright_driver::export::WEIGHTS_FILE).display());
+    Ok(())
+}
+
+pub fn trace_svg(args: &TraceSvgArgs) -> Result<()> {
+    let text = std::fs::read_to_string(&args.trace).with_context(|| format!("{}: cannot read", args.trace.display()))?;
+    let events = read_chrome_trace(&text).map_err(|e| anyhow!("{}: {e}", args.trace.display()))?;
+    if events.is_empty() {
+        bail!("{}: no complete (\"X\") events", args.trace.display());
+    }
+    write_atomic(&args.output, timeline_svg(&events, args.width.max(100)).as_bytes())?;
+    for (k, b) in bubbles(&events) {
+        println!("stage {k}: bubble fraction {:.4} (busy {:.3} ms of {:.3} ms)", b.fraction, b.busy_us / 1000.0, b.span_us / 1000.0);
+    }
+    eprintln!("wrote {} ({} events)", args.output.display(), events.len());
+    Ok(())
+}

@@ -1,0 +1,75 @@
+//! Training progress for people and programs: an indicatif bar on a terminal (plain lines
+//! every `--log-every` steps otherwise), and one JSON line of metrics per step.
+
+use std::io::{IsTerminal, Write};
+use std::path::Path;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+use pipewright_runtime::pipeline::StepReport;
+use serde::Serialize;
+
+/// One line of `--metrics`.
+#[derive(Serialize)]
+struct MetricsLine {
+    step: usize,
+    loss: f64,
+    samples: usize,
+    seconds: f64,
+    samples_per_s: f64,
+}
+
+pub struct Progress {
+    bar: Option<ProgressBar>,
+    metrics: Option<std::fs::File>,
+    pub started: Instant,
+    first_step: usize,
+    steps: usize,
+    log_every: usize,
+}
+
+impl Progress {
+    pub fn new(steps: usize, first_step: usize, log_every: usize, plain: bool, metrics: Option<&Path>) -> Result<Self> {
+        let metrics = match metrics {
+            Some(p) => Some(std::fs::File::create(p).with_context(|| format!("{}: cannot create", p.display()))?),
+            None => None,
+        };
+        let bar = (!plain && std::io::stderr().is_terminal()).then(|| {
+            let bar = ProgressBar::new(steps as u64);
+            let style = ProgressStyle::with_template("{bar:30} step {pos}/{len}  {msg}  eta {eta}").unwrap_or_else(|_| ProgressStyle::default_bar());
+            bar.set_style(style);
+            bar.set_position(first_step as u64);
+            bar
+        });
+        Ok(Progress { bar, metrics, started: Instant::now(), first_step, steps, log_every: log_every.max(1) })
+    }
+
+    pub fn step(&mut self, r: &StepReport) {
+        let rate = r.samples as f64 / r.seconds.max(1e-9);
+        let done = r.step + 1 - self.first_step;
+        let eta = self.started.elapsed().as_secs_f64() / done as f64 * (self.steps - r.step - 1) as f64;
+        match &self.bar {
+            Some(bar) => {
+                bar.set_message(format!("loss {:.4}  {rate:.0} samples/s", r.loss));
+                bar.set_position(r.step as u64 + 1);
+            }
+            None if r.step % self.log_every == 0 || r.step + 1 == self.steps => {
+                eprintln!("step {:>5}/{}  loss {:.4}  {rate:.0} samples/s  eta {eta:.1}s", r.step + 1, self.steps, r.loss);
+            }
+            None => {}
+        }
+        if let Some(f) = self.metrics.as_mut() {
+            let line = MetricsLine { step: r.step + 1, loss: r.loss, samples: r.samples, seconds: r.seconds, samples_per_s: rate };
+            if let Ok(text) = serde_json::to_string(&line) {
+                let _ = writeln!(f, "{text}");
+            }
+        }
+    }
+
+    pub fn finish(&self) {
+        if let Some(bar) = &self.bar {
+            bar.finish();
+        }
+    }
+}

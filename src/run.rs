@@ -1,0 +1,144 @@
+//! The subcommands that execute models (libtorch): train, worker (and stage
+//! executables), run-forward, bench-step, conformance and profile.
+
+use std::path::Path;
+
+use anyhow::{anyhow, Result};
+use pipewright_core::fs::write_atomic;
+use pipewright_core::units::human_bytes;
+use pipewright_driver::conformance::{report, run_all, totals};
+use pipewright_driver::export::{save_weights, WEIGHTS_FILE};
+use pipewright_driver::forward::{bench_step, run_forward};
+use pipewright_driver::train::{Session, WorkerSession};
+use pipewright_runtime::device::tch_device;
+use pipewright_runtime::pipeline::{StepReport, TrainReport};
+use pipewright_runtime::timeline::chrome_trace_json;
+
+use crate::args::{BenchStepArgs, ConformanceArgs, ProfileArgs, RunForwardArgs, TrainArgs, WorkerArgs};
+use crate::progress::Progress;
+
+fn progress(args: &TrainArgs, first_step: usize) -> Result<Progress> {
+    Progress::new(args.steps, first_step, args.log_every, args.no_progress, args.metrics.as_deref())
+}
+
+fn save_trace(path: Option<&Path>, report: &TrainReport) -> Result<()> {
+    if let Some(path) = path {
+        write_atomic(path, chrome_trace_json(&report.trace).as_bytes())?;
+        eprintln!("wrote {} trace events to {}", report.trace.len(), path.display());
+    }
+    Ok(())
+}
+
+fn loss_range(report: &TrainReport) -> (f64, f64) {
+    (report.losses.first().copied().unwrap_or(f64::NAN), report.losses.last().copied().unwrap_or(f64::NAN))
+}
+
+pub fn train(args: &TrainArgs) -> Result<()> {
+    let session = Session::prepare(&args.build, &args.request())?;
+    let c = &session.build.manifest.pipeline;
+    eprint!("{}", session.shape.report());
+    eprintln!(
+        "training {} stage(s) x {} replica(s), schedule {}, recompute {} (from the build), steps {}..{}",
+        c.depth, session.shape.replicas.value, c.schedule, c.recompute, session.start, args.steps
+    );
+    let mut progress = progress(args, session.start)?;
+    let report = session.run(&mut |r: StepReport| progress.step(&r))?;
+    progress.finish();
+    save_trace(args.trace.as_deref(), &report)?;
+    for p in &report.checkpoints {
+        eprintln!("wrote checkpoint {}", p.display());
+    }
+    save_weights(&args.build.join(WEIGHTS_FILE), &report)?;
+    let (first, last) = loss_range(&report);
+    println!(
+        "trained {} steps in {:.1}s: loss {first:.4} -> {last:.4}; weight versions held per stage (peak): {:?}",
+        report.losses.len(),
+        progress.started.elapsed().as_secs_f64(),
+        report.peak_versions
+    );
+    let peaks: Vec<String> = report.memory.iter().map(|m| human_bytes(m.total)).collect();
+    println!("peak live tensor bytes per stage: {}", peaks.join(", "));
+    Ok(())
+}
+
+/// `pipewright worker`, or a stage executable started with options (`embedded`: its own
+/// module).
+pub fn worker(args: &WorkerArgs, embedded: Option<Vec<u8>>) -> Result<()> {
+    let t = &args.train;
+    let session = WorkerSession::prepare(&t.build, &args.request(), embedded)?;
+    let (rank, stage, replica, depth) = (session.rank, session.stage, session.replica, session.depth);
+    eprint!("{}", session.shape.report());
+    eprintln!("rank {rank}: stage {stage} of {depth}, replica {replica} of {}; joining {}", session.shape.replicas.value, args.rendezvous);
+    let mut progress = progress(t, 0)?;
+    let report = session.run(&mut |r: StepReport| progress.step(&r))?;
+    progress.finish();
+    save_trace(t.trace.as_deref(), &report)?;
+    if let Some(path) = &args.save {
+        save_weights(path, &report)?;
+    }
+    if stage + 1 == depth {
+        let (first, last) = loss_range(&report);
+        println!(
+            "rank {rank} (stage {stage}, replica {replica}): trained {} steps in {:.1}s: loss {first:.4} -> {last:.4}",
+            report.losses.len(),
+            progress.started.elapsed().as_secs_f64()
+        );
+    }
+    let peak = report.memory.first().map_or(0, |m| m.total);
+    let versions = report.peak_versions.first().copied().unwrap_or(0);
+    println!("rank {rank} (stage {stage}): peak live tensor bytes {}, weight versions held (peak) {versions}", human_bytes(peak));
+    Ok(())
+}
+
+pub fn run_forward_command(args: &RunForwardArgs) -> Result<()> {
+    let device = tch_device(args.device)?;
+    for (i, out) in run_forward(&args.model, &args.inputs, device, args.tile_batch, args.rtol, args.atol)?.iter().enumerate() {
+        let t = &out.tensor;
+        print!("output {i} {:?}: {:?} {:?}", out.name, t.kind(), t.size());
+        if let Ok(Ok(m)) = t.f_to_kind(tch::Kind::Double).and_then(|d| d.f_mean(tch::Kind::Double)).map(f64::try_from) {
+            print!(" mean={m:.6}");
+        }
+        match &out.comparison {
+            Some(c) => println!(" max_abs_err={:.3e} relative={:.3e} mismatches={}/{}", c.max_abs_err, c.relative(), c.mismatches, c.numel),
+            None => println!(),
+        }
+    }
+    Ok(())
+}
+
+pub fn bench_step_command(args: &BenchStepArgs) -> Result<()> {
+    if let Some(t) = args.threads {
+        tch::set_num_threads(t);
+    }
+    let device = tch_device(args.device)?;
+    let s = bench_step(&args.model, &args.inputs, device, args.train, args.warmup, args.steps)?;
+    let threads = tch::get_num_threads();
+    let name = args.model.file_stem().and_then(|s| s.to_str()).unwrap_or("model");
+    println!("{name}: {} parameters, {} steps after {} warmup, mode {}", s.parameters, s.steps, args.warmup, if args.train { "train" } else { "eval" });
+    println!("median {:.3} ms/step, mean {:.3} ms/step, min {:.3} ms, threads {threads}", s.median_ms, s.mean_ms, s.min_ms);
+    println!("bench-step model={name} median_ms={:.3} mean_ms={:.3} threads={threads}", s.median_ms, s.mean_ms);
+    Ok(())
+}
+
+pub fn conformance(args: &ConformanceArgs) -> Result<()> {
+    let rows = run_all(&args.suites, args.filter.as_deref())?;
+    let text = report(&rows);
+    match &args.report {
+        Some(path) => write_atomic(path, text.as_bytes())?,
+        None => print!("{text}"),
+    }
+    let (p, f, k) = totals(&rows);
+    eprintln!("conformance: {p} passed, {f} failed, {k} skipped");
+    Ok(())
+}
+
+pub fn profile(args: &ProfileArgs) -> Result<()> {
+    let mut on_batch = |b: u64| eprintln!("profile: batch {b} done");
+    let p = pipewright_driver::profile::profile(&args.model, args.device, &args.batch, args.reps, args.seed, &mut on_batch)?;
+    let text = serde_json::to_string_pretty(&p).map_err(|e| anyhow!("profile: {e}"))?;
+    match &args.output {
+        Some(path) => write_atomic(path, text.as_bytes())?,
+        None => println!("{text}"),
+    }
+    Ok(())
+}
