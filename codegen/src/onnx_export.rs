@@ -17,15 +17,14 @@
 
 use std::collections::HashMap;
 
-use onnx_protobuf::attribute_proto::AttributeType;
 use onnx_protobuf::tensor_shape_proto::{dimension, Dimension};
 use onnx_protobuf::{
-    type_proto, AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorProto, TensorShapeProto,
+    type_proto, AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorShapeProto,
     TypeProto, ValueInfoProto,
 };
-use pipewright_ir::ops::*;
-use pipewright_ir::{Dim, Graph, Op, TensorData, ValueId};
-use protobuf::{EnumOrUnknown, Message, MessageField};
+use pipewright_ir::import::{attribute_proto, tensor::tensor_to_proto};
+use pipewright_ir::{Dim, Graph, Op, ValueId};
+use protobuf::{Message, MessageField};
 
 use crate::stage::StageSlice;
 
@@ -53,7 +52,7 @@ pub fn export_stage(g: &Graph, s: &StageSlice) -> Result<ModelProto, ExportError
     }
     for &w in &s.weights {
         if let Some(weight) = g.value(w).weight() {
-            graph.initializer.push(tensor_proto(&name(w), &weight.data));
+            graph.initializer.push(tensor_to_proto(&name(w), &weight.data));
         }
     }
     for &n in &s.nodes {
@@ -126,225 +125,7 @@ fn value_info(g: &Graph, v: ValueId, name: &str, export_batch: i64) -> ValueInfo
     }
 }
 
-/// A tensor with its bytes as `raw_data`.
-pub fn tensor_proto(name: &str, t: &TensorData) -> TensorProto {
-    TensorProto {
-        name: name.into(),
-        dims: t.dims.clone(),
-        data_type: t.dtype.onnx_code(),
-        raw_data: t.bytes.to_vec(),
-        ..Default::default()
-    }
-}
-
-fn attr(name: &str, kind: AttributeType) -> AttributeProto {
-    AttributeProto { name: name.into(), type_: EnumOrUnknown::new(kind), ..Default::default() }
-}
-
-#[derive(Default)]
-struct Attrs(Vec<AttributeProto>);
-
-impl Attrs {
-    fn i(&mut self, name: &str, v: i64) {
-        self.0.push(AttributeProto { i: v, ..attr(name, AttributeType::INT) });
-    }
-    fn b(&mut self, name: &str, v: bool) {
-        self.i(name, v as i64);
-    }
-    fn f(&mut self, name: &str, v: f32) {
-        self.0.push(AttributeProto { f: v, ..attr(name, AttributeType::FLOAT) });
-    }
-    fn s(&mut self, name: &str, v: &str) {
-        self.0.push(AttributeProto { s: v.as_bytes().to_vec(), ..attr(name, AttributeType::STRING) });
-    }
-    fn ints(&mut self, name: &str, v: &[i64]) {
-        self.0.push(AttributeProto { ints: v.to_vec(), ..attr(name, AttributeType::INTS) });
-    }
-    fn ints_nonempty(&mut self, name: &str, v: &[i64]) {
-        if !v.is_empty() {
-            self.ints(name, v);
-        }
-    }
-    fn t(&mut self, name: &str, t: &TensorData) {
-        self.0.push(AttributeProto { t: MessageField::some(tensor_proto("", t)), ..attr(name, AttributeType::TENSOR) });
-    }
-    fn window(&mut self, w: &Window) {
-        self.ints_nonempty("kernel_shape", &w.kernel_shape);
-        self.ints_nonempty("strides", &w.strides);
-        self.ints_nonempty("pads", &w.pads);
-        self.ints_nonempty("dilations", &w.dilations);
-        match w.auto_pad {
-            AutoPad::NotSet => {}
-            AutoPad::SameUpper => self.s("auto_pad", "SAME_UPPER"),
-            AutoPad::SameLower => self.s("auto_pad", "SAME_LOWER"),
-            AutoPad::Valid => self.s("auto_pad", "VALID"),
-        }
-    }
-}
-
 /// The ONNX attributes of `op` (the inverse of the importer's conversion).
 pub fn attributes(op: &Op) -> Vec<AttributeProto> {
-    let mut a = Attrs::default();
-    match op {
-        Op::Unary(_) | Op::Variadic(_) | Op::MatMul | Op::GlobalAveragePool | Op::GlobalMaxPool | Op::Expand => {}
-        Op::Where | Op::CastLike | Op::Size | Op::Range | Op::Tile | Op::StageBoundary { .. } => {}
-        Op::Binary(b) => {
-            if *b == BinaryOp::Fmod {
-                a.i("fmod", 1);
-            }
-        }
-        Op::LeakyRelu { alpha } | Op::Elu { alpha } | Op::Celu { alpha } | Op::ThresholdedRelu { alpha } => a.f("alpha", *alpha),
-        Op::Selu { alpha, gamma } => {
-            a.f("alpha", *alpha);
-            a.f("gamma", *gamma);
-        }
-        Op::HardSigmoid { alpha, beta } => {
-            a.f("alpha", *alpha);
-            a.f("beta", *beta);
-        }
-        Op::Gelu { approximate } => {
-            if *approximate == GeluApprox::Tanh {
-                a.s("approximate", "tanh");
-            }
-        }
-        Op::Clip { min, max } => {
-            if let Some(v) = min {
-                a.f("min", *v);
-            }
-            if let Some(v) = max {
-                a.f("max", *v);
-            }
-        }
-        Op::IsInf { detect_positive, detect_negative } => {
-            a.b("detect_positive", *detect_positive);
-            a.b("detect_negative", *detect_negative);
-        }
-        Op::Softmax(s) | Op::LogSoftmax(s) => a.i("axis", s.axis),
-        Op::Gemm(g) => {
-            a.f("alpha", g.alpha);
-            a.f("beta", g.beta);
-            a.b("transA", g.trans_a);
-            a.b("transB", g.trans_b);
-        }
-        Op::Conv(c) => {
-            a.window(&c.window);
-            a.i("group", c.group);
-        }
-        Op::ConvTranspose(c) => {
-            a.window(&c.window);
-            a.i("group", c.group);
-            a.ints_nonempty("output_padding", &c.output_padding);
-            a.ints_nonempty("output_shape", &c.output_shape);
-        }
-        Op::MaxPool(p) => {
-            a.window(&p.window);
-            a.b("ceil_mode", p.ceil_mode);
-        }
-        Op::AveragePool(p) => {
-            a.window(&p.window);
-            a.b("ceil_mode", p.ceil_mode);
-            a.b("count_include_pad", p.count_include_pad);
-        }
-        Op::BatchNormalization(b) => {
-            a.f("epsilon", b.epsilon);
-            a.f("momentum", b.momentum);
-            if b.training_mode {
-                a.b("training_mode", true);
-            }
-        }
-        Op::LayerNormalization(l) => {
-            a.i("axis", l.axis);
-            a.f("epsilon", l.epsilon);
-            a.i("stash_type", l.stash_type);
-        }
-        Op::InstanceNormalization { epsilon } => a.f("epsilon", *epsilon),
-        Op::Dropout { ratio, seed } => {
-            if let Some(r) = ratio {
-                a.f("ratio", *r);
-            }
-            if let Some(s) = seed {
-                a.i("seed", *s);
-            }
-        }
-        Op::Reshape { allow_zero } => {
-            if *allow_zero {
-                a.b("allowzero", true);
-            }
-        }
-        Op::Flatten { axis } => a.i("axis", *axis),
-        Op::Transpose { perm } => {
-            if let Some(p) = perm {
-                a.ints("perm", p);
-            }
-        }
-        Op::Squeeze { axes } | Op::Unsqueeze { axes } => {
-            if let Some(x) = axes {
-                a.ints("axes", x);
-            }
-        }
-        Op::Concat { axis } => a.i("axis", *axis),
-        Op::Split(s) => {
-            a.i("axis", s.axis);
-            if let Some(x) = &s.split {
-                a.ints("split", x);
-            }
-            if let Some(n) = s.num_outputs {
-                a.i("num_outputs", n);
-            }
-        }
-        Op::Slice(s) => {
-            if let Some((starts, ends, axes)) = &s.attrs {
-                a.ints("starts", starts);
-                a.ints("ends", ends);
-                if let Some(x) = axes {
-                    a.ints("axes", x);
-                }
-            }
-        }
-        Op::Gather { axis } | Op::GatherElements { axis } => a.i("axis", *axis),
-        Op::Cast { to } => a.i("to", to.onnx_code() as i64),
-        Op::Shape { start, end } => {
-            if *start != 0 {
-                a.i("start", *start);
-            }
-            if let Some(e) = end {
-                a.i("end", *e);
-            }
-        }
-        Op::ConstantOfShape { value } => {
-            if let Some(t) = value {
-                a.t("value", t);
-            }
-        }
-        Op::Reduce(r) => {
-            if let Some(x) = &r.axes {
-                a.ints("axes", x);
-            }
-            a.b("keepdims", r.keepdims);
-            if r.noop_with_empty_axes {
-                a.b("noop_with_empty_axes", true);
-            }
-        }
-        Op::ArgMax { axis, keepdims, select_last_index } | Op::ArgMin { axis, keepdims, select_last_index } => {
-            a.i("axis", *axis);
-            a.b("keepdims", *keepdims);
-            if *select_last_index {
-                a.b("select_last_index", true);
-            }
-        }
-        Op::Trilu { upper } => a.b("upper", *upper),
-        Op::Einsum { equation } => a.s("equation", equation),
-        Op::Pad(p) => {
-            a.s("mode", pad_mode_name(p.mode));
-            if let Some((pads, value)) = &p.attrs {
-                a.ints("pads", pads);
-                a.f("value", *value);
-            }
-        }
-        Op::CumSum { exclusive, reverse } => {
-            a.b("exclusive", *exclusive);
-            a.b("reverse", *reverse);
-        }
-    }
-    a.0
+    op.attributes().iter().map(|(name, value)| attribute_proto(name, value)).collect()
 }

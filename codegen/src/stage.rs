@@ -310,12 +310,9 @@ mod tests {
     use pipewright_runtime::program::SlotId;
 
     /// The shared MLP cut into `d` stages of consecutive nodes (topological order).
-    fn partitioned(d: u32) -> Option<(Graph, StageMap)> {
+    fn partitioned(d: u32) -> (Graph, StageMap) {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/corpus/models/mlp.onnx");
-        if !path.exists() {
-            eprintln!("skipped: {} is missing", path.display());
-            return None;
-        }
+        assert!(path.is_file(), "the shared corpus is missing: expected {}", path.display());
         let mut g = import_model(&path, &ImportOptions::default()).unwrap();
         let order = g.topo_order().unwrap();
         let mut map = StageMap::new(d);
@@ -323,12 +320,12 @@ mod tests {
             map.set(*n, (i * d as usize / order.len()) as u32);
         }
         let stages = pipewright_passes::boundaries::insert_stage_boundaries(&mut g, &map).unwrap();
-        Some((g, stages))
+        (g, stages)
     }
 
     #[test]
     fn stages_connect_and_cover_the_graph() {
-        let Some((g, stages)) = partitioned(3) else { return };
+        let (g, stages) = partitioned(3);
         let progs = lower_stages(&g, &stages).unwrap();
         assert_eq!(progs.len(), 3);
         let boundaries = g.node_ids().filter(|&n| matches!(g.node(n).op, Op::StageBoundary { .. })).count();
@@ -352,7 +349,7 @@ mod tests {
 
     #[test]
     fn instructions_map_to_their_nodes() {
-        let Some((g, stages)) = partitioned(2) else { return };
+        let (g, stages) = partitioned(2);
         for sp in lower_stages(&g, &stages).unwrap() {
             assert_eq!(sp.instr_nodes.len(), sp.program.instrs.len());
             assert_eq!(sp.slot_values.len(), sp.program.slots.len());
@@ -383,7 +380,7 @@ mod tests {
 
     #[test]
     fn stage_onnx_reimports() {
-        let Some((g, stages)) = partitioned(2) else { return };
+        let (g, stages) = partitioned(2);
         for s in slice_stages(&g, &stages).unwrap() {
             let bytes = crate::onnx_export::export_stage_bytes(&g, &s).unwrap();
             let h = import_bytes(&bytes, Path::new("."), &ImportOptions::default()).unwrap();

@@ -182,6 +182,11 @@ impl Graph {
         node
     }
 
+    /// Renames a value (the text parser names graph outputs this way).
+    pub fn rename_value(&mut self, v: ValueId, name: String) {
+        self.values[v.index()].name = name;
+    }
+
     pub fn set_outputs(&mut self, outputs: Vec<ValueId>) {
         self.outputs = outputs;
     }

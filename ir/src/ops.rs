@@ -6,7 +6,7 @@
 //! bounds, Clip bounds, Pad pads, Reduce axes, Dropout ratio), the field is `Some` for the
 //! attribute form and `None` when the value comes from the node's input.
 
-use std::fmt::{self, Write};
+use std::fmt;
 
 use crate::{DType, TensorData};
 
@@ -286,15 +286,20 @@ impl Op {
         }
     }
 
-    /// The attributes in text form, `""` when there are none (`[axis=1, keepdims=0]`).
-    pub fn attrs_text(&self) -> String {
-        let mut a = AttrWriter::default();
+    /// The op's attributes under their ONNX names, in a fixed order: the one table both
+    /// the text form ([`Op::attrs_text`]) and the ONNX exporter write, and the text parser
+    /// reads back through the importer's conversion. Attributes whose schema is
+    /// opset-dependent are given only when they differ from the default (`allowzero`,
+    /// `training_mode`, `select_last_index`, `start`, `noop_with_empty_axes`), so the
+    /// result is valid at the model's opset. `StageBoundary`'s `from`/`to` are not ONNX
+    /// (the exporter leaves boundaries out).
+    pub fn attributes(&self) -> Vec<(&'static str, AttrValue)> {
+        let mut a = Attrs::default();
         match self {
-            Op::Unary(_) | Op::Binary(_) | Op::Variadic(_) | Op::MatMul | Op::GlobalAveragePool => {}
-            Op::GlobalMaxPool | Op::Expand | Op::Where | Op::CastLike | Op::Size | Op::Range | Op::Tile => {}
-            Op::LeakyRelu { alpha } | Op::Elu { alpha } | Op::Celu { alpha } | Op::ThresholdedRelu { alpha } => {
-                a.f("alpha", *alpha)
-            }
+            Op::Unary(_) | Op::Variadic(_) | Op::MatMul | Op::GlobalAveragePool | Op::GlobalMaxPool | Op::Expand => {}
+            Op::Where | Op::CastLike | Op::Size | Op::Range | Op::Tile => {}
+            Op::Binary(b) => a.flag("fmod", *b == BinaryOp::Fmod),
+            Op::LeakyRelu { alpha } | Op::Elu { alpha } | Op::Celu { alpha } | Op::ThresholdedRelu { alpha } => a.f("alpha", *alpha),
             Op::Selu { alpha, gamma } => {
                 a.f("alpha", *alpha);
                 a.f("gamma", *gamma);
@@ -320,17 +325,12 @@ impl Op {
                 a.b("detect_positive", *detect_positive);
                 a.b("detect_negative", *detect_negative);
             }
-            Op::Softmax(s) | Op::LogSoftmax(s) => {
-                a.i("axis", s.axis);
-                if s.coerce_2d {
-                    a.b("coerce_2d", true);
-                }
-            }
+            Op::Softmax(s) | Op::LogSoftmax(s) => a.i("axis", s.axis),
             Op::Gemm(g) => {
                 a.f("alpha", g.alpha);
                 a.f("beta", g.beta);
-                a.b("trans_a", g.trans_a);
-                a.b("trans_b", g.trans_b);
+                a.b("transA", g.trans_a);
+                a.b("transB", g.trans_b);
             }
             Op::Conv(c) => {
                 a.window(&c.window);
@@ -354,7 +354,7 @@ impl Op {
             Op::BatchNormalization(b) => {
                 a.f("epsilon", b.epsilon);
                 a.f("momentum", b.momentum);
-                a.b("training_mode", b.training_mode);
+                a.flag("training_mode", b.training_mode);
             }
             Op::LayerNormalization(l) => {
                 a.i("axis", l.axis);
@@ -370,19 +370,22 @@ impl Op {
                     a.i("seed", *s);
                 }
             }
-            Op::Reshape { allow_zero } => a.b("allowzero", *allow_zero),
-            Op::Flatten { axis } | Op::Concat { axis } | Op::Gather { axis } | Op::GatherElements { axis } => {
-                a.i("axis", *axis)
-            }
-            Op::Transpose { perm } | Op::Squeeze { axes: perm } | Op::Unsqueeze { axes: perm } => {
+            Op::Reshape { allow_zero } => a.flag("allowzero", *allow_zero),
+            Op::Flatten { axis } | Op::Concat { axis } | Op::Gather { axis } | Op::GatherElements { axis } => a.i("axis", *axis),
+            Op::Transpose { perm } => {
                 if let Some(p) = perm {
-                    a.v(if matches!(self, Op::Transpose { .. }) { "perm" } else { "axes" }, p);
+                    a.ints("perm", p);
+                }
+            }
+            Op::Squeeze { axes } | Op::Unsqueeze { axes } => {
+                if let Some(x) = axes {
+                    a.ints("axes", x);
                 }
             }
             Op::Split(s) => {
                 a.i("axis", s.axis);
                 if let Some(v) = &s.split {
-                    a.v("split", v);
+                    a.ints("split", v);
                 }
                 if let Some(n) = s.num_outputs {
                     a.i("num_outputs", n);
@@ -390,46 +393,45 @@ impl Op {
             }
             Op::Slice(s) => {
                 if let Some((starts, ends, axes)) = &s.attrs {
-                    a.v("starts", starts);
-                    a.v("ends", ends);
-                    if let Some(ax) = axes {
-                        a.v("axes", ax);
+                    a.ints("starts", starts);
+                    a.ints("ends", ends);
+                    if let Some(x) = axes {
+                        a.ints("axes", x);
                     }
                 }
             }
-            Op::Cast { to } => a.s("to", to.name()),
+            Op::Cast { to } => a.0.push(("to", AttrValue::DType(*to))),
             Op::Shape { start, end } => {
-                a.i("start", *start);
+                if *start != 0 {
+                    a.i("start", *start);
+                }
                 if let Some(e) = end {
                     a.i("end", *e);
                 }
             }
             Op::ConstantOfShape { value } => {
-                if let Some(v) = value {
-                    let x = v.to_f64s().first().copied().unwrap_or(0.0);
-                    a.s("value", &format!("{}:{}", v.dtype, x));
+                if let Some(t) = value {
+                    a.0.push(("value", AttrValue::Tensor(t.clone())));
                 }
             }
             Op::Reduce(r) => {
-                if let Some(ax) = &r.axes {
-                    a.v("axes", ax);
+                if let Some(x) = &r.axes {
+                    a.ints("axes", x);
                 }
                 a.b("keepdims", r.keepdims);
-                if r.noop_with_empty_axes {
-                    a.b("noop_with_empty_axes", true);
-                }
+                a.flag("noop_with_empty_axes", r.noop_with_empty_axes);
             }
             Op::ArgMax { axis, keepdims, select_last_index } | Op::ArgMin { axis, keepdims, select_last_index } => {
                 a.i("axis", *axis);
                 a.b("keepdims", *keepdims);
-                a.b("select_last_index", *select_last_index);
+                a.flag("select_last_index", *select_last_index);
             }
             Op::Trilu { upper } => a.b("upper", *upper),
-            Op::Einsum { equation } => a.s("equation", &format!("{equation:?}")),
+            Op::Einsum { equation } => a.s("equation", equation),
             Op::Pad(p) => {
                 a.s("mode", pad_mode_name(p.mode));
                 if let Some((pads, value)) = &p.attrs {
-                    a.v("pads", pads);
+                    a.ints("pads", pads);
                     a.f("value", *value);
                 }
             }
@@ -438,11 +440,21 @@ impl Op {
                 a.b("reverse", *reverse);
             }
             Op::StageBoundary { from, to } => {
-                a.i("from", *from as i64);
-                a.i("to", *to as i64);
+                a.i("from", i64::from(*from));
+                a.i("to", i64::from(*to));
             }
         }
-        a.finish()
+        a.0
+    }
+
+    /// The attributes in text form, `""` when there are none (`[axis=1, keepdims=0]`).
+    pub fn attrs_text(&self) -> String {
+        let attrs = self.attributes();
+        if attrs.is_empty() {
+            return String::new();
+        }
+        let items: Vec<String> = attrs.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        format!("[{}]", items.join(", "))
     }
 
     /// Whether the op is an elementwise map of its (broadcast) inputs.
@@ -525,37 +537,68 @@ pub fn auto_pad_name(p: AutoPad) -> &'static str {
     }
 }
 
-/// Builds the `[k=v, ...]` attribute text.
-#[derive(Default)]
-struct AttrWriter {
-    out: String,
+/// An attribute value as ONNX has it (`Op::attributes`).
+#[derive(Clone, Debug, PartialEq)]
+pub enum AttrValue {
+    Int(i64),
+    Float(f32),
+    Str(String),
+    Ints(Vec<i64>),
+    /// An element type (`Cast`'s `to`; ONNX writes its code).
+    DType(DType),
+    /// A one-element tensor (`ConstantOfShape`'s `value`).
+    Tensor(TensorData),
 }
 
-impl AttrWriter {
-    fn sep(&mut self) {
-        self.out.push_str(if self.out.is_empty() { "[" } else { ", " });
-    }
-    fn i(&mut self, k: &str, v: i64) {
-        self.sep();
-        let _ = write!(self.out, "{k}={v}");
-    }
-    fn b(&mut self, k: &str, v: bool) {
-        self.i(k, v as i64)
-    }
-    fn f(&mut self, k: &str, v: f32) {
-        self.sep();
-        let _ = write!(self.out, "{k}={v:?}");
-    }
-    fn s(&mut self, k: &str, v: &str) {
-        self.sep();
-        let _ = write!(self.out, "{k}={v}");
-    }
-    fn v(&mut self, k: &str, v: &[i64]) {
-        if v.is_empty() {
-            return;
+impl fmt::Display for AttrValue {
+    /// `1`, `1.0`, `"tanh"`, `[1, 0]`, `f32`, `f32:0.0`: floats always show a `.` or an
+    /// exponent, so the text parser tells them from integers.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            AttrValue::Int(v) => write!(f, "{v}"),
+            AttrValue::Float(v) => write!(f, "{v:?}"),
+            AttrValue::Str(s) => write!(f, "{s:?}"),
+            AttrValue::Ints(v) => write!(f, "{v:?}"),
+            AttrValue::DType(d) => write!(f, "{d}"),
+            AttrValue::Tensor(t) => {
+                let x = t.to_f64s().first().copied().unwrap_or(0.0);
+                if t.dtype.is_float() { write!(f, "{}:{x:?}", t.dtype) } else { write!(f, "{}:{}", t.dtype, x as i64) }
+            }
         }
-        self.sep();
-        let _ = write!(self.out, "{k}={v:?}");
+    }
+}
+
+/// Collects `(name, value)` attribute pairs.
+#[derive(Default)]
+struct Attrs(Vec<(&'static str, AttrValue)>);
+
+impl Attrs {
+    fn i(&mut self, k: &'static str, v: i64) {
+        self.0.push((k, AttrValue::Int(v)));
+    }
+    fn b(&mut self, k: &'static str, v: bool) {
+        self.i(k, i64::from(v))
+    }
+    /// A boolean given only when set (its default is false).
+    fn flag(&mut self, k: &'static str, v: bool) {
+        if v {
+            self.b(k, true);
+        }
+    }
+    fn f(&mut self, k: &'static str, v: f32) {
+        self.0.push((k, AttrValue::Float(v)));
+    }
+    fn s(&mut self, k: &'static str, v: &str) {
+        self.0.push((k, AttrValue::Str(v.to_string())));
+    }
+    fn ints(&mut self, k: &'static str, v: &[i64]) {
+        self.0.push((k, AttrValue::Ints(v.to_vec())));
+    }
+    /// A list given only when not empty (empty means the ONNX default).
+    fn v(&mut self, k: &'static str, v: &[i64]) {
+        if !v.is_empty() {
+            self.ints(k, v);
+        }
     }
     fn window(&mut self, w: &Window) {
         self.v("kernel_shape", &w.kernel_shape);
@@ -565,11 +608,5 @@ impl AttrWriter {
         if w.auto_pad != AutoPad::NotSet {
             self.s("auto_pad", auto_pad_name(w.auto_pad));
         }
-    }
-    fn finish(mut self) -> String {
-        if !self.out.is_empty() {
-            self.out.push(']');
-        }
-        self.out
     }
 }

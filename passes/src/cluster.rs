@@ -237,13 +237,8 @@ impl Cluster {
 
     /// One line for people: `8 workers (8 per server), 16.0 GiB, 15.7 Tflop/s each`.
     pub fn summary(&self) -> String {
-        format!(
-            "{} workers ({} per server), {}, {:.1} Tflop/s each",
-            self.workers,
-            self.workers_per_node,
-            human_bytes(self.memory_per_worker),
-            self.peak_flops / 1e12
-        )
+        let memory = if self.memory_per_worker == u64::MAX { "no memory limit".to_string() } else { human_bytes(self.memory_per_worker) };
+        format!("{} workers ({} per server), {memory}, {:.1} Tflop/s each", self.workers, self.workers_per_node, self.peak_flops / 1e12)
     }
 
     /// The roofline description of one worker.

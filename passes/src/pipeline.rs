@@ -221,7 +221,7 @@ pub fn version(recomputed: Recomputed) -> Result<Versioned, VersionError> {
 
 /// The IR annotated with what the passes so far decided per node:
 /// `stage=1 recompute w:%v3 x2 (2bw)`.
-fn annotated(g: &Graph, stages: &StageMap, recompute: Option<&RecomputePlan>, versions: Option<&WeightVersions>) -> String {
+pub fn annotated_text(g: &Graph, stages: &StageMap, recompute: Option<&RecomputePlan>, versions: Option<&WeightVersions>) -> String {
     let note = |n: NodeId| {
         let parts: Vec<String> = [stages.get(n).map(|s| format!("stage={s}")), recompute.and_then(|r| r.note(n)), versions.and_then(|v| v.note(n))]
             .into_iter()
@@ -266,7 +266,7 @@ impl PassOutput for Planned {
 
 impl PassOutput for Partitioned {
     fn text(&self) -> String {
-        annotated(&self.graph, &self.stages, None, None)
+        annotated_text(&self.graph, &self.stages, None, None)
     }
     fn check(&self) -> Result<(), Vec<String>> {
         check_graph(&self.graph, Some(&self.stages))
@@ -276,7 +276,7 @@ impl PassOutput for Partitioned {
 impl PassOutput for Recomputed {
     fn text(&self) -> String {
         let p = &self.partitioned;
-        annotated(&p.graph, &p.stages, Some(&self.recompute), None) + &self.recompute.text()
+        annotated_text(&p.graph, &p.stages, Some(&self.recompute), None) + &self.recompute.text()
     }
     fn check(&self) -> Result<(), Vec<String>> {
         self.partitioned.check()
@@ -286,7 +286,7 @@ impl PassOutput for Recomputed {
 impl PassOutput for Versioned {
     fn text(&self) -> String {
         let p = &self.partitioned;
-        annotated(&p.graph, &p.stages, Some(&self.recompute), Some(&self.versions)) + &self.versions.text()
+        annotated_text(&p.graph, &p.stages, Some(&self.recompute), Some(&self.versions)) + &self.versions.text()
     }
     fn check(&self) -> Result<(), Vec<String>> {
         self.partitioned.check()

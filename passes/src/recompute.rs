@@ -143,8 +143,9 @@ impl RecomputePlan {
                 st.inputs.len(),
                 st.stashed_nodes,
                 st.recomputed_nodes,
-                st.recompute_flops,
-                overhead * 100.0,
+                // `+ 0.0` turns a -0.0 (an empty sum of negated terms) into 0.
+                st.recompute_flops + 0.0,
+                overhead * 100.0 + 0.0,
                 if st.fits { "" } else { " OVER LIMIT" }
             );
         }

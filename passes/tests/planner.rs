@@ -391,20 +391,16 @@ fn baselines_and_profile() {
     }
 }
 
-fn corpus(name: &str) -> Option<PathBuf> {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../shared/corpus/models")
-        .join(name);
-    p.exists().then_some(p)
+fn corpus(name: &str) -> PathBuf {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/corpus/models").join(name);
+    assert!(p.is_file(), "the shared corpus is missing: expected {}", p.display());
+    p
 }
 
 #[test]
 fn plans_corpus_models() {
     for name in ["gpt2-tiny.onnx", "resnet18.onnx", "mlp.onnx"] {
-        let Some(path) = corpus(name) else {
-            eprintln!("skipping {name}: corpus not found");
-            continue;
-        };
+        let path = corpus(name);
         let g = pipewright_ir::import_model(&path, &Default::default()).unwrap();
         let cl = Cluster::default();
         let c = CostModel::new(&g, cl.roofline()).unwrap();

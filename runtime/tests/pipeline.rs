@@ -272,6 +272,33 @@ fn configuration_errors() {
     assert!(e.to_string().contains("stage 1") && e.to_string().contains("nope"), "{e}");
 }
 
+/// The weight versions each stage holds and the version each microbatch runs with come
+/// from the modules (the weight-versioning pass's decision), not from the schedule alone:
+/// modules versioned for another schedule, or with too small a version budget, are refused.
+#[test]
+fn the_runtime_runs_the_versioning_the_modules_carry() {
+    let data = dataset(STEPS, 2, None);
+    let run = |modules: Vec<StageModule>, schedule: Schedule| train(modules, &cfg(schedule, OptimizerConfig::sgd(), 0.1, STEPS), feed(&data), &mut |_| {});
+    // Modules versioned for a flush (one version, vanilla rule) under 2BW.
+    let e = run(stages(2, Schedule::Flush, Recompute::None), Schedule::TwoBw).unwrap_err().to_string();
+    assert!(e.contains("updates weights by rule vanilla but the pipeline runs schedule 2bw"), "{e}");
+    // A 2BW module whose budget is one version.
+    let mut one = stages(2, Schedule::TwoBw, Recompute::None);
+    one[1].program.stored.iter_mut().for_each(|t| t.versions = 1);
+    let e = run(one, Schedule::TwoBw).unwrap_err().to_string();
+    assert!(e.contains("stage 1") && e.contains("2BW needs two weight versions, the module allows 1"), "{e}");
+    // A weight whose rule disagrees with its module's schedule.
+    let mut mixed = stages(2, Schedule::TwoBw, Recompute::None);
+    mixed[0].program.stored[0].update = UpdateRule::Vanilla;
+    let e = run(mixed, Schedule::TwoBw).unwrap_err().to_string();
+    assert!(e.contains("stage 0") && e.contains("\"w0\" is versioned for update rule vanilla, but the module's schedule 2bw updates by 2bw"), "{e}");
+    // The modules' own versioning trains, holding at most the budget.
+    let r = run(stages(2, Schedule::TwoBw, Recompute::None), Schedule::TwoBw).unwrap();
+    assert_eq!(r.peak_versions, vec![2, 2]);
+    let r = run(stages(2, Schedule::Flush, Recompute::None), Schedule::Flush).unwrap();
+    assert_eq!(r.peak_versions, vec![1, 1]);
+}
+
 #[test]
 fn schedules_generate_expected_ops() {
     use Op::*;

@@ -1,7 +1,24 @@
-//! Typed reading of a node's attributes, rejecting ones the op's definition lacks.
+//! Typed reading of a node's attributes, rejecting ones the op's definition lacks; and
+//! the ONNX form of the IR's attribute table ([`attribute_proto`]).
 
 use onnx_protobuf::attribute_proto::AttributeType;
 use onnx_protobuf::AttributeProto;
+use protobuf::{EnumOrUnknown, MessageField};
+
+use crate::ops::AttrValue;
+
+/// The ONNX form of one attribute of `Op::attributes` (the table the text form shares).
+pub fn attribute_proto(name: &str, value: &AttrValue) -> AttributeProto {
+    let attr = |kind: AttributeType| AttributeProto { name: name.into(), type_: EnumOrUnknown::new(kind), ..Default::default() };
+    match value {
+        AttrValue::Int(v) => AttributeProto { i: *v, ..attr(AttributeType::INT) },
+        AttrValue::Float(v) => AttributeProto { f: *v, ..attr(AttributeType::FLOAT) },
+        AttrValue::Str(v) => AttributeProto { s: v.as_bytes().to_vec(), ..attr(AttributeType::STRING) },
+        AttrValue::Ints(v) => AttributeProto { ints: v.clone(), ..attr(AttributeType::INTS) },
+        AttrValue::DType(d) => AttributeProto { i: i64::from(d.onnx_code()), ..attr(AttributeType::INT) },
+        AttrValue::Tensor(t) => AttributeProto { t: MessageField::some(super::tensor::tensor_to_proto("", t)), ..attr(AttributeType::TENSOR) },
+    }
+}
 
 /// A node's attributes. Each getter marks the attribute as understood; [`Attrs::finish`]
 /// then reports any attribute no getter asked for, so an attribute whose meaning the

@@ -2,7 +2,7 @@
 //! fold shape subgraphs, compact and verify.
 
 mod attrs;
-mod convert;
+pub(crate) mod convert;
 pub mod tensor;
 
 use std::collections::{BTreeMap, HashMap};
@@ -20,6 +20,7 @@ use crate::{BatchInfo, DType, Graph, ModelMeta, ValueDef, ValueId, Weight};
 
 /// How the batch dimension is chosen: `Auto` makes a named (`dim_param`) axis 0, or a
 /// fixed axis 0 shared by every input, the symbol `N`; `Fixed` keeps every extent.
+pub use attrs::attribute_proto;
 pub use pipewright_core::BatchMode;
 
 /// Options of [`import_model`].

@@ -1,4 +1,5 @@
-//! `TensorProto` to [`TensorData`]: typed fields, raw bytes and external data files.
+//! `TensorProto` to [`TensorData`] (typed fields, raw bytes and external data files), and
+//! back ([`tensor_to_proto`], raw bytes).
 
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Component, Path};
@@ -10,6 +11,11 @@ use onnx_protobuf::TensorProto;
 use crate::dtype::onnx_type_name;
 use crate::error::ImportError;
 use crate::{DType, TensorData};
+
+/// `t` as a `TensorProto` named `name`, its bytes as `raw_data`.
+pub fn tensor_to_proto(name: &str, t: &TensorData) -> TensorProto {
+    TensorProto { name: name.into(), dims: t.dims.clone(), data_type: t.dtype.onnx_code(), raw_data: t.bytes.to_vec(), ..Default::default() }
+}
 
 /// Converts a tensor, reading external data relative to `model_dir`. Takes the proto by
 /// value so raw bytes move into the result without a copy.
