@@ -100,3 +100,78 @@ pub fn plan(model: &Path, request: &PlanRequest, passes: &PassOptions) -> Result
     .map_err(&fail)?;
     Ok(Planned { file, printed: pm.printed().to_string() })
 }
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use pipewright_core::{Recompute, Schedule};
+
+    pub(crate) fn model(name: &str) -> PathBuf {
+        let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/corpus/models").join(name);
+        assert!(p.is_file(), "the shared corpus is missing: expected {}", p.display());
+        p
+    }
+
+    pub(crate) fn stages(depth: usize) -> PlanRequest {
+        PlanRequest::Stages { depth, schedule: Schedule::TwoBw, recompute: Recompute::Full, microbatch: Some(4), microbatches: None }
+    }
+
+    pub(crate) fn request(name: &str, plan: PlanRequest, output: &Path) -> CompileRequest {
+        CompileRequest { model: model(name), plan, output: output.to_path_buf(), executable: None, passes: PassOptions::default() }
+    }
+
+    #[test]
+    fn compiles_a_build_folder_recording_only_what_was_decided() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("build");
+        let c = compile(&request("mlp.onnx", stages(2), &out)).unwrap();
+        let (manifest, _) = c.written.expect("written");
+        let p = &manifest.pipeline;
+        assert_eq!((p.depth, p.schedule, p.recompute), (2, Schedule::TwoBw, Recompute::Full));
+        assert_eq!((p.microbatch, p.microbatches, p.replicas), (Some(4), None, None));
+        assert_eq!(p.origin, "compile --stages 2");
+        assert_eq!(Manifest::read(&out).unwrap(), manifest, "the manifest on disk is the one returned");
+        let mut files: Vec<String> = std::fs::read_dir(&out).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        files.sort();
+        assert_eq!(files, ["pipeline.toml", "stage0.onnx", "stage0.pwm", "stage1.onnx", "stage1.pwm"]);
+        assert!(c.pass_timings.contains("weight-versioning") && c.pass_timings.contains("lower"), "{}", c.pass_timings);
+    }
+
+    #[test]
+    fn stop_after_writes_nothing_and_print_after_shows_the_pass() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("build");
+        let mut req = request("mlp.onnx", stages(2), &out);
+        req.passes = PassOptions { print_after: PrintAfter::Pass(PassName::Plan), stop_after: Some(PassName::Partition), ..PassOptions::default() };
+        let c = compile(&req).unwrap();
+        assert!(c.written.is_none() && !out.exists());
+        assert!(c.printed.starts_with("// ----- after plan -----\n") && c.printed.contains("decided: d=2"), "{}", c.printed);
+        assert!(!c.pass_timings.contains("recompute"), "{}", c.pass_timings);
+    }
+
+    #[test]
+    fn a_plan_round_trips_into_the_build() {
+        let dir = tempfile::tempdir().unwrap();
+        let search = PlanRequest::Search {
+            cluster: pipewright_passes::cluster::Cluster { workers: 4, ..Default::default() },
+            options: pipewright_passes::planner::PlanOptions { global_batch: 32, stages: Some(2), ..Default::default() },
+            profile: None,
+        };
+        let planned = plan(&model("gpt2-tiny.onnx"), &search, &PassOptions::default()).unwrap();
+        let file = planned.file.expect("planned");
+        let path = dir.path().join("plan.json");
+        std::fs::write(&path, file.to_json()).unwrap();
+        let read = PlanFile::read(&path).unwrap();
+        assert_eq!(read.plan.chosen, file.plan.chosen);
+        let out = dir.path().join("build");
+        let c = compile(&request("gpt2-tiny.onnx", PlanRequest::File { path: path.clone(), file: Box::new(read) }, &out)).unwrap();
+        let p = c.written.unwrap().0.pipeline;
+        let chosen = &file.plan.chosen;
+        assert_eq!((p.depth as usize, p.schedule, p.recompute), (chosen.d, chosen.schedule, chosen.recompute));
+        assert_eq!((p.microbatch, p.microbatches, p.replicas), (Some(chosen.b), Some(chosen.m), Some(chosen.w as u64)));
+        // The same plan for another model is refused, naming both.
+        let other = PlanRequest::File { path: path.clone(), file: Box::new(PlanFile::read(&path).unwrap()) };
+        let e = compile(&request("mlp.onnx", other, &dir.path().join("b2"))).unwrap_err().to_string();
+        assert!(e.contains("planned for model") && e.contains("gpt2-tiny.onnx"), "{e}");
+    }
+}

@@ -230,3 +230,27 @@ pub fn totals(rows: &[Row]) -> (usize, usize, usize) {
         Outcome::Skipped(_) => (p, f, k + 1),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn suite(name: &str) -> PathBuf {
+        let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/corpus/onnx-backend").join(name);
+        assert!(p.is_dir(), "the shared corpus is missing: expected {}", p.display());
+        p
+    }
+
+    #[test]
+    fn runs_cases_in_parallel_and_reports_them_in_suite_order() {
+        let rows = run_all(&[suite("node")], Some("test_relu")).unwrap();
+        let names: Vec<&str> = rows.iter().map(|r| r.1.as_str()).collect();
+        let mut sorted = names.clone();
+        sorted.sort();
+        assert_eq!(names, sorted, "suite order");
+        assert!(rows.iter().all(|r| matches!(r.2, Outcome::Passed)), "{:?}", rows.iter().map(|r| (&r.1, &r.2)).collect::<Vec<_>>());
+        assert_eq!(totals(&rows), (rows.len(), 0, 0));
+        let text = report(&rows);
+        assert!(text.contains(&format!("| node | {} | 0 | 0 | 100.0% |", rows.len())), "{text}");
+    }
+}

@@ -87,3 +87,38 @@ pub fn export_onnx(build: &Path, output: &Path) -> Result<usize, DriverError> {
 fn crc32(bytes: &[u8]) -> u32 {
     pipewright_ir::content_crc32(bytes)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compile::compile;
+    use crate::compile::tests::{request, stages};
+
+    /// A weights file with one trained tensor, as `train` would write it.
+    fn weights(path: &Path, name: &str, dims: &[usize], value: f32) {
+        let bytes: Vec<u8> = std::iter::repeat_n(value.to_le_bytes(), dims.iter().product()).flatten().collect();
+        let view = TensorView::new(safetensors::Dtype::F32, dims.to_vec(), &bytes).unwrap();
+        std::fs::write(path, safetensors::serialize(vec![(name.to_string(), view)], &None).unwrap()).unwrap();
+    }
+
+    #[test]
+    fn writes_trained_weights_into_the_source_model() {
+        let dir = tempfile::tempdir().unwrap();
+        let build = dir.path().join("build");
+        compile(&request("mlp.onnx", stages(2), &build)).unwrap();
+        let out = dir.path().join("trained.onnx");
+        let e = export_onnx(&build, &out).unwrap_err().to_string();
+        assert!(e.contains("weights.safetensors") && e.contains("train the pipeline first"), "{e}");
+        weights(&build.join(WEIGHTS_FILE), "6.bias", &[10], 0.25);
+        assert_eq!(export_onnx(&build, &out).unwrap(), 1);
+        let model = ModelProto::parse_from_bytes(&std::fs::read(&out).unwrap()).unwrap();
+        let bias = model.graph.initializer.iter().find(|t| t.name == "6.bias").unwrap();
+        assert_eq!(bias.raw_data, std::iter::repeat_n(0.25f32.to_le_bytes(), 10).flatten().collect::<Vec<u8>>());
+        // A weight of another shape is refused, and the output is not replaced.
+        weights(&build.join(WEIGHTS_FILE), "6.bias", &[11], 0.5);
+        let e = export_onnx(&build, &out).unwrap_err().to_string();
+        assert!(e.contains("\"6.bias\" has shape [11]"), "{e}");
+        let again = ModelProto::parse_from_bytes(&std::fs::read(&out).unwrap()).unwrap();
+        assert_eq!(again.graph.initializer.iter().find(|t| t.name == "6.bias").unwrap().raw_data, bias.raw_data);
+    }
+}

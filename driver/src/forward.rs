@@ -123,11 +123,15 @@ pub fn compare(actual: &Tensor, expected: &TensorData, rtol: f64, atol: f64) -> 
     let e = expected.to_f64s();
     let mut c = Comparison { max_abs_err: 0.0, max_expected: 0.0, mismatches: 0, numel: e.len() };
     for (x, y) in a.iter().zip(&e) {
-        if x.is_nan() && y.is_nan() {
+        if x.is_nan() || y.is_nan() {
+            // NaN matches NaN only; a number where NaN is expected (or the reverse) is off.
+            if x.is_nan() != y.is_nan() {
+                c.max_abs_err = f64::INFINITY;
+                c.mismatches += 1;
+            }
             continue;
         }
         let err = if x == y { 0.0 } else { (x - y).abs() };
-        let err = if err.is_nan() { f64::INFINITY } else { err };
         c.max_abs_err = c.max_abs_err.max(err);
         if y.is_finite() {
             c.max_expected = c.max_expected.max(y.abs());
@@ -248,4 +252,35 @@ pub fn bench_step(model: &Path, inputs: &Path, device: tch::Device, train_mode: 
     let n = ms.len();
     let median_ms = if n % 2 == 1 { ms[n / 2] } else { (ms[n / 2 - 1] + ms[n / 2]) / 2.0 };
     Ok(StepTimes { parameters: params.len(), steps: n, median_ms, mean_ms, min_ms: ms[0] })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pipewright_ir::DType;
+
+    fn data(dims: &[i64], v: &[f64]) -> TensorData {
+        TensorData::from_f64s(DType::F32, dims.to_vec(), v)
+    }
+
+    #[test]
+    fn compares_within_tolerance_and_matches_nan_with_nan() {
+        let expected = data(&[4], &[1.0, -2.0, f64::NAN, 100.0]);
+        let got = Tensor::from_slice(&[1.0f32, -2.001, f32::NAN, 100.0]);
+        let c = compare(&got, &expected, 1e-3, 1e-7).unwrap();
+        assert_eq!((c.mismatches, c.numel), (0, 4));
+        assert!((c.relative() - 0.001 / 100.0).abs() < 1e-6, "{}", c.relative());
+        let c = compare(&Tensor::from_slice(&[1.0f32, -2.1, 0.0, 100.0]), &expected, 1e-3, 1e-7).unwrap();
+        assert_eq!(c.mismatches, 2, "-2.1 is outside, and a number is not NaN");
+        let e = compare(&Tensor::from_slice(&[1.0f32, 2.0]), &expected, 1e-3, 1e-7).unwrap_err();
+        assert_eq!(e.to_string(), "shape [2], expected [4]");
+    }
+
+    #[test]
+    fn tiles_along_the_batch_axis() {
+        let t = NamedTensor { name: "x".into(), data: data(&[2, 2], &[1.0, 2.0, 3.0, 4.0]) };
+        let tiled = tile(t, 3).unwrap();
+        assert_eq!(tiled.data.dims, vec![6, 2]);
+        assert_eq!(tiled.data.to_f64s(), [1.0, 2.0, 3.0, 4.0].repeat(3));
+    }
 }

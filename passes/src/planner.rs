@@ -40,6 +40,7 @@ use std::fmt::Write;
 use pipewright_ir::{Graph, NodeId, StageMap};
 use pipewright_core::units::human_bytes;
 use pipewright_core::{Balance, Optimizer, Recompute, Schedule};
+use rayon::iter::{IndexedParallelIterator, IntoParallelIterator, ParallelIterator};
 use serde::{Deserialize, Serialize};
 
 use crate::cluster::Cluster;
@@ -603,6 +604,97 @@ fn assess(
     })
 }
 
+/// The exact partitions solved so far: unconstrained per `(d, b, recompute)`, and under
+/// the memory limit per `(d, b, recompute, schedule, m for GPipe)` (only solved when the
+/// unconstrained one does not fit).
+#[derive(Default)]
+struct Caches {
+    free: CutsCache<(usize, u64, Recompute)>,
+    bound: CutsCache<(usize, u64, Recompute, Schedule, u64)>,
+}
+
+impl Caches {
+    fn free_key(cfg: &Config) -> (usize, u64, Recompute) {
+        (cfg.d, cfg.b, cfg.recompute)
+    }
+
+    fn bound_key(cfg: &Config) -> (usize, u64, Recompute, Schedule, u64) {
+        let m = if cfg.schedule == Schedule::GPipe { cfg.m } else { 0 };
+        (cfg.d, cfg.b, cfg.recompute, cfg.schedule, m)
+    }
+
+    /// Solves, in parallel, the partitions `configs` will ask for: first the unconstrained
+    /// ones, then the memory-bound ones of configurations whose unconstrained partition
+    /// does not fit.
+    fn solve_ahead(&mut self, ctx: &mut PlanContext, configs: &[Config], opts: &PlanOptions) {
+        let limit = ctx.cluster.memory_per_worker as f64;
+        let mut jobs = Vec::new();
+        for cfg in configs {
+            let key = Self::free_key(cfg);
+            if !self.free.contains_key(&key) && !jobs.iter().any(|j: &(Config, MemoryModel)| Self::free_key(&j.0) == key) {
+                jobs.push((*cfg, MemoryModel::unlimited()));
+            }
+        }
+        for (cfg, cuts) in solve_all(ctx, jobs) {
+            self.free.insert(Self::free_key(&cfg), cuts);
+        }
+        let mut jobs = Vec::new();
+        for cfg in configs {
+            let key = Self::bound_key(cfg);
+            if self.bound.contains_key(&key) || jobs.iter().any(|j: &(Config, MemoryModel)| Self::bound_key(&j.0) == key) {
+                continue;
+            }
+            let fits = self.free.get(&Self::free_key(cfg)).cloned().flatten().and_then(|c| assess(ctx, cfg, &c, opts)).is_some();
+            if !fits {
+                jobs.push((*cfg, cfg.memory_model(opts, limit)));
+            }
+        }
+        for (cfg, cuts) in solve_all(ctx, jobs) {
+            self.bound.insert(Self::bound_key(&cfg), cuts);
+        }
+    }
+
+    /// The best candidate for `cfg`: its unconstrained partition when that fits, else its
+    /// partition under the memory limit.
+    fn best(&mut self, ctx: &mut PlanContext, cfg: &Config, opts: &PlanOptions) -> Option<Candidate> {
+        let pbw = ctx.cluster.pipeline_bw(cfg.d);
+        let free = self
+            .free
+            .entry(Self::free_key(cfg))
+            .or_insert_with(|| ctx.problem(cfg.b, cfg.recompute, pbw).optimal_partition(cfg.d, &MemoryModel::unlimited()).map(|p| p.cuts))
+            .clone();
+        if let Some(c) = free.and_then(|c| assess(ctx, cfg, &c, opts)) {
+            return Some(c);
+        }
+        let mem = cfg.memory_model(opts, ctx.cluster.memory_per_worker as f64);
+        self.bound
+            .entry(Self::bound_key(cfg))
+            .or_insert_with(|| ctx.problem(cfg.b, cfg.recompute, pbw).optimal_partition(cfg.d, &mem).map(|p| p.cuts))
+            .clone()
+            .and_then(|c| assess(ctx, cfg, &c, opts))
+    }
+}
+
+/// The optimal cuts of each `(configuration, memory model)` job, solved in parallel.
+fn solve_all(ctx: &mut PlanContext, jobs: Vec<(Config, MemoryModel)>) -> Vec<(Config, Option<Vec<usize>>)> {
+    let keys: Vec<(u64, Recompute, u64)> = jobs
+        .iter()
+        .map(|(cfg, _)| {
+            let bw = ctx.cluster.pipeline_bw(cfg.d);
+            ctx.problem(cfg.b, cfg.recompute, bw);
+            (cfg.b, cfg.recompute, bw.to_bits())
+        })
+        .collect();
+    let problems = &ctx.problems;
+    jobs.into_par_iter()
+        .zip(keys)
+        .map(|((cfg, mem), key)| {
+            let cuts = problems.get(&key).and_then(|p| p.optimal_partition(cfg.d, &mem)).map(|p| p.cuts);
+            (cfg, cuts)
+        })
+        .collect()
+}
+
 fn explicit_cuts(ctx: &PlanContext, names: &[String]) -> Result<Vec<usize>, PlanError> {
     let by_name: HashMap<&str, usize> = ctx
         .order
@@ -738,17 +830,24 @@ pub fn plan(
     configs.sort_by(|a, b| b.optimistic.total_cmp(&a.optimistic));
     let top = opts.top.max(1);
     let mut found: Vec<Candidate> = Vec::new();
-    let mut free_cache: CutsCache<(usize, u64, Recompute)> = HashMap::new();
-    let mut bound_cache: CutsCache<(usize, u64, Recompute, Schedule, u64)> = HashMap::new();
-    let limit = cluster.memory_per_worker as f64;
-    for cfg in &configs {
+    let mut caches = Caches::default();
+    let optimal = fixed_cuts.is_none() && opts.balance == Balance::Optimal;
+    // The exact partitions of the next configurations are solved in parallel ahead of the
+    // sequential search, which then finds them cached: the same result as solving them one
+    // by one, and some speculative work when the search stops inside a chunk.
+    let chunk = 4 * rayon::current_num_threads().max(1);
+    let mut solved_upto = 0;
+    for (i, cfg) in configs.iter().enumerate() {
         if found.len() >= top && cfg.optimistic < found[top - 1].samples_per_s {
             break;
         }
-        let pbw = cluster.pipeline_bw(cfg.d);
+        if optimal && i >= solved_upto {
+            solved_upto = (i + chunk).min(configs.len());
+            caches.solve_ahead(&mut ctx, &configs[i..solved_upto], opts);
+        }
         let candidate = if let Some(c) = &fixed_cuts {
             assess(&mut ctx, cfg, c, opts)
-        } else if opts.balance != Balance::Optimal {
+        } else if !optimal {
             let cuts = if opts.balance == Balance::Nodes {
                 uniform_by_nodes(n, cfg.d)
             } else {
@@ -756,36 +855,7 @@ pub fn plan(
             };
             assess(&mut ctx, cfg, &cuts, opts)
         } else {
-            let key = (cfg.d, cfg.b, cfg.recompute);
-            let free = free_cache
-                .entry(key)
-                .or_insert_with(|| {
-                    ctx.problem(cfg.b, cfg.recompute, pbw)
-                        .optimal_partition(cfg.d, &MemoryModel::unlimited())
-                        .map(|p| p.cuts)
-                })
-                .clone();
-            match free.and_then(|c| assess(&mut ctx, cfg, &c, opts)) {
-                Some(c) => Some(c),
-                None => {
-                    let m_key = if cfg.schedule == Schedule::GPipe {
-                        cfg.m
-                    } else {
-                        0
-                    };
-                    let bkey = (cfg.d, cfg.b, cfg.recompute, cfg.schedule, m_key);
-                    let mem = cfg.memory_model(opts, limit);
-                    bound_cache
-                        .entry(bkey)
-                        .or_insert_with(|| {
-                            ctx.problem(cfg.b, cfg.recompute, pbw)
-                                .optimal_partition(cfg.d, &mem)
-                                .map(|p| p.cuts)
-                        })
-                        .clone()
-                        .and_then(|c| assess(&mut ctx, cfg, &c, opts))
-                }
-            }
+            caches.best(&mut ctx, cfg, opts)
         };
         if let Some(c) = candidate {
             let at = found.partition_point(|x| {

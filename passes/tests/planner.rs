@@ -419,3 +419,28 @@ fn plans_corpus_models() {
         eprintln!("{name}:\n{}", p.text());
     }
 }
+
+/// The search solves partitions ahead in parallel; the plan is the same on one thread as
+/// on several, for every shared model and a memory limit that forces re-solving.
+#[test]
+fn the_parallel_search_plans_as_the_sequential_one() {
+    let mut planned = 0;
+    for (name, memory) in [("gpt2-tiny.onnx", 48u64 << 20), ("resnet18.onnx", 256 << 20), ("bert-tiny.onnx", 16 << 30)] {
+        let g = pipewright_ir::import_model(&corpus(name), &Default::default()).unwrap();
+        let cl = Cluster { memory_per_worker: memory, ..Cluster::default() };
+        let c = CostModel::new(&g, cl.roofline()).unwrap();
+        let opts = PlanOptions { global_batch: 64, ..PlanOptions::default() };
+        let on = |threads: usize| {
+            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+            pool.install(|| plan(&g, &c, &cl, &opts))
+        };
+        match (on(1), on(4)) {
+            (Ok(a), Ok(b)) => {
+                assert_eq!(a, b, "{name}");
+                planned += 1;
+            }
+            (a, b) => panic!("{name}: one thread gives {a:?}, four {b:?}"),
+        }
+    }
+    assert_eq!(planned, 3);
+}
