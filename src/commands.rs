@@ -109,12 +109,14 @@ pub fn plan_command(args: &PlanArgs) -> Result<()> {
 }
 
 fn compile_request(args: &CompileArgs) -> Result<CompileRequest> {
+    for (flag, v) in [("--stages", args.stages.map(|d| d as u64)), ("--microbatch", args.microbatch), ("--microbatches", args.microbatches), ("--batch", args.batch)] {
+        if v == Some(0) {
+            bail!("{flag} must be at least 1");
+        }
+    }
     let plan = if let Some(path) = &args.plan {
         PlanRequest::File { path: path.clone(), file: Box::new(PlanFile::read(path)?) }
     } else if let Some(depth) = args.stages {
-        if depth == 0 {
-            bail!("--stages must be at least 1");
-        }
         PlanRequest::Stages { depth, schedule: args.schedule, recompute: args.recompute, microbatch: args.microbatch, microbatches: args.microbatches }
     } else {
         let options = PlanOptions {

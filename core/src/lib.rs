@@ -1,12 +1,14 @@
 //! The vocabulary every pipewright crate shares, defined once: the configuration words
 //! ([`Schedule`], [`Recompute`], [`Optimizer`], [`Loss`], [`Decay`], [`Balance`],
 //! [`BatchMode`], [`PassName`], [`UpdateRule`]) and the [`Device`]; plus the small
-//! utilities every stage of the tool needs ([`fs::write_atomic`], [`units::human_bytes`]).
+//! utilities every stage of the tool needs ([`fs::write_atomic`], [`units::human_bytes`],
+//! [`format::Header`] for versioned files).
 //!
 //! It depends on no other pipewright crate, so the importer, the passes, codegen and the
 //! runtime (which must not depend on the importer or the passes) all speak it.
 
 pub mod device;
+pub mod format;
 pub mod fs;
 pub mod units;
 #[macro_use]

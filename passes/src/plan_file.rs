@@ -9,6 +9,7 @@
 
 use std::path::{Path, PathBuf};
 
+use pipewright_core::format::{Header, Mismatch};
 use pipewright_ir::Graph;
 use serde::{Deserialize, Serialize};
 
@@ -53,13 +54,6 @@ pub enum PlanFileError {
     Plan { path: PathBuf, source: PlanError },
 }
 
-/// Only the fields that say what a file is.
-#[derive(Deserialize)]
-struct Header {
-    format: Option<String>,
-    version: Option<u32>,
-}
-
 impl PlanFile {
     /// The file for `plan`, made for the model at `model` (imported as a graph whose
     /// `source_crc32` is `crc32`).
@@ -81,12 +75,12 @@ impl PlanFile {
     pub fn parse(text: &str, path: &Path) -> Result<PlanFile, PlanFileError> {
         let not_a_plan = |reason: String| PlanFileError::NotAPlan { path: path.to_path_buf(), reason };
         let header: Header = serde_json::from_str(text).map_err(|e| not_a_plan(e.to_string()))?;
-        match (header.format.as_deref(), header.version) {
-            (Some(PLAN_FORMAT), Some(PLAN_VERSION)) => {}
-            (Some(PLAN_FORMAT), Some(found)) => return Err(PlanFileError::Version { path: path.to_path_buf(), found }),
-            (Some(PLAN_FORMAT), None) => return Err(not_a_plan("it has no format version".into())),
-            (Some(other), _) => return Err(not_a_plan(format!("its format is {other:?}"))),
-            (None, _) => return Err(not_a_plan("it has no \"format\" field (plans from before format version 1 are not read; plan again)".into())),
+        match header.check(PLAN_FORMAT, PLAN_VERSION) {
+            Ok(()) => {}
+            Err(Mismatch::Version(found)) => return Err(PlanFileError::Version { path: path.to_path_buf(), found }),
+            Err(Mismatch::NoVersion) => return Err(not_a_plan("it has no format version".into())),
+            Err(Mismatch::Foreign(other)) => return Err(not_a_plan(format!("its format is {other:?}"))),
+            Err(Mismatch::NoFormat) => return Err(not_a_plan("it has no \"format\" field (plans from before format version 1 are not read; plan again)".into())),
         }
         serde_json::from_str(text).map_err(|e| not_a_plan(e.to_string()))
     }

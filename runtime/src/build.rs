@@ -14,6 +14,7 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
+use pipewright_core::format::{Header, Mismatch};
 use pipewright_core::fs::{write_atomic, WriteError};
 use pipewright_core::{Recompute, Schedule};
 use serde::{Deserialize, Serialize};
@@ -130,26 +131,19 @@ pub enum BuildError {
     Write(#[from] WriteError),
 }
 
-/// Only the fields that say what a file is.
-#[derive(Deserialize)]
-struct Header {
-    format: Option<String>,
-    version: Option<u32>,
-}
-
 impl Manifest {
     /// Parses a manifest; `path` names it in errors.
     pub fn parse(text: &str, path: &Path) -> Result<Manifest, BuildError> {
         let not_one = |reason: String| BuildError::NotAManifest { path: path.to_path_buf(), reason };
         let header: Header = toml::from_str(text).map_err(|e| not_one(first_line(&e)))?;
-        match (header.format.as_deref(), header.version) {
-            (Some(BUILD_FORMAT), Some(BUILD_VERSION)) => {}
-            (Some(BUILD_FORMAT), Some(found)) => return Err(BuildError::Version { path: path.to_path_buf(), found }),
-            (Some(BUILD_FORMAT), None) => return Err(not_one("it has no format version".into())),
-            (Some(other), _) => return Err(not_one(format!("its format is {other:?}"))),
+        match header.check(BUILD_FORMAT, BUILD_VERSION) {
+            Ok(()) => {}
+            Err(Mismatch::Version(found)) => return Err(BuildError::Version { path: path.to_path_buf(), found }),
+            Err(Mismatch::NoVersion) => return Err(not_one("it has no format version".into())),
+            Err(Mismatch::Foreign(other)) => return Err(not_one(format!("its format is {other:?}"))),
             // Version 1 manifests had neither field.
-            (None, _) if text.contains("stage_order") => return Err(BuildError::Version { path: path.to_path_buf(), found: 1 }),
-            (None, _) => return Err(not_one(format!("it has no `format = \"{BUILD_FORMAT}\"`"))),
+            Err(Mismatch::NoFormat) if text.contains("stage_order") => return Err(BuildError::Version { path: path.to_path_buf(), found: 1 }),
+            Err(Mismatch::NoFormat) => return Err(not_one(format!("it has no `format = \"{BUILD_FORMAT}\"`"))),
         }
         let m: Manifest = toml::from_str(text).map_err(|e| not_one(first_line(&e)))?;
         m.check().map_err(|reason| BuildError::Invalid { path: path.to_path_buf(), reason })?;
