@@ -18,7 +18,9 @@ use pipewright_ir::{Graph, NodeId, Op, StageMap, ValueDef, ValueId};
 use pipewright_passes::recompute::{Decision, RecomputePlan};
 use pipewright_core::UpdateRule;
 use pipewright_passes::versioning::WeightVersions;
-use pipewright_runtime::program::{Extent, Program};
+use pipewright_runtime::kernel::UnaryKind;
+use pipewright_runtime::program::{Extent, Instr, Program, SlotId, SlotInfo};
+use pipewright_runtime::Kernel;
 use pipewright_runtime::ElemType;
 
 use crate::lower::{elem, lower_nodes, LowerError, Lowering};
@@ -278,11 +280,12 @@ pub fn lower_slice(g: &Graph, s: &StageSlice) -> Result<StageProgram, LowerError
         shape: shape_of(g, wire),
     };
     // A sent tensor's slot carries its wire name (`x@stage2`), the name the next stage's
-    // program gives the tensor it receives, so an executor pairs them by name.
-    for (i, &(_, wire)) in s.sent.iter().enumerate() {
-        let slot = program.outputs[i];
-        program.slots[slot.index()].name = g.value(wire).name.clone();
-    }
+    // program gives the tensor it receives, so an executor pairs them by name; a graph
+    // output's slot carries the graph's name.
+    let names = s.sent.iter().map(|&(_, wire)| g.value(wire).name.clone()).chain(s.graph_outputs.iter().map(|&v| g.value(v).name.clone()));
+    let mut instr_nodes = instr_nodes;
+    name_outputs(&mut program, names.collect(), &mut instr_nodes);
+    let slot_values: Vec<Option<ValueId>> = (0..program.slots.len()).map(|k| slot_values.get(k).copied().flatten()).collect();
     Ok(StageProgram {
         stage: s.stage,
         program,
@@ -293,6 +296,31 @@ pub fn lower_slice(g: &Graph, s: &StageSlice) -> Result<StageProgram, LowerError
         instr_nodes,
         slot_values,
     })
+}
+
+/// Gives output `i` of `p` the name `names[i]`. A slot needed under a second name — a
+/// received tensor passed straight on to the next stage (its input name is the wire it
+/// arrived on, its output name the wire it leaves on), or one tensor both sent and a graph
+/// output — is copied into a new slot by an `Identity` helper instruction for each extra
+/// name, so every input and output of the program has a slot of its own name.
+fn name_outputs(p: &mut Program, names: Vec<String>, instr_nodes: &mut Vec<Option<NodeId>>) {
+    let mut claimed: Vec<SlotId> = p.inputs.clone();
+    for (i, name) in names.into_iter().enumerate() {
+        let slot = p.outputs[i];
+        if claimed.contains(&slot) && p.slots[slot.index()].name != name {
+            let info = p.slots[slot.index()].clone();
+            let copy = SlotId(p.slots.len() as u32);
+            p.slots.push(SlotInfo { name: name.clone(), last_use: None, ..info });
+            p.instrs.push(Instr { name: format!("{name}:copy"), kernel: Kernel::Unary(UnaryKind::Identity), inputs: vec![Some(slot)], outputs: vec![Some(copy)], recompute: false });
+            instr_nodes.push(None);
+            p.outputs[i] = copy;
+            claimed.push(copy);
+        } else {
+            p.slots[slot.index()].name = name;
+            claimed.push(slot);
+        }
+    }
+    p.fill_last_uses();
 }
 
 /// Lowers one stage and fills its annotations (see [`StageProgram::annotate`]).
@@ -345,6 +373,38 @@ mod tests {
             assert_eq!(p.program.inputs.len(), p.received.len() + p.graph_inputs.len());
             assert_eq!(p.program.outputs.len(), p.sent.len() + p.graph_outputs.len());
         }
+    }
+
+    /// Slot names of the program's inputs and outputs.
+    fn io_names(p: &Program) -> (Vec<String>, Vec<String>) {
+        let names = |slots: &[SlotId]| slots.iter().map(|s| p.slots[s.index()].name.clone()).collect();
+        (names(&p.inputs), names(&p.outputs))
+    }
+
+    /// A tensor a stage receives and passes straight on (a skip connection crossing two
+    /// cuts) arrives and leaves under two wire names: the stage copies it into a slot of
+    /// its own for the second (vit-tiny at d = 4 was refused before).
+    #[test]
+    fn a_tensor_passed_straight_through_a_stage_gets_its_own_output_slot() {
+        let text = include_str!("../../passes/tests/filetests/partition_skip_forwarded.pwir");
+        let partitioned = text.split("// ----- expect -----\n").nth(1).expect("the expected partition");
+        let (g, notes) = pipewright_ir::parse_graph_annotated(partitioned).unwrap();
+        let mut stages = StageMap::new(3);
+        for (n, note) in &notes {
+            stages.set(*n, note.trim_start_matches("stage=").parse().unwrap());
+        }
+        let progs = lower_stages(&g, &stages).unwrap();
+        // The parsed boundary outputs are named after their ids: %v6 arrives in stage 1 and
+        // leaves as %v8 (unchanged) and, through Relu, as %v9.
+        let (ins, outs) = io_names(&progs[1].program);
+        assert_eq!(ins, ["v6"]);
+        assert_eq!(outs, ["v8", "v9"]);
+        let p = &progs[1].program;
+        let copy = p.instrs.last().unwrap();
+        assert_eq!((copy.kernel.clone(), copy.inputs.clone(), copy.outputs.clone()), (Kernel::Unary(UnaryKind::Identity), vec![Some(p.inputs[0])], vec![Some(p.outputs[0])]));
+        assert_eq!(progs[1].instr_nodes.last(), Some(&None), "a helper, not a node");
+        let (ins2, _) = io_names(&progs[2].program);
+        assert_eq!(ins2, ["v8", "v9"], "the next stage receives what was sent");
     }
 
     #[test]
