@@ -231,6 +231,10 @@ pub struct TrainArgs {
     /// stages x replicas worker threads, at least 1; for `worker`: libtorch's default).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// Seconds a stage waits for a neighbour's tensors or a reduction before it stops with
+    /// an error saying what it waited for.
+    #[arg(long, value_name = "SECS", default_value_t = 600)]
+    pub timeout: u64,
 }
 
 #[derive(clap::Args)]
@@ -289,6 +293,7 @@ mod requests {
                 checkpoint_dir: self.checkpoint_dir.clone(),
                 resume: self.resume.clone(),
                 threads: self.threads,
+                timeout: std::time::Duration::from_secs(self.timeout),
             }
         }
     }

@@ -62,6 +62,8 @@ pub struct TrainRequest {
     pub resume: Option<PathBuf>,
     /// Intra-op threads per worker.
     pub threads: Option<usize>,
+    /// How long a stage waits for a neighbour or a reduction before it stops with an error.
+    pub timeout: Duration,
 }
 
 /// The run's configuration, built from the request and the build's shape.
@@ -82,6 +84,10 @@ fn config(req: &TrainRequest, manifest: &Manifest, shape: &RunShape, build: &Pat
         return Err(DriverError::msg("--threads must be at least 1"));
     }
     cfg.threads = req.threads;
+    if req.timeout.is_zero() {
+        return Err(DriverError::msg("--timeout must be positive"));
+    }
+    cfg.timeout = req.timeout;
     if let Some(n) = req.checkpoint_every {
         if n == 0 {
             return Err(DriverError::msg("--checkpoint-every must be at least 1"));
@@ -243,6 +249,7 @@ impl WorkerSession {
             recv_names,
             send_names,
             timeout: req.wait,
+            idle_timeout: config.timeout,
         };
         Ok(WorkerSession { rank, stage, replica, depth: d, shape, config, module, batches, tcp })
     }

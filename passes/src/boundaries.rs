@@ -4,8 +4,18 @@
 //!
 //! A value produced in stage `s` and read in stages up to `t > s` crosses every stage in
 //! between: it is forwarded through a chain of boundaries `s -> s+1 -> ... -> t`, so a
-//! skip connection or an attention mask costs a send in every stage it passes, and each
-//! reader takes the copy that arrived in its own stage.
+//! skip connection costs a send in every stage it passes, and each reader takes the copy
+//! that arrived in its own stage.
+//!
+//! Values computed from weights and constants alone (a transposed LM head, the
+//! `Identity(weight)` an exporter writes for every reuse of a deduplicated initializer, an
+//! attention mask built from constants) do not cross: each later stage that reads one
+//! computes it again from its own copy of those weights. A stage reading such a value thus
+//! holds the weights it comes from, as the weight-versioning pass expects (tied weights,
+//! their gradients summed across the stages holding them), and no weight travels as an
+//! activation every microbatch.
+
+use std::collections::HashMap;
 
 use pipewright_ir::{Graph, NodeId, Op, StageMap, ValueDef, ValueId};
 
@@ -45,6 +55,8 @@ pub fn insert_stage_boundaries(g: &mut Graph, stages: &StageMap) -> Result<Stage
             return Err(BoundaryError::Unassigned { node: g.node(n).name.clone() });
         }
     }
+    localize_weight_derived(g, &mut table);
+    g.remove_dead_nodes();
     let produced: Vec<(ValueId, NodeId)> = g
         .value_ids()
         .filter_map(|v| match g.value(v).def {
@@ -62,6 +74,69 @@ pub fn insert_stage_boundaries(g: &mut Graph, stages: &StageMap) -> Result<Stage
         BoundaryError::Invalid(e.iter().map(|x| x.to_string()).collect::<Vec<_>>().join("; "))
     })?;
     Ok(table)
+}
+
+/// Whether each value is computed from weights and constants alone (by value index).
+fn weight_derived(g: &Graph, order: &[NodeId]) -> Vec<bool> {
+    let mut derived: Vec<bool> = g.value_ids().map(|v| matches!(g.value(v).def, ValueDef::Weight(_))).collect();
+    for &n in order {
+        let node = g.node(n);
+        let from_weights = node.inputs.iter().flatten().next().is_some() && node.inputs.iter().flatten().all(|v| derived[v.index()]);
+        if from_weights && !matches!(node.op, Op::StageBoundary { .. }) {
+            for v in node.outputs.iter().flatten() {
+                derived[v.index()] = true;
+            }
+        }
+    }
+    derived
+}
+
+/// Gives every later stage that reads a weight-derived value its own copy of the nodes
+/// computing it (reading the weights themselves), and points its readers at that copy.
+fn localize_weight_derived(g: &mut Graph, table: &mut StageMap) {
+    let Ok(order) = g.topo_order() else { return };
+    let derived = weight_derived(g, &order);
+    let mut copies: HashMap<(ValueId, u32), ValueId> = HashMap::new();
+    for &n in &order {
+        let Some(s) = table.get(n) else { continue };
+        for v in g.node(n).outputs.clone().into_iter().flatten() {
+            if !derived[v.index()] {
+                continue;
+            }
+            for (reader, slot) in g.consumers(v) {
+                match table.get(reader) {
+                    Some(t) if t > s => {
+                        let copy = copy_in_stage(g, table, &derived, &mut copies, v, t);
+                        g.set_input(reader, slot, Some(copy));
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+}
+
+/// The copy of weight-derived value `v` computed in stage `t` (made on first use).
+fn copy_in_stage(g: &mut Graph, table: &mut StageMap, derived: &[bool], copies: &mut HashMap<(ValueId, u32), ValueId>, v: ValueId, t: u32) -> ValueId {
+    if let Some(&c) = copies.get(&(v, t)) {
+        return c;
+    }
+    let ValueDef::Node { node, .. } = g.value(v).def else { return v };
+    let original = g.node(node).clone();
+    let inputs = original
+        .inputs
+        .iter()
+        .map(|i| i.map(|u| if derived[u.index()] { copy_in_stage(g, table, derived, copies, u, t) } else { u }))
+        .collect();
+    let outputs = original.outputs.iter().map(|o| o.map(|o| (format!("{}@stage{t}", g.value(o).name), g.value(o).ty.clone()))).collect();
+    let copy = g.add_node(format!("{}@stage{t}", original.name), original.op.clone(), inputs, outputs);
+    table.set(copy, t);
+    for (o, c) in original.outputs.iter().zip(g.node(copy).outputs.clone()) {
+        if let (Some(o), Some(c)) = (o, c) {
+            copies.insert((*o, t), c);
+        }
+    }
+    copies[&(v, t)]
 }
 
 /// Chains boundaries for one value and points each reader at its own stage's copy.

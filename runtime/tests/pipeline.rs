@@ -299,6 +299,18 @@ fn the_runtime_runs_the_versioning_the_modules_carry() {
     assert_eq!(r.peak_versions, vec![1, 1]);
 }
 
+/// Stages that disagree on which tied weights they share are refused before training (an
+/// exporter's `Identity(weight)` forwarded to a later stage made one stage sum gradients
+/// with a stage that held other weights, or waited for one that never joined).
+#[test]
+fn stages_must_agree_on_their_tied_weights() {
+    let data = dataset(STEPS, 2, None);
+    let mut modules = stages(2, Schedule::TwoBw, Recompute::None);
+    modules[0].program.stored[0].sync = vec![0, 1];
+    let e = train(modules, &cfg(Schedule::TwoBw, OptimizerConfig::sgd(), 0.1, STEPS), feed(&data), &mut |_| {}).unwrap_err().to_string();
+    assert_eq!(e, "pipeline configuration: stages [0, 1] share tied weights, but stage 1 holds [] where stage 0 holds [\"w0\"]; recompile the model");
+}
+
 #[test]
 fn schedules_generate_expected_ops() {
     use Op::*;

@@ -12,9 +12,10 @@ mod tcp;
 mod trace;
 mod transport;
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::mpsc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use pipewright_core::{Loss, Schedule};
 use tch::Tensor;
@@ -53,6 +54,9 @@ pub struct Microbatch {
     pub labels: Option<Tensor>,
 }
 
+/// [`TrainConfig::timeout`]'s default: ten minutes, far more than any step of a stage.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(600);
+
 #[derive(Clone, Debug)]
 pub struct TrainConfig {
     pub schedule: Schedule,
@@ -81,6 +85,9 @@ pub struct TrainConfig {
     /// Intra-op threads of each worker (libtorch's per-thread setting); `None` leaves
     /// libtorch's default (every core, for every worker).
     pub threads: Option<usize>,
+    /// How long a worker waits for a neighbour's tensors or a reduction before it stops
+    /// with an error naming what it waited for.
+    pub timeout: Duration,
 }
 
 impl TrainConfig {
@@ -102,6 +109,7 @@ impl TrainConfig {
             checkpoint_every: None,
             checkpoint_dir: None,
             threads: None,
+            timeout: DEFAULT_TIMEOUT,
         }
     }
 }
@@ -338,7 +346,7 @@ fn run_training(
     }
     let (pipeline_id, schedule) = (stages[0].program.pipeline.clone(), stages[0].header.params.schedule);
     let specs = stage::specs(&stages, &cfg.loss)?;
-    let tied: Vec<Vec<u32>> = tied_sets(&stages);
+    let tied: Vec<Vec<u32>> = tied_sets(&stages)?;
     drop(stages);
     // m (per replica) comes from the first batch.
     let mut data = data;
@@ -366,7 +374,7 @@ fn run_training(
         None => (0..d).map(|_| None).collect(),
     };
     let mut handles = Vec::new();
-    for (r, (row, rx_row)) in transport::InProcess::grid(d, w, &tied).into_iter().zip(data_rx).enumerate() {
+    for (r, (row, rx_row)) in transport::InProcess::grid(d, w, &tied, cfg.timeout).into_iter().zip(data_rx).enumerate() {
         for (k, (tr, rx)) in row.into_iter().zip(rx_row).enumerate() {
             let saved = if r + 1 == w { resume_states[k].take() } else { resume_states[k].as_ref().map(copy_state) };
             let args = stage::WorkerArgs {
@@ -533,16 +541,39 @@ pub fn run_worker(
 }
 
 /// The stage sets sharing a tied weight, each once.
-fn tied_sets(stages: &[StageModule]) -> Vec<Vec<u32>> {
-    let mut sets: Vec<Vec<u32>> = Vec::new();
+/// The stage sets sharing tied weights, checked: every stage of a set must hold a copy of
+/// the same weights, or their gradient sums would pair different tensors (or wait for a
+/// stage that never joins).
+fn tied_sets(stages: &[StageModule]) -> Result<Vec<Vec<u32>>, PipelineError> {
+    // Per stage set: per member stage, the names of the tied weights it holds.
+    let mut held: Vec<(Vec<u32>, BTreeMap<u32, Vec<String>>)> = Vec::new();
     for s in stages {
-        for t in s.program.stored.iter().filter(|t| t.sync.len() > 1) {
-            if !sets.contains(&t.sync) {
-                sets.push(t.sync.clone());
+        let p = &s.program;
+        for t in p.stored.iter().filter(|t| t.sync.len() > 1) {
+            let at = match held.iter().position(|(set, _)| *set == t.sync) {
+                Some(i) => i,
+                None => {
+                    held.push((t.sync.clone(), BTreeMap::new()));
+                    held.len() - 1
+                }
+            };
+            held[at].1.entry(s.header.params.stage).or_default().push(p.slots[t.slot.index()].name.clone());
+        }
+    }
+    for (set, by_stage) in &mut held {
+        by_stage.values_mut().for_each(|names| names.sort());
+        let first = by_stage.values().next().cloned().unwrap_or_default();
+        for &k in set.iter() {
+            let mine = by_stage.get(&k).cloned().unwrap_or_default();
+            if mine != first {
+                return Err(PipelineError::Config(format!(
+                    "stages {set:?} share tied weights, but stage {k} holds {mine:?} where stage {} holds {first:?}; recompile the model",
+                    by_stage.keys().next().copied().unwrap_or(0)
+                )));
             }
         }
     }
-    sets
+    Ok(held.into_iter().map(|(set, _)| set).collect())
 }
 
 fn copy_state(s: &StageState) -> StageState {

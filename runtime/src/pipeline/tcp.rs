@@ -40,8 +40,11 @@ pub struct TcpOptions {
     /// next, in order (checked against the neighbours).
     pub recv_names: Vec<String>,
     pub send_names: Vec<String>,
-    /// How long to wait for the coordinator, the other workers and the neighbours.
+    /// How long to wait for the coordinator, the other workers and the neighbours at start.
     pub timeout: Duration,
+    /// How long a wait for a neighbour's tensors or a reduction's result may last once
+    /// training runs (a frozen peer ends in an error naming it, not a hang).
+    pub idle_timeout: Duration,
 }
 
 const HELLO: u8 = 1;
@@ -210,9 +213,13 @@ impl Link {
         self.tx.clone()
     }
 
-    /// The next frame; an error frame or a closed connection is an error.
-    fn recv(&self, who: &str) -> Result<Frame, String> {
-        let f = self.rx.recv().map_err(|_| format!("the {who} has stopped (connection closed)"))?;
+    /// The next frame within `timeout`; an error frame, a closed connection or silence is an
+    /// error.
+    fn recv(&self, who: &str, timeout: Duration) -> Result<Frame, String> {
+        let f = self.rx.recv_timeout(timeout).map_err(|e| match e {
+            mpsc::RecvTimeoutError::Timeout => format!("waited {} s for the {who}, which sent nothing", timeout.as_secs_f64()),
+            mpsc::RecvTimeoutError::Disconnected => format!("the {who} has stopped (connection closed)"),
+        })?;
         if f.kind == ERROR {
             return Err(format!("the {who} reports: {}", f.text.first().cloned().unwrap_or_default()));
         }
@@ -330,7 +337,7 @@ impl Tcp {
         let my_addr = listener.local_addr().map_err(|e| e.to_string())?;
         let hub = Link::new(hub_stream)?;
         hub.send(Frame { kind: HELLO, a: opts.rank as u64, text: vec![opts.pipeline.clone(), my_addr.to_string()], ..Frame::default() }, "coordinator")?;
-        let table = hub.recv("coordinator")?;
+        let table = hub.recv("coordinator", opts.timeout)?;
         if table.kind != TABLE || table.text.len() != world {
             return Err("the coordinator sent no address table".into());
         }
@@ -340,7 +347,7 @@ impl Tcp {
             let s = connect_retrying(&table.text[opts.rank + 1], opts.timeout)?;
             let link = Link::new(s)?;
             link.send(Frame { kind: NEIGHBOUR, a: opts.rank as u64, text: opts.send_names.clone(), ..Frame::default() }, "next stage")?;
-            let ack = link.recv("next stage")?;
+            let ack = link.recv("next stage", opts.timeout)?;
             if ack.kind != NEIGHBOUR {
                 return Err("the next stage did not acknowledge".into());
             }
@@ -350,7 +357,7 @@ impl Tcp {
         };
         let prev = if stage > 0 {
             let link = Link::new(accept_until(&listener, deadline, "previous stage")?)?;
-            let hello = link.recv("previous stage")?;
+            let hello = link.recv("previous stage", opts.timeout)?;
             if hello.kind != NEIGHBOUR || hello.a as usize != opts.rank - 1 {
                 return Err(format!("expected rank {} as the previous stage", opts.rank - 1));
             }
@@ -374,7 +381,7 @@ impl Tcp {
         f.value = value;
         let hub = self.hub.as_ref().ok_or("not connected to the coordinator")?;
         hub.send(f, "coordinator")?;
-        let r = hub.recv("coordinator")?;
+        let r = hub.recv("coordinator (a reduction's result)", self.opts.idle_timeout)?;
         if r.kind != RESULT || r.a != group {
             return Err("unexpected reply from the coordinator".into());
         }
@@ -402,7 +409,7 @@ impl Transport for Tcp {
     }
     fn recv_forward(&mut self, mb: u64) -> Result<Named, String> {
         let link = self.prev.as_ref().ok_or("no previous neighbour")?;
-        expect(link.recv("previous stage")?, FORWARD, mb, "previous stage")
+        expect(link.recv(&format!("previous stage (microbatch {mb}'s activations)"), self.opts.idle_timeout)?, FORWARD, mb, "previous stage")
     }
     fn send_backward(&mut self, mb: u64, grads: Named) -> Result<(), String> {
         let link = self.prev.as_ref().ok_or("no previous neighbour")?;
@@ -410,7 +417,7 @@ impl Transport for Tcp {
     }
     fn recv_backward(&mut self, mb: u64) -> Result<Named, String> {
         let link = self.next.as_ref().ok_or("no next neighbour")?;
-        expect(link.recv("next stage")?, BACKWARD, mb, "next stage")
+        expect(link.recv(&format!("next stage (microbatch {mb}'s gradients)"), self.opts.idle_timeout)?, BACKWARD, mb, "next stage")
     }
     fn all_reduce_sum(&mut self, x: f64) -> Result<f64, String> {
         Ok(self.reduce(group_everyone(), x, &[])?.value)

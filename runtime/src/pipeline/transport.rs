@@ -2,8 +2,9 @@
 //! across stages (gradient norm, tied weights) and across replicas (data parallelism).
 
 use std::collections::HashMap;
-use std::sync::mpsc::{Receiver, Sender};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 use tch::Tensor;
 
@@ -12,7 +13,8 @@ pub type Named = Vec<(String, Tensor)>;
 
 /// A stage worker's link to its neighbours (stage k-1 upstream, k+1 downstream in the same
 /// replica), to the other stages and to the other replicas of its stage. Errors are
-/// messages; a closed peer is an error, never a hang.
+/// messages; a closed peer is an error, never a hang, and so is a wait longer than the
+/// transport's timeout (the message says what was awaited, and from whom).
 ///
 /// Every reduction is collective: all its participants call it the same number of times,
 /// in the same order. Sums are taken in a fixed participant order, so results do not
@@ -57,18 +59,21 @@ pub struct InProcess {
     tied: HashMap<Vec<u32>, Arc<Gather<Vec<Tensor>>>>,
     /// Every gather this worker takes part in, to abort them all.
     all: Vec<Arc<dyn Abort>>,
+    timeout: Duration,
 }
 
 impl InProcess {
     /// Transports for `replicas` copies of a `depth`-stage pipeline, indexed
-    /// `[replica][stage]`; `tied` lists the stage sets that share a tied weight.
-    pub fn grid(depth: usize, replicas: usize, tied: &[Vec<u32>]) -> Vec<Vec<InProcess>> {
-        let everyone = Arc::new(Gather::new(depth * replicas));
-        let per_stage: Vec<Arc<Gather<Vec<Tensor>>>> = (0..depth).map(|_| Arc::new(Gather::new(replicas))).collect();
+    /// `[replica][stage]`; `tied` lists the stage sets that share a tied weight. No wait
+    /// lasts longer than `timeout`.
+    pub fn grid(depth: usize, replicas: usize, tied: &[Vec<u32>], timeout: Duration) -> Vec<Vec<InProcess>> {
+        let everyone = Arc::new(Gather::new(depth * replicas, "gradient-norm sum of every stage".into()));
+        let per_stage: Vec<Arc<Gather<Vec<Tensor>>>> =
+            (0..depth).map(|k| Arc::new(Gather::new(replicas, format!("gradient sum of stage {k}'s replicas")))).collect();
         let mut grid = Vec::new();
         for r in 0..replicas {
             let groups: HashMap<Vec<u32>, Arc<Gather<Vec<Tensor>>>> =
-                tied.iter().map(|set| (set.clone(), Arc::new(Gather::new(set.len())))).collect();
+                tied.iter().map(|set| (set.clone(), Arc::new(Gather::new(set.len(), format!("tied-weight gradient sum of stages {set:?} (replica {r})"))))).collect();
             let mut row: Vec<InProcess> = (0..depth)
                 .map(|k| {
                     let mine: HashMap<Vec<u32>, Arc<Gather<Vec<Tensor>>>> =
@@ -86,6 +91,7 @@ impl InProcess {
                         replicas: per_stage[k].clone(),
                         tied: mine,
                         all,
+                        timeout,
                     }
                 })
                 .collect();
@@ -108,9 +114,13 @@ fn send(tx: &Option<Sender<Msg>>, mb: u64, tensors: Named, what: &str) -> Result
     tx.send(Msg { mb, tensors }).map_err(|_| format!("{what} neighbour has stopped"))
 }
 
-fn recv(rx: &Option<Receiver<Msg>>, mb: u64, what: &str) -> Result<Named, String> {
+/// Microbatch `mb`'s `kind` (activations, gradients) from the `what` neighbour.
+fn recv(rx: &Option<Receiver<Msg>>, mb: u64, what: &str, kind: &str, timeout: Duration) -> Result<Named, String> {
     let rx = rx.as_ref().ok_or_else(|| format!("no {what} neighbour"))?;
-    let msg = rx.recv().map_err(|_| format!("{what} neighbour has stopped"))?;
+    let msg = rx.recv_timeout(timeout).map_err(|e| match e {
+        RecvTimeoutError::Timeout => format!("waited {} s for microbatch {mb}'s {kind} from the {what} stage, which sent nothing", timeout.as_secs_f64()),
+        RecvTimeoutError::Disconnected => format!("{what} neighbour has stopped"),
+    })?;
     if msg.mb != mb {
         return Err(format!("expected microbatch {mb} from the {what} neighbour, got {}", msg.mb));
     }
@@ -136,28 +146,28 @@ impl Transport for InProcess {
         send(&self.fwd_out, mb, tensors, "next")
     }
     fn recv_forward(&mut self, mb: u64) -> Result<Named, String> {
-        recv(&self.fwd_in, mb, "previous")
+        recv(&self.fwd_in, mb, "previous", "activations", self.timeout)
     }
     fn send_backward(&mut self, mb: u64, grads: Named) -> Result<(), String> {
         send(&self.bwd_out, mb, grads, "previous")
     }
     fn recv_backward(&mut self, mb: u64) -> Result<Named, String> {
-        recv(&self.bwd_in, mb, "next")
+        recv(&self.bwd_in, mb, "next", "gradients", self.timeout)
     }
     fn all_reduce_sum(&mut self, x: f64) -> Result<f64, String> {
         let rank = self.replica * (self.everyone.n / self.replicas.n.max(1)) + self.stage as usize;
-        self.everyone.reduce(rank, x, |xs| xs.into_iter().sum(), |x| *x)
+        self.everyone.reduce(rank, x, |xs| xs.into_iter().sum(), |x| *x, self.timeout)
     }
     fn all_reduce_replicas(&mut self, tensors: Vec<Tensor>) -> Result<Vec<Tensor>, String> {
         if self.replicas.n == 1 {
             return Ok(tensors);
         }
-        self.replicas.reduce(self.replica, tensors, sum_lists, share)
+        self.replicas.reduce(self.replica, tensors, sum_lists, share, self.timeout)
     }
     fn all_reduce_tied(&mut self, stages: &[u32], tensors: Vec<Tensor>) -> Result<Vec<Tensor>, String> {
         let g = self.tied.get(stages).ok_or_else(|| format!("stage {} is not in a tied-weight group {stages:?}", self.stage))?;
         let rank = stages.iter().position(|&s| s == self.stage).unwrap_or(0);
-        g.reduce(rank, tensors, sum_lists, share)
+        g.reduce(rank, tensors, sum_lists, share, self.timeout)
     }
     fn abort(&mut self) {
         for g in &self.all {
@@ -174,6 +184,8 @@ trait Abort: Send + Sync {
 /// to arrive combines them in rank order, and every participant gets a share of the result.
 struct Gather<T> {
     n: usize,
+    /// What is being reduced, for messages.
+    what: String,
     state: Mutex<GState<T>>,
     cv: Condvar,
 }
@@ -187,12 +199,14 @@ struct GState<T> {
 }
 
 impl<T: Send> Gather<T> {
-    fn new(n: usize) -> Self {
+    fn new(n: usize, what: String) -> Self {
         let state = GState { generation: 0, parts: (0..n).map(|_| None).collect(), arrived: 0, result: None, aborted: false };
-        Gather { n, state: Mutex::new(state), cv: Condvar::new() }
+        Gather { n, what, state: Mutex::new(state), cv: Condvar::new() }
     }
 
-    fn reduce(&self, rank: usize, x: T, combine: impl FnOnce(Vec<T>) -> T, share: impl Fn(&T) -> T) -> Result<T, String> {
+    /// Contributes `x` as participant `rank` and returns the combined result; errs when
+    /// the others have not all contributed within `timeout`, naming the missing ones.
+    fn reduce(&self, rank: usize, x: T, combine: impl FnOnce(Vec<T>) -> T, share: impl Fn(&T) -> T, timeout: Duration) -> Result<T, String> {
         let aborted = || "reduction aborted: another worker has stopped".to_string();
         let mut s = self.state.lock().map_err(|_| aborted())?;
         if s.aborted {
@@ -216,8 +230,14 @@ impl<T: Send> Gather<T> {
         }
         // The result of `gen` stays until all `n` have arrived at `gen + 1`, which needs
         // every waiter of `gen` to have left, so it cannot be overwritten under a waiter.
+        let deadline = Instant::now() + timeout;
         while s.generation == gen && !s.aborted {
-            s = self.cv.wait(s).map_err(|_| aborted())?;
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                let missing: Vec<usize> = s.parts.iter().enumerate().filter(|(_, p)| p.is_none()).map(|(i, _)| i).collect();
+                return Err(format!("waited {} s for the {}: participant(s) {missing:?} of {} never contributed", timeout.as_secs_f64(), self.what, self.n));
+            }
+            s = self.cv.wait_timeout(s, left).map_err(|_| aborted())?.0;
         }
         if s.generation == gen {
             return Err(aborted());
@@ -232,5 +252,30 @@ impl<T: Send> Abort for Gather<T> {
             s.aborted = true;
         }
         self.cv.notify_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reduction_nobody_joins_ends_with_an_error_naming_it() {
+        let g = Gather::<f64>::new(3, "gradient-norm sum of every stage".into());
+        let e = g.reduce(1, 1.0, |xs| xs.into_iter().sum(), |x| *x, Duration::from_millis(50)).unwrap_err();
+        assert_eq!(e, "waited 0.05 s for the gradient-norm sum of every stage: participant(s) [0, 2] of 3 never contributed");
+    }
+
+    #[test]
+    fn a_neighbour_that_sends_nothing_ends_with_an_error_naming_it() {
+        let mut grid = InProcess::grid(2, 1, &[], Duration::from_millis(50));
+        let e = grid[0][1].recv_forward(3).unwrap_err();
+        assert_eq!(e, "waited 0.05 s for microbatch 3's activations from the previous stage, which sent nothing");
+        let e = grid[0][0].recv_backward(0).unwrap_err();
+        assert!(e.contains("microbatch 0's gradients from the next stage"), "{e}");
+        // A tied group whose other stage never joins.
+        let mut grid = InProcess::grid(2, 1, &[vec![0, 1]], Duration::from_millis(50));
+        let e = grid[0][0].all_reduce_tied(&[0, 1], vec![Tensor::from(1.0)]).unwrap_err();
+        assert!(e.contains("tied-weight gradient sum of stages [0, 1] (replica 0): participant(s) [1]"), "{e}");
     }
 }
