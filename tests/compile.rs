@@ -146,7 +146,12 @@ mod run {
 
 #[cfg(feature = "torch")]
 fn modules_match(name: &str, depths: &[usize]) {
-    let model = models().join(format!("{name}.onnx"));
+    modules_match_at(&models().join(format!("{name}.onnx")), name, depths);
+}
+
+#[cfg(feature = "torch")]
+fn modules_match_at(model: &Path, name: &str, depths: &[usize]) {
+    let model = model.to_path_buf();
     for &d in depths {
         let dir = tempfile::tempdir().unwrap();
         let manifest = compile_ok(&model, d, dir.path());
@@ -187,6 +192,13 @@ mod stages_reproduce_the_model {
     #[test]
     fn vit_tiny() {
         modules_match("vit-tiny", &[1, 2, 3, 4]);
+    }
+    /// The encoder-decoder fixture (`tests/data/make_t5_tiny.py`): two inputs, the
+    /// encoder's output read by every decoder layer, deduplicated initializers.
+    #[test]
+    fn t5_tiny() {
+        let model = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/t5-tiny.onnx");
+        super::modules_match_at(&model, "t5-tiny", &[1, 2, 3, 4]);
     }
 }
 

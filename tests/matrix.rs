@@ -1,0 +1,108 @@
+//! Every model trains at every depth under every schedule: each shared model and the
+//! encoder-decoder fixture (`tests/data/t5-tiny.onnx`), compiled at d = 1, 2, 3 and 4 for
+//! 2BW, PipeDream-Flush and GPipe, trains 2 steps on synthetic data (microbatch 1) to a
+//! finite loss, with no panic and no hang (a stage that waited longer than `--timeout`
+//! would stop with an error). `tests/compile.rs` checks, per model and depth, that the
+//! compiled stages run in sequence give the reference outputs.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::corpus;
+
+const SCHEDULES: [&str; 3] = ["2bw", "flush", "gpipe"];
+
+fn pw(args: &[&str]) -> Result<String, String> {
+    let out = Command::new(env!("CARGO_BIN_EXE_pipewright")).args(args).env("RUST_BACKTRACE", "1").output().expect("runs pipewright");
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned());
+    if stderr.contains("panicked") {
+        return Err(format!("panicked:\n{stderr}"));
+    }
+    if out.status.success() { Ok(stdout) } else { Err(stderr) }
+}
+
+/// The first graph output the compiled pipeline produces.
+fn output_name(build: &Path) -> String {
+    let m = pipewright_runtime::build::Manifest::read(build).unwrap();
+    let name = m.outputs().next().expect("a graph output").name.clone();
+    name
+}
+
+/// `(loss of step 1, loss of step 2)` from train's summary line.
+fn losses(stdout: &str) -> (f64, f64) {
+    let line = stdout.lines().find(|l| l.starts_with("trained 2 steps")).unwrap_or_else(|| panic!("no summary in {stdout}"));
+    let part = line.split("loss ").nth(1).expect("loss").split(';').next().unwrap();
+    let (a, b) = part.split_once(" -> ").expect("a -> b");
+    (a.trim().parse().unwrap(), b.trim().parse().unwrap())
+}
+
+fn every_depth_and_schedule(model: &Path) {
+    let dir = tempfile::tempdir().unwrap();
+    let model = model.to_str().unwrap();
+    let mut failures = Vec::new();
+    for d in 1..=4usize {
+        for schedule in SCHEDULES {
+            let what = format!("{model} d={d} {schedule}");
+            let build = dir.path().join(format!("d{d}-{schedule}"));
+            if let Err(e) = pw(&["compile", model, "--stages", &d.to_string(), "--schedule", schedule, "-o", build.to_str().unwrap()]) {
+                failures.push(format!("{what}: compile: {e}"));
+                continue;
+            }
+            let output = output_name(&build);
+            let args = ["train", build.to_str().unwrap(), "--output", &output, "--steps", "2", "--microbatch", "1", "--no-progress", "--timeout", "120"];
+            match pw(&args) {
+                Ok(out) => {
+                    let (a, b) = losses(&out);
+                    if !(a.is_finite() && b.is_finite()) {
+                        failures.push(format!("{what}: losses {a} -> {b}"));
+                    }
+                }
+                Err(e) => failures.push(format!("{what}: train: {}", e.lines().last().unwrap_or(""))),
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{} of 12 runs failed:\n{}", failures.len(), failures.join("\n"));
+}
+
+fn shared(name: &str) -> PathBuf {
+    let p = corpus().join("models").join(format!("{name}.onnx"));
+    assert!(p.is_file(), "the shared corpus is missing: expected {}", p.display());
+    p
+}
+
+#[test]
+fn mlp() {
+    every_depth_and_schedule(&shared("mlp"));
+}
+
+#[test]
+fn gpt2_tiny() {
+    every_depth_and_schedule(&shared("gpt2-tiny"));
+}
+
+#[test]
+fn bert_tiny() {
+    every_depth_and_schedule(&shared("bert-tiny"));
+}
+
+#[test]
+fn vit_tiny() {
+    every_depth_and_schedule(&shared("vit-tiny"));
+}
+
+#[test]
+fn mobilenet_v2() {
+    every_depth_and_schedule(&shared("mobilenet_v2"));
+}
+
+#[test]
+fn resnet18() {
+    every_depth_and_schedule(&shared("resnet18"));
+}
+
+#[test]
+fn t5_tiny_encoder_decoder() {
+    every_depth_and_schedule(&PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/t5-tiny.onnx"));
+}
