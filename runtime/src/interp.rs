@@ -14,8 +14,8 @@ pub enum InterpError {
     InputCount { expected: usize, got: usize },
     #[error("stored tensor for slot {slot} ({name:?}): {source}")]
     Stored { slot: SlotId, name: String, #[source] source: KernelError },
-    #[error("node {node:?}: {source}")]
-    Kernel { node: String, #[source] source: KernelError },
+    #[error("node {node:?} ({op}): {source}")]
+    Kernel { node: String, op: &'static str, #[source] source: KernelError },
     #[error("node {node:?}: produced {got} outputs, the program expects {expected}")]
     OutputCount { node: String, expected: usize, got: usize },
     #[error("slot {slot} ({name:?}) is read before it is written")]
@@ -92,7 +92,7 @@ impl Interpreter {
                     .map(|s| s.map(|s| slots[s.index()].as_ref().ok_or_else(|| self.unset(s))).transpose())
                     .collect::<Result<_, _>>()?;
                 let used: Vec<bool> = ins.outputs.iter().map(Option::is_some).collect();
-                run_used(&ins.kernel, &args, mode, &used).map_err(|source| InterpError::Kernel { node: ins.name.clone(), source })?
+                run_used(&ins.kernel, &args, mode, &used).map_err(|source| InterpError::Kernel { node: ins.name.clone(), op: ins.kernel.name(), source })?
             };
             if outs.len() < ins.outputs.len() {
                 return Err(InterpError::OutputCount { node: ins.name.clone(), expected: ins.outputs.len(), got: outs.len() });

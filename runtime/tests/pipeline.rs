@@ -311,6 +311,20 @@ fn stages_must_agree_on_their_tied_weights() {
     assert_eq!(e, "pipeline configuration: stages [0, 1] share tied weights, but stage 1 holds [] where stage 0 holds [\"w0\"]; recompile the model");
 }
 
+/// A kernel that fails at run time stops training with an error naming the stage, the
+/// node and the op; no worker panics and none waits forever.
+#[test]
+fn a_failing_kernel_names_stage_node_and_op() {
+    let data = dataset(STEPS, 2, None);
+    let mut modules = stages(2, Schedule::Flush, Recompute::None);
+    // Stage 1's first weight, `w2` [4, 5], declared [5, 4]: same bytes, wrong shape.
+    let w = modules[1].program.stored.iter_mut().find(|t| t.dims.len() == 2).unwrap();
+    w.dims.reverse();
+    let e = train(modules, &cfg(Schedule::Flush, OptimizerConfig::sgd(), 0.1, STEPS), feed(&data), &mut |_| {}).unwrap_err().to_string();
+    assert!(e.starts_with("stage 1: node \"gemm2\" (Gemm): "), "{e}");
+    assert!(!e.contains("panicked"), "{e}");
+}
+
 #[test]
 fn schedules_generate_expected_ops() {
     use Op::*;

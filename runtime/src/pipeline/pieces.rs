@@ -163,7 +163,7 @@ impl Engine<'_> {
                     .map(|s| s.map(|s| slots[s.index()].as_ref().ok_or_else(|| format!("slot {s} ({:?}) is read before it is written", p.slots[s.index()].name))).transpose())
                     .collect::<Result<_, _>>()?;
                 let used: Vec<bool> = ins.outputs.iter().map(Option::is_some).collect();
-                run_used(&ins.kernel, &args, self.mode, &used).map_err(|e| format!("node {:?}: {e}", ins.name))?
+                run_used(&ins.kernel, &args, self.mode, &used).map_err(|e| format!("node {:?} ({}): {e}", ins.name, ins.kernel.name()))?
             };
             if outs.len() < ins.outputs.len() {
                 return Err(format!("node {:?}: produced {} outputs, expected {}", ins.name, outs.len(), ins.outputs.len()));

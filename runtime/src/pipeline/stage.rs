@@ -205,7 +205,11 @@ pub(crate) fn run(args: WorkerArgs) -> Result<StageOut, Failure> {
     let (spec, data, events) = (args.spec, args.data, args.events);
     let ctx = Ctx { replica: args.replica, replicas: args.replicas, m: args.m, cfg: &args.cfg, start_step: args.start_step };
     let mut rec = Recorder::new(args.epoch.filter(|_| args.replica == 0), k);
-    let r = run_inner(spec, args.ops, &ctx, args.resume, data, tr.as_mut(), &events, &mut rec);
+    // Every libtorch call of the worker is fallible; should one still panic (a bug), the
+    // panic stops this stage with an error like any other, and the others with it.
+    silence_worker_panics();
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_inner(spec, args.ops, &ctx, args.resume, data, tr.as_mut(), &events, &mut rec)))
+        .unwrap_or_else(|panic| Err(E::Msg(format!("internal error (please report it): {}", panic_text(&panic)))));
     if r.is_err() {
         tr.abort();
     }
@@ -216,6 +220,29 @@ pub(crate) fn run(args: WorkerArgs) -> Result<StageOut, Failure> {
         E::Err(error) => Failure { error, induced: false },
     })
 }
+
+/// The first line of a panic's message (libtorch's own messages go on with a C++ trace).
+fn panic_text(panic: &Box<dyn std::any::Any + Send>) -> String {
+    let text = panic.downcast_ref::<String>().map(String::as_str).or_else(|| panic.downcast_ref::<&str>().copied()).unwrap_or("a panic");
+    text.lines().next().unwrap_or("").to_string()
+}
+
+/// Keeps the default panic message off stderr for pipeline worker threads (their panics
+/// become errors the caller reports); other threads keep the previous hook.
+fn silence_worker_panics() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if !std::thread::current().name().is_some_and(|n| n.starts_with(WORKER_THREAD_PREFIX)) {
+                previous(info);
+            }
+        }));
+    });
+}
+
+/// Pipeline worker threads are named `pipewright-r{replica}-stage{k}`.
+pub(crate) const WORKER_THREAD_PREFIX: &str = "pipewright-r";
 
 struct Ctx<'a> {
     replica: usize,
@@ -819,17 +846,20 @@ impl Worker {
         let mut terms: Vec<Tensor> = Vec::new();
         if let Some(l) = &f.loss {
             if l.requires_grad() {
-                terms.push(l.to_kind(Kind::Double));
+                terms.push(l.f_to_kind(Kind::Double).map_err(torch("loss"))?);
             }
         }
         if let Some(gs) = out_grads {
             if gs.len() != self.spec.n_send {
                 return Err(E::Msg(format!("received {} output gradients, expected {}", gs.len(), self.spec.n_send)));
             }
-            for (o, (_, g)) in f.outputs.iter().zip(gs) {
+            for ((o, (name, g)), k) in f.outputs.iter().zip(gs).zip(0..) {
                 if o.requires_grad() {
-                    let g = g.to_device(o.device());
-                    terms.push((o * g).f_sum(Kind::Double).map_err(torch("output gradient"))?);
+                    if g.size() != o.size() {
+                        return Err(E::Msg(format!("the gradient received for output {k} ({name:?}) has shape {:?}, the output {:?}", g.size(), o.size())));
+                    }
+                    let term = g.f_to_device(o.device()).and_then(|g| o.f_mul(&g)).and_then(|x| x.f_sum(Kind::Double));
+                    terms.push(term.map_err(torch("output gradient"))?);
                 }
             }
         }
@@ -838,7 +868,9 @@ impl Worker {
         if terms.is_empty() || targets.is_empty() {
             return Ok((zeros(&f.params), zeros(&f.recv)));
         }
-        let root = terms.into_iter().reduce(|a, b| a + b).unwrap();
+        let mut terms = terms.into_iter();
+        let first = terms.next().ok_or_else(|| E::Msg("nothing to back-propagate".into()))?;
+        let root = terms.try_fold(first, |a, b| a.f_add(&b)).map_err(torch("backward seed"))?;
         let grads = Tensor::f_run_backward(&[root], &targets, false, false).map_err(torch("backward"))?;
         let mut it = grads.into_iter();
         let fix = |g: Option<Tensor>, t: &Tensor| match g {

@@ -547,7 +547,7 @@ fn combine(group: &[usize], mut parts: HashMap<usize, Frame>) -> Result<Frame, S
                 if acc.len() != ts.len() {
                     return Err(format!("rank {r} contributed {} tensors, others {}", ts.len(), acc.len()));
                 }
-                tch::no_grad(|| acc.iter().zip(&ts).map(|(a, b)| a + b).collect())
+                super::transport::add_lists(&acc, &ts).map_err(|e| format!("rank {r}: {e}"))?
             }
         });
     }

@@ -127,13 +127,31 @@ fn recv(rx: &Option<Receiver<Msg>>, mb: u64, what: &str, kind: &str, timeout: Du
     Ok(msg.tensors)
 }
 
-/// Element-wise sum of equally long tensor lists, in list order.
-fn sum_lists(parts: Vec<Vec<Tensor>>) -> Vec<Tensor> {
+/// `a[i] + b[i]`; a length or shape mismatch (participants that disagree on what they
+/// sum) is an error, never a panic.
+pub(crate) fn add_lists(a: &[Tensor], b: &[Tensor]) -> Result<Vec<Tensor>, String> {
+    if a.len() != b.len() {
+        return Err(format!("summing {} tensors with {}", a.len(), b.len()));
+    }
     tch::no_grad(|| {
-        let mut it = parts.into_iter();
-        let first = it.next().unwrap_or_default();
-        it.fold(first, |acc, p| acc.iter().zip(&p).map(|(a, b)| a + b).collect())
+        a.iter()
+            .zip(b)
+            .enumerate()
+            .map(|(i, (x, y))| {
+                if x.size() != y.size() {
+                    return Err(format!("tensor {i}: summing shape {:?} with {:?}", x.size(), y.size()));
+                }
+                x.f_add(y).map_err(|e| format!("tensor {i}: {}", e.to_string().lines().next().unwrap_or("")))
+            })
+            .collect()
     })
+}
+
+/// Element-wise sum of equally long tensor lists, in list order.
+fn sum_lists(parts: Vec<Vec<Tensor>>) -> Result<Vec<Tensor>, String> {
+    let mut it = parts.into_iter();
+    let first = it.next().unwrap_or_default();
+    it.try_fold(first, |acc, p| add_lists(&acc, &p))
 }
 
 #[allow(clippy::ptr_arg)] // the gather shares its `Vec<Tensor>` value type
@@ -156,7 +174,7 @@ impl Transport for InProcess {
     }
     fn all_reduce_sum(&mut self, x: f64) -> Result<f64, String> {
         let rank = self.replica * (self.everyone.n / self.replicas.n.max(1)) + self.stage as usize;
-        self.everyone.reduce(rank, x, |xs| xs.into_iter().sum(), |x| *x, self.timeout)
+        self.everyone.reduce(rank, x, |xs| Ok(xs.into_iter().sum()), |x| *x, self.timeout)
     }
     fn all_reduce_replicas(&mut self, tensors: Vec<Tensor>) -> Result<Vec<Tensor>, String> {
         if self.replicas.n == 1 {
@@ -206,7 +224,7 @@ impl<T: Send> Gather<T> {
 
     /// Contributes `x` as participant `rank` and returns the combined result; errs when
     /// the others have not all contributed within `timeout`, naming the missing ones.
-    fn reduce(&self, rank: usize, x: T, combine: impl FnOnce(Vec<T>) -> T, share: impl Fn(&T) -> T, timeout: Duration) -> Result<T, String> {
+    fn reduce(&self, rank: usize, x: T, combine: impl FnOnce(Vec<T>) -> Result<T, String>, share: impl Fn(&T) -> T, timeout: Duration) -> Result<T, String> {
         let aborted = || "reduction aborted: another worker has stopped".to_string();
         let mut s = self.state.lock().map_err(|_| aborted())?;
         if s.aborted {
@@ -220,7 +238,15 @@ impl<T: Send> Gather<T> {
         s.arrived += 1;
         if s.arrived == self.n {
             let parts: Vec<T> = s.parts.iter_mut().map(|p| p.take()).collect::<Option<_>>().ok_or_else(aborted)?;
-            let result = combine(parts);
+            let result = match combine(parts) {
+                Ok(r) => r,
+                Err(e) => {
+                    // The others would wait for a result that never comes: fail them too.
+                    s.aborted = true;
+                    self.cv.notify_all();
+                    return Err(format!("{}: {e}", self.what));
+                }
+            };
             let mine = share(&result);
             s.result = Some(result);
             s.arrived = 0;
@@ -262,7 +288,7 @@ mod tests {
     #[test]
     fn a_reduction_nobody_joins_ends_with_an_error_naming_it() {
         let g = Gather::<f64>::new(3, "gradient-norm sum of every stage".into());
-        let e = g.reduce(1, 1.0, |xs| xs.into_iter().sum(), |x| *x, Duration::from_millis(50)).unwrap_err();
+        let e = g.reduce(1, 1.0, |xs| Ok(xs.into_iter().sum()), |x| *x, Duration::from_millis(50)).unwrap_err();
         assert_eq!(e, "waited 0.05 s for the gradient-norm sum of every stage: participant(s) [0, 2] of 3 never contributed");
     }
 
