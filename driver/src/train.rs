@@ -111,9 +111,13 @@ fn synthetic(req: &TrainRequest, manifest: &Manifest, samples: usize) -> Result<
     })
 }
 
+/// The batches of `per_batch` microbatches of `microbatch` samples.
+type BatchStream = Box<dyn Iterator<Item = Vec<Microbatch>> + Send>;
+
 /// The batches of `per_batch` microbatches of `microbatch` samples from step `start` on (a
-/// resumed run sees the batches an uninterrupted one would from there on).
-fn batches(req: &TrainRequest, manifest: &Manifest, microbatch: usize, per_batch: usize, start: usize) -> Result<Vec<Vec<Microbatch>>, DriverError> {
+/// resumed run sees the batches an uninterrupted one would from there on), each made when
+/// training asks for it.
+fn batches(req: &TrainRequest, manifest: &Manifest, microbatch: usize, per_batch: usize, start: usize) -> Result<BatchStream, DriverError> {
     let data = match &req.data {
         DataSource::Synthetic => synthetic(req, manifest, microbatch * per_batch * 4)?,
         DataSource::File(path) => {
@@ -121,11 +125,8 @@ fn batches(req: &TrainRequest, manifest: &Manifest, microbatch: usize, per_batch
             Dataset::open(path, &inputs, req.label.as_deref())?
         }
     };
-    Ok(data
-        .batches(microbatch, per_batch, req.seed, Stop::Steps(req.steps))?
-        .skip(start)
-        .map(|batch| batch.into_iter().map(|(inputs, labels)| Microbatch { inputs, labels }).collect())
-        .collect())
+    let stream = data.into_batches(microbatch, per_batch, req.seed, Stop::Steps(req.steps))?.starting_at(start);
+    Ok(Box::new(stream.map(|batch| batch.into_iter().map(|(inputs, labels)| Microbatch { inputs, labels }).collect())))
 }
 
 fn size(v: u64) -> usize {
@@ -140,7 +141,7 @@ pub struct Session {
     /// The first step (after the checkpoint resumed from).
     pub start: usize,
     checkpoint: Option<Checkpoint>,
-    batches: Vec<Vec<Microbatch>>,
+    batches: BatchStream,
 }
 
 impl Session {
@@ -165,10 +166,9 @@ impl Session {
     /// Trains; `on_step` sees every step.
     pub fn run(self, on_step: &mut dyn FnMut(StepReport)) -> Result<TrainReport, DriverError> {
         let Session { build, config, checkpoint, batches, .. } = self;
-        let data = Box::new(batches.into_iter());
         match checkpoint {
-            Some(ck) => resume(build.modules, &config, ck, data, on_step),
-            None => train(build.modules, &config, data, on_step),
+            Some(ck) => resume(build.modules, &config, ck, batches, on_step),
+            None => train(build.modules, &config, batches, on_step),
         }
         .map_err(|e| DriverError::msg(format!("{}: {e}", build.dir.display())))
     }
@@ -198,7 +198,7 @@ pub struct WorkerSession {
     pub shape: RunShape,
     pub config: TrainConfig,
     module: StageModule,
-    batches: Vec<Vec<Microbatch>>,
+    batches: BatchStream,
     tcp: TcpOptions,
 }
 
@@ -259,6 +259,63 @@ impl WorkerSession {
         let rank = self.rank;
         let fail = |e: String| DriverError::msg(format!("rank {rank}: {e}"));
         let tcp = Tcp::connect(self.tcp).map_err(|e| fail(e.to_string()))?;
-        run_worker(self.module, &self.config, self.replica, Box::new(tcp), Box::new(self.batches.into_iter()), on_step).map_err(|e| fail(e.to_string()))
+        run_worker(self.module, &self.config, self.replica, Box::new(tcp), self.batches, on_step).map_err(|e| fail(e.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compile::compile;
+    use crate::compile::tests::{request, stages};
+    use pipewright_core::Optimizer;
+
+    fn req(steps: usize) -> TrainRequest {
+        TrainRequest {
+            data: DataSource::Synthetic,
+            label: None,
+            loss: Loss::CrossEntropy,
+            output: Some("linear_3".into()),
+            classes: 10,
+            steps,
+            flags: RunFlags { microbatch: Some(2), ..RunFlags::default() },
+            lr: 0.01,
+            optimizer: OptimizerConfig::new(Optimizer::Sgd),
+            warmup: 0,
+            decay: Decay::Constant,
+            clip_norm: None,
+            seed: 0,
+            device: Device::Cpu,
+            trace: false,
+            checkpoint_every: None,
+            checkpoint_dir: None,
+            resume: None,
+            threads: Some(1),
+            timeout: Duration::from_secs(60),
+        }
+    }
+
+    /// Batches are made as training asks for them: a billion steps prepare as fast as two
+    /// (building them first took memory in proportion to the steps), and the first batches
+    /// are the same either way.
+    #[test]
+    fn batches_are_made_as_training_goes() {
+        let dir = tempfile::tempdir().unwrap();
+        let build = dir.path().join("build");
+        compile(&request("mlp.onnx", stages(2), &build)).unwrap();
+        let t0 = std::time::Instant::now();
+        let huge = Session::prepare(&build, &req(1_000_000_000)).unwrap();
+        assert!(t0.elapsed() < Duration::from_secs(10), "prepared in {:?}", t0.elapsed());
+        let small = Session::prepare(&build, &req(2)).unwrap();
+        let (mut a, mut b) = (huge.batches, small.batches);
+        for _ in 0..2 {
+            let (x, y) = (a.next().unwrap(), b.next().unwrap());
+            assert_eq!(x.len(), y.len());
+            for (p, q) in x.iter().zip(&y) {
+                assert!(p.inputs[0].1.equal(&q.inputs[0].1));
+            }
+        }
+        assert!(b.next().is_none());
+        assert!(a.next().is_some());
     }
 }

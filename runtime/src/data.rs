@@ -355,24 +355,14 @@ impl Dataset {
     /// samples in a fresh order drawn from `seed` and the epoch number (same seed, same
     /// order); the incomplete last batch of an epoch is dropped. Errors when not even one
     /// batch fits in the data set.
-    pub fn batches(&self, microbatch: usize, m: usize, seed: u64, stop: Stop) -> Result<Batches<'_>> {
-        if microbatch == 0 || m == 0 {
-            bail!("batches: microbatch size and microbatch count must be at least 1 (got {microbatch} x {m})");
-        }
-        let per_epoch = self.batches_per_epoch(microbatch, m);
-        if per_epoch == 0 {
-            bail!(
-                "{}: {} samples are fewer than one batch ({m} microbatches of {microbatch} = {})",
-                self.source,
-                self.samples,
-                m * microbatch
-            );
-        }
-        let total = match stop {
-            Stop::Epochs(e) => e * per_epoch,
-            Stop::Steps(s) => s,
-        };
-        Ok(Batches { data: self, microbatch, m, seed, per_epoch, total, step: 0, order: Vec::new() })
+    pub fn batches(&self, microbatch: usize, m: usize, seed: u64, stop: Stop) -> Result<Batches<&Dataset>> {
+        Batches::new(self, microbatch, m, seed, stop)
+    }
+
+    /// [`Dataset::batches`], owning the data set: batches are made as they are asked for,
+    /// so memory does not grow with the number of steps.
+    pub fn into_batches(self, microbatch: usize, m: usize, seed: u64, stop: Stop) -> Result<Batches<Box<Dataset>>> {
+        Batches::new(Box::new(self), microbatch, m, seed, stop)
     }
 
     /// The sample order of epoch `epoch` under `seed` (a permutation of `0..samples`).
@@ -381,19 +371,50 @@ impl Dataset {
     }
 }
 
-/// The iterator from [`Dataset::batches`].
-pub struct Batches<'a> {
-    data: &'a Dataset,
+/// The iterator from [`Dataset::batches`] and [`Dataset::into_batches`]: each batch is
+/// built when it is asked for.
+pub struct Batches<D> {
+    data: D,
     microbatch: usize,
     m: usize,
     seed: u64,
     per_epoch: usize,
     total: usize,
     step: usize,
+    /// The epoch `order` is the sample order of.
+    order_epoch: Option<usize>,
     order: Vec<i64>,
 }
 
-impl Iterator for Batches<'_> {
+impl<D: std::ops::Deref<Target = Dataset>> Batches<D> {
+    fn new(data: D, microbatch: usize, m: usize, seed: u64, stop: Stop) -> Result<Batches<D>> {
+        if microbatch == 0 || m == 0 {
+            bail!("batches: microbatch size and microbatch count must be at least 1 (got {microbatch} x {m})");
+        }
+        let per_epoch = data.batches_per_epoch(microbatch, m);
+        if per_epoch == 0 {
+            bail!(
+                "{}: {} samples are fewer than one batch ({m} microbatches of {microbatch} = {})",
+                data.source,
+                data.samples,
+                m * microbatch
+            );
+        }
+        let total = match stop {
+            Stop::Epochs(e) => e * per_epoch,
+            Stop::Steps(s) => s,
+        };
+        Ok(Batches { data, microbatch, m, seed, per_epoch, total, step: 0, order_epoch: None, order: Vec::new() })
+    }
+
+    /// Continues at batch `step` (a resumed run) without building the batches before it.
+    pub fn starting_at(mut self, step: usize) -> Self {
+        self.step = step.min(self.total);
+        self
+    }
+}
+
+impl<D: std::ops::Deref<Target = Dataset>> Iterator for Batches<D> {
     type Item = Vec<MicrobatchData>;
 
     fn next(&mut self) -> Option<Self::Item> {
@@ -402,8 +423,9 @@ impl Iterator for Batches<'_> {
         }
         let epoch = self.step / self.per_epoch;
         let within = self.step % self.per_epoch;
-        if within == 0 {
+        if self.order_epoch != Some(epoch) {
             self.order = permutation(self.data.samples, self.seed, epoch as u64);
+            self.order_epoch = Some(epoch);
         }
         self.step += 1;
         let start = within * self.m * self.microbatch;
@@ -425,7 +447,7 @@ impl Iterator for Batches<'_> {
     }
 }
 
-impl ExactSizeIterator for Batches<'_> {}
+impl<D: std::ops::Deref<Target = Dataset>> ExactSizeIterator for Batches<D> {}
 
 fn kind(elem: ElemType) -> Result<Kind> {
     crate::exec::torch_kind(elem).map_err(|e| anyhow!("{e}"))
