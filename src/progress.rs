@@ -20,6 +20,16 @@ struct MetricsLine {
     samples_per_s: f64,
 }
 
+/// `1234 samples/s`, or `12.3 s/step` when a step takes longer than a second per sample
+/// (`0 samples/s` says nothing).
+fn speed_text(samples_per_s: f64, step_seconds: f64) -> String {
+    if samples_per_s >= 1.0 {
+        format!("{samples_per_s:.0} samples/s")
+    } else {
+        format!("{step_seconds:.1} s/step")
+    }
+}
+
 pub struct Progress {
     bar: Option<ProgressBar>,
     metrics: Option<std::fs::File>,
@@ -47,15 +57,16 @@ impl Progress {
 
     pub fn step(&mut self, r: &StepReport) {
         let rate = r.samples as f64 / r.seconds.max(1e-9);
+        let speed = speed_text(rate, r.seconds);
         let done = r.step + 1 - self.first_step;
         let eta = self.started.elapsed().as_secs_f64() / done as f64 * (self.steps - r.step - 1) as f64;
         match &self.bar {
             Some(bar) => {
-                bar.set_message(format!("loss {:.4}  {rate:.0} samples/s", r.loss));
+                bar.set_message(format!("loss {:.4}  {speed}", r.loss));
                 bar.set_position(r.step as u64 + 1);
             }
             None if r.step % self.log_every == 0 || r.step + 1 == self.steps => {
-                eprintln!("step {:>5}/{}  loss {:.4}  {rate:.0} samples/s  eta {eta:.1}s", r.step + 1, self.steps, r.loss);
+                eprintln!("step {:>5}/{}  loss {:.4}  {speed}  eta {eta:.1}s", r.step + 1, self.steps, r.loss);
             }
             None => {}
         }
@@ -71,5 +82,16 @@ impl Progress {
         if let Some(bar) = &self.bar {
             bar.finish();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::speed_text;
+
+    #[test]
+    fn slow_steps_show_seconds_per_step() {
+        assert_eq!(speed_text(1234.4, 0.1), "1234 samples/s");
+        assert_eq!(speed_text(0.25, 16.0), "16.0 s/step");
     }
 }
