@@ -275,8 +275,20 @@ impl Graph {
         }
     }
 
-    /// Nodes that read `value`, with the operand slot.
+    /// Nodes that read `value`, with the operand slot, in node order.
     pub fn consumers(&self, value: ValueId) -> Vec<(NodeId, usize)> {
+        // A node's output is read along its outgoing edges, which keeps passes that visit
+        // every value linear; inputs and weights have no producer and need the scan.
+        if let ValueDef::Node { node, .. } = self.values[value.index()].def {
+            let mut out: Vec<(NodeId, usize)> = self
+                .dag
+                .edges_directed(node.0, Direction::Outgoing)
+                .filter(|e| e.weight().value == value)
+                .map(|e| (NodeId(e.target()), e.weight().slot))
+                .collect();
+            out.sort_unstable_by_key(|&(n, slot)| (n.0.index(), slot));
+            return out;
+        }
         let mut out = Vec::new();
         for n in self.dag.node_indices() {
             for (slot, v) in self.dag[n].inputs.iter().enumerate() {
@@ -421,5 +433,53 @@ impl Graph {
     #[doc(hidden)]
     pub fn push_raw_edge(&mut self, from: NodeId, to: NodeId, edge: Edge) {
         self.dag.add_edge(from.0, to.0, edge);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Graph, ModelMeta, NodeId, Value, ValueDef, ValueId};
+    use crate::ops::{BinaryOp, UnaryOp};
+    use crate::{DType, Dim, Op, Shape, TensorType};
+
+    /// Every node reading `v`, by scanning all inputs (what `consumers` must agree with).
+    fn scan(g: &Graph, v: ValueId) -> Vec<(NodeId, usize)> {
+        let mut out = Vec::new();
+        for n in g.node_ids() {
+            for (slot, i) in g.node(n).inputs.iter().enumerate() {
+                if *i == Some(v) {
+                    out.push((n, slot));
+                }
+            }
+        }
+        out.sort_by_key(|&(n, s)| (n.index(), s));
+        out
+    }
+
+    #[test]
+    fn consumers_follow_rewired_inputs_and_removed_nodes() {
+        let ty = TensorType::new(DType::F32, Shape(vec![Dim::N, Dim::Fixed(4)]));
+        let mut g = Graph::new(ModelMeta::default());
+        let x = g.add_value(Value { name: "x".into(), ty: ty.clone(), def: ValueDef::Input });
+        let out = |g: &Graph, n: NodeId| g.node(n).outputs[0];
+        let a = g.add_node("a".into(), Op::Unary(UnaryOp::Relu), vec![Some(x)], vec![Some(("a".into(), ty.clone()))]);
+        let b = g.add_node("b".into(), Op::Binary(BinaryOp::Add), vec![out(&g, a), out(&g, a)], vec![Some(("b".into(), ty.clone()))]);
+        let c = g.add_node("c".into(), Op::Binary(BinaryOp::Mul), vec![out(&g, b), out(&g, a)], vec![Some(("c".into(), ty.clone()))]);
+        g.set_outputs(vec![out(&g, c).unwrap()]);
+        let values: Vec<ValueId> = g.value_ids().collect();
+        let check = |g: &Graph| {
+            for &v in &values {
+                assert_eq!(g.consumers(v), scan(g, v), "consumers of {}", g.value(v).name);
+            }
+        };
+        check(&g);
+        assert_eq!(g.consumers(out(&g, a).unwrap()), vec![(b, 0), (b, 1), (c, 1)]);
+        g.set_input(b, 1, Some(x));
+        g.set_input(c, 1, out(&g, b));
+        check(&g);
+        g.set_input(c, 0, Some(x));
+        g.set_outputs(vec![out(&g, c).unwrap()]);
+        g.remove_dead_nodes();
+        check(&g);
     }
 }

@@ -150,6 +150,8 @@ struct Prefix {
     /// `H(i) = wf * P(i) + ka * A(i) - kin * live(i)`.
     h: Vec<f64>,
     comm: Vec<f64>,
+    /// The smallest `comm(c)` of an interior cut (0 when there is none or it is infinite).
+    min_comm: f64,
 }
 
 impl PartitionProblem {
@@ -192,8 +194,11 @@ impl PartitionProblem {
         let h = (0..=n)
             .map(|i| mem.weight_factor * p[i] + a[i] - mem.input_factor * live(i))
             .collect();
-        let comm = (0..=n).map(|c| self.comm(c)).collect();
-        Prefix { s, g, h, comm }
+        let comm: Vec<f64> = (0..=n).map(|c| self.comm(c)).collect();
+        let interior = comm.get(1..n).unwrap_or(&[]);
+        let min_comm = interior.iter().copied().fold(f64::INFINITY, f64::min);
+        let min_comm = if min_comm.is_finite() { min_comm } else { 0.0 };
+        Prefix { s, g, h, comm, min_comm }
     }
 
     /// `T(i,j)`, from prefix sums (as the DP computes it).
@@ -249,30 +254,28 @@ impl PartitionProblem {
         memory_binds: bool,
     ) -> Option<Vec<usize>> {
         let n = self.len();
-        // parent[k][j]: the start of the k-th stage ending at j (k = 1..d).
-        let mut parent = vec![u32::MAX; d * (n + 1)];
-        let mut prev = vec![false; n + 1];
-        prev[0] = true;
-        let mut cur = vec![false; n + 1];
+        // layers[k - 1]: every (end j, start i of the last stage) reachable with k stages,
+        // by increasing j. Layer 0 is position 0.
+        let mut layers: Vec<Vec<(u32, u32)>> = Vec::with_capacity(d);
+        let origin = [(0u32, 0u32)];
         let mut heap: BinaryHeap<Cand> = BinaryHeap::new();
         for k in 1..=d {
-            cur.iter_mut().for_each(|c| *c = false);
+            let prev: &[(u32, u32)] = layers.last().map_or(&origin[..], |l| l.as_slice());
+            let mut cur = Vec::new();
             heap.clear();
             let mut best: Option<Cand> = None;
-            let last = n - (d - k);
-            let mut any = false;
-            for j in k..=last {
-                let i = j - 1;
-                if prev[i] {
-                    let c = Cand {
-                        x: pre.s[i] - pre.comm[i],
-                        i: i as u32,
-                    };
+            let mut next = 0;
+            for j in stage_end_window(pre, d, k, bound) {
+                // Every position reachable with k - 1 stages before j may start stage k.
+                while next < prev.len() && (prev[next].0 as usize) < j {
+                    let i = prev[next].0 as usize;
+                    let c = Cand { x: pre.s[i] - pre.comm[i], i: i as u32 };
                     if memory_binds {
                         heap.push(c);
                     } else if best.map_or(true, |b| c > b) {
                         best = Some(c);
                     }
+                    next += 1;
                 }
                 let need = pre.s[j] + pre.comm[j] - bound;
                 let top = if memory_binds {
@@ -288,28 +291,26 @@ impl PartitionProblem {
                 } else {
                     best
                 };
-                if let Some(t) = top {
-                    if t.x >= need {
-                        cur[j] = true;
-                        any = true;
-                        parent[(k - 1) * (n + 1) + j] = t.i;
-                    }
+                if let Some(t) = top.filter(|t| t.x >= need) {
+                    cur.push((j as u32, t.i));
                 }
             }
-            if !any {
+            if cur.is_empty() {
                 return None;
             }
-            std::mem::swap(&mut prev, &mut cur);
+            layers.push(cur);
         }
-        if !prev[n] {
+        if layers[d - 1].last().map(|&(j, _)| j as usize) != Some(n) {
             return None;
         }
         let mut cuts = Vec::with_capacity(d.saturating_sub(1));
-        let mut j = n;
+        let mut j = n as u32;
         for k in (1..=d).rev() {
-            let i = parent[(k - 1) * (n + 1) + j] as usize;
+            let layer = &layers[k - 1];
+            let at = layer.binary_search_by_key(&j, |&(end, _)| end).ok()?;
+            let i = layer[at].1;
             if k > 1 {
-                cuts.push(i);
+                cuts.push(i as usize);
             }
             j = i;
         }
@@ -342,6 +343,15 @@ impl PartitionProblem {
         }
         let mut hi_cuts = self.feasible(&pre, d, hi, mem, memory_binds)?;
         let mut hi_bits = hi.to_bits();
+        // A split balanced by compute time is usually close to the optimum; starting the
+        // bisection from its bottleneck keeps every step's windows narrow.
+        let balanced = balanced_by(&self.time, d);
+        if let Some(b) = self.bottleneck_of(&balanced, mem).filter(|&b| b < hi) {
+            if let Some(cuts) = self.feasible(&pre, d, b, mem, memory_binds) {
+                hi_cuts = cuts;
+                hi_bits = b.to_bits();
+            }
+        }
         // Every split has a stage of at least total/d: start just below it.
         let lower = (pre.s[n] / d as f64) * (1.0 - 1e-12);
         let mut lo_bits =
@@ -406,6 +416,23 @@ impl PartitionProblem {
         }
         best
     }
+}
+
+/// The positions where the k-th of `d` stages may end when no stage takes longer than
+/// `bound`. A stage takes at least its compute time plus `2 * min_comm` per interior cut it
+/// shares, so the first `k` stages end where `S(j) + 2 (k-1) min_comm <= k * bound`, and the
+/// other `d - k` still hold the rest: `S(n) - S(j) + 2 (d-k-1) min_comm <= (d - k) * bound`.
+/// Only positions outside both are left out (with a slack far above rounding), so the
+/// search stays exact; near the optimum the window is narrow, which makes deep pipelines
+/// on long graphs cheap.
+fn stage_end_window(pre: &Prefix, d: usize, k: usize, bound: f64) -> Range<usize> {
+    let n = pre.s.len() - 1;
+    let slack = 1e-9 * (pre.s[n].abs() + d as f64 * (bound.abs() + 2.0 * pre.min_comm));
+    let cuts_before = 2.0 * (k - 1) as f64 * pre.min_comm;
+    let cuts_after = 2.0 * (d - k).saturating_sub(1) as f64 * pre.min_comm;
+    let first = pre.s.partition_point(|&s| s < pre.s[n] - (d - k) as f64 * bound + cuts_after - slack);
+    let end = pre.s.partition_point(|&s| s <= k as f64 * bound - cuts_before + slack);
+    first.max(k)..end.min(n - (d - k) + 1)
 }
 
 /// Whether `cuts` split `0..n` into non-empty stages.
