@@ -57,11 +57,40 @@ pub fn read_tensor_file(path: &Path) -> Result<(String, crate::TensorData), Mode
 }
 
 /// Imports an ONNX file. External data is read relative to the file's folder.
+///
+/// The file is parsed as it is read (not read whole first), so importing needs memory
+/// for one copy of the weights, not two.
 pub fn import_model(path: &Path, opts: &ImportOptions) -> Result<Graph, ModelError> {
     let wrap = |error| ModelError { path: path.to_path_buf(), error };
-    let bytes = std::fs::read(path).map_err(|e| wrap(ImportError::Io(e)))?;
+    let file = std::fs::File::open(path).map_err(|e| wrap(ImportError::Io(e)))?;
+    let mut reader = HashingReader { inner: std::io::BufReader::with_capacity(1 << 20, file), hash: crc32fast::Hasher::new(), len: 0, error: None };
+    let parsed = ModelProto::parse_from_reader(&mut reader);
+    if let Some(e) = reader.error.take() {
+        return Err(wrap(ImportError::Io(e)));
+    }
+    let model = check_model(reader.len, parsed).map_err(wrap)?;
     let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    import_bytes(&bytes, dir, opts).map_err(wrap)
+    let mut graph = Importer::new(dir, opts).run(model).map_err(wrap)?;
+    graph.meta.source_crc32 = reader.hash.finalize();
+    Ok(graph)
+}
+
+/// Reads through, keeping the CRC-32 and the length of what was read, and the I/O error
+/// that stopped it (the parser's own error does not carry it).
+struct HashingReader<R> {
+    inner: R,
+    hash: crc32fast::Hasher,
+    len: u64,
+    error: Option<std::io::Error>,
+}
+
+impl<R: std::io::Read> std::io::Read for HashingReader<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf).inspect_err(|e| self.error = Some(std::io::Error::new(e.kind(), e.to_string())))?;
+        self.hash.update(&buf[..n]);
+        self.len += n as u64;
+        Ok(n)
+    }
 }
 
 /// The CRC-32 a model file is identified by (`ModelMeta::source_crc32`).
@@ -71,19 +100,21 @@ pub fn content_crc32(bytes: &[u8]) -> u32 {
 
 /// Imports a serialized model; `model_dir` is where external data files live.
 pub fn import_bytes(bytes: &[u8], model_dir: &Path, opts: &ImportOptions) -> Result<Graph, ImportError> {
-    let model = parse(bytes)?;
+    let model = check_model(bytes.len() as u64, ModelProto::parse_from_bytes(bytes))?;
     let mut graph = Importer::new(model_dir, opts).run(model)?;
     graph.meta.source_crc32 = content_crc32(bytes);
     Ok(graph)
 }
 
-fn parse(bytes: &[u8]) -> Result<ModelProto, ImportError> {
-    if bytes.is_empty() {
+/// Classifies a parse of `len` bytes: empty, truncated, not ONNX, or a model this
+/// importer can take.
+fn check_model(len: u64, parsed: protobuf::Result<ModelProto>) -> Result<ModelProto, ImportError> {
+    if len == 0 {
         return Err(ImportError::Empty);
     }
-    let model = ModelProto::parse_from_bytes(bytes).map_err(|e| {
+    let model = parsed.map_err(|e| {
         let msg = e.to_string();
-        if msg.contains("EOF") || msg.contains("truncated") {
+        if msg.contains("EOF") || msg.contains("end of file") || msg.contains("truncated") {
             ImportError::Truncated(msg)
         } else {
             ImportError::NotOnnx(msg)
