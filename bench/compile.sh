@@ -27,7 +27,7 @@ for m in "${models[@]}"; do
         for t in $THREADS; do
             rm -rf "$out/build"
             start=$(date +%s%N)
-            err=$(RAYON_NUM_THREADS=$t "$pw" compile "$MODELS_DIR/$m.onnx" --stages "$STAGES" -o "$out/build" --timings 2>&1 >/dev/null)
+            err=$(RAYON_NUM_THREADS=$t "$pw" compile "$MODELS_DIR/$m.onnx" --stages "$STAGES" --stage-onnx -o "$out/build" --timings 2>&1 >/dev/null)
             end=$(date +%s%N)
             total=$(( (end - start) / 1000 ))
             pick() { echo "$err" | awk -v k="$1" '$1 == k || $0 ~ k {print $(NF-1); exit}'; }

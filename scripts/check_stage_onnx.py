@@ -3,7 +3,7 @@
 compares the result with the model's stored reference outputs.
 
 Usage: check_stage_onnx.py BUILD_DIR INPUTS_DIR
-  BUILD_DIR   holds pipeline.toml and stageK.onnx (from `pipewright compile`)
+  BUILD_DIR   holds pipeline.toml and stageK.onnx (from `pipewright compile --stage-onnx`)
   INPUTS_DIR  holds input_K.pb / output_K.pb (e.g. ../shared/corpus/models/NAME.inputs)
 
 Needs onnx and onnxruntime (pip). Exits non-zero on a mismatch (max abs error above 1e-4
@@ -35,6 +35,9 @@ def main() -> int:
     values = dict(load_tensors(inputs, "input"))
     produced = {}
     for stage in manifest["stage"]:
+        if "onnx" not in stage:
+            print(f"{build}: stage {stage['index']} has no ONNX file: compile with --stage-onnx", file=sys.stderr)
+            return 1
         sess = ort.InferenceSession(str(build / stage["onnx"]), providers=["CPUExecutionProvider"])
         feeds = {i.name: values[i.name] for i in sess.get_inputs()}
         names = [o.name for o in sess.get_outputs()]

@@ -131,6 +131,10 @@ pub struct CompileArgs {
     /// without arguments to print its module, with training options to run its stage).
     #[arg(long)]
     pub executables: bool,
+    /// Also write each stage's forward subgraph as ONNX (`stageK.onnx`), e.g. to check a
+    /// stage with onnxruntime. It holds a second copy of the stage's weights.
+    #[arg(long)]
+    pub stage_onnx: bool,
     /// Print the result of a pass, or of `all`.
     #[arg(long, value_name = "PASS")]
     pub print_after: Option<PrintAfter>,

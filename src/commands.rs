@@ -130,7 +130,7 @@ fn compile_request(args: &CompileArgs) -> Result<CompileRequest> {
         PlanRequest::Search { cluster: Cluster::default(), options, profile: None }
     };
     let executable = if args.executables { Some(std::env::current_exe().context("cannot locate the pipewright binary")?) } else { None };
-    Ok(CompileRequest { model: args.model.clone(), plan, output: args.output.clone(), executable, passes: args.pass_options() })
+    Ok(CompileRequest { model: args.model.clone(), plan, output: args.output.clone(), executable, stage_onnx: args.stage_onnx, passes: args.pass_options() })
 }
 
 pub fn compile_command(args: &CompileArgs) -> Result<()> {
@@ -142,7 +142,10 @@ pub fn compile_command(args: &CompileArgs) -> Result<()> {
     let Some((manifest, times)) = compiled.written else { return Ok(()) };
     if args.timings {
         let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
-        eprintln!("  write stage modules  {:>10.3} ms\n  write stage ONNX     {:>10.3} ms", ms(times.modules), ms(times.onnx));
+        eprintln!("  write stage modules  {:>10.3} ms", ms(times.modules));
+        if args.stage_onnx {
+            eprintln!("  write stage ONNX     {:>10.3} ms", ms(times.onnx));
+        }
         if args.executables {
             eprintln!("  write executables    {:>10.3} ms", ms(times.executables));
         }

@@ -3,21 +3,24 @@
 //! [`lower`] slices the analysed graph into its stages and lowers each (in parallel) to a
 //! stage program carrying the passes' decisions (recompute segments, weight versions and
 //! update rules, tied-weight sync groups) and the compile's pipeline id.
-//! [`write_build`] writes the build folder: one stage module per stage (in parallel), each
-//! stage's forward subgraph as ONNX, optionally stage executables, and `pipeline.toml`
-//! (the runtime's [`Manifest`]) last, so a folder with a manifest is complete. Every file
-//! is written atomically.
+//! [`write_build`] writes the build folder: one stage module per stage (in parallel,
+//! streamed from the programs), on request each stage's forward subgraph as ONNX and stage
+//! executables, and `pipeline.toml` (the runtime's [`Manifest`]) last, so a folder with a
+//! manifest is complete. Every file is written atomically.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use pipewright_core::fs::{write_atomic, WriteError};
+use std::fs::File;
+use std::io::{BufWriter, Write};
+
+use pipewright_core::fs::{write_atomic, write_atomic_with, WriteError};
 use pipewright_passes::manager::PassOutput;
 use pipewright_passes::pipeline::{Decision, Versioned};
 use pipewright_runtime::build::{BuildError, Manifest, PipelineConfig, StageEntry, TensorEntry, BUILD_FORMAT, BUILD_VERSION};
-use pipewright_runtime::exe::append_module;
+use pipewright_runtime::exe::{trailer, without_module};
 use pipewright_runtime::listing::program_text;
-use pipewright_runtime::module::{encode, ModuleError, ModuleErrorKind, StageParams};
+use pipewright_runtime::module::{encode_parts, EncodedModule, ModuleError, ModuleErrorKind, StageParams};
 use rayon::prelude::{IntoParallelRefIterator, ParallelIterator};
 
 use crate::onnx_export::{export_stage_bytes, ExportError};
@@ -101,10 +104,20 @@ pub struct WriteTimes {
     pub executables: Duration,
 }
 
-/// Writes the build folder `out` for `lowered`, whose source model is `model`. With
-/// `executable` (the pipewright binary), also writes `stageK`: that binary with stage K's
-/// module appended.
-pub fn write_build(lowered: &Lowered, model: &Path, out: &Path, executable: Option<&Path>) -> Result<(Manifest, WriteTimes), WriteBuildError> {
+/// What a build folder holds besides the stage modules and the manifest.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BuildOutputs<'a> {
+    /// The pipewright binary: also write `stageK`, that binary with stage K's module
+    /// appended.
+    pub executable: Option<&'a Path>,
+    /// Also write each stage's forward subgraph as ONNX (`stageK.onnx`, a second copy of
+    /// the weights).
+    pub stage_onnx: bool,
+}
+
+/// Writes the build folder `out` for `lowered`, whose source model is `model`. Modules are
+/// streamed from the lowered programs, so writing needs no copy of the weights.
+pub fn write_build(lowered: &Lowered, model: &Path, out: &Path, outputs: BuildOutputs<'_>) -> Result<(Manifest, WriteTimes), WriteBuildError> {
     std::fs::create_dir_all(out).map_err(|source| WriteBuildError::Folder { path: out.to_path_buf(), source })?;
     let p = &lowered.versioned.partitioned;
     let d = &p.decision;
@@ -112,39 +125,49 @@ pub fn write_build(lowered: &Lowered, model: &Path, out: &Path, executable: Opti
     let mut times = WriteTimes::default();
 
     let t = Instant::now();
-    let modules: Vec<Vec<u8>> = lowered
+    let modules: Vec<EncodedModule<'_>> = lowered
         .stages
         .par_iter()
         .map(|sp| {
             let params = StageParams { stage: sp.stage, depth, schedule: d.schedule, recompute: d.recompute };
             let path = out.join(module_name(sp.stage));
-            let bytes = encode(&params, &sp.program).map_err(|e| e.at(&path))?;
-            write_atomic(&path, &bytes).map_err(|e| ModuleError::new(ModuleErrorKind::Io { op: e.op, source: e.source }).at(&path))?;
-            Ok::<_, ModuleError>(bytes)
+            let module = encode_parts(&params, &sp.program).map_err(|e| e.at(&path))?;
+            write_atomic_with(&path, |f| write_buffered(f, |w| module.write_to(w)))
+                .map_err(|e| ModuleError::new(ModuleErrorKind::Io { op: e.op, source: e.source }).at(&path))?;
+            Ok::<_, ModuleError>(module)
         })
         .collect::<Result<_, _>>()?;
     times.modules = t.elapsed();
 
-    let t = Instant::now();
-    lowered.slices.par_iter().try_for_each(|slice| {
-        let onnx = export_stage_bytes(&p.graph, slice).map_err(|source| WriteBuildError::Onnx { stage: slice.stage, source })?;
-        write_atomic(out.join(onnx_name(slice.stage)), &onnx)?;
-        Ok::<_, WriteBuildError>(())
-    })?;
-    times.onnx = t.elapsed();
+    if outputs.stage_onnx {
+        let t = Instant::now();
+        lowered.slices.par_iter().try_for_each(|slice| {
+            let onnx = export_stage_bytes(&p.graph, slice).map_err(|source| WriteBuildError::Onnx { stage: slice.stage, source })?;
+            write_atomic(out.join(onnx_name(slice.stage)), &onnx)?;
+            Ok::<_, WriteBuildError>(())
+        })?;
+        times.onnx = t.elapsed();
+    }
 
-    if let Some(binary) = executable {
+    if let Some(binary) = outputs.executable {
         let t = Instant::now();
         let bytes = std::fs::read(binary).map_err(|source| WriteBuildError::Binary { path: binary.to_path_buf(), source })?;
         for (k, module) in modules.iter().enumerate() {
-            write_executable(&out.join(format!("stage{k}")), append_module(bytes.clone(), module))?;
+            write_executable(&out.join(format!("stage{k}")), without_module(&bytes), module)?;
         }
         times.executables = t.elapsed();
     }
 
-    let manifest = manifest(lowered, model);
+    let manifest = manifest(lowered, model, outputs.stage_onnx);
     manifest.write(out)?;
     Ok((manifest, times))
+}
+
+/// Runs `fill` on a buffered writer over `file` and flushes it.
+fn write_buffered(file: &mut File, fill: impl FnOnce(&mut BufWriter<&mut File>) -> std::io::Result<()>) -> std::io::Result<()> {
+    let mut w = BufWriter::with_capacity(1 << 20, file);
+    fill(&mut w)?;
+    w.flush()
 }
 
 fn module_name(stage: u32) -> String {
@@ -155,8 +178,14 @@ fn onnx_name(stage: u32) -> String {
     format!("stage{stage}.onnx")
 }
 
-fn write_executable(path: &Path, bytes: Vec<u8>) -> Result<(), WriteError> {
-    write_atomic(path, &bytes)?;
+fn write_executable(path: &Path, binary: &[u8], module: &EncodedModule<'_>) -> Result<(), WriteError> {
+    write_atomic_with(path, |f| {
+        write_buffered(f, |w| {
+            w.write_all(binary)?;
+            module.write_to(w)?;
+            w.write_all(&trailer(module.len()))
+        })
+    })?;
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;
@@ -167,7 +196,7 @@ fn write_executable(path: &Path, bytes: Vec<u8>) -> Result<(), WriteError> {
 }
 
 /// The manifest of a lowered compile.
-fn manifest(lowered: &Lowered, model: &Path) -> Manifest {
+fn manifest(lowered: &Lowered, model: &Path, stage_onnx: bool) -> Manifest {
     let p = &lowered.versioned.partitioned;
     let d = &p.decision;
     let boundary = |t: &BoundaryTensor| TensorEntry { name: t.name.clone(), value: Some(t.value.clone()), peer: Some(t.peer), dtype: t.elem, shape: t.shape.clone() };
@@ -179,7 +208,7 @@ fn manifest(lowered: &Lowered, model: &Path) -> Manifest {
         .map(|(sp, slice)| StageEntry {
             index: sp.stage,
             module: module_name(sp.stage),
-            onnx: onnx_name(sp.stage),
+            onnx: stage_onnx.then(|| onnx_name(sp.stage)),
             nodes: slice.nodes.len(),
             received: sp.received.iter().map(boundary).collect(),
             sent: sp.sent.iter().map(boundary).collect(),

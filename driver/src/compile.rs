@@ -8,7 +8,7 @@
 
 use std::path::{Path, PathBuf};
 
-use pipewright_codegen::build::{lower, write_build, WriteTimes};
+use pipewright_codegen::build::{lower, write_build, BuildOutputs, WriteTimes};
 use pipewright_core::PassName;
 use pipewright_ir::ImportOptions;
 use pipewright_passes::manager::{ManagerError, PassManager, PassOptions, PrintAfter};
@@ -27,6 +27,8 @@ pub struct CompileRequest {
     pub output: PathBuf,
     /// The pipewright binary to copy into stage executables, when they are wanted.
     pub executable: Option<PathBuf>,
+    /// Also write each stage's forward subgraph as ONNX.
+    pub stage_onnx: bool,
     pub passes: PassOptions,
 }
 
@@ -65,7 +67,8 @@ pub fn compile(req: &CompileRequest) -> Result<Compiled, DriverError> {
     })()
     .map_err(&fail)?;
     if let Some(lowered) = lowered {
-        written = Some(write_build(&lowered, model, &req.output, req.executable.as_deref())?);
+        let outputs = BuildOutputs { executable: req.executable.as_deref(), stage_onnx: req.stage_onnx };
+        written = Some(write_build(&lowered, model, &req.output, outputs)?);
     }
     Ok(Compiled { printed: pm.printed().to_string(), pass_timings: pm.timings_text(), decision, written })
 }
@@ -117,7 +120,7 @@ pub(crate) mod tests {
     }
 
     pub(crate) fn request(name: &str, plan: PlanRequest, output: &Path) -> CompileRequest {
-        CompileRequest { model: model(name), plan, output: output.to_path_buf(), executable: None, passes: PassOptions::default() }
+        CompileRequest { model: model(name), plan, output: output.to_path_buf(), executable: None, stage_onnx: false, passes: PassOptions::default() }
     }
 
     #[test]
@@ -133,7 +136,7 @@ pub(crate) mod tests {
         assert_eq!(Manifest::read(&out).unwrap(), manifest, "the manifest on disk is the one returned");
         let mut files: Vec<String> = std::fs::read_dir(&out).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
         files.sort();
-        assert_eq!(files, ["pipeline.toml", "stage0.onnx", "stage0.pwm", "stage1.onnx", "stage1.pwm"]);
+        assert_eq!(files, ["pipeline.toml", "stage0.pwm", "stage1.pwm"], "stage ONNX only on request");
         assert!(c.pass_timings.contains("weight-versioning") && c.pass_timings.contains("lower"), "{}", c.pass_timings);
     }
 

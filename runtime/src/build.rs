@@ -77,8 +77,10 @@ pub struct StageEntry {
     pub index: u32,
     /// The stage module file, relative to the build folder.
     pub module: String,
-    /// The stage's forward subgraph as ONNX, relative to the build folder.
-    pub onnx: String,
+    /// The stage's forward subgraph as ONNX, relative to the build folder (written on
+    /// request: `compile --stage-onnx`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub onnx: Option<String>,
     pub nodes: usize,
     pub received: Vec<TensorEntry>,
     pub sent: Vec<TensorEntry>,
@@ -435,7 +437,7 @@ mod tests {
                 .map(|k| StageEntry {
                     index: k,
                     module: format!("stage{k}.pwm"),
-                    onnx: format!("stage{k}.onnx"),
+                    onnx: Some(format!("stage{k}.onnx")),
                     nodes: 3,
                     received: Vec::new(),
                     sent: Vec::new(),

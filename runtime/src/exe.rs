@@ -1,25 +1,39 @@
 //! Stage executables: a copy of the pipewright binary with one stage module appended, then
 //! an 8-byte magic `PWSTAGEX` and the module's length as a little-endian u64. Run without
 //! arguments the executable prints its module; with training options it runs its stage.
-//! [`append_module`] builds the bytes (codegen writes them), [`embedded_module`] finds the
+//! Codegen streams [`without_module`] of the binary, the module and its [`trailer`] into
+//! the file ([`append_module`] does the same in memory); [`embedded_module`] finds the
 //! module in the running executable.
 
 use std::io::{Read, Seek, SeekFrom};
 
 /// The trailer magic.
 pub const EXE_MAGIC: [u8; 8] = *b"PWSTAGEX";
-const TRAILER_LEN: usize = 16;
+pub const TRAILER_LEN: usize = 16;
 
 /// `binary` (a pipewright binary, or a stage executable, whose own module is dropped)
 /// followed by `module` and the trailer.
-pub fn append_module(mut binary: Vec<u8>, module: &[u8]) -> Vec<u8> {
-    if let Some(len) = appended_len(&binary) {
-        binary.truncate(binary.len() - TRAILER_LEN - len);
+pub fn append_module(binary: Vec<u8>, module: &[u8]) -> Vec<u8> {
+    let mut out = without_module(&binary).to_vec();
+    out.extend_from_slice(module);
+    out.extend_from_slice(&trailer(module.len()));
+    out
+}
+
+/// `bytes` without the module appended to it, if any: the bare pipewright binary.
+pub fn without_module(bytes: &[u8]) -> &[u8] {
+    match appended_len(bytes) {
+        Some(len) => &bytes[..bytes.len() - TRAILER_LEN - len],
+        None => bytes,
     }
-    binary.extend_from_slice(module);
-    binary.extend_from_slice(&EXE_MAGIC);
-    binary.extend_from_slice(&(module.len() as u64).to_le_bytes());
-    binary
+}
+
+/// What follows a module of `module_len` bytes at the end of a stage executable.
+pub fn trailer(module_len: usize) -> [u8; TRAILER_LEN] {
+    let mut t = [0u8; TRAILER_LEN];
+    t[..8].copy_from_slice(&EXE_MAGIC);
+    t[8..].copy_from_slice(&(module_len as u64).to_le_bytes());
+    t
 }
 
 /// The length of a module appended to `bytes`, if there is one.

@@ -326,9 +326,84 @@ fn check_params(p: &StageParams) -> std::result::Result<(), String> {
 /// not survive its JSON encoding unchanged (e.g. a NaN or infinite float attribute, which
 /// JSON cannot represent).
 pub fn encode(params: &StageParams, program: &Program) -> Result<Vec<u8>> {
-    check_params(params).map_err(|m| ModuleError::new(ModuleErrorKind::BadHeader(m)))?;
+    Ok(encode_parts(params, program)?.to_vec())
+}
 
-    // Program section.
+/// A stage module ready to be written: everything before the weights, then the weights
+/// themselves still borrowed from the program, so that writing a module of any size needs
+/// no second copy of its weights.
+#[derive(Debug)]
+pub struct EncodedModule<'a> {
+    /// Header, program, padding and the safetensors header, checksum filled in.
+    head: Vec<u8>,
+    weights: Vec<&'a [u8]>,
+}
+
+impl EncodedModule<'_> {
+    /// The module's size in bytes.
+    pub fn len(&self) -> usize {
+        self.head.len() + self.weights.iter().map(|w| w.len()).sum::<usize>()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Writes the module's bytes to `out`.
+    pub fn write_to(&self, out: &mut impl std::io::Write) -> std::io::Result<()> {
+        out.write_all(&self.head)?;
+        for w in &self.weights {
+            out.write_all(w)?;
+        }
+        Ok(())
+    }
+
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.len());
+        out.extend_from_slice(&self.head);
+        for w in &self.weights {
+            out.extend_from_slice(w);
+        }
+        out
+    }
+}
+
+/// [`encode`] without assembling the file: see [`EncodedModule`].
+pub fn encode_parts<'a>(params: &StageParams, program: &'a Program) -> Result<EncodedModule<'a>> {
+    check_params(params).map_err(|m| ModuleError::new(ModuleErrorKind::BadHeader(m)))?;
+    let json = program_json(program)?;
+    let tensors = checked_tensors(program)?;
+    let (weights_head, order) = safetensors_head(program, &tensors);
+    let weights: Vec<&[u8]> = order.iter().map(|&i| &tensors[i].0.bytes[..]).collect();
+    let weights_len = weights_head.len() + weights.iter().map(|w| w.len()).sum::<usize>();
+    // Layout.
+    let program_off = HEADER_LEN;
+    let weights_off = (program_off + json.len()).next_multiple_of(WEIGHTS_ALIGN);
+    let mut head = vec![0u8; weights_off + weights_head.len()];
+    head[..8].copy_from_slice(&MAGIC);
+    put_u32(&mut head, OFF_VERSION, FORMAT_VERSION);
+    put_u32(&mut head, OFF_STAGE, params.stage);
+    put_u32(&mut head, OFF_DEPTH, params.depth);
+    head[OFF_SCHEDULE] = schedule_code(params.schedule);
+    head[OFF_RECOMPUTE] = recompute_code(params.recompute);
+    put_u64(&mut head, OFF_PROGRAM, program_off as u64);
+    put_u64(&mut head, OFF_PROGRAM + 8, json.len() as u64);
+    put_u64(&mut head, OFF_WEIGHTS, weights_off as u64);
+    put_u64(&mut head, OFF_WEIGHTS + 8, weights_len as u64);
+    head[program_off..program_off + json.len()].copy_from_slice(&json);
+    head[weights_off..].copy_from_slice(&weights_head);
+    // The checksum covers the file with its own field read as zero, as it is now.
+    let mut h = crc32fast::Hasher::new();
+    h.update(&head);
+    for w in &weights {
+        h.update(w);
+    }
+    put_u32(&mut head, OFF_CHECKSUM, h.finalize());
+    Ok(EncodedModule { head, weights })
+}
+
+/// The program section, checked to decode back to the same program.
+fn program_json(program: &Program) -> Result<Vec<u8>> {
     let json = serde_json::to_vec(program)
         .map_err(|e| ModuleError::new(ModuleErrorKind::BadProgram(format!("cannot encode as JSON: {e}"))))?;
     let mut bare = program.clone();
@@ -336,20 +411,18 @@ pub fn encode(params: &StageParams, program: &Program) -> Result<Vec<u8>> {
         s.bytes = Bytes::new();
     }
     match serde_json::from_slice::<Program>(&json) {
-        Ok(back) if back == bare => {}
-        Ok(_) => {
-            return err(ModuleErrorKind::BadProgram(
-                "the program does not survive JSON unchanged (a NaN or infinite float attribute?)".into(),
-            ))
-        }
-        Err(e) => {
-            return err(ModuleErrorKind::BadProgram(format!(
-                "the program does not survive JSON (a NaN or infinite float attribute?): {e}"
-            )))
-        }
+        Ok(back) if back == bare => Ok(json),
+        Ok(_) => err(ModuleErrorKind::BadProgram(
+            "the program does not survive JSON unchanged (a NaN or infinite float attribute?)".into(),
+        )),
+        Err(e) => err(ModuleErrorKind::BadProgram(format!(
+            "the program does not survive JSON (a NaN or infinite float attribute?): {e}"
+        ))),
     }
+}
 
-    // Weights section.
+/// Every stored tensor with its shape, after checking its slot and its size.
+fn checked_tensors(program: &Program) -> Result<Vec<(&Stored, Vec<usize>)>> {
     let mut seen = BTreeSet::new();
     let mut tensors = Vec::with_capacity(program.stored.len());
     for s in &program.stored {
@@ -375,33 +448,15 @@ pub fn encode(params: &StageParams, program: &Program) -> Result<Vec<u8>> {
         }
         tensors.push((s, shape));
     }
-    let weights = safetensors_section(program, &tensors);
-    // Layout.
-    let program_off = HEADER_LEN;
-    let weights_off = (program_off + json.len()).next_multiple_of(WEIGHTS_ALIGN);
-    let mut file = vec![0u8; weights_off + weights.len()];
-    file[..8].copy_from_slice(&MAGIC);
-    put_u32(&mut file, OFF_VERSION, FORMAT_VERSION);
-    put_u32(&mut file, OFF_STAGE, params.stage);
-    put_u32(&mut file, OFF_DEPTH, params.depth);
-    file[OFF_SCHEDULE] = schedule_code(params.schedule);
-    file[OFF_RECOMPUTE] = recompute_code(params.recompute);
-    put_u64(&mut file, OFF_PROGRAM, program_off as u64);
-    put_u64(&mut file, OFF_PROGRAM + 8, json.len() as u64);
-    put_u64(&mut file, OFF_WEIGHTS, weights_off as u64);
-    put_u64(&mut file, OFF_WEIGHTS + 8, weights.len() as u64);
-    file[program_off..program_off + json.len()].copy_from_slice(&json);
-    file[weights_off..].copy_from_slice(&weights);
-    let sum = checksum(&file);
-    put_u32(&mut file, OFF_CHECKSUM, sum);
-    Ok(file)
+    Ok(tensors)
 }
 
-/// The weights in safetensors layout, written here rather than by `safetensors::serialize`
-/// so that the output is deterministic (that function writes `__metadata__` in hash
-/// order): JSON keys sorted, tensors laid out by descending element size, then by slot
-/// (every tensor 8-byte aligned when the section is), header padded with spaces to 8 bytes.
-fn safetensors_section(program: &Program, tensors: &[(&Stored, Vec<usize>)]) -> Vec<u8> {
+/// The weights section's header in safetensors layout (its length, then its JSON) and the
+/// order the tensors follow it in. Written here rather than by `safetensors::serialize` so
+/// that the output is deterministic (that function writes `__metadata__` in hash order):
+/// JSON keys sorted, tensors laid out by descending element size, then by slot (every
+/// tensor 8-byte aligned when the section is), header padded with spaces to 8 bytes.
+fn safetensors_head(program: &Program, tensors: &[(&Stored, Vec<usize>)]) -> (Vec<u8>, Vec<usize>) {
     let mut order: Vec<usize> = (0..tensors.len()).collect();
     order.sort_by_key(|&i| (std::cmp::Reverse(tensors[i].0.elem.size_bytes()), tensors[i].0.slot));
     let mut header = serde_json::Map::new();
@@ -426,13 +481,10 @@ fn safetensors_section(program: &Program, tensors: &[(&Stored, Vec<usize>)]) -> 
     }
     let mut json = serde_json::to_vec(&header).expect("a JSON map always serialises");
     json.resize(json.len().next_multiple_of(8), b' ');
-    let mut out = Vec::with_capacity(8 + json.len() + offset);
+    let mut out = Vec::with_capacity(8 + json.len());
     out.extend_from_slice(&(json.len() as u64).to_le_bytes());
     out.extend_from_slice(&json);
-    for &i in &order {
-        out.extend_from_slice(&tensors[i].0.bytes);
-    }
-    out
+    (out, order)
 }
 
 /// Reads and checks a stage module file. Errors name `path`. The weights are slices of
