@@ -166,12 +166,13 @@ pub struct TrainArgs {
     /// The loss, applied to the model output --output names.
     #[arg(long, value_enum, default_value_t = Loss::CrossEntropy)]
     pub loss: Loss,
-    /// The model output the loss applies to.
+    /// The model output the loss applies to (default: the model's only output).
     #[arg(long)]
     pub output: Option<String>,
-    /// Classes of the random labels of `--data synthetic`.
-    #[arg(long, default_value_t = 10)]
-    pub classes: i64,
+    /// Classes of the random labels of `--data synthetic` (default: the size of the
+    /// output's last axis).
+    #[arg(long)]
+    pub classes: Option<i64>,
     /// Optimizer steps (batches).
     #[arg(long, default_value_t = 100)]
     pub steps: usize,

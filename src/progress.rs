@@ -23,10 +23,12 @@ struct MetricsLine {
 /// `1234 samples/s`, or `12.3 s/step` when a step takes longer than a second per sample
 /// (`0 samples/s` says nothing).
 fn speed_text(samples_per_s: f64, step_seconds: f64) -> String {
-    if samples_per_s >= 1.0 {
+    if step_seconds >= 1.0 {
+        format!("{step_seconds:.1} s/step")
+    } else if samples_per_s >= 10.0 {
         format!("{samples_per_s:.0} samples/s")
     } else {
-        format!("{step_seconds:.1} s/step")
+        format!("{samples_per_s:.1} samples/s")
     }
 }
 
@@ -92,6 +94,8 @@ mod tests {
     #[test]
     fn slow_steps_show_seconds_per_step() {
         assert_eq!(speed_text(1234.4, 0.1), "1234 samples/s");
+        assert_eq!(speed_text(4.26, 0.94), "4.3 samples/s");
         assert_eq!(speed_text(0.25, 16.0), "16.0 s/step");
+        assert_eq!(speed_text(1.1, 3.6), "3.6 s/step");
     }
 }

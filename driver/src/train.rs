@@ -39,10 +39,11 @@ pub struct TrainRequest {
     /// The labels array in the data.
     pub label: Option<String>,
     pub loss: Loss,
-    /// The model output the loss applies to.
+    /// The model output the loss applies to (`None`: the model's only output).
     pub output: Option<String>,
-    /// Classes of synthetic labels.
-    pub classes: i64,
+    /// Classes of synthetic labels (`None`: the size of the output's last axis, else
+    /// [`DEFAULT_CLASSES`]).
+    pub classes: Option<i64>,
     pub steps: usize,
     /// Overrides of the build's microbatch, microbatches and replicas.
     pub flags: RunFlags,
@@ -68,10 +69,7 @@ pub struct TrainRequest {
 
 /// The run's configuration, built from the request and the build's shape.
 fn config(req: &TrainRequest, manifest: &Manifest, shape: &RunShape, build: &Path) -> Result<TrainConfig, DriverError> {
-    let output = req
-        .output
-        .clone()
-        .ok_or_else(|| DriverError::msg(format!("--loss {} needs --output NAME (the model output it applies to)", req.loss)))?;
+    let output = loss_output(req, manifest)?;
     let mut cfg = TrainConfig::new(manifest.pipeline.schedule, Objective::new(req.loss, output), req.lr, req.steps);
     cfg.optimizer = req.optimizer;
     cfg.lr_schedule = LrSchedule { warmup_steps: req.warmup, decay: req.decay, total_steps: req.steps, final_lr: 0.0 };
@@ -98,16 +96,41 @@ fn config(req: &TrainRequest, manifest: &Manifest, shape: &RunShape, build: &Pat
     Ok(cfg)
 }
 
+/// Classes of synthetic labels when neither the request nor the output's shape says.
+pub const DEFAULT_CLASSES: i64 = 10;
+
+/// The model output the loss applies to: `--output`, or the model's only output.
+fn loss_output(req: &TrainRequest, manifest: &Manifest) -> Result<String, DriverError> {
+    if let Some(o) = &req.output {
+        return Ok(o.clone());
+    }
+    let outputs: Vec<&str> = manifest.outputs().map(|t| t.name.as_str()).collect();
+    match outputs[..] {
+        [only] => Ok(only.to_string()),
+        _ => Err(DriverError::msg(format!(
+            "--loss {} needs --output NAME (the model output it applies to): the model has outputs {}",
+            req.loss,
+            outputs.iter().map(|o| format!("{o:?}")).collect::<Vec<_>>().join(", ")
+        ))),
+    }
+}
+
 /// `--data synthetic`: seeded inputs, and labels shaped for the loss (class ids of the
 /// output's shape minus its class axis for cross-entropy, targets of its shape for mse).
 fn synthetic(req: &TrainRequest, manifest: &Manifest, samples: usize) -> Result<Dataset, DriverError> {
     let inputs = manifest.input_specs().map_err(|e| DriverError::msg(format!("{MANIFEST_FILE}: {e}")))?;
     let data = Dataset::synthetic(&inputs, samples, req.seed)?;
-    let out = req.output.as_deref().and_then(|o| manifest.output_per_sample(o));
+    let output = loss_output(req, manifest)?;
+    let out = manifest.output_per_sample(&output);
     Ok(match (req.loss, out) {
         (Loss::Mse, Some(shape)) => data.with_random_targets(&shape, req.seed)?,
-        (Loss::CrossEntropy, Some(shape)) if !shape.is_empty() => data.with_random_labels_shaped(req.classes, &shape[..shape.len() - 1], req.seed)?,
-        _ => data.with_random_labels(req.classes, req.seed)?,
+        (Loss::CrossEntropy, Some(shape)) if !shape.is_empty() => {
+            // By default the labels range over the output's class axis, so any model's
+            // output takes them.
+            let classes = req.classes.unwrap_or(shape[shape.len() - 1]);
+            data.with_random_labels_shaped(classes, &shape[..shape.len() - 1], req.seed)?
+        }
+        _ => data.with_random_labels(req.classes.unwrap_or(DEFAULT_CLASSES), req.seed)?,
     })
 }
 
@@ -276,7 +299,7 @@ mod tests {
             label: None,
             loss: Loss::CrossEntropy,
             output: Some("linear_3".into()),
-            classes: 10,
+            classes: None,
             steps,
             flags: RunFlags { microbatch: Some(2), ..RunFlags::default() },
             lr: 0.01,
