@@ -414,3 +414,77 @@ pub struct TraceSvgArgs {
     #[arg(long, default_value_t = 1200)]
     pub width: u32,
 }
+
+#[derive(clap::Args)]
+pub struct SynthArgs {
+    #[command(subcommand)]
+    pub kind: SynthKind,
+}
+
+#[derive(clap::Subcommand)]
+pub enum SynthKind {
+    /// A GPT-2-shaped decoder (input `input_ids: i64[batch, seq]`, output `logits`).
+    Gpt(GptArgs),
+    /// A long chain of layers with residuals and skips across many layers (input `x`, output `y`).
+    Layered(LayeredArgs),
+}
+
+/// Where the generated weights go, and from which seed.
+#[derive(clap::Args)]
+pub struct SynthWeightArgs {
+    /// `inline` (in the ONNX file) or `external` (streamed into FILE.data); by default
+    /// inline below 1 GiB of weights, external above.
+    #[arg(long, value_name = "STORAGE")]
+    pub weights: Option<pipewright_synth::Storage>,
+    /// Seed of the random weights.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// The ONNX file to write.
+    #[arg(short, long)]
+    pub output: PathBuf,
+}
+
+#[derive(clap::Args)]
+pub struct GptArgs {
+    /// Start from `gpt2-small` (12 x 768), `gpt2-medium` (24 x 1024) or `tiny` (2 x 32);
+    /// the flags below override it.
+    #[arg(long, default_value = "gpt2-small")]
+    pub preset: String,
+    #[arg(long)]
+    pub layers: Option<usize>,
+    /// Hidden size.
+    #[arg(long)]
+    pub hidden: Option<usize>,
+    /// Attention heads (must divide the hidden size).
+    #[arg(long)]
+    pub heads: Option<usize>,
+    /// Tokens per sample.
+    #[arg(long)]
+    pub seq: Option<usize>,
+    /// Vocabulary size.
+    #[arg(long)]
+    pub vocab: Option<usize>,
+    /// Give the output projection its own weight instead of the token embedding's.
+    #[arg(long)]
+    pub untied: bool,
+    #[command(flatten)]
+    pub weights: SynthWeightArgs,
+}
+
+#[derive(clap::Args)]
+pub struct LayeredArgs {
+    /// About this many nodes (3 per layer, plus the long skips).
+    #[arg(long, default_value_t = 100_800)]
+    pub nodes: usize,
+    /// Features per layer.
+    #[arg(long, default_value_t = 64)]
+    pub width: usize,
+    /// A long skip every this many layers.
+    #[arg(long, default_value_t = 50)]
+    pub long_skip_every: usize,
+    /// Layers a long skip reaches back.
+    #[arg(long, default_value_t = 1000)]
+    pub long_skip_span: usize,
+    #[command(flatten)]
+    pub weights: SynthWeightArgs,
+}

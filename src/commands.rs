@@ -19,7 +19,10 @@ use pipewright_runtime::listing::module_text;
 use pipewright_runtime::module::{looks_like_module, read_module};
 use pipewright_runtime::timeline::{bubbles, read_chrome_trace, timeline_svg};
 
-use crate::args::{ClusterArgs, CompileArgs, ExportArgs, InspectArgs, PlanArgs, TraceSvgArgs};
+use pipewright_core::units::human_bytes;
+use pipewright_synth::{GptShape, LayeredShape, Storage};
+
+use crate::args::{ClusterArgs, CompileArgs, ExportArgs, InspectArgs, PlanArgs, SynthArgs, SynthKind, TraceSvgArgs};
 
 pub fn inspect(args: &InspectArgs) -> Result<()> {
     if looks_like_module(&args.model) {
@@ -172,5 +175,39 @@ pub fn trace_svg(args: &TraceSvgArgs) -> Result<()> {
         println!("stage {k}: bubble fraction {:.4} (busy {:.3} ms of {:.3} ms)", b.fraction, b.busy_us / 1000.0, b.span_us / 1000.0);
     }
     eprintln!("wrote {} ({} events)", args.output.display(), events.len());
+    Ok(())
+}
+
+pub fn synth(args: &SynthArgs) -> Result<()> {
+    let (model, what, weights) = match &args.kind {
+        SynthKind::Gpt(a) => {
+            let preset = GptShape::preset(&a.preset).ok_or_else(|| anyhow!("unknown preset {:?}: expected gpt2-small, gpt2-medium or tiny", a.preset))?;
+            let shape = GptShape {
+                layers: a.layers.unwrap_or(preset.layers),
+                hidden: a.hidden.unwrap_or(preset.hidden),
+                heads: a.heads.unwrap_or(preset.heads),
+                seq: a.seq.unwrap_or(preset.seq),
+                vocab: a.vocab.unwrap_or(preset.vocab),
+                tied: preset.tied && !a.untied,
+            };
+            let what = format!("GPT, {} layers x {}, {} heads, {} tokens, vocabulary {}", shape.layers, shape.hidden, shape.heads, shape.seq, shape.vocab);
+            (pipewright_synth::gpt(&shape)?, what, &a.weights)
+        }
+        SynthKind::Layered(a) => {
+            let shape = LayeredShape { width: a.width, long_skip_every: a.long_skip_every, long_skip_span: a.long_skip_span, ..LayeredShape::with_nodes(a.nodes) };
+            let what = format!("layered, {} layers x {}, a skip across {} layers every {}", shape.layers, shape.width, shape.long_skip_span, shape.long_skip_every);
+            (pipewright_synth::layered(&shape)?, what, &a.weights)
+        }
+    };
+    let storage = weights.weights.unwrap_or(if model.parameters() * 4 < 1 << 30 { Storage::Inline } else { Storage::External });
+    let written = model.write(&weights.output, storage, weights.seed)?;
+    let data = written.data.as_ref().map(|d| format!(" and {}", d.display())).unwrap_or_default();
+    println!(
+        "wrote {}{data}: {what}; {} nodes, {} parameters ({})",
+        written.model.display(),
+        written.nodes,
+        written.parameters,
+        human_bytes(written.parameters * 4)
+    );
     Ok(())
 }

@@ -13,7 +13,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use args::{CompileArgs, ExportArgs, InspectArgs, PlanArgs, TraceSvgArgs};
+use args::{CompileArgs, ExportArgs, InspectArgs, PlanArgs, SynthArgs, TraceSvgArgs};
 #[cfg(feature = "torch")]
 use args::{BenchStepArgs, ConformanceArgs, ProfileArgs, RunForwardArgs, TrainArgs, WorkerArgs};
 
@@ -31,13 +31,16 @@ enum Command {
     Inspect(InspectArgs),
     /// Plan the pipeline: depth, width, microbatch, recomputation, schedule, and the stages.
     Plan(PlanArgs),
-    /// Compile a model into a build folder: per-stage modules (`stageK.pwm`), stage ONNX
-    /// models and `pipeline.toml`.
+    /// Compile a model into a build folder: per-stage modules (`stageK.pwm`) and
+    /// `pipeline.toml` (with `--stage-onnx`, also each stage as ONNX).
     Compile(CompileArgs),
     /// Write the weights `train` saved back into the original ONNX model.
     Export(ExportArgs),
     /// Draw a `train --trace` timeline as SVG (one row per stage) and print bubble fractions.
     TraceSvg(TraceSvgArgs),
+    /// Generate a synthetic ONNX model at a real size (GPT-2-shaped, or a long layered graph
+    /// with skips) with random weights, to try the tool at scale without downloading one.
+    Synth(SynthArgs),
     /// Train a compiled pipeline on the embedded executor (one thread per stage and replica).
     #[cfg(feature = "torch")]
     Train(TrainArgs),
@@ -133,6 +136,7 @@ fn main() -> ExitCode {
         Command::Compile(args) => commands::compile_command(&args),
         Command::Export(args) => commands::export(&args),
         Command::TraceSvg(args) => commands::trace_svg(&args),
+        Command::Synth(args) => commands::synth(&args),
         #[cfg(feature = "torch")]
         Command::Train(args) => run::train(&args),
         #[cfg(feature = "torch")]

@@ -106,3 +106,17 @@ fn resnet18() {
 fn t5_tiny_encoder_decoder() {
     every_depth_and_schedule(&PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/t5-tiny.onnx"));
 }
+
+/// Models generated here (`pipewright-synth`), which nothing was tuned on: a GPT with its
+/// output projection tied to the token embedding (a weight shared by the first and last
+/// stage), and a layered graph whose long skips cross every stage boundary.
+#[test]
+fn generated_gpt_and_layered_graph() {
+    use pipewright_synth::{gpt, layered, GptShape, LayeredShape, Storage};
+    let dir = tempfile::tempdir().unwrap();
+    let g = gpt(&GptShape { layers: 3, ..GptShape::TINY }).unwrap().write(&dir.path().join("gpt.onnx"), Storage::Inline, 1).unwrap();
+    every_depth_and_schedule(&g.model);
+    let shape = LayeredShape { layers: 120, width: 8, long_skip_every: 5, long_skip_span: 40 };
+    let l = layered(&shape).unwrap().write(&dir.path().join("layered.onnx"), Storage::External, 2).unwrap();
+    every_depth_and_schedule(&l.model);
+}
