@@ -190,6 +190,7 @@ fn shape_kernel(op: &Op, n_out: usize, n_in: usize) -> Kernel {
         Op::Slice(s) => Kernel::Slice(rt::Slice { attrs: s.attrs.clone() }),
         Op::Gather { axis } => Kernel::Gather { axis: *axis },
         Op::GatherElements { axis } => Kernel::GatherElements { axis: *axis },
+        Op::GatherND { batch_dims } => Kernel::GatherNd { batch_dims: *batch_dims },
         Op::Expand => Kernel::Expand,
         Op::Where => Kernel::Where,
         Op::Cast { to } => Kernel::Cast { to: elem(*to) },

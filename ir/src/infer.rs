@@ -224,6 +224,7 @@ pub fn infer(op: &Op, ins: &[Option<In>], n_out: usize, ctx: Ctx) -> R<Vec<Tenso
             out1(d.dtype, Shape(out))
         }
         Op::GatherElements { .. } => out1(x()?.ty.dtype, req(1)?.ty.shape.clone()),
+        Op::GatherND { batch_dims } => gather_nd(&x()?.ty, &req(1)?.ty, *batch_dims),
         Op::Expand => {
             let target = Shape(known_dims(req(1)?, "shape")?);
             out1(x()?.ty.dtype, broadcast(&[&x()?.ty.shape, &target], ctx)?)
@@ -250,14 +251,19 @@ pub fn infer(op: &Op, ins: &[Option<In>], n_out: usize, ctx: Ctx) -> R<Vec<Tenso
             let n = match (start.known, req(1)?.known, req(2)?.known) {
                 (Some(s), Some(l), Some(d)) => {
                     let f = |k: &Known| k.floats().and_then(|v| v.first().copied());
+                    let first = |k: &Known| k.dims().first().cloned();
                     match (f(s), f(l), f(d)) {
-                        (Some(s), Some(l), Some(d)) if d != 0.0 => ((l - s) / d).ceil().max(0.0) as i64,
-                        _ => return Err("start, limit and delta must be known scalars with delta != 0".into()),
+                        (Some(s), Some(l), Some(d)) if d != 0.0 => Dim::Fixed(((l - s) / d).ceil().max(0.0) as i64),
+                        // `arange(N)` over the batch (exporters index rows with it).
+                        _ if first(s) == Some(Dim::Fixed(0)) && first(d) == Some(Dim::Fixed(1)) && matches!(first(l), Some(Dim::Batch(_))) => {
+                            first(l).unwrap_or(Dim::Fixed(0))
+                        }
+                        _ => return Err("start, limit and delta must be known scalars with delta != 0 (or 0, a multiple of the batch, 1)".into()),
                     }
                 }
                 _ => return Err("the output length depends on start/limit/delta, which are not known at import".into()),
             };
-            out1(start.ty.dtype, Shape::fixed(&[n]))
+            out1(start.ty.dtype, Shape(vec![n]))
         }
         Op::Reduce(r) => reduce(r, x()?, ins.get(1).copied().flatten()),
         Op::ArgMax { axis, keepdims, .. } | Op::ArgMin { axis, keepdims, .. } => {
@@ -592,6 +598,23 @@ fn symbolize_batch(dims: &mut [Dim], k: i64, b: i64) {
 
 fn fmt_target(t: &[Dim]) -> String {
     format!("[{}]", t.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(","))
+}
+
+/// GatherND's output: the indices' shape without its last axis (the index tuple length
+/// `k`), then the data's axes after the batch axes and the `k` indexed ones.
+fn gather_nd(data: &TensorType, idx: &TensorType, batch_dims: i64) -> R<Vec<TensorType>> {
+    let (d, i) = (&data.shape.0, &idx.shape.0);
+    let b = usize::try_from(batch_dims).map_err(|_| format!("batch_dims {batch_dims} is negative"))?;
+    let k = match i.last() {
+        Some(Dim::Fixed(k)) => usize::try_from(*k).map_err(|_| format!("index tuple length {k} is negative"))?,
+        Some(other) => return Err(format!("the index tuple length (the indices' last axis) must be known, not {other}")),
+        None => return Err("the indices are a scalar".into()),
+    };
+    if b >= i.len() || b + k > d.len() {
+        return Err(format!("indices {} do not fit data {} with batch_dims {b}", idx.shape, data.shape));
+    }
+    let out: Vec<Dim> = i[..i.len() - 1].iter().chain(&d[b + k..]).cloned().collect();
+    Ok(vec![TensorType::new(data.dtype, Shape(out))])
 }
 
 fn split(s: &Split, x: In, sizes: Option<In>, n_out: usize, ctx: Ctx) -> R<Vec<TensorType>> {

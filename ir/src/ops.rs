@@ -199,6 +199,9 @@ pub enum Op {
     Slice(Slice),
     Gather { axis: i64 },
     GatherElements { axis: i64 },
+    /// Gathers slices of the data by index tuples (the indices' last axis); the first
+    /// `batch_dims` axes of data and indices are matched one to one.
+    GatherND { batch_dims: i64 },
     Expand,
     Where,
     Cast { to: DType },
@@ -266,6 +269,7 @@ impl Op {
             Op::Slice(_) => "Slice",
             Op::Gather { .. } => "Gather",
             Op::GatherElements { .. } => "GatherElements",
+            Op::GatherND { .. } => "GatherND",
             Op::Expand => "Expand",
             Op::Where => "Where",
             Op::Cast { .. } => "Cast",
@@ -372,6 +376,7 @@ impl Op {
             }
             Op::Reshape { allow_zero } => a.flag("allowzero", *allow_zero),
             Op::Flatten { axis } | Op::Concat { axis } | Op::Gather { axis } | Op::GatherElements { axis } => a.i("axis", *axis),
+            Op::GatherND { batch_dims } => a.i("batch_dims", *batch_dims),
             Op::Transpose { perm } => {
                 if let Some(p) = perm {
                     a.ints("perm", p);

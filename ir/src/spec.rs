@@ -80,6 +80,7 @@ specs! {
     "Floor": [1, 6, 13] from 1, in 1..1, out 1..1;
     "Gather": [1, 11, 13] from 1, in 2..2, out 1..1;
     "GatherElements": [11, 13] from 11, in 2..2, out 1..1;
+    "GatherND": [11, 12, 13] from 11, in 2..2, out 1..1;
     "Gelu": [20] from 20, in 1..1, out 1..1;
     "Gemm": [1, 6, 7, 9, 11, 13] from 7, in 2..3, out 1..1;
     "GlobalAveragePool": [1, 22] from 1, in 1..1, out 1..1;

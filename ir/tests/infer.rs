@@ -599,3 +599,33 @@ fn batch_arithmetic_in_shape_subgraphs() {
     assert_eq!(op_names(&g), ["Reshape"]);
     assert_eq!(ty(&g, "y"), "f32[2,12]");
 }
+
+/// What a dynamic-batch export of a transformer does to index its rows: `arange` over the
+/// batch (from `Shape`) and a `GatherND` with the result.
+#[test]
+fn range_over_the_batch_and_gather_nd() {
+    let m = ModelBuilder::new(20)
+        .input("x", F32, &[Ax::Param("batch"), Ax::Fixed(5), Ax::Fixed(3)])
+        .init(tensor_i64("zero", &[], &[0]))
+        .init(tensor_i64("one", &[], &[1]))
+        .init(tensor_i64("last", &[1], &[-1]))
+        .node(node("Shape", "shape", &["x"], &["s"]).int("start", 0).int("end", 1))
+        .node(node("Squeeze", "n", &["s"], &["n"]))
+        .node(node("Range", "rows", &["zero", "n", "one"], &["rows"]))
+        .node(node("Unsqueeze", "col", &["rows", "last"], &["idx"]))
+        .node(node("GatherND", "pick", &["x", "idx"], &["y"]))
+        .node(node("GatherND", "pick_b", &["x", "pairs"], &["z"]).int("batch_dims", 1))
+        .input("pairs", I64, &[Ax::Param("batch"), Ax::Fixed(4), Ax::Fixed(1)])
+        .output("y")
+        .output("z");
+    let g = import(&m);
+    assert_eq!(ty(&g, "rows"), "i64[N]");
+    assert_eq!(ty(&g, "y"), "f32[N,5,3]");
+    assert_eq!(ty(&g, "z"), "f32[N,4,3]");
+    let bad = ModelBuilder::new(20)
+        .input("x", F32, &fixed(&[2, 3]))
+        .input("i", I64, &fixed(&[2, 3]))
+        .node(node("GatherND", "pick", &["x", "i"], &["y"]))
+        .output("y");
+    assert_shape_error(&bad, &["\"pick\"", "do not fit"]);
+}

@@ -16,7 +16,7 @@
 //!   **BatchNorm**: 6. Backward = 2x.
 //! - **Pools**: `out_numel * prod(kernel)`; global pools `in_numel`. Backward 1x.
 //! - **Reductions, ArgMax/ArgMin, CumSum**: `in_numel`. Backward 1x.
-//! - **Gather / GatherElements**: `out_numel`. Backward 1x (scatter-add).
+//! - **Gather / GatherElements / GatherND**: `out_numel`. Backward 1x (scatter-add).
 //! - **Shape and data-movement ops** (Reshape, Transpose, Concat, Slice, Split, Pad, Expand,
 //!   Tile, ...): 0 flops, but their bytes moved count.
 //!
@@ -118,7 +118,7 @@ impl OpClass {
             Op::Reduce(_) | Op::ArgMax { .. } | Op::ArgMin { .. } | Op::CumSum { .. } => {
                 OpClass::Reduction
             }
-            Op::Gather { .. } | Op::GatherElements { .. } => OpClass::Gather,
+            Op::Gather { .. } | Op::GatherElements { .. } | Op::GatherND { .. } => OpClass::Gather,
             op if op.is_elementwise() => OpClass::Elementwise,
             _ => OpClass::DataMovement,
         }
@@ -452,7 +452,7 @@ fn flops(g: &Graph, n: NodeId, export: i64) -> (Lin, f64) {
         Op::Reduce(_) | Op::ArgMax { .. } | Op::ArgMin { .. } | Op::CumSum { .. } => {
             (in_numel, 1.0)
         }
-        Op::Gather { .. } | Op::GatherElements { .. } => (out_numel, 1.0),
+        Op::Gather { .. } | Op::GatherElements { .. } | Op::GatherND { .. } => (out_numel, 1.0),
         op if op.is_elementwise() => (
             out_numel.scale(if is_transcendental(op) { 4.0 } else { 1.0 }),
             1.0,

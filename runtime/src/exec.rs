@@ -158,6 +158,7 @@ fn dispatch_shape(k: &Kernel, ins: &[Option<&Tensor>]) -> R<Vec<Tensor>> {
         Slice(s) => one(shape::slice(s, ins)),
         Gather { axis } => one(shape::gather(x()?, y()?, *axis)),
         GatherElements { axis } => one(shape::gather_elements(x()?, y()?, *axis)),
+        GatherNd { batch_dims } => one(shape::gather_nd(x()?, y()?, *batch_dims)),
         Expand => one(shape::expand(x()?, y()?)),
         Shape { start, end } => one(shape::shape_of(x()?, *start, *end)),
         Size => one(shape::size_of(x()?)),

@@ -494,6 +494,10 @@ fn shape_ops() {
     );
     let idx = i64s(&[0, 2, -1, 1, 1, 0], &[2, 3, 1]);
     g1(Kernel::GatherElements { axis: 2 }, vec![x(), In::F(idx)]);
+    // GatherND: index pairs into the first two axes (one repeated, one negative), and one
+    // index per batch row with batch_dims = 1.
+    g1(Kernel::GatherNd { batch_dims: 0 }, vec![x(), In::F(i64s(&[1, 2, 0, -1, 1, 2], &[3, 2]))]);
+    g1(Kernel::GatherNd { batch_dims: 1 }, vec![x(), In::F(i64s(&[2, 0, 1, 1], &[2, 2, 1]))]);
     g1(
         Kernel::Expand,
         vec![In::D(normal(&[3, 1], 143)), In::F(i64s(&[2, 1, 4], &[3]))],

@@ -126,6 +126,7 @@ fn convert_op(op_type: &str, version: i64, a: &mut Attrs, n_inputs: usize) -> Re
         "Slice" => Op::Slice(Slice { attrs: None }),
         "Gather" => Op::Gather { axis: a.int_or("axis", 0)? },
         "GatherElements" => Op::GatherElements { axis: a.int_or("axis", 0)? },
+        "GatherND" => Op::GatherND { batch_dims: a.int_or("batch_dims", 0)? },
         "Expand" => Op::Expand,
         "Where" => Op::Where,
         "Cast" => {

@@ -1,5 +1,5 @@
 //! Shape and data-movement kernels: Reshape, Flatten, Transpose, Squeeze, Unsqueeze,
-//! Concat, Split, Slice, Gather, GatherElements, Expand, Shape, Size, ConstantOfShape,
+//! Concat, Split, Slice, Gather, GatherElements, GatherND, Expand, Shape, Size, ConstantOfShape,
 //! Range, Tile, Trilu, Einsum, Pad and CumSum.
 
 use tch::{Kind, Tensor};
@@ -225,6 +225,36 @@ pub(crate) fn gather_elements(x: &Tensor, idx: &Tensor, axis: i64) -> R<Tensor> 
     let a = norm_axis(axis, x.dim())?;
     let i = wrap_indices(idx, dim(x, a))?;
     Ok(x.f_gather(a, &i, false)?)
+}
+
+/// GatherND: `data[b..., idx[b..., m..., :]]`. The first `batch_dims` axes and the indexed
+/// axes of the data are flattened into one, so the gather is one `index_select` (which
+/// autograd differentiates) at offsets `batch * slab + sum(idx_k * stride_k)`.
+pub(crate) fn gather_nd(data: &Tensor, idx: &Tensor, batch_dims: i64) -> R<Tensor> {
+    let (d, i) = (data.size(), idx.size());
+    let b = usize::try_from(batch_dims).map_err(|_| invalid(format!("GatherND: batch_dims {batch_dims} is negative")))?;
+    let k = *i.last().ok_or_else(|| invalid("GatherND: the indices are a scalar"))?;
+    let k = usize::try_from(k).map_err(|_| invalid("GatherND: negative index tuple length"))?;
+    if b >= i.len() || b + k > d.len() || d[..b] != i[..b] {
+        return Err(invalid(format!("GatherND: indices {i:?} do not fit data {d:?} with batch_dims {b}")));
+    }
+    let indexed = &d[b..b + k];
+    let slab: i64 = indexed.iter().product();
+    let batches: i64 = d[..b].iter().product();
+    // Offsets of each index tuple inside its batch's slab, negatives counted from the end.
+    let idx = idx.f_to_kind(Kind::Int64)?.f_reshape([batches, -1, k as i64])?;
+    let mut offset = Tensor::f_zeros([batches, idx.size()[1]], (Kind::Int64, idx.device()))?;
+    let mut stride = slab;
+    for (axis, &extent) in indexed.iter().enumerate() {
+        stride /= extent.max(1);
+        let part = wrap_indices(&idx.f_select(2, axis as i64)?, extent)?;
+        offset = offset.f_add(&part.f_mul_scalar(stride)?)?;
+    }
+    let base = Tensor::f_arange(batches, (Kind::Int64, idx.device()))?.f_mul_scalar(slab)?.f_unsqueeze(1)?;
+    let flat = data.f_reshape([batches * slab].iter().copied().chain(d[b + k..].iter().copied()).collect::<Vec<_>>())?;
+    let picked = flat.f_index_select(0, &offset.f_add(&base)?.f_reshape([-1])?)?;
+    let out: Vec<i64> = i[..i.len() - 1].iter().chain(&d[b + k..]).copied().collect();
+    Ok(picked.f_reshape(&out)?)
 }
 
 /// Expand: bidirectional numpy broadcast of the input's shape and the given shape.
