@@ -568,7 +568,7 @@ fn reshape(input: &Shape, target: &[Dim], allow_zero: bool, ctx: Ctx) -> R<Shape
             // A target written for the export batch: find where the batch went.
             if let (Some(Dim::Batch(k)), Some(b)) = (total, ctx.export_batch) {
                 if !dims.iter().any(|d| d.is_batch()) {
-                    symbolize_batch(&mut dims, k, b);
+                    symbolize_batch(&mut dims, input, k, b);
                 }
             }
         }
@@ -577,8 +577,23 @@ fn reshape(input: &Shape, target: &[Dim], allow_zero: bool, ctx: Ctx) -> R<Shape
 }
 
 /// Rewrites one fixed extent of `dims` as a batch multiple so the element count is `k*N`.
-fn symbolize_batch(dims: &mut [Dim], k: i64, b: i64) {
+fn symbolize_batch(dims: &mut [Dim], input: &Shape, k: i64, b: i64) {
     let total: i64 = dims.iter().map(|d| d.fixed().unwrap_or(1)).product();
+    // Where the batch sits in the input's row-major layout: it is the outermost factor of
+    // its axis, so the target extent that starts at the same element offset holds it (an
+    // export at batch 1, where every 1 looks alike, keeps its batch in place this way).
+    if let Some(a) = input.0.iter().position(|d| d.is_batch()) {
+        let before: Option<i64> = input.0[..a].iter().map(|d| d.fixed()).product();
+        let mut prefix = 1i64;
+        for i in 0..dims.len() {
+            let Some(v) = dims[i].fixed() else { break };
+            if Some(prefix) == before && b > 0 && v % b == 0 && total / v * (v / b) == k {
+                dims[i] = Dim::Batch(v / b);
+                return;
+            }
+            prefix = prefix.saturating_mul(v);
+        }
+    }
     // Prefer an extent equal to the export batch, then any multiple of it (batch folded
     // into a larger extent); leading positions first, as exporters keep batch leading.
     let rest_ok = |i: usize, mult: i64| dims[i].fixed().is_some_and(|v| v == mult * b && total / v * mult == k);
