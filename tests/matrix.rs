@@ -120,3 +120,68 @@ fn generated_gpt_and_layered_graph() {
     let l = layered(&shape).unwrap().write(&dir.path().join("layered.onnx"), Storage::External, 2).unwrap();
     every_depth_and_schedule(&l.model);
 }
+
+/// The export corpus (`tests/exports/`, written by `tests/exports/make_exports.py`): small
+/// GPT-2, Llama, BERT, ViT, ResNet, ConvNeXt, T5 and Whisper-style models, each exported by
+/// the current PyTorch exporter at batch 1, at batch 4 and with a dynamic batch axis, and by
+/// the legacy exporter at batch 4 where it can. Every file must give onnxruntime's outputs
+/// on its own inputs and, at batch 3, on the dynamic export's inputs (so a fixed-batch
+/// export runs at another batch); and train 2 steps at d = 1, 2 and 4 to the same losses
+/// as every other export of the same model (same weights, same synthetic data).
+#[cfg(feature = "torch")]
+#[test]
+fn exports_as_people_make_them() {
+    use std::collections::BTreeMap;
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/exports");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).filter(|p| p.extension().is_some_and(|e| e == "onnx")).collect();
+    files.sort();
+    assert!(files.len() >= 24, "the export corpus is missing: {} files in {}", files.len(), dir.display());
+    let mut failures = Vec::new();
+    // model -> depth -> [(file, (loss 1, loss 2))]
+    let mut by_model: BTreeMap<String, BTreeMap<usize, Vec<(String, (f64, f64))>>> = BTreeMap::new();
+    let work = tempfile::tempdir().unwrap();
+    for file in &files {
+        let stem = file.file_stem().unwrap().to_string_lossy().into_owned();
+        let model = stem.rsplit_once('-').map_or(stem.clone(), |(m, _)| m.to_string());
+        let dynamic = dir.join(format!("{model}-dyn.inputs"));
+        for inputs in [file.with_extension("inputs"), dynamic] {
+            if !inputs.is_dir() {
+                continue;
+            }
+            match pipewright_driver::forward::run_forward(file, &inputs, tch::Device::Cpu, 1, 1e-4, 1e-5) {
+                Ok(outs) => {
+                    for o in outs {
+                        if let Some(c) = o.comparison.filter(|c| c.mismatches > 0) {
+                            failures.push(format!("{stem} on {}: {} of {} elements differ (max abs error {:.3e})", inputs.display(), c.mismatches, c.numel, c.max_abs_err));
+                        }
+                    }
+                }
+                Err(e) => failures.push(format!("{stem} on {}: forward: {e}", inputs.display())),
+            }
+        }
+        for d in [1usize, 2, 4] {
+            let build = work.path().join(format!("{stem}-d{d}"));
+            let what = format!("{stem} d={d}");
+            if let Err(e) = pw(&["compile", file.to_str().unwrap(), "--stages", &d.to_string(), "-o", build.to_str().unwrap()]) {
+                failures.push(format!("{what}: compile: {}", e.lines().last().unwrap_or("")));
+                continue;
+            }
+            match pw(&["train", build.to_str().unwrap(), "--steps", "2", "--microbatch", "2", "--no-progress", "--timeout", "120"]) {
+                Ok(out) => by_model.entry(model.clone()).or_default().entry(d).or_default().push((stem.clone(), losses(&out))),
+                Err(e) => failures.push(format!("{what}: train: {}", e.lines().last().unwrap_or(""))),
+            }
+        }
+    }
+    for (model, depths) in &by_model {
+        for (d, runs) in depths {
+            let (first, (a0, b0)) = &runs[0];
+            for (file, (a, b)) in &runs[1..] {
+                let close = |x: f64, y: f64| (x - y).abs() <= 1e-3 * y.abs().max(1.0);
+                if !(a.is_finite() && b.is_finite() && close(*a, *a0) && close(*b, *b0)) {
+                    failures.push(format!("{model} d={d}: {file} trains to {a} -> {b}, {first} to {a0} -> {b0}"));
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{} failures over {} files:\n{}", failures.len(), files.len(), failures.join("\n"));
+}

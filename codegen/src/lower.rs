@@ -322,6 +322,7 @@ pub mod rebatch {
                     Some(out.iter().map(|d| if d.is_batch() { -1 } else { d.fixed().unwrap_or(0) }).collect::<Vec<i64>>())
                 }
                 Op::Expand => expand_target(g, node.inputs[0], &out, b0),
+                Op::Tile => tile_repeats(g, node.inputs[0], target, b0),
                 _ => None,
             };
             if let Some(values) = new {
@@ -333,12 +334,14 @@ pub mod rebatch {
         expand_concat_constants(p, b0);
     }
 
-    /// A constant `[B0, ...]` of repeated slices concatenated (on another axis) with a
-    /// batched tensor, like a class token, becomes its first slice expanded to the batch
-    /// of that tensor at run time: `Expand(c[0:1], Concat(Shape(x)[0:1], c.dims[1..]))`.
+    /// A tensor `[B0, ...]` of repeated slices concatenated (on another axis) with a batched
+    /// tensor, like a class token, becomes its first slice expanded to the batch of that
+    /// tensor at run time: `Expand(c[0:1], Concat(Shape(x)[0:1], c.dims[1..]))`. Its slices
+    /// are known to repeat when it is a constant whose slices are equal, when the export
+    /// batch is 1 (the exporter dropped the no-op expand of a parameter), or when an Expand
+    /// of an operand with a leading 1 made it.
     fn expand_concat_constants(p: &mut Program, b0: i64) {
         use pipewright_runtime::kernel::Kernel;
-        use pipewright_runtime::program::Instr;
         let mut k = p.instrs.len();
         while k > 0 {
             k -= 1;
@@ -351,40 +354,84 @@ pub mod rebatch {
             let Some(batched) = ins.iter().flatten().copied().find(|s| matches!(p.slots[s.index()].shape.first(), Some(Extent::Batch(1)))) else {
                 continue;
             };
+            // Instructions go in before the Concat, which moves down as they do.
+            let mut concat_at = k;
             for (pos, s) in ins.iter().enumerate() {
                 let Some(s) = *s else { continue };
-                let Some(st) = p.stored.iter().position(|x| x.slot == s && !x.trainable) else { continue };
-                let dims = p.stored[st].dims.clone();
-                let bytes = p.stored[st].bytes.clone();
-                let slice = bytes.len() / b0.max(1) as usize;
-                if dims.len() < 2 || dims[0] != b0 || slice == 0 || !bytes.chunks(slice).all(|c| c == &bytes[..slice]) {
+                let shape = &p.slots[s.index()].shape;
+                if shape.len() < 2 || shape[0] != Extent::Fixed(b0) {
                     continue;
                 }
-                let name = p.slots[s.index()].name.clone();
-                let elem = p.slots[s.index()].elem;
-                let mut one = dims.clone();
-                one[0] = 1;
-                let single = SlotId(p.slots.len() as u32);
-                p.slots.push(SlotInfo { name: format!("{name}:slice"), elem, shape: one.iter().map(|&d| Extent::Fixed(d)).collect(), last_use: None });
-                p.stored.push(Stored { slot: single, elem, dims: one, bytes: bytes.slice(..slice), trainable: false, versions: 1, update: UpdateRule::Constant, sync: Vec::new() });
-                let rest = push_i64(p, &format!("{name}:dims"), &dims[1..]);
-                let n_slot = new_slot(p, &format!("{name}:batch"), ElemType::I64, vec![Extent::Fixed(1)]);
-                let target = new_slot(p, &format!("{name}:target"), ElemType::I64, vec![Extent::Fixed(dims.len() as i64)]);
-                let mut shape = vec![Extent::Batch(1)];
-                shape.extend(dims[1..].iter().map(|&d| Extent::Fixed(d)));
-                let expanded = new_slot(p, &format!("{name}:expanded"), elem, shape);
-                let label = p.instrs[k].name.clone();
-                let new = [
-                    Instr { name: format!("{label}:batch"), kernel: Kernel::Shape { start: 0, end: Some(1) }, inputs: vec![Some(batched)], outputs: vec![Some(n_slot)], recompute: false },
-                    Instr { name: format!("{label}:target"), kernel: Kernel::Concat { axis: 0 }, inputs: vec![Some(n_slot), Some(rest)], outputs: vec![Some(target)], recompute: false },
-                    Instr { name: format!("{label}:expand"), kernel: Kernel::Expand, inputs: vec![Some(single), Some(target)], outputs: vec![Some(expanded)], recompute: false },
-                ];
-                p.instrs[k].inputs[pos] = Some(expanded);
-                for (i, instr) in new.into_iter().enumerate() {
-                    p.instrs.insert(k + i, instr);
-                }
+                let fixed: Option<Vec<i64>> = shape.iter().map(|e| if let Extent::Fixed(v) = e { Some(*v) } else { None }).collect();
+                let Some(dims) = fixed else { continue };
+                let before = p.instrs.len();
+                let Some(single) = first_slice(p, s, b0, concat_at) else { continue };
+                concat_at += p.instrs.len() - before;
+                let expanded = expand_to_batch(p, single, batched, &dims, concat_at);
+                concat_at += 3;
+                p.instrs[concat_at].inputs[pos] = Some(expanded);
             }
         }
+    }
+
+    /// A slot holding the first of `s`'s `b0` equal slices, or `None` when they are not
+    /// known to be equal. May insert a Slice instruction at `k`.
+    fn first_slice(p: &mut Program, s: SlotId, b0: i64, k: usize) -> Option<SlotId> {
+        use pipewright_runtime::kernel::{Kernel, Slice};
+        use pipewright_runtime::program::Instr;
+        if let Some(st) = p.stored.iter().position(|x| x.slot == s && !x.trainable) {
+            let (dims, bytes) = (p.stored[st].dims.clone(), p.stored[st].bytes.clone());
+            let slice = bytes.len() / b0.max(1) as usize;
+            if slice == 0 || !bytes.chunks(slice).all(|c| c == &bytes[..slice]) {
+                return None;
+            }
+            let (name, elem) = (p.slots[s.index()].name.clone(), p.slots[s.index()].elem);
+            let mut one = dims;
+            one[0] = 1;
+            let single = new_slot(p, &format!("{name}:slice"), elem, one.iter().map(|&d| Extent::Fixed(d)).collect());
+            p.stored.push(Stored { slot: single, elem, dims: one, bytes: bytes.slice(..slice), trainable: false, versions: 1, update: UpdateRule::Constant, sync: Vec::new() });
+            return Some(single);
+        }
+        if b0 == 1 {
+            return Some(s);
+        }
+        let producer = p.instrs[..k].iter().rev().find(|i| i.outputs.contains(&Some(s)))?;
+        let operand = producer.inputs.first().copied().flatten()?;
+        if !matches!(producer.kernel, Kernel::Expand) || p.slots[operand.index()].shape.first() != Some(&Extent::Fixed(1)) {
+            return None;
+        }
+        let (name, elem) = (p.slots[s.index()].name.clone(), p.slots[s.index()].elem);
+        let mut shape = p.slots[s.index()].shape.clone();
+        shape[0] = Extent::Fixed(1);
+        let single = new_slot(p, &format!("{name}:slice"), elem, shape);
+        let label = p.instrs[k].name.clone();
+        let slice = Kernel::Slice(Slice { attrs: Some((vec![0], vec![1], Some(vec![0]))) });
+        p.instrs.insert(k, Instr { name: format!("{label}:slice"), kernel: slice, inputs: vec![Some(s)], outputs: vec![Some(single)], recompute: false });
+        Some(single)
+    }
+
+    /// Inserts, at `k`, `Expand(single, Concat(Shape(batched)[0:1], dims[1..]))` and
+    /// returns its output slot.
+    fn expand_to_batch(p: &mut Program, single: SlotId, batched: SlotId, dims: &[i64], k: usize) -> SlotId {
+        use pipewright_runtime::kernel::Kernel;
+        use pipewright_runtime::program::Instr;
+        let (name, elem) = (p.slots[single.index()].name.clone(), p.slots[single.index()].elem);
+        let rest = push_i64(p, &format!("{name}:dims"), &dims[1..]);
+        let n_slot = new_slot(p, &format!("{name}:batch"), ElemType::I64, vec![Extent::Fixed(1)]);
+        let target = new_slot(p, &format!("{name}:target"), ElemType::I64, vec![Extent::Fixed(dims.len() as i64)]);
+        let mut shape = vec![Extent::Batch(1)];
+        shape.extend(dims[1..].iter().map(|&d| Extent::Fixed(d)));
+        let expanded = new_slot(p, &format!("{name}:expanded"), elem, shape);
+        let label = p.instrs[k].name.clone();
+        let new = [
+            Instr { name: format!("{label}:batch"), kernel: Kernel::Shape { start: 0, end: Some(1) }, inputs: vec![Some(batched)], outputs: vec![Some(n_slot)], recompute: false },
+            Instr { name: format!("{label}:target"), kernel: Kernel::Concat { axis: 0 }, inputs: vec![Some(n_slot), Some(rest)], outputs: vec![Some(target)], recompute: false },
+            Instr { name: format!("{label}:expand"), kernel: Kernel::Expand, inputs: vec![Some(single), Some(target)], outputs: vec![Some(expanded)], recompute: false },
+        ];
+        for (i, instr) in new.into_iter().enumerate() {
+            p.instrs.insert(k + i, instr);
+        }
+        expanded
     }
 
     fn new_slot(p: &mut Program, name: &str, elem: ElemType, shape: Vec<Extent>) -> SlotId {
@@ -420,6 +467,19 @@ pub mod rebatch {
             });
         }
         changed.then_some(t)
+    }
+
+    /// Tile repeats with `1` where a leading axis of extent 1 was repeated to the export
+    /// batch (position ids tiled over the batch): like an Expand to the export batch, the
+    /// result then broadcasts against the batch.
+    fn tile_repeats(g: &Graph, x: Option<ValueId>, repeats: ValueId, b0: i64) -> Option<Vec<i64>> {
+        let first = g.value(x?).ty.shape.0.first().copied();
+        let ValueDef::Weight(w) = &g.value(repeats).def else { return None };
+        let mut reps = w.data.to_i64s();
+        (first == Some(Dim::Fixed(1)) && reps.first() == Some(&b0) && b0 != 1).then(|| {
+            reps[0] = 1;
+            reps
+        })
     }
 
     fn push_i64(p: &mut Program, name: &str, values: &[i64]) -> SlotId {

@@ -279,19 +279,21 @@ pub fn infer(op: &Op, ins: &[Option<In>], n_out: usize, ctx: Ctx) -> R<Vec<Tenso
         Op::Pad(p) => pad(p, ins),
         Op::Tile => {
             let t = &x()?.ty;
-            let reps = known_ints(req(1)?, "repeats")?;
+            // Repeats may be the batch (a dynamic export tiles position ids over it).
+            let reps = req(1)?.known.ok_or("repeats input is not known at import")?.dims();
             if reps.len() != t.shape.rank() {
                 return Err(format!("{} repeats for rank {}", reps.len(), t.shape.rank()));
             }
+            let text = || fmt_target(&reps);
             let d = t
                 .shape
                 .0
                 .iter()
                 .zip(&reps)
                 .map(|(d, &r)| match r {
-                    0 => Ok(Dim::Fixed(0)),
-                    1.. => d.mul(Dim::Fixed(r)).ok_or_else(|| format!("repeats {reps:?} overflow the extents of {}", t.shape)),
-                    _ => Err(format!("repeats {reps:?} must not be negative")),
+                    Dim::Fixed(0) => Ok(Dim::Fixed(0)),
+                    Dim::Fixed(v) if v < 0 => Err(format!("repeats {} must not be negative", text())),
+                    r => d.mul(r).ok_or_else(|| format!("repeats {} overflow the extents of {} (or repeat the batch by the batch)", text(), t.shape)),
                 })
                 .collect::<R<_>>()?;
             out1(t.dtype, Shape(d))
