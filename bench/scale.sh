@@ -35,7 +35,8 @@ timed() {
     cat "$work/time.txt"
 }
 
-size_of() { du -cb "$@" | tail -1 | cut -f1; }
+# Bytes of the model file and, when there is one, its external data file.
+model_bytes() { du -cb "$1" "$1".data 2>/dev/null | tail -1 | cut -f1; }
 
 compile_row() { # name model depth
     local name=$1 model=$2 d=$3
@@ -45,7 +46,7 @@ compile_row() { # name model depth
     local wall rss passes modules bytes
     read -r wall rss <<<"$(tail -1 <<<"$out")"
     pick() { awk -v k="$1" 'index($0, k) {print $(NF-1); exit}' <<<"$out"; }
-    bytes=$(size_of "$model" "$model".data 2>/dev/null || size_of "$model")
+    bytes=$(model_bytes "$model")
     printf '| %s | %s | %.2f | %s | %s | %s | %s | %.0f | %.2f |\n' "$name" "$d" "$wall" \
         "$(pick import)" "$(pick plan)" "$(pick partition)" "$(pick 'write stage modules')" \
         "$((rss / 1024))" "$(awk -v r="$rss" -v b="$bytes" 'BEGIN {print r * 1024 / b}')"

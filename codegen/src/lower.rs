@@ -290,9 +290,10 @@ fn binary(b: ir::BinaryOp) -> rt::BinaryKind {
 
 /// Rewrites what a fixed-batch export baked into constants so the program runs at any
 /// microbatch size: Reshape targets get `-1` where the IR inferred the batch, Expand
-/// targets get `1` where the operand already carries the batch, and constants that are
-/// one slice repeated over the export batch (attention masks) keep a single slice when
-/// every reader broadcasts.
+/// targets and Tile repeats get `1` where they would pin the export batch, constants that
+/// are one slice repeated over the export batch (attention masks) keep a single slice when
+/// every reader broadcasts, and repeated slices concatenated with a batched tensor (class
+/// tokens) are expanded to its batch at run time.
 pub mod rebatch {
     use pipewright_core::UpdateRule;
     use pipewright_ir::{Dim, Graph, NodeId, Op, ValueDef, ValueId};
@@ -331,7 +332,7 @@ pub mod rebatch {
             }
         }
         shrink_repeated_constants(g, p, b0, values);
-        expand_concat_constants(p, b0);
+        expand_concat_slices(p, b0);
     }
 
     /// A tensor `[B0, ...]` of repeated slices concatenated (on another axis) with a batched
@@ -340,7 +341,7 @@ pub mod rebatch {
     /// are known to repeat when it is a constant whose slices are equal, when the export
     /// batch is 1 (the exporter dropped the no-op expand of a parameter), or when an Expand
     /// of an operand with a leading 1 made it.
-    fn expand_concat_constants(p: &mut Program, b0: i64) {
+    fn expand_concat_slices(p: &mut Program, b0: i64) {
         use pipewright_runtime::kernel::Kernel;
         let mut k = p.instrs.len();
         while k > 0 {

@@ -115,13 +115,13 @@ fn loss_output(req: &TrainRequest, manifest: &Manifest) -> Result<String, Driver
     }
 }
 
-/// `--data synthetic`: seeded inputs, and labels shaped for the loss (class ids of the
-/// output's shape minus its class axis for cross-entropy, targets of its shape for mse).
-fn synthetic(req: &TrainRequest, manifest: &Manifest, samples: usize) -> Result<Dataset, DriverError> {
+/// `--data synthetic`: seeded inputs, and labels shaped for the loss on model output
+/// `output` (class ids of its shape minus its class axis for cross-entropy, targets of
+/// its shape for mse).
+fn synthetic(req: &TrainRequest, manifest: &Manifest, output: &str, samples: usize) -> Result<Dataset, DriverError> {
     let inputs = manifest.input_specs().map_err(|e| DriverError::msg(format!("{MANIFEST_FILE}: {e}")))?;
     let data = Dataset::synthetic(&inputs, samples, req.seed)?;
-    let output = loss_output(req, manifest)?;
-    let out = manifest.output_per_sample(&output);
+    let out = manifest.output_per_sample(output);
     Ok(match (req.loss, out) {
         (Loss::Mse, Some(shape)) => data.with_random_targets(&shape, req.seed)?,
         (Loss::CrossEntropy, Some(shape)) if !shape.is_empty() => {
@@ -139,10 +139,10 @@ type BatchStream = Box<dyn Iterator<Item = Vec<Microbatch>> + Send>;
 
 /// The batches of `per_batch` microbatches of `microbatch` samples from step `start` on (a
 /// resumed run sees the batches an uninterrupted one would from there on), each made when
-/// training asks for it.
-fn batches(req: &TrainRequest, manifest: &Manifest, microbatch: usize, per_batch: usize, start: usize) -> Result<BatchStream, DriverError> {
+/// training asks for it; synthetic labels fit the loss of `config`.
+fn batches(req: &TrainRequest, manifest: &Manifest, config: &TrainConfig, microbatch: usize, per_batch: usize, start: usize) -> Result<BatchStream, DriverError> {
     let data = match &req.data {
-        DataSource::Synthetic => synthetic(req, manifest, microbatch * per_batch * 4)?,
+        DataSource::Synthetic => synthetic(req, manifest, &config.loss.output, microbatch * per_batch * 4)?,
         DataSource::File(path) => {
             let inputs = manifest.input_specs().map_err(|e| DriverError::msg(format!("{MANIFEST_FILE}: {e}")))?;
             Dataset::open(path, &inputs, req.label.as_deref())?
@@ -179,7 +179,7 @@ impl Session {
         };
         let start = checkpoint.as_ref().map_or(0, |c| c.step as usize);
         let (b, m, w) = (size(shape.microbatch.value), size(shape.microbatches.value), size(shape.replicas.value));
-        let batches = batches(req, &build.manifest, b, m * w, start)?;
+        let batches = batches(req, &build.manifest, &config, b, m * w, start)?;
         let workers = build.modules.len() * w;
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         config.threads = Some(req.threads.unwrap_or((cores / workers).max(1)));
@@ -261,7 +261,7 @@ impl WorkerSession {
         if config.checkpoint_every.is_some() || req.train.resume.is_some() {
             return Err(DriverError::msg("--checkpoint-every and --resume work with `pipewright train` (the embedded executor) only"));
         }
-        let batches = batches(&req.train, &manifest, size(shape.microbatch.value), size(shape.microbatches.value) * w, 0)?;
+        let batches = batches(&req.train, &manifest, &config, size(shape.microbatch.value), size(shape.microbatches.value) * w, 0)?;
         let (recv_names, send_names) = boundary_names(&module, &config.loss).map_err(|e| DriverError::msg(format!("stage {stage}: {e}")))?;
         let tcp = TcpOptions {
             rank,
