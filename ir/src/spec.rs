@@ -45,7 +45,7 @@ specs! {
     "Abs": [1, 6, 13] from 1, in 1..1, out 1..1;
     "Acos": [7, 22] from 7, in 1..1, out 1..1;
     "Acosh": [9, 22] from 9, in 1..1, out 1..1;
-    "Add": [1, 6, 7, 13, 14] from 7, in 2..2, out 1..1;
+    "Add": [1, 6, 7, 13, 14] from 1, in 2..2, out 1..1;
     "And": [1, 7] from 7, in 2..2, out 1..1;
     "ArgMax": [1, 11, 12, 13] from 1, in 1..1, out 1..1;
     "ArgMin": [1, 11, 12, 13] from 1, in 1..1, out 1..1;
@@ -54,7 +54,7 @@ specs! {
     "Atan": [7, 22] from 7, in 1..1, out 1..1;
     "Atanh": [9, 22] from 9, in 1..1, out 1..1;
     "AveragePool": [1, 7, 10, 11, 19, 22] from 1, in 1..1, out 1..1;
-    "BatchNormalization": [1, 6, 7, 9, 14, 15] from 7, in 5..5, out 1..5;
+    "BatchNormalization": [1, 6, 7, 9, 14, 15] from 1, in 5..5, out 1..5;
     "Cast": [1, 6, 9, 13, 19, 21, 23, 24, 25, 28] from 6, in 1..1, out 1..1;
     "CastLike": [15, 19, 21, 23, 24, 25] from 15, in 2..2, out 1..1;
     "Ceil": [1, 6, 13] from 1, in 1..1, out 1..1;
@@ -68,7 +68,7 @@ specs! {
     "Cos": [7, 22] from 7, in 1..1, out 1..1;
     "Cosh": [9, 22] from 9, in 1..1, out 1..1;
     "CumSum": [11, 14] from 11, in 2..2, out 1..1;
-    "Div": [1, 6, 7, 13, 14] from 7, in 2..2, out 1..1;
+    "Div": [1, 6, 7, 13, 14] from 1, in 2..2, out 1..1;
     "Dropout": [1, 6, 7, 10, 12, 13, 22] from 7, in 1..3, out 1..2;
     "Einsum": [12, 28] from 12, in 1..V, out 1..1;
     "Elu": [1, 6, 22] from 1, in 1..1, out 1..1;
@@ -82,7 +82,7 @@ specs! {
     "GatherElements": [11, 13] from 11, in 2..2, out 1..1;
     "GatherND": [11, 12, 13] from 11, in 2..2, out 1..1;
     "Gelu": [20] from 20, in 1..1, out 1..1;
-    "Gemm": [1, 6, 7, 9, 11, 13] from 7, in 2..3, out 1..1;
+    "Gemm": [1, 6, 7, 9, 11, 13] from 1, in 2..3, out 1..1;
     "GlobalAveragePool": [1, 22] from 1, in 1..1, out 1..1;
     "GlobalMaxPool": [1, 22] from 1, in 1..1, out 1..1;
     "Greater": [1, 7, 9, 13] from 7, in 2..2, out 1..1;
@@ -106,13 +106,13 @@ specs! {
     "Min": [1, 6, 8, 12, 13] from 1, in 1..V, out 1..1;
     "Mish": [18, 22] from 18, in 1..1, out 1..1;
     "Mod": [10, 13, 28] from 10, in 2..2, out 1..1;
-    "Mul": [1, 6, 7, 13, 14] from 7, in 2..2, out 1..1;
+    "Mul": [1, 6, 7, 13, 14] from 1, in 2..2, out 1..1;
     "Neg": [1, 6, 13] from 1, in 1..1, out 1..1;
     "Not": [1] from 1, in 1..1, out 1..1;
     "Or": [1, 7] from 7, in 2..2, out 1..1;
-    "PRelu": [1, 6, 7, 9, 16] from 7, in 2..2, out 1..1;
+    "PRelu": [1, 6, 7, 9, 16] from 1, in 2..2, out 1..1;
     "Pad": [1, 2, 11, 13, 18, 19, 21, 23, 24, 25] from 2, in 1..4, out 1..1;
-    "Pow": [1, 7, 12, 13, 15] from 7, in 2..2, out 1..1;
+    "Pow": [1, 7, 12, 13, 15] from 1, in 2..2, out 1..1;
     "Range": [11, 27] from 11, in 3..3, out 1..1;
     "Reciprocal": [1, 6, 13] from 1, in 1..1, out 1..1;
     "ReduceL1": [1, 11, 13, 18] from 1, in 1..2, out 1..1;
@@ -142,7 +142,7 @@ specs! {
     "Split": [1, 2, 11, 13, 18] from 2, in 1..2, out 1..V;
     "Sqrt": [1, 6, 13] from 1, in 1..1, out 1..1;
     "Squeeze": [1, 11, 13, 21, 23, 24, 25] from 1, in 1..2, out 1..1;
-    "Sub": [1, 6, 7, 13, 14] from 7, in 2..2, out 1..1;
+    "Sub": [1, 6, 7, 13, 14] from 1, in 2..2, out 1..1;
     "Sum": [1, 6, 8, 13] from 1, in 1..V, out 1..1;
     "Tan": [7, 22] from 7, in 1..1, out 1..1;
     "Tanh": [1, 6, 13] from 1, in 1..1, out 1..1;

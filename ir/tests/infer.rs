@@ -412,22 +412,49 @@ fn op_version_without_implemented_semantics() {
     let m = ModelBuilder::new(6)
         .input("x", F32, &fixed(&[2, 4]))
         .init(tensor_f32_zeros("b", &[4]))
-        .node(node("Add", "old_add", &["x", "b"], &["y"]))
+        .node(node("Equal", "old_equal", &["x", "b"], &["y"]))
         .output("y");
     let e = import_err(&m);
     assert!(
-        matches!(&e, ImportError::OpVersion { node, op, opset: 6, version: 6, from: 7 } if node.name == "old_add" && op == "Add"),
+        matches!(&e, ImportError::OpVersion { node, op, opset: 6, version: 1, from: 7 } if node.name == "old_equal" && op == "Equal"),
         "{e:?}"
     );
     let msg = e.to_string();
-    for w in ["\"old_add\"", "Add", "opset 6", "version 6", "supported from version 7"] {
+    for w in ["\"old_equal\"", "Equal", "opset 6", "version 1", "supported from version 7"] {
         assert!(msg.contains(w), "{w:?} missing from: {msg}");
     }
 
     // The first implemented version imports.
     let mut m7 = m.clone();
     m7.model.opset_import[0].version = 7;
-    assert_eq!(ty(&import(&m7), "y"), "f32[N,4]");
+    assert_eq!(ty(&import(&m7), "y"), "bool[N,4]");
+}
+
+/// Before opset 7, `broadcast = 1` with `axis` aligns input 1 with input 0's axes from
+/// `axis` on (numpy would align it with the trailing axes), and PRelu's `[C]` slope is
+/// per channel: both import as an Unsqueeze of input 1 with trailing unit axes.
+#[test]
+fn legacy_broadcast_aligns_from_the_axis() {
+    let m = ModelBuilder::new(6)
+        .input("x", F32, &fixed(&[2, 3, 4]))
+        .init(tensor_f32_zeros("b", &[3]))
+        .node(node("Add", "add_at_axis_1", &["x", "b"], &["y"]).int("broadcast", 1).int("axis", 1))
+        .node(node("PRelu", "prelu_per_channel", &["y", "b"], &["z"]))
+        .node(node("Mul", "mul_trailing", &["z", "w"], &["out"]).int("broadcast", 1))
+        .init(tensor_f32_zeros("w", &[4]))
+        .output("out");
+    let g = import(&m);
+    assert_eq!(ty(&g, "out"), "f32[N,3,4]");
+    let unsqueezes: Vec<String> = g.node_ids().filter(|&n| g.node(n).op.name() == "Unsqueeze").map(|n| g.node(n).op.to_string()).collect();
+    assert_eq!(unsqueezes, ["Unsqueeze[axes=[1]]", "Unsqueeze[axes=[1]]"]);
+    // Input 1 that does not fit from the axis is refused, naming the node.
+    let bad = ModelBuilder::new(6)
+        .input("x", F32, &fixed(&[2, 3]))
+        .init(tensor_f32_zeros("b", &[3]))
+        .node(node("Add", "add_off_the_end", &["x", "b"], &["y"]).int("broadcast", 1).int("axis", 1 + 1))
+        .output("y");
+    let msg = import_err(&bad).to_string();
+    assert!(msg.contains("add_off_the_end") && msg.contains("broadcast axis 2"), "{msg}");
 }
 
 #[test]

@@ -24,6 +24,11 @@ fn convert_op(op_type: &str, version: i64, a: &mut Attrs, n_inputs: usize) -> Re
         return Ok(Op::Unary(u));
     }
     if let Some(b) = binary(op_type) {
+        if version < 7 {
+            // Applied by the importer as an Unsqueeze of input 1 (see `legacy`).
+            a.ignore("broadcast");
+            a.ignore("axis");
+        }
         return Ok(Op::Binary(b));
     }
     Ok(match op_type {
@@ -56,12 +61,17 @@ fn convert_op(op_type: &str, version: i64, a: &mut Attrs, n_inputs: usize) -> Re
             if op_type == "Softmax" { Op::Softmax(s) } else { Op::LogSoftmax(s) }
         }
         "MatMul" => Op::MatMul,
-        "Gemm" => Op::Gemm(Gemm {
-            alpha: a.float_or("alpha", 1.0)?,
-            beta: a.float_or("beta", 1.0)?,
-            trans_a: a.bool_or("transA", false)?,
-            trans_b: a.bool_or("transB", false)?,
-        }),
+        "Gemm" => {
+            // Before opset 7 C broadcasts only with `broadcast = 1`; without it C has the
+            // output's shape, a case of the unidirectional broadcast of later opsets.
+            a.ignore("broadcast");
+            Op::Gemm(Gemm {
+                alpha: a.float_or("alpha", 1.0)?,
+                beta: a.float_or("beta", 1.0)?,
+                trans_a: a.bool_or("transA", false)?,
+                trans_b: a.bool_or("transB", false)?,
+            })
+        }
         "Conv" => Op::Conv(Conv { window: window(a)?, group: a.int_or("group", 1)? }),
         "ConvTranspose" => Op::ConvTranspose(ConvTranspose {
             window: window(a)?,
@@ -86,6 +96,8 @@ fn convert_op(op_type: &str, version: i64, a: &mut Attrs, n_inputs: usize) -> Re
             if version < 9 && !a.bool_or("spatial", true)? {
                 return Err("spatial=0 (per-activation statistics) is not supported".into());
             }
+            // Opsets before 7 mark inference with `is_test`; the runtime's mode decides.
+            a.ignore("is_test");
             Op::BatchNormalization(BatchNorm {
                 epsilon: a.float_or("epsilon", 1e-5)?,
                 momentum: a.float_or("momentum", 0.9)?,

@@ -3,6 +3,7 @@
 
 mod attrs;
 pub(crate) mod convert;
+mod legacy;
 pub mod tensor;
 
 use std::collections::{BTreeMap, HashMap};
@@ -280,6 +281,9 @@ impl<'a> Importer<'a> {
         }
         let spec = spec(&node.op_type).expect("checked by check_ops");
         let version = spec.version_at(opset).expect("checked by check_ops");
+        if let Some(aligned) = self.align_second_input(node, version, opset)? {
+            return self.add_node(&aligned, opset);
+        }
         let op = convert::convert_node(node, version).map_err(bad)?;
         let (imin, imax) = spec.inputs;
         let (omin, omax) = spec.outputs;
@@ -332,6 +336,23 @@ impl<'a> Importer<'a> {
             }
         }
         Ok(())
+    }
+
+    /// Old-opset broadcasting (see [`legacy`]): when input 1 needs trailing unit axes, adds
+    /// the `Unsqueeze` that inserts them and returns the node reading its result instead.
+    fn align_second_input(&mut self, node: &NodeProto, version: i64, opset: i64) -> Result<Option<NodeProto>, ImportError> {
+        let (Some(a), Some(b)) = (node.input.first(), node.input.get(1)) else { return Ok(None) };
+        let (Some(&a), Some(&b_id)) = (self.names.get(a), self.names.get(b)) else { return Ok(None) };
+        let a_rank = self.graph.value(a).ty.shape.rank();
+        let b_dims: Vec<Option<i64>> = self.graph.value(b_id).ty.shape.dims().iter().map(|d| d.fixed()).collect();
+        let axes = legacy::second_input_alignment(node, version, a_rank, &b_dims)
+            .map_err(|reason| ImportError::BadNode { node: NodeRef { name: node.name.clone(), op_type: node.op_type.clone() }, reason })?;
+        let Some(axes) = axes else { return Ok(None) };
+        let aligned = format!("{b}/aligned_to/{}", node.name);
+        self.add_node(&legacy::unsqueeze_node(format!("{}/align_input_1", node.name), b.clone(), aligned.clone(), axes), opset)?;
+        let mut rewritten = node.clone();
+        rewritten.input[1] = aligned;
+        Ok(Some(rewritten))
     }
 
     fn evaluate_known(&self, op: &crate::Op, inputs: &[Option<ValueId>], out_types: &[TensorType]) -> Option<Known> {
