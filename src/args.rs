@@ -6,6 +6,33 @@ use std::path::PathBuf;
 use pipewright_core::{Balance, BatchMode, Decay, Device, Loss, Optimizer, PassName, Recompute, Schedule};
 use pipewright_passes::manager::{PassOptions, PrintAfter};
 
+/// `--loss KIND[:OUTPUT]`.
+#[derive(Clone, Debug)]
+pub struct LossArg {
+    pub loss: Loss,
+    pub output: Option<String>,
+}
+
+fn parse_loss(s: &str) -> Result<LossArg, String> {
+    let (kind, output) = match s.split_once(':') {
+        Some((_, "")) => return Err(format!("{s:?} names no model output after the colon")),
+        Some((kind, output)) => (kind, Some(output.to_string())),
+        None => (s, None),
+    };
+    let loss = kind.parse::<Loss>().map_err(|e| e.to_string())?;
+    Ok(LossArg { loss, output })
+}
+
+impl TrainArgs {
+    /// The model output the loss applies to, from `--loss KIND:OUTPUT` or `--output`.
+    pub fn loss_output(&self) -> Result<Option<String>, String> {
+        match (&self.loss.output, &self.output) {
+            (Some(a), Some(b)) if a != b => Err(format!("--loss names output {a:?} but --output names {b:?}")),
+            (a, b) => Ok(a.clone().or_else(|| b.clone())),
+        }
+    }
+}
+
 #[derive(clap::Args)]
 pub struct InspectArgs {
     /// The ONNX model file, or a stage module (`.pwm`) written by `compile`.
@@ -163,9 +190,11 @@ pub struct TrainArgs {
     /// The labels array in the data file.
     #[arg(long)]
     pub label: Option<String>,
-    /// The loss, applied to the model output --output names.
-    #[arg(long, value_enum, default_value_t = Loss::CrossEntropy)]
-    pub loss: Loss,
+    /// The loss: cross-entropy, mse, or output (the model output is the loss itself, e.g.
+    /// a SoftmaxCrossEntropyLoss node's); `KIND:OUTPUT` also names the model output it
+    /// applies to (`--loss output:loss`), like --output.
+    #[arg(long, value_name = "KIND[:OUTPUT]", value_parser = parse_loss, default_value = "cross-entropy")]
+    pub loss: LossArg,
     /// The model output the loss applies to (default: the model's only output).
     #[arg(long)]
     pub output: Option<String>,
@@ -277,12 +306,12 @@ mod requests {
     use pipewright_runtime::pipeline::OptimizerConfig;
 
     impl super::TrainArgs {
-        pub fn request(&self) -> TrainRequest {
-            TrainRequest {
+        pub fn request(&self) -> anyhow::Result<TrainRequest> {
+            Ok(TrainRequest {
                 data: if self.data.as_os_str() == "synthetic" { DataSource::Synthetic } else { DataSource::File(self.data.clone()) },
                 label: self.label.clone(),
-                loss: self.loss,
-                output: self.output.clone(),
+                loss: self.loss.loss,
+                output: self.loss_output().map_err(anyhow::Error::msg)?,
                 classes: self.classes,
                 steps: self.steps,
                 flags: RunFlags { microbatch: self.microbatch, microbatches: self.microbatches, replicas: self.replicas },
@@ -299,19 +328,19 @@ mod requests {
                 resume: self.resume.clone(),
                 threads: self.threads,
                 timeout: std::time::Duration::from_secs(self.timeout),
-            }
+            })
         }
     }
 
     impl super::WorkerArgs {
-        pub fn request(&self) -> WorkerRequest {
-            WorkerRequest {
-                train: self.train.request(),
+        pub fn request(&self) -> anyhow::Result<WorkerRequest> {
+            Ok(WorkerRequest {
+                train: self.train.request()?,
                 rank: self.rank,
                 rendezvous: self.rendezvous.clone(),
                 wait: std::time::Duration::from_secs(self.wait),
                 save: self.save.clone(),
-            }
+            })
         }
     }
 }

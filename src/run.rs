@@ -34,7 +34,7 @@ fn loss_range(report: &TrainReport) -> (f64, f64) {
 }
 
 pub fn train(args: &TrainArgs) -> Result<()> {
-    let session = Session::prepare(&args.build, &args.request())?;
+    let session = Session::prepare(&args.build, &args.request()?)?;
     let c = &session.build.manifest.pipeline;
     eprint!("{}", session.shape.report());
     eprintln!(
@@ -65,7 +65,7 @@ pub fn train(args: &TrainArgs) -> Result<()> {
 /// module).
 pub fn worker(args: &WorkerArgs, embedded: Option<Vec<u8>>) -> Result<()> {
     let t = &args.train;
-    let session = WorkerSession::prepare(&t.build, &args.request(), embedded)?;
+    let session = WorkerSession::prepare(&t.build, &args.request()?, embedded)?;
     let (rank, stage, replica, depth) = (session.rank, session.stage, session.replica, session.depth);
     eprint!("{}", session.shape.report());
     eprintln!("rank {rank}: stage {stage} of {depth}, replica {replica} of {}; joining {}", session.shape.replicas.value, args.rendezvous);

@@ -1,8 +1,13 @@
 //! `pipewright train` end to end: compile the shared MLP into stages and train it on the
 //! 8x8 digits in `examples/digits` under each schedule on the embedded executor.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+use common::{node, value_info, ModelBuilder, I64};
+use onnx_protobuf::{Message, ModelProto};
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -160,4 +165,55 @@ fn replicas_train_and_mismatched_modules_are_refused() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "mixed modules must be refused");
     assert!(err.contains("stage1.pwm") && err.contains("another compile"), "{err}");
+}
+
+/// The shared MLP with its loss inside the model: a SoftmaxCrossEntropyLoss of its logits
+/// against a `label` input, the model's only output.
+fn mlp_with_loss_node(dir: &Path) -> PathBuf {
+    let bytes = std::fs::read(root().join("../shared/corpus/models/mlp.onnx")).expect("read mlp.onnx");
+    let model = ModelProto::parse_from_bytes(&bytes).expect("parse mlp.onnx");
+    let mut m = ModelBuilder { model }.node(node("SoftmaxCrossEntropyLoss", "sce", &["linear_3", "label"], &["loss"]));
+    let g = m.model.graph.as_mut().expect("graph");
+    g.input.push(value_info("label", I64, &[8.into()]));
+    g.output.clear();
+    m.output("loss").write(dir, "mlp_sce.onnx")
+}
+
+/// `--loss output:NAME` trains on a loss the model computes: the MLP whose graph ends in a
+/// SoftmaxCrossEntropyLoss node (labels fed as a model input from the data file) trains
+/// to the same losses as the plain MLP under the built-in cross-entropy, at d = 2.
+#[test]
+fn a_loss_the_model_computes_trains_like_the_built_in_loss() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let model = mlp_with_loss_node(dir.path());
+    let build = dir.path().join("sce");
+    let out = pw(&["compile", model.to_str().unwrap(), "--stages", "2", "-o", build.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let data = root().join("examples/digits/digits.npz");
+    let metrics = dir.path().join("sce.jsonl");
+    let out = pw(&[
+        "train", build.to_str().unwrap(), "--data", data.to_str().unwrap(), "--loss", "output:loss", "--steps", "30",
+        "--microbatch", "16", "--microbatches", "4", "--optimizer", "adam", "--lr", "0.003", "--metrics", metrics.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let inside: Vec<f64> = std::fs::read_to_string(&metrics)
+        .expect("metrics written")
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).expect("JSON line")["loss"].as_f64().expect("loss"))
+        .collect();
+    let plain = dir.path().join("plain");
+    compile(&plain, "2", "2bw", "none");
+    let built_in = train(&plain, "30");
+    assert_eq!(inside.len(), 30);
+    for (step, (a, b)) in inside.iter().zip(&built_in).enumerate() {
+        assert!((a - b).abs() <= 1e-4 * b.abs().max(1.0), "step {step}: model's loss {a}, built-in {b}");
+    }
+    let late = inside[25..].iter().sum::<f64>() / 5.0;
+    assert!(late < 0.7 * inside[0], "the model's own loss must fall: {inside:?}");
+
+    // Naming two different outputs is refused.
+    let out = pw(&["train", build.to_str().unwrap(), "--loss", "output:loss", "--output", "other", "--steps", "1"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--loss names output \"loss\" but --output names \"other\""), "{err}");
 }

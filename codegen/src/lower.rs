@@ -165,9 +165,20 @@ pub fn kernel(op: &Op, n_out: usize, n_in: usize) -> Kernel {
             Kernel::LayerNormalization(rt::LayerNorm { axis: l.axis, epsilon: l.epsilon, stash_type: l.stash_type })
         }
         Op::InstanceNormalization { epsilon } => Kernel::InstanceNormalization { epsilon: *epsilon },
+        Op::NegativeLogLikelihoodLoss(l) => Kernel::NegativeLogLikelihoodLoss(class_loss(l)),
+        Op::SoftmaxCrossEntropyLoss(l) => Kernel::SoftmaxCrossEntropyLoss(class_loss(l)),
         Op::Dropout { ratio, seed } => Kernel::Dropout { ratio: *ratio, seed: *seed },
         _ => shape_kernel(op, n_out, n_in),
     }
+}
+
+fn class_loss(l: &ir::ClassLoss) -> rt::ClassLoss {
+    let reduction = match l.reduction {
+        ir::LossReduction::None => rt::LossReduction::None,
+        ir::LossReduction::Sum => rt::LossReduction::Sum,
+        ir::LossReduction::Mean => rt::LossReduction::Mean,
+    };
+    rt::ClassLoss { reduction, ignore_index: l.ignore_index }
 }
 
 fn shape_kernel(op: &Op, n_out: usize, n_in: usize) -> Kernel {

@@ -108,7 +108,8 @@ fn loss_output(req: &TrainRequest, manifest: &Manifest) -> Result<String, Driver
     match outputs[..] {
         [only] => Ok(only.to_string()),
         _ => Err(DriverError::msg(format!(
-            "--loss {} needs --output NAME (the model output it applies to): the model has outputs {}",
+            "--loss {} needs the model output it applies to (--loss {}:NAME or --output NAME): the model has outputs {}",
+            req.loss,
             req.loss,
             outputs.iter().map(|o| format!("{o:?}")).collect::<Vec<_>>().join(", ")
         ))),

@@ -112,6 +112,13 @@ pub fn infer(op: &Op, ins: &[Option<In>], n_out: usize, ctx: Ctx) -> R<Vec<Tenso
             outs.extend(std::iter::repeat_n(TensorType::new(stash, Shape(stat)), n_out.saturating_sub(1)));
             Ok(outs)
         }
+        Op::NegativeLogLikelihoodLoss(l) | Op::SoftmaxCrossEntropyLoss(l) => {
+            let mut outs = vec![class_loss(&x()?.ty, &req(1)?.ty, l, ctx)?];
+            if n_out > 1 {
+                outs.push(x()?.ty.clone());
+            }
+            Ok(outs)
+        }
         Op::Dropout { .. } => {
             let t = &x()?.ty;
             let mut outs: Vec<TensorType> = vec![(*t).clone()];
@@ -615,6 +622,29 @@ fn symbolize_batch(dims: &mut [Dim], input: &Shape, k: i64, b: i64) {
 
 fn fmt_target(t: &[Dim]) -> String {
     format!("[{}]", t.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(","))
+}
+
+/// The loss of NegativeLogLikelihoodLoss and SoftmaxCrossEntropyLoss: per target element
+/// (`reduction = none`, the targets' shape) or a scalar. The targets are the input's shape
+/// without its class axis 1.
+fn class_loss(input: &TensorType, target: &TensorType, l: &ClassLoss, ctx: Ctx) -> R<TensorType> {
+    let dims = input.shape.dims();
+    if dims.len() < 2 {
+        return Err(format!("the input {} has no class axis (it needs [N, C, ...])", input.shape));
+    }
+    if !input.dtype.is_float() {
+        return Err(format!("the input must be floating point, got {}", input.dtype));
+    }
+    if target.dtype.is_float() || target.dtype == DType::Bool {
+        return Err(format!("the targets must be integer class ids, got {}", target.dtype));
+    }
+    let expected: Vec<Dim> = dims.iter().enumerate().filter(|&(i, _)| i != 1).map(|(_, d)| *d).collect();
+    let agree = target.shape.rank() == expected.len() && target.shape.dims().iter().zip(&expected).all(|(&t, &e)| dims_agree(t, e, ctx));
+    if !agree {
+        return Err(format!("targets {} do not match the input {} without its class axis", target.shape, input.shape));
+    }
+    let shape = if l.reduction == LossReduction::None { Shape(expected) } else { Shape::scalar() };
+    Ok(TensorType::new(input.dtype, shape))
 }
 
 /// GatherND's output: the indices' shape without its last axis (the index tuple length

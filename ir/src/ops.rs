@@ -151,6 +151,20 @@ pub struct Reduce {
     pub noop_with_empty_axes: bool,
 }
 
+/// `reduction` of the loss ops.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LossReduction {
+    None, Sum, Mean,
+}
+
+/// The attributes shared by NegativeLogLikelihoodLoss and SoftmaxCrossEntropyLoss.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClassLoss {
+    pub reduction: LossReduction,
+    /// Targets equal to it add nothing to the loss nor to the mean's denominator.
+    pub ignore_index: Option<i64>,
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct Pad {
     pub mode: PadMode,
@@ -187,6 +201,11 @@ pub enum Op {
     BatchNormalization(BatchNorm),
     LayerNormalization(LayerNorm),
     InstanceNormalization { epsilon: f32 },
+    /// Inputs: log-probabilities `[N, C, d...]`, class ids `[N, d...]`, optional class weights `[C]`.
+    NegativeLogLikelihoodLoss(ClassLoss),
+    /// Inputs: scores `[N, C, d...]`, class ids, optional class weights; outputs the loss
+    /// and (optionally) the log-probabilities.
+    SoftmaxCrossEntropyLoss(ClassLoss),
     /// `ratio` is the attribute of opsets < 12; afterwards input 1.
     Dropout { ratio: Option<f32>, seed: Option<i64> },
     Reshape { allow_zero: bool },
@@ -258,6 +277,8 @@ impl Op {
             Op::BatchNormalization(_) => "BatchNormalization",
             Op::LayerNormalization(_) => "LayerNormalization",
             Op::InstanceNormalization { .. } => "InstanceNormalization",
+            Op::NegativeLogLikelihoodLoss(_) => "NegativeLogLikelihoodLoss",
+            Op::SoftmaxCrossEntropyLoss(_) => "SoftmaxCrossEntropyLoss",
             Op::Dropout { .. } => "Dropout",
             Op::Reshape { .. } => "Reshape",
             Op::Flatten { .. } => "Flatten",
@@ -366,6 +387,12 @@ impl Op {
                 a.i("stash_type", l.stash_type);
             }
             Op::InstanceNormalization { epsilon } => a.f("epsilon", *epsilon),
+            Op::NegativeLogLikelihoodLoss(l) | Op::SoftmaxCrossEntropyLoss(l) => {
+                a.s("reduction", loss_reduction_name(l.reduction));
+                if let Some(i) = l.ignore_index {
+                    a.i("ignore_index", i);
+                }
+            }
             Op::Dropout { ratio, seed } => {
                 if let Some(r) = ratio {
                     a.f("ratio", *r);
@@ -521,6 +548,14 @@ pub fn reduce_name(k: ReduceKind) -> &'static str {
         Sum => "ReduceSum", Mean => "ReduceMean", Max => "ReduceMax", Min => "ReduceMin",
         Prod => "ReduceProd", L1 => "ReduceL1", L2 => "ReduceL2", LogSum => "ReduceLogSum",
         LogSumExp => "ReduceLogSumExp", SumSquare => "ReduceSumSquare",
+    }
+}
+
+pub fn loss_reduction_name(r: LossReduction) -> &'static str {
+    match r {
+        LossReduction::None => "none",
+        LossReduction::Sum => "sum",
+        LossReduction::Mean => "mean",
     }
 }
 

@@ -108,6 +108,7 @@ specs! {
     "Mod": [10, 13, 28] from 10, in 2..2, out 1..1;
     "Mul": [1, 6, 7, 13, 14] from 1, in 2..2, out 1..1;
     "Neg": [1, 6, 13] from 1, in 1..1, out 1..1;
+    "NegativeLogLikelihoodLoss": [12, 13, 22] from 12, in 2..3, out 1..1;
     "Not": [1] from 1, in 1..1, out 1..1;
     "Or": [1, 7] from 7, in 2..2, out 1..1;
     "PRelu": [1, 6, 7, 9, 16] from 1, in 2..2, out 1..1;
@@ -137,6 +138,7 @@ specs! {
     "Size": [1, 13, 19, 21, 23, 24, 25] from 1, in 1..1, out 1..1;
     "Slice": [1, 10, 11, 13] from 1, in 1..5, out 1..1;
     "Softmax": [1, 11, 13] from 1, in 1..1, out 1..1;
+    "SoftmaxCrossEntropyLoss": [12, 13] from 12, in 2..3, out 1..2;
     "Softplus": [1, 22] from 1, in 1..1, out 1..1;
     "Softsign": [1, 22] from 1, in 1..1, out 1..1;
     "Split": [1, 2, 11, 13, 18] from 2, in 1..2, out 1..V;

@@ -656,3 +656,28 @@ fn range_over_the_batch_and_gather_nd() {
         .output("y");
     assert_shape_error(&bad, &["\"pick\"", "do not fit"]);
 }
+
+/// The loss ops: per target element under `reduction = none`, else a scalar; SCE's second
+/// output is the scores' shape; targets that are not the input without its class axis are
+/// refused, naming the node.
+#[test]
+fn class_loss_shapes() {
+    let m = ModelBuilder::new(13)
+        .input("scores", F32, &fixed(&[4, 5, 2]))
+        .input("labels", I64, &fixed(&[4, 2]))
+        .node(node("SoftmaxCrossEntropyLoss", "sce", &["scores", "labels"], &["loss", "logp"]).string("reduction", "none"))
+        .node(node("NegativeLogLikelihoodLoss", "nll", &["logp", "labels"], &["mean"]).int("ignore_index", 0))
+        .output("loss")
+        .output("mean");
+    let g = import(&m);
+    assert_eq!(ty(&g, "loss"), "f32[N,2]");
+    assert_eq!(ty(&g, "logp"), "f32[N,5,2]");
+    assert_eq!(ty(&g, "mean"), "f32[]");
+    let bad = ModelBuilder::new(13)
+        .input("scores", F32, &fixed(&[4, 5, 2]))
+        .input("labels", I64, &fixed(&[4, 5]))
+        .node(node("NegativeLogLikelihoodLoss", "nll_bad", &["scores", "labels"], &["l"]))
+        .output("l");
+    let msg = import_err(&bad).to_string();
+    assert!(msg.contains("nll_bad") && msg.contains("without its class axis"), "{msg}");
+}

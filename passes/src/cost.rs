@@ -111,7 +111,9 @@ impl OpClass {
             | Op::LogSoftmax(_)
             | Op::LayerNormalization(_)
             | Op::BatchNormalization(_)
-            | Op::InstanceNormalization { .. } => OpClass::Normalization,
+            | Op::InstanceNormalization { .. }
+            | Op::NegativeLogLikelihoodLoss(_)
+            | Op::SoftmaxCrossEntropyLoss(_) => OpClass::Normalization,
             Op::MaxPool(_) | Op::AveragePool(_) | Op::GlobalAveragePool | Op::GlobalMaxPool => {
                 OpClass::Pool
             }
@@ -445,6 +447,9 @@ fn flops(g: &Graph, n: NodeId, export: i64) -> (Lin, f64) {
             (in_numel.scale(2.0 * per_in as f64), 2.0)
         }
         Op::Softmax(_) | Op::LogSoftmax(_) => (out_numel.scale(5.0), 2.0),
+        // A log-softmax over the scores, then a gather of the targets' entries.
+        Op::SoftmaxCrossEntropyLoss(_) => (in_numel.scale(5.0), 2.0),
+        Op::NegativeLogLikelihoodLoss(_) => (out_numel, 1.0),
         Op::LayerNormalization(_) | Op::InstanceNormalization { .. } => (first_out.scale(8.0), 2.0),
         Op::BatchNormalization(_) => (first_out.scale(6.0), 2.0),
         Op::MaxPool(p) | Op::AveragePool(p) => (first_out.scale(kernel_prod(&p.window)), 1.0),

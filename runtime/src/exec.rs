@@ -7,6 +7,7 @@
 
 mod convert;
 mod elementwise;
+mod loss;
 mod nn;
 mod reduce;
 mod shape;
@@ -138,6 +139,8 @@ fn dispatch_nn(k: &Kernel, ins: &[Option<&Tensor>], mode: Mode, outputs_read: Op
             nn::layer_norm(l, ins, stats_read)
         }
         InstanceNormalization { epsilon } => one(nn::instance_norm(*epsilon, ins)),
+        NegativeLogLikelihoodLoss(l) => one(loss::nll(l, x()?, y()?, opt(ins, 2))),
+        SoftmaxCrossEntropyLoss(l) => loss::softmax_cross_entropy(l, x()?, y()?, opt(ins, 2)),
         Dropout { ratio, .. } => nn::dropout(*ratio, ins, mode),
         _ => dispatch_shape(k, ins),
     }

@@ -207,6 +207,20 @@ pub struct Reduce {
     pub noop_with_empty_axes: bool,
 }
 
+/// `reduction` of the loss kernels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum LossReduction {
+    None, Sum, Mean,
+}
+
+/// NegativeLogLikelihoodLoss and SoftmaxCrossEntropyLoss attributes.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ClassLoss {
+    pub reduction: LossReduction,
+    /// Targets equal to it count neither in the loss nor in the mean's denominator.
+    pub ignore_index: Option<i64>,
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Pad {
     pub mode: PadMode,
@@ -248,6 +262,10 @@ pub enum Kernel {
     BatchNormalization(BatchNorm),
     LayerNormalization(LayerNorm),
     InstanceNormalization { epsilon: f32 },
+    /// Log-probabilities `[N, C, d...]`, class ids `[N, d...]`, optional class weights.
+    NegativeLogLikelihoodLoss(ClassLoss),
+    /// Scores, class ids, optional class weights; outputs: the loss, the log-probabilities.
+    SoftmaxCrossEntropyLoss(ClassLoss),
     /// `ratio` is the attribute of opsets < 12; afterwards input 1 (default 0.5).
     Dropout { ratio: Option<f32>, seed: Option<i64> },
     Reshape { allow_zero: bool },
@@ -314,6 +332,7 @@ fn plain_name(k: &Kernel) -> &'static str {
         GlobalAveragePool => "GlobalAveragePool", GlobalMaxPool => "GlobalMaxPool",
         BatchNormalization(_) => "BatchNormalization", LayerNormalization(_) => "LayerNormalization",
         InstanceNormalization { .. } => "InstanceNormalization", Dropout { .. } => "Dropout",
+        NegativeLogLikelihoodLoss(_) => "NegativeLogLikelihoodLoss", SoftmaxCrossEntropyLoss(_) => "SoftmaxCrossEntropyLoss",
         Reshape { .. } => "Reshape", Flatten { .. } => "Flatten", Transpose { .. } => "Transpose",
         Squeeze { .. } => "Squeeze", Unsqueeze { .. } => "Unsqueeze", Concat { .. } => "Concat",
         Split(_) => "Split", Slice(_) => "Slice", Gather { .. } => "Gather",

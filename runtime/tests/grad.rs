@@ -650,3 +650,18 @@ fn fused_layer_norm_matches_the_composed_one() {
         }
     }
 }
+
+/// The loss ops, with respect to the scores (and log-probabilities), under each reduction,
+/// class weights and an ignored target.
+#[test]
+fn class_loss_ops() {
+    let loss = |reduction, ignore_index| ClassLoss { reduction, ignore_index };
+    let targets = || In::F(i64s(&[2, 0, 3, 3, 1, 0], &[3, 2]));
+    let weights = || In::F(Tensor::from_slice(&[0.5f64, 1.0, 2.0, 1.5]));
+    for r in [LossReduction::None, LossReduction::Sum, LossReduction::Mean] {
+        g1(Kernel::NegativeLogLikelihoodLoss(loss(r, None)), vec![In::D(normal(&[3, 4, 2], 301)), targets(), In::N]);
+        g1(Kernel::NegativeLogLikelihoodLoss(loss(r, Some(3))), vec![In::D(normal(&[3, 4, 2], 302)), targets(), weights()]);
+        gradcheck(&Kernel::SoftmaxCrossEntropyLoss(loss(r, None)), vec![In::D(normal(&[3, 4, 2], 303)), targets(), weights()], 2);
+        gradcheck(&Kernel::SoftmaxCrossEntropyLoss(loss(r, Some(0))), vec![In::D(normal(&[3, 4, 2], 304)), targets(), In::N], 2);
+    }
+}

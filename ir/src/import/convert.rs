@@ -104,6 +104,8 @@ fn convert_op(op_type: &str, version: i64, a: &mut Attrs, n_inputs: usize) -> Re
                 training_mode: a.bool_or("training_mode", false)?,
             })
         }
+        "NegativeLogLikelihoodLoss" => Op::NegativeLogLikelihoodLoss(class_loss(a)?),
+        "SoftmaxCrossEntropyLoss" => Op::SoftmaxCrossEntropyLoss(class_loss(a)?),
         "LayerNormalization" => Op::LayerNormalization(LayerNorm {
             axis: a.int_or("axis", -1)?,
             epsilon: a.float_or("epsilon", 1e-5)?,
@@ -243,6 +245,16 @@ fn unary(op: &str) -> Option<UnaryOp> {
         "HardSwish" => HardSwish, "Mish" => Mish,
         _ => return None,
     })
+}
+
+fn class_loss(a: &mut Attrs) -> Result<ClassLoss, String> {
+    let reduction = match a.string("reduction")?.as_deref() {
+        None | Some("mean") => LossReduction::Mean,
+        Some("sum") => LossReduction::Sum,
+        Some("none") => LossReduction::None,
+        Some(other) => return Err(format!("reduction={other:?} is not one of none, sum, mean")),
+    };
+    Ok(ClassLoss { reduction, ignore_index: a.int("ignore_index")? })
 }
 
 fn binary(op: &str) -> Option<BinaryOp> {
