@@ -10,6 +10,7 @@ mod elementwise;
 mod nn;
 mod reduce;
 mod shape;
+mod transformer;
 mod util;
 mod window;
 
@@ -137,6 +138,9 @@ fn dispatch_nn(k: &Kernel, ins: &[Option<&Tensor>], mode: Mode, outputs_read: Op
             let stats_read = outputs_read.map_or(true, |u| u.iter().skip(1).any(|&x| x));
             nn::layer_norm(l, ins, stats_read)
         }
+        RmsNormalization(l) => one(transformer::rms_norm(l, x()?, y()?)),
+        Attention(a) => transformer::attention(a, ins),
+        RotaryEmbedding(r) => one(transformer::rotary_embedding(r, ins)),
         InstanceNormalization { epsilon } => one(nn::instance_norm(*epsilon, ins)),
         Dropout { ratio, .. } => nn::dropout(*ratio, ins, mode),
         _ => dispatch_shape(k, ins),
