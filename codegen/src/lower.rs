@@ -164,6 +164,25 @@ pub fn kernel(op: &Op, n_out: usize, n_in: usize) -> Kernel {
         Op::LayerNormalization(l) => {
             Kernel::LayerNormalization(rt::LayerNorm { axis: l.axis, epsilon: l.epsilon, stash_type: l.stash_type })
         }
+        Op::RMSNormalization(l) => {
+            Kernel::RmsNormalization(rt::LayerNorm { axis: l.axis, epsilon: l.epsilon, stash_type: l.stash_type })
+        }
+        Op::Attention(a) => Kernel::Attention(rt::Attention {
+            is_causal: a.is_causal,
+            q_num_heads: a.q_num_heads,
+            kv_num_heads: a.kv_num_heads,
+            qk_matmul_output_mode: a.qk_matmul_output_mode,
+            scale: a.scale,
+            softcap: a.softcap,
+            softmax_precision: a.softmax_precision.map(elem),
+            left_window_size: a.left_window_size,
+            right_window_size: a.right_window_size,
+        }),
+        Op::RotaryEmbedding(r) => Kernel::RotaryEmbedding(rt::Rotary {
+            interleaved: r.interleaved,
+            rotary_embedding_dim: r.rotary_embedding_dim,
+            num_heads: r.num_heads,
+        }),
         Op::InstanceNormalization { epsilon } => Kernel::InstanceNormalization { epsilon: *epsilon },
         Op::NegativeLogLikelihoodLoss(l) => Kernel::NegativeLogLikelihoodLoss(class_loss(l)),
         Op::SoftmaxCrossEntropyLoss(l) => Kernel::SoftmaxCrossEntropyLoss(class_loss(l)),

@@ -119,6 +119,20 @@ pub fn infer(op: &Op, ins: &[Option<In>], n_out: usize, ctx: Ctx) -> R<Vec<Tenso
             }
             Ok(outs)
         }
+        Op::RMSNormalization(l) => {
+            let t = &x()?.ty;
+            t.shape.axis(l.axis).ok_or_else(|| format!("axis {} out of range for {}", l.axis, t.shape))?;
+            out1(t.dtype, t.shape.clone())
+        }
+        Op::RotaryEmbedding(r) => {
+            let t = &x()?.ty;
+            match (t.shape.rank(), r.num_heads) {
+                (4, _) | (3, Some(_)) => out1(t.dtype, t.shape.clone()),
+                (3, None) => Err("a 3-D input needs num_heads".into()),
+                (rank, _) => Err(format!("input must be 3-D or 4-D, got rank {rank}")),
+            }
+        }
+        Op::Attention(at) => attention(at, ins),
         Op::Dropout { .. } => {
             let t = &x()?.ty;
             let mut outs: Vec<TensorType> = vec![(*t).clone()];
@@ -645,6 +659,60 @@ fn class_loss(input: &TensorType, target: &TensorType, l: &ClassLoss, ctx: Ctx) 
     }
     let shape = if l.reduction == LossReduction::None { Shape(expected) } else { Shape::scalar() };
     Ok(TensorType::new(input.dtype, shape))
+}
+
+/// One of Attention's Q, K, V as `[batch, heads, seq, head_size]`: 4-D inputs are that
+/// already, 3-D ones `[batch, seq, heads * head_size]` with `heads` from the attribute.
+fn attention_heads(t: &TensorType, heads: Option<i64>, name: &str) -> R<[Dim; 4]> {
+    match (&t.shape.0[..], heads) {
+        ([b, h, s, d], _) => Ok([*b, *h, *s, *d]),
+        ([b, s, hidden], Some(h)) => {
+            let d = hidden.div_exact(Dim::Fixed(h)).ok_or_else(|| format!("{name} hidden size {hidden} is not a multiple of {h} heads"))?;
+            Ok([*b, Dim::Fixed(h), *s, d])
+        }
+        ([_, _, _], None) => Err("3-D inputs need q_num_heads and kv_num_heads".into()),
+        _ => Err(format!("{name} must be 3-D or 4-D, got {}", t.shape)),
+    }
+}
+
+/// Attention's outputs: Y, present_key, present_value (the cache with the new keys and
+/// values appended) and the attention scores `[batch, q_heads, q_seq, total_seq]`.
+fn attention(at: &Attention, ins: &[Option<In>]) -> R<Vec<TensorType>> {
+    let get = |i: usize, name: &str| ins.get(i).copied().flatten().ok_or_else(|| format!("input {name} is required"));
+    let (q, k, v) = (&get(0, "Q")?.ty, &get(1, "K")?.ty, &get(2, "V")?.ty);
+    let rank = q.shape.rank();
+    if k.shape.rank() != rank || v.shape.rank() != rank {
+        return Err(format!("Q, K and V differ in rank: {}, {}, {}", q.shape, k.shape, v.shape));
+    }
+    let [b, qh, qs, qd] = attention_heads(q, at.q_num_heads, "Q")?;
+    let [_, kh, ks, kd] = attention_heads(k, at.kv_num_heads, "K")?;
+    let [_, vh, vs, vd] = attention_heads(v, at.kv_num_heads, "V")?;
+    let fixed_differ = |a: Dim, c: Dim| matches!((a, c), (Dim::Fixed(x), Dim::Fixed(y)) if x != y);
+    if fixed_differ(qd, kd) || fixed_differ(kh, vh) || fixed_differ(ks, vs) {
+        return Err(format!("Q, K and V do not match: {}, {}, {}", q.shape, k.shape, v.shape));
+    }
+    if let (Dim::Fixed(a), Dim::Fixed(c)) = (qh, kh) {
+        if c == 0 || a % c != 0 {
+            return Err(format!("{a} query heads are not a multiple of {c} key/value heads"));
+        }
+    }
+    let past = match (ins.get(4).copied().flatten(), ins.get(5).copied().flatten()) {
+        (Some(pk), Some(_)) => *pk.ty.shape.0.get(2).ok_or("past_key must be 4-D")?,
+        (None, None) => Dim::Fixed(0),
+        _ => return Err("past_key and past_value must be given together".into()),
+    };
+    let total = past.add(ks).ok_or_else(|| format!("past length {past} plus key length {ks} is not a batch multiple"))?;
+    let y = if rank == 4 {
+        Shape(vec![b, qh, qs, vd])
+    } else {
+        Shape(vec![b, qs, qh.mul(vd).ok_or("the output hidden size is not known")?])
+    };
+    Ok(vec![
+        TensorType::new(q.dtype, y),
+        TensorType::new(k.dtype, Shape(vec![b, kh, total, kd])),
+        TensorType::new(v.dtype, Shape(vec![b, kh, total, vd])),
+        TensorType::new(q.dtype, Shape(vec![b, qh, qs, total])),
+    ])
 }
 
 /// GatherND's output: the indices' shape without its last axis (the index tuple length

@@ -121,6 +121,42 @@ pub struct LayerNorm {
     pub stash_type: i64,
 }
 
+/// Attention (opsets 23-25): scaled dot-product attention of Q, K, V given as
+/// `[batch, heads, seq, head_size]` or `[batch, seq, heads * head_size]` (then the head
+/// counts are the attributes), with an optional key/value cache, mask and output of the
+/// attention scores.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Attention {
+    pub is_causal: bool,
+    /// Required for 3-D inputs, absent for 4-D ones.
+    pub q_num_heads: Option<i64>,
+    pub kv_num_heads: Option<i64>,
+    /// What output 3 holds: 0 the raw `QK^T`, 1 after softcap, 2 with the mask added,
+    /// 3 the softmax.
+    pub qk_matmul_output_mode: i64,
+    /// `None`: `1 / sqrt(head_size)`.
+    pub scale: Option<f32>,
+    /// `0`: no soft capping.
+    pub softcap: f32,
+    /// The type the softmax runs in; `None`: the inputs'.
+    pub softmax_precision: Option<DType>,
+    /// Opset 25's sliding window around each query's absolute position; `-1` unbounded.
+    pub left_window_size: i64,
+    pub right_window_size: i64,
+}
+
+/// RotaryEmbedding (opset 23): rotates pairs of each head's leading
+/// `rotary_embedding_dim` features by the angles of the cos/sin caches.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Rotary {
+    /// Pairs are adjacent features (`x[2i], x[2i+1]`) instead of the two halves.
+    pub interleaved: bool,
+    /// `0`: the whole head.
+    pub rotary_embedding_dim: i64,
+    /// Required for 3-D input `[batch, seq, heads * head_size]`.
+    pub num_heads: Option<i64>,
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct Softmax {
     pub axis: i64,
@@ -200,6 +236,11 @@ pub enum Op {
     GlobalMaxPool,
     BatchNormalization(BatchNorm),
     LayerNormalization(LayerNorm),
+    /// `X / sqrt(mean(X^2 over axis..) + epsilon) * Scale`; the same attributes as
+    /// LayerNormalization.
+    RMSNormalization(LayerNorm),
+    Attention(Attention),
+    RotaryEmbedding(Rotary),
     InstanceNormalization { epsilon: f32 },
     /// Inputs: log-probabilities `[N, C, d...]`, class ids `[N, d...]`, optional class weights `[C]`.
     NegativeLogLikelihoodLoss(ClassLoss),
@@ -276,6 +317,9 @@ impl Op {
             Op::GlobalMaxPool => "GlobalMaxPool",
             Op::BatchNormalization(_) => "BatchNormalization",
             Op::LayerNormalization(_) => "LayerNormalization",
+            Op::RMSNormalization(_) => "RMSNormalization",
+            Op::Attention(_) => "Attention",
+            Op::RotaryEmbedding(_) => "RotaryEmbedding",
             Op::InstanceNormalization { .. } => "InstanceNormalization",
             Op::NegativeLogLikelihoodLoss(_) => "NegativeLogLikelihoodLoss",
             Op::SoftmaxCrossEntropyLoss(_) => "SoftmaxCrossEntropyLoss",
@@ -381,7 +425,17 @@ impl Op {
                 a.f("momentum", b.momentum);
                 a.flag("training_mode", b.training_mode);
             }
-            Op::LayerNormalization(l) => {
+            Op::Attention(at) => attention_attrs(&mut a, at),
+            Op::RotaryEmbedding(r) => {
+                a.flag("interleaved", r.interleaved);
+                if r.rotary_embedding_dim != 0 {
+                    a.i("rotary_embedding_dim", r.rotary_embedding_dim);
+                }
+                if let Some(n) = r.num_heads {
+                    a.i("num_heads", n);
+                }
+            }
+            Op::LayerNormalization(l) | Op::RMSNormalization(l) => {
                 a.i("axis", l.axis);
                 a.f("epsilon", l.epsilon);
                 a.i("stash_type", l.stash_type);
@@ -510,6 +564,36 @@ impl Op {
                 | Op::CastLike
                 | Op::Dropout { .. }
         )
+    }
+}
+
+/// Attention's attributes; the optional ones only when given, and the window sizes
+/// (opset 25) only when bounded, so the result is valid at opsets 23 and 24.
+fn attention_attrs(a: &mut Attrs, at: &Attention) {
+    a.flag("is_causal", at.is_causal);
+    if let Some(n) = at.q_num_heads {
+        a.i("q_num_heads", n);
+    }
+    if let Some(n) = at.kv_num_heads {
+        a.i("kv_num_heads", n);
+    }
+    if at.qk_matmul_output_mode != 0 {
+        a.i("qk_matmul_output_mode", at.qk_matmul_output_mode);
+    }
+    if let Some(s) = at.scale {
+        a.f("scale", s);
+    }
+    if at.softcap != 0.0 {
+        a.f("softcap", at.softcap);
+    }
+    if let Some(p) = at.softmax_precision {
+        a.0.push(("softmax_precision", AttrValue::DType(p)));
+    }
+    if at.left_window_size != -1 {
+        a.i("left_window_size", at.left_window_size);
+    }
+    if at.right_window_size != -1 {
+        a.i("right_window_size", at.right_window_size);
     }
 }
 

@@ -53,6 +53,7 @@ specs! {
     "Asinh": [9, 22] from 9, in 1..1, out 1..1;
     "Atan": [7, 22] from 7, in 1..1, out 1..1;
     "Atanh": [9, 22] from 9, in 1..1, out 1..1;
+    "Attention": [23, 24, 25] from 23, in 3..7, out 1..4;
     "AveragePool": [1, 7, 10, 11, 19, 22] from 1, in 1..1, out 1..1;
     "BatchNormalization": [1, 6, 7, 9, 14, 15] from 1, in 5..5, out 1..5;
     "Cast": [1, 6, 9, 13, 19, 21, 23, 24, 25, 28] from 6, in 1..1, out 1..1;
@@ -114,6 +115,7 @@ specs! {
     "PRelu": [1, 6, 7, 9, 16] from 1, in 2..2, out 1..1;
     "Pad": [1, 2, 11, 13, 18, 19, 21, 23, 24, 25] from 2, in 1..4, out 1..1;
     "Pow": [1, 7, 12, 13, 15] from 1, in 2..2, out 1..1;
+    "RMSNormalization": [23] from 23, in 2..2, out 1..1;
     "Range": [11, 27] from 11, in 3..3, out 1..1;
     "Reciprocal": [1, 6, 13] from 1, in 1..1, out 1..1;
     "ReduceL1": [1, 11, 13, 18] from 1, in 1..2, out 1..1;
@@ -128,6 +130,7 @@ specs! {
     "ReduceSumSquare": [1, 11, 13, 18] from 1, in 1..2, out 1..1;
     "Relu": [1, 6, 13, 14] from 1, in 1..1, out 1..1;
     "Reshape": [1, 5, 13, 14, 19, 21, 23, 24, 25] from 5, in 2..2, out 1..1;
+    "RotaryEmbedding": [23] from 23, in 3..4, out 1..1;
     "Round": [11, 22] from 11, in 1..1, out 1..1;
     "Selu": [1, 6, 22] from 1, in 1..1, out 1..1;
     "Shape": [1, 13, 15, 19, 21, 23, 24, 25] from 1, in 1..1, out 1..1;

@@ -681,3 +681,46 @@ fn class_loss_shapes() {
     let msg = import_err(&bad).to_string();
     assert!(msg.contains("nll_bad") && msg.contains("without its class axis"), "{msg}");
 }
+
+/// Attention's four outputs from 3-D grouped-query inputs with a cache, over a symbolic
+/// batch; RMSNormalization and RotaryEmbedding keep their input's type; inconsistent
+/// heads and attributes of a later opset are reported.
+#[test]
+fn attention_rms_norm_and_rotary_embedding() {
+    let b = || Ax::Param("batch");
+    let m = ModelBuilder::new(24)
+        .input("q", F32, &[b(), Ax::Fixed(4), Ax::Fixed(24)])
+        .input("k", F32, &[b(), Ax::Fixed(6), Ax::Fixed(12)])
+        .input("v", F32, &[b(), Ax::Fixed(6), Ax::Fixed(10)])
+        .input("pk", F32, &[b(), Ax::Fixed(2), Ax::Fixed(3), Ax::Fixed(6)])
+        .input("pv", F32, &[b(), Ax::Fixed(2), Ax::Fixed(3), Ax::Fixed(5)])
+        .init(tensor_f32("w", &[20], &[1.0; 20]))
+        .node(node("Attention", "att", &["q", "k", "v", "", "pk", "pv"], &["y", "present_k", "present_v", "qk"]).int("q_num_heads", 4).int("kv_num_heads", 2).int("is_causal", 1))
+        .node(node("RMSNormalization", "rms", &["y", "w"], &["n"]))
+        .node(node("RotaryEmbedding", "rope", &["present_k", "cos", "sin"], &["r"]))
+        .input("cos", F32, &[b(), Ax::Fixed(9), Ax::Fixed(3)])
+        .input("sin", F32, &[b(), Ax::Fixed(9), Ax::Fixed(3)])
+        .output("n")
+        .output("present_v")
+        .output("qk")
+        .output("r");
+    let g = import(&m);
+    assert_eq!(ty(&g, "y"), "f32[N,4,20]");
+    assert_eq!(ty(&g, "present_k"), "f32[N,2,9,6]");
+    assert_eq!(ty(&g, "present_v"), "f32[N,2,9,5]");
+    assert_eq!(ty(&g, "qk"), "f32[N,4,4,9]");
+    assert_eq!(ty(&g, "n"), "f32[N,4,20]");
+    assert_eq!(ty(&g, "r"), "f32[N,2,9,6]");
+    let att = |q: &[i64], k: &[i64], f: fn(onnx_protobuf::NodeProto) -> onnx_protobuf::NodeProto, opset: i64| {
+        ModelBuilder::new(opset)
+            .input("q", F32, &fixed(q))
+            .input("k", F32, &fixed(k))
+            .node(f(node("Attention", "att", &["q", "k", "k"], &["y"])))
+            .output("y")
+    };
+    assert_shape_error(&att(&[2, 4, 24], &[2, 6, 12], |n| n, 23), &["\"att\"", "need q_num_heads"]);
+    assert_shape_error(&att(&[2, 3, 4, 8], &[2, 2, 6, 8], |n| n, 23), &["\"att\"", "3 query heads are not a multiple of 2"]);
+    let windowed = |n: onnx_protobuf::NodeProto| n.int("left_window_size", 2);
+    assert!(import_err(&att(&[2, 2, 4, 8], &[2, 2, 6, 8], windowed, 24)).to_string().contains("left_window_size"));
+    import(&att(&[2, 2, 4, 8], &[2, 2, 6, 8], windowed, 25));
+}

@@ -13,7 +13,9 @@
 //! - **Elementwise**: `out_numel`; transcendentals (exp, log, erf, tanh, sigmoid, trig,
 //!   gelu, softplus, mish, pow, elu/selu/celu) ~4 per element. Backward ~1x forward.
 //! - **Softmax / LogSoftmax**: 5 per element; **LayerNorm / InstanceNorm**: 8;
-//!   **BatchNorm**: 6. Backward = 2x.
+//!   **RMSNorm**: 5; **BatchNorm**: 6; **RotaryEmbedding**: 3. Backward = 2x.
+//! - **Attention**: the two matmuls, `2 * (q_numel + out_numel) * total_seq`, plus 5 per
+//!   score for the softmax and masking. Backward = 2x.
 //! - **Pools**: `out_numel * prod(kernel)`; global pools `in_numel`. Backward 1x.
 //! - **Reductions, ArgMax/ArgMin, CumSum**: `in_numel`. Backward 1x.
 //! - **Gather / GatherElements / GatherND**: `out_numel`. Backward 1x (scatter-add).
@@ -105,11 +107,12 @@ pub enum OpClass {
 impl OpClass {
     pub fn of(op: &Op) -> OpClass {
         match op {
-            Op::MatMul | Op::Gemm(_) | Op::Einsum { .. } => OpClass::MatMul,
+            Op::MatMul | Op::Gemm(_) | Op::Einsum { .. } | Op::Attention(_) => OpClass::MatMul,
             Op::Conv(_) | Op::ConvTranspose(_) => OpClass::Conv,
             Op::Softmax(_)
             | Op::LogSoftmax(_)
             | Op::LayerNormalization(_)
+            | Op::RMSNormalization(_)
             | Op::BatchNormalization(_)
             | Op::InstanceNormalization { .. }
             | Op::NegativeLogLikelihoodLoss(_)
@@ -121,6 +124,7 @@ impl OpClass {
                 OpClass::Reduction
             }
             Op::Gather { .. } | Op::GatherElements { .. } | Op::GatherND { .. } => OpClass::Gather,
+            Op::RotaryEmbedding(_) => OpClass::Elementwise,
             op if op.is_elementwise() => OpClass::Elementwise,
             _ => OpClass::DataMovement,
         }
@@ -381,6 +385,14 @@ fn einsum_flops(eq: &str, inputs: &[&TensorType], export: i64) -> Option<Lin> {
     Some(acc)
 }
 
+/// The query heads of a 3-D Attention (whose Q packs them into its last axis).
+fn attention_heads(op: &Op) -> i64 {
+    match op {
+        Op::Attention(a) => a.q_num_heads.unwrap_or(1).max(1),
+        _ => 1,
+    }
+}
+
 fn kernel_prod(w: &pipewright_ir::ops::Window) -> f64 {
     w.kernel_shape.iter().product::<i64>().max(1) as f64
 }
@@ -452,6 +464,26 @@ fn flops(g: &Graph, n: NodeId, export: i64) -> (Lin, f64) {
         Op::NegativeLogLikelihoodLoss(_) => (out_numel, 1.0),
         Op::LayerNormalization(_) | Op::InstanceNormalization { .. } => (first_out.scale(8.0), 2.0),
         Op::BatchNormalization(_) => (first_out.scale(6.0), 2.0),
+        Op::RMSNormalization(_) => (first_out.scale(5.0), 2.0),
+        Op::RotaryEmbedding(_) => (first_out.scale(3.0), 2.0),
+        Op::Attention(_) => {
+            // Q's numel covers `[b, heads, q_seq, head_size]` in either layout; the
+            // scores have `total / head_size` times as many elements.
+            let seq = |i: usize, rank4_axis: usize| {
+                ty_in(i).map_or(0, |t| {
+                    let d = t.shape.eval(export);
+                    let axis = if d.len() == 4 { rank4_axis } else { 1 };
+                    d.get(axis).copied().unwrap_or(0)
+                })
+            };
+            let total = (seq(1, 2) + ty_in(4).map_or(0, |t| t.shape.eval(export).get(2).copied().unwrap_or(0))) as f64;
+            let head = ty_in(0).and_then(|t| t.shape.eval(export).last().copied()).unwrap_or(1).max(1) as f64;
+            let head = match ty_in(0).map(|t| t.shape.rank()) {
+                Some(3) => head / attention_heads(&node.op) as f64,
+                _ => head,
+            };
+            (in_numel.scale(2.0 * total + 5.0 * total / head.max(1.0)) + first_out.scale(2.0 * total), 2.0)
+        }
         Op::MaxPool(p) | Op::AveragePool(p) => (first_out.scale(kernel_prod(&p.window)), 1.0),
         Op::GlobalAveragePool | Op::GlobalMaxPool => (in_numel, 1.0),
         Op::Reduce(_) | Op::ArgMax { .. } | Op::ArgMin { .. } | Op::CumSum { .. } => {

@@ -11,6 +11,7 @@ mod loss;
 mod nn;
 mod reduce;
 mod shape;
+mod transformer;
 mod util;
 mod window;
 
@@ -138,6 +139,9 @@ fn dispatch_nn(k: &Kernel, ins: &[Option<&Tensor>], mode: Mode, outputs_read: Op
             let stats_read = outputs_read.map_or(true, |u| u.iter().skip(1).any(|&x| x));
             nn::layer_norm(l, ins, stats_read)
         }
+        RmsNormalization(l) => one(transformer::rms_norm(l, x()?, y()?)),
+        Attention(a) => transformer::attention(a, ins),
+        RotaryEmbedding(r) => one(transformer::rotary_embedding(r, ins)),
         InstanceNormalization { epsilon } => one(nn::instance_norm(*epsilon, ins)),
         NegativeLogLikelihoodLoss(l) => one(loss::nll(l, x()?, y()?, opt(ins, 2))),
         SoftmaxCrossEntropyLoss(l) => loss::softmax_cross_entropy(l, x()?, y()?, opt(ins, 2)),

@@ -172,6 +172,34 @@ pub struct LayerNorm {
     pub stash_type: i64,
 }
 
+/// Attention (opsets 23-25); see the IR's `Attention` for the fields.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Attention {
+    pub is_causal: bool,
+    /// Head counts of 3-D `[batch, seq, heads * head_size]` inputs.
+    pub q_num_heads: Option<i64>,
+    pub kv_num_heads: Option<i64>,
+    /// Output 3: 0 raw scores, 1 after softcap, 2 with the mask, 3 the softmax.
+    pub qk_matmul_output_mode: i64,
+    /// `None`: `1 / sqrt(head_size)`.
+    pub scale: Option<f32>,
+    /// `0`: none.
+    pub softcap: f32,
+    pub softmax_precision: Option<ElemType>,
+    /// Sliding window bounds around each query's absolute position; `-1` unbounded.
+    pub left_window_size: i64,
+    pub right_window_size: i64,
+}
+
+/// RotaryEmbedding (opset 23).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Rotary {
+    pub interleaved: bool,
+    /// `0`: the whole head.
+    pub rotary_embedding_dim: i64,
+    pub num_heads: Option<i64>,
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Softmax {
     pub axis: i64,
@@ -232,7 +260,8 @@ pub struct Pad {
 ///
 /// Multi-output kernels produce every output ONNX defines, in ONNX order (Dropout: output,
 /// mask; MaxPool: Y, Indices; LayerNormalization: Y, Mean, InvStdDev; BatchNormalization in
-/// training: Y, running mean, running var); a node with fewer outputs uses the prefix.
+/// training: Y, running mean, running var; Attention: Y, present key, present value, scores);
+/// a node with fewer outputs uses the prefix.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Kernel {
     Unary(UnaryKind),
@@ -261,6 +290,10 @@ pub enum Kernel {
     GlobalMaxPool,
     BatchNormalization(BatchNorm),
     LayerNormalization(LayerNorm),
+    /// The same attributes as LayerNormalization; `stash_type` widens narrow inputs.
+    RmsNormalization(LayerNorm),
+    Attention(Attention),
+    RotaryEmbedding(Rotary),
     InstanceNormalization { epsilon: f32 },
     /// Log-probabilities `[N, C, d...]`, class ids `[N, d...]`, optional class weights.
     NegativeLogLikelihoodLoss(ClassLoss),
@@ -331,6 +364,7 @@ fn plain_name(k: &Kernel) -> &'static str {
         MaxPool(_) => "MaxPool", AveragePool(_) => "AveragePool",
         GlobalAveragePool => "GlobalAveragePool", GlobalMaxPool => "GlobalMaxPool",
         BatchNormalization(_) => "BatchNormalization", LayerNormalization(_) => "LayerNormalization",
+        RmsNormalization(_) => "RMSNormalization", Attention(_) => "Attention", RotaryEmbedding(_) => "RotaryEmbedding",
         InstanceNormalization { .. } => "InstanceNormalization", Dropout { .. } => "Dropout",
         NegativeLogLikelihoodLoss(_) => "NegativeLogLikelihoodLoss", SoftmaxCrossEntropyLoss(_) => "SoftmaxCrossEntropyLoss",
         Reshape { .. } => "Reshape", Flatten { .. } => "Flatten", Transpose { .. } => "Transpose",

@@ -665,3 +665,80 @@ fn class_loss_ops() {
         gradcheck(&Kernel::SoftmaxCrossEntropyLoss(loss(r, Some(0))), vec![In::D(normal(&[3, 4, 2], 304)), targets(), In::N], 2);
     }
 }
+
+fn attention(is_causal: bool, heads: Option<(i64, i64)>, mode: i64) -> Attention {
+    Attention {
+        is_causal,
+        q_num_heads: heads.map(|h| h.0),
+        kv_num_heads: heads.map(|h| h.1),
+        qk_matmul_output_mode: mode,
+        scale: None,
+        softcap: 0.0,
+        softmax_precision: None,
+        left_window_size: -1,
+        right_window_size: -1,
+    }
+}
+
+/// Attention through every output (Y, present key and value, the scores of each mode):
+/// 4-D and 3-D layouts, masks, the causal frontier, grouped-query heads, a cache and rows
+/// with no key to attend (whose zeros must not make NaN gradients).
+#[test]
+fn attention_paths() {
+    let q4 = || normal(&[2, 2, 3, 4], 201);
+    let k4 = || normal(&[2, 2, 5, 4], 202);
+    let v4 = || normal(&[2, 2, 5, 3], 203);
+    // 4-D, no mask, raw scores.
+    g4(attention(false, None, 0), vec![In::D(q4()), In::D(k4()), In::D(v4())]);
+    // A differentiable float mask, softcap and scale, scores with the bias (mode 2 has
+    // -inf where a key is masked, so the causal case reads the softcapped scores instead).
+    let mut a = attention(false, None, 2);
+    a.softcap = 2.0;
+    a.scale = Some(0.3);
+    g4(a.clone(), vec![In::D(q4()), In::D(k4()), In::D(v4()), In::D(normal(&[3, 5], 204))]);
+    a.is_causal = true;
+    a.qk_matmul_output_mode = 1;
+    g4(a, vec![In::D(q4()), In::D(k4()), In::D(v4()), In::D(normal(&[3, 5], 211))]);
+    // 3-D grouped-query (4 query heads over 2 key/value heads), causal, softmax scores.
+    let gqa = attention(true, Some((4, 2)), 3);
+    g4(gqa, vec![In::D(normal(&[2, 3, 12], 205)), In::D(normal(&[2, 4, 6], 206)), In::D(normal(&[2, 4, 4], 207))]);
+    // A boolean mask shorter than the keys whose first row attends nothing, with a cache.
+    let allowed: Vec<bool> = (0..12).map(|i| i >= 4 && i % 3 != 1).collect();
+    let mask = Tensor::from_slice(&allowed).reshape([3, 4]);
+    let past = || normal(&[2, 2, 2, 4], 208);
+    g4(
+        attention(false, None, 3),
+        vec![In::D(q4()), In::D(k4()), In::D(normal(&[2, 2, 5, 3], 209)), In::F(mask), In::D(past()), In::D(normal(&[2, 2, 2, 3], 210))],
+    );
+    // An external cache (nonpad_kv_seqlen) with a causal sliding window: the first
+    // sample's early queries see no key at all (a negative offset).
+    let mut w = attention(true, None, 3);
+    w.left_window_size = 1;
+    g4(w, vec![In::D(q4()), In::D(k4()), In::D(v4()), In::N, In::N, In::N, In::F(i64s(&[2, 5], &[2]))]);
+}
+
+fn g4(a: Attention, inputs: Vec<In>) {
+    gradcheck(&Kernel::Attention(a), inputs, 4)
+}
+
+#[test]
+fn rms_normalization_and_rotary_embedding() {
+    for (axis, sshape) in [(-1i64, &[4i64][..]), (1, &[3, 4][..])] {
+        let k = Kernel::RmsNormalization(LayerNorm { axis, epsilon: 1e-5, stash_type: 1 });
+        g1(k, vec![In::D(normal(&[2, 3, 4], 220)), In::D(normal(sshape, 221))]);
+    }
+    let rot = |interleaved, dim, heads| Kernel::RotaryEmbedding(Rotary { interleaved, rotary_embedding_dim: dim, num_heads: heads });
+    let pos = || In::F(i64s(&[0, 3, 7, 9, 1, 1], &[2, 3]));
+    // 4-D [batch, heads, seq, head]: whole head (halves, then interleaved pairs), caches
+    // picked by position ids.
+    for interleaved in [false, true] {
+        let ins = vec![In::D(normal(&[2, 2, 3, 6], 222)), In::D(normal(&[10, 3], 223)), In::D(normal(&[10, 3], 224)), pos()];
+        g1(rot(interleaved, 0, None), ins);
+    }
+    // Partial rotation of the first 4 features.
+    let ins = vec![In::D(normal(&[2, 2, 3, 6], 225)), In::D(normal(&[10, 2], 226)), In::D(normal(&[10, 2], 227)), pos()];
+    g1(rot(true, 4, None), ins);
+    // 3-D [batch, seq, heads * head] with per-token caches and no position ids.
+    let ins = vec![In::D(normal(&[2, 3, 12], 228)), In::D(normal(&[2, 3, 3], 229)), In::D(normal(&[2, 3, 3], 230))];
+    g1(rot(false, 0, Some(2)), ins);
+}

@@ -111,6 +111,23 @@ fn convert_op(op_type: &str, version: i64, a: &mut Attrs, n_inputs: usize) -> Re
             epsilon: a.float_or("epsilon", 1e-5)?,
             stash_type: a.int_or("stash_type", 1)?,
         }),
+        "RMSNormalization" => Op::RMSNormalization(LayerNorm {
+            axis: a.int_or("axis", -1)?,
+            epsilon: a.float_or("epsilon", 1e-5)?,
+            stash_type: float_code(a.int_or("stash_type", 1)?, "stash_type")?,
+        }),
+        "Attention" => Op::Attention(attention(version, a, n_inputs)?),
+        "RotaryEmbedding" => {
+            let r = Rotary {
+                interleaved: a.bool_or("interleaved", false)?,
+                rotary_embedding_dim: a.int_or("rotary_embedding_dim", 0)?,
+                num_heads: a.int("num_heads")?,
+            };
+            if r.rotary_embedding_dim < 0 || r.rotary_embedding_dim % 2 != 0 || r.num_heads.is_some_and(|n| n <= 0) {
+                return Err(format!("rotary_embedding_dim={} must be even and >= 0, num_heads > 0", r.rotary_embedding_dim));
+            }
+            Op::RotaryEmbedding(r)
+        }
         "InstanceNormalization" => Op::InstanceNormalization { epsilon: a.float_or("epsilon", 1e-5)? },
         "Dropout" if version < 12 => Op::Dropout { ratio: Some(a.float_or("ratio", 0.5)?), seed: None },
         "Dropout" => Op::Dropout { ratio: None, seed: a.int("seed")? },
@@ -213,6 +230,47 @@ fn convert_op(op_type: &str, version: i64, a: &mut Attrs, n_inputs: usize) -> Re
             None => return Err(format!("{other} has no converter")),
         },
     })
+}
+
+/// An attribute naming a floating-point type by its ONNX code.
+fn float_code(code: i64, name: &str) -> Result<i64, String> {
+    match DType::from_onnx(code as i32) {
+        Some(d) if d.is_float() => Ok(code),
+        _ => Err(format!("{name}={code} is not a supported floating-point type")),
+    }
+}
+
+/// Attention's attributes (opset 25 added the window sizes, 24 the `nonpad_kv_seqlen` input).
+fn attention(version: i64, a: &mut Attrs, n_inputs: usize) -> Result<Attention, String> {
+    if version < 24 && n_inputs > 6 {
+        return Err("input nonpad_kv_seqlen needs Attention-24".into());
+    }
+    let softmax_precision = match a.int("softmax_precision")? {
+        Some(code) => DType::from_onnx(float_code(code, "softmax_precision")? as i32),
+        None => None,
+    };
+    let window = |a: &mut Attrs, name: &str| if version >= 25 { a.int_or(name, -1) } else { Ok(-1) };
+    let at = Attention {
+        is_causal: a.bool_or("is_causal", false)?,
+        q_num_heads: a.int("q_num_heads")?,
+        kv_num_heads: a.int("kv_num_heads")?,
+        qk_matmul_output_mode: a.int_or("qk_matmul_output_mode", 0)?,
+        scale: a.float("scale")?,
+        softcap: a.float_or("softcap", 0.0)?,
+        softmax_precision,
+        left_window_size: window(a, "left_window_size")?,
+        right_window_size: window(a, "right_window_size")?,
+    };
+    if !(0..=3).contains(&at.qk_matmul_output_mode) {
+        return Err(format!("qk_matmul_output_mode={} is not 0, 1, 2 or 3", at.qk_matmul_output_mode));
+    }
+    if at.q_num_heads.is_some_and(|n| n <= 0) || at.kv_num_heads.is_some_and(|n| n <= 0) {
+        return Err("q_num_heads and kv_num_heads must be positive".into());
+    }
+    if at.left_window_size < -1 || at.right_window_size < -1 {
+        return Err(format!("window sizes {} and {} must be -1 or >= 0", at.left_window_size, at.right_window_size));
+    }
+    Ok(at)
 }
 
 /// Reads the convolution/pool window attributes.
