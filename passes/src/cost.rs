@@ -12,11 +12,14 @@
 //!   **ConvTranspose**: `2 * in_numel * (Cout/group * prod(kernel))`. Backward = 2x.
 //! - **Elementwise**: `out_numel`; transcendentals (exp, log, erf, tanh, sigmoid, trig,
 //!   gelu, softplus, mish, pow, elu/selu/celu) ~4 per element. Backward ~1x forward.
-//! - **Softmax / LogSoftmax**: 5 per element; **LayerNorm / InstanceNorm**: 8;
-//!   **BatchNorm**: 6. Backward = 2x.
+//! - **Softmax / LogSoftmax**: 5 per element; **LayerNorm / InstanceNorm / GroupNorm /
+//!   MeanVarianceNormalization / LpNormalization**: 8; **BatchNorm**: 6; **Hardmax**: 2;
+//!   **LRN**: `2 * size + 4`. Backward = 2x.
 //! - **Pools**: `out_numel * prod(kernel)`; global pools `in_numel`. Backward 1x.
-//! - **Reductions, ArgMax/ArgMin, CumSum**: `in_numel`. Backward 1x.
-//! - **Gather / GatherElements / GatherND**: `out_numel`. Backward 1x (scatter-add).
+//! - **Reductions, ArgMax/ArgMin, CumSum, CumProd, TopK**: `in_numel`. Backward 1x.
+//!   **Det**: `in_numel * M` (an LU factorisation of each `M x M` matrix). Backward 2x.
+//! - **Gather / GatherElements / GatherND**: `out_numel`; **ScatterND / ScatterElements /
+//!   Scatter**: `in_numel` (the copied data). Backward 1x (scatter-add or gather).
 //! - **Shape and data-movement ops** (Reshape, Transpose, Concat, Slice, Split, Pad, Expand,
 //!   Tile, ...): 0 flops, but their bytes moved count.
 //!
@@ -111,14 +114,28 @@ impl OpClass {
             | Op::LogSoftmax(_)
             | Op::LayerNormalization(_)
             | Op::BatchNormalization(_)
-            | Op::InstanceNormalization { .. } => OpClass::Normalization,
+            | Op::InstanceNormalization { .. }
+            | Op::GroupNormalization(_)
+            | Op::MeanVarianceNormalization { .. }
+            | Op::LpNormalization { .. }
+            | Op::Lrn(_)
+            | Op::Hardmax(_) => OpClass::Normalization,
             Op::MaxPool(_) | Op::AveragePool(_) | Op::GlobalAveragePool | Op::GlobalMaxPool => {
                 OpClass::Pool
             }
-            Op::Reduce(_) | Op::ArgMax { .. } | Op::ArgMin { .. } | Op::CumSum { .. } => {
-                OpClass::Reduction
-            }
-            Op::Gather { .. } | Op::GatherElements { .. } | Op::GatherND { .. } => OpClass::Gather,
+            Op::Reduce(_)
+            | Op::ArgMax { .. }
+            | Op::ArgMin { .. }
+            | Op::CumSum { .. }
+            | Op::CumProd { .. }
+            | Op::TopK { .. }
+            | Op::Det => OpClass::Reduction,
+            Op::Gather { .. }
+            | Op::GatherElements { .. }
+            | Op::GatherND { .. }
+            | Op::ScatterND { .. }
+            | Op::ScatterElements { .. }
+            | Op::Scatter { .. } => OpClass::Gather,
             op if op.is_elementwise() => OpClass::Elementwise,
             _ => OpClass::DataMovement,
         }
@@ -445,14 +462,30 @@ fn flops(g: &Graph, n: NodeId, export: i64) -> (Lin, f64) {
             (in_numel.scale(2.0 * per_in as f64), 2.0)
         }
         Op::Softmax(_) | Op::LogSoftmax(_) => (out_numel.scale(5.0), 2.0),
-        Op::LayerNormalization(_) | Op::InstanceNormalization { .. } => (first_out.scale(8.0), 2.0),
+        Op::LayerNormalization(_)
+        | Op::InstanceNormalization { .. }
+        | Op::GroupNormalization(_)
+        | Op::MeanVarianceNormalization { .. }
+        | Op::LpNormalization { .. } => (first_out.scale(8.0), 2.0),
+        Op::Hardmax(_) => (first_out.scale(2.0), 2.0),
+        Op::Lrn(l) => (first_out.scale(2.0 * l.size as f64 + 4.0), 2.0),
+        Op::Det => {
+            let m = ty_in(0)
+                .and_then(|t| t.shape.dims().last().copied())
+                .unwrap_or(Dim::Fixed(1));
+            (mul_dim(in_numel, m, export), 2.0)
+        }
         Op::BatchNormalization(_) => (first_out.scale(6.0), 2.0),
         Op::MaxPool(p) | Op::AveragePool(p) => (first_out.scale(kernel_prod(&p.window)), 1.0),
         Op::GlobalAveragePool | Op::GlobalMaxPool => (in_numel, 1.0),
-        Op::Reduce(_) | Op::ArgMax { .. } | Op::ArgMin { .. } | Op::CumSum { .. } => {
-            (in_numel, 1.0)
-        }
+        Op::Reduce(_)
+        | Op::ArgMax { .. }
+        | Op::ArgMin { .. }
+        | Op::CumSum { .. }
+        | Op::CumProd { .. }
+        | Op::TopK { .. } => (in_numel, 1.0),
         Op::Gather { .. } | Op::GatherElements { .. } | Op::GatherND { .. } => (out_numel, 1.0),
+        Op::ScatterND { .. } | Op::ScatterElements { .. } | Op::Scatter { .. } => (in_numel, 1.0),
         op if op.is_elementwise() => (
             out_numel.scale(if is_transcendental(op) { 4.0 } else { 1.0 }),
             1.0,
