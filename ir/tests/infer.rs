@@ -629,3 +629,58 @@ fn range_over_the_batch_and_gather_nd() {
         .output("y");
     assert_shape_error(&bad, &["\"pick\"", "do not fit"]);
 }
+
+/// TopK's two outputs take `k` (an initializer) at the axis; OneHot inserts the known
+/// depth at its axis; EyeLike keeps the shape with its own dtype; Det drops the matrix
+/// axes and keeps the batch.
+#[test]
+fn indexing_and_matrix_op_shapes() {
+    let m = ModelBuilder::new(18)
+        .input("x", F32, &[Ax::Param("batch"), Ax::Fixed(6), Ax::Fixed(3), Ax::Fixed(3)])
+        .input("i", I64, &[Ax::Param("batch"), Ax::Fixed(5)])
+        .input("m", F32, &[Ax::Param("batch"), Ax::Fixed(4)])
+        .init(tensor_i64("k", &[1], &[2]))
+        .init(tensor_i64("depth", &[], &[7]))
+        .init(tensor_f32("onoff", &[2], &[0.0, 1.0]))
+        .node(node("TopK", "top", &["x", "k"], &["v", "vi"]).int("axis", 1))
+        .node(node("OneHot", "hot", &["i", "depth", "onoff"], &["h"]).int("axis", -2))
+        .node(node("EyeLike", "eye", &["m"], &["e"]).int("dtype", 7).int("k", 1))
+        .node(node("Det", "det", &["x"], &["d"]))
+        .output("v")
+        .output("vi")
+        .output("h")
+        .output("e")
+        .output("d");
+    let g = import(&m);
+    assert_eq!(ty(&g, "v"), "f32[N,2,3,3]");
+    assert_eq!(ty(&g, "vi"), "i64[N,2,3,3]");
+    assert_eq!(ty(&g, "h"), "f32[N,7,5]");
+    assert_eq!(ty(&g, "e"), "i64[N,4]");
+    assert_eq!(ty(&g, "d"), "f32[N,6]");
+    let too_many = ModelBuilder::new(18)
+        .input("x", F32, &fixed(&[2, 3]))
+        .init(tensor_i64("k", &[1], &[4]))
+        .node(node("TopK", "top", &["x", "k"], &["v", "vi"]))
+        .output("v");
+    assert_shape_error(&too_many, &["\"top\"", "k = 4 does not fit"]);
+    let not_square = model(18, &[2, 3, 4], vec![node("Det", "det", &["x"], &["d"])], &["d"]);
+    assert_shape_error(&not_square, &["\"det\"", "[*, M, M]"]);
+}
+
+/// Scatter reductions exist from the opset that introduced them: `max` at opset 16 is
+/// rejected at import with the reason, `add` accepted.
+#[test]
+fn scatter_reductions_follow_the_opset() {
+    let scatter = |opset: i64, reduction: &str| {
+        ModelBuilder::new(opset)
+            .input("x", F32, &fixed(&[4, 3]))
+            .input("u", F32, &fixed(&[2, 3]))
+            .init(tensor_i64("i", &[2, 1], &[0, 2]))
+            .node(node("ScatterND", "sc", &["x", "i", "u"], &["y"]).string("reduction", reduction))
+            .output("y")
+    };
+    assert_eq!(ty(&import(&scatter(16, "add")), "y"), "f32[4,3]");
+    assert_eq!(ty(&import(&scatter(18, "max")), "y"), "f32[4,3]");
+    let e = import_err(&scatter(16, "max")).to_string();
+    assert!(e.contains("reduction=\"max\" is not a scatter reduction"), "{e}");
+}
