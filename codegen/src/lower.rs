@@ -257,6 +257,22 @@ fn norm_kernel(op: &Op) -> Kernel {
             per_channel: g.per_channel,
         }),
         Op::Det => Kernel::Det,
+        Op::Rnn(r) => Kernel::Rnn(rt::Rnn {
+            cell: match r.cell {
+                ir::RnnCell::Rnn => rt::RnnCell::Rnn,
+                ir::RnnCell::Gru => rt::RnnCell::Gru,
+                ir::RnnCell::Lstm => rt::RnnCell::Lstm,
+            },
+            hidden_size: r.hidden_size,
+            direction: match r.direction {
+                ir::RnnDirection::Forward => rt::RnnDirection::Forward,
+                ir::RnnDirection::Reverse => rt::RnnDirection::Reverse,
+                ir::RnnDirection::Bidirectional => rt::RnnDirection::Bidirectional,
+            },
+            batch_major: r.batch_major,
+            clip: r.clip,
+            linear_before_reset: r.linear_before_reset,
+        }),
         // Within one program a crossing is the identity; stage modules split here.
         Op::StageBoundary { .. } => Kernel::Unary(rt::UnaryKind::Identity),
         other => unreachable!("{} is lowered by `kernel`", other.name()),

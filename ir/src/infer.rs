@@ -56,6 +56,7 @@ pub fn infer(op: &Op, ins: &[Option<In>], n_out: usize, ctx: Ctx) -> R<Vec<Tenso
         Op::Hardmax(s) => axis_op(x()?, s.axis, s.coerce_2d),
         Op::LpNormalization { axis, .. } => axis_op(x()?, *axis, false),
         Op::TopK { axis, .. } => top_k(x()?, req(1)?, *axis),
+        Op::Rnn(r) => rnn(r, x()?, req(1)?, req(2)?, ctx),
         Op::OneHot { axis } => one_hot(req(0)?, req(1)?, req(2)?, *axis),
         Op::EyeLike { dtype, .. } => {
             let t = &x()?.ty;
@@ -656,6 +657,29 @@ fn axis_op(x: In, axis: i64, coerce_2d: bool) -> R<Vec<TensorType>> {
         return Err(format!("axis {axis} out of range for {}", t.shape));
     }
     Ok(vec![(*t).clone()])
+}
+
+/// RNN/GRU/LSTM outputs: `Y` `[T, D, B, H]` and the final states `[D, B, H]` (one for
+/// RNN/GRU, hidden and cell for LSTM); batch-major (`layout = 1`): `[B, T, D, H]`, `[B, D, H]`.
+fn rnn(r: &Rnn, x: In, w: In, rec: In, ctx: Ctx) -> R<Vec<TensorType>> {
+    let (xs, ws, rs) = (&x.ty.shape, &w.ty.shape, &rec.ty.shape);
+    let (d, gh, h) = (r.directions(), r.gates() * r.hidden_size, r.hidden_size);
+    if xs.rank() != 3 || ws.rank() != 3 || rs.rank() != 3 {
+        return Err(format!("X {xs}, W {ws} and R {rs} must be 3-D"));
+    }
+    // Weights of one direction exported at batch 1 may carry the batch symbol on axis 0.
+    let fits = |s: &Shape, want: [Dim; 3]| s.0.iter().zip(want).all(|(&a, b)| dims_agree(a, b, ctx));
+    let (dd, gg) = (Dim::Fixed(d), Dim::Fixed(gh));
+    if !fits(ws, [dd, gg, xs.0[2]]) || !fits(rs, [dd, gg, Dim::Fixed(h)]) {
+        return Err(format!("W {ws} and R {rs} must be [{d}, {gh}, input] and [{d}, {gh}, {h}] for X {xs}"));
+    }
+    let (t, b) = if r.batch_major { (xs.0[1], xs.0[0]) } else { (xs.0[0], xs.0[1]) };
+    let (d, h) = (Dim::Fixed(d), Dim::Fixed(h));
+    let (y, state) = if r.batch_major { (vec![b, t, d, h], vec![b, d, h]) } else { (vec![t, d, b, h], vec![d, b, h]) };
+    let n_states = if r.cell == RnnCell::Lstm { 2 } else { 1 };
+    let mut outs = vec![TensorType::new(x.ty.dtype, Shape(y))];
+    outs.extend(std::iter::repeat_n(TensorType::new(x.ty.dtype, Shape(state)), n_states));
+    Ok(outs)
 }
 
 /// TopK's values and indices: the input's shape with extent `k` (input 1) at the axis.

@@ -152,6 +152,51 @@ pub struct GroupNorm {
     pub per_channel: bool,
 }
 
+/// The recurrent cell of an RNN, GRU or LSTM node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RnnCell {
+    Rnn,
+    Gru,
+    Lstm,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RnnDirection {
+    Forward,
+    Reverse,
+    Bidirectional,
+}
+
+/// RNN/GRU/LSTM with their default activations (Tanh; Sigmoid, Tanh; Sigmoid, Tanh, Tanh).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Rnn {
+    pub cell: RnnCell,
+    pub hidden_size: i64,
+    pub direction: RnnDirection,
+    /// `layout = 1` (opset 14): X, Y and the states are batch-major.
+    pub batch_major: bool,
+    /// Bounds the gates' pre-activations to `[-clip, clip]`.
+    pub clip: Option<f32>,
+    /// GRU: the reset gate multiplies the recurrent projection (with its bias) rather than
+    /// the previous state.
+    pub linear_before_reset: bool,
+}
+
+impl Rnn {
+    /// Gates per direction: 1 (RNN), 3 (GRU: z, r, h) or 4 (LSTM: i, o, f, c).
+    pub fn gates(&self) -> i64 {
+        match self.cell {
+            RnnCell::Rnn => 1,
+            RnnCell::Gru => 3,
+            RnnCell::Lstm => 4,
+        }
+    }
+
+    pub fn directions(&self) -> i64 {
+        if self.direction == RnnDirection::Bidirectional { 2 } else { 1 }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct Softmax {
     pub axis: i64,
@@ -273,6 +318,7 @@ pub enum Op {
     GroupNormalization(GroupNorm),
     ReverseSequence { batch_axis: i64, time_axis: i64 },
     Det,
+    Rnn(Rnn),
     /// Not an ONNX op: the crossing of a tensor from pipeline stage `from` to stage
     /// `from + 1` (a send on one side, a receive on the other), inserted by the partition
     /// pass. Identity on the value; its gradient crosses back the same way.
@@ -356,6 +402,11 @@ impl Op {
             Op::GroupNormalization(_) => "GroupNormalization",
             Op::ReverseSequence { .. } => "ReverseSequence",
             Op::Det => "Det",
+            Op::Rnn(r) => match r.cell {
+                RnnCell::Rnn => "RNN",
+                RnnCell::Gru => "GRU",
+                RnnCell::Lstm => "LSTM",
+            },
             Op::StageBoundary { .. } => "StageBoundary",
         }
     }
@@ -560,6 +611,18 @@ impl Op {
                 a.i("batch_axis", *batch_axis);
                 a.i("time_axis", *time_axis);
             }
+            Op::Rnn(r) => {
+                a.i("hidden_size", r.hidden_size);
+                a.s("direction", rnn_direction_name(r.direction));
+                // Opset 14's attribute: given only when set.
+                a.flag("layout", r.batch_major);
+                if let Some(c) = r.clip {
+                    a.f("clip", c);
+                }
+                if r.cell == RnnCell::Gru {
+                    a.b("linear_before_reset", r.linear_before_reset);
+                }
+            }
             Op::StageBoundary { from, to } => {
                 a.i("from", i64::from(*from));
                 a.i("to", i64::from(*to));
@@ -657,6 +720,14 @@ pub fn scatter_reduction_name(r: ScatterReduction) -> &'static str {
         ScatterReduction::Mul => "mul",
         ScatterReduction::Max => "max",
         ScatterReduction::Min => "min",
+    }
+}
+
+pub fn rnn_direction_name(d: RnnDirection) -> &'static str {
+    match d {
+        RnnDirection::Forward => "forward",
+        RnnDirection::Reverse => "reverse",
+        RnnDirection::Bidirectional => "bidirectional",
     }
 }
 

@@ -81,6 +81,7 @@ specs! {
     "EyeLike": [9, 22] from 9, in 1..1, out 1..1;
     "Flatten": [1, 9, 11, 13, 21, 23, 24, 25] from 1, in 1..1, out 1..1;
     "Floor": [1, 6, 13] from 1, in 1..1, out 1..1;
+    "GRU": [1, 3, 7, 14, 22] from 7, in 3..6, out 0..2;
     "Gather": [1, 11, 13] from 1, in 2..2, out 1..1;
     "GatherElements": [11, 13] from 11, in 2..2, out 1..1;
     "GatherND": [11, 12, 13] from 11, in 2..2, out 1..1;
@@ -99,6 +100,7 @@ specs! {
     "IsInf": [10, 20] from 10, in 1..1, out 1..1;
     "IsNaN": [9, 13, 20] from 9, in 1..1, out 1..1;
     "LRN": [1, 13] from 1, in 1..1, out 1..1;
+    "LSTM": [1, 7, 14, 22] from 7, in 3..8, out 0..3;
     "LayerNormalization": [17] from 17, in 2..3, out 1..3;
     "LeakyRelu": [1, 6, 16] from 1, in 1..1, out 1..1;
     "Less": [1, 7, 9, 13] from 7, in 2..2, out 1..1;
@@ -122,6 +124,7 @@ specs! {
     "PRelu": [1, 6, 7, 9, 16] from 7, in 2..2, out 1..1;
     "Pad": [1, 2, 11, 13, 18, 19, 21, 23, 24, 25] from 2, in 1..4, out 1..1;
     "Pow": [1, 7, 12, 13, 15] from 7, in 2..2, out 1..1;
+    "RNN": [1, 7, 14, 22] from 7, in 3..6, out 0..2;
     "Range": [11, 27] from 11, in 3..3, out 1..1;
     "Reciprocal": [1, 6, 13] from 1, in 1..1, out 1..1;
     "ReduceL1": [1, 11, 13, 18] from 1, in 1..2, out 1..1;

@@ -9,6 +9,9 @@ use std::path::Path;
 use common::*;
 use pipewright_ir::summary::Summary;
 use pipewright_ir::{import_bytes, verify, BatchMode, Graph, ImportError, ImportOptions};
+use onnx_protobuf::attribute_proto::AttributeType;
+use onnx_protobuf::AttributeProto;
+use protobuf::EnumOrUnknown;
 
 fn try_import(m: &ModelBuilder, batch: BatchMode) -> Result<Graph, ImportError> {
     import_bytes(&m.bytes(), Path::new("."), &ImportOptions { batch, ..ImportOptions::default() })
@@ -683,4 +686,52 @@ fn scatter_reductions_follow_the_opset() {
     assert_eq!(ty(&import(&scatter(18, "max")), "y"), "f32[4,3]");
     let e = import_err(&scatter(16, "max")).to_string();
     assert!(e.contains("reduction=\"max\" is not a scatter reduction"), "{e}");
+}
+
+/// LSTM outputs in both layouts (with the batch symbol on X's batch axis), and the
+/// importer's rejection of activations other than the defaults.
+#[test]
+fn recurrent_op_shapes_and_activations() {
+    let lstm = |layout: i64, x: &[Ax]| {
+        ModelBuilder::new(14)
+            .input("x", F32, x)
+            .init(tensor_f32_zeros("w", &[2, 16, 3]))
+            .init(tensor_f32_zeros("r", &[2, 16, 4]))
+            .node(
+                node("LSTM", "lstm", &["x", "w", "r"], &["y", "yh", "yc"])
+                    .int("hidden_size", 4)
+                    .int("layout", layout)
+                    .string("direction", "bidirectional"),
+            )
+            .output("y")
+            .output("yh")
+            .output("yc")
+    };
+    let g = import(&lstm(1, &[Ax::Param("batch"), Ax::Fixed(5), Ax::Fixed(3)]));
+    assert_eq!(ty(&g, "y"), "f32[N,5,2,4]");
+    assert_eq!(ty(&g, "yh"), "f32[N,2,4]");
+    assert_eq!(ty(&g, "yc"), "f32[N,2,4]");
+    // Time-major X: `--batch auto` would take its axis 0 (time) for the batch.
+    let g = import_mode(&lstm(0, &fixed(&[5, 6, 3])), BatchMode::Fixed);
+    assert_eq!(ty(&g, "y"), "f32[5,2,6,4]");
+    assert_eq!(ty(&g, "yh"), "f32[2,6,4]");
+    let wrong_width = lstm(0, &fixed(&[5, 6, 2]));
+    assert_shape_error(&wrong_width, &["\"lstm\"", "must be [2, 16, input]"]);
+    let activations = |names: &[&str]| {
+        let list = AttributeProto {
+            name: "activations".into(),
+            type_: EnumOrUnknown::new(AttributeType::STRINGS),
+            strings: names.iter().map(|s| s.as_bytes().to_vec()).collect(),
+            ..Default::default()
+        };
+        ModelBuilder::new(14)
+            .input("x", F32, &fixed(&[5, 6, 3]))
+            .init(tensor_f32_zeros("w", &[1, 6, 3]))
+            .init(tensor_f32_zeros("r", &[1, 6, 2]))
+            .node(node("GRU", "gru", &["x", "w", "r"], &["y"]).int("hidden_size", 2).attr(list))
+            .output("y")
+    };
+    assert_eq!(ty(&import_mode(&activations(&["Sigmoid", "Tanh"]), BatchMode::Fixed), "y"), "f32[5,1,6,2]");
+    let e = import_err(&activations(&["Relu", "Tanh"])).to_string();
+    assert!(e.contains("activations [\"Relu\", \"Tanh\"] are not supported"), "{e}");
 }

@@ -8,6 +8,8 @@
 //! # Rules per op class (forward flops; backward as stated)
 //! - **MatMul / Gemm / Einsum**: `2*M*N*K` (= `2 * out_numel * K`; Einsum: 2 * the product of
 //!   every index extent). Backward = 2x forward (both operand gradients).
+//! - **RNN / GRU / LSTM**: `2 * D * G * H * (I + H)` per step and batch row (`G` gates,
+//!   `D` directions, input width `I`), i.e. `in_numel * 2DGH(I + H) / I`. Backward = 2x.
 //! - **Conv**: `2 * out_numel * (Cin/group * prod(kernel))` (the weight's dims 1..).
 //!   **ConvTranspose**: `2 * in_numel * (Cout/group * prod(kernel))`. Backward = 2x.
 //! - **Elementwise**: `out_numel`; transcendentals (exp, log, erf, tanh, sigmoid, trig,
@@ -108,7 +110,7 @@ pub enum OpClass {
 impl OpClass {
     pub fn of(op: &Op) -> OpClass {
         match op {
-            Op::MatMul | Op::Gemm(_) | Op::Einsum { .. } => OpClass::MatMul,
+            Op::MatMul | Op::Gemm(_) | Op::Einsum { .. } | Op::Rnn(_) => OpClass::MatMul,
             Op::Conv(_) | Op::ConvTranspose(_) => OpClass::Conv,
             Op::Softmax(_)
             | Op::LogSoftmax(_)
@@ -468,6 +470,14 @@ fn flops(g: &Graph, n: NodeId, export: i64) -> (Lin, f64) {
         | Op::MeanVarianceNormalization { .. }
         | Op::LpNormalization { .. } => (first_out.scale(8.0), 2.0),
         Op::Hardmax(_) => (first_out.scale(2.0), 2.0),
+        Op::Rnn(r) => {
+            let i = ty_in(0)
+                .and_then(|t| t.shape.dims().last().and_then(|d| d.fixed()))
+                .unwrap_or(1)
+                .max(1) as f64;
+            let (d, gh, h) = ((r.directions() * r.gates()) as f64, r.hidden_size as f64, r.hidden_size as f64);
+            (in_numel.scale(2.0 * d * gh * (i + h) / i), 2.0)
+        }
         Op::Lrn(l) => (first_out.scale(2.0 * l.size as f64 + 4.0), 2.0),
         Op::Det => {
             let m = ty_in(0)

@@ -11,6 +11,7 @@ mod index;
 mod nn;
 mod norm;
 mod reduce;
+mod rnn;
 mod shape;
 mod util;
 mod window;
@@ -195,6 +196,7 @@ fn dispatch_index(k: &Kernel, ins: &[Option<&Tensor>]) -> R<Vec<Tensor>> {
         MeanVarianceNormalization { axes } => one(norm::mean_variance_normalization(x()?, axes)),
         GroupNormalization(g) => one(norm::group_normalization(g, ins)),
         Det => one(norm::det(x()?)),
+        Rnn(r) => rnn::rnn(r, ins),
         _ => dispatch_reduce(k, ins),
     }
 }

@@ -204,6 +204,31 @@ pub struct GroupNorm {
     pub per_channel: bool,
 }
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum RnnCell {
+    Rnn, Gru, Lstm,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum RnnDirection {
+    Forward, Reverse, Bidirectional,
+}
+
+/// RNN/GRU/LSTM with the default activations. Inputs in ONNX order (X, W, R, B,
+/// sequence_lens, initial_h, and for LSTM initial_c, P); outputs Y, Y_h (and Y_c).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Rnn {
+    pub cell: RnnCell,
+    pub hidden_size: i64,
+    pub direction: RnnDirection,
+    /// `layout = 1`: X, Y and the states are batch-major.
+    pub batch_major: bool,
+    /// Bounds the gates' pre-activations to `[-clip, clip]`.
+    pub clip: Option<f32>,
+    /// GRU: the reset gate multiplies the recurrent projection (with its bias).
+    pub linear_before_reset: bool,
+}
+
 /// `(starts, ends, axes)` of the Slice attribute form.
 pub type SliceAttrs = (Vec<i64>, Vec<i64>, Option<Vec<i64>>);
 
@@ -320,6 +345,7 @@ pub enum Kernel {
     GroupNormalization(GroupNorm),
     ReverseSequence { batch_axis: i64, time_axis: i64 },
     Det,
+    Rnn(Rnn),
 }
 
 impl Kernel {
@@ -370,6 +396,11 @@ fn plain_name(k: &Kernel) -> &'static str {
         MeanVarianceNormalization { .. } => "MeanVarianceNormalization", EyeLike { .. } => "EyeLike",
         GroupNormalization(_) => "GroupNormalization", ReverseSequence { .. } => "ReverseSequence",
         Det => "Det",
+        Rnn(r) => match r.cell {
+            RnnCell::Rnn => "RNN",
+            RnnCell::Gru => "GRU",
+            RnnCell::Lstm => "LSTM",
+        },
         Unary(_) | Binary(_) | Variadic(_) | Reduce(_) => "?",
     }
 }

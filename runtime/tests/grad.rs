@@ -716,3 +716,56 @@ fn normalisation_ops() {
     }
     g1(Kernel::Det, vec![In::D(normal(&[2, 3, 3], 207))]);
 }
+
+fn rnn_kernel(cell: RnnCell, direction: RnnDirection, batch_major: bool, linear_before_reset: bool, clip: Option<f32>) -> Kernel {
+    Kernel::Rnn(Rnn { cell, hidden_size: 2, direction, batch_major, clip, linear_before_reset })
+}
+
+/// RNN, GRU and LSTM through time (T = 3, B = 2, I = 3, H = 2) in every direction, in the
+/// input, both weights, the bias and the initial states (and LSTM peepholes); with
+/// per-row sequence lengths, batch-major layout and clipping in some cases. Every output
+/// (Y, Y_h and, for LSTM, Y_c) enters the loss.
+#[test]
+fn recurrent_ops() {
+    use RnnDirection::*;
+    let (t, b, i, h) = (3i64, 2i64, 3i64, 2i64);
+    let cells = [(RnnCell::Rnn, 1i64), (RnnCell::Gru, 3), (RnnCell::Lstm, 4)];
+    for (ci, (cell, g)) in cells.into_iter().enumerate() {
+        for (di, direction) in [Forward, Reverse, Bidirectional].into_iter().enumerate() {
+            let d = if direction == Bidirectional { 2 } else { 1 };
+            let seed = 300 + 20 * ci as u64 + 5 * di as u64;
+            let batch_major = direction == Reverse;
+            let x_shape: &[i64] = if batch_major { &[b, t, i] } else { &[t, b, i] };
+            let state_shape: &[i64] = if batch_major { &[b, d, h] } else { &[d, b, h] };
+            let lens = if direction == Bidirectional { In::F(i64s(&[3, 2], &[2])) } else { In::N };
+            let mut ins = vec![
+                In::D(normal(x_shape, seed)),
+                In::D(normal(&[d, g * h, i], seed + 1)),
+                In::D(normal(&[d, g * h, h], seed + 2)),
+                In::D(normal(&[d, 2 * g * h], seed + 3)),
+                lens,
+                In::D(normal(state_shape, seed + 4)),
+            ];
+            if cell == RnnCell::Lstm {
+                ins.push(In::D(normal(state_shape, seed + 5)));
+                ins.push(In::D(normal(&[d, 3 * h], seed + 6)));
+            }
+            let clip = if direction == Forward { Some(0.9) } else { None };
+            for lbr in if cell == RnnCell::Gru { vec![false, true] } else { vec![false] } {
+                let k = rnn_kernel(cell, direction, batch_major, lbr, clip);
+                let ins = ins.iter().map(|x| match x {
+                    In::D(t) => In::D(t.copy()),
+                    In::F(t) => In::F(t.copy()),
+                    In::N => In::N,
+                });
+                gradcheck(&k, ins.collect(), if cell == RnnCell::Lstm { 3 } else { 2 });
+            }
+        }
+    }
+    // Only X, W and R (no bias, states or peepholes).
+    for (cell, g) in cells {
+        let k = rnn_kernel(cell, Forward, false, false, None);
+        let n_out = if cell == RnnCell::Lstm { 3 } else { 2 };
+        gradcheck(&k, vec![In::D(normal(&[t, b, i], 390)), In::D(normal(&[1, g * h, i], 391)), In::D(normal(&[1, g * h, h], 392))], n_out);
+    }
+}

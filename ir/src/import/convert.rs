@@ -229,6 +229,9 @@ fn convert_op(op_type: &str, version: i64, a: &mut Attrs, n_inputs: usize) -> Re
         }
         "ReverseSequence" => Op::ReverseSequence { batch_axis: a.int_or("batch_axis", 1)?, time_axis: a.int_or("time_axis", 0)? },
         "Det" => Op::Det,
+        "RNN" => rnn(a, version, RnnCell::Rnn)?,
+        "GRU" => rnn(a, version, RnnCell::Gru)?,
+        "LSTM" => rnn(a, version, RnnCell::Lstm)?,
         other => match reduce_kind(other) {
             Some(kind) => {
                 // ReduceSum took axes as an input from 13, the others from 18.
@@ -256,6 +259,45 @@ fn scatter_reduction(a: &mut Attrs, version: i64) -> Result<ScatterReduction, St
         Some(other) => return Err(format!("reduction={other:?} is not a scatter reduction at this opset")),
     };
     Ok(r)
+}
+
+/// RNN/GRU/LSTM. Only the default activations are implemented: an `activations` list is
+/// accepted when it names them (per direction), other lists are rejected, and so are
+/// `activation_alpha`/`activation_beta` (which only parameterise other activations).
+fn rnn(a: &mut Attrs, version: i64, cell: RnnCell) -> Result<Op, String> {
+    let hidden_size = a.int("hidden_size")?.ok_or("attribute \"hidden_size\" is required")?;
+    if hidden_size < 1 {
+        return Err(format!("hidden_size={hidden_size} must be positive"));
+    }
+    let direction = match a.string("direction")?.as_deref() {
+        None | Some("forward") => RnnDirection::Forward,
+        Some("reverse") => RnnDirection::Reverse,
+        Some("bidirectional") => RnnDirection::Bidirectional,
+        Some(other) => return Err(format!("direction={other:?} is not an RNN direction")),
+    };
+    let defaults: &[&str] = match cell {
+        RnnCell::Rnn => &["Tanh"],
+        RnnCell::Gru => &["Sigmoid", "Tanh"],
+        RnnCell::Lstm => &["Sigmoid", "Tanh", "Tanh"],
+    };
+    if let Some(list) = a.strings("activations")? {
+        let dirs = if direction == RnnDirection::Bidirectional { 2 } else { 1 };
+        let want: Vec<&str> = defaults.iter().copied().cycle().take(defaults.len() * dirs).collect();
+        if !list.iter().map(|s| s.as_str()).eq(want.iter().copied()) {
+            return Err(format!("activations {list:?} are not supported (only the defaults {defaults:?})"));
+        }
+    }
+    if cell == RnnCell::Lstm && a.bool_or("input_forget", false)? {
+        return Err("input_forget=1 (coupled input and forget gates) is not supported".into());
+    }
+    Ok(Op::Rnn(Rnn {
+        cell,
+        hidden_size,
+        direction,
+        batch_major: version >= 14 && a.bool_or("layout", false)?,
+        clip: a.float("clip")?,
+        linear_before_reset: cell == RnnCell::Gru && a.bool_or("linear_before_reset", false)?,
+    }))
 }
 
 /// Reads the convolution/pool window attributes.
