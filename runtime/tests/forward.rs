@@ -572,3 +572,13 @@ fn rnn_sequence_lengths_match_truncated_rows() {
         }
     }
 }
+
+/// LpNormalization leaves an all-zero vector zero (the reference's norm of 1), not NaN.
+#[test]
+fn lp_normalization_of_a_zero_vector() {
+    let x = f64s(&[3.0, 0.0, 4.0, 0.0], &[2, 2]);
+    let y = one(Kernel::LpNormalization { axis: 0, p: 2 }, &[&x]);
+    assert_close(&to_f64(&y), &[0.6, 0.0, 0.8, 0.0], 1e-12);
+    let y = one(Kernel::LpNormalization { axis: 1, p: 1 }, &[&x]);
+    assert_close(&to_f64(&y), &[1.0, 0.0, 1.0, 0.0], 1e-12);
+}

@@ -24,7 +24,8 @@ pub(crate) fn hardmax(x: &Tensor, s: &Softmax) -> R<Tensor> {
     Ok(hard(&x.f_reshape([outer, inner])?, 1)?.f_reshape(&shape)?)
 }
 
-/// LpNormalization: `x / ||x||_p` along the axis, `p` 1 or 2.
+/// LpNormalization: `x / ||x||_p` along the axis, `p` 1 or 2; an all-zero vector stays
+/// zero (its norm is taken as 1, as the reference does) rather than becoming NaN.
 pub(crate) fn lp_normalization(x: &Tensor, axis: i64, p: i64) -> R<Tensor> {
     let a = norm_axis(axis, x.dim())?;
     let norm = match p {
@@ -32,7 +33,8 @@ pub(crate) fn lp_normalization(x: &Tensor, axis: i64, p: i64) -> R<Tensor> {
         2 => x.f_square()?.f_sum_dim_intlist([a].as_slice(), true, None::<Kind>)?.f_sqrt()?,
         _ => return Err(invalid(format!("p = {p} is not 1 or 2"))),
     };
-    Ok(x.f_div(&norm)?)
+    let safe = norm.f_ones_like()?.f_where_self(&norm.f_eq(0.0)?, &norm)?;
+    Ok(x.f_div(&safe)?)
 }
 
 /// Shrink: `x + bias` below `-lambd`, `x - bias` above `lambd`, 0 between; the input's
