@@ -256,6 +256,53 @@ fn shape_kernel(op: &Op, n_out: usize, n_in: usize) -> Kernel {
         }),
         Op::Tile => Kernel::Tile,
         Op::CumSum { exclusive, reverse } => Kernel::CumSum { exclusive: *exclusive, reverse: *reverse },
+        Op::CumProd { exclusive, reverse } => Kernel::CumProd { exclusive: *exclusive, reverse: *reverse },
+        Op::TopK { axis, largest, sorted } => Kernel::TopK { axis: *axis, largest: *largest, sorted: *sorted },
+        Op::OneHot { axis } => Kernel::OneHot { axis: *axis },
+        Op::ScatterND { reduction } => Kernel::ScatterNd { reduction: scatter_reduction(*reduction) },
+        Op::ScatterElements { axis, reduction } => {
+            Kernel::ScatterElements { axis: *axis, reduction: scatter_reduction(*reduction) }
+        }
+        Op::Scatter { axis } => Kernel::ScatterElements { axis: *axis, reduction: rt::ScatterReduction::None },
+        Op::ReverseSequence { batch_axis, time_axis } => {
+            Kernel::ReverseSequence { batch_axis: *batch_axis, time_axis: *time_axis }
+        }
+        Op::EyeLike { dtype, k } => Kernel::EyeLike { dtype: dtype.map(elem), k: *k },
+        _ => norm_kernel(op),
+    }
+}
+
+/// The normalisations and matrix ops added with the indexing ops.
+fn norm_kernel(op: &Op) -> Kernel {
+    match op {
+        Op::Hardmax(s) => Kernel::Hardmax(rt::Softmax { axis: s.axis, coerce_2d: s.coerce_2d }),
+        Op::LpNormalization { axis, p } => Kernel::LpNormalization { axis: *axis, p: *p },
+        Op::Shrink { bias, lambd } => Kernel::Shrink { bias: *bias, lambd: *lambd },
+        Op::Lrn(l) => Kernel::Lrn(rt::Lrn { alpha: l.alpha, beta: l.beta, bias: l.bias, size: l.size }),
+        Op::MeanVarianceNormalization { axes } => Kernel::MeanVarianceNormalization { axes: axes.clone() },
+        Op::GroupNormalization(g) => Kernel::GroupNormalization(rt::GroupNorm {
+            epsilon: g.epsilon,
+            num_groups: g.num_groups,
+            stash_type: g.stash_type,
+            per_channel: g.per_channel,
+        }),
+        Op::Det => Kernel::Det,
+        Op::Rnn(r) => Kernel::Rnn(rt::Rnn {
+            cell: match r.cell {
+                ir::RnnCell::Rnn => rt::RnnCell::Rnn,
+                ir::RnnCell::Gru => rt::RnnCell::Gru,
+                ir::RnnCell::Lstm => rt::RnnCell::Lstm,
+            },
+            hidden_size: r.hidden_size,
+            direction: match r.direction {
+                ir::RnnDirection::Forward => rt::RnnDirection::Forward,
+                ir::RnnDirection::Reverse => rt::RnnDirection::Reverse,
+                ir::RnnDirection::Bidirectional => rt::RnnDirection::Bidirectional,
+            },
+            batch_major: r.batch_major,
+            clip: r.clip,
+            linear_before_reset: r.linear_before_reset,
+        }),
         // Within one program a crossing is the identity; stage modules split here.
         Op::StageBoundary { .. } => Kernel::Unary(rt::UnaryKind::Identity),
         other => unreachable!("{} is lowered by `kernel`", other.name()),
@@ -279,6 +326,14 @@ fn window(w: &ir::Window) -> rt::Window {
 
 fn pool(p: &ir::Pool) -> rt::Pool {
     rt::Pool { window: window(&p.window), ceil_mode: p.ceil_mode, count_include_pad: p.count_include_pad }
+}
+
+fn scatter_reduction(r: ir::ScatterReduction) -> rt::ScatterReduction {
+    use ir::ScatterReduction as I;
+    use rt::ScatterReduction as R;
+    match r {
+        I::None => R::None, I::Add => R::Add, I::Mul => R::Mul, I::Max => R::Max, I::Min => R::Min,
+    }
 }
 
 fn reduce_kind(k: ir::ReduceKind) -> rt::ReduceKind {

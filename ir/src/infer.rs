@@ -43,7 +43,37 @@ pub fn infer(op: &Op, ins: &[Option<In>], n_out: usize, ctx: Ctx) -> R<Vec<Tenso
         | Op::Trilu { .. }
         | Op::InstanceNormalization { .. }
         | Op::CumSum { .. }
+        | Op::CumProd { .. }
+        | Op::ScatterND { .. }
+        | Op::ScatterElements { .. }
+        | Op::Scatter { .. }
+        | Op::Shrink { .. }
+        | Op::Lrn(_)
+        | Op::MeanVarianceNormalization { .. }
+        | Op::GroupNormalization(_)
+        | Op::ReverseSequence { .. }
         | Op::StageBoundary { .. } => out1(x()?.ty.dtype, x()?.ty.shape.clone()),
+        Op::Hardmax(s) => axis_op(x()?, s.axis, s.coerce_2d),
+        Op::LpNormalization { axis, .. } => axis_op(x()?, *axis, false),
+        Op::TopK { axis, .. } => top_k(x()?, req(1)?, *axis),
+        Op::Rnn(r) => rnn(r, x()?, req(1)?, req(2)?, ctx),
+        Op::OneHot { axis } => one_hot(req(0)?, req(1)?, req(2)?, *axis),
+        Op::EyeLike { dtype, .. } => {
+            let t = &x()?.ty;
+            if t.shape.rank() != 2 {
+                return Err(format!("input must be 2-D, got {}", t.shape));
+            }
+            out1(dtype.unwrap_or(t.dtype), t.shape.clone())
+        }
+        Op::Det => {
+            let t = &x()?.ty;
+            let r = t.shape.rank();
+            // An export-batch extent may be the batch symbol on one side.
+            if r < 2 || !dims_agree(t.shape.0[r - 1], t.shape.0[r - 2], ctx) {
+                return Err(format!("input must be [*, M, M], got {}", t.shape));
+            }
+            out1(t.dtype, Shape(t.shape.0[..r - 2].to_vec()))
+        }
         Op::Softmax(s) | Op::LogSoftmax(s) => {
             let t = &x()?.ty;
             // Before opset 13 the axis splits the input into a 2-D view, so `r` is valid too.
@@ -713,6 +743,78 @@ fn attention(at: &Attention, ins: &[Option<In>]) -> R<Vec<TensorType>> {
         TensorType::new(v.dtype, Shape(vec![b, kh, total, vd])),
         TensorType::new(q.dtype, Shape(vec![b, qh, qs, total])),
     ])
+}
+
+/// An op that keeps its input's type and works along `axis`; with `coerce_2d` (before
+/// opset 13) the input is split into a 2-D view at the axis, so the rank is valid too.
+fn axis_op(x: In, axis: i64, coerce_2d: bool) -> R<Vec<TensorType>> {
+    let t = &x.ty;
+    let r = t.shape.rank() as i64;
+    let hi = if coerce_2d { r } else { r - 1 };
+    if !(-r..=hi).contains(&axis) {
+        return Err(format!("axis {axis} out of range for {}", t.shape));
+    }
+    Ok(vec![(*t).clone()])
+}
+
+/// RNN/GRU/LSTM outputs: `Y` `[T, D, B, H]` and the final states `[D, B, H]` (one for
+/// RNN/GRU, hidden and cell for LSTM); batch-major (`layout = 1`): `[B, T, D, H]`, `[B, D, H]`.
+fn rnn(r: &Rnn, x: In, w: In, rec: In, ctx: Ctx) -> R<Vec<TensorType>> {
+    let (xs, ws, rs) = (&x.ty.shape, &w.ty.shape, &rec.ty.shape);
+    let (d, gh, h) = (r.directions(), r.gates() * r.hidden_size, r.hidden_size);
+    if xs.rank() != 3 || ws.rank() != 3 || rs.rank() != 3 {
+        return Err(format!("X {xs}, W {ws} and R {rs} must be 3-D"));
+    }
+    // Weights of one direction exported at batch 1 may carry the batch symbol on axis 0.
+    let fits = |s: &Shape, want: [Dim; 3]| s.0.iter().zip(want).all(|(&a, b)| dims_agree(a, b, ctx));
+    let (dd, gg) = (Dim::Fixed(d), Dim::Fixed(gh));
+    if !fits(ws, [dd, gg, xs.0[2]]) || !fits(rs, [dd, gg, Dim::Fixed(h)]) {
+        return Err(format!("W {ws} and R {rs} must be [{d}, {gh}, input] and [{d}, {gh}, {h}] for X {xs}"));
+    }
+    let (t, b) = if r.batch_major { (xs.0[1], xs.0[0]) } else { (xs.0[0], xs.0[1]) };
+    let (d, h) = (Dim::Fixed(d), Dim::Fixed(h));
+    let (y, state) = if r.batch_major { (vec![b, t, d, h], vec![b, d, h]) } else { (vec![t, d, b, h], vec![d, b, h]) };
+    let n_states = if r.cell == RnnCell::Lstm { 2 } else { 1 };
+    let mut outs = vec![TensorType::new(x.ty.dtype, Shape(y))];
+    outs.extend(std::iter::repeat_n(TensorType::new(x.ty.dtype, Shape(state)), n_states));
+    Ok(outs)
+}
+
+/// TopK's values and indices: the input's shape with extent `k` (input 1) at the axis.
+fn top_k(x: In, k: In, axis: i64) -> R<Vec<TensorType>> {
+    let t = &x.ty;
+    let a = t.shape.axis(axis).ok_or(format!("axis {axis} out of range for {}", t.shape))?;
+    let k = match known_ints(k, "k")?.as_slice() {
+        [k] => *k,
+        v => return Err(format!("k must be one value, got {}", v.len())),
+    };
+    if k < 0 || t.shape.0[a].fixed().is_some_and(|n| k > n) {
+        return Err(format!("k = {k} does not fit axis {a} of {}", t.shape));
+    }
+    let mut d = t.shape.0.clone();
+    d[a] = Dim::Fixed(k);
+    Ok(vec![TensorType::new(t.dtype, Shape(d.clone())), TensorType::new(DType::I64, Shape(d))])
+}
+
+/// OneHot's output: the indices' shape with `depth` (input 1) inserted at `axis`, of the
+/// values' element type.
+fn one_hot(idx: In, depth: In, values: In, axis: i64) -> R<Vec<TensorType>> {
+    let depth = match depth.known.and_then(|k| k.floats()).as_deref() {
+        Some([d]) => *d as i64,
+        Some(v) => return Err(format!("depth must be one value, got {}", v.len())),
+        None => return Err("depth input is not known at import (it sets the output shape)".into()),
+    };
+    if depth < 1 {
+        return Err(format!("depth {depth} must be positive"));
+    }
+    let mut d = idx.ty.shape.0.clone();
+    let r = d.len() as i64 + 1;
+    let a = if axis < 0 { axis + r } else { axis };
+    if !(0..r).contains(&a) {
+        return Err(format!("axis {axis} out of range for output rank {r}"));
+    }
+    d.insert(a as usize, Dim::Fixed(depth));
+    Ok(vec![TensorType::new(values.ty.dtype, Shape(d))])
 }
 
 /// GatherND's output: the indices' shape without its last axis (the index tuple length

@@ -157,6 +157,82 @@ pub struct Rotary {
     pub num_heads: Option<i64>,
 }
 
+/// How ScatterND/ScatterElements combine an update with the element it lands on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ScatterReduction {
+    None,
+    Add,
+    Mul,
+    Max,
+    Min,
+}
+
+/// LRN's attributes: `y = x / (bias + alpha / size * sum_window(x^2))^beta` over `size`
+/// neighbouring channels.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Lrn {
+    pub alpha: f32,
+    pub beta: f32,
+    pub bias: f32,
+    pub size: i64,
+}
+
+/// GroupNormalization: statistics per (sample, group of channels).
+#[derive(Clone, Debug, PartialEq)]
+pub struct GroupNorm {
+    pub epsilon: f32,
+    pub num_groups: i64,
+    /// The precision of the statistics (opset 21; 1 = f32).
+    pub stash_type: i64,
+    /// Opset 21: scale and bias hold one value per channel; opset 18: one per group.
+    pub per_channel: bool,
+}
+
+/// The recurrent cell of an RNN, GRU or LSTM node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RnnCell {
+    Rnn,
+    Gru,
+    Lstm,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RnnDirection {
+    Forward,
+    Reverse,
+    Bidirectional,
+}
+
+/// RNN/GRU/LSTM with their default activations (Tanh; Sigmoid, Tanh; Sigmoid, Tanh, Tanh).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Rnn {
+    pub cell: RnnCell,
+    pub hidden_size: i64,
+    pub direction: RnnDirection,
+    /// `layout = 1` (opset 14): X, Y and the states are batch-major.
+    pub batch_major: bool,
+    /// Bounds the gates' pre-activations to `[-clip, clip]`.
+    pub clip: Option<f32>,
+    /// GRU: the reset gate multiplies the recurrent projection (with its bias) rather than
+    /// the previous state.
+    pub linear_before_reset: bool,
+}
+
+impl Rnn {
+    /// Gates per direction: 1 (RNN), 3 (GRU: z, r, h) or 4 (LSTM: i, o, f, c).
+    pub fn gates(&self) -> i64 {
+        match self.cell {
+            RnnCell::Rnn => 1,
+            RnnCell::Gru => 3,
+            RnnCell::Lstm => 4,
+        }
+    }
+
+    pub fn directions(&self) -> i64 {
+        if self.direction == RnnDirection::Bidirectional { 2 } else { 1 }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct Softmax {
     pub axis: i64,
@@ -278,6 +354,31 @@ pub enum Op {
     Pad(Pad),
     Tile,
     CumSum { exclusive: bool, reverse: bool },
+    CumProd { exclusive: bool, reverse: bool },
+    /// The `k` largest (or smallest) elements along `axis` and their indices; `k` is input
+    /// 1 and must be known at import (it sets the output shape).
+    TopK { axis: i64, largest: bool, sorted: bool },
+    /// One-hot encoding of input 0 with `depth` (input 1, known at import) inserted at
+    /// `axis`, filled with input 2's `[off, on]` values.
+    OneHot { axis: i64 },
+    ScatterND { reduction: ScatterReduction },
+    ScatterElements { axis: i64, reduction: ScatterReduction },
+    /// The deprecated (opset 9-10) name of ScatterElements without reduction.
+    Scatter { axis: i64 },
+    /// 1 at the first maximum along the axis (or, before opset 13, over the coerced 2-D
+    /// trailing block), 0 elsewhere.
+    Hardmax(Softmax),
+    LpNormalization { axis: i64, p: i64 },
+    Shrink { bias: f32, lambd: f32 },
+    Lrn(Lrn),
+    MeanVarianceNormalization { axes: Vec<i64> },
+    /// A 2-D tensor of the input's shape with ones on diagonal `k`, of `dtype` (default:
+    /// the input's).
+    EyeLike { dtype: Option<DType>, k: i64 },
+    GroupNormalization(GroupNorm),
+    ReverseSequence { batch_axis: i64, time_axis: i64 },
+    Det,
+    Rnn(Rnn),
     /// Not an ONNX op: the crossing of a tensor from pipeline stage `from` to stage
     /// `from + 1` (a send on one side, a receive on the other), inserted by the partition
     /// pass. Identity on the value; its gradient crosses back the same way.
@@ -351,6 +452,26 @@ impl Op {
             Op::Pad(_) => "Pad",
             Op::Tile => "Tile",
             Op::CumSum { .. } => "CumSum",
+            Op::CumProd { .. } => "CumProd",
+            Op::TopK { .. } => "TopK",
+            Op::OneHot { .. } => "OneHot",
+            Op::ScatterND { .. } => "ScatterND",
+            Op::ScatterElements { .. } => "ScatterElements",
+            Op::Scatter { .. } => "Scatter",
+            Op::Hardmax(_) => "Hardmax",
+            Op::LpNormalization { .. } => "LpNormalization",
+            Op::Shrink { .. } => "Shrink",
+            Op::Lrn(_) => "LRN",
+            Op::MeanVarianceNormalization { .. } => "MeanVarianceNormalization",
+            Op::EyeLike { .. } => "EyeLike",
+            Op::GroupNormalization(_) => "GroupNormalization",
+            Op::ReverseSequence { .. } => "ReverseSequence",
+            Op::Det => "Det",
+            Op::Rnn(r) => match r.cell {
+                RnnCell::Rnn => "RNN",
+                RnnCell::Gru => "GRU",
+                RnnCell::Lstm => "LSTM",
+            },
             Op::StageBoundary { .. } => "StageBoundary",
         }
     }
@@ -366,7 +487,7 @@ impl Op {
         let mut a = Attrs::default();
         match self {
             Op::Unary(_) | Op::Variadic(_) | Op::MatMul | Op::GlobalAveragePool | Op::GlobalMaxPool | Op::Expand => {}
-            Op::Where | Op::CastLike | Op::Size | Op::Range | Op::Tile => {}
+            Op::Where | Op::CastLike | Op::Size | Op::Range | Op::Tile | Op::Det => {}
             Op::Binary(b) => a.flag("fmod", *b == BinaryOp::Fmod),
             Op::LeakyRelu { alpha } | Op::Elu { alpha } | Op::Celu { alpha } | Op::ThresholdedRelu { alpha } => a.f("alpha", *alpha),
             Op::Selu { alpha, gamma } => {
@@ -521,9 +642,67 @@ impl Op {
                     a.f("value", *value);
                 }
             }
-            Op::CumSum { exclusive, reverse } => {
+            Op::CumSum { exclusive, reverse } | Op::CumProd { exclusive, reverse } => {
                 a.b("exclusive", *exclusive);
                 a.b("reverse", *reverse);
+            }
+            Op::TopK { axis, largest, sorted } => {
+                a.i("axis", *axis);
+                // Opset 10 has neither attribute: given only when not the default (true).
+                a.unflag("largest", *largest);
+                a.unflag("sorted", *sorted);
+            }
+            Op::OneHot { axis } | Op::Scatter { axis } => a.i("axis", *axis),
+            Op::ScatterND { reduction } => a.reduction(*reduction),
+            Op::ScatterElements { axis, reduction } => {
+                a.i("axis", *axis);
+                a.reduction(*reduction);
+            }
+            Op::Hardmax(s) => a.i("axis", s.axis),
+            Op::LpNormalization { axis, p } => {
+                a.i("axis", *axis);
+                a.i("p", *p);
+            }
+            Op::Shrink { bias, lambd } => {
+                a.f("bias", *bias);
+                a.f("lambd", *lambd);
+            }
+            Op::Lrn(l) => {
+                a.f("alpha", l.alpha);
+                a.f("beta", l.beta);
+                a.f("bias", l.bias);
+                a.i("size", l.size);
+            }
+            Op::MeanVarianceNormalization { axes } => a.ints("axes", axes),
+            Op::EyeLike { dtype, k } => {
+                if let Some(d) = dtype {
+                    a.0.push(("dtype", AttrValue::DType(*d)));
+                }
+                a.i("k", *k);
+            }
+            Op::GroupNormalization(g) => {
+                a.f("epsilon", g.epsilon);
+                a.i("num_groups", g.num_groups);
+                // Opset 21's attribute: given only when not the default (1).
+                if g.stash_type != 1 {
+                    a.i("stash_type", g.stash_type);
+                }
+            }
+            Op::ReverseSequence { batch_axis, time_axis } => {
+                a.i("batch_axis", *batch_axis);
+                a.i("time_axis", *time_axis);
+            }
+            Op::Rnn(r) => {
+                a.i("hidden_size", r.hidden_size);
+                a.s("direction", rnn_direction_name(r.direction));
+                // Opset 14's attribute: given only when set.
+                a.flag("layout", r.batch_major);
+                if let Some(c) = r.clip {
+                    a.f("clip", c);
+                }
+                if r.cell == RnnCell::Gru {
+                    a.b("linear_before_reset", r.linear_before_reset);
+                }
             }
             Op::StageBoundary { from, to } => {
                 a.i("from", i64::from(*from));
@@ -563,6 +742,7 @@ impl Op {
                 | Op::Cast { .. }
                 | Op::CastLike
                 | Op::Dropout { .. }
+                | Op::Shrink { .. }
         )
     }
 }
@@ -652,6 +832,24 @@ pub fn pad_mode_name(m: PadMode) -> &'static str {
     }
 }
 
+pub fn scatter_reduction_name(r: ScatterReduction) -> &'static str {
+    match r {
+        ScatterReduction::None => "none",
+        ScatterReduction::Add => "add",
+        ScatterReduction::Mul => "mul",
+        ScatterReduction::Max => "max",
+        ScatterReduction::Min => "min",
+    }
+}
+
+pub fn rnn_direction_name(d: RnnDirection) -> &'static str {
+    match d {
+        RnnDirection::Forward => "forward",
+        RnnDirection::Reverse => "reverse",
+        RnnDirection::Bidirectional => "bidirectional",
+    }
+}
+
 pub fn auto_pad_name(p: AutoPad) -> &'static str {
     match p {
         AutoPad::NotSet => "NOTSET",
@@ -717,6 +915,18 @@ impl Attrs {
     }
     fn ints(&mut self, k: &'static str, v: &[i64]) {
         self.0.push((k, AttrValue::Ints(v.to_vec())));
+    }
+    /// A boolean given only when cleared (its default is true).
+    fn unflag(&mut self, k: &'static str, v: bool) {
+        if !v {
+            self.b(k, false);
+        }
+    }
+    /// A scatter reduction given only when set (the attribute appeared in opset 16).
+    fn reduction(&mut self, r: ScatterReduction) {
+        if r != ScatterReduction::None {
+            self.s("reduction", scatter_reduction_name(r));
+        }
     }
     /// A list given only when not empty (empty means the ONNX default).
     fn v(&mut self, k: &'static str, v: &[i64]) {

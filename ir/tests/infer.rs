@@ -9,6 +9,9 @@ use std::path::Path;
 use common::*;
 use pipewright_ir::summary::Summary;
 use pipewright_ir::{import_bytes, verify, BatchMode, Graph, ImportError, ImportOptions};
+use onnx_protobuf::attribute_proto::AttributeType;
+use onnx_protobuf::AttributeProto;
+use protobuf::EnumOrUnknown;
 
 fn try_import(m: &ModelBuilder, batch: BatchMode) -> Result<Graph, ImportError> {
     import_bytes(&m.bytes(), Path::new("."), &ImportOptions { batch, ..ImportOptions::default() })
@@ -723,4 +726,107 @@ fn attention_rms_norm_and_rotary_embedding() {
     let windowed = |n: onnx_protobuf::NodeProto| n.int("left_window_size", 2);
     assert!(import_err(&att(&[2, 2, 4, 8], &[2, 2, 6, 8], windowed, 24)).to_string().contains("left_window_size"));
     import(&att(&[2, 2, 4, 8], &[2, 2, 6, 8], windowed, 25));
+}
+
+/// TopK's two outputs take `k` (an initializer) at the axis; OneHot inserts the known
+/// depth at its axis; EyeLike keeps the shape with its own dtype; Det drops the matrix
+/// axes and keeps the batch.
+#[test]
+fn indexing_and_matrix_op_shapes() {
+    let m = ModelBuilder::new(18)
+        .input("x", F32, &[Ax::Param("batch"), Ax::Fixed(6), Ax::Fixed(3), Ax::Fixed(3)])
+        .input("i", I64, &[Ax::Param("batch"), Ax::Fixed(5)])
+        .input("m", F32, &[Ax::Param("batch"), Ax::Fixed(4)])
+        .init(tensor_i64("k", &[1], &[2]))
+        .init(tensor_i64("depth", &[], &[7]))
+        .init(tensor_f32("onoff", &[2], &[0.0, 1.0]))
+        .node(node("TopK", "top", &["x", "k"], &["v", "vi"]).int("axis", 1))
+        .node(node("OneHot", "hot", &["i", "depth", "onoff"], &["h"]).int("axis", -2))
+        .node(node("EyeLike", "eye", &["m"], &["e"]).int("dtype", 7).int("k", 1))
+        .node(node("Det", "det", &["x"], &["d"]))
+        .output("v")
+        .output("vi")
+        .output("h")
+        .output("e")
+        .output("d");
+    let g = import(&m);
+    assert_eq!(ty(&g, "v"), "f32[N,2,3,3]");
+    assert_eq!(ty(&g, "vi"), "i64[N,2,3,3]");
+    assert_eq!(ty(&g, "h"), "f32[N,7,5]");
+    assert_eq!(ty(&g, "e"), "i64[N,4]");
+    assert_eq!(ty(&g, "d"), "f32[N,6]");
+    let too_many = ModelBuilder::new(18)
+        .input("x", F32, &fixed(&[2, 3]))
+        .init(tensor_i64("k", &[1], &[4]))
+        .node(node("TopK", "top", &["x", "k"], &["v", "vi"]))
+        .output("v");
+    assert_shape_error(&too_many, &["\"top\"", "k = 4 does not fit"]);
+    let not_square = model(18, &[2, 3, 4], vec![node("Det", "det", &["x"], &["d"])], &["d"]);
+    assert_shape_error(&not_square, &["\"det\"", "[*, M, M]"]);
+}
+
+/// Scatter reductions exist from the opset that introduced them: `max` at opset 16 is
+/// rejected at import with the reason, `add` accepted.
+#[test]
+fn scatter_reductions_follow_the_opset() {
+    let scatter = |opset: i64, reduction: &str| {
+        ModelBuilder::new(opset)
+            .input("x", F32, &fixed(&[4, 3]))
+            .input("u", F32, &fixed(&[2, 3]))
+            .init(tensor_i64("i", &[2, 1], &[0, 2]))
+            .node(node("ScatterND", "sc", &["x", "i", "u"], &["y"]).string("reduction", reduction))
+            .output("y")
+    };
+    assert_eq!(ty(&import(&scatter(16, "add")), "y"), "f32[4,3]");
+    assert_eq!(ty(&import(&scatter(18, "max")), "y"), "f32[4,3]");
+    let e = import_err(&scatter(16, "max")).to_string();
+    assert!(e.contains("reduction=\"max\" is not a scatter reduction"), "{e}");
+}
+
+/// LSTM outputs in both layouts (with the batch symbol on X's batch axis), and the
+/// importer's rejection of activations other than the defaults.
+#[test]
+fn recurrent_op_shapes_and_activations() {
+    let lstm = |layout: i64, x: &[Ax]| {
+        ModelBuilder::new(14)
+            .input("x", F32, x)
+            .init(tensor_f32_zeros("w", &[2, 16, 3]))
+            .init(tensor_f32_zeros("r", &[2, 16, 4]))
+            .node(
+                node("LSTM", "lstm", &["x", "w", "r"], &["y", "yh", "yc"])
+                    .int("hidden_size", 4)
+                    .int("layout", layout)
+                    .string("direction", "bidirectional"),
+            )
+            .output("y")
+            .output("yh")
+            .output("yc")
+    };
+    let g = import(&lstm(1, &[Ax::Param("batch"), Ax::Fixed(5), Ax::Fixed(3)]));
+    assert_eq!(ty(&g, "y"), "f32[N,5,2,4]");
+    assert_eq!(ty(&g, "yh"), "f32[N,2,4]");
+    assert_eq!(ty(&g, "yc"), "f32[N,2,4]");
+    // Time-major X: `--batch auto` would take its axis 0 (time) for the batch.
+    let g = import_mode(&lstm(0, &fixed(&[5, 6, 3])), BatchMode::Fixed);
+    assert_eq!(ty(&g, "y"), "f32[5,2,6,4]");
+    assert_eq!(ty(&g, "yh"), "f32[2,6,4]");
+    let wrong_width = lstm(0, &fixed(&[5, 6, 2]));
+    assert_shape_error(&wrong_width, &["\"lstm\"", "must be [2, 16, input]"]);
+    let activations = |names: &[&str]| {
+        let list = AttributeProto {
+            name: "activations".into(),
+            type_: EnumOrUnknown::new(AttributeType::STRINGS),
+            strings: names.iter().map(|s| s.as_bytes().to_vec()).collect(),
+            ..Default::default()
+        };
+        ModelBuilder::new(14)
+            .input("x", F32, &fixed(&[5, 6, 3]))
+            .init(tensor_f32_zeros("w", &[1, 6, 3]))
+            .init(tensor_f32_zeros("r", &[1, 6, 2]))
+            .node(node("GRU", "gru", &["x", "w", "r"], &["y"]).int("hidden_size", 2).attr(list))
+            .output("y")
+    };
+    assert_eq!(ty(&import_mode(&activations(&["Sigmoid", "Tanh"]), BatchMode::Fixed), "y"), "f32[5,1,6,2]");
+    let e = import_err(&activations(&["Relu", "Tanh"])).to_string();
+    assert!(e.contains("activations [\"Relu\", \"Tanh\"] are not supported"), "{e}");
 }

@@ -8,17 +8,23 @@
 //! # Rules per op class (forward flops; backward as stated)
 //! - **MatMul / Gemm / Einsum**: `2*M*N*K` (= `2 * out_numel * K`; Einsum: 2 * the product of
 //!   every index extent). Backward = 2x forward (both operand gradients).
+//! - **RNN / GRU / LSTM**: `2 * D * G * H * (I + H)` per step and batch row (`G` gates,
+//!   `D` directions, input width `I`), i.e. `in_numel * 2DGH(I + H) / I`. Backward = 2x.
 //! - **Conv**: `2 * out_numel * (Cin/group * prod(kernel))` (the weight's dims 1..).
 //!   **ConvTranspose**: `2 * in_numel * (Cout/group * prod(kernel))`. Backward = 2x.
 //! - **Elementwise**: `out_numel`; transcendentals (exp, log, erf, tanh, sigmoid, trig,
 //!   gelu, softplus, mish, pow, elu/selu/celu) ~4 per element. Backward ~1x forward.
-//! - **Softmax / LogSoftmax**: 5 per element; **LayerNorm / InstanceNorm**: 8;
-//!   **RMSNorm**: 5; **BatchNorm**: 6; **RotaryEmbedding**: 3. Backward = 2x.
+//! - **Softmax / LogSoftmax**: 5 per element; **LayerNorm / InstanceNorm / GroupNorm /
+//!   MeanVarianceNormalization / LpNormalization**: 8; **RMSNorm**: 5; **BatchNorm**: 6;
+//!   **RotaryEmbedding**: 3; **Hardmax**: 2; **LRN**: `2 * size + 4`. Backward = 2x.
 //! - **Attention**: the two matmuls, `2 * (q_numel + out_numel) * total_seq`, plus 5 per
 //!   score for the softmax and masking. Backward = 2x.
+//! - **SoftmaxCrossEntropyLoss**: 5 per score; **NegativeLogLikelihoodLoss**: 1 per target.
 //! - **Pools**: `out_numel * prod(kernel)`; global pools `in_numel`. Backward 1x.
-//! - **Reductions, ArgMax/ArgMin, CumSum**: `in_numel`. Backward 1x.
-//! - **Gather / GatherElements / GatherND**: `out_numel`. Backward 1x (scatter-add).
+//! - **Reductions, ArgMax/ArgMin, CumSum, CumProd, TopK**: `in_numel`. Backward 1x.
+//!   **Det**: `in_numel * M` (an LU factorisation of each `M x M` matrix). Backward 2x.
+//! - **Gather / GatherElements / GatherND**: `out_numel`; **ScatterND / ScatterElements /
+//!   Scatter**: `in_numel` (the copied data). Backward 1x (scatter-add or gather).
 //! - **Shape and data-movement ops** (Reshape, Transpose, Concat, Slice, Split, Pad, Expand,
 //!   Tile, ...): 0 flops, but their bytes moved count.
 //!
@@ -107,7 +113,7 @@ pub enum OpClass {
 impl OpClass {
     pub fn of(op: &Op) -> OpClass {
         match op {
-            Op::MatMul | Op::Gemm(_) | Op::Einsum { .. } | Op::Attention(_) => OpClass::MatMul,
+            Op::MatMul | Op::Gemm(_) | Op::Einsum { .. } | Op::Attention(_) | Op::Rnn(_) => OpClass::MatMul,
             Op::Conv(_) | Op::ConvTranspose(_) => OpClass::Conv,
             Op::Softmax(_)
             | Op::LogSoftmax(_)
@@ -116,14 +122,28 @@ impl OpClass {
             | Op::BatchNormalization(_)
             | Op::InstanceNormalization { .. }
             | Op::NegativeLogLikelihoodLoss(_)
-            | Op::SoftmaxCrossEntropyLoss(_) => OpClass::Normalization,
+            | Op::SoftmaxCrossEntropyLoss(_)
+            | Op::GroupNormalization(_)
+            | Op::MeanVarianceNormalization { .. }
+            | Op::LpNormalization { .. }
+            | Op::Lrn(_)
+            | Op::Hardmax(_) => OpClass::Normalization,
             Op::MaxPool(_) | Op::AveragePool(_) | Op::GlobalAveragePool | Op::GlobalMaxPool => {
                 OpClass::Pool
             }
-            Op::Reduce(_) | Op::ArgMax { .. } | Op::ArgMin { .. } | Op::CumSum { .. } => {
-                OpClass::Reduction
-            }
-            Op::Gather { .. } | Op::GatherElements { .. } | Op::GatherND { .. } => OpClass::Gather,
+            Op::Reduce(_)
+            | Op::ArgMax { .. }
+            | Op::ArgMin { .. }
+            | Op::CumSum { .. }
+            | Op::CumProd { .. }
+            | Op::TopK { .. }
+            | Op::Det => OpClass::Reduction,
+            Op::Gather { .. }
+            | Op::GatherElements { .. }
+            | Op::GatherND { .. }
+            | Op::ScatterND { .. }
+            | Op::ScatterElements { .. }
+            | Op::Scatter { .. } => OpClass::Gather,
             Op::RotaryEmbedding(_) => OpClass::Elementwise,
             op if op.is_elementwise() => OpClass::Elementwise,
             _ => OpClass::DataMovement,
@@ -462,7 +482,27 @@ fn flops(g: &Graph, n: NodeId, export: i64) -> (Lin, f64) {
         // A log-softmax over the scores, then a gather of the targets' entries.
         Op::SoftmaxCrossEntropyLoss(_) => (in_numel.scale(5.0), 2.0),
         Op::NegativeLogLikelihoodLoss(_) => (out_numel, 1.0),
-        Op::LayerNormalization(_) | Op::InstanceNormalization { .. } => (first_out.scale(8.0), 2.0),
+        Op::LayerNormalization(_)
+        | Op::InstanceNormalization { .. }
+        | Op::GroupNormalization(_)
+        | Op::MeanVarianceNormalization { .. }
+        | Op::LpNormalization { .. } => (first_out.scale(8.0), 2.0),
+        Op::Hardmax(_) => (first_out.scale(2.0), 2.0),
+        Op::Rnn(r) => {
+            let i = ty_in(0)
+                .and_then(|t| t.shape.dims().last().and_then(|d| d.fixed()))
+                .unwrap_or(1)
+                .max(1) as f64;
+            let (d, gh, h) = ((r.directions() * r.gates()) as f64, r.hidden_size as f64, r.hidden_size as f64);
+            (in_numel.scale(2.0 * d * gh * (i + h) / i), 2.0)
+        }
+        Op::Lrn(l) => (first_out.scale(2.0 * l.size as f64 + 4.0), 2.0),
+        Op::Det => {
+            let m = ty_in(0)
+                .and_then(|t| t.shape.dims().last().copied())
+                .unwrap_or(Dim::Fixed(1));
+            (mul_dim(in_numel, m, export), 2.0)
+        }
         Op::BatchNormalization(_) => (first_out.scale(6.0), 2.0),
         Op::RMSNormalization(_) => (first_out.scale(5.0), 2.0),
         Op::RotaryEmbedding(_) => (first_out.scale(3.0), 2.0),
@@ -486,10 +526,14 @@ fn flops(g: &Graph, n: NodeId, export: i64) -> (Lin, f64) {
         }
         Op::MaxPool(p) | Op::AveragePool(p) => (first_out.scale(kernel_prod(&p.window)), 1.0),
         Op::GlobalAveragePool | Op::GlobalMaxPool => (in_numel, 1.0),
-        Op::Reduce(_) | Op::ArgMax { .. } | Op::ArgMin { .. } | Op::CumSum { .. } => {
-            (in_numel, 1.0)
-        }
+        Op::Reduce(_)
+        | Op::ArgMax { .. }
+        | Op::ArgMin { .. }
+        | Op::CumSum { .. }
+        | Op::CumProd { .. }
+        | Op::TopK { .. } => (in_numel, 1.0),
         Op::Gather { .. } | Op::GatherElements { .. } | Op::GatherND { .. } => (out_numel, 1.0),
+        Op::ScatterND { .. } | Op::ScatterElements { .. } | Op::Scatter { .. } => (in_numel, 1.0),
         op if op.is_elementwise() => (
             out_numel.scale(if is_transcendental(op) { 4.0 } else { 1.0 }),
             1.0,

@@ -8,8 +8,11 @@
 mod convert;
 mod elementwise;
 mod loss;
+mod index;
 mod nn;
+mod norm;
 mod reduce;
+mod rnn;
 mod shape;
 mod transformer;
 mod util;
@@ -176,6 +179,31 @@ fn dispatch_shape(k: &Kernel, ins: &[Option<&Tensor>]) -> R<Vec<Tensor>> {
         Einsum { equation } => one(shape::einsum(equation, &all(ins)?)),
         Pad(p) => one(shape::pad(p, ins)),
         CumSum { exclusive, reverse } => one(shape::cumsum(x()?, y()?, *exclusive, *reverse)),
+        _ => dispatch_index(k, ins),
+    }
+}
+
+fn dispatch_index(k: &Kernel, ins: &[Option<&Tensor>]) -> R<Vec<Tensor>> {
+    use Kernel::*;
+    let x = || need(ins, 0);
+    let y = || need(ins, 1);
+    let z = || need(ins, 2);
+    match k {
+        CumProd { exclusive, reverse } => one(index::cumprod(x()?, y()?, *exclusive, *reverse)),
+        TopK { axis, largest, .. } => index::top_k(x()?, y()?, *axis, *largest),
+        OneHot { axis } => one(index::one_hot(x()?, y()?, z()?, *axis)),
+        ScatterNd { reduction } => one(index::scatter_nd(x()?, y()?, z()?, *reduction)),
+        ScatterElements { axis, reduction } => one(index::scatter_elements(x()?, y()?, z()?, *axis, *reduction)),
+        EyeLike { dtype, k } => one(index::eye_like(x()?, *dtype, *k)),
+        ReverseSequence { batch_axis, time_axis } => one(index::reverse_sequence(x()?, y()?, *batch_axis, *time_axis)),
+        Hardmax(s) => one(norm::hardmax(x()?, s)),
+        LpNormalization { axis, p } => one(norm::lp_normalization(x()?, *axis, *p)),
+        Shrink { bias, lambd } => one(norm::shrink(x()?, *bias, *lambd)),
+        Lrn(l) => one(norm::lrn(x()?, l)),
+        MeanVarianceNormalization { axes } => one(norm::mean_variance_normalization(x()?, axes)),
+        GroupNormalization(g) => one(norm::group_normalization(g, ins)),
+        Det => one(norm::det(x()?)),
+        Rnn(r) => rnn::rnn(r, ins),
         _ => dispatch_reduce(k, ins),
     }
 }

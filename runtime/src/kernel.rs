@@ -105,6 +105,12 @@ pub enum PadMode {
     Constant, Reflect, Edge, Wrap,
 }
 
+/// How ScatterND/ScatterElements combine an update with the element it lands on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum ScatterReduction {
+    None, Add, Mul, Max, Min,
+}
+
 /// ONNX `Gelu` `approximate`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum GeluApprox {
@@ -205,6 +211,50 @@ pub struct Softmax {
     pub axis: i64,
     /// Opsets < 13: the input is coerced to 2-D at `axis` and normalised over the trailing block.
     pub coerce_2d: bool,
+}
+
+/// LRN: `y = x / (bias + alpha / size * sum_window(x^2))^beta` over `size` channels.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Lrn {
+    pub alpha: f32,
+    pub beta: f32,
+    pub bias: f32,
+    pub size: i64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GroupNorm {
+    pub epsilon: f32,
+    pub num_groups: i64,
+    /// 1: compute the statistics in f32 (for f16/bf16 inputs).
+    pub stash_type: i64,
+    /// Scale and bias per channel (opset 21) or per group (opset 18).
+    pub per_channel: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum RnnCell {
+    Rnn, Gru, Lstm,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum RnnDirection {
+    Forward, Reverse, Bidirectional,
+}
+
+/// RNN/GRU/LSTM with the default activations. Inputs in ONNX order (X, W, R, B,
+/// sequence_lens, initial_h, and for LSTM initial_c, P); outputs Y, Y_h (and Y_c).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Rnn {
+    pub cell: RnnCell,
+    pub hidden_size: i64,
+    pub direction: RnnDirection,
+    /// `layout = 1`: X, Y and the states are batch-major.
+    pub batch_major: bool,
+    /// Bounds the gates' pre-activations to `[-clip, clip]`.
+    pub clip: Option<f32>,
+    /// GRU: the reset gate multiplies the recurrent projection (with its bias).
+    pub linear_before_reset: bool,
 }
 
 /// `(starts, ends, axes)` of the Slice attribute form.
@@ -329,6 +379,24 @@ pub enum Kernel {
     Pad(Pad),
     Tile,
     CumSum { exclusive: bool, reverse: bool },
+    CumProd { exclusive: bool, reverse: bool },
+    /// Outputs: values, indices (i64).
+    TopK { axis: i64, largest: bool, sorted: bool },
+    OneHot { axis: i64 },
+    ScatterNd { reduction: ScatterReduction },
+    /// Also ONNX's deprecated `Scatter` (with no reduction).
+    ScatterElements { axis: i64, reduction: ScatterReduction },
+    Hardmax(Softmax),
+    LpNormalization { axis: i64, p: i64 },
+    Shrink { bias: f32, lambd: f32 },
+    Lrn(Lrn),
+    MeanVarianceNormalization { axes: Vec<i64> },
+    /// `None`: the input's element type.
+    EyeLike { dtype: Option<ElemType>, k: i64 },
+    GroupNormalization(GroupNorm),
+    ReverseSequence { batch_axis: i64, time_axis: i64 },
+    Det,
+    Rnn(Rnn),
 }
 
 impl Kernel {
@@ -374,7 +442,18 @@ fn plain_name(k: &Kernel) -> &'static str {
         Cast { .. } => "Cast", CastLike => "CastLike", Shape { .. } => "Shape", Size => "Size",
         ConstantOfShape { .. } => "ConstantOfShape", Range => "Range", ArgMax { .. } => "ArgMax",
         ArgMin { .. } => "ArgMin", Trilu { .. } => "Trilu", Einsum { .. } => "Einsum",
-        Pad(_) => "Pad", Tile => "Tile", CumSum { .. } => "CumSum",
+        Pad(_) => "Pad", Tile => "Tile", CumSum { .. } => "CumSum", CumProd { .. } => "CumProd",
+        TopK { .. } => "TopK", OneHot { .. } => "OneHot", ScatterNd { .. } => "ScatterND",
+        ScatterElements { .. } => "ScatterElements", Hardmax(_) => "Hardmax",
+        LpNormalization { .. } => "LpNormalization", Shrink { .. } => "Shrink", Lrn(_) => "LRN",
+        MeanVarianceNormalization { .. } => "MeanVarianceNormalization", EyeLike { .. } => "EyeLike",
+        GroupNormalization(_) => "GroupNormalization", ReverseSequence { .. } => "ReverseSequence",
+        Det => "Det",
+        Rnn(r) => match r.cell {
+            RnnCell::Rnn => "RNN",
+            RnnCell::Gru => "GRU",
+            RnnCell::Lstm => "LSTM",
+        },
         Unary(_) | Binary(_) | Variadic(_) | Reduce(_) => "?",
     }
 }

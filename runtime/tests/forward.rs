@@ -546,3 +546,39 @@ fn kernels_serialise() {
     let json = serde_json::to_string(&k).unwrap();
     assert_eq!(serde_json::from_str::<Kernel>(&json).unwrap(), k);
 }
+
+/// Per-row sequence lengths: each row of a bidirectional GRU/LSTM/RNN run with lengths
+/// gives what that row alone gives on its truncated sequence, with zeros in `Y` past its
+/// length (the reverse direction starts at the row's last valid step).
+#[test]
+fn rnn_sequence_lengths_match_truncated_rows() {
+    let (t, i, h) = (4i64, 3i64, 2i64);
+    for (cell, g) in [(RnnCell::Rnn, 1i64), (RnnCell::Gru, 3), (RnnCell::Lstm, 4)] {
+        let k = Kernel::Rnn(Rnn { cell, hidden_size: h, direction: RnnDirection::Bidirectional, batch_major: false, clip: None, linear_before_reset: false });
+        let x = Tensor::randn([t, 2, i], (Kind::Double, tch::Device::Cpu));
+        let w = Tensor::randn([2, g * h, i], (Kind::Double, tch::Device::Cpu));
+        let r = Tensor::randn([2, g * h, h], (Kind::Double, tch::Device::Cpu));
+        let lens = i64s(&[4, 2], &[2]);
+        let all = eval(&k, &[Some(&x), Some(&w), Some(&r), None, Some(&lens)], Mode::Eval);
+        for (row, len) in [(0i64, 4i64), (1, 2)] {
+            let xr = x.narrow(1, row, 1).narrow(0, 0, len);
+            let alone = eval(&k, &[Some(&xr), Some(&w), Some(&r)], Mode::Eval);
+            let y = all[0].narrow(2, row, 1);
+            assert_close(&to_f64(&y.narrow(0, 0, len)), &to_f64(&alone[0]), 1e-12);
+            assert_close(&to_f64(&y.narrow(0, len, t - len)), &vec![0.0; ((t - len) * 2 * h) as usize], 0.0);
+            for s in 1..all.len() {
+                assert_close(&to_f64(&all[s].narrow(1, row, 1)), &to_f64(&alone[s]), 1e-12);
+            }
+        }
+    }
+}
+
+/// LpNormalization leaves an all-zero vector zero (the reference's norm of 1), not NaN.
+#[test]
+fn lp_normalization_of_a_zero_vector() {
+    let x = f64s(&[3.0, 0.0, 4.0, 0.0], &[2, 2]);
+    let y = one(Kernel::LpNormalization { axis: 0, p: 2 }, &[&x]);
+    assert_close(&to_f64(&y), &[0.6, 0.0, 0.8, 0.0], 1e-12);
+    let y = one(Kernel::LpNormalization { axis: 1, p: 1 }, &[&x]);
+    assert_close(&to_f64(&y), &[1.0, 0.0, 1.0, 0.0], 1e-12);
+}

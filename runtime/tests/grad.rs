@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{gradcheck, i64s, normal, rand, signed, In};
+use common::{f64s, gradcheck, i64s, normal, rand, signed, In};
 use pipewright_runtime::kernel::*;
 use tch::Tensor;
 
@@ -741,4 +741,123 @@ fn rms_normalization_and_rotary_embedding() {
     // 3-D [batch, seq, heads * head] with per-token caches and no position ids.
     let ins = vec![In::D(normal(&[2, 3, 12], 228)), In::D(normal(&[2, 3, 3], 229)), In::D(normal(&[2, 3, 3], 230))];
     g1(rot(false, 0, Some(2)), ins);
+}
+
+#[test]
+fn indexing_ops() {
+    for (exclusive, reverse) in [(false, false), (true, false), (false, true), (true, true)] {
+        let k = Kernel::CumProd { exclusive, reverse };
+        g1(k, vec![In::D(signed(&[2, 4], 190)), In::F(Tensor::from(1i64))]);
+    }
+    // TopK: the values' gradient flows to the picked elements (indices are integers).
+    for largest in [true, false] {
+        let k = Kernel::TopK { axis: -1, largest, sorted: true };
+        gradcheck(&k, vec![In::D(normal(&[3, 5], 191)), In::F(i64s(&[2], &[1]))], 2);
+    }
+    // OneHot: differentiable in the [off, on] values; one index out of range, one negative.
+    g1(
+        Kernel::OneHot { axis: 1 },
+        vec![In::F(i64s(&[0, 3, -1, 7], &[2, 2])), In::F(Tensor::from(4i64)), In::D(f64s(&[0.3, 1.7], &[2]))],
+    );
+    g1(
+        Kernel::ReverseSequence { batch_axis: 1, time_axis: 0 },
+        vec![In::D(normal(&[4, 3, 2], 192)), In::F(i64s(&[4, 1, 2], &[3]))],
+    );
+}
+
+/// ScatterND and ScatterElements in the data and the updates, for the reductions that
+/// are differentiable everywhere (none, add; mul too away from zeros). Indices are
+/// distinct for `none` (repeated ones leave the result to the scatter order).
+#[test]
+fn scatter_ops() {
+    use ScatterReduction as S;
+    for reduction in [S::None, S::Add, S::Mul] {
+        let nd = Kernel::ScatterNd { reduction };
+        g1(nd.clone(), vec![In::D(signed(&[4, 3], 193)), In::F(i64s(&[1, -1], &[2, 1])), In::D(signed(&[2, 3], 194))]);
+        g1(nd, vec![In::D(signed(&[2, 3, 2], 195)), In::F(i64s(&[0, 2, 1, 1, 1, 0], &[3, 2])), In::D(signed(&[3, 2], 196))]);
+        let el = Kernel::ScatterElements { axis: 1, reduction };
+        let idx = i64s(&[2, 0, -1, 1], &[2, 2]);
+        g1(el, vec![In::D(signed(&[2, 4], 197)), In::F(idx), In::D(signed(&[2, 2], 198))]);
+    }
+    // Add accumulates repeated indices: each update's gradient is its target's.
+    let el = Kernel::ScatterElements { axis: 0, reduction: S::Add };
+    g1(el, vec![In::D(signed(&[3, 2], 199)), In::F(i64s(&[1, 1, 1, 0], &[2, 2])), In::D(signed(&[2, 2], 200))]);
+}
+
+#[test]
+fn normalisation_ops() {
+    for p in [1, 2] {
+        g1(Kernel::LpNormalization { axis: 1, p }, vec![In::D(signed(&[2, 3, 2], 201))]);
+    }
+    // Soft and hard shrink (inputs away from the thresholds at +-0.5).
+    for bias in [0.5f32, 0.0] {
+        g1(Kernel::Shrink { bias, lambd: 0.5 }, vec![In::D(f64s(&[-1.2, -0.3, 0.1, 0.7, 1.4, -0.8], &[2, 3]))]);
+    }
+    for size in [3, 2] {
+        let l = Lrn { alpha: 0.3, beta: 0.75, bias: 1.5, size };
+        g1(Kernel::Lrn(l), vec![In::D(normal(&[2, 4, 3], 202))]);
+    }
+    g1(Kernel::MeanVarianceNormalization { axes: vec![0, 2, 3] }, vec![In::D(normal(&[2, 3, 2, 2], 203))]);
+    for per_channel in [true, false] {
+        let g = GroupNorm { epsilon: 1e-5, num_groups: 2, stash_type: 1, per_channel };
+        let n = if per_channel { 4 } else { 2 };
+        g1(
+            Kernel::GroupNormalization(g),
+            vec![In::D(normal(&[2, 4, 3], 204)), In::D(normal(&[n], 205)), In::D(normal(&[n], 206))],
+        );
+    }
+    g1(Kernel::Det, vec![In::D(normal(&[2, 3, 3], 207))]);
+}
+
+fn rnn_kernel(cell: RnnCell, direction: RnnDirection, batch_major: bool, linear_before_reset: bool, clip: Option<f32>) -> Kernel {
+    Kernel::Rnn(Rnn { cell, hidden_size: 2, direction, batch_major, clip, linear_before_reset })
+}
+
+/// RNN, GRU and LSTM through time (T = 3, B = 2, I = 3, H = 2) in every direction, in the
+/// input, both weights, the bias and the initial states (and LSTM peepholes); with
+/// per-row sequence lengths, batch-major layout and clipping in some cases. Every output
+/// (Y, Y_h and, for LSTM, Y_c) enters the loss.
+#[test]
+fn recurrent_ops() {
+    use RnnDirection::*;
+    let (t, b, i, h) = (3i64, 2i64, 3i64, 2i64);
+    let cells = [(RnnCell::Rnn, 1i64), (RnnCell::Gru, 3), (RnnCell::Lstm, 4)];
+    for (ci, (cell, g)) in cells.into_iter().enumerate() {
+        for (di, direction) in [Forward, Reverse, Bidirectional].into_iter().enumerate() {
+            let d = if direction == Bidirectional { 2 } else { 1 };
+            let seed = 300 + 20 * ci as u64 + 5 * di as u64;
+            let batch_major = direction == Reverse;
+            let x_shape: &[i64] = if batch_major { &[b, t, i] } else { &[t, b, i] };
+            let state_shape: &[i64] = if batch_major { &[b, d, h] } else { &[d, b, h] };
+            let lens = if direction == Bidirectional { In::F(i64s(&[3, 2], &[2])) } else { In::N };
+            let mut ins = vec![
+                In::D(normal(x_shape, seed)),
+                In::D(normal(&[d, g * h, i], seed + 1)),
+                In::D(normal(&[d, g * h, h], seed + 2)),
+                In::D(normal(&[d, 2 * g * h], seed + 3)),
+                lens,
+                In::D(normal(state_shape, seed + 4)),
+            ];
+            if cell == RnnCell::Lstm {
+                ins.push(In::D(normal(state_shape, seed + 5)));
+                ins.push(In::D(normal(&[d, 3 * h], seed + 6)));
+            }
+            let clip = if direction == Forward { Some(0.9) } else { None };
+            for lbr in if cell == RnnCell::Gru { vec![false, true] } else { vec![false] } {
+                let k = rnn_kernel(cell, direction, batch_major, lbr, clip);
+                let ins = ins.iter().map(|x| match x {
+                    In::D(t) => In::D(t.copy()),
+                    In::F(t) => In::F(t.copy()),
+                    In::N => In::N,
+                });
+                gradcheck(&k, ins.collect(), if cell == RnnCell::Lstm { 3 } else { 2 });
+            }
+        }
+    }
+    // Only X, W and R (no bias, states or peepholes).
+    for (cell, g) in cells {
+        let k = rnn_kernel(cell, Forward, false, false, None);
+        let n_out = if cell == RnnCell::Lstm { 3 } else { 2 };
+        gradcheck(&k, vec![In::D(normal(&[t, b, i], 390)), In::D(normal(&[1, g * h, i], 391)), In::D(normal(&[1, g * h, h], 392))], n_out);
+    }
 }

@@ -100,6 +100,19 @@ impl<'a> Attrs<'a> {
         }
     }
 
+    pub fn strings(&mut self, name: &str) -> Result<Option<Vec<String>>, String> {
+        match self.find(name) {
+            None => Ok(None),
+            Some(a) if matches!(Self::kind(a), Some(AttributeType::STRINGS) | Some(AttributeType::UNDEFINED)) => a
+                .strings
+                .iter()
+                .map(|s| String::from_utf8(s.clone()).map_err(|_| format!("attribute {name:?} is not UTF-8")))
+                .collect::<Result<Vec<_>, _>>()
+                .map(Some),
+            Some(_) => Err(format!("attribute {name:?} must be a list of strings")),
+        }
+    }
+
     pub fn tensor(&mut self, name: &str) -> Result<Option<onnx_protobuf::TensorProto>, String> {
         match self.find(name) {
             None => Ok(None),

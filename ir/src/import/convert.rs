@@ -216,6 +216,53 @@ fn convert_op(op_type: &str, version: i64, a: &mut Attrs, n_inputs: usize) -> Re
         }
         "Tile" => Op::Tile,
         "CumSum" => Op::CumSum { exclusive: a.bool_or("exclusive", false)?, reverse: a.bool_or("reverse", false)? },
+        "CumProd" => Op::CumProd { exclusive: a.bool_or("exclusive", false)?, reverse: a.bool_or("reverse", false)? },
+        "TopK" => Op::TopK { axis: a.int_or("axis", -1)?, largest: a.bool_or("largest", true)?, sorted: a.bool_or("sorted", true)? },
+        "OneHot" => Op::OneHot { axis: a.int_or("axis", -1)? },
+        "ScatterND" => Op::ScatterND { reduction: scatter_reduction(a, version)? },
+        "ScatterElements" => Op::ScatterElements { axis: a.int_or("axis", 0)?, reduction: scatter_reduction(a, version)? },
+        "Scatter" => Op::Scatter { axis: a.int_or("axis", 0)? },
+        "Hardmax" => Op::Hardmax(Softmax { axis: a.int_or("axis", if version < 13 { 1 } else { -1 })?, coerce_2d: version < 13 }),
+        "LpNormalization" => {
+            let p = a.int_or("p", 2)?;
+            if p != 1 && p != 2 {
+                return Err(format!("p={p} is not a LpNormalization order (1 or 2)"));
+            }
+            Op::LpNormalization { axis: a.int_or("axis", -1)?, p }
+        }
+        "Shrink" => Op::Shrink { bias: a.float_or("bias", 0.0)?, lambd: a.float_or("lambd", 0.5)? },
+        "LRN" => {
+            let size = a.int("size")?.ok_or("attribute \"size\" is required")?;
+            if size < 1 {
+                return Err(format!("size={size} must be positive"));
+            }
+            Op::Lrn(Lrn { alpha: a.float_or("alpha", 1e-4)?, beta: a.float_or("beta", 0.75)?, bias: a.float_or("bias", 1.0)?, size })
+        }
+        "MeanVarianceNormalization" => Op::MeanVarianceNormalization { axes: a.ints("axes")?.unwrap_or_else(|| vec![0, 2, 3]) },
+        "EyeLike" => {
+            let dtype = match a.int("dtype")? {
+                Some(code) => Some(DType::from_onnx(code as i32).ok_or_else(|| format!("dtype {} is not supported", crate::dtype::onnx_type_name(code as i32)))?),
+                None => None,
+            };
+            Op::EyeLike { dtype, k: a.int_or("k", 0)? }
+        }
+        "GroupNormalization" => {
+            let num_groups = a.int("num_groups")?.ok_or("attribute \"num_groups\" is required")?;
+            if num_groups < 1 {
+                return Err(format!("num_groups={num_groups} must be positive"));
+            }
+            Op::GroupNormalization(GroupNorm {
+                epsilon: a.float_or("epsilon", 1e-5)?,
+                num_groups,
+                stash_type: if version >= 21 { a.int_or("stash_type", 1)? } else { 1 },
+                per_channel: version >= 21,
+            })
+        }
+        "ReverseSequence" => Op::ReverseSequence { batch_axis: a.int_or("batch_axis", 1)?, time_axis: a.int_or("time_axis", 0)? },
+        "Det" => Op::Det,
+        "RNN" => rnn(a, version, RnnCell::Rnn)?,
+        "GRU" => rnn(a, version, RnnCell::Gru)?,
+        "LSTM" => rnn(a, version, RnnCell::Lstm)?,
         other => match reduce_kind(other) {
             Some(kind) => {
                 // ReduceSum took axes as an input from 13, the others from 18.
@@ -271,6 +318,58 @@ fn attention(version: i64, a: &mut Attrs, n_inputs: usize) -> Result<Attention, 
         return Err(format!("window sizes {} and {} must be -1 or >= 0", at.left_window_size, at.right_window_size));
     }
     Ok(at)
+}
+
+/// ScatterND/ScatterElements `reduction`: `add`/`mul` from opset 16, `max`/`min` from 18.
+fn scatter_reduction(a: &mut Attrs, version: i64) -> Result<ScatterReduction, String> {
+    let r = match a.string("reduction")?.as_deref() {
+        None | Some("none") => ScatterReduction::None,
+        Some("add") if version >= 16 => ScatterReduction::Add,
+        Some("mul") if version >= 16 => ScatterReduction::Mul,
+        Some("max") if version >= 18 => ScatterReduction::Max,
+        Some("min") if version >= 18 => ScatterReduction::Min,
+        Some(other) => return Err(format!("reduction={other:?} is not a scatter reduction at this opset")),
+    };
+    Ok(r)
+}
+
+/// RNN/GRU/LSTM. Only the default activations are implemented: an `activations` list is
+/// accepted when it names them (per direction), other lists are rejected, and so are
+/// `activation_alpha`/`activation_beta` (which only parameterise other activations).
+fn rnn(a: &mut Attrs, version: i64, cell: RnnCell) -> Result<Op, String> {
+    let hidden_size = a.int("hidden_size")?.ok_or("attribute \"hidden_size\" is required")?;
+    if hidden_size < 1 {
+        return Err(format!("hidden_size={hidden_size} must be positive"));
+    }
+    let direction = match a.string("direction")?.as_deref() {
+        None | Some("forward") => RnnDirection::Forward,
+        Some("reverse") => RnnDirection::Reverse,
+        Some("bidirectional") => RnnDirection::Bidirectional,
+        Some(other) => return Err(format!("direction={other:?} is not an RNN direction")),
+    };
+    let defaults: &[&str] = match cell {
+        RnnCell::Rnn => &["Tanh"],
+        RnnCell::Gru => &["Sigmoid", "Tanh"],
+        RnnCell::Lstm => &["Sigmoid", "Tanh", "Tanh"],
+    };
+    if let Some(list) = a.strings("activations")? {
+        let dirs = if direction == RnnDirection::Bidirectional { 2 } else { 1 };
+        let want: Vec<&str> = defaults.iter().copied().cycle().take(defaults.len() * dirs).collect();
+        if !list.iter().map(|s| s.as_str()).eq(want.iter().copied()) {
+            return Err(format!("activations {list:?} are not supported (only the defaults {defaults:?})"));
+        }
+    }
+    if cell == RnnCell::Lstm && a.bool_or("input_forget", false)? {
+        return Err("input_forget=1 (coupled input and forget gates) is not supported".into());
+    }
+    Ok(Op::Rnn(Rnn {
+        cell,
+        hidden_size,
+        direction,
+        batch_major: version >= 14 && a.bool_or("layout", false)?,
+        clip: a.float("clip")?,
+        linear_before_reset: cell == RnnCell::Gru && a.bool_or("linear_before_reset", false)?,
+    }))
 }
 
 /// Reads the convolution/pool window attributes.

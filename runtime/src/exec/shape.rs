@@ -206,7 +206,7 @@ fn slice_axis(t: &Tensor, a: i64, start: i64, end: i64, step: i64) -> R<Tensor> 
 }
 
 /// Indices with negative entries counted from the end of a dimension of size `d`.
-fn wrap_indices(idx: &Tensor, d: i64) -> R<Tensor> {
+pub(crate) fn wrap_indices(idx: &Tensor, d: i64) -> R<Tensor> {
     let idx = idx.f_to_kind(Kind::Int64)?;
     Ok(idx.f_add_scalar(d)?.f_where_self(&idx.f_lt(0)?, &idx)?)
 }
