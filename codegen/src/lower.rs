@@ -225,10 +225,46 @@ fn shape_kernel(op: &Op, n_out: usize, n_in: usize) -> Kernel {
             attrs: p.attrs.clone(),
         }),
         Op::Tile => Kernel::Tile,
+        Op::Resize(r) | Op::Upsample(r) => Kernel::Resize(resize(r)),
         Op::CumSum { exclusive, reverse } => Kernel::CumSum { exclusive: *exclusive, reverse: *reverse },
         // Within one program a crossing is the identity; stage modules split here.
         Op::StageBoundary { .. } => Kernel::Unary(rt::UnaryKind::Identity),
         other => unreachable!("{} is lowered by `kernel`", other.name()),
+    }
+}
+
+fn resize(r: &ir::Resize) -> rt::Resize {
+    rt::Resize {
+        mode: match r.mode {
+            ir::ResizeMode::Nearest => rt::ResizeMode::Nearest,
+            ir::ResizeMode::Linear => rt::ResizeMode::Linear,
+            ir::ResizeMode::Cubic => rt::ResizeMode::Cubic,
+        },
+        coord: match r.coord {
+            ir::CoordMode::HalfPixel => rt::CoordMode::HalfPixel,
+            ir::CoordMode::HalfPixelSymmetric => rt::CoordMode::HalfPixelSymmetric,
+            ir::CoordMode::PytorchHalfPixel => rt::CoordMode::PytorchHalfPixel,
+            ir::CoordMode::AlignCorners => rt::CoordMode::AlignCorners,
+            ir::CoordMode::Asymmetric => rt::CoordMode::Asymmetric,
+            ir::CoordMode::TfCropAndResize => rt::CoordMode::TfCropAndResize,
+        },
+        nearest: match r.nearest {
+            ir::NearestMode::RoundPreferFloor => rt::NearestMode::RoundPreferFloor,
+            ir::NearestMode::RoundPreferCeil => rt::NearestMode::RoundPreferCeil,
+            ir::NearestMode::Floor => rt::NearestMode::Floor,
+            ir::NearestMode::Ceil => rt::NearestMode::Ceil,
+        },
+        aspect: match r.aspect {
+            ir::AspectPolicy::Stretch => rt::AspectPolicy::Stretch,
+            ir::AspectPolicy::NotLarger => rt::AspectPolicy::NotLarger,
+            ir::AspectPolicy::NotSmaller => rt::AspectPolicy::NotSmaller,
+        },
+        cubic_a: r.cubic_a,
+        exclude_outside: r.exclude_outside,
+        extrapolation: r.extrapolation,
+        antialias: r.antialias,
+        axes: r.axes.clone(),
+        legacy: r.legacy,
     }
 }
 

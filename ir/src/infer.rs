@@ -277,6 +277,7 @@ pub fn infer(op: &Op, ins: &[Option<In>], n_out: usize, ctx: Ctx) -> R<Vec<Tenso
             out1(x()?.ty.dtype, einsum(equation, &shapes, ctx)?)
         }
         Op::Pad(p) => pad(p, ins),
+        Op::Resize(r) | Op::Upsample(r) => resize(r, ins),
         Op::Tile => {
             let t = &x()?.ty;
             // Repeats may be the batch (a dynamic export tiles position ids over it).
@@ -632,6 +633,75 @@ fn gather_nd(data: &TensorType, idx: &TensorType, batch_dims: i64) -> R<Vec<Tens
     }
     let out: Vec<Dim> = i[..i.len() - 1].iter().chain(&d[b + k..]).cloned().collect();
     Ok(vec![TensorType::new(data.dtype, Shape(out))])
+}
+
+/// A Resize input that fixes the output shape (roi, scales, sizes): `None` when omitted
+/// or empty, an error when its values are not known at import.
+fn resize_param<'a>(ins: &[Option<In<'a>>], i: usize) -> R<Option<&'a Known>> {
+    match ins.get(i).copied().flatten() {
+        None => Ok(None),
+        Some(In { known: Some(k), .. }) => Ok((!k.is_empty()).then_some(k)),
+        Some(_) => Err(format!("input {i} (roi, scales or sizes) is not known at import; the output shape depends on it")),
+    }
+}
+
+/// Resize's output: each resized axis becomes its `sizes` entry or `floor(extent *
+/// scale)`; a `keep_aspect_ratio_policy` other than stretch scales all `axes` by one
+/// factor, the smallest (not_larger) or largest (not_smaller) of `size / extent`.
+fn resize(r: &Resize, ins: &[Option<In>]) -> R<Vec<TensorType>> {
+    let t = &ins.first().copied().flatten().ok_or("input 0 is required")?.ty;
+    if r.mode != ResizeMode::Nearest && !t.dtype.is_float() {
+        return Err(format!("{} interpolation of {} elements is not supported", r.mode.name(), t.dtype));
+    }
+    let rank = t.shape.rank();
+    let axes: Vec<usize> = match &r.axes {
+        Some(a) => a.iter().map(|&a| normalize_axis(a, rank).ok_or(format!("axis {a} out of range for rank {rank}"))).collect::<R<_>>()?,
+        None => (0..rank).collect(),
+    };
+    if (1..axes.len()).any(|i| axes[..i].contains(&axes[i])) {
+        return Err(format!("axes {:?} repeat an axis", r.axes));
+    }
+    let (scales, sizes) = if r.legacy { (resize_param(ins, 1)?, None) } else { (resize_param(ins, 2)?, resize_param(ins, 3)?) };
+    if r.coord == CoordMode::TfCropAndResize && resize_param(ins, 1)?.is_none_or(|roi| roi.len() != 2 * axes.len()) {
+        return Err(format!("tf_crop_and_resize needs a roi of {} values", 2 * axes.len()));
+    }
+    let mut out = t.shape.0.clone();
+    let given = match (scales, sizes) {
+        (Some(s), None) => s.len(),
+        (None, Some(s)) => s.len(),
+        (Some(_), Some(_)) => return Err("scales and sizes are both given; only one may be".into()),
+        (None, None) => return Err("neither scales nor sizes is given".into()),
+    };
+    if given != axes.len() {
+        return Err(format!("{given} scales or sizes for {} axes", axes.len()));
+    }
+    if let Some(s) = scales {
+        let s = s.floats().ok_or("scales are not plain numbers")?;
+        for (&a, &f) in axes.iter().zip(&s) {
+            out[a] = match t.shape.0[a] {
+                _ if !(f > 0.0 && f.is_finite()) => return Err(format!("scale {f} is not positive")),
+                Dim::Fixed(n) => Dim::Fixed((f * n as f64).floor() as i64),
+                d if f == 1.0 => d,
+                d => return Err(format!("scaling axis {a} of extent {d} (the batch) is not supported")),
+            };
+        }
+    } else if let Some(s) = sizes {
+        let dims = s.dims();
+        if r.aspect == AspectPolicy::Stretch {
+            for (&a, d) in axes.iter().zip(dims) {
+                out[a] = d;
+            }
+        } else {
+            let fixed = |d: &Dim| d.fixed().ok_or(format!("keep_aspect_ratio_policy needs fixed extents, not {d}"));
+            let ratios = axes.iter().zip(&dims).map(|(&a, d)| Ok(fixed(d)? as f64 / fixed(&t.shape.0[a])? as f64)).collect::<R<Vec<f64>>>()?;
+            let pick = if r.aspect == AspectPolicy::NotLarger { f64::min } else { f64::max };
+            let f = ratios.iter().copied().reduce(pick).unwrap_or(1.0);
+            for &a in &axes {
+                out[a] = Dim::Fixed((f * fixed(&t.shape.0[a])? as f64 + 0.5).floor() as i64);
+            }
+        }
+    }
+    Ok(vec![TensorType::new(t.dtype, Shape(out))])
 }
 
 fn split(s: &Split, x: In, sizes: Option<In>, n_out: usize, ctx: Ctx) -> R<Vec<TensorType>> {

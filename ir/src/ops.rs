@@ -158,6 +158,47 @@ pub struct Pad {
     pub attrs: Option<(Vec<i64>, f32)>,
 }
 
+/// Resize `mode`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ResizeMode {
+    Nearest, Linear, Cubic,
+}
+
+/// Resize `coordinate_transformation_mode`: how an output index maps to a source coordinate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CoordMode {
+    HalfPixel, HalfPixelSymmetric, PytorchHalfPixel, AlignCorners, Asymmetric, TfCropAndResize,
+}
+
+/// Resize `nearest_mode`: how a fractional source coordinate rounds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum NearestMode {
+    RoundPreferFloor, RoundPreferCeil, Floor, Ceil,
+}
+
+/// Resize `keep_aspect_ratio_policy` (with `sizes`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AspectPolicy {
+    Stretch, NotLarger, NotSmaller,
+}
+
+/// Resize and Upsample. The roi, scales and sizes are inputs (known at import, they fix
+/// the output shape); `legacy` is the opset-10 Resize and Upsample form: inputs (X,
+/// scales), asymmetric coordinates, nearest rounding down, no other attribute.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Resize {
+    pub mode: ResizeMode,
+    pub coord: CoordMode,
+    pub nearest: NearestMode,
+    pub cubic_a: f32,
+    pub exclude_outside: bool,
+    pub extrapolation: f32,
+    pub antialias: bool,
+    pub axes: Option<Vec<i64>>,
+    pub aspect: AspectPolicy,
+    pub legacy: bool,
+}
+
 /// One operator with its typed attributes.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Op {
@@ -218,6 +259,9 @@ pub enum Op {
     Pad(Pad),
     Tile,
     CumSum { exclusive: bool, reverse: bool },
+    Resize(Resize),
+    /// Upsample (opset 9): a legacy Resize under its own name.
+    Upsample(Resize),
     /// Not an ONNX op: the crossing of a tensor from pipeline stage `from` to stage
     /// `from + 1` (a send on one side, a receive on the other), inserted by the partition
     /// pass. Identity on the value; its gradient crosses back the same way.
@@ -286,6 +330,8 @@ impl Op {
             Op::Pad(_) => "Pad",
             Op::Tile => "Tile",
             Op::CumSum { .. } => "CumSum",
+            Op::Resize(_) => "Resize",
+            Op::Upsample(_) => "Upsample",
             Op::StageBoundary { .. } => "StageBoundary",
         }
     }
@@ -444,6 +490,7 @@ impl Op {
                 a.b("exclusive", *exclusive);
                 a.b("reverse", *reverse);
             }
+            Op::Resize(r) | Op::Upsample(r) => resize_attributes(&mut a, r),
             Op::StageBoundary { from, to } => {
                 a.i("from", i64::from(*from));
                 a.i("to", i64::from(*to));
@@ -532,6 +579,61 @@ pub fn pad_mode_name(m: PadMode) -> &'static str {
         PadMode::Wrap => "wrap",
     }
 }
+
+/// Resize's attributes: only `mode` in the legacy form; otherwise those that differ from
+/// their defaults, so a model re-exported at its own opset carries only what it had.
+fn resize_attributes(a: &mut Attrs, r: &Resize) {
+    a.s("mode", r.mode.name());
+    if r.legacy {
+        return;
+    }
+    if r.coord != CoordMode::HalfPixel {
+        a.s("coordinate_transformation_mode", r.coord.name());
+    }
+    if r.nearest != NearestMode::RoundPreferFloor {
+        a.s("nearest_mode", r.nearest.name());
+    }
+    if r.cubic_a != -0.75 {
+        a.f("cubic_coeff_a", r.cubic_a);
+    }
+    a.flag("exclude_outside", r.exclude_outside);
+    if r.extrapolation != 0.0 {
+        a.f("extrapolation_value", r.extrapolation);
+    }
+    a.flag("antialias", r.antialias);
+    if let Some(axes) = &r.axes {
+        a.ints("axes", axes);
+    }
+    if r.aspect != AspectPolicy::Stretch {
+        a.s("keep_aspect_ratio_policy", r.aspect.name());
+    }
+}
+
+/// ONNX names of the Resize attribute values, and their parsing.
+macro_rules! onnx_names {
+    ($t:ty { $($v:ident => $n:literal),* }) => {
+        impl $t {
+            pub const ALL: &'static [$t] = &[$(<$t>::$v),*];
+            pub fn name(self) -> &'static str {
+                match self { $(<$t>::$v => $n),* }
+            }
+            pub fn parse(s: &str) -> Option<$t> {
+                Self::ALL.iter().copied().find(|v| v.name() == s)
+            }
+        }
+    };
+}
+
+onnx_names!(ResizeMode { Nearest => "nearest", Linear => "linear", Cubic => "cubic" });
+onnx_names!(CoordMode {
+    HalfPixel => "half_pixel", HalfPixelSymmetric => "half_pixel_symmetric",
+    PytorchHalfPixel => "pytorch_half_pixel", AlignCorners => "align_corners",
+    Asymmetric => "asymmetric", TfCropAndResize => "tf_crop_and_resize"
+});
+onnx_names!(NearestMode {
+    RoundPreferFloor => "round_prefer_floor", RoundPreferCeil => "round_prefer_ceil", Floor => "floor", Ceil => "ceil"
+});
+onnx_names!(AspectPolicy { Stretch => "stretch", NotLarger => "not_larger", NotSmaller => "not_smaller" });
 
 pub fn auto_pad_name(p: AutoPad) -> &'static str {
     match p {

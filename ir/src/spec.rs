@@ -127,6 +127,7 @@ specs! {
     "ReduceSumSquare": [1, 11, 13, 18] from 1, in 1..2, out 1..1;
     "Relu": [1, 6, 13, 14] from 1, in 1..1, out 1..1;
     "Reshape": [1, 5, 13, 14, 19, 21, 23, 24, 25] from 5, in 2..2, out 1..1;
+    "Resize": [10, 11, 13, 18, 19] from 10, in 1..4, out 1..1;
     "Round": [11, 22] from 11, in 1..1, out 1..1;
     "Selu": [1, 6, 22] from 1, in 1..1, out 1..1;
     "Shape": [1, 13, 15, 19, 21, 23, 24, 25] from 1, in 1..1, out 1..1;
@@ -151,6 +152,7 @@ specs! {
     "Transpose": [1, 13, 21, 23, 24, 25] from 1, in 1..1, out 1..1;
     "Trilu": [14] from 14, in 1..2, out 1..1;
     "Unsqueeze": [1, 11, 13, 21, 23, 24, 25] from 1, in 1..2, out 1..1;
+    "Upsample": [1, 7, 9, 10] from 9, in 2..2, out 1..1;
     "Where": [9, 16] from 9, in 3..3, out 1..1;
     "Xor": [1, 7] from 7, in 2..2, out 1..1;
 }

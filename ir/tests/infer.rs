@@ -629,3 +629,51 @@ fn range_over_the_batch_and_gather_nd() {
         .output("y");
     assert_shape_error(&bad, &["\"pick\"", "do not fit"]);
 }
+
+/// Resize's output extents: `floor(extent * scale)` from scales, the sizes as given (also
+/// when they come from the input's shape, batch included), one common factor under a
+/// keep_aspect_ratio_policy, and the legacy Upsample; scales that are not known at import
+/// or that scale the batch are refused.
+#[test]
+fn resize_and_upsample_shapes() {
+    let batch = [Ax::Param("batch"), Ax::Fixed(3), Ax::Fixed(5), Ax::Fixed(7)];
+    let m = ModelBuilder::new(19)
+        .input("x", F32, &batch)
+        .init(tensor_f32("scales", &[4], &[1.0, 1.0, 0.6, 1.5]))
+        .init(tensor_i64("hw", &[2], &[6, 8]))
+        .init(tensor_i64("zero", &[1], &[0]))
+        .init(tensor_i64("two", &[1], &[2]))
+        .init(tensor_i64("wh", &[2], &[20, 4]))
+        .node(node("Resize", "by_scale", &["x", "", "scales"], &["a"]).string("mode", "cubic"))
+        .node(node("Shape", "shape", &["x"], &["s"]))
+        .node(node("Slice", "nc", &["s", "zero", "two"], &["nc"]))
+        .node(node("Concat", "sizes", &["nc", "hw"], &["sizes"]).int("axis", 0))
+        .node(node("Resize", "by_size", &["x", "", "", "sizes"], &["b"]).string("mode", "linear"))
+        .node(node("Resize", "aspect", &["x", "", "", "wh"], &["c"]).ints("axes", &[3, 2]).string("keep_aspect_ratio_policy", "not_larger"))
+        .output("a")
+        .output("b")
+        .output("c");
+    let g = import(&m);
+    assert_eq!(ty(&g, "a"), "f32[N,3,3,10]");
+    assert_eq!(ty(&g, "b"), "f32[N,3,6,8]");
+    // not_larger: min(20 / 7, 4 / 5) = 0.8 for both axes: round(5 * 0.8), round(7 * 0.8).
+    assert_eq!(ty(&g, "c"), "f32[N,3,4,6]");
+    let up = ModelBuilder::new(9)
+        .input("x", F32, &fixed(&[2, 3, 4]))
+        .init(tensor_f32("scales", &[3], &[1.0, 2.0, 3.0]))
+        .node(node("Upsample", "up", &["x", "scales"], &["y"]))
+        .output("y");
+    assert_eq!(ty(&import(&up), "y"), "f32[N,6,12]");
+    let unknown = ModelBuilder::new(19)
+        .input("x", F32, &fixed(&[1, 3, 4, 4]))
+        .input("scales", F32, &fixed(&[4]))
+        .node(node("Resize", "rs", &["x", "", "scales"], &["y"]))
+        .output("y");
+    assert_shape_error(&unknown, &["\"rs\"", "not known at import"]);
+    let on_batch = ModelBuilder::new(19)
+        .input("x", F32, &batch)
+        .init(tensor_f32("scales", &[4], &[2.0, 1.0, 1.0, 1.0]))
+        .node(node("Resize", "rs", &["x", "", "scales"], &["y"]))
+        .output("y");
+    assert_shape_error(&on_batch, &["\"rs\"", "the batch"]);
+}

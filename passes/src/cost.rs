@@ -17,6 +17,9 @@
 //! - **Pools**: `out_numel * prod(kernel)`; global pools `in_numel`. Backward 1x.
 //! - **Reductions, ArgMax/ArgMin, CumSum**: `in_numel`. Backward 1x.
 //! - **Gather / GatherElements / GatherND**: `out_numel`. Backward 1x (scatter-add).
+//! - **Resize / Upsample**: 2 per output element and tap (nearest 1, linear 2, cubic 4
+//!   taps per resized axis; antialiased downsampling more, taken as 4). Backward 1x
+//!   (scatter-add of the gathers).
 //! - **Shape and data-movement ops** (Reshape, Transpose, Concat, Slice, Split, Pad, Expand,
 //!   Tile, ...): 0 flops, but their bytes moved count.
 //!
@@ -39,7 +42,7 @@
 
 use std::collections::HashMap;
 
-use pipewright_ir::ops::{BinaryOp, UnaryOp};
+use pipewright_ir::ops::{BinaryOp, ResizeMode, UnaryOp};
 use pipewright_ir::{Dim, Graph, NodeId, Op, TensorType, ValueDef, ValueId};
 use serde::{Deserialize, Serialize};
 
@@ -119,6 +122,7 @@ impl OpClass {
                 OpClass::Reduction
             }
             Op::Gather { .. } | Op::GatherElements { .. } | Op::GatherND { .. } => OpClass::Gather,
+            Op::Resize(_) | Op::Upsample(_) => OpClass::Gather,
             op if op.is_elementwise() => OpClass::Elementwise,
             _ => OpClass::DataMovement,
         }
@@ -453,6 +457,14 @@ fn flops(g: &Graph, n: NodeId, export: i64) -> (Lin, f64) {
             (in_numel, 1.0)
         }
         Op::Gather { .. } | Op::GatherElements { .. } | Op::GatherND { .. } => (out_numel, 1.0),
+        Op::Resize(r) | Op::Upsample(r) => {
+            let taps = match r.mode {
+                ResizeMode::Nearest => 1.0,
+                ResizeMode::Linear if !r.antialias => 2.0,
+                _ => 4.0,
+            };
+            (out_numel.scale(2.0 * taps), 1.0)
+        }
         op if op.is_elementwise() => (
             out_numel.scale(if is_transcendental(op) { 4.0 } else { 1.0 }),
             1.0,

@@ -9,6 +9,7 @@ mod convert;
 mod elementwise;
 mod nn;
 mod reduce;
+mod resample;
 mod shape;
 mod util;
 mod window;
@@ -159,6 +160,7 @@ fn dispatch_shape(k: &Kernel, ins: &[Option<&Tensor>]) -> R<Vec<Tensor>> {
         Gather { axis } => one(shape::gather(x()?, y()?, *axis)),
         GatherElements { axis } => one(shape::gather_elements(x()?, y()?, *axis)),
         GatherNd { batch_dims } => one(shape::gather_nd(x()?, y()?, *batch_dims)),
+        Resize(r) => one(resample::resize(r, ins)),
         Expand => one(shape::expand(x()?, y()?)),
         Shape { start, end } => one(shape::shape_of(x()?, *start, *end)),
         Size => one(shape::size_of(x()?)),

@@ -525,6 +525,43 @@ fn shape_ops() {
     );
 }
 
+/// Resize: gathers along each resized axis with per-tap weights. Nearest (one tap),
+/// linear and cubic (two and four, edge taps clamped or excluded), antialiased
+/// downsampling (wider filters), tf_crop_and_resize with its extrapolated border, and
+/// the legacy Upsample form.
+#[test]
+fn resize_modes() {
+    let x = || In::D(normal(&[1, 2, 4, 5], 150));
+    let f32s = |v: &[f32]| In::F(Tensor::from_slice(v));
+    let rs = |mode, coord| Resize {
+        mode,
+        coord,
+        nearest: NearestMode::RoundPreferFloor,
+        aspect: AspectPolicy::Stretch,
+        cubic_a: -0.75,
+        exclude_outside: false,
+        extrapolation: 0.0,
+        antialias: false,
+        axes: None,
+        legacy: false,
+    };
+    let up = f32s(&[1.0, 1.0, 2.0, 1.5]);
+    let down = f32s(&[1.0, 1.0, 0.6, 0.5]);
+    g1(Kernel::Resize(rs(ResizeMode::Nearest, CoordMode::Asymmetric)), vec![x(), In::N, up]);
+    g1(Kernel::Resize(rs(ResizeMode::Linear, CoordMode::HalfPixel)), vec![x(), In::N, f32s(&[1.0, 1.0, 1.7, 0.6])]);
+    let cubic = Resize { exclude_outside: true, cubic_a: -0.5, ..rs(ResizeMode::Cubic, CoordMode::AlignCorners) };
+    g1(Kernel::Resize(cubic), vec![x(), In::N, In::N, In::F(i64s(&[1, 2, 3, 7], &[4]))]);
+    g1(Kernel::Resize(rs(ResizeMode::Cubic, CoordMode::HalfPixel)), vec![x(), In::N, down]);
+    for mode in [ResizeMode::Linear, ResizeMode::Cubic] {
+        let aa = Resize { antialias: true, ..rs(mode, CoordMode::PytorchHalfPixel) };
+        g1(Kernel::Resize(aa), vec![x(), In::N, f32s(&[1.0, 1.0, 0.6, 0.5])]);
+    }
+    let crop = Resize { extrapolation: 2.5, axes: Some(vec![3, 2]), ..rs(ResizeMode::Linear, CoordMode::TfCropAndResize) };
+    g1(Kernel::Resize(crop), vec![x(), f32s(&[0.2, 0.4, 1.3, 0.9]), In::N, In::F(i64s(&[6, 3], &[2]))]);
+    let legacy = Resize { legacy: true, nearest: NearestMode::Floor, ..rs(ResizeMode::Linear, CoordMode::Asymmetric) };
+    g1(Kernel::Resize(legacy), vec![x(), f32s(&[1.0, 1.0, 2.0, 3.0])]);
+}
+
 #[test]
 fn pad_modes() {
     for mode in [

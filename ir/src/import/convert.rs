@@ -126,6 +126,8 @@ fn convert_op(op_type: &str, version: i64, a: &mut Attrs, n_inputs: usize) -> Re
         "Slice" => Op::Slice(Slice { attrs: None }),
         "Gather" => Op::Gather { axis: a.int_or("axis", 0)? },
         "GatherElements" => Op::GatherElements { axis: a.int_or("axis", 0)? },
+        "Resize" => Op::Resize(resize(a, version)?),
+        "Upsample" => Op::Upsample(resize(a, 10)?),
         "GatherND" => Op::GatherND { batch_dims: a.int_or("batch_dims", 0)? },
         "Expand" => Op::Expand,
         "Where" => Op::Where,
@@ -202,6 +204,51 @@ fn convert_op(op_type: &str, version: i64, a: &mut Attrs, n_inputs: usize) -> Re
 }
 
 /// Reads the convolution/pool window attributes.
+/// Resize's attributes at schema `version` (10: the legacy form, which Upsample shares).
+fn resize(a: &mut Attrs, version: i64) -> Result<Resize, String> {
+    let legacy = version < 11;
+    let mode = a.string("mode")?.unwrap_or_else(|| "nearest".into());
+    let mode = match ResizeMode::parse(&mode) {
+        Some(ResizeMode::Cubic) if legacy => None,
+        m => m,
+    }
+    .ok_or_else(|| format!("mode={mode:?} is not a Resize mode at this opset"))?;
+    if legacy {
+        let (coord, nearest) = (CoordMode::Asymmetric, NearestMode::Floor);
+        return Ok(Resize { mode, coord, nearest, cubic_a: -0.75, exclude_outside: false, extrapolation: 0.0, antialias: false, axes: None, aspect: AspectPolicy::Stretch, legacy });
+    }
+    let coord = a.string("coordinate_transformation_mode")?.unwrap_or_else(|| "half_pixel".into());
+    let coord = match CoordMode::parse(&coord) {
+        Some(CoordMode::HalfPixelSymmetric) if version < 19 => None,
+        c => c,
+    }
+    .ok_or_else(|| format!("coordinate_transformation_mode={coord:?} is not known at this opset"))?;
+    let nearest = a.string("nearest_mode")?.unwrap_or_else(|| "round_prefer_floor".into());
+    let nearest = NearestMode::parse(&nearest).ok_or_else(|| format!("nearest_mode={nearest:?} is not known"))?;
+    let (antialias, axes, aspect) = if version >= 18 {
+        let policy = a.string("keep_aspect_ratio_policy")?.unwrap_or_else(|| "stretch".into());
+        let aspect = AspectPolicy::parse(&policy).ok_or_else(|| format!("keep_aspect_ratio_policy={policy:?} is not known"))?;
+        (a.bool_or("antialias", false)?, a.ints("axes")?, aspect)
+    } else {
+        (false, None, AspectPolicy::Stretch)
+    };
+    if antialias && mode == ResizeMode::Nearest {
+        return Err("antialias applies to the linear and cubic modes, not nearest".into());
+    }
+    Ok(Resize {
+        mode,
+        coord,
+        nearest,
+        cubic_a: a.float_or("cubic_coeff_a", -0.75)?,
+        exclude_outside: a.bool_or("exclude_outside", false)?,
+        extrapolation: a.float_or("extrapolation_value", 0.0)?,
+        antialias,
+        axes,
+        aspect,
+        legacy,
+    })
+}
+
 fn window(a: &mut Attrs) -> Result<Window, String> {
     let auto_pad = match a.string("auto_pad")?.as_deref() {
         None | Some("NOTSET") | Some("") => AutoPad::NotSet,
