@@ -226,6 +226,8 @@ fn shape_kernel(op: &Op, n_out: usize, n_in: usize) -> Kernel {
         }),
         Op::Tile => Kernel::Tile,
         Op::Resize(r) | Op::Upsample(r) => Kernel::Resize(resize(r)),
+        Op::DepthToSpace { blocksize, crd } => Kernel::DepthToSpace { blocksize: *blocksize, crd: *crd },
+        Op::SpaceToDepth { blocksize, crd } => Kernel::SpaceToDepth { blocksize: *blocksize, crd: *crd },
         Op::CumSum { exclusive, reverse } => Kernel::CumSum { exclusive: *exclusive, reverse: *reverse },
         // Within one program a crossing is the identity; stage modules split here.
         Op::StageBoundary { .. } => Kernel::Unary(rt::UnaryKind::Identity),

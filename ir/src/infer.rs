@@ -278,6 +278,8 @@ pub fn infer(op: &Op, ins: &[Option<In>], n_out: usize, ctx: Ctx) -> R<Vec<Tenso
         }
         Op::Pad(p) => pad(p, ins),
         Op::Resize(r) | Op::Upsample(r) => resize(r, ins),
+        Op::DepthToSpace { blocksize, .. } => block_move(&x()?.ty, *blocksize, true),
+        Op::SpaceToDepth { blocksize, .. } => block_move(&x()?.ty, *blocksize, false),
         Op::Tile => {
             let t = &x()?.ty;
             // Repeats may be the batch (a dynamic export tiles position ids over it).
@@ -633,6 +635,31 @@ fn gather_nd(data: &TensorType, idx: &TensorType, batch_dims: i64) -> R<Vec<Tens
     }
     let out: Vec<Dim> = i[..i.len() - 1].iter().chain(&d[b + k..]).cloned().collect();
     Ok(vec![TensorType::new(data.dtype, Shape(out))])
+}
+
+/// DepthToSpace (`to_space`) and SpaceToDepth on `[N, C, H, W]`: channels divided by
+/// `b * b` and both spatial extents multiplied by `b`, or the reverse.
+fn block_move(t: &TensorType, b: i64, to_space: bool) -> R<Vec<TensorType>> {
+    let d = &t.shape.0;
+    let fixed = |i: usize| d[i].fixed().ok_or(format!("axis {i} of {} must have a fixed extent", t.shape));
+    if d.len() != 4 {
+        return Err(format!("the input {} is not 4-D", t.shape));
+    }
+    let (c, h, w) = (fixed(1)?, fixed(2)?, fixed(3)?);
+    let bb = b.checked_mul(b).ok_or("blocksize overflows")?;
+    let out = if to_space {
+        if c % bb != 0 {
+            return Err(format!("{c} channels are not a multiple of blocksize^2 = {bb}"));
+        }
+        [c / bb, h.checked_mul(b).ok_or("extent overflows")?, w.checked_mul(b).ok_or("extent overflows")?]
+    } else {
+        if h % b != 0 || w % b != 0 {
+            return Err(format!("spatial extents {h}x{w} are not multiples of blocksize {b}"));
+        }
+        [c.checked_mul(bb).ok_or("extent overflows")?, h / b, w / b]
+    };
+    let shape = std::iter::once(d[0].clone()).chain(out.iter().map(|&v| Dim::Fixed(v))).collect();
+    Ok(vec![TensorType::new(t.dtype, Shape(shape))])
 }
 
 /// A Resize input that fixes the output shape (roi, scales, sizes): `None` when omitted

@@ -260,6 +260,11 @@ pub enum Op {
     Tile,
     CumSum { exclusive: bool, reverse: bool },
     Resize(Resize),
+    /// Moves `blocksize x blocksize` blocks of channels into space; `crd`: the channels
+    /// are column-row-depth ordered (default depth-column-row).
+    DepthToSpace { blocksize: i64, crd: bool },
+    /// The inverse of DepthToSpace.
+    SpaceToDepth { blocksize: i64, crd: bool },
     /// Upsample (opset 9): a legacy Resize under its own name.
     Upsample(Resize),
     /// Not an ONNX op: the crossing of a tensor from pipeline stage `from` to stage
@@ -331,6 +336,8 @@ impl Op {
             Op::Tile => "Tile",
             Op::CumSum { .. } => "CumSum",
             Op::Resize(_) => "Resize",
+            Op::DepthToSpace { .. } => "DepthToSpace",
+            Op::SpaceToDepth { .. } => "SpaceToDepth",
             Op::Upsample(_) => "Upsample",
             Op::StageBoundary { .. } => "StageBoundary",
         }
@@ -491,6 +498,12 @@ impl Op {
                 a.b("reverse", *reverse);
             }
             Op::Resize(r) | Op::Upsample(r) => resize_attributes(&mut a, r),
+            Op::DepthToSpace { blocksize, crd } | Op::SpaceToDepth { blocksize, crd } => {
+                a.i("blocksize", *blocksize);
+                if *crd {
+                    a.s("mode", "CRD");
+                }
+            }
             Op::StageBoundary { from, to } => {
                 a.i("from", i64::from(*from));
                 a.i("to", i64::from(*to));

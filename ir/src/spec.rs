@@ -68,6 +68,7 @@ specs! {
     "Cos": [7, 22] from 7, in 1..1, out 1..1;
     "Cosh": [9, 22] from 9, in 1..1, out 1..1;
     "CumSum": [11, 14] from 11, in 2..2, out 1..1;
+    "DepthToSpace": [1, 11, 13, 28] from 1, in 1..1, out 1..1;
     "Div": [1, 6, 7, 13, 14] from 7, in 2..2, out 1..1;
     "Dropout": [1, 6, 7, 10, 12, 13, 22] from 7, in 1..3, out 1..2;
     "Einsum": [12, 28] from 12, in 1..V, out 1..1;
@@ -140,6 +141,7 @@ specs! {
     "Softmax": [1, 11, 13] from 1, in 1..1, out 1..1;
     "Softplus": [1, 22] from 1, in 1..1, out 1..1;
     "Softsign": [1, 22] from 1, in 1..1, out 1..1;
+    "SpaceToDepth": [1, 13, 28] from 1, in 1..1, out 1..1;
     "Split": [1, 2, 11, 13, 18] from 2, in 1..2, out 1..V;
     "Sqrt": [1, 6, 13] from 1, in 1..1, out 1..1;
     "Squeeze": [1, 11, 13, 21, 23, 24, 25] from 1, in 1..2, out 1..1;

@@ -562,6 +562,15 @@ fn resize_modes() {
     g1(Kernel::Resize(legacy), vec![x(), f32s(&[1.0, 1.0, 2.0, 3.0])]);
 }
 
+/// DepthToSpace and SpaceToDepth in both channel orders (reshape, transpose, reshape).
+#[test]
+fn block_moves() {
+    for crd in [false, true] {
+        g1(Kernel::DepthToSpace { blocksize: 2, crd }, vec![In::D(normal(&[2, 8, 2, 3], 151))]);
+        g1(Kernel::SpaceToDepth { blocksize: 2, crd }, vec![In::D(normal(&[2, 2, 4, 6], 152))]);
+    }
+}
+
 #[test]
 fn pad_modes() {
     for mode in [

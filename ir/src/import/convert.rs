@@ -127,6 +127,19 @@ fn convert_op(op_type: &str, version: i64, a: &mut Attrs, n_inputs: usize) -> Re
         "Gather" => Op::Gather { axis: a.int_or("axis", 0)? },
         "GatherElements" => Op::GatherElements { axis: a.int_or("axis", 0)? },
         "Resize" => Op::Resize(resize(a, version)?),
+        "DepthToSpace" | "SpaceToDepth" => {
+            let blocksize = a.int("blocksize")?.ok_or("attribute \"blocksize\" is required")?;
+            if blocksize <= 0 {
+                return Err(format!("blocksize {blocksize} is not positive"));
+            }
+            let has_mode = version >= if op_type == "DepthToSpace" { 11 } else { 28 };
+            let crd = match a.string("mode")?.as_deref() {
+                None | Some("DCR") => false,
+                Some("CRD") if has_mode => true,
+                Some(other) => return Err(format!("mode={other:?} is not a {op_type} mode at this opset")),
+            };
+            if op_type == "DepthToSpace" { Op::DepthToSpace { blocksize, crd } } else { Op::SpaceToDepth { blocksize, crd } }
+        }
         "Upsample" => Op::Upsample(resize(a, 10)?),
         "GatherND" => Op::GatherND { batch_dims: a.int_or("batch_dims", 0)? },
         "Expand" => Op::Expand,

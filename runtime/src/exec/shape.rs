@@ -257,6 +257,36 @@ pub(crate) fn gather_nd(data: &Tensor, idx: &Tensor, batch_dims: i64) -> R<Tenso
     Ok(picked.f_reshape(&out)?)
 }
 
+/// The `[N, C, H, W]` extents of a DepthToSpace/SpaceToDepth input with blocksize `b`.
+fn nchw(x: &Tensor, b: i64) -> R<(i64, i64, i64, i64)> {
+    match x.size().as_slice() {
+        &[n, c, h, w] if b > 0 => Ok((n, c, h, w)),
+        d => Err(invalid(format!("expected a 4-D input and a positive blocksize, got {d:?} and {b}"))),
+    }
+}
+
+/// DepthToSpace: the channels split into `b x b` blocks (leading for DCR, trailing for
+/// CRD) which a transpose interleaves with the rows and columns.
+pub(crate) fn depth_to_space(x: &Tensor, b: i64, crd: bool) -> R<Tensor> {
+    let (n, c, h, w) = nchw(x, b)?;
+    if c % (b * b) != 0 {
+        return Err(invalid(format!("{c} channels are not a multiple of blocksize^2 = {}", b * b)));
+    }
+    let k = c / (b * b);
+    let (split, perm) = if crd { ([n, k, b, b, h, w], [0, 1, 4, 2, 5, 3]) } else { ([n, b, b, k, h, w], [0, 3, 4, 1, 5, 2]) };
+    Ok(x.f_reshape(split)?.f_permute(perm)?.f_reshape([n, k, h * b, w * b])?)
+}
+
+/// SpaceToDepth: the inverse of DepthToSpace in the same mode.
+pub(crate) fn space_to_depth(x: &Tensor, b: i64, crd: bool) -> R<Tensor> {
+    let (n, c, h, w) = nchw(x, b)?;
+    if h % b != 0 || w % b != 0 {
+        return Err(invalid(format!("spatial extents {h}x{w} are not multiples of blocksize {b}")));
+    }
+    let perm = if crd { [0, 1, 3, 5, 2, 4] } else { [0, 3, 5, 1, 2, 4] };
+    Ok(x.f_reshape([n, c, h / b, b, w / b, b])?.f_permute(perm)?.f_reshape([n, c * b * b, h / b, w / b])?)
+}
+
 /// Expand: bidirectional numpy broadcast of the input's shape and the given shape.
 pub(crate) fn expand(x: &Tensor, shape: &Tensor) -> R<Tensor> {
     let out = broadcast_shapes(&x.size(), &ints(shape)?)?;
