@@ -226,6 +226,19 @@ fn shape_kernel(op: &Op, n_out: usize, n_in: usize) -> Kernel {
         }),
         Op::Tile => Kernel::Tile,
         Op::Resize(r) | Op::Upsample(r) => Kernel::Resize(resize(r)),
+        Op::GridSample { mode, padding, align_corners, .. } => Kernel::GridSample {
+            mode: match mode {
+                ir::ResizeMode::Nearest => rt::ResizeMode::Nearest,
+                ir::ResizeMode::Linear => rt::ResizeMode::Linear,
+                ir::ResizeMode::Cubic => rt::ResizeMode::Cubic,
+            },
+            padding: match padding {
+                ir::GridPadding::Zeros => rt::GridPadding::Zeros,
+                ir::GridPadding::Border => rt::GridPadding::Border,
+                ir::GridPadding::Reflection => rt::GridPadding::Reflection,
+            },
+            align_corners: *align_corners,
+        },
         Op::DepthToSpace { blocksize, crd } => Kernel::DepthToSpace { blocksize: *blocksize, crd: *crd },
         Op::SpaceToDepth { blocksize, crd } => Kernel::SpaceToDepth { blocksize: *blocksize, crd: *crd },
         Op::CumSum { exclusive, reverse } => Kernel::CumSum { exclusive: *exclusive, reverse: *reverse },

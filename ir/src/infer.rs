@@ -278,6 +278,7 @@ pub fn infer(op: &Op, ins: &[Option<In>], n_out: usize, ctx: Ctx) -> R<Vec<Tenso
         }
         Op::Pad(p) => pad(p, ins),
         Op::Resize(r) | Op::Upsample(r) => resize(r, ins),
+        Op::GridSample { mode, .. } => grid_sample(&x()?.ty, &req(1)?.ty, *mode),
         Op::DepthToSpace { blocksize, .. } => block_move(&x()?.ty, *blocksize, true),
         Op::SpaceToDepth { blocksize, .. } => block_move(&x()?.ty, *blocksize, false),
         Op::Tile => {
@@ -635,6 +636,23 @@ fn gather_nd(data: &TensorType, idx: &TensorType, batch_dims: i64) -> R<Vec<Tens
     }
     let out: Vec<Dim> = i[..i.len() - 1].iter().chain(&d[b + k..]).cloned().collect();
     Ok(vec![TensorType::new(data.dtype, Shape(out))])
+}
+
+/// GridSample's output `[N, C, grid spatial extents]`: a 4-D or 5-D float input, the grid
+/// `[N, spatial..., rank - 2]`.
+fn grid_sample(x: &TensorType, grid: &TensorType, mode: ResizeMode) -> R<Vec<TensorType>> {
+    let (d, g) = (&x.shape.0, &grid.shape.0);
+    if !(4..=5).contains(&d.len()) || (mode == ResizeMode::Cubic && d.len() != 4) {
+        return Err(format!("{} sampling of a {}-D input is not supported (4-D, or 5-D without cubic)", mode.name(), d.len()));
+    }
+    if !x.dtype.is_float() || !grid.dtype.is_float() {
+        return Err(format!("input {} and grid {} must be floats", x.dtype, grid.dtype));
+    }
+    if g.len() != d.len() || g.last() != Some(&Dim::Fixed(d.len() as i64 - 2)) || g[0] != d[0] {
+        return Err(format!("grid {} does not fit input {}", grid.shape, x.shape));
+    }
+    let out: Vec<Dim> = d[..2].iter().chain(&g[1..g.len() - 1]).cloned().collect();
+    Ok(vec![TensorType::new(x.dtype, Shape(out))])
 }
 
 /// DepthToSpace (`to_space`) and SpaceToDepth on `[N, C, H, W]`: channels divided by

@@ -199,6 +199,12 @@ pub struct Resize {
     pub legacy: bool,
 }
 
+/// GridSample `padding_mode`: the value of a sample outside the input.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum GridPadding {
+    Zeros, Border, Reflection,
+}
+
 /// One operator with its typed attributes.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Op {
@@ -263,6 +269,9 @@ pub enum Op {
     /// Moves `blocksize x blocksize` blocks of channels into space; `crd`: the channels
     /// are column-row-depth ordered (default depth-column-row).
     DepthToSpace { blocksize: i64, crd: bool },
+    /// Samples the input at the grid's normalised coordinates (4-D or 5-D); `v16`: the
+    /// opset-16 spelling of the modes (bilinear, bicubic).
+    GridSample { mode: ResizeMode, padding: GridPadding, align_corners: bool, v16: bool },
     /// The inverse of DepthToSpace.
     SpaceToDepth { blocksize: i64, crd: bool },
     /// Upsample (opset 9): a legacy Resize under its own name.
@@ -337,6 +346,7 @@ impl Op {
             Op::CumSum { .. } => "CumSum",
             Op::Resize(_) => "Resize",
             Op::DepthToSpace { .. } => "DepthToSpace",
+            Op::GridSample { .. } => "GridSample",
             Op::SpaceToDepth { .. } => "SpaceToDepth",
             Op::Upsample(_) => "Upsample",
             Op::StageBoundary { .. } => "StageBoundary",
@@ -498,6 +508,16 @@ impl Op {
                 a.b("reverse", *reverse);
             }
             Op::Resize(r) | Op::Upsample(r) => resize_attributes(&mut a, r),
+            Op::GridSample { mode, padding, align_corners, v16 } => {
+                let name = match (mode, v16) {
+                    (ResizeMode::Linear, true) => "bilinear",
+                    (ResizeMode::Cubic, true) => "bicubic",
+                    (m, _) => m.name(),
+                };
+                a.s("mode", name);
+                a.s("padding_mode", padding.name());
+                a.flag("align_corners", *align_corners);
+            }
             Op::DepthToSpace { blocksize, crd } | Op::SpaceToDepth { blocksize, crd } => {
                 a.i("blocksize", *blocksize);
                 if *crd {
@@ -646,6 +666,7 @@ onnx_names!(CoordMode {
 onnx_names!(NearestMode {
     RoundPreferFloor => "round_prefer_floor", RoundPreferCeil => "round_prefer_ceil", Floor => "floor", Ceil => "ceil"
 });
+onnx_names!(GridPadding { Zeros => "zeros", Border => "border", Reflection => "reflection" });
 onnx_names!(AspectPolicy { Stretch => "stretch", NotLarger => "not_larger", NotSmaller => "not_smaller" });
 
 pub fn auto_pad_name(p: AutoPad) -> &'static str {

@@ -88,6 +88,7 @@ specs! {
     "GlobalMaxPool": [1, 22] from 1, in 1..1, out 1..1;
     "Greater": [1, 7, 9, 13] from 7, in 2..2, out 1..1;
     "GreaterOrEqual": [12, 16] from 12, in 2..2, out 1..1;
+    "GridSample": [16, 20, 22] from 16, in 2..2, out 1..1;
     "HardSigmoid": [1, 6, 22] from 1, in 1..1, out 1..1;
     "HardSwish": [14, 22] from 14, in 1..1, out 1..1;
     "Identity": [1, 13, 14, 16, 19, 21, 23, 24, 25] from 1, in 1..1, out 1..1;

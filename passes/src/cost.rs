@@ -18,8 +18,9 @@
 //! - **Reductions, ArgMax/ArgMin, CumSum**: `in_numel`. Backward 1x.
 //! - **Gather / GatherElements / GatherND**: `out_numel`. Backward 1x (scatter-add).
 //! - **Resize / Upsample**: 2 per output element and tap (nearest 1, linear 2, cubic 4
-//!   taps per resized axis; antialiased downsampling more, taken as 4). Backward 1x
-//!   (scatter-add of the gathers).
+//!   taps per resized axis; antialiased downsampling more, taken as 4). **GridSample**: 2
+//!   per output element and tap (nearest 1, linear 2^d, cubic 16 for d spatial axes).
+//!   Backward 1x (scatter-add of the gathers).
 //! - **Shape and data-movement ops** (Reshape, Transpose, Concat, Slice, Split, Pad, Expand,
 //!   Tile, ...): 0 flops, but their bytes moved count.
 //!
@@ -122,7 +123,7 @@ impl OpClass {
                 OpClass::Reduction
             }
             Op::Gather { .. } | Op::GatherElements { .. } | Op::GatherND { .. } => OpClass::Gather,
-            Op::Resize(_) | Op::Upsample(_) => OpClass::Gather,
+            Op::Resize(_) | Op::Upsample(_) | Op::GridSample { .. } => OpClass::Gather,
             op if op.is_elementwise() => OpClass::Elementwise,
             _ => OpClass::DataMovement,
         }
@@ -462,6 +463,15 @@ fn flops(g: &Graph, n: NodeId, export: i64) -> (Lin, f64) {
                 ResizeMode::Nearest => 1.0,
                 ResizeMode::Linear if !r.antialias => 2.0,
                 _ => 4.0,
+            };
+            (out_numel.scale(2.0 * taps), 1.0)
+        }
+        Op::GridSample { mode, .. } => {
+            let spatial = ty_in(0).map_or(2, |t| t.shape.rank().saturating_sub(2)) as i32;
+            let taps = match mode {
+                ResizeMode::Nearest => 1.0,
+                ResizeMode::Linear => 2f64.powi(spatial),
+                ResizeMode::Cubic => 4f64.powi(spatial),
             };
             (out_numel.scale(2.0 * taps), 1.0)
         }

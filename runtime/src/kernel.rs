@@ -238,6 +238,12 @@ pub enum AspectPolicy {
     Stretch, NotLarger, NotSmaller,
 }
 
+/// ONNX `GridSample` `padding_mode`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum GridPadding {
+    Zeros, Border, Reflection,
+}
+
 /// Resize and Upsample. Inputs: X, roi, scales, sizes; `legacy` (opset-10 Resize,
 /// Upsample): X, scales.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -303,6 +309,7 @@ pub enum Kernel {
     GatherNd { batch_dims: i64 },
     Resize(Resize),
     DepthToSpace { blocksize: i64, crd: bool },
+    GridSample { mode: ResizeMode, padding: GridPadding, align_corners: bool },
     SpaceToDepth { blocksize: i64, crd: bool },
     Expand,
     Where,
@@ -361,7 +368,7 @@ fn plain_name(k: &Kernel) -> &'static str {
         Squeeze { .. } => "Squeeze", Unsqueeze { .. } => "Unsqueeze", Concat { .. } => "Concat",
         Split(_) => "Split", Slice(_) => "Slice", Gather { .. } => "Gather",
         GatherElements { .. } => "GatherElements", GatherNd { .. } => "GatherND", Resize(_) => "Resize",
-        DepthToSpace { .. } => "DepthToSpace", SpaceToDepth { .. } => "SpaceToDepth", Expand => "Expand", Where => "Where",
+        DepthToSpace { .. } => "DepthToSpace", GridSample { .. } => "GridSample", SpaceToDepth { .. } => "SpaceToDepth", Expand => "Expand", Where => "Where",
         Cast { .. } => "Cast", CastLike => "CastLike", Shape { .. } => "Shape", Size => "Size",
         ConstantOfShape { .. } => "ConstantOfShape", Range => "Range", ArgMax { .. } => "ArgMax",
         ArgMin { .. } => "ArgMin", Trilu { .. } => "Trilu", Einsum { .. } => "Einsum",

@@ -562,6 +562,28 @@ fn resize_modes() {
     g1(Kernel::Resize(legacy), vec![x(), f32s(&[1.0, 1.0, 2.0, 3.0])]);
 }
 
+/// GridSample through libtorch's grid sampler: gradients for the input and for the grid,
+/// 2-D in every mode and padding, and 3-D linear.
+#[test]
+fn grid_sample_modes() {
+    let grid = |shape: &[i64], seed| In::D(rand(shape, seed, -1.2, 1.2));
+    let cases = [
+        (ResizeMode::Linear, GridPadding::Zeros, false),
+        (ResizeMode::Linear, GridPadding::Border, true),
+        (ResizeMode::Linear, GridPadding::Reflection, false),
+        (ResizeMode::Cubic, GridPadding::Zeros, true),
+    ];
+    for (i, (mode, padding, align_corners)) in cases.into_iter().enumerate() {
+        let k = Kernel::GridSample { mode, padding, align_corners };
+        g1(k, vec![In::D(normal(&[2, 2, 4, 5], 160 + i as u64)), grid(&[2, 3, 2, 2], 170 + i as u64)]);
+    }
+    // Nearest: only the input has a gradient (the grid's is zero almost everywhere).
+    let k = Kernel::GridSample { mode: ResizeMode::Nearest, padding: GridPadding::Border, align_corners: false };
+    g1(k, vec![In::D(normal(&[1, 2, 4, 5], 180)), In::F(rand(&[1, 3, 2, 2], 181, -1.2, 1.2))]);
+    let k = Kernel::GridSample { mode: ResizeMode::Linear, padding: GridPadding::Zeros, align_corners: false };
+    g1(k, vec![In::D(normal(&[1, 1, 3, 2, 2], 182)), grid(&[1, 2, 2, 2, 3], 183)]);
+}
+
 /// DepthToSpace and SpaceToDepth in both channel orders (reshape, transpose, reshape).
 #[test]
 fn block_moves() {

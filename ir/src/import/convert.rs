@@ -127,6 +127,7 @@ fn convert_op(op_type: &str, version: i64, a: &mut Attrs, n_inputs: usize) -> Re
         "Gather" => Op::Gather { axis: a.int_or("axis", 0)? },
         "GatherElements" => Op::GatherElements { axis: a.int_or("axis", 0)? },
         "Resize" => Op::Resize(resize(a, version)?),
+        "GridSample" => grid_sample(a, version)?,
         "DepthToSpace" | "SpaceToDepth" => {
             let blocksize = a.int("blocksize")?.ok_or("attribute \"blocksize\" is required")?;
             if blocksize <= 0 {
@@ -260,6 +261,26 @@ fn resize(a: &mut Attrs, version: i64) -> Result<Resize, String> {
         aspect,
         legacy,
     })
+}
+
+/// GridSample's attributes; opset 16 spells the modes bilinear and bicubic.
+fn grid_sample(a: &mut Attrs, version: i64) -> Result<Op, String> {
+    let v16 = version < 20;
+    let mode = a.string("mode")?;
+    let mode = match (mode.as_deref(), v16) {
+        (None, _) | (Some("bilinear"), true) | (Some("linear"), false) => ResizeMode::Linear,
+        (Some("bicubic"), true) | (Some("cubic"), false) => ResizeMode::Cubic,
+        (Some("nearest"), _) => ResizeMode::Nearest,
+        (Some(other), _) => return Err(format!("mode={other:?} is not a GridSample mode at this opset")),
+    };
+    let padding = a.string("padding_mode")?.unwrap_or_else(|| "zeros".into());
+    let padding = GridPadding::parse(&padding).ok_or_else(|| format!("padding_mode={padding:?} is not known"))?;
+    // ONNX moves (clamps or reflects) an outside source coordinate before taking the four
+    // cubic taps; libtorch pads each tap instead, which gives other values near the edges.
+    if mode == ResizeMode::Cubic && padding != GridPadding::Zeros {
+        return Err(format!("cubic sampling with padding_mode={} is not supported (only zeros)", padding.name()));
+    }
+    Ok(Op::GridSample { mode, padding, align_corners: a.bool_or("align_corners", false)?, v16 })
 }
 
 fn window(a: &mut Attrs) -> Result<Window, String> {

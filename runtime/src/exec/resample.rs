@@ -9,11 +9,14 @@
 //! outside the input take the edge value (or are dropped and the rest renormalised with
 //! `exclude_outside`), and tf_crop_and_resize writes `extrapolation_value` where the
 //! source lies outside the input.
+//!
+//! GridSample is libtorch's grid sampler, whose coordinate mapping, rounding (half to
+//! even) and padding are ONNX's for every mode and padding the importer accepts.
 
 use tch::{Kind, Tensor};
 
 use super::util::{ints, invalid, is_float_kind, kind, need, norm_axis, opt, unsupported, R};
-use crate::kernel::{AspectPolicy, CoordMode, NearestMode, Resize, ResizeMode};
+use crate::kernel::{AspectPolicy, CoordMode, GridPadding, NearestMode, Resize, ResizeMode};
 
 /// How one axis is resampled: its scale factor, output extent and region of interest.
 struct AxisPlan {
@@ -254,4 +257,28 @@ fn apply(r: &Resize, y: &Tensor, p: &AxisPlan, t: &Taps) -> R<Tensor> {
     mshape[p.axis] = p.out;
     let mask = Tensor::f_from_slice(&t.outside)?.f_reshape(&mshape)?.f_to(dev)?;
     Ok(out.f_masked_fill(&mask, f64::from(r.extrapolation))?)
+}
+
+/// GridSample: the grid (cast to the input's type) through libtorch's grid sampler,
+/// differentiable in both the input and the grid.
+pub(crate) fn grid_sample(x: &Tensor, grid: &Tensor, mode: ResizeMode, padding: GridPadding, align_corners: bool) -> R<Tensor> {
+    let rank = x.dim();
+    if !(4..=5).contains(&rank) || (mode == ResizeMode::Cubic && rank != 4) {
+        return Err(unsupported(format!("{mode:?} sampling of a {rank}-D input")));
+    }
+    if !is_float_kind(kind(x)?) {
+        return Err(unsupported(format!("sampling {:?} elements", kind(x)?)));
+    }
+    let interpolation = match mode {
+        ResizeMode::Linear => 0,
+        ResizeMode::Nearest => 1,
+        ResizeMode::Cubic => 2,
+    };
+    let pad = match padding {
+        GridPadding::Zeros => 0,
+        GridPadding::Border => 1,
+        GridPadding::Reflection => 2,
+    };
+    let grid = grid.f_to_kind(kind(x)?)?;
+    Ok(Tensor::f_grid_sampler(x, &grid, interpolation, pad, align_corners)?)
 }
