@@ -226,6 +226,7 @@ fn shape_kernel(op: &Op, n_out: usize, n_in: usize) -> Kernel {
         }),
         Op::Tile => Kernel::Tile,
         Op::Resize(r) | Op::Upsample(r) => Kernel::Resize(resize(r)),
+        Op::AffineGrid { align_corners } => Kernel::AffineGrid { align_corners: *align_corners },
         Op::GridSample { mode, padding, align_corners, .. } => Kernel::GridSample {
             mode: match mode {
                 ir::ResizeMode::Nearest => rt::ResizeMode::Nearest,

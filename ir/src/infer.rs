@@ -278,6 +278,7 @@ pub fn infer(op: &Op, ins: &[Option<In>], n_out: usize, ctx: Ctx) -> R<Vec<Tenso
         }
         Op::Pad(p) => pad(p, ins),
         Op::Resize(r) | Op::Upsample(r) => resize(r, ins),
+        Op::AffineGrid { .. } => affine_grid(&x()?.ty, req(1)?),
         Op::GridSample { mode, .. } => grid_sample(&x()?.ty, &req(1)?.ty, *mode),
         Op::DepthToSpace { blocksize, .. } => block_move(&x()?.ty, *blocksize, true),
         Op::SpaceToDepth { blocksize, .. } => block_move(&x()?.ty, *blocksize, false),
@@ -636,6 +637,23 @@ fn gather_nd(data: &TensorType, idx: &TensorType, batch_dims: i64) -> R<Vec<Tens
     }
     let out: Vec<Dim> = i[..i.len() - 1].iter().chain(&d[b + k..]).cloned().collect();
     Ok(vec![TensorType::new(data.dtype, Shape(out))])
+}
+
+/// AffineGrid's output `[N, spatial..., d]` for `theta` `[N, d, d + 1]` (d = 2 or 3) and
+/// `size` `[N, C, spatial...]` (its batch entry is theta's).
+fn affine_grid(theta: &TensorType, size: In) -> R<Vec<TensorType>> {
+    let t = &theta.shape.0;
+    let size = size.known.ok_or("size is not known at import")?.fixed_ints().ok_or("size must be fixed")?;
+    let d = match t.as_slice() {
+        [_, Dim::Fixed(2), Dim::Fixed(3)] => 2,
+        [_, Dim::Fixed(3), Dim::Fixed(4)] => 3,
+        _ => return Err(format!("theta {} is not [N, 2, 3] or [N, 3, 4]", theta.shape)),
+    };
+    if size.len() != d + 2 || size.iter().any(|&v| v < 0) {
+        return Err(format!("size {size:?} does not fit a {d}-D theta"));
+    }
+    let out: Vec<Dim> = std::iter::once(t[0].clone()).chain(size[2..].iter().map(|&v| Dim::Fixed(v))).chain([Dim::Fixed(d as i64)]).collect();
+    Ok(vec![TensorType::new(theta.dtype, Shape(out))])
 }
 
 /// GridSample's output `[N, C, grid spatial extents]`: a 4-D or 5-D float input, the grid

@@ -269,6 +269,8 @@ pub enum Op {
     /// Moves `blocksize x blocksize` blocks of channels into space; `crd`: the channels
     /// are column-row-depth ordered (default depth-column-row).
     DepthToSpace { blocksize: i64, crd: bool },
+    /// The sampling grid of affine matrices `theta` over an output of the given size.
+    AffineGrid { align_corners: bool },
     /// Samples the input at the grid's normalised coordinates (4-D or 5-D); `v16`: the
     /// opset-16 spelling of the modes (bilinear, bicubic).
     GridSample { mode: ResizeMode, padding: GridPadding, align_corners: bool, v16: bool },
@@ -347,6 +349,7 @@ impl Op {
             Op::Resize(_) => "Resize",
             Op::DepthToSpace { .. } => "DepthToSpace",
             Op::GridSample { .. } => "GridSample",
+            Op::AffineGrid { .. } => "AffineGrid",
             Op::SpaceToDepth { .. } => "SpaceToDepth",
             Op::Upsample(_) => "Upsample",
             Op::StageBoundary { .. } => "StageBoundary",
@@ -508,6 +511,7 @@ impl Op {
                 a.b("reverse", *reverse);
             }
             Op::Resize(r) | Op::Upsample(r) => resize_attributes(&mut a, r),
+            Op::AffineGrid { align_corners } => a.flag("align_corners", *align_corners),
             Op::GridSample { mode, padding, align_corners, v16 } => {
                 let name = match (mode, v16) {
                     (ResizeMode::Linear, true) => "bilinear",

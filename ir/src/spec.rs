@@ -46,6 +46,7 @@ specs! {
     "Acos": [7, 22] from 7, in 1..1, out 1..1;
     "Acosh": [9, 22] from 9, in 1..1, out 1..1;
     "Add": [1, 6, 7, 13, 14] from 7, in 2..2, out 1..1;
+    "AffineGrid": [20] from 20, in 2..2, out 1..1;
     "And": [1, 7] from 7, in 2..2, out 1..1;
     "ArgMax": [1, 11, 12, 13] from 1, in 1..1, out 1..1;
     "ArgMin": [1, 11, 12, 13] from 1, in 1..1, out 1..1;

@@ -584,6 +584,16 @@ fn grid_sample_modes() {
     g1(k, vec![In::D(normal(&[1, 1, 3, 2, 2], 182)), grid(&[1, 2, 2, 2, 3], 183)]);
 }
 
+/// AffineGrid: the grid is linear in theta (2-D and 3-D).
+#[test]
+fn affine_grid() {
+    for align_corners in [false, true] {
+        let k = Kernel::AffineGrid { align_corners };
+        g1(k.clone(), vec![In::D(normal(&[2, 2, 3], 190)), In::F(i64s(&[2, 3, 4, 5], &[4]))]);
+        g1(k, vec![In::D(normal(&[1, 3, 4], 191)), In::F(i64s(&[1, 1, 2, 3, 4], &[5]))]);
+    }
+}
+
 /// DepthToSpace and SpaceToDepth in both channel orders (reshape, transpose, reshape).
 #[test]
 fn block_moves() {

@@ -10,6 +10,7 @@
 //! `exclude_outside`), and tf_crop_and_resize writes `extrapolation_value` where the
 //! source lies outside the input.
 //!
+//! AffineGrid is libtorch's affine grid generator (ONNX defines it as PyTorch's), and
 //! GridSample is libtorch's grid sampler, whose coordinate mapping, rounding (half to
 //! even) and padding are ONNX's for every mode and padding the importer accepts.
 
@@ -281,4 +282,17 @@ pub(crate) fn grid_sample(x: &Tensor, grid: &Tensor, mode: ResizeMode, padding: 
     };
     let grid = grid.f_to_kind(kind(x)?)?;
     Ok(Tensor::f_grid_sampler(x, &grid, interpolation, pad, align_corners)?)
+}
+
+/// AffineGrid: libtorch's generator, differentiable in `theta`. The size's batch entry is
+/// theta's, so a size frozen at the export batch serves any batch.
+pub(crate) fn affine_grid(theta: &Tensor, size: &Tensor, align_corners: bool) -> R<Tensor> {
+    let mut size = ints(size)?;
+    let t = theta.size();
+    let fits = matches!((t.as_slice(), size.len()), ([_, 2, 3], 4) | ([_, 3, 4], 5));
+    if !fits || !is_float_kind(kind(theta)?) {
+        return Err(invalid(format!("theta {t:?} ({:?}) does not fit size {size:?}", kind(theta)?)));
+    }
+    size[0] = t[0];
+    Ok(Tensor::f_affine_grid_generator(theta, &size, align_corners)?)
 }
