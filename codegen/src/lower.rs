@@ -226,6 +226,10 @@ fn shape_kernel(op: &Op, n_out: usize, n_in: usize) -> Kernel {
         }),
         Op::Tile => Kernel::Tile,
         Op::Resize(r) | Op::Upsample(r) => Kernel::Resize(resize(r)),
+        Op::Col2Im { dilations, pads, strides } => {
+            Kernel::Col2Im { dilations: dilations.clone(), pads: pads.clone(), strides: strides.clone() }
+        }
+        Op::CenterCropPad { axes } => Kernel::CenterCropPad { axes: axes.clone() },
         Op::AffineGrid { align_corners } => Kernel::AffineGrid { align_corners: *align_corners },
         Op::GridSample { mode, padding, align_corners, .. } => Kernel::GridSample {
             mode: match mode {

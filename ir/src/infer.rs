@@ -278,6 +278,25 @@ pub fn infer(op: &Op, ins: &[Option<In>], n_out: usize, ctx: Ctx) -> R<Vec<Tenso
         }
         Op::Pad(p) => pad(p, ins),
         Op::Resize(r) | Op::Upsample(r) => resize(r, ins),
+        Op::Col2Im { dilations, pads, strides } => col2im(&x()?.ty, req(1)?, req(2)?, [dilations, pads, strides]),
+        Op::CenterCropPad { axes } => {
+            let t = &x()?.ty;
+            let shape = req(1)?.known.ok_or("shape is not known at import")?.fixed_ints().ok_or("shape must be fixed")?;
+            let rank = t.shape.rank();
+            let axes: Vec<usize> = match axes {
+                Some(a) => a.iter().map(|&a| normalize_axis(a, rank).ok_or(format!("axis {a} out of range for rank {rank}"))).collect::<R<_>>()?,
+                None => (0..rank).collect(),
+            };
+            if shape.len() != axes.len() || shape.iter().any(|&v| v < 0) {
+                return Err(format!("shape {shape:?} does not fit {} axes", axes.len()));
+            }
+            let mut out = t.shape.0.clone();
+            // The target is literal: an axis that was the batch becomes that fixed extent.
+            for (&a, &v) in axes.iter().zip(&shape) {
+                out[a] = Dim::Fixed(v);
+            }
+            out1(t.dtype, Shape(out))
+        }
         Op::AffineGrid { .. } => affine_grid(&x()?.ty, req(1)?),
         Op::GridSample { mode, .. } => grid_sample(&x()?.ty, &req(1)?.ty, *mode),
         Op::DepthToSpace { blocksize, .. } => block_move(&x()?.ty, *blocksize, true),
@@ -637,6 +656,34 @@ fn gather_nd(data: &TensorType, idx: &TensorType, batch_dims: i64) -> R<Vec<Tens
     }
     let out: Vec<Dim> = i[..i.len() - 1].iter().chain(&d[b + k..]).cloned().collect();
     Ok(vec![TensorType::new(data.dtype, Shape(out))])
+}
+
+/// Col2Im's output `[N, C, image...]` from `[N, C * prod(block), L]`, where `L` must be the
+/// number of block positions in the padded image.
+fn col2im(x: &TensorType, image: In, block: In, [dil, pads, strides]: [&Vec<i64>; 3]) -> R<Vec<TensorType>> {
+    let known = |i: In, what: &str| i.known.and_then(|k| k.fixed_ints()).ok_or(format!("{what} is not known at import"));
+    let (image, block) = (known(image, "image_shape")?, known(block, "block_shape")?);
+    let n = image.len();
+    let or = |v: &Vec<i64>, len: usize, d: i64| if v.is_empty() { Ok(vec![d; len]) } else if v.len() == len { Ok(v.clone()) } else { Err(format!("{} values where {len} are needed", v.len())) };
+    let (dil, pads, strides) = (or(dil, n, 1)?, or(pads, 2 * n, 0)?, or(strides, n, 1)?);
+    let d = &x.shape.0;
+    let (Some(ck), Some(l)) = (d.get(1).and_then(|v| v.fixed()), d.get(2).and_then(|v| v.fixed())) else {
+        return Err(format!("input {} is not [N, C * prod(block), L] with fixed C and L", x.shape));
+    };
+    let k: i64 = block.iter().product();
+    if d.len() != 3 || block.len() != n || n == 0 || k <= 0 || ck % k != 0 || dil.iter().chain(&strides).any(|&v| v <= 0) {
+        return Err(format!("input {} does not fit blocks {block:?} of image {image:?}", x.shape));
+    }
+    let mut blocks = 1i64;
+    for i in 0..n {
+        let span = dil[i].checked_mul(block[i] - 1).ok_or("block span overflows")?;
+        blocks = blocks.saturating_mul((image[i] + pads[i] + pads[n + i] - span - 1).div_euclid(strides[i]) + 1);
+    }
+    if blocks != l {
+        return Err(format!("{l} blocks given, the padded image holds {blocks}"));
+    }
+    let out: Vec<Dim> = [d[0].clone(), Dim::Fixed(ck / k)].into_iter().chain(image.iter().map(|&v| Dim::Fixed(v))).collect();
+    Ok(vec![TensorType::new(x.dtype, Shape(out))])
 }
 
 /// AffineGrid's output `[N, spatial..., d]` for `theta` `[N, d, d + 1]` (d = 2 or 3) and

@@ -269,6 +269,11 @@ pub enum Op {
     /// Moves `blocksize x blocksize` blocks of channels into space; `crd`: the channels
     /// are column-row-depth ordered (default depth-column-row).
     DepthToSpace { blocksize: i64, crd: bool },
+    /// Sums sliding blocks `[N, C * prod(block), L]` back into an image (inputs: the
+    /// image shape and the block shape); empty vectors are the ONNX defaults.
+    Col2Im { dilations: Vec<i64>, pads: Vec<i64>, strides: Vec<i64> },
+    /// Crops or zero-pads each of `axes` (default all) around its centre to the shape input.
+    CenterCropPad { axes: Option<Vec<i64>> },
     /// The sampling grid of affine matrices `theta` over an output of the given size.
     AffineGrid { align_corners: bool },
     /// Samples the input at the grid's normalised coordinates (4-D or 5-D); `v16`: the
@@ -349,6 +354,8 @@ impl Op {
             Op::Resize(_) => "Resize",
             Op::DepthToSpace { .. } => "DepthToSpace",
             Op::GridSample { .. } => "GridSample",
+            Op::Col2Im { .. } => "Col2Im",
+            Op::CenterCropPad { .. } => "CenterCropPad",
             Op::AffineGrid { .. } => "AffineGrid",
             Op::SpaceToDepth { .. } => "SpaceToDepth",
             Op::Upsample(_) => "Upsample",
@@ -511,6 +518,18 @@ impl Op {
                 a.b("reverse", *reverse);
             }
             Op::Resize(r) | Op::Upsample(r) => resize_attributes(&mut a, r),
+            Op::Col2Im { dilations, pads, strides } => {
+                for (k, v) in [("dilations", dilations), ("pads", pads), ("strides", strides)] {
+                    if !v.is_empty() {
+                        a.ints(k, v);
+                    }
+                }
+            }
+            Op::CenterCropPad { axes } => {
+                if let Some(axes) = axes {
+                    a.ints("axes", axes);
+                }
+            }
             Op::AffineGrid { align_corners } => a.flag("align_corners", *align_corners),
             Op::GridSample { mode, padding, align_corners, v16 } => {
                 let name = match (mode, v16) {

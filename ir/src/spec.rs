@@ -60,7 +60,9 @@ specs! {
     "CastLike": [15, 19, 21, 23, 24, 25] from 15, in 2..2, out 1..1;
     "Ceil": [1, 6, 13] from 1, in 1..1, out 1..1;
     "Celu": [12, 28] from 12, in 1..1, out 1..1;
+    "CenterCropPad": [18] from 18, in 2..2, out 1..1;
     "Clip": [1, 6, 11, 12, 13] from 1, in 1..3, out 1..1;
+    "Col2Im": [18] from 18, in 3..3, out 1..1;
     "Concat": [1, 4, 11, 13] from 4, in 1..V, out 1..1;
     "Constant": [1, 9, 11, 12, 13, 19, 21, 23, 24, 25] from 1, in 0..0, out 1..1;
     "ConstantOfShape": [9, 20, 21, 23, 24, 25] from 9, in 1..1, out 1..1;

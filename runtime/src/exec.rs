@@ -161,6 +161,8 @@ fn dispatch_shape(k: &Kernel, ins: &[Option<&Tensor>]) -> R<Vec<Tensor>> {
         GatherElements { axis } => one(shape::gather_elements(x()?, y()?, *axis)),
         GatherNd { batch_dims } => one(shape::gather_nd(x()?, y()?, *batch_dims)),
         Resize(r) => one(resample::resize(r, ins)),
+        Col2Im { dilations, pads, strides } => one(shape::col2im(ins, [dilations, pads, strides])),
+        CenterCropPad { axes } => one(shape::center_crop_pad(x()?, y()?, axes.as_deref())),
         AffineGrid { align_corners } => one(resample::affine_grid(x()?, y()?, *align_corners)),
         GridSample { mode, padding, align_corners } => one(resample::grid_sample(x()?, y()?, *mode, *padding, *align_corners)),
         DepthToSpace { blocksize, crd } => one(shape::depth_to_space(x()?, *blocksize, *crd)),

@@ -594,6 +594,19 @@ fn affine_grid() {
     }
 }
 
+/// Col2Im (overlapping blocks add up; strides, dilations, pads and a 3-D image) and
+/// CenterCropPad (a crop on one axis, a pad on another).
+#[test]
+fn col2im_and_center_crop_pad() {
+    let k = |d: &[i64], p: &[i64], s: &[i64]| Kernel::Col2Im { dilations: d.to_vec(), pads: p.to_vec(), strides: s.to_vec() };
+    let ints = |v: &[i64]| In::F(i64s(v, &[v.len() as i64]));
+    g1(k(&[], &[], &[]), vec![In::D(normal(&[2, 4, 12], 200)), ints(&[4, 5]), ints(&[2, 2])]);
+    g1(k(&[1, 2], &[1, 0, 1, 1], &[2, 1]), vec![In::D(normal(&[1, 6, 8], 201)), ints(&[4, 5]), ints(&[3, 2])]);
+    g1(k(&[], &[], &[]), vec![In::D(normal(&[1, 4, 6], 202)), ints(&[3, 2, 3]), ints(&[1, 2, 2])]);
+    let crop = Kernel::CenterCropPad { axes: Some(vec![-1, 1]) };
+    g1(crop, vec![In::D(normal(&[2, 5, 6], 203)), ints(&[3, 8])]);
+}
+
 /// DepthToSpace and SpaceToDepth in both channel orders (reshape, transpose, reshape).
 #[test]
 fn block_moves() {

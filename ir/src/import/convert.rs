@@ -128,6 +128,12 @@ fn convert_op(op_type: &str, version: i64, a: &mut Attrs, n_inputs: usize) -> Re
         "GatherElements" => Op::GatherElements { axis: a.int_or("axis", 0)? },
         "Resize" => Op::Resize(resize(a, version)?),
         "GridSample" => grid_sample(a, version)?,
+        "Col2Im" => Op::Col2Im {
+            dilations: a.ints("dilations")?.unwrap_or_default(),
+            pads: a.ints("pads")?.unwrap_or_default(),
+            strides: a.ints("strides")?.unwrap_or_default(),
+        },
+        "CenterCropPad" => Op::CenterCropPad { axes: a.ints("axes")? },
         "AffineGrid" => Op::AffineGrid { align_corners: a.bool_or("align_corners", false)? },
         "DepthToSpace" | "SpaceToDepth" => {
             let blocksize = a.int("blocksize")?.ok_or("attribute \"blocksize\" is required")?;
