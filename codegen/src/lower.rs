@@ -156,6 +156,7 @@ pub fn kernel(op: &Op, n_out: usize, n_in: usize) -> Kernel {
         }),
         Op::MaxPool(p) => Kernel::MaxPool(pool(p)),
         Op::AveragePool(p) => Kernel::AveragePool(pool(p)),
+        Op::LpPool { pool: po, p } => Kernel::LpPool { pool: pool(po), p: *p },
         Op::GlobalAveragePool => Kernel::GlobalAveragePool,
         Op::GlobalMaxPool => Kernel::GlobalMaxPool,
         Op::BatchNormalization(b) => {

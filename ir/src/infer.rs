@@ -83,6 +83,7 @@ pub fn infer(op: &Op, ins: &[Option<In>], n_out: usize, ctx: Ctx) -> R<Vec<Tenso
             }
             Ok(outs)
         }
+        Op::LpPool { pool: p, .. } => Ok(vec![pool(p, x()?)?]),
         Op::GlobalAveragePool | Op::GlobalMaxPool => {
             let t = &x()?.ty;
             if t.shape.rank() < 3 {

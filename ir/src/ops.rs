@@ -229,6 +229,8 @@ pub enum Op {
     ConvTranspose(ConvTranspose),
     MaxPool(Pool),
     AveragePool(Pool),
+    /// `(sum over the window of |x|^p)^(1/p)`.
+    LpPool { pool: Pool, p: i64 },
     GlobalAveragePool,
     GlobalMaxPool,
     BatchNormalization(BatchNorm),
@@ -318,6 +320,7 @@ impl Op {
             Op::ConvTranspose(_) => "ConvTranspose",
             Op::MaxPool(_) => "MaxPool",
             Op::AveragePool(_) => "AveragePool",
+            Op::LpPool { .. } => "LpPool",
             Op::GlobalAveragePool => "GlobalAveragePool",
             Op::GlobalMaxPool => "GlobalMaxPool",
             Op::BatchNormalization(_) => "BatchNormalization",
@@ -422,6 +425,11 @@ impl Op {
             Op::MaxPool(p) => {
                 a.window(&p.window);
                 a.b("ceil_mode", p.ceil_mode);
+            }
+            Op::LpPool { pool, p } => {
+                a.window(&pool.window);
+                a.flag("ceil_mode", pool.ceil_mode);
+                a.i("p", *p);
             }
             Op::AveragePool(p) => {
                 a.window(&p.window);

@@ -104,6 +104,7 @@ specs! {
     "LessOrEqual": [12, 16] from 12, in 2..2, out 1..1;
     "Log": [1, 6, 13] from 1, in 1..1, out 1..1;
     "LogSoftmax": [1, 11, 13] from 1, in 1..1, out 1..1;
+    "LpPool": [1, 2, 11, 18, 22] from 2, in 1..1, out 1..1;
     "MatMul": [1, 9, 13] from 1, in 2..2, out 1..1;
     "Max": [1, 6, 8, 12, 13] from 1, in 1..V, out 1..1;
     "MaxPool": [1, 8, 10, 11, 12, 22] from 1, in 1..1, out 1..2;

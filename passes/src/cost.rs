@@ -14,7 +14,8 @@
 //!   gelu, softplus, mish, pow, elu/selu/celu) ~4 per element. Backward ~1x forward.
 //! - **Softmax / LogSoftmax**: 5 per element; **LayerNorm / InstanceNorm**: 8;
 //!   **BatchNorm**: 6. Backward = 2x.
-//! - **Pools**: `out_numel * prod(kernel)`; global pools `in_numel`. Backward 1x.
+//! - **Pools**: `out_numel * prod(kernel)`; global pools `in_numel`; LpPool adds 4 per
+//!   input and output element (the power and the root). Backward 1x.
 //! - **Reductions, ArgMax/ArgMin, CumSum**: `in_numel`. Backward 1x.
 //! - **Gather / GatherElements / GatherND**: `out_numel`. Backward 1x (scatter-add).
 //! - **Resize / Upsample**: 2 per output element and tap (nearest 1, linear 2, cubic 4
@@ -453,6 +454,8 @@ fn flops(g: &Graph, n: NodeId, export: i64) -> (Lin, f64) {
         Op::LayerNormalization(_) | Op::InstanceNormalization { .. } => (first_out.scale(8.0), 2.0),
         Op::BatchNormalization(_) => (first_out.scale(6.0), 2.0),
         Op::MaxPool(p) | Op::AveragePool(p) => (first_out.scale(kernel_prod(&p.window)), 1.0),
+        // |x|^p before the window sums and the root after: ~4 per element each.
+        Op::LpPool { pool, .. } => (first_out.scale(kernel_prod(&pool.window) + 4.0) + in_numel.scale(4.0), 1.0),
         Op::GlobalAveragePool | Op::GlobalMaxPool => (in_numel, 1.0),
         Op::Reduce(_) | Op::ArgMax { .. } | Op::ArgMin { .. } | Op::CumSum { .. } => {
             (in_numel, 1.0)

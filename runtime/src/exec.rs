@@ -131,6 +131,7 @@ fn dispatch_nn(k: &Kernel, ins: &[Option<&Tensor>], mode: Mode, outputs_read: Op
         ConvTranspose(c) => one(window::conv_transpose(c, x()?, y()?, opt(ins, 2))),
         MaxPool(p) => window::max_pool(p, x()?),
         AveragePool(p) => one(window::average_pool(p, x()?)),
+        LpPool { pool, p } => one(window::lp_pool(pool, *p, x()?)),
         GlobalAveragePool => one(window::global_pool(x()?, false)),
         GlobalMaxPool => one(window::global_pool(x()?, true)),
         BatchNormalization(b) => nn::batch_norm(b, ins, mode),

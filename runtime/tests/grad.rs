@@ -607,6 +607,17 @@ fn col2im_and_center_crop_pad() {
     g1(crop, vec![In::D(normal(&[2, 5, 6], 203)), ints(&[3, 8])]);
 }
 
+/// LpPool with p = 2 and 3: explicit pads, strides with dilations, ceil mode.
+#[test]
+fn lp_pool() {
+    let pool = |w, ceil_mode| Pool { window: w, ceil_mode, count_include_pad: false };
+    let x = || In::D(normal(&[1, 2, 5, 5], 210));
+    let k = |w, ceil, p| Kernel::LpPool { pool: pool(w, ceil), p };
+    g1(k(win(&[2, 2], &[], &[1, 0, 0, 1], &[], AutoPad::NotSet), false, 2), vec![x()]);
+    g1(k(win(&[2, 2], &[2, 1], &[], &[1, 2], AutoPad::NotSet), false, 3), vec![x()]);
+    g1(k(win(&[2, 2], &[2, 2], &[], &[], AutoPad::NotSet), true, 2), vec![x()]);
+}
+
 /// DepthToSpace and SpaceToDepth in both channel orders (reshape, transpose, reshape).
 #[test]
 fn block_moves() {

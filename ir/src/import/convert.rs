@@ -80,6 +80,13 @@ fn convert_op(op_type: &str, version: i64, a: &mut Attrs, n_inputs: usize) -> Re
             ceil_mode: a.bool_or("ceil_mode", false)?,
             count_include_pad: a.bool_or("count_include_pad", false)?,
         }),
+        "LpPool" => {
+            let p = a.int_or("p", 2)?;
+            if p <= 0 {
+                return Err(format!("p = {p} is not positive"));
+            }
+            Op::LpPool { pool: Pool { window: window(a)?, ceil_mode: a.bool_or("ceil_mode", false)?, count_include_pad: false }, p }
+        }
         "GlobalAveragePool" => Op::GlobalAveragePool,
         "GlobalMaxPool" => Op::GlobalMaxPool,
         "BatchNormalization" => {
