@@ -677,3 +677,51 @@ fn resize_and_upsample_shapes() {
         .output("y");
     assert_shape_error(&on_batch, &["\"rs\"", "the batch"]);
 }
+
+/// The vision ops' shape rules: DepthToSpace/SpaceToDepth, GridSample (the grid's spatial
+/// extents), AffineGrid (the size's spatial extents, theta's batch), Col2Im (the block
+/// count must match the padded image) and CenterCropPad.
+#[test]
+fn vision_op_shapes() {
+    let batch = |dims: &[i64]| std::iter::once(Ax::Param("batch")).chain(dims.iter().map(|&d| Ax::Fixed(d))).collect::<Vec<_>>();
+    let m = ModelBuilder::new(22)
+        .input("x", F32, &batch(&[8, 2, 3]))
+        .input("grid", F32, &batch(&[5, 7, 2]))
+        .input("theta", F32, &batch(&[2, 3]))
+        .input("cols", F32, &batch(&[12, 8]))
+        .init(tensor_i64("size", &[4], &[1, 3, 6, 4]))
+        .init(tensor_i64("image", &[2], &[4, 5]))
+        .init(tensor_i64("block", &[2], &[3, 2]))
+        .init(tensor_i64("crop", &[2], &[1, 5]))
+        .node(node("DepthToSpace", "d2s", &["x"], &["a"]).int("blocksize", 2).string("mode", "CRD"))
+        .node(node("SpaceToDepth", "s2d", &["a"], &["b"]).int("blocksize", 2))
+        .node(node("GridSample", "gs", &["x", "grid"], &["c"]))
+        .node(node("AffineGrid", "ag", &["theta", "size"], &["d"]))
+        .node(node("Col2Im", "c2i", &["cols", "image", "block"], &["e"]).ints("pads", &[1, 0, 1, 1]).ints("strides", &[2, 1]).ints("dilations", &[1, 2]))
+        .node(node("CenterCropPad", "ccp", &["x", "crop"], &["f"]).ints("axes", &[-1, 2]))
+        .output("b")
+        .output("c")
+        .output("d")
+        .output("e")
+        .output("f");
+    let g = import(&m);
+    assert_eq!(ty(&g, "a"), "f32[N,2,4,6]");
+    assert_eq!(ty(&g, "b"), "f32[N,8,2,3]");
+    assert_eq!(ty(&g, "c"), "f32[N,8,5,7]");
+    assert_eq!(ty(&g, "d"), "f32[N,6,4,2]");
+    assert_eq!(ty(&g, "e"), "f32[N,2,4,5]");
+    assert_eq!(ty(&g, "f"), "f32[N,8,5,1]");
+    // Padded 6 x 6 image, 3 x 2 blocks dilated (1, 2), strides (2, 1): 2 x 4 = 8 positions.
+    let blocks = |l: i64| {
+        ModelBuilder::new(18)
+            .input("cols", F32, &fixed(&[1, 12, l]))
+            .init(tensor_i64("image", &[2], &[4, 5]))
+            .init(tensor_i64("block", &[2], &[3, 2]))
+            .node(node("Col2Im", "c2i", &["cols", "image", "block"], &["e"]).ints("pads", &[1, 0, 1, 1]).ints("strides", &[2, 1]).ints("dilations", &[1, 2]))
+            .output("e")
+    };
+    assert_eq!(ty(&import(&blocks(8)), "e"), "f32[N,2,4,5]");
+    assert_shape_error(&blocks(12), &["\"c2i\"", "12 blocks given", "holds 8"]);
+    let bad = ModelBuilder::new(13).input("x", F32, &fixed(&[1, 6, 2, 2])).node(node("DepthToSpace", "d2s", &["x"], &["y"]).int("blocksize", 2)).output("y");
+    assert_shape_error(&bad, &["\"d2s\"", "not a multiple"]);
+}
