@@ -156,6 +156,7 @@ pub fn kernel(op: &Op, n_out: usize, n_in: usize) -> Kernel {
         }),
         Op::MaxPool(p) => Kernel::MaxPool(pool(p)),
         Op::AveragePool(p) => Kernel::AveragePool(pool(p)),
+        Op::LpPool { pool: po, p } => Kernel::LpPool { pool: pool(po), p: *p },
         Op::GlobalAveragePool => Kernel::GlobalAveragePool,
         Op::GlobalMaxPool => Kernel::GlobalMaxPool,
         Op::BatchNormalization(b) => {
@@ -255,6 +256,27 @@ fn shape_kernel(op: &Op, n_out: usize, n_in: usize) -> Kernel {
             attrs: p.attrs.clone(),
         }),
         Op::Tile => Kernel::Tile,
+        Op::Resize(r) | Op::Upsample(r) => Kernel::Resize(resize(r)),
+        Op::Col2Im { dilations, pads, strides } => {
+            Kernel::Col2Im { dilations: dilations.clone(), pads: pads.clone(), strides: strides.clone() }
+        }
+        Op::CenterCropPad { axes } => Kernel::CenterCropPad { axes: axes.clone() },
+        Op::AffineGrid { align_corners } => Kernel::AffineGrid { align_corners: *align_corners },
+        Op::GridSample { mode, padding, align_corners, .. } => Kernel::GridSample {
+            mode: match mode {
+                ir::ResizeMode::Nearest => rt::ResizeMode::Nearest,
+                ir::ResizeMode::Linear => rt::ResizeMode::Linear,
+                ir::ResizeMode::Cubic => rt::ResizeMode::Cubic,
+            },
+            padding: match padding {
+                ir::GridPadding::Zeros => rt::GridPadding::Zeros,
+                ir::GridPadding::Border => rt::GridPadding::Border,
+                ir::GridPadding::Reflection => rt::GridPadding::Reflection,
+            },
+            align_corners: *align_corners,
+        },
+        Op::DepthToSpace { blocksize, crd } => Kernel::DepthToSpace { blocksize: *blocksize, crd: *crd },
+        Op::SpaceToDepth { blocksize, crd } => Kernel::SpaceToDepth { blocksize: *blocksize, crd: *crd },
         Op::CumSum { exclusive, reverse } => Kernel::CumSum { exclusive: *exclusive, reverse: *reverse },
         Op::CumProd { exclusive, reverse } => Kernel::CumProd { exclusive: *exclusive, reverse: *reverse },
         Op::TopK { axis, largest, sorted } => Kernel::TopK { axis: *axis, largest: *largest, sorted: *sorted },
@@ -306,6 +328,41 @@ fn norm_kernel(op: &Op) -> Kernel {
         // Within one program a crossing is the identity; stage modules split here.
         Op::StageBoundary { .. } => Kernel::Unary(rt::UnaryKind::Identity),
         other => unreachable!("{} is lowered by `kernel`", other.name()),
+    }
+}
+
+fn resize(r: &ir::Resize) -> rt::Resize {
+    rt::Resize {
+        mode: match r.mode {
+            ir::ResizeMode::Nearest => rt::ResizeMode::Nearest,
+            ir::ResizeMode::Linear => rt::ResizeMode::Linear,
+            ir::ResizeMode::Cubic => rt::ResizeMode::Cubic,
+        },
+        coord: match r.coord {
+            ir::CoordMode::HalfPixel => rt::CoordMode::HalfPixel,
+            ir::CoordMode::HalfPixelSymmetric => rt::CoordMode::HalfPixelSymmetric,
+            ir::CoordMode::PytorchHalfPixel => rt::CoordMode::PytorchHalfPixel,
+            ir::CoordMode::AlignCorners => rt::CoordMode::AlignCorners,
+            ir::CoordMode::Asymmetric => rt::CoordMode::Asymmetric,
+            ir::CoordMode::TfCropAndResize => rt::CoordMode::TfCropAndResize,
+        },
+        nearest: match r.nearest {
+            ir::NearestMode::RoundPreferFloor => rt::NearestMode::RoundPreferFloor,
+            ir::NearestMode::RoundPreferCeil => rt::NearestMode::RoundPreferCeil,
+            ir::NearestMode::Floor => rt::NearestMode::Floor,
+            ir::NearestMode::Ceil => rt::NearestMode::Ceil,
+        },
+        aspect: match r.aspect {
+            ir::AspectPolicy::Stretch => rt::AspectPolicy::Stretch,
+            ir::AspectPolicy::NotLarger => rt::AspectPolicy::NotLarger,
+            ir::AspectPolicy::NotSmaller => rt::AspectPolicy::NotSmaller,
+        },
+        cubic_a: r.cubic_a,
+        exclude_outside: r.exclude_outside,
+        extrapolation: r.extrapolation,
+        antialias: r.antialias,
+        axes: r.axes.clone(),
+        legacy: r.legacy,
     }
 }
 

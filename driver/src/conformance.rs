@@ -111,6 +111,7 @@ fn run_case(case: &Case) -> Outcome {
         if has_training_dropout(&runner.graph) {
             return Outcome::Skipped("random output (Dropout in training mode)".into());
         }
+        // Float parameters the importer froze are no graph inputs; feeds are matched by name.
         let feeds: Vec<NamedTensor> = inputs.into_iter().filter(|t| !opts.frozen_inputs.contains_key(&t.name)).collect();
         if feeds.len() < runner.graph.inputs().len() {
             return Outcome::Skipped("the suite ships no input data for this model".into());

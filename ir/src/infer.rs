@@ -113,6 +113,7 @@ pub fn infer(op: &Op, ins: &[Option<In>], n_out: usize, ctx: Ctx) -> R<Vec<Tenso
             }
             Ok(outs)
         }
+        Op::LpPool { pool: p, .. } => Ok(vec![pool(p, x()?)?]),
         Op::GlobalAveragePool | Op::GlobalMaxPool => {
             let t = &x()?.ty;
             if t.shape.rank() < 3 {
@@ -328,6 +329,30 @@ pub fn infer(op: &Op, ins: &[Option<In>], n_out: usize, ctx: Ctx) -> R<Vec<Tenso
             out1(x()?.ty.dtype, einsum(equation, &shapes, ctx)?)
         }
         Op::Pad(p) => pad(p, ins),
+        Op::Resize(r) | Op::Upsample(r) => resize(r, ins),
+        Op::Col2Im { dilations, pads, strides } => col2im(&x()?.ty, req(1)?, req(2)?, [dilations, pads, strides]),
+        Op::CenterCropPad { axes } => {
+            let t = &x()?.ty;
+            let shape = req(1)?.known.ok_or("shape is not known at import")?.fixed_ints().ok_or("shape must be fixed")?;
+            let rank = t.shape.rank();
+            let axes: Vec<usize> = match axes {
+                Some(a) => a.iter().map(|&a| normalize_axis(a, rank).ok_or(format!("axis {a} out of range for rank {rank}"))).collect::<R<_>>()?,
+                None => (0..rank).collect(),
+            };
+            if shape.len() != axes.len() || shape.iter().any(|&v| v < 0) {
+                return Err(format!("shape {shape:?} does not fit {} axes", axes.len()));
+            }
+            let mut out = t.shape.0.clone();
+            // The target is literal: an axis that was the batch becomes that fixed extent.
+            for (&a, &v) in axes.iter().zip(&shape) {
+                out[a] = Dim::Fixed(v);
+            }
+            out1(t.dtype, Shape(out))
+        }
+        Op::AffineGrid { .. } => affine_grid(&x()?.ty, req(1)?),
+        Op::GridSample { mode, .. } => grid_sample(&x()?.ty, &req(1)?.ty, *mode),
+        Op::DepthToSpace { blocksize, .. } => block_move(&x()?.ty, *blocksize, true),
+        Op::SpaceToDepth { blocksize, .. } => block_move(&x()?.ty, *blocksize, false),
         Op::Tile => {
             let t = &x()?.ty;
             // Repeats may be the batch (a dynamic export tiles position ids over it).
@@ -832,6 +857,162 @@ fn gather_nd(data: &TensorType, idx: &TensorType, batch_dims: i64) -> R<Vec<Tens
     }
     let out: Vec<Dim> = i[..i.len() - 1].iter().chain(&d[b + k..]).cloned().collect();
     Ok(vec![TensorType::new(data.dtype, Shape(out))])
+}
+
+/// Col2Im's output `[N, C, image...]` from `[N, C * prod(block), L]`, where `L` must be the
+/// number of block positions in the padded image.
+fn col2im(x: &TensorType, image: In, block: In, [dil, pads, strides]: [&Vec<i64>; 3]) -> R<Vec<TensorType>> {
+    let known = |i: In, what: &str| i.known.and_then(|k| k.fixed_ints()).ok_or(format!("{what} is not known at import"));
+    let (image, block) = (known(image, "image_shape")?, known(block, "block_shape")?);
+    let n = image.len();
+    let or = |v: &Vec<i64>, len: usize, d: i64| if v.is_empty() { Ok(vec![d; len]) } else if v.len() == len { Ok(v.clone()) } else { Err(format!("{} values where {len} are needed", v.len())) };
+    let (dil, pads, strides) = (or(dil, n, 1)?, or(pads, 2 * n, 0)?, or(strides, n, 1)?);
+    let d = &x.shape.0;
+    let (Some(ck), Some(l)) = (d.get(1).and_then(|v| v.fixed()), d.get(2).and_then(|v| v.fixed())) else {
+        return Err(format!("input {} is not [N, C * prod(block), L] with fixed C and L", x.shape));
+    };
+    let k: i64 = block.iter().product();
+    if d.len() != 3 || block.len() != n || n == 0 || k <= 0 || ck % k != 0 || dil.iter().chain(&strides).any(|&v| v <= 0) {
+        return Err(format!("input {} does not fit blocks {block:?} of image {image:?}", x.shape));
+    }
+    let mut blocks = 1i64;
+    for i in 0..n {
+        let span = dil[i].checked_mul(block[i] - 1).ok_or("block span overflows")?;
+        blocks = blocks.saturating_mul((image[i] + pads[i] + pads[n + i] - span - 1).div_euclid(strides[i]) + 1);
+    }
+    if blocks != l {
+        return Err(format!("{l} blocks given, the padded image holds {blocks}"));
+    }
+    let out: Vec<Dim> = [d[0].clone(), Dim::Fixed(ck / k)].into_iter().chain(image.iter().map(|&v| Dim::Fixed(v))).collect();
+    Ok(vec![TensorType::new(x.dtype, Shape(out))])
+}
+
+/// AffineGrid's output `[N, spatial..., d]` for `theta` `[N, d, d + 1]` (d = 2 or 3) and
+/// `size` `[N, C, spatial...]` (its batch entry is theta's).
+fn affine_grid(theta: &TensorType, size: In) -> R<Vec<TensorType>> {
+    let t = &theta.shape.0;
+    let size = size.known.ok_or("size is not known at import")?.fixed_ints().ok_or("size must be fixed")?;
+    let d = match t.as_slice() {
+        [_, Dim::Fixed(2), Dim::Fixed(3)] => 2,
+        [_, Dim::Fixed(3), Dim::Fixed(4)] => 3,
+        _ => return Err(format!("theta {} is not [N, 2, 3] or [N, 3, 4]", theta.shape)),
+    };
+    if size.len() != d + 2 || size.iter().any(|&v| v < 0) {
+        return Err(format!("size {size:?} does not fit a {d}-D theta"));
+    }
+    let out: Vec<Dim> = std::iter::once(t[0].clone()).chain(size[2..].iter().map(|&v| Dim::Fixed(v))).chain([Dim::Fixed(d as i64)]).collect();
+    Ok(vec![TensorType::new(theta.dtype, Shape(out))])
+}
+
+/// GridSample's output `[N, C, grid spatial extents]`: a 4-D or 5-D float input, the grid
+/// `[N, spatial..., rank - 2]`.
+fn grid_sample(x: &TensorType, grid: &TensorType, mode: ResizeMode) -> R<Vec<TensorType>> {
+    let (d, g) = (&x.shape.0, &grid.shape.0);
+    if !(4..=5).contains(&d.len()) || (mode == ResizeMode::Cubic && d.len() != 4) {
+        return Err(format!("{} sampling of a {}-D input is not supported (4-D, or 5-D without cubic)", mode.name(), d.len()));
+    }
+    if !x.dtype.is_float() || !grid.dtype.is_float() {
+        return Err(format!("input {} and grid {} must be floats", x.dtype, grid.dtype));
+    }
+    if g.len() != d.len() || g.last() != Some(&Dim::Fixed(d.len() as i64 - 2)) || g[0] != d[0] {
+        return Err(format!("grid {} does not fit input {}", grid.shape, x.shape));
+    }
+    let out: Vec<Dim> = d[..2].iter().chain(&g[1..g.len() - 1]).cloned().collect();
+    Ok(vec![TensorType::new(x.dtype, Shape(out))])
+}
+
+/// DepthToSpace (`to_space`) and SpaceToDepth on `[N, C, H, W]`: channels divided by
+/// `b * b` and both spatial extents multiplied by `b`, or the reverse.
+fn block_move(t: &TensorType, b: i64, to_space: bool) -> R<Vec<TensorType>> {
+    let d = &t.shape.0;
+    let fixed = |i: usize| d[i].fixed().ok_or(format!("axis {i} of {} must have a fixed extent", t.shape));
+    if d.len() != 4 {
+        return Err(format!("the input {} is not 4-D", t.shape));
+    }
+    let (c, h, w) = (fixed(1)?, fixed(2)?, fixed(3)?);
+    let bb = b.checked_mul(b).ok_or("blocksize overflows")?;
+    let out = if to_space {
+        if c % bb != 0 {
+            return Err(format!("{c} channels are not a multiple of blocksize^2 = {bb}"));
+        }
+        [c / bb, h.checked_mul(b).ok_or("extent overflows")?, w.checked_mul(b).ok_or("extent overflows")?]
+    } else {
+        if h % b != 0 || w % b != 0 {
+            return Err(format!("spatial extents {h}x{w} are not multiples of blocksize {b}"));
+        }
+        [c.checked_mul(bb).ok_or("extent overflows")?, h / b, w / b]
+    };
+    let shape = std::iter::once(d[0].clone()).chain(out.iter().map(|&v| Dim::Fixed(v))).collect();
+    Ok(vec![TensorType::new(t.dtype, Shape(shape))])
+}
+
+/// A Resize input that fixes the output shape (roi, scales, sizes): `None` when omitted
+/// or empty, an error when its values are not known at import.
+fn resize_param<'a>(ins: &[Option<In<'a>>], i: usize) -> R<Option<&'a Known>> {
+    match ins.get(i).copied().flatten() {
+        None => Ok(None),
+        Some(In { known: Some(k), .. }) => Ok((!k.is_empty()).then_some(k)),
+        Some(_) => Err(format!("input {i} (roi, scales or sizes) is not known at import; the output shape depends on it")),
+    }
+}
+
+/// Resize's output: each resized axis becomes its `sizes` entry or `floor(extent *
+/// scale)`; a `keep_aspect_ratio_policy` other than stretch scales all `axes` by one
+/// factor, the smallest (not_larger) or largest (not_smaller) of `size / extent`.
+fn resize(r: &Resize, ins: &[Option<In>]) -> R<Vec<TensorType>> {
+    let t = &ins.first().copied().flatten().ok_or("input 0 is required")?.ty;
+    if r.mode != ResizeMode::Nearest && !t.dtype.is_float() {
+        return Err(format!("{} interpolation of {} elements is not supported", r.mode.name(), t.dtype));
+    }
+    let rank = t.shape.rank();
+    let axes: Vec<usize> = match &r.axes {
+        Some(a) => a.iter().map(|&a| normalize_axis(a, rank).ok_or(format!("axis {a} out of range for rank {rank}"))).collect::<R<_>>()?,
+        None => (0..rank).collect(),
+    };
+    if (1..axes.len()).any(|i| axes[..i].contains(&axes[i])) {
+        return Err(format!("axes {:?} repeat an axis", r.axes));
+    }
+    let (scales, sizes) = if r.legacy { (resize_param(ins, 1)?, None) } else { (resize_param(ins, 2)?, resize_param(ins, 3)?) };
+    if r.coord == CoordMode::TfCropAndResize && resize_param(ins, 1)?.is_none_or(|roi| roi.len() != 2 * axes.len()) {
+        return Err(format!("tf_crop_and_resize needs a roi of {} values", 2 * axes.len()));
+    }
+    let mut out = t.shape.0.clone();
+    let given = match (scales, sizes) {
+        (Some(s), None) => s.len(),
+        (None, Some(s)) => s.len(),
+        (Some(_), Some(_)) => return Err("scales and sizes are both given; only one may be".into()),
+        (None, None) => return Err("neither scales nor sizes is given".into()),
+    };
+    if given != axes.len() {
+        return Err(format!("{given} scales or sizes for {} axes", axes.len()));
+    }
+    if let Some(s) = scales {
+        let s = s.floats().ok_or("scales are not plain numbers")?;
+        for (&a, &f) in axes.iter().zip(&s) {
+            out[a] = match t.shape.0[a] {
+                _ if !(f > 0.0 && f.is_finite()) => return Err(format!("scale {f} is not positive")),
+                Dim::Fixed(n) => Dim::Fixed((f * n as f64).floor() as i64),
+                d if f == 1.0 => d,
+                d => return Err(format!("scaling axis {a} of extent {d} (the batch) is not supported")),
+            };
+        }
+    } else if let Some(s) = sizes {
+        let dims = s.dims();
+        if r.aspect == AspectPolicy::Stretch {
+            for (&a, d) in axes.iter().zip(dims) {
+                out[a] = d;
+            }
+        } else {
+            let fixed = |d: &Dim| d.fixed().ok_or(format!("keep_aspect_ratio_policy needs fixed extents, not {d}"));
+            let ratios = axes.iter().zip(&dims).map(|(&a, d)| Ok(fixed(d)? as f64 / fixed(&t.shape.0[a])? as f64)).collect::<R<Vec<f64>>>()?;
+            let pick = if r.aspect == AspectPolicy::NotLarger { f64::min } else { f64::max };
+            let f = ratios.iter().copied().reduce(pick).unwrap_or(1.0);
+            for &a in &axes {
+                out[a] = Dim::Fixed((f * fixed(&t.shape.0[a])? as f64 + 0.5).floor() as i64);
+            }
+        }
+    }
+    Ok(vec![TensorType::new(t.dtype, Shape(out))])
 }
 
 fn split(s: &Split, x: In, sizes: Option<In>, n_out: usize, ctx: Ctx) -> R<Vec<TensorType>> {

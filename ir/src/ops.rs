@@ -284,6 +284,53 @@ pub struct Pad {
     pub attrs: Option<(Vec<i64>, f32)>,
 }
 
+/// Resize `mode`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ResizeMode {
+    Nearest, Linear, Cubic,
+}
+
+/// Resize `coordinate_transformation_mode`: how an output index maps to a source coordinate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CoordMode {
+    HalfPixel, HalfPixelSymmetric, PytorchHalfPixel, AlignCorners, Asymmetric, TfCropAndResize,
+}
+
+/// Resize `nearest_mode`: how a fractional source coordinate rounds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum NearestMode {
+    RoundPreferFloor, RoundPreferCeil, Floor, Ceil,
+}
+
+/// Resize `keep_aspect_ratio_policy` (with `sizes`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AspectPolicy {
+    Stretch, NotLarger, NotSmaller,
+}
+
+/// Resize and Upsample. The roi, scales and sizes are inputs (known at import, they fix
+/// the output shape); `legacy` is the opset-10 Resize and Upsample form: inputs (X,
+/// scales), asymmetric coordinates, nearest rounding down, no other attribute.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Resize {
+    pub mode: ResizeMode,
+    pub coord: CoordMode,
+    pub nearest: NearestMode,
+    pub cubic_a: f32,
+    pub exclude_outside: bool,
+    pub extrapolation: f32,
+    pub antialias: bool,
+    pub axes: Option<Vec<i64>>,
+    pub aspect: AspectPolicy,
+    pub legacy: bool,
+}
+
+/// GridSample `padding_mode`: the value of a sample outside the input.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum GridPadding {
+    Zeros, Border, Reflection,
+}
+
 /// One operator with its typed attributes.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Op {
@@ -308,6 +355,8 @@ pub enum Op {
     ConvTranspose(ConvTranspose),
     MaxPool(Pool),
     AveragePool(Pool),
+    /// `(sum over the window of |x|^p)^(1/p)`.
+    LpPool { pool: Pool, p: i64 },
     GlobalAveragePool,
     GlobalMaxPool,
     BatchNormalization(BatchNorm),
@@ -379,6 +428,24 @@ pub enum Op {
     ReverseSequence { batch_axis: i64, time_axis: i64 },
     Det,
     Rnn(Rnn),
+    Resize(Resize),
+    /// Moves `blocksize x blocksize` blocks of channels into space; `crd`: the channels
+    /// are column-row-depth ordered (default depth-column-row).
+    DepthToSpace { blocksize: i64, crd: bool },
+    /// Sums sliding blocks `[N, C * prod(block), L]` back into an image (inputs: the
+    /// image shape and the block shape); empty vectors are the ONNX defaults.
+    Col2Im { dilations: Vec<i64>, pads: Vec<i64>, strides: Vec<i64> },
+    /// Crops or zero-pads each of `axes` (default all) around its centre to the shape input.
+    CenterCropPad { axes: Option<Vec<i64>> },
+    /// The sampling grid of affine matrices `theta` over an output of the given size.
+    AffineGrid { align_corners: bool },
+    /// Samples the input at the grid's normalised coordinates (4-D or 5-D); `v16`: the
+    /// opset-16 spelling of the modes (bilinear, bicubic).
+    GridSample { mode: ResizeMode, padding: GridPadding, align_corners: bool, v16: bool },
+    /// The inverse of DepthToSpace.
+    SpaceToDepth { blocksize: i64, crd: bool },
+    /// Upsample (opset 9): a legacy Resize under its own name.
+    Upsample(Resize),
     /// Not an ONNX op: the crossing of a tensor from pipeline stage `from` to stage
     /// `from + 1` (a send on one side, a receive on the other), inserted by the partition
     /// pass. Identity on the value; its gradient crosses back the same way.
@@ -414,6 +481,7 @@ impl Op {
             Op::ConvTranspose(_) => "ConvTranspose",
             Op::MaxPool(_) => "MaxPool",
             Op::AveragePool(_) => "AveragePool",
+            Op::LpPool { .. } => "LpPool",
             Op::GlobalAveragePool => "GlobalAveragePool",
             Op::GlobalMaxPool => "GlobalMaxPool",
             Op::BatchNormalization(_) => "BatchNormalization",
@@ -472,6 +540,14 @@ impl Op {
                 RnnCell::Gru => "GRU",
                 RnnCell::Lstm => "LSTM",
             },
+            Op::Resize(_) => "Resize",
+            Op::DepthToSpace { .. } => "DepthToSpace",
+            Op::GridSample { .. } => "GridSample",
+            Op::Col2Im { .. } => "Col2Im",
+            Op::CenterCropPad { .. } => "CenterCropPad",
+            Op::AffineGrid { .. } => "AffineGrid",
+            Op::SpaceToDepth { .. } => "SpaceToDepth",
+            Op::Upsample(_) => "Upsample",
             Op::StageBoundary { .. } => "StageBoundary",
         }
     }
@@ -535,6 +611,11 @@ impl Op {
             Op::MaxPool(p) => {
                 a.window(&p.window);
                 a.b("ceil_mode", p.ceil_mode);
+            }
+            Op::LpPool { pool, p } => {
+                a.window(&pool.window);
+                a.flag("ceil_mode", pool.ceil_mode);
+                a.i("p", *p);
             }
             Op::AveragePool(p) => {
                 a.window(&p.window);
@@ -704,6 +785,36 @@ impl Op {
                     a.b("linear_before_reset", r.linear_before_reset);
                 }
             }
+            Op::Resize(r) | Op::Upsample(r) => resize_attributes(&mut a, r),
+            Op::Col2Im { dilations, pads, strides } => {
+                for (k, v) in [("dilations", dilations), ("pads", pads), ("strides", strides)] {
+                    if !v.is_empty() {
+                        a.ints(k, v);
+                    }
+                }
+            }
+            Op::CenterCropPad { axes } => {
+                if let Some(axes) = axes {
+                    a.ints("axes", axes);
+                }
+            }
+            Op::AffineGrid { align_corners } => a.flag("align_corners", *align_corners),
+            Op::GridSample { mode, padding, align_corners, v16 } => {
+                let name = match (mode, v16) {
+                    (ResizeMode::Linear, true) => "bilinear",
+                    (ResizeMode::Cubic, true) => "bicubic",
+                    (m, _) => m.name(),
+                };
+                a.s("mode", name);
+                a.s("padding_mode", padding.name());
+                a.flag("align_corners", *align_corners);
+            }
+            Op::DepthToSpace { blocksize, crd } | Op::SpaceToDepth { blocksize, crd } => {
+                a.i("blocksize", *blocksize);
+                if *crd {
+                    a.s("mode", "CRD");
+                }
+            }
             Op::StageBoundary { from, to } => {
                 a.i("from", i64::from(*from));
                 a.i("to", i64::from(*to));
@@ -849,6 +960,62 @@ pub fn rnn_direction_name(d: RnnDirection) -> &'static str {
         RnnDirection::Bidirectional => "bidirectional",
     }
 }
+
+/// Resize's attributes: only `mode` in the legacy form; otherwise those that differ from
+/// their defaults, so a model re-exported at its own opset carries only what it had.
+fn resize_attributes(a: &mut Attrs, r: &Resize) {
+    a.s("mode", r.mode.name());
+    if r.legacy {
+        return;
+    }
+    if r.coord != CoordMode::HalfPixel {
+        a.s("coordinate_transformation_mode", r.coord.name());
+    }
+    if r.nearest != NearestMode::RoundPreferFloor {
+        a.s("nearest_mode", r.nearest.name());
+    }
+    if r.cubic_a != -0.75 {
+        a.f("cubic_coeff_a", r.cubic_a);
+    }
+    a.flag("exclude_outside", r.exclude_outside);
+    if r.extrapolation != 0.0 {
+        a.f("extrapolation_value", r.extrapolation);
+    }
+    a.flag("antialias", r.antialias);
+    if let Some(axes) = &r.axes {
+        a.ints("axes", axes);
+    }
+    if r.aspect != AspectPolicy::Stretch {
+        a.s("keep_aspect_ratio_policy", r.aspect.name());
+    }
+}
+
+/// ONNX names of the Resize attribute values, and their parsing.
+macro_rules! onnx_names {
+    ($t:ty { $($v:ident => $n:literal),* }) => {
+        impl $t {
+            pub const ALL: &'static [$t] = &[$(<$t>::$v),*];
+            pub fn name(self) -> &'static str {
+                match self { $(<$t>::$v => $n),* }
+            }
+            pub fn parse(s: &str) -> Option<$t> {
+                Self::ALL.iter().copied().find(|v| v.name() == s)
+            }
+        }
+    };
+}
+
+onnx_names!(ResizeMode { Nearest => "nearest", Linear => "linear", Cubic => "cubic" });
+onnx_names!(CoordMode {
+    HalfPixel => "half_pixel", HalfPixelSymmetric => "half_pixel_symmetric",
+    PytorchHalfPixel => "pytorch_half_pixel", AlignCorners => "align_corners",
+    Asymmetric => "asymmetric", TfCropAndResize => "tf_crop_and_resize"
+});
+onnx_names!(NearestMode {
+    RoundPreferFloor => "round_prefer_floor", RoundPreferCeil => "round_prefer_ceil", Floor => "floor", Ceil => "ceil"
+});
+onnx_names!(GridPadding { Zeros => "zeros", Border => "border", Reflection => "reflection" });
+onnx_names!(AspectPolicy { Stretch => "stretch", NotLarger => "not_larger", NotSmaller => "not_smaller" });
 
 pub fn auto_pad_name(p: AutoPad) -> &'static str {
     match p {

@@ -46,6 +46,7 @@ specs! {
     "Acos": [7, 22] from 7, in 1..1, out 1..1;
     "Acosh": [9, 22] from 9, in 1..1, out 1..1;
     "Add": [1, 6, 7, 13, 14] from 1, in 2..2, out 1..1;
+    "AffineGrid": [20] from 20, in 2..2, out 1..1;
     "And": [1, 7] from 7, in 2..2, out 1..1;
     "ArgMax": [1, 11, 12, 13] from 1, in 1..1, out 1..1;
     "ArgMin": [1, 11, 12, 13] from 1, in 1..1, out 1..1;
@@ -60,7 +61,9 @@ specs! {
     "CastLike": [15, 19, 21, 23, 24, 25] from 15, in 2..2, out 1..1;
     "Ceil": [1, 6, 13] from 1, in 1..1, out 1..1;
     "Celu": [12, 28] from 12, in 1..1, out 1..1;
+    "CenterCropPad": [18] from 18, in 2..2, out 1..1;
     "Clip": [1, 6, 11, 12, 13] from 1, in 1..3, out 1..1;
+    "Col2Im": [18] from 18, in 3..3, out 1..1;
     "Concat": [1, 4, 11, 13] from 4, in 1..V, out 1..1;
     "Constant": [1, 9, 11, 12, 13, 19, 21, 23, 24, 25] from 1, in 0..0, out 1..1;
     "ConstantOfShape": [9, 20, 21, 23, 24, 25] from 9, in 1..1, out 1..1;
@@ -70,6 +73,7 @@ specs! {
     "Cosh": [9, 22] from 9, in 1..1, out 1..1;
     "CumProd": [26] from 26, in 2..2, out 1..1;
     "CumSum": [11, 14] from 11, in 2..2, out 1..1;
+    "DepthToSpace": [1, 11, 13, 28] from 1, in 1..1, out 1..1;
     "Det": [11, 22] from 11, in 1..1, out 1..1;
     "Div": [1, 6, 7, 13, 14] from 1, in 2..2, out 1..1;
     "Dropout": [1, 6, 7, 10, 12, 13, 22] from 7, in 1..3, out 1..2;
@@ -92,6 +96,7 @@ specs! {
     "GlobalMaxPool": [1, 22] from 1, in 1..1, out 1..1;
     "Greater": [1, 7, 9, 13] from 7, in 2..2, out 1..1;
     "GreaterOrEqual": [12, 16] from 12, in 2..2, out 1..1;
+    "GridSample": [16, 20, 22] from 16, in 2..2, out 1..1;
     "GroupNormalization": [18, 21] from 18, in 3..3, out 1..1;
     "HardSigmoid": [1, 6, 22] from 1, in 1..1, out 1..1;
     "HardSwish": [14, 22] from 14, in 1..1, out 1..1;
@@ -109,6 +114,7 @@ specs! {
     "Log": [1, 6, 13] from 1, in 1..1, out 1..1;
     "LogSoftmax": [1, 11, 13] from 1, in 1..1, out 1..1;
     "LpNormalization": [1, 22] from 1, in 1..1, out 1..1;
+    "LpPool": [1, 2, 11, 18, 22] from 2, in 1..1, out 1..1;
     "MatMul": [1, 9, 13] from 1, in 2..2, out 1..1;
     "Max": [1, 6, 8, 12, 13] from 1, in 1..V, out 1..1;
     "MaxPool": [1, 8, 10, 11, 12, 22] from 1, in 1..1, out 1..2;
@@ -142,6 +148,7 @@ specs! {
     "ReduceSumSquare": [1, 11, 13, 18] from 1, in 1..2, out 1..1;
     "Relu": [1, 6, 13, 14] from 1, in 1..1, out 1..1;
     "Reshape": [1, 5, 13, 14, 19, 21, 23, 24, 25] from 5, in 2..2, out 1..1;
+    "Resize": [10, 11, 13, 18, 19] from 10, in 1..4, out 1..1;
     "ReverseSequence": [10, 28] from 10, in 2..2, out 1..1;
     "RotaryEmbedding": [23] from 23, in 3..4, out 1..1;
     "Round": [11, 22] from 11, in 1..1, out 1..1;
@@ -161,6 +168,7 @@ specs! {
     "SoftmaxCrossEntropyLoss": [12, 13] from 12, in 2..3, out 1..2;
     "Softplus": [1, 22] from 1, in 1..1, out 1..1;
     "Softsign": [1, 22] from 1, in 1..1, out 1..1;
+    "SpaceToDepth": [1, 13, 28] from 1, in 1..1, out 1..1;
     "Split": [1, 2, 11, 13, 18] from 2, in 1..2, out 1..V;
     "Sqrt": [1, 6, 13] from 1, in 1..1, out 1..1;
     "Squeeze": [1, 11, 13, 21, 23, 24, 25] from 1, in 1..2, out 1..1;
@@ -174,6 +182,7 @@ specs! {
     "Transpose": [1, 13, 21, 23, 24, 25] from 1, in 1..1, out 1..1;
     "Trilu": [14] from 14, in 1..2, out 1..1;
     "Unsqueeze": [1, 11, 13, 21, 23, 24, 25] from 1, in 1..2, out 1..1;
+    "Upsample": [1, 7, 9, 10] from 9, in 2..2, out 1..1;
     "Where": [9, 16] from 9, in 3..3, out 1..1;
     "Xor": [1, 7] from 7, in 2..2, out 1..1;
 }

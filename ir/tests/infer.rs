@@ -830,3 +830,99 @@ fn recurrent_op_shapes_and_activations() {
     let e = import_err(&activations(&["Relu", "Tanh"])).to_string();
     assert!(e.contains("activations [\"Relu\", \"Tanh\"] are not supported"), "{e}");
 }
+
+/// Resize's output extents: `floor(extent * scale)` from scales, the sizes as given (also
+/// when they come from the input's shape, batch included), one common factor under a
+/// keep_aspect_ratio_policy, and the legacy Upsample; scales that are not known at import
+/// or that scale the batch are refused.
+#[test]
+fn resize_and_upsample_shapes() {
+    let batch = [Ax::Param("batch"), Ax::Fixed(3), Ax::Fixed(5), Ax::Fixed(7)];
+    let m = ModelBuilder::new(19)
+        .input("x", F32, &batch)
+        .init(tensor_f32("scales", &[4], &[1.0, 1.0, 0.6, 1.5]))
+        .init(tensor_i64("hw", &[2], &[6, 8]))
+        .init(tensor_i64("zero", &[1], &[0]))
+        .init(tensor_i64("two", &[1], &[2]))
+        .init(tensor_i64("wh", &[2], &[20, 4]))
+        .node(node("Resize", "by_scale", &["x", "", "scales"], &["a"]).string("mode", "cubic"))
+        .node(node("Shape", "shape", &["x"], &["s"]))
+        .node(node("Slice", "nc", &["s", "zero", "two"], &["nc"]))
+        .node(node("Concat", "sizes", &["nc", "hw"], &["sizes"]).int("axis", 0))
+        .node(node("Resize", "by_size", &["x", "", "", "sizes"], &["b"]).string("mode", "linear"))
+        .node(node("Resize", "aspect", &["x", "", "", "wh"], &["c"]).ints("axes", &[3, 2]).string("keep_aspect_ratio_policy", "not_larger"))
+        .output("a")
+        .output("b")
+        .output("c");
+    let g = import(&m);
+    assert_eq!(ty(&g, "a"), "f32[N,3,3,10]");
+    assert_eq!(ty(&g, "b"), "f32[N,3,6,8]");
+    // not_larger: min(20 / 7, 4 / 5) = 0.8 for both axes: round(5 * 0.8), round(7 * 0.8).
+    assert_eq!(ty(&g, "c"), "f32[N,3,4,6]");
+    let up = ModelBuilder::new(9)
+        .input("x", F32, &fixed(&[2, 3, 4]))
+        .init(tensor_f32("scales", &[3], &[1.0, 2.0, 3.0]))
+        .node(node("Upsample", "up", &["x", "scales"], &["y"]))
+        .output("y");
+    assert_eq!(ty(&import(&up), "y"), "f32[N,6,12]");
+    let unknown = ModelBuilder::new(19)
+        .input("x", F32, &fixed(&[1, 3, 4, 4]))
+        .input("scales", F32, &fixed(&[4]))
+        .node(node("Resize", "rs", &["x", "", "scales"], &["y"]))
+        .output("y");
+    assert_shape_error(&unknown, &["\"rs\"", "not known at import"]);
+    let on_batch = ModelBuilder::new(19)
+        .input("x", F32, &batch)
+        .init(tensor_f32("scales", &[4], &[2.0, 1.0, 1.0, 1.0]))
+        .node(node("Resize", "rs", &["x", "", "scales"], &["y"]))
+        .output("y");
+    assert_shape_error(&on_batch, &["\"rs\"", "the batch"]);
+}
+
+/// The vision ops' shape rules: DepthToSpace/SpaceToDepth, GridSample (the grid's spatial
+/// extents), AffineGrid (the size's spatial extents, theta's batch), Col2Im (the block
+/// count must match the padded image) and CenterCropPad.
+#[test]
+fn vision_op_shapes() {
+    let batch = |dims: &[i64]| std::iter::once(Ax::Param("batch")).chain(dims.iter().map(|&d| Ax::Fixed(d))).collect::<Vec<_>>();
+    let m = ModelBuilder::new(22)
+        .input("x", F32, &batch(&[8, 2, 3]))
+        .input("grid", F32, &batch(&[5, 7, 2]))
+        .input("theta", F32, &batch(&[2, 3]))
+        .input("cols", F32, &batch(&[12, 8]))
+        .init(tensor_i64("size", &[4], &[1, 3, 6, 4]))
+        .init(tensor_i64("image", &[2], &[4, 5]))
+        .init(tensor_i64("block", &[2], &[3, 2]))
+        .init(tensor_i64("crop", &[2], &[1, 5]))
+        .node(node("DepthToSpace", "d2s", &["x"], &["a"]).int("blocksize", 2).string("mode", "CRD"))
+        .node(node("SpaceToDepth", "s2d", &["a"], &["b"]).int("blocksize", 2))
+        .node(node("GridSample", "gs", &["x", "grid"], &["c"]))
+        .node(node("AffineGrid", "ag", &["theta", "size"], &["d"]))
+        .node(node("Col2Im", "c2i", &["cols", "image", "block"], &["e"]).ints("pads", &[1, 0, 1, 1]).ints("strides", &[2, 1]).ints("dilations", &[1, 2]))
+        .node(node("CenterCropPad", "ccp", &["x", "crop"], &["f"]).ints("axes", &[-1, 2]))
+        .output("b")
+        .output("c")
+        .output("d")
+        .output("e")
+        .output("f");
+    let g = import(&m);
+    assert_eq!(ty(&g, "a"), "f32[N,2,4,6]");
+    assert_eq!(ty(&g, "b"), "f32[N,8,2,3]");
+    assert_eq!(ty(&g, "c"), "f32[N,8,5,7]");
+    assert_eq!(ty(&g, "d"), "f32[N,6,4,2]");
+    assert_eq!(ty(&g, "e"), "f32[N,2,4,5]");
+    assert_eq!(ty(&g, "f"), "f32[N,8,5,1]");
+    // Padded 6 x 6 image, 3 x 2 blocks dilated (1, 2), strides (2, 1): 2 x 4 = 8 positions.
+    let blocks = |l: i64| {
+        ModelBuilder::new(18)
+            .input("cols", F32, &fixed(&[1, 12, l]))
+            .init(tensor_i64("image", &[2], &[4, 5]))
+            .init(tensor_i64("block", &[2], &[3, 2]))
+            .node(node("Col2Im", "c2i", &["cols", "image", "block"], &["e"]).ints("pads", &[1, 0, 1, 1]).ints("strides", &[2, 1]).ints("dilations", &[1, 2]))
+            .output("e")
+    };
+    assert_eq!(ty(&import(&blocks(8)), "e"), "f32[N,2,4,5]");
+    assert_shape_error(&blocks(12), &["\"c2i\"", "12 blocks given", "holds 8"]);
+    let bad = ModelBuilder::new(13).input("x", F32, &fixed(&[1, 6, 2, 2])).node(node("DepthToSpace", "d2s", &["x"], &["y"]).int("blocksize", 2)).output("y");
+    assert_shape_error(&bad, &["\"d2s\"", "not a multiple"]);
+}

@@ -20,11 +20,16 @@
 //! - **Attention**: the two matmuls, `2 * (q_numel + out_numel) * total_seq`, plus 5 per
 //!   score for the softmax and masking. Backward = 2x.
 //! - **SoftmaxCrossEntropyLoss**: 5 per score; **NegativeLogLikelihoodLoss**: 1 per target.
-//! - **Pools**: `out_numel * prod(kernel)`; global pools `in_numel`. Backward 1x.
+//! - **Pools**: `out_numel * prod(kernel)`; global pools `in_numel`; LpPool adds 4 per
+//!   input and output element (the power and the root). Backward 1x.
 //! - **Reductions, ArgMax/ArgMin, CumSum, CumProd, TopK**: `in_numel`. Backward 1x.
 //!   **Det**: `in_numel * M` (an LU factorisation of each `M x M` matrix). Backward 2x.
 //! - **Gather / GatherElements / GatherND**: `out_numel`; **ScatterND / ScatterElements /
 //!   Scatter**: `in_numel` (the copied data). Backward 1x (scatter-add or gather).
+//! - **Resize / Upsample**: 2 per output element and tap (nearest 1, linear 2, cubic 4
+//!   taps per resized axis; antialiased downsampling more, taken as 4). **GridSample**: 2
+//!   per output element and tap (nearest 1, linear 2^d, cubic 16 for d spatial axes).
+//!   Backward 1x (scatter-add of the gathers).
 //! - **Shape and data-movement ops** (Reshape, Transpose, Concat, Slice, Split, Pad, Expand,
 //!   Tile, ...): 0 flops, but their bytes moved count.
 //!
@@ -47,7 +52,7 @@
 
 use std::collections::HashMap;
 
-use pipewright_ir::ops::{BinaryOp, UnaryOp};
+use pipewright_ir::ops::{BinaryOp, ResizeMode, UnaryOp};
 use pipewright_ir::{Dim, Graph, NodeId, Op, TensorType, ValueDef, ValueId};
 use serde::{Deserialize, Serialize};
 
@@ -145,6 +150,7 @@ impl OpClass {
             | Op::ScatterElements { .. }
             | Op::Scatter { .. } => OpClass::Gather,
             Op::RotaryEmbedding(_) => OpClass::Elementwise,
+            Op::Resize(_) | Op::Upsample(_) | Op::GridSample { .. } => OpClass::Gather,
             op if op.is_elementwise() => OpClass::Elementwise,
             _ => OpClass::DataMovement,
         }
@@ -525,6 +531,8 @@ fn flops(g: &Graph, n: NodeId, export: i64) -> (Lin, f64) {
             (in_numel.scale(2.0 * total + 5.0 * total / head.max(1.0)) + first_out.scale(2.0 * total), 2.0)
         }
         Op::MaxPool(p) | Op::AveragePool(p) => (first_out.scale(kernel_prod(&p.window)), 1.0),
+        // |x|^p before the window sums and the root after: ~4 per element each.
+        Op::LpPool { pool, .. } => (first_out.scale(kernel_prod(&pool.window) + 4.0) + in_numel.scale(4.0), 1.0),
         Op::GlobalAveragePool | Op::GlobalMaxPool => (in_numel, 1.0),
         Op::Reduce(_)
         | Op::ArgMax { .. }
@@ -534,6 +542,23 @@ fn flops(g: &Graph, n: NodeId, export: i64) -> (Lin, f64) {
         | Op::TopK { .. } => (in_numel, 1.0),
         Op::Gather { .. } | Op::GatherElements { .. } | Op::GatherND { .. } => (out_numel, 1.0),
         Op::ScatterND { .. } | Op::ScatterElements { .. } | Op::Scatter { .. } => (in_numel, 1.0),
+        Op::Resize(r) | Op::Upsample(r) => {
+            let taps = match r.mode {
+                ResizeMode::Nearest => 1.0,
+                ResizeMode::Linear if !r.antialias => 2.0,
+                _ => 4.0,
+            };
+            (out_numel.scale(2.0 * taps), 1.0)
+        }
+        Op::GridSample { mode, .. } => {
+            let spatial = ty_in(0).map_or(2, |t| t.shape.rank().saturating_sub(2)) as i32;
+            let taps = match mode {
+                ResizeMode::Nearest => 1.0,
+                ResizeMode::Linear => 2f64.powi(spatial),
+                ResizeMode::Cubic => 4f64.powi(spatial),
+            };
+            (out_numel.scale(2.0 * taps), 1.0)
+        }
         op if op.is_elementwise() => (
             out_numel.scale(if is_transcendental(op) { 4.0 } else { 1.0 }),
             1.0,

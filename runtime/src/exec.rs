@@ -13,6 +13,7 @@ mod nn;
 mod norm;
 mod reduce;
 mod rnn;
+mod resample;
 mod shape;
 mod transformer;
 mod util;
@@ -135,6 +136,7 @@ fn dispatch_nn(k: &Kernel, ins: &[Option<&Tensor>], mode: Mode, outputs_read: Op
         ConvTranspose(c) => one(window::conv_transpose(c, x()?, y()?, opt(ins, 2))),
         MaxPool(p) => window::max_pool(p, x()?),
         AveragePool(p) => one(window::average_pool(p, x()?)),
+        LpPool { pool, p } => one(window::lp_pool(pool, *p, x()?)),
         GlobalAveragePool => one(window::global_pool(x()?, false)),
         GlobalMaxPool => one(window::global_pool(x()?, true)),
         BatchNormalization(b) => nn::batch_norm(b, ins, mode),
@@ -169,6 +171,13 @@ fn dispatch_shape(k: &Kernel, ins: &[Option<&Tensor>]) -> R<Vec<Tensor>> {
         Gather { axis } => one(shape::gather(x()?, y()?, *axis)),
         GatherElements { axis } => one(shape::gather_elements(x()?, y()?, *axis)),
         GatherNd { batch_dims } => one(shape::gather_nd(x()?, y()?, *batch_dims)),
+        Resize(r) => one(resample::resize(r, ins)),
+        Col2Im { dilations, pads, strides } => one(shape::col2im(ins, [dilations, pads, strides])),
+        CenterCropPad { axes } => one(shape::center_crop_pad(x()?, y()?, axes.as_deref())),
+        AffineGrid { align_corners } => one(resample::affine_grid(x()?, y()?, *align_corners)),
+        GridSample { mode, padding, align_corners } => one(resample::grid_sample(x()?, y()?, *mode, *padding, *align_corners)),
+        DepthToSpace { blocksize, crd } => one(shape::depth_to_space(x()?, *blocksize, *crd)),
+        SpaceToDepth { blocksize, crd } => one(shape::space_to_depth(x()?, *blocksize, *crd)),
         Expand => one(shape::expand(x()?, y()?)),
         Shape { start, end } => one(shape::shape_of(x()?, *start, *end)),
         Size => one(shape::size_of(x()?)),

@@ -306,6 +306,52 @@ pub struct Pad {
     pub attrs: Option<(Vec<i64>, f32)>,
 }
 
+/// ONNX `Resize` modes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum ResizeMode {
+    Nearest, Linear, Cubic,
+}
+
+/// ONNX `Resize` `coordinate_transformation_mode`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum CoordMode {
+    HalfPixel, HalfPixelSymmetric, PytorchHalfPixel, AlignCorners, Asymmetric, TfCropAndResize,
+}
+
+/// ONNX `Resize` `nearest_mode`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum NearestMode {
+    RoundPreferFloor, RoundPreferCeil, Floor, Ceil,
+}
+
+/// ONNX `Resize` `keep_aspect_ratio_policy`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum AspectPolicy {
+    Stretch, NotLarger, NotSmaller,
+}
+
+/// ONNX `GridSample` `padding_mode`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum GridPadding {
+    Zeros, Border, Reflection,
+}
+
+/// Resize and Upsample. Inputs: X, roi, scales, sizes; `legacy` (opset-10 Resize,
+/// Upsample): X, scales.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Resize {
+    pub mode: ResizeMode,
+    pub coord: CoordMode,
+    pub nearest: NearestMode,
+    pub aspect: AspectPolicy,
+    pub cubic_a: f32,
+    pub exclude_outside: bool,
+    pub extrapolation: f32,
+    pub antialias: bool,
+    pub axes: Option<Vec<i64>>,
+    pub legacy: bool,
+}
+
 /// One kernel with its typed attributes: the runtime twin of the IR's `Op`.
 ///
 /// Multi-output kernels produce every output ONNX defines, in ONNX order (Dropout: output,
@@ -362,6 +408,14 @@ pub enum Kernel {
     Gather { axis: i64 },
     GatherElements { axis: i64 },
     GatherNd { batch_dims: i64 },
+    Resize(Resize),
+    LpPool { pool: Pool, p: i64 },
+    DepthToSpace { blocksize: i64, crd: bool },
+    GridSample { mode: ResizeMode, padding: GridPadding, align_corners: bool },
+    AffineGrid { align_corners: bool },
+    Col2Im { dilations: Vec<i64>, pads: Vec<i64>, strides: Vec<i64> },
+    CenterCropPad { axes: Option<Vec<i64>> },
+    SpaceToDepth { blocksize: i64, crd: bool },
     Expand,
     Where,
     Cast { to: ElemType },
@@ -438,7 +492,9 @@ fn plain_name(k: &Kernel) -> &'static str {
         Reshape { .. } => "Reshape", Flatten { .. } => "Flatten", Transpose { .. } => "Transpose",
         Squeeze { .. } => "Squeeze", Unsqueeze { .. } => "Unsqueeze", Concat { .. } => "Concat",
         Split(_) => "Split", Slice(_) => "Slice", Gather { .. } => "Gather",
-        GatherElements { .. } => "GatherElements", GatherNd { .. } => "GatherND", Expand => "Expand", Where => "Where",
+        GatherElements { .. } => "GatherElements", GatherNd { .. } => "GatherND", Resize(_) => "Resize", LpPool { .. } => "LpPool",
+        DepthToSpace { .. } => "DepthToSpace", GridSample { .. } => "GridSample",
+        AffineGrid { .. } => "AffineGrid", Col2Im { .. } => "Col2Im", CenterCropPad { .. } => "CenterCropPad", SpaceToDepth { .. } => "SpaceToDepth", Expand => "Expand", Where => "Where",
         Cast { .. } => "Cast", CastLike => "CastLike", Shape { .. } => "Shape", Size => "Size",
         ConstantOfShape { .. } => "ConstantOfShape", Range => "Range", ArgMax { .. } => "ArgMax",
         ArgMin { .. } => "ArgMin", Trilu { .. } => "Trilu", Einsum { .. } => "Einsum",

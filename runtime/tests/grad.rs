@@ -525,6 +525,108 @@ fn shape_ops() {
     );
 }
 
+/// Resize: gathers along each resized axis with per-tap weights. Nearest (one tap),
+/// linear and cubic (two and four, edge taps clamped or excluded), antialiased
+/// downsampling (wider filters), tf_crop_and_resize with its extrapolated border, and
+/// the legacy Upsample form.
+#[test]
+fn resize_modes() {
+    let x = || In::D(normal(&[1, 2, 4, 5], 150));
+    let f32s = |v: &[f32]| In::F(Tensor::from_slice(v));
+    let rs = |mode, coord| Resize {
+        mode,
+        coord,
+        nearest: NearestMode::RoundPreferFloor,
+        aspect: AspectPolicy::Stretch,
+        cubic_a: -0.75,
+        exclude_outside: false,
+        extrapolation: 0.0,
+        antialias: false,
+        axes: None,
+        legacy: false,
+    };
+    let up = f32s(&[1.0, 1.0, 2.0, 1.5]);
+    let down = f32s(&[1.0, 1.0, 0.6, 0.5]);
+    g1(Kernel::Resize(rs(ResizeMode::Nearest, CoordMode::Asymmetric)), vec![x(), In::N, up]);
+    g1(Kernel::Resize(rs(ResizeMode::Linear, CoordMode::HalfPixel)), vec![x(), In::N, f32s(&[1.0, 1.0, 1.7, 0.6])]);
+    let cubic = Resize { exclude_outside: true, cubic_a: -0.5, ..rs(ResizeMode::Cubic, CoordMode::AlignCorners) };
+    g1(Kernel::Resize(cubic), vec![x(), In::N, In::N, In::F(i64s(&[1, 2, 3, 7], &[4]))]);
+    g1(Kernel::Resize(rs(ResizeMode::Cubic, CoordMode::HalfPixel)), vec![x(), In::N, down]);
+    for mode in [ResizeMode::Linear, ResizeMode::Cubic] {
+        let aa = Resize { antialias: true, ..rs(mode, CoordMode::PytorchHalfPixel) };
+        g1(Kernel::Resize(aa), vec![x(), In::N, f32s(&[1.0, 1.0, 0.6, 0.5])]);
+    }
+    let crop = Resize { extrapolation: 2.5, axes: Some(vec![3, 2]), ..rs(ResizeMode::Linear, CoordMode::TfCropAndResize) };
+    g1(Kernel::Resize(crop), vec![x(), f32s(&[0.2, 0.4, 1.3, 0.9]), In::N, In::F(i64s(&[6, 3], &[2]))]);
+    let legacy = Resize { legacy: true, nearest: NearestMode::Floor, ..rs(ResizeMode::Linear, CoordMode::Asymmetric) };
+    g1(Kernel::Resize(legacy), vec![x(), f32s(&[1.0, 1.0, 2.0, 3.0])]);
+}
+
+/// GridSample through libtorch's grid sampler: gradients for the input and for the grid,
+/// 2-D in every mode and padding, and 3-D linear.
+#[test]
+fn grid_sample_modes() {
+    let grid = |shape: &[i64], seed| In::D(rand(shape, seed, -1.2, 1.2));
+    let cases = [
+        (ResizeMode::Linear, GridPadding::Zeros, false),
+        (ResizeMode::Linear, GridPadding::Border, true),
+        (ResizeMode::Linear, GridPadding::Reflection, false),
+        (ResizeMode::Cubic, GridPadding::Zeros, true),
+    ];
+    for (i, (mode, padding, align_corners)) in cases.into_iter().enumerate() {
+        let k = Kernel::GridSample { mode, padding, align_corners };
+        g1(k, vec![In::D(normal(&[2, 2, 4, 5], 160 + i as u64)), grid(&[2, 3, 2, 2], 170 + i as u64)]);
+    }
+    // Nearest: only the input has a gradient (the grid's is zero almost everywhere).
+    let k = Kernel::GridSample { mode: ResizeMode::Nearest, padding: GridPadding::Border, align_corners: false };
+    g1(k, vec![In::D(normal(&[1, 2, 4, 5], 180)), In::F(rand(&[1, 3, 2, 2], 181, -1.2, 1.2))]);
+    let k = Kernel::GridSample { mode: ResizeMode::Linear, padding: GridPadding::Zeros, align_corners: false };
+    g1(k, vec![In::D(normal(&[1, 1, 3, 2, 2], 182)), grid(&[1, 2, 2, 2, 3], 183)]);
+}
+
+/// AffineGrid: the grid is linear in theta (2-D and 3-D).
+#[test]
+fn affine_grid() {
+    for align_corners in [false, true] {
+        let k = Kernel::AffineGrid { align_corners };
+        g1(k.clone(), vec![In::D(normal(&[2, 2, 3], 190)), In::F(i64s(&[2, 3, 4, 5], &[4]))]);
+        g1(k, vec![In::D(normal(&[1, 3, 4], 191)), In::F(i64s(&[1, 1, 2, 3, 4], &[5]))]);
+    }
+}
+
+/// Col2Im (overlapping blocks add up; strides, dilations, pads and a 3-D image) and
+/// CenterCropPad (a crop on one axis, a pad on another).
+#[test]
+fn col2im_and_center_crop_pad() {
+    let k = |d: &[i64], p: &[i64], s: &[i64]| Kernel::Col2Im { dilations: d.to_vec(), pads: p.to_vec(), strides: s.to_vec() };
+    let ints = |v: &[i64]| In::F(i64s(v, &[v.len() as i64]));
+    g1(k(&[], &[], &[]), vec![In::D(normal(&[2, 4, 12], 200)), ints(&[4, 5]), ints(&[2, 2])]);
+    g1(k(&[1, 2], &[1, 0, 1, 1], &[2, 1]), vec![In::D(normal(&[1, 6, 8], 201)), ints(&[4, 5]), ints(&[3, 2])]);
+    g1(k(&[], &[], &[]), vec![In::D(normal(&[1, 4, 6], 202)), ints(&[3, 2, 3]), ints(&[1, 2, 2])]);
+    let crop = Kernel::CenterCropPad { axes: Some(vec![-1, 1]) };
+    g1(crop, vec![In::D(normal(&[2, 5, 6], 203)), ints(&[3, 8])]);
+}
+
+/// LpPool with p = 2 and 3: explicit pads, strides with dilations, ceil mode.
+#[test]
+fn lp_pool() {
+    let pool = |w, ceil_mode| Pool { window: w, ceil_mode, count_include_pad: false };
+    let x = || In::D(normal(&[1, 2, 5, 5], 210));
+    let k = |w, ceil, p| Kernel::LpPool { pool: pool(w, ceil), p };
+    g1(k(win(&[2, 2], &[], &[1, 0, 0, 1], &[], AutoPad::NotSet), false, 2), vec![x()]);
+    g1(k(win(&[2, 2], &[2, 1], &[], &[1, 2], AutoPad::NotSet), false, 3), vec![x()]);
+    g1(k(win(&[2, 2], &[2, 2], &[], &[], AutoPad::NotSet), true, 2), vec![x()]);
+}
+
+/// DepthToSpace and SpaceToDepth in both channel orders (reshape, transpose, reshape).
+#[test]
+fn block_moves() {
+    for crd in [false, true] {
+        g1(Kernel::DepthToSpace { blocksize: 2, crd }, vec![In::D(normal(&[2, 8, 2, 3], 151))]);
+        g1(Kernel::SpaceToDepth { blocksize: 2, crd }, vec![In::D(normal(&[2, 2, 4, 6], 152))]);
+    }
+}
+
 #[test]
 fn pad_modes() {
     for mode in [

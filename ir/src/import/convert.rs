@@ -90,6 +90,13 @@ fn convert_op(op_type: &str, version: i64, a: &mut Attrs, n_inputs: usize) -> Re
             ceil_mode: a.bool_or("ceil_mode", false)?,
             count_include_pad: a.bool_or("count_include_pad", false)?,
         }),
+        "LpPool" => {
+            let p = a.int_or("p", 2)?;
+            if p <= 0 {
+                return Err(format!("p = {p} is not positive"));
+            }
+            Op::LpPool { pool: Pool { window: window(a)?, ceil_mode: a.bool_or("ceil_mode", false)?, count_include_pad: false }, p }
+        }
         "GlobalAveragePool" => Op::GlobalAveragePool,
         "GlobalMaxPool" => Op::GlobalMaxPool,
         "BatchNormalization" => {
@@ -157,6 +164,29 @@ fn convert_op(op_type: &str, version: i64, a: &mut Attrs, n_inputs: usize) -> Re
         "Slice" => Op::Slice(Slice { attrs: None }),
         "Gather" => Op::Gather { axis: a.int_or("axis", 0)? },
         "GatherElements" => Op::GatherElements { axis: a.int_or("axis", 0)? },
+        "Resize" => Op::Resize(resize(a, version)?),
+        "GridSample" => grid_sample(a, version)?,
+        "Col2Im" => Op::Col2Im {
+            dilations: a.ints("dilations")?.unwrap_or_default(),
+            pads: a.ints("pads")?.unwrap_or_default(),
+            strides: a.ints("strides")?.unwrap_or_default(),
+        },
+        "CenterCropPad" => Op::CenterCropPad { axes: a.ints("axes")? },
+        "AffineGrid" => Op::AffineGrid { align_corners: a.bool_or("align_corners", false)? },
+        "DepthToSpace" | "SpaceToDepth" => {
+            let blocksize = a.int("blocksize")?.ok_or("attribute \"blocksize\" is required")?;
+            if blocksize <= 0 {
+                return Err(format!("blocksize {blocksize} is not positive"));
+            }
+            let has_mode = version >= if op_type == "DepthToSpace" { 11 } else { 28 };
+            let crd = match a.string("mode")?.as_deref() {
+                None | Some("DCR") => false,
+                Some("CRD") if has_mode => true,
+                Some(other) => return Err(format!("mode={other:?} is not a {op_type} mode at this opset")),
+            };
+            if op_type == "DepthToSpace" { Op::DepthToSpace { blocksize, crd } } else { Op::SpaceToDepth { blocksize, crd } }
+        }
+        "Upsample" => Op::Upsample(resize(a, 10)?),
         "GatherND" => Op::GatherND { batch_dims: a.int_or("batch_dims", 0)? },
         "Expand" => Op::Expand,
         "Where" => Op::Where,
@@ -373,6 +403,71 @@ fn rnn(a: &mut Attrs, version: i64, cell: RnnCell) -> Result<Op, String> {
 }
 
 /// Reads the convolution/pool window attributes.
+/// Resize's attributes at schema `version` (10: the legacy form, which Upsample shares).
+fn resize(a: &mut Attrs, version: i64) -> Result<Resize, String> {
+    let legacy = version < 11;
+    let mode = a.string("mode")?.unwrap_or_else(|| "nearest".into());
+    let mode = match ResizeMode::parse(&mode) {
+        Some(ResizeMode::Cubic) if legacy => None,
+        m => m,
+    }
+    .ok_or_else(|| format!("mode={mode:?} is not a Resize mode at this opset"))?;
+    if legacy {
+        let (coord, nearest) = (CoordMode::Asymmetric, NearestMode::Floor);
+        return Ok(Resize { mode, coord, nearest, cubic_a: -0.75, exclude_outside: false, extrapolation: 0.0, antialias: false, axes: None, aspect: AspectPolicy::Stretch, legacy });
+    }
+    let coord = a.string("coordinate_transformation_mode")?.unwrap_or_else(|| "half_pixel".into());
+    let coord = match CoordMode::parse(&coord) {
+        Some(CoordMode::HalfPixelSymmetric) if version < 19 => None,
+        c => c,
+    }
+    .ok_or_else(|| format!("coordinate_transformation_mode={coord:?} is not known at this opset"))?;
+    let nearest = a.string("nearest_mode")?.unwrap_or_else(|| "round_prefer_floor".into());
+    let nearest = NearestMode::parse(&nearest).ok_or_else(|| format!("nearest_mode={nearest:?} is not known"))?;
+    let (antialias, axes, aspect) = if version >= 18 {
+        let policy = a.string("keep_aspect_ratio_policy")?.unwrap_or_else(|| "stretch".into());
+        let aspect = AspectPolicy::parse(&policy).ok_or_else(|| format!("keep_aspect_ratio_policy={policy:?} is not known"))?;
+        (a.bool_or("antialias", false)?, a.ints("axes")?, aspect)
+    } else {
+        (false, None, AspectPolicy::Stretch)
+    };
+    if antialias && mode == ResizeMode::Nearest {
+        return Err("antialias applies to the linear and cubic modes, not nearest".into());
+    }
+    Ok(Resize {
+        mode,
+        coord,
+        nearest,
+        cubic_a: a.float_or("cubic_coeff_a", -0.75)?,
+        exclude_outside: a.bool_or("exclude_outside", false)?,
+        extrapolation: a.float_or("extrapolation_value", 0.0)?,
+        antialias,
+        axes,
+        aspect,
+        legacy,
+    })
+}
+
+/// GridSample's attributes; opset 16 spells the modes bilinear and bicubic.
+fn grid_sample(a: &mut Attrs, version: i64) -> Result<Op, String> {
+    let v16 = version < 20;
+    let mode = a.string("mode")?;
+    let mode = match (mode.as_deref(), v16) {
+        (None, _) | (Some("bilinear"), true) | (Some("linear"), false) => ResizeMode::Linear,
+        (Some("bicubic"), true) | (Some("cubic"), false) => ResizeMode::Cubic,
+        (Some("nearest"), _) => ResizeMode::Nearest,
+        (Some(other), _) => return Err(format!("mode={other:?} is not a GridSample mode at this opset")),
+    };
+    let padding = a.string("padding_mode")?.unwrap_or_else(|| "zeros".into());
+    let padding = GridPadding::parse(&padding).ok_or_else(|| format!("padding_mode={padding:?} is not known"))?;
+    // ONNX moves (clamps or reflects) an outside source coordinate before taking the four
+    // cubic taps; libtorch pads each tap instead, which gives other values near the edges.
+    if mode == ResizeMode::Cubic && padding != GridPadding::Zeros {
+        return Err(format!("cubic sampling with padding_mode={} is not supported (only zeros)", padding.name()));
+    }
+    Ok(Op::GridSample { mode, padding, align_corners: a.bool_or("align_corners", false)?, v16 })
+}
+
 fn window(a: &mut Attrs) -> Result<Window, String> {
     let auto_pad = match a.string("auto_pad")?.as_deref() {
         None | Some("NOTSET") | Some("") => AutoPad::NotSet,

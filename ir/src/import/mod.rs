@@ -31,16 +31,23 @@ pub struct ImportOptions {
     /// Graph inputs replaced by these constants (by input name): for tests whose shape
     /// parameters (axes, target shapes, pads) are fed as inputs.
     pub frozen_inputs: HashMap<String, crate::TensorData>,
+    /// Small float graph inputs frozen only where every node reading them takes them as a
+    /// parameter that fixes a shape (Resize's roi and scales, Upsample's scales); anywhere
+    /// else they stay inputs, as data.
+    pub float_parameters: HashMap<String, crate::TensorData>,
 }
 
 impl ImportOptions {
     /// Freezes the named tensors that look like shape parameters fed as inputs (integer
     /// tensors of at most 64 elements, and scalars): axes, target shapes, pads, Range
     /// bounds. A compiler for static shapes needs their values; data stays an input.
+    /// Float tensors of at most 64 elements become [`ImportOptions::float_parameters`].
     pub fn freeze_shape_inputs<'a>(&mut self, tensors: impl IntoIterator<Item = (&'a str, &'a crate::TensorData)>) {
         for (name, t) in tensors {
             if !name.is_empty() && (t.numel() <= 1 || (!t.dtype.is_float() && t.numel() <= 64)) {
                 self.frozen_inputs.insert(name.to_string(), t.clone());
+            } else if !name.is_empty() && t.numel() <= 64 {
+                self.float_parameters.insert(name.to_string(), t.clone());
             }
         }
     }
@@ -161,7 +168,8 @@ impl<'a> Importer<'a> {
         name_nodes(&mut g.node);
         check_ops(&g.node, opset)?;
         let initializer_names: std::collections::HashSet<String> = g.initializer.iter().map(|t| t.name.clone()).collect();
-        self.add_inputs(&g.input, &initializer_names)?;
+        let params = float_parameters_read(&g.node, &self.opts.float_parameters);
+        self.add_inputs(&g.input, &initializer_names, &params)?;
         for t in std::mem::take(&mut g.initializer) {
             let name = t.name.clone();
             let data = tensor::tensor_from_proto(t, self.dir)?;
@@ -220,14 +228,19 @@ impl<'a> Importer<'a> {
         self.known[id.index()] = k;
     }
 
-    fn add_inputs(&mut self, inputs: &[ValueInfoProto], initializers: &std::collections::HashSet<String>) -> Result<(), ImportError> {
-        for (name, data) in &self.opts.frozen_inputs {
-            if inputs.iter().any(|i| &i.name == name) && !initializers.contains(name) {
+    fn add_inputs(
+        &mut self,
+        inputs: &[ValueInfoProto],
+        initializers: &std::collections::HashSet<String>,
+        params: &HashMap<String, crate::TensorData>,
+    ) -> Result<(), ImportError> {
+        let frozen: HashMap<&String, &crate::TensorData> = self.opts.frozen_inputs.iter().chain(params).collect();
+        for (name, data) in &frozen {
+            if inputs.iter().any(|i| &i.name == *name) && !initializers.contains(*name) {
                 let ty = TensorType::new(data.dtype, Shape::fixed(&data.dims));
-                self.define(name.clone(), ty, ValueDef::Weight(Weight { data: data.clone(), trainable: false }));
+                self.define((*name).clone(), ty, ValueDef::Weight(Weight { data: (*data).clone(), trainable: false }));
             }
         }
-        let frozen = &self.opts.frozen_inputs;
         let feeds: Vec<&ValueInfoProto> =
             inputs.iter().filter(|i| !initializers.contains(&i.name) && !frozen.contains_key(&i.name)).collect();
         let mut typed = Vec::with_capacity(feeds.len());
@@ -547,6 +560,29 @@ fn declared_type(vi: &ValueInfoProto) -> Result<(DType, Vec<DeclaredDim>), Impor
 }
 
 /// The batch symbol's name and export size: a shared named axis 0, or a shared fixed axis 0.
+/// The candidates of [`ImportOptions::float_parameters`] that every reading node takes
+/// as a shape-fixing parameter (Resize's roi and scales, Upsample's scales).
+fn float_parameters_read(nodes: &[NodeProto], candidates: &HashMap<String, crate::TensorData>) -> HashMap<String, crate::TensorData> {
+    let is_param = |n: &NodeProto, slot: usize| match n.op_type.as_str() {
+        "Resize" => slot == 1 || slot == 2,
+        "Upsample" => slot == 1,
+        _ => false,
+    };
+    // Per name: whether some node reads it, and whether every read is a parameter slot.
+    let mut reads: HashMap<&str, bool> = HashMap::new();
+    for n in nodes {
+        for (slot, name) in n.input.iter().enumerate() {
+            let all = reads.entry(name.as_str()).or_insert(true);
+            *all &= is_param(n, slot);
+        }
+    }
+    candidates
+        .iter()
+        .filter(|(name, _)| reads.get(name.as_str()) == Some(&true))
+        .map(|(name, t)| (name.clone(), t.clone()))
+        .collect()
+}
+
 fn detect_batch(inputs: &[(DType, Vec<DeclaredDim>)]) -> Option<(String, Option<i64>)> {
     let firsts: Vec<&DeclaredDim> = inputs.iter().filter_map(|(_, d)| d.first()).collect();
     if firsts.is_empty() || firsts.len() != inputs.len() {

@@ -1,6 +1,7 @@
 //! Shape and data-movement kernels: Reshape, Flatten, Transpose, Squeeze, Unsqueeze,
 //! Concat, Split, Slice, Gather, GatherElements, GatherND, Expand, Shape, Size, ConstantOfShape,
-//! Range, Tile, Trilu, Einsum, Pad and CumSum.
+//! Range, Tile, Trilu, Einsum, Pad, CumSum, DepthToSpace, SpaceToDepth, Col2Im and
+//! CenterCropPad.
 
 use tch::{Kind, Tensor};
 
@@ -255,6 +256,118 @@ pub(crate) fn gather_nd(data: &Tensor, idx: &Tensor, batch_dims: i64) -> R<Tenso
     let picked = flat.f_index_select(0, &offset.f_add(&base)?.f_reshape([-1])?)?;
     let out: Vec<i64> = i[..i.len() - 1].iter().chain(&d[b + k..]).copied().collect();
     Ok(picked.f_reshape(&out)?)
+}
+
+/// Col2Im: every block column is added into the zero padded image at its position (one
+/// `index_add`, differentiable in the columns), then the padding is cut away.
+pub(crate) fn col2im(ins: &[Option<&Tensor>], [dil, pads, strides]: [&Vec<i64>; 3]) -> R<Tensor> {
+    let x = need(ins, 0)?;
+    let (image, block) = (ints(need(ins, 1)?)?, ints(need(ins, 2)?)?);
+    let n = image.len();
+    let or = |v: &Vec<i64>, len: usize, d: i64| if v.is_empty() { vec![d; len] } else { v.clone() };
+    let (dil, pads, strides) = (or(dil, n, 1), or(pads, 2 * n, 0), or(strides, n, 1));
+    let (batch, ck, l) = match x.size().as_slice() {
+        &[b, ck, l] => (b, ck, l),
+        d => return Err(invalid(format!("input {d:?} is not 3-D"))),
+    };
+    let k: i64 = block.iter().product();
+    let bad = n == 0 || block.len() != n || dil.len() != n || strides.len() != n || pads.len() != 2 * n;
+    if bad || k <= 0 || ck % k != 0 || dil.iter().chain(&strides).any(|&v| v <= 0) || image.iter().any(|&v| v < 0) {
+        return Err(invalid(format!("input {:?} does not fit blocks {block:?} of image {image:?}", x.size())));
+    }
+    let padded: Vec<i64> = (0..n).map(|i| image[i] + pads[i] + pads[n + i]).collect();
+    let blocks: Vec<i64> = (0..n).map(|i| (padded[i] - dil[i] * (block[i] - 1) - 1).div_euclid(strides[i]) + 1).collect();
+    if blocks.iter().any(|&b| b < 1) || blocks.iter().product::<i64>() != l {
+        return Err(invalid(format!("{l} blocks given, the padded image {padded:?} holds {blocks:?}")));
+    }
+    // Offsets into the flattened padded image: kernel offsets outer, block positions inner.
+    let mut idx = Vec::with_capacity((k * l) as usize);
+    for kk in 0..k {
+        let ko = unravel(kk, &block);
+        for bl in 0..l {
+            let bo = unravel(bl, &blocks);
+            idx.push((0..n).fold(0, |acc, i| acc * padded[i] + bo[i] * strides[i] + ko[i] * dil[i]));
+        }
+    }
+    let c = ck / k;
+    let src = x.f_reshape([batch, c, k * l])?;
+    let idx = Tensor::f_from_slice(&idx)?.f_to(x.device())?;
+    let total: i64 = padded.iter().product();
+    let sum = Tensor::f_zeros([batch, c, total], (x.f_kind()?, x.device()))?.f_index_add(2, &idx, &src)?;
+    let mut out = sum.f_reshape([batch, c].iter().chain(&padded).copied().collect::<Vec<_>>())?;
+    for i in 0..n {
+        out = out.f_narrow(2 + i as i64, pads[i], image[i])?;
+    }
+    Ok(out)
+}
+
+/// The row-major multi-index of `flat` in `extents`.
+fn unravel(mut flat: i64, extents: &[i64]) -> Vec<i64> {
+    let mut out = vec![0; extents.len()];
+    for (o, &e) in out.iter_mut().zip(extents).rev() {
+        *o = flat % e;
+        flat /= e;
+    }
+    out
+}
+
+/// CenterCropPad: per axis, a centred slice (crop; the extra element on the far side) or
+/// zero padding (the extra element at the end).
+pub(crate) fn center_crop_pad(x: &Tensor, shape: &Tensor, axes: Option<&[i64]>) -> R<Tensor> {
+    let shape = ints(shape)?;
+    let rank = x.dim();
+    let axes: Vec<i64> = match axes {
+        Some(a) => a.iter().map(|&a| norm_axis(a, rank)).collect::<R<_>>()?,
+        None => (0..rank as i64).collect(),
+    };
+    if shape.len() != axes.len() || shape.iter().any(|&v| v < 0) {
+        return Err(invalid(format!("shape {shape:?} does not fit axes {axes:?}")));
+    }
+    let mut y = x.shallow_clone();
+    for (&a, &want) in axes.iter().zip(&shape) {
+        let have = y.size()[a as usize];
+        if want < have {
+            y = y.f_narrow(a, (have - want) / 2, want)?;
+        } else if want > have {
+            let before = (want - have) / 2;
+            let mut pad = vec![0i64; 2 * (rank - a as usize)];
+            let last = pad.len();
+            pad[last - 2] = before;
+            pad[last - 1] = want - have - before;
+            y = y.f_constant_pad_nd(pad.as_slice())?;
+        }
+    }
+    Ok(y)
+}
+
+/// The `[N, C, H, W]` extents of a DepthToSpace/SpaceToDepth input with blocksize `b`.
+fn nchw(x: &Tensor, b: i64) -> R<(i64, i64, i64, i64)> {
+    match x.size().as_slice() {
+        &[n, c, h, w] if b > 0 => Ok((n, c, h, w)),
+        d => Err(invalid(format!("expected a 4-D input and a positive blocksize, got {d:?} and {b}"))),
+    }
+}
+
+/// DepthToSpace: the channels split into `b x b` blocks (leading for DCR, trailing for
+/// CRD) which a transpose interleaves with the rows and columns.
+pub(crate) fn depth_to_space(x: &Tensor, b: i64, crd: bool) -> R<Tensor> {
+    let (n, c, h, w) = nchw(x, b)?;
+    if c % (b * b) != 0 {
+        return Err(invalid(format!("{c} channels are not a multiple of blocksize^2 = {}", b * b)));
+    }
+    let k = c / (b * b);
+    let (split, perm) = if crd { ([n, k, b, b, h, w], [0, 1, 4, 2, 5, 3]) } else { ([n, b, b, k, h, w], [0, 3, 4, 1, 5, 2]) };
+    Ok(x.f_reshape(split)?.f_permute(perm)?.f_reshape([n, k, h * b, w * b])?)
+}
+
+/// SpaceToDepth: the inverse of DepthToSpace in the same mode.
+pub(crate) fn space_to_depth(x: &Tensor, b: i64, crd: bool) -> R<Tensor> {
+    let (n, c, h, w) = nchw(x, b)?;
+    if h % b != 0 || w % b != 0 {
+        return Err(invalid(format!("spatial extents {h}x{w} are not multiples of blocksize {b}")));
+    }
+    let perm = if crd { [0, 1, 3, 5, 2, 4] } else { [0, 3, 5, 1, 2, 4] };
+    Ok(x.f_reshape([n, c, h / b, b, w / b, b])?.f_permute(perm)?.f_reshape([n, c * b * b, h / b, w / b])?)
 }
 
 /// Expand: bidirectional numpy broadcast of the input's shape and the given shape.

@@ -324,11 +324,21 @@ fn onnx_indices(idx: &Tensor, padded: &[i64], x_shape: &[i64], begins: &[i64]) -
 /// number of counted elements, which handles dilations, ceil_mode, asymmetric pads and
 /// count_include_pad uniformly.
 pub(crate) fn average_pool(p: &Pool, x: &Tensor) -> R<Tensor> {
+    let (sums, count) = window_sums(p, x, true)?;
+    let count = count.ok_or_else(|| invalid("no window count"))?;
+    let mut out_shape = x.size()[..2].to_vec();
+    out_shape.extend(&sums.size()[2..]);
+    Ok(sums.f_div(&count)?.f_reshape(&out_shape)?)
+}
+
+/// The sum of each pooling window over the zero padded input, as `[N * C, 1, out...]`,
+/// and (when `counted`) the number of elements each window averages over.
+fn window_sums(p: &Pool, x: &Tensor, counted: bool) -> R<(Tensor, Option<Tensor>)> {
     let (g, real_ends) = pool_geometry(p, x)?;
     let k = kind(x)?;
     if !is_float_kind(k) {
         return Err(super::util::bad_dtype(format!(
-            "AveragePool needs a floating-point input, got {k:?}"
+            "pooling needs a floating-point input, got {k:?}"
         )));
     }
     let shape = x.size();
@@ -354,10 +364,17 @@ pub(crate) fn average_pool(p: &Pool, x: &Tensor) -> R<Tensor> {
         )?)
     };
     let sums = sum_of(&xp.f_reshape(&flat_shape)?)?;
-    let count = sum_of(&count_mask(p, &g, &real_ends, &shape, k, x)?)?;
-    let mut out_shape = vec![shape[0], shape[1]];
+    let count = if counted { Some(sum_of(&count_mask(p, &g, &real_ends, &shape, k, x)?)?) } else { None };
+    Ok((sums, count))
+}
+
+/// LpPool: `(sum over the window of |x|^p)^(1/p)`, pads counting as zeros.
+pub(crate) fn lp_pool(pool: &Pool, p: i64, x: &Tensor) -> R<Tensor> {
+    let powered = x.f_abs()?.f_pow_tensor_scalar(p)?;
+    let (sums, _) = window_sums(pool, &powered, false)?;
+    let mut out_shape = x.size()[..2].to_vec();
     out_shape.extend(&sums.size()[2..]);
-    Ok(sums.f_div(&count)?.f_reshape(&out_shape)?)
+    Ok(sums.f_pow_tensor_scalar(1.0 / p as f64)?.f_reshape(&out_shape)?)
 }
 
 /// 1 where an element counts toward the average: the input, plus the real pads when
