@@ -797,6 +797,15 @@ fn rnn(r: &Rnn, x: In, w: In, rec: In, ctx: Ctx) -> R<Vec<TensorType>> {
         return Err(format!("W {ws} and R {rs} must be [{d}, {gh}, input] and [{d}, {gh}, {h}] for X {xs}"));
     }
     let (t, b) = if r.batch_major { (xs.0[1], xs.0[0]) } else { (xs.0[0], xs.0[1]) };
+    if t.is_batch() && !b.is_batch() {
+        // Training at another batch size would then lengthen the sequence instead.
+        return Err(format!(
+            "X {xs} carries the batch symbol on its sequence axis ({} = {}): the model's inputs are sequence-major, so the \
+             batch cannot be resized; import it with --batch fixed to run it at its exported shapes",
+            if r.batch_major { "layout 1, axis 1" } else { "layout 0, axis 0" },
+            t
+        ));
+    }
     let (d, h) = (Dim::Fixed(d), Dim::Fixed(h));
     let (y, state) = if r.batch_major { (vec![b, t, d, h], vec![b, d, h]) } else { (vec![t, d, b, h], vec![d, b, h]) };
     let n_states = if r.cell == RnnCell::Lstm { 2 } else { 1 };

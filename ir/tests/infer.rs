@@ -810,6 +810,14 @@ fn recurrent_op_shapes_and_activations() {
     let g = import_mode(&lstm(0, &fixed(&[5, 6, 3])), BatchMode::Fixed);
     assert_eq!(ty(&g, "y"), "f32[5,2,6,4]");
     assert_eq!(ty(&g, "yh"), "f32[2,6,4]");
+    // ... which is refused (training at another batch would lengthen the sequence).
+    assert_shape_error(&lstm(0, &fixed(&[5, 6, 3])), &["\"lstm\"", "batch symbol on its sequence axis", "--batch fixed"]);
+    // The batch on axis 1, as exporters write a batch-first model's transposed input.
+    let mut transposed = lstm(0, &[Ax::Param("batch"), Ax::Fixed(5), Ax::Fixed(3)]);
+    let graph = transposed.model.graph.as_mut().expect("graph");
+    graph.node[0].input[0] = "x_time_major".into();
+    graph.node.insert(0, node("Transpose", "to_time_major", &["x"], &["x_time_major"]).ints("perm", &[1, 0, 2]));
+    assert_eq!(ty(&import(&transposed), "y"), "f32[5,2,N,4]");
     let wrong_width = lstm(0, &fixed(&[5, 6, 2]));
     assert_shape_error(&wrong_width, &["\"lstm\"", "must be [2, 16, input]"]);
     let activations = |names: &[&str]| {
