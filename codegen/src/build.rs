@@ -115,6 +115,9 @@ pub struct BuildOutputs<'a> {
     pub stage_onnx: bool,
 }
 
+/// Module writers for builds of many stages (see `write_build`).
+const IO_WRITERS: usize = 16;
+
 /// Writes the build folder `out` for `lowered`, whose source model is `model`. Modules are
 /// streamed from the lowered programs, so writing needs no copy of the weights.
 pub fn write_build(lowered: &Lowered, model: &Path, out: &Path, outputs: BuildOutputs<'_>) -> Result<(Manifest, WriteTimes), WriteBuildError> {
@@ -125,18 +128,26 @@ pub fn write_build(lowered: &Lowered, model: &Path, out: &Path, outputs: BuildOu
     let mut times = WriteTimes::default();
 
     let t = Instant::now();
-    let modules: Vec<EncodedModule<'_>> = lowered
-        .stages
-        .par_iter()
-        .map(|sp| {
-            let params = StageParams { stage: sp.stage, depth, schedule: d.schedule, recompute: d.recompute };
-            let path = out.join(module_name(sp.stage));
-            let module = encode_parts(&params, &sp.program).map_err(|e| e.at(&path))?;
-            write_atomic_with(&path, |f| write_buffered(f, |w| module.write_to(w)))
-                .map_err(|e| ModuleError::new(ModuleErrorKind::Io { op: e.op, source: e.source }).at(&path))?;
-            Ok::<_, ModuleError>(module)
-        })
-        .collect::<Result<_, _>>()?;
+    let write_modules = || {
+        lowered
+            .stages
+            .par_iter()
+            .map(|sp| {
+                let params = StageParams { stage: sp.stage, depth, schedule: d.schedule, recompute: d.recompute };
+                let path = out.join(module_name(sp.stage));
+                let module = encode_parts(&params, &sp.program).map_err(|e| e.at(&path))?;
+                write_atomic_with(&path, |f| write_buffered(f, |w| module.write_to(w)))
+                    .map_err(|e| ModuleError::new(ModuleErrorKind::Io { op: e.op, source: e.source }).at(&path))?;
+                Ok::<_, ModuleError>(module)
+            })
+            .collect::<Result<Vec<EncodedModule<'_>>, _>>()
+    };
+    // Each module is flushed to disk before its rename; with thousands of stages the
+    // writers mostly wait on those flushes, so more of them than cores overlap the waits.
+    let modules = match rayon::ThreadPoolBuilder::new().num_threads(IO_WRITERS.max(rayon::current_num_threads())).build() {
+        Ok(pool) if lowered.stages.len() > IO_WRITERS => pool.install(write_modules)?,
+        _ => write_modules()?,
+    };
     times.modules = t.elapsed();
 
     if outputs.stage_onnx {

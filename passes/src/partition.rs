@@ -168,6 +168,10 @@ struct Prefix {
     comm: Vec<f64>,
     /// The smallest `comm(c)` of an interior cut (0 when there is none or it is infinite).
     min_comm: f64,
+    /// `max over i <= p of S(i) - comm(i)`: the best start of a stage among positions up to p.
+    best_start: Vec<f64>,
+    /// `min over j >= p of S(j) + comm(j)`: the cheapest end of a stage among positions from p.
+    cheapest_end: Vec<f64>,
 }
 
 impl PartitionProblem {
@@ -214,7 +218,17 @@ impl PartitionProblem {
         let interior = comm.get(1..n).unwrap_or(&[]);
         let min_comm = interior.iter().copied().fold(f64::INFINITY, f64::min);
         let min_comm = if min_comm.is_finite() { min_comm } else { 0.0 };
-        Prefix { s, g, h, comm, min_comm }
+        let best_start = (0..=n)
+            .scan(f64::NEG_INFINITY, |best, i| {
+                *best = f64::max(*best, s[i] - comm[i]);
+                Some(*best)
+            })
+            .collect();
+        let mut cheapest_end: Vec<f64> = (0..=n).map(|j| s[j] + comm[j]).collect();
+        for j in (0..n).rev() {
+            cheapest_end[j] = cheapest_end[j].min(cheapest_end[j + 1]);
+        }
+        Prefix { s, g, h, comm, min_comm, best_start, cheapest_end }
     }
 
     /// `T(i,j)`, from prefix sums (as the DP computes it).
@@ -279,11 +293,13 @@ impl PartitionProblem {
         reach.starts.clear();
         reach.starts.extend([0, 1]);
         let mut heap: BinaryHeap<Cand> = BinaryHeap::new();
+        let (latest, earliest) = greedy_reach(pre, d, bound)?;
         for k in 1..=d {
             let (mut next, prev_end) = (reach.starts[k - 1], reach.starts[k]);
             heap.clear();
             let mut best: Option<Cand> = None;
-            for j in stage_end_window(pre, d, k, bound) {
+            let window = stage_end_window(pre, d, k, bound);
+            for j in window.start.max(earliest[d - k])..window.end.min(latest[k] + 1) {
                 // Every position reachable with k - 1 stages before j may start stage k.
                 while next < prev_end && (reach.entries[next].0 as usize) < j {
                     let i = reach.entries[next].0 as usize;
@@ -360,17 +376,14 @@ impl PartitionProblem {
         if !hi.is_finite() {
             return None;
         }
-        let mut hi_cuts = self.feasible(&pre, d, hi, mem, memory_binds, &mut reach)?;
-        let mut hi_bits = hi.to_bits();
-        // A split balanced by compute time is usually close to the optimum; starting the
-        // bisection from its bottleneck keeps every step's windows narrow.
+        // A split balanced by compute time is usually close to the optimum: the bisection
+        // starts from its bottleneck, which keeps every test's windows narrow (a test at a
+        // loose bound reaches nearly every position in every layer).
         let balanced = balanced_by(&self.time, d);
-        if let Some(b) = self.bottleneck_of(&balanced, mem).filter(|&b| b < hi) {
-            if let Some(cuts) = self.feasible(&pre, d, b, mem, memory_binds, &mut reach) {
-                hi_cuts = cuts;
-                hi_bits = b.to_bits();
-            }
-        }
+        let (mut hi_cuts, mut hi_bits) = match self.bottleneck_of(&balanced, mem).filter(|&b| b < hi) {
+            Some(b) => (balanced, b.to_bits()),
+            None => (self.feasible(&pre, d, hi, mem, memory_binds, &mut reach)?, hi.to_bits()),
+        };
         // Every split has a stage of at least total/d: start just below it.
         let lower = (pre.s[n] / d as f64) * (1.0 - 1e-12);
         let mut lo_bits =
@@ -389,7 +402,8 @@ impl PartitionProblem {
             let mid = lo_bits + (hi_bits - lo_bits) / 2;
             match self.feasible(&pre, d, f64::from_bits(mid), mem, memory_binds, &mut reach) {
                 Some(c) => {
-                    hi_bits = mid;
+                    // The split found may beat the tested bound by far: continue from it.
+                    hi_bits = mid.min(bottleneck_at(&pre, &c).to_bits());
                     hi_cuts = c;
                 }
                 None => lo_bits = mid,
@@ -455,6 +469,43 @@ fn stage_end_window(pre: &Prefix, d: usize, k: usize, bound: f64) -> Range<usize
     let first = pre.s.partition_point(|&s| s < pre.s[n] - (d - k) as f64 * bound + cuts_after - slack);
     let end = pre.s.partition_point(|&s| s <= k as f64 * bound - cuts_before + slack);
     first.max(k)..end.min(n - (d - k) + 1)
+}
+
+/// The bottleneck of `cuts`, with the prefix sums at hand (as `evaluate` computes it).
+fn bottleneck_at(pre: &Prefix, cuts: &[usize]) -> f64 {
+    let n = pre.s.len() - 1;
+    stage_ranges(cuts, n)
+        .iter()
+        .map(|r| pre.s[r.end] - pre.s[r.start] + pre.comm[r.start] + pre.comm[r.end])
+        .fold(0.0, f64::max)
+}
+
+/// Two relaxations of one feasibility test that bound each layer's positions from both
+/// sides with the communication of the cuts actually there (the windows above assume the
+/// cheapest cut everywhere, which on a graph with long skips leaves deep pipelines' windows
+/// wide). `latest[k]`: no split reaches past it with `k` stages, as a stage ending at `j`
+/// needs a start `i` before it with `S(i) - comm(i) >= S(j) + comm(j) - bound`, and any
+/// position up to `latest[k - 1]` is allowed to be that start. `earliest[m]`: no position
+/// before it finishes the graph in `m` stages, by the mirror argument from the end (any
+/// position from `earliest[m - 1]` on may be the stage's end). Both are supersets of the
+/// exact reachable sets, so the search stays exact; `None` when one side already shows
+/// that no split exists.
+fn greedy_reach(pre: &Prefix, d: usize, bound: f64) -> Option<(Vec<usize>, Vec<usize>)> {
+    let n = pre.s.len() - 1;
+    let slack = 1e-9 * (pre.s[n].abs() + d as f64 * (bound.abs() + 2.0 * pre.min_comm));
+    let mut latest = vec![0; d + 1];
+    let mut earliest = vec![n; d + 1];
+    for k in 1..=d {
+        let start = pre.best_start[latest[k - 1]] + slack;
+        let ends = pre.cheapest_end.partition_point(|&c| c - bound <= start);
+        latest[k] = ends.checked_sub(1)?.min(n);
+        let end = pre.cheapest_end[earliest[k - 1]] - bound - slack;
+        earliest[k] = pre.best_start.partition_point(|&x| x < end);
+        if earliest[k] > n {
+            return None;
+        }
+    }
+    Some((latest, earliest))
 }
 
 /// Whether `cuts` split `0..n` into non-empty stages.

@@ -51,7 +51,7 @@ fn build(inputs: &[Vec<usize>], widths: &[i64]) -> Graph {
 }
 
 fn dag() -> impl Strategy<Value = (Vec<Vec<usize>>, Vec<i64>)> {
-    (1usize..=12).prop_flat_map(|n| {
+    (1usize..=14).prop_flat_map(|n| {
         let per_node: Vec<_> = (0..n)
             .map(|i| {
                 if i == 0 {
@@ -91,8 +91,8 @@ proptest! {
     #[test]
     fn dp_matches_brute_force(
         (inputs, widths) in dag(),
-        (time, params, act) in numbers(12),
-        d in 1usize..=4,
+        (time, params, act) in numbers(14),
+        d in 1usize..=8,
         bw in prop_oneof![Just(1.0f64), Just(16.0), Just(1e9)],
         factors in (1u32..4, 1u32..4, 0u32..4),
         limit_frac in 0.0f64..1.2,
