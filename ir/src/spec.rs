@@ -75,6 +75,8 @@ specs! {
     "Cosh": [9, 22] from 9, in 1..1, out 1..1;
     "CumProd": [26] from 26, in 2..2, out 1..1;
     "CumSum": [11, 14] from 11, in 2..2, out 1..1;
+    "DFT": [17, 20] from 17, in 1..3, out 1..1;
+    "DeformConv": [19, 22] from 19, in 3..5, out 1..1;
     "DepthToSpace": [1, 11, 13, 28] from 1, in 1..1, out 1..1;
     "Det": [11, 22] from 11, in 1..1, out 1..1;
     "Div": [1, 6, 7, 13, 14] from 1, in 2..2, out 1..1;
@@ -157,8 +159,10 @@ specs! {
     "Reshape": [1, 5, 13, 14, 19, 21, 23, 24, 25] from 5, in 2..2, out 1..1;
     "Resize": [10, 11, 13, 18, 19] from 10, in 1..4, out 1..1;
     "ReverseSequence": [10, 28] from 10, in 2..2, out 1..1;
+    "RoiAlign": [10, 16, 22] from 10, in 3..3, out 1..1;
     "RotaryEmbedding": [23] from 23, in 3..4, out 1..1;
     "Round": [11, 22] from 11, in 1..1, out 1..1;
+    "STFT": [17] from 17, in 2..4, out 1..1;
     "Scatter": [9, 11] from 9, in 3..3, out 1..1;
     "ScatterElements": [11, 13, 16, 18] from 11, in 3..3, out 1..1;
     "ScatterND": [11, 13, 16, 18] from 11, in 3..3, out 1..1;
