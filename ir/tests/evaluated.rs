@@ -191,4 +191,19 @@ fn compress_as_gather() {
         .output("y");
     let msg = import_with(&data, &ImportOptions::default()).expect_err("data condition").to_string();
     assert!(msg.contains("\"c\"") && msg.contains("input 1"), "{msg}");
+    // A condition over the 64-element freezing limit is frozen when Compress alone reads it.
+    let cond: Vec<i64> = (0..100).map(|i| i64::from(i % 3 == 0)).collect();
+    let mut opts = ImportOptions::default();
+    let t = TensorData::from_i64s(vec![100], &cond);
+    opts.freeze_shape_inputs([("cond", &t)]);
+    let long = ModelBuilder::new(11)
+        .input_f32("x", &[2, 100])
+        .input("cond", I64, &[Ax::Fixed(100)])
+        .node(node("Compress", "c", &["x", "cond"], &["y"]).int("axis", 1))
+        .output("y");
+    let g = import_with(&long, &opts).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(ty(&g), "f32[N,34]");
+    let shared = long.node(node("Cast", "cast", &["cond"], &["z"]).int("to", 1)).output("z");
+    let msg = import_with(&shared, &opts).expect_err("a condition also read as data stays data").to_string();
+    assert!(msg.contains("Compress") && msg.contains("input 1"), "{msg}");
 }

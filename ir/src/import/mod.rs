@@ -32,9 +32,10 @@ pub struct ImportOptions {
     /// Graph inputs replaced by these constants (by input name): for tests whose shape
     /// parameters (axes, target shapes, pads) are fed as inputs.
     pub frozen_inputs: HashMap<String, crate::TensorData>,
-    /// Small float graph inputs frozen only where every node reading them takes them as a
-    /// parameter that fixes a shape (Resize's roi and scales, Upsample's scales); anywhere
-    /// else they stay inputs, as data.
+    /// Graph inputs frozen only where every node reading them takes them as a parameter
+    /// that fixes a shape (Resize's roi and scales, Upsample's scales, the inputs of the
+    /// ops computed at import: NonZero, Unique, NonMaxSuppression); anywhere else they
+    /// stay inputs, as data. Named for the small float tensors that are most of them.
     pub float_parameters: HashMap<String, crate::TensorData>,
 }
 
@@ -42,12 +43,14 @@ impl ImportOptions {
     /// Freezes the named tensors that look like shape parameters fed as inputs (integer
     /// tensors of at most 64 elements, and scalars): axes, target shapes, pads, Range
     /// bounds. A compiler for static shapes needs their values; data stays an input.
-    /// Float tensors of at most 64 elements become [`ImportOptions::float_parameters`].
+    /// Float tensors of at most 64 elements, and larger ones of at most
+    /// [`crate::known::KNOWN_LIMIT`] (a condition, the data of NonZero or Unique), become
+    /// [`ImportOptions::float_parameters`]: frozen only where every reader fixes a shape.
     pub fn freeze_shape_inputs<'a>(&mut self, tensors: impl IntoIterator<Item = (&'a str, &'a crate::TensorData)>) {
         for (name, t) in tensors {
             if !name.is_empty() && (t.numel() <= 1 || (!t.dtype.is_float() && t.numel() <= 64)) {
                 self.frozen_inputs.insert(name.to_string(), t.clone());
-            } else if !name.is_empty() && t.numel() <= 64 {
+            } else if !name.is_empty() && t.numel() <= crate::known::KNOWN_LIMIT {
                 self.float_parameters.insert(name.to_string(), t.clone());
             }
         }
@@ -665,6 +668,7 @@ fn float_parameters_read(nodes: &[NodeProto], candidates: &HashMap<String, crate
         // Ops computed at import, whose output shapes depend on these values.
         "NonZero" | "Unique" => slot == 0,
         "NonMaxSuppression" => slot < 5,
+        "Compress" => slot == 1,
         _ => false,
     };
     // Per name: whether some node reads it, and whether every read is a parameter slot.
