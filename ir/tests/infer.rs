@@ -976,4 +976,12 @@ fn signal_op_shapes() {
     };
     assert_eq!(ty(&import(&deform(36)), "y"), "f32[N,6,3,3]");
     assert_shape_error(&deform(18), &["\"dc\"", "offset"]);
+    let auto = ModelBuilder::new(22)
+        .input("x", F32, &batch(&[4, 6, 6]))
+        .init(tensor_f32_zeros("w", &[6, 2, 3, 3]))
+        .input("off", F32, &batch(&[36, 6, 6]))
+        .node(node("DeformConv", "dc", &["x", "w", "off"], &["y"]).int("group", 2).int("offset_group", 2).string("auto_pad", "SAME_UPPER"))
+        .output("y");
+    let msg = import_err(&auto).to_string();
+    assert!(msg.contains("\"dc\"") && msg.contains("auto_pad"), "{msg}");
 }

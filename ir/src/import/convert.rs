@@ -73,10 +73,14 @@ fn convert_op(op_type: &str, version: i64, a: &mut Attrs, n_inputs: usize) -> Re
             })
         }
         "Conv" => Op::Conv(Conv { window: window(a)?, group: a.int_or("group", 1)? }),
-        "DeformConv" => Op::DeformConv {
-            conv: Conv { window: window(a)?, group: a.int_or("group", 1)? },
-            offset_group: a.int_or("offset_group", 1)?,
-        },
+        "DeformConv" => {
+            let w = window(a)?;
+            // DeformConv's schema has no auto_pad: its pads are always explicit.
+            if w.auto_pad != AutoPad::NotSet {
+                return Err("attribute \"auto_pad\" is not supported (DeformConv has explicit pads only)".into());
+            }
+            Op::DeformConv { conv: Conv { window: w, group: a.int_or("group", 1)? }, offset_group: a.int_or("offset_group", 1)? }
+        }
         "ConvTranspose" => Op::ConvTranspose(ConvTranspose {
             window: window(a)?,
             group: a.int_or("group", 1)?,
