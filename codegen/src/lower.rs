@@ -262,6 +262,20 @@ fn shape_kernel(op: &Op, n_out: usize, n_in: usize) -> Kernel {
         }
         Op::CenterCropPad { axes } => Kernel::CenterCropPad { axes: axes.clone() },
         Op::AffineGrid { align_corners } => Kernel::AffineGrid { align_corners: *align_corners },
+        Op::Dft { inverse, onesided, axis } => Kernel::Dft { inverse: *inverse, onesided: *onesided, axis: *axis },
+        Op::Stft { onesided } => Kernel::Stft { onesided: *onesided },
+        Op::RoiAlign(r) => Kernel::RoiAlign(rt::RoiAlign {
+            max: r.max,
+            output_height: r.output_height,
+            output_width: r.output_width,
+            sampling_ratio: r.sampling_ratio,
+            spatial_scale: r.spatial_scale,
+            half_pixel: r.half_pixel,
+        }),
+        Op::DeformConv { conv, offset_group } => Kernel::DeformConv {
+            conv: rt::Conv { window: window(&conv.window), group: conv.group },
+            offset_group: *offset_group,
+        },
         Op::GridSample { mode, padding, align_corners, .. } => Kernel::GridSample {
             mode: match mode {
                 ir::ResizeMode::Nearest => rt::ResizeMode::Nearest,

@@ -9,6 +9,8 @@ use crate::known::Known;
 use crate::ops::*;
 use crate::DType;
 
+mod signal;
+
 /// What inference knows beyond the op: the batch size the model's constants assume.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Ctx {
@@ -351,6 +353,16 @@ pub fn infer(op: &Op, ins: &[Option<In>], n_out: usize, ctx: Ctx) -> R<Vec<Tenso
         }
         Op::AffineGrid { .. } => affine_grid(&x()?.ty, req(1)?),
         Op::GridSample { mode, .. } => grid_sample(&x()?.ty, &req(1)?.ty, *mode),
+        Op::Dft { inverse, onesided, axis } => {
+            let opt = |i: usize| ins.get(i).copied().flatten();
+            Ok(vec![signal::dft(&x()?.ty, opt(1), opt(2), *axis, *inverse, *onesided)?.0])
+        }
+        Op::Stft { onesided } => signal::stft(&x()?.ty, req(1)?, ins.get(2).copied().flatten(), ins.get(3).copied().flatten(), *onesided),
+        Op::RoiAlign(r) => signal::roi_align(r, &x()?.ty, &req(1)?.ty, &req(2)?.ty),
+        Op::DeformConv { conv, offset_group } => {
+            let mask = ins.get(4).copied().flatten().map(|m| m.ty);
+            signal::deform_conv(conv, *offset_group, x()?, req(1)?, &req(2)?.ty, mask)
+        }
         Op::DepthToSpace { blocksize, .. } => block_move(&x()?.ty, *blocksize, true),
         Op::SpaceToDepth { blocksize, .. } => block_move(&x()?.ty, *blocksize, false),
         Op::Tile => {

@@ -82,6 +82,22 @@ pub struct Conv {
     pub group: i64,
 }
 
+/// RoiAlign: bilinear samples of each region of interest averaged (or maximised) per bin.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RoiAlign {
+    /// `mode=max` (default avg).
+    pub max: bool,
+    pub output_height: i64,
+    pub output_width: i64,
+    /// Samples per bin along each axis; 0: `ceil(roi extent / output extent)` per region.
+    pub sampling_ratio: i64,
+    pub spatial_scale: f32,
+    /// `coordinate_transformation_mode=half_pixel` (shift the region by -0.5 pixel).
+    pub half_pixel: bool,
+    /// Opset 10, which has no coordinate_transformation_mode (it is output_half_pixel).
+    pub v10: bool,
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct ConvTranspose {
     pub window: Window,
@@ -446,6 +462,16 @@ pub enum Op {
     SpaceToDepth { blocksize: i64, crd: bool },
     /// Upsample (opset 9): a legacy Resize under its own name.
     Upsample(Resize),
+    /// The discrete Fourier transform along an axis of a real (last axis 1) or complex
+    /// (last axis 2) signal; `axis`: the opset-17 attribute (from 20 it is input 2, and
+    /// the length input 1 in both).
+    Dft { inverse: bool, onesided: bool, axis: Option<i64> },
+    /// Short-time Fourier transform of `[batch, length, 1|2]` by frames of input 1's step.
+    Stft { onesided: bool },
+    RoiAlign(RoiAlign),
+    /// A 2-D convolution whose taps are moved by per-position offsets (input 2) and
+    /// optionally scaled by a mask (input 4); `offset_group` groups of channels share offsets.
+    DeformConv { conv: Conv, offset_group: i64 },
     /// Not an ONNX op: the crossing of a tensor from pipeline stage `from` to stage
     /// `from + 1` (a send on one side, a receive on the other), inserted by the partition
     /// pass. Identity on the value; its gradient crosses back the same way.
@@ -548,6 +574,10 @@ impl Op {
             Op::AffineGrid { .. } => "AffineGrid",
             Op::SpaceToDepth { .. } => "SpaceToDepth",
             Op::Upsample(_) => "Upsample",
+            Op::Dft { .. } => "DFT",
+            Op::Stft { .. } => "STFT",
+            Op::RoiAlign(_) => "RoiAlign",
+            Op::DeformConv { .. } => "DeformConv",
             Op::StageBoundary { .. } => "StageBoundary",
         }
     }
@@ -814,6 +844,29 @@ impl Op {
                 if *crd {
                     a.s("mode", "CRD");
                 }
+            }
+            Op::Dft { inverse, onesided, axis } => {
+                if let Some(axis) = axis {
+                    a.i("axis", *axis);
+                }
+                a.flag("inverse", *inverse);
+                a.flag("onesided", *onesided);
+            }
+            Op::Stft { onesided } => a.b("onesided", *onesided),
+            Op::RoiAlign(r) => {
+                if !r.v10 {
+                    a.s("coordinate_transformation_mode", if r.half_pixel { "half_pixel" } else { "output_half_pixel" });
+                }
+                a.s("mode", if r.max { "max" } else { "avg" });
+                a.i("output_height", r.output_height);
+                a.i("output_width", r.output_width);
+                a.i("sampling_ratio", r.sampling_ratio);
+                a.f("spatial_scale", r.spatial_scale);
+            }
+            Op::DeformConv { conv, offset_group } => {
+                a.window(&conv.window);
+                a.i("group", conv.group);
+                a.i("offset_group", *offset_group);
             }
             Op::StageBoundary { from, to } => {
                 a.i("from", i64::from(*from));

@@ -57,6 +57,7 @@ specs! {
     "Attention": [23, 24, 25] from 23, in 3..7, out 1..4;
     "AveragePool": [1, 7, 10, 11, 19, 22] from 1, in 1..1, out 1..1;
     "BatchNormalization": [1, 6, 7, 9, 14, 15] from 1, in 5..5, out 1..5;
+    "BlackmanWindow": [17] from 17, in 1..1, out 1..1;
     "Cast": [1, 6, 9, 13, 19, 21, 23, 24, 25, 28] from 6, in 1..1, out 1..1;
     "CastLike": [15, 19, 21, 23, 24, 25] from 15, in 2..2, out 1..1;
     "Ceil": [1, 6, 13] from 1, in 1..1, out 1..1;
@@ -64,6 +65,7 @@ specs! {
     "CenterCropPad": [18] from 18, in 2..2, out 1..1;
     "Clip": [1, 6, 11, 12, 13] from 1, in 1..3, out 1..1;
     "Col2Im": [18] from 18, in 3..3, out 1..1;
+    "Compress": [9, 11, 28] from 9, in 2..2, out 1..1;
     "Concat": [1, 4, 11, 13] from 4, in 1..V, out 1..1;
     "Constant": [1, 9, 11, 12, 13, 19, 21, 23, 24, 25] from 1, in 0..0, out 1..1;
     "ConstantOfShape": [9, 20, 21, 23, 24, 25] from 9, in 1..1, out 1..1;
@@ -73,6 +75,8 @@ specs! {
     "Cosh": [9, 22] from 9, in 1..1, out 1..1;
     "CumProd": [26] from 26, in 2..2, out 1..1;
     "CumSum": [11, 14] from 11, in 2..2, out 1..1;
+    "DFT": [17, 20] from 17, in 1..3, out 1..1;
+    "DeformConv": [19, 22] from 19, in 3..5, out 1..1;
     "DepthToSpace": [1, 11, 13, 28] from 1, in 1..1, out 1..1;
     "Det": [11, 22] from 11, in 1..1, out 1..1;
     "Div": [1, 6, 7, 13, 14] from 1, in 2..2, out 1..1;
@@ -98,6 +102,8 @@ specs! {
     "GreaterOrEqual": [12, 16] from 12, in 2..2, out 1..1;
     "GridSample": [16, 20, 22] from 16, in 2..2, out 1..1;
     "GroupNormalization": [18, 21] from 18, in 3..3, out 1..1;
+    "HammingWindow": [17] from 17, in 1..1, out 1..1;
+    "HannWindow": [17] from 17, in 1..1, out 1..1;
     "HardSigmoid": [1, 6, 22] from 1, in 1..1, out 1..1;
     "HardSwish": [14, 22] from 14, in 1..1, out 1..1;
     "Hardmax": [1, 11, 13] from 1, in 1..1, out 1..1;
@@ -120,12 +126,15 @@ specs! {
     "MaxPool": [1, 8, 10, 11, 12, 22] from 1, in 1..1, out 1..2;
     "Mean": [1, 6, 8, 13] from 1, in 1..V, out 1..1;
     "MeanVarianceNormalization": [9, 13] from 9, in 1..1, out 1..1;
+    "MelWeightMatrix": [17] from 17, in 5..5, out 1..1;
     "Min": [1, 6, 8, 12, 13] from 1, in 1..V, out 1..1;
     "Mish": [18, 22] from 18, in 1..1, out 1..1;
     "Mod": [10, 13, 28] from 10, in 2..2, out 1..1;
     "Mul": [1, 6, 7, 13, 14] from 1, in 2..2, out 1..1;
     "Neg": [1, 6, 13] from 1, in 1..1, out 1..1;
     "NegativeLogLikelihoodLoss": [12, 13, 22] from 12, in 2..3, out 1..1;
+    "NonMaxSuppression": [10, 11] from 10, in 2..5, out 1..1;
+    "NonZero": [9, 13] from 9, in 1..1, out 1..1;
     "Not": [1] from 1, in 1..1, out 1..1;
     "OneHot": [9, 11, 28] from 9, in 3..3, out 1..1;
     "Or": [1, 7] from 7, in 2..2, out 1..1;
@@ -150,8 +159,10 @@ specs! {
     "Reshape": [1, 5, 13, 14, 19, 21, 23, 24, 25] from 5, in 2..2, out 1..1;
     "Resize": [10, 11, 13, 18, 19] from 10, in 1..4, out 1..1;
     "ReverseSequence": [10, 28] from 10, in 2..2, out 1..1;
+    "RoiAlign": [10, 16, 22] from 10, in 3..3, out 1..1;
     "RotaryEmbedding": [23] from 23, in 3..4, out 1..1;
     "Round": [11, 22] from 11, in 1..1, out 1..1;
+    "STFT": [17] from 17, in 2..4, out 1..1;
     "Scatter": [9, 11] from 9, in 3..3, out 1..1;
     "ScatterElements": [11, 13, 16, 18] from 11, in 3..3, out 1..1;
     "ScatterND": [11, 13, 16, 18] from 11, in 3..3, out 1..1;
@@ -181,6 +192,7 @@ specs! {
     "TopK": [1, 10, 11, 24] from 10, in 2..2, out 2..2;
     "Transpose": [1, 13, 21, 23, 24, 25] from 1, in 1..1, out 1..1;
     "Trilu": [14] from 14, in 1..2, out 1..1;
+    "Unique": [11, 28] from 11, in 1..1, out 1..4;
     "Unsqueeze": [1, 11, 13, 21, 23, 24, 25] from 1, in 1..2, out 1..1;
     "Upsample": [1, 7, 9, 10] from 9, in 2..2, out 1..1;
     "Where": [9, 16] from 9, in 3..3, out 1..1;

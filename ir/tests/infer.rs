@@ -934,3 +934,62 @@ fn vision_op_shapes() {
     let bad = ModelBuilder::new(13).input("x", F32, &fixed(&[1, 6, 2, 2])).node(node("DepthToSpace", "d2s", &["x"], &["y"]).int("blocksize", 2)).output("y");
     assert_shape_error(&bad, &["\"d2s\"", "not a multiple"]);
 }
+
+/// DFT (the opset-17 axis attribute, the opset-20 axis and length inputs, one-sided
+/// forward and inverse), STFT (frames from the step and window), RoiAlign (one output per
+/// region) and DeformConv (Conv's output; offsets must match it).
+#[test]
+fn signal_op_shapes() {
+    let batch = |dims: &[i64]| std::iter::once(Ax::Param("batch")).chain(dims.iter().map(|&d| Ax::Fixed(d))).collect::<Vec<_>>();
+    let m = ModelBuilder::new(20)
+        .input("x", F32, &batch(&[10, 6, 1]))
+        .input("c", F32, &batch(&[10, 6, 2]))
+        .input("s", F32, &batch(&[128, 1]))
+        .init(tensor_f32_zeros("win", &[16]))
+        .init(tensor_i64("len", &[], &[12]))
+        .init(tensor_i64("axis", &[], &[2]))
+        .init(tensor_i64("step", &[], &[8]))
+        .node(node("DFT", "rfft", &["x", "len", "axis"], &["a"]).int("onesided", 1))
+        .node(node("DFT", "ifft", &["c"], &["b"]).int("inverse", 1))
+        .node(node("DFT", "irfft", &["c", "", "axis"], &["d"]).int("inverse", 1).int("onesided", 1))
+        .node(node("STFT", "stft", &["s", "step", "win"], &["e"]))
+        .output("a")
+        .output("b")
+        .output("d")
+        .output("e");
+    let g = import(&m);
+    assert_eq!(ty(&g, "a"), "f32[N,10,7,2]");
+    assert_eq!(ty(&g, "b"), "f32[N,10,6,2]");
+    assert_eq!(ty(&g, "d"), "f32[N,10,10,1]");
+    // 1 + (128 - 16) / 8 = 15 frames of 16 / 2 + 1 = 9 bins.
+    assert_eq!(ty(&g, "e"), "f32[N,15,9,2]");
+    let v17 = ModelBuilder::new(17).input("x", F32, &batch(&[5, 4, 2])).node(node("DFT", "dft", &["x"], &["y"]).int("axis", 2)).output("y");
+    assert_eq!(ty(&import(&v17), "y"), "f32[N,5,4,2]");
+    let complex_axis = ModelBuilder::new(17).input("x", F32, &batch(&[5, 2])).node(node("DFT", "dft", &["x"], &["y"]).int("axis", 2)).output("y");
+    assert_shape_error(&complex_axis, &["\"dft\"", "not a signal axis"]);
+    let roi = ModelBuilder::new(22)
+        .input("x", F32, &batch(&[3, 10, 12]))
+        .init(tensor_f32_zeros("rois", &[5, 4]))
+        .init(tensor_i64("idx", &[5], &[0, 1, 1, 0, 2]))
+        .node(node("RoiAlign", "roi", &["x", "rois", "idx"], &["y"]).int("output_height", 2).int("output_width", 4))
+        .output("y");
+    assert_eq!(ty(&import(&roi), "y"), "f32[5,3,2,4]");
+    let deform = |offset_channels: i64| {
+        ModelBuilder::new(22)
+            .input("x", F32, &batch(&[4, 6, 6]))
+            .init(tensor_f32_zeros("w", &[6, 2, 3, 3]))
+            .input("off", F32, &batch(&[offset_channels, 3, 3]))
+            .node(node("DeformConv", "dc", &["x", "w", "off"], &["y"]).int("group", 2).int("offset_group", 2).ints("strides", &[2, 2]).ints("pads", &[1, 1, 1, 1]))
+            .output("y")
+    };
+    assert_eq!(ty(&import(&deform(36)), "y"), "f32[N,6,3,3]");
+    assert_shape_error(&deform(18), &["\"dc\"", "offset"]);
+    let auto = ModelBuilder::new(22)
+        .input("x", F32, &batch(&[4, 6, 6]))
+        .init(tensor_f32_zeros("w", &[6, 2, 3, 3]))
+        .input("off", F32, &batch(&[36, 6, 6]))
+        .node(node("DeformConv", "dc", &["x", "w", "off"], &["y"]).int("group", 2).int("offset_group", 2).string("auto_pad", "SAME_UPPER"))
+        .output("y");
+    let msg = import_err(&auto).to_string();
+    assert!(msg.contains("\"dc\"") && msg.contains("auto_pad"), "{msg}");
+}

@@ -11,7 +11,10 @@
 //! - **RNN / GRU / LSTM**: `2 * D * G * H * (I + H)` per step and batch row (`G` gates,
 //!   `D` directions, input width `I`), i.e. `in_numel * 2DGH(I + H) / I`. Backward = 2x.
 //! - **Conv**: `2 * out_numel * (Cin/group * prod(kernel))` (the weight's dims 1..).
-//!   **ConvTranspose**: `2 * in_numel * (Cout/group * prod(kernel))`. Backward = 2x.
+//!   **ConvTranspose**: `2 * in_numel * (Cout/group * prod(kernel))`. **DeformConv**: Conv's
+//!   plus 8 per sampled column element (4 bilinear taps). Backward = 2x.
+//! - **DFT / STFT**: `5 * out_numel * log2(n)` (an FFT; `n` the longest output axis before
+//!   the complex one). Backward 1x.
 //! - **Elementwise**: `out_numel`; transcendentals (exp, log, erf, tanh, sigmoid, trig,
 //!   gelu, softplus, mish, pow, elu/selu/celu) ~4 per element. Backward ~1x forward.
 //! - **Softmax / LogSoftmax**: 5 per element; **LayerNorm / InstanceNorm / GroupNorm /
@@ -29,6 +32,8 @@
 //! - **Resize / Upsample**: 2 per output element and tap (nearest 1, linear 2, cubic 4
 //!   taps per resized axis; antialiased downsampling more, taken as 4). **GridSample**: 2
 //!   per output element and tap (nearest 1, linear 2^d, cubic 16 for d spatial axes).
+//!   **RoiAlign**: 8 per output element and sample (4 taps; `sampling_ratio^2` samples,
+//!   4 when adaptive).
 //!   Backward 1x (scatter-add of the gathers).
 //! - **Shape and data-movement ops** (Reshape, Transpose, Concat, Slice, Split, Pad, Expand,
 //!   Tile, ...): 0 flops, but their bytes moved count.
@@ -119,7 +124,8 @@ impl OpClass {
     pub fn of(op: &Op) -> OpClass {
         match op {
             Op::MatMul | Op::Gemm(_) | Op::Einsum { .. } | Op::Attention(_) | Op::Rnn(_) => OpClass::MatMul,
-            Op::Conv(_) | Op::ConvTranspose(_) => OpClass::Conv,
+            Op::Conv(_) | Op::ConvTranspose(_) | Op::DeformConv { .. } => OpClass::Conv,
+            Op::Dft { .. } | Op::Stft { .. } => OpClass::MatMul,
             Op::Softmax(_)
             | Op::LogSoftmax(_)
             | Op::LayerNormalization(_)
@@ -150,7 +156,7 @@ impl OpClass {
             | Op::ScatterElements { .. }
             | Op::Scatter { .. } => OpClass::Gather,
             Op::RotaryEmbedding(_) => OpClass::Elementwise,
-            Op::Resize(_) | Op::Upsample(_) | Op::GridSample { .. } => OpClass::Gather,
+            Op::Resize(_) | Op::Upsample(_) | Op::GridSample { .. } | Op::RoiAlign(_) => OpClass::Gather,
             op if op.is_elementwise() => OpClass::Elementwise,
             _ => OpClass::DataMovement,
         }
@@ -477,6 +483,27 @@ fn flops(g: &Graph, n: NodeId, export: i64) -> (Lin, f64) {
                 .map(|w| w.shape.eval(export).iter().skip(1).product::<i64>())
                 .unwrap_or(1);
             (first_out.scale(2.0 * per_out as f64), 2.0)
+        }
+        // The convolution of the sampled columns, plus 4 taps of 2 flops per sample.
+        Op::DeformConv { .. } => {
+            let (per_out, c_out) = ty_in(1)
+                .map(|w| {
+                    let d = w.shape.eval(export);
+                    (d.iter().skip(1).product::<i64>(), d.first().copied().unwrap_or(1).max(1))
+                })
+                .unwrap_or((1, 1));
+            (first_out.scale(2.0 * per_out as f64 + 8.0 * per_out as f64 / c_out as f64), 2.0)
+        }
+        Op::Dft { .. } | Op::Stft { .. } => {
+            let n = node.outputs.iter().flatten().next().map_or(1, |&v| {
+                let d = g.value(v).ty.shape.eval(export);
+                d.iter().rev().skip(1).copied().max().unwrap_or(1).max(2)
+            });
+            (first_out.scale(5.0 * (n as f64).log2()), 1.0)
+        }
+        Op::RoiAlign(r) => {
+            let samples = if r.sampling_ratio > 0 { (r.sampling_ratio * r.sampling_ratio) as f64 } else { 4.0 };
+            (first_out.scale(8.0 * samples), 1.0)
         }
         Op::ConvTranspose(_) => {
             let per_in = ty_in(1)

@@ -15,6 +15,7 @@ mod reduce;
 mod rnn;
 mod resample;
 mod shape;
+mod signal;
 mod transformer;
 mod util;
 mod window;
@@ -176,6 +177,10 @@ fn dispatch_shape(k: &Kernel, ins: &[Option<&Tensor>]) -> R<Vec<Tensor>> {
         CenterCropPad { axes } => one(shape::center_crop_pad(x()?, y()?, axes.as_deref())),
         AffineGrid { align_corners } => one(resample::affine_grid(x()?, y()?, *align_corners)),
         GridSample { mode, padding, align_corners } => one(resample::grid_sample(x()?, y()?, *mode, *padding, *align_corners)),
+        Dft { inverse, onesided, axis } => one(signal::dft(ins, *inverse, *onesided, *axis)),
+        Stft { onesided } => one(signal::stft(ins, *onesided)),
+        RoiAlign(r) => one(signal::roi_align(r, x()?, y()?, need(ins, 2)?)),
+        DeformConv { conv, offset_group } => one(signal::deform_conv(conv, *offset_group, ins)),
         DepthToSpace { blocksize, crd } => one(shape::depth_to_space(x()?, *blocksize, *crd)),
         SpaceToDepth { blocksize, crd } => one(shape::space_to_depth(x()?, *blocksize, *crd)),
         Expand => one(shape::expand(x()?, y()?)),

@@ -136,6 +136,17 @@ pub struct Conv {
     pub group: i64,
 }
 
+/// ONNX `RoiAlign` (see the IR's `RoiAlign`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RoiAlign {
+    pub max: bool,
+    pub output_height: i64,
+    pub output_width: i64,
+    pub sampling_ratio: i64,
+    pub spatial_scale: f32,
+    pub half_pixel: bool,
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ConvTranspose {
     pub window: Window,
@@ -412,6 +423,11 @@ pub enum Kernel {
     LpPool { pool: Pool, p: i64 },
     DepthToSpace { blocksize: i64, crd: bool },
     GridSample { mode: ResizeMode, padding: GridPadding, align_corners: bool },
+    /// `axis`: the opset-17 attribute; otherwise input 2 (default -2).
+    Dft { inverse: bool, onesided: bool, axis: Option<i64> },
+    Stft { onesided: bool },
+    RoiAlign(RoiAlign),
+    DeformConv { conv: Conv, offset_group: i64 },
     AffineGrid { align_corners: bool },
     Col2Im { dilations: Vec<i64>, pads: Vec<i64>, strides: Vec<i64> },
     CenterCropPad { axes: Option<Vec<i64>> },
@@ -494,6 +510,7 @@ fn plain_name(k: &Kernel) -> &'static str {
         Split(_) => "Split", Slice(_) => "Slice", Gather { .. } => "Gather",
         GatherElements { .. } => "GatherElements", GatherNd { .. } => "GatherND", Resize(_) => "Resize", LpPool { .. } => "LpPool",
         DepthToSpace { .. } => "DepthToSpace", GridSample { .. } => "GridSample",
+        Dft { .. } => "DFT", Stft { .. } => "STFT", RoiAlign(_) => "RoiAlign", DeformConv { .. } => "DeformConv",
         AffineGrid { .. } => "AffineGrid", Col2Im { .. } => "Col2Im", CenterCropPad { .. } => "CenterCropPad", SpaceToDepth { .. } => "SpaceToDepth", Expand => "Expand", Where => "Where",
         Cast { .. } => "Cast", CastLike => "CastLike", Shape { .. } => "Shape", Size => "Size",
         ConstantOfShape { .. } => "ConstantOfShape", Range => "Range", ArgMax { .. } => "ArgMax",

@@ -963,3 +963,65 @@ fn recurrent_ops() {
         gradcheck(&k, vec![In::D(normal(&[t, b, i], 390)), In::D(normal(&[1, g * h, i], 391)), In::D(normal(&[1, g * h, h], 392))], n_out);
     }
 }
+
+/// DFT through libtorch's FFTs: real and complex signals, one-sided, inverse and real
+/// one-sided inverse (default length 2 * (n - 1)), the opset-20 axis input, and lengths
+/// that zero-pad or truncate the signal.
+#[test]
+fn dft_forms() {
+    let k = |inverse, onesided, axis| Kernel::Dft { inverse, onesided, axis };
+    let scalar = |v: i64| In::F(i64s(&[v], &[]));
+    g1(k(false, false, Some(1)), vec![In::D(normal(&[2, 5, 1], 220))]);
+    g1(k(false, true, Some(1)), vec![In::D(normal(&[2, 6, 1], 221))]);
+    g1(k(true, false, Some(-2)), vec![In::D(normal(&[2, 5, 2], 222))]);
+    g1(k(true, true, Some(1)), vec![In::D(normal(&[2, 4, 2], 223))]);
+    g1(k(false, false, None), vec![In::D(normal(&[3, 4, 2], 224)), scalar(7), scalar(1)]);
+    g1(k(false, true, None), vec![In::D(normal(&[3, 5, 1], 225)), scalar(3)]);
+    g1(k(false, false, None), vec![In::D(normal(&[2, 3, 4, 2], 226)), In::N, scalar(1)]);
+}
+
+/// STFT: a rectangular and a (differentiable) window, one-sided and two-sided, a complex
+/// signal with an explicit frame length.
+#[test]
+fn stft_frames() {
+    let scalar = |v: i64| In::F(i64s(&[v], &[]));
+    g1(Kernel::Stft { onesided: true }, vec![In::D(normal(&[1, 12, 1], 230)), scalar(3), In::D(rand(&[4], 231, 0.2, 1.0))]);
+    g1(Kernel::Stft { onesided: false }, vec![In::D(normal(&[2, 9, 1], 232)), scalar(2), In::N, scalar(5)]);
+    g1(Kernel::Stft { onesided: false }, vec![In::D(normal(&[1, 10, 2], 233)), scalar(4), In::N, scalar(4)]);
+}
+
+/// RoiAlign w.r.t. the input (the regions are constants): averaged and max-pooled bins,
+/// fixed and adaptive sampling, both coordinate modes, a region partly outside.
+#[test]
+fn roi_align_modes() {
+    let roi = |max, sampling_ratio, half_pixel| {
+        Kernel::RoiAlign(RoiAlign { max, output_height: 2, output_width: 3, sampling_ratio, spatial_scale: 0.5, half_pixel })
+    };
+    let rois = || In::F(f64s(&[1.1, 0.7, 8.3, 7.9, 2.2, 1.3, 13.7, 11.1, -3.1, 4.1, 5.3, 16.9], &[3, 4]));
+    let batch = || In::F(i64s(&[0, 1, 1], &[3]));
+    for (i, (max, ratio, half)) in [(false, 2, true), (false, 0, false), (true, 2, false), (true, 0, true)].into_iter().enumerate() {
+        g1(roi(max, ratio, half), vec![In::D(normal(&[2, 3, 6, 7], 240 + i as u64)), rois(), batch()]);
+    }
+}
+
+/// DeformConv: gradients for the input, weight, offsets, bias and mask, with groups,
+/// offset groups, pads, strides and dilations.
+#[test]
+fn deform_conv() {
+    let conv = |w, group| Conv { window: w, group };
+    let k = Kernel::DeformConv { conv: conv(win(&[2, 2], &[2, 1], &[1, 0, 1, 1], &[1, 2], AutoPad::NotSet), 2), offset_group: 2 };
+    // Rows (5 + 1 + 1 - 2) / 2 + 1 = 3; columns (5 + 0 + 1 - 3) / 1 + 1 = 4 (dilation 2).
+    let (oh, ow) = (3, 4);
+    g1(
+        k,
+        vec![
+            In::D(normal(&[1, 4, 5, 5], 250)),
+            In::D(normal(&[2, 2, 2, 2], 251)),
+            In::D(rand(&[1, 16, oh, ow], 252, -1.3, 1.3)),
+            In::D(normal(&[2], 253)),
+            In::D(rand(&[1, 8, oh, ow], 254, 0.2, 1.0)),
+        ],
+    );
+    let plain = Kernel::DeformConv { conv: conv(win(&[], &[], &[], &[], AutoPad::NotSet), 1), offset_group: 1 };
+    g1(plain, vec![In::D(normal(&[2, 1, 3, 4], 255)), In::D(normal(&[2, 1, 2, 2], 256)), In::D(rand(&[2, 8, 2, 3], 257, -0.9, 0.9))]);
+}

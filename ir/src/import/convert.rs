@@ -73,6 +73,14 @@ fn convert_op(op_type: &str, version: i64, a: &mut Attrs, n_inputs: usize) -> Re
             })
         }
         "Conv" => Op::Conv(Conv { window: window(a)?, group: a.int_or("group", 1)? }),
+        "DeformConv" => {
+            let w = window(a)?;
+            // DeformConv's schema has no auto_pad: its pads are always explicit.
+            if w.auto_pad != AutoPad::NotSet {
+                return Err("attribute \"auto_pad\" is not supported (DeformConv has explicit pads only)".into());
+            }
+            Op::DeformConv { conv: Conv { window: w, group: a.int_or("group", 1)? }, offset_group: a.int_or("offset_group", 1)? }
+        }
         "ConvTranspose" => Op::ConvTranspose(ConvTranspose {
             window: window(a)?,
             group: a.int_or("group", 1)?,
@@ -166,6 +174,13 @@ fn convert_op(op_type: &str, version: i64, a: &mut Attrs, n_inputs: usize) -> Re
         "GatherElements" => Op::GatherElements { axis: a.int_or("axis", 0)? },
         "Resize" => Op::Resize(resize(a, version)?),
         "GridSample" => grid_sample(a, version)?,
+        "DFT" => Op::Dft {
+            inverse: a.bool_or("inverse", false)?,
+            onesided: a.bool_or("onesided", false)?,
+            axis: if version < 20 { Some(a.int_or("axis", 1)?) } else { None },
+        },
+        "STFT" => Op::Stft { onesided: a.bool_or("onesided", true)? },
+        "RoiAlign" => roi_align(a, version)?,
         "Col2Im" => Op::Col2Im {
             dilations: a.ints("dilations")?.unwrap_or_default(),
             pads: a.ints("pads")?.unwrap_or_default(),
@@ -446,6 +461,35 @@ fn resize(a: &mut Attrs, version: i64) -> Result<Resize, String> {
         aspect,
         legacy,
     })
+}
+
+/// RoiAlign's attributes; opset 10 has no coordinate_transformation_mode (it behaves as
+/// output_half_pixel).
+fn roi_align(a: &mut Attrs, version: i64) -> Result<Op, String> {
+    let half_pixel = match (a.string("coordinate_transformation_mode")?.as_deref(), version) {
+        (None, v) => v >= 16,
+        (Some("half_pixel"), v) if v >= 16 => true,
+        (Some("output_half_pixel"), v) if v >= 16 => false,
+        (Some(other), _) => return Err(format!("coordinate_transformation_mode={other:?} is not valid at this opset")),
+    };
+    let max = match a.string("mode")?.as_deref() {
+        None | Some("avg") => false,
+        Some("max") => true,
+        Some(other) => return Err(format!("mode={other:?} is not avg or max")),
+    };
+    let r = crate::ops::RoiAlign {
+        max,
+        output_height: a.int_or("output_height", 1)?,
+        output_width: a.int_or("output_width", 1)?,
+        sampling_ratio: a.int_or("sampling_ratio", 0)?,
+        spatial_scale: a.float_or("spatial_scale", 1.0)?,
+        half_pixel,
+        v10: version < 16,
+    };
+    if r.output_height < 1 || r.output_width < 1 || r.sampling_ratio < 0 {
+        return Err(format!("output {}x{} and sampling_ratio {} must be positive (sampling_ratio may be 0)", r.output_height, r.output_width, r.sampling_ratio));
+    }
+    Ok(Op::RoiAlign(r))
 }
 
 /// GridSample's attributes; opset 16 spells the modes bilinear and bicubic.

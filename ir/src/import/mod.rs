@@ -3,6 +3,7 @@
 
 mod attrs;
 pub(crate) mod convert;
+mod evaluated;
 mod legacy;
 pub mod tensor;
 
@@ -31,9 +32,10 @@ pub struct ImportOptions {
     /// Graph inputs replaced by these constants (by input name): for tests whose shape
     /// parameters (axes, target shapes, pads) are fed as inputs.
     pub frozen_inputs: HashMap<String, crate::TensorData>,
-    /// Small float graph inputs frozen only where every node reading them takes them as a
-    /// parameter that fixes a shape (Resize's roi and scales, Upsample's scales); anywhere
-    /// else they stay inputs, as data.
+    /// Graph inputs frozen only where every node reading them takes them as a parameter
+    /// that fixes a shape (Resize's roi and scales, Upsample's scales, the inputs of the
+    /// ops computed at import: NonZero, Unique, NonMaxSuppression); anywhere else they
+    /// stay inputs, as data. Named for the small float tensors that are most of them.
     pub float_parameters: HashMap<String, crate::TensorData>,
 }
 
@@ -41,12 +43,14 @@ impl ImportOptions {
     /// Freezes the named tensors that look like shape parameters fed as inputs (integer
     /// tensors of at most 64 elements, and scalars): axes, target shapes, pads, Range
     /// bounds. A compiler for static shapes needs their values; data stays an input.
-    /// Float tensors of at most 64 elements become [`ImportOptions::float_parameters`].
+    /// Float tensors of at most 64 elements, and larger ones of at most
+    /// [`crate::known::KNOWN_LIMIT`] (a condition, the data of NonZero or Unique), become
+    /// [`ImportOptions::float_parameters`]: frozen only where every reader fixes a shape.
     pub fn freeze_shape_inputs<'a>(&mut self, tensors: impl IntoIterator<Item = (&'a str, &'a crate::TensorData)>) {
         for (name, t) in tensors {
             if !name.is_empty() && (t.numel() <= 1 || (!t.dtype.is_float() && t.numel() <= 64)) {
                 self.frozen_inputs.insert(name.to_string(), t.clone());
-            } else if !name.is_empty() && t.numel() <= 64 {
+            } else if !name.is_empty() && t.numel() <= crate::known::KNOWN_LIMIT {
                 self.float_parameters.insert(name.to_string(), t.clone());
             }
         }
@@ -294,10 +298,6 @@ impl<'a> Importer<'a> {
         }
         let spec = spec(&node.op_type).expect("checked by check_ops");
         let version = spec.version_at(opset).expect("checked by check_ops");
-        if let Some(aligned) = self.align_second_input(node, version, opset)? {
-            return self.add_node(&aligned, opset);
-        }
-        let op = convert::convert_node(node, version).map_err(bad)?;
         let (imin, imax) = spec.inputs;
         let (omin, omax) = spec.outputs;
         if node.input.len() < imin || node.input.len() > imax {
@@ -306,6 +306,16 @@ impl<'a> Importer<'a> {
         if node.output.len() < omin || node.output.len() > omax {
             return Err(bad(format!("has {} outputs; {} gives {}", node.output.len(), node.op_type, arity(omin, omax))));
         }
+        if evaluated::is_evaluated(&node.op_type) {
+            return self.add_evaluated(node);
+        }
+        if node.op_type == "Compress" {
+            return self.add_compress(node, opset);
+        }
+        if let Some(aligned) = self.align_second_input(node, version, opset)? {
+            return self.add_node(&aligned, opset);
+        }
+        let op = convert::convert_node(node, version).map_err(bad)?;
         let inputs: Vec<Option<ValueId>> = node
             .input
             .iter()
@@ -349,6 +359,94 @@ impl<'a> Importer<'a> {
             }
         }
         Ok(())
+    }
+
+    /// The contents of input `slot` when known at import (a constant, a frozen graph
+    /// input or a folded result); otherwise the reason, naming the node and the input.
+    fn known_input(&self, node: &NodeProto, slot: usize, why: &str) -> Result<crate::TensorData, ImportError> {
+        let name = &node.input[slot];
+        match &self.graph.value(self.names[name]).def {
+            ValueDef::Weight(w) if !w.trainable => Ok(w.data.clone()),
+            _ => Err(ImportError::Shape {
+                node: NodeRef { name: node.name.clone(), op_type: node.op_type.clone() },
+                reason: format!("{why}, but input {slot} ({name:?}) is not known at import (it must be a constant or a frozen graph input)"),
+            }),
+        }
+    }
+
+    /// An op computed at import ([`evaluated`]): its outputs become constants.
+    fn add_evaluated(&mut self, node: &NodeProto) -> Result<(), ImportError> {
+        let why = format!("{}'s output is computed at import (its shape depends on input values)", node.op_type);
+        let mut ins = Vec::with_capacity(node.input.len());
+        for (slot, name) in node.input.iter().enumerate() {
+            ins.push(if name.is_empty() { None } else { Some(self.known_input(node, slot, &why)?) });
+        }
+        let refs: Vec<Option<&crate::TensorData>> = ins.iter().map(|t| t.as_ref()).collect();
+        let outs = evaluated::evaluate_node(node, &refs)
+            .map_err(|reason| ImportError::BadNode { node: NodeRef { name: node.name.clone(), op_type: node.op_type.clone() }, reason })?;
+        for (name, data) in node.output.iter().zip(outs) {
+            if !name.is_empty() {
+                let ty = TensorType::new(data.dtype, Shape::fixed(&data.dims));
+                self.define(name.clone(), ty, ValueDef::Weight(Weight { data, trainable: false }));
+            }
+        }
+        Ok(())
+    }
+
+    /// Compress with a known condition is a Gather of the selected positions along the
+    /// axis (of the flattened input without an axis), which autograd differentiates.
+    fn add_compress(&mut self, node: &NodeProto, opset: i64) -> Result<(), ImportError> {
+        let bad = |reason: String| ImportError::BadNode { node: NodeRef { name: node.name.clone(), op_type: node.op_type.clone() }, reason };
+        let mut a = attrs::Attrs::new(&node.attribute);
+        let axis = a.int("axis").map_err(bad)?;
+        a.finish().map_err(bad)?;
+        let cond = self.known_input(node, 1, "Compress's output extent is the number of true conditions")?;
+        let x = &self.graph.value(self.names[&node.input[0]]).ty.shape;
+        // The condition was written for the export batch: a compressed batch axis has that
+        // extent, and the output's extent is the count of true entries either way.
+        let batch = self.ctx.export_batch;
+        let at_export = |d: &Dim| d.fixed().or_else(|| batch.map(|b| d.eval(b)));
+        let (axis, extent) = match axis {
+            Some(ax) => {
+                let r = x.rank() as i64;
+                if !(-r..r).contains(&ax) {
+                    return Err(bad(format!("axis {ax} is out of range for rank {r}")));
+                }
+                (Some(ax.rem_euclid(r)), at_export(&x.0[ax.rem_euclid(r) as usize]))
+            }
+            None => (None, x.0.iter().try_fold(1i64, |p, d| at_export(d).map(|v| p * v))),
+        };
+        let extent = extent.ok_or_else(|| bad("the compressed extent must be static (a batch without export size is not)".into()))?;
+        let picks: Vec<i64> = cond.to_i64s().iter().enumerate().filter(|(_, &c)| c != 0).map(|(i, _)| i as i64).collect();
+        if let Some(p) = picks.iter().find(|&&p| p >= extent) {
+            return Err(bad(format!("condition entry {p} is true but the compressed extent is {extent}")));
+        }
+        let weight = |data: crate::TensorData| {
+            let ty = TensorType::new(data.dtype, Shape::fixed(&data.dims));
+            (ty, ValueDef::Weight(Weight { data, trainable: false }))
+        };
+        let indices = format!("{}/compress_indices", node.name);
+        let (ty, def) = weight(crate::TensorData::from_i64s(vec![picks.len() as i64], &picks));
+        self.define(indices.clone(), ty, def);
+        let mut data = node.input[0].clone();
+        if axis.is_none() {
+            let (shape, flat) = (format!("{}/flat_shape", node.name), format!("{}/flat", node.name));
+            let (ty, def) = weight(crate::TensorData::from_i64s(vec![1], &[-1]));
+            self.define(shape.clone(), ty, def);
+            let reshape = NodeProto { name: format!("{}/flatten", node.name), op_type: "Reshape".into(), input: vec![data, shape], output: vec![flat.clone()], ..Default::default() };
+            self.add_node(&reshape, opset)?;
+            data = flat;
+        }
+        let axis_attr = attribute_proto("axis", &crate::ops::AttrValue::Int(axis.unwrap_or(0)));
+        let gather = NodeProto {
+            name: node.name.clone(),
+            op_type: "Gather".into(),
+            input: vec![data, indices],
+            output: vec![node.output[0].clone()],
+            attribute: vec![axis_attr],
+            ..Default::default()
+        };
+        self.add_node(&gather, opset)
     }
 
     /// Old-opset broadcasting (see [`legacy`]): when input 1 needs trailing unit axes, adds
@@ -561,11 +659,16 @@ fn declared_type(vi: &ValueInfoProto) -> Result<(DType, Vec<DeclaredDim>), Impor
 
 /// The batch symbol's name and export size: a shared named axis 0, or a shared fixed axis 0.
 /// The candidates of [`ImportOptions::float_parameters`] that every reading node takes
-/// as a shape-fixing parameter (Resize's roi and scales, Upsample's scales).
+/// as a shape-fixing parameter (Resize's roi and scales, Upsample's scales, the inputs
+/// of NonZero, Unique and NonMaxSuppression, whose output shapes depend on their values).
 fn float_parameters_read(nodes: &[NodeProto], candidates: &HashMap<String, crate::TensorData>) -> HashMap<String, crate::TensorData> {
     let is_param = |n: &NodeProto, slot: usize| match n.op_type.as_str() {
         "Resize" => slot == 1 || slot == 2,
         "Upsample" => slot == 1,
+        // Ops computed at import, whose output shapes depend on these values.
+        "NonZero" | "Unique" => slot == 0,
+        "NonMaxSuppression" => slot < 5,
+        "Compress" => slot == 1,
         _ => false,
     };
     // Per name: whether some node reads it, and whether every read is a parameter slot.
