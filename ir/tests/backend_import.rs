@@ -68,11 +68,17 @@ fn backend_suite_imports() {
     let mut report = String::new();
     let mut panicked = Vec::new();
     for (name, path) in &models {
-        let opts = options_for(path);
-        let Ok(result) = std::panic::catch_unwind(|| import_model(path, &opts)) else {
+        let mut opts = options_for(path);
+        let Ok(mut result) = std::panic::catch_unwind(|| import_model(path, &opts)) else {
             panicked.push(name.clone());
             continue;
         };
+        // Sequence-major inputs are refused under the automatic batch (the batch would land
+        // on the sequence axis); the suite's models import at their fixed shapes.
+        if matches!(&result, Err(e) if e.to_string().contains("batch symbol on its sequence axis")) {
+            opts.batch = pipewright_ir::BatchMode::Fixed;
+            result = import_model(path, &opts);
+        }
         match result {
             Ok(g) => {
                 pipewright_ir::verify(&g).unwrap_or_else(|e| panic!("{name}: imported graph fails verification: {e:?}"));
