@@ -75,7 +75,7 @@ pub fn lower_nodes(g: &Graph, l: &Lowering<'_>) -> Result<Program, LowerError> {
         let node = g.node(n);
         p.instrs.push(Instr {
             name: node.name.clone(),
-            kernel: kernel(&node.op, node.outputs.len(), node.inputs.len()),
+            kernel: unsigned(g, &node.inputs, kernel(&node.op, node.outputs.len(), node.inputs.len())),
             inputs: node.inputs.iter().map(|v| v.map(slot).transpose()).collect::<Result<_, _>>()?,
             outputs: node.outputs.iter().map(|v| v.map(slot).transpose()).collect::<Result<_, _>>()?,
             recompute: false,
@@ -83,6 +83,27 @@ pub fn lower_nodes(g: &Graph, l: &Lowering<'_>) -> Result<Program, LowerError> {
     }
     rebatch::apply_to(g, &mut p, l.nodes, l.values);
     Ok(p)
+}
+
+/// A kernel reading u16/u32/u64 values, which the runtime holds in signed carrier kinds:
+/// data movement is the same on the carrier; anything else goes through the runtime's
+/// unsigned kernels, told every input's element type (they refuse what they do not
+/// emulate exactly).
+fn unsigned(g: &Graph, inputs: &[Option<ValueId>], k: Kernel) -> Kernel {
+    let types: Vec<Option<ElemType>> = inputs.iter().map(|v| v.map(|v| elem(g.value(v).ty.dtype))).collect();
+    let any = types.iter().flatten().any(|t| matches!(t, ElemType::U16 | ElemType::U32 | ElemType::U64));
+    let moves_data = matches!(
+        k,
+        Kernel::Reshape { .. } | Kernel::Flatten { .. } | Kernel::Transpose { .. } | Kernel::Squeeze { .. }
+            | Kernel::Unsqueeze { .. } | Kernel::Concat { .. } | Kernel::Split(_) | Kernel::Slice(_)
+            | Kernel::Gather { .. } | Kernel::GatherElements { .. } | Kernel::GatherNd { .. } | Kernel::Expand
+            | Kernel::Shape { .. } | Kernel::Size | Kernel::Tile | Kernel::Where
+            | Kernel::DepthToSpace { .. } | Kernel::SpaceToDepth { .. }
+    );
+    if !any || moves_data {
+        return k;
+    }
+    Kernel::Unsigned { types, kernel: Box::new(k) }
 }
 
 fn slot_info(g: &Graph, v: ValueId) -> SlotInfo {
@@ -415,7 +436,7 @@ fn unary(u: ir::UnaryOp) -> rt::UnaryKind {
         I::Atan => R::Atan, I::Sinh => R::Sinh, I::Cosh => R::Cosh, I::Asinh => R::Asinh,
         I::Acosh => R::Acosh, I::Atanh => R::Atanh, I::Softplus => R::Softplus,
         I::Softsign => R::Softsign, I::Identity => R::Identity, I::HardSwish => R::HardSwish,
-        I::Mish => R::Mish,
+        I::Mish => R::Mish, I::BitNot => R::BitNot,
     }
 }
 
@@ -427,6 +448,8 @@ fn binary(b: ir::BinaryOp) -> rt::BinaryKind {
         I::Equal => R::Equal, I::Less => R::Less, I::Greater => R::Greater,
         I::LessOrEqual => R::LessOrEqual, I::GreaterOrEqual => R::GreaterOrEqual, I::And => R::And,
         I::Or => R::Or, I::Xor => R::Xor, I::Mod => R::Mod, I::Fmod => R::Fmod, I::PRelu => R::PRelu,
+        I::BitAnd => R::BitAnd, I::BitOr => R::BitOr, I::BitXor => R::BitXor,
+        I::ShiftLeft => R::ShiftLeft, I::ShiftRight => R::ShiftRight,
     }
 }
 

@@ -16,6 +16,8 @@ pub enum UnaryOp {
     Abs, Neg, Sqrt, Reciprocal, Exp, Log, Erf, Tanh, Sigmoid, Relu, Not, IsNaN, Floor, Ceil,
     Round, Sign, Sin, Cos, Tan, Asin, Acos, Atan, Sinh, Cosh, Asinh, Acosh, Atanh, Softplus,
     Softsign, Identity, HardSwish, Mish,
+    /// `BitwiseNot` (integers).
+    BitNot,
 }
 
 /// Elementwise ops with two inputs and numpy broadcasting.
@@ -27,6 +29,10 @@ pub enum BinaryOp {
     /// `fmod = 1`: C `fmod`, the dividend's sign.
     Fmod,
     PRelu,
+    /// `BitwiseAnd`, `BitwiseOr`, `BitwiseXor` (integers).
+    BitAnd, BitOr, BitXor,
+    /// `BitShift` with `direction = "LEFT"` / `"RIGHT"`.
+    ShiftLeft, ShiftRight,
 }
 
 impl BinaryOp {
@@ -564,6 +570,8 @@ impl Op {
         match self {
             Op::Unary(_) | Op::Variadic(_) | Op::MatMul | Op::GlobalAveragePool | Op::GlobalMaxPool | Op::Expand => {}
             Op::Where | Op::CastLike | Op::Size | Op::Range | Op::Tile | Op::Det => {}
+            Op::Binary(BinaryOp::ShiftLeft) => a.s("direction", "LEFT"),
+            Op::Binary(BinaryOp::ShiftRight) => a.s("direction", "RIGHT"),
             Op::Binary(b) => a.flag("fmod", *b == BinaryOp::Fmod),
             Op::LeakyRelu { alpha } | Op::Elu { alpha } | Op::Celu { alpha } | Op::ThresholdedRelu { alpha } => a.f("alpha", *alpha),
             Op::Selu { alpha, gamma } => {
@@ -903,7 +911,7 @@ pub fn unary_name(u: UnaryOp) -> &'static str {
         Sign => "Sign", Sin => "Sin", Cos => "Cos", Tan => "Tan", Asin => "Asin", Acos => "Acos",
         Atan => "Atan", Sinh => "Sinh", Cosh => "Cosh", Asinh => "Asinh", Acosh => "Acosh",
         Atanh => "Atanh", Softplus => "Softplus", Softsign => "Softsign", Identity => "Identity",
-        HardSwish => "HardSwish", Mish => "Mish",
+        HardSwish => "HardSwish", Mish => "Mish", BitNot => "BitwiseNot",
     }
 }
 
@@ -913,7 +921,8 @@ pub fn binary_name(b: BinaryOp) -> &'static str {
         Add => "Add", Sub => "Sub", Mul => "Mul", Div => "Div", Pow => "Pow", Equal => "Equal",
         Less => "Less", Greater => "Greater", LessOrEqual => "LessOrEqual",
         GreaterOrEqual => "GreaterOrEqual", And => "And", Or => "Or", Xor => "Xor",
-        Mod | Fmod => "Mod", PRelu => "PRelu",
+        Mod | Fmod => "Mod", PRelu => "PRelu", BitAnd => "BitwiseAnd", BitOr => "BitwiseOr",
+        BitXor => "BitwiseXor", ShiftLeft | ShiftRight => "BitShift",
     }
 }
 

@@ -57,6 +57,11 @@ specs! {
     "Attention": [23, 24, 25] from 23, in 3..7, out 1..4;
     "AveragePool": [1, 7, 10, 11, 19, 22] from 1, in 1..1, out 1..1;
     "BatchNormalization": [1, 6, 7, 9, 14, 15] from 1, in 5..5, out 1..5;
+    "BitShift": [11, 28] from 11, in 2..2, out 1..1;
+    "BitwiseAnd": [18] from 18, in 2..2, out 1..1;
+    "BitwiseNot": [18] from 18, in 1..1, out 1..1;
+    "BitwiseOr": [18] from 18, in 2..2, out 1..1;
+    "BitwiseXor": [18] from 18, in 2..2, out 1..1;
     "Cast": [1, 6, 9, 13, 19, 21, 23, 24, 25, 28] from 6, in 1..1, out 1..1;
     "CastLike": [15, 19, 21, 23, 24, 25] from 15, in 2..2, out 1..1;
     "Ceil": [1, 6, 13] from 1, in 1..1, out 1..1;

@@ -5,6 +5,7 @@
 //! libtorch failures are caught through tch's fallible `f_` functions and reported, with
 //! the op's name, as [`KernelError`]s.
 
+mod bits;
 mod convert;
 mod elementwise;
 mod loss;
@@ -16,13 +17,14 @@ mod rnn;
 mod resample;
 mod shape;
 mod transformer;
+mod unsigned;
 mod util;
 mod window;
 
 use tch::Tensor;
 
 pub use crate::device::{Device, DeviceError};
-pub use convert::{elem_type, tensor_from_bytes, tensor_to_bytes, torch_kind};
+pub use convert::{elem_type, tensor_from_bytes, tensor_to_bytes, tensor_to_bytes_as, torch_kind};
 
 use crate::kernel::Kernel;
 use util::{all, need, opt, Fail, R};
@@ -117,6 +119,7 @@ fn dispatch(k: &Kernel, ins: &[Option<&Tensor>], mode: Mode, outputs_read: Optio
             *detect_negative,
         )),
         Where => one(elementwise::where_(x()?, y()?, need(ins, 2)?)),
+        Unsigned { types, kernel } => unsigned::run(kernel, types, ins),
         Cast { to } => one(convert::kind_of(*to).and_then(|kd| Ok(x()?.f_to_kind(kd)?))),
         CastLike => one(Ok(x()?.f_to_kind(y()?.f_kind()?)?)),
         _ => dispatch_nn(k, ins, mode, outputs_read),

@@ -64,6 +64,8 @@ pub enum UnaryKind {
     Abs, Neg, Sqrt, Reciprocal, Exp, Log, Erf, Tanh, Sigmoid, Relu, Not, IsNaN, Floor, Ceil,
     Round, Sign, Sin, Cos, Tan, Asin, Acos, Atan, Sinh, Cosh, Asinh, Acosh, Atanh, Softplus,
     Softsign, Identity, HardSwish, Mish,
+    /// `BitwiseNot` (integers).
+    BitNot,
 }
 
 /// Elementwise kernels with two inputs and numpy broadcasting.
@@ -75,6 +77,10 @@ pub enum BinaryKind {
     /// ONNX `Mod` with `fmod = 1`: C `fmod`, the result takes the dividend's sign.
     Fmod,
     PRelu,
+    /// `BitwiseAnd`, `BitwiseOr`, `BitwiseXor` (integers).
+    BitAnd, BitOr, BitXor,
+    /// `BitShift` (opset 28 semantics for shifts outside `0..bits`).
+    ShiftLeft, ShiftRight,
 }
 
 /// Elementwise kernels over any number of broadcast inputs.
@@ -451,6 +457,11 @@ pub enum Kernel {
     ReverseSequence { batch_axis: i64, time_axis: i64 },
     Det,
     Rnn(Rnn),
+    /// `kernel` on operands of an unsigned type libtorch lacks (u16, u32, u64), which
+    /// the runtime holds in a wider or same-width signed kind (see `exec::convert`).
+    /// `types` gives each input's element type (`None` where absent), so the kernel can
+    /// make the operations whose result depends on signedness exact (`exec::unsigned`).
+    Unsigned { types: Vec<Option<ElemType>>, kernel: Box<Kernel> },
 }
 
 impl Kernel {
@@ -470,6 +481,7 @@ impl Kernel {
             Kernel::Binary(b) => binary_name(*b),
             Kernel::Variadic(v) => variadic_name(*v),
             Kernel::Reduce(r) => reduce_name(r.kind),
+            Kernel::Unsigned { kernel, .. } => kernel.name(),
             other => plain_name(other),
         }
     }
@@ -510,7 +522,7 @@ fn plain_name(k: &Kernel) -> &'static str {
             RnnCell::Gru => "GRU",
             RnnCell::Lstm => "LSTM",
         },
-        Unary(_) | Binary(_) | Variadic(_) | Reduce(_) => "?",
+        Unary(_) | Binary(_) | Variadic(_) | Reduce(_) | Unsigned { .. } => "?",
     }
 }
 
@@ -524,7 +536,7 @@ pub fn unary_name(u: UnaryKind) -> &'static str {
         Sign => "Sign", Sin => "Sin", Cos => "Cos", Tan => "Tan", Asin => "Asin", Acos => "Acos",
         Atan => "Atan", Sinh => "Sinh", Cosh => "Cosh", Asinh => "Asinh", Acosh => "Acosh",
         Atanh => "Atanh", Softplus => "Softplus", Softsign => "Softsign", Identity => "Identity",
-        HardSwish => "HardSwish", Mish => "Mish",
+        HardSwish => "HardSwish", Mish => "Mish", BitNot => "BitwiseNot",
     }
 }
 
@@ -535,7 +547,8 @@ pub fn binary_name(b: BinaryKind) -> &'static str {
         Add => "Add", Sub => "Sub", Mul => "Mul", Div => "Div", Pow => "Pow", Equal => "Equal",
         Less => "Less", Greater => "Greater", LessOrEqual => "LessOrEqual",
         GreaterOrEqual => "GreaterOrEqual", And => "And", Or => "Or", Xor => "Xor",
-        Mod | Fmod => "Mod", PRelu => "PRelu",
+        Mod | Fmod => "Mod", PRelu => "PRelu", BitAnd => "BitwiseAnd", BitOr => "BitwiseOr",
+        BitXor => "BitwiseXor", ShiftLeft | ShiftRight => "BitShift",
     }
 }
 

@@ -4,7 +4,7 @@
 mod common;
 
 use common::{assert_close, eval, f64s, i64s, to_f64, to_i64};
-use pipewright_runtime::exec::{run, tensor_from_bytes, tensor_to_bytes, KernelError, Mode};
+use pipewright_runtime::exec::{run, tensor_from_bytes, tensor_to_bytes, tensor_to_bytes_as, KernelError, Mode};
 use pipewright_runtime::kernel::*;
 use pipewright_runtime::device::{tch_device, Device};
 use tch::{Kind, Tensor};
@@ -520,7 +520,15 @@ fn bytes_round_trip() {
     let b = tensor_from_bytes(ElemType::Bool, &[3], &[0, 2, 1]).unwrap();
     assert_eq!(tensor_to_bytes(&b).unwrap().2, [0, 1, 1]);
     assert!(tensor_from_bytes(ElemType::F32, &[3], &bytes).is_err());
-    assert!(tensor_from_bytes(ElemType::U16, &[1], &[0, 0]).is_err());
+    // u16/u32/u64 live in signed carriers and come back bit for bit.
+    for (et, bytes) in [(ElemType::U16, vec![0xFF, 0xFF, 1, 0]), (ElemType::U32, vec![0xFF; 8]), (ElemType::U64, vec![0x80; 16])] {
+        let t = tensor_from_bytes(et, &[2], &bytes).unwrap();
+        assert_eq!(tensor_to_bytes_as(&t, et).unwrap(), (vec![2], bytes));
+    }
+    assert_eq!(to_i64(&tensor_from_bytes(ElemType::U16, &[1], &[0xFF, 0xFF]).unwrap()), [65535]);
+    // A carrier value outside the type's range is no u16.
+    assert!(tensor_to_bytes_as(&Tensor::from_slice(&[70000i32]), ElemType::U16).is_err());
+    assert!(tensor_to_bytes_as(&Tensor::from_slice(&[1.0f32]), ElemType::U32).is_err());
     let s = tensor_from_bytes(ElemType::I64, &[], &7i64.to_le_bytes()).unwrap();
     assert_eq!((s.dim(), to_i64(&s)), (0, vec![7]));
 }

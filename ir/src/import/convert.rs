@@ -33,6 +33,11 @@ fn convert_op(op_type: &str, version: i64, a: &mut Attrs, n_inputs: usize) -> Re
     }
     Ok(match op_type {
         "Mod" => Op::Binary(if a.bool_or("fmod", false)? { BinaryOp::Fmod } else { BinaryOp::Mod }),
+        "BitShift" => Op::Binary(match a.string("direction")?.as_deref() {
+            Some("LEFT") => BinaryOp::ShiftLeft,
+            Some("RIGHT") => BinaryOp::ShiftRight,
+            other => return Err(format!("BitShift direction {other:?} is not LEFT or RIGHT")),
+        }),
         "Sum" => Op::Variadic(VariadicOp::Sum),
         "Max" => Op::Variadic(VariadicOp::Max),
         "Min" => Op::Variadic(VariadicOp::Min),
@@ -494,7 +499,7 @@ fn unary(op: &str) -> Option<UnaryOp> {
         "Sign" => Sign, "Sin" => Sin, "Cos" => Cos, "Tan" => Tan, "Asin" => Asin, "Acos" => Acos,
         "Atan" => Atan, "Sinh" => Sinh, "Cosh" => Cosh, "Asinh" => Asinh, "Acosh" => Acosh,
         "Atanh" => Atanh, "Softplus" => Softplus, "Softsign" => Softsign, "Identity" => Identity,
-        "HardSwish" => HardSwish, "Mish" => Mish,
+        "HardSwish" => HardSwish, "Mish" => Mish, "BitwiseNot" => BitNot,
         _ => return None,
     })
 }
@@ -515,6 +520,7 @@ fn binary(op: &str) -> Option<BinaryOp> {
         "Add" => Add, "Sub" => Sub, "Mul" => Mul, "Div" => Div, "Pow" => Pow, "Equal" => Equal,
         "Less" => Less, "Greater" => Greater, "LessOrEqual" => LessOrEqual,
         "GreaterOrEqual" => GreaterOrEqual, "And" => And, "Or" => Or, "Xor" => Xor, "PRelu" => PRelu,
+        "BitwiseAnd" => BitAnd, "BitwiseOr" => BitOr, "BitwiseXor" => BitXor,
         _ => return None,
     })
 }

@@ -22,6 +22,7 @@ pub(crate) fn unary(u: UnaryKind, x: &Tensor) -> R<Tensor> {
         Relu => x.f_relu()?,
         Not => require_bool(x, "Not")?.f_logical_not()?,
         IsNaN => x.f_isnan()?,
+        BitNot => super::bits::not(x, None)?,
         Identity => x.shallow_clone(),
         other => unary_more(other, x)?,
     })
@@ -82,6 +83,11 @@ pub(crate) fn binary(b: BinaryKind, x: &Tensor, y: &Tensor) -> R<Tensor> {
         And => require_bool(x, "And")?.f_logical_and(require_bool(y, "And")?)?,
         Or => require_bool(x, "Or")?.f_logical_or(require_bool(y, "Or")?)?,
         Xor => require_bool(x, "Xor")?.f_logical_xor(require_bool(y, "Xor")?)?,
+        BitAnd => super::bits::logic('&', x, y)?,
+        BitOr => super::bits::logic('|', x, y)?,
+        BitXor => super::bits::logic('^', x, y)?,
+        ShiftLeft => super::bits::shift(x, y, true, None)?,
+        ShiftRight => super::bits::shift(x, y, false, None)?,
         _ => arithmetic(b, x, y)?,
     })
 }
