@@ -154,6 +154,8 @@ pub fn kernel(op: &Op, n_out: usize, n_in: usize) -> Kernel {
         Op::Selu { alpha, gamma } => Kernel::Selu { alpha: *alpha, gamma: *gamma },
         Op::HardSigmoid { alpha, beta } => Kernel::HardSigmoid { alpha: *alpha, beta: *beta },
         Op::ThresholdedRelu { alpha } => Kernel::ThresholdedRelu { alpha: *alpha },
+        Op::Swish { alpha } => Kernel::Swish { alpha: *alpha },
+        Op::SwiGlu { alpha } => Kernel::SwiGlu { alpha: *alpha },
         Op::Gelu { approximate } => Kernel::Gelu {
             approximate: match approximate {
                 ir::GeluApprox::None => rt::GeluApprox::None,
@@ -167,6 +169,10 @@ pub fn kernel(op: &Op, n_out: usize, n_in: usize) -> Kernel {
         Op::Softmax(s) => Kernel::Softmax(rt::Softmax { axis: s.axis, coerce_2d: s.coerce_2d }),
         Op::LogSoftmax(s) => Kernel::LogSoftmax(rt::Softmax { axis: s.axis, coerce_2d: s.coerce_2d }),
         Op::MatMul => Kernel::MatMul,
+        Op::MatMulInteger => Kernel::MatMulInteger,
+        Op::QLinearMatMul => Kernel::QLinearMatMul,
+        Op::ConvInteger(c) => Kernel::ConvInteger(rt::Conv { window: window(&c.window), group: c.group }),
+        Op::QLinearConv(c) => Kernel::QLinearConv(rt::Conv { window: window(&c.window), group: c.group }),
         Op::Gemm(g) => Kernel::Gemm(rt::Gemm { alpha: g.alpha, beta: g.beta, trans_a: g.trans_a, trans_b: g.trans_b }),
         Op::Conv(c) => Kernel::Conv(rt::Conv { window: window(&c.window), group: c.group }),
         Op::ConvTranspose(c) => Kernel::ConvTranspose(rt::ConvTranspose {
@@ -176,6 +182,9 @@ pub fn kernel(op: &Op, n_out: usize, n_in: usize) -> Kernel {
             output_shape: c.output_shape.clone(),
         }),
         Op::MaxPool(p) => Kernel::MaxPool(pool(p)),
+        Op::MaxUnpool { kernel_shape, strides, pads } => {
+            Kernel::MaxUnpool { kernel_shape: kernel_shape.clone(), strides: strides.clone(), pads: pads.clone() }
+        }
         Op::AveragePool(p) => Kernel::AveragePool(pool(p)),
         Op::LpPool { pool: po, p } => Kernel::LpPool { pool: pool(po), p: *p },
         Op::GlobalAveragePool => Kernel::GlobalAveragePool,
@@ -307,6 +316,7 @@ fn shape_kernel(op: &Op, n_out: usize, n_in: usize) -> Kernel {
             Kernel::ScatterElements { axis: *axis, reduction: scatter_reduction(*reduction) }
         }
         Op::Scatter { axis } => Kernel::ScatterElements { axis: *axis, reduction: rt::ScatterReduction::None },
+        Op::TensorScatter { axis, circular } => Kernel::TensorScatter { axis: *axis, circular: *circular },
         Op::ReverseSequence { batch_axis, time_axis } => {
             Kernel::ReverseSequence { batch_axis: *batch_axis, time_axis: *time_axis }
         }

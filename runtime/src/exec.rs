@@ -12,6 +12,7 @@ mod loss;
 mod index;
 mod nn;
 mod norm;
+mod quant;
 mod reduce;
 mod rnn;
 mod resample;
@@ -108,6 +109,8 @@ fn dispatch(k: &Kernel, ins: &[Option<&Tensor>], mode: Mode, outputs_read: Optio
         Selu { alpha, gamma } => one(elementwise::selu(x()?, *alpha, *gamma)),
         HardSigmoid { alpha, beta } => one(elementwise::hard_sigmoid(x()?, *alpha, *beta)),
         ThresholdedRelu { alpha } => one(elementwise::thresholded_relu(x()?, *alpha)),
+        Swish { alpha } => one(elementwise::swish(x()?, *alpha)),
+        SwiGlu { alpha } => one(elementwise::swiglu(x()?, y()?, *alpha)),
         Gelu { approximate } => one(elementwise::gelu(x()?, *approximate)),
         Clip { min, max } => one(elementwise::clip(ins, *min, *max)),
         IsInf {
@@ -134,10 +137,15 @@ fn dispatch_nn(k: &Kernel, ins: &[Option<&Tensor>], mode: Mode, outputs_read: Op
         Softmax(s) => one(nn::softmax(x()?, s, false)),
         LogSoftmax(s) => one(nn::softmax(x()?, s, true)),
         MatMul => one(Ok(x()?.f_matmul(y()?)?)),
+        MatMulInteger => one(quant::matmul_integer(ins)),
+        QLinearMatMul => one(quant::qlinear_matmul(ins)),
+        ConvInteger(c) => one(quant::conv_integer(c, ins)),
+        QLinearConv(c) => one(quant::qlinear_conv(c, ins)),
         Gemm(g) => one(nn::gemm(g, x()?, y()?, opt(ins, 2))),
         Conv(c) => one(window::conv(c, x()?, y()?, opt(ins, 2))),
         ConvTranspose(c) => one(window::conv_transpose(c, x()?, y()?, opt(ins, 2))),
         MaxPool(p) => window::max_pool(p, x()?),
+        MaxUnpool { kernel_shape, strides, pads } => one(window::max_unpool(x()?, y()?, opt(ins, 2), [kernel_shape, strides, pads])),
         AveragePool(p) => one(window::average_pool(p, x()?)),
         LpPool { pool, p } => one(window::lp_pool(pool, *p, x()?)),
         GlobalAveragePool => one(window::global_pool(x()?, false)),
@@ -206,6 +214,7 @@ fn dispatch_index(k: &Kernel, ins: &[Option<&Tensor>]) -> R<Vec<Tensor>> {
         OneHot { axis } => one(index::one_hot(x()?, y()?, z()?, *axis)),
         ScatterNd { reduction } => one(index::scatter_nd(x()?, y()?, z()?, *reduction)),
         ScatterElements { axis, reduction } => one(index::scatter_elements(x()?, y()?, z()?, *axis, *reduction)),
+        TensorScatter { axis, circular } => one(index::tensor_scatter(x()?, y()?, opt(ins, 2), *axis, *circular)),
         EyeLike { dtype, k } => one(index::eye_like(x()?, *dtype, *k)),
         ReverseSequence { batch_axis, time_axis } => one(index::reverse_sequence(x()?, y()?, *batch_axis, *time_axis)),
         Hardmax(s) => one(norm::hardmax(x()?, s)),

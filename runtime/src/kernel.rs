@@ -375,6 +375,9 @@ pub enum Kernel {
     Selu { alpha: f32, gamma: f32 },
     HardSigmoid { alpha: f32, beta: f32 },
     ThresholdedRelu { alpha: f32 },
+    Swish { alpha: f32 },
+    /// `Swish_alpha(A) * B`, inputs of one shape.
+    SwiGlu { alpha: f32 },
     Gelu { approximate: GeluApprox },
     /// Bounds from attributes in opsets < 11 (`None` = unbounded); inputs 1 and 2 afterwards
     /// (then both fields are `None`).
@@ -383,10 +386,20 @@ pub enum Kernel {
     Softmax(Softmax),
     LogSoftmax(Softmax),
     MatMul,
+    /// Inputs A, B, a_zero_point, b_zero_point; int32 output.
+    MatMulInteger,
+    /// Inputs a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point.
+    QLinearMatMul,
     Gemm(Gemm),
     Conv(Conv),
     ConvTranspose(ConvTranspose),
+    /// Inputs X, W, x_zero_point, w_zero_point; int32 output.
+    ConvInteger(Conv),
+    /// Inputs x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point, B.
+    QLinearConv(Conv),
     MaxPool(Pool),
+    /// Inputs X, I (flat output offsets), optional output_shape.
+    MaxUnpool { kernel_shape: Vec<i64>, strides: Vec<i64>, pads: Vec<i64> },
     AveragePool(Pool),
     GlobalAveragePool,
     GlobalMaxPool,
@@ -446,6 +459,8 @@ pub enum Kernel {
     ScatterNd { reduction: ScatterReduction },
     /// Also ONNX's deprecated `Scatter` (with no reduction).
     ScatterElements { axis: i64, reduction: ScatterReduction },
+    /// Inputs past_cache, update, optional write_indices (per batch row).
+    TensorScatter { axis: i64, circular: bool },
     Hardmax(Softmax),
     LpNormalization { axis: i64, p: i64 },
     Shrink { bias: f32, lambd: f32 },
@@ -492,9 +507,11 @@ fn plain_name(k: &Kernel) -> &'static str {
     match k {
         LeakyRelu { .. } => "LeakyRelu", Elu { .. } => "Elu", Celu { .. } => "Celu",
         Selu { .. } => "Selu", HardSigmoid { .. } => "HardSigmoid",
-        ThresholdedRelu { .. } => "ThresholdedRelu", Gelu { .. } => "Gelu", Clip { .. } => "Clip",
+        ThresholdedRelu { .. } => "ThresholdedRelu", Swish { .. } => "Swish", SwiGlu { .. } => "SwiGLU", Gelu { .. } => "Gelu", Clip { .. } => "Clip",
         IsInf { .. } => "IsInf", Softmax(_) => "Softmax", LogSoftmax(_) => "LogSoftmax",
         MatMul => "MatMul", Gemm(_) => "Gemm", Conv(_) => "Conv", ConvTranspose(_) => "ConvTranspose",
+        MatMulInteger => "MatMulInteger", QLinearMatMul => "QLinearMatMul", ConvInteger(_) => "ConvInteger",
+        QLinearConv(_) => "QLinearConv", MaxUnpool { .. } => "MaxUnpool", TensorScatter { .. } => "TensorScatter",
         MaxPool(_) => "MaxPool", AveragePool(_) => "AveragePool",
         GlobalAveragePool => "GlobalAveragePool", GlobalMaxPool => "GlobalMaxPool",
         BatchNormalization(_) => "BatchNormalization", LayerNormalization(_) => "LayerNormalization",

@@ -78,6 +78,17 @@ fn convert_op(op_type: &str, version: i64, a: &mut Attrs, n_inputs: usize) -> Re
             })
         }
         "Conv" => Op::Conv(Conv { window: window(a)?, group: a.int_or("group", 1)? }),
+        "ConvInteger" => Op::ConvInteger(Conv { window: window(a)?, group: a.int_or("group", 1)? }),
+        "QLinearConv" => Op::QLinearConv(Conv { window: window(a)?, group: a.int_or("group", 1)? }),
+        "MatMulInteger" => Op::MatMulInteger,
+        "QLinearMatMul" => Op::QLinearMatMul,
+        "MaxUnpool" => Op::MaxUnpool {
+            kernel_shape: a.ints("kernel_shape")?.ok_or("attribute \"kernel_shape\" is required")?,
+            strides: a.ints_or_empty("strides")?,
+            pads: a.ints_or_empty("pads")?,
+        },
+        "Swish" => Op::Swish { alpha: a.float_or("alpha", 1.0)? },
+        "SwiGLU" => Op::SwiGlu { alpha: a.float_or("alpha", 1.0)? },
         "ConvTranspose" => Op::ConvTranspose(ConvTranspose {
             window: window(a)?,
             group: a.int_or("group", 1)?,
@@ -257,6 +268,14 @@ fn convert_op(op_type: &str, version: i64, a: &mut Attrs, n_inputs: usize) -> Re
         "ScatterND" => Op::ScatterND { reduction: scatter_reduction(a, version)? },
         "ScatterElements" => Op::ScatterElements { axis: a.int_or("axis", 0)?, reduction: scatter_reduction(a, version)? },
         "Scatter" => Op::Scatter { axis: a.int_or("axis", 0)? },
+        "TensorScatter" => Op::TensorScatter {
+            axis: a.int_or("axis", -2)?,
+            circular: match a.string("mode")?.as_deref() {
+                None | Some("linear") => false,
+                Some("circular") => true,
+                Some(other) => return Err(format!("mode={other:?} is not linear or circular")),
+            },
+        },
         "Hardmax" => Op::Hardmax(Softmax { axis: a.int_or("axis", if version < 13 { 1 } else { -1 })?, coerce_2d: version < 13 }),
         "LpNormalization" => {
             let p = a.int_or("p", 2)?;

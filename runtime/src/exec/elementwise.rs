@@ -183,6 +183,19 @@ pub(crate) fn thresholded_relu(x: &Tensor, alpha: f32) -> R<Tensor> {
     Ok(x.f_mul(&mask)?)
 }
 
+/// Swish: `x * sigmoid(alpha * x)`.
+pub(crate) fn swish(x: &Tensor, alpha: f32) -> R<Tensor> {
+    Ok(x.f_mul(&x.f_mul_scalar(alpha as f64)?.f_sigmoid()?)?)
+}
+
+/// SwiGLU: `Swish_alpha(a) * b`; the two inputs must have one shape (no broadcasting).
+pub(crate) fn swiglu(a: &Tensor, b: &Tensor, alpha: f32) -> R<Tensor> {
+    if a.size() != b.size() {
+        return Err(super::util::invalid(format!("gate {:?} and value {:?} must have one shape", a.size(), b.size())));
+    }
+    Ok(swish(a, alpha)?.f_mul(b)?)
+}
+
 pub(crate) fn gelu(x: &Tensor, a: GeluApprox) -> R<Tensor> {
     Ok(x.f_gelu(match a {
         GeluApprox::None => "none",
