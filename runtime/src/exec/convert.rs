@@ -34,11 +34,11 @@ pub(crate) fn kind_of(et: ElemType) -> R<Kind> {
 
 /// The kind a tensor of `et` is held in: its own kind, or for u16/u32/u64 the signed
 /// carrier described in the module doc.
-pub(crate) fn carrier(et: ElemType) -> Kind {
+pub(crate) fn carrier(et: ElemType) -> R<Kind> {
     match et {
-        ElemType::U16 => Kind::Int,
-        ElemType::U32 | ElemType::U64 => Kind::Int64,
-        other => kind_of(other).unwrap_or(Kind::Float),
+        ElemType::U16 => Ok(Kind::Int),
+        ElemType::U32 | ElemType::U64 => Ok(Kind::Int64),
+        other => kind_of(other),
     }
 }
 
@@ -103,7 +103,7 @@ fn from_bytes(et: ElemType, shape: &[i64], bytes: &[u8]) -> R<Tensor> {
             bytes.len()
         )));
     }
-    let kind = carrier(et);
+    let kind = carrier(et)?;
     if let Some(t) = widen(et, shape, bytes)? {
         return Ok(t);
     }
@@ -133,7 +133,7 @@ pub fn tensor_to_bytes_as(t: &Tensor, et: ElemType) -> Result<(Vec<i64>, Vec<u8>
 
 fn to_bytes_as(t: &Tensor, et: ElemType) -> R<(Vec<i64>, Vec<u8>)> {
     let k = t.f_kind()?;
-    if k != carrier(et) {
+    if k != carrier(et)? {
         return Err(bad_dtype(format!("a {k:?} tensor does not hold {et} values")));
     }
     let (_, shape, bytes) = to_bytes(t)?;
