@@ -687,3 +687,36 @@ pub mod rebatch {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use pipewright_ir::{DType, Graph, ModelMeta, Shape, TensorType, Value, ValueDef};
+    use pipewright_runtime::kernel::{BinaryKind, ElemType, Kernel};
+
+    use super::unsigned;
+
+    /// Arithmetic on u16/u32/u64 operands goes through the runtime's unsigned kernels,
+    /// told each input's type; data movement and other types keep their plain kernel.
+    #[test]
+    fn unsigned_operands_select_the_unsigned_kernels() {
+        let mut g = Graph::new(ModelMeta::default());
+        let mut value = |name: &str, dtype| {
+            let ty = TensorType::new(dtype, Shape(vec![pipewright_ir::Dim::Fixed(3)]));
+            g.add_value(Value { name: name.into(), ty, def: ValueDef::Input })
+        };
+        let (a, b, f, i) = (value("a", DType::U64), value("b", DType::U64), value("f", DType::F32), value("i", DType::I64));
+        let add = Kernel::Binary(BinaryKind::Add);
+        match unsigned(&g, &[Some(a), Some(b)], add.clone()) {
+            Kernel::Unsigned { types, kernel } => {
+                assert_eq!(types, [Some(ElemType::U64), Some(ElemType::U64)]);
+                assert_eq!(*kernel, add);
+            }
+            other => panic!("u64 Add lowered to {other:?}"),
+        }
+        let pow = unsigned(&g, &[Some(f), Some(a)], Kernel::Binary(BinaryKind::Pow));
+        assert!(matches!(pow, Kernel::Unsigned { .. }), "{pow:?}");
+        assert_eq!(unsigned(&g, &[Some(f), Some(f)], add.clone()), add);
+        let gather = Kernel::Gather { axis: 0 };
+        assert_eq!(unsigned(&g, &[Some(a), Some(i)], gather.clone()), gather);
+    }
+}
