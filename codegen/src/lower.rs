@@ -75,7 +75,7 @@ pub fn lower_nodes(g: &Graph, l: &Lowering<'_>) -> Result<Program, LowerError> {
         let node = g.node(n);
         p.instrs.push(Instr {
             name: node.name.clone(),
-            kernel: kernel(&node.op, node.outputs.len(), node.inputs.len()),
+            kernel: unsigned(g, &node.inputs, kernel(&node.op, node.outputs.len(), node.inputs.len())),
             inputs: node.inputs.iter().map(|v| v.map(slot).transpose()).collect::<Result<_, _>>()?,
             outputs: node.outputs.iter().map(|v| v.map(slot).transpose()).collect::<Result<_, _>>()?,
             recompute: false,
@@ -83,6 +83,27 @@ pub fn lower_nodes(g: &Graph, l: &Lowering<'_>) -> Result<Program, LowerError> {
     }
     rebatch::apply_to(g, &mut p, l.nodes, l.values);
     Ok(p)
+}
+
+/// A kernel reading u16/u32/u64 values, which the runtime holds in signed carrier kinds:
+/// data movement is the same on the carrier; anything else goes through the runtime's
+/// unsigned kernels, told every input's element type (they refuse what they do not
+/// emulate exactly).
+fn unsigned(g: &Graph, inputs: &[Option<ValueId>], k: Kernel) -> Kernel {
+    let types: Vec<Option<ElemType>> = inputs.iter().map(|v| v.map(|v| elem(g.value(v).ty.dtype))).collect();
+    let any = types.iter().flatten().any(|t| matches!(t, ElemType::U16 | ElemType::U32 | ElemType::U64));
+    let moves_data = matches!(
+        k,
+        Kernel::Reshape { .. } | Kernel::Flatten { .. } | Kernel::Transpose { .. } | Kernel::Squeeze { .. }
+            | Kernel::Unsqueeze { .. } | Kernel::Concat { .. } | Kernel::Split(_) | Kernel::Slice(_)
+            | Kernel::Gather { .. } | Kernel::GatherElements { .. } | Kernel::GatherNd { .. } | Kernel::Expand
+            | Kernel::Shape { .. } | Kernel::Size | Kernel::Tile | Kernel::Where
+            | Kernel::DepthToSpace { .. } | Kernel::SpaceToDepth { .. }
+    );
+    if !any || moves_data {
+        return k;
+    }
+    Kernel::Unsigned { types, kernel: Box::new(k) }
 }
 
 fn slot_info(g: &Graph, v: ValueId) -> SlotInfo {
@@ -133,6 +154,8 @@ pub fn kernel(op: &Op, n_out: usize, n_in: usize) -> Kernel {
         Op::Selu { alpha, gamma } => Kernel::Selu { alpha: *alpha, gamma: *gamma },
         Op::HardSigmoid { alpha, beta } => Kernel::HardSigmoid { alpha: *alpha, beta: *beta },
         Op::ThresholdedRelu { alpha } => Kernel::ThresholdedRelu { alpha: *alpha },
+        Op::Swish { alpha } => Kernel::Swish { alpha: *alpha },
+        Op::SwiGlu { alpha } => Kernel::SwiGlu { alpha: *alpha },
         Op::Gelu { approximate } => Kernel::Gelu {
             approximate: match approximate {
                 ir::GeluApprox::None => rt::GeluApprox::None,
@@ -146,6 +169,10 @@ pub fn kernel(op: &Op, n_out: usize, n_in: usize) -> Kernel {
         Op::Softmax(s) => Kernel::Softmax(rt::Softmax { axis: s.axis, coerce_2d: s.coerce_2d }),
         Op::LogSoftmax(s) => Kernel::LogSoftmax(rt::Softmax { axis: s.axis, coerce_2d: s.coerce_2d }),
         Op::MatMul => Kernel::MatMul,
+        Op::MatMulInteger => Kernel::MatMulInteger,
+        Op::QLinearMatMul => Kernel::QLinearMatMul,
+        Op::ConvInteger(c) => Kernel::ConvInteger(rt::Conv { window: window(&c.window), group: c.group }),
+        Op::QLinearConv(c) => Kernel::QLinearConv(rt::Conv { window: window(&c.window), group: c.group }),
         Op::Gemm(g) => Kernel::Gemm(rt::Gemm { alpha: g.alpha, beta: g.beta, trans_a: g.trans_a, trans_b: g.trans_b }),
         Op::Conv(c) => Kernel::Conv(rt::Conv { window: window(&c.window), group: c.group }),
         Op::ConvTranspose(c) => Kernel::ConvTranspose(rt::ConvTranspose {
@@ -155,6 +182,9 @@ pub fn kernel(op: &Op, n_out: usize, n_in: usize) -> Kernel {
             output_shape: c.output_shape.clone(),
         }),
         Op::MaxPool(p) => Kernel::MaxPool(pool(p)),
+        Op::MaxUnpool { kernel_shape, strides, pads } => {
+            Kernel::MaxUnpool { kernel_shape: kernel_shape.clone(), strides: strides.clone(), pads: pads.clone() }
+        }
         Op::AveragePool(p) => Kernel::AveragePool(pool(p)),
         Op::LpPool { pool: po, p } => Kernel::LpPool { pool: pool(po), p: *p },
         Op::GlobalAveragePool => Kernel::GlobalAveragePool,
@@ -300,6 +330,7 @@ fn shape_kernel(op: &Op, n_out: usize, n_in: usize) -> Kernel {
             Kernel::ScatterElements { axis: *axis, reduction: scatter_reduction(*reduction) }
         }
         Op::Scatter { axis } => Kernel::ScatterElements { axis: *axis, reduction: rt::ScatterReduction::None },
+        Op::TensorScatter { axis, circular } => Kernel::TensorScatter { axis: *axis, circular: *circular },
         Op::ReverseSequence { batch_axis, time_axis } => {
             Kernel::ReverseSequence { batch_axis: *batch_axis, time_axis: *time_axis }
         }
@@ -429,7 +460,7 @@ fn unary(u: ir::UnaryOp) -> rt::UnaryKind {
         I::Atan => R::Atan, I::Sinh => R::Sinh, I::Cosh => R::Cosh, I::Asinh => R::Asinh,
         I::Acosh => R::Acosh, I::Atanh => R::Atanh, I::Softplus => R::Softplus,
         I::Softsign => R::Softsign, I::Identity => R::Identity, I::HardSwish => R::HardSwish,
-        I::Mish => R::Mish,
+        I::Mish => R::Mish, I::BitNot => R::BitNot,
     }
 }
 
@@ -441,6 +472,8 @@ fn binary(b: ir::BinaryOp) -> rt::BinaryKind {
         I::Equal => R::Equal, I::Less => R::Less, I::Greater => R::Greater,
         I::LessOrEqual => R::LessOrEqual, I::GreaterOrEqual => R::GreaterOrEqual, I::And => R::And,
         I::Or => R::Or, I::Xor => R::Xor, I::Mod => R::Mod, I::Fmod => R::Fmod, I::PRelu => R::PRelu,
+        I::BitAnd => R::BitAnd, I::BitOr => R::BitOr, I::BitXor => R::BitXor,
+        I::ShiftLeft => R::ShiftLeft, I::ShiftRight => R::ShiftRight,
     }
 }
 
@@ -666,5 +699,38 @@ pub mod rebatch {
                 p.slots[s.slot.index()].shape[0] = Extent::Fixed(1);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use pipewright_ir::{DType, Graph, ModelMeta, Shape, TensorType, Value, ValueDef};
+    use pipewright_runtime::kernel::{BinaryKind, ElemType, Kernel};
+
+    use super::unsigned;
+
+    /// Arithmetic on u16/u32/u64 operands goes through the runtime's unsigned kernels,
+    /// told each input's type; data movement and other types keep their plain kernel.
+    #[test]
+    fn unsigned_operands_select_the_unsigned_kernels() {
+        let mut g = Graph::new(ModelMeta::default());
+        let mut value = |name: &str, dtype| {
+            let ty = TensorType::new(dtype, Shape(vec![pipewright_ir::Dim::Fixed(3)]));
+            g.add_value(Value { name: name.into(), ty, def: ValueDef::Input })
+        };
+        let (a, b, f, i) = (value("a", DType::U64), value("b", DType::U64), value("f", DType::F32), value("i", DType::I64));
+        let add = Kernel::Binary(BinaryKind::Add);
+        match unsigned(&g, &[Some(a), Some(b)], add.clone()) {
+            Kernel::Unsigned { types, kernel } => {
+                assert_eq!(types, [Some(ElemType::U64), Some(ElemType::U64)]);
+                assert_eq!(*kernel, add);
+            }
+            other => panic!("u64 Add lowered to {other:?}"),
+        }
+        let pow = unsigned(&g, &[Some(f), Some(a)], Kernel::Binary(BinaryKind::Pow));
+        assert!(matches!(pow, Kernel::Unsigned { .. }), "{pow:?}");
+        assert_eq!(unsigned(&g, &[Some(f), Some(f)], add.clone()), add);
+        let gather = Kernel::Gather { axis: 0 };
+        assert_eq!(unsigned(&g, &[Some(a), Some(i)], gather.clone()), gather);
     }
 }

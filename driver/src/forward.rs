@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use pipewright_codegen::lower_graph;
 use pipewright_ir::{import_model, read_tensor_file, Graph, ImportOptions, TensorData};
-use pipewright_runtime::exec::{tensor_from_bytes, tensor_to_bytes, Mode};
+use pipewright_runtime::exec::{tensor_from_bytes, tensor_to_bytes, tensor_to_bytes_as, Mode};
 use pipewright_runtime::interp::Interpreter;
 use tch::{Kind, Tensor};
 
@@ -112,14 +112,21 @@ impl Comparison {
 /// Compares `actual` with `expected` elementwise (NaN matches NaN); errs on shape or
 /// dtype disagreement.
 pub fn compare(actual: &Tensor, expected: &TensorData, rtol: f64, atol: f64) -> Result<Comparison, DriverError> {
-    let (et, dims, _) = tensor_to_bytes(actual)?;
+    let want = pipewright_codegen::lower::elem(expected.dtype);
+    // Bytes as the expected type: u16/u32/u64 results live in a carrier kind.
+    let Ok((dims, bytes)) = tensor_to_bytes_as(actual, want) else {
+        let (et, _, _) = tensor_to_bytes(actual)?;
+        return Err(DriverError::msg(format!("element type {et}, expected {}", expected.dtype)));
+    };
     if dims != expected.dims {
         return Err(DriverError::msg(format!("shape {:?}, expected {:?}", dims, expected.dims)));
     }
-    if et != pipewright_codegen::lower::elem(expected.dtype) {
-        return Err(DriverError::msg(format!("element type {et}, expected {}", expected.dtype)));
-    }
-    let a: Vec<f64> = Vec::<f64>::try_from(actual.f_to_kind(Kind::Double)?.f_flatten(0, -1)?)?;
+    let a: Vec<f64> = if want.is_float() {
+        Vec::<f64>::try_from(actual.f_to_kind(Kind::Double)?.f_flatten(0, -1)?)?
+    } else {
+        // Integers from their bytes, so u64 values from 2^63 up read as themselves.
+        TensorData::new(expected.dtype, dims, bytes.into()).ok_or_else(|| DriverError::msg("result bytes do not match the shape"))?.to_f64s()
+    };
     let e = expected.to_f64s();
     let mut c = Comparison { max_abs_err: 0.0, max_expected: 0.0, mismatches: 0, numel: e.len() };
     for (x, y) in a.iter().zip(&e) {

@@ -40,6 +40,7 @@ pub fn infer(op: &Op, ins: &[Option<In>], n_out: usize, ctx: Ctx) -> R<Vec<Tenso
         | Op::Selu { .. }
         | Op::HardSigmoid { .. }
         | Op::ThresholdedRelu { .. }
+        | Op::Swish { .. }
         | Op::Gelu { .. }
         | Op::Clip { .. }
         | Op::Trilu { .. }
@@ -106,6 +107,20 @@ pub fn infer(op: &Op, ins: &[Option<In>], n_out: usize, ctx: Ctx) -> R<Vec<Tenso
         Op::MatMul => out1(x()?.ty.dtype, matmul(&x()?.ty.shape, &req(1)?.ty.shape, ctx)?),
         Op::Gemm(g) => gemm(g, x()?, req(1)?, ins.get(2).copied().flatten(), ctx),
         Op::Conv(c) => conv(c, x()?, req(1)?),
+        Op::ConvInteger(c) => retype(conv(c, x()?, req(1)?)?, DType::I32),
+        Op::QLinearConv(c) => retype(conv(c, x()?, req(3)?)?, req(7)?.ty.dtype),
+        Op::MatMulInteger => out1(DType::I32, matmul(&x()?.ty.shape, &req(1)?.ty.shape, ctx)?),
+        Op::QLinearMatMul => out1(req(7)?.ty.dtype, matmul(&x()?.ty.shape, &req(3)?.ty.shape, ctx)?),
+        Op::SwiGlu { .. } => {
+            let (a, b) = (x()?.ty, req(1)?.ty);
+            // No broadcasting: the gate and the value must agree exactly.
+            if a != b {
+                return Err(format!("gate {a} and value {b} must have one type and shape"));
+            }
+            out1(a.dtype, a.shape.clone())
+        }
+        Op::MaxUnpool { kernel_shape, strides, pads } => max_unpool(x()?, ins.get(2).copied().flatten(), kernel_shape, strides, pads),
+        Op::TensorScatter { axis, .. } => tensor_scatter(x()?, req(1)?, *axis),
         Op::ConvTranspose(c) => conv_transpose(c, x()?, req(1)?),
         Op::MaxPool(p) | Op::AveragePool(p) => {
             let y = pool(p, x()?)?;
@@ -541,6 +556,53 @@ fn window_out(w: &Window, input: &[i64], kernel: &[i64], ceil_mode: bool) -> R<V
 
 fn fixed_spatial(s: &Shape, what: &str) -> R<Vec<i64>> {
     s.0[2..].iter().map(|d| d.fixed().ok_or_else(|| format!("{what} spatial extents must not depend on the batch"))).collect()
+}
+
+/// The inferred outputs with element type `dtype` (integer and quantized convolutions).
+fn retype(mut outs: Vec<TensorType>, dtype: DType) -> R<Vec<TensorType>> {
+    outs.iter_mut().for_each(|t| t.dtype = dtype);
+    Ok(outs)
+}
+
+/// MaxUnpool: `output_shape` when given (known at import, at least the unpooled extents),
+/// else `(in - 1) * stride - pad_begin - pad_end + kernel` per spatial axis.
+fn max_unpool(x: In, output_shape: Option<In>, kernel: &[i64], strides: &[i64], pads: &[i64]) -> R<Vec<TensorType>> {
+    let s = &x.ty.shape;
+    let n = kernel.len();
+    if s.rank() != n + 2 {
+        return Err(format!("input {s} must be [N,C] and {n} spatial axes (kernel_shape {kernel:?})"));
+    }
+    let (strides, pads) = (spatial(strides, n, 1), spatial(pads, 2 * n, 0));
+    if strides.len() != n || pads.len() != 2 * n {
+        return Err(format!("strides {strides:?} and pads {pads:?} do not match {n} spatial axes"));
+    }
+    let input = fixed_spatial(s, "input")?;
+    let mut d = s.0[..2].to_vec();
+    for i in 0..n {
+        let e = (input[i] - 1).checked_mul(strides[i]).and_then(|v| v.checked_add(kernel[i] - pads[i] - pads[i + n]));
+        d.push(Dim::Fixed(e.filter(|&e| e >= 0).ok_or_else(|| format!("unpooled extent of spatial axis {i} is out of range"))?));
+    }
+    if let Some(o) = output_shape {
+        let want = known_dims(o, "output_shape")?;
+        let fits = want.len() == d.len() && want.iter().zip(&d).skip(2).all(|(w, u)| matches!((w, u), (Dim::Fixed(w), Dim::Fixed(u)) if w >= u));
+        if !fits {
+            return Err(format!("output_shape {want:?} must have rank {} and hold the unpooled extents {}", d.len(), Shape(d.clone())));
+        }
+        d.splice(2.., want[2..].iter().copied());
+    }
+    Ok(vec![TensorType::new(x.ty.dtype, Shape(d))])
+}
+
+/// TensorScatter: the cache's type; the update may be shorter along `axis` only.
+fn tensor_scatter(cache: In, update: In, axis: i64) -> R<Vec<TensorType>> {
+    let (c, u) = (&cache.ty.shape, &update.ty.shape);
+    let a = normalize_axis(axis, c.rank()).ok_or_else(|| format!("axis {axis} out of range for {c}"))?;
+    // The write index is per batch row (axis 0), so the sequence axis cannot be 0.
+    let fits = a > 0 && u.rank() == c.rank() && c.0.iter().zip(&u.0).enumerate().all(|(i, (p, q))| if i == a { matches!((p, q), (Dim::Fixed(p), Dim::Fixed(q)) if q <= p) } else { p == q });
+    if !fits || cache.ty.dtype != update.ty.dtype {
+        return Err(format!("update {} does not fit cache {} along axis {axis}", update.ty, cache.ty));
+    }
+    Ok(vec![cache.ty.clone()])
 }
 
 fn conv(c: &Conv, x: In, w: In) -> R<Vec<TensorType>> {

@@ -82,6 +82,12 @@ impl Known {
                 let fixed: Vec<f64> = v.iter().map(|d| d.fixed().map(|x| x as f64)).collect::<Option<_>>()?;
                 if self.dtype == DType::I64 {
                     TensorData::from_i64s(self.shape.clone(), &v.iter().filter_map(|d| d.fixed()).collect::<Vec<_>>())
+                } else if self.dtype.is_int() {
+                    // The low bytes of the i64: integer results wrap to the type's width
+                    // (u8 `1 - 2` is 255), as the runtime computes them.
+                    let w = self.dtype.size();
+                    let bytes: Vec<u8> = v.iter().filter_map(|d| d.fixed()).flat_map(|x| x.to_le_bytes()[..w].to_vec()).collect();
+                    TensorData::new(self.dtype, self.shape.clone(), bytes.into())?
                 } else {
                     TensorData::from_f64s(self.dtype, self.shape.clone(), &fixed)
                 }
@@ -260,6 +266,12 @@ fn bcast_index(i: usize, out: &[i64], shape: &[i64]) -> usize {
 }
 
 fn binary(op: BinaryOp, x: &Known, y: &Known, out_dtype: DType, out_shape: Vec<i64>) -> Option<Known> {
+    // u64 values from 2^63 up are held as negative i64 bit patterns, on which signed
+    // division and order are wrong: the runtime's unsigned kernels compute those.
+    let big_u64 = |k: &Known| k.dtype == DType::U64 && k.dims().iter().any(|d| d.fixed().map_or(true, |v| v < 0));
+    if big_u64(x) || big_u64(y) {
+        return None;
+    }
     let n: i64 = out_shape.iter().product();
     let n = n as usize;
     if n > KNOWN_LIMIT {
@@ -384,4 +396,30 @@ fn slice_1d(s: &crate::ops::Slice, inputs: &[Option<&Known>], out_shape: Vec<i64
         KnownData::Floats(v) => KnownData::Floats(idx.iter().map(|&i| v[i as usize]).collect()),
     };
     Some(Known { dtype: data.dtype, shape: out_shape, data: out })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ints(dtype: DType, v: &[i64]) -> Known {
+        Known::ints(dtype, vec![v.len() as i64], v.iter().map(|&x| Dim::Fixed(x)).collect())
+    }
+
+    #[test]
+    fn integer_results_wrap_to_the_type() {
+        let d = binary(BinaryOp::Sub, &ints(DType::U8, &[1, 200]), &ints(DType::U8, &[2, 100]), DType::U8, vec![2]).unwrap();
+        assert_eq!(d.to_tensor().unwrap().to_i64s(), [255, 100]);
+        let p = binary(BinaryOp::Mul, &ints(DType::U16, &[300]), &ints(DType::U16, &[300]), DType::U16, vec![1]).unwrap();
+        assert_eq!(p.to_tensor().unwrap().to_i64s(), [90_000 % 65_536]);
+    }
+
+    #[test]
+    fn u64_from_2_pow_63_is_left_to_the_runtime() {
+        // 2^63 as the i64 bit pattern the importer reads: signed division would be wrong.
+        let big = ints(DType::U64, &[i64::MIN]);
+        assert!(binary(BinaryOp::Div, &big, &ints(DType::U64, &[2]), DType::U64, vec![1]).is_none());
+        assert!(binary(BinaryOp::Less, &ints(DType::U64, &[1]), &big, DType::Bool, vec![1]).is_none());
+        assert!(binary(BinaryOp::Div, &ints(DType::U64, &[9]), &ints(DType::U64, &[2]), DType::U64, vec![1]).is_some());
+    }
 }

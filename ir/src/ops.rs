@@ -16,6 +16,8 @@ pub enum UnaryOp {
     Abs, Neg, Sqrt, Reciprocal, Exp, Log, Erf, Tanh, Sigmoid, Relu, Not, IsNaN, Floor, Ceil,
     Round, Sign, Sin, Cos, Tan, Asin, Acos, Atan, Sinh, Cosh, Asinh, Acosh, Atanh, Softplus,
     Softsign, Identity, HardSwish, Mish,
+    /// `BitwiseNot` (integers).
+    BitNot,
 }
 
 /// Elementwise ops with two inputs and numpy broadcasting.
@@ -27,6 +29,10 @@ pub enum BinaryOp {
     /// `fmod = 1`: C `fmod`, the dividend's sign.
     Fmod,
     PRelu,
+    /// `BitwiseAnd`, `BitwiseOr`, `BitwiseXor` (integers).
+    BitAnd, BitOr, BitXor,
+    /// `BitShift` with `direction = "LEFT"` / `"RIGHT"`.
+    ShiftLeft, ShiftRight,
 }
 
 impl BinaryOp {
@@ -359,6 +365,10 @@ pub enum Op {
     Selu { alpha: f32, gamma: f32 },
     HardSigmoid { alpha: f32, beta: f32 },
     ThresholdedRelu { alpha: f32 },
+    /// `x * sigmoid(alpha * x)`.
+    Swish { alpha: f32 },
+    /// `Swish_alpha(A) * B` for inputs of one shape.
+    SwiGlu { alpha: f32 },
     Gelu { approximate: GeluApprox },
     /// Bounds from attributes in opsets < 11; inputs 1 and 2 afterwards.
     Clip { min: Option<f32>, max: Option<f32> },
@@ -366,10 +376,23 @@ pub enum Op {
     Softmax(Softmax),
     LogSoftmax(Softmax),
     MatMul,
+    /// Integer matmul of (u)int8 inputs less their optional zero points, to int32.
+    MatMulInteger,
+    /// Quantized matmul: inputs `a, a_scale, a_zero_point, b, b_scale, b_zero_point,
+    /// y_scale, y_zero_point`; the int32 product is requantized to `y_zero_point`'s type.
+    QLinearMatMul,
     Gemm(Gemm),
     Conv(Conv),
     ConvTranspose(ConvTranspose),
+    /// Integer convolution of (u)int8 inputs less their optional zero points, to int32.
+    ConvInteger(Conv),
+    /// Quantized convolution: inputs `x, x_scale, x_zero_point, w, w_scale,
+    /// w_zero_point, y_scale, y_zero_point[, B]`, requantized to `y_zero_point`'s type.
+    QLinearConv(Conv),
     MaxPool(Pool),
+    /// Scatters X to the flat output offsets I (MaxPool's indices) in a zero tensor of
+    /// the unpooled shape, zero-padded at the end to `output_shape` (input 2) if given.
+    MaxUnpool { kernel_shape: Vec<i64>, strides: Vec<i64>, pads: Vec<i64> },
     AveragePool(Pool),
     /// `(sum over the window of |x|^p)^(1/p)`.
     LpPool { pool: Pool, p: i64 },
@@ -430,6 +453,9 @@ pub enum Op {
     ScatterElements { axis: i64, reduction: ScatterReduction },
     /// The deprecated (opset 9-10) name of ScatterElements without reduction.
     Scatter { axis: i64 },
+    /// KV-cache write: `update` replaces the cache entries along `axis` from each batch
+    /// row's write index (input 2, default 0), modulo the axis length when `circular`.
+    TensorScatter { axis: i64, circular: bool },
     /// 1 at the first maximum along the axis (or, before opset 13, over the coerced 2-D
     /// trailing block), 0 elsewhere.
     Hardmax(Softmax),
@@ -496,16 +522,23 @@ impl Op {
             Op::Selu { .. } => "Selu",
             Op::HardSigmoid { .. } => "HardSigmoid",
             Op::ThresholdedRelu { .. } => "ThresholdedRelu",
+            Op::Swish { .. } => "Swish",
+            Op::SwiGlu { .. } => "SwiGLU",
             Op::Gelu { .. } => "Gelu",
             Op::Clip { .. } => "Clip",
             Op::IsInf { .. } => "IsInf",
             Op::Softmax(_) => "Softmax",
             Op::LogSoftmax(_) => "LogSoftmax",
             Op::MatMul => "MatMul",
+            Op::MatMulInteger => "MatMulInteger",
+            Op::QLinearMatMul => "QLinearMatMul",
             Op::Gemm(_) => "Gemm",
             Op::Conv(_) => "Conv",
             Op::ConvTranspose(_) => "ConvTranspose",
+            Op::ConvInteger(_) => "ConvInteger",
+            Op::QLinearConv(_) => "QLinearConv",
             Op::MaxPool(_) => "MaxPool",
+            Op::MaxUnpool { .. } => "MaxUnpool",
             Op::AveragePool(_) => "AveragePool",
             Op::LpPool { .. } => "LpPool",
             Op::GlobalAveragePool => "GlobalAveragePool",
@@ -552,6 +585,7 @@ impl Op {
             Op::ScatterND { .. } => "ScatterND",
             Op::ScatterElements { .. } => "ScatterElements",
             Op::Scatter { .. } => "Scatter",
+            Op::TensorScatter { .. } => "TensorScatter",
             Op::Hardmax(_) => "Hardmax",
             Op::LpNormalization { .. } => "LpNormalization",
             Op::Shrink { .. } => "Shrink",
@@ -594,6 +628,23 @@ impl Op {
         match self {
             Op::Unary(_) | Op::Variadic(_) | Op::MatMul | Op::GlobalAveragePool | Op::GlobalMaxPool | Op::Expand => {}
             Op::Where | Op::CastLike | Op::Size | Op::Range | Op::Tile | Op::Det => {}
+            Op::MatMulInteger | Op::QLinearMatMul => {}
+            Op::Swish { alpha } | Op::SwiGlu { alpha } => a.f("alpha", *alpha),
+            Op::ConvInteger(c) | Op::QLinearConv(c) => {
+                a.window(&c.window);
+                a.i("group", c.group);
+            }
+            Op::MaxUnpool { kernel_shape, strides, pads } => {
+                a.v("kernel_shape", kernel_shape);
+                a.v("strides", strides);
+                a.v("pads", pads);
+            }
+            Op::TensorScatter { axis, circular } => {
+                a.i("axis", *axis);
+                a.s("mode", if *circular { "circular" } else { "linear" });
+            }
+            Op::Binary(BinaryOp::ShiftLeft) => a.s("direction", "LEFT"),
+            Op::Binary(BinaryOp::ShiftRight) => a.s("direction", "RIGHT"),
             Op::Binary(b) => a.flag("fmod", *b == BinaryOp::Fmod),
             Op::LeakyRelu { alpha } | Op::Elu { alpha } | Op::Celu { alpha } | Op::ThresholdedRelu { alpha } => a.f("alpha", *alpha),
             Op::Selu { alpha, gamma } => {
@@ -899,6 +950,8 @@ impl Op {
                 | Op::Selu { .. }
                 | Op::HardSigmoid { .. }
                 | Op::ThresholdedRelu { .. }
+                | Op::Swish { .. }
+                | Op::SwiGlu { .. }
                 | Op::Gelu { .. }
                 | Op::Clip { .. }
                 | Op::IsInf { .. }
@@ -956,7 +1009,7 @@ pub fn unary_name(u: UnaryOp) -> &'static str {
         Sign => "Sign", Sin => "Sin", Cos => "Cos", Tan => "Tan", Asin => "Asin", Acos => "Acos",
         Atan => "Atan", Sinh => "Sinh", Cosh => "Cosh", Asinh => "Asinh", Acosh => "Acosh",
         Atanh => "Atanh", Softplus => "Softplus", Softsign => "Softsign", Identity => "Identity",
-        HardSwish => "HardSwish", Mish => "Mish",
+        HardSwish => "HardSwish", Mish => "Mish", BitNot => "BitwiseNot",
     }
 }
 
@@ -966,7 +1019,8 @@ pub fn binary_name(b: BinaryOp) -> &'static str {
         Add => "Add", Sub => "Sub", Mul => "Mul", Div => "Div", Pow => "Pow", Equal => "Equal",
         Less => "Less", Greater => "Greater", LessOrEqual => "LessOrEqual",
         GreaterOrEqual => "GreaterOrEqual", And => "And", Or => "Or", Xor => "Xor",
-        Mod | Fmod => "Mod", PRelu => "PRelu",
+        Mod | Fmod => "Mod", PRelu => "PRelu", BitAnd => "BitwiseAnd", BitOr => "BitwiseOr",
+        BitXor => "BitwiseXor", ShiftLeft | ShiftRight => "BitShift",
     }
 }
 

@@ -57,6 +57,11 @@ specs! {
     "Attention": [23, 24, 25] from 23, in 3..7, out 1..4;
     "AveragePool": [1, 7, 10, 11, 19, 22] from 1, in 1..1, out 1..1;
     "BatchNormalization": [1, 6, 7, 9, 14, 15] from 1, in 5..5, out 1..5;
+    "BitShift": [11, 28] from 11, in 2..2, out 1..1;
+    "BitwiseAnd": [18] from 18, in 2..2, out 1..1;
+    "BitwiseNot": [18] from 18, in 1..1, out 1..1;
+    "BitwiseOr": [18] from 18, in 2..2, out 1..1;
+    "BitwiseXor": [18] from 18, in 2..2, out 1..1;
     "BlackmanWindow": [17] from 17, in 1..1, out 1..1;
     "Cast": [1, 6, 9, 13, 19, 21, 23, 24, 25, 28] from 6, in 1..1, out 1..1;
     "CastLike": [15, 19, 21, 23, 24, 25] from 15, in 2..2, out 1..1;
@@ -70,6 +75,7 @@ specs! {
     "Constant": [1, 9, 11, 12, 13, 19, 21, 23, 24, 25] from 1, in 0..0, out 1..1;
     "ConstantOfShape": [9, 20, 21, 23, 24, 25] from 9, in 1..1, out 1..1;
     "Conv": [1, 11, 22] from 1, in 2..3, out 1..1;
+    "ConvInteger": [10] from 10, in 2..4, out 1..1;
     "ConvTranspose": [1, 11, 22] from 1, in 2..3, out 1..1;
     "Cos": [7, 22] from 7, in 1..1, out 1..1;
     "Cosh": [9, 22] from 9, in 1..1, out 1..1;
@@ -122,8 +128,10 @@ specs! {
     "LpNormalization": [1, 22] from 1, in 1..1, out 1..1;
     "LpPool": [1, 2, 11, 18, 22] from 2, in 1..1, out 1..1;
     "MatMul": [1, 9, 13] from 1, in 2..2, out 1..1;
+    "MatMulInteger": [10] from 10, in 2..4, out 1..1;
     "Max": [1, 6, 8, 12, 13] from 1, in 1..V, out 1..1;
     "MaxPool": [1, 8, 10, 11, 12, 22] from 1, in 1..1, out 1..2;
+    "MaxUnpool": [9, 11, 22] from 9, in 2..3, out 1..1;
     "Mean": [1, 6, 8, 13] from 1, in 1..V, out 1..1;
     "MeanVarianceNormalization": [9, 13] from 9, in 1..1, out 1..1;
     "MelWeightMatrix": [17] from 17, in 5..5, out 1..1;
@@ -141,6 +149,8 @@ specs! {
     "PRelu": [1, 6, 7, 9, 16] from 1, in 2..2, out 1..1;
     "Pad": [1, 2, 11, 13, 18, 19, 21, 23, 24, 25] from 2, in 1..4, out 1..1;
     "Pow": [1, 7, 12, 13, 15] from 1, in 2..2, out 1..1;
+    "QLinearConv": [10] from 10, in 8..9, out 1..1;
+    "QLinearMatMul": [10, 21] from 10, in 8..8, out 1..1;
     "RMSNormalization": [23] from 23, in 2..2, out 1..1;
     "RNN": [1, 7, 14, 22] from 7, in 3..6, out 0..2;
     "Range": [11, 27] from 11, in 3..3, out 1..1;
@@ -185,8 +195,11 @@ specs! {
     "Squeeze": [1, 11, 13, 21, 23, 24, 25] from 1, in 1..2, out 1..1;
     "Sub": [1, 6, 7, 13, 14] from 1, in 2..2, out 1..1;
     "Sum": [1, 6, 8, 13] from 1, in 1..V, out 1..1;
+    "SwiGLU": [28] from 28, in 2..2, out 1..1;
+    "Swish": [24] from 24, in 1..1, out 1..1;
     "Tan": [7, 22] from 7, in 1..1, out 1..1;
     "Tanh": [1, 6, 13] from 1, in 1..1, out 1..1;
+    "TensorScatter": [24] from 24, in 2..3, out 1..1;
     "ThresholdedRelu": [10, 22] from 10, in 1..1, out 1..1;
     "Tile": [1, 6, 13] from 6, in 2..2, out 1..1;
     "TopK": [1, 10, 11, 24] from 10, in 2..2, out 2..2;

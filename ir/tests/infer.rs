@@ -993,3 +993,66 @@ fn signal_op_shapes() {
     let msg = import_err(&auto).to_string();
     assert!(msg.contains("\"dc\"") && msg.contains("auto_pad"), "{msg}");
 }
+
+/// MaxUnpool's unpooled extents (and a larger known output_shape), TensorScatter's cache
+/// type and its fit check, SwiGLU's equal-shape rule, and the integer and quantized
+/// products' element types (int32; the output zero point's type).
+#[test]
+fn unpool_cache_swiglu_and_quantized_types() {
+    let batch = || Ax::Param("batch");
+    let m = ModelBuilder::new(22)
+        .input("x", F32, &[batch(), Ax::Fixed(3), Ax::Fixed(2), Ax::Fixed(4)])
+        .input("i", I64, &[batch(), Ax::Fixed(3), Ax::Fixed(2), Ax::Fixed(4)])
+        .init(tensor_i64("shape", &[4], &[1, 3, 5, 9]))
+        .node(node("MaxUnpool", "up", &["x", "i"], &["y"]).ints("kernel_shape", &[2, 2]).ints("strides", &[2, 2]).ints("pads", &[0, 1, 0, 0]))
+        .node(node("MaxUnpool", "up_to", &["x", "i", "shape"], &["z"]).ints("kernel_shape", &[2, 2]).ints("strides", &[2, 2]))
+        .output("y")
+        .output("z");
+    let g = import(&m);
+    assert_eq!(ty(&g, "y"), "f32[N,3,4,7]");
+    assert_eq!(ty(&g, "z"), "f32[N,3,5,9]");
+
+    let cache = |update: i64| {
+        ModelBuilder::new(24)
+            .input("past", F32, &[batch(), Ax::Fixed(2), Ax::Fixed(6), Ax::Fixed(4)])
+            .input("new", F32, &[batch(), Ax::Fixed(2), Ax::Fixed(update), Ax::Fixed(4)])
+            .node(node("TensorScatter", "write", &["past", "new"], &["present"]).string("mode", "circular"))
+            .output("present")
+    };
+    assert_eq!(ty(&import(&cache(3)), "present"), "f32[N,2,6,4]");
+    assert_shape_error(&cache(7), &["\"write\"", "does not fit"]);
+
+    let glu = ModelBuilder::new(28)
+        .input("a", F32, &fixed(&[2, 4]))
+        .input("b", F32, &fixed(&[1, 4]))
+        .node(node("SwiGLU", "glu", &["a", "b"], &["y"]))
+        .output("y");
+    assert_shape_error(&glu, &["\"glu\"", "one type and shape"]);
+
+    const U8: i32 = 2;
+    let q = ModelBuilder::new(21)
+        .input("a", U8, &fixed(&[2, 4]))
+        .input("b", U8, &fixed(&[4, 3]))
+        .input("w", U8, &fixed(&[5, 2, 3, 3]))
+        .input("img", U8, &fixed(&[1, 2, 8, 8]))
+        .init(tensor_f32("s", &[], &[0.5]))
+        .init(u8_tensor("z"))
+        .node(node("QLinearMatMul", "qmm", &["a", "s", "z", "b", "s", "z", "s", "z"], &["y"]))
+        .node(node("MatMulInteger", "mmi", &["a", "b"], &["p"]))
+        .node(node("ConvInteger", "ci", &["img", "w"], &["c"]).ints("pads", &[1, 1, 1, 1]))
+        .output("y")
+        .output("p")
+        .output("c");
+    let g = import(&q);
+    assert_eq!(ty(&g, "y"), "u8[2,3]");
+    assert_eq!(ty(&g, "p"), "i32[2,3]");
+    assert_eq!(ty(&g, "c"), "i32[1,5,8,8]");
+}
+
+fn u8_tensor(name: &str) -> onnx_protobuf::TensorProto {
+    let mut t = onnx_protobuf::TensorProto::new();
+    t.name = name.into();
+    t.data_type = 2;
+    t.raw_data = vec![128];
+    t
+}

@@ -124,8 +124,8 @@ impl OpClass {
     pub fn of(op: &Op) -> OpClass {
         match op {
             Op::MatMul | Op::Gemm(_) | Op::Einsum { .. } | Op::Attention(_) | Op::Rnn(_) => OpClass::MatMul,
-            Op::Conv(_) | Op::ConvTranspose(_) | Op::DeformConv { .. } => OpClass::Conv,
-            Op::Dft { .. } | Op::Stft { .. } => OpClass::MatMul,
+            Op::Conv(_) | Op::ConvTranspose(_) | Op::DeformConv { .. } | Op::ConvInteger(_) | Op::QLinearConv(_) => OpClass::Conv,
+            Op::Dft { .. } | Op::Stft { .. } | Op::MatMulInteger | Op::QLinearMatMul => OpClass::MatMul,
             Op::Softmax(_)
             | Op::LogSoftmax(_)
             | Op::LayerNormalization(_)
@@ -154,7 +154,9 @@ impl OpClass {
             | Op::GatherND { .. }
             | Op::ScatterND { .. }
             | Op::ScatterElements { .. }
-            | Op::Scatter { .. } => OpClass::Gather,
+            | Op::Scatter { .. }
+            | Op::TensorScatter { .. }
+            | Op::MaxUnpool { .. } => OpClass::Gather,
             Op::RotaryEmbedding(_) => OpClass::Elementwise,
             Op::Resize(_) | Op::Upsample(_) | Op::GridSample { .. } | Op::RoiAlign(_) => OpClass::Gather,
             op if op.is_elementwise() => OpClass::Elementwise,
@@ -378,6 +380,7 @@ fn is_transcendental(op: &Op) -> bool {
         ),
         Op::Binary(BinaryOp::Pow) => true,
         Op::Gelu { .. } | Op::Elu { .. } | Op::Selu { .. } | Op::Celu { .. } => true,
+        Op::Swish { .. } | Op::SwiGlu { .. } => true,
         _ => false,
     }
 }
@@ -459,6 +462,20 @@ fn flops(g: &Graph, n: NodeId, export: i64) -> (Lin, f64) {
                 .and_then(|t| t.shape.dims().last().copied())
                 .unwrap_or(Dim::Fixed(1));
             (mul_dim(first_out, k, export).scale(2.0), 2.0)
+        }
+        // Integer products: the same multiply-adds, plus the requantization per output.
+        Op::MatMulInteger | Op::QLinearMatMul => {
+            let k = ty_in(0)
+                .and_then(|t| t.shape.dims().last().copied())
+                .unwrap_or(Dim::Fixed(1));
+            (mul_dim(first_out, k, export).scale(2.0) + first_out.scale(3.0), 2.0)
+        }
+        Op::ConvInteger(_) | Op::QLinearConv(_) => {
+            let w = if matches!(node.op, Op::QLinearConv(_)) { 3 } else { 1 };
+            let per_out = ty_in(w)
+                .map(|w| w.shape.eval(export).iter().skip(1).product::<i64>())
+                .unwrap_or(1);
+            (first_out.scale(2.0 * per_out as f64 + 3.0), 2.0)
         }
         Op::Gemm(gm) => {
             let k = ty_in(0)
@@ -568,7 +585,8 @@ fn flops(g: &Graph, n: NodeId, export: i64) -> (Lin, f64) {
         | Op::CumProd { .. }
         | Op::TopK { .. } => (in_numel, 1.0),
         Op::Gather { .. } | Op::GatherElements { .. } | Op::GatherND { .. } => (out_numel, 1.0),
-        Op::ScatterND { .. } | Op::ScatterElements { .. } | Op::Scatter { .. } => (in_numel, 1.0),
+        Op::ScatterND { .. } | Op::ScatterElements { .. } | Op::Scatter { .. } | Op::TensorScatter { .. } => (in_numel, 1.0),
+        Op::MaxUnpool { .. } => (first_out + in_numel, 1.0),
         Op::Resize(r) | Op::Upsample(r) => {
             let taps = match r.mode {
                 ResizeMode::Nearest => 1.0,

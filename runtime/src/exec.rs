@@ -5,25 +5,28 @@
 //! libtorch failures are caught through tch's fallible `f_` functions and reported, with
 //! the op's name, as [`KernelError`]s.
 
+mod bits;
 mod convert;
 mod elementwise;
 mod loss;
 mod index;
 mod nn;
 mod norm;
+mod quant;
 mod reduce;
 mod rnn;
 mod resample;
 mod shape;
 mod signal;
 mod transformer;
+mod unsigned;
 mod util;
 mod window;
 
 use tch::Tensor;
 
 pub use crate::device::{Device, DeviceError};
-pub use convert::{elem_type, tensor_from_bytes, tensor_to_bytes, torch_kind};
+pub use convert::{elem_type, tensor_from_bytes, tensor_to_bytes, tensor_to_bytes_as, torch_kind};
 
 use crate::kernel::Kernel;
 use util::{all, need, opt, Fail, R};
@@ -107,6 +110,8 @@ fn dispatch(k: &Kernel, ins: &[Option<&Tensor>], mode: Mode, outputs_read: Optio
         Selu { alpha, gamma } => one(elementwise::selu(x()?, *alpha, *gamma)),
         HardSigmoid { alpha, beta } => one(elementwise::hard_sigmoid(x()?, *alpha, *beta)),
         ThresholdedRelu { alpha } => one(elementwise::thresholded_relu(x()?, *alpha)),
+        Swish { alpha } => one(elementwise::swish(x()?, *alpha)),
+        SwiGlu { alpha } => one(elementwise::swiglu(x()?, y()?, *alpha)),
         Gelu { approximate } => one(elementwise::gelu(x()?, *approximate)),
         Clip { min, max } => one(elementwise::clip(ins, *min, *max)),
         IsInf {
@@ -118,6 +123,7 @@ fn dispatch(k: &Kernel, ins: &[Option<&Tensor>], mode: Mode, outputs_read: Optio
             *detect_negative,
         )),
         Where => one(elementwise::where_(x()?, y()?, need(ins, 2)?)),
+        Unsigned { types, kernel } => unsigned::run(kernel, types, ins),
         Cast { to } => one(convert::kind_of(*to).and_then(|kd| Ok(x()?.f_to_kind(kd)?))),
         CastLike => one(Ok(x()?.f_to_kind(y()?.f_kind()?)?)),
         _ => dispatch_nn(k, ins, mode, outputs_read),
@@ -132,10 +138,15 @@ fn dispatch_nn(k: &Kernel, ins: &[Option<&Tensor>], mode: Mode, outputs_read: Op
         Softmax(s) => one(nn::softmax(x()?, s, false)),
         LogSoftmax(s) => one(nn::softmax(x()?, s, true)),
         MatMul => one(Ok(x()?.f_matmul(y()?)?)),
+        MatMulInteger => one(quant::matmul_integer(ins)),
+        QLinearMatMul => one(quant::qlinear_matmul(ins)),
+        ConvInteger(c) => one(quant::conv_integer(c, ins)),
+        QLinearConv(c) => one(quant::qlinear_conv(c, ins)),
         Gemm(g) => one(nn::gemm(g, x()?, y()?, opt(ins, 2))),
         Conv(c) => one(window::conv(c, x()?, y()?, opt(ins, 2))),
         ConvTranspose(c) => one(window::conv_transpose(c, x()?, y()?, opt(ins, 2))),
         MaxPool(p) => window::max_pool(p, x()?),
+        MaxUnpool { kernel_shape, strides, pads } => one(window::max_unpool(x()?, y()?, opt(ins, 2), [kernel_shape, strides, pads])),
         AveragePool(p) => one(window::average_pool(p, x()?)),
         LpPool { pool, p } => one(window::lp_pool(pool, *p, x()?)),
         GlobalAveragePool => one(window::global_pool(x()?, false)),
@@ -208,6 +219,7 @@ fn dispatch_index(k: &Kernel, ins: &[Option<&Tensor>]) -> R<Vec<Tensor>> {
         OneHot { axis } => one(index::one_hot(x()?, y()?, z()?, *axis)),
         ScatterNd { reduction } => one(index::scatter_nd(x()?, y()?, z()?, *reduction)),
         ScatterElements { axis, reduction } => one(index::scatter_elements(x()?, y()?, z()?, *axis, *reduction)),
+        TensorScatter { axis, circular } => one(index::tensor_scatter(x()?, y()?, opt(ins, 2), *axis, *circular)),
         EyeLike { dtype, k } => one(index::eye_like(x()?, *dtype, *k)),
         ReverseSequence { batch_axis, time_axis } => one(index::reverse_sequence(x()?, y()?, *batch_axis, *time_axis)),
         Hardmax(s) => one(norm::hardmax(x()?, s)),

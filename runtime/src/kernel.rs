@@ -64,6 +64,8 @@ pub enum UnaryKind {
     Abs, Neg, Sqrt, Reciprocal, Exp, Log, Erf, Tanh, Sigmoid, Relu, Not, IsNaN, Floor, Ceil,
     Round, Sign, Sin, Cos, Tan, Asin, Acos, Atan, Sinh, Cosh, Asinh, Acosh, Atanh, Softplus,
     Softsign, Identity, HardSwish, Mish,
+    /// `BitwiseNot` (integers).
+    BitNot,
 }
 
 /// Elementwise kernels with two inputs and numpy broadcasting.
@@ -75,6 +77,10 @@ pub enum BinaryKind {
     /// ONNX `Mod` with `fmod = 1`: C `fmod`, the result takes the dividend's sign.
     Fmod,
     PRelu,
+    /// `BitwiseAnd`, `BitwiseOr`, `BitwiseXor` (integers).
+    BitAnd, BitOr, BitXor,
+    /// `BitShift` (opset 28 semantics for shifts outside `0..bits`).
+    ShiftLeft, ShiftRight,
 }
 
 /// Elementwise kernels over any number of broadcast inputs.
@@ -380,6 +386,9 @@ pub enum Kernel {
     Selu { alpha: f32, gamma: f32 },
     HardSigmoid { alpha: f32, beta: f32 },
     ThresholdedRelu { alpha: f32 },
+    Swish { alpha: f32 },
+    /// `Swish_alpha(A) * B`, inputs of one shape.
+    SwiGlu { alpha: f32 },
     Gelu { approximate: GeluApprox },
     /// Bounds from attributes in opsets < 11 (`None` = unbounded); inputs 1 and 2 afterwards
     /// (then both fields are `None`).
@@ -388,10 +397,20 @@ pub enum Kernel {
     Softmax(Softmax),
     LogSoftmax(Softmax),
     MatMul,
+    /// Inputs A, B, a_zero_point, b_zero_point; int32 output.
+    MatMulInteger,
+    /// Inputs a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point.
+    QLinearMatMul,
     Gemm(Gemm),
     Conv(Conv),
     ConvTranspose(ConvTranspose),
+    /// Inputs X, W, x_zero_point, w_zero_point; int32 output.
+    ConvInteger(Conv),
+    /// Inputs x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point, B.
+    QLinearConv(Conv),
     MaxPool(Pool),
+    /// Inputs X, I (flat output offsets), optional output_shape.
+    MaxUnpool { kernel_shape: Vec<i64>, strides: Vec<i64>, pads: Vec<i64> },
     AveragePool(Pool),
     GlobalAveragePool,
     GlobalMaxPool,
@@ -456,6 +475,8 @@ pub enum Kernel {
     ScatterNd { reduction: ScatterReduction },
     /// Also ONNX's deprecated `Scatter` (with no reduction).
     ScatterElements { axis: i64, reduction: ScatterReduction },
+    /// Inputs past_cache, update, optional write_indices (per batch row).
+    TensorScatter { axis: i64, circular: bool },
     Hardmax(Softmax),
     LpNormalization { axis: i64, p: i64 },
     Shrink { bias: f32, lambd: f32 },
@@ -467,6 +488,11 @@ pub enum Kernel {
     ReverseSequence { batch_axis: i64, time_axis: i64 },
     Det,
     Rnn(Rnn),
+    /// `kernel` on operands of an unsigned type libtorch lacks (u16, u32, u64), which
+    /// the runtime holds in a wider or same-width signed kind (see `exec::convert`).
+    /// `types` gives each input's element type (`None` where absent), so the kernel can
+    /// make the operations whose result depends on signedness exact (`exec::unsigned`).
+    Unsigned { types: Vec<Option<ElemType>>, kernel: Box<Kernel> },
 }
 
 impl Kernel {
@@ -486,6 +512,7 @@ impl Kernel {
             Kernel::Binary(b) => binary_name(*b),
             Kernel::Variadic(v) => variadic_name(*v),
             Kernel::Reduce(r) => reduce_name(r.kind),
+            Kernel::Unsigned { kernel, .. } => kernel.name(),
             other => plain_name(other),
         }
     }
@@ -496,9 +523,11 @@ fn plain_name(k: &Kernel) -> &'static str {
     match k {
         LeakyRelu { .. } => "LeakyRelu", Elu { .. } => "Elu", Celu { .. } => "Celu",
         Selu { .. } => "Selu", HardSigmoid { .. } => "HardSigmoid",
-        ThresholdedRelu { .. } => "ThresholdedRelu", Gelu { .. } => "Gelu", Clip { .. } => "Clip",
+        ThresholdedRelu { .. } => "ThresholdedRelu", Swish { .. } => "Swish", SwiGlu { .. } => "SwiGLU", Gelu { .. } => "Gelu", Clip { .. } => "Clip",
         IsInf { .. } => "IsInf", Softmax(_) => "Softmax", LogSoftmax(_) => "LogSoftmax",
         MatMul => "MatMul", Gemm(_) => "Gemm", Conv(_) => "Conv", ConvTranspose(_) => "ConvTranspose",
+        MatMulInteger => "MatMulInteger", QLinearMatMul => "QLinearMatMul", ConvInteger(_) => "ConvInteger",
+        QLinearConv(_) => "QLinearConv", MaxUnpool { .. } => "MaxUnpool", TensorScatter { .. } => "TensorScatter",
         MaxPool(_) => "MaxPool", AveragePool(_) => "AveragePool",
         GlobalAveragePool => "GlobalAveragePool", GlobalMaxPool => "GlobalMaxPool",
         BatchNormalization(_) => "BatchNormalization", LayerNormalization(_) => "LayerNormalization",
@@ -527,7 +556,7 @@ fn plain_name(k: &Kernel) -> &'static str {
             RnnCell::Gru => "GRU",
             RnnCell::Lstm => "LSTM",
         },
-        Unary(_) | Binary(_) | Variadic(_) | Reduce(_) => "?",
+        Unary(_) | Binary(_) | Variadic(_) | Reduce(_) | Unsigned { .. } => "?",
     }
 }
 
@@ -541,7 +570,7 @@ pub fn unary_name(u: UnaryKind) -> &'static str {
         Sign => "Sign", Sin => "Sin", Cos => "Cos", Tan => "Tan", Asin => "Asin", Acos => "Acos",
         Atan => "Atan", Sinh => "Sinh", Cosh => "Cosh", Asinh => "Asinh", Acosh => "Acosh",
         Atanh => "Atanh", Softplus => "Softplus", Softsign => "Softsign", Identity => "Identity",
-        HardSwish => "HardSwish", Mish => "Mish",
+        HardSwish => "HardSwish", Mish => "Mish", BitNot => "BitwiseNot",
     }
 }
 
@@ -552,7 +581,8 @@ pub fn binary_name(b: BinaryKind) -> &'static str {
         Add => "Add", Sub => "Sub", Mul => "Mul", Div => "Div", Pow => "Pow", Equal => "Equal",
         Less => "Less", Greater => "Greater", LessOrEqual => "LessOrEqual",
         GreaterOrEqual => "GreaterOrEqual", And => "And", Or => "Or", Xor => "Xor",
-        Mod | Fmod => "Mod", PRelu => "PRelu",
+        Mod | Fmod => "Mod", PRelu => "PRelu", BitAnd => "BitwiseAnd", BitOr => "BitwiseOr",
+        BitXor => "BitwiseXor", ShiftLeft | ShiftRight => "BitShift",
     }
 }
 

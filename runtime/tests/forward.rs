@@ -4,7 +4,7 @@
 mod common;
 
 use common::{assert_close, eval, f64s, i64s, to_f64, to_i64};
-use pipewright_runtime::exec::{run, tensor_from_bytes, tensor_to_bytes, KernelError, Mode};
+use pipewright_runtime::exec::{run, tensor_from_bytes, tensor_to_bytes, tensor_to_bytes_as, KernelError, Mode};
 use pipewright_runtime::kernel::*;
 use pipewright_runtime::device::{tch_device, Device};
 use tch::{Kind, Tensor};
@@ -520,7 +520,15 @@ fn bytes_round_trip() {
     let b = tensor_from_bytes(ElemType::Bool, &[3], &[0, 2, 1]).unwrap();
     assert_eq!(tensor_to_bytes(&b).unwrap().2, [0, 1, 1]);
     assert!(tensor_from_bytes(ElemType::F32, &[3], &bytes).is_err());
-    assert!(tensor_from_bytes(ElemType::U16, &[1], &[0, 0]).is_err());
+    // u16/u32/u64 live in signed carriers and come back bit for bit.
+    for (et, bytes) in [(ElemType::U16, vec![0xFF, 0xFF, 1, 0]), (ElemType::U32, vec![0xFF; 8]), (ElemType::U64, vec![0x80; 16])] {
+        let t = tensor_from_bytes(et, &[2], &bytes).unwrap();
+        assert_eq!(tensor_to_bytes_as(&t, et).unwrap(), (vec![2], bytes));
+    }
+    assert_eq!(to_i64(&tensor_from_bytes(ElemType::U16, &[1], &[0xFF, 0xFF]).unwrap()), [65535]);
+    // A carrier value outside the type's range is no u16.
+    assert!(tensor_to_bytes_as(&Tensor::from_slice(&[70000i32]), ElemType::U16).is_err());
+    assert!(tensor_to_bytes_as(&Tensor::from_slice(&[1.0f32]), ElemType::U32).is_err());
     let s = tensor_from_bytes(ElemType::I64, &[], &7i64.to_le_bytes()).unwrap();
     assert_eq!((s.dim(), to_i64(&s)), (0, vec![7]));
 }
@@ -581,4 +589,67 @@ fn lp_normalization_of_a_zero_vector() {
     assert_close(&to_f64(&y), &[0.6, 0.0, 0.8, 0.0], 1e-12);
     let y = one(Kernel::LpNormalization { axis: 1, p: 1 }, &[&x]);
     assert_close(&to_f64(&y), &[1.0, 0.0, 1.0, 0.0], 1e-12);
+}
+
+fn u8s(v: &[u8], shape: &[i64]) -> Tensor {
+    Tensor::from_slice(v).reshape(shape)
+}
+
+/// The integer products are exact, and QLinear requantization rounds half to even
+/// (negative halves too) and saturates to the output type.
+#[test]
+fn integer_and_quantized_products() {
+    let a = u8s(&[1, 2, 3, 4], &[2, 2]);
+    let b = u8s(&[5, 6], &[2, 1]);
+    let (az, bz) = (u8s(&[1], &[]), u8s(&[5], &[]));
+    let ins = [Some(&a), Some(&b), Some(&az), Some(&bz)];
+    let y = run(&Kernel::MatMulInteger, &ins, Mode::Eval).unwrap().remove(0);
+    assert_eq!((y.kind(), Vec::<i32>::try_from(&y.flatten(0, -1)).unwrap()), (Kind::Int, vec![1, 3]));
+
+    let x = u8s(&[6, 10, 255], &[3, 1]);
+    let one = u8s(&[1], &[1, 1]);
+    let f = |v: f32| Tensor::from_slice(&[v]).reshape([] as [i64; 0]);
+    let (xs, ws, ys) = (f(0.25), f(1.0), f(1.0));
+    let wz = u8s(&[0], &[]);
+    let quant = |xz: &Tensor, yz: &Tensor| {
+        let ins = [Some(&x), Some(&xs), Some(xz), Some(&one), Some(&ws), Some(&wz), Some(&ys), Some(yz)];
+        let y = run(&Kernel::QLinearMatMul, &ins, Mode::Eval).unwrap().remove(0);
+        Vec::<i64>::try_from(&y.to_kind(Kind::Int64).flatten(0, -1)).unwrap()
+    };
+    // 1.5, 2.5, 63.75 -> 2, 2, 64
+    assert_eq!(quant(&u8s(&[0], &[]), &u8s(&[0], &[])), [2, 2, 64]);
+    // Less 200: -48.5, -47.5, 13.75 -> -48, -48, 14 (int8), and saturated at 0 for uint8.
+    let i8z = Tensor::from_slice(&[0i8]).reshape([] as [i64; 0]);
+    assert_eq!(quant(&u8s(&[200], &[]), &i8z), [-48, -48, 14]);
+    assert_eq!(quant(&u8s(&[200], &[]), &u8s(&[0], &[])), [0, 0, 14]);
+
+    // ConvInteger with a per-output-channel weight zero point: centred weights [2, 0].
+    let img = u8s(&[1, 2, 3, 4], &[1, 1, 2, 2]);
+    let w = u8s(&[3, 5], &[2, 1, 1, 1]);
+    let wz = u8s(&[1, 5], &[2]);
+    let conv = Kernel::ConvInteger(Conv { window: Window::default(), group: 1 });
+    let y = run(&conv, &[Some(&img), Some(&w), None, Some(&wz)], Mode::Eval).unwrap().remove(0);
+    assert_eq!(Vec::<i32>::try_from(&y.flatten(0, -1)).unwrap(), [2, 4, 6, 8, 0, 0, 0, 0]);
+}
+
+/// MaxUnpool places each value at its flat offset and zero-extends to output_shape;
+/// TensorScatter writes from each row's index, wrapping only when circular.
+#[test]
+fn unpool_and_cache_writes() {
+    let x = f64s(&[1.0, 2.0], &[1, 1, 1, 2]);
+    let i = i64s(&[1, 2], &[1, 1, 1, 2]);
+    let k = Kernel::MaxUnpool { kernel_shape: vec![1, 2], strides: vec![1, 2], pads: vec![] };
+    assert_eq!(to_f64(&one(k.clone(), &[&x, &i])), [0.0, 1.0, 2.0, 0.0]);
+    let shape = i64s(&[1, 1, 2, 5], &[4]);
+    let y = one(k, &[&x, &i, &shape]);
+    assert_eq!((y.size(), to_f64(&y)), (vec![1, 1, 2, 5], vec![0.0, 1.0, 2.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]));
+
+    let cache = f64s(&[0.0; 8], &[2, 4]);
+    let upd = f64s(&[1.0, 2.0, 3.0, 4.0], &[2, 2]);
+    let write = i64s(&[3, 1], &[2]);
+    let circ = one(Kernel::TensorScatter { axis: 1, circular: true }, &[&cache, &upd, &write]);
+    assert_eq!(to_f64(&circ), [2.0, 0.0, 0.0, 1.0, 0.0, 3.0, 4.0, 0.0]);
+    let lin = Kernel::TensorScatter { axis: 1, circular: false };
+    let e = run(&lin, &[Some(&cache), Some(&upd), Some(&write)], Mode::Eval).unwrap_err();
+    assert!(e.to_string().contains("outside the cache"), "{e}");
 }

@@ -1025,3 +1025,29 @@ fn deform_conv() {
     let plain = Kernel::DeformConv { conv: conv(win(&[], &[], &[], &[], AutoPad::NotSet), 1), offset_group: 1 };
     g1(plain, vec![In::D(normal(&[2, 1, 3, 4], 255)), In::D(normal(&[2, 1, 2, 2], 256)), In::D(rand(&[2, 8, 2, 3], 257, -0.9, 0.9))]);
 }
+
+/// Swish and SwiGLU (gate and value), with a non-default alpha.
+#[test]
+fn swish_and_swiglu() {
+    for alpha in [1.0, 0.6] {
+        g1(Kernel::Swish { alpha }, vec![In::D(signed(&[3, 4], 211))]);
+        g1(Kernel::SwiGlu { alpha }, vec![In::D(signed(&[2, 3], 212)), In::D(signed(&[2, 3], 213))]);
+    }
+}
+
+/// MaxUnpool w.r.t. X, with and without a larger output_shape; TensorScatter w.r.t. the
+/// cache and the update, linear and circular (wrapping past the end).
+#[test]
+fn unpool_and_tensor_scatter() {
+    let unpool = Kernel::MaxUnpool { kernel_shape: vec![2, 2], strides: vec![2, 2], pads: vec![] };
+    // Offsets into [1, 1, 4, 4], one per 2x2 window.
+    let idx = || In::F(i64s(&[5, 2, 8, 15], &[1, 1, 2, 2]));
+    g1(unpool.clone(), vec![In::D(signed(&[1, 1, 2, 2], 221)), idx()]);
+    g1(unpool, vec![In::D(signed(&[1, 1, 2, 2], 222)), idx(), In::F(i64s(&[1, 1, 5, 5], &[4]))]);
+    for circular in [false, true] {
+        let k = Kernel::TensorScatter { axis: -2, circular };
+        let write = i64s(if circular { &[3, 1] } else { &[0, 2] }, &[2]);
+        g1(k, vec![In::D(signed(&[2, 3, 5, 2], 223)), In::D(signed(&[2, 3, 3, 2], 224)), In::F(write)]);
+    }
+    g1(Kernel::TensorScatter { axis: 1, circular: false }, vec![In::D(signed(&[2, 4], 225)), In::D(signed(&[2, 2], 226))]);
+}

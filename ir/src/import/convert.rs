@@ -33,6 +33,11 @@ fn convert_op(op_type: &str, version: i64, a: &mut Attrs, n_inputs: usize) -> Re
     }
     Ok(match op_type {
         "Mod" => Op::Binary(if a.bool_or("fmod", false)? { BinaryOp::Fmod } else { BinaryOp::Mod }),
+        "BitShift" => Op::Binary(match a.string("direction")?.as_deref() {
+            Some("LEFT") => BinaryOp::ShiftLeft,
+            Some("RIGHT") => BinaryOp::ShiftRight,
+            other => return Err(format!("BitShift direction {other:?} is not LEFT or RIGHT")),
+        }),
         "Sum" => Op::Variadic(VariadicOp::Sum),
         "Max" => Op::Variadic(VariadicOp::Max),
         "Min" => Op::Variadic(VariadicOp::Min),
@@ -81,6 +86,17 @@ fn convert_op(op_type: &str, version: i64, a: &mut Attrs, n_inputs: usize) -> Re
             }
             Op::DeformConv { conv: Conv { window: w, group: a.int_or("group", 1)? }, offset_group: a.int_or("offset_group", 1)? }
         }
+        "ConvInteger" => Op::ConvInteger(Conv { window: window(a)?, group: a.int_or("group", 1)? }),
+        "QLinearConv" => Op::QLinearConv(Conv { window: window(a)?, group: a.int_or("group", 1)? }),
+        "MatMulInteger" => Op::MatMulInteger,
+        "QLinearMatMul" => Op::QLinearMatMul,
+        "MaxUnpool" => Op::MaxUnpool {
+            kernel_shape: a.ints("kernel_shape")?.ok_or("attribute \"kernel_shape\" is required")?,
+            strides: a.ints_or_empty("strides")?,
+            pads: a.ints_or_empty("pads")?,
+        },
+        "Swish" => Op::Swish { alpha: a.float_or("alpha", 1.0)? },
+        "SwiGLU" => Op::SwiGlu { alpha: a.float_or("alpha", 1.0)? },
         "ConvTranspose" => Op::ConvTranspose(ConvTranspose {
             window: window(a)?,
             group: a.int_or("group", 1)?,
@@ -267,6 +283,14 @@ fn convert_op(op_type: &str, version: i64, a: &mut Attrs, n_inputs: usize) -> Re
         "ScatterND" => Op::ScatterND { reduction: scatter_reduction(a, version)? },
         "ScatterElements" => Op::ScatterElements { axis: a.int_or("axis", 0)?, reduction: scatter_reduction(a, version)? },
         "Scatter" => Op::Scatter { axis: a.int_or("axis", 0)? },
+        "TensorScatter" => Op::TensorScatter {
+            axis: a.int_or("axis", -2)?,
+            circular: match a.string("mode")?.as_deref() {
+                None | Some("linear") => false,
+                Some("circular") => true,
+                Some(other) => return Err(format!("mode={other:?} is not linear or circular")),
+            },
+        },
         "Hardmax" => Op::Hardmax(Softmax { axis: a.int_or("axis", if version < 13 { 1 } else { -1 })?, coerce_2d: version < 13 }),
         "LpNormalization" => {
             let p = a.int_or("p", 2)?;
@@ -538,7 +562,7 @@ fn unary(op: &str) -> Option<UnaryOp> {
         "Sign" => Sign, "Sin" => Sin, "Cos" => Cos, "Tan" => Tan, "Asin" => Asin, "Acos" => Acos,
         "Atan" => Atan, "Sinh" => Sinh, "Cosh" => Cosh, "Asinh" => Asinh, "Acosh" => Acosh,
         "Atanh" => Atanh, "Softplus" => Softplus, "Softsign" => Softsign, "Identity" => Identity,
-        "HardSwish" => HardSwish, "Mish" => Mish,
+        "HardSwish" => HardSwish, "Mish" => Mish, "BitwiseNot" => BitNot,
         _ => return None,
     })
 }
@@ -559,6 +583,7 @@ fn binary(op: &str) -> Option<BinaryOp> {
         "Add" => Add, "Sub" => Sub, "Mul" => Mul, "Div" => Div, "Pow" => Pow, "Equal" => Equal,
         "Less" => Less, "Greater" => Greater, "LessOrEqual" => LessOrEqual,
         "GreaterOrEqual" => GreaterOrEqual, "And" => And, "Or" => Or, "Xor" => Xor, "PRelu" => PRelu,
+        "BitwiseAnd" => BitAnd, "BitwiseOr" => BitOr, "BitwiseXor" => BitXor,
         _ => return None,
     })
 }

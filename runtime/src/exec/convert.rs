@@ -1,5 +1,12 @@
 //! Conversions between [`ElemType`] and libtorch kinds, and between tensors and raw
 //! little-endian bytes (the format of the conformance runner and the stage files).
+//!
+//! libtorch (through tch) has no u16, u32 or u64 kind. Tensors of those types are held in
+//! a *carrier* kind, decided here only ([`carrier`]): u16 in int32 and u32 in int64 (the
+//! same values, exactly), u64 in int64 (the same 64 bits; values from 2^63 up read as
+//! negative). Bytes round-trip exactly through the carrier. Data movement is the same on
+//! the carrier; the ops whose result depends on signedness or width run through
+//! `exec::unsigned`, which the lowering selects from the operands' element types.
 
 use tch::{Kind, Tensor};
 
@@ -23,6 +30,21 @@ pub(crate) fn kind_of(et: ElemType) -> R<Kind> {
         Bool => Kind::Bool,
         U16 | U32 | U64 => return Err(bad_dtype(format!("{et} has no libtorch kind through tch"))),
     })
+}
+
+/// The kind a tensor of `et` is held in: its own kind, or for u16/u32/u64 the signed
+/// carrier described in the module doc.
+pub(crate) fn carrier(et: ElemType) -> R<Kind> {
+    match et {
+        ElemType::U16 => Ok(Kind::Int),
+        ElemType::U32 | ElemType::U64 => Ok(Kind::Int64),
+        other => kind_of(other),
+    }
+}
+
+/// Whether `et` is held in a carrier kind of another type (u16, u32, u64).
+pub(crate) fn is_emulated(et: ElemType) -> bool {
+    matches!(et, ElemType::U16 | ElemType::U32 | ElemType::U64)
 }
 
 /// The element type of a libtorch kind (complex, quantised and fp8 kinds have none).
@@ -81,7 +103,10 @@ fn from_bytes(et: ElemType, shape: &[i64], bytes: &[u8]) -> R<Tensor> {
             bytes.len()
         )));
     }
-    let kind = kind_of(et)?;
+    let kind = carrier(et)?;
+    if let Some(t) = widen(et, shape, bytes)? {
+        return Ok(t);
+    }
     if et == ElemType::Bool {
         let norm: Vec<u8> = bytes.iter().map(|&b| (b != 0) as u8).collect();
         return Ok(Tensor::f_from_data_size(&norm, shape, kind)?);
@@ -89,7 +114,54 @@ fn from_bytes(et: ElemType, shape: &[i64], bytes: &[u8]) -> R<Tensor> {
     Ok(Tensor::f_from_data_size(bytes, shape, kind)?)
 }
 
-/// The element type, shape and raw little-endian bytes of a tensor (any device).
+/// u16 and u32 bytes widened into their carriers (u64 bytes are already int64 bytes).
+fn widen(et: ElemType, shape: &[i64], bytes: &[u8]) -> R<Option<Tensor>> {
+    let t = match et {
+        ElemType::U16 => Tensor::f_from_slice(&bytes.chunks_exact(2).map(|c| i32::from(u16::from_le_bytes([c[0], c[1]]))).collect::<Vec<i32>>())?,
+        ElemType::U32 => Tensor::f_from_slice(&bytes.chunks_exact(4).map(|c| i64::from(u32::from_le_bytes([c[0], c[1], c[2], c[3]]))).collect::<Vec<i64>>())?,
+        _ => return Ok(None),
+    };
+    Ok(Some(t.f_reshape(shape)?))
+}
+
+/// The shape and raw little-endian bytes of a tensor holding element type `et` (any
+/// device), for the unsigned types held in a carrier kind (and any other type, whose
+/// kind must then be its own). Carrier values outside `et`'s range are an error.
+pub fn tensor_to_bytes_as(t: &Tensor, et: ElemType) -> Result<(Vec<i64>, Vec<u8>), KernelError> {
+    to_bytes_as(t, et).map_err(|f| f.into_error("tensor conversion"))
+}
+
+fn to_bytes_as(t: &Tensor, et: ElemType) -> R<(Vec<i64>, Vec<u8>)> {
+    let k = t.f_kind()?;
+    if k != carrier(et)? {
+        return Err(bad_dtype(format!("a {k:?} tensor does not hold {et} values")));
+    }
+    let (_, shape, bytes) = to_bytes(t)?;
+    let narrow = |width: usize, max: u64| -> R<Vec<u8>> {
+        let src = bytes.len() / t.numel().max(1);
+        let mut out = Vec::with_capacity(bytes.len() / src * width);
+        for c in bytes.chunks_exact(src) {
+            let mut w = [0u8; 8];
+            w[..src].copy_from_slice(c);
+            let v = if src == 4 { i64::from(i32::from_le_bytes([w[0], w[1], w[2], w[3]])) } else { i64::from_le_bytes(w) };
+            if v < 0 || v as u64 > max {
+                return Err(invalid(format!("value {v} is outside the range of {et}")));
+            }
+            out.extend_from_slice(&(v as u64).to_le_bytes()[..width]);
+        }
+        Ok(out)
+    };
+    let bytes = match et {
+        ElemType::U16 => narrow(2, u64::from(u16::MAX))?,
+        ElemType::U32 => narrow(4, u64::from(u32::MAX))?,
+        _ => bytes,
+    };
+    Ok((shape, bytes))
+}
+
+/// The element type, shape and raw little-endian bytes of a tensor (any device). The
+/// element type is read from the kind, so a u16/u32/u64 tensor reports its carrier's type
+/// (see [`tensor_to_bytes_as`]).
 pub fn tensor_to_bytes(t: &Tensor) -> Result<(ElemType, Vec<i64>, Vec<u8>), KernelError> {
     to_bytes(t).map_err(|f| f.into_error("tensor conversion"))
 }

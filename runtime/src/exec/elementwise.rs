@@ -22,6 +22,7 @@ pub(crate) fn unary(u: UnaryKind, x: &Tensor) -> R<Tensor> {
         Relu => x.f_relu()?,
         Not => require_bool(x, "Not")?.f_logical_not()?,
         IsNaN => x.f_isnan()?,
+        BitNot => super::bits::not(x, None)?,
         Identity => x.shallow_clone(),
         other => unary_more(other, x)?,
     })
@@ -82,6 +83,11 @@ pub(crate) fn binary(b: BinaryKind, x: &Tensor, y: &Tensor) -> R<Tensor> {
         And => require_bool(x, "And")?.f_logical_and(require_bool(y, "And")?)?,
         Or => require_bool(x, "Or")?.f_logical_or(require_bool(y, "Or")?)?,
         Xor => require_bool(x, "Xor")?.f_logical_xor(require_bool(y, "Xor")?)?,
+        BitAnd => super::bits::logic('&', x, y)?,
+        BitOr => super::bits::logic('|', x, y)?,
+        BitXor => super::bits::logic('^', x, y)?,
+        ShiftLeft => super::bits::shift(x, y, true, None)?,
+        ShiftRight => super::bits::shift(x, y, false, None)?,
         _ => arithmetic(b, x, y)?,
     })
 }
@@ -175,6 +181,19 @@ pub(crate) fn hard_sigmoid(x: &Tensor, alpha: f32, beta: f32) -> R<Tensor> {
 pub(crate) fn thresholded_relu(x: &Tensor, alpha: f32) -> R<Tensor> {
     let mask = x.f_gt(alpha as f64)?.f_to_kind(kind(x)?)?;
     Ok(x.f_mul(&mask)?)
+}
+
+/// Swish: `x * sigmoid(alpha * x)`.
+pub(crate) fn swish(x: &Tensor, alpha: f32) -> R<Tensor> {
+    Ok(x.f_mul(&x.f_mul_scalar(alpha as f64)?.f_sigmoid()?)?)
+}
+
+/// SwiGLU: `Swish_alpha(a) * b`; the two inputs must have one shape (no broadcasting).
+pub(crate) fn swiglu(a: &Tensor, b: &Tensor, alpha: f32) -> R<Tensor> {
+    if a.size() != b.size() {
+        return Err(super::util::invalid(format!("gate {:?} and value {:?} must have one shape", a.size(), b.size())));
+    }
+    Ok(swish(a, alpha)?.f_mul(b)?)
 }
 
 pub(crate) fn gelu(x: &Tensor, a: GeluApprox) -> R<Tensor> {

@@ -154,3 +154,39 @@ pub(crate) fn cumprod(x: &Tensor, axis: &Tensor, exclusive: bool, reverse: bool)
     }
     Ok(if reverse { c.f_flip([a])? } else { c })
 }
+
+/// TensorScatter: the cache with `update` written along `axis` from each batch row's
+/// write index (default 0), wrapping modulo the axis length when `circular`. One
+/// scatter, so gradients reach both the cache (outside the written entries) and the
+/// update.
+pub(crate) fn tensor_scatter(cache: &Tensor, update: &Tensor, write: Option<&Tensor>, axis: i64, circular: bool) -> R<Tensor> {
+    let a = norm_axis(axis, cache.dim())?;
+    let (cs, us) = (cache.size(), update.size());
+    let fits = a > 0 && cs.len() == us.len() && cs.iter().zip(&us).enumerate().all(|(i, (c, u))| if i == a as usize { u <= c } else { c == u });
+    if !fits {
+        return Err(invalid(format!("update {us:?} does not fit cache {cs:?} along axis {a}")));
+    }
+    let (batch, max_len, len) = (cs[0], cs[a as usize], us[a as usize]);
+    let dev = cache.device();
+    let start = match write {
+        Some(w) => w.f_to_kind(Kind::Int64)?.f_reshape([-1])?,
+        None => Tensor::f_zeros([batch], (Kind::Int64, dev))?,
+    };
+    if start.size() != [batch] {
+        return Err(invalid(format!("write_indices {:?} must hold one index per batch row ({batch})", start.size())));
+    }
+    // Cache positions [batch, len]: the write index plus the offset in the update.
+    let pos = start.f_unsqueeze(1)?.f_add(&Tensor::f_arange(len, (Kind::Int64, dev))?.f_unsqueeze(0)?)?;
+    let pos = if circular && max_len > 0 { pos.f_remainder(max_len)? } else { pos };
+    if pos.numel() > 0 {
+        let (lo, hi) = (pos.f_min()?.f_int64_value(&[])?, pos.f_max()?.f_int64_value(&[])?);
+        if lo < 0 || hi >= max_len {
+            return Err(invalid(format!("write positions {lo}..={hi} fall outside the cache's {max_len} entries")));
+        }
+    }
+    let mut view = vec![1i64; cs.len()];
+    view[0] = batch;
+    view[a as usize] = len;
+    let idx = pos.f_reshape(&view)?.f_expand(&us, false)?;
+    Ok(cache.f_scatter(a, &idx, update)?)
+}

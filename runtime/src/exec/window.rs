@@ -411,3 +411,35 @@ pub(crate) fn global_pool(x: &Tensor, max: bool) -> R<Tensor> {
         x.f_mean_dim(dims.as_slice(), true, None)?
     })
 }
+
+/// MaxUnpool: X scattered to its flat offsets I (MaxPool's indices over the whole
+/// tensor) in zeros of the unpooled shape `(in - 1) * stride - pads + kernel`, then
+/// zero-extended at the end of each spatial axis to `output_shape` when given (as the
+/// ONNX reference does). One scatter, so the gradient w.r.t. X gathers at I.
+pub(crate) fn max_unpool(x: &Tensor, idx: &Tensor, output_shape: Option<&Tensor>, [kernel, strides, pads]: [&Vec<i64>; 3]) -> R<Tensor> {
+    let xs = x.size();
+    let n = kernel.len();
+    if xs.len() != n + 2 || idx.size() != xs {
+        return Err(invalid(format!("X {xs:?} and I {:?} must be one [N,C] + {n}-D shape", idx.size())));
+    }
+    let stride = |i: usize| strides.get(i).copied().unwrap_or(1);
+    let pad = |i: usize| pads.get(i).copied().unwrap_or(0);
+    let mut shape = xs[..2].to_vec();
+    for i in 0..n {
+        shape.push((xs[i + 2] - 1) * stride(i) - pad(i) - pad(i + n) + kernel[i]);
+    }
+    if shape.iter().any(|&d| d < 0) {
+        return Err(invalid(format!("unpooled shape {shape:?} is negative")));
+    }
+    let numel: i64 = shape.iter().product();
+    let flat = Tensor::f_zeros([numel], (kind(x)?, x.device()))?;
+    let y = flat.f_scatter(0, &idx.f_reshape([-1])?, &x.f_reshape([-1])?)?.f_reshape(&shape)?;
+    let Some(out) = output_shape else { return Ok(y) };
+    let want = super::util::ints(out)?;
+    if want.len() != shape.len() || want.iter().zip(&shape).skip(2).any(|(w, u)| w < u) {
+        return Err(invalid(format!("output_shape {want:?} must have rank {} and hold the unpooled shape {shape:?}", shape.len())));
+    }
+    // constant_pad_nd takes (begin, end) pairs from the last axis backwards.
+    let ends: Vec<i64> = (2..shape.len()).rev().flat_map(|i| [0, want[i] - shape[i]]).collect();
+    Ok(y.f_constant_pad_nd(&ends)?)
+}

@@ -1,0 +1,79 @@
+//! Bitwise kernels on integer tensors: BitwiseAnd/Or/Xor/Not and BitShift, for the kinds
+//! libtorch has and for the unsigned types held in a carrier kind (see `convert`).
+
+use tch::{Kind, Tensor};
+
+use super::util::{bad_dtype, kind, R};
+use crate::kernel::ElemType;
+
+/// The integer width and signedness of a tensor of kind `k`, or of the emulated unsigned
+/// type `emulated` it carries.
+fn width(k: Kind, emulated: Option<ElemType>) -> R<(i64, bool)> {
+    Ok(match (emulated, k) {
+        (Some(ElemType::U16), _) => (16, true),
+        (Some(ElemType::U32), _) => (32, true),
+        (Some(ElemType::U64), _) => (64, true),
+        (_, Kind::Uint8) => (8, true),
+        (_, Kind::Int8) => (8, false),
+        (_, Kind::Int16) => (16, false),
+        (_, Kind::Int) => (32, false),
+        (_, Kind::Int64) => (64, false),
+        (e, k) => return Err(bad_dtype(format!("bitwise ops need integer inputs, got {k:?}{}", e.map(|e| format!(" ({e})")).unwrap_or_default()))),
+    })
+}
+
+/// BitwiseAnd/Or/Xor: the carriers hold the same low bits, so the native op is exact.
+pub(crate) fn logic(op: char, x: &Tensor, y: &Tensor) -> R<Tensor> {
+    width(kind(x)?, None).or_else(|_| width(kind(y)?, None))?;
+    Ok(match op {
+        '&' => x.f_bitwise_and_tensor(y)?,
+        '|' => x.f_bitwise_or_tensor(y)?,
+        _ => x.f_bitwise_xor_tensor(y)?,
+    })
+}
+
+/// BitwiseNot; an emulated u16/u32 flips only its own bits.
+pub(crate) fn not(x: &Tensor, emulated: Option<ElemType>) -> R<Tensor> {
+    let (bits, _) = width(kind(x)?, emulated)?;
+    match emulated {
+        Some(ElemType::U16 | ElemType::U32) => Ok(x.f_bitwise_xor((1i64 << bits) - 1)?),
+        _ => Ok(x.f_bitwise_not()?),
+    }
+}
+
+/// The low `bits` bits of a carrier value (u16 in int32, u32 in int64).
+pub(crate) fn truncate(x: &Tensor, emulated: Option<ElemType>) -> R<Tensor> {
+    Ok(match emulated {
+        Some(ElemType::U16) => x.f_bitwise_and(0xFFFFi64)?,
+        Some(ElemType::U32) => x.f_bitwise_and(0xFFFF_FFFFi64)?,
+        _ => x.shallow_clone(),
+    })
+}
+
+/// BitShift with opset 28's rule for shifts outside `0..bits` (negative, or at least the
+/// width): 0, or -1 for a right shift of a negative signed value. Unsigned right shifts
+/// are logical, signed ones arithmetic; left shifts drop the bits past the width.
+pub(crate) fn shift(x: &Tensor, s: &Tensor, left: bool, emulated: Option<ElemType>) -> R<Tensor> {
+    let (bits, unsigned) = width(kind(x)?, emulated)?;
+    // libtorch's shifts are undefined outside 0..bits, so the amount is clamped and the
+    // out-of-range lanes replaced afterwards.
+    let valid = s.f_ge(0)?.f_logical_and(&s.f_lt(bits)?)?;
+    let sc = s.f_clamp(0, bits - 1)?;
+    let zero = x.f_zeros_like()?;
+    if left {
+        let r = truncate(&x.f_bitwise_left_shift(&sc)?, emulated)?;
+        return Ok(r.f_where_self(&valid, &zero)?);
+    }
+    let r = if emulated == Some(ElemType::U64) { logical_right(x, &sc)? } else { x.f_bitwise_right_shift(&sc)? };
+    let fill = if unsigned { zero } else { x.f_ones_like()?.f_neg()?.f_where_self(&x.f_lt(0)?, &zero)? };
+    Ok(r.f_where_self(&valid, &fill)?)
+}
+
+/// Logical right shift of int64 bit patterns by amounts in `0..64`: one arithmetic shift
+/// with the sign bit cleared makes the value non-negative, after which the arithmetic
+/// shift is logical.
+pub(crate) fn logical_right(x: &Tensor, s: &Tensor) -> R<Tensor> {
+    let half = x.f_bitwise_right_shift_tensor_scalar(1)?.f_bitwise_and(i64::MAX)?;
+    let rest = half.f_bitwise_right_shift(&s.f_sub_scalar(1)?.f_clamp_min(0)?)?;
+    Ok(rest.f_where_self(&s.f_ne(0)?, x)?)
+}
