@@ -9,8 +9,10 @@ mod convert;
 mod elementwise;
 mod loss;
 mod index;
+mod lowp;
 mod nn;
 mod norm;
+mod quant;
 mod reduce;
 mod rnn;
 mod resample;
@@ -117,8 +119,11 @@ fn dispatch(k: &Kernel, ins: &[Option<&Tensor>], mode: Mode, outputs_read: Optio
             *detect_negative,
         )),
         Where => one(elementwise::where_(x()?, y()?, need(ins, 2)?)),
-        Cast { to } => one(convert::kind_of(*to).and_then(|kd| Ok(x()?.f_to_kind(kd)?))),
-        CastLike => one(Ok(x()?.f_to_kind(y()?.f_kind()?)?)),
+        Cast { to, mode } => one(lowp::cast(x()?, *to, *mode)),
+        CastLike { mode } => one(convert::elem_of(y()?.f_kind()?).and_then(|to| lowp::cast(x()?, to, *mode))),
+        QuantizeLinear(q) => one(quant::quantize(x()?, y()?, opt(ins, 2), q)),
+        DequantizeLinear { axis, block_size, to } => one(quant::dequantize(x()?, y()?, opt(ins, 2), *axis, *block_size, *to)),
+        DynamicQuantizeLinear => quant::dynamic_quantize(x()?),
         _ => dispatch_nn(k, ins, mode, outputs_read),
     }
 }
