@@ -109,6 +109,13 @@ pub struct CastMode {
     pub round: RoundMode,
 }
 
+impl Default for CastMode {
+    /// ONNX's defaults: saturate, round up.
+    fn default() -> Self {
+        CastMode { saturate: true, round: RoundMode::Up }
+    }
+}
+
 /// QuantizeLinear's attributes, `to` resolved from the zero point's type at lowering
 /// (`None`: the zero point's holder type, u8 without one).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
