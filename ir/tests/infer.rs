@@ -1,6 +1,7 @@
 //! Shape inference through import of tiny hand-built models: broadcasting and MatMul
 //! with the batch symbol, Reshape/Flatten, window ops, Split, Slice, folding of shape
-//! subgraphs, and op versions whose semantics are not implemented.
+//! subgraphs, op versions whose semantics are not implemented, and the quantization ops'
+//! types and scale shapes (low-precision operands only reach casts and those ops).
 
 mod common;
 
@@ -967,6 +968,11 @@ fn quantization_types_and_scale_shapes() {
     assert_eq!(ty(&g, "d"), "f32[N,4,6]");
     assert_eq!(ty(&g, "e"), "f16[N,4,6]");
     assert_eq!((ty(&g, "f"), ty(&g, "f_scale"), ty(&g, "f_zp")), ("u8[N,4,6]".into(), "f32[]".into(), "u8[]".into()));
+    // The attributes print and parse back (the text form goes through the importer).
+    let text = pipewright_ir::text::print_graph(&g);
+    assert!(text.contains("QuantizeLinear[axis=2, block_size=2, output_dtype=f8e4m3fn]"), "{text}");
+    let back = pipewright_ir::parse_graph(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+    assert_eq!(pipewright_ir::text::print_graph(&back), text);
     let quant = |scale: onnx_protobuf::TensorProto, n: onnx_protobuf::NodeProto| {
         ModelBuilder::new(25).input("x", F32, &fixed(&[1, 4, 6])).init(scale).node(n).output("y")
     };
