@@ -58,11 +58,15 @@ pub fn lower_nodes(g: &Graph, l: &Lowering<'_>) -> Result<Program, LowerError> {
     };
     for &v in l.values {
         if let ValueDef::Weight(w) = &g.value(v).def {
+            let (elem, bytes) = match unpacked(&w.data) {
+                Some((e, b)) => (e, b.into()),
+                None => (elem(w.data.dtype), w.data.bytes.clone()),
+            };
             p.stored.push(Stored {
                 slot: slot(v)?,
-                elem: elem(w.data.dtype),
+                elem,
                 dims: w.data.dims.clone(),
-                bytes: w.data.bytes.clone(),
+                bytes,
                 trainable: w.trainable,
                 versions: 1,
                 // Plain training until the weight-versioning pass says otherwise.
@@ -75,7 +79,7 @@ pub fn lower_nodes(g: &Graph, l: &Lowering<'_>) -> Result<Program, LowerError> {
         let node = g.node(n);
         p.instrs.push(Instr {
             name: node.name.clone(),
-            kernel: unsigned(g, &node.inputs, kernel(&node.op, node.outputs.len(), node.inputs.len())),
+            kernel: unsigned(g, &node.inputs, typed_kernel(g, node)),
             inputs: node.inputs.iter().map(|v| v.map(slot).transpose()).collect::<Result<_, _>>()?,
             outputs: node.outputs.iter().map(|v| v.map(slot).transpose()).collect::<Result<_, _>>()?,
             recompute: false,
@@ -106,6 +110,24 @@ fn unsigned(g: &Graph, inputs: &[Option<ValueId>], k: Kernel) -> Kernel {
     Kernel::Unsigned { types, kernel: Box::new(k) }
 }
 
+/// A weight of a packed 4- or 2-bit type unpacked into its runtime holder type (i8, u8 or
+/// f32), since stage files keep one element per byte or more; `None` for other types,
+/// stored as they are.
+fn unpacked(t: &pipewright_ir::TensorData) -> Option<(ElemType, Vec<u8>)> {
+    let e = elem(t.dtype);
+    if e.per_byte() == 1 {
+        return None;
+    }
+    let holder = e.holder();
+    let values = t.to_f64s();
+    let out: Vec<u8> = match holder {
+        ElemType::I8 => values.iter().map(|&v| v as i8 as u8).collect(),
+        ElemType::U8 => values.iter().map(|&v| v as u8).collect(),
+        _ => values.iter().flat_map(|&v| (v as f32).to_le_bytes()).collect(),
+    };
+    Some((holder, out))
+}
+
 fn slot_info(g: &Graph, v: ValueId) -> SlotInfo {
     let val = g.value(v);
     SlotInfo { name: val.name.clone(), elem: elem(val.ty.dtype), shape: val.ty.shape.0.iter().map(|&d| extent(d)).collect(), last_use: None }
@@ -134,7 +156,41 @@ pub fn elem(d: DType) -> ElemType {
         DType::U32 => ElemType::U32,
         DType::U64 => ElemType::U64,
         DType::Bool => ElemType::Bool,
+        DType::F8E4M3FN => ElemType::F8E4M3FN,
+        DType::F8E4M3FNUZ => ElemType::F8E4M3FNUZ,
+        DType::F8E5M2 => ElemType::F8E5M2,
+        DType::F8E5M2FNUZ => ElemType::F8E5M2FNUZ,
+        DType::U4 => ElemType::U4,
+        DType::I4 => ElemType::I4,
+        DType::F4E2M1 => ElemType::F4E2M1,
+        DType::F8E8M0 => ElemType::F8E8M0,
+        DType::U2 => ElemType::U2,
+        DType::I2 => ElemType::I2,
     }
+}
+
+/// [`kernel`], with the output type filled in where the runtime cannot tell it from its
+/// inputs' kinds (a CastLike or QuantizeLinear to `i4` computes in an i8 tensor).
+fn typed_kernel(g: &Graph, node: &pipewright_ir::Node) -> Kernel {
+    let k = kernel(&node.op, node.outputs.len(), node.inputs.len());
+    let Some(out) = node.outputs.first().copied().flatten().map(|v| elem(g.value(v).ty.dtype)) else {
+        return k;
+    };
+    match k {
+        Kernel::CastLike { mode } => Kernel::Cast { to: out, mode },
+        Kernel::QuantizeLinear(q) => Kernel::QuantizeLinear(rt::Quantize { to: Some(out), ..q }),
+        Kernel::DequantizeLinear { axis, block_size, .. } => Kernel::DequantizeLinear { axis, block_size, to: Some(out) },
+        k => k,
+    }
+}
+
+fn cast_mode(m: &ir::CastMode) -> rt::CastMode {
+    let round = match m.round {
+        ir::RoundMode::Up => rt::RoundMode::Up,
+        ir::RoundMode::Down => rt::RoundMode::Down,
+        ir::RoundMode::Nearest => rt::RoundMode::Nearest,
+    };
+    rt::CastMode { saturate: m.saturate, round }
 }
 
 /// The kernel implementing `op` for a node with `n_out` outputs and `n_in` inputs.
@@ -254,8 +310,19 @@ fn shape_kernel(op: &Op, n_out: usize, n_in: usize) -> Kernel {
         Op::GatherND { batch_dims } => Kernel::GatherNd { batch_dims: *batch_dims },
         Op::Expand => Kernel::Expand,
         Op::Where => Kernel::Where,
-        Op::Cast { to } => Kernel::Cast { to: elem(*to) },
-        Op::CastLike => Kernel::CastLike,
+        Op::Cast { to, mode } => Kernel::Cast { to: elem(*to), mode: cast_mode(mode) },
+        Op::CastLike { mode } => Kernel::CastLike { mode: cast_mode(mode) },
+        Op::QuantizeLinear(q) => Kernel::QuantizeLinear(rt::Quantize {
+            to: q.output_dtype.map(elem),
+            axis: q.axis,
+            block_size: q.block_size,
+            saturate: q.saturate,
+            precision: q.precision.map(elem),
+        }),
+        Op::DequantizeLinear { axis, block_size, output_dtype } => {
+            Kernel::DequantizeLinear { axis: *axis, block_size: *block_size, to: output_dtype.map(elem) }
+        }
+        Op::DynamicQuantizeLinear => Kernel::DynamicQuantizeLinear,
         Op::Shape { start, end } => Kernel::Shape { start: *start, end: *end },
         Op::Size => Kernel::Size,
         Op::ConstantOfShape { value } => Kernel::ConstantOfShape {

@@ -121,7 +121,7 @@ pub fn compare(actual: &Tensor, expected: &TensorData, rtol: f64, atol: f64) -> 
     if dims != expected.dims {
         return Err(DriverError::msg(format!("shape {:?}, expected {:?}", dims, expected.dims)));
     }
-    let a: Vec<f64> = if want.is_float() {
+    let a: Vec<f64> = if want.is_float() || want.holder() != want {
         Vec::<f64>::try_from(actual.f_to_kind(Kind::Double)?.f_flatten(0, -1)?)?
     } else {
         // Integers from their bytes, so u64 values from 2^63 up read as themselves.

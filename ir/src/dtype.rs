@@ -3,7 +3,12 @@
 use std::fmt;
 
 /// An element type. The closed set the IR understands; ONNX types outside it
-/// (strings, complex, 4/8-bit floats) are rejected at import with the value named.
+/// (strings, complex, 6-bit floats) are rejected at import with the value named.
+///
+/// The low-precision types (float8 variants, `f4e2m1`, `f8e8m0`, 4- and 2-bit integers)
+/// are carried for `Cast`, `CastLike` and the quantization ops only; the importer rejects
+/// any other op on them. `u4`/`i4`/`f4e2m1` pack two elements per byte and `u2`/`i2` four
+/// (low bits first) in raw data, see [`DType::byte_len`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum DType {
@@ -20,6 +25,16 @@ pub enum DType {
     U32,
     U64,
     Bool,
+    F8E4M3FN,
+    F8E4M3FNUZ,
+    F8E5M2,
+    F8E5M2FNUZ,
+    U4,
+    I4,
+    F4E2M1,
+    F8E8M0,
+    U2,
+    I2,
 }
 
 impl DType {
@@ -39,6 +54,16 @@ impl DType {
             12 => DType::U32,
             13 => DType::U64,
             16 => DType::Bf16,
+            17 => DType::F8E4M3FN,
+            18 => DType::F8E4M3FNUZ,
+            19 => DType::F8E5M2,
+            20 => DType::F8E5M2FNUZ,
+            21 => DType::U4,
+            22 => DType::I4,
+            23 => DType::F4E2M1,
+            24 => DType::F8E8M0,
+            25 => DType::U2,
+            26 => DType::I2,
             _ => return None,
         })
     }
@@ -59,13 +84,50 @@ impl DType {
             DType::U32 => 12,
             DType::U64 => 13,
             DType::Bf16 => 16,
+            DType::F8E4M3FN => 17,
+            DType::F8E4M3FNUZ => 18,
+            DType::F8E5M2 => 19,
+            DType::F8E5M2FNUZ => 20,
+            DType::U4 => 21,
+            DType::I4 => 22,
+            DType::F4E2M1 => 23,
+            DType::F8E8M0 => 24,
+            DType::U2 => 25,
+            DType::I2 => 26,
         }
     }
 
-    /// Bytes per element.
+    /// Bytes per element, rounded up to one for the packed 4- and 2-bit types (a memory
+    /// estimate; raw data lengths come from [`DType::byte_len`]).
     pub fn size(self) -> usize {
+        self.bits().div_ceil(8)
+    }
+
+    /// Bits per element in raw data.
+    pub fn bits(self) -> usize {
+        match self {
+            DType::U2 | DType::I2 => 2,
+            DType::U4 | DType::I4 | DType::F4E2M1 => 4,
+            _ => 8 * self.unpacked_size(),
+        }
+    }
+
+    /// Bytes of raw data for `numel` elements: packed types round the last byte up.
+    pub fn byte_len(self, numel: usize) -> Option<usize> {
+        numel.checked_mul(self.bits()).map(|b| b.div_ceil(8))
+    }
+
+    /// The float8, float4 and 4/2-bit integer types, which only casts and the
+    /// quantization ops handle.
+    pub fn is_low_precision(self) -> bool {
+        self.onnx_code() >= 17
+    }
+
+    fn unpacked_size(self) -> usize {
         match self {
             DType::Bool | DType::U8 | DType::I8 => 1,
+            DType::F8E4M3FN | DType::F8E4M3FNUZ | DType::F8E5M2 | DType::F8E5M2FNUZ | DType::F8E8M0 => 1,
+            DType::U4 | DType::I4 | DType::F4E2M1 | DType::U2 | DType::I2 => 1,
             DType::F16 | DType::Bf16 | DType::I16 | DType::U16 => 2,
             DType::F32 | DType::I32 | DType::U32 => 4,
             DType::F64 | DType::I64 | DType::U64 => 8,
@@ -99,6 +161,16 @@ impl DType {
             DType::U32 => "u32",
             DType::U64 => "u64",
             DType::Bool => "bool",
+            DType::F8E4M3FN => "f8e4m3fn",
+            DType::F8E4M3FNUZ => "f8e4m3fnuz",
+            DType::F8E5M2 => "f8e5m2",
+            DType::F8E5M2FNUZ => "f8e5m2fnuz",
+            DType::U4 => "u4",
+            DType::I4 => "i4",
+            DType::F4E2M1 => "f4e2m1",
+            DType::F8E8M0 => "f8e8m0",
+            DType::U2 => "u2",
+            DType::I2 => "i2",
         }
     }
 
@@ -108,7 +180,7 @@ impl DType {
     }
 }
 
-const ALL: [DType; 13] = [
+const ALL: [DType; 23] = [
     DType::F32,
     DType::F16,
     DType::Bf16,
@@ -122,6 +194,16 @@ const ALL: [DType; 13] = [
     DType::U32,
     DType::U64,
     DType::Bool,
+    DType::F8E4M3FN,
+    DType::F8E4M3FNUZ,
+    DType::F8E5M2,
+    DType::F8E5M2FNUZ,
+    DType::U4,
+    DType::I4,
+    DType::F4E2M1,
+    DType::F8E8M0,
+    DType::U2,
+    DType::I2,
 ];
 
 impl fmt::Display for DType {
@@ -137,10 +219,8 @@ pub fn onnx_type_name(code: i32) -> String {
         8 => "string".into(),
         14 => "complex64".into(),
         15 => "complex128".into(),
-        17..=20 => "float8".into(),
-        21 => "uint4".into(),
-        22 => "int4".into(),
-        23 => "float4e2m1".into(),
+        27 => "float6e2m3".into(),
+        28 => "float6e3m2".into(),
         other => DType::from_onnx(other).map(|d| d.name().to_string()).unwrap_or(format!("type code {other}")),
     }
 }

@@ -302,8 +302,40 @@ pub fn infer(op: &Op, ins: &[Option<In>], n_out: usize, ctx: Ctx) -> R<Vec<Tenso
             let (c, a, b) = (x()?, req(1)?, req(2)?);
             out1(a.ty.dtype, broadcast(&[&c.ty.shape, &a.ty.shape, &b.ty.shape], ctx)?)
         }
-        Op::Cast { to } => out1(*to, x()?.ty.shape.clone()),
-        Op::CastLike => out1(req(1)?.ty.dtype, x()?.ty.shape.clone()),
+        Op::Cast { to, .. } => out1(*to, x()?.ty.shape.clone()),
+        Op::CastLike { .. } => out1(req(1)?.ty.dtype, x()?.ty.shape.clone()),
+        Op::QuantizeLinear(q) => {
+            let zp = ins.get(2).copied().flatten();
+            let to = quantize_dtype(q, x()?, req(1)?, zp)?;
+            quant_params(x()?, req(1)?, zp, q.axis, q.block_size, ctx)?;
+            out1(to, x()?.ty.shape.clone())
+        }
+        Op::DequantizeLinear { axis, block_size, output_dtype } => {
+            let (xq, scale, zp) = (x()?, req(1)?, ins.get(2).copied().flatten());
+            let xt = xq.ty.dtype;
+            if !(crate::import::convert::is_quantized(xt) || xt == DType::I32) {
+                return Err(format!("x of type {xt} is not a quantized type"));
+            }
+            if !scale.ty.dtype.is_float() {
+                return Err(format!("x_scale must be a float, got {}", scale.ty.dtype));
+            }
+            if let Some(z) = zp.filter(|z| z.ty.dtype != xt) {
+                return Err(format!("x_zero_point of type {} must match x's type {xt}", z.ty.dtype));
+            }
+            quant_params(xq, scale, zp, *axis, *block_size, ctx)?;
+            out1(output_dtype.unwrap_or(scale.ty.dtype), xq.ty.shape.clone())
+        }
+        Op::DynamicQuantizeLinear => {
+            let xt = x()?.ty;
+            if xt.dtype != DType::F32 {
+                return Err(format!("x must be f32, got {}", xt.dtype));
+            }
+            Ok(vec![
+                TensorType::new(DType::U8, xt.shape.clone()),
+                TensorType::new(DType::F32, Shape::scalar()),
+                TensorType::new(DType::U8, Shape::scalar()),
+            ])
+        }
         Op::Shape { start, end } => {
             let r = x()?.ty.shape.rank() as i64;
             let clamp = |v: i64| if v < 0 { (v + r).clamp(0, r) } else { v.min(r) };
@@ -842,6 +874,56 @@ fn attention(at: &Attention, ins: &[Option<In>]) -> R<Vec<TensorType>> {
         TensorType::new(v.dtype, Shape(vec![b, kh, total, vd])),
         TensorType::new(q.dtype, Shape(vec![b, qh, qs, total])),
     ])
+}
+
+/// QuantizeLinear's output type: the zero point's, else `output_dtype`, else u8.
+fn quantize_dtype(q: &Quantize, x: In, scale: In, zp: Option<In>) -> R<DType> {
+    if !x.ty.dtype.is_float() || !scale.ty.dtype.is_float() {
+        return Err(format!("x ({}) and y_scale ({}) must be floats", x.ty.dtype, scale.ty.dtype));
+    }
+    let to = match (zp.map(|z| z.ty.dtype), q.output_dtype) {
+        (Some(z), Some(o)) if z != o => return Err(format!("output_dtype {o} differs from the zero point's type {z}")),
+        (Some(z), _) => z,
+        (None, Some(o)) => o,
+        (None, None) => DType::U8,
+    };
+    if !crate::import::convert::is_quantized(to) || to == DType::I32 {
+        return Err(format!("{to} is not a quantized type"));
+    }
+    Ok(to)
+}
+
+/// Checks the scale and the zero point against x: each one element (per tensor), a
+/// vector of x's extent at `axis` (per axis), or, with a block size, x's shape with the
+/// axis divided into blocks (rounded up).
+fn quant_params(x: In, scale: In, zp: Option<In>, axis: i64, block_size: i64, ctx: Ctx) -> R<()> {
+    quant_param(x, scale, "scale", axis, block_size, ctx)?;
+    zp.map_or(Ok(()), |z| quant_param(x, z, "zero point", axis, block_size, ctx))
+}
+
+fn quant_param(x: In, p: In, what: &str, axis: i64, block_size: i64, ctx: Ctx) -> R<()> {
+    let xs = &x.ty.shape;
+    let ps = &p.ty.shape;
+    if block_size == 0 && ps.rank() <= 1 && ps.0.iter().all(|&d| d == Dim::Fixed(1)) {
+        return Ok(());
+    }
+    let a = normalize_axis(axis, xs.rank()).ok_or_else(|| format!("axis {axis} out of range for {xs}"))?;
+    if block_size == 0 {
+        return match ps.0[..] {
+            [n] if dims_agree(n, xs.0[a], ctx) => Ok(()),
+            _ => Err(format!("a per-axis {what} must be [{}] for x {xs} at axis {axis}, got {ps}", xs.0[a])),
+        };
+    }
+    let fits = ps.rank() == xs.rank()
+        && xs.0.iter().zip(&ps.0).enumerate().all(|(i, (&d, &s))| match (i == a, d, s) {
+            (true, Dim::Fixed(d), Dim::Fixed(s)) => s == (d + block_size - 1) / block_size,
+            (true, _, _) => false,
+            (false, d, s) => dims_agree(d, s, ctx),
+        });
+    if !fits {
+        return Err(format!("a blocked {what} must be x {xs} with axis {axis} divided into blocks of {block_size}, got {ps}"));
+    }
+    Ok(())
 }
 
 /// An op that keeps its input's type and works along `axis`; with `coerce_2d` (before

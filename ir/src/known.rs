@@ -27,7 +27,8 @@ pub enum KnownData {
 
 impl Known {
     pub fn from_tensor(t: &TensorData) -> Option<Known> {
-        if t.numel() > KNOWN_LIMIT {
+        // Low-precision values are not shape arithmetic; casts to and from them run at run time.
+        if t.numel() > KNOWN_LIMIT || t.dtype.is_low_precision() {
             return None;
         }
         let data = if t.dtype.is_float() {
@@ -125,8 +126,8 @@ pub fn evaluate(
             let x = k(0)?;
             Some(Known { dtype: x.dtype, shape: out_shape?, data: x.data.clone() })
         }
-        Op::Cast { to } => cast(k(0)?, *to),
-        Op::CastLike => cast(k(0)?, out_dtype),
+        Op::Cast { to, .. } => cast(k(0)?, *to),
+        Op::CastLike { .. } => cast(k(0)?, out_dtype),
         Op::Concat { .. } => {
             let parts: Vec<&Known> = inputs.iter().map(|x| *x).collect::<Option<_>>()?;
             if parts.iter().any(|p| p.shape.len() > 1) {
@@ -213,6 +214,9 @@ fn from_f64s(dtype: DType, shape: Vec<i64>, vals: Vec<f64>) -> Known {
 }
 
 fn cast(x: &Known, to: DType) -> Option<Known> {
+    if to.is_low_precision() {
+        return None;
+    }
     let data = match (&x.data, to.is_float()) {
         (KnownData::Ints(v), false) if to == DType::Bool => {
             KnownData::Ints(v.iter().map(|d| d.fixed().map(|i| Dim::Fixed((i != 0) as i64))).collect::<Option<_>>()?)

@@ -13,6 +13,7 @@ pub mod graph;
 pub mod import;
 pub mod infer;
 pub mod known;
+pub mod lowp;
 pub mod ops;
 pub mod parse;
 pub mod spec;

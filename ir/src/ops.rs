@@ -179,6 +179,54 @@ pub struct Rotary {
     pub num_heads: Option<i64>,
 }
 
+/// How `Cast` rounds into the low-precision floats (ONNX `saturate`, `round_mode`; both
+/// ignored for other targets).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CastMode {
+    /// Out-of-range values become the largest finite value (else NaN or infinity).
+    pub saturate: bool,
+    /// The rounding of `f8e8m0` targets.
+    pub round: RoundMode,
+}
+
+impl Default for CastMode {
+    fn default() -> Self {
+        CastMode { saturate: true, round: RoundMode::Up }
+    }
+}
+
+/// ONNX `round_mode` of casts to `f8e8m0`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RoundMode {
+    Up,
+    Down,
+    Nearest,
+}
+
+impl RoundMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            RoundMode::Up => "up",
+            RoundMode::Down => "down",
+            RoundMode::Nearest => "nearest",
+        }
+    }
+}
+
+/// QuantizeLinear: `y = saturate(round(x / scale) + zero_point)`, per tensor, per `axis`
+/// (1-D scale) or per block of `block_size` along `axis` (scale of x's rank).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Quantize {
+    pub axis: i64,
+    /// 0: per tensor or per axis.
+    pub block_size: i64,
+    pub saturate: bool,
+    /// The output type when there is no zero point (else the zero point's type; u8 if neither).
+    pub output_dtype: Option<DType>,
+    /// The float type `x / scale` is computed in (else x's type).
+    pub precision: Option<DType>,
+}
+
 /// How ScatterND/ScatterElements combine an update with the element it lands on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ScatterReduction {
@@ -428,8 +476,13 @@ pub enum Op {
     GatherND { batch_dims: i64 },
     Expand,
     Where,
-    Cast { to: DType },
-    CastLike,
+    Cast { to: DType, mode: CastMode },
+    CastLike { mode: CastMode },
+    QuantizeLinear(Quantize),
+    /// `y = (x - zero_point) * scale`, with Quantize's per-axis and blocked forms.
+    DequantizeLinear { axis: i64, block_size: i64, output_dtype: Option<DType> },
+    /// u8 quantization with the scale and zero point taken from x's range.
+    DynamicQuantizeLinear,
     Shape { start: i64, end: Option<i64> },
     Size,
     ConstantOfShape { value: Option<TensorData> },
@@ -566,7 +619,10 @@ impl Op {
             Op::Expand => "Expand",
             Op::Where => "Where",
             Op::Cast { .. } => "Cast",
-            Op::CastLike => "CastLike",
+            Op::CastLike { .. } => "CastLike",
+            Op::QuantizeLinear(_) => "QuantizeLinear",
+            Op::DequantizeLinear { .. } => "DequantizeLinear",
+            Op::DynamicQuantizeLinear => "DynamicQuantizeLinear",
             Op::Shape { .. } => "Shape",
             Op::Size => "Size",
             Op::ConstantOfShape { .. } => "ConstantOfShape",
@@ -627,7 +683,7 @@ impl Op {
         let mut a = Attrs::default();
         match self {
             Op::Unary(_) | Op::Variadic(_) | Op::MatMul | Op::GlobalAveragePool | Op::GlobalMaxPool | Op::Expand => {}
-            Op::Where | Op::CastLike | Op::Size | Op::Range | Op::Tile | Op::Det => {}
+            Op::Where | Op::Size | Op::Range | Op::Tile | Op::Det | Op::DynamicQuantizeLinear => {}
             Op::MatMulInteger | Op::QLinearMatMul => {}
             Op::Swish { alpha } | Op::SwiGlu { alpha } => a.f("alpha", *alpha),
             Op::ConvInteger(c) | Op::QLinearConv(c) => {
@@ -769,7 +825,27 @@ impl Op {
                     }
                 }
             }
-            Op::Cast { to } => a.0.push(("to", AttrValue::DType(*to))),
+            Op::Cast { to, mode } => {
+                a.0.push(("to", AttrValue::DType(*to)));
+                a.cast_mode(mode);
+            }
+            Op::CastLike { mode } => a.cast_mode(mode),
+            Op::QuantizeLinear(q) => {
+                a.quant_axis(q.axis, q.block_size);
+                a.unflag("saturate", q.saturate);
+                if let Some(d) = q.output_dtype {
+                    a.0.push(("output_dtype", AttrValue::DType(d)));
+                }
+                if let Some(d) = q.precision {
+                    a.0.push(("precision", AttrValue::DType(d)));
+                }
+            }
+            Op::DequantizeLinear { axis, block_size, output_dtype } => {
+                a.quant_axis(*axis, *block_size);
+                if let Some(d) = output_dtype {
+                    a.0.push(("output_dtype", AttrValue::DType(*d)));
+                }
+            }
             Op::Shape { start, end } => {
                 if *start != 0 {
                     a.i("start", *start);
@@ -957,7 +1033,7 @@ impl Op {
                 | Op::IsInf { .. }
                 | Op::Where
                 | Op::Cast { .. }
-                | Op::CastLike
+                | Op::CastLike { .. }
                 | Op::Dropout { .. }
                 | Op::Shrink { .. }
         )
@@ -1197,6 +1273,23 @@ impl Attrs {
         }
     }
     /// A scatter reduction given only when set (the attribute appeared in opset 16).
+    /// `saturate` and `round_mode` when not their defaults (so the attributes stay valid at
+    /// the opsets before they existed).
+    fn cast_mode(&mut self, m: &CastMode) {
+        self.unflag("saturate", m.saturate);
+        if m.round != RoundMode::Up {
+            self.s("round_mode", m.round.name());
+        }
+    }
+    /// The quantization axis and block size when not their defaults (1 and 0).
+    fn quant_axis(&mut self, axis: i64, block_size: i64) {
+        if axis != 1 {
+            self.i("axis", axis);
+        }
+        if block_size != 0 {
+            self.i("block_size", block_size);
+        }
+    }
     fn reduction(&mut self, r: ScatterReduction) {
         if r != ScatterReduction::None {
             self.s("reduction", scatter_reduction_name(r));

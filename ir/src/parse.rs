@@ -265,7 +265,8 @@ impl Parser {
 
 fn zeros(dtype: DType, dims: Vec<i64>) -> Result<TensorData, String> {
     let numel: usize = dims.iter().map(|&d| usize::try_from(d).unwrap_or(0)).product();
-    TensorData::new(dtype, dims, Bytes::from(vec![0u8; numel * dtype.size()])).ok_or_else(|| "bad weight shape".to_string())
+    let len = dtype.byte_len(numel).ok_or_else(|| "weight too large".to_string())?;
+    TensorData::new(dtype, dims, Bytes::from(vec![0u8; len])).ok_or_else(|| "bad weight shape".to_string())
 }
 
 /// `[1, -2]` or `[0.5]`: a constant's values.

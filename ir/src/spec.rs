@@ -84,9 +84,11 @@ specs! {
     "DFT": [17, 20] from 17, in 1..3, out 1..1;
     "DeformConv": [19, 22] from 19, in 3..5, out 1..1;
     "DepthToSpace": [1, 11, 13, 28] from 1, in 1..1, out 1..1;
+    "DequantizeLinear": [10, 13, 19, 21, 23, 24, 25, 28] from 10, in 2..3, out 1..1;
     "Det": [11, 22] from 11, in 1..1, out 1..1;
     "Div": [1, 6, 7, 13, 14] from 1, in 2..2, out 1..1;
     "Dropout": [1, 6, 7, 10, 12, 13, 22] from 7, in 1..3, out 1..2;
+    "DynamicQuantizeLinear": [11] from 11, in 1..1, out 3..3;
     "Einsum": [12, 28] from 12, in 1..V, out 1..1;
     "Elu": [1, 6, 22] from 1, in 1..1, out 1..1;
     "Equal": [1, 7, 11, 13, 19] from 7, in 2..2, out 1..1;
@@ -151,6 +153,7 @@ specs! {
     "Pow": [1, 7, 12, 13, 15] from 1, in 2..2, out 1..1;
     "QLinearConv": [10] from 10, in 8..9, out 1..1;
     "QLinearMatMul": [10, 21] from 10, in 8..8, out 1..1;
+    "QuantizeLinear": [10, 13, 19, 21, 23, 24, 25, 28] from 10, in 2..3, out 1..1;
     "RMSNormalization": [23] from 23, in 2..2, out 1..1;
     "RNN": [1, 7, 14, 22] from 7, in 3..6, out 0..2;
     "Range": [11, 27] from 11, in 3..3, out 1..1;

@@ -5,7 +5,7 @@
 
 use bytes::Bytes;
 
-use crate::DType;
+use crate::{lowp, DType};
 
 /// A dense tensor: element type, extents and raw little-endian bytes.
 #[derive(Clone, Debug, PartialEq)]
@@ -19,7 +19,7 @@ impl TensorData {
     /// Wraps bytes; `None` if their length does not match `dims` and `dtype`.
     pub fn new(dtype: DType, dims: Vec<i64>, bytes: Bytes) -> Option<TensorData> {
         let numel: i64 = dims.iter().product();
-        (numel >= 0 && bytes.len() == numel as usize * dtype.size()).then_some(TensorData { dtype, dims, bytes })
+        (numel >= 0 && dtype.byte_len(numel as usize) == Some(bytes.len())).then_some(TensorData { dtype, dims, bytes })
     }
 
     pub fn numel(&self) -> usize {
@@ -33,6 +33,10 @@ impl TensorData {
 
     /// Builds a tensor of `dtype` from f64 values (rounding/truncating as a cast would).
     pub fn from_f64s(dtype: DType, dims: Vec<i64>, values: &[f64]) -> TensorData {
+        if dtype.is_low_precision() {
+            let codes: Vec<u8> = values.iter().map(|&v| lowp::encode(dtype, v)).collect();
+            return TensorData { dtype, dims, bytes: Bytes::from(lowp::pack(dtype, &codes)) };
+        }
         let mut out = Vec::with_capacity(values.len() * dtype.size());
         for &v in values {
             encode_f64(dtype, v, &mut out);
@@ -51,6 +55,10 @@ impl TensorData {
     }
 
     fn get_f64_or_i64(&self, i: usize) -> (f64, i64) {
+        if self.dtype.is_low_precision() {
+            let v = lowp::decode(self.dtype, lowp::code_at(self.dtype, &self.bytes, i));
+            return (v, v as i64);
+        }
         let s = self.dtype.size();
         let b = &self.bytes[i * s..(i + 1) * s];
         macro_rules! int {
@@ -85,12 +93,20 @@ impl TensorData {
                 let v = half::bf16::from_le_bytes(b.try_into().expect("element width")).to_f64();
                 (v, v as i64)
             }
+            // Decoded above; listed so that a new type must choose its decoding.
+            DType::F8E4M3FN | DType::F8E4M3FNUZ | DType::F8E5M2 | DType::F8E5M2FNUZ | DType::F8E8M0 | DType::U4 | DType::I4
+            | DType::F4E2M1 | DType::U2 | DType::I2 => (f64::NAN, 0),
         }
     }
 }
 
-/// Appends `v` encoded as `dtype` to `out`.
+/// Appends `v` encoded as `dtype` to `out`. Low-precision types append one code per byte:
+/// the packed 4- and 2-bit types still need [`lowp::pack`].
 pub fn encode_f64(dtype: DType, v: f64, out: &mut Vec<u8>) {
+    if dtype.is_low_precision() {
+        out.push(lowp::encode(dtype, v));
+        return;
+    }
     match dtype {
         DType::F32 => out.extend((v as f32).to_le_bytes()),
         DType::F64 => out.extend(v.to_le_bytes()),
@@ -105,5 +121,7 @@ pub fn encode_f64(dtype: DType, v: f64, out: &mut Vec<u8>) {
         DType::U32 => out.extend((v as u32).to_le_bytes()),
         DType::U64 => out.extend((v as u64).to_le_bytes()),
         DType::Bool => out.push((v != 0.0) as u8),
+        DType::F8E4M3FN | DType::F8E4M3FNUZ | DType::F8E5M2 | DType::F8E5M2FNUZ | DType::F8E8M0 | DType::U4 | DType::I4
+        | DType::F4E2M1 | DType::U2 | DType::I2 => {}
     }
 }

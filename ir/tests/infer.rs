@@ -1,6 +1,7 @@
 //! Shape inference through import of tiny hand-built models: broadcasting and MatMul
 //! with the batch symbol, Reshape/Flatten, window ops, Split, Slice, folding of shape
-//! subgraphs, and op versions whose semantics are not implemented.
+//! subgraphs, op versions whose semantics are not implemented, and the quantization ops'
+//! types and scale shapes (low-precision operands only reach casts and those ops).
 
 mod common;
 
@@ -1055,4 +1056,85 @@ fn u8_tensor(name: &str) -> onnx_protobuf::TensorProto {
     t.data_type = 2;
     t.raw_data = vec![128];
     t
+}
+
+// ---------------------------------------------------------------- low precision
+
+/// A tensor of a low-precision type from its raw (packed) bytes.
+fn tensor_raw(name: &str, data_type: i32, dims: &[i64], raw: &[u8]) -> onnx_protobuf::TensorProto {
+    onnx_protobuf::TensorProto { name: name.into(), dims: dims.to_vec(), data_type, raw_data: raw.to_vec(), ..Default::default() }
+}
+
+const INT4: i32 = 22;
+const FLOAT8E4M3FN: i32 = 17;
+
+/// QuantizeLinear's output type (zero point, else output_dtype, else u8) and its per-axis
+/// and blocked scale shapes; DequantizeLinear's (output_dtype, else the scale's);
+/// DynamicQuantizeLinear's three outputs.
+#[test]
+fn quantization_types_and_scale_shapes() {
+    let m = ModelBuilder::new(25)
+        .input("x", F32, &fixed(&[1, 4, 6]))
+        .init(tensor_f32("s_axis", &[4], &[1.0, 2.0, 3.0, 4.0]))
+        .init(tensor_f32_zeros("s_block", &[1, 4, 3]))
+        // Four int4 zero points, two to a byte.
+        .init(tensor_raw("z4", INT4, &[4], &[0x21, 0xF0]))
+        .node(node("QuantizeLinear", "q_u8", &["x", "s_axis"], &["a"]))
+        .node(node("QuantizeLinear", "q_i4", &["x", "s_axis", "z4"], &["b"]))
+        .node(node("QuantizeLinear", "q_f8", &["x", "s_block"], &["c"]).int("axis", 2).int("block_size", 2).int("output_dtype", FLOAT8E4M3FN as i64))
+        .node(node("DequantizeLinear", "dq", &["b", "s_axis", "z4"], &["d"]))
+        .node(node("DequantizeLinear", "dq16", &["c", "s_block"], &["e"]).int("axis", -1).int("block_size", 2).int("output_dtype", 10))
+        .node(node("DynamicQuantizeLinear", "dyn", &["x"], &["f", "f_scale", "f_zp"]))
+        .output("a")
+        .output("d")
+        .output("e")
+        .output("f")
+        .output("f_scale")
+        .output("f_zp");
+    let g = import(&m);
+    assert_eq!(ty(&g, "a"), "u8[N,4,6]");
+    assert_eq!(ty(&g, "b"), "i4[N,4,6]");
+    assert_eq!(ty(&g, "c"), "f8e4m3fn[N,4,6]");
+    assert_eq!(ty(&g, "d"), "f32[N,4,6]");
+    assert_eq!(ty(&g, "e"), "f16[N,4,6]");
+    assert_eq!((ty(&g, "f"), ty(&g, "f_scale"), ty(&g, "f_zp")), ("u8[N,4,6]".into(), "f32[]".into(), "u8[]".into()));
+    // The attributes print and parse back (the text form goes through the importer).
+    let text = pipewright_ir::text::print_graph(&g);
+    assert!(text.contains("QuantizeLinear[axis=2, block_size=2, output_dtype=f8e4m3fn]"), "{text}");
+    let back = pipewright_ir::parse_graph(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+    assert_eq!(pipewright_ir::text::print_graph(&back), text);
+    let quant = |scale: onnx_protobuf::TensorProto, n: onnx_protobuf::NodeProto| {
+        ModelBuilder::new(25).input("x", F32, &fixed(&[1, 4, 6])).init(scale).node(n).output("y")
+    };
+    // Blocks of 4 over 6 elements make 2 blocks, not 3.
+    let blocked = quant(tensor_f32_zeros("s", &[1, 4, 3]), node("QuantizeLinear", "q", &["x", "s"], &["y"]).int("axis", 2).int("block_size", 4));
+    assert_shape_error(&blocked, &["\"q\"", "blocked scale", "blocks of 4"]);
+    let per_axis = quant(tensor_f32_zeros("s", &[5]), node("QuantizeLinear", "q", &["x", "s"], &["y"]));
+    assert_shape_error(&per_axis, &["\"q\"", "per-axis scale must be [4]"]);
+    let m = ModelBuilder::new(25)
+        .input("x", F32, &fixed(&[1, 4]))
+        .init(tensor_f32("s", &[], &[1.0]))
+        .init(tensor_raw("z", INT4, &[], &[0x01]))
+        .node(node("QuantizeLinear", "q", &["x", "s", "z"], &["y"]).int("output_dtype", 3))
+        .output("y");
+    assert_shape_error(&m, &["\"q\"", "output_dtype i8 differs from the zero point's type i4"]);
+}
+
+/// Only casts and the quantization ops take the low-precision types: another op on them
+/// is refused at import with the op and the type named (the runtime holds them in wider
+/// types, where it would compute in the wrong precision).
+#[test]
+fn low_precision_operands_are_refused_outside_casts_and_quantization() {
+    let m = ModelBuilder::new(21)
+        .input("q", INT4, &fixed(&[1, 4]))
+        .node(node("Cast", "widen", &["q"], &["w"]).int("to", 1))
+        .node(node("Add", "sum", &["q", "q"], &["y"]))
+        .output("w")
+        .output("y");
+    let e = import_err(&m);
+    let msg = e.to_string();
+    assert!(msg.contains("\"sum\"") && msg.contains("Add on element type i4 is not supported"), "{msg}");
+    let ok = ModelBuilder::new(21).input("q", INT4, &fixed(&[1, 4])).node(node("Cast", "widen", &["q"], &["w"]).int("to", 1).int("saturate", 0)).output("w");
+    let g = import(&ok);
+    assert_eq!(ty(&g, "w"), "f32[N,4]");
 }

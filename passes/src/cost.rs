@@ -25,6 +25,8 @@
 //! - **SoftmaxCrossEntropyLoss**: 5 per score; **NegativeLogLikelihoodLoss**: 1 per target.
 //! - **Pools**: `out_numel * prod(kernel)`; global pools `in_numel`; LpPool adds 4 per
 //!   input and output element (the power and the root). Backward 1x.
+//! - **QuantizeLinear**: 4 per element; **DequantizeLinear**: 2; **DynamicQuantizeLinear**:
+//!   6 per input element (the range pass, then quantizing). No backward.
 //! - **Reductions, ArgMax/ArgMin, CumSum, CumProd, TopK**: `in_numel`. Backward 1x.
 //!   **Det**: `in_numel * M` (an LU factorisation of each `M x M` matrix). Backward 2x.
 //! - **Gather / GatherElements / GatherND**: `out_numel`; **ScatterND / ScatterElements /
@@ -158,6 +160,7 @@ impl OpClass {
             | Op::TensorScatter { .. }
             | Op::MaxUnpool { .. } => OpClass::Gather,
             Op::RotaryEmbedding(_) => OpClass::Elementwise,
+            Op::QuantizeLinear(_) | Op::DequantizeLinear { .. } | Op::DynamicQuantizeLinear => OpClass::Elementwise,
             Op::Resize(_) | Op::Upsample(_) | Op::GridSample { .. } | Op::RoiAlign(_) => OpClass::Gather,
             op if op.is_elementwise() => OpClass::Elementwise,
             _ => OpClass::DataMovement,
@@ -556,6 +559,11 @@ fn flops(g: &Graph, n: NodeId, export: i64) -> (Lin, f64) {
         Op::BatchNormalization(_) => (first_out.scale(6.0), 2.0),
         Op::RMSNormalization(_) => (first_out.scale(5.0), 2.0),
         Op::RotaryEmbedding(_) => (first_out.scale(3.0), 2.0),
+        // Divide, round, add, clamp (multiply and subtract back); no backward.
+        Op::QuantizeLinear(_) => (first_out.scale(4.0), 0.0),
+        Op::DequantizeLinear { .. } => (first_out.scale(2.0), 0.0),
+        // A min/max pass over x, then QuantizeLinear.
+        Op::DynamicQuantizeLinear => (in_numel.scale(6.0), 0.0),
         Op::Attention(_) => {
             // Q's numel covers `[b, heads, q_seq, head_size]` in either layout; the
             // scores have `total / head_size` times as many elements.

@@ -10,8 +10,10 @@ mod convert;
 mod elementwise;
 mod loss;
 mod index;
+mod lowp;
 mod nn;
 mod norm;
+mod qlinear;
 mod quant;
 mod reduce;
 mod rnn;
@@ -124,8 +126,11 @@ fn dispatch(k: &Kernel, ins: &[Option<&Tensor>], mode: Mode, outputs_read: Optio
         )),
         Where => one(elementwise::where_(x()?, y()?, need(ins, 2)?)),
         Unsigned { types, kernel } => unsigned::run(kernel, types, ins),
-        Cast { to } => one(convert::kind_of(*to).and_then(|kd| Ok(x()?.f_to_kind(kd)?))),
-        CastLike => one(Ok(x()?.f_to_kind(y()?.f_kind()?)?)),
+        Cast { to, mode } => one(lowp::cast(x()?, *to, *mode)),
+        CastLike { mode } => one(convert::elem_of(y()?.f_kind()?).and_then(|to| lowp::cast(x()?, to, *mode))),
+        QuantizeLinear(q) => one(quant::quantize(x()?, y()?, opt(ins, 2), q)),
+        DequantizeLinear { axis, block_size, to } => one(quant::dequantize(x()?, y()?, opt(ins, 2), *axis, *block_size, *to)),
+        DynamicQuantizeLinear => quant::dynamic_quantize(x()?),
         _ => dispatch_nn(k, ins, mode, outputs_read),
     }
 }
@@ -138,10 +143,10 @@ fn dispatch_nn(k: &Kernel, ins: &[Option<&Tensor>], mode: Mode, outputs_read: Op
         Softmax(s) => one(nn::softmax(x()?, s, false)),
         LogSoftmax(s) => one(nn::softmax(x()?, s, true)),
         MatMul => one(Ok(x()?.f_matmul(y()?)?)),
-        MatMulInteger => one(quant::matmul_integer(ins)),
-        QLinearMatMul => one(quant::qlinear_matmul(ins)),
-        ConvInteger(c) => one(quant::conv_integer(c, ins)),
-        QLinearConv(c) => one(quant::qlinear_conv(c, ins)),
+        MatMulInteger => one(qlinear::matmul_integer(ins)),
+        QLinearMatMul => one(qlinear::qlinear_matmul(ins)),
+        ConvInteger(c) => one(qlinear::conv_integer(c, ins)),
+        QLinearConv(c) => one(qlinear::qlinear_conv(c, ins)),
         Gemm(g) => one(nn::gemm(g, x()?, y()?, opt(ins, 2))),
         Conv(c) => one(window::conv(c, x()?, y()?, opt(ins, 2))),
         ConvTranspose(c) => one(window::conv_transpose(c, x()?, y()?, opt(ins, 2))),

@@ -11,22 +11,56 @@
 
 use serde::{Deserialize, Serialize};
 
-/// Element types of runtime tensors (the IR's `DType`).
+/// Element types of runtime tensors (the IR's `DType`). The low-precision types after
+/// `Bool` live in tensors of their [`ElemType::holder`] type (see `exec::lowp`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ElemType {
     F32, F16, Bf16, F64, I64, I32, I16, I8, U8, U16, U32, U64, Bool,
+    F8E4M3FN, F8E4M3FNUZ, F8E5M2, F8E5M2FNUZ, U4, I4, F4E2M1, F8E8M0, U2, I2,
 }
 
 impl ElemType {
-    /// Bytes per element in the raw little-endian encoding.
+    /// Bytes per element in the raw little-endian encoding (one for the packed 4- and 2-bit
+    /// types, whose raw length is [`ElemType::byte_len`]).
     pub fn size_bytes(self) -> usize {
         use ElemType::*;
         match self {
             F64 | I64 | U64 => 8,
             F32 | I32 | U32 => 4,
             F16 | Bf16 | I16 | U16 => 2,
-            I8 | U8 | Bool => 1,
+            I8 | U8 | Bool | F8E4M3FN | F8E4M3FNUZ | F8E5M2 | F8E5M2FNUZ | F8E8M0 => 1,
+            U4 | I4 | F4E2M1 | U2 | I2 => 1,
+        }
+    }
+
+    /// Elements per byte in raw data: 2 for the 4-bit types, 4 for the 2-bit ones, else 1.
+    pub fn per_byte(self) -> usize {
+        use ElemType::*;
+        match self {
+            U4 | I4 | F4E2M1 => 2,
+            U2 | I2 => 4,
+            _ => 1,
+        }
+    }
+
+    /// Raw bytes of `numel` elements (packed types round the last byte up).
+    pub fn byte_len(self, numel: usize) -> Option<usize> {
+        match self.per_byte() {
+            1 => numel.checked_mul(self.size_bytes()),
+            k => Some(numel.div_ceil(k)),
+        }
+    }
+
+    /// The type whose tensors hold this type's values exactly: i8 for `i4`/`i2`, u8 for
+    /// `u4`/`u2`, f32 for `f4e2m1`/`f8e8m0`; every other type holds itself.
+    pub fn holder(self) -> ElemType {
+        use ElemType::*;
+        match self {
+            I4 | I2 => I8,
+            U4 | U2 => U8,
+            F4E2M1 | F8E8M0 => F32,
+            t => t,
         }
     }
 
@@ -36,14 +70,18 @@ impl ElemType {
         match self {
             F32 => "f32", F16 => "f16", Bf16 => "bf16", F64 => "f64", I64 => "i64",
             I32 => "i32", I16 => "i16", I8 => "i8", U8 => "u8", U16 => "u16", U32 => "u32",
-            U64 => "u64", Bool => "bool",
+            U64 => "u64", Bool => "bool", F8E4M3FN => "f8e4m3fn", F8E4M3FNUZ => "f8e4m3fnuz",
+            F8E5M2 => "f8e5m2", F8E5M2FNUZ => "f8e5m2fnuz", U4 => "u4", I4 => "i4",
+            F4E2M1 => "f4e2m1", F8E8M0 => "f8e8m0", U2 => "u2", I2 => "i2",
         }
     }
 
     /// Parses the name printed by [`ElemType::name`].
     pub fn from_name(name: &str) -> Option<Self> {
         use ElemType::*;
-        [F32, F16, Bf16, F64, I64, I32, I16, I8, U8, U16, U32, U64, Bool].into_iter().find(|e| e.name() == name)
+        [F32, F16, Bf16, F64, I64, I32, I16, I8, U8, U16, U32, U64, Bool, F8E4M3FN, F8E4M3FNUZ, F8E5M2, F8E5M2FNUZ, U4, I4, F4E2M1, F8E8M0, U2, I2]
+            .into_iter()
+            .find(|e| e.name() == name)
     }
 
     /// Floating-point types.
@@ -56,6 +94,37 @@ impl std::fmt::Display for ElemType {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
     }
+}
+
+/// ONNX `round_mode` of casts to `f8e8m0`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum RoundMode {
+    Up, Down, Nearest,
+}
+
+/// How a cast rounds into the low-precision floats (ONNX `saturate`, `round_mode`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct CastMode {
+    pub saturate: bool,
+    pub round: RoundMode,
+}
+
+impl Default for CastMode {
+    /// ONNX's defaults: saturate, round up.
+    fn default() -> Self {
+        CastMode { saturate: true, round: RoundMode::Up }
+    }
+}
+
+/// QuantizeLinear's attributes, `to` resolved from the zero point's type at lowering
+/// (`None`: the zero point's holder type, u8 without one).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Quantize {
+    pub to: Option<ElemType>,
+    pub axis: i64,
+    pub block_size: i64,
+    pub saturate: bool,
+    pub precision: Option<ElemType>,
 }
 
 /// Elementwise kernels with one input and no attributes.
@@ -453,8 +522,13 @@ pub enum Kernel {
     SpaceToDepth { blocksize: i64, crd: bool },
     Expand,
     Where,
-    Cast { to: ElemType },
-    CastLike,
+    Cast { to: ElemType, mode: CastMode },
+    /// Casts to the second input's type; lowering turns CastLike into `Cast` where the
+    /// target is known (a tensor's kind cannot tell `i4` from `i8`).
+    CastLike { mode: CastMode },
+    QuantizeLinear(Quantize),
+    DequantizeLinear { axis: i64, block_size: i64, to: Option<ElemType> },
+    DynamicQuantizeLinear,
     Shape { start: i64, end: Option<i64> },
     Size,
     /// The `value` attribute as `(dtype, value)`; `None` = f32 zero.
@@ -541,7 +615,8 @@ fn plain_name(k: &Kernel) -> &'static str {
         DepthToSpace { .. } => "DepthToSpace", GridSample { .. } => "GridSample",
         Dft { .. } => "DFT", Stft { .. } => "STFT", RoiAlign(_) => "RoiAlign", DeformConv { .. } => "DeformConv",
         AffineGrid { .. } => "AffineGrid", Col2Im { .. } => "Col2Im", CenterCropPad { .. } => "CenterCropPad", SpaceToDepth { .. } => "SpaceToDepth", Expand => "Expand", Where => "Where",
-        Cast { .. } => "Cast", CastLike => "CastLike", Shape { .. } => "Shape", Size => "Size",
+        Cast { .. } => "Cast", CastLike { .. } => "CastLike", QuantizeLinear(_) => "QuantizeLinear",
+        DequantizeLinear { .. } => "DequantizeLinear", DynamicQuantizeLinear => "DynamicQuantizeLinear", Shape { .. } => "Shape", Size => "Size",
         ConstantOfShape { .. } => "ConstantOfShape", Range => "Range", ArgMax { .. } => "ArgMax",
         ArgMin { .. } => "ArgMin", Trilu { .. } => "Trilu", Einsum { .. } => "Einsum",
         Pad(_) => "Pad", Tile => "Tile", CumSum { .. } => "CumSum", CumProd { .. } => "CumProd",

@@ -222,9 +222,13 @@ pub fn looks_like_module(path: &Path) -> bool {
     !head.is_empty() && MAGIC.starts_with(&head)
 }
 
-/// The safetensors dtype of an element type.
+/// The safetensors dtype of an element type. safetensors has no float8: those (one byte
+/// each) are stored as u8 bytes, read back by the program's element type; the packed 4/2-bit
+/// types take their holder's dtype (codegen stores them unpacked).
 pub fn dtype_of(e: ElemType) -> Dtype {
     match e {
+        ElemType::F8E4M3FN | ElemType::F8E4M3FNUZ | ElemType::F8E5M2 | ElemType::F8E5M2FNUZ | ElemType::F8E8M0 => Dtype::U8,
+        ElemType::U4 | ElemType::I4 | ElemType::F4E2M1 | ElemType::U2 | ElemType::I2 => dtype_of(e.holder()),
         ElemType::F32 => Dtype::F32,
         ElemType::F16 => Dtype::F16,
         ElemType::Bf16 => Dtype::BF16,
@@ -280,8 +284,9 @@ fn stored_size(p: &Program, s: &Stored) -> std::result::Result<(Vec<usize>, usiz
         n = n.checked_mul(d).ok_or_else(|| format!("{} is too large: {:?}", describe(p, s), s.dims))?;
         shape.push(d);
     }
-    let size = n
-        .checked_mul(s.elem.size_bytes())
+    let size = s
+        .elem
+        .byte_len(n)
         .ok_or_else(|| format!("{} is too large: {:?}", describe(p, s), s.dims))?;
     Ok((shape, size))
 }

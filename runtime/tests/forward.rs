@@ -355,7 +355,7 @@ fn constant_of_shape_cast_and_cumsum() {
     assert_eq!(z.kind(), Kind::Float);
     let x = f64s(&[-1.7, 2.9], &[2]);
     assert_eq!(
-        to_i64(&one(Kernel::Cast { to: ElemType::I32 }, &[&x])),
+        to_i64(&one(Kernel::Cast { to: ElemType::I32, mode: CastMode::default() }, &[&x])),
         [-1, 2]
     );
     let x = f64s(&[1.0, 2.0, 3.0], &[3]);
@@ -482,7 +482,7 @@ fn errors_name_the_problem() {
     let m = f64s(&[1.0, 2.0], &[2]);
     let e = run(&Kernel::MatMul, &[Some(&m), Some(&x)], Mode::Eval).unwrap_err();
     assert!(matches!(e, KernelError::Torch { op: "MatMul", .. }), "{e}");
-    let e = run(&Kernel::Cast { to: ElemType::U32 }, &[Some(&x)], Mode::Eval).unwrap_err();
+    let e = run(&Kernel::Cast { to: ElemType::U32, mode: CastMode::default() }, &[Some(&x)], Mode::Eval).unwrap_err();
     assert!(e.to_string().contains("u32"), "{e}");
     let x4 = Tensor::zeros([1, 1, 2, 2], (Kind::Double, tch::Device::Cpu));
     let p = Pool {

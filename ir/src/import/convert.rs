@@ -223,18 +223,30 @@ fn convert_op(op_type: &str, version: i64, a: &mut Attrs, n_inputs: usize) -> Re
         "Where" => Op::Where,
         "Cast" => {
             let code = a.int("to")?.ok_or("attribute \"to\" is required")?;
-            // Both only affect float8/float4 targets, which the IR rejects below.
-            a.ignore("saturate");
-            a.ignore("round_mode");
             let to = DType::from_onnx(code as i32)
                 .ok_or_else(|| format!("cast to {} is not supported", crate::dtype::onnx_type_name(code as i32)))?;
-            Op::Cast { to }
+            Op::Cast { to, mode: cast_mode(a)? }
         }
-        "CastLike" => {
-            a.ignore("saturate");
-            a.ignore("round_mode");
-            Op::CastLike
+        "CastLike" => Op::CastLike { mode: cast_mode(a)? },
+        "QuantizeLinear" => {
+            let (axis, block_size) = quant_axis(a)?;
+            let saturate = a.bool_or("saturate", true)?;
+            let output_dtype = a.int("output_dtype")?.filter(|&c| c != 0).map(|c| quant_dtype(c, "output_dtype")).transpose()?;
+            let precision = match a.int("precision")?.filter(|&c| c != 0) {
+                Some(code) => DType::from_onnx(float_code(code, "precision")? as i32),
+                None => None,
+            };
+            Op::QuantizeLinear(Quantize { axis, block_size, saturate, output_dtype, precision })
         }
+        "DequantizeLinear" => {
+            let (axis, block_size) = quant_axis(a)?;
+            let output_dtype = match a.int("output_dtype")?.filter(|&c| c != 0) {
+                Some(code) => DType::from_onnx(float_code(code, "output_dtype")? as i32),
+                None => None,
+            };
+            Op::DequantizeLinear { axis, block_size, output_dtype }
+        }
+        "DynamicQuantizeLinear" => Op::DynamicQuantizeLinear,
         "Shape" => Op::Shape { start: a.int_or("start", 0)?, end: a.int("end")? },
         "Size" => Op::Size,
         "ConstantOfShape" => {
@@ -346,6 +358,39 @@ fn convert_op(op_type: &str, version: i64, a: &mut Attrs, n_inputs: usize) -> Re
             None => return Err(format!("{other} has no converter")),
         },
     })
+}
+
+/// Cast's `saturate` and `round_mode` (defaults: saturate, round up).
+fn cast_mode(a: &mut Attrs) -> Result<CastMode, String> {
+    let round = match a.string("round_mode")?.as_deref() {
+        None | Some("up") => RoundMode::Up,
+        Some("down") => RoundMode::Down,
+        Some("nearest") => RoundMode::Nearest,
+        Some(other) => return Err(format!("round_mode={other:?} is not up, down or nearest")),
+    };
+    Ok(CastMode { saturate: a.bool_or("saturate", true)?, round })
+}
+
+/// The quantization ops' `axis` (default 1) and `block_size` (default 0, no blocks).
+fn quant_axis(a: &mut Attrs) -> Result<(i64, i64), String> {
+    let block_size = a.int_or("block_size", 0)?;
+    if block_size < 0 {
+        return Err(format!("block_size={block_size} must not be negative"));
+    }
+    Ok((a.int_or("axis", 1)?, block_size))
+}
+
+/// QuantizeLinear's `output_dtype`: one of the quantized types.
+fn quant_dtype(code: i64, name: &str) -> Result<DType, String> {
+    match DType::from_onnx(code as i32) {
+        Some(d) if is_quantized(d) => Ok(d),
+        _ => Err(format!("{name}={} is not a supported quantized type", crate::dtype::onnx_type_name(code as i32))),
+    }
+}
+
+/// The types QuantizeLinear produces and DequantizeLinear reads.
+pub(crate) fn is_quantized(d: DType) -> bool {
+    matches!(d, DType::U8 | DType::I8 | DType::U16 | DType::I16 | DType::I32) || (d.is_low_precision() && d != DType::F8E8M0)
 }
 
 /// An attribute naming a floating-point type by its ONNX code.

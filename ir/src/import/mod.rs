@@ -327,6 +327,10 @@ impl<'a> Importer<'a> {
             .collect();
         let out_types = infer(&op, &types, node.output.len(), self.ctx)
             .map_err(|reason| ImportError::Shape { node: nref(), reason })?;
+        let operand_types = types.iter().flatten().map(|t| t.ty.dtype).chain(out_types.iter().map(|t| t.dtype));
+        if let Some(d) = operand_types.filter(|d| d.is_low_precision()).find(|_| !handles_low_precision(&op)) {
+            return Err(bad(format!("{} on element type {d} is not supported (only casts and the quantization ops take the low-precision types)", node.op_type)));
+        }
         if out_types.iter().any(|t| t.shape.0.iter().any(|d| d.fixed().is_some_and(|v| v < 0))) {
             return Err(ImportError::Shape { node: nref(), reason: "an output extent is negative".into() });
         }
@@ -542,6 +546,14 @@ fn name_nodes(nodes: &mut [NodeProto]) {
 
 /// Rejects foreign domains, unknown op types (all reported together) and op versions
 /// whose semantics are not implemented.
+/// The ops defined on float8, float4 and 4/2-bit integer operands; the runtime holds those
+/// in wider types (see `pipewright_runtime`'s `lowp`), where other kernels would compute
+/// in the wrong precision.
+fn handles_low_precision(op: &crate::Op) -> bool {
+    use crate::Op;
+    matches!(op, Op::Cast { .. } | Op::CastLike { .. } | Op::QuantizeLinear(_) | Op::DequantizeLinear { .. })
+}
+
 fn check_ops(nodes: &[NodeProto], opset: i64) -> Result<(), ImportError> {
     let nref = |n: &NodeProto| NodeRef { name: n.name.clone(), op_type: n.op_type.clone() };
     let foreign: Vec<(NodeRef, String)> = nodes

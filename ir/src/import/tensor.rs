@@ -32,7 +32,7 @@ pub fn tensor_from_proto(mut t: TensorProto, model_dir: &Path) -> Result<TensorD
     }
     let dims = t.dims.clone();
     let numel = dims.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d as usize)).ok_or_else(|| bad("element count overflows".into()))?;
-    let expected = numel.checked_mul(dtype.size()).ok_or_else(|| bad("byte size overflows".into()))?;
+    let expected = dtype.byte_len(numel).ok_or_else(|| bad("byte size overflows".into()))?;
     let bytes = if t.data_location.enum_value() == Ok(DataLocation::EXTERNAL) {
         read_external(&t, model_dir, expected)?
     } else if !t.raw_data.is_empty() || numel == 0 {
@@ -60,6 +60,9 @@ fn typed_field_bytes(t: &TensorProto, dtype: DType) -> Bytes {
         DType::U16 | DType::F16 | DType::Bf16 => t.int32_data.iter().for_each(|v| out.extend((*v as u16).to_le_bytes())),
         DType::I8 => t.int32_data.iter().for_each(|v| out.push(*v as i8 as u8)),
         DType::U8 | DType::Bool => t.int32_data.iter().for_each(|v| out.push(*v as u8)),
+        // One byte of raw data per int32: a float8 code, or two 4-bit / four 2-bit elements.
+        DType::F8E4M3FN | DType::F8E4M3FNUZ | DType::F8E5M2 | DType::F8E5M2FNUZ | DType::F8E8M0 | DType::U4 | DType::I4
+        | DType::F4E2M1 | DType::U2 | DType::I2 => t.int32_data.iter().for_each(|v| out.push(*v as u8)),
     }
     Bytes::from(out)
 }

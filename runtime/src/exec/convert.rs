@@ -14,7 +14,8 @@ use super::util::{bad_dtype, invalid, R};
 use super::KernelError;
 use crate::kernel::ElemType;
 
-/// The libtorch kind of an element type. `u16`, `u32` and `u64` have no kind in tch.
+/// The libtorch kind of an element type (of its holder, for the emulated low-precision
+/// types). `u16`, `u32` and `u64` have no kind in tch.
 pub(crate) fn kind_of(et: ElemType) -> R<Kind> {
     use ElemType::*;
     Ok(match et {
@@ -28,6 +29,14 @@ pub(crate) fn kind_of(et: ElemType) -> R<Kind> {
         I8 => Kind::Int8,
         U8 => Kind::Uint8,
         Bool => Kind::Bool,
+        F8E4M3FN => Kind::Float8e4m3fn,
+        F8E4M3FNUZ => Kind::Float8e4m3fnuz,
+        F8E5M2 => Kind::Float8e5m2,
+        F8E5M2FNUZ => Kind::Float8e5m2fnuz,
+        // Held in wider tensors (see `lowp`).
+        I4 | I2 => Kind::Int8,
+        U4 | U2 => Kind::Uint8,
+        F4E2M1 | F8E8M0 => Kind::Float,
         U16 | U32 | U64 => return Err(bad_dtype(format!("{et} has no libtorch kind through tch"))),
     })
 }
@@ -47,7 +56,8 @@ pub(crate) fn is_emulated(et: ElemType) -> bool {
     matches!(et, ElemType::U16 | ElemType::U32 | ElemType::U64)
 }
 
-/// The element type of a libtorch kind (complex, quantised and fp8 kinds have none).
+/// The element type of a libtorch kind (complex and quantised kinds have none; the
+/// emulated low-precision types come back as their holders).
 pub(crate) fn elem_of(k: Kind) -> R<ElemType> {
     use ElemType::*;
     Ok(match k {
@@ -61,6 +71,10 @@ pub(crate) fn elem_of(k: Kind) -> R<ElemType> {
         Kind::Int8 => I8,
         Kind::Uint8 => U8,
         Kind::Bool => Bool,
+        Kind::Float8e4m3fn => F8E4M3FN,
+        Kind::Float8e4m3fnuz => F8E4M3FNUZ,
+        Kind::Float8e5m2 => F8E5M2,
+        Kind::Float8e5m2fnuz => F8E5M2FNUZ,
         k => {
             return Err(bad_dtype(format!(
                 "libtorch kind {k:?} has no element type"
@@ -79,7 +93,8 @@ pub fn elem_type(t: &Tensor) -> Result<ElemType, KernelError> {
     (|| elem_of(t.f_kind()?))().map_err(|f| f.into_error("tensor conversion"))
 }
 
-/// A CPU tensor from raw little-endian bytes (`bool`: one byte each, nonzero is true).
+/// A CPU tensor from raw little-endian bytes (`bool`: one byte each, nonzero is true; the
+/// packed 4/2-bit types low bits first, decoded into their holder type).
 pub fn tensor_from_bytes(et: ElemType, shape: &[i64], bytes: &[u8]) -> Result<Tensor, KernelError> {
     from_bytes(et, shape, bytes).map_err(|f| f.into_error("tensor conversion"))
 }
@@ -96,12 +111,15 @@ fn from_bytes(et: ElemType, shape: &[i64], bytes: &[u8]) -> R<Tensor> {
     let numel = shape
         .iter()
         .try_fold(1usize, |acc, &d| acc.checked_mul(d as usize));
-    let want = numel.and_then(|n| n.checked_mul(et.size_bytes()));
+    let want = numel.and_then(|n| et.byte_len(n));
     if want != Some(bytes.len()) {
         return Err(invalid(format!(
             "{} bytes do not hold a {et} tensor of shape {shape:?}",
             bytes.len()
         )));
+    }
+    if let Some(t) = super::lowp::decode(et, shape, bytes, numel.unwrap_or(0))? {
+        return Ok(t);
     }
     let kind = carrier(et)?;
     if let Some(t) = widen(et, shape, bytes)? {
@@ -161,7 +179,8 @@ fn to_bytes_as(t: &Tensor, et: ElemType) -> R<(Vec<i64>, Vec<u8>)> {
 
 /// The element type, shape and raw little-endian bytes of a tensor (any device). The
 /// element type is read from the kind, so a u16/u32/u64 tensor reports its carrier's type
-/// (see [`tensor_to_bytes_as`]).
+/// (see [`tensor_to_bytes_as`]); the emulated low-precision types come back as their
+/// holders.
 pub fn tensor_to_bytes(t: &Tensor) -> Result<(ElemType, Vec<i64>, Vec<u8>), KernelError> {
     to_bytes(t).map_err(|f| f.into_error("tensor conversion"))
 }

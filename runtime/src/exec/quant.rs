@@ -1,96 +1,129 @@
-//! Integer and quantized products, as the ONNX reference computes them: the (u)int8
-//! operands less their zero points are multiplied exactly (in f64, exact for int32
-//! accumulators below 2^53), giving int32 (MatMulInteger, ConvInteger); the QLinear ops
-//! scale that by `a_scale * b_scale / y_scale` (computed in the scales' own type, as the
-//! reference does), add the output zero point, round half to even and saturate to the
-//! output type. None of these is differentiable.
+//! QuantizeLinear, DequantizeLinear and DynamicQuantizeLinear (inference only: rounding
+//! has no useful gradient, and the ops compute as ONNX's reference does).
+//!
+//! The scale and zero point apply per tensor (one element), per axis (a vector along
+//! `axis`) or per block (x's shape with `axis` cut into blocks of `block_size`; each block
+//! value is repeated over its block, the last block possibly short).
 
 use tch::{Kind, Tensor};
 
-use super::util::{bad_dtype, kind, need, opt, R};
-use super::window;
-use crate::kernel::Conv;
+use super::convert::{carrier, elem_of, kind_of};
+use super::lowp;
+use super::util::{invalid, R};
+use crate::kernel::{CastMode, ElemType, Quantize, RoundMode};
 
-/// An integer operand less its optional zero point, in f64. A 1-D zero point broadcasts
-/// along the last axis (numpy's rule, as the reference applies it), unless `per_channel`
-/// puts it on axis 0 (convolution weights, one per output channel).
-fn centered(x: &Tensor, zp: Option<&Tensor>, per_channel: bool) -> R<Tensor> {
-    let k = kind(x)?;
-    if !matches!(k, Kind::Int8 | Kind::Uint8) {
-        return Err(bad_dtype(format!("quantized operands must be int8 or uint8, got {k:?}")));
+/// `param` (scale or zero point) shaped to broadcast against `x`.
+fn expand(param: &Tensor, x: &Tensor, axis: i64, block_size: i64) -> R<Tensor> {
+    let r = x.dim() as i64;
+    if param.numel() == 1 && block_size == 0 {
+        return Ok(param.f_reshape([] as [i64; 0])?);
     }
-    let v = x.f_to_kind(Kind::Double)?;
-    let Some(zp) = zp else { return Ok(v) };
-    let z = zp.f_to_kind(Kind::Double)?;
-    let z = if per_channel && z.dim() == 1 && z.size()[0] == x.size()[0] {
-        let mut shape = vec![1i64; x.dim()];
-        shape[0] = z.size()[0];
-        z.f_reshape(&shape)?
-    } else {
-        z
-    };
-    Ok(v.f_sub(&z)?)
-}
-
-/// MatMulInteger: `(A - a_zero_point) @ (B - b_zero_point)` in int32.
-pub(crate) fn matmul_integer(ins: &[Option<&Tensor>]) -> R<Tensor> {
-    let a = centered(need(ins, 0)?, opt(ins, 2), false)?;
-    let b = centered(need(ins, 1)?, opt(ins, 3), false)?;
-    Ok(a.f_matmul(&b)?.f_to_kind(Kind::Int)?)
-}
-
-/// ConvInteger: the convolution of the centred operands in int32; a 1-D weight zero
-/// point is per output channel.
-pub(crate) fn conv_integer(c: &Conv, ins: &[Option<&Tensor>]) -> R<Tensor> {
-    let x = centered(need(ins, 0)?, opt(ins, 2), false)?;
-    let w = centered(need(ins, 1)?, opt(ins, 3), true)?;
-    Ok(window::conv(c, &x, &w, None)?.f_to_kind(Kind::Int)?)
-}
-
-/// QLinearMatMul: the exact product of the centred operands, requantized.
-pub(crate) fn qlinear_matmul(ins: &[Option<&Tensor>]) -> R<Tensor> {
-    let a = centered(need(ins, 0)?, opt(ins, 2), false)?;
-    let b = centered(need(ins, 3)?, opt(ins, 5), false)?;
-    let acc = a.f_matmul(&b)?;
-    let scale = need(ins, 1)?.f_mul(need(ins, 4)?)?.f_div(need(ins, 6)?)?;
-    requantize(&acc, &scale, opt(ins, 7), kind(need(ins, 0)?)?)
-}
-
-/// QLinearConv: the exact convolution of the centred operands plus the int32 bias,
-/// requantized; a 1-D weight scale (or zero point) is per output channel.
-pub(crate) fn qlinear_conv(c: &Conv, ins: &[Option<&Tensor>]) -> R<Tensor> {
-    let x = centered(need(ins, 0)?, opt(ins, 2), false)?;
-    let w = centered(need(ins, 3)?, opt(ins, 5), true)?;
-    let bias = opt(ins, 8).map(|b| b.f_to_kind(Kind::Double)).transpose()?;
-    let acc = window::conv(c, &x, &w, bias.as_ref())?;
-    let channel = |t: &Tensor| -> R<Tensor> {
-        if t.dim() == 1 && t.numel() > 1 {
-            let mut shape = vec![1i64; acc.dim()];
-            shape[1] = t.numel() as i64;
-            Ok(t.f_reshape(&shape)?)
-        } else {
-            Ok(t.shallow_clone())
+    let a = if axis < 0 { axis + r } else { axis };
+    if !(0..r).contains(&a) {
+        return Err(invalid(format!("axis {axis} out of range for rank {r}")));
+    }
+    let n = x.size()[a as usize];
+    if block_size == 0 {
+        if param.size() != [n] {
+            return Err(invalid(format!("a per-axis parameter must be [{n}], got {:?}", param.size())));
         }
-    };
-    let scale = need(ins, 1)?.f_mul(&channel(need(ins, 4)?)?)?.f_div(need(ins, 6)?)?;
-    requantize(&acc, &scale, opt(ins, 7), kind(need(ins, 0)?)?)
+        let mut dims = vec![1i64; r as usize];
+        dims[a as usize] = n;
+        return Ok(param.f_reshape(&dims)?);
+    }
+    let rep = param.f_repeat_interleave_self_int(block_size, a, None::<i64>)?;
+    if param.dim() as i64 != r || rep.size()[a as usize] < n {
+        return Err(invalid(format!("blocked parameter {:?} does not cover x {:?} in blocks of {block_size}", param.size(), x.size())));
+    }
+    let rep = rep.f_narrow(a, 0, n)?;
+    if rep.size() != x.size() {
+        return Err(invalid(format!("blocked parameter {:?} does not match x {:?} off axis {axis}", param.size(), x.size())));
+    }
+    Ok(rep)
 }
 
-/// `round_half_even(acc * scale + zero_point)` saturated to the zero point's type (or
-/// `fallback`, the input's, without one). `scale` keeps the rounding of its own type.
-fn requantize(acc: &Tensor, scale: &Tensor, zp: Option<&Tensor>, fallback: Kind) -> R<Tensor> {
-    let out = match zp {
-        Some(z) => kind(z)?,
-        None => fallback,
+/// The integer range of a quantized integer type.
+fn int_range(t: ElemType) -> Option<(f64, f64)> {
+    use ElemType::*;
+    Some(match t {
+        U8 => (0.0, 255.0),
+        I8 => (-128.0, 127.0),
+        U16 => (0.0, 65535.0),
+        I16 => (-32768.0, 32767.0),
+        U4 => (0.0, 15.0),
+        I4 => (-8.0, 7.0),
+        U2 => (0.0, 3.0),
+        I2 => (-2.0, 1.0),
+        _ => return None,
+    })
+}
+
+pub(crate) fn quantize(x: &Tensor, scale: &Tensor, zp: Option<&Tensor>, q: &Quantize) -> R<Tensor> {
+    let to = match (q.to, zp) {
+        (Some(t), _) => t,
+        (None, Some(z)) => elem_of(z.f_kind()?)?,
+        (None, None) => ElemType::U8,
     };
-    let (lo, hi) = match out {
-        Kind::Int8 => (-128.0, 127.0),
-        Kind::Uint8 => (0.0, 255.0),
-        k => return Err(bad_dtype(format!("quantized outputs must be int8 or uint8, got {k:?}"))),
+    let s = expand(scale, x, q.axis, q.block_size)?;
+    let scaled = match q.precision {
+        Some(p) => x.f_to_kind(kind_of(p)?)?.f_div(&s.f_to_kind(kind_of(p)?)?)?,
+        None => x.f_div(&s)?,
     };
-    let mut y = acc.f_mul(&scale.f_to_kind(Kind::Double)?)?;
-    if let Some(z) = zp {
-        y = y.f_add(&z.f_to_kind(Kind::Double)?)?;
+    let zp = zp.map(|z| expand(z, x, q.axis, q.block_size)).transpose()?;
+    if let Some((lo, hi)) = int_range(to) {
+        // Round half to even, add the zero point, clamp: in f64, where every sum is exact.
+        let mut y = scaled.f_round()?.f_to_kind(Kind::Double)?;
+        if let Some(z) = &zp {
+            y = y.f_add(&z.f_to_kind(Kind::Double)?)?;
+        }
+        // u16 results live in their carrier kind (see `convert`).
+        return Ok(y.f_clamp(lo, hi)?.f_to_kind(carrier(to)?)?);
     }
-    Ok(y.f_round()?.f_clamp(lo, hi)?.f_to_kind(out)?)
+    let mode = CastMode { saturate: q.saturate, round: RoundMode::Up };
+    match to {
+        // The float8 zero point must be zero and is not added (as the reference).
+        ElemType::F8E4M3FN | ElemType::F8E4M3FNUZ | ElemType::F8E5M2 | ElemType::F8E5M2FNUZ => lowp::cast(&scaled, to, mode),
+        ElemType::F4E2M1 => {
+            let y = match &zp {
+                Some(z) => scaled.f_add(&z.f_to_kind(scaled.f_kind()?)?)?,
+                None => scaled,
+            };
+            lowp::cast(&y, to, mode)
+        }
+        other => Err(invalid(format!("{other} is not a quantized type"))),
+    }
+}
+
+/// `(x - zero_point) * scale` in f32, then the output type (`to`, else the scale's).
+pub(crate) fn dequantize(x: &Tensor, scale: &Tensor, zp: Option<&Tensor>, axis: i64, block_size: i64, to: Option<ElemType>) -> R<Tensor> {
+    let mut dx = x.f_to_kind(Kind::Float)?;
+    // Float inputs (float8, and f4e2m1 in its f32 holder) take no zero point: the
+    // reference requires it to be zero and ignores it.
+    if let Some(z) = zp.filter(|_| !x.is_floating_point()) {
+        dx = dx.f_sub(&expand(z, x, axis, block_size)?.f_to_kind(Kind::Float)?)?;
+    }
+    let s = expand(scale, x, axis, block_size)?;
+    let out = match to {
+        Some(t) => kind_of(t)?,
+        None => s.f_kind()?,
+    };
+    Ok(dx.f_mul(&s.f_to_kind(Kind::Float)?)?.f_to_kind(out)?)
+}
+
+/// u8 quantization over x's range extended to include 0: scale `(max - min) / 255` (1/255
+/// for a constant zero range, as the reference), zero point `round(-min / scale)`.
+pub(crate) fn dynamic_quantize(x: &Tensor) -> R<Vec<Tensor>> {
+    if x.numel() == 0 {
+        return Err(invalid("x is empty: its range is undefined"));
+    }
+    let xf = x.f_to_kind(Kind::Float)?;
+    let zero = Tensor::f_zeros([] as [i64; 0], (Kind::Float, x.device()))?;
+    let maxx = xf.f_max()?.f_maximum(&zero)?;
+    let minx = xf.f_min()?.f_minimum(&zero)?;
+    let range = maxx.f_sub(&minx)?;
+    let range = range.f_masked_fill(&range.f_eq(0.0)?, 1.0)?;
+    let scale = range.f_div_scalar(255.0)?;
+    let zp = minx.f_neg()?.f_div(&scale)?.f_clamp(0.0, 255.0)?.f_round()?;
+    let y = xf.f_div(&scale)?.f_round()?.f_add(&zp)?.f_clamp(0.0, 255.0)?.f_to_kind(Kind::Uint8)?;
+    Ok(vec![y, scale.f_to_kind(x.f_kind()?)?, zp.f_to_kind(Kind::Uint8)?])
 }

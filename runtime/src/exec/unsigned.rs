@@ -12,6 +12,7 @@ use super::bits;
 use super::convert::is_emulated;
 use super::elementwise;
 use super::index;
+use super::quant;
 use super::util::{bad_dtype, need, R};
 use crate::kernel::{BinaryKind, ElemType, Kernel, UnaryKind, VariadicKind};
 
@@ -31,6 +32,11 @@ pub(crate) fn run(k: &Kernel, types: &[Option<ElemType>], ins: &[Option<&Tensor>
         Kernel::Unary(UnaryKind::Identity) => x()?.shallow_clone(),
         Kernel::Variadic(v) if types.iter().all(|t| *t == Some(et)) => variadic(*v, et, ins).map_err(|_| refuse())?,
         Kernel::TopK { axis, largest, .. } => return top_k(et, x()?, need(ins, 1)?, *axis, *largest),
+        // The carrier holds the values themselves, which is all (de)quantization reads.
+        Kernel::QuantizeLinear(q) => quant::quantize(x()?, need(ins, 1)?, ins.get(2).copied().flatten(), q)?,
+        Kernel::DequantizeLinear { axis, block_size, to } => {
+            quant::dequantize(x()?, need(ins, 1)?, ins.get(2).copied().flatten(), *axis, *block_size, *to)?
+        }
         _ => return Err(refuse()),
     }])
 }
