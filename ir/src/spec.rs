@@ -65,6 +65,7 @@ specs! {
     "Clip": [1, 6, 11, 12, 13] from 1, in 1..3, out 1..1;
     "Col2Im": [18] from 18, in 3..3, out 1..1;
     "Concat": [1, 4, 11, 13] from 4, in 1..V, out 1..1;
+    "ConcatFromSequence": [11] from 11, in 1..1, out 1..1;
     "Constant": [1, 9, 11, 12, 13, 19, 21, 23, 24, 25] from 1, in 0..0, out 1..1;
     "ConstantOfShape": [9, 20, 21, 23, 24, 25] from 9, in 1..1, out 1..1;
     "Conv": [1, 11, 22] from 1, in 2..3, out 1..1;
@@ -102,6 +103,7 @@ specs! {
     "HardSwish": [14, 22] from 14, in 1..1, out 1..1;
     "Hardmax": [1, 11, 13] from 1, in 1..1, out 1..1;
     "Identity": [1, 13, 14, 16, 19, 21, 23, 24, 25] from 1, in 1..1, out 1..1;
+    "If": [1, 11, 13, 16, 19, 21, 23, 24, 25] from 1, in 1..1, out 1..V;
     "InstanceNormalization": [1, 6, 22] from 1, in 3..3, out 1..1;
     "IsInf": [10, 20] from 10, in 1..1, out 1..1;
     "IsNaN": [9, 13, 20] from 9, in 1..1, out 1..1;
@@ -113,6 +115,7 @@ specs! {
     "LessOrEqual": [12, 16] from 12, in 2..2, out 1..1;
     "Log": [1, 6, 13] from 1, in 1..1, out 1..1;
     "LogSoftmax": [1, 11, 13] from 1, in 1..1, out 1..1;
+    "Loop": [1, 11, 13, 16, 19, 21, 23, 24, 25] from 1, in 2..V, out 1..V;
     "LpNormalization": [1, 22] from 1, in 1..1, out 1..1;
     "LpPool": [1, 2, 11, 18, 22] from 2, in 1..1, out 1..1;
     "MatMul": [1, 9, 13] from 1, in 2..2, out 1..1;
@@ -128,6 +131,9 @@ specs! {
     "NegativeLogLikelihoodLoss": [12, 13, 22] from 12, in 2..3, out 1..1;
     "Not": [1] from 1, in 1..1, out 1..1;
     "OneHot": [9, 11, 28] from 9, in 3..3, out 1..1;
+    "Optional": [15, 28] from 15, in 0..1, out 1..1;
+    "OptionalGetElement": [15, 18, 28] from 15, in 1..1, out 1..1;
+    "OptionalHasElement": [15, 18, 28] from 15, in 0..1, out 1..1;
     "Or": [1, 7] from 7, in 2..2, out 1..1;
     "PRelu": [1, 6, 7, 9, 16] from 1, in 2..2, out 1..1;
     "Pad": [1, 2, 11, 13, 18, 19, 21, 23, 24, 25] from 2, in 1..4, out 1..1;
@@ -152,10 +158,17 @@ specs! {
     "ReverseSequence": [10, 28] from 10, in 2..2, out 1..1;
     "RotaryEmbedding": [23] from 23, in 3..4, out 1..1;
     "Round": [11, 22] from 11, in 1..1, out 1..1;
+    "Scan": [8, 9, 11, 16, 19, 21, 23, 24, 25] from 8, in 1..V, out 1..V;
     "Scatter": [9, 11] from 9, in 3..3, out 1..1;
     "ScatterElements": [11, 13, 16, 18] from 11, in 3..3, out 1..1;
     "ScatterND": [11, 13, 16, 18] from 11, in 3..3, out 1..1;
     "Selu": [1, 6, 22] from 1, in 1..1, out 1..1;
+    "SequenceAt": [11] from 11, in 2..2, out 1..1;
+    "SequenceConstruct": [11] from 11, in 1..V, out 1..1;
+    "SequenceEmpty": [11] from 11, in 0..0, out 1..1;
+    "SequenceErase": [11] from 11, in 1..2, out 1..1;
+    "SequenceInsert": [11] from 11, in 2..3, out 1..1;
+    "SequenceLength": [11] from 11, in 1..1, out 1..1;
     "Shape": [1, 13, 15, 19, 21, 23, 24, 25] from 1, in 1..1, out 1..1;
     "Shrink": [9] from 9, in 1..1, out 1..1;
     "Sigmoid": [1, 6, 13] from 1, in 1..1, out 1..1;
@@ -170,6 +183,7 @@ specs! {
     "Softsign": [1, 22] from 1, in 1..1, out 1..1;
     "SpaceToDepth": [1, 13, 28] from 1, in 1..1, out 1..1;
     "Split": [1, 2, 11, 13, 18] from 2, in 1..2, out 1..V;
+    "SplitToSequence": [11, 24] from 11, in 1..2, out 1..1;
     "Sqrt": [1, 6, 13] from 1, in 1..1, out 1..1;
     "Squeeze": [1, 11, 13, 21, 23, 24, 25] from 1, in 1..2, out 1..1;
     "Sub": [1, 6, 7, 13, 14] from 1, in 2..2, out 1..1;

@@ -2,6 +2,7 @@
 //! fold shape subgraphs, compact and verify.
 
 mod attrs;
+mod control;
 pub(crate) mod convert;
 mod legacy;
 pub mod tensor;
@@ -146,12 +147,18 @@ struct Importer<'a> {
     graph: Graph,
     names: HashMap<String, ValueId>,
     known: Vec<Option<Known>>,
+    /// Sequence and optional values by name: resolved at import, never reaching the
+    /// runtime (see [`control`]).
+    composites: HashMap<String, control::Composite>,
+    /// A Scan walks a graph input along axis 0: that axis is unrolled, so it cannot be
+    /// the symbolic batch (every extent stays as exported).
+    scans_axis0: bool,
     ctx: Ctx,
 }
 
 impl<'a> Importer<'a> {
     fn new(dir: &'a Path, opts: &'a ImportOptions) -> Importer<'a> {
-        Importer { dir, opts, graph: Graph::default(), names: HashMap::new(), known: Vec::new(), ctx: Ctx::default() }
+        Importer { dir, opts, graph: Graph::default(), names: HashMap::new(), known: Vec::new(), composites: HashMap::new(), scans_axis0: false, ctx: Ctx::default() }
     }
 
     fn run(mut self, mut model: ModelProto) -> Result<Graph, ImportError> {
@@ -169,6 +176,7 @@ impl<'a> Importer<'a> {
         check_ops(&g.node, opset)?;
         let initializer_names: std::collections::HashSet<String> = g.initializer.iter().map(|t| t.name.clone()).collect();
         let params = float_parameters_read(&g.node, &self.opts.float_parameters);
+        self.scans_axis0 = control::scans_inputs_along_axis0(&g.node, &g.input, opset);
         self.add_inputs(&g.input, &initializer_names, &params)?;
         for t in std::mem::take(&mut g.initializer) {
             let name = t.name.clone();
@@ -249,6 +257,7 @@ impl<'a> Importer<'a> {
         }
         let batch = match self.opts.batch {
             BatchMode::Fixed => None,
+            BatchMode::Auto if self.scans_axis0 => None,
             BatchMode::Auto => detect_batch(&typed),
         };
         if let Some((name, size)) = &batch {
@@ -294,10 +303,6 @@ impl<'a> Importer<'a> {
         }
         let spec = spec(&node.op_type).expect("checked by check_ops");
         let version = spec.version_at(opset).expect("checked by check_ops");
-        if let Some(aligned) = self.align_second_input(node, version, opset)? {
-            return self.add_node(&aligned, opset);
-        }
-        let op = convert::convert_node(node, version).map_err(bad)?;
         let (imin, imax) = spec.inputs;
         let (omin, omax) = spec.outputs;
         if node.input.len() < imin || node.input.len() > imax {
@@ -306,16 +311,46 @@ impl<'a> Importer<'a> {
         if node.output.len() < omin || node.output.len() > omax {
             return Err(bad(format!("has {} outputs; {} gives {}", node.output.len(), node.op_type, arity(omin, omax))));
         }
-        let inputs: Vec<Option<ValueId>> = node
-            .input
-            .iter()
-            .map(|n| if n.is_empty() { None } else { Some(self.names[n]) })
-            .collect();
+        if control::is_resolved_at_import(&node.op_type) {
+            return self.add_control(node, version, opset);
+        }
+        if let Some(aligned) = self.align_second_input(node, version, opset)? {
+            return self.add_node(&aligned, opset);
+        }
+        let op = convert::convert_node(node, version).map_err(bad)?;
+        let inputs = node.input.iter().map(|n| self.tensor_input(n, node)).collect::<Result<Vec<_>, _>>()?;
+        self.add_op(&node.name, &node.op_type, op, inputs, &node.output)
+    }
+
+    /// The tensor value named `name` read by `node` (`None` for an omitted optional
+    /// input); a sequence or optional value there is an error, as only the ops resolved
+    /// at import take them.
+    fn tensor_input(&self, name: &str, node: &NodeProto) -> Result<Option<ValueId>, ImportError> {
+        if name.is_empty() {
+            return Ok(None);
+        }
+        match (self.names.get(name), self.composites.get(name)) {
+            (Some(&v), _) => Ok(Some(v)),
+            (None, Some(c)) => Err(ImportError::BadNode {
+                node: NodeRef { name: node.name.clone(), op_type: node.op_type.clone() },
+                reason: format!("input {name:?} is {}; only sequence and optional ops take it (a tensor is needed)", c.describe()),
+            }),
+            (None, None) => Err(ImportError::UndefinedInput {
+                node: NodeRef { name: node.name.clone(), op_type: node.op_type.clone() },
+                input: name.to_string(),
+            }),
+        }
+    }
+
+    /// Adds one converted op reading `inputs` and defining `output_names` (an empty name
+    /// is an unused output): infers its types, folds it when its inputs are constants.
+    fn add_op(&mut self, node_name: &str, op_type: &str, op: crate::Op, inputs: Vec<Option<ValueId>>, output_names: &[String]) -> Result<(), ImportError> {
+        let nref = || NodeRef { name: node_name.to_string(), op_type: op_type.to_string() };
         let types: Vec<Option<In>> = inputs
             .iter()
             .map(|v| v.map(|v| In { ty: &self.graph.value(v).ty, known: self.known.get(v.index()).and_then(|k| k.as_ref()) }))
             .collect();
-        let out_types = infer(&op, &types, node.output.len(), self.ctx)
+        let out_types = infer(&op, &types, output_names.len(), self.ctx)
             .map_err(|reason| ImportError::Shape { node: nref(), reason })?;
         if out_types.iter().any(|t| t.shape.0.iter().any(|d| d.fixed().is_some_and(|v| v < 0))) {
             return Err(ImportError::Shape { node: nref(), reason: "an output extent is negative".into() });
@@ -323,29 +358,31 @@ impl<'a> Importer<'a> {
         if let Some(t) = out_types.iter().find(|t| byte_size(t, self.ctx.export_batch.unwrap_or(1)).is_none()) {
             return Err(ImportError::Shape { node: nref(), reason: format!("output {t} is too large (its byte size overflows 64 bits)") });
         }
-        let known_out = self.evaluate_known(&op, &inputs, &out_types);
-        let foldable = known_out.as_ref().is_some_and(|k| k.to_tensor().is_some())
-            && node.output.len() == 1
+        let known_outs = self.evaluate_known_all(&op, &inputs, &out_types);
+        let foldable = output_names
+            .iter()
+            .zip(&known_outs)
+            .all(|(name, k)| name.is_empty() || k.as_ref().is_some_and(|k| k.to_tensor().is_some()))
             && inputs.iter().flatten().all(|v| self.is_constant_or_shape_source(&op, *v));
         if foldable {
-            let k = known_out.expect("checked");
-            let data = k.to_tensor().expect("checked");
-            let ty = TensorType::new(data.dtype, Shape::fixed(&data.dims));
-            self.define(node.output[0].clone(), ty, ValueDef::Weight(Weight { data, trainable: false }));
+            for (name, k) in output_names.iter().zip(&known_outs).filter(|(name, _)| !name.is_empty()) {
+                let data = k.as_ref().and_then(|k| k.to_tensor()).expect("checked");
+                let ty = TensorType::new(data.dtype, Shape::fixed(&data.dims));
+                self.define(name.clone(), ty, ValueDef::Weight(Weight { data, trainable: false }));
+            }
             return Ok(());
         }
-        let outputs = node
-            .output
+        let outputs = output_names
             .iter()
             .zip(out_types)
             .map(|(name, ty)| (!name.is_empty()).then(|| (name.clone(), ty)))
             .collect();
-        let id = self.graph.add_node(node.name.clone(), op, inputs, outputs);
+        let id = self.graph.add_node(node_name.to_string(), op, inputs, outputs);
         let outs = self.graph.node(id).outputs.clone();
         for (slot, out) in outs.iter().enumerate() {
             if let Some(v) = out {
-                self.names.insert(node.output[slot].clone(), *v);
-                self.set_known(*v, if slot == 0 { known_out.clone() } else { None });
+                self.names.insert(output_names[slot].clone(), *v);
+                self.set_known(*v, known_outs.get(slot).cloned().flatten());
             }
         }
         Ok(())
@@ -366,6 +403,35 @@ impl<'a> Importer<'a> {
         let mut rewritten = node.clone();
         rewritten.input[1] = aligned;
         Ok(Some(rewritten))
+    }
+
+    /// The known contents of every output: the first output's by [`evaluate`]; a Split
+    /// of a known vector (shape arithmetic such as splitting a size input) gives all.
+    fn evaluate_known_all(&self, op: &crate::Op, inputs: &[Option<ValueId>], out_types: &[TensorType]) -> Vec<Option<Known>> {
+        let mut outs = vec![None; out_types.len()];
+        if let (crate::Op::Split(_), Some(Some(x))) = (op, inputs.first()) {
+            let Some(k) = self.known.get(x.index()).and_then(|k| k.as_ref()) else { return outs };
+            if k.shape.len() != 1 {
+                return outs;
+            }
+            let mut start = 0usize;
+            for (slot, t) in out_types.iter().enumerate() {
+                let Some(len) = t.shape.0.first().and_then(|d| d.fixed()) else { return vec![None; out_types.len()] };
+                let end = start + len as usize;
+                let data = match &k.data {
+                    crate::known::KnownData::Ints(v) if end <= v.len() => crate::known::KnownData::Ints(v[start..end].to_vec()),
+                    crate::known::KnownData::Floats(v) if end <= v.len() => crate::known::KnownData::Floats(v[start..end].to_vec()),
+                    _ => return vec![None; out_types.len()],
+                };
+                outs[slot] = Some(Known { dtype: k.dtype, shape: vec![len], data });
+                start = end;
+            }
+            return outs;
+        }
+        if let Some(first) = outs.first_mut() {
+            *first = self.evaluate_known(op, inputs, out_types);
+        }
+        outs
     }
 
     fn evaluate_known(&self, op: &crate::Op, inputs: &[Option<ValueId>], out_types: &[TensorType]) -> Option<Known> {
@@ -446,6 +512,8 @@ fn name_nodes(nodes: &mut [NodeProto]) {
 /// whose semantics are not implemented.
 fn check_ops(nodes: &[NodeProto], opset: i64) -> Result<(), ImportError> {
     let nref = |n: &NodeProto| NodeRef { name: n.name.clone(), op_type: n.op_type.clone() };
+    // Subgraph nodes (If branches, loop bodies) are checked with the rest.
+    let nodes = control::nested_nodes(nodes);
     let foreign: Vec<(NodeRef, String)> = nodes
         .iter()
         .filter(|n| !n.domain.is_empty() && n.domain != "ai.onnx")
@@ -492,7 +560,8 @@ fn topo_sort(nodes: &[NodeProto], defined: &HashMap<String, ValueId>) -> Result<
     let mut pending = vec![0usize; nodes.len()];
     let mut users: Vec<Vec<usize>> = vec![Vec::new(); nodes.len()];
     for (i, n) in nodes.iter().enumerate() {
-        for input in n.input.iter().filter(|x| !x.is_empty()) {
+        // A subgraph's outer-scope reads order the node like its inputs.
+        for input in control::reads(n).iter() {
             match producer.get(input.as_str()) {
                 Some(&p) => {
                     pending[i] += 1;
@@ -502,7 +571,7 @@ fn topo_sort(nodes: &[NodeProto], defined: &HashMap<String, ValueId>) -> Result<
                 None => {
                     return Err(ImportError::UndefinedInput {
                         node: NodeRef { name: n.name.clone(), op_type: n.op_type.clone() },
-                        input: input.clone(),
+                        input: input.to_string(),
                     })
                 }
             }
@@ -539,6 +608,12 @@ fn declared_type(vi: &ValueInfoProto) -> Result<(DType, Vec<DeclaredDim>), Impor
     let bad = |reason: String| ImportError::BadTensor { name: vi.name.clone(), reason };
     let t = match vi.type_.as_ref().and_then(|t| t.value.as_ref()) {
         Some(T::TensorType(t)) => t,
+        // An optional tensor input is taken as present (a compiled job always feeds it);
+        // OptionalHasElement on it is true, OptionalGetElement the tensor itself.
+        Some(T::OptionalType(o)) => match o.elem_type.as_ref().and_then(|t| t.value.as_ref()) {
+            Some(T::TensorType(t)) => t,
+            _ => return Err(bad("only optionals of tensors are supported (not of sequences or maps)".into())),
+        },
         Some(_) => return Err(bad("only tensor-typed values are supported (not sequences, maps or optionals)".into())),
         None => return Err(bad("has no type".into())),
     };
