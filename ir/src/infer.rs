@@ -164,6 +164,8 @@ pub fn infer(op: &Op, ins: &[Option<In>], n_out: usize, ctx: Ctx) -> R<Vec<Tenso
             }
         }
         Op::Attention(at) => attention(at, ins),
+        Op::LinearAttention(la) => linear_attention(la, ins),
+        Op::CausalConvWithState { .. } => causal_conv_with_state(ins),
         Op::Dropout { .. } => {
             let t = &x()?.ty;
             let mut outs: Vec<TensorType> = vec![(*t).clone()];
@@ -768,6 +770,77 @@ fn attention(at: &Attention, ins: &[Option<In>]) -> R<Vec<TensorType>> {
         TensorType::new(v.dtype, Shape(vec![b, kh, total, vd])),
         TensorType::new(q.dtype, Shape(vec![b, qh, qs, total])),
     ])
+}
+
+/// LinearAttention's outputs: `[batch, seq, q_heads * d_v]` and the state
+/// `[batch, kv_heads, d_k, d_v]` (of past_state's type when given).
+fn linear_attention(la: &LinearAttention, ins: &[Option<In>]) -> R<Vec<TensorType>> {
+    let get = |i: usize| ins.get(i).copied().flatten();
+    let (Some(q), Some(k), Some(v)) = (get(0), get(1), get(2)) else { return Err("query, key and value are required".into()) };
+    let (q, k, v) = (&q.ty, &k.ty, &v.ty);
+    let per_head = |t: &TensorType, heads: i64, name: &str| -> R<i64> {
+        match &t.shape.0[..] {
+            [_, _, Dim::Fixed(hd)] if hd % heads == 0 => Ok(hd / heads),
+            _ => Err(format!("{name} {} must be [batch, seq, {heads} heads * head size] with a fixed last axis", t.shape)),
+        }
+    };
+    let d_k = per_head(q, la.q_num_heads, "query")?;
+    let d_v = per_head(v, la.kv_num_heads, "value")?;
+    if per_head(k, la.kv_num_heads, "key")? != d_k {
+        return Err(format!("key {} and query {} differ in head size", k.shape, q.shape));
+    }
+    let rule = la.update_rule;
+    if rule.gated() != get(4).is_some() || rule.delta() != get(5).is_some() {
+        return Err(format!("update_rule {:?} needs {} decay and {} beta", rule.as_str(), if rule.gated() { "a" } else { "no" }, if rule.delta() { "a" } else { "no" }));
+    }
+    let kv = la.kv_num_heads;
+    if let Some(d) = get(4) {
+        match d.ty.shape.0.last().and_then(|d| d.fixed()) {
+            Some(n) if d.ty.shape.rank() == 3 && (n == kv || n == kv * d_k) => {}
+            _ => return Err(format!("decay {} must be [batch, seq, {kv}] or [batch, seq, {}]", d.ty.shape, kv * d_k)),
+        }
+    }
+    if let Some(b) = get(5) {
+        match b.ty.shape.0.last().and_then(|d| d.fixed()) {
+            Some(n) if b.ty.shape.rank() == 3 && (n == kv || n == 1) => {}
+            _ => return Err(format!("beta {} must be [batch, seq, {kv}] or [batch, seq, 1]", b.ty.shape)),
+        }
+    }
+    let (b, s) = (q.shape.0[0], q.shape.0[1]);
+    let state = Shape(vec![b, Dim::Fixed(kv), Dim::Fixed(d_k), Dim::Fixed(d_v)]);
+    if let Some(p) = get(3) {
+        if p.ty.shape.rank() != 4 || p.ty.shape.0[1..] != state.0[1..] {
+            return Err(format!("past_state {} must be {state}", p.ty.shape));
+        }
+    }
+    let state_dtype = get(3).map_or(q.dtype, |p| p.ty.dtype);
+    Ok(vec![
+        TensorType::new(q.dtype, Shape(vec![b, s, Dim::Fixed(la.q_num_heads * d_v)])),
+        TensorType::new(state_dtype, state),
+    ])
+}
+
+/// CausalConvWithState's outputs: the input's type, and the carry `[batch, channels, k - 1]`.
+fn causal_conv_with_state(ins: &[Option<In>]) -> R<Vec<TensorType>> {
+    let get = |i: usize| ins.get(i).copied().flatten();
+    let (Some(x), Some(w)) = (get(0), get(1)) else { return Err("input and weight are required".into()) };
+    let (x, w) = (&x.ty, &w.ty);
+    let (xs, ws) = (&x.shape.0, &w.shape.0);
+    let k = match (&xs[..], &ws[..]) {
+        ([_, c, _], [wc, Dim::Fixed(1), Dim::Fixed(k)]) if *k >= 1 && dims_equal_or_unknown(*c, *wc) => *k,
+        _ => return Err(format!("input {} must be [batch, channels, length] and weight {} [channels, 1, k]", x.shape, w.shape)),
+    };
+    let carry = Shape(vec![xs[0], xs[1], Dim::Fixed(k - 1)]);
+    if let Some(p) = get(3) {
+        if p.ty.shape.rank() != 3 || p.ty.shape.0[1..] != carry.0[1..] {
+            return Err(format!("past_state {} must be {carry}", p.ty.shape));
+        }
+    }
+    Ok(vec![(*x).clone(), TensorType::new(x.dtype, carry)])
+}
+
+fn dims_equal_or_unknown(a: Dim, b: Dim) -> bool {
+    a == b || a.fixed().is_none() || b.fixed().is_none()
 }
 
 /// An op that keeps its input's type and works along `axis`; with `coerce_2d` (before

@@ -157,6 +157,61 @@ pub struct Rotary {
     pub num_heads: Option<i64>,
 }
 
+/// LinearAttention's recurrence (opset 27): which of the decay gate and the delta
+/// correction the state update applies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LinearRule {
+    Linear,
+    Gated,
+    Delta,
+    GatedDelta,
+}
+
+impl LinearRule {
+    pub fn parse(s: &str) -> Option<LinearRule> {
+        Some(match s {
+            "linear" => LinearRule::Linear,
+            "gated" => LinearRule::Gated,
+            "delta" => LinearRule::Delta,
+            "gated_delta" => LinearRule::GatedDelta,
+            _ => return None,
+        })
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LinearRule::Linear => "linear",
+            LinearRule::Gated => "gated",
+            LinearRule::Delta => "delta",
+            LinearRule::GatedDelta => "gated_delta",
+        }
+    }
+
+    /// The state decays by `exp(decay)` each step (input 4 required).
+    pub fn gated(self) -> bool {
+        matches!(self, LinearRule::Gated | LinearRule::GatedDelta)
+    }
+
+    /// The update writes `beta * (v - S^T k)` (input 5 required).
+    pub fn delta(self) -> bool {
+        matches!(self, LinearRule::Delta | LinearRule::GatedDelta)
+    }
+}
+
+/// LinearAttention (opset 27): the recurrent state `S` (`[batch, kv_heads, d_k, d_v]`)
+/// updated token by token from packed `[batch, seq, heads * d]` Q, K, V, read by the
+/// queries; grouped-query heads share a KV head's state.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LinearAttention {
+    pub q_num_heads: i64,
+    pub kv_num_heads: i64,
+    /// `0`: `1 / sqrt(d_k)`.
+    pub scale: f32,
+    pub update_rule: LinearRule,
+    /// A tuning hint of chunked kernels; kept for the round trip, no effect on results.
+    pub chunk_size: i64,
+}
+
 /// How ScatterND/ScatterElements combine an update with the element it lands on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ScatterReduction {
@@ -366,6 +421,10 @@ pub enum Op {
     RMSNormalization(LayerNorm),
     Attention(Attention),
     RotaryEmbedding(Rotary),
+    LinearAttention(LinearAttention),
+    /// Causal depthwise 1-D convolution over `[batch, channels, length]` continuing a
+    /// carried state (the last `k - 1` positions); `silu`: the fused SiLU activation.
+    CausalConvWithState { silu: bool },
     InstanceNormalization { epsilon: f32 },
     /// Inputs: log-probabilities `[N, C, d...]`, class ids `[N, d...]`, optional class weights `[C]`.
     NegativeLogLikelihoodLoss(ClassLoss),
@@ -489,6 +548,8 @@ impl Op {
             Op::RMSNormalization(_) => "RMSNormalization",
             Op::Attention(_) => "Attention",
             Op::RotaryEmbedding(_) => "RotaryEmbedding",
+            Op::LinearAttention(_) => "LinearAttention",
+            Op::CausalConvWithState { .. } => "CausalConvWithState",
             Op::InstanceNormalization { .. } => "InstanceNormalization",
             Op::NegativeLogLikelihoodLoss(_) => "NegativeLogLikelihoodLoss",
             Op::SoftmaxCrossEntropyLoss(_) => "SoftmaxCrossEntropyLoss",
@@ -637,6 +698,14 @@ impl Op {
                     a.i("num_heads", n);
                 }
             }
+            Op::LinearAttention(l) => {
+                a.i("q_num_heads", l.q_num_heads);
+                a.i("kv_num_heads", l.kv_num_heads);
+                a.f("scale", l.scale);
+                a.s("update_rule", l.update_rule.as_str());
+                a.i("chunk_size", l.chunk_size);
+            }
+            Op::CausalConvWithState { silu } => a.s("activation", if *silu { "silu" } else { "none" }),
             Op::LayerNormalization(l) | Op::RMSNormalization(l) => {
                 a.i("axis", l.axis);
                 a.f("epsilon", l.epsilon);

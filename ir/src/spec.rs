@@ -59,6 +59,7 @@ specs! {
     "BatchNormalization": [1, 6, 7, 9, 14, 15] from 1, in 5..5, out 1..5;
     "Cast": [1, 6, 9, 13, 19, 21, 23, 24, 25, 28] from 6, in 1..1, out 1..1;
     "CastLike": [15, 19, 21, 23, 24, 25] from 15, in 2..2, out 1..1;
+    "CausalConvWithState": [27] from 27, in 2..4, out 1..2;
     "Ceil": [1, 6, 13] from 1, in 1..1, out 1..1;
     "Celu": [12, 28] from 12, in 1..1, out 1..1;
     "CenterCropPad": [18] from 18, in 2..2, out 1..1;
@@ -113,6 +114,7 @@ specs! {
     "LeakyRelu": [1, 6, 16] from 1, in 1..1, out 1..1;
     "Less": [1, 7, 9, 13] from 7, in 2..2, out 1..1;
     "LessOrEqual": [12, 16] from 12, in 2..2, out 1..1;
+    "LinearAttention": [27] from 27, in 3..6, out 1..2;
     "Log": [1, 6, 13] from 1, in 1..1, out 1..1;
     "LogSoftmax": [1, 11, 13] from 1, in 1..1, out 1..1;
     "Loop": [1, 11, 13, 16, 19, 21, 23, 24, 25] from 1, in 2..V, out 1..V;

@@ -11,6 +11,7 @@ mod loss;
 mod index;
 mod nn;
 mod norm;
+mod recurrent;
 mod reduce;
 mod rnn;
 mod resample;
@@ -147,6 +148,8 @@ fn dispatch_nn(k: &Kernel, ins: &[Option<&Tensor>], mode: Mode, outputs_read: Op
         RmsNormalization(l) => one(transformer::rms_norm(l, x()?, y()?)),
         Attention(a) => transformer::attention(a, ins),
         RotaryEmbedding(r) => one(transformer::rotary_embedding(r, ins)),
+        LinearAttention(l) => recurrent::linear_attention(l, ins),
+        CausalConvWithState { silu } => recurrent::causal_conv_with_state(*silu, ins),
         InstanceNormalization { epsilon } => one(nn::instance_norm(*epsilon, ins)),
         NegativeLogLikelihoodLoss(l) => one(loss::nll(l, x()?, y()?, opt(ins, 2))),
         SoftmaxCrossEntropyLoss(l) => loss::softmax_cross_entropy(l, x()?, y()?, opt(ins, 2)),

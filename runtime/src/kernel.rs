@@ -206,6 +206,18 @@ pub struct Rotary {
     pub num_heads: Option<i64>,
 }
 
+/// LinearAttention (opset 27); `gated`/`delta` are the update rule's decay gate and
+/// delta correction (see the IR's `LinearRule`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LinearAttention {
+    pub q_num_heads: i64,
+    pub kv_num_heads: i64,
+    /// `0`: `1 / sqrt(d_k)`.
+    pub scale: f32,
+    pub gated: bool,
+    pub delta: bool,
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Softmax {
     pub axis: i64,
@@ -390,6 +402,9 @@ pub enum Kernel {
     RmsNormalization(LayerNorm),
     Attention(Attention),
     RotaryEmbedding(Rotary),
+    LinearAttention(LinearAttention),
+    /// Causal depthwise 1-D convolution with a carried state; outputs Y and the new state.
+    CausalConvWithState { silu: bool },
     InstanceNormalization { epsilon: f32 },
     /// Log-probabilities `[N, C, d...]`, class ids `[N, d...]`, optional class weights.
     NegativeLogLikelihoodLoss(ClassLoss),
@@ -487,6 +502,7 @@ fn plain_name(k: &Kernel) -> &'static str {
         GlobalAveragePool => "GlobalAveragePool", GlobalMaxPool => "GlobalMaxPool",
         BatchNormalization(_) => "BatchNormalization", LayerNormalization(_) => "LayerNormalization",
         RmsNormalization(_) => "RMSNormalization", Attention(_) => "Attention", RotaryEmbedding(_) => "RotaryEmbedding",
+        LinearAttention(_) => "LinearAttention", CausalConvWithState { .. } => "CausalConvWithState",
         InstanceNormalization { .. } => "InstanceNormalization", Dropout { .. } => "Dropout",
         NegativeLogLikelihoodLoss(_) => "NegativeLogLikelihoodLoss", SoftmaxCrossEntropyLoss(_) => "SoftmaxCrossEntropyLoss",
         Reshape { .. } => "Reshape", Flatten { .. } => "Flatten", Transpose { .. } => "Transpose",

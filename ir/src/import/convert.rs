@@ -135,6 +135,14 @@ fn convert_op(op_type: &str, version: i64, a: &mut Attrs, n_inputs: usize) -> Re
             }
             Op::RotaryEmbedding(r)
         }
+        "LinearAttention" => Op::LinearAttention(linear_attention(a)?),
+        "CausalConvWithState" => Op::CausalConvWithState {
+            silu: match a.string("activation")?.as_deref().unwrap_or("none") {
+                "none" => false,
+                "silu" | "swish" => true,
+                other => return Err(format!("activation {other:?} is not one of none, silu, swish")),
+            },
+        },
         "InstanceNormalization" => Op::InstanceNormalization { epsilon: a.float_or("epsilon", 1e-5)? },
         "Dropout" if version < 12 => Op::Dropout { ratio: Some(a.float_or("ratio", 0.5)?), seed: None },
         "Dropout" => Op::Dropout { ratio: None, seed: a.int("seed")? },
@@ -315,6 +323,19 @@ fn float_code(code: i64, name: &str) -> Result<i64, String> {
         Some(d) if d.is_float() => Ok(code),
         _ => Err(format!("{name}={code} is not a supported floating-point type")),
     }
+}
+
+/// LinearAttention's attributes: both head counts are required, the query heads a
+/// multiple of the KV heads.
+fn linear_attention(a: &mut Attrs) -> Result<LinearAttention, String> {
+    let q_num_heads = a.int("q_num_heads")?.ok_or("q_num_heads is required")?;
+    let kv_num_heads = a.int("kv_num_heads")?.ok_or("kv_num_heads is required")?;
+    if q_num_heads <= 0 || kv_num_heads <= 0 || q_num_heads % kv_num_heads != 0 {
+        return Err(format!("q_num_heads ({q_num_heads}) must be a positive multiple of kv_num_heads ({kv_num_heads})"));
+    }
+    let rule = a.string("update_rule")?.unwrap_or_else(|| "gated_delta".into());
+    let update_rule = LinearRule::parse(&rule).ok_or_else(|| format!("update_rule {rule:?} is not one of linear, gated, delta, gated_delta"))?;
+    Ok(LinearAttention { q_num_heads, kv_num_heads, scale: a.float_or("scale", 0.0)?, update_rule, chunk_size: a.int_or("chunk_size", 64)? })
 }
 
 /// Attention's attributes (opset 25 added the window sizes, 24 the `nonpad_kv_seqlen` input).
