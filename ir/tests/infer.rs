@@ -926,3 +926,39 @@ fn vision_op_shapes() {
     let bad = ModelBuilder::new(13).input("x", F32, &fixed(&[1, 6, 2, 2])).node(node("DepthToSpace", "d2s", &["x"], &["y"]).int("blocksize", 2)).output("y");
     assert_shape_error(&bad, &["\"d2s\"", "not a multiple"]);
 }
+
+/// LinearAttention's output `[batch, seq, q_heads * d_v]` and state `[batch, kv_heads,
+/// d_k, d_v]` over a symbolic batch; its rule's inputs are checked. CausalConvWithState
+/// keeps the input's shape and carries `k - 1` positions.
+#[test]
+fn linear_attention_and_causal_conv_shapes() {
+    let b = || Ax::Param("batch");
+    let la = |rule: &str, inputs: &[&str]| {
+        ModelBuilder::new(27)
+            .input("q", F32, &[b(), Ax::Fixed(5), Ax::Fixed(12)])
+            .input("k", F32, &[b(), Ax::Fixed(5), Ax::Fixed(6)])
+            .input("v", F32, &[b(), Ax::Fixed(5), Ax::Fixed(8)])
+            .input("g", F32, &[b(), Ax::Fixed(5), Ax::Fixed(2)])
+            .input("beta", F32, &[b(), Ax::Fixed(5), Ax::Fixed(1)])
+            .node(node("LinearAttention", "la", inputs, &["y", "state"]).int("q_num_heads", 4).int("kv_num_heads", 2).string("update_rule", rule))
+            .output("y")
+            .output("state")
+    };
+    let g = import(&la("gated_delta", &["q", "k", "v", "", "g", "beta"]));
+    assert_eq!(ty(&g, "y"), "f32[N,5,16]");
+    assert_eq!(ty(&g, "state"), "f32[N,2,3,4]");
+    assert_shape_error(&la("linear", &["q", "k", "v", "", "g"]), &["\"la\"", "needs no decay"]);
+    assert_shape_error(&la("delta", &["q", "k", "v"]), &["\"la\"", "a beta"]);
+    let conv = |k: i64| {
+        ModelBuilder::new(27)
+            .input("x", F32, &[b(), Ax::Fixed(3), Ax::Fixed(7)])
+            .init(tensor_f32_zeros("w", &[3, 1, k]))
+            .node(node("CausalConvWithState", "conv", &["x", "w"], &["y", "carry"]).string("activation", "swish"))
+            .output("y")
+            .output("carry")
+    };
+    let g = import(&conv(4));
+    assert_eq!(ty(&g, "y"), "f32[N,3,7]");
+    assert_eq!(ty(&g, "carry"), "f32[N,3,3]");
+    assert_eq!(ty(&import(&conv(1)), "carry"), "f32[N,3,0]");
+}
