@@ -472,7 +472,7 @@ pub mod rebatch {
                 Op::Reshape { .. } if out.iter().filter(|d| d.is_batch()).count() == 1 => {
                     Some(out.iter().map(|d| if d.is_batch() { -1 } else { d.fixed().unwrap_or(0) }).collect::<Vec<i64>>())
                 }
-                Op::Expand => expand_target(g, node.inputs[0], &out, b0),
+                Op::Expand if !read_as_element_indices(g, node.outputs[0]) => expand_target(g, node.inputs[0], &out, b0),
                 Op::Tile => tile_repeats(g, node.inputs[0], target, b0),
                 _ => None,
             };
@@ -593,6 +593,16 @@ pub mod rebatch {
 
     fn is_const(g: &Graph, v: ValueId) -> bool {
         matches!(&g.value(v).def, ValueDef::Weight(w) if !w.trainable)
+    }
+
+    /// Whether `v` is read as the indices of GatherElements/ScatterElements, whose shape
+    /// is the result's: an index tensor kept at extent 1 would not broadcast there.
+    fn read_as_element_indices(g: &Graph, v: Option<ValueId>) -> bool {
+        v.is_some_and(|v| {
+            g.consumers(v).iter().any(|(n, slot)| {
+                matches!(g.node(*n).op, Op::GatherElements { .. } | Op::ScatterElements { .. } | Op::Scatter { .. }) && *slot == 1
+            })
+        })
     }
 
     /// An Expand target with `1` wherever the operand's own extent is the batch, and

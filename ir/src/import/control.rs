@@ -376,8 +376,11 @@ impl Importer<'_> {
     /// The tensors `vs` stacked along a new `axis` (Unsqueeze then Concat).
     fn stack(&mut self, name: &str, vs: &[ValueId], axis: i64) -> Result<ValueId, ImportError> {
         let mut parts = Vec::with_capacity(vs.len());
+        // From opset 13 the axes are an input (the IR's text form follows the opset).
+        let axes_input = (self.graph.meta.opset >= 13).then(|| self.constant(format!("{name}/axes"), TensorData::from_i64s(vec![1], &[axis])));
+        let op = Op::Unsqueeze { axes: if axes_input.is_some() { None } else { Some(vec![axis]) } };
         for (j, &v) in vs.iter().enumerate() {
-            parts.push(Some(self.add_one(&format!("{name}/{j}/unsqueezed"), Op::Unsqueeze { axes: Some(vec![axis]) }, vec![Some(v)])?));
+            parts.push(Some(self.add_one(&format!("{name}/{j}/unsqueezed"), op.clone(), vec![Some(v), axes_input])?));
         }
         self.add_one(name, Op::Concat { axis }, parts)
     }
@@ -639,8 +642,16 @@ impl Importer<'_> {
         }
         let mut start = 0;
         for (i, s) in sizes.iter().enumerate() {
-            let op = Op::Slice(Slice { attrs: Some((vec![start], vec![start + s], Some(vec![ax]))) });
-            pieces.push(self.add_one(&format!("{name}/piece_{i}"), op, vec![Some(x)])?);
+            let piece = format!("{name}/piece_{i}");
+            // From opset 10 the bounds are inputs (the IR's text form follows the opset).
+            let (op, inputs) = if self.graph.meta.opset >= 10 {
+                let mut bound = |what: &str, v: i64| Some(self.constant(format!("{piece}/{what}"), TensorData::from_i64s(vec![1], &[v])));
+                let inputs = vec![Some(x), bound("starts", start), bound("ends", start + s), bound("axes", ax)];
+                (Op::Slice(Slice { attrs: None }), inputs)
+            } else {
+                (Op::Slice(Slice { attrs: Some((vec![start], vec![start + s], Some(vec![ax]))) }), vec![Some(x)])
+            };
+            pieces.push(self.add_one(&piece, op, inputs)?);
             start += s;
         }
         self.bind(node.output[0].clone(), Bound::Composite(Composite::Sequence(pieces)));
