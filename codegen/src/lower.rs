@@ -192,6 +192,15 @@ pub fn kernel(op: &Op, n_out: usize, n_in: usize) -> Kernel {
             delta: l.update_rule.delta(),
         }),
         Op::CausalConvWithState { silu } => Kernel::CausalConvWithState { silu: *silu },
+        Op::Optimizer(o) => Kernel::Optimizer(match *o {
+            ir::Optimizer::Adagrad { decay_factor, epsilon, norm_coefficient } => rt::Optimizer::Adagrad { decay_factor, epsilon, norm_coefficient },
+            ir::Optimizer::Adam { alpha, beta, epsilon, norm_coefficient, norm_coefficient_post } => {
+                rt::Optimizer::Adam { alpha, beta, epsilon, norm_coefficient, norm_coefficient_post }
+            }
+            ir::Optimizer::Momentum { alpha, beta, norm_coefficient, nesterov } => rt::Optimizer::Momentum { alpha, beta, norm_coefficient, nesterov },
+        }),
+        Op::Binarizer { threshold } => Kernel::Binarizer { threshold: *threshold },
+        Op::ArrayFeatureExtractor => Kernel::ArrayFeatureExtractor,
         Op::InstanceNormalization { epsilon } => Kernel::InstanceNormalization { epsilon: *epsilon },
         Op::NegativeLogLikelihoodLoss(l) => Kernel::NegativeLogLikelihoodLoss(class_loss(l)),
         Op::SoftmaxCrossEntropyLoss(l) => Kernel::SoftmaxCrossEntropyLoss(class_loss(l)),

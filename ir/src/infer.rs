@@ -165,6 +165,9 @@ pub fn infer(op: &Op, ins: &[Option<In>], n_out: usize, ctx: Ctx) -> R<Vec<Tenso
         }
         Op::Attention(at) => attention(at, ins),
         Op::LinearAttention(la) => linear_attention(la, ins),
+        Op::Optimizer(o) => optimizer(o, ins, n_out),
+        Op::Binarizer { .. } => out1(x()?.ty.dtype, x()?.ty.shape.clone()),
+        Op::ArrayFeatureExtractor => array_feature_extractor(x()?, req(1)?),
         Op::CausalConvWithState { .. } => causal_conv_with_state(ins),
         Op::Dropout { .. } => {
             let t = &x()?.ty;
@@ -818,6 +821,46 @@ fn linear_attention(la: &LinearAttention, ins: &[Option<In>]) -> R<Vec<TensorTyp
         TensorType::new(q.dtype, Shape(vec![b, s, Dim::Fixed(la.q_num_heads * d_v)])),
         TensorType::new(state_dtype, state),
     ])
+}
+
+/// An optimizer step's outputs: the new tensors `X` (input block 0) and each state
+/// (input blocks 2..), in blocks of `n`; `R` and `T` must be scalars.
+fn optimizer(o: &Optimizer, ins: &[Option<In>], n_out: usize) -> R<Vec<TensorType>> {
+    let blocks = 2 + o.states();
+    let n = ins.len().saturating_sub(2) / blocks;
+    if n == 0 || ins.len() != 2 + blocks * n || n_out > (1 + o.states()) * n {
+        return Err(format!("takes R, T and {blocks} blocks of equally many tensors, gives at most {} blocks; got {} inputs, {n_out} outputs", 1 + o.states(), ins.len()));
+    }
+    for (i, name) in [(0, "R"), (1, "T")] {
+        let t = ins[i].ok_or_else(|| format!("input {name} is required"))?;
+        if t.ty.shape.rank() > 1 || t.ty.shape.0.iter().any(|d| d.fixed() != Some(1)) {
+            return Err(format!("{name} must be a scalar, got {}", t.ty.shape));
+        }
+    }
+    let mut outs = Vec::with_capacity(n_out);
+    for j in 0..n_out {
+        let (block, i) = (j / n, j % n);
+        let input = 2 + if block == 0 { 0 } else { block + 1 } * n + i;
+        let t = ins[input].ok_or_else(|| format!("input {input} is required"))?;
+        if ins[2 + i].is_some_and(|x| x.ty.shape != t.ty.shape) {
+            return Err(format!("input {input} {} differs from its tensor's shape", t.ty.shape));
+        }
+        outs.push(t.ty.clone());
+    }
+    Ok(outs)
+}
+
+/// ArrayFeatureExtractor: the data's leading axes (1-D data: `[1]`) and the number of
+/// indices.
+fn array_feature_extractor(x: In, idx: In) -> R<Vec<TensorType>> {
+    let n = idx.ty.shape.0.iter().try_fold(1i64, |a, d| d.fixed().map(|v| a * v)).ok_or("the indices need a fixed shape")?;
+    let xs = &x.ty.shape.0;
+    if xs.is_empty() {
+        return Err("the data must have at least one axis".into());
+    }
+    let mut dims = if xs.len() == 1 { vec![Dim::Fixed(1)] } else { xs[..xs.len() - 1].to_vec() };
+    dims.push(Dim::Fixed(n));
+    Ok(vec![TensorType::new(x.ty.dtype, Shape(dims))])
 }
 
 /// CausalConvWithState's outputs: the input's type, and the carry `[batch, channels, k - 1]`.

@@ -212,6 +212,27 @@ pub struct LinearAttention {
     pub chunk_size: i64,
 }
 
+/// The optimizer steps of the `ai.onnx.preview.training` domain. Inputs: the learning
+/// rate `R`, the update count `T`, then `n` tensors `X`, their gradients `G` and the
+/// optimizer's state tensors (Adagrad: `H`; Adam: `V`, `H`; Momentum: `V`), each a block
+/// of `n`; outputs: the new `X` and the new states, in blocks of `n`.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Optimizer {
+    Adagrad { decay_factor: f32, epsilon: f32, norm_coefficient: f32 },
+    Adam { alpha: f32, beta: f32, epsilon: f32, norm_coefficient: f32, norm_coefficient_post: f32 },
+    Momentum { alpha: f32, beta: f32, norm_coefficient: f32, nesterov: bool },
+}
+
+impl Optimizer {
+    /// The state tensors per optimized tensor.
+    pub fn states(&self) -> usize {
+        match self {
+            Optimizer::Adam { .. } => 2,
+            _ => 1,
+        }
+    }
+}
+
 /// How ScatterND/ScatterElements combine an update with the element it lands on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ScatterReduction {
@@ -422,6 +443,12 @@ pub enum Op {
     Attention(Attention),
     RotaryEmbedding(Rotary),
     LinearAttention(LinearAttention),
+    /// An optimizer step of the training domain (see [`Optimizer`]).
+    Optimizer(Optimizer),
+    /// `ai.onnx.ml`: 1 where the input exceeds `threshold`, else 0, in the input's type.
+    Binarizer { threshold: f32 },
+    /// `ai.onnx.ml`: the elements at the indices (input 1) along the last axis.
+    ArrayFeatureExtractor,
     /// Causal depthwise 1-D convolution over `[batch, channels, length]` continuing a
     /// carried state (the last `k - 1` positions); `silu`: the fused SiLU activation.
     CausalConvWithState { silu: bool },
@@ -549,6 +576,11 @@ impl Op {
             Op::Attention(_) => "Attention",
             Op::RotaryEmbedding(_) => "RotaryEmbedding",
             Op::LinearAttention(_) => "LinearAttention",
+            Op::Optimizer(Optimizer::Adagrad { .. }) => "Adagrad",
+            Op::Optimizer(Optimizer::Adam { .. }) => "Adam",
+            Op::Optimizer(Optimizer::Momentum { .. }) => "Momentum",
+            Op::Binarizer { .. } => "Binarizer",
+            Op::ArrayFeatureExtractor => "ArrayFeatureExtractor",
             Op::CausalConvWithState { .. } => "CausalConvWithState",
             Op::InstanceNormalization { .. } => "InstanceNormalization",
             Op::NegativeLogLikelihoodLoss(_) => "NegativeLogLikelihoodLoss",
@@ -624,7 +656,7 @@ impl Op {
         let mut a = Attrs::default();
         match self {
             Op::Unary(_) | Op::Variadic(_) | Op::MatMul | Op::GlobalAveragePool | Op::GlobalMaxPool | Op::Expand => {}
-            Op::Where | Op::CastLike | Op::Size | Op::Range | Op::Tile | Op::Det => {}
+            Op::Where | Op::CastLike | Op::Size | Op::Range | Op::Tile | Op::Det | Op::ArrayFeatureExtractor => {}
             Op::Binary(b) => a.flag("fmod", *b == BinaryOp::Fmod),
             Op::LeakyRelu { alpha } | Op::Elu { alpha } | Op::Celu { alpha } | Op::ThresholdedRelu { alpha } => a.f("alpha", *alpha),
             Op::Selu { alpha, gamma } => {
@@ -705,6 +737,25 @@ impl Op {
                 a.s("update_rule", l.update_rule.as_str());
                 a.i("chunk_size", l.chunk_size);
             }
+            Op::Optimizer(Optimizer::Adagrad { decay_factor, epsilon, norm_coefficient }) => {
+                a.f("decay_factor", *decay_factor);
+                a.f("epsilon", *epsilon);
+                a.f("norm_coefficient", *norm_coefficient);
+            }
+            Op::Optimizer(Optimizer::Adam { alpha, beta, epsilon, norm_coefficient, norm_coefficient_post }) => {
+                a.f("alpha", *alpha);
+                a.f("beta", *beta);
+                a.f("epsilon", *epsilon);
+                a.f("norm_coefficient", *norm_coefficient);
+                a.f("norm_coefficient_post", *norm_coefficient_post);
+            }
+            Op::Optimizer(Optimizer::Momentum { alpha, beta, norm_coefficient, nesterov }) => {
+                a.f("alpha", *alpha);
+                a.f("beta", *beta);
+                a.f("norm_coefficient", *norm_coefficient);
+                a.s("mode", if *nesterov { "nesterov" } else { "standard" });
+            }
+            Op::Binarizer { threshold } => a.f("threshold", *threshold),
             Op::CausalConvWithState { silu } => a.s("activation", if *silu { "silu" } else { "none" }),
             Op::LayerNormalization(l) | Op::RMSNormalization(l) => {
                 a.i("axis", l.axis);

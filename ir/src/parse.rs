@@ -227,7 +227,10 @@ impl Parser {
             return Ok(Op::StageBoundary { from: stage("from")?, to: stage("to")? });
         }
         let s = spec(op_type).ok_or_else(|| format!("unknown op {op_type:?}"))?;
-        let version = s.version_at(self.graph.meta.opset).ok_or_else(|| format!("{op_type} does not exist at opset {}", self.graph.meta.opset))?;
+        // An op of another domain is at its newest version (the text form records the
+        // default opset only).
+        let at = if s.domain.is_empty() { self.graph.meta.opset } else { *s.versions.last().unwrap_or(&1) };
+        let version = s.version_at(at).ok_or_else(|| format!("{op_type} does not exist at opset {}", self.graph.meta.opset))?;
         let node = NodeProto {
             op_type: op_type.into(),
             input: vec![String::new(); n_inputs],

@@ -13,6 +13,8 @@ pub const MAX_KNOWN_OPSET: i64 = 28;
 #[derive(Debug)]
 pub struct OpSpec {
     pub name: &'static str,
+    /// `""` for the default domain; else the op's domain (see [`DOMAIN_SPECS`]).
+    pub domain: &'static str,
     /// Every `since_version` of the op's schema in the default domain.
     pub versions: &'static [i64],
     /// The oldest schema version whose semantics are implemented.
@@ -36,7 +38,7 @@ macro_rules! specs {
     ($($name:literal: [$($v:literal),*] from $from:literal, in $imin:literal..$imax:expr, out $omin:literal..$omax:expr;)*) => {
         /// The table of every op the importer knows, sorted by name.
         pub static SPECS: &[OpSpec] = &[
-            $(OpSpec { name: $name, versions: &[$($v),*], supported_from: $from, inputs: ($imin, $imax), outputs: ($omin, $omax) },)*
+            $(OpSpec { name: $name, domain: "", versions: &[$($v),*], supported_from: $from, inputs: ($imin, $imax), outputs: ($omin, $omax) },)*
         ];
     };
 }
@@ -203,9 +205,33 @@ specs! {
     "Xor": [1, 7] from 7, in 2..2, out 1..1;
 }
 
-/// Looks up the spec of a default-domain op type.
+/// The ops of other domains the importer accepts, sorted by name (their names clash with
+/// no default-domain op). Versions are of the op's own domain's opset.
+pub static DOMAIN_SPECS: &[OpSpec] = &[
+    OpSpec { name: "Adagrad", domain: TRAINING, versions: &[1], supported_from: 1, inputs: (3, V), outputs: (1, V) },
+    OpSpec { name: "Adam", domain: TRAINING, versions: &[1], supported_from: 1, inputs: (3, V), outputs: (1, V) },
+    OpSpec { name: "ArrayFeatureExtractor", domain: ML, versions: &[1], supported_from: 1, inputs: (2, 2), outputs: (1, 1) },
+    OpSpec { name: "Binarizer", domain: ML, versions: &[1], supported_from: 1, inputs: (1, 1), outputs: (1, 1) },
+    OpSpec { name: "Momentum", domain: TRAINING, versions: &[1], supported_from: 1, inputs: (3, V), outputs: (1, V) },
+];
+
+/// The domain of ONNX's training operators.
+pub const TRAINING: &str = "ai.onnx.preview.training";
+/// The domain of ONNX's traditional machine-learning operators.
+pub const ML: &str = "ai.onnx.ml";
+
+/// Looks up the spec of an op type: a default-domain op, or one of [`DOMAIN_SPECS`].
 pub fn spec(op_type: &str) -> Option<&'static OpSpec> {
-    SPECS.binary_search_by(|s| s.name.cmp(op_type)).ok().map(|i| &SPECS[i])
+    match SPECS.binary_search_by(|s| s.name.cmp(op_type)) {
+        Ok(i) => Some(&SPECS[i]),
+        Err(_) => DOMAIN_SPECS.binary_search_by(|s| s.name.cmp(op_type)).ok().map(|i| &DOMAIN_SPECS[i]),
+    }
+}
+
+/// The spec of `op_type` in `domain` (`""` or `"ai.onnx"` for the default domain).
+pub fn spec_in(domain: &str, op_type: &str) -> Option<&'static OpSpec> {
+    let domain = if domain == "ai.onnx" { "" } else { domain };
+    spec(op_type).filter(|s| s.domain == domain)
 }
 
 #[cfg(test)]
@@ -214,10 +240,11 @@ mod tests {
 
     #[test]
     fn table_is_sorted_and_versions_ascend() {
-        for pair in SPECS.windows(2) {
+        for pair in SPECS.windows(2).chain(DOMAIN_SPECS.windows(2)) {
             assert!(pair[0].name < pair[1].name, "{} before {}", pair[0].name, pair[1].name);
         }
-        for s in SPECS {
+        for s in SPECS.iter().chain(DOMAIN_SPECS) {
+            assert!(s.domain.is_empty() || SPECS.iter().all(|d| d.name != s.name), "{} is also a default-domain op", s.name);
             assert!(s.versions.windows(2).all(|w| w[0] < w[1]), "{} versions", s.name);
             assert!(s.versions.contains(&s.supported_from), "{} supported_from", s.name);
         }

@@ -17,6 +17,8 @@
 //! - **Softmax / LogSoftmax**: 5 per element; **LayerNorm / InstanceNorm / GroupNorm /
 //!   MeanVarianceNormalization / LpNormalization**: 8; **RMSNorm**: 5; **BatchNorm**: 6;
 //!   **RotaryEmbedding**: 3; **Hardmax**: 2; **LRN**: `2 * size + 4`. Backward = 2x.
+//! - **Optimizer steps** (Adagrad, Adam, Momentum): ~10 per element of `X` (a quarter
+//!   of the inputs' elements); **Binarizer**, **ArrayFeatureExtractor**: `out_numel`.
 //! - **LinearAttention**: `8 * d_k` per output element (the state's decay, retrieval and
 //!   update, and the read). **CausalConvWithState**: `2k + 4` per output. Backward = 2x.
 //! - **Attention**: the two matmuls, `2 * (q_numel + out_numel) * total_seq`, plus 5 per
@@ -152,7 +154,8 @@ impl OpClass {
             | Op::ScatterND { .. }
             | Op::ScatterElements { .. }
             | Op::Scatter { .. } => OpClass::Gather,
-            Op::RotaryEmbedding(_) => OpClass::Elementwise,
+            Op::RotaryEmbedding(_) | Op::Optimizer(_) | Op::Binarizer { .. } => OpClass::Elementwise,
+            Op::ArrayFeatureExtractor => OpClass::Gather,
             Op::Resize(_) | Op::Upsample(_) | Op::GridSample { .. } => OpClass::Gather,
             op if op.is_elementwise() => OpClass::Elementwise,
             _ => OpClass::DataMovement,
@@ -475,6 +478,9 @@ fn flops(g: &Graph, n: NodeId, export: i64) -> (Lin, f64) {
                 2.0,
             )
         }
+        // About ten elementwise steps per optimized element; Binarizer one compare.
+        Op::Optimizer(_) => (in_numel.scale(10.0 / 4.0), 1.0),
+        Op::Binarizer { .. } | Op::ArrayFeatureExtractor => (first_out, 1.0),
         Op::CausalConvWithState { .. } => {
             let k = ty_in(1).and_then(|w| w.shape.eval(export).last().copied()).unwrap_or(1);
             (first_out.scale(2.0 * k as f64 + 4.0), 2.0)

@@ -16,6 +16,7 @@ mod reduce;
 mod rnn;
 mod resample;
 mod shape;
+mod training;
 mod transformer;
 mod util;
 mod window;
@@ -150,6 +151,9 @@ fn dispatch_nn(k: &Kernel, ins: &[Option<&Tensor>], mode: Mode, outputs_read: Op
         RotaryEmbedding(r) => one(transformer::rotary_embedding(r, ins)),
         LinearAttention(l) => recurrent::linear_attention(l, ins),
         CausalConvWithState { silu } => recurrent::causal_conv_with_state(*silu, ins),
+        Optimizer(o) => training::optimizer_step(o, ins),
+        Binarizer { threshold } => one(training::binarizer(*threshold, x()?)),
+        ArrayFeatureExtractor => one(training::array_feature_extractor(x()?, y()?)),
         InstanceNormalization { epsilon } => one(nn::instance_norm(*epsilon, ins)),
         NegativeLogLikelihoodLoss(l) => one(loss::nll(l, x()?, y()?, opt(ins, 2))),
         SoftmaxCrossEntropyLoss(l) => loss::softmax_cross_entropy(l, x()?, y()?, opt(ins, 2)),

@@ -218,6 +218,15 @@ pub struct LinearAttention {
     pub delta: bool,
 }
 
+/// A training-domain optimizer step; see the IR's `Optimizer` (inputs R, T, then blocks
+/// of X, G and the states; outputs the new X and states).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Optimizer {
+    Adagrad { decay_factor: f32, epsilon: f32, norm_coefficient: f32 },
+    Adam { alpha: f32, beta: f32, epsilon: f32, norm_coefficient: f32, norm_coefficient_post: f32 },
+    Momentum { alpha: f32, beta: f32, norm_coefficient: f32, nesterov: bool },
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Softmax {
     pub axis: i64,
@@ -405,6 +414,9 @@ pub enum Kernel {
     LinearAttention(LinearAttention),
     /// Causal depthwise 1-D convolution with a carried state; outputs Y and the new state.
     CausalConvWithState { silu: bool },
+    Optimizer(Optimizer),
+    Binarizer { threshold: f32 },
+    ArrayFeatureExtractor,
     InstanceNormalization { epsilon: f32 },
     /// Log-probabilities `[N, C, d...]`, class ids `[N, d...]`, optional class weights.
     NegativeLogLikelihoodLoss(ClassLoss),
@@ -503,6 +515,9 @@ fn plain_name(k: &Kernel) -> &'static str {
         BatchNormalization(_) => "BatchNormalization", LayerNormalization(_) => "LayerNormalization",
         RmsNormalization(_) => "RMSNormalization", Attention(_) => "Attention", RotaryEmbedding(_) => "RotaryEmbedding",
         LinearAttention(_) => "LinearAttention", CausalConvWithState { .. } => "CausalConvWithState",
+        Optimizer(self::Optimizer::Adagrad { .. }) => "Adagrad", Optimizer(self::Optimizer::Adam { .. }) => "Adam",
+        Optimizer(self::Optimizer::Momentum { .. }) => "Momentum",
+        Binarizer { .. } => "Binarizer", ArrayFeatureExtractor => "ArrayFeatureExtractor",
         InstanceNormalization { .. } => "InstanceNormalization", Dropout { .. } => "Dropout",
         NegativeLogLikelihoodLoss(_) => "NegativeLogLikelihoodLoss", SoftmaxCrossEntropyLoss(_) => "SoftmaxCrossEntropyLoss",
         Reshape { .. } => "Reshape", Flatten { .. } => "Flatten", Transpose { .. } => "Transpose",

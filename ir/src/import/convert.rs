@@ -136,6 +136,33 @@ fn convert_op(op_type: &str, version: i64, a: &mut Attrs, n_inputs: usize) -> Re
             Op::RotaryEmbedding(r)
         }
         "LinearAttention" => Op::LinearAttention(linear_attention(a)?),
+        "Adagrad" => Op::Optimizer(Optimizer::Adagrad {
+            decay_factor: a.float_or("decay_factor", 0.0)?,
+            epsilon: a.float_or("epsilon", 1e-6)?,
+            norm_coefficient: a.float_or("norm_coefficient", 0.0)?,
+        }),
+        "Adam" => Op::Optimizer(Optimizer::Adam {
+            alpha: a.float_or("alpha", 0.9)?,
+            beta: a.float_or("beta", 0.999)?,
+            epsilon: a.float_or("epsilon", 1e-6)?,
+            norm_coefficient: a.float_or("norm_coefficient", 0.0)?,
+            norm_coefficient_post: a.float_or("norm_coefficient_post", 0.0)?,
+        }),
+        "Momentum" => {
+            let required = |a: &mut Attrs, name: &str| a.float(name)?.ok_or_else(|| format!("attribute {name:?} is required"));
+            Op::Optimizer(Optimizer::Momentum {
+                alpha: required(a, "alpha")?,
+                beta: required(a, "beta")?,
+                norm_coefficient: required(a, "norm_coefficient")?,
+                nesterov: match a.string("mode")?.as_deref() {
+                    Some("standard") => false,
+                    Some("nesterov") => true,
+                    other => return Err(format!("mode {other:?} is not \"standard\" or \"nesterov\"")),
+                },
+            })
+        }
+        "Binarizer" => Op::Binarizer { threshold: a.float_or("threshold", 0.0)? },
+        "ArrayFeatureExtractor" => Op::ArrayFeatureExtractor,
         "CausalConvWithState" => Op::CausalConvWithState {
             silu: match a.string("activation")?.as_deref().unwrap_or("none") {
                 "none" => false,

@@ -17,7 +17,7 @@ use crate::dtype::onnx_type_name;
 use crate::error::{ImportError, ModelError, NodeRef};
 use crate::infer::{infer, Ctx, In};
 use crate::known::{evaluate, Known};
-use crate::spec::{spec, MAX_KNOWN_OPSET};
+use crate::spec::{spec_in, MAX_KNOWN_OPSET};
 use crate::{BatchInfo, DType, Graph, ModelMeta, ValueDef, ValueId, Weight};
 
 /// How the batch dimension is chosen: `Auto` makes a named (`dim_param`) axis 0, or a
@@ -153,16 +153,20 @@ struct Importer<'a> {
     /// A Scan walks a graph input along axis 0: that axis is unrolled, so it cannot be
     /// the symbolic batch (every extent stays as exported).
     scans_axis0: bool,
+    opsets: Opsets,
     ctx: Ctx,
 }
 
 impl<'a> Importer<'a> {
     fn new(dir: &'a Path, opts: &'a ImportOptions) -> Importer<'a> {
-        Importer { dir, opts, graph: Graph::default(), names: HashMap::new(), known: Vec::new(), composites: HashMap::new(), scans_axis0: false, ctx: Ctx::default() }
+        Importer { dir, opts, graph: Graph::default(), names: HashMap::new(), known: Vec::new(), composites: HashMap::new(), scans_axis0: false, opsets: Opsets::default(), ctx: Ctx::default() }
     }
 
     fn run(mut self, mut model: ModelProto) -> Result<Graph, ImportError> {
-        let opset = default_opset(&model)?;
+        let opsets = Opsets::of(&model)?;
+        // A model of other domains only (training or ML ops) has no default opset; its
+        // graph is recorded at the newest one.
+        let opset = opsets.default.unwrap_or(MAX_KNOWN_OPSET);
         let mut g = model.graph.take().expect("checked by parse");
         self.graph.meta = ModelMeta {
             producer_name: model.producer_name.clone(),
@@ -173,7 +177,8 @@ impl<'a> Importer<'a> {
             source_crc32: 0,
         };
         name_nodes(&mut g.node);
-        check_ops(&g.node, opset)?;
+        check_ops(&g.node, &opsets)?;
+        self.opsets = opsets;
         let initializer_names: std::collections::HashSet<String> = g.initializer.iter().map(|t| t.name.clone()).collect();
         let params = float_parameters_read(&g.node, &self.opts.float_parameters);
         self.scans_axis0 = control::scans_inputs_along_axis0(&g.node, &g.input, opset);
@@ -301,8 +306,9 @@ impl<'a> Importer<'a> {
             self.define(out.clone(), TensorType::new(data.dtype, Shape::fixed(&data.dims)), ValueDef::Weight(Weight { data, trainable: false }));
             return Ok(());
         }
-        let spec = spec(&node.op_type).expect("checked by check_ops");
-        let version = spec.version_at(opset).expect("checked by check_ops");
+        let spec = spec_in(&node.domain, &node.op_type).expect("checked by check_ops");
+        let domain_opset = if spec.domain.is_empty() { opset } else { self.opsets.of_domain(spec.domain).expect("checked by check_ops") };
+        let version = spec.version_at(domain_opset).expect("checked by check_ops");
         let (imin, imax) = spec.inputs;
         let (omin, omax) = spec.outputs;
         if node.input.len() < imin || node.input.len() > imax {
@@ -486,17 +492,44 @@ fn arity(min: usize, max: usize) -> String {
     }
 }
 
-fn default_opset(model: &ModelProto) -> Result<i64, ImportError> {
-    let v = model
-        .opset_import
-        .iter()
-        .find(|o| o.domain.is_empty() || o.domain == "ai.onnx")
-        .map(|o| o.version)
-        .ok_or(ImportError::NoDefaultOpset)?;
+/// The default-domain opset, if the model imports the default domain.
+fn default_opset(model: &ModelProto) -> Result<Option<i64>, ImportError> {
+    let Some(v) = model.opset_import.iter().find(|o| o.domain.is_empty() || o.domain == "ai.onnx").map(|o| o.version) else {
+        return if model.opset_import.is_empty() { Err(ImportError::NoDefaultOpset) } else { Ok(None) };
+    };
     if !(1..=MAX_KNOWN_OPSET).contains(&v) {
         return Err(ImportError::Opset(v));
     }
-    Ok(v)
+    Ok(Some(v))
+}
+
+/// The opsets a model imports, by domain (the default domain as `""`).
+#[derive(Debug, Default)]
+struct Opsets {
+    default: Option<i64>,
+    others: HashMap<String, i64>,
+}
+
+impl Opsets {
+    fn of(model: &ModelProto) -> Result<Opsets, ImportError> {
+        let default = default_opset(model)?;
+        let others = model
+            .opset_import
+            .iter()
+            .filter(|o| !o.domain.is_empty() && o.domain != "ai.onnx")
+            .map(|o| (o.domain.clone(), o.version))
+            .collect();
+        Ok(Opsets { default, others })
+    }
+
+    /// The opset of `domain` the model imports.
+    fn of_domain(&self, domain: &str) -> Option<i64> {
+        if domain.is_empty() || domain == "ai.onnx" {
+            self.default
+        } else {
+            self.others.get(domain).copied()
+        }
+    }
 }
 
 /// Gives unnamed nodes a stable name (`Relu_3`) so every message can name them.
@@ -510,27 +543,33 @@ fn name_nodes(nodes: &mut [NodeProto]) {
 
 /// Rejects foreign domains, unknown op types (all reported together) and op versions
 /// whose semantics are not implemented.
-fn check_ops(nodes: &[NodeProto], opset: i64) -> Result<(), ImportError> {
+fn check_ops(nodes: &[NodeProto], opsets: &Opsets) -> Result<(), ImportError> {
     let nref = |n: &NodeProto| NodeRef { name: n.name.clone(), op_type: n.op_type.clone() };
     // Subgraph nodes (If branches, loop bodies) are checked with the rest.
     let nodes = control::nested_nodes(nodes);
+    let is_default = |n: &NodeProto| n.domain.is_empty() || n.domain == "ai.onnx";
+    // Of other domains, only the ops of `DOMAIN_SPECS`, and only if the model imports them.
     let foreign: Vec<(NodeRef, String)> = nodes
         .iter()
-        .filter(|n| !n.domain.is_empty() && n.domain != "ai.onnx")
+        .filter(|n| !is_default(n) && (spec_in(&n.domain, &n.op_type).is_none() || opsets.of_domain(&n.domain).is_none()))
         .map(|n| (nref(n), n.domain.clone()))
         .collect();
     if !foreign.is_empty() {
         return Err(ImportError::Domain(foreign));
     }
+    if opsets.default.is_none() && nodes.iter().any(|n| is_default(n)) {
+        return Err(ImportError::NoDefaultOpset);
+    }
     let mut unknown: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for n in nodes.iter().filter(|n| spec(&n.op_type).is_none()) {
+    for n in nodes.iter().filter(|n| spec_in(&n.domain, &n.op_type).is_none()) {
         unknown.entry(n.op_type.clone()).or_default().push(n.name.clone());
     }
     if !unknown.is_empty() {
         return Err(ImportError::UnknownOps(unknown.into_iter().collect()));
     }
     for n in nodes {
-        let s = spec(&n.op_type).expect("known");
+        let s = spec_in(&n.domain, &n.op_type).expect("known");
+        let opset = opsets.of_domain(&n.domain).expect("checked above");
         match s.version_at(opset) {
             None => return Err(ImportError::OpNotInOpset { node: nref(n), op: n.op_type.clone(), opset }),
             Some(v) if v < s.supported_from => {
