@@ -962,3 +962,42 @@ fn linear_attention_and_causal_conv_shapes() {
     assert_eq!(ty(&g, "carry"), "f32[N,3,3]");
     assert_eq!(ty(&import(&conv(1)), "carry"), "f32[N,3,0]");
 }
+
+/// Ops of other domains: accepted where the model imports their domain (also without
+/// the default domain), by their domain's opset; an optimizer step gives the new tensors
+/// and states in blocks; a domain op spelled in the default domain is unknown.
+#[test]
+fn training_and_ml_domain_ops() {
+    let mut m = ModelBuilder::new(1)
+        .input("x", F32, &fixed(&[3, 4]))
+        .init(tensor_i64("idx", &[2], &[3, 1]))
+        .node(node("Binarizer", "bin", &["x"], &["b"]).domain("ai.onnx.ml").float("threshold", 0.5))
+        .node(node("ArrayFeatureExtractor", "afe", &["b", "idx"], &["picked"]).domain("ai.onnx.ml"))
+        .output("picked");
+    m.model.opset_import[0].domain = "ai.onnx.ml".into();
+    let g = import(&m);
+    assert_eq!(ty(&g, "picked"), "f32[N,2]");
+    let mut unimported = m.clone();
+    unimported.model.opset_import[0].domain = "ai.onnx.preview.training".into();
+    assert!(matches!(import_err(&unimported), ImportError::Domain(_)));
+    let adam = |domain: &str| {
+        ModelBuilder::new(18)
+            .opset_import("ai.onnx.preview.training", 1)
+            .init(tensor_f32("r", &[], &[0.1]))
+            .init(tensor_i64("t", &[], &[1]))
+            .input("x1", F32, &fixed(&[2]))
+            .input("x2", F32, &fixed(&[3, 2]))
+            .input("g1", F32, &fixed(&[2]))
+            .input("g2", F32, &fixed(&[3, 2]))
+            .input("v1", F32, &fixed(&[2]))
+            .input("v2", F32, &fixed(&[3, 2]))
+            .input("h1", F32, &fixed(&[2]))
+            .input("h2", F32, &fixed(&[3, 2]))
+            .node(node("Adam", "adam", &["r", "t", "x1", "x2", "g1", "g2", "v1", "v2", "h1", "h2"], &["x1n", "x2n", "v1n", "v2n", "h1n", "h2n"]).domain(domain))
+            .output("x2n")
+            .output("h1n")
+    };
+    let g = try_import(&adam("ai.onnx.preview.training"), BatchMode::Fixed).unwrap();
+    assert_eq!((ty(&g, "x2n"), ty(&g, "h1n")), ("f32[3,2]".to_string(), "f32[2]".to_string()));
+    assert!(matches!(try_import(&adam(""), BatchMode::Fixed), Err(ImportError::UnknownOps(_))));
+}

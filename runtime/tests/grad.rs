@@ -1011,3 +1011,34 @@ fn causal_conv_with_state() {
     }
     gradcheck(&Kernel::CausalConvWithState { silu: false }, vec![In::D(signed(&[1, 2, 2], 570)), In::D(signed(&[2, 1, 4], 571)), In::N, In::N], 2);
 }
+
+/// The training domain's optimizer steps (two tensors each, after the first update so
+/// the bias correction and beta apply), and ArrayFeatureExtractor.
+#[test]
+fn optimizer_steps_and_array_feature_extractor() {
+    let scalars = || [In::F(f64s(&[0.1], &[])), In::F(i64s(&[2], &[]))];
+    let block = |s: u64| [In::D(signed(&[3], s)), In::D(signed(&[2, 2], s + 1))];
+    let positive = |s: u64| [In::D(rand(&[3], s, 0.2, 1.0)), In::D(rand(&[2, 2], s + 1, 0.2, 1.0))];
+    let ins = |states: &[[In; 2]]| {
+        let mut v: Vec<In> = scalars().into();
+        v.extend(block(600));
+        v.extend(block(610));
+        for s in states {
+            v.extend(s.iter().map(|i| match i {
+                In::D(t) => In::D(t.shallow_clone()),
+                In::F(t) => In::F(t.shallow_clone()),
+                In::N => In::N,
+            }));
+        }
+        v
+    };
+    let adagrad = Optimizer::Adagrad { decay_factor: 0.1, epsilon: 1e-5, norm_coefficient: 0.01 };
+    gradcheck(&Kernel::Optimizer(adagrad), ins(&[positive(620)]), 4);
+    let adam = Optimizer::Adam { alpha: 0.9, beta: 0.8, epsilon: 1e-2, norm_coefficient: 0.01, norm_coefficient_post: 0.1 };
+    gradcheck(&Kernel::Optimizer(adam), ins(&[block(630), positive(640)]), 6);
+    for nesterov in [false, true] {
+        let m = Optimizer::Momentum { alpha: 0.9, beta: 0.5, norm_coefficient: 0.01, nesterov };
+        gradcheck(&Kernel::Optimizer(m), ins(&[block(650)]), 4);
+    }
+    g1(Kernel::ArrayFeatureExtractor, vec![In::D(normal(&[2, 5], 660)), In::F(i64s(&[4, 0, 4], &[3]))]);
+}
