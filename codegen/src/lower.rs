@@ -201,6 +201,7 @@ pub fn kernel(op: &Op, n_out: usize, n_in: usize) -> Kernel {
         }),
         Op::Binarizer { threshold } => Kernel::Binarizer { threshold: *threshold },
         Op::ArrayFeatureExtractor => Kernel::ArrayFeatureExtractor,
+        Op::TreeEnsemble(t) => Kernel::TreeEnsemble(Box::new(tree_ensemble(t))),
         Op::InstanceNormalization { epsilon } => Kernel::InstanceNormalization { epsilon: *epsilon },
         Op::NegativeLogLikelihoodLoss(l) => Kernel::NegativeLogLikelihoodLoss(class_loss(l)),
         Op::SoftmaxCrossEntropyLoss(l) => Kernel::SoftmaxCrossEntropyLoss(class_loss(l)),
@@ -444,6 +445,34 @@ fn binary(b: ir::BinaryOp) -> rt::BinaryKind {
         I::Equal => R::Equal, I::Less => R::Less, I::Greater => R::Greater,
         I::LessOrEqual => R::LessOrEqual, I::GreaterOrEqual => R::GreaterOrEqual, I::And => R::And,
         I::Or => R::Or, I::Xor => R::Xor, I::Mod => R::Mod, I::Fmod => R::Fmod, I::PRelu => R::PRelu,
+    }
+}
+
+/// TreeEnsemble's tables as the kernel walks them; each set-membership node takes the
+/// next NaN-terminated run of `membership_values` (the importer checked the counts).
+fn tree_ensemble(t: &ir::TreeEnsemble) -> rt::TreeEnsemble {
+    let modes = t.modes.to_i64s();
+    let splits = t.splits.to_f64s();
+    let members = t.membership_values.as_ref().map(|m| m.to_f64s()).unwrap_or_default();
+    let mut sets = members.split(|x| x.is_nan());
+    let nodes = (0..t.featureids.len())
+        .map(|i| rt::TreeNode {
+            feature: t.featureids[i],
+            mode: modes[i],
+            split: splits[i],
+            members: if modes[i] == 6 { sets.next().unwrap_or_default().to_vec() } else { Vec::new() },
+            missing_true: t.missing_tracks_true.get(i).is_some_and(|&m| m != 0),
+            on_true: (t.trueleafs[i] != 0, t.truenodeids[i]),
+            on_false: (t.falseleafs[i] != 0, t.falsenodeids[i]),
+        })
+        .collect();
+    rt::TreeEnsemble {
+        nodes,
+        leaf_targets: t.leaf_targetids.clone(),
+        leaf_weights: t.leaf_weights.to_f64s(),
+        roots: t.tree_roots.clone(),
+        n_targets: t.n_targets,
+        aggregate: t.aggregate_function,
     }
 }
 

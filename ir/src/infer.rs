@@ -168,6 +168,13 @@ pub fn infer(op: &Op, ins: &[Option<In>], n_out: usize, ctx: Ctx) -> R<Vec<Tenso
         Op::Optimizer(o) => optimizer(o, ins, n_out),
         Op::Binarizer { .. } => out1(x()?.ty.dtype, x()?.ty.shape.clone()),
         Op::ArrayFeatureExtractor => array_feature_extractor(x()?, req(1)?),
+        Op::TreeEnsemble(t) => {
+            let xt = &x()?.ty;
+            match (&xt.shape.0[..], t.featureids.iter().max()) {
+                ([n, Dim::Fixed(f)], Some(&top)) if top < *f => out1(xt.dtype, Shape(vec![*n, Dim::Fixed(t.n_targets)])),
+                _ => Err(format!("input {} must be [N, features] with more features than the largest feature id", xt.shape)),
+            }
+        }
         Op::CausalConvWithState { .. } => causal_conv_with_state(ins),
         Op::Dropout { .. } => {
             let t = &x()?.ty;

@@ -233,6 +233,32 @@ impl Optimizer {
     }
 }
 
+/// TreeEnsemble (`ai.onnx.ml` 5): decision trees over the features of `[N, F]` rows,
+/// each tree giving one leaf's weight to its target, aggregated per target. The node
+/// and leaf tables are ONNX's (`nodes_*`, `leaf_*`); the tensors keep their element
+/// types so the attributes round-trip.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TreeEnsemble {
+    pub featureids: Vec<i64>,
+    /// Per node: 0 `<=`, 1 `<`, 2 `>=`, 3 `>`, 4 `==`, 5 `!=`, 6 set membership.
+    pub modes: TensorData,
+    pub splits: TensorData,
+    pub truenodeids: Vec<i64>,
+    pub falsenodeids: Vec<i64>,
+    pub trueleafs: Vec<i64>,
+    pub falseleafs: Vec<i64>,
+    /// Per node, whether a NaN feature takes the true branch; empty: never.
+    pub missing_tracks_true: Vec<i64>,
+    pub leaf_targetids: Vec<i64>,
+    pub leaf_weights: TensorData,
+    pub tree_roots: Vec<i64>,
+    /// The members of each set-membership node in node order, each set ended by NaN.
+    pub membership_values: Option<TensorData>,
+    pub n_targets: i64,
+    /// 0 average, 1 sum, 2 min, 3 max.
+    pub aggregate_function: i64,
+}
+
 /// How ScatterND/ScatterElements combine an update with the element it lands on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ScatterReduction {
@@ -447,6 +473,7 @@ pub enum Op {
     Optimizer(Optimizer),
     /// `ai.onnx.ml`: 1 where the input exceeds `threshold`, else 0, in the input's type.
     Binarizer { threshold: f32 },
+    TreeEnsemble(Box<TreeEnsemble>),
     /// `ai.onnx.ml`: the elements at the indices (input 1) along the last axis.
     ArrayFeatureExtractor,
     /// Causal depthwise 1-D convolution over `[batch, channels, length]` continuing a
@@ -580,6 +607,7 @@ impl Op {
             Op::Optimizer(Optimizer::Adam { .. }) => "Adam",
             Op::Optimizer(Optimizer::Momentum { .. }) => "Momentum",
             Op::Binarizer { .. } => "Binarizer",
+            Op::TreeEnsemble(_) => "TreeEnsemble",
             Op::ArrayFeatureExtractor => "ArrayFeatureExtractor",
             Op::CausalConvWithState { .. } => "CausalConvWithState",
             Op::InstanceNormalization { .. } => "InstanceNormalization",
@@ -756,6 +784,24 @@ impl Op {
                 a.s("mode", if *nesterov { "nesterov" } else { "standard" });
             }
             Op::Binarizer { threshold } => a.f("threshold", *threshold),
+            Op::TreeEnsemble(t) => {
+                a.ints("nodes_featureids", &t.featureids);
+                a.0.push(("nodes_modes", AttrValue::Tensor(t.modes.clone())));
+                a.0.push(("nodes_splits", AttrValue::Tensor(t.splits.clone())));
+                a.ints("nodes_truenodeids", &t.truenodeids);
+                a.ints("nodes_falsenodeids", &t.falsenodeids);
+                a.ints("nodes_trueleafs", &t.trueleafs);
+                a.ints("nodes_falseleafs", &t.falseleafs);
+                a.v("nodes_missing_value_tracks_true", &t.missing_tracks_true);
+                a.ints("leaf_targetids", &t.leaf_targetids);
+                a.0.push(("leaf_weights", AttrValue::Tensor(t.leaf_weights.clone())));
+                a.ints("tree_roots", &t.tree_roots);
+                if let Some(m) = &t.membership_values {
+                    a.0.push(("membership_values", AttrValue::Tensor(m.clone())));
+                }
+                a.i("n_targets", t.n_targets);
+                a.i("aggregate_function", t.aggregate_function);
+            }
             Op::CausalConvWithState { silu } => a.s("activation", if *silu { "silu" } else { "none" }),
             Op::LayerNormalization(l) | Op::RMSNormalization(l) => {
                 a.i("axis", l.axis);
@@ -1169,6 +1215,12 @@ impl fmt::Display for AttrValue {
             AttrValue::Str(s) => write!(f, "{s:?}"),
             AttrValue::Ints(v) => write!(f, "{v:?}"),
             AttrValue::DType(d) => write!(f, "{d}"),
+            // A vector of other than one element (TreeEnsemble's tables): `f64:[1.0, 2.5]`.
+            AttrValue::Tensor(t) if t.dims.len() == 1 && t.dims[0] != 1 => {
+                let items: Vec<String> =
+                    t.to_f64s().iter().map(|x| if t.dtype.is_float() { format!("{x:?}") } else { format!("{}", *x as i64) }).collect();
+                write!(f, "{}:[{}]", t.dtype, items.join(", "))
+            }
             AttrValue::Tensor(t) => {
                 let x = t.to_f64s().first().copied().unwrap_or(0.0);
                 if t.dtype.is_float() { write!(f, "{}:{x:?}", t.dtype) } else { write!(f, "{}:{}", t.dtype, x as i64) }

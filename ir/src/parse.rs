@@ -312,6 +312,12 @@ fn attr_value(c: &mut Cursor) -> Result<AttrValue, String> {
         }
         _ => {
             let token = c.token();
+            if let (Some(dtype), Some('[')) = (token.strip_suffix(':'), c.peek()) {
+                let dtype = DType::from_name(dtype).ok_or_else(|| format!("unknown element type {dtype:?}"))?;
+                let items = c.list()?;
+                let xs = items.iter().map(|t| t.parse::<f64>().map_err(|_| format!("{t:?} is not a number"))).collect::<Result<Vec<_>, _>>()?;
+                return Ok(AttrValue::Tensor(TensorData::from_f64s(dtype, vec![xs.len() as i64], &xs)));
+            }
             if let Some((dtype, value)) = token.split_once(':') {
                 let dtype = DType::from_name(dtype).ok_or_else(|| format!("unknown element type {dtype:?}"))?;
                 let x: f64 = value.parse().map_err(|_| format!("{value:?} is not a number"))?;

@@ -18,7 +18,8 @@
 //!   MeanVarianceNormalization / LpNormalization**: 8; **RMSNorm**: 5; **BatchNorm**: 6;
 //!   **RotaryEmbedding**: 3; **Hardmax**: 2; **LRN**: `2 * size + 4`. Backward = 2x.
 //! - **Optimizer steps** (Adagrad, Adam, Momentum): ~10 per element of `X` (a quarter
-//!   of the inputs' elements); **Binarizer**, **ArrayFeatureExtractor**: `out_numel`.
+//!   of the inputs' elements); **Binarizer**, **ArrayFeatureExtractor**: `out_numel`;
+//!   **TreeEnsemble**: 8 compares per tree and input element, no backward (piecewise constant).
 //! - **LinearAttention**: `8 * d_k` per output element (the state's decay, retrieval and
 //!   update, and the read). **CausalConvWithState**: `2k + 4` per output. Backward = 2x.
 //! - **Attention**: the two matmuls, `2 * (q_numel + out_numel) * total_seq`, plus 5 per
@@ -155,7 +156,7 @@ impl OpClass {
             | Op::ScatterElements { .. }
             | Op::Scatter { .. } => OpClass::Gather,
             Op::RotaryEmbedding(_) | Op::Optimizer(_) | Op::Binarizer { .. } => OpClass::Elementwise,
-            Op::ArrayFeatureExtractor => OpClass::Gather,
+            Op::ArrayFeatureExtractor | Op::TreeEnsemble(_) => OpClass::Gather,
             Op::Resize(_) | Op::Upsample(_) | Op::GridSample { .. } => OpClass::Gather,
             op if op.is_elementwise() => OpClass::Elementwise,
             _ => OpClass::DataMovement,
@@ -481,6 +482,8 @@ fn flops(g: &Graph, n: NodeId, export: i64) -> (Lin, f64) {
         // About ten elementwise steps per optimized element; Binarizer one compare.
         Op::Optimizer(_) => (in_numel.scale(10.0 / 4.0), 1.0),
         Op::Binarizer { .. } | Op::ArrayFeatureExtractor => (first_out, 1.0),
+        // A compare per visited node: about the tree depth, taken as 8, per tree and row.
+        Op::TreeEnsemble(t) => (in_numel.scale(8.0 * t.tree_roots.len() as f64), 0.0),
         Op::CausalConvWithState { .. } => {
             let k = ty_in(1).and_then(|w| w.shape.eval(export).last().copied()).unwrap_or(1);
             (first_out.scale(2.0 * k as f64 + 4.0), 2.0)

@@ -154,6 +154,7 @@ fn dispatch_nn(k: &Kernel, ins: &[Option<&Tensor>], mode: Mode, outputs_read: Op
         Optimizer(o) => training::optimizer_step(o, ins),
         Binarizer { threshold } => one(training::binarizer(*threshold, x()?)),
         ArrayFeatureExtractor => one(training::array_feature_extractor(x()?, y()?)),
+        TreeEnsemble(t) => one(training::tree_ensemble(t, x()?)),
         InstanceNormalization { epsilon } => one(nn::instance_norm(*epsilon, ins)),
         NegativeLogLikelihoodLoss(l) => one(loss::nll(l, x()?, y()?, opt(ins, 2))),
         SoftmaxCrossEntropyLoss(l) => loss::softmax_cross_entropy(l, x()?, y()?, opt(ins, 2)),

@@ -227,6 +227,31 @@ pub enum Optimizer {
     Momentum { alpha: f32, beta: f32, norm_coefficient: f32, nesterov: bool },
 }
 
+/// TreeEnsemble (`ai.onnx.ml` 5) with its tables resolved: per node the comparison and
+/// where each branch goes (`(is_leaf, index)`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TreeEnsemble {
+    pub nodes: Vec<TreeNode>,
+    pub leaf_targets: Vec<i64>,
+    pub leaf_weights: Vec<f64>,
+    pub roots: Vec<i64>,
+    pub n_targets: i64,
+    /// 0 average, 1 sum, 2 min, 3 max.
+    pub aggregate: i64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TreeNode {
+    pub feature: i64,
+    /// 0 `<=`, 1 `<`, 2 `>=`, 3 `>`, 4 `==`, 5 `!=`, 6 member of `members`.
+    pub mode: i64,
+    pub split: f64,
+    pub members: Vec<f64>,
+    pub missing_true: bool,
+    pub on_true: (bool, i64),
+    pub on_false: (bool, i64),
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Softmax {
     pub axis: i64,
@@ -417,6 +442,7 @@ pub enum Kernel {
     Optimizer(Optimizer),
     Binarizer { threshold: f32 },
     ArrayFeatureExtractor,
+    TreeEnsemble(Box<TreeEnsemble>),
     InstanceNormalization { epsilon: f32 },
     /// Log-probabilities `[N, C, d...]`, class ids `[N, d...]`, optional class weights.
     NegativeLogLikelihoodLoss(ClassLoss),
@@ -517,7 +543,7 @@ fn plain_name(k: &Kernel) -> &'static str {
         LinearAttention(_) => "LinearAttention", CausalConvWithState { .. } => "CausalConvWithState",
         Optimizer(self::Optimizer::Adagrad { .. }) => "Adagrad", Optimizer(self::Optimizer::Adam { .. }) => "Adam",
         Optimizer(self::Optimizer::Momentum { .. }) => "Momentum",
-        Binarizer { .. } => "Binarizer", ArrayFeatureExtractor => "ArrayFeatureExtractor",
+        Binarizer { .. } => "Binarizer", ArrayFeatureExtractor => "ArrayFeatureExtractor", TreeEnsemble(_) => "TreeEnsemble",
         InstanceNormalization { .. } => "InstanceNormalization", Dropout { .. } => "Dropout",
         NegativeLogLikelihoodLoss(_) => "NegativeLogLikelihoodLoss", SoftmaxCrossEntropyLoss(_) => "SoftmaxCrossEntropyLoss",
         Reshape { .. } => "Reshape", Flatten { .. } => "Flatten", Transpose { .. } => "Transpose",

@@ -163,6 +163,7 @@ fn convert_op(op_type: &str, version: i64, a: &mut Attrs, n_inputs: usize) -> Re
         }
         "Binarizer" => Op::Binarizer { threshold: a.float_or("threshold", 0.0)? },
         "ArrayFeatureExtractor" => Op::ArrayFeatureExtractor,
+        "TreeEnsemble" => Op::TreeEnsemble(Box::new(tree_ensemble(a)?)),
         "CausalConvWithState" => Op::CausalConvWithState {
             silu: match a.string("activation")?.as_deref().unwrap_or("none") {
                 "none" => false,
@@ -350,6 +351,72 @@ fn float_code(code: i64, name: &str) -> Result<i64, String> {
         Some(d) if d.is_float() => Ok(code),
         _ => Err(format!("{name}={code} is not a supported floating-point type")),
     }
+}
+
+/// TreeEnsemble's tables, checked so the kernel's walk stays in range: equal lengths,
+/// node and leaf indices in range, known modes, one member set per membership node.
+fn tree_ensemble(a: &mut Attrs) -> Result<TreeEnsemble, String> {
+    let tensor = |a: &mut Attrs, name: &str| -> Result<Option<crate::TensorData>, String> {
+        a.tensor(name)?.map(|t| tensor_from_proto(t, Path::new(".")).map_err(|e| format!("attribute {name:?}: {e}"))).transpose()
+    };
+    let post = a.int_or("post_transform", 0)?;
+    if post != 0 {
+        return Err(format!("post_transform {post} is not supported (only NONE, 0)"));
+    }
+    a.ignore("nodes_hitrates");
+    let t = TreeEnsemble {
+        featureids: a.ints_or_empty("nodes_featureids")?,
+        modes: tensor(a, "nodes_modes")?.ok_or("nodes_modes is required")?,
+        splits: tensor(a, "nodes_splits")?.ok_or("nodes_splits is required")?,
+        truenodeids: a.ints_or_empty("nodes_truenodeids")?,
+        falsenodeids: a.ints_or_empty("nodes_falsenodeids")?,
+        trueleafs: a.ints_or_empty("nodes_trueleafs")?,
+        falseleafs: a.ints_or_empty("nodes_falseleafs")?,
+        missing_tracks_true: a.ints_or_empty("nodes_missing_value_tracks_true")?,
+        leaf_targetids: a.ints_or_empty("leaf_targetids")?,
+        leaf_weights: tensor(a, "leaf_weights")?.ok_or("leaf_weights is required")?,
+        tree_roots: a.ints_or_empty("tree_roots")?,
+        membership_values: tensor(a, "membership_values")?,
+        n_targets: a.int("n_targets")?.ok_or("n_targets is required")?,
+        aggregate_function: a.int_or("aggregate_function", 1)?,
+    };
+    check_tree_tables(&t)?;
+    Ok(t)
+}
+
+fn check_tree_tables(t: &TreeEnsemble) -> Result<(), String> {
+    let n = t.featureids.len();
+    let lens = [t.modes.numel(), t.splits.numel(), t.truenodeids.len(), t.falsenodeids.len(), t.trueleafs.len(), t.falseleafs.len()];
+    if lens.iter().any(|&l| l != n) || !(t.missing_tracks_true.is_empty() || t.missing_tracks_true.len() == n) {
+        return Err(format!("the nodes_* tables differ in length ({n} feature ids)"));
+    }
+    let leaves = t.leaf_targetids.len();
+    if t.leaf_weights.numel() != leaves || leaves == 0 {
+        return Err("leaf_targetids and leaf_weights must be non-empty and of equal length".into());
+    }
+    if t.n_targets <= 0 || t.leaf_targetids.iter().any(|&id| !(0..t.n_targets).contains(&id)) {
+        return Err(format!("n_targets {} must be positive and bound every leaf target id", t.n_targets));
+    }
+    if !(0..=3).contains(&t.aggregate_function) {
+        return Err(format!("aggregate_function {} is not 0 to 3", t.aggregate_function));
+    }
+    let modes = t.modes.to_i64s();
+    if modes.iter().any(|m| !(0..=6).contains(m)) {
+        return Err("nodes_modes must be 0 to 6".into());
+    }
+    let in_range = |ids: &[i64], leafs: &[i64]| ids.iter().zip(leafs).all(|(&id, &leaf)| id >= 0 && (id as usize) < if leaf != 0 { leaves } else { n });
+    if !in_range(&t.truenodeids, &t.trueleafs) || !in_range(&t.falsenodeids, &t.falseleafs) || t.featureids.iter().any(|&f| f < 0) {
+        return Err("a node or leaf index (or a feature id) is out of range".into());
+    }
+    if t.tree_roots.is_empty() || t.tree_roots.iter().any(|&r| r < 0 || r as usize >= n) {
+        return Err("tree_roots must index nodes".into());
+    }
+    let sets = modes.iter().filter(|&&m| m == 6).count();
+    let ends = t.membership_values.as_ref().map_or(0, |m| m.to_f64s().iter().filter(|x| x.is_nan()).count());
+    if sets != ends {
+        return Err(format!("{sets} set-membership nodes but {ends} NaN-terminated member sets"));
+    }
+    Ok(())
 }
 
 /// LinearAttention's attributes: both head counts are required, the query heads a

@@ -112,3 +112,66 @@ pub(crate) fn array_feature_extractor(x: &Tensor, idx: &Tensor) -> R<Tensor> {
     shape.push(flat.size()[0]);
     Ok(picked.f_reshape(shape.as_slice())?)
 }
+
+/// TreeEnsemble: each row walks every tree to one leaf, whose weight goes to its target;
+/// targets aggregate by sum, average over the trees, min or max (starting, as the
+/// reference does, from 0 or the element type's extreme). Piecewise constant, so the
+/// result carries no gradient; the walk runs on the host.
+pub(crate) fn tree_ensemble(t: &crate::kernel::TreeEnsemble, x: &Tensor) -> R<Tensor> {
+    let s = x.size();
+    let &[rows, features] = &s[..] else { return Err(invalid(format!("input {s:?} must be [N, features]"))) };
+    let xs = Vec::<f64>::try_from(x.f_to_kind(Kind::Double)?.f_to_device(tch::Device::Cpu)?.f_flatten(0, -1)?)?;
+    let extreme = if x.kind() == Kind::Double { f64::MAX } else { f32::MAX as f64 };
+    let init = match t.aggregate {
+        2 => extreme,
+        3 => -extreme,
+        _ => 0.0,
+    };
+    let targets = t.n_targets as usize;
+    let mut out = vec![init; rows as usize * targets];
+    for r in 0..rows as usize {
+        let row = &xs[r * features as usize..(r + 1) * features as usize];
+        for &root in &t.roots {
+            let leaf = walk(t, root, row)?;
+            let (Some(&target), Some(&w)) = (t.leaf_targets.get(leaf), t.leaf_weights.get(leaf)) else {
+                return Err(invalid(format!("leaf {leaf} does not exist")));
+            };
+            if !(0..t.n_targets).contains(&target) {
+                return Err(invalid(format!("leaf target {target} is outside [0, {})", t.n_targets)));
+            }
+            let cell = &mut out[r * targets + target as usize];
+            *cell = match t.aggregate {
+                0 => *cell + w / t.roots.len() as f64,
+                2 => cell.min(w),
+                3 => cell.max(w),
+                _ => *cell + w,
+            };
+        }
+    }
+    Ok(Tensor::from_slice(&out).f_reshape([rows, t.n_targets])?.f_to_kind(x.kind())?.f_to_device(x.device())?)
+}
+
+/// The leaf one row reaches from `root`; a table that loops is an error.
+fn walk(t: &crate::kernel::TreeEnsemble, root: i64, row: &[f64]) -> R<usize> {
+    let mut at = root as usize;
+    for _ in 0..=t.nodes.len() {
+        let n = t.nodes.get(at).ok_or_else(|| invalid(format!("tree node {at} does not exist")))?;
+        let v = *row.get(n.feature as usize).ok_or_else(|| invalid(format!("feature {} is out of range", n.feature)))?;
+        let taken = (v.is_nan() && n.missing_true)
+            || match n.mode {
+                0 => v <= n.split,
+                1 => v < n.split,
+                2 => v >= n.split,
+                3 => v > n.split,
+                4 => v == n.split,
+                5 => v != n.split,
+                _ => n.members.contains(&v),
+            };
+        let (leaf, next) = if taken { n.on_true } else { n.on_false };
+        if leaf {
+            return Ok(next as usize);
+        }
+        at = next as usize;
+    }
+    Err(invalid("a tree's nodes form a cycle"))
+}
