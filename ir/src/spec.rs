@@ -212,12 +212,15 @@ pub static DOMAIN_SPECS: &[OpSpec] = &[
     OpSpec { name: "Adam", domain: TRAINING, versions: &[1], supported_from: 1, inputs: (3, V), outputs: (1, V) },
     OpSpec { name: "ArrayFeatureExtractor", domain: ML, versions: &[1], supported_from: 1, inputs: (2, 2), outputs: (1, 1) },
     OpSpec { name: "Binarizer", domain: ML, versions: &[1], supported_from: 1, inputs: (1, 1), outputs: (1, 1) },
+    OpSpec { name: "FlexAttention", domain: PREVIEW, versions: &[1], supported_from: 1, inputs: (3, 3), outputs: (1, 1) },
     OpSpec { name: "Momentum", domain: TRAINING, versions: &[1], supported_from: 1, inputs: (3, V), outputs: (1, V) },
     OpSpec { name: "TreeEnsemble", domain: ML, versions: &[5], supported_from: 5, inputs: (1, 1), outputs: (1, 1) },
 ];
 
 /// The domain of ONNX's training operators.
 pub const TRAINING: &str = "ai.onnx.preview.training";
+/// The domain of ONNX's preview operators.
+pub const PREVIEW: &str = "ai.onnx.preview";
 /// The domain of ONNX's traditional machine-learning operators.
 pub const ML: &str = "ai.onnx.ml";
 

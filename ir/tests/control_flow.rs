@@ -172,3 +172,26 @@ fn optionals_are_present_or_empty_at_import() {
     let e = try_import(&m, BatchMode::Fixed).expect_err("Relu of a sequence").to_string();
     assert!(e.contains("\"relu\"") && e.contains("sequence"), "{e}");
 }
+
+/// FlexAttention (ai.onnx.preview) is composed at import: grouped K/V heads gathered,
+/// the score modifier inlined between the two matmuls (reading its own initializer), the
+/// result cast back to V's type.
+#[test]
+fn flex_attention_composes_its_modifiers() {
+    let mut score_mod = graph_attr("score_mod", &["s"], vec![node("Add", "bias", &["s", "b"], &["s_out"])], &["s_out"]);
+    score_mod.g.as_mut().unwrap().initializer.push(tensor_f32("b", &[], &[0.5]));
+    let m = ModelBuilder::new(26)
+        .opset_import("ai.onnx.preview", 1)
+        .input_f32("q", &[2, 4, 3, 8])
+        .input_f32("k", &[2, 2, 5, 8])
+        .input_f32("v", &[2, 2, 5, 6])
+        .node(node("FlexAttention", "flex", &["q", "k", "v"], &["y"]).domain("ai.onnx.preview").attr(score_mod))
+        .output("y");
+    let g = import(&m, BatchMode::Auto);
+    assert_eq!(output_types(&g), ["f32[N,4,3,6]"]);
+    let ops = op_names(&g);
+    for op in ["Gather", "MatMul", "Add", "Softmax"] {
+        assert!(ops.contains(&op), "{op} missing from {ops:?}");
+    }
+    assert_eq!(ops.iter().filter(|o| **o == "MatMul").count(), 2);
+}

@@ -41,6 +41,7 @@ pub(super) fn is_resolved_at_import(op_type: &str) -> bool {
             | "Optional"
             | "OptionalHasElement"
             | "OptionalGetElement"
+            | "FlexAttention"
     )
 }
 
@@ -188,6 +189,7 @@ impl Importer<'_> {
             "Scan" => self.unroll_scan(node, &mut a, opset),
             "SplitToSequence" => self.split_to_sequence(node, &mut a),
             "ConcatFromSequence" => self.concat_from_sequence(node, &mut a),
+            "FlexAttention" => self.flex_attention(node, &mut a, opset),
             _ => self.sequence_or_optional(node, &mut a),
         };
         result?;
@@ -401,7 +403,7 @@ impl Importer<'_> {
         }
         match shape.0[ax as usize] {
             Dim::Fixed(n) => Ok((ax, n)),
-            _ => Err(bad(node, format!("axis {axis} has no fixed extent; unrolling over the batch is not supported"))),
+            _ => Err(bad(node, format!("axis {axis} is the symbolic batch; resolving it at import (unrolling or splitting along it) is not supported"))),
         }
     }
 
@@ -670,5 +672,83 @@ impl Importer<'_> {
         let v = if new_axis { self.stack(out, &seq, axis)? } else { self.add_one(out, Op::Concat { axis }, seq.into_iter().map(Some).collect())? };
         self.bind(out.clone(), Bound::Tensor(v));
         Ok(())
+    }
+
+    /// FlexAttention (`ai.onnx.preview`): composed at import from MatMul, Softmax and the
+    /// inlined `score_mod`/`prob_mod` subgraphs, as ONNX defines it: Q and K each scaled
+    /// by `sqrt(scale)`, the scores cast to the softmax precision (f32 below double), K
+    /// and V heads repeated for grouped queries (a Gather of head indices), the result
+    /// cast back to V's type.
+    fn flex_attention(&mut self, node: &NodeProto, a: &mut Attrs, opset: i64) -> Result<(), ImportError> {
+        if opset < 13 {
+            return Err(bad(node, "needs a default-domain opset of 13 or more (Softmax over the last axis)"));
+        }
+        let score_mod = a.graph("score_mod").map_err(|r| bad(node, r))?;
+        let prob_mod = a.graph("prob_mod").map_err(|r| bad(node, r))?;
+        let scale = a.float("scale").map_err(|r| bad(node, r))?;
+        let precision = a.int("softmax_precision").map_err(|r| bad(node, r))?;
+        let [q, k, v] = [0, 1, 2].map(|s| self.tensor_at(node, s));
+        let (q, k, v) = (q?.ok_or_else(|| bad(node, "Q is required"))?, k?.ok_or_else(|| bad(node, "K is required"))?, v?.ok_or_else(|| bad(node, "V is required"))?);
+        let dims = |v: ValueId| self.graph.value(v).ty.shape.0.clone();
+        let (qd, kd) = (dims(q), dims(k));
+        let (&[_, Dim::Fixed(hq), _, Dim::Fixed(e)], &[_, Dim::Fixed(hkv), _, _]) = (&qd[..], &kd[..]) else {
+            return Err(bad(node, "Q, K and V must be rank 4 with fixed heads and head size"));
+        };
+        if hkv <= 0 || hq % hkv != 0 {
+            return Err(bad(node, format!("{hq} query heads are not a multiple of {hkv} key/value heads")));
+        }
+        let q_dtype = self.graph.value(q).ty.dtype;
+        let v_dtype = self.graph.value(v).ty.dtype;
+        let compute = match precision {
+            Some(code) => DType::from_onnx(code as i32).filter(|d| d.is_float()).ok_or_else(|| bad(node, format!("softmax_precision {code} is not a float type")))?,
+            None if q_dtype == DType::F64 => DType::F64,
+            None => DType::F32,
+        };
+        let name = node.name.clone();
+        let (k, v) = if hq != hkv {
+            let heads: Vec<i64> = (0..hq).map(|h| h / (hq / hkv)).collect();
+            let idx = self.constant(format!("{name}/kv_heads"), TensorData::from_i64s(vec![hq], &heads));
+            let k = self.add_one(&format!("{name}/k_grouped"), Op::Gather { axis: 1 }, vec![Some(k), Some(idx)])?;
+            (k, self.add_one(&format!("{name}/v_grouped"), Op::Gather { axis: 1 }, vec![Some(v), Some(idx)])?)
+        } else {
+            (k, v)
+        };
+        let scale = scale.unwrap_or(1.0 / (e as f32).sqrt());
+        let root = self.constant(format!("{name}/sqrt_scale"), TensorData::from_f64s(q_dtype, vec![], &[scale.sqrt() as f64]));
+        let mul = Op::Binary(crate::ops::BinaryOp::Mul);
+        let qs = self.add_one(&format!("{name}/q_scaled"), mul.clone(), vec![Some(q), Some(root)])?;
+        let ks = self.add_one(&format!("{name}/k_scaled"), mul, vec![Some(k), Some(root)])?;
+        let kt = self.add_one(&format!("{name}/k_transposed"), Op::Transpose { perm: Some(vec![0, 1, 3, 2]) }, vec![Some(ks)])?;
+        let mut scores = self.add_one(&format!("{name}/scores"), Op::MatMul, vec![Some(qs), Some(kt)])?;
+        scores = self.cast_to(&format!("{name}/scores_cast"), scores, compute)?;
+        if let Some(g) = score_mod {
+            scores = self.apply_mod(node, g, &format!("{name}/score_mod"), scores, compute, opset)?;
+        }
+        let softmax = Op::Softmax(crate::ops::Softmax { axis: -1, coerce_2d: false });
+        let mut probs = self.add_one(&format!("{name}/probs"), softmax, vec![Some(scores)])?;
+        if let Some(g) = prob_mod {
+            probs = self.apply_mod(node, g, &format!("{name}/prob_mod"), probs, compute, opset)?;
+        }
+        let vc = self.cast_to(&format!("{name}/v_cast"), v, compute)?;
+        let y = self.add_one(&format!("{name}/weighted"), Op::MatMul, vec![Some(probs), Some(vc)])?;
+        let y = self.cast_to(&format!("{name}/y"), y, v_dtype)?;
+        self.bind(node.output[0].clone(), Bound::Tensor(y));
+        Ok(())
+    }
+
+    /// `v` as `dtype` (itself when it already is).
+    fn cast_to(&mut self, name: &str, v: ValueId, dtype: DType) -> Result<ValueId, ImportError> {
+        if self.graph.value(v).ty.dtype == dtype {
+            return Ok(v);
+        }
+        self.add_one(name, Op::Cast { to: dtype }, vec![Some(v)])
+    }
+
+    /// A modifier subgraph inlined on `x`; its one output, cast to `dtype`.
+    fn apply_mod(&mut self, node: &NodeProto, g: &GraphProto, prefix: &str, x: ValueId, dtype: DType, opset: i64) -> Result<ValueId, ImportError> {
+        match self.inline_graph(node, g, prefix, vec![Bound::Tensor(x)], opset)?[..] {
+            [Bound::Tensor(y)] => self.cast_to(&format!("{prefix}/cast"), y, dtype),
+            _ => Err(bad(node, format!("its subgraph {:?} must give exactly one tensor", g.name))),
+        }
     }
 }
