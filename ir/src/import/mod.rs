@@ -195,7 +195,14 @@ impl<'a> Importer<'a> {
         let outputs = g
             .output
             .iter()
-            .map(|o| self.names.get(&o.name).copied().ok_or_else(|| ImportError::UndefinedOutput(o.name.clone())))
+            .map(|o| match (self.names.get(&o.name), self.composites.get(&o.name)) {
+                (Some(&v), _) => Ok(v),
+                (None, Some(c)) => Err(ImportError::BadTensor {
+                    name: o.name.clone(),
+                    reason: format!("is {}: graph outputs of sequence or optional type are not supported", c.describe()),
+                }),
+                (None, None) => Err(ImportError::UndefinedOutput(o.name.clone())),
+            })
             .collect::<Result<Vec<_>, _>>()?;
         self.graph.set_outputs(outputs);
         self.check_declared_types(g.output.iter().chain(&g.value_info));
