@@ -270,6 +270,24 @@ pub fn kernel(op: &Op, n_out: usize, n_in: usize) -> Kernel {
             rotary_embedding_dim: r.rotary_embedding_dim,
             num_heads: r.num_heads,
         }),
+        Op::LinearAttention(l) => Kernel::LinearAttention(rt::LinearAttention {
+            q_num_heads: l.q_num_heads,
+            kv_num_heads: l.kv_num_heads,
+            scale: l.scale,
+            gated: l.update_rule.gated(),
+            delta: l.update_rule.delta(),
+        }),
+        Op::CausalConvWithState { silu } => Kernel::CausalConvWithState { silu: *silu },
+        Op::Optimizer(o) => Kernel::Optimizer(match *o {
+            ir::Optimizer::Adagrad { decay_factor, epsilon, norm_coefficient } => rt::Optimizer::Adagrad { decay_factor, epsilon, norm_coefficient },
+            ir::Optimizer::Adam { alpha, beta, epsilon, norm_coefficient, norm_coefficient_post } => {
+                rt::Optimizer::Adam { alpha, beta, epsilon, norm_coefficient, norm_coefficient_post }
+            }
+            ir::Optimizer::Momentum { alpha, beta, norm_coefficient, nesterov } => rt::Optimizer::Momentum { alpha, beta, norm_coefficient, nesterov },
+        }),
+        Op::Binarizer { threshold } => Kernel::Binarizer { threshold: *threshold },
+        Op::ArrayFeatureExtractor => Kernel::ArrayFeatureExtractor,
+        Op::TreeEnsemble(t) => Kernel::TreeEnsemble(Box::new(tree_ensemble(t))),
         Op::InstanceNormalization { epsilon } => Kernel::InstanceNormalization { epsilon: *epsilon },
         Op::NegativeLogLikelihoodLoss(l) => Kernel::NegativeLogLikelihoodLoss(class_loss(l)),
         Op::SoftmaxCrossEntropyLoss(l) => Kernel::SoftmaxCrossEntropyLoss(class_loss(l)),
@@ -544,6 +562,34 @@ fn binary(b: ir::BinaryOp) -> rt::BinaryKind {
     }
 }
 
+/// TreeEnsemble's tables as the kernel walks them; each set-membership node takes the
+/// next NaN-terminated run of `membership_values` (the importer checked the counts).
+fn tree_ensemble(t: &ir::TreeEnsemble) -> rt::TreeEnsemble {
+    let modes = t.modes.to_i64s();
+    let splits = t.splits.to_f64s();
+    let members = t.membership_values.as_ref().map(|m| m.to_f64s()).unwrap_or_default();
+    let mut sets = members.split(|x| x.is_nan());
+    let nodes = (0..t.featureids.len())
+        .map(|i| rt::TreeNode {
+            feature: t.featureids[i],
+            mode: modes[i],
+            split: splits[i],
+            members: if modes[i] == 6 { sets.next().unwrap_or_default().to_vec() } else { Vec::new() },
+            missing_true: t.missing_tracks_true.get(i).is_some_and(|&m| m != 0),
+            on_true: (t.trueleafs[i] != 0, t.truenodeids[i]),
+            on_false: (t.falseleafs[i] != 0, t.falsenodeids[i]),
+        })
+        .collect();
+    rt::TreeEnsemble {
+        nodes,
+        leaf_targets: t.leaf_targetids.clone(),
+        leaf_weights: t.leaf_weights.to_f64s(),
+        roots: t.tree_roots.clone(),
+        n_targets: t.n_targets,
+        aggregate: t.aggregate_function,
+    }
+}
+
 /// Rewrites what a fixed-batch export baked into constants so the program runs at any
 /// microbatch size: Reshape targets get `-1` where the IR inferred the batch, Expand
 /// targets and Tile repeats get `1` where they would pin the export batch, constants that
@@ -578,7 +624,7 @@ pub mod rebatch {
                 Op::Reshape { .. } if out.iter().filter(|d| d.is_batch()).count() == 1 => {
                     Some(out.iter().map(|d| if d.is_batch() { -1 } else { d.fixed().unwrap_or(0) }).collect::<Vec<i64>>())
                 }
-                Op::Expand => expand_target(g, node.inputs[0], &out, b0),
+                Op::Expand if !read_as_element_indices(g, node.outputs[0]) => expand_target(g, node.inputs[0], &out, b0),
                 Op::Tile => tile_repeats(g, node.inputs[0], target, b0),
                 _ => None,
             };
@@ -699,6 +745,16 @@ pub mod rebatch {
 
     fn is_const(g: &Graph, v: ValueId) -> bool {
         matches!(&g.value(v).def, ValueDef::Weight(w) if !w.trainable)
+    }
+
+    /// Whether `v` is read as the indices of GatherElements/ScatterElements, whose shape
+    /// is the result's: an index tensor kept at extent 1 would not broadcast there.
+    fn read_as_element_indices(g: &Graph, v: Option<ValueId>) -> bool {
+        v.is_some_and(|v| {
+            g.consumers(v).iter().any(|(n, slot)| {
+                matches!(g.node(*n).op, Op::GatherElements { .. } | Op::ScatterElements { .. } | Op::Scatter { .. }) && *slot == 1
+            })
+        })
     }
 
     /// An Expand target with `1` wherever the operand's own extent is the batch, and

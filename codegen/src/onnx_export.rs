@@ -55,15 +55,23 @@ pub fn export_stage(g: &Graph, s: &StageSlice) -> Result<ModelProto, ExportError
             graph.initializer.push(tensor_to_proto(&name(w), &weight.data));
         }
     }
+    let mut domains: Vec<(&str, i64)> = Vec::new();
     for &n in &s.nodes {
         let node = g.node(n);
         if matches!(node.op, Op::StageBoundary { .. }) {
             continue;
         }
         let names = |vs: &[Option<ValueId>]| vs.iter().map(|v| v.map(name).unwrap_or_default()).collect::<Vec<_>>();
+        // Ops of other domains (training, ML) carry their domain and import it.
+        let domain = pipewright_ir::spec::spec(node.op.name()).map_or("", |s| s.domain);
+        if !domain.is_empty() && !domains.iter().any(|(d, _)| *d == domain) {
+            let version = pipewright_ir::spec::spec(node.op.name()).and_then(|s| s.versions.last().copied()).unwrap_or(1);
+            domains.push((domain, version));
+        }
         graph.node.push(NodeProto {
             name: node.name.clone(),
             op_type: node.op.name().to_string(),
+            domain: domain.to_string(),
             input: names(&node.inputs),
             output: names(&node.outputs),
             attribute: attributes(&node.op),
@@ -92,7 +100,10 @@ pub fn export_stage(g: &Graph, s: &StageSlice) -> Result<ModelProto, ExportError
         ir_version: if g.meta.ir_version > 0 { g.meta.ir_version } else { 8 },
         producer_name: "pipewright".into(),
         producer_version: env!("CARGO_PKG_VERSION").into(),
-        opset_import: vec![OperatorSetIdProto { domain: String::new(), version: g.meta.opset, ..Default::default() }],
+        opset_import: std::iter::once(("", g.meta.opset))
+            .chain(domains)
+            .map(|(domain, version)| OperatorSetIdProto { domain: domain.to_string(), version, ..Default::default() })
+            .collect(),
         graph: MessageField::some(graph),
         ..Default::default()
     })

@@ -181,6 +181,18 @@ pub fn infer(op: &Op, ins: &[Option<In>], n_out: usize, ctx: Ctx) -> R<Vec<Tenso
             }
         }
         Op::Attention(at) => attention(at, ins),
+        Op::LinearAttention(la) => linear_attention(la, ins),
+        Op::Optimizer(o) => optimizer(o, ins, n_out),
+        Op::Binarizer { .. } => out1(x()?.ty.dtype, x()?.ty.shape.clone()),
+        Op::ArrayFeatureExtractor => array_feature_extractor(x()?, req(1)?),
+        Op::TreeEnsemble(t) => {
+            let xt = &x()?.ty;
+            match (&xt.shape.0[..], t.featureids.iter().max()) {
+                ([n, Dim::Fixed(f)], Some(&top)) if top < *f => out1(xt.dtype, Shape(vec![*n, Dim::Fixed(t.n_targets)])),
+                _ => Err(format!("input {} must be [N, features] with more features than the largest feature id", xt.shape)),
+            }
+        }
+        Op::CausalConvWithState { .. } => causal_conv_with_state(ins),
         Op::Dropout { .. } => {
             let t = &x()?.ty;
             let mut outs: Vec<TensorType> = vec![(*t).clone()];
@@ -924,6 +936,117 @@ fn quant_param(x: In, p: In, what: &str, axis: i64, block_size: i64, ctx: Ctx) -
         return Err(format!("a blocked {what} must be x {xs} with axis {axis} divided into blocks of {block_size}, got {ps}"));
     }
     Ok(())
+}
+
+/// LinearAttention's outputs: `[batch, seq, q_heads * d_v]` and the state
+/// `[batch, kv_heads, d_k, d_v]` (of past_state's type when given).
+fn linear_attention(la: &LinearAttention, ins: &[Option<In>]) -> R<Vec<TensorType>> {
+    let get = |i: usize| ins.get(i).copied().flatten();
+    let (Some(q), Some(k), Some(v)) = (get(0), get(1), get(2)) else { return Err("query, key and value are required".into()) };
+    let (q, k, v) = (&q.ty, &k.ty, &v.ty);
+    let per_head = |t: &TensorType, heads: i64, name: &str| -> R<i64> {
+        match &t.shape.0[..] {
+            [_, _, Dim::Fixed(hd)] if hd % heads == 0 => Ok(hd / heads),
+            _ => Err(format!("{name} {} must be [batch, seq, {heads} heads * head size] with a fixed last axis", t.shape)),
+        }
+    };
+    let d_k = per_head(q, la.q_num_heads, "query")?;
+    let d_v = per_head(v, la.kv_num_heads, "value")?;
+    if per_head(k, la.kv_num_heads, "key")? != d_k {
+        return Err(format!("key {} and query {} differ in head size", k.shape, q.shape));
+    }
+    let rule = la.update_rule;
+    if rule.gated() != get(4).is_some() || rule.delta() != get(5).is_some() {
+        return Err(format!("update_rule {:?} needs {} decay and {} beta", rule.as_str(), if rule.gated() { "a" } else { "no" }, if rule.delta() { "a" } else { "no" }));
+    }
+    let kv = la.kv_num_heads;
+    if let Some(d) = get(4) {
+        match d.ty.shape.0.last().and_then(|d| d.fixed()) {
+            Some(n) if d.ty.shape.rank() == 3 && (n == kv || n == kv * d_k) => {}
+            _ => return Err(format!("decay {} must be [batch, seq, {kv}] or [batch, seq, {}]", d.ty.shape, kv * d_k)),
+        }
+    }
+    if let Some(b) = get(5) {
+        match b.ty.shape.0.last().and_then(|d| d.fixed()) {
+            Some(n) if b.ty.shape.rank() == 3 && (n == kv || n == 1) => {}
+            _ => return Err(format!("beta {} must be [batch, seq, {kv}] or [batch, seq, 1]", b.ty.shape)),
+        }
+    }
+    let (b, s) = (q.shape.0[0], q.shape.0[1]);
+    let state = Shape(vec![b, Dim::Fixed(kv), Dim::Fixed(d_k), Dim::Fixed(d_v)]);
+    if let Some(p) = get(3) {
+        if p.ty.shape.rank() != 4 || p.ty.shape.0[1..] != state.0[1..] {
+            return Err(format!("past_state {} must be {state}", p.ty.shape));
+        }
+    }
+    let state_dtype = get(3).map_or(q.dtype, |p| p.ty.dtype);
+    Ok(vec![
+        TensorType::new(q.dtype, Shape(vec![b, s, Dim::Fixed(la.q_num_heads * d_v)])),
+        TensorType::new(state_dtype, state),
+    ])
+}
+
+/// An optimizer step's outputs: the new tensors `X` (input block 0) and each state
+/// (input blocks 2..), in blocks of `n`; `R` and `T` must be scalars.
+fn optimizer(o: &Optimizer, ins: &[Option<In>], n_out: usize) -> R<Vec<TensorType>> {
+    let blocks = 2 + o.states();
+    let n = ins.len().saturating_sub(2) / blocks;
+    if n == 0 || ins.len() != 2 + blocks * n || n_out > (1 + o.states()) * n {
+        return Err(format!("takes R, T and {blocks} blocks of equally many tensors, gives at most {} blocks; got {} inputs, {n_out} outputs", 1 + o.states(), ins.len()));
+    }
+    for (i, name) in [(0, "R"), (1, "T")] {
+        let t = ins[i].ok_or_else(|| format!("input {name} is required"))?;
+        if t.ty.shape.rank() > 1 || t.ty.shape.0.iter().any(|d| d.fixed() != Some(1)) {
+            return Err(format!("{name} must be a scalar, got {}", t.ty.shape));
+        }
+    }
+    let mut outs = Vec::with_capacity(n_out);
+    for j in 0..n_out {
+        let (block, i) = (j / n, j % n);
+        let input = 2 + if block == 0 { 0 } else { block + 1 } * n + i;
+        let t = ins[input].ok_or_else(|| format!("input {input} is required"))?;
+        if ins[2 + i].is_some_and(|x| x.ty.shape != t.ty.shape) {
+            return Err(format!("input {input} {} differs from its tensor's shape", t.ty.shape));
+        }
+        outs.push(t.ty.clone());
+    }
+    Ok(outs)
+}
+
+/// ArrayFeatureExtractor: the data's leading axes (1-D data: `[1]`) and the number of
+/// indices.
+fn array_feature_extractor(x: In, idx: In) -> R<Vec<TensorType>> {
+    let n = idx.ty.shape.0.iter().try_fold(1i64, |a, d| d.fixed().map(|v| a * v)).ok_or("the indices need a fixed shape")?;
+    let xs = &x.ty.shape.0;
+    if xs.is_empty() {
+        return Err("the data must have at least one axis".into());
+    }
+    let mut dims = if xs.len() == 1 { vec![Dim::Fixed(1)] } else { xs[..xs.len() - 1].to_vec() };
+    dims.push(Dim::Fixed(n));
+    Ok(vec![TensorType::new(x.ty.dtype, Shape(dims))])
+}
+
+/// CausalConvWithState's outputs: the input's type, and the carry `[batch, channels, k - 1]`.
+fn causal_conv_with_state(ins: &[Option<In>]) -> R<Vec<TensorType>> {
+    let get = |i: usize| ins.get(i).copied().flatten();
+    let (Some(x), Some(w)) = (get(0), get(1)) else { return Err("input and weight are required".into()) };
+    let (x, w) = (&x.ty, &w.ty);
+    let (xs, ws) = (&x.shape.0, &w.shape.0);
+    let k = match (&xs[..], &ws[..]) {
+        ([_, c, _], [wc, Dim::Fixed(1), Dim::Fixed(k)]) if *k >= 1 && dims_equal_or_unknown(*c, *wc) => *k,
+        _ => return Err(format!("input {} must be [batch, channels, length] and weight {} [channels, 1, k]", x.shape, w.shape)),
+    };
+    let carry = Shape(vec![xs[0], xs[1], Dim::Fixed(k - 1)]);
+    if let Some(p) = get(3) {
+        if p.ty.shape.rank() != 3 || p.ty.shape.0[1..] != carry.0[1..] {
+            return Err(format!("past_state {} must be {carry}", p.ty.shape));
+        }
+    }
+    Ok(vec![(*x).clone(), TensorType::new(x.dtype, carry)])
+}
+
+fn dims_equal_or_unknown(a: Dim, b: Dim) -> bool {
+    a == b || a.fixed().is_none() || b.fixed().is_none()
 }
 
 /// An op that keeps its input's type and works along `axis`; with `coerce_2d` (before

@@ -187,6 +187,9 @@ pub fn evaluate(
         Op::Unary(UnaryOp::Neg) => map_unary(k(0)?, |d| d.mul(Dim::Fixed(-1)).or(None), |f| -f),
         Op::Unary(UnaryOp::Abs) => map_unary(k(0)?, |d| d.fixed()?.checked_abs().map(Dim::Fixed), f64::abs),
         Op::Unary(UnaryOp::Sqrt) if out_dtype.is_float() => map_unary(k(0)?, |_| None, f64::sqrt),
+        Op::Unary(UnaryOp::Ceil) => map_unary(k(0)?, |d| d.fixed().map(Dim::Fixed), f64::ceil),
+        Op::Unary(UnaryOp::Floor) => map_unary(k(0)?, |d| d.fixed().map(Dim::Fixed), f64::floor),
+        Op::Unary(UnaryOp::Relu) => map_unary(k(0)?, |d| Some(Dim::Fixed(d.fixed()?.max(0))), |f| f.max(0.0)),
         Op::Unary(UnaryOp::Not) => map_unary(k(0)?, |d| Some(Dim::Fixed((d.fixed()? == 0) as i64)), |f| (f == 0.0) as i64 as f64),
         Op::Binary(b) => binary(*b, k(0)?, k(1)?, out_dtype, out_shape?),
         Op::Variadic(v @ (VariadicOp::Max | VariadicOp::Min)) if inputs.len() == 2 => {

@@ -213,6 +213,82 @@ impl RoundMode {
     }
 }
 
+/// LinearAttention's recurrence (opset 27): which of the decay gate and the delta
+/// correction the state update applies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LinearRule {
+    Linear,
+    Gated,
+    Delta,
+    GatedDelta,
+}
+
+impl LinearRule {
+    pub fn parse(s: &str) -> Option<LinearRule> {
+        Some(match s {
+            "linear" => LinearRule::Linear,
+            "gated" => LinearRule::Gated,
+            "delta" => LinearRule::Delta,
+            "gated_delta" => LinearRule::GatedDelta,
+            _ => return None,
+        })
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LinearRule::Linear => "linear",
+            LinearRule::Gated => "gated",
+            LinearRule::Delta => "delta",
+            LinearRule::GatedDelta => "gated_delta",
+        }
+    }
+
+    /// The state decays by `exp(decay)` each step (input 4 required).
+    pub fn gated(self) -> bool {
+        matches!(self, LinearRule::Gated | LinearRule::GatedDelta)
+    }
+
+    /// The update writes `beta * (v - S^T k)` (input 5 required).
+    pub fn delta(self) -> bool {
+        matches!(self, LinearRule::Delta | LinearRule::GatedDelta)
+    }
+}
+
+/// LinearAttention (opset 27): the recurrent state `S` (`[batch, kv_heads, d_k, d_v]`)
+/// updated token by token from packed `[batch, seq, heads * d]` Q, K, V, read by the
+/// queries; grouped-query heads share a KV head's state.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LinearAttention {
+    pub q_num_heads: i64,
+    pub kv_num_heads: i64,
+    /// `0`: `1 / sqrt(d_k)`.
+    pub scale: f32,
+    pub update_rule: LinearRule,
+    /// A tuning hint of chunked kernels; kept for the round trip, no effect on results.
+    pub chunk_size: i64,
+}
+
+/// The optimizer steps of the `ai.onnx.preview.training` domain. Inputs: the learning
+/// rate `R`, the update count `T`, then `n` tensors `X`, their gradients `G` and the
+/// optimizer's state tensors (Adagrad: `H`; Adam: `V`, `H`; Momentum: `V`), each a block
+/// of `n`; outputs: the new `X` and the new states, in blocks of `n`.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Optimizer {
+    Adagrad { decay_factor: f32, epsilon: f32, norm_coefficient: f32 },
+    Adam { alpha: f32, beta: f32, epsilon: f32, norm_coefficient: f32, norm_coefficient_post: f32 },
+    Momentum { alpha: f32, beta: f32, norm_coefficient: f32, nesterov: bool },
+}
+
+impl Optimizer {
+    /// The state tensors per optimized tensor.
+    pub fn states(&self) -> usize {
+        match self {
+            Optimizer::Adam { .. } => 2,
+            _ => 1,
+        }
+    }
+}
+
 /// QuantizeLinear: `y = saturate(round(x / scale) + zero_point)`, per tensor, per `axis`
 /// (1-D scale) or per block of `block_size` along `axis` (scale of x's rank).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -225,6 +301,32 @@ pub struct Quantize {
     pub output_dtype: Option<DType>,
     /// The float type `x / scale` is computed in (else x's type).
     pub precision: Option<DType>,
+}
+
+/// TreeEnsemble (`ai.onnx.ml` 5): decision trees over the features of `[N, F]` rows,
+/// each tree giving one leaf's weight to its target, aggregated per target. The node
+/// and leaf tables are ONNX's (`nodes_*`, `leaf_*`); the tensors keep their element
+/// types so the attributes round-trip.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TreeEnsemble {
+    pub featureids: Vec<i64>,
+    /// Per node: 0 `<=`, 1 `<`, 2 `>=`, 3 `>`, 4 `==`, 5 `!=`, 6 set membership.
+    pub modes: TensorData,
+    pub splits: TensorData,
+    pub truenodeids: Vec<i64>,
+    pub falsenodeids: Vec<i64>,
+    pub trueleafs: Vec<i64>,
+    pub falseleafs: Vec<i64>,
+    /// Per node, whether a NaN feature takes the true branch; empty: never.
+    pub missing_tracks_true: Vec<i64>,
+    pub leaf_targetids: Vec<i64>,
+    pub leaf_weights: TensorData,
+    pub tree_roots: Vec<i64>,
+    /// The members of each set-membership node in node order, each set ended by NaN.
+    pub membership_values: Option<TensorData>,
+    pub n_targets: i64,
+    /// 0 average, 1 sum, 2 min, 3 max.
+    pub aggregate_function: i64,
 }
 
 /// How ScatterND/ScatterElements combine an update with the element it lands on.
@@ -453,6 +555,17 @@ pub enum Op {
     RMSNormalization(LayerNorm),
     Attention(Attention),
     RotaryEmbedding(Rotary),
+    LinearAttention(LinearAttention),
+    /// An optimizer step of the training domain (see [`Optimizer`]).
+    Optimizer(Optimizer),
+    /// `ai.onnx.ml`: 1 where the input exceeds `threshold`, else 0, in the input's type.
+    Binarizer { threshold: f32 },
+    TreeEnsemble(Box<TreeEnsemble>),
+    /// `ai.onnx.ml`: the elements at the indices (input 1) along the last axis.
+    ArrayFeatureExtractor,
+    /// Causal depthwise 1-D convolution over `[batch, channels, length]` continuing a
+    /// carried state (the last `k - 1` positions); `silu`: the fused SiLU activation.
+    CausalConvWithState { silu: bool },
     InstanceNormalization { epsilon: f32 },
     /// Inputs: log-probabilities `[N, C, d...]`, class ids `[N, d...]`, optional class weights `[C]`.
     NegativeLogLikelihoodLoss(ClassLoss),
@@ -601,6 +714,14 @@ impl Op {
             Op::RMSNormalization(_) => "RMSNormalization",
             Op::Attention(_) => "Attention",
             Op::RotaryEmbedding(_) => "RotaryEmbedding",
+            Op::LinearAttention(_) => "LinearAttention",
+            Op::Optimizer(Optimizer::Adagrad { .. }) => "Adagrad",
+            Op::Optimizer(Optimizer::Adam { .. }) => "Adam",
+            Op::Optimizer(Optimizer::Momentum { .. }) => "Momentum",
+            Op::Binarizer { .. } => "Binarizer",
+            Op::TreeEnsemble(_) => "TreeEnsemble",
+            Op::ArrayFeatureExtractor => "ArrayFeatureExtractor",
+            Op::CausalConvWithState { .. } => "CausalConvWithState",
             Op::InstanceNormalization { .. } => "InstanceNormalization",
             Op::NegativeLogLikelihoodLoss(_) => "NegativeLogLikelihoodLoss",
             Op::SoftmaxCrossEntropyLoss(_) => "SoftmaxCrossEntropyLoss",
@@ -683,7 +804,7 @@ impl Op {
         let mut a = Attrs::default();
         match self {
             Op::Unary(_) | Op::Variadic(_) | Op::MatMul | Op::GlobalAveragePool | Op::GlobalMaxPool | Op::Expand => {}
-            Op::Where | Op::Size | Op::Range | Op::Tile | Op::Det | Op::DynamicQuantizeLinear => {}
+            Op::Where | Op::Size | Op::Range | Op::Tile | Op::Det | Op::DynamicQuantizeLinear | Op::ArrayFeatureExtractor => {}
             Op::MatMulInteger | Op::QLinearMatMul => {}
             Op::Swish { alpha } | Op::SwiGlu { alpha } => a.f("alpha", *alpha),
             Op::ConvInteger(c) | Op::QLinearConv(c) => {
@@ -774,6 +895,51 @@ impl Op {
                     a.i("num_heads", n);
                 }
             }
+            Op::LinearAttention(l) => {
+                a.i("q_num_heads", l.q_num_heads);
+                a.i("kv_num_heads", l.kv_num_heads);
+                a.f("scale", l.scale);
+                a.s("update_rule", l.update_rule.as_str());
+                a.i("chunk_size", l.chunk_size);
+            }
+            Op::Optimizer(Optimizer::Adagrad { decay_factor, epsilon, norm_coefficient }) => {
+                a.f("decay_factor", *decay_factor);
+                a.f("epsilon", *epsilon);
+                a.f("norm_coefficient", *norm_coefficient);
+            }
+            Op::Optimizer(Optimizer::Adam { alpha, beta, epsilon, norm_coefficient, norm_coefficient_post }) => {
+                a.f("alpha", *alpha);
+                a.f("beta", *beta);
+                a.f("epsilon", *epsilon);
+                a.f("norm_coefficient", *norm_coefficient);
+                a.f("norm_coefficient_post", *norm_coefficient_post);
+            }
+            Op::Optimizer(Optimizer::Momentum { alpha, beta, norm_coefficient, nesterov }) => {
+                a.f("alpha", *alpha);
+                a.f("beta", *beta);
+                a.f("norm_coefficient", *norm_coefficient);
+                a.s("mode", if *nesterov { "nesterov" } else { "standard" });
+            }
+            Op::Binarizer { threshold } => a.f("threshold", *threshold),
+            Op::TreeEnsemble(t) => {
+                a.ints("nodes_featureids", &t.featureids);
+                a.0.push(("nodes_modes", AttrValue::Tensor(t.modes.clone())));
+                a.0.push(("nodes_splits", AttrValue::Tensor(t.splits.clone())));
+                a.ints("nodes_truenodeids", &t.truenodeids);
+                a.ints("nodes_falsenodeids", &t.falsenodeids);
+                a.ints("nodes_trueleafs", &t.trueleafs);
+                a.ints("nodes_falseleafs", &t.falseleafs);
+                a.v("nodes_missing_value_tracks_true", &t.missing_tracks_true);
+                a.ints("leaf_targetids", &t.leaf_targetids);
+                a.0.push(("leaf_weights", AttrValue::Tensor(t.leaf_weights.clone())));
+                a.ints("tree_roots", &t.tree_roots);
+                if let Some(m) = &t.membership_values {
+                    a.0.push(("membership_values", AttrValue::Tensor(m.clone())));
+                }
+                a.i("n_targets", t.n_targets);
+                a.i("aggregate_function", t.aggregate_function);
+            }
+            Op::CausalConvWithState { silu } => a.s("activation", if *silu { "silu" } else { "none" }),
             Op::LayerNormalization(l) | Op::RMSNormalization(l) => {
                 a.i("axis", l.axis);
                 a.f("epsilon", l.epsilon);
@@ -1232,6 +1398,12 @@ impl fmt::Display for AttrValue {
             AttrValue::Str(s) => write!(f, "{s:?}"),
             AttrValue::Ints(v) => write!(f, "{v:?}"),
             AttrValue::DType(d) => write!(f, "{d}"),
+            // A vector of other than one element (TreeEnsemble's tables): `f64:[1.0, 2.5]`.
+            AttrValue::Tensor(t) if t.dims.len() == 1 && t.dims[0] != 1 => {
+                let items: Vec<String> =
+                    t.to_f64s().iter().map(|x| if t.dtype.is_float() { format!("{x:?}") } else { format!("{}", *x as i64) }).collect();
+                write!(f, "{}:[{}]", t.dtype, items.join(", "))
+            }
             AttrValue::Tensor(t) => {
                 let x = t.to_f64s().first().copied().unwrap_or(0.0);
                 if t.dtype.is_float() { write!(f, "{}:{x:?}", t.dtype) } else { write!(f, "{}:{}", t.dtype, x as i64) }

@@ -227,7 +227,10 @@ impl Parser {
             return Ok(Op::StageBoundary { from: stage("from")?, to: stage("to")? });
         }
         let s = spec(op_type).ok_or_else(|| format!("unknown op {op_type:?}"))?;
-        let version = s.version_at(self.graph.meta.opset).ok_or_else(|| format!("{op_type} does not exist at opset {}", self.graph.meta.opset))?;
+        // An op of another domain is at its newest version (the text form records the
+        // default opset only).
+        let at = if s.domain.is_empty() { self.graph.meta.opset } else { *s.versions.last().unwrap_or(&1) };
+        let version = s.version_at(at).ok_or_else(|| format!("{op_type} does not exist at opset {}", self.graph.meta.opset))?;
         let node = NodeProto {
             op_type: op_type.into(),
             input: vec![String::new(); n_inputs],
@@ -310,6 +313,12 @@ fn attr_value(c: &mut Cursor) -> Result<AttrValue, String> {
         }
         _ => {
             let token = c.token();
+            if let (Some(dtype), Some('[')) = (token.strip_suffix(':'), c.peek()) {
+                let dtype = DType::from_name(dtype).ok_or_else(|| format!("unknown element type {dtype:?}"))?;
+                let items = c.list()?;
+                let xs = items.iter().map(|t| t.parse::<f64>().map_err(|_| format!("{t:?} is not a number"))).collect::<Result<Vec<_>, _>>()?;
+                return Ok(AttrValue::Tensor(TensorData::from_f64s(dtype, vec![xs.len() as i64], &xs)));
+            }
             if let Some((dtype, value)) = token.split_once(':') {
                 let dtype = DType::from_name(dtype).ok_or_else(|| format!("unknown element type {dtype:?}"))?;
                 let x: f64 = value.parse().map_err(|_| format!("{value:?} is not a number"))?;

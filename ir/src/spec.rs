@@ -13,6 +13,8 @@ pub const MAX_KNOWN_OPSET: i64 = 28;
 #[derive(Debug)]
 pub struct OpSpec {
     pub name: &'static str,
+    /// `""` for the default domain; else the op's domain (see [`DOMAIN_SPECS`]).
+    pub domain: &'static str,
     /// Every `since_version` of the op's schema in the default domain.
     pub versions: &'static [i64],
     /// The oldest schema version whose semantics are implemented.
@@ -36,7 +38,7 @@ macro_rules! specs {
     ($($name:literal: [$($v:literal),*] from $from:literal, in $imin:literal..$imax:expr, out $omin:literal..$omax:expr;)*) => {
         /// The table of every op the importer knows, sorted by name.
         pub static SPECS: &[OpSpec] = &[
-            $(OpSpec { name: $name, versions: &[$($v),*], supported_from: $from, inputs: ($imin, $imax), outputs: ($omin, $omax) },)*
+            $(OpSpec { name: $name, domain: "", versions: &[$($v),*], supported_from: $from, inputs: ($imin, $imax), outputs: ($omin, $omax) },)*
         ];
     };
 }
@@ -65,6 +67,7 @@ specs! {
     "BlackmanWindow": [17] from 17, in 1..1, out 1..1;
     "Cast": [1, 6, 9, 13, 19, 21, 23, 24, 25, 28] from 6, in 1..1, out 1..1;
     "CastLike": [15, 19, 21, 23, 24, 25] from 15, in 2..2, out 1..1;
+    "CausalConvWithState": [27] from 27, in 2..4, out 1..2;
     "Ceil": [1, 6, 13] from 1, in 1..1, out 1..1;
     "Celu": [12, 28] from 12, in 1..1, out 1..1;
     "CenterCropPad": [18] from 18, in 2..2, out 1..1;
@@ -72,6 +75,7 @@ specs! {
     "Col2Im": [18] from 18, in 3..3, out 1..1;
     "Compress": [9, 11, 28] from 9, in 2..2, out 1..1;
     "Concat": [1, 4, 11, 13] from 4, in 1..V, out 1..1;
+    "ConcatFromSequence": [11] from 11, in 1..1, out 1..1;
     "Constant": [1, 9, 11, 12, 13, 19, 21, 23, 24, 25] from 1, in 0..0, out 1..1;
     "ConstantOfShape": [9, 20, 21, 23, 24, 25] from 9, in 1..1, out 1..1;
     "Conv": [1, 11, 22] from 1, in 2..3, out 1..1;
@@ -116,6 +120,7 @@ specs! {
     "HardSwish": [14, 22] from 14, in 1..1, out 1..1;
     "Hardmax": [1, 11, 13] from 1, in 1..1, out 1..1;
     "Identity": [1, 13, 14, 16, 19, 21, 23, 24, 25] from 1, in 1..1, out 1..1;
+    "If": [1, 11, 13, 16, 19, 21, 23, 24, 25] from 1, in 1..1, out 1..V;
     "InstanceNormalization": [1, 6, 22] from 1, in 3..3, out 1..1;
     "IsInf": [10, 20] from 10, in 1..1, out 1..1;
     "IsNaN": [9, 13, 20] from 9, in 1..1, out 1..1;
@@ -125,8 +130,10 @@ specs! {
     "LeakyRelu": [1, 6, 16] from 1, in 1..1, out 1..1;
     "Less": [1, 7, 9, 13] from 7, in 2..2, out 1..1;
     "LessOrEqual": [12, 16] from 12, in 2..2, out 1..1;
+    "LinearAttention": [27] from 27, in 3..6, out 1..2;
     "Log": [1, 6, 13] from 1, in 1..1, out 1..1;
     "LogSoftmax": [1, 11, 13] from 1, in 1..1, out 1..1;
+    "Loop": [1, 11, 13, 16, 19, 21, 23, 24, 25] from 1, in 2..V, out 1..V;
     "LpNormalization": [1, 22] from 1, in 1..1, out 1..1;
     "LpPool": [1, 2, 11, 18, 22] from 2, in 1..1, out 1..1;
     "MatMul": [1, 9, 13] from 1, in 2..2, out 1..1;
@@ -147,6 +154,9 @@ specs! {
     "NonZero": [9, 13] from 9, in 1..1, out 1..1;
     "Not": [1] from 1, in 1..1, out 1..1;
     "OneHot": [9, 11, 28] from 9, in 3..3, out 1..1;
+    "Optional": [15, 28] from 15, in 0..1, out 1..1;
+    "OptionalGetElement": [15, 18, 28] from 15, in 1..1, out 1..1;
+    "OptionalHasElement": [15, 18, 28] from 15, in 0..1, out 1..1;
     "Or": [1, 7] from 7, in 2..2, out 1..1;
     "PRelu": [1, 6, 7, 9, 16] from 1, in 2..2, out 1..1;
     "Pad": [1, 2, 11, 13, 18, 19, 21, 23, 24, 25] from 2, in 1..4, out 1..1;
@@ -176,10 +186,17 @@ specs! {
     "RotaryEmbedding": [23] from 23, in 3..4, out 1..1;
     "Round": [11, 22] from 11, in 1..1, out 1..1;
     "STFT": [17] from 17, in 2..4, out 1..1;
+    "Scan": [8, 9, 11, 16, 19, 21, 23, 24, 25] from 8, in 1..V, out 1..V;
     "Scatter": [9, 11] from 9, in 3..3, out 1..1;
     "ScatterElements": [11, 13, 16, 18] from 11, in 3..3, out 1..1;
     "ScatterND": [11, 13, 16, 18] from 11, in 3..3, out 1..1;
     "Selu": [1, 6, 22] from 1, in 1..1, out 1..1;
+    "SequenceAt": [11] from 11, in 2..2, out 1..1;
+    "SequenceConstruct": [11] from 11, in 1..V, out 1..1;
+    "SequenceEmpty": [11] from 11, in 0..0, out 1..1;
+    "SequenceErase": [11] from 11, in 1..2, out 1..1;
+    "SequenceInsert": [11] from 11, in 2..3, out 1..1;
+    "SequenceLength": [11] from 11, in 1..1, out 1..1;
     "Shape": [1, 13, 15, 19, 21, 23, 24, 25] from 1, in 1..1, out 1..1;
     "Shrink": [9] from 9, in 1..1, out 1..1;
     "Sigmoid": [1, 6, 13] from 1, in 1..1, out 1..1;
@@ -194,6 +211,7 @@ specs! {
     "Softsign": [1, 22] from 1, in 1..1, out 1..1;
     "SpaceToDepth": [1, 13, 28] from 1, in 1..1, out 1..1;
     "Split": [1, 2, 11, 13, 18] from 2, in 1..2, out 1..V;
+    "SplitToSequence": [11, 24] from 11, in 1..2, out 1..1;
     "Sqrt": [1, 6, 13] from 1, in 1..1, out 1..1;
     "Squeeze": [1, 11, 13, 21, 23, 24, 25] from 1, in 1..2, out 1..1;
     "Sub": [1, 6, 7, 13, 14] from 1, in 2..2, out 1..1;
@@ -215,9 +233,37 @@ specs! {
     "Xor": [1, 7] from 7, in 2..2, out 1..1;
 }
 
-/// Looks up the spec of a default-domain op type.
+/// The ops of other domains the importer accepts, sorted by name (their names clash with
+/// no default-domain op). Versions are of the op's own domain's opset.
+pub static DOMAIN_SPECS: &[OpSpec] = &[
+    OpSpec { name: "Adagrad", domain: TRAINING, versions: &[1], supported_from: 1, inputs: (3, V), outputs: (1, V) },
+    OpSpec { name: "Adam", domain: TRAINING, versions: &[1], supported_from: 1, inputs: (3, V), outputs: (1, V) },
+    OpSpec { name: "ArrayFeatureExtractor", domain: ML, versions: &[1], supported_from: 1, inputs: (2, 2), outputs: (1, 1) },
+    OpSpec { name: "Binarizer", domain: ML, versions: &[1], supported_from: 1, inputs: (1, 1), outputs: (1, 1) },
+    OpSpec { name: "FlexAttention", domain: PREVIEW, versions: &[1], supported_from: 1, inputs: (3, 3), outputs: (1, 1) },
+    OpSpec { name: "Momentum", domain: TRAINING, versions: &[1], supported_from: 1, inputs: (3, V), outputs: (1, V) },
+    OpSpec { name: "TreeEnsemble", domain: ML, versions: &[5], supported_from: 5, inputs: (1, 1), outputs: (1, 1) },
+];
+
+/// The domain of ONNX's training operators.
+pub const TRAINING: &str = "ai.onnx.preview.training";
+/// The domain of ONNX's preview operators.
+pub const PREVIEW: &str = "ai.onnx.preview";
+/// The domain of ONNX's traditional machine-learning operators.
+pub const ML: &str = "ai.onnx.ml";
+
+/// Looks up the spec of an op type: a default-domain op, or one of [`DOMAIN_SPECS`].
 pub fn spec(op_type: &str) -> Option<&'static OpSpec> {
-    SPECS.binary_search_by(|s| s.name.cmp(op_type)).ok().map(|i| &SPECS[i])
+    match SPECS.binary_search_by(|s| s.name.cmp(op_type)) {
+        Ok(i) => Some(&SPECS[i]),
+        Err(_) => DOMAIN_SPECS.binary_search_by(|s| s.name.cmp(op_type)).ok().map(|i| &DOMAIN_SPECS[i]),
+    }
+}
+
+/// The spec of `op_type` in `domain` (`""` or `"ai.onnx"` for the default domain).
+pub fn spec_in(domain: &str, op_type: &str) -> Option<&'static OpSpec> {
+    let domain = if domain == "ai.onnx" { "" } else { domain };
+    spec(op_type).filter(|s| s.domain == domain)
 }
 
 #[cfg(test)]
@@ -226,10 +272,11 @@ mod tests {
 
     #[test]
     fn table_is_sorted_and_versions_ascend() {
-        for pair in SPECS.windows(2) {
+        for pair in SPECS.windows(2).chain(DOMAIN_SPECS.windows(2)) {
             assert!(pair[0].name < pair[1].name, "{} before {}", pair[0].name, pair[1].name);
         }
-        for s in SPECS {
+        for s in SPECS.iter().chain(DOMAIN_SPECS) {
+            assert!(s.domain.is_empty() || SPECS.iter().all(|d| d.name != s.name), "{} is also a default-domain op", s.name);
             assert!(s.versions.windows(2).all(|w| w[0] < w[1]), "{} versions", s.name);
             assert!(s.versions.contains(&s.supported_from), "{} supported_from", s.name);
         }

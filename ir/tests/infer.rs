@@ -1138,3 +1138,78 @@ fn low_precision_operands_are_refused_outside_casts_and_quantization() {
     let g = import(&ok);
     assert_eq!(ty(&g, "w"), "f32[N,4]");
 }
+
+/// LinearAttention's output `[batch, seq, q_heads * d_v]` and state `[batch, kv_heads,
+/// d_k, d_v]` over a symbolic batch; its rule's inputs are checked. CausalConvWithState
+/// keeps the input's shape and carries `k - 1` positions.
+#[test]
+fn linear_attention_and_causal_conv_shapes() {
+    let b = || Ax::Param("batch");
+    let la = |rule: &str, inputs: &[&str]| {
+        ModelBuilder::new(27)
+            .input("q", F32, &[b(), Ax::Fixed(5), Ax::Fixed(12)])
+            .input("k", F32, &[b(), Ax::Fixed(5), Ax::Fixed(6)])
+            .input("v", F32, &[b(), Ax::Fixed(5), Ax::Fixed(8)])
+            .input("g", F32, &[b(), Ax::Fixed(5), Ax::Fixed(2)])
+            .input("beta", F32, &[b(), Ax::Fixed(5), Ax::Fixed(1)])
+            .node(node("LinearAttention", "la", inputs, &["y", "state"]).int("q_num_heads", 4).int("kv_num_heads", 2).string("update_rule", rule))
+            .output("y")
+            .output("state")
+    };
+    let g = import(&la("gated_delta", &["q", "k", "v", "", "g", "beta"]));
+    assert_eq!(ty(&g, "y"), "f32[N,5,16]");
+    assert_eq!(ty(&g, "state"), "f32[N,2,3,4]");
+    assert_shape_error(&la("linear", &["q", "k", "v", "", "g"]), &["\"la\"", "needs no decay"]);
+    assert_shape_error(&la("delta", &["q", "k", "v"]), &["\"la\"", "a beta"]);
+    let conv = |k: i64| {
+        ModelBuilder::new(27)
+            .input("x", F32, &[b(), Ax::Fixed(3), Ax::Fixed(7)])
+            .init(tensor_f32_zeros("w", &[3, 1, k]))
+            .node(node("CausalConvWithState", "conv", &["x", "w"], &["y", "carry"]).string("activation", "swish"))
+            .output("y")
+            .output("carry")
+    };
+    let g = import(&conv(4));
+    assert_eq!(ty(&g, "y"), "f32[N,3,7]");
+    assert_eq!(ty(&g, "carry"), "f32[N,3,3]");
+    assert_eq!(ty(&import(&conv(1)), "carry"), "f32[N,3,0]");
+}
+
+/// Ops of other domains: accepted where the model imports their domain (also without
+/// the default domain), by their domain's opset; an optimizer step gives the new tensors
+/// and states in blocks; a domain op spelled in the default domain is unknown.
+#[test]
+fn training_and_ml_domain_ops() {
+    let mut m = ModelBuilder::new(1)
+        .input("x", F32, &fixed(&[3, 4]))
+        .init(tensor_i64("idx", &[2], &[3, 1]))
+        .node(node("Binarizer", "bin", &["x"], &["b"]).domain("ai.onnx.ml").float("threshold", 0.5))
+        .node(node("ArrayFeatureExtractor", "afe", &["b", "idx"], &["picked"]).domain("ai.onnx.ml"))
+        .output("picked");
+    m.model.opset_import[0].domain = "ai.onnx.ml".into();
+    let g = import(&m);
+    assert_eq!(ty(&g, "picked"), "f32[N,2]");
+    let mut unimported = m.clone();
+    unimported.model.opset_import[0].domain = "ai.onnx.preview.training".into();
+    assert!(matches!(import_err(&unimported), ImportError::Domain(_)));
+    let adam = |domain: &str| {
+        ModelBuilder::new(18)
+            .opset_import("ai.onnx.preview.training", 1)
+            .init(tensor_f32("r", &[], &[0.1]))
+            .init(tensor_i64("t", &[], &[1]))
+            .input("x1", F32, &fixed(&[2]))
+            .input("x2", F32, &fixed(&[3, 2]))
+            .input("g1", F32, &fixed(&[2]))
+            .input("g2", F32, &fixed(&[3, 2]))
+            .input("v1", F32, &fixed(&[2]))
+            .input("v2", F32, &fixed(&[3, 2]))
+            .input("h1", F32, &fixed(&[2]))
+            .input("h2", F32, &fixed(&[3, 2]))
+            .node(node("Adam", "adam", &["r", "t", "x1", "x2", "g1", "g2", "v1", "v2", "h1", "h2"], &["x1n", "x2n", "v1n", "v2n", "h1n", "h2n"]).domain(domain))
+            .output("x2n")
+            .output("h1n")
+    };
+    let g = try_import(&adam("ai.onnx.preview.training"), BatchMode::Fixed).unwrap();
+    assert_eq!((ty(&g, "x2n"), ty(&g, "h1n")), ("f32[3,2]".to_string(), "f32[2]".to_string()));
+    assert!(matches!(try_import(&adam(""), BatchMode::Fixed), Err(ImportError::UnknownOps(_))));
+}

@@ -20,6 +20,11 @@
 //! - **Softmax / LogSoftmax**: 5 per element; **LayerNorm / InstanceNorm / GroupNorm /
 //!   MeanVarianceNormalization / LpNormalization**: 8; **RMSNorm**: 5; **BatchNorm**: 6;
 //!   **RotaryEmbedding**: 3; **Hardmax**: 2; **LRN**: `2 * size + 4`. Backward = 2x.
+//! - **Optimizer steps** (Adagrad, Adam, Momentum): ~10 per element of `X` (a quarter
+//!   of the inputs' elements); **Binarizer**, **ArrayFeatureExtractor**: `out_numel`;
+//!   **TreeEnsemble**: 8 compares per tree and input element, no backward (piecewise constant).
+//! - **LinearAttention**: `8 * d_k` per output element (the state's decay, retrieval and
+//!   update, and the read). **CausalConvWithState**: `2k + 4` per output. Backward = 2x.
 //! - **Attention**: the two matmuls, `2 * (q_numel + out_numel) * total_seq`, plus 5 per
 //!   score for the softmax and masking. Backward = 2x.
 //! - **SoftmaxCrossEntropyLoss**: 5 per score; **NegativeLogLikelihoodLoss**: 1 per target.
@@ -125,8 +130,9 @@ pub enum OpClass {
 impl OpClass {
     pub fn of(op: &Op) -> OpClass {
         match op {
-            Op::MatMul | Op::Gemm(_) | Op::Einsum { .. } | Op::Attention(_) | Op::Rnn(_) => OpClass::MatMul,
+            Op::MatMul | Op::Gemm(_) | Op::Einsum { .. } | Op::Attention(_) | Op::Rnn(_) | Op::LinearAttention(_) => OpClass::MatMul,
             Op::Conv(_) | Op::ConvTranspose(_) | Op::DeformConv { .. } | Op::ConvInteger(_) | Op::QLinearConv(_) => OpClass::Conv,
+            Op::CausalConvWithState { .. } => OpClass::Conv,
             Op::Dft { .. } | Op::Stft { .. } | Op::MatMulInteger | Op::QLinearMatMul => OpClass::MatMul,
             Op::Softmax(_)
             | Op::LogSoftmax(_)
@@ -159,8 +165,9 @@ impl OpClass {
             | Op::Scatter { .. }
             | Op::TensorScatter { .. }
             | Op::MaxUnpool { .. } => OpClass::Gather,
-            Op::RotaryEmbedding(_) => OpClass::Elementwise,
+            Op::RotaryEmbedding(_) | Op::Optimizer(_) | Op::Binarizer { .. } => OpClass::Elementwise,
             Op::QuantizeLinear(_) | Op::DequantizeLinear { .. } | Op::DynamicQuantizeLinear => OpClass::Elementwise,
+            Op::ArrayFeatureExtractor | Op::TreeEnsemble(_) => OpClass::Gather,
             Op::Resize(_) | Op::Upsample(_) | Op::GridSample { .. } | Op::RoiAlign(_) => OpClass::Gather,
             op if op.is_elementwise() => OpClass::Elementwise,
             _ => OpClass::DataMovement,
@@ -497,6 +504,21 @@ fn flops(g: &Graph, n: NodeId, export: i64) -> (Lin, f64) {
                 einsum_flops(equation, &tys, export).unwrap_or(first_out.scale(2.0)),
                 2.0,
             )
+        }
+        // About ten elementwise steps per optimized element; Binarizer one compare.
+        Op::Optimizer(_) => (in_numel.scale(10.0 / 4.0), 1.0),
+        Op::Binarizer { .. } | Op::ArrayFeatureExtractor => (first_out, 1.0),
+        // A compare per visited node: about the tree depth, taken as 8, per tree and row.
+        Op::TreeEnsemble(t) => (in_numel.scale(8.0 * t.tree_roots.len() as f64), 0.0),
+        Op::CausalConvWithState { .. } => {
+            let k = ty_in(1).and_then(|w| w.shape.eval(export).last().copied()).unwrap_or(1);
+            (first_out.scale(2.0 * k as f64 + 4.0), 2.0)
+        }
+        Op::LinearAttention(la) => {
+            // Per token and head: the state's decay, retrieval and rank-1 update, and the
+            // query's read, each ~2 * d_k * d_v; per output element 8 * d_k.
+            let d_k = ty_in(0).and_then(|t| t.shape.eval(export).last().copied()).unwrap_or(1) / la.q_num_heads.max(1);
+            (first_out.scale(8.0 * d_k.max(1) as f64), 2.0)
         }
         Op::Conv(_) => {
             let per_out = ty_in(1)

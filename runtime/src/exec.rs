@@ -15,11 +15,13 @@ mod nn;
 mod norm;
 mod qlinear;
 mod quant;
+mod recurrent;
 mod reduce;
 mod rnn;
 mod resample;
 mod shape;
 mod signal;
+mod training;
 mod transformer;
 mod unsigned;
 mod util;
@@ -164,6 +166,12 @@ fn dispatch_nn(k: &Kernel, ins: &[Option<&Tensor>], mode: Mode, outputs_read: Op
         RmsNormalization(l) => one(transformer::rms_norm(l, x()?, y()?)),
         Attention(a) => transformer::attention(a, ins),
         RotaryEmbedding(r) => one(transformer::rotary_embedding(r, ins)),
+        LinearAttention(l) => recurrent::linear_attention(l, ins),
+        CausalConvWithState { silu } => recurrent::causal_conv_with_state(*silu, ins),
+        Optimizer(o) => training::optimizer_step(o, ins),
+        Binarizer { threshold } => one(training::binarizer(*threshold, x()?)),
+        ArrayFeatureExtractor => one(training::array_feature_extractor(x()?, y()?)),
+        TreeEnsemble(t) => one(training::tree_ensemble(t, x()?)),
         InstanceNormalization { epsilon } => one(nn::instance_norm(*epsilon, ins)),
         NegativeLogLikelihoodLoss(l) => one(loss::nll(l, x()?, y()?, opt(ins, 2))),
         SoftmaxCrossEntropyLoss(l) => loss::softmax_cross_entropy(l, x()?, y()?, opt(ins, 2)),

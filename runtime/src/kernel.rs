@@ -292,6 +292,52 @@ pub struct Rotary {
     pub num_heads: Option<i64>,
 }
 
+/// LinearAttention (opset 27); `gated`/`delta` are the update rule's decay gate and
+/// delta correction (see the IR's `LinearRule`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LinearAttention {
+    pub q_num_heads: i64,
+    pub kv_num_heads: i64,
+    /// `0`: `1 / sqrt(d_k)`.
+    pub scale: f32,
+    pub gated: bool,
+    pub delta: bool,
+}
+
+/// A training-domain optimizer step; see the IR's `Optimizer` (inputs R, T, then blocks
+/// of X, G and the states; outputs the new X and states).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Optimizer {
+    Adagrad { decay_factor: f32, epsilon: f32, norm_coefficient: f32 },
+    Adam { alpha: f32, beta: f32, epsilon: f32, norm_coefficient: f32, norm_coefficient_post: f32 },
+    Momentum { alpha: f32, beta: f32, norm_coefficient: f32, nesterov: bool },
+}
+
+/// TreeEnsemble (`ai.onnx.ml` 5) with its tables resolved: per node the comparison and
+/// where each branch goes (`(is_leaf, index)`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TreeEnsemble {
+    pub nodes: Vec<TreeNode>,
+    pub leaf_targets: Vec<i64>,
+    pub leaf_weights: Vec<f64>,
+    pub roots: Vec<i64>,
+    pub n_targets: i64,
+    /// 0 average, 1 sum, 2 min, 3 max.
+    pub aggregate: i64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TreeNode {
+    pub feature: i64,
+    /// 0 `<=`, 1 `<`, 2 `>=`, 3 `>`, 4 `==`, 5 `!=`, 6 member of `members`.
+    pub mode: i64,
+    pub split: f64,
+    pub members: Vec<f64>,
+    pub missing_true: bool,
+    pub on_true: (bool, i64),
+    pub on_false: (bool, i64),
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Softmax {
     pub axis: i64,
@@ -489,6 +535,13 @@ pub enum Kernel {
     RmsNormalization(LayerNorm),
     Attention(Attention),
     RotaryEmbedding(Rotary),
+    LinearAttention(LinearAttention),
+    /// Causal depthwise 1-D convolution with a carried state; outputs Y and the new state.
+    CausalConvWithState { silu: bool },
+    Optimizer(Optimizer),
+    Binarizer { threshold: f32 },
+    ArrayFeatureExtractor,
+    TreeEnsemble(Box<TreeEnsemble>),
     InstanceNormalization { epsilon: f32 },
     /// Log-probabilities `[N, C, d...]`, class ids `[N, d...]`, optional class weights.
     NegativeLogLikelihoodLoss(ClassLoss),
@@ -606,6 +659,10 @@ fn plain_name(k: &Kernel) -> &'static str {
         GlobalAveragePool => "GlobalAveragePool", GlobalMaxPool => "GlobalMaxPool",
         BatchNormalization(_) => "BatchNormalization", LayerNormalization(_) => "LayerNormalization",
         RmsNormalization(_) => "RMSNormalization", Attention(_) => "Attention", RotaryEmbedding(_) => "RotaryEmbedding",
+        LinearAttention(_) => "LinearAttention", CausalConvWithState { .. } => "CausalConvWithState",
+        Optimizer(self::Optimizer::Adagrad { .. }) => "Adagrad", Optimizer(self::Optimizer::Adam { .. }) => "Adam",
+        Optimizer(self::Optimizer::Momentum { .. }) => "Momentum",
+        Binarizer { .. } => "Binarizer", ArrayFeatureExtractor => "ArrayFeatureExtractor", TreeEnsemble(_) => "TreeEnsemble",
         InstanceNormalization { .. } => "InstanceNormalization", Dropout { .. } => "Dropout",
         NegativeLogLikelihoodLoss(_) => "NegativeLogLikelihoodLoss", SoftmaxCrossEntropyLoss(_) => "SoftmaxCrossEntropyLoss",
         Reshape { .. } => "Reshape", Flatten { .. } => "Flatten", Transpose { .. } => "Transpose",

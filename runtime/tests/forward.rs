@@ -653,3 +653,46 @@ fn unpool_and_cache_writes() {
     let e = run(&lin, &[Some(&cache), Some(&upd), Some(&write)], Mode::Eval).unwrap_err();
     assert!(e.to_string().contains("outside the cache"), "{e}");
 }
+
+/// TreeEnsemble by hand: tree A splits feature 0 at `<= 1.0` (NaN goes true), then
+/// feature 1 by set membership {2, 5}; tree B is one leaf. Sum, average, min and max
+/// aggregate per target; a table with a cycle is an error, not a hang.
+#[test]
+fn tree_ensemble_walks_and_aggregates() {
+    let node = |feature, mode, split, members: &[f64], on_true, on_false| TreeNode {
+        feature,
+        mode,
+        split,
+        members: members.to_vec(),
+        missing_true: true,
+        on_true,
+        on_false,
+    };
+    let tree = |aggregate| TreeEnsemble {
+        nodes: vec![
+            node(0, 0, 1.0, &[], (true, 0), (false, 1)),
+            node(1, 6, 0.0, &[2.0, 5.0], (true, 1), (true, 2)),
+            node(0, 2, 0.0, &[], (true, 3), (true, 3)),
+        ],
+        leaf_targets: vec![0, 1, 1, 0],
+        leaf_weights: vec![10.0, 20.0, 30.0, 1.0],
+        roots: vec![0, 2],
+        n_targets: 2,
+        aggregate,
+    };
+    let x = f64s(&[0.5, 9.0, 3.0, 5.0, 3.0, 4.0, f64::NAN, 2.0], &[4, 2]);
+    let run = |aggregate| to_f64(&one(Kernel::TreeEnsemble(Box::new(tree(aggregate))), &[&x]));
+    // Rows reach leaves (0, 3), (1, 3), (2, 3), (0, 3).
+    assert_eq!(run(1), [11.0, 0.0, 1.0, 20.0, 1.0, 30.0, 11.0, 0.0]);
+    assert_eq!(run(0), [5.5, 0.0, 0.5, 10.0, 0.5, 15.0, 5.5, 0.0]);
+    assert_eq!(run(2), [1.0, f64::MAX, 1.0, 20.0, 1.0, 30.0, 1.0, f64::MAX]);
+    assert_eq!(run(3), [10.0, -f64::MAX, 1.0, 20.0, 1.0, 30.0, 10.0, -f64::MAX]);
+    let mut cyclic = tree(1);
+    cyclic.nodes[2].on_true = (false, 2);
+    let r = run_kernel_result(Kernel::TreeEnsemble(Box::new(cyclic)), &x);
+    assert!(r.is_err_and(|e| e.to_string().contains("cycle")));
+}
+
+fn run_kernel_result(k: Kernel, x: &Tensor) -> Result<Vec<Tensor>, KernelError> {
+    run(&k, &[Some(x)], Mode::Eval)
+}

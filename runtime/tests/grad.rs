@@ -1051,3 +1051,82 @@ fn unpool_and_tensor_scatter() {
     }
     g1(Kernel::TensorScatter { axis: 1, circular: false }, vec![In::D(signed(&[2, 4], 225)), In::D(signed(&[2, 2], 226))]);
 }
+
+fn linear_attention(rule: (bool, bool), q_heads: i64, kv_heads: i64, scale: f32) -> Kernel {
+    Kernel::LinearAttention(LinearAttention { q_num_heads: q_heads, kv_num_heads: kv_heads, scale, gated: rule.0, delta: rule.1 })
+}
+
+/// LinearAttention through time (3 tokens), both outputs, for every update rule: the
+/// gradient reaches Q, K, V, the past state, the decay (per head and per key dimension)
+/// and beta (per head and shared).
+#[test]
+fn linear_attention_rules() {
+    let (b, t, d_k, d_v) = (2, 3, 2, 3);
+    let qkv = |h: i64, hq: i64, s: u64| {
+        vec![In::D(signed(&[b, t, hq * d_k], s)), In::D(signed(&[b, t, h * d_k], s + 1).f_mul_scalar(0.5).unwrap()), In::D(signed(&[b, t, h * d_v], s + 2))]
+    };
+    let past = |h: i64, s: u64| In::D(signed(&[b, h, d_k, d_v], s).f_mul_scalar(0.3).unwrap());
+    // linear: no decay, no beta; with a past state and GQA (4 query heads on 2 KV heads).
+    let mut ins = qkv(2, 4, 500);
+    ins.push(past(2, 503));
+    gradcheck(&linear_attention((false, false), 4, 2, 0.0), ins, 2);
+    // gated, per-key-dimension decay (log space, negative).
+    let mut ins = qkv(2, 2, 510);
+    ins.extend([In::N, In::D(rand(&[b, t, 2 * d_k], 513, -0.8, -0.1))]);
+    gradcheck(&linear_attention((true, false), 2, 2, 0.7), ins, 2);
+    // delta with a shared beta and a past state.
+    let mut ins = qkv(2, 2, 520);
+    ins.extend([past(2, 523), In::N, In::D(rand(&[b, t, 1], 524, 0.2, 0.9))]);
+    gradcheck(&linear_attention((false, true), 2, 2, 0.0), ins, 2);
+    // gated_delta, per-head decay and beta, multi-query (one KV head for 3 query heads).
+    let mut ins = qkv(1, 3, 530);
+    ins.extend([past(1, 533), In::D(rand(&[b, t, 1], 534, -0.8, -0.1)), In::D(rand(&[b, t, 1], 535, 0.2, 0.9))]);
+    gradcheck(&linear_attention((true, true), 3, 1, 0.0), ins, 2);
+}
+
+/// CausalConvWithState: input, weight, bias and carried state, with and without SiLU;
+/// kernel size 1 (an empty carry) too.
+#[test]
+fn causal_conv_with_state() {
+    for (silu, k, seed) in [(false, 3, 540), (true, 3, 550), (true, 1, 560)] {
+        let ins = vec![
+            In::D(signed(&[2, 3, 4], seed)),
+            In::D(signed(&[3, 1, k], seed + 1)),
+            In::D(signed(&[3], seed + 2)),
+            In::D(signed(&[2, 3, k - 1], seed + 3)),
+        ];
+        gradcheck(&Kernel::CausalConvWithState { silu }, ins, if k > 1 { 2 } else { 1 });
+    }
+    gradcheck(&Kernel::CausalConvWithState { silu: false }, vec![In::D(signed(&[1, 2, 2], 570)), In::D(signed(&[2, 1, 4], 571)), In::N, In::N], 2);
+}
+
+/// The training domain's optimizer steps (two tensors each, after the first update so
+/// the bias correction and beta apply), and ArrayFeatureExtractor.
+#[test]
+fn optimizer_steps_and_array_feature_extractor() {
+    let scalars = || [In::F(f64s(&[0.1], &[])), In::F(i64s(&[2], &[]))];
+    let block = |s: u64| [In::D(signed(&[3], s)), In::D(signed(&[2, 2], s + 1))];
+    let positive = |s: u64| [In::D(rand(&[3], s, 0.2, 1.0)), In::D(rand(&[2, 2], s + 1, 0.2, 1.0))];
+    let ins = |states: &[[In; 2]]| {
+        let mut v: Vec<In> = scalars().into();
+        v.extend(block(600));
+        v.extend(block(610));
+        for s in states {
+            v.extend(s.iter().map(|i| match i {
+                In::D(t) => In::D(t.shallow_clone()),
+                In::F(t) => In::F(t.shallow_clone()),
+                In::N => In::N,
+            }));
+        }
+        v
+    };
+    let adagrad = Optimizer::Adagrad { decay_factor: 0.1, epsilon: 1e-5, norm_coefficient: 0.01 };
+    gradcheck(&Kernel::Optimizer(adagrad), ins(&[positive(620)]), 4);
+    let adam = Optimizer::Adam { alpha: 0.9, beta: 0.8, epsilon: 1e-2, norm_coefficient: 0.01, norm_coefficient_post: 0.1 };
+    gradcheck(&Kernel::Optimizer(adam), ins(&[block(630), positive(640)]), 6);
+    for nesterov in [false, true] {
+        let m = Optimizer::Momentum { alpha: 0.9, beta: 0.5, norm_coefficient: 0.01, nesterov };
+        gradcheck(&Kernel::Optimizer(m), ins(&[block(650)]), 4);
+    }
+    g1(Kernel::ArrayFeatureExtractor, vec![In::D(normal(&[2, 5], 660)), In::F(i64s(&[4, 0, 4], &[3]))]);
+}

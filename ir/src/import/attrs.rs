@@ -121,6 +121,15 @@ impl<'a> Attrs<'a> {
         }
     }
 
+    /// A subgraph attribute (If's branches, Loop's and Scan's body).
+    pub fn graph(&mut self, name: &str) -> Result<Option<&'a onnx_protobuf::GraphProto>, String> {
+        match self.find(name) {
+            None => Ok(None),
+            Some(a) if a.g.is_some() => Ok(a.g.as_ref()),
+            Some(_) => Err(format!("attribute {name:?} must be a graph")),
+        }
+    }
+
     /// Fails on the first attribute no getter consumed.
     pub fn finish(self) -> Result<(), String> {
         match self.list.iter().zip(&self.used).find(|(_, used)| !**used) {

@@ -159,6 +159,42 @@ fn convert_op(op_type: &str, version: i64, a: &mut Attrs, n_inputs: usize) -> Re
             }
             Op::RotaryEmbedding(r)
         }
+        "LinearAttention" => Op::LinearAttention(linear_attention(a)?),
+        "Adagrad" => Op::Optimizer(Optimizer::Adagrad {
+            decay_factor: a.float_or("decay_factor", 0.0)?,
+            epsilon: a.float_or("epsilon", 1e-6)?,
+            norm_coefficient: a.float_or("norm_coefficient", 0.0)?,
+        }),
+        "Adam" => Op::Optimizer(Optimizer::Adam {
+            alpha: a.float_or("alpha", 0.9)?,
+            beta: a.float_or("beta", 0.999)?,
+            epsilon: a.float_or("epsilon", 1e-6)?,
+            norm_coefficient: a.float_or("norm_coefficient", 0.0)?,
+            norm_coefficient_post: a.float_or("norm_coefficient_post", 0.0)?,
+        }),
+        "Momentum" => {
+            let required = |a: &mut Attrs, name: &str| a.float(name)?.ok_or_else(|| format!("attribute {name:?} is required"));
+            Op::Optimizer(Optimizer::Momentum {
+                alpha: required(a, "alpha")?,
+                beta: required(a, "beta")?,
+                norm_coefficient: required(a, "norm_coefficient")?,
+                nesterov: match a.string("mode")?.as_deref() {
+                    Some("standard") => false,
+                    Some("nesterov") => true,
+                    other => return Err(format!("mode {other:?} is not \"standard\" or \"nesterov\"")),
+                },
+            })
+        }
+        "Binarizer" => Op::Binarizer { threshold: a.float_or("threshold", 0.0)? },
+        "ArrayFeatureExtractor" => Op::ArrayFeatureExtractor,
+        "TreeEnsemble" => Op::TreeEnsemble(Box::new(tree_ensemble(a)?)),
+        "CausalConvWithState" => Op::CausalConvWithState {
+            silu: match a.string("activation")?.as_deref().unwrap_or("none") {
+                "none" => false,
+                "silu" | "swish" => true,
+                other => return Err(format!("activation {other:?} is not one of none, silu, swish")),
+            },
+        },
         "InstanceNormalization" => Op::InstanceNormalization { epsilon: a.float_or("epsilon", 1e-5)? },
         "Dropout" if version < 12 => Op::Dropout { ratio: Some(a.float_or("ratio", 0.5)?), seed: None },
         "Dropout" => Op::Dropout { ratio: None, seed: a.int("seed")? },
@@ -399,6 +435,85 @@ fn float_code(code: i64, name: &str) -> Result<i64, String> {
         Some(d) if d.is_float() => Ok(code),
         _ => Err(format!("{name}={code} is not a supported floating-point type")),
     }
+}
+
+/// TreeEnsemble's tables, checked so the kernel's walk stays in range: equal lengths,
+/// node and leaf indices in range, known modes, one member set per membership node.
+fn tree_ensemble(a: &mut Attrs) -> Result<TreeEnsemble, String> {
+    let tensor = |a: &mut Attrs, name: &str| -> Result<Option<crate::TensorData>, String> {
+        a.tensor(name)?.map(|t| tensor_from_proto(t, Path::new(".")).map_err(|e| format!("attribute {name:?}: {e}"))).transpose()
+    };
+    let post = a.int_or("post_transform", 0)?;
+    if post != 0 {
+        return Err(format!("post_transform {post} is not supported (only NONE, 0)"));
+    }
+    a.ignore("nodes_hitrates");
+    let t = TreeEnsemble {
+        featureids: a.ints_or_empty("nodes_featureids")?,
+        modes: tensor(a, "nodes_modes")?.ok_or("nodes_modes is required")?,
+        splits: tensor(a, "nodes_splits")?.ok_or("nodes_splits is required")?,
+        truenodeids: a.ints_or_empty("nodes_truenodeids")?,
+        falsenodeids: a.ints_or_empty("nodes_falsenodeids")?,
+        trueleafs: a.ints_or_empty("nodes_trueleafs")?,
+        falseleafs: a.ints_or_empty("nodes_falseleafs")?,
+        missing_tracks_true: a.ints_or_empty("nodes_missing_value_tracks_true")?,
+        leaf_targetids: a.ints_or_empty("leaf_targetids")?,
+        leaf_weights: tensor(a, "leaf_weights")?.ok_or("leaf_weights is required")?,
+        tree_roots: a.ints_or_empty("tree_roots")?,
+        membership_values: tensor(a, "membership_values")?,
+        n_targets: a.int("n_targets")?.ok_or("n_targets is required")?,
+        aggregate_function: a.int_or("aggregate_function", 1)?,
+    };
+    check_tree_tables(&t)?;
+    Ok(t)
+}
+
+fn check_tree_tables(t: &TreeEnsemble) -> Result<(), String> {
+    let n = t.featureids.len();
+    let lens = [t.modes.numel(), t.splits.numel(), t.truenodeids.len(), t.falsenodeids.len(), t.trueleafs.len(), t.falseleafs.len()];
+    if lens.iter().any(|&l| l != n) || !(t.missing_tracks_true.is_empty() || t.missing_tracks_true.len() == n) {
+        return Err(format!("the nodes_* tables differ in length ({n} feature ids)"));
+    }
+    let leaves = t.leaf_targetids.len();
+    if t.leaf_weights.numel() != leaves || leaves == 0 {
+        return Err("leaf_targetids and leaf_weights must be non-empty and of equal length".into());
+    }
+    if t.n_targets <= 0 || t.leaf_targetids.iter().any(|&id| !(0..t.n_targets).contains(&id)) {
+        return Err(format!("n_targets {} must be positive and bound every leaf target id", t.n_targets));
+    }
+    if !(0..=3).contains(&t.aggregate_function) {
+        return Err(format!("aggregate_function {} is not 0 to 3", t.aggregate_function));
+    }
+    let modes = t.modes.to_i64s();
+    if modes.iter().any(|m| !(0..=6).contains(m)) {
+        return Err("nodes_modes must be 0 to 6".into());
+    }
+    let in_range = |ids: &[i64], leafs: &[i64]| ids.iter().zip(leafs).all(|(&id, &leaf)| id >= 0 && (id as usize) < if leaf != 0 { leaves } else { n });
+    if !in_range(&t.truenodeids, &t.trueleafs) || !in_range(&t.falsenodeids, &t.falseleafs) || t.featureids.iter().any(|&f| f < 0) {
+        return Err("a node or leaf index (or a feature id) is out of range".into());
+    }
+    if t.tree_roots.is_empty() || t.tree_roots.iter().any(|&r| r < 0 || r as usize >= n) {
+        return Err("tree_roots must index nodes".into());
+    }
+    let sets = modes.iter().filter(|&&m| m == 6).count();
+    let ends = t.membership_values.as_ref().map_or(0, |m| m.to_f64s().iter().filter(|x| x.is_nan()).count());
+    if sets != ends {
+        return Err(format!("{sets} set-membership nodes but {ends} NaN-terminated member sets"));
+    }
+    Ok(())
+}
+
+/// LinearAttention's attributes: both head counts are required, the query heads a
+/// multiple of the KV heads.
+fn linear_attention(a: &mut Attrs) -> Result<LinearAttention, String> {
+    let q_num_heads = a.int("q_num_heads")?.ok_or("q_num_heads is required")?;
+    let kv_num_heads = a.int("kv_num_heads")?.ok_or("kv_num_heads is required")?;
+    if q_num_heads <= 0 || kv_num_heads <= 0 || q_num_heads % kv_num_heads != 0 {
+        return Err(format!("q_num_heads ({q_num_heads}) must be a positive multiple of kv_num_heads ({kv_num_heads})"));
+    }
+    let rule = a.string("update_rule")?.unwrap_or_else(|| "gated_delta".into());
+    let update_rule = LinearRule::parse(&rule).ok_or_else(|| format!("update_rule {rule:?} is not one of linear, gated, delta, gated_delta"))?;
+    Ok(LinearAttention { q_num_heads, kv_num_heads, scale: a.float_or("scale", 0.0)?, update_rule, chunk_size: a.int_or("chunk_size", 64)? })
 }
 
 /// Attention's attributes (opset 25 added the window sizes, 24 the `nonpad_kv_seqlen` input).

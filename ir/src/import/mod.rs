@@ -2,6 +2,7 @@
 //! fold shape subgraphs, compact and verify.
 
 mod attrs;
+mod control;
 pub(crate) mod convert;
 mod evaluated;
 mod legacy;
@@ -17,7 +18,7 @@ use crate::dtype::onnx_type_name;
 use crate::error::{ImportError, ModelError, NodeRef};
 use crate::infer::{infer, Ctx, In};
 use crate::known::{evaluate, Known};
-use crate::spec::{spec, MAX_KNOWN_OPSET};
+use crate::spec::{spec_in, MAX_KNOWN_OPSET};
 use crate::{BatchInfo, DType, Graph, ModelMeta, ValueDef, ValueId, Weight};
 
 /// How the batch dimension is chosen: `Auto` makes a named (`dim_param`) axis 0, or a
@@ -150,16 +151,26 @@ struct Importer<'a> {
     graph: Graph,
     names: HashMap<String, ValueId>,
     known: Vec<Option<Known>>,
+    /// Sequence and optional values by name: resolved at import, never reaching the
+    /// runtime (see [`control`]).
+    composites: HashMap<String, control::Composite>,
+    /// A Scan walks a graph input along axis 0: that axis is unrolled, so it cannot be
+    /// the symbolic batch (every extent stays as exported).
+    scans_axis0: bool,
+    opsets: Opsets,
     ctx: Ctx,
 }
 
 impl<'a> Importer<'a> {
     fn new(dir: &'a Path, opts: &'a ImportOptions) -> Importer<'a> {
-        Importer { dir, opts, graph: Graph::default(), names: HashMap::new(), known: Vec::new(), ctx: Ctx::default() }
+        Importer { dir, opts, graph: Graph::default(), names: HashMap::new(), known: Vec::new(), composites: HashMap::new(), scans_axis0: false, opsets: Opsets::default(), ctx: Ctx::default() }
     }
 
     fn run(mut self, mut model: ModelProto) -> Result<Graph, ImportError> {
-        let opset = default_opset(&model)?;
+        let opsets = Opsets::of(&model)?;
+        // A model of other domains only (training or ML ops) has no default opset; its
+        // graph is recorded at the newest one.
+        let opset = opsets.default.unwrap_or(MAX_KNOWN_OPSET);
         let mut g = model.graph.take().expect("checked by parse");
         self.graph.meta = ModelMeta {
             producer_name: model.producer_name.clone(),
@@ -170,9 +181,11 @@ impl<'a> Importer<'a> {
             source_crc32: 0,
         };
         name_nodes(&mut g.node);
-        check_ops(&g.node, opset)?;
+        check_ops(&g.node, &opsets)?;
+        self.opsets = opsets;
         let initializer_names: std::collections::HashSet<String> = g.initializer.iter().map(|t| t.name.clone()).collect();
         let params = float_parameters_read(&g.node, &self.opts.float_parameters);
+        self.scans_axis0 = control::scans_inputs_along_axis0(&g.node, &g.input, opset);
         self.add_inputs(&g.input, &initializer_names, &params)?;
         for t in std::mem::take(&mut g.initializer) {
             let name = t.name.clone();
@@ -186,7 +199,14 @@ impl<'a> Importer<'a> {
         let outputs = g
             .output
             .iter()
-            .map(|o| self.names.get(&o.name).copied().ok_or_else(|| ImportError::UndefinedOutput(o.name.clone())))
+            .map(|o| match (self.names.get(&o.name), self.composites.get(&o.name)) {
+                (Some(&v), _) => Ok(v),
+                (None, Some(c)) => Err(ImportError::BadTensor {
+                    name: o.name.clone(),
+                    reason: format!("is {}: graph outputs of sequence or optional type are not supported", c.describe()),
+                }),
+                (None, None) => Err(ImportError::UndefinedOutput(o.name.clone())),
+            })
             .collect::<Result<Vec<_>, _>>()?;
         self.graph.set_outputs(outputs);
         self.check_declared_types(g.output.iter().chain(&g.value_info));
@@ -253,6 +273,7 @@ impl<'a> Importer<'a> {
         }
         let batch = match self.opts.batch {
             BatchMode::Fixed => None,
+            BatchMode::Auto if self.scans_axis0 => None,
             BatchMode::Auto => detect_batch(&typed),
         };
         if let Some((name, size)) = &batch {
@@ -296,8 +317,9 @@ impl<'a> Importer<'a> {
             self.define(out.clone(), TensorType::new(data.dtype, Shape::fixed(&data.dims)), ValueDef::Weight(Weight { data, trainable: false }));
             return Ok(());
         }
-        let spec = spec(&node.op_type).expect("checked by check_ops");
-        let version = spec.version_at(opset).expect("checked by check_ops");
+        let spec = spec_in(&node.domain, &node.op_type).expect("checked by check_ops");
+        let domain_opset = if spec.domain.is_empty() { opset } else { self.opsets.of_domain(spec.domain).expect("checked by check_ops") };
+        let version = spec.version_at(domain_opset).expect("checked by check_ops");
         let (imin, imax) = spec.inputs;
         let (omin, omax) = spec.outputs;
         if node.input.len() < imin || node.input.len() > imax {
@@ -312,24 +334,51 @@ impl<'a> Importer<'a> {
         if node.op_type == "Compress" {
             return self.add_compress(node, opset);
         }
+        if control::is_resolved_at_import(&node.op_type) {
+            return self.add_control(node, version, opset);
+        }
         if let Some(aligned) = self.align_second_input(node, version, opset)? {
             return self.add_node(&aligned, opset);
         }
         let op = convert::convert_node(node, version).map_err(bad)?;
-        let inputs: Vec<Option<ValueId>> = node
-            .input
-            .iter()
-            .map(|n| if n.is_empty() { None } else { Some(self.names[n]) })
-            .collect();
+        let inputs = node.input.iter().map(|n| self.tensor_input(n, node)).collect::<Result<Vec<_>, _>>()?;
+        self.add_op(&node.name, &node.op_type, op, inputs, &node.output)
+    }
+
+    /// The tensor value named `name` read by `node` (`None` for an omitted optional
+    /// input); a sequence or optional value there is an error, as only the ops resolved
+    /// at import take them.
+    fn tensor_input(&self, name: &str, node: &NodeProto) -> Result<Option<ValueId>, ImportError> {
+        if name.is_empty() {
+            return Ok(None);
+        }
+        match (self.names.get(name), self.composites.get(name)) {
+            (Some(&v), _) => Ok(Some(v)),
+            (None, Some(c)) => Err(ImportError::BadNode {
+                node: NodeRef { name: node.name.clone(), op_type: node.op_type.clone() },
+                reason: format!("input {name:?} is {}; only sequence and optional ops take it (a tensor is needed)", c.describe()),
+            }),
+            (None, None) => Err(ImportError::UndefinedInput {
+                node: NodeRef { name: node.name.clone(), op_type: node.op_type.clone() },
+                input: name.to_string(),
+            }),
+        }
+    }
+
+    /// Adds one converted op reading `inputs` and defining `output_names` (an empty name
+    /// is an unused output): infers its types, folds it when its inputs are constants.
+    fn add_op(&mut self, node_name: &str, op_type: &str, op: crate::Op, inputs: Vec<Option<ValueId>>, output_names: &[String]) -> Result<(), ImportError> {
+        let nref = || NodeRef { name: node_name.to_string(), op_type: op_type.to_string() };
         let types: Vec<Option<In>> = inputs
             .iter()
             .map(|v| v.map(|v| In { ty: &self.graph.value(v).ty, known: self.known.get(v.index()).and_then(|k| k.as_ref()) }))
             .collect();
-        let out_types = infer(&op, &types, node.output.len(), self.ctx)
+        let out_types = infer(&op, &types, output_names.len(), self.ctx)
             .map_err(|reason| ImportError::Shape { node: nref(), reason })?;
         let operand_types = types.iter().flatten().map(|t| t.ty.dtype).chain(out_types.iter().map(|t| t.dtype));
         if let Some(d) = operand_types.filter(|d| d.is_low_precision()).find(|_| !handles_low_precision(&op)) {
-            return Err(bad(format!("{} on element type {d} is not supported (only casts and the quantization ops take the low-precision types)", node.op_type)));
+            let reason = format!("{op_type} on element type {d} is not supported (only casts and the quantization ops take the low-precision types)");
+            return Err(ImportError::BadNode { node: nref(), reason });
         }
         if out_types.iter().any(|t| t.shape.0.iter().any(|d| d.fixed().is_some_and(|v| v < 0))) {
             return Err(ImportError::Shape { node: nref(), reason: "an output extent is negative".into() });
@@ -337,29 +386,31 @@ impl<'a> Importer<'a> {
         if let Some(t) = out_types.iter().find(|t| byte_size(t, self.ctx.export_batch.unwrap_or(1)).is_none()) {
             return Err(ImportError::Shape { node: nref(), reason: format!("output {t} is too large (its byte size overflows 64 bits)") });
         }
-        let known_out = self.evaluate_known(&op, &inputs, &out_types);
-        let foldable = known_out.as_ref().is_some_and(|k| k.to_tensor().is_some())
-            && node.output.len() == 1
+        let known_outs = self.evaluate_known_all(&op, &inputs, &out_types);
+        let foldable = output_names
+            .iter()
+            .zip(&known_outs)
+            .all(|(name, k)| name.is_empty() || k.as_ref().is_some_and(|k| k.to_tensor().is_some()))
             && inputs.iter().flatten().all(|v| self.is_constant_or_shape_source(&op, *v));
         if foldable {
-            let k = known_out.expect("checked");
-            let data = k.to_tensor().expect("checked");
-            let ty = TensorType::new(data.dtype, Shape::fixed(&data.dims));
-            self.define(node.output[0].clone(), ty, ValueDef::Weight(Weight { data, trainable: false }));
+            for (name, k) in output_names.iter().zip(&known_outs).filter(|(name, _)| !name.is_empty()) {
+                let data = k.as_ref().and_then(|k| k.to_tensor()).expect("checked");
+                let ty = TensorType::new(data.dtype, Shape::fixed(&data.dims));
+                self.define(name.clone(), ty, ValueDef::Weight(Weight { data, trainable: false }));
+            }
             return Ok(());
         }
-        let outputs = node
-            .output
+        let outputs = output_names
             .iter()
             .zip(out_types)
             .map(|(name, ty)| (!name.is_empty()).then(|| (name.clone(), ty)))
             .collect();
-        let id = self.graph.add_node(node.name.clone(), op, inputs, outputs);
+        let id = self.graph.add_node(node_name.to_string(), op, inputs, outputs);
         let outs = self.graph.node(id).outputs.clone();
         for (slot, out) in outs.iter().enumerate() {
             if let Some(v) = out {
-                self.names.insert(node.output[slot].clone(), *v);
-                self.set_known(*v, if slot == 0 { known_out.clone() } else { None });
+                self.names.insert(output_names[slot].clone(), *v);
+                self.set_known(*v, known_outs.get(slot).cloned().flatten());
             }
         }
         Ok(())
@@ -470,6 +521,35 @@ impl<'a> Importer<'a> {
         Ok(Some(rewritten))
     }
 
+    /// The known contents of every output: the first output's by [`evaluate`]; a Split
+    /// of a known vector (shape arithmetic such as splitting a size input) gives all.
+    fn evaluate_known_all(&self, op: &crate::Op, inputs: &[Option<ValueId>], out_types: &[TensorType]) -> Vec<Option<Known>> {
+        let mut outs = vec![None; out_types.len()];
+        if let (crate::Op::Split(_), Some(Some(x))) = (op, inputs.first()) {
+            let Some(k) = self.known.get(x.index()).and_then(|k| k.as_ref()) else { return outs };
+            if k.shape.len() != 1 {
+                return outs;
+            }
+            let mut start = 0usize;
+            for (slot, t) in out_types.iter().enumerate() {
+                let Some(len) = t.shape.0.first().and_then(|d| d.fixed()) else { return vec![None; out_types.len()] };
+                let end = start + len as usize;
+                let data = match &k.data {
+                    crate::known::KnownData::Ints(v) if end <= v.len() => crate::known::KnownData::Ints(v[start..end].to_vec()),
+                    crate::known::KnownData::Floats(v) if end <= v.len() => crate::known::KnownData::Floats(v[start..end].to_vec()),
+                    _ => return vec![None; out_types.len()],
+                };
+                outs[slot] = Some(Known { dtype: k.dtype, shape: vec![len], data });
+                start = end;
+            }
+            return outs;
+        }
+        if let Some(first) = outs.first_mut() {
+            *first = self.evaluate_known(op, inputs, out_types);
+        }
+        outs
+    }
+
     fn evaluate_known(&self, op: &crate::Op, inputs: &[Option<ValueId>], out_types: &[TensorType]) -> Option<Known> {
         let ks: Vec<Option<&Known>> = inputs.iter().map(|v| v.and_then(|v| self.known.get(v.index()).and_then(|k| k.as_ref()))).collect();
         let dims: Vec<Option<Vec<Dim>>> = inputs.iter().map(|v| v.map(|v| self.graph.value(v).ty.shape.0.clone())).collect();
@@ -522,17 +602,44 @@ fn arity(min: usize, max: usize) -> String {
     }
 }
 
-fn default_opset(model: &ModelProto) -> Result<i64, ImportError> {
-    let v = model
-        .opset_import
-        .iter()
-        .find(|o| o.domain.is_empty() || o.domain == "ai.onnx")
-        .map(|o| o.version)
-        .ok_or(ImportError::NoDefaultOpset)?;
+/// The default-domain opset, if the model imports the default domain.
+fn default_opset(model: &ModelProto) -> Result<Option<i64>, ImportError> {
+    let Some(v) = model.opset_import.iter().find(|o| o.domain.is_empty() || o.domain == "ai.onnx").map(|o| o.version) else {
+        return if model.opset_import.is_empty() { Err(ImportError::NoDefaultOpset) } else { Ok(None) };
+    };
     if !(1..=MAX_KNOWN_OPSET).contains(&v) {
         return Err(ImportError::Opset(v));
     }
-    Ok(v)
+    Ok(Some(v))
+}
+
+/// The opsets a model imports, by domain (the default domain as `""`).
+#[derive(Debug, Default)]
+struct Opsets {
+    default: Option<i64>,
+    others: HashMap<String, i64>,
+}
+
+impl Opsets {
+    fn of(model: &ModelProto) -> Result<Opsets, ImportError> {
+        let default = default_opset(model)?;
+        let others = model
+            .opset_import
+            .iter()
+            .filter(|o| !o.domain.is_empty() && o.domain != "ai.onnx")
+            .map(|o| (o.domain.clone(), o.version))
+            .collect();
+        Ok(Opsets { default, others })
+    }
+
+    /// The opset of `domain` the model imports.
+    fn of_domain(&self, domain: &str) -> Option<i64> {
+        if domain.is_empty() || domain == "ai.onnx" {
+            self.default
+        } else {
+            self.others.get(domain).copied()
+        }
+    }
 }
 
 /// Gives unnamed nodes a stable name (`Relu_3`) so every message can name them.
@@ -554,25 +661,33 @@ fn handles_low_precision(op: &crate::Op) -> bool {
     matches!(op, Op::Cast { .. } | Op::CastLike { .. } | Op::QuantizeLinear(_) | Op::DequantizeLinear { .. })
 }
 
-fn check_ops(nodes: &[NodeProto], opset: i64) -> Result<(), ImportError> {
+fn check_ops(nodes: &[NodeProto], opsets: &Opsets) -> Result<(), ImportError> {
     let nref = |n: &NodeProto| NodeRef { name: n.name.clone(), op_type: n.op_type.clone() };
+    // Subgraph nodes (If branches, loop bodies) are checked with the rest.
+    let nodes = control::nested_nodes(nodes);
+    let is_default = |n: &NodeProto| n.domain.is_empty() || n.domain == "ai.onnx";
+    // Of other domains, only the ops of `DOMAIN_SPECS`, and only if the model imports them.
     let foreign: Vec<(NodeRef, String)> = nodes
         .iter()
-        .filter(|n| !n.domain.is_empty() && n.domain != "ai.onnx")
+        .filter(|n| !is_default(n) && (spec_in(&n.domain, &n.op_type).is_none() || opsets.of_domain(&n.domain).is_none()))
         .map(|n| (nref(n), n.domain.clone()))
         .collect();
     if !foreign.is_empty() {
         return Err(ImportError::Domain(foreign));
     }
+    if opsets.default.is_none() && nodes.iter().any(|n| is_default(n)) {
+        return Err(ImportError::NoDefaultOpset);
+    }
     let mut unknown: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for n in nodes.iter().filter(|n| spec(&n.op_type).is_none()) {
+    for n in nodes.iter().filter(|n| spec_in(&n.domain, &n.op_type).is_none()) {
         unknown.entry(n.op_type.clone()).or_default().push(n.name.clone());
     }
     if !unknown.is_empty() {
         return Err(ImportError::UnknownOps(unknown.into_iter().collect()));
     }
     for n in nodes {
-        let s = spec(&n.op_type).expect("known");
+        let s = spec_in(&n.domain, &n.op_type).expect("known");
+        let opset = opsets.of_domain(&n.domain).expect("checked above");
         match s.version_at(opset) {
             None => return Err(ImportError::OpNotInOpset { node: nref(n), op: n.op_type.clone(), opset }),
             Some(v) if v < s.supported_from => {
@@ -602,7 +717,8 @@ fn topo_sort(nodes: &[NodeProto], defined: &HashMap<String, ValueId>) -> Result<
     let mut pending = vec![0usize; nodes.len()];
     let mut users: Vec<Vec<usize>> = vec![Vec::new(); nodes.len()];
     for (i, n) in nodes.iter().enumerate() {
-        for input in n.input.iter().filter(|x| !x.is_empty()) {
+        // A subgraph's outer-scope reads order the node like its inputs.
+        for input in control::reads(n).iter() {
             match producer.get(input.as_str()) {
                 Some(&p) => {
                     pending[i] += 1;
@@ -612,7 +728,7 @@ fn topo_sort(nodes: &[NodeProto], defined: &HashMap<String, ValueId>) -> Result<
                 None => {
                     return Err(ImportError::UndefinedInput {
                         node: NodeRef { name: n.name.clone(), op_type: n.op_type.clone() },
-                        input: input.clone(),
+                        input: input.to_string(),
                     })
                 }
             }
@@ -649,6 +765,12 @@ fn declared_type(vi: &ValueInfoProto) -> Result<(DType, Vec<DeclaredDim>), Impor
     let bad = |reason: String| ImportError::BadTensor { name: vi.name.clone(), reason };
     let t = match vi.type_.as_ref().and_then(|t| t.value.as_ref()) {
         Some(T::TensorType(t)) => t,
+        // An optional tensor input is taken as present (a compiled job always feeds it);
+        // OptionalHasElement on it is true, OptionalGetElement the tensor itself.
+        Some(T::OptionalType(o)) => match o.elem_type.as_ref().and_then(|t| t.value.as_ref()) {
+            Some(T::TensorType(t)) => t,
+            _ => return Err(bad("only optionals of tensors are supported (not of sequences or maps)".into())),
+        },
         Some(_) => return Err(bad("only tensor-typed values are supported (not sequences, maps or optionals)".into())),
         None => return Err(bad("has no type".into())),
     };
