@@ -33,7 +33,23 @@ fn backend_node_tests_of_supported_ops_pass() {
     assert!(passed + failed + skipped > 1800, "{stderr}");
     let rate = passed as f64 / (passed + failed) as f64;
     assert!(rate >= 0.95, "pass rate {rate:.3} below 95%: see {}", report.display());
-    assert!(passed >= 990, "only {passed} node tests passed");
+    assert!(passed >= 1780, "only {passed} node tests passed");
+}
+
+/// At least 90% of all 2,007 backend tests (the five suites, skips counted as not
+/// passing) pass; the failures are the two listed in docs/conformance.md.
+#[test]
+fn nine_in_ten_of_all_backend_tests_pass() {
+    let root = corpus().join("onnx-backend");
+    let suites: Vec<String> = ["node", "pytorch-converted", "pytorch-operator", "simple", "light"].iter().map(|s| root.join(s).to_string_lossy().into_owned()).collect();
+    let mut args = vec!["conformance"];
+    args.extend(suites.iter().map(String::as_str));
+    let out = pipewright(&args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let (passed, failed, skipped) = counts(&stderr);
+    assert_eq!(passed + failed + skipped, 2007, "{stderr}");
+    assert!(passed * 10 >= 2007 * 9, "only {passed} of 2,007 backend tests pass");
+    assert!(failed <= 2, "{failed} failures: {}", String::from_utf8_lossy(&out.stdout));
 }
 
 #[test]
