@@ -36,7 +36,11 @@ timed() {
 }
 
 # Bytes of the model file and, when there is one, its external data file.
-model_bytes() { du -cb "$1" "$1".data 2>/dev/null | tail -1 | cut -f1; }
+model_bytes() {
+    local files=("$1")
+    if [[ -f "$1.data" ]]; then files+=("$1.data"); fi
+    du -cb "${files[@]}" | tail -1 | cut -f1
+}
 
 compile_row() { # name model depth
     local name=$1 model=$2 d=$3
