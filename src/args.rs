@@ -216,13 +216,14 @@ pub struct TrainArgs {
     /// gradients are averaged across copies before each update (default: the build's, else 1).
     #[arg(long)]
     pub replicas: Option<u64>,
-    #[arg(long, default_value_t = 0.05)]
+    // Negative values parse, so they get the range error that names the option.
+    #[arg(long, default_value_t = 0.05, allow_negative_numbers = true)]
     pub lr: f64,
     #[arg(long, value_enum, default_value_t = Optimizer::Sgd)]
     pub optimizer: Optimizer,
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     pub momentum: f64,
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     pub weight_decay: f64,
     /// Linear warm-up steps.
     #[arg(long, default_value_t = 0)]
@@ -231,7 +232,7 @@ pub struct TrainArgs {
     #[arg(long, value_enum, default_value_t = Decay::Constant)]
     pub decay: Decay,
     /// Clip gradients to this global norm across all stages.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub clip_norm: Option<f64>,
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
