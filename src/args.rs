@@ -270,6 +270,14 @@ pub struct TrainArgs {
     /// an error saying what it waited for.
     #[arg(long, value_name = "SECS", default_value_t = 600)]
     pub timeout: u64,
+    /// The most bytes read out of an `.npz` data file, all arrays decompressed (a
+    /// decompression bomb stops with an error at this cap): `16GiB`, `512MiB`, `4096`.
+    #[arg(long, value_name = "SIZE", default_value = "16GiB", value_parser = parse_size)]
+    pub max_data_size: u64,
+}
+
+fn parse_size(text: &str) -> Result<u64, String> {
+    pipewright_passes::cluster::parse_bytes(text).map_err(|e| e.to_string())
 }
 
 #[derive(clap::Args)]
@@ -329,6 +337,7 @@ mod requests {
                 resume: self.resume.clone(),
                 threads: self.threads,
                 timeout: std::time::Duration::from_secs(self.timeout),
+                max_inflated: self.max_data_size,
             })
         }
     }

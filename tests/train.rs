@@ -173,6 +173,65 @@ fn a_diverging_run_stops_and_keeps_the_files() {
     assert!(snapshot(dir.path()) == before, "a diverging run changed a file of the build");
 }
 
+/// A .npy file's bytes: `descr`, C or Fortran order, `shape`, and zeros (or `data`).
+fn npy(descr: &str, fortran: bool, shape: &[usize], data: Option<Vec<u8>>) -> Vec<u8> {
+    let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
+    let tuple = if dims.len() == 1 { format!("({},)", dims[0]) } else { format!("({})", dims.join(", ")) };
+    let mut header = format!("{{'descr': '{descr}', 'fortran_order': {}, 'shape': {tuple}, }}", if fortran { "True" } else { "False" });
+    while (10 + header.len() + 1) % 64 != 0 {
+        header.push(' ');
+    }
+    header.push('\n');
+    let width: usize = descr[2..].parse().unwrap();
+    let mut b = b"\x93NUMPY\x01\x00".to_vec();
+    b.extend_from_slice(&(header.len() as u16).to_le_bytes());
+    b.extend_from_slice(header.as_bytes());
+    b.extend(data.unwrap_or_else(|| vec![0; shape.iter().product::<usize>() * width]));
+    b
+}
+
+/// Every .npy error says its cause through the CLI (half floats, big-endian, Fortran
+/// order, a header claiming more data than the file holds), and fractional float labels
+/// are refused for cross-entropy instead of being truncated to classes.
+#[test]
+fn data_errors_name_their_cause() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    compile(dir.path(), "2", "2bw", "none");
+    let labels: Vec<u8> = (0..32).flat_map(|i| (i as f32 % 10.0).to_le_bytes()).collect();
+    let fractional: Vec<u8> = (0..32).flat_map(|i| (i as f32 * 0.25).to_le_bytes()).collect();
+    for (what, input, label, needle) in [
+        ("f16", npy("<f2", false, &[32, 64], None), None, "dtype `<f2` is not supported"),
+        ("big-endian", npy(">f4", false, &[32, 64], None), None, "big-endian"),
+        ("fortran", npy("<f4", true, &[32, 64], None), None, "Fortran (column-major) order"),
+        ("short", npy("<f4", false, &[32, 64], Some(vec![0; 100])), None, "needs 8192 bytes of data, but the file holds 100"),
+        ("fractional", npy("<f4", false, &[32, 64], None), Some(npy("<f4", false, &[32], Some(fractional.clone()))), "label array `label` holds 0.25 (element 1), not a class id"),
+        ("whole", npy("<f4", false, &[32, 64], None), Some(npy("<f4", false, &[32], Some(labels.clone()))), ""),
+    ] {
+        let data = dir.path().join(format!("data-{what}"));
+        std::fs::create_dir_all(&data).unwrap();
+        std::fs::write(data.join("input.npy"), &input).unwrap();
+        if let Some(l) = &label {
+            std::fs::write(data.join("label.npy"), l).unwrap();
+        }
+        let mut args = vec!["train", dir.path().to_str().unwrap(), "--data", data.to_str().unwrap(), "--output", "linear_3", "--steps", "1", "--microbatch", "4", "--no-progress"];
+        if label.is_some() {
+            args.extend(["--label", "label"]);
+        } else {
+            args[3] = data.to_str().unwrap();
+        }
+        let out = pw(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        if needle.is_empty() {
+            // Whole-number float labels are class ids: they train.
+            assert!(out.status.success(), "{what}: {err}");
+            continue;
+        }
+        let last = err.lines().last().unwrap_or_default();
+        assert!(!out.status.success() && last.starts_with("error:") && last.contains(needle), "{what}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+}
+
 /// Copies the flat folder `from` to `to`.
 fn copy_dir(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();

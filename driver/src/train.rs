@@ -65,6 +65,8 @@ pub struct TrainRequest {
     pub threads: Option<usize>,
     /// How long a stage waits for a neighbour or a reduction before it stops with an error.
     pub timeout: Duration,
+    /// The most bytes decompressed from an `.npz` data file.
+    pub max_inflated: u64,
 }
 
 /// The run's configuration, built from the request and the build's shape.
@@ -214,7 +216,11 @@ fn batches(req: &TrainRequest, manifest: &Manifest, config: &TrainConfig, microb
         DataSource::Synthetic => synthetic(req, manifest, &config.loss.output, microbatch * per_batch * 4)?,
         DataSource::File(path) => {
             let inputs = manifest.input_specs().map_err(|e| DriverError::msg(format!("{MANIFEST_FILE}: {e}")))?;
-            Dataset::open(path, &inputs, req.label.as_deref())?
+            let data = Dataset::open_capped(path, &inputs, req.label.as_deref(), req.max_inflated)?;
+            if let (Loss::CrossEntropy, Some(label)) = (req.loss, &req.label) {
+                data.check_class_labels(label)?;
+            }
+            data
         }
     };
     let stream = data.into_batches(microbatch, per_batch, req.seed, Stop::Steps(req.steps))?.starting_at(start);
@@ -388,6 +394,7 @@ mod tests {
             resume: None,
             threads: Some(1),
             timeout: Duration::from_secs(60),
+            max_inflated: pipewright_runtime::data::DEFAULT_MAX_INFLATED,
         }
     }
 

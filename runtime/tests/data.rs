@@ -394,3 +394,58 @@ fn loads_the_digits_example() {
     // 1797 = 28 batches of 4 x 16 (+ 5 dropped).
     assert_eq!(d.batches(16, 4, 0, Stop::Epochs(1)).unwrap().count(), 28);
 }
+
+/// A .npy header whose shape claims more than the file holds (or overflows, or is
+/// negative) is refused before anything is allocated for it, saying which.
+#[test]
+fn npy_headers_claiming_more_than_the_file_holds_are_refused() {
+    let npy = |shape: &str, data: &[u8]| {
+        let mut header = format!("{{'descr': '<f4', 'fortran_order': False, 'shape': {shape}, }}");
+        while (10 + header.len() + 1) % 64 != 0 {
+            header.push(' ');
+        }
+        header.push('\n');
+        let mut b = b"\x93NUMPY\x01\x00".to_vec();
+        b.extend_from_slice(&(header.len() as u16).to_le_bytes());
+        b.extend_from_slice(header.as_bytes());
+        b.extend_from_slice(data);
+        b
+    };
+    let e = err_of(parse_npy(&npy("(1000000000000,)", &[0; 8])));
+    assert!(e.contains("needs 4000000000000 bytes of data, but the file holds 8"), "{e}");
+    let e = err_of(parse_npy(&npy("(4611686018427387904, 4611686018427387904)", &[0; 8])));
+    assert!(e.contains("more than 2^64") && e.contains("the file holds 8"), "{e}");
+    let e = err_of(parse_npy(&npy("(-2, 1)", &[0; 8])));
+    assert!(e.contains("bad .npy header") && e.contains("bad shape entry"), "{e}");
+    assert_eq!(parse_npy(&npy("(2,)", &[0; 8])).unwrap().shape, vec![2]);
+}
+
+/// An .npz that inflates past the cap (a decompression bomb: 64 MiB of zeros compress to
+/// about 64 KiB) is an error naming the member and the cap, not an abort; under a cap it
+/// fits, it loads.
+#[test]
+fn npz_decompression_is_capped() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bomb.npz");
+    let x = f32_array(&[16, 1 << 20], |_| 0.0);
+    write_npz(&path, &[("x", &x)], true);
+    assert!(std::fs::metadata(&path).unwrap().len() < 1 << 20);
+    let inputs = [spec("x", ElemType::F32, &[1 << 20])];
+    let e = err_of(Dataset::open_capped(&path, &inputs, None, 1 << 20));
+    assert!(e.contains("bomb.npz: member `x.npy`") && e.contains("more than 1048576 bytes"), "{e}");
+    assert_eq!(Dataset::open_capped(&path, &inputs, None, 80 << 20).unwrap().samples(), 16);
+}
+
+/// Float labels for cross-entropy must be whole class ids: 1.5 is refused naming the
+/// array and the value (it was truncated to class 1); whole floats pass; negatives fail.
+#[test]
+fn fractional_class_labels_are_refused() {
+    let with = |labels: &[f32]| Dataset::synthetic(&[spec("x", ElemType::F32, &[3])], 4, 0).unwrap().with_labels(Tensor::from_slice(labels)).unwrap();
+    let e = err_of(with(&[0.0, 1.5, 2.0, 1.0]).check_class_labels("label"));
+    assert!(e.contains("label array `label` holds 1.5 (element 1)"), "{e}");
+    let e = err_of(with(&[0.0, f32::NAN, 2.0, 1.0]).check_class_labels("label"));
+    assert!(e.contains("holds NaN"), "{e}");
+    let e = err_of(with(&[0.0, -1.0, 2.0, 1.0]).check_class_labels("label"));
+    assert!(e.contains("negative class id"), "{e}");
+    with(&[0.0, 1.0, 2.0, 3.0]).check_class_labels("label").unwrap();
+}
