@@ -326,15 +326,19 @@ fn stages_must_agree_on_their_tied_weights() {
     assert_eq!(e, "pipeline configuration: stages [0, 1] share tied weights, but stage 1 holds [] where stage 0 holds [\"w0\"]; recompile the model");
 }
 
-/// Stage modules whose headers disagree on the schedule (each with a valid checksum of
-/// its own) are refused together, naming the stage.
+/// Stage modules whose headers disagree on the schedule or the depth (each with a valid
+/// checksum of its own) are refused together, naming the stage.
 #[test]
-fn stages_must_agree_on_their_schedule() {
+fn stage_headers_are_cross_checked() {
     let data = dataset(STEPS, 2, None);
     let mut modules = stages(2, Schedule::TwoBw, Recompute::None);
     modules[1].header.params.schedule = Schedule::Flush;
     let e = train(modules, &cfg(Schedule::TwoBw, OptimizerConfig::sgd(), 0.1, STEPS), feed(&data), &mut |_| {}).unwrap_err().to_string();
     assert!(e.contains("stage 1: header says schedule flush, stage 0's says 2bw"), "{e}");
+    let mut modules = stages(2, Schedule::TwoBw, Recompute::None);
+    modules[1].header.params.depth = 3;
+    let e = train(modules, &cfg(Schedule::TwoBw, OptimizerConfig::sgd(), 0.1, STEPS), feed(&data), &mut |_| {}).unwrap_err().to_string();
+    assert!(e.contains("stage 1: header says stage 1 of 3, have 2 stages"), "{e}");
 }
 
 /// A kernel that fails at run time stops training with an error naming the stage, the
