@@ -449,3 +449,38 @@ fn fractional_class_labels_are_refused() {
     assert!(e.contains("negative class id"), "{e}");
     with(&[0.0, 1.0, 2.0, 3.0]).check_class_labels("label").unwrap();
 }
+
+/// A zip64 .npz member that claims 2^40 bytes (its real data is a few hundred bytes)
+/// made the loader reserve the claim up front and abort the process; the claim is not
+/// trusted now: the load reads the real bytes (or is an error naming the file), and the
+/// process lives.
+#[test]
+fn npz_member_claiming_a_huge_size_does_not_abort() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("claim.npz");
+    let (x, _) = toy();
+    write_npz(&path, &[("x", &x)], false);
+    let b = std::fs::read(&path).unwrap();
+    // The central directory entry: its uncompressed size becomes 0xFFFFFFFF with a zip64
+    // extra field (id 1) holding 2^40, and the end record's directory size grows by it.
+    let cd = b.windows(4).position(|w| w == b"PK\x01\x02").unwrap();
+    let eocd = b.windows(4).rposition(|w| w == b"PK\x05\x06").unwrap();
+    let name_len = u16::from_le_bytes([b[cd + 28], b[cd + 29]]) as usize;
+    let extra_len = u16::from_le_bytes([b[cd + 30], b[cd + 31]]);
+    let mut out = b[..cd + 46 + name_len].to_vec();
+    out[cd + 24..cd + 28].copy_from_slice(&u32::MAX.to_le_bytes());
+    out[cd + 30..cd + 32].copy_from_slice(&(extra_len + 12).to_le_bytes());
+    out.extend_from_slice(&[1, 0, 8, 0]);
+    out.extend_from_slice(&(1u64 << 40).to_le_bytes());
+    out.extend_from_slice(&b[cd + 46 + name_len..]);
+    let eocd = eocd + 12;
+    let size = u32::from_le_bytes(out[eocd + 12..eocd + 16].try_into().unwrap()) + 12;
+    out[eocd + 12..eocd + 16].copy_from_slice(&size.to_le_bytes());
+    std::fs::write(&path, &out).unwrap();
+    let mut zip = zip::ZipArchive::new(std::fs::File::open(&path).unwrap()).unwrap();
+    assert_eq!(zip.by_index(0).unwrap().size(), 1 << 40, "the crafted claim did not take");
+    match Dataset::open(&path, &[spec("x", ElemType::F32, &[3])], None) {
+        Ok(d) => assert_eq!(d.samples(), 10),
+        Err(e) => assert!(e.to_string().contains("claim.npz"), "{e}"),
+    }
+}
