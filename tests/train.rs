@@ -232,6 +232,23 @@ fn data_errors_name_their_cause() {
     }
 }
 
+/// `--max-data-size` caps the bytes decompressed from an .npz: the digits (475 KB
+/// inflated) are refused under a 100KiB cap naming the member and the cap, and train
+/// under the default.
+#[test]
+fn the_npz_decompression_cap_is_an_option() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    compile(dir.path(), "2", "flush", "none");
+    let data = root().join("examples/digits/digits.npz");
+    let out = pw(&train_args(dir.path(), &data, "1", &["--max-data-size", "100KiB"]));
+    let err = String::from_utf8_lossy(&out.stderr);
+    let last = err.lines().last().unwrap_or_default();
+    assert!(!out.status.success() && last.contains("digits.npz: member `input.npy`") && last.contains("more than 102400 bytes"), "{err}");
+    assert!(!dir.path().join("weights.safetensors").exists());
+    let out = pw(&train_args(dir.path(), &data, "1", &[]));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
 /// Copies the flat folder `from` to `to`.
 fn copy_dir(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();
