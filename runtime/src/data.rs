@@ -114,22 +114,29 @@ impl Dataset {
             if let Some(d) = shape.iter().find(|&&d| d < 0) {
                 bail!("synthetic input `{name}`: per-sample shape {shape:?} has a dynamic dimension ({d}); give a concrete size");
             }
-            let mut full = vec![samples as i64];
+            let mut full = vec![i64::try_from(samples).map_err(|_| anyhow!("synthetic data set: {samples} samples is too many"))?];
             full.extend_from_slice(shape);
-            let count: i64 = full.iter().product();
+            let count = full.iter().try_fold(1i64, |n, &d| n.checked_mul(d));
+            // Reserved fallibly: an absurd sample count is an error, not an abort.
+            let too_big = || anyhow!("synthetic input `{name}`: {samples} samples of per-sample shape {shape:?} cannot be allocated (too large for this machine)");
+            let count = count.and_then(|c| usize::try_from(c).ok()).ok_or_else(too_big)?;
             let mut rng = Rng::new(seed ^ (i as u64 + 1).wrapping_mul(0xA076_1D64_78BD_642F));
             let t = if elem.is_float() {
-                let v: Vec<f32> = (0..count).map(|_| rng.normal()).collect();
+                let mut v: Vec<f32> = Vec::new();
+                v.try_reserve_exact(count).map_err(|_| too_big())?;
+                v.extend((0..count).map(|_| rng.normal()));
                 Tensor::from_slice(&v).view(full.as_slice()).to_kind(kind(*elem)?)
             } else {
-                let v: Vec<i64> = match ints {
-                    IntFill::Zeros => vec![0; count as usize],
+                let mut v: Vec<i64> = Vec::new();
+                v.try_reserve_exact(count).map_err(|_| too_big())?;
+                match ints {
+                    IntFill::Zeros => v.resize(count, 0),
                     IntFill::Uniform(high) => {
                         let high = if *elem == ElemType::Bool { 2 } else { high };
                         if high <= 0 {
                             bail!("synthetic input `{name}`: integer range [0, {high}) is empty");
                         }
-                        (0..count).map(|_| rng.below(high as u64) as i64).collect()
+                        v.extend((0..count).map(|_| rng.below(high as u64) as i64));
                     }
                 };
                 Tensor::from_slice(&v).view(full.as_slice()).to_kind(kind(*elem)?)

@@ -484,3 +484,13 @@ fn npz_member_claiming_a_huge_size_does_not_abort() {
         Err(e) => assert!(e.to_string().contains("claim.npz"), "{e}"),
     }
 }
+
+/// Synthetic data for an absurd sample count is an error naming the input, not an abort
+/// (a --microbatch of 100,000,000 made the allocation fail and the process abort).
+#[test]
+fn absurd_synthetic_data_is_an_error_not_an_abort() {
+    let e = err_of(Dataset::synthetic(&[spec("x", ElemType::F32, &[1024])], 1 << 40, 0));
+    assert!(e.contains("synthetic input `x`") && e.contains("cannot be allocated"), "{e}");
+    let e = err_of(Dataset::synthetic(&[spec("ids", ElemType::I64, &[1 << 40])], 1 << 40, 0));
+    assert!(e.contains("synthetic input `ids`") && e.contains("cannot be allocated"), "{e}");
+}
