@@ -216,13 +216,14 @@ pub struct TrainArgs {
     /// gradients are averaged across copies before each update (default: the build's, else 1).
     #[arg(long)]
     pub replicas: Option<u64>,
-    #[arg(long, default_value_t = 0.05)]
+    // Negative values parse, so they get the range error that names the option.
+    #[arg(long, default_value_t = 0.05, allow_negative_numbers = true)]
     pub lr: f64,
     #[arg(long, value_enum, default_value_t = Optimizer::Sgd)]
     pub optimizer: Optimizer,
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     pub momentum: f64,
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     pub weight_decay: f64,
     /// Linear warm-up steps.
     #[arg(long, default_value_t = 0)]
@@ -231,7 +232,7 @@ pub struct TrainArgs {
     #[arg(long, value_enum, default_value_t = Decay::Constant)]
     pub decay: Decay,
     /// Clip gradients to this global norm across all stages.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub clip_norm: Option<f64>,
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -269,6 +270,14 @@ pub struct TrainArgs {
     /// an error saying what it waited for.
     #[arg(long, value_name = "SECS", default_value_t = 600)]
     pub timeout: u64,
+    /// The most bytes read out of an `.npz` data file, all arrays decompressed (a
+    /// decompression bomb stops with an error at this cap): `16GiB`, `512MiB`, `4096`.
+    #[arg(long, value_name = "SIZE", default_value = "16GiB", value_parser = parse_size)]
+    pub max_data_size: u64,
+}
+
+fn parse_size(text: &str) -> Result<u64, String> {
+    pipewright_passes::cluster::parse_bytes(text).map_err(|e| e.to_string())
 }
 
 #[derive(clap::Args)]
@@ -328,6 +337,7 @@ mod requests {
                 resume: self.resume.clone(),
                 threads: self.threads,
                 timeout: std::time::Duration::from_secs(self.timeout),
+                max_inflated: self.max_data_size,
             })
         }
     }

@@ -182,6 +182,48 @@ fn external_data_through_a_symlink_out_of_the_folder_is_refused() {
     assert_clean_error(&out, &path, &["tensor \"W\"", "\"link.bin\"", "escapes", "refused"]);
 }
 
+/// External data that is a FIFO (or any non-regular file) inside the model's folder is
+/// refused without opening it: opening a FIFO for reading blocked every command forever.
+#[cfg(unix)]
+#[test]
+fn external_data_that_is_a_fifo_is_refused_without_hanging() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("weights.bin");
+    let made = std::process::Command::new("mkfifo").arg(&fifo).status().expect("mkfifo runs");
+    assert!(made.success());
+    let path = gemm_model(tensor_external("W", &[4, 3], "weights.bin", None, None), tensor_f32("B", &[3], &B_VALUES)).write(dir.path(), "fifo.onnx");
+    // A hang would block this test forever; a watchdog turns it into a failure.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let p = path.clone();
+    std::thread::spawn(move || {
+        let _ = tx.send(inspect(&p, &[]));
+    });
+    let out = rx.recv_timeout(std::time::Duration::from_secs(60)).expect("inspect hung on a FIFO");
+    assert_clean_error(&out, &path, &["tensor \"W\"", "\"weights.bin\"", "not a regular file"]);
+    // A folder in its place too.
+    std::fs::remove_file(&fifo).unwrap();
+    std::fs::create_dir(&fifo).unwrap();
+    let out = inspect(&path, &[]);
+    assert_clean_error(&out, &path, &["tensor \"W\"", "not a regular file"]);
+}
+
+/// Two initializers of one name (the ONNX checker rejects it; the second copy used to win
+/// silently) are refused naming the name.
+#[test]
+fn duplicate_initializer_names_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = ModelBuilder::new(13)
+        .input_f32("x", &[2, 4])
+        .init(tensor_f32("W", &[4, 3], &W_VALUES))
+        .init(tensor_f32_zeros("W", &[4, 3]))
+        .init(tensor_f32("B", &[3], &B_VALUES))
+        .node(node("Gemm", "gemm", &["x", "W", "B"], &["y"]))
+        .output("y")
+        .write(dir.path(), "dup.onnx");
+    let out = inspect(&path, &[]);
+    assert_clean_error(&out, &path, &["\"W\"", "twice", "initializer"]);
+}
+
 #[test]
 fn cycle() {
     let dir = tempfile::tempdir().unwrap();

@@ -84,6 +84,269 @@ fn bad_training_input_is_one_clear_error() {
     }
 }
 
+/// Every file under `dir`, with its contents (to show a failed run changed nothing).
+fn snapshot(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).expect("readable folder").flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                todo.push(p);
+            } else {
+                out.push((p.clone(), std::fs::read(&p).expect("readable file")));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Numeric options are checked before training starts: a NaN, negative or out-of-range
+/// value, `--steps 0` and a microbatch no machine can hold are each one error naming the
+/// option, and no file of the build changes (the trained weights and checkpoints stay).
+#[test]
+fn numeric_options_are_checked_before_anything_is_written() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    compile(dir.path(), "2", "2bw", "none");
+    let data = root().join("examples/digits/digits.npz");
+    let out = pw(&train_args(dir.path(), &data, "2", &["--checkpoint-every", "1"]));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let before = snapshot(dir.path());
+    for (extra, needle) in [
+        (vec!["--momentum", "nan"], "--momentum NaN"),
+        (vec!["--momentum", "1.5"], "--momentum 1.5"),
+        (vec!["--lr", "nan"], "--lr NaN"),
+        (vec!["--lr", "-1"], "--lr -1"),
+        (vec!["--lr", "inf"], "--lr inf"),
+        (vec!["--weight-decay", "-0.1"], "--weight-decay -0.1"),
+        (vec!["--clip-norm", "-1"], "--clip-norm -1"),
+        (vec!["--clip-norm", "nan"], "--clip-norm NaN"),
+        (vec!["--warmup", "9"], "--warmup 9"),
+        (vec!["--steps", "0"], "--steps 0"),
+        (vec!["--microbatch", "100000000"], "--microbatch 100000000"),
+        (vec!["--microbatch", "18446744073709551615"], "--microbatch 18446744073709551615"),
+    ] {
+        let mut args = train_args(dir.path(), &data, "2", &[]);
+        // The later of two occurrences wins in clap only for some options; replace instead.
+        for pair in extra.chunks(2) {
+            match args.iter().position(|a| *a == pair[0]) {
+                Some(i) => args[i + 1] = pair[1],
+                None => args.extend_from_slice(pair),
+            }
+        }
+        let out = pw(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{extra:?} should fail");
+        let last = err.lines().last().unwrap_or_default();
+        assert!(last.starts_with("error:") && last.contains(needle), "{extra:?}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+        assert!(snapshot(dir.path()) == before, "{extra:?} changed a file of the build");
+    }
+    // Resuming at the last step trains nothing: refused, the weights stay.
+    let last = dir.path().join("checkpoints/step-000002");
+    let out = pw(&train_args(dir.path(), &data, "2", &["--resume", last.to_str().unwrap()]));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("--steps 2") && err.contains("already at step 2"), "{err}");
+    assert!(snapshot(dir.path()) == before, "resuming at the end changed a file");
+}
+
+/// An update that makes the weights non-finite (a rate so high the step overflows) stops
+/// the run naming the step and stage with a hint; neither the weights file nor any
+/// checkpoint is written.
+#[test]
+fn a_diverging_run_stops_and_keeps_the_files() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    compile(dir.path(), "2", "2bw", "none");
+    let data = root().join("examples/digits/digits.npz");
+    let out = pw(&train_args(dir.path(), &data, "2", &["--checkpoint-every", "1"]));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let before = snapshot(dir.path());
+    let mut args = train_args(dir.path(), &data, "3", &["--checkpoint-every", "1"]);
+    let i = args.iter().position(|a| *a == "--lr").unwrap();
+    args[i + 1] = "1e300";
+    let out = pw(&args);
+    let err = String::from_utf8_lossy(&out.stderr);
+    let last = err.lines().last().unwrap_or_default();
+    assert!(!out.status.success(), "a diverging run exited 0: {err}");
+    assert!(last.starts_with("error:") && last.contains("step 0, stage ") && last.contains("not") && last.contains("--lr"), "{err}");
+    assert!(snapshot(dir.path()) == before, "a diverging run changed a file of the build");
+}
+
+/// A .npy file's bytes: `descr`, C or Fortran order, `shape`, and zeros (or `data`).
+fn npy(descr: &str, fortran: bool, shape: &[usize], data: Option<Vec<u8>>) -> Vec<u8> {
+    let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
+    let tuple = if dims.len() == 1 { format!("({},)", dims[0]) } else { format!("({})", dims.join(", ")) };
+    let mut header = format!("{{'descr': '{descr}', 'fortran_order': {}, 'shape': {tuple}, }}", if fortran { "True" } else { "False" });
+    while (10 + header.len() + 1) % 64 != 0 {
+        header.push(' ');
+    }
+    header.push('\n');
+    let width: usize = descr[2..].parse().unwrap();
+    let mut b = b"\x93NUMPY\x01\x00".to_vec();
+    b.extend_from_slice(&(header.len() as u16).to_le_bytes());
+    b.extend_from_slice(header.as_bytes());
+    b.extend(data.unwrap_or_else(|| vec![0; shape.iter().product::<usize>() * width]));
+    b
+}
+
+/// Every .npy error says its cause through the CLI (half floats, big-endian, Fortran
+/// order, a header claiming more data than the file holds), and fractional float labels
+/// are refused for cross-entropy instead of being truncated to classes.
+#[test]
+fn data_errors_name_their_cause() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    compile(dir.path(), "2", "2bw", "none");
+    let labels: Vec<u8> = (0..32).flat_map(|i| (i as f32 % 10.0).to_le_bytes()).collect();
+    let fractional: Vec<u8> = (0..32).flat_map(|i| (i as f32 * 0.25).to_le_bytes()).collect();
+    for (what, input, label, needle) in [
+        ("f16", npy("<f2", false, &[32, 64], None), None, "dtype `<f2` is not supported"),
+        ("big-endian", npy(">f4", false, &[32, 64], None), None, "big-endian"),
+        ("fortran", npy("<f4", true, &[32, 64], None), None, "Fortran (column-major) order"),
+        ("short", npy("<f4", false, &[32, 64], Some(vec![0; 100])), None, "needs 8192 bytes of data, but the file holds 100"),
+        ("fractional", npy("<f4", false, &[32, 64], None), Some(npy("<f4", false, &[32], Some(fractional.clone()))), "label array `label` holds 0.25 (element 1), not a class id"),
+        ("whole", npy("<f4", false, &[32, 64], None), Some(npy("<f4", false, &[32], Some(labels.clone()))), ""),
+    ] {
+        let data = dir.path().join(format!("data-{what}"));
+        std::fs::create_dir_all(&data).unwrap();
+        std::fs::write(data.join("input.npy"), &input).unwrap();
+        if let Some(l) = &label {
+            std::fs::write(data.join("label.npy"), l).unwrap();
+        }
+        let mut args = vec!["train", dir.path().to_str().unwrap(), "--data", data.to_str().unwrap(), "--output", "linear_3", "--steps", "1", "--microbatch", "4", "--no-progress"];
+        if label.is_some() {
+            args.extend(["--label", "label"]);
+        } else {
+            args[3] = data.to_str().unwrap();
+        }
+        let out = pw(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        if needle.is_empty() {
+            // Whole-number float labels are class ids: they train.
+            assert!(out.status.success(), "{what}: {err}");
+            continue;
+        }
+        let last = err.lines().last().unwrap_or_default();
+        assert!(!out.status.success() && last.starts_with("error:") && last.contains(needle), "{what}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+}
+
+/// `--max-data-size` caps the bytes decompressed from an .npz: the digits (475 KB
+/// inflated) are refused under a 100KiB cap naming the member and the cap, and train
+/// under the default.
+#[test]
+fn the_npz_decompression_cap_is_an_option() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    compile(dir.path(), "2", "flush", "none");
+    let data = root().join("examples/digits/digits.npz");
+    let out = pw(&train_args(dir.path(), &data, "1", &["--max-data-size", "100KiB"]));
+    let err = String::from_utf8_lossy(&out.stderr);
+    let last = err.lines().last().unwrap_or_default();
+    assert!(!out.status.success() && last.contains("digits.npz: member `input.npy`") && last.contains("more than 102400 bytes"), "{err}");
+    assert!(!dir.path().join("weights.safetensors").exists());
+    let out = pw(&train_args(dir.path(), &data, "1", &[]));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// Copies the flat folder `from` to `to`.
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap().flatten() {
+        std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+    }
+}
+
+/// A damaged or tampered checkpoint is refused on resume naming the file: a flipped bit,
+/// an edited step (with or without the folder renamed), a stage file from another step,
+/// and a run with other settings; the weights file is left as it was.
+#[test]
+fn damaged_checkpoints_are_refused_naming_the_file() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    compile(dir.path(), "2", "2bw", "none");
+    let data = root().join("examples/digits/digits.npz");
+    let out = pw(&train_args(dir.path(), &data, "4", &["--checkpoint-every", "1"]));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let ckpts = dir.path().join("checkpoints");
+    let weights = dir.path().join("weights.safetensors");
+    let trained = std::fs::read(&weights).unwrap();
+    let bad = tempfile::tempdir().expect("temp dir");
+    let case = |name: &str, edit: &dyn Fn(&Path)| -> PathBuf {
+        let step = bad.path().join(name).join("step-000002");
+        copy_dir(&ckpts.join("step-000002"), &step);
+        edit(&step);
+        step
+    };
+    let flipped = case("flip", &|d| {
+        let p = d.join("stage1.safetensors");
+        let mut b = std::fs::read(&p).unwrap();
+        let i = b.len() - 5;
+        b[i] ^= 0x10;
+        std::fs::write(&p, b).unwrap();
+    });
+    let edit_step = |d: &Path| {
+        let p = d.join("checkpoint.json");
+        let text = std::fs::read_to_string(&p).unwrap().replace("\"step\": 2", "\"step\": 3");
+        std::fs::write(&p, text).unwrap();
+    };
+    let edited = case("edit", &edit_step);
+    let renamed = {
+        let d = case("rename", &edit_step);
+        let to = d.with_file_name("step-000003");
+        std::fs::rename(&d, &to).unwrap();
+        to
+    };
+    let mixed = case("mix", &|d| {
+        std::fs::copy(ckpts.join("step-000003/stage0.safetensors"), d.join("stage0.safetensors")).unwrap();
+    });
+    for (what, step, needle) in [
+        ("flipped bit", &flipped, "stage1.safetensors: checksum"),
+        ("edited step", &edited, "checkpoint.json: says step 3, but the folder is step 2"),
+        ("edited step, renamed folder", &renamed, "stage0.safetensors: holds step 2, the manifest says step 3"),
+        ("mixed steps", &mixed, "stage0.safetensors"),
+    ] {
+        let out = pw(&train_args(dir.path(), &data, "4", &["--resume", step.to_str().unwrap()]));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{what}: resumed: {err}");
+        let last = err.lines().last().unwrap_or_default();
+        assert!(last.starts_with("error:") && last.contains(needle), "{what}: {err}");
+        assert!(std::fs::read(&weights).unwrap() == trained, "{what}: the weights file changed");
+    }
+    // Other settings than the checkpoint's run: refused naming them.
+    let second = ckpts.join("step-000002");
+    let mut args = train_args(dir.path(), &data, "4", &["--resume", second.to_str().unwrap()]);
+    let i = args.iter().position(|a| *a == "--lr").unwrap();
+    args[i + 1] = "0.01";
+    let out = pw(&args);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("lr 0.003 (this run: 0.01)"), "{err}");
+    assert!(std::fs::read(&weights).unwrap() == trained, "other settings: the weights file changed");
+}
+
+/// Temporary checkpoint folders of a writer that died (a kill -9 mid-checkpoint) are
+/// removed by the next run writing checkpoints there; a live process's are kept.
+#[test]
+fn stale_temporary_checkpoint_folders_are_removed() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    compile(dir.path(), "2", "flush", "none");
+    let data = root().join("examples/digits/digits.npz");
+    let ckpts = dir.path().join("checkpoints");
+    // No process has a pid above the kernel's limit (at most 2^22).
+    let dead = [ckpts.join(".step-000005.tmp-999999999"), ckpts.join("step-000004.old-999999998")];
+    let live = ckpts.join(format!(".step-000005.tmp-{}", std::process::id()));
+    for d in dead.iter().chain([&live]) {
+        std::fs::create_dir_all(d).unwrap();
+        std::fs::write(d.join("stage0.safetensors"), b"partial").unwrap();
+    }
+    let out = pw(&train_args(dir.path(), &data, "2", &["--checkpoint-every", "1"]));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    for d in &dead {
+        assert!(!d.exists(), "{} was left behind", d.display());
+    }
+    assert!(live.is_dir(), "a live process's temporary folder was removed");
+    assert!(ckpts.join("step-000002/checkpoint.json").is_file());
+}
+
 /// Trained weights go back into the ONNX model: a pipeline compiled from the exported
 /// model starts where the first training ended.
 #[test]

@@ -65,10 +65,14 @@ pub struct TrainRequest {
     pub threads: Option<usize>,
     /// How long a stage waits for a neighbour or a reduction before it stops with an error.
     pub timeout: Duration,
+    /// The most bytes decompressed from an `.npz` data file.
+    pub max_inflated: u64,
 }
 
 /// The run's configuration, built from the request and the build's shape.
 fn config(req: &TrainRequest, manifest: &Manifest, shape: &RunShape, build: &Path) -> Result<TrainConfig, DriverError> {
+    check_numbers(req)?;
+    check_step_size(req, manifest, shape)?;
     let output = loss_output(req, manifest)?;
     let mut cfg = TrainConfig::new(manifest.pipeline.schedule, Objective::new(req.loss, output), req.lr, req.steps);
     cfg.optimizer = req.optimizer;
@@ -94,6 +98,72 @@ fn config(req: &TrainRequest, manifest: &Manifest, shape: &RunShape, build: &Pat
         cfg.checkpoint_dir = Some(req.checkpoint_dir.clone().unwrap_or_else(|| build.join("checkpoints")));
     }
     Ok(cfg)
+}
+
+/// Refuses numeric options that would train silently wrong or do nothing: a NaN or
+/// negative rate or momentum turns every weight into NaN while the loss still prints
+/// finite, and `--steps 0` would replace the trained weights with an empty file.
+fn check_numbers(req: &TrainRequest) -> Result<(), DriverError> {
+    let bad = |option: &str, value: f64, range: &str| DriverError::msg(format!("--{option} {value}: must be {range}"));
+    if !(req.lr.is_finite() && req.lr > 0.0) {
+        return Err(bad("lr", req.lr, "a finite number above 0"));
+    }
+    let momentum = req.optimizer.momentum;
+    if !(momentum.is_finite() && (0.0..1.0).contains(&momentum)) {
+        return Err(bad("momentum", momentum, "a finite number in [0, 1)"));
+    }
+    let decay = req.optimizer.weight_decay;
+    if !(decay.is_finite() && decay >= 0.0) {
+        return Err(bad("weight-decay", decay, "a finite number of at least 0"));
+    }
+    if let Some(clip) = req.clip_norm {
+        if !(clip.is_finite() && clip > 0.0) {
+            return Err(bad("clip-norm", clip, "a finite number above 0"));
+        }
+    }
+    if req.steps == 0 {
+        return Err(DriverError::msg("--steps 0: must be at least 1 (nothing would be trained, and the weights file would be replaced)"));
+    }
+    if req.warmup > req.steps {
+        return Err(DriverError::msg(format!("--warmup {}: must be at most --steps ({})", req.warmup, req.steps)));
+    }
+    Ok(())
+}
+
+/// Refuses a microbatch size whose step cannot be held in memory before anything is
+/// allocated: an absurd `--microbatch` made the data loader abort the process (allocation
+/// failure) instead of reporting. The bound is the step's input bytes (synthetic data
+/// holds four steps) against the machine's memory where the system says it.
+fn check_step_size(req: &TrainRequest, manifest: &Manifest, shape: &RunShape) -> Result<(), DriverError> {
+    let (b, m, w) = (shape.microbatch.value, shape.microbatches.value, shape.replicas.value);
+    let held = if req.data == DataSource::Synthetic { 4 } else { 1 };
+    let inputs = manifest.input_specs().map_err(|e| DriverError::msg(format!("{MANIFEST_FILE}: {e}")))?;
+    // A dynamic per-sample dimension counts as 1: the bound is then a lower bound.
+    let per_sample = inputs.iter().try_fold(0u64, |sum, i| {
+        i.per_sample.iter().try_fold(i.elem.size_bytes().max(1) as u64, |n, &d| n.checked_mul(d.max(1) as u64)).and_then(|n| sum.checked_add(n))
+    });
+    let bytes = per_sample.and_then(|p| p.checked_mul(b)?.checked_mul(m)?.checked_mul(w)?.checked_mul(held));
+    let limit = memory_bytes();
+    match (bytes, limit) {
+        (None, _) => Err(DriverError::msg(format!(
+            "--microbatch {b}: {b} samples x {m} microbatches x {w} replicas of input data overflow 64-bit sizes; give a smaller --microbatch"
+        ))),
+        (Some(n), Some(limit)) if n > limit => Err(DriverError::msg(format!(
+            "--microbatch {b}: the training data for one step ({b} samples x {m} microbatches x {w} replicas{}) needs {:.1} GiB, more than this machine's {:.1} GiB of memory; give a smaller --microbatch",
+            if held > 1 { ", synthetic data holding 4 steps" } else { "" },
+            n as f64 / (1u64 << 30) as f64,
+            limit as f64 / (1u64 << 30) as f64
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// Total memory of this machine (`MemTotal` of /proc/meminfo), where the system says it.
+fn memory_bytes() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
 }
 
 /// Classes of synthetic labels when neither the request nor the output's shape says.
@@ -146,7 +216,11 @@ fn batches(req: &TrainRequest, manifest: &Manifest, config: &TrainConfig, microb
         DataSource::Synthetic => synthetic(req, manifest, &config.loss.output, microbatch * per_batch * 4)?,
         DataSource::File(path) => {
             let inputs = manifest.input_specs().map_err(|e| DriverError::msg(format!("{MANIFEST_FILE}: {e}")))?;
-            Dataset::open(path, &inputs, req.label.as_deref())?
+            let data = Dataset::open_capped(path, &inputs, req.label.as_deref(), req.max_inflated)?;
+            if let (Loss::CrossEntropy, Some(label)) = (req.loss, &req.label) {
+                data.check_class_labels(label)?;
+            }
+            data
         }
     };
     let stream = data.into_batches(microbatch, per_batch, req.seed, Stop::Steps(req.steps))?.starting_at(start);
@@ -179,6 +253,10 @@ impl Session {
             None => None,
         };
         let start = checkpoint.as_ref().map_or(0, |c| c.step as usize);
+        if start >= req.steps {
+            // Training nothing would still replace the weights file with an empty one.
+            return Err(DriverError::msg(format!("--steps {}: the checkpoint resumed from is already at step {start}; give a larger --steps", req.steps)));
+        }
         let (b, m, w) = (size(shape.microbatch.value), size(shape.microbatches.value), size(shape.replicas.value));
         let batches = batches(req, &build.manifest, &config, b, m * w, start)?;
         let workers = build.modules.len() * w;
@@ -316,6 +394,7 @@ mod tests {
             resume: None,
             threads: Some(1),
             timeout: Duration::from_secs(60),
+            max_inflated: pipewright_runtime::data::DEFAULT_MAX_INFLATED,
         }
     }
 

@@ -7,6 +7,11 @@
 //! and `|u1 |b1`; C order only). An `.npz` is a zip of `.npy` files (stored or deflated).
 //!
 //! Everything lives on the CPU; the caller moves microbatches to their devices.
+//!
+//! Every allocation is bounded by what the file can hold: an `.npz` member is read in
+//! chunks (its claimed size is never trusted: a 1 KB zip64 entry can claim 2^40 bytes),
+//! and the bytes decompressed from one archive stop at a cap ([`DEFAULT_MAX_INFLATED`],
+//! or [`Dataset::open_capped`]'s) so a decompression bomb is an error, not an abort.
 
 use std::collections::BTreeMap;
 use std::fmt::{Display, Write as _};
@@ -67,6 +72,11 @@ pub enum IntFill {
     Uniform(i64),
 }
 
+/// The most bytes read out of one `.npz` archive (all its members decompressed) unless
+/// the caller gives another cap: far above any training set the 8x8 digits or the
+/// corpus need, far below what inflating a crafted archive would take.
+pub const DEFAULT_MAX_INFLATED: u64 = 16 << 30;
+
 /// Named arrays sharing a first (sample) dimension.
 pub struct Dataset {
     /// Input arrays `[samples, ...]`, in the order the caller asked for them.
@@ -104,22 +114,29 @@ impl Dataset {
             if let Some(d) = shape.iter().find(|&&d| d < 0) {
                 bail!("synthetic input `{name}`: per-sample shape {shape:?} has a dynamic dimension ({d}); give a concrete size");
             }
-            let mut full = vec![samples as i64];
+            let mut full = vec![i64::try_from(samples).map_err(|_| anyhow!("synthetic data set: {samples} samples is too many"))?];
             full.extend_from_slice(shape);
-            let count: i64 = full.iter().product();
+            let count = full.iter().try_fold(1i64, |n, &d| n.checked_mul(d));
+            // Reserved fallibly: an absurd sample count is an error, not an abort.
+            let too_big = || anyhow!("synthetic input `{name}`: {samples} samples of per-sample shape {shape:?} cannot be allocated (too large for this machine)");
+            let count = count.and_then(|c| usize::try_from(c).ok()).ok_or_else(too_big)?;
             let mut rng = Rng::new(seed ^ (i as u64 + 1).wrapping_mul(0xA076_1D64_78BD_642F));
             let t = if elem.is_float() {
-                let v: Vec<f32> = (0..count).map(|_| rng.normal()).collect();
+                let mut v: Vec<f32> = Vec::new();
+                v.try_reserve_exact(count).map_err(|_| too_big())?;
+                v.extend((0..count).map(|_| rng.normal()));
                 Tensor::from_slice(&v).view(full.as_slice()).to_kind(kind(*elem)?)
             } else {
-                let v: Vec<i64> = match ints {
-                    IntFill::Zeros => vec![0; count as usize],
+                let mut v: Vec<i64> = Vec::new();
+                v.try_reserve_exact(count).map_err(|_| too_big())?;
+                match ints {
+                    IntFill::Zeros => v.resize(count, 0),
                     IntFill::Uniform(high) => {
                         let high = if *elem == ElemType::Bool { 2 } else { high };
                         if high <= 0 {
                             bail!("synthetic input `{name}`: integer range [0, {high}) is empty");
                         }
-                        (0..count).map(|_| rng.below(high as u64) as i64).collect()
+                        v.extend((0..count).map(|_| rng.below(high as u64) as i64));
                     }
                 };
                 Tensor::from_slice(&v).view(full.as_slice()).to_kind(kind(*elem)?)
@@ -161,6 +178,35 @@ impl Dataset {
         Ok(self)
     }
 
+    /// Checks labels are class ids for cross-entropy: float labels must hold whole,
+    /// non-negative numbers (a fractional label was silently truncated to a class).
+    pub fn check_class_labels(&self, name: &str) -> Result<()> {
+        let Some(y) = &self.labels else { return Ok(()) };
+        if y.numel() == 0 {
+            return Ok(());
+        }
+        let flat = y.flatten(0, -1);
+        if y.is_floating_point() {
+            let y64 = flat.to_kind(Kind::Double);
+            let bad = y64.isfinite().logical_not().logical_or(&(&y64 - y64.floor()).ne(0.0));
+            if bad.any().int64_value(&[]) != 0 {
+                let i = bad.to_kind(Kind::Int64).argmax(0, false).int64_value(&[]);
+                let v = y64.double_value(&[i]);
+                bail!(
+                    "{}: label array `{name}` holds {v} (element {i}), not a class id; cross-entropy needs whole numbers (integer labels, or --loss mse for real-valued targets)",
+                    self.source
+                );
+            }
+        }
+        if y.kind() != Kind::Bool {
+            let min = flat.to_kind(Kind::Double).min().double_value(&[]);
+            if min < 0.0 {
+                bail!("{}: label array `{name}` holds {min}, a negative class id", self.source);
+            }
+        }
+        Ok(())
+    }
+
     /// Sets (or replaces) the labels; their first dimension must be the sample count.
     pub fn with_labels(mut self, labels: Tensor) -> Result<Dataset> {
         let n = labels.size().first().copied();
@@ -174,11 +220,16 @@ impl Dataset {
     /// Loads by file kind: a folder or `.npy` file ([`Dataset::from_npy`]), `.npz`, or
     /// `.safetensors`.
     pub fn open(path: &Path, inputs: &[InputSpec], label: Option<&str>) -> Result<Dataset> {
+        Self::open_capped(path, inputs, label, DEFAULT_MAX_INFLATED)
+    }
+
+    /// [`Dataset::open`] with at most `max_inflated` bytes decompressed from an `.npz`.
+    pub fn open_capped(path: &Path, inputs: &[InputSpec], label: Option<&str>, max_inflated: u64) -> Result<Dataset> {
         let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("").to_ascii_lowercase();
         if path.is_dir() || ext == "npy" {
             Self::from_npy(&[path], inputs, label)
         } else if ext == "npz" {
-            Self::from_npz(path, inputs, label)
+            Self::from_npz_capped(path, inputs, label, max_inflated)
         } else if ext == "safetensors" {
             Self::from_safetensors(path, inputs, label)
         } else {
@@ -189,6 +240,12 @@ impl Dataset {
     /// Loads `inputs` (by graph input name) and the `label` array from an `.npz` archive
     /// (member `NAME.npy` holds array `NAME`).
     pub fn from_npz(path: &Path, inputs: &[InputSpec], label: Option<&str>) -> Result<Dataset> {
+        Self::from_npz_capped(path, inputs, label, DEFAULT_MAX_INFLATED)
+    }
+
+    /// [`Dataset::from_npz`] reading at most `max_inflated` bytes out of the archive (all
+    /// members together).
+    pub fn from_npz_capped(path: &Path, inputs: &[InputSpec], label: Option<&str>, max_inflated: u64) -> Result<Dataset> {
         let file = std::fs::File::open(path).with_context(|| format!("{}: cannot open", path.display()))?;
         let mut zip = zip::ZipArchive::new(file).map_err(|e| anyhow!("{}: not a valid .npz (zip) archive: {e}", path.display()))?;
         let mut members = BTreeMap::new();
@@ -198,11 +255,17 @@ impl Dataset {
             members.insert(array, name);
         }
         let shown = path.display().to_string();
+        let mut left = max_inflated;
         Self::assemble(&shown, members.keys().cloned().collect(), inputs, label, |array| {
             let member = &members[array];
-            let mut f = zip.by_name(member).map_err(|e| anyhow!("{shown}: member `{member}`: {e}"))?;
-            let mut bytes = Vec::with_capacity(f.size() as usize);
-            f.read_to_end(&mut bytes).map_err(|e| anyhow!("{shown}: member `{member}`: {e}"))?;
+            let f = zip.by_name(member).map_err(|e| anyhow!("{shown}: member `{member}`: {e}"))?;
+            let bytes = read_bounded(f, &mut left).map_err(|e| match e {
+                Bounded::Cap => anyhow!(
+                    "{shown}: member `{member}`: the archive decompresses to more than {max_inflated} bytes (the cap on data read from one .npz; a decompression bomb, or a data set that needs a higher cap)"
+                ),
+                Bounded::Alloc(n) => anyhow!("{shown}: member `{member}`: cannot allocate {n} bytes for it"),
+                Bounded::Io(e) => anyhow!("{shown}: member `{member}`: {e}"),
+            })?;
             parse_npy(&bytes).with_context(|| format!("{shown}: array `{array}`"))
         })
     }
@@ -449,6 +512,43 @@ impl<D: std::ops::Deref<Target = Dataset>> Iterator for Batches<D> {
 
 impl<D: std::ops::Deref<Target = Dataset>> ExactSizeIterator for Batches<D> {}
 
+/// Why [`read_bounded`] stopped.
+enum Bounded {
+    /// More than the bytes left under the cap.
+    Cap,
+    /// The allocator refused this many bytes.
+    Alloc(usize),
+    Io(std::io::Error),
+}
+
+/// Reads `r` to its end in chunks, never holding more than `left` bytes (which it lowers
+/// by what was read) and never reserving more than was actually read plus one chunk: the
+/// size a zip entry claims is not trusted, and a refused allocation is an error, not an
+/// abort.
+fn read_bounded(mut r: impl Read, left: &mut u64) -> std::result::Result<Vec<u8>, Bounded> {
+    const CHUNK: usize = 1 << 20;
+    let mut out: Vec<u8> = Vec::new();
+    let mut buf = vec![0u8; CHUNK];
+    loop {
+        let n = match r.read(&mut buf) {
+            Ok(0) => return Ok(out),
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(Bounded::Io(e)),
+        };
+        if n as u64 > *left {
+            return Err(Bounded::Cap);
+        }
+        *left -= n as u64;
+        // Grow geometrically (amortized), but through try_reserve so a refusal reports.
+        if out.capacity() - out.len() < n {
+            let want = out.len().max(n);
+            out.try_reserve(want).map_err(|_| Bounded::Alloc(out.len() + want))?;
+        }
+        out.extend_from_slice(&buf[..n]);
+    }
+}
+
 fn kind(elem: ElemType) -> Result<Kind> {
     crate::exec::torch_kind(elem).map_err(|e| anyhow!("{e}"))
 }
@@ -567,11 +667,13 @@ pub fn parse_npy(bytes: &[u8]) -> Result<RawArray> {
         ),
         d => bail!("dtype `{d}` is not supported (supported: <f4 <f8 <i8 <i4 |u1 |b1)"),
     };
-    let count = shape.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d as usize)).ok_or_else(|| anyhow!("shape {shape:?} is too large"))?;
-    let want = count * elem.size_bytes();
+    // The shape is checked against the bytes the file holds before anything is
+    // allocated for it.
     let data = &bytes[end..];
-    if data.len() != want {
-        bail!("data is {} bytes, but shape {shape:?} of {descr} needs {want}", data.len());
+    let want = shape.iter().try_fold(elem.size_bytes(), |acc, &d| acc.checked_mul(d as usize));
+    if want != Some(data.len()) {
+        let want = want.map_or("more than 2^64".to_string(), |w| w.to_string());
+        bail!("the header's shape {shape:?} of {descr} needs {want} bytes of data, but the file holds {}", data.len());
     }
     if elem == ElemType::Bool {
         if let Some(b) = data.iter().find(|&&b| b > 1) {

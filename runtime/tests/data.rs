@@ -394,3 +394,103 @@ fn loads_the_digits_example() {
     // 1797 = 28 batches of 4 x 16 (+ 5 dropped).
     assert_eq!(d.batches(16, 4, 0, Stop::Epochs(1)).unwrap().count(), 28);
 }
+
+/// A .npy header whose shape claims more than the file holds (or overflows, or is
+/// negative) is refused before anything is allocated for it, saying which.
+#[test]
+fn npy_headers_claiming_more_than_the_file_holds_are_refused() {
+    let npy = |shape: &str, data: &[u8]| {
+        let mut header = format!("{{'descr': '<f4', 'fortran_order': False, 'shape': {shape}, }}");
+        while (10 + header.len() + 1) % 64 != 0 {
+            header.push(' ');
+        }
+        header.push('\n');
+        let mut b = b"\x93NUMPY\x01\x00".to_vec();
+        b.extend_from_slice(&(header.len() as u16).to_le_bytes());
+        b.extend_from_slice(header.as_bytes());
+        b.extend_from_slice(data);
+        b
+    };
+    let e = err_of(parse_npy(&npy("(1000000000000,)", &[0; 8])));
+    assert!(e.contains("needs 4000000000000 bytes of data, but the file holds 8"), "{e}");
+    let e = err_of(parse_npy(&npy("(4611686018427387904, 4611686018427387904)", &[0; 8])));
+    assert!(e.contains("more than 2^64") && e.contains("the file holds 8"), "{e}");
+    let e = err_of(parse_npy(&npy("(-2, 1)", &[0; 8])));
+    assert!(e.contains("bad .npy header") && e.contains("bad shape entry"), "{e}");
+    assert_eq!(parse_npy(&npy("(2,)", &[0; 8])).unwrap().shape, vec![2]);
+}
+
+/// An .npz that inflates past the cap (a decompression bomb: 64 MiB of zeros compress to
+/// about 64 KiB) is an error naming the member and the cap, not an abort; under a cap it
+/// fits, it loads.
+#[test]
+fn npz_decompression_is_capped() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bomb.npz");
+    let x = f32_array(&[16, 1 << 20], |_| 0.0);
+    write_npz(&path, &[("x", &x)], true);
+    assert!(std::fs::metadata(&path).unwrap().len() < 1 << 20);
+    let inputs = [spec("x", ElemType::F32, &[1 << 20])];
+    let e = err_of(Dataset::open_capped(&path, &inputs, None, 1 << 20));
+    assert!(e.contains("bomb.npz: member `x.npy`") && e.contains("more than 1048576 bytes"), "{e}");
+    assert_eq!(Dataset::open_capped(&path, &inputs, None, 80 << 20).unwrap().samples(), 16);
+}
+
+/// Float labels for cross-entropy must be whole class ids: 1.5 is refused naming the
+/// array and the value (it was truncated to class 1); whole floats pass; negatives fail.
+#[test]
+fn fractional_class_labels_are_refused() {
+    let with = |labels: &[f32]| Dataset::synthetic(&[spec("x", ElemType::F32, &[3])], 4, 0).unwrap().with_labels(Tensor::from_slice(labels)).unwrap();
+    let e = err_of(with(&[0.0, 1.5, 2.0, 1.0]).check_class_labels("label"));
+    assert!(e.contains("label array `label` holds 1.5 (element 1)"), "{e}");
+    let e = err_of(with(&[0.0, f32::NAN, 2.0, 1.0]).check_class_labels("label"));
+    assert!(e.contains("holds NaN"), "{e}");
+    let e = err_of(with(&[0.0, -1.0, 2.0, 1.0]).check_class_labels("label"));
+    assert!(e.contains("negative class id"), "{e}");
+    with(&[0.0, 1.0, 2.0, 3.0]).check_class_labels("label").unwrap();
+}
+
+/// A zip64 .npz member that claims 2^40 bytes (its real data is a few hundred bytes)
+/// made the loader reserve the claim up front and abort the process; the claim is not
+/// trusted now: the load reads the real bytes (or is an error naming the file), and the
+/// process lives.
+#[test]
+fn npz_member_claiming_a_huge_size_does_not_abort() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("claim.npz");
+    let (x, _) = toy();
+    write_npz(&path, &[("x", &x)], false);
+    let b = std::fs::read(&path).unwrap();
+    // The central directory entry: its uncompressed size becomes 0xFFFFFFFF with a zip64
+    // extra field (id 1) holding 2^40, and the end record's directory size grows by it.
+    let cd = b.windows(4).position(|w| w == b"PK\x01\x02").unwrap();
+    let eocd = b.windows(4).rposition(|w| w == b"PK\x05\x06").unwrap();
+    let name_len = u16::from_le_bytes([b[cd + 28], b[cd + 29]]) as usize;
+    let extra_len = u16::from_le_bytes([b[cd + 30], b[cd + 31]]);
+    let mut out = b[..cd + 46 + name_len].to_vec();
+    out[cd + 24..cd + 28].copy_from_slice(&u32::MAX.to_le_bytes());
+    out[cd + 30..cd + 32].copy_from_slice(&(extra_len + 12).to_le_bytes());
+    out.extend_from_slice(&[1, 0, 8, 0]);
+    out.extend_from_slice(&(1u64 << 40).to_le_bytes());
+    out.extend_from_slice(&b[cd + 46 + name_len..]);
+    let eocd = eocd + 12;
+    let size = u32::from_le_bytes(out[eocd + 12..eocd + 16].try_into().unwrap()) + 12;
+    out[eocd + 12..eocd + 16].copy_from_slice(&size.to_le_bytes());
+    std::fs::write(&path, &out).unwrap();
+    let mut zip = zip::ZipArchive::new(std::fs::File::open(&path).unwrap()).unwrap();
+    assert_eq!(zip.by_index(0).unwrap().size(), 1 << 40, "the crafted claim did not take");
+    match Dataset::open(&path, &[spec("x", ElemType::F32, &[3])], None) {
+        Ok(d) => assert_eq!(d.samples(), 10),
+        Err(e) => assert!(e.to_string().contains("claim.npz"), "{e}"),
+    }
+}
+
+/// Synthetic data for an absurd sample count is an error naming the input, not an abort
+/// (a --microbatch of 100,000,000 made the allocation fail and the process abort).
+#[test]
+fn absurd_synthetic_data_is_an_error_not_an_abort() {
+    let e = err_of(Dataset::synthetic(&[spec("x", ElemType::F32, &[1024])], 1 << 40, 0));
+    assert!(e.contains("synthetic input `x`") && e.contains("cannot be allocated"), "{e}");
+    let e = err_of(Dataset::synthetic(&[spec("ids", ElemType::I64, &[1 << 40])], 1 << 40, 0));
+    assert!(e.contains("synthetic input `ids`") && e.contains("cannot be allocated"), "{e}");
+}

@@ -257,6 +257,21 @@ fn nan_loss_names_step_and_stage() {
     }
 }
 
+/// An update that overflows the weights (here an infinite rate: the loss of the step is
+/// still finite) stops training naming the step and stage, with a hint, instead of
+/// returning NaN weights to be saved.
+#[test]
+fn non_finite_weights_stop_naming_step_and_stage() {
+    let data = dataset(STEPS, M, None);
+    for sched in [Schedule::TwoBw, Schedule::Flush] {
+        let mut steps = Vec::new();
+        let e = train(stages(2, sched, Recompute::None), &cfg(sched, OptimizerConfig::sgd(), f64::INFINITY, STEPS), feed(&data), &mut |s| steps.push(s.step)).unwrap_err();
+        let msg = e.to_string();
+        assert!(matches!(e, PipelineError::NonFiniteWeights { step: 0, .. }), "{sched:?}: {msg}");
+        assert!(msg.contains("step 0, stage ") && msg.contains("--lr") && msg.contains("--clip-norm"), "{msg}");
+    }
+}
+
 #[test]
 fn configuration_errors() {
     let data = dataset(STEPS, 2, None);
@@ -309,6 +324,21 @@ fn stages_must_agree_on_their_tied_weights() {
     modules[0].program.stored[0].sync = vec![0, 1];
     let e = train(modules, &cfg(Schedule::TwoBw, OptimizerConfig::sgd(), 0.1, STEPS), feed(&data), &mut |_| {}).unwrap_err().to_string();
     assert_eq!(e, "pipeline configuration: stages [0, 1] share tied weights, but stage 1 holds [] where stage 0 holds [\"w0\"]; recompile the model");
+}
+
+/// Stage modules whose headers disagree on the schedule or the depth (each with a valid
+/// checksum of its own) are refused together, naming the stage.
+#[test]
+fn stage_headers_are_cross_checked() {
+    let data = dataset(STEPS, 2, None);
+    let mut modules = stages(2, Schedule::TwoBw, Recompute::None);
+    modules[1].header.params.schedule = Schedule::Flush;
+    let e = train(modules, &cfg(Schedule::TwoBw, OptimizerConfig::sgd(), 0.1, STEPS), feed(&data), &mut |_| {}).unwrap_err().to_string();
+    assert!(e.contains("stage 1: header says schedule flush, stage 0's says 2bw"), "{e}");
+    let mut modules = stages(2, Schedule::TwoBw, Recompute::None);
+    modules[1].header.params.depth = 3;
+    let e = train(modules, &cfg(Schedule::TwoBw, OptimizerConfig::sgd(), 0.1, STEPS), feed(&data), &mut |_| {}).unwrap_err().to_string();
+    assert!(e.contains("stage 1: header says stage 1 of 3, have 2 stages"), "{e}");
 }
 
 /// A kernel that fails at run time stops training with an error naming the stage, the

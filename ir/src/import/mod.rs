@@ -183,6 +183,20 @@ impl<'a> Importer<'a> {
         name_nodes(&mut g.node);
         check_ops(&g.node, &opsets)?;
         self.opsets = opsets;
+        // Two initializers (or two graph inputs) of one name: the ONNX checker rejects the
+        // model, and taking either copy silently would run different weights.
+        let mut seen = std::collections::HashSet::new();
+        for name in g.initializer.iter().map(|t| &t.name) {
+            if !seen.insert(name) {
+                return Err(ImportError::DuplicateValue { value: name.clone(), first: "an initializer".into(), second: "another initializer".into() });
+            }
+        }
+        let mut seen = std::collections::HashSet::new();
+        for name in g.input.iter().map(|i| &i.name) {
+            if !seen.insert(name) {
+                return Err(ImportError::DuplicateValue { value: name.clone(), first: "a graph input".into(), second: "another graph input".into() });
+            }
+        }
         let initializer_names: std::collections::HashSet<String> = g.initializer.iter().map(|t| t.name.clone()).collect();
         let params = float_parameters_read(&g.node, &self.opts.float_parameters);
         self.scans_axis0 = control::scans_inputs_along_axis0(&g.node, &g.input, opset);

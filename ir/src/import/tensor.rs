@@ -99,6 +99,12 @@ fn read_external(t: &TensorProto, model_dir: &Path, expected: usize) -> Result<B
     if length != expected as u64 {
         return Err(bad(format!("external data length {length} does not match the {expected} bytes its shape and type need")));
     }
+    // Checked before opening: opening a FIFO for reading blocks until a writer comes,
+    // and a device can be read forever.
+    let kind = std::fs::metadata(&real).map_err(missing)?.file_type();
+    if !kind.is_file() {
+        return Err(bad(format!("external data {location:?} is not a regular file (a folder, FIFO, socket or device); refused without reading it")));
+    }
     let mut file = std::fs::File::open(&real).map_err(missing)?;
     let size = file.metadata().map_err(missing)?.len();
     if offset.checked_add(length).is_none_or(|end| end > size) {

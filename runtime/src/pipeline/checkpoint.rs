@@ -9,8 +9,15 @@
 //! moments or momentum) and `buf/NAME` (BatchNormalization running statistics as of the
 //! end of the batch). The folder is written under a temporary name and renamed into
 //! place, so a step folder is either complete or absent.
+//!
+//! Integrity: the manifest binds the step, each stage file's CRC-32 and size, and the
+//! run's settings ([`super::run_record`]); each stage file records its step too. Reading
+//! verifies all of it, so a flipped bit, an edited step or stage files from different
+//! steps are refused naming the file instead of resuming silently different weights.
+//! Temporary folders of writers that died (`.step-*.tmp-PID`, `step-*.old-PID`) are
+//! removed by the next writer.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
 use safetensors::tensor::TensorView;
@@ -45,6 +52,8 @@ pub struct Checkpoint {
     /// `Program::pipeline` of the modules that were trained.
     pub pipeline: String,
     pub schedule: Schedule,
+    /// The run's settings ([`super::run_record`]), compared on resume.
+    pub config: BTreeMap<String, String>,
     pub stages: Vec<StageState>,
 }
 
@@ -67,7 +76,13 @@ struct Manifest {
     schedule: Schedule,
     pipeline: String,
     stages: Vec<String>,
+    /// Per stage file: CRC-32 of its bytes (8 hex digits) and its size.
+    checksums: Vec<String>,
+    sizes: Vec<u64>,
+    config: BTreeMap<String, String>,
 }
+
+const VERSION: u32 = 2;
 
 const FORMAT: &str = "pipewright-checkpoint";
 const MANIFEST: &str = "checkpoint.json";
@@ -81,6 +96,7 @@ pub fn step_dir_name(step: u64) -> String {
 /// that folder. Nothing is visible under the final name until every file is complete.
 pub fn write_checkpoint(dir: &Path, ck: &Checkpoint) -> Result<PathBuf, CheckpointError> {
     std::fs::create_dir_all(dir).map_err(|e| at(dir, format!("cannot create the checkpoint folder: {e}")))?;
+    remove_stale(dir);
     let name = step_dir_name(ck.step);
     let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
@@ -93,24 +109,59 @@ pub fn write_checkpoint(dir: &Path, ck: &Checkpoint) -> Result<PathBuf, Checkpoi
 
 fn write_into(tmp: &Path, ck: &Checkpoint) -> Result<(), CheckpointError> {
     std::fs::create_dir(tmp).map_err(|e| at(tmp, format!("cannot create: {e}")))?;
-    let mut files = Vec::new();
+    let (mut files, mut checksums, mut sizes) = (Vec::new(), Vec::new(), Vec::new());
     for st in &ck.stages {
         let file = format!("stage{}.safetensors", st.stage);
         let bytes = encode_stage(st, ck.step).map_err(|m| at(&tmp.join(&file), m))?;
         write_synced(&tmp.join(&file), &bytes)?;
         files.push(file);
+        checksums.push(format!("{:08x}", crc32fast::hash(&bytes)));
+        sizes.push(bytes.len() as u64);
     }
     let manifest = Manifest {
         format: FORMAT.into(),
-        version: 1,
+        version: VERSION,
         step: ck.step,
         depth: ck.stages.len(),
         schedule: ck.schedule,
         pipeline: ck.pipeline.clone(),
         stages: files,
+        checksums,
+        sizes,
+        config: ck.config.clone(),
     };
     let json = serde_json::to_vec_pretty(&manifest).map_err(|e| at(tmp, e.to_string()))?;
     write_synced(&tmp.join(MANIFEST), &json)
+}
+
+/// Removes the temporary folders (`.step-N.tmp-PID`) and set-aside older checkpoints
+/// (`step-N.old-PID`) of writers whose process is gone: a writer killed mid-checkpoint
+/// leaves them, and nothing else would. A live process's folders are left alone (another
+/// run may be writing into the same folder). Best effort: a folder that cannot be removed
+/// stays, as before.
+pub fn remove_stale(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().to_string();
+        let pid = if name.starts_with(".step-") {
+            name.rsplit_once(".tmp-").map(|(_, pid)| pid.to_string())
+        } else if name.starts_with("step-") {
+            name.rsplit_once(".old-").map(|(_, pid)| pid.to_string())
+        } else {
+            None
+        };
+        let Some(pid) = pid.and_then(|p| p.parse::<u32>().ok()) else { continue };
+        if pid != std::process::id() && !process_alive(pid) && e.path().is_dir() {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+}
+
+/// Whether process `pid` exists; where the system cannot say (no /proc), it is taken to
+/// be alive so nothing is removed.
+fn process_alive(pid: u32) -> bool {
+    let proc_root = Path::new("/proc");
+    !proc_root.join("self").exists() || proc_root.join(pid.to_string()).exists()
 }
 
 fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
@@ -162,11 +213,17 @@ pub fn read_checkpoint(path: &Path) -> Result<Checkpoint, CheckpointError> {
     let mpath = dir.join(MANIFEST);
     let text = std::fs::read(&mpath).map_err(|e| at(&mpath, format!("cannot read: {e}")))?;
     let m: Manifest = serde_json::from_slice(&text).map_err(|e| at(&mpath, format!("not a pipewright checkpoint manifest: {e}")))?;
-    if m.format != FORMAT || m.version != 1 {
-        return Err(at(&mpath, format!("unsupported checkpoint format {:?} version {}", m.format, m.version)));
+    if m.format != FORMAT || m.version != VERSION {
+        return Err(at(&mpath, format!("unsupported checkpoint format {:?} version {} (this pipewright reads version {VERSION}, which carries checksums)", m.format, m.version)));
     }
-    if m.stages.len() != m.depth {
-        return Err(at(&mpath, format!("lists {} stage files for depth {}", m.stages.len(), m.depth)));
+    if m.stages.len() != m.depth || m.checksums.len() != m.depth || m.sizes.len() != m.depth {
+        return Err(at(&mpath, format!("lists {} stage files, {} checksums and {} sizes for depth {}", m.stages.len(), m.checksums.len(), m.sizes.len(), m.depth)));
+    }
+    // The folder's name is the step too: an edited manifest step disagrees with it.
+    if let Some(named) = dir.file_name().and_then(|n| n.to_str()).and_then(|n| n.strip_prefix("step-")).and_then(|n| n.parse::<u64>().ok()) {
+        if named != m.step {
+            return Err(at(&mpath, format!("says step {}, but the folder is step {named}; the checkpoint was edited or moved", m.step)));
+        }
     }
     let mut stages = Vec::new();
     for (k, file) in m.stages.iter().enumerate() {
@@ -175,9 +232,20 @@ pub fn read_checkpoint(path: &Path) -> Result<Checkpoint, CheckpointError> {
         }
         let p = dir.join(file);
         let bytes = std::fs::read(&p).map_err(|e| at(&p, format!("cannot read: {e}")))?;
-        stages.push(decode_stage(&bytes, k).map_err(|msg| at(&p, msg))?);
+        if bytes.len() as u64 != m.sizes[k] {
+            return Err(at(&p, format!("holds {} bytes, the manifest says {}; the checkpoint is damaged", bytes.len(), m.sizes[k])));
+        }
+        let sum = format!("{:08x}", crc32fast::hash(&bytes));
+        if sum != m.checksums[k] {
+            return Err(at(&p, format!("checksum {sum} does not match the manifest's {}; the file is damaged or from another checkpoint", m.checksums[k])));
+        }
+        let (state, step) = decode_stage(&bytes, k).map_err(|msg| at(&p, msg))?;
+        if step != m.step {
+            return Err(at(&p, format!("holds step {step}, the manifest says step {}; stage files from different checkpoints", m.step)));
+        }
+        stages.push(state);
     }
-    Ok(Checkpoint { step: m.step, pipeline: m.pipeline, schedule: m.schedule, stages })
+    Ok(Checkpoint { step: m.step, pipeline: m.pipeline, schedule: m.schedule, config: m.config, stages })
 }
 
 fn newest_step_dir(parent: &Path) -> Result<PathBuf, CheckpointError> {
@@ -193,13 +261,15 @@ fn newest_step_dir(parent: &Path) -> Result<PathBuf, CheckpointError> {
     best.map(|(_, p)| p).ok_or_else(|| at(parent, "no checkpoint here (expected checkpoint.json or step-NNNNNN folders)"))
 }
 
-fn decode_stage(bytes: &[u8], k: usize) -> Result<StageState, String> {
+/// The stage's state and the step its file records.
+fn decode_stage(bytes: &[u8], k: usize) -> Result<(StageState, u64), String> {
     let (_, meta) = SafeTensors::read_metadata(bytes).map_err(|e| format!("not a safetensors file: {e:?}"))?;
     let meta = meta.metadata().clone().unwrap_or_default();
     let field = |name: &str| meta.get(name).and_then(|v| v.parse::<i64>().ok()).ok_or_else(|| format!("metadata lacks {name:?}"));
     if field("stage")? != k as i64 {
         return Err(format!("holds stage {}, expected stage {k}", field("stage")?));
     }
+    let step = u64::try_from(field("step")?).map_err(|_| "metadata step is negative".to_string())?;
     let st = SafeTensors::deserialize(bytes).map_err(|e| format!("not a safetensors file: {e:?}"))?;
     let mut state = StageState {
         stage: k,
@@ -229,5 +299,5 @@ fn decode_stage(bytes: &[u8], k: usize) -> Result<StageState, String> {
         };
         list.push((name.to_string(), t));
     }
-    Ok(state)
+    Ok((state, step))
 }

@@ -153,8 +153,10 @@ pub enum PipelineError {
     Data(String),
     #[error("stage {stage}: {message}")]
     Stage { stage: usize, message: String },
-    #[error("step {step}, stage {stage}: loss is {value} (not finite)")]
+    #[error("step {step}, stage {stage}: loss is {value} (not finite); nothing of this step was saved (try a lower --lr, or --clip-norm)")]
     NonFiniteLoss { step: usize, stage: usize, value: f64 },
+    #[error("step {step}, stage {stage}: the optimizer update made weights non-finite (NaN or infinite gradients); nothing of this step was saved (try a lower --lr, or --clip-norm)")]
+    NonFiniteWeights { step: usize, stage: usize },
     #[error("checkpoint: {0}")]
     Checkpoint(#[from] CheckpointError),
 }
@@ -224,6 +226,15 @@ fn check_stages(stages: &[StageModule], resume: Option<&Checkpoint>, cfg: &Train
         if p.stage as usize != k || p.depth as usize != d {
             return Err(PipelineError::Config(format!("stage {k}: header says stage {} of {}, have {d} stages", p.stage, p.depth)));
         }
+        let first_params = stages[0].header.params;
+        // Recomputation may differ per stage (a plan decides it stage by stage); the
+        // schedule decides every stage's order of work and must be one.
+        if p.schedule != first_params.schedule {
+            return Err(PipelineError::Config(format!(
+                "stage {k}: header says schedule {}, stage 0's says {}; recompile and use one build folder's modules",
+                p.schedule, first_params.schedule
+            )));
+        }
         let (mine, first) = (&s.program.pipeline, &stages[0].program.pipeline);
         if mine != first {
             return Err(PipelineError::Config(format!(
@@ -254,8 +265,48 @@ fn check_stages(stages: &[StageModule], resume: Option<&Checkpoint>, cfg: &Train
         if ck.step > cfg.steps as u64 {
             return Err(PipelineError::Config(format!("the checkpoint is at step {}, beyond the {} steps asked for", ck.step, cfg.steps)));
         }
+        // A resumed run reaches the uninterrupted run's weights only under the same
+        // settings; a silently different rate or seed would train something else.
+        let now = run_record(cfg);
+        let differ: Vec<String> = now
+            .iter()
+            .filter_map(|(k, v)| match ck.config.get(k) {
+                Some(was) if was != v => Some(format!("{k} {was} (this run: {v})")),
+                None => Some(format!("{k} unrecorded (this run: {v})")),
+                _ => None,
+            })
+            .collect();
+        if !differ.is_empty() {
+            return Err(PipelineError::Config(format!("the checkpoint was written by a run with other settings: {}; resume with the same options", differ.join(", "))));
+        }
     }
     Ok(())
+}
+
+/// The settings of a run that decide its weights, as recorded in its checkpoints and
+/// compared on resume (the data and the modules are bound separately).
+pub fn run_record(cfg: &TrainConfig) -> BTreeMap<String, String> {
+    let o = &cfg.optimizer;
+    let l = &cfg.lr_schedule;
+    [
+        ("optimizer", o.kind.to_string()),
+        ("lr", format!("{:?}", cfg.lr)),
+        ("momentum", format!("{:?}", o.momentum)),
+        ("beta1", format!("{:?}", o.beta1)),
+        ("beta2", format!("{:?}", o.beta2)),
+        ("eps", format!("{:?}", o.eps)),
+        ("weight-decay", format!("{:?}", o.weight_decay)),
+        ("clip-norm", cfg.clip_norm.map_or("none".into(), |c| format!("{c:?}"))),
+        ("warmup", l.warmup_steps.to_string()),
+        ("decay", l.decay.to_string()),
+        ("steps", cfg.steps.to_string()),
+        ("seed", cfg.seed.to_string()),
+        ("replicas", cfg.replicas.to_string()),
+        ("loss", format!("{}:{}", cfg.loss.loss, cfg.loss.output)),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect()
 }
 
 /// Per replica and stage, the data channel of workers that read graph inputs or labels.
@@ -598,6 +649,8 @@ struct EventSink<'a> {
     schedule: Schedule,
     pipeline: String,
     dir: Option<PathBuf>,
+    /// The run's settings, bound into every checkpoint ([`run_record`]).
+    record: BTreeMap<String, String>,
     on_step: &'a mut dyn FnMut(StepReport),
     pending_steps: std::collections::BTreeMap<usize, (usize, f64, usize)>,
     pending_ckpt: std::collections::BTreeMap<u64, Vec<StageState>>,
@@ -615,6 +668,7 @@ impl<'a> EventSink<'a> {
             schedule,
             pipeline,
             dir: cfg.checkpoint_dir.clone(),
+            record: run_record(cfg),
             on_step,
             pending_steps: Default::default(),
             pending_ckpt: Default::default(),
@@ -653,7 +707,7 @@ impl<'a> EventSink<'a> {
 
     fn write(&mut self, step: u64, stages: Vec<StageState>) {
         let (Some(dir), None) = (&self.dir, &self.error) else { return };
-        let ck = Checkpoint { step, pipeline: self.pipeline.clone(), schedule: self.schedule, stages };
+        let ck = Checkpoint { step, pipeline: self.pipeline.clone(), schedule: self.schedule, config: self.record.clone(), stages };
         match write_checkpoint(dir, &ck) {
             Ok(p) => self.written.push(p),
             Err(e) => self.error = Some(e),

@@ -620,6 +620,12 @@ impl Worker {
             return Err(E::Msg(format!("step {t} found newest weight version {newest}")));
         }
         let new = st.opt.step(cur, &grads, lr);
+        // A NaN or infinite gradient (overflow at a high rate) makes the new weights
+        // non-finite while the loss of this batch still reads finite; stop here, before
+        // the version is used, checkpointed or returned to be saved.
+        if !all_finite(&new).map_err(torch("checking the new weights"))? {
+            return Err(E::Err(PipelineError::NonFiniteWeights { step: t as usize, stage: self.spec.index }));
+        }
         st.versions.insert(t + 1, new);
         self.observe(st, grads.iter().map(bytes_of).sum(), 0);
         drop(grads);
@@ -715,6 +721,19 @@ impl Worker {
 /// Tied weights grouped by the stage set that shares them (groups in ascending order of
 /// that set, weights in each by name), so every stage of a group reduces the same tensors
 /// in the same order and groups are reduced in one global order (no deadlock).
+/// Whether every element of `ts` is finite: one reduction per tensor and a single read
+/// (a NaN or infinity anywhere makes the double-precision sum non-finite; finite f32
+/// values cannot overflow it).
+fn all_finite(ts: &[Tensor]) -> Result<bool, tch::TchError> {
+    if ts.is_empty() {
+        return Ok(true);
+    }
+    tch::no_grad(|| {
+        let sums = ts.iter().map(|t| t.f_sum(Kind::Double)).collect::<Result<Vec<_>, _>>()?;
+        Ok(Tensor::f_stack(&sums, 0)?.f_sum(Kind::Double)?.f_double_value(&[])?.is_finite())
+    })
+}
+
 fn tied_groups(sync: &[Vec<u32>], names: &[String], stage: u32) -> Vec<(Vec<u32>, Vec<usize>)> {
     let mut groups: BTreeMap<Vec<u32>, Vec<usize>> = BTreeMap::new();
     for (i, s) in sync.iter().enumerate() {
