@@ -187,7 +187,8 @@ pub struct TrainArgs {
     /// arrays are named after the model's inputs (first axis = samples).
     #[arg(long, default_value = "synthetic")]
     pub data: PathBuf,
-    /// The labels array in the data file.
+    /// The labels array in the data file (default: the array named `label`, for a loss
+    /// that needs labels).
     #[arg(long)]
     pub label: Option<String>,
     /// The loss: cross-entropy, mse, or output (the model output is the loss itself, e.g.
@@ -202,6 +203,14 @@ pub struct TrainArgs {
     /// output's last axis).
     #[arg(long)]
     pub classes: Option<i64>,
+    /// Cross-entropy: labels equal to this count neither in the loss nor in its mean
+    /// (PyTorch's default; the Hugging Face convention for masked tokens).
+    #[arg(long, default_value_t = -100, allow_negative_numbers = true)]
+    pub ignore_index: i64,
+    /// Cross-entropy label smoothing: the target gives 1 - S to the label and spreads S
+    /// over all classes (0 to 1).
+    #[arg(long, value_name = "S", default_value_t = 0.0)]
+    pub label_smoothing: f64,
     /// Optimizer steps (batches).
     #[arg(long, default_value_t = 100)]
     pub steps: usize,
@@ -313,6 +322,8 @@ mod requests {
                 loss: self.loss.loss,
                 output: self.loss_output().map_err(anyhow::Error::msg)?,
                 classes: self.classes,
+                ignore_index: self.ignore_index,
+                label_smoothing: self.label_smoothing,
                 steps: self.steps,
                 flags: RunFlags { microbatch: self.microbatch, microbatches: self.microbatches, replicas: self.replicas },
                 lr: self.lr,

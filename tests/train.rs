@@ -217,3 +217,90 @@ fn a_loss_the_model_computes_trains_like_the_built_in_loss() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--loss names output \"loss\" but --output names \"other\""), "{err}");
 }
+
+/// A safetensors data file of `n` copies of one digit image (`input`) with the labels
+/// `labels` under the array name `label_name`.
+fn same_image_data(dir: &Path, file: &str, labels: &[i64], label_name: &str) -> PathBuf {
+    use safetensors::tensor::{Dtype, TensorView};
+    let n = labels.len();
+    let image: Vec<f32> = (0..64).map(|i| (i % 7) as f32).collect();
+    let x: Vec<u8> = image.iter().cycle().take(64 * n).flat_map(|v| v.to_le_bytes()).collect();
+    let y: Vec<u8> = labels.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let views = vec![
+        ("input".to_string(), TensorView::new(Dtype::F32, vec![n, 64], &x).expect("input view")),
+        (label_name.to_string(), TensorView::new(Dtype::I64, vec![n], &y).expect("label view")),
+    ];
+    let bytes = safetensors::serialize(views, &None).expect("serialize");
+    let path = dir.join(file);
+    std::fs::write(&path, bytes).expect("write data");
+    path
+}
+
+/// The first step's loss (the initial weights') of the one-stage MLP on `data`, with no
+/// `--label` and no `--output` (the array `label` and the only output are the defaults).
+fn first_loss(build: &Path, data: &Path, extra: &[&str]) -> Result<f64, String> {
+    let metrics = build.join("first.jsonl");
+    let mut args = vec![
+        "train", build.to_str().unwrap(), "--data", data.to_str().unwrap(), "--steps", "1", "--microbatch", "16",
+        "--microbatches", "4", "--no-progress", "--metrics", metrics.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    let out = pw(&args);
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(!err.contains("panicked"), "{err}");
+    if !out.status.success() {
+        return Err(err);
+    }
+    let line = std::fs::read_to_string(&metrics).expect("metrics written");
+    Ok(serde_json::from_str::<serde_json::Value>(line.lines().next().expect("a line")).expect("JSON")["loss"].as_f64().expect("loss"))
+}
+
+/// Cross-entropy skips labels equal to `--ignore-index` (default -100) in the loss and in
+/// its mean: 64 copies of one image, a quarter labelled -100 and the rest 3, give the loss
+/// of all of them labelled 3 (every microbatch averages over its kept labels only); a
+/// batch of nothing but ignored labels trains at loss 0 instead of diverging to NaN.
+/// `--label-smoothing S` mixes the label's loss with the mean over all classes, linearly
+/// in S. Out-of-range labels name the label, the class count and the flag.
+#[test]
+fn cross_entropy_ignores_labels_and_smooths() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    compile(dir.path(), "1", "2bw", "none");
+    let build = dir.path();
+    let threes = same_image_data(build, "threes.safetensors", &[3; 64], "label");
+    let masked: Vec<i64> = (0..64).map(|i| if i % 4 == 0 { -100 } else { 3 }).collect();
+    let masked = same_image_data(build, "masked.safetensors", &masked, "label");
+    let all = first_loss(build, &threes, &[]).expect("labels 3");
+    let kept = first_loss(build, &masked, &[]).expect("labels 3 and -100");
+    assert!(all > 0.0 && (all - kept).abs() < 1e-5, "ignored labels changed the loss: {all} vs {kept}");
+    let none = same_image_data(build, "none.safetensors", &[-100; 64], "label");
+    assert_eq!(first_loss(build, &none, &[]).expect("all ignored"), 0.0);
+    // Another ignored value: -100 becomes a label out of range.
+    let e = first_loss(build, &masked, &["--ignore-index", "-1"]).unwrap_err();
+    let last = e.lines().last().unwrap_or_default();
+    assert!(last.contains("label -100") && last.contains("10 classes") && last.contains("--ignore-index"), "{e}");
+    let big = same_image_data(build, "big.safetensors", &[12; 64], "label");
+    let e = first_loss(build, &big, &[]).unwrap_err();
+    assert!(e.contains("label 12") && e.contains("10 classes") && !e.contains("Internal torch error"), "{e}");
+
+    let half = first_loss(build, &threes, &["--label-smoothing", "0.5"]).expect("smoothing 0.5");
+    let full = first_loss(build, &threes, &["--label-smoothing", "1"]).expect("smoothing 1");
+    assert!((full - all).abs() > 1e-3, "smoothing had no effect: {all} vs {full}");
+    assert!((half - (all + full) / 2.0).abs() < 1e-5, "smoothing 0.5: {half}, expected the mean of {all} and {full}");
+    let e = first_loss(build, &threes, &["--label-smoothing", "1.5"]).unwrap_err();
+    assert!(e.contains("--label-smoothing") && e.contains("1.5"), "{e}");
+}
+
+/// Without `--label`, a loss that needs labels takes the array named `label`; when there
+/// is none, the error asks for --label and lists the arrays.
+#[test]
+fn the_label_array_defaults_to_label() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    compile(dir.path(), "1", "2bw", "none");
+    let named_y = same_image_data(dir.path(), "y.safetensors", &[3; 64], "y");
+    let e = first_loss(dir.path(), &named_y, &[]).unwrap_err();
+    let last = e.lines().last().unwrap_or_default();
+    assert!(last.contains("--label") && last.contains("input, y"), "{e}");
+    let with_y = first_loss(dir.path(), &named_y, &["--label", "y"]).expect("--label y");
+    let named_label = same_image_data(dir.path(), "label.safetensors", &[3; 64], "label");
+    assert_eq!(first_loss(dir.path(), &named_label, &[]).expect("default label"), with_y);
+}

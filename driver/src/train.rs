@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use pipewright_core::{Decay, Device, Loss};
 use pipewright_runtime::build::{Build, Manifest, RunFlags, RunShape, MANIFEST_FILE};
-use pipewright_runtime::data::{Dataset, Stop};
+use pipewright_runtime::data::{Dataset, LabelArray, Stop, DEFAULT_LABEL};
 use pipewright_runtime::device::tch_device;
 use pipewright_runtime::module::{decode_module_bytes, read_module, StageModule};
 use pipewright_runtime::pipeline::{
@@ -44,6 +44,10 @@ pub struct TrainRequest {
     /// Classes of synthetic labels (`None`: the size of the output's last axis, else
     /// [`DEFAULT_CLASSES`]).
     pub classes: Option<i64>,
+    /// Cross-entropy: labels equal to this are skipped (PyTorch's `ignore_index`).
+    pub ignore_index: i64,
+    /// Cross-entropy label smoothing, in `[0, 1]`.
+    pub label_smoothing: f64,
     pub steps: usize,
     /// Overrides of the build's microbatch, microbatches and replicas.
     pub flags: RunFlags,
@@ -70,7 +74,14 @@ pub struct TrainRequest {
 /// The run's configuration, built from the request and the build's shape.
 fn config(req: &TrainRequest, manifest: &Manifest, shape: &RunShape, build: &Path) -> Result<TrainConfig, DriverError> {
     let output = loss_output(req, manifest)?;
-    let mut cfg = TrainConfig::new(manifest.pipeline.schedule, Objective::new(req.loss, output), req.lr, req.steps);
+    if !(0.0..=1.0).contains(&req.label_smoothing) {
+        return Err(DriverError::msg(format!("--label-smoothing must be between 0 and 1, got {}", req.label_smoothing)));
+    }
+    if req.label_smoothing != 0.0 && req.loss != Loss::CrossEntropy {
+        return Err(DriverError::msg(format!("--label-smoothing applies to --loss cross-entropy, not --loss {}", req.loss)));
+    }
+    let objective = Objective { ignore_index: req.ignore_index, label_smoothing: req.label_smoothing, ..Objective::new(req.loss, output) };
+    let mut cfg = TrainConfig::new(manifest.pipeline.schedule, objective, req.lr, req.steps);
     cfg.optimizer = req.optimizer;
     cfg.lr_schedule = LrSchedule { warmup_steps: req.warmup, decay: req.decay, total_steps: req.steps, final_lr: 0.0 };
     cfg.clip_norm = req.clip_norm;
@@ -146,7 +157,13 @@ fn batches(req: &TrainRequest, manifest: &Manifest, config: &TrainConfig, microb
         DataSource::Synthetic => synthetic(req, manifest, &config.loss.output, microbatch * per_batch * 4)?,
         DataSource::File(path) => {
             let inputs = manifest.input_specs().map_err(|e| DriverError::msg(format!("{MANIFEST_FILE}: {e}")))?;
-            Dataset::open(path, &inputs, req.label.as_deref())?
+            // A loss against labels takes the array named `label` when no --label names one.
+            let label = match (&req.label, req.loss) {
+                (Some(l), _) => LabelArray::Named(l),
+                (None, Loss::Output) => LabelArray::None,
+                (None, _) => LabelArray::Default(DEFAULT_LABEL),
+            };
+            Dataset::open(path, &inputs, label)?
         }
     };
     let stream = data.into_batches(microbatch, per_batch, req.seed, Stop::Steps(req.steps))?.starting_at(start);
@@ -301,6 +318,8 @@ mod tests {
             loss: Loss::CrossEntropy,
             output: Some("linear_3".into()),
             classes: None,
+            ignore_index: -100,
+            label_smoothing: 0.0,
             steps,
             flags: RunFlags { microbatch: Some(2), ..RunFlags::default() },
             lr: 0.01,

@@ -85,6 +85,27 @@ pub struct RawArray {
     pub data: Vec<u8>,
 }
 
+/// The array a loader takes the labels from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LabelArray<'a> {
+    /// No labels.
+    None,
+    /// This array (an error lists the arrays when there is none of that name).
+    Named(&'a str),
+    /// This array, taken because nothing named one: its absence is an error asking for
+    /// `--label`.
+    Default(&'a str),
+}
+
+/// The labels array taken when none is named.
+pub const DEFAULT_LABEL: &str = "label";
+
+impl<'a> From<Option<&'a str>> for LabelArray<'a> {
+    fn from(label: Option<&'a str>) -> Self {
+        label.map_or(LabelArray::None, LabelArray::Named)
+    }
+}
+
 impl Dataset {
     /// Random data for `inputs`: floats standard normal, integers per `IntFill::Zeros`.
     /// The same `(inputs, samples, seed)` always gives the same data.
@@ -171,9 +192,11 @@ impl Dataset {
         Ok(self)
     }
 
-    /// Loads by file kind: a folder or `.npy` file ([`Dataset::from_npy`]), `.npz`, or
+    /// Loads by file kind (the labels from `label`, e.g. `Some("y")` or
+    /// [`LabelArray::Default`]): a folder or `.npy` file ([`Dataset::from_npy`]), `.npz`, or
     /// `.safetensors`.
-    pub fn open(path: &Path, inputs: &[InputSpec], label: Option<&str>) -> Result<Dataset> {
+    pub fn open<'a>(path: &Path, inputs: &[InputSpec], label: impl Into<LabelArray<'a>>) -> Result<Dataset> {
+        let label = label.into();
         let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("").to_ascii_lowercase();
         if path.is_dir() || ext == "npy" {
             Self::from_npy(&[path], inputs, label)
@@ -188,7 +211,8 @@ impl Dataset {
 
     /// Loads `inputs` (by graph input name) and the `label` array from an `.npz` archive
     /// (member `NAME.npy` holds array `NAME`).
-    pub fn from_npz(path: &Path, inputs: &[InputSpec], label: Option<&str>) -> Result<Dataset> {
+    pub fn from_npz<'a>(path: &Path, inputs: &[InputSpec], label: impl Into<LabelArray<'a>>) -> Result<Dataset> {
+        let label = label.into();
         let file = std::fs::File::open(path).with_context(|| format!("{}: cannot open", path.display()))?;
         let mut zip = zip::ZipArchive::new(file).map_err(|e| anyhow!("{}: not a valid .npz (zip) archive: {e}", path.display()))?;
         let mut members = BTreeMap::new();
@@ -209,7 +233,8 @@ impl Dataset {
 
     /// Loads from `.npy` files: each path is a `.npy` file (array name = file stem) or a
     /// folder whose `*.npy` files are all taken.
-    pub fn from_npy<P: AsRef<Path>>(paths: &[P], inputs: &[InputSpec], label: Option<&str>) -> Result<Dataset> {
+    pub fn from_npy<'a, P: AsRef<Path>>(paths: &[P], inputs: &[InputSpec], label: impl Into<LabelArray<'a>>) -> Result<Dataset> {
+        let label = label.into();
         let mut files: BTreeMap<String, PathBuf> = BTreeMap::new();
         let mut add = |file: PathBuf| -> Result<()> {
             let stem = file.file_stem().and_then(|s| s.to_str()).ok_or_else(|| anyhow!("{}: file name is not valid UTF-8", file.display()))?.to_string();
@@ -243,7 +268,8 @@ impl Dataset {
     }
 
     /// Loads from a safetensors file (any of its little-endian dtypes libtorch has).
-    pub fn from_safetensors(path: &Path, inputs: &[InputSpec], label: Option<&str>) -> Result<Dataset> {
+    pub fn from_safetensors<'a>(path: &Path, inputs: &[InputSpec], label: impl Into<LabelArray<'a>>) -> Result<Dataset> {
+        let label = label.into();
         let bytes = std::fs::read(path).with_context(|| format!("{}: cannot read", path.display()))?;
         let st = safetensors::SafeTensors::deserialize(&bytes)
             .map_err(|e| anyhow!("{}: not a valid safetensors file: {e:?}", path.display()))?;
@@ -264,7 +290,7 @@ impl Dataset {
         source: &str,
         available: Vec<String>,
         inputs: &[InputSpec],
-        label: Option<&str>,
+        label: LabelArray<'_>,
         mut read: impl FnMut(&str) -> Result<RawArray>,
     ) -> Result<Dataset> {
         let listing = || if available.is_empty() { "none".to_string() } else { available.join(", ") };
@@ -307,8 +333,12 @@ impl Dataset {
             out.push((name.clone(), to_tensor(source, name, &a)?));
         }
         let labels = match label {
-            None => None,
-            Some(name) => {
+            LabelArray::None => None,
+            LabelArray::Default(name) if !available.iter().any(|a| a == name) => bail!(
+                "{source}: the loss needs labels: name their array with --label NAME (there is no array `{name}` to take by default; arrays: {})",
+                listing()
+            ),
+            LabelArray::Named(name) | LabelArray::Default(name) => {
                 if !available.iter().any(|a| a == name) {
                     bail!("{source}: no label array `{name}` (arrays: {})", listing());
                 }

@@ -40,11 +40,21 @@ use crate::timeline::TraceEvent;
 pub struct Objective {
     pub loss: Loss,
     pub output: String,
+    /// Cross-entropy: labels equal to this count neither in the loss nor in its mean (the
+    /// mean is over the other labels), as PyTorch's `ignore_index`.
+    pub ignore_index: i64,
+    /// Cross-entropy: the target puts `1 - s` on the label and spreads `s` evenly over all
+    /// classes (PyTorch's `label_smoothing`), `0 <= s <= 1`.
+    pub label_smoothing: f64,
 }
+
+/// [`Objective::ignore_index`]'s default, PyTorch's (and Hugging Face's masked-label
+/// convention).
+pub const DEFAULT_IGNORE_INDEX: i64 = -100;
 
 impl Objective {
     pub fn new(loss: Loss, output: impl Into<String>) -> Self {
-        Objective { loss, output: output.into() }
+        Objective { loss, output: output.into(), ignore_index: DEFAULT_IGNORE_INDEX, label_smoothing: 0.0 }
     }
 }
 
@@ -153,7 +163,10 @@ pub enum PipelineError {
     Data(String),
     #[error("stage {stage}: {message}")]
     Stage { stage: usize, message: String },
-    #[error("step {step}, stage {stage}: loss is {value} (not finite)")]
+    /// `step` counts from 1, as the progress lines do.
+    #[error(
+        "step {step}, stage {stage}: the loss is {value} (not finite): training diverged; try a lower --lr, clip the gradients with --clip-norm (e.g. 1.0), or warm up with --warmup"
+    )]
     NonFiniteLoss { step: usize, stage: usize, value: f64 },
     #[error("checkpoint: {0}")]
     Checkpoint(#[from] CheckpointError),
