@@ -375,10 +375,17 @@ pub struct RunForwardArgs {
     /// `cpu`, `cuda` or `cuda:N`.
     #[arg(long, default_value = "cpu")]
     pub device: Device,
+    /// Relative tolerance: an element matches when |actual - expected| <= atol + rtol *
+    /// |expected|; any mismatch makes the command fail (exit status 1).
     #[arg(long, default_value_t = 1e-3)]
     pub rtol: f64,
-    #[arg(long, default_value_t = 1e-7)]
+    /// Absolute tolerance (see --rtol); the default allows float32 round-off on outputs
+    /// near zero.
+    #[arg(long, default_value_t = 1e-5)]
     pub atol: f64,
+    /// Write the outputs to this .npz file, one array per output name.
+    #[arg(long, value_name = "OUT.npz")]
+    pub save: Option<PathBuf>,
     /// Repeat the inputs (and expected outputs) K times along the batch axis: checks the
     /// compiled model at a microbatch other than the one it was exported with.
     #[arg(long, default_value_t = 1)]

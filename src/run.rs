@@ -8,7 +8,7 @@ use pipewright_core::fs::write_atomic;
 use pipewright_core::units::human_bytes;
 use pipewright_driver::conformance::{report, run_all, totals};
 use pipewright_driver::export::{save_weights, WEIGHTS_FILE};
-use pipewright_driver::forward::{bench_step, run_forward};
+use pipewright_driver::forward::{bench_step, run_forward, save_outputs, verdict};
 use pipewright_driver::train::{Session, WorkerSession};
 use pipewright_runtime::device::tch_device;
 use pipewright_runtime::pipeline::{StepReport, TrainReport};
@@ -92,7 +92,8 @@ pub fn worker(args: &WorkerArgs, embedded: Option<Vec<u8>>) -> Result<()> {
 
 pub fn run_forward_command(args: &RunForwardArgs) -> Result<()> {
     let device = tch_device(args.device)?;
-    for (i, out) in run_forward(&args.model, &args.inputs, device, args.tile_batch, args.rtol, args.atol)?.iter().enumerate() {
+    let outputs = run_forward(&args.model, &args.inputs, device, args.tile_batch, args.rtol, args.atol)?;
+    for (i, out) in outputs.iter().enumerate() {
         let t = &out.tensor;
         print!("output {i} {:?}: {:?} {:?}", out.name, t.kind(), t.size());
         if let Ok(Ok(m)) = t.f_to_kind(tch::Kind::Double).and_then(|d| d.f_mean(tch::Kind::Double)).map(f64::try_from) {
@@ -102,6 +103,17 @@ pub fn run_forward_command(args: &RunForwardArgs) -> Result<()> {
             Some(c) => println!(" max_abs_err={:.3e} relative={:.3e} mismatches={}/{}", c.max_abs_err, c.relative(), c.mismatches, c.numel),
             None => println!(),
         }
+    }
+    if let Some(path) = &args.save {
+        save_outputs(path, &outputs)?;
+        println!("saved {} output(s) to {}", outputs.len(), path.display());
+    }
+    let v = verdict(&outputs, &args.inputs, args.rtol, args.atol);
+    for line in &v.lines {
+        println!("{line}");
+    }
+    if !v.matched {
+        anyhow::bail!("{}: the outputs differ from the expected ones (see above)", args.model.display());
     }
     Ok(())
 }

@@ -760,3 +760,58 @@ fn parse_header(s: &str) -> Result<BTreeMap<String, Value>> {
     }
     Ok(out)
 }
+
+/// numpy's dtype string for an element type `.npz` files can hold (`None`: numpy has none).
+fn npy_descr(elem: ElemType) -> Option<&'static str> {
+    Some(match elem {
+        ElemType::F32 => "<f4",
+        ElemType::F16 => "<f2",
+        ElemType::F64 => "<f8",
+        ElemType::I64 => "<i8",
+        ElemType::I32 => "<i4",
+        ElemType::I16 => "<i2",
+        ElemType::I8 => "|i1",
+        ElemType::U8 => "|u1",
+        ElemType::Bool => "|b1",
+        _ => return None,
+    })
+}
+
+/// One `.npy` file (format 1.0): the magic, a header padded so the data starts at a
+/// multiple of 64 bytes, then the little-endian data.
+fn npy_bytes(descr: &str, shape: &[i64], data: &[u8]) -> Vec<u8> {
+    let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
+    let shape = match dims.len() {
+        1 => format!("({},)", dims[0]),
+        _ => format!("({})", dims.join(", ")),
+    };
+    let mut header = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}");
+    // magic (6) + version (2) + header length (2) + header + '\n'
+    let pad = (64 - (10 + header.len() + 1) % 64) % 64;
+    header.push_str(&" ".repeat(pad));
+    header.push('\n');
+    let mut out = Vec::with_capacity(10 + header.len() + data.len());
+    out.extend_from_slice(b"\x93NUMPY\x01\x00");
+    out.extend_from_slice(&(header.len() as u16).to_le_bytes());
+    out.extend_from_slice(header.as_bytes());
+    out.extend_from_slice(data);
+    out
+}
+
+/// An `.npz` archive (stored, not compressed) of the named tensors, readable by
+/// `numpy.load` and by [`Dataset::from_npz`]. bfloat16 tensors are written as float32
+/// (numpy has no bfloat16); element types numpy lacks otherwise are an error naming the
+/// array.
+pub fn npz_bytes(arrays: &[(String, Tensor)]) -> Result<Vec<u8>> {
+    use std::io::Write as _;
+    let mut zip = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
+    let opts = zip::write::FileOptions::default().compression_method(zip::CompressionMethod::Stored).large_file(true);
+    for (name, t) in arrays {
+        let t = if t.kind() == Kind::BFloat16 { t.to_kind(Kind::Float) } else { t.shallow_clone() };
+        let (elem, shape, data) = crate::exec::tensor_to_bytes(&t).map_err(|e| anyhow!("array `{name}`: {e}"))?;
+        let descr = npy_descr(elem).ok_or_else(|| anyhow!("array `{name}`: element type {elem} has no numpy dtype"))?;
+        zip.start_file(format!("{name}.npy"), opts).map_err(|e| anyhow!("array `{name}`: {e}"))?;
+        zip.write_all(&npy_bytes(descr, &shape, &data)).map_err(|e| anyhow!("array `{name}`: {e}"))?;
+    }
+    Ok(zip.finish().map_err(|e| anyhow!("{e}"))?.into_inner())
+}
