@@ -77,6 +77,14 @@ pub struct ClusterArgs {
     pub cluster: Option<PathBuf>,
 }
 
+impl ClusterArgs {
+    /// No cluster described: the planner's default one is assumed.
+    pub fn is_default(&self) -> bool {
+        let ClusterArgs { workers, memory, intra_bw, inter_bw, workers_per_node, peak_flops, cluster } = self;
+        workers.is_none() && memory.is_none() && intra_bw.is_none() && inter_bw.is_none() && workers_per_node.is_none() && peak_flops.is_none() && cluster.is_none()
+    }
+}
+
 #[derive(clap::Args)]
 pub struct PlanArgs {
     /// The ONNX model file.

@@ -9,7 +9,7 @@ use pipewright_core::Balance;
 use pipewright_driver::compile::{compile, plan, CompileRequest};
 use pipewright_ir::summary::Summary;
 use pipewright_ir::{import_model, ImportOptions};
-use pipewright_passes::cluster::{parse_bandwidth, parse_bytes, parse_flops, Cluster};
+use pipewright_passes::cluster::{parse_bandwidth, parse_bytes, parse_flops, Cluster, DEFAULT_CLUSTER_NOTE};
 use pipewright_passes::cost::Profile;
 use pipewright_passes::manager::{PassOptions, PrintAfter};
 use pipewright_passes::pipeline::PlanRequest;
@@ -103,9 +103,17 @@ pub fn plan_command(args: &PlanArgs) -> Result<()> {
         return Ok(());
     }
     let file = planned.file.ok_or_else(|| anyhow!("{}: nothing was planned", args.model.display()))?;
+    let default_cluster = args.cluster.is_default();
     if args.json {
+        // stdout stays the plan file; the JSON's `cluster` holds the numbers.
+        if default_cluster {
+            eprintln!("note: {DEFAULT_CLUSTER_NOTE}");
+        }
         println!("{}", file.to_json());
     } else {
+        if default_cluster {
+            println!("note: {DEFAULT_CLUSTER_NOTE}");
+        }
         print!("{}", file.plan.text());
     }
     Ok(())

@@ -114,3 +114,24 @@ fn a_measured_profile_drives_the_plan() {
     assert!(ok, "{err}");
     assert_ne!(analytic, measured, "the profile changed nothing");
 }
+
+/// With no cluster described, `plan` says in every output that it assumed the default
+/// server of 8 V100-class GPUs (text: on stdout above the table; --json: on stderr, the
+/// JSON on stdout staying parseable and carrying the cluster), and the table's columns
+/// are explained under it; a described cluster gets no such note.
+#[test]
+fn plan_states_its_cluster_and_explains_its_columns() {
+    let (ok, out, err) = plan(&[&model("mlp"), "--top", "2"]);
+    assert!(ok, "{err}");
+    assert!(out.starts_with("note: no cluster given, so the plan assumes the default: one server of 8 V100-class GPUs"), "{out}");
+    assert!(out.contains("not this machine") && out.contains("--cluster FILE"), "{out}");
+    assert!(out.contains("columns: w = replicas") && out.contains("d = pipeline depth") && out.contains("b = microbatch size") && out.contains("m = microbatches per step"), "{out}");
+    let (ok, json, err) = plan(&[&model("mlp"), "--top", "2", "--json"]);
+    assert!(ok, "{err}");
+    assert!(err.contains("no cluster given") && err.contains("V100"), "{err}");
+    let v: serde_json::Value = serde_json::from_str(&json).expect("--json prints JSON only");
+    assert_eq!(v["cluster"]["workers"].as_u64(), Some(8));
+    let (ok, out, err) = plan(&[&model("mlp"), "--top", "2", "--workers", "2"]);
+    assert!(ok, "{err}");
+    assert!(!out.contains("no cluster given") && out.starts_with("planned for: 2 workers"), "{out}");
+}
