@@ -447,7 +447,8 @@ pub struct ProfileArgs {
     /// `cpu`, `cuda` or `cuda:N`.
     #[arg(long, default_value = "cpu")]
     pub device: Device,
-    /// Timed repetitions per node (median).
+    /// Timed repetitions per node (the median is kept; the spread of the whole model's
+    /// time over them is reported and stored as `spread`).
     #[arg(long, default_value_t = 5)]
     pub reps: usize,
     /// Seed of the synthetic inputs.

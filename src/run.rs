@@ -8,6 +8,7 @@ use pipewright_core::fs::write_atomic;
 use pipewright_core::units::human_bytes;
 use pipewright_driver::conformance::{report, run_all, totals};
 use pipewright_driver::export::{save_weights, WEIGHTS_FILE};
+use pipewright_passes::cost::BatchSpread;
 use pipewright_driver::forward::{bench_step, run_forward, save_outputs, verdict};
 use pipewright_driver::train::{Session, WorkerSession};
 use pipewright_runtime::device::tch_device;
@@ -144,8 +145,25 @@ pub fn conformance(args: &ConformanceArgs) -> Result<()> {
     Ok(())
 }
 
+/// A spread of the repetitions' totals, relative to their median, above which `profile`
+/// warns that the measurements are unreliable.
+const NOISY_SPREAD: f64 = 0.25;
+
 pub fn profile(args: &ProfileArgs) -> Result<()> {
-    let mut on_batch = |b: u64| eprintln!("profile: batch {b} done");
+    let mut on_batch = |s: &BatchSpread| {
+        eprintln!(
+            "profile: batch {}: forward + backward {:.3} ms (median of {} repetitions; min {:.3}, max {:.3}: spread {:.0}%)",
+            s.batch,
+            s.median_ms,
+            s.reps,
+            s.min_ms,
+            s.max_ms,
+            s.relative() * 100.0
+        );
+        if s.relative() > NOISY_SPREAD {
+            eprintln!("profile: warning: batch {}: the repetitions differ by more than {:.0}%; the machine looks busy (rerun idle, or with more --reps)", s.batch, NOISY_SPREAD * 100.0);
+        }
+    };
     let p = pipewright_driver::profile::profile(&args.model, args.device, &args.batch, args.reps, args.seed, &mut on_batch)?;
     let text = serde_json::to_string_pretty(&p).map_err(|e| anyhow!("profile: {e}"))?;
     match &args.output {

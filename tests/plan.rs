@@ -135,3 +135,33 @@ fn plan_states_its_cluster_and_explains_its_columns() {
     assert!(ok, "{err}");
     assert!(!out.contains("no cluster given") && out.starts_with("planned for: 2 workers"), "{out}");
 }
+
+/// `profile` repeats each measurement and reports the spread: one stderr line per batch
+/// size with the median, min and max of the whole model's forward + backward time over
+/// the repetitions, and the same in the profile's `spread`.
+#[cfg(feature = "torch")]
+#[test]
+fn profile_reports_the_spread_of_its_repetitions() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let profile = dir.path().join("mlp.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_pipewright"))
+        .args(["profile", &model("mlp"), "--batch", "1,4", "--reps", "3", "-o", profile.to_str().unwrap()])
+        .output()
+        .expect("runs pipewright");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    for b in [1, 4] {
+        assert!(err.lines().any(|l| l.starts_with(&format!("profile: batch {b}: forward + backward ")) && l.contains("(median of 3 repetitions; min ") && l.contains("spread")), "{err}");
+    }
+    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(&profile).unwrap()).expect("profile is JSON");
+    let spread = json["spread"].as_array().expect("spread");
+    assert_eq!(spread.len(), 2);
+    for (s, b) in spread.iter().zip([1, 4]) {
+        let f = |k: &str| s[k].as_f64().unwrap();
+        assert_eq!((s["batch"].as_u64(), s["reps"].as_u64()), (Some(b), Some(3)));
+        assert!(0.0 < f("min_ms") && f("min_ms") <= f("median_ms") && f("median_ms") <= f("max_ms"), "{s}");
+    }
+    // The file still reads as a profile for the planner.
+    let (ok, _, err) = plan(&[&model("mlp"), "--stages", "2", "--batch", "64", "--top", "1", "--profile", profile.to_str().unwrap()]);
+    assert!(ok, "{err}");
+}
