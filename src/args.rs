@@ -275,6 +275,10 @@ pub struct TrainArgs {
     /// Give the same data, seed and --steps as the interrupted run.
     #[arg(long)]
     pub resume: Option<PathBuf>,
+    /// Resume even though the optimizer, microbatch, microbatches, replicas or loss differ
+    /// from the checkpoint's (refused otherwise).
+    #[arg(long, requires = "resume")]
+    pub force: bool,
     /// Plain progress lines instead of a progress bar (also when stderr is not a terminal).
     #[arg(long)]
     pub no_progress: bool,
@@ -345,6 +349,7 @@ mod requests {
                 checkpoint_every: self.checkpoint_every,
                 checkpoint_dir: self.checkpoint_dir.clone(),
                 resume: self.resume.clone(),
+                force: self.force,
                 threads: self.threads,
                 timeout: std::time::Duration::from_secs(self.timeout),
             })

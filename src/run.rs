@@ -42,6 +42,12 @@ pub fn train(args: &TrainArgs) -> Result<()> {
         "training {} stage(s) x {} replica(s), schedule {}, recompute {} (from the build), steps {}..{}",
         c.depth, session.shape.replicas.value, c.schedule, c.recompute, session.start, args.steps
     );
+    // Trained weights of an earlier run are replaced: say so before and after.
+    let weights = args.build.join(WEIGHTS_FILE);
+    let replacing = weights.is_file();
+    if replacing {
+        eprintln!("note: {} exists (an earlier run's weights); this run replaces it when it ends", weights.display());
+    }
     let mut progress = progress(args, session.start)?;
     let report = session.run(&mut |r: StepReport| progress.step(&r))?;
     progress.finish();
@@ -49,7 +55,8 @@ pub fn train(args: &TrainArgs) -> Result<()> {
     for p in &report.checkpoints {
         eprintln!("wrote checkpoint {}", p.display());
     }
-    save_weights(&args.build.join(WEIGHTS_FILE), &report)?;
+    save_weights(&weights, &report)?;
+    eprintln!("wrote {}{}", weights.display(), if replacing { " (replacing the earlier run's weights)" } else { "" });
     let (first, last) = loss_range(&report);
     println!(
         "trained {} steps in {:.1}s: loss {first:.4} -> {last:.4}; weight versions held per stage (peak): {:?}",

@@ -304,3 +304,44 @@ fn the_label_array_defaults_to_label() {
     let named_label = same_image_data(dir.path(), "label.safetensors", &[3; 64], "label");
     assert_eq!(first_loss(dir.path(), &named_label, &[]).expect("default label"), with_y);
 }
+
+/// A resumed run must repeat the settings the checkpoint was written under: another
+/// optimizer, microbatch or microbatch count is refused, naming the flag and both values,
+/// unless `--force`; `train` says when it replaces an earlier run's weights file.
+#[test]
+fn resume_refuses_changed_settings_unless_forced() {
+    let data = root().join("examples/digits/digits.npz");
+    let dir = tempfile::tempdir().expect("temp dir");
+    compile(dir.path(), "2", "2bw", "none");
+    let out = pw(&train_args(dir.path(), &data, "4", &["--checkpoint-every", "2"]));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(!err.contains("replac"), "a first run replaces nothing: {err}");
+    let ckpts = dir.path().join("checkpoints");
+    let json = std::fs::read_to_string(ckpts.join("step-000002/checkpoint.json")).expect("checkpoint manifest");
+    assert!(json.contains("\"--optimizer\": \"adam\""), "{json}");
+    for (extra, needle) in [
+        (vec!["--optimizer", "sgd"], "--optimizer adam (checkpoint) -> sgd (this run)"),
+        (vec!["--microbatch", "4"], "--microbatch 8 (checkpoint) -> 4 (this run)"),
+        (vec!["--microbatches", "2"], "--microbatches 3 (checkpoint) -> 2 (this run)"),
+    ] {
+        // Change the value train_args gives for that flag.
+        let mut args: Vec<&str> = train_args(dir.path(), &data, "4", &["--resume", ckpts.to_str().unwrap()]);
+        if let Some(i) = args.iter().position(|a| *a == extra[0]) {
+            args[i + 1] = extra[1];
+        }
+        let out = pw(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{extra:?} should be refused: {err}");
+        let last = err.lines().last().unwrap_or_default();
+        assert!(last.contains(needle) && last.contains("--force"), "{extra:?}: {err}");
+        args.push("--force");
+        let out = pw(&args);
+        assert!(out.status.success(), "{extra:?} --force: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    // The same settings resume, and say that the weights file is replaced.
+    let out = pw(&train_args(dir.path(), &data, "4", &["--resume", ckpts.to_str().unwrap()]));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("weights.safetensors exists") && err.contains("(replacing the earlier run's weights)"), "{err}");
+}

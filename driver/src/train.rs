@@ -7,6 +7,7 @@
 //! when the compile decided them (a plan), each overridable by a flag; [`RunShape`] says
 //! where every value came from.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -65,6 +66,8 @@ pub struct TrainRequest {
     pub checkpoint_dir: Option<PathBuf>,
     /// Continue from a checkpoint (a step folder, or a checkpoints folder).
     pub resume: Option<PathBuf>,
+    /// Resume even where this run's settings differ from the checkpoint's.
+    pub force: bool,
     /// Intra-op threads per worker.
     pub threads: Option<usize>,
     /// How long a stage waits for a neighbour or a reduction before it stops with an error.
@@ -89,6 +92,7 @@ fn config(req: &TrainRequest, manifest: &Manifest, shape: &RunShape, build: &Pat
     cfg.device = tch_device(req.device).map_err(|e| DriverError::msg(e.to_string()))?;
     cfg.trace = req.trace;
     cfg.replicas = usize::try_from(shape.replicas.value).unwrap_or(usize::MAX);
+    cfg.settings = settings(req, shape, &cfg.loss);
     if req.threads == Some(0) {
         return Err(DriverError::msg("--threads must be at least 1"));
     }
@@ -105,6 +109,37 @@ fn config(req: &TrainRequest, manifest: &Manifest, shape: &RunShape, build: &Pat
         cfg.checkpoint_dir = Some(req.checkpoint_dir.clone().unwrap_or_else(|| build.join("checkpoints")));
     }
     Ok(cfg)
+}
+
+/// What a resumed run must repeat, by the flag that sets it: the optimizer (its state
+/// in the checkpoint is that optimizer's), the batch's shape (microbatch, microbatches,
+/// replicas) and the loss.
+fn settings(req: &TrainRequest, shape: &RunShape, loss: &Objective) -> BTreeMap<String, String> {
+    let o = &req.optimizer;
+    [
+        ("--optimizer", o.kind.to_string()),
+        ("--momentum", o.momentum.to_string()),
+        ("--weight-decay", o.weight_decay.to_string()),
+        ("--microbatch", shape.microbatch.value.to_string()),
+        ("--microbatches", shape.microbatches.value.to_string()),
+        ("--replicas", shape.replicas.value.to_string()),
+        ("--loss", format!("{}:{}", loss.loss, loss.output)),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect()
+}
+
+/// The settings this run changes from the checkpoint's, as `--flag old -> new` (settings
+/// a checkpoint lacks, from before they were recorded, are not compared).
+fn changed_settings(checkpoint: &BTreeMap<String, String>, now: &BTreeMap<String, String>) -> Vec<String> {
+    checkpoint
+        .iter()
+        .filter_map(|(k, was)| match now.get(k) {
+            Some(is) if is != was => Some(format!("{k} {was} (checkpoint) -> {is} (this run)")),
+            _ => None,
+        })
+        .collect()
 }
 
 /// Classes of synthetic labels when neither the request nor the output's shape says.
@@ -195,6 +230,16 @@ impl Session {
             Some(dir) => Some(read_checkpoint(dir).map_err(|e| DriverError::msg(format!("--resume: {e}")))?),
             None => None,
         };
+        if let (Some(ck), Some(dir), false) = (&checkpoint, &req.resume, req.force) {
+            let changed = changed_settings(&ck.settings, &config.settings);
+            if !changed.is_empty() {
+                return Err(DriverError::msg(format!(
+                    "--resume {}: this run differs from the one that wrote the checkpoint: {}; give the same options, or --force to continue anyway",
+                    dir.display(),
+                    changed.join(", ")
+                )));
+            }
+        }
         let start = checkpoint.as_ref().map_or(0, |c| c.step as usize);
         let (b, m, w) = (size(shape.microbatch.value), size(shape.microbatches.value), size(shape.replicas.value));
         let batches = batches(req, &build.manifest, &config, b, m * w, start)?;
@@ -333,6 +378,7 @@ mod tests {
             checkpoint_every: None,
             checkpoint_dir: None,
             resume: None,
+            force: false,
             threads: Some(1),
             timeout: Duration::from_secs(60),
         }

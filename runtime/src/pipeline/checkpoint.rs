@@ -10,7 +10,7 @@
 //! end of the batch). The folder is written under a temporary name and renamed into
 //! place, so a step folder is either complete or absent.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
 use safetensors::tensor::TensorView;
@@ -45,6 +45,9 @@ pub struct Checkpoint {
     /// `Program::pipeline` of the modules that were trained.
     pub pipeline: String,
     pub schedule: Schedule,
+    /// [`super::TrainConfig::settings`] of the run that wrote it (empty in checkpoints
+    /// from before they were recorded).
+    pub settings: BTreeMap<String, String>,
     pub stages: Vec<StageState>,
 }
 
@@ -66,6 +69,8 @@ struct Manifest {
     depth: usize,
     schedule: Schedule,
     pipeline: String,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    settings: BTreeMap<String, String>,
     stages: Vec<String>,
 }
 
@@ -107,6 +112,7 @@ fn write_into(tmp: &Path, ck: &Checkpoint) -> Result<(), CheckpointError> {
         depth: ck.stages.len(),
         schedule: ck.schedule,
         pipeline: ck.pipeline.clone(),
+        settings: ck.settings.clone(),
         stages: files,
     };
     let json = serde_json::to_vec_pretty(&manifest).map_err(|e| at(tmp, e.to_string()))?;
@@ -177,7 +183,7 @@ pub fn read_checkpoint(path: &Path) -> Result<Checkpoint, CheckpointError> {
         let bytes = std::fs::read(&p).map_err(|e| at(&p, format!("cannot read: {e}")))?;
         stages.push(decode_stage(&bytes, k).map_err(|msg| at(&p, msg))?);
     }
-    Ok(Checkpoint { step: m.step, pipeline: m.pipeline, schedule: m.schedule, stages })
+    Ok(Checkpoint { step: m.step, pipeline: m.pipeline, schedule: m.schedule, settings: m.settings, stages })
 }
 
 fn newest_step_dir(parent: &Path) -> Result<PathBuf, CheckpointError> {

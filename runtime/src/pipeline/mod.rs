@@ -98,6 +98,9 @@ pub struct TrainConfig {
     /// How long a worker waits for a neighbour's tensors or a reduction before it stops
     /// with an error naming what it waited for.
     pub timeout: Duration,
+    /// The run's settings a resumed run must repeat (e.g. `--optimizer` = `adam`),
+    /// recorded in every checkpoint for the caller to compare when resuming.
+    pub settings: BTreeMap<String, String>,
 }
 
 impl TrainConfig {
@@ -120,6 +123,7 @@ impl TrainConfig {
             checkpoint_dir: None,
             threads: None,
             timeout: DEFAULT_TIMEOUT,
+            settings: BTreeMap::new(),
         }
     }
 }
@@ -610,6 +614,7 @@ struct EventSink<'a> {
     /// The modules' schedule name (`2bw`, `flush`, `gpipe`), recorded in checkpoints.
     schedule: Schedule,
     pipeline: String,
+    settings: BTreeMap<String, String>,
     dir: Option<PathBuf>,
     on_step: &'a mut dyn FnMut(StepReport),
     pending_steps: std::collections::BTreeMap<usize, (usize, f64, usize)>,
@@ -627,6 +632,7 @@ impl<'a> EventSink<'a> {
             w,
             schedule,
             pipeline,
+            settings: cfg.settings.clone(),
             dir: cfg.checkpoint_dir.clone(),
             on_step,
             pending_steps: Default::default(),
@@ -666,7 +672,7 @@ impl<'a> EventSink<'a> {
 
     fn write(&mut self, step: u64, stages: Vec<StageState>) {
         let (Some(dir), None) = (&self.dir, &self.error) else { return };
-        let ck = Checkpoint { step, pipeline: self.pipeline.clone(), schedule: self.schedule, stages };
+        let ck = Checkpoint { step, pipeline: self.pipeline.clone(), schedule: self.schedule, settings: self.settings.clone(), stages };
         match write_checkpoint(dir, &ck) {
             Ok(p) => self.written.push(p),
             Err(e) => self.error = Some(e),
