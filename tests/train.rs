@@ -303,6 +303,9 @@ fn the_label_array_defaults_to_label() {
     let with_y = first_loss(dir.path(), &named_y, &["--label", "y"]).expect("--label y");
     let named_label = same_image_data(dir.path(), "label.safetensors", &[3; 64], "label");
     assert_eq!(first_loss(dir.path(), &named_label, &[]).expect("default label"), with_y);
+    // A wrong --output is refused before training starts, with the outputs there are.
+    let e = first_loss(dir.path(), &named_label, &["--output", "nope"]).unwrap_err();
+    assert!(e.contains("--output \"nope\"") && e.contains("\"linear_3\"") && !e.contains("training 1 stage"), "{e}");
 }
 
 /// A resumed run must repeat the settings the checkpoint was written under: another

@@ -147,10 +147,18 @@ pub const DEFAULT_CLASSES: i64 = 10;
 
 /// The model output the loss applies to: `--output`, or the model's only output.
 fn loss_output(req: &TrainRequest, manifest: &Manifest) -> Result<String, DriverError> {
+    let outputs: Vec<&str> = manifest.outputs().map(|t| t.name.as_str()).collect();
     if let Some(o) = &req.output {
+        // Checked here, before the run starts, rather than by the last stage at its first
+        // step.
+        if !outputs.contains(&o.as_str()) {
+            return Err(DriverError::msg(format!(
+                "--output {o:?}: the model has no output of that name (outputs: {})",
+                outputs.iter().map(|o| format!("{o:?}")).collect::<Vec<_>>().join(", ")
+            )));
+        }
         return Ok(o.clone());
     }
-    let outputs: Vec<&str> = manifest.outputs().map(|t| t.name.as_str()).collect();
     match outputs[..] {
         [only] => Ok(only.to_string()),
         _ => Err(DriverError::msg(format!(
