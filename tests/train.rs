@@ -348,3 +348,41 @@ fn resume_refuses_changed_settings_unless_forced() {
     assert!(out.status.success(), "{err}");
     assert!(err.contains("weights.safetensors exists") && err.contains("(replacing the earlier run's weights)"), "{err}");
 }
+
+/// docs/runtime.md's language-model example as written: gpt2-tiny (logits [N, 32, 1000])
+/// trains on per-token labels, most of them -100, with label smoothing; the same file
+/// with the ignored value changed fails on label -100 instead.
+#[test]
+fn per_token_labels_train_a_language_model() {
+    use safetensors::tensor::{Dtype, TensorView};
+    let dir = tempfile::tempdir().expect("temp dir");
+    let n = 16;
+    let ids: Vec<i64> = (0..n * 32).map(|i| (i * 7 % 1000) as i64).collect();
+    // Every fourth token is a target; the rest are -100.
+    let labels: Vec<i64> = (0..n * 32).map(|i| if i % 4 == 0 { (i * 13 % 1000) as i64 } else { -100 }).collect();
+    let (x, y): (Vec<u8>, Vec<u8>) = (ids.iter().flat_map(|v| v.to_le_bytes()).collect(), labels.iter().flat_map(|v| v.to_le_bytes()).collect());
+    let views = vec![
+        ("input_ids".to_string(), TensorView::new(Dtype::I64, vec![n, 32], &x).unwrap()),
+        ("label".to_string(), TensorView::new(Dtype::I64, vec![n, 32], &y).unwrap()),
+    ];
+    std::fs::write(dir.path().join("mlm.safetensors"), safetensors::serialize(views, &None).unwrap()).unwrap();
+    let md = std::fs::read_to_string(root().join("docs/runtime.md")).unwrap();
+    let compile_line = "pipewright compile ../shared/corpus/models/gpt2-tiny.onnx --stages 2 -o gpt2-build";
+    let train_line = "pipewright train gpt2-build --data mlm.safetensors --steps 2 --microbatch 4 --label-smoothing 0.1";
+    assert!(md.contains(compile_line) && md.contains(train_line), "docs/runtime.md no longer shows the example");
+    let model = root().join("../shared/corpus/models/gpt2-tiny.onnx");
+    let build = dir.path().join("gpt2-build");
+    let data = dir.path().join("mlm.safetensors");
+    let out = pw(&["compile", model.to_str().unwrap(), "--stages", "2", "-o", build.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let args = ["train", build.to_str().unwrap(), "--data", data.to_str().unwrap(), "--steps", "2", "--microbatch", "4", "--label-smoothing", "0.1", "--no-progress"];
+    let out = pw(&args);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.starts_with("trained 2 steps") && !stdout.contains("NaN"), "{stdout}");
+    let mut bad = args.to_vec();
+    bad.extend(["--ignore-index", "-1"]);
+    let out = pw(&bad);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("label -100") && err.contains("1000 classes"), "{err}");
+}
