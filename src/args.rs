@@ -77,6 +77,14 @@ pub struct ClusterArgs {
     pub cluster: Option<PathBuf>,
 }
 
+impl ClusterArgs {
+    /// No cluster described: the planner's default one is assumed.
+    pub fn is_default(&self) -> bool {
+        let ClusterArgs { workers, memory, intra_bw, inter_bw, workers_per_node, peak_flops, cluster } = self;
+        workers.is_none() && memory.is_none() && intra_bw.is_none() && inter_bw.is_none() && workers_per_node.is_none() && peak_flops.is_none() && cluster.is_none()
+    }
+}
+
 #[derive(clap::Args)]
 pub struct PlanArgs {
     /// The ONNX model file.
@@ -187,7 +195,8 @@ pub struct TrainArgs {
     /// arrays are named after the model's inputs (first axis = samples).
     #[arg(long, default_value = "synthetic")]
     pub data: PathBuf,
-    /// The labels array in the data file.
+    /// The labels array in the data file (default: the array named `label`, for a loss
+    /// that needs labels).
     #[arg(long)]
     pub label: Option<String>,
     /// The loss: cross-entropy, mse, or output (the model output is the loss itself, e.g.
@@ -202,6 +211,14 @@ pub struct TrainArgs {
     /// output's last axis).
     #[arg(long)]
     pub classes: Option<i64>,
+    /// Cross-entropy: labels equal to this count neither in the loss nor in its mean
+    /// (PyTorch's default; the Hugging Face convention for masked tokens).
+    #[arg(long, default_value_t = -100, allow_negative_numbers = true)]
+    pub ignore_index: i64,
+    /// Cross-entropy label smoothing: the target gives 1 - S to the label and spreads S
+    /// over all classes (0 to 1).
+    #[arg(long, value_name = "S", default_value_t = 0.0)]
+    pub label_smoothing: f64,
     /// Optimizer steps (batches).
     #[arg(long, default_value_t = 100)]
     pub steps: usize,
@@ -259,6 +276,10 @@ pub struct TrainArgs {
     /// Give the same data, seed and --steps as the interrupted run.
     #[arg(long)]
     pub resume: Option<PathBuf>,
+    /// Resume even though the optimizer, microbatch, microbatches, replicas or loss differ
+    /// from the checkpoint's (refused otherwise).
+    #[arg(long, requires = "resume")]
+    pub force: bool,
     /// Plain progress lines instead of a progress bar (also when stderr is not a terminal).
     #[arg(long)]
     pub no_progress: bool,
@@ -322,6 +343,8 @@ mod requests {
                 loss: self.loss.loss,
                 output: self.loss_output().map_err(anyhow::Error::msg)?,
                 classes: self.classes,
+                ignore_index: self.ignore_index,
+                label_smoothing: self.label_smoothing,
                 steps: self.steps,
                 flags: RunFlags { microbatch: self.microbatch, microbatches: self.microbatches, replicas: self.replicas },
                 lr: self.lr,
@@ -335,6 +358,7 @@ mod requests {
                 checkpoint_every: self.checkpoint_every,
                 checkpoint_dir: self.checkpoint_dir.clone(),
                 resume: self.resume.clone(),
+                force: self.force,
                 threads: self.threads,
                 timeout: std::time::Duration::from_secs(self.timeout),
                 max_inflated: self.max_data_size,
@@ -374,10 +398,17 @@ pub struct RunForwardArgs {
     /// `cpu`, `cuda` or `cuda:N`.
     #[arg(long, default_value = "cpu")]
     pub device: Device,
+    /// Relative tolerance: an element matches when |actual - expected| <= atol + rtol *
+    /// |expected|; any mismatch makes the command fail (exit status 1).
     #[arg(long, default_value_t = 1e-3)]
     pub rtol: f64,
-    #[arg(long, default_value_t = 1e-7)]
+    /// Absolute tolerance (see --rtol); the default allows float32 round-off on outputs
+    /// near zero.
+    #[arg(long, default_value_t = 1e-5)]
     pub atol: f64,
+    /// Write the outputs to this .npz file, one array per output name.
+    #[arg(long, value_name = "OUT.npz")]
+    pub save: Option<PathBuf>,
     /// Repeat the inputs (and expected outputs) K times along the batch axis: checks the
     /// compiled model at a microbatch other than the one it was exported with.
     #[arg(long, default_value_t = 1)]
@@ -431,7 +462,8 @@ pub struct ProfileArgs {
     /// `cpu`, `cuda` or `cuda:N`.
     #[arg(long, default_value = "cpu")]
     pub device: Device,
-    /// Timed repetitions per node (median).
+    /// Timed repetitions per node (the median is kept; the spread of the whole model's
+    /// time over them is reported and stored as `spread`).
     #[arg(long, default_value_t = 5)]
     pub reps: usize,
     /// Seed of the synthetic inputs.

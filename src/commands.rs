@@ -9,13 +9,13 @@ use pipewright_core::Balance;
 use pipewright_driver::compile::{compile, plan, CompileRequest};
 use pipewright_ir::summary::Summary;
 use pipewright_ir::{import_model, ImportOptions};
-use pipewright_passes::cluster::{parse_bandwidth, parse_bytes, parse_flops, Cluster};
+use pipewright_passes::cluster::{parse_bandwidth, parse_bytes, parse_flops, Cluster, DEFAULT_CLUSTER_NOTE};
 use pipewright_passes::cost::Profile;
 use pipewright_passes::manager::{PassOptions, PrintAfter};
 use pipewright_passes::pipeline::PlanRequest;
 use pipewright_passes::plan_file::PlanFile;
 use pipewright_passes::planner::PlanOptions;
-use pipewright_runtime::listing::module_text;
+use pipewright_runtime::listing::{module_json, module_text};
 use pipewright_runtime::module::{looks_like_module, read_module};
 use pipewright_runtime::timeline::{bubbles, read_chrome_trace, timeline_svg};
 
@@ -26,7 +26,12 @@ use crate::args::{ClusterArgs, CompileArgs, ExportArgs, InspectArgs, PlanArgs, S
 
 pub fn inspect(args: &InspectArgs) -> Result<()> {
     if looks_like_module(&args.model) {
-        print!("{}", module_text(&read_module(&args.model)?));
+        let m = read_module(&args.model)?;
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(&module_json(&m))?);
+        } else {
+            print!("{}", module_text(&m));
+        }
         return Ok(());
     }
     let graph = import_model(&args.model, &ImportOptions { batch: args.batch, ..ImportOptions::default() })?;
@@ -103,9 +108,17 @@ pub fn plan_command(args: &PlanArgs) -> Result<()> {
         return Ok(());
     }
     let file = planned.file.ok_or_else(|| anyhow!("{}: nothing was planned", args.model.display()))?;
+    let default_cluster = args.cluster.is_default();
     if args.json {
+        // stdout stays the plan file; the JSON's `cluster` holds the numbers.
+        if default_cluster {
+            eprintln!("note: {DEFAULT_CLUSTER_NOTE}");
+        }
         println!("{}", file.to_json());
     } else {
+        if default_cluster {
+            println!("note: {DEFAULT_CLUSTER_NOTE}");
+        }
         print!("{}", file.plan.text());
     }
     Ok(())
@@ -140,19 +153,9 @@ pub fn compile_command(args: &CompileArgs) -> Result<()> {
     let compiled = compile(&compile_request(args)?)?;
     print!("{}", compiled.printed);
     if args.timings {
-        eprint!("{}", compiled.pass_timings);
+        eprint!("{}", compiled.timings_text());
     }
-    let Some((manifest, times)) = compiled.written else { return Ok(()) };
-    if args.timings {
-        let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
-        eprintln!("  write stage modules  {:>10.3} ms", ms(times.modules));
-        if args.stage_onnx {
-            eprintln!("  write stage ONNX     {:>10.3} ms", ms(times.onnx));
-        }
-        if args.executables {
-            eprintln!("  write executables    {:>10.3} ms", ms(times.executables));
-        }
-    }
+    let Some((manifest, _)) = compiled.written else { return Ok(()) };
     let decision = compiled.decision.map(|d| d.text()).unwrap_or_default();
     println!("compiled {} into {} stage(s) in {}: {decision}", args.model.display(), manifest.stages.len(), args.output.display());
     Ok(())

@@ -30,6 +30,9 @@ enum Command {
     /// stage module (`.pwm`), print its header and stage program.
     Inspect(InspectArgs),
     /// Plan the pipeline: depth, width, microbatch, recomputation, schedule, and the stages.
+    ///
+    /// The plan is for the cluster the options describe; without any, for a default server
+    /// of 8 V100-class GPUs (16 GiB, 15.7 Tflop/s each), which the output says.
     Plan(PlanArgs),
     /// Compile a model into a build folder: per-stage modules (`stageK.pwm`) and
     /// `pipeline.toml` (with `--stage-onnx`, also each stage as ONNX).

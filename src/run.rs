@@ -8,7 +8,8 @@ use pipewright_core::fs::write_atomic;
 use pipewright_core::units::human_bytes;
 use pipewright_driver::conformance::{report, run_all, totals};
 use pipewright_driver::export::{save_weights, WEIGHTS_FILE};
-use pipewright_driver::forward::{bench_step, run_forward};
+use pipewright_passes::cost::BatchSpread;
+use pipewright_driver::forward::{bench_step, run_forward, save_outputs, verdict};
 use pipewright_driver::train::{Session, WorkerSession};
 use pipewright_runtime::device::tch_device;
 use pipewright_runtime::pipeline::{StepReport, TrainReport};
@@ -41,6 +42,12 @@ pub fn train(args: &TrainArgs) -> Result<()> {
         "training {} stage(s) x {} replica(s), schedule {}, recompute {} (from the build), steps {}..{}",
         c.depth, session.shape.replicas.value, c.schedule, c.recompute, session.start, args.steps
     );
+    // Trained weights of an earlier run are replaced: say so before and after.
+    let weights = args.build.join(WEIGHTS_FILE);
+    let replacing = weights.is_file();
+    if replacing {
+        eprintln!("note: {} exists (an earlier run's weights); this run replaces it when it ends", weights.display());
+    }
     let mut progress = progress(args, session.start)?;
     let report = session.run(&mut |r: StepReport| progress.step(&r))?;
     progress.finish();
@@ -48,7 +55,8 @@ pub fn train(args: &TrainArgs) -> Result<()> {
     for p in &report.checkpoints {
         eprintln!("wrote checkpoint {}", p.display());
     }
-    save_weights(&args.build.join(WEIGHTS_FILE), &report)?;
+    save_weights(&weights, &report)?;
+    eprintln!("wrote {}{}", weights.display(), if replacing { " (replacing the earlier run's weights)" } else { "" });
     let (first, last) = loss_range(&report);
     println!(
         "trained {} steps in {:.1}s: loss {first:.4} -> {last:.4}; weight versions held per stage (peak): {:?}",
@@ -92,7 +100,8 @@ pub fn worker(args: &WorkerArgs, embedded: Option<Vec<u8>>) -> Result<()> {
 
 pub fn run_forward_command(args: &RunForwardArgs) -> Result<()> {
     let device = tch_device(args.device)?;
-    for (i, out) in run_forward(&args.model, &args.inputs, device, args.tile_batch, args.rtol, args.atol)?.iter().enumerate() {
+    let outputs = run_forward(&args.model, &args.inputs, device, args.tile_batch, args.rtol, args.atol)?;
+    for (i, out) in outputs.iter().enumerate() {
         let t = &out.tensor;
         print!("output {i} {:?}: {:?} {:?}", out.name, t.kind(), t.size());
         if let Ok(Ok(m)) = t.f_to_kind(tch::Kind::Double).and_then(|d| d.f_mean(tch::Kind::Double)).map(f64::try_from) {
@@ -102,6 +111,17 @@ pub fn run_forward_command(args: &RunForwardArgs) -> Result<()> {
             Some(c) => println!(" max_abs_err={:.3e} relative={:.3e} mismatches={}/{}", c.max_abs_err, c.relative(), c.mismatches, c.numel),
             None => println!(),
         }
+    }
+    if let Some(path) = &args.save {
+        save_outputs(path, &outputs)?;
+        println!("saved {} output(s) to {}", outputs.len(), path.display());
+    }
+    let v = verdict(&outputs, &args.inputs, args.rtol, args.atol);
+    for line in &v.lines {
+        println!("{line}");
+    }
+    if !v.matched {
+        anyhow::bail!("{}: the outputs differ from the expected ones (see above)", args.model.display());
     }
     Ok(())
 }
@@ -132,8 +152,25 @@ pub fn conformance(args: &ConformanceArgs) -> Result<()> {
     Ok(())
 }
 
+/// A spread of the repetitions' totals, relative to their median, above which `profile`
+/// warns that the measurements are unreliable.
+const NOISY_SPREAD: f64 = 0.25;
+
 pub fn profile(args: &ProfileArgs) -> Result<()> {
-    let mut on_batch = |b: u64| eprintln!("profile: batch {b} done");
+    let mut on_batch = |s: &BatchSpread| {
+        eprintln!(
+            "profile: batch {}: forward + backward {:.3} ms (median of {} repetitions; min {:.3}, max {:.3}: spread {:.0}%)",
+            s.batch,
+            s.median_ms,
+            s.reps,
+            s.min_ms,
+            s.max_ms,
+            s.relative() * 100.0
+        );
+        if s.relative() > NOISY_SPREAD {
+            eprintln!("profile: warning: batch {}: the repetitions differ by more than {:.0}%; the machine looks busy (rerun idle, or with more --reps)", s.batch, NOISY_SPREAD * 100.0);
+        }
+    };
     let p = pipewright_driver::profile::profile(&args.model, args.device, &args.batch, args.reps, args.seed, &mut on_batch)?;
     let text = serde_json::to_string_pretty(&p).map_err(|e| anyhow!("profile: {e}"))?;
     match &args.output {

@@ -459,3 +459,34 @@ fn generated_models_split_at_any_depth_compute_the_whole_model() {
         }
     }
 }
+
+/// `compile --timings` lists every pass and every kind of file written, and its total is
+/// the sum of those lines (the writes included); `inspect stage.pwm --json` prints the
+/// module's summary as JSON that agrees with the text form.
+#[test]
+fn timings_add_up_and_modules_inspect_as_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = compile(&models().join("mlp.onnx"), 2, dir.path(), &["--timings", "--stage-onnx"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let ms = |l: &str| -> f64 { l.split(" ms").next().and_then(|x| x.split_whitespace().last()).and_then(|x| x.parse().ok()).unwrap_or_else(|| panic!("{l}")) };
+    let lines: Vec<&str> = err.lines().filter(|l| l.contains(" ms")).collect();
+    let (total, parts) = lines.split_last().expect("timing lines");
+    assert!(total.trim_start().starts_with("total") && total.contains("passes") && total.contains("writing"), "{err}");
+    for name in ["import", "lower", "write stage modules", "write stage ONNX"] {
+        assert!(parts.iter().any(|l| l.trim_start().starts_with(name)), "{name} missing: {err}");
+    }
+    let sum: f64 = parts.iter().map(|l| ms(l)).sum();
+    assert!((sum - ms(total)).abs() <= 0.001 * parts.len() as f64, "lines sum to {sum}, total says {}: {err}", ms(total));
+
+    let module = dir.path().join("stage0.pwm");
+    let out = pipewright(&["inspect".as_ref(), module.as_os_str(), "--json".as_ref()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("inspect stage.pwm --json prints JSON");
+    assert_eq!((v["stage"].as_u64(), v["depth"].as_u64()), (Some(0), Some(2)));
+    assert_eq!(v["inputs"][0]["name"].as_str(), Some("input"));
+    let text = String::from_utf8_lossy(&pipewright(&["inspect".as_ref(), module.as_os_str()]).stdout).to_string();
+    let params = v["trainable_parameters"].as_u64().expect("trainable_parameters");
+    assert!(params > 0 && text.contains(&format!("{params} trainable parameters")), "{params} vs {text}");
+    assert_eq!(v["instructions"].as_array().map(|a| a.len()), text.lines().find_map(|l| l.strip_prefix("instructions (")?.strip_suffix("):")?.parse().ok()));
+}

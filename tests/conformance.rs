@@ -98,3 +98,48 @@ fn check_forward(name: &str, tile: usize) {
         assert!(rel <= 1e-4, "{name}: max abs error {rel:.3e} of the output's max magnitude");
     }
 }
+
+/// `run-forward` concludes in words and by exit status: the MLP matches its onnxruntime
+/// reference at the default tolerances (exit 0, a `match:` line); with one expected value
+/// moved by 1.0 it names the output, the count and the file, and exits 1; `--save`
+/// writes the outputs to an .npz whose array is the printed output, bit for bit.
+#[test]
+fn run_forward_gives_a_verdict_and_saves_outputs() {
+    use onnx_protobuf::{Message, TensorProto};
+    let models = corpus().join("models");
+    let model = models.join("mlp.onnx");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let saved = dir.path().join("out.npz");
+    let out = pipewright(&["run-forward", model.to_str().unwrap(), "--inputs", models.join("mlp.inputs").to_str().unwrap(), "--save", saved.to_str().unwrap()]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.lines().any(|l| l.starts_with("match: all 1 compared output(s)")), "{stdout}");
+
+    // The saved array is the model's output, as the expected file has it to within round-off.
+    let spec = pipewright_runtime::build::InputSpec { name: "linear_3".into(), elem: pipewright_runtime::kernel::ElemType::F32, per_sample: vec![10] };
+    let d = pipewright_runtime::data::Dataset::from_npz(&saved, &[spec], None).expect("the saved .npz reads back");
+    let got = d.input("linear_3").expect("array linear_3");
+    let bytes = std::fs::read(models.join("mlp.inputs/output_0.pb")).expect("expected output");
+    let mut want = TensorProto::parse_from_bytes(&bytes).expect("TensorProto");
+    let want_v: Vec<f32> = want.raw_data.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+    let got_v: Vec<f32> = Vec::<f32>::try_from(got.flatten(0, -1)).expect("f32 values");
+    assert_eq!(got.size(), vec![8, 10]);
+    assert!(got_v.iter().zip(&want_v).all(|(a, b)| (a - b).abs() < 1e-5), "{got_v:?} vs {want_v:?}");
+
+    // A wrong expected value: a verdict naming it, and a failing exit status.
+    let inputs = dir.path().join("inputs");
+    std::fs::create_dir(&inputs).unwrap();
+    std::fs::copy(models.join("mlp.inputs/input_0.pb"), inputs.join("input_0.pb")).unwrap();
+    let first = f32::from_le_bytes([want.raw_data[0], want.raw_data[1], want.raw_data[2], want.raw_data[3]]) + 1.0;
+    want.raw_data[..4].copy_from_slice(&first.to_le_bytes());
+    std::fs::write(inputs.join("output_0.pb"), want.write_to_bytes().unwrap()).unwrap();
+    let out = pipewright(&["run-forward", model.to_str().unwrap(), "--inputs", inputs.to_str().unwrap()]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stdout}{stderr}");
+    assert!(stdout.contains("MISMATCH: output 0 \"linear_3\": 1 of 80 elements differ") && stdout.contains("output_0.pb"), "{stdout}");
+    assert!(stderr.contains("differ"), "{stderr}");
+    // Loosened past the difference, it matches.
+    let out = pipewright(&["run-forward", model.to_str().unwrap(), "--inputs", inputs.to_str().unwrap(), "--atol", "1.5"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+}

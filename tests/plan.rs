@@ -114,3 +114,54 @@ fn a_measured_profile_drives_the_plan() {
     assert!(ok, "{err}");
     assert_ne!(analytic, measured, "the profile changed nothing");
 }
+
+/// With no cluster described, `plan` says in every output that it assumed the default
+/// server of 8 V100-class GPUs (text: on stdout above the table; --json: on stderr, the
+/// JSON on stdout staying parseable and carrying the cluster), and the table's columns
+/// are explained under it; a described cluster gets no such note.
+#[test]
+fn plan_states_its_cluster_and_explains_its_columns() {
+    let (ok, out, err) = plan(&[&model("mlp"), "--top", "2"]);
+    assert!(ok, "{err}");
+    assert!(out.starts_with("note: no cluster given, so the plan assumes the default: one server of 8 V100-class GPUs"), "{out}");
+    assert!(out.contains("not this machine") && out.contains("--cluster FILE"), "{out}");
+    assert!(out.contains("columns: w = replicas") && out.contains("d = pipeline depth") && out.contains("b = microbatch size") && out.contains("m = microbatches per step"), "{out}");
+    let (ok, json, err) = plan(&[&model("mlp"), "--top", "2", "--json"]);
+    assert!(ok, "{err}");
+    assert!(err.contains("no cluster given") && err.contains("V100"), "{err}");
+    let v: serde_json::Value = serde_json::from_str(&json).expect("--json prints JSON only");
+    assert_eq!(v["cluster"]["workers"].as_u64(), Some(8));
+    let (ok, out, err) = plan(&[&model("mlp"), "--top", "2", "--workers", "2"]);
+    assert!(ok, "{err}");
+    assert!(!out.contains("no cluster given") && out.starts_with("planned for: 2 workers"), "{out}");
+}
+
+/// `profile` repeats each measurement and reports the spread: one stderr line per batch
+/// size with the median, min and max of the whole model's forward + backward time over
+/// the repetitions, and the same in the profile's `spread`.
+#[cfg(feature = "torch")]
+#[test]
+fn profile_reports_the_spread_of_its_repetitions() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let profile = dir.path().join("mlp.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_pipewright"))
+        .args(["profile", &model("mlp"), "--batch", "1,4", "--reps", "3", "-o", profile.to_str().unwrap()])
+        .output()
+        .expect("runs pipewright");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    for b in [1, 4] {
+        assert!(err.lines().any(|l| l.starts_with(&format!("profile: batch {b}: forward + backward ")) && l.contains("(median of 3 repetitions; min ") && l.contains("spread")), "{err}");
+    }
+    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(&profile).unwrap()).expect("profile is JSON");
+    let spread = json["spread"].as_array().expect("spread");
+    assert_eq!(spread.len(), 2);
+    for (s, b) in spread.iter().zip([1, 4]) {
+        let f = |k: &str| s[k].as_f64().unwrap();
+        assert_eq!((s["batch"].as_u64(), s["reps"].as_u64()), (Some(b), Some(3)));
+        assert!(0.0 < f("min_ms") && f("min_ms") <= f("median_ms") && f("median_ms") <= f("max_ms"), "{s}");
+    }
+    // The file still reads as a profile for the planner.
+    let (ok, _, err) = plan(&[&model("mlp"), "--stages", "2", "--batch", "64", "--top", "1", "--profile", profile.to_str().unwrap()]);
+    assert!(ok, "{err}");
+}

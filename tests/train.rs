@@ -169,7 +169,7 @@ fn a_diverging_run_stops_and_keeps_the_files() {
     let err = String::from_utf8_lossy(&out.stderr);
     let last = err.lines().last().unwrap_or_default();
     assert!(!out.status.success(), "a diverging run exited 0: {err}");
-    assert!(last.starts_with("error:") && last.contains("step 0, stage ") && last.contains("not") && last.contains("--lr"), "{err}");
+    assert!(last.starts_with("error:") && last.contains("step 1, stage ") && last.contains("not") && last.contains("--lr"), "{err}");
     assert!(snapshot(dir.path()) == before, "a diverging run changed a file of the build");
 }
 
@@ -319,7 +319,7 @@ fn damaged_checkpoints_are_refused_naming_the_file() {
     args[i + 1] = "0.01";
     let out = pw(&args);
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && err.contains("lr 0.003 (this run: 0.01)"), "{err}");
+    assert!(!out.status.success() && err.contains("--lr 0.003 (checkpoint) -> 0.01 (this run)"), "{err}");
     assert!(std::fs::read(&weights).unwrap() == trained, "other settings: the weights file changed");
 }
 
@@ -479,4 +479,175 @@ fn a_loss_the_model_computes_trains_like_the_built_in_loss() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--loss names output \"loss\" but --output names \"other\""), "{err}");
+}
+
+/// A safetensors data file of `n` copies of one digit image (`input`) with the labels
+/// `labels` under the array name `label_name`.
+fn same_image_data(dir: &Path, file: &str, labels: &[i64], label_name: &str) -> PathBuf {
+    use safetensors::tensor::{Dtype, TensorView};
+    let n = labels.len();
+    let image: Vec<f32> = (0..64).map(|i| (i % 7) as f32).collect();
+    let x: Vec<u8> = image.iter().cycle().take(64 * n).flat_map(|v| v.to_le_bytes()).collect();
+    let y: Vec<u8> = labels.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let views = vec![
+        ("input".to_string(), TensorView::new(Dtype::F32, vec![n, 64], &x).expect("input view")),
+        (label_name.to_string(), TensorView::new(Dtype::I64, vec![n], &y).expect("label view")),
+    ];
+    let bytes = safetensors::serialize(views, &None).expect("serialize");
+    let path = dir.join(file);
+    std::fs::write(&path, bytes).expect("write data");
+    path
+}
+
+/// The first step's loss (the initial weights') of the one-stage MLP on `data`, with no
+/// `--label` and no `--output` (the array `label` and the only output are the defaults).
+fn first_loss(build: &Path, data: &Path, extra: &[&str]) -> Result<f64, String> {
+    let metrics = build.join("first.jsonl");
+    let mut args = vec![
+        "train", build.to_str().unwrap(), "--data", data.to_str().unwrap(), "--steps", "1", "--microbatch", "16",
+        "--microbatches", "4", "--no-progress", "--metrics", metrics.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    let out = pw(&args);
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(!err.contains("panicked"), "{err}");
+    if !out.status.success() {
+        return Err(err);
+    }
+    let line = std::fs::read_to_string(&metrics).expect("metrics written");
+    Ok(serde_json::from_str::<serde_json::Value>(line.lines().next().expect("a line")).expect("JSON")["loss"].as_f64().expect("loss"))
+}
+
+/// Cross-entropy skips labels equal to `--ignore-index` (default -100) in the loss and in
+/// its mean: 64 copies of one image, a quarter labelled -100 and the rest 3, give the loss
+/// of all of them labelled 3 (every microbatch averages over its kept labels only); a
+/// batch of nothing but ignored labels trains at loss 0 instead of diverging to NaN.
+/// `--label-smoothing S` mixes the label's loss with the mean over all classes, linearly
+/// in S. Out-of-range labels name the label, the class count and the flag.
+#[test]
+fn cross_entropy_ignores_labels_and_smooths() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    compile(dir.path(), "1", "2bw", "none");
+    let build = dir.path();
+    let threes = same_image_data(build, "threes.safetensors", &[3; 64], "label");
+    let masked: Vec<i64> = (0..64).map(|i| if i % 4 == 0 { -100 } else { 3 }).collect();
+    let masked = same_image_data(build, "masked.safetensors", &masked, "label");
+    let all = first_loss(build, &threes, &[]).expect("labels 3");
+    let kept = first_loss(build, &masked, &[]).expect("labels 3 and -100");
+    assert!(all > 0.0 && (all - kept).abs() < 1e-5, "ignored labels changed the loss: {all} vs {kept}");
+    let none = same_image_data(build, "none.safetensors", &[-100; 64], "label");
+    assert_eq!(first_loss(build, &none, &[]).expect("all ignored"), 0.0);
+    // Another ignored value: -100 becomes a label out of range.
+    let e = first_loss(build, &masked, &["--ignore-index", "-1"]).unwrap_err();
+    let last = e.lines().last().unwrap_or_default();
+    assert!(last.contains("label -100") && last.contains("10 classes") && last.contains("--ignore-index"), "{e}");
+    let big = same_image_data(build, "big.safetensors", &[12; 64], "label");
+    let e = first_loss(build, &big, &[]).unwrap_err();
+    assert!(e.contains("label 12") && e.contains("10 classes") && !e.contains("Internal torch error"), "{e}");
+
+    let half = first_loss(build, &threes, &["--label-smoothing", "0.5"]).expect("smoothing 0.5");
+    let full = first_loss(build, &threes, &["--label-smoothing", "1"]).expect("smoothing 1");
+    assert!((full - all).abs() > 1e-3, "smoothing had no effect: {all} vs {full}");
+    assert!((half - (all + full) / 2.0).abs() < 1e-5, "smoothing 0.5: {half}, expected the mean of {all} and {full}");
+    let e = first_loss(build, &threes, &["--label-smoothing", "1.5"]).unwrap_err();
+    assert!(e.contains("--label-smoothing") && e.contains("1.5"), "{e}");
+}
+
+/// Without `--label`, a loss that needs labels takes the array named `label`; when there
+/// is none, the error asks for --label and lists the arrays.
+#[test]
+fn the_label_array_defaults_to_label() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    compile(dir.path(), "1", "2bw", "none");
+    let named_y = same_image_data(dir.path(), "y.safetensors", &[3; 64], "y");
+    let e = first_loss(dir.path(), &named_y, &[]).unwrap_err();
+    let last = e.lines().last().unwrap_or_default();
+    assert!(last.contains("--label") && last.contains("input, y"), "{e}");
+    let with_y = first_loss(dir.path(), &named_y, &["--label", "y"]).expect("--label y");
+    let named_label = same_image_data(dir.path(), "label.safetensors", &[3; 64], "label");
+    assert_eq!(first_loss(dir.path(), &named_label, &[]).expect("default label"), with_y);
+    // A wrong --output is refused before training starts, with the outputs there are.
+    let e = first_loss(dir.path(), &named_label, &["--output", "nope"]).unwrap_err();
+    assert!(e.contains("--output \"nope\"") && e.contains("\"linear_3\"") && !e.contains("training 1 stage"), "{e}");
+}
+
+/// A resumed run must repeat the settings the checkpoint was written under: another
+/// optimizer, microbatch or microbatch count is refused, naming the flag and both values,
+/// unless `--force`; `train` says when it replaces an earlier run's weights file.
+#[test]
+fn resume_refuses_changed_settings_unless_forced() {
+    let data = root().join("examples/digits/digits.npz");
+    let dir = tempfile::tempdir().expect("temp dir");
+    compile(dir.path(), "2", "2bw", "none");
+    let out = pw(&train_args(dir.path(), &data, "4", &["--checkpoint-every", "2"]));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(!err.contains("replac"), "a first run replaces nothing: {err}");
+    let ckpts = dir.path().join("checkpoints");
+    let json = std::fs::read_to_string(ckpts.join("step-000002/checkpoint.json")).expect("checkpoint manifest");
+    assert!(json.contains("\"--optimizer\": \"adam\""), "{json}");
+    // Resumed from step 2 of 4 (the newest checkpoint is at the last step already).
+    let second = ckpts.join("step-000002");
+    for (extra, needle) in [
+        (vec!["--optimizer", "sgd"], "--optimizer adam (checkpoint) -> sgd (this run)"),
+        (vec!["--microbatch", "4"], "--microbatch 8 (checkpoint) -> 4 (this run)"),
+        (vec!["--microbatches", "2"], "--microbatches 3 (checkpoint) -> 2 (this run)"),
+    ] {
+        // Change the value train_args gives for that flag.
+        let mut args: Vec<&str> = train_args(dir.path(), &data, "4", &["--resume", second.to_str().unwrap()]);
+        if let Some(i) = args.iter().position(|a| *a == extra[0]) {
+            args[i + 1] = extra[1];
+        }
+        let out = pw(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{extra:?} should be refused: {err}");
+        let last = err.lines().last().unwrap_or_default();
+        assert!(last.contains(needle) && last.contains("--force"), "{extra:?}: {err}");
+        args.push("--force");
+        let out = pw(&args);
+        assert!(out.status.success(), "{extra:?} --force: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    // The same settings resume, and say that the weights file is replaced.
+    let out = pw(&train_args(dir.path(), &data, "4", &["--resume", second.to_str().unwrap()]));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("weights.safetensors exists") && err.contains("(replacing the earlier run's weights)"), "{err}");
+}
+
+/// docs/runtime.md's language-model example as written: gpt2-tiny (logits [N, 32, 1000])
+/// trains on per-token labels, most of them -100, with label smoothing; the same file
+/// with the ignored value changed fails on label -100 instead.
+#[test]
+fn per_token_labels_train_a_language_model() {
+    use safetensors::tensor::{Dtype, TensorView};
+    let dir = tempfile::tempdir().expect("temp dir");
+    let n = 16;
+    let ids: Vec<i64> = (0..n * 32).map(|i| (i * 7 % 1000) as i64).collect();
+    // Every fourth token is a target; the rest are -100.
+    let labels: Vec<i64> = (0..n * 32).map(|i| if i % 4 == 0 { (i * 13 % 1000) as i64 } else { -100 }).collect();
+    let (x, y): (Vec<u8>, Vec<u8>) = (ids.iter().flat_map(|v| v.to_le_bytes()).collect(), labels.iter().flat_map(|v| v.to_le_bytes()).collect());
+    let views = vec![
+        ("input_ids".to_string(), TensorView::new(Dtype::I64, vec![n, 32], &x).unwrap()),
+        ("label".to_string(), TensorView::new(Dtype::I64, vec![n, 32], &y).unwrap()),
+    ];
+    std::fs::write(dir.path().join("mlm.safetensors"), safetensors::serialize(views, &None).unwrap()).unwrap();
+    let md = std::fs::read_to_string(root().join("docs/runtime.md")).unwrap();
+    let compile_line = "pipewright compile ../shared/corpus/models/gpt2-tiny.onnx --stages 2 -o gpt2-build";
+    let train_line = "pipewright train gpt2-build --data mlm.safetensors --steps 2 --microbatch 4 --label-smoothing 0.1";
+    assert!(md.contains(compile_line) && md.contains(train_line), "docs/runtime.md no longer shows the example");
+    let model = root().join("../shared/corpus/models/gpt2-tiny.onnx");
+    let build = dir.path().join("gpt2-build");
+    let data = dir.path().join("mlm.safetensors");
+    let out = pw(&["compile", model.to_str().unwrap(), "--stages", "2", "-o", build.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let args = ["train", build.to_str().unwrap(), "--data", data.to_str().unwrap(), "--steps", "2", "--microbatch", "4", "--label-smoothing", "0.1", "--no-progress"];
+    let out = pw(&args);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.starts_with("trained 2 steps") && !stdout.contains("NaN"), "{stdout}");
+    let mut bad = args.to_vec();
+    bad.extend(["--ignore-index", "-1"]);
+    let out = pw(&bad);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("label -100") && err.contains("1000 classes"), "{err}");
 }

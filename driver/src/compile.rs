@@ -7,6 +7,7 @@
 //! cover every pass, the planner included.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use pipewright_codegen::build::{lower, write_build, BuildOutputs, WriteTimes};
 use pipewright_core::PassName;
@@ -39,6 +40,8 @@ pub struct Compiled {
     pub printed: String,
     /// Each pass's wall time, as text.
     pub pass_timings: String,
+    /// Each pass's wall time.
+    pub pass_times: Vec<(PassName, Duration)>,
     /// What was decided (`None` when stopped before the plan pass finished).
     pub decision: Option<Decision>,
     /// The build written (`None` when `--stop-after` stopped before `lower`).
@@ -70,7 +73,33 @@ pub fn compile(req: &CompileRequest) -> Result<Compiled, DriverError> {
         let outputs = BuildOutputs { executable: req.executable.as_deref(), stage_onnx: req.stage_onnx };
         written = Some(write_build(&lowered, model, &req.output, outputs)?);
     }
-    Ok(Compiled { printed: pm.printed().to_string(), pass_timings: pm.timings_text(), decision, written })
+    Ok(Compiled { printed: pm.printed().to_string(), pass_timings: pm.timings_text(), pass_times: pm.timings().to_vec(), decision, written })
+}
+
+impl Compiled {
+    /// `compile --timings`: every pass, then every kind of file written, then one total of
+    /// all of them (split into passes and writing), so the lines add up to the total.
+    pub fn timings_text(&self) -> String {
+        let mut rows: Vec<(String, Duration)> = self.pass_times.iter().map(|(n, t)| (n.name().to_string(), *t)).collect();
+        let passes: Duration = rows.iter().map(|r| r.1).sum();
+        if let Some((_, w)) = &self.written {
+            // Files not asked for take no time and get no line.
+            for (name, t) in [("write stage modules", w.modules), ("write stage ONNX", w.onnx), ("write executables", w.executables)] {
+                if !t.is_zero() {
+                    rows.push((name.to_string(), t));
+                }
+            }
+        }
+        let total: Duration = rows.iter().map(|r| r.1).sum();
+        let width = rows.iter().map(|r| r.0.len()).max().unwrap_or(0).max(5);
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        let mut s = String::new();
+        for (name, t) in &rows {
+            s.push_str(&format!("  {name:<width$}  {:>10.3} ms\n", ms(*t)));
+        }
+        s.push_str(&format!("  {:<width$}  {:>10.3} ms (passes {:.3} ms + writing {:.3} ms)\n", "total", ms(total), ms(passes), ms(total - passes)));
+        s
+    }
 }
 
 /// What `pipewright plan` gives back.

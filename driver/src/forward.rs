@@ -194,6 +194,52 @@ pub fn run_forward(model: &Path, inputs: &Path, device: tch::Device, tile_batch:
         .collect()
 }
 
+/// `run-forward`'s conclusion: whether every output matched its expected value, in words.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Verdict {
+    /// False when an output differs from its expected value beyond the tolerances.
+    pub matched: bool,
+    pub lines: Vec<String>,
+}
+
+/// The verdict on `outputs` compared (where `inputs` held an `output_K.pb`) at `rtol` and
+/// `atol`: an element matches when `|actual - expected| <= atol + rtol * |expected|`.
+pub fn verdict(outputs: &[ForwardOutput], inputs: &Path, rtol: f64, atol: f64) -> Verdict {
+    let compared: Vec<(usize, &ForwardOutput, &Comparison)> = outputs.iter().enumerate().filter_map(|(i, o)| Some((i, o, o.comparison.as_ref()?))).collect();
+    if compared.is_empty() {
+        return Verdict { matched: true, lines: vec![format!("no output_K.pb in {}: nothing to compare with", inputs.display())] };
+    }
+    let rule = format!("|actual - expected| <= atol + rtol * |expected| (atol {atol:e}, rtol {rtol:e})");
+    let off: Vec<String> = compared
+        .iter()
+        .filter(|(_, _, c)| c.mismatches > 0)
+        .map(|(i, o, c)| {
+            format!(
+                "MISMATCH: output {i} {:?}: {} of {} elements differ from {} by more than the tolerance (largest difference {:.3e})",
+                o.name,
+                c.mismatches,
+                c.numel,
+                inputs.join(format!("output_{i}.pb")).display(),
+                c.max_abs_err
+            )
+        })
+        .collect();
+    if off.is_empty() {
+        let n = compared.len();
+        return Verdict { matched: true, lines: vec![format!("match: all {n} compared output(s) agree with the expected outputs: {rule}")] };
+    }
+    let mut lines = off;
+    lines.push(format!("an element matches when {rule}; loosen with --rtol/--atol if these differences are acceptable"));
+    Verdict { matched: false, lines }
+}
+
+/// Writes the outputs, by output name, to an `.npz` file (atomically).
+pub fn save_outputs(path: &Path, outputs: &[ForwardOutput]) -> Result<(), DriverError> {
+    let arrays: Vec<(String, Tensor)> = outputs.iter().map(|o| (o.name.clone(), o.tensor.shallow_clone())).collect();
+    let bytes = pipewright_runtime::data::npz_bytes(&arrays).map_err(|e| DriverError::msg(format!("{}: {e}", path.display())))?;
+    pipewright_core::fs::write_atomic(path, &bytes).map_err(|e| DriverError::msg(e.to_string()))
+}
+
 /// Timings of `bench-step`, in milliseconds per step.
 #[derive(Clone, Debug)]
 pub struct StepTimes {

@@ -7,12 +7,13 @@
 //! when the compile decided them (a plan), each overridable by a flag; [`RunShape`] says
 //! where every value came from.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use pipewright_core::{Decay, Device, Loss};
 use pipewright_runtime::build::{Build, Manifest, RunFlags, RunShape, MANIFEST_FILE};
-use pipewright_runtime::data::{Dataset, Stop};
+use pipewright_runtime::data::{Dataset, LabelArray, Stop, DEFAULT_LABEL};
 use pipewright_runtime::device::tch_device;
 use pipewright_runtime::module::{decode_module_bytes, read_module, StageModule};
 use pipewright_runtime::pipeline::{
@@ -44,6 +45,10 @@ pub struct TrainRequest {
     /// Classes of synthetic labels (`None`: the size of the output's last axis, else
     /// [`DEFAULT_CLASSES`]).
     pub classes: Option<i64>,
+    /// Cross-entropy: labels equal to this are skipped (PyTorch's `ignore_index`).
+    pub ignore_index: i64,
+    /// Cross-entropy label smoothing, in `[0, 1]`.
+    pub label_smoothing: f64,
     pub steps: usize,
     /// Overrides of the build's microbatch, microbatches and replicas.
     pub flags: RunFlags,
@@ -61,6 +66,8 @@ pub struct TrainRequest {
     pub checkpoint_dir: Option<PathBuf>,
     /// Continue from a checkpoint (a step folder, or a checkpoints folder).
     pub resume: Option<PathBuf>,
+    /// Resume even where this run's settings differ from the checkpoint's.
+    pub force: bool,
     /// Intra-op threads per worker.
     pub threads: Option<usize>,
     /// How long a stage waits for a neighbour or a reduction before it stops with an error.
@@ -74,7 +81,14 @@ fn config(req: &TrainRequest, manifest: &Manifest, shape: &RunShape, build: &Pat
     check_numbers(req)?;
     check_step_size(req, manifest, shape)?;
     let output = loss_output(req, manifest)?;
-    let mut cfg = TrainConfig::new(manifest.pipeline.schedule, Objective::new(req.loss, output), req.lr, req.steps);
+    if !(0.0..=1.0).contains(&req.label_smoothing) {
+        return Err(DriverError::msg(format!("--label-smoothing must be between 0 and 1, got {}", req.label_smoothing)));
+    }
+    if req.label_smoothing != 0.0 && req.loss != Loss::CrossEntropy {
+        return Err(DriverError::msg(format!("--label-smoothing applies to --loss cross-entropy, not --loss {}", req.loss)));
+    }
+    let objective = Objective { ignore_index: req.ignore_index, label_smoothing: req.label_smoothing, ..Objective::new(req.loss, output) };
+    let mut cfg = TrainConfig::new(manifest.pipeline.schedule, objective, req.lr, req.steps);
     cfg.optimizer = req.optimizer;
     cfg.lr_schedule = LrSchedule { warmup_steps: req.warmup, decay: req.decay, total_steps: req.steps, final_lr: 0.0 };
     cfg.clip_norm = req.clip_norm;
@@ -82,6 +96,8 @@ fn config(req: &TrainRequest, manifest: &Manifest, shape: &RunShape, build: &Pat
     cfg.device = tch_device(req.device).map_err(|e| DriverError::msg(e.to_string()))?;
     cfg.trace = req.trace;
     cfg.replicas = usize::try_from(shape.replicas.value).unwrap_or(usize::MAX);
+    cfg.settings = settings(shape);
+    cfg.force_resume = req.force;
     if req.threads == Some(0) {
         return Err(DriverError::msg("--threads must be at least 1"));
     }
@@ -166,15 +182,32 @@ fn memory_bytes() -> Option<u64> {
     kib.checked_mul(1024)
 }
 
+/// What a resumed run must repeat that only this caller knows, by the flag that sets it:
+/// the batch's shape (the rest of the run's settings are the runtime's `run_record`).
+fn settings(shape: &RunShape) -> BTreeMap<String, String> {
+    [("--microbatch", shape.microbatch.value.to_string()), ("--microbatches", shape.microbatches.value.to_string())]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect()
+}
+
 /// Classes of synthetic labels when neither the request nor the output's shape says.
 pub const DEFAULT_CLASSES: i64 = 10;
 
 /// The model output the loss applies to: `--output`, or the model's only output.
 fn loss_output(req: &TrainRequest, manifest: &Manifest) -> Result<String, DriverError> {
+    let outputs: Vec<&str> = manifest.outputs().map(|t| t.name.as_str()).collect();
     if let Some(o) = &req.output {
+        // Checked here, before the run starts, rather than by the last stage at its first
+        // step.
+        if !outputs.contains(&o.as_str()) {
+            return Err(DriverError::msg(format!(
+                "--output {o:?}: the model has no output of that name (outputs: {})",
+                outputs.iter().map(|o| format!("{o:?}")).collect::<Vec<_>>().join(", ")
+            )));
+        }
         return Ok(o.clone());
     }
-    let outputs: Vec<&str> = manifest.outputs().map(|t| t.name.as_str()).collect();
     match outputs[..] {
         [only] => Ok(only.to_string()),
         _ => Err(DriverError::msg(format!(
@@ -216,9 +249,15 @@ fn batches(req: &TrainRequest, manifest: &Manifest, config: &TrainConfig, microb
         DataSource::Synthetic => synthetic(req, manifest, &config.loss.output, microbatch * per_batch * 4)?,
         DataSource::File(path) => {
             let inputs = manifest.input_specs().map_err(|e| DriverError::msg(format!("{MANIFEST_FILE}: {e}")))?;
-            let data = Dataset::open_capped(path, &inputs, req.label.as_deref(), req.max_inflated)?;
-            if let (Loss::CrossEntropy, Some(label)) = (req.loss, &req.label) {
-                data.check_class_labels(label)?;
+            // A loss against labels takes the array named `label` when no --label names one.
+            let label = match (&req.label, req.loss) {
+                (Some(l), _) => LabelArray::Named(l),
+                (None, Loss::Output) => LabelArray::None,
+                (None, _) => LabelArray::Default(DEFAULT_LABEL),
+            };
+            let data = Dataset::open_capped(path, &inputs, label, req.max_inflated)?;
+            if req.loss == Loss::CrossEntropy {
+                data.check_class_labels(req.label.as_deref().unwrap_or(DEFAULT_LABEL))?;
             }
             data
         }
@@ -379,6 +418,8 @@ mod tests {
             loss: Loss::CrossEntropy,
             output: Some("linear_3".into()),
             classes: None,
+            ignore_index: -100,
+            label_smoothing: 0.0,
             steps,
             flags: RunFlags { microbatch: Some(2), ..RunFlags::default() },
             lr: 0.01,
@@ -392,6 +433,7 @@ mod tests {
             checkpoint_every: None,
             checkpoint_dir: None,
             resume: None,
+            force: false,
             threads: Some(1),
             timeout: Duration::from_secs(60),
             max_inflated: pipewright_runtime::data::DEFAULT_MAX_INFLATED,

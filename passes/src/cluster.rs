@@ -42,6 +42,11 @@ pub struct Cluster {
     pub mem_bw: f64,
 }
 
+/// Said wherever a plan was made on [`Cluster::default`] because no cluster was described.
+pub const DEFAULT_CLUSTER_NOTE: &str = "no cluster given, so the plan assumes the default: one server of 8 V100-class GPUs \
+(16 GiB and 15.7 Tflop/s each, 150 GB/s between them), not this machine; describe yours with --cluster FILE \
+or --workers, --memory, --peak-flops, --intra-bw, --inter-bw, --workers-per-node";
+
 impl Default for Cluster {
     /// One server of 8 V100-class GPUs: 16 GiB each, NVLink-class 150 GB/s inside the
     /// server, 25 Gbit/s between servers, 15.7 Tflop/s, 900 GB/s.

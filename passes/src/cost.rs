@@ -233,13 +233,41 @@ pub struct SharedWeightUse {
 /// ```
 /// `batches` are the microbatch sizes measured; `fwd_ms`/`bwd_ms` hold one time in
 /// milliseconds per batch size, in the same order. Nodes are matched by IR node name; `op`
-/// is the ONNX op type, kept for checking.
+/// is the ONNX op type, kept for checking. `spread` (optional) says how much the whole
+/// model's time varied over the repetitions, per batch size.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Profile {
     pub model: String,
     pub device: String,
     pub batches: Vec<u64>,
     pub nodes: Vec<ProfileNode>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub spread: Vec<BatchSpread>,
+}
+
+/// The whole model's forward + backward time (the sum over its nodes) at one batch size,
+/// over the repetitions: a wide spread means a busy or noisy machine.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct BatchSpread {
+    pub batch: u64,
+    pub reps: usize,
+    pub min_ms: f64,
+    pub median_ms: f64,
+    pub max_ms: f64,
+}
+
+impl BatchSpread {
+    /// From one total per repetition (at least one).
+    pub fn of(batch: u64, mut totals: Vec<f64>) -> BatchSpread {
+        totals.sort_by(|a, b| a.total_cmp(b));
+        let n = totals.len();
+        BatchSpread { batch, reps: n, min_ms: totals[0], median_ms: totals[n / 2], max_ms: totals[n - 1] }
+    }
+
+    /// `(max - min) / median`.
+    pub fn relative(&self) -> f64 {
+        if self.median_ms > 0.0 { (self.max_ms - self.min_ms) / self.median_ms } else { 0.0 }
+    }
 }
 
 /// One node's measurements in a [`Profile`].

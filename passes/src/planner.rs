@@ -221,7 +221,8 @@ impl Plan {
         Ok(())
     }
 
-    /// The candidates table and the chosen partition, as text.
+    /// The candidates table (with [`COLUMNS_LEGEND`] under it) and the chosen partition,
+    /// as text.
     pub fn text(&self) -> String {
         let mut s = String::new();
         let _ = writeln!(s, "planned for: {}, global batch {}", self.cluster.summary(), self.options.global_batch);
@@ -252,6 +253,7 @@ impl Plan {
                 mem.join(" ")
             );
         }
+        let _ = writeln!(s, "{}", COLUMNS_LEGEND);
         let c = &self.chosen;
         let _ = writeln!(
             s,
@@ -1000,3 +1002,10 @@ fn describe(ctx: &mut PlanContext, candidates: Vec<Candidate>, chosen: Candidate
         node_stage,
     }
 }
+
+/// What the columns of [`Plan::text`]'s table mean, printed under it.
+pub const COLUMNS_LEGEND: &str = "\
+columns: w = replicas (data-parallel copies of the pipeline), d = pipeline depth (stages),
+  b = microbatch size, m = microbatches per step and replica (w x b x m = the global batch;
+  w x d workers); samples/s = the cost model's prediction on the cluster above, not a
+  measurement; bottleneck = the stage that limits the pipeline's rate";

@@ -95,6 +95,27 @@ pub struct RawArray {
     pub data: Vec<u8>,
 }
 
+/// The array a loader takes the labels from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LabelArray<'a> {
+    /// No labels.
+    None,
+    /// This array (an error lists the arrays when there is none of that name).
+    Named(&'a str),
+    /// This array, taken because nothing named one: its absence is an error asking for
+    /// `--label`.
+    Default(&'a str),
+}
+
+/// The labels array taken when none is named.
+pub const DEFAULT_LABEL: &str = "label";
+
+impl<'a> From<Option<&'a str>> for LabelArray<'a> {
+    fn from(label: Option<&'a str>) -> Self {
+        label.map_or(LabelArray::None, LabelArray::Named)
+    }
+}
+
 impl Dataset {
     /// Random data for `inputs`: floats standard normal, integers per `IntFill::Zeros`.
     /// The same `(inputs, samples, seed)` always gives the same data.
@@ -178,8 +199,10 @@ impl Dataset {
         Ok(self)
     }
 
-    /// Checks labels are class ids for cross-entropy: float labels must hold whole,
-    /// non-negative numbers (a fractional label was silently truncated to a class).
+    /// Checks labels are class ids for cross-entropy: float labels must hold whole numbers
+    /// (a fractional label was silently truncated to a class). Whole numbers outside the
+    /// classes (negative ones other than the ignore index included) are reported by the
+    /// loss, which knows the class count.
     pub fn check_class_labels(&self, name: &str) -> Result<()> {
         let Some(y) = &self.labels else { return Ok(()) };
         if y.numel() == 0 {
@@ -198,12 +221,6 @@ impl Dataset {
                 );
             }
         }
-        if y.kind() != Kind::Bool {
-            let min = flat.to_kind(Kind::Double).min().double_value(&[]);
-            if min < 0.0 {
-                bail!("{}: label array `{name}` holds {min}, a negative class id", self.source);
-            }
-        }
         Ok(())
     }
 
@@ -217,14 +234,16 @@ impl Dataset {
         Ok(self)
     }
 
-    /// Loads by file kind: a folder or `.npy` file ([`Dataset::from_npy`]), `.npz`, or
+    /// Loads by file kind (the labels from `label`, e.g. `Some("y")` or
+    /// [`LabelArray::Default`]): a folder or `.npy` file ([`Dataset::from_npy`]), `.npz`, or
     /// `.safetensors`.
-    pub fn open(path: &Path, inputs: &[InputSpec], label: Option<&str>) -> Result<Dataset> {
+    pub fn open<'a>(path: &Path, inputs: &[InputSpec], label: impl Into<LabelArray<'a>>) -> Result<Dataset> {
         Self::open_capped(path, inputs, label, DEFAULT_MAX_INFLATED)
     }
 
     /// [`Dataset::open`] with at most `max_inflated` bytes decompressed from an `.npz`.
-    pub fn open_capped(path: &Path, inputs: &[InputSpec], label: Option<&str>, max_inflated: u64) -> Result<Dataset> {
+    pub fn open_capped<'a>(path: &Path, inputs: &[InputSpec], label: impl Into<LabelArray<'a>>, max_inflated: u64) -> Result<Dataset> {
+        let label = label.into();
         let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("").to_ascii_lowercase();
         if path.is_dir() || ext == "npy" {
             Self::from_npy(&[path], inputs, label)
@@ -239,13 +258,14 @@ impl Dataset {
 
     /// Loads `inputs` (by graph input name) and the `label` array from an `.npz` archive
     /// (member `NAME.npy` holds array `NAME`).
-    pub fn from_npz(path: &Path, inputs: &[InputSpec], label: Option<&str>) -> Result<Dataset> {
+    pub fn from_npz<'a>(path: &Path, inputs: &[InputSpec], label: impl Into<LabelArray<'a>>) -> Result<Dataset> {
         Self::from_npz_capped(path, inputs, label, DEFAULT_MAX_INFLATED)
     }
 
     /// [`Dataset::from_npz`] reading at most `max_inflated` bytes out of the archive (all
     /// members together).
-    pub fn from_npz_capped(path: &Path, inputs: &[InputSpec], label: Option<&str>, max_inflated: u64) -> Result<Dataset> {
+    pub fn from_npz_capped<'a>(path: &Path, inputs: &[InputSpec], label: impl Into<LabelArray<'a>>, max_inflated: u64) -> Result<Dataset> {
+        let label = label.into();
         let file = std::fs::File::open(path).with_context(|| format!("{}: cannot open", path.display()))?;
         let mut zip = zip::ZipArchive::new(file).map_err(|e| anyhow!("{}: not a valid .npz (zip) archive: {e}", path.display()))?;
         let mut members = BTreeMap::new();
@@ -272,7 +292,8 @@ impl Dataset {
 
     /// Loads from `.npy` files: each path is a `.npy` file (array name = file stem) or a
     /// folder whose `*.npy` files are all taken.
-    pub fn from_npy<P: AsRef<Path>>(paths: &[P], inputs: &[InputSpec], label: Option<&str>) -> Result<Dataset> {
+    pub fn from_npy<'a, P: AsRef<Path>>(paths: &[P], inputs: &[InputSpec], label: impl Into<LabelArray<'a>>) -> Result<Dataset> {
+        let label = label.into();
         let mut files: BTreeMap<String, PathBuf> = BTreeMap::new();
         let mut add = |file: PathBuf| -> Result<()> {
             let stem = file.file_stem().and_then(|s| s.to_str()).ok_or_else(|| anyhow!("{}: file name is not valid UTF-8", file.display()))?.to_string();
@@ -306,7 +327,8 @@ impl Dataset {
     }
 
     /// Loads from a safetensors file (any of its little-endian dtypes libtorch has).
-    pub fn from_safetensors(path: &Path, inputs: &[InputSpec], label: Option<&str>) -> Result<Dataset> {
+    pub fn from_safetensors<'a>(path: &Path, inputs: &[InputSpec], label: impl Into<LabelArray<'a>>) -> Result<Dataset> {
+        let label = label.into();
         let bytes = std::fs::read(path).with_context(|| format!("{}: cannot read", path.display()))?;
         let st = safetensors::SafeTensors::deserialize(&bytes)
             .map_err(|e| anyhow!("{}: not a valid safetensors file: {e:?}", path.display()))?;
@@ -327,7 +349,7 @@ impl Dataset {
         source: &str,
         available: Vec<String>,
         inputs: &[InputSpec],
-        label: Option<&str>,
+        label: LabelArray<'_>,
         mut read: impl FnMut(&str) -> Result<RawArray>,
     ) -> Result<Dataset> {
         let listing = || if available.is_empty() { "none".to_string() } else { available.join(", ") };
@@ -370,8 +392,12 @@ impl Dataset {
             out.push((name.clone(), to_tensor(source, name, &a)?));
         }
         let labels = match label {
-            None => None,
-            Some(name) => {
+            LabelArray::None => None,
+            LabelArray::Default(name) if !available.iter().any(|a| a == name) => bail!(
+                "{source}: the loss needs labels: name their array with --label NAME (there is no array `{name}` to take by default; arrays: {})",
+                listing()
+            ),
+            LabelArray::Named(name) | LabelArray::Default(name) => {
                 if !available.iter().any(|a| a == name) {
                     bail!("{source}: no label array `{name}` (arrays: {})", listing());
                 }
@@ -831,4 +857,59 @@ fn parse_header(s: &str) -> Result<BTreeMap<String, Value>> {
         }
     }
     Ok(out)
+}
+
+/// numpy's dtype string for an element type `.npz` files can hold (`None`: numpy has none).
+fn npy_descr(elem: ElemType) -> Option<&'static str> {
+    Some(match elem {
+        ElemType::F32 => "<f4",
+        ElemType::F16 => "<f2",
+        ElemType::F64 => "<f8",
+        ElemType::I64 => "<i8",
+        ElemType::I32 => "<i4",
+        ElemType::I16 => "<i2",
+        ElemType::I8 => "|i1",
+        ElemType::U8 => "|u1",
+        ElemType::Bool => "|b1",
+        _ => return None,
+    })
+}
+
+/// One `.npy` file (format 1.0): the magic, a header padded so the data starts at a
+/// multiple of 64 bytes, then the little-endian data.
+fn npy_bytes(descr: &str, shape: &[i64], data: &[u8]) -> Vec<u8> {
+    let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
+    let shape = match dims.len() {
+        1 => format!("({},)", dims[0]),
+        _ => format!("({})", dims.join(", ")),
+    };
+    let mut header = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}");
+    // magic (6) + version (2) + header length (2) + header + '\n'
+    let pad = (64 - (10 + header.len() + 1) % 64) % 64;
+    header.push_str(&" ".repeat(pad));
+    header.push('\n');
+    let mut out = Vec::with_capacity(10 + header.len() + data.len());
+    out.extend_from_slice(b"\x93NUMPY\x01\x00");
+    out.extend_from_slice(&(header.len() as u16).to_le_bytes());
+    out.extend_from_slice(header.as_bytes());
+    out.extend_from_slice(data);
+    out
+}
+
+/// An `.npz` archive (stored, not compressed) of the named tensors, readable by
+/// `numpy.load` and by [`Dataset::from_npz`]. bfloat16 tensors are written as float32
+/// (numpy has no bfloat16); element types numpy lacks otherwise are an error naming the
+/// array.
+pub fn npz_bytes(arrays: &[(String, Tensor)]) -> Result<Vec<u8>> {
+    use std::io::Write as _;
+    let mut zip = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
+    let opts = zip::write::FileOptions::default().compression_method(zip::CompressionMethod::Stored).large_file(true);
+    for (name, t) in arrays {
+        let t = if t.kind() == Kind::BFloat16 { t.to_kind(Kind::Float) } else { t.shallow_clone() };
+        let (elem, shape, data) = crate::exec::tensor_to_bytes(&t).map_err(|e| anyhow!("array `{name}`: {e}"))?;
+        let descr = npy_descr(elem).ok_or_else(|| anyhow!("array `{name}`: element type {elem} has no numpy dtype"))?;
+        zip.start_file(format!("{name}.npy"), opts).map_err(|e| anyhow!("array `{name}`: {e}"))?;
+        zip.write_all(&npy_bytes(descr, &shape, &data)).map_err(|e| anyhow!("array `{name}`: {e}"))?;
+    }
+    Ok(zip.finish().map_err(|e| anyhow!("{e}"))?.into_inner())
 }

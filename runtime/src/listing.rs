@@ -164,3 +164,50 @@ fn kernel_text(k: &Kernel) -> String {
         _ => format!("{k:?}"),
     }
 }
+
+/// The summary of a stage module as JSON (`pipewright inspect stage.pwm --json`): the
+/// header, inputs and outputs, stored tensors (name, type, shape, kind, versions, update
+/// rule; never values) and the instructions by name and op.
+pub fn module_json(m: &StageModule) -> serde_json::Value {
+    use serde_json::json;
+    let (h, p) = (&m.header, &m.program);
+    let slot = |id: SlotId| {
+        let info = &p.slots[id.index()];
+        let shape: Vec<String> = info.shape.iter().map(|&e| extent_text::text(e)).collect();
+        json!({ "slot": id.to_string(), "name": info.name, "elem": info.elem.to_string(), "shape": shape })
+    };
+    let stored: Vec<serde_json::Value> = p
+        .stored
+        .iter()
+        .map(|t| {
+            json!({
+                "slot": t.slot.to_string(),
+                "name": p.slots[t.slot.index()].name,
+                "elem": t.elem.to_string(),
+                "dims": t.dims,
+                "trainable": t.trainable,
+                "versions": t.versions,
+                "update": t.update.to_string(),
+            })
+        })
+        .collect();
+    let params: u64 = p.stored.iter().filter(|t| t.trainable).map(|t| t.dims.iter().product::<i64>().max(0) as u64).sum();
+    let instrs: Vec<serde_json::Value> =
+        p.instrs.iter().map(|i| json!({ "name": i.name, "op": i.kernel.name(), "recompute": i.recompute })).collect();
+    json!({
+        "stage": h.params.stage,
+        "depth": h.params.depth,
+        "schedule": h.params.schedule.to_string(),
+        "recompute": h.params.recompute.to_string(),
+        "version": h.version,
+        "checksum": format!("{:#010x}", h.checksum),
+        "pipeline": p.pipeline,
+        "sections": { "program": { "offset": h.program.offset, "len": h.program.len }, "weights": { "offset": h.weights.offset, "len": h.weights.len } },
+        "inputs": p.inputs.iter().map(|&id| slot(id)).collect::<Vec<_>>(),
+        "outputs": p.outputs.iter().map(|&id| slot(id)).collect::<Vec<_>>(),
+        "trainable_parameters": params,
+        "stored": stored,
+        "stashed_slots": p.stashed_slots().len(),
+        "instructions": instrs,
+    })
+}

@@ -40,11 +40,21 @@ use crate::timeline::TraceEvent;
 pub struct Objective {
     pub loss: Loss,
     pub output: String,
+    /// Cross-entropy: labels equal to this count neither in the loss nor in its mean (the
+    /// mean is over the other labels), as PyTorch's `ignore_index`.
+    pub ignore_index: i64,
+    /// Cross-entropy: the target puts `1 - s` on the label and spreads `s` evenly over all
+    /// classes (PyTorch's `label_smoothing`), `0 <= s <= 1`.
+    pub label_smoothing: f64,
 }
+
+/// [`Objective::ignore_index`]'s default, PyTorch's (and Hugging Face's masked-label
+/// convention).
+pub const DEFAULT_IGNORE_INDEX: i64 = -100;
 
 impl Objective {
     pub fn new(loss: Loss, output: impl Into<String>) -> Self {
-        Objective { loss, output: output.into() }
+        Objective { loss, output: output.into(), ignore_index: DEFAULT_IGNORE_INDEX, label_smoothing: 0.0 }
     }
 }
 
@@ -88,6 +98,11 @@ pub struct TrainConfig {
     /// How long a worker waits for a neighbour's tensors or a reduction before it stops
     /// with an error naming what it waited for.
     pub timeout: Duration,
+    /// Settings only the caller knows that a resumed run must repeat, by flag (the batch's
+    /// shape: `--microbatch` = `8`); recorded with [`run_record`]'s in every checkpoint.
+    pub settings: BTreeMap<String, String>,
+    /// Resume even where this run's settings differ from the checkpoint's (`--force`).
+    pub force_resume: bool,
 }
 
 impl TrainConfig {
@@ -110,6 +125,8 @@ impl TrainConfig {
             checkpoint_dir: None,
             threads: None,
             timeout: DEFAULT_TIMEOUT,
+            settings: BTreeMap::new(),
+            force_resume: false,
         }
     }
 }
@@ -153,8 +170,12 @@ pub enum PipelineError {
     Data(String),
     #[error("stage {stage}: {message}")]
     Stage { stage: usize, message: String },
-    #[error("step {step}, stage {stage}: loss is {value} (not finite); nothing of this step was saved (try a lower --lr, or --clip-norm)")]
+    /// `step` counts from 1, as the progress lines do.
+    #[error(
+        "step {step}, stage {stage}: the loss is {value} (not finite): training diverged and nothing of this step was saved; try a lower --lr, clip the gradients with --clip-norm (e.g. 1.0), or warm up with --warmup"
+    )]
     NonFiniteLoss { step: usize, stage: usize, value: f64 },
+    /// `step` counts from 1, as the progress lines do.
     #[error("step {step}, stage {stage}: the optimizer update made weights non-finite (NaN or infinite gradients); nothing of this step was saved (try a lower --lr, or --clip-norm)")]
     NonFiniteWeights { step: usize, stage: usize },
     #[error("checkpoint: {0}")]
@@ -271,13 +292,16 @@ fn check_stages(stages: &[StageModule], resume: Option<&Checkpoint>, cfg: &Train
         let differ: Vec<String> = now
             .iter()
             .filter_map(|(k, v)| match ck.config.get(k) {
-                Some(was) if was != v => Some(format!("{k} {was} (this run: {v})")),
-                None => Some(format!("{k} unrecorded (this run: {v})")),
+                Some(was) if was != v => Some(format!("{k} {was} (checkpoint) -> {v} (this run)")),
+                None => Some(format!("{k} unrecorded (checkpoint) -> {v} (this run)")),
                 _ => None,
             })
             .collect();
-        if !differ.is_empty() {
-            return Err(PipelineError::Config(format!("the checkpoint was written by a run with other settings: {}; resume with the same options", differ.join(", "))));
+        if !differ.is_empty() && !cfg.force_resume {
+            return Err(PipelineError::Config(format!(
+                "this run differs from the one that wrote the checkpoint: {}; give the same options, or --force to continue anyway",
+                differ.join(", ")
+            )));
         }
     }
     Ok(())
@@ -288,25 +312,27 @@ fn check_stages(stages: &[StageModule], resume: Option<&Checkpoint>, cfg: &Train
 pub fn run_record(cfg: &TrainConfig) -> BTreeMap<String, String> {
     let o = &cfg.optimizer;
     let l = &cfg.lr_schedule;
-    [
-        ("optimizer", o.kind.to_string()),
-        ("lr", format!("{:?}", cfg.lr)),
-        ("momentum", format!("{:?}", o.momentum)),
+    let mut record: BTreeMap<String, String> = [
+        ("--optimizer", o.kind.to_string()),
+        ("--lr", format!("{:?}", cfg.lr)),
+        ("--momentum", format!("{:?}", o.momentum)),
         ("beta1", format!("{:?}", o.beta1)),
         ("beta2", format!("{:?}", o.beta2)),
         ("eps", format!("{:?}", o.eps)),
-        ("weight-decay", format!("{:?}", o.weight_decay)),
-        ("clip-norm", cfg.clip_norm.map_or("none".into(), |c| format!("{c:?}"))),
-        ("warmup", l.warmup_steps.to_string()),
-        ("decay", l.decay.to_string()),
-        ("steps", cfg.steps.to_string()),
-        ("seed", cfg.seed.to_string()),
-        ("replicas", cfg.replicas.to_string()),
-        ("loss", format!("{}:{}", cfg.loss.loss, cfg.loss.output)),
+        ("--weight-decay", format!("{:?}", o.weight_decay)),
+        ("--clip-norm", cfg.clip_norm.map_or("none".into(), |c| format!("{c:?}"))),
+        ("--warmup", l.warmup_steps.to_string()),
+        ("--decay", l.decay.to_string()),
+        ("--steps", cfg.steps.to_string()),
+        ("--seed", cfg.seed.to_string()),
+        ("--replicas", cfg.replicas.to_string()),
+        ("--loss", format!("{}:{}", cfg.loss.loss, cfg.loss.output)),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))
-    .collect()
+    .collect();
+    record.extend(cfg.settings.iter().map(|(k, v)| (k.clone(), v.clone())));
+    record
 }
 
 /// Per replica and stage, the data channel of workers that read graph inputs or labels.

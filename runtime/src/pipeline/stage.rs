@@ -549,7 +549,7 @@ impl Worker {
         }
         if let Some(value) = loss_value {
             if !value.is_finite() {
-                return Err(E::Err(PipelineError::NonFiniteLoss { step: step as usize, stage: self.spec.index, value }));
+                return Err(E::Err(PipelineError::NonFiniteLoss { step: step as usize + 1, stage: self.spec.index, value }));
             }
             st.batch_loss += value;
         }
@@ -624,7 +624,7 @@ impl Worker {
         // non-finite while the loss of this batch still reads finite; stop here, before
         // the version is used, checkpointed or returned to be saved.
         if !all_finite(&new).map_err(torch("checking the new weights"))? {
-            return Err(E::Err(PipelineError::NonFiniteWeights { step: t as usize, stage: self.spec.index }));
+            return Err(E::Err(PipelineError::NonFiniteWeights { step: t as usize + 1, stage: self.spec.index }));
         }
         st.versions.insert(t + 1, new);
         self.observe(st, grads.iter().map(bytes_of).sum(), 0);
@@ -937,12 +937,42 @@ fn loss_of(l: &Objective, out: &Tensor, labels: Option<&Tensor>) -> Result<Tenso
                     &dims[..dims.len() - 1]
                 ));
             }
-            (|| {
-                let lp = out.f_reshape([-1, c])?.f_log_softmax(-1, out.kind())?;
-                let y = y.f_to_kind(Kind::Int64)?.f_reshape([-1, 1])?;
-                lp.f_gather(1, &y, false)?.f_neg()?.f_mean(out.kind())
-            })()
+            let y = y.f_to_kind(Kind::Int64).and_then(|y| y.f_reshape([-1])).map_err(|e| first_line(&e))?;
+            if check_class_ids(l, &y, c)? == 0 {
+                // Every label ignored (a microbatch of padding): libtorch's mean of nothing
+                // is NaN, which would stop training as a divergence; nothing to learn is a
+                // zero loss with zero gradients.
+                return out.f_sum(out.kind()).and_then(|s| s.f_mul_scalar(0.0)).map_err(|e| first_line(&e));
+            }
+            // libtorch's cross-entropy leaves the ignored labels out of the sum and the
+            // mean alike, and applies the smoothing.
+            out.f_reshape([-1, c]).and_then(|x| x.f_cross_entropy_loss::<Tensor>(&y, None, tch::Reduction::Mean, l.ignore_index, l.label_smoothing))
         }
     };
-    r.map_err(|e: tch::TchError| e.to_string().lines().next().unwrap_or("").to_string())
+    r.map_err(|e: tch::TchError| first_line(&e))
+}
+
+fn first_line(e: &tch::TchError) -> String {
+    e.to_string().lines().next().unwrap_or("").to_string()
+}
+
+/// Every label is a class id of the `c` classes or the ignored value: libtorch would stop
+/// with an index error naming neither the label nor the option. Returns how many labels
+/// are kept (not ignored).
+fn check_class_ids(l: &Objective, y: &Tensor, c: i64) -> Result<usize, String> {
+    let (kept, bad) = (|| {
+        let kept = y.f_masked_select(&y.f_ne(l.ignore_index)?)?;
+        let out = kept.f_masked_select(&kept.f_lt(0)?.f_logical_or(&kept.f_ge(c)?)?)?;
+        Ok::<_, tch::TchError>((kept.numel(), if out.numel() > 0 { Some((out.f_int64_value(&[0])?, out.numel())) } else { None }))
+    })()
+    .map_err(|e| first_line(&e))?;
+    match bad {
+        None => Ok(kept),
+        Some((v, n)) => Err(format!(
+            "cross-entropy: label {v} ({n} such label(s) in the microbatch) is not a class id of output {:?}, which has {c} classes (0..={}); labels equal to --ignore-index ({}) are skipped",
+            l.output,
+            c - 1,
+            l.ignore_index
+        )),
+    }
 }
