@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use pipewright_core::{Balance, BatchMode, Decay, Device, Loss, Optimizer, PassName, Recompute, Schedule};
+use pipewright_core::{Balance, BatchMode, Decay, Device, Loss, Optimizer, PassName, Precision, Recompute, Schedule};
 use pipewright_passes::manager::{PassOptions, PrintAfter};
 
 /// `--loss KIND[:OUTPUT]`.
@@ -269,6 +269,9 @@ pub struct TrainArgs {
     /// an error saying what it waited for.
     #[arg(long, value_name = "SECS", default_value_t = 600)]
     pub timeout: u64,
+    /// The element type training computes in; master weights and optimizer state stay fp32.
+    #[arg(long, value_enum, default_value_t = Precision::Fp32)]
+    pub precision: Precision,
 }
 
 #[derive(clap::Args)]
@@ -328,6 +331,7 @@ mod requests {
                 resume: self.resume.clone(),
                 threads: self.threads,
                 timeout: std::time::Duration::from_secs(self.timeout),
+                precision: self.precision,
             })
         }
     }

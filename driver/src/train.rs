@@ -10,7 +10,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use pipewright_core::{Decay, Device, Loss};
+use pipewright_core::{Decay, Device, Loss, Precision};
 use pipewright_runtime::build::{Build, Manifest, RunFlags, RunShape, MANIFEST_FILE};
 use pipewright_runtime::data::{Dataset, Stop};
 use pipewright_runtime::device::tch_device;
@@ -65,6 +65,8 @@ pub struct TrainRequest {
     pub threads: Option<usize>,
     /// How long a stage waits for a neighbour or a reduction before it stops with an error.
     pub timeout: Duration,
+    /// The compute element type (fp32 master weights and optimizer state always).
+    pub precision: Precision,
 }
 
 /// The run's configuration, built from the request and the build's shape.
@@ -86,6 +88,7 @@ fn config(req: &TrainRequest, manifest: &Manifest, shape: &RunShape, build: &Pat
         return Err(DriverError::msg("--timeout must be positive"));
     }
     cfg.timeout = req.timeout;
+    cfg.precision = req.precision;
     if let Some(n) = req.checkpoint_every {
         if n == 0 {
             return Err(DriverError::msg("--checkpoint-every must be at least 1"));
@@ -316,6 +319,7 @@ mod tests {
             resume: None,
             threads: Some(1),
             timeout: Duration::from_secs(60),
+            precision: Precision::Fp32,
         }
     }
 

@@ -6,6 +6,7 @@ mod launcher;
 mod memory;
 mod optim;
 mod pieces;
+mod precision;
 mod schedule;
 mod stage;
 mod tcp;
@@ -22,6 +23,7 @@ use tch::Tensor;
 
 pub use crate::exec::Mode;
 pub use optim::{LrSchedule, OptimizerConfig};
+pub use precision::{compute_kind, LossScaler, Precision};
 pub use schedule::{stage_ops, stage_ops_from, Op};
 pub use checkpoint::{read_checkpoint, step_dir_name, write_checkpoint, Checkpoint, CheckpointError, StageState};
 pub use launcher::{launcher_rank, launcher_size};
@@ -88,6 +90,10 @@ pub struct TrainConfig {
     /// How long a worker waits for a neighbour's tensors or a reduction before it stops
     /// with an error naming what it waited for.
     pub timeout: Duration,
+    /// The compute element type (fp32 master weights and optimizer state whatever it is).
+    pub precision: Precision,
+    /// fp16's initial loss scale and growth interval (ignored otherwise).
+    pub loss_scale: LossScaler,
 }
 
 impl TrainConfig {
@@ -110,6 +116,8 @@ impl TrainConfig {
             checkpoint_dir: None,
             threads: None,
             timeout: DEFAULT_TIMEOUT,
+            precision: Precision::Fp32,
+            loss_scale: LossScaler::new(),
         }
     }
 }

@@ -11,6 +11,7 @@ use super::checkpoint::StageState;
 use super::memory::{bytes_of, StageMemory};
 use super::optim::OptState;
 use super::pieces::{pieces, Engine, Piece, PieceFwd};
+use super::precision::{compute_kind, LossScaler, Precision};
 use super::trace::Recorder;
 use crate::timeline::{TraceEvent, TraceKind};
 use super::{Event, Objective, Op, PipelineError, StageData, TrainConfig, Transport};
@@ -361,6 +362,10 @@ struct Worker {
     stat_consts: Vec<usize>,
     /// Selective recomputation's pieces (empty otherwise).
     pieces: Vec<Piece>,
+    /// The element type kernels compute in (fp32 unless mixed precision).
+    compute: Kind,
+    /// fp16's loss scale, the same in every stage (see [`super::precision`]).
+    scaler: Option<LossScaler>,
 }
 
 impl Worker {
@@ -386,6 +391,9 @@ impl Worker {
                 param_slots.push(s.slot);
                 param_sync.push(s.sync.clone());
             } else {
+                // Non-trainable float tensors (biases folded as constants, running
+                // statistics) compute in the compute type like everything else.
+                let t = if cfg.precision.is_mixed() && matches!(t.kind(), Kind::Float | Kind::Double) { t.f_to_kind(compute_kind(cfg.precision)).map_err(torch("casting constants"))? } else { t };
                 constants.push((s.slot, t));
             }
         }
@@ -422,6 +430,8 @@ impl Worker {
             stat_consts,
             constant_bytes,
             spec,
+            compute: compute_kind(cfg.precision),
+            scaler: (cfg.precision == Precision::Fp16).then(|| cfg.loss_scale.clone()),
         };
         Ok((w, params))
     }
@@ -521,7 +531,9 @@ impl Worker {
                 return Err(E::Msg(format!("data for microbatch {} arrived when {j} was expected", sd.mb)));
             }
             for x in sd.inputs {
-                inputs.push(x.f_to_device(cfg.device).map_err(torch("moving inputs"))?);
+                let x = x.f_to_device(cfg.device).map_err(torch("moving inputs"))?;
+                let x = if matches!(x.kind(), Kind::Float | Kind::Double) && self.compute != Kind::Float { x.f_to_kind(self.compute).map_err(torch("casting inputs"))? } else { x };
+                inputs.push(x);
             }
             labels = sd.labels.map(|l| l.to_device(cfg.device));
             st.batch_samples += sd.samples;
@@ -588,6 +600,13 @@ impl Worker {
         };
         let t0 = rec.start();
         let (pg, ig) = if fwd.pieces.is_some() { self.backward_pieces(fwd, out_grads)? } else { self.backward(&fwd, out_grads)? };
+        // Gradients of the cast weights come back to the master weights' type (fp32).
+        let pg = if self.compute != Kind::Float {
+            let masters = st.versions.get(&v).ok_or_else(|| E::Msg(format!("weight version {v} for microbatch {j} is gone")))?;
+            pg.into_iter().zip(masters).map(|(g, w)| if g.kind() != w.kind() { g.f_to_kind(w.kind()) } else { Ok(g) }).collect::<Result<Vec<_>, _>>().map_err(torch("casting gradients"))?
+        } else {
+            pg
+        };
         st.acc = Some(match st.acc.take() {
             None => pg,
             // The accumulator is this worker's own: add in place, no new allocation.
@@ -610,7 +629,9 @@ impl Worker {
         let t0 = rec.start();
         let grads = st.acc.take().ok_or_else(|| E::Msg(format!("step {t} without gradients")))?;
         let grads = self.reduce_gradients(grads, m, ctx.replicas, tr)?;
+        let (grads, apply) = self.unscale(grads, tr)?;
         let grads = match cfg.clip_norm {
+            _ if !apply => grads,
             Some(clip) => self.clip(grads, clip, ctx.replicas, tr)?,
             None => grads,
         };
@@ -619,7 +640,9 @@ impl Worker {
         if newest != t {
             return Err(E::Msg(format!("step {t} found newest weight version {newest}")));
         }
-        let new = st.opt.step(cur, &grads, lr);
+        // A skipped fp16 step keeps the weights and the optimizer state as they were (the
+        // new version is the old one) in every stage alike.
+        let new = if apply { st.opt.step(cur, &grads, lr) } else { cur.iter().map(|x| x.shallow_clone()).collect() };
         st.versions.insert(t + 1, new);
         self.observe(st, grads.iter().map(bytes_of).sum(), 0);
         drop(grads);
@@ -657,6 +680,25 @@ impl Worker {
             grads = tch::no_grad(|| summed.iter().map(|g| g / replicas as f64).collect());
         }
         Ok(grads)
+    }
+
+    /// fp16: divides the gradients by the loss scale and decides, with every other stage
+    /// and replica, whether this step is applied (no worker's gradients overflowed);
+    /// updates the scale the same way everywhere. Other precisions apply every step.
+    fn unscale(&mut self, grads: Vec<Tensor>, tr: &mut dyn Transport) -> Result<(Vec<Tensor>, bool), E> {
+        let Some(scaler) = self.scaler.as_mut() else { return Ok((grads, true)) };
+        let inv = 1.0 / scaler.scale;
+        let grads: Vec<Tensor> = tch::no_grad(|| grads.iter().map(|g| g * inv).collect());
+        let mut local = 0.0;
+        for g in &grads {
+            let finite = g.f_isfinite().and_then(|f| f.f_all()).and_then(|a| a.f_int64_value(&[])).map_err(torch("checking gradients"))?;
+            if finite == 0 {
+                local = 1.0;
+                break;
+            }
+        }
+        let overflowed = tr.all_reduce_sum(local).map_err(induced)? > 0.0;
+        Ok((grads, scaler.update(overflowed)))
     }
 
     /// Scales `grads` so the global norm over all stages is at most `clip`. A tied weight
@@ -753,7 +795,7 @@ impl Worker {
         let body = || -> Result<(Fwd, Vec<(usize, Tensor)>), E> {
             let leaf = |t: &Tensor| if grad && t.is_floating_point() { t.detach().set_requires_grad(true) } else { t.detach() };
             let recv: Vec<Tensor> = inputs[..self.spec.n_recv].iter().map(leaf).collect();
-            let params: Vec<Tensor> = wts.iter().map(leaf).collect();
+            let params: Vec<Tensor> = wts.iter().map(|t| leaf(&self.cast(t))).collect();
             let mut all: Vec<Tensor> = recv.iter().map(|t| t.shallow_clone()).collect();
             all.extend(inputs[self.spec.n_recv..].iter().map(|t| t.shallow_clone()));
             let run = self.execute(&params, &all, update_stats && self.mode == Mode::Train, grad)?;
@@ -770,6 +812,20 @@ impl Worker {
         }
     }
 
+    /// A master weight in the compute type (itself under fp32).
+    fn cast(&self, t: &Tensor) -> Tensor {
+        if self.compute != Kind::Float && matches!(t.kind(), Kind::Float | Kind::Double) {
+            t.to_kind(self.compute)
+        } else {
+            t.shallow_clone()
+        }
+    }
+
+    /// fp16's loss scale (1 otherwise): the loss is multiplied by it before the backward.
+    fn loss_scale(&self) -> f64 {
+        self.scaler.as_ref().map_or(1.0, |s| s.scale)
+    }
+
     fn engine(&self) -> Engine<'_> {
         Engine {
             program: &self.spec.program,
@@ -784,7 +840,7 @@ impl Worker {
 
     /// The selective forward: kept pieces record graphs, recomputed pieces do not.
     fn forward_pieces(&self, wts: &[Tensor], inputs: &[Tensor], labels: Option<&Tensor>, update_stats: bool) -> Result<(Fwd, Vec<(usize, Tensor)>), E> {
-        let params: Vec<Tensor> = wts.iter().map(|t| if t.is_floating_point() { t.detach().set_requires_grad(true) } else { t.detach() }).collect();
+        let params: Vec<Tensor> = wts.iter().map(|t| self.cast(t)).map(|t| if t.is_floating_point() { t.detach().set_requires_grad(true) } else { t.detach() }).collect();
         let (pf, stats) = self.engine().forward(&params, inputs, update_stats && self.mode == Mode::Train).map_err(E::Msg)?;
         let (loss, loss_leaf) = match &self.spec.loss {
             Some((l, i)) => {
@@ -831,7 +887,7 @@ impl Worker {
         }
         if let (Some(loss), Some(leaf), Some((_, i))) = (&f.loss, &loss_leaf, &self.spec.loss) {
             if leaf.requires_grad() {
-                let g = Tensor::f_run_backward(&[loss.to_kind(Kind::Double)], &[leaf], false, false).map_err(torch("loss backward"))?;
+                let g = Tensor::f_run_backward(&[loss.to_kind(Kind::Double) * self.loss_scale()], &[leaf], false, false).map_err(torch("loss backward"))?;
                 seeds.push((p.outputs[*i], g.into_iter().next().ok_or_else(|| E::Msg("no loss gradient".into()))?));
             }
         }
@@ -846,7 +902,7 @@ impl Worker {
         let mut terms: Vec<Tensor> = Vec::new();
         if let Some(l) = &f.loss {
             if l.requires_grad() {
-                terms.push(l.f_to_kind(Kind::Double).map_err(torch("loss"))?);
+                terms.push(l.f_to_kind(Kind::Double).and_then(|l| l.f_mul_scalar(self.loss_scale())).map_err(torch("loss"))?);
             }
         }
         if let Some(gs) = out_grads {
@@ -891,6 +947,11 @@ struct Run {
 }
 
 fn loss_of(l: &Objective, out: &Tensor, labels: Option<&Tensor>) -> Result<Tensor, String> {
+    // Under mixed precision the loss (a softmax, a mean) is computed in fp32.
+    let out = &match out.kind() {
+        Kind::BFloat16 | Kind::Half => out.f_to_kind(Kind::Float).map_err(|e| e.to_string())?,
+        _ => out.shallow_clone(),
+    };
     let need = || labels.ok_or_else(|| "the microbatch has no labels".to_string());
     let output = &l.output;
     let r = match l.loss {
