@@ -107,6 +107,9 @@ pub struct PlanArgs {
     /// Count an SGD momentum buffer per weight.
     #[arg(long)]
     pub momentum: bool,
+    /// The compute type training will use (`train --precision`), for the memory model.
+    #[arg(long, value_enum, default_value_t = Precision::Fp32)]
+    pub precision: Precision,
     /// Schedules to consider.
     #[arg(long, value_enum, value_delimiter = ',', default_values_t = Schedule::ALL.to_vec())]
     pub schedule: Vec<Schedule>,
