@@ -275,6 +275,11 @@ pub struct TrainArgs {
     /// The element type training computes in; master weights and optimizer state stay fp32.
     #[arg(long, value_enum, default_value_t = Precision::Fp32)]
     pub precision: Precision,
+    /// Stage placement, overriding --device: `D0,D1,...` (`cpu`, `cuda:N`); stage k of
+    /// replica r runs on the ((r * stages + k) mod count)-th device, so one device per
+    /// stage places every replica alike.
+    #[arg(long, value_delimiter = ',', value_name = "DEVICES")]
+    pub devices: Vec<Device>,
 }
 
 #[derive(clap::Args)]
@@ -335,6 +340,7 @@ mod requests {
                 threads: self.threads,
                 timeout: std::time::Duration::from_secs(self.timeout),
                 precision: self.precision,
+                devices: self.devices.clone(),
             })
         }
     }

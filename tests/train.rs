@@ -276,3 +276,23 @@ fn mixed_precision_tracks_fp32_on_gpt2_tiny() {
     let out = pw(&["train", dir.path().to_str().unwrap(), "--steps", "1", "--precision", "fp8"]);
     assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("fp8"));
 }
+
+/// `--devices cpu,cpu` places the two stages on two "devices" (both the CPU): the losses
+/// are those of the one-device run; a device libtorch cannot reach is named.
+#[test]
+fn devices_place_stages_and_bad_devices_are_named() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    compile(dir.path(), "2", "2bw", "none");
+    let data = root().join("examples/digits/digits.npz");
+    let run = |extra: &[&str]| {
+        let mut args = vec!["--data", data.to_str().unwrap(), "--label", "label", "--output", "linear_3", "--steps", "20", "--microbatch", "16", "--microbatches", "4", "--replicas", "2"];
+        args.extend_from_slice(extra);
+        train_losses(dir.path(), &args)
+    };
+    assert_eq!(run(&[]), run(&["--devices", "cpu,cpu"]));
+    assert_eq!(run(&[]), run(&["--devices", "cpu,cpu,cpu,cpu"]));
+    let out = pw(&["train", dir.path().to_str().unwrap(), "--data", data.to_str().unwrap(), "--label", "label", "--output", "linear_3", "--steps", "2", "--devices", "cpu,cuda:7"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    // No CUDA here (on a GPU machine: fewer than 8 GPUs).
+    assert!(!out.status.success() && err.contains("--devices") && err.contains("cuda:7"), "{err}");
+}

@@ -67,6 +67,9 @@ pub struct TrainRequest {
     pub timeout: Duration,
     /// The compute element type (fp32 master weights and optimizer state always).
     pub precision: Precision,
+    /// Stage placement (`--devices`): worker `replica * d + stage` on device
+    /// `(replica * d + stage) % len`; empty: every worker on `device`.
+    pub devices: Vec<Device>,
 }
 
 /// The run's configuration, built from the request and the build's shape.
@@ -89,6 +92,7 @@ fn config(req: &TrainRequest, manifest: &Manifest, shape: &RunShape, build: &Pat
     }
     cfg.timeout = req.timeout;
     cfg.precision = req.precision;
+    cfg.devices = req.devices.iter().map(|&d| tch_device(d).map_err(|e| DriverError::msg(format!("--devices: {e}")))).collect::<Result<_, _>>()?;
     if let Some(n) = req.checkpoint_every {
         if n == 0 {
             return Err(DriverError::msg("--checkpoint-every must be at least 1"));
@@ -320,6 +324,7 @@ mod tests {
             threads: Some(1),
             timeout: Duration::from_secs(60),
             precision: Precision::Fp32,
+            devices: Vec::new(),
         }
     }
 

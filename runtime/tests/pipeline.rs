@@ -522,3 +522,29 @@ fn fp16_overflow_skips_the_step_in_every_stage() {
         assert!(skipping.weights.iter().flatten().all(|(_, t)| t.isfinite().all().int64_value(&[]) == 1), "{sched:?}: non-finite weights");
     }
 }
+
+/// Stage placement: worker `r * d + k` takes device `(r * d + k) % len`, and a run whose
+/// stages and replicas are placed on several devices (all the CPU here) trains to the
+/// same weights and losses as the single-device run.
+#[test]
+fn placed_stages_train_like_one_device() {
+    let mut c = cfg(Schedule::TwoBw, OptimizerConfig::adam(), 0.05, STEPS);
+    assert_eq!(c.worker_device(2, 1, 3), tch::Device::Cpu);
+    c.devices = vec![tch::Device::Cpu, tch::Device::Cuda(1), tch::Device::Cuda(2)];
+    assert_eq!((0..6).map(|i| c.worker_device(i % 3, i / 3, 3)).collect::<Vec<_>>(), [c.devices.clone(), c.devices.clone()].concat());
+    c.devices = vec![tch::Device::Cuda(0), tch::Device::Cuda(1)];
+    // Two devices for three stages x two replicas: round-robin over the six workers.
+    assert_eq!(c.worker_device(2, 0, 3), tch::Device::Cuda(0));
+    assert_eq!(c.worker_device(0, 1, 3), tch::Device::Cuda(1));
+    let data = dataset(STEPS, 2 * M, None);
+    let mut one = cfg(Schedule::TwoBw, OptimizerConfig::adam(), 0.05, STEPS);
+    one.replicas = 2;
+    let mut losses_one = Vec::new();
+    let base = train(stages(3, Schedule::TwoBw, Recompute::None), &one, feed(&data), &mut |s| losses_one.push(s.loss)).unwrap();
+    let mut placed = one.clone();
+    placed.devices = vec![tch::Device::Cpu; 3];
+    let mut losses_placed = Vec::new();
+    let r = train(stages(3, Schedule::TwoBw, Recompute::None), &placed, feed(&data), &mut |s| losses_placed.push(s.loss)).unwrap();
+    assert_eq!(losses_one, losses_placed);
+    assert_eq!(weight_gap(&r, &base), 0.0);
+}

@@ -94,6 +94,10 @@ pub struct TrainConfig {
     pub precision: Precision,
     /// fp16's initial loss scale and growth interval (ignored otherwise).
     pub loss_scale: LossScaler,
+    /// Stage placement: worker `replica * d + stage` runs on `devices[(replica * d +
+    /// stage) % len]` (so `d` devices give stage k device k in every replica, and `d * w`
+    /// devices one per worker). Empty: every worker on `device`.
+    pub devices: Vec<tch::Device>,
 }
 
 impl TrainConfig {
@@ -118,7 +122,16 @@ impl TrainConfig {
             timeout: DEFAULT_TIMEOUT,
             precision: Precision::Fp32,
             loss_scale: LossScaler::new(),
+            devices: Vec::new(),
         }
+    }
+
+    /// The device of stage `stage` of replica `replica` in a pipeline of `depth` stages.
+    pub fn worker_device(&self, stage: usize, replica: usize, depth: usize) -> tch::Device {
+        if self.devices.is_empty() {
+            return self.device;
+        }
+        self.devices[(replica * depth + stage) % self.devices.len()]
     }
 }
 
@@ -385,13 +398,17 @@ fn run_training(
     for (r, (row, rx_row)) in transport::InProcess::grid(d, w, &tied, cfg.timeout).into_iter().zip(data_rx).enumerate() {
         for (k, (tr, rx)) in row.into_iter().zip(rx_row).enumerate() {
             let saved = if r + 1 == w { resume_states[k].take() } else { resume_states[k].as_ref().map(copy_state) };
+            // Each worker computes on its own device; boundary tensors are moved to it as
+            // they arrive.
+            let mut placed = cfg.clone();
+            placed.device = cfg.worker_device(k, r, d);
             let args = stage::WorkerArgs {
                 spec: specs[k].clone(),
                 replica: r,
                 replicas: w,
                 ops: all_ops[k].clone(),
                 m,
-                cfg: cfg.clone(),
+                cfg: placed,
                 data: rx,
                 transport: Box::new(tr),
                 events: ev_tx.clone(),
@@ -504,13 +521,15 @@ pub fn run_worker(
     let steps = cfg.steps;
     let feeder = std::thread::spawn(move || feed(std::iter::once(first).chain(data), 0, steps, m, txs, input_names, err_tx));
     let (ev_tx, ev_rx) = mpsc::channel::<Event>();
+    let mut placed = cfg.clone();
+    placed.device = cfg.worker_device(k, replica, d);
     let args = stage::WorkerArgs {
         spec,
         replica,
         replicas: w,
         ops,
         m,
-        cfg: cfg.clone(),
+        cfg: placed,
         data: rx,
         transport,
         events: ev_tx,

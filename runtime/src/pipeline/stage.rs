@@ -521,8 +521,11 @@ impl Worker {
         if self.spec.n_recv > 0 {
             let t0 = rec.start();
             let got = tr.recv_forward(j).map_err(induced)?;
+            for (_, t) in got {
+                // The previous stage may compute on another device.
+                inputs.push(t.f_to_device(cfg.device).map_err(torch("moving received activations"))?);
+            }
             rec.record(TraceKind::Recv, t0, Some(j), v, step);
-            inputs.extend(got.into_iter().map(|(_, t)| t));
         }
         let mut labels = None;
         if let Some(rx) = data {
@@ -672,12 +675,13 @@ impl Worker {
             let part: Vec<Tensor> = idx.iter().map(|&i| grads[i].shallow_clone()).collect();
             let summed = tr.all_reduce_tied(stages, part).map_err(induced)?;
             for (&i, g) in idx.iter().zip(summed) {
-                grads[i] = g;
+                grads[i] = g.f_to_device(grads[i].device()).map_err(torch("moving tied gradients"))?;
             }
         }
         if replicas > 1 {
+            let here: Vec<tch::Device> = grads.iter().map(|g| g.device()).collect();
             let summed = tr.all_reduce_replicas(grads).map_err(induced)?;
-            grads = tch::no_grad(|| summed.iter().map(|g| g / replicas as f64).collect());
+            grads = tch::no_grad(|| summed.iter().zip(&here).map(|(g, &dev)| g.f_to_device(dev).map(|g| g / replicas as f64)).collect::<Result<Vec<_>, _>>()).map_err(torch("moving reduced gradients"))?;
         }
         Ok(grads)
     }
