@@ -163,7 +163,7 @@ pub fn cuda_devices() -> Result<Vec<GpuInfo>, String> {
         if set.is_null() || info.is_null() {
             return Err("the CUDA runtime's cudaSetDevice/cudaMemGetInfo were not found in this process".into());
         }
-        let (set, info): (SetDevice, MemGetInfo) = (std::mem::transmute(set), std::mem::transmute(info));
+        let (set, info) = (std::mem::transmute::<*mut libc::c_void, SetDevice>(set), std::mem::transmute::<*mut libc::c_void, MemGetInfo>(info));
         let mut out = Vec::new();
         for index in 0..tch::Cuda::device_count().max(0) as usize {
             let rc = set(index as i32);
