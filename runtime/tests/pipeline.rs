@@ -499,12 +499,15 @@ fn fp16_overflow_skips_the_step_in_every_stage() {
         let mut c = cfg(sched, OptimizerConfig::sgd(), 0.3, steps);
         c.precision = Precision::Fp16;
         c.loss_scale = LossScaler::with(scale, 1000);
-        train(stages(d, sched, Recompute::None), &c, feed(&data[..steps]), &mut |_| {}).unwrap()
+        let mut skipped = Vec::new();
+        let r = train(stages(d, sched, Recompute::None), &c, feed(&data[..steps]), &mut |s| skipped.push(s.skipped)).unwrap();
+        (r, skipped)
     };
     // A scale far beyond fp16's range: every step overflows, no stage changes a weight.
     let init: Vec<Tensor> = init_weights().into_iter().flat_map(|(w, b)| [w, b]).collect();
     for sched in [Schedule::TwoBw, Schedule::Flush] {
-        let r = fp16(2f64.powi(100), 3, 3, sched);
+        let (r, skipped) = fp16(2f64.powi(100), 3, 3, sched);
+        assert_eq!(skipped, [true, true, true], "{sched:?}");
         for (got, want) in r.weights.iter().flatten().zip(&init) {
             assert!(got.1.equal(want), "{sched:?}: {} changed in a skipped step", got.0);
         }
@@ -513,9 +516,14 @@ fn fp16_overflow_skips_the_step_in_every_stage() {
     // change the result (against a scale that never overflows), and are the same
     // decisions whether the layers are one stage or three.
     for sched in [Schedule::TwoBw, Schedule::Flush] {
-        let skipping = fp16(2f64.powi(20), 12, 3, sched);
-        let alone = fp16(2f64.powi(20), 12, 1, sched);
-        let fitting = fp16(2f64.powi(4), 12, 3, sched);
+        let (skipping, skips) = fp16(2f64.powi(20), 12, 3, sched);
+        let (alone, skips_alone) = fp16(2f64.powi(20), 12, 1, sched);
+        let (fitting, no_skips) = fp16(2f64.powi(4), 12, 3, sched);
+        // Overflows first, then (the scale halved enough) none: reported once per step.
+        let first_good = skips.iter().position(|s| !s).expect("the scale never fell far enough");
+        assert!(first_good >= 1 && skips[first_good..].iter().all(|s| !s), "{sched:?}: {skips:?}");
+        assert_eq!(skips, skips_alone, "{sched:?}");
+        assert!(no_skips.iter().all(|s| !s), "{sched:?}: {no_skips:?}");
         assert!(weight_gap(&skipping, &fitting) > 0.01, "{sched:?}: no step was skipped from scale 2^20");
         let gap = weight_gap(&skipping, &alone);
         assert!(gap < 1e-3, "{sched:?}: d = 3 and d = 1 differ by {gap}: the stages skipped different steps");

@@ -144,6 +144,8 @@ pub struct StepReport {
     pub samples: usize,
     /// Wall time since the previous report (or since the start).
     pub seconds: f64,
+    /// fp16: the update was skipped (gradients overflowed somewhere; every stage skipped it).
+    pub skipped: bool,
 }
 
 #[derive(Debug)]
@@ -190,7 +192,7 @@ pub(crate) struct StageData {
 }
 
 pub(crate) enum Event {
-    Step { step: usize, loss: f64, samples: usize },
+    Step { step: usize, loss: f64, samples: usize, skipped: bool },
     Checkpoint { step: u64, state: StageState },
 }
 
@@ -626,7 +628,7 @@ struct EventSink<'a> {
     pipeline: String,
     dir: Option<PathBuf>,
     on_step: &'a mut dyn FnMut(StepReport),
-    pending_steps: std::collections::BTreeMap<usize, (usize, f64, usize)>,
+    pending_steps: std::collections::BTreeMap<usize, (usize, f64, usize, bool)>,
     pending_ckpt: std::collections::BTreeMap<u64, Vec<StageState>>,
     last: Instant,
     losses: Vec<f64>,
@@ -654,15 +656,15 @@ impl<'a> EventSink<'a> {
 
     fn handle(&mut self, ev: Event) {
         match ev {
-            Event::Step { step, loss, samples } => {
-                let e = self.pending_steps.entry(step).or_insert((0, 0.0, 0));
-                *e = (e.0 + 1, e.1 + loss, e.2 + samples);
+            Event::Step { step, loss, samples, skipped } => {
+                let e = self.pending_steps.entry(step).or_insert((0, 0.0, 0, false));
+                *e = (e.0 + 1, e.1 + loss, e.2 + samples, e.3 || skipped);
                 if e.0 == self.w {
-                    let (_, sum, samples) = self.pending_steps.remove(&step).unwrap_or_default();
+                    let (_, sum, samples, skipped) = self.pending_steps.remove(&step).unwrap_or_default();
                     let now = Instant::now();
                     let loss = sum / self.w as f64;
                     self.losses.push(loss);
-                    (self.on_step)(StepReport { step, loss, samples, seconds: now.duration_since(self.last).as_secs_f64() });
+                    (self.on_step)(StepReport { step, loss, samples, seconds: now.duration_since(self.last).as_secs_f64(), skipped });
                     self.last = now;
                 }
             }
