@@ -511,15 +511,10 @@ fn memory_model(
     };
     // Master weights (each version), the fp32 gradient and the optimizer state keep the
     // model's type whatever the precision. Mixed precision adds the weights cast to the
-    // compute type, one copy per forward whose graph is kept (every in-flight microbatch
-    // without recomputation, the one being back-propagated with full recomputation), and
-    // computes every activation in the compute type.
+    // compute type, one copy per version (the runtime shares it among the microbatches
+    // using that version), and computes every activation in the compute type.
     let ratio = precision.compute_bytes() as f64 / 4.0;
-    let cast_copies = match (precision.is_mixed(), recompute) {
-        (false, _) => 0.0,
-        (true, Recompute::Full) => 1.0,
-        (true, Recompute::None | Recompute::Selective) => in_flight,
-    };
+    let cast_copies = if precision.is_mixed() { f64::from(schedule.weight_versions()) } else { 0.0 };
     let weight_factor = f64::from(schedule.weight_versions() + 1 + state_tensors) + ratio * cast_copies;
     let model = memory_model_of(recompute, in_flight, weight_factor, limit);
     MemoryModel {

@@ -446,8 +446,8 @@ fn the_parallel_search_plans_as_the_sequential_one() {
 }
 
 /// `--precision bf16` in the memory model: master weights, gradient and Adam's two
-/// moments stay fp32 (2BW: 2 versions + 1 + 2 = 5 copies), each of the d = 4 in-flight
-/// forwards adds a bf16 copy of the weights (half a copy each), and activations halve.
+/// moments stay fp32 (2BW: 2 versions + 1 + 2 = 5 copies), each of the 2 versions has
+/// a bf16 copy of the weights (half a copy each), and activations halve.
 /// The plan file carries the precision; one without it reads as fp32.
 #[test]
 fn precision_in_the_memory_model() {
@@ -478,7 +478,7 @@ fn precision_in_the_memory_model() {
         let peak = full.chosen.peak_memory_per_stage[s] as f64;
         let act = peak - 5.0 * p;
         assert!(act > 0.0, "stage {s}: no activations in {peak}");
-        let want = 5.0 * p + 0.5 * 4.0 * p + 0.5 * act;
+        let want = 5.0 * p + 0.5 * 2.0 * p + 0.5 * act;
         let got = half.chosen.peak_memory_per_stage[s] as f64;
         assert!((got - want).abs() <= 2.0, "stage {s}: bf16 peak {got}, expected {want} (fp32 {peak})");
     }

@@ -487,6 +487,12 @@ fn mixed_precision_tracks_full_precision() {
         for (a, b) in losses.iter().zip(&full.losses) {
             assert!((a - b).abs() < 0.02 * b.abs().max(1.0), "{p}: losses {losses:?} vs {:?}", full.losses);
         }
+        // At most one 2-byte copy per held version of the 8-byte masters (at most a
+        // quarter more weight bytes, counted in the stage's weights), not one per
+        // in-flight microbatch.
+        for (k, (low, hi)) in r.memory.iter().zip(&full.memory).enumerate() {
+            assert!(low.weights > hi.weights && low.weights * 4 <= hi.weights * 5, "{p}: stage {k} weight bytes {} vs fp32 run {}", low.weights, hi.weights);
+        }
     }
 }
 

@@ -270,6 +270,11 @@ fn torch(what: &str) -> impl Fn(tch::TchError) -> E + '_ {
 /// The mutable state of a worker between ops.
 struct State {
     versions: BTreeMap<u64, Vec<Tensor>>,
+    /// Mixed precision: each live version's weights in the compute type, made by its first
+    /// forward and shared (as fresh autograd leaves over the same storage) by every
+    /// microbatch that uses it, so a stage holds one cast copy per version, not one per
+    /// in-flight microbatch.
+    cast: BTreeMap<u64, Vec<Tensor>>,
     opt: OptState,
     stash: VecDeque<Stash>,
     acc: Option<Vec<Tensor>>,
@@ -301,6 +306,7 @@ fn run_inner(
     let (mut w, params) = Worker::load(spec, cfg)?;
     let mut st = State {
         versions: BTreeMap::new(),
+        cast: BTreeMap::new(),
         opt: OptState::new(cfg.optimizer, params.len()),
         stash: VecDeque::new(),
         acc: None,
@@ -479,12 +485,24 @@ impl Worker {
             .collect()
     }
 
+    /// The weights of version `v` to compute with: the masters, or under mixed precision
+    /// their compute-type copy (made once per version).
+    fn weights_of<'s>(&self, st: &'s mut State, v: u64) -> Option<&'s [Tensor]> {
+        let masters = st.versions.get(&v)?;
+        if self.compute == Kind::Float {
+            return Some(masters);
+        }
+        Some(st.cast.entry(v).or_insert_with(|| masters.iter().map(|t| self.cast(t)).collect()))
+    }
+
     /// Keeps the newest version, the one the next forward uses and those in flight; errs
     /// when that is more than the module's version budget.
     fn retain_versions(&self, st: &mut State, next_v: Option<u64>) -> Result<(), E> {
         let Some(&newest) = st.versions.keys().next_back() else { return Ok(()) };
         let stash = &st.stash;
         st.versions.retain(|v, _| *v == newest || Some(*v) == next_v || stash.iter().any(|s| s.version == *v));
+        let versions = &st.versions;
+        st.cast.retain(|v, _| versions.contains_key(v));
         st.peak_versions = st.peak_versions.max(st.versions.len());
         if st.versions.len() > self.spec.version_budget {
             return Err(E::Msg(format!(
@@ -498,7 +516,7 @@ impl Worker {
     }
 
     fn observe(&self, st: &mut State, extra_grads: u64, extra_act: u64) {
-        let weights = st.versions.values().flatten().map(bytes_of).sum();
+        let weights = st.versions.values().chain(st.cast.values()).flatten().map(bytes_of).sum();
         let gradients = st.acc.iter().flatten().map(bytes_of).sum::<u64>() + extra_grads;
         let activations = st.stash.iter().map(|s| s.bytes).sum::<u64>() + extra_act;
         st.memory.keep_peak(StageMemory {
@@ -543,7 +561,7 @@ impl Worker {
         }
         let grad = !self.spec.recompute_full;
         let t0 = rec.start();
-        let wts = st.versions.get(&v).ok_or_else(|| E::Msg(format!("weight version {v} for microbatch {j} is gone")))?;
+        let wts = self.weights_of(st, v).ok_or_else(|| E::Msg(format!("weight version {v} for microbatch {j} is gone")))?;
         let (fwd, stats) = self.forward(wts, &inputs, labels.as_ref(), grad, true)?;
         // Reading the loss synchronizes with the device, so it counts as forward.
         let loss_value = match &fwd.loss {
@@ -585,7 +603,7 @@ impl Worker {
             Some(f) => f,
             None => {
                 let t0 = rec.start();
-                let wts = st.versions.get(&s.version).ok_or_else(|| E::Msg(format!("weight version {} for microbatch {j} is gone", s.version)))?;
+                let wts = self.weights_of(st, s.version).ok_or_else(|| E::Msg(format!("weight version {} for microbatch {j} is gone", s.version)))?;
                 // Statistics were updated by the first forward; the rerun leaves them.
                 let (f, _) = self.forward(wts, &s.inputs, s.labels.as_ref(), true, false)?;
                 rec.record(TraceKind::Recompute, t0, Some(j), v, step);
