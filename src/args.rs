@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use pipewright_core::{Balance, BatchMode, Decay, Device, Loss, Optimizer, PassName, Recompute, Schedule};
+use pipewright_core::{Balance, BatchMode, Decay, Device, Loss, Optimizer, PassName, Precision, Recompute, Schedule};
 use pipewright_passes::manager::{PassOptions, PrintAfter};
 
 /// `--loss KIND[:OUTPUT]`.
@@ -115,6 +115,9 @@ pub struct PlanArgs {
     /// Count an SGD momentum buffer per weight.
     #[arg(long)]
     pub momentum: bool,
+    /// The compute type training will use (`train --precision`), for the memory model.
+    #[arg(long, value_enum, default_value_t = Precision::Fp32)]
+    pub precision: Precision,
     /// Schedules to consider.
     #[arg(long, value_enum, value_delimiter = ',', default_values_t = Schedule::ALL.to_vec())]
     pub schedule: Vec<Schedule>,
@@ -295,6 +298,14 @@ pub struct TrainArgs {
     /// decompression bomb stops with an error at this cap): `16GiB`, `512MiB`, `4096`.
     #[arg(long, value_name = "SIZE", default_value = "16GiB", value_parser = parse_size)]
     pub max_data_size: u64,
+    /// The element type training computes in; master weights and optimizer state stay fp32.
+    #[arg(long, value_enum, default_value_t = Precision::Fp32)]
+    pub precision: Precision,
+    /// Stage placement, overriding --device: `D0,D1,...` (`cpu`, `cuda:N`); stage k of
+    /// replica r runs on the ((r * stages + k) mod count)-th device, so one device per
+    /// stage places every replica alike.
+    #[arg(long, value_delimiter = ',', value_name = "DEVICES")]
+    pub devices: Vec<Device>,
 }
 
 fn parse_size(text: &str) -> Result<u64, String> {
@@ -362,6 +373,8 @@ mod requests {
                 threads: self.threads,
                 timeout: std::time::Duration::from_secs(self.timeout),
                 max_inflated: self.max_data_size,
+                precision: self.precision,
+                devices: self.devices.clone(),
             })
         }
     }

@@ -96,6 +96,7 @@ pub fn plan_command(args: &PlanArgs) -> Result<()> {
         balance: args.balance,
         optimizer: args.optimizer,
         momentum: args.momentum,
+        precision: args.precision,
         top: args.top,
         microbatch: args.microbatch,
         recompute: args.recompute,

@@ -63,6 +63,10 @@ enum Command {
     /// Measure forward and backward time per node at several microbatch sizes (JSON for `plan`).
     #[cfg(feature = "torch")]
     Profile(ProfileArgs),
+    /// Print the libtorch in use (version, folder), whether CUDA is available and the
+    /// devices with their memory (for bug reports and for checking a GPU machine).
+    #[cfg(feature = "torch")]
+    Doctor,
 }
 
 fn finish(result: anyhow::Result<()>) -> ExitCode {
@@ -152,5 +156,10 @@ fn main() -> ExitCode {
         Command::Conformance(args) => run::conformance(&args),
         #[cfg(feature = "torch")]
         Command::Profile(args) => run::profile(&args),
+        #[cfg(feature = "torch")]
+        Command::Doctor => {
+            print!("{}", pipewright_driver::doctor::doctor());
+            Ok(())
+        }
     })
 }

@@ -18,6 +18,9 @@ struct MetricsLine {
     samples: usize,
     seconds: f64,
     samples_per_s: f64,
+    /// Present (true) only on an fp16 step skipped for overflowing gradients.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    skipped: bool,
 }
 
 /// `1234 samples/s`, or `12.3 s/step` when a step takes longer than a second per sample
@@ -73,7 +76,7 @@ impl Progress {
             None => {}
         }
         if let Some(f) = self.metrics.as_mut() {
-            let line = MetricsLine { step: r.step + 1, loss: r.loss, samples: r.samples, seconds: r.seconds, samples_per_s: rate };
+            let line = MetricsLine { step: r.step + 1, loss: r.loss, samples: r.samples, seconds: r.seconds, samples_per_s: rate, skipped: r.skipped };
             if let Ok(text) = serde_json::to_string(&line) {
                 let _ = writeln!(f, "{text}");
             }

@@ -15,4 +15,4 @@ pub mod units;
 pub mod words;
 
 pub use device::{Device, UnknownDevice};
-pub use words::{Balance, BatchMode, Decay, Loss, Optimizer, PassName, Recompute, Schedule, UnknownWord, UpdateRule};
+pub use words::{Balance, BatchMode, Decay, Loss, Optimizer, PassName, Precision, Recompute, Schedule, UnknownWord, UpdateRule};

@@ -229,6 +229,39 @@ word_enum! {
     }
 }
 
+word_enum! {
+    /// The element type training computes in. Master weights and optimizer state stay
+    /// fp32 whatever the choice; each forward casts the weights to it and the gradients
+    /// come back to fp32 for the update.
+    "precision" pub enum Precision {
+        Fp32 = "fp32", "compute in fp32 (default)";
+        Bf16 = "bf16", "compute in bfloat16, fp32 master weights and optimizer state";
+        Fp16 = "fp16", "compute in float16 with dynamic loss scaling, fp32 master weights and optimizer state";
+    }
+}
+
+impl Precision {
+    /// Bytes of one element of the compute type.
+    pub fn compute_bytes(self) -> u64 {
+        match self {
+            Precision::Fp32 => 4,
+            Precision::Bf16 | Precision::Fp16 => 2,
+        }
+    }
+
+    /// Whether the weights are cast to a lower type for the forward (so a stage also
+    /// holds the cast copy of the weights it computes with).
+    pub fn is_mixed(self) -> bool {
+        self != Precision::Fp32
+    }
+}
+
+impl Default for Precision {
+    fn default() -> Self {
+        Precision::Fp32
+    }
+}
+
 impl Default for BatchMode {
     /// Import finds the batch axis unless told to keep the exported extents.
     fn default() -> Self {
@@ -268,6 +301,7 @@ mod tests {
         check(Balance::ALL);
         check(BatchMode::ALL);
         check(PassName::ALL);
+        check(Precision::ALL);
     }
 
     #[test]

@@ -15,6 +15,8 @@ pub mod export;
 #[cfg(feature = "torch")]
 pub mod conformance;
 #[cfg(feature = "torch")]
+pub mod doctor;
+#[cfg(feature = "torch")]
 pub mod forward;
 #[cfg(feature = "torch")]
 pub mod profile;

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use pipewright_core::{Decay, Device, Loss};
+use pipewright_core::{Decay, Device, Loss, Precision};
 use pipewright_runtime::build::{Build, Manifest, RunFlags, RunShape, MANIFEST_FILE};
 use pipewright_runtime::data::{Dataset, LabelArray, Stop, DEFAULT_LABEL};
 use pipewright_runtime::device::tch_device;
@@ -74,6 +74,11 @@ pub struct TrainRequest {
     pub timeout: Duration,
     /// The most bytes decompressed from an `.npz` data file.
     pub max_inflated: u64,
+    /// The compute element type (fp32 master weights and optimizer state always).
+    pub precision: Precision,
+    /// Stage placement (`--devices`): worker `replica * d + stage` on device
+    /// `(replica * d + stage) % len`; empty: every worker on `device`.
+    pub devices: Vec<Device>,
 }
 
 /// The run's configuration, built from the request and the build's shape.
@@ -106,6 +111,8 @@ fn config(req: &TrainRequest, manifest: &Manifest, shape: &RunShape, build: &Pat
         return Err(DriverError::msg("--timeout must be positive"));
     }
     cfg.timeout = req.timeout;
+    cfg.precision = req.precision;
+    cfg.devices = req.devices.iter().map(|&d| tch_device(d).map_err(|e| DriverError::msg(format!("--devices: {e}")))).collect::<Result<_, _>>()?;
     if let Some(n) = req.checkpoint_every {
         if n == 0 {
             return Err(DriverError::msg("--checkpoint-every must be at least 1"));
@@ -437,6 +444,8 @@ mod tests {
             threads: Some(1),
             timeout: Duration::from_secs(60),
             max_inflated: pipewright_runtime::data::DEFAULT_MAX_INFLATED,
+            precision: Precision::Fp32,
+            devices: Vec::new(),
         }
     }
 

@@ -39,7 +39,7 @@ use std::fmt::Write;
 
 use pipewright_ir::{Graph, NodeId, StageMap};
 use pipewright_core::units::human_bytes;
-use pipewright_core::{Balance, Optimizer, Recompute, Schedule};
+use pipewright_core::{Balance, Optimizer, Precision, Recompute, Schedule};
 use rayon::iter::{IndexedParallelIterator, IntoParallelIterator, ParallelIterator};
 use serde::{Deserialize, Serialize};
 
@@ -71,6 +71,14 @@ pub struct PlanOptions {
     pub microbatch: Option<u64>,
     /// Fix the recomputation mode (otherwise none, selective and full are all tried).
     pub recompute: Option<Recompute>,
+    /// The compute type training will use (`train --precision`): what it keeps per
+    /// weight and per activation. Absent in plan files from before it existed (fp32).
+    #[serde(default, skip_serializing_if = "is_fp32")]
+    pub precision: Precision,
+}
+
+fn is_fp32(p: &Precision) -> bool {
+    *p == Precision::Fp32
 }
 
 impl Default for PlanOptions {
@@ -86,6 +94,7 @@ impl Default for PlanOptions {
             top: 10,
             microbatch: None,
             recompute: None,
+            precision: Precision::Fp32,
         }
     }
 }
@@ -495,13 +504,31 @@ fn memory_model(
     d: usize,
     m: u64,
     state_tensors: u32,
+    precision: Precision,
     limit: f64,
 ) -> MemoryModel {
     let in_flight = match schedule {
         Schedule::TwoBw | Schedule::Flush => d as f64,
         Schedule::GPipe => m as f64,
     };
-    let weight_factor = f64::from(schedule.weight_versions() + 1 + state_tensors);
+    // Master weights (each version), the fp32 gradient and the optimizer state keep the
+    // model's type whatever the precision. Mixed precision adds the weights cast to the
+    // compute type, one copy per version (the runtime shares it among the microbatches
+    // using that version), and computes every activation in the compute type.
+    let ratio = precision.compute_bytes() as f64 / 4.0;
+    let cast_copies = if precision.is_mixed() { f64::from(schedule.weight_versions()) } else { 0.0 };
+    let weight_factor = f64::from(schedule.weight_versions() + 1 + state_tensors) + ratio * cast_copies;
+    let model = memory_model_of(recompute, in_flight, weight_factor, limit);
+    MemoryModel {
+        act_factor: model.act_factor * ratio,
+        kept_factor: model.kept_factor * ratio,
+        input_factor: model.input_factor * ratio,
+        ..model
+    }
+}
+
+/// The fp32 memory model of `recompute` with `in_flight` microbatches.
+fn memory_model_of(recompute: Recompute, in_flight: f64, weight_factor: f64, limit: f64) -> MemoryModel {
     match recompute {
         Recompute::Full => MemoryModel {
             weight_factor,
@@ -543,7 +570,7 @@ struct Config {
 impl Config {
     fn memory_model(&self, opts: &PlanOptions, limit: f64) -> MemoryModel {
         let state = opts.optimizer.state_tensors(opts.momentum);
-        memory_model(self.schedule, self.recompute, self.d, self.m, state, limit)
+        memory_model(self.schedule, self.recompute, self.d, self.m, state, opts.precision, limit)
     }
 }
 
@@ -897,6 +924,7 @@ fn describe(ctx: &mut PlanContext, candidates: Vec<Candidate>, chosen: Candidate
         chosen.d,
         chosen.m,
         opts.optimizer.state_tensors(opts.momentum),
+        opts.precision,
         f64::INFINITY,
     );
     let (times, _) = ctx

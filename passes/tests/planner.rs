@@ -12,7 +12,7 @@ use pipewright_ir::{
 use pipewright_passes::cluster::Cluster;
 use pipewright_passes::cost::{CostModel, Lin, Profile, Roofline};
 use pipewright_passes::partition::{choose_order, live_bytes};
-use pipewright_core::{Balance, Schedule};
+use pipewright_core::{Balance, Precision, Schedule};
 use pipewright_passes::planner::{plan, PlanError, PlanOptions};
 
 fn row(w: i64) -> TensorType {
@@ -443,4 +443,50 @@ fn the_parallel_search_plans_as_the_sequential_one() {
         }
     }
     assert_eq!(planned, 3);
+}
+
+/// `--precision bf16` in the memory model: master weights, gradient and Adam's two
+/// moments stay fp32 (2BW: 2 versions + 1 + 2 = 5 copies), each of the 2 versions has
+/// a bf16 copy of the weights (half a copy each), and activations halve.
+/// The plan file carries the precision; one without it reads as fp32.
+#[test]
+fn precision_in_the_memory_model() {
+    // Eight matmul + relu layers: every stage has weights and activations.
+    let mut g = Graph::new(ModelMeta::default());
+    let mut v = input(&mut g, 64);
+    for i in 0..8 {
+        let w = weight(&mut g, &format!("w{i}"), &[64, 64]);
+        v = matmul(&mut g, &format!("mm{i}"), v, w, 64).1;
+        v = unary(&mut g, &format!("relu{i}"), v, 64).1;
+    }
+    g.set_outputs(vec![v]);
+    let c = CostModel::new(&g, Roofline::default()).unwrap();
+    let opts = |precision| PlanOptions {
+        stages: Some(4),
+        microbatch: Some(8),
+        schedules: vec![Schedule::TwoBw],
+        recompute: Some(pipewright_core::Recompute::None),
+        precision,
+        ..PlanOptions::default()
+    };
+    let full = plan(&g, &c, &small_cluster(), &opts(Precision::Fp32)).unwrap();
+    let half = plan(&g, &c, &small_cluster(), &opts(Precision::Bf16)).unwrap();
+    assert_eq!(full.chosen.cuts, half.chosen.cuts);
+    for s in 0..4 {
+        let p = full.stages[s].params as f64 * 4.0;
+        assert!(p > 0.0);
+        let peak = full.chosen.peak_memory_per_stage[s] as f64;
+        let act = peak - 5.0 * p;
+        assert!(act > 0.0, "stage {s}: no activations in {peak}");
+        let want = 5.0 * p + 0.5 * 2.0 * p + 0.5 * act;
+        let got = half.chosen.peak_memory_per_stage[s] as f64;
+        assert!((got - want).abs() <= 2.0, "stage {s}: bf16 peak {got}, expected {want} (fp32 {peak})");
+    }
+    let json = serde_json::to_value(&half.options).unwrap();
+    assert_eq!(json["precision"], "bf16");
+    let mut old = serde_json::to_value(&full.options).unwrap();
+    assert!(old.get("precision").is_none(), "fp32 is left out of plan files");
+    old.as_object_mut().unwrap().remove("precision");
+    let back: PlanOptions = serde_json::from_value(old).unwrap();
+    assert_eq!(back.precision, Precision::Fp32);
 }

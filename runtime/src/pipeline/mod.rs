@@ -6,6 +6,7 @@ mod launcher;
 mod memory;
 mod optim;
 mod pieces;
+mod precision;
 mod schedule;
 mod stage;
 mod tcp;
@@ -22,6 +23,7 @@ use tch::Tensor;
 
 pub use crate::exec::Mode;
 pub use optim::{LrSchedule, OptimizerConfig};
+pub use precision::{compute_kind, LossScaler, Precision};
 pub use schedule::{stage_ops, stage_ops_from, Op};
 pub use checkpoint::{read_checkpoint, step_dir_name, write_checkpoint, Checkpoint, CheckpointError, StageState};
 pub use launcher::{launcher_rank, launcher_size};
@@ -103,6 +105,14 @@ pub struct TrainConfig {
     pub settings: BTreeMap<String, String>,
     /// Resume even where this run's settings differ from the checkpoint's (`--force`).
     pub force_resume: bool,
+    /// The compute element type (fp32 master weights and optimizer state whatever it is).
+    pub precision: Precision,
+    /// fp16's initial loss scale and growth interval (ignored otherwise).
+    pub loss_scale: LossScaler,
+    /// Stage placement: worker `replica * d + stage` runs on `devices[(replica * d +
+    /// stage) % len]` (so `d` devices give stage k device k in every replica, and `d * w`
+    /// devices one per worker). Empty: every worker on `device`.
+    pub devices: Vec<tch::Device>,
 }
 
 impl TrainConfig {
@@ -127,7 +137,18 @@ impl TrainConfig {
             timeout: DEFAULT_TIMEOUT,
             settings: BTreeMap::new(),
             force_resume: false,
+            precision: Precision::Fp32,
+            loss_scale: LossScaler::new(),
+            devices: Vec::new(),
         }
+    }
+
+    /// The device of stage `stage` of replica `replica` in a pipeline of `depth` stages.
+    pub fn worker_device(&self, stage: usize, replica: usize, depth: usize) -> tch::Device {
+        if self.devices.is_empty() {
+            return self.device;
+        }
+        self.devices[(replica * depth + stage) % self.devices.len()]
     }
 }
 
@@ -140,6 +161,8 @@ pub struct StepReport {
     pub samples: usize,
     /// Wall time since the previous report (or since the start).
     pub seconds: f64,
+    /// fp16: the update was skipped (gradients overflowed somewhere; every stage skipped it).
+    pub skipped: bool,
 }
 
 #[derive(Debug)]
@@ -192,7 +215,7 @@ pub(crate) struct StageData {
 }
 
 pub(crate) enum Event {
-    Step { step: usize, loss: f64, samples: usize },
+    Step { step: usize, loss: f64, samples: usize, skipped: bool },
     Checkpoint { step: u64, state: StageState },
 }
 
@@ -327,6 +350,7 @@ pub fn run_record(cfg: &TrainConfig) -> BTreeMap<String, String> {
         ("--seed", cfg.seed.to_string()),
         ("--replicas", cfg.replicas.to_string()),
         ("--loss", format!("{}:{}", cfg.loss.loss, cfg.loss.output)),
+        ("--precision", cfg.precision.to_string()),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))
@@ -454,13 +478,17 @@ fn run_training(
     for (r, (row, rx_row)) in transport::InProcess::grid(d, w, &tied, cfg.timeout).into_iter().zip(data_rx).enumerate() {
         for (k, (tr, rx)) in row.into_iter().zip(rx_row).enumerate() {
             let saved = if r + 1 == w { resume_states[k].take() } else { resume_states[k].as_ref().map(copy_state) };
+            // Each worker computes on its own device; boundary tensors are moved to it as
+            // they arrive.
+            let mut placed = cfg.clone();
+            placed.device = cfg.worker_device(k, r, d);
             let args = stage::WorkerArgs {
                 spec: specs[k].clone(),
                 replica: r,
                 replicas: w,
                 ops: all_ops[k].clone(),
                 m,
-                cfg: cfg.clone(),
+                cfg: placed,
                 data: rx,
                 transport: Box::new(tr),
                 events: ev_tx.clone(),
@@ -573,13 +601,15 @@ pub fn run_worker(
     let steps = cfg.steps;
     let feeder = std::thread::spawn(move || feed(std::iter::once(first).chain(data), 0, steps, m, txs, input_names, err_tx));
     let (ev_tx, ev_rx) = mpsc::channel::<Event>();
+    let mut placed = cfg.clone();
+    placed.device = cfg.worker_device(k, replica, d);
     let args = stage::WorkerArgs {
         spec,
         replica,
         replicas: w,
         ops,
         m,
-        cfg: cfg.clone(),
+        cfg: placed,
         data: rx,
         transport,
         events: ev_tx,
@@ -678,7 +708,7 @@ struct EventSink<'a> {
     /// The run's settings, bound into every checkpoint ([`run_record`]).
     record: BTreeMap<String, String>,
     on_step: &'a mut dyn FnMut(StepReport),
-    pending_steps: std::collections::BTreeMap<usize, (usize, f64, usize)>,
+    pending_steps: std::collections::BTreeMap<usize, (usize, f64, usize, bool)>,
     pending_ckpt: std::collections::BTreeMap<u64, Vec<StageState>>,
     last: Instant,
     losses: Vec<f64>,
@@ -707,15 +737,15 @@ impl<'a> EventSink<'a> {
 
     fn handle(&mut self, ev: Event) {
         match ev {
-            Event::Step { step, loss, samples } => {
-                let e = self.pending_steps.entry(step).or_insert((0, 0.0, 0));
-                *e = (e.0 + 1, e.1 + loss, e.2 + samples);
+            Event::Step { step, loss, samples, skipped } => {
+                let e = self.pending_steps.entry(step).or_insert((0, 0.0, 0, false));
+                *e = (e.0 + 1, e.1 + loss, e.2 + samples, e.3 || skipped);
                 if e.0 == self.w {
-                    let (_, sum, samples) = self.pending_steps.remove(&step).unwrap_or_default();
+                    let (_, sum, samples, skipped) = self.pending_steps.remove(&step).unwrap_or_default();
                     let now = Instant::now();
                     let loss = sum / self.w as f64;
                     self.losses.push(loss);
-                    (self.on_step)(StepReport { step, loss, samples, seconds: now.duration_since(self.last).as_secs_f64() });
+                    (self.on_step)(StepReport { step, loss, samples, seconds: now.duration_since(self.last).as_secs_f64(), skipped });
                     self.last = now;
                 }
             }

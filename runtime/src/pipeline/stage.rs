@@ -11,6 +11,7 @@ use super::checkpoint::StageState;
 use super::memory::{bytes_of, StageMemory};
 use super::optim::OptState;
 use super::pieces::{pieces, Engine, Piece, PieceFwd};
+use super::precision::{compute_kind, LossScaler, Precision};
 use super::trace::Recorder;
 use crate::timeline::{TraceEvent, TraceKind};
 use super::{Event, Objective, Op, PipelineError, StageData, TrainConfig, Transport};
@@ -269,6 +270,11 @@ fn torch(what: &str) -> impl Fn(tch::TchError) -> E + '_ {
 /// The mutable state of a worker between ops.
 struct State {
     versions: BTreeMap<u64, Vec<Tensor>>,
+    /// Mixed precision: each live version's weights in the compute type, made by its first
+    /// forward and shared (as fresh autograd leaves over the same storage) by every
+    /// microbatch that uses it, so a stage holds one cast copy per version, not one per
+    /// in-flight microbatch.
+    cast: BTreeMap<u64, Vec<Tensor>>,
     opt: OptState,
     stash: VecDeque<Stash>,
     acc: Option<Vec<Tensor>>,
@@ -300,6 +306,7 @@ fn run_inner(
     let (mut w, params) = Worker::load(spec, cfg)?;
     let mut st = State {
         versions: BTreeMap::new(),
+        cast: BTreeMap::new(),
         opt: OptState::new(cfg.optimizer, params.len()),
         stash: VecDeque::new(),
         acc: None,
@@ -361,6 +368,10 @@ struct Worker {
     stat_consts: Vec<usize>,
     /// Selective recomputation's pieces (empty otherwise).
     pieces: Vec<Piece>,
+    /// The element type kernels compute in (fp32 unless mixed precision).
+    compute: Kind,
+    /// fp16's loss scale, the same in every stage (see [`super::precision`]).
+    scaler: Option<LossScaler>,
 }
 
 impl Worker {
@@ -386,6 +397,9 @@ impl Worker {
                 param_slots.push(s.slot);
                 param_sync.push(s.sync.clone());
             } else {
+                // Non-trainable float tensors (biases folded as constants, running
+                // statistics) compute in the compute type like everything else.
+                let t = if cfg.precision.is_mixed() && matches!(t.kind(), Kind::Float | Kind::Double) { t.f_to_kind(compute_kind(cfg.precision)).map_err(torch("casting constants"))? } else { t };
                 constants.push((s.slot, t));
             }
         }
@@ -422,6 +436,8 @@ impl Worker {
             stat_consts,
             constant_bytes,
             spec,
+            compute: compute_kind(cfg.precision),
+            scaler: (cfg.precision == Precision::Fp16).then(|| cfg.loss_scale.clone()),
         };
         Ok((w, params))
     }
@@ -469,12 +485,24 @@ impl Worker {
             .collect()
     }
 
+    /// The weights of version `v` to compute with: the masters, or under mixed precision
+    /// their compute-type copy (made once per version).
+    fn weights_of<'s>(&self, st: &'s mut State, v: u64) -> Option<&'s [Tensor]> {
+        let masters = st.versions.get(&v)?;
+        if self.compute == Kind::Float {
+            return Some(masters);
+        }
+        Some(st.cast.entry(v).or_insert_with(|| masters.iter().map(|t| self.cast(t)).collect()))
+    }
+
     /// Keeps the newest version, the one the next forward uses and those in flight; errs
     /// when that is more than the module's version budget.
     fn retain_versions(&self, st: &mut State, next_v: Option<u64>) -> Result<(), E> {
         let Some(&newest) = st.versions.keys().next_back() else { return Ok(()) };
         let stash = &st.stash;
         st.versions.retain(|v, _| *v == newest || Some(*v) == next_v || stash.iter().any(|s| s.version == *v));
+        let versions = &st.versions;
+        st.cast.retain(|v, _| versions.contains_key(v));
         st.peak_versions = st.peak_versions.max(st.versions.len());
         if st.versions.len() > self.spec.version_budget {
             return Err(E::Msg(format!(
@@ -488,7 +516,7 @@ impl Worker {
     }
 
     fn observe(&self, st: &mut State, extra_grads: u64, extra_act: u64) {
-        let weights = st.versions.values().flatten().map(bytes_of).sum();
+        let weights = st.versions.values().chain(st.cast.values()).flatten().map(bytes_of).sum();
         let gradients = st.acc.iter().flatten().map(bytes_of).sum::<u64>() + extra_grads;
         let activations = st.stash.iter().map(|s| s.bytes).sum::<u64>() + extra_act;
         st.memory.keep_peak(StageMemory {
@@ -511,8 +539,11 @@ impl Worker {
         if self.spec.n_recv > 0 {
             let t0 = rec.start();
             let got = tr.recv_forward(j).map_err(induced)?;
+            for (_, t) in got {
+                // The previous stage may compute on another device.
+                inputs.push(t.f_to_device(cfg.device).map_err(torch("moving received activations"))?);
+            }
             rec.record(TraceKind::Recv, t0, Some(j), v, step);
-            inputs.extend(got.into_iter().map(|(_, t)| t));
         }
         let mut labels = None;
         if let Some(rx) = data {
@@ -521,14 +552,16 @@ impl Worker {
                 return Err(E::Msg(format!("data for microbatch {} arrived when {j} was expected", sd.mb)));
             }
             for x in sd.inputs {
-                inputs.push(x.f_to_device(cfg.device).map_err(torch("moving inputs"))?);
+                let x = x.f_to_device(cfg.device).map_err(torch("moving inputs"))?;
+                let x = if matches!(x.kind(), Kind::Float | Kind::Double) && self.compute != Kind::Float { x.f_to_kind(self.compute).map_err(torch("casting inputs"))? } else { x };
+                inputs.push(x);
             }
             labels = sd.labels.map(|l| l.to_device(cfg.device));
             st.batch_samples += sd.samples;
         }
         let grad = !self.spec.recompute_full;
         let t0 = rec.start();
-        let wts = st.versions.get(&v).ok_or_else(|| E::Msg(format!("weight version {v} for microbatch {j} is gone")))?;
+        let wts = self.weights_of(st, v).ok_or_else(|| E::Msg(format!("weight version {v} for microbatch {j} is gone")))?;
         let (fwd, stats) = self.forward(wts, &inputs, labels.as_ref(), grad, true)?;
         // Reading the loss synchronizes with the device, so it counts as forward.
         let loss_value = match &fwd.loss {
@@ -570,7 +603,7 @@ impl Worker {
             Some(f) => f,
             None => {
                 let t0 = rec.start();
-                let wts = st.versions.get(&s.version).ok_or_else(|| E::Msg(format!("weight version {} for microbatch {j} is gone", s.version)))?;
+                let wts = self.weights_of(st, s.version).ok_or_else(|| E::Msg(format!("weight version {} for microbatch {j} is gone", s.version)))?;
                 // Statistics were updated by the first forward; the rerun leaves them.
                 let (f, _) = self.forward(wts, &s.inputs, s.labels.as_ref(), true, false)?;
                 rec.record(TraceKind::Recompute, t0, Some(j), v, step);
@@ -588,6 +621,13 @@ impl Worker {
         };
         let t0 = rec.start();
         let (pg, ig) = if fwd.pieces.is_some() { self.backward_pieces(fwd, out_grads)? } else { self.backward(&fwd, out_grads)? };
+        // Gradients of the cast weights come back to the master weights' type (fp32).
+        let pg = if self.compute != Kind::Float {
+            let masters = st.versions.get(&v).ok_or_else(|| E::Msg(format!("weight version {v} for microbatch {j} is gone")))?;
+            pg.into_iter().zip(masters).map(|(g, w)| if g.kind() != w.kind() { g.f_to_kind(w.kind()) } else { Ok(g) }).collect::<Result<Vec<_>, _>>().map_err(torch("casting gradients"))?
+        } else {
+            pg
+        };
         st.acc = Some(match st.acc.take() {
             None => pg,
             // The accumulator is this worker's own: add in place, no new allocation.
@@ -610,7 +650,9 @@ impl Worker {
         let t0 = rec.start();
         let grads = st.acc.take().ok_or_else(|| E::Msg(format!("step {t} without gradients")))?;
         let grads = self.reduce_gradients(grads, m, ctx.replicas, tr)?;
+        let (grads, apply) = self.unscale(grads, tr)?;
         let grads = match cfg.clip_norm {
+            _ if !apply => grads,
             Some(clip) => self.clip(grads, clip, ctx.replicas, tr)?,
             None => grads,
         };
@@ -619,11 +661,13 @@ impl Worker {
         if newest != t {
             return Err(E::Msg(format!("step {t} found newest weight version {newest}")));
         }
-        let new = st.opt.step(cur, &grads, lr);
+        // A skipped fp16 step keeps the weights and the optimizer state as they were (the
+        // new version is the old one) in every stage alike.
+        let new = if apply { st.opt.step(cur, &grads, lr) } else { cur.iter().map(|x| x.shallow_clone()).collect() };
         // A NaN or infinite gradient (overflow at a high rate) makes the new weights
         // non-finite while the loss of this batch still reads finite; stop here, before
         // the version is used, checkpointed or returned to be saved.
-        if !all_finite(&new).map_err(torch("checking the new weights"))? {
+        if apply && !all_finite(&new).map_err(torch("checking the new weights"))? {
             return Err(E::Err(PipelineError::NonFiniteWeights { step: t as usize + 1, stage: self.spec.index }));
         }
         st.versions.insert(t + 1, new);
@@ -631,7 +675,7 @@ impl Worker {
         drop(grads);
         rec.record(TraceKind::Optimizer, t0, None, t + 1, t);
         if self.spec.loss.is_some() {
-            let _ = events.send(Event::Step { step: t as usize, loss: st.batch_loss / m as f64, samples: st.batch_samples });
+            let _ = events.send(Event::Step { step: t as usize, loss: st.batch_loss / m as f64, samples: st.batch_samples, skipped: !apply });
         }
         st.batch_loss = 0.0;
         st.batch_samples = 0;
@@ -655,14 +699,34 @@ impl Worker {
             let part: Vec<Tensor> = idx.iter().map(|&i| grads[i].shallow_clone()).collect();
             let summed = tr.all_reduce_tied(stages, part).map_err(induced)?;
             for (&i, g) in idx.iter().zip(summed) {
-                grads[i] = g;
+                grads[i] = g.f_to_device(grads[i].device()).map_err(torch("moving tied gradients"))?;
             }
         }
         if replicas > 1 {
+            let here: Vec<tch::Device> = grads.iter().map(|g| g.device()).collect();
             let summed = tr.all_reduce_replicas(grads).map_err(induced)?;
-            grads = tch::no_grad(|| summed.iter().map(|g| g / replicas as f64).collect());
+            grads = tch::no_grad(|| summed.iter().zip(&here).map(|(g, &dev)| g.f_to_device(dev).map(|g| g / replicas as f64)).collect::<Result<Vec<_>, _>>()).map_err(torch("moving reduced gradients"))?;
         }
         Ok(grads)
+    }
+
+    /// fp16: divides the gradients by the loss scale and decides, with every other stage
+    /// and replica, whether this step is applied (no worker's gradients overflowed);
+    /// updates the scale the same way everywhere. Other precisions apply every step.
+    fn unscale(&mut self, grads: Vec<Tensor>, tr: &mut dyn Transport) -> Result<(Vec<Tensor>, bool), E> {
+        let Some(scaler) = self.scaler.as_mut() else { return Ok((grads, true)) };
+        let inv = 1.0 / scaler.scale;
+        let grads: Vec<Tensor> = tch::no_grad(|| grads.iter().map(|g| g * inv).collect());
+        let mut local = 0.0;
+        for g in &grads {
+            let finite = g.f_isfinite().and_then(|f| f.f_all()).and_then(|a| a.f_int64_value(&[])).map_err(torch("checking gradients"))?;
+            if finite == 0 {
+                local = 1.0;
+                break;
+            }
+        }
+        let overflowed = tr.all_reduce_sum(local).map_err(induced)? > 0.0;
+        Ok((grads, scaler.update(overflowed)))
     }
 
     /// Scales `grads` so the global norm over all stages is at most `clip`. A tied weight
@@ -772,7 +836,7 @@ impl Worker {
         let body = || -> Result<(Fwd, Vec<(usize, Tensor)>), E> {
             let leaf = |t: &Tensor| if grad && t.is_floating_point() { t.detach().set_requires_grad(true) } else { t.detach() };
             let recv: Vec<Tensor> = inputs[..self.spec.n_recv].iter().map(leaf).collect();
-            let params: Vec<Tensor> = wts.iter().map(leaf).collect();
+            let params: Vec<Tensor> = wts.iter().map(|t| leaf(&self.cast(t))).collect();
             let mut all: Vec<Tensor> = recv.iter().map(|t| t.shallow_clone()).collect();
             all.extend(inputs[self.spec.n_recv..].iter().map(|t| t.shallow_clone()));
             let run = self.execute(&params, &all, update_stats && self.mode == Mode::Train, grad)?;
@@ -789,6 +853,20 @@ impl Worker {
         }
     }
 
+    /// A master weight in the compute type (itself under fp32).
+    fn cast(&self, t: &Tensor) -> Tensor {
+        if self.compute != Kind::Float && matches!(t.kind(), Kind::Float | Kind::Double) {
+            t.to_kind(self.compute)
+        } else {
+            t.shallow_clone()
+        }
+    }
+
+    /// fp16's loss scale (1 otherwise): the loss is multiplied by it before the backward.
+    fn loss_scale(&self) -> f64 {
+        self.scaler.as_ref().map_or(1.0, |s| s.scale)
+    }
+
     fn engine(&self) -> Engine<'_> {
         Engine {
             program: &self.spec.program,
@@ -803,7 +881,7 @@ impl Worker {
 
     /// The selective forward: kept pieces record graphs, recomputed pieces do not.
     fn forward_pieces(&self, wts: &[Tensor], inputs: &[Tensor], labels: Option<&Tensor>, update_stats: bool) -> Result<(Fwd, Vec<(usize, Tensor)>), E> {
-        let params: Vec<Tensor> = wts.iter().map(|t| if t.is_floating_point() { t.detach().set_requires_grad(true) } else { t.detach() }).collect();
+        let params: Vec<Tensor> = wts.iter().map(|t| self.cast(t)).map(|t| if t.is_floating_point() { t.detach().set_requires_grad(true) } else { t.detach() }).collect();
         let (pf, stats) = self.engine().forward(&params, inputs, update_stats && self.mode == Mode::Train).map_err(E::Msg)?;
         let (loss, loss_leaf) = match &self.spec.loss {
             Some((l, i)) => {
@@ -850,7 +928,7 @@ impl Worker {
         }
         if let (Some(loss), Some(leaf), Some((_, i))) = (&f.loss, &loss_leaf, &self.spec.loss) {
             if leaf.requires_grad() {
-                let g = Tensor::f_run_backward(&[loss.to_kind(Kind::Double)], &[leaf], false, false).map_err(torch("loss backward"))?;
+                let g = Tensor::f_run_backward(&[loss.to_kind(Kind::Double) * self.loss_scale()], &[leaf], false, false).map_err(torch("loss backward"))?;
                 seeds.push((p.outputs[*i], g.into_iter().next().ok_or_else(|| E::Msg("no loss gradient".into()))?));
             }
         }
@@ -865,7 +943,7 @@ impl Worker {
         let mut terms: Vec<Tensor> = Vec::new();
         if let Some(l) = &f.loss {
             if l.requires_grad() {
-                terms.push(l.f_to_kind(Kind::Double).map_err(torch("loss"))?);
+                terms.push(l.f_to_kind(Kind::Double).and_then(|l| l.f_mul_scalar(self.loss_scale())).map_err(torch("loss"))?);
             }
         }
         if let Some(gs) = out_grads {
@@ -910,6 +988,11 @@ struct Run {
 }
 
 fn loss_of(l: &Objective, out: &Tensor, labels: Option<&Tensor>) -> Result<Tensor, String> {
+    // Under mixed precision the loss (a softmax, a mean) is computed in fp32.
+    let out = &match out.kind() {
+        Kind::BFloat16 | Kind::Half => out.f_to_kind(Kind::Float).map_err(|e| e.to_string())?,
+        _ => out.shallow_clone(),
+    };
     let need = || labels.ok_or_else(|| "the microbatch has no labels".to_string());
     let output = &l.output;
     let r = match l.loss {

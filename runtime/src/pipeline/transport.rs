@@ -141,7 +141,8 @@ pub(crate) fn add_lists(a: &[Tensor], b: &[Tensor]) -> Result<Vec<Tensor>, Strin
                 if x.size() != y.size() {
                     return Err(format!("tensor {i}: summing shape {:?} with {:?}", x.size(), y.size()));
                 }
-                x.f_add(y).map_err(|e| format!("tensor {i}: {}", e.to_string().lines().next().unwrap_or("")))
+                // Participants on other devices: the sum is on the first one's.
+                y.f_to_device(x.device()).and_then(|y| x.f_add(&y)).map_err(|e| format!("tensor {i}: {}", e.to_string().lines().next().unwrap_or("")))
             })
             .collect()
     })
