@@ -190,14 +190,20 @@ impl Dataset {
     /// (member `NAME.npy` holds array `NAME`).
     pub fn from_npz(path: &Path, inputs: &[InputSpec], label: Option<&str>) -> Result<Dataset> {
         let file = std::fs::File::open(path).with_context(|| format!("{}: cannot open", path.display()))?;
-        let mut zip = zip::ZipArchive::new(file).map_err(|e| anyhow!("{}: not a valid .npz (zip) archive: {e}", path.display()))?;
+        Self::from_npz_reader(&path.display().to_string(), file, inputs, label)
+    }
+
+    /// [`Dataset::from_npz`] on an archive already open (or in memory, as the fuzzer
+    /// feeds it); errors name `shown`.
+    pub fn from_npz_reader<R: Read + std::io::Seek>(shown: &str, reader: R, inputs: &[InputSpec], label: Option<&str>) -> Result<Dataset> {
+        let mut zip = zip::ZipArchive::new(reader).map_err(|e| anyhow!("{shown}: not a valid .npz (zip) archive: {e}"))?;
         let mut members = BTreeMap::new();
         for i in 0..zip.len() {
-            let name = zip.by_index(i).map_err(|e| anyhow!("{}: {e}", path.display()))?.name().to_string();
+            let name = zip.by_index(i).map_err(|e| anyhow!("{shown}: {e}"))?.name().to_string();
             let array = name.strip_suffix(".npy").unwrap_or(&name).to_string();
             members.insert(array, name);
         }
-        let shown = path.display().to_string();
+        let shown = shown.to_string();
         Self::assemble(&shown, members.keys().cloned().collect(), inputs, label, |array| {
             let member = &members[array];
             let mut f = zip.by_name(member).map_err(|e| anyhow!("{shown}: member `{member}`: {e}"))?;
@@ -245,11 +251,16 @@ impl Dataset {
     /// Loads from a safetensors file (any of its little-endian dtypes libtorch has).
     pub fn from_safetensors(path: &Path, inputs: &[InputSpec], label: Option<&str>) -> Result<Dataset> {
         let bytes = std::fs::read(path).with_context(|| format!("{}: cannot read", path.display()))?;
-        let st = safetensors::SafeTensors::deserialize(&bytes)
-            .map_err(|e| anyhow!("{}: not a valid safetensors file: {e:?}", path.display()))?;
+        Self::from_safetensors_bytes(&path.display().to_string(), &bytes, inputs, label)
+    }
+
+    /// [`Dataset::from_safetensors`] on a file's bytes; errors name `shown`.
+    pub fn from_safetensors_bytes(shown: &str, bytes: &[u8], inputs: &[InputSpec], label: Option<&str>) -> Result<Dataset> {
+        let st = safetensors::SafeTensors::deserialize(bytes)
+            .map_err(|e| anyhow!("{shown}: not a valid safetensors file: {e:?}"))?;
         let mut names: Vec<String> = st.names().into_iter().cloned().collect();
         names.sort();
-        let shown = path.display().to_string();
+        let shown = shown.to_string();
         Self::assemble(&shown, names, inputs, label, |array| {
             let view = st.tensor(array).map_err(|e| anyhow!("{shown}: array `{array}`: {e:?}"))?;
             let elem = crate::module::elem_of_dtype(view.dtype())
