@@ -61,6 +61,8 @@ impl CappedAlloc {
         if size as u64 > cap || (live > 0 && live as u64 > cap) {
             // Disarm first: the report below allocates.
             ARMED.store(false, Ordering::SeqCst);
+            // Where it was asked for is the finding; release builds keep symbols.
+            eprintln!("{}", std::backtrace::Backtrace::force_capture());
             report_fatal(
                 "allocation",
                 &format!("asked for {size} bytes with {live} bytes live in this execution (cap {cap} bytes)"),

@@ -1311,7 +1311,13 @@ fn split(s: &Split, x: In, sizes: Option<In>, n_out: usize, ctx: Ctx) -> R<Vec<T
         (Some(v), _) => v.iter().map(|&x| Dim::Fixed(x)).collect(),
         (None, Some(i)) => known_ints(i, "split")?.into_iter().map(Dim::Fixed).collect(),
         (None, None) => {
-            let n = s.num_outputs.unwrap_or(n_out as i64).max(1);
+            // `num_outputs` must be the node's output count: it sizes a Vec, and a
+            // crafted 2^31 made the importer ask for 32 GiB (found by pipewright-fuzz,
+            // fuzz/crashes/onnx-5a83703e471492ca.bin).
+            let n = s.num_outputs.unwrap_or(n_out as i64);
+            if n < 1 || n != n_out as i64 {
+                return Err(format!("num_outputs {n} does not match the node's {n_out} outputs"));
+            }
             match extent.div_exact(Dim::Fixed(n)) {
                 Some(d) => vec![d; n as usize],
                 None => {

@@ -207,8 +207,14 @@ impl Dataset {
         Self::assemble(&shown, members.keys().cloned().collect(), inputs, label, |array| {
             let member = &members[array];
             let mut f = zip.by_name(member).map_err(|e| anyhow!("{shown}: member `{member}`: {e}"))?;
-            let mut bytes = Vec::with_capacity(f.size() as usize);
-            f.read_to_end(&mut bytes).map_err(|e| anyhow!("{shown}: member `{member}`: {e}"))?;
+            // The declared size is only a claim (a 1 KB member may claim 4 GB; found by
+            // pipewright-fuzz, fuzz/crashes/npz-4c186d6fedd882c1.bin): reserve no more
+            // than the compressed bytes can inflate to (deflate: at most 1032x), and read
+            // no more than the member declares, so memory follows the data actually there.
+            let claimed = f.size();
+            let reachable = f.compressed_size().saturating_mul(1032);
+            let mut bytes = Vec::with_capacity(claimed.min(reachable).min(1 << 26) as usize);
+            (&mut f).take(claimed).read_to_end(&mut bytes).map_err(|e| anyhow!("{shown}: member `{member}`: {e}"))?;
             parse_npy(&bytes).with_context(|| format!("{shown}: array `{array}`"))
         })
     }
@@ -578,8 +584,14 @@ pub fn parse_npy(bytes: &[u8]) -> Result<RawArray> {
         ),
         d => bail!("dtype `{d}` is not supported (supported: <f4 <f8 <i8 <i4 |u1 |b1)"),
     };
-    let count = shape.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d as usize)).ok_or_else(|| anyhow!("shape {shape:?} is too large"))?;
-    let want = count * elem.size_bytes();
+    // Byte count checked too: `count * size` overflowed for shape (2^64-1,) of <i4 (found
+    // by pipewright-fuzz, fuzz/crashes/npy-099c2c0f26a45e3c.bin), and in a release build
+    // a wrapped product could even match the data's length.
+    let want = shape
+        .iter()
+        .try_fold(1usize, |acc, &d| acc.checked_mul(d as usize))
+        .and_then(|count| count.checked_mul(elem.size_bytes()))
+        .ok_or_else(|| anyhow!("shape {shape:?} is too large"))?;
     let data = &bytes[end..];
     if data.len() != want {
         bail!("data is {} bytes, but shape {shape:?} of {descr} needs {want}", data.len());

@@ -21,6 +21,9 @@ use crate::error::{ImportError, NodeRef};
 use crate::ops::{CastMode, Op, Slice};
 use crate::{DType, TensorData, ValueDef, ValueId, Weight};
 
+/// The most attention heads FlexAttention expands (an index constant of one entry each).
+const MAX_HEADS: i64 = 1 << 16;
+
 /// Iterations beyond which a loop is not unrolled (the graph would grow without bound).
 const MAX_UNROLL: i64 = 1024;
 
@@ -696,6 +699,12 @@ impl Importer<'_> {
         };
         if hkv <= 0 || hq % hkv != 0 {
             return Err(bad(node, format!("{hq} query heads are not a multiple of {hkv} key/value heads")));
+        }
+        // Grouped heads become an index constant of `hq` entries: a declared head count of
+        // 2^31 made the importer ask for 16 GiB (found by pipewright-fuzz,
+        // fuzz/crashes/onnx-882de7f86be74da4.bin).
+        if hq > MAX_HEADS {
+            return Err(bad(node, format!("{hq} query heads is more than the {MAX_HEADS} supported")));
         }
         let q_dtype = self.graph.value(q).ty.dtype;
         let v_dtype = self.graph.value(v).ty.dtype;
