@@ -42,6 +42,12 @@ fn the_findings_get_specific_errors() {
     let split = std::fs::read(root.join("crashes/onnx-5a83703e471492ca.bin")).unwrap();
     let e = ctx.execute(Target::Onnx, &split).unwrap_err();
     assert!(e.contains("num_outputs 2147483647 does not match the node's 3 outputs"), "{e}");
+    let scan = std::fs::read(root.join("crashes/onnx-d813efc48b2a0a0c.bin")).unwrap();
+    let e = ctx.execute(Target::Onnx, &scan).unwrap_err();
+    assert!(e.contains("scans 1099511627776 rows of 3 steps"), "{e}");
+    let flex = std::fs::read(root.join("crashes/onnx-882de7f86be74da4.bin")).unwrap();
+    let e = ctx.execute(Target::Onnx, &flex).unwrap_err();
+    assert!(e.contains("2147483648 query heads is more than the 65536 supported"), "{e}");
     let npy = std::fs::read(root.join("crashes/npy-099c2c0f26a45e3c.bin")).unwrap();
     let e = ctx.execute(Target::Npy, &npy).unwrap_err();
     assert!(e.contains("shape [18446744073709551615] is too large"), "{e}");

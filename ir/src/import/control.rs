@@ -510,6 +510,12 @@ impl Importer<'_> {
             .collect::<Result<Vec<_>, _>>()?;
         let (_, batch) = self.extent(node, inputs[0], 0)?;
         let (_, len) = self.extent(node, inputs[n], 1)?;
+        // Every batch row is unrolled too: a declared batch of 2^40 rows made the importer
+        // add nodes until memory ran out (found by pipewright-fuzz,
+        // fuzz/crashes/onnx-d813efc48b2a0a0c.bin).
+        if (batch as i64).saturating_mul(len as i64) > MAX_UNROLL {
+            return Err(bad(node, format!("scans {batch} rows of {len} steps; at most {MAX_UNROLL} steps in all are unrolled (not supported)")));
+        }
         if let Some(lens) = self.known_ints_at(node, 0, "sequence lengths")? {
             if lens.iter().any(|&l| l != len) {
                 return Err(bad(node, "sequence lengths shorter than the scan axis are not supported"));
