@@ -48,6 +48,9 @@ fn the_findings_get_specific_errors() {
     let flex = std::fs::read(root.join("crashes/onnx-882de7f86be74da4.bin")).unwrap();
     let e = ctx.execute(Target::Onnx, &flex).unwrap_err();
     assert!(e.contains("2147483648 query heads is more than the 65536 supported"), "{e}");
+    let gru = std::fs::read(root.join("crashes/onnx-62712179e91b4069.bin")).unwrap();
+    let e = ctx.execute(Target::Onnx, &gru).unwrap_err();
+    assert!(e.contains("hidden_size 9223372036854775807 is out of range"), "{e}");
     let npy = std::fs::read(root.join("crashes/npy-099c2c0f26a45e3c.bin")).unwrap();
     let e = ctx.execute(Target::Npy, &npy).unwrap_err();
     assert!(e.contains("shape [18446744073709551615] is too large"), "{e}");

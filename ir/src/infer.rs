@@ -1065,7 +1065,10 @@ fn axis_op(x: In, axis: i64, coerce_2d: bool) -> R<Vec<TensorType>> {
 /// RNN/GRU, hidden and cell for LSTM); batch-major (`layout = 1`): `[B, T, D, H]`, `[B, D, H]`.
 fn rnn(r: &Rnn, x: In, w: In, rec: In, ctx: Ctx) -> R<Vec<TensorType>> {
     let (xs, ws, rs) = (&x.ty.shape, &w.ty.shape, &rec.ty.shape);
-    let (d, gh, h) = (r.directions(), r.gates() * r.hidden_size, r.hidden_size);
+    // Checked: hidden_size 2^62 overflowed `gates * hidden_size` (found by pipewright-fuzz
+    // in a debug build, fuzz/crashes/onnx-62712179e91b4069.bin).
+    let gh = r.gates().checked_mul(r.hidden_size).filter(|_| r.hidden_size > 0).ok_or_else(|| format!("hidden_size {} is out of range", r.hidden_size))?;
+    let (d, h) = (r.directions(), r.hidden_size);
     if xs.rank() != 3 || ws.rank() != 3 || rs.rank() != 3 {
         return Err(format!("X {xs}, W {ws} and R {rs} must be 3-D"));
     }
