@@ -51,6 +51,9 @@ fn the_findings_get_specific_errors() {
     let gru = std::fs::read(root.join("crashes/onnx-62712179e91b4069.bin")).unwrap();
     let e = ctx.execute(Target::Onnx, &gru).unwrap_err();
     assert!(e.contains("hidden_size 9223372036854775807 is out of range"), "{e}");
+    let reshape = std::fs::read(root.join("crashes/onnx-f7288aae93418f8f.bin")).unwrap();
+    let e = ctx.execute(Target::Onnx, &reshape).unwrap_err();
+    assert!(e.contains("the product of the extents [9223372036854775807,2,1] overflows"), "{e}");
     let npy = std::fs::read(root.join("crashes/npy-099c2c0f26a45e3c.bin")).unwrap();
     let e = ctx.execute(Target::Npy, &npy).unwrap_err();
     assert!(e.contains("shape [18446744073709551615] is too large"), "{e}");

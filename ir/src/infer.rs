@@ -213,7 +213,7 @@ pub fn infer(op: &Op, ins: &[Option<In>], n_out: usize, ctx: Ctx) -> R<Vec<Tenso
                 return Err(format!("axis {axis} out of range for {}", t.shape));
             }
             let (outer, inner) = t.shape.0.split_at(a as usize);
-            out1(t.dtype, Shape(vec![product(outer, ctx), product(inner, ctx)]))
+            out1(t.dtype, Shape(vec![product(outer, ctx)?, product(inner, ctx)?]))
         }
         Op::Transpose { perm } => {
             let t = &x()?.ty;
@@ -488,8 +488,15 @@ pub fn broadcast(shapes: &[&Shape], ctx: Ctx) -> R<Shape> {
     Ok(Shape(out))
 }
 
-fn product(dims: &[Dim], ctx: Ctx) -> Dim {
-    dims.iter().fold(Dim::Fixed(1), |acc, &d| acc.mul(d).unwrap_or_else(|| Dim::Fixed(acc.eval(batch(ctx)) * d.eval(batch(ctx)))))
+/// The product of `dims`; an error when it overflows (declared extents near 2^62 made it
+/// panic in debug builds and wrap in release; found by pipewright-fuzz,
+/// fuzz/crashes/onnx-f7288aae93418f8f.bin).
+fn product(dims: &[Dim], ctx: Ctx) -> R<Dim> {
+    dims.iter().try_fold(Dim::Fixed(1), |acc, &d| {
+        acc.mul(d)
+            .or_else(|| acc.eval(batch(ctx)).checked_mul(d.eval(batch(ctx))).map(Dim::Fixed))
+            .ok_or_else(|| format!("the product of the extents {} overflows", Shape(dims.to_vec())))
+    })
 }
 
 fn batch(ctx: Ctx) -> i64 {
@@ -736,7 +743,7 @@ fn reshape(input: &Shape, target: &[Dim], allow_zero: bool, ctx: Ctx) -> R<Shape
     let total = input.numel_dim();
     let n = batch(ctx);
     let mut dims: Vec<Dim> = out.iter().map(|d| d.unwrap_or(Dim::Fixed(1))).collect();
-    let known_product = product(&dims, ctx);
+    let known_product = product(&dims, ctx)?;
     match out.iter().position(|d| d.is_none()) {
         Some(hole) => {
             // A leading export-batch literal next to a -1 is the batch (`[2, 65, -1]`).
@@ -745,7 +752,7 @@ fn reshape(input: &Shape, target: &[Dim], allow_zero: bool, ctx: Ctx) -> R<Shape
                     dims[0] = Dim::N;
                 }
             }
-            let known_product = product(&dims.iter().enumerate().map(|(i, &d)| if i == hole { Dim::Fixed(1) } else { d }).collect::<Vec<_>>(), ctx);
+            let known_product = product(&dims.iter().enumerate().map(|(i, &d)| if i == hole { Dim::Fixed(1) } else { d }).collect::<Vec<_>>(), ctx)?;
             dims[hole] = match total.and_then(|t| t.div_exact(known_product)) {
                 Some(d) => d,
                 None => {
@@ -774,12 +781,13 @@ fn reshape(input: &Shape, target: &[Dim], allow_zero: bool, ctx: Ctx) -> R<Shape
 
 /// Rewrites one fixed extent of `dims` as a batch multiple so the element count is `k*N`.
 fn symbolize_batch(dims: &mut [Dim], input: &Shape, k: i64, b: i64) {
-    let total: i64 = dims.iter().map(|d| d.fixed().unwrap_or(1)).product();
+    // Saturating: a heuristic over declared extents, which may be absurd.
+    let total: i64 = dims.iter().map(|d| d.fixed().unwrap_or(1)).fold(1, i64::saturating_mul);
     // Where the batch sits in the input's row-major layout: it is the outermost factor of
     // its axis, so the target extent that starts at the same element offset holds it (an
     // export at batch 1, where every 1 looks alike, keeps its batch in place this way).
     if let Some(a) = input.0.iter().position(|d| d.is_batch()) {
-        let before: Option<i64> = input.0[..a].iter().map(|d| d.fixed()).product();
+        let before: Option<i64> = input.0[..a].iter().try_fold(1i64, |p, d| d.fixed().map(|v| p.saturating_mul(v)));
         let mut prefix = 1i64;
         for i in 0..dims.len() {
             let Some(v) = dims[i].fixed() else { break };
@@ -1162,7 +1170,8 @@ fn col2im(x: &TensorType, image: In, block: In, [dil, pads, strides]: [&Vec<i64>
     let (Some(ck), Some(l)) = (d.get(1).and_then(|v| v.fixed()), d.get(2).and_then(|v| v.fixed())) else {
         return Err(format!("input {} is not [N, C * prod(block), L] with fixed C and L", x.shape));
     };
-    let k: i64 = block.iter().product();
+    // An overflowing block product is refused below (k = 0).
+    let k: i64 = block.iter().try_fold(1i64, |p, &b| p.checked_mul(b)).unwrap_or(0);
     if d.len() != 3 || block.len() != n || n == 0 || k <= 0 || ck % k != 0 || dil.iter().chain(&strides).any(|&v| v <= 0) {
         return Err(format!("input {} does not fit blocks {block:?} of image {image:?}", x.shape));
     }
