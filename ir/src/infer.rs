@@ -213,7 +213,7 @@ pub fn infer(op: &Op, ins: &[Option<In>], n_out: usize, ctx: Ctx) -> R<Vec<Tenso
                 return Err(format!("axis {axis} out of range for {}", t.shape));
             }
             let (outer, inner) = t.shape.0.split_at(a as usize);
-            out1(t.dtype, Shape(vec![product(outer, ctx), product(inner, ctx)]))
+            out1(t.dtype, Shape(vec![product(outer, ctx)?, product(inner, ctx)?]))
         }
         Op::Transpose { perm } => {
             let t = &x()?.ty;
@@ -488,8 +488,15 @@ pub fn broadcast(shapes: &[&Shape], ctx: Ctx) -> R<Shape> {
     Ok(Shape(out))
 }
 
-fn product(dims: &[Dim], ctx: Ctx) -> Dim {
-    dims.iter().fold(Dim::Fixed(1), |acc, &d| acc.mul(d).unwrap_or_else(|| Dim::Fixed(acc.eval(batch(ctx)) * d.eval(batch(ctx)))))
+/// The product of `dims`; an error when it overflows (declared extents near 2^62 made it
+/// panic in debug builds and wrap in release; found by pipewright-fuzz,
+/// fuzz/crashes/onnx-f7288aae93418f8f.bin).
+fn product(dims: &[Dim], ctx: Ctx) -> R<Dim> {
+    dims.iter().try_fold(Dim::Fixed(1), |acc, &d| {
+        acc.mul(d)
+            .or_else(|| acc.eval(batch(ctx)).checked_mul(d.eval(batch(ctx))).map(Dim::Fixed))
+            .ok_or_else(|| format!("the product of the extents {} overflows", Shape(dims.to_vec())))
+    })
 }
 
 fn batch(ctx: Ctx) -> i64 {
@@ -736,7 +743,7 @@ fn reshape(input: &Shape, target: &[Dim], allow_zero: bool, ctx: Ctx) -> R<Shape
     let total = input.numel_dim();
     let n = batch(ctx);
     let mut dims: Vec<Dim> = out.iter().map(|d| d.unwrap_or(Dim::Fixed(1))).collect();
-    let known_product = product(&dims, ctx);
+    let known_product = product(&dims, ctx)?;
     match out.iter().position(|d| d.is_none()) {
         Some(hole) => {
             // A leading export-batch literal next to a -1 is the batch (`[2, 65, -1]`).
@@ -745,7 +752,7 @@ fn reshape(input: &Shape, target: &[Dim], allow_zero: bool, ctx: Ctx) -> R<Shape
                     dims[0] = Dim::N;
                 }
             }
-            let known_product = product(&dims.iter().enumerate().map(|(i, &d)| if i == hole { Dim::Fixed(1) } else { d }).collect::<Vec<_>>(), ctx);
+            let known_product = product(&dims.iter().enumerate().map(|(i, &d)| if i == hole { Dim::Fixed(1) } else { d }).collect::<Vec<_>>(), ctx)?;
             dims[hole] = match total.and_then(|t| t.div_exact(known_product)) {
                 Some(d) => d,
                 None => {
@@ -774,12 +781,13 @@ fn reshape(input: &Shape, target: &[Dim], allow_zero: bool, ctx: Ctx) -> R<Shape
 
 /// Rewrites one fixed extent of `dims` as a batch multiple so the element count is `k*N`.
 fn symbolize_batch(dims: &mut [Dim], input: &Shape, k: i64, b: i64) {
-    let total: i64 = dims.iter().map(|d| d.fixed().unwrap_or(1)).product();
+    // Saturating: a heuristic over declared extents, which may be absurd.
+    let total: i64 = dims.iter().map(|d| d.fixed().unwrap_or(1)).fold(1, i64::saturating_mul);
     // Where the batch sits in the input's row-major layout: it is the outermost factor of
     // its axis, so the target extent that starts at the same element offset holds it (an
     // export at batch 1, where every 1 looks alike, keeps its batch in place this way).
     if let Some(a) = input.0.iter().position(|d| d.is_batch()) {
-        let before: Option<i64> = input.0[..a].iter().map(|d| d.fixed()).product();
+        let before: Option<i64> = input.0[..a].iter().try_fold(1i64, |p, d| d.fixed().map(|v| p.saturating_mul(v)));
         let mut prefix = 1i64;
         for i in 0..dims.len() {
             let Some(v) = dims[i].fixed() else { break };
@@ -1065,7 +1073,10 @@ fn axis_op(x: In, axis: i64, coerce_2d: bool) -> R<Vec<TensorType>> {
 /// RNN/GRU, hidden and cell for LSTM); batch-major (`layout = 1`): `[B, T, D, H]`, `[B, D, H]`.
 fn rnn(r: &Rnn, x: In, w: In, rec: In, ctx: Ctx) -> R<Vec<TensorType>> {
     let (xs, ws, rs) = (&x.ty.shape, &w.ty.shape, &rec.ty.shape);
-    let (d, gh, h) = (r.directions(), r.gates() * r.hidden_size, r.hidden_size);
+    // Checked: hidden_size 2^62 overflowed `gates * hidden_size` (found by pipewright-fuzz
+    // in a debug build, fuzz/crashes/onnx-62712179e91b4069.bin).
+    let gh = r.gates().checked_mul(r.hidden_size).filter(|_| r.hidden_size > 0).ok_or_else(|| format!("hidden_size {} is out of range", r.hidden_size))?;
+    let (d, h) = (r.directions(), r.hidden_size);
     if xs.rank() != 3 || ws.rank() != 3 || rs.rank() != 3 {
         return Err(format!("X {xs}, W {ws} and R {rs} must be 3-D"));
     }
@@ -1159,7 +1170,8 @@ fn col2im(x: &TensorType, image: In, block: In, [dil, pads, strides]: [&Vec<i64>
     let (Some(ck), Some(l)) = (d.get(1).and_then(|v| v.fixed()), d.get(2).and_then(|v| v.fixed())) else {
         return Err(format!("input {} is not [N, C * prod(block), L] with fixed C and L", x.shape));
     };
-    let k: i64 = block.iter().product();
+    // An overflowing block product is refused below (k = 0).
+    let k: i64 = block.iter().try_fold(1i64, |p, &b| p.checked_mul(b)).unwrap_or(0);
     if d.len() != 3 || block.len() != n || n == 0 || k <= 0 || ck % k != 0 || dil.iter().chain(&strides).any(|&v| v <= 0) {
         return Err(format!("input {} does not fit blocks {block:?} of image {image:?}", x.shape));
     }
@@ -1311,7 +1323,13 @@ fn split(s: &Split, x: In, sizes: Option<In>, n_out: usize, ctx: Ctx) -> R<Vec<T
         (Some(v), _) => v.iter().map(|&x| Dim::Fixed(x)).collect(),
         (None, Some(i)) => known_ints(i, "split")?.into_iter().map(Dim::Fixed).collect(),
         (None, None) => {
-            let n = s.num_outputs.unwrap_or(n_out as i64).max(1);
+            // `num_outputs` must be the node's output count: it sizes a Vec, and a
+            // crafted 2^31 made the importer ask for 32 GiB (found by pipewright-fuzz,
+            // fuzz/crashes/onnx-5a83703e471492ca.bin).
+            let n = s.num_outputs.unwrap_or(n_out as i64);
+            if n < 1 || n != n_out as i64 {
+                return Err(format!("num_outputs {n} does not match the node's {n_out} outputs"));
+            }
             match extent.div_exact(Dim::Fixed(n)) {
                 Some(d) => vec![d; n as usize],
                 None => {

@@ -267,14 +267,25 @@ impl Dataset {
     pub fn from_npz_capped<'a>(path: &Path, inputs: &[InputSpec], label: impl Into<LabelArray<'a>>, max_inflated: u64) -> Result<Dataset> {
         let label = label.into();
         let file = std::fs::File::open(path).with_context(|| format!("{}: cannot open", path.display()))?;
-        let mut zip = zip::ZipArchive::new(file).map_err(|e| anyhow!("{}: not a valid .npz (zip) archive: {e}", path.display()))?;
+        Self::from_npz_reader_capped(&path.display().to_string(), file, inputs, label, max_inflated)
+    }
+
+    /// [`Dataset::from_npz`] on an archive already open (or in memory, as the fuzzer
+    /// feeds it); errors name `shown`.
+    pub fn from_npz_reader<'a, R: Read + std::io::Seek>(shown: &str, reader: R, inputs: &[InputSpec], label: impl Into<LabelArray<'a>>) -> Result<Dataset> {
+        Self::from_npz_reader_capped(shown, reader, inputs, label, DEFAULT_MAX_INFLATED)
+    }
+
+    fn from_npz_reader_capped<'a, R: Read + std::io::Seek>(shown: &str, reader: R, inputs: &[InputSpec], label: impl Into<LabelArray<'a>>, max_inflated: u64) -> Result<Dataset> {
+        let label = label.into();
+        let mut zip = zip::ZipArchive::new(reader).map_err(|e| anyhow!("{shown}: not a valid .npz (zip) archive: {e}"))?;
         let mut members = BTreeMap::new();
         for i in 0..zip.len() {
-            let name = zip.by_index(i).map_err(|e| anyhow!("{}: {e}", path.display()))?.name().to_string();
+            let name = zip.by_index(i).map_err(|e| anyhow!("{shown}: {e}"))?.name().to_string();
             let array = name.strip_suffix(".npy").unwrap_or(&name).to_string();
             members.insert(array, name);
         }
-        let shown = path.display().to_string();
+        let shown = shown.to_string();
         let mut left = max_inflated;
         Self::assemble(&shown, members.keys().cloned().collect(), inputs, label, |array| {
             let member = &members[array];
@@ -330,11 +341,17 @@ impl Dataset {
     pub fn from_safetensors<'a>(path: &Path, inputs: &[InputSpec], label: impl Into<LabelArray<'a>>) -> Result<Dataset> {
         let label = label.into();
         let bytes = std::fs::read(path).with_context(|| format!("{}: cannot read", path.display()))?;
-        let st = safetensors::SafeTensors::deserialize(&bytes)
-            .map_err(|e| anyhow!("{}: not a valid safetensors file: {e:?}", path.display()))?;
+        Self::from_safetensors_bytes(&path.display().to_string(), &bytes, inputs, label)
+    }
+
+    /// [`Dataset::from_safetensors`] on a file's bytes; errors name `shown`.
+    pub fn from_safetensors_bytes<'a>(shown: &str, bytes: &[u8], inputs: &[InputSpec], label: impl Into<LabelArray<'a>>) -> Result<Dataset> {
+        let label = label.into();
+        let st = safetensors::SafeTensors::deserialize(bytes)
+            .map_err(|e| anyhow!("{shown}: not a valid safetensors file: {e:?}"))?;
         let mut names: Vec<String> = st.names().into_iter().cloned().collect();
         names.sort();
-        let shown = path.display().to_string();
+        let shown = shown.to_string();
         Self::assemble(&shown, names, inputs, label, |array| {
             let view = st.tensor(array).map_err(|e| anyhow!("{shown}: array `{array}`: {e:?}"))?;
             let elem = crate::module::elem_of_dtype(view.dtype())
@@ -694,7 +711,8 @@ pub fn parse_npy(bytes: &[u8]) -> Result<RawArray> {
         d => bail!("dtype `{d}` is not supported (supported: <f4 <f8 <i8 <i4 |u1 |b1)"),
     };
     // The shape is checked against the bytes the file holds before anything is
-    // allocated for it.
+    // allocated for it (with checked products: `count * size` overflowed for shape
+    // (2^64-1,) of <i4, found by pipewright-fuzz, fuzz/crashes/npy-099c2c0f26a45e3c.bin).
     let data = &bytes[end..];
     let want = shape.iter().try_fold(elem.size_bytes(), |acc, &d| acc.checked_mul(d as usize));
     if want != Some(data.len()) {

@@ -21,6 +21,9 @@ use crate::error::{ImportError, NodeRef};
 use crate::ops::{CastMode, Op, Slice};
 use crate::{DType, TensorData, ValueDef, ValueId, Weight};
 
+/// The most attention heads FlexAttention expands (an index constant of one entry each).
+const MAX_HEADS: i64 = 1 << 16;
+
 /// Iterations beyond which a loop is not unrolled (the graph would grow without bound).
 const MAX_UNROLL: i64 = 1024;
 
@@ -507,6 +510,12 @@ impl Importer<'_> {
             .collect::<Result<Vec<_>, _>>()?;
         let (_, batch) = self.extent(node, inputs[0], 0)?;
         let (_, len) = self.extent(node, inputs[n], 1)?;
+        // Every batch row is unrolled too: a declared batch of 2^40 rows made the importer
+        // add nodes until memory ran out (found by pipewright-fuzz,
+        // fuzz/crashes/onnx-d813efc48b2a0a0c.bin).
+        if (batch as i64).saturating_mul(len as i64) > MAX_UNROLL {
+            return Err(bad(node, format!("scans {batch} rows of {len} steps; at most {MAX_UNROLL} steps in all are unrolled (not supported)")));
+        }
         if let Some(lens) = self.known_ints_at(node, 0, "sequence lengths")? {
             if lens.iter().any(|&l| l != len) {
                 return Err(bad(node, "sequence lengths shorter than the scan axis are not supported"));
@@ -696,6 +705,12 @@ impl Importer<'_> {
         };
         if hkv <= 0 || hq % hkv != 0 {
             return Err(bad(node, format!("{hq} query heads are not a multiple of {hkv} key/value heads")));
+        }
+        // Grouped heads become an index constant of `hq` entries: a declared head count of
+        // 2^31 made the importer ask for 16 GiB (found by pipewright-fuzz,
+        // fuzz/crashes/onnx-882de7f86be74da4.bin).
+        if hq > MAX_HEADS {
+            return Err(bad(node, format!("{hq} query heads is more than the {MAX_HEADS} supported")));
         }
         let q_dtype = self.graph.value(q).ty.dtype;
         let v_dtype = self.graph.value(v).ty.dtype;

@@ -212,6 +212,18 @@ pub fn read_checkpoint(path: &Path) -> Result<Checkpoint, CheckpointError> {
     let dir = if path.join(MANIFEST).is_file() { path.to_path_buf() } else { newest_step_dir(path)? };
     let mpath = dir.join(MANIFEST);
     let text = std::fs::read(&mpath).map_err(|e| at(&mpath, format!("cannot read: {e}")))?;
+    decode_checkpoint(&dir, &text, |file| std::fs::read(dir.join(file)))
+}
+
+/// Decodes a step folder's manifest `text` (the bytes of `dir/checkpoint.json`) and the
+/// stage files it lists, read through `read_stage` (a plain file name in `dir`). Split
+/// from [`read_checkpoint`] so the fuzzer can run it on bytes in memory.
+pub fn decode_checkpoint(
+    dir: &Path,
+    text: &[u8],
+    mut read_stage: impl FnMut(&str) -> std::io::Result<Vec<u8>>,
+) -> Result<Checkpoint, CheckpointError> {
+    let mpath = dir.join(MANIFEST);
     let m: Manifest = serde_json::from_slice(&text).map_err(|e| at(&mpath, format!("not a pipewright checkpoint manifest: {e}")))?;
     if m.format != FORMAT || m.version != VERSION {
         return Err(at(&mpath, format!("unsupported checkpoint format {:?} version {} (this pipewright reads version {VERSION}, which carries checksums)", m.format, m.version)));
@@ -231,7 +243,7 @@ pub fn read_checkpoint(path: &Path) -> Result<Checkpoint, CheckpointError> {
             return Err(at(&mpath, format!("stage file name {file:?} is not a plain file name")));
         }
         let p = dir.join(file);
-        let bytes = std::fs::read(&p).map_err(|e| at(&p, format!("cannot read: {e}")))?;
+        let bytes = read_stage(file).map_err(|e| at(&p, format!("cannot read: {e}")))?;
         if bytes.len() as u64 != m.sizes[k] {
             return Err(at(&p, format!("holds {} bytes, the manifest says {}; the checkpoint is damaged", bytes.len(), m.sizes[k])));
         }
@@ -261,8 +273,9 @@ fn newest_step_dir(parent: &Path) -> Result<PathBuf, CheckpointError> {
     best.map(|(_, p)| p).ok_or_else(|| at(parent, "no checkpoint here (expected checkpoint.json or step-NNNNNN folders)"))
 }
 
-/// The stage's state and the step its file records.
-fn decode_stage(bytes: &[u8], k: usize) -> Result<(StageState, u64), String> {
+/// Decodes one stage file of a checkpoint, which must hold stage `k`: the stage's state
+/// and the step its file records. Errors do not name the file (the caller does).
+pub fn decode_stage(bytes: &[u8], k: usize) -> Result<(StageState, u64), String> {
     let (_, meta) = SafeTensors::read_metadata(bytes).map_err(|e| format!("not a safetensors file: {e:?}"))?;
     let meta = meta.metadata().clone().unwrap_or_default();
     let field = |name: &str| meta.get(name).and_then(|v| v.parse::<i64>().ok()).ok_or_else(|| format!("metadata lacks {name:?}"));

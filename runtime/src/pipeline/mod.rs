@@ -25,7 +25,7 @@ pub use crate::exec::Mode;
 pub use optim::{LrSchedule, OptimizerConfig};
 pub use precision::{compute_kind, LossScaler, Precision};
 pub use schedule::{stage_ops, stage_ops_from, Op};
-pub use checkpoint::{read_checkpoint, step_dir_name, write_checkpoint, Checkpoint, CheckpointError, StageState};
+pub use checkpoint::{decode_checkpoint, decode_stage, read_checkpoint, step_dir_name, write_checkpoint, Checkpoint, CheckpointError, StageState};
 pub use launcher::{launcher_rank, launcher_size};
 pub use memory::{bytes_of, StageMemory};
 pub use tcp::{Tcp, TcpOptions};
