@@ -10,6 +10,7 @@
 pub mod device;
 pub mod format;
 pub mod fs;
+pub mod rng;
 pub mod units;
 #[macro_use]
 pub mod words;

@@ -18,6 +18,7 @@ use std::fmt::{Display, Write as _};
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
+use pipewright_core::rng::SplitMix64;
 use tch::{Kind, Tensor};
 
 pub use crate::build::InputSpec;
@@ -611,22 +612,16 @@ fn permutation(n: usize, seed: u64, epoch: u64) -> Vec<i64> {
     order
 }
 
-/// splitmix64: small, seedable, and the same on every platform.
-struct Rng(u64);
+/// The data's draws over the workspace's seeded generator (the same on every platform).
+struct Rng(SplitMix64);
 
 impl Rng {
     fn new(seed: u64) -> Rng {
-        let mut r = Rng(seed);
-        r.next_u64();
-        r
+        Rng(SplitMix64::new(seed))
     }
 
     fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        self.0.next_u64()
     }
 
     /// Uniform in `[0, n)` (n > 0), without modulo bias.

@@ -1,23 +1,19 @@
 //! A small seeded generator (SplitMix64): fast enough to fill a billion floats in seconds,
 //! reproducible across machines, and with no dependency.
 
-pub struct SplitMix(u64);
+use pipewright_core::rng::SplitMix64;
+
+pub struct SplitMix(SplitMix64);
 
 impl SplitMix {
     /// The stream for tensor `index` of a model generated with `seed`: streams of
     /// different tensors do not depend on each other, so storage order does not matter.
     pub fn for_tensor(seed: u64, index: usize) -> SplitMix {
-        let mut s = SplitMix(seed ^ 0x9E37_79B9_7F4A_7C15u64.wrapping_mul(index as u64 + 1));
-        s.next_u64();
-        s
+        SplitMix(SplitMix64::new(seed ^ 0x9E37_79B9_7F4A_7C15u64.wrapping_mul(index as u64 + 1)))
     }
 
     pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        self.0.next_u64()
     }
 
     /// Uniform in [-1, 1).
