@@ -26,18 +26,10 @@ fn compile(dir: &Path, stages: &str, schedule: &str, recompute: &str) {
 /// Trains and returns the per-step losses from the metrics file.
 fn train(dir: &Path, steps: &str) -> Vec<f64> {
     let data = root().join("examples/digits/digits.npz");
-    let metrics = dir.join("metrics.jsonl");
-    let out = pw(&[
-        "train", dir.to_str().unwrap(), "--data", data.to_str().unwrap(), "--label", "label", "--output", "linear_3",
-        "--steps", steps, "--microbatch", "16", "--microbatches", "4", "--optimizer", "adam", "--lr", "0.003",
-        "--metrics", metrics.to_str().unwrap(),
-    ]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    std::fs::read_to_string(&metrics)
-        .expect("metrics written")
-        .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).expect("JSON line")["loss"].as_f64().expect("loss"))
-        .collect()
+    train_losses(dir, &[
+        "--data", data.to_str().unwrap(), "--label", "label", "--output", "linear_3", "--steps", steps, "--microbatch", "16",
+        "--microbatches", "4", "--optimizer", "adam", "--lr", "0.003",
+    ])
 }
 
 #[test]
@@ -453,17 +445,10 @@ fn a_loss_the_model_computes_trains_like_the_built_in_loss() {
     let out = pw(&["compile", model.to_str().unwrap(), "--stages", "2", "-o", build.to_str().unwrap()]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let data = root().join("examples/digits/digits.npz");
-    let metrics = dir.path().join("sce.jsonl");
-    let out = pw(&[
-        "train", build.to_str().unwrap(), "--data", data.to_str().unwrap(), "--loss", "output:loss", "--steps", "30",
-        "--microbatch", "16", "--microbatches", "4", "--optimizer", "adam", "--lr", "0.003", "--metrics", metrics.to_str().unwrap(),
+    let inside = train_losses(&build, &[
+        "--data", data.to_str().unwrap(), "--loss", "output:loss", "--steps", "30", "--microbatch", "16", "--microbatches", "4",
+        "--optimizer", "adam", "--lr", "0.003",
     ]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let inside: Vec<f64> = std::fs::read_to_string(&metrics)
-        .expect("metrics written")
-        .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).expect("JSON line")["loss"].as_f64().expect("loss"))
-        .collect();
     let plain = dir.path().join("plain");
     compile(&plain, "2", "2bw", "none");
     let built_in = train(&plain, "30");
