@@ -94,16 +94,23 @@ fn snapshot(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
     out
 }
 
-/// Numeric options are checked before training starts: a NaN, negative or out-of-range
-/// value, `--steps 0` and a microbatch no machine can hold are each one error naming the
-/// option, and no file of the build changes (the trained weights and checkpoints stay).
-#[test]
-fn numeric_options_are_checked_before_anything_is_written() {
+/// A 2-stage MLP build trained 2 steps on the digits with a checkpoint per step, and the
+/// data file: the starting point of the tests that check a refused run changes nothing.
+fn trained_two_steps() -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().expect("temp dir");
     compile(dir.path(), "2", "2bw", "none");
     let data = root().join("examples/digits/digits.npz");
     let out = pw(&train_args(dir.path(), &data, "2", &["--checkpoint-every", "1"]));
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    (dir, data)
+}
+
+/// Numeric options are checked before training starts: a NaN, negative or out-of-range
+/// value, `--steps 0` and a microbatch no machine can hold are each one error naming the
+/// option, and no file of the build changes (the trained weights and checkpoints stay).
+#[test]
+fn numeric_options_are_checked_before_anything_is_written() {
+    let (dir, data) = trained_two_steps();
     let before = snapshot(dir.path());
     for (extra, needle) in [
         (vec!["--momentum", "nan"], "--momentum NaN"),
@@ -148,11 +155,7 @@ fn numeric_options_are_checked_before_anything_is_written() {
 /// checkpoint is written.
 #[test]
 fn a_diverging_run_stops_and_keeps_the_files() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    compile(dir.path(), "2", "2bw", "none");
-    let data = root().join("examples/digits/digits.npz");
-    let out = pw(&train_args(dir.path(), &data, "2", &["--checkpoint-every", "1"]));
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let (dir, data) = trained_two_steps();
     let before = snapshot(dir.path());
     let mut args = train_args(dir.path(), &data, "3", &["--checkpoint-every", "1"]);
     let i = args.iter().position(|a| *a == "--lr").unwrap();
