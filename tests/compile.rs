@@ -473,7 +473,7 @@ fn timings_add_up_and_modules_inspect_as_json() {
     let lines: Vec<&str> = err.lines().filter(|l| l.contains(" ms")).collect();
     let (total, parts) = lines.split_last().expect("timing lines");
     assert!(total.trim_start().starts_with("total") && total.contains("passes") && total.contains("writing"), "{err}");
-    for name in ["import", "lower", "write stage modules", "write stage ONNX"] {
+    for name in ["import", "lower", "write stage modules", "write stage ONNX", "write manifest"] {
         assert!(parts.iter().any(|l| l.trim_start().starts_with(name)), "{name} missing: {err}");
     }
     let sum: f64 = parts.iter().map(|l| ms(l)).sum();

@@ -102,6 +102,8 @@ pub struct WriteTimes {
     pub modules: Duration,
     pub onnx: Duration,
     pub executables: Duration,
+    /// Building and writing `pipeline.toml`.
+    pub manifest: Duration,
 }
 
 /// What a build folder holds besides the stage modules and the manifest.
@@ -169,8 +171,10 @@ pub fn write_build(lowered: &Lowered, model: &Path, out: &Path, outputs: BuildOu
         times.executables = t.elapsed();
     }
 
+    let t = Instant::now();
     let manifest = manifest(lowered, model, outputs.stage_onnx);
     manifest.write(out)?;
+    times.manifest = t.elapsed();
     Ok((manifest, times))
 }
 

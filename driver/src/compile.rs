@@ -84,7 +84,8 @@ impl Compiled {
         let passes: Duration = rows.iter().map(|r| r.1).sum();
         if let Some((_, w)) = &self.written {
             // Files not asked for take no time and get no line.
-            for (name, t) in [("write stage modules", w.modules), ("write stage ONNX", w.onnx), ("write executables", w.executables)] {
+            let files = [("write stage modules", w.modules), ("write stage ONNX", w.onnx), ("write executables", w.executables), ("write manifest", w.manifest)];
+            for (name, t) in files {
                 if !t.is_zero() {
                     rows.push((name.to_string(), t));
                 }

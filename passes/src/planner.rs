@@ -968,13 +968,19 @@ fn describe(ctx: &mut PlanContext, candidates: Vec<Candidate>, chosen: Candidate
             ));
         }
     }
-    let live_at = |c: usize| -> Vec<(String, u64)> {
-        spans
-            .iter()
-            .filter(|s| s.0 <= c && c <= s.1)
-            .map(|s| (s.2.clone(), s.3))
-            .collect()
-    };
+    // The values live at each stage boundary, in one pass over the spans (a filter over
+    // every span per boundary took seconds at thousands of stages).
+    let mut bounds: Vec<usize> = ranges.iter().flat_map(|r| [r.start, r.end]).collect();
+    bounds.sort_unstable();
+    bounds.dedup();
+    let mut live: Vec<Vec<(String, u64)>> = vec![Vec::new(); bounds.len()];
+    for (first, last, name, bytes) in &spans {
+        let (lo, hi) = (bounds.partition_point(|&c| c < *first), bounds.partition_point(|&c| c <= *last));
+        for at in &mut live[lo..hi] {
+            at.push((name.clone(), *bytes));
+        }
+    }
+    let live_at = |c: usize| -> Vec<(String, u64)> { bounds.binary_search(&c).map(|i| live[i].clone()).unwrap_or_default() };
     let mut stages = Vec::with_capacity(ranges.len());
     for (s, r) in ranges.iter().enumerate() {
         let name = |p: usize| g.node(ctx.order.nodes[p]).name.clone();

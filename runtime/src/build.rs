@@ -159,10 +159,44 @@ impl Manifest {
         Self::parse(&text, &path)
     }
 
-    /// The manifest as TOML.
+    /// The manifest as TOML: the text `toml::to_string_pretty` gives for the whole struct,
+    /// with the stage list serialised in parallel chunks (a deep pipeline lists hundreds of
+    /// thousands of boundary tensors; at 8,192 stages serialising took seconds).
     pub fn to_toml(&self) -> String {
-        // Plain data (strings, numbers, lists of tables): serialising cannot fail.
-        toml::to_string_pretty(self).unwrap_or_default()
+        /// The fields before the stage list, borrowed (the layout stays the struct's).
+        #[derive(Serialize)]
+        struct Head<'a> {
+            format: &'a str,
+            version: u32,
+            model: &'a str,
+            model_crc32: &'a str,
+            pipeline_id: &'a str,
+            pipeline: &'a PipelineConfig,
+        }
+        #[derive(Serialize)]
+        struct Stages<'a> {
+            stage: &'a [StageEntry],
+        }
+        let head = Head {
+            format: &self.format,
+            version: self.version,
+            model: &self.model,
+            model_crc32: &self.model_crc32,
+            pipeline_id: &self.pipeline_id,
+            pipeline: &self.pipeline,
+        };
+        let workers = std::thread::available_parallelism().map_or(1, |n| n.get()).min(8);
+        let chunk = self.stages.len().div_ceil(workers).max(1);
+        let parts: Vec<String> = std::thread::scope(|s| {
+            let handles: Vec<_> = self.stages.chunks(chunk).map(|c| s.spawn(move || pretty(&Stages { stage: c }))).collect();
+            handles.into_iter().map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))).collect()
+        });
+        let mut text = pretty(&head);
+        for part in parts {
+            text.push('\n');
+            text.push_str(&part);
+        }
+        text
     }
 
     /// Writes `BUILD/pipeline.toml` atomically.
@@ -267,6 +301,11 @@ fn per_sample(shape: &[Extent]) -> Option<Vec<i64>> {
 pub fn shape_text(shape: &[Extent]) -> String {
     let dims: Vec<String> = shape.iter().map(|&e| extent_text::text(e)).collect();
     format!("[{}]", dims.join(","))
+}
+
+/// TOML of plain data (strings, numbers, lists of tables), which cannot fail to serialise.
+fn pretty<T: Serialize>(value: &T) -> String {
+    toml::to_string_pretty(value).unwrap_or_default()
 }
 
 fn first_line(e: &toml::de::Error) -> String {
@@ -445,6 +484,19 @@ mod tests {
                     graph_outputs: if k == 1 { vec![t("y", vec![Extent::Batch(1), Extent::Fixed(10)])] } else { Vec::new() },
                 })
                 .collect(),
+        }
+    }
+
+    /// The chunked serialisation is the whole struct's, byte for byte, for any stage count
+    /// (chunks of one stage and of several).
+    #[test]
+    fn chunked_toml_is_the_whole_structs() {
+        let mut m = manifest();
+        for extra in 0..10 {
+            assert_eq!(m.to_toml(), pretty(&m), "{} stages", m.stages.len());
+            let mut s = m.stages[0].clone();
+            s.index = 2 + extra;
+            m.stages.push(s);
         }
     }
 
