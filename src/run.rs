@@ -134,7 +134,14 @@ pub fn bench_step_command(args: &BenchStepArgs) -> Result<()> {
     let s = bench_step(&args.model, &args.inputs, device, args.train, args.warmup, args.steps)?;
     let threads = tch::get_num_threads();
     let name = args.model.file_stem().and_then(|s| s.to_str()).unwrap_or("model");
-    println!("{name}: {} parameters, {} steps after {} warmup, mode {}", s.parameters, s.steps, args.warmup, if args.train { "train" } else { "eval" });
+    println!(
+        "{name}: {} parameters in {} weight tensors, {} steps after {} warmup, mode {}",
+        s.parameter_values,
+        s.parameters,
+        s.steps,
+        args.warmup,
+        if args.train { "train" } else { "eval" }
+    );
     println!("median {:.3} ms/step, mean {:.3} ms/step, min {:.3} ms, threads {threads}", s.median_ms, s.mean_ms, s.min_ms);
     println!("bench-step model={name} median_ms={:.3} mean_ms={:.3} threads={threads}", s.median_ms, s.mean_ms);
     Ok(())

@@ -347,3 +347,17 @@ fn shape_error_names_the_node() {
     let out = inspect(&path, &[]);
     assert_clean_error(&out, &path, &["\"proj\"", "MatMul", "shape inference failed", "inner dimensions differ"]);
 }
+
+/// `bench-step` counts the parameters as `inspect` does (values, not weight tensors).
+#[test]
+fn bench_step_counts_parameters_as_inspect_does() {
+    let models = corpus().join("models");
+    let (model, inputs) = (models.join("mlp.onnx"), models.join("mlp.inputs"));
+    let out = pipewright(&["bench-step".as_ref(), model.as_os_str(), "--inputs".as_ref(), inputs.as_os_str(), "--steps".as_ref(), "1".as_ref()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let bench = String::from_utf8_lossy(&out.stdout).into_owned();
+    let out = inspect(&model, &[]);
+    let summary = String::from_utf8_lossy(&out.stdout).into_owned();
+    let count = summary.lines().find_map(|l| l.strip_prefix("parameters:")).and_then(|r| r.split_whitespace().next()).expect("a parameter count");
+    assert!(bench.contains(&format!("mlp: {count} parameters in 8 weight tensors")), "{bench}\n{summary}");
+}

@@ -243,7 +243,9 @@ pub fn save_outputs(path: &Path, outputs: &[ForwardOutput]) -> Result<(), Driver
 /// Timings of `bench-step`, in milliseconds per step.
 #[derive(Clone, Debug)]
 pub struct StepTimes {
+    /// Trainable weight tensors, and the values they hold (what `inspect` counts).
     pub parameters: usize,
+    pub parameter_values: i64,
     pub steps: usize,
     pub median_ms: f64,
     pub mean_ms: f64,
@@ -304,7 +306,8 @@ pub fn bench_step(model: &Path, inputs: &Path, device: tch::Device, train_mode: 
     ms.sort_by(|a, b| a.total_cmp(b));
     let n = ms.len();
     let median_ms = if n % 2 == 1 { ms[n / 2] } else { (ms[n / 2 - 1] + ms[n / 2]) / 2.0 };
-    Ok(StepTimes { parameters: params.len(), steps: n, median_ms, mean_ms, min_ms: ms[0] })
+    let parameter_values = params.iter().map(|t| t.numel() as i64).sum();
+    Ok(StepTimes { parameters: params.len(), parameter_values, steps: n, median_ms, mean_ms, min_ms: ms[0] })
 }
 
 #[cfg(test)]
