@@ -69,7 +69,7 @@ fn frozen(inputs: &[NamedTensor]) -> ImportOptions {
 /// A model whose batch symbol landed on a sequence axis (inputs detected as batch-major
 /// that are not), which only a fixed batch imports.
 fn sequence_major(e: &DriverError) -> bool {
-    matches!(e, DriverError::Model(m) if matches!(&m.error, ImportError::Shape { reason, .. } if reason.contains("batch symbol on its sequence axis")))
+    matches!(e, DriverError::Model(m) if m.error.is_sequence_major())
 }
 
 fn skip_reason(e: &ImportError) -> Option<String> {

@@ -66,6 +66,18 @@ pub enum ImportError {
     Verify(String),
 }
 
+/// The words of the shape error that refuses a sequence-major input (an RNN whose sequence
+/// axis carries the batch symbol); [`ImportError::is_sequence_major`] recognises it.
+pub(crate) const SEQUENCE_MAJOR: &str = "carries the batch symbol on its sequence axis";
+
+impl ImportError {
+    /// The refusal of a sequence-major input under the automatic batch: such a model
+    /// imports at its fixed shapes (`--batch fixed`), as the backend suite runs it.
+    pub fn is_sequence_major(&self) -> bool {
+        matches!(self, ImportError::Shape { reason, .. } if reason.contains(SEQUENCE_MAJOR))
+    }
+}
+
 fn list_unknown(ops: &[(String, Vec<String>)]) -> String {
     ops.iter()
         .map(|(op, nodes)| {

@@ -1090,8 +1090,9 @@ fn rnn(r: &Rnn, x: In, w: In, rec: In, ctx: Ctx) -> R<Vec<TensorType>> {
     if t.is_batch() && !b.is_batch() {
         // Training at another batch size would then lengthen the sequence instead.
         return Err(format!(
-            "X {xs} carries the batch symbol on its sequence axis ({} = {}): the model's inputs are sequence-major, so the \
+            "X {xs} {} ({} = {}): the model's inputs are sequence-major, so the \
              batch cannot be resized; import it with --batch fixed to run it at its exported shapes",
+            crate::error::SEQUENCE_MAJOR,
             if r.batch_major { "layout 1, axis 1" } else { "layout 0, axis 0" },
             t
         ));
