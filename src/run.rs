@@ -34,6 +34,24 @@ fn loss_range(report: &TrainReport) -> (f64, f64) {
     (report.losses.first().copied().unwrap_or(f64::NAN), report.losses.last().copied().unwrap_or(f64::NAN))
 }
 
+/// `stage 0 cuda:0, stage 1 cuda:1` (replica 0; every replica when they differ).
+fn placement(cfg: &pipewright_runtime::pipeline::TrainConfig, depth: usize, replicas: usize) -> String {
+    let name = |d: tch::Device| match d {
+        tch::Device::Cuda(n) => format!("cuda:{n}"),
+        _ => "cpu".to_string(),
+    };
+    let alike = (0..replicas).all(|r| (0..depth).all(|k| cfg.worker_device(k, r, depth) == cfg.worker_device(k, 0, depth)));
+    let shown = if alike { 1 } else { replicas };
+    let mut parts = Vec::new();
+    for r in 0..shown {
+        for k in 0..depth {
+            let who = if alike { format!("stage {k}") } else { format!("replica {r} stage {k}") };
+            parts.push(format!("{who} {}", name(cfg.worker_device(k, r, depth))));
+        }
+    }
+    parts.join(", ")
+}
+
 pub fn train(args: &TrainArgs) -> Result<()> {
     let session = Session::prepare(&args.build, &args.request()?)?;
     let c = &session.build.manifest.pipeline;
@@ -42,6 +60,9 @@ pub fn train(args: &TrainArgs) -> Result<()> {
         "training {} stage(s) x {} replica(s), schedule {}, recompute {} (from the build), steps {}..{}",
         c.depth, session.shape.replicas.value, c.schedule, c.recompute, session.start, args.steps
     );
+    if !session.config.devices.is_empty() {
+        eprintln!("placement: {}", placement(&session.config, c.depth as usize, session.shape.replicas.value as usize));
+    }
     // Trained weights of an earlier run are replaced: say so before and after.
     let weights = args.build.join(WEIGHTS_FILE);
     let replacing = weights.is_file();

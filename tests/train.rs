@@ -713,6 +713,10 @@ fn devices_place_stages_and_bad_devices_are_named() {
     };
     assert_eq!(run(&[]), run(&["--devices", "cpu,cpu"]));
     assert_eq!(run(&[]), run(&["--devices", "cpu,cpu,cpu,cpu"]));
+    // The banner states where each worker runs.
+    let out = pw(&["train", dir.path().to_str().unwrap(), "--data", data.to_str().unwrap(), "--label", "label", "--output", "linear_3", "--steps", "1", "--microbatch", "16", "--microbatches", "4", "--replicas", "2", "--no-progress", "--devices", "cpu,cpu"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && err.contains("placement: stage 0 cpu, stage 1 cpu"), "{err}");
     let out = pw(&["train", dir.path().to_str().unwrap(), "--data", data.to_str().unwrap(), "--label", "label", "--output", "linear_3", "--steps", "2", "--devices", "cpu,cuda:7"]);
     let err = String::from_utf8_lossy(&out.stderr);
     // No CUDA here (on a GPU machine: fewer than 8 GPUs).

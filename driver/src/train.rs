@@ -112,7 +112,11 @@ fn config(req: &TrainRequest, manifest: &Manifest, shape: &RunShape, build: &Pat
     }
     cfg.timeout = req.timeout;
     cfg.precision = req.precision;
-    cfg.devices = req.devices.iter().map(|&d| tch_device(d).map_err(|e| DriverError::msg(format!("--devices: {e}")))).collect::<Result<_, _>>()?;
+    let devices = match req.devices.is_empty() {
+        true => default_placement(req.device, visible_gpus(req.device)),
+        false => req.devices.clone(),
+    };
+    cfg.devices = devices.iter().map(|&d| tch_device(d).map_err(|e| DriverError::msg(format!("--devices: {e}")))).collect::<Result<_, _>>()?;
     if let Some(n) = req.checkpoint_every {
         if n == 0 {
             return Err(DriverError::msg("--checkpoint-every must be at least 1"));
@@ -121,6 +125,25 @@ fn config(req: &TrainRequest, manifest: &Manifest, shape: &RunShape, build: &Pat
         cfg.checkpoint_dir = Some(req.checkpoint_dir.clone().unwrap_or_else(|| build.join("checkpoints")));
     }
     Ok(cfg)
+}
+
+/// Where the workers run when `--devices` is not given: `--device cuda` (that is,
+/// `cuda:0`) spreads the stages over every visible GPU, stage k of replica r on GPU
+/// `(r * d + k) mod count`; any other device (`cpu`, a GPU named by a non-zero index)
+/// holds every worker. Empty means "every worker on `--device`".
+pub fn default_placement(device: Device, visible_gpus: usize) -> Vec<Device> {
+    match device {
+        Device::Cuda(0) if visible_gpus > 1 => (0..visible_gpus).map(Device::Cuda).collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// How many CUDA devices libtorch sees (0 for a CPU run: nothing is loaded for it).
+fn visible_gpus(device: Device) -> usize {
+    match device {
+        Device::Cpu => 0,
+        Device::Cuda(_) => usize::try_from(tch::Cuda::device_count()).unwrap_or(0),
+    }
 }
 
 /// Refuses numeric options that would train silently wrong or do nothing: a NaN or
@@ -417,6 +440,16 @@ mod tests {
     use crate::compile::compile;
     use crate::compile::tests::{request, stages};
     use pipewright_core::Optimizer;
+
+    #[test]
+    fn a_cuda_run_spreads_over_every_visible_gpu_unless_pinned() {
+        let gpus = |n: usize| (0..n).map(Device::Cuda).collect::<Vec<_>>();
+        assert_eq!(default_placement(Device::Cuda(0), 4), gpus(4));
+        // One GPU, a CPU run, or a GPU named by index: every worker on that device.
+        assert_eq!(default_placement(Device::Cuda(0), 1), Vec::<Device>::new());
+        assert_eq!(default_placement(Device::Cuda(2), 4), Vec::<Device>::new());
+        assert_eq!(default_placement(Device::Cpu, 4), Vec::<Device>::new());
+    }
 
     fn req(steps: usize) -> TrainRequest {
         TrainRequest {
