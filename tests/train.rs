@@ -718,3 +718,85 @@ fn devices_place_stages_and_bad_devices_are_named() {
     // No CUDA here (on a GPU machine: fewer than 8 GPUs).
     assert!(!out.status.success() && err.contains("--devices") && err.contains("cuda:7"), "{err}");
 }
+
+/// What a terminal shows for `raw` (the bytes a program wrote to it): per line, a carriage
+/// return moves back to the start and `ESC [ 2K` clears; other escapes are dropped.
+fn terminal_lines(raw: &str) -> Vec<String> {
+    let mut shown = Vec::new();
+    for line in raw.split('\n') {
+        let (mut cells, mut at): (Vec<char>, usize) = (Vec::new(), 0);
+        let mut chars = line.chars().peekable();
+        while let Some(c) = chars.next() {
+            match c {
+                '\r' => at = 0,
+                '\x1b' => {
+                    let mut seq = String::new();
+                    if chars.peek() == Some(&'[') {
+                        chars.next();
+                        while let Some(&n) = chars.peek() {
+                            chars.next();
+                            seq.push(n);
+                            if n.is_ascii_alphabetic() {
+                                break;
+                            }
+                        }
+                    }
+                    if seq == "2K" {
+                        cells.clear();
+                    }
+                }
+                c => {
+                    if at < cells.len() {
+                        cells[at] = c;
+                    } else {
+                        cells.resize(at, ' ');
+                        cells.push(c);
+                    }
+                    at += 1;
+                }
+            }
+        }
+        shown.push(cells.into_iter().collect::<String>().trim_end().to_string());
+    }
+    shown
+}
+
+/// `train` on a pseudo-terminal (util-linux `script`): the progress bar is drawn, and the
+/// banner, the bar, the lines after it and the summary each keep a line of their own, as
+/// does the error of a run that stops mid-way (the bar used to leave its cursor at the end
+/// of its line: `eta 0swrote build/weights.safetensors`).
+#[test]
+fn terminal_output_never_shares_a_line() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    compile(dir.path(), "2", "2bw", "none");
+    let data = root().join("examples/digits/digits.npz");
+    let on_terminal = |lr: &str| {
+        let args = ["train", dir.path().to_str().unwrap(), "--data", data.to_str().unwrap(), "--steps", "30", "--microbatch", "8", "--lr", lr];
+        let quoted: Vec<String> = args.iter().map(|a| format!("'{a}'")).collect();
+        let command = format!("'{}' {}", env!("CARGO_BIN_EXE_pipewright"), quoted.join(" "));
+        let out = Command::new("script").args(["-qec", &command, "/dev/null"]).output().expect("util-linux `script` runs (it gives the test a terminal)");
+        let raw = String::from_utf8_lossy(&out.stdout).into_owned();
+        (out.status.success(), terminal_lines(&raw), raw)
+    };
+    // A word that marks each kind of line (the bar's is its `eta`); no line shows two.
+    let kinds = ["training ", "note: ", "eta ", "wrote ", "trained ", "peak live", "error:"];
+    let check = |lines: &[String]| {
+        for l in lines {
+            let found: Vec<&str> = kinds.iter().copied().filter(|k| l.contains(k)).collect();
+            assert!(found.len() <= 1, "a line shared by {found:?}: {l:?}\n{lines:#?}");
+        }
+    };
+    let (ok, lines, raw) = on_terminal("0.05");
+    assert!(ok, "{lines:#?}");
+    // The bar itself was drawn (a terminal), not the plain progress lines of a pipe.
+    assert!(raw.contains("\x1b[2K") && raw.contains("eta "), "no bar was drawn: {raw:?}");
+    check(&lines);
+    for start in ["training ", "step    30/30", "wrote ", "trained 30 steps", "peak live"] {
+        assert!(lines.iter().any(|l| l.starts_with(start)), "no line starts with {start:?}: {lines:#?}");
+    }
+    // A run that stops with an error (divergence) prints it on its own line too.
+    let (ok, lines, _) = on_terminal("1e300");
+    assert!(!ok, "{lines:#?}");
+    check(&lines);
+    assert!(lines.iter().any(|l| l.starts_with("error:")), "{lines:#?}");
+}
