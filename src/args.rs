@@ -494,9 +494,15 @@ pub struct TraceSvgArgs {
     /// Where to write the SVG.
     #[arg(short, long, default_value = "timeline.svg")]
     pub output: PathBuf,
-    /// Width of the time axis in pixels.
+    /// Width of the time axis in pixels, at least: the drawing widens (up to 20,000) until
+    /// a typical compute box holds its microbatch id.
     #[arg(long, default_value_t = 1200)]
     pub width: u32,
+    /// The steps to draw, START..END (the trace's steps, from 0; END excluded) or START..;
+    /// default: all of a trace of up to 10 steps, else its first 10 (the SVG's title says
+    /// which).
+    #[arg(long, value_name = "START..END")]
+    pub steps: Option<pipewright_runtime::timeline::StepWindow>,
 }
 
 #[derive(clap::Args)]

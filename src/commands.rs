@@ -17,7 +17,7 @@ use pipewright_passes::plan_file::PlanFile;
 use pipewright_passes::planner::PlanOptions;
 use pipewright_runtime::listing::{module_json, module_text};
 use pipewright_runtime::module::{looks_like_module, read_module};
-use pipewright_runtime::timeline::{bubbles, read_chrome_trace, timeline_svg};
+use pipewright_runtime::timeline::{bubbles, events_in, read_chrome_trace, timeline_svg_with, window_of, SvgOptions};
 
 use pipewright_core::units::human_bytes;
 use pipewright_synth::{GptShape, LayeredShape, Storage};
@@ -174,11 +174,18 @@ pub fn trace_svg(args: &TraceSvgArgs) -> Result<()> {
     if events.is_empty() {
         bail!("{}: no complete (\"X\") events", args.trace.display());
     }
-    write_atomic(&args.output, timeline_svg(&events, args.width.max(100)).as_bytes())?;
+    let options = SvgOptions { width: args.width.max(100), steps: args.steps };
+    let (window, what) = window_of(&events, &options);
+    let shown = events_in(&events, window);
+    if shown.is_empty() {
+        bail!("--steps {window}: the trace has no events in those steps ({what})");
+    }
+    write_atomic(&args.output, timeline_svg_with(&events, &options).as_bytes())?;
+    // The bubble fractions are the whole trace's, as before; the drawing's are its window's.
     for (k, b) in bubbles(&events) {
         println!("stage {k}: bubble fraction {:.4} (busy {:.3} ms of {:.3} ms)", b.fraction, b.busy_us / 1000.0, b.span_us / 1000.0);
     }
-    eprintln!("wrote {} ({} events)", args.output.display(), events.len());
+    eprintln!("wrote {} ({} of {} events: {what})", args.output.display(), shown.len(), events.len());
     Ok(())
 }
 
