@@ -182,6 +182,11 @@ pub struct CompileArgs {
     /// Print the time each pass and each kind of output file took (stderr).
     #[arg(long)]
     pub timings: bool,
+    /// Give each node reading an initializer the exporter merged (identical values, e.g.
+    /// every LayerNorm's ones) its own copy, trained separately, instead of one tied
+    /// weight; `export` writes the copies into the model.
+    #[arg(long)]
+    pub untie_merged: bool,
 }
 
 impl CompileArgs {

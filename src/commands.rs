@@ -147,11 +147,17 @@ fn compile_request(args: &CompileArgs) -> Result<CompileRequest> {
         PlanRequest::Search { cluster: Cluster::default(), options, profile: None }
     };
     let executable = if args.executables { Some(std::env::current_exe().context("cannot locate the pipewright binary")?) } else { None };
-    Ok(CompileRequest { model: args.model.clone(), plan, output: args.output.clone(), executable, stage_onnx: args.stage_onnx, passes: args.pass_options() })
+    Ok(CompileRequest { model: args.model.clone(), plan, output: args.output.clone(), executable, stage_onnx: args.stage_onnx,
+        passes: args.pass_options(),
+        import: ImportOptions { untie_merged: args.untie_merged, ..ImportOptions::default() },
+    })
 }
 
 pub fn compile_command(args: &CompileArgs) -> Result<()> {
     let compiled = compile(&compile_request(args)?)?;
+    for line in compiled.choices.as_ref().map(|c| c.lines()).unwrap_or_default() {
+        eprintln!("note: {line}");
+    }
     print!("{}", compiled.printed);
     if args.timings {
         eprint!("{}", compiled.timings_text());

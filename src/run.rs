@@ -38,6 +38,9 @@ pub fn train(args: &TrainArgs) -> Result<()> {
     let session = Session::prepare(&args.build, &args.request()?)?;
     let c = &session.build.manifest.pipeline;
     eprint!("{}", session.shape.report());
+    for line in session.build.manifest.choices.lines() {
+        eprintln!("note: {line}");
+    }
     eprintln!(
         "training {} stage(s) x {} replica(s), schedule {}, recompute {} (from the build), steps {}..{}",
         c.depth, session.shape.replicas.value, c.schedule, c.recompute, session.start, args.steps

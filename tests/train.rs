@@ -800,3 +800,67 @@ fn terminal_output_never_shares_a_line() {
     check(&lines);
     assert!(lines.iter().any(|l| l.starts_with("error:")), "{lines:#?}");
 }
+
+/// The tensors of a weights file by name, as f32 values.
+fn read_weights(path: &Path) -> std::collections::BTreeMap<String, Vec<f32>> {
+    let bytes = std::fs::read(path).expect("weights written");
+    let st = safetensors::SafeTensors::deserialize(&bytes).expect("a safetensors file");
+    st.tensors().into_iter().map(|(n, v)| (n, v.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())).collect()
+}
+
+/// gpt2-tiny's exporter merged every LayerNorm's weight (ones) and bias (zeros) into one
+/// initializer each: compile and train say so in one line, naming `--untie-merged`.
+/// Without it the build trains one tied weight per tensor; with it every LayerNorm gets
+/// its own copy, and after training the copies differ; `export` writes each copy into the
+/// model, read by its own node. ViT's batch-baked class token is announced the same way.
+#[test]
+fn merged_initializers_are_announced_and_can_be_untied() {
+    let model = root().join("../shared/corpus/models/gpt2-tiny.onnx");
+    let dir = tempfile::tempdir().expect("temp dir");
+    for untie in [false, true] {
+        let build = dir.path().join(if untie { "untied" } else { "tied" });
+        let mut args = vec!["compile", model.to_str().unwrap(), "--stages", "2", "-o", build.to_str().unwrap()];
+        if untie {
+            args.push("--untie-merged");
+        }
+        let out = pw(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{err}");
+        let line = if untie {
+            "note: untied 2 exporter-merged initializers into 18 separately trained weights (--untie-merged)"
+        } else {
+            "note: 2 initializers the exporter merged (identical values) train as tied weights: 18 uses of 2 tensors"
+        };
+        assert_eq!(err.lines().filter(|l| l.contains("merged")).count(), 1, "{err}");
+        assert!(err.contains(line), "{err}");
+        let out = pw(&["train", build.to_str().unwrap(), "--steps", "4", "--microbatch", "2", "--optimizer", "adam", "--lr", "0.01", "--no-progress"]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{err}");
+        assert!(err.contains(line), "train does not repeat the compile's choice: {err}");
+        let weights = read_weights(&build.join("weights.safetensors"));
+        let names: Vec<&String> = weights.keys().filter(|n| n.starts_with("transformer.h.0.ln_1.weight")).collect();
+        assert_eq!(names.len(), if untie { 9 } else { 1 }, "{names:?}");
+        if untie {
+            let first = &weights["transformer.h.0.ln_1.weight"];
+            let other = &weights["transformer.h.0.ln_1.weight.untied3"];
+            let diff = first.iter().zip(other).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+            assert!(diff > 1e-4, "the untied copies trained alike (max difference {diff})");
+            // Export writes every copy, each read by its own LayerNormalization.
+            let exported = dir.path().join("untied.onnx");
+            let out = pw(&["export", build.to_str().unwrap(), "-o", exported.to_str().unwrap()]);
+            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+            let m = ModelProto::parse_from_bytes(&std::fs::read(&exported).unwrap()).unwrap();
+            let scales: std::collections::BTreeSet<&str> = m.graph.node.iter().filter(|n| n.op_type == "LayerNormalization").map(|n| n.input[1].as_str()).collect();
+            assert_eq!(scales.len(), 9, "{scales:?}");
+            let copy = m.graph.initializer.iter().find(|t| t.name == "transformer.h.0.ln_1.weight.untied3").expect("the copy is an initializer");
+            let values: Vec<f32> = copy.raw_data.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+            assert_eq!(&values, other);
+        }
+    }
+    // ViT's class token, expanded for the export batch, is frozen: said once at compile.
+    let vit = root().join("../shared/corpus/models/vit-tiny.onnx");
+    let out = pw(&["compile", vit.to_str().unwrap(), "--stages", "2", "-o", dir.path().join("vit").to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("note: 1 initializer baked for the export batch kept frozen (not trained): expand [2, 1, 128]\n"), "{err}");
+}

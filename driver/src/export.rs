@@ -59,6 +59,21 @@ pub fn export_onnx(build: &Path, output: &Path) -> Result<usize, DriverError> {
     }
     let mut model = ModelProto::parse_from_bytes(&model_bytes).map_err(|e| DriverError::msg(format!("{}: {e}", model_path.display())))?;
     let graph = model.graph.as_mut().ok_or_else(|| DriverError::msg(format!("{}: no graph", model_path.display())))?;
+    // A build compiled with --untie-merged trained one copy per use of each merged
+    // initializer: the same rewrite of the source graph names those copies as the import
+    // did, so each gets its trained values.
+    if manifest.choices.untied {
+        let untied = pipewright_ir::import::merged::untie_merged(graph);
+        if untied != manifest.choices.merged {
+            return Err(DriverError::msg(format!(
+                "{}: its merged initializers ({}) are not those {} was compiled with ({}); compile and train it again",
+                model_path.display(),
+                untied.len(),
+                build.display(),
+                manifest.choices.merged.len()
+            )));
+        }
+    }
     let mut replaced = 0;
     for init in graph.initializer.iter_mut() {
         let Some(view) = trained.get(&init.name) else { continue };
