@@ -169,8 +169,14 @@ pub fn compile_command(args: &CompileArgs) -> Result<()> {
 }
 
 pub fn export(args: &ExportArgs) -> Result<()> {
-    let replaced = pipewright_driver::export::export_onnx(&args.build, &args.output)?;
-    println!("wrote {} ({replaced} trained initializers from {})", args.output.display(), args.build.join(pipewright_driver::export::WEIGHTS_FILE).display());
+    let exported = pipewright_driver::export::export_onnx(&args.build, &args.output)?;
+    println!(
+        "wrote {} ({} trained initializers from {}; {})",
+        args.output.display(),
+        exported.replaced,
+        args.build.join(pipewright_driver::export::WEIGHTS_FILE).display(),
+        exported.batch_text()
+    );
     Ok(())
 }
 

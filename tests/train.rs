@@ -864,3 +864,91 @@ fn merged_initializers_are_announced_and_can_be_untied() {
     assert!(out.status.success(), "{err}");
     assert!(err.contains("note: 1 initializer baked for the export batch kept frozen (not trained): expand [2, 1, 128]\n"), "{err}");
 }
+
+/// A Python with onnxruntime and numpy: `PIPEWRIGHT_PYTHON`, else the shared venv, else
+/// `python3`; `None` when none of them imports onnxruntime.
+fn onnxruntime_python() -> Option<String> {
+    let candidates = [std::env::var("PIPEWRIGHT_PYTHON").ok(), Some(root().join("../venv/bin/python").display().to_string()), Some("python3".into())];
+    candidates.into_iter().flatten().find(|p| Command::new(p).args(["-c", "import onnxruntime, numpy, onnx"]).output().is_ok_and(|o| o.status.success()))
+}
+
+/// gpt2-tiny was exported at batch 2 (every input and output, and its Reshape targets and
+/// masks, at 2); pipewright trains it at any batch, and `export` writes a model that takes
+/// any batch: axis 0 of its input and output is `dim_param "N"`, and at batch 16 both
+/// pipewright (`run-forward --tile-batch 8`) and onnxruntime (where installed) run it, with
+/// the same outputs.
+#[test]
+fn export_takes_any_batch_like_training_did() {
+    let model = root().join("../shared/corpus/models/gpt2-tiny.onnx");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let build = dir.path().join("build");
+    assert!(pw(&["compile", model.to_str().unwrap(), "--stages", "2", "-o", build.to_str().unwrap()]).status.success());
+    let out = pw(&["train", build.to_str().unwrap(), "--steps", "2", "--microbatch", "4", "--no-progress"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let exported = dir.path().join("trained.onnx");
+    let out = pw(&["export", build.to_str().unwrap(), "-o", exported.to_str().unwrap()]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && stdout.contains("batch axis dynamic (dim_param \"N\")"), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    let m = ModelProto::parse_from_bytes(&std::fs::read(&exported).unwrap()).unwrap();
+    let dim0 = |vi: &onnx_protobuf::ValueInfoProto| match vi.type_.as_ref().and_then(|t| t.value.as_ref()) {
+        Some(onnx_protobuf::type_proto::Value::TensorType(t)) => t.shape.as_ref().and_then(|s| s.dim.first()).and_then(|d| d.value.clone()),
+        _ => None,
+    };
+    let n = Some(onnx_protobuf::tensor_shape_proto::dimension::Value::DimParam("N".into()));
+    assert_eq!(dim0(&m.graph.input[0]), n);
+    assert_eq!(dim0(&m.graph.output[0]), n);
+
+    // Batch 16 through pipewright, saved.
+    let inputs = dir.path().join("inputs");
+    std::fs::create_dir(&inputs).unwrap();
+    std::fs::copy(root().join("../shared/corpus/models/gpt2-tiny.inputs/input_0.pb"), inputs.join("input_0.pb")).unwrap();
+    let saved = dir.path().join("pw.npz");
+    let out = pw(&["run-forward", exported.to_str().unwrap(), "--inputs", inputs.to_str().unwrap(), "--tile-batch", "8", "--save", saved.to_str().unwrap()]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && stdout.contains("[16, 32, 1000]"), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+
+    // And through onnxruntime.
+    let Some(python) = onnxruntime_python() else {
+        eprintln!("note: no Python with onnxruntime (set PIPEWRIGHT_PYTHON): the exported model was checked at batch 16 by pipewright only");
+        return;
+    };
+    let script = r#"
+import sys, numpy as np, onnx, onnxruntime as ort
+from onnx import numpy_helper
+model, tensor, saved = sys.argv[1:4]
+x = numpy_helper.to_array(onnx.load_tensor(tensor))
+session = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+y = session.run(None, {session.get_inputs()[0].name: np.concatenate([x] * 8, 0)})[0]
+ours = np.load(saved)["linear"]
+print("shape", y.shape, "max_abs_diff", float(np.abs(y - ours).max()))
+"#;
+    let out = Command::new(&python).args(["-c", script, exported.to_str().unwrap(), inputs.join("input_0.pb").to_str().unwrap(), saved.to_str().unwrap()]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "onnxruntime refused the exported model at batch 16: {text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains("shape (16, 32, 1000)"), "{text}");
+    let diff: f64 = text.split("max_abs_diff ").nth(1).and_then(|d| d.trim().parse().ok()).expect("a difference");
+    assert!(diff < 1e-4, "onnxruntime and run-forward differ by {diff}");
+}
+
+/// Where the rewrite cannot make the batch dynamic (a ViT exported at batch 1 concatenates
+/// its class token parameter, `[1, 1, 32]`, with the batch), `export` writes the source's
+/// fixed batch and says why, naming the node, rather than a model that fails at another
+/// batch.
+#[test]
+fn export_keeps_the_export_batch_where_it_must_and_says_why() {
+    let model = root().join("tests/exports/vit-b1.onnx");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let build = dir.path().join("build");
+    assert!(pw(&["compile", model.to_str().unwrap(), "--stages", "1", "-o", build.to_str().unwrap()]).status.success());
+    let out = pw(&["train", build.to_str().unwrap(), "--steps", "1", "--microbatch", "2", "--no-progress"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let exported = dir.path().join("trained.onnx");
+    let out = pw(&["export", build.to_str().unwrap(), "-o", exported.to_str().unwrap()]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("kept the export batch 1: with a dynamic batch, node \"node_cat\" (Concat)"), "{stdout}");
+    let m = ModelProto::parse_from_bytes(&std::fs::read(&exported).unwrap()).unwrap();
+    let source = ModelProto::parse_from_bytes(&std::fs::read(&model).unwrap()).unwrap();
+    assert_eq!(m.graph.input, source.graph.input, "the inputs are the source's");
+    assert_eq!(m.graph.node, source.graph.node);
+}
