@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use pipewright_core::{Balance, BatchMode, Decay, Device, Loss, Optimizer, PassName, Precision, Recompute, Schedule};
+use pipewright_core::{Balance, BatchMode, Decay, Device, Loss, NonFinite, Optimizer, PassName, Precision, Recompute, Schedule};
 use pipewright_passes::manager::{PassOptions, PrintAfter};
 
 /// `--loss KIND[:OUTPUT]`.
@@ -311,6 +311,15 @@ pub struct TrainArgs {
     /// stage places every replica alike.
     #[arg(long, value_delimiter = ',', value_name = "DEVICES")]
     pub devices: Vec<Device>,
+    /// A step whose loss or gradients are not finite (NaN or infinite): `stop` with the
+    /// divergence error, or `skip` its update in every stage and go on (counted in the
+    /// summary and `--metrics`).
+    #[arg(long, value_enum, default_value_t = NonFinite::Stop)]
+    pub on_nonfinite: NonFinite,
+    /// With `--on-nonfinite skip`: stop with the divergence error after this many skipped
+    /// steps in a row.
+    #[arg(long, value_name = "N", default_value_t = pipewright_core::DEFAULT_MAX_SKIPS)]
+    pub max_skips: usize,
 }
 
 fn parse_size(text: &str) -> Result<u64, String> {
@@ -378,6 +387,8 @@ mod requests {
                 threads: self.threads,
                 timeout: std::time::Duration::from_secs(self.timeout),
                 max_inflated: self.max_data_size,
+                on_nonfinite: self.on_nonfinite,
+                max_skips: self.max_skips,
                 precision: self.precision,
                 devices: self.devices.clone(),
             })

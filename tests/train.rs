@@ -952,3 +952,81 @@ fn export_keeps_the_export_batch_where_it_must_and_says_why() {
     assert_eq!(m.graph.input, source.graph.input, "the inputs are the source's");
     assert_eq!(m.graph.node, source.graph.node);
 }
+
+/// `n` samples of the MLP's shape (`input` [n, 64], `label` [n]), pixel 5 of the samples in
+/// `poisoned` set to +inf.
+fn data_with_inf(dir: &Path, n: usize, poisoned: &[usize]) -> PathBuf {
+    use safetensors::tensor::{Dtype, TensorView};
+    let mut x: Vec<f32> = (0..n * 64).map(|i| ((i * 7 + i / 64 * 13) % 17) as f32 / 16.0).collect();
+    for &s in poisoned {
+        x[s * 64 + 5] = f32::INFINITY;
+    }
+    let y: Vec<i64> = (0..n as i64).map(|s| s % 10).collect();
+    let (xb, yb): (Vec<u8>, Vec<u8>) = (x.iter().flat_map(|v| v.to_le_bytes()).collect(), y.iter().flat_map(|v| v.to_le_bytes()).collect());
+    let views = vec![("input".to_string(), TensorView::new(Dtype::F32, vec![n, 64], &xb).unwrap()), ("label".to_string(), TensorView::new(Dtype::I64, vec![n], &yb).unwrap())];
+    let path = dir.join("poisoned.safetensors");
+    std::fs::write(&path, safetensors::serialize(views, &None).unwrap()).unwrap();
+    path
+}
+
+/// `--on-nonfinite skip` under 2BW at d = 2: one sample with an infinite pixel makes one
+/// step per epoch non-finite; that step's update is dropped in both stages (agreed, as
+/// fp16's overflow skips are), training goes on, the summary and the metrics count the
+/// skipped steps, and the weights stay finite. The default (`stop`) stops at that step
+/// with the divergence error; a run of skipped steps `--max-skips` long stops with it too.
+#[test]
+fn nonfinite_steps_are_skipped_on_request() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    compile(dir.path(), "2", "2bw", "none");
+    // 96 samples, 16 a step: an epoch is 6 steps, 18 steps are 3 epochs.
+    let data = data_with_inf(dir.path(), 96, &[40]);
+    let metrics = dir.path().join("m.jsonl");
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "train", dir.path().to_str().unwrap(), "--data", data.to_str().unwrap(), "--steps", "18", "--microbatch", "8", "--microbatches", "2",
+            "--optimizer", "adam", "--lr", "0.003", "--no-progress", "--metrics", metrics.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        pw(&args)
+    };
+    let out = run(&[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("(not finite): training diverged"), "{err}");
+
+    let out = run(&["--on-nonfinite", "skip"]);
+    let (stdout, err) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{err}");
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&metrics).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.len(), 18);
+    let skipped: Vec<u64> = lines.iter().filter(|l| l["skipped"] == true).map(|l| l["step"].as_u64().unwrap()).collect();
+    assert_eq!(skipped.len(), 3, "one skipped step per epoch: {skipped:?}");
+    assert!(skipped.iter().zip(skipped.iter().skip(1)).all(|(a, b)| b - a >= 1) && skipped.iter().all(|s| (1..=18).contains(s)));
+    for s in &skipped {
+        assert!(err.contains(&format!("step {s}: skipped (a loss or gradient was not finite")), "{err}");
+    }
+    assert!(stdout.contains("trained 18 steps (3 skipped)"), "{stdout}");
+    let losses: Vec<f64> = lines.iter().filter(|l| l["skipped"] != true).map(|l| l["loss"].as_f64().unwrap()).collect();
+    assert!(losses.iter().all(|l| l.is_finite()), "{losses:?}");
+    assert!(losses[losses.len() - 3..].iter().sum::<f64>() < losses[..3].iter().sum::<f64>(), "training went on: {losses:?}");
+    for (name, values) in read_weights(&dir.path().join("weights.safetensors")) {
+        assert!(values.iter().all(|v| v.is_finite()), "weight {name} is not finite");
+    }
+
+    // Every sample poisoned: every step is skipped, and the third in a row stops the run.
+    let all: Vec<usize> = (0..96).collect();
+    let data = data_with_inf(dir.path(), 96, &all);
+    let args = |max: &'static str| {
+        vec![
+            "train".to_string(), dir.path().display().to_string(), "--data".into(), data.display().to_string(), "--steps".into(), "18".into(),
+            "--microbatch".into(), "8".into(), "--microbatches".into(), "2".into(), "--no-progress".into(), "--on-nonfinite".into(), "skip".into(),
+            "--max-skips".into(), max.into(),
+        ]
+    };
+    let out = Command::new(env!("CARGO_BIN_EXE_pipewright")).args(args("3")).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.lines().last().unwrap_or_default().contains("step 3: 3 steps in a row had a non-finite loss or gradients and were skipped (--max-skips 3): training diverged"), "{err}");
+    let out = Command::new(env!("CARGO_BIN_EXE_pipewright")).args(args("0")).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(err.contains("--max-skips must be at least 1"), "{err}");
+}

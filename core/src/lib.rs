@@ -18,4 +18,4 @@ pub mod words;
 
 pub use choices::{ImportChoices, MergedInitializer};
 pub use device::{Device, UnknownDevice};
-pub use words::{Balance, BatchMode, Decay, Loss, Optimizer, PassName, Precision, Recompute, Schedule, UnknownWord, UpdateRule};
+pub use words::{DEFAULT_MAX_SKIPS, Balance, BatchMode, Decay, Loss, NonFinite, Optimizer, PassName, Precision, Recompute, Schedule, UnknownWord, UpdateRule};
