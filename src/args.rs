@@ -187,6 +187,11 @@ pub struct CompileArgs {
     /// weight; `export` writes the copies into the model.
     #[arg(long)]
     pub untie_merged: bool,
+    /// Train these initializers baked for the export batch (named by compile's note, e.g. a
+    /// class token the exporter expanded to the batch) as one slice shared by the whole
+    /// batch, instead of keeping them frozen; not for attention masks.
+    #[arg(long, value_delimiter = ',', value_name = "NAME")]
+    pub train_batch_baked: Vec<String>,
 }
 
 impl CompileArgs {

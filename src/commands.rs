@@ -149,7 +149,7 @@ fn compile_request(args: &CompileArgs) -> Result<CompileRequest> {
     let executable = if args.executables { Some(std::env::current_exe().context("cannot locate the pipewright binary")?) } else { None };
     Ok(CompileRequest { model: args.model.clone(), plan, output: args.output.clone(), executable, stage_onnx: args.stage_onnx,
         passes: args.pass_options(),
-        import: ImportOptions { untie_merged: args.untie_merged, ..ImportOptions::default() },
+        import: ImportOptions { untie_merged: args.untie_merged, train_batch_baked: args.train_batch_baked.clone(), ..ImportOptions::default() },
     })
 }
 

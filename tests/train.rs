@@ -812,7 +812,7 @@ fn read_weights(path: &Path) -> std::collections::BTreeMap<String, Vec<f32>> {
 /// initializer each: compile and train say so in one line, naming `--untie-merged`.
 /// Without it the build trains one tied weight per tensor; with it every LayerNorm gets
 /// its own copy, and after training the copies differ; `export` writes each copy into the
-/// model, read by its own node. ViT's batch-baked class token is announced the same way.
+/// model, read by its own node.
 #[test]
 fn merged_initializers_are_announced_and_can_be_untied() {
     let model = root().join("../shared/corpus/models/gpt2-tiny.onnx");
@@ -857,12 +857,63 @@ fn merged_initializers_are_announced_and_can_be_untied() {
             assert_eq!(&values, other);
         }
     }
-    // ViT's class token, expanded for the export batch, is frozen: said once at compile.
+}
+
+/// ViT's class token, which the exporter expanded to the export batch (`expand`, `[2, 1,
+/// 128]`), is frozen by default, and compile and train say so, naming
+/// `--train-batch-baked`; with it, the token trains as one slice `[1, 1, 128]` shared by
+/// the batch, and `export` writes it back into a model that runs at another batch. A
+/// name that is no batch-baked initializer is refused, naming it.
+#[test]
+fn batch_baked_initializers_are_announced_and_can_train() {
     let vit = root().join("../shared/corpus/models/vit-tiny.onnx");
-    let out = pw(&["compile", vit.to_str().unwrap(), "--stages", "2", "-o", dir.path().join("vit").to_str().unwrap()]);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let source = ModelProto::parse_from_bytes(&std::fs::read(&vit).unwrap()).unwrap();
+    let token = source.graph.initializer.iter().find(|t| t.name == "expand").expect("the class token");
+    let initial: Vec<f32> = token.raw_data.chunks_exact(4).take(128).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+    for train_it in [false, true] {
+        let build = dir.path().join(if train_it { "trained" } else { "frozen" });
+        let mut args = vec!["compile", vit.to_str().unwrap(), "--stages", "2", "-o", build.to_str().unwrap()];
+        if train_it {
+            args.extend_from_slice(&["--train-batch-baked", "expand"]);
+        }
+        let out = pw(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{err}");
+        let line = if train_it {
+            "note: 1 initializer baked for the export batch trains as one slice shared by the batch (--train-batch-baked): expand [1, 1, 128]"
+        } else {
+            "note: 1 initializer baked for the export batch kept frozen (not trained): expand [2, 1, 128]; compile --train-batch-baked NAME trains one"
+        };
+        assert!(err.contains(line), "{err}");
+        let out = pw(&["train", build.to_str().unwrap(), "--steps", "3", "--microbatch", "4", "--optimizer", "adam", "--lr", "0.01", "--no-progress"]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success() && err.contains(line), "{err}");
+        let weights = read_weights(&build.join("weights.safetensors"));
+        if !train_it {
+            assert!(!weights.contains_key("expand"));
+            continue;
+        }
+        let trained = &weights["expand"];
+        assert_eq!(trained.len(), 128);
+        assert!(trained.iter().zip(&initial).any(|(a, b)| (a - b).abs() > 1e-4), "the class token did not train");
+        let exported = dir.path().join("vit.onnx");
+        let out = pw(&["export", build.to_str().unwrap(), "-o", exported.to_str().unwrap()]);
+        assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).contains("batch axis dynamic"), "{}", String::from_utf8_lossy(&out.stdout));
+        let m = ModelProto::parse_from_bytes(&std::fs::read(&exported).unwrap()).unwrap();
+        let t = m.graph.initializer.iter().find(|t| t.name == "expand").unwrap();
+        let values: Vec<f32> = t.raw_data.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        assert_eq!(&values, trained);
+        let inputs = dir.path().join("inputs");
+        std::fs::create_dir_all(&inputs).unwrap();
+        std::fs::copy(root().join("../shared/corpus/models/vit-tiny.inputs/input_0.pb"), inputs.join("input_0.pb")).unwrap();
+        let out = pw(&["run-forward", exported.to_str().unwrap(), "--inputs", inputs.to_str().unwrap(), "--tile-batch", "3"]);
+        assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).contains("[6, 10]"), "{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    }
+    let out = pw(&["compile", vit.to_str().unwrap(), "--stages", "2", "-o", dir.path().join("bad").to_str().unwrap(), "--train-batch-baked", "vit.layers.0.mlp.fc1.bias"]);
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{err}");
-    assert!(err.contains("note: 1 initializer baked for the export batch kept frozen (not trained): expand [2, 1, 128]\n"), "{err}");
+    assert!(!out.status.success() && err.contains("tensor \"vit.layers.0.mlp.fc1.bias\": --train-batch-baked: its shape [256] does not start with the export batch (2)"), "{err}");
+    assert!(!dir.path().join("bad/pipeline.toml").exists());
 }
 
 /// A Python with onnxruntime and numpy: `PIPEWRIGHT_PYTHON`, else the shared venv, else

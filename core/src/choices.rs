@@ -24,6 +24,10 @@ pub struct ImportChoices {
     /// Batch-baked initializers kept as frozen constants: `name [d0, d1, ...]`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub frozen_batch_baked: Vec<String>,
+    /// Batch-baked initializers trained as one slice shared by the batch
+    /// (`--train-batch-baked`): `name [1, d1, ...]`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub trained_batch_baked: Vec<String>,
     /// Merged initializers (tied, or untied when `untied`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub merged: Vec<MergedInitializer>,
@@ -43,7 +47,7 @@ fn some_of(items: &[String]) -> String {
 
 impl ImportChoices {
     pub fn is_empty(&self) -> bool {
-        self.frozen_batch_baked.is_empty() && self.merged.is_empty()
+        self.frozen_batch_baked.is_empty() && self.trained_batch_baked.is_empty() && self.merged.is_empty()
     }
 
     /// One line per kind of choice (none when there is nothing to say).
@@ -52,9 +56,18 @@ impl ImportChoices {
         if !self.frozen_batch_baked.is_empty() {
             let n = self.frozen_batch_baked.len();
             out.push(format!(
-                "{n} initializer{} baked for the export batch kept frozen (not trained): {}",
+                "{n} initializer{} baked for the export batch kept frozen (not trained): {}; compile --train-batch-baked NAME trains one (a class token, not a mask) as a weight shared by the batch",
                 if n == 1 { "" } else { "s" },
                 some_of(&self.frozen_batch_baked),
+            ));
+        }
+        if !self.trained_batch_baked.is_empty() {
+            let n = self.trained_batch_baked.len();
+            out.push(format!(
+                "{n} initializer{} baked for the export batch train{} as one slice shared by the batch (--train-batch-baked): {}",
+                if n == 1 { "" } else { "s" },
+                if n == 1 { "s" } else { "" },
+                some_of(&self.trained_batch_baked)
             ));
         }
         if !self.merged.is_empty() {
@@ -84,13 +97,15 @@ mod tests {
     fn one_short_line_per_kind() {
         assert!(ImportChoices::default().lines().is_empty());
         let merged = (0..5).map(|i| MergedInitializer { name: format!("w{i}"), uses: 3 }).collect();
-        let c = ImportChoices { frozen_batch_baked: vec!["cls [2, 1, 8]".into()], merged, untied: false };
+        let c = ImportChoices { frozen_batch_baked: vec!["cls [2, 1, 8]".into()], merged, ..ImportChoices::default() };
         let lines = c.lines();
         assert_eq!(lines.len(), 2);
-        assert_eq!(lines[0], "1 initializer baked for the export batch kept frozen (not trained): cls [2, 1, 8]");
+        assert_eq!(lines[0], "1 initializer baked for the export batch kept frozen (not trained): cls [2, 1, 8]; compile --train-batch-baked NAME trains one (a class token, not a mask) as a weight shared by the batch");
         assert!(lines[1].starts_with("5 initializers the exporter merged (identical values) train as tied weights: 15 uses of 5 tensors (\"w0\" x3, \"w1\" x3, \"w2\" x3 and 2 more)"), "{}", lines[1]);
         assert!(lines[1].ends_with("compile --untie-merged trains each use separately"));
         let untied = ImportChoices { untied: true, ..c };
         assert!(untied.lines()[1].starts_with("untied 5 exporter-merged initializers into 15 separately trained weights"));
+        let trained = ImportChoices { trained_batch_baked: vec!["cls [1, 1, 8]".into()], ..ImportChoices::default() };
+        assert_eq!(trained.lines(), ["1 initializer baked for the export batch trains as one slice shared by the batch (--train-batch-baked): cls [1, 1, 8]"]);
     }
 }

@@ -103,6 +103,18 @@ pub fn export_onnx(build: &Path, output: &Path) -> Result<Exported, DriverError>
     for init in graph.initializer.iter_mut() {
         let Some(view) = trained.get(&init.name) else { continue };
         let dims: Vec<i64> = view.shape().iter().map(|&d| d as i64).collect();
+        // A batch-baked initializer trained as one slice (--train-batch-baked) goes back
+        // as that slice repeated over the export batch, as the source holds it.
+        let slice_of = |name: &str| manifest.choices.trained_batch_baked.iter().any(|t| t.rsplit_once(" [").map(|(n, _)| n) == Some(name));
+        if slice_of(&init.name) && dims.first() == Some(&1) && dims.len() == init.dims.len() && dims[1..] == init.dims[1..] && init.external_data.is_empty() {
+            init.raw_data = view.data().repeat(usize::try_from(init.dims[0]).unwrap_or(1));
+            init.float_data.clear();
+            init.double_data.clear();
+            init.int32_data.clear();
+            init.int64_data.clear();
+            replaced += 1;
+            continue;
+        }
         if dims != init.dims {
             return Err(DriverError::msg(format!("{}: weight {:?} has shape {dims:?}, the model's initializer {:?}", weights_path.display(), init.name, init.dims)));
         }
@@ -120,7 +132,9 @@ pub fn export_onnx(build: &Path, output: &Path) -> Result<Exported, DriverError>
         return Err(DriverError::msg(format!("{}: none of its weights names an initializer of {}", weights_path.display(), model_path.display())));
     }
     // The importer's view of the same source (the batch axis and every extent): training
-    // ran at any batch, so the model written takes any batch too.
+    // ran at any batch, so the model written takes any batch too. (Trained batch-baked
+    // initializers are back at the export batch here, and the rewrite treats them as the
+    // frozen ones: one slice, expanded to the batch.)
     let options = ImportOptions { untie_merged: manifest.choices.untied, ..ImportOptions::default() };
     let ir = pipewright_ir::import_bytes(&model_bytes, model_path.parent().unwrap_or(Path::new(".")), &options).map_err(|e| DriverError::msg(format!("{}: {e}", model_path.display())))?;
     let source = graph.clone();

@@ -510,6 +510,7 @@ mod tests {
         // read back field for field.
         m.choices = ImportChoices {
             frozen_batch_baked: vec!["cls [2, 1, 8]".into()],
+            trained_batch_baked: vec!["token [1, 1, 8]".into()],
             merged: vec![pipewright_core::MergedInitializer { name: "ln.weight".into(), uses: 9 }],
             untied: true,
         };

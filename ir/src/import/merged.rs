@@ -148,3 +148,35 @@ mod tests {
         assert!(merged_initializers(&g).is_empty());
     }
 }
+
+/// `--train-batch-baked NAME`: the initializer `name`, baked for the export batch `b0`
+/// (its `b0` leading slices equal: an exporter's `cls_token.expand(B, -1, -1)`), becomes
+/// its first slice, a trainable weight of the same name shared by the whole batch, read
+/// through `Expand(NAME, [b0, ...])` by the nodes that read it (the pattern of a class
+/// token the legacy exporter writes, which the lowering expands to any batch). Errors say
+/// why `name` cannot be.
+pub fn train_batch_baked(g: &mut GraphProto, name: &str, b0: i64) -> Result<(), String> {
+    let t = g.initializer.iter_mut().find(|t| t.name == name).ok_or("no initializer of that name")?;
+    let dims = t.dims.clone();
+    if b0 <= 1 || dims.len() < 2 || dims[0] != b0 {
+        return Err(format!("its shape {dims:?} does not start with the export batch ({b0})"));
+    }
+    if float_size(t.data_type).is_none() || t.raw_data.is_empty() || !t.external_data.is_empty() {
+        return Err("it is not a float tensor stored in the model file".into());
+    }
+    let slice = t.raw_data.len() / b0 as usize;
+    if slice == 0 || !t.raw_data.chunks(slice).all(|c| c == &t.raw_data[..slice]) {
+        return Err(format!("its {b0} slices differ, so it is not one value expanded to the batch"));
+    }
+    t.raw_data.truncate(slice);
+    t.dims[0] = 1;
+    let (shape, expanded) = (format!("{name}:batch_shape"), format!("{name}:expanded"));
+    for n in g.node.iter_mut() {
+        for i in n.input.iter_mut().filter(|i| *i == name) {
+            *i = expanded.clone();
+        }
+    }
+    g.initializer.push(TensorProto { name: shape.clone(), data_type: 7, dims: vec![dims.len() as i64], raw_data: dims.iter().flat_map(|d| d.to_le_bytes()).collect(), ..Default::default() });
+    g.node.push(onnx_protobuf::NodeProto { name: expanded.clone(), op_type: "Expand".into(), input: vec![name.to_string(), shape], output: vec![expanded], ..Default::default() });
+    Ok(())
+}

@@ -42,6 +42,9 @@ pub struct ImportOptions {
     /// Give each node reading an exporter-merged initializer its own copy
     /// ([`merged::untie_merged`]) instead of training one tied weight.
     pub untie_merged: bool,
+    /// Initializers baked for the export batch to train as one slice shared by the batch
+    /// ([`merged::train_batch_baked`]) instead of keeping them frozen.
+    pub train_batch_baked: Vec<String>,
 }
 
 impl ImportOptions {
@@ -210,6 +213,13 @@ impl<'a> Importer<'a> {
         let params = float_parameters_read(&g.node, &self.opts.float_parameters);
         self.scans_axis0 = control::scans_inputs_along_axis0(&g.node, &g.input, opset);
         self.add_inputs(&g.input, &initializer_names, &params)?;
+        // The export batch is known from here on.
+        for name in &self.opts.train_batch_baked {
+            merged::train_batch_baked(&mut g, name, self.ctx.export_batch.unwrap_or(1))
+                .map_err(|reason| ImportError::BadTensor { name: name.clone(), reason: format!("--train-batch-baked: {reason}") })?;
+            let dims = g.initializer.iter().find(|t| &t.name == name).map(|t| t.dims.clone()).unwrap_or_default();
+            self.graph.choices.trained_batch_baked.push(format!("{name} {dims:?}"));
+        }
         for t in std::mem::take(&mut g.initializer) {
             let name = t.name.clone();
             let data = tensor::tensor_from_proto(t, self.dir)?;
