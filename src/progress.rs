@@ -2,7 +2,7 @@
 //! every `--log-every` steps otherwise), and one JSON line of metrics per step.
 //!
 //! While the bar is drawn, every line meant for the terminal goes through
-//! [`Progress::println`] (the bar's own printing, above it), and the bar is cleared before
+//! [`Progress::println`] (printed with the bar suspended, above it), and the bar is cleared before
 //! anything else is printed, so on a terminal the banner, the bar, warnings and the
 //! summary never share a line (indicatif leaves its cursor at the end of the bar's line:
 //! a plain `eprintln!` after it continued that line).
@@ -92,10 +92,13 @@ impl Progress {
         }
     }
 
-    /// Prints a line to stderr: above the bar while it is drawn, else plainly.
+    /// Prints a line to stderr: above the bar while it is drawn, else plainly. The bar is
+    /// suspended (cleared, the line printed, the bar redrawn) rather than given the line
+    /// with `ProgressBar::println`, which queues it for the next rate-limited draw: lines
+    /// queued just before the bar is cleared at the end were lost.
     pub fn println(&self, line: &str) {
         match &self.bar {
-            Some(bar) => bar.println(line),
+            Some(bar) => bar.suspend(|| eprintln!("{line}")),
             None => eprintln!("{line}"),
         }
     }

@@ -770,8 +770,13 @@ fn terminal_output_never_shares_a_line() {
     let dir = tempfile::tempdir().expect("temp dir");
     compile(dir.path(), "2", "2bw", "none");
     let data = root().join("examples/digits/digits.npz");
+    let poisoned = data_with_inf(dir.path(), 96, &[40]);
     let on_terminal = |lr: &str| {
-        let args = ["train", dir.path().to_str().unwrap(), "--data", data.to_str().unwrap(), "--steps", "30", "--microbatch", "8", "--lr", lr];
+        // A skipped step (one sample is infinite) prints a warning while the bar is drawn.
+        let data = if lr == "skip" { &poisoned } else { &data };
+        let mut args = vec!["train", dir.path().to_str().unwrap(), "--data", data.to_str().unwrap(), "--steps", "30", "--microbatch", "8"];
+        let extra = if lr == "skip" { ["--on-nonfinite", "skip"] } else { ["--lr", lr] };
+        args.extend_from_slice(&extra);
         let quoted: Vec<String> = args.iter().map(|a| format!("'{a}'")).collect();
         let command = format!("'{}' {}", env!("CARGO_BIN_EXE_pipewright"), quoted.join(" "));
         let out = Command::new("script").args(["-qec", &command, "/dev/null"]).output().expect("util-linux `script` runs (it gives the test a terminal)");
@@ -779,7 +784,7 @@ fn terminal_output_never_shares_a_line() {
         (out.status.success(), terminal_lines(&raw), raw)
     };
     // A word that marks each kind of line (the bar's is its `eta`); no line shows two.
-    let kinds = ["training ", "note: ", "eta ", "wrote ", "trained ", "peak live", "error:"];
+    let kinds = ["training ", "note: ", "eta ", "wrote ", "trained ", "peak live", "error:", "skipped ("];
     let check = |lines: &[String]| {
         for l in lines {
             let found: Vec<&str> = kinds.iter().copied().filter(|k| l.contains(k)).collect();
@@ -794,6 +799,11 @@ fn terminal_output_never_shares_a_line() {
     for start in ["training ", "step    30/30", "wrote ", "trained 30 steps", "peak live"] {
         assert!(lines.iter().any(|l| l.starts_with(start)), "no line starts with {start:?}: {lines:#?}");
     }
+    // Warnings printed while the bar is drawn keep their own lines.
+    let (ok, lines, _) = on_terminal("skip");
+    assert!(ok, "{lines:#?}");
+    check(&lines);
+    assert!(lines.iter().filter(|l| l.starts_with("step ") && l.contains(": skipped (")).count() >= 1, "{lines:#?}");
     // A run that stops with an error (divergence) prints it on its own line too.
     let (ok, lines, _) = on_terminal("1e300");
     assert!(!ok, "{lines:#?}");
