@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use pipewright_core::{Balance, BatchMode, Decay, Device, Loss, Optimizer, PassName, Precision, Recompute, Schedule};
+use pipewright_core::{Balance, BatchMode, Decay, Device, Loss, NonFinite, Optimizer, PassName, Precision, Recompute, Schedule};
 use pipewright_passes::manager::{PassOptions, PrintAfter};
 
 /// `--loss KIND[:OUTPUT]`.
@@ -182,6 +182,16 @@ pub struct CompileArgs {
     /// Print the time each pass and each kind of output file took (stderr).
     #[arg(long)]
     pub timings: bool,
+    /// Give each node reading an initializer the exporter merged (identical values, e.g.
+    /// every LayerNorm's ones) its own copy, trained separately, instead of one tied
+    /// weight; `export` writes the copies into the model.
+    #[arg(long)]
+    pub untie_merged: bool,
+    /// Train these initializers baked for the export batch (named by compile's note, e.g. a
+    /// class token the exporter expanded to the batch) as one slice shared by the whole
+    /// batch, instead of keeping them frozen; not for attention masks.
+    #[arg(long, value_delimiter = ',', value_name = "NAME")]
+    pub train_batch_baked: Vec<String>,
 }
 
 impl CompileArgs {
@@ -306,6 +316,15 @@ pub struct TrainArgs {
     /// stage places every replica alike.
     #[arg(long, value_delimiter = ',', value_name = "DEVICES")]
     pub devices: Vec<Device>,
+    /// A step whose loss or gradients are not finite (NaN or infinite): `stop` with the
+    /// divergence error, or `skip` its update in every stage and go on (counted in the
+    /// summary and `--metrics`).
+    #[arg(long, value_enum, default_value_t = NonFinite::Stop)]
+    pub on_nonfinite: NonFinite,
+    /// With `--on-nonfinite skip`: stop with the divergence error after this many skipped
+    /// steps in a row.
+    #[arg(long, value_name = "N", default_value_t = pipewright_core::DEFAULT_MAX_SKIPS)]
+    pub max_skips: usize,
 }
 
 fn parse_size(text: &str) -> Result<u64, String> {
@@ -373,6 +392,8 @@ mod requests {
                 threads: self.threads,
                 timeout: std::time::Duration::from_secs(self.timeout),
                 max_inflated: self.max_data_size,
+                on_nonfinite: self.on_nonfinite,
+                max_skips: self.max_skips,
                 precision: self.precision,
                 devices: self.devices.clone(),
             })
@@ -494,9 +515,15 @@ pub struct TraceSvgArgs {
     /// Where to write the SVG.
     #[arg(short, long, default_value = "timeline.svg")]
     pub output: PathBuf,
-    /// Width of the time axis in pixels.
+    /// Width of the time axis in pixels, at least: the drawing widens (up to 20,000) until
+    /// a typical compute box holds its microbatch id.
     #[arg(long, default_value_t = 1200)]
     pub width: u32,
+    /// The steps to draw, START..END (the trace's steps, from 0; END excluded) or START..;
+    /// default: all of a trace of up to 10 steps, else its first 10 (the SVG's title says
+    /// which).
+    #[arg(long, value_name = "START..END")]
+    pub steps: Option<pipewright_runtime::timeline::StepWindow>,
 }
 
 #[derive(clap::Args)]

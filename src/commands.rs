@@ -17,7 +17,7 @@ use pipewright_passes::plan_file::PlanFile;
 use pipewright_passes::planner::PlanOptions;
 use pipewright_runtime::listing::{module_json, module_text};
 use pipewright_runtime::module::{looks_like_module, read_module};
-use pipewright_runtime::timeline::{bubbles, read_chrome_trace, timeline_svg};
+use pipewright_runtime::timeline::{bubbles, events_in, read_chrome_trace, timeline_svg_with, window_of, SvgOptions};
 
 use pipewright_core::units::human_bytes;
 use pipewright_synth::{GptShape, LayeredShape, Storage};
@@ -147,11 +147,17 @@ fn compile_request(args: &CompileArgs) -> Result<CompileRequest> {
         PlanRequest::Search { cluster: Cluster::default(), options, profile: None }
     };
     let executable = if args.executables { Some(std::env::current_exe().context("cannot locate the pipewright binary")?) } else { None };
-    Ok(CompileRequest { model: args.model.clone(), plan, output: args.output.clone(), executable, stage_onnx: args.stage_onnx, passes: args.pass_options() })
+    Ok(CompileRequest { model: args.model.clone(), plan, output: args.output.clone(), executable, stage_onnx: args.stage_onnx,
+        passes: args.pass_options(),
+        import: ImportOptions { untie_merged: args.untie_merged, train_batch_baked: args.train_batch_baked.clone(), ..ImportOptions::default() },
+    })
 }
 
 pub fn compile_command(args: &CompileArgs) -> Result<()> {
     let compiled = compile(&compile_request(args)?)?;
+    for line in compiled.choices.as_ref().map(|c| c.lines()).unwrap_or_default() {
+        eprintln!("note: {line}");
+    }
     print!("{}", compiled.printed);
     if args.timings {
         eprint!("{}", compiled.timings_text());
@@ -163,8 +169,14 @@ pub fn compile_command(args: &CompileArgs) -> Result<()> {
 }
 
 pub fn export(args: &ExportArgs) -> Result<()> {
-    let replaced = pipewright_driver::export::export_onnx(&args.build, &args.output)?;
-    println!("wrote {} ({replaced} trained initializers from {})", args.output.display(), args.build.join(pipewright_driver::export::WEIGHTS_FILE).display());
+    let exported = pipewright_driver::export::export_onnx(&args.build, &args.output)?;
+    println!(
+        "wrote {} ({} trained initializers from {}; {})",
+        args.output.display(),
+        exported.replaced,
+        args.build.join(pipewright_driver::export::WEIGHTS_FILE).display(),
+        exported.batch_text()
+    );
     Ok(())
 }
 
@@ -174,11 +186,18 @@ pub fn trace_svg(args: &TraceSvgArgs) -> Result<()> {
     if events.is_empty() {
         bail!("{}: no complete (\"X\") events", args.trace.display());
     }
-    write_atomic(&args.output, timeline_svg(&events, args.width.max(100)).as_bytes())?;
+    let options = SvgOptions { width: args.width.max(100), steps: args.steps };
+    let (window, what) = window_of(&events, &options);
+    let shown = events_in(&events, window);
+    if shown.is_empty() {
+        bail!("--steps {window}: the trace has no events in those steps ({what})");
+    }
+    write_atomic(&args.output, timeline_svg_with(&events, &options).as_bytes())?;
+    // The bubble fractions are the whole trace's, as before; the drawing's are its window's.
     for (k, b) in bubbles(&events) {
         println!("stage {k}: bubble fraction {:.4} (busy {:.3} ms of {:.3} ms)", b.fraction, b.busy_us / 1000.0, b.span_us / 1000.0);
     }
-    eprintln!("wrote {} ({} events)", args.output.display(), events.len());
+    eprintln!("wrote {} ({} of {} events: {what})", args.output.display(), shown.len(), events.len());
     Ok(())
 }
 

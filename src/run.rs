@@ -30,8 +30,11 @@ fn save_trace(path: Option<&Path>, report: &TrainReport) -> Result<()> {
     Ok(())
 }
 
+/// The first and last finite losses (a skipped step's loss may be NaN).
 fn loss_range(report: &TrainReport) -> (f64, f64) {
-    (report.losses.first().copied().unwrap_or(f64::NAN), report.losses.last().copied().unwrap_or(f64::NAN))
+    let mut finite = report.losses.iter().copied().filter(|l| l.is_finite());
+    let first = finite.next().unwrap_or(f64::NAN);
+    (first, finite.last().unwrap_or(first))
 }
 
 /// `stage 0 cuda:0, stage 1 cuda:1` (replica 0; every replica when they differ).
@@ -56,6 +59,9 @@ pub fn train(args: &TrainArgs) -> Result<()> {
     let session = Session::prepare(&args.build, &args.request()?)?;
     let c = &session.build.manifest.pipeline;
     eprint!("{}", session.shape.report());
+    for line in session.build.manifest.choices.lines() {
+        eprintln!("note: {line}");
+    }
     eprintln!(
         "training {} stage(s) x {} replica(s), schedule {}, recompute {} (from the build), steps {}..{}",
         c.depth, session.shape.replicas.value, c.schedule, c.recompute, session.start, args.steps
@@ -70,7 +76,15 @@ pub fn train(args: &TrainArgs) -> Result<()> {
         eprintln!("note: {} exists (an earlier run's weights); this run replaces it when it ends", weights.display());
     }
     let mut progress = progress(args, session.start)?;
-    let report = session.run(&mut |r: StepReport| progress.step(&r))?;
+    let mut skipped = 0;
+    let report = session.run(&mut |r: StepReport| {
+        progress.step(&r);
+        if r.skipped {
+            skipped += 1;
+            // Above the bar on a terminal, so it never runs into it.
+            progress.println(&format!("step {}: skipped (a loss or gradient was not finite; every stage kept its weights and optimizer state)", r.step + 1));
+        }
+    })?;
     progress.finish();
     save_trace(args.trace.as_deref(), &report)?;
     for p in &report.checkpoints {
@@ -79,8 +93,9 @@ pub fn train(args: &TrainArgs) -> Result<()> {
     save_weights(&weights, &report)?;
     eprintln!("wrote {}{}", weights.display(), if replacing { " (replacing the earlier run's weights)" } else { "" });
     let (first, last) = loss_range(&report);
+    let skipped = if skipped > 0 { format!(" ({skipped} skipped)") } else { String::new() };
     println!(
-        "trained {} steps in {:.1}s: loss {first:.4} -> {last:.4}; weight versions held per stage (peak): {:?}",
+        "trained {} steps{skipped} in {:.1}s: loss {first:.4} -> {last:.4}; weight versions held per stage (peak): {:?}",
         report.losses.len(),
         progress.started.elapsed().as_secs_f64(),
         report.peak_versions

@@ -11,6 +11,7 @@
 pub mod compile;
 mod error;
 pub mod export;
+pub mod rebatch;
 
 #[cfg(feature = "torch")]
 pub mod conformance;

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use pipewright_core::{Decay, Device, Loss, Precision};
+use pipewright_core::{Decay, Device, Loss, NonFinite, Precision};
 use pipewright_runtime::build::{Build, Manifest, RunFlags, RunShape, MANIFEST_FILE};
 use pipewright_runtime::data::{Dataset, LabelArray, Stop, DEFAULT_LABEL};
 use pipewright_runtime::device::tch_device;
@@ -79,6 +79,10 @@ pub struct TrainRequest {
     /// Stage placement (`--devices`): worker `replica * d + stage` on device
     /// `(replica * d + stage) % len`; empty: every worker on `device`.
     pub devices: Vec<Device>,
+    /// A step whose loss or gradients are not finite: stop, or skip its update.
+    pub on_nonfinite: NonFinite,
+    /// Skipped steps in a row after which `Skip` stops.
+    pub max_skips: usize,
 }
 
 /// The run's configuration, built from the request and the build's shape.
@@ -112,6 +116,11 @@ fn config(req: &TrainRequest, manifest: &Manifest, shape: &RunShape, build: &Pat
     }
     cfg.timeout = req.timeout;
     cfg.precision = req.precision;
+    if req.max_skips == 0 {
+        return Err(DriverError::msg("--max-skips must be at least 1"));
+    }
+    cfg.on_nonfinite = req.on_nonfinite;
+    cfg.max_skips = req.max_skips;
     let devices = match req.devices.is_empty() {
         true => default_placement(req.device, visible_gpus(req.device)),
         false => req.devices.clone(),
@@ -479,6 +488,8 @@ mod tests {
             max_inflated: pipewright_runtime::data::DEFAULT_MAX_INFLATED,
             precision: Precision::Fp32,
             devices: Vec::new(),
+            on_nonfinite: NonFinite::Stop,
+            max_skips: pipewright_core::DEFAULT_MAX_SKIPS,
         }
     }
 

@@ -6,6 +6,7 @@ mod control;
 pub(crate) mod convert;
 mod evaluated;
 mod legacy;
+pub mod merged;
 pub mod tensor;
 
 use std::collections::{BTreeMap, HashMap};
@@ -38,6 +39,12 @@ pub struct ImportOptions {
     /// ops computed at import: NonZero, Unique, NonMaxSuppression); anywhere else they
     /// stay inputs, as data. Named for the small float tensors that are most of them.
     pub float_parameters: HashMap<String, crate::TensorData>,
+    /// Give each node reading an exporter-merged initializer its own copy
+    /// ([`merged::untie_merged`]) instead of training one tied weight.
+    pub untie_merged: bool,
+    /// Initializers baked for the export batch to train as one slice shared by the batch
+    /// ([`merged::train_batch_baked`]) instead of keeping them frozen.
+    pub train_batch_baked: Vec<String>,
 }
 
 impl ImportOptions {
@@ -197,10 +204,22 @@ impl<'a> Importer<'a> {
                 return Err(ImportError::DuplicateValue { value: name.clone(), first: "a graph input".into(), second: "another graph input".into() });
             }
         }
+        // Merged initializers are found (and untied on request) before anything reads the
+        // initializers, so the copies import like any other weight.
+        let merged = if self.opts.untie_merged { merged::untie_merged(&mut g) } else { merged::merged_initializers(&g) };
+        self.graph.choices.untied = self.opts.untie_merged && !merged.is_empty();
+        self.graph.choices.merged = merged;
         let initializer_names: std::collections::HashSet<String> = g.initializer.iter().map(|t| t.name.clone()).collect();
         let params = float_parameters_read(&g.node, &self.opts.float_parameters);
         self.scans_axis0 = control::scans_inputs_along_axis0(&g.node, &g.input, opset);
         self.add_inputs(&g.input, &initializer_names, &params)?;
+        // The export batch is known from here on.
+        for name in &self.opts.train_batch_baked {
+            merged::train_batch_baked(&mut g, name, self.ctx.export_batch.unwrap_or(1))
+                .map_err(|reason| ImportError::BadTensor { name: name.clone(), reason: format!("--train-batch-baked: {reason}") })?;
+            let dims = g.initializer.iter().find(|t| &t.name == name).map(|t| t.dims.clone()).unwrap_or_default();
+            self.graph.choices.trained_batch_baked.push(format!("{name} {dims:?}"));
+        }
         for t in std::mem::take(&mut g.initializer) {
             let name = t.name.clone();
             let data = tensor::tensor_from_proto(t, self.dir)?;
@@ -251,6 +270,7 @@ impl<'a> Importer<'a> {
     fn is_batch_baked(&mut self, name: &str, data: &crate::TensorData) -> bool {
         let baked = data.dims.len() >= 3 && self.ctx.export_batch.is_some_and(|b| b > 1 && data.dims[0] == b);
         if baked {
+            self.graph.choices.frozen_batch_baked.push(format!("{name} {:?}", data.dims));
             self.graph.warnings.push(format!(
                 "initializer {name:?} {:?} has the export batch as its leading extent; kept as a constant, not trained",
                 data.dims

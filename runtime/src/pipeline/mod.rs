@@ -18,7 +18,7 @@ use std::path::PathBuf;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use pipewright_core::{Loss, Schedule};
+use pipewright_core::{Loss, NonFinite, Schedule};
 use tch::Tensor;
 
 pub use crate::exec::Mode;
@@ -113,7 +113,15 @@ pub struct TrainConfig {
     /// stage) % len]` (so `d` devices give stage k device k in every replica, and `d * w`
     /// devices one per worker). Empty: every worker on `device`.
     pub devices: Vec<tch::Device>,
+    /// A step whose loss or gradients are not finite: stop (the divergence error) or skip
+    /// its update in every stage.
+    pub on_nonfinite: NonFinite,
+    /// With [`NonFinite::Skip`]: this many skipped steps in a row end training with
+    /// [`PipelineError::TooManySkips`].
+    pub max_skips: usize,
 }
+
+pub use pipewright_core::DEFAULT_MAX_SKIPS;
 
 impl TrainConfig {
     /// SGD at `lr`, constant rate, no clipping, CPU, train mode.
@@ -140,6 +148,8 @@ impl TrainConfig {
             precision: Precision::Fp32,
             loss_scale: LossScaler::new(),
             devices: Vec::new(),
+            on_nonfinite: NonFinite::Stop,
+            max_skips: DEFAULT_MAX_SKIPS,
         }
     }
 
@@ -161,7 +171,8 @@ pub struct StepReport {
     pub samples: usize,
     /// Wall time since the previous report (or since the start).
     pub seconds: f64,
-    /// fp16: the update was skipped (gradients overflowed somewhere; every stage skipped it).
+    /// The update was skipped in every stage: fp16 gradients overflowed somewhere, or
+    /// (`--on-nonfinite skip`) a loss or gradient was not finite.
     pub skipped: bool,
 }
 
@@ -201,6 +212,11 @@ pub enum PipelineError {
     /// `step` counts from 1, as the progress lines do.
     #[error("step {step}, stage {stage}: the optimizer update made weights non-finite (NaN or infinite gradients); nothing of this step was saved (try a lower --lr, or --clip-norm)")]
     NonFiniteWeights { step: usize, stage: usize },
+    /// `--on-nonfinite skip` skipped `skips` steps in a row, the last `step` (from 1).
+    #[error(
+        "step {step}: {skips} steps in a row had a non-finite loss or gradients and were skipped (--max-skips {skips}): training diverged; try a lower --lr, clip the gradients with --clip-norm (e.g. 1.0), warm up with --warmup, or check the data for NaN or infinite values"
+    )]
+    TooManySkips { step: usize, skips: usize },
     #[error("checkpoint: {0}")]
     Checkpoint(#[from] CheckpointError),
 }
