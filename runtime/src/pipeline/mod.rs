@@ -2,14 +2,13 @@
 //! GPipe, PipeDream-Flush or PipeDream-2BW (see `shared/design/2bw.md`).
 
 mod checkpoint;
-mod launcher;
+mod distributed;
 mod memory;
 mod optim;
 mod pieces;
 mod precision;
 mod schedule;
 mod stage;
-mod tcp;
 mod trace;
 mod transport;
 
@@ -26,9 +25,8 @@ pub use optim::{LrSchedule, OptimizerConfig};
 pub use precision::{compute_kind, LossScaler, Precision};
 pub use schedule::{stage_ops, stage_ops_from, Op};
 pub use checkpoint::{decode_checkpoint, decode_stage, read_checkpoint, step_dir_name, write_checkpoint, Checkpoint, CheckpointError, StageState};
-pub use launcher::{launcher_rank, launcher_size};
+pub use distributed::{batch_fingerprint, Layout, Mpi, MpiJob, DEFAULT_HEARTBEAT_TIMEOUT, HEARTBEAT_PERIOD};
 pub use memory::{bytes_of, StageMemory};
-pub use tcp::{Tcp, TcpOptions};
 pub use transport::{InProcess, Named, Transport};
 
 use crate::module::StageModule;
@@ -559,7 +557,7 @@ pub fn boundary_names(module: &StageModule, loss: &Objective) -> Result<(Vec<Str
 }
 
 /// Runs one stage of one replica in this process, linked to the other workers by
-/// `transport` (e.g. [`Tcp`]): the same worker the embedded executor runs per thread.
+/// `transport` (e.g. [`Mpi`]): the same worker the embedded executor runs per thread.
 /// `data` yields whole batches (`replicas * m` microbatches, from the first step on);
 /// this worker takes its replica's share. The report holds this stage only (index 0);
 /// `on_step` is called on the last stage.
