@@ -98,13 +98,17 @@ fn worker_rank(args: &WorkerArgs, embedded: Option<Vec<u8>>, job: &MpiJob) -> Re
     if reports {
         eprint!("{}", session.shape.report());
     }
-    let mut progress = if reports { progress(t, 0)? } else { Progress::new(t.steps, 0, t.log_every, true, None)? };
+    let start = session.start;
+    let mut progress = if reports { progress(t, start)? } else { Progress::new(t.steps, start, t.log_every, true, None)? };
     let outcome = session.run(&mut |r: StepReport| progress.step(&r))?;
     progress.finish();
     let report = &outcome.report;
     // Every rank traces its own stage: `t.json` becomes `t.rank1.json` on rank 1.
     let trace = t.trace.as_ref().map(|p| p.with_extension(format!("rank{rank}.{}", p.extension().and_then(|e| e.to_str()).unwrap_or("json"))));
     save_trace(trace.as_deref(), report)?;
+    for p in &report.checkpoints {
+        eprintln!("rank {rank}: wrote checkpoint {}", p.display());
+    }
     if let Some(all) = &outcome.job {
         let weights = t.build.join(WEIGHTS_FILE);
         save_weights(&weights, all)?;

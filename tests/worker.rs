@@ -1,8 +1,10 @@
 //! Multi-process pipelines on MPI: `pipewright worker` ranks (SPMD) and stage executables
 //! (MPMD) started by `mpirun` train exactly like the embedded executor (the same loss at
 //! every step and the same weights, bit for bit, under 2BW, PipeDream-Flush and GPipe, with
-//! stages and replicas); ranks started differently are refused before the first step; a
-//! killed or frozen rank stops the whole job within 30 s, naming who and what.
+//! stages and replicas), and `pipewright export` reads what they trained; ranks started
+//! differently are refused before the first step; a killed or frozen rank stops the whole
+//! job within 30 s, naming who and what; multi-process checkpoints resume bit-identically,
+//! also after a kill and on the embedded executor.
 #![cfg(feature = "torch")]
 
 use std::io::{BufRead, BufReader};
@@ -186,13 +188,14 @@ struct Job {
     pids: Vec<u32>,
 }
 
-fn long_job(build: &Path) -> Job {
+fn long_job(build: &Path, extra: &[&str]) -> Job {
     let mut child = pw()
         .arg("launch")
         .arg(build)
         .arg("--")
         .args(options(1_000_000))
         .args(["--log-every", "1"])
+        .args(extra)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -263,7 +266,7 @@ fn a_killed_rank_stops_every_rank_within_30_s_naming_it() {
     let dir = tempfile::tempdir().unwrap();
     let build = dir.path().join("build");
     compile(&build, 2, "2bw", false);
-    let job = long_job(&build);
+    let job = long_job(&build, &[]);
     let pids = job.pids.clone();
     assert!(Command::new("kill").args(["-9", &pids[1].to_string()]).status().unwrap().success());
     let (success, seen, took) = job.end(Duration::from_secs(60));
@@ -280,7 +283,7 @@ fn a_frozen_rank_stops_every_rank_within_30_s_naming_it_and_the_wait() {
     let dir = tempfile::tempdir().unwrap();
     let build = dir.path().join("build");
     compile(&build, 2, "2bw", false);
-    let job = long_job(&build);
+    let job = long_job(&build, &[]);
     let pids = job.pids.clone();
     assert!(Command::new("kill").args(["-STOP", &pids[1].to_string()]).status().unwrap().success());
     let (success, seen, took) = job.end(Duration::from_secs(60));
@@ -289,4 +292,61 @@ fn a_frozen_rank_stops_every_rank_within_30_s_naming_it_and_the_wait() {
     assert!(seen.contains("rank 0 (stage 0, replica 0): rank 1 (stage 1, replica 0) sent no heartbeat for 10 s"), "{seen}");
     assert!(seen.contains("while waiting for microbatch") && seen.contains("from rank 1 (stage 1, replica 0)"), "{seen}");
     assert!(pids.iter().all(|&p| gone(p)), "every rank must have ended, the frozen one too: {pids:?}");
+}
+
+#[test]
+fn multi_process_checkpoints_resume_bit_identically_even_after_a_kill() {
+    let dir = tempfile::tempdir().unwrap();
+    let build = dir.path().join("build");
+    compile(&build, 2, "2bw", false);
+    let ck = dir.path().join("ck");
+    let ck_arg = ck.to_str().unwrap();
+    let whole = launched(&build, false, &["--checkpoint-every", "4", "--checkpoint-dir", ck_arg]);
+    // Each rank wrote its stage; rank 0 committed the manifest.
+    let step4 = ck.join("step-000004");
+    for f in ["checkpoint.json", "stage0.safetensors", "stage1.safetensors"] {
+        assert!(step4.join(f).is_file(), "{f} missing");
+    }
+    let resumed = launched(&build, false, &["--resume", step4.to_str().unwrap()]);
+    assert_eq!(resumed.losses, whole.losses[4..], "the resumed steps must repeat the uninterrupted run's losses");
+    assert!(resumed.weights == whole.weights, "resuming from a multi-process checkpoint must reach the uninterrupted run's weights");
+    // The embedded executor resumes from the same checkpoint to the same weights.
+    let embedded = embedded(&build, &["--resume", step4.to_str().unwrap()]);
+    assert!(embedded.weights == whole.weights, "the embedded executor must read what the ranks wrote");
+
+    // A job killed mid-run leaves complete checkpoints only; the newest resumes to what an
+    // uninterrupted run of as many steps reaches.
+    let killed = dir.path().join("killed");
+    let job = long_job(&build, &["--checkpoint-every", "2", "--checkpoint-dir", killed.to_str().unwrap()]);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !killed.join("step-000006").is_dir() {
+        assert!(Instant::now() < deadline, "no checkpoint after a minute");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let pids = job.pids.clone();
+    assert!(Command::new("kill").args(["-9", &pids[1].to_string()]).status().unwrap().success());
+    let (success, seen, _) = job.end(Duration::from_secs(60));
+    assert!(!success, "{seen}");
+    let text = std::fs::read_to_string(newest(&killed).join("checkpoint.json")).unwrap();
+    let step: usize = serde_json::from_str::<serde_json::Value>(&text).unwrap()["step"].as_u64().unwrap() as usize;
+    let more = (step + 4).to_string();
+    let metrics = build.join("resumed.jsonl");
+    // The killed run asked for a million steps: --force resumes it for fewer (a constant
+    // learning rate does not depend on the total).
+    let out = pw().arg("launch").arg(&build).arg("--").args(options(step + 4)).args(["--resume", killed.to_str().unwrap(), "--force", "--metrics"]).arg(&metrics).output().unwrap();
+    ok(out, "resume after a kill");
+    let after_kill = finish(&build, &metrics);
+    let uninterrupted_metrics = build.join("uninterrupted.jsonl");
+    let out = pw().arg("launch").arg(&build).arg("--").args(options(step + 4)).arg("--metrics").arg(&uninterrupted_metrics).output().unwrap();
+    ok(out, "uninterrupted");
+    let uninterrupted = finish(&build, &uninterrupted_metrics);
+    assert_eq!(after_kill.losses, uninterrupted.losses[step..], "steps {step}..{more}");
+    assert!(after_kill.weights == uninterrupted.weights, "resuming the killed job must reach the uninterrupted run's weights");
+}
+
+/// The newest complete step folder of a checkpoint folder.
+fn newest(dir: &Path) -> PathBuf {
+    let mut steps: Vec<PathBuf> = std::fs::read_dir(dir).unwrap().flatten().map(|e| e.path()).filter(|p| p.file_name().unwrap().to_str().unwrap().starts_with("step-")).collect();
+    steps.sort();
+    steps.pop().unwrap()
 }

@@ -17,8 +17,8 @@ use pipewright_runtime::data::{Dataset, LabelArray, Stop, DEFAULT_LABEL};
 use pipewright_runtime::device::tch_device;
 use pipewright_runtime::module::{decode_module_bytes, read_module, StageModule};
 use pipewright_runtime::pipeline::{
-    batch_fingerprint, read_checkpoint, resume, run_record, run_worker, train, Checkpoint, Layout, LrSchedule, Microbatch, Mpi, MpiJob, Objective, OptimizerConfig, StepReport,
-    TrainConfig, TrainReport,
+    batch_fingerprint, check_resume, read_checkpoint, resume, run_record, run_worker, train, Checkpoint, Layout, LrSchedule, Microbatch, Mpi, MpiJob, Objective, OptimizerConfig,
+    StageState, StepReport, TrainConfig, TrainReport, WorkerHooks,
 };
 
 use crate::DriverError;
@@ -337,6 +337,8 @@ pub struct WorkerSession {
     pub stage: usize,
     pub replica: usize,
     pub depth: usize,
+    /// The first step (after the checkpoint resumed from).
+    pub start: usize,
     pub shape: RunShape,
     pub config: TrainConfig,
     /// `rank 1 (stage 1, replica 0)`, the prefix of this rank's messages.
@@ -346,6 +348,8 @@ pub struct WorkerSession {
     pub reports_steps: bool,
     module: StageModule,
     batches: BatchStream,
+    /// The checkpoint's step and this stage's state in it.
+    resume: Option<(u64, StageState)>,
     /// The stage worker's links.
     transport: Mpi,
     /// The main thread's: merging the replicas' step reports, gathering the weights.
@@ -369,9 +373,6 @@ impl WorkerSession {
         let shape = manifest.pipeline.resolve(req.train.flags);
         let layout = Layout { depth: manifest.stages.len(), replicas: size(shape.replicas.value) };
         let config = config(&req.train, &manifest, &shape, build_dir)?;
-        if config.checkpoint_every.is_some() || req.train.resume.is_some() {
-            return Err(DriverError::msg("--checkpoint-every and --resume work with `pipewright train` (the embedded executor) only"));
-        }
         let transport = job.transport(layout, config.timeout).map_err(DriverError::msg)?;
         let main = job.transport(layout, config.timeout).map_err(DriverError::msg)?;
         let rank = job.rank();
@@ -395,7 +396,21 @@ impl WorkerSession {
             None => read_module(&module_path)?,
         };
         manifest.check_module(stage, &module, &module_path, &manifest_path)?;
-        let mut batches = batches(&req.train, &manifest, &config, size(shape.microbatch.value), size(shape.microbatches.value) * layout.replicas, 0)?;
+        // Every rank reads the checkpoint (a folder they all reach) and keeps its stage.
+        let resume = match &req.train.resume {
+            Some(dir) => {
+                let mut ck = read_checkpoint(dir).map_err(|e| DriverError::msg(format!("--resume: {e}")))?;
+                check_resume(&ck, layout.depth, &module.program.pipeline, manifest.pipeline.schedule, &config).map_err(|e| DriverError::msg(format!("--resume: {e}")))?;
+                if ck.step >= req.train.steps as u64 {
+                    return Err(DriverError::msg(format!("--steps {}: the checkpoint resumed from is already at step {}; give a larger --steps", req.train.steps, ck.step)));
+                }
+                let state = ck.stages.swap_remove(stage);
+                Some((ck.step, state))
+            }
+            None => None,
+        };
+        let start = resume.as_ref().map_or(0, |(s, _)| *s as usize);
+        let mut batches = batches(&req.train, &manifest, &config, size(shape.microbatch.value), size(shape.microbatches.value) * layout.replicas, start)?;
         // The first batch is read now to fingerprint the data, then trained on as usual.
         let first = batches.next().ok_or_else(|| DriverError::msg("the data holds no batch"))?;
         let fingerprint = batch_fingerprint(&first).map_err(DriverError::msg)?;
@@ -405,32 +420,44 @@ impl WorkerSession {
         agreement.insert("--schedule".into(), config.schedule.to_string());
         agreement.insert("--data".into(), fingerprint);
         agreement.insert("stages x replicas".into(), format!("{} x {}", layout.depth, layout.replicas));
+        agreement.insert("--checkpoint-every".into(), config.checkpoint_every.map_or("none".into(), |n| n.to_string()));
+        agreement.insert("--resume".into(), resume.as_ref().map_or("none".into(), |(s, _)| format!("from step {s}")));
         let reports_steps = main.reports_steps();
-        Ok(WorkerSession { rank, stage, replica, depth: layout.depth, shape, config, who: layout.who(rank), reports_steps, module, batches, transport, main, agreement })
+        Ok(WorkerSession { rank, stage, replica, depth: layout.depth, start, shape, config, who: layout.who(rank), reports_steps, module, batches, resume, transport, main, agreement })
     }
 
     /// Checks with every other rank that all were started alike (refusing, naming the
     /// first difference), then trains this stage; `on_step` sees every step of the job
     /// (the loss over all replicas) on the reporting rank only.
     pub fn run(self, on_step: &mut dyn FnMut(StepReport)) -> Result<WorkerOutcome, DriverError> {
-        let WorkerSession { who, module, config, replica, batches, mut transport, mut main, agreement, depth, .. } = self;
+        let WorkerSession { who, module, config, replica, batches, resume, mut transport, mut main, agreement, depth, .. } = self;
         let fail = |e: String| DriverError::msg(format!("{who}: {e}"));
-        transport.agree(&agreement).map_err(fail)?;
+        let job = transport.agree(&agreement).map_err(fail)?;
+        let (pipeline, schedule, record) = (module.program.pipeline.clone(), module.header.params.schedule, run_record(&config));
         let (mut losses, mut merge_error) = (Vec::new(), None);
-        let mut merged = |r: StepReport| match main.merge_step(r) {
-            Ok(Some(all)) => {
-                losses.push(all.loss);
-                on_step(all);
-            }
-            Ok(None) => {}
-            Err(e) => {
-                merge_error.get_or_insert(e);
-            }
+        // The main thread's links serve both hooks, one at a time.
+        let main = std::cell::RefCell::new(&mut main);
+        let trained = {
+            let mut merged = |r: StepReport| match main.borrow_mut().merge_step(r) {
+                Ok(Some(all)) => {
+                    losses.push(all.loss);
+                    on_step(all);
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    merge_error.get_or_insert(e);
+                }
+            };
+            let dir = config.checkpoint_dir.clone().unwrap_or_default();
+            let mut checkpoint = |step: u64, state: StageState| main.borrow_mut().checkpoint(&dir, step, job, &state, schedule, &pipeline, &record);
+            let hooks = WorkerHooks { on_step: &mut merged, on_checkpoint: &mut checkpoint };
+            run_worker(module, &config, replica, Box::new(transport), batches, resume, hooks)
         };
-        let mut report = run_worker(module, &config, replica, Box::new(transport), batches, &mut merged).map_err(|e| fail(e.to_string()))?;
+        let mut report = trained.map_err(|e| fail(e.to_string()))?;
         if let Some(e) = merge_error {
             return Err(fail(e));
         }
+        let main = main.into_inner();
         report.losses = losses;
         // Rank 0 collects every stage's weights (replica 0's; the replicas hold the same)
         // and running statistics.

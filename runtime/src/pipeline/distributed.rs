@@ -25,6 +25,7 @@
 //!   rank 0's, and a difference stops every rank naming the first one.
 
 use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -37,6 +38,7 @@ use ::mpi::traits::CommunicatorCollectives;
 use ::mpi::Threading;
 use tch::Tensor;
 
+use super::checkpoint::{commit_parts, discard_parts, write_stage_part, StagePart};
 use super::transport::{sum_lists, Named, Transport};
 use crate::exec::{tensor_from_bytes, tensor_to_bytes};
 use crate::kernel::ElemType;
@@ -56,6 +58,7 @@ const AGREE_RESULT: i32 = 10;
 const HEARTBEAT: i32 = 11;
 const GATHER_PART: i32 = 12;
 const STEP: i32 = 13;
+const CHECKPOINT: i32 = 14;
 
 /// [`MpiJob::start`]'s default heartbeat timeout: a neighbour silent this long is taken
 /// for frozen or gone (heartbeats go every [`HEARTBEAT_PERIOD`]).
@@ -482,8 +485,9 @@ impl Mpi {
 
     /// Compares this rank's run configuration (`name` -> value) with rank 0's, every rank
     /// at once (collective): `Err` naming the first difference (by rank, then name) on
-    /// every rank when any rank differs.
-    pub fn agree(&mut self, config: &BTreeMap<String, String>) -> Result<(), String> {
+    /// every rank when any rank differs. `Ok`: the job's id (rank 0's process id), which
+    /// names the job's temporary checkpoint folders.
+    pub fn agree(&mut self, config: &BTreeMap<String, String>) -> Result<u32, String> {
         let text: Vec<String> = config.iter().flat_map(|(k, v)| [k.clone(), v.clone()]).collect();
         let mine = Wire { a: 0, value: 0.0, text, tensors: Vec::new() };
         let layout = self.layout;
@@ -491,13 +495,64 @@ impl Mpi {
         let combine = |parts: Vec<Wire>| -> Result<Wire, String> {
             let maps: Vec<BTreeMap<String, String>> = parts.iter().map(|w| w.text.chunks(2).filter(|c| c.len() == 2).map(|c| (c[0].clone(), c[1].clone())).collect()).collect();
             let verdict = first_difference(&maps, &layout).unwrap_or_default();
-            Ok(Wire { a: 0, value: 0.0, text: vec![verdict], tensors: Vec::new() })
+            Ok(Wire { a: 0, value: 0.0, text: vec![verdict, std::process::id().to_string()], tensors: Vec::new() })
         };
         let verdict = self.reduce(&members, (AGREE_PART, AGREE_RESULT), "agreement on the run configuration", mine, combine)?;
-        match verdict.text.first() {
-            Some(v) if !v.is_empty() => Err(v.clone()),
-            _ => Ok(()),
+        match &verdict.text[..] {
+            [v, _] if !v.is_empty() => Err(v.clone()),
+            [_, job] => job.parse().map_err(|_| format!("rank 0 sent job id {job:?}")),
+            _ => Err("rank 0 sent a malformed agreement".into()),
         }
+    }
+
+    /// Replica 0's ranks, at each checkpoint step: writes this stage's part of checkpoint
+    /// `step` into the job's temporary folder under `dir` (a folder every rank reaches,
+    /// e.g. on a shared file system); rank 0 then collects every stage's part (their
+    /// checksums, or the error a rank met) and commits the manifest, returning the
+    /// checkpoint's folder (`None` on the other ranks).
+    #[allow(clippy::too_many_arguments)]
+    pub fn checkpoint(
+        &mut self,
+        dir: &Path,
+        step: u64,
+        job: u32,
+        state: &super::StageState,
+        schedule: pipewright_core::Schedule,
+        pipeline: &str,
+        config: &BTreeMap<String, String>,
+    ) -> Result<Option<PathBuf>, String> {
+        let mine = write_stage_part(dir, step, job, state).map_err(|e| e.to_string());
+        if self.rank != 0 {
+            let text = match &mine {
+                Ok(p) => vec![p.file.clone(), p.checksum.clone(), p.size.to_string()],
+                Err(e) => vec![e.clone()],
+            };
+            self.isend(0, CHECKPOINT, Wire { a: step, value: 0.0, text, tensors: Vec::new() }.encode()?)?;
+            return mine.map(|_| None);
+        }
+        let mut parts = Vec::new();
+        let mut failed = mine.as_ref().err().map(|e| format!("{}: {e}", self.layout.who(0)));
+        parts.extend(mine.ok());
+        for k in 1..self.layout.depth {
+            let from = self.layout.rank(0, k);
+            let w = Wire::decode(&self.recv(from, CHECKPOINT, &format!("its part of checkpoint step {step}"))?).map_err(|e| format!("from {}: {e}", self.layout.who(from)))?;
+            if w.a != step {
+                return Err(format!("{} sent its part of checkpoint step {} where step {step} was due", self.layout.who(from), w.a));
+            }
+            match &w.text[..] {
+                [file, checksum, size] => match size.parse() {
+                    Ok(size) => parts.push(StagePart { file: file.clone(), checksum: checksum.clone(), size }),
+                    Err(_) => failed = failed.or(Some(format!("{} reported a malformed part", self.layout.who(from)))),
+                },
+                [e] => failed = failed.or(Some(format!("{}: {e}", self.layout.who(from)))),
+                _ => failed = failed.or(Some(format!("{} reported a malformed part", self.layout.who(from)))),
+            }
+        }
+        if let Some(e) = failed {
+            discard_parts(dir, step, job);
+            return Err(format!("checkpoint step {step} was not written: {e}"));
+        }
+        commit_parts(dir, step, job, schedule, pipeline, config, parts).map(Some).map_err(|e| e.to_string())
     }
 
     /// Every rank's `tensors` (named), gathered on rank 0 in rank order (collective): rank 0
@@ -801,7 +856,7 @@ mod tests {
         // A length field claiming far more than the message holds.
         let mut huge = bytes.clone();
         huge[20..28].copy_from_slice(&(1u64 << 40).to_le_bytes());
-        assert!(Wire::decode(&huge).unwrap_err().contains("exceeds the message"));
+        assert!(matches!(Wire::decode(&huge), Err(e) if e.contains("exceeds the message")));
     }
 
     #[test]
