@@ -311,8 +311,13 @@ fn multi_process_checkpoints_resume_bit_identically_even_after_a_kill() {
     assert_eq!(resumed.losses, whole.losses[4..], "the resumed steps must repeat the uninterrupted run's losses");
     assert!(resumed.weights == whole.weights, "resuming from a multi-process checkpoint must reach the uninterrupted run's weights");
     // The embedded executor resumes from the same checkpoint to the same weights.
-    let embedded = embedded(&build, &["--resume", step4.to_str().unwrap()]);
-    assert!(embedded.weights == whole.weights, "the embedded executor must read what the ranks wrote");
+    let embedded_resumed = embedded(&build, &["--resume", step4.to_str().unwrap()]);
+    assert!(embedded_resumed.weights == whole.weights, "the embedded executor must read what the ranks wrote");
+    // And the ranks resume from what the embedded executor wrote.
+    let eck = dir.path().join("embedded-ck");
+    let _ = embedded(&build, &["--checkpoint-every", "4", "--checkpoint-dir", eck.to_str().unwrap()]);
+    let from_embedded = launched(&build, false, &["--resume", eck.join("step-000004").to_str().unwrap()]);
+    assert!(from_embedded.weights == whole.weights, "the ranks must read what the embedded executor wrote");
 
     // A job killed mid-run leaves complete checkpoints only; the newest resumes to what an
     // uninterrupted run of as many steps reaches.
@@ -349,4 +354,27 @@ fn newest(dir: &Path) -> PathBuf {
     let mut steps: Vec<PathBuf> = std::fs::read_dir(dir).unwrap().flatten().map(|e| e.path()).filter(|p| p.file_name().unwrap().to_str().unwrap().starts_with("step-")).collect();
     steps.sort();
     steps.pop().unwrap()
+}
+
+#[test]
+fn a_stage_of_another_compile_and_a_wrong_rank_count_are_refused_naming_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let build = dir.path().join("build");
+    compile(&build, 2, "flush", false);
+    let run = |np: &str| {
+        let mut c = Command::new("mpirun");
+        c.args(mpirun_flags(&build)).args(["-np", np, env!("CARGO_BIN_EXE_pipewright"), "worker"]).arg(&build).args(options(4));
+        let out = c.output().unwrap();
+        assert!(!out.status.success());
+        String::from_utf8_lossy(&out.stderr).to_string()
+    };
+    let err = run("3");
+    assert!(err.contains("the launcher started 3 processes but the job has 2 (2 stages x 1 replicas)"), "{err}");
+    let other = dir.path().join("other");
+    // A different schedule makes a different compile.
+    ok(pw().args(["compile", model().to_str().unwrap(), "--stages", "2", "--schedule", "gpipe", "-o"]).arg(&other).output().unwrap(), "compile");
+    std::fs::copy(other.join("stage1.pwm"), build.join("stage1.pwm")).unwrap();
+    let err = run("2");
+    assert!(err.contains("rank 1 (stage 1, replica 0):") && err.contains("stage1.pwm"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
 }

@@ -363,8 +363,8 @@ impl WorkerSession {
     /// `embedded`), checks them against each other and against the job's size, and loads
     /// the data.
     pub fn prepare(build_dir: &Path, req: &WorkerRequest, embedded: Option<Vec<u8>>, job: &MpiJob) -> Result<WorkerSession, DriverError> {
-        let who = job.who(job.rank());
-        Self::prepare_in(build_dir, req, embedded, job).map_err(|e| DriverError::msg(format!("{who}: {e}")))
+        // Named by stage and replica once the build says the job's shape.
+        Self::prepare_in(build_dir, req, embedded, job).map_err(|e| DriverError::msg(format!("{}: {e}", job.who(job.rank()))))
     }
 
     fn prepare_in(build_dir: &Path, req: &WorkerRequest, embedded: Option<Vec<u8>>, job: &MpiJob) -> Result<WorkerSession, DriverError> {
