@@ -378,3 +378,26 @@ fn a_stage_of_another_compile_and_a_wrong_rank_count_are_refused_naming_them() {
     assert!(err.contains("rank 1 (stage 1, replica 0):") && err.contains("stage1.pwm"), "{err}");
     assert!(!err.contains("panicked"), "{err}");
 }
+
+/// A GPT whose output projection is tied to its token embedding (stages 0 and 1 hold a
+/// copy each and sum their gradients), on 2 stages x 2 replicas: the tied-weight and the
+/// replica reductions together, equal to the embedded executor.
+#[test]
+fn tied_weights_over_two_replicas_match_the_embedded_executor() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("gpt.onnx");
+    ok(pw().args(["synth", "gpt", "--preset", "tiny", "-o"]).arg(&model).output().unwrap(), "synth");
+    let build = dir.path().join("build");
+    ok(pw().arg("compile").arg(&model).args(["--stages", "2", "--schedule", "2bw", "-o"]).arg(&build).output().unwrap(), "compile");
+    let opts = ["--steps", "3", "--microbatch", "2", "--microbatches", "2", "--replicas", "2", "--threads", "1", "--no-progress", "--metrics"];
+    let run = |args: &[&str], metrics: &str| -> Run {
+        let m = build.join(metrics);
+        ok(pw().args(args).arg(&build).args(if args[0] == "launch" { &["--"][..] } else { &[][..] }).args(opts).arg(&m).output().unwrap(), args[0]);
+        finish(&build, &m)
+    };
+    let one = run(&["train"], "e.jsonl");
+    let job = run(&["launch"], "m.jsonl");
+    assert_eq!(one.losses.len(), 3);
+    assert_eq!(one.losses, job.losses);
+    assert!(one.weights == job.weights, "tied weights over MPI must equal the embedded executor's");
+}
