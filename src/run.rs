@@ -91,7 +91,8 @@ fn worker_rank(args: &WorkerArgs, embedded: Option<Vec<u8>>, job: &MpiJob) -> Re
     let session = WorkerSession::prepare(&t.build, &args.request()?, embedded, job)?;
     let (rank, stage, replica, depth) = (session.rank, session.stage, session.replica, session.depth);
     // One write, so the launcher does not interleave it with other ranks' lines.
-    eprint!("{}", format!("rank {rank}: stage {stage} of {depth}, replica {replica} of {}, pid {}\n", session.shape.replicas.value, std::process::id()));
+    let line = format!("rank {rank}: stage {stage} of {depth}, replica {replica} of {}, pid {}\n", session.shape.replicas.value, std::process::id());
+    eprint!("{line}");
     // One job, one result: the reporting rank alone shows progress and writes metrics.
     let reports = session.reports_steps;
     let replicas = session.shape.replicas.value;

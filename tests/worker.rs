@@ -370,6 +370,10 @@ fn a_stage_of_another_compile_and_a_wrong_rank_count_are_refused_naming_them() {
     };
     let err = run("3");
     assert!(err.contains("the launcher started 3 processes but the job has 2 (2 stages x 1 replicas)"), "{err}");
+    // Without a launcher: a job of one rank, told how to start the pipeline.
+    let out = pw().arg("worker").arg(&build).args(options(4)).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("this process is a job of one rank, but the pipeline has 2") && err.contains("pipewright launch"), "{err}");
     let other = dir.path().join("other");
     // A different schedule makes a different compile.
     ok(pw().args(["compile", model().to_str().unwrap(), "--stages", "2", "--schedule", "gpipe", "-o"]).arg(&other).output().unwrap(), "compile");

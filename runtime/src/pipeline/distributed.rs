@@ -188,6 +188,15 @@ impl MpiJob {
     /// This rank's link to the others, for a job of `layout`'s shape; no wait lasts longer
     /// than `timeout`.
     pub fn transport(&self, layout: Layout, timeout: Duration) -> Result<Mpi, String> {
+        if self.size() == 1 && layout.size() > 1 {
+            return Err(format!(
+                "this process is a job of one rank, but the pipeline has {} ({} stages x {} replicas): start it under an MPI launcher (`pipewright launch BUILD -- OPTIONS`, or `mpirun -np {} pipewright worker BUILD OPTIONS`)",
+                layout.size(),
+                layout.depth,
+                layout.replicas,
+                layout.size()
+            ));
+        }
         if layout.size() != self.size() {
             return Err(format!(
                 "the launcher started {} processes but the job has {} ({} stages x {} replicas)",
