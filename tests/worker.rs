@@ -405,3 +405,22 @@ fn tied_weights_over_two_replicas_match_the_embedded_executor() {
     assert_eq!(one.losses, job.losses);
     assert!(one.weights == job.weights, "tied weights over MPI must equal the embedded executor's");
 }
+
+/// A neighbour that is alive (its heartbeat goes on) but sends nothing: the wait ends after
+/// `--timeout` with an error naming what was awaited, and the job stops.
+#[test]
+fn a_wait_longer_than_the_timeout_stops_the_job_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let build = dir.path().join("build");
+    compile(&build, 2, "flush", false);
+    // A heartbeat timeout far above --timeout: the frozen rank is caught by the wait's deadline.
+    let job = long_job(&build, &["--timeout", "3", "--heartbeat-timeout", "120"]);
+    let pids = job.pids.clone();
+    assert!(Command::new("kill").args(["-STOP", &pids[1].to_string()]).status().unwrap().success());
+    let (success, seen, took) = job.end(Duration::from_secs(60));
+    assert!(!success, "{seen}");
+    assert!(took < Duration::from_secs(30), "took {took:?}:\n{seen}");
+    assert!(seen.contains("error: rank 0 (stage 0, replica 0): stage 0: waited 3 s (--timeout) for microbatch"), "{seen}");
+    assert!(seen.contains("from rank 1 (stage 1, replica 0), which sent nothing"), "{seen}");
+    assert!(pids.iter().all(|&p| gone(p)), "every rank must have ended: {pids:?}");
+}
