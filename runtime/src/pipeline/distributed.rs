@@ -31,7 +31,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ::mpi::environment::Universe;
-use ::mpi::point_to_point::{Destination, MatchedReceiveVec, Source};
+use ::mpi::datatype::Equivalence;
+use ::mpi::point_to_point::{Destination, Message, Source, Status};
 use ::mpi::request::{Request, StaticScope};
 use ::mpi::topology::{Communicator, SimpleCommunicator};
 use ::mpi::traits::CommunicatorCollectives;
@@ -241,7 +242,7 @@ impl MpiJob {
         let last = world.immediate_barrier();
         let _ = last.wait();
         while let Some(m) = world.any_process().immediate_matched_probe_with_tag(HEARTBEAT) {
-            let _: (Vec<u8>, _) = m.matched_receive_vec();
+            receive_bytes(m);
         }
         drop(self.universe.take());
         Ok(())
@@ -284,6 +285,17 @@ impl Backoff {
     }
 }
 
+/// Receives a probed message into a byte buffer. (rsmpi's `matched_receive_vec` builds
+/// its buffer element by element in code generic over the element type, which compiles
+/// in the calling crate: unoptimised in debug builds, it made large messages slow.)
+fn receive_bytes(probed: (Message, Status)) -> Vec<u8> {
+    let (message, status) = probed;
+    let count = usize::try_from(status.count(u8::equivalent_datatype())).unwrap_or(0);
+    let mut buf = vec![0u8; count];
+    message.matched_receive_into(&mut buf[..]);
+    buf
+}
+
 /// The heartbeat thread: beats to the ring neighbours, watches theirs, and stops the job
 /// when one stays silent for `timeout`.
 fn heartbeat(shared: Arc<Shared>, timeout: Duration) {
@@ -310,8 +322,9 @@ fn heartbeat(shared: Arc<Shared>, timeout: Duration) {
         }
         pending = pending.into_iter().filter_map(|r| r.test().err()).collect();
         while let Some(m) = world.any_process().immediate_matched_probe_with_tag(HEARTBEAT) {
-            let (_, status): (Vec<u8>, _) = m.matched_receive_vec();
-            seen.insert(status.source_rank() as usize, Instant::now());
+            let from = m.1.source_rank() as usize;
+            receive_bytes(m);
+            seen.insert(from, Instant::now());
         }
         for (&p, &at) in &seen {
             if at.elapsed() > timeout {
@@ -430,7 +443,7 @@ impl Mpi {
         let mut pause = Backoff::new();
         loop {
             if let Some(m) = process.immediate_matched_probe_with_tag(tag) {
-                let (bytes, _) = m.matched_receive_vec::<u8>();
+                let bytes = receive_bytes(m);
                 self.shared.set_waiting(None);
                 self.reap();
                 return Ok(bytes);
