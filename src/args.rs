@@ -335,19 +335,36 @@ fn parse_size(text: &str) -> Result<u64, String> {
 pub struct WorkerArgs {
     #[command(flatten)]
     pub train: TrainArgs,
-    /// This worker's rank, `replica * stages + stage`. Default: the MPI launcher's
-    /// (OMPI_COMM_WORLD_RANK, PMI_RANK or PMIX_RANK), else a stage executable's own stage.
-    #[arg(long)]
-    pub rank: Option<usize>,
-    /// `host:port` where rank 0 listens and every worker registers.
-    #[arg(long, default_value = "127.0.0.1:29500")]
-    pub rendezvous: String,
-    /// Seconds to wait for the other workers.
-    #[arg(long, default_value_t = 120)]
-    pub wait: u64,
+    /// Seconds a neighbouring rank may send no heartbeat before the job is stopped as
+    /// frozen or gone (heartbeats go every second from a thread of their own, so a long
+    /// computation never counts).
+    #[arg(long, value_name = "SECS", default_value_t = 10)]
+    pub heartbeat_timeout: u64,
     /// Save this stage's trained weights (safetensors) here.
     #[arg(long)]
     pub save: Option<PathBuf>,
+}
+
+#[derive(clap::Args)]
+pub struct LaunchArgs {
+    /// The build folder written by `pipewright compile`.
+    pub build: PathBuf,
+    /// Ranks to start (default: stages x replicas, which it must equal).
+    #[arg(long)]
+    pub np: Option<usize>,
+    /// An Open MPI hostfile (hosts and slots) for a job over several machines.
+    #[arg(long)]
+    pub hostfile: Option<PathBuf>,
+    /// Run the build's stage executables (MPMD; `compile --executables`) instead of
+    /// `pipewright worker` on every rank (SPMD).
+    #[arg(long)]
+    pub executables: bool,
+    /// Print the mpirun line instead of running it.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// The worker options, after `--`, given to every rank (`-- --steps 100 --data d.npz`).
+    #[arg(last = true)]
+    pub worker_args: Vec<String>,
 }
 
 /// The stage executable's command line: the worker options, the build folder being the
@@ -402,13 +419,7 @@ mod requests {
 
     impl super::WorkerArgs {
         pub fn request(&self) -> anyhow::Result<WorkerRequest> {
-            Ok(WorkerRequest {
-                train: self.train.request()?,
-                rank: self.rank,
-                rendezvous: self.rendezvous.clone(),
-                wait: std::time::Duration::from_secs(self.wait),
-                save: self.save.clone(),
-            })
+            Ok(WorkerRequest { train: self.train.request()?, save: self.save.clone() })
         }
     }
 }

@@ -22,7 +22,7 @@ use pipewright_runtime::timeline::{bubbles, events_in, read_chrome_trace, timeli
 use pipewright_core::units::human_bytes;
 use pipewright_synth::{GptShape, LayeredShape, Storage};
 
-use crate::args::{ClusterArgs, CompileArgs, ExportArgs, InspectArgs, PlanArgs, SynthArgs, SynthKind, TraceSvgArgs};
+use crate::args::{ClusterArgs, CompileArgs, ExportArgs, InspectArgs, LaunchArgs, PlanArgs, SynthArgs, SynthKind, TraceSvgArgs};
 
 pub fn inspect(args: &InspectArgs) -> Result<()> {
     if looks_like_module(&args.model) {
@@ -166,6 +166,29 @@ pub fn compile_command(args: &CompileArgs) -> Result<()> {
     let decision = compiled.decision.map(|d| d.text()).unwrap_or_default();
     println!("compiled {} into {} stage(s) in {}: {decision}", args.model.display(), manifest.stages.len(), args.output.display());
     Ok(())
+}
+
+pub fn launch(args: &LaunchArgs) -> Result<()> {
+    use pipewright_driver::launch::{mpirun_line, run_mpirun, shell_line, LaunchRequest};
+    let program = std::env::current_exe().map_err(|e| anyhow::anyhow!("cannot find this pipewright binary: {e}"))?;
+    let req = LaunchRequest {
+        build: args.build.clone(),
+        np: args.np,
+        hostfile: args.hostfile.clone(),
+        executables: args.executables,
+        program,
+        worker_args: args.worker_args.clone(),
+    };
+    let line = mpirun_line(&req)?;
+    if args.dry_run {
+        println!("{}", shell_line(&line));
+        return Ok(());
+    }
+    eprintln!("{}", shell_line(&line));
+    match run_mpirun(&line)? {
+        0 => Ok(()),
+        code => anyhow::bail!("the MPI job failed (mpirun exit status {code}; each rank's messages are above)"),
+    }
 }
 
 pub fn export(args: &ExportArgs) -> Result<()> {

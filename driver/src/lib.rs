@@ -4,6 +4,7 @@
 //! - [`compile`]: `plan` and `compile` — the pass pipeline from an ONNX file to a build
 //!   folder.
 //! - [`export`]: trained weights back into the source ONNX model.
+//! - [`launch`]: the `mpirun` line that starts a build as an MPI job.
 //! - With the `torch` feature: [`train`] (the embedded executor, and one stage as a worker
 //!   process), [`forward`] (whole-model runs, `run-forward`, `bench-step`),
 //!   [`conformance`] (the ONNX backend suite) and [`profile`] (per-node timings).
@@ -11,6 +12,7 @@
 pub mod compile;
 mod error;
 pub mod export;
+pub mod launch;
 pub mod rebatch;
 
 #[cfg(feature = "torch")]

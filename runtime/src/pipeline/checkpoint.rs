@@ -109,36 +109,88 @@ pub fn write_checkpoint(dir: &Path, ck: &Checkpoint) -> Result<PathBuf, Checkpoi
 
 fn write_into(tmp: &Path, ck: &Checkpoint) -> Result<(), CheckpointError> {
     std::fs::create_dir(tmp).map_err(|e| at(tmp, format!("cannot create: {e}")))?;
-    let (mut files, mut checksums, mut sizes) = (Vec::new(), Vec::new(), Vec::new());
+    let mut parts = Vec::new();
     for st in &ck.stages {
-        let file = format!("stage{}.safetensors", st.stage);
-        let bytes = encode_stage(st, ck.step).map_err(|m| at(&tmp.join(&file), m))?;
-        write_synced(&tmp.join(&file), &bytes)?;
-        files.push(file);
-        checksums.push(format!("{:08x}", crc32fast::hash(&bytes)));
-        sizes.push(bytes.len() as u64);
+        parts.push(write_part(tmp, st, ck.step)?);
     }
+    write_manifest(tmp, ck.step, ck.schedule, &ck.pipeline, &ck.config, parts)
+}
+
+/// One stage file of a checkpoint being written, as its manifest records it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StagePart {
+    pub file: String,
+    /// CRC-32 of the file's bytes, 8 hex digits.
+    pub checksum: String,
+    pub size: u64,
+}
+
+fn write_part(tmp: &Path, st: &StageState, step: u64) -> Result<StagePart, CheckpointError> {
+    let file = format!("stage{}.safetensors", st.stage);
+    let bytes = encode_stage(st, step).map_err(|m| at(&tmp.join(&file), m))?;
+    write_synced(&tmp.join(&file), &bytes)?;
+    Ok(StagePart { file, checksum: format!("{:08x}", crc32fast::hash(&bytes)), size: bytes.len() as u64 })
+}
+
+fn write_manifest(tmp: &Path, step: u64, schedule: Schedule, pipeline: &str, config: &BTreeMap<String, String>, parts: Vec<StagePart>) -> Result<(), CheckpointError> {
     let manifest = Manifest {
         format: FORMAT.into(),
         version: VERSION,
-        step: ck.step,
-        depth: ck.stages.len(),
-        schedule: ck.schedule,
-        pipeline: ck.pipeline.clone(),
-        stages: files,
-        checksums,
-        sizes,
-        config: ck.config.clone(),
+        step,
+        depth: parts.len(),
+        schedule,
+        pipeline: pipeline.to_string(),
+        checksums: parts.iter().map(|p| p.checksum.clone()).collect(),
+        sizes: parts.iter().map(|p| p.size).collect(),
+        stages: parts.into_iter().map(|p| p.file).collect(),
+        config: config.clone(),
     };
     let json = serde_json::to_vec_pretty(&manifest).map_err(|e| at(tmp, e.to_string()))?;
     write_synced(&tmp.join(MANIFEST), &json)
 }
 
-/// Removes the temporary folders (`.step-N.tmp-PID`) and set-aside older checkpoints
-/// (`step-N.old-PID`) of writers whose process is gone: a writer killed mid-checkpoint
-/// leaves them, and nothing else would. A live process's folders are left alone (another
-/// run may be writing into the same folder). Best effort: a folder that cannot be removed
-/// stays, as before.
+/// Multi-process checkpoints: the step's temporary folder, shared by every process of
+/// job `job` (the committing process's id, so that a later writer removes it only once
+/// that process is gone).
+pub fn part_dir(dir: &Path, step: u64, job: u32) -> PathBuf {
+    dir.join(format!(".{}.tmp-{job}", step_dir_name(step)))
+}
+
+/// Multi-process checkpoints: writes one stage's file into [`part_dir`] (each process its
+/// own stage); nothing is visible until [`commit_parts`].
+pub fn write_stage_part(dir: &Path, step: u64, job: u32, st: &StageState) -> Result<StagePart, CheckpointError> {
+    let tmp = part_dir(dir, step, job);
+    std::fs::create_dir_all(&tmp).map_err(|e| at(&tmp, format!("cannot create: {e}")))?;
+    write_part(&tmp, st, step)
+}
+
+/// Multi-process checkpoints: once every stage's part is written, writes the manifest and
+/// renames the folder into place (the one atomic commit), returning it. `parts` in stage
+/// order.
+pub fn commit_parts(
+    dir: &Path,
+    step: u64,
+    job: u32,
+    schedule: Schedule,
+    pipeline: &str,
+    config: &BTreeMap<String, String>,
+    parts: Vec<StagePart>,
+) -> Result<PathBuf, CheckpointError> {
+    let tmp = part_dir(dir, step, job);
+    let name = step_dir_name(step);
+    let result = write_manifest(&tmp, step, schedule, pipeline, config, parts).and_then(|()| publish(&tmp, &dir.join(&name)));
+    if result.is_err() {
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
+    remove_stale(dir);
+    result.map(|()| dir.join(name))
+}
+
+/// Multi-process checkpoints: gives up a step whose parts could not all be written.
+pub fn discard_parts(dir: &Path, step: u64, job: u32) {
+    let _ = std::fs::remove_dir_all(part_dir(dir, step, job));
+}
+
 pub fn remove_stale(dir: &Path) {
     let Ok(entries) = std::fs::read_dir(dir) else { return };
     for e in entries.flatten() {

@@ -2,14 +2,13 @@
 //! GPipe, PipeDream-Flush or PipeDream-2BW (see `shared/design/2bw.md`).
 
 mod checkpoint;
-mod launcher;
+mod distributed;
 mod memory;
 mod optim;
 mod pieces;
 mod precision;
 mod schedule;
 mod stage;
-mod tcp;
 mod trace;
 mod transport;
 
@@ -26,9 +25,8 @@ pub use optim::{LrSchedule, OptimizerConfig};
 pub use precision::{compute_kind, LossScaler, Precision};
 pub use schedule::{stage_ops, stage_ops_from, Op};
 pub use checkpoint::{decode_checkpoint, decode_stage, read_checkpoint, step_dir_name, write_checkpoint, Checkpoint, CheckpointError, StageState};
-pub use launcher::{launcher_rank, launcher_size};
+pub use distributed::{batch_fingerprint, Layout, Mpi, MpiJob, DEFAULT_HEARTBEAT_TIMEOUT, HEARTBEAT_PERIOD};
 pub use memory::{bytes_of, StageMemory};
-pub use tcp::{Tcp, TcpOptions};
 pub use transport::{InProcess, Named, Transport};
 
 use crate::module::StageModule;
@@ -309,39 +307,46 @@ fn check_stages(stages: &[StageModule], resume: Option<&Checkpoint>, cfg: &Train
         return Err(PipelineError::Config("checkpoints need a folder (checkpoint_dir)".into()));
     }
     if let Some(ck) = resume {
-        if ck.stages.len() != d {
-            return Err(PipelineError::Config(format!("the checkpoint holds {} stages, the pipeline has {d}", ck.stages.len())));
-        }
-        if ck.pipeline != stages[0].program.pipeline {
-            return Err(PipelineError::Config(format!(
-                "the checkpoint was written for pipeline {:?}, these modules are pipeline {:?}",
-                ck.pipeline, stages[0].program.pipeline
-            )));
-        }
-        let sched = stages[0].header.params.schedule;
-        if ck.schedule != sched {
-            return Err(PipelineError::Config(format!("the checkpoint was written under schedule {}, the modules use {sched}", ck.schedule)));
-        }
-        if ck.step > cfg.steps as u64 {
-            return Err(PipelineError::Config(format!("the checkpoint is at step {}, beyond the {} steps asked for", ck.step, cfg.steps)));
-        }
-        // A resumed run reaches the uninterrupted run's weights only under the same
-        // settings; a silently different rate or seed would train something else.
-        let now = run_record(cfg);
-        let differ: Vec<String> = now
-            .iter()
-            .filter_map(|(k, v)| match ck.config.get(k) {
-                Some(was) if was != v => Some(format!("{k} {was} (checkpoint) -> {v} (this run)")),
-                None => Some(format!("{k} unrecorded (checkpoint) -> {v} (this run)")),
-                _ => None,
-            })
-            .collect();
-        if !differ.is_empty() && !cfg.force_resume {
-            return Err(PipelineError::Config(format!(
-                "this run differs from the one that wrote the checkpoint: {}; give the same options, or --force to continue anyway",
-                differ.join(", ")
-            )));
-        }
+        check_resume(ck, d, &stages[0].program.pipeline, stages[0].header.params.schedule, cfg)?;
+    }
+    Ok(())
+}
+
+/// Whether checkpoint `ck` can continue a run of `depth` stages of compile `pipeline`
+/// under `schedule` and `cfg`'s settings (the same settings as the run that wrote it,
+/// unless `cfg.force_resume`).
+pub fn check_resume(ck: &Checkpoint, d: usize, pipeline: &str, schedule: Schedule, cfg: &TrainConfig) -> Result<(), PipelineError> {
+    if ck.stages.len() != d {
+        return Err(PipelineError::Config(format!("the checkpoint holds {} stages, the pipeline has {d}", ck.stages.len())));
+    }
+    if ck.pipeline != pipeline {
+        return Err(PipelineError::Config(format!(
+            "the checkpoint was written for pipeline {:?}, these modules are pipeline {:?}",
+            ck.pipeline, pipeline
+        )));
+    }
+    if ck.schedule != schedule {
+        return Err(PipelineError::Config(format!("the checkpoint was written under schedule {}, the modules use {schedule}", ck.schedule)));
+    }
+    if ck.step > cfg.steps as u64 {
+        return Err(PipelineError::Config(format!("the checkpoint is at step {}, beyond the {} steps asked for", ck.step, cfg.steps)));
+    }
+    // A resumed run reaches the uninterrupted run's weights only under the same
+    // settings; a silently different rate or seed would train something else.
+    let now = run_record(cfg);
+    let differ: Vec<String> = now
+        .iter()
+        .filter_map(|(k, v)| match ck.config.get(k) {
+            Some(was) if was != v => Some(format!("{k} {was} (checkpoint) -> {v} (this run)")),
+            None => Some(format!("{k} unrecorded (checkpoint) -> {v} (this run)")),
+            _ => None,
+        })
+        .collect();
+    if !differ.is_empty() && !cfg.force_resume {
+        return Err(PipelineError::Config(format!(
+            "this run differs from the one that wrote the checkpoint: {}; give the same options, or --force to continue anyway",
+            differ.join(", ")
+        )));
     }
     Ok(())
 }
@@ -574,23 +579,40 @@ pub fn boundary_names(module: &StageModule, loss: &Objective) -> Result<(Vec<Str
     Ok((p.inputs[..spec.n_recv].iter().map(name).collect(), p.outputs[..spec.n_send].iter().map(name).collect()))
 }
 
+/// What a worker process does with what its stage reports.
+pub struct WorkerHooks<'a> {
+    /// Called on the last stage after each step.
+    pub on_step: &'a mut dyn FnMut(StepReport),
+    /// Replica 0, with `TrainConfig::checkpoint_every`: this stage's state after `step`
+    /// batches, to be written; returns the folder of the checkpoint where this process
+    /// committed it (e.g. [`Mpi::checkpoint`]).
+    pub on_checkpoint: &'a mut dyn FnMut(u64, StageState) -> Result<Option<PathBuf>, String>,
+}
+
 /// Runs one stage of one replica in this process, linked to the other workers by
-/// `transport` (e.g. [`Tcp`]): the same worker the embedded executor runs per thread.
-/// `data` yields whole batches (`replicas * m` microbatches, from the first step on);
-/// this worker takes its replica's share. The report holds this stage only (index 0);
-/// `on_step` is called on the last stage.
+/// `transport` (e.g. [`Mpi`]): the same worker the embedded executor runs per thread.
+/// `data` yields whole batches (`replicas * m` microbatches, from the first step on, or
+/// from `resume`'s step on); this worker takes its replica's share. `resume`: the step
+/// to continue after and this stage's saved state ([`check_resume`] the checkpoint
+/// first). The report holds this stage only (index 0).
+#[allow(clippy::too_many_arguments)]
 pub fn run_worker(
     module: StageModule,
     cfg: &TrainConfig,
     replica: usize,
     transport: Box<dyn Transport>,
     data: Box<dyn Iterator<Item = Vec<Microbatch>> + Send>,
-    on_step: &mut dyn FnMut(StepReport),
+    resume: Option<(u64, StageState)>,
+    hooks: WorkerHooks<'_>,
 ) -> Result<TrainReport, PipelineError> {
     let (k, d, w) = (module.header.params.stage as usize, module.header.params.depth as usize, cfg.replicas.max(1));
-    if cfg.checkpoint_every.is_some() {
-        return Err(PipelineError::Config("checkpoints are written by the embedded executor only (pipewright train)".into()));
+    if cfg.checkpoint_every.is_some() && cfg.checkpoint_dir.is_none() {
+        return Err(PipelineError::Config("checkpoints need a folder (checkpoint_dir)".into()));
     }
+    let (start, saved) = match resume {
+        Some((step, state)) => (step as usize, Some(state)),
+        None => (0, None),
+    };
     if replica >= w {
         return Err(PipelineError::Config(format!("replica {replica} of {w}")));
     }
@@ -598,10 +620,10 @@ pub fn run_worker(
     let mut data = data;
     let first = data.next().ok_or_else(|| PipelineError::Data("the data iterator is empty".into()))?;
     if first.is_empty() || first.len() % w != 0 {
-        return Err(PipelineError::Data(format!("batch 0 has {} microbatches, which {w} replica(s) cannot share evenly", first.len())));
+        return Err(PipelineError::Data(format!("batch {start} has {} microbatches, which {w} replica(s) cannot share evenly", first.len())));
     }
     let m = first.len() / w;
-    let ops = stage_ops_from(cfg.schedule, k, d, m, 0, cfg.steps).map_err(PipelineError::Config)?;
+    let ops = stage_ops_from(cfg.schedule, k, d, m, start, cfg.steps).map_err(PipelineError::Config)?;
     // Only this worker's data channel exists; the feeder skips the others.
     let mut txs: Vec<Vec<Option<mpsc::SyncSender<StageData>>>> = (0..w).map(|_| (0..d).map(|_| None).collect()).collect();
     let rx = if spec.needs_data {
@@ -615,7 +637,7 @@ pub fn run_worker(
     input_names[k] = spec.graph_input_names.clone();
     let (err_tx, err_rx) = mpsc::channel::<PipelineError>();
     let steps = cfg.steps;
-    let feeder = std::thread::spawn(move || feed(std::iter::once(first).chain(data), 0, steps, m, txs, input_names, err_tx));
+    let feeder = std::thread::spawn(move || feed(std::iter::once(first).chain(data), start, steps, m, txs, input_names, err_tx));
     let (ev_tx, ev_rx) = mpsc::channel::<Event>();
     let mut placed = cfg.clone();
     placed.device = cfg.worker_device(k, replica, d);
@@ -630,16 +652,27 @@ pub fn run_worker(
         transport,
         events: ev_tx,
         epoch: cfg.trace.then(Instant::now),
-        start_step: 0,
-        resume: None,
+        start_step: start as u64,
+        resume: saved,
     };
     let h = std::thread::Builder::new()
         .name(format!("pipewright-r{replica}-stage{k}"))
         .spawn(move || stage::run(args))
         .map_err(|e| PipelineError::Stage { stage: k, message: format!("cannot spawn thread: {e}") })?;
+    let WorkerHooks { on_step, on_checkpoint } = hooks;
     let mut sink = EventSink::new(1, 1, cfg, module.program.pipeline.clone(), module.header.params.schedule, on_step);
+    let (mut written, mut checkpoint_error) = (Vec::new(), None);
     for ev in ev_rx {
-        sink.handle(ev);
+        match ev {
+            Event::Checkpoint { step, state } => match on_checkpoint(step, state) {
+                Ok(dir) => written.extend(dir),
+                // As in the embedded executor: training goes on, the run fails at its end.
+                Err(e) => {
+                    checkpoint_error.get_or_insert(e);
+                }
+            },
+            ev => sink.handle(ev),
+        }
     }
     let losses = sink.losses;
     let out = h.join().map_err(|_| PipelineError::Stage { stage: k, message: "worker thread panicked".into() })?;
@@ -653,8 +686,12 @@ pub fn run_worker(
             return Err(f.error);
         }
     };
+    if let Some(e) = checkpoint_error {
+        return Err(PipelineError::Stage { stage: k, message: e });
+    }
     let mut report = empty_report(1);
     report.losses = losses;
+    report.checkpoints = written;
     report.weights = vec![out.weights];
     report.buffers = vec![out.buffers];
     report.memory = vec![out.memory];
