@@ -30,6 +30,8 @@ use crate::exec::{tensor_from_bytes, tensor_to_bytes};
 use crate::kernel::ElemType;
 use crate::module::{dtype_of, elem_of_dtype};
 
+use super::precision::LossScaler;
+
 /// One stage's training state after `step` batches.
 #[derive(Debug)]
 pub struct StageState {
@@ -43,6 +45,11 @@ pub struct StageState {
     pub opt_v: Vec<(String, Tensor)>,
     /// Running statistics (non-trainable tensors training updates).
     pub buffers: Vec<(String, Tensor)>,
+    /// fp16's dynamic loss scale as of the end of the step (equal in every stage); `None`
+    /// in other precisions.
+    pub loss_scale: Option<LossScaler>,
+    /// Steps skipped in a row so far (`--on-nonfinite skip`, fp16 overflows).
+    pub skips_in_a_row: usize,
 }
 
 /// The whole pipeline's state after `step` batches.
@@ -251,10 +258,18 @@ fn encode_stage(st: &StageState, step: u64) -> Result<Vec<u8>, String> {
         .iter()
         .map(|(n, e, d, b)| TensorView::new(dtype_of(*e), d.clone(), b).map(|v| (n.clone(), v)).map_err(|e| format!("tensor {n:?}: {e:?}")))
         .collect::<Result<Vec<_>, _>>()?;
-    let meta: HashMap<String, String> =
+    let mut meta: HashMap<String, String> =
         [("stage".to_string(), st.stage.to_string()), ("step".into(), step.to_string()), ("opt_steps".into(), st.opt_steps.to_string())]
             .into_iter()
             .collect();
+    meta.insert("skips_in_a_row".into(), st.skips_in_a_row.to_string());
+    if let Some(s) = &st.loss_scale {
+        // `{}` prints an f64 that parses back to the same bits.
+        meta.insert("loss_scale".into(), s.scale.to_string());
+        meta.insert("loss_scale_growth_interval".into(), s.growth_interval.to_string());
+        meta.insert("loss_scale_good_steps".into(), s.good_steps.to_string());
+        meta.insert("loss_scale_skipped".into(), s.skipped.to_string());
+    }
     safetensors::serialize(views, &Some(meta)).map_err(|e| format!("{e:?}"))
 }
 
@@ -325,6 +340,23 @@ fn newest_step_dir(parent: &Path) -> Result<PathBuf, CheckpointError> {
     best.map(|(_, p)| p).ok_or_else(|| at(parent, "no checkpoint here (expected checkpoint.json or step-NNNNNN folders)"))
 }
 
+/// fp16's loss scale from a stage file's metadata: absent when the run was not fp16 (or
+/// the file predates it), an error when present but unreadable.
+fn decode_loss_scale(meta: &HashMap<String, String>) -> Result<Option<LossScaler>, String> {
+    let Some(scale) = meta.get("loss_scale") else { return Ok(None) };
+    let scale = scale.parse::<f64>().ok().filter(|s| s.is_finite() && *s >= 1.0).ok_or_else(|| format!("metadata loss_scale {scale:?} is not a scale of at least 1"))?;
+    let num = |key: &str| -> Result<u64, String> {
+        let v = meta.get(key).ok_or_else(|| format!("metadata has loss_scale but lacks {key:?}"))?;
+        v.parse::<u64>().map_err(|_| format!("metadata {key} {v:?} is not a count"))
+    };
+    let growth = u32::try_from(num("loss_scale_growth_interval")?).map_err(|_| "metadata loss_scale_growth_interval is too large".to_string())?;
+    let good = u32::try_from(num("loss_scale_good_steps")?).map_err(|_| "metadata loss_scale_good_steps is too large".to_string())?;
+    let mut s = LossScaler::with(scale, growth);
+    s.good_steps = good;
+    s.skipped = num("loss_scale_skipped")?;
+    Ok(Some(s))
+}
+
 /// Decodes one stage file of a checkpoint, which must hold stage `k`: the stage's state
 /// and the step its file records. Errors do not name the file (the caller does).
 pub fn decode_stage(bytes: &[u8], k: usize) -> Result<(StageState, u64), String> {
@@ -344,6 +376,9 @@ pub fn decode_stage(bytes: &[u8], k: usize) -> Result<(StageState, u64), String>
         opt_m: Vec::new(),
         opt_v: Vec::new(),
         buffers: Vec::new(),
+        loss_scale: decode_loss_scale(&meta)?,
+        // Absent in files written before it was recorded: the count starts again.
+        skips_in_a_row: meta.get("skips_in_a_row").map(|v| v.parse::<usize>().map_err(|_| format!("metadata skips_in_a_row {v:?} is not a count"))).transpose()?.unwrap_or(0),
     };
     let mut names: Vec<String> = st.names().into_iter().cloned().collect();
     names.sort();

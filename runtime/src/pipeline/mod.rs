@@ -746,6 +746,8 @@ fn copy_state(s: &StageState) -> StageState {
         opt_m: c(&s.opt_m),
         opt_v: c(&s.opt_v),
         buffers: c(&s.buffers),
+        loss_scale: s.loss_scale.clone(),
+        skips_in_a_row: s.skips_in_a_row,
     }
 }
 

@@ -461,6 +461,13 @@ impl Worker {
             st.versions.insert(ctx.start_step - 1, shadow);
         }
         st.opt.restore(saved.opt_steps, &self.param_names, &params, &saved.opt_m, &saved.opt_v).map_err(bad)?;
+        // fp16 continues from the saved scale (a fresh 2^16 would change every later step);
+        // a checkpoint without one (written in another precision, resumed with --force)
+        // keeps the configured start.
+        if let (Some(scaler), Some(saved_scale)) = (self.scaler.as_mut(), saved.loss_scale) {
+            *scaler = saved_scale;
+        }
+        st.skips_in_a_row = saved.skips_in_a_row;
         let p = &self.spec.program;
         for (name, t) in saved.buffers {
             let i = self.constants.iter().position(|(s, _)| p.slots[s.index()].name == name).ok_or_else(|| bad(format!("buf/{name}: no such tensor in this stage")))?;
@@ -795,7 +802,17 @@ impl Worker {
         let (opt_steps, opt_m, opt_v) = st.opt.export(&self.param_names);
         let stats = st.stats_at_batch_end.get(&t).map(|v| v.iter().map(|x| x.shallow_clone()).collect()).unwrap_or_else(|| self.bn_stat_tensors());
         let buffers = self.bn_stat_names().into_iter().zip(stats).collect();
-        Ok(StageState { stage: self.spec.index, newest: named(newest), shadow, opt_steps, opt_m, opt_v, buffers })
+        Ok(StageState {
+            stage: self.spec.index,
+            newest: named(newest),
+            shadow,
+            opt_steps,
+            opt_m,
+            opt_v,
+            buffers,
+            loss_scale: self.scaler.clone(),
+            skips_in_a_row: st.skips_in_a_row,
+        })
     }
 
     fn bn_stat_tensors(&self) -> Vec<Tensor> {
