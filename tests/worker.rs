@@ -152,7 +152,14 @@ fn four_stages_and_two_stages_by_two_replicas_train_like_the_embedded_executor()
     let dir = tempfile::tempdir().unwrap();
     let four = dir.path().join("four");
     compile(&four, 4, "2bw", false);
-    same(&embedded(&four, &[]), &launched(&four, false, &[]), "2bw, 4 ranks = 4 stages");
+    let trace = dir.path().join("t.json");
+    same(&embedded(&four, &[]), &launched(&four, false, &["--trace", trace.to_str().unwrap()]), "2bw, 4 ranks = 4 stages");
+    // Each rank traces its own stage into its own file.
+    for r in 0..4 {
+        let t = dir.path().join(format!("t.rank{r}.json"));
+        let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&t).unwrap_or_else(|e| panic!("{}: {e}", t.display()))).unwrap();
+        assert!(v.to_string().contains("forward"), "{}", t.display());
+    }
     let two = dir.path().join("two");
     compile(&two, 2, "flush", false);
     same(&embedded(&two, &["--replicas", "2"]), &launched(&two, false, &["--replicas", "2"]), "flush, 4 ranks = 2 stages x 2 replicas");
