@@ -229,7 +229,7 @@ pub(crate) struct StageData {
 }
 
 pub(crate) enum Event {
-    Step { step: usize, loss: f64, samples: usize, skipped: bool },
+    Step { step: usize, replica: usize, loss: f64, samples: usize, skipped: bool },
     Checkpoint { step: u64, state: StageState },
 }
 
@@ -671,7 +671,8 @@ pub fn run_worker(
                     checkpoint_error.get_or_insert(e);
                 }
             },
-            ev => sink.handle(ev),
+            // This process's sink sees one replica, whichever it is.
+            Event::Step { step, loss, samples, skipped, .. } => sink.handle(Event::Step { step, replica: 0, loss, samples, skipped }),
         }
     }
     let losses = sink.losses;
@@ -763,7 +764,9 @@ struct EventSink<'a> {
     /// The run's settings, bound into every checkpoint ([`run_record`]).
     record: BTreeMap<String, String>,
     on_step: &'a mut dyn FnMut(StepReport),
-    pending_steps: std::collections::BTreeMap<usize, (usize, f64, usize, bool)>,
+    /// Per step not yet reported: each replica's loss (summed in replica order, so the
+    /// reported loss does not depend on which replica finished first), samples, skipped.
+    pending_steps: std::collections::BTreeMap<usize, (Vec<Option<f64>>, usize, bool)>,
     pending_ckpt: std::collections::BTreeMap<u64, Vec<StageState>>,
     last: Instant,
     losses: Vec<f64>,
@@ -792,13 +795,18 @@ impl<'a> EventSink<'a> {
 
     fn handle(&mut self, ev: Event) {
         match ev {
-            Event::Step { step, loss, samples, skipped } => {
-                let e = self.pending_steps.entry(step).or_insert((0, 0.0, 0, false));
-                *e = (e.0 + 1, e.1 + loss, e.2 + samples, e.3 || skipped);
-                if e.0 == self.w {
-                    let (_, sum, samples, skipped) = self.pending_steps.remove(&step).unwrap_or_default();
+            Event::Step { step, replica, loss, samples, skipped } => {
+                let w = self.w;
+                let e = self.pending_steps.entry(step).or_insert_with(|| (vec![None; w], 0, false));
+                if let Some(slot) = e.0.get_mut(replica) {
+                    *slot = Some(loss);
+                }
+                e.1 += samples;
+                e.2 |= skipped;
+                if e.0.iter().all(Option::is_some) {
+                    let (losses, samples, skipped) = self.pending_steps.remove(&step).unwrap_or_default();
                     let now = Instant::now();
-                    let loss = sum / self.w as f64;
+                    let loss = losses.iter().flatten().sum::<f64>() / self.w as f64;
                     self.losses.push(loss);
                     (self.on_step)(StepReport { step, loss, samples, seconds: now.duration_since(self.last).as_secs_f64(), skipped });
                     self.last = now;
@@ -822,6 +830,33 @@ impl<'a> EventSink<'a> {
         match write_checkpoint(dir, &ck) {
             Ok(p) => self.written.push(p),
             Err(e) => self.error = Some(e),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The reported loss of a step sums the replicas' losses in replica order, whatever
+    /// order they arrive in: with three replicas floating-point addition is not
+    /// associative, and an arrival-order sum made the reported loss vary between runs (and
+    /// differ from the multi-process job's, which sums in replica order).
+    #[test]
+    fn replica_losses_are_summed_in_replica_order() {
+        let losses = [1e16, 1.0, -1e16];
+        let want = (losses[0] + losses[1] + losses[2]) / 3.0;
+        for order in [[0, 1, 2], [2, 0, 1], [1, 2, 0], [2, 1, 0]] {
+            let cfg = TrainConfig::new(Schedule::TwoBw, Objective::new(Loss::Mse, "y"), 0.1, 1);
+            let mut seen = Vec::new();
+            let mut on_step = |s: StepReport| seen.push(s.loss);
+            let mut sink = EventSink::new(1, 3, &cfg, "p".into(), Schedule::TwoBw, &mut on_step);
+            for r in order {
+                sink.handle(Event::Step { step: 0, replica: r, loss: losses[r], samples: 1, skipped: false });
+            }
+            drop(sink);
+            assert_eq!(seen.len(), 1, "{order:?}");
+            assert_eq!(seen[0].to_bits(), want.to_bits(), "{order:?}: {} vs {want}", seen[0]);
         }
     }
 }

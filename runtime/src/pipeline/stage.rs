@@ -702,7 +702,7 @@ impl Worker {
         drop(grads);
         rec.record(TraceKind::Optimizer, t0, None, t + 1, t);
         if self.spec.loss.is_some() {
-            let _ = events.send(Event::Step { step: t as usize, loss: st.batch_loss / m as f64, samples: st.batch_samples, skipped: !apply });
+            let _ = events.send(Event::Step { step: t as usize, replica: ctx.replica, loss: st.batch_loss / m as f64, samples: st.batch_samples, skipped: !apply });
         }
         st.batch_loss = 0.0;
         st.batch_samples = 0;
