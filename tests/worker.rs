@@ -160,9 +160,17 @@ fn four_stages_and_two_stages_by_two_replicas_train_like_the_embedded_executor()
         let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&t).unwrap_or_else(|e| panic!("{}: {e}", t.display()))).unwrap();
         assert!(v.to_string().contains("forward"), "{}", t.display());
     }
-    let two = dir.path().join("two");
-    compile(&two, 2, "flush", false);
-    same(&embedded(&two, &["--replicas", "2"]), &launched(&two, false, &["--replicas", "2"]), "flush, 4 ranks = 2 stages x 2 replicas");
+    // Every schedule, both 4-rank shapes (the 2BW 4-stage case is above).
+    for schedule in ["2bw", "flush", "gpipe"] {
+        if schedule != "2bw" {
+            let four = dir.path().join(format!("four-{schedule}"));
+            compile(&four, 4, schedule, false);
+            same(&embedded(&four, &[]), &launched(&four, false, &[]), &format!("{schedule}, 4 ranks = 4 stages"));
+        }
+        let two = dir.path().join(format!("two-{schedule}"));
+        compile(&two, 2, schedule, false);
+        same(&embedded(&two, &["--replicas", "2"]), &launched(&two, false, &["--replicas", "2"]), &format!("{schedule}, 4 ranks = 2 stages x 2 replicas"));
+    }
 }
 
 #[test]
