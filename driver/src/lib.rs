@@ -4,6 +4,7 @@
 //! - [`compile`]: `plan` and `compile` — the pass pipeline from an ONNX file to a build
 //!   folder.
 //! - [`export`]: trained weights back into the source ONNX model.
+//! - [`simulate`]: `simulate` — plans for a cluster and replays each scheme event by event.
 //! - With the `torch` feature: [`train`] (the embedded executor, and one stage as a worker
 //!   process), [`forward`] (whole-model runs, `run-forward`, `bench-step`),
 //!   [`conformance`] (the ONNX backend suite) and [`profile`] (per-node timings).
@@ -11,6 +12,7 @@
 pub mod compile;
 mod error;
 pub mod export;
+pub mod simulate;
 
 #[cfg(feature = "torch")]
 pub mod conformance;

@@ -468,6 +468,63 @@ impl<'a> PlanContext<'a> {
         }
     }
 
+    /// What [`crate::simulate`] replays per stage of `cand`'s cuts at its microbatch:
+    /// forward, backward and recomputed seconds (as [`PlanContext::problem`] counts them),
+    /// the optimizer's seconds (reading weights, gradient and state and writing weights and
+    /// state at the memory bandwidth), the bytes crossing the stage's last cut, the
+    /// gradient bytes its replicas all-reduce, the tied-weight sync, and memory as a
+    /// function of the microbatches in flight (linear in them, from the planner's model).
+    pub fn stage_costs(&mut self, cand: &Candidate, opts: &PlanOptions) -> Vec<crate::simulate::StageCost> {
+        let (d, b) = (cand.d, cand.b);
+        let pbw = self.cluster.pipeline_bw(d);
+        let (extra_bytes, _, sync) = self.shared_extra(&cand.cuts, pbw);
+        let state = opts.optimizer.state_tensors(opts.momentum);
+        let model = |k: f64| {
+            let base = memory_model(cand.schedule, cand.recompute, d, cand.m, state, opts.precision, f64::INFINITY);
+            let one = memory_model_of(cand.recompute, k, base.weight_factor, f64::INFINITY);
+            let ratio = opts.precision.compute_bytes() as f64 / 4.0;
+            MemoryModel { act_factor: one.act_factor * ratio, kept_factor: one.kept_factor * ratio, input_factor: one.input_factor * ratio, ..one }
+        };
+        let (m1, m2) = (model(1.0), model(2.0));
+        let prob = self.problem(b, cand.recompute, pbw);
+        let ranges = stage_ranges(&cand.cuts, prob.len());
+        let (_, mem1) = prob.evaluate(&cand.cuts, &m1);
+        let (_, mem2) = prob.evaluate(&cand.cuts, &m2);
+        let live: Vec<f64> = ranges.iter().map(|r| prob.live_bytes.get(r.end).copied().unwrap_or(0.0)).collect();
+        let params: Vec<f64> = ranges.iter().map(|r| prob.param_bytes[r.clone()].iter().sum::<f64>()).collect();
+        let (cost, order) = (self.cost, &self.order);
+        let kept = |x: NodeId| matches!(cost.class(x), OpClass::MatMul | OpClass::Conv);
+        let mut out = Vec::with_capacity(d);
+        for (s, r) in ranges.iter().enumerate() {
+            let (mut fwd, mut bwd, mut re) = (0.0, 0.0, 0.0);
+            for &x in &order.nodes[r.clone()] {
+                let (f, bw) = cost.time(x, b);
+                fwd += f;
+                bwd += bw;
+                re += match cand.recompute {
+                    Recompute::None => 0.0,
+                    Recompute::Full => (f + bw) / 3.0,
+                    Recompute::Selective if kept(x) => 0.0,
+                    Recompute::Selective => f,
+                };
+            }
+            let weights = params[s] + extra_bytes[s];
+            let extra = m1.weight_factor * extra_bytes[s];
+            out.push(crate::simulate::StageCost {
+                forward_s: fwd,
+                backward_s: bwd,
+                recompute_s: re,
+                optimizer_s: f64::from(3 + 2 * state) * weights / self.cluster.mem_bw,
+                send_bytes: if s + 1 < d { live[s] } else { 0.0 },
+                grad_bytes: weights,
+                tied_sync_s: sync[s],
+                memory_one: mem1[s] + extra,
+                memory_per_extra: mem2[s] - mem1[s],
+            });
+        }
+        out
+    }
+
     /// Extra weight bytes per stage from tied weights read outside their owner's stage,
     /// and the tied-gradient all-reduce seconds per stage.
     fn shared_extra(&self, cuts: &[usize], pipeline_bw: f64) -> (Vec<f64>, Vec<u64>, Vec<f64>) {
