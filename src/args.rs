@@ -135,12 +135,16 @@ pub struct PlanArgs {
     pub print_after: Option<PassName>,
 }
 
-/// `--schedule 2bw,flush` or `all` (every scheme, the baselines included).
-fn parse_schemes(s: &str) -> Result<Vec<Scheme>, String> {
+/// `--schedule 2bw,flush` or `all` (every scheme, the baselines included): one value, so
+/// that `all` can stand for the list.
+#[derive(Clone, Debug)]
+pub struct Schemes(pub Vec<Scheme>);
+
+fn parse_schemes(s: &str) -> Result<Schemes, String> {
     if s == "all" {
-        return Ok(Scheme::ALL.to_vec());
+        return Ok(Schemes(Scheme::ALL.to_vec()));
     }
-    s.split(',').map(|w| w.trim().parse::<Scheme>().map_err(|e| format!("{e}, or all"))).collect()
+    s.split(',').map(|w| w.trim().parse::<Scheme>().map_err(|e| format!("{e}, or all"))).collect::<Result<_, _>>().map(Schemes)
 }
 
 #[derive(clap::Args)]
@@ -171,7 +175,7 @@ pub struct SimulateArgs {
     /// Schemes to compare: 2bw, flush, gpipe, model-parallel, data-parallel (comma-separated),
     /// or all. Default: all for a model, the plan's schedule for a plan.
     #[arg(long, value_parser = parse_schemes)]
-    pub schedule: Option<Vec<Scheme>>,
+    pub schedule: Option<Schemes>,
     /// A profile from `pipewright profile`: measured node times instead of the roofline.
     #[arg(long)]
     pub profile: Option<PathBuf>,

@@ -152,7 +152,7 @@ pub fn simulate(args: &SimulateArgs) -> Result<()> {
     let profile = args.profile.as_deref().map(read_profile).transpose()?;
     let is_plan = args.input.extension().is_some_and(|e| e == "json");
     let schemes = match &args.schedule {
-        Some(s) => s.clone(),
+        Some(s) => s.0.clone(),
         None if is_plan => vec![PlanFile::read(&args.input)?.plan.chosen.schedule.into()],
         None => Scheme::ALL.to_vec(),
     };
