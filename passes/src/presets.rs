@@ -1,21 +1,19 @@
 //! Hardware for `pipewright simulate`: device and network presets (datasheet figures; the
 //! sources are listed in docs/simulator.md) and [`SimCluster`], a [`Cluster`] with the
-//! link latencies, the servers' shared network bandwidth and an achieved-efficiency
-//! factor the simulator also needs.
+//! link latencies and an achieved-efficiency factor the simulator also needs.
 //!
 //! # TOML (`simulate --cluster FILE`)
 //! The keys of [`Cluster::from_toml`], plus (all optional):
 //! ```toml
 //! intra_latency = "5us"      # per message inside a server
 //! inter_latency = "20us"     # per message between servers
-//! server_bw = "25Gbit/s"     # what all of a server's network links carry together
 //! efficiency = 0.5           # share of peak flop/s and memory bandwidth achieved
 //! ```
 
 use pipewright_core::Precision;
 use serde::Serialize;
 
-use crate::cluster::{parse_bandwidth, Cluster, ClusterError};
+use crate::cluster::{Cluster, ClusterError};
 use crate::simulate::Link;
 
 /// One accelerator's datasheet figures.
@@ -95,7 +93,8 @@ pub fn network(name: &str) -> Result<NetworkPreset, PresetError> {
     NETWORKS.iter().copied().find(|n| n.name.eq_ignore_ascii_case(name)).ok_or_else(|| PresetError::UnknownNetwork(name.to_string()))
 }
 
-/// What the simulator replays on: the planner's cluster and what it does not model.
+/// What the simulator replays on: the planner's cluster and the latencies and efficiency it
+/// does not model.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct SimCluster {
     /// The name it was made from (a preset, or the file).
@@ -104,8 +103,6 @@ pub struct SimCluster {
     pub cluster: Cluster,
     pub intra_latency_s: f64,
     pub inter_latency_s: f64,
-    /// Bytes/s all network links of one server carry together.
-    pub server_bw: f64,
     /// Share of the peak flop/s and memory bandwidth achieved (applied in `cluster`).
     pub efficiency: f64,
 }
@@ -138,13 +135,13 @@ impl SimCluster {
             workers_per_node: per_server,
             peak_flops: peak * efficiency,
             mem_bw: device.mem_bw * efficiency,
+            server_bw: Some(net.link_bw * f64::from(net.links)),
         };
         Ok(SimCluster {
             name: format!("{servers} x {per_server} {} ({}), {} {precision}, efficiency {efficiency}", device.name, net.name, if precision.is_mixed() { "tensor cores" } else { "no tensor cores" }),
             cluster,
             intra_latency_s: NVLINK_LATENCY_S,
             inter_latency_s: net.latency_s,
-            server_bw: net.link_bw * f64::from(net.links),
             efficiency,
         })
     }
@@ -167,13 +164,6 @@ impl SimCluster {
         };
         let intra = inner.remove("intra_latency").map(|v| seconds("intra_latency", v)).transpose()?;
         let inter = inner.remove("inter_latency").map(|v| seconds("inter_latency", v)).transpose()?;
-        let server_bw = match inner.remove("server_bw") {
-            Some(toml::Value::String(s)) => Some(parse_bandwidth(&s)?),
-            Some(toml::Value::Integer(i)) if i > 0 => Some(i as f64),
-            Some(toml::Value::Float(f)) if f > 0.0 && f.is_finite() => Some(f),
-            Some(_) => return Err(PresetError::Bad { key: "server_bw", why: "expected a positive bandwidth such as \"25Gbit/s\"".into() }),
-            None => None,
-        };
         let efficiency = match inner.remove("efficiency") {
             Some(toml::Value::Float(f)) => check_efficiency(f)?,
             Some(toml::Value::Integer(i)) => check_efficiency(i as f64)?,
@@ -185,7 +175,6 @@ impl SimCluster {
         cluster.mem_bw *= efficiency;
         Ok(SimCluster {
             name: name.to_string(),
-            server_bw: server_bw.unwrap_or(cluster.inter_bw),
             cluster,
             intra_latency_s: intra.unwrap_or(NVLINK_LATENCY_S),
             inter_latency_s: inter.unwrap_or(20e-6),
@@ -196,7 +185,7 @@ impl SimCluster {
     /// A cluster the planner was given (a plan file's), with the default latencies and one
     /// network link per server.
     pub fn from_cluster(name: &str, cluster: Cluster) -> SimCluster {
-        SimCluster { name: name.to_string(), server_bw: cluster.inter_bw, cluster, intra_latency_s: NVLINK_LATENCY_S, inter_latency_s: 20e-6, efficiency: 1.0 }
+        SimCluster { name: name.to_string(), cluster, intra_latency_s: NVLINK_LATENCY_S, inter_latency_s: 20e-6, efficiency: 1.0 }
     }
 
     fn server_of(&self, worker: usize) -> usize {
@@ -208,24 +197,22 @@ impl SimCluster {
     /// `s` and `s + 1`, since the replicas wait for each other at every update.
     pub fn pipeline_links(&self, w: usize, d: usize) -> Vec<Link> {
         let intra = Link { bandwidth: self.cluster.intra_bw, latency_s: self.intra_latency_s };
-        let inter = Link { bandwidth: self.cluster.inter_bw.min(self.server_bw), latency_s: self.inter_latency_s };
+        let inter = Link { bandwidth: self.cluster.inter_bw.min(self.cluster.server_bw.unwrap_or(f64::INFINITY)), latency_s: self.inter_latency_s };
         (0..d.saturating_sub(1))
             .map(|s| if (0..w).any(|r| self.server_of(r * d + s) != self.server_of(r * d + s + 1)) { inter } else { intra })
             .collect()
     }
 
     /// The link each stage's ring all-reduce among its `w` replicas runs over: NVLink when
-    /// they share a server; otherwise a network link, whose server's bandwidth is shared
-    /// by the rings of every stage the server holds (`min(d, workers per server)` of them,
-    /// all-reducing at about the same time).
+    /// they share a server; otherwise a network link at the planner's bandwidth
+    /// ([`Cluster::allreduce_bw`]: the server's network shared by the rings of every stage
+    /// it holds, when `server_bw` is known).
     pub fn allreduce_link(&self, w: usize, d: usize) -> Link {
-        let per_node = self.cluster.workers_per_node.max(1);
         let one_server = (0..d).all(|s| (0..w).all(|r| self.server_of(r * d + s) == self.server_of(s)));
         if one_server {
             return Link { bandwidth: self.cluster.intra_bw, latency_s: self.intra_latency_s };
         }
-        let rings = d.min(per_node).max(1) as f64;
-        Link { bandwidth: self.cluster.inter_bw.min(self.server_bw / rings), latency_s: self.inter_latency_s }
+        Link { bandwidth: self.cluster.allreduce_bw(w, d), latency_s: self.inter_latency_s }
     }
 }
 
@@ -283,7 +270,7 @@ mod tests {
         assert!(SimCluster::from_preset(DEVICES[0], NETWORKS[0], 1, 8, Precision::Fp32, 1.5).unwrap_err().to_string().starts_with("efficiency: 1.5"));
         let c = SimCluster::from_toml("c.toml", "workers = 16\nworkers_per_node = 8\ninter_latency = \"50us\"\nserver_bw = \"100Gbit/s\"\nefficiency = 0.5\npeak_flops = \"10T\"\n").unwrap();
         assert_eq!(c.inter_latency_s, 50e-6);
-        assert_eq!(c.server_bw, 12.5e9);
+        assert_eq!(c.cluster.server_bw, Some(12.5e9));
         assert_eq!(c.cluster.peak_flops, 5e12);
         assert!(matches!(SimCluster::from_toml("c.toml", "gpus = 3"), Err(PresetError::Cluster(ClusterError::UnknownKey(_)))));
         assert!(SimCluster::from_toml("c.toml", "intra_latency = \"soon\"").unwrap_err().to_string().starts_with("intra_latency: cannot parse \"soon\""));
