@@ -156,19 +156,20 @@ pub struct SimulateArgs {
     /// Needed for a model; a plan file brings its own.
     #[arg(long, value_name = "FILE|PRESET")]
     pub cluster: Option<String>,
-    /// Servers, with a device preset.
-    #[arg(long, default_value_t = 1)]
-    pub servers: usize,
-    /// GPUs per server, with a device preset.
-    #[arg(long, default_value_t = 8)]
-    pub gpus_per_server: usize,
+    /// Servers, with a device preset (default 1).
+    #[arg(long)]
+    pub servers: Option<usize>,
+    /// GPUs per server, with a device preset (default 8).
+    #[arg(long)]
+    pub gpus_per_server: Option<usize>,
     /// Network between servers, with a device preset: 25gbit, 100gbit, 8x200gbit, 8x400gbit
     /// (default: the one the device's usual servers have).
     #[arg(long)]
     pub network: Option<String>,
-    /// Share of the peak flop/s and memory bandwidth achieved, in (0, 1].
-    #[arg(long, default_value_t = 1.0)]
-    pub efficiency: f64,
+    /// Share of the peak flop/s and memory bandwidth achieved, in (0, 1], with a device
+    /// preset (default 1; a cluster file has its own `efficiency` key).
+    #[arg(long)]
+    pub efficiency: Option<f64>,
     /// Global batch size (samples per optimizer step); a plan file has its own.
     #[arg(long)]
     pub batch: Option<u64>,
@@ -191,6 +192,12 @@ pub struct SimulateArgs {
     /// Batches (optimizer steps) to replay.
     #[arg(long, default_value_t = 10)]
     pub batches: usize,
+    /// A real run's trace (`train --trace`) of the same configuration: its per-stage
+    /// median forward, recompute, backward and optimizer times replace the cost model's
+    /// (to check the schedule model apart from the cost model, or replay a measured run
+    /// under another schedule).
+    #[arg(long, value_name = "TRACE")]
+    pub stage_times: Option<PathBuf>,
     /// Write the replay as a Chrome trace (the format of `train --trace`); with several
     /// schemes, one file per scheme (`t.2bw.json`, ...).
     #[arg(long, value_name = "FILE")]

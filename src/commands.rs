@@ -129,23 +129,26 @@ pub fn plan_command(args: &PlanArgs) -> Result<()> {
 
 /// `--cluster FILE|PRESET` for `simulate`: a file when one exists at that path.
 fn sim_cluster(args: &SimulateArgs) -> Result<Option<SimCluster>> {
+    let preset_flags = [("--network", args.network.is_some()), ("--servers", args.servers.is_some()), ("--gpus-per-server", args.gpus_per_server.is_some()), ("--efficiency", args.efficiency.is_some())];
+    let given: Vec<&str> = preset_flags.iter().filter(|f| f.1).map(|f| f.0).collect();
     let Some(spec) = &args.cluster else {
-        if args.network.is_some() {
-            bail!("--network needs a device preset in --cluster");
+        if !given.is_empty() {
+            bail!("{} need(s) a device preset in --cluster", given.join(", "));
         }
         return Ok(None);
     };
     let path = Path::new(spec);
     if path.is_file() {
-        if args.network.is_some() {
-            bail!("--network applies to a device preset, not to the cluster file {spec}");
+        if !given.is_empty() {
+            bail!("{} appl(ies) to a device preset, not to the cluster file {spec} (set its keys instead)", given.join(", "));
         }
         let text = std::fs::read_to_string(path).with_context(|| format!("{spec}: cannot read"))?;
         return Ok(Some(SimCluster::from_toml(spec, &text).map_err(|e| anyhow!("{spec}: {e}"))?));
     }
     let device = presets::device(spec).map_err(|e| anyhow!("--cluster: {e}"))?;
     let network = presets::network(args.network.as_deref().unwrap_or(device.network)).map_err(|e| anyhow!("--network: {e}"))?;
-    Ok(Some(SimCluster::from_preset(device, network, args.servers, args.gpus_per_server, args.precision, args.efficiency).map_err(|e| anyhow!("--cluster {spec}: {e}"))?))
+    let (servers, per_server, efficiency) = (args.servers.unwrap_or(1), args.gpus_per_server.unwrap_or(8), args.efficiency.unwrap_or(1.0));
+    Ok(Some(SimCluster::from_preset(device, network, servers, per_server, args.precision, efficiency).map_err(|e| anyhow!("--cluster {spec}: {e}"))?))
 }
 
 pub fn simulate(args: &SimulateArgs) -> Result<()> {
@@ -167,6 +170,7 @@ pub fn simulate(args: &SimulateArgs) -> Result<()> {
         precision: args.precision,
         batches: args.batches,
         record: args.trace.is_some() || args.svg.is_some(),
+        stage_times: args.stage_times.clone(),
     };
     let report = simulate_model(&request)?;
     let several = report.outcomes.iter().filter(|o| o.simulation.is_some()).count() > 1;

@@ -82,7 +82,31 @@ fn the_replay_runs_each_stage_in_the_order_a_real_run_does() {
         // The SVG is the one trace-svg draws: one box per event.
         let drawn = std::fs::read_to_string(&svg).unwrap();
         assert_eq!(drawn.matches("<rect").count(), sim.len());
+        // --stage-times: the real run's median forward and backward per stage, replayed.
+        let timed = dir.path().join("timed.json");
+        let real_path = dir.path().join("real.json");
+        ok(&pw(&["simulate", plan.to_str().unwrap(), "--batches", "3", "--stage-times", real_path.to_str().unwrap(), "--trace", timed.to_str().unwrap()]));
+        let timed = trace(&timed);
+        let median = |ev: &[TraceEvent], stage: usize, kind: TraceKind| {
+            let mut d: Vec<f64> = ev.iter().filter(|e| e.stage == stage && e.kind == kind).map(|e| e.dur_us).collect();
+            d.sort_by(f64::total_cmp);
+            d[d.len() / 2]
+        };
+        for stage in 0..2 {
+            for kind in [TraceKind::Forward, TraceKind::Backward] {
+                let (want, got) = (median(&real, stage, kind), median(&timed, stage, kind));
+                assert!((want - got).abs() <= 1e-6 * want.max(1.0), "{schedule} stage {stage} {kind:?}: {got} µs replayed, {want} µs measured");
+            }
+        }
     }
+    // A trace of another depth is refused, naming it.
+    let dir = tempfile::tempdir().unwrap();
+    let plan = dir.path().join("plan.json");
+    std::fs::write(&plan, ok(&pw(&["plan", &model("mlp"), "--stages", "3", "--workers", "3", "--batch", "64", "--schedule", "gpipe", "--json"]))).unwrap();
+    let two = dir.path().join("two.json");
+    std::fs::write(&two, r#"[{"ph":"X","name":"forward","ts":0,"dur":1,"tid":1,"args":{"microbatch":0,"version":0,"step":0}}]"#).unwrap();
+    let e = err(&pw(&["simulate", plan.to_str().unwrap(), "--stage-times", two.to_str().unwrap()]));
+    assert!(e.contains("two.json: the trace has 2 stages, the replayed configuration 3"), "{e}");
 }
 
 #[test]
@@ -156,6 +180,10 @@ fn bad_input_is_named() {
     std::fs::write(&toml, "workers = 4\ninter_latency = \"later\"\n").unwrap();
     let e = err(&pw(&["simulate", &model("mlp"), "--cluster", toml.to_str().unwrap(), "--batch", "8"]));
     assert!(e.contains("c.toml: inter_latency: cannot parse \"later\""), "{e}");
+    let e = err(&pw(&["simulate", &model("mlp"), "--cluster", toml.to_str().unwrap(), "--servers", "2", "--batch", "8"]));
+    assert!(e.contains("--servers appl(ies) to a device preset, not to the cluster file"), "{e}");
+    let e = err(&pw(&["simulate", &model("mlp"), "--network", "25gbit", "--batch", "8"]));
+    assert!(e.contains("--network need(s) a device preset in --cluster"), "{e}");
     // A trace that cannot be written loses nothing and says where.
     let e = err(&pw(&["simulate", &model("mlp"), "--cluster", "H100", "--batch", "8", "--schedule", "2bw", "--trace", "/nonexistent/dir/t.json"]));
     assert!(e.contains("/nonexistent/dir/t.json"), "{e}");

@@ -13,7 +13,7 @@ use pipewright_passes::plan_file::PlanFile;
 use pipewright_passes::planner::{plan, Candidate, PlanContext, PlanError, PlanOptions};
 use pipewright_passes::presets::SimCluster;
 use pipewright_passes::simulate::{simulate as replay, SimSetup, Simulation};
-use pipewright_runtime::timeline::{chrome_trace_json, timeline_svg};
+use pipewright_runtime::timeline::{chrome_trace_json, read_chrome_trace, timeline_svg, TraceKind};
 use serde::Serialize;
 
 use crate::DriverError;
@@ -36,6 +36,9 @@ pub struct SimulateRequest {
     pub batches: usize,
     /// Keep every interval, for [`write_trace`].
     pub record: bool,
+    /// A real run's trace (`train --trace`) whose per-stage median forward, recompute,
+    /// backward and optimizer times replace the cost model's (for a plan of that run).
+    pub stage_times: Option<PathBuf>,
 }
 
 /// One scheme's configuration and replay, or why it has none.
@@ -149,7 +152,10 @@ fn outcome(
 fn replay_candidate(ctx: &mut PlanContext, cluster: &SimCluster, opts: &PlanOptions, scheme: Scheme, cand: &Candidate, req: &SimulateRequest) -> Result<Simulation, DriverError> {
     // The memory and optimizer terms follow the scheme actually run.
     let run_as = Candidate { schedule: scheme.schedule().unwrap_or(Schedule::Flush), ..cand.clone() };
-    let stages = ctx.stage_costs(&run_as, opts);
+    let mut stages = ctx.stage_costs(&run_as, opts);
+    if let Some(path) = &req.stage_times {
+        measured_stage_times(path, &mut stages)?;
+    }
     let setup = SimSetup {
         scheme,
         w: cand.w,
@@ -203,6 +209,31 @@ fn simulate_plan(req: &SimulateRequest) -> Result<SimulateReport, DriverError> {
         outcomes.push(SchemeOutcome { scheme, config: Some(cand.clone()), planned_samples_per_s: planned, simulation: Some(sim), why_not: None });
     }
     Ok(SimulateReport { input: req.input.display().to_string(), cluster, global_batch: opts.global_batch, outcomes })
+}
+
+/// Replaces each stage's compute times by the medians of a real run's trace at `path`.
+fn measured_stage_times(path: &Path, stages: &mut [pipewright_passes::simulate::StageCost]) -> Result<(), DriverError> {
+    let text = std::fs::read_to_string(path).map_err(|source| DriverError::Read { path: path.to_path_buf(), source })?;
+    let events = read_chrome_trace(&text).map_err(|e| DriverError::msg(format!("{}: {e}", path.display())))?;
+    let traced = events.iter().map(|e| e.stage + 1).max().unwrap_or(0);
+    if traced != stages.len() {
+        return Err(DriverError::msg(format!("{}: the trace has {traced} stages, the replayed configuration {}", path.display(), stages.len())));
+    }
+    let median = |stage: usize, kind: TraceKind| -> Option<f64> {
+        let mut d: Vec<f64> = events.iter().filter(|e| e.stage == stage && e.kind == kind).map(|e| e.dur_us / 1e6).collect();
+        d.sort_by(f64::total_cmp);
+        (!d.is_empty()).then(|| d[d.len() / 2])
+    };
+    for (s, c) in stages.iter_mut().enumerate() {
+        let (Some(f), Some(b)) = (median(s, TraceKind::Forward), median(s, TraceKind::Backward)) else {
+            return Err(DriverError::msg(format!("{}: stage {s} has no forward or no backward in the trace", path.display())));
+        };
+        c.forward_s = f;
+        c.backward_s = b;
+        c.recompute_s = median(s, TraceKind::Recompute).unwrap_or(0.0);
+        c.optimizer_s = median(s, TraceKind::Optimizer).unwrap_or(0.0);
+    }
+    Ok(())
 }
 
 /// Writes a replay's Chrome trace (the format of `train --trace`) and, when asked, its SVG
