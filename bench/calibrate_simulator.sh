@@ -6,7 +6,9 @@
 # batches from the same profile. Prints one Markdown row per case: measured and simulated
 # samples/s (the measured one over the steps after WARMUP, bench/pipeline_stats.py; the
 # simulated one between the ends of the first and the last batch) and the mean bubble
-# fraction over stages (whole run, as trace-svg computes it, on both sides).
+# fraction over stages (whole run, as trace-svg computes it, on both sides); then the same
+# replay with the run's own per-stage median times (`simulate --stage-times`), which
+# separates the schedule model from the cost inputs.
 #
 # Usage: bench/calibrate_simulator.sh [MODEL:MICROBATCH:STEPS ...]
 #        (default: gpt2-tiny:4:20 resnet18:2:8)
@@ -28,8 +30,8 @@ specs=("$@")
 [[ ${#specs[@]} -gt 0 ]] || specs=(gpt2-tiny:4:20 resnet18:2:8)
 mkdir -p "$OUT"
 export OMP_NUM_THREADS="$THREADS" MKL_NUM_THREADS="$THREADS"
-echo "| model | d | schedule | measured samples/s | simulated samples/s | sim / measured | measured bubble | simulated bubble |"
-echo "|---|---|---|---|---|---|---|---|"
+echo "| model | d | schedule | measured samples/s | simulated (profile) | sim / measured | measured bubble | simulated bubble | simulated (run's stage times) | sim / measured | simulated bubble |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|"
 for spec in "${specs[@]}"; do
     IFS=: read -r model mb steps <<<"$spec"
     onnx="$MODELS_DIR/$model.onnx"
@@ -47,13 +49,16 @@ for spec in "${specs[@]}"; do
                 --steps "$steps" --optimizer sgd --lr 0.0001 --log-every 1000 --metrics "$dir/m.jsonl" --trace "$dir/trace.json" >&2
             "$py" bench/pipeline_stats.py run --metrics "$dir/m.jsonl" --trace "$dir/trace.json" --warmup "$WARMUP" --label "$model d=$d $s" > "$dir/real.json"
             "$pw" simulate "$dir/plan.json" --profile "$OUT/$model.profile.json" --batches "$steps" --json > "$dir/sim.json"
+            "$pw" simulate "$dir/plan.json" --stage-times "$dir/trace.json" --batches "$steps" --json > "$dir/sim-timed.json"
             "$py" - "$dir" "$model" "$d" "$s" <<'PY'
 import json, sys
 dir, model, d, s = sys.argv[1:]
 real = json.load(open(f"{dir}/real.json"))
 sim = json.load(open(f"{dir}/sim.json"))["outcomes"][0]["simulation"]
+timed = json.load(open(f"{dir}/sim-timed.json"))["outcomes"][0]["simulation"]
 rb = sum(st["bubble_whole_run"] for st in real["stages"]) / len(real["stages"])
-print(f"| {model} | {d} | {s} | {real['samples_per_s']:.1f} | {sim['samples_per_s']:.1f} | {sim['samples_per_s'] / real['samples_per_s']:.2f} | {rb:.3f} | {sim['bubble_fraction']:.3f} |")
+r = real["samples_per_s"]
+print(f"| {model} | {d} | {s} | {r:.1f} | {sim['samples_per_s']:.1f} | {sim['samples_per_s'] / r:.2f} | {rb:.3f} | {sim['bubble_fraction']:.3f} | {timed['samples_per_s']:.1f} | {timed['samples_per_s'] / r:.2f} | {timed['bubble_fraction']:.3f} |")
 PY
         done
     done
