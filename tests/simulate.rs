@@ -107,6 +107,13 @@ fn the_replay_runs_each_stage_in_the_order_a_real_run_does() {
     std::fs::write(&two, r#"[{"ph":"X","name":"forward","ts":0,"dur":1,"tid":1,"args":{"microbatch":0,"version":0,"step":0}}]"#).unwrap();
     let e = err(&pw(&["simulate", plan.to_str().unwrap(), "--stage-times", two.to_str().unwrap()]));
     assert!(e.contains("two.json: the trace has 2 stages, the replayed configuration 3"), "{e}");
+    // A plan replayed on a cluster too small for it.
+    let e = err(&pw(&["simulate", plan.to_str().unwrap(), "--cluster", "H100", "--gpus-per-server", "2"]));
+    assert!(e.contains("plan.json: the plan needs 3 workers (w = 1, d = 3); the cluster has 2"), "{e}");
+    // The plan's own cluster, and another schedule on request.
+    let out = ok(&pw(&["simulate", plan.to_str().unwrap(), "--schedule", "gpipe,flush", "--batches", "2"]));
+    assert!(out.starts_with("simulated on: the plan's cluster: 3 workers"), "{out}");
+    assert!(out.contains("\ngpipe ") && out.contains("\nflush "), "{out}");
 }
 
 #[test]
