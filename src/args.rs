@@ -193,7 +193,7 @@ pub struct SimulateArgs {
     #[arg(long, default_value_t = 10)]
     pub batches: usize,
     /// A real run's trace (`train --trace`) of the same configuration: its per-stage
-    /// median forward, recompute, backward and optimizer times replace the cost model's
+    /// median forward, recompute, backward, optimizer and send times replace the cost model's
     /// (to check the schedule model apart from the cost model, or replay a measured run
     /// under another schedule).
     #[arg(long, value_name = "TRACE")]

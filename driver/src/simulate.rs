@@ -37,7 +37,7 @@ pub struct SimulateRequest {
     /// Keep every interval, for [`write_trace`].
     pub record: bool,
     /// A real run's trace (`train --trace`) whose per-stage median forward, recompute,
-    /// backward and optimizer times replace the cost model's (for a plan of that run).
+    /// backward, optimizer and send times replace the cost model's (for a plan of that run).
     pub stage_times: Option<PathBuf>,
 }
 
@@ -232,6 +232,7 @@ fn measured_stage_times(path: &Path, stages: &mut [pipewright_passes::simulate::
         c.backward_s = b;
         c.recompute_s = median(s, TraceKind::Recompute).unwrap_or(0.0);
         c.optimizer_s = median(s, TraceKind::Optimizer).unwrap_or(0.0);
+        c.send_s = median(s, TraceKind::Send).unwrap_or(0.0);
     }
     Ok(())
 }

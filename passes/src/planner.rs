@@ -534,6 +534,7 @@ impl<'a> PlanContext<'a> {
                 backward_s: bwd,
                 recompute_s: re,
                 optimizer_s: f64::from(3 + 2 * state) * weights / self.cluster.mem_bw,
+                send_s: 0.0,
                 send_bytes: if s + 1 < d { live[s] } else { 0.0 },
                 grad_bytes: weights,
                 tied_sync_s: sync[s],

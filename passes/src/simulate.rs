@@ -14,9 +14,9 @@
 //!   the stream is free and its input has arrived: a forward needs the previous stage's
 //!   activation, a backward the next stage's gradient (the last stage's backward follows
 //!   its own forward).
-//! - A send starts when its producer finishes and its link (one per boundary and
-//!   direction) is free, and takes `latency + bytes / bandwidth`. The stream does not wait
-//!   for it (the executor's sends are asynchronous).
+//! - A send occupies the producer's stream for [`StageCost::send_s`] (0 from the cost
+//!   model), then waits for its link (one per boundary and direction) to be free and takes
+//!   `latency + bytes / bandwidth` on it, while the stream goes on.
 //! - `Step(t)` of Flush, GPipe and the baselines: the all-reduce of batch `t`'s gradients
 //!   (with `w > 1`, and the tied-weight sync between stages), then the optimizer, both on
 //!   the stage's critical path, as the flush requires.
@@ -54,6 +54,11 @@ pub struct StageCost {
     /// Bytes sent to the next stage per microbatch (the activations crossing the cut; the
     /// gradient coming back has the same size).
     pub send_bytes: f64,
+    /// Seconds the stage's own stream spends handing each message to its link (copies,
+    /// serialisation): 0 for a GPU's asynchronous copies; measured from a real run's trace
+    /// by `simulate --stage-times` (the CPU executor's sends take time on the stage's thread).
+    #[serde(default)]
+    pub send_s: f64,
     /// Gradient bytes all-reduced among the stage's replicas per step.
     pub grad_bytes: f64,
     /// Seconds of the tied-weight gradient sync between stages per step.
@@ -248,7 +253,7 @@ pub fn simulate(setup: &SimSetup) -> Result<Simulation, SimError> {
     }
     let bad = |x: f64| !x.is_finite() || x < 0.0;
     for (s, c) in setup.stages.iter().enumerate() {
-        if [c.forward_s, c.backward_s, c.recompute_s, c.optimizer_s, c.send_bytes, c.grad_bytes, c.tied_sync_s].into_iter().any(bad) {
+        if [c.forward_s, c.backward_s, c.recompute_s, c.optimizer_s, c.send_s, c.send_bytes, c.grad_bytes, c.tied_sync_s].into_iter().any(bad) {
             return Err(SimError::Setup(format!("stage {s}: times and sizes must be finite and non-negative: {c:?}")));
         }
     }
@@ -324,10 +329,11 @@ pub fn simulate(setup: &SimSetup) -> Result<Simulation, SimError> {
                         state.peak_in_flight = state.peak_in_flight.max(state.in_flight);
                         if s + 1 < d {
                             let link = setup.links[s];
-                            let t0 = end.max(state.fwd_link_free);
+                            state.free = end + cost.send_s;
+                            let t0 = state.free.max(state.fwd_link_free);
                             let dt = link.seconds(cost.send_bytes);
                             state.fwd_link_free = t0 + dt;
-                            record(TraceKind::Send, s, t0, dt, Some(i), need, i / m64);
+                            record(TraceKind::Send, s, end, t0 + dt - end, Some(i), need, i / m64);
                             acts[s + 1].put(i, t0 + dt)?;
                         }
                     }
@@ -348,10 +354,11 @@ pub fn simulate(setup: &SimSetup) -> Result<Simulation, SimError> {
                         state.in_flight = state.in_flight.saturating_sub(1);
                         if s > 0 {
                             let link = setup.links[s - 1];
-                            let t0 = end.max(state.bwd_link_free);
+                            state.free = end + cost.send_s;
+                            let t0 = state.free.max(state.bwd_link_free);
                             let dt = link.seconds(cost.send_bytes_back(&setup.stages[s - 1]));
                             state.bwd_link_free = t0 + dt;
-                            record(TraceKind::Send, s, t0, dt, Some(i), version, i / m64);
+                            record(TraceKind::Send, s, end, t0 + dt - end, Some(i), version, i / m64);
                             grads[s - 1].put(i, t0 + dt)?;
                         }
                     }
@@ -448,7 +455,7 @@ mod tests {
     use super::*;
 
     fn equal(d: usize, f: f64, b: f64) -> Vec<StageCost> {
-        vec![StageCost { forward_s: f, backward_s: b, recompute_s: 0.0, optimizer_s: 0.0, send_bytes: 0.0, grad_bytes: 0.0, tied_sync_s: 0.0, memory_one: 0.0, memory_per_extra: 0.0 }; d]
+        vec![StageCost { forward_s: f, backward_s: b, recompute_s: 0.0, optimizer_s: 0.0, send_s: 0.0, send_bytes: 0.0, grad_bytes: 0.0, tied_sync_s: 0.0, memory_one: 0.0, memory_per_extra: 0.0 }; d]
     }
 
     fn setup(scheme: Scheme, d: usize, m: u64, batches: usize) -> SimSetup {
@@ -547,6 +554,14 @@ mod tests {
         // Stage 1: F0 [2,3], B0 [3,5], F1 [5,6], B1 [6,8]; grad 0 arrives at 6, grad 1 at 9.
         // Stage 0: B0 [6,8], B1 [9,11].
         assert!((sim.makespan_s - 11.0).abs() < 1e-9, "{}", sim.makespan_s);
+        // A send that costs the sender 0.5 s of its stream as well: stage 0 runs F0 [0,1],
+        // hands it over [1,1.5], F1 [1.5,2.5], hands it over [2.5,3]; act 0 arrives at 2.5,
+        // act 1 at 4 (link busy until 2.5, then 1 s). Stage 1: F0 [2.5,3.5], B0 [3.5,5.5],
+        // sends [5.5,6] then the link to 7; F1 [6,7], B1 [7,9], sends [9,9.5], link to 10.5.
+        // Stage 0: B0 [7,9], B1 [10.5,12.5].
+        s.stages.iter_mut().for_each(|c| c.send_s = 0.5);
+        let sim = simulate(&s).unwrap();
+        assert!((sim.makespan_s - 12.5).abs() < 1e-9, "{}", sim.makespan_s);
         // All-reduce of 1 GB among 4 replicas over 1 GB/s: 2 * 3 * (1/4) = 1.5 s per step.
         assert_eq!(allreduce_seconds(1e9, 4, Link { bandwidth: 1e9, latency_s: 0.0 }), 1.5);
         let mut s = setup(Scheme::Flush, 1, 2, 2);
