@@ -110,6 +110,8 @@ fn the_replay_runs_each_stage_in_the_order_a_real_run_does() {
     // A plan replayed on a cluster too small for it.
     let e = err(&pw(&["simulate", plan.to_str().unwrap(), "--cluster", "H100", "--gpus-per-server", "2"]));
     assert!(e.contains("plan.json: the plan needs 3 workers (w = 1, d = 3); the cluster has 2"), "{e}");
+    let e = err(&pw(&["simulate", plan.to_str().unwrap(), "--batch", "128"]));
+    assert!(e.contains("the plan is for a global batch of 64, not 128"), "{e}");
     // The plan's own cluster, and another schedule on request.
     let out = ok(&pw(&["simulate", plan.to_str().unwrap(), "--schedule", "gpipe,flush", "--batches", "2"]));
     assert!(out.starts_with("simulated on: the plan's cluster: 3 workers"), "{out}");

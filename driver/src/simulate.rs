@@ -191,7 +191,11 @@ fn simulate_plan(req: &SimulateRequest) -> Result<SimulateReport, DriverError> {
             ctx.order().kind
         )));
     }
+    // The plan's own options (batch, optimizer, precision) are what it was cut for.
     let opts = plan.options.clone();
+    if let Some(b) = req.global_batch.filter(|&b| b != opts.global_batch) {
+        return Err(DriverError::msg(format!("{}: the plan is for a global batch of {}, not {b}; plan again for another batch", req.input.display(), opts.global_batch)));
+    }
     let mut outcomes = Vec::new();
     for &scheme in &req.schemes {
         let cand = &plan.chosen;
