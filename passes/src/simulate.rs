@@ -235,7 +235,6 @@ struct StageState {
     pending: Vec<(u64, f64)>,
     /// Version the stage's weights are at (updates applied).
     version: u64,
-    first_start: f64,
 }
 
 /// Replays `setup` (see the module docs).
@@ -257,7 +256,7 @@ pub fn simulate(setup: &SimSetup) -> Result<Simulation, SimError> {
             return Err(SimError::Setup(format!("stage {s}: times and sizes must be finite and non-negative: {c:?}")));
         }
     }
-    if setup.links.iter().chain([&setup.allreduce]).any(|l| !(l.bandwidth > 0.0) || bad(l.latency_s)) {
+    if setup.links.iter().chain([&setup.allreduce]).any(|l| l.bandwidth.is_nan() || l.bandwidth <= 0.0 || bad(l.latency_s)) {
         return Err(SimError::Setup("every link needs a positive bandwidth and a non-negative latency".into()));
     }
     let two_bw = setup.scheme == Scheme::TwoBw;
@@ -277,7 +276,6 @@ pub fn simulate(setup: &SimSetup) -> Result<Simulation, SimError> {
             net_free: 0.0,
             pending: Vec::new(),
             version: 0,
-            first_start: f64::INFINITY,
         });
     }
     let window = 2 * m + 2 * d + 2;
@@ -296,8 +294,7 @@ pub fn simulate(setup: &SimSetup) -> Result<Simulation, SimError> {
         let mut done = true;
         for s in 0..d {
             let cost = &setup.stages[s];
-            loop {
-                let Some(&op) = st[s].ops.get(st[s].pc) else { break };
+            while let Some(&op) = st[s].ops.get(st[s].pc) {
                 done = false;
                 match op {
                     Op::Forward(i) => {
@@ -320,7 +317,6 @@ pub fn simulate(setup: &SimSetup) -> Result<Simulation, SimError> {
                             state.version = t + 1;
                         }
                         let start = state.free.max(ready);
-                        state.first_start = state.first_start.min(start);
                         let end = start + cost.forward_s;
                         record(TraceKind::Forward, s, start, cost.forward_s, Some(i), need, i / m64);
                         state.free = end;
@@ -407,9 +403,8 @@ pub fn simulate(setup: &SimSetup) -> Result<Simulation, SimError> {
             state.busy += cost.optimizer_s;
         }
     }
-    let t0 = st.iter().map(|x| x.first_start).fold(f64::INFINITY, f64::min).min(0.0).max(0.0);
-    let t1 = st.iter().map(|x| x.free.max(x.fwd_link_free).max(x.bwd_link_free).max(x.net_free)).fold(0.0, f64::max);
-    let makespan = t1 - t0;
+    // The replay starts at 0 (the first stage's first forward).
+    let makespan = st.iter().map(|x| x.free.max(x.fwd_link_free).max(x.bwd_link_free).max(x.net_free)).fold(0.0, f64::max);
     let n = setup.batches;
     let samples_per_batch = (setup.b * setup.m * w as u64) as f64;
     let batch_s = if n >= 2 { (batch_end[n - 1] - batch_end[0]) / (n - 1) as f64 } else { batch_end[0] };
