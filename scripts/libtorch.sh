@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Obtain a CPU-usable libtorch 2.11.0 for tch 0.24 and print the directory to use as LIBTORCH.
+# Obtain libtorch 2.11.0 for tch 0.24 and print the directory to use as LIBTORCH: a CPU-only
+# view of PyPI's torch wheel by default, the CUDA view (the wheel's CUDA libraries and the NVIDIA
+# wheels they load) on a machine with an NVIDIA driver or with PIPEWRIGHT_LIBTORCH_VARIANT=cuda.
 #
 # Idempotent: the wheels and the assembled directory are cached under
 # ${PIPEWRIGHT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/pipewright}, so a fresh clone reuses them.
@@ -41,11 +43,26 @@ if [[ "${LIBTORCH_USE_PYTORCH:-}" == "1" ]]; then
     exit 0
 fi
 
+# Which view: the CUDA one on a machine with an NVIDIA driver, the CPU one elsewhere;
+# PIPEWRIGHT_LIBTORCH_VARIANT=cpu|cuda overrides the guess.
+has_nvidia_driver() {
+    [[ -e /proc/driver/nvidia/version ]] || nvidia-smi -L >/dev/null 2>&1
+}
+variant="${PIPEWRIGHT_LIBTORCH_VARIANT:-}"
+if [[ -z "$variant" ]]; then
+    if has_nvidia_driver; then variant=cuda; else variant=cpu; fi
+fi
+case "$variant" in
+    cpu) suffix=cpu ;;
+    cuda) suffix=cu130 ;;
+    *) log "PIPEWRIGHT_LIBTORCH_VARIANT must be cpu or cuda, not '$variant'"; exit 2 ;;
+esac
+
 cache="${PIPEWRIGHT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/pipewright}"
-root="$cache/libtorch-$TORCH_VERSION-cpu"
+root="$cache/libtorch-$TORCH_VERSION-$suffix"
 stamp="$root/.complete"
 if [[ -f "$stamp" ]]; then
-    log "cached libtorch $TORCH_VERSION at $root"
+    log "cached libtorch $TORCH_VERSION ($variant view) at $root"
     link_repo "$root"
     echo "$root"
     exit 0
@@ -65,6 +82,19 @@ fetch() { # fetch SPEC GLOB: download a wheel unless one matching GLOB is cached
 fetch "torch==$TORCH_VERSION" "torch-$TORCH_VERSION-*.whl"
 fetch "$CUDART_SPEC" "nvidia_cuda_runtime-13.0.96*.whl"
 fetch "$CUPTI_SPEC" "nvidia_cuda_cupti-13.0.85*.whl"
+if [[ "$variant" == cuda ]]; then
+    # The CUDA libraries the PyPI torch 2.11.0 wheel (built for CUDA 13.0) loads, pinned to
+    # the versions its metadata resolves to (cuda-toolkit 13.0.2's extras, cuDNN, cuSPARSELt,
+    # NCCL, NVSHMEM). About 1.9 GB of wheels.
+    for spec in nvidia-cublas==13.1.0.3 nvidia-cuda-nvrtc==13.0.88 nvidia-cufft==12.0.0.61 \
+        nvidia-cufile==1.15.1.6 nvidia-curand==10.4.0.35 nvidia-cusolver==12.0.4.66 \
+        nvidia-cusparse==12.6.3.3 nvidia-nvjitlink==13.0.88 nvidia-nvtx==13.0.85 \
+        nvidia-cudnn-cu13==9.19.0.56 nvidia-cusparselt-cu13==0.8.0 nvidia-nccl-cu13==2.28.9 \
+        nvidia-nvshmem-cu13==3.4.5; do
+        name="${spec%%==*}"
+        fetch "$spec" "${name//-/_}-${spec##*==}-*.whl"
+    done
+fi
 
 tmp="$(mktemp -d "$cache/.assemble.XXXXXX")"
 trap 'rm -rf "$tmp"' EXIT
@@ -72,26 +102,36 @@ log "unpacking wheels into $tmp"
 for w in "$wheels"/torch-$TORCH_VERSION-*.whl; do
     python3 -m zipfile -e "$w" "$tmp/torch-wheel" >&2
 done
-for w in "$wheels"/nvidia_cuda_runtime-13.0.96*.whl "$wheels"/nvidia_cuda_cupti-13.0.85*.whl; do
-    python3 -m zipfile -e "$w" "$tmp/nvidia" >&2
-done
-
-# The CPU view: every torch/lib file except the CUDA ones, plus cudart and cupti which
-# libtorch_cpu.so needs at load time even without a GPU.
 mkdir -p "$tmp/out/lib"
-for f in "$tmp"/torch-wheel/torch/lib/*; do
-    case "$(basename "$f")" in
-        *cuda*|*nvrtc*|*nvshmem*) ;;
-        *) mv "$f" "$tmp/out/lib/" ;;
-    esac
-done
-find "$tmp/nvidia" -name 'libcudart.so.13*' -exec mv {} "$tmp/out/lib/" \;
-find "$tmp/nvidia" -name 'libcupti.so.13*' -exec mv {} "$tmp/out/lib/" \;
+if [[ "$variant" == cuda ]]; then
+    # The CUDA view: all of torch/lib and every library of the pinned NVIDIA wheels in one
+    # folder, so the binary's rpath finds them; only the driver (libcuda.so.1) comes from the
+    # machine.
+    for w in "$wheels"/nvidia_*.whl; do
+        python3 -m zipfile -e "$w" "$tmp/nvidia" >&2
+    done
+    mv "$tmp"/torch-wheel/torch/lib/* "$tmp/out/lib/"
+    find "$tmp/nvidia" -name '*.so*' -type f -exec mv {} "$tmp/out/lib/" \;
+else
+    for w in "$wheels"/nvidia_cuda_runtime-13.0.96*.whl "$wheels"/nvidia_cuda_cupti-13.0.85*.whl; do
+        python3 -m zipfile -e "$w" "$tmp/nvidia" >&2
+    done
+    # The CPU view: every torch/lib file except the CUDA ones, plus cudart and cupti which
+    # libtorch_cpu.so needs at load time even without a GPU.
+    for f in "$tmp"/torch-wheel/torch/lib/*; do
+        case "$(basename "$f")" in
+            *cuda*|*nvrtc*|*nvshmem*) ;;
+            *) mv "$f" "$tmp/out/lib/" ;;
+        esac
+    done
+    find "$tmp/nvidia" -name 'libcudart.so.13*' -exec mv {} "$tmp/out/lib/" \;
+    find "$tmp/nvidia" -name 'libcupti.so.13*' -exec mv {} "$tmp/out/lib/" \;
+fi
 mv "$tmp/torch-wheel/torch/include" "$tmp/out/include"
 mkdir -p "$tmp/out/share"
 touch "$tmp/out/.complete"
 rm -rf "$root"
 mv "$tmp/out" "$root"
-log "libtorch $TORCH_VERSION (CPU view) ready at $root"
+log "libtorch $TORCH_VERSION ($variant view) ready at $root"
 link_repo "$root"
 echo "$root"

@@ -1,15 +1,23 @@
 #!/usr/bin/env bash
 # Installs what a fresh Debian machine with only the Rust toolchain lacks for pipewright:
-# Python 3 with pip (used to fetch the libtorch wheel from PyPI) and a C++ compiler (for
-# torch-sys). Idempotent: installs nothing when everything is present.
+# Python 3 with pip (used to fetch the libtorch wheel from PyPI), a C++ compiler (for
+# torch-sys), and Open MPI with its headers and libclang (the multi-process transport:
+# the `mpi` crate binds Open MPI through bindgen; `mpirun` launches the workers).
+# Idempotent: installs nothing when everything is present.
 set -euo pipefail
 
 log() { echo "prereqs.sh: $*" >&2; }
 
+# Debian package names of what is missing (a command, or an installed package).
+has_pkg() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
 need=()
 command -v python3 >/dev/null 2>&1 || need+=(python3)
 python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip)
 command -v g++ >/dev/null 2>&1 || need+=(g++)
+command -v mpirun >/dev/null 2>&1 || need+=(openmpi-bin)
+has_pkg libopenmpi-dev || need+=(libopenmpi-dev)
+has_pkg libclang-dev || need+=(libclang-dev)
+command -v pkg-config >/dev/null 2>&1 || need+=(pkg-config)
 
 if ((${#need[@]} == 0)); then
     log "prerequisites present"

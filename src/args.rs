@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use pipewright_core::{Balance, BatchMode, Decay, Device, Loss, Optimizer, PassName, Precision, Recompute, Schedule, Scheme};
+use pipewright_core::{Balance, BatchMode, Decay, Device, Loss, NonFinite, Optimizer, PassName, Precision, Recompute, Schedule, Scheme};
 use pipewright_passes::manager::{PassOptions, PrintAfter};
 
 /// `--loss KIND[:OUTPUT]`.
@@ -257,6 +257,16 @@ pub struct CompileArgs {
     /// Print the time each pass and each kind of output file took (stderr).
     #[arg(long)]
     pub timings: bool,
+    /// Give each node reading an initializer the exporter merged (identical values, e.g.
+    /// every LayerNorm's ones) its own copy, trained separately, instead of one tied
+    /// weight; `export` writes the copies into the model.
+    #[arg(long)]
+    pub untie_merged: bool,
+    /// Train these initializers baked for the export batch (named by compile's note, e.g. a
+    /// class token the exporter expanded to the batch) as one slice shared by the whole
+    /// batch, instead of keeping them frozen; not for attention masks.
+    #[arg(long, value_delimiter = ',', value_name = "NAME")]
+    pub train_batch_baked: Vec<String>,
 }
 
 impl CompileArgs {
@@ -381,6 +391,15 @@ pub struct TrainArgs {
     /// stage places every replica alike.
     #[arg(long, value_delimiter = ',', value_name = "DEVICES")]
     pub devices: Vec<Device>,
+    /// A step whose loss or gradients are not finite (NaN or infinite): `stop` with the
+    /// divergence error, or `skip` its update in every stage and go on (counted in the
+    /// summary and `--metrics`).
+    #[arg(long, value_enum, default_value_t = NonFinite::Stop)]
+    pub on_nonfinite: NonFinite,
+    /// With `--on-nonfinite skip`: stop with the divergence error after this many skipped
+    /// steps in a row.
+    #[arg(long, value_name = "N", default_value_t = pipewright_core::DEFAULT_MAX_SKIPS)]
+    pub max_skips: usize,
 }
 
 fn parse_size(text: &str) -> Result<u64, String> {
@@ -391,19 +410,36 @@ fn parse_size(text: &str) -> Result<u64, String> {
 pub struct WorkerArgs {
     #[command(flatten)]
     pub train: TrainArgs,
-    /// This worker's rank, `replica * stages + stage`. Default: the MPI launcher's
-    /// (OMPI_COMM_WORLD_RANK, PMI_RANK or PMIX_RANK), else a stage executable's own stage.
-    #[arg(long)]
-    pub rank: Option<usize>,
-    /// `host:port` where rank 0 listens and every worker registers.
-    #[arg(long, default_value = "127.0.0.1:29500")]
-    pub rendezvous: String,
-    /// Seconds to wait for the other workers.
-    #[arg(long, default_value_t = 120)]
-    pub wait: u64,
+    /// Seconds a neighbouring rank may send no heartbeat before the job is stopped as
+    /// frozen or gone (heartbeats go every second from a thread of their own, so a long
+    /// computation never counts).
+    #[arg(long, value_name = "SECS", default_value_t = 10)]
+    pub heartbeat_timeout: u64,
     /// Save this stage's trained weights (safetensors) here.
     #[arg(long)]
     pub save: Option<PathBuf>,
+}
+
+#[derive(clap::Args)]
+pub struct LaunchArgs {
+    /// The build folder written by `pipewright compile`.
+    pub build: PathBuf,
+    /// Ranks to start (default: stages x replicas, which it must equal).
+    #[arg(long)]
+    pub np: Option<usize>,
+    /// An Open MPI hostfile (hosts and slots) for a job over several machines.
+    #[arg(long)]
+    pub hostfile: Option<PathBuf>,
+    /// Run the build's stage executables (MPMD; `compile --executables`) instead of
+    /// `pipewright worker` on every rank (SPMD).
+    #[arg(long)]
+    pub executables: bool,
+    /// Print the mpirun line instead of running it.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// The worker options, after `--`, given to every rank (`-- --steps 100 --data d.npz`).
+    #[arg(last = true)]
+    pub worker_args: Vec<String>,
 }
 
 /// The stage executable's command line: the worker options, the build folder being the
@@ -448,6 +484,8 @@ mod requests {
                 threads: self.threads,
                 timeout: std::time::Duration::from_secs(self.timeout),
                 max_inflated: self.max_data_size,
+                on_nonfinite: self.on_nonfinite,
+                max_skips: self.max_skips,
                 precision: self.precision,
                 devices: self.devices.clone(),
             })
@@ -456,13 +494,7 @@ mod requests {
 
     impl super::WorkerArgs {
         pub fn request(&self) -> anyhow::Result<WorkerRequest> {
-            Ok(WorkerRequest {
-                train: self.train.request()?,
-                rank: self.rank,
-                rendezvous: self.rendezvous.clone(),
-                wait: std::time::Duration::from_secs(self.wait),
-                save: self.save.clone(),
-            })
+            Ok(WorkerRequest { train: self.train.request()?, save: self.save.clone() })
         }
     }
 }
@@ -569,9 +601,15 @@ pub struct TraceSvgArgs {
     /// Where to write the SVG.
     #[arg(short, long, default_value = "timeline.svg")]
     pub output: PathBuf,
-    /// Width of the time axis in pixels.
+    /// Width of the time axis in pixels, at least: the drawing widens (up to 20,000) until
+    /// a typical compute box holds its microbatch id.
     #[arg(long, default_value_t = 1200)]
     pub width: u32,
+    /// The steps to draw, START..END (the trace's steps, from 0; END excluded) or START..;
+    /// default: all of a trace of up to 10 steps, else its first 10 (the SVG's title says
+    /// which).
+    #[arg(long, value_name = "START..END")]
+    pub steps: Option<pipewright_runtime::timeline::StepWindow>,
 }
 
 #[derive(clap::Args)]

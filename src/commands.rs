@@ -19,12 +19,12 @@ use pipewright_passes::presets::{self, SimCluster};
 use pipewright_driver::simulate::{per_scheme_path, simulate as simulate_model, write_trace, SimulateRequest};
 use pipewright_runtime::listing::{module_json, module_text};
 use pipewright_runtime::module::{looks_like_module, read_module};
-use pipewright_runtime::timeline::{bubbles, read_chrome_trace, timeline_svg};
+use pipewright_runtime::timeline::{bubbles, events_in, read_chrome_trace, timeline_svg_with, window_of, SvgOptions};
 
 use pipewright_core::units::human_bytes;
 use pipewright_synth::{GptShape, LayeredShape, Storage};
 
-use crate::args::{ClusterArgs, CompileArgs, ExportArgs, InspectArgs, PlanArgs, SimulateArgs, SynthArgs, SynthKind, TraceSvgArgs};
+use crate::args::{ClusterArgs, CompileArgs, ExportArgs, InspectArgs, LaunchArgs, PlanArgs, SimulateArgs, SynthArgs, SynthKind, TraceSvgArgs};
 
 pub fn inspect(args: &InspectArgs) -> Result<()> {
     if looks_like_module(&args.model) {
@@ -213,11 +213,17 @@ fn compile_request(args: &CompileArgs) -> Result<CompileRequest> {
         PlanRequest::Search { cluster: Cluster::default(), options, profile: None }
     };
     let executable = if args.executables { Some(std::env::current_exe().context("cannot locate the pipewright binary")?) } else { None };
-    Ok(CompileRequest { model: args.model.clone(), plan, output: args.output.clone(), executable, stage_onnx: args.stage_onnx, passes: args.pass_options() })
+    Ok(CompileRequest { model: args.model.clone(), plan, output: args.output.clone(), executable, stage_onnx: args.stage_onnx,
+        passes: args.pass_options(),
+        import: ImportOptions { untie_merged: args.untie_merged, train_batch_baked: args.train_batch_baked.clone(), ..ImportOptions::default() },
+    })
 }
 
 pub fn compile_command(args: &CompileArgs) -> Result<()> {
     let compiled = compile(&compile_request(args)?)?;
+    for line in compiled.choices.as_ref().map(|c| c.lines()).unwrap_or_default() {
+        eprintln!("note: {line}");
+    }
     print!("{}", compiled.printed);
     if args.timings {
         eprint!("{}", compiled.timings_text());
@@ -228,9 +234,38 @@ pub fn compile_command(args: &CompileArgs) -> Result<()> {
     Ok(())
 }
 
+pub fn launch(args: &LaunchArgs) -> Result<()> {
+    use pipewright_driver::launch::{mpirun_line, run_mpirun, shell_line, LaunchRequest};
+    let program = std::env::current_exe().map_err(|e| anyhow::anyhow!("cannot find this pipewright binary: {e}"))?;
+    let req = LaunchRequest {
+        build: args.build.clone(),
+        np: args.np,
+        hostfile: args.hostfile.clone(),
+        executables: args.executables,
+        program,
+        worker_args: args.worker_args.clone(),
+    };
+    let line = mpirun_line(&req)?;
+    if args.dry_run {
+        println!("{}", shell_line(&line));
+        return Ok(());
+    }
+    eprintln!("{}", shell_line(&line));
+    match run_mpirun(&line)? {
+        0 => Ok(()),
+        code => anyhow::bail!("the MPI job failed (mpirun exit status {code}; each rank's messages are above)"),
+    }
+}
+
 pub fn export(args: &ExportArgs) -> Result<()> {
-    let replaced = pipewright_driver::export::export_onnx(&args.build, &args.output)?;
-    println!("wrote {} ({replaced} trained initializers from {})", args.output.display(), args.build.join(pipewright_driver::export::WEIGHTS_FILE).display());
+    let exported = pipewright_driver::export::export_onnx(&args.build, &args.output)?;
+    println!(
+        "wrote {} ({} trained initializers from {}; {})",
+        args.output.display(),
+        exported.replaced,
+        args.build.join(pipewright_driver::export::WEIGHTS_FILE).display(),
+        exported.batch_text()
+    );
     Ok(())
 }
 
@@ -240,11 +275,18 @@ pub fn trace_svg(args: &TraceSvgArgs) -> Result<()> {
     if events.is_empty() {
         bail!("{}: no complete (\"X\") events", args.trace.display());
     }
-    write_atomic(&args.output, timeline_svg(&events, args.width.max(100)).as_bytes())?;
+    let options = SvgOptions { width: args.width.max(100), steps: args.steps };
+    let (window, what) = window_of(&events, &options);
+    let shown = events_in(&events, window);
+    if shown.is_empty() {
+        bail!("--steps {window}: the trace has no events in those steps ({what})");
+    }
+    write_atomic(&args.output, timeline_svg_with(&events, &options).as_bytes())?;
+    // The bubble fractions are the whole trace's, as before; the drawing's are its window's.
     for (k, b) in bubbles(&events) {
         println!("stage {k}: bubble fraction {:.4} (busy {:.3} ms of {:.3} ms)", b.fraction, b.busy_us / 1000.0, b.span_us / 1000.0);
     }
-    eprintln!("wrote {} ({} events)", args.output.display(), events.len());
+    eprintln!("wrote {} ({} of {} events: {what})", args.output.display(), shown.len(), events.len());
     Ok(())
 }
 

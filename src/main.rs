@@ -13,7 +13,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use args::{CompileArgs, ExportArgs, InspectArgs, PlanArgs, SimulateArgs, SynthArgs, TraceSvgArgs};
+use args::{CompileArgs, ExportArgs, InspectArgs, LaunchArgs, PlanArgs, SimulateArgs, SynthArgs, TraceSvgArgs};
 #[cfg(feature = "torch")]
 use args::{BenchStepArgs, ConformanceArgs, ProfileArgs, RunForwardArgs, TrainArgs, WorkerArgs};
 
@@ -48,11 +48,14 @@ enum Command {
     /// Generate a synthetic ONNX model at a real size (GPT-2-shaped, or a long layered graph
     /// with skips) with random weights, to try the tool at scale without downloading one.
     Synth(SynthArgs),
+    /// Start a build's pipeline as an MPI job (one rank per stage and replica), or print
+    /// the `mpirun` line (`--dry-run`).
+    Launch(LaunchArgs),
     /// Train a compiled pipeline on the embedded executor (one thread per stage and replica).
     #[cfg(feature = "torch")]
     Train(TrainArgs),
-    /// Run one stage of one replica as its own process, linked to the other workers over
-    /// TCP (a multi-process or multi-machine pipeline; stage executables do the same).
+    /// Run one stage of one replica as a rank of an MPI job (started by `mpirun`, `srun` or
+    /// `pipewright launch`; stage executables do the same).
     #[cfg(feature = "torch")]
     Worker(WorkerArgs),
     /// Run a model forward through the runtime's op layer and compare with expected outputs.
@@ -149,6 +152,7 @@ fn main() -> ExitCode {
         Command::Export(args) => commands::export(&args),
         Command::TraceSvg(args) => commands::trace_svg(&args),
         Command::Synth(args) => commands::synth(&args),
+        Command::Launch(args) => commands::launch(&args),
         #[cfg(feature = "torch")]
         Command::Train(args) => run::train(&args),
         #[cfg(feature = "torch")]

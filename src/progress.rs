@@ -1,5 +1,11 @@
 //! Training progress for people and programs: an indicatif bar on a terminal (plain lines
 //! every `--log-every` steps otherwise), and one JSON line of metrics per step.
+//!
+//! While the bar is drawn, every line meant for the terminal goes through
+//! [`Progress::println`] (printed with the bar suspended, above it), and the bar is cleared before
+//! anything else is printed, so on a terminal the banner, the bar, warnings and the
+//! summary never share a line (indicatif leaves its cursor at the end of the bar's line:
+//! a plain `eprintln!` after it continued that line).
 
 use std::io::{IsTerminal, Write};
 use std::path::Path;
@@ -42,6 +48,8 @@ pub struct Progress {
     first_step: usize,
     steps: usize,
     log_every: usize,
+    /// The last step's line, printed in place of the bar when it is cleared.
+    last: Option<String>,
 }
 
 impl Progress {
@@ -57,7 +65,7 @@ impl Progress {
             bar.set_position(first_step as u64);
             bar
         });
-        Ok(Progress { bar, metrics, started: Instant::now(), first_step, steps, log_every: log_every.max(1) })
+        Ok(Progress { bar, metrics, started: Instant::now(), first_step, steps, log_every: log_every.max(1), last: None })
     }
 
     pub fn step(&mut self, r: &StepReport) {
@@ -69,6 +77,7 @@ impl Progress {
             Some(bar) => {
                 bar.set_message(format!("loss {:.4}  {speed}", r.loss));
                 bar.set_position(r.step as u64 + 1);
+                self.last = Some(format!("step {:>5}/{}  loss {:.4}  {speed}", r.step + 1, self.steps, r.loss));
             }
             None if r.step % self.log_every == 0 || r.step + 1 == self.steps => {
                 eprintln!("step {:>5}/{}  loss {:.4}  {speed}  eta {eta:.1}s", r.step + 1, self.steps, r.loss);
@@ -83,10 +92,34 @@ impl Progress {
         }
     }
 
-    pub fn finish(&self) {
-        if let Some(bar) = &self.bar {
-            bar.finish();
+    /// Prints a line to stderr: above the bar while it is drawn, else plainly. The bar is
+    /// suspended (cleared, the line printed, the bar redrawn) rather than given the line
+    /// with `ProgressBar::println`, which queues it for the next rate-limited draw: lines
+    /// queued just before the bar is cleared at the end were lost.
+    pub fn println(&self, line: &str) {
+        match &self.bar {
+            Some(bar) => bar.suspend(|| eprintln!("{line}")),
+            None => eprintln!("{line}"),
         }
+    }
+
+    /// Clears the bar (leaving the last step as a plain line), so that what follows starts
+    /// on a line of its own.
+    pub fn finish(&mut self) {
+        if let Some(bar) = self.bar.take() {
+            bar.finish_and_clear();
+            if let Some(last) = self.last.take() {
+                eprintln!("{last}");
+            }
+        }
+    }
+}
+
+impl Drop for Progress {
+    /// A run that ends in an error clears the bar too, so the error starts its own line
+    /// (indicatif's own drop leaves the bar drawn, the cursor after it).
+    fn drop(&mut self) {
+        self.finish();
     }
 }
 

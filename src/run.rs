@@ -2,6 +2,7 @@
 //! executables), run-forward, bench-step, conformance and profile.
 
 use std::path::Path;
+use std::time::Duration;
 
 use anyhow::{anyhow, Result};
 use pipewright_core::fs::write_atomic;
@@ -12,7 +13,7 @@ use pipewright_passes::cost::BatchSpread;
 use pipewright_driver::forward::{bench_step, run_forward, save_outputs, verdict};
 use pipewright_driver::train::{Session, WorkerSession};
 use pipewright_runtime::device::tch_device;
-use pipewright_runtime::pipeline::{StepReport, TrainReport};
+use pipewright_runtime::pipeline::{MpiJob, StepReport, TrainReport};
 use pipewright_runtime::timeline::chrome_trace_json;
 
 use crate::args::{BenchStepArgs, ConformanceArgs, ProfileArgs, RunForwardArgs, TrainArgs, WorkerArgs};
@@ -30,18 +31,45 @@ fn save_trace(path: Option<&Path>, report: &TrainReport) -> Result<()> {
     Ok(())
 }
 
+/// The first and last finite losses (a skipped step's loss may be NaN).
 fn loss_range(report: &TrainReport) -> (f64, f64) {
-    (report.losses.first().copied().unwrap_or(f64::NAN), report.losses.last().copied().unwrap_or(f64::NAN))
+    let mut finite = report.losses.iter().copied().filter(|l| l.is_finite());
+    let first = finite.next().unwrap_or(f64::NAN);
+    (first, finite.last().unwrap_or(first))
+}
+
+/// `stage 0 cuda:0, stage 1 cuda:1` (replica 0; every replica when they differ).
+fn placement(cfg: &pipewright_runtime::pipeline::TrainConfig, depth: usize, replicas: usize) -> String {
+    let name = |d: tch::Device| match d {
+        tch::Device::Cuda(n) => format!("cuda:{n}"),
+        _ => "cpu".to_string(),
+    };
+    let alike = (0..replicas).all(|r| (0..depth).all(|k| cfg.worker_device(k, r, depth) == cfg.worker_device(k, 0, depth)));
+    let shown = if alike { 1 } else { replicas };
+    let mut parts = Vec::new();
+    for r in 0..shown {
+        for k in 0..depth {
+            let who = if alike { format!("stage {k}") } else { format!("replica {r} stage {k}") };
+            parts.push(format!("{who} {}", name(cfg.worker_device(k, r, depth))));
+        }
+    }
+    parts.join(", ")
 }
 
 pub fn train(args: &TrainArgs) -> Result<()> {
     let session = Session::prepare(&args.build, &args.request()?)?;
     let c = &session.build.manifest.pipeline;
     eprint!("{}", session.shape.report());
+    for line in session.build.manifest.choices.lines() {
+        eprintln!("note: {line}");
+    }
     eprintln!(
         "training {} stage(s) x {} replica(s), schedule {}, recompute {} (from the build), steps {}..{}",
         c.depth, session.shape.replicas.value, c.schedule, c.recompute, session.start, args.steps
     );
+    if !session.config.devices.is_empty() {
+        eprintln!("placement: {}", placement(&session.config, c.depth as usize, session.shape.replicas.value as usize));
+    }
     // Trained weights of an earlier run are replaced: say so before and after.
     let weights = args.build.join(WEIGHTS_FILE);
     let replacing = weights.is_file();
@@ -49,7 +77,15 @@ pub fn train(args: &TrainArgs) -> Result<()> {
         eprintln!("note: {} exists (an earlier run's weights); this run replaces it when it ends", weights.display());
     }
     let mut progress = progress(args, session.start)?;
-    let report = session.run(&mut |r: StepReport| progress.step(&r))?;
+    let mut skipped = 0;
+    let report = session.run(&mut |r: StepReport| {
+        progress.step(&r);
+        if r.skipped {
+            skipped += 1;
+            // Above the bar on a terminal, so it never runs into it.
+            progress.println(&format!("step {}: skipped (a loss or gradient was not finite; every stage kept its weights and optimizer state)", r.step + 1));
+        }
+    })?;
     progress.finish();
     save_trace(args.trace.as_deref(), &report)?;
     for p in &report.checkpoints {
@@ -58,8 +94,9 @@ pub fn train(args: &TrainArgs) -> Result<()> {
     save_weights(&weights, &report)?;
     eprintln!("wrote {}{}", weights.display(), if replacing { " (replacing the earlier run's weights)" } else { "" });
     let (first, last) = loss_range(&report);
+    let skipped = if skipped > 0 { format!(" ({skipped} skipped)") } else { String::new() };
     println!(
-        "trained {} steps in {:.1}s: loss {first:.4} -> {last:.4}; weight versions held per stage (peak): {:?}",
+        "trained {} steps{skipped} in {:.1}s: loss {first:.4} -> {last:.4}; weight versions held per stage (peak): {:?}",
         report.losses.len(),
         progress.started.elapsed().as_secs_f64(),
         report.peak_versions
@@ -70,31 +107,62 @@ pub fn train(args: &TrainArgs) -> Result<()> {
 }
 
 /// `pipewright worker`, or a stage executable started with options (`embedded`: its own
-/// module).
+/// module): one rank of an MPI job. Any error stops every rank (MPI_Abort) once printed.
 pub fn worker(args: &WorkerArgs, embedded: Option<Vec<u8>>) -> Result<()> {
-    let t = &args.train;
-    let session = WorkerSession::prepare(&t.build, &args.request()?, embedded)?;
-    let (rank, stage, replica, depth) = (session.rank, session.stage, session.replica, session.depth);
-    eprint!("{}", session.shape.report());
-    eprintln!("rank {rank}: stage {stage} of {depth}, replica {replica} of {}; joining {}", session.shape.replicas.value, args.rendezvous);
-    let mut progress = progress(t, 0)?;
-    let report = session.run(&mut |r: StepReport| progress.step(&r))?;
-    progress.finish();
-    save_trace(t.trace.as_deref(), &report)?;
-    if let Some(path) = &args.save {
-        save_weights(path, &report)?;
+    let job = MpiJob::start(Duration::from_secs(args.heartbeat_timeout)).map_err(|e| anyhow!("{e}"))?;
+    match worker_rank(args, embedded, &job) {
+        Ok(()) => {
+            let who = job.who(job.rank());
+            job.finish().map_err(|e| anyhow!("{who}: {e}"))
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            job.abort(1)
+        }
     }
-    if stage + 1 == depth {
-        let (first, last) = loss_range(&report);
+}
+
+fn worker_rank(args: &WorkerArgs, embedded: Option<Vec<u8>>, job: &MpiJob) -> Result<()> {
+    let t = &args.train;
+    let session = WorkerSession::prepare(&t.build, &args.request()?, embedded, job)?;
+    let (rank, stage, replica, depth) = (session.rank, session.stage, session.replica, session.depth);
+    // One write, so the launcher does not interleave it with other ranks' lines.
+    let line = format!("rank {rank}: stage {stage} of {depth}, replica {replica} of {}, pid {}\n", session.shape.replicas.value, std::process::id());
+    eprint!("{line}");
+    // One job, one result: the reporting rank alone shows progress and writes metrics.
+    let reports = session.reports_steps;
+    let replicas = session.shape.replicas.value;
+    if reports {
+        eprint!("{}", session.shape.report());
+    }
+    let start = session.start;
+    let mut progress = if reports { progress(t, start)? } else { Progress::new(t.steps, start, t.log_every, true, None)? };
+    let outcome = session.run(&mut |r: StepReport| progress.step(&r))?;
+    progress.finish();
+    let report = &outcome.report;
+    // Every rank traces its own stage: `t.json` becomes `t.rank1.json` on rank 1.
+    let trace = t.trace.as_ref().map(|p| p.with_extension(format!("rank{rank}.{}", p.extension().and_then(|e| e.to_str()).unwrap_or("json"))));
+    save_trace(trace.as_deref(), report)?;
+    for p in &report.checkpoints {
+        eprintln!("rank {rank}: wrote checkpoint {}", p.display());
+    }
+    if let Some(all) = &outcome.job {
+        let weights = t.build.join(WEIGHTS_FILE);
+        save_weights(&weights, all)?;
+        eprintln!("rank {rank}: wrote every stage's weights to {}", weights.display());
+    }
+    if reports {
+        let (first, last) = loss_range(report);
         println!(
-            "rank {rank} (stage {stage}, replica {replica}): trained {} steps in {:.1}s: loss {first:.4} -> {last:.4}",
+            "trained {} steps in {:.1}s over {depth} stage(s) x {} replica(s): loss {first:.4} -> {last:.4}",
             report.losses.len(),
-            progress.started.elapsed().as_secs_f64()
+            progress.started.elapsed().as_secs_f64(),
+            replicas
         );
     }
     let peak = report.memory.first().map_or(0, |m| m.total);
     let versions = report.peak_versions.first().copied().unwrap_or(0);
-    println!("rank {rank} (stage {stage}): peak live tensor bytes {}, weight versions held (peak) {versions}", human_bytes(peak));
+    println!("rank {rank} (stage {stage}, replica {replica}): peak live tensor bytes {}, weight versions held (peak) {versions}", human_bytes(peak));
     Ok(())
 }
 

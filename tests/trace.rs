@@ -178,3 +178,72 @@ fn trace_svg_rejects_a_bad_trace() {
     assert!(err.lines().last().unwrap_or_default().starts_with("error:"), "{err}");
     assert!(!dir.path().join("x.svg").exists());
 }
+
+/// The drawn compute (forward, backward, recompute) boxes of an SVG: (width, the title's
+/// step, its microbatch, the label in it).
+fn svg_boxes(svg: &str) -> Vec<(f64, u64, Option<u64>, Option<String>)> {
+    let lines: Vec<&str> = svg.lines().collect();
+    let mut out = Vec::new();
+    let compute = |l: &str| ["<title>forward", "<title>backward", "<title>recompute"].iter().any(|k| l.contains(k));
+    for (i, l) in lines.iter().enumerate().filter(|(_, l)| l.starts_with("<rect") && compute(l)) {
+        let width: f64 = l.split(" width=\"").nth(1).and_then(|r| r.split('"').next()).and_then(|w| w.parse().ok()).expect("rect width");
+        let step: u64 = l.split(" step ").nth(1).and_then(|r| r.split(':').next()).and_then(|s| s.parse().ok()).expect("rect step");
+        let mb = l.split(" mb ").nth(1).and_then(|r| r.split(' ').next()).and_then(|s| s.parse().ok());
+        let label = lines.get(i + 1).filter(|n| n.starts_with("<text") && n.contains("font-size=\"10\"")).and_then(|n| n.split('>').nth(1)).map(|t| t.trim_end_matches("</text").to_string());
+        out.push((width, step, mb, label));
+    }
+    out
+}
+
+/// The SVG of a 200-step run: by default its first 10 steps (the title says so), with
+/// `--steps` the window asked for, and in either the microbatch ids written in the compute
+/// boxes (most of them; every label in a box wide enough for it); a window outside the
+/// trace is refused without writing a file.
+#[test]
+fn svg_of_a_200_step_run_shows_a_window_with_microbatch_labels() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    compile(dir.path(), "2bw", "none");
+    let trace = dir.path().join("trace.json");
+    let out = pw(&["train", dir.path().to_str().unwrap(), "--steps", "200", "--microbatch", "4", "--microbatches", "4", "--trace", trace.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let svg_path = dir.path().join("t.svg");
+    let draw = |extra: &[&str]| {
+        let mut args = vec!["trace-svg", trace.to_str().unwrap(), "-o", svg_path.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        let out = pw(&args);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        std::fs::read_to_string(&svg_path).expect("svg written")
+    };
+    let check_labels = |boxes: &[(f64, u64, Option<u64>, Option<String>)]| {
+        // Nine in ten by construction (the drawing widens for them) unless it reached its
+        // widest; at least three in four here.
+        let labelled = boxes.iter().filter(|b| b.3.is_some()).count();
+        assert!(!boxes.is_empty() && labelled * 4 >= boxes.len() * 3, "{labelled} labels on {} compute boxes", boxes.len());
+        for (width, _, mb, label) in boxes {
+            if let Some(label) = label {
+                assert_eq!(Some(label.clone()), mb.map(|m| m.to_string()), "a label is its box's microbatch");
+                assert!(*width >= 6.0 * label.len() as f64 + 4.0, "label {label} in a box {width} px wide");
+            }
+        }
+    };
+    let svg = draw(&[]);
+    assert!(svg.contains("steps 0..10 of 0..200: the first 10"), "{}", &svg[..500]);
+    let boxes = svg_boxes(&svg);
+    assert!(!boxes.is_empty() && boxes.iter().all(|b| b.1 < 10));
+    check_labels(&boxes);
+    let svg = draw(&["--steps", "120..125"]);
+    assert!(svg.contains("steps 120..125 of 0..200"), "{}", &svg[..500]);
+    let boxes = svg_boxes(&svg);
+    assert!(boxes.iter().all(|b| (120..125).contains(&b.1)));
+    for t in 120..125 {
+        assert!(boxes.iter().any(|b| b.1 == t), "step {t} is not drawn");
+    }
+    check_labels(&boxes);
+    std::fs::remove_file(&svg_path).unwrap();
+    let out = pw(&["trace-svg", trace.to_str().unwrap(), "-o", svg_path.to_str().unwrap(), "--steps", "500..510"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("--steps 500..510") && err.contains("no events"), "{err}");
+    assert!(!svg_path.exists());
+    let out = pw(&["trace-svg", trace.to_str().unwrap(), "-o", svg_path.to_str().unwrap(), "--steps", "9..3"]);
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("empty"));
+}

@@ -713,8 +713,385 @@ fn devices_place_stages_and_bad_devices_are_named() {
     };
     assert_eq!(run(&[]), run(&["--devices", "cpu,cpu"]));
     assert_eq!(run(&[]), run(&["--devices", "cpu,cpu,cpu,cpu"]));
+    // The banner states where each worker runs.
+    let out = pw(&["train", dir.path().to_str().unwrap(), "--data", data.to_str().unwrap(), "--label", "label", "--output", "linear_3", "--steps", "1", "--microbatch", "16", "--microbatches", "4", "--replicas", "2", "--no-progress", "--devices", "cpu,cpu"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && err.contains("placement: stage 0 cpu, stage 1 cpu"), "{err}");
     let out = pw(&["train", dir.path().to_str().unwrap(), "--data", data.to_str().unwrap(), "--label", "label", "--output", "linear_3", "--steps", "2", "--devices", "cpu,cuda:7"]);
     let err = String::from_utf8_lossy(&out.stderr);
     // No CUDA here (on a GPU machine: fewer than 8 GPUs).
     assert!(!out.status.success() && err.contains("--devices") && err.contains("cuda:7"), "{err}");
+}
+
+/// What a terminal shows for `raw` (the bytes a program wrote to it): per line, a carriage
+/// return moves back to the start and `ESC [ 2K` clears; other escapes are dropped.
+fn terminal_lines(raw: &str) -> Vec<String> {
+    let mut shown = Vec::new();
+    for line in raw.split('\n') {
+        let (mut cells, mut at): (Vec<char>, usize) = (Vec::new(), 0);
+        let mut chars = line.chars().peekable();
+        while let Some(c) = chars.next() {
+            match c {
+                '\r' => at = 0,
+                '\x1b' => {
+                    let mut seq = String::new();
+                    if chars.peek() == Some(&'[') {
+                        chars.next();
+                        while let Some(&n) = chars.peek() {
+                            chars.next();
+                            seq.push(n);
+                            if n.is_ascii_alphabetic() {
+                                break;
+                            }
+                        }
+                    }
+                    if seq == "2K" {
+                        cells.clear();
+                    }
+                }
+                c => {
+                    if at < cells.len() {
+                        cells[at] = c;
+                    } else {
+                        cells.resize(at, ' ');
+                        cells.push(c);
+                    }
+                    at += 1;
+                }
+            }
+        }
+        shown.push(cells.into_iter().collect::<String>().trim_end().to_string());
+    }
+    shown
+}
+
+/// `train` on a pseudo-terminal (util-linux `script`): the progress bar is drawn, and the
+/// banner, the bar, the lines after it and the summary each keep a line of their own, as
+/// does the error of a run that stops mid-way (the bar used to leave its cursor at the end
+/// of its line: `eta 0swrote build/weights.safetensors`).
+#[test]
+fn terminal_output_never_shares_a_line() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    compile(dir.path(), "2", "2bw", "none");
+    let data = root().join("examples/digits/digits.npz");
+    let poisoned = data_with_inf(dir.path(), 96, &[40]);
+    let on_terminal = |lr: &str| {
+        // A skipped step (one sample is infinite) prints a warning while the bar is drawn.
+        let data = if lr == "skip" { &poisoned } else { &data };
+        let mut args = vec!["train", dir.path().to_str().unwrap(), "--data", data.to_str().unwrap(), "--steps", "30", "--microbatch", "8"];
+        let extra = if lr == "skip" { ["--on-nonfinite", "skip"] } else { ["--lr", lr] };
+        args.extend_from_slice(&extra);
+        let quoted: Vec<String> = args.iter().map(|a| format!("'{a}'")).collect();
+        let command = format!("'{}' {}", env!("CARGO_BIN_EXE_pipewright"), quoted.join(" "));
+        let out = Command::new("script").args(["-qec", &command, "/dev/null"]).output().expect("util-linux `script` runs (it gives the test a terminal)");
+        let raw = String::from_utf8_lossy(&out.stdout).into_owned();
+        (out.status.success(), terminal_lines(&raw), raw)
+    };
+    // A word that marks each kind of line (the bar's is its `eta`); no line shows two.
+    let kinds = ["training ", "note: ", "eta ", "wrote ", "trained ", "peak live", "error:", "skipped ("];
+    let check = |lines: &[String]| {
+        for l in lines {
+            let found: Vec<&str> = kinds.iter().copied().filter(|k| l.contains(k)).collect();
+            assert!(found.len() <= 1, "a line shared by {found:?}: {l:?}\n{lines:#?}");
+        }
+    };
+    let (ok, lines, raw) = on_terminal("0.05");
+    assert!(ok, "{lines:#?}");
+    // The bar itself was drawn (a terminal), not the plain progress lines of a pipe.
+    assert!(raw.contains("\x1b[2K") && raw.contains("eta "), "no bar was drawn: {raw:?}");
+    check(&lines);
+    for start in ["training ", "step    30/30", "wrote ", "trained 30 steps", "peak live"] {
+        assert!(lines.iter().any(|l| l.starts_with(start)), "no line starts with {start:?}: {lines:#?}");
+    }
+    // Warnings printed while the bar is drawn keep their own lines.
+    let (ok, lines, _) = on_terminal("skip");
+    assert!(ok, "{lines:#?}");
+    check(&lines);
+    assert!(lines.iter().filter(|l| l.starts_with("step ") && l.contains(": skipped (")).count() >= 1, "{lines:#?}");
+    // A run that stops with an error (divergence) prints it on its own line too.
+    let (ok, lines, _) = on_terminal("1e300");
+    assert!(!ok, "{lines:#?}");
+    check(&lines);
+    assert!(lines.iter().any(|l| l.starts_with("error:")), "{lines:#?}");
+}
+
+/// The tensors of a weights file by name, as f32 values.
+fn read_weights(path: &Path) -> std::collections::BTreeMap<String, Vec<f32>> {
+    let bytes = std::fs::read(path).expect("weights written");
+    let st = safetensors::SafeTensors::deserialize(&bytes).expect("a safetensors file");
+    st.tensors().into_iter().map(|(n, v)| (n, v.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())).collect()
+}
+
+/// gpt2-tiny's exporter merged every LayerNorm's weight (ones) and bias (zeros) into one
+/// initializer each: compile and train say so in one line, naming `--untie-merged`.
+/// Without it the build trains one tied weight per tensor; with it every LayerNorm gets
+/// its own copy, and after training the copies differ; `export` writes each copy into the
+/// model, read by its own node.
+#[test]
+fn merged_initializers_are_announced_and_can_be_untied() {
+    let model = root().join("../shared/corpus/models/gpt2-tiny.onnx");
+    let dir = tempfile::tempdir().expect("temp dir");
+    for untie in [false, true] {
+        let build = dir.path().join(if untie { "untied" } else { "tied" });
+        let mut args = vec!["compile", model.to_str().unwrap(), "--stages", "2", "-o", build.to_str().unwrap()];
+        if untie {
+            args.push("--untie-merged");
+        }
+        let out = pw(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{err}");
+        let line = if untie {
+            "note: untied 2 exporter-merged initializers into 18 separately trained weights (--untie-merged)"
+        } else {
+            "note: 2 initializers the exporter merged (identical values) train as tied weights: 18 uses of 2 tensors"
+        };
+        assert_eq!(err.lines().filter(|l| l.contains("merged")).count(), 1, "{err}");
+        assert!(err.contains(line), "{err}");
+        let out = pw(&["train", build.to_str().unwrap(), "--steps", "4", "--microbatch", "2", "--optimizer", "adam", "--lr", "0.01", "--no-progress"]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{err}");
+        assert!(err.contains(line), "train does not repeat the compile's choice: {err}");
+        let weights = read_weights(&build.join("weights.safetensors"));
+        let names: Vec<&String> = weights.keys().filter(|n| n.starts_with("transformer.h.0.ln_1.weight")).collect();
+        assert_eq!(names.len(), if untie { 9 } else { 1 }, "{names:?}");
+        if untie {
+            let first = &weights["transformer.h.0.ln_1.weight"];
+            let other = &weights["transformer.h.0.ln_1.weight.untied3"];
+            let diff = first.iter().zip(other).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+            assert!(diff > 1e-4, "the untied copies trained alike (max difference {diff})");
+            // Export writes every copy, each read by its own LayerNormalization.
+            let exported = dir.path().join("untied.onnx");
+            let out = pw(&["export", build.to_str().unwrap(), "-o", exported.to_str().unwrap()]);
+            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+            let m = ModelProto::parse_from_bytes(&std::fs::read(&exported).unwrap()).unwrap();
+            let scales: std::collections::BTreeSet<&str> = m.graph.node.iter().filter(|n| n.op_type == "LayerNormalization").map(|n| n.input[1].as_str()).collect();
+            assert_eq!(scales.len(), 9, "{scales:?}");
+            let copy = m.graph.initializer.iter().find(|t| t.name == "transformer.h.0.ln_1.weight.untied3").expect("the copy is an initializer");
+            let values: Vec<f32> = copy.raw_data.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+            assert_eq!(&values, other);
+        }
+    }
+}
+
+/// ViT's class token, which the exporter expanded to the export batch (`expand`, `[2, 1,
+/// 128]`), is frozen by default, and compile and train say so, naming
+/// `--train-batch-baked`; with it, the token trains as one slice `[1, 1, 128]` shared by
+/// the batch, and `export` writes it back into a model that runs at another batch. A
+/// name that is no batch-baked initializer is refused, naming it.
+#[test]
+fn batch_baked_initializers_are_announced_and_can_train() {
+    let vit = root().join("../shared/corpus/models/vit-tiny.onnx");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let source = ModelProto::parse_from_bytes(&std::fs::read(&vit).unwrap()).unwrap();
+    let token = source.graph.initializer.iter().find(|t| t.name == "expand").expect("the class token");
+    let initial: Vec<f32> = token.raw_data.chunks_exact(4).take(128).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+    for train_it in [false, true] {
+        let build = dir.path().join(if train_it { "trained" } else { "frozen" });
+        let mut args = vec!["compile", vit.to_str().unwrap(), "--stages", "2", "-o", build.to_str().unwrap()];
+        if train_it {
+            args.extend_from_slice(&["--train-batch-baked", "expand"]);
+        }
+        let out = pw(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{err}");
+        let line = if train_it {
+            "note: 1 initializer baked for the export batch trains as one slice shared by the batch (--train-batch-baked): expand [1, 1, 128]"
+        } else {
+            "note: 1 initializer baked for the export batch kept frozen (not trained): expand [2, 1, 128]; compile --train-batch-baked NAME trains one"
+        };
+        assert!(err.contains(line), "{err}");
+        let out = pw(&["train", build.to_str().unwrap(), "--steps", "3", "--microbatch", "4", "--optimizer", "adam", "--lr", "0.01", "--no-progress"]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success() && err.contains(line), "{err}");
+        let weights = read_weights(&build.join("weights.safetensors"));
+        if !train_it {
+            assert!(!weights.contains_key("expand"));
+            continue;
+        }
+        let trained = &weights["expand"];
+        assert_eq!(trained.len(), 128);
+        assert!(trained.iter().zip(&initial).any(|(a, b)| (a - b).abs() > 1e-4), "the class token did not train");
+        let exported = dir.path().join("vit.onnx");
+        let out = pw(&["export", build.to_str().unwrap(), "-o", exported.to_str().unwrap()]);
+        assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).contains("batch axis dynamic"), "{}", String::from_utf8_lossy(&out.stdout));
+        let m = ModelProto::parse_from_bytes(&std::fs::read(&exported).unwrap()).unwrap();
+        let t = m.graph.initializer.iter().find(|t| t.name == "expand").unwrap();
+        let values: Vec<f32> = t.raw_data.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        assert_eq!(&values, trained);
+        let inputs = dir.path().join("inputs");
+        std::fs::create_dir_all(&inputs).unwrap();
+        std::fs::copy(root().join("../shared/corpus/models/vit-tiny.inputs/input_0.pb"), inputs.join("input_0.pb")).unwrap();
+        let out = pw(&["run-forward", exported.to_str().unwrap(), "--inputs", inputs.to_str().unwrap(), "--tile-batch", "3"]);
+        assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).contains("[6, 10]"), "{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    }
+    let out = pw(&["compile", vit.to_str().unwrap(), "--stages", "2", "-o", dir.path().join("bad").to_str().unwrap(), "--train-batch-baked", "vit.layers.0.mlp.fc1.bias"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("tensor \"vit.layers.0.mlp.fc1.bias\": --train-batch-baked: its shape [256] does not start with the export batch (2)"), "{err}");
+    assert!(!dir.path().join("bad/pipeline.toml").exists());
+}
+
+/// A Python with onnxruntime and numpy: `PIPEWRIGHT_PYTHON`, else the shared venv, else
+/// `python3`; `None` when none of them imports onnxruntime.
+fn onnxruntime_python() -> Option<String> {
+    let candidates = [std::env::var("PIPEWRIGHT_PYTHON").ok(), Some(root().join("../venv/bin/python").display().to_string()), Some("python3".into())];
+    candidates.into_iter().flatten().find(|p| Command::new(p).args(["-c", "import onnxruntime, numpy, onnx"]).output().is_ok_and(|o| o.status.success()))
+}
+
+/// gpt2-tiny was exported at batch 2 (every input and output, and its Reshape targets and
+/// masks, at 2); pipewright trains it at any batch, and `export` writes a model that takes
+/// any batch: axis 0 of its input and output is `dim_param "N"`, and at batch 16 both
+/// pipewright (`run-forward --tile-batch 8`) and onnxruntime (where installed) run it, with
+/// the same outputs.
+#[test]
+fn export_takes_any_batch_like_training_did() {
+    let model = root().join("../shared/corpus/models/gpt2-tiny.onnx");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let build = dir.path().join("build");
+    assert!(pw(&["compile", model.to_str().unwrap(), "--stages", "2", "-o", build.to_str().unwrap()]).status.success());
+    let out = pw(&["train", build.to_str().unwrap(), "--steps", "2", "--microbatch", "4", "--no-progress"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let exported = dir.path().join("trained.onnx");
+    let out = pw(&["export", build.to_str().unwrap(), "-o", exported.to_str().unwrap()]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && stdout.contains("batch axis dynamic (dim_param \"N\")"), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    let m = ModelProto::parse_from_bytes(&std::fs::read(&exported).unwrap()).unwrap();
+    let dim0 = |vi: &onnx_protobuf::ValueInfoProto| match vi.type_.as_ref().and_then(|t| t.value.as_ref()) {
+        Some(onnx_protobuf::type_proto::Value::TensorType(t)) => t.shape.as_ref().and_then(|s| s.dim.first()).and_then(|d| d.value.clone()),
+        _ => None,
+    };
+    let n = Some(onnx_protobuf::tensor_shape_proto::dimension::Value::DimParam("N".into()));
+    assert_eq!(dim0(&m.graph.input[0]), n);
+    assert_eq!(dim0(&m.graph.output[0]), n);
+
+    // Batch 16 through pipewright, saved.
+    let inputs = dir.path().join("inputs");
+    std::fs::create_dir(&inputs).unwrap();
+    std::fs::copy(root().join("../shared/corpus/models/gpt2-tiny.inputs/input_0.pb"), inputs.join("input_0.pb")).unwrap();
+    let saved = dir.path().join("pw.npz");
+    let out = pw(&["run-forward", exported.to_str().unwrap(), "--inputs", inputs.to_str().unwrap(), "--tile-batch", "8", "--save", saved.to_str().unwrap()]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && stdout.contains("[16, 32, 1000]"), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+
+    // And through onnxruntime.
+    let Some(python) = onnxruntime_python() else {
+        eprintln!("note: no Python with onnxruntime (set PIPEWRIGHT_PYTHON): the exported model was checked at batch 16 by pipewright only");
+        return;
+    };
+    let script = r#"
+import sys, numpy as np, onnx, onnxruntime as ort
+from onnx import numpy_helper
+model, tensor, saved = sys.argv[1:4]
+x = numpy_helper.to_array(onnx.load_tensor(tensor))
+session = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+y = session.run(None, {session.get_inputs()[0].name: np.concatenate([x] * 8, 0)})[0]
+ours = np.load(saved)["linear"]
+print("shape", y.shape, "max_abs_diff", float(np.abs(y - ours).max()))
+"#;
+    let out = Command::new(&python).args(["-c", script, exported.to_str().unwrap(), inputs.join("input_0.pb").to_str().unwrap(), saved.to_str().unwrap()]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "onnxruntime refused the exported model at batch 16: {text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains("shape (16, 32, 1000)"), "{text}");
+    let diff: f64 = text.split("max_abs_diff ").nth(1).and_then(|d| d.trim().parse().ok()).expect("a difference");
+    assert!(diff < 1e-4, "onnxruntime and run-forward differ by {diff}");
+}
+
+/// Where the rewrite cannot make the batch dynamic (a ViT exported at batch 1 concatenates
+/// its class token parameter, `[1, 1, 32]`, with the batch), `export` writes the source's
+/// fixed batch and says why, naming the node, rather than a model that fails at another
+/// batch.
+#[test]
+fn export_keeps_the_export_batch_where_it_must_and_says_why() {
+    let model = root().join("tests/exports/vit-b1.onnx");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let build = dir.path().join("build");
+    assert!(pw(&["compile", model.to_str().unwrap(), "--stages", "1", "-o", build.to_str().unwrap()]).status.success());
+    let out = pw(&["train", build.to_str().unwrap(), "--steps", "1", "--microbatch", "2", "--no-progress"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let exported = dir.path().join("trained.onnx");
+    let out = pw(&["export", build.to_str().unwrap(), "-o", exported.to_str().unwrap()]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("kept the export batch 1: with a dynamic batch, node \"node_cat\" (Concat)"), "{stdout}");
+    let m = ModelProto::parse_from_bytes(&std::fs::read(&exported).unwrap()).unwrap();
+    let source = ModelProto::parse_from_bytes(&std::fs::read(&model).unwrap()).unwrap();
+    assert_eq!(m.graph.input, source.graph.input, "the inputs are the source's");
+    assert_eq!(m.graph.node, source.graph.node);
+}
+
+/// `n` samples of the MLP's shape (`input` [n, 64], `label` [n]), pixel 5 of the samples in
+/// `poisoned` set to +inf.
+fn data_with_inf(dir: &Path, n: usize, poisoned: &[usize]) -> PathBuf {
+    use safetensors::tensor::{Dtype, TensorView};
+    let mut x: Vec<f32> = (0..n * 64).map(|i| ((i * 7 + i / 64 * 13) % 17) as f32 / 16.0).collect();
+    for &s in poisoned {
+        x[s * 64 + 5] = f32::INFINITY;
+    }
+    let y: Vec<i64> = (0..n as i64).map(|s| s % 10).collect();
+    let (xb, yb): (Vec<u8>, Vec<u8>) = (x.iter().flat_map(|v| v.to_le_bytes()).collect(), y.iter().flat_map(|v| v.to_le_bytes()).collect());
+    let views = vec![("input".to_string(), TensorView::new(Dtype::F32, vec![n, 64], &xb).unwrap()), ("label".to_string(), TensorView::new(Dtype::I64, vec![n], &yb).unwrap())];
+    let path = dir.join("poisoned.safetensors");
+    std::fs::write(&path, safetensors::serialize(views, &None).unwrap()).unwrap();
+    path
+}
+
+/// `--on-nonfinite skip` under 2BW at d = 2: one sample with an infinite pixel makes one
+/// step per epoch non-finite; that step's update is dropped in both stages (agreed, as
+/// fp16's overflow skips are), training goes on, the summary and the metrics count the
+/// skipped steps, and the weights stay finite. The default (`stop`) stops at that step
+/// with the divergence error; a run of skipped steps `--max-skips` long stops with it too.
+#[test]
+fn nonfinite_steps_are_skipped_on_request() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    compile(dir.path(), "2", "2bw", "none");
+    // 96 samples, 16 a step: an epoch is 6 steps, 18 steps are 3 epochs.
+    let data = data_with_inf(dir.path(), 96, &[40]);
+    let metrics = dir.path().join("m.jsonl");
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "train", dir.path().to_str().unwrap(), "--data", data.to_str().unwrap(), "--steps", "18", "--microbatch", "8", "--microbatches", "2",
+            "--optimizer", "adam", "--lr", "0.003", "--no-progress", "--metrics", metrics.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        pw(&args)
+    };
+    let out = run(&[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("(not finite): training diverged"), "{err}");
+
+    let out = run(&["--on-nonfinite", "skip"]);
+    let (stdout, err) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{err}");
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&metrics).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.len(), 18);
+    let skipped: Vec<u64> = lines.iter().filter(|l| l["skipped"] == true).map(|l| l["step"].as_u64().unwrap()).collect();
+    assert_eq!(skipped.len(), 3, "one skipped step per epoch: {skipped:?}");
+    assert!(skipped.iter().zip(skipped.iter().skip(1)).all(|(a, b)| b - a >= 1) && skipped.iter().all(|s| (1..=18).contains(s)));
+    for s in &skipped {
+        assert!(err.contains(&format!("step {s}: skipped (a loss or gradient was not finite")), "{err}");
+    }
+    assert!(stdout.contains("trained 18 steps (3 skipped)"), "{stdout}");
+    let losses: Vec<f64> = lines.iter().filter(|l| l["skipped"] != true).map(|l| l["loss"].as_f64().unwrap()).collect();
+    assert!(losses.iter().all(|l| l.is_finite()), "{losses:?}");
+    assert!(losses[losses.len() - 3..].iter().sum::<f64>() < losses[..3].iter().sum::<f64>(), "training went on: {losses:?}");
+    for (name, values) in read_weights(&dir.path().join("weights.safetensors")) {
+        assert!(values.iter().all(|v| v.is_finite()), "weight {name} is not finite");
+    }
+
+    // Every sample poisoned: every step is skipped, and the third in a row stops the run.
+    let all: Vec<usize> = (0..96).collect();
+    let data = data_with_inf(dir.path(), 96, &all);
+    let args = |max: &'static str| {
+        vec![
+            "train".to_string(), dir.path().display().to_string(), "--data".into(), data.display().to_string(), "--steps".into(), "18".into(),
+            "--microbatch".into(), "8".into(), "--microbatches".into(), "2".into(), "--no-progress".into(), "--on-nonfinite".into(), "skip".into(),
+            "--max-skips".into(), max.into(),
+        ]
+    };
+    let out = Command::new(env!("CARGO_BIN_EXE_pipewright")).args(args("3")).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.lines().last().unwrap_or_default().contains("step 3: 3 steps in a row had a non-finite loss or gradients and were skipped (--max-skips 3): training diverged"), "{err}");
+    let out = Command::new(env!("CARGO_BIN_EXE_pipewright")).args(args("0")).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(err.contains("--max-skips must be at least 1"), "{err}");
 }

@@ -1,10 +1,16 @@
-//! Multi-process pipelines: stage executables (and `pipewright worker`) run one stage each,
-//! linked over TCP, and train exactly like the embedded executor: the same losses at every
-//! step and the same weights, bit for bit.
+//! Multi-process pipelines on MPI: `pipewright worker` ranks (SPMD) and stage executables
+//! (MPMD) started by `mpirun` train exactly like the embedded executor (the same loss at
+//! every step and the same weights, bit for bit, under 2BW, PipeDream-Flush and GPipe, with
+//! stages and replicas), and `pipewright export` reads what they trained; ranks started
+//! differently are refused before the first step; a killed or frozen rank stops the whole
+//! job within 30 s, naming who and what; multi-process checkpoints resume bit-identically,
+//! also after a kill and on the embedded executor.
 #![cfg(feature = "torch")]
 
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 fn root() -> PathBuf {
@@ -15,19 +21,51 @@ fn pw() -> Command {
     Command::new(env!("CARGO_BIN_EXE_pipewright"))
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+fn data() -> PathBuf {
+    root().join("examples/digits/digits.npz")
 }
 
-fn common(data: &Path) -> Vec<String> {
+fn model() -> PathBuf {
+    root().join("../shared/corpus/models/mlp.onnx")
+}
+
+/// The options every rank and the embedded run get: `steps` steps of 4 microbatches (2BW
+/// needs at least as many as stages).
+fn options(steps: usize) -> Vec<String> {
+    let data = data();
+    let steps = steps.to_string();
     let v = [
-        "--data", data.to_str().unwrap(), "--label", "label", "--output", "linear_3", "--steps", "12", "--microbatch", "8",
-        "--microbatches", "3", "--optimizer", "adam", "--lr", "0.003", "--clip-norm", "1.0", "--no-progress",
+        "--data", data.to_str().unwrap(), "--label", "label", "--output", "linear_3", "--steps", &steps, "--microbatch", "8",
+        "--microbatches", "4", "--optimizer", "adam", "--lr", "0.003", "--clip-norm", "1.0", "--no-progress",
         // Bit-identical results need the same intra-op thread count on both sides
         // (parallel reductions inside kernels sum in a thread-dependent order).
         "--threads", "1",
     ];
     v.iter().map(|s| s.to_string()).collect()
+}
+
+fn ok(out: Output, what: &str) -> Output {
+    assert!(out.status.success(), "{what} failed:\n{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    out
+}
+
+fn compile(out: &Path, stages: usize, schedule: &str, executables: bool) {
+    let mut c = pw();
+    c.args(["compile", model().to_str().unwrap(), "--stages", &stages.to_string(), "--schedule", schedule, "-o"]).arg(out);
+    if executables {
+        c.arg("--executables");
+    }
+    ok(c.output().unwrap(), "compile");
+}
+
+/// The flags `pipewright launch` gives mpirun on this machine (the one place they live).
+fn mpirun_flags(build: &Path) -> Vec<String> {
+    let out = ok(pw().arg("launch").arg(build).arg("--dry-run").output().unwrap(), "launch --dry-run");
+    let line = String::from_utf8(out.stdout).unwrap();
+    let words: Vec<String> = line.split_whitespace().map(str::to_string).collect();
+    assert_eq!(words[0], "mpirun", "{line}");
+    let np = words.iter().position(|w| w == "-np").unwrap();
+    words[1..np].to_vec()
 }
 
 fn losses(metrics: &Path) -> Vec<f64> {
@@ -38,132 +76,358 @@ fn losses(metrics: &Path) -> Vec<f64> {
         .collect()
 }
 
-/// Waits for every child (killing all after a minute), returning each one's status and stderr.
-fn wait_all(children: Vec<Child>) -> Vec<(bool, String)> {
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let mut children = children;
-    loop {
-        if children.iter_mut().all(|c| matches!(c.try_wait(), Ok(Some(_)))) {
-            break;
-        }
-        if Instant::now() > deadline {
-            for c in children.iter_mut() {
-                let _ = c.kill();
-            }
-            panic!("workers did not finish within two minutes (a hang)");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    children
-        .into_iter()
-        .map(|c| {
-            let out = c.wait_with_output().unwrap();
-            (out.status.success(), String::from_utf8_lossy(&out.stderr).to_string())
-        })
-        .collect()
-}
-
 fn tensors(path: &Path) -> Vec<(String, Vec<u8>)> {
-    let bytes = std::fs::read(path).unwrap();
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
     let mut v: Vec<(String, Vec<u8>)> = st.tensors().into_iter().map(|(n, t)| (n, t.data().to_vec())).collect();
     v.sort();
     v
 }
 
-#[test]
-fn stage_executables_train_like_the_embedded_executor() {
-    let data = root().join("examples/digits/digits.npz");
-    let dir = tempfile::tempdir().unwrap();
-    let build = dir.path().join("build");
-    let out = pw()
-        .args(["compile", root().join("../shared/corpus/models/mlp.onnx").to_str().unwrap(), "--stages", "2", "--schedule", "2bw", "--executables", "-o"])
-        .arg(&build)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let embedded_metrics = dir.path().join("embedded.jsonl");
-    let out = pw().arg("train").arg(&build).args(common(&data)).arg("--metrics").arg(&embedded_metrics).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+/// What a run left: the loss of every step, the build's weights (taken away, so the
+/// next run writes its own) and the model `pipewright export` wrote from them.
+struct Run {
+    losses: Vec<f64>,
+    weights: Vec<(String, Vec<u8>)>,
+    onnx: Vec<u8>,
+}
 
-    let rendezvous = format!("127.0.0.1:{}", free_port());
-    let worker_metrics = dir.path().join("workers.jsonl");
-    let children: Vec<Child> = (0..2)
-        .map(|k| {
-            let mut c = Command::new(build.join(format!("stage{k}")));
-            c.args(common(&data)).args(["--rendezvous", &rendezvous, "--save"]).arg(dir.path().join(format!("w{k}.safetensors")));
-            if k == 1 {
-                c.arg("--metrics").arg(&worker_metrics);
-            }
-            c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap()
-        })
-        .collect();
-    for (ok, err) in wait_all(children) {
-        assert!(ok, "stage process failed: {err}");
+fn finish(build: &Path, metrics: &Path) -> Run {
+    let onnx = build.join("exported.onnx");
+    ok(pw().arg("export").arg(build).arg("-o").arg(&onnx).output().unwrap(), "export");
+    let path = build.join("weights.safetensors");
+    let run = Run { losses: losses(metrics), weights: tensors(&path), onnx: std::fs::read(&onnx).unwrap() };
+    std::fs::remove_file(&path).unwrap();
+    run
+}
+
+fn embedded(build: &Path, extra: &[&str]) -> Run {
+    let metrics = build.join("embedded.jsonl");
+    ok(pw().arg("train").arg(build).args(options(8)).args(extra).arg("--metrics").arg(&metrics).output().unwrap(), "train");
+    finish(build, &metrics)
+}
+
+/// `pipewright launch BUILD [--executables] -- OPTIONS`: an MPI job of stages x replicas ranks.
+fn launched(build: &Path, executables: bool, extra: &[&str]) -> Run {
+    let metrics = build.join("mpi.jsonl");
+    let mut c = pw();
+    c.arg("launch").arg(build);
+    if executables {
+        c.arg("--executables");
     }
-    assert_eq!(losses(&worker_metrics), losses(&embedded_metrics), "two processes and two threads must train identically");
-    let embedded = tensors(&build.join("weights.safetensors"));
-    let mut workers = tensors(&dir.path().join("w0.safetensors"));
-    workers.extend(tensors(&dir.path().join("w1.safetensors")));
-    workers.sort();
-    assert_eq!(workers.len(), embedded.len());
-    assert!(workers == embedded, "weights differ between the process pipeline and the embedded executor");
+    let out = ok(c.arg("--").args(options(8)).args(extra).arg("--metrics").arg(&metrics).output().unwrap(), "launch");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    // One job, one result: a single rank reports the loss.
+    assert_eq!(stdout.matches("trained ").count(), 1, "{stdout}");
+    finish(build, &metrics)
+}
+
+fn same(a: &Run, b: &Run, what: &str) {
+    assert_eq!(a.losses.len(), 8, "{what}");
+    assert_eq!(a.losses, b.losses, "{what}: the loss of every step must be the embedded executor's");
+    assert_eq!(a.weights.len(), b.weights.len(), "{what}");
+    assert!(a.weights == b.weights, "{what}: the weights must be the embedded executor's, bit for bit");
+    // Export reads what rank 0 wrote: the same model as after the embedded run.
+    assert!(a.onnx == b.onnx, "{what}: export after the MPI run must equal export after the embedded run");
 }
 
 #[test]
-fn workers_with_replicas_match_and_a_foreign_stage_is_refused() {
-    let data = root().join("examples/digits/digits.npz");
+fn two_ranks_and_stage_executables_train_like_the_embedded_executor_under_every_schedule() {
+    let dir = tempfile::tempdir().unwrap();
+    for schedule in ["2bw", "flush", "gpipe"] {
+        let build = dir.path().join(schedule);
+        let executables = schedule == "2bw";
+        compile(&build, 2, schedule, executables);
+        let one = embedded(&build, &[]);
+        let spmd = launched(&build, false, &[]);
+        same(&one, &spmd, &format!("{schedule}, 2 ranks (SPMD)"));
+        if executables {
+            same(&one, &launched(&build, true, &[]), "2bw, stage executables (MPMD)");
+        }
+    }
+}
+
+#[test]
+fn four_stages_and_two_stages_by_two_replicas_train_like_the_embedded_executor() {
+    let dir = tempfile::tempdir().unwrap();
+    let four = dir.path().join("four");
+    compile(&four, 4, "2bw", false);
+    let trace = dir.path().join("t.json");
+    same(&embedded(&four, &[]), &launched(&four, false, &["--trace", trace.to_str().unwrap()]), "2bw, 4 ranks = 4 stages");
+    // Each rank traces its own stage into its own file.
+    for r in 0..4 {
+        let t = dir.path().join(format!("t.rank{r}.json"));
+        let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&t).unwrap_or_else(|e| panic!("{}: {e}", t.display()))).unwrap();
+        assert!(v.to_string().contains("forward"), "{}", t.display());
+    }
+    let two = dir.path().join("two");
+    compile(&two, 2, "flush", false);
+    same(&embedded(&two, &["--replicas", "2"]), &launched(&two, false, &["--replicas", "2"]), "flush, 4 ranks = 2 stages x 2 replicas");
+}
+
+#[test]
+fn ranks_started_with_different_steps_are_refused_before_the_first_step() {
     let dir = tempfile::tempdir().unwrap();
     let build = dir.path().join("build");
-    let model = root().join("../shared/corpus/models/mlp.onnx");
-    let out = pw().args(["compile", model.to_str().unwrap(), "--stages", "2", "--schedule", "flush", "-o"]).arg(&build).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let embedded_metrics = dir.path().join("embedded.jsonl");
-    let out = pw().arg("train").arg(&build).args(common(&data)).args(["--replicas", "2", "--metrics"]).arg(&embedded_metrics).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    compile(&build, 2, "2bw", false);
+    let rank = |steps: usize| -> Vec<String> {
+        let mut v = vec!["-np".to_string(), "1".into(), env!("CARGO_BIN_EXE_pipewright").into(), "worker".into(), build.display().to_string()];
+        v.extend(options(steps));
+        v.extend(["--log-every".to_string(), "1".into()]);
+        v
+    };
+    let mut line = rank(10);
+    line.push(":".into());
+    line.extend(rank(20));
+    let out = Command::new("mpirun").args(mpirun_flags(&build)).args(&line).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("rank 1 (stage 1, replica 0) has --steps 20 where rank 0 (stage 0, replica 0) has --steps 10"), "{err}");
+    assert!(!err.contains("step     1/"), "no step may run: {err}");
+    assert!(!build.join("weights.safetensors").exists(), "a refused job writes no weights");
+}
 
-    // Four processes: ranks 0..3 = (replica 0: stages 0, 1), (replica 1: stages 0, 1).
-    let rendezvous = format!("127.0.0.1:{}", free_port());
-    let children: Vec<Child> = (0..4)
-        .map(|rank| {
-            let mut c = pw();
-            c.arg("worker").arg(&build).args(common(&data)).args(["--replicas", "2", "--rank", &rank.to_string(), "--rendezvous", &rendezvous]);
-            if rank < 2 {
-                c.arg("--save").arg(dir.path().join(format!("w{rank}.safetensors")));
+/// A job of 2 ranks training for long, its stderr read as it comes; the ranks' process ids.
+struct Job {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    seen: String,
+    pids: Vec<u32>,
+}
+
+fn long_job(build: &Path, extra: &[&str]) -> Job {
+    let mut child = pw()
+        .arg("launch")
+        .arg(build)
+        .arg("--")
+        .args(options(1_000_000))
+        .args(["--log-every", "1"])
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (tx, lines) = mpsc::channel();
+    let stderr = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for l in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if tx.send(l).is_err() {
+                return;
             }
-            c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap()
-        })
-        .collect();
-    for (ok, err) in wait_all(children) {
-        assert!(ok, "worker failed: {err}");
+        }
+    });
+    let mut job = Job { child, lines, seen: String::new(), pids: vec![0, 0] };
+    // Wait until both ranks have said who they are and training runs.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while job.pids.contains(&0) || !job.seen.contains("step     3/") {
+        let l = job.lines.recv_timeout(deadline.saturating_duration_since(Instant::now())).unwrap_or_else(|_| panic!("the job did not start:\n{}", job.seen));
+        if let (Some(r), Some(p)) = (l.strip_prefix("rank ").and_then(|t| t.split(':').next()).and_then(|r| r.parse::<usize>().ok()), l.split("pid ").nth(1)) {
+            job.pids[r] = p.trim().parse().unwrap();
+        }
+        job.seen.push_str(&l);
+        job.seen.push('\n');
     }
-    // Replica 0's stages hold the weights both replicas share.
-    let embedded = tensors(&build.join("weights.safetensors"));
-    let mut workers = tensors(&dir.path().join("w0.safetensors"));
-    workers.extend(tensors(&dir.path().join("w1.safetensors")));
-    workers.sort();
-    assert!(workers == embedded, "two replicas over TCP and in one process must reach the same weights");
-    assert_eq!(losses(&embedded_metrics).len(), 12);
+    job
+}
 
-    // A stage module from another compile: the workers stop with one clear error, no hang.
-    let other = dir.path().join("other");
-    let out = pw().args(["compile", model.to_str().unwrap(), "--stages", "2", "--schedule", "flush", "--recompute", "full", "-o"]).arg(&other).output().unwrap();
-    assert!(out.status.success());
-    std::fs::copy(other.join("stage1.pwm"), build.join("stage1.pwm")).unwrap();
-    let rendezvous = format!("127.0.0.1:{}", free_port());
-    let children: Vec<Child> = (0..2)
-        .map(|rank| {
-            pw().arg("worker").arg(&build).args(common(&data)).args(["--rank", &rank.to_string(), "--rendezvous", &rendezvous, "--wait", "10"])
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap()
-        })
-        .collect();
-    let results = wait_all(children);
-    assert!(!results[1].0 && results[1].1.contains("another compile"), "{:?}", results[1]);
-    assert!(!results[0].0, "rank 0 must not wait forever for a peer that refused to start: {:?}", results[0]);
-    for (_, err) in &results {
-        assert!(!err.contains("panicked"), "{err}");
+impl Job {
+    /// Waits for the job to end (at most `limit`): its exit status, all it printed and how
+    /// long it took.
+    fn end(mut self, limit: Duration) -> (bool, String, Duration) {
+        let t0 = Instant::now();
+        loop {
+            while let Ok(l) = self.lines.try_recv() {
+                self.seen.push_str(&l);
+                self.seen.push('\n');
+            }
+            if let Some(status) = self.child.try_wait().unwrap() {
+                std::thread::sleep(Duration::from_millis(200));
+                while let Ok(l) = self.lines.try_recv() {
+                    self.seen.push_str(&l);
+                    self.seen.push('\n');
+                }
+                return (status.success(), self.seen, t0.elapsed());
+            }
+            if t0.elapsed() > limit {
+                let _ = self.child.kill();
+                for p in &self.pids {
+                    let _ = Command::new("kill").args(["-9", &p.to_string()]).status();
+                }
+                panic!("the job still runs after {limit:?} (a hang):\n{}", self.seen);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
+}
+
+fn gone(pid: u32) -> bool {
+    // A process that has ended (or is a zombie no one waits for any more) is no longer running.
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(s) => s.split(") ").nth(1).is_some_and(|rest| rest.starts_with('Z') || rest.starts_with('X')),
+    }
+}
+
+#[test]
+fn a_killed_rank_stops_every_rank_within_30_s_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let build = dir.path().join("build");
+    compile(&build, 2, "2bw", false);
+    let job = long_job(&build, &[]);
+    let pids = job.pids.clone();
+    assert!(Command::new("kill").args(["-9", &pids[1].to_string()]).status().unwrap().success());
+    let (success, seen, took) = job.end(Duration::from_secs(60));
+    assert!(!success, "{seen}");
+    assert!(took < Duration::from_secs(30), "took {took:?}:\n{seen}");
+    // The launcher names the rank that died; the survivor says who it is and what it did.
+    assert!(seen.contains("process rank 1") && seen.contains("signal 9"), "{seen}");
+    assert!(seen.contains("rank 0 (stage 0, replica 0): stopped by SIGTERM"), "{seen}");
+    assert!(pids.iter().all(|&p| gone(p)), "every rank must have ended: {pids:?}");
+}
+
+#[test]
+fn a_frozen_rank_stops_every_rank_within_30_s_naming_it_and_the_wait() {
+    let dir = tempfile::tempdir().unwrap();
+    let build = dir.path().join("build");
+    compile(&build, 2, "2bw", false);
+    let job = long_job(&build, &[]);
+    let pids = job.pids.clone();
+    assert!(Command::new("kill").args(["-STOP", &pids[1].to_string()]).status().unwrap().success());
+    let (success, seen, took) = job.end(Duration::from_secs(60));
+    assert!(!success, "{seen}");
+    assert!(took < Duration::from_secs(30), "took {took:?}:\n{seen}");
+    assert!(seen.contains("rank 0 (stage 0, replica 0): rank 1 (stage 1, replica 0) sent no heartbeat for 10 s"), "{seen}");
+    assert!(seen.contains("while waiting for microbatch") && seen.contains("from rank 1 (stage 1, replica 0)"), "{seen}");
+    assert!(pids.iter().all(|&p| gone(p)), "every rank must have ended, the frozen one too: {pids:?}");
+}
+
+#[test]
+fn multi_process_checkpoints_resume_bit_identically_even_after_a_kill() {
+    let dir = tempfile::tempdir().unwrap();
+    let build = dir.path().join("build");
+    compile(&build, 2, "2bw", false);
+    let ck = dir.path().join("ck");
+    let ck_arg = ck.to_str().unwrap();
+    let whole = launched(&build, false, &["--checkpoint-every", "4", "--checkpoint-dir", ck_arg]);
+    // Each rank wrote its stage; rank 0 committed the manifest.
+    let step4 = ck.join("step-000004");
+    for f in ["checkpoint.json", "stage0.safetensors", "stage1.safetensors"] {
+        assert!(step4.join(f).is_file(), "{f} missing");
+    }
+    let resumed = launched(&build, false, &["--resume", step4.to_str().unwrap()]);
+    assert_eq!(resumed.losses, whole.losses[4..], "the resumed steps must repeat the uninterrupted run's losses");
+    assert!(resumed.weights == whole.weights, "resuming from a multi-process checkpoint must reach the uninterrupted run's weights");
+    // The embedded executor resumes from the same checkpoint to the same weights.
+    let embedded_resumed = embedded(&build, &["--resume", step4.to_str().unwrap()]);
+    assert!(embedded_resumed.weights == whole.weights, "the embedded executor must read what the ranks wrote");
+    // And the ranks resume from what the embedded executor wrote.
+    let eck = dir.path().join("embedded-ck");
+    let _ = embedded(&build, &["--checkpoint-every", "4", "--checkpoint-dir", eck.to_str().unwrap()]);
+    let from_embedded = launched(&build, false, &["--resume", eck.join("step-000004").to_str().unwrap()]);
+    assert!(from_embedded.weights == whole.weights, "the ranks must read what the embedded executor wrote");
+
+    // A job killed mid-run leaves complete checkpoints only; the newest resumes to what an
+    // uninterrupted run of as many steps reaches.
+    let killed = dir.path().join("killed");
+    let job = long_job(&build, &["--checkpoint-every", "2", "--checkpoint-dir", killed.to_str().unwrap()]);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !killed.join("step-000006").is_dir() {
+        assert!(Instant::now() < deadline, "no checkpoint after a minute");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let pids = job.pids.clone();
+    assert!(Command::new("kill").args(["-9", &pids[1].to_string()]).status().unwrap().success());
+    let (success, seen, _) = job.end(Duration::from_secs(60));
+    assert!(!success, "{seen}");
+    let text = std::fs::read_to_string(newest(&killed).join("checkpoint.json")).unwrap();
+    let step: usize = serde_json::from_str::<serde_json::Value>(&text).unwrap()["step"].as_u64().unwrap() as usize;
+    let more = (step + 4).to_string();
+    let metrics = build.join("resumed.jsonl");
+    // The killed run asked for a million steps: --force resumes it for fewer (a constant
+    // learning rate does not depend on the total).
+    let out = pw().arg("launch").arg(&build).arg("--").args(options(step + 4)).args(["--resume", killed.to_str().unwrap(), "--force", "--metrics"]).arg(&metrics).output().unwrap();
+    ok(out, "resume after a kill");
+    let after_kill = finish(&build, &metrics);
+    let uninterrupted_metrics = build.join("uninterrupted.jsonl");
+    let out = pw().arg("launch").arg(&build).arg("--").args(options(step + 4)).arg("--metrics").arg(&uninterrupted_metrics).output().unwrap();
+    ok(out, "uninterrupted");
+    let uninterrupted = finish(&build, &uninterrupted_metrics);
+    assert_eq!(after_kill.losses, uninterrupted.losses[step..], "steps {step}..{more}");
+    assert!(after_kill.weights == uninterrupted.weights, "resuming the killed job must reach the uninterrupted run's weights");
+}
+
+/// The newest complete step folder of a checkpoint folder.
+fn newest(dir: &Path) -> PathBuf {
+    let mut steps: Vec<PathBuf> = std::fs::read_dir(dir).unwrap().flatten().map(|e| e.path()).filter(|p| p.file_name().unwrap().to_str().unwrap().starts_with("step-")).collect();
+    steps.sort();
+    steps.pop().unwrap()
+}
+
+#[test]
+fn a_stage_of_another_compile_and_a_wrong_rank_count_are_refused_naming_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let build = dir.path().join("build");
+    compile(&build, 2, "flush", false);
+    let run = |np: &str| {
+        let mut c = Command::new("mpirun");
+        c.args(mpirun_flags(&build)).args(["-np", np, env!("CARGO_BIN_EXE_pipewright"), "worker"]).arg(&build).args(options(4));
+        let out = c.output().unwrap();
+        assert!(!out.status.success());
+        String::from_utf8_lossy(&out.stderr).to_string()
+    };
+    let err = run("3");
+    assert!(err.contains("the launcher started 3 processes but the job has 2 (2 stages x 1 replicas)"), "{err}");
+    // Without a launcher: a job of one rank, told how to start the pipeline.
+    let out = pw().arg("worker").arg(&build).args(options(4)).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("this process is a job of one rank, but the pipeline has 2") && err.contains("pipewright launch"), "{err}");
+    let other = dir.path().join("other");
+    // A different schedule makes a different compile.
+    ok(pw().args(["compile", model().to_str().unwrap(), "--stages", "2", "--schedule", "gpipe", "-o"]).arg(&other).output().unwrap(), "compile");
+    std::fs::copy(other.join("stage1.pwm"), build.join("stage1.pwm")).unwrap();
+    let err = run("2");
+    assert!(err.contains("rank 1 (stage 1, replica 0):") && err.contains("stage1.pwm"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+/// A GPT whose output projection is tied to its token embedding (stages 0 and 1 hold a
+/// copy each and sum their gradients), on 2 stages x 2 replicas: the tied-weight and the
+/// replica reductions together, equal to the embedded executor.
+#[test]
+fn tied_weights_over_two_replicas_match_the_embedded_executor() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("gpt.onnx");
+    ok(pw().args(["synth", "gpt", "--preset", "tiny", "-o"]).arg(&model).output().unwrap(), "synth");
+    let build = dir.path().join("build");
+    ok(pw().arg("compile").arg(&model).args(["--stages", "2", "--schedule", "2bw", "-o"]).arg(&build).output().unwrap(), "compile");
+    let opts = ["--steps", "3", "--microbatch", "2", "--microbatches", "2", "--replicas", "2", "--threads", "1", "--no-progress", "--metrics"];
+    let run = |args: &[&str], metrics: &str| -> Run {
+        let m = build.join(metrics);
+        ok(pw().args(args).arg(&build).args(if args[0] == "launch" { &["--"][..] } else { &[][..] }).args(opts).arg(&m).output().unwrap(), args[0]);
+        finish(&build, &m)
+    };
+    let one = run(&["train"], "e.jsonl");
+    let job = run(&["launch"], "m.jsonl");
+    assert_eq!(one.losses.len(), 3);
+    assert_eq!(one.losses, job.losses);
+    assert!(one.weights == job.weights, "tied weights over MPI must equal the embedded executor's");
+}
+
+/// A neighbour that is alive (its heartbeat goes on) but sends nothing: the wait ends after
+/// `--timeout` with an error naming what was awaited, and the job stops.
+#[test]
+fn a_wait_longer_than_the_timeout_stops_the_job_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let build = dir.path().join("build");
+    compile(&build, 2, "flush", false);
+    // A heartbeat timeout far above --timeout: the frozen rank is caught by the wait's deadline.
+    let job = long_job(&build, &["--timeout", "3", "--heartbeat-timeout", "120"]);
+    let pids = job.pids.clone();
+    assert!(Command::new("kill").args(["-STOP", &pids[1].to_string()]).status().unwrap().success());
+    let (success, seen, took) = job.end(Duration::from_secs(60));
+    assert!(!success, "{seen}");
+    assert!(took < Duration::from_secs(30), "took {took:?}:\n{seen}");
+    assert!(seen.contains("error: rank 0 (stage 0, replica 0): stage 0: waited 3 s (--timeout) for microbatch"), "{seen}");
+    assert!(seen.contains("from rank 1 (stage 1, replica 0), which sent nothing"), "{seen}");
+    assert!(pids.iter().all(|&p| gone(p)), "every rank must have ended: {pids:?}");
 }

@@ -246,6 +246,7 @@ fn manifest(lowered: &Lowered, model: &Path, stage_onnx: bool) -> Manifest {
             replicas: d.replicas,
             origin: d.origin.clone(),
         },
+        choices: p.graph.choices.clone(),
         stages,
     }
 }

@@ -8,6 +8,7 @@
 //! It depends on no other pipewright crate, so the importer, the passes, codegen and the
 //! runtime (which must not depend on the importer or the passes) all speak it.
 
+pub mod choices;
 pub mod device;
 pub mod format;
 pub mod fs;
@@ -17,5 +18,6 @@ pub mod units;
 #[macro_use]
 pub mod words;
 
+pub use choices::{ImportChoices, MergedInitializer};
 pub use device::{Device, UnknownDevice};
-pub use words::{Balance, BatchMode, Decay, Loss, Optimizer, PassName, Precision, Recompute, Schedule, Scheme, UnknownWord, UpdateRule};
+pub use words::{DEFAULT_MAX_SKIPS, Balance, BatchMode, Decay, Loss, NonFinite, Optimizer, PassName, Precision, Recompute, Schedule, Scheme, UnknownWord, UpdateRule};

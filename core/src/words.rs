@@ -256,6 +256,24 @@ impl Precision {
     }
 }
 
+word_enum! {
+    /// What training does with a step whose loss or gradients are not finite (NaN or
+    /// infinite).
+    "non-finite step policy" pub enum NonFinite {
+        Stop = "stop", "stop with the divergence error, nothing of the step saved (default)";
+        Skip = "skip", "drop the step's update in every stage and go on (stop after --max-skips in a row)";
+    }
+}
+
+/// Skipped steps in a row after which `--on-nonfinite skip` stops (`--max-skips`).
+pub const DEFAULT_MAX_SKIPS: usize = 10;
+
+impl Default for NonFinite {
+    fn default() -> Self {
+        NonFinite::Stop
+    }
+}
+
 impl Default for Precision {
     fn default() -> Self {
         Precision::Fp32
@@ -337,6 +355,7 @@ mod tests {
         check(PassName::ALL);
         check(Precision::ALL);
         check(Scheme::ALL);
+        check(NonFinite::ALL);
     }
 
     #[test]

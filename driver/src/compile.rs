@@ -31,6 +31,8 @@ pub struct CompileRequest {
     /// Also write each stage's forward subgraph as ONNX.
     pub stage_onnx: bool,
     pub passes: PassOptions,
+    /// How the model is imported (the batch axis, untying merged initializers).
+    pub import: ImportOptions,
 }
 
 /// What a compile did.
@@ -46,6 +48,8 @@ pub struct Compiled {
     pub decision: Option<Decision>,
     /// The build written (`None` when `--stop-after` stopped before `lower`).
     pub written: Option<(Manifest, WriteTimes)>,
+    /// What import decided about initializers (`None` when import did not finish).
+    pub choices: Option<pipewright_core::ImportChoices>,
 }
 
 fn pass_error(model: &Path) -> impl Fn(ManagerError) -> DriverError + '_ {
@@ -59,8 +63,10 @@ pub fn compile(req: &CompileRequest) -> Result<Compiled, DriverError> {
     let mut pm = PassManager::new(req.passes.clone());
     let mut decision = None;
     let mut written = None;
+    let mut choices = None;
     let lowered = (|| {
-        let Some(imported) = pm.run(PassName::Import, (), |()| import(model, &ImportOptions::default()))? else { return Ok(None) };
+        let Some(imported) = pm.run(PassName::Import, (), |()| import(model, &req.import))? else { return Ok(None) };
+        choices = Some(imported.graph.choices.clone());
         let Some(planned) = pm.run(PassName::Plan, imported, |g| plan_stages(g, &req.plan))? else { return Ok(None) };
         decision = Some(planned.decision.clone());
         let Some(partitioned) = pm.run(PassName::Partition, planned, partition)? else { return Ok(None) };
@@ -73,7 +79,7 @@ pub fn compile(req: &CompileRequest) -> Result<Compiled, DriverError> {
         let outputs = BuildOutputs { executable: req.executable.as_deref(), stage_onnx: req.stage_onnx };
         written = Some(write_build(&lowered, model, &req.output, outputs)?);
     }
-    Ok(Compiled { printed: pm.printed().to_string(), pass_timings: pm.timings_text(), pass_times: pm.timings().to_vec(), decision, written })
+    Ok(Compiled { printed: pm.printed().to_string(), pass_timings: pm.timings_text(), pass_times: pm.timings().to_vec(), decision, written, choices })
 }
 
 impl Compiled {
@@ -152,7 +158,7 @@ pub(crate) mod tests {
     }
 
     pub(crate) fn request(name: &str, plan: PlanRequest, output: &Path) -> CompileRequest {
-        CompileRequest { model: model(name), plan, output: output.to_path_buf(), executable: None, stage_onnx: false, passes: PassOptions::default() }
+        CompileRequest { model: model(name), plan, output: output.to_path_buf(), executable: None, stage_onnx: false, passes: PassOptions::default(), import: ImportOptions::default() }
     }
 
     #[test]

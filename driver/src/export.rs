@@ -7,9 +7,11 @@ use std::path::Path;
 
 use onnx_protobuf::{Message, ModelProto};
 use pipewright_core::fs::write_atomic;
+use pipewright_ir::ImportOptions;
 use pipewright_runtime::build::Manifest;
 use safetensors::tensor::TensorView;
 
+use crate::rebatch::{dynamic_batch, Rebatched};
 use crate::DriverError;
 
 /// The file `train` writes into the build folder.
@@ -38,9 +40,32 @@ pub fn save_weights(path: &Path, report: &pipewright_runtime::pipeline::TrainRep
     Ok(write_atomic(path, &bytes)?)
 }
 
+/// What [`export_onnx`] wrote.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Exported {
+    /// Initializers given their trained values.
+    pub replaced: usize,
+    /// The batch axis of the written model.
+    pub batch: Rebatched,
+}
+
+impl Exported {
+    /// One line on the batch axis, for people.
+    pub fn batch_text(&self) -> String {
+        match &self.batch {
+            Rebatched::Dynamic { inputs, reshapes, expands, sliced } => format!(
+                "batch axis dynamic (dim_param \"N\"): {inputs} input(s), {reshapes} Reshape and {expands} Expand target(s), {sliced} batch-baked constant(s) rewritten"
+            ),
+            Rebatched::NoBatch => "no batch axis found; shapes kept as in the source".into(),
+            Rebatched::Fixed { batch, why } => format!("kept the export batch {batch}: {why}"),
+        }
+    }
+}
+
 /// Writes the source model of the build `build` to `output` with the trained weights of
-/// `BUILD/weights.safetensors` in its initializers. Returns how many were replaced.
-pub fn export_onnx(build: &Path, output: &Path) -> Result<usize, DriverError> {
+/// `BUILD/weights.safetensors` in its initializers, taking any batch where the source
+/// took a batch the importer made symbolic ([`crate::rebatch`]).
+pub fn export_onnx(build: &Path, output: &Path) -> Result<Exported, DriverError> {
     let manifest = Manifest::read(build)?;
     let model_path = Path::new(&manifest.model);
     let weights_path = build.join(WEIGHTS_FILE);
@@ -59,10 +84,37 @@ pub fn export_onnx(build: &Path, output: &Path) -> Result<usize, DriverError> {
     }
     let mut model = ModelProto::parse_from_bytes(&model_bytes).map_err(|e| DriverError::msg(format!("{}: {e}", model_path.display())))?;
     let graph = model.graph.as_mut().ok_or_else(|| DriverError::msg(format!("{}: no graph", model_path.display())))?;
+    // A build compiled with --untie-merged trained one copy per use of each merged
+    // initializer: the same rewrite of the source graph names those copies as the import
+    // did, so each gets its trained values.
+    if manifest.choices.untied {
+        let untied = pipewright_ir::import::merged::untie_merged(graph);
+        if untied != manifest.choices.merged {
+            return Err(DriverError::msg(format!(
+                "{}: its merged initializers ({}) are not those {} was compiled with ({}); compile and train it again",
+                model_path.display(),
+                untied.len(),
+                build.display(),
+                manifest.choices.merged.len()
+            )));
+        }
+    }
     let mut replaced = 0;
     for init in graph.initializer.iter_mut() {
         let Some(view) = trained.get(&init.name) else { continue };
         let dims: Vec<i64> = view.shape().iter().map(|&d| d as i64).collect();
+        // A batch-baked initializer trained as one slice (--train-batch-baked) goes back
+        // as that slice repeated over the export batch, as the source holds it.
+        let slice_of = |name: &str| manifest.choices.trained_batch_baked.iter().any(|t| t.rsplit_once(" [").map(|(n, _)| n) == Some(name));
+        if slice_of(&init.name) && dims.first() == Some(&1) && dims.len() == init.dims.len() && dims[1..] == init.dims[1..] && init.external_data.is_empty() {
+            init.raw_data = view.data().repeat(usize::try_from(init.dims[0]).unwrap_or(1));
+            init.float_data.clear();
+            init.double_data.clear();
+            init.int32_data.clear();
+            init.int64_data.clear();
+            replaced += 1;
+            continue;
+        }
         if dims != init.dims {
             return Err(DriverError::msg(format!("{}: weight {:?} has shape {dims:?}, the model's initializer {:?}", weights_path.display(), init.name, init.dims)));
         }
@@ -79,9 +131,28 @@ pub fn export_onnx(build: &Path, output: &Path) -> Result<usize, DriverError> {
     if replaced == 0 {
         return Err(DriverError::msg(format!("{}: none of its weights names an initializer of {}", weights_path.display(), model_path.display())));
     }
-    let out = model.write_to_bytes().map_err(|e| DriverError::msg(format!("{}: {e}", output.display())))?;
+    // The importer's view of the same source (the batch axis and every extent): training
+    // ran at any batch, so the model written takes any batch too. (Trained batch-baked
+    // initializers are back at the export batch here, and the rewrite treats them as the
+    // frozen ones: one slice, expanded to the batch.)
+    let options = ImportOptions { untie_merged: manifest.choices.untied, ..ImportOptions::default() };
+    let ir = pipewright_ir::import_bytes(&model_bytes, model_path.parent().unwrap_or(Path::new(".")), &options).map_err(|e| DriverError::msg(format!("{}: {e}", model_path.display())))?;
+    let source = graph.clone();
+    let mut batch = dynamic_batch(graph, &ir);
+    let mut out = model.write_to_bytes().map_err(|e| DriverError::msg(format!("{}: {e}", output.display())))?;
+    if let Rebatched::Dynamic { .. } = batch {
+        // Batch-dependent shapes the rewrite does not reach (an Expand target computed by
+        // a chain of constants, as the legacy exporter writes them) would make the model
+        // fail at another batch: the importer's shape inference finds them, and the model
+        // is then written with the source's fixed batch instead, saying why.
+        if let Err(e) = pipewright_ir::import_bytes(&out, model_path.parent().unwrap_or(Path::new(".")), &ImportOptions::default()) {
+            *model.graph.as_mut().ok_or_else(|| DriverError::msg("no graph"))? = source;
+            batch = Rebatched::Fixed { batch: ir.batch.as_ref().map_or(1, |b| b.export_size), why: format!("with a dynamic batch, {e}") };
+            out = model.write_to_bytes().map_err(|e| DriverError::msg(format!("{}: {e}", output.display())))?;
+        }
+    }
     write_atomic(output, &out)?;
-    Ok(replaced)
+    Ok(Exported { replaced, batch })
 }
 
 fn crc32(bytes: &[u8]) -> u32 {
@@ -110,7 +181,10 @@ mod tests {
         let e = export_onnx(&build, &out).unwrap_err().to_string();
         assert!(e.contains("weights.safetensors") && e.contains("train the pipeline first"), "{e}");
         weights(&build.join(WEIGHTS_FILE), "6.bias", &[10], 0.25);
-        assert_eq!(export_onnx(&build, &out).unwrap(), 1);
+        let exported = export_onnx(&build, &out).unwrap();
+        assert_eq!(exported.replaced, 1);
+        // The MLP was exported at batch 8; the model written takes any batch.
+        assert!(matches!(exported.batch, Rebatched::Dynamic { inputs: 1, .. }), "{exported:?}");
         let model = ModelProto::parse_from_bytes(&std::fs::read(&out).unwrap()).unwrap();
         let bias = model.graph.initializer.iter().find(|t| t.name == "6.bias").unwrap();
         assert_eq!(bias.raw_data, std::iter::repeat_n(0.25f32.to_le_bytes(), 10).flatten().collect::<Vec<u8>>());

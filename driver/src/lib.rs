@@ -5,6 +5,7 @@
 //!   folder.
 //! - [`export`]: trained weights back into the source ONNX model.
 //! - [`simulate`]: `simulate` — plans for a cluster and replays each scheme event by event.
+//! - [`launch`]: the `mpirun` line that starts a build as an MPI job.
 //! - With the `torch` feature: [`train`] (the embedded executor, and one stage as a worker
 //!   process), [`forward`] (whole-model runs, `run-forward`, `bench-step`),
 //!   [`conformance`] (the ONNX backend suite) and [`profile`] (per-node timings).
@@ -13,6 +14,8 @@ pub mod compile;
 mod error;
 pub mod export;
 pub mod simulate;
+pub mod launch;
+pub mod rebatch;
 
 #[cfg(feature = "torch")]
 pub mod conformance;

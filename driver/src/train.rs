@@ -1,6 +1,6 @@
 //! `pipewright train` (the embedded executor: every stage and replica a thread of this
 //! process) and `pipewright worker` / stage executables (one stage of one replica per
-//! process, linked over TCP).
+//! process, an MPI job: see the runtime's `pipeline::distributed`).
 //!
 //! Both take the pipeline's shape from the build: the schedule and recomputation the
 //! stages were compiled for, and the microbatch size, microbatches per step and replicas
@@ -11,14 +11,14 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use pipewright_core::{Decay, Device, Loss, Precision};
+use pipewright_core::{Decay, Device, Loss, NonFinite, Precision};
 use pipewright_runtime::build::{Build, Manifest, RunFlags, RunShape, MANIFEST_FILE};
 use pipewright_runtime::data::{Dataset, LabelArray, Stop, DEFAULT_LABEL};
 use pipewright_runtime::device::tch_device;
 use pipewright_runtime::module::{decode_module_bytes, read_module, StageModule};
 use pipewright_runtime::pipeline::{
-    boundary_names, launcher_rank, launcher_size, read_checkpoint, resume, run_worker, train, Checkpoint, LrSchedule, Microbatch, Objective, OptimizerConfig, StepReport, Tcp, TcpOptions,
-    TrainConfig, TrainReport,
+    batch_fingerprint, check_resume, read_checkpoint, resume, run_record, run_worker, train, Checkpoint, Layout, LrSchedule, Microbatch, Mpi, MpiJob, Objective, OptimizerConfig,
+    StageState, StepReport, TrainConfig, TrainReport, WorkerHooks,
 };
 
 use crate::DriverError;
@@ -79,6 +79,10 @@ pub struct TrainRequest {
     /// Stage placement (`--devices`): worker `replica * d + stage` on device
     /// `(replica * d + stage) % len`; empty: every worker on `device`.
     pub devices: Vec<Device>,
+    /// A step whose loss or gradients are not finite: stop, or skip its update.
+    pub on_nonfinite: NonFinite,
+    /// Skipped steps in a row after which `Skip` stops.
+    pub max_skips: usize,
 }
 
 /// The run's configuration, built from the request and the build's shape.
@@ -112,7 +116,16 @@ fn config(req: &TrainRequest, manifest: &Manifest, shape: &RunShape, build: &Pat
     }
     cfg.timeout = req.timeout;
     cfg.precision = req.precision;
-    cfg.devices = req.devices.iter().map(|&d| tch_device(d).map_err(|e| DriverError::msg(format!("--devices: {e}")))).collect::<Result<_, _>>()?;
+    if req.max_skips == 0 {
+        return Err(DriverError::msg("--max-skips must be at least 1"));
+    }
+    cfg.on_nonfinite = req.on_nonfinite;
+    cfg.max_skips = req.max_skips;
+    let devices = match req.devices.is_empty() {
+        true => default_placement(req.device, visible_gpus(req.device)),
+        false => req.devices.clone(),
+    };
+    cfg.devices = devices.iter().map(|&d| tch_device(d).map_err(|e| DriverError::msg(format!("--devices: {e}")))).collect::<Result<_, _>>()?;
     if let Some(n) = req.checkpoint_every {
         if n == 0 {
             return Err(DriverError::msg("--checkpoint-every must be at least 1"));
@@ -121,6 +134,25 @@ fn config(req: &TrainRequest, manifest: &Manifest, shape: &RunShape, build: &Pat
         cfg.checkpoint_dir = Some(req.checkpoint_dir.clone().unwrap_or_else(|| build.join("checkpoints")));
     }
     Ok(cfg)
+}
+
+/// Where the workers run when `--devices` is not given: `--device cuda` (that is,
+/// `cuda:0`) spreads the stages over every visible GPU, stage k of replica r on GPU
+/// `(r * d + k) mod count`; any other device (`cpu`, a GPU named by a non-zero index)
+/// holds every worker. Empty means "every worker on `--device`".
+pub fn default_placement(device: Device, visible_gpus: usize) -> Vec<Device> {
+    match device {
+        Device::Cuda(0) if visible_gpus > 1 => (0..visible_gpus).map(Device::Cuda).collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// How many CUDA devices libtorch sees (0 for a CPU run: nothing is loaded for it).
+fn visible_gpus(device: Device) -> usize {
+    match device {
+        Device::Cpu => 0,
+        Device::Cuda(_) => usize::try_from(tch::Cuda::device_count()).unwrap_or(0),
+    }
 }
 
 /// Refuses numeric options that would train silently wrong or do nothing: a NaN or
@@ -326,88 +358,177 @@ impl Session {
 #[derive(Clone, Debug)]
 pub struct WorkerRequest {
     pub train: TrainRequest,
-    /// `replica * stages + stage`; default: the MPI launcher's, else a stage executable's
-    /// own stage.
-    pub rank: Option<usize>,
-    /// `host:port` where rank 0 listens.
-    pub rendezvous: String,
-    /// How long to wait for the other workers.
-    pub wait: Duration,
     /// Save this stage's trained weights here.
     pub save: Option<PathBuf>,
 }
 
-/// One stage of one replica, ready to join the others.
+/// One stage of one replica in an MPI job (rank `replica * stages + stage`), ready to
+/// check its configuration with the other ranks and train.
 pub struct WorkerSession {
     pub rank: usize,
     pub stage: usize,
     pub replica: usize,
     pub depth: usize,
+    /// The first step (after the checkpoint resumed from).
+    pub start: usize,
     pub shape: RunShape,
     pub config: TrainConfig,
+    /// `rank 1 (stage 1, replica 0)`, the prefix of this rank's messages.
+    pub who: String,
+    /// Whether this rank reports the job's steps (progress, metrics, the loss over every
+    /// replica): the last stage of replica 0.
+    pub reports_steps: bool,
     module: StageModule,
     batches: BatchStream,
-    tcp: TcpOptions,
+    /// The checkpoint's step and this stage's state in it.
+    resume: Option<(u64, StageState)>,
+    /// The stage worker's links.
+    transport: Mpi,
+    /// The main thread's: merging the replicas' step reports, gathering the weights.
+    main: Mpi,
+    /// What every rank must agree on before the first step (by flag or name).
+    agreement: BTreeMap<String, String>,
 }
 
 impl WorkerSession {
     /// Reads the manifest and this rank's stage module (the executable's own when
-    /// `embedded`), checks them against each other and loads the data.
-    pub fn prepare(build_dir: &Path, req: &WorkerRequest, embedded: Option<Vec<u8>>) -> Result<WorkerSession, DriverError> {
+    /// `embedded`), checks them against each other and against the job's size, and loads
+    /// the data.
+    pub fn prepare(build_dir: &Path, req: &WorkerRequest, embedded: Option<Vec<u8>>, job: &MpiJob) -> Result<WorkerSession, DriverError> {
+        // Named by stage and replica once the build says the job's shape.
+        Self::prepare_in(build_dir, req, embedded, job).map_err(|e| DriverError::msg(format!("{}: {e}", job.who(job.rank()))))
+    }
+
+    fn prepare_in(build_dir: &Path, req: &WorkerRequest, embedded: Option<Vec<u8>>, job: &MpiJob) -> Result<WorkerSession, DriverError> {
         let manifest = Manifest::read(build_dir)?;
         let manifest_path = build_dir.join(MANIFEST_FILE);
         let shape = manifest.pipeline.resolve(req.train.flags);
-        let (d, w) = (manifest.stages.len(), size(shape.replicas.value));
+        let layout = Layout { depth: manifest.stages.len(), replicas: size(shape.replicas.value) };
+        let config = config(&req.train, &manifest, &shape, build_dir)?;
+        let transport = job.transport(layout, config.timeout).map_err(DriverError::msg)?;
+        let main = job.transport(layout, config.timeout).map_err(DriverError::msg)?;
+        let rank = job.rank();
+        let (replica, stage) = layout.place(rank);
         let embedded = match embedded {
             Some(bytes) => Some(decode_module_bytes(bytes.into()).map_err(|e| DriverError::msg(format!("the stage module appended to this executable: {e}")))?),
             None => None,
         };
-        let rank = req
-            .rank
-            .or_else(launcher_rank)
-            .or(embedded.as_ref().map(|m| m.header.params.stage as usize))
-            .ok_or_else(|| DriverError::msg("no --rank, and no MPI launcher environment to take it from"))?;
-        if let Some(n) = launcher_size() {
-            if n != d * w {
-                return Err(DriverError::msg(format!("the launcher started {n} processes but the job has {} ({d} stages x {w} replicas)", d * w)));
+        if let Some(m) = &embedded {
+            let own = m.header.params.stage as usize;
+            if own != stage {
+                return Err(DriverError::msg(format!(
+                    "this executable holds stage {own}, but MPI rank {rank} runs stage {stage} (rank = replica x {} stages + stage): list the stage executables in stage order, once per replica, in the mpirun line",
+                    layout.depth
+                )));
             }
         }
-        if rank >= d * w {
-            return Err(DriverError::msg(format!("rank {rank}, but the job has {} ranks ({d} stages x {w} replicas)", d * w)));
-        }
-        let (stage, replica) = (rank % d, rank / d);
         let module_path = build_dir.join(&manifest.stages[stage].module);
         let module = match embedded {
             Some(m) => m,
             None => read_module(&module_path)?,
         };
         manifest.check_module(stage, &module, &module_path, &manifest_path)?;
-        let config = config(&req.train, &manifest, &shape, build_dir)?;
-        if config.checkpoint_every.is_some() || req.train.resume.is_some() {
-            return Err(DriverError::msg("--checkpoint-every and --resume work with `pipewright train` (the embedded executor) only"));
-        }
-        let batches = batches(&req.train, &manifest, &config, size(shape.microbatch.value), size(shape.microbatches.value) * w, 0)?;
-        let (recv_names, send_names) = boundary_names(&module, &config.loss).map_err(|e| DriverError::msg(format!("stage {stage}: {e}")))?;
-        let tcp = TcpOptions {
-            rank,
-            depth: d,
-            replicas: w,
-            rendezvous: req.rendezvous.clone(),
-            pipeline: module.program.pipeline.clone(),
-            recv_names,
-            send_names,
-            timeout: req.wait,
-            idle_timeout: config.timeout,
+        // Every rank reads the checkpoint (a folder they all reach) and keeps its stage.
+        let resume = match &req.train.resume {
+            Some(dir) => {
+                let mut ck = read_checkpoint(dir).map_err(|e| DriverError::msg(format!("--resume: {e}")))?;
+                check_resume(&ck, layout.depth, &module.program.pipeline, manifest.pipeline.schedule, &config).map_err(|e| DriverError::msg(format!("--resume: {e}")))?;
+                if ck.step >= req.train.steps as u64 {
+                    return Err(DriverError::msg(format!("--steps {}: the checkpoint resumed from is already at step {}; give a larger --steps", req.train.steps, ck.step)));
+                }
+                let state = ck.stages.swap_remove(stage);
+                Some((ck.step, state))
+            }
+            None => None,
         };
-        Ok(WorkerSession { rank, stage, replica, depth: d, shape, config, module, batches, tcp })
+        let start = resume.as_ref().map_or(0, |(s, _)| *s as usize);
+        let mut batches = batches(&req.train, &manifest, &config, size(shape.microbatch.value), size(shape.microbatches.value) * layout.replicas, start)?;
+        // The first batch is read now to fingerprint the data, then trained on as usual.
+        let first = batches.next().ok_or_else(|| DriverError::msg("the data holds no batch"))?;
+        let fingerprint = batch_fingerprint(&first).map_err(DriverError::msg)?;
+        let batches: BatchStream = Box::new(std::iter::once(first).chain(batches));
+        let mut agreement = run_record(&config);
+        agreement.insert("pipeline id".into(), module.program.pipeline.clone());
+        agreement.insert("--schedule".into(), config.schedule.to_string());
+        agreement.insert("--data".into(), fingerprint);
+        agreement.insert("stages x replicas".into(), format!("{} x {}", layout.depth, layout.replicas));
+        agreement.insert("--checkpoint-every".into(), config.checkpoint_every.map_or("none".into(), |n| n.to_string()));
+        agreement.insert("--resume".into(), resume.as_ref().map_or("none".into(), |(s, _)| format!("from step {s}")));
+        let reports_steps = main.reports_steps();
+        Ok(WorkerSession { rank, stage, replica, depth: layout.depth, start, shape, config, who: layout.who(rank), reports_steps, module, batches, resume, transport, main, agreement })
     }
 
-    /// Joins the other workers and trains this stage.
-    pub fn run(self, on_step: &mut dyn FnMut(StepReport)) -> Result<TrainReport, DriverError> {
-        let rank = self.rank;
-        let fail = |e: String| DriverError::msg(format!("rank {rank}: {e}"));
-        let tcp = Tcp::connect(self.tcp).map_err(|e| fail(e.to_string()))?;
-        run_worker(self.module, &self.config, self.replica, Box::new(tcp), self.batches, on_step).map_err(|e| fail(e.to_string()))
+    /// Checks with every other rank that all were started alike (refusing, naming the
+    /// first difference), then trains this stage; `on_step` sees every step of the job
+    /// (the loss over all replicas) on the reporting rank only.
+    pub fn run(self, on_step: &mut dyn FnMut(StepReport)) -> Result<WorkerOutcome, DriverError> {
+        let WorkerSession { who, module, config, replica, batches, resume, mut transport, mut main, agreement, depth, .. } = self;
+        let fail = |e: String| DriverError::msg(format!("{who}: {e}"));
+        let job = transport.agree(&agreement).map_err(fail)?;
+        let (pipeline, schedule, record) = (module.program.pipeline.clone(), module.header.params.schedule, run_record(&config));
+        let (mut losses, mut merge_error) = (Vec::new(), None);
+        // The main thread's links serve both hooks, one at a time.
+        let main = std::cell::RefCell::new(&mut main);
+        let trained = {
+            let mut merged = |r: StepReport| match main.borrow_mut().merge_step(r) {
+                Ok(Some(all)) => {
+                    losses.push(all.loss);
+                    on_step(all);
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    merge_error.get_or_insert(e);
+                }
+            };
+            let dir = config.checkpoint_dir.clone().unwrap_or_default();
+            let mut checkpoint = |step: u64, state: StageState| main.borrow_mut().checkpoint(&dir, step, job, &state, schedule, &pipeline, &record);
+            let hooks = WorkerHooks { on_step: &mut merged, on_checkpoint: &mut checkpoint };
+            run_worker(module, &config, replica, Box::new(transport), batches, resume, hooks)
+        };
+        let mut report = trained.map_err(|e| fail(e.to_string()))?;
+        if let Some(e) = merge_error {
+            return Err(fail(e));
+        }
+        let main = main.into_inner();
+        report.losses = losses;
+        // Rank 0 collects every stage's weights (replica 0's; the replicas hold the same)
+        // and running statistics.
+        let mine = |v: &Vec<Vec<(String, tch::Tensor)>>| -> Vec<(String, tch::Tensor)> {
+            if replica == 0 { v.iter().flatten().map(|(n, t)| (n.clone(), t.shallow_clone())).collect() } else { Vec::new() }
+        };
+        let weights = main.gather_to_first(mine(&report.weights), "the trained weights").map_err(fail)?;
+        let buffers = main.gather_to_first(mine(&report.buffers), "the running statistics").map_err(fail)?;
+        let job = match (weights, buffers) {
+            (Some(w), Some(b)) => {
+                let mut all = TrainReport { weights: w, buffers: b, ..empty_report(depth) };
+                all.weights.truncate(depth);
+                all.buffers.truncate(depth);
+                Some(all)
+            }
+            _ => None,
+        };
+        Ok(WorkerOutcome { report, job })
+    }
+}
+
+/// What a worker rank ends with.
+pub struct WorkerOutcome {
+    /// This rank's stage (index 0); on the reporting rank, `losses` are the job's.
+    pub report: TrainReport,
+    /// On rank 0: every stage's trained weights and running statistics, in stage order,
+    /// ready to be saved as the build's weights (as `pipewright train` saves them).
+    pub job: Option<TrainReport>,
+}
+
+fn empty_report(depth: usize) -> TrainReport {
+    TrainReport {
+        weights: Vec::new(),
+        buffers: Vec::new(),
+        memory: Vec::new(),
+        checkpoints: Vec::new(),
+        losses: Vec::new(),
+        peak_versions: vec![0; depth],
+        trace: Vec::new(),
     }
 }
 
@@ -417,6 +538,16 @@ mod tests {
     use crate::compile::compile;
     use crate::compile::tests::{request, stages};
     use pipewright_core::Optimizer;
+
+    #[test]
+    fn a_cuda_run_spreads_over_every_visible_gpu_unless_pinned() {
+        let gpus = |n: usize| (0..n).map(Device::Cuda).collect::<Vec<_>>();
+        assert_eq!(default_placement(Device::Cuda(0), 4), gpus(4));
+        // One GPU, a CPU run, or a GPU named by index: every worker on that device.
+        assert_eq!(default_placement(Device::Cuda(0), 1), Vec::<Device>::new());
+        assert_eq!(default_placement(Device::Cuda(2), 4), Vec::<Device>::new());
+        assert_eq!(default_placement(Device::Cpu, 4), Vec::<Device>::new());
+    }
 
     fn req(steps: usize) -> TrainRequest {
         TrainRequest {
@@ -446,6 +577,8 @@ mod tests {
             max_inflated: pipewright_runtime::data::DEFAULT_MAX_INFLATED,
             precision: Precision::Fp32,
             devices: Vec::new(),
+            on_nonfinite: NonFinite::Stop,
+            max_skips: pipewright_core::DEFAULT_MAX_SKIPS,
         }
     }
 

@@ -140,6 +140,9 @@ pub struct Graph {
     outputs: Vec<ValueId>,
     /// Notes from import (e.g. a batch dimension resolved to a constant at a node).
     pub warnings: Vec<String>,
+    /// What import decided about initializers that changes what trains (frozen
+    /// batch-baked constants, exporter-merged weights), for `compile` and `train` to say.
+    pub choices: pipewright_core::ImportChoices,
 }
 
 impl Graph {
@@ -350,6 +353,7 @@ impl Graph {
         let mut remap: Vec<Option<ValueId>> = vec![None; self.values.len()];
         let mut out = Graph { meta: self.meta.clone(), batch: self.batch.clone(), ..Graph::default() };
         out.warnings = std::mem::take(&mut self.warnings);
+        out.choices = std::mem::take(&mut self.choices);
         for &v in &self.inputs {
             remap[v.index()] = Some(out.add_value(self.values[v.index()].clone()));
         }

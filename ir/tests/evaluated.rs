@@ -207,3 +207,21 @@ fn compress_as_gather() {
     let msg = import_with(&shared, &opts).expect_err("a condition also read as data stays data").to_string();
     assert!(msg.contains("Compress") && msg.contains("input 1"), "{msg}");
 }
+
+/// The importer's batch-baked check freezes activations the exporter evaluated for its
+/// batch (attention masks, ViT's expanded class token, position embeddings expanded per
+/// sample), never a layer's own parameters: in the batch-4 ResNet export two convolutions
+/// have 4 output channels (kernels `[4, 8, 1, 1]`), and they must still train. Every
+/// batch-4 export of the corpus, with how many initializers it really baked.
+#[test]
+fn layer_parameters_are_never_taken_for_batch_baked_activations() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/exports");
+    let baked = [("resnet-b4", 0), ("convnext-b4", 0), ("bert-b4", 2), ("gpt2-b4", 1), ("llama-b4", 1), ("whisper-b4", 2), ("vit-b4", 3)];
+    for (name, count) in baked {
+        let g = pipewright_ir::import_model(&dir.join(format!("{name}.onnx")), &pipewright_ir::ImportOptions::default())
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let frozen = &g.choices.frozen_batch_baked;
+        assert_eq!(frozen.len(), count, "{name}: {frozen:?}");
+        assert!(frozen.iter().all(|f| !f.contains("weight")), "{name}: {frozen:?}");
+    }
+}

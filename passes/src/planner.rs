@@ -296,12 +296,18 @@ impl Plan {
                 boundary_text(&st.outputs)
             );
         }
-        for w in &self.shared_weights {
+        // The rule is the same for every tied weight: said once, then a short line each
+        // (a sentence per weight made a wall of text for models whose exporter merged
+        // every LayerNorm's weights).
+        if !self.shared_weights.is_empty() {
             let _ = writeln!(
                 s,
-                "shared weight {} in stages {:?}: {}",
-                w.name, w.stages, w.decision
+                "tied weights read in several stages ({}): each of those stages holds a copy, and their gradients are summed across those stages before every update",
+                self.shared_weights.len()
             );
+            for w in &self.shared_weights {
+                let _ = writeln!(s, "  {} in stages {:?}", w.name, w.stages);
+            }
         }
         s
     }

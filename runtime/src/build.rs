@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 
 use pipewright_core::format::{Header, Mismatch};
 use pipewright_core::fs::{write_atomic, WriteError};
-use pipewright_core::{Recompute, Schedule};
+use pipewright_core::{ImportChoices, Recompute, Schedule};
 use serde::{Deserialize, Serialize};
 
 use crate::kernel::ElemType;
@@ -45,6 +45,10 @@ pub struct Manifest {
     /// The id every stage module of this compile carries (`Program::pipeline`).
     pub pipeline_id: String,
     pub pipeline: PipelineConfig,
+    /// What import decided about initializers that changes what trains (frozen
+    /// batch-baked constants, exporter-merged weights, untied or not); `train` repeats it.
+    #[serde(default, skip_serializing_if = "ImportChoices::is_empty")]
+    pub choices: ImportChoices,
     /// The stages in pipeline order.
     #[serde(rename = "stage")]
     pub stages: Vec<StageEntry>,
@@ -172,6 +176,8 @@ impl Manifest {
             model_crc32: &'a str,
             pipeline_id: &'a str,
             pipeline: &'a PipelineConfig,
+            #[serde(skip_serializing_if = "ImportChoices::is_empty")]
+            choices: &'a ImportChoices,
         }
         #[derive(Serialize)]
         struct Stages<'a> {
@@ -184,6 +190,7 @@ impl Manifest {
             model_crc32: &self.model_crc32,
             pipeline_id: &self.pipeline_id,
             pipeline: &self.pipeline,
+            choices: &self.choices,
         };
         let workers = std::thread::available_parallelism().map_or(1, |n| n.get()).min(8);
         let chunk = self.stages.len().div_ceil(workers).max(1);
@@ -472,6 +479,7 @@ mod tests {
                 replicas: None,
                 origin: "plan p.json".into(),
             },
+            choices: ImportChoices::default(),
             stages: (0..2)
                 .map(|k| StageEntry {
                     index: k,
@@ -498,6 +506,17 @@ mod tests {
             s.index = 2 + extra;
             m.stages.push(s);
         }
+        // With the import's choices too (a table between the pipeline and the stages), and
+        // read back field for field.
+        m.choices = ImportChoices {
+            frozen_batch_baked: vec!["cls [2, 1, 8]".into()],
+            trained_batch_baked: vec!["token [1, 1, 8]".into()],
+            merged: vec![pipewright_core::MergedInitializer { name: "ln.weight".into(), uses: 9 }],
+            untied: true,
+        };
+        assert_eq!(m.to_toml(), pretty(&m));
+        let back: Manifest = toml::from_str(&m.to_toml()).unwrap();
+        assert_eq!(back, m);
     }
 
     #[test]

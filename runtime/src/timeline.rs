@@ -2,6 +2,12 @@
 //! file (written and read through one typed struct), each stage's bubble fraction, and an
 //! SVG drawing with one row per stage (`pipewright trace-svg`).
 //!
+//! A long run drawn whole is a barcode (200 steps of 2 stages are thousands of boxes a
+//! pixel wide), so [`timeline_svg_with`] draws a window of steps ([`StepWindow`]; by
+//! default the first [`DEFAULT_WINDOW_STEPS`] of a longer trace, said in the title) and
+//! widens the drawing until a typical compute box holds its microbatch id, written in the
+//! box as `<text>`.
+//!
 //! Plain Rust: builds without libtorch.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -202,6 +208,116 @@ fn span(events: &[TraceEvent]) -> (f64, f64) {
     (t0, t1)
 }
 
+/// Steps a drawing shows by default when the trace has more.
+pub const DEFAULT_WINDOW_STEPS: u64 = 10;
+
+/// The most pixels of time axis [`timeline_svg_with`] widens a drawing to.
+pub const MAX_SVG_WIDTH: u32 = 20_000;
+
+/// Steps `start..end` of a trace (its events' `step`, counted from 0; `end` excluded), as
+/// `trace-svg --steps 10..20` takes them (`10..` runs to the trace's end).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StepWindow {
+    pub start: u64,
+    /// `None`: to the end of the trace.
+    pub end: Option<u64>,
+}
+
+impl StepWindow {
+    pub fn contains(&self, step: u64) -> bool {
+        step >= self.start && self.end.is_none_or(|e| step < e)
+    }
+}
+
+impl std::str::FromStr for StepWindow {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bad = || format!("{s:?}: expected a step range START..END (e.g. 10..20: steps 10 to 19, counted from 0) or START..");
+        let (a, b) = s.split_once("..").ok_or_else(bad)?;
+        let start = a.trim().parse::<u64>().map_err(|_| bad())?;
+        let end = if b.trim().is_empty() { None } else { Some(b.trim().parse::<u64>().map_err(|_| bad())?) };
+        if end.is_some_and(|e| e <= start) {
+            return Err(format!("{s:?}: the range is empty (END must be above START)"));
+        }
+        Ok(StepWindow { start, end })
+    }
+}
+
+impl std::fmt::Display for StepWindow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.end {
+            Some(e) => write!(f, "{}..{e}", self.start),
+            None => write!(f, "{}..", self.start),
+        }
+    }
+}
+
+/// How [`timeline_svg_with`] draws.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SvgOptions {
+    /// Pixels of time axis at least (more when the boxes need it to hold their labels).
+    pub width: u32,
+    /// The steps drawn; `None`: every step of a trace of at most [`DEFAULT_WINDOW_STEPS`],
+    /// else the first [`DEFAULT_WINDOW_STEPS`].
+    pub steps: Option<StepWindow>,
+}
+
+impl Default for SvgOptions {
+    fn default() -> Self {
+        SvgOptions { width: 1200, steps: None }
+    }
+}
+
+/// Pixels a label of `chars` characters takes at the drawing's 10 px label font (about
+/// 0.6 em per digit), with 2 px of margin on each side.
+pub fn label_width(chars: usize) -> f64 {
+    chars as f64 * 6.0 + 4.0
+}
+
+/// The steps of `events` (lowest, highest), if any.
+fn step_range(events: &[TraceEvent]) -> Option<(u64, u64)> {
+    let lo = events.iter().map(|e| e.step).min()?;
+    let hi = events.iter().map(|e| e.step).max()?;
+    Some((lo, hi))
+}
+
+/// The window [`timeline_svg_with`] draws for `options`, and a sentence saying which it is.
+pub fn window_of(events: &[TraceEvent], options: &SvgOptions) -> (StepWindow, String) {
+    let (lo, hi) = step_range(events).unwrap_or((0, 0));
+    let total = hi - lo + 1;
+    match options.steps {
+        Some(w) => (w, format!("steps {w} of {lo}..{}", hi + 1)),
+        None if total > DEFAULT_WINDOW_STEPS => {
+            let w = StepWindow { start: lo, end: Some(lo + DEFAULT_WINDOW_STEPS) };
+            (w, format!("steps {w} of {lo}..{}: the first {DEFAULT_WINDOW_STEPS}; trace-svg --steps A..B draws others", hi + 1))
+        }
+        None => (StepWindow { start: lo, end: None }, format!("all {total} steps")),
+    }
+}
+
+/// The events of `events` in the window `w`.
+pub fn events_in(events: &[TraceEvent], w: StepWindow) -> Vec<TraceEvent> {
+    events.iter().filter(|e| w.contains(e.step)).cloned().collect()
+}
+
+/// The pixels of time axis that give nine in ten compute boxes of `events` room for the
+/// longest microbatch label (the shortest tenth may be outliers: one tiny box would widen
+/// the whole drawing), between `min` and [`MAX_SVG_WIDTH`].
+fn legible_width(events: &[TraceEvent], min: u32) -> f64 {
+    let (t0, t1) = span(events);
+    let span = (t1 - t0).max(1.0);
+    let mut durs: Vec<f64> = events.iter().filter(|e| e.kind.is_busy() && e.microbatch.is_some()).map(|e| e.dur_us).collect();
+    if durs.is_empty() {
+        return f64::from(min);
+    }
+    durs.sort_by(f64::total_cmp);
+    let short = durs[durs.len() / 10].max(1e-3);
+    let chars = events.iter().filter_map(|e| e.microbatch).max().map_or(1, |m| m.to_string().len());
+    // 5% over, so that rounding leaves the box no narrower than its label.
+    let needed = 1.05 * label_width(chars) * span / short;
+    needed.clamp(f64::from(min), f64::from(MAX_SVG_WIDTH.max(min)))
+}
+
 /// A "nice" tick interval (1, 2 or 5 times a power of ten) giving about `n` ticks.
 fn tick_step(span: f64, n: f64) -> f64 {
     let raw = (span / n).max(1e-9);
@@ -216,24 +332,38 @@ fn fmt_ms(ms: f64) -> String {
 
 /// The timeline as SVG, `width` pixels of time axis: one row per stage with its bubble
 /// fraction, one box per event coloured by kind (send/recv as thin bars), a legend and a
-/// time axis in milliseconds.
+/// time axis in milliseconds; every event, at exactly that width.
 pub fn timeline_svg(events: &[TraceEvent], width: u32) -> String {
+    draw(events, f64::from(width), "")
+}
+
+/// The timeline of the steps `options` selects (see [`window_of`]; the title says which),
+/// at least `options.width` pixels wide and wider where the median compute box would
+/// not hold its microbatch id; each compute box wide enough for its id shows it as text.
+pub fn timeline_svg_with(events: &[TraceEvent], options: &SvgOptions) -> String {
+    let (w, what) = window_of(events, options);
+    let shown = events_in(events, w);
+    draw(&shown, legible_width(&shown, options.width), &format!(", {what}"))
+}
+
+/// [`timeline_svg`]'s drawing of `events`, `plot_w` pixels of time axis, `what` appended
+/// to the title.
+fn draw(events: &[TraceEvent], plot_w: f64, what: &str) -> String {
     let stages: Vec<usize> = events.iter().map(|e| e.stage).collect::<BTreeSet<_>>().into_iter().collect();
     let (t0, t1) = span(events);
     let span = if events.is_empty() { 1.0 } else { (t1 - t0).max(1.0) };
     let t0 = if events.is_empty() { 0.0 } else { t0 };
-    let (left, top, row_h, gap) = (90.0, 40.0, 36.0, 10.0);
-    let plot_w = f64::from(width);
+    let (left, top, row_h, gap) = (90.0, 48.0, 36.0, 10.0);
     let rows_h = stages.len() as f64 * (row_h + gap);
     let (total_w, total_h) = (left + plot_w + 20.0, top + rows_h + 60.0);
     let x = |t: f64| left + (t - t0) / span * plot_w;
     let mut s = String::new();
     let _ = writeln!(s, r#"<svg xmlns="http://www.w3.org/2000/svg" width="{total_w:.0}" height="{total_h:.0}" viewBox="0 0 {total_w:.0} {total_h:.0}" font-family="sans-serif" font-size="11">"#);
-    let _ = writeln!(s, r#"<text x="{left}" y="16" font-size="13">pipeline timeline ({} stages, {} events)</text>"#, stages.len(), events.len());
-    // Legend (circles, so that <rect>s are exactly the events).
-    let mut lx = left + 300.0;
+    let _ = writeln!(s, r#"<text x="{left}" y="16" font-size="13">pipeline timeline ({} stages, {} events{what})</text>"#, stages.len(), events.len());
+    // Legend (circles, so that <rect>s are exactly the events), under the title.
+    let mut lx = left;
     for k in TraceKind::ALL {
-        let _ = writeln!(s, r#"<circle cx="{lx}" cy="12" r="5" fill="{}"/><text x="{}" y="16">{}</text>"#, k.colour(), lx + 8.0, k.name());
+        let _ = writeln!(s, r#"<circle cx="{lx}" cy="28" r="5" fill="{}"/><text x="{}" y="32">{}</text>"#, k.colour(), lx + 8.0, k.name());
         lx += 80.0;
     }
     let bub = bubbles(events);
@@ -259,6 +389,18 @@ pub fn timeline_svg(events: &[TraceEvent], width: u32) -> String {
             e.dur_us,
             e.start_us - t0
         );
+        // The microbatch id inside its compute box, where the box holds it.
+        if let (true, Some(m)) = (e.kind.is_busy(), e.microbatch) {
+            let label = m.to_string();
+            if w >= label_width(label.len()) {
+                let _ = writeln!(
+                    s,
+                    r#"<text x="{:.2}" y="{:.1}" font-size="10" fill="white" text-anchor="middle" pointer-events="none">{label}</text>"#,
+                    x(e.start_us) + w / 2.0,
+                    ry + rh / 2.0 + 3.5
+                );
+            }
+        }
     }
     // Time axis in milliseconds.
     let ay = top + rows_h + 5.0;
@@ -296,6 +438,87 @@ mod tests {
         let svg = timeline_svg(&events, 400);
         assert_eq!(svg.matches("<rect").count(), 3);
         assert!(svg.contains("bubble 60%"), "{svg}");
+    }
+
+    /// A 200-step 1F1B-like trace of 2 stages, 4 microbatches per step: forward 100 µs,
+    /// backward 200 µs, a send after each, an optimizer step per batch.
+    fn long_trace() -> Vec<TraceEvent> {
+        let mut out = Vec::new();
+        for stage in 0..2 {
+            let mut t = stage as f64 * 50.0;
+            for step in 0..200u64 {
+                for j in 0..4 {
+                    let mb = Some(step * 4 + j);
+                    for (kind, dur) in [(TraceKind::Forward, 100.0), (TraceKind::Send, 5.0), (TraceKind::Backward, 200.0)] {
+                        out.push(TraceEvent { kind, stage, start_us: t, dur_us: dur, microbatch: mb, version: step, step });
+                        t += dur;
+                    }
+                }
+                out.push(TraceEvent { kind: TraceKind::Optimizer, stage, start_us: t, dur_us: 20.0, microbatch: None, version: step + 1, step });
+                t += 20.0;
+            }
+        }
+        out
+    }
+
+    /// The drawn boxes: (width, the title's `step N`, the label drawn in the box, if any).
+    fn boxes(svg: &str) -> Vec<(f64, u64, Option<String>)> {
+        let lines: Vec<&str> = svg.lines().collect();
+        let attr = |l: &str, a: &str| -> String { l.split(&format!(" {a}=\"")).nth(1).and_then(|r| r.split('"').next()).unwrap_or_default().to_string() };
+        let mut out = Vec::new();
+        for (i, l) in lines.iter().enumerate().filter(|(_, l)| l.starts_with("<rect")) {
+            let width: f64 = attr(l, "width").parse().unwrap();
+            let step: u64 = l.split(" step ").nth(1).and_then(|r| r.split(':').next()).unwrap().parse().unwrap();
+            let label = lines.get(i + 1).filter(|n| n.starts_with("<text") && n.contains("font-size=\"10\"")).map(|n| n.split('>').nth(1).unwrap().trim_end_matches("</text").to_string());
+            out.push((width, step, label));
+        }
+        out
+    }
+
+    #[test]
+    fn long_traces_draw_a_window_with_labelled_boxes() {
+        let events = long_trace();
+        // Drawn whole at 1200 px, a box is a fraction of a pixel: the barcode of the issue.
+        let whole = boxes(&timeline_svg(&events, 1200));
+        assert_eq!(whole.len(), events.len());
+        assert!(whole.iter().all(|b| b.2.is_none()), "no box of the whole trace holds a label");
+
+        // By default: the first 10 steps, said in the title.
+        let svg = timeline_svg_with(&events, &SvgOptions::default());
+        assert!(svg.contains("steps 0..10 of 0..200: the first 10; trace-svg --steps A..B draws others"), "{}", &svg[..400]);
+        let drawn = boxes(&svg);
+        assert_eq!(drawn.len(), events.iter().filter(|e| e.step < 10).count());
+        assert!(drawn.iter().all(|b| b.1 < 10));
+
+        // A window: exactly its steps, every compute box labelled with its microbatch id
+        // as <text>, each in a box wide enough for it.
+        let window: StepWindow = "150..160".parse().unwrap();
+        let svg = timeline_svg_with(&events, &SvgOptions { width: 1200, steps: Some(window) });
+        assert!(svg.contains("steps 150..160 of 0..200"));
+        let drawn = boxes(&svg);
+        let expected: Vec<&TraceEvent> = events.iter().filter(|e| (150..160).contains(&e.step)).collect();
+        assert_eq!(drawn.len(), expected.len());
+        for (e, (width, step, label)) in expected.iter().zip(&drawn) {
+            assert_eq!(e.step, *step);
+            if e.kind.is_busy() && e.microbatch.is_some() {
+                let id = e.microbatch.unwrap().to_string();
+                assert_eq!(label.as_deref(), Some(id.as_str()), "{e:?}");
+                assert!(*width >= label_width(id.len()), "box {width} px for label {id}");
+            } else {
+                assert!(label.is_none(), "{e:?}");
+            }
+        }
+        assert!(svg.contains(">637</text>") && !svg.contains(">640</text>"));
+    }
+
+    #[test]
+    fn step_windows_parse_and_refuse_empty_ranges() {
+        assert_eq!("10..20".parse::<StepWindow>().unwrap(), StepWindow { start: 10, end: Some(20) });
+        assert_eq!("5..".parse::<StepWindow>().unwrap().to_string(), "5..");
+        assert!("20..10".parse::<StepWindow>().unwrap_err().contains("empty"));
+        assert!("ten".parse::<StepWindow>().unwrap_err().contains("START..END"));
+        let w: StepWindow = "3..".parse().unwrap();
+        assert!(w.contains(3) && w.contains(1000) && !w.contains(2));
     }
 
     #[test]

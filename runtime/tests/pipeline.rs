@@ -572,6 +572,37 @@ fn fp16_overflow_skips_the_step_in_every_stage() {
     }
 }
 
+/// fp16's loss scale is part of a checkpoint: a run whose scale halved on overflows and
+/// grew again, interrupted at a checkpoint and resumed, ends bit-identical to the
+/// uninterrupted run (a resumed run restarting from the configured scale would skip
+/// different steps), under 2BW and Flush at d = 3.
+#[test]
+fn fp16_resume_continues_from_the_saved_loss_scale() {
+    let data = dataset(12, M, None);
+    for sched in [Schedule::TwoBw, Schedule::Flush] {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut c = cfg(sched, OptimizerConfig::sgd(), 0.3, 12);
+        c.precision = Precision::Fp16;
+        // Overflows at first, then growth every 2 good steps: the scale moves both ways.
+        c.loss_scale = LossScaler::with(2f64.powi(20), 2);
+        c.checkpoint_every = Some(4);
+        c.checkpoint_dir = Some(dir.path().to_path_buf());
+        let mut skips = Vec::new();
+        let whole = train(stages(3, sched, Recompute::None), &c, feed(&data), &mut |s| skips.push(s.skipped)).unwrap();
+        assert!(skips[..4].iter().any(|s| *s), "{sched:?}: no overflow before the checkpoint: {skips:?}");
+        let ck = read_checkpoint(&dir.path().join("step-000004")).unwrap();
+        let saved = ck.stages[0].loss_scale.clone().expect("an fp16 checkpoint holds the loss scale");
+        assert!(saved.scale < 2f64.powi(20), "{sched:?}: {saved:?}");
+        assert!(ck.stages.iter().all(|s| s.loss_scale.as_ref() == Some(&saved)), "{sched:?}: the stages' scales differ");
+        let mut c2 = c.clone();
+        c2.checkpoint_every = None;
+        let resumed = resume(stages(3, sched, Recompute::None), &c2, ck, feed(&data[4..]), &mut |_| {}).unwrap();
+        for (a, b) in whole.weights.iter().flatten().zip(resumed.weights.iter().flatten()) {
+            assert!(a.1.equal(&b.1), "{sched:?}: {} differs after resuming", a.0);
+        }
+    }
+}
+
 /// Stage placement: worker `r * d + k` takes device `(r * d + k) % len`, and a run whose
 /// stages and replicas are placed on several devices (all the CPU here) trains to the
 /// same weights and losses as the single-device run.

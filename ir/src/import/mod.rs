@@ -6,6 +6,7 @@ mod control;
 pub(crate) mod convert;
 mod evaluated;
 mod legacy;
+pub mod merged;
 pub mod tensor;
 
 use std::collections::{BTreeMap, HashMap};
@@ -43,6 +44,12 @@ pub struct ImportOptions {
     /// `plan` and `simulate`, which need shapes only, so a 3.8-billion-parameter model
     /// plans without its 15 GB of weights, or without the file at all.
     pub shapes_only: bool,
+    /// Give each node reading an exporter-merged initializer its own copy
+    /// ([`merged::untie_merged`]) instead of training one tied weight.
+    pub untie_merged: bool,
+    /// Initializers baked for the export batch to train as one slice shared by the batch
+    /// ([`merged::train_batch_baked`]) instead of keeping them frozen.
+    pub train_batch_baked: Vec<String>,
 }
 
 impl ImportOptions {
@@ -162,13 +169,15 @@ struct Importer<'a> {
     /// A Scan walks a graph input along axis 0: that axis is unrolled, so it cannot be
     /// the symbolic batch (every extent stays as exported).
     scans_axis0: bool,
+    /// Names read as a layer's own parameter ([`layer_weights_read`]).
+    layer_weights: std::collections::HashSet<String>,
     opsets: Opsets,
     ctx: Ctx,
 }
 
 impl<'a> Importer<'a> {
     fn new(dir: &'a Path, opts: &'a ImportOptions) -> Importer<'a> {
-        Importer { dir, opts, graph: Graph::default(), names: HashMap::new(), known: Vec::new(), composites: HashMap::new(), scans_axis0: false, opsets: Opsets::default(), ctx: Ctx::default() }
+        Importer { dir, opts, graph: Graph::default(), names: HashMap::new(), known: Vec::new(), composites: HashMap::new(), scans_axis0: false, layer_weights: Default::default(), opsets: Opsets::default(), ctx: Ctx::default() }
     }
 
     fn run(mut self, mut model: ModelProto) -> Result<Graph, ImportError> {
@@ -202,10 +211,23 @@ impl<'a> Importer<'a> {
                 return Err(ImportError::DuplicateValue { value: name.clone(), first: "a graph input".into(), second: "another graph input".into() });
             }
         }
+        // Merged initializers are found (and untied on request) before anything reads the
+        // initializers, so the copies import like any other weight.
+        let merged = if self.opts.untie_merged { merged::untie_merged(&mut g) } else { merged::merged_initializers(&g) };
+        self.graph.choices.untied = self.opts.untie_merged && !merged.is_empty();
+        self.graph.choices.merged = merged;
         let initializer_names: std::collections::HashSet<String> = g.initializer.iter().map(|t| t.name.clone()).collect();
         let params = float_parameters_read(&g.node, &self.opts.float_parameters);
+        self.layer_weights = layer_weights_read(&g.node);
         self.scans_axis0 = control::scans_inputs_along_axis0(&g.node, &g.input, opset);
         self.add_inputs(&g.input, &initializer_names, &params)?;
+        // The export batch is known from here on.
+        for name in &self.opts.train_batch_baked {
+            merged::train_batch_baked(&mut g, name, self.ctx.export_batch.unwrap_or(1))
+                .map_err(|reason| ImportError::BadTensor { name: name.clone(), reason: format!("--train-batch-baked: {reason}") })?;
+            let dims = g.initializer.iter().find(|t| &t.name == name).map(|t| t.dims.clone()).unwrap_or_default();
+            self.graph.choices.trained_batch_baked.push(format!("{name} {dims:?}"));
+        }
         for t in std::mem::take(&mut g.initializer) {
             let name = t.name.clone();
             let data = match self.opts.shapes_only.then(|| tensor::external_shape_only(&t)).flatten() {
@@ -256,9 +278,17 @@ impl<'a> Importer<'a> {
     /// A float initializer of rank >= 3 whose leading extent is the export batch is an
     /// activation the exporter evaluated for that batch (attention masks, an expanded
     /// class token), not a parameter: it is kept as a constant, with a warning.
+    ///
+    /// A tensor some node reads as a layer's own parameter (a convolution's kernel, a
+    /// recurrent layer's weights, a normalization's scale) is a parameter whatever its
+    /// leading extent: a conv with as many output channels as the export batch is not
+    /// batch-baked.
     fn is_batch_baked(&mut self, name: &str, data: &crate::TensorData) -> bool {
-        let baked = data.dims.len() >= 3 && self.ctx.export_batch.is_some_and(|b| b > 1 && data.dims[0] == b);
+        let baked = data.dims.len() >= 3
+            && self.ctx.export_batch.is_some_and(|b| b > 1 && data.dims[0] == b)
+            && !self.layer_weights.contains(name);
         if baked {
+            self.graph.choices.frozen_batch_baked.push(format!("{name} {:?}", data.dims));
             self.graph.warnings.push(format!(
                 "initializer {name:?} {:?} has the export batch as its leading extent; kept as a constant, not trained",
                 data.dims
@@ -839,6 +869,23 @@ fn float_parameters_read(nodes: &[NodeProto], candidates: &HashMap<String, crate
         .iter()
         .filter(|(name, _)| reads.get(name.as_str()) == Some(&true))
         .map(|(name, t)| (name.clone(), t.clone()))
+        .collect()
+}
+
+/// The names some node reads in a layer-parameter slot: kernels and biases of
+/// convolutions, weights of recurrent layers, scales and statistics of normalizations.
+fn layer_weights_read(nodes: &[NodeProto]) -> std::collections::HashSet<String> {
+    let is_weight = |n: &NodeProto, slot: usize| match n.op_type.as_str() {
+        "Conv" | "ConvTranspose" | "ConvInteger" | "DeformConv" => slot == 1 || slot == 2,
+        "QLinearConv" => slot == 3 || slot == 8,
+        "RNN" | "GRU" | "LSTM" => (1..=3).contains(&slot) || slot == 7,
+        "BatchNormalization" => (1..=4).contains(&slot),
+        "InstanceNormalization" | "LayerNormalization" | "GroupNormalization" | "RMSNormalization" => slot == 1 || slot == 2,
+        _ => false,
+    };
+    nodes
+        .iter()
+        .flat_map(|n| n.input.iter().enumerate().filter(move |&(slot, name)| !name.is_empty() && is_weight(n, slot)).map(|(_, name)| name.clone()))
         .collect()
 }
 

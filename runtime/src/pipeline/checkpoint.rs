@@ -30,6 +30,8 @@ use crate::exec::{tensor_from_bytes, tensor_to_bytes};
 use crate::kernel::ElemType;
 use crate::module::{dtype_of, elem_of_dtype};
 
+use super::precision::LossScaler;
+
 /// One stage's training state after `step` batches.
 #[derive(Debug)]
 pub struct StageState {
@@ -43,6 +45,11 @@ pub struct StageState {
     pub opt_v: Vec<(String, Tensor)>,
     /// Running statistics (non-trainable tensors training updates).
     pub buffers: Vec<(String, Tensor)>,
+    /// fp16's dynamic loss scale as of the end of the step (equal in every stage); `None`
+    /// in other precisions.
+    pub loss_scale: Option<LossScaler>,
+    /// Steps skipped in a row so far (`--on-nonfinite skip`, fp16 overflows).
+    pub skips_in_a_row: usize,
 }
 
 /// The whole pipeline's state after `step` batches.
@@ -109,36 +116,88 @@ pub fn write_checkpoint(dir: &Path, ck: &Checkpoint) -> Result<PathBuf, Checkpoi
 
 fn write_into(tmp: &Path, ck: &Checkpoint) -> Result<(), CheckpointError> {
     std::fs::create_dir(tmp).map_err(|e| at(tmp, format!("cannot create: {e}")))?;
-    let (mut files, mut checksums, mut sizes) = (Vec::new(), Vec::new(), Vec::new());
+    let mut parts = Vec::new();
     for st in &ck.stages {
-        let file = format!("stage{}.safetensors", st.stage);
-        let bytes = encode_stage(st, ck.step).map_err(|m| at(&tmp.join(&file), m))?;
-        write_synced(&tmp.join(&file), &bytes)?;
-        files.push(file);
-        checksums.push(format!("{:08x}", crc32fast::hash(&bytes)));
-        sizes.push(bytes.len() as u64);
+        parts.push(write_part(tmp, st, ck.step)?);
     }
+    write_manifest(tmp, ck.step, ck.schedule, &ck.pipeline, &ck.config, parts)
+}
+
+/// One stage file of a checkpoint being written, as its manifest records it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StagePart {
+    pub file: String,
+    /// CRC-32 of the file's bytes, 8 hex digits.
+    pub checksum: String,
+    pub size: u64,
+}
+
+fn write_part(tmp: &Path, st: &StageState, step: u64) -> Result<StagePart, CheckpointError> {
+    let file = format!("stage{}.safetensors", st.stage);
+    let bytes = encode_stage(st, step).map_err(|m| at(&tmp.join(&file), m))?;
+    write_synced(&tmp.join(&file), &bytes)?;
+    Ok(StagePart { file, checksum: format!("{:08x}", crc32fast::hash(&bytes)), size: bytes.len() as u64 })
+}
+
+fn write_manifest(tmp: &Path, step: u64, schedule: Schedule, pipeline: &str, config: &BTreeMap<String, String>, parts: Vec<StagePart>) -> Result<(), CheckpointError> {
     let manifest = Manifest {
         format: FORMAT.into(),
         version: VERSION,
-        step: ck.step,
-        depth: ck.stages.len(),
-        schedule: ck.schedule,
-        pipeline: ck.pipeline.clone(),
-        stages: files,
-        checksums,
-        sizes,
-        config: ck.config.clone(),
+        step,
+        depth: parts.len(),
+        schedule,
+        pipeline: pipeline.to_string(),
+        checksums: parts.iter().map(|p| p.checksum.clone()).collect(),
+        sizes: parts.iter().map(|p| p.size).collect(),
+        stages: parts.into_iter().map(|p| p.file).collect(),
+        config: config.clone(),
     };
     let json = serde_json::to_vec_pretty(&manifest).map_err(|e| at(tmp, e.to_string()))?;
     write_synced(&tmp.join(MANIFEST), &json)
 }
 
-/// Removes the temporary folders (`.step-N.tmp-PID`) and set-aside older checkpoints
-/// (`step-N.old-PID`) of writers whose process is gone: a writer killed mid-checkpoint
-/// leaves them, and nothing else would. A live process's folders are left alone (another
-/// run may be writing into the same folder). Best effort: a folder that cannot be removed
-/// stays, as before.
+/// Multi-process checkpoints: the step's temporary folder, shared by every process of
+/// job `job` (the committing process's id, so that a later writer removes it only once
+/// that process is gone).
+pub fn part_dir(dir: &Path, step: u64, job: u32) -> PathBuf {
+    dir.join(format!(".{}.tmp-{job}", step_dir_name(step)))
+}
+
+/// Multi-process checkpoints: writes one stage's file into [`part_dir`] (each process its
+/// own stage); nothing is visible until [`commit_parts`].
+pub fn write_stage_part(dir: &Path, step: u64, job: u32, st: &StageState) -> Result<StagePart, CheckpointError> {
+    let tmp = part_dir(dir, step, job);
+    std::fs::create_dir_all(&tmp).map_err(|e| at(&tmp, format!("cannot create: {e}")))?;
+    write_part(&tmp, st, step)
+}
+
+/// Multi-process checkpoints: once every stage's part is written, writes the manifest and
+/// renames the folder into place (the one atomic commit), returning it. `parts` in stage
+/// order.
+pub fn commit_parts(
+    dir: &Path,
+    step: u64,
+    job: u32,
+    schedule: Schedule,
+    pipeline: &str,
+    config: &BTreeMap<String, String>,
+    parts: Vec<StagePart>,
+) -> Result<PathBuf, CheckpointError> {
+    let tmp = part_dir(dir, step, job);
+    let name = step_dir_name(step);
+    let result = write_manifest(&tmp, step, schedule, pipeline, config, parts).and_then(|()| publish(&tmp, &dir.join(&name)));
+    if result.is_err() {
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
+    remove_stale(dir);
+    result.map(|()| dir.join(name))
+}
+
+/// Multi-process checkpoints: gives up a step whose parts could not all be written.
+pub fn discard_parts(dir: &Path, step: u64, job: u32) {
+    let _ = std::fs::remove_dir_all(part_dir(dir, step, job));
+}
+
 pub fn remove_stale(dir: &Path) {
     let Ok(entries) = std::fs::read_dir(dir) else { return };
     for e in entries.flatten() {
@@ -199,10 +258,18 @@ fn encode_stage(st: &StageState, step: u64) -> Result<Vec<u8>, String> {
         .iter()
         .map(|(n, e, d, b)| TensorView::new(dtype_of(*e), d.clone(), b).map(|v| (n.clone(), v)).map_err(|e| format!("tensor {n:?}: {e:?}")))
         .collect::<Result<Vec<_>, _>>()?;
-    let meta: HashMap<String, String> =
+    let mut meta: HashMap<String, String> =
         [("stage".to_string(), st.stage.to_string()), ("step".into(), step.to_string()), ("opt_steps".into(), st.opt_steps.to_string())]
             .into_iter()
             .collect();
+    meta.insert("skips_in_a_row".into(), st.skips_in_a_row.to_string());
+    if let Some(s) = &st.loss_scale {
+        // `{}` prints an f64 that parses back to the same bits.
+        meta.insert("loss_scale".into(), s.scale.to_string());
+        meta.insert("loss_scale_growth_interval".into(), s.growth_interval.to_string());
+        meta.insert("loss_scale_good_steps".into(), s.good_steps.to_string());
+        meta.insert("loss_scale_skipped".into(), s.skipped.to_string());
+    }
     safetensors::serialize(views, &Some(meta)).map_err(|e| format!("{e:?}"))
 }
 
@@ -273,6 +340,23 @@ fn newest_step_dir(parent: &Path) -> Result<PathBuf, CheckpointError> {
     best.map(|(_, p)| p).ok_or_else(|| at(parent, "no checkpoint here (expected checkpoint.json or step-NNNNNN folders)"))
 }
 
+/// fp16's loss scale from a stage file's metadata: absent when the run was not fp16 (or
+/// the file predates it), an error when present but unreadable.
+fn decode_loss_scale(meta: &HashMap<String, String>) -> Result<Option<LossScaler>, String> {
+    let Some(scale) = meta.get("loss_scale") else { return Ok(None) };
+    let scale = scale.parse::<f64>().ok().filter(|s| s.is_finite() && *s >= 1.0).ok_or_else(|| format!("metadata loss_scale {scale:?} is not a scale of at least 1"))?;
+    let num = |key: &str| -> Result<u64, String> {
+        let v = meta.get(key).ok_or_else(|| format!("metadata has loss_scale but lacks {key:?}"))?;
+        v.parse::<u64>().map_err(|_| format!("metadata {key} {v:?} is not a count"))
+    };
+    let growth = u32::try_from(num("loss_scale_growth_interval")?).map_err(|_| "metadata loss_scale_growth_interval is too large".to_string())?;
+    let good = u32::try_from(num("loss_scale_good_steps")?).map_err(|_| "metadata loss_scale_good_steps is too large".to_string())?;
+    let mut s = LossScaler::with(scale, growth);
+    s.good_steps = good;
+    s.skipped = num("loss_scale_skipped")?;
+    Ok(Some(s))
+}
+
 /// Decodes one stage file of a checkpoint, which must hold stage `k`: the stage's state
 /// and the step its file records. Errors do not name the file (the caller does).
 pub fn decode_stage(bytes: &[u8], k: usize) -> Result<(StageState, u64), String> {
@@ -292,6 +376,9 @@ pub fn decode_stage(bytes: &[u8], k: usize) -> Result<(StageState, u64), String>
         opt_m: Vec::new(),
         opt_v: Vec::new(),
         buffers: Vec::new(),
+        loss_scale: decode_loss_scale(&meta)?,
+        // Absent in files written before it was recorded: the count starts again.
+        skips_in_a_row: meta.get("skips_in_a_row").map(|v| v.parse::<usize>().map_err(|_| format!("metadata skips_in_a_row {v:?} is not a count"))).transpose()?.unwrap_or(0),
     };
     let mut names: Vec<String> = st.names().into_iter().cloned().collect();
     names.sort();

@@ -2,14 +2,13 @@
 //! GPipe, PipeDream-Flush or PipeDream-2BW (see `shared/design/2bw.md`).
 
 mod checkpoint;
-mod launcher;
+mod distributed;
 mod memory;
 mod optim;
 mod pieces;
 mod precision;
 mod schedule;
 mod stage;
-mod tcp;
 mod trace;
 mod transport;
 
@@ -18,7 +17,7 @@ use std::path::PathBuf;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use pipewright_core::{Loss, Schedule};
+use pipewright_core::{Loss, NonFinite, Schedule};
 use tch::Tensor;
 
 pub use crate::exec::Mode;
@@ -26,9 +25,8 @@ pub use optim::{LrSchedule, OptimizerConfig};
 pub use precision::{compute_kind, LossScaler, Precision};
 pub use schedule::{stage_ops, stage_ops_from, Op};
 pub use checkpoint::{decode_checkpoint, decode_stage, read_checkpoint, step_dir_name, write_checkpoint, Checkpoint, CheckpointError, StageState};
-pub use launcher::{launcher_rank, launcher_size};
+pub use distributed::{batch_fingerprint, Layout, Mpi, MpiJob, DEFAULT_HEARTBEAT_TIMEOUT, HEARTBEAT_PERIOD};
 pub use memory::{bytes_of, StageMemory};
-pub use tcp::{Tcp, TcpOptions};
 pub use transport::{InProcess, Named, Transport};
 
 use crate::module::StageModule;
@@ -113,7 +111,15 @@ pub struct TrainConfig {
     /// stage) % len]` (so `d` devices give stage k device k in every replica, and `d * w`
     /// devices one per worker). Empty: every worker on `device`.
     pub devices: Vec<tch::Device>,
+    /// A step whose loss or gradients are not finite: stop (the divergence error) or skip
+    /// its update in every stage.
+    pub on_nonfinite: NonFinite,
+    /// With [`NonFinite::Skip`]: this many skipped steps in a row end training with
+    /// [`PipelineError::TooManySkips`].
+    pub max_skips: usize,
 }
+
+pub use pipewright_core::DEFAULT_MAX_SKIPS;
 
 impl TrainConfig {
     /// SGD at `lr`, constant rate, no clipping, CPU, train mode.
@@ -140,6 +146,8 @@ impl TrainConfig {
             precision: Precision::Fp32,
             loss_scale: LossScaler::new(),
             devices: Vec::new(),
+            on_nonfinite: NonFinite::Stop,
+            max_skips: DEFAULT_MAX_SKIPS,
         }
     }
 
@@ -161,7 +169,8 @@ pub struct StepReport {
     pub samples: usize,
     /// Wall time since the previous report (or since the start).
     pub seconds: f64,
-    /// fp16: the update was skipped (gradients overflowed somewhere; every stage skipped it).
+    /// The update was skipped in every stage: fp16 gradients overflowed somewhere, or
+    /// (`--on-nonfinite skip`) a loss or gradient was not finite.
     pub skipped: bool,
 }
 
@@ -201,6 +210,11 @@ pub enum PipelineError {
     /// `step` counts from 1, as the progress lines do.
     #[error("step {step}, stage {stage}: the optimizer update made weights non-finite (NaN or infinite gradients); nothing of this step was saved (try a lower --lr, or --clip-norm)")]
     NonFiniteWeights { step: usize, stage: usize },
+    /// `--on-nonfinite skip` skipped `skips` steps in a row, the last `step` (from 1).
+    #[error(
+        "step {step}: {skips} steps in a row had a non-finite loss or gradients and were skipped (--max-skips {skips}): training diverged; try a lower --lr, clip the gradients with --clip-norm (e.g. 1.0), warm up with --warmup, or check the data for NaN or infinite values"
+    )]
+    TooManySkips { step: usize, skips: usize },
     #[error("checkpoint: {0}")]
     Checkpoint(#[from] CheckpointError),
 }
@@ -215,7 +229,7 @@ pub(crate) struct StageData {
 }
 
 pub(crate) enum Event {
-    Step { step: usize, loss: f64, samples: usize, skipped: bool },
+    Step { step: usize, replica: usize, loss: f64, samples: usize, skipped: bool },
     Checkpoint { step: u64, state: StageState },
 }
 
@@ -293,39 +307,46 @@ fn check_stages(stages: &[StageModule], resume: Option<&Checkpoint>, cfg: &Train
         return Err(PipelineError::Config("checkpoints need a folder (checkpoint_dir)".into()));
     }
     if let Some(ck) = resume {
-        if ck.stages.len() != d {
-            return Err(PipelineError::Config(format!("the checkpoint holds {} stages, the pipeline has {d}", ck.stages.len())));
-        }
-        if ck.pipeline != stages[0].program.pipeline {
-            return Err(PipelineError::Config(format!(
-                "the checkpoint was written for pipeline {:?}, these modules are pipeline {:?}",
-                ck.pipeline, stages[0].program.pipeline
-            )));
-        }
-        let sched = stages[0].header.params.schedule;
-        if ck.schedule != sched {
-            return Err(PipelineError::Config(format!("the checkpoint was written under schedule {}, the modules use {sched}", ck.schedule)));
-        }
-        if ck.step > cfg.steps as u64 {
-            return Err(PipelineError::Config(format!("the checkpoint is at step {}, beyond the {} steps asked for", ck.step, cfg.steps)));
-        }
-        // A resumed run reaches the uninterrupted run's weights only under the same
-        // settings; a silently different rate or seed would train something else.
-        let now = run_record(cfg);
-        let differ: Vec<String> = now
-            .iter()
-            .filter_map(|(k, v)| match ck.config.get(k) {
-                Some(was) if was != v => Some(format!("{k} {was} (checkpoint) -> {v} (this run)")),
-                None => Some(format!("{k} unrecorded (checkpoint) -> {v} (this run)")),
-                _ => None,
-            })
-            .collect();
-        if !differ.is_empty() && !cfg.force_resume {
-            return Err(PipelineError::Config(format!(
-                "this run differs from the one that wrote the checkpoint: {}; give the same options, or --force to continue anyway",
-                differ.join(", ")
-            )));
-        }
+        check_resume(ck, d, &stages[0].program.pipeline, stages[0].header.params.schedule, cfg)?;
+    }
+    Ok(())
+}
+
+/// Whether checkpoint `ck` can continue a run of `depth` stages of compile `pipeline`
+/// under `schedule` and `cfg`'s settings (the same settings as the run that wrote it,
+/// unless `cfg.force_resume`).
+pub fn check_resume(ck: &Checkpoint, d: usize, pipeline: &str, schedule: Schedule, cfg: &TrainConfig) -> Result<(), PipelineError> {
+    if ck.stages.len() != d {
+        return Err(PipelineError::Config(format!("the checkpoint holds {} stages, the pipeline has {d}", ck.stages.len())));
+    }
+    if ck.pipeline != pipeline {
+        return Err(PipelineError::Config(format!(
+            "the checkpoint was written for pipeline {:?}, these modules are pipeline {:?}",
+            ck.pipeline, pipeline
+        )));
+    }
+    if ck.schedule != schedule {
+        return Err(PipelineError::Config(format!("the checkpoint was written under schedule {}, the modules use {schedule}", ck.schedule)));
+    }
+    if ck.step > cfg.steps as u64 {
+        return Err(PipelineError::Config(format!("the checkpoint is at step {}, beyond the {} steps asked for", ck.step, cfg.steps)));
+    }
+    // A resumed run reaches the uninterrupted run's weights only under the same
+    // settings; a silently different rate or seed would train something else.
+    let now = run_record(cfg);
+    let differ: Vec<String> = now
+        .iter()
+        .filter_map(|(k, v)| match ck.config.get(k) {
+            Some(was) if was != v => Some(format!("{k} {was} (checkpoint) -> {v} (this run)")),
+            None => Some(format!("{k} unrecorded (checkpoint) -> {v} (this run)")),
+            _ => None,
+        })
+        .collect();
+    if !differ.is_empty() && !cfg.force_resume {
+        return Err(PipelineError::Config(format!(
+            "this run differs from the one that wrote the checkpoint: {}; give the same options, or --force to continue anyway",
+            differ.join(", ")
+        )));
     }
     Ok(())
 }
@@ -558,23 +579,40 @@ pub fn boundary_names(module: &StageModule, loss: &Objective) -> Result<(Vec<Str
     Ok((p.inputs[..spec.n_recv].iter().map(name).collect(), p.outputs[..spec.n_send].iter().map(name).collect()))
 }
 
+/// What a worker process does with what its stage reports.
+pub struct WorkerHooks<'a> {
+    /// Called on the last stage after each step.
+    pub on_step: &'a mut dyn FnMut(StepReport),
+    /// Replica 0, with `TrainConfig::checkpoint_every`: this stage's state after `step`
+    /// batches, to be written; returns the folder of the checkpoint where this process
+    /// committed it (e.g. [`Mpi::checkpoint`]).
+    pub on_checkpoint: &'a mut dyn FnMut(u64, StageState) -> Result<Option<PathBuf>, String>,
+}
+
 /// Runs one stage of one replica in this process, linked to the other workers by
-/// `transport` (e.g. [`Tcp`]): the same worker the embedded executor runs per thread.
-/// `data` yields whole batches (`replicas * m` microbatches, from the first step on);
-/// this worker takes its replica's share. The report holds this stage only (index 0);
-/// `on_step` is called on the last stage.
+/// `transport` (e.g. [`Mpi`]): the same worker the embedded executor runs per thread.
+/// `data` yields whole batches (`replicas * m` microbatches, from the first step on, or
+/// from `resume`'s step on); this worker takes its replica's share. `resume`: the step
+/// to continue after and this stage's saved state ([`check_resume`] the checkpoint
+/// first). The report holds this stage only (index 0).
+#[allow(clippy::too_many_arguments)]
 pub fn run_worker(
     module: StageModule,
     cfg: &TrainConfig,
     replica: usize,
     transport: Box<dyn Transport>,
     data: Box<dyn Iterator<Item = Vec<Microbatch>> + Send>,
-    on_step: &mut dyn FnMut(StepReport),
+    resume: Option<(u64, StageState)>,
+    hooks: WorkerHooks<'_>,
 ) -> Result<TrainReport, PipelineError> {
     let (k, d, w) = (module.header.params.stage as usize, module.header.params.depth as usize, cfg.replicas.max(1));
-    if cfg.checkpoint_every.is_some() {
-        return Err(PipelineError::Config("checkpoints are written by the embedded executor only (pipewright train)".into()));
+    if cfg.checkpoint_every.is_some() && cfg.checkpoint_dir.is_none() {
+        return Err(PipelineError::Config("checkpoints need a folder (checkpoint_dir)".into()));
     }
+    let (start, saved) = match resume {
+        Some((step, state)) => (step as usize, Some(state)),
+        None => (0, None),
+    };
     if replica >= w {
         return Err(PipelineError::Config(format!("replica {replica} of {w}")));
     }
@@ -582,10 +620,10 @@ pub fn run_worker(
     let mut data = data;
     let first = data.next().ok_or_else(|| PipelineError::Data("the data iterator is empty".into()))?;
     if first.is_empty() || first.len() % w != 0 {
-        return Err(PipelineError::Data(format!("batch 0 has {} microbatches, which {w} replica(s) cannot share evenly", first.len())));
+        return Err(PipelineError::Data(format!("batch {start} has {} microbatches, which {w} replica(s) cannot share evenly", first.len())));
     }
     let m = first.len() / w;
-    let ops = stage_ops_from(cfg.schedule, k, d, m, 0, cfg.steps).map_err(PipelineError::Config)?;
+    let ops = stage_ops_from(cfg.schedule, k, d, m, start, cfg.steps).map_err(PipelineError::Config)?;
     // Only this worker's data channel exists; the feeder skips the others.
     let mut txs: Vec<Vec<Option<mpsc::SyncSender<StageData>>>> = (0..w).map(|_| (0..d).map(|_| None).collect()).collect();
     let rx = if spec.needs_data {
@@ -599,7 +637,7 @@ pub fn run_worker(
     input_names[k] = spec.graph_input_names.clone();
     let (err_tx, err_rx) = mpsc::channel::<PipelineError>();
     let steps = cfg.steps;
-    let feeder = std::thread::spawn(move || feed(std::iter::once(first).chain(data), 0, steps, m, txs, input_names, err_tx));
+    let feeder = std::thread::spawn(move || feed(std::iter::once(first).chain(data), start, steps, m, txs, input_names, err_tx));
     let (ev_tx, ev_rx) = mpsc::channel::<Event>();
     let mut placed = cfg.clone();
     placed.device = cfg.worker_device(k, replica, d);
@@ -614,16 +652,28 @@ pub fn run_worker(
         transport,
         events: ev_tx,
         epoch: cfg.trace.then(Instant::now),
-        start_step: 0,
-        resume: None,
+        start_step: start as u64,
+        resume: saved,
     };
     let h = std::thread::Builder::new()
         .name(format!("pipewright-r{replica}-stage{k}"))
         .spawn(move || stage::run(args))
         .map_err(|e| PipelineError::Stage { stage: k, message: format!("cannot spawn thread: {e}") })?;
+    let WorkerHooks { on_step, on_checkpoint } = hooks;
     let mut sink = EventSink::new(1, 1, cfg, module.program.pipeline.clone(), module.header.params.schedule, on_step);
+    let (mut written, mut checkpoint_error) = (Vec::new(), None);
     for ev in ev_rx {
-        sink.handle(ev);
+        match ev {
+            Event::Checkpoint { step, state } => match on_checkpoint(step, state) {
+                Ok(dir) => written.extend(dir),
+                // As in the embedded executor: training goes on, the run fails at its end.
+                Err(e) => {
+                    checkpoint_error.get_or_insert(e);
+                }
+            },
+            // This process's sink sees one replica, whichever it is.
+            Event::Step { step, loss, samples, skipped, .. } => sink.handle(Event::Step { step, replica: 0, loss, samples, skipped }),
+        }
     }
     let losses = sink.losses;
     let out = h.join().map_err(|_| PipelineError::Stage { stage: k, message: "worker thread panicked".into() })?;
@@ -637,8 +687,12 @@ pub fn run_worker(
             return Err(f.error);
         }
     };
+    if let Some(e) = checkpoint_error {
+        return Err(PipelineError::Stage { stage: k, message: e });
+    }
     let mut report = empty_report(1);
     report.losses = losses;
+    report.checkpoints = written;
     report.weights = vec![out.weights];
     report.buffers = vec![out.buffers];
     report.memory = vec![out.memory];
@@ -693,6 +747,8 @@ fn copy_state(s: &StageState) -> StageState {
         opt_m: c(&s.opt_m),
         opt_v: c(&s.opt_v),
         buffers: c(&s.buffers),
+        loss_scale: s.loss_scale.clone(),
+        skips_in_a_row: s.skips_in_a_row,
     }
 }
 
@@ -708,7 +764,9 @@ struct EventSink<'a> {
     /// The run's settings, bound into every checkpoint ([`run_record`]).
     record: BTreeMap<String, String>,
     on_step: &'a mut dyn FnMut(StepReport),
-    pending_steps: std::collections::BTreeMap<usize, (usize, f64, usize, bool)>,
+    /// Per step not yet reported: each replica's loss (summed in replica order, so the
+    /// reported loss does not depend on which replica finished first), samples, skipped.
+    pending_steps: std::collections::BTreeMap<usize, (Vec<Option<f64>>, usize, bool)>,
     pending_ckpt: std::collections::BTreeMap<u64, Vec<StageState>>,
     last: Instant,
     losses: Vec<f64>,
@@ -737,13 +795,18 @@ impl<'a> EventSink<'a> {
 
     fn handle(&mut self, ev: Event) {
         match ev {
-            Event::Step { step, loss, samples, skipped } => {
-                let e = self.pending_steps.entry(step).or_insert((0, 0.0, 0, false));
-                *e = (e.0 + 1, e.1 + loss, e.2 + samples, e.3 || skipped);
-                if e.0 == self.w {
-                    let (_, sum, samples, skipped) = self.pending_steps.remove(&step).unwrap_or_default();
+            Event::Step { step, replica, loss, samples, skipped } => {
+                let w = self.w;
+                let e = self.pending_steps.entry(step).or_insert_with(|| (vec![None; w], 0, false));
+                if let Some(slot) = e.0.get_mut(replica) {
+                    *slot = Some(loss);
+                }
+                e.1 += samples;
+                e.2 |= skipped;
+                if e.0.iter().all(Option::is_some) {
+                    let (losses, samples, skipped) = self.pending_steps.remove(&step).unwrap_or_default();
                     let now = Instant::now();
-                    let loss = sum / self.w as f64;
+                    let loss = losses.iter().flatten().sum::<f64>() / self.w as f64;
                     self.losses.push(loss);
                     (self.on_step)(StepReport { step, loss, samples, seconds: now.duration_since(self.last).as_secs_f64(), skipped });
                     self.last = now;
@@ -767,6 +830,33 @@ impl<'a> EventSink<'a> {
         match write_checkpoint(dir, &ck) {
             Ok(p) => self.written.push(p),
             Err(e) => self.error = Some(e),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The reported loss of a step sums the replicas' losses in replica order, whatever
+    /// order they arrive in: with three replicas floating-point addition is not
+    /// associative, and an arrival-order sum made the reported loss vary between runs (and
+    /// differ from the multi-process job's, which sums in replica order).
+    #[test]
+    fn replica_losses_are_summed_in_replica_order() {
+        let losses = [1e16, 1.0, -1e16];
+        let want = (losses[0] + losses[1] + losses[2]) / 3.0;
+        for order in [[0, 1, 2], [2, 0, 1], [1, 2, 0], [2, 1, 0]] {
+            let cfg = TrainConfig::new(Schedule::TwoBw, Objective::new(Loss::Mse, "y"), 0.1, 1);
+            let mut seen = Vec::new();
+            let mut on_step = |s: StepReport| seen.push(s.loss);
+            let mut sink = EventSink::new(1, 3, &cfg, "p".into(), Schedule::TwoBw, &mut on_step);
+            for r in order {
+                sink.handle(Event::Step { step: 0, replica: r, loss: losses[r], samples: 1, skipped: false });
+            }
+            drop(sink);
+            assert_eq!(seen.len(), 1, "{order:?}");
+            assert_eq!(seen[0].to_bits(), want.to_bits(), "{order:?}: {} vs {want}", seen[0]);
         }
     }
 }

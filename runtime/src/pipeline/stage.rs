@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::mpsc::{Receiver, Sender};
 
-use pipewright_core::{Loss, Recompute, UpdateRule};
+use pipewright_core::{Loss, NonFinite, Recompute, UpdateRule};
 use tch::{Kind, Tensor};
 
 use super::checkpoint::StageState;
@@ -280,6 +280,10 @@ struct State {
     acc: Option<Vec<Tensor>>,
     batch_loss: f64,
     batch_samples: usize,
+    /// `--on-nonfinite skip`: this batch's loss was not finite (so far, on this stage).
+    batch_nonfinite: bool,
+    /// `--on-nonfinite skip`: steps skipped in a row up to the last one.
+    skips_in_a_row: usize,
     /// Running statistics after the last forward of each batch not yet checkpointed.
     stats_at_batch_end: BTreeMap<u64, Vec<Tensor>>,
     peak_versions: usize,
@@ -312,6 +316,8 @@ fn run_inner(
         acc: None,
         batch_loss: 0.0,
         batch_samples: 0,
+        batch_nonfinite: false,
+        skips_in_a_row: 0,
         stats_at_batch_end: BTreeMap::new(),
         peak_versions: 1,
         memory: StageMemory::default(),
@@ -455,6 +461,13 @@ impl Worker {
             st.versions.insert(ctx.start_step - 1, shadow);
         }
         st.opt.restore(saved.opt_steps, &self.param_names, &params, &saved.opt_m, &saved.opt_v).map_err(bad)?;
+        // fp16 continues from the saved scale (a fresh 2^16 would change every later step);
+        // a checkpoint without one (written in another precision, resumed with --force)
+        // keeps the configured start.
+        if let (Some(scaler), Some(saved_scale)) = (self.scaler.as_mut(), saved.loss_scale) {
+            *scaler = saved_scale;
+        }
+        st.skips_in_a_row = saved.skips_in_a_row;
         let p = &self.spec.program;
         for (name, t) in saved.buffers {
             let i = self.constants.iter().position(|(s, _)| p.slots[s.index()].name == name).ok_or_else(|| bad(format!("buf/{name}: no such tensor in this stage")))?;
@@ -582,7 +595,12 @@ impl Worker {
         }
         if let Some(value) = loss_value {
             if !value.is_finite() {
-                return Err(E::Err(PipelineError::NonFiniteLoss { step: step as usize + 1, stage: self.spec.index, value }));
+                // Skipping: the step's update is dropped everywhere at its optimizer step
+                // (where every stage learns of it), so the backward still runs.
+                if cfg.on_nonfinite != NonFinite::Skip {
+                    return Err(E::Err(PipelineError::NonFiniteLoss { step: step as usize + 1, stage: self.spec.index, value }));
+                }
+                st.batch_nonfinite = true;
             }
             st.batch_loss += value;
         }
@@ -650,7 +668,15 @@ impl Worker {
         let t0 = rec.start();
         let grads = st.acc.take().ok_or_else(|| E::Msg(format!("step {t} without gradients")))?;
         let grads = self.reduce_gradients(grads, m, ctx.replicas, tr)?;
-        let (grads, apply) = self.unscale(grads, tr)?;
+        let skip_policy = cfg.on_nonfinite == NonFinite::Skip;
+        let (grads, apply) = self.unscale(grads, std::mem::take(&mut st.batch_nonfinite), skip_policy, tr)?;
+        if skip_policy {
+            st.skips_in_a_row = if apply { 0 } else { st.skips_in_a_row + 1 };
+            // Every stage reaches the same count (the decision is agreed), so all stop here.
+            if st.skips_in_a_row >= cfg.max_skips.max(1) {
+                return Err(E::Err(PipelineError::TooManySkips { step: t as usize + 1, skips: st.skips_in_a_row }));
+            }
+        }
         let grads = match cfg.clip_norm {
             _ if !apply => grads,
             Some(clip) => self.clip(grads, clip, ctx.replicas, tr)?,
@@ -661,8 +687,9 @@ impl Worker {
         if newest != t {
             return Err(E::Msg(format!("step {t} found newest weight version {newest}")));
         }
-        // A skipped fp16 step keeps the weights and the optimizer state as they were (the
-        // new version is the old one) in every stage alike.
+        // A skipped step (fp16 overflow, or --on-nonfinite skip) keeps the weights and the
+        // optimizer state as they were (the new version is the old one) in every stage
+        // alike.
         let new = if apply { st.opt.step(cur, &grads, lr) } else { cur.iter().map(|x| x.shallow_clone()).collect() };
         // A NaN or infinite gradient (overflow at a high rate) makes the new weights
         // non-finite while the loss of this batch still reads finite; stop here, before
@@ -675,7 +702,7 @@ impl Worker {
         drop(grads);
         rec.record(TraceKind::Optimizer, t0, None, t + 1, t);
         if self.spec.loss.is_some() {
-            let _ = events.send(Event::Step { step: t as usize, loss: st.batch_loss / m as f64, samples: st.batch_samples, skipped: !apply });
+            let _ = events.send(Event::Step { step: t as usize, replica: ctx.replica, loss: st.batch_loss / m as f64, samples: st.batch_samples, skipped: !apply });
         }
         st.batch_loss = 0.0;
         st.batch_samples = 0;
@@ -710,23 +737,40 @@ impl Worker {
         Ok(grads)
     }
 
-    /// fp16: divides the gradients by the loss scale and decides, with every other stage
-    /// and replica, whether this step is applied (no worker's gradients overflowed);
-    /// updates the scale the same way everywhere. Other precisions apply every step.
-    fn unscale(&mut self, grads: Vec<Tensor>, tr: &mut dyn Transport) -> Result<(Vec<Tensor>, bool), E> {
-        let Some(scaler) = self.scaler.as_mut() else { return Ok((grads, true)) };
-        let inv = 1.0 / scaler.scale;
-        let grads: Vec<Tensor> = tch::no_grad(|| grads.iter().map(|g| g * inv).collect());
-        let mut local = 0.0;
+    /// fp16: divides the gradients by the loss scale; fp16 or `--on-nonfinite skip`
+    /// (`skip`): decides, with every other stage and replica, whether this step is applied
+    /// (no worker's gradients, nor the loss (`nonfinite_loss`), were non-finite), updating
+    /// fp16's scale the same way everywhere. Otherwise every step is applied (a non-finite
+    /// update then stops training).
+    fn unscale(&mut self, grads: Vec<Tensor>, nonfinite_loss: bool, skip: bool, tr: &mut dyn Transport) -> Result<(Vec<Tensor>, bool), E> {
+        if self.scaler.is_none() && !skip {
+            return Ok((grads, true));
+        }
+        let grads: Vec<Tensor> = match self.scaler.as_ref() {
+            Some(scaler) => {
+                let inv = 1.0 / scaler.scale;
+                tch::no_grad(|| grads.iter().map(|g| g * inv).collect())
+            }
+            None => grads,
+        };
+        let mut local = if nonfinite_loss { 1.0 } else { 0.0 };
         for g in &grads {
+            if local != 0.0 {
+                break;
+            }
             let finite = g.f_isfinite().and_then(|f| f.f_all()).and_then(|a| a.f_int64_value(&[])).map_err(torch("checking gradients"))?;
             if finite == 0 {
                 local = 1.0;
-                break;
             }
         }
+        // One agreed answer: a stage applying an update another skipped would leave the
+        // stages on different weight versions.
         let overflowed = tr.all_reduce_sum(local).map_err(induced)? > 0.0;
-        Ok((grads, scaler.update(overflowed)))
+        let apply = match self.scaler.as_mut() {
+            Some(scaler) => scaler.update(overflowed),
+            None => !overflowed,
+        };
+        Ok((grads, apply))
     }
 
     /// Scales `grads` so the global norm over all stages is at most `clip`. A tied weight
@@ -758,7 +802,17 @@ impl Worker {
         let (opt_steps, opt_m, opt_v) = st.opt.export(&self.param_names);
         let stats = st.stats_at_batch_end.get(&t).map(|v| v.iter().map(|x| x.shallow_clone()).collect()).unwrap_or_else(|| self.bn_stat_tensors());
         let buffers = self.bn_stat_names().into_iter().zip(stats).collect();
-        Ok(StageState { stage: self.spec.index, newest: named(newest), shadow, opt_steps, opt_m, opt_v, buffers })
+        Ok(StageState {
+            stage: self.spec.index,
+            newest: named(newest),
+            shadow,
+            opt_steps,
+            opt_m,
+            opt_v,
+            buffers,
+            loss_scale: self.scaler.clone(),
+            skips_in_a_row: st.skips_in_a_row,
+        })
     }
 
     fn bn_stat_tensors(&self) -> Vec<Tensor> {

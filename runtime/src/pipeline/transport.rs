@@ -149,7 +149,7 @@ pub(crate) fn add_lists(a: &[Tensor], b: &[Tensor]) -> Result<Vec<Tensor>, Strin
 }
 
 /// Element-wise sum of equally long tensor lists, in list order.
-fn sum_lists(parts: Vec<Vec<Tensor>>) -> Result<Vec<Tensor>, String> {
+pub(crate) fn sum_lists(parts: Vec<Vec<Tensor>>) -> Result<Vec<Tensor>, String> {
     let mut it = parts.into_iter();
     let first = it.next().unwrap_or_default();
     it.try_fold(first, |acc, p| add_lists(&acc, &p))

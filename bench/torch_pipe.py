@@ -1,0 +1,116 @@
+#!/usr/bin/env python3
+"""torch.distributed.pipelining counterpart of a 2-stage pipewright job (bench/pipe_vs_torch.sh).
+
+Started by `torchrun --nproc-per-node 2`: rank K runs BUILD/stageK.onnx (the stage ONNX files
+`pipewright compile --stage-onnx` writes, so both sides cut the model at the same place) op
+by op with eager torch ops (bench/torch_eager.py's OnnxModule, with pipewright's trainable
+tensors) as a `PipelineStage`, over gloo, under `Schedule1F1B` (1F1B with a flush per step,
+pipewright's `flush` schedule), with the mean cross-entropy of the last stage's output
+against seeded random labels, `torch.optim.SGD` (plain, lr), one intra-op thread per stage.
+Each step is M microbatches of B samples. The last rank reports the median seconds per step
+(the wall time between consecutive updates, as pipewright's metrics) after the warm-up.
+
+Prints `torch-pipe model=NAME median_ms=X steps=S warmup=W microbatch=B microbatches=M`.
+"""
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import onnx
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch_eager  # noqa: E402
+
+torch_eager.OPS.setdefault("Identity", lambda x: x)
+
+
+class Stage(torch.nn.Module):
+    def __init__(self, module):
+        super().__init__()
+        self.module = module
+
+    def forward(self, *xs):
+        # Sent tensors must be contiguous (pipewright sends contiguous bytes too).
+        outs = [o.contiguous() for o in self.module(*xs)]
+        return tuple(outs) if len(outs) > 1 else outs[0]
+
+
+def vocabulary(model):
+    """The row count of the table the first Gather reads (token ids must stay below it)."""
+    inits = {t.name: t for t in model.graph.initializer}
+    for n in model.graph.node:
+        if n.op_type == "Gather" and n.input[0] in inits:
+            return inits[n.input[0]].dims[0]
+    return None
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("build")
+    ap.add_argument("--microbatch", type=int, default=2)
+    ap.add_argument("--microbatches", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--lr", type=float, default=1e-4)
+    ap.add_argument("--export-batch", type=int, default=2)
+    a = ap.parse_args()
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    model = onnx.load(os.path.join(a.build, f"stage{rank}.onnx"))
+    module = torch_eager.OnnxModule(model)
+    torch_eager.match_pipewright(module, a.export_batch, a.microbatch)
+    module.train(True)
+    stage = PipelineStage(Stage(module), rank, world, torch.device("cpu"))
+    last = model.graph.output[0]
+    per_sample = [d.dim_value for d in last.type.tensor_type.shape.dim][1:]
+
+    def loss_fn(out, y):
+        return F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
+
+    schedule = Schedule1F1B(stage, n_microbatches=a.microbatches, loss_fn=loss_fn)
+    opt = torch.optim.SGD(module.parameters(), lr=a.lr)
+    g = torch.Generator().manual_seed(0)
+    n = a.microbatch * a.microbatches
+    first = onnx.load(os.path.join(a.build, "stage0.onnx"))
+    inits = {t.name for t in first.graph.initializer}
+    spec = [i for i in first.graph.input if i.name not in inits][0]
+    shape = [n] + [d.dim_value for d in spec.type.tensor_type.shape.dim][1:]
+    if spec.type.tensor_type.elem_type == onnx.TensorProto.INT64:
+        x = torch.randint(0, vocabulary(first) or 2, shape, generator=g)
+    else:
+        x = torch.randn(shape, generator=g)
+    classes = per_sample[-1]
+    y = torch.randint(0, classes, [n] + per_sample[:-1], generator=g)
+    times, prev, loss = [], None, float("nan")
+    for step in range(a.warmup + a.steps):
+        if rank == 0:
+            schedule.step(x)
+        else:
+            losses = []
+            schedule.step(target=y, losses=losses)
+            loss = float(torch.stack(losses).mean())
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        now = time.perf_counter()
+        if prev is not None and step >= a.warmup:
+            times.append(now - prev)
+        prev = now
+    if rank == world - 1:
+        name = os.path.basename(os.path.normpath(a.build))
+        print(f"{name}: last loss {loss:.4f}, torch {torch.__version__}, {len(times)} steps after {a.warmup} warm-up", flush=True)
+        print(
+            f"torch-pipe model={name} median_ms={statistics.median(times) * 1e3:.1f} steps={a.steps} warmup={a.warmup} microbatch={a.microbatch} microbatches={a.microbatches}",
+            flush=True,
+        )
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

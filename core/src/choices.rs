@@ -1,0 +1,111 @@
+//! Choices the importer makes about a model's initializers that change what trains, kept
+//! with the graph and the build so that `compile` and `train` each state them in one short
+//! line per kind ([`ImportChoices::lines`]), naming the switch that changes them:
+//!
+//! - an initializer whose leading extent is the export batch (an activation the exporter
+//!   evaluated, such as ViT's expanded class token) is kept as a frozen constant;
+//! - an initializer the exporter merged because several parameters had identical values
+//!   (all LayerNorm weights are ones when exported untrained) is read by several nodes and
+//!   trains as one tied weight, unless `compile --untie-merged` gives each use a copy.
+
+use serde::{Deserialize, Serialize};
+
+/// An initializer read by several nodes that the importer takes for an exporter's merge.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MergedInitializer {
+    pub name: String,
+    /// Nodes reading it.
+    pub uses: usize,
+}
+
+/// What the importer decided about initializers (see the module docs).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImportChoices {
+    /// Batch-baked initializers kept as frozen constants: `name [d0, d1, ...]`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub frozen_batch_baked: Vec<String>,
+    /// Batch-baked initializers trained as one slice shared by the batch
+    /// (`--train-batch-baked`): `name [1, d1, ...]`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub trained_batch_baked: Vec<String>,
+    /// Merged initializers (tied, or untied when `untied`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub merged: Vec<MergedInitializer>,
+    /// Whether each use of a merged initializer got its own copy (`--untie-merged`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub untied: bool,
+}
+
+/// Up to three items, then how many more.
+fn some_of(items: &[String]) -> String {
+    let mut s = items.iter().take(3).cloned().collect::<Vec<_>>().join(", ");
+    if items.len() > 3 {
+        s.push_str(&format!(" and {} more", items.len() - 3));
+    }
+    s
+}
+
+impl ImportChoices {
+    pub fn is_empty(&self) -> bool {
+        self.frozen_batch_baked.is_empty() && self.trained_batch_baked.is_empty() && self.merged.is_empty()
+    }
+
+    /// One line per kind of choice (none when there is nothing to say).
+    pub fn lines(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if !self.frozen_batch_baked.is_empty() {
+            let n = self.frozen_batch_baked.len();
+            out.push(format!(
+                "{n} initializer{} baked for the export batch kept frozen (not trained): {}; compile --train-batch-baked NAME trains one (a class token, not a mask) as a weight shared by the batch",
+                if n == 1 { "" } else { "s" },
+                some_of(&self.frozen_batch_baked),
+            ));
+        }
+        if !self.trained_batch_baked.is_empty() {
+            let n = self.trained_batch_baked.len();
+            out.push(format!(
+                "{n} initializer{} baked for the export batch train{} as one slice shared by the batch (--train-batch-baked): {}",
+                if n == 1 { "" } else { "s" },
+                if n == 1 { "s" } else { "" },
+                some_of(&self.trained_batch_baked)
+            ));
+        }
+        if !self.merged.is_empty() {
+            let (n, uses) = (self.merged.len(), self.merged.iter().map(|m| m.uses).sum::<usize>());
+            let named: Vec<String> = self.merged.iter().map(|m| format!("{:?} x{}", m.name, m.uses)).collect();
+            out.push(if self.untied {
+                format!("untied {n} exporter-merged initializer{} into {uses} separately trained weights (--untie-merged): {}", if n == 1 { "" } else { "s" }, some_of(&named))
+            } else {
+                format!(
+                    "{n} initializer{} the exporter merged (identical values) train{} as tied weights: {uses} uses of {n} tensor{} ({}); compile --untie-merged trains each use separately",
+                    if n == 1 { "" } else { "s" },
+                    if n == 1 { "s" } else { "" },
+                    if n == 1 { "" } else { "s" },
+                    some_of(&named)
+                )
+            });
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_short_line_per_kind() {
+        assert!(ImportChoices::default().lines().is_empty());
+        let merged = (0..5).map(|i| MergedInitializer { name: format!("w{i}"), uses: 3 }).collect();
+        let c = ImportChoices { frozen_batch_baked: vec!["cls [2, 1, 8]".into()], merged, ..ImportChoices::default() };
+        let lines = c.lines();
+        assert_eq!(lines.len(), 2);
+        assert_eq!(lines[0], "1 initializer baked for the export batch kept frozen (not trained): cls [2, 1, 8]; compile --train-batch-baked NAME trains one (a class token, not a mask) as a weight shared by the batch");
+        assert!(lines[1].starts_with("5 initializers the exporter merged (identical values) train as tied weights: 15 uses of 5 tensors (\"w0\" x3, \"w1\" x3, \"w2\" x3 and 2 more)"), "{}", lines[1]);
+        assert!(lines[1].ends_with("compile --untie-merged trains each use separately"));
+        let untied = ImportChoices { untied: true, ..c };
+        assert!(untied.lines()[1].starts_with("untied 5 exporter-merged initializers into 15 separately trained weights"));
+        let trained = ImportChoices { trained_batch_baked: vec!["cls [1, 1, 8]".into()], ..ImportChoices::default() };
+        assert_eq!(trained.lines(), ["1 initializer baked for the export batch trains as one slice shared by the batch (--train-batch-baked): cls [1, 1, 8]"]);
+    }
+}

@@ -1,0 +1,187 @@
+//! `pipewright launch`: the `mpirun` line that starts a build's pipeline as an MPI job,
+//! one rank per stage and replica (rank `replica * stages + stage`), either every rank
+//! running `pipewright worker BUILD` (SPMD) or each running its stage executable (MPMD,
+//! `compile --executables`). The launch flags this tool relies on live here alone
+//! ([`local_flags`], [`cluster_flags`]); the tests take them from `launch --dry-run`.
+
+use std::path::{Path, PathBuf};
+
+use pipewright_runtime::build::{Manifest, RunFlags, Source};
+
+use crate::DriverError;
+
+/// What `pipewright launch` is asked to start.
+#[derive(Clone, Debug)]
+pub struct LaunchRequest {
+    pub build: PathBuf,
+    /// Ranks (default: stages x replicas).
+    pub np: Option<usize>,
+    /// Hosts and slots for `mpirun --hostfile` (several machines).
+    pub hostfile: Option<PathBuf>,
+    /// Run the stage executables (MPMD) instead of `pipewright worker` (SPMD).
+    pub executables: bool,
+    /// The `pipewright` binary the ranks run (SPMD).
+    pub program: PathBuf,
+    /// The worker options, passed to every rank as given.
+    pub worker_args: Vec<String>,
+}
+
+/// Flags for a job on this machine alone: `--oversubscribe` lets ranks outnumber cores
+/// (a 4-rank job on 2 cores), `--bind-to none` leaves each rank's intra-op threads free to
+/// use every core, and root (containers, CI) needs `--allow-run-as-root`.
+pub fn local_flags() -> Vec<String> {
+    let mut f: Vec<String> = ["--oversubscribe", "--bind-to", "none"].iter().map(|s| s.to_string()).collect();
+    if is_root() {
+        f.insert(0, "--allow-run-as-root".into());
+    }
+    f
+}
+
+/// Flags for a job over the hosts of `hostfile`.
+pub fn cluster_flags(hostfile: &Path) -> Vec<String> {
+    let mut f = vec!["--hostfile".to_string(), hostfile.display().to_string(), "--bind-to".into(), "none".into()];
+    if is_root() {
+        f.insert(0, "--allow-run-as-root".into());
+    }
+    f
+}
+
+fn is_root() -> bool {
+    // The effective user id, as /proc reports it (no libc needed in this crate).
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with("Uid:")).and_then(|l| l.split_whitespace().nth(2)).map(|u| u == "0"))
+        .unwrap_or(false)
+}
+
+/// `--replicas N` (or `--replicas=N`) among the worker options.
+fn replicas_flag(args: &[String]) -> Result<Option<u64>, DriverError> {
+    let mut found = None;
+    for (i, a) in args.iter().enumerate() {
+        let value = if a == "--replicas" {
+            Some(args.get(i + 1).cloned().unwrap_or_default())
+        } else {
+            a.strip_prefix("--replicas=").map(str::to_string)
+        };
+        if let Some(v) = value {
+            found = Some(v.parse::<u64>().map_err(|_| DriverError::msg(format!("--replicas {v:?} (after --): not a whole number")))?);
+        }
+    }
+    Ok(found)
+}
+
+/// The `mpirun` command line (program first).
+pub fn mpirun_line(req: &LaunchRequest) -> Result<Vec<String>, DriverError> {
+    let manifest = Manifest::read(&req.build)?;
+    let d = manifest.stages.len();
+    let shape = manifest.pipeline.resolve(RunFlags { replicas: replicas_flag(&req.worker_args)?, ..RunFlags::default() });
+    let w = usize::try_from(shape.replicas.value).unwrap_or(usize::MAX);
+    let ranks = d.checked_mul(w).ok_or_else(|| DriverError::msg("stages x replicas overflows"))?;
+    if let Some(np) = req.np {
+        if np != ranks {
+            return Err(DriverError::msg(format!(
+                "--np {np}, but the job has {d} stage(s) x {w} replica(s) = {ranks} ranks ({}); {}",
+                match shape.replicas.source {
+                    Source::Build => "replicas from the build",
+                    Source::Flag { .. } => "replicas from --replicas",
+                    Source::Default => "1 replica by default",
+                },
+                if np % d == 0 { format!("give --replicas {} after --", np / d) } else { format!("--np must be a multiple of the {d} stages") }
+            )));
+        }
+    }
+    let mut line = vec!["mpirun".to_string()];
+    line.extend(match &req.hostfile {
+        Some(h) => cluster_flags(h),
+        None => local_flags(),
+    });
+    if req.executables {
+        // MPMD: one program per rank, stage by stage within each replica.
+        for r in 0..w {
+            for (k, s) in manifest.stages.iter().enumerate() {
+                let exe = req.build.join(format!("stage{k}"));
+                if !exe.is_file() {
+                    return Err(DriverError::msg(format!(
+                        "{}: no stage executable for stage {k} ({}); compile with --executables",
+                        exe.display(),
+                        s.module
+                    )));
+                }
+                if r + k > 0 {
+                    line.push(":".into());
+                }
+                line.extend(["-np".to_string(), "1".into(), exe.display().to_string()]);
+                line.extend(req.worker_args.iter().cloned());
+            }
+        }
+    } else {
+        line.extend(["-np".to_string(), ranks.to_string(), req.program.display().to_string(), "worker".into(), req.build.display().to_string()]);
+        line.extend(req.worker_args.iter().cloned());
+    }
+    Ok(line)
+}
+
+/// A command line as a shell would read it back (arguments quoted where needed).
+pub fn shell_line(line: &[String]) -> String {
+    line.iter()
+        .map(|a| {
+            if !a.is_empty() && a.chars().all(|c| c.is_ascii_alphanumeric() || "-_./:=,+@%".contains(c)) {
+                a.clone()
+            } else {
+                format!("'{}'", a.replace('\'', r"'\''"))
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Runs the line (inheriting stdin, stdout and stderr): mpirun's exit status.
+pub fn run_mpirun(line: &[String]) -> Result<i32, DriverError> {
+    let status = std::process::Command::new(&line[0]).args(&line[1..]).status().map_err(|e| {
+        DriverError::msg(format!("cannot run {}: {e} (install Open MPI: scripts/prereqs.sh installs openmpi-bin)", line[0]))
+    })?;
+    Ok(status.code().unwrap_or(1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compile::compile;
+    use crate::compile::tests::{request, stages};
+
+    fn req(build: &Path, np: Option<usize>, args: &[&str]) -> LaunchRequest {
+        LaunchRequest {
+            build: build.to_path_buf(),
+            np,
+            hostfile: None,
+            executables: false,
+            program: "/bin/pipewright".into(),
+            worker_args: args.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn the_line_has_one_rank_per_stage_and_replica() {
+        let dir = tempfile::tempdir().unwrap();
+        let build = dir.path().join("build");
+        compile(&request("mlp.onnx", stages(2), &build)).unwrap();
+        let line = mpirun_line(&req(&build, None, &["--steps", "5"])).unwrap();
+        let text = shell_line(&line);
+        assert!(text.starts_with("mpirun "), "{text}");
+        assert!(text.ends_with(&format!("-np 2 /bin/pipewright worker {} --steps 5", build.display())), "{text}");
+        assert!(line.iter().any(|a| a == "--oversubscribe"));
+        // Replicas among the worker options multiply the ranks.
+        let line = mpirun_line(&req(&build, Some(4), &["--replicas=2"])).unwrap();
+        assert!(shell_line(&line).contains("-np 4 "));
+        let e = mpirun_line(&req(&build, Some(4), &[])).unwrap_err().to_string();
+        assert!(e.contains("--np 4, but the job has 2 stage(s) x 1 replica(s) = 2 ranks") && e.contains("give --replicas 2 after --"), "{e}");
+        let e = mpirun_line(&req(&build, Some(3), &[])).unwrap_err().to_string();
+        assert!(e.contains("multiple of the 2 stages"), "{e}");
+        // MPMD needs the stage executables.
+        let e = mpirun_line(&LaunchRequest { executables: true, ..req(&build, None, &[]) }).unwrap_err().to_string();
+        assert!(e.contains("compile with --executables"), "{e}");
+        let h = mpirun_line(&LaunchRequest { hostfile: Some("hosts".into()), ..req(&build, None, &[]) }).unwrap();
+        assert!(shell_line(&h).contains("--hostfile hosts") && !h.iter().any(|a| a == "--oversubscribe"));
+        assert_eq!(shell_line(&["a b".into(), "it's".into(), "x".into()]), r"'a b' 'it'\''s' x");
+    }
+}

@@ -1,0 +1,182 @@
+//! Initializers an exporter merged: exporters (torch.onnx among them) store parameters
+//! with identical values once, so the untrained LayerNorm weights of a whole model (all
+//! ones) become one initializer read by every LayerNorm, and train as one tied weight.
+//!
+//! An initializer is taken for a merge when it is a float tensor stored in the file, read
+//! by more than one node of the main graph (and by no subgraph), and all its elements are
+//! equal: deliberately tied weights (GPT-2's token embedding and output projection) hold
+//! random values, which no merge of distinct parameters would produce. [`untie_merged`]
+//! gives each reading node after the first its own copy, `NAME.untied1`, `NAME.untied2`,
+//! ...; the importer and `export` call it on the same source graph, so the copies have
+//! the same names in the build and in the exported model.
+
+use std::collections::{HashMap, HashSet};
+
+use onnx_protobuf::{GraphProto, TensorProto};
+use pipewright_core::MergedInitializer;
+
+/// ONNX element types that are floats, with their byte sizes.
+fn float_size(data_type: i32) -> Option<usize> {
+    match data_type {
+        1 => Some(4),       // FLOAT
+        11 => Some(8),      // DOUBLE
+        10 | 16 => Some(2), // FLOAT16, BFLOAT16
+        _ => None,
+    }
+}
+
+/// Whether every element of `t` is the same (false when its data is not in the file).
+fn uniform(t: &TensorProto) -> bool {
+    let Some(size) = float_size(t.data_type) else { return false };
+    if !t.external_data.is_empty() {
+        return false;
+    }
+    if !t.raw_data.is_empty() {
+        let mut chunks = t.raw_data.chunks_exact(size);
+        let Some(first) = chunks.next() else { return false };
+        return chunks.remainder().is_empty() && chunks.all(|c| c == first);
+    }
+    fn same<T: PartialEq>(v: &[T]) -> bool {
+        v.first().is_some_and(|f| v.iter().all(|x| x == f))
+    }
+    match t.data_type {
+        11 => same(&t.double_data),
+        10 | 16 => same(&t.int32_data),
+        _ => same(&t.float_data),
+    }
+}
+
+/// Names read inside subgraphs (If/Loop/Scan bodies), at any depth.
+fn subgraph_reads(g: &GraphProto, out: &mut HashSet<String>) {
+    for n in &g.node {
+        for a in &n.attribute {
+            for sub in a.g.as_ref().into_iter().chain(&a.graphs) {
+                for m in &sub.node {
+                    out.extend(m.input.iter().cloned());
+                }
+                subgraph_reads(sub, out);
+            }
+        }
+    }
+}
+
+/// The merged initializers of `g` (see the module docs), in initializer order, with the
+/// indices of the nodes reading each.
+fn find(g: &GraphProto) -> Vec<(MergedInitializer, Vec<usize>)> {
+    let mut readers: HashMap<&str, Vec<usize>> = HashMap::new();
+    for (i, n) in g.node.iter().enumerate() {
+        for input in &n.input {
+            let r = readers.entry(input.as_str()).or_default();
+            // A node reading the weight twice is one use.
+            if r.last() != Some(&i) {
+                r.push(i);
+            }
+        }
+    }
+    let mut inner = HashSet::new();
+    subgraph_reads(g, &mut inner);
+    g.initializer
+        .iter()
+        .filter(|t| !t.dims.is_empty() && !inner.contains(&t.name))
+        .filter_map(|t| {
+            let r = readers.get(t.name.as_str()).filter(|r| r.len() > 1)?;
+            uniform(t).then(|| (MergedInitializer { name: t.name.clone(), uses: r.len() }, r.clone()))
+        })
+        .collect()
+}
+
+/// The initializers of `g` an exporter merged, each with its number of reading nodes.
+pub fn merged_initializers(g: &GraphProto) -> Vec<MergedInitializer> {
+    find(g).into_iter().map(|(m, _)| m).collect()
+}
+
+/// Gives every node after the first that reads a merged initializer its own copy
+/// (`NAME.untiedK`, K from 1, a further `.untied` where that name is taken); returns what
+/// was untied.
+pub fn untie_merged(g: &mut GraphProto) -> Vec<MergedInitializer> {
+    let found = find(g);
+    let mut taken: HashSet<String> = g.initializer.iter().map(|t| t.name.clone()).chain(g.input.iter().map(|i| i.name.clone())).collect();
+    taken.extend(g.node.iter().flat_map(|n| n.output.iter().cloned()));
+    let mut copies = Vec::new();
+    for (m, readers) in &found {
+        let Some(source) = g.initializer.iter().find(|t| t.name == m.name) else { continue };
+        for (k, &node) in readers.iter().enumerate().skip(1) {
+            let mut name = format!("{}.untied{k}", m.name);
+            while taken.contains(&name) {
+                name.push_str(".untied");
+            }
+            taken.insert(name.clone());
+            for input in g.node[node].input.iter_mut().filter(|i| **i == m.name) {
+                *input = name.clone();
+            }
+            let mut copy = source.clone();
+            copy.name = name;
+            copies.push(copy);
+        }
+    }
+    g.initializer.extend(copies);
+    found.into_iter().map(|(m, _)| m).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use onnx_protobuf::NodeProto;
+
+    fn init(name: &str, values: &[f32]) -> TensorProto {
+        TensorProto { name: name.into(), data_type: 1, dims: vec![values.len() as i64], raw_data: values.iter().flat_map(|v| v.to_le_bytes()).collect(), ..Default::default() }
+    }
+
+    fn node(name: &str, inputs: &[&str]) -> NodeProto {
+        NodeProto { name: name.into(), op_type: "Mul".into(), input: inputs.iter().map(|s| s.to_string()).collect(), output: vec![format!("{name}_out")], ..Default::default() }
+    }
+
+    #[test]
+    fn uniform_multi_use_initializers_are_untied_per_node() {
+        let mut g = GraphProto {
+            initializer: vec![init("ones", &[1.0; 4]), init("random", &[0.1, -0.3, 0.7, 0.2]), init("single", &[0.0; 4])],
+            node: vec![node("a", &["x", "ones"]), node("b", &["a_out", "ones"]), node("c", &["b_out", "random"]), node("d", &["c_out", "random"]), node("e", &["d_out", "ones", "single"])],
+            ..Default::default()
+        };
+        // The random weight read twice is a deliberate tie; `single` has one reader.
+        assert_eq!(merged_initializers(&g), vec![MergedInitializer { name: "ones".into(), uses: 3 }]);
+        assert_eq!(untie_merged(&mut g).len(), 1);
+        let inputs: Vec<&str> = g.node.iter().map(|n| n.input[1].as_str()).collect();
+        assert_eq!(inputs, ["ones", "ones.untied1", "random", "random", "ones.untied2"]);
+        assert_eq!(g.initializer.len(), 5);
+        assert_eq!(g.initializer[3].raw_data, g.initializer[0].raw_data);
+        assert!(merged_initializers(&g).is_empty());
+    }
+}
+
+/// `--train-batch-baked NAME`: the initializer `name`, baked for the export batch `b0`
+/// (its `b0` leading slices equal: an exporter's `cls_token.expand(B, -1, -1)`), becomes
+/// its first slice, a trainable weight of the same name shared by the whole batch, read
+/// through `Expand(NAME, [b0, ...])` by the nodes that read it (the pattern of a class
+/// token the legacy exporter writes, which the lowering expands to any batch). Errors say
+/// why `name` cannot be.
+pub fn train_batch_baked(g: &mut GraphProto, name: &str, b0: i64) -> Result<(), String> {
+    let t = g.initializer.iter_mut().find(|t| t.name == name).ok_or("no initializer of that name")?;
+    let dims = t.dims.clone();
+    if b0 <= 1 || dims.len() < 2 || dims[0] != b0 {
+        return Err(format!("its shape {dims:?} does not start with the export batch ({b0})"));
+    }
+    if float_size(t.data_type).is_none() || t.raw_data.is_empty() || !t.external_data.is_empty() {
+        return Err("it is not a float tensor stored in the model file".into());
+    }
+    let slice = t.raw_data.len() / b0 as usize;
+    if slice == 0 || !t.raw_data.chunks(slice).all(|c| c == &t.raw_data[..slice]) {
+        return Err(format!("its {b0} slices differ, so it is not one value expanded to the batch"));
+    }
+    t.raw_data.truncate(slice);
+    t.dims[0] = 1;
+    let (shape, expanded) = (format!("{name}:batch_shape"), format!("{name}:expanded"));
+    for n in g.node.iter_mut() {
+        for i in n.input.iter_mut().filter(|i| *i == name) {
+            *i = expanded.clone();
+        }
+    }
+    g.initializer.push(TensorProto { name: shape.clone(), data_type: 7, dims: vec![dims.len() as i64], raw_data: dims.iter().flat_map(|d| d.to_le_bytes()).collect(), ..Default::default() });
+    g.node.push(onnx_protobuf::NodeProto { name: expanded.clone(), op_type: "Expand".into(), input: vec![name.to_string(), shape], output: vec![expanded], ..Default::default() });
+    Ok(())
+}

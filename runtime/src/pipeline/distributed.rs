@@ -1,0 +1,894 @@
+//! Workers in separate processes, started by an MPI launcher (`mpirun`, `srun --mpi=pmix`)
+//! and linked by MPI (rsmpi on the system's Open MPI): the same [`Transport`] the embedded
+//! executor uses, so a stage process runs the very schedule the embedded executor runs.
+//!
+//! Ranks are `replica * depth + stage`: consecutive stages of a replica on consecutive
+//! ranks (the order MPMD programs listed stage by stage get).
+//!
+//! - Activations and gradients go point to point, tagged by direction, sent non-blocking
+//!   (a send never waits for its receiver, so the schedule cannot deadlock) and received
+//!   by polling with a deadline (`--timeout`), so no wait lasts forever and a late one
+//!   names what it waited for and from whom.
+//! - Reductions (gradient norm and fp16 overflow over every rank, gradient averaging over
+//!   the replicas of a stage, tied-weight gradients over the stages of a replica that share
+//!   them) are gathers to the group's first rank, a sum in fixed group order (rank, replica,
+//!   stage order: the embedded executor's order) and a send of the result to the group, each
+//!   kind of group on its own tag. MPI's own reductions may sum in any order; this one is
+//!   bit-identical to the embedded executor.
+//! - Liveness: a thread of its own sends every rank's ring neighbours a heartbeat each
+//!   second and watches theirs; a neighbour silent for the heartbeat timeout (frozen by
+//!   SIGSTOP, a dead node) stops the job with `MPI_Abort` and a message naming it and what
+//!   this rank was waiting for. Computation never delays heartbeats, so a long step is not
+//!   mistaken for a frozen rank. A rank stopped by the launcher (another rank died) says
+//!   what it was waiting for before it exits.
+//! - Agreement: before the first step every rank's run configuration is compared with
+//!   rank 0's, and a difference stops every rank naming the first one.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use ::mpi::environment::Universe;
+use ::mpi::datatype::Equivalence;
+use ::mpi::point_to_point::{Destination, Message, Source, Status};
+use ::mpi::request::{Request, StaticScope};
+use ::mpi::topology::{Communicator, SimpleCommunicator};
+use ::mpi::traits::CommunicatorCollectives;
+use ::mpi::Threading;
+use tch::Tensor;
+
+use super::checkpoint::{commit_parts, discard_parts, write_stage_part, StagePart};
+use super::transport::{sum_lists, Named, Transport};
+use crate::exec::{tensor_from_bytes, tensor_to_bytes};
+use crate::kernel::ElemType;
+
+/// Message tags: one per direction and per kind of reduction (parts to the group's first
+/// rank, results back), so messages of different kinds never match each other.
+const FORWARD: i32 = 1;
+const BACKWARD: i32 = 2;
+const SUM_PART: i32 = 3;
+const SUM_RESULT: i32 = 4;
+const REPLICAS_PART: i32 = 5;
+const REPLICAS_RESULT: i32 = 6;
+const TIED_PART: i32 = 7;
+const TIED_RESULT: i32 = 8;
+const AGREE_PART: i32 = 9;
+const AGREE_RESULT: i32 = 10;
+const HEARTBEAT: i32 = 11;
+const GATHER_PART: i32 = 12;
+const STEP: i32 = 13;
+const CHECKPOINT: i32 = 14;
+
+/// [`MpiJob::start`]'s default heartbeat timeout: a neighbour silent this long is taken
+/// for frozen or gone (heartbeats go every [`HEARTBEAT_PERIOD`]).
+pub const DEFAULT_HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often a rank tells its neighbours it is alive.
+pub const HEARTBEAT_PERIOD: Duration = Duration::from_secs(1);
+
+/// The job's shape: rank `replica * depth + stage`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Layout {
+    pub depth: usize,
+    pub replicas: usize,
+}
+
+impl Layout {
+    pub fn size(&self) -> usize {
+        self.depth * self.replicas
+    }
+    pub fn rank(&self, replica: usize, stage: usize) -> usize {
+        replica * self.depth + stage
+    }
+    /// `(replica, stage)` of a rank.
+    pub fn place(&self, rank: usize) -> (usize, usize) {
+        (rank / self.depth.max(1), rank % self.depth.max(1))
+    }
+    /// `rank 3 (stage 1, replica 1)`, for messages.
+    pub fn who(&self, rank: usize) -> String {
+        let (r, k) = self.place(rank);
+        format!("rank {rank} (stage {k}, replica {r})")
+    }
+}
+
+/// What the job's threads share: who this rank is, what it waits for (for the messages of
+/// the heartbeat and the signal watcher) and whether to stop.
+struct Shared {
+    rank: usize,
+    size: usize,
+    layout: Mutex<Option<Layout>>,
+    waiting: Mutex<Option<String>>,
+    stop: AtomicBool,
+}
+
+impl Shared {
+    fn who(&self, rank: usize) -> String {
+        match *self.layout.lock().unwrap_or_else(|p| p.into_inner()) {
+            Some(l) => l.who(rank),
+            None => format!("rank {rank}"),
+        }
+    }
+    fn doing(&self) -> String {
+        match &*self.waiting.lock().unwrap_or_else(|p| p.into_inner()) {
+            Some(w) => format!("while waiting for {w}"),
+            None => "while computing (waiting for no other rank)".into(),
+        }
+    }
+    fn set_waiting(&self, what: Option<String>) {
+        *self.waiting.lock().unwrap_or_else(|p| p.into_inner()) = what;
+    }
+}
+
+/// This process's membership in an MPI job: initialised once per process (with
+/// `MPI_THREAD_MULTIPLE`: the stage worker, the heartbeat and the main thread all talk
+/// MPI), ended by [`MpiJob::finish`] (every rank done) or [`MpiJob::abort`].
+pub struct MpiJob {
+    universe: Option<Universe>,
+    shared: Arc<Shared>,
+    heartbeat: Option<std::thread::JoinHandle<()>>,
+}
+
+impl MpiJob {
+    /// Initialises MPI (a process started without a launcher is a job of one rank), and
+    /// starts the signal watcher and the heartbeat (`heartbeat_timeout`: how long a silent
+    /// neighbour is tolerated).
+    pub fn start(heartbeat_timeout: Duration) -> Result<MpiJob, String> {
+        if heartbeat_timeout < 2 * HEARTBEAT_PERIOD {
+            return Err(format!(
+                "--heartbeat-timeout {}: must be at least {} s (heartbeats go every {} s)",
+                heartbeat_timeout.as_secs_f64(),
+                2 * HEARTBEAT_PERIOD.as_secs(),
+                HEARTBEAT_PERIOD.as_secs()
+            ));
+        }
+        // Before MPI and libtorch start threads, so that they all inherit the mask and the
+        // launcher's SIGTERM reaches only the watcher.
+        let sigs = block_termination_signals();
+        let (universe, provided) = ::mpi::initialize_with_threading(Threading::Multiple).ok_or("MPI was already initialised in this process")?;
+        if provided != Threading::Multiple {
+            return Err(format!("the MPI library offers thread level {provided:?}, and the stage worker needs MPI_THREAD_MULTIPLE; use an MPI built with thread support"));
+        }
+        let world = SimpleCommunicator::world();
+        let shared = Arc::new(Shared {
+            rank: world.rank() as usize,
+            size: world.size() as usize,
+            layout: Mutex::new(None),
+            waiting: Mutex::new(None),
+            stop: AtomicBool::new(false),
+        });
+        if let Some(set) = sigs {
+            let s = shared.clone();
+            std::thread::Builder::new().name("pipewright-signals".into()).spawn(move || watch_signals(set, s)).map_err(|e| format!("cannot start the signal watcher: {e}"))?;
+        }
+        let s = shared.clone();
+        let heartbeat = std::thread::Builder::new()
+            .name("pipewright-heartbeat".into())
+            .spawn(move || heartbeat(s, heartbeat_timeout))
+            .map_err(|e| format!("cannot start the heartbeat: {e}"))?;
+        Ok(MpiJob { universe: Some(universe), shared, heartbeat: Some(heartbeat) })
+    }
+
+    pub fn rank(&self) -> usize {
+        self.shared.rank
+    }
+    pub fn size(&self) -> usize {
+        self.shared.size
+    }
+
+    /// Names every rank by stage and replica from now on (in every message).
+    pub fn set_layout(&self, layout: Layout) {
+        *self.shared.layout.lock().unwrap_or_else(|p| p.into_inner()) = Some(layout);
+    }
+
+    /// `rank 1 (stage 1, replica 0)` once the layout is known, else `rank 1`.
+    pub fn who(&self, rank: usize) -> String {
+        self.shared.who(rank)
+    }
+
+    /// This rank's link to the others, for a job of `layout`'s shape; no wait lasts longer
+    /// than `timeout`.
+    pub fn transport(&self, layout: Layout, timeout: Duration) -> Result<Mpi, String> {
+        if self.size() == 1 && layout.size() > 1 {
+            return Err(format!(
+                "this process is a job of one rank, but the pipeline has {} ({} stages x {} replicas): start it under an MPI launcher (`pipewright launch BUILD -- OPTIONS`, or `mpirun -np {} pipewright worker BUILD OPTIONS`)",
+                layout.size(),
+                layout.depth,
+                layout.replicas,
+                layout.size()
+            ));
+        }
+        if layout.size() != self.size() {
+            return Err(format!(
+                "the launcher started {} processes but the job has {} ({} stages x {} replicas)",
+                self.size(),
+                layout.size(),
+                layout.depth,
+                layout.replicas
+            ));
+        }
+        self.set_layout(layout);
+        let (replica, stage) = layout.place(self.rank());
+        Ok(Mpi { rank: self.rank(), layout, stage: stage as u32, replica, timeout, shared: self.shared.clone(), sends: Vec::new(), seq: HashMap::new(), aborted: false })
+    }
+
+    /// Stops the whole job (every rank) with exit status `code`: call it after printing why.
+    pub fn abort(&self, code: i32) -> ! {
+        SimpleCommunicator::world().abort(code)
+    }
+
+    /// Ends this rank's part once it is done: waits (heartbeat still running, so a frozen
+    /// rank is still caught) until every rank is, then finalises MPI.
+    pub fn finish(mut self) -> Result<(), String> {
+        let world = SimpleCommunicator::world();
+        let barrier = world.immediate_barrier();
+        self.shared.set_waiting(Some("the other ranks to finish".into()));
+        let mut barrier = Some(barrier);
+        let mut pause = Backoff::new();
+        while let Some(b) = barrier.take() {
+            match b.test() {
+                Ok(_) => {}
+                Err(b) => {
+                    barrier = Some(b);
+                    pause.wait();
+                }
+            }
+        }
+        self.shared.stop.store(true, Ordering::SeqCst);
+        if let Some(h) = self.heartbeat.take() {
+            let _ = h.join();
+        }
+        // Heartbeats still in flight are received, so none is pending at finalisation.
+        let last = world.immediate_barrier();
+        let _ = last.wait();
+        while let Some(m) = world.any_process().immediate_matched_probe_with_tag(HEARTBEAT) {
+            receive_bytes(m);
+        }
+        drop(self.universe.take());
+        Ok(())
+    }
+}
+
+impl Drop for MpiJob {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        if let Some(h) = self.heartbeat.take() {
+            let _ = h.join();
+        }
+        if self.universe.is_some() {
+            // Not finished: a rank that leaves without `finish` or `abort` would leave the
+            // others waiting in theirs; MPI_Finalize alone would hang with them.
+            SimpleCommunicator::world().abort(1);
+        }
+    }
+}
+
+/// Sleeps a little longer each time, from a few microseconds to a millisecond: fast
+/// reaction to a message that is about to come, little CPU taken from the computation
+/// while a long wait lasts.
+struct Backoff {
+    n: u32,
+}
+
+impl Backoff {
+    fn new() -> Self {
+        Backoff { n: 0 }
+    }
+    fn wait(&mut self) {
+        self.n = self.n.saturating_add(1);
+        if self.n < 50 {
+            std::thread::yield_now();
+        } else {
+            let us = (self.n as u64 - 49).saturating_mul(20).min(1000);
+            std::thread::sleep(Duration::from_micros(us));
+        }
+    }
+}
+
+/// Receives a probed message into a byte buffer. (rsmpi's `matched_receive_vec` builds
+/// its buffer element by element in code generic over the element type, which compiles
+/// in the calling crate: unoptimised in debug builds, it made large messages slow.)
+fn receive_bytes(probed: (Message, Status)) -> Vec<u8> {
+    let (message, status) = probed;
+    let count = usize::try_from(status.count(u8::equivalent_datatype())).unwrap_or(0);
+    let mut buf = vec![0u8; count];
+    message.matched_receive_into(&mut buf[..]);
+    buf
+}
+
+/// The heartbeat thread: beats to the ring neighbours, watches theirs, and stops the job
+/// when one stays silent for `timeout`.
+fn heartbeat(shared: Arc<Shared>, timeout: Duration) {
+    static BEAT: [u8; 1] = [1];
+    let (rank, size) = (shared.rank, shared.size);
+    if size < 2 {
+        return;
+    }
+    let world = SimpleCommunicator::world();
+    let mut peers = vec![(rank + size - 1) % size, (rank + 1) % size];
+    peers.sort();
+    peers.dedup();
+    let start = Instant::now();
+    let mut seen: HashMap<usize, Instant> = peers.iter().map(|&p| (p, start)).collect();
+    let mut next_beat = start;
+    let mut pending: Vec<Request<'static, [u8; 1]>> = Vec::new();
+    while !shared.stop.load(Ordering::SeqCst) {
+        let now = Instant::now();
+        if now >= next_beat {
+            for &p in &peers {
+                pending.push(world.process_at_rank(p as i32).immediate_send_with_tag(StaticScope, &BEAT, HEARTBEAT));
+            }
+            next_beat = now + HEARTBEAT_PERIOD;
+        }
+        pending = pending.into_iter().filter_map(|r| r.test().err()).collect();
+        while let Some(m) = world.any_process().immediate_matched_probe_with_tag(HEARTBEAT) {
+            let from = m.1.source_rank() as usize;
+            receive_bytes(m);
+            seen.insert(from, Instant::now());
+        }
+        for (&p, &at) in &seen {
+            if at.elapsed() > timeout {
+                eprintln!(
+                    "error: {}: {} sent no heartbeat for {} s (frozen or gone; --heartbeat-timeout) {}; stopping the job",
+                    shared.who(rank),
+                    shared.who(p),
+                    timeout.as_secs_f64(),
+                    shared.doing()
+                );
+                world.abort(1);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Sends a stopped heartbeat never completes are abandoned (their buffer is static).
+    pending.into_iter().for_each(std::mem::forget);
+}
+
+/// Blocks SIGTERM and SIGINT in this thread (and so in every thread started after it);
+/// the set to wait for, or `None` when the mask cannot be set.
+fn block_termination_signals() -> Option<libc::sigset_t> {
+    // SAFETY: plain libc calls on a local signal set.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        (libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) == 0).then_some(set)
+    }
+}
+
+/// Waits for SIGTERM or SIGINT (the launcher stopping the job: another rank died or the
+/// job was cancelled) and exits saying what this rank was doing.
+fn watch_signals(set: libc::sigset_t, shared: Arc<Shared>) {
+    let mut sig: libc::c_int = 0;
+    // SAFETY: `set` is an initialised signal set; sigwait writes the signal number.
+    if unsafe { libc::sigwait(&set, &mut sig) } != 0 {
+        return;
+    }
+    let name = if sig == libc::SIGINT { "SIGINT" } else { "SIGTERM" };
+    eprintln!("error: {}: stopped by {name} (the launcher stops every rank when one fails) {}", shared.who(shared.rank), shared.doing());
+    // SAFETY: ends the process at once, without running exit handlers that could wait on
+    // MPI peers that are gone.
+    unsafe { libc::_exit(143) }
+}
+
+/// A send in flight: MPI reads `buf` until the request completes, so both live together.
+struct PendingSend {
+    request: Request<'static, [u8]>,
+    buf: *mut [u8],
+}
+
+// SAFETY: the request is an MPI handle (MPI_THREAD_MULTIPLE makes it usable from any
+// thread), and `buf` is owned by this value alone (a leaked box, freed once the request
+// completes).
+unsafe impl Send for PendingSend {}
+
+/// A worker's MPI links (see the module documentation).
+pub struct Mpi {
+    rank: usize,
+    layout: Layout,
+    stage: u32,
+    replica: usize,
+    timeout: Duration,
+    shared: Arc<Shared>,
+    sends: Vec<PendingSend>,
+    /// Per tag: reductions begun, checked against the root's so a rank that skipped one
+    /// is an error rather than a wrong sum.
+    seq: HashMap<i32, u64>,
+    aborted: bool,
+}
+
+impl Mpi {
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Sends `bytes` to `to` without waiting for it to be received.
+    fn isend(&mut self, to: usize, tag: i32, bytes: Vec<u8>) -> Result<(), String> {
+        if bytes.len() > i32::MAX as usize {
+            return Err(format!("a message to {} of {} bytes exceeds MPI's 2 GiB per message", self.layout.who(to), bytes.len()));
+        }
+        let buf: *mut [u8] = Box::into_raw(bytes.into_boxed_slice());
+        // SAFETY: `buf` stays allocated until the request completes (`reap`), or forever
+        // when it never does.
+        let view: &'static [u8] = unsafe { &*buf };
+        let request = SimpleCommunicator::world().process_at_rank(to as i32).immediate_send_with_tag(StaticScope, view, tag);
+        self.sends.push(PendingSend { request, buf });
+        self.reap();
+        Ok(())
+    }
+
+    /// Frees the buffers of completed sends.
+    fn reap(&mut self) {
+        let sends = std::mem::take(&mut self.sends);
+        for s in sends {
+            match s.request.test() {
+                Ok(_) => {
+                    // SAFETY: the request has completed: MPI no longer reads the buffer.
+                    drop(unsafe { Box::from_raw(s.buf) });
+                }
+                Err(request) => self.sends.push(PendingSend { request, buf: s.buf }),
+            }
+        }
+    }
+
+    /// The next message with `tag` from `from`, within the timeout; `what` says what it
+    /// carries (for the error and the heartbeat's message).
+    fn recv(&mut self, from: usize, tag: i32, what: &str) -> Result<Vec<u8>, String> {
+        let whom = self.layout.who(from);
+        self.shared.set_waiting(Some(format!("{what} from {whom}")));
+        let deadline = Instant::now() + self.timeout;
+        let world = SimpleCommunicator::world();
+        let process = world.process_at_rank(from as i32);
+        let mut pause = Backoff::new();
+        loop {
+            if let Some(m) = process.immediate_matched_probe_with_tag(tag) {
+                let bytes = receive_bytes(m);
+                self.shared.set_waiting(None);
+                self.reap();
+                return Ok(bytes);
+            }
+            if Instant::now() >= deadline {
+                self.shared.set_waiting(None);
+                return Err(format!("waited {} s (--timeout) for {what} from {whom}, which sent nothing", self.timeout.as_secs_f64()));
+            }
+            self.reap();
+            pause.wait();
+        }
+    }
+
+    /// A reduction over `members` (ranks, in summing order; this rank among them): the
+    /// first gathers every part, combines them in member order and sends the result back.
+    fn reduce(&mut self, members: &[usize], tags: (i32, i32), what: &str, mine: Wire, combine: impl FnOnce(Vec<Wire>) -> Result<Wire, String>) -> Result<Wire, String> {
+        let seq = {
+            let s = self.seq.entry(tags.0).or_insert(0);
+            *s += 1;
+            *s - 1
+        };
+        let root = members[0];
+        if self.rank == root {
+            let mut parts = vec![mine];
+            for &r in &members[1..] {
+                let part = Wire::decode(&self.recv(r, tags.0, &format!("its part of the {what}"))?).map_err(|e| format!("{what}: from {}: {e}", self.layout.who(r)))?;
+                if part.a != seq {
+                    return Err(format!("{what}: {} sent its part of reduction {} where {seq} was due (the ranks run different schedules)", self.layout.who(r), part.a));
+                }
+                parts.push(part);
+            }
+            let mut result = combine(parts).map_err(|e| format!("{what}: {e}"))?;
+            result.a = seq;
+            let bytes = result.encode()?;
+            for &r in &members[1..] {
+                self.isend(r, tags.1, bytes.clone())?;
+            }
+            Ok(result)
+        } else {
+            let mut mine = mine;
+            mine.a = seq;
+            self.isend(root, tags.0, mine.encode()?)?;
+            let result = Wire::decode(&self.recv(root, tags.1, &format!("the result of the {what}"))?).map_err(|e| format!("{what}: from {}: {e}", self.layout.who(root)))?;
+            if result.a != seq {
+                return Err(format!("{what}: {} sent the result of reduction {} where {seq} was due", self.layout.who(root), result.a));
+            }
+            Ok(result)
+        }
+    }
+
+    fn reduce_tensors(&mut self, members: &[usize], tags: (i32, i32), what: &str, tensors: Vec<Tensor>) -> Result<Vec<Tensor>, String> {
+        let mine = Wire { a: 0, value: 0.0, text: Vec::new(), tensors: tensors.into_iter().map(|t| (String::new(), t)).collect() };
+        let combine = |parts: Vec<Wire>| -> Result<Wire, String> {
+            let lists: Vec<Vec<Tensor>> = parts.into_iter().map(|w| w.tensors.into_iter().map(|(_, t)| t).collect()).collect();
+            let sum = sum_lists(lists)?;
+            Ok(Wire { a: 0, value: 0.0, text: Vec::new(), tensors: sum.into_iter().map(|t| (String::new(), t)).collect() })
+        };
+        let r = self.reduce(members, tags, what, mine, combine)?;
+        Ok(r.tensors.into_iter().map(|(_, t)| t).collect())
+    }
+
+    /// Compares this rank's run configuration (`name` -> value) with rank 0's, every rank
+    /// at once (collective): `Err` naming the first difference (by rank, then name) on
+    /// every rank when any rank differs. `Ok`: the job's id (rank 0's process id), which
+    /// names the job's temporary checkpoint folders.
+    pub fn agree(&mut self, config: &BTreeMap<String, String>) -> Result<u32, String> {
+        let text: Vec<String> = config.iter().flat_map(|(k, v)| [k.clone(), v.clone()]).collect();
+        let mine = Wire { a: 0, value: 0.0, text, tensors: Vec::new() };
+        let layout = self.layout;
+        let members: Vec<usize> = (0..layout.size()).collect();
+        let combine = |parts: Vec<Wire>| -> Result<Wire, String> {
+            let maps: Vec<BTreeMap<String, String>> = parts.iter().map(|w| w.text.chunks(2).filter(|c| c.len() == 2).map(|c| (c[0].clone(), c[1].clone())).collect()).collect();
+            let verdict = first_difference(&maps, &layout).unwrap_or_default();
+            Ok(Wire { a: 0, value: 0.0, text: vec![verdict, std::process::id().to_string()], tensors: Vec::new() })
+        };
+        let verdict = self.reduce(&members, (AGREE_PART, AGREE_RESULT), "agreement on the run configuration", mine, combine)?;
+        match &verdict.text[..] {
+            [v, _] if !v.is_empty() => Err(v.clone()),
+            [_, job] => job.parse().map_err(|_| format!("rank 0 sent job id {job:?}")),
+            _ => Err("rank 0 sent a malformed agreement".into()),
+        }
+    }
+
+    /// Replica 0's ranks, at each checkpoint step: writes this stage's part of checkpoint
+    /// `step` into the job's temporary folder under `dir` (a folder every rank reaches,
+    /// e.g. on a shared file system); rank 0 then collects every stage's part (their
+    /// checksums, or the error a rank met) and commits the manifest, returning the
+    /// checkpoint's folder (`None` on the other ranks).
+    #[allow(clippy::too_many_arguments)]
+    pub fn checkpoint(
+        &mut self,
+        dir: &Path,
+        step: u64,
+        job: u32,
+        state: &super::StageState,
+        schedule: pipewright_core::Schedule,
+        pipeline: &str,
+        config: &BTreeMap<String, String>,
+    ) -> Result<Option<PathBuf>, String> {
+        let mine = write_stage_part(dir, step, job, state).map_err(|e| e.to_string());
+        if self.rank != 0 {
+            let text = match &mine {
+                Ok(p) => vec![p.file.clone(), p.checksum.clone(), p.size.to_string()],
+                Err(e) => vec![e.clone()],
+            };
+            self.isend(0, CHECKPOINT, Wire { a: step, value: 0.0, text, tensors: Vec::new() }.encode()?)?;
+            return mine.map(|_| None);
+        }
+        let mut parts = Vec::new();
+        let mut failed = mine.as_ref().err().map(|e| format!("{}: {e}", self.layout.who(0)));
+        parts.extend(mine.ok());
+        for k in 1..self.layout.depth {
+            let from = self.layout.rank(0, k);
+            let w = Wire::decode(&self.recv(from, CHECKPOINT, &format!("its part of checkpoint step {step}"))?).map_err(|e| format!("from {}: {e}", self.layout.who(from)))?;
+            if w.a != step {
+                return Err(format!("{} sent its part of checkpoint step {} where step {step} was due", self.layout.who(from), w.a));
+            }
+            match &w.text[..] {
+                [file, checksum, size] => match size.parse() {
+                    Ok(size) => parts.push(StagePart { file: file.clone(), checksum: checksum.clone(), size }),
+                    Err(_) => failed = failed.or(Some(format!("{} reported a malformed part", self.layout.who(from)))),
+                },
+                [e] => failed = failed.or(Some(format!("{}: {e}", self.layout.who(from)))),
+                _ => failed = failed.or(Some(format!("{} reported a malformed part", self.layout.who(from)))),
+            }
+        }
+        if let Some(e) = failed {
+            discard_parts(dir, step, job);
+            return Err(format!("checkpoint step {step} was not written: {e}"));
+        }
+        commit_parts(dir, step, job, schedule, pipeline, config, parts).map(Some).map_err(|e| e.to_string())
+    }
+
+    /// Every rank's `tensors` (named), gathered on rank 0 in rank order (collective): rank 0
+    /// gets `Some`, the others `None`.
+    pub fn gather_to_first(&mut self, tensors: Named, what: &str) -> Result<Option<Vec<Named>>, String> {
+        if self.rank != 0 {
+            let bytes = Wire { a: 0, value: 0.0, text: Vec::new(), tensors }.encode()?;
+            self.isend(0, GATHER_PART, bytes)?;
+            return Ok(None);
+        }
+        let mut all = vec![tensors];
+        for r in 1..self.layout.size() {
+            let w = Wire::decode(&self.recv(r, GATHER_PART, what)?).map_err(|e| format!("{what}: from {}: {e}", self.layout.who(r)))?;
+            all.push(w.tensors);
+        }
+        Ok(Some(all))
+    }
+
+    /// Whether this rank reports the job's steps (progress, metrics, the loss of every
+    /// replica): the last stage of replica 0.
+    pub fn reports_steps(&self) -> bool {
+        self.rank == self.layout.rank(0, self.layout.depth - 1)
+    }
+
+    /// On a last stage: the report of step `r.step` over every replica. The reporting rank
+    /// ([`Mpi::reports_steps`]) takes the other replicas' reports of the step and merges
+    /// them as the embedded executor does (mean loss, summed in replica order; samples
+    /// summed; skipped anywhere is skipped), returning `Some`; the others send theirs to it
+    /// and get `None`.
+    pub fn merge_step(&mut self, r: super::StepReport) -> Result<Option<super::StepReport>, String> {
+        let w = self.layout.replicas;
+        if w == 1 {
+            return Ok(Some(r));
+        }
+        let reporter = self.layout.rank(0, self.layout.depth - 1);
+        if !self.reports_steps() {
+            let text = vec![r.samples.to_string(), r.skipped.to_string()];
+            let bytes = Wire { a: r.step as u64, value: r.loss, text, tensors: Vec::new() }.encode()?;
+            self.isend(reporter, STEP, bytes)?;
+            return Ok(None);
+        }
+        let (mut sum, mut samples, mut skipped) = (r.loss, r.samples, r.skipped);
+        for replica in 1..w {
+            let from = self.layout.rank(replica, self.layout.depth - 1);
+            let part = Wire::decode(&self.recv(from, STEP, &format!("the loss of step {}", r.step + 1))?).map_err(|e| format!("from {}: {e}", self.layout.who(from)))?;
+            let parsed = match &part.text[..] {
+                [n, s] => n.parse::<usize>().ok().zip(s.parse::<bool>().ok()),
+                _ => None,
+            };
+            let Some((n, s)) = parsed.filter(|_| part.a == r.step as u64) else {
+                return Err(format!("{} sent a malformed report of step {} (expected step {})", self.layout.who(from), part.a + 1, r.step + 1));
+            };
+            sum += part.value;
+            samples += n;
+            skipped |= s;
+        }
+        Ok(Some(super::StepReport { loss: sum / w as f64, samples, skipped, ..r }))
+    }
+
+    /// Waits (up to the timeout) until every send has been received, so that this process
+    /// may end.
+    fn flush(&mut self) {
+        let deadline = Instant::now() + self.timeout;
+        let mut pause = Backoff::new();
+        while !self.sends.is_empty() && Instant::now() < deadline {
+            self.reap();
+            pause.wait();
+        }
+    }
+}
+
+/// A fingerprint of a batch (every microbatch's inputs by name and its labels): ranks
+/// reading different data, or the same data in another order, disagree on it.
+pub fn batch_fingerprint(batch: &[super::Microbatch]) -> Result<String, String> {
+    let mut h = crc32fast::Hasher::new();
+    for mb in batch {
+        for (name, t) in mb.inputs.iter().map(|(n, t)| (n.as_str(), t)).chain(mb.labels.iter().map(|l| ("(labels)", l))) {
+            let (elem, dims, data) = tensor_to_bytes(t).map_err(|e| format!("data {name:?}: {e}"))?;
+            h.update(name.as_bytes());
+            h.update(elem.name().as_bytes());
+            dims.iter().for_each(|d| h.update(&d.to_le_bytes()));
+            h.update(&data);
+        }
+    }
+    Ok(format!("{} microbatches, crc32 {:08x} of the first batch", batch.len(), h.finalize()))
+}
+
+/// The first rank (after 0) whose configuration differs from rank 0's, and how.
+fn first_difference(maps: &[BTreeMap<String, String>], layout: &Layout) -> Option<String> {
+    let first = maps.first()?;
+    for (r, m) in maps.iter().enumerate().skip(1) {
+        let keys: std::collections::BTreeSet<&String> = first.keys().chain(m.keys()).collect();
+        for k in keys {
+            let (a, b) = (first.get(k), m.get(k));
+            if a != b {
+                let show = |v: Option<&String>| v.map_or("nothing".to_string(), |v| format!("{k} {v}"));
+                return Some(format!(
+                    "the ranks were started with different settings: {} has {} where {} has {}; start every rank with the same options",
+                    layout.who(r),
+                    show(b),
+                    layout.who(0),
+                    show(a)
+                ));
+            }
+        }
+    }
+    None
+}
+
+impl Drop for Mpi {
+    fn drop(&mut self) {
+        if !self.aborted {
+            self.flush();
+        }
+        // Sends that never completed keep their buffers: MPI may still read them.
+        for s in self.sends.drain(..) {
+            std::mem::forget(s.request);
+        }
+        self.shared.set_waiting(None);
+    }
+}
+
+impl Transport for Mpi {
+    fn send_forward(&mut self, mb: u64, tensors: Named) -> Result<(), String> {
+        if self.stage as usize + 1 >= self.layout.depth {
+            return Err("no next neighbour".into());
+        }
+        let bytes = Wire { a: mb, value: 0.0, text: Vec::new(), tensors }.encode()?;
+        self.isend(self.rank + 1, FORWARD, bytes)
+    }
+    fn recv_forward(&mut self, mb: u64) -> Result<Named, String> {
+        if self.stage == 0 {
+            return Err("no previous neighbour".into());
+        }
+        let from = self.rank - 1;
+        let w = Wire::decode(&self.recv(from, FORWARD, &format!("microbatch {mb}'s activations"))?).map_err(|e| format!("from {}: {e}", self.layout.who(from)))?;
+        if w.a != mb {
+            return Err(format!("expected microbatch {mb}'s activations from {}, got microbatch {}'s", self.layout.who(from), w.a));
+        }
+        Ok(w.tensors)
+    }
+    fn send_backward(&mut self, mb: u64, grads: Named) -> Result<(), String> {
+        if self.stage == 0 {
+            return Err("no previous neighbour".into());
+        }
+        let bytes = Wire { a: mb, value: 0.0, text: Vec::new(), tensors: grads }.encode()?;
+        self.isend(self.rank - 1, BACKWARD, bytes)
+    }
+    fn recv_backward(&mut self, mb: u64) -> Result<Named, String> {
+        if self.stage as usize + 1 >= self.layout.depth {
+            return Err("no next neighbour".into());
+        }
+        let from = self.rank + 1;
+        let w = Wire::decode(&self.recv(from, BACKWARD, &format!("microbatch {mb}'s gradients"))?).map_err(|e| format!("from {}: {e}", self.layout.who(from)))?;
+        if w.a != mb {
+            return Err(format!("expected microbatch {mb}'s gradients from {}, got microbatch {}'s", self.layout.who(from), w.a));
+        }
+        Ok(w.tensors)
+    }
+    fn all_reduce_sum(&mut self, x: f64) -> Result<f64, String> {
+        let members: Vec<usize> = (0..self.layout.size()).collect();
+        let mine = Wire { a: 0, value: x, text: Vec::new(), tensors: Vec::new() };
+        // Rank order is the embedded executor's order (replica-major, then stage).
+        let combine = |parts: Vec<Wire>| -> Result<Wire, String> { Ok(Wire { a: 0, value: parts.into_iter().map(|w| w.value).sum(), text: Vec::new(), tensors: Vec::new() }) };
+        Ok(self.reduce(&members, (SUM_PART, SUM_RESULT), "gradient-norm sum of every stage", mine, combine)?.value)
+    }
+    fn all_reduce_replicas(&mut self, tensors: Vec<Tensor>) -> Result<Vec<Tensor>, String> {
+        if self.layout.replicas == 1 {
+            return Ok(tensors);
+        }
+        let members: Vec<usize> = (0..self.layout.replicas).map(|r| self.layout.rank(r, self.stage as usize)).collect();
+        let what = format!("gradient sum of stage {}'s replicas", self.stage);
+        self.reduce_tensors(&members, (REPLICAS_PART, REPLICAS_RESULT), &what, tensors)
+    }
+    fn all_reduce_tied(&mut self, stages: &[u32], tensors: Vec<Tensor>) -> Result<Vec<Tensor>, String> {
+        if !stages.contains(&self.stage) || stages.iter().any(|&s| s as usize >= self.layout.depth) || !stages.windows(2).all(|w| w[0] < w[1]) {
+            return Err(format!("stage {} is not in a tied-weight group {stages:?}", self.stage));
+        }
+        let members: Vec<usize> = stages.iter().map(|&s| self.layout.rank(self.replica, s as usize)).collect();
+        let what = format!("tied-weight gradient sum of stages {stages:?} (replica {})", self.replica);
+        self.reduce_tensors(&members, (TIED_PART, TIED_RESULT), &what, tensors)
+    }
+    fn abort(&mut self) {
+        // The process stops the job (MPI_Abort) once it has printed why; nothing here may
+        // wait for peers.
+        self.aborted = true;
+    }
+}
+
+/// One message: a number (microbatch, or reduction sequence), a value, strings and named
+/// tensors, in a little-endian layout read with bounds checks.
+struct Wire {
+    a: u64,
+    value: f64,
+    text: Vec<String>,
+    tensors: Named,
+}
+
+const MAGIC: &[u8; 4] = b"PWM1";
+
+fn put(out: &mut Vec<u8>, b: &[u8]) {
+    out.extend_from_slice(&(b.len() as u64).to_le_bytes());
+    out.extend_from_slice(b);
+}
+
+struct Cursor<'a> {
+    b: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Cursor<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
+        let end = self.at.checked_add(n).filter(|&e| e <= self.b.len()).ok_or_else(|| format!("message truncated at byte {} (wanted {n} more)", self.at))?;
+        let s = &self.b[self.at..end];
+        self.at = end;
+        Ok(s)
+    }
+    fn u64(&mut self) -> Result<u64, String> {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(self.take(8)?);
+        Ok(u64::from_le_bytes(w))
+    }
+    fn len(&mut self) -> Result<usize, String> {
+        let n = self.u64()?;
+        usize::try_from(n).ok().filter(|&n| n <= self.b.len() - self.at).ok_or_else(|| format!("message field of {n} bytes exceeds the message"))
+    }
+    fn bytes(&mut self) -> Result<&'a [u8], String> {
+        let n = self.len()?;
+        self.take(n)
+    }
+    fn string(&mut self) -> Result<String, String> {
+        String::from_utf8(self.bytes()?.to_vec()).map_err(|_| "message string is not UTF-8".to_string())
+    }
+}
+
+impl Wire {
+    fn encode(&self) -> Result<Vec<u8>, String> {
+        let mut out = Vec::new();
+        out.extend_from_slice(MAGIC);
+        out.extend_from_slice(&self.a.to_le_bytes());
+        out.extend_from_slice(&self.value.to_le_bytes());
+        out.extend_from_slice(&(self.text.len() as u64).to_le_bytes());
+        for t in &self.text {
+            put(&mut out, t.as_bytes());
+        }
+        out.extend_from_slice(&(self.tensors.len() as u64).to_le_bytes());
+        for (name, t) in &self.tensors {
+            // CUDA tensors come to host memory here (the MPI need not be CUDA-aware).
+            let (elem, dims, data) = tensor_to_bytes(t).map_err(|e| format!("tensor {name:?}: {e}"))?;
+            put(&mut out, name.as_bytes());
+            put(&mut out, elem.name().as_bytes());
+            out.extend_from_slice(&(dims.len() as u64).to_le_bytes());
+            for d in dims {
+                out.extend_from_slice(&d.to_le_bytes());
+            }
+            put(&mut out, &data);
+        }
+        Ok(out)
+    }
+
+    fn decode(b: &[u8]) -> Result<Wire, String> {
+        let mut c = Cursor { b, at: 0 };
+        if c.take(4)? != MAGIC {
+            return Err("not a pipewright message".into());
+        }
+        let a = c.u64()?;
+        let value = f64::from_bits(c.u64()?);
+        let n_text = c.len()?;
+        let text = (0..n_text).map(|_| c.string()).collect::<Result<_, _>>()?;
+        let n = c.len()?;
+        let mut tensors = Vec::new();
+        for _ in 0..n {
+            let name = c.string()?;
+            let elem_name = c.string()?;
+            let elem = ElemType::from_name(&elem_name).ok_or_else(|| format!("tensor {name:?}: unknown element type {elem_name:?}"))?;
+            let nd = c.len()?;
+            let dims = (0..nd).map(|_| c.u64().map(|d| d as i64)).collect::<Result<Vec<_>, _>>()?;
+            let data = c.bytes()?;
+            let t = tensor_from_bytes(elem, &dims, data).map_err(|e| format!("tensor {name:?}: {e}"))?;
+            tensors.push((name, t));
+        }
+        Ok(Wire { a, value, text, tensors })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_round_trip_and_damaged_ones_are_errors() {
+        let w = Wire { a: 7, value: -0.25, text: vec!["--steps".into(), "10".into()], tensors: vec![("x".into(), Tensor::from_slice(&[1.5f32, -2.0, 3.25]).reshape([3, 1]))] };
+        let bytes = w.encode().unwrap();
+        let back = Wire::decode(&bytes).unwrap();
+        assert_eq!((back.a, back.value, back.text.clone()), (7, -0.25, w.text.clone()));
+        assert_eq!(back.tensors[0].0, "x");
+        assert!(back.tensors[0].1.equal(&w.tensors[0].1));
+        for cut in [0, 3, 10, 30, bytes.len() - 1] {
+            assert!(Wire::decode(&bytes[..cut]).is_err(), "a message cut at {cut} bytes must be an error");
+        }
+        // A length field claiming far more than the message holds.
+        let mut huge = bytes.clone();
+        huge[20..28].copy_from_slice(&(1u64 << 40).to_le_bytes());
+        assert!(matches!(Wire::decode(&huge), Err(e) if e.contains("exceeds the message")));
+    }
+
+    #[test]
+    fn the_first_difference_names_the_rank_and_the_setting() {
+        let layout = Layout { depth: 2, replicas: 2 };
+        let a: BTreeMap<String, String> = [("--steps", "10"), ("--seed", "0")].into_iter().map(|(k, v)| (k.into(), v.into())).collect();
+        let mut b = a.clone();
+        assert_eq!(first_difference(&[a.clone(), b.clone(), a.clone()], &layout), None);
+        b.insert("--steps".into(), "20".into());
+        let e = first_difference(&[a.clone(), a.clone(), a.clone(), b], &layout).unwrap();
+        assert!(e.contains("rank 3 (stage 1, replica 1) has --steps 20 where rank 0 (stage 0, replica 0) has --steps 10"), "{e}");
+    }
+}
