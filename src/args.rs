@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use pipewright_core::{Balance, BatchMode, Decay, Device, Loss, NonFinite, Optimizer, PassName, Precision, Recompute, Schedule};
+use pipewright_core::{Balance, BatchMode, Decay, Device, Loss, NonFinite, Optimizer, PassName, Precision, Recompute, Schedule, Scheme};
 use pipewright_passes::manager::{PassOptions, PrintAfter};
 
 /// `--loss KIND[:OUTPUT]`.
@@ -133,6 +133,81 @@ pub struct PlanArgs {
     /// Print the result of a pass (`import`, `plan`, `partition`) instead of the plan.
     #[arg(long, value_enum)]
     pub print_after: Option<PassName>,
+}
+
+/// `--schedule 2bw,flush` or `all` (every scheme, the baselines included): one value, so
+/// that `all` can stand for the list.
+#[derive(Clone, Debug)]
+pub struct Schemes(pub Vec<Scheme>);
+
+fn parse_schemes(s: &str) -> Result<Schemes, String> {
+    if s == "all" {
+        return Ok(Schemes(Scheme::ALL.to_vec()));
+    }
+    s.split(',').map(|w| w.trim().parse::<Scheme>().map_err(|e| format!("{e}, or all"))).collect::<Result<_, _>>().map(Schemes)
+}
+
+#[derive(clap::Args)]
+pub struct SimulateArgs {
+    /// The ONNX model file (its weights' values are never read), or a plan file
+    /// (`plan --json`, ending in .json).
+    pub input: PathBuf,
+    /// A cluster TOML file, or a device preset: V100-16GB, A100-40GB, A100-80GB, H100, H200.
+    /// Needed for a model; a plan file brings its own.
+    #[arg(long, value_name = "FILE|PRESET")]
+    pub cluster: Option<String>,
+    /// Servers, with a device preset (default 1).
+    #[arg(long)]
+    pub servers: Option<usize>,
+    /// GPUs per server, with a device preset (default 8).
+    #[arg(long)]
+    pub gpus_per_server: Option<usize>,
+    /// Network between servers, with a device preset: 25gbit, 100gbit, 8x200gbit, 8x400gbit
+    /// (default: the one the device's usual servers have).
+    #[arg(long)]
+    pub network: Option<String>,
+    /// Share of the peak flop/s and memory bandwidth achieved, in (0, 1], with a device
+    /// preset (default 1; a cluster file has its own `efficiency` key).
+    #[arg(long)]
+    pub efficiency: Option<f64>,
+    /// Global batch size (samples per optimizer step); a plan file has its own.
+    #[arg(long)]
+    pub batch: Option<u64>,
+    /// Schemes to compare: 2bw, flush, gpipe, model-parallel, data-parallel (comma-separated),
+    /// or all. Default: all for a model, the plan's schedule for a plan.
+    #[arg(long, value_parser = parse_schemes)]
+    pub schedule: Option<Schemes>,
+    /// A profile from `pipewright profile`: measured node times instead of the roofline.
+    #[arg(long)]
+    pub profile: Option<PathBuf>,
+    /// Optimizer whose state counts in memory and in the update's time.
+    #[arg(long, value_enum, default_value_t = Optimizer::Adam)]
+    pub optimizer: Optimizer,
+    /// Count an SGD momentum buffer per weight.
+    #[arg(long)]
+    pub momentum: bool,
+    /// The compute type: fp32 uses the device's fp32 peak, bf16/fp16 its tensor cores.
+    #[arg(long, value_enum, default_value_t = Precision::Fp32)]
+    pub precision: Precision,
+    /// Batches (optimizer steps) to replay.
+    #[arg(long, default_value_t = 10)]
+    pub batches: usize,
+    /// A real run's trace (`train --trace`) of the same configuration: its per-stage
+    /// median forward, recompute, backward, optimizer and send times replace the cost model's
+    /// (to check the schedule model apart from the cost model, or replay a measured run
+    /// under another schedule).
+    #[arg(long, value_name = "TRACE")]
+    pub stage_times: Option<PathBuf>,
+    /// Write the replay as a Chrome trace (the format of `train --trace`); with several
+    /// schemes, one file per scheme (`t.2bw.json`, ...).
+    #[arg(long, value_name = "FILE")]
+    pub trace: Option<PathBuf>,
+    /// Draw the replay's timeline as SVG (as `trace-svg` does), one file per scheme likewise.
+    #[arg(long, value_name = "FILE")]
+    pub svg: Option<PathBuf>,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(clap::Args)]
@@ -554,8 +629,9 @@ pub enum SynthKind {
 /// Where the generated weights go, and from which seed.
 #[derive(clap::Args)]
 pub struct SynthWeightArgs {
-    /// `inline` (in the ONNX file) or `external` (streamed into FILE.data); by default
-    /// inline below 1 GiB of weights, external above.
+    /// `inline` (in the ONNX file), `external` (streamed into FILE.data) or `none`
+    /// (declared in FILE.data, which is not written: shapes only, for `plan` and
+    /// `simulate`); by default inline below 1 GiB of weights, external above.
     #[arg(long, value_name = "STORAGE")]
     pub weights: Option<pipewright_synth::Storage>,
     /// Seed of the random weights.
@@ -568,8 +644,9 @@ pub struct SynthWeightArgs {
 
 #[derive(clap::Args)]
 pub struct GptArgs {
-    /// Start from `gpt2-small` (12 x 768), `gpt2-medium` (24 x 1024) or `tiny` (2 x 32);
-    /// the flags below override it.
+    /// Start from `gpt2-small` (12 x 768), `gpt2-medium` (24 x 1024), the PipeDream-2BW
+    /// paper's `gpt-1.3b` (24 x 2048), `gpt-2.2b` (32 x 2304), `gpt-3.8b` (32 x 3072, all at
+    /// 512 tokens) or `tiny` (2 x 32); the flags below override it.
     #[arg(long, default_value = "gpt2-small")]
     pub preset: String,
     #[arg(long)]

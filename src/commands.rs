@@ -5,7 +5,7 @@ use std::path::Path;
 
 use anyhow::{anyhow, bail, Context, Result};
 use pipewright_core::fs::write_atomic;
-use pipewright_core::Balance;
+use pipewright_core::{Balance, Scheme};
 use pipewright_driver::compile::{compile, plan, CompileRequest};
 use pipewright_ir::summary::Summary;
 use pipewright_ir::{import_model, ImportOptions};
@@ -15,6 +15,8 @@ use pipewright_passes::manager::{PassOptions, PrintAfter};
 use pipewright_passes::pipeline::PlanRequest;
 use pipewright_passes::plan_file::PlanFile;
 use pipewright_passes::planner::PlanOptions;
+use pipewright_passes::presets::{self, SimCluster};
+use pipewright_driver::simulate::{per_scheme_path, simulate as simulate_model, write_trace, SimulateRequest};
 use pipewright_runtime::listing::{module_json, module_text};
 use pipewright_runtime::module::{looks_like_module, read_module};
 use pipewright_runtime::timeline::{bubbles, events_in, read_chrome_trace, timeline_svg_with, window_of, SvgOptions};
@@ -22,7 +24,7 @@ use pipewright_runtime::timeline::{bubbles, events_in, read_chrome_trace, timeli
 use pipewright_core::units::human_bytes;
 use pipewright_synth::{GptShape, LayeredShape, Storage};
 
-use crate::args::{ClusterArgs, CompileArgs, ExportArgs, InspectArgs, LaunchArgs, PlanArgs, SynthArgs, SynthKind, TraceSvgArgs};
+use crate::args::{ClusterArgs, CompileArgs, ExportArgs, InspectArgs, LaunchArgs, PlanArgs, SimulateArgs, SynthArgs, SynthKind, TraceSvgArgs};
 
 pub fn inspect(args: &InspectArgs) -> Result<()> {
     if looks_like_module(&args.model) {
@@ -121,6 +123,70 @@ pub fn plan_command(args: &PlanArgs) -> Result<()> {
             println!("note: {DEFAULT_CLUSTER_NOTE}");
         }
         print!("{}", file.plan.text());
+    }
+    Ok(())
+}
+
+/// `--cluster FILE|PRESET` for `simulate`: a file when one exists at that path.
+fn sim_cluster(args: &SimulateArgs) -> Result<Option<SimCluster>> {
+    let preset_flags = [("--network", args.network.is_some()), ("--servers", args.servers.is_some()), ("--gpus-per-server", args.gpus_per_server.is_some()), ("--efficiency", args.efficiency.is_some())];
+    let given: Vec<&str> = preset_flags.iter().filter(|f| f.1).map(|f| f.0).collect();
+    let Some(spec) = &args.cluster else {
+        if !given.is_empty() {
+            bail!("{} need(s) a device preset in --cluster", given.join(", "));
+        }
+        return Ok(None);
+    };
+    let path = Path::new(spec);
+    if path.is_file() {
+        if !given.is_empty() {
+            bail!("{} appl(ies) to a device preset, not to the cluster file {spec} (set its keys instead)", given.join(", "));
+        }
+        let text = std::fs::read_to_string(path).with_context(|| format!("{spec}: cannot read"))?;
+        return Ok(Some(SimCluster::from_toml(spec, &text).map_err(|e| anyhow!("{spec}: {e}"))?));
+    }
+    let device = presets::device(spec).map_err(|e| anyhow!("--cluster: {e}"))?;
+    let network = presets::network(args.network.as_deref().unwrap_or(device.network)).map_err(|e| anyhow!("--network: {e}"))?;
+    let (servers, per_server, efficiency) = (args.servers.unwrap_or(1), args.gpus_per_server.unwrap_or(8), args.efficiency.unwrap_or(1.0));
+    Ok(Some(SimCluster::from_preset(device, network, servers, per_server, args.precision, efficiency).map_err(|e| anyhow!("--cluster {spec}: {e}"))?))
+}
+
+pub fn simulate(args: &SimulateArgs) -> Result<()> {
+    let profile = args.profile.as_deref().map(read_profile).transpose()?;
+    let is_plan = args.input.extension().is_some_and(|e| e == "json");
+    let schemes = match &args.schedule {
+        Some(s) => s.0.clone(),
+        None if is_plan => vec![PlanFile::read(&args.input)?.plan.chosen.schedule.into()],
+        None => Scheme::ALL.to_vec(),
+    };
+    let request = SimulateRequest {
+        input: args.input.clone(),
+        cluster: sim_cluster(args)?,
+        global_batch: args.batch,
+        schemes,
+        profile,
+        optimizer: args.optimizer,
+        momentum: args.momentum,
+        precision: args.precision,
+        batches: args.batches,
+        record: args.trace.is_some() || args.svg.is_some(),
+        stage_times: args.stage_times.clone(),
+    };
+    let report = simulate_model(&request)?;
+    let several = report.outcomes.iter().filter(|o| o.simulation.is_some()).count() > 1;
+    for o in &report.outcomes {
+        let Some(sim) = &o.simulation else { continue };
+        let trace = args.trace.as_deref().map(|p| per_scheme_path(p, o.scheme, several));
+        let svg = args.svg.as_deref().map(|p| per_scheme_path(p, o.scheme, several));
+        write_trace(sim, trace.as_deref(), svg.as_deref(), 1200)?;
+        for p in trace.iter().chain(&svg) {
+            eprintln!("wrote {} ({} events)", p.display(), sim.events.len());
+        }
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", report.text());
     }
     Ok(())
 }
@@ -227,7 +293,7 @@ pub fn trace_svg(args: &TraceSvgArgs) -> Result<()> {
 pub fn synth(args: &SynthArgs) -> Result<()> {
     let (model, what, weights) = match &args.kind {
         SynthKind::Gpt(a) => {
-            let preset = GptShape::preset(&a.preset).ok_or_else(|| anyhow!("unknown preset {:?}: expected gpt2-small, gpt2-medium or tiny", a.preset))?;
+            let preset = GptShape::preset(&a.preset).ok_or_else(|| anyhow!("unknown preset {:?}: expected gpt2-small, gpt2-medium, gpt-1.3b, gpt-2.2b, gpt-3.8b or tiny", a.preset))?;
             let shape = GptShape {
                 layers: a.layers.unwrap_or(preset.layers),
                 hidden: a.hidden.unwrap_or(preset.hidden),
@@ -247,7 +313,11 @@ pub fn synth(args: &SynthArgs) -> Result<()> {
     };
     let storage = weights.weights.unwrap_or(if model.parameters() * 4 < 1 << 30 { Storage::Inline } else { Storage::External });
     let written = model.write(&weights.output, storage, weights.seed)?;
-    let data = written.data.as_ref().map(|d| format!(" and {}", d.display())).unwrap_or_default();
+    let data = match (&written.data, storage) {
+        (Some(d), _) => format!(" and {}", d.display()),
+        (None, Storage::ShapesOnly) => " (shapes only: its external data file is declared, not written; for plan and simulate)".to_string(),
+        (None, _) => String::new(),
+    };
     println!(
         "wrote {}{data}: {what}; {} nodes, {} parameters ({})",
         written.model.display(),

@@ -13,7 +13,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use args::{CompileArgs, ExportArgs, InspectArgs, LaunchArgs, PlanArgs, SynthArgs, TraceSvgArgs};
+use args::{CompileArgs, ExportArgs, InspectArgs, LaunchArgs, PlanArgs, SimulateArgs, SynthArgs, TraceSvgArgs};
 #[cfg(feature = "torch")]
 use args::{BenchStepArgs, ConformanceArgs, ProfileArgs, RunForwardArgs, TrainArgs, WorkerArgs};
 
@@ -34,6 +34,10 @@ enum Command {
     /// The plan is for the cluster the options describe; without any, for a default server
     /// of 8 V100-class GPUs (16 GiB, 15.7 Tflop/s each), which the output says.
     Plan(PlanArgs),
+    /// Replay training on a cluster event by event: 2BW, PipeDream-Flush, GPipe and the
+    /// baselines without pipelining, each as the planner configures it, with the runtime's
+    /// per-stage operation order; samples/s, bubbles, busy time and memory per stage.
+    Simulate(SimulateArgs),
     /// Compile a model into a build folder: per-stage modules (`stageK.pwm`) and
     /// `pipeline.toml` (with `--stage-onnx`, also each stage as ONNX).
     Compile(CompileArgs),
@@ -143,6 +147,7 @@ fn main() -> ExitCode {
     finish(match cli.command {
         Command::Inspect(args) => commands::inspect(&args),
         Command::Plan(args) => commands::plan_command(&args),
+        Command::Simulate(args) => commands::simulate(&args),
         Command::Compile(args) => commands::compile_command(&args),
         Command::Export(args) => commands::export(&args),
         Command::TraceSvg(args) => commands::trace_svg(&args),

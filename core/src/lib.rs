@@ -2,7 +2,8 @@
 //! ([`Schedule`], [`Recompute`], [`Optimizer`], [`Loss`], [`Decay`], [`Balance`],
 //! [`BatchMode`], [`PassName`], [`UpdateRule`]) and the [`Device`]; plus the small
 //! utilities every stage of the tool needs ([`fs::write_atomic`], [`units::human_bytes`],
-//! [`format::Header`] for versioned files).
+//! [`format::Header`] for versioned files), and the per-stage operation order of each
+//! schedule ([`schedule::stage_ops`]), shared by the executor and the simulator.
 //!
 //! It depends on no other pipewright crate, so the importer, the passes, codegen and the
 //! runtime (which must not depend on the importer or the passes) all speak it.
@@ -12,10 +13,11 @@ pub mod device;
 pub mod format;
 pub mod fs;
 pub mod rng;
+pub mod schedule;
 pub mod units;
 #[macro_use]
 pub mod words;
 
 pub use choices::{ImportChoices, MergedInitializer};
 pub use device::{Device, UnknownDevice};
-pub use words::{DEFAULT_MAX_SKIPS, Balance, BatchMode, Decay, Loss, NonFinite, Optimizer, PassName, Precision, Recompute, Schedule, UnknownWord, UpdateRule};
+pub use words::{DEFAULT_MAX_SKIPS, Balance, BatchMode, Decay, Loss, NonFinite, Optimizer, PassName, Precision, Recompute, Schedule, Scheme, UnknownWord, UpdateRule};

@@ -287,6 +287,40 @@ impl Default for BatchMode {
     }
 }
 
+word_enum! {
+    /// A way of training on many workers that `pipewright simulate` compares: the three
+    /// pipeline schedules and the two baselines without pipelining.
+    "scheme" pub enum Scheme {
+        TwoBw = "2bw", "PipeDream-2BW (the 2bw schedule)";
+        Flush = "flush", "PipeDream-Flush (the flush schedule)";
+        GPipe = "gpipe", "GPipe (the gpipe schedule)";
+        ModelParallel = "model-parallel", "inter-layer model parallelism without pipelining: one microbatch in the pipeline at a time";
+        DataParallel = "data-parallel", "data parallelism alone: every worker holds the whole model (where it fits)";
+    }
+}
+
+impl Scheme {
+    /// The pipeline schedule this scheme runs, for the three that are schedules.
+    pub fn schedule(self) -> Option<Schedule> {
+        match self {
+            Scheme::TwoBw => Some(Schedule::TwoBw),
+            Scheme::Flush => Some(Schedule::Flush),
+            Scheme::GPipe => Some(Schedule::GPipe),
+            Scheme::ModelParallel | Scheme::DataParallel => None,
+        }
+    }
+}
+
+impl From<Schedule> for Scheme {
+    fn from(s: Schedule) -> Scheme {
+        match s {
+            Schedule::TwoBw => Scheme::TwoBw,
+            Schedule::Flush => Scheme::Flush,
+            Schedule::GPipe => Scheme::GPipe,
+        }
+    }
+}
+
 /// Joins the spellings of `values` for messages: `2bw, flush, gpipe`.
 pub fn spellings<T: fmt::Display>(values: &[T]) -> String {
     values.iter().map(|v| v.to_string()).collect::<Vec<_>>().join(", ")
@@ -320,6 +354,7 @@ mod tests {
         check(BatchMode::ALL);
         check(PassName::ALL);
         check(Precision::ALL);
+        check(Scheme::ALL);
         check(NonFinite::ALL);
     }
 

@@ -127,7 +127,9 @@ pub fn plan(model: &Path, request: &PlanRequest, passes: &PassOptions) -> Result
     let wants_partition = passes.print_after == PrintAfter::Pass(PassName::Partition) || passes.stop_after == Some(PassName::Partition);
     let mut file = None;
     (|| {
-        let Some(imported) = pm.run(PassName::Import, (), |()| import(model, &ImportOptions::default()))? else { return Ok(()) };
+        // Planning needs shapes, not values: large external-data weights stay unread.
+        let shapes_only = ImportOptions { shapes_only: true, ..ImportOptions::default() };
+        let Some(imported) = pm.run(PassName::Import, (), |()| import(model, &shapes_only))? else { return Ok(()) };
         let crc = imported.graph.meta.source_crc32;
         let Some(planned) = pm.run(PassName::Plan, imported, |g| plan_stages(g, request))? else { return Ok(()) };
         file = Some(PlanFile::new(planned.plan.clone(), model, crc));

@@ -4,6 +4,7 @@
 //! - [`compile`]: `plan` and `compile` — the pass pipeline from an ONNX file to a build
 //!   folder.
 //! - [`export`]: trained weights back into the source ONNX model.
+//! - [`simulate`]: `simulate` — plans for a cluster and replays each scheme event by event.
 //! - [`launch`]: the `mpirun` line that starts a build as an MPI job.
 //! - With the `torch` feature: [`train`] (the embedded executor, and one stage as a worker
 //!   process), [`forward`] (whole-model runs, `run-forward`, `bench-step`),
@@ -12,6 +13,7 @@
 pub mod compile;
 mod error;
 pub mod export;
+pub mod simulate;
 pub mod launch;
 pub mod rebatch;
 

@@ -417,7 +417,7 @@ impl Graph {
             .iter()
             .filter_map(|v| v.weight())
             .filter(|w| w.trainable)
-            .map(|w| w.data.bytes.len() as u64)
+            .map(|w| w.data.byte_len() as u64)
             .sum()
     }
 

@@ -28,7 +28,8 @@ pub enum KnownData {
 impl Known {
     pub fn from_tensor(t: &TensorData) -> Option<Known> {
         // Low-precision values are not shape arithmetic; casts to and from them run at run time.
-        if t.numel() > KNOWN_LIMIT || t.dtype.is_low_precision() {
+        // A shape-only weight (`ImportOptions::shapes_only`) has no values to know.
+        if t.numel() > KNOWN_LIMIT || t.dtype.is_low_precision() || t.is_shape_only() {
             return None;
         }
         let data = if t.dtype.is_float() {

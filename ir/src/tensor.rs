@@ -26,6 +26,24 @@ impl TensorData {
         self.dims.iter().product::<i64>() as usize
     }
 
+    /// The bytes its shape and type need, whether or not they were read (see
+    /// [`TensorData::shape_only`]).
+    pub fn byte_len(&self) -> usize {
+        self.dtype.byte_len(self.numel()).unwrap_or(0)
+    }
+
+    /// A weight whose values were left in its external data file (`ImportOptions::
+    /// shapes_only`): its type and extents are known, its bytes are empty. Only analyses
+    /// that need no values (the cost model, the planner, the simulator) may see one.
+    pub fn shape_only(dtype: DType, dims: Vec<i64>) -> TensorData {
+        TensorData { dtype, dims, bytes: Bytes::new() }
+    }
+
+    /// Whether the values were left unread ([`TensorData::shape_only`]).
+    pub fn is_shape_only(&self) -> bool {
+        self.bytes.is_empty() && self.byte_len() > 0
+    }
+
     pub fn from_i64s(dims: Vec<i64>, values: &[i64]) -> TensorData {
         let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
         TensorData { dtype: DType::I64, dims, bytes: Bytes::from(bytes) }

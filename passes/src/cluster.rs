@@ -10,7 +10,11 @@
 //! inter_bw = "100Gbit/s"    # link between servers
 //! peak_flops = "15.7T"      # flop/s: a number, or with suffix K/M/G/T/P (optionally "flops", "FLOPS", "/s")
 //! mem_bw = "900GB/s"        # device memory bandwidth for the roofline
+//! server_bw = "25Gbit/s"    # all of a server's network links together (optional)
 //! ```
+//! Without `server_bw`, every all-reduce ring that leaves a server has `inter_bw` to itself;
+//! with it, the rings of the `min(d, workers_per_node)` stages a server holds share it
+//! ([`Cluster::allreduce_bw`]).
 //! The keys may also sit in a `[cluster]` table. Unknown keys are errors.
 //!
 //! Sizes: `B`, `KB`/`MB`/`GB`/`TB` (powers of 1000), `KiB`/`MiB`/`GiB`/`TiB` (powers of
@@ -40,6 +44,10 @@ pub struct Cluster {
     pub peak_flops: f64,
     /// Memory bandwidth of one worker, bytes/s.
     pub mem_bw: f64,
+    /// Bytes/s all network links of one server carry together (`None`: not described,
+    /// each ring has `inter_bw`). Absent from plan files written before it existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_bw: Option<f64>,
 }
 
 /// Said wherever a plan was made on [`Cluster::default`] because no cluster was described.
@@ -59,6 +67,7 @@ impl Default for Cluster {
             workers_per_node: 8,
             peak_flops: 15.7e12,
             mem_bw: 900e9,
+            server_bw: None,
         }
     }
 }
@@ -234,6 +243,7 @@ impl Cluster {
                 "inter_bw" => c.inter_bw = text_or_number(parse_bandwidth)?,
                 "peak_flops" => c.peak_flops = text_or_number(parse_flops)?,
                 "mem_bw" => c.mem_bw = text_or_number(parse_bandwidth)?,
+                "server_bw" => c.server_bw = Some(text_or_number(parse_bandwidth)?),
                 _ => return Err(ClusterError::UnknownKey(key.clone())),
             }
         }
@@ -267,12 +277,16 @@ impl Cluster {
     }
 
     /// Bandwidth of the all-reduce among the `w` replicas of a stage: intra-server when all
-    /// `w * d` workers fit in one server.
+    /// `w * d` workers fit in one server; otherwise `inter_bw`, or, when the servers'
+    /// network is described (`server_bw`), its share for each of the `min(d,
+    /// workers_per_node)` rings of the stages a server holds, which all-reduce at about the
+    /// same time.
     pub fn allreduce_bw(&self, w: usize, d: usize) -> f64 {
         if w.saturating_mul(d) <= self.workers_per_node {
             self.intra_bw
         } else {
-            self.inter_bw
+            let rings = d.min(self.workers_per_node).max(1) as f64;
+            self.server_bw.map_or(self.inter_bw, |s| self.inter_bw.min(s / rings))
         }
     }
 }
@@ -310,6 +324,13 @@ mod tests {
         assert_eq!(c.inter_bw, 12.5e9);
         assert_eq!(c.peak_flops, 1e12);
         assert_eq!(c.mem_bw, 1e12);
+        assert_eq!(c.server_bw, None);
+        // Four rings leave each server of 4 at d = 4 and share its 100 Gbit/s.
+        assert_eq!(c.allreduce_bw(4, 4), 12.5e9);
+        let shared = Cluster::from_toml("workers = 16\nworkers_per_node = 4\ninter_bw = \"100Gbit/s\"\nserver_bw = \"100Gbit/s\"\n").unwrap();
+        assert_eq!(shared.allreduce_bw(4, 4), 12.5e9 / 4.0);
+        assert_eq!(shared.allreduce_bw(16, 1), 12.5e9);
+        assert_eq!(shared.allreduce_bw(2, 2), shared.intra_bw);
         let t = Cluster::from_toml("[cluster]\nworkers = 2\n").unwrap();
         assert_eq!(t.workers, 2);
         assert!(matches!(

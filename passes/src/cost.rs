@@ -734,7 +734,7 @@ impl CostModel {
                     if w.trainable {
                         let users = first_consumer.entry(v).or_default();
                         if users.is_empty() {
-                            nodes[i].param_bytes += w.data.bytes.len() as u64;
+                            nodes[i].param_bytes += w.data.byte_len() as u64;
                             nodes[i].params += w.data.numel() as u64;
                         }
                         if !users.contains(&n) {
@@ -764,7 +764,7 @@ impl CostModel {
                 bytes: g
                     .value(v)
                     .weight()
-                    .map(|w| w.data.bytes.len() as u64)
+                    .map(|w| w.data.byte_len() as u64)
                     .unwrap_or(0),
                 consumers,
             })

@@ -1,7 +1,8 @@
 //! Passes over the pipewright IR. Analyses are nouns (`CostModel`, `RecomputePlan`),
 //! transformations are verbs (`insert_stage_boundaries`); [`pipeline`] chains them into
 //! the typed passes of `pipewright compile`, which [`manager`] runs with verification,
-//! printing and timing after each.
+//! printing and timing after each. [`simulate`] replays a plan on a cluster
+//! ([`presets`]) event by event, with the runtime's own per-stage operation order.
 
 pub mod boundaries;
 pub mod cluster;
@@ -11,5 +12,7 @@ pub mod partition;
 pub mod pipeline;
 pub mod plan_file;
 pub mod planner;
+pub mod presets;
 pub mod recompute;
+pub mod simulate;
 pub mod versioning;

@@ -20,14 +20,18 @@
 //! `2 * live / bw` at each of its cuts. Its all-reduce `AR_s = 2 (w-1)/w * grad_bytes / bw`
 //! (intra-server bandwidth when the `w * d` workers fit in one server, else inter), plus
 //! for tied weights spanning `k` stages `2 (k-1)/k * bytes / pipeline_bw`. Per microbatch
-//! `t = max_s max(T_s, AR_s / m)`; per batch 2BW takes `m * t`, Flush and GPipe
-//! `(m + d - 1) * t` (the bubble). Throughput = `B / time per batch` (= `b * w / t` for 2BW).
+//! `t = max_s max(T_s, AR_s / m)`; per batch 2BW takes `m * t` (the all-reduce overlaps
+//! the next batch), Flush and GPipe `(m + d - 1) * max_s T_s + max_s AR_s` (the bubble, then
+//! the all-reduce after the flush). Throughput = `B / time per batch` (= `b * w / t` for
+//! 2BW). `pipewright simulate` replays the same configurations event by event.
 //!
 //! Workers are numbered `replica * d + stage`, so a pipeline stays in a server when `d`
 //! divides the server size ([`Cluster::pipeline_bw`]).
 //!
 //! The search evaluates configurations in decreasing order of an optimistic throughput
-//! (bottleneck >= total compute / d) and stops once no remaining one can enter the top
+//! (bottleneck >= (total compute + the cheapest cut's communication at each of the d - 1
+//! cuts, twice) / d, all-reduce >= that of a d-th of the parameters) and
+//! drops those whose memory exceeds the limit even split evenly; it stops once no remaining one can enter the top
 //! list; partitions are cached per `(d, b, recompute)` and only re-solved with the memory
 //! limit when the unconstrained optimum does not fit.
 
@@ -347,6 +351,7 @@ pub struct PlanContext<'a> {
     act: Vec<Lin>,
     shared: Vec<SharedInfo>,
     problems: HashMap<(u64, Recompute, u64), PartitionProblem>,
+    totals: HashMap<(u64, Recompute, u64), (f64, f64, f64)>,
 }
 
 impl<'a> PlanContext<'a> {
@@ -405,6 +410,7 @@ impl<'a> PlanContext<'a> {
             order,
             shared,
             problems: HashMap::new(),
+            totals: HashMap::new(),
         })
     }
 
@@ -456,6 +462,19 @@ impl<'a> PlanContext<'a> {
         })
     }
 
+    /// The whole model's parameter, activation and kept-activation bytes at microbatch `b`
+    /// (the sums of [`PlanContext::problem`]'s per-position numbers).
+    fn totals(&mut self, b: u64, recompute: Recompute, bandwidth: f64) -> (f64, f64, f64) {
+        let key = (b, recompute, bandwidth.to_bits());
+        if let Some(t) = self.totals.get(&key) {
+            return *t;
+        }
+        let prob = self.problem(b, recompute, bandwidth);
+        let t = (prob.param_bytes.iter().sum(), prob.act_bytes.iter().sum(), prob.kept_bytes.iter().sum());
+        self.totals.insert(key, t);
+        t
+    }
+
     /// Per-position weights for the greedy baselines.
     pub fn balance_weights(&self, balance: Balance, b: u64) -> Vec<f64> {
         match balance {
@@ -472,6 +491,64 @@ impl<'a> PlanContext<'a> {
                 .collect(),
             Balance::Nodes => vec![1.0; self.n],
         }
+    }
+
+    /// What [`crate::simulate`] replays per stage of `cand`'s cuts at its microbatch:
+    /// forward, backward and recomputed seconds (as [`PlanContext::problem`] counts them),
+    /// the optimizer's seconds (reading weights, gradient and state and writing weights and
+    /// state at the memory bandwidth), the bytes crossing the stage's last cut, the
+    /// gradient bytes its replicas all-reduce, the tied-weight sync, and memory as a
+    /// function of the microbatches in flight (linear in them, from the planner's model).
+    pub fn stage_costs(&mut self, cand: &Candidate, opts: &PlanOptions) -> Vec<crate::simulate::StageCost> {
+        let (d, b) = (cand.d, cand.b);
+        let pbw = self.cluster.pipeline_bw(d);
+        let (extra_bytes, _, sync) = self.shared_extra(&cand.cuts, pbw);
+        let state = opts.optimizer.state_tensors(opts.momentum);
+        let model = |k: f64| {
+            let base = memory_model(cand.schedule, cand.recompute, d, cand.m, state, opts.precision, f64::INFINITY);
+            let one = memory_model_of(cand.recompute, k, base.weight_factor, f64::INFINITY);
+            let ratio = opts.precision.compute_bytes() as f64 / 4.0;
+            MemoryModel { act_factor: one.act_factor * ratio, kept_factor: one.kept_factor * ratio, input_factor: one.input_factor * ratio, ..one }
+        };
+        let (m1, m2) = (model(1.0), model(2.0));
+        let prob = self.problem(b, cand.recompute, pbw);
+        let ranges = stage_ranges(&cand.cuts, prob.len());
+        let (_, mem1) = prob.evaluate(&cand.cuts, &m1);
+        let (_, mem2) = prob.evaluate(&cand.cuts, &m2);
+        let live: Vec<f64> = ranges.iter().map(|r| prob.live_bytes.get(r.end).copied().unwrap_or(0.0)).collect();
+        let params: Vec<f64> = ranges.iter().map(|r| prob.param_bytes[r.clone()].iter().sum::<f64>()).collect();
+        let (cost, order) = (self.cost, &self.order);
+        let kept = |x: NodeId| matches!(cost.class(x), OpClass::MatMul | OpClass::Conv);
+        let mut out = Vec::with_capacity(d);
+        for (s, r) in ranges.iter().enumerate() {
+            let (mut fwd, mut bwd, mut re) = (0.0, 0.0, 0.0);
+            for &x in &order.nodes[r.clone()] {
+                let (f, bw) = cost.time(x, b);
+                fwd += f;
+                bwd += bw;
+                re += match cand.recompute {
+                    Recompute::None => 0.0,
+                    Recompute::Full => (f + bw) / 3.0,
+                    Recompute::Selective if kept(x) => 0.0,
+                    Recompute::Selective => f,
+                };
+            }
+            let weights = params[s] + extra_bytes[s];
+            let extra = m1.weight_factor * extra_bytes[s];
+            out.push(crate::simulate::StageCost {
+                forward_s: fwd,
+                backward_s: bwd,
+                recompute_s: re,
+                optimizer_s: f64::from(3 + 2 * state) * weights / self.cluster.mem_bw,
+                send_s: 0.0,
+                send_bytes: if s + 1 < d { live[s] } else { 0.0 },
+                grad_bytes: weights,
+                tied_sync_s: sync[s],
+                memory_one: mem1[s] + extra,
+                memory_per_extra: mem2[s] - mem1[s],
+            });
+        }
+        out
     }
 
     /// Extra weight bytes per stage from tied weights read outside their owner's stage,
@@ -598,6 +675,7 @@ fn assess(
     let ar_bw = cluster.allreduce_bw(cfg.w, cfg.d);
     let mut peak = Vec::with_capacity(cfg.d);
     let mut worst = (0.0f64, 0usize);
+    let (mut max_time, mut max_ar) = (0.0f64, 0.0f64);
     for s in 0..cfg.d {
         let memory = mems[s] + mem.weight_factor * extra_bytes[s];
         if memory.is_nan() || memory > limit * (1.0 + 1e-12) {
@@ -610,14 +688,19 @@ fn assess(
         } else {
             0.0
         } + sync[s];
+        max_time = max_time.max(times[s]);
+        max_ar = max_ar.max(ar);
         let eff = times[s].max(ar / cfg.m as f64);
         if eff > worst.0 || s == 0 {
             worst = (eff, s);
         }
     }
+    // 2BW all-reduces a batch's gradients while the next batch computes (its one-step
+    // delay), so a stage's rate is the slower of the two. Flush and GPipe update after the
+    // flush, with this batch's gradients: the all-reduce follows the pipeline's drain.
     let per_batch = match cfg.schedule {
         Schedule::TwoBw => cfg.m as f64 * worst.0,
-        Schedule::Flush | Schedule::GPipe => (cfg.m + cfg.d as u64 - 1) as f64 * worst.0,
+        Schedule::Flush | Schedule::GPipe => (cfg.m + cfg.d as u64 - 1) as f64 * max_time + max_ar,
     };
     let samples = (cfg.b * cfg.m * cfg.w as u64) as f64;
     let samples_per_s = if per_batch > 0.0 {
@@ -797,6 +880,8 @@ pub fn plan(
     };
     let mut configs = Vec::new();
     let mut totals: HashMap<u64, f64> = HashMap::new();
+    let mut min_live: HashMap<u64, f64> = HashMap::new();
+    let param_total: f64 = ctx.param_bytes.iter().sum();
     for &d in &depths {
         if d > cluster.workers {
             return Err(PlanError::Options(format!(
@@ -830,10 +915,20 @@ pub fn plan(
                             }
                             // Selective adds at most a third; 1 keeps the bound optimistic.
                             let slowdown = if recompute == Recompute::Full { 4.0 / 3.0 } else { 1.0 };
-                            let t_lb = total * slowdown / d as f64;
+                            // The stages' times add up to the compute plus each interior
+                            // cut's communication twice (it ends one stage and starts the
+                            // next), and the slowest stage takes at least the mean.
+                            let cheapest_cut = *min_live.entry(b).or_insert_with(|| {
+                                ctx.order.live.get(1..n).unwrap_or(&[]).iter().map(|l| l.at(b).max(0.0)).fold(f64::INFINITY, f64::min)
+                            });
+                            let comm_lb = if d > 1 && cheapest_cut.is_finite() { 2.0 * (d as f64 - 1.0) * 2.0 * cheapest_cut / cluster.pipeline_bw(d) } else { 0.0 };
+                            let t_lb = (total * slowdown + comm_lb) / d as f64;
+                            // Some stage holds at least a d-th of the parameters, and its
+                            // all-reduce takes at least that share's time (as in `assess`).
+                            let ar_lb = if w > 1 { 2.0 * (w as f64 - 1.0) / w as f64 * (param_total / d as f64) / cluster.allreduce_bw(w, d) } else { 0.0 };
                             let per_batch = match schedule {
-                                Schedule::TwoBw => m as f64 * t_lb,
-                                _ => (m + d as u64 - 1) as f64 * t_lb,
+                                Schedule::TwoBw => (m as f64 * t_lb).max(ar_lb),
+                                _ => (m + d as u64 - 1) as f64 * t_lb + ar_lb,
                             };
                             let optimistic = if per_batch > 0.0 {
                                 (b * m * w as u64) as f64 / per_batch
@@ -861,6 +956,20 @@ pub fn plan(
             "no (w, d, b, m) satisfies w*d <= {} workers, b a power of two dividing {}/w, and m >= d for 2BW/Flush",
             cluster.workers, opts.global_batch
         )));
+    }
+    // Any split into d stages has a stage holding at least a d-th of the whole model's
+    // memory (the stage-input terms only add), so a configuration over the limit by that
+    // measure never fits: dropped before any partition is solved. At paper scale most
+    // configurations are (GPT 3.8B on 64 workers: the shallow ones), and each cost two
+    // exact partitions to find out.
+    let limit = cluster.memory_per_worker as f64;
+    configs.retain(|cfg| {
+        let mem = cfg.memory_model(opts, limit);
+        let (p, a, k) = ctx.totals(cfg.b, cfg.recompute, cluster.pipeline_bw(cfg.d));
+        (mem.weight_factor * p + mem.act_factor * a + mem.kept_factor * k) / cfg.d as f64 <= limit * (1.0 + 1e-9)
+    });
+    if configs.is_empty() {
+        return Err(PlanError::NoFeasible(format!("every configuration needs more than {} per worker", human_bytes(cluster.memory_per_worker))));
     }
     configs.sort_by(|a, b| b.optimistic.total_cmp(&a.optimistic));
     let top = opts.top.max(1);
@@ -893,6 +1002,8 @@ pub fn plan(
             caches.best(&mut ctx, cfg, opts)
         };
         if let Some(c) = candidate {
+            // The early stop is exact only if no configuration beats its optimistic rate.
+            debug_assert!(c.samples_per_s <= cfg.optimistic * (1.0 + 1e-9), "{cfg:?} reaches {} samples/s, above its bound", c.samples_per_s);
             let at = found.partition_point(|x| {
                 x.samples_per_s > c.samples_per_s
                     || (x.samples_per_s == c.samples_per_s

@@ -25,10 +25,12 @@ pub enum TraceKind {
     Send,
     Recv,
     Optimizer,
+    /// The gradient all-reduce among a stage's replicas (recorded by `pipewright simulate`).
+    AllReduce,
 }
 
 impl TraceKind {
-    pub const ALL: [TraceKind; 6] = [TraceKind::Forward, TraceKind::Backward, TraceKind::Recompute, TraceKind::Send, TraceKind::Recv, TraceKind::Optimizer];
+    pub const ALL: [TraceKind; 7] = [TraceKind::Forward, TraceKind::Backward, TraceKind::Recompute, TraceKind::Send, TraceKind::Recv, TraceKind::Optimizer, TraceKind::AllReduce];
 
     /// The event name in the Chrome trace.
     pub fn name(self) -> &'static str {
@@ -39,6 +41,7 @@ impl TraceKind {
             TraceKind::Send => "send",
             TraceKind::Recv => "recv",
             TraceKind::Optimizer => "optimizer",
+            TraceKind::AllReduce => "allreduce",
         }
     }
 
@@ -46,14 +49,14 @@ impl TraceKind {
     pub fn category(self) -> &'static str {
         match self {
             TraceKind::Forward | TraceKind::Backward | TraceKind::Recompute => "compute",
-            TraceKind::Send | TraceKind::Recv => "comm",
+            TraceKind::Send | TraceKind::Recv | TraceKind::AllReduce => "comm",
             TraceKind::Optimizer => "optim",
         }
     }
 
     /// Whether the stage computes (as opposed to waiting on a neighbour).
     pub fn is_busy(self) -> bool {
-        !matches!(self, TraceKind::Send | TraceKind::Recv)
+        !matches!(self, TraceKind::Send | TraceKind::Recv | TraceKind::AllReduce)
     }
 
     fn colour(self) -> &'static str {
@@ -64,6 +67,7 @@ impl TraceKind {
             TraceKind::Send => "#59a14f",
             TraceKind::Recv => "#9c755f",
             TraceKind::Optimizer => "#b07aa1",
+            TraceKind::AllReduce => "#76b7b2",
         }
     }
 }

@@ -26,12 +26,22 @@ impl GptShape {
     pub const GPT2_SMALL: GptShape = GptShape { layers: 12, hidden: 768, heads: 12, seq: 1024, vocab: 50257, tied: true };
     /// GPT-2 medium: 24 layers of 1024, 16 heads.
     pub const GPT2_MEDIUM: GptShape = GptShape { layers: 24, hidden: 1024, heads: 16, seq: 1024, vocab: 50257, tied: true };
+    /// The PipeDream-2BW paper's GPT models (Narayanan et al., ICML 2021, section 5):
+    /// 1.3B is 24 layers of 2048 with 16 heads, 2.2B 32 of 2304 with 32 heads, 3.8B 32
+    /// of 3072 with 32 heads, all at sequence length 512 (GPT-2's vocabulary, tied).
+    pub const GPT_1_3B: GptShape = GptShape { layers: 24, hidden: 2048, heads: 16, seq: 512, vocab: 50257, tied: true };
+    pub const GPT_2_2B: GptShape = GptShape { layers: 32, hidden: 2304, heads: 32, seq: 512, vocab: 50257, tied: true };
+    pub const GPT_3_8B: GptShape = GptShape { layers: 32, hidden: 3072, heads: 32, seq: 512, vocab: 50257, tied: true };
     /// A model small enough for tests: 2 layers of 32, 4 heads, 16 tokens, 100 words.
     pub const TINY: GptShape = GptShape { layers: 2, hidden: 32, heads: 4, seq: 16, vocab: 100, tied: true };
 
-    /// A preset by name: `gpt2-small`, `gpt2-medium` or `tiny`.
+    /// A preset by name: `gpt2-small`, `gpt2-medium`, `gpt-1.3b`, `gpt-2.2b`, `gpt-3.8b`
+    /// or `tiny`.
     pub fn preset(name: &str) -> Option<GptShape> {
         match name {
+            "gpt-1.3b" => Some(GptShape::GPT_1_3B),
+            "gpt-2.2b" => Some(GptShape::GPT_2_2B),
+            "gpt-3.8b" => Some(GptShape::GPT_3_8B),
             "gpt2-small" => Some(GptShape::GPT2_SMALL),
             "gpt2-medium" => Some(GptShape::GPT2_MEDIUM),
             "tiny" => Some(GptShape::TINY),
@@ -180,6 +190,11 @@ mod tests {
         assert_eq!(gpt(&GptShape::GPT2_MEDIUM).unwrap().parameters(), 354_823_168);
         let untied = GptShape { tied: false, ..GptShape::GPT2_SMALL };
         assert_eq!(gpt(&untied).unwrap().parameters(), 124_439_808 + 768 * 50257);
+        // The paper's models: 12 L h^2 in the blocks plus the embeddings.
+        let billions = |s: &GptShape| gpt(s).unwrap().parameters() as f64 / 1e9;
+        assert!((billions(&GptShape::GPT_1_3B) - 1.3).abs() < 0.05);
+        assert!((billions(&GptShape::GPT_2_2B) - 2.2).abs() < 0.05);
+        assert!((billions(&GptShape::GPT_3_8B) - 3.8).abs() < 0.05);
     }
 
     #[test]

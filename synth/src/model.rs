@@ -31,6 +31,11 @@ pub enum Storage {
     Inline,
     /// Streamed into `MODEL.onnx.data` beside the model, which stays small.
     External,
+    /// Declared as external data in `MODEL.onnx.data`, which is not written: a model with
+    /// shapes only, for `plan` and `simulate` (which never read weight values) at sizes
+    /// whose weights would not fit on the disk. Anything that needs the values (compile,
+    /// train) fails naming the missing file.
+    ShapesOnly,
 }
 
 impl FromStr for Storage {
@@ -40,7 +45,8 @@ impl FromStr for Storage {
         match s {
             "inline" => Ok(Storage::Inline),
             "external" => Ok(Storage::External),
-            other => Err(format!("unknown weight storage {other:?}: expected inline or external")),
+            "none" => Ok(Storage::ShapesOnly),
+            other => Err(format!("unknown weight storage {other:?}: expected inline, external or none")),
         }
     }
 }
@@ -50,6 +56,7 @@ impl fmt::Display for Storage {
         f.write_str(match self {
             Storage::Inline => "inline",
             Storage::External => "external",
+            Storage::ShapesOnly => "none",
         })
     }
 }
@@ -237,6 +244,7 @@ impl Model {
                 self.write_data(&data, seed)?;
                 (self.external_initializers(&data), Some(data))
             }
+            Storage::ShapesOnly => (self.external_initializers(&data_path(path)), None),
         };
         let written = self
             .proto(initializers)

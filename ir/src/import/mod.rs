@@ -39,6 +39,11 @@ pub struct ImportOptions {
     /// ops computed at import: NonZero, Unique, NonMaxSuppression); anywhere else they
     /// stay inputs, as data. Named for the small float tensors that are most of them.
     pub float_parameters: HashMap<String, crate::TensorData>,
+    /// Leave the values of large external-data weights in their file (never opened): the
+    /// weights keep their type and extents ([`crate::TensorData::shape_only`]). For
+    /// `plan` and `simulate`, which need shapes only, so a 3.8-billion-parameter model
+    /// plans without its 15 GB of weights, or without the file at all.
+    pub shapes_only: bool,
     /// Give each node reading an exporter-merged initializer its own copy
     /// ([`merged::untie_merged`]) instead of training one tied weight.
     pub untie_merged: bool,
@@ -225,7 +230,10 @@ impl<'a> Importer<'a> {
         }
         for t in std::mem::take(&mut g.initializer) {
             let name = t.name.clone();
-            let data = tensor::tensor_from_proto(t, self.dir)?;
+            let data = match self.opts.shapes_only.then(|| tensor::external_shape_only(&t)).flatten() {
+                Some(shape_only) => shape_only?,
+                None => tensor::tensor_from_proto(t, self.dir)?,
+            };
             let trainable = data.dtype.is_float() && !data.dims.is_empty() && !self.is_batch_baked(&name, &data);
             self.define(name, TensorType::new(data.dtype, Shape::fixed(&data.dims)), ValueDef::Weight(Weight { data, trainable }));
         }

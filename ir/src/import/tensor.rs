@@ -45,6 +45,26 @@ pub fn tensor_from_proto(mut t: TensorProto, model_dir: &Path) -> Result<TensorD
         .ok_or_else(|| bad(format!("holds {got} bytes of data, but its shape and type need {expected}")))
 }
 
+/// Under [`super::ImportOptions::shapes_only`]: an external-data tensor of floats (weights,
+/// whose values no shape depends on), or of more elements than import evaluates
+/// ([`crate::known::KNOWN_LIMIT`]), becomes a [`TensorData::shape_only`] without its file
+/// being opened; its `external_data` entries must still name a location. Small integer
+/// tensors (shape arithmetic) are still read. `None`: the tensor is read as usual.
+pub(crate) fn external_shape_only(t: &TensorProto) -> Option<Result<TensorData, ImportError>> {
+    if t.data_location.enum_value() != Ok(DataLocation::EXTERNAL) || t.dims.iter().any(|&d| d < 0) {
+        return None;
+    }
+    let numel = t.dims.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d as usize))?;
+    let dtype = DType::from_onnx(t.data_type)?;
+    if numel <= crate::known::KNOWN_LIMIT && !dtype.is_float() {
+        return None;
+    }
+    if !t.external_data.iter().any(|kv| kv.key == "location" && !kv.value.is_empty()) {
+        return Some(Err(ImportError::BadTensor { name: t.name.clone(), reason: "external data without a location".into() }));
+    }
+    Some(Ok(TensorData::shape_only(dtype, t.dims.clone())))
+}
+
 /// Encodes the typed repeated field that carries this dtype's data.
 fn typed_field_bytes(t: &TensorProto, dtype: DType) -> Bytes {
     let mut out = Vec::new();

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# The PipeDream-2BW paper's setting (docs/paper-comparison.md): GPT 1.3B, 2.2B and 3.8B at
+# sequence length 512, generated with shapes only (no weights written), on 8 servers of
+# 8 V100-16GB (NVLink inside, 25 Gbit/s between), fp16 tensor cores with fp32 master
+# weights, Adam, global batch 512, 1024 and 2048. For each model and batch the planner
+# chooses (w, d, b, recompute) per scheme and `pipewright simulate` replays it; the table
+# is printed as Markdown.
+#
+# Usage: bench/paper_comparison.sh [PIPEWRIGHT]   Env: EFFICIENCY (1.0), BATCHES (6),
+#        WORK (a scratch folder; default a temporary one, removed at the end).
+set -euo pipefail
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+pw="${1:-$repo/target/release/pipewright}"
+EFFICIENCY="${EFFICIENCY:-1.0}"
+BATCHES="${BATCHES:-6}"
+work="${WORK:-$(mktemp -d)}"
+[ -n "${WORK:-}" ] || trap 'rm -rf "$work"' EXIT
+for m in 1.3b 2.2b 3.8b; do
+    "$pw" synth gpt --preset "gpt-$m" --weights none -o "$work/gpt-$m.onnx" >/dev/null
+done
+for m in 1.3b 2.2b 3.8b; do
+    for batch in 512 1024 2048; do
+        start=$(date +%s.%N)
+        "$pw" simulate "$work/gpt-$m.onnx" --cluster V100-16GB --servers 8 --network 25gbit --precision fp16 \
+            --efficiency "$EFFICIENCY" --batch "$batch" --batches "$BATCHES" --json > "$work/$m-$batch.json"
+        end=$(date +%s.%N)
+        echo "gpt-$m batch $batch: $(echo "$end - $start" | bc) s" >&2
+    done
+done
+python3 - "$work" <<'PY'
+import json, sys
+work = sys.argv[1]
+schemes = ["2bw", "flush", "gpipe", "model-parallel", "data-parallel"]
+print("| model | batch | " + " | ".join(schemes) + " | 2BW / Flush | 2BW / GPipe | 2BW / model-parallel |")
+print("|---|---|" + "---|" * (len(schemes) + 3))
+for m in ["1.3b", "2.2b", "3.8b"]:
+    for batch in [512, 1024, 2048]:
+        r = json.load(open(f"{work}/{m}-{batch}.json"))
+        by = {o["scheme"]: o for o in r["outcomes"]}
+        cells, rate = [], {}
+        for s in schemes:
+            o = by.get(s)
+            if not o or not o.get("simulation"):
+                cells.append("does not fit" if o and "fits" in (o.get("why_not") or "") else "-")
+                continue
+            c, x = o["config"], o["simulation"]
+            rate[s] = x["samples_per_s"]
+            cells.append(f"{x['samples_per_s']:.1f} (w={c['w']} d={c['d']} b={c['b']} {c['recompute']}; planner {o['planned_samples_per_s'] or 0:.1f})" if o["planned_samples_per_s"] else f"{x['samples_per_s']:.1f} (w={c['w']} d={c['d']} b={c['b']})")
+        ratio = lambda a, b: f"{rate[a] / rate[b]:.2f}x" if a in rate and b in rate else "-"
+        print(f"| GPT {m.upper()} | {batch} | " + " | ".join(cells) + f" | {ratio('2bw', 'flush')} | {ratio('2bw', 'gpipe')} | {ratio('2bw', 'model-parallel')} |")
+PY

@@ -1,0 +1,332 @@
+//! `pipewright simulate`: plans a model (or takes a plan) for a cluster and replays each
+//! scheme event by event ([`pipewright_passes::simulate`]), with the runtime's per-stage
+//! operation order. Needs no libtorch, and never reads the weights' values: the model is
+//! imported with [`ImportOptions::shapes_only`].
+
+use std::path::{Path, PathBuf};
+
+use pipewright_core::fs::write_atomic;
+use pipewright_core::{Optimizer, Precision, Schedule, Scheme};
+use pipewright_ir::{import_model, Graph, ImportOptions};
+use pipewright_passes::cost::{CostModel, Profile};
+use pipewright_passes::plan_file::PlanFile;
+use pipewright_passes::planner::{plan, Candidate, PlanContext, PlanError, PlanOptions};
+use pipewright_passes::presets::SimCluster;
+use pipewright_passes::simulate::{simulate as replay, SimSetup, Simulation};
+use pipewright_runtime::timeline::{chrome_trace_json, read_chrome_trace, timeline_svg, TraceKind};
+use serde::Serialize;
+
+use crate::DriverError;
+
+/// What `pipewright simulate` is asked to do.
+#[derive(Clone, Debug)]
+pub struct SimulateRequest {
+    /// An ONNX model, or a plan file from `pipewright plan --json`.
+    pub input: PathBuf,
+    /// The cluster; with a plan file, `None` keeps the plan's.
+    pub cluster: Option<SimCluster>,
+    /// Samples per optimizer step over all replicas (a plan file has its own).
+    pub global_batch: Option<u64>,
+    pub schemes: Vec<Scheme>,
+    pub profile: Option<Profile>,
+    pub optimizer: Optimizer,
+    pub momentum: bool,
+    pub precision: Precision,
+    /// Batches to replay.
+    pub batches: usize,
+    /// Keep every interval, for [`write_trace`].
+    pub record: bool,
+    /// A real run's trace (`train --trace`) whose per-stage median forward, recompute,
+    /// backward, optimizer and send times replace the cost model's (for a plan of that run).
+    pub stage_times: Option<PathBuf>,
+}
+
+/// One scheme's configuration and replay, or why it has none.
+#[derive(Clone, Debug, Serialize)]
+pub struct SchemeOutcome {
+    pub scheme: Scheme,
+    /// The configuration replayed: the planner's choice for this scheme.
+    pub config: Option<Candidate>,
+    /// The planner's closed-form prediction for that configuration, samples/s.
+    pub planned_samples_per_s: Option<f64>,
+    pub simulation: Option<Simulation>,
+    /// Why there is no simulation (nothing fits, ...).
+    pub why_not: Option<String>,
+}
+
+/// Everything `simulate` found.
+#[derive(Clone, Debug, Serialize)]
+pub struct SimulateReport {
+    pub input: String,
+    pub cluster: SimCluster,
+    pub global_batch: u64,
+    pub outcomes: Vec<SchemeOutcome>,
+}
+
+fn shapes(path: &Path) -> Result<Graph, DriverError> {
+    Ok(import_model(path, &ImportOptions { shapes_only: true, ..ImportOptions::default() })?)
+}
+
+fn looks_like_plan(path: &Path) -> bool {
+    path.extension().is_some_and(|e| e == "json")
+}
+
+/// Plans and replays every requested scheme (see the module docs).
+pub fn simulate(req: &SimulateRequest) -> Result<SimulateReport, DriverError> {
+    if req.batches == 0 {
+        return Err(DriverError::msg("--batches must be at least 1"));
+    }
+    if req.schemes.is_empty() {
+        return Err(DriverError::msg("no scheme to simulate"));
+    }
+    if looks_like_plan(&req.input) {
+        return simulate_plan(req);
+    }
+    let cluster = req.cluster.clone().ok_or_else(|| DriverError::msg("simulating a model needs a cluster (--cluster FILE|PRESET)"))?;
+    let global_batch = req.global_batch.ok_or_else(|| DriverError::msg("simulating a model needs the global batch (--batch B)"))?;
+    let g = shapes(&req.input)?;
+    let cost = cost_model(&g, &cluster, req.profile.as_ref(), &req.input)?;
+    let base = PlanOptions { global_batch, optimizer: req.optimizer, momentum: req.momentum, precision: req.precision, top: 1, ..PlanOptions::default() };
+    let search = |schedule: Schedule, stages: Option<usize>| -> Result<Result<Candidate, String>, DriverError> {
+        let opts = PlanOptions { schedules: vec![schedule], stages, ..base.clone() };
+        match plan(&g, &cost, &cluster.cluster, &opts) {
+            Ok(p) => Ok(Ok(p.chosen)),
+            Err(e @ (PlanError::NoFeasible(_) | PlanError::Options(_))) => Ok(Err(e.to_string())),
+            Err(e) => Err(DriverError::msg(format!("{}: {e}", req.input.display()))),
+        }
+    };
+    let mut flush: Option<Result<Candidate, String>> = None;
+    let mut outcomes = Vec::new();
+    for &scheme in &req.schemes {
+        let config = match scheme {
+            Scheme::DataParallel => search(Schedule::Flush, Some(1))?.map_err(|e| format!("the whole model on every worker: {e}")),
+            Scheme::ModelParallel => {
+                if flush.is_none() {
+                    flush = Some(search(Schedule::Flush, None)?);
+                }
+                // The configuration PipeDream-Flush chose (it fits with d microbatches in
+                // flight, so with one), run one microbatch at a time.
+                flush.clone().unwrap_or_else(|| Err("no plan".into())).map_err(|e| format!("no PipeDream-Flush configuration to run without pipelining: {e}"))
+            }
+            s => {
+                let schedule = s.schedule().unwrap_or(Schedule::Flush);
+                let found = search(schedule, None)?;
+                if schedule == Schedule::Flush {
+                    flush = Some(found.clone());
+                }
+                found
+            }
+        };
+        outcomes.push(outcome(&g, &cost, &cluster, &base, scheme, config, req)?);
+    }
+    Ok(SimulateReport { input: req.input.display().to_string(), cluster, global_batch, outcomes })
+}
+
+fn cost_model(g: &Graph, cluster: &SimCluster, profile: Option<&Profile>, input: &Path) -> Result<CostModel, DriverError> {
+    let mut cost = CostModel::new(g, cluster.cluster.roofline()).map_err(|e| DriverError::msg(format!("{}: {e}", input.display())))?;
+    if let Some(p) = profile {
+        cost.apply_profile(g, p).map_err(|e| DriverError::msg(format!("{}: {e}", input.display())))?;
+    }
+    Ok(cost)
+}
+
+fn outcome(
+    g: &Graph,
+    cost: &CostModel,
+    cluster: &SimCluster,
+    opts: &PlanOptions,
+    scheme: Scheme,
+    config: Result<Candidate, String>,
+    req: &SimulateRequest,
+) -> Result<SchemeOutcome, DriverError> {
+    let cand = match config {
+        Ok(c) => c,
+        Err(why) => return Ok(SchemeOutcome { scheme, config: None, planned_samples_per_s: None, simulation: None, why_not: Some(why) }),
+    };
+    let mut ctx = PlanContext::new(g, cost, &cluster.cluster).map_err(|e| DriverError::msg(format!("{}: {e}", req.input.display())))?;
+    let sim = replay_candidate(&mut ctx, cluster, opts, scheme, &cand, req)?;
+    let planned = (scheme != Scheme::ModelParallel).then_some(cand.samples_per_s);
+    Ok(SchemeOutcome { scheme, config: Some(cand), planned_samples_per_s: planned, simulation: Some(sim), why_not: None })
+}
+
+fn replay_candidate(ctx: &mut PlanContext, cluster: &SimCluster, opts: &PlanOptions, scheme: Scheme, cand: &Candidate, req: &SimulateRequest) -> Result<Simulation, DriverError> {
+    // The memory and optimizer terms follow the scheme actually run.
+    let run_as = Candidate { schedule: scheme.schedule().unwrap_or(Schedule::Flush), ..cand.clone() };
+    let mut stages = ctx.stage_costs(&run_as, opts);
+    if let Some(path) = &req.stage_times {
+        measured_stage_times(path, &mut stages)?;
+    }
+    let setup = SimSetup {
+        scheme,
+        w: cand.w,
+        b: cand.b,
+        m: cand.m,
+        batches: req.batches,
+        stages,
+        links: cluster.pipeline_links(cand.w, cand.d),
+        allreduce: cluster.allreduce_link(cand.w, cand.d),
+        record: req.record,
+    };
+    replay(&setup).map_err(|e| DriverError::msg(format!("{}: {scheme}: {e}", req.input.display())))
+}
+
+/// A plan file: its configuration, under its own schedule or the pipeline schedules asked
+/// for, on its cluster or the one given.
+fn simulate_plan(req: &SimulateRequest) -> Result<SimulateReport, DriverError> {
+    let file = PlanFile::read(&req.input)?;
+    let model = PathBuf::from(&file.model.path);
+    let g = shapes(&model)?;
+    let plan = file.into_plan_for(&g, &req.input)?;
+    let cluster = req.cluster.clone().unwrap_or_else(|| SimCluster::from_cluster(&format!("the plan's cluster: {}", plan.cluster.summary()), plan.cluster.clone()));
+    if cluster.cluster.workers < plan.chosen.w * plan.chosen.d {
+        return Err(DriverError::msg(format!("{}: the plan needs {} workers (w = {}, d = {}); the cluster has {}", req.input.display(), plan.chosen.w * plan.chosen.d, plan.chosen.w, plan.chosen.d, cluster.cluster.workers)));
+    }
+    let cost = cost_model(&g, &cluster, req.profile.as_ref(), &model)?;
+    let mut ctx = PlanContext::new(&g, &cost, &cluster.cluster).map_err(|e| DriverError::msg(format!("{}: {e}", model.display())))?;
+    if ctx.order().kind != plan.order {
+        return Err(DriverError::msg(format!(
+            "{}: the plan cuts the {} order of the nodes, but with this cost model the {} order is chosen; plan again with the same profile",
+            req.input.display(),
+            plan.order,
+            ctx.order().kind
+        )));
+    }
+    // The plan's own options (batch, optimizer, precision) are what it was cut for.
+    let opts = plan.options.clone();
+    if let Some(b) = req.global_batch.filter(|&b| b != opts.global_batch) {
+        return Err(DriverError::msg(format!("{}: the plan is for a global batch of {}, not {b}; plan again for another batch", req.input.display(), opts.global_batch)));
+    }
+    let mut outcomes = Vec::new();
+    for &scheme in &req.schemes {
+        let cand = &plan.chosen;
+        let why_not = match scheme {
+            Scheme::DataParallel => Some("a plan fixes the depth; simulate the model for data parallelism".to_string()),
+            Scheme::TwoBw | Scheme::Flush if cand.m < cand.d as u64 => Some(format!("{scheme} needs m >= d (the plan has m = {}, d = {})", cand.m, cand.d)),
+            _ => None,
+        };
+        if let Some(why) = why_not {
+            outcomes.push(SchemeOutcome { scheme, config: None, planned_samples_per_s: None, simulation: None, why_not: Some(why) });
+            continue;
+        }
+        let sim = replay_candidate(&mut ctx, &cluster, &opts, scheme, cand, req)?;
+        let planned = (Some(cand.schedule) == scheme.schedule()).then_some(cand.samples_per_s);
+        outcomes.push(SchemeOutcome { scheme, config: Some(cand.clone()), planned_samples_per_s: planned, simulation: Some(sim), why_not: None });
+    }
+    Ok(SimulateReport { input: req.input.display().to_string(), cluster, global_batch: opts.global_batch, outcomes })
+}
+
+/// Replaces each stage's compute times by the medians of a real run's trace at `path`.
+fn measured_stage_times(path: &Path, stages: &mut [pipewright_passes::simulate::StageCost]) -> Result<(), DriverError> {
+    let text = std::fs::read_to_string(path).map_err(|source| DriverError::Read { path: path.to_path_buf(), source })?;
+    let events = read_chrome_trace(&text).map_err(|e| DriverError::msg(format!("{}: {e}", path.display())))?;
+    let traced = events.iter().map(|e| e.stage + 1).max().unwrap_or(0);
+    if traced != stages.len() {
+        return Err(DriverError::msg(format!("{}: the trace has {traced} stages, the replayed configuration {}", path.display(), stages.len())));
+    }
+    let median = |stage: usize, kind: TraceKind| -> Option<f64> {
+        let mut d: Vec<f64> = events.iter().filter(|e| e.stage == stage && e.kind == kind).map(|e| e.dur_us / 1e6).collect();
+        d.sort_by(f64::total_cmp);
+        (!d.is_empty()).then(|| d[d.len() / 2])
+    };
+    for (s, c) in stages.iter_mut().enumerate() {
+        let (Some(f), Some(b)) = (median(s, TraceKind::Forward), median(s, TraceKind::Backward)) else {
+            return Err(DriverError::msg(format!("{}: stage {s} has no forward or no backward in the trace", path.display())));
+        };
+        c.forward_s = f;
+        c.backward_s = b;
+        c.recompute_s = median(s, TraceKind::Recompute).unwrap_or(0.0);
+        c.optimizer_s = median(s, TraceKind::Optimizer).unwrap_or(0.0);
+        c.send_s = median(s, TraceKind::Send).unwrap_or(0.0);
+    }
+    Ok(())
+}
+
+/// Writes a replay's Chrome trace (the format of `train --trace`) and, when asked, its SVG
+/// timeline (as `pipewright trace-svg` draws it), each atomically.
+pub fn write_trace(sim: &Simulation, trace: Option<&Path>, svg: Option<&Path>, width: u32) -> Result<(), DriverError> {
+    if let Some(p) = trace {
+        write_atomic(p, chrome_trace_json(&sim.events).as_bytes())?;
+    }
+    if let Some(p) = svg {
+        write_atomic(p, timeline_svg(&sim.events, width).as_bytes())?;
+    }
+    Ok(())
+}
+
+/// `t.json` for one scheme, `t.2bw.json` for each of several.
+pub fn per_scheme_path(path: &Path, scheme: Scheme, several: bool) -> PathBuf {
+    if !several {
+        return path.to_path_buf();
+    }
+    let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    let name = match path.extension() {
+        Some(ext) => format!("{stem}.{scheme}.{}", ext.to_string_lossy()),
+        None => format!("{stem}.{scheme}"),
+    };
+    path.with_file_name(name)
+}
+
+impl SimulateReport {
+    /// The table for people: one row per scheme, then each stage of each replay.
+    pub fn text(&self) -> String {
+        use std::fmt::Write as _;
+        let mut s = String::new();
+        let _ = writeln!(s, "simulated on: {}, global batch {}", self.cluster.name, self.global_batch);
+        let _ = writeln!(
+            s,
+            "{:<15} {:>4} {:>4} {:>5} {:>5} {:>9} {:>12} {:>12} {:>7} {:>11}",
+            "scheme", "w", "d", "b", "m", "recompute", "samples/s", "planner", "bubble", "peak memory"
+        );
+        let best = self.outcomes.iter().filter_map(|o| o.simulation.as_ref()).map(|x| x.samples_per_s).fold(0.0, f64::max);
+        for o in &self.outcomes {
+            match (&o.config, &o.simulation) {
+                (Some(c), Some(x)) => {
+                    let peak = x.stages.iter().map(|st| st.peak_memory).fold(0.0, f64::max);
+                    let planned = o.planned_samples_per_s.map_or("-".to_string(), |p| format!("{p:.1}"));
+                    let _ = writeln!(
+                        s,
+                        "{:<15} {:>4} {:>4} {:>5} {:>5} {:>9} {:>12.1} {:>12} {:>6.1}% {:>11}",
+                        o.scheme.name(),
+                        c.w,
+                        c.d,
+                        c.b,
+                        c.m,
+                        c.recompute.name(),
+                        x.samples_per_s,
+                        planned,
+                        x.bubble_fraction * 100.0,
+                        pipewright_core::units::human_bytes(peak.max(0.0) as u64)
+                    );
+                }
+                _ => {
+                    let _ = writeln!(s, "{:<15} {}", o.scheme.name(), o.why_not.as_deref().unwrap_or("not simulated"));
+                }
+            }
+        }
+        let _ = writeln!(s, "samples/s: simulated steady state over all replicas; planner: the planner's closed-form prediction for the same configuration; bubble: mean over stages of 1 - busy / span");
+        if best > 0.0 {
+            let ratios: Vec<String> = self
+                .outcomes
+                .iter()
+                .filter_map(|o| o.simulation.as_ref().map(|x| format!("{} {:.2}x", o.scheme, best / x.samples_per_s)))
+                .collect();
+            let _ = writeln!(s, "slowdown against the fastest: {}", ratios.join(", "));
+        }
+        for o in &self.outcomes {
+            let Some(x) = &o.simulation else { continue };
+            let _ = writeln!(s, "\n{}: {:.3} ms per batch, {} batches in {:.3} ms", o.scheme, x.batch_s * 1e3, x.batches, x.makespan_s * 1e3);
+            for (k, st) in x.stages.iter().enumerate() {
+                let _ = writeln!(
+                    s,
+                    "  stage {k}: busy {:.3} ms, bubble {:.1}%, up to {} microbatches held, peak memory {}, all-reduce {:.3} ms per step",
+                    st.busy_s * 1e3,
+                    st.bubble_fraction * 100.0,
+                    st.peak_in_flight,
+                    pipewright_core::units::human_bytes(st.peak_memory.max(0.0) as u64),
+                    st.allreduce_s * 1e3
+                );
+            }
+        }
+        s
+    }
+}

@@ -1,0 +1,280 @@
+//! Hardware for `pipewright simulate`: device and network presets (datasheet figures; the
+//! sources are listed in docs/simulator.md) and [`SimCluster`], a [`Cluster`] with the
+//! link latencies and an achieved-efficiency factor the simulator also needs.
+//!
+//! # TOML (`simulate --cluster FILE`)
+//! The keys of [`Cluster::from_toml`], plus (all optional):
+//! ```toml
+//! intra_latency = "5us"      # per message inside a server
+//! inter_latency = "20us"     # per message between servers
+//! efficiency = 0.5           # share of peak flop/s and memory bandwidth achieved
+//! ```
+
+use pipewright_core::Precision;
+use serde::Serialize;
+
+use crate::cluster::{Cluster, ClusterError};
+use crate::simulate::Link;
+
+/// One accelerator's datasheet figures.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct DevicePreset {
+    pub name: &'static str,
+    pub memory: u64,
+    /// Dense fp32 flop/s (no tensor cores).
+    pub fp32_flops: f64,
+    /// Dense fp16 tensor-core flop/s (bf16 the same where supported).
+    pub half_flops: f64,
+    pub bf16: bool,
+    /// Memory bandwidth, bytes/s.
+    pub mem_bw: f64,
+    /// NVLink bandwidth per direction per GPU, bytes/s.
+    pub nvlink_bw: f64,
+    /// The network preset its usual servers have.
+    pub network: &'static str,
+}
+
+const GIB: u64 = 1 << 30;
+
+/// The device presets (sources: docs/simulator.md).
+pub const DEVICES: [DevicePreset; 5] = [
+    DevicePreset { name: "V100-16GB", memory: 16 * GIB, fp32_flops: 15.7e12, half_flops: 125e12, bf16: false, mem_bw: 900e9, nvlink_bw: 150e9, network: "25gbit" },
+    DevicePreset { name: "A100-40GB", memory: 40 * GIB, fp32_flops: 19.5e12, half_flops: 312e12, bf16: true, mem_bw: 1555e9, nvlink_bw: 300e9, network: "8x200gbit" },
+    DevicePreset { name: "A100-80GB", memory: 80 * GIB, fp32_flops: 19.5e12, half_flops: 312e12, bf16: true, mem_bw: 2039e9, nvlink_bw: 300e9, network: "8x200gbit" },
+    DevicePreset { name: "H100", memory: 80 * GIB, fp32_flops: 67e12, half_flops: 989e12, bf16: true, mem_bw: 3350e9, nvlink_bw: 450e9, network: "8x400gbit" },
+    DevicePreset { name: "H200", memory: 141_000_000_000, fp32_flops: 67e12, half_flops: 989e12, bf16: true, mem_bw: 4800e9, nvlink_bw: 450e9, network: "8x400gbit" },
+];
+
+/// A server's network to the other servers.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct NetworkPreset {
+    pub name: &'static str,
+    /// Network links per server.
+    pub links: u32,
+    /// Bytes/s of one link.
+    pub link_bw: f64,
+    /// Seconds per message (an assumption, see docs/simulator.md).
+    pub latency_s: f64,
+}
+
+/// The network presets (sources: docs/simulator.md).
+pub const NETWORKS: [NetworkPreset; 4] = [
+    NetworkPreset { name: "25gbit", links: 1, link_bw: 25e9 / 8.0, latency_s: 20e-6 },
+    NetworkPreset { name: "100gbit", links: 1, link_bw: 100e9 / 8.0, latency_s: 20e-6 },
+    NetworkPreset { name: "8x200gbit", links: 8, link_bw: 200e9 / 8.0, latency_s: 5e-6 },
+    NetworkPreset { name: "8x400gbit", links: 8, link_bw: 400e9 / 8.0, latency_s: 5e-6 },
+];
+
+/// Per message inside a server (NVLink), an assumption like the network latencies.
+pub const NVLINK_LATENCY_S: f64 = 5e-6;
+
+/// A preset or key could not be used.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum PresetError {
+    #[error("unknown device preset {0:?}: expected one of V100-16GB, A100-40GB, A100-80GB, H100, H200 (or a cluster TOML file)")]
+    UnknownDevice(String),
+    #[error("unknown network preset {0:?}: expected one of 25gbit, 100gbit, 8x200gbit, 8x400gbit")]
+    UnknownNetwork(String),
+    #[error("{device} has no bf16 tensor cores; simulate it with --precision fp16 or fp32")]
+    NoBf16 { device: &'static str },
+    #[error("{key}: {why}")]
+    Bad { key: &'static str, why: String },
+    #[error(transparent)]
+    Cluster(#[from] ClusterError),
+}
+
+/// A device preset by name (case-insensitive).
+pub fn device(name: &str) -> Result<DevicePreset, PresetError> {
+    DEVICES.iter().copied().find(|d| d.name.eq_ignore_ascii_case(name)).ok_or_else(|| PresetError::UnknownDevice(name.to_string()))
+}
+
+/// A network preset by name (case-insensitive).
+pub fn network(name: &str) -> Result<NetworkPreset, PresetError> {
+    NETWORKS.iter().copied().find(|n| n.name.eq_ignore_ascii_case(name)).ok_or_else(|| PresetError::UnknownNetwork(name.to_string()))
+}
+
+/// What the simulator replays on: the planner's cluster and the latencies and efficiency it
+/// does not model.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SimCluster {
+    /// The name it was made from (a preset, or the file).
+    pub name: String,
+    /// As the planner sees it, efficiency applied.
+    pub cluster: Cluster,
+    pub intra_latency_s: f64,
+    pub inter_latency_s: f64,
+    /// Share of the peak flop/s and memory bandwidth achieved (applied in `cluster`).
+    pub efficiency: f64,
+}
+
+fn check_efficiency(e: f64) -> Result<f64, PresetError> {
+    if e.is_finite() && e > 0.0 && e <= 1.0 {
+        Ok(e)
+    } else {
+        Err(PresetError::Bad { key: "efficiency", why: format!("{e} is not in (0, 1]") })
+    }
+}
+
+impl SimCluster {
+    /// `servers` servers of `per_server` `device`s joined by `net`, computing in
+    /// `precision` (fp32 peak, or the tensor cores for bf16/fp16) at `efficiency` of peak.
+    pub fn from_preset(device: DevicePreset, net: NetworkPreset, servers: usize, per_server: usize, precision: Precision, efficiency: f64) -> Result<SimCluster, PresetError> {
+        let efficiency = check_efficiency(efficiency)?;
+        if servers == 0 || per_server == 0 {
+            return Err(PresetError::Bad { key: "servers", why: "need at least one server of at least one GPU".into() });
+        }
+        if precision == Precision::Bf16 && !device.bf16 {
+            return Err(PresetError::NoBf16 { device: device.name });
+        }
+        let peak = if precision.is_mixed() { device.half_flops } else { device.fp32_flops };
+        let cluster = Cluster {
+            workers: servers * per_server,
+            memory_per_worker: device.memory,
+            intra_bw: device.nvlink_bw,
+            inter_bw: net.link_bw,
+            workers_per_node: per_server,
+            peak_flops: peak * efficiency,
+            mem_bw: device.mem_bw * efficiency,
+            server_bw: Some(net.link_bw * f64::from(net.links)),
+        };
+        Ok(SimCluster {
+            name: format!("{servers} x {per_server} {} ({}), {} {precision}, efficiency {efficiency}", device.name, net.name, if precision.is_mixed() { "tensor cores" } else { "no tensor cores" }),
+            cluster,
+            intra_latency_s: NVLINK_LATENCY_S,
+            inter_latency_s: net.latency_s,
+            efficiency,
+        })
+    }
+
+    /// A cluster TOML file's text (keys in the module docs).
+    pub fn from_toml(name: &str, text: &str) -> Result<SimCluster, PresetError> {
+        let mut table: toml::Table = text.parse().map_err(|e: toml::de::Error| ClusterError::Toml(e.to_string()))?;
+        let inner = match table.get_mut("cluster") {
+            Some(toml::Value::Table(t)) => t,
+            _ => &mut table,
+        };
+        let seconds = |key: &'static str, v: toml::Value| -> Result<f64, PresetError> {
+            let x = match &v {
+                toml::Value::Float(f) => *f,
+                toml::Value::Integer(i) => *i as f64,
+                toml::Value::String(s) => parse_seconds(s).ok_or_else(|| PresetError::Bad { key, why: format!("cannot parse {s:?} as a time (\"5us\", \"0.1ms\", \"2e-5\")") })?,
+                _ => return Err(PresetError::Bad { key, why: "expected a number of seconds or a time such as \"5us\"".into() }),
+            };
+            if x.is_finite() && x >= 0.0 { Ok(x) } else { Err(PresetError::Bad { key, why: format!("{x} is not a non-negative time") }) }
+        };
+        let intra = inner.remove("intra_latency").map(|v| seconds("intra_latency", v)).transpose()?;
+        let inter = inner.remove("inter_latency").map(|v| seconds("inter_latency", v)).transpose()?;
+        let efficiency = match inner.remove("efficiency") {
+            Some(toml::Value::Float(f)) => check_efficiency(f)?,
+            Some(toml::Value::Integer(i)) => check_efficiency(i as f64)?,
+            Some(_) => return Err(PresetError::Bad { key: "efficiency", why: "expected a number in (0, 1]".into() }),
+            None => 1.0,
+        };
+        let mut cluster = Cluster::from_toml(&table.to_string())?;
+        cluster.peak_flops *= efficiency;
+        cluster.mem_bw *= efficiency;
+        Ok(SimCluster {
+            name: name.to_string(),
+            cluster,
+            intra_latency_s: intra.unwrap_or(NVLINK_LATENCY_S),
+            inter_latency_s: inter.unwrap_or(20e-6),
+            efficiency,
+        })
+    }
+
+    /// A cluster the planner was given (a plan file's), with the default latencies and one
+    /// network link per server.
+    pub fn from_cluster(name: &str, cluster: Cluster) -> SimCluster {
+        SimCluster { name: name.to_string(), cluster, intra_latency_s: NVLINK_LATENCY_S, inter_latency_s: 20e-6, efficiency: 1.0 }
+    }
+
+    fn server_of(&self, worker: usize) -> usize {
+        worker / self.cluster.workers_per_node.max(1)
+    }
+
+    /// The links between consecutive stages of a `w x d` layout (worker `r * d + s` runs
+    /// stage `s` of replica `r`): link `s` is the slowest any replica has between stages
+    /// `s` and `s + 1`, since the replicas wait for each other at every update.
+    pub fn pipeline_links(&self, w: usize, d: usize) -> Vec<Link> {
+        let intra = Link { bandwidth: self.cluster.intra_bw, latency_s: self.intra_latency_s };
+        let inter = Link { bandwidth: self.cluster.inter_bw.min(self.cluster.server_bw.unwrap_or(f64::INFINITY)), latency_s: self.inter_latency_s };
+        (0..d.saturating_sub(1))
+            .map(|s| if (0..w).any(|r| self.server_of(r * d + s) != self.server_of(r * d + s + 1)) { inter } else { intra })
+            .collect()
+    }
+
+    /// The link each stage's ring all-reduce among its `w` replicas runs over: NVLink when
+    /// they share a server; otherwise a network link at the planner's bandwidth
+    /// ([`Cluster::allreduce_bw`]: the server's network shared by the rings of every stage
+    /// it holds, when `server_bw` is known).
+    pub fn allreduce_link(&self, w: usize, d: usize) -> Link {
+        let one_server = (0..d).all(|s| (0..w).all(|r| self.server_of(r * d + s) == self.server_of(s)));
+        if one_server {
+            return Link { bandwidth: self.cluster.intra_bw, latency_s: self.intra_latency_s };
+        }
+        Link { bandwidth: self.cluster.allreduce_bw(w, d), latency_s: self.inter_latency_s }
+    }
+}
+
+/// `"5us"`, `"0.1ms"`, `"2e-5"`, `"1s"`: seconds.
+pub fn parse_seconds(s: &str) -> Option<f64> {
+    let s = s.trim();
+    // Divisors, so that "5us" is exactly 5e-6.
+    let (num, per_second) = if let Some(x) = s.strip_suffix("us").or_else(|| s.strip_suffix("µs")) {
+        (x, 1e6)
+    } else if let Some(x) = s.strip_suffix("ns") {
+        (x, 1e9)
+    } else if let Some(x) = s.strip_suffix("ms") {
+        (x, 1e3)
+    } else if let Some(x) = s.strip_suffix('s') {
+        (x, 1.0)
+    } else {
+        (s, 1.0)
+    };
+    let v: f64 = num.trim().parse().ok()?;
+    (v.is_finite() && v >= 0.0).then_some(v / per_second)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_papers_cluster_from_presets() {
+        let c = SimCluster::from_preset(device("v100-16gb").unwrap(), network("25gbit").unwrap(), 8, 8, Precision::Fp16, 1.0).unwrap();
+        assert_eq!(c.cluster.workers, 64);
+        assert_eq!(c.cluster.memory_per_worker, 16 << 30);
+        assert_eq!(c.cluster.peak_flops, 125e12);
+        assert_eq!(c.cluster.inter_bw, 25e9 / 8.0);
+        // d = 8: each pipeline is one server, every link NVLink; the replicas of each stage
+        // sit in 8 servers and the 8 rings share each server's 25 Gbit/s.
+        assert!(c.pipeline_links(8, 8).iter().all(|l| l.bandwidth == 150e9));
+        assert_eq!(c.allreduce_link(8, 8).bandwidth, 25e9 / 8.0 / 8.0);
+        // d = 16: every pipeline crosses one server boundary, in the middle.
+        let links = c.pipeline_links(4, 16);
+        assert_eq!(links.iter().filter(|l| l.bandwidth < 1e10).count(), 1);
+        assert_eq!(links[7].bandwidth, 25e9 / 8.0);
+        // d = 3 does not divide 8: some replica crosses at every link.
+        assert!(c.pipeline_links(21, 3).iter().all(|l| l.bandwidth == 25e9 / 8.0));
+        // Replicas inside one server all-reduce over NVLink.
+        assert_eq!(c.allreduce_link(4, 2).bandwidth, 150e9);
+        assert_eq!(SimCluster::from_preset(device("V100-16GB").unwrap(), network("25gbit").unwrap(), 1, 8, Precision::Fp32, 0.5).unwrap().cluster.peak_flops, 15.7e12 * 0.5);
+    }
+
+    #[test]
+    fn bad_presets_and_keys_are_named() {
+        assert_eq!(device("K80").unwrap_err(), PresetError::UnknownDevice("K80".into()));
+        assert!(network("carrier pigeon").unwrap_err().to_string().contains("expected one of 25gbit"));
+        let e = SimCluster::from_preset(device("V100-16GB").unwrap(), network("25gbit").unwrap(), 1, 8, Precision::Bf16, 1.0).unwrap_err();
+        assert_eq!(e.to_string(), "V100-16GB has no bf16 tensor cores; simulate it with --precision fp16 or fp32");
+        assert!(SimCluster::from_preset(DEVICES[0], NETWORKS[0], 1, 8, Precision::Fp32, 1.5).unwrap_err().to_string().starts_with("efficiency: 1.5"));
+        let c = SimCluster::from_toml("c.toml", "workers = 16\nworkers_per_node = 8\ninter_latency = \"50us\"\nserver_bw = \"100Gbit/s\"\nefficiency = 0.5\npeak_flops = \"10T\"\n").unwrap();
+        assert_eq!(c.inter_latency_s, 50e-6);
+        assert_eq!(c.cluster.server_bw, Some(12.5e9));
+        assert_eq!(c.cluster.peak_flops, 5e12);
+        assert!(matches!(SimCluster::from_toml("c.toml", "gpus = 3"), Err(PresetError::Cluster(ClusterError::UnknownKey(_)))));
+        assert!(SimCluster::from_toml("c.toml", "intra_latency = \"soon\"").unwrap_err().to_string().starts_with("intra_latency: cannot parse \"soon\""));
+        assert_eq!(parse_seconds("5us"), Some(5e-6));
+        assert_eq!(parse_seconds("0.1ms"), Some(1e-4));
+    }
+}

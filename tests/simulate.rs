@@ -1,0 +1,199 @@
+//! `pipewright simulate` end to end (issue 15): the replay runs the per-stage order a real
+//! run's trace shows, writes the trace formats of real runs, reports what it promises,
+//! plans a model whose weights were never written, and names what is wrong with bad input.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use pipewright_runtime::timeline::{read_chrome_trace, TraceEvent, TraceKind};
+use pipewright_synth::{gpt, GptShape, Storage};
+use serde_json::Value;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn model(name: &str) -> String {
+    let p = root().join("../shared/corpus/models").join(format!("{name}.onnx"));
+    assert!(p.is_file(), "the shared corpus is missing: {}", p.display());
+    p.to_string_lossy().into_owned()
+}
+
+fn pw(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_pipewright")).args(args).output().expect("runs pipewright")
+}
+
+fn ok(out: &Output) -> String {
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn err(out: &Output) -> String {
+    assert!(!out.status.success(), "expected a failure: {}", String::from_utf8_lossy(&out.stdout));
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn trace(path: &Path) -> Vec<TraceEvent> {
+    read_chrome_trace(&std::fs::read_to_string(path).expect("trace written")).expect("a trace")
+}
+
+/// Per stage, the forwards, backwards and updates in time order, as text.
+fn order(events: &[TraceEvent], stage: usize) -> Vec<String> {
+    let mut ev: Vec<&TraceEvent> = events.iter().filter(|e| e.stage == stage && matches!(e.kind, TraceKind::Forward | TraceKind::Backward | TraceKind::Optimizer)).collect();
+    ev.sort_by(|a, b| a.start_us.total_cmp(&b.start_us));
+    ev.iter()
+        .map(|e| match e.kind {
+            TraceKind::Optimizer => format!("step {}", e.step),
+            k => format!("{} {}", k.name(), e.microbatch.unwrap_or(u64::MAX)),
+        })
+        .collect()
+}
+
+/// For each schedule: plan the shared MLP into 2 stages, compile the plan, train 3 steps
+/// with a trace, replay the plan for 3 batches, and compare the two traces stage by stage.
+#[test]
+fn the_replay_runs_each_stage_in_the_order_a_real_run_does() {
+    let data = root().join("examples/digits/digits.npz");
+    for schedule in ["2bw", "flush", "gpipe"] {
+        let dir = tempfile::tempdir().unwrap();
+        let plan = dir.path().join("plan.json");
+        let planned = ok(&pw(&[
+            "plan", &model("mlp"), "--stages", "2", "--workers", "2", "--batch", "64", "--microbatch", "16", "--schedule", schedule, "--recompute",
+            "none", "--json",
+        ]));
+        std::fs::write(&plan, planned).unwrap();
+        let build = dir.path().join("build");
+        ok(&pw(&["compile", &model("mlp"), "--plan", plan.to_str().unwrap(), "-o", build.to_str().unwrap()]));
+        let real = dir.path().join("real.json");
+        ok(&pw(&[
+            "train", build.to_str().unwrap(), "--data", data.to_str().unwrap(), "--label", "label", "--output", "linear_3", "--steps", "3", "--trace",
+            real.to_str().unwrap(),
+        ]));
+        let sim = dir.path().join("sim.json");
+        let svg = dir.path().join("sim.svg");
+        let report = ok(&pw(&["simulate", plan.to_str().unwrap(), "--batches", "3", "--trace", sim.to_str().unwrap(), "--svg", svg.to_str().unwrap()]));
+        assert!(report.contains(&format!("\n{schedule} ")), "{report}");
+        let (real, sim) = (trace(&real), trace(&sim));
+        for stage in 0..2 {
+            let expect = order(&real, stage);
+            assert_eq!(expect.len(), 3 * (2 * 4 + 1), "{schedule} stage {stage}: {expect:?}");
+            assert_eq!(order(&sim, stage), expect, "{schedule} stage {stage}");
+        }
+        // The SVG is the one trace-svg draws: one box per event.
+        let drawn = std::fs::read_to_string(&svg).unwrap();
+        assert_eq!(drawn.matches("<rect").count(), sim.len());
+        // --stage-times: the real run's median forward and backward per stage, replayed.
+        let timed = dir.path().join("timed.json");
+        let real_path = dir.path().join("real.json");
+        ok(&pw(&["simulate", plan.to_str().unwrap(), "--batches", "3", "--stage-times", real_path.to_str().unwrap(), "--trace", timed.to_str().unwrap()]));
+        let timed = trace(&timed);
+        let median = |ev: &[TraceEvent], stage: usize, kind: TraceKind| {
+            let mut d: Vec<f64> = ev.iter().filter(|e| e.stage == stage && e.kind == kind).map(|e| e.dur_us).collect();
+            d.sort_by(f64::total_cmp);
+            d[d.len() / 2]
+        };
+        for stage in 0..2 {
+            for kind in [TraceKind::Forward, TraceKind::Backward] {
+                let (want, got) = (median(&real, stage, kind), median(&timed, stage, kind));
+                assert!((want - got).abs() <= 1e-6 * want.max(1.0), "{schedule} stage {stage} {kind:?}: {got} µs replayed, {want} µs measured");
+            }
+        }
+    }
+    // A trace of another depth is refused, naming it.
+    let dir = tempfile::tempdir().unwrap();
+    let plan = dir.path().join("plan.json");
+    std::fs::write(&plan, ok(&pw(&["plan", &model("mlp"), "--stages", "3", "--workers", "3", "--batch", "64", "--schedule", "gpipe", "--json"]))).unwrap();
+    let two = dir.path().join("two.json");
+    std::fs::write(&two, r#"[{"ph":"X","name":"forward","ts":0,"dur":1,"tid":1,"args":{"microbatch":0,"version":0,"step":0}}]"#).unwrap();
+    let e = err(&pw(&["simulate", plan.to_str().unwrap(), "--stage-times", two.to_str().unwrap()]));
+    assert!(e.contains("two.json: the trace has 2 stages, the replayed configuration 3"), "{e}");
+    // A plan replayed on a cluster too small for it.
+    let e = err(&pw(&["simulate", plan.to_str().unwrap(), "--cluster", "H100", "--gpus-per-server", "2"]));
+    assert!(e.contains("plan.json: the plan needs 3 workers (w = 1, d = 3); the cluster has 2"), "{e}");
+    let e = err(&pw(&["simulate", plan.to_str().unwrap(), "--batch", "128"]));
+    assert!(e.contains("the plan is for a global batch of 64, not 128"), "{e}");
+    // The plan's own cluster, and another schedule on request.
+    let out = ok(&pw(&["simulate", plan.to_str().unwrap(), "--schedule", "gpipe,flush", "--batches", "2"]));
+    assert!(out.starts_with("simulated on: the plan's cluster: 3 workers"), "{out}");
+    assert!(out.contains("\ngpipe ") && out.contains("\nflush "), "{out}");
+}
+
+#[test]
+fn a_model_report_has_every_scheme_and_its_numbers() {
+    let out = ok(&pw(&["simulate", &model("gpt2-tiny"), "--cluster", "A100-40GB", "--batch", "64", "--batches", "4", "--json"]));
+    let v: Value = serde_json::from_str(&out).expect("JSON");
+    let outcomes = v["outcomes"].as_array().unwrap();
+    let schemes: Vec<&str> = outcomes.iter().map(|o| o["scheme"].as_str().unwrap()).collect();
+    assert_eq!(schemes, ["2bw", "flush", "gpipe", "model-parallel", "data-parallel"]);
+    assert_eq!(v["cluster"]["cluster"]["workers"], 8);
+    for o in outcomes {
+        let sim = &o["simulation"];
+        assert!(sim["samples_per_s"].as_f64().unwrap() > 0.0, "{o}");
+        let d = o["config"]["d"].as_u64().unwrap() as usize;
+        let stages = sim["stages"].as_array().unwrap();
+        assert_eq!(stages.len(), d);
+        for st in stages {
+            let bubble = st["bubble_fraction"].as_f64().unwrap();
+            assert!((0.0..1.0).contains(&bubble), "{st}");
+            assert!(st["busy_s"].as_f64().unwrap() > 0.0);
+            assert!(st["peak_memory"].as_f64().unwrap() > 0.0);
+        }
+    }
+    // The text form: a row per scheme and the ratios.
+    let text = ok(&pw(&["simulate", &model("gpt2-tiny"), "--cluster", "A100-40GB", "--batch", "64", "--schedule", "2bw,gpipe", "--batches", "4"]));
+    assert!(text.starts_with("simulated on: 1 x 8 A100-40GB (8x200gbit)"), "{text}");
+    assert!(text.contains("slowdown against the fastest: 2bw "), "{text}");
+    assert!(!text.contains("\nflush "), "{text}");
+}
+
+/// A 3.8-billion-parameter GPT whose 15 GB of weights were never written plans and
+/// simulates on the paper's cluster; compiling it names the missing file.
+#[test]
+fn paper_scale_models_need_no_weights() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gpt-3.8b.onnx");
+    let written = gpt(&GptShape::GPT_3_8B).unwrap().write(&path, Storage::ShapesOnly, 0).unwrap();
+    assert!(written.parameters > 3_700_000_000);
+    assert!(written.bytes < 4 << 20, "{} bytes", written.bytes);
+    assert!(!dir.path().join("gpt-3.8b.onnx.data").exists());
+    let p = path.to_str().unwrap();
+    let out = ok(&pw(&["simulate", p, "--cluster", "V100-16GB", "--servers", "8", "--precision", "fp16", "--batch", "512", "--schedule", "2bw", "--batches", "3", "--json"]));
+    let v: Value = serde_json::from_str(&out).unwrap();
+    let c = &v["outcomes"][0]["config"];
+    assert_eq!(c["w"].as_u64().unwrap() * c["d"].as_u64().unwrap(), 64, "{c}");
+    let peak = v["outcomes"][0]["simulation"]["stages"].as_array().unwrap().iter().map(|s| s["peak_memory"].as_f64().unwrap()).fold(0.0, f64::max);
+    assert!(peak <= 16.0 * (1u64 << 30) as f64, "{peak}");
+    ok(&pw(&["plan", p, "--workers", "64", "--memory", "16GiB", "--batch", "512", "--schedule", "2bw", "--precision", "fp16", "--top", "1"]));
+    let e = err(&pw(&["compile", p, "--stages", "2", "-o", dir.path().join("build").to_str().unwrap()]));
+    assert!(e.contains("gpt-3.8b.onnx.data") && e.contains("cannot be read"), "{e}");
+}
+
+#[test]
+fn bad_input_is_named() {
+    let e = err(&pw(&["simulate", &model("mlp"), "--cluster", "K80", "--batch", "8"]));
+    assert!(e.contains("--cluster: unknown device preset \"K80\""), "{e}");
+    let e = err(&pw(&["simulate", &model("mlp"), "--cluster", "V100-16GB"]));
+    assert!(e.contains("needs the global batch (--batch B)"), "{e}");
+    let e = err(&pw(&["simulate", &model("mlp"), "--batch", "8"]));
+    assert!(e.contains("needs a cluster (--cluster FILE|PRESET)"), "{e}");
+    let e = err(&pw(&["simulate", &model("mlp"), "--cluster", "V100-16GB", "--batch", "8", "--schedule", "pipedream"]));
+    assert!(e.contains("unknown scheme \"pipedream\""), "{e}");
+    let e = err(&pw(&["simulate", &model("mlp"), "--cluster", "V100-16GB", "--batch", "8", "--precision", "bf16"]));
+    assert!(e.contains("V100-16GB has no bf16 tensor cores"), "{e}");
+    let e = err(&pw(&["simulate", &model("mlp"), "--cluster", "H100", "--network", "smoke-signals", "--batch", "8"]));
+    assert!(e.contains("--network: unknown network preset \"smoke-signals\""), "{e}");
+    let e = err(&pw(&["simulate", &model("mlp"), "--cluster", "H100", "--efficiency", "2", "--batch", "8"]));
+    assert!(e.contains("efficiency: 2 is not in (0, 1]"), "{e}");
+    let dir = tempfile::tempdir().unwrap();
+    let toml = dir.path().join("c.toml");
+    std::fs::write(&toml, "workers = 4\ninter_latency = \"later\"\n").unwrap();
+    let e = err(&pw(&["simulate", &model("mlp"), "--cluster", toml.to_str().unwrap(), "--batch", "8"]));
+    assert!(e.contains("c.toml: inter_latency: cannot parse \"later\""), "{e}");
+    let e = err(&pw(&["simulate", &model("mlp"), "--cluster", toml.to_str().unwrap(), "--servers", "2", "--batch", "8"]));
+    assert!(e.contains("--servers appl(ies) to a device preset, not to the cluster file"), "{e}");
+    let e = err(&pw(&["simulate", &model("mlp"), "--network", "25gbit", "--batch", "8"]));
+    assert!(e.contains("--network need(s) a device preset in --cluster"), "{e}");
+    // A trace that cannot be written loses nothing and says where.
+    let e = err(&pw(&["simulate", &model("mlp"), "--cluster", "H100", "--batch", "8", "--schedule", "2bw", "--trace", "/nonexistent/dir/t.json"]));
+    assert!(e.contains("/nonexistent/dir/t.json"), "{e}");
+}
