@@ -85,6 +85,21 @@ impl ClusterArgs {
     }
 }
 
+/// What training will keep and compute in, as `plan` and `simulate` model it.
+#[derive(clap::Args)]
+pub struct TrainingShapeArgs {
+    /// Optimizer whose state counts in memory (and in the update's time).
+    #[arg(long, value_enum, default_value_t = Optimizer::Adam)]
+    pub optimizer: Optimizer,
+    /// Count an SGD momentum buffer per weight.
+    #[arg(long)]
+    pub momentum: bool,
+    /// The compute type training will use (`train --precision`): the memory model's, and
+    /// for `simulate` the device's fp32 peak or its tensor cores' (bf16/fp16).
+    #[arg(long, value_enum, default_value_t = Precision::Fp32)]
+    pub precision: Precision,
+}
+
 #[derive(clap::Args)]
 pub struct PlanArgs {
     /// The ONNX model file.
@@ -109,15 +124,8 @@ pub struct PlanArgs {
     /// A profile from `pipewright profile` to calibrate the cost model.
     #[arg(long)]
     pub profile: Option<PathBuf>,
-    /// Optimizer whose state counts in memory.
-    #[arg(long, value_enum, default_value_t = Optimizer::Adam)]
-    pub optimizer: Optimizer,
-    /// Count an SGD momentum buffer per weight.
-    #[arg(long)]
-    pub momentum: bool,
-    /// The compute type training will use (`train --precision`), for the memory model.
-    #[arg(long, value_enum, default_value_t = Precision::Fp32)]
-    pub precision: Precision,
+    #[command(flatten)]
+    pub training: TrainingShapeArgs,
     /// Schedules to consider.
     #[arg(long, value_enum, value_delimiter = ',', default_values_t = Schedule::ALL.to_vec())]
     pub schedule: Vec<Schedule>,
@@ -180,15 +188,8 @@ pub struct SimulateArgs {
     /// A profile from `pipewright profile`: measured node times instead of the roofline.
     #[arg(long)]
     pub profile: Option<PathBuf>,
-    /// Optimizer whose state counts in memory and in the update's time.
-    #[arg(long, value_enum, default_value_t = Optimizer::Adam)]
-    pub optimizer: Optimizer,
-    /// Count an SGD momentum buffer per weight.
-    #[arg(long)]
-    pub momentum: bool,
-    /// The compute type: fp32 uses the device's fp32 peak, bf16/fp16 its tensor cores.
-    #[arg(long, value_enum, default_value_t = Precision::Fp32)]
-    pub precision: Precision,
+    #[command(flatten)]
+    pub training: TrainingShapeArgs,
     /// Batches (optimizer steps) to replay.
     #[arg(long, default_value_t = 10)]
     pub batches: usize,

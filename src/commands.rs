@@ -96,9 +96,9 @@ pub fn plan_command(args: &PlanArgs) -> Result<()> {
         stages: args.stages,
         cuts: (!args.cut.is_empty()).then(|| args.cut.clone()),
         balance: args.balance,
-        optimizer: args.optimizer,
-        momentum: args.momentum,
-        precision: args.precision,
+        optimizer: args.training.optimizer,
+        momentum: args.training.momentum,
+        precision: args.training.precision,
         top: args.top,
         microbatch: args.microbatch,
         recompute: args.recompute,
@@ -148,7 +148,7 @@ fn sim_cluster(args: &SimulateArgs) -> Result<Option<SimCluster>> {
     let device = presets::device(spec).map_err(|e| anyhow!("--cluster: {e}"))?;
     let network = presets::network(args.network.as_deref().unwrap_or(device.network)).map_err(|e| anyhow!("--network: {e}"))?;
     let (servers, per_server, efficiency) = (args.servers.unwrap_or(1), args.gpus_per_server.unwrap_or(8), args.efficiency.unwrap_or(1.0));
-    Ok(Some(SimCluster::from_preset(device, network, servers, per_server, args.precision, efficiency).map_err(|e| anyhow!("--cluster {spec}: {e}"))?))
+    Ok(Some(SimCluster::from_preset(device, network, servers, per_server, args.training.precision, efficiency).map_err(|e| anyhow!("--cluster {spec}: {e}"))?))
 }
 
 pub fn simulate(args: &SimulateArgs) -> Result<()> {
@@ -165,9 +165,9 @@ pub fn simulate(args: &SimulateArgs) -> Result<()> {
         global_batch: args.batch,
         schemes,
         profile,
-        optimizer: args.optimizer,
-        momentum: args.momentum,
-        precision: args.precision,
+        optimizer: args.training.optimizer,
+        momentum: args.training.momentum,
+        precision: args.training.precision,
         batches: args.batches,
         record: args.trace.is_some() || args.svg.is_some(),
         stage_times: args.stage_times.clone(),
