@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what a fresh Debian machine with only the Rust toolchain lacks for pipewright:
 # Python 3 with pip (used to fetch the libtorch wheel from PyPI), a C++ compiler (for
-# torch-sys), and Open MPI with its headers and libclang (the multi-process transport:
+# torch-sys), venv support (the tests' onnxruntime reference, scripts/pyref.sh), and Open MPI with its headers and libclang (the multi-process transport:
 # the `mpi` crate binds Open MPI through bindgen; `mpirun` launches the workers).
 # Idempotent: installs nothing when everything is present.
 set -euo pipefail
@@ -18,6 +18,8 @@ command -v mpirun >/dev/null 2>&1 || need+=(openmpi-bin)
 has_pkg libopenmpi-dev || need+=(libopenmpi-dev)
 has_pkg libclang-dev || need+=(libclang-dev)
 command -v pkg-config >/dev/null 2>&1 || need+=(pkg-config)
+# `python3 -m venv` (scripts/pyref.sh: onnxruntime, the tests' outside reference).
+python3 -c 'import ensurepip' >/dev/null 2>&1 || need+=(python3-venv)
 
 if ((${#need[@]} == 0)); then
     log "prerequisites present"

@@ -6,6 +6,9 @@ cd "$(dirname "$0")/.."
 bash scripts/prereqs.sh
 # libtorch for the runtime (cached per user; links it as .libtorch for .cargo/config.toml).
 bash scripts/libtorch.sh >/dev/null
+# onnxruntime, the outside reference exported models are run through (cached venv).
+PIPEWRIGHT_PYTHON="${PIPEWRIGHT_PYTHON:-$(bash scripts/pyref.sh)}"
+export PIPEWRIGHT_PYTHON
 if [[ ! -d ../shared/corpus ]]; then
     echo "test.sh: the shared corpus is missing: expected it at $(cd .. && pwd)/shared/corpus" >&2
     exit 1
