@@ -3,7 +3,9 @@
 //! [`BatchMode`], [`PassName`], [`UpdateRule`]) and the [`Device`]; plus the small
 //! utilities every stage of the tool needs ([`fs::write_atomic`], [`units::human_bytes`],
 //! [`format::Header`] for versioned files), and the per-stage operation order of each
-//! schedule ([`schedule::stage_ops`]), shared by the executor and the simulator.
+//! schedule ([`schedule::stage_ops`]) and the trace format of training runs
+//! ([`timeline`]: Chrome trace, SVG timeline, bubble fractions), shared by the executor and
+//! the simulator.
 //!
 //! It depends on no other pipewright crate, so the importer, the passes, codegen and the
 //! runtime (which must not depend on the importer or the passes) all speak it.
@@ -14,6 +16,7 @@ pub mod format;
 pub mod fs;
 pub mod rng;
 pub mod schedule;
+pub mod timeline;
 pub mod units;
 #[macro_use]
 pub mod words;

@@ -39,7 +39,7 @@
 
 use pipewright_core::schedule::{stage_ops, Op};
 use pipewright_core::{Schedule, Scheme, UpdateRule};
-use pipewright_runtime::timeline::{TraceEvent, TraceKind};
+use pipewright_core::timeline::{TraceEvent, TraceKind};
 use serde::Serialize;
 
 /// One stage's work per microbatch, and what it holds.

@@ -16,7 +16,9 @@ pub mod kernel;
 pub mod listing;
 pub mod module;
 pub mod program;
-pub mod timeline;
+/// The trace format of training runs lives in `core` (the simulator writes it too, without
+/// libtorch); re-exported here for the runtime's users.
+pub use pipewright_core::timeline;
 
 #[cfg(feature = "torch")]
 pub mod data;
