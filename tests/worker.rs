@@ -173,6 +173,37 @@ fn four_stages_and_two_stages_by_two_replicas_train_like_the_embedded_executor()
     }
 }
 
+/// Stage executables (MPMD) on 2 stages x 2 replicas: `launch --executables` lists each
+/// stage once, on as many consecutive ranks as replicas (ranks are stage-major), and the job
+/// equals the embedded executor bit for bit; executables listed replica by replica (the
+/// replica-major order) are refused, naming the rank and the order expected.
+#[test]
+fn stage_executables_with_two_replicas_train_like_the_embedded_executor() {
+    let dir = tempfile::tempdir().unwrap();
+    let build = dir.path().join("build");
+    compile(&build, 2, "2bw", true);
+    let (s0, s1) = (build.join("stage0"), build.join("stage1"));
+    let out = ok(pw().arg("launch").arg(&build).args(["--executables", "--dry-run", "--", "--replicas", "2"]).output().unwrap(), "launch --dry-run");
+    let line = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(line.contains(&format!("-np 2 {} --replicas 2 : -np 2 {} --replicas 2", s0.display(), s1.display())), "{line}");
+    same(&embedded(&build, &["--replicas", "2"]), &launched(&build, true, &["--replicas", "2"]), "2bw, stage executables (MPMD), 2 stages x 2 replicas");
+    // Replica by replica: rank 1 gets stage 1's executable, but runs stage 0 of replica 1.
+    let mut c = Command::new("mpirun");
+    c.args(mpirun_flags(&build));
+    for (i, exe) in [&s0, &s1, &s0, &s1].into_iter().enumerate() {
+        if i > 0 {
+            c.arg(":");
+        }
+        c.args(["-np", "1"]).arg(exe).args(options(2)).args(["--replicas", "2"]);
+    }
+    let out = c.output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("rank 1 (stage 0, replica 1): this executable holds stage 1, but MPI rank 1 runs stage 0 (rank = stage x 2 replicas + replica)"), "{err}");
+    assert!(err.contains("each with -np 2"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
 #[test]
 fn ranks_started_with_different_steps_are_refused_before_the_first_step() {
     let dir = tempfile::tempdir().unwrap();
