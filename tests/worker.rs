@@ -395,6 +395,25 @@ fn multi_process_checkpoints_resume_bit_identically_even_after_a_kill() {
     assert!(after_kill.weights == uninterrupted.weights, "resuming the killed job must reach the uninterrupted run's weights");
 }
 
+/// With replicas the ranks of replica 0 (ranks 0 and 2 of a stage-major 2 x 2 job, not 0
+/// and 1) write the checkpoint, and the embedded executor resumes from it to the job's
+/// weights.
+#[test]
+fn checkpoints_of_two_stages_by_two_replicas_resume_on_the_embedded_executor() {
+    let dir = tempfile::tempdir().unwrap();
+    let build = dir.path().join("build");
+    compile(&build, 2, "2bw", false);
+    let ck = dir.path().join("ck");
+    let whole = launched(&build, false, &["--replicas", "2", "--checkpoint-every", "4", "--checkpoint-dir", ck.to_str().unwrap()]);
+    let step4 = ck.join("step-000004");
+    for f in ["checkpoint.json", "stage0.safetensors", "stage1.safetensors"] {
+        assert!(step4.join(f).is_file(), "{f} missing");
+    }
+    let resumed = embedded(&build, &["--replicas", "2", "--resume", step4.to_str().unwrap()]);
+    assert_eq!(resumed.losses, whole.losses[4..], "the resumed steps must repeat the job's losses");
+    assert!(resumed.weights == whole.weights, "the embedded executor must resume the 2 x 2 job's checkpoint to its weights");
+}
+
 /// The newest complete step folder of a checkpoint folder.
 fn newest(dir: &Path) -> PathBuf {
     let mut steps: Vec<PathBuf> = std::fs::read_dir(dir).unwrap().flatten().map(|e| e.path()).filter(|p| p.file_name().unwrap().to_str().unwrap().starts_with("step-")).collect();
