@@ -310,12 +310,21 @@ impl Cluster {
         }
     }
 
-    /// Bandwidth between consecutive stages, one number for the planner: the slowest
-    /// boundary of the `w x d` layout (the replicas wait for each other at every update,
-    /// so the slowest boundary sets the pace). Stage-major numbering keeps every boundary
-    /// in a server only when all `w * d` workers share one.
+    /// Bandwidth between consecutive stages, one number for the partitioner (which costs
+    /// every cut alike): per stage, the harmonic mean of the bandwidths of its one or two
+    /// boundaries (what it spends on them, if their cuts carry alike), and of those the
+    /// slowest stage's, since the slowest stage sets the pace. So a stage with one cut
+    /// inside a server and one across counts about twice the network's rate, where the
+    /// slowest boundary's rate alone would charge it twice its real network time. `intra_bw`
+    /// when every boundary stays in a server (all `w * d` workers in one).
     pub fn pipeline_bw(&self, w: usize, d: usize) -> f64 {
-        (0..d.saturating_sub(1)).map(|s| self.boundary_bw(w, s)).fold(self.intra_bw, f64::min)
+        let bw: Vec<f64> = (0..d.saturating_sub(1)).map(|s| self.boundary_bw(w, s)).collect();
+        (0..d)
+            .map(|s| {
+                let cuts: Vec<f64> = [s.checked_sub(1), (s + 1 < d).then_some(s)].into_iter().flatten().map(|b| bw[b]).collect();
+                if cuts.is_empty() { self.intra_bw } else { cuts.len() as f64 / cuts.iter().map(|b| 1.0 / b).sum::<f64>() }
+            })
+            .fold(self.intra_bw, f64::min)
     }
 
     /// How many all-reduce rings (one per stage whose `w` replicas span servers) cross the
@@ -399,8 +408,10 @@ mod tests {
         assert_eq!(shared.allreduce_rings(4, 4), 0);
         assert_eq!(shared.allreduce_bw(4, 4), 100e9);
         // ... and each boundary sends the 4 replicas' activations through both servers'
-        // networks at once: a quarter of the server's 100 Gbit/s each.
+        // networks at once: a quarter of the server's 100 Gbit/s each, at every cut of
+        // every stage.
         assert_eq!(shared.boundary_flows(4, 0), 4);
+        assert_eq!(shared.boundary_bw(4, 0), 12.5e9 / 4.0);
         assert_eq!(shared.pipeline_bw(4, 4), 12.5e9 / 4.0);
         // One stage of 16 replicas: its ring crosses every server, alone.
         assert_eq!(shared.allreduce_bw(16, 1), 12.5e9);
@@ -411,7 +422,11 @@ mod tests {
         // boundary 1 crosses with both replicas.
         assert_eq!((shared.boundary_flows(2, 0), shared.boundary_flows(2, 1), shared.boundary_flows(2, 2)), (0, 2, 0));
         assert_eq!(shared.allreduce_bw(2, 8), 100e9);
-        assert_eq!(shared.pipeline_bw(2, 8), 12.5e9 / 2.0);
+        // Stage 1 has one cut in its server and one across: the harmonic mean of the two.
+        let slow = 12.5e9 / 2.0;
+        assert_eq!(shared.pipeline_bw(2, 8), 2.0 / (1.0 / 100e9 + 1.0 / slow));
+        // Two stages whose only boundary crosses: the network's rate.
+        assert_eq!(shared.pipeline_bw(4, 2), 12.5e9 / 4.0);
         // w = 3 does not divide 4: stage 1's block (workers 3..=5) straddles servers 0 and
         // 1, and stage 2's (6..=8) servers 1 and 2: two rings through server 1.
         assert_eq!(shared.allreduce_rings(3, 4), 2);
