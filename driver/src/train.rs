@@ -138,8 +138,8 @@ fn config(req: &TrainRequest, manifest: &Manifest, shape: &RunShape, build: &Pat
 
 /// Where the workers run when `--devices` is not given: `--device cuda` (that is,
 /// `cuda:0`) spreads the stages over every visible GPU, stage k of replica r on GPU
-/// `(k * w + r) mod count` (its rank, stage-major, modulo the count); any other device (`cpu`, a GPU named by a non-zero index)
-/// holds every worker. Empty means "every worker on `--device`".
+/// `(k * w + r) mod count` (its rank, stage-major, modulo the count); any other device
+/// (`cpu`, a GPU named by a non-zero index) holds every worker. Empty means "every worker on `--device`".
 pub fn default_placement(device: Device, visible_gpus: usize) -> Vec<Device> {
     match device {
         Device::Cuda(0) if visible_gpus > 1 => (0..visible_gpus).map(Device::Cuda).collect(),

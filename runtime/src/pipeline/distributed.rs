@@ -15,19 +15,20 @@
 //!   by polling with a deadline (`--timeout`), so no wait lasts forever and a late one
 //!   names what it waited for and from whom.
 //! - Reductions (gradient norm and fp16 overflow over every rank, gradient averaging over
-//!   the replicas of a stage, tied-weight gradients over the stages of a replica that share
-//!   them) are gathers to the group's first rank, a sum in fixed group order (the embedded
-//!   executor's: replica-major then stage over every rank, not rank order; replica order
-//!   within a stage; stage order within a replica) and a send of the result to the group, each
-//!   kind of group on its own tag. MPI's own reductions may sum in any order; this one is
-//!   bit-identical to the embedded executor.
+//!   the replicas of a stage, tied-weight gradients over the stages of a replica that
+//!   share them) are gathers to the group's first rank, a sum in fixed group order (the
+//!   embedded executor's: replica-major then stage over every rank, not rank order;
+//!   replica order within a stage; stage order within a replica) and a send of the result
+//!   to the group, each kind of group on its own tag. MPI's own reductions may sum in any
+//!   order; this one is bit-identical to the embedded executor.
 //! - Liveness: a thread of its own sends every rank's ring neighbours (ranks `rank +- 1`,
-//!   wrapping: usually the other replicas of its stage, which every rank is watched by
-//!   whatever the layout) a heartbeat each second and watches theirs; a neighbour silent for the heartbeat timeout (frozen by
-//!   SIGSTOP, a dead node) stops the job with `MPI_Abort` and a message naming it and what
-//!   this rank was waiting for. Computation never delays heartbeats, so a long step is not
-//!   mistaken for a frozen rank. A rank stopped by the launcher (another rank died) says
-//!   what it was waiting for before it exits.
+//!   wrapping; usually the other replicas of its stage: every rank is watched by two
+//!   others whatever the layout) a heartbeat each second and watches theirs; a neighbour
+//!   silent for the heartbeat timeout (frozen by SIGSTOP, a dead node) stops the job with
+//!   `MPI_Abort` and a message naming it and what this rank was waiting for. Computation
+//!   never delays heartbeats, so a long step is not mistaken for a frozen rank. A rank
+//!   stopped by the launcher (another rank died) says what it was waiting for before it
+//!   exits.
 //! - Agreement: before the first step every rank's run configuration is compared with
 //!   rank 0's, and a difference stops every rank naming the first one.
 
