@@ -44,13 +44,13 @@ fn placement(cfg: &pipewright_runtime::pipeline::TrainConfig, depth: usize, repl
         tch::Device::Cuda(n) => format!("cuda:{n}"),
         _ => "cpu".to_string(),
     };
-    let alike = (0..replicas).all(|r| (0..depth).all(|k| cfg.worker_device(k, r, depth) == cfg.worker_device(k, 0, depth)));
+    let alike = (0..replicas).all(|r| (0..depth).all(|k| cfg.worker_device(k, r) == cfg.worker_device(k, 0)));
     let shown = if alike { 1 } else { replicas };
     let mut parts = Vec::new();
     for r in 0..shown {
         for k in 0..depth {
             let who = if alike { format!("stage {k}") } else { format!("replica {r} stage {k}") };
-            parts.push(format!("{who} {}", name(cfg.worker_device(k, r, depth))));
+            parts.push(format!("{who} {}", name(cfg.worker_device(k, r))));
         }
     }
     parts.join(", ")

@@ -173,6 +173,37 @@ fn four_stages_and_two_stages_by_two_replicas_train_like_the_embedded_executor()
     }
 }
 
+/// Stage executables (MPMD) on 2 stages x 2 replicas: `launch --executables` lists each
+/// stage once, on as many consecutive ranks as replicas (ranks are stage-major), and the job
+/// equals the embedded executor bit for bit; executables listed replica by replica (the
+/// replica-major order) are refused, naming the rank and the order expected.
+#[test]
+fn stage_executables_with_two_replicas_train_like_the_embedded_executor() {
+    let dir = tempfile::tempdir().unwrap();
+    let build = dir.path().join("build");
+    compile(&build, 2, "2bw", true);
+    let (s0, s1) = (build.join("stage0"), build.join("stage1"));
+    let out = ok(pw().arg("launch").arg(&build).args(["--executables", "--dry-run", "--", "--replicas", "2"]).output().unwrap(), "launch --dry-run");
+    let line = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(line.contains(&format!("-np 2 {} --replicas 2 : -np 2 {} --replicas 2", s0.display(), s1.display())), "{line}");
+    same(&embedded(&build, &["--replicas", "2"]), &launched(&build, true, &["--replicas", "2"]), "2bw, stage executables (MPMD), 2 stages x 2 replicas");
+    // Replica by replica: rank 1 gets stage 1's executable, but runs stage 0 of replica 1.
+    let mut c = Command::new("mpirun");
+    c.args(mpirun_flags(&build));
+    for (i, exe) in [&s0, &s1, &s0, &s1].into_iter().enumerate() {
+        if i > 0 {
+            c.arg(":");
+        }
+        c.args(["-np", "1"]).arg(exe).args(options(2)).args(["--replicas", "2"]);
+    }
+    let out = c.output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("rank 1 (stage 0, replica 1): this executable holds stage 1, but MPI rank 1 runs stage 0 (rank = stage x 2 replicas + replica)"), "{err}");
+    assert!(err.contains("each with -np 2"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
 #[test]
 fn ranks_started_with_different_steps_are_refused_before_the_first_step() {
     let dir = tempfile::tempdir().unwrap();
@@ -362,6 +393,25 @@ fn multi_process_checkpoints_resume_bit_identically_even_after_a_kill() {
     let uninterrupted = finish(&build, &uninterrupted_metrics);
     assert_eq!(after_kill.losses, uninterrupted.losses[step..], "steps {step}..{more}");
     assert!(after_kill.weights == uninterrupted.weights, "resuming the killed job must reach the uninterrupted run's weights");
+}
+
+/// With replicas the ranks of replica 0 (ranks 0 and 2 of a stage-major 2 x 2 job, not 0
+/// and 1) write the checkpoint, and the embedded executor resumes from it to the job's
+/// weights.
+#[test]
+fn checkpoints_of_two_stages_by_two_replicas_resume_on_the_embedded_executor() {
+    let dir = tempfile::tempdir().unwrap();
+    let build = dir.path().join("build");
+    compile(&build, 2, "2bw", false);
+    let ck = dir.path().join("ck");
+    let whole = launched(&build, false, &["--replicas", "2", "--checkpoint-every", "4", "--checkpoint-dir", ck.to_str().unwrap()]);
+    let step4 = ck.join("step-000004");
+    for f in ["checkpoint.json", "stage0.safetensors", "stage1.safetensors"] {
+        assert!(step4.join(f).is_file(), "{f} missing");
+    }
+    let resumed = embedded(&build, &["--replicas", "2", "--resume", step4.to_str().unwrap()]);
+    assert_eq!(resumed.losses, whole.losses[4..], "the resumed steps must repeat the job's losses");
+    assert!(resumed.weights == whole.weights, "the embedded executor must resume the 2 x 2 job's checkpoint to its weights");
 }
 
 /// The newest complete step folder of a checkpoint folder.

@@ -1,5 +1,6 @@
 //! `pipewright launch`: the `mpirun` line that starts a build's pipeline as an MPI job,
-//! one rank per stage and replica (rank `replica * stages + stage`), either every rank
+//! one rank per stage and replica (rank `stage * replicas + replica`, stage-major: the
+//! replicas of a stage on consecutive ranks, so on one server when they fit), either every rank
 //! running `pipewright worker BUILD` (SPMD) or each running its stage executable (MPMD,
 //! `compile --executables`). The launch flags this tool relies on live here alone
 //! ([`local_flags`], [`cluster_flags`]); the tests take them from `launch --dry-run`.
@@ -96,23 +97,22 @@ pub fn mpirun_line(req: &LaunchRequest) -> Result<Vec<String>, DriverError> {
         None => local_flags(),
     });
     if req.executables {
-        // MPMD: one program per rank, stage by stage within each replica.
-        for r in 0..w {
-            for (k, s) in manifest.stages.iter().enumerate() {
-                let exe = req.build.join(format!("stage{k}"));
-                if !exe.is_file() {
-                    return Err(DriverError::msg(format!(
-                        "{}: no stage executable for stage {k} ({}); compile with --executables",
-                        exe.display(),
-                        s.module
-                    )));
-                }
-                if r + k > 0 {
-                    line.push(":".into());
-                }
-                line.extend(["-np".to_string(), "1".into(), exe.display().to_string()]);
-                line.extend(req.worker_args.iter().cloned());
+        // MPMD: one program per stage, in stage order, each on `w` consecutive ranks (its
+        // replicas): mpirun numbers the ranks of `-np w stage0 : -np w stage1` stage-major.
+        for (k, s) in manifest.stages.iter().enumerate() {
+            let exe = req.build.join(format!("stage{k}"));
+            if !exe.is_file() {
+                return Err(DriverError::msg(format!(
+                    "{}: no stage executable for stage {k} ({}); compile with --executables",
+                    exe.display(),
+                    s.module
+                )));
             }
+            if k > 0 {
+                line.push(":".into());
+            }
+            line.extend(["-np".to_string(), w.to_string(), exe.display().to_string()]);
+            line.extend(req.worker_args.iter().cloned());
         }
     } else {
         line.extend(["-np".to_string(), ranks.to_string(), req.program.display().to_string(), "worker".into(), req.build.display().to_string()]);
@@ -183,5 +183,22 @@ mod tests {
         let h = mpirun_line(&LaunchRequest { hostfile: Some("hosts".into()), ..req(&build, None, &[]) }).unwrap();
         assert!(shell_line(&h).contains("--hostfile hosts") && !h.iter().any(|a| a == "--oversubscribe"));
         assert_eq!(shell_line(&["a b".into(), "it's".into(), "x".into()]), r"'a b' 'it'\''s' x");
+    }
+    /// MPMD lists each stage's executable once, on as many consecutive ranks as replicas,
+    /// in stage order: the stage-major rank numbering the workers expect.
+    #[test]
+    fn the_mpmd_line_gives_each_stage_its_replicas_consecutive_ranks() {
+        let dir = tempfile::tempdir().unwrap();
+        let build = dir.path().join("build");
+        compile(&request("mlp.onnx", stages(2), &build)).unwrap();
+        for k in 0..2 {
+            std::fs::write(build.join(format!("stage{k}")), b"").unwrap();
+        }
+        let line = mpirun_line(&LaunchRequest { executables: true, ..req(&build, Some(6), &["--replicas", "3", "--steps", "2"]) }).unwrap();
+        let text = shell_line(&line);
+        let (s0, s1) = (build.join("stage0"), build.join("stage1"));
+        let want = format!("-np 3 {} --replicas 3 --steps 2 : -np 3 {} --replicas 3 --steps 2", s0.display(), s1.display());
+        assert!(text.ends_with(&want), "{text}");
+        assert_eq!(line.iter().filter(|a| *a == ":").count(), 1, "{text}");
     }
 }

@@ -76,8 +76,8 @@ pub struct TrainRequest {
     pub max_inflated: u64,
     /// The compute element type (fp32 master weights and optimizer state always).
     pub precision: Precision,
-    /// Stage placement (`--devices`): worker `replica * d + stage` on device
-    /// `(replica * d + stage) % len`; empty: every worker on `device`.
+    /// Stage placement (`--devices`): worker (replica `r`, stage `k`), rank `k * w + r`, on
+    /// device `(k * w + r) % len`; empty: every worker on `device`.
     pub devices: Vec<Device>,
     /// A step whose loss or gradients are not finite: stop, or skip its update.
     pub on_nonfinite: NonFinite,
@@ -138,8 +138,8 @@ fn config(req: &TrainRequest, manifest: &Manifest, shape: &RunShape, build: &Pat
 
 /// Where the workers run when `--devices` is not given: `--device cuda` (that is,
 /// `cuda:0`) spreads the stages over every visible GPU, stage k of replica r on GPU
-/// `(r * d + k) mod count`; any other device (`cpu`, a GPU named by a non-zero index)
-/// holds every worker. Empty means "every worker on `--device`".
+/// `(k * w + r) mod count` (its rank, stage-major, modulo the count); any other device
+/// (`cpu`, a GPU named by a non-zero index) holds every worker. Empty means "every worker on `--device`".
 pub fn default_placement(device: Device, visible_gpus: usize) -> Vec<Device> {
     match device {
         Device::Cuda(0) if visible_gpus > 1 => (0..visible_gpus).map(Device::Cuda).collect(),
@@ -362,7 +362,7 @@ pub struct WorkerRequest {
     pub save: Option<PathBuf>,
 }
 
-/// One stage of one replica in an MPI job (rank `replica * stages + stage`), ready to
+/// One stage of one replica in an MPI job (rank `stage * replicas + replica`), ready to
 /// check its configuration with the other ranks and train.
 pub struct WorkerSession {
     pub rank: usize,
@@ -417,8 +417,8 @@ impl WorkerSession {
             let own = m.header.params.stage as usize;
             if own != stage {
                 return Err(DriverError::msg(format!(
-                    "this executable holds stage {own}, but MPI rank {rank} runs stage {stage} (rank = replica x {} stages + stage): list the stage executables in stage order, once per replica, in the mpirun line",
-                    layout.depth
+                    "this executable holds stage {own}, but MPI rank {rank} runs stage {stage} (rank = stage x {} replicas + replica): list the stage executables in stage order, each with -np {} (one rank per replica), in the mpirun line (`pipewright launch BUILD --executables` writes it)",
+                    layout.replicas, layout.replicas
                 )));
             }
         }
@@ -490,6 +490,7 @@ impl WorkerSession {
             return Err(fail(e));
         }
         let main = main.into_inner();
+        let layout = main.layout();
         report.losses = losses;
         // Rank 0 collects every stage's weights (replica 0's; the replicas hold the same)
         // and running statistics.
@@ -498,13 +499,12 @@ impl WorkerSession {
         };
         let weights = main.gather_to_first(mine(&report.weights), "the trained weights").map_err(fail)?;
         let buffers = main.gather_to_first(mine(&report.buffers), "the running statistics").map_err(fail)?;
+        // Ranks are stage-major: replica 0's stage k is rank `layout.rank(0, k)`, not rank k.
+        let replica0 = |mut all: Vec<Vec<(String, tch::Tensor)>>| -> Vec<Vec<(String, tch::Tensor)>> {
+            (0..depth).map(|k| all.get_mut(layout.rank(0, k)).map(std::mem::take).unwrap_or_default()).collect()
+        };
         let job = match (weights, buffers) {
-            (Some(w), Some(b)) => {
-                let mut all = TrainReport { weights: w, buffers: b, ..empty_report(depth) };
-                all.weights.truncate(depth);
-                all.buffers.truncate(depth);
-                Some(all)
-            }
+            (Some(w), Some(b)) => Some(TrainReport { weights: replica0(w), buffers: replica0(b), ..empty_report(depth) }),
             _ => None,
         };
         Ok(WorkerOutcome { report, job })

@@ -12,9 +12,17 @@
 //! mem_bw = "900GB/s"        # device memory bandwidth for the roofline
 //! server_bw = "25Gbit/s"    # all of a server's network links together (optional)
 //! ```
-//! Without `server_bw`, every all-reduce ring that leaves a server has `inter_bw` to itself;
-//! with it, the rings of the `min(d, workers_per_node)` stages a server holds share it
-//! ([`Cluster::allreduce_bw`]).
+//! Without `server_bw`, every all-reduce ring and every stage-to-stage transfer that leaves a
+//! server has `inter_bw` to itself; with it, those that cross one server's network at the
+//! same time share it ([`Cluster::allreduce_bw`], [`Cluster::boundary_bw`]).
+//!
+//! # Placement
+//! Workers are numbered stage-major, as the MPI ranks are: worker `stage * w + replica`,
+//! the `w` replicas of a stage on consecutive workers, and servers hold consecutive
+//! workers (`workers_per_node` each). A stage's all-reduce stays in a server when its block
+//! of `w` workers does (`w <= workers_per_node` and the block does not straddle two
+//! servers, e.g. `w` divides the server size); a boundary `s -> s+1` stays in a server
+//! only when both blocks sit in the same server for every replica.
 //! The keys may also sit in a `[cluster]` table. Unknown keys are errors.
 //!
 //! Sizes: `B`, `KB`/`MB`/`GB`/`TB` (powers of 1000), `KiB`/`MiB`/`GiB`/`TiB` (powers of
@@ -265,28 +273,84 @@ impl Cluster {
         }
     }
 
-    /// Bandwidth between consecutive stages of one pipeline. Workers are numbered
-    /// `replica * d + stage`, so a pipeline stays inside a server when `d` divides the
-    /// server size.
-    pub fn pipeline_bw(&self, d: usize) -> f64 {
-        if d <= self.workers_per_node && self.workers_per_node % d.max(1) == 0 {
-            self.intra_bw
-        } else {
-            self.inter_bw
+    /// The worker (and MPI rank) of stage `stage` of replica `replica` in a job of `w`
+    /// replicas: stage-major, the replicas of a stage on consecutive workers.
+    pub fn worker(w: usize, replica: usize, stage: usize) -> usize {
+        stage * w + replica
+    }
+
+    /// The server holding `worker` (servers hold consecutive workers).
+    pub fn server_of(&self, worker: usize) -> usize {
+        worker / self.workers_per_node.max(1)
+    }
+
+    /// How many transfers of boundary `s -> s+1` (one per replica, all at about the same
+    /// time since the replicas run in step) cross one server's network at most, counting
+    /// what leaves and what enters each server; 0 when every replica's pair of workers
+    /// shares a server.
+    pub fn boundary_flows(&self, w: usize, s: usize) -> usize {
+        let mut through: std::collections::HashMap<usize, usize> = std::collections::HashMap::new();
+        for r in 0..w {
+            let (a, b) = (self.server_of(Self::worker(w, r, s)), self.server_of(Self::worker(w, r, s + 1)));
+            if a != b {
+                *through.entry(a).or_insert(0) += 1;
+                *through.entry(b).or_insert(0) += 1;
+            }
+        }
+        through.into_values().max().unwrap_or(0)
+    }
+
+    /// Bandwidth of boundary `s -> s+1`: `intra_bw` when it stays in servers; otherwise
+    /// `inter_bw`, or, with `server_bw`, its share for each transfer crossing the busiest
+    /// server's network ([`Cluster::boundary_flows`]).
+    pub fn boundary_bw(&self, w: usize, s: usize) -> f64 {
+        match self.boundary_flows(w, s) {
+            0 => self.intra_bw,
+            n => self.server_bw.map_or(self.inter_bw, |sb| self.inter_bw.min(sb / n as f64)),
         }
     }
 
-    /// Bandwidth of the all-reduce among the `w` replicas of a stage: intra-server when all
-    /// `w * d` workers fit in one server; otherwise `inter_bw`, or, when the servers'
-    /// network is described (`server_bw`), its share for each of the `min(d,
-    /// workers_per_node)` rings of the stages a server holds, which all-reduce at about the
-    /// same time.
+    /// Bandwidth between consecutive stages, one number for the partitioner (which costs
+    /// every cut alike): per stage, the harmonic mean of the bandwidths of its one or two
+    /// boundaries (what it spends on them, if their cuts carry alike), and of those the
+    /// slowest stage's, since the slowest stage sets the pace. So a stage with one cut
+    /// inside a server and one across counts about twice the network's rate, where the
+    /// slowest boundary's rate alone would charge it twice its real network time. `intra_bw`
+    /// when every boundary stays in a server (all `w * d` workers in one).
+    pub fn pipeline_bw(&self, w: usize, d: usize) -> f64 {
+        let bw: Vec<f64> = (0..d.saturating_sub(1)).map(|s| self.boundary_bw(w, s)).collect();
+        (0..d)
+            .map(|s| {
+                let cuts: Vec<f64> = [s.checked_sub(1), (s + 1 < d).then_some(s)].into_iter().flatten().map(|b| bw[b]).collect();
+                if cuts.is_empty() { self.intra_bw } else { cuts.len() as f64 / cuts.iter().map(|b| 1.0 / b).sum::<f64>() }
+            })
+            .fold(self.intra_bw, f64::min)
+    }
+
+    /// How many all-reduce rings (one per stage whose `w` replicas span servers) cross the
+    /// busiest server's network: 0 when every stage's block of workers sits in one server.
+    pub fn allreduce_rings(&self, w: usize, d: usize) -> usize {
+        let mut through: std::collections::HashMap<usize, usize> = std::collections::HashMap::new();
+        for s in 0..d {
+            let (first, last) = (self.server_of(Self::worker(w, 0, s)), self.server_of(Self::worker(w, w.max(1) - 1, s)));
+            if first != last {
+                for server in first..=last {
+                    *through.entry(server).or_insert(0) += 1;
+                }
+            }
+        }
+        through.into_values().max().unwrap_or(0)
+    }
+
+    /// Bandwidth of the all-reduce among the `w` replicas of a stage: intra-server when each
+    /// stage's block of `w` consecutive workers sits in one server; otherwise `inter_bw`,
+    /// or, when the servers' network is described (`server_bw`), its share for each ring
+    /// crossing the busiest server ([`Cluster::allreduce_rings`]; the stages all-reduce at
+    /// about the same time).
     pub fn allreduce_bw(&self, w: usize, d: usize) -> f64 {
-        if w.saturating_mul(d) <= self.workers_per_node {
-            self.intra_bw
-        } else {
-            let rings = d.min(self.workers_per_node).max(1) as f64;
-            self.server_bw.map_or(self.inter_bw, |s| self.inter_bw.min(s / rings))
+        match self.allreduce_rings(w, d) {
+            0 => self.intra_bw,
+            n => self.server_bw.map_or(self.inter_bw, |s| self.inter_bw.min(s / n as f64)),
         }
     }
 }
@@ -325,12 +389,55 @@ mod tests {
         assert_eq!(c.peak_flops, 1e12);
         assert_eq!(c.mem_bw, 1e12);
         assert_eq!(c.server_bw, None);
-        // Four rings leave each server of 4 at d = 4 and share its 100 Gbit/s.
-        assert_eq!(c.allreduce_bw(4, 4), 12.5e9);
-        let shared = Cluster::from_toml("workers = 16\nworkers_per_node = 4\ninter_bw = \"100Gbit/s\"\nserver_bw = \"100Gbit/s\"\n").unwrap();
-        assert_eq!(shared.allreduce_bw(4, 4), 12.5e9 / 4.0);
+        // Stage-major: 4 replicas of each of 4 stages fill one server of 4 each, so every
+        // all-reduce stays in its server and every boundary crosses.
+        assert_eq!(c.allreduce_bw(4, 4), c.intra_bw);
+        assert_eq!(c.pipeline_bw(4, 4), 12.5e9);
+        // Eight replicas span two servers: the ring leaves them.
+        assert_eq!(c.allreduce_bw(8, 2), 12.5e9);
+        let t = Cluster::from_toml("[cluster]\nworkers = 2\n").unwrap();
+        assert_eq!(t.workers, 2);
+    }
+
+    /// The placement model follows the stage-major numbering (worker `s * w + r`).
+    #[test]
+    fn placement_is_stage_major() {
+        let shared = Cluster::from_toml("workers = 16\nworkers_per_node = 4\nintra_bw = \"100GB/s\"\ninter_bw = \"100Gbit/s\"\nserver_bw = \"100Gbit/s\"\n").unwrap();
+        assert_eq!((Cluster::worker(4, 1, 0), Cluster::worker(4, 0, 1), Cluster::worker(2, 1, 3)), (1, 4, 7));
+        // All 16 workers in blocks of 4: each stage's replicas share a server.
+        assert_eq!(shared.allreduce_rings(4, 4), 0);
+        assert_eq!(shared.allreduce_bw(4, 4), 100e9);
+        // ... and each boundary sends the 4 replicas' activations through both servers'
+        // networks at once: a quarter of the server's 100 Gbit/s each, at every cut of
+        // every stage.
+        assert_eq!(shared.boundary_flows(4, 0), 4);
+        assert_eq!(shared.boundary_bw(4, 0), 12.5e9 / 4.0);
+        assert_eq!(shared.pipeline_bw(4, 4), 12.5e9 / 4.0);
+        // One stage of 16 replicas: its ring crosses every server, alone.
         assert_eq!(shared.allreduce_bw(16, 1), 12.5e9);
-        assert_eq!(shared.allreduce_bw(2, 2), shared.intra_bw);
+        assert_eq!(shared.pipeline_bw(16, 1), 100e9);
+        // 2 x 2 fits in one server: everything on the intra-server link.
+        assert_eq!((shared.allreduce_bw(2, 2), shared.pipeline_bw(2, 2)), (100e9, 100e9));
+        // w = 2 divides 4: stages (0, 1) share server 0, so boundary 0 stays inside and
+        // boundary 1 crosses with both replicas.
+        assert_eq!((shared.boundary_flows(2, 0), shared.boundary_flows(2, 1), shared.boundary_flows(2, 2)), (0, 2, 0));
+        assert_eq!(shared.allreduce_bw(2, 8), 100e9);
+        // Stage 1 has one cut in its server and one across: the harmonic mean of the two.
+        let slow = 12.5e9 / 2.0;
+        assert_eq!(shared.pipeline_bw(2, 8), 2.0 / (1.0 / 100e9 + 1.0 / slow));
+        // Two stages whose only boundary crosses: the network's rate.
+        assert_eq!(shared.pipeline_bw(4, 2), 12.5e9 / 4.0);
+        // w = 3 does not divide 4: stage 1's block (workers 3..=5) straddles servers 0 and
+        // 1, and stage 2's (6..=8) servers 1 and 2: two rings through server 1.
+        assert_eq!(shared.allreduce_rings(3, 4), 2);
+        assert_eq!(shared.allreduce_bw(3, 4), 12.5e9 / 2.0);
+        // Without server_bw each crossing has inter_bw to itself.
+        let own = Cluster { server_bw: None, ..shared.clone() };
+        assert_eq!((own.allreduce_bw(3, 4), own.pipeline_bw(4, 4)), (12.5e9, 12.5e9));
+    }
+
+    #[test]
+    fn bad_keys_are_errors() {
         let t = Cluster::from_toml("[cluster]\nworkers = 2\n").unwrap();
         assert_eq!(t.workers, 2);
         assert!(matches!(

@@ -18,15 +18,18 @@
 //! # Time
 //! Stage time `T_s` = compute (forward + backward, times 4/3 with recomputation) plus
 //! `2 * live / bw` at each of its cuts. Its all-reduce `AR_s = 2 (w-1)/w * grad_bytes / bw`
-//! (intra-server bandwidth when the `w * d` workers fit in one server, else inter), plus
+//! (intra-server bandwidth when each stage's `w` replicas sit in one server, else inter,
+//! shared by the rings crossing a server when `server_bw` is known), plus
 //! for tied weights spanning `k` stages `2 (k-1)/k * bytes / pipeline_bw`. Per microbatch
 //! `t = max_s max(T_s, AR_s / m)`; per batch 2BW takes `m * t` (the all-reduce overlaps
 //! the next batch), Flush and GPipe `(m + d - 1) * max_s T_s + max_s AR_s` (the bubble, then
 //! the all-reduce after the flush). Throughput = `B / time per batch` (= `b * w / t` for
 //! 2BW). `pipewright simulate` replays the same configurations event by event.
 //!
-//! Workers are numbered `replica * d + stage`, so a pipeline stays in a server when `d`
-//! divides the server size ([`Cluster::pipeline_bw`]).
+//! Workers are numbered stage-major, `stage * w + replica` (the MPI ranks' order), so the
+//! replicas of a stage share a server when `w` divides the server size
+//! ([`Cluster::allreduce_bw`]) and `bw` at the cuts is the slowest boundary's
+//! ([`Cluster::pipeline_bw`]: intra-server only when all `w * d` workers share a server).
 //!
 //! The search evaluates configurations in decreasing order of an optimistic throughput
 //! (bottleneck >= (total compute + the cheapest cut's communication at each of the d - 1
@@ -501,7 +504,7 @@ impl<'a> PlanContext<'a> {
     /// function of the microbatches in flight (linear in them, from the planner's model).
     pub fn stage_costs(&mut self, cand: &Candidate, opts: &PlanOptions) -> Vec<crate::simulate::StageCost> {
         let (d, b) = (cand.d, cand.b);
-        let pbw = self.cluster.pipeline_bw(d);
+        let pbw = self.cluster.pipeline_bw(cand.w, d);
         let (extra_bytes, _, sync) = self.shared_extra(&cand.cuts, pbw);
         let state = opts.optimizer.state_tensors(opts.momentum);
         let model = |k: f64| {
@@ -666,7 +669,7 @@ fn assess(
 ) -> Option<Candidate> {
     let cluster = ctx.cluster;
     let limit = cluster.memory_per_worker as f64;
-    let pbw = cluster.pipeline_bw(cfg.d);
+    let pbw = cluster.pipeline_bw(cfg.w, cfg.d);
     let mem = cfg.memory_model(opts, limit);
     let (extra_bytes, _, sync) = ctx.shared_extra(cuts, pbw);
     let prob = ctx.problem(cfg.b, cfg.recompute, pbw);
@@ -722,23 +725,25 @@ fn assess(
     })
 }
 
-/// The exact partitions solved so far: unconstrained per `(d, b, recompute)`, and under
-/// the memory limit per `(d, b, recompute, schedule, m for GPipe)` (only solved when the
-/// unconstrained one does not fit).
+/// The exact partitions solved so far: unconstrained per `(d, b, recompute, pipeline
+/// bandwidth)`, and under the memory limit per `(d, b, recompute, schedule, m for GPipe,
+/// pipeline bandwidth)` (only solved when the unconstrained one does not fit). The
+/// bandwidth (its bits) is part of the key because it depends on `w` as well as `d` under
+/// stage-major placement ([`Cluster::pipeline_bw`]) and the cuts' cost depends on it.
 #[derive(Default)]
 struct Caches {
-    free: CutsCache<(usize, u64, Recompute)>,
-    bound: CutsCache<(usize, u64, Recompute, Schedule, u64)>,
+    free: CutsCache<(usize, u64, Recompute, u64)>,
+    bound: CutsCache<(usize, u64, Recompute, Schedule, u64, u64)>,
 }
 
 impl Caches {
-    fn free_key(cfg: &Config) -> (usize, u64, Recompute) {
-        (cfg.d, cfg.b, cfg.recompute)
+    fn free_key(cfg: &Config, cluster: &Cluster) -> (usize, u64, Recompute, u64) {
+        (cfg.d, cfg.b, cfg.recompute, cluster.pipeline_bw(cfg.w, cfg.d).to_bits())
     }
 
-    fn bound_key(cfg: &Config) -> (usize, u64, Recompute, Schedule, u64) {
+    fn bound_key(cfg: &Config, cluster: &Cluster) -> (usize, u64, Recompute, Schedule, u64, u64) {
         let m = if cfg.schedule == Schedule::GPipe { cfg.m } else { 0 };
-        (cfg.d, cfg.b, cfg.recompute, cfg.schedule, m)
+        (cfg.d, cfg.b, cfg.recompute, cfg.schedule, m, cluster.pipeline_bw(cfg.w, cfg.d).to_bits())
     }
 
     /// Solves, in parallel, the partitions `configs` will ask for: first the unconstrained
@@ -746,39 +751,41 @@ impl Caches {
     /// does not fit.
     fn solve_ahead(&mut self, ctx: &mut PlanContext, configs: &[Config], opts: &PlanOptions) {
         let limit = ctx.cluster.memory_per_worker as f64;
+        let cluster = ctx.cluster;
         let mut jobs = Vec::new();
         for cfg in configs {
-            let key = Self::free_key(cfg);
-            if !self.free.contains_key(&key) && !jobs.iter().any(|j: &(Config, MemoryModel)| Self::free_key(&j.0) == key) {
+            let key = Self::free_key(cfg, cluster);
+            if !self.free.contains_key(&key) && !jobs.iter().any(|j: &(Config, MemoryModel)| Self::free_key(&j.0, cluster) == key) {
                 jobs.push((*cfg, MemoryModel::unlimited()));
             }
         }
         for (cfg, cuts) in solve_all(ctx, jobs) {
-            self.free.insert(Self::free_key(&cfg), cuts);
+            self.free.insert(Self::free_key(&cfg, cluster), cuts);
         }
         let mut jobs = Vec::new();
         for cfg in configs {
-            let key = Self::bound_key(cfg);
-            if self.bound.contains_key(&key) || jobs.iter().any(|j: &(Config, MemoryModel)| Self::bound_key(&j.0) == key) {
+            let key = Self::bound_key(cfg, cluster);
+            if self.bound.contains_key(&key) || jobs.iter().any(|j: &(Config, MemoryModel)| Self::bound_key(&j.0, cluster) == key) {
                 continue;
             }
-            let fits = self.free.get(&Self::free_key(cfg)).cloned().flatten().and_then(|c| assess(ctx, cfg, &c, opts)).is_some();
+            let fits = self.free.get(&Self::free_key(cfg, cluster)).cloned().flatten().and_then(|c| assess(ctx, cfg, &c, opts)).is_some();
             if !fits {
                 jobs.push((*cfg, cfg.memory_model(opts, limit)));
             }
         }
         for (cfg, cuts) in solve_all(ctx, jobs) {
-            self.bound.insert(Self::bound_key(&cfg), cuts);
+            self.bound.insert(Self::bound_key(&cfg, cluster), cuts);
         }
     }
 
     /// The best candidate for `cfg`: its unconstrained partition when that fits, else its
     /// partition under the memory limit.
     fn best(&mut self, ctx: &mut PlanContext, cfg: &Config, opts: &PlanOptions) -> Option<Candidate> {
-        let pbw = ctx.cluster.pipeline_bw(cfg.d);
+        let cluster = ctx.cluster;
+        let pbw = cluster.pipeline_bw(cfg.w, cfg.d);
         let free = self
             .free
-            .entry(Self::free_key(cfg))
+            .entry(Self::free_key(cfg, cluster))
             .or_insert_with(|| ctx.problem(cfg.b, cfg.recompute, pbw).optimal_partition(cfg.d, &MemoryModel::unlimited()).map(|p| p.cuts))
             .clone();
         if let Some(c) = free.and_then(|c| assess(ctx, cfg, &c, opts)) {
@@ -786,7 +793,7 @@ impl Caches {
         }
         let mem = cfg.memory_model(opts, ctx.cluster.memory_per_worker as f64);
         self.bound
-            .entry(Self::bound_key(cfg))
+            .entry(Self::bound_key(cfg, cluster))
             .or_insert_with(|| ctx.problem(cfg.b, cfg.recompute, pbw).optimal_partition(cfg.d, &mem).map(|p| p.cuts))
             .clone()
             .and_then(|c| assess(ctx, cfg, &c, opts))
@@ -798,7 +805,7 @@ fn solve_all(ctx: &mut PlanContext, jobs: Vec<(Config, MemoryModel)>) -> Vec<(Co
     let keys: Vec<(u64, Recompute, u64)> = jobs
         .iter()
         .map(|(cfg, _)| {
-            let bw = ctx.cluster.pipeline_bw(cfg.d);
+            let bw = ctx.cluster.pipeline_bw(cfg.w, cfg.d);
             ctx.problem(cfg.b, cfg.recompute, bw);
             (cfg.b, cfg.recompute, bw.to_bits())
         })
@@ -921,7 +928,7 @@ pub fn plan(
                             let cheapest_cut = *min_live.entry(b).or_insert_with(|| {
                                 ctx.order.live.get(1..n).unwrap_or(&[]).iter().map(|l| l.at(b).max(0.0)).fold(f64::INFINITY, f64::min)
                             });
-                            let comm_lb = if d > 1 && cheapest_cut.is_finite() { 2.0 * (d as f64 - 1.0) * 2.0 * cheapest_cut / cluster.pipeline_bw(d) } else { 0.0 };
+                            let comm_lb = if d > 1 && cheapest_cut.is_finite() { 2.0 * (d as f64 - 1.0) * 2.0 * cheapest_cut / cluster.pipeline_bw(w, d) } else { 0.0 };
                             let t_lb = (total * slowdown + comm_lb) / d as f64;
                             // Some stage holds at least a d-th of the parameters, and its
                             // all-reduce takes at least that share's time (as in `assess`).
@@ -965,7 +972,7 @@ pub fn plan(
     let limit = cluster.memory_per_worker as f64;
     configs.retain(|cfg| {
         let mem = cfg.memory_model(opts, limit);
-        let (p, a, k) = ctx.totals(cfg.b, cfg.recompute, cluster.pipeline_bw(cfg.d));
+        let (p, a, k) = ctx.totals(cfg.b, cfg.recompute, cluster.pipeline_bw(cfg.w, cfg.d));
         (mem.weight_factor * p + mem.act_factor * a + mem.kept_factor * k) / cfg.d as f64 <= limit * (1.0 + 1e-9)
     });
     if configs.is_empty() {
@@ -1033,7 +1040,7 @@ fn describe(ctx: &mut PlanContext, candidates: Vec<Candidate>, chosen: Candidate
     let g = ctx.g;
     let cuts = chosen.cuts.clone();
     let ranges = stage_ranges(&cuts, n);
-    let pbw = ctx.cluster.pipeline_bw(chosen.d);
+    let pbw = ctx.cluster.pipeline_bw(chosen.w, chosen.d);
     let (_, extra_numel, _) = ctx.shared_extra(&cuts, pbw);
     let mem = memory_model(
         chosen.schedule,

@@ -188,28 +188,27 @@ impl SimCluster {
         SimCluster { name: name.to_string(), cluster, intra_latency_s: NVLINK_LATENCY_S, inter_latency_s: 20e-6, efficiency: 1.0 }
     }
 
-    fn server_of(&self, worker: usize) -> usize {
-        worker / self.cluster.workers_per_node.max(1)
-    }
-
-    /// The links between consecutive stages of a `w x d` layout (worker `r * d + s` runs
-    /// stage `s` of replica `r`): link `s` is the slowest any replica has between stages
-    /// `s` and `s + 1`, since the replicas wait for each other at every update.
+    /// The links between consecutive stages of a `w x d` layout (stage-major: worker
+    /// `s * w + r` runs stage `s` of replica `r`, [`Cluster::worker`]): link `s` is NVLink
+    /// when every replica's stages `s` and `s + 1` share a server, else a network link at
+    /// the planner's bandwidth for that boundary ([`Cluster::boundary_bw`]: the replicas
+    /// crossing one server's network share it, when `server_bw` is known), since the
+    /// replicas wait for each other at every update.
     pub fn pipeline_links(&self, w: usize, d: usize) -> Vec<Link> {
-        let intra = Link { bandwidth: self.cluster.intra_bw, latency_s: self.intra_latency_s };
-        let inter = Link { bandwidth: self.cluster.inter_bw.min(self.cluster.server_bw.unwrap_or(f64::INFINITY)), latency_s: self.inter_latency_s };
         (0..d.saturating_sub(1))
-            .map(|s| if (0..w).any(|r| self.server_of(r * d + s) != self.server_of(r * d + s + 1)) { inter } else { intra })
+            .map(|s| match self.cluster.boundary_flows(w, s) {
+                0 => Link { bandwidth: self.cluster.intra_bw, latency_s: self.intra_latency_s },
+                _ => Link { bandwidth: self.cluster.boundary_bw(w, s), latency_s: self.inter_latency_s },
+            })
             .collect()
     }
 
     /// The link each stage's ring all-reduce among its `w` replicas runs over: NVLink when
-    /// they share a server; otherwise a network link at the planner's bandwidth
-    /// ([`Cluster::allreduce_bw`]: the server's network shared by the rings of every stage
-    /// it holds, when `server_bw` is known).
+    /// every stage's block of `w` consecutive workers sits in one server; otherwise a
+    /// network link at the planner's bandwidth ([`Cluster::allreduce_bw`]: the server's
+    /// network shared by the rings crossing it, when `server_bw` is known).
     pub fn allreduce_link(&self, w: usize, d: usize) -> Link {
-        let one_server = (0..d).all(|s| (0..w).all(|r| self.server_of(r * d + s) == self.server_of(s)));
-        if one_server {
+        if self.cluster.allreduce_rings(w, d) == 0 {
             return Link { bandwidth: self.cluster.intra_bw, latency_s: self.intra_latency_s };
         }
         Link { bandwidth: self.cluster.allreduce_bw(w, d), latency_s: self.inter_latency_s }
@@ -246,18 +245,24 @@ mod tests {
         assert_eq!(c.cluster.memory_per_worker, 16 << 30);
         assert_eq!(c.cluster.peak_flops, 125e12);
         assert_eq!(c.cluster.inter_bw, 25e9 / 8.0);
-        // d = 8: each pipeline is one server, every link NVLink; the replicas of each stage
-        // sit in 8 servers and the 8 rings share each server's 25 Gbit/s.
-        assert!(c.pipeline_links(8, 8).iter().all(|l| l.bandwidth == 150e9));
-        assert_eq!(c.allreduce_link(8, 8).bandwidth, 25e9 / 8.0 / 8.0);
-        // d = 16: every pipeline crosses one server boundary, in the middle.
+        // Stage-major, w = d = 8: each stage's 8 replicas fill one server and all-reduce
+        // over NVLink; every boundary sends 8 replicas' activations through the servers'
+        // 25 Gbit/s at once.
+        assert_eq!(c.allreduce_link(8, 8).bandwidth, 150e9);
+        assert!(c.pipeline_links(8, 8).iter().all(|l| l.bandwidth == 25e9 / 8.0 / 8.0 && l.latency_s == c.inter_latency_s));
+        // w = 4, d = 16: two stages per server; the odd boundaries cross (4 replicas each).
         let links = c.pipeline_links(4, 16);
-        assert_eq!(links.iter().filter(|l| l.bandwidth < 1e10).count(), 1);
-        assert_eq!(links[7].bandwidth, 25e9 / 8.0);
-        // d = 3 does not divide 8: some replica crosses at every link.
-        assert!(c.pipeline_links(21, 3).iter().all(|l| l.bandwidth == 25e9 / 8.0));
-        // Replicas inside one server all-reduce over NVLink.
-        assert_eq!(c.allreduce_link(4, 2).bandwidth, 150e9);
+        assert_eq!(links.iter().filter(|l| l.bandwidth < 1e10).count(), 7);
+        assert_eq!((links[0].bandwidth, links[1].bandwidth), (150e9, 25e9 / 8.0 / 4.0));
+        assert_eq!(c.allreduce_link(4, 16).bandwidth, 150e9);
+        // w = 21 spans three or four servers per stage: server 2 (workers 16..=23) holds
+        // the end of stage 0's block (..=20) and the start of stage 1's (21..), so two
+        // rings share its network.
+        assert_eq!(c.cluster.allreduce_rings(21, 3), 2);
+        assert_eq!(c.allreduce_link(21, 3).bandwidth, 25e9 / 8.0 / 2.0);
+        // A 2 x 4 job fits in one server: NVLink everywhere.
+        assert_eq!(c.allreduce_link(2, 4).bandwidth, 150e9);
+        assert!(c.pipeline_links(2, 4).iter().all(|l| l.bandwidth == 150e9));
         assert_eq!(SimCluster::from_preset(device("V100-16GB").unwrap(), network("25gbit").unwrap(), 1, 8, Precision::Fp32, 0.5).unwrap().cluster.peak_flops, 15.7e12 * 0.5);
     }
 

@@ -2,25 +2,33 @@
 //! and linked by MPI (rsmpi on the system's Open MPI): the same [`Transport`] the embedded
 //! executor uses, so a stage process runs the very schedule the embedded executor runs.
 //!
-//! Ranks are `replica * depth + stage`: consecutive stages of a replica on consecutive
-//! ranks (the order MPMD programs listed stage by stage get).
+//! Ranks are stage-major, `stage * replicas + replica`: the replicas of a stage on
+//! consecutive ranks, stage k's block followed by stage k+1's. Launchers fill a node's
+//! slots with consecutive ranks, so when the replica count divides the ranks per node the
+//! replicas of a stage share a server and the per-step gradient all-reduce, the largest
+//! transfer, stays on the server's fast links (`shared/design/2bw.md`); only the
+//! activations and gradients of a boundary cross servers. A stage's neighbours are
+//! therefore `replicas` ranks away, never `rank +- 1`: every use goes through [`Layout`].
 //!
 //! - Activations and gradients go point to point, tagged by direction, sent non-blocking
 //!   (a send never waits for its receiver, so the schedule cannot deadlock) and received
 //!   by polling with a deadline (`--timeout`), so no wait lasts forever and a late one
 //!   names what it waited for and from whom.
 //! - Reductions (gradient norm and fp16 overflow over every rank, gradient averaging over
-//!   the replicas of a stage, tied-weight gradients over the stages of a replica that share
-//!   them) are gathers to the group's first rank, a sum in fixed group order (rank, replica,
-//!   stage order: the embedded executor's order) and a send of the result to the group, each
-//!   kind of group on its own tag. MPI's own reductions may sum in any order; this one is
-//!   bit-identical to the embedded executor.
-//! - Liveness: a thread of its own sends every rank's ring neighbours a heartbeat each
-//!   second and watches theirs; a neighbour silent for the heartbeat timeout (frozen by
-//!   SIGSTOP, a dead node) stops the job with `MPI_Abort` and a message naming it and what
-//!   this rank was waiting for. Computation never delays heartbeats, so a long step is not
-//!   mistaken for a frozen rank. A rank stopped by the launcher (another rank died) says
-//!   what it was waiting for before it exits.
+//!   the replicas of a stage, tied-weight gradients over the stages of a replica that
+//!   share them) are gathers to the group's first rank, a sum in fixed group order (the
+//!   embedded executor's: replica-major then stage over every rank, not rank order;
+//!   replica order within a stage; stage order within a replica) and a send of the result
+//!   to the group, each kind of group on its own tag. MPI's own reductions may sum in any
+//!   order; this one is bit-identical to the embedded executor.
+//! - Liveness: a thread of its own sends every rank's ring neighbours (ranks `rank +- 1`,
+//!   wrapping; usually the other replicas of its stage: every rank is watched by two
+//!   others whatever the layout) a heartbeat each second and watches theirs; a neighbour
+//!   silent for the heartbeat timeout (frozen by SIGSTOP, a dead node) stops the job with
+//!   `MPI_Abort` and a message naming it and what this rank was waiting for. Computation
+//!   never delays heartbeats, so a long step is not mistaken for a frozen rank. A rank
+//!   stopped by the launcher (another rank died) says what it was waiting for before it
+//!   exits.
 //! - Agreement: before the first step every rank's run configuration is compared with
 //!   rank 0's, and a difference stops every rank naming the first one.
 
@@ -67,7 +75,7 @@ pub const DEFAULT_HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(10);
 /// How often a rank tells its neighbours it is alive.
 pub const HEARTBEAT_PERIOD: Duration = Duration::from_secs(1);
 
-/// The job's shape: rank `replica * depth + stage`.
+/// The job's shape and its rank numbering: rank `stage * replicas + replica`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Layout {
     pub depth: usize,
@@ -79,11 +87,17 @@ impl Layout {
         self.depth * self.replicas
     }
     pub fn rank(&self, replica: usize, stage: usize) -> usize {
-        replica * self.depth + stage
+        stage * self.replicas + replica
     }
     /// `(replica, stage)` of a rank.
     pub fn place(&self, rank: usize) -> (usize, usize) {
-        (rank / self.depth.max(1), rank % self.depth.max(1))
+        (rank % self.replicas.max(1), rank / self.replicas.max(1))
+    }
+    /// Every rank in the embedded executor's summing order (replica-major: for each
+    /// replica, its stages in order), so that sums over every rank add in the order
+    /// `pipewright train` adds them and stay bit-identical to it.
+    pub fn summing_order(&self) -> Vec<usize> {
+        (0..self.replicas).flat_map(|r| (0..self.depth).map(move |k| self.rank(r, k))).collect()
     }
     /// `rank 3 (stage 1, replica 1)`, for messages.
     pub fn who(&self, rank: usize) -> String {
@@ -403,6 +417,11 @@ impl Mpi {
         self.rank
     }
 
+    /// The job's shape and rank numbering.
+    pub fn layout(&self) -> Layout {
+        self.layout
+    }
+
     /// Sends `bytes` to `to` without waiting for it to be received.
     fn isend(&mut self, to: usize, tag: i32, bytes: Vec<u8>) -> Result<(), String> {
         if bytes.len() > i32::MAX as usize {
@@ -577,8 +596,8 @@ impl Mpi {
         commit_parts(dir, step, job, schedule, pipeline, config, parts).map(Some).map_err(|e| e.to_string())
     }
 
-    /// Every rank's `tensors` (named), gathered on rank 0 in rank order (collective): rank 0
-    /// gets `Some`, the others `None`.
+    /// Every rank's `tensors` (named), gathered on rank 0 in rank order (collective: stage
+    /// `k` of replica `r` at [`Layout::rank`]`(r, k)`): rank 0 gets `Some`, the others `None`.
     pub fn gather_to_first(&mut self, tensors: Named, what: &str) -> Result<Option<Vec<Named>>, String> {
         if self.rank != 0 {
             let bytes = Wire { a: 0, value: 0.0, text: Vec::new(), tensors }.encode()?;
@@ -703,13 +722,14 @@ impl Transport for Mpi {
             return Err("no next neighbour".into());
         }
         let bytes = Wire { a: mb, value: 0.0, text: Vec::new(), tensors }.encode()?;
-        self.isend(self.rank + 1, FORWARD, bytes)
+        let to = self.layout.rank(self.replica, self.stage as usize + 1);
+        self.isend(to, FORWARD, bytes)
     }
     fn recv_forward(&mut self, mb: u64) -> Result<Named, String> {
         if self.stage == 0 {
             return Err("no previous neighbour".into());
         }
-        let from = self.rank - 1;
+        let from = self.layout.rank(self.replica, self.stage as usize - 1);
         let w = Wire::decode(&self.recv(from, FORWARD, &format!("microbatch {mb}'s activations"))?).map_err(|e| format!("from {}: {e}", self.layout.who(from)))?;
         if w.a != mb {
             return Err(format!("expected microbatch {mb}'s activations from {}, got microbatch {}'s", self.layout.who(from), w.a));
@@ -721,13 +741,14 @@ impl Transport for Mpi {
             return Err("no previous neighbour".into());
         }
         let bytes = Wire { a: mb, value: 0.0, text: Vec::new(), tensors: grads }.encode()?;
-        self.isend(self.rank - 1, BACKWARD, bytes)
+        let to = self.layout.rank(self.replica, self.stage as usize - 1);
+        self.isend(to, BACKWARD, bytes)
     }
     fn recv_backward(&mut self, mb: u64) -> Result<Named, String> {
         if self.stage as usize + 1 >= self.layout.depth {
             return Err("no next neighbour".into());
         }
-        let from = self.rank + 1;
+        let from = self.layout.rank(self.replica, self.stage as usize + 1);
         let w = Wire::decode(&self.recv(from, BACKWARD, &format!("microbatch {mb}'s gradients"))?).map_err(|e| format!("from {}: {e}", self.layout.who(from)))?;
         if w.a != mb {
             return Err(format!("expected microbatch {mb}'s gradients from {}, got microbatch {}'s", self.layout.who(from), w.a));
@@ -735,9 +756,10 @@ impl Transport for Mpi {
         Ok(w.tensors)
     }
     fn all_reduce_sum(&mut self, x: f64) -> Result<f64, String> {
-        let members: Vec<usize> = (0..self.layout.size()).collect();
+        // Not rank order: the embedded executor's order (replica-major, then stage), whose
+        // first member is rank 0 all the same.
+        let members = self.layout.summing_order();
         let mine = Wire { a: 0, value: x, text: Vec::new(), tensors: Vec::new() };
-        // Rank order is the embedded executor's order (replica-major, then stage).
         let combine = |parts: Vec<Wire>| -> Result<Wire, String> { Ok(Wire { a: 0, value: parts.into_iter().map(|w| w.value).sum(), text: Vec::new(), tensors: Vec::new() }) };
         Ok(self.reduce(&members, (SUM_PART, SUM_RESULT), "gradient-norm sum of every stage", mine, combine)?.value)
     }
@@ -879,6 +901,27 @@ mod tests {
         let mut huge = bytes.clone();
         huge[20..28].copy_from_slice(&(1u64 << 40).to_le_bytes());
         assert!(matches!(Wire::decode(&huge), Err(e) if e.contains("exceeds the message")));
+    }
+
+    /// Ranks are stage-major: a stage's replicas on consecutive ranks; `place` inverts
+    /// `rank`, and the everyone-sum keeps the embedded executor's replica-major order.
+    #[test]
+    fn ranks_are_stage_major_and_sums_keep_the_embedded_order() {
+        let l = Layout { depth: 3, replicas: 2 };
+        let ranks: Vec<usize> = (0..3).flat_map(|k| (0..2).map(move |r| l.rank(r, k))).collect();
+        assert_eq!(ranks, vec![0, 1, 2, 3, 4, 5]);
+        assert_eq!((l.rank(1, 0), l.rank(0, 1)), (1, 2));
+        for rank in 0..l.size() {
+            let (r, k) = l.place(rank);
+            assert_eq!(l.rank(r, k), rank);
+        }
+        assert_eq!(l.who(3), "rank 3 (stage 1, replica 1)");
+        assert_eq!(l.who(1), "rank 1 (stage 0, replica 1)");
+        assert_eq!(l.summing_order(), vec![0, 2, 4, 1, 3, 5]);
+        // One replica: ranks are stages.
+        let one = Layout { depth: 4, replicas: 1 };
+        assert_eq!((0..4).map(|k| one.rank(0, k)).collect::<Vec<_>>(), vec![0, 1, 2, 3]);
+        assert_eq!(one.summing_order(), vec![0, 1, 2, 3]);
     }
 
     #[test]

@@ -107,9 +107,13 @@ pub struct TrainConfig {
     pub precision: Precision,
     /// fp16's initial loss scale and growth interval (ignored otherwise).
     pub loss_scale: LossScaler,
-    /// Stage placement: worker `replica * d + stage` runs on `devices[(replica * d +
-    /// stage) % len]` (so `d` devices give stage k device k in every replica, and `d * w`
-    /// devices one per worker). Empty: every worker on `device`.
+    /// Stage placement: worker (replica `r`, stage `k`) runs on the device of its rank in
+    /// an MPI job, `devices[(k * w + r) % len]` (ranks are stage-major, [`Layout`]), so the
+    /// embedded executor and the MPI workers place alike, and `len` GPUs per node give the
+    /// ranks a node holds one GPU each (launchers fill a node with consecutive ranks):
+    /// `d * w` devices give one per worker, `w` devices give replica r device r (the
+    /// replicas of a stage on different devices, each replica's stages on one). Empty:
+    /// every worker on `device`.
     pub devices: Vec<tch::Device>,
     /// A step whose loss or gradients are not finite: stop (the divergence error) or skip
     /// its update in every stage.
@@ -151,12 +155,13 @@ impl TrainConfig {
         }
     }
 
-    /// The device of stage `stage` of replica `replica` in a pipeline of `depth` stages.
-    pub fn worker_device(&self, stage: usize, replica: usize, depth: usize) -> tch::Device {
+    /// The device of stage `stage` of replica `replica` (of [`TrainConfig::replicas`]).
+    pub fn worker_device(&self, stage: usize, replica: usize) -> tch::Device {
         if self.devices.is_empty() {
             return self.device;
         }
-        self.devices[(replica * depth + stage) % self.devices.len()]
+        // The worker's rank, stage-major as in `Layout::rank`; the depth does not enter it.
+        self.devices[(stage * self.replicas.max(1) + replica) % self.devices.len()]
     }
 }
 
@@ -502,7 +507,7 @@ fn run_training(
             // Each worker computes on its own device; boundary tensors are moved to it as
             // they arrive.
             let mut placed = cfg.clone();
-            placed.device = cfg.worker_device(k, r, d);
+            placed.device = cfg.worker_device(k, r);
             let args = stage::WorkerArgs {
                 spec: specs[k].clone(),
                 replica: r,
@@ -640,7 +645,7 @@ pub fn run_worker(
     let feeder = std::thread::spawn(move || feed(std::iter::once(first).chain(data), start, steps, m, txs, input_names, err_tx));
     let (ev_tx, ev_rx) = mpsc::channel::<Event>();
     let mut placed = cfg.clone();
-    placed.device = cfg.worker_device(k, replica, d);
+    placed.device = cfg.worker_device(k, replica);
     let args = stage::WorkerArgs {
         spec,
         replica,
@@ -858,5 +863,27 @@ mod tests {
             assert_eq!(seen.len(), 1, "{order:?}");
             assert_eq!(seen[0].to_bits(), want.to_bits(), "{order:?}: {} vs {want}", seen[0]);
         }
+    }
+
+    /// `--devices` follows the stage-major rank: the device of worker (r, k) is the one
+    /// its MPI rank gets, so per-node GPU lists give each rank of a node its own GPU.
+    #[test]
+    fn worker_devices_follow_the_stage_major_rank() {
+        let mut cfg = TrainConfig::new(Schedule::TwoBw, Objective::new(Loss::Mse, "y"), 0.1, 1);
+        cfg.replicas = 2;
+        let layout = Layout { depth: 3, replicas: 2 };
+        cfg.devices = (0..6).map(tch::Device::Cuda).collect();
+        for k in 0..3 {
+            for r in 0..2 {
+                assert_eq!(cfg.worker_device(k, r), tch::Device::Cuda(layout.rank(r, k)), "replica {r} stage {k}");
+            }
+        }
+        // Stage 1 of replica 0 is rank 2, not rank 1 (replica-major numbering).
+        assert_eq!(cfg.worker_device(1, 0), tch::Device::Cuda(2));
+        // Two devices for two replicas: each replica's stages on one device.
+        cfg.devices = vec![tch::Device::Cuda(0), tch::Device::Cuda(1)];
+        assert_eq!((0..3).map(|k| cfg.worker_device(k, 1)).collect::<Vec<_>>(), vec![tch::Device::Cuda(1); 3]);
+        cfg.devices.clear();
+        assert_eq!(cfg.worker_device(2, 1), tch::Device::Cpu);
     }
 }

@@ -174,8 +174,11 @@ impl Transport for InProcess {
         recv(&self.bwd_in, mb, "next", "gradients", self.timeout)
     }
     fn all_reduce_sum(&mut self, x: f64) -> Result<f64, String> {
-        let rank = self.replica * (self.everyone.n / self.replicas.n.max(1)) + self.stage as usize;
-        self.everyone.reduce(rank, x, |xs| Ok(xs.into_iter().sum()), |x| *x, self.timeout)
+        // The summing position, replica-major (replica, then stage): this order is the
+        // reference the MPI job's `Layout::summing_order` repeats; it is not the MPI rank,
+        // which is stage-major.
+        let position = self.replica * (self.everyone.n / self.replicas.n.max(1)) + self.stage as usize;
+        self.everyone.reduce(position, x, |xs| Ok(xs.into_iter().sum()), |x| *x, self.timeout)
     }
     fn all_reduce_replicas(&mut self, tensors: Vec<Tensor>) -> Result<Vec<Tensor>, String> {
         if self.replicas.n == 1 {
