@@ -815,11 +815,16 @@ fn terminal_output_never_shares_a_line() {
     assert!(lines.iter().any(|l| l.starts_with("error:")), "{lines:#?}");
 }
 
+/// Little-endian f32 values (safetensors data, an ONNX initializer's raw data).
+fn f32s(bytes: &[u8]) -> Vec<f32> {
+    bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+}
+
 /// The tensors of a weights file by name, as f32 values.
 fn read_weights(path: &Path) -> std::collections::BTreeMap<String, Vec<f32>> {
     let bytes = std::fs::read(path).expect("weights written");
     let st = safetensors::SafeTensors::deserialize(&bytes).expect("a safetensors file");
-    st.tensors().into_iter().map(|(n, v)| (n, v.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())).collect()
+    st.tensors().into_iter().map(|(n, v)| (n, f32s(v.data()))).collect()
 }
 
 /// gpt2-tiny's exporter merged every LayerNorm's weight (ones) and bias (zeros) into one
@@ -867,7 +872,7 @@ fn merged_initializers_are_announced_and_can_be_untied() {
             let scales: std::collections::BTreeSet<&str> = m.graph.node.iter().filter(|n| n.op_type == "LayerNormalization").map(|n| n.input[1].as_str()).collect();
             assert_eq!(scales.len(), 9, "{scales:?}");
             let copy = m.graph.initializer.iter().find(|t| t.name == "transformer.h.0.ln_1.weight.untied3").expect("the copy is an initializer");
-            let values: Vec<f32> = copy.raw_data.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+            let values = f32s(&copy.raw_data);
             assert_eq!(&values, other);
         }
     }
@@ -884,7 +889,7 @@ fn batch_baked_initializers_are_announced_and_can_train() {
     let dir = tempfile::tempdir().expect("temp dir");
     let source = ModelProto::parse_from_bytes(&std::fs::read(&vit).unwrap()).unwrap();
     let token = source.graph.initializer.iter().find(|t| t.name == "expand").expect("the class token");
-    let initial: Vec<f32> = token.raw_data.chunks_exact(4).take(128).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+    let initial: Vec<f32> = f32s(&token.raw_data).into_iter().take(128).collect();
     for train_it in [false, true] {
         let build = dir.path().join(if train_it { "trained" } else { "frozen" });
         let mut args = vec!["compile", vit.to_str().unwrap(), "--stages", "2", "-o", build.to_str().unwrap()];
@@ -916,7 +921,7 @@ fn batch_baked_initializers_are_announced_and_can_train() {
         assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).contains("batch axis dynamic"), "{}", String::from_utf8_lossy(&out.stdout));
         let m = ModelProto::parse_from_bytes(&std::fs::read(&exported).unwrap()).unwrap();
         let t = m.graph.initializer.iter().find(|t| t.name == "expand").unwrap();
-        let values: Vec<f32> = t.raw_data.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        let values = f32s(&t.raw_data);
         assert_eq!(&values, trained);
         let inputs = dir.path().join("inputs");
         std::fs::create_dir_all(&inputs).unwrap();
@@ -930,8 +935,6 @@ fn batch_baked_initializers_are_announced_and_can_train() {
     assert!(!dir.path().join("bad/pipeline.toml").exists());
 }
 
-/// A Python with onnxruntime and numpy: `PIPEWRIGHT_PYTHON`, else the shared venv, else
-/// `python3`; `None` when none of them imports onnxruntime.
 /// The Python that runs onnxruntime for the tests: `PIPEWRIGHT_PYTHON` (scripts/test.sh sets
 /// it from scripts/pyref.sh), else `python3` if it has onnxruntime. Missing, the test fails
 /// saying how to get one: an outside reference is never skipped.

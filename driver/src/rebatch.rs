@@ -21,10 +21,12 @@
 //! [`Rebatched::Fixed`] says which node holds it, for `export` to report.
 
 use std::collections::HashMap;
+use std::path::Path;
 
 use onnx_protobuf::tensor_shape_proto::{dimension, Dimension};
 use onnx_protobuf::{attribute_proto, type_proto, AttributeProto, GraphProto, NodeProto, TensorProto, ValueInfoProto};
-use pipewright_ir::{Dim, Graph};
+use pipewright_ir::import::tensor::{tensor_from_proto, tensor_to_proto};
+use pipewright_ir::{Dim, Graph, TensorData};
 
 /// What [`dynamic_batch`] did.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -43,19 +45,16 @@ const BROADCASTING: &[&str] = &["Add", "Sub", "Mul", "Div", "Where", "Pow", "Max
 
 const INT64: i32 = 7;
 
-/// The i64 values of a tensor stored in the file.
+/// The i64 values of a tensor stored in the file (external data is not read).
 fn i64_values(t: &TensorProto) -> Option<Vec<i64>> {
     if t.data_type != INT64 || !t.external_data.is_empty() {
         return None;
     }
-    if t.raw_data.is_empty() {
-        return Some(t.int64_data.clone());
-    }
-    (t.raw_data.len() % 8 == 0).then(|| t.raw_data.chunks_exact(8).map(|c| i64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]])).collect())
+    tensor_from_proto(t.clone(), Path::new("")).ok().map(|d| d.to_i64s())
 }
 
 fn i64_tensor(name: &str, values: &[i64]) -> TensorProto {
-    TensorProto { name: name.into(), data_type: INT64, dims: vec![values.len() as i64], raw_data: values.iter().flat_map(|v| v.to_le_bytes()).collect(), ..Default::default() }
+    tensor_to_proto(name, &TensorData::from_i64s(vec![values.len() as i64], values))
 }
 
 fn set_dim0(vi: &mut ValueInfoProto, shape: &[Dim]) {

@@ -39,25 +39,18 @@ fn every_saved_crash_is_now_a_clean_outcome() {
 fn the_findings_get_specific_errors() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     let ctx = Context::new(&root.join("seeds")).unwrap();
-    let split = std::fs::read(root.join("crashes/onnx-5a83703e471492ca.bin")).unwrap();
-    let e = ctx.execute(Target::Onnx, &split).unwrap_err();
-    assert!(e.contains("num_outputs 2147483647 does not match the node's 3 outputs"), "{e}");
-    let scan = std::fs::read(root.join("crashes/onnx-d813efc48b2a0a0c.bin")).unwrap();
-    let e = ctx.execute(Target::Onnx, &scan).unwrap_err();
-    assert!(e.contains("scans 1099511627776 rows of 3 steps"), "{e}");
-    let flex = std::fs::read(root.join("crashes/onnx-882de7f86be74da4.bin")).unwrap();
-    let e = ctx.execute(Target::Onnx, &flex).unwrap_err();
-    assert!(e.contains("2147483648 query heads is more than the 65536 supported"), "{e}");
-    let gru = std::fs::read(root.join("crashes/onnx-62712179e91b4069.bin")).unwrap();
-    let e = ctx.execute(Target::Onnx, &gru).unwrap_err();
-    assert!(e.contains("hidden_size 9223372036854775807 is out of range"), "{e}");
-    let reshape = std::fs::read(root.join("crashes/onnx-f7288aae93418f8f.bin")).unwrap();
-    let e = ctx.execute(Target::Onnx, &reshape).unwrap_err();
-    assert!(e.contains("the product of the extents [9223372036854775807,2,1] overflows"), "{e}");
-    let npy = std::fs::read(root.join("crashes/npy-099c2c0f26a45e3c.bin")).unwrap();
-    let e = ctx.execute(Target::Npy, &npy).unwrap_err();
-    assert!(e.contains("shape [18446744073709551615] of <i4 needs more than 2^64 bytes"), "{e}");
-    let npz = std::fs::read(root.join("crashes/npz-4c186d6fedd882c1.bin")).unwrap();
-    let e = ctx.execute(Target::Npz, &npz).unwrap_err();
-    assert!(e.contains("member `input.npy`"), "{e}");
+    let findings = [
+        (Target::Onnx, "onnx-5a83703e471492ca.bin", "num_outputs 2147483647 does not match the node's 3 outputs"),
+        (Target::Onnx, "onnx-d813efc48b2a0a0c.bin", "scans 1099511627776 rows of 3 steps"),
+        (Target::Onnx, "onnx-882de7f86be74da4.bin", "2147483648 query heads is more than the 65536 supported"),
+        (Target::Onnx, "onnx-62712179e91b4069.bin", "hidden_size 9223372036854775807 is out of range"),
+        (Target::Onnx, "onnx-f7288aae93418f8f.bin", "the product of the extents [9223372036854775807,2,1] overflows"),
+        (Target::Npy, "npy-099c2c0f26a45e3c.bin", "shape [18446744073709551615] of <i4 needs more than 2^64 bytes"),
+        (Target::Npz, "npz-4c186d6fedd882c1.bin", "member `input.npy`"),
+    ];
+    for (target, file, cause) in findings {
+        let bytes = std::fs::read(root.join("crashes").join(file)).unwrap_or_else(|e| panic!("crashes/{file}: {e}"));
+        let e = ctx.execute(target, &bytes).unwrap_err();
+        assert!(e.contains(cause), "{file}: {e}");
+    }
 }
