@@ -235,26 +235,22 @@ impl MpiJob {
     /// rank is still caught) until every rank is, then finalises MPI.
     pub fn finish(mut self) -> Result<(), String> {
         let world = SimpleCommunicator::world();
-        let barrier = world.immediate_barrier();
         self.shared.set_waiting(Some("the other ranks to finish".into()));
-        let mut barrier = Some(barrier);
-        let mut pause = Backoff::new();
-        while let Some(b) = barrier.take() {
-            match b.test() {
-                Ok(_) => {}
-                Err(b) => {
-                    barrier = Some(b);
-                    pause.wait();
-                }
-            }
-        }
+        // No deadline: a rank still training is not late; the heartbeat catches a frozen one.
+        let _ = wait_for(world.immediate_barrier(), None);
         self.shared.stop.store(true, Ordering::SeqCst);
         if let Some(h) = self.heartbeat.take() {
             let _ = h.join();
         }
         // Heartbeats still in flight are received, so none is pending at finalisation.
-        let last = world.immediate_barrier();
-        let _ = last.wait();
+        // Every rank has passed the barrier above, so this one is a matter of moments;
+        // the heartbeat has stopped, so a deadline stands in for it.
+        if wait_for(world.immediate_barrier(), Some(Instant::now() + FINISH_TIMEOUT)).is_err() {
+            // Neither finalise (it would wait for the silent rank) nor abort before the caller
+            // has printed why: the rank exits with an error and the launcher stops the rest.
+            std::mem::forget(self.universe.take());
+            return Err(format!("a rank stopped answering while the job finished (no reply within {} s)", FINISH_TIMEOUT.as_secs()));
+        }
         while let Some(m) = world.any_process().immediate_matched_probe_with_tag(HEARTBEAT) {
             receive_bytes(m);
         }
@@ -273,6 +269,28 @@ impl Drop for MpiJob {
             // Not finished: a rank that leaves without `finish` or `abort` would leave the
             // others waiting in theirs; MPI_Finalize alone would hang with them.
             SimpleCommunicator::world().abort(1);
+        }
+    }
+}
+
+/// How long the last barrier of [`MpiJob::finish`] may take once every rank has finished.
+const FINISH_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Polls `request` until it completes (`Ok`) or `deadline` passes (`Err`).
+fn wait_for(request: Request<'static, ()>, deadline: Option<Instant>) -> Result<(), ()> {
+    let (mut request, mut pause) = (request, Backoff::new());
+    loop {
+        match request.test() {
+            Ok(_) => return Ok(()),
+            Err(r) if deadline.map_or(true, |d| Instant::now() < d) => {
+                request = r;
+                pause.wait();
+            }
+            // Abandoned incomplete: MPI_Finalize is never reached, the caller aborts.
+            Err(r) => {
+                std::mem::forget(r);
+                return Err(());
+            }
         }
     }
 }
