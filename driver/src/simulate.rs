@@ -164,7 +164,7 @@ fn replay_candidate(ctx: &mut PlanContext, cluster: &SimCluster, opts: &PlanOpti
         batches: req.batches,
         stages,
         links: cluster.pipeline_links(cand.w, cand.d),
-        allreduce: cluster.allreduce_link(cand.w, cand.d),
+        allreduce: cluster.allreduce(cand.w, cand.d),
         record: req.record,
     };
     replay(&setup).map_err(|e| DriverError::msg(format!("{}: {scheme}: {e}", req.input.display())))

@@ -8,6 +8,7 @@ use std::time::Duration;
 use criterion::{criterion_group, criterion_main, Criterion};
 use pipewright_core::{Precision, Scheme};
 use pipewright_ir::{import_model, ImportOptions};
+use pipewright_passes::cluster::AllReduce;
 use pipewright_passes::cost::CostModel;
 use pipewright_passes::planner::{plan, PlanOptions};
 use pipewright_passes::presets::{device, network, SimCluster};
@@ -48,7 +49,7 @@ fn bench_replay(c: &mut Criterion) {
             batches: 1000,
             stages: vec![stage.clone(); d],
             links: vec![Link { bandwidth: 150e9, latency_s: 5e-6 }; d - 1],
-            allreduce: Link { bandwidth: 25e9 / 8.0 / 8.0, latency_s: 20e-6 },
+            allreduce: AllReduce::ring(w, Link { bandwidth: 25e9 / 8.0 / 8.0, latency_s: 20e-6 }),
             record: false,
         };
         group.bench_function(format!("1,024 GPUs (d = 64, w = 16, m = 64), 1,000 batches, {scheme}"), |bch| bch.iter(|| simulate(&setup).expect("replays")));

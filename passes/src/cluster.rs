@@ -36,6 +36,60 @@ use pipewright_core::units::human_bytes;
 use serde::{Deserialize, Serialize};
 
 use crate::cost::Roofline;
+use crate::simulate::{allreduce_seconds, Link};
+
+/// Seconds per message on a server's NVLink and on the network between servers. The
+/// planner's closed form has none ([`Latencies::NONE`]); its replays and `simulate` on a
+/// plan's own cluster assume [`Latencies::ASSUMED`]; presets bring their own.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Latencies {
+    pub intra_s: f64,
+    pub inter_s: f64,
+}
+
+impl Latencies {
+    pub const NONE: Latencies = Latencies { intra_s: 0.0, inter_s: 0.0 };
+    /// 5 µs per NVLink message, 20 µs per network message: order-of-magnitude assumptions
+    /// (docs/simulator.md), not measurements.
+    pub const ASSUMED: Latencies = Latencies { intra_s: 5e-6, inter_s: 20e-6 };
+}
+
+/// How the `w` replicas of a stage all-reduce their gradients ([`Cluster::allreduce`]):
+/// `per_server` replicas in each server reduce among themselves over `intra`, and each
+/// one's `1 / per_server` shard is reduced across the `w / per_server` servers over
+/// `inter`. `per_server == w`: one ring inside a server; `per_server == 1`: one flat ring
+/// over `inter`.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct AllReduce {
+    pub w: usize,
+    pub per_server: usize,
+    pub intra: Link,
+    pub inter: Link,
+}
+
+impl AllReduce {
+    /// A flat ring of `w` replicas over one link.
+    pub fn ring(w: usize, link: Link) -> AllReduce {
+        AllReduce { w, per_server: 1, intra: link, inter: link }
+    }
+
+    /// Seconds to all-reduce `bytes` of gradient. With `g` replicas per server over `k`
+    /// servers: reduce-scatter inside the server (`g - 1` steps of `bytes / g` over
+    /// `intra`), a ring all-reduce of each shard across the servers (`2 (k - 1)` steps of
+    /// `bytes / (g k)` over `inter`), all-gather inside the server (`g - 1` steps of
+    /// `bytes / g`). The two intra-server halves together are a ring all-reduce of `bytes`
+    /// among `g`, so it is two rings; `g = 1` or `k = 1` is the flat ring.
+    pub fn seconds(&self, bytes: f64) -> f64 {
+        let g = self.per_server.clamp(1, self.w.max(1));
+        let k = self.w.max(1) / g;
+        allreduce_seconds(bytes, g, self.intra) + allreduce_seconds(bytes / g as f64, k, self.inter)
+    }
+
+    /// Its links, for validation.
+    pub fn links(&self) -> [Link; 2] {
+        [self.intra, self.inter]
+    }
+}
 
 /// The hardware a plan is made for.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -342,6 +396,50 @@ impl Cluster {
         through.into_values().max().unwrap_or(0)
     }
 
+    /// The all-reduce among the `w` replicas of each stage of a `w x d` layout, with the
+    /// per-message `latencies` of its links (the planner's closed form passes
+    /// [`Latencies::NONE`], the replays their cluster's): the one description of it that
+    /// the planner and the simulator both time with [`AllReduce::seconds`].
+    ///
+    /// When every stage's block of `w` workers covers whole servers (`w` a multiple of the
+    /// server size `g`, `k = w / g > 1` servers), it is hierarchical, as NCCL runs it on
+    /// multi-GPU servers: a ring among the `g` replicas of each server over NVLink, and one
+    /// ring per GPU across the `k` servers over the network for that GPU's `1/g` shard,
+    /// the server's network shared by those `g` rings (and by every stage's rings through
+    /// that server, [`Cluster::allreduce_rings`]). Otherwise it is the flat ring: over
+    /// NVLink when the block sits in one server, over the network at
+    /// [`Cluster::allreduce_bw`] when it straddles servers unevenly (then no GPU count per
+    /// server is common to the block, and NCCL's tree/ring choice is not modelled).
+    pub fn allreduce(&self, w: usize, d: usize, latencies: Latencies) -> AllReduce {
+        let intra = Link { bandwidth: self.intra_bw, latency_s: latencies.intra_s };
+        let g = self.workers_per_node.max(1);
+        match self.allreduce_rings(w, d) {
+            0 => AllReduce { w, per_server: w.max(1), intra, inter: intra },
+            rings if g > 1 && w % g == 0 => {
+                // Each of the g GPUs of a server runs its own ring across the servers; they
+                // all go through the server's network at once.
+                let shards = (rings * g) as f64;
+                let bandwidth = self.server_bw.map_or(self.inter_bw, |s| self.inter_bw.min(s / shards));
+                AllReduce { w, per_server: g, intra, inter: Link { bandwidth, latency_s: latencies.inter_s } }
+            }
+            _ => AllReduce { w, per_server: 1, intra, inter: Link { bandwidth: self.allreduce_bw(w, d), latency_s: latencies.inter_s } },
+        }
+    }
+
+    /// The links between consecutive stages of a `w x d` layout (stage-major: worker
+    /// `s * w + r` runs stage `s` of replica `r`, [`Cluster::worker`]): link `s` is NVLink
+    /// when every replica's stages `s` and `s + 1` share a server, else a network link at
+    /// [`Cluster::boundary_bw`] (the replicas crossing one server's network share it, when
+    /// `server_bw` is known), since the replicas wait for each other at every update.
+    pub fn pipeline_links(&self, w: usize, d: usize, latencies: Latencies) -> Vec<Link> {
+        (0..d.saturating_sub(1))
+            .map(|s| match self.boundary_flows(w, s) {
+                0 => Link { bandwidth: self.intra_bw, latency_s: latencies.intra_s },
+                _ => Link { bandwidth: self.boundary_bw(w, s), latency_s: latencies.inter_s },
+            })
+            .collect()
+    }
+
     /// Bandwidth of the all-reduce among the `w` replicas of a stage: intra-server when each
     /// stage's block of `w` consecutive workers sits in one server; otherwise `inter_bw`,
     /// or, when the servers' network is described (`server_bw`), its share for each ring
@@ -434,6 +532,51 @@ mod tests {
         // Without server_bw each crossing has inter_bw to itself.
         let own = Cluster { server_bw: None, ..shared.clone() };
         assert_eq!((own.allreduce_bw(3, 4), own.pipeline_bw(4, 4)), (12.5e9, 12.5e9));
+    }
+
+    /// Hand-computed all-reduce times of 1 GB: the paper's servers (8 GPUs, 150 GB/s NVLink,
+    /// one 25 Gbit/s = 3.125 GB/s link each).
+    #[test]
+    fn hierarchical_allreduce_by_hand() {
+        let paper = Cluster { workers: 16, server_bw: Some(3.125e9), inter_bw: 3.125e9, ..Cluster::default() };
+        let close = |a: f64, b: f64| (a - b).abs() <= 1e-12 * b.max(1.0);
+        // w = 16 over 2 servers of 8. A flat ring over the network: 2 * 15 steps of 1/16 GB
+        // at 3.125 GB/s = 0.6 s.
+        let flat = AllReduce::ring(16, Link { bandwidth: paper.allreduce_bw(16, 1), latency_s: 0.0 });
+        assert!(close(flat.seconds(1e9), 0.6), "{}", flat.seconds(1e9));
+        // Hierarchical: inside each server 2 * 7 steps of 1/8 GB at 150 GB/s (0.011667 s),
+        // then each GPU's 1/8 GB shard over the 2 servers, 2 * 1 steps of 1/16 GB, the 8
+        // shards' rings sharing the server's 3.125 GB/s (0.32 s): 0.3317 s, about half.
+        let h = paper.allreduce(16, 1, Latencies::NONE);
+        assert_eq!((h.per_server, h.inter.bandwidth), (8, 3.125e9 / 8.0));
+        assert!(close(h.seconds(1e9), 14.0 / 8.0 / 150.0 + 0.32), "{}", h.seconds(1e9));
+        assert!(h.seconds(1e9) < flat.seconds(1e9));
+        // Each message pays its link's latency: 14 NVLink steps and 2 network steps.
+        let lat = Latencies { intra_s: 1e-3, inter_s: 1e-2 };
+        assert!(close(paper.allreduce(16, 1, lat).seconds(1e9), h.seconds(1e9) + 14e-3 + 2e-2));
+        // 4 servers (w = 32): 2 * 3 network steps of 1/32 GB at 3.125/8 GB/s = 0.48 s.
+        let four = Cluster { workers: 32, ..paper.clone() };
+        assert!(close(four.allreduce(32, 1, Latencies::NONE).seconds(1e9), 14.0 / 8.0 / 150.0 + 0.48));
+        // k = 1: 8 replicas in one server, the flat ring over NVLink, 2 * 7 / 8 GB at 150 GB/s.
+        let inside = paper.allreduce(8, 2, Latencies::NONE);
+        assert!(close(inside.seconds(1e9), 14.0 / 8.0 / 150.0));
+        assert_eq!(inside.seconds(1e9), allreduce_seconds(1e9, 8, Link { bandwidth: 150e9, latency_s: 0.0 }));
+        // g = 1: one GPU per server, the flat ring over the network, 2 * 3 / 4 GB at 3.125.
+        let single = Cluster { workers: 4, workers_per_node: 1, ..paper.clone() };
+        let one = single.allreduce(4, 1, Latencies::NONE);
+        assert_eq!(one.per_server, 1);
+        assert!(close(one.seconds(1e9), 1.5 / 3.125));
+        // Uneven blocks (w = 12 on servers of 8) keep the flat ring over the network, shared
+        // by the two rings crossing server 1.
+        let uneven = Cluster { workers: 24, ..paper.clone() };
+        let u = uneven.allreduce(12, 2, Latencies::NONE);
+        assert_eq!((u.per_server, u.inter.bandwidth), (1, 3.125e9 / 2.0));
+        assert!(close(u.seconds(1e9), 2.0 * 11.0 / 12.0 / 1.5625));
+        // Without server_bw each GPU's ring has inter_bw to itself.
+        let own = Cluster { server_bw: None, ..paper.clone() };
+        assert!(close(own.allreduce(16, 1, Latencies::NONE).seconds(1e9), 14.0 / 8.0 / 150.0 + 0.04));
+        // No replicas to reduce with: nothing to do.
+        assert_eq!(paper.allreduce(1, 8, Latencies::ASSUMED).seconds(1e9), 0.0);
     }
 
     #[test]

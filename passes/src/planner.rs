@@ -50,7 +50,7 @@ use pipewright_core::{Balance, Optimizer, Precision, Recompute, Schedule};
 use rayon::iter::{IndexedParallelIterator, IntoParallelIterator, ParallelIterator};
 use serde::{Deserialize, Serialize};
 
-use crate::cluster::Cluster;
+use crate::cluster::{Cluster, Latencies};
 use crate::cost::{CostError, CostModel, Lin, OpClass};
 use crate::partition::{
     balanced_by, choose_order, stage_ranges, uniform_by_nodes, valid_cuts, value_bytes,
@@ -675,7 +675,9 @@ fn assess(
     let prob = ctx.problem(cfg.b, cfg.recompute, pbw);
     let (times, mems) = prob.evaluate(cuts, &mem);
     let ranges = stage_ranges(cuts, prob.len());
-    let ar_bw = cluster.allreduce_bw(cfg.w, cfg.d);
+    // The same all-reduce the simulator replays, without latencies (the closed form has
+    // none anywhere).
+    let allreduce = cluster.allreduce(cfg.w, cfg.d, Latencies::NONE);
     let mut peak = Vec::with_capacity(cfg.d);
     let mut worst = (0.0f64, 0usize);
     let (mut max_time, mut max_ar) = (0.0f64, 0.0f64);
@@ -686,11 +688,7 @@ fn assess(
         }
         peak.push(memory.max(0.0).round() as u64);
         let grad: f64 = prob.param_bytes[ranges[s].clone()].iter().sum::<f64>() + extra_bytes[s];
-        let ar = if cfg.w > 1 {
-            2.0 * (cfg.w as f64 - 1.0) / cfg.w as f64 * grad / ar_bw
-        } else {
-            0.0
-        } + sync[s];
+        let ar = allreduce.seconds(grad) + sync[s];
         max_time = max_time.max(times[s]);
         max_ar = max_ar.max(ar);
         let eff = times[s].max(ar / cfg.m as f64);
@@ -932,7 +930,7 @@ pub fn plan(
                             let t_lb = (total * slowdown + comm_lb) / d as f64;
                             // Some stage holds at least a d-th of the parameters, and its
                             // all-reduce takes at least that share's time (as in `assess`).
-                            let ar_lb = if w > 1 { 2.0 * (w as f64 - 1.0) / w as f64 * (param_total / d as f64) / cluster.allreduce_bw(w, d) } else { 0.0 };
+                            let ar_lb = cluster.allreduce(w, d, Latencies::NONE).seconds(param_total / d as f64);
                             let per_batch = match schedule {
                                 Schedule::TwoBw => (m as f64 * t_lb).max(ar_lb),
                                 _ => (m + d as u64 - 1) as f64 * t_lb + ar_lb,

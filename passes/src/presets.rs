@@ -13,7 +13,7 @@
 use pipewright_core::Precision;
 use serde::Serialize;
 
-use crate::cluster::{Cluster, ClusterError};
+use crate::cluster::{AllReduce, Cluster, ClusterError, Latencies};
 use crate::simulate::Link;
 
 /// One accelerator's datasheet figures.
@@ -66,7 +66,7 @@ pub const NETWORKS: [NetworkPreset; 4] = [
 ];
 
 /// Per message inside a server (NVLink), an assumption like the network latencies.
-pub const NVLINK_LATENCY_S: f64 = 5e-6;
+pub const NVLINK_LATENCY_S: f64 = Latencies::ASSUMED.intra_s;
 
 /// A preset or key could not be used.
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -177,7 +177,7 @@ impl SimCluster {
             name: name.to_string(),
             cluster,
             intra_latency_s: intra.unwrap_or(NVLINK_LATENCY_S),
-            inter_latency_s: inter.unwrap_or(20e-6),
+            inter_latency_s: inter.unwrap_or(Latencies::ASSUMED.inter_s),
             efficiency,
         })
     }
@@ -185,33 +185,25 @@ impl SimCluster {
     /// A cluster the planner was given (a plan file's), with the default latencies and one
     /// network link per server.
     pub fn from_cluster(name: &str, cluster: Cluster) -> SimCluster {
-        SimCluster { name: name.to_string(), cluster, intra_latency_s: NVLINK_LATENCY_S, inter_latency_s: 20e-6, efficiency: 1.0 }
+        SimCluster { name: name.to_string(), cluster, intra_latency_s: Latencies::ASSUMED.intra_s, inter_latency_s: Latencies::ASSUMED.inter_s, efficiency: 1.0 }
     }
 
-    /// The links between consecutive stages of a `w x d` layout (stage-major: worker
-    /// `s * w + r` runs stage `s` of replica `r`, [`Cluster::worker`]): link `s` is NVLink
-    /// when every replica's stages `s` and `s + 1` share a server, else a network link at
-    /// the planner's bandwidth for that boundary ([`Cluster::boundary_bw`]: the replicas
-    /// crossing one server's network share it, when `server_bw` is known), since the
-    /// replicas wait for each other at every update.
+    /// Its per-message latencies.
+    pub fn latencies(&self) -> Latencies {
+        Latencies { intra_s: self.intra_latency_s, inter_s: self.inter_latency_s }
+    }
+
+    /// The links between consecutive stages of a `w x d` layout, with this cluster's
+    /// latencies ([`Cluster::pipeline_links`]).
     pub fn pipeline_links(&self, w: usize, d: usize) -> Vec<Link> {
-        (0..d.saturating_sub(1))
-            .map(|s| match self.cluster.boundary_flows(w, s) {
-                0 => Link { bandwidth: self.cluster.intra_bw, latency_s: self.intra_latency_s },
-                _ => Link { bandwidth: self.cluster.boundary_bw(w, s), latency_s: self.inter_latency_s },
-            })
-            .collect()
+        self.cluster.pipeline_links(w, d, self.latencies())
     }
 
-    /// The link each stage's ring all-reduce among its `w` replicas runs over: NVLink when
-    /// every stage's block of `w` consecutive workers sits in one server; otherwise a
-    /// network link at the planner's bandwidth ([`Cluster::allreduce_bw`]: the server's
-    /// network shared by the rings crossing it, when `server_bw` is known).
-    pub fn allreduce_link(&self, w: usize, d: usize) -> Link {
-        if self.cluster.allreduce_rings(w, d) == 0 {
-            return Link { bandwidth: self.cluster.intra_bw, latency_s: self.intra_latency_s };
-        }
-        Link { bandwidth: self.cluster.allreduce_bw(w, d), latency_s: self.inter_latency_s }
+    /// Each stage's all-reduce among its `w` replicas, with this cluster's latencies
+    /// ([`Cluster::allreduce`]: hierarchical when a stage's replicas fill whole servers,
+    /// else a flat ring), as the planner times it.
+    pub fn allreduce(&self, w: usize, d: usize) -> AllReduce {
+        self.cluster.allreduce(w, d, self.latencies())
     }
 }
 
@@ -248,20 +240,24 @@ mod tests {
         // Stage-major, w = d = 8: each stage's 8 replicas fill one server and all-reduce
         // over NVLink; every boundary sends 8 replicas' activations through the servers'
         // 25 Gbit/s at once.
-        assert_eq!(c.allreduce_link(8, 8).bandwidth, 150e9);
+        assert_eq!(c.allreduce(8, 8).inter.bandwidth, 150e9);
         assert!(c.pipeline_links(8, 8).iter().all(|l| l.bandwidth == 25e9 / 8.0 / 8.0 && l.latency_s == c.inter_latency_s));
         // w = 4, d = 16: two stages per server; the odd boundaries cross (4 replicas each).
         let links = c.pipeline_links(4, 16);
         assert_eq!(links.iter().filter(|l| l.bandwidth < 1e10).count(), 7);
         assert_eq!((links[0].bandwidth, links[1].bandwidth), (150e9, 25e9 / 8.0 / 4.0));
-        assert_eq!(c.allreduce_link(4, 16).bandwidth, 150e9);
+        assert_eq!(c.allreduce(4, 16).inter.bandwidth, 150e9);
         // w = 21 spans three or four servers per stage: server 2 (workers 16..=23) holds
         // the end of stage 0's block (..=20) and the start of stage 1's (21..), so two
         // rings share its network.
         assert_eq!(c.cluster.allreduce_rings(21, 3), 2);
-        assert_eq!(c.allreduce_link(21, 3).bandwidth, 25e9 / 8.0 / 2.0);
+        assert_eq!(c.allreduce(21, 3).inter.bandwidth, 25e9 / 8.0 / 2.0);
+        // w = 16 fills two servers per stage: hierarchical, a ring in each server over
+        // NVLink and each GPU's eighth across the two over the shared 25 Gbit/s.
+        let h = c.allreduce(16, 4);
+        assert_eq!((h.per_server, h.intra.bandwidth, h.inter.bandwidth, h.inter.latency_s), (8, 150e9, 25e9 / 8.0 / 8.0, 20e-6));
         // A 2 x 4 job fits in one server: NVLink everywhere.
-        assert_eq!(c.allreduce_link(2, 4).bandwidth, 150e9);
+        assert_eq!(c.allreduce(2, 4).inter.bandwidth, 150e9);
         assert!(c.pipeline_links(2, 4).iter().all(|l| l.bandwidth == 150e9));
         assert_eq!(SimCluster::from_preset(device("V100-16GB").unwrap(), network("25gbit").unwrap(), 1, 8, Precision::Fp32, 0.5).unwrap().cluster.peak_flops, 15.7e12 * 0.5);
     }

@@ -42,6 +42,8 @@ use pipewright_core::{Schedule, Scheme, UpdateRule};
 use pipewright_core::timeline::{TraceEvent, TraceKind};
 use serde::Serialize;
 
+use crate::cluster::AllReduce;
+
 /// One stage's work per microbatch, and what it holds.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct StageCost {
@@ -110,8 +112,10 @@ pub struct SimSetup {
     pub stages: Vec<StageCost>,
     /// Link `s` joins stage `s` and `s + 1` (`d - 1` of them).
     pub links: Vec<Link>,
-    /// The link each stage's replicas all-reduce over (per replica's share of it).
-    pub allreduce: Link,
+    /// How each stage's replicas all-reduce ([`crate::cluster::Cluster::allreduce`]: a
+    /// flat ring, or rings inside and across servers), timed by [`AllReduce::seconds`] as
+    /// the planner times it.
+    pub allreduce: AllReduce,
     /// Keep every interval for a trace.
     pub record: bool,
 }
@@ -256,12 +260,15 @@ pub fn simulate(setup: &SimSetup) -> Result<Simulation, SimError> {
             return Err(SimError::Setup(format!("stage {s}: times and sizes must be finite and non-negative: {c:?}")));
         }
     }
-    if setup.links.iter().chain([&setup.allreduce]).any(|l| l.bandwidth.is_nan() || l.bandwidth <= 0.0 || bad(l.latency_s)) {
+    if setup.links.iter().chain(&setup.allreduce.links()).any(|l| l.bandwidth.is_nan() || l.bandwidth <= 0.0 || bad(l.latency_s)) {
         return Err(SimError::Setup("every link needs a positive bandwidth and a non-negative latency".into()));
+    }
+    if setup.allreduce.w != w {
+        return Err(SimError::Setup(format!("the all-reduce is described for {} replicas, the setup has {w}", setup.allreduce.w)));
     }
     let two_bw = setup.scheme == Scheme::TwoBw;
     let rule = if two_bw { UpdateRule::TwoBw } else { UpdateRule::Vanilla };
-    let allreduce: Vec<f64> = setup.stages.iter().map(|c| allreduce_seconds(c.grad_bytes, w, setup.allreduce) + c.tied_sync_s).collect();
+    let allreduce: Vec<f64> = setup.stages.iter().map(|c| setup.allreduce.seconds(c.grad_bytes) + c.tied_sync_s).collect();
     let mut st = Vec::with_capacity(d);
     for s in 0..d {
         st.push(StageState {
@@ -455,7 +462,7 @@ mod tests {
 
     fn setup(scheme: Scheme, d: usize, m: u64, batches: usize) -> SimSetup {
         let link = Link { bandwidth: 1e9, latency_s: 0.0 };
-        SimSetup { scheme, w: 1, b: 1, m, batches, stages: equal(d, 1.0, 2.0), links: vec![link; d - 1], allreduce: link, record: true }
+        SimSetup { scheme, w: 1, b: 1, m, batches, stages: equal(d, 1.0, 2.0), links: vec![link; d - 1], allreduce: AllReduce::ring(1, link), record: true }
     }
 
     /// Per stage, the compute operations of the trace in time order.
@@ -561,6 +568,7 @@ mod tests {
         assert_eq!(allreduce_seconds(1e9, 4, Link { bandwidth: 1e9, latency_s: 0.0 }), 1.5);
         let mut s = setup(Scheme::Flush, 1, 2, 2);
         s.w = 4;
+        s.allreduce.w = 4;
         s.stages[0].grad_bytes = 1e9;
         let sim = simulate(&s).unwrap();
         assert!((sim.batch_s - (2.0 * 3.0 + 1.5)).abs() < 1e-9, "{}", sim.batch_s);
@@ -575,11 +583,13 @@ mod tests {
         for (bytes, lo, hi) in [(4e9, 12.0, 12.0), (40e9 / 3.0, 20.0, 24.0)] {
             let mut s = setup(Scheme::TwoBw, 2, 4, 8);
             s.w = 4;
+            s.allreduce.w = 4;
             s.stages.iter_mut().for_each(|c| c.grad_bytes = bytes);
             let sim = simulate(&s).unwrap();
             assert!(sim.batch_s >= lo - 1e-6 && sim.batch_s <= hi + 1e-6, "{bytes}: {}", sim.batch_s);
             let flush = simulate(&SimSetup { scheme: Scheme::Flush, ..s.clone() }).unwrap();
-            let ar = allreduce_seconds(bytes, 4, s.allreduce);
+            let ar = s.allreduce.seconds(bytes);
+            assert_eq!(ar, allreduce_seconds(bytes, 4, s.allreduce.intra));
             assert!((flush.batch_s - (15.0 + ar)).abs() < 1e-6, "{}", flush.batch_s);
             assert!(flush.batch_s > sim.batch_s);
         }
@@ -593,6 +603,9 @@ mod tests {
         s.links.pop();
         assert_eq!(simulate(&s).unwrap_err(), SimError::Setup("4 stages need 3 links, got 2".into()));
         let mut s = setup(Scheme::Flush, 2, 2, 1);
+        s.w = 2;
+        assert_eq!(simulate(&s).unwrap_err(), SimError::Setup("the all-reduce is described for 1 replicas, the setup has 2".into()));
+        s.w = 1;
         s.stages[1].forward_s = f64::NAN;
         assert!(simulate(&s).unwrap_err().to_string().contains("stage 1: times and sizes must be finite"));
     }
