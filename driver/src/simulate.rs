@@ -10,7 +10,7 @@ use pipewright_core::{Optimizer, Precision, Schedule, Scheme};
 use pipewright_ir::{import_model, Graph, ImportOptions};
 use pipewright_passes::cost::{CostModel, Profile};
 use pipewright_passes::plan_file::PlanFile;
-use pipewright_passes::planner::{plan, Candidate, PlanContext, PlanError, PlanOptions};
+use pipewright_passes::planner::{plan_on, Candidate, PlanContext, PlanError, PlanOptions};
 use pipewright_passes::presets::SimCluster;
 use pipewright_passes::simulate::{simulate as replay, SimSetup, Simulation};
 use pipewright_runtime::timeline::{chrome_trace_json, read_chrome_trace, timeline_svg, TraceKind};
@@ -47,8 +47,12 @@ pub struct SchemeOutcome {
     pub scheme: Scheme,
     /// The configuration replayed: the planner's choice for this scheme.
     pub config: Option<Candidate>,
-    /// The planner's closed-form prediction for that configuration, samples/s.
+    /// The planner's prediction for that configuration, samples/s: its own replay where it
+    /// replayed it (plans from before it replayed: the closed form).
     pub planned_samples_per_s: Option<f64>,
+    /// The planner's closed-form figure for it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub closed_form_samples_per_s: Option<f64>,
     pub simulation: Option<Simulation>,
     /// Why there is no simulation (nothing fits, ...).
     pub why_not: Option<String>,
@@ -89,7 +93,9 @@ pub fn simulate(req: &SimulateRequest) -> Result<SimulateReport, DriverError> {
     let base = PlanOptions { global_batch, optimizer: req.optimizer, momentum: req.momentum, precision: req.precision, top: 1, ..PlanOptions::default() };
     let search = |schedule: Schedule, stages: Option<usize>| -> Result<Result<Candidate, String>, DriverError> {
         let opts = PlanOptions { schedules: vec![schedule], stages, ..base.clone() };
-        match plan(&g, &cost, &cluster.cluster, &opts) {
+        // The planner replays its candidates with this cluster's latencies, so its
+        // prediction for the chosen configuration is the replay below (at its batch count).
+        match plan_on(&g, &cost, &cluster.cluster, cluster.latencies(), &opts) {
             Ok(p) => Ok(Ok(p.chosen)),
             Err(e @ (PlanError::NoFeasible(_) | PlanError::Options(_))) => Ok(Err(e.to_string())),
             Err(e) => Err(DriverError::msg(format!("{}: {e}", req.input.display()))),
@@ -141,12 +147,19 @@ fn outcome(
 ) -> Result<SchemeOutcome, DriverError> {
     let cand = match config {
         Ok(c) => c,
-        Err(why) => return Ok(SchemeOutcome { scheme, config: None, planned_samples_per_s: None, simulation: None, why_not: Some(why) }),
+        Err(why) => return Ok(SchemeOutcome { scheme, config: None, planned_samples_per_s: None, closed_form_samples_per_s: None, simulation: None, why_not: Some(why) }),
     };
     let mut ctx = PlanContext::new(g, cost, &cluster.cluster).map_err(|e| DriverError::msg(format!("{}: {e}", req.input.display())))?;
     let sim = replay_candidate(&mut ctx, cluster, opts, scheme, &cand, req)?;
-    let planned = (scheme != Scheme::ModelParallel).then_some(cand.samples_per_s);
-    Ok(SchemeOutcome { scheme, config: Some(cand), planned_samples_per_s: planned, simulation: Some(sim), why_not: None })
+    let planned = (scheme != Scheme::ModelParallel).then_some(&cand);
+    Ok(SchemeOutcome {
+        scheme,
+        planned_samples_per_s: planned.map(Candidate::predicted_samples_per_s),
+        closed_form_samples_per_s: planned.map(|c| c.samples_per_s),
+        config: Some(cand.clone()),
+        simulation: Some(sim),
+        why_not: None,
+    })
 }
 
 fn replay_candidate(ctx: &mut PlanContext, cluster: &SimCluster, opts: &PlanOptions, scheme: Scheme, cand: &Candidate, req: &SimulateRequest) -> Result<Simulation, DriverError> {
@@ -205,12 +218,19 @@ fn simulate_plan(req: &SimulateRequest) -> Result<SimulateReport, DriverError> {
             _ => None,
         };
         if let Some(why) = why_not {
-            outcomes.push(SchemeOutcome { scheme, config: None, planned_samples_per_s: None, simulation: None, why_not: Some(why) });
+            outcomes.push(SchemeOutcome { scheme, config: None, planned_samples_per_s: None, closed_form_samples_per_s: None, simulation: None, why_not: Some(why) });
             continue;
         }
         let sim = replay_candidate(&mut ctx, &cluster, &opts, scheme, cand, req)?;
-        let planned = (Some(cand.schedule) == scheme.schedule()).then_some(cand.samples_per_s);
-        outcomes.push(SchemeOutcome { scheme, config: Some(cand.clone()), planned_samples_per_s: planned, simulation: Some(sim), why_not: None });
+        let planned = (Some(cand.schedule) == scheme.schedule()).then_some(cand);
+        outcomes.push(SchemeOutcome {
+            scheme,
+            config: Some(cand.clone()),
+            planned_samples_per_s: planned.map(Candidate::predicted_samples_per_s),
+            closed_form_samples_per_s: planned.map(|c| c.samples_per_s),
+            simulation: Some(sim),
+            why_not: None,
+        });
     }
     Ok(SimulateReport { input: req.input.display().to_string(), cluster, global_batch: opts.global_batch, outcomes })
 }
@@ -274,8 +294,8 @@ impl SimulateReport {
         let _ = writeln!(s, "simulated on: {}, global batch {}", self.cluster.name, self.global_batch);
         let _ = writeln!(
             s,
-            "{:<15} {:>4} {:>4} {:>5} {:>5} {:>9} {:>12} {:>12} {:>7} {:>11}",
-            "scheme", "w", "d", "b", "m", "recompute", "samples/s", "planner", "bubble", "peak memory"
+            "{:<15} {:>4} {:>4} {:>5} {:>5} {:>9} {:>12} {:>12} {:>11} {:>7} {:>11}",
+            "scheme", "w", "d", "b", "m", "recompute", "samples/s", "planner", "closed form", "bubble", "peak memory"
         );
         let best = self.outcomes.iter().filter_map(|o| o.simulation.as_ref()).map(|x| x.samples_per_s).fold(0.0, f64::max);
         for o in &self.outcomes {
@@ -283,9 +303,10 @@ impl SimulateReport {
                 (Some(c), Some(x)) => {
                     let peak = x.stages.iter().map(|st| st.peak_memory).fold(0.0, f64::max);
                     let planned = o.planned_samples_per_s.map_or("-".to_string(), |p| format!("{p:.1}"));
+                    let closed = o.closed_form_samples_per_s.map_or("-".to_string(), |p| format!("{p:.1}"));
                     let _ = writeln!(
                         s,
-                        "{:<15} {:>4} {:>4} {:>5} {:>5} {:>9} {:>12.1} {:>12} {:>6.1}% {:>11}",
+                        "{:<15} {:>4} {:>4} {:>5} {:>5} {:>9} {:>12.1} {:>12} {:>11} {:>6.1}% {:>11}",
                         o.scheme.name(),
                         c.w,
                         c.d,
@@ -294,6 +315,7 @@ impl SimulateReport {
                         c.recompute.name(),
                         x.samples_per_s,
                         planned,
+                        closed,
                         x.bubble_fraction * 100.0,
                         pipewright_core::units::human_bytes(peak.max(0.0) as u64)
                     );
@@ -303,7 +325,7 @@ impl SimulateReport {
                 }
             }
         }
-        let _ = writeln!(s, "samples/s: simulated steady state over all replicas; planner: the planner's closed-form prediction for the same configuration; bubble: mean over stages of 1 - busy / span");
+        let _ = writeln!(s, "samples/s: simulated steady state over all replicas; planner: the planner's prediction for the same configuration (its own replay, over {} batches); closed form: the planner's formula, which prunes its search; bubble: mean over stages of 1 - busy / span", pipewright_passes::planner::REPLAY_BATCHES);
         if best > 0.0 {
             let ratios: Vec<String> = self
                 .outcomes
