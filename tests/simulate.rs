@@ -139,8 +139,19 @@ fn a_model_report_has_every_scheme_and_its_numbers() {
             assert!(st["peak_memory"].as_f64().unwrap() > 0.0);
         }
     }
+    // The planner replays its candidates over 6 batches with this cluster's latencies, so
+    // replayed for 6 batches here its choice runs at the rate the plan predicts; the
+    // closed form is reported beside it.
+    let out = ok(&pw(&["simulate", &model("gpt2-tiny"), "--cluster", "A100-40GB", "--batch", "64", "--batches", "6", "--schedule", "2bw,flush,gpipe", "--json"]));
+    let v: Value = serde_json::from_str(&out).expect("JSON");
+    for o in v["outcomes"].as_array().unwrap() {
+        let (planned, replayed) = (o["planned_samples_per_s"].as_f64().unwrap(), o["simulation"]["samples_per_s"].as_f64().unwrap());
+        assert!((planned - replayed).abs() <= 1e-9 * replayed, "{}: planned {planned}, replayed {replayed}", o["scheme"]);
+        assert!(o["closed_form_samples_per_s"].as_f64().unwrap() > 0.0, "{o}");
+    }
     // The text form: a row per scheme and the ratios.
     let text = ok(&pw(&["simulate", &model("gpt2-tiny"), "--cluster", "A100-40GB", "--batch", "64", "--schedule", "2bw,gpipe", "--batches", "4"]));
+    assert!(text.contains("closed form: the planner's formula"), "{text}");
     assert!(text.starts_with("simulated on: 1 x 8 A100-40GB (8x200gbit)"), "{text}");
     assert!(text.contains("slowdown against the fastest: 2bw "), "{text}");
     assert!(!text.contains("\nflush "), "{text}");
