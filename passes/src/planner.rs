@@ -17,14 +17,24 @@
 //!
 //! # Time
 //! Stage time `T_s` = compute (forward + backward, times 4/3 with recomputation) plus
-//! `2 * live / bw` at each of its cuts. Its all-reduce `AR_s = 2 (w-1)/w * grad_bytes / bw`
-//! (intra-server bandwidth when each stage's `w` replicas sit in one server, else inter,
-//! shared by the rings crossing a server when `server_bw` is known), plus
+//! `2 * live / bw` at each of its cuts. Its all-reduce `AR_s` is
+//! [`Cluster::allreduce`]'s time for its gradient bytes (a ring inside a server; a ring
+//! per server plus one per GPU shard across servers when the replicas fill whole servers;
+//! else a flat ring over the network, shared by the rings crossing a server when
+//! `server_bw` is known), the very function the simulator times it with, plus
 //! for tied weights spanning `k` stages `2 (k-1)/k * bytes / pipeline_bw`. Per microbatch
 //! `t = max_s max(T_s, AR_s / m)`; per batch 2BW takes `m * t` (the all-reduce overlaps
 //! the next batch), Flush and GPipe `(m + d - 1) * max_s T_s + max_s AR_s` (the bubble, then
 //! the all-reduce after the flush). Throughput = `B / time per batch` (= `b * w / t` for
-//! 2BW). `pipewright simulate` replays the same configurations event by event.
+//! 2BW). This closed form is what the search prunes and sorts by.
+//!
+//! # Choice
+//! The best `max(top, REPLAYED)` configurations by the closed form are then replayed event
+//! by event ([`crate::simulate`], [`REPLAY_BATCHES`] batches, each boundary on its own link,
+//! with link latencies), and the plan lists and chooses them by the replayed samples/s,
+//! keeping both figures ([`Candidate::replayed_samples_per_s`]). The closed form adds
+//! communication to compute where the replay overlaps them, and leaves out latencies and
+//! the optimizer, so near the top the two can rank differently.
 //!
 //! Workers are numbered stage-major, `stage * w + replica` (the MPI ranks' order), so the
 //! replicas of a stage share a server when `w` divides the server size
@@ -218,9 +228,10 @@ impl Candidate {
 /// plan's `top` if more): the closed form idealises communication (it adds to the compute,
 /// where the replay overlaps it) and the link hierarchy, so its ranking near the top is
 /// not the replay's, but it is close enough to prune with. Over all the schedules searched
-/// together, not per schedule: keeping each schedule's best 8 doubled the partitions the
-/// search solves for GPT 3.8B on 64 GPUs (437 against 236; the slower schedules' first
-/// feasible configurations lie deep in the search); `simulate` plans each schedule alone.
+/// together, not per schedule: keeping each schedule's best 8 doubled the planning time
+/// for GPT 3.8B on 64 GPUs (437 partitions solved where 2BW alone needs 236; the slower
+/// schedules' first feasible configurations lie deep in the search); `simulate` plans
+/// each schedule alone.
 pub const REPLAYED: usize = 8;
 
 /// Batches per replay of a candidate: the steady state is measured between the first and

@@ -6,8 +6,8 @@
 //! compute times per stage from the cost model (or a measured profile) and transfers from
 //! link bandwidth and latency. The replicas of a pipeline are identical, so one pipeline is
 //! replayed; its links are the slowest any replica has (replicas meet at every update),
-//! and each stage's gradient all-reduce among its `w` replicas is a ring over the links
-//! those replicas share (see [`allreduce_seconds`]).
+//! and each stage's gradient all-reduce among its `w` replicas is timed as the planner
+//! times it ([`AllReduce::seconds`]: a ring, or rings inside and across servers).
 //!
 //! # Timing rules
 //! - A stage runs its operations in order on one compute stream; an operation starts when
@@ -88,7 +88,7 @@ impl Link {
 }
 
 /// Ring all-reduce of `bytes` among `w` replicas over `link`: `2 (w - 1)` steps, each
-/// moving `bytes / w` and paying the latency.
+/// moving `bytes / w` and paying the latency. The building block of [`AllReduce::seconds`].
 pub fn allreduce_seconds(bytes: f64, w: usize, link: Link) -> f64 {
     if w <= 1 || bytes <= 0.0 {
         return 0.0;
