@@ -1078,10 +1078,14 @@ pub fn plan_on(
             human_bytes(cluster.memory_per_worker)
         )));
     }
-    // Replay them, choose by the replayed rate, and list the `top` by it.
+    // Replay them (in parallel: each replay is independent), choose by the replayed rate,
+    // and list the `top` by it.
     let mut pool = found;
-    for c in &mut pool {
-        c.replayed_samples_per_s = Some(replay_rate(&mut ctx, c, opts, latencies)?);
+    let setups: Vec<SimSetup> = pool.iter().map(|c| replay_setup(&mut ctx, c, opts, latencies)).collect();
+    let rates: Vec<Result<f64, SimError>> = setups.into_par_iter().map(|setup| simulate(&setup).map(|sim| sim.samples_per_s)).collect();
+    for (c, rate) in pool.iter_mut().zip(rates) {
+        let rate = rate.map_err(|error| PlanError::Replay { w: c.w, d: c.d, b: c.b, schedule: c.schedule, error })?;
+        c.replayed_samples_per_s = Some(rate);
     }
     let mut ranked: Vec<Candidate> = Vec::with_capacity(top);
     for c in pool {
@@ -1103,12 +1107,12 @@ fn insert_ranked(list: &mut Vec<Candidate>, c: Candidate, cap: usize, rate: fn(&
     }
 }
 
-/// Replays `cand` for [`REPLAY_BATCHES`] batches on the planner's cluster (the stage costs
-/// [`PlanContext::stage_costs`] gives, each boundary on its own link, the all-reduce of
-/// [`Cluster::allreduce`]) and returns its steady-state samples/s.
-fn replay_rate(ctx: &mut PlanContext, cand: &Candidate, opts: &PlanOptions, latencies: Latencies) -> Result<f64, PlanError> {
+/// What replaying `cand` for [`REPLAY_BATCHES`] batches on the planner's cluster means: the
+/// stage costs [`PlanContext::stage_costs`] gives, each boundary on its own link, the
+/// all-reduce of [`Cluster::allreduce`].
+fn replay_setup(ctx: &mut PlanContext, cand: &Candidate, opts: &PlanOptions, latencies: Latencies) -> SimSetup {
     let cluster = ctx.cluster;
-    let setup = SimSetup {
+    SimSetup {
         scheme: cand.schedule.into(),
         w: cand.w,
         b: cand.b,
@@ -1118,10 +1122,7 @@ fn replay_rate(ctx: &mut PlanContext, cand: &Candidate, opts: &PlanOptions, late
         links: cluster.pipeline_links(cand.w, cand.d, latencies),
         allreduce: cluster.allreduce(cand.w, cand.d, latencies),
         record: false,
-    };
-    simulate(&setup)
-        .map(|sim| sim.samples_per_s)
-        .map_err(|error| PlanError::Replay { w: cand.w, d: cand.d, b: cand.b, schedule: cand.schedule, error })
+    }
 }
 
 fn describe(ctx: &mut PlanContext, candidates: Vec<Candidate>, chosen: Candidate, opts: &PlanOptions) -> Plan {
