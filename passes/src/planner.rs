@@ -522,6 +522,12 @@ impl<'a> PlanContext<'a> {
         let params: Vec<f64> = ranges.iter().map(|r| prob.param_bytes[r.clone()].iter().sum::<f64>()).collect();
         let (cost, order) = (self.cost, &self.order);
         let kept = |x: NodeId| matches!(cost.class(x), OpClass::MatMul | OpClass::Conv);
+        let (opt, momentum) = (opts.optimizer, opts.momentum);
+        // A profile's measured updates, and what a byte of weights costs by them (for the
+        // tied copies a stage updates besides its own weights).
+        let measured_update = |nodes: &[NodeId]| -> Option<f64> { nodes.iter().map(|&x| cost.update_time(x, opt, momentum)).sum() };
+        let all_params: f64 = params.iter().sum();
+        let per_byte = measured_update(&order.nodes).map(|t| if all_params > 0.0 { t / all_params } else { 0.0 });
         let mut out = Vec::with_capacity(d);
         for (s, r) in ranges.iter().enumerate() {
             let (mut fwd, mut bwd, mut re) = (0.0, 0.0, 0.0);
@@ -542,7 +548,10 @@ impl<'a> PlanContext<'a> {
                 forward_s: fwd,
                 backward_s: bwd,
                 recompute_s: re,
-                optimizer_s: f64::from(3 + 2 * state) * weights / self.cluster.mem_bw,
+                optimizer_s: match (measured_update(&order.nodes[r.clone()]), per_byte) {
+                    (Some(t), Some(per_byte)) => t + extra_bytes[s] * per_byte,
+                    _ => f64::from(3 + 2 * state) * weights / self.cluster.mem_bw,
+                },
                 send_s: 0.0,
                 send_bytes: if s + 1 < d { live[s] } else { 0.0 },
                 grad_bytes: weights,

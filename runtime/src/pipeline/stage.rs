@@ -694,7 +694,7 @@ impl Worker {
         // A NaN or infinite gradient (overflow at a high rate) makes the new weights
         // non-finite while the loss of this batch still reads finite; stop here, before
         // the version is used, checkpointed or returned to be saved.
-        if apply && !all_finite(&new).map_err(torch("checking the new weights"))? {
+        if apply && !super::optim::all_finite(&new).map_err(torch("checking the new weights"))? {
             return Err(E::Err(PipelineError::NonFiniteWeights { step: t as usize + 1, stage: self.spec.index }));
         }
         st.versions.insert(t + 1, new);
@@ -842,15 +842,6 @@ impl Worker {
 /// Whether every element of `ts` is finite: one reduction per tensor and a single read
 /// (a NaN or infinity anywhere makes the double-precision sum non-finite; finite f32
 /// values cannot overflow it).
-fn all_finite(ts: &[Tensor]) -> Result<bool, tch::TchError> {
-    if ts.is_empty() {
-        return Ok(true);
-    }
-    tch::no_grad(|| {
-        let sums = ts.iter().map(|t| t.f_sum(Kind::Double)).collect::<Result<Vec<_>, _>>()?;
-        Ok(Tensor::f_stack(&sums, 0)?.f_sum(Kind::Double)?.f_double_value(&[])?.is_finite())
-    })
-}
 
 fn tied_groups(sync: &[Vec<u32>], names: &[String], stage: u32) -> Vec<(Vec<u32>, Vec<usize>)> {
     let mut groups: BTreeMap<Vec<u32>, Vec<usize>> = BTreeMap::new();
