@@ -591,6 +591,27 @@ impl<'a> PlanContext<'a> {
         }
         (bytes, numel, sync)
     }
+
+    /// The sets of stages that sum a tied weight's gradient at every step, for the cut
+    /// points `cuts` (one set per distinct group of stages, each sorted): they wait for
+    /// each other there, as the runtime's step does.
+    pub fn tied_stage_groups(&self, cuts: &[usize]) -> Vec<Vec<usize>> {
+        let stage = |p: usize| cuts.partition_point(|&c| c <= p);
+        let mut groups: Vec<Vec<usize>> = self
+            .shared
+            .iter()
+            .map(|s| {
+                let mut stages: Vec<usize> = s.positions.iter().map(|&p| stage(p)).collect();
+                stages.sort_unstable();
+                stages.dedup();
+                stages
+            })
+            .filter(|g| g.len() > 1)
+            .collect();
+        groups.sort();
+        groups.dedup();
+        groups
+    }
 }
 
 fn memory_model(
