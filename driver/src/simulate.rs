@@ -166,6 +166,7 @@ fn replay_candidate(ctx: &mut PlanContext, cluster: &SimCluster, opts: &PlanOpti
         links: cluster.pipeline_links(cand.w, cand.d),
         allreduce: cluster.allreduce_link(cand.w, cand.d),
         record: req.record,
+        shared_cores: None,
     };
     replay(&setup).map_err(|e| DriverError::msg(format!("{}: {scheme}: {e}", req.input.display())))
 }
