@@ -44,6 +44,8 @@ use serde::Serialize;
 
 mod shared;
 
+pub use shared::dedicated_durations;
+
 /// One stage's work per microbatch, and what it holds.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct StageCost {
@@ -790,6 +792,42 @@ mod tests {
             assert!(sim.batch_s < m as f64 * 6.0 && sim.batch_s > m as f64 * 5.0, "m={m}: batch {}", sim.batch_s);
             s.shared_cores = None;
             assert!((simulate(&s).unwrap().batch_s - m as f64 * 3.0).abs() < 1e-9);
+        }
+    }
+
+    #[test]
+    fn a_shared_trace_converts_back_to_its_work() {
+        // Replay unequal stages on fewer cores than stages, then read the replay's trace as
+        // a real run's: converting each duration back to full-speed work gives each
+        // operation's cost exactly, while the raw durations are stretched.
+        for (d, cores, w) in [(2usize, 1usize, 1usize), (4, 2, 1), (4, 3, 1), (3, 2, 2)] {
+            let mut s = setup(Scheme::TwoBw, d, 4, 3);
+            s.w = w;
+            for (k, c) in s.stages.iter_mut().enumerate() {
+                c.forward_s = 1.0 + 0.5 * k as f64;
+                c.backward_s = 2.5 - 0.25 * k as f64;
+                c.optimizer_s = 0.3;
+            }
+            s.shared_cores = Some(cores);
+            let sim = simulate(&s).unwrap();
+            let work = dedicated_durations(&sim.events, cores, w);
+            let mut stretched = 0;
+            for (e, &t) in sim.events.iter().zip(&work) {
+                let c = &s.stages[e.stage];
+                let expect = match e.kind {
+                    TraceKind::Forward => c.forward_s,
+                    TraceKind::Backward => c.backward_s,
+                    TraceKind::Optimizer => c.optimizer_s,
+                    _ => e.dur_us / 1e6,
+                };
+                assert!((t - expect).abs() < 1e-9, "d={d} cores={cores} w={w}: {e:?} -> {t} != {expect}");
+                stretched += usize::from(e.dur_us / 1e6 > expect + 1e-9);
+            }
+            assert!(stretched > 0, "d={d} cores={cores}: nothing was shared");
+            // With enough cores nothing changes.
+            let plain: Vec<f64> = sim.events.iter().map(|e| e.dur_us / 1e6).collect();
+            let wide = dedicated_durations(&sim.events, 64, 1);
+            assert!(plain.iter().zip(&wide).all(|(a, b)| (a - b).abs() < 1e-12));
         }
     }
 

@@ -336,3 +336,56 @@ pub(super) fn replay(setup: &SimSetup, cores: usize) -> Result<Simulation, SimEr
         .collect();
     Ok(report(setup, &ends, &batch_end, &allreduce, events))
 }
+
+/// Whether an event of a real run's trace keeps its stage's thread working (a wait for a
+/// message, an all-reduce, do not).
+fn works(kind: TraceKind) -> bool {
+    matches!(kind, TraceKind::Forward | TraceKind::Backward | TraceKind::Recompute | TraceKind::Optimizer | TraceKind::Send)
+}
+
+/// Each event's duration in seconds as full-speed work: the inverse of the sharing rule for
+/// a trace recorded with its stages' threads on `cores` cores, each stage standing for
+/// `replicas` threads. While `n` working events overlap, each progressed at
+/// `min(1, cores / (replicas n))`, so an event's work is the integral of that rate over its
+/// span. Events that take no core keep their durations.
+pub fn dedicated_durations(events: &[TraceEvent], cores: usize, replicas: usize) -> Vec<f64> {
+    let span = |e: &TraceEvent| (e.start_us / 1e6, (e.start_us + e.dur_us) / 1e6);
+    // The number of working events changes only at their starts and ends: sweep them once
+    // and integrate the rate between consecutive ones.
+    let mut changes: Vec<(f64, i64)> = events.iter().filter(|e| works(e.kind)).flat_map(|e| {
+        let (a, b) = span(e);
+        [(a, 1), (b, -1)]
+    }).collect();
+    changes.sort_by(|x, y| x.0.total_cmp(&y.0));
+    let mut points: Vec<f64> = Vec::with_capacity(changes.len());
+    let mut integral: Vec<f64> = Vec::with_capacity(changes.len());
+    let (mut working, mut k) = (0i64, 0);
+    let threads_per_event = replicas.max(1) as f64;
+    let cores = cores.max(1) as f64;
+    while k < changes.len() {
+        let t = changes[k].0;
+        if let (Some(&prev), Some(&before)) = (points.last(), integral.last()) {
+            let threads = working.max(0) as f64 * threads_per_event;
+            let rate = if threads > cores { cores / threads } else { 1.0 };
+            integral.push(before + rate * (t - prev));
+        } else {
+            integral.push(0.0);
+        }
+        points.push(t);
+        while k < changes.len() && changes[k].0 == t {
+            working += changes[k].1;
+            k += 1;
+        }
+    }
+    let at = |t: f64| integral[points.partition_point(|p| *p < t).min(points.len().saturating_sub(1))];
+    events
+        .iter()
+        .map(|e| {
+            if !works(e.kind) {
+                return e.dur_us / 1e6;
+            }
+            let (a, b) = span(e);
+            (at(b) - at(a)).max(0.0)
+        })
+        .collect()
+}
