@@ -29,6 +29,9 @@
 //!   With `w = 1` the update runs where the step is, as the executor runs it.
 //! - Inter-layer model parallelism without pipelining runs each microbatch's forward and
 //!   backward through all stages before the next one enters ([`model_parallel_ops`]).
+//! - With [`SimSetup::shared_cores`] below the `w * d` threads, the stages' threads share
+//!   the host's cores: every stage's work progresses at `min(1, C / (w n))` while `n`
+//!   stages have work (`simulate/shared.rs`, an event loop running the same rules).
 //!
 //! # Reports
 //! Throughput is measured between the ends of the first and the last simulated batch
@@ -121,7 +124,7 @@ pub struct SimSetup {
     /// The stages are threads of one process on a host with this many CPU cores, one
     /// compute thread per stage and replica (`w * d` in all, the runtime's embedded
     /// executor): when they outnumber the cores, the runnable ones share them
-    /// ([`shared`]). `None`: every stage has its own device.
+    /// (`simulate/shared.rs`). `None`: every stage has its own device.
     pub shared_cores: Option<usize>,
 }
 
@@ -253,7 +256,7 @@ struct StageState {
 }
 
 /// Replays `setup` (see the module docs): stage by stage when every stage has its own
-/// device, under processor sharing ([`shared`]) when the stages' threads outnumber the
+/// device, under processor sharing (`simulate/shared.rs`) when the stages' threads outnumber the
 /// host's cores.
 pub fn simulate(setup: &SimSetup) -> Result<Simulation, SimError> {
     check(setup)?;
