@@ -199,6 +199,12 @@ pub struct SimulateArgs {
     /// under another schedule).
     #[arg(long, value_name = "TRACE")]
     pub stage_times: Option<PathBuf>,
+    /// The stages run as threads of one process on a host with N CPU cores (a CPU run of
+    /// the embedded executor, one thread per stage and replica): the working stages share
+    /// the cores. With --stage-times, the trace's durations (measured under that sharing)
+    /// are converted back to full-speed work first. Overrides a cluster file's host_cores.
+    #[arg(long, value_name = "N")]
+    pub host_cores: Option<usize>,
     /// Write the replay as a Chrome trace (the format of `train --trace`); with several
     /// schemes, one file per scheme (`t.2bw.json`, ...).
     #[arg(long, value_name = "FILE")]

@@ -197,3 +197,49 @@ fn bad_input_is_named() {
     let e = err(&pw(&["simulate", &model("mlp"), "--cluster", "H100", "--batch", "8", "--schedule", "2bw", "--trace", "/nonexistent/dir/t.json"]));
     assert!(e.contains("/nonexistent/dir/t.json"), "{e}");
 }
+
+/// `--host-cores`: gpt2-tiny planned into 4 stages, replayed as 4 threads on 2 cores, is
+/// slower than on 4 devices; with as many cores as stages it is the same replay; the
+/// cluster file's `host_cores` key does the same; a replay's own trace, read back with
+/// `--stage-times` under the same sharing, gives back about the same rate (the durations
+/// are converted back to full-speed work, not shared twice); 0 cores is refused.
+#[test]
+fn stages_sharing_host_cores_are_replayed_slower() {
+    let dir = tempfile::tempdir().unwrap();
+    let plan = dir.path().join("plan.json");
+    std::fs::write(&plan, ok(&pw(&["plan", &model("gpt2-tiny"), "--stages", "4", "--workers", "4", "--batch", "16", "--microbatch", "4", "--schedule", "2bw", "--json"]))).unwrap();
+    let p = plan.to_str().unwrap();
+    let rates = |extra: &[&str]| -> Vec<f64> {
+        let mut args = vec!["simulate", p, "--schedule", "2bw,gpipe", "--batches", "6", "--json"];
+        args.extend_from_slice(extra);
+        let v: Value = serde_json::from_str(&ok(&pw(&args))).expect("JSON");
+        v["outcomes"].as_array().unwrap().iter().map(|o| o["simulation"]["samples_per_s"].as_f64().unwrap()).collect()
+    };
+    let own = rates(&[]);
+    let shared = rates(&["--host-cores", "2"]);
+    assert_eq!(own.len(), 2);
+    for (o, s) in own.iter().zip(&shared) {
+        assert!(*s < 0.9 * o, "2 cores: {s} samples/s, 4 devices: {o}");
+    }
+    assert_eq!(rates(&["--host-cores", "4"]), own);
+    let toml = dir.path().join("c.toml");
+    std::fs::write(&toml, "workers = 4\nhost_cores = 2\n").unwrap();
+    let from_file = rates(&["--cluster", toml.to_str().unwrap()]);
+    let plain = dir.path().join("plain.toml");
+    std::fs::write(&plain, "workers = 4\n").unwrap();
+    assert_eq!(from_file, rates(&["--cluster", plain.to_str().unwrap(), "--host-cores", "2"]));
+    assert!(from_file.iter().zip(&rates(&["--cluster", plain.to_str().unwrap()])).all(|(s, o)| s < o));
+    let text = ok(&pw(&["simulate", p, "--host-cores", "2", "--batches", "2"]));
+    assert!(text.lines().next().unwrap().ends_with("the stages' threads sharing 2 CPU core(s)"), "{text}");
+    // The replay's trace as a measured run's: its sends now take the stage's thread for
+    // their link time too, so the rate is close to, not exactly, the original.
+    let t = dir.path().join("t.json");
+    ok(&pw(&["simulate", p, "--schedule", "2bw", "--batches", "6", "--host-cores", "2", "--trace", t.to_str().unwrap()]));
+    let timed = rates(&["--stage-times", t.to_str().unwrap(), "--host-cores", "2"]);
+    assert!((timed[0] / shared[0] - 1.0).abs() < 0.03, "{} replayed from its own trace, {} before", timed[0], shared[0]);
+    let e = err(&pw(&["simulate", p, "--host-cores", "0"]));
+    assert!(e.contains("--host-cores must be at least 1"), "{e}");
+    std::fs::write(&toml, "workers = 4\nhost_cores = 0\n").unwrap();
+    let e = err(&pw(&["simulate", p, "--cluster", toml.to_str().unwrap()]));
+    assert!(e.contains("c.toml: host_cores: 0 is not a number of cores"), "{e}");
+}

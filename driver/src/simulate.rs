@@ -12,7 +12,7 @@ use pipewright_passes::cost::{CostModel, Profile};
 use pipewright_passes::plan_file::PlanFile;
 use pipewright_passes::planner::{plan, Candidate, PlanContext, PlanError, PlanOptions};
 use pipewright_passes::presets::SimCluster;
-use pipewright_passes::simulate::{simulate as replay, SimSetup, Simulation};
+use pipewright_passes::simulate::{dedicated_durations, simulate as replay, SimSetup, Simulation};
 use pipewright_runtime::timeline::{chrome_trace_json, read_chrome_trace, timeline_svg, TraceKind};
 use serde::Serialize;
 
@@ -39,6 +39,11 @@ pub struct SimulateRequest {
     /// A real run's trace (`train --trace`) whose per-stage median forward, recompute,
     /// backward, optimizer and send times replace the cost model's (for a plan of that run).
     pub stage_times: Option<PathBuf>,
+    /// The stages are threads sharing this many CPU cores (`--host-cores`; overrides the
+    /// cluster's `host_cores`): the replay shares them among the working stages, and the
+    /// `stage_times` trace's durations, measured under that sharing, are first converted
+    /// back to dedicated work ([`dedicated_durations`]).
+    pub host_cores: Option<usize>,
 }
 
 /// One scheme's configuration and replay, or why it has none.
@@ -79,10 +84,14 @@ pub fn simulate(req: &SimulateRequest) -> Result<SimulateReport, DriverError> {
     if req.schemes.is_empty() {
         return Err(DriverError::msg("no scheme to simulate"));
     }
+    if req.host_cores == Some(0) {
+        return Err(DriverError::msg("--host-cores must be at least 1 (the CPU cores the stages' threads share)"));
+    }
     if looks_like_plan(&req.input) {
         return simulate_plan(req);
     }
     let cluster = req.cluster.clone().ok_or_else(|| DriverError::msg("simulating a model needs a cluster (--cluster FILE|PRESET)"))?;
+    let cluster = with_host_cores(cluster, req.host_cores);
     let global_batch = req.global_batch.ok_or_else(|| DriverError::msg("simulating a model needs the global batch (--batch B)"))?;
     let g = shapes(&req.input)?;
     let cost = cost_model(&g, &cluster, req.profile.as_ref(), &req.input)?;
@@ -122,6 +131,15 @@ pub fn simulate(req: &SimulateRequest) -> Result<SimulateReport, DriverError> {
     Ok(SimulateReport { input: req.input.display().to_string(), cluster, global_batch, outcomes })
 }
 
+/// `--host-cores` replaces the cluster file's `host_cores`, so that the report says which
+/// one the replay used.
+fn with_host_cores(mut cluster: SimCluster, host_cores: Option<usize>) -> SimCluster {
+    if host_cores.is_some() {
+        cluster.host_cores = host_cores;
+    }
+    cluster
+}
+
 fn cost_model(g: &Graph, cluster: &SimCluster, profile: Option<&Profile>, input: &Path) -> Result<CostModel, DriverError> {
     let mut cost = CostModel::new(g, cluster.cluster.roofline()).map_err(|e| DriverError::msg(format!("{}: {e}", input.display())))?;
     if let Some(p) = profile {
@@ -153,8 +171,9 @@ fn replay_candidate(ctx: &mut PlanContext, cluster: &SimCluster, opts: &PlanOpti
     // The memory and optimizer terms follow the scheme actually run.
     let run_as = Candidate { schedule: scheme.schedule().unwrap_or(Schedule::Flush), ..cand.clone() };
     let mut stages = ctx.stage_costs(&run_as, opts);
+    let cores = cluster.host_cores;
     if let Some(path) = &req.stage_times {
-        measured_stage_times(path, &mut stages)?;
+        measured_stage_times(path, &mut stages, cores.map(|c| (c, cand.w)))?;
     }
     let setup = SimSetup {
         scheme,
@@ -166,6 +185,7 @@ fn replay_candidate(ctx: &mut PlanContext, cluster: &SimCluster, opts: &PlanOpti
         links: cluster.pipeline_links(cand.w, cand.d),
         allreduce: cluster.allreduce_link(cand.w, cand.d),
         record: req.record,
+        shared_cores: cores,
     };
     replay(&setup).map_err(|e| DriverError::msg(format!("{}: {scheme}: {e}", req.input.display())))
 }
@@ -178,6 +198,7 @@ fn simulate_plan(req: &SimulateRequest) -> Result<SimulateReport, DriverError> {
     let g = shapes(&model)?;
     let plan = file.into_plan_for(&g, &req.input)?;
     let cluster = req.cluster.clone().unwrap_or_else(|| SimCluster::from_cluster(&format!("the plan's cluster: {}", plan.cluster.summary()), plan.cluster.clone()));
+    let cluster = with_host_cores(cluster, req.host_cores);
     if cluster.cluster.workers < plan.chosen.w * plan.chosen.d {
         return Err(DriverError::msg(format!("{}: the plan needs {} workers (w = {}, d = {}); the cluster has {}", req.input.display(), plan.chosen.w * plan.chosen.d, plan.chosen.w, plan.chosen.d, cluster.cluster.workers)));
     }
@@ -216,15 +237,23 @@ fn simulate_plan(req: &SimulateRequest) -> Result<SimulateReport, DriverError> {
 }
 
 /// Replaces each stage's compute times by the medians of a real run's trace at `path`.
-fn measured_stage_times(path: &Path, stages: &mut [pipewright_passes::simulate::StageCost]) -> Result<(), DriverError> {
+/// With `sharing` (cores, replicas), the run's stages shared that many cores, so each
+/// event's duration is first converted to the work it stands for at full speed (the
+/// replay shares the cores again; taking the inflated durations as work would count the
+/// sharing twice).
+fn measured_stage_times(path: &Path, stages: &mut [pipewright_passes::simulate::StageCost], sharing: Option<(usize, usize)>) -> Result<(), DriverError> {
     let text = std::fs::read_to_string(path).map_err(|source| DriverError::Read { path: path.to_path_buf(), source })?;
     let events = read_chrome_trace(&text).map_err(|e| DriverError::msg(format!("{}: {e}", path.display())))?;
     let traced = events.iter().map(|e| e.stage + 1).max().unwrap_or(0);
     if traced != stages.len() {
         return Err(DriverError::msg(format!("{}: the trace has {traced} stages, the replayed configuration {}", path.display(), stages.len())));
     }
+    let seconds: Vec<f64> = match sharing {
+        Some((cores, replicas)) => dedicated_durations(&events, cores, replicas),
+        None => events.iter().map(|e| e.dur_us / 1e6).collect(),
+    };
     let median = |stage: usize, kind: TraceKind| -> Option<f64> {
-        let mut d: Vec<f64> = events.iter().filter(|e| e.stage == stage && e.kind == kind).map(|e| e.dur_us / 1e6).collect();
+        let mut d: Vec<f64> = events.iter().zip(&seconds).filter(|(e, _)| e.stage == stage && e.kind == kind).map(|(_, &t)| t).collect();
         d.sort_by(f64::total_cmp);
         (!d.is_empty()).then(|| d[d.len() / 2])
     };
@@ -271,7 +300,10 @@ impl SimulateReport {
     pub fn text(&self) -> String {
         use std::fmt::Write as _;
         let mut s = String::new();
-        let _ = writeln!(s, "simulated on: {}, global batch {}", self.cluster.name, self.global_batch);
+        let _ = match self.cluster.host_cores {
+            Some(c) => writeln!(s, "simulated on: {}, global batch {}, the stages' threads sharing {c} CPU core(s)", self.cluster.name, self.global_batch),
+            None => writeln!(s, "simulated on: {}, global batch {}", self.cluster.name, self.global_batch),
+        };
         let _ = writeln!(
             s,
             "{:<15} {:>4} {:>4} {:>5} {:>5} {:>9} {:>12} {:>12} {:>7} {:>11}",
