@@ -177,12 +177,14 @@ pub fn model_parallel_ops(m: usize, batches: usize) -> Vec<Op> {
 }
 
 /// The order stage `stage` of `depth` runs under `scheme`: the runtime's schedule for the
-/// three schedules (data parallelism runs as Flush with one stage), or
+/// three schedules (data and tensor parallelism run as Flush with one stage), or
 /// [`model_parallel_ops`].
 pub fn scheme_ops(scheme: Scheme, stage: usize, depth: usize, m: usize, batches: usize) -> Result<Vec<Op>, SimError> {
     let schedule = match scheme {
         Scheme::ModelParallel => return Ok(model_parallel_ops(m, batches)),
-        Scheme::DataParallel => Schedule::Flush,
+        // Data and tensor parallelism run one stage per group: Flush's order with d = 1
+        // (tensor parallelism's all-reduces are inside its forward and backward times).
+        Scheme::DataParallel | Scheme::TensorParallel => Schedule::Flush,
         s => s.schedule().unwrap_or(Schedule::Flush),
     };
     stage_ops(schedule, stage, depth, m, batches).map_err(SimError::Setup)
@@ -249,6 +251,9 @@ pub fn simulate(setup: &SimSetup) -> Result<Simulation, SimError> {
     }
     if setup.scheme == Scheme::DataParallel && d != 1 {
         return Err(SimError::Setup(format!("data parallelism runs one stage per worker, not {d}")));
+    }
+    if setup.scheme == Scheme::TensorParallel && d != 1 {
+        return Err(SimError::Setup(format!("tensor parallelism runs one stage per group of GPUs, not {d}")));
     }
     let bad = |x: f64| !x.is_finite() || x < 0.0;
     for (s, c) in setup.stages.iter().enumerate() {
