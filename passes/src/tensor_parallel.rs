@@ -507,6 +507,16 @@ mod tests {
         let mut one = c.clone();
         one.cluster.workers_per_node = 1;
         assert_eq!(plan_tensor_parallel(&g, &cost, &one, &opts).unwrap_err(), TensorError::ServerTooSmall(1));
+        let relu = pipewright_ir::parse_graph(
+            r#"graph "r" ir_version=10 opset=20 batch=N("N", exported 4) {
+  %v0: f32[N,8] = input "x"
+  %v1: f32[N,8] = Relu(%v0)  # n0 "relu"
+  return %v1 "y"
+}"#,
+        )
+        .unwrap();
+        let relu_cost = CostModel::new(&relu, c.cluster.roofline()).unwrap();
+        assert_eq!(plan_tensor_parallel(&relu, &relu_cost, &c, &opts).unwrap_err(), TensorError::NothingToSplit);
         let odd = PlanOptions { global_batch: 3, microbatch: Some(2), ..opts };
         assert!(matches!(plan_tensor_parallel(&g, &cost, &c, &odd).unwrap_err(), TensorError::NoConfiguration { batch: 3, .. }));
     }
