@@ -181,8 +181,8 @@ pub struct SimulateArgs {
     /// Global batch size (samples per optimizer step); a plan file has its own.
     #[arg(long)]
     pub batch: Option<u64>,
-    /// Schemes to compare: 2bw, flush, gpipe, model-parallel, data-parallel (comma-separated),
-    /// or all. Default: all for a model, the plan's schedule for a plan.
+    /// Schemes to compare: 2bw, flush, gpipe, model-parallel, data-parallel, tensor-parallel
+    /// (comma-separated), or all. Default: all for a model, the plan's schedule for a plan.
     #[arg(long, value_parser = parse_schemes)]
     pub schedule: Option<Schemes>,
     /// A profile from `pipewright profile`: measured node times instead of the roofline.

@@ -116,6 +116,53 @@ fn the_replay_runs_each_stage_in_the_order_a_real_run_does() {
     let out = ok(&pw(&["simulate", plan.to_str().unwrap(), "--schedule", "gpipe,flush", "--batches", "2"]));
     assert!(out.starts_with("simulated on: the plan's cluster: 3 workers"), "{out}");
     assert!(out.contains("\ngpipe ") && out.contains("\nflush "), "{out}");
+    // A plan fixes a pipeline: tensor parallelism is for models.
+    let out = ok(&pw(&["simulate", plan.to_str().unwrap(), "--schedule", "tensor-parallel", "--batches", "2"]));
+    assert!(out.contains("tensor-parallel a plan fixes the pipeline; simulate the model for tensor parallelism"), "{out}");
+}
+
+/// Tensor parallelism end to end on a synthetic GPT: the layers split over t GPUs of a
+/// server (t in the table and the JSON), one stage per group whose replay is m
+/// microbatches plus the groups' all-reduce and the update; a cluster too small for any
+/// t says why, and so does a cluster whose servers hold one GPU each.
+#[test]
+fn tensor_parallelism_splits_layers_within_a_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gpt.onnx");
+    gpt(&GptShape { layers: 4, hidden: 256, heads: 8, seq: 128, vocab: 1000, tied: true }).unwrap().write(&path, Storage::ShapesOnly, 0).unwrap();
+    let p = path.to_str().unwrap();
+    let args = ["simulate", p, "--cluster", "V100-16GB", "--servers", "2", "--precision", "fp16", "--batch", "64", "--schedule", "tensor-parallel", "--batches", "3"];
+    let v: Value = serde_json::from_str(&ok(&pw(&[&args[..], &["--json"]].concat()))).unwrap();
+    let o = &v["outcomes"][0];
+    assert_eq!(o["scheme"], "tensor-parallel");
+    let (t, c, sim) = (o["t"].as_u64().unwrap(), &o["config"], &o["simulation"]);
+    assert!([2, 4, 8].contains(&t), "{o}");
+    assert_eq!(c["d"], 1);
+    let (w, b, m) = (c["w"].as_u64().unwrap(), c["b"].as_u64().unwrap(), c["m"].as_u64().unwrap());
+    assert!(w * t <= 16 && w * b * m == 64, "{c}");
+    let stages = sim["stages"].as_array().unwrap();
+    assert_eq!(stages.len(), 1);
+    // Per batch: m microbatches (their tensor all-reduces inside), then the groups'
+    // all-reduce and the update; the closed form counts all but the update.
+    let batch_s = sim["batch_s"].as_f64().unwrap();
+    let busy_per_batch = stages[0]["busy_s"].as_f64().unwrap() / 3.0;
+    let allreduce = stages[0]["allreduce_s"].as_f64().unwrap();
+    assert!((batch_s - (busy_per_batch + allreduce)).abs() <= 1e-9 * batch_s, "{batch_s} against {busy_per_batch} + {allreduce}");
+    let planned = o["planned_samples_per_s"].as_f64().unwrap();
+    assert!(planned >= sim["samples_per_s"].as_f64().unwrap(), "{o}");
+    let text = ok(&pw(&args));
+    let row = text.lines().find(|l| l.starts_with("tensor-parallel ")).unwrap_or_else(|| panic!("{text}"));
+    let cells: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(cells[1..4], [w.to_string(), "1".to_string(), t.to_string()], "{row}");
+    // 64 KiB per GPU: nothing fits, and the least need is named.
+    let toml = dir.path().join("small.toml");
+    std::fs::write(&toml, "workers = 8\nworkers_per_node = 8\nmemory_per_worker = \"64KiB\"\n").unwrap();
+    let text = ok(&pw(&["simulate", p, "--cluster", toml.to_str().unwrap(), "--batch", "8", "--schedule", "tensor-parallel,2bw"]));
+    assert!(text.contains("tensor-parallel does not fit at any t: the least a GPU needs is "), "{text}");
+    assert!(text.contains("(t = 8, b = 1: ") && text.contains(" of its 64.0 KiB"), "{text}");
+    // One GPU per server: no group to split a layer over.
+    let text = ok(&pw(&["simulate", p, "--cluster", "H100", "--gpus-per-server", "1", "--servers", "4", "--batch", "8", "--schedule", "tensor-parallel"]));
+    assert!(text.contains("the servers have 1 GPU(s); it needs at least 2"), "{text}");
 }
 
 #[test]
@@ -124,7 +171,7 @@ fn a_model_report_has_every_scheme_and_its_numbers() {
     let v: Value = serde_json::from_str(&out).expect("JSON");
     let outcomes = v["outcomes"].as_array().unwrap();
     let schemes: Vec<&str> = outcomes.iter().map(|o| o["scheme"].as_str().unwrap()).collect();
-    assert_eq!(schemes, ["2bw", "flush", "gpipe", "model-parallel", "data-parallel"]);
+    assert_eq!(schemes, ["2bw", "flush", "gpipe", "model-parallel", "data-parallel", "tensor-parallel"]);
     assert_eq!(v["cluster"]["cluster"]["workers"], 8);
     for o in outcomes {
         let sim = &o["simulation"];

@@ -13,6 +13,7 @@ use pipewright_passes::plan_file::PlanFile;
 use pipewright_passes::planner::{plan, Candidate, PlanContext, PlanError, PlanOptions};
 use pipewright_passes::presets::SimCluster;
 use pipewright_passes::simulate::{dedicated_durations, simulate as replay, SimSetup, Simulation};
+use pipewright_passes::tensor_parallel::{plan_tensor_parallel, TensorError};
 use pipewright_runtime::timeline::{chrome_trace_json, read_chrome_trace, timeline_svg, TraceKind};
 use serde::Serialize;
 
@@ -50,6 +51,9 @@ pub struct SimulateRequest {
 #[derive(Clone, Debug, Serialize)]
 pub struct SchemeOutcome {
     pub scheme: Scheme,
+    /// GPUs each layer is split over: the tensor-parallel degree (1 for every scheme but
+    /// tensor parallelism).
+    pub t: usize,
     /// The configuration replayed: the planner's choice for this scheme.
     pub config: Option<Candidate>,
     /// The planner's closed-form prediction for that configuration, samples/s.
@@ -108,6 +112,10 @@ pub fn simulate(req: &SimulateRequest) -> Result<SimulateReport, DriverError> {
     let mut outcomes = Vec::new();
     for &scheme in &req.schemes {
         let config = match scheme {
+            Scheme::TensorParallel => {
+                outcomes.push(tensor_outcome(&g, &cost, &cluster, &base, req)?);
+                continue;
+            }
             Scheme::DataParallel => search(Schedule::Flush, Some(1))?.map_err(|e| format!("the whole model on every worker: {e}")),
             Scheme::ModelParallel => {
                 if flush.is_none() {
@@ -140,6 +148,38 @@ fn with_host_cores(mut cluster: SimCluster, host_cores: Option<usize>) -> SimClu
     cluster
 }
 
+/// Tensor parallelism: its own search ([`plan_tensor_parallel`]: `t`, the groups, the
+/// microbatch), replayed as one stage per group with the tensor all-reduces inside the
+/// forward and backward times.
+fn tensor_outcome(g: &Graph, cost: &CostModel, cluster: &SimCluster, opts: &PlanOptions, req: &SimulateRequest) -> Result<SchemeOutcome, DriverError> {
+    let scheme = Scheme::TensorParallel;
+    let none = |why: String| SchemeOutcome { scheme, t: 1, config: None, planned_samples_per_s: None, simulation: None, why_not: Some(why) };
+    if req.stage_times.is_some() {
+        // A pipeline run's per-stage times say nothing about a layer split over t GPUs.
+        return Ok(none("--stage-times holds a pipeline run's stage times; tensor parallelism is simulated from the cost model only".into()));
+    }
+    let plan = match plan_tensor_parallel(g, cost, cluster, opts) {
+        Ok(p) => p,
+        Err(e @ TensorError::Cycle(_)) => return Err(DriverError::msg(format!("{}: {e}", req.input.display()))),
+        Err(e) => return Ok(none(e.to_string())),
+    };
+    let cand = plan.candidate.clone();
+    let setup = SimSetup {
+        scheme,
+        w: cand.w,
+        b: cand.b,
+        m: cand.m,
+        batches: req.batches,
+        stages: vec![plan.stage.clone()],
+        links: Vec::new(),
+        allreduce: plan.dp_link,
+        record: req.record,
+        shared_cores: cluster.host_cores,
+    };
+    let sim = replay(&setup).map_err(|e| DriverError::msg(format!("{}: {scheme}: {e}", req.input.display())))?;
+    Ok(SchemeOutcome { scheme, t: plan.t, planned_samples_per_s: Some(cand.samples_per_s), config: Some(cand), simulation: Some(sim), why_not: None })
+}
+
 fn cost_model(g: &Graph, cluster: &SimCluster, profile: Option<&Profile>, input: &Path) -> Result<CostModel, DriverError> {
     let mut cost = CostModel::new(g, cluster.cluster.roofline()).map_err(|e| DriverError::msg(format!("{}: {e}", input.display())))?;
     if let Some(p) = profile {
@@ -159,12 +199,12 @@ fn outcome(
 ) -> Result<SchemeOutcome, DriverError> {
     let cand = match config {
         Ok(c) => c,
-        Err(why) => return Ok(SchemeOutcome { scheme, config: None, planned_samples_per_s: None, simulation: None, why_not: Some(why) }),
+        Err(why) => return Ok(SchemeOutcome { scheme, t: 1, config: None, planned_samples_per_s: None, simulation: None, why_not: Some(why) }),
     };
     let mut ctx = PlanContext::new(g, cost, &cluster.cluster).map_err(|e| DriverError::msg(format!("{}: {e}", req.input.display())))?;
     let sim = replay_candidate(&mut ctx, cluster, opts, scheme, &cand, req)?;
     let planned = (scheme != Scheme::ModelParallel).then_some(cand.samples_per_s);
-    Ok(SchemeOutcome { scheme, config: Some(cand), planned_samples_per_s: planned, simulation: Some(sim), why_not: None })
+    Ok(SchemeOutcome { scheme, t: 1, config: Some(cand), planned_samples_per_s: planned, simulation: Some(sim), why_not: None })
 }
 
 fn replay_candidate(ctx: &mut PlanContext, cluster: &SimCluster, opts: &PlanOptions, scheme: Scheme, cand: &Candidate, req: &SimulateRequest) -> Result<Simulation, DriverError> {
@@ -222,16 +262,17 @@ fn simulate_plan(req: &SimulateRequest) -> Result<SimulateReport, DriverError> {
         let cand = &plan.chosen;
         let why_not = match scheme {
             Scheme::DataParallel => Some("a plan fixes the depth; simulate the model for data parallelism".to_string()),
+            Scheme::TensorParallel => Some("a plan fixes the pipeline; simulate the model for tensor parallelism".to_string()),
             Scheme::TwoBw | Scheme::Flush if cand.m < cand.d as u64 => Some(format!("{scheme} needs m >= d (the plan has m = {}, d = {})", cand.m, cand.d)),
             _ => None,
         };
         if let Some(why) = why_not {
-            outcomes.push(SchemeOutcome { scheme, config: None, planned_samples_per_s: None, simulation: None, why_not: Some(why) });
+            outcomes.push(SchemeOutcome { scheme, t: 1, config: None, planned_samples_per_s: None, simulation: None, why_not: Some(why) });
             continue;
         }
         let sim = replay_candidate(&mut ctx, &cluster, &opts, scheme, cand, req)?;
         let planned = (Some(cand.schedule) == scheme.schedule()).then_some(cand.samples_per_s);
-        outcomes.push(SchemeOutcome { scheme, config: Some(cand.clone()), planned_samples_per_s: planned, simulation: Some(sim), why_not: None });
+        outcomes.push(SchemeOutcome { scheme, t: 1, config: Some(cand.clone()), planned_samples_per_s: planned, simulation: Some(sim), why_not: None });
     }
     Ok(SimulateReport { input: req.input.display().to_string(), cluster, global_batch: opts.global_batch, outcomes })
 }
@@ -306,8 +347,8 @@ impl SimulateReport {
         };
         let _ = writeln!(
             s,
-            "{:<15} {:>4} {:>4} {:>5} {:>5} {:>9} {:>12} {:>12} {:>7} {:>11}",
-            "scheme", "w", "d", "b", "m", "recompute", "samples/s", "planner", "bubble", "peak memory"
+            "{:<15} {:>4} {:>4} {:>3} {:>5} {:>5} {:>9} {:>12} {:>12} {:>7} {:>11}",
+            "scheme", "w", "d", "t", "b", "m", "recompute", "samples/s", "planner", "bubble", "peak memory"
         );
         let best = self.outcomes.iter().filter_map(|o| o.simulation.as_ref()).map(|x| x.samples_per_s).fold(0.0, f64::max);
         for o in &self.outcomes {
@@ -317,10 +358,11 @@ impl SimulateReport {
                     let planned = o.planned_samples_per_s.map_or("-".to_string(), |p| format!("{p:.1}"));
                     let _ = writeln!(
                         s,
-                        "{:<15} {:>4} {:>4} {:>5} {:>5} {:>9} {:>12.1} {:>12} {:>6.1}% {:>11}",
+                        "{:<15} {:>4} {:>4} {:>3} {:>5} {:>5} {:>9} {:>12.1} {:>12} {:>6.1}% {:>11}",
                         o.scheme.name(),
                         c.w,
                         c.d,
+                        o.t,
                         c.b,
                         c.m,
                         c.recompute.name(),
@@ -335,6 +377,7 @@ impl SimulateReport {
                 }
             }
         }
+        let _ = writeln!(s, "t: GPUs each layer is split over (tensor parallelism: w groups of t GPUs, w x t workers)");
         let _ = writeln!(s, "samples/s: simulated steady state over all replicas; planner: the planner's closed-form prediction for the same configuration; bubble: mean over stages of 1 - busy / span");
         if best > 0.0 {
             let ratios: Vec<String> = self

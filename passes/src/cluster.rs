@@ -306,7 +306,7 @@ impl Cluster {
     pub fn boundary_bw(&self, w: usize, s: usize) -> f64 {
         match self.boundary_flows(w, s) {
             0 => self.intra_bw,
-            n => self.server_bw.map_or(self.inter_bw, |sb| self.inter_bw.min(sb / n as f64)),
+            n => self.network_share(n),
         }
     }
 
@@ -350,7 +350,33 @@ impl Cluster {
     pub fn allreduce_bw(&self, w: usize, d: usize) -> f64 {
         match self.allreduce_rings(w, d) {
             0 => self.intra_bw,
-            n => self.server_bw.map_or(self.inter_bw, |s| self.inter_bw.min(s / n as f64)),
+            n => self.network_share(n),
+        }
+    }
+
+    /// What each of `flows` transfers crossing one server's network at once gets:
+    /// `inter_bw`, or its share of `server_bw` when that is known and smaller.
+    fn network_share(&self, flows: usize) -> f64 {
+        self.server_bw.map_or(self.inter_bw, |s| self.inter_bw.min(s / flows.max(1) as f64))
+    }
+
+    /// How many data-parallel rings of Megatron-style tensor parallelism cross the busiest
+    /// server's network: `groups` groups of `t` GPUs on consecutive workers (group `g` on
+    /// workers `g t .. (g + 1) t`, each inside one server since `t` divides the server
+    /// size), and one ring per shard position `j` through workers `j, t + j, 2t + j, ...`.
+    /// 0 when all the groups share one server (the rings stay on NVLink); otherwise all `t`
+    /// rings cross every server they touch.
+    pub fn tensor_dp_rings(&self, t: usize, groups: usize) -> usize {
+        let last = (t * groups).max(1) - 1;
+        if self.server_of(0) == self.server_of(last) { 0 } else { t }
+    }
+
+    /// Bandwidth of the data-parallel all-reduce among `groups` tensor-parallel groups of
+    /// `t` GPUs ([`Cluster::tensor_dp_rings`]), as [`Cluster::allreduce_bw`] shares it.
+    pub fn tensor_dp_bw(&self, t: usize, groups: usize) -> f64 {
+        match self.tensor_dp_rings(t, groups) {
+            0 => self.intra_bw,
+            n => self.network_share(n),
         }
     }
 }

@@ -614,6 +614,14 @@ impl<'a> PlanContext<'a> {
     }
 }
 
+/// The planner's memory model of one stage of a `d`-stage pipeline under `schedule` (the
+/// copies of each weight byte and the factors of its activations, in `opts`'s optimizer and
+/// precision), for analyses that count memory as the planner does
+/// ([`crate::tensor_parallel`]).
+pub fn stage_memory_model(schedule: Schedule, recompute: Recompute, d: usize, m: u64, opts: &PlanOptions, limit: f64) -> MemoryModel {
+    memory_model(schedule, recompute, d, m, opts.optimizer.state_tensors(opts.momentum), opts.precision, limit)
+}
+
 fn memory_model(
     schedule: Schedule,
     recompute: Recompute,

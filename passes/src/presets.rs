@@ -229,6 +229,22 @@ impl SimCluster {
         }
         Link { bandwidth: self.cluster.allreduce_bw(w, d), latency_s: self.inter_latency_s }
     }
+
+    /// The link of the data-parallel all-reduce among `groups` tensor-parallel groups of
+    /// `t` GPUs: NVLink when they all share one server, else the network as the `t` rings
+    /// crossing each server share it ([`Cluster::tensor_dp_bw`]).
+    pub fn tensor_dp_link(&self, t: usize, groups: usize) -> Link {
+        if self.cluster.tensor_dp_rings(t, groups) == 0 {
+            return Link { bandwidth: self.cluster.intra_bw, latency_s: self.intra_latency_s };
+        }
+        Link { bandwidth: self.cluster.tensor_dp_bw(t, groups), latency_s: self.inter_latency_s }
+    }
+
+    /// The link the `t` GPUs of a tensor-parallel group all-reduce over: NVLink inside
+    /// their server.
+    pub fn nvlink(&self) -> Link {
+        Link { bandwidth: self.cluster.intra_bw, latency_s: self.intra_latency_s }
+    }
 }
 
 /// `"5us"`, `"0.1ms"`, `"2e-5"`, `"1s"`: seconds.
@@ -280,6 +296,12 @@ mod tests {
         assert_eq!(c.allreduce_link(2, 4).bandwidth, 150e9);
         assert!(c.pipeline_links(2, 4).iter().all(|l| l.bandwidth == 150e9));
         assert_eq!(SimCluster::from_preset(device("V100-16GB").unwrap(), network("25gbit").unwrap(), 1, 8, Precision::Fp32, 0.5).unwrap().cluster.peak_flops, 15.7e12 * 0.5);
+        // Tensor parallelism, t = 4: 16 groups over 8 servers, four rings (one per shard
+        // position) through each server's one link; 2 groups fill one server: NVLink.
+        assert_eq!(c.tensor_dp_link(4, 16), Link { bandwidth: 25e9 / 8.0 / 4.0, latency_s: 20e-6 });
+        assert_eq!(c.tensor_dp_link(8, 8).bandwidth, 25e9 / 8.0 / 8.0);
+        assert_eq!(c.tensor_dp_link(4, 2), Link { bandwidth: 150e9, latency_s: 5e-6 });
+        assert_eq!(c.nvlink(), Link { bandwidth: 150e9, latency_s: 5e-6 });
     }
 
     #[test]

@@ -189,12 +189,14 @@ pub fn model_parallel_ops(m: usize, batches: usize) -> Vec<Op> {
 }
 
 /// The order stage `stage` of `depth` runs under `scheme`: the runtime's schedule for the
-/// three schedules (data parallelism runs as Flush with one stage), or
+/// three schedules (data and tensor parallelism run as Flush with one stage), or
 /// [`model_parallel_ops`].
 pub fn scheme_ops(scheme: Scheme, stage: usize, depth: usize, m: usize, batches: usize) -> Result<Vec<Op>, SimError> {
     let schedule = match scheme {
         Scheme::ModelParallel => return Ok(model_parallel_ops(m, batches)),
-        Scheme::DataParallel => Schedule::Flush,
+        // Data and tensor parallelism run one stage per group: Flush's order with d = 1
+        // (tensor parallelism's all-reduces are inside its forward and backward times).
+        Scheme::DataParallel | Scheme::TensorParallel => Schedule::Flush,
         s => s.schedule().unwrap_or(Schedule::Flush),
     };
     stage_ops(schedule, stage, depth, m, batches).map_err(SimError::Setup)
@@ -282,6 +284,9 @@ fn check(setup: &SimSetup) -> Result<(), SimError> {
     }
     if setup.shared_cores == Some(0) {
         return Err(SimError::Setup("shared_cores (the host's CPU cores) must be at least 1".into()));
+    }
+    if setup.scheme == Scheme::TensorParallel && d != 1 {
+        return Err(SimError::Setup(format!("tensor parallelism runs one stage per group of GPUs, not {d}")));
     }
     let bad = |x: f64| !x.is_finite() || x < 0.0;
     for (s, c) in setup.stages.iter().enumerate() {
@@ -665,7 +670,7 @@ mod tests {
     fn varied_setups() -> Vec<SimSetup> {
         let mut out = Vec::new();
         for scheme in Scheme::ALL.iter().copied() {
-            let shapes: &[(usize, u64)] = if scheme == Scheme::DataParallel { &[(1, 2), (1, 5)] } else { &[(2, 2), (3, 4), (4, 4), (4, 6), (5, 8)] };
+            let shapes: &[(usize, u64)] = if matches!(scheme, Scheme::DataParallel | Scheme::TensorParallel) { &[(1, 2), (1, 5)] } else { &[(2, 2), (3, 4), (4, 4), (4, 6), (5, 8)] };
             for &(d, m) in shapes {
                 for (variant, w) in [(0, 1), (1, 1), (2, 4)] {
                     let mut s = setup(scheme, d, m, 4);
