@@ -175,6 +175,7 @@ fn tensor_outcome(g: &Graph, cost: &CostModel, cluster: &SimCluster, opts: &Plan
         allreduce: plan.dp_link,
         record: req.record,
         shared_cores: cluster.host_cores,
+        tied_groups: Vec::new(),
     };
     let sim = replay(&setup).map_err(|e| DriverError::msg(format!("{}: {scheme}: {e}", req.input.display())))?;
     Ok(SchemeOutcome { scheme, t: plan.t, planned_samples_per_s: Some(cand.samples_per_s), config: Some(cand), simulation: Some(sim), why_not: None })
@@ -226,6 +227,7 @@ fn replay_candidate(ctx: &mut PlanContext, cluster: &SimCluster, opts: &PlanOpti
         allreduce: cluster.allreduce_link(cand.w, cand.d),
         record: req.record,
         shared_cores: cores,
+        tied_groups: ctx.tied_stage_groups(&cand.cuts),
     };
     replay(&setup).map_err(|e| DriverError::msg(format!("{}: {scheme}: {e}", req.input.display())))
 }

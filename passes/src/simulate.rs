@@ -126,6 +126,10 @@ pub struct SimSetup {
     /// executor): when they outnumber the cores, the runnable ones share them
     /// (`simulate/shared.rs`). `None`: every stage has its own device.
     pub shared_cores: Option<usize>,
+    /// Sets of stages that sum a tied weight's gradient at every step
+    /// ([`StageCost::tied_sync_s`]): each stage waits there for every stage it is tied to,
+    /// directly or through another group, as the runtime's step does.
+    pub tied_groups: Vec<Vec<usize>>,
 }
 
 /// One stage's share of the replay.
@@ -302,8 +306,74 @@ fn check(setup: &SimSetup) -> Result<(), SimError> {
 
 /// Each stage's all-reduce seconds per step (ring among its replicas, plus the tied-weight
 /// sync).
+/// The replicas' all-reduce per stage and step (the tied-weight sums are apart: they run
+/// on the stream after the stages meet, [`Meetings`]).
 fn allreduce_per_stage(setup: &SimSetup) -> Vec<f64> {
-    setup.stages.iter().map(|c| allreduce_seconds(c.grad_bytes, setup.w, setup.allreduce) + c.tied_sync_s).collect()
+    setup.stages.iter().map(|c| allreduce_seconds(c.grad_bytes, setup.w, setup.allreduce)).collect()
+}
+
+/// Where the stages tied by shared weights meet at each step: a stage's step waits until
+/// every stage of its component (the stages linked through [`SimSetup::tied_groups`])
+/// has reached the same step, then sums the tied gradients on its stream.
+struct Meetings {
+    /// Each stage's component, if it is tied to another.
+    component: Vec<Option<usize>>,
+    members: Vec<Vec<usize>>,
+    /// `arrived[s][t]`: when stage `s` reached step `t` (NaN: not yet).
+    arrived: Vec<Vec<f64>>,
+}
+
+impl Meetings {
+    fn new(setup: &SimSetup) -> Result<Meetings, SimError> {
+        let d = setup.stages.len();
+        // Union-find over the groups' stages.
+        let mut parent: Vec<usize> = (0..d).collect();
+        fn root(parent: &mut [usize], mut x: usize) -> usize {
+            while parent[x] != x {
+                parent[x] = parent[parent[x]];
+                x = parent[x];
+            }
+            x
+        }
+        let mut tied = vec![false; d];
+        for g in &setup.tied_groups {
+            if let Some(&bad) = g.iter().find(|&&x| x >= d) {
+                return Err(SimError::Setup(format!("a tied group names stage {bad} of {d}")));
+            }
+            for pair in g.windows(2) {
+                let (a, b) = (root(&mut parent, pair[0]), root(&mut parent, pair[1]));
+                parent[a] = b;
+                tied[pair[0]] = true;
+                tied[pair[1]] = true;
+            }
+        }
+        let mut component = vec![None; d];
+        let mut members: Vec<Vec<usize>> = Vec::new();
+        let mut index_of_root = vec![usize::MAX; d];
+        for s in (0..d).filter(|&s| tied[s]) {
+            let r = root(&mut parent, s);
+            if index_of_root[r] == usize::MAX {
+                index_of_root[r] = members.len();
+                members.push(Vec::new());
+            }
+            members[index_of_root[r]].push(s);
+            component[s] = Some(index_of_root[r]);
+        }
+        let arrived = (0..d).map(|s| if tied[s] { vec![f64::NAN; setup.batches] } else { Vec::new() }).collect();
+        Ok(Meetings { component, members, arrived })
+    }
+
+    /// Stage `s` reaches step `t` at `at` (a later call for the same step keeps the first
+    /// time); the time all its component has arrived, or `None` while some stage has not.
+    /// A stage tied to none meets at once.
+    fn arrive(&mut self, s: usize, t: u64, at: f64) -> Option<f64> {
+        let Some(c) = self.component[s] else { return Some(at) };
+        let slot = &mut self.arrived[s][t as usize];
+        if slot.is_nan() {
+            *slot = at;
+        }
+        self.members[c].iter().map(|&x| self.arrived[x][t as usize]).try_fold(f64::NEG_INFINITY, |m, a| (!a.is_nan()).then(|| m.max(a)))
+    }
 }
 
 /// What each stage ended with, for [`report`].
@@ -333,7 +403,7 @@ fn report(setup: &SimSetup, ends: &[StageEnd], batch_end: &[f64], allreduce: &[f
             bubble_fraction: if makespan > 0.0 { (1.0 - x.busy / makespan).clamp(0.0, 1.0) } else { 0.0 },
             peak_in_flight: x.peak_in_flight,
             peak_memory: c.memory_one + c.memory_per_extra * x.peak_in_flight.saturating_sub(1) as f64,
-            allreduce_s: ar,
+            allreduce_s: ar + c.tied_sync_s,
         })
         .collect();
     let bubble_fraction = stages.iter().map(|s| s.bubble_fraction).sum::<f64>() / d as f64;
@@ -362,6 +432,7 @@ fn replay_dedicated(setup: &SimSetup) -> Result<Simulation, SimError> {
     let two_bw = setup.scheme == Scheme::TwoBw;
     let rule = if two_bw { UpdateRule::TwoBw } else { UpdateRule::Vanilla };
     let allreduce = allreduce_per_stage(setup);
+    let mut meetings = Meetings::new(setup)?;
     let mut st = Vec::with_capacity(d);
     for s in 0..d {
         st.push(StageState {
@@ -461,7 +532,13 @@ fn replay_dedicated(setup: &SimSetup) -> Result<Simulation, SimError> {
                         }
                     }
                     Op::Step(t) => {
+                        // Tied stages meet, then sum the tied gradients on the stream.
+                        let Some(met) = meetings.arrive(s, t, st[s].free) else { break };
                         let state = &mut st[s];
+                        if cost.tied_sync_s > 0.0 {
+                            record(TraceKind::AllReduce, s, met, cost.tied_sync_s, None, t + 1, t);
+                        }
+                        state.free = met + cost.tied_sync_s;
                         let ar = allreduce[s];
                         if two_bw && ar > 0.0 {
                             let start = state.free.max(state.net_free);
@@ -529,7 +606,7 @@ mod tests {
 
     fn setup(scheme: Scheme, d: usize, m: u64, batches: usize) -> SimSetup {
         let link = Link { bandwidth: 1e9, latency_s: 0.0 };
-        SimSetup { scheme, w: 1, b: 1, m, batches, stages: equal(d, 1.0, 2.0), links: vec![link; d - 1], allreduce: link, record: true, shared_cores: None }
+        SimSetup { scheme, w: 1, b: 1, m, batches, stages: equal(d, 1.0, 2.0), links: vec![link; d - 1], allreduce: link, record: true, shared_cores: None, tied_groups: Vec::new() }
     }
 
     /// Per stage, the compute operations of the trace in time order.
@@ -687,11 +764,58 @@ mod tests {
                         }
                         s.links.iter_mut().for_each(|l| l.latency_s = 0.01);
                     }
+                    if variant == 2 && d >= 3 {
+                        // The first and last stages tied (an embedding), and a weight all
+                        // of the middle ones read, linked to them through stage 1.
+                        s.tied_groups = vec![vec![0, d - 1], (1..d - 1).collect()];
+                        s.tied_groups[1].push(0);
+                        for (k, c) in s.stages.iter_mut().enumerate() {
+                            c.tied_sync_s = 0.05 * (k + 1) as f64;
+                        }
+                    }
                     out.push(s);
                 }
             }
         }
         out
+    }
+
+    #[test]
+    fn tied_stages_meet_at_every_step() {
+        for scheme in [Scheme::TwoBw, Scheme::Flush, Scheme::GPipe] {
+            let (d, m) = (4usize, 4u64);
+            let untied = setup(scheme, d, m, 6);
+            let mut tied = untied.clone();
+            tied.tied_groups = vec![vec![0, d - 1]];
+            let (a, b) = (simulate(&untied).unwrap(), simulate(&tied).unwrap());
+            if scheme == Scheme::TwoBw {
+                // The last stage would run ahead into the next batch; waiting at each step
+                // for the first stage's last backward costs 2BW its steady state.
+                assert!(b.batch_s > a.batch_s + 1e-9, "{} vs {}", b.batch_s, a.batch_s);
+            } else {
+                // A flush already holds the last stage until the first has updated.
+                assert_eq!(b.samples_per_s, a.samples_per_s, "{scheme}");
+            }
+            // With a sum of 0.5 s, both tied stages start it at the same instant: when the
+            // later one finished its last backward of the batch (stage 2, tied to none,
+            // sums on its own).
+            let mut timed = tied.clone();
+            timed.stages.iter_mut().for_each(|c| c.tied_sync_s = 0.5);
+            timed.stages[1].tied_sync_s = 0.0;
+            let sim = simulate(&timed).unwrap();
+            for t in 0..6u64 {
+                let sums: Vec<&TraceEvent> = sim.events.iter().filter(|e| e.kind == TraceKind::AllReduce && e.step == t).collect();
+                assert_eq!(sums.len(), 3, "{scheme} step {t}: {sums:?}");
+                let last_backward = |s: usize| sim.events.iter().filter(|e| e.stage == s && e.kind == TraceKind::Backward && e.step == t).map(|e| e.start_us + e.dur_us).fold(0.0, f64::max);
+                let meet = last_backward(0).max(last_backward(d - 1));
+                for e in sums.iter().filter(|e| e.stage == 0 || e.stage == d - 1) {
+                    assert!((e.start_us - meet).abs() < 1e-6 && (e.dur_us - 0.5e6).abs() < 1e-6, "{scheme} step {t}: {e:?} against {meet}");
+                }
+            }
+        }
+        let mut bad = setup(Scheme::Flush, 2, 2, 1);
+        bad.tied_groups = vec![vec![0, 2]];
+        assert_eq!(simulate(&bad).unwrap_err(), SimError::Setup("a tied group names stage 2 of 2".into()));
     }
 
     #[test]

@@ -25,7 +25,7 @@ use pipewright_core::schedule::Op;
 use pipewright_core::timeline::{TraceEvent, TraceKind};
 use pipewright_core::{Scheme, UpdateRule};
 
-use super::{allreduce_per_stage, report, scheme_ops, Arrivals, SimError, SimSetup, Simulation, StageEnd};
+use super::{allreduce_per_stage, report, scheme_ops, Arrivals, Meetings, SimError, SimSetup, Simulation, StageEnd};
 
 /// Work on a stage's stream.
 #[derive(Clone, Copy, Debug)]
@@ -47,6 +47,12 @@ enum Step {
     Input { grad: bool, mb: u64 },
     /// Wait, taking no core, until then (an all-reduce).
     Until(f64),
+    /// Meet the stages tied to this one at step `t`, then sum the tied gradients for
+    /// `sync` seconds (taking no core).
+    Meet { t: u64, sync: f64 },
+    /// The rest of step `t` from when the stages have met: the replicas' all-reduce and
+    /// the update.
+    Update { t: u64 },
     Work(Work),
     /// Put microbatch `mb`'s message on the link to the next stage (`grad` false) or the
     /// previous one, once the hand-off is done.
@@ -108,6 +114,7 @@ pub(super) fn replay(setup: &SimSetup, cores: usize) -> Result<Simulation, SimEr
     let two_bw = setup.scheme == Scheme::TwoBw;
     let rule = if two_bw { UpdateRule::TwoBw } else { UpdateRule::Vanilla };
     let allreduce = allreduce_per_stage(setup);
+    let mut meetings = Meetings::new(setup)?;
     let mut st = Vec::with_capacity(d);
     for s in 0..d {
         st.push(Stage {
@@ -186,6 +193,37 @@ pub(super) fn replay(setup: &SimSetup, cores: usize) -> Result<Simulation, SimEr
                                     break;
                                 }
                             }
+                            Step::Meet { t, sync } => {
+                                let Some(met) = meetings.arrive(s, t, now) else { break };
+                                if sync > 0.0 {
+                                    record(TraceKind::AllReduce, s, met, sync, None, t + 1, t);
+                                }
+                                state.steps.pop_front();
+                                state.steps.push_front(Step::Until(met + sync));
+                                changed = true;
+                                continue;
+                            }
+                            Step::Update { t } => {
+                                let ar = allreduce[s];
+                                state.steps.pop_front();
+                                if two_bw && ar > 0.0 {
+                                    // On the stage's network channel; the stream goes on.
+                                    let start = now.max(state.net_free);
+                                    record(TraceKind::AllReduce, s, start, ar, None, t + 1, t);
+                                    state.net_free = start + ar;
+                                    state.pending.push((t, start + ar));
+                                    batch_end[t as usize] = batch_end[t as usize].max(start + ar);
+                                } else {
+                                    state.steps.push_front(Step::Work(Work { kind: TraceKind::Optimizer, seconds: cost.optimizer_s, mb: None, version: t + 1, step: t, ends_batch: true }));
+                                    if ar > 0.0 {
+                                        record(TraceKind::AllReduce, s, now, ar, None, t + 1, t);
+                                        state.steps.push_front(Step::Until(now + ar));
+                                    }
+                                    state.version = t + 1;
+                                }
+                                changed = true;
+                                continue;
+                            }
                             Step::Work(work) => {
                                 if work.kind == TraceKind::Send {
                                     state.handoff_start = now;
@@ -261,22 +299,8 @@ pub(super) fn replay(setup: &SimSetup, cores: usize) -> Result<Simulation, SimEr
                                 }
                             }
                             Op::Step(t) => {
-                                let ar = allreduce[s];
-                                if two_bw && ar > 0.0 {
-                                    // On the stage's network channel; the stream goes on.
-                                    let start = now.max(state.net_free);
-                                    record(TraceKind::AllReduce, s, start, ar, None, t + 1, t);
-                                    state.net_free = start + ar;
-                                    state.pending.push((t, start + ar));
-                                    batch_end[t as usize] = batch_end[t as usize].max(start + ar);
-                                } else {
-                                    if ar > 0.0 {
-                                        record(TraceKind::AllReduce, s, now, ar, None, t + 1, t);
-                                        state.steps.push_back(Step::Until(now + ar));
-                                    }
-                                    state.steps.push_back(Step::Work(Work { kind: TraceKind::Optimizer, seconds: cost.optimizer_s, mb: None, version: t + 1, step: t, ends_batch: true }));
-                                    state.version = t + 1;
-                                }
+                                state.steps.push_back(Step::Meet { t, sync: cost.tied_sync_s });
+                                state.steps.push_back(Step::Update { t });
                             }
                         }
                         continue;
