@@ -668,6 +668,14 @@ impl Worker {
         let t0 = rec.start();
         let grads = st.acc.take().ok_or_else(|| E::Msg(format!("step {t} without gradients")))?;
         let grads = self.reduce_gradients(grads, m, ctx.replicas, tr)?;
+        // The sums over tied stages and replicas (with the wait for the others) are traced
+        // apart from the update, so that a trace shows the one and the other.
+        let t0 = if !self.tied_groups.is_empty() || ctx.replicas > 1 {
+            rec.record(TraceKind::AllReduce, t0, None, t + 1, t);
+            rec.start()
+        } else {
+            t0
+        };
         let skip_policy = cfg.on_nonfinite == NonFinite::Skip;
         let (grads, apply) = self.unscale(grads, std::mem::take(&mut st.batch_nonfinite), skip_policy, tr)?;
         if skip_policy {
