@@ -8,18 +8,22 @@
 # simulated one between the ends of the first and the last batch) and the mean bubble
 # fraction over stages (whole run, as trace-svg computes it, on both sides); then the same
 # replay with the run's own per-stage median times (`simulate --stage-times`), which
-# separates the schedule model from the cost inputs.
+# separates the schedule model from the cost inputs. Both replays run the stages as
+# threads sharing the machine's cores (`simulate --host-cores HOST_CORES`), as the
+# embedded executor's stage threads do; with --stage-times the trace's durations are
+# converted back to full-speed work first (docs/simulator.md, sharing host cores).
 #
 # Usage: bench/calibrate_simulator.sh [MODEL:MICROBATCH:STEPS ...]
 #        (default: gpt2-tiny:4:20 resnet18:2:8)
 # Env:   M (4), DEPTHS ("2 4"), SCHEDULES ("2bw flush gpipe"), WARMUP (2), THREADS (1 libtorch
-#        thread per stage), BENCH_VENV (/work/venv: numpy + onnx), OUT (target/bench/calibrate).
+#        thread per stage; the sharing model assumes 1), HOST_CORES (nproc), BENCH_VENV (/work/venv: numpy + onnx), OUT (target/bench/calibrate).
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
 M="${M:-4}"
 WARMUP="${WARMUP:-2}"
 THREADS="${THREADS:-1}"
+HOST_CORES="${HOST_CORES:-$(nproc)}"
 read -r -a depths <<<"${DEPTHS:-2 4}"
 read -r -a schedules <<<"${SCHEDULES:-2bw flush gpipe}"
 py="${BENCH_VENV:-/work/venv}/bin/python"
@@ -48,8 +52,8 @@ for spec in "${specs[@]}"; do
             "$pw" train "$dir/build" --data "$OUT/$model.npz" --label label --loss cross-entropy --output "$out_name" \
                 --steps "$steps" --optimizer sgd --lr 0.0001 --log-every 1000 --metrics "$dir/m.jsonl" --trace "$dir/trace.json" >&2
             "$py" bench/pipeline_stats.py run --metrics "$dir/m.jsonl" --trace "$dir/trace.json" --warmup "$WARMUP" --label "$model d=$d $s" > "$dir/real.json"
-            "$pw" simulate "$dir/plan.json" --profile "$OUT/$model.profile.json" --batches "$steps" --json > "$dir/sim.json"
-            "$pw" simulate "$dir/plan.json" --stage-times "$dir/trace.json" --batches "$steps" --json > "$dir/sim-timed.json"
+            "$pw" simulate "$dir/plan.json" --profile "$OUT/$model.profile.json" --batches "$steps" --host-cores "$HOST_CORES" --json > "$dir/sim.json"
+            "$pw" simulate "$dir/plan.json" --stage-times "$dir/trace.json" --batches "$steps" --host-cores "$HOST_CORES" --json > "$dir/sim-timed.json"
             "$py" - "$dir" "$model" "$d" "$s" <<'PY'
 import json, sys
 dir, model, d, s = sys.argv[1:]

@@ -3,9 +3,10 @@
 # sequence length 512, generated with shapes only (no weights written), on 8 servers of
 # 8 V100-16GB (NVLink inside, 25 Gbit/s between), fp16 tensor cores with fp32 master
 # weights, Adam, global batch 512, 1024 and 2048. For each model and batch the planner
-# chooses (w, d, b, recompute) per scheme and `pipewright simulate` replays it; the table
-# is printed as Markdown, with the planner's prediction (its own replay over 6 batches,
-# the default BATCHES here) and its closed form.
+# chooses (w, d, b, recompute) per scheme (and (t, groups, b) for tensor parallelism) and
+# `pipewright simulate` replays it; the table is printed as Markdown, with the planner's
+# prediction (for the pipeline schemes its own replay over 6 batches, the default BATCHES
+# here) and its closed form.
 #
 # Usage: bench/paper_comparison.sh [PIPEWRIGHT]   Env: EFFICIENCY (1.0), BATCHES (6),
 #        WORK (a scratch folder; default a temporary one, removed at the end).
@@ -31,9 +32,9 @@ done
 python3 - "$work" <<'PY'
 import json, sys
 work = sys.argv[1]
-schemes = ["2bw", "flush", "gpipe", "model-parallel", "data-parallel"]
-print("| model | batch | " + " | ".join(schemes) + " | 2BW / Flush | 2BW / GPipe | 2BW / model-parallel |")
-print("|---|---|" + "---|" * (len(schemes) + 3))
+schemes = ["2bw", "flush", "gpipe", "model-parallel", "data-parallel", "tensor-parallel"]
+print("| model | batch | " + " | ".join(schemes) + " | 2BW / Flush | 2BW / GPipe | 2BW / model-parallel | 2BW / tensor-parallel |")
+print("|---|---|" + "---|" * (len(schemes) + 4))
 for m in ["1.3b", "2.2b", "3.8b"]:
     for batch in [512, 1024, 2048]:
         r = json.load(open(f"{work}/{m}-{batch}.json"))
@@ -46,7 +47,11 @@ for m in ["1.3b", "2.2b", "3.8b"]:
                 continue
             c, x = o["config"], o["simulation"]
             rate[s] = x["samples_per_s"]
+            if s == "tensor-parallel":
+                # w groups of t GPUs, each layer split over the t GPUs of a group.
+                cells.append(f"{x['samples_per_s']:.1f} (t={o['t']} w={c['w']} b={c['b']} m={c['m']}; planner {o['planned_samples_per_s']:.1f})")
+                continue
             cells.append(f"{x['samples_per_s']:.1f} (w={c['w']} d={c['d']} b={c['b']} {c['recompute']}; planner {o['planned_samples_per_s']:.1f}, closed form {o.get('closed_form_samples_per_s') or 0:.1f})" if o["planned_samples_per_s"] else f"{x['samples_per_s']:.1f} (w={c['w']} d={c['d']} b={c['b']})")
         ratio = lambda a, b: f"{rate[a] / rate[b]:.2f}x" if a in rate and b in rate else "-"
-        print(f"| GPT {m.upper()} | {batch} | " + " | ".join(cells) + f" | {ratio('2bw', 'flush')} | {ratio('2bw', 'gpipe')} | {ratio('2bw', 'model-parallel')} |")
+        print(f"| GPT {m.upper()} | {batch} | " + " | ".join(cells) + f" | {ratio('2bw', 'flush')} | {ratio('2bw', 'gpipe')} | {ratio('2bw', 'model-parallel')} | {ratio('2bw', 'tensor-parallel')} |")
 PY

@@ -181,8 +181,8 @@ pub struct SimulateArgs {
     /// Global batch size (samples per optimizer step); a plan file has its own.
     #[arg(long)]
     pub batch: Option<u64>,
-    /// Schemes to compare: 2bw, flush, gpipe, model-parallel, data-parallel (comma-separated),
-    /// or all. Default: all for a model, the plan's schedule for a plan.
+    /// Schemes to compare: 2bw, flush, gpipe, model-parallel, data-parallel, tensor-parallel
+    /// (comma-separated), or all. Default: all for a model, the plan's schedule for a plan.
     #[arg(long, value_parser = parse_schemes)]
     pub schedule: Option<Schemes>,
     /// A profile from `pipewright profile`: measured node times instead of the roofline.
@@ -199,6 +199,12 @@ pub struct SimulateArgs {
     /// under another schedule).
     #[arg(long, value_name = "TRACE")]
     pub stage_times: Option<PathBuf>,
+    /// The stages run as threads of one process on a host with N CPU cores (a CPU run of
+    /// the embedded executor, one thread per stage and replica): the working stages share
+    /// the cores. With --stage-times, the trace's durations (measured under that sharing)
+    /// are converted back to full-speed work first. Overrides a cluster file's host_cores.
+    #[arg(long, value_name = "N")]
+    pub host_cores: Option<usize>,
     /// Write the replay as a Chrome trace (the format of `train --trace`); with several
     /// schemes, one file per scheme (`t.2bw.json`, ...).
     #[arg(long, value_name = "FILE")]

@@ -171,6 +171,7 @@ pub fn simulate(args: &SimulateArgs) -> Result<()> {
         batches: args.batches,
         record: args.trace.is_some() || args.svg.is_some(),
         stage_times: args.stage_times.clone(),
+        host_cores: args.host_cores,
     };
     let report = simulate_model(&request)?;
     let several = report.outcomes.iter().filter(|o| o.simulation.is_some()).count() > 1;

@@ -161,6 +161,17 @@ fn profile_reports_the_spread_of_its_repetitions() {
         assert_eq!((s["batch"].as_u64(), s["reps"].as_u64()), (Some(b), Some(3)));
         assert!(0.0 < f("min_ms") && f("min_ms") <= f("median_ms") && f("median_ms") <= f("max_ms"), "{s}");
     }
+    // The whole model as one pass at each size, and every weight's update under each
+    // optimizer.
+    let whole = json["whole"].as_array().expect("whole");
+    assert_eq!(whole.iter().map(|w| w["batch"].as_u64()).collect::<Vec<_>>(), [Some(1), Some(4)]);
+    assert!(whole.iter().all(|w| w["fwd_ms"].as_f64() > Some(0.0) && w["bwd_ms"].as_f64() > Some(0.0)), "{whole:?}");
+    let updates = json["updates"].as_array().expect("updates");
+    let names: std::collections::BTreeSet<&str> = updates.iter().filter_map(|u| u["name"].as_str()).collect();
+    assert!(!updates.is_empty() && names.len() == updates.len(), "{updates:?}");
+    for k in ["sgd_ms", "momentum_ms", "adam_ms"] {
+        assert!(updates.iter().all(|u| u[k].as_f64() > Some(0.0)), "{k}: {updates:?}");
+    }
     // The file still reads as a profile for the planner.
     let (ok, _, err) = plan(&[&model("mlp"), "--stages", "2", "--batch", "64", "--top", "1", "--profile", profile.to_str().unwrap()]);
     assert!(ok, "{err}");

@@ -116,15 +116,63 @@ fn the_replay_runs_each_stage_in_the_order_a_real_run_does() {
     let out = ok(&pw(&["simulate", plan.to_str().unwrap(), "--schedule", "gpipe,flush", "--batches", "2"]));
     assert!(out.starts_with("simulated on: the plan's cluster: 3 workers"), "{out}");
     assert!(out.contains("\ngpipe ") && out.contains("\nflush "), "{out}");
+    // A plan fixes a pipeline: tensor parallelism is for models.
+    let out = ok(&pw(&["simulate", plan.to_str().unwrap(), "--schedule", "tensor-parallel", "--batches", "2"]));
+    assert!(out.contains("tensor-parallel a plan fixes the pipeline; simulate the model for tensor parallelism"), "{out}");
+}
+
+/// Tensor parallelism end to end on a synthetic GPT: the layers split over t GPUs of a
+/// server (t in the table and the JSON), one stage per group whose replay is m
+/// microbatches plus the groups' all-reduce and the update; a cluster too small for any
+/// t says why, and so does a cluster whose servers hold one GPU each.
+#[test]
+fn tensor_parallelism_splits_layers_within_a_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gpt.onnx");
+    gpt(&GptShape { layers: 4, hidden: 256, heads: 8, seq: 128, vocab: 1000, tied: true }).unwrap().write(&path, Storage::ShapesOnly, 0).unwrap();
+    let p = path.to_str().unwrap();
+    let args = ["simulate", p, "--cluster", "V100-16GB", "--servers", "2", "--precision", "fp16", "--batch", "64", "--schedule", "tensor-parallel", "--batches", "3"];
+    let v: Value = serde_json::from_str(&ok(&pw(&[&args[..], &["--json"]].concat()))).unwrap();
+    let o = &v["outcomes"][0];
+    assert_eq!(o["scheme"], "tensor-parallel");
+    let (t, c, sim) = (o["t"].as_u64().unwrap(), &o["config"], &o["simulation"]);
+    assert!([2, 4, 8].contains(&t), "{o}");
+    assert_eq!(c["d"], 1);
+    let (w, b, m) = (c["w"].as_u64().unwrap(), c["b"].as_u64().unwrap(), c["m"].as_u64().unwrap());
+    assert!(w * t <= 16 && w * b * m == 64, "{c}");
+    let stages = sim["stages"].as_array().unwrap();
+    assert_eq!(stages.len(), 1);
+    // Per batch: m microbatches (their tensor all-reduces inside), then the groups'
+    // all-reduce and the update; the closed form counts all but the update.
+    let batch_s = sim["batch_s"].as_f64().unwrap();
+    let busy_per_batch = stages[0]["busy_s"].as_f64().unwrap() / 3.0;
+    let allreduce = stages[0]["allreduce_s"].as_f64().unwrap();
+    assert!((batch_s - (busy_per_batch + allreduce)).abs() <= 1e-9 * batch_s, "{batch_s} against {busy_per_batch} + {allreduce}");
+    let planned = o["planned_samples_per_s"].as_f64().unwrap();
+    assert!(planned >= sim["samples_per_s"].as_f64().unwrap(), "{o}");
+    let text = ok(&pw(&args));
+    let row = text.lines().find(|l| l.starts_with("tensor-parallel ")).unwrap_or_else(|| panic!("{text}"));
+    let cells: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(cells[1..4], [w.to_string(), "1".to_string(), t.to_string()], "{row}");
+    // 64 KiB per GPU: nothing fits, and the least need is named.
+    let toml = dir.path().join("small.toml");
+    std::fs::write(&toml, "workers = 8\nworkers_per_node = 8\nmemory_per_worker = \"64KiB\"\n").unwrap();
+    let text = ok(&pw(&["simulate", p, "--cluster", toml.to_str().unwrap(), "--batch", "8", "--schedule", "tensor-parallel,2bw"]));
+    assert!(text.contains("tensor-parallel does not fit at any t: the least a GPU needs is "), "{text}");
+    assert!(text.contains("(t = 8, b = 1: ") && text.contains(" of its 64.0 KiB"), "{text}");
+    // One GPU per server: no group to split a layer over.
+    let text = ok(&pw(&["simulate", p, "--cluster", "H100", "--gpus-per-server", "1", "--servers", "4", "--batch", "8", "--schedule", "tensor-parallel"]));
+    assert!(text.contains("the servers have 1 GPU(s); it needs at least 2"), "{text}");
 }
 
 #[test]
 fn a_model_report_has_every_scheme_and_its_numbers() {
+    let gpt = model("gpt2-tiny");
     let out = ok(&pw(&["simulate", &model("gpt2-tiny"), "--cluster", "A100-40GB", "--batch", "64", "--batches", "4", "--json"]));
     let v: Value = serde_json::from_str(&out).expect("JSON");
     let outcomes = v["outcomes"].as_array().unwrap();
     let schemes: Vec<&str> = outcomes.iter().map(|o| o["scheme"].as_str().unwrap()).collect();
-    assert_eq!(schemes, ["2bw", "flush", "gpipe", "model-parallel", "data-parallel"]);
+    assert_eq!(schemes, ["2bw", "flush", "gpipe", "model-parallel", "data-parallel", "tensor-parallel"]);
     assert_eq!(v["cluster"]["cluster"]["workers"], 8);
     for o in outcomes {
         let sim = &o["simulation"];
@@ -139,15 +187,20 @@ fn a_model_report_has_every_scheme_and_its_numbers() {
             assert!(st["peak_memory"].as_f64().unwrap() > 0.0);
         }
     }
-    // The planner replays its candidates over 6 batches with this cluster's latencies, so
-    // replayed for 6 batches here its choice runs at the rate the plan predicts; the
-    // closed form is reported beside it.
-    let out = ok(&pw(&["simulate", &model("gpt2-tiny"), "--cluster", "A100-40GB", "--batch", "64", "--batches", "6", "--schedule", "2bw,flush,gpipe", "--json"]));
-    let v: Value = serde_json::from_str(&out).expect("JSON");
-    for o in v["outcomes"].as_array().unwrap() {
-        let (planned, replayed) = (o["planned_samples_per_s"].as_f64().unwrap(), o["simulation"]["samples_per_s"].as_f64().unwrap());
-        assert!((planned - replayed).abs() <= 1e-9 * replayed, "{}: planned {planned}, replayed {replayed}", o["scheme"]);
-        assert!(o["closed_form_samples_per_s"].as_f64().unwrap() > 0.0, "{o}");
+    // The planner replays its candidates over 6 batches with this cluster's latencies (and
+    // host cores, when the stages share them), so replayed for 6 batches here its choice
+    // runs at the rate the plan predicts; the closed form is reported beside it.
+    for cores in [None, Some("2")] {
+        let mut args = vec!["simulate", &gpt, "--cluster", "A100-40GB", "--batch", "64", "--batches", "6", "--schedule", "2bw,flush,gpipe", "--json"];
+        if let Some(c) = cores {
+            args.extend(["--host-cores", c]);
+        }
+        let v: Value = serde_json::from_str(&ok(&pw(&args))).expect("JSON");
+        for o in v["outcomes"].as_array().unwrap() {
+            let (planned, replayed) = (o["planned_samples_per_s"].as_f64().unwrap(), o["simulation"]["samples_per_s"].as_f64().unwrap());
+            assert!((planned - replayed).abs() <= 1e-9 * replayed, "{} ({cores:?} cores): planned {planned}, replayed {replayed}", o["scheme"]);
+            assert!(o["closed_form_samples_per_s"].as_f64().unwrap() > 0.0, "{o}");
+        }
     }
     // The text form: a row per scheme and the ratios.
     let text = ok(&pw(&["simulate", &model("gpt2-tiny"), "--cluster", "A100-40GB", "--batch", "64", "--schedule", "2bw,gpipe", "--batches", "4"]));
@@ -207,4 +260,52 @@ fn bad_input_is_named() {
     // A trace that cannot be written loses nothing and says where.
     let e = err(&pw(&["simulate", &model("mlp"), "--cluster", "H100", "--batch", "8", "--schedule", "2bw", "--trace", "/nonexistent/dir/t.json"]));
     assert!(e.contains("/nonexistent/dir/t.json"), "{e}");
+}
+
+/// `--host-cores`: gpt2-tiny planned into 4 stages, replayed as 4 threads on 2 cores, is
+/// slower than on 4 devices; with as many cores as stages it is the same replay; the
+/// cluster file's `host_cores` key does the same; a replay's own trace, read back with
+/// `--stage-times` under the same sharing, gives back about the same rate (the durations
+/// are converted back to full-speed work, not shared twice); 0 cores is refused.
+#[test]
+fn stages_sharing_host_cores_are_replayed_slower() {
+    let dir = tempfile::tempdir().unwrap();
+    let plan = dir.path().join("plan.json");
+    std::fs::write(&plan, ok(&pw(&["plan", &model("gpt2-tiny"), "--stages", "4", "--workers", "4", "--batch", "16", "--microbatch", "4", "--schedule", "2bw", "--json"]))).unwrap();
+    let p = plan.to_str().unwrap();
+    let rates = |extra: &[&str]| -> Vec<f64> {
+        let mut args = vec!["simulate", p, "--schedule", "2bw,gpipe", "--batches", "6", "--json"];
+        args.extend_from_slice(extra);
+        let v: Value = serde_json::from_str(&ok(&pw(&args))).expect("JSON");
+        v["outcomes"].as_array().unwrap().iter().map(|o| o["simulation"]["samples_per_s"].as_f64().unwrap()).collect()
+    };
+    let own = rates(&[]);
+    let shared = rates(&["--host-cores", "2"]);
+    assert_eq!(own.len(), 2);
+    for (o, s) in own.iter().zip(&shared) {
+        assert!(*s < 0.9 * o, "2 cores: {s} samples/s, 4 devices: {o}");
+    }
+    assert_eq!(rates(&["--host-cores", "4"]), own);
+    let toml = dir.path().join("c.toml");
+    std::fs::write(&toml, "workers = 4\nhost_cores = 2\n").unwrap();
+    let from_file = rates(&["--cluster", toml.to_str().unwrap()]);
+    let plain = dir.path().join("plain.toml");
+    std::fs::write(&plain, "workers = 4\n").unwrap();
+    assert_eq!(from_file, rates(&["--cluster", plain.to_str().unwrap(), "--host-cores", "2"]));
+    assert!(from_file.iter().zip(&rates(&["--cluster", plain.to_str().unwrap()])).all(|(s, o)| s < o));
+    let text = ok(&pw(&["simulate", p, "--host-cores", "2", "--batches", "2"]));
+    assert!(text.lines().next().unwrap().ends_with("the stages' threads sharing 2 CPU core(s)"), "{text}");
+    // The replay's trace as a measured run's: its sends now take the stage's thread for
+    // their link time too, and a median stands for every step's update, so the rate is
+    // close to, not exactly, the original (taking the shared durations as they are, without
+    // converting them back, is off by about 13%).
+    let t = dir.path().join("t.json");
+    ok(&pw(&["simulate", p, "--schedule", "2bw", "--batches", "6", "--host-cores", "2", "--trace", t.to_str().unwrap()]));
+    let timed = rates(&["--stage-times", t.to_str().unwrap(), "--host-cores", "2"]);
+    assert!((timed[0] / shared[0] - 1.0).abs() < 0.05, "{} replayed from its own trace, {} before", timed[0], shared[0]);
+    let e = err(&pw(&["simulate", p, "--host-cores", "0"]));
+    assert!(e.contains("--host-cores must be at least 1"), "{e}");
+    std::fs::write(&toml, "workers = 4\nhost_cores = 0\n").unwrap();
+    let e = err(&pw(&["simulate", p, "--cluster", toml.to_str().unwrap()]));
+    assert!(e.contains("c.toml: host_cores: 0 is not a number of cores"), "{e}");
 }

@@ -289,13 +289,14 @@ impl Default for BatchMode {
 
 word_enum! {
     /// A way of training on many workers that `pipewright simulate` compares: the three
-    /// pipeline schedules and the two baselines without pipelining.
+    /// pipeline schedules and the three baselines without pipelining.
     "scheme" pub enum Scheme {
         TwoBw = "2bw", "PipeDream-2BW (the 2bw schedule)";
         Flush = "flush", "PipeDream-Flush (the flush schedule)";
         GPipe = "gpipe", "GPipe (the gpipe schedule)";
         ModelParallel = "model-parallel", "inter-layer model parallelism without pipelining: one microbatch in the pipeline at a time";
         DataParallel = "data-parallel", "data parallelism alone: every worker holds the whole model (where it fits)";
+        TensorParallel = "tensor-parallel", "tensor model parallelism (Megatron): each layer split over t GPUs of a server, data parallelism across the groups";
     }
 }
 
@@ -306,7 +307,7 @@ impl Scheme {
             Scheme::TwoBw => Some(Schedule::TwoBw),
             Scheme::Flush => Some(Schedule::Flush),
             Scheme::GPipe => Some(Schedule::GPipe),
-            Scheme::ModelParallel | Scheme::DataParallel => None,
+            Scheme::ModelParallel | Scheme::DataParallel | Scheme::TensorParallel => None,
         }
     }
 }
@@ -356,6 +357,13 @@ mod tests {
         check(Precision::ALL);
         check(Scheme::ALL);
         check(NonFinite::ALL);
+    }
+
+    #[test]
+    fn tensor_parallelism_is_a_scheme_without_a_schedule() {
+        assert_eq!("tensor-parallel".parse::<Scheme>(), Ok(Scheme::TensorParallel));
+        assert_eq!(Scheme::TensorParallel.schedule(), None);
+        assert_eq!(Scheme::ALL.last(), Some(&Scheme::TensorParallel));
     }
 
     #[test]

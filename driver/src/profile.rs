@@ -4,8 +4,13 @@
 //!
 //! Each node is timed in isolation on the tensors a full forward pass gave it: forward is
 //! the kernel call; backward is autograd through that one kernel from a ones gradient on
-//! its float outputs. Several repetitions, median; the profile also keeps the spread of
-//! the whole model's time over the repetitions (`spread`), which `profile` reports.
+//! its float outputs, less what the same seeding costs on bare leaves of the outputs'
+//! shapes (the engine start a stage pays once, not per node). Several repetitions, median;
+//! the profile also keeps the spread of the whole model's time over the repetitions
+//! (`spread`), which `profile` reports, the whole model run as one forward and one backward
+//! pass (`whole`: the cost model scales the nodes' times to add up to it), and each
+//! trainable weight's update under each optimizer, timed with the runtime's own step
+//! (`updates`: the simulator's optimizer time on the machine profiled).
 
 use std::time::Instant;
 
@@ -13,8 +18,9 @@ use std::path::Path;
 
 use pipewright_core::Device;
 use pipewright_ir::{Graph, ImportOptions};
-use pipewright_passes::cost::{BatchSpread, Profile, ProfileNode};
+use pipewright_passes::cost::{BatchSpread, Profile, ProfileNode, WeightUpdate, WholePass};
 use pipewright_runtime::exec::{run as run_kernel, Mode};
+use pipewright_runtime::pipeline::{update_ms, OptimizerConfig};
 use pipewright_runtime::program::Instr;
 use tch::{Kind, Tensor};
 
@@ -32,8 +38,10 @@ pub fn profile(model: &Path, device: Device, batches: &[u64], reps: usize, seed:
     let mut nodes: Vec<ProfileNode> =
         instrs.iter().map(|i| ProfileNode { name: i.name.clone(), op: i.kernel.name().to_string(), fwd_ms: Vec::new(), bwd_ms: Vec::new() }).collect();
     let mut spread = Vec::with_capacity(batches.len());
+    let mut whole = Vec::with_capacity(batches.len());
     for &b in batches {
         let inputs = synthetic_inputs(&runner.graph, b as i64, tdev)?;
+        whole.push(time_whole(&runner, &inputs, b, reps).map_err(|e| DriverError::msg(format!("{}: the model does not run at batch {b}: {e}", model.display())))?);
         let slots = runner
             .interp()
             .run_keep_all(&inputs, Mode::Train)
@@ -41,7 +49,10 @@ pub fn profile(model: &Path, device: Device, batches: &[u64], reps: usize, seed:
         // Repetition r's total over all nodes: how much the whole model's time moves.
         let mut totals = vec![0.0; reps.max(1)];
         for (node, ins) in nodes.iter_mut().zip(instrs) {
-            let args: Vec<Option<Tensor>> = ins.inputs.iter().map(|s| s.and_then(|s| slots[s.index()].as_ref().map(|t| t.detach()))).collect();
+            // The inputs as the full pass made them: weights and what depends on them
+            // require gradients, the data does not (its gradient is never computed).
+            let args: Vec<Option<Tensor>> =
+                ins.inputs.iter().map(|s| s.and_then(|s| slots[s.index()].as_ref().map(|t| t.detach().set_requires_grad(t.requires_grad())))).collect();
             let (f, bw) = time_node(ins, &args, reps)?;
             for (t, (x, y)) in totals.iter_mut().zip(f.iter().zip(&bw)) {
                 *t += x + y;
@@ -53,7 +64,8 @@ pub fn profile(model: &Path, device: Device, batches: &[u64], reps: usize, seed:
         on_batch(&s);
         spread.push(s);
     }
-    Ok(Profile { model: model.display().to_string(), device: device.to_string(), batches: batches.to_vec(), nodes, spread })
+    let updates = time_updates(&runner, reps)?;
+    Ok(Profile { model: model.display().to_string(), device: device.to_string(), batches: batches.to_vec(), nodes, spread, whole, updates })
 }
 
 /// Random float inputs (seeded) and zero index inputs of the graph's input shapes at `b`.
@@ -85,30 +97,83 @@ fn time_node(ins: &Instr, inputs: &[Option<Tensor>], reps: usize) -> Result<(Vec
     let mut fwd = Vec::with_capacity(reps);
     let mut bwd = Vec::with_capacity(reps);
     for _ in 0..reps + 1 {
-        let leaves: Vec<Option<Tensor>> = inputs
-            .iter()
-            .map(|t| t.as_ref().map(|t| if is_float(t) { t.detach().set_requires_grad(true) } else { t.shallow_clone() }))
-            .collect();
+        let leaves: Vec<Option<Tensor>> =
+            inputs.iter().map(|t| t.as_ref().map(|t| if t.requires_grad() { t.detach().set_requires_grad(true) } else { t.shallow_clone() })).collect();
         let refs: Vec<Option<&Tensor>> = leaves.iter().map(|t| t.as_ref()).collect();
         let start = Instant::now();
         let outs = run_kernel(&ins.kernel, &refs, Mode::Train).map_err(|e| DriverError::msg(format!("node {:?}: {e}", ins.name)))?;
         fwd.push(start.elapsed().as_secs_f64() * 1e3);
         let diff: Vec<Tensor> = outs.into_iter().filter(|o| is_float(o) && o.requires_grad()).collect();
-        let start = Instant::now();
-        if !diff.is_empty() {
-            // A sum is the ones gradient on every float output.
-            let mut loss = diff[0].f_sum(Kind::Double)?;
-            for o in &diff[1..] {
-                loss = loss.f_add(&o.f_sum(Kind::Double)?)?;
-            }
-            loss.f_backward()?;
-        }
-        bwd.push(start.elapsed().as_secs_f64() * 1e3);
+        let took = backward_ms(&diff)?;
+        // The same seeding and engine start on leaves shaped like the outputs: what timing
+        // one node alone adds, which a stage's one backward pass through all its nodes
+        // pays once, not per node.
+        let alone: Vec<Tensor> = diff.iter().map(|o| o.detach().set_requires_grad(true)).collect();
+        let overhead = backward_ms(&alone)?;
+        bwd.push((took - overhead).max(0.0));
     }
     // The first repetition warms caches and allocators.
     fwd.remove(0);
     bwd.remove(0);
     Ok((fwd, bwd))
+}
+
+/// Each trainable weight's update under SGD, SGD with momentum and Adam, as the runtime's
+/// step applies it ([`update_ms`]; the division by the microbatch count included).
+fn time_updates(runner: &Runner, reps: usize) -> Result<Vec<WeightUpdate>, DriverError> {
+    let program = runner.interp().program();
+    let names = program.stored.iter().filter(|s| s.trainable).map(|s| program.slots[s.slot.index()].name.clone());
+    let sgd = OptimizerConfig::sgd();
+    let momentum = OptimizerConfig { momentum: 0.9, ..OptimizerConfig::sgd() };
+    let adam = OptimizerConfig::adam();
+    names
+        .zip(runner.interp().parameters())
+        .map(|(name, w)| {
+            let time = |opt| update_ms(opt, w, 2, reps).map_err(|e| DriverError::msg(format!("updating weight {name:?}: {e}")));
+            Ok(WeightUpdate { sgd_ms: time(sgd)?, momentum_ms: time(momentum)?, adam_ms: time(adam)?, name })
+        })
+        .collect()
+}
+
+/// The whole model's forward (the interpreter's run) and backward (one pass from the ones
+/// gradient on its float outputs to its weights, as a stage's backward runs), `reps` times
+/// after one warm-up; medians.
+fn time_whole(runner: &Runner, inputs: &[Tensor], b: u64, reps: usize) -> Result<WholePass, DriverError> {
+    let params: Vec<Tensor> = runner.interp().parameters().into_iter().map(|t| t.shallow_clone()).collect();
+    let (mut fwd, mut bwd) = (Vec::new(), Vec::new());
+    for _ in 0..reps.max(1) + 1 {
+        let start = Instant::now();
+        let outs = runner.interp().run(inputs, Mode::Train).map_err(|e| DriverError::msg(e.to_string()))?;
+        fwd.push(start.elapsed().as_secs_f64() * 1e3);
+        let diff: Vec<Tensor> = outs.into_iter().filter(|o| is_float(o) && o.requires_grad()).collect();
+        let start = Instant::now();
+        if let Some((first, rest)) = diff.split_first() {
+            let mut loss = first.f_sum(Kind::Double)?;
+            for o in rest {
+                loss = loss.f_add(&o.f_sum(Kind::Double)?)?;
+            }
+            if !params.is_empty() {
+                Tensor::f_run_backward(&[loss], &params, false, false)?;
+            }
+        }
+        bwd.push(start.elapsed().as_secs_f64() * 1e3);
+    }
+    fwd.remove(0);
+    bwd.remove(0);
+    Ok(WholePass { batch: b, fwd_ms: median(fwd), bwd_ms: median(bwd) })
+}
+
+/// Milliseconds of a backward pass from the ones gradient on every tensor of `outs` (a sum).
+fn backward_ms(outs: &[Tensor]) -> Result<f64, DriverError> {
+    let start = Instant::now();
+    if let Some((first, rest)) = outs.split_first() {
+        let mut loss = first.f_sum(Kind::Double)?;
+        for o in rest {
+            loss = loss.f_add(&o.f_sum(Kind::Double)?)?;
+        }
+        loss.f_backward()?;
+    }
+    Ok(start.elapsed().as_secs_f64() * 1e3)
 }
 
 fn is_float(t: &Tensor) -> bool {

@@ -8,11 +8,13 @@ use std::path::{Path, PathBuf};
 use pipewright_core::fs::write_atomic;
 use pipewright_core::{Optimizer, Precision, Schedule, Scheme};
 use pipewright_ir::{import_model, Graph, ImportOptions};
+use pipewright_passes::cluster::AllReduce;
 use pipewright_passes::cost::{CostModel, Profile};
 use pipewright_passes::plan_file::PlanFile;
 use pipewright_passes::planner::{plan_on, Candidate, PlanContext, PlanError, PlanOptions};
 use pipewright_passes::presets::SimCluster;
-use pipewright_passes::simulate::{simulate as replay, SimSetup, Simulation};
+use pipewright_passes::simulate::{dedicated_durations, simulate as replay, SimSetup, Simulation};
+use pipewright_passes::tensor_parallel::{plan_tensor_parallel, TensorError};
 use pipewright_runtime::timeline::{chrome_trace_json, read_chrome_trace, timeline_svg, TraceKind};
 use serde::Serialize;
 
@@ -39,12 +41,20 @@ pub struct SimulateRequest {
     /// A real run's trace (`train --trace`) whose per-stage median forward, recompute,
     /// backward, optimizer and send times replace the cost model's (for a plan of that run).
     pub stage_times: Option<PathBuf>,
+    /// The stages are threads sharing this many CPU cores (`--host-cores`; overrides the
+    /// cluster's `host_cores`): the replay shares them among the working stages, and the
+    /// `stage_times` trace's durations, measured under that sharing, are first converted
+    /// back to dedicated work ([`dedicated_durations`]).
+    pub host_cores: Option<usize>,
 }
 
 /// One scheme's configuration and replay, or why it has none.
 #[derive(Clone, Debug, Serialize)]
 pub struct SchemeOutcome {
     pub scheme: Scheme,
+    /// GPUs each layer is split over: the tensor-parallel degree (1 for every scheme but
+    /// tensor parallelism).
+    pub t: usize,
     /// The configuration replayed: the planner's choice for this scheme.
     pub config: Option<Candidate>,
     /// The planner's prediction for that configuration, samples/s: its own replay where it
@@ -83,19 +93,24 @@ pub fn simulate(req: &SimulateRequest) -> Result<SimulateReport, DriverError> {
     if req.schemes.is_empty() {
         return Err(DriverError::msg("no scheme to simulate"));
     }
+    if req.host_cores == Some(0) {
+        return Err(DriverError::msg("--host-cores must be at least 1 (the CPU cores the stages' threads share)"));
+    }
     if looks_like_plan(&req.input) {
         return simulate_plan(req);
     }
     let cluster = req.cluster.clone().ok_or_else(|| DriverError::msg("simulating a model needs a cluster (--cluster FILE|PRESET)"))?;
+    let cluster = with_host_cores(cluster, req.host_cores);
     let global_batch = req.global_batch.ok_or_else(|| DriverError::msg("simulating a model needs the global batch (--batch B)"))?;
     let g = shapes(&req.input)?;
     let cost = cost_model(&g, &cluster, req.profile.as_ref(), &req.input)?;
     let base = PlanOptions { global_batch, optimizer: req.optimizer, momentum: req.momentum, precision: req.precision, top: 1, ..PlanOptions::default() };
     let search = |schedule: Schedule, stages: Option<usize>| -> Result<Result<Candidate, String>, DriverError> {
         let opts = PlanOptions { schedules: vec![schedule], stages, ..base.clone() };
-        // The planner replays its candidates with this cluster's latencies, so its
-        // prediction for the chosen configuration is the replay below (at its batch count).
-        match plan_on(&g, &cost, &cluster.cluster, cluster.latencies(), &opts) {
+        // The planner replays its candidates with this cluster's latencies and host cores,
+        // so its prediction for the chosen configuration is the replay below (at its batch
+        // count).
+        match plan_on(&g, &cost, &cluster.cluster, cluster.latencies(), cluster.host_cores, &opts) {
             Ok(p) => Ok(Ok(p.chosen)),
             Err(e @ (PlanError::NoFeasible(_) | PlanError::Options(_))) => Ok(Err(e.to_string())),
             Err(e) => Err(DriverError::msg(format!("{}: {e}", req.input.display()))),
@@ -105,6 +120,10 @@ pub fn simulate(req: &SimulateRequest) -> Result<SimulateReport, DriverError> {
     let mut outcomes = Vec::new();
     for &scheme in &req.schemes {
         let config = match scheme {
+            Scheme::TensorParallel => {
+                outcomes.push(tensor_outcome(&g, &cost, &cluster, &base, req)?);
+                continue;
+            }
             Scheme::DataParallel => search(Schedule::Flush, Some(1))?.map_err(|e| format!("the whole model on every worker: {e}")),
             Scheme::ModelParallel => {
                 if flush.is_none() {
@@ -128,6 +147,49 @@ pub fn simulate(req: &SimulateRequest) -> Result<SimulateReport, DriverError> {
     Ok(SimulateReport { input: req.input.display().to_string(), cluster, global_batch, outcomes })
 }
 
+/// `--host-cores` replaces the cluster file's `host_cores`, so that the report says which
+/// one the replay used.
+fn with_host_cores(mut cluster: SimCluster, host_cores: Option<usize>) -> SimCluster {
+    if host_cores.is_some() {
+        cluster.host_cores = host_cores;
+    }
+    cluster
+}
+
+/// Tensor parallelism: its own search ([`plan_tensor_parallel`]: `t`, the groups, the
+/// microbatch), replayed as one stage per group with the tensor all-reduces inside the
+/// forward and backward times.
+fn tensor_outcome(g: &Graph, cost: &CostModel, cluster: &SimCluster, opts: &PlanOptions, req: &SimulateRequest) -> Result<SchemeOutcome, DriverError> {
+    let scheme = Scheme::TensorParallel;
+    let none = |why: String| SchemeOutcome { scheme, t: 1, config: None, planned_samples_per_s: None, closed_form_samples_per_s: None, simulation: None, why_not: Some(why) };
+    if req.stage_times.is_some() {
+        // A pipeline run's per-stage times say nothing about a layer split over t GPUs.
+        return Ok(none("--stage-times holds a pipeline run's stage times; tensor parallelism is simulated from the cost model only".into()));
+    }
+    let plan = match plan_tensor_parallel(g, cost, cluster, opts) {
+        Ok(p) => p,
+        Err(e @ TensorError::Cycle(_)) => return Err(DriverError::msg(format!("{}: {e}", req.input.display()))),
+        Err(e) => return Ok(none(e.to_string())),
+    };
+    let cand = plan.candidate.clone();
+    let setup = SimSetup {
+        scheme,
+        w: cand.w,
+        b: cand.b,
+        m: cand.m,
+        batches: req.batches,
+        stages: vec![plan.stage.clone()],
+        links: Vec::new(),
+        allreduce: AllReduce::ring(plan.dp_link),
+        record: req.record,
+        shared_cores: cluster.host_cores,
+        tied_groups: Vec::new(),
+    };
+    let sim = replay(&setup).map_err(|e| DriverError::msg(format!("{}: {scheme}: {e}", req.input.display())))?;
+    // Its search has only a closed form: that is its prediction.
+    Ok(SchemeOutcome { scheme, t: plan.t, planned_samples_per_s: Some(cand.samples_per_s), closed_form_samples_per_s: Some(cand.samples_per_s), config: Some(cand), simulation: Some(sim), why_not: None })
+}
+
 fn cost_model(g: &Graph, cluster: &SimCluster, profile: Option<&Profile>, input: &Path) -> Result<CostModel, DriverError> {
     let mut cost = CostModel::new(g, cluster.cluster.roofline()).map_err(|e| DriverError::msg(format!("{}: {e}", input.display())))?;
     if let Some(p) = profile {
@@ -147,13 +209,14 @@ fn outcome(
 ) -> Result<SchemeOutcome, DriverError> {
     let cand = match config {
         Ok(c) => c,
-        Err(why) => return Ok(SchemeOutcome { scheme, config: None, planned_samples_per_s: None, closed_form_samples_per_s: None, simulation: None, why_not: Some(why) }),
+        Err(why) => return Ok(SchemeOutcome { scheme, t: 1, config: None, planned_samples_per_s: None, closed_form_samples_per_s: None, simulation: None, why_not: Some(why) }),
     };
     let mut ctx = PlanContext::new(g, cost, &cluster.cluster).map_err(|e| DriverError::msg(format!("{}: {e}", req.input.display())))?;
     let sim = replay_candidate(&mut ctx, cluster, opts, scheme, &cand, req)?;
     let planned = (scheme != Scheme::ModelParallel).then_some(&cand);
     Ok(SchemeOutcome {
         scheme,
+        t: 1,
         planned_samples_per_s: planned.map(Candidate::predicted_samples_per_s),
         closed_form_samples_per_s: planned.map(|c| c.samples_per_s),
         config: Some(cand.clone()),
@@ -166,8 +229,9 @@ fn replay_candidate(ctx: &mut PlanContext, cluster: &SimCluster, opts: &PlanOpti
     // The memory and optimizer terms follow the scheme actually run.
     let run_as = Candidate { schedule: scheme.schedule().unwrap_or(Schedule::Flush), ..cand.clone() };
     let mut stages = ctx.stage_costs(&run_as, opts);
+    let cores = cluster.host_cores;
     if let Some(path) = &req.stage_times {
-        measured_stage_times(path, &mut stages)?;
+        measured_stage_times(path, &mut stages, cores.map(|c| (c, cand.w)))?;
     }
     let setup = SimSetup {
         scheme,
@@ -179,6 +243,8 @@ fn replay_candidate(ctx: &mut PlanContext, cluster: &SimCluster, opts: &PlanOpti
         links: cluster.pipeline_links(cand.w, cand.d),
         allreduce: cluster.allreduce(cand.w, cand.d),
         record: req.record,
+        shared_cores: cores,
+        tied_groups: ctx.tied_stage_groups(&cand.cuts),
     };
     replay(&setup).map_err(|e| DriverError::msg(format!("{}: {scheme}: {e}", req.input.display())))
 }
@@ -191,6 +257,7 @@ fn simulate_plan(req: &SimulateRequest) -> Result<SimulateReport, DriverError> {
     let g = shapes(&model)?;
     let plan = file.into_plan_for(&g, &req.input)?;
     let cluster = req.cluster.clone().unwrap_or_else(|| SimCluster::from_cluster(&format!("the plan's cluster: {}", plan.cluster.summary()), plan.cluster.clone()));
+    let cluster = with_host_cores(cluster, req.host_cores);
     if cluster.cluster.workers < plan.chosen.w * plan.chosen.d {
         return Err(DriverError::msg(format!("{}: the plan needs {} workers (w = {}, d = {}); the cluster has {}", req.input.display(), plan.chosen.w * plan.chosen.d, plan.chosen.w, plan.chosen.d, cluster.cluster.workers)));
     }
@@ -214,17 +281,19 @@ fn simulate_plan(req: &SimulateRequest) -> Result<SimulateReport, DriverError> {
         let cand = &plan.chosen;
         let why_not = match scheme {
             Scheme::DataParallel => Some("a plan fixes the depth; simulate the model for data parallelism".to_string()),
+            Scheme::TensorParallel => Some("a plan fixes the pipeline; simulate the model for tensor parallelism".to_string()),
             Scheme::TwoBw | Scheme::Flush if cand.m < cand.d as u64 => Some(format!("{scheme} needs m >= d (the plan has m = {}, d = {})", cand.m, cand.d)),
             _ => None,
         };
         if let Some(why) = why_not {
-            outcomes.push(SchemeOutcome { scheme, config: None, planned_samples_per_s: None, closed_form_samples_per_s: None, simulation: None, why_not: Some(why) });
+            outcomes.push(SchemeOutcome { scheme, t: 1, config: None, planned_samples_per_s: None, closed_form_samples_per_s: None, simulation: None, why_not: Some(why) });
             continue;
         }
         let sim = replay_candidate(&mut ctx, &cluster, &opts, scheme, cand, req)?;
         let planned = (Some(cand.schedule) == scheme.schedule()).then_some(cand);
         outcomes.push(SchemeOutcome {
             scheme,
+            t: 1,
             config: Some(cand.clone()),
             planned_samples_per_s: planned.map(Candidate::predicted_samples_per_s),
             closed_form_samples_per_s: planned.map(|c| c.samples_per_s),
@@ -236,15 +305,23 @@ fn simulate_plan(req: &SimulateRequest) -> Result<SimulateReport, DriverError> {
 }
 
 /// Replaces each stage's compute times by the medians of a real run's trace at `path`.
-fn measured_stage_times(path: &Path, stages: &mut [pipewright_passes::simulate::StageCost]) -> Result<(), DriverError> {
+/// With `sharing` (cores, replicas), the run's stages shared that many cores, so each
+/// event's duration is first converted to the work it stands for at full speed (the
+/// replay shares the cores again; taking the inflated durations as work would count the
+/// sharing twice).
+fn measured_stage_times(path: &Path, stages: &mut [pipewright_passes::simulate::StageCost], sharing: Option<(usize, usize)>) -> Result<(), DriverError> {
     let text = std::fs::read_to_string(path).map_err(|source| DriverError::Read { path: path.to_path_buf(), source })?;
     let events = read_chrome_trace(&text).map_err(|e| DriverError::msg(format!("{}: {e}", path.display())))?;
     let traced = events.iter().map(|e| e.stage + 1).max().unwrap_or(0);
     if traced != stages.len() {
         return Err(DriverError::msg(format!("{}: the trace has {traced} stages, the replayed configuration {}", path.display(), stages.len())));
     }
+    let seconds: Vec<f64> = match sharing {
+        Some((cores, replicas)) => dedicated_durations(&events, cores, replicas),
+        None => events.iter().map(|e| e.dur_us / 1e6).collect(),
+    };
     let median = |stage: usize, kind: TraceKind| -> Option<f64> {
-        let mut d: Vec<f64> = events.iter().filter(|e| e.stage == stage && e.kind == kind).map(|e| e.dur_us / 1e6).collect();
+        let mut d: Vec<f64> = events.iter().zip(&seconds).filter(|(e, _)| e.stage == stage && e.kind == kind).map(|(_, &t)| t).collect();
         d.sort_by(f64::total_cmp);
         (!d.is_empty()).then(|| d[d.len() / 2])
     };
@@ -291,11 +368,14 @@ impl SimulateReport {
     pub fn text(&self) -> String {
         use std::fmt::Write as _;
         let mut s = String::new();
-        let _ = writeln!(s, "simulated on: {}, global batch {}", self.cluster.name, self.global_batch);
+        let _ = match self.cluster.host_cores {
+            Some(c) => writeln!(s, "simulated on: {}, global batch {}, the stages' threads sharing {c} CPU core(s)", self.cluster.name, self.global_batch),
+            None => writeln!(s, "simulated on: {}, global batch {}", self.cluster.name, self.global_batch),
+        };
         let _ = writeln!(
             s,
-            "{:<15} {:>4} {:>4} {:>5} {:>5} {:>9} {:>12} {:>12} {:>11} {:>7} {:>11}",
-            "scheme", "w", "d", "b", "m", "recompute", "samples/s", "planner", "closed form", "bubble", "peak memory"
+            "{:<15} {:>4} {:>4} {:>3} {:>5} {:>5} {:>9} {:>12} {:>12} {:>11} {:>7} {:>11}",
+            "scheme", "w", "d", "t", "b", "m", "recompute", "samples/s", "planner", "closed form", "bubble", "peak memory"
         );
         let best = self.outcomes.iter().filter_map(|o| o.simulation.as_ref()).map(|x| x.samples_per_s).fold(0.0, f64::max);
         for o in &self.outcomes {
@@ -306,10 +386,11 @@ impl SimulateReport {
                     let closed = o.closed_form_samples_per_s.map_or("-".to_string(), |p| format!("{p:.1}"));
                     let _ = writeln!(
                         s,
-                        "{:<15} {:>4} {:>4} {:>5} {:>5} {:>9} {:>12.1} {:>12} {:>11} {:>6.1}% {:>11}",
+                        "{:<15} {:>4} {:>4} {:>3} {:>5} {:>5} {:>9} {:>12.1} {:>12} {:>11} {:>6.1}% {:>11}",
                         o.scheme.name(),
                         c.w,
                         c.d,
+                        o.t,
                         c.b,
                         c.m,
                         c.recompute.name(),
@@ -325,6 +406,7 @@ impl SimulateReport {
                 }
             }
         }
+        let _ = writeln!(s, "t: GPUs each layer is split over (tensor parallelism: w groups of t GPUs, w x t workers)");
         let _ = writeln!(s, "samples/s: simulated steady state over all replicas; planner: the planner's prediction for the same configuration (its own replay, over {} batches); closed form: the planner's formula, which prunes its search; bubble: mean over stages of 1 - busy / span", pipewright_passes::planner::REPLAY_BATCHES);
         if best > 0.0 {
             let ratios: Vec<String> = self

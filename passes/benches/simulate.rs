@@ -49,8 +49,10 @@ fn bench_replay(c: &mut Criterion) {
             batches: 1000,
             stages: vec![stage.clone(); d],
             links: vec![Link { bandwidth: 150e9, latency_s: 5e-6 }; d - 1],
-            allreduce: AllReduce::ring(w, Link { bandwidth: 25e9 / 8.0 / 8.0, latency_s: 20e-6 }),
+            allreduce: AllReduce::ring(Link { bandwidth: 25e9 / 8.0 / 8.0, latency_s: 20e-6 }),
             record: false,
+            shared_cores: None,
+            tied_groups: Vec::new(),
         };
         group.bench_function(format!("1,024 GPUs (d = 64, w = 16, m = 64), 1,000 batches, {scheme}"), |bch| bch.iter(|| simulate(&setup).expect("replays")));
     }

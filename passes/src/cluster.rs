@@ -57,31 +57,32 @@ impl Latencies {
 /// How the `w` replicas of a stage all-reduce their gradients ([`Cluster::allreduce`]):
 /// `per_server` replicas in each server reduce among themselves over `intra`, and each
 /// one's `1 / per_server` shard is reduced across the `w / per_server` servers over
-/// `inter`. `per_server == w`: one ring inside a server; `per_server == 1`: one flat ring
-/// over `inter`.
+/// `inter`. `per_server >= w`: one ring inside a server; `per_server == 1`: one flat ring
+/// over `inter`. The width is the caller's (the replay's `SimSetup::w`), so a description
+/// cannot disagree with it.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct AllReduce {
-    pub w: usize,
     pub per_server: usize,
     pub intra: Link,
     pub inter: Link,
 }
 
 impl AllReduce {
-    /// A flat ring of `w` replicas over one link.
-    pub fn ring(w: usize, link: Link) -> AllReduce {
-        AllReduce { w, per_server: 1, intra: link, inter: link }
+    /// A flat ring over one link.
+    pub fn ring(link: Link) -> AllReduce {
+        AllReduce { per_server: 1, intra: link, inter: link }
     }
 
-    /// Seconds to all-reduce `bytes` of gradient. With `g` replicas per server over `k`
+    /// Seconds to all-reduce `bytes` of gradient among `w` replicas. With `g` replicas per
+    /// server over `k`
     /// servers: reduce-scatter inside the server (`g - 1` steps of `bytes / g` over
     /// `intra`), a ring all-reduce of each shard across the servers (`2 (k - 1)` steps of
     /// `bytes / (g k)` over `inter`), all-gather inside the server (`g - 1` steps of
     /// `bytes / g`). The two intra-server halves together are a ring all-reduce of `bytes`
     /// among `g`, so it is two rings; `g = 1` or `k = 1` is the flat ring.
-    pub fn seconds(&self, bytes: f64) -> f64 {
-        let g = self.per_server.clamp(1, self.w.max(1));
-        let k = self.w.max(1) / g;
+    pub fn seconds(&self, bytes: f64, w: usize) -> f64 {
+        let g = self.per_server.clamp(1, w.max(1));
+        let k = w.max(1) / g;
         allreduce_seconds(bytes, g, self.intra) + allreduce_seconds(bytes / g as f64, k, self.inter)
     }
 
@@ -360,7 +361,7 @@ impl Cluster {
     pub fn boundary_bw(&self, w: usize, s: usize) -> f64 {
         match self.boundary_flows(w, s) {
             0 => self.intra_bw,
-            n => self.server_bw.map_or(self.inter_bw, |sb| self.inter_bw.min(sb / n as f64)),
+            n => self.network_share(n),
         }
     }
 
@@ -414,15 +415,15 @@ impl Cluster {
         let intra = Link { bandwidth: self.intra_bw, latency_s: latencies.intra_s };
         let g = self.workers_per_node.max(1);
         match self.allreduce_rings(w, d) {
-            0 => AllReduce { w, per_server: w.max(1), intra, inter: intra },
+            0 => AllReduce { per_server: w.max(1), intra, inter: intra },
             rings if g > 1 && w % g == 0 => {
                 // Each of the g GPUs of a server runs its own ring across the servers; they
                 // all go through the server's network at once.
                 let shards = (rings * g) as f64;
                 let bandwidth = self.server_bw.map_or(self.inter_bw, |s| self.inter_bw.min(s / shards));
-                AllReduce { w, per_server: g, intra, inter: Link { bandwidth, latency_s: latencies.inter_s } }
+                AllReduce { per_server: g, intra, inter: Link { bandwidth, latency_s: latencies.inter_s } }
             }
-            _ => AllReduce { w, per_server: 1, intra, inter: Link { bandwidth: self.allreduce_bw(w, d), latency_s: latencies.inter_s } },
+            _ => AllReduce { per_server: 1, intra, inter: Link { bandwidth: self.allreduce_bw(w, d), latency_s: latencies.inter_s } },
         }
     }
 
@@ -448,7 +449,33 @@ impl Cluster {
     pub fn allreduce_bw(&self, w: usize, d: usize) -> f64 {
         match self.allreduce_rings(w, d) {
             0 => self.intra_bw,
-            n => self.server_bw.map_or(self.inter_bw, |s| self.inter_bw.min(s / n as f64)),
+            n => self.network_share(n),
+        }
+    }
+
+    /// What each of `flows` transfers crossing one server's network at once gets:
+    /// `inter_bw`, or its share of `server_bw` when that is known and smaller.
+    fn network_share(&self, flows: usize) -> f64 {
+        self.server_bw.map_or(self.inter_bw, |s| self.inter_bw.min(s / flows.max(1) as f64))
+    }
+
+    /// How many data-parallel rings of Megatron-style tensor parallelism cross the busiest
+    /// server's network: `groups` groups of `t` GPUs on consecutive workers (group `g` on
+    /// workers `g t .. (g + 1) t`, each inside one server since `t` divides the server
+    /// size), and one ring per shard position `j` through workers `j, t + j, 2t + j, ...`.
+    /// 0 when all the groups share one server (the rings stay on NVLink); otherwise all `t`
+    /// rings cross every server they touch.
+    pub fn tensor_dp_rings(&self, t: usize, groups: usize) -> usize {
+        let last = (t * groups).max(1) - 1;
+        if self.server_of(0) == self.server_of(last) { 0 } else { t }
+    }
+
+    /// Bandwidth of the data-parallel all-reduce among `groups` tensor-parallel groups of
+    /// `t` GPUs ([`Cluster::tensor_dp_rings`]), as [`Cluster::allreduce_bw`] shares it.
+    pub fn tensor_dp_bw(&self, t: usize, groups: usize) -> f64 {
+        match self.tensor_dp_rings(t, groups) {
+            0 => self.intra_bw,
+            n => self.network_share(n),
         }
     }
 }
@@ -542,41 +569,41 @@ mod tests {
         let close = |a: f64, b: f64| (a - b).abs() <= 1e-12 * b.max(1.0);
         // w = 16 over 2 servers of 8. A flat ring over the network: 2 * 15 steps of 1/16 GB
         // at 3.125 GB/s = 0.6 s.
-        let flat = AllReduce::ring(16, Link { bandwidth: paper.allreduce_bw(16, 1), latency_s: 0.0 });
-        assert!(close(flat.seconds(1e9), 0.6), "{}", flat.seconds(1e9));
+        let flat = AllReduce::ring(Link { bandwidth: paper.allreduce_bw(16, 1), latency_s: 0.0 });
+        assert!(close(flat.seconds(1e9, 16), 0.6), "{}", flat.seconds(1e9, 16));
         // Hierarchical: inside each server 2 * 7 steps of 1/8 GB at 150 GB/s (0.011667 s),
         // then each GPU's 1/8 GB shard over the 2 servers, 2 * 1 steps of 1/16 GB, the 8
         // shards' rings sharing the server's 3.125 GB/s (0.32 s): 0.3317 s, about half.
         let h = paper.allreduce(16, 1, Latencies::NONE);
         assert_eq!((h.per_server, h.inter.bandwidth), (8, 3.125e9 / 8.0));
-        assert!(close(h.seconds(1e9), 14.0 / 8.0 / 150.0 + 0.32), "{}", h.seconds(1e9));
-        assert!(h.seconds(1e9) < flat.seconds(1e9));
+        assert!(close(h.seconds(1e9, 16), 14.0 / 8.0 / 150.0 + 0.32), "{}", h.seconds(1e9, 16));
+        assert!(h.seconds(1e9, 16) < flat.seconds(1e9, 16));
         // Each message pays its link's latency: 14 NVLink steps and 2 network steps.
         let lat = Latencies { intra_s: 1e-3, inter_s: 1e-2 };
-        assert!(close(paper.allreduce(16, 1, lat).seconds(1e9), h.seconds(1e9) + 14e-3 + 2e-2));
+        assert!(close(paper.allreduce(16, 1, lat).seconds(1e9, 16), h.seconds(1e9, 16) + 14e-3 + 2e-2));
         // 4 servers (w = 32): 2 * 3 network steps of 1/32 GB at 3.125/8 GB/s = 0.48 s.
         let four = Cluster { workers: 32, ..paper.clone() };
-        assert!(close(four.allreduce(32, 1, Latencies::NONE).seconds(1e9), 14.0 / 8.0 / 150.0 + 0.48));
+        assert!(close(four.allreduce(32, 1, Latencies::NONE).seconds(1e9, 32), 14.0 / 8.0 / 150.0 + 0.48));
         // k = 1: 8 replicas in one server, the flat ring over NVLink, 2 * 7 / 8 GB at 150 GB/s.
         let inside = paper.allreduce(8, 2, Latencies::NONE);
-        assert!(close(inside.seconds(1e9), 14.0 / 8.0 / 150.0));
-        assert_eq!(inside.seconds(1e9), allreduce_seconds(1e9, 8, Link { bandwidth: 150e9, latency_s: 0.0 }));
+        assert!(close(inside.seconds(1e9, 8), 14.0 / 8.0 / 150.0));
+        assert_eq!(inside.seconds(1e9, 8), allreduce_seconds(1e9, 8, Link { bandwidth: 150e9, latency_s: 0.0 }));
         // g = 1: one GPU per server, the flat ring over the network, 2 * 3 / 4 GB at 3.125.
         let single = Cluster { workers: 4, workers_per_node: 1, ..paper.clone() };
         let one = single.allreduce(4, 1, Latencies::NONE);
         assert_eq!(one.per_server, 1);
-        assert!(close(one.seconds(1e9), 1.5 / 3.125));
+        assert!(close(one.seconds(1e9, 4), 1.5 / 3.125));
         // Uneven blocks (w = 12 on servers of 8) keep the flat ring over the network, shared
         // by the two rings crossing server 1.
         let uneven = Cluster { workers: 24, ..paper.clone() };
         let u = uneven.allreduce(12, 2, Latencies::NONE);
         assert_eq!((u.per_server, u.inter.bandwidth), (1, 3.125e9 / 2.0));
-        assert!(close(u.seconds(1e9), 2.0 * 11.0 / 12.0 / 1.5625));
+        assert!(close(u.seconds(1e9, 12), 2.0 * 11.0 / 12.0 / 1.5625));
         // Without server_bw each GPU's ring has inter_bw to itself.
         let own = Cluster { server_bw: None, ..paper.clone() };
-        assert!(close(own.allreduce(16, 1, Latencies::NONE).seconds(1e9), 14.0 / 8.0 / 150.0 + 0.04));
+        assert!(close(own.allreduce(16, 1, Latencies::NONE).seconds(1e9, 16), 14.0 / 8.0 / 150.0 + 0.04));
         // No replicas to reduce with: nothing to do.
-        assert_eq!(paper.allreduce(1, 8, Latencies::ASSUMED).seconds(1e9), 0.0);
+        assert_eq!(paper.allreduce(1, 8, Latencies::ASSUMED).seconds(1e9, 1), 0.0);
     }
 
     #[test]

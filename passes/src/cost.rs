@@ -66,6 +66,7 @@ use std::collections::HashMap;
 
 use pipewright_ir::ops::{BinaryOp, ResizeMode, UnaryOp};
 use pipewright_ir::{Dim, Graph, NodeId, Op, TensorType, ValueDef, ValueId};
+use pipewright_core::Optimizer;
 use serde::{Deserialize, Serialize};
 
 /// A cost linear in the microbatch size: `per_sample * b + fixed`.
@@ -243,6 +244,35 @@ pub struct Profile {
     pub nodes: Vec<ProfileNode>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub spread: Vec<BatchSpread>,
+    /// The whole model as one forward and one backward pass, per batch size (absent from
+    /// profiles written before it was measured).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub whole: Vec<WholePass>,
+    /// Each trainable weight's measured update (absent from older profiles: the update is
+    /// then costed from the memory bandwidth).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub updates: Vec<WeightUpdate>,
+}
+
+/// One trainable weight's update as the runtime's step applies it (gradient scaling, the
+/// optimizer, the finiteness check), milliseconds, per optimizer: SGD, SGD with momentum,
+/// Adam (AdamW does the same work).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct WeightUpdate {
+    pub name: String,
+    pub sgd_ms: f64,
+    pub momentum_ms: f64,
+    pub adam_ms: f64,
+}
+
+
+/// The whole model run as one forward and one backward pass, as a stage runs its nodes,
+/// at one batch size: medians over the repetitions, milliseconds.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct WholePass {
+    pub batch: u64,
+    pub fwd_ms: f64,
+    pub bwd_ms: f64,
 }
 
 /// The whole model's forward + backward time (the sum over its nodes) at one batch size,
@@ -312,7 +342,43 @@ impl Profile {
                 }
             }
         }
+        let bad = |x: f64| !x.is_finite() || x < 0.0;
+        for w in &self.whole {
+            if bad(w.fwd_ms) || bad(w.bwd_ms) || !self.batches.contains(&w.batch) {
+                return Err(CostError::ProfileInvalid(format!(
+                    "`whole` at batch {}: needs a measured batch size and non-negative finite times",
+                    w.batch
+                )));
+            }
+        }
+        for u in &self.updates {
+            if [u.sgd_ms, u.momentum_ms, u.adam_ms].into_iter().any(bad) {
+                return Err(CostError::ProfileInvalid(format!(
+                    "update of weight {:?}: a negative or non-finite time",
+                    u.name
+                )));
+            }
+        }
         Ok(())
+    }
+
+    /// Per batch size, what scales the nodes' forward and backward times so that they add
+    /// up to the whole pass: timing one node at a time misses what running them back to
+    /// back shares (caches, the allocator) and adds what it alone pays (one backward
+    /// engine start per node where a stage pays one in all). 1 where there is no whole
+    /// pass.
+    fn whole_pass_scales(&self) -> Vec<(f64, f64)> {
+        (0..self.batches.len())
+            .map(|k| {
+                let Some(w) = self.whole.iter().find(|w| w.batch == self.batches[k]) else {
+                    return (1.0, 1.0);
+                };
+                let fwd: f64 = self.nodes.iter().map(|n| n.fwd_ms[k]).sum();
+                let bwd: f64 = self.nodes.iter().map(|n| n.bwd_ms[k]).sum();
+                let ratio = |whole: f64, sum: f64| if sum > 0.0 && whole > 0.0 { whole / sum } else { 1.0 };
+                (ratio(w.fwd_ms, fwd), ratio(w.bwd_ms, bwd))
+            })
+            .collect()
     }
 }
 
@@ -329,6 +395,8 @@ pub struct ProfileReport {
     pub op_mismatches: Vec<String>,
     /// Median measured/analytic time ratio per class.
     pub class_ratio: Vec<(OpClass, f64)>,
+    /// Trainable weights whose update time comes from the profile.
+    pub updates_measured: usize,
 }
 
 /// Cost model errors.
@@ -369,6 +437,9 @@ pub struct CostModel {
     pub topo: Vec<NodeId>,
     /// The batch size the model was exported with (1 when unknown).
     pub export_batch: i64,
+    /// Measured seconds to update the weights each node reads first (SGD, SGD with
+    /// momentum, Adam), by node index, from a profile that has them.
+    updates: Option<Vec<[f64; 3]>>,
 }
 
 fn numel_lin(ty: &TensorType, export: i64) -> Lin {
@@ -779,6 +850,7 @@ impl CostModel {
             shared,
             topo,
             export_batch: export,
+            updates: None,
         })
     }
 
@@ -843,6 +915,7 @@ impl CostModel {
         let mut report = ProfileReport::default();
         let mut ratios: HashMap<OpClass, Vec<f64>> = HashMap::new();
         let mut measured = vec![false; self.nodes.len()];
+        let scales = profile.whole_pass_scales();
         for p in &profile.nodes {
             let Some(&n) = by_name.get(p.name.as_str()) else {
                 report.unknown_nodes.push(p.name.clone());
@@ -856,8 +929,8 @@ impl CostModel {
                     g.node(n).op.name()
                 ));
             }
-            let fwd_s: Vec<f64> = p.fwd_ms.iter().map(|x| x * 1e-3).collect();
-            let bwd_s: Vec<f64> = p.bwd_ms.iter().map(|x| x * 1e-3).collect();
+            let fwd_s: Vec<f64> = p.fwd_ms.iter().zip(&scales).map(|(x, s)| x * s.0 * 1e-3).collect();
+            let bwd_s: Vec<f64> = p.bwd_ms.iter().zip(&scales).map(|(x, s)| x * s.1 * 1e-3).collect();
             let analytic: f64 = profile
                 .batches
                 .iter()
@@ -901,7 +974,47 @@ impl CostModel {
         let mut cr: Vec<(OpClass, f64)> = class_ratio.into_iter().collect();
         cr.sort_by_key(|x| x.0);
         report.class_ratio = cr;
+        report.updates_measured = self.apply_updates(g, &profile.updates);
         Ok(report)
+    }
+
+    /// Attributes each measured weight update to the node that reads the weight first (as
+    /// [`NodeCost::param_bytes`] is); returns how many weights of the graph were found.
+    fn apply_updates(&mut self, g: &Graph, updates: &[WeightUpdate]) -> usize {
+        if updates.is_empty() {
+            return 0;
+        }
+        let by_name: HashMap<&str, &WeightUpdate> = updates.iter().map(|u| (u.name.as_str(), u)).collect();
+        let mut per_node = vec![[0.0; 3]; self.nodes.len()];
+        let mut seen = std::collections::HashSet::new();
+        let mut found = 0;
+        for &n in &self.topo {
+            for &v in &self.weights[n.index()] {
+                if !seen.insert(v) {
+                    continue;
+                }
+                if let Some(u) = by_name.get(g.value(v).name.as_str()) {
+                    found += 1;
+                    let t = &mut per_node[n.index()];
+                    t[0] += u.sgd_ms * 1e-3;
+                    t[1] += u.momentum_ms * 1e-3;
+                    t[2] += u.adam_ms * 1e-3;
+                }
+            }
+        }
+        self.updates = Some(per_node);
+        found
+    }
+
+    /// Measured seconds to update the weights node `n` reads first under `opt`, when the
+    /// profile had updates.
+    pub fn update_time(&self, n: NodeId, opt: Optimizer, momentum: bool) -> Option<f64> {
+        let t = self.updates.as_ref()?.get(n.index())?;
+        Some(match opt {
+            Optimizer::Sgd if momentum => t[1],
+            Optimizer::Sgd => t[0],
+            Optimizer::Adam | Optimizer::AdamW => t[2],
+        })
     }
 
     /// Totals over all nodes: (forward+backward flops, activation bytes, parameter bytes).

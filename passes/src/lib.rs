@@ -2,7 +2,8 @@
 //! transformations are verbs (`insert_stage_boundaries`); [`pipeline`] chains them into
 //! the typed passes of `pipewright compile`, which [`manager`] runs with verification,
 //! printing and timing after each. [`simulate`] replays a plan on a cluster
-//! ([`presets`]) event by event, with the runtime's own per-stage operation order.
+//! ([`presets`]) event by event, with the runtime's own per-stage operation order;
+//! [`tensor_parallel`] splits layers Megatron-style for the simulator's comparison.
 
 pub mod boundaries;
 pub mod cluster;
@@ -15,4 +16,5 @@ pub mod planner;
 pub mod presets;
 pub mod recompute;
 pub mod simulate;
+pub mod tensor_parallel;
 pub mod versioning;

@@ -565,6 +565,12 @@ impl<'a> PlanContext<'a> {
         let params: Vec<f64> = ranges.iter().map(|r| prob.param_bytes[r.clone()].iter().sum::<f64>()).collect();
         let (cost, order) = (self.cost, &self.order);
         let kept = |x: NodeId| matches!(cost.class(x), OpClass::MatMul | OpClass::Conv);
+        let (opt, momentum) = (opts.optimizer, opts.momentum);
+        // A profile's measured updates, and what a byte of weights costs by them (for the
+        // tied copies a stage updates besides its own weights).
+        let measured_update = |nodes: &[NodeId]| -> Option<f64> { nodes.iter().map(|&x| cost.update_time(x, opt, momentum)).sum() };
+        let all_params: f64 = params.iter().sum();
+        let per_byte = measured_update(&order.nodes).map(|t| if all_params > 0.0 { t / all_params } else { 0.0 });
         let mut out = Vec::with_capacity(d);
         for (s, r) in ranges.iter().enumerate() {
             let (mut fwd, mut bwd, mut re) = (0.0, 0.0, 0.0);
@@ -585,7 +591,10 @@ impl<'a> PlanContext<'a> {
                 forward_s: fwd,
                 backward_s: bwd,
                 recompute_s: re,
-                optimizer_s: f64::from(3 + 2 * state) * weights / self.cluster.mem_bw,
+                optimizer_s: match (measured_update(&order.nodes[r.clone()]), per_byte) {
+                    (Some(t), Some(per_byte)) => t + extra_bytes[s] * per_byte,
+                    _ => f64::from(3 + 2 * state) * weights / self.cluster.mem_bw,
+                },
                 send_s: 0.0,
                 send_bytes: if s + 1 < d { live[s] } else { 0.0 },
                 grad_bytes: weights,
@@ -625,6 +634,35 @@ impl<'a> PlanContext<'a> {
         }
         (bytes, numel, sync)
     }
+
+    /// The sets of stages that sum a tied weight's gradient at every step, for the cut
+    /// points `cuts` (one set per distinct group of stages, each sorted): they wait for
+    /// each other there, as the runtime's step does.
+    pub fn tied_stage_groups(&self, cuts: &[usize]) -> Vec<Vec<usize>> {
+        let stage = |p: usize| cuts.partition_point(|&c| c <= p);
+        let mut groups: Vec<Vec<usize>> = self
+            .shared
+            .iter()
+            .map(|s| {
+                let mut stages: Vec<usize> = s.positions.iter().map(|&p| stage(p)).collect();
+                stages.sort_unstable();
+                stages.dedup();
+                stages
+            })
+            .filter(|g| g.len() > 1)
+            .collect();
+        groups.sort();
+        groups.dedup();
+        groups
+    }
+}
+
+/// The planner's memory model of one stage of a `d`-stage pipeline under `schedule` (the
+/// copies of each weight byte and the factors of its activations, in `opts`'s optimizer and
+/// precision), for analyses that count memory as the planner does
+/// ([`crate::tensor_parallel`]).
+pub fn stage_memory_model(schedule: Schedule, recompute: Recompute, d: usize, m: u64, opts: &PlanOptions, limit: f64) -> MemoryModel {
+    memory_model(schedule, recompute, d, m, opts.optimizer.state_tensors(opts.momentum), opts.precision, limit)
 }
 
 fn memory_model(
@@ -731,7 +769,7 @@ fn assess(
         }
         peak.push(memory.max(0.0).round() as u64);
         let grad: f64 = prob.param_bytes[ranges[s].clone()].iter().sum::<f64>() + extra_bytes[s];
-        let ar = allreduce.seconds(grad) + sync[s];
+        let ar = allreduce.seconds(grad, cfg.w) + sync[s];
         max_time = max_time.max(times[s]);
         max_ar = max_ar.max(ar);
         let eff = times[s].max(ar / cfg.m as f64);
@@ -892,16 +930,19 @@ pub fn plan(
     cluster: &Cluster,
     opts: &PlanOptions,
 ) -> Result<Plan, PlanError> {
-    plan_on(g, cost, cluster, Latencies::ASSUMED, opts)
+    plan_on(g, cost, cluster, Latencies::ASSUMED, None, opts)
 }
 
-/// [`plan`] with the candidates replayed over links of the given latencies (`simulate`'s
-/// cluster's, so that its replay of the chosen configuration is the plan's prediction).
+/// [`plan`] with the candidates replayed over links of the given latencies and, when the
+/// stages are threads sharing `host_cores` CPU cores ([`SimSetup::shared_cores`]), on those:
+/// `simulate`'s cluster's, so that its replay of the chosen configuration is the plan's
+/// prediction.
 pub fn plan_on(
     g: &Graph,
     cost: &CostModel,
     cluster: &Cluster,
     latencies: Latencies,
+    host_cores: Option<usize>,
     opts: &PlanOptions,
 ) -> Result<Plan, PlanError> {
     if opts.global_batch == 0 {
@@ -987,7 +1028,7 @@ pub fn plan_on(
                             let t_lb = (total * slowdown + comm_lb) / d as f64;
                             // Some stage holds at least a d-th of the parameters, and its
                             // all-reduce takes at least that share's time (as in `assess`).
-                            let ar_lb = cluster.allreduce(w, d, Latencies::NONE).seconds(param_total / d as f64);
+                            let ar_lb = cluster.allreduce(w, d, Latencies::NONE).seconds(param_total / d as f64, w);
                             let per_batch = match schedule {
                                 Schedule::TwoBw => (m as f64 * t_lb).max(ar_lb),
                                 _ => (m + d as u64 - 1) as f64 * t_lb + ar_lb,
@@ -1081,7 +1122,7 @@ pub fn plan_on(
     // Replay them (in parallel: each replay is independent), choose by the replayed rate,
     // and list the `top` by it.
     let mut pool = found;
-    let setups: Vec<SimSetup> = pool.iter().map(|c| replay_setup(&mut ctx, c, opts, latencies)).collect();
+    let setups: Vec<SimSetup> = pool.iter().map(|c| replay_setup(&mut ctx, c, opts, latencies, host_cores)).collect();
     let rates: Vec<Result<f64, SimError>> = setups.into_par_iter().map(|setup| simulate(&setup).map(|sim| sim.samples_per_s)).collect();
     for (c, rate) in pool.iter_mut().zip(rates) {
         let rate = rate.map_err(|error| PlanError::Replay { w: c.w, d: c.d, b: c.b, schedule: c.schedule, error })?;
@@ -1109,8 +1150,9 @@ fn insert_ranked(list: &mut Vec<Candidate>, c: Candidate, cap: usize, rate: fn(&
 
 /// What replaying `cand` for [`REPLAY_BATCHES`] batches on the planner's cluster means: the
 /// stage costs [`PlanContext::stage_costs`] gives, each boundary on its own link, the
-/// all-reduce of [`Cluster::allreduce`].
-fn replay_setup(ctx: &mut PlanContext, cand: &Candidate, opts: &PlanOptions, latencies: Latencies) -> SimSetup {
+/// all-reduce of [`Cluster::allreduce`], the stages tied by shared weights meeting at each
+/// step, as `simulate` replays it.
+fn replay_setup(ctx: &mut PlanContext, cand: &Candidate, opts: &PlanOptions, latencies: Latencies, host_cores: Option<usize>) -> SimSetup {
     let cluster = ctx.cluster;
     SimSetup {
         scheme: cand.schedule.into(),
@@ -1122,6 +1164,8 @@ fn replay_setup(ctx: &mut PlanContext, cand: &Candidate, opts: &PlanOptions, lat
         links: cluster.pipeline_links(cand.w, cand.d, latencies),
         allreduce: cluster.allreduce(cand.w, cand.d, latencies),
         record: false,
+        shared_cores: host_cores,
+        tied_groups: ctx.tied_stage_groups(&cand.cuts),
     }
 }
 

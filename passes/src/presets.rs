@@ -8,7 +8,12 @@
 //! intra_latency = "5us"      # per message inside a server
 //! inter_latency = "20us"     # per message between servers
 //! efficiency = 0.5           # share of peak flop/s and memory bandwidth achieved
+//! host_cores = 2             # the stages are threads on one host with this many cores
 //! ```
+//! `host_cores` describes a CPU run of the embedded executor (one compute thread per stage
+//! and replica, all in one process): the replay then shares those cores among the working
+//! stages ([`crate::simulate::SimSetup::shared_cores`]). Without it every stage has its own
+//! device.
 
 use pipewright_core::Precision;
 use serde::Serialize;
@@ -105,6 +110,9 @@ pub struct SimCluster {
     pub inter_latency_s: f64,
     /// Share of the peak flop/s and memory bandwidth achieved (applied in `cluster`).
     pub efficiency: f64,
+    /// The stages are threads on one host with this many CPU cores (`host_cores`); `None`:
+    /// each stage has its own device.
+    pub host_cores: Option<usize>,
 }
 
 fn check_efficiency(e: f64) -> Result<f64, PresetError> {
@@ -143,6 +151,7 @@ impl SimCluster {
             intra_latency_s: NVLINK_LATENCY_S,
             inter_latency_s: net.latency_s,
             efficiency,
+            host_cores: None,
         })
     }
 
@@ -170,6 +179,12 @@ impl SimCluster {
             Some(_) => return Err(PresetError::Bad { key: "efficiency", why: "expected a number in (0, 1]".into() }),
             None => 1.0,
         };
+        let host_cores = match inner.remove("host_cores") {
+            Some(toml::Value::Integer(n)) if n >= 1 => Some(usize::try_from(n).map_err(|_| PresetError::Bad { key: "host_cores", why: format!("{n} cores is too many") })?),
+            Some(toml::Value::Integer(n)) => return Err(PresetError::Bad { key: "host_cores", why: format!("{n} is not a number of cores (at least 1)") }),
+            Some(_) => return Err(PresetError::Bad { key: "host_cores", why: "expected a whole number of CPU cores, at least 1".into() }),
+            None => None,
+        };
         let mut cluster = Cluster::from_toml(&table.to_string())?;
         cluster.peak_flops *= efficiency;
         cluster.mem_bw *= efficiency;
@@ -179,13 +194,14 @@ impl SimCluster {
             intra_latency_s: intra.unwrap_or(NVLINK_LATENCY_S),
             inter_latency_s: inter.unwrap_or(Latencies::ASSUMED.inter_s),
             efficiency,
+            host_cores,
         })
     }
 
     /// A cluster the planner was given (a plan file's), with the default latencies and one
     /// network link per server.
     pub fn from_cluster(name: &str, cluster: Cluster) -> SimCluster {
-        SimCluster { name: name.to_string(), cluster, intra_latency_s: Latencies::ASSUMED.intra_s, inter_latency_s: Latencies::ASSUMED.inter_s, efficiency: 1.0 }
+        SimCluster { name: name.to_string(), cluster, intra_latency_s: Latencies::ASSUMED.intra_s, inter_latency_s: Latencies::ASSUMED.inter_s, efficiency: 1.0, host_cores: None }
     }
 
     /// Its per-message latencies.
@@ -204,6 +220,22 @@ impl SimCluster {
     /// else a flat ring), as the planner times it.
     pub fn allreduce(&self, w: usize, d: usize) -> AllReduce {
         self.cluster.allreduce(w, d, self.latencies())
+    }
+
+    /// The link of the data-parallel all-reduce among `groups` tensor-parallel groups of
+    /// `t` GPUs: NVLink when they all share one server, else the network as the `t` rings
+    /// crossing each server share it ([`Cluster::tensor_dp_bw`]).
+    pub fn tensor_dp_link(&self, t: usize, groups: usize) -> Link {
+        if self.cluster.tensor_dp_rings(t, groups) == 0 {
+            return Link { bandwidth: self.cluster.intra_bw, latency_s: self.intra_latency_s };
+        }
+        Link { bandwidth: self.cluster.tensor_dp_bw(t, groups), latency_s: self.inter_latency_s }
+    }
+
+    /// The link the `t` GPUs of a tensor-parallel group all-reduce over: NVLink inside
+    /// their server.
+    pub fn nvlink(&self) -> Link {
+        Link { bandwidth: self.cluster.intra_bw, latency_s: self.intra_latency_s }
     }
 }
 
@@ -260,6 +292,12 @@ mod tests {
         assert_eq!(c.allreduce(2, 4).inter.bandwidth, 150e9);
         assert!(c.pipeline_links(2, 4).iter().all(|l| l.bandwidth == 150e9));
         assert_eq!(SimCluster::from_preset(device("V100-16GB").unwrap(), network("25gbit").unwrap(), 1, 8, Precision::Fp32, 0.5).unwrap().cluster.peak_flops, 15.7e12 * 0.5);
+        // Tensor parallelism, t = 4: 16 groups over 8 servers, four rings (one per shard
+        // position) through each server's one link; 2 groups fill one server: NVLink.
+        assert_eq!(c.tensor_dp_link(4, 16), Link { bandwidth: 25e9 / 8.0 / 4.0, latency_s: 20e-6 });
+        assert_eq!(c.tensor_dp_link(8, 8).bandwidth, 25e9 / 8.0 / 8.0);
+        assert_eq!(c.tensor_dp_link(4, 2), Link { bandwidth: 150e9, latency_s: 5e-6 });
+        assert_eq!(c.nvlink(), Link { bandwidth: 150e9, latency_s: 5e-6 });
     }
 
     #[test]
@@ -275,6 +313,10 @@ mod tests {
         assert_eq!(c.cluster.peak_flops, 5e12);
         assert!(matches!(SimCluster::from_toml("c.toml", "gpus = 3"), Err(PresetError::Cluster(ClusterError::UnknownKey(_)))));
         assert!(SimCluster::from_toml("c.toml", "intra_latency = \"soon\"").unwrap_err().to_string().starts_with("intra_latency: cannot parse \"soon\""));
+        assert_eq!(c.host_cores, None);
+        assert_eq!(SimCluster::from_toml("c.toml", "workers = 4\nhost_cores = 2\n").unwrap().host_cores, Some(2));
+        assert_eq!(SimCluster::from_toml("c.toml", "host_cores = 0").unwrap_err().to_string(), "host_cores: 0 is not a number of cores (at least 1)");
+        assert!(SimCluster::from_toml("c.toml", "host_cores = \"two\"").unwrap_err().to_string().starts_with("host_cores: expected a whole number"));
         assert_eq!(parse_seconds("5us"), Some(5e-6));
         assert_eq!(parse_seconds("0.1ms"), Some(1e-4));
     }

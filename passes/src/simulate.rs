@@ -29,6 +29,9 @@
 //!   With `w = 1` the update runs where the step is, as the executor runs it.
 //! - Inter-layer model parallelism without pipelining runs each microbatch's forward and
 //!   backward through all stages before the next one enters ([`model_parallel_ops`]).
+//! - With [`SimSetup::shared_cores`] below the `w * d` threads, the stages' threads share
+//!   the host's cores: every stage's work progresses at `min(1, C / (w n))` while `n`
+//!   stages have work (`simulate/shared.rs`, an event loop running the same rules).
 //!
 //! # Reports
 //! Throughput is measured between the ends of the first and the last simulated batch
@@ -43,6 +46,10 @@ use pipewright_core::timeline::{TraceEvent, TraceKind};
 use serde::Serialize;
 
 use crate::cluster::AllReduce;
+
+mod shared;
+
+pub use shared::dedicated_durations;
 
 /// One stage's work per microbatch, and what it holds.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -118,6 +125,15 @@ pub struct SimSetup {
     pub allreduce: AllReduce,
     /// Keep every interval for a trace.
     pub record: bool,
+    /// The stages are threads of one process on a host with this many CPU cores, one
+    /// compute thread per stage and replica (`w * d` in all, the runtime's embedded
+    /// executor): when they outnumber the cores, the runnable ones share them
+    /// (`simulate/shared.rs`). `None`: every stage has its own device.
+    pub shared_cores: Option<usize>,
+    /// Sets of stages that sum a tied weight's gradient at every step
+    /// ([`StageCost::tied_sync_s`]): each stage waits there for every stage it is tied to,
+    /// directly or through another group, as the runtime's step does.
+    pub tied_groups: Vec<Vec<usize>>,
 }
 
 /// One stage's share of the replay.
@@ -181,12 +197,14 @@ pub fn model_parallel_ops(m: usize, batches: usize) -> Vec<Op> {
 }
 
 /// The order stage `stage` of `depth` runs under `scheme`: the runtime's schedule for the
-/// three schedules (data parallelism runs as Flush with one stage), or
+/// three schedules (data and tensor parallelism run as Flush with one stage), or
 /// [`model_parallel_ops`].
 pub fn scheme_ops(scheme: Scheme, stage: usize, depth: usize, m: usize, batches: usize) -> Result<Vec<Op>, SimError> {
     let schedule = match scheme {
         Scheme::ModelParallel => return Ok(model_parallel_ops(m, batches)),
-        Scheme::DataParallel => Schedule::Flush,
+        // Data and tensor parallelism run one stage per group: Flush's order with d = 1
+        // (tensor parallelism's all-reduces are inside its forward and backward times).
+        Scheme::DataParallel | Scheme::TensorParallel => Schedule::Flush,
         s => s.schedule().unwrap_or(Schedule::Flush),
     };
     stage_ops(schedule, stage, depth, m, batches).map_err(SimError::Setup)
@@ -211,6 +229,12 @@ impl Arrivals {
         }
         *slot = (mb, at);
         Ok(())
+    }
+
+    /// When microbatch `mb` arrives, if it has been sent.
+    fn peek(&self, mb: u64) -> Option<f64> {
+        let slot = &self.slots[(mb % self.slots.len() as u64) as usize];
+        (slot.0 == mb).then_some(slot.1)
     }
 
     fn take(&mut self, mb: u64) -> Option<f64> {
@@ -241,8 +265,20 @@ struct StageState {
     version: u64,
 }
 
-/// Replays `setup` (see the module docs).
+/// Replays `setup` (see the module docs): stage by stage when every stage has its own
+/// device, under processor sharing (`simulate/shared.rs`) when the stages' threads outnumber the
+/// host's cores.
 pub fn simulate(setup: &SimSetup) -> Result<Simulation, SimError> {
+    check(setup)?;
+    let threads = setup.w * setup.stages.len();
+    match setup.shared_cores {
+        Some(cores) if cores < threads => shared::replay(setup, cores),
+        _ => replay_dedicated(setup),
+    }
+}
+
+/// Refuses setups no replay can run.
+fn check(setup: &SimSetup) -> Result<(), SimError> {
     let d = setup.stages.len();
     let (m, w) = (setup.m as usize, setup.w);
     if d == 0 || m == 0 || w == 0 || setup.batches == 0 {
@@ -254,6 +290,12 @@ pub fn simulate(setup: &SimSetup) -> Result<Simulation, SimError> {
     if setup.scheme == Scheme::DataParallel && d != 1 {
         return Err(SimError::Setup(format!("data parallelism runs one stage per worker, not {d}")));
     }
+    if setup.shared_cores == Some(0) {
+        return Err(SimError::Setup("shared_cores (the host's CPU cores) must be at least 1".into()));
+    }
+    if setup.scheme == Scheme::TensorParallel && d != 1 {
+        return Err(SimError::Setup(format!("tensor parallelism runs one stage per group of GPUs, not {d}")));
+    }
     let bad = |x: f64| !x.is_finite() || x < 0.0;
     for (s, c) in setup.stages.iter().enumerate() {
         if [c.forward_s, c.backward_s, c.recompute_s, c.optimizer_s, c.send_s, c.send_bytes, c.grad_bytes, c.tied_sync_s].into_iter().any(bad) {
@@ -263,12 +305,136 @@ pub fn simulate(setup: &SimSetup) -> Result<Simulation, SimError> {
     if setup.links.iter().chain(&setup.allreduce.links()).any(|l| l.bandwidth.is_nan() || l.bandwidth <= 0.0 || bad(l.latency_s)) {
         return Err(SimError::Setup("every link needs a positive bandwidth and a non-negative latency".into()));
     }
-    if setup.allreduce.w != w {
-        return Err(SimError::Setup(format!("the all-reduce is described for {} replicas, the setup has {w}", setup.allreduce.w)));
+    Ok(())
+}
+
+/// The replicas' all-reduce per stage and step (the tied-weight sums are apart: they run
+/// on the stream after the stages meet, [`Meetings`]).
+fn allreduce_per_stage(setup: &SimSetup) -> Vec<f64> {
+    setup.stages.iter().map(|c| setup.allreduce.seconds(c.grad_bytes, setup.w)).collect()
+}
+
+/// Where the stages tied by shared weights meet at each step: a stage's step waits until
+/// every stage of its component (the stages linked through [`SimSetup::tied_groups`])
+/// has reached the same step, then sums the tied gradients on its stream.
+struct Meetings {
+    /// Each stage's component, if it is tied to another.
+    component: Vec<Option<usize>>,
+    members: Vec<Vec<usize>>,
+    /// `arrived[s][t]`: when stage `s` reached step `t` (NaN: not yet).
+    arrived: Vec<Vec<f64>>,
+}
+
+impl Meetings {
+    fn new(setup: &SimSetup) -> Result<Meetings, SimError> {
+        let d = setup.stages.len();
+        // Union-find over the groups' stages.
+        let mut parent: Vec<usize> = (0..d).collect();
+        fn root(parent: &mut [usize], mut x: usize) -> usize {
+            while parent[x] != x {
+                parent[x] = parent[parent[x]];
+                x = parent[x];
+            }
+            x
+        }
+        let mut tied = vec![false; d];
+        for g in &setup.tied_groups {
+            if let Some(&bad) = g.iter().find(|&&x| x >= d) {
+                return Err(SimError::Setup(format!("a tied group names stage {bad} of {d}")));
+            }
+            for pair in g.windows(2) {
+                let (a, b) = (root(&mut parent, pair[0]), root(&mut parent, pair[1]));
+                parent[a] = b;
+                tied[pair[0]] = true;
+                tied[pair[1]] = true;
+            }
+        }
+        let mut component = vec![None; d];
+        let mut members: Vec<Vec<usize>> = Vec::new();
+        let mut index_of_root = vec![usize::MAX; d];
+        for s in (0..d).filter(|&s| tied[s]) {
+            let r = root(&mut parent, s);
+            if index_of_root[r] == usize::MAX {
+                index_of_root[r] = members.len();
+                members.push(Vec::new());
+            }
+            members[index_of_root[r]].push(s);
+            component[s] = Some(index_of_root[r]);
+        }
+        let arrived = (0..d).map(|s| if tied[s] { vec![f64::NAN; setup.batches] } else { Vec::new() }).collect();
+        Ok(Meetings { component, members, arrived })
     }
+
+    /// Stage `s` reaches step `t` at `at` (a later call for the same step keeps the first
+    /// time); the time all its component has arrived, or `None` while some stage has not.
+    /// A stage tied to none meets at once.
+    fn arrive(&mut self, s: usize, t: u64, at: f64) -> Option<f64> {
+        let Some(c) = self.component[s] else { return Some(at) };
+        let slot = &mut self.arrived[s][t as usize];
+        if slot.is_nan() {
+            *slot = at;
+        }
+        self.members[c].iter().map(|&x| self.arrived[x][t as usize]).try_fold(f64::NEG_INFINITY, |m, a| (!a.is_nan()).then(|| m.max(a)))
+    }
+}
+
+/// What each stage ended with, for [`report`].
+struct StageEnd {
+    busy: f64,
+    peak_in_flight: u64,
+    /// When its stream, links and all-reduce channel were last busy.
+    last: f64,
+}
+
+/// The report both engines give: steady-state rate between the ends of the first and the
+/// last batch, bubbles over the whole replay.
+fn report(setup: &SimSetup, ends: &[StageEnd], batch_end: &[f64], allreduce: &[f64], events: Vec<TraceEvent>) -> Simulation {
+    let (d, w) = (setup.stages.len(), setup.w);
+    // The replay starts at 0 (the first stage's first forward).
+    let makespan = ends.iter().map(|x| x.last).fold(0.0, f64::max);
+    let n = setup.batches;
+    let samples_per_batch = (setup.b * setup.m * w as u64) as f64;
+    let batch_s = if n >= 2 { (batch_end[n - 1] - batch_end[0]) / (n - 1) as f64 } else { batch_end[0] };
+    let samples_per_s = if batch_s > 0.0 { samples_per_batch / batch_s } else { f64::INFINITY };
+    let stages: Vec<StageReport> = ends
+        .iter()
+        .zip(&setup.stages)
+        .zip(allreduce)
+        .map(|((x, c), &ar)| StageReport {
+            busy_s: x.busy,
+            bubble_fraction: if makespan > 0.0 { (1.0 - x.busy / makespan).clamp(0.0, 1.0) } else { 0.0 },
+            peak_in_flight: x.peak_in_flight,
+            peak_memory: c.memory_one + c.memory_per_extra * x.peak_in_flight.saturating_sub(1) as f64,
+            allreduce_s: ar + c.tied_sync_s,
+        })
+        .collect();
+    let bubble_fraction = stages.iter().map(|s| s.bubble_fraction).sum::<f64>() / d as f64;
+    Simulation {
+        scheme: setup.scheme,
+        w,
+        d,
+        b: setup.b,
+        m: setup.m,
+        batches: n,
+        samples_per_s,
+        batch_s,
+        makespan_s: makespan,
+        stages,
+        bubble_fraction,
+        events,
+    }
+}
+
+/// The replay when every stage owns its device: each stage runs as far as its inputs allow,
+/// in turn, until all are done (no global clock is needed, since stages never slow each
+/// other down).
+fn replay_dedicated(setup: &SimSetup) -> Result<Simulation, SimError> {
+    let d = setup.stages.len();
+    let m = setup.m as usize;
     let two_bw = setup.scheme == Scheme::TwoBw;
     let rule = if two_bw { UpdateRule::TwoBw } else { UpdateRule::Vanilla };
-    let allreduce: Vec<f64> = setup.stages.iter().map(|c| setup.allreduce.seconds(c.grad_bytes) + c.tied_sync_s).collect();
+    let allreduce = allreduce_per_stage(setup);
+    let mut meetings = Meetings::new(setup)?;
     let mut st = Vec::with_capacity(d);
     for s in 0..d {
         st.push(StageState {
@@ -352,7 +518,9 @@ pub fn simulate(setup: &SimSetup) -> Result<Simulation, SimError> {
                         }
                         record(TraceKind::Backward, s, start, cost.backward_s, Some(i), version, i / m64);
                         let end = start + cost.backward_s;
-                        state.busy += cost.recompute_s + cost.backward_s;
+                        // Two additions, as the shared engine's two segments add them.
+                        state.busy += cost.recompute_s;
+                        state.busy += cost.backward_s;
                         state.free = end;
                         state.in_flight = state.in_flight.saturating_sub(1);
                         if s > 0 {
@@ -366,7 +534,13 @@ pub fn simulate(setup: &SimSetup) -> Result<Simulation, SimError> {
                         }
                     }
                     Op::Step(t) => {
+                        // Tied stages meet, then sum the tied gradients on the stream.
+                        let Some(met) = meetings.arrive(s, t, st[s].free) else { break };
                         let state = &mut st[s];
+                        if cost.tied_sync_s > 0.0 {
+                            record(TraceKind::AllReduce, s, met, cost.tied_sync_s, None, t + 1, t);
+                        }
+                        state.free = met + cost.tied_sync_s;
                         let ar = allreduce[s];
                         if two_bw && ar > 0.0 {
                             let start = state.free.max(state.net_free);
@@ -410,39 +584,11 @@ pub fn simulate(setup: &SimSetup) -> Result<Simulation, SimError> {
             state.busy += cost.optimizer_s;
         }
     }
-    // The replay starts at 0 (the first stage's first forward).
-    let makespan = st.iter().map(|x| x.free.max(x.fwd_link_free).max(x.bwd_link_free).max(x.net_free)).fold(0.0, f64::max);
-    let n = setup.batches;
-    let samples_per_batch = (setup.b * setup.m * w as u64) as f64;
-    let batch_s = if n >= 2 { (batch_end[n - 1] - batch_end[0]) / (n - 1) as f64 } else { batch_end[0] };
-    let samples_per_s = if batch_s > 0.0 { samples_per_batch / batch_s } else { f64::INFINITY };
-    let stages: Vec<StageReport> = st
+    let ends: Vec<StageEnd> = st
         .iter()
-        .zip(&setup.stages)
-        .zip(&allreduce)
-        .map(|((x, c), &ar)| StageReport {
-            busy_s: x.busy,
-            bubble_fraction: if makespan > 0.0 { (1.0 - x.busy / makespan).clamp(0.0, 1.0) } else { 0.0 },
-            peak_in_flight: x.peak_in_flight,
-            peak_memory: c.memory_one + c.memory_per_extra * x.peak_in_flight.saturating_sub(1) as f64,
-            allreduce_s: ar,
-        })
+        .map(|x| StageEnd { busy: x.busy, peak_in_flight: x.peak_in_flight, last: x.free.max(x.fwd_link_free).max(x.bwd_link_free).max(x.net_free) })
         .collect();
-    let bubble_fraction = stages.iter().map(|s| s.bubble_fraction).sum::<f64>() / d as f64;
-    Ok(Simulation {
-        scheme: setup.scheme,
-        w,
-        d,
-        b: setup.b,
-        m: setup.m,
-        batches: n,
-        samples_per_s,
-        batch_s,
-        makespan_s: makespan,
-        stages,
-        bubble_fraction,
-        events,
-    })
+    Ok(report(setup, &ends, &batch_end, &allreduce, events))
 }
 
 impl StageCost {
@@ -462,7 +608,7 @@ mod tests {
 
     fn setup(scheme: Scheme, d: usize, m: u64, batches: usize) -> SimSetup {
         let link = Link { bandwidth: 1e9, latency_s: 0.0 };
-        SimSetup { scheme, w: 1, b: 1, m, batches, stages: equal(d, 1.0, 2.0), links: vec![link; d - 1], allreduce: AllReduce::ring(1, link), record: true }
+        SimSetup { scheme, w: 1, b: 1, m, batches, stages: equal(d, 1.0, 2.0), links: vec![link; d - 1], allreduce: AllReduce::ring(link), record: true, shared_cores: None, tied_groups: Vec::new() }
     }
 
     /// Per stage, the compute operations of the trace in time order.
@@ -568,7 +714,6 @@ mod tests {
         assert_eq!(allreduce_seconds(1e9, 4, Link { bandwidth: 1e9, latency_s: 0.0 }), 1.5);
         let mut s = setup(Scheme::Flush, 1, 2, 2);
         s.w = 4;
-        s.allreduce.w = 4;
         s.stages[0].grad_bytes = 1e9;
         let sim = simulate(&s).unwrap();
         assert!((sim.batch_s - (2.0 * 3.0 + 1.5)).abs() < 1e-9, "{}", sim.batch_s);
@@ -583,15 +728,241 @@ mod tests {
         for (bytes, lo, hi) in [(4e9, 12.0, 12.0), (40e9 / 3.0, 20.0, 24.0)] {
             let mut s = setup(Scheme::TwoBw, 2, 4, 8);
             s.w = 4;
-            s.allreduce.w = 4;
             s.stages.iter_mut().for_each(|c| c.grad_bytes = bytes);
             let sim = simulate(&s).unwrap();
             assert!(sim.batch_s >= lo - 1e-6 && sim.batch_s <= hi + 1e-6, "{bytes}: {}", sim.batch_s);
             let flush = simulate(&SimSetup { scheme: Scheme::Flush, ..s.clone() }).unwrap();
-            let ar = s.allreduce.seconds(bytes);
+            let ar = s.allreduce.seconds(bytes, 4);
             assert_eq!(ar, allreduce_seconds(bytes, 4, s.allreduce.intra));
             assert!((flush.batch_s - (15.0 + ar)).abs() < 1e-6, "{}", flush.batch_s);
             assert!(flush.batch_s > sim.batch_s);
+        }
+    }
+
+    /// `sim` with its events in a canonical order (the engines record in different orders).
+    fn canonical(mut sim: Simulation) -> Simulation {
+        sim.events.sort_by(|a, b| a.stage.cmp(&b.stage).then(a.start_us.total_cmp(&b.start_us)).then(a.kind.name().cmp(b.kind.name())).then(a.microbatch.cmp(&b.microbatch)));
+        sim
+    }
+
+    /// Setups that exercise every timing rule: each scheme, transfers, hand-offs,
+    /// recomputation, optimizer time, unequal stages, all-reduces (2BW's asynchronous one).
+    fn varied_setups() -> Vec<SimSetup> {
+        let mut out = Vec::new();
+        for scheme in Scheme::ALL.iter().copied() {
+            let shapes: &[(usize, u64)] = if matches!(scheme, Scheme::DataParallel | Scheme::TensorParallel) { &[(1, 2), (1, 5)] } else { &[(2, 2), (3, 4), (4, 4), (4, 6), (5, 8)] };
+            for &(d, m) in shapes {
+                for (variant, w) in [(0, 1), (1, 1), (2, 4)] {
+                    let mut s = setup(scheme, d, m, 4);
+                    s.w = w;
+                    if variant > 0 {
+                        for (k, c) in s.stages.iter_mut().enumerate() {
+                            c.forward_s = 0.7 + 0.3 * k as f64;
+                            c.backward_s = 1.9 - 0.2 * k as f64;
+                            c.recompute_s = if k % 2 == 0 { 0.4 } else { 0.0 };
+                            c.optimizer_s = 0.25;
+                            c.send_s = 0.1;
+                            c.send_bytes = 3e8;
+                            c.grad_bytes = 2e9;
+                        }
+                        s.links.iter_mut().for_each(|l| l.latency_s = 0.01);
+                    }
+                    if variant == 2 && d >= 3 {
+                        // The first and last stages tied (an embedding), and a weight all
+                        // of the middle ones read, linked to them through stage 1.
+                        s.tied_groups = vec![vec![0, d - 1], (1..d - 1).collect()];
+                        s.tied_groups[1].push(0);
+                        for (k, c) in s.stages.iter_mut().enumerate() {
+                            c.tied_sync_s = 0.05 * (k + 1) as f64;
+                        }
+                    }
+                    out.push(s);
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn tied_stages_meet_at_every_step() {
+        for scheme in [Scheme::TwoBw, Scheme::Flush, Scheme::GPipe] {
+            let (d, m) = (4usize, 4u64);
+            let untied = setup(scheme, d, m, 6);
+            let mut tied = untied.clone();
+            tied.tied_groups = vec![vec![0, d - 1]];
+            let (a, b) = (simulate(&untied).unwrap(), simulate(&tied).unwrap());
+            if scheme == Scheme::TwoBw {
+                // The last stage would run ahead into the next batch; waiting at each step
+                // for the first stage's last backward costs 2BW its steady state.
+                assert!(b.batch_s > a.batch_s + 1e-9, "{} vs {}", b.batch_s, a.batch_s);
+            } else {
+                // A flush already holds the last stage until the first has updated.
+                assert_eq!(b.samples_per_s, a.samples_per_s, "{scheme}");
+            }
+            // With a sum of 0.5 s, both tied stages start it at the same instant: when the
+            // later one finished its last backward of the batch (stage 2, tied to none,
+            // sums on its own).
+            let mut timed = tied.clone();
+            timed.stages.iter_mut().for_each(|c| c.tied_sync_s = 0.5);
+            timed.stages[1].tied_sync_s = 0.0;
+            let sim = simulate(&timed).unwrap();
+            for t in 0..6u64 {
+                let sums: Vec<&TraceEvent> = sim.events.iter().filter(|e| e.kind == TraceKind::AllReduce && e.step == t).collect();
+                assert_eq!(sums.len(), 3, "{scheme} step {t}: {sums:?}");
+                let last_backward = |s: usize| sim.events.iter().filter(|e| e.stage == s && e.kind == TraceKind::Backward && e.step == t).map(|e| e.start_us + e.dur_us).fold(0.0, f64::max);
+                let meet = last_backward(0).max(last_backward(d - 1));
+                for e in sums.iter().filter(|e| e.stage == 0 || e.stage == d - 1) {
+                    assert!((e.start_us - meet).abs() < 1e-6 && (e.dur_us - 0.5e6).abs() < 1e-6, "{scheme} step {t}: {e:?} against {meet}");
+                }
+            }
+        }
+        let mut bad = setup(Scheme::Flush, 2, 2, 1);
+        bad.tied_groups = vec![vec![0, 2]];
+        assert_eq!(simulate(&bad).unwrap_err(), SimError::Setup("a tied group names stage 2 of 2".into()));
+    }
+
+    #[test]
+    fn shared_engine_equals_the_dedicated_one_when_the_cores_suffice() {
+        // With as many cores as threads every rate is 1: the event loop must give the
+        // stage-by-stage engine's replay exactly (same floating-point operations), events
+        // included.
+        for s in varied_setups() {
+            let threads = s.w * s.stages.len();
+            let dedicated = canonical(replay_dedicated(&s).unwrap());
+            let shared = canonical(shared::replay(&s, threads).unwrap());
+            assert_eq!(shared, dedicated, "{} d={} m={} w={}", s.scheme, s.stages.len(), s.m, s.w);
+            // And `simulate` with enough cores is today's replay.
+            for cores in [threads, threads + 3] {
+                let sim = simulate(&SimSetup { shared_cores: Some(cores), ..s.clone() }).unwrap();
+                assert_eq!(canonical(sim), dedicated);
+            }
+        }
+    }
+
+    #[test]
+    fn every_stage_runs_the_runtimes_order_under_sharing() {
+        for schedule in Schedule::ALL.iter().copied() {
+            for (d, m) in [(2, 2), (3, 4), (4, 4), (4, 6)] {
+                for cores in [1, 2, 3] {
+                    let mut s = setup(schedule.into(), d, m, 3);
+                    s.shared_cores = Some(cores);
+                    let sim = simulate(&s).unwrap();
+                    for st in 0..d {
+                        assert_eq!(order(&sim, st), stage_ops(schedule, st, d, m as usize, 3).unwrap(), "{schedule} d={d} m={m} cores={cores} stage {st}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn one_core_serialises_all_the_work() {
+        // Two stages on one core: some stage always has work (links are free), and the one
+        // core does all of it, so a batch takes the total work, d m (f + b), whatever the
+        // schedule does in between. (These schemes flush: no work of batch t + 1 starts
+        // before batch t's update, so each batch is its own work.)
+        for scheme in [Scheme::Flush, Scheme::GPipe, Scheme::ModelParallel] {
+            for m in [2u64, 4, 6] {
+                let mut s = setup(scheme, 2, m, 3);
+                s.shared_cores = Some(1);
+                let sim = simulate(&s).unwrap();
+                let total = 2.0 * m as f64 * 3.0;
+                assert!((sim.batch_s - total).abs() < 1e-9, "{scheme} m={m}: batch {} != {total}", sim.batch_s);
+                assert!((sim.makespan_s - 3.0 * total).abs() < 1e-9, "{scheme} m={m}: makespan {}", sim.makespan_s);
+                // The dedicated replay overlaps the stages and is faster; without
+                // pipelining one stage works at a time, and sharing costs nothing.
+                s.shared_cores = None;
+                let dedicated = simulate(&s).unwrap().makespan_s;
+                if scheme == Scheme::ModelParallel {
+                    assert_eq!(dedicated, sim.makespan_s);
+                } else {
+                    assert!(dedicated < sim.makespan_s - 1.0, "{scheme} m={m}: {dedicated}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn sharing_a_core_doubles_an_operation() {
+        // Flush, 2 stages on 1 core, f = 1, b = 2: stage 0's F0 runs alone [0, 1]; then its
+        // F1 and stage 1's F0 share the core, each at half speed, so both take 2 s: [1, 3].
+        let mut s = setup(Scheme::Flush, 2, 2, 1);
+        s.shared_cores = Some(1);
+        let sim = simulate(&s).unwrap();
+        let find = |stage: usize, kind: TraceKind, mb: u64| sim.events.iter().find(|e| e.stage == stage && e.kind == kind && e.microbatch == Some(mb)).map(|e| (e.start_us / 1e6, e.dur_us / 1e6));
+        assert_eq!(find(0, TraceKind::Forward, 0), Some((0.0, 1.0)));
+        assert_eq!(find(1, TraceKind::Forward, 0), Some((1.0, 2.0)));
+        assert_eq!(find(0, TraceKind::Forward, 1), Some((1.0, 2.0)));
+        // Busy time is the stretched time on the clock, as a real trace records it.
+        let busy: f64 = sim.events.iter().filter(|e| e.stage == 1 && matches!(e.kind, TraceKind::Forward | TraceKind::Backward)).map(|e| e.dur_us / 1e6).sum();
+        assert!((sim.stages[1].busy_s - busy).abs() < 1e-9);
+        // Each replica is a thread: two replicas of the same pipeline on two cores share
+        // them as one replica on one core does.
+        let mut wide = s.clone();
+        wide.w = 2;
+        wide.shared_cores = Some(2);
+        let wide = simulate(&wide).unwrap();
+        assert!((wide.makespan_s - sim.makespan_s).abs() < 1e-12, "{} != {}", wide.makespan_s, sim.makespan_s);
+        assert!((wide.samples_per_s - 2.0 * sim.samples_per_s).abs() < 1e-9);
+    }
+
+    #[test]
+    fn four_stages_on_two_cores_run_at_the_cores_rate() {
+        // 2BW keeps all four stages busy in its steady state, so the two cores are always
+        // both working: a microbatch's total work d (f + b) = 12 s is done at 2 s of work
+        // per second, 6 s per microbatch, twice the dedicated replay's 3 s. (The last
+        // batch drains the pipeline with fewer stages competing, so it is shorter; the
+        // steady state is read between the updates before it.)
+        for m in [4u64, 8] {
+            let mut s = setup(Scheme::TwoBw, 4, m, 8);
+            s.shared_cores = Some(2);
+            let sim = simulate(&s).unwrap();
+            for st in 0..4 {
+                let ends: Vec<f64> = sim.events.iter().filter(|e| e.stage == st && e.kind == TraceKind::Optimizer).map(|e| (e.start_us + e.dur_us) / 1e6).collect();
+                assert_eq!(ends.len(), 8);
+                for pair in ends[..7].windows(2) {
+                    assert!((pair[1] - pair[0] - m as f64 * 6.0).abs() < 1e-6, "m={m} stage {st}: updates at {ends:?}");
+                }
+            }
+            assert!(sim.batch_s < m as f64 * 6.0 && sim.batch_s > m as f64 * 5.0, "m={m}: batch {}", sim.batch_s);
+            s.shared_cores = None;
+            assert!((simulate(&s).unwrap().batch_s - m as f64 * 3.0).abs() < 1e-9);
+        }
+    }
+
+    #[test]
+    fn a_shared_trace_converts_back_to_its_work() {
+        // Replay unequal stages on fewer cores than stages, then read the replay's trace as
+        // a real run's: converting each duration back to full-speed work gives each
+        // operation's cost exactly, while the raw durations are stretched.
+        for (d, cores, w) in [(2usize, 1usize, 1usize), (4, 2, 1), (4, 3, 1), (3, 2, 2)] {
+            let mut s = setup(Scheme::TwoBw, d, 4, 3);
+            s.w = w;
+            for (k, c) in s.stages.iter_mut().enumerate() {
+                c.forward_s = 1.0 + 0.5 * k as f64;
+                c.backward_s = 2.5 - 0.25 * k as f64;
+                c.optimizer_s = 0.3;
+            }
+            s.shared_cores = Some(cores);
+            let sim = simulate(&s).unwrap();
+            let work = dedicated_durations(&sim.events, cores, w);
+            let mut stretched = 0;
+            for (e, &t) in sim.events.iter().zip(&work) {
+                let c = &s.stages[e.stage];
+                let expect = match e.kind {
+                    TraceKind::Forward => c.forward_s,
+                    TraceKind::Backward => c.backward_s,
+                    TraceKind::Optimizer => c.optimizer_s,
+                    _ => e.dur_us / 1e6,
+                };
+                assert!((t - expect).abs() < 1e-9, "d={d} cores={cores} w={w}: {e:?} -> {t} != {expect}");
+                stretched += usize::from(e.dur_us / 1e6 > expect + 1e-9);
+            }
+            assert!(stretched > 0, "d={d} cores={cores}: nothing was shared");
+            // With enough cores nothing changes.
+            let plain: Vec<f64> = sim.events.iter().map(|e| e.dur_us / 1e6).collect();
+            let wide = dedicated_durations(&sim.events, 64, 1);
+            assert!(plain.iter().zip(&wide).all(|(a, b)| (a - b).abs() < 1e-12));
         }
     }
 
@@ -603,10 +974,9 @@ mod tests {
         s.links.pop();
         assert_eq!(simulate(&s).unwrap_err(), SimError::Setup("4 stages need 3 links, got 2".into()));
         let mut s = setup(Scheme::Flush, 2, 2, 1);
-        s.w = 2;
-        assert_eq!(simulate(&s).unwrap_err(), SimError::Setup("the all-reduce is described for 1 replicas, the setup has 2".into()));
-        s.w = 1;
         s.stages[1].forward_s = f64::NAN;
         assert!(simulate(&s).unwrap_err().to_string().contains("stage 1: times and sizes must be finite"));
+        let s = SimSetup { shared_cores: Some(0), ..setup(Scheme::Flush, 2, 2, 1) };
+        assert_eq!(simulate(&s).unwrap_err(), SimError::Setup("shared_cores (the host's CPU cores) must be at least 1".into()));
     }
 }

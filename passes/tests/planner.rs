@@ -393,6 +393,66 @@ fn baselines_and_profile() {
     }
 }
 
+/// A profile's whole pass sets the total the nodes' times add up to, and its measured
+/// weight updates become the stages' optimizer time, each weight counted at the node that
+/// reads it first (a weight read twice is updated once).
+#[test]
+fn a_profiles_whole_pass_and_weight_updates_drive_the_stage_costs() {
+    let mut g = Graph::new(ModelMeta::default());
+    let x = input(&mut g, 8);
+    let (w1, w2) = (weight(&mut g, "w1", &[8, 8]), weight(&mut g, "w2", &[8, 8]));
+    let (_, a) = matmul(&mut g, "mm0", x, w1, 8);
+    let (_, b) = matmul(&mut g, "mm1", a, w2, 8);
+    let (_, c) = matmul(&mut g, "mm2", b, w1, 8);
+    g.set_outputs(vec![c]);
+    let json = r#"{"model": "m", "device": "test", "batches": [1, 2],
+        "nodes": [{"name": "mm0", "op": "MatMul", "fwd_ms": [1, 2], "bwd_ms": [2, 4]},
+                  {"name": "mm1", "op": "MatMul", "fwd_ms": [1, 2], "bwd_ms": [2, 4]},
+                  {"name": "mm2", "op": "MatMul", "fwd_ms": [1, 2], "bwd_ms": [2, 4]}],
+        "whole": [{"batch": 1, "fwd_ms": 6, "bwd_ms": 3}, {"batch": 2, "fwd_ms": 12, "bwd_ms": 6}],
+        "updates": [{"name": "w1", "sgd_ms": 1, "momentum_ms": 2, "adam_ms": 5},
+                    {"name": "w2", "sgd_ms": 3, "momentum_ms": 4, "adam_ms": 7}]}"#;
+    let profile = Profile::from_json(json).unwrap();
+    let mut c = CostModel::new(&g, Roofline::default()).unwrap();
+    let report = c.apply_profile(&g, &profile).unwrap();
+    assert_eq!((report.measured, report.updates_measured), (3, 2));
+    // Forward: the nodes add up to 3 ms at batch 1, the whole pass took 6: each node 2 ms.
+    // Backward: 6 ms of nodes against a whole pass of 3: each node 1 ms.
+    for &n in &c.topo {
+        let (f, b) = c.time(n, 1);
+        assert!((f - 2e-3).abs() < 1e-12 && (b - 1e-3).abs() < 1e-12, "{f} {b}");
+    }
+    let by_name = |name: &str| c.topo.iter().copied().find(|&n| g.node(n).name == name).unwrap();
+    use pipewright_core::Optimizer;
+    assert_eq!(c.update_time(by_name("mm0"), Optimizer::Sgd, false), Some(1e-3));
+    assert_eq!(c.update_time(by_name("mm1"), Optimizer::Adam, false), Some(7e-3));
+    assert_eq!(c.update_time(by_name("mm2"), Optimizer::Sgd, true), Some(0.0));
+    // Three stages, one node each: the optimizer times are the measured updates.
+    let cl = small_cluster();
+    for (optimizer, momentum, expect) in [(Optimizer::Sgd, false, [1e-3, 3e-3]), (Optimizer::Sgd, true, [2e-3, 4e-3]), (Optimizer::Adam, false, [5e-3, 7e-3])] {
+        let opts = PlanOptions { stages: Some(3), microbatch: Some(1), optimizer, momentum, ..PlanOptions::default() };
+        let p = plan(&g, &c, &cl, &opts).unwrap();
+        let mut ctx = PlanContext::new(&g, &c, &cl).unwrap();
+        let stages = ctx.stage_costs(&p.chosen, &opts);
+        let per_byte = (expect[0] + expect[1]) / (2.0 * 8.0 * 8.0 * 4.0);
+        // The last stage updates its copy of the tied w1 at the measured rate per byte.
+        let want = [expect[0], expect[1], 8.0 * 8.0 * 4.0 * per_byte];
+        for (s, w) in stages.iter().zip(want) {
+            assert!((s.optimizer_s - w).abs() < 1e-12, "{optimizer} momentum {momentum}: {} != {w}", s.optimizer_s);
+        }
+    }
+    // Without updates in the profile, the update is costed from the memory bandwidth.
+    let mut bare = profile.clone();
+    bare.updates.clear();
+    let mut c2 = CostModel::new(&g, Roofline::default()).unwrap();
+    c2.apply_profile(&g, &bare).unwrap();
+    assert_eq!(c2.update_time(by_name("mm0"), Optimizer::Sgd, false), None);
+    let bad = json.replace(r#""sgd_ms": 1,"#, r#""sgd_ms": -1,"#);
+    assert!(Profile::from_json(&bad).unwrap_err().to_string().contains("update of weight \"w1\""));
+    let bad = json.replace(r#"{"batch": 2, "fwd_ms": 12"#, r#"{"batch": 3, "fwd_ms": 12"#);
+    assert!(Profile::from_json(&bad).unwrap_err().to_string().contains("`whole` at batch 3"));
+}
+
 fn corpus(name: &str) -> PathBuf {
     let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/corpus/models").join(name);
     assert!(p.is_file(), "the shared corpus is missing: expected {}", p.display());
@@ -552,7 +612,7 @@ fn the_plan_chooses_by_the_replay_where_the_closed_form_disagrees() {
     let cl = Cluster { workers: 4, workers_per_node: 4, intra_bw: 1e11, inter_bw: 1e7, server_bw: Some(1e7), peak_flops: 1e12, mem_bw: 1e11, ..Cluster::default() };
     let c = CostModel::new(&g, cl.roofline()).unwrap();
     let opts = PlanOptions { global_batch: 64, ..PlanOptions::default() };
-    let p = plan_on(&g, &c, &cl, Latencies::NONE, &opts).unwrap();
+    let p = plan_on(&g, &c, &cl, Latencies::NONE, None, &opts).unwrap();
     let closed_best = p.candidates.iter().max_by(|a, b| a.samples_per_s.total_cmp(&b.samples_per_s)).unwrap();
     assert_eq!((closed_best.w, closed_best.d), (4, 1));
     assert_eq!((p.chosen.w, p.chosen.d), (1, 4));
@@ -578,17 +638,17 @@ fn the_planner_and_the_replay_time_the_same_allreduce() {
     let cl = Cluster { workers: 16, workers_per_node: 8, intra_bw: 1e11, inter_bw: 1e9, server_bw: Some(1e9), peak_flops: 1e12, mem_bw: 1e12, ..Cluster::default() };
     let c = CostModel::new(&g, cl.roofline()).unwrap();
     let opts = PlanOptions { global_batch: 64, stages: Some(1), microbatch: Some(4), schedules: vec![Schedule::Flush], recompute: Some(pipewright_core::Recompute::None), top: 16, ..PlanOptions::default() };
-    let p = plan_on(&g, &c, &cl, Latencies::NONE, &opts).unwrap();
+    let p = plan_on(&g, &c, &cl, Latencies::NONE, None, &opts).unwrap();
     let mut ctx = PlanContext::new(&g, &c, &cl).unwrap();
     let mut widths = Vec::new();
     for cand in &p.candidates {
         let stages = ctx.stage_costs(cand, &opts);
         let allreduce = cl.allreduce(cand.w, 1, Latencies::NONE);
-        let setup = SimSetup { scheme: Scheme::Flush, w: cand.w, b: cand.b, m: cand.m, batches: 4, stages: stages.clone(), links: vec![], allreduce, record: false };
+        let setup = SimSetup { scheme: Scheme::Flush, w: cand.w, b: cand.b, m: cand.m, batches: 4, stages: stages.clone(), links: vec![], allreduce, record: false, shared_cores: None, tied_groups: Vec::new() };
         let sim = simulate(&setup).unwrap();
         let closed_batch = (cand.b * cand.m * cand.w as u64) as f64 / cand.samples_per_s;
         let compute = cand.m as f64 * (stages[0].forward_s + stages[0].backward_s);
-        let ar = allreduce.seconds(stages[0].grad_bytes);
+        let ar = allreduce.seconds(stages[0].grad_bytes, cand.w);
         assert!((closed_batch - (compute + ar)).abs() <= 1e-9 * closed_batch, "w = {}: {closed_batch} != {compute} + {ar}", cand.w);
         assert!((sim.batch_s - stages[0].optimizer_s - closed_batch).abs() <= 1e-9 * closed_batch, "w = {}: replay {} - {} != {closed_batch}", cand.w, sim.batch_s, stages[0].optimizer_s);
         assert_eq!(sim.stages[0].allreduce_s, ar);

@@ -21,7 +21,7 @@ use pipewright_core::{Loss, NonFinite, Schedule};
 use tch::Tensor;
 
 pub use crate::exec::Mode;
-pub use optim::{LrSchedule, OptimizerConfig};
+pub use optim::{update_ms, LrSchedule, OptimizerConfig};
 pub use precision::{compute_kind, LossScaler, Precision};
 pub use schedule::{stage_ops, stage_ops_from, Op};
 pub use checkpoint::{decode_checkpoint, decode_stage, read_checkpoint, step_dir_name, write_checkpoint, Checkpoint, CheckpointError, StageState};

@@ -1,7 +1,7 @@
 //! Optimizers on plain tensors (no autograd) and learning-rate schedules.
 
 use pipewright_core::{Decay, Optimizer};
-use tch::Tensor;
+use tch::{Kind, Tensor};
 
 use super::transport::Named;
 
@@ -147,6 +147,43 @@ impl OptState {
             }
         }
     }
+}
+
+/// Whether every element of `ts` is finite (one reduction per tensor, one read back).
+pub(crate) fn all_finite(ts: &[Tensor]) -> Result<bool, tch::TchError> {
+    if ts.is_empty() {
+        return Ok(true);
+    }
+    tch::no_grad(|| {
+        let sums = ts.iter().map(|t| t.f_sum(Kind::Double)).collect::<Result<Vec<_>, _>>()?;
+        Ok(Tensor::f_stack(&sums, 0)?.f_sum(Kind::Double)?.f_double_value(&[])?.is_finite())
+    })
+}
+
+/// Milliseconds one weight's update takes as a stage's step applies it: the accumulated
+/// gradient divided by the `m` microbatches in place, `opt`'s new weights (with its state
+/// warm: timed from the second step on) and the finiteness check of the result; the
+/// median of `reps` updates. For `pipewright profile`, which records it per weight.
+pub fn update_ms(opt: OptimizerConfig, weight: &Tensor, m: usize, reps: usize) -> Result<f64, tch::TchError> {
+    let mut state = OptState::new(opt, 1);
+    let mut w = weight.detach().copy();
+    let mut times = Vec::with_capacity(reps.max(1));
+    for rep in 0..reps.max(1) + 1 {
+        // A fresh gradient each time, as each step has its own accumulator.
+        let mut g = w.f_randn_like()?.f_mul_scalar(1e-3)?;
+        let start = std::time::Instant::now();
+        if m > 1 {
+            tch::no_grad(|| g.f_div_scalar_(m as f64).map(|_| ()))?;
+        }
+        let new = state.step(std::slice::from_ref(&w), std::slice::from_ref(&g), 1e-4);
+        all_finite(&new)?;
+        if rep > 0 {
+            times.push(start.elapsed().as_secs_f64() * 1e3);
+        }
+        w = new.into_iter().next().unwrap_or(w);
+    }
+    times.sort_by(f64::total_cmp);
+    Ok(times[times.len() / 2])
 }
 
 impl OptState {

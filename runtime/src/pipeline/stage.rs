@@ -668,6 +668,14 @@ impl Worker {
         let t0 = rec.start();
         let grads = st.acc.take().ok_or_else(|| E::Msg(format!("step {t} without gradients")))?;
         let grads = self.reduce_gradients(grads, m, ctx.replicas, tr)?;
+        // The sums over tied stages and replicas (with the wait for the others) are traced
+        // apart from the update, so that a trace shows the one and the other.
+        let t0 = if !self.tied_groups.is_empty() || ctx.replicas > 1 {
+            rec.record(TraceKind::AllReduce, t0, None, t + 1, t);
+            rec.start()
+        } else {
+            t0
+        };
         let skip_policy = cfg.on_nonfinite == NonFinite::Skip;
         let (grads, apply) = self.unscale(grads, std::mem::take(&mut st.batch_nonfinite), skip_policy, tr)?;
         if skip_policy {
@@ -694,7 +702,7 @@ impl Worker {
         // A NaN or infinite gradient (overflow at a high rate) makes the new weights
         // non-finite while the loss of this batch still reads finite; stop here, before
         // the version is used, checkpointed or returned to be saved.
-        if apply && !all_finite(&new).map_err(torch("checking the new weights"))? {
+        if apply && !super::optim::all_finite(&new).map_err(torch("checking the new weights"))? {
             return Err(E::Err(PipelineError::NonFiniteWeights { step: t as usize + 1, stage: self.spec.index }));
         }
         st.versions.insert(t + 1, new);
@@ -842,15 +850,6 @@ impl Worker {
 /// Whether every element of `ts` is finite: one reduction per tensor and a single read
 /// (a NaN or infinity anywhere makes the double-precision sum non-finite; finite f32
 /// values cannot overflow it).
-fn all_finite(ts: &[Tensor]) -> Result<bool, tch::TchError> {
-    if ts.is_empty() {
-        return Ok(true);
-    }
-    tch::no_grad(|| {
-        let sums = ts.iter().map(|t| t.f_sum(Kind::Double)).collect::<Result<Vec<_>, _>>()?;
-        Ok(Tensor::f_stack(&sums, 0)?.f_sum(Kind::Double)?.f_double_value(&[])?.is_finite())
-    })
-}
 
 fn tied_groups(sync: &[Vec<u32>], names: &[String], stage: u32) -> Vec<(Vec<u32>, Vec<usize>)> {
     let mut groups: BTreeMap<Vec<u32>, Vec<usize>> = BTreeMap::new();

@@ -1,0 +1,415 @@
+//! The replay when the stages are threads sharing a host's CPU cores (processor sharing).
+//!
+//! On a CPU host, the runtime's embedded executor runs one compute thread per stage (and
+//! replica), and the operating system shares the host's `C` cores among the runnable ones.
+//! So a stage's work does not take its dedicated-device time: at every instant, the `n`
+//! stages that have work on their stream (forward, recompute, backward, optimizer, the
+//! send hand-off `send_s`) each progress at rate `min(1, C / (w n))`, each of them
+//! standing for its `w` identical replicas' threads. A stage that waits (for an input,
+//! an all-reduce, the update's all-reduce) takes no core. Link transfers and all-reduces
+//! are the network's and take none either.
+//!
+//! Rates change whenever a stage starts or stops working, so the stages cannot be
+//! replayed one after the other as [`super::replay_dedicated`] does; this is a
+//! time-ordered event loop instead. The next event is the earliest of: a work segment
+//! ending at the current rates, an input a waiting stage needs arriving, an all-reduce a
+//! waiting stage needs ending. Each operation is expanded, when its stage reaches it, into
+//! the [`Step`]s the dedicated engine runs for it in the same order (the 2BW updates a
+//! forward needs first, the input, the work, the hand-off, the link), so the semantics
+//! are the module's timing rules; with no more threads than cores every rate is 1 and
+//! the result is the dedicated engine's, bit for bit (tested in `super::tests`).
+
+use std::collections::VecDeque;
+
+use pipewright_core::schedule::Op;
+use pipewright_core::timeline::{TraceEvent, TraceKind};
+use pipewright_core::{Scheme, UpdateRule};
+
+use super::{allreduce_per_stage, report, scheme_ops, Arrivals, Meetings, SimError, SimSetup, Simulation, StageEnd};
+
+/// Work on a stage's stream.
+#[derive(Clone, Copy, Debug)]
+struct Work {
+    /// `Send` is the hand-off, recorded with its link transfer by [`Step::Link`].
+    kind: TraceKind,
+    seconds: f64,
+    mb: Option<u64>,
+    version: u64,
+    step: u64,
+    /// The optimizer of a Flush/GPipe step ends its batch.
+    ends_batch: bool,
+}
+
+/// One piece of an operation, run in order on its stage.
+#[derive(Clone, Copy, Debug)]
+enum Step {
+    /// Wait for microbatch `mb`'s activation (`grad` false) or gradient.
+    Input { grad: bool, mb: u64 },
+    /// Wait, taking no core, until then (an all-reduce).
+    Until(f64),
+    /// Meet the stages tied to this one at step `t`, then sum the tied gradients for
+    /// `sync` seconds (taking no core).
+    Meet { t: u64, sync: f64 },
+    /// The rest of step `t` from when the stages have met: the replicas' all-reduce and
+    /// the update.
+    Update { t: u64 },
+    Work(Work),
+    /// Put microbatch `mb`'s message on the link to the next stage (`grad` false) or the
+    /// previous one, once the hand-off is done.
+    Link { grad: bool, mb: u64, version: u64 },
+}
+
+/// The work a stage is doing: it ends at `anchor + left / rate` unless the rate changes.
+struct Running {
+    work: Work,
+    start: f64,
+    /// When `left` seconds of dedicated work remained.
+    anchor: f64,
+    left: f64,
+    rate: f64,
+    /// Whether it ever ran below full speed: its duration is then measured on the clock,
+    /// otherwise it is exactly `work.seconds` (so that unshared replays equal the
+    /// dedicated engine's to the bit).
+    slowed: bool,
+}
+
+impl Running {
+    fn end(&self) -> f64 {
+        self.anchor + self.left / self.rate
+    }
+}
+
+struct Stage {
+    ops: Vec<Op>,
+    pc: usize,
+    steps: VecDeque<Step>,
+    running: Option<Running>,
+    /// When its last work ended.
+    free: f64,
+    busy: f64,
+    in_flight: u64,
+    peak_in_flight: u64,
+    fwd_link_free: f64,
+    bwd_link_free: f64,
+    net_free: f64,
+    /// 2BW's updates waiting for their version's turn: (step, all-reduce done).
+    pending: Vec<(u64, f64)>,
+    version: u64,
+    /// When the hand-off of the message being sent began (the send's trace event starts
+    /// there).
+    handoff_start: f64,
+}
+
+impl Stage {
+    fn done(&self) -> bool {
+        self.running.is_none() && self.steps.is_empty() && self.pc == self.ops.len() && self.pending.is_empty()
+    }
+}
+
+/// Replays `setup` (already checked) with its `w * d` threads on `cores` cores.
+pub(super) fn replay(setup: &SimSetup, cores: usize) -> Result<Simulation, SimError> {
+    let d = setup.stages.len();
+    let m = setup.m as usize;
+    let m64 = setup.m;
+    let two_bw = setup.scheme == Scheme::TwoBw;
+    let rule = if two_bw { UpdateRule::TwoBw } else { UpdateRule::Vanilla };
+    let allreduce = allreduce_per_stage(setup);
+    let mut meetings = Meetings::new(setup)?;
+    let mut st = Vec::with_capacity(d);
+    for s in 0..d {
+        st.push(Stage {
+            ops: scheme_ops(setup.scheme, s, d, m, setup.batches)?,
+            pc: 0,
+            steps: VecDeque::new(),
+            running: None,
+            free: 0.0,
+            busy: 0.0,
+            in_flight: 0,
+            peak_in_flight: 0,
+            fwd_link_free: 0.0,
+            bwd_link_free: 0.0,
+            net_free: 0.0,
+            pending: Vec::new(),
+            version: 0,
+            handoff_start: 0.0,
+        });
+    }
+    let window = 2 * m + 2 * d + 2;
+    let mut acts: Vec<Arrivals> = (0..d).map(|_| Arrivals::new(window)).collect();
+    let mut grads: Vec<Arrivals> = (0..d).map(|_| Arrivals::new(window)).collect();
+    let mut batch_end = vec![0.0f64; setup.batches];
+    let mut events = Vec::new();
+    let mut record = |kind: TraceKind, stage: usize, start: f64, dur: f64, mb: Option<u64>, version: u64, step: u64| {
+        if setup.record {
+            events.push(TraceEvent { kind, stage, start_us: start * 1e6, dur_us: dur * 1e6, microbatch: mb, version, step });
+        }
+    };
+    // Each replica's thread of a working stage competes for the cores.
+    let threads_per_stage = setup.w as f64;
+    let cores = cores as f64;
+    let mut now = 0.0f64;
+    loop {
+        // Run every stage as far as it can go without the clock moving; a message sent
+        // with no transfer time can let a neighbour on, so until nothing changes.
+        let mut changed = true;
+        while changed {
+            changed = false;
+            for s in 0..d {
+                let cost = &setup.stages[s];
+                loop {
+                    let state = &mut st[s];
+                    if let Some(r) = &state.running {
+                        let end = r.end();
+                        if end > now {
+                            break;
+                        }
+                        let dur = if r.slowed { end - r.start } else { r.work.seconds };
+                        let w = r.work;
+                        if w.kind != TraceKind::Send {
+                            record(w.kind, s, r.start, dur, w.mb, w.version, w.step);
+                            state.busy += dur;
+                        }
+                        if w.ends_batch {
+                            batch_end[w.step as usize] = batch_end[w.step as usize].max(end);
+                        }
+                        state.free = end;
+                        state.running = None;
+                        changed = true;
+                        continue;
+                    }
+                    if let Some(&step) = state.steps.front() {
+                        match step {
+                            Step::Input { grad, mb } => {
+                                let arrivals = if grad { &mut grads[s] } else { &mut acts[s] };
+                                match arrivals.peek(mb) {
+                                    Some(at) if at <= now => {
+                                        arrivals.take(mb);
+                                    }
+                                    _ => break,
+                                }
+                            }
+                            Step::Until(t) => {
+                                if t > now {
+                                    break;
+                                }
+                            }
+                            Step::Meet { t, sync } => {
+                                let Some(met) = meetings.arrive(s, t, now) else { break };
+                                if sync > 0.0 {
+                                    record(TraceKind::AllReduce, s, met, sync, None, t + 1, t);
+                                }
+                                state.steps.pop_front();
+                                state.steps.push_front(Step::Until(met + sync));
+                                changed = true;
+                                continue;
+                            }
+                            Step::Update { t } => {
+                                let ar = allreduce[s];
+                                state.steps.pop_front();
+                                if two_bw && ar > 0.0 {
+                                    // On the stage's network channel; the stream goes on.
+                                    let start = now.max(state.net_free);
+                                    record(TraceKind::AllReduce, s, start, ar, None, t + 1, t);
+                                    state.net_free = start + ar;
+                                    state.pending.push((t, start + ar));
+                                    batch_end[t as usize] = batch_end[t as usize].max(start + ar);
+                                } else {
+                                    state.steps.push_front(Step::Work(Work { kind: TraceKind::Optimizer, seconds: cost.optimizer_s, mb: None, version: t + 1, step: t, ends_batch: true }));
+                                    if ar > 0.0 {
+                                        record(TraceKind::AllReduce, s, now, ar, None, t + 1, t);
+                                        state.steps.push_front(Step::Until(now + ar));
+                                    }
+                                    state.version = t + 1;
+                                }
+                                changed = true;
+                                continue;
+                            }
+                            Step::Work(work) => {
+                                if work.kind == TraceKind::Send {
+                                    state.handoff_start = now;
+                                }
+                                // The rate is set once every stage has settled (below);
+                                // work of 0 s ends at once on the next pass.
+                                state.running = Some(Running { work, start: now, anchor: now, left: work.seconds, rate: 1.0, slowed: false });
+                            }
+                            Step::Link { grad, mb, version } => {
+                                // As the dedicated engine: the message waits for its link
+                                // (one per boundary and direction), then takes latency +
+                                // bytes / bandwidth there while the stream goes on.
+                                let (link, bytes, free) = if grad {
+                                    (setup.links[s - 1], setup.stages[s - 1].send_bytes, &mut state.bwd_link_free)
+                                } else {
+                                    (setup.links[s], cost.send_bytes, &mut state.fwd_link_free)
+                                };
+                                let t0 = now.max(*free);
+                                let dt = link.seconds(bytes);
+                                *free = t0 + dt;
+                                record(TraceKind::Send, s, state.handoff_start, t0 + dt - state.handoff_start, Some(mb), version, mb / m64);
+                                if grad {
+                                    grads[s - 1].put(mb, t0 + dt)?;
+                                } else {
+                                    acts[s + 1].put(mb, t0 + dt)?;
+                                }
+                            }
+                        }
+                        state.steps.pop_front();
+                        changed = true;
+                        continue;
+                    }
+                    if let Some(&op) = state.ops.get(state.pc) {
+                        state.pc += 1;
+                        changed = true;
+                        let work = |kind: TraceKind, seconds: f64, mb: Option<u64>, version: u64, step: u64| Step::Work(Work { kind, seconds, mb, version, step, ends_batch: false });
+                        match op {
+                            Op::Forward(i) => {
+                                // 2BW: the updates this microbatch's version needs, each
+                                // once its all-reduce is done.
+                                let need = rule.version_for(i, m64);
+                                while state.version < need {
+                                    let Some(pos) = state.pending.iter().position(|p| p.0 == state.version) else { break };
+                                    let (t, ar_done) = state.pending.remove(pos);
+                                    state.steps.push_back(Step::Until(ar_done));
+                                    state.steps.push_back(work(TraceKind::Optimizer, cost.optimizer_s, None, t + 1, t));
+                                    state.version = t + 1;
+                                }
+                                if s > 0 {
+                                    state.steps.push_back(Step::Input { grad: false, mb: i });
+                                }
+                                state.steps.push_back(work(TraceKind::Forward, cost.forward_s, Some(i), need, i / m64));
+                                state.in_flight += 1;
+                                state.peak_in_flight = state.peak_in_flight.max(state.in_flight);
+                                if s + 1 < d {
+                                    state.steps.push_back(work(TraceKind::Send, cost.send_s, Some(i), need, i / m64));
+                                    state.steps.push_back(Step::Link { grad: false, mb: i, version: need });
+                                }
+                            }
+                            Op::Backward(i) => {
+                                let version = rule.version_for(i, m64);
+                                if s + 1 < d {
+                                    state.steps.push_back(Step::Input { grad: true, mb: i });
+                                }
+                                if cost.recompute_s > 0.0 {
+                                    state.steps.push_back(work(TraceKind::Recompute, cost.recompute_s, Some(i), version, i / m64));
+                                }
+                                state.steps.push_back(work(TraceKind::Backward, cost.backward_s, Some(i), version, i / m64));
+                                state.in_flight = state.in_flight.saturating_sub(1);
+                                if s > 0 {
+                                    state.steps.push_back(work(TraceKind::Send, cost.send_s, Some(i), version, i / m64));
+                                    state.steps.push_back(Step::Link { grad: true, mb: i, version });
+                                }
+                            }
+                            Op::Step(t) => {
+                                state.steps.push_back(Step::Meet { t, sync: cost.tied_sync_s });
+                                state.steps.push_back(Step::Update { t });
+                            }
+                        }
+                        continue;
+                    }
+                    if !state.pending.is_empty() {
+                        // Updates still waiting at the end are applied then.
+                        state.pending.sort_by_key(|p| p.0);
+                        for (t, ar_done) in std::mem::take(&mut state.pending) {
+                            state.steps.push_back(Step::Until(ar_done));
+                            state.steps.push_back(Step::Work(Work { kind: TraceKind::Optimizer, seconds: cost.optimizer_s, mb: None, version: t + 1, step: t, ends_batch: false }));
+                        }
+                        changed = true;
+                        continue;
+                    }
+                    break;
+                }
+            }
+        }
+        // The working stages share the cores from now on.
+        let working = st.iter().filter(|x| x.running.is_some()).count() as f64;
+        let rate = if working * threads_per_stage > cores { cores / (working * threads_per_stage) } else { 1.0 };
+        for r in st.iter_mut().filter_map(|x| x.running.as_mut()) {
+            if r.rate != rate {
+                r.left = (r.left - r.rate * (now - r.anchor)).max(0.0);
+                r.anchor = now;
+                r.rate = rate;
+                r.slowed |= rate < 1.0;
+            }
+        }
+        // The next event: a work segment ending, or what a waiting stage waits for.
+        let mut next = f64::INFINITY;
+        for (s, x) in st.iter().enumerate() {
+            let at = match (&x.running, x.steps.front()) {
+                (Some(r), _) => Some(r.end()),
+                (None, Some(Step::Until(t))) => Some(*t),
+                (None, Some(Step::Input { grad: true, mb })) => grads[s].peek(*mb),
+                (None, Some(Step::Input { grad: false, mb })) => acts[s].peek(*mb),
+                _ => None,
+            };
+            if let Some(at) = at {
+                next = next.min(at);
+            }
+        }
+        if next == f64::INFINITY {
+            if st.iter().all(Stage::done) {
+                break;
+            }
+            let s = st.iter().position(|x| !x.done()).unwrap_or(0);
+            let op = st[s].pc.checked_sub(1).and_then(|pc| st[s].ops.get(pc)).map_or_else(|| "the end".to_string(), |op| format!("{op:?}"));
+            return Err(SimError::Deadlock { stage: s, op });
+        }
+        now = next;
+    }
+    let ends: Vec<StageEnd> = st
+        .iter()
+        .map(|x| StageEnd { busy: x.busy, peak_in_flight: x.peak_in_flight, last: x.free.max(x.fwd_link_free).max(x.bwd_link_free).max(x.net_free) })
+        .collect();
+    Ok(report(setup, &ends, &batch_end, &allreduce, events))
+}
+
+/// Whether an event of a real run's trace keeps its stage's thread working (a wait for a
+/// message, an all-reduce, do not).
+fn works(kind: TraceKind) -> bool {
+    matches!(kind, TraceKind::Forward | TraceKind::Backward | TraceKind::Recompute | TraceKind::Optimizer | TraceKind::Send)
+}
+
+/// Each event's duration in seconds as full-speed work: the inverse of the sharing rule for
+/// a trace recorded with its stages' threads on `cores` cores, each stage standing for
+/// `replicas` threads. While `n` working events overlap, each progressed at
+/// `min(1, cores / (replicas n))`, so an event's work is the integral of that rate over its
+/// span. Events that take no core keep their durations.
+pub fn dedicated_durations(events: &[TraceEvent], cores: usize, replicas: usize) -> Vec<f64> {
+    let span = |e: &TraceEvent| (e.start_us / 1e6, (e.start_us + e.dur_us) / 1e6);
+    // The number of working events changes only at their starts and ends: sweep them once
+    // and integrate the rate between consecutive ones.
+    let mut changes: Vec<(f64, i64)> = events.iter().filter(|e| works(e.kind)).flat_map(|e| {
+        let (a, b) = span(e);
+        [(a, 1), (b, -1)]
+    }).collect();
+    changes.sort_by(|x, y| x.0.total_cmp(&y.0));
+    let mut points: Vec<f64> = Vec::with_capacity(changes.len());
+    let mut integral: Vec<f64> = Vec::with_capacity(changes.len());
+    let (mut working, mut k) = (0i64, 0);
+    let threads_per_event = replicas.max(1) as f64;
+    let cores = cores.max(1) as f64;
+    while k < changes.len() {
+        let t = changes[k].0;
+        if let (Some(&prev), Some(&before)) = (points.last(), integral.last()) {
+            let threads = working.max(0) as f64 * threads_per_event;
+            let rate = if threads > cores { cores / threads } else { 1.0 };
+            integral.push(before + rate * (t - prev));
+        } else {
+            integral.push(0.0);
+        }
+        points.push(t);
+        while k < changes.len() && changes[k].0 == t {
+            working += changes[k].1;
+            k += 1;
+        }
+    }
+    let at = |t: f64| integral[points.partition_point(|p| *p < t).min(points.len().saturating_sub(1))];
+    events
+        .iter()
+        .map(|e| {
+            if !works(e.kind) {
+                return e.dur_us / 1e6;
+            }
+            let (a, b) = span(e);
+            (at(b) - at(a)).max(0.0)
+        })
+        .collect()
+}

@@ -1,0 +1,530 @@
+//! Tensor model parallelism in the style of Megatron-LM, for `pipewright simulate`'s
+//! comparison: the [`TensorSplit`] analysis decides which nodes of a graph are split over
+//! the `t` GPUs of a group, and [`plan_tensor_parallel`] chooses `t`, the number of
+//! data-parallel groups and the microbatch, and prices one group's work per microbatch
+//! for the replay (a one-stage pipeline per group).
+//!
+//! # The split (propagated in topological order)
+//! - A MatMul or Gemm whose second operand is a 2-D weight initializer is
+//!   **column-parallel** (each GPU holds `1/t` of the weight's columns and computes `1/t`
+//!   of the output, which stays sharded) when its activation operand is full, and
+//!   **row-parallel** (`1/t` of the rows; the partial outputs are summed by an all-reduce,
+//!   so the output is full) when its activation operand is sharded.
+//! - Elementwise ops, reshapes, transposes, splits, casts, dropout, softmax and the
+//!   matmuls between two activations (attention's scores and context) are **sharded**
+//!   when any input is sharded (Megatron splits attention by heads), full otherwise.
+//! - Everything else is **full**: normalisations over the hidden axis, gathers
+//!   (embeddings), reductions, convolutions, and any op not named above. That is
+//!   conservative: such a node is replicated on every GPU of the group with its full time
+//!   and memory. A full node reading a sharded value needs the whole value: an all-gather
+//!   in the forward and a reduce-scatter in the backward ([`TensorSplit::gathers`]; also
+//!   for sharded graph outputs). Megatron's GPT blocks never need one.
+//!
+//! # Communication per microbatch, inside the group (ring over NVLink)
+//! Forward: one all-reduce of each row-parallel matmul's output (Megatron's `g`).
+//! Backward: one all-reduce of the gradient of each distinct full value that
+//! column-parallel matmuls read (Megatron's `f`; none for graph inputs and weights, whose
+//! gradient with respect to the input nobody needs). So a GPT block has two of each. They
+//! are on the critical path, so the replay adds them to the forward and backward time.
+//!
+//! # Cost and memory with `t`
+//! Sharded nodes and both kinds of split matmul take `1/t` of their time (the
+//! [`CostModel`]'s node times) and hold `1/t` of their parameters and activations; full
+//! nodes keep all of theirs. Memory per GPU is the planner's model of a one-stage Flush
+//! pipeline ([`crate::planner::stage_memory_model`]: weights, gradient, optimizer state and
+//! the mixed-precision copy per weight byte, one microbatch's activations) on those shares.
+//! No recomputation is searched: the planner's recomputation is per stage, and with one
+//! stage and one microbatch in flight it keeps as much as without it.
+//!
+//! # Search
+//! `t` over the divisors of the server size from 2 (a group never leaves its server),
+//! `groups` from 1 to `workers / t` dividing the global batch, `b` a power of two
+//! dividing `batch / groups`, `m = batch / (groups * b)` (gradient accumulation). Per
+//! batch a group takes `m * T + AR` (`T` the microbatch's compute and tensor all-reduces,
+//! `AR` the data-parallel all-reduce of each GPU's `1/t`-sharded gradients among the
+//! groups, as the planner prices Flush with one stage); the fastest that fits wins.
+
+// `%` and `map_or(true, ..)`: the workspace's MSRV is 1.80.
+#![allow(clippy::manual_is_multiple_of, clippy::unnecessary_map_or)]
+
+use pipewright_core::units::human_bytes;
+use pipewright_core::{Recompute, Schedule};
+use pipewright_ir::{Graph, NodeId, Op, ValueDef, ValueId};
+use serde::Serialize;
+
+use crate::cost::CostModel;
+use crate::partition::{value_bytes, PartitionProblem};
+use crate::planner::{stage_memory_model, Candidate, PlanOptions};
+use crate::presets::SimCluster;
+use crate::simulate::{allreduce_seconds, Link, StageCost};
+
+/// How one node is placed on the `t` GPUs of a group.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Placement {
+    /// Replicated: every GPU runs all of it.
+    Full,
+    /// A matmul with a weight split by columns: output sharded.
+    Column,
+    /// A matmul with a weight split by rows: output full after an all-reduce.
+    Row,
+    /// Runs on a `1/t` slice (heads, hidden columns) of its inputs.
+    Sharded,
+}
+
+/// Which nodes Megatron-style tensor parallelism splits (see the module docs).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TensorSplit {
+    /// By `NodeId::index()`.
+    placement: Vec<Placement>,
+    /// Outputs of row-parallel matmuls: all-reduced in the forward.
+    pub forward_allreduces: Vec<ValueId>,
+    /// Distinct full values read by column-parallel matmuls: their gradients are
+    /// all-reduced in the backward.
+    pub backward_allreduces: Vec<ValueId>,
+    /// Sharded values a full node or the graph's outputs need whole: all-gathered in the
+    /// forward, reduce-scattered in the backward.
+    pub gathers: Vec<ValueId>,
+}
+
+/// Why tensor parallelism cannot be planned.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum TensorError {
+    #[error("the graph has a cycle through node {0:?}")]
+    Cycle(String),
+    #[error("no MatMul or Gemm has a 2-D weight to split, so tensor parallelism would only replicate the model")]
+    NothingToSplit,
+    #[error("tensor parallelism splits layers over the GPUs of one server, and the servers have {0} GPU(s); it needs at least 2")]
+    ServerTooSmall(usize),
+    #[error("no (t, groups, b) has groups dividing the global batch {batch} and b a power of two dividing batch / groups{microbatch}")]
+    NoConfiguration { batch: u64, microbatch: String },
+    #[error("does not fit at any t: {0}")]
+    DoesNotFit(String),
+}
+
+/// Ops that run on a slice of a sharded input without communication (see the module docs).
+fn follows_input(op: &Op) -> bool {
+    op.is_elementwise()
+        || matches!(
+            op,
+            Op::Reshape { .. }
+                | Op::Flatten { .. }
+                | Op::Transpose { .. }
+                | Op::Squeeze { .. }
+                | Op::Unsqueeze { .. }
+                | Op::Split(_)
+                | Op::Dropout { .. }
+                | Op::Cast { .. }
+                | Op::CastLike { .. }
+                | Op::Softmax(_)
+                | Op::LogSoftmax(_)
+                | Op::MatMul
+                | Op::Gemm(_)
+                | Op::Einsum { .. }
+                | Op::Attention(_)
+        )
+}
+
+/// The 2-D weight initializer a MatMul or Gemm multiplies its first operand by.
+fn split_weight(g: &Graph, n: NodeId) -> Option<ValueId> {
+    let node = g.node(n);
+    if !matches!(node.op, Op::MatMul | Op::Gemm(_)) {
+        return None;
+    }
+    let w = node.inputs.get(1).copied().flatten()?;
+    let v = g.value(w);
+    (v.weight().is_some_and(|x| x.trainable) && v.ty.shape.rank() == 2).then_some(w)
+}
+
+impl TensorSplit {
+    /// Classifies every node of `g` (see the module docs).
+    pub fn of(g: &Graph) -> Result<TensorSplit, TensorError> {
+        let topo = g.topo_order().map_err(|n| TensorError::Cycle(g.node(n).name.clone()))?;
+        let bound = g.node_ids().map(|x| x.index() + 1).max().unwrap_or(0);
+        let mut placement = vec![Placement::Full; bound];
+        let mut sharded = vec![false; g.value_count()];
+        let (mut forward, mut backward, mut gathers) = (Vec::new(), Vec::new(), Vec::new());
+        for &n in &topo {
+            let node = g.node(n);
+            let any_sharded = node.inputs.iter().flatten().any(|v| sharded[v.index()]);
+            let p = match split_weight(g, n) {
+                Some(_) => {
+                    let x = node.inputs.first().copied().flatten();
+                    if x.is_some_and(|x| sharded[x.index()]) {
+                        Placement::Row
+                    } else {
+                        // Weights and graph inputs need no input gradient, so no `f`.
+                        if let Some(x) = x.filter(|x| matches!(g.value(*x).def, ValueDef::Node { .. })) {
+                            if !backward.contains(&x) {
+                                backward.push(x);
+                            }
+                        }
+                        Placement::Column
+                    }
+                }
+                None if any_sharded && follows_input(&node.op) => Placement::Sharded,
+                None => {
+                    for v in node.inputs.iter().flatten() {
+                        if sharded[v.index()] && !gathers.contains(v) {
+                            gathers.push(*v);
+                        }
+                    }
+                    Placement::Full
+                }
+            };
+            placement[n.index()] = p;
+            let out_sharded = matches!(p, Placement::Column | Placement::Sharded);
+            for v in node.outputs.iter().flatten() {
+                sharded[v.index()] = out_sharded;
+                if p == Placement::Row {
+                    forward.push(*v);
+                }
+            }
+        }
+        for v in g.outputs() {
+            if sharded[v.index()] && !gathers.contains(v) {
+                gathers.push(*v);
+            }
+        }
+        Ok(TensorSplit { placement, forward_allreduces: forward, backward_allreduces: backward, gathers })
+    }
+
+    /// The placement of node `n`.
+    pub fn placement(&self, n: NodeId) -> Placement {
+        self.placement.get(n.index()).copied().unwrap_or(Placement::Full)
+    }
+
+    /// The share of node `n`'s time, parameters and activations one of `t` GPUs has.
+    pub fn share(&self, n: NodeId, t: usize) -> f64 {
+        match self.placement(n) {
+            Placement::Full => 1.0,
+            Placement::Column | Placement::Row | Placement::Sharded => 1.0 / t.max(1) as f64,
+        }
+    }
+}
+
+/// The tensor-parallel configuration chosen, and what one group's GPU does per microbatch.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct TensorParallelPlan {
+    /// GPUs per group: each split layer is divided among them.
+    pub t: usize,
+    /// The configuration as the simulator replays it: `w` data-parallel groups, one stage,
+    /// microbatch `b`, `m` microbatches per batch and group (no recomputation; the Flush
+    /// order with one stage); `samples_per_s` the closed form `groups * b * m / (m T + AR)`.
+    pub candidate: Candidate,
+    /// `T`: forward and backward compute plus the tensor all-reduces, per microbatch.
+    pub microbatch_s: f64,
+    /// Seconds of the tensor all-reduces (and gathers) per microbatch, forward and backward.
+    pub forward_comm_s: f64,
+    pub backward_comm_s: f64,
+    /// One GPU's work, as the replay takes it (the all-reduces inside forward and backward).
+    pub stage: StageCost,
+    /// The link of the data-parallel all-reduce among the groups.
+    pub dp_link: Link,
+}
+
+/// One GPU's share of the model at `t`, microbatch `b`: forward and backward compute
+/// seconds, and the per-position numbers of the planner's one-stage memory model.
+fn shares(cost: &CostModel, split: &TensorSplit, topo: &[NodeId], t: usize, b: u64) -> (f64, f64, PartitionProblem) {
+    let (mut fwd, mut bwd) = (0.0, 0.0);
+    let n = topo.len();
+    let mut prob = PartitionProblem { time: Vec::with_capacity(n), param_bytes: Vec::with_capacity(n), act_bytes: Vec::with_capacity(n), kept_bytes: Vec::new(), live_bytes: vec![0.0; n + 1], bandwidth: f64::INFINITY };
+    for &x in topo {
+        let k = split.share(x, t);
+        let (f, bw) = cost.time(x, b);
+        fwd += f * k;
+        bwd += bw * k;
+        let c = cost.node(x);
+        prob.time.push((f + bw) * k);
+        prob.param_bytes.push(c.param_bytes as f64 * k);
+        prob.act_bytes.push(c.activation_bytes.at(b).max(0.0) * k);
+    }
+    (fwd, bwd, prob)
+}
+
+/// Seconds of the tensor all-reduces and gathers per microbatch `b` among `t` GPUs over
+/// `link`, forward and backward; activations travel in the compute type.
+fn tensor_comm(g: &Graph, split: &TensorSplit, export: i64, ratio: f64, t: usize, b: u64, link: Link) -> (f64, f64) {
+    let bytes = |v: &ValueId| value_bytes(g.value(*v), export).at(b).max(0.0) * ratio;
+    // An all-gather (or reduce-scatter) is half a ring all-reduce: t - 1 steps of 1/t.
+    let gathers: f64 = split.gathers.iter().map(|v| allreduce_seconds(bytes(v), t, link) / 2.0).sum();
+    let fwd: f64 = split.forward_allreduces.iter().map(|v| allreduce_seconds(bytes(v), t, link)).sum();
+    let bwd: f64 = split.backward_allreduces.iter().map(|v| allreduce_seconds(bytes(v), t, link)).sum();
+    (fwd + gathers, bwd + gathers)
+}
+
+/// Chooses `t`, the groups and the microbatch for `g` on `cluster` (see the module docs),
+/// with `opts`'s global batch, optimizer, precision and fixed microbatch if any.
+pub fn plan_tensor_parallel(g: &Graph, cost: &CostModel, cluster: &SimCluster, opts: &PlanOptions) -> Result<TensorParallelPlan, TensorError> {
+    let c = &cluster.cluster;
+    let per_server = c.workers_per_node.min(c.workers);
+    if per_server < 2 {
+        return Err(TensorError::ServerTooSmall(per_server));
+    }
+    let split = TensorSplit::of(g)?;
+    let topo = g.topo_order().map_err(|n| TensorError::Cycle(g.node(n).name.clone()))?;
+    if !topo.iter().any(|&n| split.placement(n) == Placement::Column) {
+        return Err(TensorError::NothingToSplit);
+    }
+    let limit = c.memory_per_worker as f64;
+    let ratio = opts.precision.compute_bytes() as f64 / 4.0;
+    let state = opts.optimizer.state_tensors(opts.momentum);
+    let nvlink = cluster.nvlink();
+    let batch = opts.global_batch;
+    let mut best: Option<(f64, f64, TensorParallelPlan)> = None;
+    // The smallest memory any configuration needs, for the error when none fits.
+    let mut least: Option<(f64, String)> = None;
+    for t in (2..=per_server).filter(|t| per_server % t == 0) {
+        for groups in (1..=c.workers / t).filter(|&w| batch % w as u64 == 0) {
+            let per_group = batch / groups as u64;
+            let mut b = 1u64;
+            while b <= per_group && per_group % b == 0 {
+                if opts.microbatch.is_some_and(|x| x != b) {
+                    b *= 2;
+                    continue;
+                }
+                let m = per_group / b;
+                let (fwd, bwd, prob) = shares(cost, &split, &topo, t, b);
+                let mem_one = stage_memory_model(Schedule::Flush, Recompute::None, 1, m, opts, limit);
+                let mem_two = stage_memory_model(Schedule::Flush, Recompute::None, 2, m, opts, limit);
+                let memory = prob.evaluate(&[], &mem_one).1[0];
+                if memory > limit * (1.0 + 1e-12) || memory.is_nan() {
+                    if least.as_ref().map_or(true, |l| memory < l.0) {
+                        let params: f64 = prob.param_bytes.iter().sum();
+                        let acts: f64 = prob.act_bytes.iter().sum::<f64>() * mem_one.act_factor;
+                        let why = format!(
+                            "the least a GPU needs is {} (t = {t}, b = {b}: weights, gradients and optimizer state of {} of parameters, {} of activations) of its {}",
+                            human_bytes(memory.max(0.0) as u64),
+                            human_bytes(params as u64),
+                            human_bytes(acts.max(0.0) as u64),
+                            human_bytes(c.memory_per_worker)
+                        );
+                        least = Some((memory, why));
+                    }
+                    b *= 2;
+                    continue;
+                }
+                let (fc, bc) = tensor_comm(g, &split, cost.export_batch, ratio, t, b, nvlink);
+                let microbatch_s = fwd + bwd + fc + bc;
+                let grad: f64 = prob.param_bytes.iter().sum();
+                let dp_bw = c.tensor_dp_bw(t, groups);
+                let ar = if groups > 1 { 2.0 * (groups as f64 - 1.0) / groups as f64 * grad / dp_bw } else { 0.0 };
+                let per_batch = m as f64 * microbatch_s + ar;
+                let samples_per_s = if per_batch > 0.0 { (b * m * groups as u64) as f64 / per_batch } else { f64::INFINITY };
+                // Faster wins; at equal speed the smaller memory, then the smaller t.
+                let better = best.as_ref().map_or(true, |(s, mem, _)| samples_per_s > *s || (samples_per_s == *s && memory < *mem));
+                if better {
+                    let stage = StageCost {
+                        forward_s: fwd + fc,
+                        backward_s: bwd + bc,
+                        recompute_s: 0.0,
+                        optimizer_s: f64::from(3 + 2 * state) * grad / c.mem_bw,
+                        send_s: 0.0,
+                        send_bytes: 0.0,
+                        grad_bytes: grad,
+                        tied_sync_s: 0.0,
+                        memory_one: memory,
+                        memory_per_extra: prob.evaluate(&[], &mem_two).1[0] - memory,
+                    };
+                    let candidate = Candidate {
+                        w: groups,
+                        d: 1,
+                        b,
+                        m,
+                        recompute: Recompute::None,
+                        schedule: Schedule::Flush,
+                        samples_per_s,
+                        replayed_samples_per_s: None,
+                        peak_memory_per_stage: vec![memory.max(0.0).round() as u64],
+                        bottleneck_stage: 0,
+                        cuts: Vec::new(),
+                    };
+                    let plan = TensorParallelPlan { t, candidate, microbatch_s, forward_comm_s: fc, backward_comm_s: bc, stage, dp_link: cluster.tensor_dp_link(t, groups) };
+                    best = Some((samples_per_s, memory, plan));
+                }
+                b *= 2;
+            }
+        }
+    }
+    match (best, least) {
+        (Some((_, _, plan)), _) => Ok(plan),
+        (None, Some((_, why))) => Err(TensorError::DoesNotFit(why)),
+        (None, None) => Err(TensorError::NoConfiguration { batch, microbatch: opts.microbatch.map_or(String::new(), |b| format!(" (microbatch fixed at {b})")) }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pipewright_core::Precision;
+    use pipewright_ir::{import_model, ImportOptions};
+    use pipewright_synth::{gpt, GptShape, Storage};
+
+    use crate::presets::{device, network};
+    use crate::simulate::{simulate, SimSetup};
+
+    /// A synthetic GPT imported with shapes only (the importer the simulator uses).
+    fn gpt_graph(shape: &GptShape) -> Graph {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("gpt.onnx");
+        gpt(shape).unwrap().write(&path, Storage::ShapesOnly, 0).unwrap();
+        import_model(&path, &ImportOptions { shapes_only: true, ..ImportOptions::default() }).unwrap()
+    }
+
+    fn by_name(g: &Graph, name: &str) -> NodeId {
+        g.node_ids().find(|&n| g.node(n).name == name).unwrap_or_else(|| panic!("no node {name}"))
+    }
+
+    /// Megatron's split of a GPT block: QKV and fc1 column-parallel, the attention
+    /// projection and fc2 row-parallel, attention split by heads in between, the layer
+    /// norms and residuals replicated; two all-reduces forward and two backward per layer.
+    #[test]
+    fn a_gpt_block_splits_as_megatron_does() {
+        let shape = GptShape { layers: 3, ..GptShape::TINY };
+        let g = gpt_graph(&shape);
+        let split = TensorSplit::of(&g).unwrap();
+        let at = |name: &str| split.placement(by_name(&g, name));
+        for l in 0..shape.layers {
+            let p = format!("h.{l}");
+            assert_eq!(at(&format!("{p}.attn.c_attn.matmul")), Placement::Column);
+            assert_eq!(at(&format!("{p}.mlp.c_fc.matmul")), Placement::Column);
+            assert_eq!(at(&format!("{p}.attn.c_proj.matmul")), Placement::Row);
+            assert_eq!(at(&format!("{p}.mlp.c_proj.matmul")), Placement::Row);
+            for sharded in ["attn.c_attn.add", "attn.split", "attn.q.transpose", "attn.scores", "attn.softmax", "attn.context", "attn.merge.reshape", "mlp.c_fc.add", "mlp.gelu"] {
+                assert_eq!(at(&format!("{p}.{sharded}")), Placement::Sharded, "{p}.{sharded}");
+            }
+            for full in ["ln_1", "ln_2", "attn.c_proj.add", "residual_1", "mlp.c_proj.add", "residual_2"] {
+                assert_eq!(at(&format!("{p}.{full}")), Placement::Full, "{p}.{full}");
+            }
+        }
+        for full in ["wte", "embed", "ln_f", "logits"] {
+            assert_eq!(at(full), Placement::Full, "{full}");
+        }
+        assert_eq!(split.forward_allreduces.len(), 2 * shape.layers);
+        assert_eq!(split.backward_allreduces.len(), 2 * shape.layers);
+        assert!(split.gathers.is_empty());
+        let names = |vs: &[ValueId]| vs.iter().map(|&v| g.value(v).name.clone()).collect::<Vec<_>>();
+        assert_eq!(names(&split.forward_allreduces)[..2], ["h.0.attn.c_proj.matmul", "h.0.mlp.c_proj.matmul"]);
+        assert_eq!(names(&split.backward_allreduces)[..2], ["h.0.ln_1", "h.0.ln_2"]);
+    }
+
+    /// A full node reading a sharded value needs it whole (an all-gather), and so does a
+    /// sharded graph output; a matmul reading a weight as its first operand and an op the
+    /// analysis does not know are replicated.
+    #[test]
+    fn full_nodes_gather_their_sharded_inputs() {
+        let g = pipewright_ir::parse_graph(
+            r#"graph "g" ir_version=10 opset=20 batch=N("N", exported 4) {
+  %v0: f32[N,8] = input "x"
+  %v1: f32[8,16] = weight "fc1.weight"
+  %v2: f32[16] = weight "ln.weight"
+  %v3: f32[16] = weight "ln.bias"
+  %v4: f32[N,16] = MatMul(%v0, %v1)  # n0 "fc1"
+  %v5: f32[N,16] = Relu(%v4)  # n1 "relu"
+  %v6: f32[N,16] = LayerNormalization[axis=-1, epsilon=1e-5, stash_type=1](%v5, %v2, %v3)  # n2 "ln"
+  %v7: f32[N,16] = Relu(%v6)  # n3 "relu2"
+  return %v5 "hidden", %v7 "out"
+}"#,
+        )
+        .unwrap();
+        let split = TensorSplit::of(&g).unwrap();
+        let at = |name: &str| split.placement(by_name(&g, name));
+        assert_eq!([at("fc1"), at("relu"), at("ln"), at("relu2")], [Placement::Column, Placement::Sharded, Placement::Full, Placement::Full]);
+        // relu's output: read whole by the LayerNorm and returned; gathered once.
+        let names: Vec<&str> = split.gathers.iter().map(|&v| g.value(v).name.as_str()).collect();
+        assert_eq!(names.len(), 1, "{names:?}");
+        assert_eq!(split.forward_allreduces, Vec::<ValueId>::new());
+        // fc1 reads the graph input, whose gradient nobody needs: no backward all-reduce.
+        assert_eq!(split.backward_allreduces, Vec::<ValueId>::new());
+        assert_eq!(split.share(by_name(&g, "relu"), 4), 0.25);
+        assert_eq!(split.share(by_name(&g, "ln"), 4), 1.0);
+    }
+
+    fn cluster(servers: usize) -> SimCluster {
+        SimCluster::from_preset(device("V100-16GB").unwrap(), network("25gbit").unwrap(), servers, 8, Precision::Fp32, 1.0).unwrap()
+    }
+
+    /// The tiny GPT on one server of 8 V100s, global batch 8 at microbatch 1: its layers
+    /// are so small that every all-reduce costs its latency (2 (t - 1) NVLink messages of
+    /// 5 us), so the fewest GPUs per group win (t = 2) with the most groups (4, so m = 2).
+    /// The time per microbatch, summed by hand from the node names: the attention and MLP
+    /// nodes but the output projections' bias adds at half their time, everything else in
+    /// full, plus 2 forward and 2 backward all-reduces per layer of `seq x hidden` fp32.
+    #[test]
+    fn the_tiny_gpt_picks_t_2_and_its_microbatch_time_is_the_hand_sum() {
+        let shape = GptShape::TINY;
+        let g = gpt_graph(&shape);
+        let c = cluster(1);
+        let cost = CostModel::new(&g, c.cluster.roofline()).unwrap();
+        let opts = PlanOptions { global_batch: 8, microbatch: Some(1), precision: Precision::Fp32, ..PlanOptions::default() };
+        let p = plan_tensor_parallel(&g, &cost, &c, &opts).unwrap();
+        assert_eq!((p.t, p.candidate.w, p.candidate.b, p.candidate.m, p.candidate.d), (2, 4, 1, 2, 1));
+        let mut compute = 0.0;
+        for n in g.node_ids() {
+            let name = &g.node(n).name;
+            let (f, b) = cost.time(n, 1);
+            let split = (name.contains(".attn.") || name.contains(".mlp.")) && !name.ends_with("c_proj.add");
+            compute += if split { (f + b) / 2.0 } else { f + b };
+        }
+        let bytes = (shape.seq * shape.hidden * 4) as f64;
+        let one_allreduce = 2.0 * (2.0 - 1.0) * (5e-6 + bytes / 2.0 / 150e9);
+        let hand = compute + 4.0 * shape.layers as f64 * one_allreduce;
+        assert!((p.microbatch_s - hand).abs() <= 1e-12 * hand, "{} against {hand}", p.microbatch_s);
+        assert!((p.forward_comm_s - 2.0 * shape.layers as f64 * one_allreduce).abs() < 1e-15);
+        assert!((p.stage.forward_s + p.stage.backward_s - hand).abs() <= 1e-12 * hand);
+        // The replay: per batch m microbatches, then the groups' all-reduce of each GPU's
+        // gradients (inside the server: NVLink) and the optimizer.
+        assert_eq!(p.dp_link, c.nvlink());
+        let setup = SimSetup { scheme: pipewright_core::Scheme::TensorParallel, w: 4, b: 1, m: 2, batches: 4, stages: vec![p.stage.clone()], links: Vec::new(), allreduce: crate::cluster::AllReduce::ring(p.dp_link), record: false, shared_cores: None, tied_groups: Vec::new() };
+        let sim = simulate(&setup).unwrap();
+        let per_batch = 2.0 * hand + allreduce_seconds(p.stage.grad_bytes, 4, c.nvlink()) + p.stage.optimizer_s;
+        assert!((sim.batch_s - per_batch).abs() <= 1e-9 * per_batch, "{} against {per_batch}", sim.batch_s);
+        assert!((sim.samples_per_s - 8.0 / per_batch).abs() <= 1e-9 * sim.samples_per_s);
+        let two = SimSetup { stages: vec![p.stage.clone(); 2], links: vec![c.nvlink()], ..setup };
+        assert_eq!(simulate(&two).unwrap_err(), crate::simulate::SimError::Setup("tensor parallelism runs one stage per group of GPUs, not 2".into()));
+        // Each GPU holds half of the split weights and all of the rest.
+        let (mut half, mut full) = (0.0, 0.0);
+        for n in g.node_ids() {
+            let c = cost.node(n).param_bytes as f64;
+            if split_weight(&g, n).is_some() || (g.node(n).name.contains(".attn.") || g.node(n).name.contains(".mlp.")) && !g.node(n).name.ends_with("c_proj.add") { half += c } else { full += c }
+        }
+        assert_eq!(p.stage.grad_bytes, half / 2.0 + full);
+    }
+
+    /// Across servers the groups' all-reduce crosses the network, the t rings sharing each
+    /// server's link; the model that fits nowhere says what the least need was.
+    #[test]
+    fn links_and_a_model_that_fits_at_no_t() {
+        let g = gpt_graph(&GptShape::TINY);
+        let c = cluster(2);
+        let cost = CostModel::new(&g, c.cluster.roofline()).unwrap();
+        // Microbatch 1: 8 groups of 2 (m = 8) over both servers beat 4 in one (m = 16),
+        // since a microbatch (latency-bound all-reduces) costs more than the network ring.
+        let opts = PlanOptions { global_batch: 64, microbatch: Some(1), precision: Precision::Fp32, ..PlanOptions::default() };
+        let p = plan_tensor_parallel(&g, &cost, &c, &opts).unwrap();
+        assert_eq!((p.t, p.candidate.w, p.candidate.m), (2, 8, 8));
+        assert_eq!(p.dp_link, Link { bandwidth: 25e9 / 8.0 / 2.0, latency_s: 20e-6 });
+        let opts = PlanOptions { microbatch: None, ..opts };
+        let mut small = c.clone();
+        small.cluster.memory_per_worker = 64 << 10;
+        let e = plan_tensor_parallel(&g, &cost, &small, &opts).unwrap_err();
+        let text = e.to_string();
+        assert!(text.starts_with("does not fit at any t: the least a GPU needs is "), "{text}");
+        assert!(text.contains("(t = 8, b = 1:") && text.ends_with("of its 64.0 KiB"), "{text}");
+        let mut one = c.clone();
+        one.cluster.workers_per_node = 1;
+        assert_eq!(plan_tensor_parallel(&g, &cost, &one, &opts).unwrap_err(), TensorError::ServerTooSmall(1));
+        let relu = pipewright_ir::parse_graph(
+            r#"graph "r" ir_version=10 opset=20 batch=N("N", exported 4) {
+  %v0: f32[N,8] = input "x"
+  %v1: f32[N,8] = Relu(%v0)  # n0 "relu"
+  return %v1 "y"
+}"#,
+        )
+        .unwrap();
+        let relu_cost = CostModel::new(&relu, c.cluster.roofline()).unwrap();
+        assert_eq!(plan_tensor_parallel(&relu, &relu_cost, &c, &opts).unwrap_err(), TensorError::NothingToSplit);
+        let odd = PlanOptions { global_batch: 3, microbatch: Some(2), ..opts };
+        assert!(matches!(plan_tensor_parallel(&g, &cost, &c, &odd).unwrap_err(), TensorError::NoConfiguration { batch: 3, .. }));
+    }
+}
