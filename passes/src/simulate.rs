@@ -27,6 +27,11 @@
 //!   allows, and the planner's `max(T, AR / m)` assumes. (pipewright's executor today
 //!   all-reduces inside the step; the simulator models the schedule, not that shortcut.)
 //!   With `w = 1` the update runs where the step is, as the executor runs it.
+//! - Stages tied by a shared weight ([`SimSetup::tied_groups`]) sum its gradient at every
+//!   step: a stage's `Step(t)` waits until every stage tied to it has reached `Step(t)`,
+//!   then takes [`StageCost::tied_sync_s`] on the stream, as the runtime's step does. 2BW
+//!   with `w > 1` defers that too: the update waits for the meeting and the sum just
+//!   before the forward that needs it.
 //! - Inter-layer model parallelism without pipelining runs each microbatch's forward and
 //!   backward through all stages before the next one enters ([`model_parallel_ops`]).
 //! - With [`SimSetup::shared_cores`] below the `w * d` threads, the stages' threads share
@@ -315,11 +320,12 @@ fn allreduce_per_stage(setup: &SimSetup) -> Vec<f64> {
 }
 
 /// Where the stages tied by shared weights meet at each step: a stage's step waits until
-/// every stage of its component (the stages linked through [`SimSetup::tied_groups`])
-/// has reached the same step, then sums the tied gradients on its stream.
+/// every stage of its component (the stages linked through [`SimSetup::tied_groups`]; a
+/// stage tied to none is a component of its own) has reached the same step, then sums the
+/// tied gradients. Synchronous updates wait there on the stream; 2BW's deferred ones
+/// (`w > 1`, [`defers_updates`]) wait only before the forward that needs the update.
 struct Meetings {
-    /// Each stage's component, if it is tied to another.
-    component: Vec<Option<usize>>,
+    component: Vec<usize>,
     members: Vec<Vec<usize>>,
     /// `arrived[s][t]`: when stage `s` reached step `t` (NaN: not yet).
     arrived: Vec<Vec<f64>>,
@@ -337,7 +343,6 @@ impl Meetings {
             }
             x
         }
-        let mut tied = vec![false; d];
         for g in &setup.tied_groups {
             if let Some(&bad) = g.iter().find(|&&x| x >= d) {
                 return Err(SimError::Setup(format!("a tied group names stage {bad} of {d}")));
@@ -345,37 +350,46 @@ impl Meetings {
             for pair in g.windows(2) {
                 let (a, b) = (root(&mut parent, pair[0]), root(&mut parent, pair[1]));
                 parent[a] = b;
-                tied[pair[0]] = true;
-                tied[pair[1]] = true;
             }
         }
-        let mut component = vec![None; d];
+        let mut component = vec![0; d];
         let mut members: Vec<Vec<usize>> = Vec::new();
         let mut index_of_root = vec![usize::MAX; d];
-        for s in (0..d).filter(|&s| tied[s]) {
+        for s in 0..d {
             let r = root(&mut parent, s);
             if index_of_root[r] == usize::MAX {
                 index_of_root[r] = members.len();
                 members.push(Vec::new());
             }
             members[index_of_root[r]].push(s);
-            component[s] = Some(index_of_root[r]);
+            component[s] = index_of_root[r];
         }
-        let arrived = (0..d).map(|s| if tied[s] { vec![f64::NAN; setup.batches] } else { Vec::new() }).collect();
+        let arrived = vec![vec![f64::NAN; setup.batches]; d];
         Ok(Meetings { component, members, arrived })
     }
 
     /// Stage `s` reaches step `t` at `at` (a later call for the same step keeps the first
-    /// time); the time all its component has arrived, or `None` while some stage has not.
-    /// A stage tied to none meets at once.
+    /// time); [`Meetings::met`] then.
     fn arrive(&mut self, s: usize, t: u64, at: f64) -> Option<f64> {
-        let Some(c) = self.component[s] else { return Some(at) };
         let slot = &mut self.arrived[s][t as usize];
         if slot.is_nan() {
             *slot = at;
         }
-        self.members[c].iter().map(|&x| self.arrived[x][t as usize]).try_fold(f64::NEG_INFINITY, |m, a| (!a.is_nan()).then(|| m.max(a)))
+        self.met(s, t)
     }
+
+    /// When every stage of `s`'s component has reached step `t`, if they all have.
+    fn met(&self, s: usize, t: u64) -> Option<f64> {
+        self.members[self.component[s]].iter().map(|&x| self.arrived[x][t as usize]).try_fold(f64::NEG_INFINITY, |m, a| (!a.is_nan()).then(|| m.max(a)))
+    }
+}
+
+/// Whether `setup`'s updates are deferred: 2BW with replicas starts the step's sums (the
+/// replicas' all-reduce and the tied stages' meeting) and goes on, applying the update
+/// once they are done, just before the first forward that needs its version. With one
+/// replica the update runs at the step, as the executor runs it.
+fn defers_updates(setup: &SimSetup) -> bool {
+    setup.scheme == Scheme::TwoBw && setup.w > 1
 }
 
 /// What each stage ended with, for [`report`].
@@ -435,6 +449,7 @@ fn replay_dedicated(setup: &SimSetup) -> Result<Simulation, SimError> {
     let rule = if two_bw { UpdateRule::TwoBw } else { UpdateRule::Vanilla };
     let allreduce = allreduce_per_stage(setup);
     let mut meetings = Meetings::new(setup)?;
+    let deferred = defers_updates(setup);
     let mut st = Vec::with_capacity(d);
     for s in 0..d {
         st.push(StageState {
@@ -471,19 +486,29 @@ fn replay_dedicated(setup: &SimSetup) -> Result<Simulation, SimError> {
                 done = false;
                 match op {
                     Op::Forward(i) => {
+                        // 2BW: updates waiting for the version this microbatch needs, once
+                        // their stages have met.
+                        let need = rule.version_for(i, m64);
+                        if st[s].pending.iter().any(|p| p.0 < need && meetings.met(s, p.0).is_none()) {
+                            break;
+                        }
                         let ready = if s == 0 {
                             Some(0.0)
                         } else {
                             acts[s].take(i)
                         };
                         let Some(ready) = ready else { break };
-                        // 2BW: updates waiting for the version this microbatch needs.
-                        let need = rule.version_for(i, m64);
                         let state = &mut st[s];
                         while state.version < need {
                             let Some(pos) = state.pending.iter().position(|p| p.0 == state.version) else { break };
                             let (t, ar_done) = state.pending.remove(pos);
-                            let start = state.free.max(ar_done);
+                            let summed = meetings.met(s, t).map_or(ar_done, |met| {
+                                if cost.tied_sync_s > 0.0 {
+                                    record(TraceKind::AllReduce, s, met, cost.tied_sync_s, None, t + 1, t);
+                                }
+                                ar_done.max(met + cost.tied_sync_s)
+                            });
+                            let start = state.free.max(summed);
                             record(TraceKind::Optimizer, s, start, cost.optimizer_s, None, t + 1, t);
                             state.free = start + cost.optimizer_s;
                             state.busy += cost.optimizer_s;
@@ -534,21 +559,28 @@ fn replay_dedicated(setup: &SimSetup) -> Result<Simulation, SimError> {
                         }
                     }
                     Op::Step(t) => {
-                        // Tied stages meet, then sum the tied gradients on the stream.
-                        let Some(met) = meetings.arrive(s, t, st[s].free) else { break };
-                        let state = &mut st[s];
-                        if cost.tied_sync_s > 0.0 {
-                            record(TraceKind::AllReduce, s, met, cost.tied_sync_s, None, t + 1, t);
-                        }
-                        state.free = met + cost.tied_sync_s;
                         let ar = allreduce[s];
-                        if two_bw && ar > 0.0 {
+                        if deferred {
+                            // The stream goes on: the all-reduce on the stage's network
+                            // channel, the meeting and the update wait for the forward
+                            // that needs them.
+                            meetings.arrive(s, t, st[s].free);
+                            let state = &mut st[s];
                             let start = state.free.max(state.net_free);
-                            record(TraceKind::AllReduce, s, start, ar, None, t + 1, t);
+                            if ar > 0.0 {
+                                record(TraceKind::AllReduce, s, start, ar, None, t + 1, t);
+                            }
                             state.net_free = start + ar;
                             state.pending.push((t, start + ar));
                             batch_end[t as usize] = batch_end[t as usize].max(start + ar);
                         } else {
+                            // Tied stages meet, then sum the tied gradients on the stream.
+                            let Some(met) = meetings.arrive(s, t, st[s].free) else { break };
+                            let state = &mut st[s];
+                            if cost.tied_sync_s > 0.0 {
+                                record(TraceKind::AllReduce, s, met, cost.tied_sync_s, None, t + 1, t);
+                            }
+                            state.free = met + cost.tied_sync_s;
                             let start = state.free;
                             if ar > 0.0 {
                                 record(TraceKind::AllReduce, s, start, ar, None, t + 1, t);
@@ -578,7 +610,14 @@ fn replay_dedicated(setup: &SimSetup) -> Result<Simulation, SimError> {
         let cost = &setup.stages[s];
         state.pending.sort_by_key(|p| p.0);
         for (t, ar_done) in std::mem::take(&mut state.pending) {
-            let start = state.free.max(ar_done);
+            // Every stage has reached every step by now.
+            let summed = meetings.met(s, t).map_or(ar_done, |met| {
+                if cost.tied_sync_s > 0.0 {
+                    record(TraceKind::AllReduce, s, met, cost.tied_sync_s, None, t + 1, t);
+                }
+                ar_done.max(met + cost.tied_sync_s)
+            });
+            let start = state.free.max(summed);
             record(TraceKind::Optimizer, s, start, cost.optimizer_s, None, t + 1, t);
             state.free = start + cost.optimizer_s;
             state.busy += cost.optimizer_s;
@@ -815,6 +854,15 @@ mod tests {
                     assert!((e.start_us - meet).abs() < 1e-6 && (e.dur_us - 0.5e6).abs() < 1e-6, "{scheme} step {t}: {e:?} against {meet}");
                 }
             }
+        }
+        // With replicas, 2BW defers its update to the forward that needs it, and the
+        // meeting with it: the first stage has long reached the step by then, so the tie
+        // costs nothing.
+        for d in [2usize, 4] {
+            let mut untied = setup(Scheme::TwoBw, d, 4, 6);
+            untied.w = 2;
+            let tied = SimSetup { tied_groups: vec![vec![0, d - 1]], ..untied.clone() };
+            assert_eq!(simulate(&tied).unwrap().samples_per_s, simulate(&untied).unwrap().samples_per_s, "d = {d}");
         }
         let mut bad = setup(Scheme::Flush, 2, 2, 1);
         bad.tied_groups = vec![vec![0, 2]];

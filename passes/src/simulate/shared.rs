@@ -25,7 +25,7 @@ use pipewright_core::schedule::Op;
 use pipewright_core::timeline::{TraceEvent, TraceKind};
 use pipewright_core::{Scheme, UpdateRule};
 
-use super::{allreduce_per_stage, report, scheme_ops, Arrivals, Meetings, SimError, SimSetup, Simulation, StageEnd};
+use super::{allreduce_per_stage, defers_updates, report, scheme_ops, Arrivals, Meetings, SimError, SimSetup, Simulation, StageEnd};
 
 /// Work on a stage's stream.
 #[derive(Clone, Copy, Debug)]
@@ -53,6 +53,9 @@ enum Step {
     /// The rest of step `t` from when the stages have met: the replicas' all-reduce and
     /// the update.
     Update { t: u64 },
+    /// A deferred update of step `t` waits, taking no core, for the stages tied to this
+    /// one to have reached that step, then for their `sync` seconds of summing.
+    AwaitMeet { t: u64, sync: f64 },
     Work(Work),
     /// Put microbatch `mb`'s message on the link to the next stage (`grad` false) or the
     /// previous one, once the hand-off is done.
@@ -115,6 +118,7 @@ pub(super) fn replay(setup: &SimSetup, cores: usize) -> Result<Simulation, SimEr
     let rule = if two_bw { UpdateRule::TwoBw } else { UpdateRule::Vanilla };
     let allreduce = allreduce_per_stage(setup);
     let mut meetings = Meetings::new(setup)?;
+    let deferred = defers_updates(setup);
     let mut st = Vec::with_capacity(d);
     for s in 0..d {
         st.push(Stage {
@@ -206,21 +210,22 @@ pub(super) fn replay(setup: &SimSetup, cores: usize) -> Result<Simulation, SimEr
                             Step::Update { t } => {
                                 let ar = allreduce[s];
                                 state.steps.pop_front();
-                                if two_bw && ar > 0.0 {
-                                    // On the stage's network channel; the stream goes on.
-                                    let start = now.max(state.net_free);
-                                    record(TraceKind::AllReduce, s, start, ar, None, t + 1, t);
-                                    state.net_free = start + ar;
-                                    state.pending.push((t, start + ar));
-                                    batch_end[t as usize] = batch_end[t as usize].max(start + ar);
-                                } else {
-                                    state.steps.push_front(Step::Work(Work { kind: TraceKind::Optimizer, seconds: cost.optimizer_s, mb: None, version: t + 1, step: t, ends_batch: true }));
-                                    if ar > 0.0 {
-                                        record(TraceKind::AllReduce, s, now, ar, None, t + 1, t);
-                                        state.steps.push_front(Step::Until(now + ar));
-                                    }
-                                    state.version = t + 1;
+                                state.steps.push_front(Step::Work(Work { kind: TraceKind::Optimizer, seconds: cost.optimizer_s, mb: None, version: t + 1, step: t, ends_batch: true }));
+                                if ar > 0.0 {
+                                    record(TraceKind::AllReduce, s, now, ar, None, t + 1, t);
+                                    state.steps.push_front(Step::Until(now + ar));
                                 }
+                                state.version = t + 1;
+                                changed = true;
+                                continue;
+                            }
+                            Step::AwaitMeet { t, sync } => {
+                                let Some(met) = meetings.met(s, t) else { break };
+                                if sync > 0.0 {
+                                    record(TraceKind::AllReduce, s, met, sync, None, t + 1, t);
+                                }
+                                state.steps.pop_front();
+                                state.steps.push_front(Step::Until(met + sync));
                                 changed = true;
                                 continue;
                             }
@@ -268,6 +273,7 @@ pub(super) fn replay(setup: &SimSetup, cores: usize) -> Result<Simulation, SimEr
                                 while state.version < need {
                                     let Some(pos) = state.pending.iter().position(|p| p.0 == state.version) else { break };
                                     let (t, ar_done) = state.pending.remove(pos);
+                                    state.steps.push_back(Step::AwaitMeet { t, sync: cost.tied_sync_s });
                                     state.steps.push_back(Step::Until(ar_done));
                                     state.steps.push_back(work(TraceKind::Optimizer, cost.optimizer_s, None, t + 1, t));
                                     state.version = t + 1;
@@ -298,6 +304,20 @@ pub(super) fn replay(setup: &SimSetup, cores: usize) -> Result<Simulation, SimEr
                                     state.steps.push_back(Step::Link { grad: true, mb: i, version });
                                 }
                             }
+                            Op::Step(t) if deferred => {
+                                // The stream goes on: the all-reduce on the stage's network
+                                // channel; the meeting and the update wait for the forward
+                                // that needs them (`Step::AwaitMeet`).
+                                meetings.arrive(s, t, now);
+                                let ar = allreduce[s];
+                                let start = now.max(state.net_free);
+                                if ar > 0.0 {
+                                    record(TraceKind::AllReduce, s, start, ar, None, t + 1, t);
+                                }
+                                state.net_free = start + ar;
+                                state.pending.push((t, start + ar));
+                                batch_end[t as usize] = batch_end[t as usize].max(start + ar);
+                            }
                             Op::Step(t) => {
                                 state.steps.push_back(Step::Meet { t, sync: cost.tied_sync_s });
                                 state.steps.push_back(Step::Update { t });
@@ -309,6 +329,7 @@ pub(super) fn replay(setup: &SimSetup, cores: usize) -> Result<Simulation, SimEr
                         // Updates still waiting at the end are applied then.
                         state.pending.sort_by_key(|p| p.0);
                         for (t, ar_done) in std::mem::take(&mut state.pending) {
+                            state.steps.push_back(Step::AwaitMeet { t, sync: cost.tied_sync_s });
                             state.steps.push_back(Step::Until(ar_done));
                             state.steps.push_back(Step::Work(Work { kind: TraceKind::Optimizer, seconds: cost.optimizer_s, mb: None, version: t + 1, step: t, ends_batch: false }));
                         }
