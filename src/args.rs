@@ -596,6 +596,11 @@ pub struct ProfileArgs {
     /// Seed of the synthetic inputs.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// The training loss to time on the model's output, as `train --loss` takes it
+    /// (cross-entropy, mse or output; `KIND:OUTPUT` names the output of a model with
+    /// several): the last stage computes it besides its nodes.
+    #[arg(long, value_name = "KIND[:OUTPUT]", value_parser = parse_loss, default_value = "cross-entropy")]
+    pub loss: LossArg,
     /// Write the profile here (atomically) instead of stdout.
     #[arg(short, long)]
     pub output: Option<PathBuf>,

@@ -246,7 +246,7 @@ pub fn profile(args: &ProfileArgs) -> Result<()> {
             eprintln!("profile: warning: batch {}: the repetitions differ by more than {:.0}%; the machine looks busy (rerun idle, or with more --reps)", s.batch, NOISY_SPREAD * 100.0);
         }
     };
-    let p = pipewright_driver::profile::profile(&args.model, args.device, &args.batch, args.reps, args.seed, &mut on_batch)?;
+    let p = pipewright_driver::profile::profile(&args.model, args.device, &args.batch, args.reps, args.seed, (args.loss.loss, args.loss.output.as_deref()), &mut on_batch)?;
     let text = serde_json::to_string_pretty(&p).map_err(|e| anyhow!("profile: {e}"))?;
     match &args.output {
         Some(path) => write_atomic(path, text.as_bytes())?,

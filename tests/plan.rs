@@ -172,6 +172,16 @@ fn profile_reports_the_spread_of_its_repetitions() {
     for k in ["sgd_ms", "momentum_ms", "adam_ms"] {
         assert!(updates.iter().all(|u| u[k].as_f64() > Some(0.0)), "{k}: {updates:?}");
     }
+    // The training loss (train's default, cross-entropy on the only output) at each size.
+    let loss = &json["loss"];
+    assert_eq!(loss["loss"].as_str(), Some("cross-entropy"), "{loss}");
+    for k in ["fwd_ms", "bwd_ms"] {
+        assert!(loss[k].as_array().is_some_and(|v| v.len() == 2 && v.iter().all(|x| x.as_f64() > Some(0.0))), "{loss}");
+    }
+    // A loss on an output the model does not have is named, with the outputs it has.
+    let out = Command::new(env!("CARGO_BIN_EXE_pipewright")).args(["profile", &model("mlp"), "--batch", "1", "--loss", "mse:nope"]).output().expect("runs pipewright");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("no output \"nope\"") && err.contains("its outputs are"), "{err}");
     // The file still reads as a profile for the planner.
     let (ok, _, err) = plan(&[&model("mlp"), "--stages", "2", "--batch", "64", "--top", "1", "--profile", profile.to_str().unwrap()]);
     assert!(ok, "{err}");

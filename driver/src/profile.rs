@@ -10,7 +10,8 @@
 //! (`spread`), which `profile` reports, the whole model run as one forward and one backward
 //! pass (`whole`: the cost model scales the nodes' times to add up to it), and each
 //! trainable weight's update under each optimizer, timed with the runtime's own step
-//! (`updates`: the simulator's optimizer time on the machine profiled).
+//! (`updates`: the simulator's optimizer time on the machine profiled), and the training
+//! loss on the model's output (`loss`: the last stage computes it besides its nodes).
 
 use std::time::Instant;
 
@@ -18,9 +19,10 @@ use std::path::Path;
 
 use pipewright_core::Device;
 use pipewright_ir::{Graph, ImportOptions};
-use pipewright_passes::cost::{BatchSpread, Profile, ProfileNode, WeightUpdate, WholePass};
+use pipewright_core::Loss;
+use pipewright_passes::cost::{BatchSpread, LossTiming, Profile, ProfileNode, WeightUpdate, WholePass};
 use pipewright_runtime::exec::{run as run_kernel, Mode};
-use pipewright_runtime::pipeline::{update_ms, OptimizerConfig};
+use pipewright_runtime::pipeline::{loss_ms, update_ms, Objective, OptimizerConfig};
 use pipewright_runtime::program::Instr;
 use tch::{Kind, Tensor};
 
@@ -30,9 +32,12 @@ use crate::DriverError;
 /// Profiles `model` on `device` at each microbatch size of `batches` (`reps` timed
 /// repetitions per node, median; synthetic inputs from `seed`); `on_batch` hears when a
 /// size is done, with the spread of the whole model's time over the repetitions.
-pub fn profile(model: &Path, device: Device, batches: &[u64], reps: usize, seed: u64, on_batch: &mut dyn FnMut(&BatchSpread)) -> Result<Profile, DriverError> {
+pub fn profile(model: &Path, device: Device, batches: &[u64], reps: usize, seed: u64, loss: (Loss, Option<&str>), on_batch: &mut dyn FnMut(&BatchSpread)) -> Result<Profile, DriverError> {
     let tdev = pipewright_runtime::device::tch_device(device).map_err(|e| DriverError::msg(e.to_string()))?;
     let runner = Runner::load(model, &ImportOptions::default(), tdev)?;
+    let (objective, out_index) = loss_output(&runner, model, loss)?;
+    let mut loss_fwd = Vec::with_capacity(batches.len());
+    let mut loss_bwd = Vec::with_capacity(batches.len());
     tch::manual_seed(seed as i64);
     let instrs = &runner.interp().program().instrs;
     let mut nodes: Vec<ProfileNode> =
@@ -42,6 +47,11 @@ pub fn profile(model: &Path, device: Device, batches: &[u64], reps: usize, seed:
     for &b in batches {
         let inputs = synthetic_inputs(&runner.graph, b as i64, tdev)?;
         whole.push(time_whole(&runner, &inputs, b, reps).map_err(|e| DriverError::msg(format!("{}: the model does not run at batch {b}: {e}", model.display())))?);
+        let outs = runner.interp().run(&inputs, Mode::Train).map_err(|e| DriverError::msg(format!("{}: the model does not run at batch {b}: {e}", model.display())))?;
+        let (f, bw) = loss_ms(&objective, &outs[out_index], reps)
+            .map_err(|e| DriverError::msg(format!("{}: the {} loss on output {:?}: {e} (choose another with --loss KIND[:OUTPUT])", model.display(), objective.loss, objective.output)))?;
+        loss_fwd.push(f);
+        loss_bwd.push(bw);
         let slots = runner
             .interp()
             .run_keep_all(&inputs, Mode::Train)
@@ -65,7 +75,8 @@ pub fn profile(model: &Path, device: Device, batches: &[u64], reps: usize, seed:
         spread.push(s);
     }
     let updates = time_updates(&runner, reps)?;
-    Ok(Profile { model: model.display().to_string(), device: device.to_string(), batches: batches.to_vec(), nodes, spread, whole, updates })
+    let loss = Some(LossTiming { loss: objective.loss, output: objective.output, fwd_ms: loss_fwd, bwd_ms: loss_bwd });
+    Ok(Profile { model: model.display().to_string(), device: device.to_string(), batches: batches.to_vec(), nodes, spread, whole, updates, loss })
 }
 
 /// Random float inputs (seeded) and zero index inputs of the graph's input shapes at `b`.
@@ -116,6 +127,23 @@ fn time_node(ins: &Instr, inputs: &[Option<Tensor>], reps: usize) -> Result<(Vec
     fwd.remove(0);
     bwd.remove(0);
     Ok((fwd, bwd))
+}
+
+/// The training loss to time and the index of the output it applies to: `output` by name,
+/// or the model's only output (as `train` picks it).
+fn loss_output(runner: &Runner, model: &Path, (loss, output): (Loss, Option<&str>)) -> Result<(Objective, usize), DriverError> {
+    let program = runner.interp().program();
+    let names: Vec<&str> = program.outputs.iter().map(|s| program.slots[s.index()].name.as_str()).collect();
+    let index = match output {
+        Some(name) => names.iter().position(|n| *n == name),
+        None if names.len() == 1 => Some(0),
+        None => None,
+    };
+    let Some(index) = index else {
+        let asked = output.map_or_else(|| "the model has several outputs; name the loss's".to_string(), |n| format!("no output {n:?}"));
+        return Err(DriverError::msg(format!("{}: {asked} (--loss KIND:OUTPUT); its outputs are {}", model.display(), names.join(", "))));
+    };
+    Ok((Objective::new(loss, names[index]), index))
 }
 
 /// Each trainable weight's update under SGD, SGD with momentum and Adam, as the runtime's

@@ -66,7 +66,7 @@ use std::collections::HashMap;
 
 use pipewright_ir::ops::{BinaryOp, ResizeMode, UnaryOp};
 use pipewright_ir::{Dim, Graph, NodeId, Op, TensorType, ValueDef, ValueId};
-use pipewright_core::Optimizer;
+use pipewright_core::{Loss, Optimizer};
 use serde::{Deserialize, Serialize};
 
 /// A cost linear in the microbatch size: `per_sample * b + fixed`.
@@ -252,6 +252,20 @@ pub struct Profile {
     /// then costed from the memory bandwidth).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub updates: Vec<WeightUpdate>,
+    /// The training loss on the model's output, per batch size (absent from older
+    /// profiles: the last stage's time then leaves the loss out).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss: Option<LossTiming>,
+}
+
+/// The training loss on one model output as the last stage computes it: forward, and
+/// its backward to the output, milliseconds per batch size of the profile.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LossTiming {
+    pub loss: Loss,
+    pub output: String,
+    pub fwd_ms: Vec<f64>,
+    pub bwd_ms: Vec<f64>,
 }
 
 /// One trainable weight's update as the runtime's step applies it (gradient scaling, the
@@ -351,6 +365,14 @@ impl Profile {
                 )));
             }
         }
+        if let Some(l) = &self.loss {
+            if l.fwd_ms.len() != self.batches.len() || l.bwd_ms.len() != self.batches.len() || l.fwd_ms.iter().chain(&l.bwd_ms).any(|&x| bad(x)) {
+                return Err(CostError::ProfileInvalid(format!(
+                    "the loss ({} on {:?}) needs one non-negative finite time per batch size",
+                    l.loss, l.output
+                )));
+            }
+        }
         for u in &self.updates {
             if [u.sgd_ms, u.momentum_ms, u.adam_ms].into_iter().any(bad) {
                 return Err(CostError::ProfileInvalid(format!(
@@ -440,6 +462,9 @@ pub struct CostModel {
     /// Measured seconds to update the weights each node reads first (SGD, SGD with
     /// momentum, Adam), by node index, from a profile that has them.
     updates: Option<Vec<[f64; 3]>>,
+    /// The training loss's forward and backward seconds, linear in the microbatch, from a
+    /// profile that timed it.
+    loss: Option<(Lin, Lin)>,
 }
 
 fn numel_lin(ty: &TensorType, export: i64) -> Lin {
@@ -851,6 +876,7 @@ impl CostModel {
             topo,
             export_batch: export,
             updates: None,
+            loss: None,
         })
     }
 
@@ -975,7 +1001,17 @@ impl CostModel {
         cr.sort_by_key(|x| x.0);
         report.class_ratio = cr;
         report.updates_measured = self.apply_updates(g, &profile.updates);
+        self.loss = profile.loss.as_ref().map(|l| {
+            let secs = |v: &[f64]| v.iter().map(|x| x * 1e-3).collect::<Vec<f64>>();
+            (least_squares(&profile.batches, &secs(&l.fwd_ms)), least_squares(&profile.batches, &secs(&l.bwd_ms)))
+        });
         Ok(report)
+    }
+
+    /// Forward and backward seconds of the training loss at microbatch `b`, which the last
+    /// stage computes besides its nodes: (0, 0) unless a profile timed it.
+    pub fn loss_time(&self, b: u64) -> (f64, f64) {
+        self.loss.map_or((0.0, 0.0), |(f, bw)| (f.at(b).max(0.0), bw.at(b).max(0.0)))
     }
 
     /// Attributes each measured weight update to the node that reads the weight first (as

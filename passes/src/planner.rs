@@ -585,6 +585,11 @@ impl<'a> PlanContext<'a> {
                     Recompute::Selective => f,
                 };
             }
+            if s + 1 == d {
+                let (lf, lb) = cost.loss_time(b);
+                fwd += lf;
+                bwd += lb;
+            }
             let weights = params[s] + extra_bytes[s];
             let extra = m1.weight_factor * extra_bytes[s];
             out.push(crate::simulate::StageCost {

@@ -411,7 +411,8 @@ fn a_profiles_whole_pass_and_weight_updates_drive_the_stage_costs() {
                   {"name": "mm2", "op": "MatMul", "fwd_ms": [1, 2], "bwd_ms": [2, 4]}],
         "whole": [{"batch": 1, "fwd_ms": 6, "bwd_ms": 3}, {"batch": 2, "fwd_ms": 12, "bwd_ms": 6}],
         "updates": [{"name": "w1", "sgd_ms": 1, "momentum_ms": 2, "adam_ms": 5},
-                    {"name": "w2", "sgd_ms": 3, "momentum_ms": 4, "adam_ms": 7}]}"#;
+                    {"name": "w2", "sgd_ms": 3, "momentum_ms": 4, "adam_ms": 7}],
+        "loss": {"loss": "cross-entropy", "output": "mm2_out", "fwd_ms": [0.5, 1], "bwd_ms": [1.5, 3]}}"#;
     let profile = Profile::from_json(json).unwrap();
     let mut c = CostModel::new(&g, Roofline::default()).unwrap();
     let report = c.apply_profile(&g, &profile).unwrap();
@@ -440,6 +441,12 @@ fn a_profiles_whole_pass_and_weight_updates_drive_the_stage_costs() {
         for (s, w) in stages.iter().zip(want) {
             assert!((s.optimizer_s - w).abs() < 1e-12, "{optimizer} momentum {momentum}: {} != {w}", s.optimizer_s);
         }
+        // The last stage computes the loss besides its node: 2 + 0.5 ms forward, 1 + 1.5
+        // ms backward at b = 1.
+        let times: Vec<(f64, f64)> = stages.iter().map(|s| (s.forward_s, s.backward_s)).collect();
+        for (k, want) in [(2e-3, 1e-3), (2e-3, 1e-3), (2.5e-3, 2.5e-3)].into_iter().enumerate() {
+            assert!((times[k].0 - want.0).abs() < 1e-12 && (times[k].1 - want.1).abs() < 1e-12, "stage {k}: {:?}", times[k]);
+        }
     }
     // Without updates in the profile, the update is costed from the memory bandwidth.
     let mut bare = profile.clone();
@@ -447,6 +454,8 @@ fn a_profiles_whole_pass_and_weight_updates_drive_the_stage_costs() {
     let mut c2 = CostModel::new(&g, Roofline::default()).unwrap();
     c2.apply_profile(&g, &bare).unwrap();
     assert_eq!(c2.update_time(by_name("mm0"), Optimizer::Sgd, false), None);
+    let bad = json.replace(r#""bwd_ms": [1.5, 3]"#, r#""bwd_ms": [1.5]"#);
+    assert!(Profile::from_json(&bad).unwrap_err().to_string().contains("the loss (cross-entropy on \"mm2_out\") needs one"));
     let bad = json.replace(r#""sgd_ms": 1,"#, r#""sgd_ms": -1,"#);
     assert!(Profile::from_json(&bad).unwrap_err().to_string().contains("update of weight \"w1\""));
     let bad = json.replace(r#"{"batch": 2, "fwd_ms": 12"#, r#"{"batch": 3, "fwd_ms": 12"#);

@@ -22,6 +22,7 @@ use tch::Tensor;
 
 pub use crate::exec::Mode;
 pub use optim::{update_ms, LrSchedule, OptimizerConfig};
+pub use stage::loss_ms;
 pub use precision::{compute_kind, LossScaler, Precision};
 pub use schedule::{stage_ops, stage_ops_from, Op};
 pub use checkpoint::{decode_checkpoint, decode_stage, read_checkpoint, step_dir_name, write_checkpoint, Checkpoint, CheckpointError, StageState};

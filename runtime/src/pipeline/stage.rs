@@ -1040,6 +1040,39 @@ struct Run {
     stats: Vec<(usize, Tensor)>,
 }
 
+/// Milliseconds of the training loss `l` on a model output like `out` (forward, then
+/// its backward to the output), as the last stage computes it, on synthetic labels (class
+/// 0 for cross-entropy, random targets for mse): medians of `reps` after one warm-up. For
+/// `pipewright profile`; an error says why the loss does not apply to that output.
+pub fn loss_ms(l: &Objective, out: &Tensor, reps: usize) -> Result<(f64, f64), String> {
+    let labels = match l.loss {
+        Loss::Output => None,
+        Loss::Mse => Some(out.f_randn_like().map_err(|e| first_line(&e))?),
+        Loss::CrossEntropy => {
+            let dims = out.size();
+            let batch = dims.split_last().map(|(_, rest)| rest.to_vec()).ok_or("logits are a scalar")?;
+            Some(Tensor::f_zeros(&batch, (Kind::Int64, out.device())).map_err(|e| first_line(&e))?)
+        }
+    };
+    let (mut fwd, mut bwd) = (Vec::new(), Vec::new());
+    for rep in 0..reps.max(1) + 1 {
+        let leaf = out.detach().set_requires_grad(true);
+        let start = std::time::Instant::now();
+        let loss = loss_of(l, &leaf, labels.as_ref())?;
+        let mid = std::time::Instant::now();
+        Tensor::f_run_backward(&[loss], &[&leaf], false, false).map_err(|e| first_line(&e))?;
+        if rep > 0 {
+            fwd.push((mid - start).as_secs_f64() * 1e3);
+            bwd.push(mid.elapsed().as_secs_f64() * 1e3);
+        }
+    }
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    Ok((median(fwd), median(bwd)))
+}
+
 fn loss_of(l: &Objective, out: &Tensor, labels: Option<&Tensor>) -> Result<Tensor, String> {
     // Under mixed precision the loss (a softmax, a mean) is computed in fp32.
     let out = &match out.kind() {
