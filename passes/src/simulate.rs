@@ -355,14 +355,14 @@ impl Meetings {
         let mut component = vec![0; d];
         let mut members: Vec<Vec<usize>> = Vec::new();
         let mut index_of_root = vec![usize::MAX; d];
-        for s in 0..d {
+        for (s, comp) in component.iter_mut().enumerate() {
             let r = root(&mut parent, s);
             if index_of_root[r] == usize::MAX {
                 index_of_root[r] = members.len();
                 members.push(Vec::new());
             }
             members[index_of_root[r]].push(s);
-            component[s] = index_of_root[r];
+            *comp = index_of_root[r];
         }
         let arrived = vec![vec![f64::NAN; setup.batches]; d];
         Ok(Meetings { component, members, arrived })

@@ -149,7 +149,9 @@ impl OptState {
     }
 }
 
-/// Whether every element of `ts` is finite (one reduction per tensor, one read back).
+/// Whether every element of `ts` is finite: one reduction per tensor and a single read
+/// (a NaN or infinity anywhere makes the double-precision sum non-finite; finite f32
+/// values cannot overflow it).
 pub(crate) fn all_finite(ts: &[Tensor]) -> Result<bool, tch::TchError> {
     if ts.is_empty() {
         return Ok(true);

@@ -847,10 +847,6 @@ impl Worker {
 /// Tied weights grouped by the stage set that shares them (groups in ascending order of
 /// that set, weights in each by name), so every stage of a group reduces the same tensors
 /// in the same order and groups are reduced in one global order (no deadlock).
-/// Whether every element of `ts` is finite: one reduction per tensor and a single read
-/// (a NaN or infinity anywhere makes the double-precision sum non-finite; finite f32
-/// values cannot overflow it).
-
 fn tied_groups(sync: &[Vec<u32>], names: &[String], stage: u32) -> Vec<(Vec<u32>, Vec<usize>)> {
     let mut groups: BTreeMap<Vec<u32>, Vec<usize>> = BTreeMap::new();
     for (i, s) in sync.iter().enumerate() {
