@@ -270,6 +270,24 @@ struct StageState {
     version: u64,
 }
 
+impl StageState {
+    /// Applies stage `s`'s deferred update of step `t` (its all-reduce done at `ar_done`)
+    /// once the stages tied to it have met and summed (they have, by the callers' check).
+    fn apply_deferred(&mut self, s: usize, t: u64, ar_done: f64, cost: &StageCost, meetings: &Meetings, events: &mut Events) {
+        let summed = meetings.met(s, t).map_or(ar_done, |met| {
+            if cost.tied_sync_s > 0.0 {
+                events.record(TraceKind::AllReduce, s, met, cost.tied_sync_s, None, t + 1, t);
+            }
+            ar_done.max(met + cost.tied_sync_s)
+        });
+        let start = self.free.max(summed);
+        events.record(TraceKind::Optimizer, s, start, cost.optimizer_s, None, t + 1, t);
+        self.free = start + cost.optimizer_s;
+        self.busy += cost.optimizer_s;
+        self.version = t + 1;
+    }
+}
+
 /// Replays `setup` (see the module docs): stage by stage when every stage has its own
 /// device, under processor sharing (`simulate/shared.rs`) when the stages' threads outnumber the
 /// host's cores.
@@ -392,6 +410,28 @@ fn defers_updates(setup: &SimSetup) -> bool {
     setup.scheme == Scheme::TwoBw && setup.w > 1
 }
 
+/// Arrival times for each stage's inputs, in a window of `2m + 2d + 2` slots.
+fn arrivals(setup: &SimSetup) -> Vec<Arrivals> {
+    let window = 2 * setup.m as usize + 2 * setup.stages.len() + 2;
+    (0..setup.stages.len()).map(|_| Arrivals::new(window)).collect()
+}
+
+/// The intervals a replay keeps for its trace (none unless asked): stage = trace row,
+/// times in µs.
+struct Events {
+    keep: bool,
+    list: Vec<TraceEvent>,
+}
+
+impl Events {
+    #[allow(clippy::too_many_arguments)]
+    fn record(&mut self, kind: TraceKind, stage: usize, start: f64, dur: f64, mb: Option<u64>, version: u64, step: u64) {
+        if self.keep {
+            self.list.push(TraceEvent { kind, stage, start_us: start * 1e6, dur_us: dur * 1e6, microbatch: mb, version, step });
+        }
+    }
+}
+
 /// What each stage ended with, for [`report`].
 struct StageEnd {
     busy: f64,
@@ -466,16 +506,9 @@ fn replay_dedicated(setup: &SimSetup) -> Result<Simulation, SimError> {
             version: 0,
         });
     }
-    let window = 2 * m + 2 * d + 2;
-    let mut acts: Vec<Arrivals> = (0..d).map(|_| Arrivals::new(window)).collect();
-    let mut grads: Vec<Arrivals> = (0..d).map(|_| Arrivals::new(window)).collect();
+    let (mut acts, mut grads) = (arrivals(setup), arrivals(setup));
     let mut batch_end = vec![0.0f64; setup.batches];
-    let mut events = Vec::new();
-    let mut record = |kind: TraceKind, stage: usize, start: f64, dur: f64, mb: Option<u64>, version: u64, step: u64| {
-        if setup.record {
-            events.push(TraceEvent { kind, stage, start_us: start * 1e6, dur_us: dur * 1e6, microbatch: mb, version, step });
-        }
-    };
+    let mut events = Events { keep: setup.record, list: Vec::new() };
     let m64 = setup.m;
     loop {
         let mut progressed = false;
@@ -502,21 +535,11 @@ fn replay_dedicated(setup: &SimSetup) -> Result<Simulation, SimError> {
                         while state.version < need {
                             let Some(pos) = state.pending.iter().position(|p| p.0 == state.version) else { break };
                             let (t, ar_done) = state.pending.remove(pos);
-                            let summed = meetings.met(s, t).map_or(ar_done, |met| {
-                                if cost.tied_sync_s > 0.0 {
-                                    record(TraceKind::AllReduce, s, met, cost.tied_sync_s, None, t + 1, t);
-                                }
-                                ar_done.max(met + cost.tied_sync_s)
-                            });
-                            let start = state.free.max(summed);
-                            record(TraceKind::Optimizer, s, start, cost.optimizer_s, None, t + 1, t);
-                            state.free = start + cost.optimizer_s;
-                            state.busy += cost.optimizer_s;
-                            state.version = t + 1;
+                            state.apply_deferred(s, t, ar_done, cost, &meetings, &mut events);
                         }
                         let start = state.free.max(ready);
                         let end = start + cost.forward_s;
-                        record(TraceKind::Forward, s, start, cost.forward_s, Some(i), need, i / m64);
+                        events.record(TraceKind::Forward, s, start, cost.forward_s, Some(i), need, i / m64);
                         state.free = end;
                         state.busy += cost.forward_s;
                         state.in_flight += 1;
@@ -527,7 +550,7 @@ fn replay_dedicated(setup: &SimSetup) -> Result<Simulation, SimError> {
                             let t0 = state.free.max(state.fwd_link_free);
                             let dt = link.seconds(cost.send_bytes);
                             state.fwd_link_free = t0 + dt;
-                            record(TraceKind::Send, s, end, t0 + dt - end, Some(i), need, i / m64);
+                            events.record(TraceKind::Send, s, end, t0 + dt - end, Some(i), need, i / m64);
                             acts[s + 1].put(i, t0 + dt)?;
                         }
                     }
@@ -538,10 +561,10 @@ fn replay_dedicated(setup: &SimSetup) -> Result<Simulation, SimError> {
                         let version = rule.version_for(i, m64);
                         let mut start = state.free.max(ready);
                         if cost.recompute_s > 0.0 {
-                            record(TraceKind::Recompute, s, start, cost.recompute_s, Some(i), version, i / m64);
+                            events.record(TraceKind::Recompute, s, start, cost.recompute_s, Some(i), version, i / m64);
                             start += cost.recompute_s;
                         }
-                        record(TraceKind::Backward, s, start, cost.backward_s, Some(i), version, i / m64);
+                        events.record(TraceKind::Backward, s, start, cost.backward_s, Some(i), version, i / m64);
                         let end = start + cost.backward_s;
                         // Two additions, as the shared engine's two segments add them.
                         state.busy += cost.recompute_s;
@@ -554,7 +577,7 @@ fn replay_dedicated(setup: &SimSetup) -> Result<Simulation, SimError> {
                             let t0 = state.free.max(state.bwd_link_free);
                             let dt = link.seconds(cost.send_bytes_back(&setup.stages[s - 1]));
                             state.bwd_link_free = t0 + dt;
-                            record(TraceKind::Send, s, end, t0 + dt - end, Some(i), version, i / m64);
+                            events.record(TraceKind::Send, s, end, t0 + dt - end, Some(i), version, i / m64);
                             grads[s - 1].put(i, t0 + dt)?;
                         }
                     }
@@ -568,7 +591,7 @@ fn replay_dedicated(setup: &SimSetup) -> Result<Simulation, SimError> {
                             let state = &mut st[s];
                             let start = state.free.max(state.net_free);
                             if ar > 0.0 {
-                                record(TraceKind::AllReduce, s, start, ar, None, t + 1, t);
+                                events.record(TraceKind::AllReduce, s, start, ar, None, t + 1, t);
                             }
                             state.net_free = start + ar;
                             state.pending.push((t, start + ar));
@@ -578,14 +601,14 @@ fn replay_dedicated(setup: &SimSetup) -> Result<Simulation, SimError> {
                             let Some(met) = meetings.arrive(s, t, st[s].free) else { break };
                             let state = &mut st[s];
                             if cost.tied_sync_s > 0.0 {
-                                record(TraceKind::AllReduce, s, met, cost.tied_sync_s, None, t + 1, t);
+                                events.record(TraceKind::AllReduce, s, met, cost.tied_sync_s, None, t + 1, t);
                             }
                             state.free = met + cost.tied_sync_s;
                             let start = state.free;
                             if ar > 0.0 {
-                                record(TraceKind::AllReduce, s, start, ar, None, t + 1, t);
+                                events.record(TraceKind::AllReduce, s, start, ar, None, t + 1, t);
                             }
-                            record(TraceKind::Optimizer, s, start + ar, cost.optimizer_s, None, t + 1, t);
+                            events.record(TraceKind::Optimizer, s, start + ar, cost.optimizer_s, None, t + 1, t);
                             state.free = start + ar + cost.optimizer_s;
                             state.busy += cost.optimizer_s;
                             state.version = t + 1;
@@ -611,23 +634,14 @@ fn replay_dedicated(setup: &SimSetup) -> Result<Simulation, SimError> {
         state.pending.sort_by_key(|p| p.0);
         for (t, ar_done) in std::mem::take(&mut state.pending) {
             // Every stage has reached every step by now.
-            let summed = meetings.met(s, t).map_or(ar_done, |met| {
-                if cost.tied_sync_s > 0.0 {
-                    record(TraceKind::AllReduce, s, met, cost.tied_sync_s, None, t + 1, t);
-                }
-                ar_done.max(met + cost.tied_sync_s)
-            });
-            let start = state.free.max(summed);
-            record(TraceKind::Optimizer, s, start, cost.optimizer_s, None, t + 1, t);
-            state.free = start + cost.optimizer_s;
-            state.busy += cost.optimizer_s;
+            state.apply_deferred(s, t, ar_done, cost, &meetings, &mut events);
         }
     }
     let ends: Vec<StageEnd> = st
         .iter()
         .map(|x| StageEnd { busy: x.busy, peak_in_flight: x.peak_in_flight, last: x.free.max(x.fwd_link_free).max(x.bwd_link_free).max(x.net_free) })
         .collect();
-    Ok(report(setup, &ends, &batch_end, &allreduce, events))
+    Ok(report(setup, &ends, &batch_end, &allreduce, events.list))
 }
 
 impl StageCost {

@@ -25,7 +25,7 @@ use pipewright_core::schedule::Op;
 use pipewright_core::timeline::{TraceEvent, TraceKind};
 use pipewright_core::{Scheme, UpdateRule};
 
-use super::{allreduce_per_stage, defers_updates, report, scheme_ops, Arrivals, Meetings, SimError, SimSetup, Simulation, StageEnd};
+use super::{allreduce_per_stage, arrivals, defers_updates, report, scheme_ops, Events, Meetings, SimError, SimSetup, Simulation, StageEnd};
 
 /// Work on a stage's stream.
 #[derive(Clone, Copy, Debug)]
@@ -47,15 +47,13 @@ enum Step {
     Input { grad: bool, mb: u64 },
     /// Wait, taking no core, until then (an all-reduce).
     Until(f64),
-    /// Meet the stages tied to this one at step `t`, then sum the tied gradients for
-    /// `sync` seconds (taking no core).
-    Meet { t: u64, sync: f64 },
+    /// Meet the stages tied to this one at step `t` (arriving there now, or, for a
+    /// deferred update, having arrived at the step before), then sum the tied gradients
+    /// for `sync` seconds, taking no core.
+    Meet { t: u64, sync: f64, arrive: bool },
     /// The rest of step `t` from when the stages have met: the replicas' all-reduce and
     /// the update.
     Update { t: u64 },
-    /// A deferred update of step `t` waits, taking no core, for the stages tied to this
-    /// one to have reached that step, then for their `sync` seconds of summing.
-    AwaitMeet { t: u64, sync: f64 },
     Work(Work),
     /// Put microbatch `mb`'s message on the link to the next stage (`grad` false) or the
     /// previous one, once the hand-off is done.
@@ -138,16 +136,9 @@ pub(super) fn replay(setup: &SimSetup, cores: usize) -> Result<Simulation, SimEr
             handoff_start: 0.0,
         });
     }
-    let window = 2 * m + 2 * d + 2;
-    let mut acts: Vec<Arrivals> = (0..d).map(|_| Arrivals::new(window)).collect();
-    let mut grads: Vec<Arrivals> = (0..d).map(|_| Arrivals::new(window)).collect();
+    let (mut acts, mut grads) = (arrivals(setup), arrivals(setup));
     let mut batch_end = vec![0.0f64; setup.batches];
-    let mut events = Vec::new();
-    let mut record = |kind: TraceKind, stage: usize, start: f64, dur: f64, mb: Option<u64>, version: u64, step: u64| {
-        if setup.record {
-            events.push(TraceEvent { kind, stage, start_us: start * 1e6, dur_us: dur * 1e6, microbatch: mb, version, step });
-        }
-    };
+    let mut events = Events { keep: setup.record, list: Vec::new() };
     // Each replica's thread of a working stage competes for the cores.
     let threads_per_stage = setup.w as f64;
     let cores = cores as f64;
@@ -170,7 +161,7 @@ pub(super) fn replay(setup: &SimSetup, cores: usize) -> Result<Simulation, SimEr
                         let dur = if r.slowed { end - r.start } else { r.work.seconds };
                         let w = r.work;
                         if w.kind != TraceKind::Send {
-                            record(w.kind, s, r.start, dur, w.mb, w.version, w.step);
+                            events.record(w.kind, s, r.start, dur, w.mb, w.version, w.step);
                             state.busy += dur;
                         }
                         if w.ends_batch {
@@ -197,10 +188,11 @@ pub(super) fn replay(setup: &SimSetup, cores: usize) -> Result<Simulation, SimEr
                                     break;
                                 }
                             }
-                            Step::Meet { t, sync } => {
-                                let Some(met) = meetings.arrive(s, t, now) else { break };
+                            Step::Meet { t, sync, arrive } => {
+                                let met = if arrive { meetings.arrive(s, t, now) } else { meetings.met(s, t) };
+                                let Some(met) = met else { break };
                                 if sync > 0.0 {
-                                    record(TraceKind::AllReduce, s, met, sync, None, t + 1, t);
+                                    events.record(TraceKind::AllReduce, s, met, sync, None, t + 1, t);
                                 }
                                 state.steps.pop_front();
                                 state.steps.push_front(Step::Until(met + sync));
@@ -212,20 +204,10 @@ pub(super) fn replay(setup: &SimSetup, cores: usize) -> Result<Simulation, SimEr
                                 state.steps.pop_front();
                                 state.steps.push_front(Step::Work(Work { kind: TraceKind::Optimizer, seconds: cost.optimizer_s, mb: None, version: t + 1, step: t, ends_batch: true }));
                                 if ar > 0.0 {
-                                    record(TraceKind::AllReduce, s, now, ar, None, t + 1, t);
+                                    events.record(TraceKind::AllReduce, s, now, ar, None, t + 1, t);
                                     state.steps.push_front(Step::Until(now + ar));
                                 }
                                 state.version = t + 1;
-                                changed = true;
-                                continue;
-                            }
-                            Step::AwaitMeet { t, sync } => {
-                                let Some(met) = meetings.met(s, t) else { break };
-                                if sync > 0.0 {
-                                    record(TraceKind::AllReduce, s, met, sync, None, t + 1, t);
-                                }
-                                state.steps.pop_front();
-                                state.steps.push_front(Step::Until(met + sync));
                                 changed = true;
                                 continue;
                             }
@@ -249,7 +231,7 @@ pub(super) fn replay(setup: &SimSetup, cores: usize) -> Result<Simulation, SimEr
                                 let t0 = now.max(*free);
                                 let dt = link.seconds(bytes);
                                 *free = t0 + dt;
-                                record(TraceKind::Send, s, state.handoff_start, t0 + dt - state.handoff_start, Some(mb), version, mb / m64);
+                                events.record(TraceKind::Send, s, state.handoff_start, t0 + dt - state.handoff_start, Some(mb), version, mb / m64);
                                 if grad {
                                     grads[s - 1].put(mb, t0 + dt)?;
                                 } else {
@@ -273,7 +255,7 @@ pub(super) fn replay(setup: &SimSetup, cores: usize) -> Result<Simulation, SimEr
                                 while state.version < need {
                                     let Some(pos) = state.pending.iter().position(|p| p.0 == state.version) else { break };
                                     let (t, ar_done) = state.pending.remove(pos);
-                                    state.steps.push_back(Step::AwaitMeet { t, sync: cost.tied_sync_s });
+                                    state.steps.push_back(Step::Meet { t, sync: cost.tied_sync_s, arrive: false });
                                     state.steps.push_back(Step::Until(ar_done));
                                     state.steps.push_back(work(TraceKind::Optimizer, cost.optimizer_s, None, t + 1, t));
                                     state.version = t + 1;
@@ -307,19 +289,19 @@ pub(super) fn replay(setup: &SimSetup, cores: usize) -> Result<Simulation, SimEr
                             Op::Step(t) if deferred => {
                                 // The stream goes on: the all-reduce on the stage's network
                                 // channel; the meeting and the update wait for the forward
-                                // that needs them (`Step::AwaitMeet`).
+                                // that needs them (`Step::Meet`).
                                 meetings.arrive(s, t, now);
                                 let ar = allreduce[s];
                                 let start = now.max(state.net_free);
                                 if ar > 0.0 {
-                                    record(TraceKind::AllReduce, s, start, ar, None, t + 1, t);
+                                    events.record(TraceKind::AllReduce, s, start, ar, None, t + 1, t);
                                 }
                                 state.net_free = start + ar;
                                 state.pending.push((t, start + ar));
                                 batch_end[t as usize] = batch_end[t as usize].max(start + ar);
                             }
                             Op::Step(t) => {
-                                state.steps.push_back(Step::Meet { t, sync: cost.tied_sync_s });
+                                state.steps.push_back(Step::Meet { t, sync: cost.tied_sync_s, arrive: true });
                                 state.steps.push_back(Step::Update { t });
                             }
                         }
@@ -329,7 +311,7 @@ pub(super) fn replay(setup: &SimSetup, cores: usize) -> Result<Simulation, SimEr
                         // Updates still waiting at the end are applied then.
                         state.pending.sort_by_key(|p| p.0);
                         for (t, ar_done) in std::mem::take(&mut state.pending) {
-                            state.steps.push_back(Step::AwaitMeet { t, sync: cost.tied_sync_s });
+                            state.steps.push_back(Step::Meet { t, sync: cost.tied_sync_s, arrive: false });
                             state.steps.push_back(Step::Until(ar_done));
                             state.steps.push_back(Step::Work(Work { kind: TraceKind::Optimizer, seconds: cost.optimizer_s, mb: None, version: t + 1, step: t, ends_batch: false }));
                         }
@@ -379,7 +361,7 @@ pub(super) fn replay(setup: &SimSetup, cores: usize) -> Result<Simulation, SimEr
         .iter()
         .map(|x| StageEnd { busy: x.busy, peak_in_flight: x.peak_in_flight, last: x.free.max(x.fwd_link_free).max(x.bwd_link_free).max(x.net_free) })
         .collect();
-    Ok(report(setup, &ends, &batch_end, &allreduce, events))
+    Ok(report(setup, &ends, &batch_end, &allreduce, events.list))
 }
 
 /// Whether an event of a real run's trace keeps its stage's thread working (a wait for a
