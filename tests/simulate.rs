@@ -296,13 +296,16 @@ fn stages_sharing_host_cores_are_replayed_slower() {
     let text = ok(&pw(&["simulate", p, "--host-cores", "2", "--batches", "2"]));
     assert!(text.lines().next().unwrap().ends_with("the stages' threads sharing 2 CPU core(s)"), "{text}");
     // The replay's trace as a measured run's: its sends now take the stage's thread for
-    // their link time too, and a median stands for every step's update, so the rate is
-    // close to, not exactly, the original (taking the shared durations as they are, without
-    // converting them back, is off by about 13%).
+    // their link time too, a median stands for every step's update, and the conversion
+    // back to full-speed work assumes ideal sharing where the replay takes time slices, so
+    // the rate is close to, not exactly, the original; taking the shared durations as
+    // they are, without converting them back, is further off.
     let t = dir.path().join("t.json");
     ok(&pw(&["simulate", p, "--schedule", "2bw", "--batches", "6", "--host-cores", "2", "--trace", t.to_str().unwrap()]));
     let timed = rates(&["--stage-times", t.to_str().unwrap(), "--host-cores", "2"]);
-    assert!((timed[0] / shared[0] - 1.0).abs() < 0.05, "{} replayed from its own trace, {} before", timed[0], shared[0]);
+    assert!((timed[0] / shared[0] - 1.0).abs() < 0.08, "{} replayed from its own trace, {} before", timed[0], shared[0]);
+    let as_they_are = rates(&["--stage-times", t.to_str().unwrap()]);
+    assert!((as_they_are[0] / shared[0] - 1.0).abs() > (timed[0] / shared[0] - 1.0).abs() + 0.03, "{} unconverted, {} converted, {} before", as_they_are[0], timed[0], shared[0]);
     let e = err(&pw(&["simulate", p, "--host-cores", "0"]));
     assert!(e.contains("--host-cores must be at least 1"), "{e}");
     std::fs::write(&toml, "workers = 4\nhost_cores = 0\n").unwrap();

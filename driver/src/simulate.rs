@@ -13,7 +13,7 @@ use pipewright_passes::cost::{CostModel, Profile};
 use pipewright_passes::plan_file::PlanFile;
 use pipewright_passes::planner::{plan_on, Candidate, PlanContext, PlanError, PlanOptions};
 use pipewright_passes::presets::SimCluster;
-use pipewright_passes::simulate::{dedicated_durations, simulate as replay, SimSetup, Simulation};
+use pipewright_passes::simulate::{dedicated_durations, default_time_slice, simulate as replay, SimSetup, Simulation};
 use pipewright_passes::tensor_parallel::{plan_tensor_parallel, TensorError};
 use pipewright_runtime::timeline::{chrome_trace_json, read_chrome_trace, timeline_svg, TraceKind};
 use serde::Serialize;
@@ -183,6 +183,7 @@ fn tensor_outcome(g: &Graph, cost: &CostModel, cluster: &SimCluster, opts: &Plan
         allreduce: AllReduce::ring(plan.dp_link),
         record: req.record,
         shared_cores: cluster.host_cores,
+        time_slice_s: cluster.host_cores.map_or(0.0, default_time_slice),
         tied_groups: Vec::new(),
     };
     let sim = replay(&setup).map_err(|e| DriverError::msg(format!("{}: {scheme}: {e}", req.input.display())))?;
@@ -244,6 +245,7 @@ fn replay_candidate(ctx: &mut PlanContext, cluster: &SimCluster, opts: &PlanOpti
         allreduce: cluster.allreduce(cand.w, cand.d),
         record: req.record,
         shared_cores: cores,
+        time_slice_s: cores.map_or(0.0, default_time_slice),
         tied_groups: ctx.tied_stage_groups(&cand.cuts),
     };
     replay(&setup).map_err(|e| DriverError::msg(format!("{}: {scheme}: {e}", req.input.display())))

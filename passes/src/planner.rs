@@ -61,7 +61,7 @@ use rayon::iter::{IndexedParallelIterator, IntoParallelIterator, ParallelIterato
 use serde::{Deserialize, Serialize};
 
 use crate::cluster::{Cluster, Latencies};
-use crate::simulate::{simulate, SimError, SimSetup};
+use crate::simulate::{default_time_slice, simulate, SimError, SimSetup};
 use crate::cost::{CostError, CostModel, Lin, OpClass};
 use crate::partition::{
     balanced_by, choose_order, stage_ranges, uniform_by_nodes, valid_cuts, value_bytes,
@@ -1170,6 +1170,7 @@ fn replay_setup(ctx: &mut PlanContext, cand: &Candidate, opts: &PlanOptions, lat
         allreduce: cluster.allreduce(cand.w, cand.d, latencies),
         record: false,
         shared_cores: host_cores,
+        time_slice_s: host_cores.map_or(0.0, default_time_slice),
         tied_groups: ctx.tied_stage_groups(&cand.cuts),
     }
 }

@@ -135,6 +135,11 @@ pub struct SimSetup {
     /// executor): when they outnumber the cores, the runnable ones share them
     /// (`simulate/shared.rs`). `None`: every stage has its own device.
     pub shared_cores: Option<usize>,
+    /// With [`SimSetup::shared_cores`]: the scheduler's time slice, seconds. A thread that
+    /// has work but no core waits in line, and one that used up its slice while others
+    /// wait goes to the back; [`default_time_slice`] is Linux's. 0: ideal processor
+    /// sharing (every runnable thread at once, at `cores / threads` of a core).
+    pub time_slice_s: f64,
     /// Sets of stages that sum a tied weight's gradient at every step
     /// ([`StageCost::tied_sync_s`]): each stage waits there for every stage it is tied to,
     /// directly or through another group, as the runtime's step does.
@@ -300,6 +305,14 @@ pub fn simulate(setup: &SimSetup) -> Result<Simulation, SimError> {
     }
 }
 
+/// Linux's default time slice on `cores` CPUs (EEVDF's base slice, 0.75 ms, scaled by
+/// `1 + log2(cores)` for up to 8 CPUs, as `sysctl_sched_base_slice` is by default): what a
+/// thread woken while every core is busy may wait for.
+pub fn default_time_slice(cores: usize) -> f64 {
+    let scale = 1 + cores.clamp(1, 8).ilog2();
+    f64::from(750 * scale) / 1e6
+}
+
 /// Refuses setups no replay can run.
 fn check(setup: &SimSetup) -> Result<(), SimError> {
     let d = setup.stages.len();
@@ -315,6 +328,9 @@ fn check(setup: &SimSetup) -> Result<(), SimError> {
     }
     if setup.shared_cores == Some(0) {
         return Err(SimError::Setup("shared_cores (the host's CPU cores) must be at least 1".into()));
+    }
+    if !setup.time_slice_s.is_finite() || setup.time_slice_s < 0.0 {
+        return Err(SimError::Setup(format!("the time slice must be a non-negative number of seconds, not {}", setup.time_slice_s)));
     }
     if setup.scheme == Scheme::TensorParallel && d != 1 {
         return Err(SimError::Setup(format!("tensor parallelism runs one stage per group of GPUs, not {d}")));
@@ -661,7 +677,7 @@ mod tests {
 
     fn setup(scheme: Scheme, d: usize, m: u64, batches: usize) -> SimSetup {
         let link = Link { bandwidth: 1e9, latency_s: 0.0 };
-        SimSetup { scheme, w: 1, b: 1, m, batches, stages: equal(d, 1.0, 2.0), links: vec![link; d - 1], allreduce: AllReduce::ring(link), record: true, shared_cores: None, tied_groups: Vec::new() }
+        SimSetup { scheme, w: 1, b: 1, m, batches, stages: equal(d, 1.0, 2.0), links: vec![link; d - 1], allreduce: AllReduce::ring(link), record: true, shared_cores: None, time_slice_s: 0.0, tied_groups: Vec::new() }
     }
 
     /// Per stage, the compute operations of the trace in time order.
@@ -834,6 +850,34 @@ mod tests {
             }
         }
         out
+    }
+
+    #[test]
+    fn time_slices_make_a_woken_thread_wait_its_turn() {
+        // Two stages on one core, slices of 0.3 s: stage 0 runs F0 over [0, 1] and goes on
+        // with F1 on its core (its slice renewed at 0.3, 0.6, 0.9, as nobody waits);
+        // stage 1, woken at 1 by F0's activation, waits for that slice to end at 1.2.
+        let mut s = setup(Scheme::GPipe, 2, 2, 1);
+        s.shared_cores = Some(1);
+        s.time_slice_s = 0.3;
+        let sim = simulate(&s).unwrap();
+        let first = |stage: usize, kind: TraceKind| sim.events.iter().filter(|e| e.stage == stage && e.kind == kind).map(|e| e.start_us).fold(f64::INFINITY, f64::min);
+        assert!((first(1, TraceKind::Forward) - 1.2e6).abs() < 1e-3, "{}", first(1, TraceKind::Forward));
+        // Ideal sharing starts it at once, at half speed.
+        s.time_slice_s = 0.0;
+        let ideal = simulate(&s).unwrap();
+        let first_ideal = ideal.events.iter().filter(|e| e.stage == 1 && e.kind == TraceKind::Forward).map(|e| e.start_us).fold(f64::INFINITY, f64::min);
+        assert!((first_ideal - 1e6).abs() < 1e-3, "{first_ideal}");
+        // One core never idles while work waits: either way a batch takes all the work,
+        // 2 stages x 2 microbatches x 3 s.
+        for slice in [0.3, 0.0] {
+            s.time_slice_s = slice;
+            assert!((simulate(&s).unwrap().makespan_s - 12.0).abs() < 1e-9, "slice {slice}");
+        }
+        // Linux's default slice: 0.75 ms on one CPU, 1.5 ms on 2 or 3, 3 ms from 8 on.
+        assert_eq!([1, 2, 3, 4, 8, 64].map(default_time_slice), [0.75e-3, 1.5e-3, 1.5e-3, 2.25e-3, 3e-3, 3e-3]);
+        s.time_slice_s = -1.0;
+        assert!(simulate(&s).unwrap_err().to_string().contains("the time slice must be a non-negative"));
     }
 
     #[test]

@@ -72,11 +72,28 @@ struct Running {
     /// otherwise it is exactly `work.seconds` (so that unshared replays equal the
     /// dedicated engine's to the bit).
     slowed: bool,
+    /// Under time slices: whether it has had a core yet (its trace event starts there, as
+    /// a real thread's does when it runs again).
+    started: bool,
 }
 
 impl Running {
     fn end(&self) -> f64 {
-        self.anchor + self.left / self.rate
+        if self.rate > 0.0 {
+            self.anchor + self.left / self.rate
+        } else if self.left > 0.0 {
+            // Waiting in line for a core.
+            f64::INFINITY
+        } else {
+            self.anchor
+        }
+    }
+
+    /// Takes it off its core (or its share) at `now`.
+    fn stop(&mut self, now: f64) {
+        self.left = (self.left - self.rate * (now - self.anchor)).max(0.0);
+        self.anchor = now;
+        self.rate = 0.0;
     }
 }
 
@@ -99,6 +116,10 @@ struct Stage {
     /// When the hand-off of the message being sent began (the send's trace event starts
     /// there).
     handoff_start: f64,
+    /// Under time slices: when the slice of the core it holds ends.
+    core_until: Option<f64>,
+    /// Under time slices: waiting in line for a core.
+    queued: bool,
 }
 
 impl Stage {
@@ -134,6 +155,8 @@ pub(super) fn replay(setup: &SimSetup, cores: usize) -> Result<Simulation, SimEr
             pending: Vec::new(),
             version: 0,
             handoff_start: 0.0,
+            core_until: None,
+            queued: false,
         });
     }
     let (mut acts, mut grads) = (arrivals(setup), arrivals(setup));
@@ -141,6 +164,9 @@ pub(super) fn replay(setup: &SimSetup, cores: usize) -> Result<Simulation, SimEr
     let mut events = Events { keep: setup.record, list: Vec::new() };
     // Each replica's thread of a working stage competes for the cores.
     let threads_per_stage = setup.w as f64;
+    // Under time slices a stage takes turns as a block of its `w` replicas' threads.
+    let (slice, slots) = (setup.time_slice_s, (cores / setup.w).max(1));
+    let mut queue: VecDeque<usize> = VecDeque::new();
     let cores = cores as f64;
     let mut now = 0.0f64;
     loop {
@@ -217,7 +243,7 @@ pub(super) fn replay(setup: &SimSetup, cores: usize) -> Result<Simulation, SimEr
                                 }
                                 // The rate is set once every stage has settled (below);
                                 // work of 0 s ends at once on the next pass.
-                                state.running = Some(Running { work, start: now, anchor: now, left: work.seconds, rate: 1.0, slowed: false });
+                                state.running = Some(Running { work, start: now, anchor: now, left: work.seconds, rate: 1.0, slowed: false, started: true });
                             }
                             Step::Link { grad, mb, version } => {
                                 // As the dedicated engine: the message waits for its link
@@ -322,19 +348,24 @@ pub(super) fn replay(setup: &SimSetup, cores: usize) -> Result<Simulation, SimEr
                 }
             }
         }
-        // The working stages share the cores from now on.
-        let working = st.iter().filter(|x| x.running.is_some()).count() as f64;
-        let rate = if working * threads_per_stage > cores { cores / (working * threads_per_stage) } else { 1.0 };
-        for r in st.iter_mut().filter_map(|x| x.running.as_mut()) {
-            if r.rate != rate {
-                r.left = (r.left - r.rate * (now - r.anchor)).max(0.0);
-                r.anchor = now;
-                r.rate = rate;
-                r.slowed |= rate < 1.0;
+        if slice > 0.0 {
+            take_turns(&mut st, &mut queue, now, slice, slots);
+        } else {
+            // The working stages share the cores from now on.
+            let working = st.iter().filter(|x| x.running.is_some()).count() as f64;
+            let rate = if working * threads_per_stage > cores { cores / (working * threads_per_stage) } else { 1.0 };
+            for r in st.iter_mut().filter_map(|x| x.running.as_mut()) {
+                if r.rate != rate {
+                    r.stop(now);
+                    r.rate = rate;
+                    r.slowed |= rate < 1.0;
+                }
             }
         }
-        // The next event: a work segment ending, or what a waiting stage waits for.
-        let mut next = f64::INFINITY;
+        // The next event: a work segment ending, a slice ending (each is an event, so that
+        // slices keep their length whether or not anyone waits), or what a waiting stage
+        // waits for.
+        let mut next = st.iter().filter_map(|x| x.core_until).fold(f64::INFINITY, f64::min);
         for (s, x) in st.iter().enumerate() {
             let at = match (&x.running, x.steps.front()) {
                 (Some(r), _) => Some(r.end()),
@@ -362,6 +393,58 @@ pub(super) fn replay(setup: &SimSetup, cores: usize) -> Result<Simulation, SimEr
         .map(|x| StageEnd { busy: x.busy, peak_in_flight: x.peak_in_flight, last: x.free.max(x.fwd_link_free).max(x.bwd_link_free).max(x.net_free) })
         .collect();
     Ok(report(setup, &ends, &batch_end, &allreduce, events.list))
+}
+
+/// Time slices at `now`: a stage with no work has blocked and frees its core; work
+/// without a core joins the line; a stage whose slice has ended goes to the back of the
+/// line if anyone waits (else it starts a new slice); free cores (`slots` of them) go to
+/// the head of the line, each for one `slice`.
+fn take_turns(st: &mut [Stage], queue: &mut VecDeque<usize>, now: f64, slice: f64, slots: usize) {
+    for (s, x) in st.iter_mut().enumerate() {
+        match x.running.as_mut() {
+            None => x.core_until = None,
+            Some(r) if x.core_until.is_none() && !x.queued => {
+                // It has not run yet: its event starts when it gets a core.
+                r.stop(now);
+                r.started = false;
+                x.queued = true;
+                queue.push_back(s);
+            }
+            Some(_) => {}
+        }
+    }
+    for s in 0..st.len() {
+        let x = &mut st[s];
+        let (Some(until), Some(r)) = (x.core_until, x.running.as_mut()) else { continue };
+        if until > now {
+            continue;
+        }
+        if queue.is_empty() {
+            x.core_until = Some(now + slice);
+        } else {
+            r.stop(now);
+            r.slowed = true;
+            x.core_until = None;
+            x.queued = true;
+            queue.push_back(s);
+        }
+    }
+    let mut held = st.iter().filter(|x| x.core_until.is_some()).count();
+    while held < slots {
+        let Some(s) = queue.pop_front() else { break };
+        let x = &mut st[s];
+        x.queued = false;
+        x.core_until = Some(now + slice);
+        if let Some(r) = x.running.as_mut() {
+            if !r.started {
+                r.start = now;
+                r.started = true;
+            }
+            r.anchor = now;
+            r.rate = 1.0;
+        }
+        held += 1;
+    }
 }
 
 /// Whether an event of a real run's trace keeps its stage's thread working (a wait for a
