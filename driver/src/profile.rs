@@ -23,7 +23,7 @@ use pipewright_core::Loss;
 use pipewright_passes::cost::{BatchSpread, LossTiming, Profile, ProfileNode, WeightUpdate, WholePass};
 use pipewright_runtime::exec::{run as run_kernel, Mode};
 use pipewright_runtime::pipeline::{loss_ms, update_ms, Objective, OptimizerConfig};
-use pipewright_runtime::program::Instr;
+use pipewright_runtime::program::{Instr, SlotId};
 use tch::{Kind, Tensor};
 
 use crate::forward::Runner;
@@ -35,7 +35,7 @@ use crate::DriverError;
 pub fn profile(model: &Path, device: Device, batches: &[u64], reps: usize, seed: u64, loss: (Loss, Option<&str>), on_batch: &mut dyn FnMut(&BatchSpread)) -> Result<Profile, DriverError> {
     let tdev = pipewright_runtime::device::tch_device(device).map_err(|e| DriverError::msg(e.to_string()))?;
     let runner = Runner::load(model, &ImportOptions::default(), tdev)?;
-    let (objective, out_index) = loss_output(&runner, model, loss)?;
+    let (objective, loss_slot) = loss_output(&runner, model, loss)?;
     let mut loss_fwd = Vec::with_capacity(batches.len());
     let mut loss_bwd = Vec::with_capacity(batches.len());
     tch::manual_seed(seed as i64);
@@ -46,16 +46,14 @@ pub fn profile(model: &Path, device: Device, batches: &[u64], reps: usize, seed:
     let mut whole = Vec::with_capacity(batches.len());
     for &b in batches {
         let inputs = synthetic_inputs(&runner.graph, b as i64, tdev)?;
-        whole.push(time_whole(&runner, &inputs, b, reps).map_err(|e| DriverError::msg(format!("{}: the model does not run at batch {b}: {e}", model.display())))?);
-        let outs = runner.interp().run(&inputs, Mode::Train).map_err(|e| DriverError::msg(format!("{}: the model does not run at batch {b}: {e}", model.display())))?;
-        let (f, bw) = loss_ms(&objective, &outs[out_index], reps)
+        let does_not_run = |e: String| DriverError::msg(format!("{}: the model does not run at batch {b}: {e}", model.display()));
+        whole.push(time_whole(&runner, &inputs, b, reps).map_err(|e| does_not_run(e.to_string()))?);
+        let slots = runner.interp().run_keep_all(&inputs, Mode::Train).map_err(|e| does_not_run(e.to_string()))?;
+        let output = slots[loss_slot.index()].as_ref().ok_or_else(|| does_not_run(format!("output {:?} was not computed", objective.output)))?;
+        let (f, bw) = loss_ms(&objective, output, reps)
             .map_err(|e| DriverError::msg(format!("{}: the {} loss on output {:?}: {e} (choose another with --loss KIND[:OUTPUT])", model.display(), objective.loss, objective.output)))?;
         loss_fwd.push(f);
         loss_bwd.push(bw);
-        let slots = runner
-            .interp()
-            .run_keep_all(&inputs, Mode::Train)
-            .map_err(|e| DriverError::msg(format!("{}: the model does not run at batch {b}: {e}", model.display())))?;
         // Repetition r's total over all nodes: how much the whole model's time moves.
         let mut totals = vec![0.0; reps.max(1)];
         for (node, ins) in nodes.iter_mut().zip(instrs) {
@@ -129,9 +127,9 @@ fn time_node(ins: &Instr, inputs: &[Option<Tensor>], reps: usize) -> Result<(Vec
     Ok((fwd, bwd))
 }
 
-/// The training loss to time and the index of the output it applies to: `output` by name,
+/// The training loss to time and the slot of the output it applies to: `output` by name,
 /// or the model's only output (as `train` picks it).
-fn loss_output(runner: &Runner, model: &Path, (loss, output): (Loss, Option<&str>)) -> Result<(Objective, usize), DriverError> {
+fn loss_output(runner: &Runner, model: &Path, (loss, output): (Loss, Option<&str>)) -> Result<(Objective, SlotId), DriverError> {
     let program = runner.interp().program();
     let names: Vec<&str> = program.outputs.iter().map(|s| program.slots[s.index()].name.as_str()).collect();
     let index = match output {
@@ -143,7 +141,7 @@ fn loss_output(runner: &Runner, model: &Path, (loss, output): (Loss, Option<&str
         let asked = output.map_or_else(|| "the model has several outputs; name the loss's".to_string(), |n| format!("no output {n:?}"));
         return Err(DriverError::msg(format!("{}: {asked} (--loss KIND:OUTPUT); its outputs are {}", model.display(), names.join(", "))));
     };
-    Ok((Objective::new(loss, names[index]), index))
+    Ok((Objective::new(loss, names[index]), program.outputs[index]))
 }
 
 /// Each trainable weight's update under SGD, SGD with momentum and Adam, as the runtime's
@@ -175,11 +173,7 @@ fn time_whole(runner: &Runner, inputs: &[Tensor], b: u64, reps: usize) -> Result
         fwd.push(start.elapsed().as_secs_f64() * 1e3);
         let diff: Vec<Tensor> = outs.into_iter().filter(|o| is_float(o) && o.requires_grad()).collect();
         let start = Instant::now();
-        if let Some((first, rest)) = diff.split_first() {
-            let mut loss = first.f_sum(Kind::Double)?;
-            for o in rest {
-                loss = loss.f_add(&o.f_sum(Kind::Double)?)?;
-            }
+        if let Some(loss) = ones_seed(&diff)? {
             if !params.is_empty() {
                 Tensor::f_run_backward(&[loss], &params, false, false)?;
             }
@@ -191,17 +185,24 @@ fn time_whole(runner: &Runner, inputs: &[Tensor], b: u64, reps: usize) -> Result
     Ok(WholePass { batch: b, fwd_ms: median(fwd), bwd_ms: median(bwd) })
 }
 
-/// Milliseconds of a backward pass from the ones gradient on every tensor of `outs` (a sum).
+/// Milliseconds of a backward pass from the ones gradient on every tensor of `outs`.
 fn backward_ms(outs: &[Tensor]) -> Result<f64, DriverError> {
     let start = Instant::now();
-    if let Some((first, rest)) = outs.split_first() {
-        let mut loss = first.f_sum(Kind::Double)?;
-        for o in rest {
-            loss = loss.f_add(&o.f_sum(Kind::Double)?)?;
-        }
+    if let Some(loss) = ones_seed(outs)? {
         loss.f_backward()?;
     }
     Ok(start.elapsed().as_secs_f64() * 1e3)
+}
+
+/// The sum of every tensor of `outs` (in double precision): its backward is the ones
+/// gradient on each. `None` for no tensor.
+fn ones_seed(outs: &[Tensor]) -> Result<Option<Tensor>, tch::TchError> {
+    let Some((first, rest)) = outs.split_first() else { return Ok(None) };
+    let mut loss = first.f_sum(Kind::Double)?;
+    for o in rest {
+        loss = loss.f_add(&o.f_sum(Kind::Double)?)?;
+    }
+    Ok(Some(loss))
 }
 
 fn is_float(t: &Tensor) -> bool {

@@ -13,7 +13,7 @@ use pipewright_passes::cost::{CostModel, Profile};
 use pipewright_passes::plan_file::PlanFile;
 use pipewright_passes::planner::{plan_on, Candidate, PlanContext, PlanError, PlanOptions};
 use pipewright_passes::presets::SimCluster;
-use pipewright_passes::simulate::{dedicated_durations, default_time_slice, simulate as replay, SimSetup, Simulation};
+use pipewright_passes::simulate::{dedicated_durations, simulate as replay, HostCores, SimSetup, Simulation};
 use pipewright_passes::tensor_parallel::{plan_tensor_parallel, TensorError};
 use pipewright_runtime::timeline::{chrome_trace_json, read_chrome_trace, timeline_svg, TraceKind};
 use serde::Serialize;
@@ -66,6 +66,13 @@ pub struct SchemeOutcome {
     pub simulation: Option<Simulation>,
     /// Why there is no simulation (nothing fits, ...).
     pub why_not: Option<String>,
+}
+
+impl SchemeOutcome {
+    /// `scheme` was not replayed, for `why`.
+    fn not_run(scheme: Scheme, why: String) -> SchemeOutcome {
+        SchemeOutcome { scheme, t: 1, config: None, planned_samples_per_s: None, closed_form_samples_per_s: None, simulation: None, why_not: Some(why) }
+    }
 }
 
 /// Everything `simulate` found.
@@ -161,15 +168,14 @@ fn with_host_cores(mut cluster: SimCluster, host_cores: Option<usize>) -> SimClu
 /// forward and backward times.
 fn tensor_outcome(g: &Graph, cost: &CostModel, cluster: &SimCluster, opts: &PlanOptions, req: &SimulateRequest) -> Result<SchemeOutcome, DriverError> {
     let scheme = Scheme::TensorParallel;
-    let none = |why: String| SchemeOutcome { scheme, t: 1, config: None, planned_samples_per_s: None, closed_form_samples_per_s: None, simulation: None, why_not: Some(why) };
     if req.stage_times.is_some() {
         // A pipeline run's per-stage times say nothing about a layer split over t GPUs.
-        return Ok(none("--stage-times holds a pipeline run's stage times; tensor parallelism is simulated from the cost model only".into()));
+        return Ok(SchemeOutcome::not_run(scheme, "--stage-times holds a pipeline run's stage times; tensor parallelism is simulated from the cost model only".into()));
     }
     let plan = match plan_tensor_parallel(g, cost, cluster, opts) {
         Ok(p) => p,
         Err(e @ TensorError::Cycle(_)) => return Err(DriverError::msg(format!("{}: {e}", req.input.display()))),
-        Err(e) => return Ok(none(e.to_string())),
+        Err(e) => return Ok(SchemeOutcome::not_run(scheme, e.to_string())),
     };
     let cand = plan.candidate.clone();
     let setup = SimSetup {
@@ -182,8 +188,7 @@ fn tensor_outcome(g: &Graph, cost: &CostModel, cluster: &SimCluster, opts: &Plan
         links: Vec::new(),
         allreduce: AllReduce::ring(plan.dp_link),
         record: req.record,
-        shared_cores: cluster.host_cores,
-        time_slice_s: cluster.host_cores.map_or(0.0, default_time_slice),
+        host: cluster.host_cores.map(HostCores::linux),
         tied_groups: Vec::new(),
     };
     let sim = replay(&setup).map_err(|e| DriverError::msg(format!("{}: {scheme}: {e}", req.input.display())))?;
@@ -210,7 +215,7 @@ fn outcome(
 ) -> Result<SchemeOutcome, DriverError> {
     let cand = match config {
         Ok(c) => c,
-        Err(why) => return Ok(SchemeOutcome { scheme, t: 1, config: None, planned_samples_per_s: None, closed_form_samples_per_s: None, simulation: None, why_not: Some(why) }),
+        Err(why) => return Ok(SchemeOutcome::not_run(scheme, why)),
     };
     let mut ctx = PlanContext::new(g, cost, &cluster.cluster).map_err(|e| DriverError::msg(format!("{}: {e}", req.input.display())))?;
     let sim = replay_candidate(&mut ctx, cluster, opts, scheme, &cand, req)?;
@@ -244,8 +249,7 @@ fn replay_candidate(ctx: &mut PlanContext, cluster: &SimCluster, opts: &PlanOpti
         links: cluster.pipeline_links(cand.w, cand.d),
         allreduce: cluster.allreduce(cand.w, cand.d),
         record: req.record,
-        shared_cores: cores,
-        time_slice_s: cores.map_or(0.0, default_time_slice),
+        host: cores.map(HostCores::linux),
         tied_groups: ctx.tied_stage_groups(&cand.cuts),
     };
     replay(&setup).map_err(|e| DriverError::msg(format!("{}: {scheme}: {e}", req.input.display())))
@@ -288,7 +292,7 @@ fn simulate_plan(req: &SimulateRequest) -> Result<SimulateReport, DriverError> {
             _ => None,
         };
         if let Some(why) = why_not {
-            outcomes.push(SchemeOutcome { scheme, t: 1, config: None, planned_samples_per_s: None, closed_form_samples_per_s: None, simulation: None, why_not: Some(why) });
+            outcomes.push(SchemeOutcome::not_run(scheme, why));
             continue;
         }
         let sim = replay_candidate(&mut ctx, &cluster, &opts, scheme, cand, req)?;

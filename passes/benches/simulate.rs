@@ -51,8 +51,7 @@ fn bench_replay(c: &mut Criterion) {
             links: vec![Link { bandwidth: 150e9, latency_s: 5e-6 }; d - 1],
             allreduce: AllReduce::ring(Link { bandwidth: 25e9 / 8.0 / 8.0, latency_s: 20e-6 }),
             record: false,
-            shared_cores: None,
-            time_slice_s: 0.0,
+            host: None,
             tied_groups: Vec::new(),
         };
         group.bench_function(format!("1,024 GPUs (d = 64, w = 16, m = 64), 1,000 batches, {scheme}"), |bch| bch.iter(|| simulate(&setup).expect("replays")));

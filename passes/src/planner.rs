@@ -61,7 +61,7 @@ use rayon::iter::{IndexedParallelIterator, IntoParallelIterator, ParallelIterato
 use serde::{Deserialize, Serialize};
 
 use crate::cluster::{Cluster, Latencies};
-use crate::simulate::{default_time_slice, simulate, SimError, SimSetup};
+use crate::simulate::{simulate, HostCores, SimError, SimSetup};
 use crate::cost::{CostError, CostModel, Lin, OpClass};
 use crate::partition::{
     balanced_by, choose_order, stage_ranges, uniform_by_nodes, valid_cuts, value_bytes,
@@ -939,7 +939,7 @@ pub fn plan(
 }
 
 /// [`plan`] with the candidates replayed over links of the given latencies and, when the
-/// stages are threads sharing `host_cores` CPU cores ([`SimSetup::shared_cores`]), on those:
+/// stages are threads sharing `host_cores` CPU cores ([`SimSetup::host`]), on those:
 /// `simulate`'s cluster's, so that its replay of the chosen configuration is the plan's
 /// prediction.
 pub fn plan_on(
@@ -1169,8 +1169,7 @@ fn replay_setup(ctx: &mut PlanContext, cand: &Candidate, opts: &PlanOptions, lat
         links: cluster.pipeline_links(cand.w, cand.d, latencies),
         allreduce: cluster.allreduce(cand.w, cand.d, latencies),
         record: false,
-        shared_cores: host_cores,
-        time_slice_s: host_cores.map_or(0.0, default_time_slice),
+        host: host_cores.map(HostCores::linux),
         tied_groups: ctx.tied_stage_groups(&cand.cuts),
     }
 }

@@ -11,9 +11,9 @@
 //! host_cores = 2             # the stages are threads on one host with this many cores
 //! ```
 //! `host_cores` describes a CPU run of the embedded executor (one compute thread per stage
-//! and replica, all in one process): the replay then shares those cores among the working
-//! stages ([`crate::simulate::SimSetup::shared_cores`]). Without it every stage has its own
-//! device.
+//! and replica, all in one process): the working stages then take turns on those cores in
+//! Linux's default time slice ([`crate::simulate::HostCores::linux`]). Without it every
+//! stage has its own device.
 
 use pipewright_core::Precision;
 use serde::Serialize;

@@ -34,7 +34,7 @@
 //!   before the forward that needs it.
 //! - Inter-layer model parallelism without pipelining runs each microbatch's forward and
 //!   backward through all stages before the next one enters ([`model_parallel_ops`]).
-//! - With [`SimSetup::shared_cores`] below the `w * d` threads, the stages' threads share
+//! - With [`SimSetup::host`]'s cores below the `w * d` threads, the stages' threads share
 //!   the host's cores: every stage's work progresses at `min(1, C / (w n))` while `n`
 //!   stages have work (`simulate/shared.rs`, an event loop running the same rules).
 //!
@@ -130,20 +130,38 @@ pub struct SimSetup {
     pub allreduce: AllReduce,
     /// Keep every interval for a trace.
     pub record: bool,
-    /// The stages are threads of one process on a host with this many CPU cores, one
-    /// compute thread per stage and replica (`w * d` in all, the runtime's embedded
-    /// executor): when they outnumber the cores, the runnable ones share them
-    /// (`simulate/shared.rs`). `None`: every stage has its own device.
-    pub shared_cores: Option<usize>,
-    /// With [`SimSetup::shared_cores`]: the scheduler's time slice, seconds. A thread that
-    /// has work but no core waits in line, and one that used up its slice while others
-    /// wait goes to the back; [`default_time_slice`] is Linux's. 0: ideal processor
-    /// sharing (every runnable thread at once, at `cores / threads` of a core).
-    pub time_slice_s: f64,
+    /// The stages are threads of one process on a CPU host, one compute thread per stage
+    /// and replica (`w * d` in all, the runtime's embedded executor): when they outnumber
+    /// its cores, the runnable ones share them (`simulate/shared.rs`). `None`: every
+    /// stage has its own device.
+    pub host: Option<HostCores>,
     /// Sets of stages that sum a tied weight's gradient at every step
     /// ([`StageCost::tied_sync_s`]): each stage waits there for every stage it is tied to,
     /// directly or through another group, as the runtime's step does.
     pub tied_groups: Vec<Vec<usize>>,
+}
+
+/// A CPU host's cores, which the stages' threads share, and how its scheduler shares them.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct HostCores {
+    pub cores: usize,
+    /// The scheduler's time slice, seconds: a thread that has work but no core waits in
+    /// line, and one that used up its slice while others wait goes to the back. 0: ideal
+    /// processor sharing (every runnable thread at once, at `cores / threads` of a core).
+    pub time_slice_s: f64,
+}
+
+impl HostCores {
+    /// `cores` under Linux's default time slice ([`default_time_slice`]), as `simulate
+    /// --host-cores` and the planner replay a CPU host.
+    pub fn linux(cores: usize) -> HostCores {
+        HostCores { cores, time_slice_s: default_time_slice(cores) }
+    }
+
+    /// `cores` shared ideally, for hand-computed cases.
+    pub fn ideal(cores: usize) -> HostCores {
+        HostCores { cores, time_slice_s: 0.0 }
+    }
 }
 
 /// One stage's share of the replay.
@@ -299,8 +317,8 @@ impl StageState {
 pub fn simulate(setup: &SimSetup) -> Result<Simulation, SimError> {
     check(setup)?;
     let threads = setup.w * setup.stages.len();
-    match setup.shared_cores {
-        Some(cores) if cores < threads => shared::replay(setup, cores),
+    match setup.host {
+        Some(host) if host.cores < threads => shared::replay(setup, host),
         _ => replay_dedicated(setup),
     }
 }
@@ -326,11 +344,13 @@ fn check(setup: &SimSetup) -> Result<(), SimError> {
     if setup.scheme == Scheme::DataParallel && d != 1 {
         return Err(SimError::Setup(format!("data parallelism runs one stage per worker, not {d}")));
     }
-    if setup.shared_cores == Some(0) {
-        return Err(SimError::Setup("shared_cores (the host's CPU cores) must be at least 1".into()));
-    }
-    if !setup.time_slice_s.is_finite() || setup.time_slice_s < 0.0 {
-        return Err(SimError::Setup(format!("the time slice must be a non-negative number of seconds, not {}", setup.time_slice_s)));
+    if let Some(host) = setup.host {
+        if host.cores == 0 {
+            return Err(SimError::Setup("the host's CPU cores must be at least 1".into()));
+        }
+        if !host.time_slice_s.is_finite() || host.time_slice_s < 0.0 {
+            return Err(SimError::Setup(format!("the time slice must be a non-negative number of seconds, not {}", host.time_slice_s)));
+        }
     }
     if setup.scheme == Scheme::TensorParallel && d != 1 {
         return Err(SimError::Setup(format!("tensor parallelism runs one stage per group of GPUs, not {d}")));
@@ -677,7 +697,7 @@ mod tests {
 
     fn setup(scheme: Scheme, d: usize, m: u64, batches: usize) -> SimSetup {
         let link = Link { bandwidth: 1e9, latency_s: 0.0 };
-        SimSetup { scheme, w: 1, b: 1, m, batches, stages: equal(d, 1.0, 2.0), links: vec![link; d - 1], allreduce: AllReduce::ring(link), record: true, shared_cores: None, time_slice_s: 0.0, tied_groups: Vec::new() }
+        SimSetup { scheme, w: 1, b: 1, m, batches, stages: equal(d, 1.0, 2.0), links: vec![link; d - 1], allreduce: AllReduce::ring(link), record: true, host: None, tied_groups: Vec::new() }
     }
 
     /// Per stage, the compute operations of the trace in time order.
@@ -858,25 +878,24 @@ mod tests {
         // with F1 on its core (its slice renewed at 0.3, 0.6, 0.9, as nobody waits);
         // stage 1, woken at 1 by F0's activation, waits for that slice to end at 1.2.
         let mut s = setup(Scheme::GPipe, 2, 2, 1);
-        s.shared_cores = Some(1);
-        s.time_slice_s = 0.3;
+        s.host = Some(HostCores { cores: 1, time_slice_s: 0.3 });
         let sim = simulate(&s).unwrap();
         let first = |stage: usize, kind: TraceKind| sim.events.iter().filter(|e| e.stage == stage && e.kind == kind).map(|e| e.start_us).fold(f64::INFINITY, f64::min);
         assert!((first(1, TraceKind::Forward) - 1.2e6).abs() < 1e-3, "{}", first(1, TraceKind::Forward));
         // Ideal sharing starts it at once, at half speed.
-        s.time_slice_s = 0.0;
+        s.host = Some(HostCores::ideal(1));
         let ideal = simulate(&s).unwrap();
         let first_ideal = ideal.events.iter().filter(|e| e.stage == 1 && e.kind == TraceKind::Forward).map(|e| e.start_us).fold(f64::INFINITY, f64::min);
         assert!((first_ideal - 1e6).abs() < 1e-3, "{first_ideal}");
         // One core never idles while work waits: either way a batch takes all the work,
         // 2 stages x 2 microbatches x 3 s.
         for slice in [0.3, 0.0] {
-            s.time_slice_s = slice;
+            s.host = Some(HostCores { cores: 1, time_slice_s: slice });
             assert!((simulate(&s).unwrap().makespan_s - 12.0).abs() < 1e-9, "slice {slice}");
         }
         // Linux's default slice: 0.75 ms on one CPU, 1.5 ms on 2 or 3, 3 ms from 8 on.
         assert_eq!([1, 2, 3, 4, 8, 64].map(default_time_slice), [0.75e-3, 1.5e-3, 1.5e-3, 2.25e-3, 3e-3, 3e-3]);
-        s.time_slice_s = -1.0;
+        s.host = Some(HostCores { cores: 1, time_slice_s: -1.0 });
         assert!(simulate(&s).unwrap_err().to_string().contains("the time slice must be a non-negative"));
     }
 
@@ -935,11 +954,11 @@ mod tests {
         for s in varied_setups() {
             let threads = s.w * s.stages.len();
             let dedicated = canonical(replay_dedicated(&s).unwrap());
-            let shared = canonical(shared::replay(&s, threads).unwrap());
+            let shared = canonical(shared::replay(&s, HostCores::ideal(threads)).unwrap());
             assert_eq!(shared, dedicated, "{} d={} m={} w={}", s.scheme, s.stages.len(), s.m, s.w);
             // And `simulate` with enough cores is today's replay.
             for cores in [threads, threads + 3] {
-                let sim = simulate(&SimSetup { shared_cores: Some(cores), ..s.clone() }).unwrap();
+                let sim = simulate(&SimSetup { host: Some(HostCores::ideal(cores)), ..s.clone() }).unwrap();
                 assert_eq!(canonical(sim), dedicated);
             }
         }
@@ -951,7 +970,7 @@ mod tests {
             for (d, m) in [(2, 2), (3, 4), (4, 4), (4, 6)] {
                 for cores in [1, 2, 3] {
                     let mut s = setup(schedule.into(), d, m, 3);
-                    s.shared_cores = Some(cores);
+                    s.host = Some(HostCores::ideal(cores));
                     let sim = simulate(&s).unwrap();
                     for st in 0..d {
                         assert_eq!(order(&sim, st), stage_ops(schedule, st, d, m as usize, 3).unwrap(), "{schedule} d={d} m={m} cores={cores} stage {st}");
@@ -970,14 +989,14 @@ mod tests {
         for scheme in [Scheme::Flush, Scheme::GPipe, Scheme::ModelParallel] {
             for m in [2u64, 4, 6] {
                 let mut s = setup(scheme, 2, m, 3);
-                s.shared_cores = Some(1);
+                s.host = Some(HostCores::ideal(1));
                 let sim = simulate(&s).unwrap();
                 let total = 2.0 * m as f64 * 3.0;
                 assert!((sim.batch_s - total).abs() < 1e-9, "{scheme} m={m}: batch {} != {total}", sim.batch_s);
                 assert!((sim.makespan_s - 3.0 * total).abs() < 1e-9, "{scheme} m={m}: makespan {}", sim.makespan_s);
                 // The dedicated replay overlaps the stages and is faster; without
                 // pipelining one stage works at a time, and sharing costs nothing.
-                s.shared_cores = None;
+                s.host = None;
                 let dedicated = simulate(&s).unwrap().makespan_s;
                 if scheme == Scheme::ModelParallel {
                     assert_eq!(dedicated, sim.makespan_s);
@@ -993,7 +1012,7 @@ mod tests {
         // Flush, 2 stages on 1 core, f = 1, b = 2: stage 0's F0 runs alone [0, 1]; then its
         // F1 and stage 1's F0 share the core, each at half speed, so both take 2 s: [1, 3].
         let mut s = setup(Scheme::Flush, 2, 2, 1);
-        s.shared_cores = Some(1);
+        s.host = Some(HostCores::ideal(1));
         let sim = simulate(&s).unwrap();
         let find = |stage: usize, kind: TraceKind, mb: u64| sim.events.iter().find(|e| e.stage == stage && e.kind == kind && e.microbatch == Some(mb)).map(|e| (e.start_us / 1e6, e.dur_us / 1e6));
         assert_eq!(find(0, TraceKind::Forward, 0), Some((0.0, 1.0)));
@@ -1006,7 +1025,7 @@ mod tests {
         // them as one replica on one core does.
         let mut wide = s.clone();
         wide.w = 2;
-        wide.shared_cores = Some(2);
+        wide.host = Some(HostCores::ideal(2));
         let wide = simulate(&wide).unwrap();
         assert!((wide.makespan_s - sim.makespan_s).abs() < 1e-12, "{} != {}", wide.makespan_s, sim.makespan_s);
         assert!((wide.samples_per_s - 2.0 * sim.samples_per_s).abs() < 1e-9);
@@ -1021,7 +1040,7 @@ mod tests {
         // steady state is read between the updates before it.)
         for m in [4u64, 8] {
             let mut s = setup(Scheme::TwoBw, 4, m, 8);
-            s.shared_cores = Some(2);
+            s.host = Some(HostCores::ideal(2));
             let sim = simulate(&s).unwrap();
             for st in 0..4 {
                 let ends: Vec<f64> = sim.events.iter().filter(|e| e.stage == st && e.kind == TraceKind::Optimizer).map(|e| (e.start_us + e.dur_us) / 1e6).collect();
@@ -1031,7 +1050,7 @@ mod tests {
                 }
             }
             assert!(sim.batch_s < m as f64 * 6.0 && sim.batch_s > m as f64 * 5.0, "m={m}: batch {}", sim.batch_s);
-            s.shared_cores = None;
+            s.host = None;
             assert!((simulate(&s).unwrap().batch_s - m as f64 * 3.0).abs() < 1e-9);
         }
     }
@@ -1049,7 +1068,7 @@ mod tests {
                 c.backward_s = 2.5 - 0.25 * k as f64;
                 c.optimizer_s = 0.3;
             }
-            s.shared_cores = Some(cores);
+            s.host = Some(HostCores::ideal(cores));
             let sim = simulate(&s).unwrap();
             let work = dedicated_durations(&sim.events, cores, w);
             let mut stretched = 0;
@@ -1082,7 +1101,7 @@ mod tests {
         let mut s = setup(Scheme::Flush, 2, 2, 1);
         s.stages[1].forward_s = f64::NAN;
         assert!(simulate(&s).unwrap_err().to_string().contains("stage 1: times and sizes must be finite"));
-        let s = SimSetup { shared_cores: Some(0), ..setup(Scheme::Flush, 2, 2, 1) };
-        assert_eq!(simulate(&s).unwrap_err(), SimError::Setup("shared_cores (the host's CPU cores) must be at least 1".into()));
+        let s = SimSetup { host: Some(HostCores::ideal(0)), ..setup(Scheme::Flush, 2, 2, 1) };
+        assert_eq!(simulate(&s).unwrap_err(), SimError::Setup("the host's CPU cores must be at least 1".into()));
     }
 }

@@ -1,19 +1,23 @@
-//! The replay when the stages are threads sharing a host's CPU cores (processor sharing).
+//! The replay when the stages are threads sharing a host's CPU cores.
 //!
 //! On a CPU host, the runtime's embedded executor runs one compute thread per stage (and
-//! replica), and the operating system shares the host's `C` cores among the runnable ones.
-//! So a stage's work does not take its dedicated-device time: at every instant, the `n`
-//! stages that have work on their stream (forward, recompute, backward, optimizer, the
-//! send hand-off `send_s`) each progress at rate `min(1, C / (w n))`, each of them
-//! standing for its `w` identical replicas' threads. A stage that waits (for an input,
-//! an all-reduce, the update's all-reduce) takes no core. Link transfers and all-reduces
-//! are the network's and take none either.
+//! replica), and the operating system shares the host's `C` cores among the runnable ones
+//! (the stages with work on their stream: forward, recompute, backward, optimizer, the
+//! send hand-off `send_s`). A stage that waits (for an input, an all-reduce, a tied
+//! meeting) takes no core; link transfers and all-reduces are the network's and take none
+//! either. Two ways of sharing ([`HostCores::time_slice_s`]):
+//! - time slices (> 0, Linux's by default): a stage with work but no core waits in line,
+//!   a core holder keeps it from one operation to the next until it blocks or its slice
+//!   ends while others wait (then it goes to the back); each stage takes its turn as the
+//!   block of its `w` replicas' threads, on `C / w` slots ([`take_turns`]);
+//! - ideal processor sharing (0): at every instant the `n` working stages each progress at
+//!   `min(1, C / (w n))`.
 //!
-//! Rates change whenever a stage starts or stops working, so the stages cannot be
+//! Progress changes whenever a stage starts or stops working, so the stages cannot be
 //! replayed one after the other as [`super::replay_dedicated`] does; this is a
 //! time-ordered event loop instead. The next event is the earliest of: a work segment
-//! ending at the current rates, an input a waiting stage needs arriving, an all-reduce a
-//! waiting stage needs ending. Each operation is expanded, when its stage reaches it, into
+//! ending at the current rates, a slice ending, an input a waiting stage needs arriving,
+//! an all-reduce a waiting stage needs ending. Each operation is expanded, when its stage reaches it, into
 //! the [`Step`]s the dedicated engine runs for it in the same order (the 2BW updates a
 //! forward needs first, the input, the work, the hand-off, the link), so the semantics
 //! are the module's timing rules; with no more threads than cores every rate is 1 and
@@ -25,7 +29,7 @@ use pipewright_core::schedule::Op;
 use pipewright_core::timeline::{TraceEvent, TraceKind};
 use pipewright_core::{Scheme, UpdateRule};
 
-use super::{allreduce_per_stage, arrivals, defers_updates, report, scheme_ops, Events, Meetings, SimError, SimSetup, Simulation, StageEnd};
+use super::{allreduce_per_stage, arrivals, defers_updates, report, scheme_ops, Events, HostCores, Meetings, SimError, SimSetup, Simulation, StageEnd};
 
 /// Work on a stage's stream.
 #[derive(Clone, Copy, Debug)]
@@ -129,7 +133,8 @@ impl Stage {
 }
 
 /// Replays `setup` (already checked) with its `w * d` threads on `cores` cores.
-pub(super) fn replay(setup: &SimSetup, cores: usize) -> Result<Simulation, SimError> {
+pub(super) fn replay(setup: &SimSetup, host: HostCores) -> Result<Simulation, SimError> {
+    let cores = host.cores;
     let d = setup.stages.len();
     let m = setup.m as usize;
     let m64 = setup.m;
@@ -165,7 +170,7 @@ pub(super) fn replay(setup: &SimSetup, cores: usize) -> Result<Simulation, SimEr
     // Each replica's thread of a working stage competes for the cores.
     let threads_per_stage = setup.w as f64;
     // Under time slices a stage takes turns as a block of its `w` replicas' threads.
-    let (slice, slots) = (setup.time_slice_s, (cores / setup.w).max(1));
+    let (slice, slots) = (host.time_slice_s, (cores / setup.w).max(1));
     let mut queue: VecDeque<usize> = VecDeque::new();
     let cores = cores as f64;
     let mut now = 0.0f64;
