@@ -418,8 +418,7 @@ fn take_turns(st: &mut [Stage], queue: &mut VecDeque<usize>, now: f64, slice: f6
             Some(_) => {}
         }
     }
-    for s in 0..st.len() {
-        let x = &mut st[s];
+    for (s, x) in st.iter_mut().enumerate() {
         let (Some(until), Some(r)) = (x.core_until, x.running.as_mut()) else { continue };
         if until > now {
             continue;
