@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # The simulator against real runs on this machine (docs/simulator.md, calibration): for
-# gpt2-tiny and resnet18, d = 2 and 4, each schedule: profile the model (release build),
-# plan it for d stages with that profile (b = MICROBATCH, m = M, no recomputation, SGD),
+# gpt2-tiny and resnet18, d = 2 and 4, each schedule: profile the model (release build;
+# per case, just before its runs), plan it for d stages with that profile (b = MICROBATCH, m = M, no recomputation, SGD),
 # compile the plan, train STEPS steps with a trace, and replay the same plan for STEPS
 # batches from the same profile. Prints one Markdown row per case: measured and simulated
 # samples/s (the measured one over the steps after WARMUP, bench/pipeline_stats.py; the
 # simulated one between the ends of the first and the last batch) and the mean bubble
 # fraction over stages (whole run, as trace-svg computes it, on both sides); then the same
-# replay with the run's own per-stage median times (`simulate --stage-times`), which
+# replay with the run's own per-stage mean times (`simulate --stage-times`), which
 # separates the schedule model from the cost inputs. Both replays run the stages as
 # threads sharing the machine's cores (`simulate --host-cores HOST_CORES`), as the
 # embedded executor's stage threads do; with --stage-times the trace's durations are
@@ -42,13 +42,16 @@ for spec in "${specs[@]}"; do
     onnx="$MODELS_DIR/$model.onnx"
     out_name="$("$py" -c 'import onnx,sys; print(onnx.load(sys.argv[1], load_external_data=False).graph.output[0].name)' "$onnx")"
     "$py" bench/make_data.py "$onnx" -o "$OUT/$model.npz" --samples $((mb * M * 4)) >&2
-    "$pw" profile "$onnx" --batch 1,2,4,8 -o "$OUT/$model.profile.json" >&2
     for d in "${depths[@]}"; do
         for s in "${schedules[@]}"; do
             dir="$OUT/$model-d$d-$s"
             mkdir -p "$dir"
+            # Profiled per case, just before its runs: this machine's speed drifts between
+            # minutes, and a profile from the start of the script would be compared with
+            # runs up to minutes later.
+            "$pw" profile "$onnx" --batch 1,2,4,8 -o "$dir/profile.json" >&2
             "$pw" plan "$onnx" --workers "$d" --stages "$d" --batch $((mb * M)) --microbatch "$mb" --schedule "$s" --recompute none \
-                --optimizer sgd --profile "$OUT/$model.profile.json" --json > "$dir/plan.json" 2>/dev/null
+                --optimizer sgd --profile "$dir/profile.json" --json > "$dir/plan.json" 2>/dev/null
             "$pw" compile "$onnx" --plan "$dir/plan.json" -o "$dir/build" >&2
             # ROUNDS runs; the one with the median rate stands for the case (this machine's
             # speed drifts by up to a quarter between runs minutes apart).
@@ -66,7 +69,7 @@ PY
 )"
             cp "$dir/real$median_round.json" "$dir/real.json"
             cp "$dir/trace$median_round.json" "$dir/trace.json"
-            "$pw" simulate "$dir/plan.json" --profile "$OUT/$model.profile.json" --batches "$steps" --host-cores "$HOST_CORES" --json > "$dir/sim.json"
+            "$pw" simulate "$dir/plan.json" --profile "$dir/profile.json" --batches "$steps" --host-cores "$HOST_CORES" --json > "$dir/sim.json"
             "$pw" simulate "$dir/plan.json" --stage-times "$dir/trace.json" --batches "$steps" --host-cores "$HOST_CORES" --json > "$dir/sim-timed.json"
             "$py" - "$dir" "$model" "$d" "$s" <<'PY'
 import json, sys

@@ -194,9 +194,9 @@ pub struct SimulateArgs {
     #[arg(long, default_value_t = 10)]
     pub batches: usize,
     /// A real run's trace (`train --trace`) of the same configuration: its per-stage
-    /// median forward, recompute, backward, optimizer and send times replace the cost model's
+    /// mean forward, recompute, backward, optimizer and send times replace the cost model's
     /// (to check the schedule model apart from the cost model, or replay a measured run
-    /// under another schedule).
+    /// under another schedule). Means, not medians: the rate is set by the total time.
     #[arg(long, value_name = "TRACE")]
     pub stage_times: Option<PathBuf>,
     /// The stages run as threads of one process on a host with N CPU cores (a CPU run of

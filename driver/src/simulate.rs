@@ -38,7 +38,7 @@ pub struct SimulateRequest {
     pub batches: usize,
     /// Keep every interval, for [`write_trace`].
     pub record: bool,
-    /// A real run's trace (`train --trace`) whose per-stage median forward, recompute,
+    /// A real run's trace (`train --trace`) whose per-stage mean forward, recompute,
     /// backward, optimizer and send times replace the cost model's (for a plan of that run).
     pub stage_times: Option<PathBuf>,
     /// The stages are threads sharing this many CPU cores (`--host-cores`; overrides the
@@ -310,7 +310,9 @@ fn simulate_plan(req: &SimulateRequest) -> Result<SimulateReport, DriverError> {
     Ok(SimulateReport { input: req.input.display().to_string(), cluster, global_batch: opts.global_batch, outcomes })
 }
 
-/// Replaces each stage's compute times by the medians of a real run's trace at `path`.
+/// Replaces each stage's compute times by the means of a real run's trace at `path`: a
+/// rate is set by the total time the operations took, which the mean keeps and a median
+/// drops (the slow tail of a stage sharing its core, the hand-offs that wait for one).
 /// With `sharing` (cores, replicas), the run's stages shared that many cores, so each
 /// event's duration is first converted to the work it stands for at full speed (the
 /// replay shares the cores again; taking the inflated durations as work would count the
@@ -326,20 +328,19 @@ fn measured_stage_times(path: &Path, stages: &mut [pipewright_passes::simulate::
         Some((cores, replicas)) => dedicated_durations(&events, cores, replicas),
         None => events.iter().map(|e| e.dur_us / 1e6).collect(),
     };
-    let median = |stage: usize, kind: TraceKind| -> Option<f64> {
-        let mut d: Vec<f64> = events.iter().zip(&seconds).filter(|(e, _)| e.stage == stage && e.kind == kind).map(|(_, &t)| t).collect();
-        d.sort_by(f64::total_cmp);
-        (!d.is_empty()).then(|| d[d.len() / 2])
+    let mean = |stage: usize, kind: TraceKind| -> Option<f64> {
+        let d: Vec<f64> = events.iter().zip(&seconds).filter(|(e, _)| e.stage == stage && e.kind == kind).map(|(_, &t)| t).collect();
+        (!d.is_empty()).then(|| d.iter().sum::<f64>() / d.len() as f64)
     };
     for (s, c) in stages.iter_mut().enumerate() {
-        let (Some(f), Some(b)) = (median(s, TraceKind::Forward), median(s, TraceKind::Backward)) else {
+        let (Some(f), Some(b)) = (mean(s, TraceKind::Forward), mean(s, TraceKind::Backward)) else {
             return Err(DriverError::msg(format!("{}: stage {s} has no forward or no backward in the trace", path.display())));
         };
         c.forward_s = f;
         c.backward_s = b;
-        c.recompute_s = median(s, TraceKind::Recompute).unwrap_or(0.0);
-        c.optimizer_s = median(s, TraceKind::Optimizer).unwrap_or(0.0);
-        c.send_s = median(s, TraceKind::Send).unwrap_or(0.0);
+        c.recompute_s = mean(s, TraceKind::Recompute).unwrap_or(0.0);
+        c.optimizer_s = mean(s, TraceKind::Optimizer).unwrap_or(0.0);
+        c.send_s = mean(s, TraceKind::Send).unwrap_or(0.0);
     }
     Ok(())
 }
