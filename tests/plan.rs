@@ -172,6 +172,11 @@ fn profile_reports_the_spread_of_its_repetitions() {
     for k in ["sgd_ms", "momentum_ms", "adam_ms"] {
         assert!(updates.iter().all(|u| u[k].as_f64() > Some(0.0)), "{k}: {updates:?}");
     }
+    // All the weights updated in one step, under each optimizer.
+    let step = &json["step"];
+    for k in ["sgd_ms", "momentum_ms", "adam_ms"] {
+        assert!(step[k].as_f64() > Some(0.0), "{k}: {step}");
+    }
     // The training loss (train's default, cross-entropy on the only output) at each size.
     let loss = &json["loss"];
     assert_eq!(loss["loss"].as_str(), Some("cross-entropy"), "{loss}");

@@ -10,8 +10,10 @@
 //! (`spread`), which `profile` reports, the whole model run as one forward and one backward
 //! pass (`whole`: the cost model scales the nodes' times to add up to it), and each
 //! trainable weight's update under each optimizer, timed with the runtime's own step
-//! (`updates`: the simulator's optimizer time on the machine profiled), and the training
-//! loss on the model's output (`loss`: the last stage computes it besides its nodes).
+//! (`updates`: the simulator's optimizer time on the machine profiled) and all of them
+//! in one step (`step`: the updates are scaled to add up to it, as the nodes are to the
+//! whole pass), and the training loss on the model's output (`loss`: the last stage
+//! computes it besides its nodes).
 
 use std::time::Instant;
 
@@ -20,9 +22,9 @@ use std::path::Path;
 use pipewright_core::Device;
 use pipewright_ir::{Graph, ImportOptions};
 use pipewright_core::Loss;
-use pipewright_passes::cost::{BatchSpread, LossTiming, Profile, ProfileNode, WeightUpdate, WholePass};
+use pipewright_passes::cost::{BatchSpread, LossTiming, Profile, ProfileNode, WeightUpdate, WholePass, WholeStep};
 use pipewright_runtime::exec::{run as run_kernel, Mode};
-use pipewright_runtime::pipeline::{loss_ms, update_ms, Objective, OptimizerConfig};
+use pipewright_runtime::pipeline::{loss_ms, step_ms, update_ms, Objective, OptimizerConfig};
 use pipewright_runtime::program::{Instr, SlotId};
 use tch::{Kind, Tensor};
 
@@ -73,8 +75,9 @@ pub fn profile(model: &Path, device: Device, batches: &[u64], reps: usize, seed:
         spread.push(s);
     }
     let updates = time_updates(&runner, reps)?;
+    let step = Some(time_step(&runner, reps)?);
     let loss = Some(LossTiming { loss: objective.loss, output: objective.output, fwd_ms: loss_fwd, bwd_ms: loss_bwd });
-    Ok(Profile { model: model.display().to_string(), device: device.to_string(), batches: batches.to_vec(), nodes, spread, whole, updates, loss })
+    Ok(Profile { model: model.display().to_string(), device: device.to_string(), batches: batches.to_vec(), nodes, spread, whole, updates, loss, step })
 }
 
 /// Random float inputs (seeded) and zero index inputs of the graph's input shapes at `b`.
@@ -159,6 +162,14 @@ fn time_updates(runner: &Runner, reps: usize) -> Result<Vec<WeightUpdate>, Drive
             Ok(WeightUpdate { sgd_ms: time(sgd)?, momentum_ms: time(momentum)?, adam_ms: time(adam)?, name })
         })
         .collect()
+}
+
+/// One step updating all the trainable weights under each optimizer, as [`time_updates`]
+/// times one weight ([`step_ms`]).
+fn time_step(runner: &Runner, reps: usize) -> Result<WholeStep, DriverError> {
+    let weights: Vec<Tensor> = runner.interp().parameters().into_iter().map(|t| t.shallow_clone()).collect();
+    let time = |opt| step_ms(opt, &weights, 2, reps).map_err(|e| DriverError::msg(format!("updating all the weights in one step: {e}")));
+    Ok(WholeStep { sgd_ms: time(OptimizerConfig::sgd())?, momentum_ms: time(OptimizerConfig { momentum: 0.9, ..OptimizerConfig::sgd() })?, adam_ms: time(OptimizerConfig::adam())? })
 }
 
 /// The whole model's forward (the interpreter's run) and backward (one pass from the ones

@@ -256,6 +256,27 @@ pub struct Profile {
     /// profiles: the last stage's time then leaves the loss out).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub loss: Option<LossTiming>,
+    /// All the weights updated in one step, per optimizer (absent from older profiles:
+    /// the per-weight updates are then used as they are).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step: Option<WholeStep>,
+}
+
+/// One step updating every trainable weight of the model, as a stage's step updates its
+/// own (milliseconds per optimizer, as [`WeightUpdate`]): the per-weight times are scaled
+/// to add up to it, since one weight updated over and over stays in the cache where a
+/// step streams all of them through memory.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct WholeStep {
+    pub sgd_ms: f64,
+    pub momentum_ms: f64,
+    pub adam_ms: f64,
+}
+
+impl WholeStep {
+    fn times(&self) -> [f64; 3] {
+        [self.sgd_ms, self.momentum_ms, self.adam_ms]
+    }
 }
 
 /// The training loss on one model output as the last stage computes it: forward, and
@@ -381,7 +402,23 @@ impl Profile {
                 )));
             }
         }
+        if self.step.is_some_and(|w| w.times().into_iter().any(bad)) {
+            return Err(CostError::ProfileInvalid("`step`: a negative or non-finite time".into()));
+        }
         Ok(())
+    }
+
+    /// Per optimizer (SGD, momentum, Adam), what scales the weights' update times so that
+    /// they add up to the whole step; 1 where there is no whole step.
+    fn whole_step_scales(&self) -> [f64; 3] {
+        let Some(step) = self.step else { return [1.0; 3] };
+        let sums = [
+            self.updates.iter().map(|u| u.sgd_ms).sum::<f64>(),
+            self.updates.iter().map(|u| u.momentum_ms).sum::<f64>(),
+            self.updates.iter().map(|u| u.adam_ms).sum::<f64>(),
+        ];
+        let whole = step.times();
+        std::array::from_fn(|k| if sums[k] > 0.0 && whole[k] > 0.0 { whole[k] / sums[k] } else { 1.0 })
     }
 
     /// Per batch size, what scales the nodes' forward and backward times so that they add
@@ -1000,7 +1037,7 @@ impl CostModel {
         let mut cr: Vec<(OpClass, f64)> = class_ratio.into_iter().collect();
         cr.sort_by_key(|x| x.0);
         report.class_ratio = cr;
-        report.updates_measured = self.apply_updates(g, &profile.updates);
+        report.updates_measured = self.apply_updates(g, &profile.updates, profile.whole_step_scales());
         self.loss = profile.loss.as_ref().map(|l| {
             let secs = |v: &[f64]| v.iter().map(|x| x * 1e-3).collect::<Vec<f64>>();
             (least_squares(&profile.batches, &secs(&l.fwd_ms)), least_squares(&profile.batches, &secs(&l.bwd_ms)))
@@ -1014,9 +1051,10 @@ impl CostModel {
         self.loss.map_or((0.0, 0.0), |(f, bw)| (f.at(b).max(0.0), bw.at(b).max(0.0)))
     }
 
-    /// Attributes each measured weight update to the node that reads the weight first (as
-    /// [`NodeCost::param_bytes`] is); returns how many weights of the graph were found.
-    fn apply_updates(&mut self, g: &Graph, updates: &[WeightUpdate]) -> usize {
+    /// Attributes each measured weight update, scaled by `scales` (per optimizer, to the
+    /// whole step), to the node that reads the weight first (as [`NodeCost::param_bytes`]
+    /// is); returns how many weights of the graph were found.
+    fn apply_updates(&mut self, g: &Graph, updates: &[WeightUpdate], scales: [f64; 3]) -> usize {
         if updates.is_empty() {
             return 0;
         }
@@ -1032,9 +1070,9 @@ impl CostModel {
                 if let Some(u) = by_name.get(g.value(v).name.as_str()) {
                     found += 1;
                     let t = &mut per_node[n.index()];
-                    t[0] += u.sgd_ms * 1e-3;
-                    t[1] += u.momentum_ms * 1e-3;
-                    t[2] += u.adam_ms * 1e-3;
+                    t[0] += u.sgd_ms * scales[0] * 1e-3;
+                    t[1] += u.momentum_ms * scales[1] * 1e-3;
+                    t[2] += u.adam_ms * scales[2] * 1e-3;
                 }
             }
         }

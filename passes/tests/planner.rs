@@ -393,9 +393,10 @@ fn baselines_and_profile() {
     }
 }
 
-/// A profile's whole pass sets the total the nodes' times add up to, and its measured
-/// weight updates become the stages' optimizer time, each weight counted at the node that
-/// reads it first (a weight read twice is updated once).
+/// A profile's whole pass sets the total the nodes' times add up to, its whole step the
+/// total the weight updates add up to (per optimizer), and the measured weight updates
+/// become the stages' optimizer time, each weight counted at the node that reads it first
+/// (a weight read twice is updated once).
 #[test]
 fn a_profiles_whole_pass_and_weight_updates_drive_the_stage_costs() {
     let mut g = Graph::new(ModelMeta::default());
@@ -448,6 +449,17 @@ fn a_profiles_whole_pass_and_weight_updates_drive_the_stage_costs() {
             assert!((times[k].0 - want.0).abs() < 1e-12 && (times[k].1 - want.1).abs() < 1e-12, "stage {k}: {:?}", times[k]);
         }
     }
+    // A whole step measured: each optimizer's updates are scaled to add up to it (SGD 1 +
+    // 3 ms against a step of 8: twice; momentum 2 + 4 against 3: half; Adam as it was).
+    let stepped = json.replace(r#""loss": {"#, r#""step": {"sgd_ms": 8, "momentum_ms": 3, "adam_ms": 12}, "loss": {"#);
+    let mut c3 = CostModel::new(&g, Roofline::default()).unwrap();
+    c3.apply_profile(&g, &Profile::from_json(&stepped).unwrap()).unwrap();
+    for (node, optimizer, momentum, want) in [("mm0", Optimizer::Sgd, false, 2e-3), ("mm1", Optimizer::Sgd, false, 6e-3), ("mm0", Optimizer::Sgd, true, 1e-3), ("mm1", Optimizer::Adam, false, 7e-3)] {
+        let got = c3.update_time(by_name(node), optimizer, momentum).unwrap();
+        assert!((got - want).abs() < 1e-12, "{node} {optimizer} momentum {momentum}: {got} != {want}");
+    }
+    let bad = stepped.replace(r#""adam_ms": 12"#, r#""adam_ms": -12"#);
+    assert!(Profile::from_json(&bad).unwrap_err().to_string().contains("`step`: a negative"));
     // Without updates in the profile, the update is costed from the memory bandwidth.
     let mut bare = profile.clone();
     bare.updates.clear();

@@ -167,22 +167,30 @@ pub(crate) fn all_finite(ts: &[Tensor]) -> Result<bool, tch::TchError> {
 /// warm: timed from the second step on) and the finiteness check of the result; the
 /// median of `reps` updates. For `pipewright profile`, which records it per weight.
 pub fn update_ms(opt: OptimizerConfig, weight: &Tensor, m: usize, reps: usize) -> Result<f64, tch::TchError> {
-    let mut state = OptState::new(opt, 1);
-    let mut w = weight.detach().copy();
+    step_ms(opt, std::slice::from_ref(weight), m, reps)
+}
+
+/// Milliseconds of one step over all of `weights` at once, as [`update_ms`] times one.
+/// For `pipewright profile`: a step streams every weight, gradient and state through
+/// memory in turn, where one weight updated over and over stays in the cache, so the
+/// whole model's step is what the per-weight times are scaled to.
+pub fn step_ms(opt: OptimizerConfig, weights: &[Tensor], m: usize, reps: usize) -> Result<f64, tch::TchError> {
+    let mut state = OptState::new(opt, weights.len());
+    let mut w: Vec<Tensor> = weights.iter().map(|t| t.detach().copy()).collect();
     let mut times = Vec::with_capacity(reps.max(1));
     for rep in 0..reps.max(1) + 1 {
-        // A fresh gradient each time, as each step has its own accumulator.
-        let mut g = w.f_randn_like()?.f_mul_scalar(1e-3)?;
+        // Fresh gradients each time, as each step has its own accumulators.
+        let mut g: Vec<Tensor> = w.iter().map(|x| x.f_randn_like().and_then(|r| r.f_mul_scalar(1e-3))).collect::<Result<_, _>>()?;
         let start = std::time::Instant::now();
         if m > 1 {
-            tch::no_grad(|| g.f_div_scalar_(m as f64).map(|_| ()))?;
+            tch::no_grad(|| g.iter_mut().try_for_each(|g| g.f_div_scalar_(m as f64).map(|_| ())))?;
         }
-        let new = state.step(std::slice::from_ref(&w), std::slice::from_ref(&g), 1e-4);
+        let new = state.step(&w, &g, 1e-4);
         all_finite(&new)?;
         if rep > 0 {
             times.push(start.elapsed().as_secs_f64() * 1e3);
         }
-        w = new.into_iter().next().unwrap_or(w);
+        w = new;
     }
     times.sort_by(f64::total_cmp);
     Ok(times[times.len() / 2])
