@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The simulator against real runs on this machine (docs/simulator.md, calibration): for
 # gpt2-tiny and resnet18, d = 2 and 4, each schedule: profile the model (release build;
-# per case, just before its runs), plan it for d stages with that profile (b = MICROBATCH, m = M, no recomputation, SGD),
-# compile the plan, train STEPS steps with a trace, and replay the same plan for STEPS
-# batches from the same profile. Prints one Markdown row per case: measured and simulated
+# per case, just before its runs), plan it for d stages with that profile (b = MICROBATCH,
+# m = M, no recomputation, SGD), compile the plan, train STEPS steps with a trace, and
+# replay the same plan for STEPS batches from the same profile. Prints one Markdown row per case: measured and simulated
 # samples/s (the measured one over the steps after WARMUP, bench/pipeline_stats.py; the
 # simulated one between the ends of the first and the last batch) and the mean bubble
 # fraction over stages (whole run, as trace-svg computes it, on both sides); then the same

@@ -152,14 +152,12 @@ fn loss_output(runner: &Runner, model: &Path, (loss, output): (Loss, Option<&str
 fn time_updates(runner: &Runner, reps: usize) -> Result<Vec<WeightUpdate>, DriverError> {
     let program = runner.interp().program();
     let names = program.stored.iter().filter(|s| s.trainable).map(|s| program.slots[s.slot.index()].name.clone());
-    let sgd = OptimizerConfig::sgd();
-    let momentum = OptimizerConfig { momentum: 0.9, ..OptimizerConfig::sgd() };
-    let adam = OptimizerConfig::adam();
     names
         .zip(runner.interp().parameters())
         .map(|(name, w)| {
-            let time = |opt| update_ms(opt, w, 2, reps).map_err(|e| DriverError::msg(format!("updating weight {name:?}: {e}")));
-            Ok(WeightUpdate { sgd_ms: time(sgd)?, momentum_ms: time(momentum)?, adam_ms: time(adam)?, name })
+            let [sgd_ms, momentum_ms, adam_ms] =
+                per_optimizer(|opt| update_ms(opt, w, 2, reps).map_err(|e| DriverError::msg(format!("updating weight {name:?}: {e}"))))?;
+            Ok(WeightUpdate { sgd_ms, momentum_ms, adam_ms, name })
         })
         .collect()
 }
@@ -168,8 +166,16 @@ fn time_updates(runner: &Runner, reps: usize) -> Result<Vec<WeightUpdate>, Drive
 /// times one weight ([`step_ms`]).
 fn time_step(runner: &Runner, reps: usize) -> Result<WholeStep, DriverError> {
     let weights: Vec<Tensor> = runner.interp().parameters().into_iter().map(|t| t.shallow_clone()).collect();
-    let time = |opt| step_ms(opt, &weights, 2, reps).map_err(|e| DriverError::msg(format!("updating all the weights in one step: {e}")));
-    Ok(WholeStep { sgd_ms: time(OptimizerConfig::sgd())?, momentum_ms: time(OptimizerConfig { momentum: 0.9, ..OptimizerConfig::sgd() })?, adam_ms: time(OptimizerConfig::adam())? })
+    let [sgd_ms, momentum_ms, adam_ms] =
+        per_optimizer(|opt| step_ms(opt, &weights, 2, reps).map_err(|e| DriverError::msg(format!("updating all the weights in one step: {e}"))))?;
+    Ok(WholeStep { sgd_ms, momentum_ms, adam_ms })
+}
+
+/// `time` under each optimizer a profile records: SGD, SGD with momentum, Adam (AdamW
+/// does the same work).
+fn per_optimizer(mut time: impl FnMut(OptimizerConfig) -> Result<f64, DriverError>) -> Result<[f64; 3], DriverError> {
+    let momentum = OptimizerConfig { momentum: 0.9, ..OptimizerConfig::sgd() };
+    Ok([time(OptimizerConfig::sgd())?, time(momentum)?, time(OptimizerConfig::adam())?])
 }
 
 /// The whole model's forward (the interpreter's run) and backward (one pass from the ones

@@ -329,8 +329,8 @@ fn measured_stage_times(path: &Path, stages: &mut [pipewright_passes::simulate::
         None => events.iter().map(|e| e.dur_us / 1e6).collect(),
     };
     let mean = |stage: usize, kind: TraceKind| -> Option<f64> {
-        let d: Vec<f64> = events.iter().zip(&seconds).filter(|(e, _)| e.stage == stage && e.kind == kind).map(|(_, &t)| t).collect();
-        (!d.is_empty()).then(|| d.iter().sum::<f64>() / d.len() as f64)
+        let (sum, n) = events.iter().zip(&seconds).filter(|(e, _)| e.stage == stage && e.kind == kind).fold((0.0, 0usize), |(s, n), (_, &t)| (s + t, n + 1));
+        (n > 0).then(|| sum / n as f64)
     };
     for (s, c) in stages.iter_mut().enumerate() {
         let (Some(f), Some(b)) = (mean(s, TraceKind::Forward), mean(s, TraceKind::Backward)) else {

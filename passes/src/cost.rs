@@ -300,6 +300,13 @@ pub struct WeightUpdate {
     pub adam_ms: f64,
 }
 
+impl WeightUpdate {
+    /// SGD, momentum, Adam, in [`CostModel::update_time`]'s order.
+    fn times(&self) -> [f64; 3] {
+        [self.sgd_ms, self.momentum_ms, self.adam_ms]
+    }
+}
+
 
 /// The whole model run as one forward and one backward pass, as a stage runs its nodes,
 /// at one batch size: medians over the repetitions, milliseconds.
@@ -395,7 +402,7 @@ impl Profile {
             }
         }
         for u in &self.updates {
-            if [u.sgd_ms, u.momentum_ms, u.adam_ms].into_iter().any(bad) {
+            if u.times().into_iter().any(bad) {
                 return Err(CostError::ProfileInvalid(format!(
                     "update of weight {:?}: a negative or non-finite time",
                     u.name
@@ -412,11 +419,7 @@ impl Profile {
     /// they add up to the whole step; 1 where there is no whole step.
     fn whole_step_scales(&self) -> [f64; 3] {
         let Some(step) = self.step else { return [1.0; 3] };
-        let sums = [
-            self.updates.iter().map(|u| u.sgd_ms).sum::<f64>(),
-            self.updates.iter().map(|u| u.momentum_ms).sum::<f64>(),
-            self.updates.iter().map(|u| u.adam_ms).sum::<f64>(),
-        ];
+        let sums: [f64; 3] = std::array::from_fn(|k| self.updates.iter().map(|u| u.times()[k]).sum());
         let whole = step.times();
         std::array::from_fn(|k| if sums[k] > 0.0 && whole[k] > 0.0 { whole[k] / sums[k] } else { 1.0 })
     }
@@ -1069,10 +1072,9 @@ impl CostModel {
                 }
                 if let Some(u) = by_name.get(g.value(v).name.as_str()) {
                     found += 1;
-                    let t = &mut per_node[n.index()];
-                    t[0] += u.sgd_ms * scales[0] * 1e-3;
-                    t[1] += u.momentum_ms * scales[1] * 1e-3;
-                    t[2] += u.adam_ms * scales[2] * 1e-3;
+                    for ((t, ms), scale) in per_node[n.index()].iter_mut().zip(u.times()).zip(scales) {
+                        *t += ms * scale * 1e-3;
+                    }
                 }
             }
         }
