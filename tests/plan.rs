@@ -177,6 +177,19 @@ fn profile_reports_the_spread_of_its_repetitions() {
     for k in ["sgd_ms", "momentum_ms", "adam_ms"] {
         assert!(step[k].as_f64() > Some(0.0), "{k}: {step}");
     }
+    // The whole pass run by 1, as many as the cores and twice as many threads at once, at
+    // each size, on this host.
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let sharing = &json["sharing"];
+    assert_eq!(sharing["cores"].as_u64(), Some(cores as u64), "{sharing}");
+    let runs = sharing["runs"].as_array().expect("sharing runs");
+    for b in [1, 4] {
+        let mut threads: Vec<u64> = runs.iter().filter(|r| r["batch"].as_u64() == Some(b)).filter_map(|r| r["threads"].as_u64()).collect();
+        threads.sort_unstable();
+        threads.dedup();
+        assert_eq!(threads, [1, cores as u64, 2 * cores as u64].into_iter().collect::<std::collections::BTreeSet<_>>().into_iter().collect::<Vec<_>>(), "batch {b}: {sharing}");
+    }
+    assert!(runs.iter().all(|r| r["pass_ms"].as_f64() > Some(0.0)), "{sharing}");
     // The training loss (train's default, cross-entropy on the only output) at each size.
     let loss = &json["loss"];
     assert_eq!(loss["loss"].as_str(), Some("cross-entropy"), "{loss}");

@@ -12,9 +12,13 @@
 //! trainable weight's update under each optimizer, timed with the runtime's own step
 //! (`updates`: the simulator's optimizer time on the machine profiled) and all of them
 //! in one step (`step`: the updates are scaled to add up to it, as the nodes are to the
-//! whole pass), and the training loss on the model's output (`loss`: the last stage
-//! computes it besides its nodes).
+//! whole pass), the training loss on the model's output (`loss`: the last stage
+//! computes it besides its nodes), and on a CPU the whole pass run by several threads at
+//! once (`sharing`: how threads crowding the host slow each other, for the simulator's
+//! replay of stages sharing its cores).
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Barrier;
 use std::time::Instant;
 
 use std::path::Path;
@@ -22,7 +26,7 @@ use std::path::Path;
 use pipewright_core::Device;
 use pipewright_ir::{Graph, ImportOptions};
 use pipewright_core::Loss;
-use pipewright_passes::cost::{BatchSpread, LossTiming, Profile, ProfileNode, WeightUpdate, WholePass, WholeStep};
+use pipewright_passes::cost::{BatchSpread, HostSharing, LossTiming, Profile, ProfileNode, SharedPasses, WeightUpdate, WholePass, WholeStep};
 use pipewright_runtime::exec::{run as run_kernel, Mode};
 use pipewright_runtime::pipeline::{loss_ms, step_ms, update_ms, Objective, OptimizerConfig};
 use pipewright_runtime::program::{Instr, SlotId};
@@ -74,10 +78,12 @@ pub fn profile(model: &Path, device: Device, batches: &[u64], reps: usize, seed:
         on_batch(&s);
         spread.push(s);
     }
+    // Threads crowd a CPU host's cores; on a GPU the stages' threads share no cores.
+    let sharing = if tdev == tch::Device::Cpu { Some(time_sharing(model, tdev, batches)?) } else { None };
     let updates = time_updates(&runner, reps)?;
     let step = Some(time_step(&runner, reps)?);
     let loss = Some(LossTiming { loss: objective.loss, output: objective.output, fwd_ms: loss_fwd, bwd_ms: loss_bwd });
-    Ok(Profile { model: model.display().to_string(), device: device.to_string(), batches: batches.to_vec(), nodes, spread, whole, updates, loss, step })
+    Ok(Profile { model: model.display().to_string(), device: device.to_string(), batches: batches.to_vec(), nodes, spread, whole, updates, loss, step, sharing })
 }
 
 /// Random float inputs (seeded) and zero index inputs of the graph's input shapes at `b`.
@@ -185,21 +191,35 @@ fn time_whole(runner: &Runner, inputs: &[Tensor], b: u64, reps: usize) -> Result
     let params: Vec<Tensor> = runner.interp().parameters().into_iter().map(|t| t.shallow_clone()).collect();
     let (mut fwd, mut bwd) = (Vec::new(), Vec::new());
     for _ in 0..reps.max(1) + 1 {
-        let start = Instant::now();
-        let outs = runner.interp().run(inputs, Mode::Train).map_err(|e| DriverError::msg(e.to_string()))?;
-        fwd.push(start.elapsed().as_secs_f64() * 1e3);
-        let diff: Vec<Tensor> = outs.into_iter().filter(|o| is_float(o) && o.requires_grad()).collect();
-        let start = Instant::now();
-        if let Some(loss) = ones_seed(&diff)? {
-            if !params.is_empty() {
-                Tensor::f_run_backward(&[loss], &params, false, false)?;
-            }
-        }
-        bwd.push(start.elapsed().as_secs_f64() * 1e3);
+        let (f, bw) = timed_pass(runner, &params, inputs)?;
+        fwd.push(f);
+        bwd.push(bw);
     }
     fwd.remove(0);
     bwd.remove(0);
     Ok(WholePass { batch: b, fwd_ms: median(fwd), bwd_ms: median(bwd) })
+}
+
+/// One forward pass and one backward pass from the ones gradient on the float outputs to
+/// the weights: their milliseconds.
+fn timed_pass(runner: &Runner, params: &[Tensor], inputs: &[Tensor]) -> Result<(f64, f64), DriverError> {
+    let start = Instant::now();
+    let outs = runner.interp().run(inputs, Mode::Train).map_err(|e| DriverError::msg(e.to_string()))?;
+    let fwd = start.elapsed().as_secs_f64() * 1e3;
+    let diff: Vec<Tensor> = outs.into_iter().filter(|o| is_float(o) && o.requires_grad()).collect();
+    let start = Instant::now();
+    if let Some(loss) = ones_seed(&diff)? {
+        if !params.is_empty() {
+            Tensor::f_run_backward(&[loss], params, false, false)?;
+        }
+    }
+    Ok((fwd, start.elapsed().as_secs_f64() * 1e3))
+}
+
+/// [`timed_pass`] with the runner's own weights.
+fn whole_pass(runner: &Runner, inputs: &[Tensor]) -> Result<(), DriverError> {
+    let params: Vec<Tensor> = runner.interp().parameters().into_iter().map(|t| t.shallow_clone()).collect();
+    timed_pass(runner, &params, inputs).map(|_| ())
 }
 
 /// Milliseconds of a backward pass from the ones gradient on every tensor of `outs`.
@@ -224,4 +244,104 @@ fn ones_seed(outs: &[Tensor]) -> Result<Option<Tensor>, tch::TchError> {
 
 fn is_float(t: &Tensor) -> bool {
     matches!(t.kind(), Kind::Float | Kind::Double | Kind::Half | Kind::BFloat16)
+}
+
+/// Passes each thread of [`time_shared_passes`] completes at least, and the shortest window
+/// it times (short passes are repeated for longer, so that a slice or two of the
+/// scheduler's does not decide the rate).
+const SHARED_PASSES: usize = 3;
+const SHARED_WINDOW_S: f64 = 0.5;
+
+/// The whole pass run by 1, `cores` and `2 cores` threads at once on this host, at each
+/// batch size ([`HostSharing`]).
+fn time_sharing(model: &Path, device: tch::Device, batches: &[u64]) -> Result<HostSharing, DriverError> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut runs = Vec::with_capacity(3 * batches.len());
+    for &batch in batches {
+        for threads in [1, cores, 2 * cores] {
+            if runs.iter().any(|r: &SharedPasses| r.batch == batch && r.threads == threads) {
+                continue;
+            }
+            let pass_ms = time_shared_passes(model, device, batch, threads)?;
+            runs.push(SharedPasses { batch, threads, pass_ms });
+        }
+    }
+    Ok(HostSharing { cores, runs })
+}
+
+/// Milliseconds of window per pass per thread when `n` threads each run the whole model's
+/// forward and backward pass at batch `b` on their own copy of it, started together: each
+/// keeps running until every one has done its share ([`SHARED_PASSES`], [`SHARED_WINDOW_S`]),
+/// so that the whole window is crowded ([`window_per_pass_ms`]).
+fn time_shared_passes(model: &Path, device: tch::Device, b: u64, n: usize) -> Result<f64, DriverError> {
+    let barrier = Barrier::new(n);
+    // Threads that have not done their share yet; the others keep running while any has not.
+    let short = AtomicUsize::new(n);
+    let timed: Vec<Result<PassEnds, DriverError>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..n).map(|_| scope.spawn(|| run_shared_passes(model, device, b, &barrier, &short))).collect();
+        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(DriverError::msg("a profiling thread panicked")))).collect()
+    });
+    let timed = timed.into_iter().collect::<Result<Vec<_>, _>>()?;
+    Ok(window_per_pass_ms(&timed))
+}
+
+/// One thread's start and the ends of its passes, and which end completed its share.
+struct PassEnds {
+    ends: Vec<Instant>,
+    share: usize,
+}
+
+/// One thread of [`time_shared_passes`]. It always reaches the barrier and always counts
+/// itself out of `short`, so that a failing thread stops the others instead of leaving
+/// them waiting.
+fn run_shared_passes(model: &Path, device: tch::Device, b: u64, barrier: &Barrier, short: &AtomicUsize) -> Result<PassEnds, DriverError> {
+    let ready = Runner::load(model, &ImportOptions::default(), device).and_then(|r| {
+        let inputs = synthetic_inputs(&r.graph, b as i64, device)?;
+        // Caches and the allocator warm alone, then the threads start together.
+        whole_pass(&r, &inputs)?;
+        Ok((r, inputs))
+    });
+    barrier.wait();
+    let (runner, inputs) = match ready {
+        Ok(x) => x,
+        Err(e) => {
+            short.fetch_sub(1, Ordering::SeqCst);
+            return Err(e);
+        }
+    };
+    let start = Instant::now();
+    let mut timed = PassEnds { ends: vec![start], share: 0 };
+    while short.load(Ordering::SeqCst) > 0 {
+        let pass = whole_pass(&runner, &inputs);
+        let now = Instant::now();
+        timed.ends.push(now);
+        let counted = timed.share > 0;
+        if pass.is_err() || (!counted && timed.ends.len() > SHARED_PASSES && now.duration_since(start).as_secs_f64() >= SHARED_WINDOW_S) {
+            if !counted {
+                timed.share = timed.ends.len() - 1;
+                short.fetch_sub(1, Ordering::SeqCst);
+            }
+            pass?;
+        }
+    }
+    Ok(timed)
+}
+
+/// The window is from the common start until the last thread completed its share; each
+/// thread's passes in it count, the one under way at its end by the share of the thread's
+/// mean pass time already spent. Milliseconds of window per pass per thread.
+fn window_per_pass_ms(timed: &[PassEnds]) -> f64 {
+    let start = timed.iter().map(|t| t.ends[0]).min();
+    let end = timed.iter().map(|t| t.ends[t.share]).max();
+    let (Some(start), Some(end)) = (start, end) else { return f64::NAN };
+    let mut passes = 0.0;
+    for t in timed {
+        let done = t.ends.iter().skip(1).filter(|x| **x <= end).count();
+        let last = t.ends.iter().filter(|x| **x <= end).next_back().copied().unwrap_or(t.ends[0]);
+        let total = t.ends.len() - 1;
+        let mean = t.ends[total].duration_since(t.ends[0]).as_secs_f64() / total.max(1) as f64;
+        let under_way = if mean > 0.0 { (end.duration_since(last).as_secs_f64() / mean).min(1.0) } else { 0.0 };
+        passes += done as f64 + under_way;
+    }
+    end.duration_since(start).as_secs_f64() * 1e3 * timed.len() as f64 / passes
 }

@@ -188,7 +188,7 @@ fn tensor_outcome(g: &Graph, cost: &CostModel, cluster: &SimCluster, opts: &Plan
         links: Vec::new(),
         allreduce: AllReduce::ring(plan.dp_link),
         record: req.record,
-        host: cluster.host_cores.map(HostCores::linux),
+        host: cluster.host_cores.map(|c| HostCores::linux(c).crowded(cost.crowding(c, cand.b))),
         tied_groups: Vec::new(),
     };
     let sim = replay(&setup).map_err(|e| DriverError::msg(format!("{}: {scheme}: {e}", req.input.display())))?;
@@ -235,9 +235,9 @@ fn replay_candidate(ctx: &mut PlanContext, cluster: &SimCluster, opts: &PlanOpti
     // The memory and optimizer terms follow the scheme actually run.
     let run_as = Candidate { schedule: scheme.schedule().unwrap_or(Schedule::Flush), ..cand.clone() };
     let mut stages = ctx.stage_costs(&run_as, opts);
-    let cores = cluster.host_cores;
+    let host = cluster.host_cores.map(|c| HostCores::linux(c).crowded(ctx.cost().crowding(c, cand.b)));
     if let Some(path) = &req.stage_times {
-        measured_stage_times(path, &mut stages, cores.map(|c| (c, cand.w)))?;
+        measured_stage_times(path, &mut stages, host.map(|h| (h, cand.w)))?;
     }
     let setup = SimSetup {
         scheme,
@@ -249,7 +249,7 @@ fn replay_candidate(ctx: &mut PlanContext, cluster: &SimCluster, opts: &PlanOpti
         links: cluster.pipeline_links(cand.w, cand.d),
         allreduce: cluster.allreduce(cand.w, cand.d),
         record: req.record,
-        host: cores.map(HostCores::linux),
+        host,
         tied_groups: ctx.tied_stage_groups(&cand.cuts),
     };
     replay(&setup).map_err(|e| DriverError::msg(format!("{}: {scheme}: {e}", req.input.display())))
@@ -313,11 +313,11 @@ fn simulate_plan(req: &SimulateRequest) -> Result<SimulateReport, DriverError> {
 /// Replaces each stage's compute times by the means of a real run's trace at `path`: a
 /// rate is set by the total time the operations took, which the mean keeps and a median
 /// drops (the slow tail of a stage sharing its core, the hand-offs that wait for one).
-/// With `sharing` (cores, replicas), the run's stages shared that many cores, so each
+/// With `sharing` (host, replicas), the run's stages shared that host's cores, so each
 /// event's duration is first converted to the work it stands for at full speed (the
 /// replay shares the cores again; taking the inflated durations as work would count the
 /// sharing twice).
-fn measured_stage_times(path: &Path, stages: &mut [pipewright_passes::simulate::StageCost], sharing: Option<(usize, usize)>) -> Result<(), DriverError> {
+fn measured_stage_times(path: &Path, stages: &mut [pipewright_passes::simulate::StageCost], sharing: Option<(HostCores, usize)>) -> Result<(), DriverError> {
     let text = std::fs::read_to_string(path).map_err(|source| DriverError::Read { path: path.to_path_buf(), source })?;
     let events = read_chrome_trace(&text).map_err(|e| DriverError::msg(format!("{}: {e}", path.display())))?;
     let traced = events.iter().map(|e| e.stage + 1).max().unwrap_or(0);
@@ -325,7 +325,7 @@ fn measured_stage_times(path: &Path, stages: &mut [pipewright_passes::simulate::
         return Err(DriverError::msg(format!("{}: the trace has {traced} stages, the replayed configuration {}", path.display(), stages.len())));
     }
     let seconds: Vec<f64> = match sharing {
-        Some((cores, replicas)) => dedicated_durations(&events, cores, replicas),
+        Some((host, replicas)) => dedicated_durations(&events, host, replicas),
         None => events.iter().map(|e| e.dur_us / 1e6).collect(),
     };
     let mean = |stage: usize, kind: TraceKind| -> Option<f64> {

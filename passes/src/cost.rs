@@ -69,6 +69,8 @@ use pipewright_ir::{Dim, Graph, NodeId, Op, TensorType, ValueDef, ValueId};
 use pipewright_core::{Loss, Optimizer};
 use serde::{Deserialize, Serialize};
 
+use crate::simulate::Crowding;
+
 /// A cost linear in the microbatch size: `per_sample * b + fixed`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Lin {
@@ -260,6 +262,80 @@ pub struct Profile {
     /// the per-weight updates are then used as they are).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub step: Option<WholeStep>,
+    /// The whole pass run by several threads at once on the host profiled (absent from
+    /// older profiles: the simulator then shares a host's cores with no slowdown beyond
+    /// the sharing itself).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sharing: Option<HostSharing>,
+}
+
+/// The whole model's forward and backward pass run by 1, `cores` and `2 cores` threads at
+/// once (each its own copy of the model) on the host profiled, which has `cores` cores:
+/// what a pass costs beyond its share of the cores when threads crowd a host (caches,
+/// memory bandwidth, the scheduler's switches), per batch size.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct HostSharing {
+    pub cores: usize,
+    pub runs: Vec<SharedPasses>,
+}
+
+/// `threads` threads each running the whole pass at batch `batch`: milliseconds of the
+/// window per pass per thread.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SharedPasses {
+    pub batch: u64,
+    pub threads: usize,
+    pub pass_ms: f64,
+}
+
+impl HostSharing {
+    fn check(&self) -> Result<(), CostError> {
+        if self.cores == 0 {
+            return Err(CostError::ProfileInvalid("`sharing`: a host of 0 cores".into()));
+        }
+        for r in &self.runs {
+            if r.threads == 0 || r.batch == 0 || !r.pass_ms.is_finite() || r.pass_ms <= 0.0 {
+                return Err(CostError::ProfileInvalid(format!(
+                    "`sharing` at batch {} with {} threads: needs a positive batch, at least one thread and a positive finite time",
+                    r.batch, r.threads
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// At batch `b`: the slowdown with `cores` and with `2 cores` threads, each against
+    /// one thread alone given its share of the cores; between the measured batch sizes
+    /// linear in the batch, beyond them the nearest one's.
+    pub fn crowding(&self, b: u64) -> Crowding {
+        let mut at: Vec<(u64, Crowding)> = self.batches().into_iter().filter_map(|batch| Some((batch, self.crowding_at(batch)?))).collect();
+        at.sort_by_key(|x| x.0);
+        let Some(k) = at.iter().position(|x| x.0 >= b) else { return at.last().map_or(Crowding::NONE, |x| x.1) };
+        if k == 0 || at[k].0 == b {
+            return at[k].1;
+        }
+        let ((b0, c0), (b1, c1)) = (at[k - 1], at[k]);
+        let t = (b - b0) as f64 / (b1 - b0) as f64;
+        let mix = |x: f64, y: f64| x + t * (y - x);
+        Crowding { at_cores: mix(c0.at_cores, c1.at_cores), at_twice: mix(c0.at_twice, c1.at_twice) }
+    }
+
+    fn batches(&self) -> Vec<u64> {
+        let mut b: Vec<u64> = self.runs.iter().map(|r| r.batch).collect();
+        b.sort_unstable();
+        b.dedup();
+        b
+    }
+
+    /// The measured crowding at one batch size, if it has a one-thread run; a slowdown
+    /// below 1 is the measurement's noise and reads as none.
+    fn crowding_at(&self, batch: u64) -> Option<Crowding> {
+        let pass = |threads: usize| self.runs.iter().find(|r| r.batch == batch && r.threads == threads).map(|r| r.pass_ms);
+        let alone = pass(1)?;
+        let cores = self.cores as f64;
+        let slowdown = |threads: usize| pass(threads).map_or(1.0, |ms| (ms / (alone * (threads as f64 / cores).max(1.0))).max(1.0));
+        Some(Crowding { at_cores: slowdown(self.cores), at_twice: slowdown(2 * self.cores) })
+    }
 }
 
 /// One step updating every trainable weight of the model, as a stage's step updates its
@@ -412,7 +488,7 @@ impl Profile {
         if self.step.is_some_and(|w| w.times().into_iter().any(bad)) {
             return Err(CostError::ProfileInvalid("`step`: a negative or non-finite time".into()));
         }
-        Ok(())
+        self.sharing.as_ref().map_or(Ok(()), HostSharing::check)
     }
 
     /// Per optimizer (SGD, momentum, Adam), what scales the weights' update times so that
@@ -505,6 +581,8 @@ pub struct CostModel {
     /// The training loss's forward and backward seconds, linear in the microbatch, from a
     /// profile that timed it.
     loss: Option<(Lin, Lin)>,
+    /// The profile's threads crowding its host, when it measured them.
+    sharing: Option<HostSharing>,
 }
 
 fn numel_lin(ty: &TensorType, export: i64) -> Lin {
@@ -917,6 +995,7 @@ impl CostModel {
             export_batch: export,
             updates: None,
             loss: None,
+            sharing: None,
         })
     }
 
@@ -1045,7 +1124,15 @@ impl CostModel {
             let secs = |v: &[f64]| v.iter().map(|x| x * 1e-3).collect::<Vec<f64>>();
             (least_squares(&profile.batches, &secs(&l.fwd_ms)), least_squares(&profile.batches, &secs(&l.bwd_ms)))
         });
+        self.sharing = profile.sharing.clone();
         Ok(report)
+    }
+
+    /// How crowding slows threads at microbatch `b` on a host of `cores` cores: the
+    /// profile's measurement when it was taken on a host of as many cores, else none (a
+    /// host of another size crowds differently).
+    pub fn crowding(&self, cores: usize, b: u64) -> Crowding {
+        self.sharing.as_ref().filter(|s| s.cores == cores).map_or(Crowding::NONE, |s| s.crowding(b))
     }
 
     /// Forward and backward seconds of the training loss at microbatch `b`, which the last

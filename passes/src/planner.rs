@@ -401,6 +401,11 @@ pub struct PlanContext<'a> {
 }
 
 impl<'a> PlanContext<'a> {
+    /// The cost model it plans with.
+    pub fn cost(&self) -> &'a CostModel {
+        self.cost
+    }
+
     /// Chooses the linear order and gathers per-position costs.
     pub fn new(
         g: &'a Graph,
@@ -1169,7 +1174,7 @@ fn replay_setup(ctx: &mut PlanContext, cand: &Candidate, opts: &PlanOptions, lat
         links: cluster.pipeline_links(cand.w, cand.d, latencies),
         allreduce: cluster.allreduce(cand.w, cand.d, latencies),
         record: false,
-        host: host_cores.map(HostCores::linux),
+        host: host_cores.map(|c| HostCores::linux(c).crowded(ctx.cost.crowding(c, cand.b))),
         tied_groups: ctx.tied_stage_groups(&cand.cuts),
     }
 }

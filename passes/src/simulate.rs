@@ -149,18 +149,68 @@ pub struct HostCores {
     /// line, and one that used up its slice while others wait goes to the back. 0: ideal
     /// processor sharing (every runnable thread at once, at `cores / threads` of a core).
     pub time_slice_s: f64,
+    /// How much slower a thread's work runs as threads crowd the host.
+    pub crowding: Crowding,
 }
 
 impl HostCores {
     /// `cores` under Linux's default time slice ([`default_time_slice`]), as `simulate
     /// --host-cores` and the planner replay a CPU host.
     pub fn linux(cores: usize) -> HostCores {
-        HostCores { cores, time_slice_s: default_time_slice(cores) }
+        HostCores { cores, time_slice_s: default_time_slice(cores), crowding: Crowding::NONE }
     }
 
     /// `cores` shared ideally, for hand-computed cases.
     pub fn ideal(cores: usize) -> HostCores {
-        HostCores { cores, time_slice_s: 0.0 }
+        HostCores { cores, time_slice_s: 0.0, crowding: Crowding::NONE }
+    }
+
+    /// The same host with threads slowing each other by `crowding` (a profile's
+    /// [`crate::cost::CostModel::crowding`]).
+    pub fn crowded(self, crowding: Crowding) -> HostCores {
+        HostCores { crowding, ..self }
+    }
+
+    /// The speed of a thread holding a core (or, under ideal sharing, its share of the
+    /// cores) while `threads` threads have work.
+    pub fn rate(&self, threads: usize) -> f64 {
+        let share = if self.time_slice_s > 0.0 { 1.0 } else { (self.cores as f64 / threads.max(1) as f64).min(1.0) };
+        share / self.crowding.slowdown(threads, self.cores)
+    }
+}
+
+/// How much slower each thread's work runs while several have work on a host, beyond
+/// their share of its cores: the caches and the memory bandwidth they share, the
+/// scheduler's switches. Measured by `pipewright profile` with as many threads as cores
+/// (`at_cores`) and twice as many (`at_twice`); 1 is none.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Crowding {
+    pub at_cores: f64,
+    pub at_twice: f64,
+}
+
+impl Crowding {
+    pub const NONE: Crowding = Crowding { at_cores: 1.0, at_twice: 1.0 };
+
+    /// With `threads` working on `cores` cores: 1 for one thread, linear from there to
+    /// `at_cores` at `cores` threads and on to `at_twice` at twice as many; beyond that
+    /// (not measured) `at_twice`.
+    pub fn slowdown(&self, threads: usize, cores: usize) -> f64 {
+        let (n, c) = (threads as f64, cores.max(1) as f64);
+        if n <= 1.0 {
+            1.0
+        } else if n <= c {
+            1.0 + (self.at_cores - 1.0) * (n - 1.0) / (c - 1.0)
+        } else if n <= 2.0 * c {
+            self.at_cores + (self.at_twice - self.at_cores) * (n - c) / c
+        } else {
+            self.at_twice
+        }
+    }
+
+    /// Whether `threads` threads slow each other at all.
+    pub fn slows(&self, threads: usize, cores: usize) -> bool {
+        self.slowdown(threads, cores) != 1.0
     }
 }
 
@@ -318,7 +368,7 @@ pub fn simulate(setup: &SimSetup) -> Result<Simulation, SimError> {
     check(setup)?;
     let threads = setup.w * setup.stages.len();
     match setup.host {
-        Some(host) if host.cores < threads => shared::replay(setup, host),
+        Some(host) if host.cores < threads || host.crowding.slows(threads, host.cores) => shared::replay(setup, host),
         _ => replay_dedicated(setup),
     }
 }
@@ -350,6 +400,10 @@ fn check(setup: &SimSetup) -> Result<(), SimError> {
         }
         if !host.time_slice_s.is_finite() || host.time_slice_s < 0.0 {
             return Err(SimError::Setup(format!("the time slice must be a non-negative number of seconds, not {}", host.time_slice_s)));
+        }
+        let Crowding { at_cores, at_twice } = host.crowding;
+        if !(at_cores.is_finite() && at_twice.is_finite() && at_cores >= 1.0 && at_twice >= 1.0) {
+            return Err(SimError::Setup(format!("a host's crowding must slow threads by a finite factor of at least 1, not {at_cores} and {at_twice}")));
         }
     }
     if setup.scheme == Scheme::TensorParallel && d != 1 {
@@ -878,7 +932,7 @@ mod tests {
         // with F1 on its core (its slice renewed at 0.3, 0.6, 0.9, as nobody waits);
         // stage 1, woken at 1 by F0's activation, waits for that slice to end at 1.2.
         let mut s = setup(Scheme::GPipe, 2, 2, 1);
-        s.host = Some(HostCores { cores: 1, time_slice_s: 0.3 });
+        s.host = Some(HostCores { cores: 1, time_slice_s: 0.3, crowding: Crowding::NONE });
         let sim = simulate(&s).unwrap();
         let first = |stage: usize, kind: TraceKind| sim.events.iter().filter(|e| e.stage == stage && e.kind == kind).map(|e| e.start_us).fold(f64::INFINITY, f64::min);
         assert!((first(1, TraceKind::Forward) - 1.2e6).abs() < 1e-3, "{}", first(1, TraceKind::Forward));
@@ -890,13 +944,36 @@ mod tests {
         // One core never idles while work waits: either way a batch takes all the work,
         // 2 stages x 2 microbatches x 3 s.
         for slice in [0.3, 0.0] {
-            s.host = Some(HostCores { cores: 1, time_slice_s: slice });
+            s.host = Some(HostCores { cores: 1, time_slice_s: slice, crowding: Crowding::NONE });
             assert!((simulate(&s).unwrap().makespan_s - 12.0).abs() < 1e-9, "slice {slice}");
         }
         // Linux's default slice: 0.75 ms on one CPU, 1.5 ms on 2 or 3, 3 ms from 8 on.
         assert_eq!([1, 2, 3, 4, 8, 64].map(default_time_slice), [0.75e-3, 1.5e-3, 1.5e-3, 2.25e-3, 3e-3, 3e-3]);
-        s.host = Some(HostCores { cores: 1, time_slice_s: -1.0 });
+        s.host = Some(HostCores { cores: 1, time_slice_s: -1.0, crowding: Crowding::NONE });
         assert!(simulate(&s).unwrap_err().to_string().contains("the time slice must be a non-negative"));
+    }
+
+    #[test]
+    fn crowded_threads_run_slower_than_their_share_of_the_cores() {
+        // 1 alone, linear up to `at_cores` at 4 threads, on to `at_twice` at 8, then held.
+        let c = Crowding { at_cores: 1.3, at_twice: 1.5 };
+        let got = [1, 2, 3, 4, 6, 8, 9, 20].map(|n| c.slowdown(n, 4));
+        let want = [1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.5, 1.5];
+        assert!(got.iter().zip(want).all(|(a, b)| (a - b).abs() < 1e-12), "{got:?}");
+        // Two replicas of one stage always work together: on 2 cores crowded by 1.25
+        // each operation takes 1.25 times as long, under time slices or ideal sharing.
+        let mut s = setup(Scheme::Flush, 1, 2, 3);
+        s.w = 2;
+        let alone = simulate(&s).unwrap().samples_per_s;
+        for host in [HostCores::linux(2), HostCores::ideal(2)] {
+            s.host = Some(host);
+            assert_eq!(simulate(&s).unwrap().samples_per_s, alone, "{host:?}: no crowding, no change");
+            s.host = Some(host.crowded(Crowding { at_cores: 1.25, at_twice: 2.0 }));
+            let crowded = simulate(&s).unwrap().samples_per_s;
+            assert!((crowded * 1.25 - alone).abs() < 1e-9 * alone, "{host:?}: {crowded} against {alone}");
+        }
+        s.host = Some(HostCores::linux(2).crowded(Crowding { at_cores: 0.9, at_twice: 1.0 }));
+        assert!(simulate(&s).unwrap_err().to_string().contains("a host's crowding must slow threads by a finite factor of at least 1"));
     }
 
     #[test]
@@ -1068,9 +1145,12 @@ mod tests {
                 c.backward_s = 2.5 - 0.25 * k as f64;
                 c.optimizer_s = 0.3;
             }
-            s.host = Some(HostCores::ideal(cores));
+            // Crowding too is undone: what the replay stretched by it, the conversion shrinks.
+            for crowding in [Crowding::NONE, Crowding { at_cores: 1.1, at_twice: 1.4 }] {
+            let host = HostCores::ideal(cores).crowded(crowding);
+            s.host = Some(host);
             let sim = simulate(&s).unwrap();
-            let work = dedicated_durations(&sim.events, cores, w);
+            let work = dedicated_durations(&sim.events, host, w);
             let mut stretched = 0;
             for (e, &t) in sim.events.iter().zip(&work) {
                 let c = &s.stages[e.stage];
@@ -1086,8 +1166,9 @@ mod tests {
             assert!(stretched > 0, "d={d} cores={cores}: nothing was shared");
             // With enough cores nothing changes.
             let plain: Vec<f64> = sim.events.iter().map(|e| e.dur_us / 1e6).collect();
-            let wide = dedicated_durations(&sim.events, 64, 1);
+            let wide = dedicated_durations(&sim.events, HostCores::ideal(64), 1);
             assert!(plain.iter().zip(&wide).all(|(a, b)| (a - b).abs() < 1e-12));
+            }
         }
     }
 

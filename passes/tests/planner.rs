@@ -15,7 +15,7 @@ use pipewright_passes::partition::{choose_order, live_bytes};
 use pipewright_core::{Balance, Precision, Schedule, Scheme};
 use pipewright_passes::planner::{plan, plan_on, Candidate, PlanContext, PlanError, PlanOptions, REPLAYED};
 use pipewright_passes::cluster::Latencies;
-use pipewright_passes::simulate::{simulate, SimSetup};
+use pipewright_passes::simulate::{simulate, Crowding, SimSetup};
 
 fn row(w: i64) -> TensorType {
     TensorType::new(DType::F32, Shape(vec![Dim::N, Dim::Fixed(w)]))
@@ -472,6 +472,39 @@ fn a_profiles_whole_pass_and_weight_updates_drive_the_stage_costs() {
     assert!(Profile::from_json(&bad).unwrap_err().to_string().contains("update of weight \"w1\""));
     let bad = json.replace(r#"{"batch": 2, "fwd_ms": 12"#, r#"{"batch": 3, "fwd_ms": 12"#);
     assert!(Profile::from_json(&bad).unwrap_err().to_string().contains("`whole` at batch 3"));
+}
+
+#[test]
+fn a_profiles_crowded_passes_slow_the_threads_of_a_host_of_its_size() {
+    let mut g = Graph::new(ModelMeta::default());
+    let x = input(&mut g, 8);
+    let w = weight(&mut g, "w", &[8, 8]);
+    let (_, y) = matmul(&mut g, "mm", x, w, 8);
+    g.set_outputs(vec![y]);
+    // On 2 cores: at batch 2, 2 threads take 11 ms a pass against 10 alone (1.1) and 4
+    // threads 24 against twice 10 (1.2); at batch 4 nothing slows, and 2 threads taking
+    // less than one alone is noise, read as no slowdown.
+    let json = r#"{"model": "m", "device": "cpu", "batches": [2, 4],
+        "nodes": [{"name": "mm", "op": "MatMul", "fwd_ms": [1, 2], "bwd_ms": [2, 4]}],
+        "sharing": {"cores": 2, "runs": [
+            {"batch": 2, "threads": 1, "pass_ms": 10}, {"batch": 2, "threads": 2, "pass_ms": 11}, {"batch": 2, "threads": 4, "pass_ms": 24},
+            {"batch": 4, "threads": 1, "pass_ms": 20}, {"batch": 4, "threads": 2, "pass_ms": 19}, {"batch": 4, "threads": 4, "pass_ms": 40}]}}"#;
+    let profile = Profile::from_json(json).unwrap();
+    let mut c = CostModel::new(&g, Roofline::default()).unwrap();
+    assert_eq!(c.crowding(2, 2), Crowding::NONE, "no profile, no crowding");
+    c.apply_profile(&g, &profile).unwrap();
+    let close = |a: Crowding, b: (f64, f64)| (a.at_cores - b.0).abs() < 1e-12 && (a.at_twice - b.1).abs() < 1e-12;
+    // Below, between and beyond the measured sizes: the nearest, linear, the nearest.
+    for (b, want) in [(1, (1.1, 1.2)), (2, (1.1, 1.2)), (3, (1.05, 1.1)), (4, (1.0, 1.0)), (16, (1.0, 1.0))] {
+        let got = c.crowding(2, b);
+        assert!(close(got, want), "batch {b}: {got:?} != {want:?}");
+    }
+    // Measured on 2 cores, it says nothing of a host of 4.
+    assert_eq!(c.crowding(4, 2), Crowding::NONE);
+    let bad = json.replace(r#""pass_ms": 24"#, r#""pass_ms": -24"#);
+    assert!(Profile::from_json(&bad).unwrap_err().to_string().contains("`sharing` at batch 2 with 4 threads"));
+    let bad = json.replace(r#""cores": 2"#, r#""cores": 0"#);
+    assert!(Profile::from_json(&bad).unwrap_err().to_string().contains("`sharing`: a host of 0 cores"));
 }
 
 fn corpus(name: &str) -> PathBuf {

@@ -167,12 +167,9 @@ pub(super) fn replay(setup: &SimSetup, host: HostCores) -> Result<Simulation, Si
     let (mut acts, mut grads) = (arrivals(setup), arrivals(setup));
     let mut batch_end = vec![0.0f64; setup.batches];
     let mut events = Events { keep: setup.record, list: Vec::new() };
-    // Each replica's thread of a working stage competes for the cores.
-    let threads_per_stage = setup.w as f64;
     // Under time slices a stage takes turns as a block of its `w` replicas' threads.
     let (slice, slots) = (host.time_slice_s, (cores / setup.w).max(1));
     let mut queue: VecDeque<usize> = VecDeque::new();
-    let cores = cores as f64;
     let mut now = 0.0f64;
     loop {
         // Run every stage as far as it can go without the clock moving; a message sent
@@ -355,16 +352,17 @@ pub(super) fn replay(setup: &SimSetup, host: HostCores) -> Result<Simulation, Si
         }
         if slice > 0.0 {
             take_turns(&mut st, &mut queue, now, slice, slots);
-        } else {
-            // The working stages share the cores from now on.
-            let working = st.iter().filter(|x| x.running.is_some()).count() as f64;
-            let rate = if working * threads_per_stage > cores { cores / (working * threads_per_stage) } else { 1.0 };
-            for r in st.iter_mut().filter_map(|x| x.running.as_mut()) {
-                if r.rate != rate {
-                    r.stop(now);
-                    r.rate = rate;
-                    r.slowed |= rate < 1.0;
-                }
+        }
+        // Every thread with a core (under ideal sharing, every working one) runs at the
+        // speed the number of working threads allows, from now on.
+        let working = st.iter().filter(|x| x.running.is_some()).count() * setup.w;
+        let rate = host.rate(working);
+        for x in st.iter_mut().filter(|x| slice == 0.0 || x.core_until.is_some()) {
+            let Some(r) = x.running.as_mut() else { continue };
+            if r.rate != rate {
+                r.stop(now);
+                r.rate = rate;
+                r.slowed |= rate < 1.0;
             }
         }
         // The next event: a work segment ending, a slice ending (each is an event, so that
@@ -458,11 +456,13 @@ fn works(kind: TraceKind) -> bool {
 }
 
 /// Each event's duration in seconds as full-speed work: the inverse of the sharing rule for
-/// a trace recorded with its stages' threads on `cores` cores, each stage standing for
-/// `replicas` threads. While `n` working events overlap, each progressed at
-/// `min(1, cores / (replicas n))`, so an event's work is the integral of that rate over its
-/// span. Events that take no core keep their durations.
-pub fn dedicated_durations(events: &[TraceEvent], cores: usize, replicas: usize) -> Vec<f64> {
+/// a trace recorded with its stages' threads on `host`, each stage standing for `replicas`
+/// threads. While `n` working events overlap, each progressed at
+/// `min(1, cores / (replicas n))` slowed by the host's crowding of `replicas n` threads
+/// (the cores shared ideally: over a slice's length the turns average out), so an event's
+/// work is the integral of that rate over its span. Events that take no core keep their
+/// durations.
+pub fn dedicated_durations(events: &[TraceEvent], host: HostCores, replicas: usize) -> Vec<f64> {
     let span = |e: &TraceEvent| (e.start_us / 1e6, (e.start_us + e.dur_us) / 1e6);
     // The number of working events changes only at their starts and ends: sweep them once
     // and integrate the rate between consecutive ones.
@@ -474,13 +474,11 @@ pub fn dedicated_durations(events: &[TraceEvent], cores: usize, replicas: usize)
     let mut points: Vec<f64> = Vec::with_capacity(changes.len());
     let mut integral: Vec<f64> = Vec::with_capacity(changes.len());
     let (mut working, mut k) = (0i64, 0);
-    let threads_per_event = replicas.max(1) as f64;
-    let cores = cores.max(1) as f64;
+    let ideal = HostCores { time_slice_s: 0.0, ..host };
     while k < changes.len() {
         let t = changes[k].0;
         if let (Some(&prev), Some(&before)) = (points.last(), integral.last()) {
-            let threads = working.max(0) as f64 * threads_per_event;
-            let rate = if threads > cores { cores / threads } else { 1.0 };
+            let rate = ideal.rate(usize::try_from(working).unwrap_or(0) * replicas.max(1));
             integral.push(before + rate * (t - prev));
         } else {
             integral.push(0.0);
