@@ -185,7 +185,9 @@ pub struct SimulateArgs {
     /// (comma-separated), or all. Default: all for a model, the plan's schedule for a plan.
     #[arg(long, value_parser = parse_schemes)]
     pub schedule: Option<Schemes>,
-    /// A profile from `pipewright profile`: measured node times instead of the roofline.
+    /// A profile from `pipewright profile`: measured node times instead of the roofline,
+    /// and what a stage boundary costs the runtime; with --host-cores on a host of the
+    /// profiled one's size, how threads crowding it slow each other.
     #[arg(long)]
     pub profile: Option<PathBuf>,
     #[command(flatten)]

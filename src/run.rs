@@ -11,6 +11,7 @@ use pipewright_driver::conformance::{report, run_all, totals};
 use pipewright_driver::export::{save_weights, WEIGHTS_FILE};
 use pipewright_passes::cost::BatchSpread;
 use pipewright_driver::forward::{bench_step, run_forward, save_outputs, verdict};
+use pipewright_driver::profile::Progress as ProfileProgress;
 use pipewright_driver::train::{Session, WorkerSession};
 use pipewright_runtime::device::tch_device;
 use pipewright_runtime::pipeline::{MpiJob, StepReport, TrainReport};
@@ -231,22 +232,37 @@ pub fn conformance(args: &ConformanceArgs) -> Result<()> {
 /// warns that the measurements are unreliable.
 const NOISY_SPREAD: f64 = 0.25;
 
+/// One batch size's whole-model time over the repetitions, with a warning when they
+/// spread too far.
+fn report_spread(s: &BatchSpread) {
+    eprintln!(
+        "profile: batch {}: forward + backward {:.3} ms (median of {} repetitions; min {:.3}, max {:.3}: spread {:.0}%)",
+        s.batch,
+        s.median_ms,
+        s.reps,
+        s.min_ms,
+        s.max_ms,
+        s.relative() * 100.0
+    );
+    if s.relative() > NOISY_SPREAD {
+        eprintln!("profile: warning: batch {}: the repetitions differ by more than {:.0}%; the machine looks busy (rerun idle, or with more --reps)", s.batch, NOISY_SPREAD * 100.0);
+    }
+}
+
 pub fn profile(args: &ProfileArgs) -> Result<()> {
-    let mut on_batch = |s: &BatchSpread| {
-        eprintln!(
-            "profile: batch {}: forward + backward {:.3} ms (median of {} repetitions; min {:.3}, max {:.3}: spread {:.0}%)",
-            s.batch,
-            s.median_ms,
-            s.reps,
-            s.min_ms,
-            s.max_ms,
-            s.relative() * 100.0
-        );
-        if s.relative() > NOISY_SPREAD {
-            eprintln!("profile: warning: batch {}: the repetitions differ by more than {:.0}%; the machine looks busy (rerun idle, or with more --reps)", s.batch, NOISY_SPREAD * 100.0);
-        }
+    let mut on_progress = |p: ProfileProgress<'_>| match p {
+        ProfileProgress::Batch(s) => report_spread(s),
+        ProfileProgress::Skipped { what, why } => eprintln!("profile: warning: {what} was not measured: {why}"),
     };
-    let p = pipewright_driver::profile::profile(&args.model, args.device, &args.batch, args.reps, args.seed, (args.loss.loss, args.loss.output.as_deref()), &mut on_batch)?;
+    let p = pipewright_driver::profile::profile(&args.model, args.device, &args.batch, args.reps, args.seed, (args.loss.loss, args.loss.output.as_deref()), &mut on_progress)?;
+    for c in &p.boundary {
+        eprintln!("profile: a stage boundary costs {:.3} ms forward, {:.3} ms backward (per microbatch) and {:.3} ms per update, at batch {}", c.fwd_ms, c.bwd_ms, c.step_ms, c.batch);
+    }
+    if let Some(s) = &p.sharing {
+        let b = p.batches.iter().copied().max().unwrap_or(1);
+        let c = s.crowding(b);
+        eprintln!("profile: threads crowding the {} cores slow each other by {:.2} ({} threads) and {:.2} ({}), at batch {b}", s.cores, c.at_cores, s.cores, c.at_twice, 2 * s.cores);
+    }
     let text = serde_json::to_string_pretty(&p).map_err(|e| anyhow!("profile: {e}"))?;
     match &args.output {
         Some(path) => write_atomic(path, text.as_bytes())?,

@@ -190,6 +190,16 @@ fn profile_reports_the_spread_of_its_repetitions() {
         assert_eq!(threads, [1, cores as u64, 2 * cores as u64].into_iter().collect::<std::collections::BTreeSet<_>>().into_iter().collect::<Vec<_>>(), "batch {b}: {sharing}");
     }
     assert!(runs.iter().all(|r| r["pass_ms"].as_f64() > Some(0.0)), "{sharing}");
+    // A stage boundary's cost, timed at the smallest and the middle size (the model
+    // trained as two stages less as one), and reported.
+    let boundary = json["boundary"].as_array().expect("boundary");
+    assert_eq!(boundary.iter().map(|c| c["batch"].as_u64()).collect::<Vec<_>>(), [Some(1), Some(4)], "{boundary:?}");
+    for c in boundary {
+        for k in ["fwd_ms", "bwd_ms", "step_ms"] {
+            assert!(c[k].as_f64().is_some_and(|t| t.is_finite() && t >= 0.0), "{k}: {c}");
+        }
+    }
+    assert!(err.contains("profile: a stage boundary costs ") && err.contains("profile: threads crowding the "), "{err}");
     // The training loss (train's default, cross-entropy on the only output) at each size.
     let loss = &json["loss"];
     assert_eq!(loss["loss"].as_str(), Some("cross-entropy"), "{loss}");

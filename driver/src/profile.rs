@@ -19,26 +19,42 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Barrier;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use std::path::Path;
 
-use pipewright_core::Device;
+use pipewright_core::timeline::TraceKind;
+use pipewright_core::{Decay, Device, NonFinite, Precision, Recompute, Schedule};
 use pipewright_ir::{Graph, ImportOptions};
 use pipewright_core::Loss;
-use pipewright_passes::cost::{BatchSpread, HostSharing, LossTiming, Profile, ProfileNode, SharedPasses, WeightUpdate, WholePass, WholeStep};
+use pipewright_passes::cost::{BatchSpread, BoundaryCost, HostSharing, LossTiming, Profile, ProfileNode, SharedPasses, WeightUpdate, WholePass, WholeStep};
 use pipewright_runtime::exec::{run as run_kernel, Mode};
 use pipewright_runtime::pipeline::{loss_ms, step_ms, update_ms, Objective, OptimizerConfig};
 use pipewright_runtime::program::{Instr, SlotId};
 use tch::{Kind, Tensor};
 
+use pipewright_passes::manager::PassOptions;
+use pipewright_passes::pipeline::PlanRequest;
+use pipewright_runtime::build::RunFlags;
+use pipewright_runtime::data::DEFAULT_MAX_INFLATED;
+
+use crate::compile::{compile, CompileRequest};
 use crate::forward::Runner;
+use crate::train::{DataSource, Session, TrainRequest};
 use crate::DriverError;
 
+/// What [`profile`] tells as it goes.
+pub enum Progress<'a> {
+    /// A batch size is done: the spread of the whole model's time over the repetitions.
+    Batch(&'a BatchSpread),
+    /// A measurement could not be taken; the profile goes on without it.
+    Skipped { what: &'static str, why: String },
+}
+
 /// Profiles `model` on `device` at each microbatch size of `batches` (`reps` timed
-/// repetitions per node, median; synthetic inputs from `seed`); `on_batch` hears when a
-/// size is done, with the spread of the whole model's time over the repetitions.
-pub fn profile(model: &Path, device: Device, batches: &[u64], reps: usize, seed: u64, loss: (Loss, Option<&str>), on_batch: &mut dyn FnMut(&BatchSpread)) -> Result<Profile, DriverError> {
+/// repetitions per node, median; synthetic inputs from `seed`); `on_progress` hears when a
+/// size is done and what could not be measured.
+pub fn profile(model: &Path, device: Device, batches: &[u64], reps: usize, seed: u64, loss: (Loss, Option<&str>), on_progress: &mut dyn FnMut(Progress<'_>)) -> Result<Profile, DriverError> {
     let tdev = pipewright_runtime::device::tch_device(device).map_err(|e| DriverError::msg(e.to_string()))?;
     let runner = Runner::load(model, &ImportOptions::default(), tdev)?;
     let (objective, loss_slot) = loss_output(&runner, model, loss)?;
@@ -75,15 +91,20 @@ pub fn profile(model: &Path, device: Device, batches: &[u64], reps: usize, seed:
             node.bwd_ms.push(median(bw));
         }
         let s = BatchSpread::of(b, totals);
-        on_batch(&s);
+        on_progress(Progress::Batch(&s));
         spread.push(s);
     }
     // Threads crowd a CPU host's cores; on a GPU the stages' threads share no cores.
     let sharing = if tdev == tch::Device::Cpu { Some(time_sharing(model, tdev, batches)?) } else { None };
     let updates = time_updates(&runner, reps)?;
     let step = Some(time_step(&runner, reps)?);
+    // A model the runtime cannot cut in two, or train on synthetic data, still profiles.
+    let boundary = time_boundary(model, device, batches, &whole, &objective, runner.interp().program().instrs.len()).unwrap_or_else(|e| {
+        on_progress(Progress::Skipped { what: "a stage boundary's cost", why: e.to_string() });
+        Vec::new()
+    });
     let loss = Some(LossTiming { loss: objective.loss, output: objective.output, fwd_ms: loss_fwd, bwd_ms: loss_bwd });
-    Ok(Profile { model: model.display().to_string(), device: device.to_string(), batches: batches.to_vec(), nodes, spread, whole, updates, loss, step, sharing })
+    Ok(Profile { model: model.display().to_string(), device: device.to_string(), batches: batches.to_vec(), nodes, spread, whole, updates, loss, step, sharing, boundary })
 }
 
 /// Random float inputs (seeded) and zero index inputs of the graph's input shapes at `b`.
@@ -344,4 +365,129 @@ fn window_per_pass_ms(timed: &[PassEnds]) -> f64 {
         passes += done as f64 + under_way;
     }
     end.duration_since(start).as_secs_f64() * 1e3 * timed.len() as f64 / passes
+}
+
+/// Rounds of [`time_boundary`]'s one- and two-stage runs (in alternating order), and the
+/// steps each run leaves out first (building the autograd graphs' caches, the
+/// allocator's pools).
+const BOUNDARY_ROUNDS: usize = 4;
+const BOUNDARY_WARM_STEPS: usize = 2;
+/// The shortest a timed run lasts (estimated from the whole pass), and its fewest and most
+/// steps.
+const BOUNDARY_RUN_S: f64 = 0.4;
+const BOUNDARY_STEPS: (usize, usize) = (6, 200);
+
+/// What one stage boundary costs the runtime ([`BoundaryCost`]) at the smallest and the
+/// middle profiled batch size: the model compiled as one stage and as two (GPipe, no
+/// recomputation) and trained on synthetic data one microbatch per step with one libtorch
+/// thread per stage, so that the stages never overlap; in [`BOUNDARY_ROUNDS`] rounds, the
+/// two-stage run's forward, backward and step time per step less the one-stage run's
+/// ([`boundary_share`]). Empty for a model of one node, which cannot be
+/// cut.
+fn time_boundary(model: &Path, device: Device, batches: &[u64], whole: &[WholePass], objective: &Objective, nodes: usize) -> Result<Vec<BoundaryCost>, DriverError> {
+    if nodes < 2 {
+        return Ok(Vec::new());
+    }
+    let mut sizes = batches.to_vec();
+    sizes.sort_unstable();
+    let mut sizes = vec![sizes[0], sizes[sizes.len() / 2]];
+    sizes.dedup();
+    let dir = tempfile::tempdir().map_err(|e| DriverError::msg(format!("a temporary folder for the one- and two-stage builds: {e}")))?;
+    sizes.into_iter().map(|b| boundary_at(model, device, b, whole, objective, dir.path())).collect()
+}
+
+/// [`time_boundary`] at microbatch `b`, building in `dir`.
+fn boundary_at(model: &Path, device: Device, b: u64, whole: &[WholePass], objective: &Objective, dir: &Path) -> Result<BoundaryCost, DriverError> {
+    let pass_s = whole.iter().find(|w| w.batch == b).map_or(0.0, |w| (w.fwd_ms + w.bwd_ms) / 1e3);
+    let timed = if pass_s > 0.0 { (BOUNDARY_RUN_S / pass_s).ceil() as usize } else { BOUNDARY_STEPS.1 };
+    let steps = timed.clamp(BOUNDARY_STEPS.0, BOUNDARY_STEPS.1) + BOUNDARY_WARM_STEPS;
+    let builds = [1usize, 2].map(|depth| dir.join(format!("b{b}-d{depth}")));
+    for (depth, build) in [1usize, 2].into_iter().zip(&builds) {
+        compile_stages(model, depth, b, build)?;
+    }
+    let mut diffs: [Vec<f64>; 3] = Default::default();
+    for round in 0..BOUNDARY_ROUNDS {
+        // Every other round runs the two-stage build first, so that the machine's drift
+        // over the rounds (steady here for minutes at a time) adds to half the differences
+        // and takes from the other half instead of adding to all of them.
+        let [one, two] = if round % 2 == 0 {
+            let one = per_step_ms(&builds[0], device, steps, objective)?;
+            [one, per_step_ms(&builds[1], device, steps, objective)?]
+        } else {
+            let two = per_step_ms(&builds[1], device, steps, objective)?;
+            [per_step_ms(&builds[0], device, steps, objective)?, two]
+        };
+        for (k, d) in diffs.iter_mut().enumerate() {
+            d.push(two[k] - one[k]);
+        }
+    }
+    let [fwd_ms, bwd_ms, step_ms] = diffs.map(boundary_share);
+    Ok(BoundaryCost { batch: b, fwd_ms, bwd_ms, step_ms })
+}
+
+/// One kind's cost from the rounds' differences: their mean, 0 when it is negative. The
+/// mean and not the median: with the order alternating, a drift over the rounds adds to
+/// half the differences and takes from the others, which only the mean cancels. How far
+/// apart the rounds are is the measurement's noise (this machine's speed moves by several
+/// percent between runs seconds apart): gpt2-tiny's boundary, a tenth of its pass, stands
+/// out of it; resnet18's, a few percent of its pass, hardly does.
+fn boundary_share(diffs: Vec<f64>) -> f64 {
+    (diffs.iter().sum::<f64>() / diffs.len().max(1) as f64).max(0.0)
+}
+
+/// Compiles `model` as `depth` stages at microbatch `b` into `build`.
+fn compile_stages(model: &Path, depth: usize, b: u64, build: &Path) -> Result<(), DriverError> {
+    let plan = PlanRequest::Stages { depth, schedule: Schedule::GPipe, recompute: Recompute::None, microbatch: Some(b), microbatches: Some(depth as u64) };
+    let req = CompileRequest { model: model.to_path_buf(), plan, output: build.to_path_buf(), executable: None, stage_onnx: false, passes: PassOptions::default(), import: ImportOptions::default() };
+    compile(&req).map(|_| ()).map_err(|e| DriverError::msg(format!("{}: compiling it as {depth} stage(s) to time a stage boundary: {e}", model.display())))
+}
+
+/// Trains `build` for `steps` steps of one microbatch on synthetic data (SGD, one libtorch
+/// thread per stage) and returns the forward, backward and optimizer milliseconds of all
+/// its stages together per step, over the steps after [`BOUNDARY_WARM_STEPS`].
+fn per_step_ms(build: &Path, device: Device, steps: usize, objective: &Objective) -> Result<[f64; 3], DriverError> {
+    let req = TrainRequest {
+        data: DataSource::Synthetic,
+        label: None,
+        loss: objective.loss,
+        output: Some(objective.output.clone()),
+        classes: None,
+        ignore_index: objective.ignore_index,
+        label_smoothing: 0.0,
+        steps,
+        flags: RunFlags { microbatches: Some(1), ..RunFlags::default() },
+        lr: 1e-4,
+        optimizer: OptimizerConfig::sgd(),
+        warmup: 0,
+        decay: Decay::Constant,
+        clip_norm: None,
+        seed: 0,
+        device,
+        trace: true,
+        checkpoint_every: None,
+        checkpoint_dir: None,
+        resume: None,
+        force: false,
+        threads: Some(1),
+        timeout: Duration::from_secs(600),
+        max_inflated: DEFAULT_MAX_INFLATED,
+        precision: Precision::Fp32,
+        devices: Vec::new(),
+        // Not `Skip`: its agreement between the stages would put a wait in the update.
+        on_nonfinite: NonFinite::Stop,
+        max_skips: pipewright_core::DEFAULT_MAX_SKIPS,
+    };
+    let report = Session::prepare(build, &req)?.run(&mut |_| {})?;
+    let mut sums = [0.0; 3];
+    for e in report.trace.iter().filter(|e| e.step >= BOUNDARY_WARM_STEPS as u64) {
+        let k = match e.kind {
+            TraceKind::Forward => 0,
+            TraceKind::Backward => 1,
+            TraceKind::Optimizer => 2,
+            _ => continue,
+        };
+        sums[k] += e.dur_us / 1e3;
+    }
+    let counted = (steps - BOUNDARY_WARM_STEPS).max(1) as f64;
+    Ok(sums.map(|x| x / counted))
 }

@@ -267,6 +267,25 @@ pub struct Profile {
     /// the sharing itself).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sharing: Option<HostSharing>,
+    /// What one stage boundary costs the runtime, at one or more batch sizes (absent from
+    /// older profiles, and for a model of one node: the stages' times are then their
+    /// nodes' alone).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub boundary: Vec<BoundaryCost>,
+}
+
+/// What one stage boundary costs the runtime beyond its nodes, milliseconds, measured at
+/// microbatch `batch`: the model trained as two stages less as one, one microbatch per
+/// step (so the stages never overlap), per step: forward, backward and the update (the
+/// hand-offs and the second stage's own step, seeding, graph and bookkeeping). A stage
+/// pays half of it per boundary it has; between batch sizes it is linear in the batch, as
+/// the nodes' times are.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct BoundaryCost {
+    pub batch: u64,
+    pub fwd_ms: f64,
+    pub bwd_ms: f64,
+    pub step_ms: f64,
 }
 
 /// The whole model's forward and backward pass run by 1, `cores` and `2 cores` threads at
@@ -488,6 +507,11 @@ impl Profile {
         if self.step.is_some_and(|w| w.times().into_iter().any(bad)) {
             return Err(CostError::ProfileInvalid("`step`: a negative or non-finite time".into()));
         }
+        for c in &self.boundary {
+            if c.batch == 0 || [c.fwd_ms, c.bwd_ms, c.step_ms].into_iter().any(bad) {
+                return Err(CostError::ProfileInvalid("`boundary`: needs a positive batch and non-negative finite times".into()));
+            }
+        }
         self.sharing.as_ref().map_or(Ok(()), HostSharing::check)
     }
 
@@ -583,6 +607,9 @@ pub struct CostModel {
     loss: Option<(Lin, Lin)>,
     /// The profile's threads crowding its host, when it measured them.
     sharing: Option<HostSharing>,
+    /// What a stage boundary costs the runtime (forward, backward, update: milliseconds,
+    /// linear in the microbatch), when the profile measured it.
+    boundary: Option<[Lin; 3]>,
 }
 
 fn numel_lin(ty: &TensorType, export: i64) -> Lin {
@@ -996,6 +1023,7 @@ impl CostModel {
             updates: None,
             loss: None,
             sharing: None,
+            boundary: None,
         })
     }
 
@@ -1125,7 +1153,19 @@ impl CostModel {
             (least_squares(&profile.batches, &secs(&l.fwd_ms)), least_squares(&profile.batches, &secs(&l.bwd_ms)))
         });
         self.sharing = profile.sharing.clone();
+        self.boundary = (!profile.boundary.is_empty()).then(|| {
+            let batches: Vec<u64> = profile.boundary.iter().map(|c| c.batch).collect();
+            let fit = |ms: fn(&BoundaryCost) -> f64| least_squares(&batches, &profile.boundary.iter().map(ms).collect::<Vec<f64>>());
+            [fit(|c| c.fwd_ms), fit(|c| c.bwd_ms), fit(|c| c.step_ms)]
+        });
         Ok(report)
+    }
+
+    /// Seconds one stage boundary costs the runtime beyond its nodes at microbatch `b`:
+    /// forward and backward per microbatch, the update per step (each stage pays half per
+    /// boundary it has); 0 unless a profile measured it.
+    pub fn boundary_time(&self, b: u64) -> [f64; 3] {
+        self.boundary.map_or([0.0; 3], |fit| fit.map(|ms| ms.at(b).max(0.0) * 1e-3))
     }
 
     /// How crowding slows threads at microbatch `b` on a host of `cores` cores: the

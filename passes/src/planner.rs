@@ -576,6 +576,7 @@ impl<'a> PlanContext<'a> {
         let measured_update = |nodes: &[NodeId]| -> Option<f64> { nodes.iter().map(|&x| cost.update_time(x, opt, momentum)).sum() };
         let all_params: f64 = params.iter().sum();
         let per_byte = measured_update(&order.nodes).map(|t| if all_params > 0.0 { t / all_params } else { 0.0 });
+        let boundary = cost.boundary_time(b);
         let mut out = Vec::with_capacity(d);
         for (s, r) in ranges.iter().enumerate() {
             let (mut fwd, mut bwd, mut re) = (0.0, 0.0, 0.0);
@@ -597,14 +598,17 @@ impl<'a> PlanContext<'a> {
             }
             let weights = params[s] + extra_bytes[s];
             let extra = m1.weight_factor * extra_bytes[s];
+            // Half of each boundary's cost to either side of it.
+            let sides = f64::from(u8::from(s > 0) + u8::from(s + 1 < d)) / 2.0;
+            let [edge_fwd, edge_bwd, edge_step] = boundary.map(|t| sides * t);
             out.push(crate::simulate::StageCost {
-                forward_s: fwd,
-                backward_s: bwd,
+                forward_s: fwd + edge_fwd,
+                backward_s: bwd + edge_bwd,
                 recompute_s: re,
                 optimizer_s: match (measured_update(&order.nodes[r.clone()]), per_byte) {
                     (Some(t), Some(per_byte)) => t + extra_bytes[s] * per_byte,
                     _ => f64::from(3 + 2 * state) * weights / self.cluster.mem_bw,
-                },
+                } + edge_step,
                 send_s: 0.0,
                 send_bytes: if s + 1 < d { live[s] } else { 0.0 },
                 grad_bytes: weights,

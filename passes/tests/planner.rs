@@ -475,6 +475,49 @@ fn a_profiles_whole_pass_and_weight_updates_drive_the_stage_costs() {
 }
 
 #[test]
+fn a_profiles_stage_boundary_is_paid_half_on_either_side() {
+    let mut g = Graph::new(ModelMeta::default());
+    let x = input(&mut g, 8);
+    let (w1, w2, w3) = (weight(&mut g, "w1", &[8, 8]), weight(&mut g, "w2", &[8, 8]), weight(&mut g, "w3", &[8, 8]));
+    let (_, a) = matmul(&mut g, "mm0", x, w1, 8);
+    let (_, b) = matmul(&mut g, "mm1", a, w2, 8);
+    let (_, c) = matmul(&mut g, "mm2", b, w3, 8);
+    g.set_outputs(vec![c]);
+    let json = r#"{"model": "m", "device": "cpu", "batches": [1, 2],
+        "nodes": [{"name": "mm0", "op": "MatMul", "fwd_ms": [1, 2], "bwd_ms": [2, 4]},
+                  {"name": "mm1", "op": "MatMul", "fwd_ms": [1, 2], "bwd_ms": [2, 4]},
+                  {"name": "mm2", "op": "MatMul", "fwd_ms": [1, 2], "bwd_ms": [2, 4]}],
+        "boundary": [{"batch": 1, "fwd_ms": 1, "bwd_ms": 2, "step_ms": 0.5}, {"batch": 3, "fwd_ms": 3, "bwd_ms": 4, "step_ms": 0.5}]}"#;
+    let with = Profile::from_json(json).unwrap();
+    let without = Profile { boundary: Vec::new(), ..with.clone() };
+    // Linear in the microbatch between the measured sizes, as the nodes' times: forward b
+    // ms, backward b + 1, the update 0.5 ms at every size.
+    let mut fitted = CostModel::new(&g, Roofline::default()).unwrap();
+    fitted.apply_profile(&g, &with).unwrap();
+    for (b, want) in [(1, [1e-3, 2e-3, 0.5e-3]), (2, [2e-3, 3e-3, 0.5e-3]), (5, [5e-3, 6e-3, 0.5e-3])] {
+        let got = fitted.boundary_time(b);
+        assert!(got.iter().zip(want).all(|(x, w)| (x - w).abs() < 1e-12), "batch {b}: {got:?}");
+    }
+    let cl = small_cluster();
+    let opts = PlanOptions { stages: Some(3), microbatch: Some(1), optimizer: pipewright_core::Optimizer::Sgd, ..PlanOptions::default() };
+    let costs = |p: &Profile| {
+        let mut c = CostModel::new(&g, Roofline::default()).unwrap();
+        c.apply_profile(&g, p).unwrap();
+        let chosen = plan(&g, &c, &cl, &opts).unwrap().chosen;
+        PlanContext::new(&g, &c, &cl).unwrap().stage_costs(&chosen, &opts)
+    };
+    let (paid, free) = (costs(&with), costs(&without));
+    // Three stages, two boundaries: the end stages have one side each, the middle two.
+    for (k, sides) in [0.5, 1.0, 0.5].into_iter().enumerate() {
+        let extra = [paid[k].forward_s - free[k].forward_s, paid[k].backward_s - free[k].backward_s, paid[k].optimizer_s - free[k].optimizer_s];
+        let want = [1e-3, 2e-3, 0.5e-3].map(|t| sides * t);
+        assert!(extra.iter().zip(want).all(|(x, w)| (x - w).abs() < 1e-12), "stage {k}: {extra:?} != {want:?}");
+    }
+    let bad = json.replace(r#""bwd_ms": 4, "step_ms""#, r#""bwd_ms": -4, "step_ms""#);
+    assert!(Profile::from_json(&bad).unwrap_err().to_string().contains("`boundary`: needs a positive batch"));
+}
+
+#[test]
 fn a_profiles_crowded_passes_slow_the_threads_of_a_host_of_its_size() {
     let mut g = Graph::new(ModelMeta::default());
     let x = input(&mut g, 8);
