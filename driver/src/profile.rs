@@ -13,9 +13,11 @@
 //! (`updates`: the simulator's optimizer time on the machine profiled) and all of them
 //! in one step (`step`: the updates are scaled to add up to it, as the nodes are to the
 //! whole pass), the training loss on the model's output (`loss`: the last stage
-//! computes it besides its nodes), and on a CPU the whole pass run by several threads at
-//! once (`sharing`: how threads crowding the host slow each other, for the simulator's
-//! replay of stages sharing its cores).
+//! computes it besides its nodes), on a CPU the whole pass run by several threads at once
+//! (`sharing`: how threads crowding the host slow each other, for the simulator's replay
+//! of stages sharing its cores), and what a stage boundary costs the runtime (`boundary`:
+//! the model trained as two stages less as one, which each stage's costs carry half of
+//! per boundary).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Barrier;
