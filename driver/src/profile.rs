@@ -360,7 +360,7 @@ fn window_per_pass_ms(timed: &[PassEnds]) -> f64 {
     let mut passes = 0.0;
     for t in timed {
         let done = t.ends.iter().skip(1).filter(|x| **x <= end).count();
-        let last = t.ends.iter().filter(|x| **x <= end).next_back().copied().unwrap_or(t.ends[0]);
+        let last = t.ends.iter().rfind(|x| **x <= end).copied().unwrap_or(t.ends[0]);
         let total = t.ends.len() - 1;
         let mean = t.ends[total].duration_since(t.ends[0]).as_secs_f64() / total.max(1) as f64;
         let under_way = if mean > 0.0 { (end.duration_since(last).as_secs_f64() / mean).min(1.0) } else { 0.0 };

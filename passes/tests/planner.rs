@@ -393,28 +393,41 @@ fn baselines_and_profile() {
     }
 }
 
+/// x -> mm0 (w1) -> mm1 (w2) -> mm2 -> its output, 8 x 8 each: mm2 reads w1 again when
+/// `tied`, else a weight w3 of its own.
+fn three_matmuls(tied: bool) -> Graph {
+    let mut g = Graph::new(ModelMeta::default());
+    let x = input(&mut g, 8);
+    let (w1, w2) = (weight(&mut g, "w1", &[8, 8]), weight(&mut g, "w2", &[8, 8]));
+    let w3 = if tied { w1 } else { weight(&mut g, "w3", &[8, 8]) };
+    let (_, a) = matmul(&mut g, "mm0", x, w1, 8);
+    let (_, b) = matmul(&mut g, "mm1", a, w2, 8);
+    let (_, c) = matmul(&mut g, "mm2", b, w3, 8);
+    g.set_outputs(vec![c]);
+    g
+}
+
+/// The start of a profile of [`three_matmuls`]: each node 1 and 2 ms forward, 2 and 4 ms
+/// backward at batches 1 and 2; the caller adds its own fields and closes it.
+const THREE_MATMULS_PROFILE: &str = r#"{"model": "m", "device": "test", "batches": [1, 2],
+    "nodes": [{"name": "mm0", "op": "MatMul", "fwd_ms": [1, 2], "bwd_ms": [2, 4]},
+              {"name": "mm1", "op": "MatMul", "fwd_ms": [1, 2], "bwd_ms": [2, 4]},
+              {"name": "mm2", "op": "MatMul", "fwd_ms": [1, 2], "bwd_ms": [2, 4]}]"#;
+
 /// A profile's whole pass sets the total the nodes' times add up to, its whole step the
 /// total the weight updates add up to (per optimizer), and the measured weight updates
 /// become the stages' optimizer time, each weight counted at the node that reads it first
 /// (a weight read twice is updated once).
 #[test]
 fn a_profiles_whole_pass_and_weight_updates_drive_the_stage_costs() {
-    let mut g = Graph::new(ModelMeta::default());
-    let x = input(&mut g, 8);
-    let (w1, w2) = (weight(&mut g, "w1", &[8, 8]), weight(&mut g, "w2", &[8, 8]));
-    let (_, a) = matmul(&mut g, "mm0", x, w1, 8);
-    let (_, b) = matmul(&mut g, "mm1", a, w2, 8);
-    let (_, c) = matmul(&mut g, "mm2", b, w1, 8);
-    g.set_outputs(vec![c]);
-    let json = r#"{"model": "m", "device": "test", "batches": [1, 2],
-        "nodes": [{"name": "mm0", "op": "MatMul", "fwd_ms": [1, 2], "bwd_ms": [2, 4]},
-                  {"name": "mm1", "op": "MatMul", "fwd_ms": [1, 2], "bwd_ms": [2, 4]},
-                  {"name": "mm2", "op": "MatMul", "fwd_ms": [1, 2], "bwd_ms": [2, 4]}],
+    let g = three_matmuls(true);
+    let json = THREE_MATMULS_PROFILE.to_string()
+        + r#",
         "whole": [{"batch": 1, "fwd_ms": 6, "bwd_ms": 3}, {"batch": 2, "fwd_ms": 12, "bwd_ms": 6}],
         "updates": [{"name": "w1", "sgd_ms": 1, "momentum_ms": 2, "adam_ms": 5},
                     {"name": "w2", "sgd_ms": 3, "momentum_ms": 4, "adam_ms": 7}],
         "loss": {"loss": "cross-entropy", "output": "mm2_out", "fwd_ms": [0.5, 1], "bwd_ms": [1.5, 3]}}"#;
-    let profile = Profile::from_json(json).unwrap();
+    let profile = Profile::from_json(&json).unwrap();
     let mut c = CostModel::new(&g, Roofline::default()).unwrap();
     let report = c.apply_profile(&g, &profile).unwrap();
     assert_eq!((report.measured, report.updates_measured), (3, 2));
@@ -476,19 +489,11 @@ fn a_profiles_whole_pass_and_weight_updates_drive_the_stage_costs() {
 
 #[test]
 fn a_profiles_stage_boundary_is_paid_half_on_either_side() {
-    let mut g = Graph::new(ModelMeta::default());
-    let x = input(&mut g, 8);
-    let (w1, w2, w3) = (weight(&mut g, "w1", &[8, 8]), weight(&mut g, "w2", &[8, 8]), weight(&mut g, "w3", &[8, 8]));
-    let (_, a) = matmul(&mut g, "mm0", x, w1, 8);
-    let (_, b) = matmul(&mut g, "mm1", a, w2, 8);
-    let (_, c) = matmul(&mut g, "mm2", b, w3, 8);
-    g.set_outputs(vec![c]);
-    let json = r#"{"model": "m", "device": "cpu", "batches": [1, 2],
-        "nodes": [{"name": "mm0", "op": "MatMul", "fwd_ms": [1, 2], "bwd_ms": [2, 4]},
-                  {"name": "mm1", "op": "MatMul", "fwd_ms": [1, 2], "bwd_ms": [2, 4]},
-                  {"name": "mm2", "op": "MatMul", "fwd_ms": [1, 2], "bwd_ms": [2, 4]}],
+    let g = three_matmuls(false);
+    let json = THREE_MATMULS_PROFILE.to_string()
+        + r#",
         "boundary": [{"batch": 1, "fwd_ms": 1, "bwd_ms": 2, "step_ms": 0.5}, {"batch": 3, "fwd_ms": 3, "bwd_ms": 4, "step_ms": 0.5}]}"#;
-    let with = Profile::from_json(json).unwrap();
+    let with = Profile::from_json(&json).unwrap();
     let without = Profile { boundary: Vec::new(), ..with.clone() };
     // Linear in the microbatch between the measured sizes, as the nodes' times: forward b
     // ms, backward b + 1, the update 0.5 ms at every size.
