@@ -253,6 +253,7 @@ pub fn profile(args: &ProfileArgs) -> Result<()> {
     let mut on_progress = |p: ProfileProgress<'_>| match p {
         ProfileProgress::Batch(s) => report_spread(s),
         ProfileProgress::Skipped { what, why } => eprintln!("profile: warning: {what} was not measured: {why}"),
+        ProfileProgress::Unsteady(why) => eprintln!("profile: warning: {why}: the machine looks busy or its speed moved (rerun idle); the simulator's crowding comes from these times"),
     };
     let p = pipewright_driver::profile::profile(&args.model, args.device, &args.batch, args.reps, args.seed, (args.loss.loss, args.loss.output.as_deref()), &mut on_progress)?;
     for c in &p.boundary {

@@ -51,7 +51,17 @@ pub enum Progress<'a> {
     Batch(&'a BatchSpread),
     /// A measurement could not be taken; the profile goes on without it.
     Skipped { what: &'static str, why: String },
+    /// A measurement disagrees with another of the same thing: the machine was busy or its
+    /// speed moved while profiling.
+    Unsteady(String),
 }
+
+/// How far one thread's pass in the crowding measurement may stray from the whole pass's
+/// median, and the slowdown of as many threads as cores, beyond which [`profile`] says the
+/// host looked busy (another process on its cores makes `C` threads on `C` cores crowd
+/// like more; this machine's own runs stayed within 1.2 of one alone).
+const UNSTEADY_PASS: f64 = 0.25;
+const BUSY_AT_CORES: f64 = 1.5;
 
 /// Profiles `model` on `device` at each microbatch size of `batches` (`reps` timed
 /// repetitions per node, median; synthetic inputs from `seed`); `on_progress` hears when a
@@ -98,6 +108,9 @@ pub fn profile(model: &Path, device: Device, batches: &[u64], reps: usize, seed:
     }
     // Threads crowd a CPU host's cores; on a GPU the stages' threads share no cores.
     let sharing = if tdev == tch::Device::Cpu { Some(time_sharing(model, tdev, batches)?) } else { None };
+    if let Some(s) = &sharing {
+        unsteady_sharing(s, &whole).into_iter().for_each(|why| on_progress(Progress::Unsteady(why)));
+    }
     let updates = time_updates(&runner, reps)?;
     let step = Some(time_step(&runner, reps)?);
     // A model the runtime cannot cut in two, or train on synthetic data, still profiles.
@@ -267,6 +280,25 @@ fn ones_seed(outs: &[Tensor]) -> Result<Option<Tensor>, tch::TchError> {
 
 fn is_float(t: &Tensor) -> bool {
     matches!(t.kind(), Kind::Float | Kind::Double | Kind::Half | Kind::BFloat16)
+}
+
+/// What looks wrong in a crowding measurement ([`UNSTEADY_PASS`], [`BUSY_AT_CORES`]), one
+/// line per batch size.
+fn unsteady_sharing(sharing: &HostSharing, whole: &[WholePass]) -> Vec<String> {
+    let mut found = Vec::new();
+    for w in whole {
+        let pass = |threads: usize| sharing.runs.iter().find(|r| r.batch == w.batch && r.threads == threads).map(|r| r.pass_ms);
+        let (Some(alone), Some(at_cores)) = (pass(1), pass(sharing.cores)) else { continue };
+        let median = w.fwd_ms + w.bwd_ms;
+        if median > 0.0 && (alone / median - 1.0).abs() > UNSTEADY_PASS {
+            found.push(format!("batch {}: one thread's pass took {alone:.3} ms while crowding was timed, the whole pass {median:.3} ms before", w.batch));
+        }
+        let slowdown = at_cores / alone;
+        if sharing.cores > 1 && slowdown > BUSY_AT_CORES {
+            found.push(format!("batch {}: {} threads on {} cores each took {slowdown:.2} times one thread alone", w.batch, sharing.cores, sharing.cores));
+        }
+    }
+    found
 }
 
 /// Passes each thread of [`time_shared_passes`] completes at least, and the shortest window
@@ -492,4 +524,30 @@ fn per_step_ms(build: &Path, device: Device, steps: usize, objective: &Objective
     }
     let counted = (steps - BOUNDARY_WARM_STEPS).max(1) as f64;
     Ok(sums.map(|x| x / counted))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_busy_or_moving_host_is_named_per_batch() {
+        let run = |batch, threads, pass_ms| SharedPasses { batch, threads, pass_ms };
+        let sharing = HostSharing {
+            cores: 2,
+            runs: vec![
+                // Steady: one thread as fast as the whole pass, 2 threads 1.1 times it.
+                run(1, 1, 5.0), run(1, 2, 5.5), run(1, 4, 12.0),
+                // 2 threads on 2 cores 1.9 times one alone: someone else had a core.
+                run(2, 1, 7.0), run(2, 2, 13.3), run(2, 4, 16.0),
+                // One thread 40% slower than the whole pass moments before.
+                run(4, 1, 14.0), run(4, 2, 14.5), run(4, 4, 30.0),
+            ],
+        };
+        let whole = [(1, 5.0), (2, 7.0), (4, 10.0)].map(|(batch, ms)| WholePass { batch, fwd_ms: ms / 3.0, bwd_ms: 2.0 * ms / 3.0 });
+        let found = unsteady_sharing(&sharing, &whole);
+        assert_eq!(found.len(), 2, "{found:?}");
+        assert!(found[0].starts_with("batch 2: 2 threads on 2 cores each took 1.90 times"), "{found:?}");
+        assert!(found[1].starts_with("batch 4: one thread's pass took 14.000 ms while crowding was timed, the whole pass 10.000 ms"), "{found:?}");
+    }
 }
