@@ -188,7 +188,7 @@ fn tensor_outcome(g: &Graph, cost: &CostModel, cluster: &SimCluster, opts: &Plan
         links: Vec::new(),
         allreduce: AllReduce::ring(plan.dp_link),
         record: req.record,
-        host: cluster.host_cores.map(|c| HostCores::linux(c).crowded(cost.crowding(c, cand.b))),
+        host: cluster.host_cores.map(|c| cost.host_cores(c, cand.b)),
         tied_groups: Vec::new(),
     };
     let sim = replay(&setup).map_err(|e| DriverError::msg(format!("{}: {scheme}: {e}", req.input.display())))?;
@@ -235,7 +235,7 @@ fn replay_candidate(ctx: &mut PlanContext, cluster: &SimCluster, opts: &PlanOpti
     // The memory and optimizer terms follow the scheme actually run.
     let run_as = Candidate { schedule: scheme.schedule().unwrap_or(Schedule::Flush), ..cand.clone() };
     let mut stages = ctx.stage_costs(&run_as, opts);
-    let host = cluster.host_cores.map(|c| HostCores::linux(c).crowded(ctx.cost().crowding(c, cand.b)));
+    let host = cluster.host_cores.map(|c| ctx.cost().host_cores(c, cand.b));
     if let Some(path) = &req.stage_times {
         measured_stage_times(path, &mut stages, host.map(|h| (h, cand.w)))?;
     }

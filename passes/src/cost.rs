@@ -69,7 +69,7 @@ use pipewright_ir::{Dim, Graph, NodeId, Op, TensorType, ValueDef, ValueId};
 use pipewright_core::{Loss, Optimizer};
 use serde::{Deserialize, Serialize};
 
-use crate::simulate::Crowding;
+use crate::simulate::{Crowding, HostCores};
 
 /// A cost linear in the microbatch size: `per_sample * b + fixed`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -1173,6 +1173,12 @@ impl CostModel {
     /// host of another size crowds differently).
     pub fn crowding(&self, cores: usize, b: u64) -> Crowding {
         self.sharing.as_ref().filter(|s| s.cores == cores).map_or(Crowding::NONE, |s| s.crowding(b))
+    }
+
+    /// A CPU host of `cores` cores as the replays of microbatch `b` share it: Linux's time
+    /// slices, crowded as [`CostModel::crowding`] says.
+    pub fn host_cores(&self, cores: usize, b: u64) -> HostCores {
+        HostCores::linux(cores).crowded(self.crowding(cores, b))
     }
 
     /// Forward and backward seconds of the training loss at microbatch `b`, which the last

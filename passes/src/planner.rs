@@ -61,7 +61,7 @@ use rayon::iter::{IndexedParallelIterator, IntoParallelIterator, ParallelIterato
 use serde::{Deserialize, Serialize};
 
 use crate::cluster::{Cluster, Latencies};
-use crate::simulate::{simulate, HostCores, SimError, SimSetup};
+use crate::simulate::{simulate, SimError, SimSetup};
 use crate::cost::{CostError, CostModel, Lin, OpClass};
 use crate::partition::{
     balanced_by, choose_order, stage_ranges, uniform_by_nodes, valid_cuts, value_bytes,
@@ -1178,7 +1178,7 @@ fn replay_setup(ctx: &mut PlanContext, cand: &Candidate, opts: &PlanOptions, lat
         links: cluster.pipeline_links(cand.w, cand.d, latencies),
         allreduce: cluster.allreduce(cand.w, cand.d, latencies),
         record: false,
-        host: host_cores.map(|c| HostCores::linux(c).crowded(ctx.cost.crowding(c, cand.b))),
+        host: host_cores.map(|c| ctx.cost.host_cores(c, cand.b)),
         tied_groups: ctx.tied_stage_groups(&cand.cuts),
     }
 }

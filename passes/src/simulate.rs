@@ -1147,27 +1147,27 @@ mod tests {
             }
             // Crowding too is undone: what the replay stretched by it, the conversion shrinks.
             for crowding in [Crowding::NONE, Crowding { at_cores: 1.1, at_twice: 1.4 }] {
-            let host = HostCores::ideal(cores).crowded(crowding);
-            s.host = Some(host);
-            let sim = simulate(&s).unwrap();
-            let work = dedicated_durations(&sim.events, host, w);
-            let mut stretched = 0;
-            for (e, &t) in sim.events.iter().zip(&work) {
-                let c = &s.stages[e.stage];
-                let expect = match e.kind {
-                    TraceKind::Forward => c.forward_s,
-                    TraceKind::Backward => c.backward_s,
-                    TraceKind::Optimizer => c.optimizer_s,
-                    _ => e.dur_us / 1e6,
-                };
-                assert!((t - expect).abs() < 1e-9, "d={d} cores={cores} w={w}: {e:?} -> {t} != {expect}");
-                stretched += usize::from(e.dur_us / 1e6 > expect + 1e-9);
-            }
-            assert!(stretched > 0, "d={d} cores={cores}: nothing was shared");
-            // With enough cores nothing changes.
-            let plain: Vec<f64> = sim.events.iter().map(|e| e.dur_us / 1e6).collect();
-            let wide = dedicated_durations(&sim.events, HostCores::ideal(64), 1);
-            assert!(plain.iter().zip(&wide).all(|(a, b)| (a - b).abs() < 1e-12));
+                let host = HostCores::ideal(cores).crowded(crowding);
+                s.host = Some(host);
+                let sim = simulate(&s).unwrap();
+                let work = dedicated_durations(&sim.events, host, w);
+                let mut stretched = 0;
+                for (e, &t) in sim.events.iter().zip(&work) {
+                    let c = &s.stages[e.stage];
+                    let expect = match e.kind {
+                        TraceKind::Forward => c.forward_s,
+                        TraceKind::Backward => c.backward_s,
+                        TraceKind::Optimizer => c.optimizer_s,
+                        _ => e.dur_us / 1e6,
+                    };
+                    assert!((t - expect).abs() < 1e-9, "d={d} cores={cores} w={w}: {e:?} -> {t} != {expect}");
+                    stretched += usize::from(e.dur_us / 1e6 > expect + 1e-9);
+                }
+                assert!(stretched > 0, "d={d} cores={cores}: nothing was shared");
+                // With enough cores nothing changes.
+                let plain: Vec<f64> = sim.events.iter().map(|e| e.dur_us / 1e6).collect();
+                let wide = dedicated_durations(&sim.events, HostCores::ideal(64), 1);
+                assert!(plain.iter().zip(&wide).all(|(a, b)| (a - b).abs() < 1e-12));
             }
         }
     }
