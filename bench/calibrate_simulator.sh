@@ -1,22 +1,36 @@
 #!/usr/bin/env bash
 # The simulator against real runs on this machine (docs/simulator.md, calibration): for
-# gpt2-tiny and resnet18, d = 2 and 4, each schedule: profile the model (release build;
-# per case, just before its runs), plan it for d stages with that profile (b = MICROBATCH,
-# m = M, no recomputation, SGD), compile the plan, train STEPS steps with a trace, and
-# replay the same plan for STEPS batches from the same profile. Prints one Markdown row per case: measured and simulated
-# samples/s (the measured one over the steps after WARMUP, bench/pipeline_stats.py; the
-# simulated one between the ends of the first and the last batch) and the mean bubble
-# fraction over stages (whole run, as trace-svg computes it, on both sides); then the same
-# replay with the run's own per-stage mean times (`simulate --stage-times`), which
-# separates the schedule model from the cost inputs. Both replays run the stages as
-# threads sharing the machine's cores (`simulate --host-cores HOST_CORES`), as the
-# embedded executor's stage threads do; with --stage-times the trace's durations are
-# converted back to full-speed work first (docs/simulator.md, sharing host cores).
+# gpt2-tiny and resnet18, d = 2 and 4, each schedule: plan the model for d stages with a
+# measured profile (b = MICROBATCH, m = M, no recomputation, SGD), compile the plan, train
+# it ROUNDS times with a trace, and replay the same plan for STEPS batches from the
+# profiles taken just before and just after those runs. Prints one Markdown row per case.
+#
+# Drift: this machine's speed moves by up to a third over tens of seconds, so one profile
+# compared with runs made later measures the machine as much as the simulator. Per model
+# the profiles and the runs alternate: profile P0, every run of d = 2, profile P1, every
+# run of d = 4, profile P2; a case's runs are bracketed by the profile before and the one
+# after them, and it is predicted from each (the mean of the two is the case's figure, as
+# a drift that is linear over the bracket cancels in it). The runs of a depth go round
+# the schedules (round 1 of each schedule, then round 2, ...), so that a slow spell hits
+# one round of several schedules rather than every round of one; the run with the median
+# rate stands for a case. The hypervisor's steal time (/proc/stat) over the runs and the
+# profiles is printed beside each case: it names a disturbance from outside this machine.
+#
+# Columns: measured and simulated samples/s (the measured one over the steps after WARMUP,
+# bench/pipeline_stats.py; the simulated one between the ends of the first and the last
+# batch); the mean bubble fraction over stages (whole run, as trace-svg computes it, on
+# both sides); then the replay with the run's own per-stage mean times
+# (`simulate --stage-times`), which separates the schedule model from the cost inputs.
+# Both replays run the stages as threads sharing the machine's cores
+# (`simulate --host-cores HOST_CORES`), as the embedded executor's stage threads do; with
+# --stage-times the trace's durations are converted back to full-speed work first
+# (docs/simulator.md, sharing host cores).
 #
 # Usage: bench/calibrate_simulator.sh [MODEL:MICROBATCH:STEPS ...]
 #        (default: gpt2-tiny:4:20 resnet18:2:8)
-# Env:   ROUNDS (3 trainings per case; the median-rate one is reported), M (4), DEPTHS ("2 4"), SCHEDULES ("2bw flush gpipe"), WARMUP (2), THREADS (1 libtorch
-#        thread per stage; the sharing model assumes 1), HOST_CORES (nproc), BENCH_VENV (/work/venv: numpy + onnx), OUT (target/bench/calibrate).
+# Env:   ROUNDS (3), M (4), DEPTHS ("2 4"), SCHEDULES ("2bw flush gpipe"), WARMUP (2),
+#        THREADS (1 libtorch thread per stage; the sharing model assumes 1), HOST_CORES
+#        (nproc), BENCH_VENV (/work/venv: numpy + onnx), OUT (target/bench/calibrate).
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
@@ -35,31 +49,51 @@ specs=("$@")
 [[ ${#specs[@]} -gt 0 ]] || specs=(gpt2-tiny:4:20 resnet18:2:8)
 mkdir -p "$OUT"
 export OMP_NUM_THREADS="$THREADS" MKL_NUM_THREADS="$THREADS"
-echo "| model | d | schedule | measured samples/s | simulated (profile) | sim / measured | measured bubble | simulated bubble | simulated (run's stage times) | sim / measured | simulated bubble |"
-echo "|---|---|---|---|---|---|---|---|---|---|---|"
+
+# The aggregate cpu line's steal and total jiffies.
+cpu_jiffies() { awk '/^cpu /{t=0; for (i=2;i<=9;i++) t+=$i; print $9, t; exit}' /proc/stat; }
+# Runs "$@" and appends its steal percentage to the file $STEAL_LOG.
+with_steal() {
+    local s0 t0 s1 t1
+    read -r s0 t0 < <(cpu_jiffies)
+    "$@"
+    read -r s1 t1 < <(cpu_jiffies)
+    awk -v s="$((s1 - s0))" -v t="$((t1 - t0))" 'BEGIN{printf "%.2f\n", (t > 0 ? 100 * s / t : 0)}' >>"$STEAL_LOG"
+}
+profile_to() { STEAL_LOG="$1.steal" with_steal "$pw" profile "$onnx" --batch 1,2,4,8 -o "$1" >&2; }
+
+echo "| model | d | schedule | measured samples/s | simulated: profile before / after | sim / measured (mean of both) | before, after alone | measured bubble | simulated bubble | simulated (run's stage times) | sim / measured | simulated bubble | steal % (max) |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 for spec in "${specs[@]}"; do
     IFS=: read -r model mb steps <<<"$spec"
     onnx="$MODELS_DIR/$model.onnx"
     out_name="$("$py" -c 'import onnx,sys; print(onnx.load(sys.argv[1], load_external_data=False).graph.output[0].name)' "$onnx")"
     "$py" bench/make_data.py "$onnx" -o "$OUT/$model.npz" --samples $((mb * M * 4)) >&2
-    for d in "${depths[@]}"; do
+    before="$OUT/$model-p0.json"
+    rm -f "$before.steal"
+    profile_to "$before"
+    for i in "${!depths[@]}"; do
+        d="${depths[$i]}"
         for s in "${schedules[@]}"; do
             dir="$OUT/$model-d$d-$s"
-            mkdir -p "$dir"
-            # Profiled per case, just before its runs: this machine's speed drifts between
-            # minutes, and a profile from the start of the script would be compared with
-            # runs up to minutes later.
-            "$pw" profile "$onnx" --batch 1,2,4,8 -o "$dir/profile.json" >&2
+            rm -rf "$dir" && mkdir -p "$dir"
             "$pw" plan "$onnx" --workers "$d" --stages "$d" --batch $((mb * M)) --microbatch "$mb" --schedule "$s" --recompute none \
-                --optimizer sgd --profile "$dir/profile.json" --json > "$dir/plan.json" 2>/dev/null
+                --optimizer sgd --profile "$before" --json > "$dir/plan.json" 2>/dev/null
             "$pw" compile "$onnx" --plan "$dir/plan.json" -o "$dir/build" >&2
-            # ROUNDS runs; the one with the median rate stands for the case (this machine's
-            # speed drifts by up to a quarter between runs minutes apart).
-            for r in $(seq 1 "$ROUNDS"); do
-                "$pw" train "$dir/build" --data "$OUT/$model.npz" --label label --loss cross-entropy --output "$out_name" \
+        done
+        for r in $(seq 1 "$ROUNDS"); do
+            for s in "${schedules[@]}"; do
+                dir="$OUT/$model-d$d-$s"
+                STEAL_LOG="$dir/steal" with_steal "$pw" train "$dir/build" --data "$OUT/$model.npz" --label label --loss cross-entropy --output "$out_name" \
                     --steps "$steps" --optimizer sgd --lr 0.0001 --log-every 1000 --metrics "$dir/m$r.jsonl" --trace "$dir/trace$r.json" >&2
                 "$py" bench/pipeline_stats.py run --metrics "$dir/m$r.jsonl" --trace "$dir/trace$r.json" --warmup "$WARMUP" --label "$model d=$d $s" > "$dir/real$r.json"
             done
+        done
+        after="$OUT/$model-p$((i + 1)).json"
+        rm -f "$after.steal"
+        profile_to "$after"
+        for s in "${schedules[@]}"; do
+            dir="$OUT/$model-d$d-$s"
             median_round="$("$py" - "$dir" "$ROUNDS" <<'PY'
 import json, sys
 dir, n = sys.argv[1], int(sys.argv[2])
@@ -69,18 +103,29 @@ PY
 )"
             cp "$dir/real$median_round.json" "$dir/real.json"
             cp "$dir/trace$median_round.json" "$dir/trace.json"
-            "$pw" simulate "$dir/plan.json" --profile "$dir/profile.json" --batches "$steps" --host-cores "$HOST_CORES" --json > "$dir/sim.json"
+            cp "$before" "$dir/profile-before.json"
+            cp "$after" "$dir/profile-after.json"
+            cat "$before.steal" "$after.steal" "$dir/steal" > "$dir/steal-all"
+            for p in before after; do
+                "$pw" simulate "$dir/plan.json" --profile "$dir/profile-$p.json" --batches "$steps" --host-cores "$HOST_CORES" --json > "$dir/sim-$p.json"
+            done
             "$pw" simulate "$dir/plan.json" --stage-times "$dir/trace.json" --batches "$steps" --host-cores "$HOST_CORES" --json > "$dir/sim-timed.json"
             "$py" - "$dir" "$model" "$d" "$s" <<'PY'
 import json, sys
 dir, model, d, s = sys.argv[1:]
 real = json.load(open(f"{dir}/real.json"))
-sim = json.load(open(f"{dir}/sim.json"))["outcomes"][0]["simulation"]
-timed = json.load(open(f"{dir}/sim-timed.json"))["outcomes"][0]["simulation"]
+sim = lambda name: json.load(open(f"{dir}/{name}.json"))["outcomes"][0]["simulation"]
+before, after, timed = sim("sim-before"), sim("sim-after"), sim("sim-timed")
 rb = sum(st["bubble_whole_run"] for st in real["stages"]) / len(real["stages"])
 r = real["samples_per_s"]
-print(f"| {model} | {d} | {s} | {r:.1f} | {sim['samples_per_s']:.1f} | {sim['samples_per_s'] / r:.2f} | {rb:.3f} | {sim['bubble_fraction']:.3f} | {timed['samples_per_s']:.1f} | {timed['samples_per_s'] / r:.2f} | {timed['bubble_fraction']:.3f} |")
+rate = (before["samples_per_s"] + after["samples_per_s"]) / 2
+bubble = (before["bubble_fraction"] + after["bubble_fraction"]) / 2
+steal = max(float(x) for x in open(f"{dir}/steal-all").read().split())
+print(f"| {model} | {d} | {s} | {r:.1f} | {before['samples_per_s']:.1f} / {after['samples_per_s']:.1f} | {rate / r:.2f} | "
+      f"{before['samples_per_s'] / r:.2f}, {after['samples_per_s'] / r:.2f} | {rb:.3f} | {bubble:.3f} | "
+      f"{timed['samples_per_s']:.1f} | {timed['samples_per_s'] / r:.2f} | {timed['bubble_fraction']:.3f} | {steal:.1f} |")
 PY
         done
+        before="$after"
     done
 done

@@ -145,12 +145,29 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-/// Forward and backward milliseconds of one node, one per repetition.
+/// The least time the repetitions of one node ([`time_node`]) and of the whole pass
+/// ([`time_whole`]) take together, and the most repetitions this adds: a median of 5
+/// passes of gpt2-tiny (10 ms each) moved by several percent between profiles, which a
+/// profile of a small model can afford to average away.
+const NODE_WINDOW_S: f64 = 0.02;
+const WHOLE_WINDOW_S: f64 = 0.5;
+const MOST_REPS: usize = 200;
+
+/// Whether repetition `done` (of at least `reps`) is the last, `start` being the first's.
+fn enough(done: usize, reps: usize, start: Instant, window_s: f64) -> bool {
+    done >= reps.max(1) && (done >= MOST_REPS || start.elapsed().as_secs_f64() >= window_s)
+}
+
+/// Forward and backward milliseconds of one node, one per repetition: `reps` of them, more
+/// while they take less than [`NODE_WINDOW_S`].
 fn time_node(ins: &Instr, inputs: &[Option<Tensor>], reps: usize) -> Result<(Vec<f64>, Vec<f64>), DriverError> {
-    let reps = reps.max(1);
-    let mut fwd = Vec::with_capacity(reps);
-    let mut bwd = Vec::with_capacity(reps);
-    for _ in 0..reps + 1 {
+    let mut fwd = Vec::with_capacity(reps + 1);
+    let mut bwd = Vec::with_capacity(reps + 1);
+    let mut start = Instant::now();
+    while fwd.len() < 2 || !enough(fwd.len() - 1, reps, start, NODE_WINDOW_S) {
+        if fwd.len() == 1 {
+            start = Instant::now();
+        }
         let leaves: Vec<Option<Tensor>> =
             inputs.iter().map(|t| t.as_ref().map(|t| if t.requires_grad() { t.detach().set_requires_grad(true) } else { t.shallow_clone() })).collect();
         let refs: Vec<Option<&Tensor>> = leaves.iter().map(|t| t.as_ref()).collect();
@@ -222,11 +239,15 @@ fn per_optimizer(mut time: impl FnMut(OptimizerConfig) -> Result<f64, DriverErro
 
 /// The whole model's forward (the interpreter's run) and backward (one pass from the ones
 /// gradient on its float outputs to its weights, as a stage's backward runs), `reps` times
-/// after one warm-up; medians.
+/// after one warm-up, more while they take less than [`WHOLE_WINDOW_S`]; medians.
 fn time_whole(runner: &Runner, inputs: &[Tensor], b: u64, reps: usize) -> Result<WholePass, DriverError> {
     let params: Vec<Tensor> = runner.interp().parameters().into_iter().map(|t| t.shallow_clone()).collect();
     let (mut fwd, mut bwd) = (Vec::new(), Vec::new());
-    for _ in 0..reps.max(1) + 1 {
+    let mut start = Instant::now();
+    while fwd.len() < 2 || !enough(fwd.len() - 1, reps, start, WHOLE_WINDOW_S) {
+        if fwd.len() == 1 {
+            start = Instant::now();
+        }
         let (f, bw) = timed_pass(runner, &params, inputs)?;
         fwd.push(f);
         bwd.push(bw);
@@ -302,18 +323,24 @@ const SHARED_PASSES: usize = 3;
 const SHARED_WINDOW_S: f64 = 0.5;
 
 /// The whole pass run by 1, `cores` and `2 cores` threads at once on this host, at each
-/// batch size ([`HostSharing`]).
+/// batch size ([`HostSharing`]): each count twice, in mirrored order (1, C, 2C, 2C, C,
+/// 1), and the mean of the two, so that a drift of the host's speed over the measurement
+/// cancels out of the slowdowns rather than making one (single rounds of gpt2-tiny put 2
+/// threads on 2 cores at 0.98 to 1.14 times one alone, a minute apart on an idle host).
 fn time_sharing(model: &Path, device: tch::Device, batches: &[u64]) -> Result<HostSharing, DriverError> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let mut runs = Vec::with_capacity(3 * batches.len());
+    let mut counts = vec![1, cores, 2 * cores];
+    counts.dedup();
+    let mut runs = Vec::with_capacity(counts.len() * batches.len());
     for &batch in batches {
-        for threads in [1, cores, 2 * cores] {
-            if runs.iter().any(|r: &SharedPasses| r.batch == batch && r.threads == threads) {
-                continue;
-            }
-            let pass_ms = time_shared_passes(model, device, batch, threads)?;
-            runs.push(SharedPasses { batch, threads, pass_ms });
+        if runs.iter().any(|r: &SharedPasses| r.batch == batch) {
+            continue;
         }
+        let mut sums = vec![0.0; counts.len()];
+        for k in (0..counts.len()).chain((0..counts.len()).rev()) {
+            sums[k] += time_shared_passes(model, device, batch, counts[k])?;
+        }
+        runs.extend(counts.iter().zip(sums).map(|(&threads, sum)| SharedPasses { batch, threads, pass_ms: sum / 2.0 }));
     }
     Ok(HostSharing { cores, runs })
 }

@@ -572,15 +572,15 @@ pub enum CostError {
     ProfileInvalid(String),
 }
 
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 enum Timing {
     Analytic {
         scale: f64,
     },
-    /// Fitted seconds.
+    /// The profile's seconds.
     Measured {
-        fwd: Lin,
-        bwd: Lin,
+        fwd: Measured,
+        bwd: Measured,
     },
 }
 
@@ -602,14 +602,13 @@ pub struct CostModel {
     /// Measured seconds to update the weights each node reads first (SGD, SGD with
     /// momentum, Adam), by node index, from a profile that has them.
     updates: Option<Vec<[f64; 3]>>,
-    /// The training loss's forward and backward seconds, linear in the microbatch, from a
-    /// profile that timed it.
-    loss: Option<(Lin, Lin)>,
+    /// The training loss's forward and backward seconds from a profile that timed it.
+    loss: Option<(Measured, Measured)>,
     /// The profile's threads crowding its host, when it measured them.
     sharing: Option<HostSharing>,
-    /// What a stage boundary costs the runtime (forward, backward, update: milliseconds,
-    /// linear in the microbatch), when the profile measured it.
-    boundary: Option<[Lin; 3]>,
+    /// What a stage boundary costs the runtime (forward, backward, update: milliseconds),
+    /// when the profile measured it.
+    boundary: Option<[Measured; 3]>,
 }
 
 fn numel_lin(ty: &TensorType, export: i64) -> Lin {
@@ -911,25 +910,40 @@ fn flops(g: &Graph, n: NodeId, export: i64) -> (Lin, f64) {
     }
 }
 
-fn least_squares(xs: &[u64], ys: &[f64]) -> Lin {
-    let n = xs.len() as f64;
-    if xs.len() < 2 {
-        let x = xs.first().copied().unwrap_or(1).max(1) as f64;
-        return Lin::new(ys.first().copied().unwrap_or(0.0) / x, 0.0);
+/// A time measured at some microbatch sizes: linear between two measured sizes and, beyond
+/// them, along the nearest two; one size alone scales in proportion to the microbatch. It
+/// goes through every measurement, where a straight line fitted through all of them misses
+/// each (gpt2-tiny's whole pass measured at 1, 2, 4 and 8 is curved enough that such a line
+/// says a tenth more than was measured at 4).
+#[derive(Clone, Debug, PartialEq)]
+struct Measured {
+    /// (microbatch, seconds), by microbatch, one per size.
+    points: Vec<(u64, f64)>,
+}
+
+impl Measured {
+    /// `ys[k]` measured at `xs[k]`; of a size given twice, the first counts.
+    fn new(xs: &[u64], ys: &[f64]) -> Measured {
+        let mut points: Vec<(u64, f64)> = xs.iter().copied().zip(ys.iter().copied()).collect();
+        points.sort_by_key(|p| p.0);
+        points.dedup_by_key(|p| p.0);
+        Measured { points }
     }
-    let mx = xs.iter().map(|&x| x as f64).sum::<f64>() / n;
-    let my = ys.iter().sum::<f64>() / n;
-    let sxx: f64 = xs.iter().map(|&x| (x as f64 - mx).powi(2)).sum();
-    if sxx == 0.0 {
-        return Lin::new(0.0, my);
+
+    /// The time at microbatch `b`, never below 0.
+    fn at(&self, b: u64) -> f64 {
+        let value = match self.points.as_slice() {
+            [] => 0.0,
+            [(x, y)] => y * b as f64 / (*x).max(1) as f64,
+            points => {
+                // The segment holding `b`, or the end one nearest it.
+                let k = points.partition_point(|p| p.0 < b).clamp(1, points.len() - 1);
+                let ((x0, y0), (x1, y1)) = (points[k - 1], points[k]);
+                y0 + (y1 - y0) * (b as f64 - x0 as f64) / (x1 - x0) as f64
+            }
+        };
+        value.max(0.0)
     }
-    let sxy: f64 = xs
-        .iter()
-        .zip(ys)
-        .map(|(&x, &y)| (x as f64 - mx) * (y - my))
-        .sum();
-    let slope = sxy / sxx;
-    Lin::new(slope, my - slope * mx)
 }
 
 fn median(v: &mut [f64]) -> Option<f64> {
@@ -1063,7 +1077,7 @@ impl CostModel {
     /// profile has the node, calibrated analytic otherwise.
     pub fn time(&self, n: NodeId, b: u64) -> (f64, f64) {
         match self.timing.get(n.index()) {
-            Some(Timing::Measured { fwd, bwd }) => (fwd.at(b).max(0.0), bwd.at(b).max(0.0)),
+            Some(Timing::Measured { fwd, bwd }) => (fwd.at(b), bwd.at(b)),
             Some(Timing::Analytic { scale }) => {
                 let (f, bw) = self.analytic_time(n, b);
                 (f * scale, bw * scale)
@@ -1120,8 +1134,8 @@ impl CostModel {
                     .push(total / analytic);
             }
             self.timing[n.index()] = Timing::Measured {
-                fwd: least_squares(&profile.batches, &fwd_s),
-                bwd: least_squares(&profile.batches, &bwd_s),
+                fwd: Measured::new(&profile.batches, &fwd_s),
+                bwd: Measured::new(&profile.batches, &bwd_s),
             };
             measured[n.index()] = true;
             report.measured += 1;
@@ -1150,12 +1164,12 @@ impl CostModel {
         report.updates_measured = self.apply_updates(g, &profile.updates, profile.whole_step_scales());
         self.loss = profile.loss.as_ref().map(|l| {
             let secs = |v: &[f64]| v.iter().map(|x| x * 1e-3).collect::<Vec<f64>>();
-            (least_squares(&profile.batches, &secs(&l.fwd_ms)), least_squares(&profile.batches, &secs(&l.bwd_ms)))
+            (Measured::new(&profile.batches, &secs(&l.fwd_ms)), Measured::new(&profile.batches, &secs(&l.bwd_ms)))
         });
         self.sharing = profile.sharing.clone();
         self.boundary = (!profile.boundary.is_empty()).then(|| {
             let batches: Vec<u64> = profile.boundary.iter().map(|c| c.batch).collect();
-            let fit = |ms: fn(&BoundaryCost) -> f64| least_squares(&batches, &profile.boundary.iter().map(ms).collect::<Vec<f64>>());
+            let fit = |ms: fn(&BoundaryCost) -> f64| Measured::new(&batches, &profile.boundary.iter().map(ms).collect::<Vec<f64>>());
             [fit(|c| c.fwd_ms), fit(|c| c.bwd_ms), fit(|c| c.step_ms)]
         });
         Ok(report)
@@ -1165,7 +1179,7 @@ impl CostModel {
     /// forward and backward per microbatch, the update per step (each stage pays half per
     /// boundary it has); 0 unless a profile measured it.
     pub fn boundary_time(&self, b: u64) -> [f64; 3] {
-        self.boundary.map_or([0.0; 3], |fit| fit.map(|ms| ms.at(b).max(0.0) * 1e-3))
+        self.boundary.as_ref().map_or([0.0; 3], |fit| std::array::from_fn(|k| fit[k].at(b) * 1e-3))
     }
 
     /// How crowding slows threads at microbatch `b` on a host of `cores` cores: the
@@ -1184,7 +1198,7 @@ impl CostModel {
     /// Forward and backward seconds of the training loss at microbatch `b`, which the last
     /// stage computes besides its nodes: (0, 0) unless a profile timed it.
     pub fn loss_time(&self, b: u64) -> (f64, f64) {
-        self.loss.map_or((0.0, 0.0), |(f, bw)| (f.at(b).max(0.0), bw.at(b).max(0.0)))
+        self.loss.as_ref().map_or((0.0, 0.0), |(f, bw)| (f.at(b), bw.at(b)))
     }
 
     /// Attributes each measured weight update, scaled by `scales` (per optimizer, to the

@@ -487,6 +487,40 @@ fn a_profiles_whole_pass_and_weight_updates_drive_the_stage_costs() {
     assert!(Profile::from_json(&bad).unwrap_err().to_string().contains("`whole` at batch 3"));
 }
 
+/// A profile's times go through every size it measured, linear between two of them and
+/// along the nearest two beyond them: a straight line fitted through all of them would miss
+/// each where the time curves (a small model's pass at 1, 2, 4 and 8), and the stages
+/// would no longer add up to the whole pass measured at the microbatch planned.
+#[test]
+fn a_profiles_times_go_through_every_size_it_measured() {
+    let g = three_matmuls(false);
+    let json = r#"{"model": "m", "device": "test", "batches": [4, 1, 2],
+        "nodes": [{"name": "mm0", "op": "MatMul", "fwd_ms": [4, 1, 1.5], "bwd_ms": [1, 4, 2]},
+                  {"name": "mm1", "op": "MatMul", "fwd_ms": [4, 1, 1.5], "bwd_ms": [1, 4, 2]},
+                  {"name": "mm2", "op": "MatMul", "fwd_ms": [4, 1, 1.5], "bwd_ms": [1, 4, 2]}],
+        "loss": {"loss": "mse", "output": "mm2_out", "fwd_ms": [2, 0.5, 0.5], "bwd_ms": [1, 1, 1]}}"#;
+    let mut c = CostModel::new(&g, Roofline::default()).unwrap();
+    c.apply_profile(&g, &Profile::from_json(json).unwrap()).unwrap();
+    let mm0 = c.topo[0];
+    // Measured sizes (given out of order), between them, beyond them: forward 1, 1.5, 4 ms
+    // at 1, 2, 4; backward 4, 2, 1 falls along its last segment and stops at 0.
+    let want = [(1, 1.0, 4.0), (2, 1.5, 2.0), (3, 2.75, 1.5), (4, 4.0, 1.0), (8, 9.0, 0.0), (16, 19.0, 0.0)];
+    for (b, fwd, bwd) in want {
+        let (f, bw) = c.time(mm0, b);
+        assert!((f - fwd * 1e-3).abs() < 1e-12 && (bw - bwd * 1e-3).abs() < 1e-12, "batch {b}: {f} {bw}");
+    }
+    for (b, fwd) in [(1, 0.5e-3), (2, 0.5e-3), (3, 1.25e-3), (4, 2e-3)] {
+        assert!((c.loss_time(b).0 - fwd).abs() < 1e-12, "loss at batch {b}: {:?}", c.loss_time(b));
+    }
+    // One size alone scales in proportion to the microbatch.
+    let one = r#"{"model": "m", "device": "test", "batches": [2],
+        "nodes": [{"name": "mm0", "op": "MatMul", "fwd_ms": [3], "bwd_ms": [5]}]}"#;
+    let mut c1 = CostModel::new(&g, Roofline::default()).unwrap();
+    c1.apply_profile(&g, &Profile::from_json(one).unwrap()).unwrap();
+    let (f, bw) = c1.time(mm0, 6);
+    assert!((f - 9e-3).abs() < 1e-12 && (bw - 15e-3).abs() < 1e-12, "{f} {bw}");
+}
+
 #[test]
 fn a_profiles_stage_boundary_is_paid_half_on_either_side() {
     let g = three_matmuls(false);
