@@ -58,9 +58,10 @@
 //!
 //! # Time
 //! Analytic time per node is the roofline `max(flops / peak_flops, bytes / mem_bw)` of a
-//! [`Roofline`]. A measured [`Profile`] overrides node times by a least-squares linear fit
-//! over `b`; nodes missing from the profile are scaled by the median measured/analytic
-//! ratio of their [`OpClass`] (or of all measured nodes when the class has none).
+//! [`Roofline`]. A measured [`Profile`] overrides node times by its measurements, linear
+//! in `b` between two measured sizes and along the nearest two beyond them; nodes missing
+//! from the profile are scaled by the median measured/analytic ratio of their [`OpClass`]
+//! (or of all measured nodes when the class has none).
 
 use std::collections::HashMap;
 
@@ -1086,7 +1087,7 @@ impl CostModel {
         }
     }
 
-    /// Overrides node times with the profile's least-squares fits and calibrates the
+    /// Overrides node times with the profile's measurements ([`Measured`]) and calibrates the
     /// others by the median measured/analytic ratio of their class.
     pub fn apply_profile(
         &mut self,
