@@ -572,4 +572,22 @@ mod tests {
         assert!(found[0].starts_with("batch 2: 2 threads on 2 cores each took 1.90 times"), "{found:?}");
         assert!(found[1].starts_with("batch 4: one thread's pass took 14.000 ms while crowding was timed, the whole pass 10.000 ms"), "{found:?}");
     }
+
+    /// Repetitions stop once there are `reps` of them and they have filled the window, or
+    /// at the most allowed, whichever comes first after `reps`.
+    #[test]
+    fn repetitions_fill_their_window_between_the_least_and_the_most() {
+        let long_ago = Instant::now() - Duration::from_secs(10);
+        let just_now = Instant::now();
+        // The window long filled: `reps` decides.
+        assert!(!enough(4, 5, long_ago, 0.5));
+        assert!(enough(5, 5, long_ago, 0.5));
+        // Not filled: more repetitions, up to the most.
+        assert!(!enough(5, 5, just_now, 60.0));
+        assert!(!enough(MOST_REPS - 1, 5, just_now, 60.0));
+        assert!(enough(MOST_REPS, 5, just_now, 60.0));
+        // More asked for than the most: the asked number still counts, and 0 reads as 1.
+        assert!(!enough(MOST_REPS, MOST_REPS + 10, long_ago, 0.5));
+        assert!(enough(1, 0, long_ago, 0.5));
+    }
 }
