@@ -259,6 +259,9 @@ pub fn profile(args: &ProfileArgs) -> Result<()> {
     for c in &p.boundary {
         eprintln!("profile: a stage boundary costs {:.3} ms forward, {:.3} ms backward (per microbatch) and {:.3} ms per update, at batch {}", c.fwd_ms, c.bwd_ms, c.step_ms, c.batch);
     }
+    if let Some(ms) = p.accumulate_ms {
+        eprintln!("profile: accumulating a gradient of every weight takes {ms:.3} ms (each microbatch of a step but the first)");
+    }
     if let Some(s) = &p.sharing {
         let b = p.batches.iter().copied().max().unwrap_or(1);
         let c = s.crowding(b);

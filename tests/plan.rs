@@ -200,6 +200,10 @@ fn profile_reports_the_spread_of_its_repetitions() {
         }
     }
     assert!(err.contains("profile: a stage boundary costs ") && err.contains("profile: threads crowding the "), "{err}");
+    // One accumulation of every weight's gradient, which a stage's backward pays for each
+    // microbatch of a step but the first, and reported.
+    assert!(json["accumulate_ms"].as_f64().is_some_and(|t| t.is_finite() && t > 0.0), "{}", json["accumulate_ms"]);
+    assert!(err.contains("profile: accumulating a gradient of every weight takes "), "{err}");
     // The training loss (train's default, cross-entropy on the only output) at each size.
     let loss = &json["loss"];
     assert_eq!(loss["loss"].as_str(), Some("cross-entropy"), "{loss}");

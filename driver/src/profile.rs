@@ -31,7 +31,7 @@ use pipewright_ir::{Graph, ImportOptions};
 use pipewright_core::Loss;
 use pipewright_passes::cost::{BatchSpread, BoundaryCost, HostSharing, LossTiming, Profile, ProfileNode, SharedPasses, WeightUpdate, WholePass, WholeStep};
 use pipewright_runtime::exec::{run as run_kernel, Mode};
-use pipewright_runtime::pipeline::{loss_ms, step_ms, update_ms, Objective, OptimizerConfig};
+use pipewright_runtime::pipeline::{accumulate_ms, loss_ms, step_ms, update_ms, Objective, OptimizerConfig};
 use pipewright_runtime::program::{Instr, SlotId};
 use tch::{Kind, Tensor};
 
@@ -113,13 +113,14 @@ pub fn profile(model: &Path, device: Device, batches: &[u64], reps: usize, seed:
     }
     let updates = time_updates(&runner, reps)?;
     let step = Some(time_step(&runner, reps)?);
+    let accumulate_ms = Some(time_accumulate(&runner, reps)?);
     // A model the runtime cannot cut in two, or train on synthetic data, still profiles.
     let boundary = time_boundary(model, device, batches, &whole, &objective, runner.interp().program().instrs.len()).unwrap_or_else(|e| {
         on_progress(Progress::Skipped { what: "a stage boundary's cost", why: e.to_string() });
         Vec::new()
     });
     let loss = Some(LossTiming { loss: objective.loss, output: objective.output, fwd_ms: loss_fwd, bwd_ms: loss_bwd });
-    Ok(Profile { model: model.display().to_string(), device: device.to_string(), batches: batches.to_vec(), nodes, spread, whole, updates, loss, step, sharing, boundary })
+    Ok(Profile { model: model.display().to_string(), device: device.to_string(), batches: batches.to_vec(), nodes, spread, whole, updates, loss, step, sharing, boundary, accumulate_ms })
 }
 
 /// Random float inputs (seeded) and zero index inputs of the graph's input shapes at `b`.
@@ -228,6 +229,13 @@ fn time_step(runner: &Runner, reps: usize) -> Result<WholeStep, DriverError> {
     let [sgd_ms, momentum_ms, adam_ms] =
         per_optimizer(|opt| step_ms(opt, &weights, 2, reps).map_err(|e| DriverError::msg(format!("updating all the weights in one step: {e}"))))?;
     Ok(WholeStep { sgd_ms, momentum_ms, adam_ms })
+}
+
+/// One accumulation of a gradient of every trainable weight, as a stage's backward adds
+/// each microbatch's ([`accumulate_ms`]).
+fn time_accumulate(runner: &Runner, reps: usize) -> Result<f64, DriverError> {
+    let weights: Vec<Tensor> = runner.interp().parameters().into_iter().map(|t| t.shallow_clone()).collect();
+    accumulate_ms(&weights, reps).map_err(|e| DriverError::msg(format!("accumulating the weights' gradients: {e}")))
 }
 
 /// `time` under each optimizer a profile records: SGD, SGD with momentum, Adam (AdamW

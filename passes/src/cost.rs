@@ -273,6 +273,11 @@ pub struct Profile {
     /// nodes' alone).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub boundary: Vec<BoundaryCost>,
+    /// One accumulation of a gradient of every trainable weight into its accumulator,
+    /// milliseconds, which a stage's backward pays for each microbatch of a step but the
+    /// first (absent from older profiles: the backward then leaves it out).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accumulate_ms: Option<f64>,
 }
 
 /// What one stage boundary costs the runtime beyond its nodes, milliseconds, measured at
@@ -513,6 +518,9 @@ impl Profile {
                 return Err(CostError::ProfileInvalid("`boundary`: needs a positive batch and non-negative finite times".into()));
             }
         }
+        if self.accumulate_ms.is_some_and(bad) {
+            return Err(CostError::ProfileInvalid("`accumulate_ms`: a negative or non-finite time".into()));
+        }
         self.sharing.as_ref().map_or(Ok(()), HostSharing::check)
     }
 
@@ -610,6 +618,9 @@ pub struct CostModel {
     /// What a stage boundary costs the runtime (forward, backward, update: milliseconds),
     /// when the profile measured it.
     boundary: Option<[Measured; 3]>,
+    /// Seconds to accumulate a gradient of every trainable weight, when the profile
+    /// measured it.
+    accumulate: Option<f64>,
 }
 
 fn numel_lin(ty: &TensorType, export: i64) -> Lin {
@@ -1039,6 +1050,7 @@ impl CostModel {
             loss: None,
             sharing: None,
             boundary: None,
+            accumulate: None,
         })
     }
 
@@ -1173,7 +1185,15 @@ impl CostModel {
             let fit = |ms: fn(&BoundaryCost) -> f64| Measured::new(&batches, &profile.boundary.iter().map(ms).collect::<Vec<f64>>());
             [fit(|c| c.fwd_ms), fit(|c| c.bwd_ms), fit(|c| c.step_ms)]
         });
+        self.accumulate = profile.accumulate_ms.map(|ms| ms * 1e-3);
         Ok(report)
+    }
+
+    /// Seconds to add a gradient of every trainable weight into its accumulator, which a
+    /// stage pays (its share by weight bytes) for each microbatch of a step but the first;
+    /// `None` unless a profile measured it.
+    pub fn accumulate_time(&self) -> Option<f64> {
+        self.accumulate
     }
 
     /// Seconds one stage boundary costs the runtime beyond its nodes at microbatch `b`:

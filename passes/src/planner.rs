@@ -577,6 +577,10 @@ impl<'a> PlanContext<'a> {
         let all_params: f64 = params.iter().sum();
         let per_byte = measured_update(&order.nodes).map(|t| if all_params > 0.0 { t / all_params } else { 0.0 });
         let boundary = cost.boundary_time(b);
+        // Every microbatch of a step but the first adds its gradients into the
+        // accumulators: per backward, (m - 1) / m of one accumulation on average.
+        let accumulating = (cand.m.saturating_sub(1)) as f64 / cand.m.max(1) as f64;
+        let accumulate_per_byte = cost.accumulate_time().map_or(0.0, |t| if all_params > 0.0 { accumulating * t / all_params } else { 0.0 });
         let mut out = Vec::with_capacity(d);
         for (s, r) in ranges.iter().enumerate() {
             let (mut fwd, mut bwd, mut re) = (0.0, 0.0, 0.0);
@@ -603,7 +607,7 @@ impl<'a> PlanContext<'a> {
             let [edge_fwd, edge_bwd, edge_step] = boundary.map(|t| sides * t);
             out.push(crate::simulate::StageCost {
                 forward_s: fwd + edge_fwd,
-                backward_s: bwd + edge_bwd,
+                backward_s: bwd + edge_bwd + accumulate_per_byte * weights,
                 recompute_s: re,
                 optimizer_s: match (measured_update(&order.nodes[r.clone()]), per_byte) {
                     (Some(t), Some(per_byte)) => t + extra_bytes[s] * per_byte,

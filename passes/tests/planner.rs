@@ -521,6 +521,38 @@ fn a_profiles_times_go_through_every_size_it_measured() {
     assert!((f - 9e-3).abs() < 1e-12 && (bw - 15e-3).abs() < 1e-12, "{f} {bw}");
 }
 
+/// A profile's gradient accumulation is paid by each stage's backward, its share by
+/// weight bytes, for every microbatch of a step but the first: (m - 1) / m of it per
+/// backward on average.
+#[test]
+fn a_profiles_gradient_accumulation_is_paid_by_the_backward_of_later_microbatches() {
+    let g = three_matmuls(false);
+    let json = THREE_MATMULS_PROFILE.to_string() + r#", "accumulate_ms": 6}"#;
+    let with = Profile::from_json(&json).unwrap();
+    let without = Profile { accumulate_ms: None, ..with.clone() };
+    let cl = small_cluster();
+    let costs = |p: &Profile, m: u64| {
+        let mut c = CostModel::new(&g, Roofline::default()).unwrap();
+        c.apply_profile(&g, p).unwrap();
+        let opts = PlanOptions { stages: Some(3), microbatch: Some(1), global_batch: m, ..PlanOptions::default() };
+        let chosen = plan(&g, &c, &cl, &opts).unwrap().chosen;
+        assert_eq!(chosen.m, m);
+        PlanContext::new(&g, &c, &cl).unwrap().stage_costs(&chosen, &opts)
+    };
+    // Three stages of one 8 x 8 weight each: 2 ms of the 6 each, times 3/4 at m = 4; one
+    // microbatch per step accumulates nothing.
+    for (m, each) in [(4, 1.5e-3), (1, 0.0)] {
+        let (paid, free) = (costs(&with, m), costs(&without, m));
+        for (k, (p, f)) in paid.iter().zip(&free).enumerate() {
+            let extra = p.backward_s - f.backward_s;
+            assert!((extra - each).abs() < 1e-12, "m = {m}, stage {k}: {extra} != {each}");
+            assert_eq!((p.forward_s, p.optimizer_s), (f.forward_s, f.optimizer_s), "m = {m}, stage {k}");
+        }
+    }
+    let bad = json.replace(r#""accumulate_ms": 6"#, r#""accumulate_ms": -6"#);
+    assert!(Profile::from_json(&bad).unwrap_err().to_string().contains("`accumulate_ms`: a negative"));
+}
+
 #[test]
 fn a_profiles_stage_boundary_is_paid_half_on_either_side() {
     let g = three_matmuls(false);

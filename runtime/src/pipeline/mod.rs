@@ -21,7 +21,7 @@ use pipewright_core::{Loss, NonFinite, Schedule};
 use tch::Tensor;
 
 pub use crate::exec::Mode;
-pub use optim::{step_ms, update_ms, LrSchedule, OptimizerConfig};
+pub use optim::{accumulate_ms, step_ms, update_ms, LrSchedule, OptimizerConfig};
 pub use stage::loss_ms;
 pub use precision::{compute_kind, LossScaler, Precision};
 pub use schedule::{stage_ops, stage_ops_from, Op};

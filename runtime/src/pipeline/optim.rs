@@ -170,6 +170,32 @@ pub fn update_ms(opt: OptimizerConfig, weight: &Tensor, m: usize, reps: usize) -
     step_ms(opt, std::slice::from_ref(weight), m, reps)
 }
 
+/// Adds `grads` into the accumulators `acc` in place, as a stage does with each
+/// microbatch's gradients after the first of a step.
+pub(crate) fn accumulate(acc: &mut [Tensor], grads: &[Tensor]) -> Result<(), tch::TchError> {
+    tch::no_grad(|| acc.iter_mut().zip(grads).try_for_each(|(a, g)| a.f_add_(g).map(|_| ())))
+}
+
+/// Milliseconds of one accumulation ([`accumulate`]) of a gradient of every one of
+/// `weights`, median of `reps` after one warm-up. For `pipewright profile`: a stage's
+/// backward pays it for every microbatch of a step but the first, a cost that neither the
+/// nodes nor the whole pass (one microbatch) show.
+pub fn accumulate_ms(weights: &[Tensor], reps: usize) -> Result<f64, tch::TchError> {
+    let mut acc: Vec<Tensor> = weights.iter().map(|t| t.detach().f_zeros_like()).collect::<Result<_, _>>()?;
+    let mut times = Vec::with_capacity(reps.max(1));
+    for rep in 0..reps.max(1) + 1 {
+        // Fresh gradients each time, as each microbatch's backward makes its own.
+        let g: Vec<Tensor> = weights.iter().map(|x| x.detach().f_randn_like()).collect::<Result<_, _>>()?;
+        let start = std::time::Instant::now();
+        accumulate(&mut acc, &g)?;
+        if rep > 0 {
+            times.push(start.elapsed().as_secs_f64() * 1e3);
+        }
+    }
+    times.sort_by(f64::total_cmp);
+    Ok(times[times.len() / 2])
+}
+
 /// Milliseconds of one step over all of `weights` at once, as [`update_ms`] times one.
 /// For `pipewright profile`: a step streams every weight, gradient and state through
 /// memory in turn, where one weight updated over and over stays in the cache, so the

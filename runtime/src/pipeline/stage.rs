@@ -650,7 +650,7 @@ impl Worker {
             None => pg,
             // The accumulator is this worker's own: add in place, no new allocation.
             Some(mut a) => {
-                tch::no_grad(|| a.iter_mut().zip(&pg).try_for_each(|(a, g)| a.f_add_(g).map(|_| ()))).map_err(torch("accumulating gradients"))?;
+                super::optim::accumulate(&mut a, &pg).map_err(torch("accumulating gradients"))?;
                 a
             }
         });
