@@ -154,7 +154,8 @@ const NODE_WINDOW_S: f64 = 0.02;
 const WHOLE_WINDOW_S: f64 = 0.5;
 const MOST_REPS: usize = 200;
 
-/// Whether repetition `done` (of at least `reps`) is the last, `start` being the first's.
+/// Whether `done` timed repetitions, the first begun at `start`, are enough: at least
+/// `reps`, and either filling `window_s` or [`MOST_REPS`].
 fn enough(done: usize, reps: usize, start: Instant, window_s: f64) -> bool {
     done >= reps.max(1) && (done >= MOST_REPS || start.elapsed().as_secs_f64() >= window_s)
 }
@@ -162,19 +163,13 @@ fn enough(done: usize, reps: usize, start: Instant, window_s: f64) -> bool {
 /// Forward and backward milliseconds of one node, one per repetition: `reps` of them, more
 /// while they take less than [`NODE_WINDOW_S`].
 fn time_node(ins: &Instr, inputs: &[Option<Tensor>], reps: usize) -> Result<(Vec<f64>, Vec<f64>), DriverError> {
-    let mut fwd = Vec::with_capacity(reps + 1);
-    let mut bwd = Vec::with_capacity(reps + 1);
-    let mut start = Instant::now();
-    while fwd.len() < 2 || !enough(fwd.len() - 1, reps, start, NODE_WINDOW_S) {
-        if fwd.len() == 1 {
-            start = Instant::now();
-        }
+    repeat_timed(reps, NODE_WINDOW_S, || {
         let leaves: Vec<Option<Tensor>> =
             inputs.iter().map(|t| t.as_ref().map(|t| if t.requires_grad() { t.detach().set_requires_grad(true) } else { t.shallow_clone() })).collect();
         let refs: Vec<Option<&Tensor>> = leaves.iter().map(|t| t.as_ref()).collect();
         let start = Instant::now();
         let outs = run_kernel(&ins.kernel, &refs, Mode::Train).map_err(|e| DriverError::msg(format!("node {:?}: {e}", ins.name)))?;
-        fwd.push(start.elapsed().as_secs_f64() * 1e3);
+        let fwd = start.elapsed().as_secs_f64() * 1e3;
         let diff: Vec<Tensor> = outs.into_iter().filter(|o| is_float(o) && o.requires_grad()).collect();
         let took = backward_ms(&diff)?;
         // The same seeding and engine start on leaves shaped like the outputs: what timing
@@ -182,11 +177,21 @@ fn time_node(ins: &Instr, inputs: &[Option<Tensor>], reps: usize) -> Result<(Vec
         // pays once, not per node.
         let alone: Vec<Tensor> = diff.iter().map(|o| o.detach().set_requires_grad(true)).collect();
         let overhead = backward_ms(&alone)?;
-        bwd.push((took - overhead).max(0.0));
+        Ok((fwd, (took - overhead).max(0.0)))
+    })
+}
+
+/// `once`'s forward and backward milliseconds over its repetitions: one to warm caches
+/// and allocators (left out), then [`enough`] of them for `reps` and `window_s`.
+fn repeat_timed(reps: usize, window_s: f64, mut once: impl FnMut() -> Result<(f64, f64), DriverError>) -> Result<(Vec<f64>, Vec<f64>), DriverError> {
+    once()?;
+    let (mut fwd, mut bwd) = (Vec::with_capacity(reps), Vec::with_capacity(reps));
+    let start = Instant::now();
+    while !enough(fwd.len(), reps, start, window_s) {
+        let (f, b) = once()?;
+        fwd.push(f);
+        bwd.push(b);
     }
-    // The first repetition warms caches and allocators.
-    fwd.remove(0);
-    bwd.remove(0);
     Ok((fwd, bwd))
 }
 
@@ -250,18 +255,7 @@ fn per_optimizer(mut time: impl FnMut(OptimizerConfig) -> Result<f64, DriverErro
 /// after one warm-up, more while they take less than [`WHOLE_WINDOW_S`]; medians.
 fn time_whole(runner: &Runner, inputs: &[Tensor], b: u64, reps: usize) -> Result<WholePass, DriverError> {
     let params: Vec<Tensor> = runner.interp().parameters().into_iter().map(|t| t.shallow_clone()).collect();
-    let (mut fwd, mut bwd) = (Vec::new(), Vec::new());
-    let mut start = Instant::now();
-    while fwd.len() < 2 || !enough(fwd.len() - 1, reps, start, WHOLE_WINDOW_S) {
-        if fwd.len() == 1 {
-            start = Instant::now();
-        }
-        let (f, bw) = timed_pass(runner, &params, inputs)?;
-        fwd.push(f);
-        bwd.push(bw);
-    }
-    fwd.remove(0);
-    bwd.remove(0);
+    let (fwd, bwd) = repeat_timed(reps, WHOLE_WINDOW_S, || timed_pass(runner, &params, inputs))?;
     Ok(WholePass { batch: b, fwd_ms: median(fwd), bwd_ms: median(bwd) })
 }
 
