@@ -468,13 +468,11 @@ fn boundary_at(model: &Path, device: Device, b: u64, whole: &[WholePass], object
         // Every other round runs the two-stage build first, so that the machine's drift
         // over the rounds (steady here for minutes at a time) adds to half the differences
         // and takes from the other half instead of adding to all of them.
-        let [one, two] = if round % 2 == 0 {
-            let one = per_step_ms(&builds[0], device, steps, objective)?;
-            [one, per_step_ms(&builds[1], device, steps, objective)?]
-        } else {
-            let two = per_step_ms(&builds[1], device, steps, objective)?;
-            [per_step_ms(&builds[0], device, steps, objective)?, two]
-        };
+        let mut ms = [[0.0; 3]; 2];
+        for depth in if round % 2 == 0 { [0, 1] } else { [1, 0] } {
+            ms[depth] = per_step_ms(&builds[depth], device, steps, objective)?;
+        }
+        let [one, two] = ms;
         for (k, d) in diffs.iter_mut().enumerate() {
             d.push(two[k] - one[k]);
         }

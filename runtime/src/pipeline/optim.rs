@@ -182,16 +182,20 @@ pub(crate) fn accumulate(acc: &mut [Tensor], grads: &[Tensor]) -> Result<(), tch
 /// nodes nor the whole pass (one microbatch) show.
 pub fn accumulate_ms(weights: &[Tensor], reps: usize) -> Result<f64, tch::TchError> {
     let mut acc: Vec<Tensor> = weights.iter().map(|t| t.detach().f_zeros_like()).collect::<Result<_, _>>()?;
-    let mut times = Vec::with_capacity(reps.max(1));
-    for rep in 0..reps.max(1) + 1 {
+    median_after_warm_up(reps, || {
         // Fresh gradients each time, as each microbatch's backward makes its own.
         let g: Vec<Tensor> = weights.iter().map(|x| x.detach().f_randn_like()).collect::<Result<_, _>>()?;
         let start = std::time::Instant::now();
         accumulate(&mut acc, &g)?;
-        if rep > 0 {
-            times.push(start.elapsed().as_secs_f64() * 1e3);
-        }
-    }
+        Ok(start.elapsed().as_secs_f64() * 1e3)
+    })
+}
+
+/// The median of `reps` (at least 1) milliseconds that `once` measures, after one more
+/// that warms caches, allocators and the optimizer's state and is left out.
+fn median_after_warm_up(reps: usize, mut once: impl FnMut() -> Result<f64, tch::TchError>) -> Result<f64, tch::TchError> {
+    once()?;
+    let mut times = (0..reps.max(1)).map(|_| once()).collect::<Result<Vec<f64>, _>>()?;
     times.sort_by(f64::total_cmp);
     Ok(times[times.len() / 2])
 }
@@ -203,8 +207,7 @@ pub fn accumulate_ms(weights: &[Tensor], reps: usize) -> Result<f64, tch::TchErr
 pub fn step_ms(opt: OptimizerConfig, weights: &[Tensor], m: usize, reps: usize) -> Result<f64, tch::TchError> {
     let mut state = OptState::new(opt, weights.len());
     let mut w: Vec<Tensor> = weights.iter().map(|t| t.detach().copy()).collect();
-    let mut times = Vec::with_capacity(reps.max(1));
-    for rep in 0..reps.max(1) + 1 {
+    median_after_warm_up(reps, || {
         // Fresh gradients each time, as each step has its own accumulators.
         let mut g: Vec<Tensor> = w.iter().map(|x| x.f_randn_like().and_then(|r| r.f_mul_scalar(1e-3))).collect::<Result<_, _>>()?;
         let start = std::time::Instant::now();
@@ -213,13 +216,10 @@ pub fn step_ms(opt: OptimizerConfig, weights: &[Tensor], m: usize, reps: usize) 
         }
         let new = state.step(&w, &g, 1e-4);
         all_finite(&new)?;
-        if rep > 0 {
-            times.push(start.elapsed().as_secs_f64() * 1e3);
-        }
+        let ms = start.elapsed().as_secs_f64() * 1e3;
         w = new;
-    }
-    times.sort_by(f64::total_cmp);
-    Ok(times[times.len() / 2])
+        Ok(ms)
+    })
 }
 
 impl OptState {
