@@ -203,7 +203,9 @@ pub struct SimulateArgs {
     pub stage_times: Option<PathBuf>,
     /// The stages run as threads of one process on a host with N CPU cores (a CPU run of
     /// the embedded executor, one thread per stage and replica): the working stages take
-    /// turns on the cores in Linux's default time slice (1.5 ms on 2 or 3 cores). With --stage-times, the trace's durations (measured under that sharing)
+    /// turns on the cores in Linux's default time slice (1.5 ms on 2 or 3 cores), each turn
+    /// lasting until the scheduler's next tick when a --profile measured the tick on a host
+    /// of N cores. With --stage-times, the trace's durations (measured under that sharing)
     /// are converted back to full-speed work first. Overrides a cluster file's host_cores.
     #[arg(long, value_name = "N")]
     pub host_cores: Option<usize>,

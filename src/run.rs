@@ -266,6 +266,9 @@ pub fn profile(args: &ProfileArgs) -> Result<()> {
         let b = p.batches.iter().copied().max().unwrap_or(1);
         let c = s.crowding(b);
         eprintln!("profile: threads crowding the {} cores slow each other by {:.2} ({} threads) and {:.2} ({}), at batch {b}", s.cores, c.at_cores, s.cores, c.at_twice, 2 * s.cores);
+        if let Some(turn) = s.turn_ms {
+            eprintln!("profile: a thread that never blocks keeps a core for {turn:.2} ms while others wait (the scheduler's tick in the replays)");
+        }
     }
     let text = serde_json::to_string_pretty(&p).map_err(|e| anyhow!("profile: {e}"))?;
     match &args.output {

@@ -190,6 +190,10 @@ fn profile_reports_the_spread_of_its_repetitions() {
         assert_eq!(threads, [1, cores as u64, 2 * cores as u64].into_iter().collect::<std::collections::BTreeSet<_>>().into_iter().collect::<Vec<_>>(), "batch {b}: {sharing}");
     }
     assert!(runs.iter().all(|r| r["pass_ms"].as_f64() > Some(0.0)), "{sharing}");
+    // How long a thread that never blocks keeps a core while others wait: a scheduler's
+    // turn, milliseconds (4 on this machine: its 250 Hz tick), and reported.
+    assert!(sharing["turn_ms"].as_f64().is_some_and(|t| (0.1..100.0).contains(&t)), "{sharing}");
+    assert!(err.contains("profile: a thread that never blocks keeps a core for "), "{err}");
     // A stage boundary's cost, timed at the smallest and the middle size (the model
     // trained as two stages less as one), and reported.
     let boundary = json["boundary"].as_array().expect("boundary");

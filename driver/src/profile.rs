@@ -344,7 +344,63 @@ fn time_sharing(model: &Path, device: tch::Device, batches: &[u64]) -> Result<Ho
         }
         runs.extend(counts.iter().zip(sums).map(|(&threads, sum)| SharedPasses { batch, threads, pass_ms: sum / 2.0 }));
     }
-    Ok(HostSharing { cores, runs })
+    Ok(HostSharing { cores, runs, turn_ms: time_turn(cores) })
+}
+
+/// How long [`time_turn`]'s threads spin, and the least jump of a spinning thread's clock
+/// that counts as its core taken away: another thread's turn lasts at least a time slice
+/// (a millisecond or more), while interrupts and the hypervisor pause a thread for tens
+/// of microseconds (a thread spinning alone here sees those every few hundred).
+const TURN_WINDOW_S: f64 = 0.3;
+const TURN_GAP_S: f64 = 100e-6;
+
+/// How long a thread that never blocks keeps a core while others wait for it
+/// ([`HostSharing::turn_ms`]): twice as many threads as cores spin together, each noting
+/// where its clock jumped (it had lost its core); the median of the runs between two
+/// jumps, milliseconds. `None` when no thread lost its core twice.
+fn time_turn(cores: usize) -> Option<f64> {
+    let threads = 2 * cores.max(1);
+    let barrier = Barrier::new(threads);
+    let mut runs: Vec<f64> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..threads)
+            .map(|_| {
+                scope.spawn(|| {
+                    barrier.wait();
+                    runs_between(&spin_and_note_pauses())
+                })
+            })
+            .collect();
+        handles.into_iter().flat_map(|h| h.join().unwrap_or_default()).collect()
+    });
+    if runs.is_empty() {
+        return None;
+    }
+    runs.sort_by(f64::total_cmp);
+    Some(runs[runs.len() / 2] * 1e3)
+}
+
+/// Spins for [`TURN_WINDOW_S`]; returns each jump of the clock over [`TURN_GAP_S`], as
+/// (last reading before it, first after it).
+fn spin_and_note_pauses() -> Vec<(Instant, Instant)> {
+    let (window, gap) = (Duration::from_secs_f64(TURN_WINDOW_S), Duration::from_secs_f64(TURN_GAP_S));
+    let start = Instant::now();
+    let (mut last, mut pauses) = (start, Vec::new());
+    loop {
+        let now = Instant::now();
+        if now.duration_since(last) > gap {
+            pauses.push((last, now));
+        }
+        last = now;
+        if now.duration_since(start) > window {
+            return pauses;
+        }
+    }
+}
+
+/// The whole runs between pauses, seconds: from each pause's end to the next one's start
+/// (the runs before the first and after the last are cut by the window and left out).
+fn runs_between(pauses: &[(Instant, Instant)]) -> Vec<f64> {
+    pauses.windows(2).map(|p| p[1].0.duration_since(p[0].1).as_secs_f64()).collect()
 }
 
 /// Milliseconds of window per pass per thread when `n` threads each run the whole model's
@@ -565,12 +621,27 @@ mod tests {
                 // One thread 40% slower than the whole pass moments before.
                 run(4, 1, 14.0), run(4, 2, 14.5), run(4, 4, 30.0),
             ],
+            turn_ms: None,
         };
         let whole = [(1, 5.0), (2, 7.0), (4, 10.0)].map(|(batch, ms)| WholePass { batch, fwd_ms: ms / 3.0, bwd_ms: 2.0 * ms / 3.0 });
         let found = unsteady_sharing(&sharing, &whole);
         assert_eq!(found.len(), 2, "{found:?}");
         assert!(found[0].starts_with("batch 2: 2 threads on 2 cores each took 1.90 times"), "{found:?}");
         assert!(found[1].starts_with("batch 4: one thread's pass took 14.000 ms while crowding was timed, the whole pass 10.000 ms"), "{found:?}");
+    }
+
+    /// A spinning thread's turns are the runs between two losses of its core; the run
+    /// cut by the window's start and the one cut by its end are not turns.
+    #[test]
+    fn turns_run_from_one_pause_to_the_next() {
+        let t0 = Instant::now();
+        let at = |ms: f64| t0 + Duration::from_secs_f64(ms * 1e-3);
+        // Pauses over [1, 5], [9, 13] and [17.5, 21] ms: turns of 4 and 4.5 ms.
+        let pauses = [(at(1.0), at(5.0)), (at(9.0), at(13.0)), (at(17.5), at(21.0))];
+        let runs: Vec<f64> = runs_between(&pauses).iter().map(|s| (s * 1e3 * 1e6).round() / 1e6).collect();
+        assert_eq!(runs, [4.0, 4.5]);
+        assert!(runs_between(&pauses[..1]).is_empty());
+        assert!(runs_between(&[]).is_empty());
     }
 
     /// Repetitions stop once there are `reps` of them and they have filled the window, or

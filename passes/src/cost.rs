@@ -302,6 +302,12 @@ pub struct BoundaryCost {
 pub struct HostSharing {
     pub cores: usize,
     pub runs: Vec<SharedPasses>,
+    /// How long a thread that never blocks keeps a core while as many others wait,
+    /// milliseconds (the median of its uninterrupted runs): Linux preempts on its tick
+    /// only, so this is the tick when the time slice is shorter (4 ms here: `CONFIG_HZ`
+    /// 250 and a 1.5 ms slice). Absent from profiles taken before it was measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turn_ms: Option<f64>,
 }
 
 /// `threads` threads each running the whole pass at batch `batch`: milliseconds of the
@@ -317,6 +323,9 @@ impl HostSharing {
     fn check(&self) -> Result<(), CostError> {
         if self.cores == 0 {
             return Err(CostError::ProfileInvalid("`sharing`: a host of 0 cores".into()));
+        }
+        if let Some(turn) = self.turn_ms.filter(|t| !t.is_finite() || *t <= 0.0) {
+            return Err(CostError::ProfileInvalid(format!("`sharing.turn_ms` must be a positive number of milliseconds, not {turn}")));
         }
         for r in &self.runs {
             if r.threads == 0 || r.batch == 0 || !r.pass_ms.is_finite() || r.pass_ms <= 0.0 {
@@ -1210,10 +1219,17 @@ impl CostModel {
         self.sharing.as_ref().filter(|s| s.cores == cores).map_or(Crowding::NONE, |s| s.crowding(b))
     }
 
+    /// The scheduler's tick on a host of `cores` cores, seconds: the turn the profile
+    /// measured ([`HostSharing::turn_ms`]) when it was taken on a host of as many cores,
+    /// else 0 (unknown).
+    pub fn tick(&self, cores: usize) -> f64 {
+        self.sharing.as_ref().filter(|s| s.cores == cores).and_then(|s| s.turn_ms).map_or(0.0, |ms| ms * 1e-3)
+    }
+
     /// A CPU host of `cores` cores as the replays of microbatch `b` share it: Linux's time
-    /// slices, crowded as [`CostModel::crowding`] says.
+    /// slices ending on the measured tick, crowded as [`CostModel::crowding`] says.
     pub fn host_cores(&self, cores: usize, b: u64) -> HostCores {
-        HostCores::linux(cores).crowded(self.crowding(cores, b))
+        HostCores::linux(cores).ticking(self.tick(cores)).crowded(self.crowding(cores, b))
     }
 
     /// Forward and backward seconds of the training loss at microbatch `b`, which the last

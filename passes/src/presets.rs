@@ -12,8 +12,9 @@
 //! ```
 //! `host_cores` describes a CPU run of the embedded executor (one compute thread per stage
 //! and replica, all in one process): the working stages then take turns on those cores in
-//! Linux's default time slice ([`crate::simulate::HostCores::linux`]). Without it every
-//! stage has its own device.
+//! Linux's default time slice ([`crate::simulate::HostCores::linux`]), each turn lasting
+//! until the scheduler's next tick when a profile measured it ([`crate::cost::CostModel::tick`]).
+//! Without it every stage has its own device.
 
 use pipewright_core::Precision;
 use serde::Serialize;

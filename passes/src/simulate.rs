@@ -149,6 +149,10 @@ pub struct HostCores {
     /// line, and one that used up its slice while others wait goes to the back. 0: ideal
     /// processor sharing (every runnable thread at once, at `cores / threads` of a core).
     pub time_slice_s: f64,
+    /// The scheduler's tick, seconds, on which turns end ([`HostCores::turn_end`]): Linux
+    /// looks for a thread to preempt only on its tick, so a turn lasts from the slice up
+    /// to a tick longer. 0: turns end at the slice itself (the tick unknown).
+    pub tick_s: f64,
     /// How much slower a thread's work runs as threads crowd the host.
     pub crowding: Crowding,
 }
@@ -157,18 +161,37 @@ impl HostCores {
     /// `cores` under Linux's default time slice ([`default_time_slice`]), as `simulate
     /// --host-cores` and the planner replay a CPU host.
     pub fn linux(cores: usize) -> HostCores {
-        HostCores { cores, time_slice_s: default_time_slice(cores), crowding: Crowding::NONE }
+        HostCores { cores, time_slice_s: default_time_slice(cores), tick_s: 0.0, crowding: Crowding::NONE }
     }
 
     /// `cores` shared ideally, for hand-computed cases.
     pub fn ideal(cores: usize) -> HostCores {
-        HostCores { cores, time_slice_s: 0.0, crowding: Crowding::NONE }
+        HostCores { cores, time_slice_s: 0.0, tick_s: 0.0, crowding: Crowding::NONE }
     }
 
     /// The same host with threads slowing each other by `crowding` (a profile's
     /// [`crate::cost::CostModel::crowding`]).
     pub fn crowded(self, crowding: Crowding) -> HostCores {
         HostCores { crowding, ..self }
+    }
+
+    /// The same host with its turns ending on a tick of `tick_s` seconds (a profile's
+    /// [`crate::cost::CostModel::tick`]).
+    pub fn ticking(self, tick_s: f64) -> HostCores {
+        HostCores { tick_s, ..self }
+    }
+
+    /// When a turn on a core that began at `start` ends: at the first tick (ticks at every
+    /// multiple of `tick_s` from the replay's start) at least a slice after `start`, as a
+    /// thread that has used up its slice is preempted on the next tick only; at the slice
+    /// itself without a tick.
+    pub fn turn_end(&self, start: f64) -> f64 {
+        let earliest = start + self.time_slice_s;
+        if self.tick_s > 0.0 {
+            ((earliest / self.tick_s).ceil() * self.tick_s).max(earliest)
+        } else {
+            earliest
+        }
     }
 
     /// The speed of a thread holding a core (or, under ideal sharing, its share of the
@@ -400,6 +423,9 @@ fn check(setup: &SimSetup) -> Result<(), SimError> {
         }
         if !host.time_slice_s.is_finite() || host.time_slice_s < 0.0 {
             return Err(SimError::Setup(format!("the time slice must be a non-negative number of seconds, not {}", host.time_slice_s)));
+        }
+        if !host.tick_s.is_finite() || host.tick_s < 0.0 {
+            return Err(SimError::Setup(format!("the scheduler's tick must be a non-negative number of seconds, not {}", host.tick_s)));
         }
         let Crowding { at_cores, at_twice } = host.crowding;
         if !(at_cores.is_finite() && at_twice.is_finite() && at_cores >= 1.0 && at_twice >= 1.0) {
@@ -932,7 +958,7 @@ mod tests {
         // with F1 on its core (its slice renewed at 0.3, 0.6, 0.9, as nobody waits);
         // stage 1, woken at 1 by F0's activation, waits for that slice to end at 1.2.
         let mut s = setup(Scheme::GPipe, 2, 2, 1);
-        s.host = Some(HostCores { cores: 1, time_slice_s: 0.3, crowding: Crowding::NONE });
+        s.host = Some(HostCores { cores: 1, time_slice_s: 0.3, tick_s: 0.0, crowding: Crowding::NONE });
         let sim = simulate(&s).unwrap();
         let first = |stage: usize, kind: TraceKind| sim.events.iter().filter(|e| e.stage == stage && e.kind == kind).map(|e| e.start_us).fold(f64::INFINITY, f64::min);
         assert!((first(1, TraceKind::Forward) - 1.2e6).abs() < 1e-3, "{}", first(1, TraceKind::Forward));
@@ -944,12 +970,21 @@ mod tests {
         // One core never idles while work waits: either way a batch takes all the work,
         // 2 stages x 2 microbatches x 3 s.
         for slice in [0.3, 0.0] {
-            s.host = Some(HostCores { cores: 1, time_slice_s: slice, crowding: Crowding::NONE });
+            s.host = Some(HostCores { cores: 1, time_slice_s: slice, tick_s: 0.0, crowding: Crowding::NONE });
             assert!((simulate(&s).unwrap().makespan_s - 12.0).abs() < 1e-9, "slice {slice}");
         }
+        // Turns that end on a tick of 0.35 s (at 0.35, 0.70, 1.05: each the first tick at
+        // least a slice after the turn began) make stage 1 wait until 1.05 instead.
+        s.host = Some(HostCores { cores: 1, time_slice_s: 0.3, tick_s: 0.35, crowding: Crowding::NONE });
+        let ticked = simulate(&s).unwrap();
+        let first_ticked = ticked.events.iter().filter(|e| e.stage == 1 && e.kind == TraceKind::Forward).map(|e| e.start_us).fold(f64::INFINITY, f64::min);
+        assert!((first_ticked - 1.05e6).abs() < 1e-3, "{first_ticked}");
+        assert!((ticked.makespan_s - 12.0).abs() < 1e-9, "{}", ticked.makespan_s);
+        s.host = Some(HostCores { cores: 1, time_slice_s: 0.3, tick_s: f64::NAN, crowding: Crowding::NONE });
+        assert!(simulate(&s).unwrap_err().to_string().contains("the scheduler's tick must be a non-negative"));
         // Linux's default slice: 0.75 ms on one CPU, 1.5 ms on 2 or 3, 3 ms from 8 on.
         assert_eq!([1, 2, 3, 4, 8, 64].map(default_time_slice), [0.75e-3, 1.5e-3, 1.5e-3, 2.25e-3, 3e-3, 3e-3]);
-        s.host = Some(HostCores { cores: 1, time_slice_s: -1.0, crowding: Crowding::NONE });
+        s.host = Some(HostCores { cores: 1, time_slice_s: -1.0, tick_s: 0.0, crowding: Crowding::NONE });
         assert!(simulate(&s).unwrap_err().to_string().contains("the time slice must be a non-negative"));
     }
 

@@ -619,6 +619,36 @@ fn a_profiles_crowded_passes_slow_the_threads_of_a_host_of_its_size() {
     assert!(Profile::from_json(&bad).unwrap_err().to_string().contains("`sharing` at batch 2 with 4 threads"));
     let bad = json.replace(r#""cores": 2"#, r#""cores": 0"#);
     assert!(Profile::from_json(&bad).unwrap_err().to_string().contains("`sharing`: a host of 0 cores"));
+    // Without a measured turn the tick is unknown: turns end at Linux's slice.
+    assert_eq!(c.tick(2), 0.0);
+    assert_eq!(c.host_cores(2, 2).turn_end(1e-3), 1e-3 + 1.5e-3);
+}
+
+#[test]
+fn a_profiles_measured_turn_is_the_tick_a_host_of_its_size_preempts_on() {
+    let mut g = Graph::new(ModelMeta::default());
+    let x = input(&mut g, 8);
+    let w = weight(&mut g, "w", &[8, 8]);
+    let (_, y) = matmul(&mut g, "mm", x, w, 8);
+    g.set_outputs(vec![y]);
+    let json = r#"{"model": "m", "device": "cpu", "batches": [2],
+        "nodes": [{"name": "mm", "op": "MatMul", "fwd_ms": [1], "bwd_ms": [2]}],
+        "sharing": {"cores": 2, "turn_ms": 4, "runs": [
+            {"batch": 2, "threads": 1, "pass_ms": 10}, {"batch": 2, "threads": 2, "pass_ms": 10}, {"batch": 2, "threads": 4, "pass_ms": 20}]}}"#;
+    let mut c = CostModel::new(&g, Roofline::default()).unwrap();
+    c.apply_profile(&g, &Profile::from_json(json).unwrap()).unwrap();
+    assert_eq!(c.tick(2), 4e-3);
+    // A turn starting 1 ms into a tick runs its 1.5 ms slice, then until the tick at 4 ms;
+    // one starting at 3 ms until the tick at 8 ms.
+    let host = c.host_cores(2, 2);
+    let ends = [1e-3, 3e-3].map(|t| host.turn_end(t));
+    assert!((ends[0] - 4e-3).abs() < 1e-15 && (ends[1] - 8e-3).abs() < 1e-15, "{ends:?}");
+    // Measured on 2 cores, it says nothing of a host of 4.
+    assert_eq!(c.tick(4), 0.0);
+    for bad in ["0", "-4"] {
+        let bad = json.replace(r#""turn_ms": 4"#, &format!(r#""turn_ms": {bad}"#));
+        assert!(Profile::from_json(&bad).unwrap_err().to_string().contains("`sharing.turn_ms` must be a positive number"), "{bad}");
+    }
 }
 
 fn corpus(name: &str) -> PathBuf {

@@ -7,16 +7,18 @@
 //! meeting) takes no core; link transfers and all-reduces are the network's and take none
 //! either. Two ways of sharing ([`HostCores::time_slice_s`]):
 //! - time slices (> 0, Linux's by default): a stage with work but no core waits in line,
-//!   a core holder keeps it from one operation to the next until it blocks or its slice
-//!   ends while others wait (then it goes to the back); each stage takes its turn as the
-//!   block of its `w` replicas' threads, on `C / w` slots ([`take_turns`]);
+//!   a core holder keeps it from one operation to the next until it blocks or its turn
+//!   ends while others wait (then it goes to the back): the slice, extended to the
+//!   scheduler's next tick when the tick is known ([`HostCores::turn_end`]); each stage
+//!   takes its turn as the block of its `w` replicas' threads, on `C / w` slots
+//!   ([`take_turns`]);
 //! - ideal processor sharing (0): at every instant the `n` working stages each progress at
 //!   `min(1, C / (w n))`.
 //!
 //! Progress changes whenever a stage starts or stops working, so the stages cannot be
 //! replayed one after the other as [`super::replay_dedicated`] does; this is a
 //! time-ordered event loop instead. The next event is the earliest of: a work segment
-//! ending at the current rates, a slice ending, an input a waiting stage needs arriving,
+//! ending at the current rates, a turn ending, an input a waiting stage needs arriving,
 //! an all-reduce a waiting stage needs ending. Each operation is expanded, when its stage reaches it, into
 //! the [`Step`]s the dedicated engine runs for it in the same order (the 2BW updates a
 //! forward needs first, the input, the work, the hand-off, the link), so the semantics
@@ -120,7 +122,7 @@ struct Stage {
     /// When the hand-off of the message being sent began (the send's trace event starts
     /// there).
     handoff_start: f64,
-    /// Under time slices: when the slice of the core it holds ends.
+    /// Under time slices: when its turn on the core it holds ends.
     core_until: Option<f64>,
     /// Under time slices: waiting in line for a core.
     queued: bool,
@@ -351,7 +353,7 @@ pub(super) fn replay(setup: &SimSetup, host: HostCores) -> Result<Simulation, Si
             }
         }
         if slice > 0.0 {
-            take_turns(&mut st, &mut queue, now, slice, slots);
+            take_turns(&mut st, &mut queue, now, &host, slots);
         }
         // Every thread with a core (under ideal sharing, every working one) runs at the
         // speed the number of working threads allows, from now on.
@@ -365,8 +367,8 @@ pub(super) fn replay(setup: &SimSetup, host: HostCores) -> Result<Simulation, Si
                 r.slowed |= rate < 1.0;
             }
         }
-        // The next event: a work segment ending, a slice ending (each is an event, so that
-        // slices keep their length whether or not anyone waits), or what a waiting stage
+        // The next event: a work segment ending, a turn ending (each is an event, so that
+        // turns keep their length whether or not anyone waits), or what a waiting stage
         // waits for.
         let mut next = st.iter().filter_map(|x| x.core_until).fold(f64::INFINITY, f64::min);
         for (s, x) in st.iter().enumerate() {
@@ -399,10 +401,10 @@ pub(super) fn replay(setup: &SimSetup, host: HostCores) -> Result<Simulation, Si
 }
 
 /// Time slices at `now`: a stage with no work has blocked and frees its core; work
-/// without a core joins the line; a stage whose slice has ended goes to the back of the
-/// line if anyone waits (else it starts a new slice); free cores (`slots` of them) go to
-/// the head of the line, each for one `slice`.
-fn take_turns(st: &mut [Stage], queue: &mut VecDeque<usize>, now: f64, slice: f64, slots: usize) {
+/// without a core joins the line; a stage whose turn has ended goes to the back of the
+/// line if anyone waits (else it starts a new turn); free cores (`slots` of them) go to
+/// the head of the line, each for one turn ([`HostCores::turn_end`]).
+fn take_turns(st: &mut [Stage], queue: &mut VecDeque<usize>, now: f64, host: &HostCores, slots: usize) {
     for (s, x) in st.iter_mut().enumerate() {
         match x.running.as_mut() {
             None => x.core_until = None,
@@ -422,7 +424,7 @@ fn take_turns(st: &mut [Stage], queue: &mut VecDeque<usize>, now: f64, slice: f6
             continue;
         }
         if queue.is_empty() {
-            x.core_until = Some(now + slice);
+            x.core_until = Some(host.turn_end(now));
         } else {
             r.stop(now);
             r.slowed = true;
@@ -436,7 +438,7 @@ fn take_turns(st: &mut [Stage], queue: &mut VecDeque<usize>, now: f64, slice: f6
         let Some(s) = queue.pop_front() else { break };
         let x = &mut st[s];
         x.queued = false;
-        x.core_until = Some(now + slice);
+        x.core_until = Some(host.turn_end(now));
         if let Some(r) = x.running.as_mut() {
             if !r.started {
                 r.start = now;
