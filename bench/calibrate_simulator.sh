@@ -22,20 +22,21 @@
 # both sides); then the replay with the run's own per-stage mean times
 # (`simulate --stage-times`), which separates the schedule model from the cost inputs.
 # Both replays run the stages as threads sharing the machine's cores
-# (`simulate --host-cores HOST_CORES`), as the embedded executor's stage threads do; with
-# --stage-times the trace's durations are converted back to full-speed work first
-# (docs/simulator.md, sharing host cores).
+# (`simulate --host-cores HOST_CORES`), as the embedded executor's stage threads do, on the
+# host the profile measured (its crowding and its scheduler's turn); with --stage-times the
+# trace's durations are converted back to full-speed work first (docs/simulator.md,
+# sharing host cores), and the profile before the runs describes the host.
 #
 # Usage: bench/calibrate_simulator.sh [MODEL:MICROBATCH:STEPS ...]
 #        (default: gpt2-tiny:4:20 resnet18:2:8)
-# Env:   ROUNDS (3), M (4), DEPTHS ("2 4"), SCHEDULES ("2bw flush gpipe"), WARMUP (2),
+# Env:   ROUNDS (5), M (4), DEPTHS ("2 4"), SCHEDULES ("2bw flush gpipe"), WARMUP (2),
 #        THREADS (1 libtorch thread per stage; the sharing model assumes 1), HOST_CORES
 #        (nproc), BENCH_VENV (/work/venv: numpy + onnx), OUT (target/bench/calibrate).
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
 M="${M:-4}"
-ROUNDS="${ROUNDS:-3}"
+ROUNDS="${ROUNDS:-5}"
 WARMUP="${WARMUP:-2}"
 THREADS="${THREADS:-1}"
 HOST_CORES="${HOST_CORES:-$(nproc)}"
@@ -109,7 +110,7 @@ PY
             for p in before after; do
                 "$pw" simulate "$dir/plan.json" --profile "$dir/profile-$p.json" --batches "$steps" --host-cores "$HOST_CORES" --json > "$dir/sim-$p.json"
             done
-            "$pw" simulate "$dir/plan.json" --stage-times "$dir/trace.json" --batches "$steps" --host-cores "$HOST_CORES" --json > "$dir/sim-timed.json"
+            "$pw" simulate "$dir/plan.json" --stage-times "$dir/trace.json" --profile "$dir/profile-before.json" --batches "$steps" --host-cores "$HOST_CORES" --json > "$dir/sim-timed.json"
             "$py" - "$dir" "$model" "$d" "$s" <<'PY'
 import json, sys
 dir, model, d, s = sys.argv[1:]
