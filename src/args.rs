@@ -198,7 +198,9 @@ pub struct SimulateArgs {
     /// A real run's trace (`train --trace`) of the same configuration: its per-stage
     /// mean forward, recompute, backward, optimizer and send times replace the cost model's
     /// (to check the schedule model apart from the cost model, or replay a measured run
-    /// under another schedule). Means, not medians: the rate is set by the total time.
+    /// under another schedule), and so does the mean gap after a backward (the runtime's
+    /// untraced work) when the trace records its waits, as a run's does. Means, not
+    /// medians: the rate is set by the total time.
     #[arg(long, value_name = "TRACE")]
     pub stage_times: Option<PathBuf>,
     /// The stages run as threads of one process on a host with N CPU cores (a CPU run of

@@ -258,6 +258,9 @@ pub fn profile(args: &ProfileArgs) -> Result<()> {
     let p = pipewright_driver::profile::profile(&args.model, args.device, &args.batch, args.reps, args.seed, (args.loss.loss, args.loss.output.as_deref()), &mut on_progress)?;
     for c in &p.boundary {
         eprintln!("profile: a stage boundary costs {:.3} ms forward, {:.3} ms backward (per microbatch) and {:.3} ms per update, at batch {}", c.fwd_ms, c.bwd_ms, c.step_ms, c.batch);
+        if let Some(ms) = c.after_backward_ms {
+            eprintln!("profile: after each backward a stage's runtime works {ms:.3} ms outside its traced operations, at batch {}", c.batch);
+        }
     }
     if let Some(ms) = p.accumulate_ms {
         eprintln!("profile: accumulating a gradient of every weight takes {ms:.3} ms (each microbatch of a step but the first)");

@@ -202,7 +202,11 @@ fn profile_reports_the_spread_of_its_repetitions() {
         for k in ["fwd_ms", "bwd_ms", "step_ms"] {
             assert!(c[k].as_f64().is_some_and(|t| t.is_finite() && t >= 0.0), "{k}: {c}");
         }
+        // The two-stage runs' untraced time after each backward: some, and far less than
+        // the pass.
+        assert!(c["after_backward_ms"].as_f64().is_some_and(|t| t > 0.0 && t < 50.0), "{c}");
     }
+    assert!(err.contains("profile: after each backward a stage's runtime works "), "{err}");
     assert!(err.contains("profile: a stage boundary costs ") && err.contains("profile: threads crowding the "), "{err}");
     // One accumulation of every weight's gradient, which a stage's backward pays for each
     // microbatch of a step but the first, and reported.

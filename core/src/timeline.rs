@@ -202,6 +202,36 @@ pub fn bubbles(events: &[TraceEvent]) -> BTreeMap<usize, Bubble> {
         .collect()
 }
 
+/// Per stage (index = stage), the mean µs its thread spent after a backward of step
+/// `from_step` or later (and the send of its gradient, when one follows) before its next
+/// event: work of the runtime's that no event covers (releasing the microbatch's graph and
+/// activations), which a run's trace shows as a gap. `None` for a stage with no backward
+/// followed by another event.
+pub fn after_backward_us(events: &[TraceEvent], from_step: u64) -> Vec<Option<f64>> {
+    let stages = events.iter().map(|e| e.stage + 1).max().unwrap_or(0);
+    (0..stages)
+        .map(|stage| {
+            let mut mine: Vec<&TraceEvent> = events.iter().filter(|e| e.stage == stage).collect();
+            mine.sort_by(|a, b| a.start_us.total_cmp(&b.start_us));
+            let mut gaps = Vec::new();
+            for (k, e) in mine.iter().enumerate() {
+                if e.kind != TraceKind::Backward || e.step < from_step {
+                    continue;
+                }
+                let (mut end, mut next) = (e.start_us + e.dur_us, mine.get(k + 1));
+                if let Some(send) = next.filter(|n| n.kind == TraceKind::Send && n.microbatch == e.microbatch) {
+                    end = send.start_us + send.dur_us;
+                    next = mine.get(k + 2);
+                }
+                if let Some(n) = next {
+                    gaps.push((n.start_us - end).max(0.0));
+                }
+            }
+            (!gaps.is_empty()).then(|| gaps.iter().sum::<f64>() / gaps.len() as f64)
+        })
+        .collect()
+}
+
 fn span(events: &[TraceEvent]) -> (f64, f64) {
     let t0 = events.iter().map(|e| e.start_us).fold(f64::INFINITY, f64::min);
     let t1 = events.iter().map(|e| e.start_us + e.dur_us).fold(f64::NEG_INFINITY, f64::max);
@@ -423,6 +453,33 @@ mod tests {
 
     fn ev(kind: TraceKind, stage: usize, start_us: f64, dur_us: f64) -> TraceEvent {
         TraceEvent { kind, stage, start_us, dur_us, microbatch: Some(0), version: 0, step: 0 }
+    }
+
+    #[test]
+    fn the_gap_after_a_backward_and_its_send_is_the_runtimes_untraced_work() {
+        let at = |kind, stage, start_us, dur_us, mb: Option<u64>, step| TraceEvent { kind, stage, start_us, dur_us, microbatch: mb, version: 0, step };
+        let events = vec![
+            // Stage 0: backward [0, 10], the next forward at 14 (4 µs), then backward
+            // [20, 30] and the optimizer at 36 (6 µs); the warm-up step's gap (8 µs) is
+            // left out.
+            at(TraceKind::Backward, 0, -20.0, 10.0, Some(0), 0),
+            at(TraceKind::Forward, 0, -2.0, 2.0, Some(1), 0),
+            at(TraceKind::Backward, 0, 0.0, 10.0, Some(1), 1),
+            at(TraceKind::Forward, 0, 14.0, 5.0, Some(2), 1),
+            at(TraceKind::Backward, 0, 20.0, 10.0, Some(2), 1),
+            at(TraceKind::Optimizer, 0, 36.0, 2.0, None, 1),
+            // Stage 1: the gradient's send [12, 13] after backward [2, 12], then a wait
+            // in recv from 16 (3 µs); its last backward has nothing after it.
+            at(TraceKind::Backward, 1, 2.0, 10.0, Some(1), 1),
+            at(TraceKind::Send, 1, 12.0, 1.0, Some(1), 1),
+            at(TraceKind::Recv, 1, 16.0, 8.0, Some(2), 1),
+            at(TraceKind::Backward, 1, 24.0, 10.0, Some(2), 1),
+            // Stage 2: no backward.
+            at(TraceKind::Forward, 2, 0.0, 1.0, Some(1), 1),
+        ];
+        assert_eq!(after_backward_us(&events, 1), [Some(5.0), Some(3.0), None]);
+        assert_eq!(after_backward_us(&events, 0)[0], Some(6.0));
+        assert!(after_backward_us(&[], 0).is_empty());
     }
 
     #[test]

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use std::path::Path;
 
-use pipewright_core::timeline::TraceKind;
+use pipewright_core::timeline::{after_backward_us, TraceKind};
 use pipewright_core::{Decay, Device, NonFinite, Precision, Recompute, Schedule};
 use pipewright_ir::{Graph, ImportOptions};
 use pipewright_core::Loss;
@@ -520,13 +520,18 @@ fn boundary_at(model: &Path, device: Device, b: u64, whole: &[WholePass], object
         compile_stages(model, depth, b, build)?;
     }
     let mut diffs: [Vec<f64>; 3] = Default::default();
+    let mut after_backward = Vec::new();
     for round in 0..BOUNDARY_ROUNDS {
         // Every other round runs the two-stage build first, so that the machine's drift
         // over the rounds (steady here for minutes at a time) adds to half the differences
         // and takes from the other half instead of adding to all of them.
         let mut ms = [[0.0; 3]; 2];
         for depth in if round % 2 == 0 { [0, 1] } else { [1, 0] } {
-            ms[depth] = per_step_ms(&builds[depth], device, steps, objective)?;
+            let timed = per_step_ms(&builds[depth], device, steps, objective)?;
+            ms[depth] = timed.per_step_ms;
+            if depth == 1 {
+                after_backward.extend(timed.after_backward_ms);
+            }
         }
         let [one, two] = ms;
         for (k, d) in diffs.iter_mut().enumerate() {
@@ -534,7 +539,17 @@ fn boundary_at(model: &Path, device: Device, b: u64, whole: &[WholePass], object
         }
     }
     let [fwd_ms, bwd_ms, step_ms] = diffs.map(boundary_share);
-    Ok(BoundaryCost { batch: b, fwd_ms, bwd_ms, step_ms })
+    let after_backward_ms = (!after_backward.is_empty()).then(|| after_backward.iter().sum::<f64>() / after_backward.len() as f64);
+    Ok(BoundaryCost { batch: b, fwd_ms, bwd_ms, step_ms, after_backward_ms })
+}
+
+/// What [`per_step_ms`] measures of one training run.
+struct TimedRun {
+    /// Forward, backward and optimizer milliseconds of all stages together per step.
+    per_step_ms: [f64; 3],
+    /// Per stage, the mean milliseconds after a backward before the next traced event
+    /// ([`after_backward_us`]).
+    after_backward_ms: Vec<f64>,
 }
 
 /// One kind's cost from the rounds' differences: their mean, 0 when it is negative. The
@@ -556,8 +571,9 @@ fn compile_stages(model: &Path, depth: usize, b: u64, build: &Path) -> Result<()
 
 /// Trains `build` for `steps` steps of one microbatch on synthetic data (SGD, one libtorch
 /// thread per stage) and returns the forward, backward and optimizer milliseconds of all
-/// its stages together per step, over the steps after [`BOUNDARY_WARM_STEPS`].
-fn per_step_ms(build: &Path, device: Device, steps: usize, objective: &Objective) -> Result<[f64; 3], DriverError> {
+/// its stages together per step, and each stage's untraced time after a backward, over the
+/// steps after [`BOUNDARY_WARM_STEPS`].
+fn per_step_ms(build: &Path, device: Device, steps: usize, objective: &Objective) -> Result<TimedRun, DriverError> {
     let req = TrainRequest {
         data: DataSource::Synthetic,
         label: None,
@@ -601,7 +617,8 @@ fn per_step_ms(build: &Path, device: Device, steps: usize, objective: &Objective
         sums[k] += e.dur_us / 1e3;
     }
     let counted = (steps - BOUNDARY_WARM_STEPS).max(1) as f64;
-    Ok(sums.map(|x| x / counted))
+    let after_backward_ms = after_backward_us(&report.trace, BOUNDARY_WARM_STEPS as u64).into_iter().flatten().map(|us| us / 1e3).collect();
+    Ok(TimedRun { per_step_ms: sums.map(|x| x / counted), after_backward_ms })
 }
 
 #[cfg(test)]

@@ -15,7 +15,7 @@ use pipewright_passes::planner::{plan_on, Candidate, PlanContext, PlanError, Pla
 use pipewright_passes::presets::SimCluster;
 use pipewright_passes::simulate::{dedicated_durations, simulate as replay, HostCores, SimSetup, Simulation};
 use pipewright_passes::tensor_parallel::{plan_tensor_parallel, TensorError};
-use pipewright_runtime::timeline::{chrome_trace_json, read_chrome_trace, timeline_svg, TraceKind};
+use pipewright_runtime::timeline::{after_backward_us, chrome_trace_json, read_chrome_trace, timeline_svg, TraceKind};
 use serde::Serialize;
 
 use crate::DriverError;
@@ -328,6 +328,10 @@ fn measured_stage_times(path: &Path, stages: &mut [pipewright_passes::simulate::
         Some((host, replicas)) => dedicated_durations(&events, host, replicas),
         None => events.iter().map(|e| e.dur_us / 1e6).collect(),
     };
+    // A real run's trace records its waits (recv), so the gaps left after a backward are
+    // the runtime's own work; a replay's trace records no waits, and its gaps are those.
+    let records_waits = events.iter().any(|e| e.kind == TraceKind::Recv);
+    let after_backward = if records_waits { after_backward_us(&events, 0) } else { Vec::new() };
     let mean = |stage: usize, kind: TraceKind| -> Option<f64> {
         let (sum, n) = events.iter().zip(&seconds).filter(|(e, _)| e.stage == stage && e.kind == kind).fold((0.0, 0usize), |(s, n), (_, &t)| (s + t, n + 1));
         (n > 0).then(|| sum / n as f64)
@@ -341,6 +345,9 @@ fn measured_stage_times(path: &Path, stages: &mut [pipewright_passes::simulate::
         c.recompute_s = mean(s, TraceKind::Recompute).unwrap_or(0.0);
         c.optimizer_s = mean(s, TraceKind::Optimizer).unwrap_or(0.0);
         c.send_s = mean(s, TraceKind::Send).unwrap_or(0.0);
+        // The gaps are the thread's own time, taken as they are (not converted: no event
+        // says how long it had a core in them).
+        c.after_backward_s = after_backward.get(s).copied().flatten().map_or(0.0, |us| us / 1e6);
     }
     Ok(())
 }

@@ -292,6 +292,13 @@ pub struct BoundaryCost {
     pub fwd_ms: f64,
     pub bwd_ms: f64,
     pub step_ms: f64,
+    /// In the same runs, the mean time a stage's thread spends after each backward (and the
+    /// send of its gradient) before its next traced event: the runtime's work that no
+    /// traced operation covers (releasing the microbatch's graph and activations), which
+    /// every stage pays per microbatch and a trace shows as a gap. Absent from profiles
+    /// taken before it was measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after_backward_ms: Option<f64>,
 }
 
 /// The whole model's forward and backward pass run by 1, `cores` and `2 cores` threads at
@@ -523,7 +530,7 @@ impl Profile {
             return Err(CostError::ProfileInvalid("`step`: a negative or non-finite time".into()));
         }
         for c in &self.boundary {
-            if c.batch == 0 || [c.fwd_ms, c.bwd_ms, c.step_ms].into_iter().any(bad) {
+            if c.batch == 0 || [c.fwd_ms, c.bwd_ms, c.step_ms].into_iter().chain(c.after_backward_ms).any(bad) {
                 return Err(CostError::ProfileInvalid("`boundary`: needs a positive batch and non-negative finite times".into()));
             }
         }
@@ -627,6 +634,9 @@ pub struct CostModel {
     /// What a stage boundary costs the runtime (forward, backward, update: milliseconds),
     /// when the profile measured it.
     boundary: Option<[Measured; 3]>,
+    /// The runtime's untraced work after each backward (milliseconds), when the profile
+    /// measured it at every size it timed a boundary at.
+    after_backward: Option<Measured>,
     /// Seconds to accumulate a gradient of every trainable weight, when the profile
     /// measured it.
     accumulate: Option<f64>,
@@ -1059,6 +1069,7 @@ impl CostModel {
             loss: None,
             sharing: None,
             boundary: None,
+            after_backward: None,
             accumulate: None,
         })
     }
@@ -1194,6 +1205,8 @@ impl CostModel {
             let fit = |ms: fn(&BoundaryCost) -> f64| Measured::new(&batches, &profile.boundary.iter().map(ms).collect::<Vec<f64>>());
             [fit(|c| c.fwd_ms), fit(|c| c.bwd_ms), fit(|c| c.step_ms)]
         });
+        let after: Option<Vec<f64>> = profile.boundary.iter().map(|c| c.after_backward_ms).collect();
+        self.after_backward = after.filter(|ms| !ms.is_empty()).map(|ms| Measured::new(&profile.boundary.iter().map(|c| c.batch).collect::<Vec<u64>>(), &ms));
         self.accumulate = profile.accumulate_ms.map(|ms| ms * 1e-3);
         Ok(report)
     }
@@ -1210,6 +1223,13 @@ impl CostModel {
     /// boundary it has); 0 unless a profile measured it.
     pub fn boundary_time(&self, b: u64) -> [f64; 3] {
         self.boundary.as_ref().map_or([0.0; 3], |fit| std::array::from_fn(|k| fit[k].at(b) * 1e-3))
+    }
+
+    /// Seconds of the runtime's untraced work after each backward of microbatch `b`, which
+    /// every stage pays ([`BoundaryCost::after_backward_ms`]); 0 unless a profile measured
+    /// it.
+    pub fn after_backward_time(&self, b: u64) -> f64 {
+        self.after_backward.as_ref().map_or(0.0, |fit| fit.at(b) * 1e-3)
     }
 
     /// How crowding slows threads at microbatch `b` on a host of `cores` cores: the

@@ -577,6 +577,7 @@ impl<'a> PlanContext<'a> {
         let all_params: f64 = params.iter().sum();
         let per_byte = measured_update(&order.nodes).map(|t| if all_params > 0.0 { t / all_params } else { 0.0 });
         let boundary = cost.boundary_time(b);
+        let after_backward = cost.after_backward_time(b);
         // Every microbatch of a step but the first adds its gradients into the
         // accumulators: per backward, (m - 1) / m of one accumulation on average.
         let accumulating = (cand.m.saturating_sub(1)) as f64 / cand.m.max(1) as f64;
@@ -614,6 +615,7 @@ impl<'a> PlanContext<'a> {
                     _ => f64::from(3 + 2 * state) * weights / self.cluster.mem_bw,
                 } + edge_step,
                 send_s: 0.0,
+                after_backward_s: after_backward,
                 send_bytes: if s + 1 < d { live[s] } else { 0.0 },
                 grad_bytes: weights,
                 tied_sync_s: sync[s],

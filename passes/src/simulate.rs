@@ -73,6 +73,13 @@ pub struct StageCost {
     /// by `simulate --stage-times` (the CPU executor's sends take time on the stage's thread).
     #[serde(default)]
     pub send_s: f64,
+    /// Seconds the stage's stream spends after each backward (and the send of its
+    /// gradient) on work no traced operation covers: the runtime releasing the
+    /// microbatch's graph and activations. It takes the stage's core but is not busy time,
+    /// as in a real run's trace (measured by `pipewright profile` as `after_backward_ms`,
+    /// or from a real run's trace by `simulate --stage-times`; 0 otherwise).
+    #[serde(default)]
+    pub after_backward_s: f64,
     /// Gradient bytes all-reduced among the stage's replicas per step.
     pub grad_bytes: f64,
     /// Seconds of the tied-weight gradient sync between stages per step.
@@ -696,6 +703,7 @@ fn replay_dedicated(setup: &SimSetup) -> Result<Simulation, SimError> {
                             events.record(TraceKind::Send, s, end, t0 + dt - end, Some(i), version, i / m64);
                             grads[s - 1].put(i, t0 + dt)?;
                         }
+                        state.free += cost.after_backward_s;
                     }
                     Op::Step(t) => {
                         let ar = allreduce[s];
@@ -772,7 +780,7 @@ mod tests {
     use super::*;
 
     fn equal(d: usize, f: f64, b: f64) -> Vec<StageCost> {
-        vec![StageCost { forward_s: f, backward_s: b, recompute_s: 0.0, optimizer_s: 0.0, send_s: 0.0, send_bytes: 0.0, grad_bytes: 0.0, tied_sync_s: 0.0, memory_one: 0.0, memory_per_extra: 0.0 }; d]
+        vec![StageCost { forward_s: f, backward_s: b, recompute_s: 0.0, optimizer_s: 0.0, send_s: 0.0, after_backward_s: 0.0, send_bytes: 0.0, grad_bytes: 0.0, tied_sync_s: 0.0, memory_one: 0.0, memory_per_extra: 0.0 }; d]
     }
 
     fn setup(scheme: Scheme, d: usize, m: u64, batches: usize) -> SimSetup {
@@ -931,6 +939,7 @@ mod tests {
                             c.recompute_s = if k % 2 == 0 { 0.4 } else { 0.0 };
                             c.optimizer_s = 0.25;
                             c.send_s = 0.1;
+                            c.after_backward_s = 0.05 + 0.02 * k as f64;
                             c.send_bytes = 3e8;
                             c.grad_bytes = 2e9;
                         }
@@ -950,6 +959,24 @@ mod tests {
             }
         }
         out
+    }
+
+    #[test]
+    fn the_runtimes_work_after_a_backward_holds_the_stream_but_is_not_busy() {
+        // One stage, m = 2, F = 1 s, B = 2 s and 0.5 s after each backward: F0 [0, 1],
+        // B0 [1, 3], then F1 only at 3.5, B1 [4.5, 6.5], the step at 7; busy 6 s of 7,
+        // and nothing in the trace for the untraced half-seconds. The same with the stage
+        // as a thread on a host of one core.
+        let mut s = setup(Scheme::DataParallel, 1, 2, 1);
+        s.stages[0].after_backward_s = 0.5;
+        for host in [None, Some(HostCores::linux(1)), Some(HostCores::ideal(1))] {
+            s.host = host;
+            let sim = simulate(&s).unwrap();
+            assert!((sim.makespan_s - 7.0).abs() < 1e-9, "{host:?}: {}", sim.makespan_s);
+            assert!((sim.stages[0].busy_s - 6.0).abs() < 1e-9, "{host:?}: {}", sim.stages[0].busy_s);
+            let starts: Vec<f64> = sim.events.iter().filter(|e| e.kind != TraceKind::Optimizer).map(|e| e.start_us / 1e6).collect();
+            assert_eq!(starts, [0.0, 1.0, 3.5, 4.5], "{host:?}");
+        }
     }
 
     #[test]

@@ -320,6 +320,7 @@ pub fn plan_tensor_parallel(g: &Graph, cost: &CostModel, cluster: &SimCluster, o
                         recompute_s: 0.0,
                         optimizer_s: f64::from(3 + 2 * state) * grad / c.mem_bw,
                         send_s: 0.0,
+                        after_backward_s: 0.0,
                         send_bytes: 0.0,
                         grad_bytes: grad,
                         tied_sync_s: 0.0,

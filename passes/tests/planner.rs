@@ -586,6 +586,34 @@ fn a_profiles_stage_boundary_is_paid_half_on_either_side() {
     }
     let bad = json.replace(r#""bwd_ms": 4, "step_ms""#, r#""bwd_ms": -4, "step_ms""#);
     assert!(Profile::from_json(&bad).unwrap_err().to_string().contains("`boundary`: needs a positive batch"));
+    // Measured without the runtime's work after a backward: none in any stage.
+    assert_eq!(fitted.after_backward_time(1), 0.0);
+    assert!(paid.iter().all(|c| c.after_backward_s == 0.0));
+}
+
+#[test]
+fn a_profiles_untraced_work_after_a_backward_is_paid_by_every_stage() {
+    let g = three_matmuls(false);
+    let json = THREE_MATMULS_PROFILE.to_string()
+        + r#",
+        "boundary": [{"batch": 1, "fwd_ms": 1, "bwd_ms": 2, "step_ms": 0.5, "after_backward_ms": 0.1},
+                     {"batch": 3, "fwd_ms": 3, "bwd_ms": 4, "step_ms": 0.5, "after_backward_ms": 0.3}]}"#;
+    let profile = Profile::from_json(&json).unwrap();
+    let mut c = CostModel::new(&g, Roofline::default()).unwrap();
+    c.apply_profile(&g, &profile).unwrap();
+    // Through the measured sizes as the other times: 0.1 ms at 1, 0.2 at 2, 0.5 at 5.
+    for (b, want) in [(1, 0.1e-3), (2, 0.2e-3), (5, 0.5e-3)] {
+        assert!((c.after_backward_time(b) - want).abs() < 1e-15, "batch {b}: {}", c.after_backward_time(b));
+    }
+    // Every stage pays it per microbatch, whatever its boundaries, beside its busy time.
+    let cl = small_cluster();
+    let opts = PlanOptions { stages: Some(3), microbatch: Some(2), optimizer: pipewright_core::Optimizer::Sgd, ..PlanOptions::default() };
+    let chosen = plan(&g, &c, &cl, &opts).unwrap().chosen;
+    let costs = PlanContext::new(&g, &c, &cl).unwrap().stage_costs(&chosen, &opts);
+    assert_eq!(costs.len(), 3);
+    assert!(costs.iter().all(|s| (s.after_backward_s - 0.2e-3).abs() < 1e-15), "{costs:?}");
+    let bad = json.replace(r#""after_backward_ms": 0.1"#, r#""after_backward_ms": -0.1"#);
+    assert!(Profile::from_json(&bad).unwrap_err().to_string().contains("`boundary`: needs a positive batch and non-negative finite times"));
 }
 
 #[test]

@@ -36,8 +36,10 @@ use super::{allreduce_per_stage, arrivals, defers_updates, report, scheme_ops, E
 /// Work on a stage's stream.
 #[derive(Clone, Copy, Debug)]
 struct Work {
-    /// `Send` is the hand-off, recorded with its link transfer by [`Step::Link`].
-    kind: TraceKind,
+    /// `Send` is the hand-off, recorded with its link transfer by [`Step::Link`]; `None`
+    /// is the runtime's work after a backward ([`super::StageCost::after_backward_s`]),
+    /// which takes a core but is neither traced nor busy.
+    kind: Option<TraceKind>,
     seconds: f64,
     mb: Option<u64>,
     version: u64,
@@ -190,8 +192,8 @@ pub(super) fn replay(setup: &SimSetup, host: HostCores) -> Result<Simulation, Si
                         }
                         let dur = if r.slowed { end - r.start } else { r.work.seconds };
                         let w = r.work;
-                        if w.kind != TraceKind::Send {
-                            events.record(w.kind, s, r.start, dur, w.mb, w.version, w.step);
+                        if let Some(kind) = w.kind.filter(|k| *k != TraceKind::Send) {
+                            events.record(kind, s, r.start, dur, w.mb, w.version, w.step);
                             state.busy += dur;
                         }
                         if w.ends_batch {
@@ -232,7 +234,7 @@ pub(super) fn replay(setup: &SimSetup, host: HostCores) -> Result<Simulation, Si
                             Step::Update { t } => {
                                 let ar = allreduce[s];
                                 state.steps.pop_front();
-                                state.steps.push_front(Step::Work(Work { kind: TraceKind::Optimizer, seconds: cost.optimizer_s, mb: None, version: t + 1, step: t, ends_batch: true }));
+                                state.steps.push_front(Step::Work(Work { kind: Some(TraceKind::Optimizer), seconds: cost.optimizer_s, mb: None, version: t + 1, step: t, ends_batch: true }));
                                 if ar > 0.0 {
                                     events.record(TraceKind::AllReduce, s, now, ar, None, t + 1, t);
                                     state.steps.push_front(Step::Until(now + ar));
@@ -242,7 +244,7 @@ pub(super) fn replay(setup: &SimSetup, host: HostCores) -> Result<Simulation, Si
                                 continue;
                             }
                             Step::Work(work) => {
-                                if work.kind == TraceKind::Send {
+                                if work.kind == Some(TraceKind::Send) {
                                     state.handoff_start = now;
                                 }
                                 // The rate is set once every stage has settled (below);
@@ -276,7 +278,7 @@ pub(super) fn replay(setup: &SimSetup, host: HostCores) -> Result<Simulation, Si
                     if let Some(&op) = state.ops.get(state.pc) {
                         state.pc += 1;
                         changed = true;
-                        let work = |kind: TraceKind, seconds: f64, mb: Option<u64>, version: u64, step: u64| Step::Work(Work { kind, seconds, mb, version, step, ends_batch: false });
+                        let work = |kind: TraceKind, seconds: f64, mb: Option<u64>, version: u64, step: u64| Step::Work(Work { kind: Some(kind), seconds, mb, version, step, ends_batch: false });
                         match op {
                             Op::Forward(i) => {
                                 // 2BW: the updates this microbatch's version needs, each
@@ -315,6 +317,10 @@ pub(super) fn replay(setup: &SimSetup, host: HostCores) -> Result<Simulation, Si
                                     state.steps.push_back(work(TraceKind::Send, cost.send_s, Some(i), version, i / m64));
                                     state.steps.push_back(Step::Link { grad: true, mb: i, version });
                                 }
+                                if cost.after_backward_s > 0.0 {
+                                    let untraced = Work { kind: None, seconds: cost.after_backward_s, mb: Some(i), version, step: i / m64, ends_batch: false };
+                                    state.steps.push_back(Step::Work(untraced));
+                                }
                             }
                             Op::Step(t) if deferred => {
                                 // The stream goes on: the all-reduce on the stage's network
@@ -343,7 +349,7 @@ pub(super) fn replay(setup: &SimSetup, host: HostCores) -> Result<Simulation, Si
                         for (t, ar_done) in std::mem::take(&mut state.pending) {
                             state.steps.push_back(Step::Meet { t, sync: cost.tied_sync_s, arrive: false });
                             state.steps.push_back(Step::Until(ar_done));
-                            state.steps.push_back(Step::Work(Work { kind: TraceKind::Optimizer, seconds: cost.optimizer_s, mb: None, version: t + 1, step: t, ends_batch: false }));
+                            state.steps.push_back(Step::Work(Work { kind: Some(TraceKind::Optimizer), seconds: cost.optimizer_s, mb: None, version: t + 1, step: t, ends_batch: false }));
                         }
                         changed = true;
                         continue;
