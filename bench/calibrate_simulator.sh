@@ -19,7 +19,9 @@
 # Columns: measured and simulated samples/s (the measured one over the steps after WARMUP,
 # bench/pipeline_stats.py; the simulated one between the ends of the first and the last
 # batch); the mean bubble fraction over stages (whole run, as trace-svg computes it, on
-# both sides); then the replay with the run's own per-stage mean times
+# both sides, and over the steps the measured rate counts, computed alike from the run's
+# trace and the replays' traces by `pipeline_stats.py bubble`); then the replay with the
+# run's own per-stage mean times
 # (`simulate --stage-times`), which separates the schedule model from the cost inputs.
 # Both replays run the stages as threads sharing the machine's cores
 # (`simulate --host-cores HOST_CORES`), as the embedded executor's stage threads do, on the
@@ -63,8 +65,8 @@ with_steal() {
 }
 profile_to() { STEAL_LOG="$1.steal" with_steal "$pw" profile "$onnx" --batch 1,2,4,8 -o "$1" >&2; }
 
-echo "| model | d | schedule | measured samples/s | simulated: profile before / after | sim / measured (mean of both) | before, after alone | measured bubble | simulated bubble | simulated (run's stage times) | sim / measured | simulated bubble | steal % (max) |"
-echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+echo "| model | d | schedule | measured samples/s | simulated: profile before / after | sim / measured (mean of both) | before, after alone | measured bubble | simulated bubble | simulated (run's stage times) | sim / measured | simulated bubble | bubble over the rate's steps: measured / profile / stage times | steal % (max) |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 for spec in "${specs[@]}"; do
     IFS=: read -r model mb steps <<<"$spec"
     onnx="$MODELS_DIR/$model.onnx"
@@ -108,12 +110,18 @@ PY
             cp "$after" "$dir/profile-after.json"
             cat "$before.steal" "$after.steal" "$dir/steal" > "$dir/steal-all"
             for p in before after; do
-                "$pw" simulate "$dir/plan.json" --profile "$dir/profile-$p.json" --batches "$steps" --host-cores "$HOST_CORES" --json > "$dir/sim-$p.json"
+                "$pw" simulate "$dir/plan.json" --profile "$dir/profile-$p.json" --batches "$steps" --host-cores "$HOST_CORES" --json \
+                    --trace "$dir/sim-$p.trace.json" > "$dir/sim-$p.json"
             done
-            "$pw" simulate "$dir/plan.json" --stage-times "$dir/trace.json" --profile "$dir/profile-before.json" --batches "$steps" --host-cores "$HOST_CORES" --json > "$dir/sim-timed.json"
+            "$pw" simulate "$dir/plan.json" --stage-times "$dir/trace.json" --profile "$dir/profile-before.json" --batches "$steps" --host-cores "$HOST_CORES" --json \
+                --trace "$dir/sim-timed.trace.json" > "$dir/sim-timed.json"
+            for t in trace sim-before.trace sim-after.trace sim-timed.trace; do
+                "$py" bench/pipeline_stats.py bubble --trace "$dir/$t.json" --warmup "$WARMUP"
+            done > "$dir/steady-bubbles"
             "$py" - "$dir" "$model" "$d" "$s" <<'PY'
 import json, sys
 dir, model, d, s = sys.argv[1:]
+real_b, before_b, after_b, timed_b = (float(x) for x in open(f"{dir}/steady-bubbles").read().split())
 real = json.load(open(f"{dir}/real.json"))
 sim = lambda name: json.load(open(f"{dir}/{name}.json"))["outcomes"][0]["simulation"]
 before, after, timed = sim("sim-before"), sim("sim-after"), sim("sim-timed")
@@ -124,7 +132,8 @@ bubble = (before["bubble_fraction"] + after["bubble_fraction"]) / 2
 steal = max(float(x) for x in open(f"{dir}/steal-all").read().split())
 print(f"| {model} | {d} | {s} | {r:.1f} | {before['samples_per_s']:.1f} / {after['samples_per_s']:.1f} | {rate / r:.2f} | "
       f"{before['samples_per_s'] / r:.2f}, {after['samples_per_s'] / r:.2f} | {rb:.3f} | {bubble:.3f} | "
-      f"{timed['samples_per_s']:.1f} | {timed['samples_per_s'] / r:.2f} | {timed['bubble_fraction']:.3f} | {steal:.1f} |")
+      f"{timed['samples_per_s']:.1f} | {timed['samples_per_s'] / r:.2f} | {timed['bubble_fraction']:.3f} | "
+      f"{real_b:.3f} / {(before_b + after_b) / 2:.3f} / {timed_b:.3f} | {steal:.1f} |")
 PY
         done
         before="$after"

@@ -8,6 +8,9 @@ Usage:
   pipeline_stats.py table FILE.jsonl
       FILE holds one `run` object per line (several rounds of the same label allowed);
       prints a markdown table, one row per label, the median over its rounds
+  pipeline_stats.py bubble --trace T.json --warmup W
+      prints the mean over stages of bubble_k (steady), from the trace alone: a real
+      run's, or a replay's (`pipewright simulate --trace`), so that both are measured alike
 
 Definitions (steps 1..S of the metrics = batches 0..S-1 of the trace; the first W are
 warm-up and dropped):
@@ -32,6 +35,41 @@ import sys
 BUSY = {"forward", "backward", "recompute", "optimizer"}
 
 
+def step_of(e):
+    return (e.get("args") or {}).get("step")
+
+
+def read_events(trace_path):
+    ev = json.load(open(trace_path))
+    if isinstance(ev, dict):
+        ev = ev["traceEvents"]
+    return [e for e in ev if e.get("ph") == "X"]
+
+
+def steady_window(ev, warmup, steps):
+    """The steady window on the trace clock (µs): from the end of the last stage's update of
+    batch warmup-1 to the end of its update of batch steps-1."""
+    last = max(e["tid"] for e in ev)
+    opt_end = {step_of(e): e["ts"] + e["dur"] for e in ev if e["tid"] == last and e["name"] == "optimizer"}
+    w0 = opt_end[warmup - 1] if warmup > 0 else min(e["ts"] for e in ev)
+    return w0, opt_end[steps - 1]
+
+
+def steady_bubble(ev, w0, w1, stage):
+    clipped = sum(max(0.0, min(e["ts"] + e["dur"], w1) - max(e["ts"], w0)) for e in ev if e["tid"] == stage and e["name"] in BUSY)
+    return 1.0 - clipped / (w1 - w0)
+
+
+def mean_steady_bubble(trace_path, warmup):
+    ev = read_events(trace_path)
+    steps = 1 + max(step_of(e) for e in ev if e["name"] == "optimizer")
+    if steps <= warmup:
+        sys.exit(f"{trace_path}: {steps} steps, not more than the {warmup} warm-up steps")
+    w0, w1 = steady_window(ev, warmup, steps)
+    stages = sorted({e["tid"] for e in ev})
+    return sum(steady_bubble(ev, w0, w1, k) for k in stages) / len(stages)
+
+
 def run_stats(metrics_path, trace_path, warmup, label):
     steps = [json.loads(l) for l in open(metrics_path) if l.strip()]
     S = len(steps)
@@ -41,22 +79,10 @@ def run_stats(metrics_path, trace_path, warmup, label):
     samples = sum(s["samples"] for s in steady)
     seconds = sum(s["seconds"] for s in steady)
 
-    ev = json.load(open(trace_path))
-    if isinstance(ev, dict):
-        ev = ev["traceEvents"]
-    ev = [e for e in ev if e.get("ph") == "X"]
+    ev = read_events(trace_path)
     stages = sorted({e["tid"] for e in ev})
-    last = stages[-1]
-    step_of = lambda e: (e.get("args") or {}).get("step")
     mb_of = lambda e: (e.get("args") or {}).get("microbatch")
-
-    # The steady window on the trace clock (µs).
-    opt_end = {step_of(e): e["ts"] + e["dur"] for e in ev if e["tid"] == last and e["name"] == "optimizer"}
-    if warmup > 0:
-        w0 = opt_end[warmup - 1]
-    else:
-        w0 = min(e["ts"] for e in ev)
-    w1 = opt_end[S - 1]
+    w0, w1 = steady_window(ev, warmup, S)
     t0 = min(e["ts"] for e in ev)
     t1 = max(e["ts"] + e["dur"] for e in ev)
 
@@ -75,7 +101,6 @@ def run_stats(metrics_path, trace_path, warmup, label):
         mbs = {mb_of(e) for e in mine if e["name"] == "forward" and step_of(e) is not None and step_of(e) >= warmup}
         t_mb = busy_steady / len(mbs) / 1e6
         slowest = max(slowest, t_mb)
-        clipped = sum(max(0.0, min(e["ts"] + e["dur"], w1) - max(e["ts"], w0)) for e in mine if e["name"] in BUSY)
         busy_all = sum(e["dur"] for e in mine if e["name"] in BUSY)
         kinds = {}
         for e in mine:
@@ -86,7 +111,7 @@ def run_stats(metrics_path, trace_path, warmup, label):
             "microbatches": len(mbs),
             "ms_per_microbatch": t_mb * 1e3,
             "ms_per_microbatch_by_kind": {n: round(v, 3) for n, v in sorted(kinds.items())},
-            "bubble_steady": 1.0 - clipped / (w1 - w0),
+            "bubble_steady": steady_bubble(ev, w0, w1, k),
             "bubble_whole_run": 1.0 - busy_all / (t1 - t0),
         })
     out["ideal_samples_per_s"] = per_mb / slowest
@@ -127,9 +152,14 @@ def main():
     r.add_argument("--label", default="")
     t = sub.add_parser("table")
     t.add_argument("file")
+    b = sub.add_parser("bubble")
+    b.add_argument("--trace", required=True)
+    b.add_argument("--warmup", type=int, required=True)
     a = ap.parse_args()
     if a.cmd == "run":
         print(json.dumps(run_stats(a.metrics, a.trace, a.warmup, a.label)))
+    elif a.cmd == "bubble":
+        print(f"{mean_steady_bubble(a.trace, a.warmup):.6f}")
     else:
         table(a.file)
 
