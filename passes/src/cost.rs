@@ -310,9 +310,10 @@ pub struct HostSharing {
     pub cores: usize,
     pub runs: Vec<SharedPasses>,
     /// How long a thread that never blocks keeps a core while as many others wait,
-    /// milliseconds (the median of its uninterrupted runs): Linux preempts on its tick
-    /// only, so this is the tick when the time slice is shorter (4 ms here: `CONFIG_HZ`
-    /// 250 and a 1.5 ms slice). Absent from profiles taken before it was measured.
+    /// milliseconds (the median of its uninterrupted runs): Linux preempts a thread that
+    /// never blocks on its tick only, so this is the tick when the time slice is shorter
+    /// (4 ms here: `CONFIG_HZ` 250 and a 1.5 ms slice). Absent from profiles taken before
+    /// it was measured.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub turn_ms: Option<f64>,
 }
