@@ -616,13 +616,19 @@ fn a_profiles_untraced_work_after_a_backward_is_paid_by_every_stage() {
     assert!(Profile::from_json(&bad).unwrap_err().to_string().contains("`boundary`: needs a positive batch and non-negative finite times"));
 }
 
-#[test]
-fn a_profiles_crowded_passes_slow_the_threads_of_a_host_of_its_size() {
+/// One 8 x 8 MatMul node, `mm`, on a batched input.
+fn one_matmul() -> Graph {
     let mut g = Graph::new(ModelMeta::default());
     let x = input(&mut g, 8);
     let w = weight(&mut g, "w", &[8, 8]);
     let (_, y) = matmul(&mut g, "mm", x, w, 8);
     g.set_outputs(vec![y]);
+    g
+}
+
+#[test]
+fn a_profiles_crowded_passes_slow_the_threads_of_a_host_of_its_size() {
+    let g = one_matmul();
     // On 2 cores: at batch 2, 2 threads take 11 ms a pass against 10 alone (1.1) and 4
     // threads 24 against twice 10 (1.2); at batch 4 nothing slows, and 2 threads taking
     // less than one alone is noise, read as no slowdown.
@@ -654,11 +660,7 @@ fn a_profiles_crowded_passes_slow_the_threads_of_a_host_of_its_size() {
 
 #[test]
 fn a_profiles_measured_turn_is_the_tick_a_host_of_its_size_preempts_on() {
-    let mut g = Graph::new(ModelMeta::default());
-    let x = input(&mut g, 8);
-    let w = weight(&mut g, "w", &[8, 8]);
-    let (_, y) = matmul(&mut g, "mm", x, w, 8);
-    g.set_outputs(vec![y]);
+    let g = one_matmul();
     let json = r#"{"model": "m", "device": "cpu", "batches": [2],
         "nodes": [{"name": "mm", "op": "MatMul", "fwd_ms": [1], "bwd_ms": [2]}],
         "sharing": {"cores": 2, "turn_ms": 4, "runs": [
