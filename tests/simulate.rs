@@ -105,7 +105,7 @@ fn the_replay_runs_each_stage_in_the_order_a_real_run_does() {
         let measured = pipewright_runtime::timeline::after_backward_us(&real, 0);
         for (stage, measured) in measured.into_iter().enumerate() {
             let measured = measured.unwrap_or_else(|| panic!("{schedule} stage {stage}: no gap after a backward"));
-            let least = least_gap_after_backward(&timed, stage);
+            let least = pipewright_runtime::timeline::gaps_after_backward(&timed, stage, 0).into_iter().fold(f64::INFINITY, f64::min);
             assert!(measured > 0.0 && least >= measured - 10.0, "{schedule} stage {stage}: {least} µs replayed at least, {measured} µs measured");
         }
     }
@@ -270,26 +270,6 @@ fn bad_input_is_named() {
     // A trace that cannot be written loses nothing and says where.
     let e = err(&pw(&["simulate", &model("mlp"), "--cluster", "H100", "--batch", "8", "--schedule", "2bw", "--trace", "/nonexistent/dir/t.json"]));
     assert!(e.contains("/nonexistent/dir/t.json"), "{e}");
-}
-
-/// The shortest time, µs, from a backward of `stage` (with the send after it, if any) to
-/// the stage's next event.
-fn least_gap_after_backward(events: &[TraceEvent], stage: usize) -> f64 {
-    let mut mine: Vec<&TraceEvent> = events.iter().filter(|e| e.stage == stage).collect();
-    mine.sort_by(|a, b| a.start_us.total_cmp(&b.start_us));
-    let mut least = f64::INFINITY;
-    for (k, e) in mine.iter().enumerate().filter(|(_, e)| e.kind == TraceKind::Backward) {
-        let mut end = e.start_us + e.dur_us;
-        let mut next = k + 1;
-        if mine.get(next).is_some_and(|n| n.kind == TraceKind::Send && n.microbatch == e.microbatch) {
-            end = mine[next].start_us + mine[next].dur_us;
-            next += 1;
-        }
-        if let Some(n) = mine.get(next) {
-            least = least.min(n.start_us - end);
-        }
-    }
-    least
 }
 
 /// `--host-cores`: gpt2-tiny planned into 4 stages, replayed as 4 threads on 2 cores, is

@@ -204,32 +204,40 @@ pub fn bubbles(events: &[TraceEvent]) -> BTreeMap<usize, Bubble> {
 
 /// Per stage (index = stage), the mean µs its thread spent after a backward of step
 /// `from_step` or later (and the send of its gradient, when one follows) before its next
-/// event: work of the runtime's that no event covers (releasing the microbatch's graph and
-/// activations), which a run's trace shows as a gap. `None` for a stage with no backward
-/// followed by another event.
+/// event ([`gaps_after_backward`]): work of the runtime's that no event covers (releasing
+/// the microbatch's graph and activations), which a run's trace shows as a gap. `None` for
+/// a stage with no backward followed by another event.
 pub fn after_backward_us(events: &[TraceEvent], from_step: u64) -> Vec<Option<f64>> {
     let stages = events.iter().map(|e| e.stage + 1).max().unwrap_or(0);
     (0..stages)
         .map(|stage| {
-            let mut mine: Vec<&TraceEvent> = events.iter().filter(|e| e.stage == stage).collect();
-            mine.sort_by(|a, b| a.start_us.total_cmp(&b.start_us));
-            let mut gaps = Vec::new();
-            for (k, e) in mine.iter().enumerate() {
-                if e.kind != TraceKind::Backward || e.step < from_step {
-                    continue;
-                }
-                let (mut end, mut next) = (e.start_us + e.dur_us, mine.get(k + 1));
-                if let Some(send) = next.filter(|n| n.kind == TraceKind::Send && n.microbatch == e.microbatch) {
-                    end = send.start_us + send.dur_us;
-                    next = mine.get(k + 2);
-                }
-                if let Some(n) = next {
-                    gaps.push((n.start_us - end).max(0.0));
-                }
-            }
+            let gaps = gaps_after_backward(events, stage, from_step);
             (!gaps.is_empty()).then(|| gaps.iter().sum::<f64>() / gaps.len() as f64)
         })
         .collect()
+}
+
+/// Each gap, µs, from the end of a backward of `stage` of step `from_step` or later (or of
+/// the send of its gradient, when one follows) to the stage's next event, in time order;
+/// a backward with nothing after it has none.
+pub fn gaps_after_backward(events: &[TraceEvent], stage: usize, from_step: u64) -> Vec<f64> {
+    let mut mine: Vec<&TraceEvent> = events.iter().filter(|e| e.stage == stage).collect();
+    mine.sort_by(|a, b| a.start_us.total_cmp(&b.start_us));
+    let mut gaps = Vec::new();
+    for (k, e) in mine.iter().enumerate() {
+        if e.kind != TraceKind::Backward || e.step < from_step {
+            continue;
+        }
+        let (mut end, mut next) = (e.start_us + e.dur_us, mine.get(k + 1));
+        if let Some(send) = next.filter(|n| n.kind == TraceKind::Send && n.microbatch == e.microbatch) {
+            end = send.start_us + send.dur_us;
+            next = mine.get(k + 2);
+        }
+        if let Some(n) = next {
+            gaps.push((n.start_us - end).max(0.0));
+        }
+    }
+    gaps
 }
 
 fn span(events: &[TraceEvent]) -> (f64, f64) {
@@ -477,6 +485,7 @@ mod tests {
             // Stage 2: no backward.
             at(TraceKind::Forward, 2, 0.0, 1.0, Some(1), 1),
         ];
+        assert_eq!(gaps_after_backward(&events, 0, 1), [4.0, 6.0]);
         assert_eq!(after_backward_us(&events, 1), [Some(5.0), Some(3.0), None]);
         assert_eq!(after_backward_us(&events, 0)[0], Some(6.0));
         assert!(after_backward_us(&[], 0).is_empty());

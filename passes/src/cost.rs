@@ -1201,13 +1201,13 @@ impl CostModel {
             (Measured::new(&profile.batches, &secs(&l.fwd_ms)), Measured::new(&profile.batches, &secs(&l.bwd_ms)))
         });
         self.sharing = profile.sharing.clone();
-        self.boundary = (!profile.boundary.is_empty()).then(|| {
-            let batches: Vec<u64> = profile.boundary.iter().map(|c| c.batch).collect();
+        let batches: Vec<u64> = profile.boundary.iter().map(|c| c.batch).collect();
+        self.boundary = (!batches.is_empty()).then(|| {
             let fit = |ms: fn(&BoundaryCost) -> f64| Measured::new(&batches, &profile.boundary.iter().map(ms).collect::<Vec<f64>>());
             [fit(|c| c.fwd_ms), fit(|c| c.bwd_ms), fit(|c| c.step_ms)]
         });
         let after: Option<Vec<f64>> = profile.boundary.iter().map(|c| c.after_backward_ms).collect();
-        self.after_backward = after.filter(|ms| !ms.is_empty()).map(|ms| Measured::new(&profile.boundary.iter().map(|c| c.batch).collect::<Vec<u64>>(), &ms));
+        self.after_backward = after.filter(|ms| !ms.is_empty()).map(|ms| Measured::new(&batches, &ms));
         self.accumulate = profile.accumulate_ms.map(|ms| ms * 1e-3);
         Ok(report)
     }
