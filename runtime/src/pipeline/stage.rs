@@ -667,15 +667,17 @@ impl Worker {
         let (cfg, m) = (ctx.cfg, ctx.m);
         let t0 = rec.start();
         let grads = st.acc.take().ok_or_else(|| E::Msg(format!("step {t} without gradients")))?;
-        let grads = self.reduce_gradients(grads, m, ctx.replicas, tr)?;
+        let grads = self.reduce_gradients(grads, ctx.replicas, tr)?;
         // The sums over tied stages and replicas (with the wait for the others) are traced
-        // apart from the update, so that a trace shows the one and the other.
+        // apart from the update, so that a trace shows the one and the other; the mean over
+        // the microbatches is the update's work, not the sums'.
         let t0 = if !self.tied_groups.is_empty() || ctx.replicas > 1 {
             rec.record(TraceKind::AllReduce, t0, None, t + 1, t);
             rec.start()
         } else {
             t0
         };
+        let grads = self.mean_over_microbatches(grads, m)?;
         let skip_policy = cfg.on_nonfinite == NonFinite::Skip;
         let (grads, apply) = self.unscale(grads, std::mem::take(&mut st.batch_nonfinite), skip_policy, tr)?;
         if skip_policy {
@@ -723,13 +725,35 @@ impl Worker {
         Ok(())
     }
 
-    /// Mean gradient of the batch: accumulated / m, tied copies summed across their
-    /// stages, then averaged over the replicas.
-    fn reduce_gradients(&self, grads: Vec<Tensor>, m: usize, replicas: usize, tr: &mut dyn Transport) -> Result<Vec<Tensor>, E> {
-        let mut grads = grads;
-        if m > 1 {
-            tch::no_grad(|| grads.iter_mut().try_for_each(|g| g.f_div_scalar_(m as f64).map(|_| ()))).map_err(torch("scaling gradients"))?;
+    /// The step's gradients divided by its `m` microbatches: in place where a gradient is
+    /// this stage's own accumulator, into a new tensor where it is a tied sum, which the
+    /// transport may hand to every stage of the group alike.
+    fn mean_over_microbatches(&self, mut grads: Vec<Tensor>, m: usize) -> Result<Vec<Tensor>, E> {
+        if m <= 1 {
+            return Ok(grads);
         }
+        let mut tied = vec![false; grads.len()];
+        self.tied_groups.iter().flat_map(|(_, idx)| idx).for_each(|&i| tied[i] = true);
+        let m = m as f64;
+        tch::no_grad(|| {
+            grads.iter_mut().zip(tied).try_for_each(|(g, shared)| {
+                if shared {
+                    *g = g.f_div_scalar(m)?;
+                    Ok(())
+                } else {
+                    g.f_div_scalar_(m).map(|_| ())
+                }
+            })
+        })
+        .map_err(torch("scaling gradients"))?;
+        Ok(grads)
+    }
+
+    /// The step's accumulated gradients with the tied copies summed across their stages,
+    /// then averaged over the replicas ([`Worker::mean_over_microbatches`] divides by m
+    /// after).
+    fn reduce_gradients(&self, grads: Vec<Tensor>, replicas: usize, tr: &mut dyn Transport) -> Result<Vec<Tensor>, E> {
+        let mut grads = grads;
         for (stages, idx) in &self.tied_groups {
             let part: Vec<Tensor> = idx.iter().map(|&i| grads[i].shallow_clone()).collect();
             let summed = tr.all_reduce_tied(stages, part).map_err(induced)?;
