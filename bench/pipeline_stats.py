@@ -11,6 +11,14 @@ Usage:
   pipeline_stats.py bubble --trace T.json --warmup W
       prints the mean over stages of bubble_k (steady), from the trace alone: a real
       run's, or a replay's (`pipewright simulate --trace`), so that both are measured alike
+  pipeline_stats.py reorder --trace T.json [--means]
+      replays a real run's compute events in the order each stage ran them, through the
+      stages' dependencies alone (a forward after the previous stage's forward of its
+      microbatch, a backward after the next stage's backward, a tied-weight allreduce after
+      every stage's last backward of the step), with their measured durations (or each
+      stage's mean per kind with --means) and nothing between them: no sends, waits or
+      untraced work. Prints the whole-run bubble: what the durations and the order alone
+      leave, against the run's own (`run`'s bubble_whole_run)
 
 Definitions (steps 1..S of the metrics = batches 0..S-1 of the trace; the first W are
 warm-up and dropped):
@@ -119,6 +127,52 @@ def run_stats(metrics_path, trace_path, warmup, label):
     return out
 
 
+def reorder_bubble(trace_path, means):
+    ev = read_events(trace_path)
+    stages = sorted({e["tid"] for e in ev})
+    mb_of = lambda e: (e.get("args") or {}).get("microbatch")
+    kept = BUSY | {"allreduce"}
+    order = {k: sorted((e for e in ev if e["tid"] == k and e["name"] in kept), key=lambda e: e["ts"]) for k in stages}
+    mean = {}
+    for k in stages:
+        for name in BUSY:
+            durs = [e["dur"] for e in order[k] if e["name"] == name]
+            if durs:
+                mean[(k, name)] = sum(durs) / len(durs)
+    last_backward = {(k, step_of(e)): id(e) for k in stages for e in order[k] if e["name"] == "backward"}
+    done, clock, busy, pos = {}, {k: 0.0 for k in stages}, {k: 0.0 for k in stages}, {k: 0 for k in stages}
+    progress = True
+    while progress:
+        progress = False
+        for i, k in enumerate(stages):
+            while pos[k] < len(order[k]):
+                e = order[k][pos[k]]
+                name = e["name"]
+                if name == "forward" and i > 0:
+                    needs = [(stages[i - 1], "forward", mb_of(e))]
+                elif name == "backward" and i + 1 < len(stages):
+                    needs = [(stages[i + 1], "backward", mb_of(e))]
+                elif name == "allreduce":
+                    needs = [(x, "last backward", step_of(e)) for x in stages if x != k]
+                else:
+                    needs = []
+                if any(n not in done for n in needs):
+                    break
+                start = max([clock[k]] + [done[n] for n in needs])
+                dur = 0.0 if name == "allreduce" else (mean[(k, name)] if means else e["dur"])
+                clock[k] = start + dur
+                busy[k] += dur
+                done[(k, name, mb_of(e) if name in ("forward", "backward", "recompute") else step_of(e))] = clock[k]
+                if name == "backward" and last_backward[(k, step_of(e))] == id(e):
+                    done[(k, "last backward", step_of(e))] = clock[k]
+                pos[k] += 1
+                progress = True
+    if any(pos[k] < len(order[k]) for k in stages):
+        sys.exit(f"{trace_path}: the events do not replay in their order (a dependency never met)")
+    span = max(clock.values())
+    return sum(1.0 - busy[k] / span for k in stages) / len(stages)
+
+
 def table(path):
     runs = [json.loads(l) for l in open(path) if l.strip()]
     labels = list(dict.fromkeys(r["label"] for r in runs))
@@ -155,9 +209,14 @@ def main():
     b = sub.add_parser("bubble")
     b.add_argument("--trace", required=True)
     b.add_argument("--warmup", type=int, required=True)
+    o = sub.add_parser("reorder")
+    o.add_argument("--trace", required=True)
+    o.add_argument("--means", action="store_true")
     a = ap.parse_args()
     if a.cmd == "run":
         print(json.dumps(run_stats(a.metrics, a.trace, a.warmup, a.label)))
+    elif a.cmd == "reorder":
+        print(f"{reorder_bubble(a.trace, a.means):.6f}")
     elif a.cmd == "bubble":
         print(f"{mean_steady_bubble(a.trace, a.warmup):.6f}")
     else:
