@@ -9,7 +9,7 @@ use pipewright_core::fs::write_atomic;
 use pipewright_core::units::human_bytes;
 use pipewright_driver::conformance::{report, run_all, totals};
 use pipewright_driver::export::{save_weights, WEIGHTS_FILE};
-use pipewright_passes::cost::BatchSpread;
+use pipewright_passes::cost::{BatchSpread, Profile, StageSplit};
 use pipewright_driver::forward::{bench_step, run_forward, save_outputs, verdict};
 use pipewright_driver::profile::Progress as ProfileProgress;
 use pipewright_driver::train::{Session, WorkerSession};
@@ -249,6 +249,20 @@ fn report_spread(s: &BatchSpread) {
     }
 }
 
+/// How the stages of a split divided the pass against their nodes timed alone.
+fn report_split(p: &Profile, sp: &StageSplit) {
+    let Some(k) = p.batches.iter().position(|&b| b == sp.batch) else { return };
+    let text = |v: Option<Vec<f64>>| v.map_or("-".to_string(), |v| v.iter().map(|x| format!("{x:.2}")).collect::<Vec<_>>().join(" / "));
+    let (fwd, bwd) = sp.stage_scales(&p.nodes, k);
+    eprintln!(
+        "profile: trained as {} stages, each stage's share of the pass over its nodes' timed alone: forward {}, backward {}, at batch {}",
+        sp.stages.len(),
+        text(fwd),
+        text(bwd),
+        sp.batch
+    );
+}
+
 pub fn profile(args: &ProfileArgs) -> Result<()> {
     let mut on_progress = |p: ProfileProgress<'_>| match p {
         ProfileProgress::Batch(s) => report_spread(s),
@@ -261,6 +275,9 @@ pub fn profile(args: &ProfileArgs) -> Result<()> {
         if let Some(ms) = c.after_backward_ms {
             eprintln!("profile: after each backward a stage's runtime works {ms:.3} ms outside its traced operations, at batch {}", c.batch);
         }
+    }
+    for sp in &p.split {
+        report_split(&p, sp);
     }
     if let Some(ms) = p.accumulate_ms {
         eprintln!("profile: accumulating a gradient of every weight takes {ms:.3} ms (each microbatch of a step but the first)");

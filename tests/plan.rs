@@ -207,6 +207,26 @@ fn profile_reports_the_spread_of_its_repetitions() {
         assert!(c["after_backward_ms"].as_f64().is_some_and(|t| t > 0.0 && t < 50.0), "{c}");
     }
     assert!(err.contains("profile: after each backward a stage's runtime works "), "{err}");
+    // In the same two-stage runs, how the runtime divided the pass between the stages:
+    // every node the profile timed in one of the two, each stage's times, and reported.
+    let nodes: std::collections::BTreeSet<&str> = json["nodes"].as_array().expect("nodes").iter().filter_map(|n| n["name"].as_str()).collect();
+    let split = json["split"].as_array().expect("split");
+    assert_eq!(split.iter().map(|s| s["batch"].as_u64()).collect::<Vec<_>>(), [Some(1), Some(4)], "{split:?}");
+    for s in split {
+        let stages = s["stages"].as_array().expect("split stages");
+        assert_eq!(stages.len(), 2, "{s}");
+        let mut seen: Vec<&str> = stages.iter().flat_map(|st| st["nodes"].as_array().expect("stage nodes")).filter_map(|n| n.as_str()).collect();
+        assert!(stages.iter().all(|st| st["nodes"].as_array().is_some_and(|n| !n.is_empty())), "{s}");
+        seen.sort_unstable();
+        assert_eq!(seen, nodes.iter().copied().collect::<Vec<_>>(), "{s}");
+        for st in stages {
+            for k in ["fwd_ms", "bwd_ms"] {
+                assert!(st[k].as_f64().is_some_and(|t| t.is_finite() && t >= 0.0), "{k}: {st}");
+            }
+        }
+        assert!(stages.iter().map(|st| st["fwd_ms"].as_f64().unwrap_or(0.0)).sum::<f64>() > 0.0, "{s}");
+    }
+    assert!(err.contains("profile: trained as 2 stages, each stage's share of the pass over its nodes' timed alone: forward "), "{err}");
     assert!(err.contains("profile: a stage boundary costs ") && err.contains("profile: threads crowding the "), "{err}");
     // One accumulation of every weight's gradient, which a stage's backward pays for each
     // microbatch of a step but the first, and reported.

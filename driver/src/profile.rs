@@ -17,7 +17,8 @@
 //! (`sharing`: how threads crowding the host slow each other, for the simulator's replay
 //! of stages sharing its cores), and what a stage boundary costs the runtime (`boundary`:
 //! the model trained as two stages less as one, which each stage's costs carry half of
-//! per boundary).
+//! per boundary), and, in the same runs, how the runtime divides the pass between the two
+//! stages (`split`: the cost model scales each stage's nodes to its measured share).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Barrier;
@@ -29,15 +30,16 @@ use pipewright_core::timeline::{after_backward_us, TraceKind};
 use pipewright_core::{Decay, Device, NonFinite, Precision, Recompute, Schedule};
 use pipewright_ir::{Graph, ImportOptions};
 use pipewright_core::Loss;
-use pipewright_passes::cost::{BatchSpread, BoundaryCost, HostSharing, LossTiming, Profile, ProfileNode, SharedPasses, WeightUpdate, WholePass, WholeStep};
+use pipewright_passes::cost::{BatchSpread, BoundaryCost, HostSharing, LossTiming, Profile, ProfileNode, SharedPasses, SplitStage, StageSplit, WeightUpdate, WholePass, WholeStep};
 use pipewright_runtime::exec::{run as run_kernel, Mode};
+use pipewright_runtime::module::read_module;
 use pipewright_runtime::pipeline::{accumulate_ms, loss_ms, step_ms, update_ms, Objective, OptimizerConfig};
 use pipewright_runtime::program::{Instr, SlotId};
 use tch::{Kind, Tensor};
 
 use pipewright_passes::manager::PassOptions;
 use pipewright_passes::pipeline::PlanRequest;
-use pipewright_runtime::build::RunFlags;
+use pipewright_runtime::build::{Manifest, RunFlags};
 use pipewright_runtime::data::DEFAULT_MAX_INFLATED;
 
 use crate::compile::{compile, CompileRequest};
@@ -115,12 +117,30 @@ pub fn profile(model: &Path, device: Device, batches: &[u64], reps: usize, seed:
     let step = Some(time_step(&runner, reps)?);
     let accumulate_ms = Some(time_accumulate(&runner, reps)?);
     // A model the runtime cannot cut in two, or train on synthetic data, still profiles.
-    let boundary = time_boundary(model, device, batches, &whole, &objective, runner.interp().program().instrs.len()).unwrap_or_else(|e| {
+    let loss = LossTiming { loss: objective.loss, output: objective.output.clone(), fwd_ms: loss_fwd, bwd_ms: loss_bwd };
+    let measured = Profiled { batches, whole: &whole, nodes: &nodes, loss: &loss };
+    let (boundary, split) = time_boundary(model, device, &measured, &objective).unwrap_or_else(|e| {
         on_progress(Progress::Skipped { what: "a stage boundary's cost", why: e.to_string() });
-        Vec::new()
+        (Vec::new(), Vec::new())
     });
-    let loss = Some(LossTiming { loss: objective.loss, output: objective.output, fwd_ms: loss_fwd, bwd_ms: loss_bwd });
-    Ok(Profile { model: model.display().to_string(), device: device.to_string(), batches: batches.to_vec(), nodes, spread, whole, updates, loss, step, sharing, boundary, accumulate_ms })
+    let loss = Some(loss);
+    Ok(Profile { model: model.display().to_string(), device: device.to_string(), batches: batches.to_vec(), nodes, spread, whole, updates, loss, step, sharing, boundary, accumulate_ms, split })
+}
+
+/// What [`profile`] measured before the stage boundary: the batch sizes, the whole pass,
+/// the nodes and the loss.
+struct Profiled<'a> {
+    batches: &'a [u64],
+    whole: &'a [WholePass],
+    nodes: &'a [ProfileNode],
+    loss: &'a LossTiming,
+}
+
+impl Profiled<'_> {
+    /// The loss's forward and backward milliseconds at batch `b` (0 where not measured).
+    fn loss_at(&self, b: u64) -> (f64, f64) {
+        self.batches.iter().position(|&x| x == b).map_or((0.0, 0.0), |k| (self.loss.fwd_ms[k], self.loss.bwd_ms[k]))
+    }
 }
 
 /// Random float inputs (seeded) and zero index inputs of the graph's input shapes at `b`.
@@ -496,23 +516,24 @@ const BOUNDARY_STEPS: (usize, usize) = (6, 200);
 /// recomputation) and trained on synthetic data one microbatch per step with one libtorch
 /// thread per stage, so that the stages never overlap; in [`BOUNDARY_ROUNDS`] rounds, the
 /// two-stage run's forward, backward and step time per step less the one-stage run's
-/// ([`boundary_share`]). Empty for a model of one node, which cannot be
-/// cut.
-fn time_boundary(model: &Path, device: Device, batches: &[u64], whole: &[WholePass], objective: &Objective, nodes: usize) -> Result<Vec<BoundaryCost>, DriverError> {
-    if nodes < 2 {
-        return Ok(Vec::new());
+/// ([`boundary_share`]); and from the two-stage runs, each stage's share of the pass
+/// ([`StageSplit`]). Empty for a model of one node, which cannot be cut.
+fn time_boundary(model: &Path, device: Device, measured: &Profiled<'_>, objective: &Objective) -> Result<(Vec<BoundaryCost>, Vec<StageSplit>), DriverError> {
+    if measured.nodes.len() < 2 {
+        return Ok((Vec::new(), Vec::new()));
     }
-    let mut sizes = batches.to_vec();
+    let mut sizes = measured.batches.to_vec();
     sizes.sort_unstable();
     let mut sizes = vec![sizes[0], sizes[sizes.len() / 2]];
     sizes.dedup();
     let dir = tempfile::tempdir().map_err(|e| DriverError::msg(format!("a temporary folder for the one- and two-stage builds: {e}")))?;
-    sizes.into_iter().map(|b| boundary_at(model, device, b, whole, objective, dir.path())).collect()
+    let pairs = sizes.into_iter().map(|b| boundary_at(model, device, b, measured, objective, dir.path())).collect::<Result<Vec<_>, _>>()?;
+    Ok(pairs.into_iter().unzip())
 }
 
 /// [`time_boundary`] at microbatch `b`, building in `dir`.
-fn boundary_at(model: &Path, device: Device, b: u64, whole: &[WholePass], objective: &Objective, dir: &Path) -> Result<BoundaryCost, DriverError> {
-    let pass_s = whole.iter().find(|w| w.batch == b).map_or(0.0, |w| (w.fwd_ms + w.bwd_ms) / 1e3);
+fn boundary_at(model: &Path, device: Device, b: u64, measured: &Profiled<'_>, objective: &Objective, dir: &Path) -> Result<(BoundaryCost, StageSplit), DriverError> {
+    let pass_s = measured.whole.iter().find(|w| w.batch == b).map_or(0.0, |w| (w.fwd_ms + w.bwd_ms) / 1e3);
     let timed = if pass_s > 0.0 { (BOUNDARY_RUN_S / pass_s).ceil() as usize } else { BOUNDARY_STEPS.1 };
     let steps = timed.clamp(BOUNDARY_STEPS.0, BOUNDARY_STEPS.1) + BOUNDARY_WARM_STEPS;
     let builds = [1usize, 2].map(|depth| dir.join(format!("b{b}-d{depth}")));
@@ -521,6 +542,7 @@ fn boundary_at(model: &Path, device: Device, b: u64, whole: &[WholePass], object
     }
     let mut diffs: [Vec<f64>; 3] = Default::default();
     let mut after_backward = Vec::new();
+    let mut per_stage: Vec<[f64; 2]> = Vec::new();
     for round in 0..BOUNDARY_ROUNDS {
         // Every other round runs the two-stage build first, so that the machine's drift
         // over the rounds (steady here for minutes at a time) adds to half the differences
@@ -531,6 +553,11 @@ fn boundary_at(model: &Path, device: Device, b: u64, whole: &[WholePass], object
             ms[depth] = timed.per_step_ms;
             if depth == 1 {
                 after_backward.extend(timed.after_backward_ms);
+                per_stage.resize(timed.per_stage_ms.len(), [0.0; 2]);
+                for (sum, ms) in per_stage.iter_mut().zip(&timed.per_stage_ms) {
+                    sum[0] += ms[0] / BOUNDARY_ROUNDS as f64;
+                    sum[1] += ms[1] / BOUNDARY_ROUNDS as f64;
+                }
             }
         }
         let [one, two] = ms;
@@ -540,13 +567,41 @@ fn boundary_at(model: &Path, device: Device, b: u64, whole: &[WholePass], object
     }
     let [fwd_ms, bwd_ms, step_ms] = diffs.map(boundary_share);
     let after_backward_ms = (!after_backward.is_empty()).then(|| after_backward.iter().sum::<f64>() / after_backward.len() as f64);
-    Ok(BoundaryCost { batch: b, fwd_ms, bwd_ms, step_ms, after_backward_ms })
+    let cost = BoundaryCost { batch: b, fwd_ms, bwd_ms, step_ms, after_backward_ms };
+    let split = stage_split(&builds[1], &cost, &per_stage, measured)?;
+    Ok((cost, split))
 }
+
+/// The two-stage build's [`StageSplit`] at `cost.batch`: each stage's nodes (those the
+/// profile timed) and its mean forward and backward per step in `per_stage`, less half of
+/// the boundary's `cost` (each stage has one side of it) and, for the last, the loss.
+fn stage_split(build: &Path, cost: &BoundaryCost, per_stage: &[[f64; 2]], measured: &Profiled<'_>) -> Result<StageSplit, DriverError> {
+    let manifest = Manifest::read(build).map_err(|e| DriverError::msg(e.to_string()))?;
+    let profiled: std::collections::HashSet<&str> = measured.nodes.iter().map(|n| n.name.as_str()).collect();
+    let (loss_fwd, loss_bwd) = measured.loss_at(cost.batch);
+    let last = per_stage.len().saturating_sub(1);
+    let stages = manifest
+        .module_paths(build)
+        .iter()
+        .zip(per_stage)
+        .enumerate()
+        .map(|(i, (path, ms))| {
+            let module = read_module(path).map_err(|e| DriverError::msg(e.to_string()))?;
+            let nodes = module.program.instrs.iter().map(|ins| ins.name.clone()).filter(|n| profiled.contains(n.as_str())).collect();
+            let (lf, lb) = if i == last { (loss_fwd, loss_bwd) } else { (0.0, 0.0) };
+            Ok(SplitStage { nodes, fwd_ms: (ms[0] - cost.fwd_ms / 2.0 - lf).max(0.0), bwd_ms: (ms[1] - cost.bwd_ms / 2.0 - lb).max(0.0) })
+        })
+        .collect::<Result<_, DriverError>>()?;
+    Ok(StageSplit { batch: cost.batch, stages })
+}
+
 
 /// What [`per_step_ms`] measures of one training run.
 struct TimedRun {
     /// Forward, backward and optimizer milliseconds of all stages together per step.
     per_step_ms: [f64; 3],
+    /// Forward and backward milliseconds per step, by stage.
+    per_stage_ms: Vec<[f64; 2]>,
     /// Per stage, the mean milliseconds after a backward before the next traced event
     /// ([`after_backward_us`]).
     after_backward_ms: Vec<f64>,
@@ -607,6 +662,7 @@ fn per_step_ms(build: &Path, device: Device, steps: usize, objective: &Objective
     };
     let report = Session::prepare(build, &req)?.run(&mut |_| {})?;
     let mut sums = [0.0; 3];
+    let mut per_stage: Vec<[f64; 2]> = Vec::new();
     for e in report.trace.iter().filter(|e| e.step >= BOUNDARY_WARM_STEPS as u64) {
         let k = match e.kind {
             TraceKind::Forward => 0,
@@ -615,10 +671,16 @@ fn per_step_ms(build: &Path, device: Device, steps: usize, objective: &Objective
             _ => continue,
         };
         sums[k] += e.dur_us / 1e3;
+        if k < 2 {
+            if per_stage.len() <= e.stage {
+                per_stage.resize(e.stage + 1, [0.0; 2]);
+            }
+            per_stage[e.stage][k] += e.dur_us / 1e3;
+        }
     }
     let counted = (steps - BOUNDARY_WARM_STEPS).max(1) as f64;
     let after_backward_ms = after_backward_us(&report.trace, BOUNDARY_WARM_STEPS as u64).into_iter().flatten().map(|us| us / 1e3).collect();
-    Ok(TimedRun { per_step_ms: sums.map(|x| x / counted), after_backward_ms })
+    Ok(TimedRun { per_step_ms: sums.map(|x| x / counted), per_stage_ms: per_stage.into_iter().map(|s| s.map(|x| x / counted)).collect(), after_backward_ms })
 }
 
 #[cfg(test)]

@@ -553,6 +553,48 @@ fn a_profiles_gradient_accumulation_is_paid_by_the_backward_of_later_microbatche
     assert!(Profile::from_json(&bad).unwrap_err().to_string().contains("`accumulate_ms`: a negative"));
 }
 
+/// A profile's split (the model trained as stages) scales each stage's nodes so that the
+/// stages take their measured shares of the pass, the pass unchanged; between the batch
+/// sizes it was measured at, the scales fall on a straight line.
+#[test]
+fn a_profiles_split_gives_each_stage_its_measured_share_of_the_pass() {
+    let g = three_matmuls(false);
+    let json = r#"{"model": "m", "device": "test", "batches": [1, 2, 4],
+        "nodes": [{"name": "mm0", "op": "MatMul", "fwd_ms": [1, 2, 4], "bwd_ms": [2, 4, 8]},
+                  {"name": "mm1", "op": "MatMul", "fwd_ms": [1, 2, 4], "bwd_ms": [2, 4, 8]},
+                  {"name": "mm2", "op": "MatMul", "fwd_ms": [1, 2, 4], "bwd_ms": [2, 4, 8]}],
+        "split": [{"batch": 1, "stages": [{"nodes": ["mm0"], "fwd_ms": 3, "bwd_ms": 2},
+                                          {"nodes": ["mm1", "mm2"], "fwd_ms": 3, "bwd_ms": 6}]},
+                  {"batch": 4, "stages": [{"nodes": ["mm0"], "fwd_ms": 4, "bwd_ms": 8},
+                                          {"nodes": ["mm1", "mm2"], "fwd_ms": 8, "bwd_ms": 16}]}]}"#;
+    let profile = Profile::from_json(json).unwrap();
+    let mut c = CostModel::new(&g, Roofline::default()).unwrap();
+    c.apply_profile(&g, &profile).unwrap();
+    let by_name = |name: &str| c.topo.iter().copied().find(|&n| g.node(n).name == name).unwrap();
+    // Batch 1: the stages took half and half of the forward (their nodes alone: a third and
+    // two), so mm0 gets 1.5 ms, mm1 and mm2 0.75; of the backward a quarter and three
+    // quarters: mm0 1.5 ms, mm1 and mm2 2.25. Batch 4 measured the nodes' own shares: 1.
+    // Batch 2, a third of the way: forward scales 4/3 and 5/6, backward 5/6 and 13/12.
+    let want = [
+        (1, [(1.5, 1.5), (0.75, 2.25), (0.75, 2.25)]),
+        (2, [(2.0 * 4.0 / 3.0, 4.0 * 5.0 / 6.0), (2.0 * 5.0 / 6.0, 4.0 * 13.0 / 12.0), (2.0 * 5.0 / 6.0, 4.0 * 13.0 / 12.0)]),
+        (4, [(4.0, 8.0), (4.0, 8.0), (4.0, 8.0)]),
+    ];
+    for (b, per_node) in want {
+        for (name, (fwd, bwd)) in ["mm0", "mm1", "mm2"].into_iter().zip(per_node) {
+            let (f, bw) = c.time(by_name(name), b);
+            assert!((f - fwd * 1e-3).abs() < 1e-12 && (bw - bwd * 1e-3).abs() < 1e-12, "{name} at batch {b}: {f} {bw}, want {fwd} {bwd} ms");
+        }
+    }
+    let (fwd, bwd) = profile.split[0].stage_scales(&profile.nodes, 0);
+    assert_eq!((fwd, bwd), (Some(vec![1.5, 0.75]), Some(vec![0.75, 1.125])));
+    // A node in two stages, or a split at a batch size the nodes were not timed at, is refused.
+    let twice = json.replacen(r#"["mm1", "mm2"]"#, r#"["mm0", "mm2"]"#, 1);
+    assert!(Profile::from_json(&twice).unwrap_err().to_string().contains(r#"`split` at batch 1: node "mm0" is in two stages"#));
+    let unmeasured = json.replacen(r#""batch": 4, "stages""#, r#""batch": 3, "stages""#, 1);
+    assert!(Profile::from_json(&unmeasured).unwrap_err().to_string().contains("`split` at batch 3: needs a measured batch size"));
+}
+
 #[test]
 fn a_profiles_stage_boundary_is_paid_half_on_either_side() {
     let g = three_matmuls(false);
