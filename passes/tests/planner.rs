@@ -409,6 +409,13 @@ fn three_matmuls(tied: bool) -> Graph {
 
 /// The start of a profile of [`three_matmuls`]: each node 1 and 2 ms forward, 2 and 4 ms
 /// backward at batches 1 and 2; the caller adds its own fields and closes it.
+/// The opening of a profile of [`three_matmuls`]' nodes, each timed `fwd` and `bwd` (JSON
+/// arrays) at `batches`, for a test to add its own keys to and close.
+fn three_matmuls_profile(batches: &str, fwd: &str, bwd: &str) -> String {
+    let node = |name: &str| format!(r#"{{"name": "{name}", "op": "MatMul", "fwd_ms": {fwd}, "bwd_ms": {bwd}}}"#);
+    format!(r#"{{"model": "m", "device": "test", "batches": {batches}, "nodes": [{}, {}, {}]"#, node("mm0"), node("mm1"), node("mm2"))
+}
+
 const THREE_MATMULS_PROFILE: &str = r#"{"model": "m", "device": "test", "batches": [1, 2],
     "nodes": [{"name": "mm0", "op": "MatMul", "fwd_ms": [1, 2], "bwd_ms": [2, 4]},
               {"name": "mm1", "op": "MatMul", "fwd_ms": [1, 2], "bwd_ms": [2, 4]},
@@ -494,13 +501,10 @@ fn a_profiles_whole_pass_and_weight_updates_drive_the_stage_costs() {
 #[test]
 fn a_profiles_times_go_through_every_size_it_measured() {
     let g = three_matmuls(false);
-    let json = r#"{"model": "m", "device": "test", "batches": [4, 1, 2],
-        "nodes": [{"name": "mm0", "op": "MatMul", "fwd_ms": [4, 1, 1.5], "bwd_ms": [1, 4, 2]},
-                  {"name": "mm1", "op": "MatMul", "fwd_ms": [4, 1, 1.5], "bwd_ms": [1, 4, 2]},
-                  {"name": "mm2", "op": "MatMul", "fwd_ms": [4, 1, 1.5], "bwd_ms": [1, 4, 2]}],
-        "loss": {"loss": "mse", "output": "mm2_out", "fwd_ms": [2, 0.5, 0.5], "bwd_ms": [1, 1, 1]}}"#;
+    let json = three_matmuls_profile("[4, 1, 2]", "[4, 1, 1.5]", "[1, 4, 2]")
+        + r#", "loss": {"loss": "mse", "output": "mm2_out", "fwd_ms": [2, 0.5, 0.5], "bwd_ms": [1, 1, 1]}}"#;
     let mut c = CostModel::new(&g, Roofline::default()).unwrap();
-    c.apply_profile(&g, &Profile::from_json(json).unwrap()).unwrap();
+    c.apply_profile(&g, &Profile::from_json(&json).unwrap()).unwrap();
     let mm0 = c.topo[0];
     // Measured sizes (given out of order), between them, beyond them: forward 1, 1.5, 4 ms
     // at 1, 2, 4; backward 4, 2, 1 falls along its last segment and stops at 0.
@@ -559,15 +563,12 @@ fn a_profiles_gradient_accumulation_is_paid_by_the_backward_of_later_microbatche
 #[test]
 fn a_profiles_split_gives_each_stage_its_measured_share_of_the_pass() {
     let g = three_matmuls(false);
-    let json = r#"{"model": "m", "device": "test", "batches": [1, 2, 4],
-        "nodes": [{"name": "mm0", "op": "MatMul", "fwd_ms": [1, 2, 4], "bwd_ms": [2, 4, 8]},
-                  {"name": "mm1", "op": "MatMul", "fwd_ms": [1, 2, 4], "bwd_ms": [2, 4, 8]},
-                  {"name": "mm2", "op": "MatMul", "fwd_ms": [1, 2, 4], "bwd_ms": [2, 4, 8]}],
-        "split": [{"batch": 1, "stages": [{"nodes": ["mm0"], "fwd_ms": 3, "bwd_ms": 2},
+    let json = three_matmuls_profile("[1, 2, 4]", "[1, 2, 4]", "[2, 4, 8]")
+        + r#", "split": [{"batch": 1, "stages": [{"nodes": ["mm0"], "fwd_ms": 3, "bwd_ms": 2},
                                           {"nodes": ["mm1", "mm2"], "fwd_ms": 3, "bwd_ms": 6}]},
                   {"batch": 4, "stages": [{"nodes": ["mm0"], "fwd_ms": 4, "bwd_ms": 8},
                                           {"nodes": ["mm1", "mm2"], "fwd_ms": 8, "bwd_ms": 16}]}]}"#;
-    let profile = Profile::from_json(json).unwrap();
+    let profile = Profile::from_json(&json).unwrap();
     let mut c = CostModel::new(&g, Roofline::default()).unwrap();
     c.apply_profile(&g, &profile).unwrap();
     let by_name = |name: &str| c.topo.iter().copied().find(|&n| g.node(n).name == name).unwrap();
