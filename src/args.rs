@@ -186,7 +186,8 @@ pub struct SimulateArgs {
     #[arg(long, value_parser = parse_schemes)]
     pub schedule: Option<Schemes>,
     /// A profile from `pipewright profile`: measured node times instead of the roofline,
-    /// what a stage boundary costs the runtime and its untraced work after each backward;
+    /// what a stage boundary costs the runtime and its untraced work after each backward,
+    /// each stage's measured share of the pass;
     /// with --host-cores on a host of the profiled one's size, how threads crowding it slow
     /// each other and the scheduler's tick its turns end on.
     #[arg(long)]

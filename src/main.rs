@@ -67,7 +67,7 @@ enum Command {
     /// Run the ONNX backend test suite through the op layer and report conformance.
     #[cfg(feature = "torch")]
     Conformance(ConformanceArgs),
-    /// Measure forward and backward time per node at several microbatch sizes, and what the runtime adds (a stage boundary, its untraced work after a backward, threads crowding the CPU cores, the scheduler's turn): JSON for `plan` and `simulate`.
+    /// Measure forward and backward time per node at several microbatch sizes, and what the runtime adds (a stage boundary, its untraced work after a backward, how it divides the pass between two stages, threads crowding the CPU cores, the scheduler's turn): JSON for `plan` and `simulate`.
     #[cfg(feature = "torch")]
     Profile(ProfileArgs),
     /// Print the libtorch in use (version, folder), whether CUDA is available and the

@@ -118,8 +118,8 @@ pub fn profile(model: &Path, device: Device, batches: &[u64], reps: usize, seed:
     let accumulate_ms = Some(time_accumulate(&runner, reps)?);
     // A model the runtime cannot cut in two, or train on synthetic data, still profiles.
     let loss = LossTiming { loss: objective.loss, output: objective.output.clone(), fwd_ms: loss_fwd, bwd_ms: loss_bwd };
-    let measured = Profiled { batches, whole: &whole, nodes: &nodes, loss: &loss };
-    let (boundary, split) = time_boundary(model, device, &measured, &objective).unwrap_or_else(|e| {
+    let profiled = Profiled { batches, whole: &whole, nodes: &nodes, loss: &loss };
+    let (boundary, split) = time_boundary(model, device, &profiled, &objective).unwrap_or_else(|e| {
         on_progress(Progress::Skipped { what: "a stage boundary's cost", why: e.to_string() });
         (Vec::new(), Vec::new())
     });
@@ -518,22 +518,22 @@ const BOUNDARY_STEPS: (usize, usize) = (6, 200);
 /// two-stage run's forward, backward and step time per step less the one-stage run's
 /// ([`boundary_share`]); and from the two-stage runs, each stage's share of the pass
 /// ([`StageSplit`]). Empty for a model of one node, which cannot be cut.
-fn time_boundary(model: &Path, device: Device, measured: &Profiled<'_>, objective: &Objective) -> Result<(Vec<BoundaryCost>, Vec<StageSplit>), DriverError> {
-    if measured.nodes.len() < 2 {
+fn time_boundary(model: &Path, device: Device, profiled: &Profiled<'_>, objective: &Objective) -> Result<(Vec<BoundaryCost>, Vec<StageSplit>), DriverError> {
+    if profiled.nodes.len() < 2 {
         return Ok((Vec::new(), Vec::new()));
     }
-    let mut sizes = measured.batches.to_vec();
+    let mut sizes = profiled.batches.to_vec();
     sizes.sort_unstable();
     let mut sizes = vec![sizes[0], sizes[sizes.len() / 2]];
     sizes.dedup();
     let dir = tempfile::tempdir().map_err(|e| DriverError::msg(format!("a temporary folder for the one- and two-stage builds: {e}")))?;
-    let pairs = sizes.into_iter().map(|b| boundary_at(model, device, b, measured, objective, dir.path())).collect::<Result<Vec<_>, _>>()?;
+    let pairs = sizes.into_iter().map(|b| boundary_at(model, device, b, profiled, objective, dir.path())).collect::<Result<Vec<_>, _>>()?;
     Ok(pairs.into_iter().unzip())
 }
 
 /// [`time_boundary`] at microbatch `b`, building in `dir`.
-fn boundary_at(model: &Path, device: Device, b: u64, measured: &Profiled<'_>, objective: &Objective, dir: &Path) -> Result<(BoundaryCost, StageSplit), DriverError> {
-    let pass_s = measured.whole.iter().find(|w| w.batch == b).map_or(0.0, |w| (w.fwd_ms + w.bwd_ms) / 1e3);
+fn boundary_at(model: &Path, device: Device, b: u64, profiled: &Profiled<'_>, objective: &Objective, dir: &Path) -> Result<(BoundaryCost, StageSplit), DriverError> {
+    let pass_s = profiled.whole.iter().find(|w| w.batch == b).map_or(0.0, |w| (w.fwd_ms + w.bwd_ms) / 1e3);
     let timed = if pass_s > 0.0 { (BOUNDARY_RUN_S / pass_s).ceil() as usize } else { BOUNDARY_STEPS.1 };
     let steps = timed.clamp(BOUNDARY_STEPS.0, BOUNDARY_STEPS.1) + BOUNDARY_WARM_STEPS;
     let builds = [1usize, 2].map(|depth| dir.join(format!("b{b}-d{depth}")));
@@ -568,17 +568,17 @@ fn boundary_at(model: &Path, device: Device, b: u64, measured: &Profiled<'_>, ob
     let [fwd_ms, bwd_ms, step_ms] = diffs.map(boundary_share);
     let after_backward_ms = (!after_backward.is_empty()).then(|| after_backward.iter().sum::<f64>() / after_backward.len() as f64);
     let cost = BoundaryCost { batch: b, fwd_ms, bwd_ms, step_ms, after_backward_ms };
-    let split = stage_split(&builds[1], &cost, &per_stage, measured)?;
+    let split = stage_split(&builds[1], &cost, &per_stage, profiled)?;
     Ok((cost, split))
 }
 
 /// The two-stage build's [`StageSplit`] at `cost.batch`: each stage's nodes (those the
 /// profile timed) and its mean forward and backward per step in `per_stage`, less half of
 /// the boundary's `cost` (each stage has one side of it) and, for the last, the loss.
-fn stage_split(build: &Path, cost: &BoundaryCost, per_stage: &[[f64; 2]], measured: &Profiled<'_>) -> Result<StageSplit, DriverError> {
+fn stage_split(build: &Path, cost: &BoundaryCost, per_stage: &[[f64; 2]], profiled: &Profiled<'_>) -> Result<StageSplit, DriverError> {
     let manifest = Manifest::read(build).map_err(|e| DriverError::msg(e.to_string()))?;
-    let profiled: std::collections::HashSet<&str> = measured.nodes.iter().map(|n| n.name.as_str()).collect();
-    let (loss_fwd, loss_bwd) = measured.loss_at(cost.batch);
+    let timed_nodes: std::collections::HashSet<&str> = profiled.nodes.iter().map(|n| n.name.as_str()).collect();
+    let (loss_fwd, loss_bwd) = profiled.loss_at(cost.batch);
     let last = per_stage.len().saturating_sub(1);
     let stages = manifest
         .module_paths(build)
@@ -587,14 +587,13 @@ fn stage_split(build: &Path, cost: &BoundaryCost, per_stage: &[[f64; 2]], measur
         .enumerate()
         .map(|(i, (path, ms))| {
             let module = read_module(path).map_err(|e| DriverError::msg(e.to_string()))?;
-            let nodes = module.program.instrs.iter().map(|ins| ins.name.clone()).filter(|n| profiled.contains(n.as_str())).collect();
+            let nodes = module.program.instrs.iter().map(|ins| ins.name.clone()).filter(|n| timed_nodes.contains(n.as_str())).collect();
             let (lf, lb) = if i == last { (loss_fwd, loss_bwd) } else { (0.0, 0.0) };
             Ok(SplitStage { nodes, fwd_ms: (ms[0] - cost.fwd_ms / 2.0 - lf).max(0.0), bwd_ms: (ms[1] - cost.bwd_ms / 2.0 - lb).max(0.0) })
         })
         .collect::<Result<_, DriverError>>()?;
     Ok(StageSplit { batch: cost.batch, stages })
 }
-
 
 /// What [`per_step_ms`] measures of one training run.
 struct TimedRun {

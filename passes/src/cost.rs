@@ -312,11 +312,12 @@ impl StageSplit {
     /// index `k`) so that their shares of the pass are the measured ones; `None` for a
     /// direction where a stage has no time, measured or summed, to compare.
     pub fn stage_scales(&self, nodes: &[ProfileNode], k: usize) -> (Option<Vec<f64>>, Option<Vec<f64>>) {
-        let members = self.members(nodes);
-        (
-            self.shares_over(&members, |s| s.fwd_ms, |i| nodes[i].fwd_ms[k]),
-            self.shares_over(&members, |s| s.bwd_ms, |i| nodes[i].bwd_ms[k]),
-        )
+        self.scales_of(&self.members(nodes), nodes, k)
+    }
+
+    /// [`StageSplit::stage_scales`] with each stage's node indices already found.
+    fn scales_of(&self, members: &[Vec<usize>], nodes: &[ProfileNode], k: usize) -> (Option<Vec<f64>>, Option<Vec<f64>>) {
+        (self.shares_over(members, |s| s.fwd_ms, |i| nodes[i].fwd_ms[k]), self.shares_over(members, |s| s.bwd_ms, |i| nodes[i].bwd_ms[k]))
     }
 
     /// Per stage, the indices in `nodes` of its nodes.
@@ -328,9 +329,10 @@ impl StageSplit {
     /// Per profile node, [`StageSplit::stage_scales`] of its stage; 1 for a node in no
     /// stage.
     fn node_scales(&self, nodes: &[ProfileNode], k: usize) -> Vec<(f64, f64)> {
-        let (fwd, bwd) = self.stage_scales(nodes, k);
+        let members = self.members(nodes);
+        let (fwd, bwd) = self.scales_of(&members, nodes, k);
         let mut scales = vec![(1.0, 1.0); nodes.len()];
-        for (r, m) in self.members(nodes).iter().enumerate() {
+        for (r, m) in members.iter().enumerate() {
             for &i in m {
                 scales[i] = (fwd.as_ref().map_or(1.0, |f| f[r]), bwd.as_ref().map_or(1.0, |b| b[r]));
             }

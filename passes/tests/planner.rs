@@ -409,17 +409,17 @@ fn three_matmuls(tied: bool) -> Graph {
 
 /// The start of a profile of [`three_matmuls`]: each node 1 and 2 ms forward, 2 and 4 ms
 /// backward at batches 1 and 2; the caller adds its own fields and closes it.
+const THREE_MATMULS_PROFILE: &str = r#"{"model": "m", "device": "test", "batches": [1, 2],
+    "nodes": [{"name": "mm0", "op": "MatMul", "fwd_ms": [1, 2], "bwd_ms": [2, 4]},
+              {"name": "mm1", "op": "MatMul", "fwd_ms": [1, 2], "bwd_ms": [2, 4]},
+              {"name": "mm2", "op": "MatMul", "fwd_ms": [1, 2], "bwd_ms": [2, 4]}]"#;
+
 /// The opening of a profile of [`three_matmuls`]' nodes, each timed `fwd` and `bwd` (JSON
 /// arrays) at `batches`, for a test to add its own keys to and close.
 fn three_matmuls_profile(batches: &str, fwd: &str, bwd: &str) -> String {
     let node = |name: &str| format!(r#"{{"name": "{name}", "op": "MatMul", "fwd_ms": {fwd}, "bwd_ms": {bwd}}}"#);
     format!(r#"{{"model": "m", "device": "test", "batches": {batches}, "nodes": [{}, {}, {}]"#, node("mm0"), node("mm1"), node("mm2"))
 }
-
-const THREE_MATMULS_PROFILE: &str = r#"{"model": "m", "device": "test", "batches": [1, 2],
-    "nodes": [{"name": "mm0", "op": "MatMul", "fwd_ms": [1, 2], "bwd_ms": [2, 4]},
-              {"name": "mm1", "op": "MatMul", "fwd_ms": [1, 2], "bwd_ms": [2, 4]},
-              {"name": "mm2", "op": "MatMul", "fwd_ms": [1, 2], "bwd_ms": [2, 4]}]"#;
 
 /// A profile's whole pass sets the total the nodes' times add up to, its whole step the
 /// total the weight updates add up to (per optimizer), and the measured weight updates
