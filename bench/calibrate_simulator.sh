@@ -19,8 +19,10 @@
 # Columns: measured and simulated samples/s (the measured one over the steps after WARMUP,
 # bench/pipeline_stats.py; the simulated one between the ends of the first and the last
 # batch); the mean bubble fraction over stages (whole run, as trace-svg computes it, on
-# both sides, and over the steps the measured rate counts, computed alike from the run's
-# trace and the replays' traces by `pipeline_stats.py bubble`); then the replay with the
+# both sides, the measured one with the lowest and highest of the case's rounds beside it,
+# the spread a replay is judged against; and over the steps the measured rate counts,
+# computed alike from the run's trace and the replays' traces by `pipeline_stats.py
+# bubble`); then the replay with the
 # run's own per-stage mean times
 # (`simulate --stage-times`), which separates the schedule model from the cost inputs.
 # Both replays run the stages as threads sharing the machine's cores
@@ -65,7 +67,7 @@ with_steal() {
 }
 profile_to() { STEAL_LOG="$1.steal" with_steal "$pw" profile "$onnx" --batch 1,2,4,8 -o "$1" >&2; }
 
-echo "| model | d | schedule | measured samples/s | simulated: profile before / after | sim / measured (mean of both) | before, after alone | measured bubble | simulated bubble | simulated (run's stage times) | sim / measured | simulated bubble | bubble over the rate's steps: measured / profile / stage times | steal % (max) |"
+echo "| model | d | schedule | measured samples/s | simulated: profile before / after | sim / measured (mean of both) | before, after alone | measured bubble (rounds' range) | simulated bubble | simulated (run's stage times) | sim / measured | simulated bubble | bubble over the rate's steps: measured / profile / stage times | steal % (max) |"
 echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 for spec in "${specs[@]}"; do
     IFS=: read -r model mb steps <<<"$spec"
@@ -118,20 +120,22 @@ PY
             for t in trace sim-before.trace sim-after.trace sim-timed.trace; do
                 "$py" bench/pipeline_stats.py bubble --trace "$dir/$t.json" --warmup "$WARMUP"
             done > "$dir/steady-bubbles"
-            "$py" - "$dir" "$model" "$d" "$s" <<'PY'
+            "$py" - "$dir" "$model" "$d" "$s" "$ROUNDS" <<'PY'
 import json, sys
-dir, model, d, s = sys.argv[1:]
+dir, model, d, s, rounds = sys.argv[1:]
 real_b, before_b, after_b, timed_b = (float(x) for x in open(f"{dir}/steady-bubbles").read().split())
 real = json.load(open(f"{dir}/real.json"))
 sim = lambda name: json.load(open(f"{dir}/{name}.json"))["outcomes"][0]["simulation"]
 before, after, timed = sim("sim-before"), sim("sim-after"), sim("sim-timed")
-rb = sum(st["bubble_whole_run"] for st in real["stages"]) / len(real["stages"])
+bubble_of = lambda run: sum(st["bubble_whole_run"] for st in run["stages"]) / len(run["stages"])
+rb = bubble_of(real)
+each = [bubble_of(json.load(open(f"{dir}/real{r}.json"))) for r in range(1, int(rounds) + 1)]
 r = real["samples_per_s"]
 rate = (before["samples_per_s"] + after["samples_per_s"]) / 2
 bubble = (before["bubble_fraction"] + after["bubble_fraction"]) / 2
 steal = max(float(x) for x in open(f"{dir}/steal-all").read().split())
 print(f"| {model} | {d} | {s} | {r:.1f} | {before['samples_per_s']:.1f} / {after['samples_per_s']:.1f} | {rate / r:.2f} | "
-      f"{before['samples_per_s'] / r:.2f}, {after['samples_per_s'] / r:.2f} | {rb:.3f} | {bubble:.3f} | "
+      f"{before['samples_per_s'] / r:.2f}, {after['samples_per_s'] / r:.2f} | {rb:.3f} ({min(each):.3f} to {max(each):.3f}) | {bubble:.3f} | "
       f"{timed['samples_per_s']:.1f} | {timed['samples_per_s'] / r:.2f} | {timed['bubble_fraction']:.3f} | "
       f"{real_b:.3f} / {(before_b + after_b) / 2:.3f} / {timed_b:.3f} | {steal:.1f} |")
 PY
