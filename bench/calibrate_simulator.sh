@@ -35,7 +35,8 @@
 #        (default: gpt2-tiny:4:20 resnet18:2:8)
 # Env:   ROUNDS (5), M (4), DEPTHS ("2 4"), SCHEDULES ("2bw flush gpipe"), WARMUP (2),
 #        THREADS (1 libtorch thread per stage; the sharing model assumes 1), HOST_CORES
-#        (nproc), BENCH_VENV (/work/venv: numpy + onnx), OUT (target/bench/calibrate).
+#        (the cores nproc counts, whatever OMP_NUM_THREADS says), BENCH_VENV (a Python
+#        with numpy and onnx: scripts/pyref.sh's, by default), OUT (target/bench/calibrate).
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
@@ -43,10 +44,13 @@ M="${M:-4}"
 ROUNDS="${ROUNDS:-5}"
 WARMUP="${WARMUP:-2}"
 THREADS="${THREADS:-1}"
-HOST_CORES="${HOST_CORES:-$(nproc)}"
+# nproc honours OMP_NUM_THREADS, which a shell set up for single-threaded runs exports:
+# the replays would then put both stages on one core.
+HOST_CORES="${HOST_CORES:-$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)}"
 read -r -a depths <<<"${DEPTHS:-2 4}"
 read -r -a schedules <<<"${SCHEDULES:-2bw flush gpipe}"
-py="${BENCH_VENV:-/work/venv}/bin/python"
+py="${BENCH_VENV:-${PIPEWRIGHT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/pipewright}/pyref}/bin/python"
+[[ -x "$py" ]] || { echo "calibrate_simulator.sh: no Python at $py: run scripts/pyref.sh, or set BENCH_VENV" >&2; exit 1; }
 OUT="${OUT:-$repo/target/bench/calibrate}"
 MODELS_DIR="${MODELS_DIR:-$repo/../shared/corpus/models}"
 pw="${PIPEWRIGHT:-${CARGO_TARGET_DIR:-$repo/target}/release/pipewright}"
