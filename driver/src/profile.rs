@@ -17,8 +17,9 @@
 //! (`sharing`: how threads crowding the host slow each other, for the simulator's replay
 //! of stages sharing its cores), and what a stage boundary costs the runtime (`boundary`:
 //! the model trained as two stages less as one, which each stage's costs carry half of
-//! per boundary), and, in the same runs, how the runtime divides the pass between the two
-//! stages (`split`: the cost model scales each stage's nodes to its measured share).
+//! per boundary), and, from two-stage runs at every batch size, how the runtime divides
+//! the pass between the two stages (`split`: the cost model scales each stage's nodes to
+//! its measured share).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Barrier;
@@ -512,31 +513,84 @@ const BOUNDARY_RUN_S: f64 = 0.4;
 const BOUNDARY_STEPS: (usize, usize) = (6, 200);
 
 /// What one stage boundary costs the runtime ([`BoundaryCost`]) at the smallest and the
-/// middle profiled batch size: the model compiled as one stage and as two (GPipe, no
-/// recomputation) and trained on synthetic data one microbatch per step with one libtorch
-/// thread per stage, so that the stages never overlap; in [`BOUNDARY_ROUNDS`] rounds, the
-/// two-stage run's forward, backward and step time per step less the one-stage run's
-/// ([`boundary_share`]); and from the two-stage runs, each stage's share of the pass
-/// ([`StageSplit`]). Empty for a model of one node, which cannot be cut.
+/// middle profiled batch size, and how the runtime divides the pass between two stages
+/// ([`StageSplit`]) at every profiled batch size: the model compiled as one stage and as
+/// two (GPipe, no recomputation) and trained on synthetic data one microbatch per step
+/// with one libtorch thread per stage, so that the stages never overlap; in
+/// [`BOUNDARY_ROUNDS`] rounds, the two-stage run's forward, backward and step time per
+/// step less the one-stage run's ([`boundary_share`]); and from the two-stage runs (alone
+/// at the other sizes), each stage's share of the pass. Empty for a model of one node,
+/// which cannot be cut.
 fn time_boundary(model: &Path, device: Device, profiled: &Profiled<'_>, objective: &Objective) -> Result<(Vec<BoundaryCost>, Vec<StageSplit>), DriverError> {
     if profiled.nodes.len() < 2 {
         return Ok((Vec::new(), Vec::new()));
     }
     let mut sizes = profiled.batches.to_vec();
     sizes.sort_unstable();
-    let mut sizes = vec![sizes[0], sizes[sizes.len() / 2]];
+    let mut costed = vec![sizes[0], sizes[sizes.len() / 2]];
+    costed.dedup();
     sizes.dedup();
     let dir = tempfile::tempdir().map_err(|e| DriverError::msg(format!("a temporary folder for the one- and two-stage builds: {e}")))?;
-    let pairs = sizes.into_iter().map(|b| boundary_at(model, device, b, profiled, objective, dir.path())).collect::<Result<Vec<_>, _>>()?;
-    Ok(pairs.into_iter().unzip())
+    let mut costs = Vec::new();
+    let mut per_stage = Vec::new();
+    for b in sizes {
+        let times = if costed.contains(&b) {
+            let (cost, times) = boundary_at(model, device, b, profiled, objective, dir.path())?;
+            costs.push(cost);
+            times
+        } else {
+            stage_times_at(model, device, b, profiled, objective, dir.path())?
+        };
+        per_stage.push((b, times));
+    }
+    let split = per_stage
+        .iter()
+        .map(|(b, times)| stage_split(&build_path(dir.path(), *b, 2), *b, BoundaryCost::pass_ms_at(&costs, *b), times, profiled))
+        .collect::<Result<_, _>>()?;
+    Ok((costs, split))
 }
 
-/// [`time_boundary`] at microbatch `b`, building in `dir`.
-fn boundary_at(model: &Path, device: Device, b: u64, profiled: &Profiled<'_>, objective: &Objective, dir: &Path) -> Result<(BoundaryCost, StageSplit), DriverError> {
+/// Where [`time_boundary`] builds the model as `depth` stages at microbatch `b` in `dir`.
+fn build_path(dir: &Path, b: u64, depth: usize) -> std::path::PathBuf {
+    dir.join(format!("b{b}-d{depth}"))
+}
+
+/// The steps of one of [`time_boundary`]'s runs at microbatch `b`: enough to last
+/// [`BOUNDARY_RUN_S`] (by the whole pass), within [`BOUNDARY_STEPS`], and the warm-up.
+fn boundary_steps(profiled: &Profiled<'_>, b: u64) -> usize {
     let pass_s = profiled.whole.iter().find(|w| w.batch == b).map_or(0.0, |w| (w.fwd_ms + w.bwd_ms) / 1e3);
     let timed = if pass_s > 0.0 { (BOUNDARY_RUN_S / pass_s).ceil() as usize } else { BOUNDARY_STEPS.1 };
-    let steps = timed.clamp(BOUNDARY_STEPS.0, BOUNDARY_STEPS.1) + BOUNDARY_WARM_STEPS;
-    let builds = [1usize, 2].map(|depth| dir.join(format!("b{b}-d{depth}")));
+    timed.clamp(BOUNDARY_STEPS.0, BOUNDARY_STEPS.1) + BOUNDARY_WARM_STEPS
+}
+
+/// Adds one run's forward and backward milliseconds by stage, `run`, to `mean` as one of
+/// [`BOUNDARY_ROUNDS`].
+fn add_round(mean: &mut Vec<[f64; 2]>, run: &[[f64; 2]]) {
+    mean.resize(run.len().max(mean.len()), [0.0; 2]);
+    for (sum, ms) in mean.iter_mut().zip(run) {
+        sum[0] += ms[0] / BOUNDARY_ROUNDS as f64;
+        sum[1] += ms[1] / BOUNDARY_ROUNDS as f64;
+    }
+}
+
+/// [`time_boundary`]'s two-stage runs alone at microbatch `b`, building in `dir`: each
+/// stage's mean forward and backward milliseconds per step over [`BOUNDARY_ROUNDS`] runs.
+fn stage_times_at(model: &Path, device: Device, b: u64, profiled: &Profiled<'_>, objective: &Objective, dir: &Path) -> Result<Vec<[f64; 2]>, DriverError> {
+    let build = build_path(dir, b, 2);
+    compile_stages(model, 2, b, &build)?;
+    let steps = boundary_steps(profiled, b);
+    let mut per_stage = Vec::new();
+    for _ in 0..BOUNDARY_ROUNDS {
+        add_round(&mut per_stage, &per_step_ms(&build, device, steps, objective)?.per_stage_ms);
+    }
+    Ok(per_stage)
+}
+
+/// [`time_boundary`] at microbatch `b`, building in `dir`: the boundary's cost and each
+/// stage's mean forward and backward milliseconds per step in the two-stage runs.
+fn boundary_at(model: &Path, device: Device, b: u64, profiled: &Profiled<'_>, objective: &Objective, dir: &Path) -> Result<(BoundaryCost, Vec<[f64; 2]>), DriverError> {
+    let steps = boundary_steps(profiled, b);
+    let builds = [1usize, 2].map(|depth| build_path(dir, b, depth));
     for (depth, build) in [1usize, 2].into_iter().zip(&builds) {
         compile_stages(model, depth, b, build)?;
     }
@@ -553,11 +607,7 @@ fn boundary_at(model: &Path, device: Device, b: u64, profiled: &Profiled<'_>, ob
             ms[depth] = timed.per_step_ms;
             if depth == 1 {
                 after_backward.extend(timed.after_backward_ms);
-                per_stage.resize(timed.per_stage_ms.len(), [0.0; 2]);
-                for (sum, ms) in per_stage.iter_mut().zip(&timed.per_stage_ms) {
-                    sum[0] += ms[0] / BOUNDARY_ROUNDS as f64;
-                    sum[1] += ms[1] / BOUNDARY_ROUNDS as f64;
-                }
+                add_round(&mut per_stage, &timed.per_stage_ms);
             }
         }
         let [one, two] = ms;
@@ -567,18 +617,17 @@ fn boundary_at(model: &Path, device: Device, b: u64, profiled: &Profiled<'_>, ob
     }
     let [fwd_ms, bwd_ms, step_ms] = diffs.map(boundary_share);
     let after_backward_ms = (!after_backward.is_empty()).then(|| after_backward.iter().sum::<f64>() / after_backward.len() as f64);
-    let cost = BoundaryCost { batch: b, fwd_ms, bwd_ms, step_ms, after_backward_ms };
-    let split = stage_split(&builds[1], &cost, &per_stage, profiled)?;
-    Ok((cost, split))
+    Ok((BoundaryCost { batch: b, fwd_ms, bwd_ms, step_ms, after_backward_ms }, per_stage))
 }
 
-/// The two-stage build's [`StageSplit`] at `cost.batch`: each stage's nodes (those the
+/// The two-stage build's [`StageSplit`] at microbatch `b`: each stage's nodes (those the
 /// profile timed) and its mean forward and backward per step in `per_stage`, less half of
-/// the boundary's `cost` (each stage has one side of it) and, for the last, the loss.
-fn stage_split(build: &Path, cost: &BoundaryCost, per_stage: &[[f64; 2]], profiled: &Profiled<'_>) -> Result<StageSplit, DriverError> {
+/// the boundary's forward and backward cost at `b`, `boundary` (each stage has one side
+/// of it), and, for the last, the loss.
+fn stage_split(build: &Path, b: u64, boundary: [f64; 2], per_stage: &[[f64; 2]], profiled: &Profiled<'_>) -> Result<StageSplit, DriverError> {
     let manifest = Manifest::read(build).map_err(|e| DriverError::msg(e.to_string()))?;
     let timed_nodes: std::collections::HashSet<&str> = profiled.nodes.iter().map(|n| n.name.as_str()).collect();
-    let (loss_fwd, loss_bwd) = profiled.loss_at(cost.batch);
+    let (loss_fwd, loss_bwd) = profiled.loss_at(b);
     let last = per_stage.len().saturating_sub(1);
     let stages = manifest
         .module_paths(build)
@@ -589,10 +638,10 @@ fn stage_split(build: &Path, cost: &BoundaryCost, per_stage: &[[f64; 2]], profil
             let module = read_module(path).map_err(|e| DriverError::msg(e.to_string()))?;
             let nodes = module.program.instrs.iter().map(|ins| ins.name.clone()).filter(|n| timed_nodes.contains(n.as_str())).collect();
             let (lf, lb) = if i == last { (loss_fwd, loss_bwd) } else { (0.0, 0.0) };
-            Ok(SplitStage { nodes, fwd_ms: (ms[0] - cost.fwd_ms / 2.0 - lf).max(0.0), bwd_ms: (ms[1] - cost.bwd_ms / 2.0 - lb).max(0.0) })
+            Ok(SplitStage { nodes, fwd_ms: (ms[0] - boundary[0] / 2.0 - lf).max(0.0), bwd_ms: (ms[1] - boundary[1] / 2.0 - lb).max(0.0) })
         })
         .collect::<Result<_, DriverError>>()?;
-    Ok(StageSplit { batch: cost.batch, stages })
+    Ok(StageSplit { batch: b, stages })
 }
 
 /// What [`per_step_ms`] measures of one training run.

@@ -292,6 +292,10 @@ pub struct Profile {
 /// layers took 9% more of the pass in every training run than they did when timed alone),
 /// which the stages' measured times correct: [`Profile`]'s node times are scaled per stage
 /// so that the stages' shares of the pass are the measured ones, the whole pass unchanged.
+/// `pipewright profile` measures a split at every batch size it profiles, since the
+/// shares move with the microbatch in ways a line between two sizes misses (resnet18's,
+/// docs/simulator.md); between and beyond the measured sizes the scales are interpolated
+/// ([`Profile::split_scales`]).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct StageSplit {
     pub batch: u64,
@@ -372,6 +376,18 @@ pub struct BoundaryCost {
     /// taken before it was measured.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub after_backward_ms: Option<f64>,
+}
+
+impl BoundaryCost {
+    /// The forward and backward milliseconds of one boundary at microbatch `b` from the
+    /// sizes `costs` were measured at, read as the cost model reads them: through every
+    /// measured size, linear between two and along the nearest two beyond them; 0 without
+    /// any.
+    pub fn pass_ms_at(costs: &[BoundaryCost], b: u64) -> [f64; 2] {
+        let batches: Vec<u64> = costs.iter().map(|c| c.batch).collect();
+        let at = |ms: fn(&BoundaryCost) -> f64| Measured::new(&batches, &costs.iter().map(ms).collect::<Vec<f64>>()).at(b);
+        [at(|c| c.fwd_ms), at(|c| c.bwd_ms)]
+    }
 }
 
 /// The whole model's forward and backward pass run by 1, `cores` and `2 cores` threads at

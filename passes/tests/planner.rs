@@ -10,7 +10,7 @@ use pipewright_ir::{
     ValueId, Weight,
 };
 use pipewright_passes::cluster::Cluster;
-use pipewright_passes::cost::{CostModel, Lin, Profile, Roofline};
+use pipewright_passes::cost::{BoundaryCost, CostModel, Lin, Profile, Roofline};
 use pipewright_passes::partition::{choose_order, live_bytes};
 use pipewright_core::{Balance, Precision, Schedule, Scheme};
 use pipewright_passes::planner::{plan, plan_on, Candidate, PlanContext, PlanError, PlanOptions, REPLAYED};
@@ -555,6 +555,20 @@ fn a_profiles_gradient_accumulation_is_paid_by_the_backward_of_later_microbatche
     }
     let bad = json.replace(r#""accumulate_ms": 6"#, r#""accumulate_ms": -6"#);
     assert!(Profile::from_json(&bad).unwrap_err().to_string().contains("`accumulate_ms`: a negative"));
+}
+
+/// A split at a batch size the boundary was not measured at takes the boundary's cost
+/// there as the cost model reads it: through the measured sizes, along the nearest two
+/// beyond them, in proportion to the batch from one size alone.
+#[test]
+fn a_boundarys_cost_is_read_at_any_batch_through_the_measured_sizes() {
+    let cost = |batch, fwd_ms, bwd_ms| BoundaryCost { batch, fwd_ms, bwd_ms, step_ms: 0.0, after_backward_ms: None };
+    let costs = [cost(4, 5.0, 9.0), cost(1, 2.0, 3.0)];
+    assert_eq!(BoundaryCost::pass_ms_at(&costs, 1), [2.0, 3.0]);
+    assert_eq!(BoundaryCost::pass_ms_at(&costs, 2), [3.0, 5.0]);
+    assert_eq!(BoundaryCost::pass_ms_at(&costs, 8), [9.0, 17.0]);
+    assert_eq!(BoundaryCost::pass_ms_at(&[cost(2, 1.0, 3.0)], 4), [2.0, 6.0]);
+    assert_eq!(BoundaryCost::pass_ms_at(&[], 4), [0.0, 0.0]);
 }
 
 /// A profile's split (the model trained as stages) scales each stage's nodes so that the
