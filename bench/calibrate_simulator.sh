@@ -24,7 +24,12 @@
 # computed alike from the run's trace and the replays' traces by `pipeline_stats.py
 # bubble`); then the replay with the
 # run's own per-stage mean times
-# (`simulate --stage-times`), which separates the schedule model from the cost inputs.
+# (`simulate --stage-times`), which separates the schedule model from the cost inputs;
+# and, where each stage has a core (d <= HOST_CORES), the whole-run bubble of the run's own
+# compute events replayed in their order through the stages' dependencies alone
+# (`pipeline_stats.py reorder`), with their measured durations and with each stage's mean
+# per kind: what the durations' spread adds to the bubble, which every replay of mean
+# times leaves out (docs/simulator.md, after run 14).
 # Both replays run the stages as threads sharing the machine's cores
 # (`simulate --host-cores HOST_CORES`), as the embedded executor's stage threads do, on the
 # host the profile measured (its crowding and its scheduler's turn); with --stage-times the
@@ -71,8 +76,8 @@ with_steal() {
 }
 profile_to() { STEAL_LOG="$1.steal" with_steal "$pw" profile "$onnx" --batch 1,2,4,8 -o "$1" >&2; }
 
-echo "| model | d | schedule | measured samples/s | simulated: profile before / after | sim / measured (mean of both) | before, after alone | measured bubble (rounds' range) | simulated bubble | simulated (run's stage times) | sim / measured | simulated bubble | bubble over the rate's steps: measured / profile / stage times | steal % (max) |"
-echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+echo "| model | d | schedule | measured samples/s | simulated: profile before / after | sim / measured (mean of both) | before, after alone | measured bubble (rounds' range) | simulated bubble | simulated (run's stage times) | sim / measured | simulated bubble | bubble over the rate's steps: measured / profile / stage times | run's order alone: measured durations / means | steal % (max) |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 for spec in "${specs[@]}"; do
     IFS=: read -r model mb steps <<<"$spec"
     onnx="$MODELS_DIR/$model.onnx"
@@ -124,6 +129,13 @@ PY
             for t in trace sim-before.trace sim-after.trace sim-timed.trace; do
                 "$py" bench/pipeline_stats.py bubble --trace "$dir/$t.json" --warmup "$WARMUP"
             done > "$dir/steady-bubbles"
+            if (( d <= HOST_CORES )); then
+                for means in "" --means; do
+                    "$py" bench/pipeline_stats.py reorder --trace "$dir/trace.json" $means
+                done > "$dir/order-bubbles"
+            else
+                rm -f "$dir/order-bubbles"
+            fi
             "$py" - "$dir" "$model" "$d" "$s" "$ROUNDS" <<'PY'
 import json, sys
 dir, model, d, s, rounds = sys.argv[1:]
@@ -138,10 +150,14 @@ r = real["samples_per_s"]
 rate = (before["samples_per_s"] + after["samples_per_s"]) / 2
 bubble = (before["bubble_fraction"] + after["bubble_fraction"]) / 2
 steal = max(float(x) for x in open(f"{dir}/steal-all").read().split())
+try:
+    order = " / ".join(f"{float(x):.3f}" for x in open(f"{dir}/order-bubbles").read().split())
+except FileNotFoundError:
+    order = "-"
 print(f"| {model} | {d} | {s} | {r:.1f} | {before['samples_per_s']:.1f} / {after['samples_per_s']:.1f} | {rate / r:.2f} | "
       f"{before['samples_per_s'] / r:.2f}, {after['samples_per_s'] / r:.2f} | {rb:.3f} ({min(each):.3f} to {max(each):.3f}) | {bubble:.3f} | "
       f"{timed['samples_per_s']:.1f} | {timed['samples_per_s'] / r:.2f} | {timed['bubble_fraction']:.3f} | "
-      f"{real_b:.3f} / {(before_b + after_b) / 2:.3f} / {timed_b:.3f} | {steal:.1f} |")
+      f"{real_b:.3f} / {(before_b + after_b) / 2:.3f} / {timed_b:.3f} | {order} | {steal:.1f} |")
 PY
         done
         before="$after"
