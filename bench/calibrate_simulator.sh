@@ -27,9 +27,10 @@
 # (`simulate --stage-times`), which separates the schedule model from the cost inputs;
 # and, where each stage has a core (d <= HOST_CORES), the whole-run bubble of the run's own
 # compute events replayed in their order through the stages' dependencies alone
-# (`pipeline_stats.py reorder`), with their measured durations and with each stage's mean
-# per kind: what the durations' spread adds to the bubble, which every replay of mean
-# times leaves out (docs/simulator.md, after run 14).
+# (`pipeline_stats.py reorder`), with their measured durations, with each stage's mean
+# per kind, and with its durations dealt at random (the mean of 50 replays): what the
+# durations' spread adds to the bubble, which every replay of mean times leaves out
+# (docs/simulator.md, after run 14).
 # Both replays run the stages as threads sharing the machine's cores
 # (`simulate --host-cores HOST_CORES`), as the embedded executor's stage threads do, on the
 # host the profile measured (its crowding and its scheduler's turn); with --stage-times the
@@ -76,7 +77,7 @@ with_steal() {
 }
 profile_to() { STEAL_LOG="$1.steal" with_steal "$pw" profile "$onnx" --batch 1,2,4,8 -o "$1" >&2; }
 
-echo "| model | d | schedule | measured samples/s | simulated: profile before / after | sim / measured (mean of both) | before, after alone | measured bubble (rounds' range) | simulated bubble | simulated (run's stage times) | sim / measured | simulated bubble | bubble over the rate's steps: measured / profile / stage times | run's order alone: measured durations / means | steal % (max) |"
+echo "| model | d | schedule | measured samples/s | simulated: profile before / after | sim / measured (mean of both) | before, after alone | measured bubble (rounds' range) | simulated bubble | simulated (run's stage times) | sim / measured | simulated bubble | bubble over the rate's steps: measured / profile / stage times | run's order alone: measured durations / means / dealt at random | steal % (max) |"
 echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 for spec in "${specs[@]}"; do
     IFS=: read -r model mb steps <<<"$spec"
@@ -130,8 +131,9 @@ PY
                 "$py" bench/pipeline_stats.py bubble --trace "$dir/$t.json" --warmup "$WARMUP"
             done > "$dir/steady-bubbles"
             if (( d <= HOST_CORES )); then
-                for means in "" --means; do
-                    "$py" bench/pipeline_stats.py reorder --trace "$dir/trace.json" $means
+                for how in "" --means "--shuffle 50"; do
+                    # shellcheck disable=SC2086 # an option and its value, or nothing
+                    "$py" bench/pipeline_stats.py reorder --trace "$dir/trace.json" $how
                 done > "$dir/order-bubbles"
             else
                 rm -f "$dir/order-bubbles"

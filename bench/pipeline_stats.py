@@ -11,14 +11,17 @@ Usage:
   pipeline_stats.py bubble --trace T.json --warmup W
       prints the mean over stages of bubble_k (steady), from the trace alone: a real
       run's, or a replay's (`pipewright simulate --trace`), so that both are measured alike
-  pipeline_stats.py reorder --trace T.json [--means]
+  pipeline_stats.py reorder --trace T.json [--means | --shuffle N]
       replays a real run's compute events in the order each stage ran them, through the
       stages' dependencies alone (a forward after the previous stage's forward of its
       microbatch, a backward after the next stage's backward, a tied-weight allreduce after
       every stage's last backward of the step), with their measured durations (or each
       stage's mean per kind with --means) and nothing between them: no sends, waits or
       untraced work. Prints the whole-run bubble: what the durations and the order alone
-      leave, against the run's own (`run`'s bubble_whole_run)
+      leave, against the run's own (`run`'s bubble_whole_run). With --shuffle N, each
+      stage's measured durations of each kind are dealt to its operations in a random
+      order (seeds 0 to N-1) and the mean bubble of the N replays is printed: the spread
+      alone, as independent draws, without the order the run happened to have
 
 Definitions (steps 1..S of the metrics = batches 0..S-1 of the trace; the first W are
 warm-up and dropped):
@@ -37,6 +40,7 @@ warm-up and dropped):
 """
 import argparse
 import json
+import random
 import statistics
 import sys
 
@@ -127,7 +131,7 @@ def run_stats(metrics_path, trace_path, warmup, label):
     return out
 
 
-def reorder_bubble(trace_path, means):
+def reorder_bubble(trace_path, means, seed=None):
     ev = read_events(trace_path)
     stages = sorted({e["tid"] for e in ev})
     mb_of = lambda e: (e.get("args") or {}).get("microbatch")
@@ -139,6 +143,15 @@ def reorder_bubble(trace_path, means):
             durs = [e["dur"] for e in order[k] if e["name"] == name]
             if durs:
                 mean[(k, name)] = sum(durs) / len(durs)
+    dealt = {}
+    if seed is not None:
+        rnd = random.Random(seed)
+        for k in stages:
+            # Sorted: a set's order changes from one run of Python to the next.
+            for name in sorted(BUSY):
+                durs = [e["dur"] for e in order[k] if e["name"] == name]
+                rnd.shuffle(durs)
+                dealt[(k, name)] = durs
     last_backward = {(k, step_of(e)): id(e) for k in stages for e in order[k] if e["name"] == "backward"}
     done, clock, busy, pos = {}, {k: 0.0 for k in stages}, {k: 0.0 for k in stages}, {k: 0 for k in stages}
     progress = True
@@ -159,7 +172,14 @@ def reorder_bubble(trace_path, means):
                 if any(n not in done for n in needs):
                     break
                 start = max([clock[k]] + [done[n] for n in needs])
-                dur = 0.0 if name == "allreduce" else (mean[(k, name)] if means else e["dur"])
+                if name == "allreduce":
+                    dur = 0.0
+                elif means:
+                    dur = mean[(k, name)]
+                elif seed is not None:
+                    dur = dealt[(k, name)].pop()
+                else:
+                    dur = e["dur"]
                 clock[k] = start + dur
                 busy[k] += dur
                 done[(k, name, mb_of(e) if name in ("forward", "backward", "recompute") else step_of(e))] = clock[k]
@@ -211,12 +231,19 @@ def main():
     b.add_argument("--warmup", type=int, required=True)
     o = sub.add_parser("reorder")
     o.add_argument("--trace", required=True)
-    o.add_argument("--means", action="store_true")
+    how = o.add_mutually_exclusive_group()
+    how.add_argument("--means", action="store_true")
+    how.add_argument("--shuffle", type=int, metavar="N")
     a = ap.parse_args()
     if a.cmd == "run":
         print(json.dumps(run_stats(a.metrics, a.trace, a.warmup, a.label)))
     elif a.cmd == "reorder":
-        print(f"{reorder_bubble(a.trace, a.means):.6f}")
+        if a.shuffle is not None and a.shuffle < 1:
+            sys.exit("pipeline_stats.py reorder: --shuffle takes a number of replays, at least 1")
+        if a.shuffle:
+            print(f"{statistics.mean(reorder_bubble(a.trace, False, seed) for seed in range(a.shuffle)):.6f}")
+        else:
+            print(f"{reorder_bubble(a.trace, a.means):.6f}")
     elif a.cmd == "bubble":
         print(f"{mean_steady_bubble(a.trace, a.warmup):.6f}")
     else:
