@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use std::path::Path;
 
-use pipewright_core::timeline::{after_backward_us, TraceKind};
+use pipewright_core::timeline::{after_backward_us, TraceEvent, TraceKind};
 use pipewright_core::{Decay, Device, NonFinite, Precision, Recompute, Schedule};
 use pipewright_ir::{Graph, ImportOptions};
 use pipewright_core::Loss;
@@ -120,12 +120,12 @@ pub fn profile(model: &Path, device: Device, batches: &[u64], reps: usize, seed:
     // A model the runtime cannot cut in two, or train on synthetic data, still profiles.
     let loss = LossTiming { loss: objective.loss, output: objective.output.clone(), fwd_ms: loss_fwd, bwd_ms: loss_bwd };
     let profiled = Profiled { batches, whole: &whole, nodes: &nodes, loss: &loss };
-    let (boundary, split) = time_boundary(model, device, &profiled, &objective).unwrap_or_else(|e| {
+    let TwoStages { boundary, split, duration_factors } = time_boundary(model, device, &profiled, &objective).unwrap_or_else(|e| {
         on_progress(Progress::Skipped { what: "a stage boundary's cost", why: e.to_string() });
-        (Vec::new(), Vec::new())
+        TwoStages::default()
     });
     let loss = Some(loss);
-    Ok(Profile { model: model.display().to_string(), device: device.to_string(), batches: batches.to_vec(), nodes, spread, whole, updates, loss, step, sharing, boundary, accumulate_ms, split })
+    Ok(Profile { model: model.display().to_string(), device: device.to_string(), batches: batches.to_vec(), nodes, spread, whole, updates, loss, step, sharing, boundary, accumulate_ms, split, duration_factors })
 }
 
 /// What [`profile`] measured before the stage boundary: the batch sizes, the whole pass,
@@ -519,11 +519,11 @@ const BOUNDARY_STEPS: (usize, usize) = (6, 200);
 /// with one libtorch thread per stage, so that the stages never overlap; in
 /// [`BOUNDARY_ROUNDS`] rounds, the two-stage run's forward, backward and step time per
 /// step less the one-stage run's ([`boundary_share`]); and from the two-stage runs (alone
-/// at the other sizes), each stage's share of the pass. Empty for a model of one node,
-/// which cannot be cut.
-fn time_boundary(model: &Path, device: Device, profiled: &Profiled<'_>, objective: &Objective) -> Result<(Vec<BoundaryCost>, Vec<StageSplit>), DriverError> {
+/// at the other sizes), each stage's share of the pass and how each forward and backward
+/// spread about its stage's mean. Empty for a model of one node, which cannot be cut.
+fn time_boundary(model: &Path, device: Device, profiled: &Profiled<'_>, objective: &Objective) -> Result<TwoStages, DriverError> {
     if profiled.nodes.len() < 2 {
-        return Ok((Vec::new(), Vec::new()));
+        return Ok(TwoStages::default());
     }
     let mut sizes = profiled.batches.to_vec();
     sizes.sort_unstable();
@@ -532,22 +532,53 @@ fn time_boundary(model: &Path, device: Device, profiled: &Profiled<'_>, objectiv
     sizes.dedup();
     let dir = tempfile::tempdir().map_err(|e| DriverError::msg(format!("a temporary folder for the one- and two-stage builds: {e}")))?;
     let mut costs = Vec::new();
-    let mut per_stage = Vec::new();
+    let mut per_size = Vec::new();
     for b in sizes {
-        let times = if costed.contains(&b) {
-            let (cost, times) = boundary_at(model, device, b, profiled, objective, dir.path())?;
+        let runs = if costed.contains(&b) {
+            let (cost, runs) = boundary_at(model, device, b, profiled, objective, dir.path())?;
             costs.push(cost);
-            times
+            runs
         } else {
             stage_times_at(model, device, b, profiled, objective, dir.path())?
         };
-        per_stage.push((b, times));
+        per_size.push((b, runs));
     }
-    let split = per_stage
+    let split = per_size
         .iter()
-        .map(|(b, times)| stage_split(&build_path(dir.path(), *b, 2), *b, BoundaryCost::pass_ms_at(&costs, *b), times, profiled))
+        .map(|(b, runs)| stage_split(&build_path(dir.path(), *b, 2), *b, BoundaryCost::pass_ms_at(&costs, *b), &runs.per_stage, profiled))
         .collect::<Result<_, _>>()?;
-    Ok((costs, split))
+    let duration_factors = quantiles(per_size.into_iter().flat_map(|(_, runs)| runs.factors).collect());
+    Ok(TwoStages { boundary: costs, split, duration_factors })
+}
+
+/// What [`time_boundary`] measured: [`Profile::boundary`], [`Profile::split`] and
+/// [`Profile::duration_factors`].
+#[derive(Default)]
+struct TwoStages {
+    boundary: Vec<BoundaryCost>,
+    split: Vec<StageSplit>,
+    duration_factors: Vec<f64>,
+}
+
+/// The two-stage runs at one batch size: each stage's mean forward and backward
+/// milliseconds per step over [`BOUNDARY_ROUNDS`] runs, and every run's
+/// [`TimedRun::factors`].
+#[derive(Default)]
+struct TwoStageRuns {
+    per_stage: Vec<[f64; 2]>,
+    factors: Vec<f64>,
+}
+
+impl TwoStageRuns {
+    /// Adds one of the [`BOUNDARY_ROUNDS`] runs.
+    fn add(&mut self, run: TimedRun) {
+        self.per_stage.resize(run.per_stage_ms.len().max(self.per_stage.len()), [0.0; 2]);
+        for (sum, ms) in self.per_stage.iter_mut().zip(&run.per_stage_ms) {
+            sum[0] += ms[0] / BOUNDARY_ROUNDS as f64;
+            sum[1] += ms[1] / BOUNDARY_ROUNDS as f64;
+        }
+        self.factors.extend(run.factors);
+    }
 }
 
 /// Where [`time_boundary`] builds the model as `depth` stages at microbatch `b` in `dir`.
@@ -563,32 +594,21 @@ fn boundary_steps(profiled: &Profiled<'_>, b: u64) -> usize {
     timed.clamp(BOUNDARY_STEPS.0, BOUNDARY_STEPS.1) + BOUNDARY_WARM_STEPS
 }
 
-/// Adds one run's forward and backward milliseconds by stage, `run`, to `mean` as one of
-/// [`BOUNDARY_ROUNDS`].
-fn add_round(mean: &mut Vec<[f64; 2]>, run: &[[f64; 2]]) {
-    mean.resize(run.len().max(mean.len()), [0.0; 2]);
-    for (sum, ms) in mean.iter_mut().zip(run) {
-        sum[0] += ms[0] / BOUNDARY_ROUNDS as f64;
-        sum[1] += ms[1] / BOUNDARY_ROUNDS as f64;
-    }
-}
-
-/// [`time_boundary`]'s two-stage runs alone at microbatch `b`, building in `dir`: each
-/// stage's mean forward and backward milliseconds per step over [`BOUNDARY_ROUNDS`] runs.
-fn stage_times_at(model: &Path, device: Device, b: u64, profiled: &Profiled<'_>, objective: &Objective, dir: &Path) -> Result<Vec<[f64; 2]>, DriverError> {
+/// [`time_boundary`]'s two-stage runs alone at microbatch `b`, building in `dir`.
+fn stage_times_at(model: &Path, device: Device, b: u64, profiled: &Profiled<'_>, objective: &Objective, dir: &Path) -> Result<TwoStageRuns, DriverError> {
     let build = build_path(dir, b, 2);
     compile_stages(model, 2, b, &build)?;
     let steps = boundary_steps(profiled, b);
-    let mut per_stage = Vec::new();
+    let mut runs = TwoStageRuns::default();
     for _ in 0..BOUNDARY_ROUNDS {
-        add_round(&mut per_stage, &per_step_ms(&build, device, steps, objective)?.per_stage_ms);
+        runs.add(per_step_ms(&build, device, steps, objective)?);
     }
-    Ok(per_stage)
+    Ok(runs)
 }
 
-/// [`time_boundary`] at microbatch `b`, building in `dir`: the boundary's cost and each
-/// stage's mean forward and backward milliseconds per step in the two-stage runs.
-fn boundary_at(model: &Path, device: Device, b: u64, profiled: &Profiled<'_>, objective: &Objective, dir: &Path) -> Result<(BoundaryCost, Vec<[f64; 2]>), DriverError> {
+/// [`time_boundary`] at microbatch `b`, building in `dir`: the boundary's cost and the
+/// two-stage runs.
+fn boundary_at(model: &Path, device: Device, b: u64, profiled: &Profiled<'_>, objective: &Objective, dir: &Path) -> Result<(BoundaryCost, TwoStageRuns), DriverError> {
     let steps = boundary_steps(profiled, b);
     let builds = [1usize, 2].map(|depth| build_path(dir, b, depth));
     for (depth, build) in [1usize, 2].into_iter().zip(&builds) {
@@ -596,7 +616,7 @@ fn boundary_at(model: &Path, device: Device, b: u64, profiled: &Profiled<'_>, ob
     }
     let mut diffs: [Vec<f64>; 3] = Default::default();
     let mut after_backward = Vec::new();
-    let mut per_stage: Vec<[f64; 2]> = Vec::new();
+    let mut runs = TwoStageRuns::default();
     for round in 0..BOUNDARY_ROUNDS {
         // Every other round runs the two-stage build first, so that the machine's drift
         // over the rounds (steady here for minutes at a time) adds to half the differences
@@ -606,8 +626,8 @@ fn boundary_at(model: &Path, device: Device, b: u64, profiled: &Profiled<'_>, ob
             let timed = per_step_ms(&builds[depth], device, steps, objective)?;
             ms[depth] = timed.per_step_ms;
             if depth == 1 {
-                after_backward.extend(timed.after_backward_ms);
-                add_round(&mut per_stage, &timed.per_stage_ms);
+                after_backward.extend(timed.after_backward_ms.iter().copied());
+                runs.add(timed);
             }
         }
         let [one, two] = ms;
@@ -617,7 +637,7 @@ fn boundary_at(model: &Path, device: Device, b: u64, profiled: &Profiled<'_>, ob
     }
     let [fwd_ms, bwd_ms, step_ms] = diffs.map(boundary_share);
     let after_backward_ms = (!after_backward.is_empty()).then(|| after_backward.iter().sum::<f64>() / after_backward.len() as f64);
-    Ok((BoundaryCost { batch: b, fwd_ms, bwd_ms, step_ms, after_backward_ms }, per_stage))
+    Ok((BoundaryCost { batch: b, fwd_ms, bwd_ms, step_ms, after_backward_ms }, runs))
 }
 
 /// The two-stage build's [`StageSplit`] at microbatch `b`: each stage's nodes (those the
@@ -653,6 +673,8 @@ struct TimedRun {
     /// Per stage, the mean milliseconds after a backward before the next traced event
     /// ([`after_backward_us`]).
     after_backward_ms: Vec<f64>,
+    /// Each forward and backward over its stage's mean of that kind in this run.
+    factors: Vec<f64>,
 }
 
 /// One kind's cost from the rounds' differences: their mean, 0 when it is negative. The
@@ -728,7 +750,41 @@ fn per_step_ms(build: &Path, device: Device, steps: usize, objective: &Objective
     }
     let counted = (steps - BOUNDARY_WARM_STEPS).max(1) as f64;
     let after_backward_ms = after_backward_us(&report.trace, BOUNDARY_WARM_STEPS as u64).into_iter().flatten().map(|us| us / 1e3).collect();
-    Ok(TimedRun { per_step_ms: sums.map(|x| x / counted), per_stage_ms: per_stage.into_iter().map(|s| s.map(|x| x / counted)).collect(), after_backward_ms })
+    let factors = duration_factors(&report.trace);
+    Ok(TimedRun { per_step_ms: sums.map(|x| x / counted), per_stage_ms: per_stage.into_iter().map(|s| s.map(|x| x / counted)).collect(), after_backward_ms, factors })
+}
+
+/// Each forward and backward of `trace` after [`BOUNDARY_WARM_STEPS`] over the mean of its
+/// stage and kind there.
+fn duration_factors(trace: &[TraceEvent]) -> Vec<f64> {
+    let timed: Vec<&TraceEvent> = trace.iter().filter(|e| e.step >= BOUNDARY_WARM_STEPS as u64 && matches!(e.kind, TraceKind::Forward | TraceKind::Backward)).collect();
+    let mut sums: std::collections::HashMap<(usize, bool), (f64, usize)> = std::collections::HashMap::new();
+    for e in &timed {
+        let sum = sums.entry((e.stage, e.kind == TraceKind::Forward)).or_default();
+        *sum = (sum.0 + e.dur_us, sum.1 + 1);
+    }
+    timed
+        .iter()
+        .filter_map(|e| {
+            let (sum, n) = sums[&(e.stage, e.kind == TraceKind::Forward)];
+            (sum > 0.0).then(|| e.dur_us * n as f64 / sum)
+        })
+        .collect()
+}
+
+/// The factors a profile keeps of all its two-stage runs': at most this many evenly spaced
+/// quantiles (a fast model's runs time thousands of operations).
+const DURATION_QUANTILES: usize = 64;
+
+/// `values`' [`DURATION_QUANTILES`] evenly spaced quantiles, lowest and highest included
+/// (all of them, sorted, when fewer).
+fn quantiles(mut values: Vec<f64>) -> Vec<f64> {
+    values.sort_by(f64::total_cmp);
+    if values.len() <= DURATION_QUANTILES {
+        return values;
+    }
+    let last = values.len() - 1;
+    (0..DURATION_QUANTILES).map(|i| values[i * last / (DURATION_QUANTILES - 1)]).collect()
 }
 
 #[cfg(test)]
@@ -755,6 +811,28 @@ mod tests {
         assert_eq!(found.len(), 2, "{found:?}");
         assert!(found[0].starts_with("batch 2: 2 threads on 2 cores each took 1.90 times"), "{found:?}");
         assert!(found[1].starts_with("batch 4: one thread's pass took 14.000 ms while crowding was timed, the whole pass 10.000 ms"), "{found:?}");
+    }
+
+    /// A run's factors are each forward and backward after the warm-up over the mean of its
+    /// stage and kind; updates and warm-up steps do not count. Kept factors are evenly
+    /// spaced quantiles, lowest and highest included.
+    #[test]
+    fn duration_factors_are_each_operation_over_its_stage_and_kinds_mean() {
+        let ev = |kind, stage, step: u64, dur_us| TraceEvent { kind, stage, start_us: 0.0, dur_us, microbatch: Some(step), version: 0, step };
+        let warm = BOUNDARY_WARM_STEPS as u64;
+        let mut trace = vec![ev(TraceKind::Forward, 0, 0, 9e6), ev(TraceKind::Optimizer, 1, warm, 9e6)];
+        for (step, f0, b1) in [(warm, 1000.0, 3000.0), (warm + 1, 3000.0, 1000.0)] {
+            trace.extend([ev(TraceKind::Forward, 0, step, f0), ev(TraceKind::Backward, 1, step, b1)]);
+        }
+        let mut factors = duration_factors(&trace);
+        factors.sort_by(f64::total_cmp);
+        assert_eq!(factors, [0.5, 0.5, 1.5, 1.5]);
+        let many: Vec<f64> = (0..=1000).rev().map(f64::from).collect();
+        let q = quantiles(many);
+        assert_eq!(q.len(), DURATION_QUANTILES);
+        assert_eq!((q[0], q[DURATION_QUANTILES - 1]), (0.0, 1000.0));
+        assert!(q.windows(2).all(|w| w[0] < w[1]), "{q:?}");
+        assert_eq!(quantiles(vec![2.0, 1.0]), [1.0, 2.0]);
     }
 
     /// A spinning thread's turns are the runs between two losses of its core; the run

@@ -13,7 +13,7 @@ use pipewright_passes::cost::{CostModel, Profile};
 use pipewright_passes::plan_file::PlanFile;
 use pipewright_passes::planner::{plan_on, Candidate, PlanContext, PlanError, PlanOptions};
 use pipewright_passes::presets::SimCluster;
-use pipewright_passes::simulate::{dedicated_durations, simulate as replay, HostCores, SimSetup, Simulation};
+use pipewright_passes::simulate::{dedicated_durations, simulate as replay, DurationSpread, HostCores, SimSetup, Simulation};
 use pipewright_passes::tensor_parallel::{plan_tensor_parallel, TensorError};
 use pipewright_runtime::timeline::{after_backward_us, chrome_trace_json, read_chrome_trace, timeline_svg, TraceKind};
 use serde::Serialize;
@@ -39,7 +39,9 @@ pub struct SimulateRequest {
     /// Keep every interval, for [`write_trace`].
     pub record: bool,
     /// A real run's trace (`train --trace`) whose per-stage mean forward, recompute,
-    /// backward, optimizer and send times replace the cost model's (for a plan of that run).
+    /// backward, optimizer and send times replace the cost model's (for a plan of that run),
+    /// and whose forwards and backwards, each over its stage's mean, are the replay's
+    /// [`DurationSpread`].
     pub stage_times: Option<PathBuf>,
     /// The stages are threads sharing this many CPU cores (`--host-cores`; overrides the
     /// cluster's `host_cores`): the replay shares them among the working stages, and the
@@ -190,6 +192,7 @@ fn tensor_outcome(g: &Graph, cost: &CostModel, cluster: &SimCluster, opts: &Plan
         record: req.record,
         host: cluster.host_cores.map(|c| cost.host_cores(c, cand.b)),
         tied_groups: Vec::new(),
+        spread: cost.duration_spread().cloned(),
     };
     let sim = replay(&setup).map_err(|e| DriverError::msg(format!("{}: {scheme}: {e}", req.input.display())))?;
     // Its search has only a closed form: that is its prediction.
@@ -236,9 +239,10 @@ fn replay_candidate(ctx: &mut PlanContext, cluster: &SimCluster, opts: &PlanOpti
     let run_as = Candidate { schedule: scheme.schedule().unwrap_or(Schedule::Flush), ..cand.clone() };
     let mut stages = ctx.stage_costs(&run_as, opts);
     let host = cluster.host_cores.map(|c| ctx.cost().host_cores(c, cand.b));
-    if let Some(path) = &req.stage_times {
-        measured_stage_times(path, &mut stages, host.map(|h| (h, cand.w)))?;
-    }
+    let spread = match &req.stage_times {
+        Some(path) => measured_stage_times(path, &mut stages, host.map(|h| (h, cand.w)))?,
+        None => ctx.cost().duration_spread().cloned(),
+    };
     let setup = SimSetup {
         scheme,
         w: cand.w,
@@ -251,6 +255,7 @@ fn replay_candidate(ctx: &mut PlanContext, cluster: &SimCluster, opts: &PlanOpti
         record: req.record,
         host,
         tied_groups: ctx.tied_stage_groups(&cand.cuts),
+        spread,
     };
     replay(&setup).map_err(|e| DriverError::msg(format!("{}: {scheme}: {e}", req.input.display())))
 }
@@ -316,8 +321,9 @@ fn simulate_plan(req: &SimulateRequest) -> Result<SimulateReport, DriverError> {
 /// With `sharing` (host, replicas), the run's stages shared that host's cores, so each
 /// event's duration is first converted to the work it stands for at full speed (the
 /// replay shares the cores again; taking the inflated durations as work would count the
-/// sharing twice).
-fn measured_stage_times(path: &Path, stages: &mut [pipewright_passes::simulate::StageCost], sharing: Option<(HostCores, usize)>) -> Result<(), DriverError> {
+/// sharing twice). Returns how the forwards and backwards spread about their stage's mean
+/// (`None` with fewer than two).
+fn measured_stage_times(path: &Path, stages: &mut [pipewright_passes::simulate::StageCost], sharing: Option<(HostCores, usize)>) -> Result<Option<DurationSpread>, DriverError> {
     let text = std::fs::read_to_string(path).map_err(|source| DriverError::Read { path: path.to_path_buf(), source })?;
     let events = read_chrome_trace(&text).map_err(|e| DriverError::msg(format!("{}: {e}", path.display())))?;
     let traced = events.iter().map(|e| e.stage + 1).max().unwrap_or(0);
@@ -349,7 +355,14 @@ fn measured_stage_times(path: &Path, stages: &mut [pipewright_passes::simulate::
         // says how long it had a core in them).
         c.after_backward_s = after_backward.get(s).copied().flatten().map_or(0.0, |us| us / 1e6);
     }
-    Ok(())
+    // Each forward and backward over its stage's mean of that kind.
+    let factors: Vec<f64> = events
+        .iter()
+        .zip(&seconds)
+        .filter(|(e, _)| matches!(e.kind, TraceKind::Forward | TraceKind::Backward))
+        .filter_map(|(e, &t)| mean(e.stage, e.kind).filter(|m| *m > 0.0).map(|m| t / m))
+        .collect();
+    Ok(DurationSpread::new(&factors))
 }
 
 /// Writes a replay's Chrome trace (the format of `train --trace`) and, when asked, its SVG

@@ -53,6 +53,7 @@ fn bench_replay(c: &mut Criterion) {
             record: false,
             host: None,
             tied_groups: Vec::new(),
+            spread: None,
         };
         group.bench_function(format!("1,024 GPUs (d = 64, w = 16, m = 64), 1,000 batches, {scheme}"), |bch| bch.iter(|| simulate(&setup).expect("replays")));
     }

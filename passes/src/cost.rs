@@ -283,6 +283,13 @@ pub struct Profile {
     /// were timed one at a time).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub split: Vec<StageSplit>,
+    /// How the runtime's forwards and backwards vary from one microbatch to the next: in
+    /// the two-stage runs behind `split`, each over its stage's mean of that kind in its
+    /// run, as evenly spaced quantiles (absent from older profiles: the simulator then runs
+    /// every operation at its stage's time). The simulator draws from it
+    /// ([`crate::simulate::DurationSpread`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub duration_factors: Vec<f64>,
 }
 
 /// The model trained as stages (one microbatch per step, so that they never overlap) at
@@ -624,6 +631,9 @@ impl Profile {
                 return Err(CostError::ProfileInvalid("`boundary`: needs a positive batch and non-negative finite times".into()));
             }
         }
+        if self.duration_factors.iter().any(|&f| !f.is_finite() || f <= 0.0) {
+            return Err(CostError::ProfileInvalid("`duration_factors`: needs positive finite factors".into()));
+        }
         if self.accumulate_ms.is_some_and(bad) {
             return Err(CostError::ProfileInvalid("`accumulate_ms`: a negative or non-finite time".into()));
         }
@@ -759,6 +769,8 @@ pub struct CostModel {
     /// Seconds to accumulate a gradient of every trainable weight, when the profile
     /// measured it.
     accumulate: Option<f64>,
+    /// How the operations' times spread, when the profile measured it.
+    spread: Option<crate::simulate::DurationSpread>,
 }
 
 fn numel_lin(ty: &TensorType, export: i64) -> Lin {
@@ -1205,6 +1217,7 @@ impl CostModel {
             boundary: None,
             after_backward: None,
             accumulate: None,
+            spread: None,
         })
     }
 
@@ -1343,6 +1356,7 @@ impl CostModel {
         let after: Option<Vec<f64>> = profile.boundary.iter().map(|c| c.after_backward_ms).collect();
         self.after_backward = after.filter(|ms| !ms.is_empty()).map(|ms| Measured::new(&batches, &ms));
         self.accumulate = profile.accumulate_ms.map(|ms| ms * 1e-3);
+        self.spread = crate::simulate::DurationSpread::new(&profile.duration_factors);
         Ok(report)
     }
 
@@ -1379,6 +1393,12 @@ impl CostModel {
     /// else 0 (unknown).
     pub fn tick(&self, cores: usize) -> f64 {
         self.sharing.as_ref().filter(|s| s.cores == cores).and_then(|s| s.turn_ms).map_or(0.0, |ms| ms * 1e-3)
+    }
+
+    /// How the operations' times spread about their stages' times, from a profile that
+    /// measured it ([`Profile::duration_factors`]).
+    pub fn duration_spread(&self) -> Option<&crate::simulate::DurationSpread> {
+        self.spread.as_ref()
     }
 
     /// A CPU host of `cores` cores as the replays of microbatch `b` share it: Linux's time

@@ -1186,6 +1186,9 @@ fn replay_setup(ctx: &mut PlanContext, cand: &Candidate, opts: &PlanOptions, lat
         record: false,
         host: host_cores.map(|c| ctx.cost.host_cores(c, cand.b)),
         tied_groups: ctx.tied_stage_groups(&cand.cuts),
+        // The planner ranks by mean times: a spread raises near-balanced plans' bubbles,
+        // but its draws would make the ranking move from one search to the next.
+        spread: None,
     }
 }
 

@@ -146,6 +146,76 @@ pub struct SimSetup {
     /// ([`StageCost::tied_sync_s`]): each stage waits there for every stage it is tied to,
     /// directly or through another group, as the runtime's step does.
     pub tied_groups: Vec<Vec<usize>>,
+    /// How the operations' times vary from one microbatch to the next; `None`: every
+    /// operation takes its stage's time.
+    pub spread: Option<DurationSpread>,
+}
+
+/// How much an operation's time varies from one microbatch to the next: measured
+/// durations, each over the mean of its stage and kind. A replay of mean times leaves out
+/// what this adds where stages are near balance: each hand-off waits for the slower of two
+/// operations, and the mean of that maximum exceeds the maximum of the means (resnet18's
+/// two stages on this CPU: 1.5 to 3.9 points of a 0.08 to 0.10 bubble, docs/simulator.md).
+/// With a spread, each forward, recompute and backward takes its stage's time times a
+/// factor drawn from these, the same draw in both engines, and [`simulate`] reports the
+/// mean of [`SPREAD_DRAWS`] replays.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct DurationSpread {
+    factors: Vec<f64>,
+    /// Which of the [`SPREAD_DRAWS`] replays this is; it seeds the draws.
+    draw: u64,
+}
+
+/// Replays [`simulate`] averages when the operations' times spread.
+pub const SPREAD_DRAWS: u64 = 16;
+
+impl DurationSpread {
+    /// From measured factors (durations over their means): the finite positive ones,
+    /// rescaled to a mean of 1 so that a stage's time stays its mean. `None` with fewer
+    /// than 2, which spread nothing.
+    pub fn new(factors: &[f64]) -> Option<DurationSpread> {
+        let mut kept: Vec<f64> = factors.iter().copied().filter(|f| f.is_finite() && *f > 0.0).collect();
+        kept.sort_by(f64::total_cmp);
+        if kept.len() < 2 {
+            return None;
+        }
+        let mean = kept.iter().sum::<f64>() / kept.len() as f64;
+        Some(DurationSpread { factors: kept.iter().map(|f| f / mean).collect(), draw: 0 })
+    }
+
+    /// The factors, mean 1, in increasing order.
+    pub fn factors(&self) -> &[f64] {
+        &self.factors
+    }
+
+    /// The factor of stage `stage`'s operation `kind` (0 forward, 1 recompute, 2 backward)
+    /// on microbatch `mb`: a function of those and the draw alone, so that both engines and
+    /// any order of evaluation draw alike.
+    fn factor(&self, stage: usize, mb: u64, kind: u64) -> f64 {
+        let h = mix(mix(mix(mix(self.draw) ^ stage as u64) ^ mb) ^ kind);
+        self.factors[(h % self.factors.len() as u64) as usize]
+    }
+}
+
+/// SplitMix64's finaliser: spreads a key's bits over the whole word.
+fn mix(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+impl SimSetup {
+    /// Stage `s`'s forward, recompute and backward seconds on microbatch `mb`: its
+    /// [`StageCost`] times, each times its draw from the [`DurationSpread`] when there is one.
+    fn op_seconds(&self, s: usize, mb: u64) -> [f64; 3] {
+        let c = &self.stages[s];
+        let times = [c.forward_s, c.recompute_s, c.backward_s];
+        match &self.spread {
+            Some(spread) => std::array::from_fn(|k| times[k] * spread.factor(s, mb, k as u64)),
+            None => times,
+        }
+    }
 }
 
 /// A CPU host's cores, which the stages' threads share, and how its scheduler shares them.
@@ -396,6 +466,38 @@ impl StageState {
 /// host's cores.
 pub fn simulate(setup: &SimSetup) -> Result<Simulation, SimError> {
     check(setup)?;
+    let Some(spread) = &setup.spread else { return replay(setup) };
+    let runs = (0..SPREAD_DRAWS)
+        .map(|draw| {
+            // The first draw's intervals make the trace.
+            let one = SimSetup { record: setup.record && draw == 0, spread: Some(DurationSpread { draw, ..spread.clone() }), ..setup.clone() };
+            replay(&one)
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(mean_of(runs))
+}
+
+/// The mean of replays of one setup (their rates, times, busy times and bubbles; the
+/// most in flight and the peak memory of any), with the first one's intervals.
+fn mean_of(mut runs: Vec<Simulation>) -> Simulation {
+    let n = runs.len() as f64;
+    let mean = |f: &dyn Fn(&Simulation) -> f64| runs.iter().map(f).sum::<f64>() / n;
+    let (rate, batch_s, makespan, bubble) = (mean(&|r| r.samples_per_s), mean(&|r| r.batch_s), mean(&|r| r.makespan_s), mean(&|r| r.bubble_fraction));
+    let stages: Vec<StageReport> = (0..runs[0].stages.len())
+        .map(|k| StageReport {
+            busy_s: mean(&|r| r.stages[k].busy_s),
+            bubble_fraction: mean(&|r| r.stages[k].bubble_fraction),
+            peak_in_flight: runs.iter().map(|r| r.stages[k].peak_in_flight).max().unwrap_or(0),
+            peak_memory: runs.iter().map(|r| r.stages[k].peak_memory).fold(0.0, f64::max),
+            allreduce_s: runs[0].stages[k].allreduce_s,
+        })
+        .collect();
+    let first = runs.swap_remove(0);
+    Simulation { samples_per_s: rate, batch_s, makespan_s: makespan, bubble_fraction: bubble, stages, ..first }
+}
+
+/// One replay, by the engine the host calls for.
+fn replay(setup: &SimSetup) -> Result<Simulation, SimError> {
     let threads = setup.w * setup.stages.len();
     match setup.host {
         Some(host) if host.cores < threads || host.crowding.slows(threads, host.cores) => shared::replay(setup, host),
@@ -661,10 +763,11 @@ fn replay_dedicated(setup: &SimSetup) -> Result<Simulation, SimError> {
                             state.apply_deferred(s, t, ar_done, cost, &meetings, &mut events);
                         }
                         let start = state.free.max(ready);
-                        let end = start + cost.forward_s;
-                        events.record(TraceKind::Forward, s, start, cost.forward_s, Some(i), need, i / m64);
+                        let [forward_s, _, _] = setup.op_seconds(s, i);
+                        let end = start + forward_s;
+                        events.record(TraceKind::Forward, s, start, forward_s, Some(i), need, i / m64);
                         state.free = end;
-                        state.busy += cost.forward_s;
+                        state.busy += forward_s;
                         state.in_flight += 1;
                         state.peak_in_flight = state.peak_in_flight.max(state.in_flight);
                         if s + 1 < d {
@@ -683,15 +786,16 @@ fn replay_dedicated(setup: &SimSetup) -> Result<Simulation, SimError> {
                         let state = &mut st[s];
                         let version = rule.version_for(i, m64);
                         let mut start = state.free.max(ready);
-                        if cost.recompute_s > 0.0 {
-                            events.record(TraceKind::Recompute, s, start, cost.recompute_s, Some(i), version, i / m64);
-                            start += cost.recompute_s;
+                        let [_, recompute_s, backward_s] = setup.op_seconds(s, i);
+                        if recompute_s > 0.0 {
+                            events.record(TraceKind::Recompute, s, start, recompute_s, Some(i), version, i / m64);
+                            start += recompute_s;
                         }
-                        events.record(TraceKind::Backward, s, start, cost.backward_s, Some(i), version, i / m64);
-                        let end = start + cost.backward_s;
+                        events.record(TraceKind::Backward, s, start, backward_s, Some(i), version, i / m64);
+                        let end = start + backward_s;
                         // Two additions, as the shared engine's two segments add them.
-                        state.busy += cost.recompute_s;
-                        state.busy += cost.backward_s;
+                        state.busy += recompute_s;
+                        state.busy += backward_s;
                         state.free = end;
                         state.in_flight = state.in_flight.saturating_sub(1);
                         if s > 0 {
@@ -785,7 +889,7 @@ mod tests {
 
     fn setup(scheme: Scheme, d: usize, m: u64, batches: usize) -> SimSetup {
         let link = Link { bandwidth: 1e9, latency_s: 0.0 };
-        SimSetup { scheme, w: 1, b: 1, m, batches, stages: equal(d, 1.0, 2.0), links: vec![link; d - 1], allreduce: AllReduce::ring(link), record: true, host: None, tied_groups: Vec::new() }
+        SimSetup { scheme, w: 1, b: 1, m, batches, stages: equal(d, 1.0, 2.0), links: vec![link; d - 1], allreduce: AllReduce::ring(link), record: true, host: None, tied_groups: Vec::new(), spread: None }
     }
 
     /// Per stage, the compute operations of the trace in time order.
@@ -1246,5 +1350,51 @@ mod tests {
         assert!(simulate(&s).unwrap_err().to_string().contains("stage 1: times and sizes must be finite"));
         let s = SimSetup { host: Some(HostCores::ideal(0)), ..setup(Scheme::Flush, 2, 2, 1) };
         assert_eq!(simulate(&s).unwrap_err(), SimError::Setup("the host's CPU cores must be at least 1".into()));
+    }
+
+    /// A spread keeps the measured factors' shape and rescales them to a mean of 1;
+    /// fewer than two usable factors spread nothing.
+    #[test]
+    fn a_spread_is_its_factors_over_their_mean() {
+        let spread = DurationSpread::new(&[3.0, f64::NAN, 1.0, -2.0, 2.0, 0.0]).unwrap();
+        assert_eq!(spread.factors(), [0.5, 1.0, 1.5]);
+        assert!(DurationSpread::new(&[1.2, f64::INFINITY]).is_none());
+        assert!(DurationSpread::new(&[]).is_none());
+    }
+
+    /// Factors all 1 replay as mean times do; a draw depends on the stage, the
+    /// microbatch and the draw alone, so both engines draw alike and a replay repeats.
+    #[test]
+    fn a_spread_draws_alike_in_both_engines_and_of_ones_changes_nothing() {
+        for s in varied_setups() {
+            let ones = SimSetup { spread: DurationSpread::new(&[1.0, 1.0]), ..s.clone() };
+            let (a, b) = (simulate(&s).unwrap(), simulate(&ones).unwrap());
+            // The same replay 16 times over; their mean rounds in the last bit.
+            let close = |x: f64, y: f64| (x - y).abs() <= 1e-12 * x.abs().max(1.0);
+            assert!(close(a.samples_per_s, b.samples_per_s) && close(a.bubble_fraction, b.bubble_fraction), "{} d={}: {a:?} against {b:?}", s.scheme, s.stages.len());
+            let spread = SimSetup { spread: DurationSpread::new(&[0.7, 1.0, 1.3]), ..s.clone() };
+            let threads = s.w * s.stages.len();
+            assert_eq!(canonical(shared::replay(&spread, HostCores::ideal(threads)).unwrap()), canonical(replay_dedicated(&spread).unwrap()));
+            assert_eq!(simulate(&spread).unwrap(), simulate(&spread).unwrap());
+        }
+    }
+
+    /// Two equal stages under 2BW never wait for each other with mean times (bubble: the
+    /// fill and the drain only). With their operations spread, a hand-off often waits for
+    /// the slower of two, so the bubble grows and the rate falls, while each stage's work
+    /// stays about its mean (the draws average 1).
+    #[test]
+    fn a_spread_opens_waits_between_balanced_stages() {
+        let even = setup(Scheme::TwoBw, 2, 4, 40);
+        let spread = SimSetup { spread: DurationSpread::new(&[0.8, 1.2]), ..even.clone() };
+        let (a, b) = (simulate(&even).unwrap(), simulate(&spread).unwrap());
+        assert!(b.bubble_fraction > a.bubble_fraction + 0.02, "{} against {}", b.bubble_fraction, a.bubble_fraction);
+        assert!(b.samples_per_s < a.samples_per_s * 0.97, "{} against {}", b.samples_per_s, a.samples_per_s);
+        for (x, y) in a.stages.iter().zip(&b.stages) {
+            assert!((y.busy_s / x.busy_s - 1.0).abs() < 0.02, "busy {} against {}", y.busy_s, x.busy_s);
+        }
+        // The trace is the first draw's: its forwards are 0.8 or 1.2 of the mean 1 s.
+        let durations: std::collections::BTreeSet<u64> = b.events.iter().filter(|e| e.kind == TraceKind::Forward).map(|e| e.dur_us.round() as u64).collect();
+        assert_eq!(durations.into_iter().collect::<Vec<_>>(), [800_000, 1_200_000]);
     }
 }

@@ -929,7 +929,7 @@ fn the_planner_and_the_replay_time_the_same_allreduce() {
     for cand in &p.candidates {
         let stages = ctx.stage_costs(cand, &opts);
         let allreduce = cl.allreduce(cand.w, 1, Latencies::NONE);
-        let setup = SimSetup { scheme: Scheme::Flush, w: cand.w, b: cand.b, m: cand.m, batches: 4, stages: stages.clone(), links: vec![], allreduce, record: false, host: None, tied_groups: Vec::new() };
+        let setup = SimSetup { scheme: Scheme::Flush, w: cand.w, b: cand.b, m: cand.m, batches: 4, stages: stages.clone(), links: vec![], allreduce, record: false, host: None, tied_groups: Vec::new(), spread: None };
         let sim = simulate(&setup).unwrap();
         let closed_batch = (cand.b * cand.m * cand.w as u64) as f64 / cand.samples_per_s;
         let compute = cand.m as f64 * (stages[0].forward_s + stages[0].backward_s);

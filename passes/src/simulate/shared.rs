@@ -295,7 +295,8 @@ pub(super) fn replay(setup: &SimSetup, host: HostCores) -> Result<Simulation, Si
                                 if s > 0 {
                                     state.steps.push_back(Step::Input { grad: false, mb: i });
                                 }
-                                state.steps.push_back(work(TraceKind::Forward, cost.forward_s, Some(i), need, i / m64));
+                                let [forward_s, _, _] = setup.op_seconds(s, i);
+                                state.steps.push_back(work(TraceKind::Forward, forward_s, Some(i), need, i / m64));
                                 state.in_flight += 1;
                                 state.peak_in_flight = state.peak_in_flight.max(state.in_flight);
                                 if s + 1 < d {
@@ -308,10 +309,11 @@ pub(super) fn replay(setup: &SimSetup, host: HostCores) -> Result<Simulation, Si
                                 if s + 1 < d {
                                     state.steps.push_back(Step::Input { grad: true, mb: i });
                                 }
-                                if cost.recompute_s > 0.0 {
-                                    state.steps.push_back(work(TraceKind::Recompute, cost.recompute_s, Some(i), version, i / m64));
+                                let [_, recompute_s, backward_s] = setup.op_seconds(s, i);
+                                if recompute_s > 0.0 {
+                                    state.steps.push_back(work(TraceKind::Recompute, recompute_s, Some(i), version, i / m64));
                                 }
-                                state.steps.push_back(work(TraceKind::Backward, cost.backward_s, Some(i), version, i / m64));
+                                state.steps.push_back(work(TraceKind::Backward, backward_s, Some(i), version, i / m64));
                                 state.in_flight = state.in_flight.saturating_sub(1);
                                 if s > 0 {
                                     state.steps.push_back(work(TraceKind::Send, cost.send_s, Some(i), version, i / m64));
