@@ -757,19 +757,9 @@ fn per_step_ms(build: &Path, device: Device, steps: usize, objective: &Objective
 /// Each forward and backward of `trace` after [`BOUNDARY_WARM_STEPS`] over the mean of its
 /// stage and kind there.
 fn duration_factors(trace: &[TraceEvent]) -> Vec<f64> {
-    let timed: Vec<&TraceEvent> = trace.iter().filter(|e| e.step >= BOUNDARY_WARM_STEPS as u64 && matches!(e.kind, TraceKind::Forward | TraceKind::Backward)).collect();
-    let mut sums: std::collections::HashMap<(usize, bool), (f64, usize)> = std::collections::HashMap::new();
-    for e in &timed {
-        let sum = sums.entry((e.stage, e.kind == TraceKind::Forward)).or_default();
-        *sum = (sum.0 + e.dur_us, sum.1 + 1);
-    }
-    timed
-        .iter()
-        .filter_map(|e| {
-            let (sum, n) = sums[&(e.stage, e.kind == TraceKind::Forward)];
-            (sum > 0.0).then(|| e.dur_us * n as f64 / sum)
-        })
-        .collect()
+    let timed: Vec<TraceEvent> = trace.iter().filter(|e| e.step >= BOUNDARY_WARM_STEPS as u64).cloned().collect();
+    let us: Vec<f64> = timed.iter().map(|e| e.dur_us).collect();
+    pipewright_passes::simulate::duration_factors(&timed, &us)
 }
 
 /// The factors a profile keeps of all its two-stage runs': at most this many evenly spaced

@@ -13,7 +13,7 @@ use pipewright_passes::cost::{CostModel, Profile};
 use pipewright_passes::plan_file::PlanFile;
 use pipewright_passes::planner::{plan_on, Candidate, PlanContext, PlanError, PlanOptions};
 use pipewright_passes::presets::SimCluster;
-use pipewright_passes::simulate::{dedicated_durations, simulate as replay, DurationSpread, HostCores, SimSetup, Simulation};
+use pipewright_passes::simulate::{dedicated_durations, duration_factors, simulate as replay, DurationSpread, HostCores, SimSetup, Simulation};
 use pipewright_passes::tensor_parallel::{plan_tensor_parallel, TensorError};
 use pipewright_runtime::timeline::{after_backward_us, chrome_trace_json, read_chrome_trace, timeline_svg, TraceKind};
 use serde::Serialize;
@@ -355,14 +355,7 @@ fn measured_stage_times(path: &Path, stages: &mut [pipewright_passes::simulate::
         // says how long it had a core in them).
         c.after_backward_s = after_backward.get(s).copied().flatten().map_or(0.0, |us| us / 1e6);
     }
-    // Each forward and backward over its stage's mean of that kind.
-    let factors: Vec<f64> = events
-        .iter()
-        .zip(&seconds)
-        .filter(|(e, _)| matches!(e.kind, TraceKind::Forward | TraceKind::Backward))
-        .filter_map(|(e, &t)| mean(e.stage, e.kind).filter(|m| *m > 0.0).map(|m| t / m))
-        .collect();
-    Ok(DurationSpread::new(&factors))
+    Ok(DurationSpread::new(&duration_factors(&events, &seconds)))
 }
 
 /// Writes a replay's Chrome trace (the format of `train --trace`) and, when asked, its SVG

@@ -49,6 +49,7 @@ use pipewright_core::schedule::{stage_ops, Op};
 use pipewright_core::{Schedule, Scheme, UpdateRule};
 use pipewright_core::timeline::{TraceEvent, TraceKind};
 use serde::Serialize;
+use std::collections::HashMap;
 
 use crate::cluster::AllReduce;
 
@@ -195,6 +196,23 @@ impl DurationSpread {
         let h = mix(mix(mix(mix(self.draw) ^ stage as u64) ^ mb) ^ kind);
         self.factors[(h % self.factors.len() as u64) as usize]
     }
+}
+
+/// Each forward and backward of `events`, its time in `seconds` (by index), over the mean
+/// of its stage and kind there: the factors a [`DurationSpread`] is made of.
+pub fn duration_factors(events: &[TraceEvent], seconds: &[f64]) -> Vec<f64> {
+    let timed = || events.iter().zip(seconds).filter(|(e, _)| matches!(e.kind, TraceKind::Forward | TraceKind::Backward));
+    let mut sums: HashMap<(usize, bool), (f64, usize)> = HashMap::new();
+    for (e, &t) in timed() {
+        let sum = sums.entry((e.stage, e.kind == TraceKind::Forward)).or_default();
+        *sum = (sum.0 + t, sum.1 + 1);
+    }
+    timed()
+        .filter_map(|(e, &t)| {
+            let (sum, n) = sums[&(e.stage, e.kind == TraceKind::Forward)];
+            (sum > 0.0).then(|| t * n as f64 / sum)
+        })
+        .collect()
 }
 
 /// SplitMix64's finaliser: spreads a key's bits over the whole word.
