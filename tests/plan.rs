@@ -228,8 +228,8 @@ fn profile_reports_the_spread_of_its_repetitions() {
         assert!(stages.iter().map(|st| st["fwd_ms"].as_f64().unwrap_or(0.0)).sum::<f64>() > 0.0, "{s}");
     }
     assert!(err.contains("profile: trained as 2 stages, each stage's share of the pass over its nodes' timed alone: forward "), "{err}");
-    // In the same runs, how each forward and backward spread about its stage's mean: at
-    // most 64 quantiles, increasing, about 1 in the middle, and reported.
+    // In runs of the two stages overlapping, how each forward and backward spread about its
+    // stage's mean: at most 64 quantiles, increasing, about 1 in the middle, and reported.
     let factors: Vec<f64> = json["duration_factors"].as_array().expect("duration_factors").iter().filter_map(|f| f.as_f64()).collect();
     assert!((2..=64).contains(&factors.len()) && factors.windows(2).all(|w| w[0] <= w[1]) && factors[0] > 0.0, "{factors:?}");
     assert!((0.5..2.0).contains(&factors[factors.len() / 2]), "{factors:?}");

@@ -34,7 +34,7 @@ use pipewright_core::Loss;
 use pipewright_passes::cost::{BatchSpread, BoundaryCost, HostSharing, LossTiming, Profile, ProfileNode, SharedPasses, SplitStage, StageSplit, WeightUpdate, WholePass, WholeStep};
 use pipewright_runtime::exec::{run as run_kernel, Mode};
 use pipewright_runtime::module::read_module;
-use pipewright_runtime::pipeline::{accumulate_ms, loss_ms, step_ms, update_ms, Objective, OptimizerConfig};
+use pipewright_runtime::pipeline::{accumulate_ms, loss_ms, step_ms, update_ms, Objective, OptimizerConfig, TrainReport};
 use pipewright_runtime::program::{Instr, SlotId};
 use tch::{Kind, Tensor};
 
@@ -519,7 +519,8 @@ const BOUNDARY_STEPS: (usize, usize) = (6, 200);
 /// with one libtorch thread per stage, so that the stages never overlap; in
 /// [`BOUNDARY_ROUNDS`] rounds, the two-stage run's forward, backward and step time per
 /// step less the one-stage run's ([`boundary_share`]); and from the two-stage runs (alone
-/// at the other sizes), each stage's share of the pass and how each forward and backward
+/// at the other sizes), each stage's share of the pass; then, from runs of the two-stage
+/// build with the stages overlapping ([`spread_runs_at`]), how each forward and backward
 /// spread about its stage's mean. Empty for a model of one node, which cannot be cut.
 fn time_boundary(model: &Path, device: Device, profiled: &Profiled<'_>, objective: &Objective) -> Result<TwoStages, DriverError> {
     if profiled.nodes.len() < 2 {
@@ -547,8 +548,34 @@ fn time_boundary(model: &Path, device: Device, profiled: &Profiled<'_>, objectiv
         .iter()
         .map(|(b, runs)| stage_split(&build_path(dir.path(), *b, 2), *b, BoundaryCost::pass_ms_at(&costs, *b), &runs.per_stage, profiled))
         .collect::<Result<_, _>>()?;
-    let duration_factors = quantiles(per_size.into_iter().flat_map(|(_, runs)| runs.factors).collect());
-    Ok(TwoStages { boundary: costs, split, duration_factors })
+    let mut factors = Vec::new();
+    for (b, _) in &per_size {
+        factors.extend(spread_runs_at(&build_path(dir.path(), *b, 2), device, *b, profiled, objective)?);
+    }
+    Ok(TwoStages { boundary: costs, split, duration_factors: quantiles(factors) })
+}
+
+/// Microbatches per step of [`spread_runs_at`]'s runs: enough that the stages overlap for
+/// most of a step, as a pipeline's do.
+const SPREAD_MICROBATCHES: u64 = 4;
+/// The shortest a [`spread_runs_at`] run lasts (by the whole pass, the stages overlapping),
+/// so that the spread takes in how the machine's speed moves over seconds, as a training
+/// run meets it.
+const SPREAD_RUN_S: f64 = 3.0;
+
+/// Each stage's forwards and backwards over its mean of that kind, in one run of the
+/// two-stage `build` at microbatch `b` with [`SPREAD_MICROBATCHES`] per step (GPipe: the
+/// stages overlap but for the fill and the drain), steps after the warm-up only. Why not the one-microbatch runs: there the
+/// stages take turns, where a pipeline's run at once and share the cores, caches and
+/// memory bandwidth (docs/simulator.md, after run 16).
+fn spread_runs_at(build: &Path, device: Device, b: u64, profiled: &Profiled<'_>, objective: &Objective) -> Result<Vec<f64>, DriverError> {
+    let pass_s = profiled.whole.iter().find(|w| w.batch == b).map_or(0.0, |w| (w.fwd_ms + w.bwd_ms) / 1e3);
+    // Two stages at once do a step's passes in about half the time.
+    let step_s = pass_s * SPREAD_MICROBATCHES as f64 / 2.0;
+    let timed = if step_s > 0.0 { (SPREAD_RUN_S / step_s).ceil() as usize } else { BOUNDARY_STEPS.1 };
+    let steps = timed.clamp(BOUNDARY_STEPS.0, BOUNDARY_STEPS.1) + BOUNDARY_WARM_STEPS;
+    let report = train_traced(build, device, steps, SPREAD_MICROBATCHES, objective)?;
+    Ok(duration_factors(&report.trace))
 }
 
 /// What [`time_boundary`] measured: [`Profile::boundary`], [`Profile::split`] and
@@ -561,12 +588,10 @@ struct TwoStages {
 }
 
 /// The two-stage runs at one batch size: each stage's mean forward and backward
-/// milliseconds per step over [`BOUNDARY_ROUNDS`] runs, and every run's
-/// [`TimedRun::factors`].
+/// milliseconds per step over [`BOUNDARY_ROUNDS`] runs.
 #[derive(Default)]
 struct TwoStageRuns {
     per_stage: Vec<[f64; 2]>,
-    factors: Vec<f64>,
 }
 
 impl TwoStageRuns {
@@ -577,7 +602,6 @@ impl TwoStageRuns {
             sum[0] += ms[0] / BOUNDARY_ROUNDS as f64;
             sum[1] += ms[1] / BOUNDARY_ROUNDS as f64;
         }
-        self.factors.extend(run.factors);
     }
 }
 
@@ -673,8 +697,6 @@ struct TimedRun {
     /// Per stage, the mean milliseconds after a backward before the next traced event
     /// ([`after_backward_us`]).
     after_backward_ms: Vec<f64>,
-    /// Each forward and backward over its stage's mean of that kind in this run.
-    factors: Vec<f64>,
 }
 
 /// One kind's cost from the rounds' differences: their mean, 0 when it is negative. The
@@ -699,6 +721,32 @@ fn compile_stages(model: &Path, depth: usize, b: u64, build: &Path) -> Result<()
 /// its stages together per step, and each stage's untraced time after a backward, over the
 /// steps after [`BOUNDARY_WARM_STEPS`].
 fn per_step_ms(build: &Path, device: Device, steps: usize, objective: &Objective) -> Result<TimedRun, DriverError> {
+    let report = train_traced(build, device, steps, 1, objective)?;
+    let mut sums = [0.0; 3];
+    let mut per_stage: Vec<[f64; 2]> = Vec::new();
+    for e in report.trace.iter().filter(|e| e.step >= BOUNDARY_WARM_STEPS as u64) {
+        let k = match e.kind {
+            TraceKind::Forward => 0,
+            TraceKind::Backward => 1,
+            TraceKind::Optimizer => 2,
+            _ => continue,
+        };
+        sums[k] += e.dur_us / 1e3;
+        if k < 2 {
+            if per_stage.len() <= e.stage {
+                per_stage.resize(e.stage + 1, [0.0; 2]);
+            }
+            per_stage[e.stage][k] += e.dur_us / 1e3;
+        }
+    }
+    let counted = (steps - BOUNDARY_WARM_STEPS).max(1) as f64;
+    let after_backward_ms = after_backward_us(&report.trace, BOUNDARY_WARM_STEPS as u64).into_iter().flatten().map(|us| us / 1e3).collect();
+    Ok(TimedRun { per_step_ms: sums.map(|x| x / counted), per_stage_ms: per_stage.into_iter().map(|s| s.map(|x| x / counted)).collect(), after_backward_ms })
+}
+
+/// Trains `build` for `steps` steps of `microbatches` microbatches on synthetic data (SGD,
+/// one libtorch thread per stage), with a trace.
+fn train_traced(build: &Path, device: Device, steps: usize, microbatches: u64, objective: &Objective) -> Result<TrainReport, DriverError> {
     let req = TrainRequest {
         data: DataSource::Synthetic,
         label: None,
@@ -708,7 +756,7 @@ fn per_step_ms(build: &Path, device: Device, steps: usize, objective: &Objective
         ignore_index: objective.ignore_index,
         label_smoothing: 0.0,
         steps,
-        flags: RunFlags { microbatches: Some(1), ..RunFlags::default() },
+        flags: RunFlags { microbatches: Some(microbatches), ..RunFlags::default() },
         lr: 1e-4,
         optimizer: OptimizerConfig::sgd(),
         warmup: 0,
@@ -730,28 +778,7 @@ fn per_step_ms(build: &Path, device: Device, steps: usize, objective: &Objective
         on_nonfinite: NonFinite::Stop,
         max_skips: pipewright_core::DEFAULT_MAX_SKIPS,
     };
-    let report = Session::prepare(build, &req)?.run(&mut |_| {})?;
-    let mut sums = [0.0; 3];
-    let mut per_stage: Vec<[f64; 2]> = Vec::new();
-    for e in report.trace.iter().filter(|e| e.step >= BOUNDARY_WARM_STEPS as u64) {
-        let k = match e.kind {
-            TraceKind::Forward => 0,
-            TraceKind::Backward => 1,
-            TraceKind::Optimizer => 2,
-            _ => continue,
-        };
-        sums[k] += e.dur_us / 1e3;
-        if k < 2 {
-            if per_stage.len() <= e.stage {
-                per_stage.resize(e.stage + 1, [0.0; 2]);
-            }
-            per_stage[e.stage][k] += e.dur_us / 1e3;
-        }
-    }
-    let counted = (steps - BOUNDARY_WARM_STEPS).max(1) as f64;
-    let after_backward_ms = after_backward_us(&report.trace, BOUNDARY_WARM_STEPS as u64).into_iter().flatten().map(|us| us / 1e3).collect();
-    let factors = duration_factors(&report.trace);
-    Ok(TimedRun { per_step_ms: sums.map(|x| x / counted), per_stage_ms: per_stage.into_iter().map(|s| s.map(|x| x / counted)).collect(), after_backward_ms, factors })
+    Ok(Session::prepare(build, &req)?.run(&mut |_| {})?)
 }
 
 /// Each forward and backward of `trace` after [`BOUNDARY_WARM_STEPS`] over the mean of its
@@ -766,15 +793,19 @@ fn duration_factors(trace: &[TraceEvent]) -> Vec<f64> {
 /// quantiles (a fast model's runs time thousands of operations).
 const DURATION_QUANTILES: usize = 64;
 
-/// `values`' [`DURATION_QUANTILES`] evenly spaced quantiles, lowest and highest included
-/// (all of them, sorted, when fewer).
+/// `values` as [`DURATION_QUANTILES`] quantiles, each the middle of its equal share of the
+/// sorted values (all of them, sorted, when fewer). The simulator draws each kept value
+/// as often as any other, so the lowest and the highest are not kept: one outlier among
+/// thousands would stand for a whole share (gpt2-tiny's profile kept a factor of 3.98,
+/// and its spread's standard deviation was 0.40 instead of 0.15, docs/simulator.md,
+/// after run 16).
 fn quantiles(mut values: Vec<f64>) -> Vec<f64> {
     values.sort_by(f64::total_cmp);
     if values.len() <= DURATION_QUANTILES {
         return values;
     }
-    let last = values.len() - 1;
-    (0..DURATION_QUANTILES).map(|i| values[i * last / (DURATION_QUANTILES - 1)]).collect()
+    let n = values.len();
+    (0..DURATION_QUANTILES).map(|i| values[(2 * i + 1) * n / (2 * DURATION_QUANTILES)]).collect()
 }
 
 #[cfg(test)]
@@ -804,8 +835,9 @@ mod tests {
     }
 
     /// A run's factors are each forward and backward after the warm-up over the mean of its
-    /// stage and kind; updates and warm-up steps do not count. Kept factors are evenly
-    /// spaced quantiles, lowest and highest included.
+    /// stage and kind; updates and warm-up steps do not count. Kept factors stand for equal
+    /// shares of the sorted values, each its share's middle, so that an outlier among
+    /// thousands is not kept as one of them.
     #[test]
     fn duration_factors_are_each_operation_over_its_stage_and_kinds_mean() {
         let ev = |kind, stage, step: u64, dur_us| TraceEvent { kind, stage, start_us: 0.0, dur_us, microbatch: Some(step), version: 0, step };
@@ -820,9 +852,13 @@ mod tests {
         let many: Vec<f64> = (0..=1000).rev().map(f64::from).collect();
         let q = quantiles(many);
         assert_eq!(q.len(), DURATION_QUANTILES);
-        assert_eq!((q[0], q[DURATION_QUANTILES - 1]), (0.0, 1000.0));
+        // 1,001 values in 64 shares of about 15.6: the first's middle is the 8th value.
+        assert_eq!((q[0], q[DURATION_QUANTILES - 1]), (7.0, 993.0));
         assert!(q.windows(2).all(|w| w[0] < w[1]), "{q:?}");
         assert_eq!(quantiles(vec![2.0, 1.0]), [1.0, 2.0]);
+        let mut one_slow = vec![1.0; 2000];
+        one_slow[700] = 4.0;
+        assert!(quantiles(one_slow).iter().all(|&f| f == 1.0));
     }
 
     /// A spinning thread's turns are the runs between two losses of its core; the run

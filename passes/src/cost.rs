@@ -284,9 +284,10 @@ pub struct Profile {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub split: Vec<StageSplit>,
     /// How the runtime's forwards and backwards vary from one microbatch to the next: in
-    /// the two-stage runs behind `split`, each over its stage's mean of that kind in its
-    /// run, as evenly spaced quantiles (absent from older profiles: the simulator then runs
-    /// every operation at its stage's time). The simulator draws from it
+    /// runs of the two-stage build behind `split` whose stages overlap, as a pipeline's
+    /// do, each over its stage's mean of that kind in its run, as quantiles, each the
+    /// middle of an equal share of them (absent from older profiles: the simulator then
+    /// runs every operation at its stage's time). The simulator draws from it
     /// ([`crate::simulate::DurationSpread`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub duration_factors: Vec<f64>,
