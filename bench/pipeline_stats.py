@@ -131,27 +131,18 @@ def run_stats(metrics_path, trace_path, warmup, label):
     return out
 
 
-def reorder_bubble(trace_path, means, seed=None):
-    ev = read_events(trace_path)
+def stage_orders(ev):
+    """The stages, and each stage's compute and allreduce events in the order it ran them."""
     stages = sorted({e["tid"] for e in ev})
-    mb_of = lambda e: (e.get("args") or {}).get("microbatch")
     kept = BUSY | {"allreduce"}
-    order = {k: sorted((e for e in ev if e["tid"] == k and e["name"] in kept), key=lambda e: e["ts"]) for k in stages}
-    mean = {}
-    for k in stages:
-        for name in BUSY:
-            durs = [e["dur"] for e in order[k] if e["name"] == name]
-            if durs:
-                mean[(k, name)] = sum(durs) / len(durs)
-    dealt = {}
-    if seed is not None:
-        rnd = random.Random(seed)
-        for k in stages:
-            # Sorted: a set's order changes from one run of Python to the next.
-            for name in sorted(BUSY):
-                durs = [e["dur"] for e in order[k] if e["name"] == name]
-                rnd.shuffle(durs)
-                dealt[(k, name)] = durs
+    return stages, {k: sorted((e for e in ev if e["tid"] == k and e["name"] in kept), key=lambda e: e["ts"]) for k in stages}
+
+
+def replay_in_order(order, stages, dur_of):
+    """The whole-run bubble of each stage's events in `order` replayed in that order
+    through the stages' dependencies alone, an event at position p of stage k lasting
+    dur_of(k, p, e) (an allreduce waits for the other stages' last backward, no time)."""
+    mb_of = lambda e: (e.get("args") or {}).get("microbatch")
     last_backward = {(k, step_of(e)): id(e) for k in stages for e in order[k] if e["name"] == "backward"}
     done, clock, busy, pos = {}, {k: 0.0 for k in stages}, {k: 0.0 for k in stages}, {k: 0 for k in stages}
     progress = True
@@ -172,14 +163,7 @@ def reorder_bubble(trace_path, means, seed=None):
                 if any(n not in done for n in needs):
                     break
                 start = max([clock[k]] + [done[n] for n in needs])
-                if name == "allreduce":
-                    dur = 0.0
-                elif means:
-                    dur = mean[(k, name)]
-                elif seed is not None:
-                    dur = dealt[(k, name)].pop()
-                else:
-                    dur = e["dur"]
+                dur = 0.0 if name == "allreduce" else dur_of(k, pos[k], e)
                 clock[k] = start + dur
                 busy[k] += dur
                 done[(k, name, mb_of(e) if name in ("forward", "backward", "recompute") else step_of(e))] = clock[k]
@@ -188,9 +172,35 @@ def reorder_bubble(trace_path, means, seed=None):
                 pos[k] += 1
                 progress = True
     if any(pos[k] < len(order[k]) for k in stages):
-        sys.exit(f"{trace_path}: the events do not replay in their order (a dependency never met)")
+        sys.exit("the events do not replay in their order (a dependency never met)")
     span = max(clock.values())
     return sum(1.0 - busy[k] / span for k in stages) / len(stages)
+
+
+def reorder_bubble(trace_path, means, seed=None):
+    stages, order = stage_orders(read_events(trace_path))
+    mean = {}
+    for k in stages:
+        for name in BUSY:
+            durs = [e["dur"] for e in order[k] if e["name"] == name]
+            if durs:
+                mean[(k, name)] = sum(durs) / len(durs)
+    dealt = {}
+    if seed is not None:
+        rnd = random.Random(seed)
+        for k in stages:
+            # Sorted: a set's order changes from one run of Python to the next.
+            for name in sorted(BUSY):
+                durs = [e["dur"] for e in order[k] if e["name"] == name]
+                rnd.shuffle(durs)
+                dealt[(k, name)] = durs
+    if means:
+        dur_of = lambda k, p, e: mean[(k, e["name"])]
+    elif seed is not None:
+        dur_of = lambda k, p, e: dealt[(k, e["name"])].pop()
+    else:
+        dur_of = lambda k, p, e: e["dur"]
+    return replay_in_order(order, stages, dur_of)
 
 
 def table(path):

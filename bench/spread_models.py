@@ -33,43 +33,6 @@ import pipeline_stats as ps  # noqa: E402
 TIMED = ("forward", "backward")
 
 
-def replay(order, stages, dur_of):
-    """The whole-run bubble of the events in `order` with durations `dur_of(stage, pos, e)`."""
-    mb_of = lambda e: (e.get("args") or {}).get("microbatch")
-    last_backward = {(k, ps.step_of(e)): id(e) for k in stages for e in order[k] if e["name"] == "backward"}
-    done, clock, busy, pos = {}, dict.fromkeys(stages, 0.0), dict.fromkeys(stages, 0.0), dict.fromkeys(stages, 0)
-    progress = True
-    while progress:
-        progress = False
-        for i, k in enumerate(stages):
-            while pos[k] < len(order[k]):
-                e = order[k][pos[k]]
-                name = e["name"]
-                if name == "forward" and i > 0:
-                    needs = [(stages[i - 1], "forward", mb_of(e))]
-                elif name == "backward" and i + 1 < len(stages):
-                    needs = [(stages[i + 1], "backward", mb_of(e))]
-                elif name == "allreduce":
-                    needs = [(x, "last backward", ps.step_of(e)) for x in stages if x != k]
-                else:
-                    needs = []
-                if any(n not in done for n in needs):
-                    break
-                start = max([clock[k]] + [done[n] for n in needs])
-                dur = 0.0 if name == "allreduce" else dur_of(k, pos[k], e)
-                clock[k] = start + dur
-                busy[k] += dur
-                done[(k, name, mb_of(e) if name in ("forward", "backward", "recompute") else ps.step_of(e))] = clock[k]
-                if name == "backward" and last_backward[(k, ps.step_of(e))] == id(e):
-                    done[(k, "last backward", ps.step_of(e))] = clock[k]
-                pos[k] += 1
-                progress = True
-    if any(pos[k] < len(order[k]) for k in stages):
-        sys.exit("the events do not replay in their order (a dependency never met)")
-    span = max(clock.values())
-    return sum(1.0 - busy[k] / span for k in stages) / len(stages)
-
-
 def lag_one(seq):
     m = statistics.mean(seq)
     sq = sum((x - m) ** 2 for x in seq)
@@ -94,9 +57,7 @@ def concurrent_pairs(factors, stages):
 
 
 def models(path, draws, shared_fixed, warmup):
-    ev = ps.read_events(path)
-    stages = sorted({e["tid"] for e in ev})
-    order = {k: sorted((e for e in ev if e["tid"] == k and e["name"] in ps.BUSY | {"allreduce"}), key=lambda e: e["ts"]) for k in stages}
+    stages, order = ps.stage_orders(ps.read_events(path))
     mean = {}
     for k in stages:
         for name in ps.BUSY:
@@ -119,7 +80,7 @@ def models(path, draws, shared_fixed, warmup):
                 z = g if p == 0 else keep * z + math.sqrt(1 - keep * keep) * g
                 f = pooled[min(int(normal.cdf(z) * len(pooled)), len(pooled) - 1)]
                 table[(k, p)] = mean[(k, e["name"])] * (1 + shrink * (f - 1)) if e["name"] in TIMED else e["dur"]
-        return replay(order, stages, lambda k, p, e: table[(k, p)])
+        return ps.replay_in_order(order, stages, lambda k, p, e: table[(k, p)])
 
     positions = {}
     for k in stages:
@@ -136,13 +97,13 @@ def models(path, draws, shared_fixed, warmup):
             elif not shift:
                 rnd.shuffle(durs)
             table.update({(k, p): d for p, d in zip(ps_, durs)})
-        return replay(order, stages, lambda k, p, e: table[(k, p)])
+        return ps.replay_in_order(order, stages, lambda k, p, e: table[(k, p)])
 
     avg = lambda f: statistics.mean(f(s) for s in range(draws))
     shrink = math.sqrt(max(0.0, 1 - shared))
     out = {
-        "measured": replay(order, stages, lambda k, p, e: e["dur"]),
-        "means": replay(order, stages, lambda k, p, e: mean.get((k, e["name"]), 0.0)),
+        "measured": ps.replay_in_order(order, stages, lambda k, p, e: e["dur"]),
+        "means": ps.replay_in_order(order, stages, lambda k, p, e: mean.get((k, e["name"]), 0.0)),
         "independent": avg(lambda s: drawn(s, 1.0, 0.0)),
         "spells": avg(lambda s: drawn(s, 1.0, persistence)),
         "shrunk": avg(lambda s: drawn(s, shrink, 0.0)),
