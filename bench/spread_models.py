@@ -22,12 +22,13 @@ Usage: bench/spread_models.py TRACE.json ... [--draws 40] [--shared C] [--warmup
 """
 import argparse
 import math
+import os
 import random
 import statistics
 import sys
 from statistics import NormalDist
 
-sys.path.insert(0, __import__("os").path.dirname(__file__))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import pipeline_stats as ps  # noqa: E402
 
 TIMED = ("forward", "backward")

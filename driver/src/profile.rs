@@ -565,15 +565,12 @@ const SPREAD_RUN_S: f64 = 3.0;
 
 /// Each stage's forwards and backwards over its mean of that kind, in one run of the
 /// two-stage `build` at microbatch `b` with [`SPREAD_MICROBATCHES`] per step (GPipe: the
-/// stages overlap but for the fill and the drain), steps after the warm-up only. Why not the one-microbatch runs: there the
-/// stages take turns, where a pipeline's run at once and share the cores, caches and
-/// memory bandwidth (docs/simulator.md, after run 16).
+/// stages overlap but for the fill and the drain), steps after the warm-up only. Why not
+/// the one-microbatch runs: there the stages take turns, where a pipeline's run at once
+/// and share the cores, caches and memory bandwidth (docs/simulator.md, after run 16).
 fn spread_runs_at(build: &Path, device: Device, b: u64, profiled: &Profiled<'_>, objective: &Objective) -> Result<Vec<f64>, DriverError> {
-    let pass_s = profiled.whole.iter().find(|w| w.batch == b).map_or(0.0, |w| (w.fwd_ms + w.bwd_ms) / 1e3);
     // Two stages at once do a step's passes in about half the time.
-    let step_s = pass_s * SPREAD_MICROBATCHES as f64 / 2.0;
-    let timed = if step_s > 0.0 { (SPREAD_RUN_S / step_s).ceil() as usize } else { BOUNDARY_STEPS.1 };
-    let steps = timed.clamp(BOUNDARY_STEPS.0, BOUNDARY_STEPS.1) + BOUNDARY_WARM_STEPS;
+    let steps = steps_lasting(profiled, b, SPREAD_RUN_S, SPREAD_MICROBATCHES as f64 / 2.0);
     let report = train_traced(build, device, steps, SPREAD_MICROBATCHES, objective)?;
     Ok(duration_factors(&report.trace))
 }
@@ -613,8 +610,14 @@ fn build_path(dir: &Path, b: u64, depth: usize) -> std::path::PathBuf {
 /// The steps of one of [`time_boundary`]'s runs at microbatch `b`: enough to last
 /// [`BOUNDARY_RUN_S`] (by the whole pass), within [`BOUNDARY_STEPS`], and the warm-up.
 fn boundary_steps(profiled: &Profiled<'_>, b: u64) -> usize {
-    let pass_s = profiled.whole.iter().find(|w| w.batch == b).map_or(0.0, |w| (w.fwd_ms + w.bwd_ms) / 1e3);
-    let timed = if pass_s > 0.0 { (BOUNDARY_RUN_S / pass_s).ceil() as usize } else { BOUNDARY_STEPS.1 };
+    steps_lasting(profiled, b, BOUNDARY_RUN_S, 1.0)
+}
+
+/// Steps at microbatch `b` enough to last `run_s` when a step takes `passes` of the whole
+/// pass, within [`BOUNDARY_STEPS`], and the warm-up.
+fn steps_lasting(profiled: &Profiled<'_>, b: u64, run_s: f64, passes: f64) -> usize {
+    let step_s = profiled.whole.iter().find(|w| w.batch == b).map_or(0.0, |w| (w.fwd_ms + w.bwd_ms) / 1e3) * passes;
+    let timed = if step_s > 0.0 { (run_s / step_s).ceil() as usize } else { BOUNDARY_STEPS.1 };
     timed.clamp(BOUNDARY_STEPS.0, BOUNDARY_STEPS.1) + BOUNDARY_WARM_STEPS
 }
 
