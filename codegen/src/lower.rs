@@ -2,7 +2,7 @@
 //! graph's topological order, weights and constants to stored tensors (sharing bytes).
 
 use pipewright_core::UpdateRule;
-use pipewright_ir::ops as ir;
+use pipewright_ops::op as ir;
 use pipewright_ir::{DType, Dim, Graph, NodeId, Op, ValueDef, ValueId};
 use pipewright_runtime::kernel as rt;
 use pipewright_runtime::program::{Extent, Instr, Program, SlotId, SlotInfo, Stored};

@@ -443,7 +443,7 @@ impl Graph {
 #[cfg(test)]
 mod tests {
     use super::{Graph, ModelMeta, NodeId, Value, ValueDef, ValueId};
-    use crate::ops::{BinaryOp, UnaryOp};
+    use pipewright_ops::op::{BinaryOp, UnaryOp};
     use crate::{DType, Dim, Op, Shape, TensorType};
 
     /// Every node reading `v`, by scanning all inputs (what `consumers` must agree with).

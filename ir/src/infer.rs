@@ -6,7 +6,7 @@
 
 use crate::dim::{normalize_axis, Dim, Shape, TensorType};
 use crate::known::Known;
-use crate::ops::*;
+use pipewright_ops::op::*;
 use crate::DType;
 
 mod signal;

@@ -3,7 +3,7 @@
 //! bounds, ...) and constant folding of shape-computing subgraphs.
 
 use crate::dim::Dim;
-use crate::ops::{BinaryOp, Op, UnaryOp, VariadicOp};
+use pipewright_ops::op::{BinaryOp, Op, UnaryOp, VariadicOp};
 use crate::{DType, TensorData};
 
 /// Tensors larger than this are never tracked or folded: shape arithmetic is small.
@@ -379,7 +379,7 @@ fn where_(c: &Known, x: &Known, y: &Known, out_dtype: DType, out_shape: Vec<i64>
     Some(Known { dtype: out_dtype, shape: out_shape, data })
 }
 
-fn slice_1d(s: &crate::ops::Slice, inputs: &[Option<&Known>], out_shape: Vec<i64>) -> Option<Known> {
+fn slice_1d(s: &pipewright_ops::op::Slice, inputs: &[Option<&Known>], out_shape: Vec<i64>) -> Option<Known> {
     let data = inputs.first().copied().flatten()?;
     if data.shape.len() != 1 {
         return None;

@@ -7,29 +7,22 @@
 
 pub mod dim;
 pub mod dot;
-pub mod dtype;
 pub mod error;
 pub mod graph;
 pub mod import;
 pub mod infer;
 pub mod known;
-pub mod lowp;
-pub mod ops;
 pub mod parse;
-pub mod spec;
 pub mod stage;
 pub mod summary;
-pub mod tensor;
 pub mod text;
 pub mod verify;
 
 pub use dim::{Dim, Shape, TensorType};
-pub use dtype::DType;
+pub use pipewright_ops::{DType, Op, TensorData};
 pub use error::{ImportError, ModelError, NodeRef};
 pub use graph::{BatchInfo, Edge, Graph, ModelMeta, Node, NodeId, Value, ValueDef, ValueId, Weight};
 pub use import::{content_crc32, import_bytes, import_model, read_tensor_file, BatchMode, ImportOptions};
-pub use ops::Op;
 pub use parse::{parse_graph, parse_graph_annotated, ParseError};
-pub use tensor::TensorData;
 pub use stage::{verify_stages, StageMap};
 pub use verify::{verify, VerifyError};

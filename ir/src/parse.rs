@@ -25,8 +25,8 @@ use onnx_protobuf::NodeProto;
 use crate::dim::{Dim, Shape, TensorType};
 use crate::import::attribute_proto;
 use crate::import::convert::convert_node;
-use crate::ops::{AttrValue, Op};
-use crate::spec::spec;
+use pipewright_ops::op::{AttrValue, Op};
+use pipewright_ops::spec::spec;
 use crate::{BatchInfo, DType, Graph, ModelMeta, NodeId, TensorData, Value, ValueDef, ValueId, Weight};
 
 /// Text that is not the IR's text form; names the 1-based line.

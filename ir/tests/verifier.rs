@@ -3,7 +3,7 @@
 
 mod common;
 
-use pipewright_ir::ops::{BinaryOp, UnaryOp};
+use pipewright_ops::op::{BinaryOp, UnaryOp};
 use pipewright_ir::{
     verify, DType, Dim, Edge, Graph, ImportOptions, ModelMeta, Node, NodeId, Op, Shape, TensorData, TensorType, Value, ValueDef,
     ValueId, VerifyError, Weight,

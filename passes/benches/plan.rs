@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use pipewright_ir::ops::{BinaryOp, UnaryOp};
+use pipewright_ops::op::{BinaryOp, UnaryOp};
 use pipewright_ir::{DType, Dim, Graph, ModelMeta, Op, Shape, TensorType, Value, ValueDef};
 use pipewright_ir::StageMap;
 use pipewright_passes::boundaries::insert_stage_boundaries;

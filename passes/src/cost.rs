@@ -65,7 +65,7 @@
 
 use std::collections::HashMap;
 
-use pipewright_ir::ops::{BinaryOp, ResizeMode, UnaryOp};
+use pipewright_ops::op::{BinaryOp, ResizeMode, UnaryOp};
 use pipewright_ir::{Dim, Graph, NodeId, Op, TensorType, ValueDef, ValueId};
 use pipewright_core::{Loss, Optimizer};
 use serde::{Deserialize, Serialize};
@@ -869,7 +869,7 @@ fn attention_heads(op: &Op) -> i64 {
     }
 }
 
-fn kernel_prod(w: &pipewright_ir::ops::Window) -> f64 {
+fn kernel_prod(w: &pipewright_ops::op::Window) -> f64 {
     w.kernel_shape.iter().product::<i64>().max(1) as f64
 }
 

@@ -27,9 +27,9 @@ fn build(inputs: &[Vec<usize>], widths: &[i64]) -> Graph {
             args.push(Some(x));
         }
         let op = if args.len() == 1 {
-            Op::Unary(pipewright_ir::ops::UnaryOp::Relu)
+            Op::Unary(pipewright_ops::op::UnaryOp::Relu)
         } else {
-            Op::Variadic(pipewright_ir::ops::VariadicOp::Sum)
+            Op::Variadic(pipewright_ops::op::VariadicOp::Sum)
         };
         let n = g.add_node(
             format!("n{i}"),

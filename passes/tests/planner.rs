@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use bytes::Bytes;
-use pipewright_ir::ops::UnaryOp;
+use pipewright_ops::op::UnaryOp;
 use pipewright_ir::{
     DType, Dim, Graph, ModelMeta, NodeId, Op, Shape, TensorData, TensorType, Value, ValueDef,
     ValueId, Weight,
@@ -40,7 +40,7 @@ fn unary(g: &mut Graph, name: &str, x: ValueId, w: i64) -> (NodeId, ValueId) {
 }
 
 fn add(g: &mut Graph, name: &str, a: ValueId, b: ValueId, w: i64) -> (NodeId, ValueId) {
-    let op = Op::Binary(pipewright_ir::ops::BinaryOp::Add);
+    let op = Op::Binary(pipewright_ops::op::BinaryOp::Add);
     let n = g.add_node(
         name.into(),
         op,

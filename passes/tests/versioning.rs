@@ -6,7 +6,7 @@ mod common;
 
 use common::{contiguous, model};
 
-use pipewright_ir::ops::BatchNorm;
+use pipewright_ops::op::BatchNorm;
 use pipewright_ir::{
     DType, Dim, Graph, ModelMeta, Op, Shape, StageMap, TensorData,
     TensorType, Value, ValueDef, Weight,

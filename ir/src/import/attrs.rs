@@ -5,7 +5,7 @@ use onnx_protobuf::attribute_proto::AttributeType;
 use onnx_protobuf::AttributeProto;
 use protobuf::{EnumOrUnknown, MessageField};
 
-use crate::ops::AttrValue;
+use pipewright_ops::op::AttrValue;
 
 /// The ONNX form of one attribute of `Op::attributes` (the table the text form shares).
 pub fn attribute_proto(name: &str, value: &AttrValue) -> AttributeProto {

@@ -18,7 +18,7 @@ use super::attrs::Attrs;
 use super::Importer;
 use crate::dim::{Dim, Shape, TensorType};
 use crate::error::{ImportError, NodeRef};
-use crate::ops::{CastMode, Op, Slice};
+use pipewright_ops::op::{CastMode, Op, Slice};
 use crate::{DType, TensorData, ValueDef, ValueId, Weight};
 
 /// The most attention heads FlexAttention expands (an index constant of one entry each).
@@ -730,7 +730,7 @@ impl Importer<'_> {
         };
         let scale = scale.unwrap_or(1.0 / (e as f32).sqrt());
         let root = self.constant(format!("{name}/sqrt_scale"), TensorData::from_f64s(q_dtype, vec![], &[scale.sqrt() as f64]));
-        let mul = Op::Binary(crate::ops::BinaryOp::Mul);
+        let mul = Op::Binary(pipewright_ops::op::BinaryOp::Mul);
         let qs = self.add_one(&format!("{name}/q_scaled"), mul.clone(), vec![Some(q), Some(root)])?;
         let ks = self.add_one(&format!("{name}/k_scaled"), mul, vec![Some(k), Some(root)])?;
         let kt = self.add_one(&format!("{name}/k_transposed"), Op::Transpose { perm: Some(vec![0, 1, 3, 2]) }, vec![Some(ks)])?;
@@ -739,7 +739,7 @@ impl Importer<'_> {
         if let Some(g) = score_mod {
             scores = self.apply_mod(node, g, &format!("{name}/score_mod"), scores, compute, opset)?;
         }
-        let softmax = Op::Softmax(crate::ops::Softmax { axis: -1, coerce_2d: false });
+        let softmax = Op::Softmax(pipewright_ops::op::Softmax { axis: -1, coerce_2d: false });
         let mut probs = self.add_one(&format!("{name}/probs"), softmax, vec![Some(scores)])?;
         if let Some(g) = prob_mod {
             probs = self.apply_mod(node, g, &format!("{name}/prob_mod"), probs, compute, opset)?;

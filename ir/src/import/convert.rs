@@ -6,7 +6,7 @@ use onnx_protobuf::NodeProto;
 
 use super::attrs::Attrs;
 use super::tensor::tensor_from_proto;
-use crate::ops::*;
+use pipewright_ops::op::*;
 use crate::DType;
 
 /// Converts a (non-Constant) node whose schema version at the model's opset is `version`.
@@ -260,7 +260,7 @@ fn convert_op(op_type: &str, version: i64, a: &mut Attrs, n_inputs: usize) -> Re
         "Cast" => {
             let code = a.int("to")?.ok_or("attribute \"to\" is required")?;
             let to = DType::from_onnx(code as i32)
-                .ok_or_else(|| format!("cast to {} is not supported", crate::dtype::onnx_type_name(code as i32)))?;
+                .ok_or_else(|| format!("cast to {} is not supported", pipewright_ops::dtype::onnx_type_name(code as i32)))?;
             Op::Cast { to, mode: cast_mode(a)? }
         }
         "CastLike" => Op::CastLike { mode: cast_mode(a)? },
@@ -358,7 +358,7 @@ fn convert_op(op_type: &str, version: i64, a: &mut Attrs, n_inputs: usize) -> Re
         "MeanVarianceNormalization" => Op::MeanVarianceNormalization { axes: a.ints("axes")?.unwrap_or_else(|| vec![0, 2, 3]) },
         "EyeLike" => {
             let dtype = match a.int("dtype")? {
-                Some(code) => Some(DType::from_onnx(code as i32).ok_or_else(|| format!("dtype {} is not supported", crate::dtype::onnx_type_name(code as i32)))?),
+                Some(code) => Some(DType::from_onnx(code as i32).ok_or_else(|| format!("dtype {} is not supported", pipewright_ops::dtype::onnx_type_name(code as i32)))?),
                 None => None,
             };
             Op::EyeLike { dtype, k: a.int_or("k", 0)? }
@@ -420,7 +420,7 @@ fn quant_axis(a: &mut Attrs) -> Result<(i64, i64), String> {
 fn quant_dtype(code: i64, name: &str) -> Result<DType, String> {
     match DType::from_onnx(code as i32) {
         Some(d) if is_quantized(d) => Ok(d),
-        _ => Err(format!("{name}={} is not a supported quantized type", crate::dtype::onnx_type_name(code as i32))),
+        _ => Err(format!("{name}={} is not a supported quantized type", pipewright_ops::dtype::onnx_type_name(code as i32))),
     }
 }
 
@@ -661,7 +661,7 @@ fn roi_align(a: &mut Attrs, version: i64) -> Result<Op, String> {
         Some("max") => true,
         Some(other) => return Err(format!("mode={other:?} is not avg or max")),
     };
-    let r = crate::ops::RoiAlign {
+    let r = pipewright_ops::op::RoiAlign {
         max,
         output_height: a.int_or("output_height", 1)?,
         output_width: a.int_or("output_width", 1)?,

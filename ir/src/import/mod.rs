@@ -15,11 +15,11 @@ use std::path::Path;
 use onnx_protobuf::{Message, ModelProto, NodeProto, ValueInfoProto};
 
 use crate::dim::{Dim, Shape, TensorType};
-use crate::dtype::onnx_type_name;
+use pipewright_ops::dtype::onnx_type_name;
 use crate::error::{ImportError, ModelError, NodeRef};
 use crate::infer::{infer, Ctx, In};
 use crate::known::{evaluate, Known};
-use crate::spec::{spec_in, MAX_KNOWN_OPSET};
+use pipewright_ops::spec::{spec_in, MAX_KNOWN_OPSET};
 use crate::{BatchInfo, DType, Graph, ModelMeta, ValueDef, ValueId, Weight};
 
 /// How the batch dimension is chosen: `Auto` makes a named (`dim_param`) axis 0, or a
@@ -544,7 +544,7 @@ impl<'a> Importer<'a> {
             self.add_node(&reshape, opset)?;
             data = flat;
         }
-        let axis_attr = attribute_proto("axis", &crate::ops::AttrValue::Int(axis.unwrap_or(0)));
+        let axis_attr = attribute_proto("axis", &pipewright_ops::op::AttrValue::Int(axis.unwrap_or(0)));
         let gather = NodeProto {
             name: node.name.clone(),
             op_type: "Gather".into(),

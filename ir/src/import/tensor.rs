@@ -8,7 +8,7 @@ use bytes::Bytes;
 use onnx_protobuf::tensor_proto::DataLocation;
 use onnx_protobuf::TensorProto;
 
-use crate::dtype::onnx_type_name;
+use pipewright_ops::dtype::onnx_type_name;
 use crate::error::ImportError;
 use crate::{DType, TensorData};
 

@@ -2,7 +2,7 @@
 
 use super::{conv, known_ints, In, R};
 use crate::dim::{normalize_axis, Dim, Shape, TensorType};
-use crate::ops::{Conv, RoiAlign};
+use pipewright_ops::op::{Conv, RoiAlign};
 
 /// A scalar input known at import (`what` names it in the error).
 fn known_scalar(i: In, what: &str) -> R<i64> {
