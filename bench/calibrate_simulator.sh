@@ -30,12 +30,12 @@
 # (`pipeline_stats.py reorder`), with their measured durations, with each stage's mean
 # per kind, and with its durations dealt at random (the mean of 50 replays): what the
 # durations' spread adds to the bubble, which every replay of mean times leaves out
-# (docs/simulator.md, after run 14).
+# (docs/simulator.md, the operations' spread).
 # Both replays run the stages as threads sharing the machine's cores
 # (`simulate --host-cores HOST_CORES`), as the embedded executor's stage threads do, on the
 # host the profile measured (its crowding and its scheduler's turn); with --stage-times the
 # trace's durations are converted back to full-speed work first (docs/simulator.md,
-# sharing host cores), and the profile before the runs describes the host.
+# stages sharing a host's CPU cores), and the profile before the runs describes the host.
 #
 # Usage: bench/calibrate_simulator.sh [MODEL:MICROBATCH:STEPS ...]
 #        (default: gpt2-tiny:4:20 resnet18:2:8)

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """How well models of the operations' spread reproduce a run's bubble (docs/simulator.md,
-after run 16).
+the operations' spread).
 
 Each trace's compute events are replayed in the order each stage ran them, through the
 stages' dependencies alone (as `pipeline_stats.py reorder`), with:
