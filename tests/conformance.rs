@@ -116,7 +116,7 @@ fn run_forward_gives_a_verdict_and_saves_outputs() {
     assert!(stdout.lines().any(|l| l.starts_with("match: all 1 compared output(s)")), "{stdout}");
 
     // The saved array is the model's output, as the expected file has it to within round-off.
-    let spec = pipewright_runtime::build::InputSpec { name: "linear_3".into(), elem: pipewright_runtime::kernel::ElemType::F32, per_sample: vec![10] };
+    let spec = pipewright_runtime::build::InputSpec { name: "linear_3".into(), elem: pipewright_ops::DType::F32, per_sample: vec![10] };
     let d = pipewright_runtime::data::Dataset::from_npz(&saved, &[spec], None).expect("the saved .npz reads back");
     let got = d.input("linear_3").expect("array linear_3");
     let bytes = std::fs::read(models.join("mlp.inputs/output_0.pb")).expect("expected output");

@@ -1,10 +1,10 @@
-//! Code generation: lowering the IR to the runtime's plain-data [`Program`] (one
-//! [`Kernel`] per op, values as numbered slots, weights as stored tensors). Stage
+//! Code generation: lowering the IR to the runtime's plain-data [`Program`] (each node's
+//! [`Op`] as it is, values as numbered slots, weights as stored tensors). Stage
 //! modules are built from lowered programs; [`build`] is the `lower` pass and writes the
 //! build folder.
 //!
 //! [`Program`]: pipewright_runtime::program::Program
-//! [`Kernel`]: pipewright_runtime::Kernel
+//! [`Op`]: pipewright_ops::Op
 
 pub mod build;
 pub mod lower;

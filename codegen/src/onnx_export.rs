@@ -63,9 +63,9 @@ pub fn export_stage(g: &Graph, s: &StageSlice) -> Result<ModelProto, ExportError
         }
         let names = |vs: &[Option<ValueId>]| vs.iter().map(|v| v.map(name).unwrap_or_default()).collect::<Vec<_>>();
         // Ops of other domains (training, ML) carry their domain and import it.
-        let domain = pipewright_ops::spec::spec(node.op.name()).map_or("", |s| s.domain);
+        let domain = pipewright_ops::onnx::spec(node.op.name()).map_or("", |s| s.domain);
         if !domain.is_empty() && !domains.iter().any(|(d, _)| *d == domain) {
-            let version = pipewright_ops::spec::spec(node.op.name()).and_then(|s| s.versions.last().copied()).unwrap_or(1);
+            let version = pipewright_ops::onnx::spec(node.op.name()).and_then(|s| s.versions.last().copied()).unwrap_or(1);
             domains.push((domain, version));
         }
         graph.node.push(NodeProto {

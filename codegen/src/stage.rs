@@ -18,12 +18,12 @@ use pipewright_ir::{Graph, NodeId, Op, StageMap, ValueDef, ValueId};
 use pipewright_passes::recompute::{Decision, RecomputePlan};
 use pipewright_core::UpdateRule;
 use pipewright_passes::versioning::WeightVersions;
-use pipewright_runtime::kernel::UnaryKind;
+use pipewright_ops::op::UnaryOp;
 use pipewright_runtime::program::{Extent, Instr, Program, SlotId, SlotInfo};
-use pipewright_runtime::Kernel;
-use pipewright_runtime::ElemType;
 
-use crate::lower::{elem, lower_nodes, LowerError, Lowering};
+use pipewright_ops::DType;
+
+use crate::lower::{lower_nodes, LowerError, Lowering};
 
 /// A tensor crossing between two adjacent stages.
 #[derive(Clone, Debug, PartialEq)]
@@ -35,7 +35,7 @@ pub struct BoundaryTensor {
     pub value: String,
     /// The stage on the other side.
     pub peer: u32,
-    pub elem: ElemType,
+    pub elem: DType,
     /// With `Batch(k)` for `k * N`.
     pub shape: Vec<Extent>,
 }
@@ -44,7 +44,7 @@ pub struct BoundaryTensor {
 #[derive(Clone, Debug, PartialEq)]
 pub struct StageTensor {
     pub name: String,
-    pub elem: ElemType,
+    pub elem: DType,
     pub shape: Vec<Extent>,
 }
 
@@ -243,7 +243,7 @@ fn shape_of(g: &Graph, v: ValueId) -> Vec<Extent> {
 }
 
 fn tensor(g: &Graph, v: ValueId) -> StageTensor {
-    StageTensor { name: g.value(v).name.clone(), elem: elem(g.value(v).ty.dtype), shape: shape_of(g, v) }
+    StageTensor { name: g.value(v).name.clone(), elem: g.value(v).ty.dtype, shape: shape_of(g, v) }
 }
 
 /// Lowers every stage of a partitioned graph to its own program.
@@ -276,7 +276,7 @@ pub fn lower_slice(g: &Graph, s: &StageSlice) -> Result<StageProgram, LowerError
         name: g.value(wire).name.clone(),
         value: g.value(local).name.clone(),
         peer,
-        elem: elem(g.value(wire).ty.dtype),
+        elem: g.value(wire).ty.dtype,
         shape: shape_of(g, wire),
     };
     // A sent tensor's slot carries its wire name (`x@stage2`), the name the next stage's
@@ -311,7 +311,7 @@ fn name_outputs(p: &mut Program, names: Vec<String>, instr_nodes: &mut Vec<Optio
             let info = p.slots[slot.index()].clone();
             let copy = SlotId(p.slots.len() as u32);
             p.slots.push(SlotInfo { name: name.clone(), last_use: None, ..info });
-            p.instrs.push(Instr { name: format!("{name}:copy"), kernel: Kernel::Unary(UnaryKind::Identity), inputs: vec![Some(slot)], outputs: vec![Some(copy)], recompute: false });
+            p.instrs.push(Instr { name: format!("{name}:copy"), op: Op::Unary(UnaryOp::Identity), inputs: vec![Some(slot)], outputs: vec![Some(copy)], recompute: false });
             instr_nodes.push(None);
             p.outputs[i] = copy;
             claimed.push(copy);
@@ -401,7 +401,7 @@ mod tests {
         assert_eq!(outs, ["v8", "v9"]);
         let p = &progs[1].program;
         let copy = p.instrs.last().unwrap();
-        assert_eq!((copy.kernel.clone(), copy.inputs.clone(), copy.outputs.clone()), (Kernel::Unary(UnaryKind::Identity), vec![Some(p.inputs[0])], vec![Some(p.outputs[0])]));
+        assert_eq!((copy.op.clone(), copy.inputs.clone(), copy.outputs.clone()), (Op::Unary(UnaryOp::Identity), vec![Some(p.inputs[0])], vec![Some(p.outputs[0])]));
         assert_eq!(progs[1].instr_nodes.last(), Some(&None), "a helper, not a node");
         let (ins2, _) = io_names(&progs[2].program);
         assert_eq!(ins2, ["v8", "v9"], "the next stage receives what was sent");

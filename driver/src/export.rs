@@ -24,7 +24,7 @@ pub const WEIGHTS_FILE: &str = "weights.safetensors";
 pub fn save_weights(path: &Path, report: &pipewright_runtime::pipeline::TrainReport) -> Result<(), DriverError> {
     use pipewright_runtime::exec::tensor_to_bytes;
     use pipewright_runtime::module::dtype_of;
-    let mut raw: Vec<(String, pipewright_runtime::ElemType, Vec<usize>, Vec<u8>)> = Vec::new();
+    let mut raw: Vec<(String, pipewright_ops::DType, Vec<usize>, Vec<u8>)> = Vec::new();
     for (name, t) in report.weights.iter().chain(&report.buffers).flatten() {
         if raw.iter().any(|r| &r.0 == name) {
             continue;

@@ -44,7 +44,7 @@ pub fn read_tensors(dir: &Path, prefix: &str) -> Result<Vec<NamedTensor>, Driver
 
 /// IR tensor data as a libtorch tensor.
 pub fn to_torch(t: &TensorData) -> Result<Tensor, DriverError> {
-    Ok(tensor_from_bytes(pipewright_codegen::lower::elem(t.dtype), &t.dims, &t.bytes)?)
+    Ok(tensor_from_bytes(t.dtype, &t.dims, &t.bytes)?)
 }
 
 /// A model lowered to one program, ready to run.
@@ -112,7 +112,7 @@ impl Comparison {
 /// Compares `actual` with `expected` elementwise (NaN matches NaN); errs on shape or
 /// dtype disagreement.
 pub fn compare(actual: &Tensor, expected: &TensorData, rtol: f64, atol: f64) -> Result<Comparison, DriverError> {
-    let want = pipewright_codegen::lower::elem(expected.dtype);
+    let want = expected.dtype;
     // Bytes as the expected type: u16/u32/u64 results live in a carrier kind.
     let Ok((dims, bytes)) = tensor_to_bytes_as(actual, want) else {
         let (et, _, _) = tensor_to_bytes(actual)?;

@@ -32,7 +32,7 @@ use pipewright_core::{Decay, Device, NonFinite, Precision, Recompute, Schedule};
 use pipewright_ir::{Graph, ImportOptions};
 use pipewright_core::Loss;
 use pipewright_passes::cost::{BatchSpread, BoundaryCost, HostSharing, LossTiming, Profile, ProfileNode, SharedPasses, SplitStage, StageSplit, WeightUpdate, WholePass, WholeStep};
-use pipewright_runtime::exec::{run as run_kernel, Mode};
+use pipewright_runtime::exec::{run_node, Mode, Signature, Signatures};
 use pipewright_runtime::module::read_module;
 use pipewright_runtime::pipeline::{accumulate_ms, loss_ms, step_ms, update_ms, Objective, OptimizerConfig, TrainReport};
 use pipewright_runtime::program::{Instr, SlotId};
@@ -77,8 +77,9 @@ pub fn profile(model: &Path, device: Device, batches: &[u64], reps: usize, seed:
     let mut loss_bwd = Vec::with_capacity(batches.len());
     tch::manual_seed(seed as i64);
     let instrs = &runner.interp().program().instrs;
+    let signatures = Signatures::of(runner.interp().program());
     let mut nodes: Vec<ProfileNode> =
-        instrs.iter().map(|i| ProfileNode { name: i.name.clone(), op: i.kernel.name().to_string(), fwd_ms: Vec::new(), bwd_ms: Vec::new() }).collect();
+        instrs.iter().map(|i| ProfileNode { name: i.name.clone(), op: i.op.name().to_string(), fwd_ms: Vec::new(), bwd_ms: Vec::new() }).collect();
     let mut spread = Vec::with_capacity(batches.len());
     let mut whole = Vec::with_capacity(batches.len());
     for &b in batches {
@@ -93,12 +94,12 @@ pub fn profile(model: &Path, device: Device, batches: &[u64], reps: usize, seed:
         loss_bwd.push(bw);
         // Repetition r's total over all nodes: how much the whole model's time moves.
         let mut totals = vec![0.0; reps.max(1)];
-        for (node, ins) in nodes.iter_mut().zip(instrs) {
+        for (k, (node, ins)) in nodes.iter_mut().zip(instrs).enumerate() {
             // The inputs as the full pass made them: weights and what depends on them
             // require gradients, the data does not (its gradient is never computed).
             let args: Vec<Option<Tensor>> =
                 ins.inputs.iter().map(|s| s.and_then(|s| slots[s.index()].as_ref().map(|t| t.detach().set_requires_grad(t.requires_grad())))).collect();
-            let (f, bw) = time_node(ins, &args, reps)?;
+            let (f, bw) = time_node(ins, signatures.get(k), &args, reps)?;
             for (t, (x, y)) in totals.iter_mut().zip(f.iter().zip(&bw)) {
                 *t += x + y;
             }
@@ -151,7 +152,7 @@ fn synthetic_inputs(g: &Graph, b: i64, device: tch::Device) -> Result<Vec<Tensor
         .map(|&v| {
             let ty = &g.value(v).ty;
             let dims = ty.shape.eval(b);
-            let et = pipewright_codegen::lower::elem(ty.dtype);
+            let et = ty.dtype;
             let k = pipewright_runtime::exec::torch_kind(et)?;
             Ok(if ty.dtype.is_float() {
                 Tensor::f_randn(&dims, (k, device))?
@@ -183,13 +184,13 @@ fn enough(done: usize, reps: usize, start: Instant, window_s: f64) -> bool {
 
 /// Forward and backward milliseconds of one node, one per repetition: `reps` of them, more
 /// while they take less than [`NODE_WINDOW_S`].
-fn time_node(ins: &Instr, inputs: &[Option<Tensor>], reps: usize) -> Result<(Vec<f64>, Vec<f64>), DriverError> {
+fn time_node(ins: &Instr, sig: Signature<'_>, inputs: &[Option<Tensor>], reps: usize) -> Result<(Vec<f64>, Vec<f64>), DriverError> {
     repeat_timed(reps, NODE_WINDOW_S, || {
         let leaves: Vec<Option<Tensor>> =
             inputs.iter().map(|t| t.as_ref().map(|t| if t.requires_grad() { t.detach().set_requires_grad(true) } else { t.shallow_clone() })).collect();
         let refs: Vec<Option<&Tensor>> = leaves.iter().map(|t| t.as_ref()).collect();
         let start = Instant::now();
-        let outs = run_kernel(&ins.kernel, &refs, Mode::Train).map_err(|e| DriverError::msg(format!("node {:?}: {e}", ins.name)))?;
+        let outs = run_node(&ins.op, sig, &refs, Mode::Train, None).map_err(|e| DriverError::msg(format!("node {:?}: {e}", ins.name)))?;
         let fwd = start.elapsed().as_secs_f64() * 1e3;
         let diff: Vec<Tensor> = outs.into_iter().filter(|o| is_float(o) && o.requires_grad()).collect();
         let took = backward_ms(&diff)?;

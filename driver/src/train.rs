@@ -195,7 +195,7 @@ fn check_step_size(req: &TrainRequest, manifest: &Manifest, shape: &RunShape) ->
     let inputs = manifest.input_specs().map_err(|e| DriverError::msg(format!("{MANIFEST_FILE}: {e}")))?;
     // A dynamic per-sample dimension counts as 1: the bound is then a lower bound.
     let per_sample = inputs.iter().try_fold(0u64, |sum, i| {
-        i.per_sample.iter().try_fold(i.elem.size_bytes().max(1) as u64, |n, &d| n.checked_mul(d.max(1) as u64)).and_then(|n| sum.checked_add(n))
+        i.per_sample.iter().try_fold(i.elem.size().max(1) as u64, |n, &d| n.checked_mul(d.max(1) as u64)).and_then(|n| sum.checked_add(n))
     });
     let bytes = per_sample.and_then(|p| p.checked_mul(b)?.checked_mul(m)?.checked_mul(w)?.checked_mul(held));
     let limit = memory_bytes();

@@ -11,7 +11,7 @@ use pipewright_runtime::build::InputSpec;
 use pipewright_runtime::data::{parse_npy, Dataset};
 use pipewright_runtime::exec::tensor_from_bytes;
 use pipewright_runtime::pipeline::{decode_checkpoint, decode_stage};
-use pipewright_runtime::ElemType;
+use pipewright_ops::DType;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Target {
@@ -97,7 +97,7 @@ impl Context {
             return Err(format!("{}: no checkpoint.json (the seed checkpoint)", ck.display()));
         }
         // The training data seeds are for mlp-small.onnx: input [N, 64] f32, label [N] i64.
-        let inputs = vec![InputSpec { name: "input".into(), elem: ElemType::F32, per_sample: vec![64] }];
+        let inputs = vec![InputSpec { name: "input".into(), elem: DType::F32, per_sample: vec![64] }];
         Ok(Context { model_dir, checkpoint_files, inputs })
     }
 

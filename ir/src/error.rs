@@ -30,7 +30,7 @@ pub enum ImportError {
     NotAModel(&'static str),
     #[error("IR version {0} is not supported (supported: 3 to 14)")]
     IrVersion(i64),
-    #[error("the model imports default-domain opset {0}; supported opsets are 1 to {max}", max = pipewright_ops::spec::MAX_KNOWN_OPSET)]
+    #[error("the model imports default-domain opset {0}; supported opsets are 1 to {max}", max = pipewright_ops::onnx::MAX_KNOWN_OPSET)]
     Opset(i64),
     #[error("the model has no default-domain (ai.onnx) opset import")]
     NoDefaultOpset,

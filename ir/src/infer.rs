@@ -325,7 +325,7 @@ pub fn infer(op: &Op, ins: &[Option<In>], n_out: usize, ctx: Ctx) -> R<Vec<Tenso
         Op::DequantizeLinear { axis, block_size, output_dtype } => {
             let (xq, scale, zp) = (x()?, req(1)?, ins.get(2).copied().flatten());
             let xt = xq.ty.dtype;
-            if !(crate::import::convert::is_quantized(xt) || xt == DType::I32) {
+            if !(xt.is_quantized() || xt == DType::I32) {
                 return Err(format!("x of type {xt} is not a quantized type"));
             }
             if !scale.ty.dtype.is_float() {
@@ -907,7 +907,7 @@ fn quantize_dtype(q: &Quantize, x: In, scale: In, zp: Option<In>) -> R<DType> {
         (None, Some(o)) => o,
         (None, None) => DType::U8,
     };
-    if !crate::import::convert::is_quantized(to) || to == DType::I32 {
+    if !to.is_quantized() || to == DType::I32 {
         return Err(format!("{to} is not a quantized type"));
     }
     Ok(to)

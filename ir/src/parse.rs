@@ -24,9 +24,9 @@ use onnx_protobuf::NodeProto;
 
 use crate::dim::{Dim, Shape, TensorType};
 use crate::import::attribute_proto;
-use crate::import::convert::convert_node;
+use crate::import::attrs::convert_node;
 use pipewright_ops::op::{AttrValue, Op};
-use pipewright_ops::spec::spec;
+use pipewright_ops::onnx::spec;
 use crate::{BatchInfo, DType, Graph, ModelMeta, NodeId, TensorData, Value, ValueDef, ValueId, Weight};
 
 /// Text that is not the IR's text form; names the 1-based line.

@@ -9,7 +9,7 @@ use std::fmt;
 /// are carried for `Cast`, `CastLike` and the quantization ops only; the importer rejects
 /// any other op on them. `u4`/`i4`/`f4e2m1` pack two elements per byte and `u2`/`i2` four
 /// (low bits first) in raw data, see [`DType::byte_len`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum DType {
     F32,
@@ -115,6 +115,27 @@ impl DType {
     /// Bytes of raw data for `numel` elements: packed types round the last byte up.
     pub fn byte_len(self, numel: usize) -> Option<usize> {
         numel.checked_mul(self.bits()).map(|b| b.div_ceil(8))
+    }
+
+    /// Elements per byte in raw data: 2 for the 4-bit types, 4 for the 2-bit ones, else 1.
+    pub fn per_byte(self) -> usize {
+        8 / self.bits().min(8)
+    }
+
+    /// The type whose tensors hold this type's values exactly at run time: i8 for
+    /// `i4`/`i2`, u8 for `u4`/`u2`, f32 for `f4e2m1`/`f8e8m0`; every other type holds itself.
+    pub fn holder(self) -> DType {
+        match self {
+            DType::I4 | DType::I2 => DType::I8,
+            DType::U4 | DType::U2 => DType::U8,
+            DType::F4E2M1 | DType::F8E8M0 => DType::F32,
+            t => t,
+        }
+    }
+
+    /// The types QuantizeLinear produces and DequantizeLinear reads.
+    pub fn is_quantized(self) -> bool {
+        matches!(self, DType::U8 | DType::I8 | DType::U16 | DType::I16 | DType::I32) || (self.is_low_precision() && self != DType::F8E8M0)
     }
 
     /// The float8, float4 and 4/2-bit integer types, which only casts and the

@@ -9,8 +9,8 @@
 
 pub mod dtype;
 pub mod lowp;
+pub mod onnx;
 pub mod op;
-pub mod spec;
 pub mod tensor;
 
 pub use dtype::DType;

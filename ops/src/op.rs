@@ -8,10 +8,12 @@
 
 use std::fmt;
 
+use serde::{Deserialize, Serialize};
+
 use crate::{DType, TensorData};
 
 /// Elementwise ops with one input and no attributes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum UnaryOp {
     Abs, Neg, Sqrt, Reciprocal, Exp, Log, Erf, Tanh, Sigmoid, Relu, Not, IsNaN, Floor, Ceil,
     Round, Sign, Sin, Cos, Tan, Asin, Acos, Atan, Sinh, Cosh, Asinh, Acosh, Atanh, Softplus,
@@ -21,7 +23,7 @@ pub enum UnaryOp {
 }
 
 /// Elementwise ops with two inputs and numpy broadcasting.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum BinaryOp {
     Add, Sub, Mul, Div, Pow, Equal, Less, Greater, LessOrEqual, GreaterOrEqual, And, Or, Xor,
     /// `fmod = 0`: integer modulo with the divisor's sign.
@@ -44,35 +46,39 @@ impl BinaryOp {
 }
 
 /// Elementwise ops over any number of broadcast inputs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum VariadicOp {
     Sum, Max, Min, Mean,
 }
 
 /// Reductions sharing the `axes`/`keepdims` interface.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum ReduceKind {
     Sum, Mean, Max, Min, Prod, L1, L2, LogSum, LogSumExp, SumSquare,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum AutoPad {
-    NotSet, SameUpper, SameLower, Valid,
+    #[default]
+    NotSet,
+    SameUpper,
+    SameLower,
+    Valid,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum PadMode {
     Constant, Reflect, Edge, Wrap,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum GeluApprox {
     None, Tanh,
 }
 
 /// Convolution geometry shared by Conv, ConvTranspose and the pools. Empty vectors mean
 /// "the ONNX default for the input's spatial rank" (ones for strides/dilations, zeros for pads).
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Window {
     pub kernel_shape: Vec<i64>,
     pub strides: Vec<i64>,
@@ -82,14 +88,14 @@ pub struct Window {
     pub auto_pad: AutoPad,
 }
 
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Conv {
     pub window: Window,
     pub group: i64,
 }
 
 /// RoiAlign: bilinear samples of each region of interest averaged (or maximised) per bin.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct RoiAlign {
     /// `mode=max` (default avg).
     pub max: bool,
@@ -104,7 +110,7 @@ pub struct RoiAlign {
     pub v10: bool,
 }
 
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ConvTranspose {
     pub window: Window,
     pub group: i64,
@@ -112,7 +118,7 @@ pub struct ConvTranspose {
     pub output_shape: Vec<i64>,
 }
 
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Pool {
     pub window: Window,
     pub ceil_mode: bool,
@@ -120,7 +126,7 @@ pub struct Pool {
     pub count_include_pad: bool,
 }
 
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Gemm {
     pub alpha: f32,
     pub beta: f32,
@@ -128,7 +134,7 @@ pub struct Gemm {
     pub trans_b: bool,
 }
 
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct BatchNorm {
     pub epsilon: f32,
     pub momentum: f32,
@@ -136,7 +142,7 @@ pub struct BatchNorm {
     pub training_mode: bool,
 }
 
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct LayerNorm {
     pub axis: i64,
     pub epsilon: f32,
@@ -147,7 +153,7 @@ pub struct LayerNorm {
 /// `[batch, heads, seq, head_size]` or `[batch, seq, heads * head_size]` (then the head
 /// counts are the attributes), with an optional key/value cache, mask and output of the
 /// attention scores.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Attention {
     pub is_causal: bool,
     /// Required for 3-D inputs, absent for 4-D ones.
@@ -169,7 +175,7 @@ pub struct Attention {
 
 /// RotaryEmbedding (opset 23): rotates pairs of each head's leading
 /// `rotary_embedding_dim` features by the angles of the cos/sin caches.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Rotary {
     /// Pairs are adjacent features (`x[2i], x[2i+1]`) instead of the two halves.
     pub interleaved: bool,
@@ -181,7 +187,7 @@ pub struct Rotary {
 
 /// How `Cast` rounds into the low-precision floats (ONNX `saturate`, `round_mode`; both
 /// ignored for other targets).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct CastMode {
     /// Out-of-range values become the largest finite value (else NaN or infinity).
     pub saturate: bool,
@@ -196,7 +202,7 @@ impl Default for CastMode {
 }
 
 /// ONNX `round_mode` of casts to `f8e8m0`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum RoundMode {
     Up,
     Down,
@@ -215,7 +221,7 @@ impl RoundMode {
 
 /// LinearAttention's recurrence (opset 27): which of the decay gate and the delta
 /// correction the state update applies.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum LinearRule {
     Linear,
     Gated,
@@ -257,7 +263,7 @@ impl LinearRule {
 /// LinearAttention (opset 27): the recurrent state `S` (`[batch, kv_heads, d_k, d_v]`)
 /// updated token by token from packed `[batch, seq, heads * d]` Q, K, V, read by the
 /// queries; grouped-query heads share a KV head's state.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct LinearAttention {
     pub q_num_heads: i64,
     pub kv_num_heads: i64,
@@ -272,7 +278,7 @@ pub struct LinearAttention {
 /// rate `R`, the update count `T`, then `n` tensors `X`, their gradients `G` and the
 /// optimizer's state tensors (Adagrad: `H`; Adam: `V`, `H`; Momentum: `V`), each a block
 /// of `n`; outputs: the new `X` and the new states, in blocks of `n`.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Optimizer {
     Adagrad { decay_factor: f32, epsilon: f32, norm_coefficient: f32 },
     Adam { alpha: f32, beta: f32, epsilon: f32, norm_coefficient: f32, norm_coefficient_post: f32 },
@@ -291,7 +297,7 @@ impl Optimizer {
 
 /// QuantizeLinear: `y = saturate(round(x / scale) + zero_point)`, per tensor, per `axis`
 /// (1-D scale) or per block of `block_size` along `axis` (scale of x's rank).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Quantize {
     pub axis: i64,
     /// 0: per tensor or per axis.
@@ -307,7 +313,7 @@ pub struct Quantize {
 /// each tree giving one leaf's weight to its target, aggregated per target. The node
 /// and leaf tables are ONNX's (`nodes_*`, `leaf_*`); the tensors keep their element
 /// types so the attributes round-trip.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TreeEnsemble {
     pub featureids: Vec<i64>,
     /// Per node: 0 `<=`, 1 `<`, 2 `>=`, 3 `>`, 4 `==`, 5 `!=`, 6 set membership.
@@ -330,7 +336,7 @@ pub struct TreeEnsemble {
 }
 
 /// How ScatterND/ScatterElements combine an update with the element it lands on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum ScatterReduction {
     None,
     Add,
@@ -341,7 +347,7 @@ pub enum ScatterReduction {
 
 /// LRN's attributes: `y = x / (bias + alpha / size * sum_window(x^2))^beta` over `size`
 /// neighbouring channels.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Lrn {
     pub alpha: f32,
     pub beta: f32,
@@ -350,7 +356,7 @@ pub struct Lrn {
 }
 
 /// GroupNormalization: statistics per (sample, group of channels).
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct GroupNorm {
     pub epsilon: f32,
     pub num_groups: i64,
@@ -361,14 +367,14 @@ pub struct GroupNorm {
 }
 
 /// The recurrent cell of an RNN, GRU or LSTM node.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum RnnCell {
     Rnn,
     Gru,
     Lstm,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum RnnDirection {
     Forward,
     Reverse,
@@ -376,7 +382,7 @@ pub enum RnnDirection {
 }
 
 /// RNN/GRU/LSTM with their default activations (Tanh; Sigmoid, Tanh; Sigmoid, Tanh, Tanh).
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Rnn {
     pub cell: RnnCell,
     pub hidden_size: i64,
@@ -405,20 +411,20 @@ impl Rnn {
     }
 }
 
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Softmax {
     pub axis: i64,
     /// Opsets < 13: the input is coerced to 2-D at `axis` and normalised over the trailing block.
     pub coerce_2d: bool,
 }
 
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Slice {
     /// Opsets < 10 carry the bounds as attributes: `(starts, ends, axes)`.
     pub attrs: Option<(Vec<i64>, Vec<i64>, Option<Vec<i64>>)>,
 }
 
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Split {
     pub axis: i64,
     /// Sizes from the attribute (opsets < 13); `None` means input 1 or equal parts.
@@ -426,7 +432,7 @@ pub struct Split {
     pub num_outputs: Option<i64>,
 }
 
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Reduce {
     pub kind: ReduceKind,
     /// From the attribute (older opsets); `None` means input 1 (or all axes when absent).
@@ -436,20 +442,20 @@ pub struct Reduce {
 }
 
 /// `reduction` of the loss ops.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum LossReduction {
     None, Sum, Mean,
 }
 
 /// The attributes shared by NegativeLogLikelihoodLoss and SoftmaxCrossEntropyLoss.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ClassLoss {
     pub reduction: LossReduction,
     /// Targets equal to it add nothing to the loss nor to the mean's denominator.
     pub ignore_index: Option<i64>,
 }
 
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Pad {
     pub mode: PadMode,
     /// Opsets < 11: pads and value as attributes.
@@ -457,25 +463,25 @@ pub struct Pad {
 }
 
 /// Resize `mode`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum ResizeMode {
     Nearest, Linear, Cubic,
 }
 
 /// Resize `coordinate_transformation_mode`: how an output index maps to a source coordinate.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum CoordMode {
     HalfPixel, HalfPixelSymmetric, PytorchHalfPixel, AlignCorners, Asymmetric, TfCropAndResize,
 }
 
 /// Resize `nearest_mode`: how a fractional source coordinate rounds.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum NearestMode {
     RoundPreferFloor, RoundPreferCeil, Floor, Ceil,
 }
 
 /// Resize `keep_aspect_ratio_policy` (with `sizes`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum AspectPolicy {
     Stretch, NotLarger, NotSmaller,
 }
@@ -483,7 +489,7 @@ pub enum AspectPolicy {
 /// Resize and Upsample. The roi, scales and sizes are inputs (known at import, they fix
 /// the output shape); `legacy` is the opset-10 Resize and Upsample form: inputs (X,
 /// scales), asymmetric coordinates, nearest rounding down, no other attribute.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Resize {
     pub mode: ResizeMode,
     pub coord: CoordMode,
@@ -498,13 +504,13 @@ pub struct Resize {
 }
 
 /// GridSample `padding_mode`: the value of a sample outside the input.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum GridPadding {
     Zeros, Border, Reflection,
 }
 
 /// One operator with its typed attributes.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Op {
     Unary(UnaryOp),
     Binary(BinaryOp),
@@ -1177,6 +1183,15 @@ impl Op {
         }
         let items: Vec<String> = attrs.iter().map(|(k, v)| format!("{k}={v}")).collect();
         format!("[{}]", items.join(", "))
+    }
+
+    /// Reshape-like ops whose output shares its input's storage: they add no activation
+    /// memory (the runtime's memory account and the planner's cost model agree on this).
+    pub fn is_view(&self) -> bool {
+        matches!(
+            self,
+            Op::Reshape { .. } | Op::Flatten { .. } | Op::Squeeze { .. } | Op::Unsqueeze { .. } | Op::Unary(UnaryOp::Identity)
+        )
     }
 
     /// Whether the op is an elementwise map of its (broadcast) inputs.

@@ -143,3 +143,52 @@ pub fn encode_f64(dtype: DType, v: f64, out: &mut Vec<u8>) {
         | DType::F4E2M1 | DType::U2 | DType::I2 => {}
     }
 }
+
+/// The serialised form of a [`TensorData`] (an op's attribute tensor in a stage module):
+/// its type, extents and bytes in hex, which keeps every value exact (an `i64` beyond
+/// 2^53 or a NaN payload survives where a list of numbers would not).
+#[derive(serde::Serialize, serde::Deserialize)]
+struct TensorForm {
+    dtype: DType,
+    dims: Vec<i64>,
+    hex: String,
+}
+
+impl serde::Serialize for TensorData {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let hex = self.bytes.iter().map(|b| format!("{b:02x}")).collect();
+        TensorForm { dtype: self.dtype, dims: self.dims.clone(), hex }.serialize(s)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for TensorData {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<TensorData, D::Error> {
+        use serde::de::Error;
+        let form = TensorForm::deserialize(d)?;
+        let bytes = hex_bytes(&form.hex).ok_or_else(|| D::Error::custom("tensor bytes are not an even number of hex digits"))?;
+        TensorData::new(form.dtype, form.dims, Bytes::from(bytes)).ok_or_else(|| D::Error::custom("tensor bytes do not match its type and extents"))
+    }
+}
+
+fn hex_bytes(hex: &str) -> Option<Vec<u8>> {
+    if hex.len() % 2 != 0 {
+        return None;
+    }
+    (0..hex.len()).step_by(2).map(|i| hex.get(i..i + 2).and_then(|h| u8::from_str_radix(h, 16).ok())).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An attribute tensor survives serialisation bit for bit, extreme integers included.
+    #[test]
+    fn serde_keeps_every_value() {
+        let t = TensorData::from_i64s(vec![2], &[i64::MAX, -7]);
+        let json = serde_json::to_string(&t).expect("serialises");
+        assert_eq!(serde_json::from_str::<TensorData>(&json).expect("parses"), t);
+        let bad = json.replace("\"hex\":\"", "\"hex\":\"0");
+        let err = serde_json::from_str::<TensorData>(&bad).expect_err("odd hex is refused");
+        assert!(err.to_string().contains("not an even number of hex digits"), "{err}");
+    }
+}

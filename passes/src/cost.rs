@@ -826,17 +826,6 @@ fn is_transcendental(op: &Op) -> bool {
     }
 }
 
-fn is_view(op: &Op) -> bool {
-    matches!(
-        op,
-        Op::Reshape { .. }
-            | Op::Flatten { .. }
-            | Op::Squeeze { .. }
-            | Op::Unsqueeze { .. }
-            | Op::Unary(UnaryOp::Identity)
-    )
-}
-
 /// Flops of `Einsum`: 2 * the product of all index extents (`None` if unparsable).
 fn einsum_flops(eq: &str, inputs: &[&TensorType], export: i64) -> Option<Lin> {
     let lhs = eq.split("->").next()?;
@@ -1186,7 +1175,7 @@ impl CostModel {
             nodes[i].fwd_flops = fwd;
             nodes[i].bwd_flops = fwd.scale(bwd_ratio);
             nodes[i].bytes_moved = bytes;
-            nodes[i].activation_bytes = if is_view(&node.op) { Lin::ZERO } else { act };
+            nodes[i].activation_bytes = if node.op.is_view() { Lin::ZERO } else { act };
         }
         let mut shared: Vec<SharedWeightUse> = first_consumer
             .into_iter()

@@ -19,7 +19,7 @@ use pipewright_core::fs::{write_atomic, WriteError};
 use pipewright_core::{ImportChoices, Recompute, Schedule};
 use serde::{Deserialize, Serialize};
 
-use crate::kernel::ElemType;
+use pipewright_ops::DType;
 use crate::module::{read_module, ModuleError, StageModule};
 use crate::program::Extent;
 
@@ -103,7 +103,7 @@ pub struct TensorEntry {
     /// For boundary tensors: the stage on the other side.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peer: Option<u32>,
-    pub dtype: ElemType,
+    pub dtype: DType,
     /// Extents: `N` for the microbatch size, `16*N` for a multiple of it, or a number.
     #[serde(with = "extent_text")]
     pub shape: Vec<Extent>,
@@ -114,7 +114,7 @@ pub struct TensorEntry {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct InputSpec {
     pub name: String,
-    pub elem: ElemType,
+    pub elem: DType,
     pub per_sample: Vec<i64>,
 }
 
@@ -463,7 +463,7 @@ mod tests {
     use super::*;
 
     fn manifest() -> Manifest {
-        let t = |name: &str, shape: Vec<Extent>| TensorEntry { name: name.into(), value: None, peer: None, dtype: ElemType::F32, shape };
+        let t = |name: &str, shape: Vec<Extent>| TensorEntry { name: name.into(), value: None, peer: None, dtype: DType::F32, shape };
         Manifest {
             format: BUILD_FORMAT.into(),
             version: BUILD_VERSION,
@@ -525,7 +525,7 @@ mod tests {
         let text = m.to_toml();
         assert!(text.contains("shape = [\n    \"N\",\n    \"64\",\n]"), "{text}");
         assert_eq!(Manifest::parse(&text, Path::new("pipeline.toml")).unwrap(), m);
-        assert_eq!(m.input_specs().unwrap(), vec![InputSpec { name: "x".into(), elem: ElemType::F32, per_sample: vec![64] }]);
+        assert_eq!(m.input_specs().unwrap(), vec![InputSpec { name: "x".into(), elem: DType::F32, per_sample: vec![64] }]);
         assert_eq!(m.output_per_sample("y"), Some(vec![10]));
     }
 

@@ -23,7 +23,7 @@ use tch::{Kind, Tensor};
 
 pub use crate::build::InputSpec;
 use crate::exec::tensor_from_bytes;
-use crate::kernel::ElemType;
+use pipewright_ops::DType;
 
 /// Data that cannot be loaded or batched; the message names the file and the array, and
 /// keeps every cause (`data.npz: array `x`: dtype `>f4` is big-endian, ...`).
@@ -91,7 +91,7 @@ pub struct Dataset {
 /// A raw little-endian array read from a file.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RawArray {
-    pub elem: ElemType,
+    pub elem: DType,
     pub shape: Vec<i64>,
     pub data: Vec<u8>,
 }
@@ -154,7 +154,7 @@ impl Dataset {
                 match ints {
                     IntFill::Zeros => v.resize(count, 0),
                     IntFill::Uniform(high) => {
-                        let high = if *elem == ElemType::Bool { 2 } else { high };
+                        let high = if *elem == DType::Bool { 2 } else { high };
                         if high <= 0 {
                             bail!("synthetic input `{name}`: integer range [0, {high}) is empty");
                         }
@@ -593,7 +593,7 @@ fn read_bounded(mut r: impl Read, left: &mut u64) -> std::result::Result<Vec<u8>
     }
 }
 
-fn kind(elem: ElemType) -> Result<Kind> {
+fn kind(elem: DType) -> Result<Kind> {
     crate::exec::torch_kind(elem).map_err(|e| anyhow!("{e}"))
 }
 
@@ -692,13 +692,13 @@ pub fn parse_npy(bytes: &[u8]) -> Result<RawArray> {
         _ => bail!(".npy header has no `shape` tuple"),
     };
     let elem = match descr.as_str() {
-        "<f4" => ElemType::F32,
-        "<f8" => ElemType::F64,
-        "<i8" => ElemType::I64,
-        "<i4" => ElemType::I32,
-        "|u1" | "<u1" => ElemType::U8,
-        "|i1" | "<i1" => ElemType::I8,
-        "|b1" | "<b1" => ElemType::Bool,
+        "<f4" => DType::F32,
+        "<f8" => DType::F64,
+        "<i8" => DType::I64,
+        "<i4" => DType::I32,
+        "|u1" | "<u1" => DType::U8,
+        "|i1" | "<i1" => DType::I8,
+        "|b1" | "<b1" => DType::Bool,
         d if d.starts_with('>') => bail!(
             "dtype `{d}` is big-endian, which is not supported; convert it to little-endian (e.g. arr.astype('<{}'))",
             &d[1..]
@@ -709,12 +709,12 @@ pub fn parse_npy(bytes: &[u8]) -> Result<RawArray> {
     // allocated for it (with checked products: `count * size` overflowed for shape
     // (2^64-1,) of <i4, found by pipewright-fuzz, fuzz/crashes/npy-099c2c0f26a45e3c.bin).
     let data = &bytes[end..];
-    let want = shape.iter().try_fold(elem.size_bytes(), |acc, &d| acc.checked_mul(d as usize));
+    let want = shape.iter().try_fold(elem.size(), |acc, &d| acc.checked_mul(d as usize));
     if want != Some(data.len()) {
         let want = want.map_or("more than 2^64".to_string(), |w| w.to_string());
         bail!("the header's shape {shape:?} of {descr} needs {want} bytes of data, but the file holds {}", data.len());
     }
-    if elem == ElemType::Bool {
+    if elem == DType::Bool {
         if let Some(b) = data.iter().find(|&&b| b > 1) {
             bail!("bool array holds byte {b} (expected 0 or 1)");
         }
@@ -726,13 +726,13 @@ pub fn parse_npy(bytes: &[u8]) -> Result<RawArray> {
 /// [`parse_npy`].
 pub fn encode_npy(a: &RawArray) -> Result<Vec<u8>> {
     let descr = match a.elem {
-        ElemType::F32 => "<f4",
-        ElemType::F64 => "<f8",
-        ElemType::I64 => "<i8",
-        ElemType::I32 => "<i4",
-        ElemType::U8 => "|u1",
-        ElemType::I8 => "|i1",
-        ElemType::Bool => "|b1",
+        DType::F32 => "<f4",
+        DType::F64 => "<f8",
+        DType::I64 => "<i8",
+        DType::I32 => "<i4",
+        DType::U8 => "|u1",
+        DType::I8 => "|i1",
+        DType::Bool => "|b1",
         e => bail!("cannot write {e} arrays to .npy"),
     };
     let mut shape = String::from("(");
@@ -873,17 +873,17 @@ fn parse_header(s: &str) -> Result<BTreeMap<String, Value>> {
 }
 
 /// numpy's dtype string for an element type `.npz` files can hold (`None`: numpy has none).
-fn npy_descr(elem: ElemType) -> Option<&'static str> {
+fn npy_descr(elem: DType) -> Option<&'static str> {
     Some(match elem {
-        ElemType::F32 => "<f4",
-        ElemType::F16 => "<f2",
-        ElemType::F64 => "<f8",
-        ElemType::I64 => "<i8",
-        ElemType::I32 => "<i4",
-        ElemType::I16 => "<i2",
-        ElemType::I8 => "|i1",
-        ElemType::U8 => "|u1",
-        ElemType::Bool => "|b1",
+        DType::F32 => "<f4",
+        DType::F16 => "<f2",
+        DType::F64 => "<f8",
+        DType::I64 => "<i8",
+        DType::I32 => "<i4",
+        DType::I16 => "<i2",
+        DType::I8 => "|i1",
+        DType::U8 => "|u1",
+        DType::Bool => "|b1",
         _ => return None,
     })
 }

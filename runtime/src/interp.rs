@@ -4,7 +4,7 @@
 
 use tch::Tensor;
 
-use crate::exec::{run_used, tensor_from_bytes, KernelError, Mode};
+use crate::exec::{run_node, tensor_from_bytes, KernelError, Mode, Signatures};
 use crate::program::{Program, SlotId};
 
 /// Why a program could not run.
@@ -30,6 +30,7 @@ pub struct Interpreter {
     device: tch::Device,
     stored: Vec<(SlotId, Tensor)>,
     last_use: Vec<Option<usize>>,
+    signatures: Signatures,
 }
 
 impl Interpreter {
@@ -44,7 +45,8 @@ impl Interpreter {
             stored.push((s.slot, t));
         }
         let last_use = program.last_uses();
-        Ok(Interpreter { program, device, stored, last_use })
+        let signatures = Signatures::of(&program);
+        Ok(Interpreter { program, device, stored, last_use, signatures })
     }
 
     pub fn program(&self) -> &Program {
@@ -92,7 +94,7 @@ impl Interpreter {
                     .map(|s| s.map(|s| slots[s.index()].as_ref().ok_or_else(|| self.unset(s))).transpose())
                     .collect::<Result<_, _>>()?;
                 let used: Vec<bool> = ins.outputs.iter().map(Option::is_some).collect();
-                run_used(&ins.kernel, &args, mode, &used).map_err(|source| InterpError::Kernel { node: ins.name.clone(), op: ins.kernel.name(), source })?
+                run_node(&ins.op, self.signatures.get(i), &args, mode, Some(&used)).map_err(|source| InterpError::Kernel { node: ins.name.clone(), op: ins.op.name(), source })?
             };
             if outs.len() < ins.outputs.len() {
                 return Err(InterpError::OutputCount { node: ins.name.clone(), expected: ins.outputs.len(), got: outs.len() });

@@ -2,17 +2,20 @@
 //! It depends on neither the IR nor the passes, so a deployed stage binary carries no
 //! importer.
 //!
-//! Always available (plain Rust): [`kernel`] describes every operator as plain data,
-//! [`program`] and [`module`] are the stage-module format ([`listing`] prints it, [`exe`]
+//! The ops it executes are `pipewright-ops`'s [`Op`]s, the same values the importer
+//! built: codegen writes them into stage modules unchanged.
+//!
+//! Always available (plain Rust): [`program`] and [`module`] are the stage-module format ([`listing`] prints it, [`exe`]
 //! appends it to a stage executable), [`build`] is the build folder's manifest,
 //! [`timeline`] reads and draws schedule traces. With the `torch` feature, `exec` runs the
-//! kernels on libtorch through `tch`, `interp` runs whole programs, `pipeline` schedules
+//! ops on libtorch through `tch`, `interp` runs whole programs, `pipeline` schedules
 //! stages and `data` loads training data.
+//!
+//! [`Op`]: pipewright_ops::Op
 
 pub mod build;
 pub mod device;
 pub mod exe;
-pub mod kernel;
 pub mod listing;
 pub mod module;
 pub mod program;
@@ -30,4 +33,3 @@ pub mod interp;
 pub mod pipeline;
 
 pub use device::{Device, DeviceError};
-pub use kernel::{ElemType, Kernel};

@@ -9,7 +9,6 @@ use std::fmt::Write;
 use pipewright_core::Recompute;
 
 use crate::build::extent_text;
-use crate::kernel::Kernel;
 use crate::module::StageModule;
 use crate::program::{Program, SlotId};
 
@@ -127,42 +126,9 @@ pub fn program_text(p: &Program, marks: bool) -> String {
             (true, true) => " [recompute]",
             (true, false) => " [stash]",
         };
-        let _ = writeln!(s, "  n{i}: {} = {}({}){mark}  # {}", outs.join(", "), kernel_text(&ins.kernel), args.join(", "), ins.name);
+        let _ = writeln!(s, "  n{i}: {} = {}({}){mark}  # {}", outs.join(", "), ins.op, args.join(", "), ins.name);
     }
     s
-}
-
-/// `Gemm[alpha=1, beta=1, trans_a=false, trans_b=true]`, `Relu`, `MatMul`.
-fn kernel_text(k: &Kernel) -> String {
-    use serde_json::Value;
-    fn value(v: &Value) -> String {
-        match v {
-            Value::Array(xs) => format!("[{}]", xs.iter().map(value).collect::<Vec<_>>().join(",")),
-            Value::Object(o) => {
-                let items: Vec<String> = o.iter().filter(|(_, x)| !x.is_null()).map(|(k, x)| format!("{k}={}", value(x))).collect();
-                format!("{{{}}}", items.join(", "))
-            }
-            Value::String(s) => s.clone(),
-            other => other.to_string(),
-        }
-    }
-    match serde_json::to_value(k) {
-        Ok(Value::String(name)) => name,
-        Ok(Value::Object(o)) if o.len() == 1 => {
-            let (name, inner) = o.into_iter().next().expect("one entry");
-            match inner {
-                Value::String(kind) => kind,
-                Value::Object(fields) => {
-                    let items: Vec<String> =
-                        fields.iter().filter(|(_, x)| !x.is_null()).map(|(k, x)| format!("{k}={}", value(x))).collect();
-                    if items.is_empty() { name } else { format!("{name}[{}]", items.join(", ")) }
-                }
-                Value::Null => name,
-                other => format!("{name}[{}]", value(&other)),
-            }
-        }
-        _ => format!("{k:?}"),
-    }
 }
 
 /// The summary of a stage module as JSON (`pipewright inspect stage.pwm --json`): the
@@ -193,7 +159,7 @@ pub fn module_json(m: &StageModule) -> serde_json::Value {
         .collect();
     let params: u64 = p.stored.iter().filter(|t| t.trainable).map(|t| t.dims.iter().product::<i64>().max(0) as u64).sum();
     let instrs: Vec<serde_json::Value> =
-        p.instrs.iter().map(|i| json!({ "name": i.name, "op": i.kernel.name(), "recompute": i.recompute })).collect();
+        p.instrs.iter().map(|i| json!({ "name": i.name, "op": i.op.name(), "recompute": i.recompute })).collect();
     json!({
         "stage": h.params.stage,
         "depth": h.params.depth,

@@ -21,13 +21,14 @@ use safetensors::tensor::{Dtype, SafeTensors};
 use pipewright_core::{Recompute, Schedule};
 use serde::{Deserialize, Serialize};
 
-use crate::kernel::ElemType;
+use pipewright_ops::DType;
 use crate::program::{Program, SlotId, Stored};
 
 /// The first 8 bytes of every stage module.
 pub const MAGIC: [u8; 8] = *b"PWMODULE";
-/// The format version this crate writes, and the only one it reads.
-pub const FORMAT_VERSION: u32 = 2;
+/// The format version this crate writes, and the only one it reads. Version 3: each
+/// instruction carries the IR's op (`pipewright-ops`) under `op`, not a runtime kernel.
+pub const FORMAT_VERSION: u32 = 3;
 /// Length of the fixed header in bytes; the program section starts right after it.
 pub const HEADER_LEN: usize = 64;
 /// The weights section starts at a multiple of this (zero padding before it).
@@ -225,39 +226,39 @@ pub fn looks_like_module(path: &Path) -> bool {
 /// The safetensors dtype of an element type. safetensors has no float8: those (one byte
 /// each) are stored as u8 bytes, read back by the program's element type; the packed 4/2-bit
 /// types take their holder's dtype (codegen stores them unpacked).
-pub fn dtype_of(e: ElemType) -> Dtype {
+pub fn dtype_of(e: DType) -> Dtype {
     match e {
-        ElemType::F8E4M3FN | ElemType::F8E4M3FNUZ | ElemType::F8E5M2 | ElemType::F8E5M2FNUZ | ElemType::F8E8M0 => Dtype::U8,
-        ElemType::U4 | ElemType::I4 | ElemType::F4E2M1 | ElemType::U2 | ElemType::I2 => dtype_of(e.holder()),
-        ElemType::F32 => Dtype::F32,
-        ElemType::F16 => Dtype::F16,
-        ElemType::Bf16 => Dtype::BF16,
-        ElemType::F64 => Dtype::F64,
-        ElemType::I64 => Dtype::I64,
-        ElemType::I32 => Dtype::I32,
-        ElemType::I16 => Dtype::I16,
-        ElemType::I8 => Dtype::I8,
-        ElemType::U8 => Dtype::U8,
-        ElemType::U16 => Dtype::U16,
-        ElemType::U32 => Dtype::U32,
-        ElemType::U64 => Dtype::U64,
-        ElemType::Bool => Dtype::BOOL,
+        DType::F8E4M3FN | DType::F8E4M3FNUZ | DType::F8E5M2 | DType::F8E5M2FNUZ | DType::F8E8M0 => Dtype::U8,
+        DType::U4 | DType::I4 | DType::F4E2M1 | DType::U2 | DType::I2 => dtype_of(e.holder()),
+        DType::F32 => Dtype::F32,
+        DType::F16 => Dtype::F16,
+        DType::Bf16 => Dtype::BF16,
+        DType::F64 => Dtype::F64,
+        DType::I64 => Dtype::I64,
+        DType::I32 => Dtype::I32,
+        DType::I16 => Dtype::I16,
+        DType::I8 => Dtype::I8,
+        DType::U8 => Dtype::U8,
+        DType::U16 => Dtype::U16,
+        DType::U32 => Dtype::U32,
+        DType::U64 => Dtype::U64,
+        DType::Bool => Dtype::BOOL,
     }
 }
 
 /// The element type of a safetensors dtype; `None` for dtypes libtorch lacks.
-pub fn elem_of_dtype(d: Dtype) -> Option<ElemType> {
+pub fn elem_of_dtype(d: Dtype) -> Option<DType> {
     Some(match d {
-        Dtype::F32 => ElemType::F32,
-        Dtype::F16 => ElemType::F16,
-        Dtype::BF16 => ElemType::Bf16,
-        Dtype::F64 => ElemType::F64,
-        Dtype::I64 => ElemType::I64,
-        Dtype::I32 => ElemType::I32,
-        Dtype::I16 => ElemType::I16,
-        Dtype::I8 => ElemType::I8,
-        Dtype::U8 => ElemType::U8,
-        Dtype::BOOL => ElemType::Bool,
+        Dtype::F32 => DType::F32,
+        Dtype::F16 => DType::F16,
+        Dtype::BF16 => DType::Bf16,
+        Dtype::F64 => DType::F64,
+        Dtype::I64 => DType::I64,
+        Dtype::I32 => DType::I32,
+        Dtype::I16 => DType::I16,
+        Dtype::I8 => DType::I8,
+        Dtype::U8 => DType::U8,
+        Dtype::BOOL => DType::Bool,
         _ => return None,
     })
 }
@@ -463,7 +464,7 @@ fn checked_tensors(program: &Program) -> Result<Vec<(&Stored, Vec<usize>)>> {
 /// tensor 8-byte aligned when the section is), header padded with spaces to 8 bytes.
 fn safetensors_head(program: &Program, tensors: &[(&Stored, Vec<usize>)]) -> (Vec<u8>, Vec<usize>) {
     let mut order: Vec<usize> = (0..tensors.len()).collect();
-    order.sort_by_key(|&i| (std::cmp::Reverse(tensors[i].0.elem.size_bytes()), tensors[i].0.slot));
+    order.sort_by_key(|&i| (std::cmp::Reverse(tensors[i].0.elem.size()), tensors[i].0.slot));
     let mut header = serde_json::Map::new();
     let names: serde_json::Map<String, serde_json::Value> = tensors
         .iter()

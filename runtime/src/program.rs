@@ -1,4 +1,4 @@
-//! A stage program: the kernels of one stage in execution order over numbered slots,
+//! A stage program: the ops of one stage in execution order over numbered slots,
 //! with its weights and constants. Codegen writes it; the runtime executes it. Plain
 //! data, so it builds without libtorch.
 
@@ -6,7 +6,7 @@ use bytes::Bytes;
 use pipewright_core::UpdateRule;
 use serde::{Deserialize, Serialize};
 
-use crate::kernel::{ElemType, Kernel};
+use pipewright_ops::{DType, Op};
 
 /// Index of a slot (one tensor value) in a program; prints as `s3`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -45,7 +45,7 @@ impl Extent {
 pub struct SlotInfo {
     /// The source model's value name, for messages.
     pub name: String,
-    pub elem: ElemType,
+    pub elem: DType,
     pub shape: Vec<Extent>,
     /// Index of the last instruction reading the slot; `None` for a program output (it
     /// lives to the end) or a slot nothing reads. Filled by [`Program::fill_last_uses`]
@@ -58,7 +58,7 @@ pub struct SlotInfo {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Stored {
     pub slot: SlotId,
-    pub elem: ElemType,
+    pub elem: DType,
     pub dims: Vec<i64>,
     #[serde(skip)]
     pub bytes: Bytes,
@@ -81,12 +81,12 @@ fn is_false(v: &bool) -> bool {
     !*v
 }
 
-/// One kernel application.
+/// One op applied to slots.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Instr {
     /// The source node's name, for messages.
     pub name: String,
-    pub kernel: Kernel,
+    pub op: Op,
     pub inputs: Vec<Option<SlotId>>,
     pub outputs: Vec<Option<SlotId>>,
     /// The instruction belongs to the stage's recompute segment: its outputs are not

@@ -8,23 +8,23 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use pipewright_runtime::data::{encode_npy, parse_npy, DataError, Dataset, InputSpec, IntFill, RawArray, Stop};
-use pipewright_runtime::ElemType;
+use pipewright_ops::DType;
 use tch::{Kind, Tensor};
 
-fn spec(name: &str, elem: ElemType, shape: &[i64]) -> InputSpec {
+fn spec(name: &str, elem: DType, shape: &[i64]) -> InputSpec {
     InputSpec { name: name.to_string(), elem, per_sample: shape.to_vec() }
 }
 
 fn f32_array(shape: &[i64], f: impl Fn(usize) -> f32) -> RawArray {
     let n: i64 = shape.iter().product();
     let data = (0..n as usize).flat_map(|i| f(i).to_le_bytes()).collect();
-    RawArray { elem: ElemType::F32, shape: shape.to_vec(), data }
+    RawArray { elem: DType::F32, shape: shape.to_vec(), data }
 }
 
 fn i64_array(shape: &[i64], f: impl Fn(usize) -> i64) -> RawArray {
     let n: i64 = shape.iter().product();
     let data = (0..n as usize).flat_map(|i| f(i).to_le_bytes()).collect();
-    RawArray { elem: ElemType::I64, shape: shape.to_vec(), data }
+    RawArray { elem: DType::I64, shape: shape.to_vec(), data }
 }
 
 fn write_npz(path: &Path, arrays: &[(&str, &RawArray)], deflate: bool) {
@@ -63,12 +63,12 @@ fn toy() -> (RawArray, RawArray) {
 fn npy_round_trips_every_supported_dtype() {
     let arrays = [
         f32_array(&[2, 3], |i| i as f32 * 0.5 - 1.0),
-        RawArray { elem: ElemType::F64, shape: vec![4], data: [1.5f64, -2.0, 0.0, 1e300].iter().flat_map(|v| v.to_le_bytes()).collect() },
+        RawArray { elem: DType::F64, shape: vec![4], data: [1.5f64, -2.0, 0.0, 1e300].iter().flat_map(|v| v.to_le_bytes()).collect() },
         i64_array(&[3, 1, 2], |i| i as i64 - 3),
-        RawArray { elem: ElemType::I32, shape: vec![2, 2], data: [7i32, -8, 9, i32::MAX].iter().flat_map(|v| v.to_le_bytes()).collect() },
-        RawArray { elem: ElemType::U8, shape: vec![5], data: vec![0, 1, 128, 255, 3] },
-        RawArray { elem: ElemType::Bool, shape: vec![1, 3], data: vec![1, 0, 1] },
-        RawArray { elem: ElemType::F32, shape: vec![0, 4], data: vec![] },
+        RawArray { elem: DType::I32, shape: vec![2, 2], data: [7i32, -8, 9, i32::MAX].iter().flat_map(|v| v.to_le_bytes()).collect() },
+        RawArray { elem: DType::U8, shape: vec![5], data: vec![0, 1, 128, 255, 3] },
+        RawArray { elem: DType::Bool, shape: vec![1, 3], data: vec![1, 0, 1] },
+        RawArray { elem: DType::F32, shape: vec![0, 4], data: vec![] },
     ];
     for a in &arrays {
         let bytes = encode_npy(a).unwrap();
@@ -90,7 +90,7 @@ fn npy_parses_hand_built_headers() {
         bytes.extend_from_slice(&v.to_le_bytes());
     }
     let a = parse_npy(&bytes).unwrap();
-    assert_eq!(a.elem, ElemType::I32);
+    assert_eq!(a.elem, DType::I32);
     assert_eq!(a.shape, vec![3]);
 
     // Version 1.0, keys in another order, a scalar shape.
@@ -100,7 +100,7 @@ fn npy_parses_hand_built_headers() {
     bytes.extend_from_slice(header.as_bytes());
     bytes.extend_from_slice(&2.5f64.to_le_bytes());
     let a = parse_npy(&bytes).unwrap();
-    assert_eq!((a.elem, a.shape.len()), (ElemType::F64, 0));
+    assert_eq!((a.elem, a.shape.len()), (DType::F64, 0));
 }
 
 fn npy_with_header(header: &str, data: &[u8]) -> Vec<u8> {
@@ -132,7 +132,7 @@ fn loads_a_folder_and_files_of_npy() {
     std::fs::write(dir.path().join("x.npy"), encode_npy(&x).unwrap()).unwrap();
     std::fs::write(dir.path().join("y.npy"), encode_npy(&y).unwrap()).unwrap();
     std::fs::write(dir.path().join("notes.txt"), "ignored").unwrap();
-    let inputs = [spec("x", ElemType::F32, &[3])];
+    let inputs = [spec("x", DType::F32, &[3])];
 
     let d = Dataset::from_npy(&[dir.path()], &inputs, Some("y")).unwrap();
     assert_eq!(d.samples(), 10);
@@ -151,12 +151,12 @@ fn loads_a_folder_and_files_of_npy() {
 fn loads_npz_stored_and_deflated() {
     let dir = tempfile::tempdir().unwrap();
     let (x, y) = toy();
-    let mask = RawArray { elem: ElemType::Bool, shape: vec![10, 2], data: (0..20).map(|i| (i % 3 == 0) as u8).collect() };
-    let ids = RawArray { elem: ElemType::I32, shape: vec![10], data: (0..10i32).flat_map(|v| v.to_le_bytes()).collect() };
+    let mask = RawArray { elem: DType::Bool, shape: vec![10, 2], data: (0..20).map(|i| (i % 3 == 0) as u8).collect() };
+    let ids = RawArray { elem: DType::I32, shape: vec![10], data: (0..10i32).flat_map(|v| v.to_le_bytes()).collect() };
     for deflate in [false, true] {
         let path = dir.path().join(format!("d{deflate}.npz"));
         write_npz(&path, &[("x", &x), ("y", &y), ("mask", &mask), ("ids", &ids)], deflate);
-        let inputs = [spec("x", ElemType::F32, &[3]), spec("mask", ElemType::Bool, &[2]), spec("ids", ElemType::I32, &[])];
+        let inputs = [spec("x", DType::F32, &[3]), spec("mask", DType::Bool, &[2]), spec("ids", DType::I32, &[])];
         let d = Dataset::open(&path, &inputs, Some("y")).unwrap();
         assert_eq!(d.samples(), 10);
         assert_eq!(d.inputs().iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(), ["x", "mask", "ids"]);
@@ -184,7 +184,7 @@ fn loads_safetensors() {
     let path = dir.path().join("d.safetensors");
     std::fs::write(&path, bytes).unwrap();
 
-    let inputs = [spec("x", ElemType::F32, &[3]), spec("h", ElemType::F16, &[2])];
+    let inputs = [spec("x", DType::F32, &[3]), spec("h", DType::F16, &[2])];
     let d = Dataset::open(&path, &inputs, Some("y")).unwrap();
     assert_eq!(d.samples(), 10);
     assert_eq!(to_vec_f32(d.input("x").unwrap()), (0..30).map(|i| i as f32).collect::<Vec<_>>());
@@ -192,7 +192,7 @@ fn loads_safetensors() {
     assert_eq!(to_vec_f32(d.input("h").unwrap())[3], 0.75);
     assert_eq!(to_vec_i64(d.labels().unwrap()), (0..10).collect::<Vec<_>>());
 
-    let e = err_of(Dataset::from_safetensors(&path, &[spec("z", ElemType::F32, &[3])], None));
+    let e = err_of(Dataset::from_safetensors(&path, &[spec("z", DType::F32, &[3])], None));
     assert!(e.contains("d.safetensors") && e.contains("`z`") && e.contains("(arrays: h, x, y)"), "{e}");
 }
 
@@ -215,23 +215,23 @@ fn errors_name_the_file_and_the_array() {
     let short_y = i64_array(&[9], |i| i as i64);
     let path = dir.path().join("bad.npz");
     write_npz(&path, &[("x", &x), ("y", &y), ("short", &short_y)], true);
-    let ok = [spec("x", ElemType::F32, &[3])];
+    let ok = [spec("x", DType::F32, &[3])];
 
     // A model input with no array.
-    let e = err_of(Dataset::from_npz(&path, &[spec("input", ElemType::F32, &[3])], Some("y")));
+    let e = err_of(Dataset::from_npz(&path, &[spec("input", DType::F32, &[3])], Some("y")));
     assert!(e.contains("bad.npz") && e.contains("model input `input`") && e.contains("short, x, y"), "{e}");
     // No label array.
     let e = err_of(Dataset::from_npz(&path, &ok, Some("label")));
     assert!(e.contains("bad.npz") && e.contains("label array `label`"), "{e}");
     // Wrong per-sample shape.
-    let e = err_of(Dataset::from_npz(&path, &[spec("x", ElemType::F32, &[4])], None));
+    let e = err_of(Dataset::from_npz(&path, &[spec("x", DType::F32, &[4])], None));
     assert!(e.contains("bad.npz") && e.contains("`x`") && e.contains("[3]") && e.contains("[4]"), "{e}");
-    let e = err_of(Dataset::from_npz(&path, &[spec("x", ElemType::F32, &[3, 1])], None));
+    let e = err_of(Dataset::from_npz(&path, &[spec("x", DType::F32, &[3, 1])], None));
     assert!(e.contains("per-sample shape [3]"), "{e}");
     // A dynamic dimension matches any size.
-    assert_eq!(Dataset::from_npz(&path, &[spec("x", ElemType::F32, &[-1])], None).unwrap().samples(), 10);
+    assert_eq!(Dataset::from_npz(&path, &[spec("x", DType::F32, &[-1])], None).unwrap().samples(), 10);
     // Wrong element type.
-    let e = err_of(Dataset::from_npz(&path, &[spec("x", ElemType::I64, &[3])], None));
+    let e = err_of(Dataset::from_npz(&path, &[spec("x", DType::I64, &[3])], None));
     assert!(e.contains("bad.npz") && e.contains("`x`") && e.contains("f32") && e.contains("i64"), "{e}");
     // Different sample counts (input vs label).
     let e = err_of(Dataset::from_npz(&path, &ok, Some("short")));
@@ -258,7 +258,7 @@ fn errors_name_the_file_and_the_array() {
     // Fortran order in a loose .npy names the file.
     let f = dir.path().join("f.npy");
     std::fs::write(&f, npy_with_header("{'descr': '<f4', 'fortran_order': True, 'shape': (10, 3), }\n", &[0; 120])).unwrap();
-    let e = err_of(Dataset::from_npy(&[&f], &[spec("f", ElemType::F32, &[3])], None));
+    let e = err_of(Dataset::from_npy(&[&f], &[spec("f", DType::F32, &[3])], None));
     assert!(e.contains("f.npy") && e.contains("`f`") && e.contains("Fortran"), "{e}");
 }
 
@@ -268,7 +268,7 @@ fn batches_shuffle_deterministically_and_drop_the_tail() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("toy.npz");
     write_npz(&path, &[("x", &x), ("y", &y)], true);
-    let d = Dataset::from_npz(&path, &[spec("x", ElemType::F32, &[3])], Some("y")).unwrap();
+    let d = Dataset::from_npz(&path, &[spec("x", DType::F32, &[3])], Some("y")).unwrap();
 
     // 10 samples, batches of 2 microbatches of 2: 2 per epoch, 2 samples dropped each epoch.
     assert_eq!(d.batches_per_epoch(2, 2), 2);
@@ -331,7 +331,7 @@ fn batches_shuffle_deterministically_and_drop_the_tail() {
 
 #[test]
 fn synthetic_data_is_seeded() {
-    let inputs = [spec("x", ElemType::F32, &[4, 5]), spec("ids", ElemType::I64, &[7]), spec("m", ElemType::Bool, &[3]), spec("h", ElemType::F16, &[2])];
+    let inputs = [spec("x", DType::F32, &[4, 5]), spec("ids", DType::I64, &[7]), spec("m", DType::Bool, &[3]), spec("h", DType::F16, &[2])];
     let a = Dataset::synthetic(&inputs, 100, 42).unwrap();
     let b = Dataset::synthetic(&inputs, 100, 42).unwrap();
     let c = Dataset::synthetic(&inputs, 100, 43).unwrap();
@@ -367,14 +367,14 @@ fn synthetic_data_is_seeded() {
     assert_eq!(batches.len(), 7);
     assert_eq!(batches[0][0].0.len(), 4);
 
-    assert!(Dataset::synthetic(&[spec("x", ElemType::F32, &[-1])], 4, 0).is_err());
+    assert!(Dataset::synthetic(&[spec("x", DType::F32, &[-1])], 4, 0).is_err());
     assert!(Dataset::synthetic(&inputs, 0, 0).is_err());
 }
 
 #[test]
 fn loads_the_digits_example() {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/digits/digits.npz");
-    let d = Dataset::open(&path, &[spec("input", ElemType::F32, &[64])], Some("label")).unwrap();
+    let d = Dataset::open(&path, &[spec("input", DType::F32, &[64])], Some("label")).unwrap();
     assert_eq!(d.samples(), 1797);
     let x = d.input("input").unwrap();
     assert_eq!(x.size(), vec![1797, 64]);
@@ -430,7 +430,7 @@ fn npz_decompression_is_capped() {
     let x = f32_array(&[16, 1 << 20], |_| 0.0);
     write_npz(&path, &[("x", &x)], true);
     assert!(std::fs::metadata(&path).unwrap().len() < 1 << 20);
-    let inputs = [spec("x", ElemType::F32, &[1 << 20])];
+    let inputs = [spec("x", DType::F32, &[1 << 20])];
     let e = err_of(Dataset::open_capped(&path, &inputs, None, 1 << 20));
     assert!(e.contains("bomb.npz: member `x.npy`") && e.contains("more than 1048576 bytes"), "{e}");
     assert_eq!(Dataset::open_capped(&path, &inputs, None, 80 << 20).unwrap().samples(), 16);
@@ -440,7 +440,7 @@ fn npz_decompression_is_capped() {
 /// array and the value (it was truncated to class 1); whole floats pass (negative and too-large ids are the loss's to report).
 #[test]
 fn fractional_class_labels_are_refused() {
-    let with = |labels: &[f32]| Dataset::synthetic(&[spec("x", ElemType::F32, &[3])], 4, 0).unwrap().with_labels(Tensor::from_slice(labels)).unwrap();
+    let with = |labels: &[f32]| Dataset::synthetic(&[spec("x", DType::F32, &[3])], 4, 0).unwrap().with_labels(Tensor::from_slice(labels)).unwrap();
     let e = err_of(with(&[0.0, 1.5, 2.0, 1.0]).check_class_labels("label"));
     assert!(e.contains("label array `label` holds 1.5 (element 1)"), "{e}");
     let e = err_of(with(&[0.0, f32::NAN, 2.0, 1.0]).check_class_labels("label"));
@@ -479,7 +479,7 @@ fn npz_member_claiming_a_huge_size_does_not_abort() {
     std::fs::write(&path, &out).unwrap();
     let mut zip = zip::ZipArchive::new(std::fs::File::open(&path).unwrap()).unwrap();
     assert_eq!(zip.by_index(0).unwrap().size(), 1 << 40, "the crafted claim did not take");
-    match Dataset::open(&path, &[spec("x", ElemType::F32, &[3])], None) {
+    match Dataset::open(&path, &[spec("x", DType::F32, &[3])], None) {
         Ok(d) => assert_eq!(d.samples(), 10),
         Err(e) => assert!(e.to_string().contains("claim.npz"), "{e}"),
     }
@@ -489,8 +489,8 @@ fn npz_member_claiming_a_huge_size_does_not_abort() {
 /// (a --microbatch of 100,000,000 made the allocation fail and the process abort).
 #[test]
 fn absurd_synthetic_data_is_an_error_not_an_abort() {
-    let e = err_of(Dataset::synthetic(&[spec("x", ElemType::F32, &[1024])], 1 << 40, 0));
+    let e = err_of(Dataset::synthetic(&[spec("x", DType::F32, &[1024])], 1 << 40, 0));
     assert!(e.contains("synthetic input `x`") && e.contains("cannot be allocated"), "{e}");
-    let e = err_of(Dataset::synthetic(&[spec("ids", ElemType::I64, &[1 << 40])], 1 << 40, 0));
+    let e = err_of(Dataset::synthetic(&[spec("ids", DType::I64, &[1 << 40])], 1 << 40, 0));
     assert!(e.contains("synthetic input `ids`") && e.contains("cannot be allocated"), "{e}");
 }

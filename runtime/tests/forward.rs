@@ -5,11 +5,12 @@ mod common;
 
 use common::{assert_close, eval, f64s, i64s, to_f64, to_i64};
 use pipewright_runtime::exec::{run, tensor_from_bytes, tensor_to_bytes, tensor_to_bytes_as, KernelError, Mode};
-use pipewright_runtime::kernel::*;
+use pipewright_ops::op::{AutoPad, BatchNorm, BinaryOp, CastMode, Conv, ConvTranspose, LayerNorm, Pad, PadMode, Pool, Reduce, ReduceKind, Rnn, RnnCell, RnnDirection, Slice, Softmax, Split, TreeEnsemble, UnaryOp, Window};
+use pipewright_ops::{DType, Op, TensorData};
 use pipewright_runtime::device::{tch_device, Device};
 use tch::{Kind, Tensor};
 
-fn one(k: Kernel, ins: &[&Tensor]) -> Tensor {
+fn one(k: Op, ins: &[&Tensor]) -> Tensor {
     let ins: Vec<Option<&Tensor>> = ins.iter().map(|t| Some(*t)).collect();
     eval(&k, &ins, Mode::Eval).remove(0)
 }
@@ -28,17 +29,17 @@ fn mod_sign_rules() {
     let x = i64s(&[-7, 7, -7, 7], &[4]);
     let y = i64s(&[3, 3, -3, -3], &[4]);
     assert_eq!(
-        to_i64(&one(Kernel::Binary(BinaryKind::Mod), &[&x, &y])),
+        to_i64(&one(Op::Binary(BinaryOp::Mod), &[&x, &y])),
         [2, 1, -1, -2]
     );
     assert_eq!(
-        to_i64(&one(Kernel::Binary(BinaryKind::Fmod), &[&x, &y])),
+        to_i64(&one(Op::Binary(BinaryOp::Fmod), &[&x, &y])),
         [-1, 1, -1, 1]
     );
     let xf = f64s(&[-7.5, 7.5], &[2]);
     let yf = f64s(&[2.0, -2.0], &[2]);
     assert_close(
-        &to_f64(&one(Kernel::Binary(BinaryKind::Fmod), &[&xf, &yf])),
+        &to_f64(&one(Op::Binary(BinaryOp::Fmod), &[&xf, &yf])),
         &[-1.5, 1.5],
         0.0,
     );
@@ -48,7 +49,7 @@ fn mod_sign_rules() {
 fn integer_div_truncates() {
     let x = i64s(&[-7, 7, -7, 6], &[4]);
     let y = i64s(&[2, -2, -2, 4], &[4]);
-    let q = one(Kernel::Binary(BinaryKind::Div), &[&x, &y]);
+    let q = one(Op::Binary(BinaryOp::Div), &[&x, &y]);
     assert_eq!(q.kind(), Kind::Int64);
     assert_eq!(to_i64(&q), [-3, -3, 3, 1]);
 }
@@ -57,7 +58,7 @@ fn integer_div_truncates() {
 fn pow_keeps_base_type() {
     let x = i64s(&[2, 3], &[2]);
     let e = f64s(&[2.0, 0.5], &[2]);
-    let y = one(Kernel::Binary(BinaryKind::Pow), &[&x, &e]);
+    let y = one(Op::Binary(BinaryOp::Pow), &[&x, &e]);
     assert_eq!(y.kind(), Kind::Int64);
     assert_eq!(to_i64(&y), [4, 1]);
 }
@@ -66,7 +67,7 @@ fn pow_keeps_base_type() {
 fn comparisons_give_bool() {
     let x = f64s(&[1.0, 2.0, 3.0], &[3]);
     let y = f64s(&[2.0], &[1]);
-    let lt = one(Kernel::Binary(BinaryKind::Less), &[&x, &y]);
+    let lt = one(Op::Binary(BinaryOp::Less), &[&x, &y]);
     assert_eq!(lt.kind(), Kind::Bool);
     assert_eq!(to_i64(&lt), [1, 0, 0]);
 }
@@ -75,7 +76,7 @@ fn comparisons_give_bool() {
 fn softmax_coerce_2d_normalises_trailing_block() {
     let x = f64s(&[0.0, 1.0, 2.0, 3.0], &[2, 2]);
     let y = one(
-        Kernel::Softmax(Softmax {
+        Op::Softmax(Softmax {
             axis: 0,
             coerce_2d: true,
         }),
@@ -85,7 +86,7 @@ fn softmax_coerce_2d_normalises_trailing_block() {
     let want: Vec<f64> = (0..4).map(|i| (i as f64).exp() / z).collect();
     assert_close(&to_f64(&y), &want, 1e-12);
     let y13 = one(
-        Kernel::Softmax(Softmax {
+        Op::Softmax(Softmax {
             axis: 0,
             coerce_2d: false,
         }),
@@ -107,7 +108,7 @@ fn softmax_coerce_2d_normalises_trailing_block() {
 #[test]
 fn slice_negative_steps_and_clamping() {
     let x = Tensor::arange(10, (Kind::Int64, tch::Device::Cpu));
-    let k = Kernel::Slice(Slice { attrs: None });
+    let k = Op::Slice(Slice { attrs: None });
     let s = |st: i64, en: i64, step: i64| {
         let (st, en, ax, sp) = (
             i64s(&[st], &[1]),
@@ -129,12 +130,12 @@ fn slice_negative_steps_and_clamping() {
 fn pad_modes_values() {
     let x = f64s(&[1.0, 2.0, 3.0], &[3]);
     let pads = i64s(&[2, 2], &[2]);
-    let pad = |mode| to_f64(&one(Kernel::Pad(Pad { mode, attrs: None }), &[&x, &pads]));
+    let pad = |mode| to_f64(&one(Op::Pad(Pad { mode, attrs: None }), &[&x, &pads]));
     assert_eq!(pad(PadMode::Reflect), [3.0, 2.0, 1.0, 2.0, 3.0, 2.0, 1.0]);
     assert_eq!(pad(PadMode::Edge), [1.0, 1.0, 1.0, 2.0, 3.0, 3.0, 3.0]);
     assert_eq!(pad(PadMode::Wrap), [2.0, 3.0, 1.0, 2.0, 3.0, 1.0, 2.0]);
     assert_eq!(pad(PadMode::Constant), [0.0, 0.0, 1.0, 2.0, 3.0, 0.0, 0.0]);
-    let k = Kernel::Pad(Pad {
+    let k = Op::Pad(Pad {
         mode: PadMode::Constant,
         attrs: Some((vec![1, -1], 9.0)),
     });
@@ -144,7 +145,7 @@ fn pad_modes_values() {
 #[test]
 fn split_uneven() {
     let x = Tensor::arange(7, (Kind::Int64, tch::Device::Cpu));
-    let k = Kernel::Split(Split {
+    let k = Op::Split(Split {
         axis: 0,
         split: None,
         num_outputs: Some(3),
@@ -153,14 +154,14 @@ fn split_uneven() {
     let sizes: Vec<i64> = parts.iter().map(|p| p.size()[0]).collect();
     assert_eq!(sizes, [3, 3, 1]);
     assert_eq!(to_i64(&parts[2]), [6]);
-    let k = Kernel::Split(Split {
+    let k = Op::Split(Split {
         axis: -1,
         split: Some(vec![2, 5]),
         num_outputs: None,
     });
     let parts = eval(&k, &[Some(&x)], Mode::Eval);
     assert_eq!(to_i64(&parts[0]), [0, 1]);
-    let k = Kernel::Split(Split {
+    let k = Op::Split(Split {
         axis: 0,
         split: None,
         num_outputs: None,
@@ -182,12 +183,12 @@ fn ceil_mode_pool_shapes() {
         ceil_mode,
         count_include_pad: false,
     };
-    assert_eq!(one(Kernel::MaxPool(pool(true)), &[&x]).size(), [1, 1, 3, 3]);
+    assert_eq!(one(Op::MaxPool(pool(true)), &[&x]).size(), [1, 1, 3, 3]);
     assert_eq!(
-        one(Kernel::MaxPool(pool(false)), &[&x]).size(),
+        one(Op::MaxPool(pool(false)), &[&x]).size(),
         [1, 1, 2, 2]
     );
-    let avg = one(Kernel::AveragePool(pool(true)), &[&x]);
+    let avg = one(Op::AveragePool(pool(true)), &[&x]);
     assert_eq!(avg.size(), [1, 1, 3, 3]);
     // The last window holds only element 24; the corner windows of the last column two.
     let v = to_f64(&avg);
@@ -199,7 +200,7 @@ fn ceil_mode_pool_shapes() {
         ceil_mode: true,
         count_include_pad: true,
     };
-    let y = one(Kernel::AveragePool(p), &[&x3]);
+    let y = one(Op::AveragePool(p), &[&x3]);
     assert_close(&to_f64(&y), &[0.5, 2.5], 1e-12);
 }
 
@@ -212,12 +213,12 @@ fn average_pool_count_include_pad() {
         count_include_pad,
     };
     assert_close(
-        &to_f64(&one(Kernel::AveragePool(p(false)), &[&x])),
+        &to_f64(&one(Op::AveragePool(p(false)), &[&x])),
         &[1.0, 1.5, 2.0, 2.5],
         1e-12,
     );
     assert_close(
-        &to_f64(&one(Kernel::AveragePool(p(true)), &[&x])),
+        &to_f64(&one(Op::AveragePool(p(true)), &[&x])),
         &[0.25, 0.75, 1.0, 2.5],
         1e-12,
     );
@@ -234,7 +235,7 @@ fn max_pool_indices_are_onnx_flat_offsets() {
         ceil_mode: false,
         count_include_pad: false,
     };
-    let outs = eval(&Kernel::MaxPool(p), &[Some(&x)], Mode::Eval);
+    let outs = eval(&Op::MaxPool(p), &[Some(&x)], Mode::Eval);
     assert_eq!(outs[0].size(), [2, 1, 2, 2]);
     assert_eq!(to_f64(&outs[0]), [5.0, 5.0, 9.0, 9.0, 7.0, 8.0, 7.0, 8.0]);
     assert_eq!(to_i64(&outs[1]), [1, 1, 4, 4, 7, 8, 7, 8]);
@@ -257,7 +258,7 @@ fn conv_transpose_output_shapes() {
             output_padding: op.to_vec(),
             output_shape: os.to_vec(),
         };
-        one(Kernel::ConvTranspose(c), &[&x, &w]).size()
+        one(Op::ConvTranspose(c), &[&x, &w]).size()
     };
     assert_eq!(ct(&[], &[], &[], AutoPad::NotSet), [1, 2, 9, 7]);
     assert_eq!(
@@ -274,26 +275,26 @@ fn reshape_flatten_squeeze() {
     let x = Tensor::zeros([2, 3, 4], (Kind::Float, tch::Device::Cpu));
     let sh = i64s(&[0, -1], &[2]);
     assert_eq!(
-        one(Kernel::Reshape { allow_zero: false }, &[&x, &sh]).size(),
+        one(Op::Reshape { allow_zero: false }, &[&x, &sh]).size(),
         [2, 12]
     );
     let e = Tensor::zeros([0, 3], (Kind::Float, tch::Device::Cpu));
     let sh = i64s(&[3, 0], &[2]);
     assert_eq!(
-        one(Kernel::Reshape { allow_zero: true }, &[&e, &sh]).size(),
+        one(Op::Reshape { allow_zero: true }, &[&e, &sh]).size(),
         [3, 0]
     );
-    assert_eq!(one(Kernel::Flatten { axis: 0 }, &[&x]).size(), [1, 24]);
-    assert_eq!(one(Kernel::Flatten { axis: -1 }, &[&x]).size(), [6, 4]);
+    assert_eq!(one(Op::Flatten { axis: 0 }, &[&x]).size(), [1, 24]);
+    assert_eq!(one(Op::Flatten { axis: -1 }, &[&x]).size(), [6, 4]);
     let u = one(
-        Kernel::Unsqueeze {
+        Op::Unsqueeze {
             axes: Some(vec![-1, 1]),
         },
         &[&x],
     );
     assert_eq!(u.size(), [2, 1, 3, 4, 1]);
-    assert_eq!(one(Kernel::Squeeze { axes: None }, &[&u]).size(), [2, 3, 4]);
-    let bad = Kernel::Squeeze {
+    assert_eq!(one(Op::Squeeze { axes: None }, &[&u]).size(), [2, 3, 4]);
+    let bad = Op::Squeeze {
         axes: Some(vec![0]),
     };
     assert!(run(&bad, &[Some(&x)], Mode::Eval).is_err());
@@ -304,13 +305,13 @@ fn gather_shape_size_range() {
     let x = f64s(&[1.0, 2.0, 3.0], &[3]);
     let idx = i64s(&[-1, 0], &[2]);
     assert_eq!(
-        to_f64(&one(Kernel::Gather { axis: 0 }, &[&x, &idx])),
+        to_f64(&one(Op::Gather { axis: 0 }, &[&x, &idx])),
         [3.0, 1.0]
     );
     let m = Tensor::zeros([2, 3, 4, 5], (Kind::Float, tch::Device::Cpu));
     assert_eq!(
         to_i64(&one(
-            Kernel::Shape {
+            Op::Shape {
                 start: 1,
                 end: Some(-1)
             },
@@ -320,7 +321,7 @@ fn gather_shape_size_range() {
     );
     assert_eq!(
         to_i64(&one(
-            Kernel::Shape {
+            Op::Shape {
                 start: -10,
                 end: None
             },
@@ -328,16 +329,16 @@ fn gather_shape_size_range() {
         )),
         [2, 3, 4, 5]
     );
-    let size = one(Kernel::Size, &[&m]);
+    let size = one(Op::Size, &[&m]);
     assert_eq!((size.dim(), to_i64(&size)), (0, vec![120]));
     let (s, l, d) = (Tensor::from(10i64), Tensor::from(1i64), Tensor::from(-3i64));
-    assert_eq!(to_i64(&one(Kernel::Range, &[&s, &l, &d])), [10, 7, 4]);
+    assert_eq!(to_i64(&one(Op::Range, &[&s, &l, &d])), [10, 7, 4]);
     let (s, l, d) = (
         Tensor::from(0.5f32),
         Tensor::from(2.0f32),
         Tensor::from(0.5f32),
     );
-    let r = one(Kernel::Range, &[&s, &l, &d]);
+    let r = one(Op::Range, &[&s, &l, &d]);
     assert_eq!((r.kind(), to_f64(&r)), (Kind::Float, vec![0.5, 1.0, 1.5]));
 }
 
@@ -345,22 +346,22 @@ fn gather_shape_size_range() {
 fn constant_of_shape_cast_and_cumsum() {
     let sh = i64s(&[2, 2], &[2]);
     let c = one(
-        Kernel::ConstantOfShape {
-            value: Some((ElemType::I32, 7.0)),
+        Op::ConstantOfShape {
+            value: Some(TensorData::from_f64s(DType::I32, vec![1], &[7.0])),
         },
         &[&sh],
     );
     assert_eq!((c.kind(), to_i64(&c)), (Kind::Int, vec![7; 4]));
-    let z = one(Kernel::ConstantOfShape { value: None }, &[&sh]);
+    let z = one(Op::ConstantOfShape { value: None }, &[&sh]);
     assert_eq!(z.kind(), Kind::Float);
     let x = f64s(&[-1.7, 2.9], &[2]);
     assert_eq!(
-        to_i64(&one(Kernel::Cast { to: ElemType::I32, mode: CastMode::default() }, &[&x])),
+        to_i64(&one(Op::Cast { to: DType::I32, mode: CastMode::default() }, &[&x])),
         [-1, 2]
     );
     let x = f64s(&[1.0, 2.0, 3.0], &[3]);
     let ax = Tensor::from(0i32);
-    let cs = |exclusive, reverse| to_f64(&one(Kernel::CumSum { exclusive, reverse }, &[&x, &ax]));
+    let cs = |exclusive, reverse| to_f64(&one(Op::CumSum { exclusive, reverse }, &[&x, &ax]));
     assert_eq!(cs(false, false), [1.0, 3.0, 6.0]);
     assert_eq!(cs(true, false), [0.0, 1.0, 3.0]);
     assert_eq!(cs(false, true), [6.0, 5.0, 3.0]);
@@ -371,7 +372,7 @@ fn constant_of_shape_cast_and_cumsum() {
 fn reduce_semantics() {
     let x = f64s(&[1.0, 2.0, 3.0, 4.0], &[2, 2]);
     let r = |kind, axes: Option<Vec<i64>>, keepdims, noop| {
-        Kernel::Reduce(Reduce {
+        Op::Reduce(Reduce {
             kind,
             axes,
             keepdims,
@@ -397,13 +398,13 @@ fn argmax_select_last_index() {
     let x = f64s(&[1.0, 3.0, 3.0, 0.0, 0.0, -1.0], &[2, 3]);
     let a = |last, max| {
         let k = if max {
-            Kernel::ArgMax {
+            Op::ArgMax {
                 axis: 1,
                 keepdims: false,
                 select_last_index: last,
             }
         } else {
-            Kernel::ArgMin {
+            Op::ArgMin {
                 axis: 1,
                 keepdims: false,
                 select_last_index: last,
@@ -421,7 +422,7 @@ fn batch_norm_modes_and_dropout() {
     let x = f64s(&[1.0, 3.0, 5.0, 7.0], &[2, 2]);
     let (s, b) = (f64s(&[1.0, 1.0], &[2]), f64s(&[0.0, 0.0], &[2]));
     let (m, v) = (f64s(&[0.0, 0.0], &[2]), f64s(&[1.0, 1.0], &[2]));
-    let k = Kernel::BatchNormalization(BatchNorm {
+    let k = Op::BatchNormalization(BatchNorm {
         epsilon: 0.0,
         momentum: 0.9,
         training_mode: true,
@@ -436,11 +437,11 @@ fn batch_norm_modes_and_dropout() {
     let outs = eval(&k, &ins, Mode::Eval);
     assert_eq!(outs.len(), 3);
     assert_close(&to_f64(&outs[0]), &[-1.0, -1.0, 1.0, 1.0], 1e-12);
-    let inference = Kernel::BatchNormalization(BatchNorm { epsilon: 0.0, momentum: 0.9, training_mode: false });
+    let inference = Op::BatchNormalization(BatchNorm { epsilon: 0.0, momentum: 0.9, training_mode: false });
     let outs = eval(&inference, &ins, Mode::Eval);
     assert_eq!(outs.len(), 1);
     assert_close(&to_f64(&outs[0]), &[1.0, 3.0, 5.0, 7.0], 1e-12);
-    let d = Kernel::Dropout {
+    let d = Op::Dropout {
         ratio: Some(0.5),
         seed: None,
     };
@@ -459,7 +460,7 @@ fn batch_norm_modes_and_dropout() {
 fn layer_norm_outputs() {
     let x = f64s(&[1.0, 3.0, 2.0, 2.0], &[2, 2]);
     let s = f64s(&[1.0, 1.0], &[2]);
-    let k = Kernel::LayerNormalization(LayerNorm {
+    let k = Op::LayerNormalization(LayerNorm {
         axis: -1,
         epsilon: 0.0,
         stash_type: 1,
@@ -475,14 +476,14 @@ fn layer_norm_outputs() {
 #[test]
 fn errors_name_the_problem() {
     let x = f64s(&[1.0], &[1]);
-    let e = run(&Kernel::Unary(UnaryKind::Not), &[Some(&x)], Mode::Eval).unwrap_err();
+    let e = run(&Op::Unary(UnaryOp::Not), &[Some(&x)], Mode::Eval).unwrap_err();
     assert!(matches!(e, KernelError::DType { op: "Not", .. }), "{e}");
-    let e = run(&Kernel::MatMul, &[Some(&x)], Mode::Eval).unwrap_err();
+    let e = run(&Op::MatMul, &[Some(&x)], Mode::Eval).unwrap_err();
     assert_eq!(e.to_string(), "MatMul: required input 1 is missing");
     let m = f64s(&[1.0, 2.0], &[2]);
-    let e = run(&Kernel::MatMul, &[Some(&m), Some(&x)], Mode::Eval).unwrap_err();
+    let e = run(&Op::MatMul, &[Some(&m), Some(&x)], Mode::Eval).unwrap_err();
     assert!(matches!(e, KernelError::Torch { op: "MatMul", .. }), "{e}");
-    let e = run(&Kernel::Cast { to: ElemType::U32, mode: CastMode::default() }, &[Some(&x)], Mode::Eval).unwrap_err();
+    let e = run(&Op::Cast { to: DType::U32, mode: CastMode::default() }, &[Some(&x)], Mode::Eval).unwrap_err();
     assert!(e.to_string().contains("u32"), "{e}");
     let x4 = Tensor::zeros([1, 1, 2, 2], (Kind::Double, tch::Device::Cpu));
     let p = Pool {
@@ -490,14 +491,14 @@ fn errors_name_the_problem() {
         ceil_mode: false,
         count_include_pad: false,
     };
-    assert!(run(&Kernel::MaxPool(p), &[Some(&x4)], Mode::Eval).is_err());
+    assert!(run(&Op::MaxPool(p), &[Some(&x4)], Mode::Eval).is_err());
     let x6 = Tensor::zeros([1, 1, 1, 1, 1, 1], (Kind::Double, tch::Device::Cpu));
     let p = Pool {
         window: win(&[1, 1, 1, 1], &[], &[]),
         ceil_mode: false,
         count_include_pad: false,
     };
-    let e = run(&Kernel::AveragePool(p), &[Some(&x6)], Mode::Eval).unwrap_err();
+    let e = run(&Op::AveragePool(p), &[Some(&x6)], Mode::Eval).unwrap_err();
     assert!(matches!(e, KernelError::Unsupported { .. }), "{e}");
 }
 
@@ -507,29 +508,29 @@ fn bytes_round_trip() {
         .iter()
         .flat_map(|v| v.to_le_bytes())
         .collect();
-    let t = tensor_from_bytes(ElemType::F32, &[2, 2], &bytes).unwrap();
+    let t = tensor_from_bytes(DType::F32, &[2, 2], &bytes).unwrap();
     assert_eq!(t.size(), [2, 2]);
     assert_eq!(
         tensor_to_bytes(&t).unwrap(),
-        (ElemType::F32, vec![2, 2], bytes.clone())
+        (DType::F32, vec![2, 2], bytes.clone())
     );
     let tt = t.transpose(0, 1);
     let (_, shape, tb) = tensor_to_bytes(&tt).unwrap();
     assert_eq!(shape, [2, 2]);
     assert_eq!(&tb[4..8], &3.25f32.to_le_bytes());
-    let b = tensor_from_bytes(ElemType::Bool, &[3], &[0, 2, 1]).unwrap();
+    let b = tensor_from_bytes(DType::Bool, &[3], &[0, 2, 1]).unwrap();
     assert_eq!(tensor_to_bytes(&b).unwrap().2, [0, 1, 1]);
-    assert!(tensor_from_bytes(ElemType::F32, &[3], &bytes).is_err());
+    assert!(tensor_from_bytes(DType::F32, &[3], &bytes).is_err());
     // u16/u32/u64 live in signed carriers and come back bit for bit.
-    for (et, bytes) in [(ElemType::U16, vec![0xFF, 0xFF, 1, 0]), (ElemType::U32, vec![0xFF; 8]), (ElemType::U64, vec![0x80; 16])] {
+    for (et, bytes) in [(DType::U16, vec![0xFF, 0xFF, 1, 0]), (DType::U32, vec![0xFF; 8]), (DType::U64, vec![0x80; 16])] {
         let t = tensor_from_bytes(et, &[2], &bytes).unwrap();
         assert_eq!(tensor_to_bytes_as(&t, et).unwrap(), (vec![2], bytes));
     }
-    assert_eq!(to_i64(&tensor_from_bytes(ElemType::U16, &[1], &[0xFF, 0xFF]).unwrap()), [65535]);
+    assert_eq!(to_i64(&tensor_from_bytes(DType::U16, &[1], &[0xFF, 0xFF]).unwrap()), [65535]);
     // A carrier value outside the type's range is no u16.
-    assert!(tensor_to_bytes_as(&Tensor::from_slice(&[70000i32]), ElemType::U16).is_err());
-    assert!(tensor_to_bytes_as(&Tensor::from_slice(&[1.0f32]), ElemType::U32).is_err());
-    let s = tensor_from_bytes(ElemType::I64, &[], &7i64.to_le_bytes()).unwrap();
+    assert!(tensor_to_bytes_as(&Tensor::from_slice(&[70000i32]), DType::U16).is_err());
+    assert!(tensor_to_bytes_as(&Tensor::from_slice(&[1.0f32]), DType::U32).is_err());
+    let s = tensor_from_bytes(DType::I64, &[], &7i64.to_le_bytes()).unwrap();
     assert_eq!((s.dim(), to_i64(&s)), (0, vec![7]));
 }
 
@@ -547,12 +548,12 @@ fn devices() {
 
 #[test]
 fn kernels_serialise() {
-    let k = Kernel::Conv(Conv {
+    let k = Op::Conv(Conv {
         window: win(&[3, 3], &[1, 1], &[1, 1, 1, 1]),
         group: 1,
     });
     let json = serde_json::to_string(&k).unwrap();
-    assert_eq!(serde_json::from_str::<Kernel>(&json).unwrap(), k);
+    assert_eq!(serde_json::from_str::<Op>(&json).unwrap(), k);
 }
 
 /// Per-row sequence lengths: each row of a bidirectional GRU/LSTM/RNN run with lengths
@@ -562,7 +563,7 @@ fn kernels_serialise() {
 fn rnn_sequence_lengths_match_truncated_rows() {
     let (t, i, h) = (4i64, 3i64, 2i64);
     for (cell, g) in [(RnnCell::Rnn, 1i64), (RnnCell::Gru, 3), (RnnCell::Lstm, 4)] {
-        let k = Kernel::Rnn(Rnn { cell, hidden_size: h, direction: RnnDirection::Bidirectional, batch_major: false, clip: None, linear_before_reset: false });
+        let k = Op::Rnn(Rnn { cell, hidden_size: h, direction: RnnDirection::Bidirectional, batch_major: false, clip: None, linear_before_reset: false });
         let x = Tensor::randn([t, 2, i], (Kind::Double, tch::Device::Cpu));
         let w = Tensor::randn([2, g * h, i], (Kind::Double, tch::Device::Cpu));
         let r = Tensor::randn([2, g * h, h], (Kind::Double, tch::Device::Cpu));
@@ -585,9 +586,9 @@ fn rnn_sequence_lengths_match_truncated_rows() {
 #[test]
 fn lp_normalization_of_a_zero_vector() {
     let x = f64s(&[3.0, 0.0, 4.0, 0.0], &[2, 2]);
-    let y = one(Kernel::LpNormalization { axis: 0, p: 2 }, &[&x]);
+    let y = one(Op::LpNormalization { axis: 0, p: 2 }, &[&x]);
     assert_close(&to_f64(&y), &[0.6, 0.0, 0.8, 0.0], 1e-12);
-    let y = one(Kernel::LpNormalization { axis: 1, p: 1 }, &[&x]);
+    let y = one(Op::LpNormalization { axis: 1, p: 1 }, &[&x]);
     assert_close(&to_f64(&y), &[1.0, 0.0, 1.0, 0.0], 1e-12);
 }
 
@@ -603,7 +604,7 @@ fn integer_and_quantized_products() {
     let b = u8s(&[5, 6], &[2, 1]);
     let (az, bz) = (u8s(&[1], &[]), u8s(&[5], &[]));
     let ins = [Some(&a), Some(&b), Some(&az), Some(&bz)];
-    let y = run(&Kernel::MatMulInteger, &ins, Mode::Eval).unwrap().remove(0);
+    let y = run(&Op::MatMulInteger, &ins, Mode::Eval).unwrap().remove(0);
     assert_eq!((y.kind(), Vec::<i32>::try_from(&y.flatten(0, -1)).unwrap()), (Kind::Int, vec![1, 3]));
 
     let x = u8s(&[6, 10, 255], &[3, 1]);
@@ -613,7 +614,7 @@ fn integer_and_quantized_products() {
     let wz = u8s(&[0], &[]);
     let quant = |xz: &Tensor, yz: &Tensor| {
         let ins = [Some(&x), Some(&xs), Some(xz), Some(&one), Some(&ws), Some(&wz), Some(&ys), Some(yz)];
-        let y = run(&Kernel::QLinearMatMul, &ins, Mode::Eval).unwrap().remove(0);
+        let y = run(&Op::QLinearMatMul, &ins, Mode::Eval).unwrap().remove(0);
         Vec::<i64>::try_from(&y.to_kind(Kind::Int64).flatten(0, -1)).unwrap()
     };
     // 1.5, 2.5, 63.75 -> 2, 2, 64
@@ -627,7 +628,7 @@ fn integer_and_quantized_products() {
     let img = u8s(&[1, 2, 3, 4], &[1, 1, 2, 2]);
     let w = u8s(&[3, 5], &[2, 1, 1, 1]);
     let wz = u8s(&[1, 5], &[2]);
-    let conv = Kernel::ConvInteger(Conv { window: Window::default(), group: 1 });
+    let conv = Op::ConvInteger(Conv { window: Window::default(), group: 1 });
     let y = run(&conv, &[Some(&img), Some(&w), None, Some(&wz)], Mode::Eval).unwrap().remove(0);
     assert_eq!(Vec::<i32>::try_from(&y.flatten(0, -1)).unwrap(), [2, 4, 6, 8, 0, 0, 0, 0]);
 }
@@ -638,7 +639,7 @@ fn integer_and_quantized_products() {
 fn unpool_and_cache_writes() {
     let x = f64s(&[1.0, 2.0], &[1, 1, 1, 2]);
     let i = i64s(&[1, 2], &[1, 1, 1, 2]);
-    let k = Kernel::MaxUnpool { kernel_shape: vec![1, 2], strides: vec![1, 2], pads: vec![] };
+    let k = Op::MaxUnpool { kernel_shape: vec![1, 2], strides: vec![1, 2], pads: vec![] };
     assert_eq!(to_f64(&one(k.clone(), &[&x, &i])), [0.0, 1.0, 2.0, 0.0]);
     let shape = i64s(&[1, 1, 2, 5], &[4]);
     let y = one(k, &[&x, &i, &shape]);
@@ -647,9 +648,9 @@ fn unpool_and_cache_writes() {
     let cache = f64s(&[0.0; 8], &[2, 4]);
     let upd = f64s(&[1.0, 2.0, 3.0, 4.0], &[2, 2]);
     let write = i64s(&[3, 1], &[2]);
-    let circ = one(Kernel::TensorScatter { axis: 1, circular: true }, &[&cache, &upd, &write]);
+    let circ = one(Op::TensorScatter { axis: 1, circular: true }, &[&cache, &upd, &write]);
     assert_eq!(to_f64(&circ), [2.0, 0.0, 0.0, 1.0, 0.0, 3.0, 4.0, 0.0]);
-    let lin = Kernel::TensorScatter { axis: 1, circular: false };
+    let lin = Op::TensorScatter { axis: 1, circular: false };
     let e = run(&lin, &[Some(&cache), Some(&upd), Some(&write)], Mode::Eval).unwrap_err();
     assert!(e.to_string().contains("outside the cache"), "{e}");
 }
@@ -659,40 +660,38 @@ fn unpool_and_cache_writes() {
 /// aggregate per target; a table with a cycle is an error, not a hang.
 #[test]
 fn tree_ensemble_walks_and_aggregates() {
-    let node = |feature, mode, split, members: &[f64], on_true, on_false| TreeNode {
-        feature,
-        mode,
-        split,
-        members: members.to_vec(),
-        missing_true: true,
-        on_true,
-        on_false,
-    };
-    let tree = |aggregate| TreeEnsemble {
-        nodes: vec![
-            node(0, 0, 1.0, &[], (true, 0), (false, 1)),
-            node(1, 6, 0.0, &[2.0, 5.0], (true, 1), (true, 2)),
-            node(0, 2, 0.0, &[], (true, 3), (true, 3)),
-        ],
-        leaf_targets: vec![0, 1, 1, 0],
-        leaf_weights: vec![10.0, 20.0, 30.0, 1.0],
-        roots: vec![0, 2],
+    // The ONNX tables: node 0 (tree A's root) `x0 <= 1` goes to leaf 0 or node 1; node 1
+    // `x1 in {2, 5}` to leaf 1 or leaf 2; node 2 (tree B's root) `x0 >= 0` to leaf 3.
+    let f64s_of = |v: &[f64]| TensorData::from_f64s(DType::F64, vec![v.len() as i64], v);
+    let tree = |aggregate_function| TreeEnsemble {
+        featureids: vec![0, 1, 0],
+        modes: TensorData::from_f64s(DType::U8, vec![3], &[0.0, 6.0, 2.0]),
+        splits: f64s_of(&[1.0, 0.0, 0.0]),
+        truenodeids: vec![0, 1, 3],
+        falsenodeids: vec![1, 2, 3],
+        trueleafs: vec![1, 1, 1],
+        falseleafs: vec![0, 1, 1],
+        missing_tracks_true: vec![1, 1, 1],
+        leaf_targetids: vec![0, 1, 1, 0],
+        leaf_weights: f64s_of(&[10.0, 20.0, 30.0, 1.0]),
+        tree_roots: vec![0, 2],
+        membership_values: Some(f64s_of(&[2.0, 5.0, f64::NAN])),
         n_targets: 2,
-        aggregate,
+        aggregate_function,
     };
     let x = f64s(&[0.5, 9.0, 3.0, 5.0, 3.0, 4.0, f64::NAN, 2.0], &[4, 2]);
-    let run = |aggregate| to_f64(&one(Kernel::TreeEnsemble(Box::new(tree(aggregate))), &[&x]));
+    let run = |aggregate| to_f64(&one(Op::TreeEnsemble(Box::new(tree(aggregate))), &[&x]));
     // Rows reach leaves (0, 3), (1, 3), (2, 3), (0, 3).
     assert_eq!(run(1), [11.0, 0.0, 1.0, 20.0, 1.0, 30.0, 11.0, 0.0]);
     assert_eq!(run(0), [5.5, 0.0, 0.5, 10.0, 0.5, 15.0, 5.5, 0.0]);
     assert_eq!(run(2), [1.0, f64::MAX, 1.0, 20.0, 1.0, 30.0, 1.0, f64::MAX]);
     assert_eq!(run(3), [10.0, -f64::MAX, 1.0, 20.0, 1.0, 30.0, 10.0, -f64::MAX]);
     let mut cyclic = tree(1);
-    cyclic.nodes[2].on_true = (false, 2);
-    let r = run_kernel_result(Kernel::TreeEnsemble(Box::new(cyclic)), &x);
-    assert!(r.is_err_and(|e| e.to_string().contains("cycle")));
+    (cyclic.trueleafs[2], cyclic.truenodeids[2]) = (0, 2);
+    let r = run_kernel_result(Op::TreeEnsemble(Box::new(cyclic)), &x);
+    assert!(r.is_err_and(|e| e.to_string().contains("a tree's nodes form a cycle")));
 }
 
-fn run_kernel_result(k: Kernel, x: &Tensor) -> Result<Vec<Tensor>, KernelError> {
+fn run_kernel_result(k: Op, x: &Tensor) -> Result<Vec<Tensor>, KernelError> {
     run(&k, &[Some(x)], Mode::Eval)
 }

@@ -4,10 +4,11 @@
 mod common;
 
 use common::{f64s, gradcheck, i64s, normal, rand, signed, In};
-use pipewright_runtime::kernel::*;
+use pipewright_ops::op::{AspectPolicy, Attention, AutoPad, BatchNorm, BinaryOp, ClassLoss, Conv, ConvTranspose, CoordMode, GeluApprox, Gemm, GridPadding, GroupNorm, LayerNorm, LinearAttention, LinearRule, LossReduction, Lrn, NearestMode, Optimizer, Pad, PadMode, Pool, Reduce, ReduceKind, Resize, ResizeMode, Rnn, RnnCell, RnnDirection, RoiAlign, Rotary, ScatterReduction, Slice, Softmax, Split, UnaryOp, VariadicOp, Window};
+use pipewright_ops::Op;
 use tch::Tensor;
 
-fn g1(k: Kernel, inputs: Vec<In>) {
+fn g1(k: Op, inputs: Vec<In>) {
     gradcheck(&k, inputs, 1)
 }
 
@@ -29,9 +30,9 @@ fn win(
 
 #[test]
 fn unary_ops() {
-    use UnaryKind::*;
+    use UnaryOp::*;
     let any = |s| signed(&[2, 3], s);
-    let cases: Vec<(UnaryKind, Tensor)> = vec![
+    let cases: Vec<(UnaryOp, Tensor)> = vec![
         (Abs, any(1)),
         (Neg, any(2)),
         (Sqrt, rand(&[2, 3], 3, 0.2, 2.0)),
@@ -60,45 +61,45 @@ fn unary_ops() {
         (Mish, any(26)),
     ];
     for (u, x) in cases {
-        g1(Kernel::Unary(u), vec![In::D(x)]);
+        g1(Op::Unary(u), vec![In::D(x)]);
     }
 }
 
 #[test]
 fn activations() {
     let x = || signed(&[3, 4], 31);
-    g1(Kernel::LeakyRelu { alpha: 0.1 }, vec![In::D(x())]);
-    g1(Kernel::Elu { alpha: 0.7 }, vec![In::D(x())]);
-    g1(Kernel::Celu { alpha: 0.6 }, vec![In::D(x())]);
+    g1(Op::LeakyRelu { alpha: 0.1 }, vec![In::D(x())]);
+    g1(Op::Elu { alpha: 0.7 }, vec![In::D(x())]);
+    g1(Op::Celu { alpha: 0.6 }, vec![In::D(x())]);
     g1(
-        Kernel::Selu {
+        Op::Selu {
             alpha: 1.673_263_2,
             gamma: 1.050_701,
         },
         vec![In::D(x())],
     );
     g1(
-        Kernel::HardSigmoid {
+        Op::HardSigmoid {
             alpha: 0.2,
             beta: 0.5,
         },
         vec![In::D(rand(&[3, 4], 32, -2.4, 2.4))],
     );
-    g1(Kernel::ThresholdedRelu { alpha: 0.5 }, vec![In::D(x())]);
+    g1(Op::ThresholdedRelu { alpha: 0.5 }, vec![In::D(x())]);
     g1(
-        Kernel::Gelu {
+        Op::Gelu {
             approximate: GeluApprox::None,
         },
         vec![In::D(x())],
     );
     g1(
-        Kernel::Gelu {
+        Op::Gelu {
             approximate: GeluApprox::Tanh,
         },
         vec![In::D(x())],
     );
     g1(
-        Kernel::Binary(BinaryKind::PRelu),
+        Op::Binary(BinaryOp::PRelu),
         vec![In::D(x()), In::D(rand(&[4], 33, 0.1, 0.5))],
     );
 }
@@ -107,14 +108,14 @@ fn activations() {
 fn clip_attrs_and_inputs() {
     let x = || rand(&[2, 5], 41, -2.0, 2.0);
     g1(
-        Kernel::Clip {
+        Op::Clip {
             min: Some(-0.5),
             max: Some(0.7),
         },
         vec![In::D(x())],
     );
     g1(
-        Kernel::Clip {
+        Op::Clip {
             min: None,
             max: Some(0.3),
         },
@@ -122,7 +123,7 @@ fn clip_attrs_and_inputs() {
     );
     let lo = Tensor::from(-0.25f64);
     g1(
-        Kernel::Clip {
+        Op::Clip {
             min: None,
             max: None,
         },
@@ -130,7 +131,7 @@ fn clip_attrs_and_inputs() {
     );
     let hi = Tensor::from(0.55f64);
     g1(
-        Kernel::Clip {
+        Op::Clip {
             min: None,
             max: None,
         },
@@ -140,10 +141,10 @@ fn clip_attrs_and_inputs() {
 
 #[test]
 fn binary_broadcasting() {
-    use BinaryKind::*;
+    use BinaryOp::*;
     for (b, seed) in [(Add, 50), (Sub, 51), (Mul, 52)] {
         g1(
-            Kernel::Binary(b),
+            Op::Binary(b),
             vec![
                 In::D(normal(&[2, 1, 3], seed)),
                 In::D(normal(&[4, 1], seed + 10)),
@@ -151,38 +152,38 @@ fn binary_broadcasting() {
         );
     }
     g1(
-        Kernel::Binary(Div),
+        Op::Binary(Div),
         vec![In::D(normal(&[2, 3], 53)), In::D(signed(&[3], 54))],
     );
     g1(
-        Kernel::Binary(Pow),
+        Op::Binary(Pow),
         vec![
             In::D(rand(&[2, 3], 55, 0.5, 2.0)),
             In::D(normal(&[2, 1], 56)),
         ],
     );
     g1(
-        Kernel::Binary(Pow),
+        Op::Binary(Pow),
         vec![In::D(normal(&[2, 3], 57)), In::F(i64s(&[2], &[1]))],
     );
     // A constant one-element exponent takes the scalar kernel (GELU's x^3).
     for e in [3.0f64, 0.5, -1.5] {
         let base = if e == 3.0 { normal(&[2, 3], 58) } else { rand(&[2, 3], 58, 0.5, 2.0) };
-        g1(Kernel::Binary(Pow), vec![In::D(base), In::F(Tensor::from(e))]);
+        g1(Op::Binary(Pow), vec![In::D(base), In::F(Tensor::from(e))]);
     }
-    g1(Kernel::Binary(Pow), vec![In::D(rand(&[2, 3], 59, 0.5, 2.0)), In::F(Tensor::from_slice(&[2.0f64]).reshape([1, 1]))]);
+    g1(Op::Binary(Pow), vec![In::D(rand(&[2, 3], 59, 0.5, 2.0)), In::F(Tensor::from_slice(&[2.0f64]).reshape([1, 1]))]);
 }
 
 #[test]
 fn variadic() {
-    use VariadicKind::*;
+    use VariadicOp::*;
     for v in [Sum, Max, Min, Mean] {
         let ins = vec![
             In::D(normal(&[2, 3], 60)),
             In::D(normal(&[3], 61)),
             In::D(normal(&[2, 1], 62)),
         ];
-        g1(Kernel::Variadic(v), ins);
+        g1(Op::Variadic(v), ins);
     }
 }
 
@@ -190,7 +191,7 @@ fn variadic() {
 fn matmul_and_gemm() {
     let mm = |a: &[i64], b: &[i64]| {
         g1(
-            Kernel::MatMul,
+            Op::MatMul,
             vec![In::D(normal(a, 70)), In::D(normal(b, 71))],
         )
     };
@@ -210,7 +211,7 @@ fn matmul_and_gemm() {
         In::D(normal(&[4, 3], 73)),
         In::D(normal(&[4], 74)),
     ];
-    g1(Kernel::Gemm(gemm), ins);
+    g1(Op::Gemm(gemm), ins);
     let plain = Gemm {
         alpha: 1.0,
         beta: 1.0,
@@ -218,7 +219,7 @@ fn matmul_and_gemm() {
         trans_b: false,
     };
     g1(
-        Kernel::Gemm(plain),
+        Op::Gemm(plain),
         vec![
             In::D(normal(&[2, 3], 75)),
             In::D(normal(&[3, 4], 76)),
@@ -229,7 +230,7 @@ fn matmul_and_gemm() {
 
 #[test]
 fn conv_variants() {
-    let conv = |w: Window, group| Kernel::Conv(Conv { window: w, group });
+    let conv = |w: Window, group| Op::Conv(Conv { window: w, group });
     // 2-D, groups, symmetric pads, bias.
     let k = conv(win(&[], &[1, 1], &[1, 1, 1, 1], &[], AutoPad::NotSet), 2);
     g1(
@@ -277,7 +278,7 @@ fn conv_variants() {
 #[test]
 fn conv_transpose_variants() {
     let ct = |w: Window, group, output_padding: &[i64], output_shape: &[i64]| {
-        Kernel::ConvTranspose(ConvTranspose {
+        Op::ConvTranspose(ConvTranspose {
             window: w,
             group,
             output_padding: output_padding.to_vec(),
@@ -336,48 +337,48 @@ fn pools() {
         true,
         false,
     );
-    gradcheck(&Kernel::MaxPool(p.clone()), vec![x()], 1);
-    g1(Kernel::AveragePool(p), vec![x()]);
+    gradcheck(&Op::MaxPool(p.clone()), vec![x()], 1);
+    g1(Op::AveragePool(p), vec![x()]);
     let p = pool(
         win(&[2, 2], &[1, 2], &[1, 1, 1, 1], &[2, 1], AutoPad::NotSet),
         false,
         true,
     );
-    gradcheck(&Kernel::MaxPool(p.clone()), vec![x()], 1);
-    g1(Kernel::AveragePool(p), vec![x()]);
+    gradcheck(&Op::MaxPool(p.clone()), vec![x()], 1);
+    g1(Op::AveragePool(p), vec![x()]);
     let p = pool(win(&[2], &[2], &[], &[], AutoPad::SameUpper), false, false);
     g1(
-        Kernel::AveragePool(p.clone()),
+        Op::AveragePool(p.clone()),
         vec![In::D(normal(&[2, 1, 5], 101))],
     );
-    gradcheck(&Kernel::MaxPool(p), vec![In::D(normal(&[2, 1, 5], 102))], 1);
+    gradcheck(&Op::MaxPool(p), vec![In::D(normal(&[2, 1, 5], 102))], 1);
     let p = pool(
         win(&[2, 2, 2], &[1, 1, 1], &[], &[], AutoPad::NotSet),
         false,
         false,
     );
     g1(
-        Kernel::AveragePool(p.clone()),
+        Op::AveragePool(p.clone()),
         vec![In::D(normal(&[1, 1, 3, 3, 3], 103))],
     );
     gradcheck(
-        &Kernel::MaxPool(p),
+        &Op::MaxPool(p),
         vec![In::D(normal(&[1, 1, 3, 3, 3], 104))],
         1,
     );
     g1(
-        Kernel::GlobalAveragePool,
+        Op::GlobalAveragePool,
         vec![In::D(normal(&[2, 3, 2, 2], 105))],
     );
     g1(
-        Kernel::GlobalMaxPool,
+        Op::GlobalMaxPool,
         vec![In::D(normal(&[2, 3, 2, 2], 106))],
     );
 }
 
 #[test]
 fn normalisations() {
-    let bn = Kernel::BatchNormalization(BatchNorm {
+    let bn = Op::BatchNormalization(BatchNorm {
         epsilon: 1e-5,
         momentum: 0.9,
         training_mode: true,
@@ -391,7 +392,7 @@ fn normalisations() {
     ];
     gradcheck(&bn, ins, 1);
     for axis in [-1, 1] {
-        let ln = Kernel::LayerNormalization(LayerNorm {
+        let ln = Op::LayerNormalization(LayerNorm {
             axis,
             epsilon: 1e-5,
             stash_type: 1,
@@ -404,7 +405,7 @@ fn normalisations() {
         ];
         gradcheck(&ln, ins, 3);
     }
-    let inorm = Kernel::InstanceNormalization { epsilon: 1e-5 };
+    let inorm = Op::InstanceNormalization { epsilon: 1e-5 };
     let ins = vec![
         In::D(normal(&[2, 3, 4], 118)),
         In::D(normal(&[3], 119)),
@@ -419,10 +420,10 @@ fn softmax_variants() {
         for axis in [1, -1] {
             let s = Softmax { axis, coerce_2d };
             g1(
-                Kernel::Softmax(s.clone()),
+                Op::Softmax(s.clone()),
                 vec![In::D(normal(&[2, 3, 4], 130))],
             );
-            g1(Kernel::LogSoftmax(s), vec![In::D(normal(&[2, 3, 4], 131))]);
+            g1(Op::LogSoftmax(s), vec![In::D(normal(&[2, 3, 4], 131))]);
         }
     }
 }
@@ -431,28 +432,28 @@ fn softmax_variants() {
 fn shape_ops() {
     let x = || In::D(normal(&[2, 3, 4], 140));
     g1(
-        Kernel::Reshape { allow_zero: false },
+        Op::Reshape { allow_zero: false },
         vec![x(), In::F(i64s(&[0, -1], &[2]))],
     );
-    g1(Kernel::Flatten { axis: 2 }, vec![x()]);
+    g1(Op::Flatten { axis: 2 }, vec![x()]);
     g1(
-        Kernel::Transpose {
+        Op::Transpose {
             perm: Some(vec![2, 0, 1]),
         },
         vec![x()],
     );
     g1(
-        Kernel::Squeeze { axes: None },
+        Op::Squeeze { axes: None },
         vec![In::D(normal(&[2, 1, 3], 141)), In::F(i64s(&[-2], &[1]))],
     );
     g1(
-        Kernel::Unsqueeze {
+        Op::Unsqueeze {
             axes: Some(vec![0, -1]),
         },
         vec![x()],
     );
     g1(
-        Kernel::Concat { axis: 1 },
+        Op::Concat { axis: 1 },
         vec![x(), In::D(normal(&[2, 2, 4], 142))],
     );
     let split = Split {
@@ -460,18 +461,18 @@ fn shape_ops() {
         split: None,
         num_outputs: Some(2),
     };
-    gradcheck(&Kernel::Split(split), vec![x()], 2);
+    gradcheck(&Op::Split(split), vec![x()], 2);
     let split = Split {
         axis: 2,
         split: None,
         num_outputs: None,
     };
     gradcheck(
-        &Kernel::Split(split),
+        &Op::Split(split),
         vec![x(), In::F(i64s(&[1, 3], &[2]))],
         2,
     );
-    let sl = Kernel::Slice(Slice { attrs: None });
+    let sl = Op::Slice(Slice { attrs: None });
     let ins = vec![
         x(),
         In::F(i64s(&[-1, 0], &[2])),
@@ -480,31 +481,31 @@ fn shape_ops() {
         In::F(i64s(&[-2, 2], &[2])),
     ];
     g1(sl, ins);
-    let sl = Kernel::Slice(Slice {
+    let sl = Op::Slice(Slice {
         attrs: Some((vec![1], vec![100], Some(vec![1]))),
     });
     g1(sl, vec![x()]);
     g1(
-        Kernel::Gather { axis: 1 },
+        Op::Gather { axis: 1 },
         vec![x(), In::F(i64s(&[-1, 0, 2, 2], &[2, 2]))],
     );
     g1(
-        Kernel::Gather { axis: 0 },
+        Op::Gather { axis: 0 },
         vec![x(), In::F(i64s(&[1], &[]))],
     );
     let idx = i64s(&[0, 2, -1, 1, 1, 0], &[2, 3, 1]);
-    g1(Kernel::GatherElements { axis: 2 }, vec![x(), In::F(idx)]);
+    g1(Op::GatherElements { axis: 2 }, vec![x(), In::F(idx)]);
     // GatherND: index pairs into the first two axes (one repeated, one negative), and one
     // index per batch row with batch_dims = 1.
-    g1(Kernel::GatherNd { batch_dims: 0 }, vec![x(), In::F(i64s(&[1, 2, 0, -1, 1, 2], &[3, 2]))]);
-    g1(Kernel::GatherNd { batch_dims: 1 }, vec![x(), In::F(i64s(&[2, 0, 1, 1], &[2, 2, 1]))]);
+    g1(Op::GatherND { batch_dims: 0 }, vec![x(), In::F(i64s(&[1, 2, 0, -1, 1, 2], &[3, 2]))]);
+    g1(Op::GatherND { batch_dims: 1 }, vec![x(), In::F(i64s(&[2, 0, 1, 1], &[2, 2, 1]))]);
     g1(
-        Kernel::Expand,
+        Op::Expand,
         vec![In::D(normal(&[3, 1], 143)), In::F(i64s(&[2, 1, 4], &[3]))],
     );
     let cond = Tensor::from_slice(&[true, false, true]);
     g1(
-        Kernel::Where,
+        Op::Where,
         vec![
             In::F(cond),
             In::D(normal(&[2, 3], 144)),
@@ -512,15 +513,15 @@ fn shape_ops() {
         ],
     );
     g1(
-        Kernel::Tile,
+        Op::Tile,
         vec![In::D(normal(&[2, 3], 146)), In::F(i64s(&[2, 1], &[2]))],
     );
     g1(
-        Kernel::Trilu { upper: true },
+        Op::Trilu { upper: true },
         vec![In::D(normal(&[3, 4], 147)), In::F(Tensor::from(1i64))],
     );
     g1(
-        Kernel::Trilu { upper: false },
+        Op::Trilu { upper: false },
         vec![In::D(normal(&[2, 3, 3], 148))],
     );
 }
@@ -547,19 +548,19 @@ fn resize_modes() {
     };
     let up = f32s(&[1.0, 1.0, 2.0, 1.5]);
     let down = f32s(&[1.0, 1.0, 0.6, 0.5]);
-    g1(Kernel::Resize(rs(ResizeMode::Nearest, CoordMode::Asymmetric)), vec![x(), In::N, up]);
-    g1(Kernel::Resize(rs(ResizeMode::Linear, CoordMode::HalfPixel)), vec![x(), In::N, f32s(&[1.0, 1.0, 1.7, 0.6])]);
+    g1(Op::Resize(rs(ResizeMode::Nearest, CoordMode::Asymmetric)), vec![x(), In::N, up]);
+    g1(Op::Resize(rs(ResizeMode::Linear, CoordMode::HalfPixel)), vec![x(), In::N, f32s(&[1.0, 1.0, 1.7, 0.6])]);
     let cubic = Resize { exclude_outside: true, cubic_a: -0.5, ..rs(ResizeMode::Cubic, CoordMode::AlignCorners) };
-    g1(Kernel::Resize(cubic), vec![x(), In::N, In::N, In::F(i64s(&[1, 2, 3, 7], &[4]))]);
-    g1(Kernel::Resize(rs(ResizeMode::Cubic, CoordMode::HalfPixel)), vec![x(), In::N, down]);
+    g1(Op::Resize(cubic), vec![x(), In::N, In::N, In::F(i64s(&[1, 2, 3, 7], &[4]))]);
+    g1(Op::Resize(rs(ResizeMode::Cubic, CoordMode::HalfPixel)), vec![x(), In::N, down]);
     for mode in [ResizeMode::Linear, ResizeMode::Cubic] {
         let aa = Resize { antialias: true, ..rs(mode, CoordMode::PytorchHalfPixel) };
-        g1(Kernel::Resize(aa), vec![x(), In::N, f32s(&[1.0, 1.0, 0.6, 0.5])]);
+        g1(Op::Resize(aa), vec![x(), In::N, f32s(&[1.0, 1.0, 0.6, 0.5])]);
     }
     let crop = Resize { extrapolation: 2.5, axes: Some(vec![3, 2]), ..rs(ResizeMode::Linear, CoordMode::TfCropAndResize) };
-    g1(Kernel::Resize(crop), vec![x(), f32s(&[0.2, 0.4, 1.3, 0.9]), In::N, In::F(i64s(&[6, 3], &[2]))]);
+    g1(Op::Resize(crop), vec![x(), f32s(&[0.2, 0.4, 1.3, 0.9]), In::N, In::F(i64s(&[6, 3], &[2]))]);
     let legacy = Resize { legacy: true, nearest: NearestMode::Floor, ..rs(ResizeMode::Linear, CoordMode::Asymmetric) };
-    g1(Kernel::Resize(legacy), vec![x(), f32s(&[1.0, 1.0, 2.0, 3.0])]);
+    g1(Op::Resize(legacy), vec![x(), f32s(&[1.0, 1.0, 2.0, 3.0])]);
 }
 
 /// GridSample through libtorch's grid sampler: gradients for the input and for the grid,
@@ -574,13 +575,13 @@ fn grid_sample_modes() {
         (ResizeMode::Cubic, GridPadding::Zeros, true),
     ];
     for (i, (mode, padding, align_corners)) in cases.into_iter().enumerate() {
-        let k = Kernel::GridSample { mode, padding, align_corners };
+        let k = Op::GridSample { mode, padding, align_corners, v16: false };
         g1(k, vec![In::D(normal(&[2, 2, 4, 5], 160 + i as u64)), grid(&[2, 3, 2, 2], 170 + i as u64)]);
     }
     // Nearest: only the input has a gradient (the grid's is zero almost everywhere).
-    let k = Kernel::GridSample { mode: ResizeMode::Nearest, padding: GridPadding::Border, align_corners: false };
+    let k = Op::GridSample { mode: ResizeMode::Nearest, padding: GridPadding::Border, align_corners: false, v16: false };
     g1(k, vec![In::D(normal(&[1, 2, 4, 5], 180)), In::F(rand(&[1, 3, 2, 2], 181, -1.2, 1.2))]);
-    let k = Kernel::GridSample { mode: ResizeMode::Linear, padding: GridPadding::Zeros, align_corners: false };
+    let k = Op::GridSample { mode: ResizeMode::Linear, padding: GridPadding::Zeros, align_corners: false, v16: false };
     g1(k, vec![In::D(normal(&[1, 1, 3, 2, 2], 182)), grid(&[1, 2, 2, 2, 3], 183)]);
 }
 
@@ -588,7 +589,7 @@ fn grid_sample_modes() {
 #[test]
 fn affine_grid() {
     for align_corners in [false, true] {
-        let k = Kernel::AffineGrid { align_corners };
+        let k = Op::AffineGrid { align_corners };
         g1(k.clone(), vec![In::D(normal(&[2, 2, 3], 190)), In::F(i64s(&[2, 3, 4, 5], &[4]))]);
         g1(k, vec![In::D(normal(&[1, 3, 4], 191)), In::F(i64s(&[1, 1, 2, 3, 4], &[5]))]);
     }
@@ -598,12 +599,12 @@ fn affine_grid() {
 /// CenterCropPad (a crop on one axis, a pad on another).
 #[test]
 fn col2im_and_center_crop_pad() {
-    let k = |d: &[i64], p: &[i64], s: &[i64]| Kernel::Col2Im { dilations: d.to_vec(), pads: p.to_vec(), strides: s.to_vec() };
+    let k = |d: &[i64], p: &[i64], s: &[i64]| Op::Col2Im { dilations: d.to_vec(), pads: p.to_vec(), strides: s.to_vec() };
     let ints = |v: &[i64]| In::F(i64s(v, &[v.len() as i64]));
     g1(k(&[], &[], &[]), vec![In::D(normal(&[2, 4, 12], 200)), ints(&[4, 5]), ints(&[2, 2])]);
     g1(k(&[1, 2], &[1, 0, 1, 1], &[2, 1]), vec![In::D(normal(&[1, 6, 8], 201)), ints(&[4, 5]), ints(&[3, 2])]);
     g1(k(&[], &[], &[]), vec![In::D(normal(&[1, 4, 6], 202)), ints(&[3, 2, 3]), ints(&[1, 2, 2])]);
-    let crop = Kernel::CenterCropPad { axes: Some(vec![-1, 1]) };
+    let crop = Op::CenterCropPad { axes: Some(vec![-1, 1]) };
     g1(crop, vec![In::D(normal(&[2, 5, 6], 203)), ints(&[3, 8])]);
 }
 
@@ -612,7 +613,7 @@ fn col2im_and_center_crop_pad() {
 fn lp_pool() {
     let pool = |w, ceil_mode| Pool { window: w, ceil_mode, count_include_pad: false };
     let x = || In::D(normal(&[1, 2, 5, 5], 210));
-    let k = |w, ceil, p| Kernel::LpPool { pool: pool(w, ceil), p };
+    let k = |w, ceil, p| Op::LpPool { pool: pool(w, ceil), p };
     g1(k(win(&[2, 2], &[], &[1, 0, 0, 1], &[], AutoPad::NotSet), false, 2), vec![x()]);
     g1(k(win(&[2, 2], &[2, 1], &[], &[1, 2], AutoPad::NotSet), false, 3), vec![x()]);
     g1(k(win(&[2, 2], &[2, 2], &[], &[], AutoPad::NotSet), true, 2), vec![x()]);
@@ -622,8 +623,8 @@ fn lp_pool() {
 #[test]
 fn block_moves() {
     for crd in [false, true] {
-        g1(Kernel::DepthToSpace { blocksize: 2, crd }, vec![In::D(normal(&[2, 8, 2, 3], 151))]);
-        g1(Kernel::SpaceToDepth { blocksize: 2, crd }, vec![In::D(normal(&[2, 2, 4, 6], 152))]);
+        g1(Op::DepthToSpace { blocksize: 2, crd }, vec![In::D(normal(&[2, 8, 2, 3], 151))]);
+        g1(Op::SpaceToDepth { blocksize: 2, crd }, vec![In::D(normal(&[2, 2, 4, 6], 152))]);
     }
 }
 
@@ -635,7 +636,7 @@ fn pad_modes() {
         PadMode::Edge,
         PadMode::Wrap,
     ] {
-        let p = Kernel::Pad(Pad { mode, attrs: None });
+        let p = Op::Pad(Pad { mode, attrs: None });
         let pads = i64s(&[1, 2, 2, -1], &[4]);
         g1(
             p.clone(),
@@ -654,7 +655,7 @@ fn pad_modes() {
         ];
         g1(p, ins);
     }
-    let p = Kernel::Pad(Pad {
+    let p = Op::Pad(Pad {
         mode: PadMode::Reflect,
         attrs: Some((vec![0, 2, 0, 2], 0.0)),
     });
@@ -664,7 +665,7 @@ fn pad_modes() {
 #[test]
 fn cumsum_variants() {
     for (exclusive, reverse) in [(false, false), (true, false), (false, true), (true, true)] {
-        let k = Kernel::CumSum { exclusive, reverse };
+        let k = Op::CumSum { exclusive, reverse };
         g1(
             k,
             vec![In::D(normal(&[2, 4], 160)), In::F(Tensor::from(-1i64))],
@@ -689,7 +690,7 @@ fn reductions() {
                 keepdims,
                 noop_with_empty_axes: false,
             };
-            g1(Kernel::Reduce(r), vec![In::D(x())]);
+            g1(Op::Reduce(r), vec![In::D(x())]);
         }
         let r = Reduce {
             kind,
@@ -698,16 +699,16 @@ fn reductions() {
             noop_with_empty_axes: false,
         };
         g1(
-            Kernel::Reduce(r.clone()),
+            Op::Reduce(r.clone()),
             vec![In::D(x()), In::F(i64s(&[1], &[1]))],
         );
-        g1(Kernel::Reduce(r), vec![In::D(x())]);
+        g1(Op::Reduce(r), vec![In::D(x())]);
     }
 }
 
 #[test]
 fn einsum() {
-    let e = |eq: &str| Kernel::Einsum {
+    let e = |eq: &str| Op::Einsum {
         equation: eq.to_string(),
     };
     g1(
@@ -732,15 +733,15 @@ fn einsum() {
 /// kernel: the same output and the same gradients as the composed definition.
 #[test]
 fn fused_layer_norm_matches_the_composed_one() {
-    use pipewright_runtime::exec::{run, run_used, Mode};
+    use pipewright_runtime::exec::{run, run_node, Mode, Signature};
     for axis in [-1i64, 1] {
-        let k = Kernel::LayerNormalization(LayerNorm { axis, epsilon: 1e-5, stash_type: 1 });
+        let k = Op::LayerNormalization(LayerNorm { axis, epsilon: 1e-5, stash_type: 1 });
         let sshape: &[i64] = if axis == 1 { &[3, 4] } else { &[4] };
         let leaves = [normal(&[2, 3, 4], 130), normal(sshape, 131), normal(sshape, 132)].map(|t| t.set_requires_grad(true));
         let w = normal(&[2, 3, 4], 133);
         let grads = |fused: bool| {
             let ins: Vec<Option<&Tensor>> = leaves.iter().map(Some).collect();
-            let y = if fused { run_used(&k, &ins, Mode::Train, &[true, false, false]) } else { run(&k, &ins, Mode::Train) }.unwrap().remove(0);
+            let y = if fused { run_node(&k, Signature::NONE, &ins, Mode::Train, Some(&[true, false, false])) } else { run(&k, &ins, Mode::Train) }.unwrap().remove(0);
             let l = (&y * &w).sum(tch::Kind::Double);
             let refs: Vec<&Tensor> = leaves.iter().collect();
             (y.detach(), Tensor::run_backward(&[&l], &refs, false, false))
@@ -761,10 +762,10 @@ fn class_loss_ops() {
     let targets = || In::F(i64s(&[2, 0, 3, 3, 1, 0], &[3, 2]));
     let weights = || In::F(Tensor::from_slice(&[0.5f64, 1.0, 2.0, 1.5]));
     for r in [LossReduction::None, LossReduction::Sum, LossReduction::Mean] {
-        g1(Kernel::NegativeLogLikelihoodLoss(loss(r, None)), vec![In::D(normal(&[3, 4, 2], 301)), targets(), In::N]);
-        g1(Kernel::NegativeLogLikelihoodLoss(loss(r, Some(3))), vec![In::D(normal(&[3, 4, 2], 302)), targets(), weights()]);
-        gradcheck(&Kernel::SoftmaxCrossEntropyLoss(loss(r, None)), vec![In::D(normal(&[3, 4, 2], 303)), targets(), weights()], 2);
-        gradcheck(&Kernel::SoftmaxCrossEntropyLoss(loss(r, Some(0))), vec![In::D(normal(&[3, 4, 2], 304)), targets(), In::N], 2);
+        g1(Op::NegativeLogLikelihoodLoss(loss(r, None)), vec![In::D(normal(&[3, 4, 2], 301)), targets(), In::N]);
+        g1(Op::NegativeLogLikelihoodLoss(loss(r, Some(3))), vec![In::D(normal(&[3, 4, 2], 302)), targets(), weights()]);
+        gradcheck(&Op::SoftmaxCrossEntropyLoss(loss(r, None)), vec![In::D(normal(&[3, 4, 2], 303)), targets(), weights()], 2);
+        gradcheck(&Op::SoftmaxCrossEntropyLoss(loss(r, Some(0))), vec![In::D(normal(&[3, 4, 2], 304)), targets(), In::N], 2);
     }
 }
 
@@ -820,16 +821,16 @@ fn attention_paths() {
 }
 
 fn g4(a: Attention, inputs: Vec<In>) {
-    gradcheck(&Kernel::Attention(a), inputs, 4)
+    gradcheck(&Op::Attention(a), inputs, 4)
 }
 
 #[test]
 fn rms_normalization_and_rotary_embedding() {
     for (axis, sshape) in [(-1i64, &[4i64][..]), (1, &[3, 4][..])] {
-        let k = Kernel::RmsNormalization(LayerNorm { axis, epsilon: 1e-5, stash_type: 1 });
+        let k = Op::RMSNormalization(LayerNorm { axis, epsilon: 1e-5, stash_type: 1 });
         g1(k, vec![In::D(normal(&[2, 3, 4], 220)), In::D(normal(sshape, 221))]);
     }
-    let rot = |interleaved, dim, heads| Kernel::RotaryEmbedding(Rotary { interleaved, rotary_embedding_dim: dim, num_heads: heads });
+    let rot = |interleaved, dim, heads| Op::RotaryEmbedding(Rotary { interleaved, rotary_embedding_dim: dim, num_heads: heads });
     let pos = || In::F(i64s(&[0, 3, 7, 9, 1, 1], &[2, 3]));
     // 4-D [batch, heads, seq, head]: whole head (halves, then interleaved pairs), caches
     // picked by position ids.
@@ -848,21 +849,21 @@ fn rms_normalization_and_rotary_embedding() {
 #[test]
 fn indexing_ops() {
     for (exclusive, reverse) in [(false, false), (true, false), (false, true), (true, true)] {
-        let k = Kernel::CumProd { exclusive, reverse };
+        let k = Op::CumProd { exclusive, reverse };
         g1(k, vec![In::D(signed(&[2, 4], 190)), In::F(Tensor::from(1i64))]);
     }
     // TopK: the values' gradient flows to the picked elements (indices are integers).
     for largest in [true, false] {
-        let k = Kernel::TopK { axis: -1, largest, sorted: true };
+        let k = Op::TopK { axis: -1, largest, sorted: true };
         gradcheck(&k, vec![In::D(normal(&[3, 5], 191)), In::F(i64s(&[2], &[1]))], 2);
     }
     // OneHot: differentiable in the [off, on] values; one index out of range, one negative.
     g1(
-        Kernel::OneHot { axis: 1 },
+        Op::OneHot { axis: 1 },
         vec![In::F(i64s(&[0, 3, -1, 7], &[2, 2])), In::F(Tensor::from(4i64)), In::D(f64s(&[0.3, 1.7], &[2]))],
     );
     g1(
-        Kernel::ReverseSequence { batch_axis: 1, time_axis: 0 },
+        Op::ReverseSequence { batch_axis: 1, time_axis: 0 },
         vec![In::D(normal(&[4, 3, 2], 192)), In::F(i64s(&[4, 1, 2], &[3]))],
     );
 }
@@ -874,45 +875,45 @@ fn indexing_ops() {
 fn scatter_ops() {
     use ScatterReduction as S;
     for reduction in [S::None, S::Add, S::Mul] {
-        let nd = Kernel::ScatterNd { reduction };
+        let nd = Op::ScatterND { reduction };
         g1(nd.clone(), vec![In::D(signed(&[4, 3], 193)), In::F(i64s(&[1, -1], &[2, 1])), In::D(signed(&[2, 3], 194))]);
         g1(nd, vec![In::D(signed(&[2, 3, 2], 195)), In::F(i64s(&[0, 2, 1, 1, 1, 0], &[3, 2])), In::D(signed(&[3, 2], 196))]);
-        let el = Kernel::ScatterElements { axis: 1, reduction };
+        let el = Op::ScatterElements { axis: 1, reduction };
         let idx = i64s(&[2, 0, -1, 1], &[2, 2]);
         g1(el, vec![In::D(signed(&[2, 4], 197)), In::F(idx), In::D(signed(&[2, 2], 198))]);
     }
     // Add accumulates repeated indices: each update's gradient is its target's.
-    let el = Kernel::ScatterElements { axis: 0, reduction: S::Add };
+    let el = Op::ScatterElements { axis: 0, reduction: S::Add };
     g1(el, vec![In::D(signed(&[3, 2], 199)), In::F(i64s(&[1, 1, 1, 0], &[2, 2])), In::D(signed(&[2, 2], 200))]);
 }
 
 #[test]
 fn normalisation_ops() {
     for p in [1, 2] {
-        g1(Kernel::LpNormalization { axis: 1, p }, vec![In::D(signed(&[2, 3, 2], 201))]);
+        g1(Op::LpNormalization { axis: 1, p }, vec![In::D(signed(&[2, 3, 2], 201))]);
     }
     // Soft and hard shrink (inputs away from the thresholds at +-0.5).
     for bias in [0.5f32, 0.0] {
-        g1(Kernel::Shrink { bias, lambd: 0.5 }, vec![In::D(f64s(&[-1.2, -0.3, 0.1, 0.7, 1.4, -0.8], &[2, 3]))]);
+        g1(Op::Shrink { bias, lambd: 0.5 }, vec![In::D(f64s(&[-1.2, -0.3, 0.1, 0.7, 1.4, -0.8], &[2, 3]))]);
     }
     for size in [3, 2] {
         let l = Lrn { alpha: 0.3, beta: 0.75, bias: 1.5, size };
-        g1(Kernel::Lrn(l), vec![In::D(normal(&[2, 4, 3], 202))]);
+        g1(Op::Lrn(l), vec![In::D(normal(&[2, 4, 3], 202))]);
     }
-    g1(Kernel::MeanVarianceNormalization { axes: vec![0, 2, 3] }, vec![In::D(normal(&[2, 3, 2, 2], 203))]);
+    g1(Op::MeanVarianceNormalization { axes: vec![0, 2, 3] }, vec![In::D(normal(&[2, 3, 2, 2], 203))]);
     for per_channel in [true, false] {
         let g = GroupNorm { epsilon: 1e-5, num_groups: 2, stash_type: 1, per_channel };
         let n = if per_channel { 4 } else { 2 };
         g1(
-            Kernel::GroupNormalization(g),
+            Op::GroupNormalization(g),
             vec![In::D(normal(&[2, 4, 3], 204)), In::D(normal(&[n], 205)), In::D(normal(&[n], 206))],
         );
     }
-    g1(Kernel::Det, vec![In::D(normal(&[2, 3, 3], 207))]);
+    g1(Op::Det, vec![In::D(normal(&[2, 3, 3], 207))]);
 }
 
-fn rnn_kernel(cell: RnnCell, direction: RnnDirection, batch_major: bool, linear_before_reset: bool, clip: Option<f32>) -> Kernel {
-    Kernel::Rnn(Rnn { cell, hidden_size: 2, direction, batch_major, clip, linear_before_reset })
+fn rnn_kernel(cell: RnnCell, direction: RnnDirection, batch_major: bool, linear_before_reset: bool, clip: Option<f32>) -> Op {
+    Op::Rnn(Rnn { cell, hidden_size: 2, direction, batch_major, clip, linear_before_reset })
 }
 
 /// RNN, GRU and LSTM through time (T = 3, B = 2, I = 3, H = 2) in every direction, in the
@@ -969,7 +970,7 @@ fn recurrent_ops() {
 /// that zero-pad or truncate the signal.
 #[test]
 fn dft_forms() {
-    let k = |inverse, onesided, axis| Kernel::Dft { inverse, onesided, axis };
+    let k = |inverse, onesided, axis| Op::Dft { inverse, onesided, axis };
     let scalar = |v: i64| In::F(i64s(&[v], &[]));
     g1(k(false, false, Some(1)), vec![In::D(normal(&[2, 5, 1], 220))]);
     g1(k(false, true, Some(1)), vec![In::D(normal(&[2, 6, 1], 221))]);
@@ -985,9 +986,9 @@ fn dft_forms() {
 #[test]
 fn stft_frames() {
     let scalar = |v: i64| In::F(i64s(&[v], &[]));
-    g1(Kernel::Stft { onesided: true }, vec![In::D(normal(&[1, 12, 1], 230)), scalar(3), In::D(rand(&[4], 231, 0.2, 1.0))]);
-    g1(Kernel::Stft { onesided: false }, vec![In::D(normal(&[2, 9, 1], 232)), scalar(2), In::N, scalar(5)]);
-    g1(Kernel::Stft { onesided: false }, vec![In::D(normal(&[1, 10, 2], 233)), scalar(4), In::N, scalar(4)]);
+    g1(Op::Stft { onesided: true }, vec![In::D(normal(&[1, 12, 1], 230)), scalar(3), In::D(rand(&[4], 231, 0.2, 1.0))]);
+    g1(Op::Stft { onesided: false }, vec![In::D(normal(&[2, 9, 1], 232)), scalar(2), In::N, scalar(5)]);
+    g1(Op::Stft { onesided: false }, vec![In::D(normal(&[1, 10, 2], 233)), scalar(4), In::N, scalar(4)]);
 }
 
 /// RoiAlign w.r.t. the input (the regions are constants): averaged and max-pooled bins,
@@ -995,7 +996,7 @@ fn stft_frames() {
 #[test]
 fn roi_align_modes() {
     let roi = |max, sampling_ratio, half_pixel| {
-        Kernel::RoiAlign(RoiAlign { max, output_height: 2, output_width: 3, sampling_ratio, spatial_scale: 0.5, half_pixel })
+        Op::RoiAlign(RoiAlign { max, output_height: 2, output_width: 3, sampling_ratio, spatial_scale: 0.5, half_pixel, v10: false })
     };
     let rois = || In::F(f64s(&[1.1, 0.7, 8.3, 7.9, 2.2, 1.3, 13.7, 11.1, -3.1, 4.1, 5.3, 16.9], &[3, 4]));
     let batch = || In::F(i64s(&[0, 1, 1], &[3]));
@@ -1009,7 +1010,7 @@ fn roi_align_modes() {
 #[test]
 fn deform_conv() {
     let conv = |w, group| Conv { window: w, group };
-    let k = Kernel::DeformConv { conv: conv(win(&[2, 2], &[2, 1], &[1, 0, 1, 1], &[1, 2], AutoPad::NotSet), 2), offset_group: 2 };
+    let k = Op::DeformConv { conv: conv(win(&[2, 2], &[2, 1], &[1, 0, 1, 1], &[1, 2], AutoPad::NotSet), 2), offset_group: 2 };
     // Rows (5 + 1 + 1 - 2) / 2 + 1 = 3; columns (5 + 0 + 1 - 3) / 1 + 1 = 4 (dilation 2).
     let (oh, ow) = (3, 4);
     g1(
@@ -1022,7 +1023,7 @@ fn deform_conv() {
             In::D(rand(&[1, 8, oh, ow], 254, 0.2, 1.0)),
         ],
     );
-    let plain = Kernel::DeformConv { conv: conv(win(&[], &[], &[], &[], AutoPad::NotSet), 1), offset_group: 1 };
+    let plain = Op::DeformConv { conv: conv(win(&[], &[], &[], &[], AutoPad::NotSet), 1), offset_group: 1 };
     g1(plain, vec![In::D(normal(&[2, 1, 3, 4], 255)), In::D(normal(&[2, 1, 2, 2], 256)), In::D(rand(&[2, 8, 2, 3], 257, -0.9, 0.9))]);
 }
 
@@ -1030,8 +1031,8 @@ fn deform_conv() {
 #[test]
 fn swish_and_swiglu() {
     for alpha in [1.0, 0.6] {
-        g1(Kernel::Swish { alpha }, vec![In::D(signed(&[3, 4], 211))]);
-        g1(Kernel::SwiGlu { alpha }, vec![In::D(signed(&[2, 3], 212)), In::D(signed(&[2, 3], 213))]);
+        g1(Op::Swish { alpha }, vec![In::D(signed(&[3, 4], 211))]);
+        g1(Op::SwiGlu { alpha }, vec![In::D(signed(&[2, 3], 212)), In::D(signed(&[2, 3], 213))]);
     }
 }
 
@@ -1039,21 +1040,27 @@ fn swish_and_swiglu() {
 /// cache and the update, linear and circular (wrapping past the end).
 #[test]
 fn unpool_and_tensor_scatter() {
-    let unpool = Kernel::MaxUnpool { kernel_shape: vec![2, 2], strides: vec![2, 2], pads: vec![] };
+    let unpool = Op::MaxUnpool { kernel_shape: vec![2, 2], strides: vec![2, 2], pads: vec![] };
     // Offsets into [1, 1, 4, 4], one per 2x2 window.
     let idx = || In::F(i64s(&[5, 2, 8, 15], &[1, 1, 2, 2]));
     g1(unpool.clone(), vec![In::D(signed(&[1, 1, 2, 2], 221)), idx()]);
     g1(unpool, vec![In::D(signed(&[1, 1, 2, 2], 222)), idx(), In::F(i64s(&[1, 1, 5, 5], &[4]))]);
     for circular in [false, true] {
-        let k = Kernel::TensorScatter { axis: -2, circular };
+        let k = Op::TensorScatter { axis: -2, circular };
         let write = i64s(if circular { &[3, 1] } else { &[0, 2] }, &[2]);
         g1(k, vec![In::D(signed(&[2, 3, 5, 2], 223)), In::D(signed(&[2, 3, 3, 2], 224)), In::F(write)]);
     }
-    g1(Kernel::TensorScatter { axis: 1, circular: false }, vec![In::D(signed(&[2, 4], 225)), In::D(signed(&[2, 2], 226))]);
+    g1(Op::TensorScatter { axis: 1, circular: false }, vec![In::D(signed(&[2, 4], 225)), In::D(signed(&[2, 2], 226))]);
 }
 
-fn linear_attention(rule: (bool, bool), q_heads: i64, kv_heads: i64, scale: f32) -> Kernel {
-    Kernel::LinearAttention(LinearAttention { q_num_heads: q_heads, kv_num_heads: kv_heads, scale, gated: rule.0, delta: rule.1 })
+fn linear_attention(rule: (bool, bool), q_heads: i64, kv_heads: i64, scale: f32) -> Op {
+    let update_rule = match rule {
+        (false, false) => LinearRule::Linear,
+        (true, false) => LinearRule::Gated,
+        (false, true) => LinearRule::Delta,
+        (true, true) => LinearRule::GatedDelta,
+    };
+    Op::LinearAttention(LinearAttention { q_num_heads: q_heads, kv_num_heads: kv_heads, scale, update_rule, chunk_size: 0 })
 }
 
 /// LinearAttention through time (3 tokens), both outputs, for every update rule: the
@@ -1095,9 +1102,9 @@ fn causal_conv_with_state() {
             In::D(signed(&[3], seed + 2)),
             In::D(signed(&[2, 3, k - 1], seed + 3)),
         ];
-        gradcheck(&Kernel::CausalConvWithState { silu }, ins, if k > 1 { 2 } else { 1 });
+        gradcheck(&Op::CausalConvWithState { silu }, ins, if k > 1 { 2 } else { 1 });
     }
-    gradcheck(&Kernel::CausalConvWithState { silu: false }, vec![In::D(signed(&[1, 2, 2], 570)), In::D(signed(&[2, 1, 4], 571)), In::N, In::N], 2);
+    gradcheck(&Op::CausalConvWithState { silu: false }, vec![In::D(signed(&[1, 2, 2], 570)), In::D(signed(&[2, 1, 4], 571)), In::N, In::N], 2);
 }
 
 /// The training domain's optimizer steps (two tensors each, after the first update so
@@ -1121,12 +1128,12 @@ fn optimizer_steps_and_array_feature_extractor() {
         v
     };
     let adagrad = Optimizer::Adagrad { decay_factor: 0.1, epsilon: 1e-5, norm_coefficient: 0.01 };
-    gradcheck(&Kernel::Optimizer(adagrad), ins(&[positive(620)]), 4);
+    gradcheck(&Op::Optimizer(adagrad), ins(&[positive(620)]), 4);
     let adam = Optimizer::Adam { alpha: 0.9, beta: 0.8, epsilon: 1e-2, norm_coefficient: 0.01, norm_coefficient_post: 0.1 };
-    gradcheck(&Kernel::Optimizer(adam), ins(&[block(630), positive(640)]), 6);
+    gradcheck(&Op::Optimizer(adam), ins(&[block(630), positive(640)]), 6);
     for nesterov in [false, true] {
         let m = Optimizer::Momentum { alpha: 0.9, beta: 0.5, norm_coefficient: 0.01, nesterov };
-        gradcheck(&Kernel::Optimizer(m), ins(&[block(650)]), 4);
+        gradcheck(&Op::Optimizer(m), ins(&[block(650)]), 4);
     }
-    g1(Kernel::ArrayFeatureExtractor, vec![In::D(normal(&[2, 5], 660)), In::F(i64s(&[4, 0, 4], &[3]))]);
+    g1(Op::ArrayFeatureExtractor, vec![In::D(normal(&[2, 5], 660)), In::F(i64s(&[4, 0, 4], &[3]))]);
 }

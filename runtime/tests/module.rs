@@ -2,21 +2,22 @@
 //! libtorch needed (also runs with `--no-default-features`).
 
 use bytes::Bytes;
-use pipewright_runtime::kernel::{BinaryKind, Gemm, UnaryKind};
+use pipewright_ops::op::{BinaryOp, Gemm, UnaryOp};
 use pipewright_core::{Recompute, Schedule, UpdateRule};
 use pipewright_runtime::module::{
     decode_header, decode_module, decode_module_bytes, encode, read_module, ModuleErrorKind, StageParams, FORMAT_VERSION, HEADER_LEN, MAGIC,
 };
 use pipewright_runtime::program::{Extent, Instr, Program, SlotId, SlotInfo, Stored};
-use pipewright_runtime::{ElemType, Kernel};
+use pipewright_ops::DType;
+use pipewright_ops::Op;
 
 const PARAMS: StageParams = StageParams { stage: 1, depth: 4, schedule: Schedule::TwoBw, recompute: Recompute::Selective };
 
-fn slot(name: &str, elem: ElemType, shape: &[Extent]) -> SlotInfo {
+fn slot(name: &str, elem: DType, shape: &[Extent]) -> SlotInfo {
     SlotInfo { name: name.into(), elem, shape: shape.to_vec(), last_use: None }
 }
 
-fn stored(slot: u32, elem: ElemType, dims: &[i64], bytes: Vec<u8>, trainable: bool) -> Stored {
+fn stored(slot: u32, elem: DType, dims: &[i64], bytes: Vec<u8>, trainable: bool) -> Stored {
     Stored { slot: SlotId(slot), elem, dims: dims.to_vec(), bytes: Bytes::from(bytes), trainable, versions: if trainable { 2 } else { 1 }, update: if trainable { UpdateRule::TwoBw } else { UpdateRule::Constant }, sync: Vec::new() }
 }
 
@@ -32,52 +33,52 @@ fn program() -> Program {
     Program {
         pipeline: String::new(),
         slots: vec![
-            slot("x", ElemType::F32, &[Batch(1), Fixed(4)]),
-            slot("fc.weight", ElemType::F32, &[Fixed(3), Fixed(4)]),
-            slot("fc.bias", ElemType::F64, &[Fixed(3)]),
-            slot("h", ElemType::F32, &[Batch(1), Fixed(3)]),
-            slot("r", ElemType::F32, &[Batch(1), Fixed(3)]),
-            slot("scale", ElemType::F16, &[]),
-            slot("shape", ElemType::I64, &[Fixed(2)]),
-            slot("mask", ElemType::Bool, &[Fixed(3)]),
-            slot("y", ElemType::F32, &[Batch(1), Fixed(3)]),
-            slot("bf", ElemType::Bf16, &[Fixed(2), Fixed(1)]),
+            slot("x", DType::F32, &[Batch(1), Fixed(4)]),
+            slot("fc.weight", DType::F32, &[Fixed(3), Fixed(4)]),
+            slot("fc.bias", DType::F64, &[Fixed(3)]),
+            slot("h", DType::F32, &[Batch(1), Fixed(3)]),
+            slot("r", DType::F32, &[Batch(1), Fixed(3)]),
+            slot("scale", DType::F16, &[]),
+            slot("shape", DType::I64, &[Fixed(2)]),
+            slot("mask", DType::Bool, &[Fixed(3)]),
+            slot("y", DType::F32, &[Batch(1), Fixed(3)]),
+            slot("bf", DType::Bf16, &[Fixed(2), Fixed(1)]),
         ],
         inputs: vec![SlotId(0)],
         outputs: vec![SlotId(8)],
         stored: vec![
-            stored(1, ElemType::F32, &[3, 4], w, true),
-            stored(2, ElemType::F64, &[3], b, true),
-            stored(5, ElemType::F16, &[], scale, false),
-            stored(6, ElemType::I64, &[2], shape, false),
-            stored(7, ElemType::Bool, &[3], mask, false),
-            stored(9, ElemType::Bf16, &[2, 1], bf, true),
+            stored(1, DType::F32, &[3, 4], w, true),
+            stored(2, DType::F64, &[3], b, true),
+            stored(5, DType::F16, &[], scale, false),
+            stored(6, DType::I64, &[2], shape, false),
+            stored(7, DType::Bool, &[3], mask, false),
+            stored(9, DType::Bf16, &[2, 1], bf, true),
         ],
         instrs: vec![
             Instr {
                 name: "fc".into(),
-                kernel: Kernel::Gemm(Gemm { alpha: 1.0, beta: 0.1, trans_a: false, trans_b: true }),
+                op: Op::Gemm(Gemm { alpha: 1.0, beta: 0.1, trans_a: false, trans_b: true }),
                 inputs: vec![Some(SlotId(0)), Some(SlotId(1)), Some(SlotId(2))],
                 outputs: vec![Some(SlotId(3))],
                 recompute: false,
             },
             Instr {
                 name: "relu".into(),
-                kernel: Kernel::Unary(UnaryKind::Relu),
+                op: Op::Unary(UnaryOp::Relu),
                 inputs: vec![Some(SlotId(3))],
                 outputs: vec![Some(SlotId(4))],
                 recompute: false,
             },
             Instr {
                 name: "clip".into(),
-                kernel: Kernel::Clip { min: Some(-0.1), max: None },
+                op: Op::Clip { min: Some(-0.1), max: None },
                 inputs: vec![Some(SlotId(4)), None, None],
                 outputs: vec![Some(SlotId(4))],
                 recompute: false,
             },
             Instr {
                 name: "mul".into(),
-                kernel: Kernel::Binary(BinaryKind::Mul),
+                op: Op::Binary(BinaryOp::Mul),
                 inputs: vec![Some(SlotId(4)), Some(SlotId(5))],
                 outputs: vec![Some(SlotId(8))],
                 recompute: false,
@@ -145,7 +146,7 @@ fn program_section_is_json_and_weights_are_safetensors() {
     let (po, pl) = (m.program.offset as usize, m.program.len as usize);
     let json: serde_json::Value = serde_json::from_slice(&file[po..po + pl]).unwrap();
     assert_eq!(json["stored"][0], serde_json::json!({"slot": 1, "elem": "f32", "dims": [3, 4], "trainable": true, "versions": 2, "update": "2bw"}));
-    assert_eq!(json["instrs"][1]["kernel"], serde_json::json!({"Unary": "Relu"}));
+    assert_eq!(json["instrs"][1]["op"], serde_json::json!({"Unary": "Relu"}));
     let wo = m.weights.offset as usize;
     let st = safetensors::SafeTensors::deserialize(&file[wo..]).unwrap();
     let mut names: Vec<_> = st.names().into_iter().cloned().collect();
@@ -335,7 +336,7 @@ fn encode_rejects_inconsistent_input() {
 
     // JSON has no NaN or infinity: the attribute would silently become null / None.
     let mut p = program();
-    p.instrs[2].kernel = Kernel::Clip { min: Some(f32::NEG_INFINITY), max: None };
+    p.instrs[2].op = Op::Clip { min: Some(f32::NEG_INFINITY), max: None };
     let e = encode(&PARAMS, &p).unwrap_err();
     assert!(matches!(e.kind, ModuleErrorKind::BadProgram(_)), "{e}");
 }

@@ -4,12 +4,13 @@ mod common;
 
 use bytes::Bytes;
 use common::{normal, uniform};
-use pipewright_runtime::kernel::{Gemm, Kernel, UnaryKind};
+
+use pipewright_ops::op::{Gemm, UnaryOp};
 use pipewright_core::{Decay, Loss, Optimizer, Recompute, Schedule, UpdateRule};
 use pipewright_runtime::module::{ModuleHeader, Section, StageModule, StageParams};
 use pipewright_runtime::pipeline::*;
 use pipewright_runtime::program::{Extent, Instr, Program, SlotId, SlotInfo, Stored};
-use pipewright_runtime::ElemType;
+use pipewright_ops::DType;
 use tch::{Kind, Tensor};
 
 const DIMS: [i64; 5] = [4, 6, 5, 4, 3];
@@ -36,7 +37,7 @@ fn stage(k: usize, depth: usize, lo: usize, hi: usize, sched: Schedule, rec: Rec
     let init = init_weights();
     let mut p = Program::default();
     let slot = |p: &mut Program, name: String| {
-        p.slots.push(SlotInfo { name, elem: ElemType::F64, shape: vec![Extent::Batch(1)], last_use: None });
+        p.slots.push(SlotInfo { name, elem: DType::F64, shape: vec![Extent::Batch(1)], last_use: None });
         SlotId(p.slots.len() as u32 - 1)
     };
     let mut cur = slot(&mut p, if lo == 0 { "x".into() } else { format!("a{lo}") });
@@ -45,16 +46,16 @@ fn stage(k: usize, depth: usize, lo: usize, hi: usize, sched: Schedule, rec: Rec
         let w = slot(&mut p, format!("w{i}"));
         let b = slot(&mut p, format!("b{i}"));
         for (s, t) in [(w, &init[i].0), (b, &init[i].1)] {
-            p.stored.push(Stored { slot: s, elem: ElemType::F64, dims: t.size(), bytes: bytes_of(t), trainable: true, versions: sched.weight_versions(), update: sched.update_rule(), sync: Vec::new() });
+            p.stored.push(Stored { slot: s, elem: DType::F64, dims: t.size(), bytes: bytes_of(t), trainable: true, versions: sched.weight_versions(), update: sched.update_rule(), sync: Vec::new() });
         }
         let last = i + 1 == LAYERS;
         let g = slot(&mut p, if last { format!("a{}", i + 1) } else { format!("g{i}") });
         let gemm = Gemm { alpha: 1.0, beta: 1.0, trans_a: false, trans_b: true };
-        p.instrs.push(Instr { name: format!("gemm{i}"), kernel: Kernel::Gemm(gemm), inputs: vec![Some(cur), Some(w), Some(b)], outputs: vec![Some(g)], recompute: false });
+        p.instrs.push(Instr { name: format!("gemm{i}"), op: pipewright_ops::Op::Gemm(gemm), inputs: vec![Some(cur), Some(w), Some(b)], outputs: vec![Some(g)], recompute: false });
         cur = g;
         if !last {
             let a = slot(&mut p, format!("a{}", i + 1));
-            p.instrs.push(Instr { name: format!("relu{i}"), kernel: Kernel::Unary(UnaryKind::Relu), inputs: vec![Some(cur)], outputs: vec![Some(a)], recompute: false });
+            p.instrs.push(Instr { name: format!("relu{i}"), op: pipewright_ops::Op::Unary(UnaryOp::Relu), inputs: vec![Some(cur)], outputs: vec![Some(a)], recompute: false });
             cur = a;
         }
     }
@@ -426,10 +427,10 @@ fn memory_counter_sees_versions_and_stashes() {
 /// One stage `x -> BatchNormalization -> Gemm -> a4` whose running mean and variance are
 /// stored constants (as exported models keep them).
 fn batchnorm_stage(sched: Schedule, rec: Recompute) -> StageModule {
-    use pipewright_runtime::kernel::BatchNorm;
+    use pipewright_ops::op::BatchNorm;
     let mut p = Program::default();
     let mut slot = |name: &str| {
-        p.slots.push(SlotInfo { name: name.into(), elem: ElemType::F64, shape: vec![Extent::Batch(1)], last_use: None });
+        p.slots.push(SlotInfo { name: name.into(), elem: DType::F64, shape: vec![Extent::Batch(1)], last_use: None });
         SlotId(p.slots.len() as u32 - 1)
     };
     let (x, scale, bias, mean, var, h, w, b, out) = (slot("x"), slot("scale"), slot("bias"), slot("mean"), slot("var"), slot("h"), slot("w"), slot("b"), slot("a4"));
@@ -444,12 +445,12 @@ fn batchnorm_stage(sched: Schedule, rec: Recompute) -> StageModule {
     ];
     for (s, t, trainable) in stored {
         let (versions, update) = if trainable { (sched.weight_versions(), sched.update_rule()) } else { (1, UpdateRule::Constant) };
-        p.stored.push(Stored { slot: s, elem: ElemType::F64, dims: t.size(), bytes: bytes_of(&t), trainable, versions, update, sync: Vec::new() });
+        p.stored.push(Stored { slot: s, elem: DType::F64, dims: t.size(), bytes: bytes_of(&t), trainable, versions, update, sync: Vec::new() });
     }
     let bn = BatchNorm { epsilon: 1e-5, momentum: 0.9, training_mode: false };
-    p.instrs.push(Instr { name: "bn".into(), kernel: Kernel::BatchNormalization(bn), inputs: vec![Some(x), Some(scale), Some(bias), Some(mean), Some(var)], outputs: vec![Some(h)], recompute: false });
+    p.instrs.push(Instr { name: "bn".into(), op: pipewright_ops::Op::BatchNormalization(bn), inputs: vec![Some(x), Some(scale), Some(bias), Some(mean), Some(var)], outputs: vec![Some(h)], recompute: false });
     let gemm = Gemm { alpha: 1.0, beta: 1.0, trans_a: false, trans_b: true };
-    p.instrs.push(Instr { name: "fc".into(), kernel: Kernel::Gemm(gemm), inputs: vec![Some(h), Some(w), Some(b)], outputs: vec![Some(out)], recompute: false });
+    p.instrs.push(Instr { name: "fc".into(), op: pipewright_ops::Op::Gemm(gemm), inputs: vec![Some(h), Some(w), Some(b)], outputs: vec![Some(out)], recompute: false });
     p.inputs.push(x);
     p.outputs.push(out);
     p.fill_last_uses();

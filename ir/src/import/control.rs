@@ -14,6 +14,8 @@ use std::collections::{HashMap, HashSet};
 
 use onnx_protobuf::{GraphProto, NodeProto};
 
+use pipewright_ops::onnx::AttrSource;
+
 use super::attrs::Attrs;
 use super::Importer;
 use crate::dim::{Dim, Shape, TensorType};

@@ -17,6 +17,8 @@ use std::cmp::Ordering;
 use bytes::Bytes;
 use onnx_protobuf::NodeProto;
 
+use pipewright_ops::onnx::AttrSource;
+
 use super::attrs::Attrs;
 use crate::{DType, TensorData};
 

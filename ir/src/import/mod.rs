@@ -1,9 +1,8 @@
 //! ONNX to [`Graph`]: parse, validate domains/opsets/ops, convert nodes, infer shapes,
 //! fold shape subgraphs, compact and verify.
 
-mod attrs;
+pub(crate) mod attrs;
 mod control;
-pub(crate) mod convert;
 mod evaluated;
 mod legacy;
 pub mod merged;
@@ -13,13 +12,14 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
 use onnx_protobuf::{Message, ModelProto, NodeProto, ValueInfoProto};
+use pipewright_ops::dtype::onnx_type_name;
+use pipewright_ops::onnx::AttrSource;
+use pipewright_ops::onnx::{spec_in, MAX_KNOWN_OPSET};
 
 use crate::dim::{Dim, Shape, TensorType};
-use pipewright_ops::dtype::onnx_type_name;
 use crate::error::{ImportError, ModelError, NodeRef};
 use crate::infer::{infer, Ctx, In};
 use crate::known::{evaluate, Known};
-use pipewright_ops::spec::{spec_in, MAX_KNOWN_OPSET};
 use crate::{BatchInfo, DType, Graph, ModelMeta, ValueDef, ValueId, Weight};
 
 /// How the batch dimension is chosen: `Auto` makes a named (`dim_param`) axis 0, or a
@@ -392,7 +392,7 @@ impl<'a> Importer<'a> {
         if let Some(aligned) = self.align_second_input(node, version, opset)? {
             return self.add_node(&aligned, opset);
         }
-        let op = convert::convert_node(node, version).map_err(bad)?;
+        let op = attrs::convert_node(node, version).map_err(bad)?;
         let inputs = node.input.iter().map(|n| self.tensor_input(n, node)).collect::<Result<Vec<_>, _>>()?;
         self.add_op(&node.name, &node.op_type, op, inputs, &node.output)
     }

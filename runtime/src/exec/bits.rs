@@ -4,15 +4,15 @@
 use tch::{Kind, Tensor};
 
 use super::util::{bad_dtype, kind, R};
-use crate::kernel::ElemType;
+use pipewright_ops::DType;
 
 /// The integer width and signedness of a tensor of kind `k`, or of the emulated unsigned
 /// type `emulated` it carries.
-fn width(k: Kind, emulated: Option<ElemType>) -> R<(i64, bool)> {
+fn width(k: Kind, emulated: Option<DType>) -> R<(i64, bool)> {
     Ok(match (emulated, k) {
-        (Some(ElemType::U16), _) => (16, true),
-        (Some(ElemType::U32), _) => (32, true),
-        (Some(ElemType::U64), _) => (64, true),
+        (Some(DType::U16), _) => (16, true),
+        (Some(DType::U32), _) => (32, true),
+        (Some(DType::U64), _) => (64, true),
         (_, Kind::Uint8) => (8, true),
         (_, Kind::Int8) => (8, false),
         (_, Kind::Int16) => (16, false),
@@ -33,19 +33,19 @@ pub(crate) fn logic(op: char, x: &Tensor, y: &Tensor) -> R<Tensor> {
 }
 
 /// BitwiseNot; an emulated u16/u32 flips only its own bits.
-pub(crate) fn not(x: &Tensor, emulated: Option<ElemType>) -> R<Tensor> {
+pub(crate) fn not(x: &Tensor, emulated: Option<DType>) -> R<Tensor> {
     let (bits, _) = width(kind(x)?, emulated)?;
     match emulated {
-        Some(ElemType::U16 | ElemType::U32) => Ok(x.f_bitwise_xor((1i64 << bits) - 1)?),
+        Some(DType::U16 | DType::U32) => Ok(x.f_bitwise_xor((1i64 << bits) - 1)?),
         _ => Ok(x.f_bitwise_not()?),
     }
 }
 
 /// The low `bits` bits of a carrier value (u16 in int32, u32 in int64).
-pub(crate) fn truncate(x: &Tensor, emulated: Option<ElemType>) -> R<Tensor> {
+pub(crate) fn truncate(x: &Tensor, emulated: Option<DType>) -> R<Tensor> {
     Ok(match emulated {
-        Some(ElemType::U16) => x.f_bitwise_and(0xFFFFi64)?,
-        Some(ElemType::U32) => x.f_bitwise_and(0xFFFF_FFFFi64)?,
+        Some(DType::U16) => x.f_bitwise_and(0xFFFFi64)?,
+        Some(DType::U32) => x.f_bitwise_and(0xFFFF_FFFFi64)?,
         _ => x.shallow_clone(),
     })
 }
@@ -53,7 +53,7 @@ pub(crate) fn truncate(x: &Tensor, emulated: Option<ElemType>) -> R<Tensor> {
 /// BitShift with opset 28's rule for shifts outside `0..bits` (negative, or at least the
 /// width): 0, or -1 for a right shift of a negative signed value. Unsigned right shifts
 /// are logical, signed ones arithmetic; left shifts drop the bits past the width.
-pub(crate) fn shift(x: &Tensor, s: &Tensor, left: bool, emulated: Option<ElemType>) -> R<Tensor> {
+pub(crate) fn shift(x: &Tensor, s: &Tensor, left: bool, emulated: Option<DType>) -> R<Tensor> {
     let (bits, unsigned) = width(kind(x)?, emulated)?;
     // libtorch's shifts are undefined outside 0..bits, so the amount is clamped and the
     // out-of-range lanes replaced afterwards.
@@ -64,7 +64,7 @@ pub(crate) fn shift(x: &Tensor, s: &Tensor, left: bool, emulated: Option<ElemTyp
         let r = truncate(&x.f_bitwise_left_shift(&sc)?, emulated)?;
         return Ok(r.f_where_self(&valid, &zero)?);
     }
-    let r = if emulated == Some(ElemType::U64) { logical_right(x, &sc)? } else { x.f_bitwise_right_shift(&sc)? };
+    let r = if emulated == Some(DType::U64) { logical_right(x, &sc)? } else { x.f_bitwise_right_shift(&sc)? };
     let fill = if unsigned { zero } else { x.f_ones_like()?.f_neg()?.f_where_self(&x.f_lt(0)?, &zero)? };
     Ok(r.f_where_self(&valid, &fill)?)
 }

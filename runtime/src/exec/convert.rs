@@ -1,4 +1,4 @@
-//! Conversions between [`ElemType`] and libtorch kinds, and between tensors and raw
+//! Conversions between [`DType`] and libtorch kinds, and between tensors and raw
 //! little-endian bytes (the format of the conformance runner and the stage files).
 //!
 //! libtorch (through tch) has no u16, u32 or u64 kind. Tensors of those types are held in
@@ -12,12 +12,12 @@ use tch::{Kind, Tensor};
 
 use super::util::{bad_dtype, invalid, R};
 use super::KernelError;
-use crate::kernel::ElemType;
+use pipewright_ops::DType;
 
 /// The libtorch kind of an element type (of its holder, for the emulated low-precision
 /// types). `u16`, `u32` and `u64` have no kind in tch.
-pub(crate) fn kind_of(et: ElemType) -> R<Kind> {
-    use ElemType::*;
+pub(crate) fn kind_of(et: DType) -> R<Kind> {
+    use DType::*;
     Ok(match et {
         F32 => Kind::Float,
         F16 => Kind::Half,
@@ -43,23 +43,23 @@ pub(crate) fn kind_of(et: ElemType) -> R<Kind> {
 
 /// The kind a tensor of `et` is held in: its own kind, or for u16/u32/u64 the signed
 /// carrier described in the module doc.
-pub(crate) fn carrier(et: ElemType) -> R<Kind> {
+pub(crate) fn carrier(et: DType) -> R<Kind> {
     match et {
-        ElemType::U16 => Ok(Kind::Int),
-        ElemType::U32 | ElemType::U64 => Ok(Kind::Int64),
+        DType::U16 => Ok(Kind::Int),
+        DType::U32 | DType::U64 => Ok(Kind::Int64),
         other => kind_of(other),
     }
 }
 
 /// Whether `et` is held in a carrier kind of another type (u16, u32, u64).
-pub(crate) fn is_emulated(et: ElemType) -> bool {
-    matches!(et, ElemType::U16 | ElemType::U32 | ElemType::U64)
+pub(crate) fn is_emulated(et: DType) -> bool {
+    matches!(et, DType::U16 | DType::U32 | DType::U64)
 }
 
 /// The element type of a libtorch kind (complex and quantised kinds have none; the
 /// emulated low-precision types come back as their holders).
-pub(crate) fn elem_of(k: Kind) -> R<ElemType> {
-    use ElemType::*;
+pub(crate) fn elem_of(k: Kind) -> R<DType> {
+    use DType::*;
     Ok(match k {
         Kind::Float => F32,
         Kind::Half => F16,
@@ -84,22 +84,22 @@ pub(crate) fn elem_of(k: Kind) -> R<ElemType> {
 }
 
 /// The libtorch kind of an element type, as a public error.
-pub fn torch_kind(et: ElemType) -> Result<Kind, KernelError> {
+pub fn torch_kind(et: DType) -> Result<Kind, KernelError> {
     kind_of(et).map_err(|f| f.into_error("tensor conversion"))
 }
 
 /// The element type of a tensor.
-pub fn elem_type(t: &Tensor) -> Result<ElemType, KernelError> {
+pub fn elem_type(t: &Tensor) -> Result<DType, KernelError> {
     (|| elem_of(t.f_kind()?))().map_err(|f| f.into_error("tensor conversion"))
 }
 
 /// A CPU tensor from raw little-endian bytes (`bool`: one byte each, nonzero is true; the
 /// packed 4/2-bit types low bits first, decoded into their holder type).
-pub fn tensor_from_bytes(et: ElemType, shape: &[i64], bytes: &[u8]) -> Result<Tensor, KernelError> {
+pub fn tensor_from_bytes(et: DType, shape: &[i64], bytes: &[u8]) -> Result<Tensor, KernelError> {
     from_bytes(et, shape, bytes).map_err(|f| f.into_error("tensor conversion"))
 }
 
-fn from_bytes(et: ElemType, shape: &[i64], bytes: &[u8]) -> R<Tensor> {
+fn from_bytes(et: DType, shape: &[i64], bytes: &[u8]) -> R<Tensor> {
     if cfg!(target_endian = "big") {
         return Err(invalid(
             "raw tensor bytes are little-endian; big-endian hosts are not supported",
@@ -125,7 +125,7 @@ fn from_bytes(et: ElemType, shape: &[i64], bytes: &[u8]) -> R<Tensor> {
     if let Some(t) = widen(et, shape, bytes)? {
         return Ok(t);
     }
-    if et == ElemType::Bool {
+    if et == DType::Bool {
         let norm: Vec<u8> = bytes.iter().map(|&b| (b != 0) as u8).collect();
         return Ok(Tensor::f_from_data_size(&norm, shape, kind)?);
     }
@@ -133,10 +133,10 @@ fn from_bytes(et: ElemType, shape: &[i64], bytes: &[u8]) -> R<Tensor> {
 }
 
 /// u16 and u32 bytes widened into their carriers (u64 bytes are already int64 bytes).
-fn widen(et: ElemType, shape: &[i64], bytes: &[u8]) -> R<Option<Tensor>> {
+fn widen(et: DType, shape: &[i64], bytes: &[u8]) -> R<Option<Tensor>> {
     let t = match et {
-        ElemType::U16 => Tensor::f_from_slice(&bytes.chunks_exact(2).map(|c| i32::from(u16::from_le_bytes([c[0], c[1]]))).collect::<Vec<i32>>())?,
-        ElemType::U32 => Tensor::f_from_slice(&bytes.chunks_exact(4).map(|c| i64::from(u32::from_le_bytes([c[0], c[1], c[2], c[3]]))).collect::<Vec<i64>>())?,
+        DType::U16 => Tensor::f_from_slice(&bytes.chunks_exact(2).map(|c| i32::from(u16::from_le_bytes([c[0], c[1]]))).collect::<Vec<i32>>())?,
+        DType::U32 => Tensor::f_from_slice(&bytes.chunks_exact(4).map(|c| i64::from(u32::from_le_bytes([c[0], c[1], c[2], c[3]]))).collect::<Vec<i64>>())?,
         _ => return Ok(None),
     };
     Ok(Some(t.f_reshape(shape)?))
@@ -145,11 +145,11 @@ fn widen(et: ElemType, shape: &[i64], bytes: &[u8]) -> R<Option<Tensor>> {
 /// The shape and raw little-endian bytes of a tensor holding element type `et` (any
 /// device), for the unsigned types held in a carrier kind (and any other type, whose
 /// kind must then be its own). Carrier values outside `et`'s range are an error.
-pub fn tensor_to_bytes_as(t: &Tensor, et: ElemType) -> Result<(Vec<i64>, Vec<u8>), KernelError> {
+pub fn tensor_to_bytes_as(t: &Tensor, et: DType) -> Result<(Vec<i64>, Vec<u8>), KernelError> {
     to_bytes_as(t, et).map_err(|f| f.into_error("tensor conversion"))
 }
 
-fn to_bytes_as(t: &Tensor, et: ElemType) -> R<(Vec<i64>, Vec<u8>)> {
+fn to_bytes_as(t: &Tensor, et: DType) -> R<(Vec<i64>, Vec<u8>)> {
     let k = t.f_kind()?;
     if k != carrier(et)? {
         return Err(bad_dtype(format!("a {k:?} tensor does not hold {et} values")));
@@ -170,8 +170,8 @@ fn to_bytes_as(t: &Tensor, et: ElemType) -> R<(Vec<i64>, Vec<u8>)> {
         Ok(out)
     };
     let bytes = match et {
-        ElemType::U16 => narrow(2, u64::from(u16::MAX))?,
-        ElemType::U32 => narrow(4, u64::from(u32::MAX))?,
+        DType::U16 => narrow(2, u64::from(u16::MAX))?,
+        DType::U32 => narrow(4, u64::from(u32::MAX))?,
         _ => bytes,
     };
     Ok((shape, bytes))
@@ -181,11 +181,11 @@ fn to_bytes_as(t: &Tensor, et: ElemType) -> R<(Vec<i64>, Vec<u8>)> {
 /// element type is read from the kind, so a u16/u32/u64 tensor reports its carrier's type
 /// (see [`tensor_to_bytes_as`]); the emulated low-precision types come back as their
 /// holders.
-pub fn tensor_to_bytes(t: &Tensor) -> Result<(ElemType, Vec<i64>, Vec<u8>), KernelError> {
+pub fn tensor_to_bytes(t: &Tensor) -> Result<(DType, Vec<i64>, Vec<u8>), KernelError> {
     to_bytes(t).map_err(|f| f.into_error("tensor conversion"))
 }
 
-fn to_bytes(t: &Tensor) -> R<(ElemType, Vec<i64>, Vec<u8>)> {
+fn to_bytes(t: &Tensor) -> R<(DType, Vec<i64>, Vec<u8>)> {
     if cfg!(target_endian = "big") {
         return Err(invalid(
             "raw tensor bytes are little-endian; big-endian hosts are not supported",
@@ -195,7 +195,7 @@ fn to_bytes(t: &Tensor) -> R<(ElemType, Vec<i64>, Vec<u8>)> {
     let shape = t.size();
     let cpu = t.f_detach()?.f_to(tch::Device::Cpu)?.f_contiguous()?;
     let numel = cpu.numel();
-    let mut bytes = vec![0u8; numel * et.size_bytes()];
+    let mut bytes = vec![0u8; numel * et.size()];
     if numel > 0 {
         cpu.f_copy_data_u8(&mut bytes, numel)?;
     }

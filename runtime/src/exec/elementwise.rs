@@ -4,11 +4,11 @@
 use tch::{Kind, Tensor};
 
 use super::util::{bad_dtype, is_int_kind, kind, need, opt, R};
-use crate::kernel::{BinaryKind, GeluApprox, UnaryKind, VariadicKind};
+use pipewright_ops::op::{BinaryOp, GeluApprox, UnaryOp, VariadicOp};
 
 /// One-input maths with no attributes.
-pub(crate) fn unary(u: UnaryKind, x: &Tensor) -> R<Tensor> {
-    use UnaryKind::*;
+pub(crate) fn unary(u: UnaryOp, x: &Tensor) -> R<Tensor> {
+    use UnaryOp::*;
     Ok(match u {
         Abs => x.f_abs()?,
         Neg => x.f_neg()?,
@@ -28,8 +28,8 @@ pub(crate) fn unary(u: UnaryKind, x: &Tensor) -> R<Tensor> {
     })
 }
 
-fn unary_more(u: UnaryKind, x: &Tensor) -> R<Tensor> {
-    use UnaryKind::*;
+fn unary_more(u: UnaryOp, x: &Tensor) -> R<Tensor> {
+    use UnaryOp::*;
     Ok(match u {
         Floor => x.f_floor()?,
         Ceil => x.f_ceil()?,
@@ -72,8 +72,8 @@ fn require_numeric(x: &Tensor) -> R<()> {
 }
 
 /// Two-input ops with numpy broadcasting.
-pub(crate) fn binary(b: BinaryKind, x: &Tensor, y: &Tensor) -> R<Tensor> {
-    use BinaryKind::*;
+pub(crate) fn binary(b: BinaryOp, x: &Tensor, y: &Tensor) -> R<Tensor> {
+    use BinaryOp::*;
     Ok(match b {
         Equal => x.f_eq_tensor(y)?,
         Less => x.f_lt_tensor(y)?,
@@ -92,8 +92,8 @@ pub(crate) fn binary(b: BinaryKind, x: &Tensor, y: &Tensor) -> R<Tensor> {
     })
 }
 
-fn arithmetic(b: BinaryKind, x: &Tensor, y: &Tensor) -> R<Tensor> {
-    use BinaryKind::*;
+fn arithmetic(b: BinaryOp, x: &Tensor, y: &Tensor) -> R<Tensor> {
+    use BinaryOp::*;
     require_numeric(x)?;
     require_numeric(y)?;
     Ok(match b {
@@ -130,19 +130,19 @@ fn pow(x: &Tensor, y: &Tensor) -> R<Tensor> {
 }
 
 /// Sum/Max/Min/Mean over broadcast inputs.
-pub(crate) fn variadic(v: VariadicKind, xs: &[&Tensor]) -> R<Tensor> {
+pub(crate) fn variadic(v: VariadicOp, xs: &[&Tensor]) -> R<Tensor> {
     let (first, rest) = xs
         .split_first()
         .ok_or_else(|| bad_dtype("needs at least one input"))?;
     let mut acc = first.shallow_clone();
     for x in rest {
         acc = match v {
-            VariadicKind::Sum | VariadicKind::Mean => acc.f_add(x)?,
-            VariadicKind::Max => acc.f_maximum(x)?,
-            VariadicKind::Min => acc.f_minimum(x)?,
+            VariadicOp::Sum | VariadicOp::Mean => acc.f_add(x)?,
+            VariadicOp::Max => acc.f_maximum(x)?,
+            VariadicOp::Min => acc.f_minimum(x)?,
         };
     }
-    if v == VariadicKind::Mean {
+    if v == VariadicOp::Mean {
         acc = acc.f_div_scalar(xs.len() as f64)?;
     }
     Ok(acc)

@@ -10,7 +10,8 @@ use tch::{Kind, Tensor};
 use super::convert::kind_of;
 use super::shape::wrap_indices;
 use super::util::{dim, ints, invalid, kind, norm_axis, pad_axis, scalar_f64, scalar_i64, R};
-use crate::kernel::{ElemType, ScatterReduction};
+use pipewright_ops::DType;
+use pipewright_ops::op::ScatterReduction;
 
 /// TopK: values and (i64) indices of the `k` largest or smallest elements along `axis`.
 /// A stable sort keeps equal elements in index order, as ONNX requires (libtorch's topk
@@ -102,7 +103,7 @@ fn linear_offsets(idx: &Tensor, extents: &[i64]) -> R<Tensor> {
 
 /// EyeLike: ones on diagonal `k` (above the main one when positive) of a 2-D tensor shaped
 /// like the input, of `dtype` or the input's element type.
-pub(crate) fn eye_like(x: &Tensor, dtype: Option<ElemType>, k: i64) -> R<Tensor> {
+pub(crate) fn eye_like(x: &Tensor, dtype: Option<DType>, k: i64) -> R<Tensor> {
     let [rows, cols] = x.size()[..] else {
         return Err(invalid(format!("input must be 2-D, got {:?}", x.size())));
     };

@@ -5,7 +5,7 @@
 use tch::{Kind, Reduction, Tensor};
 
 use super::util::{invalid, R};
-use crate::kernel::{ClassLoss, LossReduction};
+use pipewright_ops::op::{ClassLoss, LossReduction};
 
 /// No target equals it: ONNX without `ignore_index` counts every target (and libtorch then
 /// reports any target outside `[0, C)`).

@@ -1,6 +1,6 @@
 //! The low-precision element types in libtorch, and casts into them with ONNX semantics.
 //!
-//! Representation (the type's [`ElemType::holder`]):
+//! Representation (the type's [`DType::holder`]):
 //! - the four float8 types are libtorch's own float8 kinds;
 //! - `i4`/`i2` live in i8 tensors and `u4`/`u2` in u8 tensors, holding the value itself;
 //! - `f4e2m1` and `f8e8m0` live in f32 tensors holding the exact value (every `f4e2m1`
@@ -22,11 +22,12 @@ use tch::{Kind, Tensor};
 
 use super::convert::kind_of;
 use super::util::R;
-use crate::kernel::{CastMode, ElemType, RoundMode};
+use pipewright_ops::DType;
+use pipewright_ops::op::{CastMode, RoundMode};
 
 /// Casts `x` to `to` (a tensor of `to`'s holder kind).
-pub(crate) fn cast(x: &Tensor, to: ElemType, mode: CastMode) -> R<Tensor> {
-    use ElemType::*;
+pub(crate) fn cast(x: &Tensor, to: DType, mode: CastMode) -> R<Tensor> {
+    use DType::*;
     match to {
         F8E4M3FN | F8E4M3FNUZ | F8E5M2 | F8E5M2FNUZ => to_float8(x, to, mode.saturate),
         I4 => wrap_int(x, 4, true),
@@ -40,10 +41,10 @@ pub(crate) fn cast(x: &Tensor, to: ElemType, mode: CastMode) -> R<Tensor> {
 }
 
 /// The largest finite value of a float8 type.
-pub(crate) fn float8_max(t: ElemType) -> f64 {
+pub(crate) fn float8_max(t: DType) -> f64 {
     match t {
-        ElemType::F8E4M3FN => 448.0,
-        ElemType::F8E4M3FNUZ => 240.0,
+        DType::F8E4M3FN => 448.0,
+        DType::F8E4M3FNUZ => 240.0,
         _ => 57344.0,
     }
 }
@@ -52,7 +53,7 @@ fn as_float(x: &Tensor) -> R<Tensor> {
     Ok(if x.is_floating_point() { x.shallow_clone() } else { x.f_to_kind(Kind::Float)? })
 }
 
-fn to_float8(x: &Tensor, to: ElemType, saturate: bool) -> R<Tensor> {
+fn to_float8(x: &Tensor, to: DType, saturate: bool) -> R<Tensor> {
     let mut xf = as_float(x)?;
     if saturate {
         let m = float8_max(to);
@@ -111,8 +112,8 @@ fn to_e8m0(x: &Tensor, mode: CastMode) -> R<Tensor> {
 
 /// Values of raw low-precision data that libtorch has no kind for, as holder tensors:
 /// `Some` for the packed 4/2-bit types, `f4e2m1` and `f8e8m0`; `None` for the rest.
-pub(crate) fn decode(et: ElemType, shape: &[i64], bytes: &[u8], numel: usize) -> R<Option<Tensor>> {
-    use ElemType::*;
+pub(crate) fn decode(et: DType, shape: &[i64], bytes: &[u8], numel: usize) -> R<Option<Tensor>> {
+    use DType::*;
     let per = et.per_byte();
     let code = |i: usize| -> u8 {
         let bits = 8 / per;

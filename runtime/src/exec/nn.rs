@@ -5,7 +5,7 @@ use tch::{Kind, Tensor};
 
 use super::util::{invalid, kind, need, norm_axis, opt, scalar_f64, R};
 use super::Mode;
-use crate::kernel::{BatchNorm, Gemm, LayerNorm, Softmax};
+use pipewright_ops::op::{BatchNorm, Gemm, LayerNorm, Softmax};
 
 /// Softmax or LogSoftmax, per axis (opset >= 13) or over the coerced 2-D trailing block.
 pub(crate) fn softmax(x: &Tensor, s: &Softmax, log: bool) -> R<Tensor> {

@@ -4,7 +4,7 @@
 use tch::{Kind, Tensor};
 
 use super::util::{invalid, is_float_kind, kind, need, norm_axes, norm_axis, pad_axis, R};
-use crate::kernel::{GroupNorm, Lrn, Softmax};
+use pipewright_ops::op::{GroupNorm, Lrn, Softmax};
 
 /// Hardmax: 1 at the first maximum along the axis, 0 elsewhere. Before opset 13 the input
 /// is viewed as 2-D at the axis (which may then equal the rank) and the maximum is taken

@@ -9,7 +9,7 @@ use tch::{Kind, Tensor};
 
 use super::util::{bad_dtype, kind, need, opt, R};
 use super::window;
-use crate::kernel::Conv;
+use pipewright_ops::op::Conv;
 
 /// An integer operand less its optional zero point, in f64. A 1-D zero point broadcasts
 /// along the last axis (numpy's rule, as the reference applies it), unless `per_channel`

@@ -10,7 +10,8 @@ use tch::{Kind, Tensor};
 use super::convert::{carrier, elem_of, kind_of};
 use super::lowp;
 use super::util::{invalid, R};
-use crate::kernel::{CastMode, ElemType, Quantize, RoundMode};
+use pipewright_ops::DType;
+use pipewright_ops::op::{CastMode, Quantize, RoundMode};
 
 /// `param` (scale or zero point) shaped to broadcast against `x`.
 fn expand(param: &Tensor, x: &Tensor, axis: i64, block_size: i64) -> R<Tensor> {
@@ -43,8 +44,8 @@ fn expand(param: &Tensor, x: &Tensor, axis: i64, block_size: i64) -> R<Tensor> {
 }
 
 /// The integer range of a quantized integer type.
-fn int_range(t: ElemType) -> Option<(f64, f64)> {
-    use ElemType::*;
+fn int_range(t: DType) -> Option<(f64, f64)> {
+    use DType::*;
     Some(match t {
         U8 => (0.0, 255.0),
         I8 => (-128.0, 127.0),
@@ -58,11 +59,13 @@ fn int_range(t: ElemType) -> Option<(f64, f64)> {
     })
 }
 
-pub(crate) fn quantize(x: &Tensor, scale: &Tensor, zp: Option<&Tensor>, q: &Quantize) -> R<Tensor> {
-    let to = match (q.to, zp) {
+/// `to`: the output type the program declares (an `i4` output lives in an `i8` tensor),
+/// else the attribute's, else the zero point's, else u8.
+pub(crate) fn quantize(x: &Tensor, scale: &Tensor, zp: Option<&Tensor>, q: &Quantize, to: Option<DType>) -> R<Tensor> {
+    let to = match (to.or(q.output_dtype), zp) {
         (Some(t), _) => t,
         (None, Some(z)) => elem_of(z.f_kind()?)?,
-        (None, None) => ElemType::U8,
+        (None, None) => DType::U8,
     };
     let s = expand(scale, x, q.axis, q.block_size)?;
     let scaled = match q.precision {
@@ -82,8 +85,8 @@ pub(crate) fn quantize(x: &Tensor, scale: &Tensor, zp: Option<&Tensor>, q: &Quan
     let mode = CastMode { saturate: q.saturate, round: RoundMode::Up };
     match to {
         // The float8 zero point must be zero and is not added (as the reference).
-        ElemType::F8E4M3FN | ElemType::F8E4M3FNUZ | ElemType::F8E5M2 | ElemType::F8E5M2FNUZ => lowp::cast(&scaled, to, mode),
-        ElemType::F4E2M1 => {
+        DType::F8E4M3FN | DType::F8E4M3FNUZ | DType::F8E5M2 | DType::F8E5M2FNUZ => lowp::cast(&scaled, to, mode),
+        DType::F4E2M1 => {
             let y = match &zp {
                 Some(z) => scaled.f_add(&z.f_to_kind(scaled.f_kind()?)?)?,
                 None => scaled,
@@ -95,7 +98,7 @@ pub(crate) fn quantize(x: &Tensor, scale: &Tensor, zp: Option<&Tensor>, q: &Quan
 }
 
 /// `(x - zero_point) * scale` in f32, then the output type (`to`, else the scale's).
-pub(crate) fn dequantize(x: &Tensor, scale: &Tensor, zp: Option<&Tensor>, axis: i64, block_size: i64, to: Option<ElemType>) -> R<Tensor> {
+pub(crate) fn dequantize(x: &Tensor, scale: &Tensor, zp: Option<&Tensor>, axis: i64, block_size: i64, to: Option<DType>) -> R<Tensor> {
     let mut dx = x.f_to_kind(Kind::Float)?;
     // Float inputs (float8, and f4e2m1 in its f32 holder) take no zero point: the
     // reference requires it to be zero and ignores it.

@@ -11,7 +11,7 @@
 use tch::{Kind, Tensor};
 
 use super::util::{invalid, kind, need, opt, R};
-use crate::kernel::LinearAttention;
+use pipewright_ops::op::LinearAttention;
 
 /// `[batch, seq, heads * d]` as `[batch, heads, seq, d]`.
 fn unpack(x: &Tensor, heads: i64, name: &str) -> R<Tensor> {
@@ -45,7 +45,7 @@ pub(crate) fn linear_attention(la: &LinearAttention, ins: &[Option<&Tensor>]) ->
     let group = la.q_num_heads / la.kv_num_heads.max(1);
     let hkv = la.kv_num_heads;
     let (decay, beta) = (opt(ins, 4), opt(ins, 5));
-    if la.gated != decay.is_some() || la.delta != beta.is_some() {
+    if la.update_rule.gated() != decay.is_some() || la.update_rule.delta() != beta.is_some() {
         return Err(invalid("the update rule's decay and beta inputs do not match the inputs given"));
     }
     // Per step: decay [b, hkv, t, 1 or d_k], beta [b, 1 or hkv, t, 1].

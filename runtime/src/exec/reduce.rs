@@ -4,7 +4,7 @@
 use tch::{Kind, Tensor};
 
 use super::util::{dim, ints, is_int_kind, kind, norm_axes, norm_axis, opt, R};
-use crate::kernel::{Reduce, ReduceKind};
+use pipewright_ops::op::{Reduce, ReduceKind};
 
 /// A Reduce kernel. Empty or absent axes reduce everything unless noop_with_empty_axes,
 /// in which case no axis is reduced (the elementwise part, e.g. the square of SumSquare,

@@ -17,7 +17,7 @@
 use tch::{Kind, Tensor};
 
 use super::util::{ints, invalid, is_float_kind, kind, need, norm_axis, opt, unsupported, R};
-use crate::kernel::{AspectPolicy, CoordMode, GridPadding, NearestMode, Resize, ResizeMode};
+use pipewright_ops::op::{AspectPolicy, CoordMode, GridPadding, NearestMode, Resize, ResizeMode};
 
 /// How one axis is resampled: its scale factor, output extent and region of interest.
 struct AxisPlan {

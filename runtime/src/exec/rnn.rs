@@ -10,7 +10,7 @@
 use tch::{Kind, Tensor};
 
 use super::util::{ints, invalid, need, opt, R};
-use crate::kernel::{Rnn, RnnCell, RnnDirection};
+use pipewright_ops::op::{Rnn, RnnCell, RnnDirection};
 
 /// One direction's parameters: W `[G*H, I]` and R `[G*H, H]` transposed for right
 /// multiplication, the recurrent bias `[G*H]` and LSTM peepholes `[3H]` (i, o, f).

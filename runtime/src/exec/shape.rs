@@ -10,7 +10,8 @@ use super::util::{
     broadcast_shapes, dim, index_tensor, ints, invalid, is_float_kind, kind, need, norm_axes,
     norm_axis, opt, pad_axis, pad_dims, scalar_f64, scalar_i64, R,
 };
-use crate::kernel::{ElemType, Pad, PadMode, Slice, Split};
+use pipewright_ops::{DType, TensorData};
+use pipewright_ops::op::{Pad, PadMode, Slice, Split};
 
 /// Reshape with ONNX's `0` (copy the input dim unless allowzero) and `-1` (inferred).
 pub(crate) fn reshape(x: &Tensor, shape: &Tensor, allow_zero: bool) -> R<Tensor> {
@@ -110,17 +111,19 @@ pub(crate) fn concat(xs: &[&Tensor], axis: i64) -> R<Tensor> {
     Ok(Tensor::f_cat(xs, norm_axis(axis, first.dim())?)?)
 }
 
-/// Split by attribute sizes, input-1 sizes, or `num_outputs` parts (the last may be smaller).
-pub(crate) fn split(s: &Split, ins: &[Option<&Tensor>]) -> R<Vec<Tensor>> {
+/// Split by attribute sizes, input-1 sizes, or `num_outputs` parts (the last may be
+/// smaller); older opsets split equally into the node's `n_outputs` (0: unknown).
+pub(crate) fn split(s: &Split, n_outputs: usize, ins: &[Option<&Tensor>]) -> R<Vec<Tensor>> {
     let x = need(ins, 0)?;
     let axis = norm_axis(s.axis, x.dim())?;
     let total = dim(x, axis);
-    let sizes = match (&s.split, opt(ins, 1), s.num_outputs) {
+    let parts = s.num_outputs.or((n_outputs > 0).then_some(n_outputs as i64));
+    let sizes = match (&s.split, opt(ins, 1), parts) {
         (Some(v), _, _) => v.clone(),
         (None, Some(t), _) => ints(t)?,
         (None, None, Some(n)) => equal_parts(total, n)?,
         (None, None, None) => return Err(invalid(
-            "an equal split needs num_outputs (the lowering sets it to the node's output count)",
+            "an equal split needs num_outputs or the node's output count",
         )),
     };
     if sizes.iter().any(|&v| v < 0) || sizes.iter().sum::<i64>() != total {
@@ -393,11 +396,11 @@ pub(crate) fn size_of(x: &Tensor) -> R<Tensor> {
     Ok(index_tensor(&[x.numel() as i64], x)?.f_reshape([] as [i64; 0])?)
 }
 
-pub(crate) fn constant_of_shape(shape: &Tensor, value: Option<(ElemType, f64)>) -> R<Tensor> {
+pub(crate) fn constant_of_shape(shape: &Tensor, value: Option<&TensorData>) -> R<Tensor> {
     let dims = ints(shape)?;
-    let (et, v) = value.unwrap_or((ElemType::F32, 0.0));
+    let (et, v) = value.map_or((DType::F32, 0.0), |t| (t.dtype, t.to_f64s().first().copied().unwrap_or(0.0)));
     let opts = (kind_of(et)?, shape.device());
-    Ok(if et.is_float() || et == ElemType::Bool {
+    Ok(if et.is_float() || et == DType::Bool {
         Tensor::f_full(&dims, v, opts)?
     } else {
         Tensor::f_full(&dims, v as i64, opts)?

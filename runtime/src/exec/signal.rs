@@ -12,7 +12,7 @@
 use tch::{Kind, Tensor};
 
 use super::util::{index_tensor, invalid, is_float_kind, kind, need, norm_axis, opt, scalar_i64, unsupported, R};
-use crate::kernel::{Conv, RoiAlign};
+use pipewright_ops::op::{Conv, RoiAlign};
 
 /// DFT: `axis` is the opset-17 attribute, or input 2 (default -2); the length input 1,
 /// by default the axis extent (twice one less for a one-sided inverse).

@@ -8,7 +8,7 @@
 use tch::{Kind, Tensor};
 
 use super::util::{invalid, need, scalar_f64, R};
-use crate::kernel::Optimizer;
+use pipewright_ops::op::{Optimizer, TreeEnsemble};
 
 /// One optimizer step over every tensor block: the new `X`s, then the new states.
 pub(crate) fn optimizer_step(o: &Optimizer, ins: &[Option<&Tensor>]) -> R<Vec<Tensor>> {
@@ -113,35 +113,76 @@ pub(crate) fn array_feature_extractor(x: &Tensor, idx: &Tensor) -> R<Tensor> {
     Ok(picked.f_reshape(shape.as_slice())?)
 }
 
+/// TreeEnsemble's tables as the walk reads them: per node the comparison and where each
+/// branch goes (`(is_leaf, index)`).
+struct Trees {
+    nodes: Vec<TreeNode>,
+    leaf_targets: Vec<i64>,
+    leaf_weights: Vec<f64>,
+}
+
+struct TreeNode {
+    feature: i64,
+    /// 0 `<=`, 1 `<`, 2 `>=`, 3 `>`, 4 `==`, 5 `!=`, 6 member of `members`.
+    mode: i64,
+    split: f64,
+    members: Vec<f64>,
+    missing_true: bool,
+    on_true: (bool, i64),
+    on_false: (bool, i64),
+}
+
+/// Resolves the op's ONNX tables; each set-membership node takes the next NaN-terminated
+/// run of `membership_values` (the importer checked the counts).
+fn trees(t: &TreeEnsemble) -> Trees {
+    let modes = t.modes.to_i64s();
+    let splits = t.splits.to_f64s();
+    let members = t.membership_values.as_ref().map(|m| m.to_f64s()).unwrap_or_default();
+    let mut sets = members.split(|x| x.is_nan());
+    let nodes = (0..t.featureids.len())
+        .map(|i| TreeNode {
+            feature: t.featureids[i],
+            mode: modes[i],
+            split: splits[i],
+            members: if modes[i] == 6 { sets.next().unwrap_or_default().to_vec() } else { Vec::new() },
+            missing_true: t.missing_tracks_true.get(i).is_some_and(|&m| m != 0),
+            on_true: (t.trueleafs[i] != 0, t.truenodeids[i]),
+            on_false: (t.falseleafs[i] != 0, t.falsenodeids[i]),
+        })
+        .collect();
+    Trees { nodes, leaf_targets: t.leaf_targetids.clone(), leaf_weights: t.leaf_weights.to_f64s() }
+}
+
 /// TreeEnsemble: each row walks every tree to one leaf, whose weight goes to its target;
 /// targets aggregate by sum, average over the trees, min or max (starting, as the
 /// reference does, from 0 or the element type's extreme). Piecewise constant, so the
 /// result carries no gradient; the walk runs on the host.
-pub(crate) fn tree_ensemble(t: &crate::kernel::TreeEnsemble, x: &Tensor) -> R<Tensor> {
+pub(crate) fn tree_ensemble(t: &TreeEnsemble, x: &Tensor) -> R<Tensor> {
     let s = x.size();
     let &[rows, features] = &s[..] else { return Err(invalid(format!("input {s:?} must be [N, features]"))) };
     let xs = Vec::<f64>::try_from(x.f_to_kind(Kind::Double)?.f_to_device(tch::Device::Cpu)?.f_flatten(0, -1)?)?;
     let extreme = if x.kind() == Kind::Double { f64::MAX } else { f32::MAX as f64 };
-    let init = match t.aggregate {
+    let init = match t.aggregate_function {
         2 => extreme,
         3 => -extreme,
         _ => 0.0,
     };
+    let tables = trees(t);
     let targets = t.n_targets as usize;
     let mut out = vec![init; rows as usize * targets];
     for r in 0..rows as usize {
         let row = &xs[r * features as usize..(r + 1) * features as usize];
-        for &root in &t.roots {
-            let leaf = walk(t, root, row)?;
-            let (Some(&target), Some(&w)) = (t.leaf_targets.get(leaf), t.leaf_weights.get(leaf)) else {
+        for &root in &t.tree_roots {
+            let leaf = walk(&tables, root, row)?;
+            let (Some(&target), Some(&w)) = (tables.leaf_targets.get(leaf), tables.leaf_weights.get(leaf)) else {
                 return Err(invalid(format!("leaf {leaf} does not exist")));
             };
             if !(0..t.n_targets).contains(&target) {
                 return Err(invalid(format!("leaf target {target} is outside [0, {})", t.n_targets)));
             }
             let cell = &mut out[r * targets + target as usize];
-            *cell = match t.aggregate {
-                0 => *cell + w / t.roots.len() as f64,
+            *cell = match t.aggregate_function {
+                0 => *cell + w / t.tree_roots.len() as f64,
                 2 => cell.min(w),
                 3 => cell.max(w),
                 _ => *cell + w,
@@ -152,7 +193,7 @@ pub(crate) fn tree_ensemble(t: &crate::kernel::TreeEnsemble, x: &Tensor) -> R<Te
 }
 
 /// The leaf one row reaches from `root`; a table that loops is an error.
-fn walk(t: &crate::kernel::TreeEnsemble, root: i64, row: &[f64]) -> R<usize> {
+fn walk(t: &Trees, root: i64, row: &[f64]) -> R<usize> {
     let mut at = root as usize;
     for _ in 0..=t.nodes.len() {
         let n = t.nodes.get(at).ok_or_else(|| invalid(format!("tree node {at} does not exist")))?;

@@ -11,7 +11,7 @@ use tch::{Device, Kind, Tensor};
 
 use super::util::{invalid, kind, need, norm_axis, opt, R};
 use super::convert::kind_of;
-use crate::kernel::{Attention, LayerNorm, Rotary};
+use pipewright_ops::op::{Attention, LayerNorm, Rotary};
 
 /// Attention: outputs Y, present key, present value (the cache with K and V appended, or
 /// K and V themselves as `[batch, heads, seq, head_size]`) and the scores of

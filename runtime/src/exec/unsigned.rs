@@ -14,35 +14,37 @@ use super::elementwise;
 use super::index;
 use super::quant;
 use super::util::{bad_dtype, need, R};
-use crate::kernel::{BinaryKind, ElemType, Kernel, UnaryKind, VariadicKind};
+use pipewright_ops::{DType, Op};
+use pipewright_ops::op::{BinaryOp, UnaryOp, VariadicOp};
 
-/// Runs `k` whose inputs have the element types `types` (at least one emulated).
-pub(crate) fn run(k: &Kernel, types: &[Option<ElemType>], ins: &[Option<&Tensor>]) -> R<Vec<Tensor>> {
+/// Runs `k` whose inputs have the element types `types` (at least one emulated) and
+/// whose first output is declared `out`.
+pub(crate) fn run(k: &Op, types: &[Option<DType>], out: Option<DType>, ins: &[Option<&Tensor>]) -> R<Vec<Tensor>> {
     let Some(et) = types.iter().flatten().copied().find(|t| is_emulated(*t)) else {
         return Err(bad_dtype("internal: unsigned kernel without an unsigned operand"));
     };
     let refuse = || bad_dtype(format!("{} on {et} (held in a wider libtorch kind) is not supported", k.name()));
     let x = || need(ins, 0);
     Ok(vec![match k {
-        Kernel::Binary(BinaryKind::Pow) if types.first().copied().flatten().is_some_and(|t| t.is_float()) => {
-            elementwise::binary(BinaryKind::Pow, x()?, &to_float(need(ins, 1)?, et, x()?.f_kind()?)?)?
+        Op::Binary(BinaryOp::Pow) if types.first().copied().flatten().is_some_and(|t| t.is_float()) => {
+            elementwise::binary(BinaryOp::Pow, x()?, &to_float(need(ins, 1)?, et, x()?.f_kind()?)?)?
         }
-        Kernel::Binary(b) if types.iter().take(2).all(|t| *t == Some(et)) => binary(*b, et, x()?, need(ins, 1)?)?,
-        Kernel::Unary(UnaryKind::BitNot) => bits::not(x()?, Some(et))?,
-        Kernel::Unary(UnaryKind::Identity) => x()?.shallow_clone(),
-        Kernel::Variadic(v) if types.iter().all(|t| *t == Some(et)) => variadic(*v, et, ins).map_err(|_| refuse())?,
-        Kernel::TopK { axis, largest, .. } => return top_k(et, x()?, need(ins, 1)?, *axis, *largest),
+        Op::Binary(b) if types.iter().take(2).all(|t| *t == Some(et)) => binary(*b, et, x()?, need(ins, 1)?)?,
+        Op::Unary(UnaryOp::BitNot) => bits::not(x()?, Some(et))?,
+        Op::Unary(UnaryOp::Identity) => x()?.shallow_clone(),
+        Op::Variadic(v) if types.iter().all(|t| *t == Some(et)) => variadic(*v, et, ins).map_err(|_| refuse())?,
+        Op::TopK { axis, largest, .. } => return top_k(et, x()?, need(ins, 1)?, *axis, *largest),
         // The carrier holds the values themselves, which is all (de)quantization reads.
-        Kernel::QuantizeLinear(q) => quant::quantize(x()?, need(ins, 1)?, ins.get(2).copied().flatten(), q)?,
-        Kernel::DequantizeLinear { axis, block_size, to } => {
-            quant::dequantize(x()?, need(ins, 1)?, ins.get(2).copied().flatten(), *axis, *block_size, *to)?
+        Op::QuantizeLinear(q) => quant::quantize(x()?, need(ins, 1)?, ins.get(2).copied().flatten(), q, out)?,
+        Op::DequantizeLinear { axis, block_size, output_dtype } => {
+            quant::dequantize(x()?, need(ins, 1)?, ins.get(2).copied().flatten(), *axis, *block_size, out.or(*output_dtype))?
         }
         _ => return Err(refuse()),
     }])
 }
 
-fn binary(b: BinaryKind, et: ElemType, x: &Tensor, y: &Tensor) -> R<Tensor> {
-    use BinaryKind::*;
+fn binary(b: BinaryOp, et: DType, x: &Tensor, y: &Tensor) -> R<Tensor> {
+    use BinaryOp::*;
     let e = Some(et);
     Ok(match b {
         // Wrapping int64 arithmetic keeps the low bits exact.
@@ -68,13 +70,13 @@ fn binary(b: BinaryKind, et: ElemType, x: &Tensor, y: &Tensor) -> R<Tensor> {
 
 /// A tensor whose signed order is the unsigned order of the values: u64 bit patterns with
 /// the sign bit flipped; u16/u32 carriers already hold the values.
-fn key(et: ElemType, x: &Tensor) -> R<Tensor> {
-    Ok(if et == ElemType::U64 { x.f_bitwise_xor(i64::MIN)? } else { x.shallow_clone() })
+fn key(et: DType, x: &Tensor) -> R<Tensor> {
+    Ok(if et == DType::U64 { x.f_bitwise_xor(i64::MIN)? } else { x.shallow_clone() })
 }
 
 /// Unsigned division truncating toward zero (by zero: libtorch's error).
-fn divide(et: ElemType, n: &Tensor, d: &Tensor) -> R<Tensor> {
-    if et != ElemType::U64 {
+fn divide(et: DType, n: &Tensor, d: &Tensor) -> R<Tensor> {
+    if et != DType::U64 {
         return Ok(n.f_div_tensor_mode(d, "trunc")?);
     }
     // A divisor of 2^63 or more (negative as int64) goes at most once. Any other one
@@ -91,31 +93,31 @@ fn divide(et: ElemType, n: &Tensor, d: &Tensor) -> R<Tensor> {
 }
 
 /// Unsigned values as floats of kind `k` (u64 patterns from 2^63 up add 2^64).
-fn to_float(x: &Tensor, et: ElemType, k: Kind) -> R<Tensor> {
+fn to_float(x: &Tensor, et: DType, k: Kind) -> R<Tensor> {
     let f = x.f_to_kind(Kind::Double)?;
-    let f = if et == ElemType::U64 { f.f_add_scalar(18_446_744_073_709_551_616.0)?.f_where_self(&x.f_lt(0)?, &f)? } else { f };
+    let f = if et == DType::U64 { f.f_add_scalar(18_446_744_073_709_551_616.0)?.f_where_self(&x.f_lt(0)?, &f)? } else { f };
     Ok(f.f_to_kind(k)?)
 }
 
-fn variadic(v: VariadicKind, et: ElemType, ins: &[Option<&Tensor>]) -> R<Tensor> {
-    if v == VariadicKind::Mean {
+fn variadic(v: VariadicOp, et: DType, ins: &[Option<&Tensor>]) -> R<Tensor> {
+    if v == VariadicOp::Mean {
         return Err(bad_dtype("Mean"));
     }
     let mut acc = need(ins, 0)?.shallow_clone();
     for i in 1..ins.len() {
         let y = need(ins, i)?;
         acc = match v {
-            VariadicKind::Sum => bits::truncate(&acc.f_add(y)?, Some(et))?,
-            VariadicKind::Max => acc.f_where_self(&key(et, &acc)?.f_ge_tensor(&key(et, y)?)?, y)?,
-            VariadicKind::Min => acc.f_where_self(&key(et, &acc)?.f_le_tensor(&key(et, y)?)?, y)?,
-            VariadicKind::Mean => return Err(bad_dtype("Mean")),
+            VariadicOp::Sum => bits::truncate(&acc.f_add(y)?, Some(et))?,
+            VariadicOp::Max => acc.f_where_self(&key(et, &acc)?.f_ge_tensor(&key(et, y)?)?, y)?,
+            VariadicOp::Min => acc.f_where_self(&key(et, &acc)?.f_le_tensor(&key(et, y)?)?, y)?,
+            VariadicOp::Mean => return Err(bad_dtype("Mean")),
         };
     }
     Ok(acc)
 }
 
 /// TopK ordered by the unsigned value; the flip of the sign bit is undone on the values.
-fn top_k(et: ElemType, x: &Tensor, k: &Tensor, axis: i64, largest: bool) -> R<Vec<Tensor>> {
+fn top_k(et: DType, x: &Tensor, k: &Tensor, axis: i64, largest: bool) -> R<Vec<Tensor>> {
     let mut outs = index::top_k(&key(et, x)?, k, axis, largest)?;
     outs[0] = key(et, &outs[0])?;
     Ok(outs)

@@ -6,7 +6,7 @@
 use tch::{Kind, Tensor};
 
 use super::util::{invalid, is_float_kind, kind, pad_dims, unsupported, R};
-use crate::kernel::{AutoPad, Conv, ConvTranspose, Pool, Window};
+use pipewright_ops::op::{AutoPad, Conv, ConvTranspose, Pool, Window};
 
 /// Resolved per-spatial-dimension geometry.
 struct Geometry {

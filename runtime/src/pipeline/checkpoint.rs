@@ -27,7 +27,7 @@ use serde::{Deserialize, Serialize};
 use tch::Tensor;
 
 use crate::exec::{tensor_from_bytes, tensor_to_bytes};
-use crate::kernel::ElemType;
+use pipewright_ops::DType;
 use crate::module::{dtype_of, elem_of_dtype};
 
 use super::precision::LossScaler;
@@ -247,7 +247,7 @@ fn encode_stage(st: &StageState, step: u64) -> Result<Vec<u8>, String> {
         [("w", &st.newest), ("shadow", &st.shadow), ("opt.m", &st.opt_m), ("opt.v", &st.opt_v), ("buf", &st.buffers)];
     // safetensors 0.3 writes an unreadable header for an empty tensor map with metadata
     // (a stage may hold no weights), so every file carries its step as a tensor too.
-    let mut raw: Vec<(String, ElemType, Vec<usize>, Vec<u8>)> = vec![("meta/step".into(), ElemType::I64, vec![1], (step as i64).to_le_bytes().to_vec())];
+    let mut raw: Vec<(String, DType, Vec<usize>, Vec<u8>)> = vec![("meta/step".into(), DType::I64, vec![1], (step as i64).to_le_bytes().to_vec())];
     for (prefix, list) in groups {
         for (name, t) in list {
             let (elem, dims, bytes) = tensor_to_bytes(t).map_err(|e| format!("tensor {name:?}: {e}"))?;

@@ -50,7 +50,7 @@ use tch::Tensor;
 use super::checkpoint::{commit_parts, discard_parts, write_stage_part, StagePart};
 use super::transport::{sum_lists, Named, Transport};
 use crate::exec::{tensor_from_bytes, tensor_to_bytes};
-use crate::kernel::ElemType;
+use pipewright_ops::DType;
 
 /// Message tags: one per direction and per kind of reduction (parts to the group's first
 /// rank, results back), so messages of different kinds never match each other.
@@ -889,7 +889,7 @@ impl Wire {
         for _ in 0..n {
             let name = c.string()?;
             let elem_name = c.string()?;
-            let elem = ElemType::from_name(&elem_name).ok_or_else(|| format!("tensor {name:?}: unknown element type {elem_name:?}"))?;
+            let elem = DType::from_name(&elem_name).ok_or_else(|| format!("tensor {name:?}: unknown element type {elem_name:?}"))?;
             let nd = c.len()?;
             let dims = (0..nd).map(|_| c.u64().map(|d| d as i64)).collect::<Result<Vec<_>, _>>()?;
             let data = c.bytes()?;

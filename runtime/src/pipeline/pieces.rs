@@ -12,7 +12,7 @@ use std::ops::Range;
 use tch::{Kind, Tensor};
 
 use super::memory::bytes_of;
-use crate::exec::{run_used, Mode};
+use crate::exec::{run_node, Mode, Signatures};
 use crate::program::{Program, SlotId};
 
 /// A maximal run of instructions with the same recompute flag.
@@ -110,6 +110,8 @@ pub(crate) struct PieceFwd {
 /// The parts of a worker the piece engine reads.
 pub(crate) struct Engine<'a> {
     pub program: &'a Program,
+    /// The declared types of the program's instructions.
+    pub signatures: &'a Signatures,
     pub pieces: &'a [Piece],
     pub constants: &'a [(SlotId, Tensor)],
     pub param_slots: &'a [SlotId],
@@ -163,7 +165,7 @@ impl Engine<'_> {
                     .map(|s| s.map(|s| slots[s.index()].as_ref().ok_or_else(|| format!("slot {s} ({:?}) is read before it is written", p.slots[s.index()].name))).transpose())
                     .collect::<Result<_, _>>()?;
                 let used: Vec<bool> = ins.outputs.iter().map(Option::is_some).collect();
-                run_used(&ins.kernel, &args, self.mode, &used).map_err(|e| format!("node {:?} ({}): {e}", ins.name, ins.kernel.name()))?
+                run_node(&ins.op, self.signatures.get(i), &args, self.mode, Some(&used)).map_err(|e| format!("node {:?} ({}): {e}", ins.name, ins.op.name()))?
             };
             if outs.len() < ins.outputs.len() {
                 return Err(format!("node {:?}: produced {} outputs, expected {}", ins.name, outs.len(), ins.outputs.len()));
@@ -178,7 +180,7 @@ impl Engine<'_> {
             }
             for (slot, t) in ins.outputs.iter().zip(outs) {
                 if let Some(s) = slot {
-                    if count_act && !ins.kernel.is_view() {
+                    if count_act && !ins.op.is_view() {
                         act_bytes += bytes_of(&t);
                     }
                     slots[s.index()] = Some(t);

@@ -15,8 +15,8 @@ use super::precision::{compute_kind, LossScaler, Precision};
 use super::trace::Recorder;
 use crate::timeline::{TraceEvent, TraceKind};
 use super::{Event, Objective, Op, PipelineError, StageData, TrainConfig, Transport};
-use crate::exec::{tensor_from_bytes, Mode};
-use crate::kernel::Kernel;
+use crate::exec::{tensor_from_bytes, Mode, Signatures};
+
 use crate::module::StageModule;
 use crate::program::{Program, SlotId};
 
@@ -359,6 +359,8 @@ struct Worker {
     spec: StageSpec,
     mode: Mode,
     last_use: Vec<Option<usize>>,
+    /// The declared types of the program's instructions.
+    signatures: Signatures,
     /// Non-trainable stored tensors (running statistics are replaced as training updates them).
     constants: Vec<(SlotId, Tensor)>,
     constant_bytes: u64,
@@ -416,7 +418,7 @@ impl Worker {
             .instrs
             .iter()
             .enumerate()
-            .filter(|(_, ins)| matches!(ins.kernel, Kernel::BatchNormalization(_)))
+            .filter(|(_, ins)| matches!(ins.op, pipewright_ops::Op::BatchNormalization(_)))
             .filter_map(|(i, ins)| Some((i, const_index(ins.inputs.get(3).copied().flatten())?, const_index(ins.inputs.get(4).copied().flatten())?)))
             .collect();
         let mut stat_consts: Vec<usize> = Vec::new();
@@ -432,6 +434,7 @@ impl Worker {
         let w = Worker {
             pieces,
             last_use: p.last_uses(),
+            signatures: Signatures::of(p),
             mode: cfg.mode,
             constants,
             param_slots,
@@ -943,6 +946,7 @@ impl Worker {
     fn engine(&self) -> Engine<'_> {
         Engine {
             program: &self.spec.program,
+            signatures: &self.signatures,
             pieces: &self.pieces,
             constants: &self.constants,
             param_slots: &self.param_slots,

@@ -4,7 +4,7 @@
 #![allow(dead_code)]
 
 use pipewright_runtime::exec::{run, Mode};
-use pipewright_runtime::Kernel;
+use pipewright_ops::Op;
 use tch::{Kind, Tensor};
 
 /// One kernel input for a gradient check.
@@ -84,12 +84,12 @@ pub fn assert_close(got: &[f64], want: &[f64], tol: f64) {
 }
 
 /// Runs `k` with `inputs`, returning its outputs.
-pub fn eval(k: &Kernel, inputs: &[Option<&Tensor>], mode: Mode) -> Vec<Tensor> {
+pub fn eval(k: &Op, inputs: &[Option<&Tensor>], mode: Mode) -> Vec<Tensor> {
     run(k, inputs, mode).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// The scalar loss `sum_i sum(out_i * w_i)` over the first `n_out` floating outputs.
-fn loss(k: &Kernel, xs: &[Option<Tensor>], n_out: usize, weights: &[Tensor]) -> Tensor {
+fn loss(k: &Op, xs: &[Option<Tensor>], n_out: usize, weights: &[Tensor]) -> Tensor {
     let refs: Vec<Option<&Tensor>> = xs.iter().map(|x| x.as_ref()).collect();
     let outs = eval(k, &refs, Mode::Train);
     let mut total = Tensor::from(0.0f64);
@@ -103,7 +103,7 @@ fn loss(k: &Kernel, xs: &[Option<Tensor>], n_out: usize, weights: &[Tensor]) -> 
 
 /// Checks every differentiable input's autograd gradient against central differences
 /// (eps 1e-6, relative tolerance 1e-5) of a random weighting of the first `n_out` outputs.
-pub fn gradcheck(k: &Kernel, inputs: Vec<In>, n_out: usize) {
+pub fn gradcheck(k: &Op, inputs: Vec<In>, n_out: usize) {
     let mut xs: Vec<Option<Tensor>> = Vec::new();
     let mut diff = Vec::new();
     for (i, inp) in inputs.into_iter().enumerate() {
@@ -147,7 +147,7 @@ pub fn gradcheck(k: &Kernel, inputs: Vec<In>, n_out: usize) {
 }
 
 fn numeric_grad(
-    k: &Kernel,
+    k: &Op,
     xs: &[Option<Tensor>],
     i: usize,
     n_out: usize,

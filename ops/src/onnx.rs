@@ -1,25 +1,316 @@
-//! One ONNX node to one [`Op`], reading the attributes its definition version has.
+//! Each op's ONNX face: its spec (the schema versions and arity of every op the importer
+//! knows, and the first version whose semantics are implemented) and how one ONNX node's
+//! attributes become an [`Op`], read as the node's definition version has them (the
+//! writing half is [`Op::attributes`], which the text form and the ONNX exporter share).
+//!
+//! A node is judged by the definition its model's opset selects: the newest schema
+//! version `<=` the default-domain opset. If that version predates `supported_from`, the
+//! node is reported as unsupported (with the version) rather than interpreted with the
+//! semantics of a later definition. Attributes come through [`AttrSource`], so the reader
+//! does not depend on protobuf: the importer gives it a node's `AttributeProto`s, the text
+//! parser the attributes it parsed.
 
-use std::path::Path;
+use crate::dtype::onnx_type_name;
+use crate::op::*;
+use crate::{DType, TensorData};
 
-use onnx_protobuf::NodeProto;
+/// The default-domain opset the version tables below are complete up to (ONNX 1.23).
+pub const MAX_KNOWN_OPSET: i64 = 28;
 
-use super::attrs::Attrs;
-use super::tensor::tensor_from_proto;
-use pipewright_ops::op::*;
-use crate::DType;
-
-/// Converts a (non-Constant) node whose schema version at the model's opset is `version`.
-pub fn convert_node(node: &NodeProto, version: i64) -> Result<Op, String> {
-    let mut a = Attrs::new(&node.attribute);
-    // The v1 in-place hint carries no semantics.
-    a.ignore("consumed_inputs");
-    let op = convert_op(&node.op_type, version, &mut a, node.input.len())?;
-    a.finish()?;
-    Ok(op)
+/// One op's spec.
+#[derive(Debug)]
+pub struct OpSpec {
+    pub name: &'static str,
+    /// `""` for the default domain; else the op's domain (see [`DOMAIN_SPECS`]).
+    pub domain: &'static str,
+    /// Every `since_version` of the op's schema in the default domain.
+    pub versions: &'static [i64],
+    /// The oldest schema version whose semantics are implemented.
+    pub supported_from: i64,
+    /// Inputs (min, max) of the newest definition; `usize::MAX` means variadic.
+    pub inputs: (usize, usize),
+    /// Outputs (min, max).
+    pub outputs: (usize, usize),
 }
 
-fn convert_op(op_type: &str, version: i64, a: &mut Attrs, n_inputs: usize) -> Result<Op, String> {
+impl OpSpec {
+    /// The schema version in force at `opset`, if the op exists there.
+    pub fn version_at(&self, opset: i64) -> Option<i64> {
+        self.versions.iter().copied().filter(|&v| v <= opset).max()
+    }
+}
+
+const V: usize = usize::MAX;
+
+macro_rules! specs {
+    ($($name:literal: [$($v:literal),*] from $from:literal, in $imin:literal..$imax:expr, out $omin:literal..$omax:expr;)*) => {
+        /// The table of every op the importer knows, sorted by name.
+        pub static SPECS: &[OpSpec] = &[
+            $(OpSpec { name: $name, domain: "", versions: &[$($v),*], supported_from: $from, inputs: ($imin, $imax), outputs: ($omin, $omax) },)*
+        ];
+    };
+}
+
+specs! {
+    "Abs": [1, 6, 13] from 1, in 1..1, out 1..1;
+    "Acos": [7, 22] from 7, in 1..1, out 1..1;
+    "Acosh": [9, 22] from 9, in 1..1, out 1..1;
+    "Add": [1, 6, 7, 13, 14] from 1, in 2..2, out 1..1;
+    "AffineGrid": [20] from 20, in 2..2, out 1..1;
+    "And": [1, 7] from 7, in 2..2, out 1..1;
+    "ArgMax": [1, 11, 12, 13] from 1, in 1..1, out 1..1;
+    "ArgMin": [1, 11, 12, 13] from 1, in 1..1, out 1..1;
+    "Asin": [7, 22] from 7, in 1..1, out 1..1;
+    "Asinh": [9, 22] from 9, in 1..1, out 1..1;
+    "Atan": [7, 22] from 7, in 1..1, out 1..1;
+    "Atanh": [9, 22] from 9, in 1..1, out 1..1;
+    "Attention": [23, 24, 25] from 23, in 3..7, out 1..4;
+    "AveragePool": [1, 7, 10, 11, 19, 22] from 1, in 1..1, out 1..1;
+    "BatchNormalization": [1, 6, 7, 9, 14, 15] from 1, in 5..5, out 1..5;
+    "BitShift": [11, 28] from 11, in 2..2, out 1..1;
+    "BitwiseAnd": [18] from 18, in 2..2, out 1..1;
+    "BitwiseNot": [18] from 18, in 1..1, out 1..1;
+    "BitwiseOr": [18] from 18, in 2..2, out 1..1;
+    "BitwiseXor": [18] from 18, in 2..2, out 1..1;
+    "BlackmanWindow": [17] from 17, in 1..1, out 1..1;
+    "Cast": [1, 6, 9, 13, 19, 21, 23, 24, 25, 28] from 6, in 1..1, out 1..1;
+    "CastLike": [15, 19, 21, 23, 24, 25] from 15, in 2..2, out 1..1;
+    "CausalConvWithState": [27] from 27, in 2..4, out 1..2;
+    "Ceil": [1, 6, 13] from 1, in 1..1, out 1..1;
+    "Celu": [12, 28] from 12, in 1..1, out 1..1;
+    "CenterCropPad": [18] from 18, in 2..2, out 1..1;
+    "Clip": [1, 6, 11, 12, 13] from 1, in 1..3, out 1..1;
+    "Col2Im": [18] from 18, in 3..3, out 1..1;
+    "Compress": [9, 11, 28] from 9, in 2..2, out 1..1;
+    "Concat": [1, 4, 11, 13] from 4, in 1..V, out 1..1;
+    "ConcatFromSequence": [11] from 11, in 1..1, out 1..1;
+    "Constant": [1, 9, 11, 12, 13, 19, 21, 23, 24, 25] from 1, in 0..0, out 1..1;
+    "ConstantOfShape": [9, 20, 21, 23, 24, 25] from 9, in 1..1, out 1..1;
+    "Conv": [1, 11, 22] from 1, in 2..3, out 1..1;
+    "ConvInteger": [10] from 10, in 2..4, out 1..1;
+    "ConvTranspose": [1, 11, 22] from 1, in 2..3, out 1..1;
+    "Cos": [7, 22] from 7, in 1..1, out 1..1;
+    "Cosh": [9, 22] from 9, in 1..1, out 1..1;
+    "CumProd": [26] from 26, in 2..2, out 1..1;
+    "CumSum": [11, 14] from 11, in 2..2, out 1..1;
+    "DFT": [17, 20] from 17, in 1..3, out 1..1;
+    "DeformConv": [19, 22] from 19, in 3..5, out 1..1;
+    "DepthToSpace": [1, 11, 13, 28] from 1, in 1..1, out 1..1;
+    "DequantizeLinear": [10, 13, 19, 21, 23, 24, 25, 28] from 10, in 2..3, out 1..1;
+    "Det": [11, 22] from 11, in 1..1, out 1..1;
+    "Div": [1, 6, 7, 13, 14] from 1, in 2..2, out 1..1;
+    "Dropout": [1, 6, 7, 10, 12, 13, 22] from 7, in 1..3, out 1..2;
+    "DynamicQuantizeLinear": [11] from 11, in 1..1, out 3..3;
+    "Einsum": [12, 28] from 12, in 1..V, out 1..1;
+    "Elu": [1, 6, 22] from 1, in 1..1, out 1..1;
+    "Equal": [1, 7, 11, 13, 19] from 7, in 2..2, out 1..1;
+    "Erf": [9, 13] from 9, in 1..1, out 1..1;
+    "Exp": [1, 6, 13] from 1, in 1..1, out 1..1;
+    "Expand": [8, 13] from 8, in 2..2, out 1..1;
+    "EyeLike": [9, 22] from 9, in 1..1, out 1..1;
+    "Flatten": [1, 9, 11, 13, 21, 23, 24, 25] from 1, in 1..1, out 1..1;
+    "Floor": [1, 6, 13] from 1, in 1..1, out 1..1;
+    "GRU": [1, 3, 7, 14, 22] from 7, in 3..6, out 0..2;
+    "Gather": [1, 11, 13] from 1, in 2..2, out 1..1;
+    "GatherElements": [11, 13] from 11, in 2..2, out 1..1;
+    "GatherND": [11, 12, 13] from 11, in 2..2, out 1..1;
+    "Gelu": [20] from 20, in 1..1, out 1..1;
+    "Gemm": [1, 6, 7, 9, 11, 13] from 1, in 2..3, out 1..1;
+    "GlobalAveragePool": [1, 22] from 1, in 1..1, out 1..1;
+    "GlobalMaxPool": [1, 22] from 1, in 1..1, out 1..1;
+    "Greater": [1, 7, 9, 13] from 7, in 2..2, out 1..1;
+    "GreaterOrEqual": [12, 16] from 12, in 2..2, out 1..1;
+    "GridSample": [16, 20, 22] from 16, in 2..2, out 1..1;
+    "GroupNormalization": [18, 21] from 18, in 3..3, out 1..1;
+    "HammingWindow": [17] from 17, in 1..1, out 1..1;
+    "HannWindow": [17] from 17, in 1..1, out 1..1;
+    "HardSigmoid": [1, 6, 22] from 1, in 1..1, out 1..1;
+    "HardSwish": [14, 22] from 14, in 1..1, out 1..1;
+    "Hardmax": [1, 11, 13] from 1, in 1..1, out 1..1;
+    "Identity": [1, 13, 14, 16, 19, 21, 23, 24, 25] from 1, in 1..1, out 1..1;
+    "If": [1, 11, 13, 16, 19, 21, 23, 24, 25] from 1, in 1..1, out 1..V;
+    "InstanceNormalization": [1, 6, 22] from 1, in 3..3, out 1..1;
+    "IsInf": [10, 20] from 10, in 1..1, out 1..1;
+    "IsNaN": [9, 13, 20] from 9, in 1..1, out 1..1;
+    "LRN": [1, 13] from 1, in 1..1, out 1..1;
+    "LSTM": [1, 7, 14, 22] from 7, in 3..8, out 0..3;
+    "LayerNormalization": [17] from 17, in 2..3, out 1..3;
+    "LeakyRelu": [1, 6, 16] from 1, in 1..1, out 1..1;
+    "Less": [1, 7, 9, 13] from 7, in 2..2, out 1..1;
+    "LessOrEqual": [12, 16] from 12, in 2..2, out 1..1;
+    "LinearAttention": [27] from 27, in 3..6, out 1..2;
+    "Log": [1, 6, 13] from 1, in 1..1, out 1..1;
+    "LogSoftmax": [1, 11, 13] from 1, in 1..1, out 1..1;
+    "Loop": [1, 11, 13, 16, 19, 21, 23, 24, 25] from 1, in 2..V, out 1..V;
+    "LpNormalization": [1, 22] from 1, in 1..1, out 1..1;
+    "LpPool": [1, 2, 11, 18, 22] from 2, in 1..1, out 1..1;
+    "MatMul": [1, 9, 13] from 1, in 2..2, out 1..1;
+    "MatMulInteger": [10] from 10, in 2..4, out 1..1;
+    "Max": [1, 6, 8, 12, 13] from 1, in 1..V, out 1..1;
+    "MaxPool": [1, 8, 10, 11, 12, 22] from 1, in 1..1, out 1..2;
+    "MaxUnpool": [9, 11, 22] from 9, in 2..3, out 1..1;
+    "Mean": [1, 6, 8, 13] from 1, in 1..V, out 1..1;
+    "MeanVarianceNormalization": [9, 13] from 9, in 1..1, out 1..1;
+    "MelWeightMatrix": [17] from 17, in 5..5, out 1..1;
+    "Min": [1, 6, 8, 12, 13] from 1, in 1..V, out 1..1;
+    "Mish": [18, 22] from 18, in 1..1, out 1..1;
+    "Mod": [10, 13, 28] from 10, in 2..2, out 1..1;
+    "Mul": [1, 6, 7, 13, 14] from 1, in 2..2, out 1..1;
+    "Neg": [1, 6, 13] from 1, in 1..1, out 1..1;
+    "NegativeLogLikelihoodLoss": [12, 13, 22] from 12, in 2..3, out 1..1;
+    "NonMaxSuppression": [10, 11] from 10, in 2..5, out 1..1;
+    "NonZero": [9, 13] from 9, in 1..1, out 1..1;
+    "Not": [1] from 1, in 1..1, out 1..1;
+    "OneHot": [9, 11, 28] from 9, in 3..3, out 1..1;
+    "Optional": [15, 28] from 15, in 0..1, out 1..1;
+    "OptionalGetElement": [15, 18, 28] from 15, in 1..1, out 1..1;
+    "OptionalHasElement": [15, 18, 28] from 15, in 0..1, out 1..1;
+    "Or": [1, 7] from 7, in 2..2, out 1..1;
+    "PRelu": [1, 6, 7, 9, 16] from 1, in 2..2, out 1..1;
+    "Pad": [1, 2, 11, 13, 18, 19, 21, 23, 24, 25] from 2, in 1..4, out 1..1;
+    "Pow": [1, 7, 12, 13, 15] from 1, in 2..2, out 1..1;
+    "QLinearConv": [10] from 10, in 8..9, out 1..1;
+    "QLinearMatMul": [10, 21] from 10, in 8..8, out 1..1;
+    "QuantizeLinear": [10, 13, 19, 21, 23, 24, 25, 28] from 10, in 2..3, out 1..1;
+    "RMSNormalization": [23] from 23, in 2..2, out 1..1;
+    "RNN": [1, 7, 14, 22] from 7, in 3..6, out 0..2;
+    "Range": [11, 27] from 11, in 3..3, out 1..1;
+    "Reciprocal": [1, 6, 13] from 1, in 1..1, out 1..1;
+    "ReduceL1": [1, 11, 13, 18] from 1, in 1..2, out 1..1;
+    "ReduceL2": [1, 11, 13, 18] from 1, in 1..2, out 1..1;
+    "ReduceLogSum": [1, 11, 13, 18, 28] from 1, in 1..2, out 1..1;
+    "ReduceLogSumExp": [1, 11, 13, 18, 28] from 1, in 1..2, out 1..1;
+    "ReduceMax": [1, 11, 12, 13, 18, 20] from 1, in 1..2, out 1..1;
+    "ReduceMean": [1, 11, 13, 18] from 1, in 1..2, out 1..1;
+    "ReduceMin": [1, 11, 12, 13, 18, 20] from 1, in 1..2, out 1..1;
+    "ReduceProd": [1, 11, 13, 18] from 1, in 1..2, out 1..1;
+    "ReduceSum": [1, 11, 13] from 1, in 1..2, out 1..1;
+    "ReduceSumSquare": [1, 11, 13, 18] from 1, in 1..2, out 1..1;
+    "Relu": [1, 6, 13, 14] from 1, in 1..1, out 1..1;
+    "Reshape": [1, 5, 13, 14, 19, 21, 23, 24, 25] from 5, in 2..2, out 1..1;
+    "Resize": [10, 11, 13, 18, 19] from 10, in 1..4, out 1..1;
+    "ReverseSequence": [10, 28] from 10, in 2..2, out 1..1;
+    "RoiAlign": [10, 16, 22] from 10, in 3..3, out 1..1;
+    "RotaryEmbedding": [23] from 23, in 3..4, out 1..1;
+    "Round": [11, 22] from 11, in 1..1, out 1..1;
+    "STFT": [17] from 17, in 2..4, out 1..1;
+    "Scan": [8, 9, 11, 16, 19, 21, 23, 24, 25] from 8, in 1..V, out 1..V;
+    "Scatter": [9, 11] from 9, in 3..3, out 1..1;
+    "ScatterElements": [11, 13, 16, 18] from 11, in 3..3, out 1..1;
+    "ScatterND": [11, 13, 16, 18] from 11, in 3..3, out 1..1;
+    "Selu": [1, 6, 22] from 1, in 1..1, out 1..1;
+    "SequenceAt": [11] from 11, in 2..2, out 1..1;
+    "SequenceConstruct": [11] from 11, in 1..V, out 1..1;
+    "SequenceEmpty": [11] from 11, in 0..0, out 1..1;
+    "SequenceErase": [11] from 11, in 1..2, out 1..1;
+    "SequenceInsert": [11] from 11, in 2..3, out 1..1;
+    "SequenceLength": [11] from 11, in 1..1, out 1..1;
+    "Shape": [1, 13, 15, 19, 21, 23, 24, 25] from 1, in 1..1, out 1..1;
+    "Shrink": [9] from 9, in 1..1, out 1..1;
+    "Sigmoid": [1, 6, 13] from 1, in 1..1, out 1..1;
+    "Sign": [9, 13] from 9, in 1..1, out 1..1;
+    "Sin": [7, 22] from 7, in 1..1, out 1..1;
+    "Sinh": [9, 22] from 9, in 1..1, out 1..1;
+    "Size": [1, 13, 19, 21, 23, 24, 25] from 1, in 1..1, out 1..1;
+    "Slice": [1, 10, 11, 13] from 1, in 1..5, out 1..1;
+    "Softmax": [1, 11, 13] from 1, in 1..1, out 1..1;
+    "SoftmaxCrossEntropyLoss": [12, 13] from 12, in 2..3, out 1..2;
+    "Softplus": [1, 22] from 1, in 1..1, out 1..1;
+    "Softsign": [1, 22] from 1, in 1..1, out 1..1;
+    "SpaceToDepth": [1, 13, 28] from 1, in 1..1, out 1..1;
+    "Split": [1, 2, 11, 13, 18] from 2, in 1..2, out 1..V;
+    "SplitToSequence": [11, 24] from 11, in 1..2, out 1..1;
+    "Sqrt": [1, 6, 13] from 1, in 1..1, out 1..1;
+    "Squeeze": [1, 11, 13, 21, 23, 24, 25] from 1, in 1..2, out 1..1;
+    "Sub": [1, 6, 7, 13, 14] from 1, in 2..2, out 1..1;
+    "Sum": [1, 6, 8, 13] from 1, in 1..V, out 1..1;
+    "SwiGLU": [28] from 28, in 2..2, out 1..1;
+    "Swish": [24] from 24, in 1..1, out 1..1;
+    "Tan": [7, 22] from 7, in 1..1, out 1..1;
+    "Tanh": [1, 6, 13] from 1, in 1..1, out 1..1;
+    "TensorScatter": [24] from 24, in 2..3, out 1..1;
+    "ThresholdedRelu": [10, 22] from 10, in 1..1, out 1..1;
+    "Tile": [1, 6, 13] from 6, in 2..2, out 1..1;
+    "TopK": [1, 10, 11, 24] from 10, in 2..2, out 2..2;
+    "Transpose": [1, 13, 21, 23, 24, 25] from 1, in 1..1, out 1..1;
+    "Trilu": [14] from 14, in 1..2, out 1..1;
+    "Unique": [11, 28] from 11, in 1..1, out 1..4;
+    "Unsqueeze": [1, 11, 13, 21, 23, 24, 25] from 1, in 1..2, out 1..1;
+    "Upsample": [1, 7, 9, 10] from 9, in 2..2, out 1..1;
+    "Where": [9, 16] from 9, in 3..3, out 1..1;
+    "Xor": [1, 7] from 7, in 2..2, out 1..1;
+}
+
+/// The ops of other domains the importer accepts, sorted by name (their names clash with
+/// no default-domain op). Versions are of the op's own domain's opset.
+pub static DOMAIN_SPECS: &[OpSpec] = &[
+    OpSpec { name: "Adagrad", domain: TRAINING, versions: &[1], supported_from: 1, inputs: (3, V), outputs: (1, V) },
+    OpSpec { name: "Adam", domain: TRAINING, versions: &[1], supported_from: 1, inputs: (3, V), outputs: (1, V) },
+    OpSpec { name: "ArrayFeatureExtractor", domain: ML, versions: &[1], supported_from: 1, inputs: (2, 2), outputs: (1, 1) },
+    OpSpec { name: "Binarizer", domain: ML, versions: &[1], supported_from: 1, inputs: (1, 1), outputs: (1, 1) },
+    OpSpec { name: "FlexAttention", domain: PREVIEW, versions: &[1], supported_from: 1, inputs: (3, 3), outputs: (1, 1) },
+    OpSpec { name: "Momentum", domain: TRAINING, versions: &[1], supported_from: 1, inputs: (3, V), outputs: (1, V) },
+    OpSpec { name: "TreeEnsemble", domain: ML, versions: &[5], supported_from: 5, inputs: (1, 1), outputs: (1, 1) },
+];
+
+/// The domain of ONNX's training operators.
+pub const TRAINING: &str = "ai.onnx.preview.training";
+/// The domain of ONNX's preview operators.
+pub const PREVIEW: &str = "ai.onnx.preview";
+/// The domain of ONNX's traditional machine-learning operators.
+pub const ML: &str = "ai.onnx.ml";
+
+/// Looks up the spec of an op type: a default-domain op, or one of [`DOMAIN_SPECS`].
+pub fn spec(op_type: &str) -> Option<&'static OpSpec> {
+    match SPECS.binary_search_by(|s| s.name.cmp(op_type)) {
+        Ok(i) => Some(&SPECS[i]),
+        Err(_) => DOMAIN_SPECS.binary_search_by(|s| s.name.cmp(op_type)).ok().map(|i| &DOMAIN_SPECS[i]),
+    }
+}
+
+/// The spec of `op_type` in `domain` (`""` or `"ai.onnx"` for the default domain).
+pub fn spec_in(domain: &str, op_type: &str) -> Option<&'static OpSpec> {
+    let domain = if domain == "ai.onnx" { "" } else { domain };
+    spec(op_type).filter(|s| s.domain == domain)
+}
+
+/// A node's attributes, as the op readers ask for them. Each getter marks the attribute as
+/// understood; the source then reports any attribute nobody asked for, so an attribute
+/// whose meaning is not implemented is an error rather than silently ignored.
+pub trait AttrSource {
+    fn int(&mut self, name: &str) -> Result<Option<i64>, String>;
+    fn float(&mut self, name: &str) -> Result<Option<f32>, String>;
+    fn ints(&mut self, name: &str) -> Result<Option<Vec<i64>>, String>;
+    fn string(&mut self, name: &str) -> Result<Option<String>, String>;
+    fn strings(&mut self, name: &str) -> Result<Option<Vec<String>>, String>;
+    fn tensor(&mut self, name: &str) -> Result<Option<TensorData>, String>;
+    /// Marks an attribute that carries no semantics here (a hint) as understood.
+    fn ignore(&mut self, name: &str);
+
+    fn int_or(&mut self, name: &str, default: i64) -> Result<i64, String> {
+        Ok(self.int(name)?.unwrap_or(default))
+    }
+
+    fn bool_or(&mut self, name: &str, default: bool) -> Result<bool, String> {
+        Ok(self.int(name)?.map(|v| v != 0).unwrap_or(default))
+    }
+
+    fn float_or(&mut self, name: &str, default: f32) -> Result<f32, String> {
+        Ok(self.float(name)?.unwrap_or(default))
+    }
+
+    fn ints_or_empty(&mut self, name: &str) -> Result<Vec<i64>, String> {
+        Ok(self.ints(name)?.unwrap_or_default())
+    }
+}
+
+/// Reads the op of a (non-Constant, non-control-flow) node of type `op_type` whose schema
+/// version at the model's opset is `version`, with `n_inputs` inputs.
+pub fn read_op(op_type: &str, version: i64, a: &mut dyn AttrSource, n_inputs: usize) -> Result<Op, String> {
+    convert_op(op_type, version, a, n_inputs)
+}
+
+fn convert_op(op_type: &str, version: i64, a: &mut dyn AttrSource, n_inputs: usize) -> Result<Op, String> {
     if let Some(u) = unary(op_type) {
         return Ok(Op::Unary(u));
     }
@@ -173,7 +464,7 @@ fn convert_op(op_type: &str, version: i64, a: &mut Attrs, n_inputs: usize) -> Re
             norm_coefficient_post: a.float_or("norm_coefficient_post", 0.0)?,
         }),
         "Momentum" => {
-            let required = |a: &mut Attrs, name: &str| a.float(name)?.ok_or_else(|| format!("attribute {name:?} is required"));
+            let required = |a: &mut dyn AttrSource, name: &str| a.float(name)?.ok_or_else(|| format!("attribute {name:?} is required"));
             Op::Optimizer(Optimizer::Momentum {
                 alpha: required(a, "alpha")?,
                 beta: required(a, "beta")?,
@@ -260,7 +551,7 @@ fn convert_op(op_type: &str, version: i64, a: &mut Attrs, n_inputs: usize) -> Re
         "Cast" => {
             let code = a.int("to")?.ok_or("attribute \"to\" is required")?;
             let to = DType::from_onnx(code as i32)
-                .ok_or_else(|| format!("cast to {} is not supported", pipewright_ops::dtype::onnx_type_name(code as i32)))?;
+                .ok_or_else(|| format!("cast to {} is not supported", onnx_type_name(code as i32)))?;
             Op::Cast { to, mode: cast_mode(a)? }
         }
         "CastLike" => Op::CastLike { mode: cast_mode(a)? },
@@ -285,13 +576,7 @@ fn convert_op(op_type: &str, version: i64, a: &mut Attrs, n_inputs: usize) -> Re
         "DynamicQuantizeLinear" => Op::DynamicQuantizeLinear,
         "Shape" => Op::Shape { start: a.int_or("start", 0)?, end: a.int("end")? },
         "Size" => Op::Size,
-        "ConstantOfShape" => {
-            let value = match a.tensor("value")? {
-                Some(t) => Some(tensor_from_proto(t, Path::new(".")).map_err(|e| format!("attribute \"value\": {e}"))?),
-                None => None,
-            };
-            Op::ConstantOfShape { value }
-        }
+        "ConstantOfShape" => Op::ConstantOfShape { value: a.tensor("value")? },
         "Range" => {
             // stash_type (opset 27) only widens the accumulator of narrow floats.
             a.ignore("stash_type");
@@ -358,7 +643,7 @@ fn convert_op(op_type: &str, version: i64, a: &mut Attrs, n_inputs: usize) -> Re
         "MeanVarianceNormalization" => Op::MeanVarianceNormalization { axes: a.ints("axes")?.unwrap_or_else(|| vec![0, 2, 3]) },
         "EyeLike" => {
             let dtype = match a.int("dtype")? {
-                Some(code) => Some(DType::from_onnx(code as i32).ok_or_else(|| format!("dtype {} is not supported", pipewright_ops::dtype::onnx_type_name(code as i32)))?),
+                Some(code) => Some(DType::from_onnx(code as i32).ok_or_else(|| format!("dtype {} is not supported", onnx_type_name(code as i32)))?),
                 None => None,
             };
             Op::EyeLike { dtype, k: a.int_or("k", 0)? }
@@ -397,7 +682,7 @@ fn convert_op(op_type: &str, version: i64, a: &mut Attrs, n_inputs: usize) -> Re
 }
 
 /// Cast's `saturate` and `round_mode` (defaults: saturate, round up).
-fn cast_mode(a: &mut Attrs) -> Result<CastMode, String> {
+fn cast_mode(a: &mut dyn AttrSource) -> Result<CastMode, String> {
     let round = match a.string("round_mode")?.as_deref() {
         None | Some("up") => RoundMode::Up,
         Some("down") => RoundMode::Down,
@@ -408,7 +693,7 @@ fn cast_mode(a: &mut Attrs) -> Result<CastMode, String> {
 }
 
 /// The quantization ops' `axis` (default 1) and `block_size` (default 0, no blocks).
-fn quant_axis(a: &mut Attrs) -> Result<(i64, i64), String> {
+fn quant_axis(a: &mut dyn AttrSource) -> Result<(i64, i64), String> {
     let block_size = a.int_or("block_size", 0)?;
     if block_size < 0 {
         return Err(format!("block_size={block_size} must not be negative"));
@@ -419,14 +704,9 @@ fn quant_axis(a: &mut Attrs) -> Result<(i64, i64), String> {
 /// QuantizeLinear's `output_dtype`: one of the quantized types.
 fn quant_dtype(code: i64, name: &str) -> Result<DType, String> {
     match DType::from_onnx(code as i32) {
-        Some(d) if is_quantized(d) => Ok(d),
-        _ => Err(format!("{name}={} is not a supported quantized type", pipewright_ops::dtype::onnx_type_name(code as i32))),
+        Some(d) if d.is_quantized() => Ok(d),
+        _ => Err(format!("{name}={} is not a supported quantized type", onnx_type_name(code as i32))),
     }
-}
-
-/// The types QuantizeLinear produces and DequantizeLinear reads.
-pub(crate) fn is_quantized(d: DType) -> bool {
-    matches!(d, DType::U8 | DType::I8 | DType::U16 | DType::I16 | DType::I32) || (d.is_low_precision() && d != DType::F8E8M0)
 }
 
 /// An attribute naming a floating-point type by its ONNX code.
@@ -439,10 +719,8 @@ fn float_code(code: i64, name: &str) -> Result<i64, String> {
 
 /// TreeEnsemble's tables, checked so the kernel's walk stays in range: equal lengths,
 /// node and leaf indices in range, known modes, one member set per membership node.
-fn tree_ensemble(a: &mut Attrs) -> Result<TreeEnsemble, String> {
-    let tensor = |a: &mut Attrs, name: &str| -> Result<Option<crate::TensorData>, String> {
-        a.tensor(name)?.map(|t| tensor_from_proto(t, Path::new(".")).map_err(|e| format!("attribute {name:?}: {e}"))).transpose()
-    };
+fn tree_ensemble(a: &mut dyn AttrSource) -> Result<TreeEnsemble, String> {
+    let tensor = |a: &mut dyn AttrSource, name: &str| a.tensor(name);
     let post = a.int_or("post_transform", 0)?;
     if post != 0 {
         return Err(format!("post_transform {post} is not supported (only NONE, 0)"));
@@ -505,7 +783,7 @@ fn check_tree_tables(t: &TreeEnsemble) -> Result<(), String> {
 
 /// LinearAttention's attributes: both head counts are required, the query heads a
 /// multiple of the KV heads.
-fn linear_attention(a: &mut Attrs) -> Result<LinearAttention, String> {
+fn linear_attention(a: &mut dyn AttrSource) -> Result<LinearAttention, String> {
     let q_num_heads = a.int("q_num_heads")?.ok_or("q_num_heads is required")?;
     let kv_num_heads = a.int("kv_num_heads")?.ok_or("kv_num_heads is required")?;
     if q_num_heads <= 0 || kv_num_heads <= 0 || q_num_heads % kv_num_heads != 0 {
@@ -517,7 +795,7 @@ fn linear_attention(a: &mut Attrs) -> Result<LinearAttention, String> {
 }
 
 /// Attention's attributes (opset 25 added the window sizes, 24 the `nonpad_kv_seqlen` input).
-fn attention(version: i64, a: &mut Attrs, n_inputs: usize) -> Result<Attention, String> {
+fn attention(version: i64, a: &mut dyn AttrSource, n_inputs: usize) -> Result<Attention, String> {
     if version < 24 && n_inputs > 6 {
         return Err("input nonpad_kv_seqlen needs Attention-24".into());
     }
@@ -525,7 +803,7 @@ fn attention(version: i64, a: &mut Attrs, n_inputs: usize) -> Result<Attention, 
         Some(code) => DType::from_onnx(float_code(code, "softmax_precision")? as i32),
         None => None,
     };
-    let window = |a: &mut Attrs, name: &str| if version >= 25 { a.int_or(name, -1) } else { Ok(-1) };
+    let window = |a: &mut dyn AttrSource, name: &str| if version >= 25 { a.int_or(name, -1) } else { Ok(-1) };
     let at = Attention {
         is_causal: a.bool_or("is_causal", false)?,
         q_num_heads: a.int("q_num_heads")?,
@@ -550,7 +828,7 @@ fn attention(version: i64, a: &mut Attrs, n_inputs: usize) -> Result<Attention, 
 }
 
 /// ScatterND/ScatterElements `reduction`: `add`/`mul` from opset 16, `max`/`min` from 18.
-fn scatter_reduction(a: &mut Attrs, version: i64) -> Result<ScatterReduction, String> {
+fn scatter_reduction(a: &mut dyn AttrSource, version: i64) -> Result<ScatterReduction, String> {
     let r = match a.string("reduction")?.as_deref() {
         None | Some("none") => ScatterReduction::None,
         Some("add") if version >= 16 => ScatterReduction::Add,
@@ -565,7 +843,7 @@ fn scatter_reduction(a: &mut Attrs, version: i64) -> Result<ScatterReduction, St
 /// RNN/GRU/LSTM. Only the default activations are implemented: an `activations` list is
 /// accepted when it names them (per direction), other lists are rejected, and so are
 /// `activation_alpha`/`activation_beta` (which only parameterise other activations).
-fn rnn(a: &mut Attrs, version: i64, cell: RnnCell) -> Result<Op, String> {
+fn rnn(a: &mut dyn AttrSource, version: i64, cell: RnnCell) -> Result<Op, String> {
     let hidden_size = a.int("hidden_size")?.ok_or("attribute \"hidden_size\" is required")?;
     if hidden_size < 1 {
         return Err(format!("hidden_size={hidden_size} must be positive"));
@@ -603,7 +881,7 @@ fn rnn(a: &mut Attrs, version: i64, cell: RnnCell) -> Result<Op, String> {
 
 /// Reads the convolution/pool window attributes.
 /// Resize's attributes at schema `version` (10: the legacy form, which Upsample shares).
-fn resize(a: &mut Attrs, version: i64) -> Result<Resize, String> {
+fn resize(a: &mut dyn AttrSource, version: i64) -> Result<Resize, String> {
     let legacy = version < 11;
     let mode = a.string("mode")?.unwrap_or_else(|| "nearest".into());
     let mode = match ResizeMode::parse(&mode) {
@@ -649,7 +927,7 @@ fn resize(a: &mut Attrs, version: i64) -> Result<Resize, String> {
 
 /// RoiAlign's attributes; opset 10 has no coordinate_transformation_mode (it behaves as
 /// output_half_pixel).
-fn roi_align(a: &mut Attrs, version: i64) -> Result<Op, String> {
+fn roi_align(a: &mut dyn AttrSource, version: i64) -> Result<Op, String> {
     let half_pixel = match (a.string("coordinate_transformation_mode")?.as_deref(), version) {
         (None, v) => v >= 16,
         (Some("half_pixel"), v) if v >= 16 => true,
@@ -661,7 +939,7 @@ fn roi_align(a: &mut Attrs, version: i64) -> Result<Op, String> {
         Some("max") => true,
         Some(other) => return Err(format!("mode={other:?} is not avg or max")),
     };
-    let r = pipewright_ops::op::RoiAlign {
+    let r = RoiAlign {
         max,
         output_height: a.int_or("output_height", 1)?,
         output_width: a.int_or("output_width", 1)?,
@@ -677,7 +955,7 @@ fn roi_align(a: &mut Attrs, version: i64) -> Result<Op, String> {
 }
 
 /// GridSample's attributes; opset 16 spells the modes bilinear and bicubic.
-fn grid_sample(a: &mut Attrs, version: i64) -> Result<Op, String> {
+fn grid_sample(a: &mut dyn AttrSource, version: i64) -> Result<Op, String> {
     let v16 = version < 20;
     let mode = a.string("mode")?;
     let mode = match (mode.as_deref(), v16) {
@@ -696,7 +974,7 @@ fn grid_sample(a: &mut Attrs, version: i64) -> Result<Op, String> {
     Ok(Op::GridSample { mode, padding, align_corners: a.bool_or("align_corners", false)?, v16 })
 }
 
-fn window(a: &mut Attrs) -> Result<Window, String> {
+fn window(a: &mut dyn AttrSource) -> Result<Window, String> {
     let auto_pad = match a.string("auto_pad")?.as_deref() {
         None | Some("NOTSET") | Some("") => AutoPad::NotSet,
         Some("SAME_UPPER") => AutoPad::SameUpper,
@@ -727,7 +1005,7 @@ fn unary(op: &str) -> Option<UnaryOp> {
     })
 }
 
-fn class_loss(a: &mut Attrs) -> Result<ClassLoss, String> {
+fn class_loss(a: &mut dyn AttrSource) -> Result<ClassLoss, String> {
     let reduction = match a.string("reduction")?.as_deref() {
         None | Some("mean") => LossReduction::Mean,
         Some("sum") => LossReduction::Sum,
@@ -756,4 +1034,30 @@ fn reduce_kind(op: &str) -> Option<ReduceKind> {
         "ReduceLogSumExp" => LogSumExp, "ReduceSumSquare" => SumSquare,
         _ => return None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_is_sorted_and_versions_ascend() {
+        for pair in SPECS.windows(2).chain(DOMAIN_SPECS.windows(2)) {
+            assert!(pair[0].name < pair[1].name, "{} before {}", pair[0].name, pair[1].name);
+        }
+        for s in SPECS.iter().chain(DOMAIN_SPECS) {
+            assert!(s.domain.is_empty() || SPECS.iter().all(|d| d.name != s.name), "{} is also a default-domain op", s.name);
+            assert!(s.versions.windows(2).all(|w| w[0] < w[1]), "{} versions", s.name);
+            assert!(s.versions.contains(&s.supported_from), "{} supported_from", s.name);
+        }
+    }
+
+    #[test]
+    fn version_selection_follows_the_opset() {
+        let add = spec("Add").unwrap();
+        assert_eq!(add.version_at(6), Some(6));
+        assert_eq!(add.version_at(12), Some(7));
+        assert_eq!(add.version_at(20), Some(14));
+        assert_eq!(spec("Gelu").unwrap().version_at(17), None);
+    }
 }
