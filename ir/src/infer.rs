@@ -996,7 +996,7 @@ fn linear_attention(la: &LinearAttention, ins: &[Option<In>]) -> R<Vec<TensorTyp
 
 /// An optimizer step's outputs: the new tensors `X` (input block 0) and each state
 /// (input blocks 2..), in blocks of `n`; `R` and `T` must be scalars.
-fn optimizer(o: &Optimizer, ins: &[Option<In>], n_out: usize) -> R<Vec<TensorType>> {
+fn optimizer(o: &OptimizerStep, ins: &[Option<In>], n_out: usize) -> R<Vec<TensorType>> {
     let blocks = 2 + o.states();
     let n = ins.len().saturating_sub(2) / blocks;
     if n == 0 || ins.len() != 2 + blocks * n || n_out > (1 + o.states()) * n {

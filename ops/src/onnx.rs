@@ -451,12 +451,12 @@ fn convert_op(op_type: &str, version: i64, a: &mut dyn AttrSource, n_inputs: usi
             Op::RotaryEmbedding(r)
         }
         "LinearAttention" => Op::LinearAttention(linear_attention(a)?),
-        "Adagrad" => Op::Optimizer(Optimizer::Adagrad {
+        "Adagrad" => Op::Optimizer(OptimizerStep::Adagrad {
             decay_factor: a.float_or("decay_factor", 0.0)?,
             epsilon: a.float_or("epsilon", 1e-6)?,
             norm_coefficient: a.float_or("norm_coefficient", 0.0)?,
         }),
-        "Adam" => Op::Optimizer(Optimizer::Adam {
+        "Adam" => Op::Optimizer(OptimizerStep::Adam {
             alpha: a.float_or("alpha", 0.9)?,
             beta: a.float_or("beta", 0.999)?,
             epsilon: a.float_or("epsilon", 1e-6)?,
@@ -465,7 +465,7 @@ fn convert_op(op_type: &str, version: i64, a: &mut dyn AttrSource, n_inputs: usi
         }),
         "Momentum" => {
             let required = |a: &mut dyn AttrSource, name: &str| a.float(name)?.ok_or_else(|| format!("attribute {name:?} is required"));
-            Op::Optimizer(Optimizer::Momentum {
+            Op::Optimizer(OptimizerStep::Momentum {
                 alpha: required(a, "alpha")?,
                 beta: required(a, "beta")?,
                 norm_coefficient: required(a, "norm_coefficient")?,

@@ -279,17 +279,17 @@ pub struct LinearAttention {
 /// optimizer's state tensors (Adagrad: `H`; Adam: `V`, `H`; Momentum: `V`), each a block
 /// of `n`; outputs: the new `X` and the new states, in blocks of `n`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub enum Optimizer {
+pub enum OptimizerStep {
     Adagrad { decay_factor: f32, epsilon: f32, norm_coefficient: f32 },
     Adam { alpha: f32, beta: f32, epsilon: f32, norm_coefficient: f32, norm_coefficient_post: f32 },
     Momentum { alpha: f32, beta: f32, norm_coefficient: f32, nesterov: bool },
 }
 
-impl Optimizer {
+impl OptimizerStep {
     /// The state tensors per optimized tensor.
     pub fn states(&self) -> usize {
         match self {
-            Optimizer::Adam { .. } => 2,
+            OptimizerStep::Adam { .. } => 2,
             _ => 1,
         }
     }
@@ -562,8 +562,8 @@ pub enum Op {
     Attention(Attention),
     RotaryEmbedding(Rotary),
     LinearAttention(LinearAttention),
-    /// An optimizer step of the training domain (see [`Optimizer`]).
-    Optimizer(Optimizer),
+    /// An optimizer step of the training domain (see [`OptimizerStep`]).
+    Optimizer(OptimizerStep),
     /// `ai.onnx.ml`: 1 where the input exceeds `threshold`, else 0, in the input's type.
     Binarizer { threshold: f32 },
     TreeEnsemble(Box<TreeEnsemble>),
@@ -721,9 +721,9 @@ impl Op {
             Op::Attention(_) => "Attention",
             Op::RotaryEmbedding(_) => "RotaryEmbedding",
             Op::LinearAttention(_) => "LinearAttention",
-            Op::Optimizer(Optimizer::Adagrad { .. }) => "Adagrad",
-            Op::Optimizer(Optimizer::Adam { .. }) => "Adam",
-            Op::Optimizer(Optimizer::Momentum { .. }) => "Momentum",
+            Op::Optimizer(OptimizerStep::Adagrad { .. }) => "Adagrad",
+            Op::Optimizer(OptimizerStep::Adam { .. }) => "Adam",
+            Op::Optimizer(OptimizerStep::Momentum { .. }) => "Momentum",
             Op::Binarizer { .. } => "Binarizer",
             Op::TreeEnsemble(_) => "TreeEnsemble",
             Op::ArrayFeatureExtractor => "ArrayFeatureExtractor",
@@ -908,19 +908,19 @@ impl Op {
                 a.s("update_rule", l.update_rule.as_str());
                 a.i("chunk_size", l.chunk_size);
             }
-            Op::Optimizer(Optimizer::Adagrad { decay_factor, epsilon, norm_coefficient }) => {
+            Op::Optimizer(OptimizerStep::Adagrad { decay_factor, epsilon, norm_coefficient }) => {
                 a.f("decay_factor", *decay_factor);
                 a.f("epsilon", *epsilon);
                 a.f("norm_coefficient", *norm_coefficient);
             }
-            Op::Optimizer(Optimizer::Adam { alpha, beta, epsilon, norm_coefficient, norm_coefficient_post }) => {
+            Op::Optimizer(OptimizerStep::Adam { alpha, beta, epsilon, norm_coefficient, norm_coefficient_post }) => {
                 a.f("alpha", *alpha);
                 a.f("beta", *beta);
                 a.f("epsilon", *epsilon);
                 a.f("norm_coefficient", *norm_coefficient);
                 a.f("norm_coefficient_post", *norm_coefficient_post);
             }
-            Op::Optimizer(Optimizer::Momentum { alpha, beta, norm_coefficient, nesterov }) => {
+            Op::Optimizer(OptimizerStep::Momentum { alpha, beta, norm_coefficient, nesterov }) => {
                 a.f("alpha", *alpha);
                 a.f("beta", *beta);
                 a.f("norm_coefficient", *norm_coefficient);

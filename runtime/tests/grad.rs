@@ -4,7 +4,7 @@
 mod common;
 
 use common::{f64s, gradcheck, i64s, normal, rand, signed, In};
-use pipewright_ops::op::{AspectPolicy, Attention, AutoPad, BatchNorm, BinaryOp, ClassLoss, Conv, ConvTranspose, CoordMode, GeluApprox, Gemm, GridPadding, GroupNorm, LayerNorm, LinearAttention, LinearRule, LossReduction, Lrn, NearestMode, Optimizer, Pad, PadMode, Pool, Reduce, ReduceKind, Resize, ResizeMode, Rnn, RnnCell, RnnDirection, RoiAlign, Rotary, ScatterReduction, Slice, Softmax, Split, UnaryOp, VariadicOp, Window};
+use pipewright_ops::op::{AspectPolicy, Attention, AutoPad, BatchNorm, BinaryOp, ClassLoss, Conv, ConvTranspose, CoordMode, GeluApprox, Gemm, GridPadding, GroupNorm, LayerNorm, LinearAttention, LinearRule, LossReduction, Lrn, NearestMode, OptimizerStep, Pad, PadMode, Pool, Reduce, ReduceKind, Resize, ResizeMode, Rnn, RnnCell, RnnDirection, RoiAlign, Rotary, ScatterReduction, Slice, Softmax, Split, UnaryOp, VariadicOp, Window};
 use pipewright_ops::Op;
 use tch::Tensor;
 
@@ -1127,12 +1127,12 @@ fn optimizer_steps_and_array_feature_extractor() {
         }
         v
     };
-    let adagrad = Optimizer::Adagrad { decay_factor: 0.1, epsilon: 1e-5, norm_coefficient: 0.01 };
+    let adagrad = OptimizerStep::Adagrad { decay_factor: 0.1, epsilon: 1e-5, norm_coefficient: 0.01 };
     gradcheck(&Op::Optimizer(adagrad), ins(&[positive(620)]), 4);
-    let adam = Optimizer::Adam { alpha: 0.9, beta: 0.8, epsilon: 1e-2, norm_coefficient: 0.01, norm_coefficient_post: 0.1 };
+    let adam = OptimizerStep::Adam { alpha: 0.9, beta: 0.8, epsilon: 1e-2, norm_coefficient: 0.01, norm_coefficient_post: 0.1 };
     gradcheck(&Op::Optimizer(adam), ins(&[block(630), positive(640)]), 6);
     for nesterov in [false, true] {
-        let m = Optimizer::Momentum { alpha: 0.9, beta: 0.5, norm_coefficient: 0.01, nesterov };
+        let m = OptimizerStep::Momentum { alpha: 0.9, beta: 0.5, norm_coefficient: 0.01, nesterov };
         gradcheck(&Op::Optimizer(m), ins(&[block(650)]), 4);
     }
     g1(Op::ArrayFeatureExtractor, vec![In::D(normal(&[2, 5], 660)), In::F(i64s(&[4, 0, 4], &[3]))]);

@@ -8,11 +8,11 @@
 use tch::{Kind, Tensor};
 
 use super::util::{invalid, need, scalar_f64, R};
-use pipewright_ops::op::{Optimizer, TreeEnsemble};
+use pipewright_ops::op::{OptimizerStep, TreeEnsemble};
 
 /// One optimizer step over every tensor block: the new `X`s, then the new states.
-pub(crate) fn optimizer_step(o: &Optimizer, ins: &[Option<&Tensor>]) -> R<Vec<Tensor>> {
-    let states = if matches!(o, Optimizer::Adam { .. }) { 2 } else { 1 };
+pub(crate) fn optimizer_step(o: &OptimizerStep, ins: &[Option<&Tensor>]) -> R<Vec<Tensor>> {
+    let states = if matches!(o, OptimizerStep::Adam { .. }) { 2 } else { 1 };
     let blocks = 2 + states;
     let n = ins.len().saturating_sub(2) / blocks;
     if n == 0 || ins.len() != 2 + blocks * n {
@@ -24,14 +24,14 @@ pub(crate) fn optimizer_step(o: &Optimizer, ins: &[Option<&Tensor>]) -> R<Vec<Te
         let block = |b: usize| need(ins, 2 + b * n + i);
         let (x, g) = (block(0)?, block(1)?);
         let step = match *o {
-            Optimizer::Adagrad { decay_factor, epsilon, norm_coefficient } => {
+            OptimizerStep::Adagrad { decay_factor, epsilon, norm_coefficient } => {
                 adagrad(r, t, x, g, block(2)?, decay_factor as f64, epsilon as f64, norm_coefficient as f64)?
             }
-            Optimizer::Adam { alpha, beta, epsilon, norm_coefficient, norm_coefficient_post } => {
+            OptimizerStep::Adam { alpha, beta, epsilon, norm_coefficient, norm_coefficient_post } => {
                 let coef = AdamCoef { alpha: alpha as f64, beta: beta as f64, epsilon: epsilon as f64, norm: norm_coefficient as f64, norm_post: norm_coefficient_post as f64 };
                 adam(r, t, x, g, block(2)?, block(3)?, &coef)?
             }
-            Optimizer::Momentum { alpha, beta, norm_coefficient, nesterov } => {
+            OptimizerStep::Momentum { alpha, beta, norm_coefficient, nesterov } => {
                 momentum(r, t, x, g, block(2)?, alpha as f64, beta as f64, norm_coefficient as f64, nesterov)?
             }
         };
