@@ -6,7 +6,7 @@
 
 use crate::dim::{normalize_axis, Dim, Shape, TensorType};
 use crate::known::Known;
-use pipewright_ops::op::*;
+use pipewright_ops::op::{AspectPolicy, Attention, AutoPad, BinaryOp, ClassLoss, Conv, ConvTranspose, CoordMode, Gemm, LinearAttention, LossReduction, Op, OptimizerStep, Pad, Pool, Quantize, Reduce, Resize, ResizeMode, Rnn, RnnCell, Slice, Split, UnaryOp, Window};
 use crate::DType;
 
 mod signal;

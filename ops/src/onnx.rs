@@ -11,7 +11,7 @@
 //! parser the attributes it parsed.
 
 use crate::dtype::onnx_type_name;
-use crate::op::*;
+use crate::op::{AspectPolicy, Attention, AutoPad, BatchNorm, BinaryOp, CastMode, ClassLoss, Conv, ConvTranspose, CoordMode, GeluApprox, Gemm, GridPadding, GroupNorm, LayerNorm, LinearAttention, LinearRule, LossReduction, Lrn, NearestMode, Op, OptimizerStep, Pad, PadMode, Pool, Quantize, Reduce, ReduceKind, Resize, ResizeMode, Rnn, RnnCell, RnnDirection, RoiAlign, Rotary, RoundMode, ScatterReduction, Slice, Softmax, Split, TreeEnsemble, UnaryOp, VariadicOp, Window};
 use crate::{DType, TensorData};
 
 /// The default-domain opset the version tables below are complete up to (ONNX 1.23).
