@@ -315,6 +315,13 @@ pub fn infer(op: &Op, ins: &[Option<In>], n_out: usize, ctx: Ctx) -> R<Vec<Tenso
             out1(a.ty.dtype, broadcast(&[&c.ty.shape, &a.ty.shape, &b.ty.shape], ctx)?)
         }
         Op::Cast { to, .. } => out1(*to, x()?.ty.shape.clone()),
+        Op::BitCast { to } => {
+            let from = x()?.ty.dtype;
+            if from.bits() != to.bits() {
+                return Err(format!("bitcast from {from} ({} bits) to {to} ({} bits): the types must have the same width", from.bits(), to.bits()));
+            }
+            out1(*to, x()?.ty.shape.clone())
+        }
         Op::CastLike { .. } => out1(req(1)?.ty.dtype, x()?.ty.shape.clone()),
         Op::QuantizeLinear(q) => {
             let zp = ins.get(2).copied().flatten();

@@ -67,6 +67,7 @@ specs! {
     "Attention": [23, 24, 25] from 23, in 3..7, out 1..4;
     "AveragePool": [1, 7, 10, 11, 19, 22] from 1, in 1..1, out 1..1;
     "BatchNormalization": [1, 6, 7, 9, 14, 15] from 1, in 5..5, out 1..5;
+    "BitCast": [26] from 26, in 1..1, out 1..1;
     "BitShift": [11, 28] from 11, in 2..2, out 1..1;
     "BitwiseAnd": [18] from 18, in 2..2, out 1..1;
     "BitwiseNot": [18] from 18, in 1..1, out 1..1;
@@ -555,6 +556,11 @@ fn convert_op(op_type: &str, version: i64, a: &mut dyn AttrSource, n_inputs: usi
             Op::Cast { to, mode: cast_mode(a)? }
         }
         "CastLike" => Op::CastLike { mode: cast_mode(a)? },
+        "BitCast" => {
+            let code = a.int("to")?.ok_or("attribute \"to\" is required")?;
+            let to = DType::from_onnx(code as i32).ok_or_else(|| format!("bitcast to {} is not supported", onnx_type_name(code as i32)))?;
+            Op::BitCast { to }
+        }
         "QuantizeLinear" => {
             let (axis, block_size) = quant_axis(a)?;
             let saturate = a.bool_or("saturate", true)?;

@@ -597,6 +597,8 @@ pub enum Op {
     Where,
     Cast { to: DType, mode: CastMode },
     CastLike { mode: CastMode },
+    /// The input's bits read as `to`, a type of the same width (no value conversion).
+    BitCast { to: DType },
     QuantizeLinear(Quantize),
     /// `y = (x - zero_point) * scale`, with Quantize's per-axis and blocked forms.
     DequantizeLinear { axis: i64, block_size: i64, output_dtype: Option<DType> },
@@ -746,6 +748,7 @@ impl Op {
             Op::Expand => "Expand",
             Op::Where => "Where",
             Op::Cast { .. } => "Cast",
+            Op::BitCast { .. } => "BitCast",
             Op::CastLike { .. } => "CastLike",
             Op::QuantizeLinear(_) => "QuantizeLinear",
             Op::DequantizeLinear { .. } => "DequantizeLinear",
@@ -1002,6 +1005,7 @@ impl Op {
                 a.cast_mode(mode);
             }
             Op::CastLike { mode } => a.cast_mode(mode),
+            Op::BitCast { to } => a.0.push(("to", AttrValue::DType(*to))),
             Op::QuantizeLinear(q) => {
                 a.quant_axis(q.axis, q.block_size);
                 a.unflag("saturate", q.saturate);

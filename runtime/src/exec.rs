@@ -160,7 +160,7 @@ fn moves_data(op: &Op) -> bool {
         Op::Reshape { .. } | Op::Flatten { .. } | Op::Transpose { .. } | Op::Squeeze { .. } | Op::Unsqueeze { .. } | Op::Concat { .. }
             | Op::Split(_) | Op::Slice(_) | Op::Gather { .. } | Op::GatherElements { .. } | Op::GatherND { .. } | Op::Expand
             | Op::Shape { .. } | Op::Size | Op::Tile | Op::Where | Op::DepthToSpace { .. } | Op::SpaceToDepth { .. }
-            | Op::StageBoundary { .. }
+            | Op::StageBoundary { .. } | Op::BitCast { .. }
     )
 }
 
@@ -188,6 +188,7 @@ fn dispatch(op: &Op, sig: Signature<'_>, ins: &[Option<&Tensor>], mode: Mode, ou
         Op::IsInf { detect_positive, detect_negative } => one(elementwise::is_inf(x()?, *detect_positive, *detect_negative)),
         Op::Where => one(elementwise::where_(x()?, y()?, need(ins, 2)?)),
         Op::Cast { to, mode } => one(lowp::cast(x()?, *to, *mode)),
+        Op::BitCast { to } => one(bits::bitcast(x()?, sig.inputs.first().copied().flatten(), *to)),
         // The declared output type: the second input's kind cannot tell `i4` from `i8`.
         Op::CastLike { mode } => {
             let to = match sig.output(0) {

@@ -77,3 +77,29 @@ pub(crate) fn logical_right(x: &Tensor, s: &Tensor) -> R<Tensor> {
     let rest = half.f_bitwise_right_shift(&s.f_sub_scalar(1)?.f_clamp_min(0)?)?;
     Ok(rest.f_where_self(&s.f_ne(0)?, x)?)
 }
+
+/// BitCast: the input's bits read as `to` (declared input type `from`, else the tensor's
+/// kind). The unsigned types held in a wider carrier (u16 in int32, u32 in int64) pass
+/// through the signed kind of their own width, whose bits they are.
+pub(crate) fn bitcast(x: &Tensor, from: Option<DType>, to: DType) -> R<Tensor> {
+    let from = match from {
+        Some(t) => t,
+        None => super::convert::elem_of(kind(x)?)?,
+    };
+    let same_width = |t: DType| -> R<Kind> {
+        match t {
+            DType::U16 => Ok(Kind::Int16),
+            DType::U32 => Ok(Kind::Int),
+            DType::U64 => Ok(Kind::Int64),
+            t if t.is_low_precision() => Err(bad_dtype(format!("BitCast of {t} is not supported"))),
+            t => super::convert::kind_of(t),
+        }
+    };
+    // Narrowing a carrier keeps its low bits: the value's own bits.
+    let raw = x.f_to_kind(same_width(from)?)?;
+    let cast = raw.f_view_dtype(same_width(to)?)?;
+    Ok(match to {
+        DType::U16 | DType::U32 => truncate(&cast.f_to_kind(super::convert::carrier(to)?)?, Some(to))?,
+        _ => cast,
+    })
+}
