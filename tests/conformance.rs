@@ -64,6 +64,22 @@ fn other_backend_suites_pass() {
     }
 }
 
+/// BitCast (the op added to prove the one op vocabulary: see docs/architecture.md, "An
+/// op"): every backend bitcast test, the unsigned ones held in wider kinds included,
+/// matches its expected output.
+#[test]
+fn bitcast_matches_the_backend_suite() {
+    let node = corpus().join("onnx-backend/node");
+    let mut cases: Vec<PathBuf> = std::fs::read_dir(&node).expect("the node suite").flatten().map(|e| e.path()).filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("test_bitcast_"))).collect();
+    cases.sort();
+    assert_eq!(cases.len(), 10, "the suite's bitcast tests: {cases:?}");
+    for case in cases {
+        let out = pipewright(&["run-forward", case.join("model.onnx").to_str().unwrap(), "--inputs", case.join("test_data_set_0").to_str().unwrap()]);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success() && stdout.contains("match: all 1 compared output(s)"), "{}: {stdout}{}", case.display(), String::from_utf8_lossy(&out.stderr));
+    }
+}
+
 #[test]
 fn shared_models_match_onnxruntime() {
     for name in ["mlp", "gpt2-tiny", "bert-tiny", "vit-tiny", "mobilenet_v2", "resnet18"] {

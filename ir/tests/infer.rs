@@ -480,6 +480,16 @@ fn unsupported_attribute_is_an_error() {
     assert!(e.to_string().contains("\"bogus\"") && e.to_string().contains("not supported"), "{e}");
 }
 
+/// BitCast keeps the shape and reads the bits as `to`; types of another width are refused
+/// naming the node and both widths.
+#[test]
+fn bitcast_needs_types_of_one_width() {
+    let m = model(26, &[2, 4], vec![node("BitCast", "bc", &["x"], &["y"]).int("to", 6)], &["y"]);
+    assert_eq!(ty(&import(&m), "y"), "i32[N,4]");
+    let m = model(26, &[2, 4], vec![node("BitCast", "bc", &["x"], &["y"]).int("to", 7)], &["y"]);
+    assert_shape_error(&m, &["\"bc\"", "bitcast from f32 (32 bits) to i64 (64 bits): the types must have the same width"]);
+}
+
 // ---------------------------------------------------------------- malformed models: errors, never panics
 
 #[test]

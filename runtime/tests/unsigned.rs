@@ -140,3 +140,20 @@ fn bitwise_logic_on_native_kinds() {
     let f = Tensor::from_slice(&[1.0f32]);
     assert!(run(&Op::Binary(BinaryOp::BitAnd), &[Some(&f), Some(&f)], Mode::Eval).is_err());
 }
+
+/// BitCast keeps every bit: the unsigned types held in wider kinds go through their own
+/// width both ways, and floats read as integers give their IEEE bits.
+#[test]
+fn bitcast_keeps_the_bits_of_carried_types() {
+    let x = Tensor::from_slice(&[-1i16, i16::MIN, 7]);
+    let as_u16 = uns(Op::BitCast { to: DType::U16 }, &[&x], &[DType::I16]).unwrap();
+    assert_eq!(back(&as_u16[0], DType::U16), [0xFFFF, 0x8000, 7]);
+    let again = uns(Op::BitCast { to: DType::I16 }, &[&as_u16[0]], &[DType::U16]).unwrap();
+    assert_eq!(Vec::<i16>::try_from(&again[0]).unwrap(), [-1, i16::MIN, 7]);
+    let f = Tensor::from_slice(&[1.5f32, -0.0, f32::INFINITY]);
+    let bits = uns(Op::BitCast { to: DType::U32 }, &[&f], &[DType::F32]).unwrap();
+    assert_eq!(back(&bits[0], DType::U32), [1.5f32.to_bits() as u64, (-0.0f32).to_bits() as u64, f32::INFINITY.to_bits() as u64]);
+    let err = run(&Op::BitCast { to: DType::F8E4M3FN }, &[Some(&Tensor::from_slice(&[1u8]))], Mode::Eval).unwrap_err();
+    assert!(err.to_string().contains("BitCast of f8e4m3fn is not supported"), "{err}");
+}
+
