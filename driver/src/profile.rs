@@ -789,7 +789,7 @@ fn train_traced(build: &Path, device: Device, steps: usize, microbatches: u64, o
 fn duration_factors(trace: &[TraceEvent]) -> Vec<f64> {
     let timed: Vec<TraceEvent> = trace.iter().filter(|e| e.step >= BOUNDARY_WARM_STEPS as u64).cloned().collect();
     let us: Vec<f64> = timed.iter().map(|e| e.dur_us).collect();
-    pipewright_passes::simulate::duration_factors(&timed, &us)
+    pipewright_passes::machine::duration_factors(&timed, &us)
 }
 
 /// The factors a profile keeps of all its two-stage runs': at most this many evenly spaced

@@ -70,7 +70,7 @@ use pipewright_ir::{Dim, Graph, NodeId, Op, TensorType, ValueDef, ValueId};
 use pipewright_core::{Loss, Optimizer};
 use serde::{Deserialize, Serialize};
 
-use crate::simulate::{Crowding, HostCores};
+use crate::machine::{Crowding, DurationSpread, HostCores};
 
 /// A cost linear in the microbatch size: `per_sample * b + fixed`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -288,7 +288,7 @@ pub struct Profile {
     /// do, each over its stage's mean of that kind in its run, as quantiles, each the
     /// middle of an equal share of them (absent from older profiles: the simulator then
     /// runs every operation at its stage's time). The simulator draws from it
-    /// ([`crate::simulate::DurationSpread`]).
+    /// ([`crate::machine::DurationSpread`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub duration_factors: Vec<f64>,
 }
@@ -771,7 +771,7 @@ pub struct CostModel {
     /// measured it.
     accumulate: Option<f64>,
     /// How the operations' times spread, when the profile measured it.
-    spread: Option<crate::simulate::DurationSpread>,
+    spread: Option<DurationSpread>,
 }
 
 fn numel_lin(ty: &TensorType, export: i64) -> Lin {
@@ -1357,7 +1357,7 @@ impl CostModel {
         let after: Option<Vec<f64>> = profile.boundary.iter().map(|c| c.after_backward_ms).collect();
         self.after_backward = after.filter(|ms| !ms.is_empty()).map(|ms| Measured::new(&batches, &ms));
         self.accumulate = profile.accumulate_ms.map(|ms| ms * 1e-3);
-        self.spread = crate::simulate::DurationSpread::new(&profile.duration_factors);
+        self.spread = DurationSpread::new(&profile.duration_factors);
         Ok(report)
     }
 
@@ -1398,7 +1398,7 @@ impl CostModel {
 
     /// How the operations' times spread about their stages' times, from a profile that
     /// measured it ([`Profile::duration_factors`]).
-    pub fn duration_spread(&self) -> Option<&crate::simulate::DurationSpread> {
+    pub fn duration_spread(&self) -> Option<&DurationSpread> {
         self.spread.as_ref()
     }
 

@@ -8,6 +8,7 @@
 pub mod boundaries;
 pub mod cluster;
 pub mod cost;
+pub mod machine;
 pub mod manager;
 pub mod partition;
 pub mod pipeline;

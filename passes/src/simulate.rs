@@ -49,9 +49,8 @@ use pipewright_core::schedule::{stage_ops, Op};
 use pipewright_core::{Schedule, Scheme, UpdateRule};
 use pipewright_core::timeline::{TraceEvent, TraceKind};
 use serde::Serialize;
-use std::collections::HashMap;
 
-use crate::cluster::AllReduce;
+use crate::machine::{AllReduce, Crowding, DurationSpread, HostCores, Link};
 
 mod shared;
 
@@ -90,33 +89,6 @@ pub struct StageCost {
     pub memory_per_extra: f64,
 }
 
-/// A link: bytes/s and seconds per message.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
-pub struct Link {
-    pub bandwidth: f64,
-    pub latency_s: f64,
-}
-
-impl Link {
-    /// Seconds to move `bytes` over this link.
-    pub fn seconds(&self, bytes: f64) -> f64 {
-        if bytes <= 0.0 {
-            return 0.0;
-        }
-        self.latency_s + bytes / self.bandwidth
-    }
-}
-
-/// Ring all-reduce of `bytes` among `w` replicas over `link`: `2 (w - 1)` steps, each
-/// moving `bytes / w` and paying the latency. The building block of [`AllReduce::seconds`].
-pub fn allreduce_seconds(bytes: f64, w: usize, link: Link) -> f64 {
-    if w <= 1 || bytes <= 0.0 {
-        return 0.0;
-    }
-    let steps = 2.0 * (w as f64 - 1.0);
-    steps * (link.latency_s + bytes / w as f64 / link.bandwidth)
-}
-
 /// What to replay.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct SimSetup {
@@ -152,76 +124,8 @@ pub struct SimSetup {
     pub spread: Option<DurationSpread>,
 }
 
-/// How much an operation's time varies from one microbatch to the next: measured
-/// durations, each over the mean of its stage and kind. A replay of mean times leaves out
-/// what this adds where stages are near balance: each hand-off waits for the slower of two
-/// operations, and the mean of that maximum exceeds the maximum of the means (resnet18's
-/// two stages on this CPU: 1.5 to 3.9 points of a 0.08 to 0.10 bubble, docs/simulator.md).
-/// With a spread, each forward, recompute and backward takes its stage's time times a
-/// factor drawn from these, the same draw in both engines, and [`simulate`] reports the
-/// mean of [`SPREAD_DRAWS`] replays.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct DurationSpread {
-    factors: Vec<f64>,
-    /// Which of the [`SPREAD_DRAWS`] replays this is; it seeds the draws.
-    draw: u64,
-}
-
 /// Replays [`simulate`] averages when the operations' times spread.
 pub const SPREAD_DRAWS: u64 = 16;
-
-impl DurationSpread {
-    /// From measured factors (durations over their means): the finite positive ones,
-    /// rescaled to a mean of 1 so that a stage's time stays its mean. `None` with fewer
-    /// than 2, which spread nothing.
-    pub fn new(factors: &[f64]) -> Option<DurationSpread> {
-        let mut kept: Vec<f64> = factors.iter().copied().filter(|f| f.is_finite() && *f > 0.0).collect();
-        kept.sort_by(f64::total_cmp);
-        if kept.len() < 2 {
-            return None;
-        }
-        let mean = kept.iter().sum::<f64>() / kept.len() as f64;
-        Some(DurationSpread { factors: kept.iter().map(|f| f / mean).collect(), draw: 0 })
-    }
-
-    /// The factors, mean 1, in increasing order.
-    pub fn factors(&self) -> &[f64] {
-        &self.factors
-    }
-
-    /// The factor of stage `stage`'s operation `kind` (0 forward, 1 recompute, 2 backward)
-    /// on microbatch `mb`: a function of those and the draw alone, so that both engines and
-    /// any order of evaluation draw alike.
-    fn factor(&self, stage: usize, mb: u64, kind: u64) -> f64 {
-        let h = mix(mix(mix(mix(self.draw) ^ stage as u64) ^ mb) ^ kind);
-        self.factors[(h % self.factors.len() as u64) as usize]
-    }
-}
-
-/// Each forward and backward of `events`, its time in `seconds` (by index), over the mean
-/// of its stage and kind there: the factors a [`DurationSpread`] is made of.
-pub fn duration_factors(events: &[TraceEvent], seconds: &[f64]) -> Vec<f64> {
-    let timed = || events.iter().zip(seconds).filter(|(e, _)| matches!(e.kind, TraceKind::Forward | TraceKind::Backward));
-    let mut sums: HashMap<(usize, bool), (f64, usize)> = HashMap::new();
-    for (e, &t) in timed() {
-        let sum = sums.entry((e.stage, e.kind == TraceKind::Forward)).or_default();
-        *sum = (sum.0 + t, sum.1 + 1);
-    }
-    timed()
-        .filter_map(|(e, &t)| {
-            let (sum, n) = sums[&(e.stage, e.kind == TraceKind::Forward)];
-            (sum > 0.0).then(|| t * n as f64 / sum)
-        })
-        .collect()
-}
-
-/// SplitMix64's finaliser: spreads a key's bits over the whole word.
-fn mix(x: u64) -> u64 {
-    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
 
 impl SimSetup {
     /// Stage `s`'s forward, recompute and backward seconds on microbatch `mb`: its
@@ -233,102 +137,6 @@ impl SimSetup {
             Some(spread) => std::array::from_fn(|k| times[k] * spread.factor(s, mb, k as u64)),
             None => times,
         }
-    }
-}
-
-/// A CPU host's cores, which the stages' threads share, and how its scheduler shares them.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
-pub struct HostCores {
-    pub cores: usize,
-    /// The scheduler's time slice, seconds: a thread that has work but no core waits in
-    /// line, and one that used up its slice while others wait goes to the back. 0: ideal
-    /// processor sharing (every runnable thread at once, at `cores / threads` of a core).
-    pub time_slice_s: f64,
-    /// The scheduler's tick, seconds, on which turns end ([`HostCores::turn_end`]): Linux
-    /// looks for a thread to preempt only on its tick, so a turn lasts from the slice up
-    /// to a tick longer. 0: turns end at the slice itself (the tick unknown).
-    pub tick_s: f64,
-    /// How much slower a thread's work runs as threads crowd the host.
-    pub crowding: Crowding,
-}
-
-impl HostCores {
-    /// `cores` under Linux's default time slice ([`default_time_slice`]), as `simulate
-    /// --host-cores` and the planner replay a CPU host.
-    pub fn linux(cores: usize) -> HostCores {
-        HostCores { cores, time_slice_s: default_time_slice(cores), tick_s: 0.0, crowding: Crowding::NONE }
-    }
-
-    /// `cores` shared ideally, for hand-computed cases.
-    pub fn ideal(cores: usize) -> HostCores {
-        HostCores { cores, time_slice_s: 0.0, tick_s: 0.0, crowding: Crowding::NONE }
-    }
-
-    /// The same host with threads slowing each other by `crowding` (a profile's
-    /// [`crate::cost::CostModel::crowding`]).
-    pub fn crowded(self, crowding: Crowding) -> HostCores {
-        HostCores { crowding, ..self }
-    }
-
-    /// The same host with its turns ending on a tick of `tick_s` seconds (a profile's
-    /// [`crate::cost::CostModel::tick`]).
-    pub fn ticking(self, tick_s: f64) -> HostCores {
-        HostCores { tick_s, ..self }
-    }
-
-    /// When a turn on a core that began at `start` ends: at the first tick (ticks at every
-    /// multiple of `tick_s` from the replay's start) at least a slice after `start`, as a
-    /// thread that has used up its slice is preempted on the next tick only; at the slice
-    /// itself without a tick.
-    pub fn turn_end(&self, start: f64) -> f64 {
-        let earliest = start + self.time_slice_s;
-        if self.tick_s > 0.0 {
-            ((earliest / self.tick_s).ceil() * self.tick_s).max(earliest)
-        } else {
-            earliest
-        }
-    }
-
-    /// The speed of a thread holding a core (or, under ideal sharing, its share of the
-    /// cores) while `threads` threads have work.
-    pub fn rate(&self, threads: usize) -> f64 {
-        let share = if self.time_slice_s > 0.0 { 1.0 } else { (self.cores as f64 / threads.max(1) as f64).min(1.0) };
-        share / self.crowding.slowdown(threads, self.cores)
-    }
-}
-
-/// How much slower each thread's work runs while several have work on a host, beyond
-/// their share of its cores: the caches and the memory bandwidth they share, the
-/// scheduler's switches. Measured by `pipewright profile` with as many threads as cores
-/// (`at_cores`) and twice as many (`at_twice`); 1 is none.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
-pub struct Crowding {
-    pub at_cores: f64,
-    pub at_twice: f64,
-}
-
-impl Crowding {
-    pub const NONE: Crowding = Crowding { at_cores: 1.0, at_twice: 1.0 };
-
-    /// With `threads` working on `cores` cores: 1 for one thread, linear from there to
-    /// `at_cores` at `cores` threads and on to `at_twice` at twice as many; beyond that
-    /// (not measured) `at_twice`.
-    pub fn slowdown(&self, threads: usize, cores: usize) -> f64 {
-        let (n, c) = (threads as f64, cores.max(1) as f64);
-        if n <= 1.0 {
-            1.0
-        } else if n <= c {
-            1.0 + (self.at_cores - 1.0) * (n - 1.0) / (c - 1.0)
-        } else if n <= 2.0 * c {
-            self.at_cores + (self.at_twice - self.at_cores) * (n - c) / c
-        } else {
-            self.at_twice
-        }
-    }
-
-    /// Whether `threads` threads slow each other at all.
-    pub fn slows(&self, threads: usize, cores: usize) -> bool {
-        self.slowdown(threads, cores) != 1.0
     }
 }
 
@@ -488,7 +296,7 @@ pub fn simulate(setup: &SimSetup) -> Result<Simulation, SimError> {
     let runs = (0..SPREAD_DRAWS)
         .map(|draw| {
             // The first draw's intervals make the trace.
-            let one = SimSetup { record: setup.record && draw == 0, spread: Some(DurationSpread { draw, ..spread.clone() }), ..setup.clone() };
+            let one = SimSetup { record: setup.record && draw == 0, spread: Some(spread.with_draw(draw)), ..setup.clone() };
             replay(&one)
         })
         .collect::<Result<Vec<_>, _>>()?;
@@ -521,14 +329,6 @@ fn replay(setup: &SimSetup) -> Result<Simulation, SimError> {
         Some(host) if host.cores < threads || host.crowding.slows(threads, host.cores) => shared::replay(setup, host),
         _ => replay_dedicated(setup),
     }
-}
-
-/// Linux's default time slice on `cores` CPUs (EEVDF's base slice, 0.75 ms, scaled by
-/// `1 + log2(cores)` for up to 8 CPUs, as `sysctl_sched_base_slice` is by default): what a
-/// thread woken while every core is busy may wait for.
-pub fn default_time_slice(cores: usize) -> f64 {
-    let scale = 1 + cores.clamp(1, 8).ilog2();
-    f64::from(750 * scale) / 1e6
 }
 
 /// Refuses setups no replay can run.
@@ -900,6 +700,7 @@ impl StageCost {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::machine::{allreduce_seconds, default_time_slice};
 
     fn equal(d: usize, f: f64, b: f64) -> Vec<StageCost> {
         vec![StageCost { forward_s: f, backward_s: b, recompute_s: 0.0, optimizer_s: 0.0, send_s: 0.0, after_backward_s: 0.0, send_bytes: 0.0, grad_bytes: 0.0, tied_sync_s: 0.0, memory_one: 0.0, memory_per_extra: 0.0 }; d]
@@ -1368,16 +1169,6 @@ mod tests {
         assert!(simulate(&s).unwrap_err().to_string().contains("stage 1: times and sizes must be finite"));
         let s = SimSetup { host: Some(HostCores::ideal(0)), ..setup(Scheme::Flush, 2, 2, 1) };
         assert_eq!(simulate(&s).unwrap_err(), SimError::Setup("the host's CPU cores must be at least 1".into()));
-    }
-
-    /// A spread keeps the measured factors' shape and rescales them to a mean of 1;
-    /// fewer than two usable factors spread nothing.
-    #[test]
-    fn a_spread_is_its_factors_over_their_mean() {
-        let spread = DurationSpread::new(&[3.0, f64::NAN, 1.0, -2.0, 2.0, 0.0]).unwrap();
-        assert_eq!(spread.factors(), [0.5, 1.0, 1.5]);
-        assert!(DurationSpread::new(&[1.2, f64::INFINITY]).is_none());
-        assert!(DurationSpread::new(&[]).is_none());
     }
 
     /// Factors all 1 replay as mean times do; a draw depends on the stage, the

@@ -53,10 +53,11 @@ use pipewright_ir::{Graph, NodeId, Op, ValueDef, ValueId};
 use serde::Serialize;
 
 use crate::cost::CostModel;
+use crate::machine::{allreduce_seconds, Link};
 use crate::partition::{value_bytes, PartitionProblem};
 use crate::planner::{stage_memory_model, Candidate, PlanOptions};
 use crate::presets::SimCluster;
-use crate::simulate::{allreduce_seconds, Link, StageCost};
+use crate::simulate::StageCost;
 
 /// How one node is placed on the `t` GPUs of a group.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
@@ -476,7 +477,7 @@ mod tests {
         // The replay: per batch m microbatches, then the groups' all-reduce of each GPU's
         // gradients (inside the server: NVLink) and the optimizer.
         assert_eq!(p.dp_link, c.nvlink());
-        let setup = SimSetup { scheme: pipewright_core::Scheme::TensorParallel, w: 4, b: 1, m: 2, batches: 4, stages: vec![p.stage.clone()], links: Vec::new(), allreduce: crate::cluster::AllReduce::ring(p.dp_link), record: false, host: None, tied_groups: Vec::new(), spread: None };
+        let setup = SimSetup { scheme: pipewright_core::Scheme::TensorParallel, w: 4, b: 1, m: 2, batches: 4, stages: vec![p.stage.clone()], links: Vec::new(), allreduce: crate::machine::AllReduce::ring(p.dp_link), record: false, host: None, tied_groups: Vec::new(), spread: None };
         let sim = simulate(&setup).unwrap();
         let per_batch = 2.0 * hand + allreduce_seconds(p.stage.grad_bytes, 4, c.nvlink()) + p.stage.optimizer_s;
         assert!((sim.batch_s - per_batch).abs() <= 1e-9 * per_batch, "{} against {per_batch}", sim.batch_s);
