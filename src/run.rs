@@ -9,7 +9,7 @@ use pipewright_core::fs::write_atomic;
 use pipewright_core::units::human_bytes;
 use pipewright_driver::conformance::{report, run_all, totals};
 use pipewright_driver::export::{save_weights, WEIGHTS_FILE};
-use pipewright_passes::cost::{BatchSpread, Profile, StageSplit};
+use pipewright_passes::profile::{BatchSpread, Profile, StageSplit};
 use pipewright_driver::forward::{bench_step, run_forward, save_outputs, verdict};
 use pipewright_driver::profile::Progress as ProfileProgress;
 use pipewright_driver::train::{Session, WorkerSession};

@@ -15,6 +15,7 @@ pub mod pipeline;
 pub mod plan_file;
 pub mod planner;
 pub mod presets;
+pub mod profile;
 pub mod recompute;
 pub mod simulate;
 pub mod tensor_parallel;
