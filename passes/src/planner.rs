@@ -172,7 +172,7 @@ pub struct SharedWeight {
 }
 
 /// The planner's result, with the cluster and options it was made for. `plan --json`
-/// writes it (inside a [`crate::plan_file::PlanFile`]); `compile --plan` reads it back.
+/// writes it (inside the plan file's `PlanFile`); `compile --plan` reads it back.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Plan {
     pub cluster: Cluster,
@@ -680,7 +680,7 @@ impl<'a> PlanContext<'a> {
 /// The planner's memory model of one stage of a `d`-stage pipeline under `schedule` (the
 /// copies of each weight byte and the factors of its activations, in `opts`'s optimizer and
 /// precision), for analyses that count memory as the planner does
-/// ([`crate::tensor_parallel`]).
+/// (the tensor-parallel baseline).
 pub fn stage_memory_model(schedule: Schedule, recompute: Recompute, d: usize, m: u64, opts: &PlanOptions, limit: f64) -> MemoryModel {
     memory_model(schedule, recompute, d, m, opts.optimizer.state_tensors(opts.momentum), opts.precision, limit)
 }
