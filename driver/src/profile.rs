@@ -567,7 +567,8 @@ const SPREAD_RUN_S: f64 = 3.0;
 /// two-stage `build` at microbatch `b` with [`SPREAD_MICROBATCHES`] per step (GPipe: the
 /// stages overlap but for the fill and the drain), steps after the warm-up only. Why not
 /// the one-microbatch runs: there the stages take turns, where a pipeline's run at once
-/// and share the cores, caches and memory bandwidth (docs/simulator.md, after run 16).
+/// and share the cores, caches and memory bandwidth (docs/simulator.md, "The operations'
+/// spread").
 fn spread_runs_at(build: &Path, device: Device, b: u64, profiled: &Profiled<'_>, objective: &Objective) -> Result<Vec<f64>, DriverError> {
     // Two stages at once do a step's passes in about half the time.
     let steps = steps_lasting(profiled, b, SPREAD_RUN_S, SPREAD_MICROBATCHES as f64 / 2.0);
@@ -800,8 +801,8 @@ const DURATION_QUANTILES: usize = 64;
 /// sorted values (all of them, sorted, when fewer). The simulator draws each kept value
 /// as often as any other, so the lowest and the highest are not kept: one outlier among
 /// thousands would stand for a whole share (gpt2-tiny's profile kept a factor of 3.98,
-/// and its spread's standard deviation was 0.40 instead of 0.15, docs/simulator.md,
-/// after run 16).
+/// and its spread's standard deviation was 0.40 instead of 0.15, docs/simulator.md, "The
+/// operations' spread").
 fn quantiles(mut values: Vec<f64>) -> Vec<f64> {
     values.sort_by(f64::total_cmp);
     if values.len() <= DURATION_QUANTILES {
