@@ -3,29 +3,17 @@
 
 use pipewright_core::schedule::Op;
 use pipewright_core::timeline::TraceKind;
-use pipewright_core::{Scheme, UpdateRule};
 
-use super::state::{allreduce_per_stage, arrivals, defers_updates, report, Events, Meetings, StageEnd, StageState};
-use super::{scheme_ops, SimError, SimSetup, Simulation, StageCost};
+use super::state::{report, Events, Meetings, StageEnd, StageState, Start};
+use super::{SimError, SimSetup, Simulation, StageCost};
 
 /// The replay when every stage owns its device: each stage runs as far as its inputs allow,
 /// in turn, until all are done (no global clock is needed, since stages never slow each
 /// other down).
 pub(super) fn replay_dedicated(setup: &SimSetup) -> Result<Simulation, SimError> {
     let d = setup.stages.len();
-    let m = setup.m as usize;
-    let two_bw = setup.scheme == Scheme::TwoBw;
-    let rule = if two_bw { UpdateRule::TwoBw } else { UpdateRule::Vanilla };
-    let allreduce = allreduce_per_stage(setup);
-    let mut meetings = Meetings::new(setup)?;
-    let deferred = defers_updates(setup);
-    let mut st = Vec::with_capacity(d);
-    for s in 0..d {
-        st.push(StageState::new(scheme_ops(setup.scheme, s, d, m, setup.batches)?));
-    }
-    let (mut acts, mut grads) = (arrivals(setup), arrivals(setup));
-    let mut batch_end = vec![0.0f64; setup.batches];
-    let mut events = Events { keep: setup.record, list: Vec::new() };
+    let Start { rule, allreduce, mut meetings, deferred, mut acts, mut grads, mut batch_end, mut events } = Start::new(setup)?;
+    let mut st = StageState::all(setup)?;
     let m64 = setup.m;
     loop {
         let mut progressed = false;

@@ -29,12 +29,11 @@ use std::collections::VecDeque;
 
 use pipewright_core::schedule::Op;
 use pipewright_core::timeline::{TraceEvent, TraceKind};
-use pipewright_core::{Scheme, UpdateRule};
 
 use crate::machine::HostCores;
 
-use super::state::{allreduce_per_stage, arrivals, defers_updates, report, Events, Meetings, StageEnd, StageState};
-use super::{scheme_ops, SimError, SimSetup, Simulation};
+use super::state::{report, StageEnd, StageState, Start};
+use super::{SimError, SimSetup, Simulation};
 
 /// Work on a stage's stream.
 #[derive(Clone, Copy, Debug)]
@@ -133,27 +132,12 @@ impl Stage {
 pub(super) fn replay(setup: &SimSetup, host: HostCores) -> Result<Simulation, SimError> {
     let cores = host.cores;
     let d = setup.stages.len();
-    let m = setup.m as usize;
     let m64 = setup.m;
-    let two_bw = setup.scheme == Scheme::TwoBw;
-    let rule = if two_bw { UpdateRule::TwoBw } else { UpdateRule::Vanilla };
-    let allreduce = allreduce_per_stage(setup);
-    let mut meetings = Meetings::new(setup)?;
-    let deferred = defers_updates(setup);
-    let mut st = Vec::with_capacity(d);
-    for s in 0..d {
-        st.push(Stage {
-            common: StageState::new(scheme_ops(setup.scheme, s, d, m, setup.batches)?),
-            steps: VecDeque::new(),
-            running: None,
-            handoff_start: 0.0,
-            core_until: None,
-            queued: false,
-        });
-    }
-    let (mut acts, mut grads) = (arrivals(setup), arrivals(setup));
-    let mut batch_end = vec![0.0f64; setup.batches];
-    let mut events = Events { keep: setup.record, list: Vec::new() };
+    let Start { rule, allreduce, mut meetings, deferred, mut acts, mut grads, mut batch_end, mut events } = Start::new(setup)?;
+    let mut st: Vec<Stage> = StageState::all(setup)?
+        .into_iter()
+        .map(|common| Stage { common, steps: VecDeque::new(), running: None, handoff_start: 0.0, core_until: None, queued: false })
+        .collect();
     // Under time slices a stage takes turns as a block of its `w` replicas' threads.
     let (slice, slots) = (host.time_slice_s, (cores / setup.w).max(1));
     let mut queue: VecDeque<usize> = VecDeque::new();

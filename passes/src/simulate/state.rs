@@ -4,9 +4,42 @@
 
 use pipewright_core::schedule::Op;
 use pipewright_core::timeline::{TraceEvent, TraceKind};
-use pipewright_core::Scheme;
+use pipewright_core::{Scheme, UpdateRule};
 
-use super::{SimError, SimSetup, Simulation, StageReport};
+use super::{scheme_ops, SimError, SimSetup, Simulation, StageReport};
+
+/// What both engines start a replay with besides their stages: the update rule, each
+/// stage's all-reduce, the tied stages' meetings, whether updates wait for their version
+/// ([`defers_updates`]), the stages' inputs arriving, each batch's end and the intervals
+/// kept for the trace.
+pub(super) struct Start {
+    pub(super) rule: UpdateRule,
+    pub(super) allreduce: Vec<f64>,
+    pub(super) meetings: Meetings,
+    pub(super) deferred: bool,
+    /// Activations arriving at each stage, and gradients.
+    pub(super) acts: Vec<Arrivals>,
+    pub(super) grads: Vec<Arrivals>,
+    pub(super) batch_end: Vec<f64>,
+    pub(super) events: Events,
+}
+
+impl Start {
+    /// For `setup` (already checked); refuses tied groups naming no stage of it.
+    pub(super) fn new(setup: &SimSetup) -> Result<Start, SimError> {
+        let rule = if setup.scheme == Scheme::TwoBw { UpdateRule::TwoBw } else { UpdateRule::Vanilla };
+        Ok(Start {
+            rule,
+            allreduce: allreduce_per_stage(setup),
+            meetings: Meetings::new(setup)?,
+            deferred: defers_updates(setup),
+            acts: arrivals(setup),
+            grads: arrivals(setup),
+            batch_end: vec![0.0f64; setup.batches],
+            events: Events { keep: setup.record, list: Vec::new() },
+        })
+    }
+}
 
 /// Arrival times by microbatch in a window of slots reused modulo its length (a producer
 /// is never more than a batch and a pipeline ahead of its consumer).
@@ -68,8 +101,14 @@ pub(super) struct StageState {
 
 impl StageState {
     /// A stage about to run `ops`, at time 0 with nothing done.
-    pub(super) fn new(ops: Vec<Op>) -> StageState {
+    fn new(ops: Vec<Op>) -> StageState {
         StageState { ops, pc: 0, free: 0.0, busy: 0.0, in_flight: 0, peak_in_flight: 0, fwd_link_free: 0.0, bwd_link_free: 0.0, net_free: 0.0, pending: Vec::new(), version: 0 }
+    }
+
+    /// Every stage of `setup` about to run its order ([`scheme_ops`]).
+    pub(super) fn all(setup: &SimSetup) -> Result<Vec<StageState>, SimError> {
+        let (d, m) = (setup.stages.len(), setup.m as usize);
+        (0..d).map(|s| Ok(StageState::new(scheme_ops(setup.scheme, s, d, m, setup.batches)?))).collect()
     }
 
     /// What it ended with, for [`report`]: last busy when its stream, links or all-reduce
@@ -81,7 +120,7 @@ impl StageState {
 
 /// The replicas' all-reduce per stage and step (the tied-weight sums are apart: they run
 /// on the stream after the stages meet, [`Meetings`]).
-pub(super) fn allreduce_per_stage(setup: &SimSetup) -> Vec<f64> {
+fn allreduce_per_stage(setup: &SimSetup) -> Vec<f64> {
     setup.stages.iter().map(|c| setup.allreduce.seconds(c.grad_bytes, setup.w)).collect()
 }
 
@@ -154,12 +193,12 @@ impl Meetings {
 /// replicas' all-reduce and the tied stages' meeting) and goes on, applying the update
 /// once they are done, just before the first forward that needs its version. With one
 /// replica the update runs at the step, as the executor runs it.
-pub(super) fn defers_updates(setup: &SimSetup) -> bool {
+fn defers_updates(setup: &SimSetup) -> bool {
     setup.scheme == Scheme::TwoBw && setup.w > 1
 }
 
 /// Arrival times for each stage's inputs, in a window of `2m + 2d + 2` slots.
-pub(super) fn arrivals(setup: &SimSetup) -> Vec<Arrivals> {
+fn arrivals(setup: &SimSetup) -> Vec<Arrivals> {
     let window = 2 * setup.m as usize + 2 * setup.stages.len() + 2;
     (0..setup.stages.len()).map(|_| Arrivals::new(window)).collect()
 }
@@ -167,7 +206,7 @@ pub(super) fn arrivals(setup: &SimSetup) -> Vec<Arrivals> {
 /// The intervals a replay keeps for its trace (none unless asked): stage = trace row,
 /// times in µs.
 pub(super) struct Events {
-    pub(super) keep: bool,
+    keep: bool,
     pub(super) list: Vec<TraceEvent>,
 }
 
