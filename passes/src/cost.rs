@@ -742,7 +742,7 @@ impl CostModel {
         }
     }
 
-    /// Overrides node times with the profile's measurements ([`Measured`]) and calibrates the
+    /// Overrides node times with the profile's measurements (`Measured`) and calibrates the
     /// others by the median measured/analytic ratio of their class.
     pub fn apply_profile(
         &mut self,

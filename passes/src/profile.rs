@@ -100,7 +100,7 @@ pub struct Profile {
 /// `pipewright profile` measures a split at every batch size it profiles, since the
 /// shares move with the microbatch in ways a line between two sizes misses (resnet18's,
 /// docs/simulator.md); between and beyond the measured sizes the scales are interpolated
-/// ([`Profile::split_scales`]).
+/// (`Profile::split_scales`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct StageSplit {
     pub batch: u64,
