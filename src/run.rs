@@ -9,7 +9,7 @@ use pipewright_core::fs::write_atomic;
 use pipewright_core::units::human_bytes;
 use pipewright_driver::conformance::{report, run_all, totals};
 use pipewright_driver::export::{save_weights, WEIGHTS_FILE};
-use pipewright_passes::cost::{BatchSpread, Profile, StageSplit};
+use pipewright_passes::profile::{BatchSpread, Profile, StageSplit};
 use pipewright_driver::forward::{bench_step, run_forward, save_outputs, verdict};
 use pipewright_driver::profile::Progress as ProfileProgress;
 use pipewright_driver::train::{Session, WorkerSession};
@@ -279,7 +279,7 @@ pub fn profile(args: &ProfileArgs) -> Result<()> {
     for sp in &p.split {
         report_split(&p, sp);
     }
-    if let Some(spread) = pipewright_passes::simulate::DurationSpread::new(&p.duration_factors) {
+    if let Some(spread) = pipewright_passes::machine::DurationSpread::new(&p.duration_factors) {
         let f = spread.factors();
         let at = |q: f64| f[((f.len() - 1) as f64 * q).round() as usize];
         eprintln!("profile: a stage's forwards and backwards take {:.2} to {:.2} of its mean (10th to 90th percentile; the simulator draws from these)", at(0.1), at(0.9));

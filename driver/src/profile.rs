@@ -31,7 +31,7 @@ use pipewright_core::timeline::{after_backward_us, TraceEvent, TraceKind};
 use pipewright_core::{Decay, Device, NonFinite, Precision, Recompute, Schedule};
 use pipewright_ir::{Graph, ImportOptions};
 use pipewright_core::Loss;
-use pipewright_passes::cost::{BatchSpread, BoundaryCost, HostSharing, LossTiming, Profile, ProfileNode, SharedPasses, SplitStage, StageSplit, WeightUpdate, WholePass, WholeStep};
+use pipewright_passes::profile::{BatchSpread, BoundaryCost, HostSharing, LossTiming, Profile, ProfileNode, SharedPasses, SplitStage, StageSplit, WeightUpdate, WholePass, WholeStep};
 use pipewright_runtime::exec::{run_node, Mode, Signature, Signatures};
 use pipewright_runtime::module::read_module;
 use pipewright_runtime::pipeline::{accumulate_ms, loss_ms, step_ms, update_ms, Objective, OptimizerConfig, TrainReport};
@@ -568,7 +568,8 @@ const SPREAD_RUN_S: f64 = 3.0;
 /// two-stage `build` at microbatch `b` with [`SPREAD_MICROBATCHES`] per step (GPipe: the
 /// stages overlap but for the fill and the drain), steps after the warm-up only. Why not
 /// the one-microbatch runs: there the stages take turns, where a pipeline's run at once
-/// and share the cores, caches and memory bandwidth (docs/simulator.md, after run 16).
+/// and share the cores, caches and memory bandwidth (docs/simulator.md, "The operations'
+/// spread").
 fn spread_runs_at(build: &Path, device: Device, b: u64, profiled: &Profiled<'_>, objective: &Objective) -> Result<Vec<f64>, DriverError> {
     // Two stages at once do a step's passes in about half the time.
     let steps = steps_lasting(profiled, b, SPREAD_RUN_S, SPREAD_MICROBATCHES as f64 / 2.0);
@@ -790,7 +791,7 @@ fn train_traced(build: &Path, device: Device, steps: usize, microbatches: u64, o
 fn duration_factors(trace: &[TraceEvent]) -> Vec<f64> {
     let timed: Vec<TraceEvent> = trace.iter().filter(|e| e.step >= BOUNDARY_WARM_STEPS as u64).cloned().collect();
     let us: Vec<f64> = timed.iter().map(|e| e.dur_us).collect();
-    pipewright_passes::simulate::duration_factors(&timed, &us)
+    pipewright_passes::machine::duration_factors(&timed, &us)
 }
 
 /// The factors a profile keeps of all its two-stage runs': at most this many evenly spaced
@@ -801,8 +802,8 @@ const DURATION_QUANTILES: usize = 64;
 /// sorted values (all of them, sorted, when fewer). The simulator draws each kept value
 /// as often as any other, so the lowest and the highest are not kept: one outlier among
 /// thousands would stand for a whole share (gpt2-tiny's profile kept a factor of 3.98,
-/// and its spread's standard deviation was 0.40 instead of 0.15, docs/simulator.md,
-/// after run 16).
+/// and its spread's standard deviation was 0.40 instead of 0.15, docs/simulator.md, "The
+/// operations' spread").
 fn quantiles(mut values: Vec<f64>) -> Vec<f64> {
     values.sort_by(f64::total_cmp);
     if values.len() <= DURATION_QUANTILES {

@@ -8,11 +8,11 @@ use std::time::Duration;
 use criterion::{criterion_group, criterion_main, Criterion};
 use pipewright_core::{Precision, Scheme};
 use pipewright_ir::{import_model, ImportOptions};
-use pipewright_passes::cluster::AllReduce;
 use pipewright_passes::cost::CostModel;
+use pipewright_passes::machine::{AllReduce, Link};
 use pipewright_passes::planner::{plan, PlanOptions};
 use pipewright_passes::presets::{device, network, SimCluster};
-use pipewright_passes::simulate::{simulate, Link, SimSetup, StageCost};
+use pipewright_passes::simulate::{simulate, SimSetup, StageCost};
 use pipewright_synth::{gpt, GptShape, Storage};
 
 fn bench_plan(c: &mut Criterion) {

@@ -36,7 +36,7 @@ use pipewright_core::units::human_bytes;
 use serde::{Deserialize, Serialize};
 
 use crate::cost::Roofline;
-use crate::simulate::{allreduce_seconds, Link};
+use crate::machine::{AllReduce, Link};
 
 /// Seconds per message on a server's NVLink and on the network between servers. The
 /// planner's closed form has none ([`Latencies::NONE`]); its replays and `simulate` on a
@@ -52,44 +52,6 @@ impl Latencies {
     /// 5 µs per NVLink message, 20 µs per network message: order-of-magnitude assumptions
     /// (docs/simulator.md), not measurements.
     pub const ASSUMED: Latencies = Latencies { intra_s: 5e-6, inter_s: 20e-6 };
-}
-
-/// How the `w` replicas of a stage all-reduce their gradients ([`Cluster::allreduce`]):
-/// `per_server` replicas in each server reduce among themselves over `intra`, and each
-/// one's `1 / per_server` shard is reduced across the `w / per_server` servers over
-/// `inter`. `per_server >= w`: one ring inside a server; `per_server == 1`: one flat ring
-/// over `inter`. The width is the caller's (the replay's `SimSetup::w`), so a description
-/// cannot disagree with it.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
-pub struct AllReduce {
-    pub per_server: usize,
-    pub intra: Link,
-    pub inter: Link,
-}
-
-impl AllReduce {
-    /// A flat ring over one link.
-    pub fn ring(link: Link) -> AllReduce {
-        AllReduce { per_server: 1, intra: link, inter: link }
-    }
-
-    /// Seconds to all-reduce `bytes` of gradient among `w` replicas. With `g` replicas per
-    /// server over `k`
-    /// servers: reduce-scatter inside the server (`g - 1` steps of `bytes / g` over
-    /// `intra`), a ring all-reduce of each shard across the servers (`2 (k - 1)` steps of
-    /// `bytes / (g k)` over `inter`), all-gather inside the server (`g - 1` steps of
-    /// `bytes / g`). The two intra-server halves together are a ring all-reduce of `bytes`
-    /// among `g`, so it is two rings; `g = 1` or `k = 1` is the flat ring.
-    pub fn seconds(&self, bytes: f64, w: usize) -> f64 {
-        let g = self.per_server.clamp(1, w.max(1));
-        let k = w.max(1) / g;
-        allreduce_seconds(bytes, g, self.intra) + allreduce_seconds(bytes / g as f64, k, self.inter)
-    }
-
-    /// Its links, for validation.
-    pub fn links(&self) -> [Link; 2] {
-        [self.intra, self.inter]
-    }
 }
 
 /// The hardware a plan is made for.
@@ -483,6 +445,7 @@ impl Cluster {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::machine::allreduce_seconds;
 
     #[test]
     fn sizes_and_rates() {

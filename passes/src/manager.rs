@@ -4,7 +4,7 @@
 //! (`--stop-after`).
 //!
 //! The passes of `pipewright compile` are [`PassName::ALL`] in order: `import`, `plan`,
-//! `partition`, `recompute`, `weight-versioning` (this crate's [`crate::pipeline`]) and
+//! `partition`, `recompute`, `weight-versioning` (this crate's `pipeline` module) and
 //! `lower` (codegen). Every one of them does real work; printing and timing cover all of
 //! them, the planner included.
 

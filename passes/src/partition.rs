@@ -48,6 +48,7 @@ use std::ops::Range;
 
 use petgraph::visit::{EdgeRef, IntoEdgeReferences};
 use petgraph::Direction;
+use pipewright_core::{Precision, Recompute, Schedule};
 use pipewright_ir::{Graph, NodeId, ValueDef};
 use serde::{Deserialize, Serialize};
 
@@ -75,6 +76,61 @@ impl MemoryModel {
             kept_factor: 0.0,
             input_factor: 0.0,
             limit: f64::INFINITY,
+        }
+    }
+
+    /// The planner's memory model of one stage of a `d`-stage pipeline under `schedule`
+    /// with `m` microbatches: the copies of each weight byte (its versions, the gradient,
+    /// `state_tensors` of optimizer state, the mixed-precision casts) and the factors of
+    /// its activations in `precision`, against `limit`. The planner and the tensor-parallel
+    /// baseline count memory by it.
+    pub fn of_stage(schedule: Schedule, recompute: Recompute, d: usize, m: u64, state_tensors: u32, precision: Precision, limit: f64) -> MemoryModel {
+        let in_flight = match schedule {
+            Schedule::TwoBw | Schedule::Flush => d as f64,
+            Schedule::GPipe => m as f64,
+        };
+        // Master weights (each version), the fp32 gradient and the optimizer state keep the
+        // model's type whatever the precision. Mixed precision adds the weights cast to the
+        // compute type, one copy per version (the runtime shares it among the microbatches
+        // using that version), and computes every activation in the compute type.
+        let ratio = precision.compute_bytes() as f64 / 4.0;
+        let cast_copies = if precision.is_mixed() { f64::from(schedule.weight_versions()) } else { 0.0 };
+        let weight_factor = f64::from(schedule.weight_versions() + 1 + state_tensors) + ratio * cast_copies;
+        let model = MemoryModel::in_flight(recompute, in_flight, weight_factor, limit);
+        MemoryModel {
+            act_factor: model.act_factor * ratio,
+            kept_factor: model.kept_factor * ratio,
+            input_factor: model.input_factor * ratio,
+            ..model
+        }
+    }
+
+    /// The fp32 memory model of `recompute` with `in_flight` microbatches.
+    pub fn in_flight(recompute: Recompute, in_flight: f64, weight_factor: f64, limit: f64) -> MemoryModel {
+        match recompute {
+            Recompute::Full => MemoryModel {
+                weight_factor,
+                act_factor: 1.0,
+                kept_factor: 0.0,
+                input_factor: in_flight,
+                limit,
+            },
+            // Every in-flight microbatch keeps its stage inputs and matmul/conv outputs; the
+            // one being back-propagated also has its recomputed activations.
+            Recompute::Selective => MemoryModel {
+                weight_factor,
+                act_factor: 1.0,
+                kept_factor: in_flight - 1.0,
+                input_factor: in_flight,
+                limit,
+            },
+            Recompute::None => MemoryModel {
+                weight_factor,
+                act_factor: in_flight,
+                kept_factor: 0.0,
+                input_factor: 0.0,
+                limit,
+            },
         }
     }
 }

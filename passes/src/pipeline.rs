@@ -19,10 +19,11 @@ use pipewright_ir::{import_model, verify, verify_stages, Graph, ImportOptions, M
 
 use crate::boundaries::{insert_stage_boundaries, BoundaryError};
 use crate::cluster::Cluster;
-use crate::cost::{CostError, CostModel, Profile};
+use crate::cost::{CostError, CostModel};
 use crate::manager::PassOutput;
 use crate::plan_file::{PlanFile, PlanFileError};
 use crate::planner::{plan, Plan, PlanError, PlanOptions};
+use crate::profile::Profile;
 use crate::recompute::{decide_recomputation, RecomputePlan};
 use crate::versioning::{version_weights, VersionError, WeightVersions};
 

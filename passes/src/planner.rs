@@ -172,7 +172,7 @@ pub struct SharedWeight {
 }
 
 /// The planner's result, with the cluster and options it was made for. `plan --json`
-/// writes it (inside a [`crate::plan_file::PlanFile`]); `compile --plan` reads it back.
+/// writes it (inside the plan file's `PlanFile`); `compile --plan` reads it back.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Plan {
     pub cluster: Cluster,
@@ -556,8 +556,8 @@ impl<'a> PlanContext<'a> {
         let (extra_bytes, _, sync) = self.shared_extra(&cand.cuts, pbw);
         let state = opts.optimizer.state_tensors(opts.momentum);
         let model = |k: f64| {
-            let base = memory_model(cand.schedule, cand.recompute, d, cand.m, state, opts.precision, f64::INFINITY);
-            let one = memory_model_of(cand.recompute, k, base.weight_factor, f64::INFINITY);
+            let base = MemoryModel::of_stage(cand.schedule, cand.recompute, d, cand.m, state, opts.precision, f64::INFINITY);
+            let one = MemoryModel::in_flight(cand.recompute, k, base.weight_factor, f64::INFINITY);
             let ratio = opts.precision.compute_bytes() as f64 / 4.0;
             MemoryModel { act_factor: one.act_factor * ratio, kept_factor: one.kept_factor * ratio, input_factor: one.input_factor * ratio, ..one }
         };
@@ -677,72 +677,6 @@ impl<'a> PlanContext<'a> {
     }
 }
 
-/// The planner's memory model of one stage of a `d`-stage pipeline under `schedule` (the
-/// copies of each weight byte and the factors of its activations, in `opts`'s optimizer and
-/// precision), for analyses that count memory as the planner does
-/// ([`crate::tensor_parallel`]).
-pub fn stage_memory_model(schedule: Schedule, recompute: Recompute, d: usize, m: u64, opts: &PlanOptions, limit: f64) -> MemoryModel {
-    memory_model(schedule, recompute, d, m, opts.optimizer.state_tensors(opts.momentum), opts.precision, limit)
-}
-
-fn memory_model(
-    schedule: Schedule,
-    recompute: Recompute,
-    d: usize,
-    m: u64,
-    state_tensors: u32,
-    precision: Precision,
-    limit: f64,
-) -> MemoryModel {
-    let in_flight = match schedule {
-        Schedule::TwoBw | Schedule::Flush => d as f64,
-        Schedule::GPipe => m as f64,
-    };
-    // Master weights (each version), the fp32 gradient and the optimizer state keep the
-    // model's type whatever the precision. Mixed precision adds the weights cast to the
-    // compute type, one copy per version (the runtime shares it among the microbatches
-    // using that version), and computes every activation in the compute type.
-    let ratio = precision.compute_bytes() as f64 / 4.0;
-    let cast_copies = if precision.is_mixed() { f64::from(schedule.weight_versions()) } else { 0.0 };
-    let weight_factor = f64::from(schedule.weight_versions() + 1 + state_tensors) + ratio * cast_copies;
-    let model = memory_model_of(recompute, in_flight, weight_factor, limit);
-    MemoryModel {
-        act_factor: model.act_factor * ratio,
-        kept_factor: model.kept_factor * ratio,
-        input_factor: model.input_factor * ratio,
-        ..model
-    }
-}
-
-/// The fp32 memory model of `recompute` with `in_flight` microbatches.
-fn memory_model_of(recompute: Recompute, in_flight: f64, weight_factor: f64, limit: f64) -> MemoryModel {
-    match recompute {
-        Recompute::Full => MemoryModel {
-            weight_factor,
-            act_factor: 1.0,
-            kept_factor: 0.0,
-            input_factor: in_flight,
-            limit,
-        },
-        // Every in-flight microbatch keeps its stage inputs and matmul/conv outputs; the
-        // one being back-propagated also has its recomputed activations.
-        Recompute::Selective => MemoryModel {
-            weight_factor,
-            act_factor: 1.0,
-            kept_factor: in_flight - 1.0,
-            input_factor: in_flight,
-            limit,
-        },
-        Recompute::None => MemoryModel {
-            weight_factor,
-            act_factor: in_flight,
-            kept_factor: 0.0,
-            input_factor: 0.0,
-            limit,
-        },
-    }
-}
-
 #[derive(Clone, Copy, Debug)]
 struct Config {
     w: usize,
@@ -757,7 +691,7 @@ struct Config {
 impl Config {
     fn memory_model(&self, opts: &PlanOptions, limit: f64) -> MemoryModel {
         let state = opts.optimizer.state_tensors(opts.momentum);
-        memory_model(self.schedule, self.recompute, self.d, self.m, state, opts.precision, limit)
+        MemoryModel::of_stage(self.schedule, self.recompute, self.d, self.m, state, opts.precision, limit)
     }
 }
 
@@ -1199,7 +1133,7 @@ fn describe(ctx: &mut PlanContext, candidates: Vec<Candidate>, chosen: Candidate
     let ranges = stage_ranges(&cuts, n);
     let pbw = ctx.cluster.pipeline_bw(chosen.w, chosen.d);
     let (_, extra_numel, _) = ctx.shared_extra(&cuts, pbw);
-    let mem = memory_model(
+    let mem = MemoryModel::of_stage(
         chosen.schedule,
         chosen.recompute,
         chosen.d,

@@ -12,15 +12,15 @@
 //! ```
 //! `host_cores` describes a CPU run of the embedded executor (one compute thread per stage
 //! and replica, all in one process): the working stages then take turns on those cores in
-//! Linux's default time slice ([`crate::simulate::HostCores::linux`]), each turn lasting
+//! Linux's default time slice ([`crate::machine::HostCores::linux`]), each turn lasting
 //! until the scheduler's next tick when a profile measured it ([`crate::cost::CostModel::tick`]).
 //! Without it every stage has its own device.
 
 use pipewright_core::Precision;
 use serde::Serialize;
 
-use crate::cluster::{AllReduce, Cluster, ClusterError, Latencies};
-use crate::simulate::Link;
+use crate::cluster::{Cluster, ClusterError, Latencies};
+use crate::machine::{AllReduce, Link};
 
 /// One accelerator's datasheet figures.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]

@@ -31,7 +31,7 @@
 //! Sharded nodes and both kinds of split matmul take `1/t` of their time (the
 //! [`CostModel`]'s node times) and hold `1/t` of their parameters and activations; full
 //! nodes keep all of theirs. Memory per GPU is the planner's model of a one-stage Flush
-//! pipeline ([`crate::planner::stage_memory_model`]: weights, gradient, optimizer state and
+//! pipeline ([`MemoryModel::of_stage`]: weights, gradient, optimizer state and
 //! the mixed-precision copy per weight byte, one microbatch's activations) on those shares.
 //! No recomputation is searched: the planner's recomputation is per stage, and with one
 //! stage and one microbatch in flight it keeps as much as without it.
@@ -53,10 +53,11 @@ use pipewright_ir::{Graph, NodeId, Op, ValueDef, ValueId};
 use serde::Serialize;
 
 use crate::cost::CostModel;
-use crate::partition::{value_bytes, PartitionProblem};
-use crate::planner::{stage_memory_model, Candidate, PlanOptions};
+use crate::machine::{allreduce_seconds, Link};
+use crate::partition::{value_bytes, MemoryModel, PartitionProblem};
+use crate::planner::{Candidate, PlanOptions};
 use crate::presets::SimCluster;
-use crate::simulate::{allreduce_seconds, Link, StageCost};
+use crate::simulate::StageCost;
 
 /// How one node is placed on the `t` GPUs of a group.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
@@ -285,8 +286,8 @@ pub fn plan_tensor_parallel(g: &Graph, cost: &CostModel, cluster: &SimCluster, o
                 }
                 let m = per_group / b;
                 let (fwd, bwd, prob) = shares(cost, &split, &topo, t, b);
-                let mem_one = stage_memory_model(Schedule::Flush, Recompute::None, 1, m, opts, limit);
-                let mem_two = stage_memory_model(Schedule::Flush, Recompute::None, 2, m, opts, limit);
+                let mem_one = MemoryModel::of_stage(Schedule::Flush, Recompute::None, 1, m, state, opts.precision, limit);
+                let mem_two = MemoryModel::of_stage(Schedule::Flush, Recompute::None, 2, m, state, opts.precision, limit);
                 let memory = prob.evaluate(&[], &mem_one).1[0];
                 if memory > limit * (1.0 + 1e-12) || memory.is_nan() {
                     if least.as_ref().map_or(true, |l| memory < l.0) {
@@ -476,7 +477,7 @@ mod tests {
         // The replay: per batch m microbatches, then the groups' all-reduce of each GPU's
         // gradients (inside the server: NVLink) and the optimizer.
         assert_eq!(p.dp_link, c.nvlink());
-        let setup = SimSetup { scheme: pipewright_core::Scheme::TensorParallel, w: 4, b: 1, m: 2, batches: 4, stages: vec![p.stage.clone()], links: Vec::new(), allreduce: crate::cluster::AllReduce::ring(p.dp_link), record: false, host: None, tied_groups: Vec::new(), spread: None };
+        let setup = SimSetup { scheme: pipewright_core::Scheme::TensorParallel, w: 4, b: 1, m: 2, batches: 4, stages: vec![p.stage.clone()], links: Vec::new(), allreduce: crate::machine::AllReduce::ring(p.dp_link), record: false, host: None, tied_groups: Vec::new(), spread: None };
         let sim = simulate(&setup).unwrap();
         let per_batch = 2.0 * hand + allreduce_seconds(p.stage.grad_bytes, 4, c.nvlink()) + p.stage.optimizer_s;
         assert!((sim.batch_s - per_batch).abs() <= 1e-9 * per_batch, "{} against {per_batch}", sim.batch_s);

@@ -10,12 +10,14 @@ use pipewright_ir::{
     ValueId, Weight,
 };
 use pipewright_passes::cluster::Cluster;
-use pipewright_passes::cost::{BoundaryCost, CostModel, Lin, Profile, Roofline};
+use pipewright_passes::cost::{CostModel, Lin, Roofline};
+use pipewright_passes::machine::Crowding;
 use pipewright_passes::partition::{choose_order, live_bytes};
 use pipewright_core::{Balance, Precision, Schedule, Scheme};
 use pipewright_passes::planner::{plan, plan_on, Candidate, PlanContext, PlanError, PlanOptions, REPLAYED};
 use pipewright_passes::cluster::Latencies;
-use pipewright_passes::simulate::{simulate, Crowding, SimSetup};
+use pipewright_passes::profile::{BoundaryCost, Profile};
+use pipewright_passes::simulate::{simulate, SimSetup};
 
 fn row(w: i64) -> TensorType {
     TensorType::new(DType::F32, Shape(vec![Dim::N, Dim::Fixed(w)]))

@@ -16,7 +16,7 @@
 //!   `min(1, C / (w n))`.
 //!
 //! Progress changes whenever a stage starts or stops working, so the stages cannot be
-//! replayed one after the other as [`super::replay_dedicated`] does; this is a
+//! replayed one after the other as [`super::dedicated`] does; this is a
 //! time-ordered event loop instead. The next event is the earliest of: a work segment
 //! ending at the current rates, a turn ending, an input a waiting stage needs arriving,
 //! an all-reduce a waiting stage needs ending. Each operation is expanded, when its stage reaches it, into
@@ -29,9 +29,11 @@ use std::collections::VecDeque;
 
 use pipewright_core::schedule::Op;
 use pipewright_core::timeline::{TraceEvent, TraceKind};
-use pipewright_core::{Scheme, UpdateRule};
 
-use super::{allreduce_per_stage, arrivals, defers_updates, report, scheme_ops, Events, HostCores, Meetings, SimError, SimSetup, Simulation, StageEnd};
+use crate::machine::HostCores;
+
+use super::state::{report, StageEnd, StageState, Start};
+use super::{SimError, SimSetup, Simulation};
 
 /// Work on a stage's stream.
 #[derive(Clone, Copy, Debug)]
@@ -105,22 +107,12 @@ impl Running {
     }
 }
 
+/// A stage in this engine: its [`StageState`], as the dedicated engine keeps it, and the
+/// work it has expanded and is running, and its place on the host's cores.
 struct Stage {
-    ops: Vec<Op>,
-    pc: usize,
+    common: StageState,
     steps: VecDeque<Step>,
     running: Option<Running>,
-    /// When its last work ended.
-    free: f64,
-    busy: f64,
-    in_flight: u64,
-    peak_in_flight: u64,
-    fwd_link_free: f64,
-    bwd_link_free: f64,
-    net_free: f64,
-    /// 2BW's updates waiting for their version's turn: (step, all-reduce done).
-    pending: Vec<(u64, f64)>,
-    version: u64,
     /// When the hand-off of the message being sent began (the send's trace event starts
     /// there).
     handoff_start: f64,
@@ -132,7 +124,7 @@ struct Stage {
 
 impl Stage {
     fn done(&self) -> bool {
-        self.running.is_none() && self.steps.is_empty() && self.pc == self.ops.len() && self.pending.is_empty()
+        self.running.is_none() && self.steps.is_empty() && self.common.pc == self.common.ops.len() && self.common.pending.is_empty()
     }
 }
 
@@ -140,37 +132,12 @@ impl Stage {
 pub(super) fn replay(setup: &SimSetup, host: HostCores) -> Result<Simulation, SimError> {
     let cores = host.cores;
     let d = setup.stages.len();
-    let m = setup.m as usize;
     let m64 = setup.m;
-    let two_bw = setup.scheme == Scheme::TwoBw;
-    let rule = if two_bw { UpdateRule::TwoBw } else { UpdateRule::Vanilla };
-    let allreduce = allreduce_per_stage(setup);
-    let mut meetings = Meetings::new(setup)?;
-    let deferred = defers_updates(setup);
-    let mut st = Vec::with_capacity(d);
-    for s in 0..d {
-        st.push(Stage {
-            ops: scheme_ops(setup.scheme, s, d, m, setup.batches)?,
-            pc: 0,
-            steps: VecDeque::new(),
-            running: None,
-            free: 0.0,
-            busy: 0.0,
-            in_flight: 0,
-            peak_in_flight: 0,
-            fwd_link_free: 0.0,
-            bwd_link_free: 0.0,
-            net_free: 0.0,
-            pending: Vec::new(),
-            version: 0,
-            handoff_start: 0.0,
-            core_until: None,
-            queued: false,
-        });
-    }
-    let (mut acts, mut grads) = (arrivals(setup), arrivals(setup));
-    let mut batch_end = vec![0.0f64; setup.batches];
-    let mut events = Events { keep: setup.record, list: Vec::new() };
+    let Start { rule, allreduce, mut meetings, deferred, mut acts, mut grads, mut batch_end, mut events } = Start::new(setup)?;
+    let mut st: Vec<Stage> = StageState::all(setup)?
+        .into_iter()
+        .map(|common| Stage { common, steps: VecDeque::new(), running: None, handoff_start: 0.0, core_until: None, queued: false })
+        .collect();
     // Under time slices a stage takes turns as a block of its `w` replicas' threads.
     let (slice, slots) = (host.time_slice_s, (cores / setup.w).max(1));
     let mut queue: VecDeque<usize> = VecDeque::new();
@@ -194,12 +161,12 @@ pub(super) fn replay(setup: &SimSetup, host: HostCores) -> Result<Simulation, Si
                         let w = r.work;
                         if let Some(kind) = w.kind.filter(|k| *k != TraceKind::Send) {
                             events.record(kind, s, r.start, dur, w.mb, w.version, w.step);
-                            state.busy += dur;
+                            state.common.busy += dur;
                         }
                         if w.ends_batch {
                             batch_end[w.step as usize] = batch_end[w.step as usize].max(end);
                         }
-                        state.free = end;
+                        state.common.free = end;
                         state.running = None;
                         changed = true;
                         continue;
@@ -239,7 +206,7 @@ pub(super) fn replay(setup: &SimSetup, host: HostCores) -> Result<Simulation, Si
                                     events.record(TraceKind::AllReduce, s, now, ar, None, t + 1, t);
                                     state.steps.push_front(Step::Until(now + ar));
                                 }
-                                state.version = t + 1;
+                                state.common.version = t + 1;
                                 changed = true;
                                 continue;
                             }
@@ -256,9 +223,9 @@ pub(super) fn replay(setup: &SimSetup, host: HostCores) -> Result<Simulation, Si
                                 // (one per boundary and direction), then takes latency +
                                 // bytes / bandwidth there while the stream goes on.
                                 let (link, bytes, free) = if grad {
-                                    (setup.links[s - 1], setup.stages[s - 1].send_bytes, &mut state.bwd_link_free)
+                                    (setup.links[s - 1], setup.stages[s - 1].send_bytes, &mut state.common.bwd_link_free)
                                 } else {
-                                    (setup.links[s], cost.send_bytes, &mut state.fwd_link_free)
+                                    (setup.links[s], cost.send_bytes, &mut state.common.fwd_link_free)
                                 };
                                 let t0 = now.max(*free);
                                 let dt = link.seconds(bytes);
@@ -275,8 +242,8 @@ pub(super) fn replay(setup: &SimSetup, host: HostCores) -> Result<Simulation, Si
                         changed = true;
                         continue;
                     }
-                    if let Some(&op) = state.ops.get(state.pc) {
-                        state.pc += 1;
+                    if let Some(&op) = state.common.ops.get(state.common.pc) {
+                        state.common.pc += 1;
                         changed = true;
                         let work = |kind: TraceKind, seconds: f64, mb: Option<u64>, version: u64, step: u64| Step::Work(Work { kind: Some(kind), seconds, mb, version, step, ends_batch: false });
                         match op {
@@ -284,21 +251,21 @@ pub(super) fn replay(setup: &SimSetup, host: HostCores) -> Result<Simulation, Si
                                 // 2BW: the updates this microbatch's version needs, each
                                 // once its all-reduce is done.
                                 let need = rule.version_for(i, m64);
-                                while state.version < need {
-                                    let Some(pos) = state.pending.iter().position(|p| p.0 == state.version) else { break };
-                                    let (t, ar_done) = state.pending.remove(pos);
+                                while state.common.version < need {
+                                    let Some(pos) = state.common.pending.iter().position(|p| p.0 == state.common.version) else { break };
+                                    let (t, ar_done) = state.common.pending.remove(pos);
                                     state.steps.push_back(Step::Meet { t, sync: cost.tied_sync_s, arrive: false });
                                     state.steps.push_back(Step::Until(ar_done));
                                     state.steps.push_back(work(TraceKind::Optimizer, cost.optimizer_s, None, t + 1, t));
-                                    state.version = t + 1;
+                                    state.common.version = t + 1;
                                 }
                                 if s > 0 {
                                     state.steps.push_back(Step::Input { grad: false, mb: i });
                                 }
                                 let [forward_s, _, _] = setup.op_seconds(s, i);
                                 state.steps.push_back(work(TraceKind::Forward, forward_s, Some(i), need, i / m64));
-                                state.in_flight += 1;
-                                state.peak_in_flight = state.peak_in_flight.max(state.in_flight);
+                                state.common.in_flight += 1;
+                                state.common.peak_in_flight = state.common.peak_in_flight.max(state.common.in_flight);
                                 if s + 1 < d {
                                     state.steps.push_back(work(TraceKind::Send, cost.send_s, Some(i), need, i / m64));
                                     state.steps.push_back(Step::Link { grad: false, mb: i, version: need });
@@ -314,7 +281,7 @@ pub(super) fn replay(setup: &SimSetup, host: HostCores) -> Result<Simulation, Si
                                     state.steps.push_back(work(TraceKind::Recompute, recompute_s, Some(i), version, i / m64));
                                 }
                                 state.steps.push_back(work(TraceKind::Backward, backward_s, Some(i), version, i / m64));
-                                state.in_flight = state.in_flight.saturating_sub(1);
+                                state.common.in_flight = state.common.in_flight.saturating_sub(1);
                                 if s > 0 {
                                     state.steps.push_back(work(TraceKind::Send, cost.send_s, Some(i), version, i / m64));
                                     state.steps.push_back(Step::Link { grad: true, mb: i, version });
@@ -330,12 +297,12 @@ pub(super) fn replay(setup: &SimSetup, host: HostCores) -> Result<Simulation, Si
                                 // that needs them (`Step::Meet`).
                                 meetings.arrive(s, t, now);
                                 let ar = allreduce[s];
-                                let start = now.max(state.net_free);
+                                let start = now.max(state.common.net_free);
                                 if ar > 0.0 {
                                     events.record(TraceKind::AllReduce, s, start, ar, None, t + 1, t);
                                 }
-                                state.net_free = start + ar;
-                                state.pending.push((t, start + ar));
+                                state.common.net_free = start + ar;
+                                state.common.pending.push((t, start + ar));
                                 batch_end[t as usize] = batch_end[t as usize].max(start + ar);
                             }
                             Op::Step(t) => {
@@ -345,10 +312,10 @@ pub(super) fn replay(setup: &SimSetup, host: HostCores) -> Result<Simulation, Si
                         }
                         continue;
                     }
-                    if !state.pending.is_empty() {
+                    if !state.common.pending.is_empty() {
                         // Updates still waiting at the end are applied then.
-                        state.pending.sort_by_key(|p| p.0);
-                        for (t, ar_done) in std::mem::take(&mut state.pending) {
+                        state.common.pending.sort_by_key(|p| p.0);
+                        for (t, ar_done) in std::mem::take(&mut state.common.pending) {
                             state.steps.push_back(Step::Meet { t, sync: cost.tied_sync_s, arrive: false });
                             state.steps.push_back(Step::Until(ar_done));
                             state.steps.push_back(Step::Work(Work { kind: Some(TraceKind::Optimizer), seconds: cost.optimizer_s, mb: None, version: t + 1, step: t, ends_batch: false }));
@@ -396,15 +363,12 @@ pub(super) fn replay(setup: &SimSetup, host: HostCores) -> Result<Simulation, Si
                 break;
             }
             let s = st.iter().position(|x| !x.done()).unwrap_or(0);
-            let op = st[s].pc.checked_sub(1).and_then(|pc| st[s].ops.get(pc)).map_or_else(|| "the end".to_string(), |op| format!("{op:?}"));
+            let op = st[s].common.pc.checked_sub(1).and_then(|pc| st[s].common.ops.get(pc)).map_or_else(|| "the end".to_string(), |op| format!("{op:?}"));
             return Err(SimError::Deadlock { stage: s, op });
         }
         now = next;
     }
-    let ends: Vec<StageEnd> = st
-        .iter()
-        .map(|x| StageEnd { busy: x.busy, peak_in_flight: x.peak_in_flight, last: x.free.max(x.fwd_link_free).max(x.bwd_link_free).max(x.net_free) })
-        .collect();
+    let ends: Vec<StageEnd> = st.iter().map(|x| x.common.end()).collect();
     Ok(report(setup, &ends, &batch_end, &allreduce, events.list))
 }
 

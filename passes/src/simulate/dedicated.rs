@@ -1,0 +1,168 @@
+//! The replay when every stage has its own device: stage by stage, each as far as its
+//! inputs allow, in turn (no global clock, since the stages never slow each other).
+
+use pipewright_core::schedule::Op;
+use pipewright_core::timeline::TraceKind;
+
+use super::state::{report, Events, Meetings, StageEnd, StageState, Start};
+use super::{SimError, SimSetup, Simulation, StageCost};
+
+/// The replay when every stage owns its device: each stage runs as far as its inputs allow,
+/// in turn, until all are done (no global clock is needed, since stages never slow each
+/// other down).
+pub(super) fn replay_dedicated(setup: &SimSetup) -> Result<Simulation, SimError> {
+    let d = setup.stages.len();
+    let Start { rule, allreduce, mut meetings, deferred, mut acts, mut grads, mut batch_end, mut events } = Start::new(setup)?;
+    let mut st = StageState::all(setup)?;
+    let m64 = setup.m;
+    loop {
+        let mut progressed = false;
+        let mut done = true;
+        for s in 0..d {
+            let cost = &setup.stages[s];
+            while let Some(&op) = st[s].ops.get(st[s].pc) {
+                done = false;
+                match op {
+                    Op::Forward(i) => {
+                        // 2BW: updates waiting for the version this microbatch needs, once
+                        // their stages have met.
+                        let need = rule.version_for(i, m64);
+                        if st[s].pending.iter().any(|p| p.0 < need && meetings.met(s, p.0).is_none()) {
+                            break;
+                        }
+                        let ready = if s == 0 {
+                            Some(0.0)
+                        } else {
+                            acts[s].take(i)
+                        };
+                        let Some(ready) = ready else { break };
+                        let state = &mut st[s];
+                        while state.version < need {
+                            let Some(pos) = state.pending.iter().position(|p| p.0 == state.version) else { break };
+                            let (t, ar_done) = state.pending.remove(pos);
+                            state.apply_deferred(s, t, ar_done, cost, &meetings, &mut events);
+                        }
+                        let start = state.free.max(ready);
+                        let [forward_s, _, _] = setup.op_seconds(s, i);
+                        let end = start + forward_s;
+                        events.record(TraceKind::Forward, s, start, forward_s, Some(i), need, i / m64);
+                        state.free = end;
+                        state.busy += forward_s;
+                        state.in_flight += 1;
+                        state.peak_in_flight = state.peak_in_flight.max(state.in_flight);
+                        if s + 1 < d {
+                            let link = setup.links[s];
+                            state.free = end + cost.send_s;
+                            let t0 = state.free.max(state.fwd_link_free);
+                            let dt = link.seconds(cost.send_bytes);
+                            state.fwd_link_free = t0 + dt;
+                            events.record(TraceKind::Send, s, end, t0 + dt - end, Some(i), need, i / m64);
+                            acts[s + 1].put(i, t0 + dt)?;
+                        }
+                    }
+                    Op::Backward(i) => {
+                        let ready = if s + 1 == d { Some(0.0) } else { grads[s].take(i) };
+                        let Some(ready) = ready else { break };
+                        let state = &mut st[s];
+                        let version = rule.version_for(i, m64);
+                        let mut start = state.free.max(ready);
+                        let [_, recompute_s, backward_s] = setup.op_seconds(s, i);
+                        if recompute_s > 0.0 {
+                            events.record(TraceKind::Recompute, s, start, recompute_s, Some(i), version, i / m64);
+                            start += recompute_s;
+                        }
+                        events.record(TraceKind::Backward, s, start, backward_s, Some(i), version, i / m64);
+                        let end = start + backward_s;
+                        // Two additions, as the shared engine's two segments add them.
+                        state.busy += recompute_s;
+                        state.busy += backward_s;
+                        state.free = end;
+                        state.in_flight = state.in_flight.saturating_sub(1);
+                        if s > 0 {
+                            let link = setup.links[s - 1];
+                            state.free = end + cost.send_s;
+                            let t0 = state.free.max(state.bwd_link_free);
+                            let dt = link.seconds(cost.send_bytes_back(&setup.stages[s - 1]));
+                            state.bwd_link_free = t0 + dt;
+                            events.record(TraceKind::Send, s, end, t0 + dt - end, Some(i), version, i / m64);
+                            grads[s - 1].put(i, t0 + dt)?;
+                        }
+                        state.free += cost.after_backward_s;
+                    }
+                    Op::Step(t) => {
+                        let ar = allreduce[s];
+                        if deferred {
+                            // The stream goes on: the all-reduce on the stage's network
+                            // channel, the meeting and the update wait for the forward
+                            // that needs them.
+                            meetings.arrive(s, t, st[s].free);
+                            let state = &mut st[s];
+                            let start = state.free.max(state.net_free);
+                            if ar > 0.0 {
+                                events.record(TraceKind::AllReduce, s, start, ar, None, t + 1, t);
+                            }
+                            state.net_free = start + ar;
+                            state.pending.push((t, start + ar));
+                            batch_end[t as usize] = batch_end[t as usize].max(start + ar);
+                        } else {
+                            // Tied stages meet, then sum the tied gradients on the stream.
+                            let Some(met) = meetings.arrive(s, t, st[s].free) else { break };
+                            let state = &mut st[s];
+                            if cost.tied_sync_s > 0.0 {
+                                events.record(TraceKind::AllReduce, s, met, cost.tied_sync_s, None, t + 1, t);
+                            }
+                            state.free = met + cost.tied_sync_s;
+                            let start = state.free;
+                            if ar > 0.0 {
+                                events.record(TraceKind::AllReduce, s, start, ar, None, t + 1, t);
+                            }
+                            events.record(TraceKind::Optimizer, s, start + ar, cost.optimizer_s, None, t + 1, t);
+                            state.free = start + ar + cost.optimizer_s;
+                            state.busy += cost.optimizer_s;
+                            state.version = t + 1;
+                            batch_end[t as usize] = batch_end[t as usize].max(state.free);
+                        }
+                    }
+                }
+                st[s].pc += 1;
+                progressed = true;
+            }
+        }
+        if done {
+            break;
+        }
+        if !progressed {
+            let s = (0..d).find(|&s| st[s].pc < st[s].ops.len()).unwrap_or(0);
+            return Err(SimError::Deadlock { stage: s, op: format!("{:?}", st[s].ops[st[s].pc]) });
+        }
+    }
+    // Updates still waiting at the end are applied then.
+    for (s, state) in st.iter_mut().enumerate() {
+        let cost = &setup.stages[s];
+        state.pending.sort_by_key(|p| p.0);
+        for (t, ar_done) in std::mem::take(&mut state.pending) {
+            // Every stage has reached every step by now.
+            state.apply_deferred(s, t, ar_done, cost, &meetings, &mut events);
+        }
+    }
+    let ends: Vec<StageEnd> = st.iter().map(StageState::end).collect();
+    Ok(report(setup, &ends, &batch_end, &allreduce, events.list))
+}
+
+impl StageState {
+    /// Applies stage `s`'s deferred update of step `t` (its all-reduce done at `ar_done`)
+    /// once the stages tied to it have met and summed (they have, by the callers' check).
+    fn apply_deferred(&mut self, s: usize, t: u64, ar_done: f64, cost: &StageCost, meetings: &Meetings, events: &mut Events) {
+        let summed = meetings.met(s, t).map_or(ar_done, |met| {
+            if cost.tied_sync_s > 0.0 {
+                events.record(TraceKind::AllReduce, s, met, cost.tied_sync_s, None, t + 1, t);
+            }
+            ar_done.max(met + cost.tied_sync_s)
+        });
+        let start = self.free.max(summed);
+        events.record(TraceKind::Optimizer, s, start, cost.optimizer_s, None, t + 1, t);
+        self.free = start + cost.optimizer_s;
+        self.busy += cost.optimizer_s;
+        self.version = t + 1;
+    }
+}

@@ -1,0 +1,267 @@
+//! What both replay engines keep and how they report: each stage's [`StageState`], the
+//! arrivals of its inputs, the tied stages' meetings, the recorded intervals, and the
+//! [`report`] made of them.
+
+use pipewright_core::schedule::Op;
+use pipewright_core::timeline::{TraceEvent, TraceKind};
+use pipewright_core::{Scheme, UpdateRule};
+
+use super::{scheme_ops, SimError, SimSetup, Simulation, StageReport};
+
+/// What both engines start a replay with besides their stages: the update rule, each
+/// stage's all-reduce, the tied stages' meetings, whether updates wait for their version
+/// ([`defers_updates`]), the stages' inputs arriving, each batch's end and the intervals
+/// kept for the trace.
+pub(super) struct Start {
+    pub(super) rule: UpdateRule,
+    pub(super) allreduce: Vec<f64>,
+    pub(super) meetings: Meetings,
+    pub(super) deferred: bool,
+    /// Activations arriving at each stage, and gradients.
+    pub(super) acts: Vec<Arrivals>,
+    pub(super) grads: Vec<Arrivals>,
+    pub(super) batch_end: Vec<f64>,
+    pub(super) events: Events,
+}
+
+impl Start {
+    /// For `setup` (already checked); refuses tied groups naming no stage of it.
+    pub(super) fn new(setup: &SimSetup) -> Result<Start, SimError> {
+        let rule = if setup.scheme == Scheme::TwoBw { UpdateRule::TwoBw } else { UpdateRule::Vanilla };
+        Ok(Start {
+            rule,
+            allreduce: allreduce_per_stage(setup),
+            meetings: Meetings::new(setup)?,
+            deferred: defers_updates(setup),
+            acts: arrivals(setup),
+            grads: arrivals(setup),
+            batch_end: vec![0.0f64; setup.batches],
+            events: Events { keep: setup.record, list: Vec::new() },
+        })
+    }
+}
+
+/// Arrival times by microbatch in a window of slots reused modulo its length (a producer
+/// is never more than a batch and a pipeline ahead of its consumer).
+pub(super) struct Arrivals {
+    slots: Vec<(u64, f64)>,
+}
+
+impl Arrivals {
+    pub(super) fn new(window: usize) -> Arrivals {
+        Arrivals { slots: vec![(u64::MAX, 0.0); window.max(1)] }
+    }
+
+    pub(super) fn put(&mut self, mb: u64, at: f64) -> Result<(), SimError> {
+        let n = self.slots.len();
+        let slot = &mut self.slots[(mb % n as u64) as usize];
+        if slot.0 != u64::MAX {
+            return Err(SimError::Setup(format!("microbatch {mb} arrived while microbatch {} still waited in its slot", slot.0)));
+        }
+        *slot = (mb, at);
+        Ok(())
+    }
+
+    /// When microbatch `mb` arrives, if it has been sent.
+    pub(super) fn peek(&self, mb: u64) -> Option<f64> {
+        let slot = &self.slots[(mb % self.slots.len() as u64) as usize];
+        (slot.0 == mb).then_some(slot.1)
+    }
+
+    pub(super) fn take(&mut self, mb: u64) -> Option<f64> {
+        let n = self.slots.len();
+        let slot = &mut self.slots[(mb % n as u64) as usize];
+        (slot.0 == mb).then(|| {
+            slot.0 = u64::MAX;
+            slot.1
+        })
+    }
+}
+
+/// Where a stage is in either engine's replay: its place in its operation order, when its
+/// stream, links and all-reduce channel are free, and what it has done and holds.
+pub(super) struct StageState {
+    pub(super) ops: Vec<Op>,
+    pub(super) pc: usize,
+    /// When its stream is free: its last work's end.
+    pub(super) free: f64,
+    pub(super) busy: f64,
+    pub(super) in_flight: u64,
+    pub(super) peak_in_flight: u64,
+    /// Link to the next stage (forward) and to the previous one (backward) free from.
+    pub(super) fwd_link_free: f64,
+    pub(super) bwd_link_free: f64,
+    /// 2BW's all-reduce channel free from, and updates waiting for their version's turn:
+    /// (step, all-reduce done).
+    pub(super) net_free: f64,
+    pub(super) pending: Vec<(u64, f64)>,
+    /// Version the stage's weights are at (updates applied).
+    pub(super) version: u64,
+}
+
+impl StageState {
+    /// A stage about to run `ops`, at time 0 with nothing done.
+    fn new(ops: Vec<Op>) -> StageState {
+        StageState { ops, pc: 0, free: 0.0, busy: 0.0, in_flight: 0, peak_in_flight: 0, fwd_link_free: 0.0, bwd_link_free: 0.0, net_free: 0.0, pending: Vec::new(), version: 0 }
+    }
+
+    /// Every stage of `setup` about to run its order ([`scheme_ops`]).
+    pub(super) fn all(setup: &SimSetup) -> Result<Vec<StageState>, SimError> {
+        let (d, m) = (setup.stages.len(), setup.m as usize);
+        (0..d).map(|s| Ok(StageState::new(scheme_ops(setup.scheme, s, d, m, setup.batches)?))).collect()
+    }
+
+    /// What it ended with, for [`report`]: last busy when its stream, links or all-reduce
+    /// channel last were.
+    pub(super) fn end(&self) -> StageEnd {
+        StageEnd { busy: self.busy, peak_in_flight: self.peak_in_flight, last: self.free.max(self.fwd_link_free).max(self.bwd_link_free).max(self.net_free) }
+    }
+}
+
+/// The replicas' all-reduce per stage and step (the tied-weight sums are apart: they run
+/// on the stream after the stages meet, [`Meetings`]).
+fn allreduce_per_stage(setup: &SimSetup) -> Vec<f64> {
+    setup.stages.iter().map(|c| setup.allreduce.seconds(c.grad_bytes, setup.w)).collect()
+}
+
+/// Where the stages tied by shared weights meet at each step: a stage's step waits until
+/// every stage of its component (the stages linked through [`SimSetup::tied_groups`]; a
+/// stage tied to none is a component of its own) has reached the same step, then sums the
+/// tied gradients. Synchronous updates wait there on the stream; 2BW's deferred ones
+/// (`w > 1`, [`defers_updates`]) wait only before the forward that needs the update.
+pub(super) struct Meetings {
+    component: Vec<usize>,
+    members: Vec<Vec<usize>>,
+    /// `arrived[s][t]`: when stage `s` reached step `t` (NaN: not yet).
+    arrived: Vec<Vec<f64>>,
+}
+
+impl Meetings {
+    pub(super) fn new(setup: &SimSetup) -> Result<Meetings, SimError> {
+        let d = setup.stages.len();
+        // Union-find over the groups' stages.
+        let mut parent: Vec<usize> = (0..d).collect();
+        fn root(parent: &mut [usize], mut x: usize) -> usize {
+            while parent[x] != x {
+                parent[x] = parent[parent[x]];
+                x = parent[x];
+            }
+            x
+        }
+        for g in &setup.tied_groups {
+            if let Some(&bad) = g.iter().find(|&&x| x >= d) {
+                return Err(SimError::Setup(format!("a tied group names stage {bad} of {d}")));
+            }
+            for pair in g.windows(2) {
+                let (a, b) = (root(&mut parent, pair[0]), root(&mut parent, pair[1]));
+                parent[a] = b;
+            }
+        }
+        let mut component = vec![0; d];
+        let mut members: Vec<Vec<usize>> = Vec::new();
+        let mut index_of_root = vec![usize::MAX; d];
+        for (s, comp) in component.iter_mut().enumerate() {
+            let r = root(&mut parent, s);
+            if index_of_root[r] == usize::MAX {
+                index_of_root[r] = members.len();
+                members.push(Vec::new());
+            }
+            members[index_of_root[r]].push(s);
+            *comp = index_of_root[r];
+        }
+        let arrived = vec![vec![f64::NAN; setup.batches]; d];
+        Ok(Meetings { component, members, arrived })
+    }
+
+    /// Stage `s` reaches step `t` at `at` (a later call for the same step keeps the first
+    /// time); [`Meetings::met`] then.
+    pub(super) fn arrive(&mut self, s: usize, t: u64, at: f64) -> Option<f64> {
+        let slot = &mut self.arrived[s][t as usize];
+        if slot.is_nan() {
+            *slot = at;
+        }
+        self.met(s, t)
+    }
+
+    /// When every stage of `s`'s component has reached step `t`, if they all have.
+    pub(super) fn met(&self, s: usize, t: u64) -> Option<f64> {
+        self.members[self.component[s]].iter().map(|&x| self.arrived[x][t as usize]).try_fold(f64::NEG_INFINITY, |m, a| (!a.is_nan()).then(|| m.max(a)))
+    }
+}
+
+/// Whether `setup`'s updates are deferred: 2BW with replicas starts the step's sums (the
+/// replicas' all-reduce and the tied stages' meeting) and goes on, applying the update
+/// once they are done, just before the first forward that needs its version. With one
+/// replica the update runs at the step, as the executor runs it.
+fn defers_updates(setup: &SimSetup) -> bool {
+    setup.scheme == Scheme::TwoBw && setup.w > 1
+}
+
+/// Arrival times for each stage's inputs, in a window of `2m + 2d + 2` slots.
+fn arrivals(setup: &SimSetup) -> Vec<Arrivals> {
+    let window = 2 * setup.m as usize + 2 * setup.stages.len() + 2;
+    (0..setup.stages.len()).map(|_| Arrivals::new(window)).collect()
+}
+
+/// The intervals a replay keeps for its trace (none unless asked): stage = trace row,
+/// times in µs.
+pub(super) struct Events {
+    keep: bool,
+    pub(super) list: Vec<TraceEvent>,
+}
+
+impl Events {
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn record(&mut self, kind: TraceKind, stage: usize, start: f64, dur: f64, mb: Option<u64>, version: u64, step: u64) {
+        if self.keep {
+            self.list.push(TraceEvent { kind, stage, start_us: start * 1e6, dur_us: dur * 1e6, microbatch: mb, version, step });
+        }
+    }
+}
+
+/// What each stage ended with, for [`report`].
+pub(super) struct StageEnd {
+    busy: f64,
+    peak_in_flight: u64,
+    /// When its stream, links and all-reduce channel were last busy.
+    last: f64,
+}
+
+/// The report both engines give: steady-state rate between the ends of the first and the
+/// last batch, bubbles over the whole replay.
+pub(super) fn report(setup: &SimSetup, ends: &[StageEnd], batch_end: &[f64], allreduce: &[f64], events: Vec<TraceEvent>) -> Simulation {
+    let (d, w) = (setup.stages.len(), setup.w);
+    // The replay starts at 0 (the first stage's first forward).
+    let makespan = ends.iter().map(|x| x.last).fold(0.0, f64::max);
+    let n = setup.batches;
+    let samples_per_batch = (setup.b * setup.m * w as u64) as f64;
+    let batch_s = if n >= 2 { (batch_end[n - 1] - batch_end[0]) / (n - 1) as f64 } else { batch_end[0] };
+    let samples_per_s = if batch_s > 0.0 { samples_per_batch / batch_s } else { f64::INFINITY };
+    let stages: Vec<StageReport> = ends
+        .iter()
+        .zip(&setup.stages)
+        .zip(allreduce)
+        .map(|((x, c), &ar)| StageReport {
+            busy_s: x.busy,
+            bubble_fraction: if makespan > 0.0 { (1.0 - x.busy / makespan).clamp(0.0, 1.0) } else { 0.0 },
+            peak_in_flight: x.peak_in_flight,
+            peak_memory: c.memory_one + c.memory_per_extra * x.peak_in_flight.saturating_sub(1) as f64,
+            allreduce_s: ar + c.tied_sync_s,
+        })
+        .collect();
+    let bubble_fraction = stages.iter().map(|s| s.bubble_fraction).sum::<f64>() / d as f64;
+    Simulation {
+        scheme: setup.scheme,
+        w,
+        d,
+        b: setup.b,
+        m: setup.m,
+        batches: n,
+        samples_per_s,
+        batch_s,
+        makespan_s: makespan,
+        stages,
+        bubble_fraction,
+        events,
+    }
+}
