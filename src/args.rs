@@ -1,13 +1,18 @@
-//! The command line: every subcommand's arguments, and their translation into the
-//! requests the driver crate takes.
+//! The command line's own arguments: those of the subcommands that run models (train,
+//! worker, run-forward, ...), launch, export, trace-svg and synth, and their translation
+//! into the driver's requests. `inspect`, `plan`, `simulate` and `compile` take the
+//! driver's request types as their arguments directly (their options are declared once,
+//! there).
 
 use std::path::PathBuf;
 
-use pipewright_core::{Balance, BatchMode, Decay, Device, Loss, NonFinite, Optimizer, PassName, Precision, Recompute, Schedule, Scheme};
-use pipewright_passes::manager::{PassOptions, PrintAfter};
+use pipewright_core::timeline::StepWindow;
+use pipewright_core::{Decay, Device, Loss, NonFinite, Optimizer, Precision, Storage};
+use pipewright_driver::synth::{SynthRequest, SynthShape};
 
 /// `--loss KIND[:OUTPUT]`.
 #[derive(Clone, Debug)]
+#[cfg_attr(not(feature = "torch"), allow(dead_code))]
 pub struct LossArg {
     pub loss: Loss,
     pub output: Option<String>,
@@ -23,6 +28,7 @@ fn parse_loss(s: &str) -> Result<LossArg, String> {
     Ok(LossArg { loss, output })
 }
 
+#[cfg_attr(not(feature = "torch"), allow(dead_code))]
 impl TrainArgs {
     /// The model output the loss applies to, from `--loss KIND:OUTPUT` or `--output`.
     pub fn loss_output(&self) -> Result<Option<String>, String> {
@@ -30,263 +36,6 @@ impl TrainArgs {
             (Some(a), Some(b)) if a != b => Err(format!("--loss names output {a:?} but --output names {b:?}")),
             (a, b) => Ok(a.clone().or_else(|| b.clone())),
         }
-    }
-}
-
-#[derive(clap::Args)]
-pub struct InspectArgs {
-    /// The ONNX model file, or a stage module (`.pwm`) written by `compile`.
-    pub model: PathBuf,
-    /// Print the IR in text form instead of the summary.
-    #[arg(long)]
-    pub ir: bool,
-    /// Write a Graphviz drawing of the graph to FILE.
-    #[arg(long, value_name = "FILE")]
-    pub dot: Option<PathBuf>,
-    /// Print the summary as JSON.
-    #[arg(long, conflicts_with = "ir")]
-    pub json: bool,
-    /// How the batch axis is chosen.
-    #[arg(long, value_enum, default_value_t = BatchMode::Auto)]
-    pub batch: BatchMode,
-}
-
-/// The cluster a plan is made for: defaults, then a TOML file, then single flags.
-#[derive(clap::Args)]
-pub struct ClusterArgs {
-    /// Workers (accelerators) in the cluster.
-    #[arg(long)]
-    pub workers: Option<usize>,
-    /// Memory per worker, e.g. 16GiB.
-    #[arg(long)]
-    pub memory: Option<String>,
-    /// Bandwidth between workers of one server, e.g. 150GB/s.
-    #[arg(long)]
-    pub intra_bw: Option<String>,
-    /// Bandwidth between servers, e.g. 25Gbit/s.
-    #[arg(long)]
-    pub inter_bw: Option<String>,
-    /// Workers per server.
-    #[arg(long)]
-    pub workers_per_node: Option<usize>,
-    /// Peak flop/s of one worker, e.g. 15.7T.
-    #[arg(long)]
-    pub peak_flops: Option<String>,
-    /// A cluster description in TOML (flags override it).
-    #[arg(long)]
-    pub cluster: Option<PathBuf>,
-}
-
-impl ClusterArgs {
-    /// No cluster described: the planner's default one is assumed.
-    pub fn is_default(&self) -> bool {
-        let ClusterArgs { workers, memory, intra_bw, inter_bw, workers_per_node, peak_flops, cluster } = self;
-        workers.is_none() && memory.is_none() && intra_bw.is_none() && inter_bw.is_none() && workers_per_node.is_none() && peak_flops.is_none() && cluster.is_none()
-    }
-}
-
-/// What training will keep and compute in, as `plan` and `simulate` model it.
-#[derive(clap::Args)]
-pub struct TrainingShapeArgs {
-    /// Optimizer whose state counts in memory (and in the update's time).
-    #[arg(long, value_enum, default_value_t = Optimizer::Adam)]
-    pub optimizer: Optimizer,
-    /// Count an SGD momentum buffer per weight.
-    #[arg(long)]
-    pub momentum: bool,
-    /// The compute type training will use (`train --precision`): the memory model's, and
-    /// for `simulate` the device's fp32 peak or its tensor cores' (bf16/fp16).
-    #[arg(long, value_enum, default_value_t = Precision::Fp32)]
-    pub precision: Precision,
-}
-
-#[derive(clap::Args)]
-pub struct PlanArgs {
-    /// The ONNX model file.
-    pub model: PathBuf,
-    #[command(flatten)]
-    pub cluster: ClusterArgs,
-    /// Global batch size (samples per optimizer step).
-    #[arg(long, default_value_t = 512)]
-    pub batch: u64,
-    /// Fix the microbatch size.
-    #[arg(long)]
-    pub microbatch: Option<u64>,
-    /// Fix the pipeline depth.
-    #[arg(long)]
-    pub stages: Option<usize>,
-    /// Explicit stage starts, by ONNX node name.
-    #[arg(long, value_delimiter = ',')]
-    pub cut: Vec<String>,
-    /// How stages are balanced.
-    #[arg(long, value_enum, default_value_t = Balance::Optimal)]
-    pub balance: Balance,
-    /// A profile from `pipewright profile` to calibrate the cost model.
-    #[arg(long)]
-    pub profile: Option<PathBuf>,
-    #[command(flatten)]
-    pub training: TrainingShapeArgs,
-    /// Schedules to consider.
-    #[arg(long, value_enum, value_delimiter = ',', default_values_t = Schedule::ALL.to_vec())]
-    pub schedule: Vec<Schedule>,
-    /// Fix activation recomputation; by default all three are tried.
-    #[arg(long, value_enum)]
-    pub recompute: Option<Recompute>,
-    /// Candidates to show.
-    #[arg(long, default_value_t = 10)]
-    pub top: usize,
-    /// Print the plan file (JSON, for `compile --plan`) instead of the table.
-    #[arg(long)]
-    pub json: bool,
-    /// Print the result of a pass (`import`, `plan`, `partition`) instead of the plan.
-    #[arg(long, value_enum)]
-    pub print_after: Option<PassName>,
-}
-
-/// `--schedule 2bw,flush` or `all` (every scheme, the baselines included): one value, so
-/// that `all` can stand for the list.
-#[derive(Clone, Debug)]
-pub struct Schemes(pub Vec<Scheme>);
-
-fn parse_schemes(s: &str) -> Result<Schemes, String> {
-    if s == "all" {
-        return Ok(Schemes(Scheme::ALL.to_vec()));
-    }
-    s.split(',').map(|w| w.trim().parse::<Scheme>().map_err(|e| format!("{e}, or all"))).collect::<Result<_, _>>().map(Schemes)
-}
-
-#[derive(clap::Args)]
-pub struct SimulateArgs {
-    /// The ONNX model file (its weights' values are never read), or a plan file
-    /// (`plan --json`, ending in .json).
-    pub input: PathBuf,
-    /// A cluster TOML file, or a device preset: V100-16GB, A100-40GB, A100-80GB, H100, H200.
-    /// Needed for a model; a plan file brings its own.
-    #[arg(long, value_name = "FILE|PRESET")]
-    pub cluster: Option<String>,
-    /// Servers, with a device preset (default 1).
-    #[arg(long)]
-    pub servers: Option<usize>,
-    /// GPUs per server, with a device preset (default 8).
-    #[arg(long)]
-    pub gpus_per_server: Option<usize>,
-    /// Network between servers, with a device preset: 25gbit, 100gbit, 8x200gbit, 8x400gbit
-    /// (default: the one the device's usual servers have).
-    #[arg(long)]
-    pub network: Option<String>,
-    /// Share of the peak flop/s and memory bandwidth achieved, in (0, 1], with a device
-    /// preset (default 1; a cluster file has its own `efficiency` key).
-    #[arg(long)]
-    pub efficiency: Option<f64>,
-    /// Global batch size (samples per optimizer step); a plan file has its own.
-    #[arg(long)]
-    pub batch: Option<u64>,
-    /// Schemes to compare: 2bw, flush, gpipe, model-parallel, data-parallel, tensor-parallel
-    /// (comma-separated), or all. Default: all for a model, the plan's schedule for a plan.
-    #[arg(long, value_parser = parse_schemes)]
-    pub schedule: Option<Schemes>,
-    /// A profile from `pipewright profile`: measured node times instead of the roofline,
-    /// what a stage boundary costs the runtime and its untraced work after each backward,
-    /// each stage's measured share of the pass;
-    /// with --host-cores on a host of the profiled one's size, how threads crowding it slow
-    /// each other and the scheduler's tick its turns end on.
-    #[arg(long)]
-    pub profile: Option<PathBuf>,
-    #[command(flatten)]
-    pub training: TrainingShapeArgs,
-    /// Batches (optimizer steps) to replay.
-    #[arg(long, default_value_t = 10)]
-    pub batches: usize,
-    /// A real run's trace (`train --trace`) of the same configuration: its per-stage
-    /// mean forward, recompute, backward, optimizer and send times replace the cost model's
-    /// (to check the schedule model apart from the cost model, or replay a measured run
-    /// under another schedule), and so does the mean gap after a backward (the runtime's
-    /// untraced work) when the trace records its waits, as a run's does. Means, not
-    /// medians: the rate is set by the total time.
-    #[arg(long, value_name = "TRACE")]
-    pub stage_times: Option<PathBuf>,
-    /// The stages run as threads of one process on a host with N CPU cores (a CPU run of
-    /// the embedded executor, one thread per stage and replica): the working stages take
-    /// turns on the cores in Linux's default time slice (1.5 ms on 2 or 3 cores), each turn
-    /// lasting until the scheduler's next tick when a --profile measured the tick on a host
-    /// of N cores. With --stage-times, the trace's durations (measured under that sharing)
-    /// are converted back to full-speed work first. Overrides a cluster file's host_cores.
-    #[arg(long, value_name = "N")]
-    pub host_cores: Option<usize>,
-    /// Write the replay as a Chrome trace (the format of `train --trace`); with several
-    /// schemes, one file per scheme (`t.2bw.json`, ...).
-    #[arg(long, value_name = "FILE")]
-    pub trace: Option<PathBuf>,
-    /// Draw the replay's timeline as SVG (as `trace-svg` does), one file per scheme likewise.
-    #[arg(long, value_name = "FILE")]
-    pub svg: Option<PathBuf>,
-    /// Print the report as JSON.
-    #[arg(long)]
-    pub json: bool,
-}
-
-#[derive(clap::Args)]
-pub struct CompileArgs {
-    /// The ONNX model file.
-    pub model: PathBuf,
-    /// A plan from `pipewright plan --json`: its depth, stage starts, microbatch,
-    /// microbatches, replicas, recomputation and schedule, as planned.
-    #[arg(long, conflicts_with_all = ["stages", "schedule", "recompute", "microbatch", "microbatches", "batch"])]
-    pub plan: Option<PathBuf>,
-    /// Pipeline depth; the stages are cut to balance predicted compute. Without this or
-    /// --plan, the planner chooses every value on its default cluster.
-    #[arg(long)]
-    pub stages: Option<usize>,
-    /// The build folder (created if missing).
-    #[arg(short, long)]
-    pub output: PathBuf,
-    /// Pipeline schedule.
-    #[arg(long, value_enum, default_value_t = Schedule::TwoBw)]
-    pub schedule: Schedule,
-    /// Activation recomputation.
-    #[arg(long, value_enum, default_value_t = Recompute::None)]
-    pub recompute: Recompute,
-    /// Samples per microbatch, recorded in the build for `train`.
-    #[arg(long)]
-    pub microbatch: Option<u64>,
-    /// Microbatches per step, recorded in the build for `train` (2BW needs at least the depth).
-    #[arg(long, requires = "stages")]
-    pub microbatches: Option<u64>,
-    /// Global batch size the planner searches for (without --stages or --plan).
-    #[arg(long, conflicts_with = "stages")]
-    pub batch: Option<u64>,
-    /// Also write `stageK`: a copy of this binary with the stage module appended (run it
-    /// without arguments to print its module, with training options to run its stage).
-    #[arg(long)]
-    pub executables: bool,
-    /// Also write each stage's forward subgraph as ONNX (`stageK.onnx`), e.g. to check a
-    /// stage with onnxruntime. It holds a second copy of the stage's weights.
-    #[arg(long)]
-    pub stage_onnx: bool,
-    /// Print the result of a pass, or of `all`.
-    #[arg(long, value_name = "PASS")]
-    pub print_after: Option<PrintAfter>,
-    /// Stop after this pass (the build folder is written only when `lower` ran).
-    #[arg(long, value_enum)]
-    pub stop_after: Option<PassName>,
-    /// Print the time each pass and each kind of output file took (stderr).
-    #[arg(long)]
-    pub timings: bool,
-    /// Give each node reading an initializer the exporter merged (identical values, e.g.
-    /// every LayerNorm's ones) its own copy, trained separately, instead of one tied
-    /// weight; `export` writes the copies into the model.
-    #[arg(long)]
-    pub untie_merged: bool,
-    /// Train these initializers baked for the export batch (named by compile's note, e.g. a
-    /// class token the exporter expanded to the batch) as one slice shared by the whole
-    /// batch, instead of keeping them frozen; not for attention masks.
-    #[arg(long, value_delimiter = ',', value_name = "NAME")]
-    pub train_batch_baked: Vec<String>,
-}
-
-impl CompileArgs {
-    pub fn pass_options(&self) -> PassOptions {
-        PassOptions { print_after: self.print_after.unwrap_or_default(), stop_after: self.stop_after, ..PassOptions::default() }
     }
 }
 
@@ -418,7 +167,7 @@ pub struct TrainArgs {
 }
 
 fn parse_size(text: &str) -> Result<u64, String> {
-    pipewright_passes::cluster::parse_bytes(text).map_err(|e| e.to_string())
+    pipewright_core::units::parse_bytes(text).map_err(|e| e.to_string())
 }
 
 #[derive(clap::Args)]
@@ -468,9 +217,8 @@ pub struct StageExeCli {
 
 #[cfg(feature = "torch")]
 mod requests {
+    use pipewright_core::RunFlags;
     use pipewright_driver::train::{DataSource, TrainRequest, WorkerRequest};
-    use pipewright_runtime::build::RunFlags;
-    use pipewright_runtime::pipeline::OptimizerConfig;
 
     impl super::TrainArgs {
         pub fn request(&self) -> anyhow::Result<TrainRequest> {
@@ -485,7 +233,9 @@ mod requests {
                 steps: self.steps,
                 flags: RunFlags { microbatch: self.microbatch, microbatches: self.microbatches, replicas: self.replicas },
                 lr: self.lr,
-                optimizer: OptimizerConfig { momentum: self.momentum, weight_decay: self.weight_decay, ..OptimizerConfig::new(self.optimizer) },
+                optimizer: self.optimizer,
+                momentum: self.momentum,
+                weight_decay: self.weight_decay,
                 warmup: self.warmup,
                 decay: self.decay,
                 clip_norm: self.clip_norm,
@@ -630,7 +380,7 @@ pub struct TraceSvgArgs {
     /// default: all of a trace of up to 10 steps, else its first 10 (the SVG's title says
     /// which).
     #[arg(long, value_name = "START..END")]
-    pub steps: Option<pipewright_runtime::timeline::StepWindow>,
+    pub steps: Option<StepWindow>,
 }
 
 #[derive(clap::Args)]
@@ -647,6 +397,19 @@ pub enum SynthKind {
     Layered(LayeredArgs),
 }
 
+impl SynthArgs {
+    pub fn request(&self) -> SynthRequest {
+        let (shape, weights) = match &self.kind {
+            SynthKind::Gpt(a) => (
+                SynthShape::Gpt { preset: a.preset.clone(), layers: a.layers, hidden: a.hidden, heads: a.heads, seq: a.seq, vocab: a.vocab, untied: a.untied },
+                &a.weights,
+            ),
+            SynthKind::Layered(a) => (SynthShape::Layered { nodes: a.nodes, width: a.width, long_skip_every: a.long_skip_every, long_skip_span: a.long_skip_span }, &a.weights),
+        };
+        SynthRequest { shape, weights: weights.weights, seed: weights.seed, output: weights.output.clone() }
+    }
+}
+
 /// Where the generated weights go, and from which seed.
 #[derive(clap::Args)]
 pub struct SynthWeightArgs {
@@ -654,7 +417,8 @@ pub struct SynthWeightArgs {
     /// (declared in FILE.data, which is not written: shapes only, for `plan` and
     /// `simulate`); by default inline below 1 GiB of weights, external above.
     #[arg(long, value_name = "STORAGE")]
-    pub weights: Option<pipewright_synth::Storage>,
+    #[arg(value_enum)]
+    pub weights: Option<Storage>,
     /// Seed of the random weights.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,

@@ -13,7 +13,10 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use args::{CompileArgs, ExportArgs, InspectArgs, LaunchArgs, PlanArgs, SimulateArgs, SynthArgs, TraceSvgArgs};
+use args::{ExportArgs, LaunchArgs, SynthArgs, TraceSvgArgs};
+use pipewright_driver::inspect::InspectRequest;
+use pipewright_driver::plan::{CompileSpec, PlanSpec};
+use pipewright_driver::simulate::SimulateSpec;
 #[cfg(feature = "torch")]
 use args::{BenchStepArgs, ConformanceArgs, ProfileArgs, RunForwardArgs, TrainArgs, WorkerArgs};
 
@@ -28,19 +31,19 @@ struct Cli {
 enum Command {
     /// Import an ONNX model and print a summary (or its IR, or a Graphviz drawing); given a
     /// stage module (`.pwm`), print its header and stage program.
-    Inspect(InspectArgs),
+    Inspect(InspectRequest),
     /// Plan the pipeline: depth, width, microbatch, recomputation, schedule, and the stages.
     ///
     /// The plan is for the cluster the options describe; without any, for a default server
     /// of 8 V100-class GPUs (16 GiB, 15.7 Tflop/s each), which the output says.
-    Plan(PlanArgs),
+    Plan(PlanSpec),
     /// Replay training on a cluster event by event: 2BW, PipeDream-Flush, GPipe and the
     /// baselines without pipelining, each as the planner configures it, with the runtime's
     /// per-stage operation order; samples/s, bubbles, busy time and memory per stage.
-    Simulate(SimulateArgs),
+    Simulate(SimulateSpec),
     /// Compile a model into a build folder: per-stage modules (`stageK.pwm`) and
     /// `pipeline.toml` (with `--stage-onnx`, also each stage as ONNX).
-    Compile(CompileArgs),
+    Compile(CompileSpec),
     /// Write the weights `train` saved back into the original ONNX model.
     Export(ExportArgs),
     /// Draw a `train --trace` timeline as SVG (one row per stage) and print bubble fractions.
@@ -96,13 +99,10 @@ fn stage_executable() -> Option<ExitCode> {
     if first.is_some() && !as_worker {
         return None;
     }
-    let bytes = pipewright_runtime::exe::embedded_module()?;
+    let bytes = pipewright_driver::inspect::embedded_module()?;
     if first.is_none() {
-        return Some(finish(
-            pipewright_runtime::module::decode_module(&bytes)
-                .map(|m| print!("{}", pipewright_runtime::listing::module_text(&m)))
-                .map_err(|e| anyhow::anyhow!("the stage module appended to this executable: {e}")),
-        ));
+        let what = std::path::Path::new("the stage module appended to this executable");
+        return Some(finish(pipewright_driver::inspect::module_listing(&bytes, what).map(|text| print!("{text}")).map_err(anyhow::Error::from)));
     }
     #[cfg(feature = "torch")]
     {
@@ -146,7 +146,7 @@ fn main() -> ExitCode {
     };
     finish(match cli.command {
         Command::Inspect(args) => commands::inspect(&args),
-        Command::Plan(args) => commands::plan_command(&args),
+        Command::Plan(args) => commands::plan(&args),
         Command::Simulate(args) => commands::simulate(&args),
         Command::Compile(args) => commands::compile_command(&args),
         Command::Export(args) => commands::export(&args),
@@ -158,9 +158,9 @@ fn main() -> ExitCode {
         #[cfg(feature = "torch")]
         Command::Worker(args) => run::worker(&args, None),
         #[cfg(feature = "torch")]
-        Command::RunForward(args) => run::run_forward_command(&args),
+        Command::RunForward(args) => run::run_forward(&args),
         #[cfg(feature = "torch")]
-        Command::BenchStep(args) => run::bench_step_command(&args),
+        Command::BenchStep(args) => run::bench_step(&args),
         #[cfg(feature = "torch")]
         Command::Conformance(args) => run::conformance(&args),
         #[cfg(feature = "torch")]

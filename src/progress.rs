@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
-use pipewright_runtime::pipeline::StepReport;
+use pipewright_driver::train::StepReport;
 use serde::Serialize;
 
 /// One line of `--metrics`.

@@ -429,7 +429,8 @@ fn recompute_segments_follow_the_mode() {
 #[cfg(feature = "torch")]
 #[test]
 fn generated_models_split_at_any_depth_compute_the_whole_model() {
-    use pipewright_synth::{gpt, layered, GptShape, LayeredShape, Storage};
+    use pipewright_synth::{gpt, layered, GptShape, LayeredShape};
+use pipewright_core::Storage;
     use tch::{Kind, Tensor};
     let dir = tempfile::tempdir().unwrap();
     let gpt_model = gpt(&GptShape { layers: 3, ..GptShape::TINY }).unwrap().write(&dir.path().join("gpt.onnx"), Storage::Inline, 3).unwrap();

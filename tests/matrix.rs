@@ -112,7 +112,8 @@ fn t5_tiny_encoder_decoder() {
 /// stage), and a layered graph whose long skips cross every stage boundary.
 #[test]
 fn generated_gpt_and_layered_graph() {
-    use pipewright_synth::{gpt, layered, GptShape, LayeredShape, Storage};
+    use pipewright_synth::{gpt, layered, GptShape, LayeredShape};
+use pipewright_core::Storage;
     let dir = tempfile::tempdir().unwrap();
     let g = gpt(&GptShape { layers: 3, ..GptShape::TINY }).unwrap().write(&dir.path().join("gpt.onnx"), Storage::Inline, 1).unwrap();
     every_depth_and_schedule(&g.model);

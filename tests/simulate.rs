@@ -6,7 +6,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use pipewright_runtime::timeline::{read_chrome_trace, TraceEvent, TraceKind};
-use pipewright_synth::{gpt, GptShape, Storage};
+use pipewright_synth::{gpt, GptShape};
+use pipewright_core::Storage;
 use serde_json::Value;
 
 fn root() -> PathBuf {

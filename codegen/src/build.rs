@@ -16,8 +16,9 @@ use std::io::{BufWriter, Write};
 
 use pipewright_core::fs::{write_atomic, write_atomic_with, WriteError};
 use pipewright_passes::manager::PassOutput;
-use pipewright_passes::pipeline::{Decision, Versioned};
-use pipewright_runtime::build::{BuildError, Manifest, PipelineConfig, StageEntry, TensorEntry, BUILD_FORMAT, BUILD_VERSION};
+use pipewright_core::Decision;
+use pipewright_passes::pipeline::Versioned;
+use pipewright_runtime::build::{BuildError, Manifest, StageEntry, TensorEntry, BUILD_FORMAT, BUILD_VERSION};
 use pipewright_runtime::exe::{trailer, without_module};
 use pipewright_runtime::listing::program_text;
 use pipewright_runtime::module::{encode_parts, EncodedModule, ModuleError, ModuleErrorKind, StageParams};
@@ -237,15 +238,8 @@ fn manifest(lowered: &Lowered, model: &Path, stage_onnx: bool) -> Manifest {
         model: std::fs::canonicalize(model).unwrap_or_else(|_| model.to_path_buf()).display().to_string(),
         model_crc32: format!("{:08x}", p.graph.meta.source_crc32),
         pipeline_id: lowered.pipeline_id.clone(),
-        pipeline: PipelineConfig {
-            depth: lowered.stages.len() as u32,
-            schedule: d.schedule,
-            recompute: d.recompute,
-            microbatch: d.microbatch,
-            microbatches: d.microbatches,
-            replicas: d.replicas,
-            origin: d.origin.clone(),
-        },
+        // The decision as the plan pass made it: the stages are its depth's.
+        pipeline: d.clone(),
         choices: p.graph.choices.clone(),
         stages,
     }

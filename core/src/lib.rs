@@ -1,6 +1,7 @@
 //! The vocabulary every pipewright crate shares, defined once: the configuration words
 //! ([`Schedule`], [`Recompute`], [`Optimizer`], [`Loss`], [`Decay`], [`Balance`],
-//! [`BatchMode`], [`PassName`], [`UpdateRule`]) and the [`Device`]; plus the small
+//! [`BatchMode`], [`PassName`], [`UpdateRule`]), the [`Device`] and the pipeline
+//! [`Decision`] (what a compile decided and how a run resolves its shape from it); plus the small
 //! utilities every stage of the tool needs ([`fs::write_atomic`], [`units::human_bytes`],
 //! [`format::Header`] for versioned files), and the per-stage operation order of each
 //! schedule ([`schedule::stage_ops`]) and the trace format of training runs
@@ -11,6 +12,7 @@
 //! runtime (which must not depend on the importer or the passes) all speak it.
 
 pub mod choices;
+pub mod decision;
 pub mod device;
 pub mod format;
 pub mod fs;
@@ -22,5 +24,6 @@ pub mod units;
 pub mod words;
 
 pub use choices::{ImportChoices, MergedInitializer};
+pub use decision::{Decision, RunFlags, RunShape, Setting, Source, DEFAULT_MICROBATCH};
 pub use device::{Device, UnknownDevice};
-pub use words::{DEFAULT_MAX_SKIPS, Balance, BatchMode, Decay, Loss, NonFinite, Optimizer, PassName, Precision, Recompute, Schedule, Scheme, UnknownWord, UpdateRule};
+pub use words::{Balance, BatchMode, Decay, Loss, NonFinite, Optimizer, PassName, Precision, PrintAfter, Recompute, Schedule, Scheme, Storage, UnknownWord, UpdateRule, Word, WordList, DEFAULT_MAX_SKIPS};

@@ -18,6 +18,45 @@ pub struct UnknownWord {
     pub expected: Vec<&'static str>,
 }
 
+/// What every word type is: its values and what it is called (for generic lists).
+pub trait Word: Copy + PartialEq + fmt::Display + std::str::FromStr<Err = UnknownWord> + 'static {
+    const ALL: &'static [Self];
+    const WHAT: &'static str;
+}
+
+/// A comma-separated list of words of one type, or `all` for every value:
+/// `--schedule 2bw,flush`, `--schedule all`. The one form every list-valued flag takes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WordList<T>(pub Vec<T>);
+
+impl<T: Word> WordList<T> {
+    /// Every value of the type.
+    pub fn all() -> WordList<T> {
+        WordList(T::ALL.to_vec())
+    }
+}
+
+impl<T: Word> std::str::FromStr for WordList<T> {
+    type Err = UnknownWord;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s == "all" {
+            return Ok(Self::all());
+        }
+        s.split(',').map(|w| w.trim().parse::<T>()).collect::<Result<Vec<T>, UnknownWord>>().map(WordList).map_err(|mut e| {
+            e.expected.push("all");
+            e
+        })
+    }
+}
+
+impl<T: Word> fmt::Display for WordList<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let names: Vec<String> = self.0.iter().map(|w| w.to_string()).collect();
+        f.write_str(&names.join(","))
+    }
+}
+
 /// Defines a word enum: variants with their one spelling and a help line.
 macro_rules! word_enum {
     (
@@ -55,6 +94,11 @@ macro_rules! word_enum {
             fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
                 f.write_str(self.name())
             }
+        }
+
+        impl $crate::words::Word for $name {
+            const ALL: &'static [$name] = $name::ALL;
+            const WHAT: &'static str = $what;
         }
 
         impl ::std::str::FromStr for $name {
@@ -229,6 +273,49 @@ word_enum! {
     }
 }
 
+/// `--print-after PASS|all`: which pass's output a command prints.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PrintAfter {
+    #[default]
+    None,
+    Pass(PassName),
+    All,
+}
+
+impl std::str::FromStr for PrintAfter {
+    type Err = UnknownWord;
+
+    /// A pass name, or `all`.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s == "all" {
+            return Ok(PrintAfter::All);
+        }
+        s.parse::<PassName>().map(PrintAfter::Pass).map_err(|mut e| {
+            e.expected.push("all");
+            e
+        })
+    }
+}
+
+impl fmt::Display for PrintAfter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PrintAfter::None => f.write_str("none"),
+            PrintAfter::Pass(p) => write!(f, "{p}"),
+            PrintAfter::All => f.write_str("all"),
+        }
+    }
+}
+
+word_enum! {
+    /// Where a generated model (`pipewright synth`) keeps its weights.
+    "weight storage" pub enum Storage {
+        Inline = "inline", "in the ONNX file (protobuf limits the file to 2 GiB)";
+        External = "external", "streamed into MODEL.onnx.data beside the model, which stays small";
+        ShapesOnly = "none", "declared in MODEL.onnx.data, which is not written: shapes only, for plan and simulate";
+    }
+}
+
 word_enum! {
     /// The element type training computes in. Master weights and optimizer state stay
     /// fp32 whatever the choice; each forward casts the weights to it and the gradients
@@ -357,6 +444,21 @@ mod tests {
         check(Precision::ALL);
         check(Scheme::ALL);
         check(NonFinite::ALL);
+        check(Storage::ALL);
+    }
+
+    /// Lists take `a,b` or `all`; an unknown word names the type and offers `all`;
+    /// `--print-after` takes a pass or `all`.
+    #[test]
+    fn lists_and_print_after_parse_one_way() {
+        assert_eq!("2bw,gpipe".parse::<WordList<Schedule>>(), Ok(WordList(vec![Schedule::TwoBw, Schedule::GPipe])));
+        assert_eq!("all".parse::<WordList<Schedule>>(), Ok(WordList::all()));
+        assert_eq!(WordList(vec![Schedule::Flush, Schedule::TwoBw]).to_string(), "flush,2bw");
+        let e = "2bw,zigzag".parse::<WordList<Schedule>>().unwrap_err().to_string();
+        assert_eq!(e, "unknown schedule \"zigzag\": expected one of 2bw, flush, gpipe, all");
+        assert_eq!("all".parse::<PrintAfter>(), Ok(PrintAfter::All));
+        assert_eq!("plan".parse::<PrintAfter>(), Ok(PrintAfter::Pass(PassName::Plan)));
+        assert!("shape-inference".parse::<PrintAfter>().unwrap_err().to_string().contains("weight-versioning, lower, all"));
     }
 
     #[test]

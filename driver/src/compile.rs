@@ -12,8 +12,10 @@ use std::time::Duration;
 use pipewright_codegen::build::{lower, write_build, BuildOutputs, WriteTimes};
 use pipewright_core::PassName;
 use pipewright_ir::ImportOptions;
-use pipewright_passes::manager::{ManagerError, PassManager, PassOptions, PrintAfter};
-use pipewright_passes::pipeline::{import, partition, plan_stages, recompute, version, Decision, PlanRequest};
+use pipewright_core::PrintAfter;
+use pipewright_passes::manager::{ManagerError, PassManager, PassOptions};
+use pipewright_core::Decision;
+use pipewright_passes::pipeline::{import, partition, plan_stages, recompute, version, PlanRequest};
 use pipewright_passes::plan_file::PlanFile;
 use pipewright_runtime::build::Manifest;
 
@@ -153,7 +155,7 @@ pub(crate) mod tests {
         p
     }
 
-    pub(crate) fn stages(depth: usize) -> PlanRequest {
+    pub(crate) fn stages(depth: u32) -> PlanRequest {
         PlanRequest::Stages { depth, schedule: Schedule::TwoBw, recompute: Recompute::Full, microbatch: Some(4), microbatches: None }
     }
 

@@ -8,7 +8,9 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use pipewright_codegen::lower_graph;
+use pipewright_core::Device;
 use pipewright_ir::{import_model, read_tensor_file, Graph, ImportOptions, TensorData};
+use pipewright_runtime::device::tch_device;
 use pipewright_runtime::exec::{tensor_from_bytes, tensor_to_bytes, tensor_to_bytes_as, Mode};
 use pipewright_runtime::interp::Interpreter;
 use tch::{Kind, Tensor};
@@ -308,6 +310,53 @@ pub fn bench_step(model: &Path, inputs: &Path, device: tch::Device, train_mode: 
     let median_ms = if n % 2 == 1 { ms[n / 2] } else { (ms[n / 2 - 1] + ms[n / 2]) / 2.0 };
     let parameter_values = params.iter().map(|t| t.numel() as i64).sum();
     Ok(StepTimes { parameters: params.len(), parameter_values, steps: n, median_ms, mean_ms, min_ms: ms[0] })
+}
+
+/// `run-forward`: runs `model` on `device` over the inputs in `inputs` (tiled
+/// `tile_batch` times), saves the outputs to `save` when asked, and compares them with
+/// the folder's expected outputs. Returns what the command prints and the verdict.
+pub fn run_forward_command(model: &Path, inputs: &Path, device: Device, tile_batch: usize, tolerance: (f64, f64), save: Option<&Path>) -> Result<(Vec<String>, Verdict), DriverError> {
+    let (rtol, atol) = tolerance;
+    let device = tch_device(device).map_err(|e| DriverError::msg(e.to_string()))?;
+    let outputs = run_forward(model, inputs, device, tile_batch, rtol, atol)?;
+    let mut lines: Vec<String> = outputs.iter().enumerate().map(|(i, out)| output_line(i, out)).collect();
+    if let Some(path) = save {
+        save_outputs(path, &outputs)?;
+        lines.push(format!("saved {} output(s) to {}", outputs.len(), path.display()));
+    }
+    let v = verdict(&outputs, inputs, rtol, atol);
+    lines.extend(v.lines.iter().cloned());
+    Ok((lines, v))
+}
+
+/// `output 0 "y": Float [2, 10] mean=0.1 max_abs_err=...`.
+fn output_line(i: usize, out: &ForwardOutput) -> String {
+    let t = &out.tensor;
+    let mut line = format!("output {i} {:?}: {:?} {:?}", out.name, t.kind(), t.size());
+    if let Ok(Ok(m)) = t.f_to_kind(Kind::Double).and_then(|d| d.f_mean(Kind::Double)).map(f64::try_from) {
+        line.push_str(&format!(" mean={m:.6}"));
+    }
+    if let Some(c) = &out.comparison {
+        line.push_str(&format!(" max_abs_err={:.3e} relative={:.3e} mismatches={}/{}", c.max_abs_err, c.relative(), c.mismatches, c.numel));
+    }
+    line
+}
+
+/// `bench-step`: times forward + backward steps of `model` on `device` (`threads` intra-op
+/// threads, libtorch's default when `None`); returns the lines the command prints.
+pub fn bench_step_command(model: &Path, inputs: &Path, device: Device, threads: Option<i32>, train: bool, warmup: usize, steps: usize) -> Result<Vec<String>, DriverError> {
+    if let Some(t) = threads {
+        tch::set_num_threads(t);
+    }
+    let device = tch_device(device).map_err(|e| DriverError::msg(e.to_string()))?;
+    let s = bench_step(model, inputs, device, train, warmup, steps)?;
+    let threads = tch::get_num_threads();
+    let name = model.file_stem().and_then(|s| s.to_str()).unwrap_or("model");
+    Ok(vec![
+        format!("{name}: {} parameters in {} weight tensors, {} steps after {warmup} warmup, mode {}", s.parameter_values, s.parameters, s.steps, if train { "train" } else { "eval" }),
+        format!("median {:.3} ms/step, mean {:.3} ms/step, min {:.3} ms, threads {threads}", s.median_ms, s.mean_ms, s.min_ms),
+        format!("bench-step model={name} median_ms={:.3} mean_ms={:.3} threads={threads}", s.median_ms, s.mean_ms),
+    ])
 }
 
 #[cfg(test)]

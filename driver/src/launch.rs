@@ -7,7 +7,8 @@
 
 use std::path::{Path, PathBuf};
 
-use pipewright_runtime::build::{Manifest, RunFlags, Source};
+use pipewright_core::{RunFlags, Source};
+use pipewright_runtime::build::Manifest;
 
 use crate::DriverError;
 

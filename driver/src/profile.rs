@@ -40,7 +40,8 @@ use tch::{Kind, Tensor};
 
 use pipewright_passes::manager::PassOptions;
 use pipewright_passes::pipeline::PlanRequest;
-use pipewright_runtime::build::{Manifest, RunFlags};
+use pipewright_core::RunFlags;
+use pipewright_runtime::build::Manifest;
 use pipewright_runtime::data::DEFAULT_MAX_INFLATED;
 
 use crate::compile::{compile, CompileRequest};
@@ -605,7 +606,7 @@ impl TwoStageRuns {
 }
 
 /// Where [`time_boundary`] builds the model as `depth` stages at microbatch `b` in `dir`.
-fn build_path(dir: &Path, b: u64, depth: usize) -> std::path::PathBuf {
+fn build_path(dir: &Path, b: u64, depth: u32) -> std::path::PathBuf {
     dir.join(format!("b{b}-d{depth}"))
 }
 
@@ -639,8 +640,8 @@ fn stage_times_at(model: &Path, device: Device, b: u64, profiled: &Profiled<'_>,
 /// two-stage runs.
 fn boundary_at(model: &Path, device: Device, b: u64, profiled: &Profiled<'_>, objective: &Objective, dir: &Path) -> Result<(BoundaryCost, TwoStageRuns), DriverError> {
     let steps = boundary_steps(profiled, b);
-    let builds = [1usize, 2].map(|depth| build_path(dir, b, depth));
-    for (depth, build) in [1usize, 2].into_iter().zip(&builds) {
+    let builds = [1u32, 2].map(|depth| build_path(dir, b, depth));
+    for (depth, build) in [1u32, 2].into_iter().zip(&builds) {
         compile_stages(model, depth, b, build)?;
     }
     let mut diffs: [Vec<f64>; 3] = Default::default();
@@ -715,8 +716,8 @@ fn boundary_share(diffs: Vec<f64>) -> f64 {
 }
 
 /// Compiles `model` as `depth` stages at microbatch `b` into `build`.
-fn compile_stages(model: &Path, depth: usize, b: u64, build: &Path) -> Result<(), DriverError> {
-    let plan = PlanRequest::Stages { depth, schedule: Schedule::GPipe, recompute: Recompute::None, microbatch: Some(b), microbatches: Some(depth as u64) };
+fn compile_stages(model: &Path, depth: u32, b: u64, build: &Path) -> Result<(), DriverError> {
+    let plan = PlanRequest::Stages { depth, schedule: Schedule::GPipe, recompute: Recompute::None, microbatch: Some(b), microbatches: Some(u64::from(depth)) };
     let req = CompileRequest { model: model.to_path_buf(), plan, output: build.to_path_buf(), executable: None, stage_onnx: false, passes: PassOptions::default(), import: ImportOptions::default() };
     compile(&req).map(|_| ()).map_err(|e| DriverError::msg(format!("{}: compiling it as {depth} stage(s) to time a stage boundary: {e}", model.display())))
 }
@@ -763,7 +764,9 @@ fn train_traced(build: &Path, device: Device, steps: usize, microbatches: u64, o
         steps,
         flags: RunFlags { microbatches: Some(microbatches), ..RunFlags::default() },
         lr: 1e-4,
-        optimizer: OptimizerConfig::sgd(),
+        optimizer: pipewright_core::Optimizer::Sgd,
+        momentum: 0.0,
+        weight_decay: 0.0,
         warmup: 0,
         decay: Decay::Constant,
         clip_norm: None,
@@ -811,6 +814,86 @@ fn quantiles(mut values: Vec<f64>) -> Vec<f64> {
     }
     let n = values.len();
     (0..DURATION_QUANTILES).map(|i| values[(2 * i + 1) * n / (2 * DURATION_QUANTILES)]).collect()
+}
+
+/// A spread of the repetitions' totals, relative to their median, above which a profile
+/// is said to be unreliable.
+const NOISY_SPREAD: f64 = 0.25;
+
+impl Progress<'_> {
+    /// What the command says as the profile goes: one batch size's whole-model time over
+    /// the repetitions (with a warning when they spread too far), or what was not measured.
+    pub fn lines(&self) -> Vec<String> {
+        match self {
+            Progress::Batch(s) => {
+                let mut v = vec![format!(
+                    "profile: batch {}: forward + backward {:.3} ms (median of {} repetitions; min {:.3}, max {:.3}: spread {:.0}%)",
+                    s.batch,
+                    s.median_ms,
+                    s.reps,
+                    s.min_ms,
+                    s.max_ms,
+                    s.relative() * 100.0
+                )];
+                if s.relative() > NOISY_SPREAD {
+                    v.push(format!("profile: warning: batch {}: the repetitions differ by more than {:.0}%; the machine looks busy (rerun idle, or with more --reps)", s.batch, NOISY_SPREAD * 100.0));
+                }
+                v
+            }
+            Progress::Skipped { what, why } => vec![format!("profile: warning: {what} was not measured: {why}")],
+            Progress::Unsteady(why) => vec![format!("profile: warning: {why}: the machine looks busy or its speed moved (rerun idle); the simulator's crowding comes from these times")],
+        }
+    }
+}
+
+/// What a finished profile says beside its JSON: the stage boundary's cost, the runtime's
+/// untraced work, each split's stage shares, the operations' spread, the accumulation and
+/// the crowding of the host's cores.
+pub fn notes(p: &Profile) -> Vec<String> {
+    let mut v = Vec::new();
+    for c in &p.boundary {
+        v.push(format!("profile: a stage boundary costs {:.3} ms forward, {:.3} ms backward (per microbatch) and {:.3} ms per update, at batch {}", c.fwd_ms, c.bwd_ms, c.step_ms, c.batch));
+        if let Some(ms) = c.after_backward_ms {
+            v.push(format!("profile: after each backward a stage's runtime works {ms:.3} ms outside its traced operations, at batch {}", c.batch));
+        }
+    }
+    v.extend(p.split.iter().filter_map(|sp| split_note(p, sp)));
+    if let Some(spread) = pipewright_passes::machine::DurationSpread::new(&p.duration_factors) {
+        let f = spread.factors();
+        let at = |q: f64| f[((f.len() - 1) as f64 * q).round() as usize];
+        v.push(format!("profile: a stage's forwards and backwards take {:.2} to {:.2} of its mean (10th to 90th percentile; the simulator draws from these)", at(0.1), at(0.9)));
+    }
+    if let Some(ms) = p.accumulate_ms {
+        v.push(format!("profile: accumulating a gradient of every weight takes {ms:.3} ms (each microbatch of a step but the first)"));
+    }
+    if let Some(s) = &p.sharing {
+        let b = p.batches.iter().copied().max().unwrap_or(1);
+        let c = s.crowding(b);
+        v.push(format!("profile: threads crowding the {} cores slow each other by {:.2} ({} threads) and {:.2} ({}), at batch {b}", s.cores, c.at_cores, s.cores, c.at_twice, 2 * s.cores));
+        if let Some(turn) = s.turn_ms {
+            v.push(format!("profile: a thread that never blocks keeps a core for {turn:.2} ms while others wait (the scheduler's tick in the replays)"));
+        }
+    }
+    v
+}
+
+/// How the stages of a split divided the pass against their nodes timed alone.
+fn split_note(p: &Profile, sp: &StageSplit) -> Option<String> {
+    let k = p.batches.iter().position(|&b| b == sp.batch)?;
+    let text = |v: Option<Vec<f64>>| v.map_or("-".to_string(), |v| v.iter().map(|x| format!("{x:.2}")).collect::<Vec<_>>().join(" / "));
+    let (fwd, bwd) = sp.stage_scales(&p.nodes, k);
+    Some(format!(
+        "profile: trained as {} stages, each stage's share of the pass over its nodes' timed alone: forward {}, backward {}, at batch {}",
+        sp.stages.len(),
+        text(fwd),
+        text(bwd),
+        sp.batch
+    ))
+}
+
+/// The profile as the JSON `plan --profile` and `simulate --profile` read.
+pub fn profile_json(p: &Profile) -> Result<String, DriverError> {
+    serde_json::to_string_pretty(p).map_err(|e| DriverError::msg(format!("profile: {e}")))
 }
 
 #[cfg(test)]

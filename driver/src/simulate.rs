@@ -6,19 +6,20 @@
 use std::path::{Path, PathBuf};
 
 use pipewright_core::fs::write_atomic;
-use pipewright_core::{Optimizer, Precision, Schedule, Scheme};
+use pipewright_core::{Optimizer, Precision, Schedule, Scheme, WordList};
 use pipewright_ir::{import_model, Graph, ImportOptions};
 use pipewright_passes::cost::CostModel;
 use pipewright_passes::machine::{duration_factors, AllReduce, DurationSpread, HostCores};
 use pipewright_passes::plan_file::PlanFile;
 use pipewright_passes::planner::{plan_on, Candidate, PlanContext, PlanError, PlanOptions};
-use pipewright_passes::presets::SimCluster;
+use pipewright_passes::presets::{self, SimCluster};
 use pipewright_passes::profile::Profile;
 use pipewright_passes::simulate::{dedicated_durations, simulate as replay, SimSetup, Simulation};
 use pipewright_passes::tensor_parallel::{plan_tensor_parallel, TensorError};
 use pipewright_runtime::timeline::{after_backward_us, chrome_trace_json, read_chrome_trace, timeline_svg, TraceKind};
 use serde::Serialize;
 
+use crate::plan::TrainingShape;
 use crate::DriverError;
 
 /// What `pipewright simulate` is asked to do.
@@ -49,6 +50,146 @@ pub struct SimulateRequest {
     /// `stage_times` trace's durations, measured under that sharing, are first converted
     /// back to dedicated work ([`dedicated_durations`]).
     pub host_cores: Option<usize>,
+}
+
+/// What `pipewright simulate` is asked (its options).
+#[derive(Clone, Debug, clap::Args)]
+pub struct SimulateSpec {
+    /// The ONNX model file (its weights' values are never read), or a plan file
+    /// (`plan --json`, ending in .json).
+    pub input: PathBuf,
+    /// A cluster TOML file, or a device preset: V100-16GB, A100-40GB, A100-80GB, H100, H200.
+    /// Needed for a model; a plan file brings its own.
+    #[arg(long, value_name = "FILE|PRESET")]
+    pub cluster: Option<String>,
+    /// Servers, with a device preset (default 1).
+    #[arg(long)]
+    pub servers: Option<usize>,
+    /// GPUs per server, with a device preset (default 8).
+    #[arg(long)]
+    pub gpus_per_server: Option<usize>,
+    /// Network between servers, with a device preset: 25gbit, 100gbit, 8x200gbit, 8x400gbit
+    /// (default: the one the device's usual servers have).
+    #[arg(long)]
+    pub network: Option<String>,
+    /// Share of the peak flop/s and memory bandwidth achieved, in (0, 1], with a device
+    /// preset (default 1; a cluster file has its own `efficiency` key).
+    #[arg(long)]
+    pub efficiency: Option<f64>,
+    /// Global batch size (samples per optimizer step); a plan file has its own.
+    #[arg(long)]
+    pub batch: Option<u64>,
+    /// Schemes to compare: 2bw, flush, gpipe, model-parallel, data-parallel, tensor-parallel
+    /// (comma-separated), or all. Default: all for a model, the plan's schedule for a plan.
+    #[arg(long)]
+    pub schedule: Option<WordList<Scheme>>,
+    /// A profile from `pipewright profile`: measured node times instead of the roofline,
+    /// what a stage boundary costs the runtime and its untraced work after each backward,
+    /// each stage's measured share of the pass;
+    /// with --host-cores on a host of the profiled one's size, how threads crowding it slow
+    /// each other and the scheduler's tick its turns end on.
+    #[arg(long)]
+    pub profile: Option<PathBuf>,
+    #[command(flatten)]
+    pub training: TrainingShape,
+    /// Batches (optimizer steps) to replay.
+    #[arg(long, default_value_t = 10)]
+    pub batches: usize,
+    /// A real run's trace (`train --trace`) of the same configuration: its per-stage
+    /// mean forward, recompute, backward, optimizer and send times replace the cost model's
+    /// (to check the schedule model apart from the cost model, or replay a measured run
+    /// under another schedule), and so does the mean gap after a backward (the runtime's
+    /// untraced work) when the trace records its waits, as a run's does. Means, not
+    /// medians: the rate is set by the total time.
+    #[arg(long, value_name = "TRACE")]
+    pub stage_times: Option<PathBuf>,
+    /// The stages run as threads of one process on a host with N CPU cores (a CPU run of
+    /// the embedded executor, one thread per stage and replica): the working stages take
+    /// turns on the cores in Linux's default time slice (1.5 ms on 2 or 3 cores), each turn
+    /// lasting until the scheduler's next tick when a --profile measured the tick on a host
+    /// of N cores. With --stage-times, the trace's durations (measured under that sharing)
+    /// are converted back to full-speed work first. Overrides a cluster file's host_cores.
+    #[arg(long, value_name = "N")]
+    pub host_cores: Option<usize>,
+    /// Write the replay as a Chrome trace (the format of `train --trace`); with several
+    /// schemes, one file per scheme (`t.2bw.json`, ...).
+    #[arg(long, value_name = "FILE")]
+    pub trace: Option<PathBuf>,
+    /// Draw the replay's timeline as SVG (as `trace-svg` does), one file per scheme likewise.
+    #[arg(long, value_name = "FILE")]
+    pub svg: Option<PathBuf>,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+impl SimulateSpec {
+    /// The request: the cluster from its file or preset, the schemes, the profile.
+    pub fn request(&self) -> Result<SimulateRequest, DriverError> {
+        let profile = self.profile.as_deref().map(crate::plan::read_profile).transpose()?;
+        let schemes = match &self.schedule {
+            Some(s) => s.0.clone(),
+            None if looks_like_plan(&self.input) => vec![PlanFile::read(&self.input)?.plan.chosen.schedule.into()],
+            None => Scheme::ALL.to_vec(),
+        };
+        Ok(SimulateRequest {
+            input: self.input.clone(),
+            cluster: self.sim_cluster()?,
+            global_batch: self.batch,
+            schemes,
+            profile,
+            optimizer: self.training.optimizer,
+            momentum: self.training.momentum,
+            precision: self.training.precision,
+            batches: self.batches,
+            record: self.trace.is_some() || self.svg.is_some(),
+            stage_times: self.stage_times.clone(),
+            host_cores: self.host_cores,
+        })
+    }
+
+    /// `--cluster FILE|PRESET`: a file when one exists at that path, else a preset with the
+    /// preset-only values; `None` without one.
+    fn sim_cluster(&self) -> Result<Option<SimCluster>, DriverError> {
+        let preset_flags = [("--network", self.network.is_some()), ("--servers", self.servers.is_some()), ("--gpus-per-server", self.gpus_per_server.is_some()), ("--efficiency", self.efficiency.is_some())];
+        let given: Vec<&str> = preset_flags.iter().filter(|f| f.1).map(|f| f.0).collect();
+        let Some(spec) = &self.cluster else {
+            if !given.is_empty() {
+                return Err(DriverError::msg(format!("{} need(s) a device preset in --cluster", given.join(", "))));
+            }
+            return Ok(None);
+        };
+        let path = Path::new(spec);
+        if path.is_file() {
+            if !given.is_empty() {
+                return Err(DriverError::msg(format!("{} appl(ies) to a device preset, not to the cluster file {spec} (set its keys instead)", given.join(", "))));
+            }
+            let text = std::fs::read_to_string(path).map_err(|source| DriverError::Read { path: path.to_path_buf(), source })?;
+            return Ok(Some(SimCluster::from_toml(spec, &text).map_err(|e| DriverError::msg(format!("{spec}: {e}")))?));
+        }
+        let device = presets::device(spec).map_err(|e| DriverError::msg(format!("--cluster: {e}")))?;
+        let network = presets::network(self.network.as_deref().unwrap_or(device.network)).map_err(|e| DriverError::msg(format!("--network: {e}")))?;
+        let (servers, per_server, efficiency) = (self.servers.unwrap_or(1), self.gpus_per_server.unwrap_or(8), self.efficiency.unwrap_or(1.0));
+        let cluster = SimCluster::from_preset(device, network, servers, per_server, self.training.precision, efficiency).map_err(|e| DriverError::msg(format!("--cluster {spec}: {e}")))?;
+        Ok(Some(cluster))
+    }
+}
+
+/// Writes each replayed scheme's trace and drawing (`trace`, `svg`: one file per scheme
+/// when there are several), returning what was written for the command to say.
+pub fn write_traces(report: &SimulateReport, trace: Option<&Path>, svg: Option<&Path>) -> Result<Vec<String>, DriverError> {
+    let several = report.outcomes.iter().filter(|o| o.simulation.is_some()).count() > 1;
+    let mut written = Vec::new();
+    for o in &report.outcomes {
+        let Some(sim) = &o.simulation else { continue };
+        let trace = trace.map(|p| per_scheme_path(p, o.scheme, several));
+        let svg = svg.map(|p| per_scheme_path(p, o.scheme, several));
+        write_trace(sim, trace.as_deref(), svg.as_deref(), 1200)?;
+        for p in trace.iter().chain(&svg) {
+            written.push(format!("wrote {} ({} events)", p.display(), sim.events.len()));
+        }
+    }
+    Ok(written)
 }
 
 /// One scheme's configuration and replay, or why it has none.

@@ -11,16 +11,23 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use pipewright_core::{Decay, Device, Loss, NonFinite, Precision};
-use pipewright_runtime::build::{Build, Manifest, RunFlags, RunShape, MANIFEST_FILE};
+use pipewright_core::{Decay, Device, Loss, NonFinite, Optimizer, Precision, RunFlags, RunShape};
+use pipewright_runtime::build::{Build, Identity, Manifest, MANIFEST_FILE};
 use pipewright_runtime::data::{Dataset, LabelArray, Stop, DEFAULT_LABEL};
 use pipewright_runtime::device::tch_device;
 use pipewright_runtime::module::{decode_module_bytes, read_module, StageModule};
+use pipewright_core::fs::write_atomic;
+use pipewright_core::timeline::chrome_trace_json;
+use pipewright_core::units::human_bytes;
 use pipewright_runtime::pipeline::{
-    batch_fingerprint, check_resume, read_checkpoint, resume, run_record, run_worker, train, Checkpoint, Layout, LrSchedule, Microbatch, Mpi, MpiJob, Objective, OptimizerConfig,
-    StageState, StepReport, TrainConfig, TrainReport, WorkerHooks,
+    batch_fingerprint, check_resume, read_checkpoint, resume, run_record, run_worker, train, Checkpoint, Layout, LrSchedule, Microbatch, Mpi, Objective, OptimizerConfig,
+    StageState, TrainConfig, WorkerHooks,
 };
 
+/// The runtime's types a command sees: each step's report, the run's, and the MPI job.
+pub use pipewright_runtime::pipeline::{MpiJob, StepReport, TrainReport};
+
+use crate::export::WEIGHTS_FILE;
 use crate::DriverError;
 
 /// Where the training data comes from.
@@ -53,7 +60,10 @@ pub struct TrainRequest {
     /// Overrides of the build's microbatch, microbatches and replicas.
     pub flags: RunFlags,
     pub lr: f64,
-    pub optimizer: OptimizerConfig,
+    pub optimizer: Optimizer,
+    /// SGD momentum.
+    pub momentum: f64,
+    pub weight_decay: f64,
     pub warmup: usize,
     pub decay: Decay,
     pub clip_norm: Option<f64>,
@@ -98,7 +108,7 @@ fn config(req: &TrainRequest, manifest: &Manifest, shape: &RunShape, build: &Pat
     }
     let objective = Objective { ignore_index: req.ignore_index, label_smoothing: req.label_smoothing, ..Objective::new(req.loss, output) };
     let mut cfg = TrainConfig::new(manifest.pipeline.schedule, objective, req.lr, req.steps);
-    cfg.optimizer = req.optimizer;
+    cfg.optimizer = OptimizerConfig { momentum: req.momentum, weight_decay: req.weight_decay, ..OptimizerConfig::new(req.optimizer) };
     cfg.lr_schedule = LrSchedule { warmup_steps: req.warmup, decay: req.decay, total_steps: req.steps, final_lr: 0.0 };
     cfg.clip_norm = req.clip_norm;
     cfg.seed = req.seed as i64;
@@ -163,11 +173,11 @@ fn check_numbers(req: &TrainRequest) -> Result<(), DriverError> {
     if !(req.lr.is_finite() && req.lr > 0.0) {
         return Err(bad("lr", req.lr, "a finite number above 0"));
     }
-    let momentum = req.optimizer.momentum;
+    let momentum = req.momentum;
     if !(momentum.is_finite() && (0.0..1.0).contains(&momentum)) {
         return Err(bad("momentum", momentum, "a finite number in [0, 1)"));
     }
-    let decay = req.optimizer.weight_decay;
+    let decay = req.weight_decay;
     if !(decay.is_finite() && decay >= 0.0) {
         return Err(bad("weight-decay", decay, "a finite number of at least 0"));
     }
@@ -354,6 +364,66 @@ impl Session {
     }
 }
 
+impl Session {
+    /// What `train` says before it starts: where each run value came from, the import's
+    /// notes, the pipeline it trains, the stages' placement when one was given, and that an
+    /// earlier run's weights will be replaced.
+    pub fn preamble(&self, steps: usize) -> Vec<String> {
+        let c = &self.build.manifest.pipeline;
+        let mut lines: Vec<String> = self.shape.report().lines().map(str::to_string).collect();
+        lines.extend(self.build.manifest.choices.lines().into_iter().map(|l| format!("note: {l}")));
+        lines.push(format!(
+            "training {} stage(s) x {} replica(s), schedule {}, recompute {} (from the build), steps {}..{steps}",
+            c.depth, self.shape.replicas.value, c.schedule, c.recompute, self.start
+        ));
+        if !self.config.devices.is_empty() {
+            lines.push(format!("placement: {}", placement(&self.config, c.depth as usize, size(self.shape.replicas.value))));
+        }
+        let weights = self.build.dir.join(WEIGHTS_FILE);
+        if weights.is_file() {
+            lines.push(format!("note: {} exists (an earlier run's weights); this run replaces it when it ends", weights.display()));
+        }
+        lines
+    }
+}
+
+/// `stage 0 cuda:0, stage 1 cuda:1` (replica 0; every replica when they differ).
+fn placement(cfg: &TrainConfig, depth: usize, replicas: usize) -> String {
+    let name = |d: tch::Device| match d {
+        tch::Device::Cuda(n) => format!("cuda:{n}"),
+        _ => "cpu".to_string(),
+    };
+    let alike = (0..replicas).all(|r| (0..depth).all(|k| cfg.worker_device(k, r) == cfg.worker_device(k, 0)));
+    let shown = if alike { 1 } else { replicas };
+    let mut parts = Vec::new();
+    for r in 0..shown {
+        for k in 0..depth {
+            let who = if alike { format!("stage {k}") } else { format!("replica {r} stage {k}") };
+            parts.push(format!("{who} {}", name(cfg.worker_device(k, r))));
+        }
+    }
+    parts.join(", ")
+}
+
+/// The first and last finite losses of a run (a skipped step's loss may be NaN).
+pub fn loss_range(report: &TrainReport) -> (f64, f64) {
+    let mut finite = report.losses.iter().copied().filter(|l| l.is_finite());
+    let first = finite.next().unwrap_or(f64::NAN);
+    (first, finite.last().unwrap_or(first))
+}
+
+/// Writes the run's trace to `path` when one is asked for; returns what to say.
+pub fn save_trace(path: Option<&Path>, report: &TrainReport) -> Result<Option<String>, DriverError> {
+    let Some(path) = path else { return Ok(None) };
+    write_atomic(path, chrome_trace_json(&report.trace).as_bytes())?;
+    Ok(Some(format!("wrote {} trace events to {}", report.trace.len(), path.display())))
+}
+
+/// Each stage's peak live tensor bytes, for people.
+pub fn memory_peaks(report: &TrainReport) -> Vec<String> {
+    report.memory.iter().map(|m| human_bytes(m.total)).collect()
+}
+
 /// What a worker process is asked to do.
 #[derive(Clone, Debug)]
 pub struct WorkerRequest {
@@ -432,7 +502,7 @@ impl WorkerSession {
         let resume = match &req.train.resume {
             Some(dir) => {
                 let mut ck = read_checkpoint(dir).map_err(|e| DriverError::msg(format!("--resume: {e}")))?;
-                check_resume(&ck, layout.depth, &module.program.pipeline, manifest.pipeline.schedule, &config).map_err(|e| DriverError::msg(format!("--resume: {e}")))?;
+                check_resume(&ck, &Identity { recompute: None, ..manifest.identity() }, &config).map_err(|e| DriverError::msg(format!("--resume: {e}")))?;
                 if ck.step >= req.train.steps as u64 {
                     return Err(DriverError::msg(format!("--steps {}: the checkpoint resumed from is already at step {}; give a larger --steps", req.train.steps, ck.step)));
                 }
@@ -448,10 +518,10 @@ impl WorkerSession {
         let fingerprint = batch_fingerprint(&first).map_err(DriverError::msg)?;
         let batches: BatchStream = Box::new(std::iter::once(first).chain(batches));
         let mut agreement = run_record(&config);
-        agreement.insert("pipeline id".into(), module.program.pipeline.clone());
-        agreement.insert("--schedule".into(), config.schedule.to_string());
+        // The module agrees with the manifest (checked above); the ranks agree on both.
+        agreement.extend(manifest.identity().fields().into_iter().map(|(k, v)| (k.to_string(), v)));
         agreement.insert("--data".into(), fingerprint);
-        agreement.insert("stages x replicas".into(), format!("{} x {}", layout.depth, layout.replicas));
+        agreement.insert("--replicas".into(), layout.replicas.to_string());
         agreement.insert("--checkpoint-every".into(), config.checkpoint_every.map_or("none".into(), |n| n.to_string()));
         agreement.insert("--resume".into(), resume.as_ref().map_or("none".into(), |(s, _)| format!("from step {s}")));
         let reports_steps = main.reports_steps();
@@ -465,7 +535,7 @@ impl WorkerSession {
         let WorkerSession { who, module, config, replica, batches, resume, mut transport, mut main, agreement, depth, .. } = self;
         let fail = |e: String| DriverError::msg(format!("{who}: {e}"));
         let job = transport.agree(&agreement).map_err(fail)?;
-        let (pipeline, schedule, record) = (module.program.pipeline.clone(), module.header.params.schedule, run_record(&config));
+        let (pipeline, schedule, record) = (module.program.pipeline.clone(), config.schedule, run_record(&config));
         let (mut losses, mut merge_error) = (Vec::new(), None);
         // The main thread's links serve both hooks, one at a time.
         let main = std::cell::RefCell::new(&mut main);
@@ -537,7 +607,6 @@ mod tests {
     use super::*;
     use crate::compile::compile;
     use crate::compile::tests::{request, stages};
-    use pipewright_core::Optimizer;
 
     #[test]
     fn a_cuda_run_spreads_over_every_visible_gpu_unless_pinned() {
@@ -561,7 +630,9 @@ mod tests {
             steps,
             flags: RunFlags { microbatch: Some(2), ..RunFlags::default() },
             lr: 0.01,
-            optimizer: OptimizerConfig::new(Optimizer::Sgd),
+            optimizer: Optimizer::Sgd,
+            momentum: 0.0,
+            weight_decay: 0.0,
             warmup: 0,
             decay: Decay::Constant,
             clip_norm: None,

@@ -13,7 +13,8 @@ use pipewright_passes::machine::{AllReduce, Link};
 use pipewright_passes::planner::{plan, PlanOptions};
 use pipewright_passes::presets::{device, network, SimCluster};
 use pipewright_passes::simulate::{simulate, SimSetup, StageCost};
-use pipewright_synth::{gpt, GptShape, Storage};
+use pipewright_synth::{gpt, GptShape};
+use pipewright_core::Storage;
 
 fn bench_plan(c: &mut Criterion) {
     let dir = tempfile::tempdir().expect("a temporary folder");

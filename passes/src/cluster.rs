@@ -32,7 +32,7 @@
 // `%`: the workspace's MSRV is 1.80.
 #![allow(clippy::manual_is_multiple_of)]
 
-use pipewright_core::units::human_bytes;
+use pipewright_core::units::{human_bytes, parse_bandwidth, parse_bytes, parse_flops, UnitError};
 use serde::{Deserialize, Serialize};
 
 use crate::cost::Roofline;
@@ -106,104 +106,8 @@ pub enum ClusterError {
     UnknownKey(String),
     #[error("cluster key {key:?}: {why}")]
     BadValue { key: String, why: String },
-    #[error("cannot parse {text:?} as {what}")]
-    Parse { text: String, what: &'static str },
-}
-
-fn split_number(s: &str) -> Option<(f64, &str)> {
-    let s = s.trim();
-    let end = s
-        .find(|c: char| {
-            !(c.is_ascii_digit() || c == '.' || c == 'e' || c == 'E' || c == '+' || c == '-')
-        })
-        .unwrap_or(s.len());
-    // An 'e' directly followed by a letter that is not a digit belongs to the unit (rare); keep it simple.
-    let (num, unit) = s.split_at(end);
-    let v: f64 = num.parse().ok()?;
-    (v.is_finite() && v >= 0.0).then_some((v, unit.trim()))
-}
-
-fn size_multiplier(unit: &str) -> Option<f64> {
-    Some(match unit {
-        "" | "B" => 1.0,
-        "K" | "KB" | "kB" => 1e3,
-        "M" | "MB" => 1e6,
-        "G" | "GB" => 1e9,
-        "T" | "TB" => 1e12,
-        "KiB" => 1024.0,
-        "MiB" => 1024.0 * 1024.0,
-        "GiB" => 1024.0 * 1024.0 * 1024.0,
-        "TiB" => 1024.0f64.powi(4),
-        _ => return None,
-    })
-}
-
-/// Parses a byte size: `"16GiB"`, `"512MiB"`, `"1.5GB"`, `"4096"`.
-pub fn parse_bytes(text: &str) -> Result<u64, ClusterError> {
-    let err = || ClusterError::Parse {
-        text: text.to_string(),
-        what: "a byte size",
-    };
-    let (v, unit) = split_number(text).ok_or_else(err)?;
-    let bytes = v * size_multiplier(unit).ok_or_else(err)?;
-    if bytes > u64::MAX as f64 {
-        return Err(err());
-    }
-    Ok(bytes.round() as u64)
-}
-
-/// Parses a bandwidth into bytes/s: `"25GB/s"`, `"100Gbit/s"`, `"10Gbps"`, `"1.5e9"`.
-pub fn parse_bandwidth(text: &str) -> Result<f64, ClusterError> {
-    let err = || ClusterError::Parse {
-        text: text.to_string(),
-        what: "a bandwidth",
-    };
-    let (v, unit) = split_number(text).ok_or_else(err)?;
-    let bits = |prefix: &str| -> Option<f64> {
-        Some(match prefix {
-            "" => 1.0,
-            "K" | "k" => 1e3,
-            "M" => 1e6,
-            "G" => 1e9,
-            "T" => 1e12,
-            _ => return None,
-        })
-    };
-    let bytes_per_s = if let Some(p) = unit
-        .strip_suffix("bit/s")
-        .or_else(|| unit.strip_suffix("bps"))
-    {
-        v * bits(p).ok_or_else(err)? / 8.0
-    } else if let Some(p) = unit.strip_suffix("/s") {
-        v * size_multiplier(p).ok_or_else(err)?
-    } else if unit.is_empty() {
-        v
-    } else {
-        return Err(err());
-    };
-    Ok(bytes_per_s)
-}
-
-/// Parses a flop rate: `"15.7T"`, `"312Tflops"`, `"1e14"`, `"100 TFLOPS"`.
-pub fn parse_flops(text: &str) -> Result<f64, ClusterError> {
-    let err = || ClusterError::Parse {
-        text: text.to_string(),
-        what: "a flop rate",
-    };
-    let (v, unit) = split_number(text).ok_or_else(err)?;
-    let unit = unit.trim_end_matches("/s");
-    let lower = unit.to_ascii_lowercase();
-    let prefix = lower.strip_suffix("flops").unwrap_or(&lower);
-    let m = match prefix.trim() {
-        "" => 1.0,
-        "k" => 1e3,
-        "m" => 1e6,
-        "g" => 1e9,
-        "t" => 1e12,
-        "p" => 1e15,
-        _ => return Err(err()),
-    };
-    Ok(v * m)
+    #[error(transparent)]
+    Unit(#[from] UnitError),
 }
 
 impl Cluster {
@@ -231,7 +135,7 @@ impl Cluster {
                 }
             };
             let text_or_number =
-                |parse: fn(&str) -> Result<f64, ClusterError>| -> Result<f64, ClusterError> {
+                |parse: fn(&str) -> Result<f64, UnitError>| -> Result<f64, ClusterError> {
                     let v = match value {
                         toml::Value::Integer(i) if *i >= 0 => *i as f64,
                         toml::Value::Float(f) if f.is_finite() && *f >= 0.0 => *f,

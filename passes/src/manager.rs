@@ -11,7 +11,7 @@
 use std::fmt::Write;
 use std::time::{Duration, Instant};
 
-use pipewright_core::PassName;
+use pipewright_core::{PassName, PrintAfter};
 
 /// A pass's result: printable (`--print-after`) and checkable (the verifier).
 pub trait PassOutput {
@@ -20,30 +20,6 @@ pub trait PassOutput {
     /// Checks the result (the IR verifier, stage tables); one message per problem.
     fn check(&self) -> Result<(), Vec<String>> {
         Ok(())
-    }
-}
-
-/// Which passes' results are printed.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum PrintAfter {
-    #[default]
-    None,
-    Pass(PassName),
-    All,
-}
-
-impl std::str::FromStr for PrintAfter {
-    type Err = pipewright_core::UnknownWord;
-
-    /// A pass name, or `all`.
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        if s == "all" {
-            return Ok(PrintAfter::All);
-        }
-        s.parse::<PassName>().map(PrintAfter::Pass).map_err(|mut e| {
-            e.expected.push("all");
-            e
-        })
     }
 }
 
@@ -207,8 +183,5 @@ mod tests {
         let pm = PassManager::new(PassOptions { print_after: PrintAfter::Pass(PassName::Lower), ..PassOptions::default() });
         let e = pm.expect(&[PassName::Import, PassName::Plan, PassName::Partition]).unwrap_err();
         assert_eq!(e.to_string(), "--print-after lower: this command runs only the passes import, plan, partition");
-        assert_eq!("all".parse::<PrintAfter>(), Ok(PrintAfter::All));
-        assert_eq!("plan".parse::<PrintAfter>(), Ok(PrintAfter::Pass(PassName::Plan)));
-        assert!("shape-inference".parse::<PrintAfter>().unwrap_err().to_string().contains("weight-versioning, lower, all"));
     }
 }

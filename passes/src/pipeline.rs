@@ -10,10 +10,9 @@
 //! actually decided (by a plan, a search, or the user), which the build manifest carries to
 //! `train`.
 
-use std::fmt::Write;
 use std::path::{Path, PathBuf};
 
-use pipewright_core::{Recompute, Schedule};
+use pipewright_core::{Decision, Recompute, Schedule};
 use pipewright_ir::text::{print_graph, print_graph_annotated};
 use pipewright_ir::{import_model, verify, verify_stages, Graph, ImportOptions, ModelError, NodeId, StageMap};
 
@@ -47,36 +46,7 @@ pub enum PlanRequest {
     File { path: PathBuf, file: Box<PlanFile> },
     /// A fixed depth without a cluster: only the stage cuts are chosen (balancing the
     /// predicted compute time at microbatch `microbatch`, or 1); the rest is as given.
-    Stages { depth: usize, schedule: Schedule, recompute: Recompute, microbatch: Option<u64>, microbatches: Option<u64> },
-}
-
-/// The pipeline values that were decided, and by what. `None`: left to `train`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Decision {
-    pub depth: usize,
-    pub schedule: Schedule,
-    pub recompute: Recompute,
-    pub microbatch: Option<u64>,
-    pub microbatches: Option<u64>,
-    pub replicas: Option<u64>,
-    /// Where the values come from: `plan p.json`, `planned for 8 workers ...`,
-    /// `compile --stages 2`.
-    pub origin: String,
-}
-
-impl Decision {
-    /// `d=2 schedule=2bw recompute=none b=32 m=2 w=1 (plan p.json)`, leaving out what was
-    /// not decided.
-    pub fn text(&self) -> String {
-        let mut s = format!("d={} schedule={} recompute={}", self.depth, self.schedule, self.recompute);
-        for (k, v) in [("b", self.microbatch), ("m", self.microbatches), ("w", self.replicas)] {
-            if let Some(v) = v {
-                let _ = write!(s, " {k}={v}");
-            }
-        }
-        let _ = write!(s, " ({})", self.origin);
-        s
-    }
+    Stages { depth: u32, schedule: Schedule, recompute: Recompute, microbatch: Option<u64>, microbatches: Option<u64> },
 }
 
 /// Why the plan pass failed.
@@ -120,13 +90,15 @@ pub fn plan_stages(imported: Imported, request: &PlanRequest) -> Result<Planned,
         &PlanRequest::Stages { depth, schedule, recompute, microbatch, microbatches } => {
             // Only the cuts are searched for: every worker is a stage and memory is not
             // limited (no cluster was described).
-            let cluster = Cluster { workers: depth.max(1), workers_per_node: depth.max(1), memory_per_worker: u64::MAX, ..Cluster::default() };
+            let workers = depth.max(1) as usize;
+            let cluster = Cluster { workers, workers_per_node: workers, memory_per_worker: u64::MAX, ..Cluster::default() };
             let b = microbatch.unwrap_or(1);
-            let m = microbatches.unwrap_or(depth as u64).max(depth as u64);
+            // 2BW needs at least d microbatches in flight.
+            let m = microbatches.unwrap_or_else(|| Decision::default_microbatches(depth)).max(u64::from(depth));
             let options = PlanOptions {
                 global_batch: b * m,
                 schedules: vec![schedule],
-                stages: Some(depth),
+                stages: Some(depth as usize),
                 microbatch: Some(b),
                 recompute: Some(recompute),
                 top: 1,
@@ -145,7 +117,7 @@ pub fn plan_stages(imported: Imported, request: &PlanRequest) -> Result<Planned,
 fn decided_by(plan: &Plan, origin: String) -> Decision {
     let c = &plan.chosen;
     Decision {
-        depth: c.d,
+        depth: u32::try_from(c.d).unwrap_or(u32::MAX),
         schedule: c.schedule,
         recompute: c.recompute,
         microbatch: Some(c.b),
@@ -215,7 +187,7 @@ pub struct Versioned {
 pub fn version(recomputed: Recomputed) -> Result<Versioned, VersionError> {
     let Recomputed { partitioned, recompute } = recomputed;
     let d = partitioned.stages.num_stages;
-    let m = partitioned.decision.microbatches.map_or(d, |m| u32::try_from(m).unwrap_or(u32::MAX));
+    let m = u32::try_from(partitioned.decision.microbatches_or_default()).unwrap_or(u32::MAX);
     let versions = version_weights(&partitioned.graph, &partitioned.stages, partitioned.decision.schedule, d, m)?;
     Ok(Versioned { partitioned, recompute, versions })
 }

@@ -360,7 +360,8 @@ mod tests {
     use super::*;
     use pipewright_core::Precision;
     use pipewright_ir::{import_model, ImportOptions};
-    use pipewright_synth::{gpt, GptShape, Storage};
+    use pipewright_synth::{gpt, GptShape};
+use pipewright_core::Storage;
 
     use crate::presets::{device, network};
     use crate::simulate::{simulate, SimSetup};

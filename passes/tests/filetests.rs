@@ -88,7 +88,7 @@ fn run(path: &Path, input: &str) -> String {
             annotated_text(&g, &stages, None, Some(&v)) + &v.text()
         }
         "plan" => {
-            let depth = num("stages").expect("plan stages=D") as usize;
+            let depth = num("stages").expect("plan stages=D") as u32;
             let request = PlanRequest::Stages { depth, schedule: Schedule::TwoBw, recompute: Recompute::None, microbatch: num("b"), microbatches: None };
             plan_stages(Imported { graph: g }, &request).unwrap().text()
         }

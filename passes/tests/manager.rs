@@ -8,12 +8,13 @@ mod common;
 use common::{contiguous, model_path};
 use pipewright_core::{PassName, Recompute, Schedule};
 use pipewright_ir::ImportOptions;
-use pipewright_passes::manager::{ManagerError, PassManager, PassOptions, PassOutput, PrintAfter};
+use pipewright_core::PrintAfter;
+use pipewright_passes::manager::{ManagerError, PassManager, PassOptions, PassOutput};
 use pipewright_passes::pipeline::{import, partition, plan_stages, recompute, version, Partitioned, PlanRequest, Versioned};
 
 const FRONT: [PassName; 5] = [PassName::Import, PassName::Plan, PassName::Partition, PassName::Recompute, PassName::WeightVersioning];
 
-fn stages(depth: usize, recompute: Recompute, microbatches: Option<u64>) -> PlanRequest {
+fn stages(depth: u32, recompute: Recompute, microbatches: Option<u64>) -> PlanRequest {
     PlanRequest::Stages { depth, schedule: Schedule::TwoBw, recompute, microbatch: Some(8), microbatches }
 }
 
@@ -106,7 +107,7 @@ fn every_pass_output_checks_itself() {
 #[test]
 fn print_after_snapshots() {
     for name in ["gpt2-tiny", "resnet18"] {
-        for d in [2usize, 4] {
+        for d in [2u32, 4] {
             for pass in [PassName::Partition, PassName::Recompute, PassName::WeightVersioning] {
                 let opts = PassOptions { print_after: PrintAfter::Pass(pass), ..PassOptions::default() };
                 let (pm, out) = front(&format!("{name}.onnx"), &stages(d, Recompute::Selective, None), opts);

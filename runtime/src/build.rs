@@ -1,7 +1,7 @@
 //! The build folder: what `pipewright compile` writes and `train`, `worker`, `export` and
 //! the stage executables read. Its contract is the [`Manifest`] (`pipeline.toml`), read
 //! and written through this one struct: the source model, the pipeline id, the decided
-//! pipeline values ([`PipelineConfig`]) and how the stage modules connect.
+//! pipeline values (core's [`Decision`]) and how the stage modules connect.
 //!
 //! The manifest is versioned. [`Manifest::parse`] first reads only `format` and `version`,
 //! so a manifest of another pipewright version (or another tool) is refused with a message
@@ -11,12 +11,11 @@
 //!
 //! Plain Rust: builds without libtorch.
 
-use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use pipewright_core::format::{Header, Mismatch};
 use pipewright_core::fs::{write_atomic, WriteError};
-use pipewright_core::{ImportChoices, Recompute, Schedule};
+use pipewright_core::{Decision, ImportChoices, Recompute, Schedule};
 use serde::{Deserialize, Serialize};
 
 use pipewright_ops::DType;
@@ -30,8 +29,6 @@ pub const BUILD_FORMAT: &str = "pipewright-build";
 /// The manifest version this pipewright writes and reads. Version 1 (before the field
 /// existed) had an untyped `[plan]` table that nothing read back.
 pub const BUILD_VERSION: u32 = 2;
-/// The microbatch size `train` uses when neither the build nor a flag gives one.
-pub const DEFAULT_MICROBATCH: u64 = 16;
 
 /// `pipeline.toml`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -44,7 +41,7 @@ pub struct Manifest {
     pub model_crc32: String,
     /// The id every stage module of this compile carries (`Program::pipeline`).
     pub pipeline_id: String,
-    pub pipeline: PipelineConfig,
+    pub pipeline: Decision,
     /// What import decided about initializers that changes what trains (frozen
     /// batch-baked constants, exporter-merged weights, untied or not); `train` repeats it.
     #[serde(default, skip_serializing_if = "ImportChoices::is_empty")]
@@ -52,27 +49,6 @@ pub struct Manifest {
     /// The stages in pipeline order.
     #[serde(rename = "stage")]
     pub stages: Vec<StageEntry>,
-}
-
-/// The pipeline values the compile decided. `None`: not decided at compile time (`train`
-/// takes a flag or its default).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PipelineConfig {
-    pub depth: u32,
-    pub schedule: Schedule,
-    pub recompute: Recompute,
-    /// Samples per microbatch (`b`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub microbatch: Option<u64>,
-    /// Microbatches per step and pipeline (`m`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub microbatches: Option<u64>,
-    /// Data-parallel replicas of the pipeline (`w`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub replicas: Option<u64>,
-    /// What decided these values: `plan p.json`, `planned for 8 workers ...`,
-    /// `compile --stages 2`.
-    pub origin: String,
 }
 
 /// One stage of the build.
@@ -175,7 +151,7 @@ impl Manifest {
             model: &'a str,
             model_crc32: &'a str,
             pipeline_id: &'a str,
-            pipeline: &'a PipelineConfig,
+            pipeline: &'a Decision,
             #[serde(skip_serializing_if = "ImportChoices::is_empty")]
             choices: &'a ImportChoices,
         }
@@ -228,33 +204,23 @@ impl Manifest {
         Ok(())
     }
 
+    /// What every part of this pipeline must agree on (see [`Identity`]).
+    pub fn identity(&self) -> Identity {
+        Identity { pipeline: self.pipeline_id.clone(), depth: self.pipeline.depth, schedule: self.pipeline.schedule, recompute: Some(self.pipeline.recompute) }
+    }
+
     /// Checks that `module`, read from `path`, is stage `stage` of this compile.
     pub fn check_module(&self, stage: usize, module: &StageModule, path: &Path, manifest: &Path) -> Result<(), BuildError> {
-        if module.program.pipeline != self.pipeline_id {
-            return Err(BuildError::OtherCompile {
-                path: path.to_path_buf(),
-                manifest: manifest.to_path_buf(),
-                found: module.program.pipeline.clone(),
-                expected: self.pipeline_id.clone(),
-            });
-        }
         let p = &module.header.params;
-        let c = &self.pipeline;
-        if p.stage as usize != stage || p.depth != c.depth || p.schedule != c.schedule || p.recompute != c.recompute {
-            return Err(BuildError::Invalid {
-                path: path.to_path_buf(),
-                reason: format!(
-                    "the module is stage {} of {} ({}, recompute {}) but {} lists it as stage {stage} of {} ({}, recompute {})",
-                    p.stage,
-                    p.depth,
-                    p.schedule,
-                    p.recompute,
-                    manifest.display(),
-                    c.depth,
-                    c.schedule,
-                    c.recompute
-                ),
-            });
+        match self.identity().agree(&Identity::of_module(module)) {
+            Err(d) if d.field == Field::Pipeline => {
+                return Err(BuildError::OtherCompile { path: path.to_path_buf(), manifest: manifest.to_path_buf(), found: d.theirs, expected: d.ours })
+            }
+            Err(d) => return Err(BuildError::Invalid { path: path.to_path_buf(), reason: format!("the module's {} but {}", d.theirs_text(), d.ours_text(&manifest.display().to_string())) }),
+            Ok(()) if p.stage as usize != stage => {
+                return Err(BuildError::Invalid { path: path.to_path_buf(), reason: format!("the module is stage {} but {} lists it as stage {stage}", p.stage, manifest.display()) })
+            }
+            Ok(()) => {}
         }
         Ok(())
     }
@@ -287,6 +253,97 @@ impl Manifest {
     /// The stage module files, in stage order.
     pub fn module_paths(&self, build: &Path) -> Vec<PathBuf> {
         self.stages.iter().map(|s| build.join(&s.module)).collect()
+    }
+}
+
+/// What every part of one pipeline must agree on: the compile it comes from (its pipeline
+/// id) and the decision's depth, schedule and recomputation. The manifest, each stage
+/// module's header, a checkpoint and every MPI rank carry it, and [`Identity::agree`] is
+/// the one check between any two of them. (The pipeline id hashes the decision, so two
+/// parts of one compile agree on everything; the fields make the message say what
+/// differs.)
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Identity {
+    pub pipeline: String,
+    pub depth: u32,
+    pub schedule: Schedule,
+    /// `None` where the part does not record it (a checkpoint).
+    pub recompute: Option<Recompute>,
+}
+
+/// An [`Identity`] field.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Field {
+    Pipeline,
+    Depth,
+    Schedule,
+    Recompute,
+}
+
+impl Field {
+    pub fn name(self) -> &'static str {
+        match self {
+            Field::Pipeline => "pipeline id",
+            Field::Depth => "depth",
+            Field::Schedule => "schedule",
+            Field::Recompute => "recompute",
+        }
+    }
+}
+
+/// The first field in which two identities differ, with both values as text.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Disagreement {
+    pub field: Field,
+    pub ours: String,
+    pub theirs: String,
+}
+
+impl Disagreement {
+    /// `schedule is flush`: what the other part says.
+    pub fn theirs_text(&self) -> String {
+        format!("{} is {}", self.field.name(), self.theirs)
+    }
+
+    /// `pipeline.toml says 2bw`: what this part (`who`) says.
+    pub fn ours_text(&self, who: &str) -> String {
+        format!("{who} says {}", self.ours)
+    }
+}
+
+impl Identity {
+    /// A stage module's: its program's pipeline id and its header's decision.
+    pub fn of_module(m: &StageModule) -> Identity {
+        let p = &m.header.params;
+        Identity { pipeline: m.program.pipeline.clone(), depth: p.depth, schedule: p.schedule, recompute: Some(p.recompute) }
+    }
+
+    /// The first field in which `other` differs from `self` (recomputation only where
+    /// both record it).
+    pub fn agree(&self, other: &Identity) -> Result<(), Disagreement> {
+        let differ = |field, ours: String, theirs: String| Err(Disagreement { field, ours, theirs });
+        if self.pipeline != other.pipeline {
+            return differ(Field::Pipeline, self.pipeline.clone(), other.pipeline.clone());
+        }
+        if self.depth != other.depth {
+            return differ(Field::Depth, self.depth.to_string(), other.depth.to_string());
+        }
+        if self.schedule != other.schedule {
+            return differ(Field::Schedule, self.schedule.to_string(), other.schedule.to_string());
+        }
+        match (self.recompute, other.recompute) {
+            (Some(a), Some(b)) if a != b => differ(Field::Recompute, a.to_string(), b.to_string()),
+            _ => Ok(()),
+        }
+    }
+
+    /// The fields by name, as MPI ranks exchange them with the rest of their run settings.
+    pub fn fields(&self) -> Vec<(&'static str, String)> {
+        let mut v = vec![(Field::Pipeline.name(), self.pipeline.clone()), (Field::Depth.name(), self.depth.to_string()), (Field::Schedule.name(), self.schedule.to_string())];
+        if let Some(r) = self.recompute {
+            v.push((Field::Recompute.name(), r.to_string()));
+        }
+        v
     }
 }
 
@@ -358,82 +415,6 @@ pub mod extent_text {
     }
 }
 
-/// Where a run value came from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Source {
-    /// The build (the compile decided it).
-    Build,
-    /// A flag; `overrides` is the build's value it replaced, if the build had one.
-    Flag { overrides: Option<u64> },
-    /// Neither the build nor a flag: the default.
-    Default,
-}
-
-/// One run value and where it came from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Setting {
-    pub value: u64,
-    pub source: Source,
-}
-
-impl Setting {
-    fn resolve(flag: Option<u64>, build: Option<u64>, default: u64) -> Setting {
-        match (flag, build) {
-            (Some(value), _) => Setting { value, source: Source::Flag { overrides: build.filter(|&b| b != value) } },
-            (None, Some(value)) => Setting { value, source: Source::Build },
-            (None, None) => Setting { value: default, source: Source::Default },
-        }
-    }
-}
-
-/// The flags a run may override the build's values with.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct RunFlags {
-    pub microbatch: Option<u64>,
-    pub microbatches: Option<u64>,
-    pub replicas: Option<u64>,
-}
-
-/// The shape of a training run: microbatch size, microbatches per step and replicas, each
-/// with where it came from.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RunShape {
-    pub microbatch: Setting,
-    pub microbatches: Setting,
-    pub replicas: Setting,
-    /// What decided the build's values.
-    pub origin: String,
-}
-
-impl PipelineConfig {
-    /// The run shape: a flag wins over the build, the build over the default (microbatch
-    /// [`DEFAULT_MICROBATCH`], microbatches = depth, one replica).
-    pub fn resolve(&self, flags: RunFlags) -> RunShape {
-        RunShape {
-            microbatch: Setting::resolve(flags.microbatch, self.microbatch, DEFAULT_MICROBATCH),
-            microbatches: Setting::resolve(flags.microbatches, self.microbatches, u64::from(self.depth)),
-            replicas: Setting::resolve(flags.replicas, self.replicas, 1),
-            origin: self.origin.clone(),
-        }
-    }
-}
-
-impl RunShape {
-    /// One line per value saying where it came from; a flag that overrides the build says so.
-    pub fn report(&self) -> String {
-        let mut s = String::new();
-        for (what, flag, v) in [("microbatch", "--microbatch", self.microbatch), ("microbatches", "--microbatches", self.microbatches), ("replicas", "--replicas", self.replicas)] {
-            let from = match v.source {
-                Source::Build => format!("from the build: {}", self.origin),
-                Source::Flag { overrides: Some(b) } => format!("{flag}, overriding the build's {b}"),
-                Source::Flag { overrides: None } => flag.to_string(),
-                Source::Default => "default".into(),
-            };
-            let _ = writeln!(s, "{what} {} ({from})", v.value);
-        }
-        s
-    }
-}
 
 /// A build folder: its manifest and stage modules, checked to belong together.
 #[derive(Clone, Debug)]
@@ -470,7 +451,7 @@ mod tests {
             model: "/m.onnx".into(),
             model_crc32: "0000abcd".into(),
             pipeline_id: "id".into(),
-            pipeline: PipelineConfig {
+            pipeline: Decision {
                 depth: 2,
                 schedule: Schedule::TwoBw,
                 recompute: Recompute::Selective,
@@ -543,19 +524,24 @@ mod tests {
         assert_eq!(Manifest::parse(&bad, p).unwrap_err().to_string(), "b/pipeline.toml: 2 stages listed for a pipeline of depth 3");
     }
 
+    /// The one agreement check names the first field that differs; a module of this
+    /// compile agrees with its manifest.
     #[test]
-    fn flags_override_the_build_and_say_so() {
-        let c = manifest().pipeline;
-        let shape = c.resolve(RunFlags { microbatches: Some(8), ..RunFlags::default() });
-        assert_eq!(shape.microbatch, Setting { value: 32, source: Source::Build });
-        assert_eq!(shape.microbatches, Setting { value: 8, source: Source::Flag { overrides: Some(4) } });
-        assert_eq!(shape.replicas, Setting { value: 1, source: Source::Default });
-        assert_eq!(
-            shape.report(),
-            "microbatch 32 (from the build: plan p.json)\nmicrobatches 8 (--microbatches, overriding the build's 4)\nreplicas 1 (default)\n"
-        );
-        let undecided = PipelineConfig { microbatch: None, microbatches: None, ..c };
-        let shape = undecided.resolve(RunFlags::default());
-        assert_eq!((shape.microbatch.value, shape.microbatches.value), (DEFAULT_MICROBATCH, 2));
+    fn identities_agree_or_name_the_first_difference() {
+        let m = manifest();
+        let ours = m.identity();
+        let theirs = |f: fn(&mut Identity)| {
+            let mut i = ours.clone();
+            f(&mut i);
+            ours.agree(&i).unwrap_err()
+        };
+        assert_eq!(ours.agree(&ours.clone()), Ok(()));
+        let d = theirs(|i| i.schedule = Schedule::Flush);
+        assert_eq!((d.theirs_text(), d.ours_text("pipeline.toml")), ("schedule is flush".to_string(), "pipeline.toml says 2bw".to_string()));
+        assert_eq!(theirs(|i| i.pipeline = "other".into()).field, Field::Pipeline);
+        assert_eq!(theirs(|i| i.depth = 3).field, Field::Depth);
+        assert_eq!(theirs(|i| i.recompute = Some(Recompute::Full)).field, Field::Recompute);
+        // A part that does not record recomputation agrees on it.
+        assert_eq!(ours.agree(&Identity { recompute: None, ..ours.clone() }), Ok(()));
     }
 }

@@ -300,9 +300,12 @@ fn configuration_errors() {
 fn the_runtime_runs_the_versioning_the_modules_carry() {
     let data = dataset(STEPS, 2, None);
     let run = |modules: Vec<StageModule>, schedule: Schedule| train(modules, &cfg(schedule, OptimizerConfig::sgd(), 0.1, STEPS), feed(&data), &mut |_| {});
-    // Modules versioned for a flush (one version, vanilla rule) under 2BW.
-    let e = run(stages(2, Schedule::Flush, Recompute::None), Schedule::TwoBw).unwrap_err().to_string();
-    assert!(e.contains("updates weights by rule vanilla but the pipeline runs schedule 2bw"), "{e}");
+    // Modules whose weights are versioned for a flush (one version, vanilla rule) under a
+    // 2BW header and run.
+    let mut flush = stages(2, Schedule::Flush, Recompute::None);
+    flush.iter_mut().for_each(|m| m.header.params.schedule = Schedule::TwoBw);
+    let e = run(flush, Schedule::TwoBw).unwrap_err().to_string();
+    assert!(e.contains("stage 0: trainable weight \"w0\" is versioned for update rule vanilla, but the module's schedule 2bw updates by 2bw; recompile the model"), "{e}");
     // A 2BW module whose budget is one version.
     let mut one = stages(2, Schedule::TwoBw, Recompute::None);
     one[1].program.stored.iter_mut().for_each(|t| t.versions = 1);
@@ -332,15 +335,19 @@ fn stages_must_agree_on_their_tied_weights() {
     assert_eq!(e, "pipeline configuration: stages [0, 1] share tied weights, but stage 1 holds [] where stage 0 holds [\"w0\"]; recompile the model");
 }
 
-/// Stage modules whose headers disagree on the schedule or the depth (each with a valid
-/// checksum of its own) are refused together, naming the stage.
+/// Stage modules whose headers disagree with the run on the schedule or the depth (each
+/// with a valid checksum of its own) are refused together, naming the stage; so is a run
+/// given another schedule than its modules'.
 #[test]
 fn stage_headers_are_cross_checked() {
     let data = dataset(STEPS, 2, None);
     let mut modules = stages(2, Schedule::TwoBw, Recompute::None);
     modules[1].header.params.schedule = Schedule::Flush;
     let e = train(modules, &cfg(Schedule::TwoBw, OptimizerConfig::sgd(), 0.1, STEPS), feed(&data), &mut |_| {}).unwrap_err().to_string();
-    assert!(e.contains("stage 1: header says schedule flush, stage 0's says 2bw"), "{e}");
+    assert!(e.contains("stage 1: its module's schedule is flush, but the run says 2bw; recompile and use one build folder's modules"), "{e}");
+    let modules = stages(2, Schedule::TwoBw, Recompute::None);
+    let e = train(modules, &cfg(Schedule::GPipe, OptimizerConfig::sgd(), 0.1, STEPS), feed(&data), &mut |_| {}).unwrap_err().to_string();
+    assert!(e.contains("stage 0: its module's schedule is 2bw, but the run says gpipe"), "{e}");
     let mut modules = stages(2, Schedule::TwoBw, Recompute::None);
     modules[1].header.params.depth = 3;
     let e = train(modules, &cfg(Schedule::TwoBw, OptimizerConfig::sgd(), 0.1, STEPS), feed(&data), &mut |_| {}).unwrap_err().to_string();

@@ -16,4 +16,4 @@ mod rng;
 
 pub use gpt::{gpt, GptShape};
 pub use layered::{layered, LayeredShape};
-pub use model::{Model, Storage, SynthError, Written};
+pub use model::{Model, SynthError, Written};

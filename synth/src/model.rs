@@ -1,10 +1,8 @@
 //! [`Model`]: a graph under construction (nodes, constants and the recipe of each weight)
 //! and its writer, which fills the weights from the seed while it writes them.
 
-use std::fmt;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
-use std::str::FromStr;
 
 use onnx_protobuf::attribute_proto::AttributeType;
 use onnx_protobuf::tensor_proto::{DataLocation, DataType};
@@ -14,6 +12,7 @@ use onnx_protobuf::{
     TensorShapeProto, TypeProto, ValueInfoProto,
 };
 use pipewright_core::fs::{write_atomic, write_atomic_with, WriteError};
+use pipewright_core::Storage;
 use protobuf::{EnumOrUnknown, Message, MessageField};
 
 use crate::rng::SplitMix;
@@ -24,42 +23,6 @@ const OPSET: i64 = 20;
 /// Values per chunk when streaming a weight to its file.
 const CHUNK: usize = 1 << 16;
 
-/// Where a generated model keeps its weights.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Storage {
-    /// In the ONNX file (protobuf limits the file to 2 GiB).
-    Inline,
-    /// Streamed into `MODEL.onnx.data` beside the model, which stays small.
-    External,
-    /// Declared as external data in `MODEL.onnx.data`, which is not written: a model with
-    /// shapes only, for `plan` and `simulate` (which never read weight values) at sizes
-    /// whose weights would not fit on the disk. Anything that needs the values (compile,
-    /// train) fails naming the missing file.
-    ShapesOnly,
-}
-
-impl FromStr for Storage {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Storage, String> {
-        match s {
-            "inline" => Ok(Storage::Inline),
-            "external" => Ok(Storage::External),
-            "none" => Ok(Storage::ShapesOnly),
-            other => Err(format!("unknown weight storage {other:?}: expected inline, external or none")),
-        }
-    }
-}
-
-impl fmt::Display for Storage {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Storage::Inline => "inline",
-            Storage::External => "external",
-            Storage::ShapesOnly => "none",
-        })
-    }
-}
 
 /// A model could not be generated or written.
 #[derive(Debug, thiserror::Error)]

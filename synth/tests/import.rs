@@ -5,7 +5,8 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use pipewright_ir::{import_model, Graph};
-use pipewright_synth::{gpt, layered, GptShape, LayeredShape, Storage};
+use pipewright_synth::{gpt, layered, GptShape, LayeredShape};
+use pipewright_core::Storage;
 
 fn import(path: &Path) -> Graph {
     import_model(path, &Default::default()).unwrap_or_else(|e| panic!("{e}"))

@@ -30,6 +30,7 @@ pub use distributed::{batch_fingerprint, Layout, Mpi, MpiJob, DEFAULT_HEARTBEAT_
 pub use memory::{bytes_of, StageMemory};
 pub use transport::{InProcess, Named, Transport};
 
+use crate::build::{Field, Identity};
 use crate::module::StageModule;
 use crate::timeline::TraceEvent;
 
@@ -279,32 +280,33 @@ fn empty_report(d: usize) -> TrainReport {
     }
 }
 
-/// Stage order, depth and compile id agree across the modules (and with a checkpoint).
+/// The identity the run holds its modules and checkpoint to: stage 0's compile, the stage
+/// count and the schedule the run was given (recomputation may differ per stage: a plan
+/// decides it stage by stage).
+fn run_identity(stages: &[StageModule], cfg: &TrainConfig) -> Identity {
+    let pipeline = stages.first().map(|s| s.program.pipeline.clone()).unwrap_or_default();
+    Identity { pipeline, depth: u32::try_from(stages.len()).unwrap_or(u32::MAX), schedule: cfg.schedule, recompute: None }
+}
+
+/// Stage order and depth, and every module's identity, agree with the run (and with a
+/// checkpoint).
 fn check_stages(stages: &[StageModule], resume: Option<&Checkpoint>, cfg: &TrainConfig) -> Result<(), PipelineError> {
     let d = stages.len();
     if d == 0 {
         return Err(PipelineError::Config("no stages".into()));
     }
+    let run = run_identity(stages, cfg);
     for (k, s) in stages.iter().enumerate() {
         let p = s.header.params;
         if p.stage as usize != k || p.depth as usize != d {
             return Err(PipelineError::Config(format!("stage {k}: header says stage {} of {}, have {d} stages", p.stage, p.depth)));
         }
-        let first_params = stages[0].header.params;
-        // Recomputation may differ per stage (a plan decides it stage by stage); the
-        // schedule decides every stage's order of work and must be one.
-        if p.schedule != first_params.schedule {
-            return Err(PipelineError::Config(format!(
-                "stage {k}: header says schedule {}, stage 0's says {}; recompile and use one build folder's modules",
-                p.schedule, first_params.schedule
-            )));
-        }
-        let (mine, first) = (&s.program.pipeline, &stages[0].program.pipeline);
-        if mine != first {
-            return Err(PipelineError::Config(format!(
-                "stage {k} comes from a different compile (pipeline id {mine:?}) than stage 0 ({first:?}); recompile and use one build folder's modules"
-            )));
-        }
+        let message = match run.agree(&Identity::of_module(s)) {
+            Ok(()) => continue,
+            Err(x) if x.field == Field::Pipeline => format!("stage {k} comes from a different compile (pipeline id {:?}) than stage 0 ({:?})", x.theirs, x.ours),
+            Err(x) => format!("stage {k}: its module's {}, but {}", x.theirs_text(), x.ours_text("the run")),
+        };
+        return Err(PipelineError::Config(format!("{message}; recompile and use one build folder's modules")));
     }
     if cfg.replicas == 0 {
         return Err(PipelineError::Config("the data-parallel width must be at least 1".into()));
@@ -313,26 +315,21 @@ fn check_stages(stages: &[StageModule], resume: Option<&Checkpoint>, cfg: &Train
         return Err(PipelineError::Config("checkpoints need a folder (checkpoint_dir)".into()));
     }
     if let Some(ck) = resume {
-        check_resume(ck, d, &stages[0].program.pipeline, stages[0].header.params.schedule, cfg)?;
+        check_resume(ck, &run, cfg)?;
     }
     Ok(())
 }
 
-/// Whether checkpoint `ck` can continue a run of `depth` stages of compile `pipeline`
-/// under `schedule` and `cfg`'s settings (the same settings as the run that wrote it,
-/// unless `cfg.force_resume`).
-pub fn check_resume(ck: &Checkpoint, d: usize, pipeline: &str, schedule: Schedule, cfg: &TrainConfig) -> Result<(), PipelineError> {
-    if ck.stages.len() != d {
-        return Err(PipelineError::Config(format!("the checkpoint holds {} stages, the pipeline has {d}", ck.stages.len())));
-    }
-    if ck.pipeline != pipeline {
-        return Err(PipelineError::Config(format!(
-            "the checkpoint was written for pipeline {:?}, these modules are pipeline {:?}",
-            ck.pipeline, pipeline
-        )));
-    }
-    if ck.schedule != schedule {
-        return Err(PipelineError::Config(format!("the checkpoint was written under schedule {}, the modules use {schedule}", ck.schedule)));
+/// Whether checkpoint `ck` can continue a run of the pipeline `run` under `cfg`'s
+/// settings (the same settings as the run that wrote it, unless `cfg.force_resume`).
+pub fn check_resume(ck: &Checkpoint, run: &Identity, cfg: &TrainConfig) -> Result<(), PipelineError> {
+    let written = Identity { pipeline: ck.pipeline.clone(), depth: u32::try_from(ck.stages.len()).unwrap_or(u32::MAX), schedule: ck.schedule, recompute: None };
+    if let Err(x) = run.agree(&written) {
+        return Err(PipelineError::Config(match x.field {
+            Field::Depth => format!("the checkpoint holds {} stages, the pipeline has {}", x.theirs, x.ours),
+            Field::Pipeline => format!("the checkpoint was written for pipeline {:?}, these modules are pipeline {:?}", x.theirs, x.ours),
+            Field::Schedule | Field::Recompute => format!("the checkpoint was written under {} {}, the modules use {}", x.field.name(), x.theirs, x.ours),
+        }));
     }
     if ck.step > cfg.steps as u64 {
         return Err(PipelineError::Config(format!("the checkpoint is at step {}, beyond the {} steps asked for", ck.step, cfg.steps)));
@@ -472,7 +469,7 @@ fn run_training(
     if cfg.steps == start {
         return Ok(empty_report(d));
     }
-    let (pipeline_id, schedule) = (stages[0].program.pipeline.clone(), stages[0].header.params.schedule);
+    let (pipeline_id, schedule) = (stages[0].program.pipeline.clone(), cfg.schedule);
     let specs = stage::specs(&stages, &cfg.loss)?;
     let tied: Vec<Vec<u32>> = tied_sets(&stages)?;
     drop(stages);
@@ -612,6 +609,10 @@ pub fn run_worker(
     hooks: WorkerHooks<'_>,
 ) -> Result<TrainReport, PipelineError> {
     let (k, d, w) = (module.header.params.stage as usize, module.header.params.depth as usize, cfg.replicas.max(1));
+    let run = Identity { pipeline: module.program.pipeline.clone(), depth: module.header.params.depth, schedule: cfg.schedule, recompute: None };
+    if let Err(x) = run.agree(&Identity::of_module(&module)) {
+        return Err(PipelineError::Config(format!("stage {k}: its module's {}, but {}", x.theirs_text(), x.ours_text("the run"))));
+    }
     if cfg.checkpoint_every.is_some() && cfg.checkpoint_dir.is_none() {
         return Err(PipelineError::Config("checkpoints need a folder (checkpoint_dir)".into()));
     }
@@ -666,7 +667,7 @@ pub fn run_worker(
         .spawn(move || stage::run(args))
         .map_err(|e| PipelineError::Stage { stage: k, message: format!("cannot spawn thread: {e}") })?;
     let WorkerHooks { on_step, on_checkpoint } = hooks;
-    let mut sink = EventSink::new(1, 1, cfg, module.program.pipeline.clone(), module.header.params.schedule, on_step);
+    let mut sink = EventSink::new(1, 1, cfg, module.program.pipeline.clone(), cfg.schedule, on_step);
     let (mut written, mut checkpoint_error) = (Vec::new(), None);
     for ev in ev_rx {
         match ev {

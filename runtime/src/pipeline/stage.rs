@@ -386,14 +386,6 @@ impl Worker {
     /// Reads the stored tensors: constants stay in the worker, trainable ones are returned
     /// as weight version 0.
     fn load(spec: StageSpec, cfg: &TrainConfig) -> Result<(Worker, Vec<Tensor>), E> {
-        if spec.update != cfg.schedule.update_rule() {
-            return Err(E::Msg(format!(
-                "its module updates weights by rule {} but the pipeline runs schedule {} (rule {})",
-                spec.update,
-                cfg.schedule,
-                cfg.schedule.update_rule()
-            )));
-        }
         let p = &spec.program;
         let (mut constants, mut params, mut param_slots, mut param_sync) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for s in &p.stored {

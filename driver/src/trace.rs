@@ -1,0 +1,59 @@
+//! `pipewright trace-svg`: a training trace drawn as an SVG timeline, with the bubble
+//! fraction of every stage.
+
+use std::path::Path;
+
+use pipewright_core::fs::write_atomic;
+use pipewright_core::timeline::{bubbles, events_in, read_chrome_trace, timeline_svg_with, window_of, StepWindow, SvgOptions};
+
+use crate::DriverError;
+
+/// What drawing a trace gave: a line per stage with its bubble fraction, and what the
+/// drawing shows.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Drawn {
+    pub bubbles: Vec<String>,
+    pub summary: String,
+}
+
+/// Draws `trace` (from `train --trace`) into `output`, `width` pixels wide at least,
+/// over the steps `steps` (default: a trace of up to 10 steps whole, else its first 10).
+pub fn draw_trace(trace: &Path, output: &Path, width: u32, steps: Option<StepWindow>) -> Result<Drawn, DriverError> {
+    let text = std::fs::read_to_string(trace).map_err(|source| DriverError::Read { path: trace.to_path_buf(), source })?;
+    let events = read_chrome_trace(&text).map_err(|e| DriverError::msg(format!("{}: {e}", trace.display())))?;
+    if events.is_empty() {
+        return Err(DriverError::msg(format!("{}: no complete (\"X\") events", trace.display())));
+    }
+    let options = SvgOptions { width: width.max(100), steps };
+    let (window, what) = window_of(&events, &options);
+    let shown = events_in(&events, window);
+    if shown.is_empty() {
+        return Err(DriverError::msg(format!("--steps {window}: the trace has no events in those steps ({what})")));
+    }
+    write_atomic(output, timeline_svg_with(&events, &options).as_bytes())?;
+    // The bubble fractions are the whole trace's; the drawing's are its window's.
+    let bubbles = bubbles(&events)
+        .into_iter()
+        .map(|(k, b)| format!("stage {k}: bubble fraction {:.4} (busy {:.3} ms of {:.3} ms)", b.fraction, b.busy_us / 1000.0, b.span_us / 1000.0))
+        .collect();
+    Ok(Drawn { bubbles, summary: format!("wrote {} ({} of {} events: {what})", output.display(), shown.len(), events.len()) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A file that is not a trace, and one without complete events, are refused naming it.
+    #[test]
+    fn bad_traces_are_refused_by_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let (bad, empty, out) = (dir.path().join("bad.json"), dir.path().join("empty.json"), dir.path().join("t.svg"));
+        std::fs::write(&bad, "not json").unwrap();
+        std::fs::write(&empty, "[]").unwrap();
+        let e = draw_trace(&bad, &out, 1200, None).unwrap_err().to_string();
+        assert!(e.starts_with(&format!("{}: ", bad.display())), "{e}");
+        let e = draw_trace(&empty, &out, 1200, None).unwrap_err().to_string();
+        assert_eq!(e, format!("{}: no complete (\"X\") events", empty.display()));
+        assert!(!out.exists());
+    }
+}
