@@ -1189,6 +1189,37 @@ impl Op {
         format!("[{}]", items.join(", "))
     }
 
+    /// Elementwise ops that cost several flops per element (exp, tanh, pow, ...).
+    pub fn is_transcendental(&self) -> bool {
+        match self {
+            Op::Unary(u) => matches!(
+                u,
+                UnaryOp::Exp
+                    | UnaryOp::Log
+                    | UnaryOp::Erf
+                    | UnaryOp::Tanh
+                    | UnaryOp::Sigmoid
+                    | UnaryOp::Sin
+                    | UnaryOp::Cos
+                    | UnaryOp::Tan
+                    | UnaryOp::Asin
+                    | UnaryOp::Acos
+                    | UnaryOp::Atan
+                    | UnaryOp::Sinh
+                    | UnaryOp::Cosh
+                    | UnaryOp::Asinh
+                    | UnaryOp::Acosh
+                    | UnaryOp::Atanh
+                    | UnaryOp::Softplus
+                    | UnaryOp::Mish
+            ),
+            Op::Binary(BinaryOp::Pow) => true,
+            Op::Gelu { .. } | Op::Elu { .. } | Op::Selu { .. } | Op::Celu { .. } => true,
+            Op::Swish { .. } | Op::SwiGlu { .. } => true,
+            _ => false,
+        }
+    }
+
     /// Reshape-like ops whose output shares its input's storage: they add no activation
     /// memory (the runtime's memory account and the planner's cost model agree on this).
     pub fn is_view(&self) -> bool {
@@ -1499,6 +1530,69 @@ impl Attrs {
         self.v("dilations", &w.dilations);
         if w.auto_pad != AutoPad::NotSet {
             self.s("auto_pad", auto_pad_name(w.auto_pad));
+        }
+    }
+}
+
+/// Coarse op classes: the unit of profile calibration and of the cost model's flop rules.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum OpClass {
+    MatMul,
+    Conv,
+    Elementwise,
+    Normalization,
+    Pool,
+    Reduction,
+    Gather,
+    DataMovement,
+}
+
+impl Op {
+    /// The op's class: the cost model's unit of flop rules and of profile calibration
+    /// (an op not listed is elementwise if it maps elements, else data movement).
+    pub fn class(&self) -> OpClass {
+        match self {
+            Op::MatMul | Op::Gemm(_) | Op::Einsum { .. } | Op::Attention(_) | Op::Rnn(_) | Op::LinearAttention(_) => OpClass::MatMul,
+            Op::Conv(_) | Op::ConvTranspose(_) | Op::DeformConv { .. } | Op::ConvInteger(_) | Op::QLinearConv(_) => OpClass::Conv,
+            Op::CausalConvWithState { .. } => OpClass::Conv,
+            Op::Dft { .. } | Op::Stft { .. } | Op::MatMulInteger | Op::QLinearMatMul => OpClass::MatMul,
+            Op::Softmax(_)
+            | Op::LogSoftmax(_)
+            | Op::LayerNormalization(_)
+            | Op::RMSNormalization(_)
+            | Op::BatchNormalization(_)
+            | Op::InstanceNormalization { .. }
+            | Op::NegativeLogLikelihoodLoss(_)
+            | Op::SoftmaxCrossEntropyLoss(_)
+            | Op::GroupNormalization(_)
+            | Op::MeanVarianceNormalization { .. }
+            | Op::LpNormalization { .. }
+            | Op::Lrn(_)
+            | Op::Hardmax(_) => OpClass::Normalization,
+            Op::MaxPool(_) | Op::AveragePool(_) | Op::GlobalAveragePool | Op::GlobalMaxPool => {
+                OpClass::Pool
+            }
+            Op::Reduce(_)
+            | Op::ArgMax { .. }
+            | Op::ArgMin { .. }
+            | Op::CumSum { .. }
+            | Op::CumProd { .. }
+            | Op::TopK { .. }
+            | Op::Det => OpClass::Reduction,
+            Op::Gather { .. }
+            | Op::GatherElements { .. }
+            | Op::GatherND { .. }
+            | Op::ScatterND { .. }
+            | Op::ScatterElements { .. }
+            | Op::Scatter { .. }
+            | Op::TensorScatter { .. }
+            | Op::MaxUnpool { .. } => OpClass::Gather,
+            Op::RotaryEmbedding(_) | Op::Optimizer(_) | Op::Binarizer { .. } => OpClass::Elementwise,
+            Op::QuantizeLinear(_) | Op::DequantizeLinear { .. } | Op::DynamicQuantizeLinear => OpClass::Elementwise,
+            Op::ArrayFeatureExtractor | Op::TreeEnsemble(_) => OpClass::Gather,
+            Op::Resize(_) | Op::Upsample(_) | Op::GridSample { .. } | Op::RoiAlign(_) => OpClass::Gather,
+            op if op.is_elementwise() => OpClass::Elementwise,
+            _ => OpClass::DataMovement,
         }
     }
 }

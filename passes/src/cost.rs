@@ -65,7 +65,7 @@
 
 use std::collections::HashMap;
 
-use pipewright_ops::op::{BinaryOp, ResizeMode, UnaryOp};
+use pipewright_ops::op::{OpClass, ResizeMode};
 use pipewright_ir::{Dim, Graph, NodeId, Op, TensorType, ValueDef, ValueId};
 use pipewright_core::Optimizer;
 use serde::{Deserialize, Serialize};
@@ -116,67 +116,6 @@ impl std::ops::Add for Lin {
 impl std::ops::AddAssign for Lin {
     fn add_assign(&mut self, o: Lin) {
         *self = *self + o;
-    }
-}
-
-/// Coarse op classes: the unit of profile calibration and of the flop rules.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub enum OpClass {
-    MatMul,
-    Conv,
-    Elementwise,
-    Normalization,
-    Pool,
-    Reduction,
-    Gather,
-    DataMovement,
-}
-
-impl OpClass {
-    pub fn of(op: &Op) -> OpClass {
-        match op {
-            Op::MatMul | Op::Gemm(_) | Op::Einsum { .. } | Op::Attention(_) | Op::Rnn(_) | Op::LinearAttention(_) => OpClass::MatMul,
-            Op::Conv(_) | Op::ConvTranspose(_) | Op::DeformConv { .. } | Op::ConvInteger(_) | Op::QLinearConv(_) => OpClass::Conv,
-            Op::CausalConvWithState { .. } => OpClass::Conv,
-            Op::Dft { .. } | Op::Stft { .. } | Op::MatMulInteger | Op::QLinearMatMul => OpClass::MatMul,
-            Op::Softmax(_)
-            | Op::LogSoftmax(_)
-            | Op::LayerNormalization(_)
-            | Op::RMSNormalization(_)
-            | Op::BatchNormalization(_)
-            | Op::InstanceNormalization { .. }
-            | Op::NegativeLogLikelihoodLoss(_)
-            | Op::SoftmaxCrossEntropyLoss(_)
-            | Op::GroupNormalization(_)
-            | Op::MeanVarianceNormalization { .. }
-            | Op::LpNormalization { .. }
-            | Op::Lrn(_)
-            | Op::Hardmax(_) => OpClass::Normalization,
-            Op::MaxPool(_) | Op::AveragePool(_) | Op::GlobalAveragePool | Op::GlobalMaxPool => {
-                OpClass::Pool
-            }
-            Op::Reduce(_)
-            | Op::ArgMax { .. }
-            | Op::ArgMin { .. }
-            | Op::CumSum { .. }
-            | Op::CumProd { .. }
-            | Op::TopK { .. }
-            | Op::Det => OpClass::Reduction,
-            Op::Gather { .. }
-            | Op::GatherElements { .. }
-            | Op::GatherND { .. }
-            | Op::ScatterND { .. }
-            | Op::ScatterElements { .. }
-            | Op::Scatter { .. }
-            | Op::TensorScatter { .. }
-            | Op::MaxUnpool { .. } => OpClass::Gather,
-            Op::RotaryEmbedding(_) | Op::Optimizer(_) | Op::Binarizer { .. } => OpClass::Elementwise,
-            Op::QuantizeLinear(_) | Op::DequantizeLinear { .. } | Op::DynamicQuantizeLinear => OpClass::Elementwise,
-            Op::ArrayFeatureExtractor | Op::TreeEnsemble(_) => OpClass::Gather,
-            Op::Resize(_) | Op::Upsample(_) | Op::GridSample { .. } | Op::RoiAlign(_) => OpClass::Gather,
-            op if op.is_elementwise() => OpClass::Elementwise,
-            _ => OpClass::DataMovement,
-        }
     }
 }
 
@@ -320,36 +259,6 @@ fn mul_dim(lin: Lin, d: Dim, export: i64) -> Lin {
 
 fn bytes_lin(ty: &TensorType, export: i64) -> Lin {
     numel_lin(ty, export).scale(ty.dtype.size() as f64)
-}
-
-fn is_transcendental(op: &Op) -> bool {
-    match op {
-        Op::Unary(u) => matches!(
-            u,
-            UnaryOp::Exp
-                | UnaryOp::Log
-                | UnaryOp::Erf
-                | UnaryOp::Tanh
-                | UnaryOp::Sigmoid
-                | UnaryOp::Sin
-                | UnaryOp::Cos
-                | UnaryOp::Tan
-                | UnaryOp::Asin
-                | UnaryOp::Acos
-                | UnaryOp::Atan
-                | UnaryOp::Sinh
-                | UnaryOp::Cosh
-                | UnaryOp::Asinh
-                | UnaryOp::Acosh
-                | UnaryOp::Atanh
-                | UnaryOp::Softplus
-                | UnaryOp::Mish
-        ),
-        Op::Binary(BinaryOp::Pow) => true,
-        Op::Gelu { .. } | Op::Elu { .. } | Op::Selu { .. } | Op::Celu { .. } => true,
-        Op::Swish { .. } | Op::SwiGlu { .. } => true,
-        _ => false,
-    }
 }
 
 /// Flops of `Einsum`: 2 * the product of all index extents (`None` if unparsable).
@@ -581,7 +490,7 @@ fn flops(g: &Graph, n: NodeId, export: i64) -> (Lin, f64) {
             (out_numel.scale(2.0 * taps), 1.0)
         }
         op if op.is_elementwise() => (
-            out_numel.scale(if is_transcendental(op) { 4.0 } else { 1.0 }),
+            out_numel.scale(if op.is_transcendental() { 4.0 } else { 1.0 }),
             1.0,
         ),
         _ => (Lin::ZERO, 0.0),
@@ -621,7 +530,7 @@ impl CostModel {
         for &n in &topo {
             let node = g.node(n);
             let i = n.index();
-            classes[i] = OpClass::of(&node.op);
+            classes[i] = node.op.class();
             let (fwd, bwd_ratio) = flops(g, n, export);
             let mut bytes = Lin::ZERO;
             for &v in node.inputs.iter().flatten() {

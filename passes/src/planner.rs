@@ -62,7 +62,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::cluster::{Cluster, Latencies};
 use crate::simulate::{simulate, SimError, SimSetup};
-use crate::cost::{CostError, CostModel, Lin, OpClass};
+use pipewright_ops::op::OpClass;
+
+use crate::cost::{CostError, CostModel, Lin};
 use crate::partition::{
     balanced_by, choose_order, stage_ranges, uniform_by_nodes, valid_cuts, value_bytes,
     LinearOrder, MemoryModel, OrderKind, PartitionProblem,

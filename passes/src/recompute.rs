@@ -24,7 +24,9 @@ use std::fmt::Write;
 
 use pipewright_ir::{Graph, NodeId, Op, StageMap, ValueDef, ValueId};
 
-use crate::cost::{CostModel, OpClass};
+use pipewright_ops::op::OpClass;
+
+use crate::cost::CostModel;
 use crate::partition::value_bytes;
 use pipewright_core::units::human_bytes;
 use pipewright_core::Recompute;

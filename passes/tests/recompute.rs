@@ -8,7 +8,8 @@ use common::{contiguous, model};
 
 use pipewright_ir::{Graph, Op, StageMap, ValueDef};
 use pipewright_passes::boundaries::insert_stage_boundaries;
-use pipewright_passes::cost::{CostModel, OpClass, Roofline};
+use pipewright_ops::op::OpClass;
+use pipewright_passes::cost::{CostModel, Roofline};
 use pipewright_core::Recompute;
 use pipewright_passes::recompute::{decide_recomputation, Decision, RecomputePlan};
 
