@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 
+use pipewright_core::rng::mix;
 use pipewright_core::timeline::{TraceEvent, TraceKind};
 use serde::Serialize;
 
@@ -70,14 +71,6 @@ pub fn duration_factors(events: &[TraceEvent], seconds: &[f64]) -> Vec<f64> {
             (sum > 0.0).then(|| t * n as f64 / sum)
         })
         .collect()
-}
-
-/// SplitMix64's finaliser: spreads a key's bits over the whole word.
-fn mix(x: u64) -> u64 {
-    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
 }
 
 #[cfg(test)]
