@@ -69,8 +69,9 @@ pub fn launch(args: &LaunchArgs) -> Result<()> {
 
 pub fn export(args: &ExportArgs) -> Result<()> {
     let exported = pipewright_driver::export::export_onnx(&args.build, &args.output)?;
+    let data = exported.data.as_ref().map(|d| format!(" and {}", d.display())).unwrap_or_default();
     println!(
-        "wrote {} ({} trained initializers from {}; {})",
+        "wrote {}{data} ({} trained initializers from {}; {})",
         args.output.display(),
         exported.replaced,
         args.build.join(pipewright_driver::export::WEIGHTS_FILE).display(),

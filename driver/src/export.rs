@@ -1,11 +1,15 @@
 //! Trained weights out of a pipeline: `train` saves them as `BUILD/weights.safetensors`
 //! ([`save_weights`]); `pipewright export BUILD -o trained.onnx` writes them back into the
-//! source model's initializers ([`export_onnx`]: by name, same shape).
+//! source model's initializers ([`export_onnx`]: by name, same shape), with the weights in
+//! `trained.onnx.data` beside it when the source kept them in an external data file (as
+//! PyTorch's default exporter does) or they are too large for one protobuf.
 
-use std::collections::HashMap;
-use std::path::Path;
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
 
-use onnx_protobuf::{Message, ModelProto};
+use onnx_protobuf::tensor_proto::DataLocation;
+use onnx_protobuf::{GraphProto, Message, ModelProto, StringStringEntryProto, TensorProto};
+use protobuf::EnumOrUnknown;
 use pipewright_core::fs::write_atomic;
 use pipewright_ir::ImportOptions;
 use pipewright_runtime::build::Manifest;
@@ -47,6 +51,9 @@ pub struct Exported {
     pub replaced: usize,
     /// The batch axis of the written model.
     pub batch: Rebatched,
+    /// The external data file written beside the model, when the source had one or the
+    /// weights are too large for one protobuf.
+    pub data: Option<PathBuf>,
 }
 
 impl Exported {
@@ -68,6 +75,7 @@ impl Exported {
 pub fn export_onnx(build: &Path, output: &Path) -> Result<Exported, DriverError> {
     let manifest = Manifest::read(build)?;
     let model_path = Path::new(&manifest.model);
+    let source_dir = model_path.parent().unwrap_or(Path::new("."));
     let weights_path = build.join(WEIGHTS_FILE);
     let read = |p: &Path| std::fs::read(p).map_err(|source| DriverError::Read { path: p.to_path_buf(), source });
     let weights_bytes = read(&weights_path).map_err(|e| DriverError::msg(format!("{e} (train the pipeline first)")))?;
@@ -88,7 +96,7 @@ pub fn export_onnx(build: &Path, output: &Path) -> Result<Exported, DriverError>
     // initializer: the same rewrite of the source graph names those copies as the import
     // did, so each gets its trained values.
     if manifest.choices.untied {
-        let untied = pipewright_ir::import::merged::untie_merged(graph);
+        let untied = pipewright_ir::import::merged::untie_merged(graph, source_dir);
         if untied != manifest.choices.merged {
             return Err(DriverError::msg(format!(
                 "{}: its merged initializers ({}) are not those {} was compiled with ({}); compile and train it again",
@@ -99,6 +107,7 @@ pub fn export_onnx(build: &Path, output: &Path) -> Result<Exported, DriverError>
             )));
         }
     }
+    let external_in_source: HashSet<String> = graph.initializer.iter().filter(|t| !t.external_data.is_empty()).map(|t| t.name.clone()).collect();
     let mut replaced = 0;
     for init in graph.initializer.iter_mut() {
         let Some(view) = trained.get(&init.name) else { continue };
@@ -118,9 +127,10 @@ pub fn export_onnx(build: &Path, output: &Path) -> Result<Exported, DriverError>
         if dims != init.dims {
             return Err(DriverError::msg(format!("{}: weight {:?} has shape {dims:?}, the model's initializer {:?}", weights_path.display(), init.name, init.dims)));
         }
-        if !init.external_data.is_empty() {
-            return Err(DriverError::msg(format!("{}: initializer {:?} uses external data, which export does not rewrite", model_path.display(), init.name)));
-        }
+        // An external weight comes back inline here; [`externalize`] lays out the data
+        // file of the model written.
+        init.external_data.clear();
+        init.data_location = EnumOrUnknown::new(DataLocation::DEFAULT);
         init.raw_data = view.data().to_vec();
         init.float_data.clear();
         init.double_data.clear();
@@ -137,6 +147,11 @@ pub fn export_onnx(build: &Path, output: &Path) -> Result<Exported, DriverError>
     // frozen ones: one slice, expanded to the batch.)
     let options = ImportOptions { untie_merged: manifest.choices.untied, ..ImportOptions::default() };
     let ir = pipewright_ir::import_bytes(&model_bytes, model_path.parent().unwrap_or(Path::new(".")), &options).map_err(|e| DriverError::msg(format!("{}: {e}", model_path.display())))?;
+    let data = externalize(graph, &external_in_source, source_dir, output)?;
+    let output_dir = output.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    if let Some((path, bytes)) = &data {
+        write_atomic(path, bytes)?;
+    }
     let source = graph.clone();
     let mut batch = dynamic_batch(graph, &ir);
     let mut out = model.write_to_bytes().map_err(|e| DriverError::msg(format!("{}: {e}", output.display())))?;
@@ -145,14 +160,60 @@ pub fn export_onnx(build: &Path, output: &Path) -> Result<Exported, DriverError>
         // a chain of constants, as the legacy exporter writes them) would make the model
         // fail at another batch: the importer's shape inference finds them, and the model
         // is then written with the source's fixed batch instead, saying why.
-        if let Err(e) = pipewright_ir::import_bytes(&out, model_path.parent().unwrap_or(Path::new(".")), &ImportOptions::default()) {
+        if let Err(e) = pipewright_ir::import_bytes(&out, output_dir, &ImportOptions::default()) {
             *model.graph.as_mut().ok_or_else(|| DriverError::msg("no graph"))? = source;
             batch = Rebatched::Fixed { batch: ir.batch.as_ref().map_or(1, |b| b.export_size), why: format!("with a dynamic batch, {e}") };
             out = model.write_to_bytes().map_err(|e| DriverError::msg(format!("{}: {e}", output.display())))?;
         }
     }
     write_atomic(output, &out)?;
-    Ok(Exported { replaced, batch })
+    Ok(Exported { replaced, batch, data: data.map(|(path, _)| path) })
+}
+
+/// Protobuf cannot hold a model of 2 GiB or more: past this many initializer bytes the
+/// written model keeps its weights in an external data file.
+const INLINE_LIMIT: usize = (1 << 31) - (64 << 20);
+/// Initializers smaller than this stay inline in a model written with a data file.
+const EXTERNAL_FROM: usize = 1024;
+
+/// When the source kept weights in an external data file, or the weights are too large
+/// for one protobuf, lays out `OUTPUT.data` beside `output` and points the initializers at
+/// it: every initializer that was external in the source (`external_in_source`, trained
+/// ones included), and every one of at least [`EXTERNAL_FROM`] bytes when the size
+/// demands it. Returns the data file and its bytes (`None`: the model stays whole). The
+/// values of external initializers that were not trained are read from the source's data
+/// files (relative to `source_dir`).
+fn externalize(graph: &mut GraphProto, external_in_source: &HashSet<String>, source_dir: &Path, output: &Path) -> Result<Option<(PathBuf, Vec<u8>)>, DriverError> {
+    let external = |t: &TensorProto| !t.external_data.is_empty();
+    let inline_bytes: usize = graph.initializer.iter().map(|t| t.raw_data.len()).sum();
+    let too_large = inline_bytes >= INLINE_LIMIT;
+    if !too_large && external_in_source.is_empty() {
+        return Ok(None);
+    }
+    let name = format!("{}.data", output.file_name().map_or("model.onnx".into(), |n| n.to_string_lossy().into_owned()));
+    let path = output.with_file_name(&name);
+    let mut data: Vec<u8> = Vec::new();
+    for t in graph.initializer.iter_mut() {
+        let moved = external_in_source.contains(&t.name) || (too_large && t.raw_data.len() >= EXTERNAL_FROM);
+        let values = match (external(t), moved) {
+            (true, _) => pipewright_ir::import::tensor::tensor_from_proto(t.clone(), source_dir)
+                .map_err(|e| DriverError::msg(format!("{}: initializer {:?}: {e}", source_dir.display(), t.name)))?
+                .bytes
+                .to_vec(),
+            (false, true) => std::mem::take(&mut t.raw_data),
+            (false, false) => continue,
+        };
+        let entry = |key: &str, value: String| StringStringEntryProto { key: key.into(), value, ..Default::default() };
+        t.external_data = vec![entry("location", name.clone()), entry("offset", data.len().to_string()), entry("length", values.len().to_string())];
+        t.data_location = EnumOrUnknown::new(DataLocation::EXTERNAL);
+        t.raw_data.clear();
+        t.float_data.clear();
+        t.double_data.clear();
+        t.int32_data.clear();
+        t.int64_data.clear();
+        data.extend_from_slice(&values);
+    }
+    Ok(Some((path, data)))
 }
 
 fn crc32(bytes: &[u8]) -> u32 {
@@ -194,5 +255,46 @@ mod tests {
         assert!(e.contains("\"6.bias\" has shape [11]"), "{e}");
         let again = ModelProto::parse_from_bytes(&std::fs::read(&out).unwrap()).unwrap();
         assert_eq!(again.graph.initializer.iter().find(|t| t.name == "6.bias").unwrap().raw_data, bias.raw_data);
+    }
+
+    /// The bytes an external initializer names, read from its data file beside `model`.
+    fn external_bytes(model: &Path, t: &TensorProto) -> Vec<u8> {
+        let get = |k: &str| t.external_data.iter().find(|e| e.key == k).map(|e| e.value.clone()).unwrap();
+        let data = std::fs::read(model.with_file_name(get("location"))).unwrap();
+        let (offset, length): (usize, usize) = (get("offset").parse().unwrap(), get("length").parse().unwrap());
+        data[offset..offset + length].to_vec()
+    }
+
+    /// A model whose weights live in an external data file (as PyTorch's default exporter
+    /// writes them) exports with its weights in `OUTPUT.data`: the trained ones with their
+    /// new values, the others as the source has them; the model written imports again.
+    #[test]
+    fn external_data_models_export_to_a_data_file() {
+        use pipewright_core::Storage;
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("gpt.onnx");
+        let shape = pipewright_synth::GptShape { layers: 1, ..pipewright_synth::GptShape::TINY };
+        pipewright_synth::gpt(&shape).unwrap().write(&src, Storage::External, 5).unwrap();
+        let build = dir.path().join("build");
+        let mut req = request("mlp.onnx", stages(2), &build);
+        req.model = src.clone();
+        compile(&req).unwrap();
+        let source = ModelProto::parse_from_bytes(&std::fs::read(&src).unwrap()).unwrap();
+        let externals: Vec<&TensorProto> = source.graph.initializer.iter().filter(|t| !t.external_data.is_empty()).collect();
+        assert!(externals.len() >= 2, "the synthesized model keeps its weights outside");
+        let (trained, kept) = (externals[0], externals[1]);
+        let dims: Vec<usize> = trained.dims.iter().map(|&d| d as usize).collect();
+        weights(&build.join(WEIGHTS_FILE), &trained.name, &dims, 0.5);
+        let out = dir.path().join("out").join("trained.onnx");
+        std::fs::create_dir_all(out.parent().unwrap()).unwrap();
+        let exported = export_onnx(&build, &out).unwrap();
+        assert_eq!(exported.data.as_deref(), Some(out.with_file_name("trained.onnx.data").as_path()));
+        let model = ModelProto::parse_from_bytes(&std::fs::read(&out).unwrap()).unwrap();
+        let find = |name: &str| model.graph.initializer.iter().find(|t| t.name == name).unwrap().clone();
+        let (t, k) = (find(&trained.name), find(&kept.name));
+        assert!(t.external_data.iter().any(|e| e.key == "location" && e.value == "trained.onnx.data"), "{:?}", t.external_data);
+        assert_eq!(external_bytes(&out, &t), std::iter::repeat_n(0.5f32.to_le_bytes(), dims.iter().product()).flatten().collect::<Vec<u8>>());
+        assert_eq!(external_bytes(&out, &k), external_bytes(&src, kept));
+        pipewright_ir::import_model(&out, &ImportOptions::default()).expect("the exported model imports");
     }
 }

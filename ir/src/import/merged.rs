@@ -2,18 +2,22 @@
 //! with identical values once, so the untrained LayerNorm weights of a whole model (all
 //! ones) become one initializer read by every LayerNorm, and train as one tied weight.
 //!
-//! An initializer is taken for a merge when it is a float tensor stored in the file, read
-//! by more than one node of the main graph (and by no subgraph), and all its elements are
-//! equal: deliberately tied weights (GPT-2's token embedding and output projection) hold
+//! An initializer is taken for a merge when it is a float tensor, read by more than one
+//! node of the main graph (and by no subgraph), and all its elements are equal, whether
+//! its values are in the model file or in an external data file beside it (the default
+//! exporter of PyTorch writes every weight there): deliberately tied weights (GPT-2's token embedding and output projection) hold
 //! random values, which no merge of distinct parameters would produce. [`untie_merged`]
 //! gives each reading node after the first its own copy, `NAME.untied1`, `NAME.untied2`,
 //! ...; the importer and `export` call it on the same source graph, so the copies have
 //! the same names in the build and in the exported model.
 
 use std::collections::{HashMap, HashSet};
+use std::path::Path;
 
 use onnx_protobuf::{GraphProto, TensorProto};
 use pipewright_core::MergedInitializer;
+
+use super::tensor::read_external_prefix;
 
 /// ONNX element types that are floats, with their byte sizes.
 fn float_size(data_type: i32) -> Option<usize> {
@@ -25,16 +29,25 @@ fn float_size(data_type: i32) -> Option<usize> {
     }
 }
 
-/// Whether every element of `t` is the same (false when its data is not in the file).
-fn uniform(t: &TensorProto) -> bool {
+/// Whether every element of `t` is the same; external data is read from `model_dir`
+/// (a tensor whose data cannot be read is not taken for a merge: the import reports it).
+fn uniform(t: &TensorProto, model_dir: &Path) -> bool {
     let Some(size) = float_size(t.data_type) else { return false };
+    let same_chunks = |bytes: &[u8]| {
+        let mut chunks = bytes.chunks_exact(size);
+        chunks.next().is_some_and(|first| chunks.remainder().is_empty() && chunks.all(|c| c == first))
+    };
     if !t.external_data.is_empty() {
-        return false;
+        let numel: i64 = t.dims.iter().product();
+        let Ok(bytes) = usize::try_from(numel).map(|n| n * size) else { return false };
+        // Random weights (a deliberate tie, such as a token embedding) differ within their
+        // first bytes: only a uniform prefix makes the whole worth reading.
+        const PREFIX: usize = 1 << 16;
+        let uniform_in = |limit| read_external_prefix(t, model_dir, bytes, limit).is_ok_and(|b| same_chunks(&b));
+        return uniform_in(PREFIX) && (bytes <= PREFIX || uniform_in(usize::MAX));
     }
     if !t.raw_data.is_empty() {
-        let mut chunks = t.raw_data.chunks_exact(size);
-        let Some(first) = chunks.next() else { return false };
-        return chunks.remainder().is_empty() && chunks.all(|c| c == first);
+        return same_chunks(&t.raw_data);
     }
     fn same<T: PartialEq>(v: &[T]) -> bool {
         v.first().is_some_and(|f| v.iter().all(|x| x == f))
@@ -60,9 +73,9 @@ fn subgraph_reads(g: &GraphProto, out: &mut HashSet<String>) {
     }
 }
 
-/// The merged initializers of `g` (see the module docs), in initializer order, with the
-/// indices of the nodes reading each.
-fn find(g: &GraphProto) -> Vec<(MergedInitializer, Vec<usize>)> {
+/// The merged initializers of `g` (see the module docs; external data relative to
+/// `model_dir`), in initializer order, with the indices of the nodes reading each.
+fn find(g: &GraphProto, model_dir: &Path) -> Vec<(MergedInitializer, Vec<usize>)> {
     let mut readers: HashMap<&str, Vec<usize>> = HashMap::new();
     for (i, n) in g.node.iter().enumerate() {
         for input in &n.input {
@@ -80,21 +93,22 @@ fn find(g: &GraphProto) -> Vec<(MergedInitializer, Vec<usize>)> {
         .filter(|t| !t.dims.is_empty() && !inner.contains(&t.name))
         .filter_map(|t| {
             let r = readers.get(t.name.as_str()).filter(|r| r.len() > 1)?;
-            uniform(t).then(|| (MergedInitializer { name: t.name.clone(), uses: r.len() }, r.clone()))
+            uniform(t, model_dir).then(|| (MergedInitializer { name: t.name.clone(), uses: r.len() }, r.clone()))
         })
         .collect()
 }
 
-/// The initializers of `g` an exporter merged, each with its number of reading nodes.
-pub fn merged_initializers(g: &GraphProto) -> Vec<MergedInitializer> {
-    find(g).into_iter().map(|(m, _)| m).collect()
+/// The initializers of `g` an exporter merged, each with its number of reading nodes
+/// (external data is read relative to `model_dir`).
+pub fn merged_initializers(g: &GraphProto, model_dir: &Path) -> Vec<MergedInitializer> {
+    find(g, model_dir).into_iter().map(|(m, _)| m).collect()
 }
 
 /// Gives every node after the first that reads a merged initializer its own copy
-/// (`NAME.untiedK`, K from 1, a further `.untied` where that name is taken); returns what
-/// was untied.
-pub fn untie_merged(g: &mut GraphProto) -> Vec<MergedInitializer> {
-    let found = find(g);
+/// (`NAME.untiedK`, K from 1, a further `.untied` where that name is taken; a copy of an
+/// external tensor names the same bytes of the same file); returns what was untied.
+pub fn untie_merged(g: &mut GraphProto, model_dir: &Path) -> Vec<MergedInitializer> {
+    let found = find(g, model_dir);
     let mut taken: HashSet<String> = g.initializer.iter().map(|t| t.name.clone()).chain(g.input.iter().map(|i| i.name.clone())).collect();
     taken.extend(g.node.iter().flat_map(|n| n.output.iter().cloned()));
     let mut copies = Vec::new();
@@ -139,13 +153,45 @@ mod tests {
             ..Default::default()
         };
         // The random weight read twice is a deliberate tie; `single` has one reader.
-        assert_eq!(merged_initializers(&g), vec![MergedInitializer { name: "ones".into(), uses: 3 }]);
-        assert_eq!(untie_merged(&mut g).len(), 1);
+        let dir = Path::new(".");
+        assert_eq!(merged_initializers(&g, dir), vec![MergedInitializer { name: "ones".into(), uses: 3 }]);
+        assert_eq!(untie_merged(&mut g, dir).len(), 1);
         let inputs: Vec<&str> = g.node.iter().map(|n| n.input[1].as_str()).collect();
         assert_eq!(inputs, ["ones", "ones.untied1", "random", "random", "ones.untied2"]);
         assert_eq!(g.initializer.len(), 5);
         assert_eq!(g.initializer[3].raw_data, g.initializer[0].raw_data);
-        assert!(merged_initializers(&g).is_empty());
+        assert!(merged_initializers(&g, dir).is_empty());
+    }
+
+    /// An initializer whose values live in an external data file is found like an inline
+    /// one (the default exporter writes every weight there), and its copies name the same
+    /// bytes of the same file.
+    #[test]
+    fn external_uniform_initializers_are_merged_too() {
+        use onnx_protobuf::StringStringEntryProto;
+        let dir = tempfile::tempdir().unwrap();
+        let ones: Vec<u8> = [1.0f32; 4].iter().chain(&[0.1, -0.3, 0.7, 0.2]).flat_map(|v| v.to_le_bytes()).collect();
+        std::fs::write(dir.path().join("m.onnx.data"), &ones).unwrap();
+        let entry = |k: &str, v: &str| StringStringEntryProto { key: k.into(), value: v.into(), ..Default::default() };
+        let external = |name: &str, offset: usize| TensorProto {
+            name: name.into(),
+            data_type: 1,
+            dims: vec![4],
+            data_location: protobuf::EnumOrUnknown::new(onnx_protobuf::tensor_proto::DataLocation::EXTERNAL),
+            external_data: vec![entry("location", "m.onnx.data"), entry("offset", &offset.to_string()), entry("length", "16")],
+            ..Default::default()
+        };
+        let mut g = GraphProto {
+            initializer: vec![external("ln.weight", 0), external("w", 16)],
+            node: vec![node("a", &["x", "ln.weight"]), node("b", &["a_out", "ln.weight"]), node("c", &["b_out", "w"]), node("d", &["c_out", "w"])],
+            ..Default::default()
+        };
+        assert_eq!(merged_initializers(&g, dir.path()), vec![MergedInitializer { name: "ln.weight".into(), uses: 2 }]);
+        untie_merged(&mut g, dir.path());
+        let copy = g.initializer.iter().find(|t| t.name == "ln.weight.untied1").expect("the copy");
+        assert_eq!(copy.external_data, g.initializer[0].external_data);
+        // Without the data file nothing is taken for a merge (the import names the file).
+        assert!(merged_initializers(&g, Path::new("/nonexistent")).is_empty());
     }
 }
 

@@ -213,7 +213,7 @@ impl<'a> Importer<'a> {
         }
         // Merged initializers are found (and untied on request) before anything reads the
         // initializers, so the copies import like any other weight.
-        let merged = if self.opts.untie_merged { merged::untie_merged(&mut g) } else { merged::merged_initializers(&g) };
+        let merged = if self.opts.untie_merged { merged::untie_merged(&mut g, self.dir) } else { merged::merged_initializers(&g, self.dir) };
         self.graph.choices.untied = self.opts.untie_merged && !merged.is_empty();
         self.graph.choices.merged = merged;
         let initializer_names: std::collections::HashSet<String> = g.initializer.iter().map(|t| t.name.clone()).collect();

@@ -87,7 +87,13 @@ fn typed_field_bytes(t: &TensorProto, dtype: DType) -> Bytes {
     Bytes::from(out)
 }
 
-fn read_external(t: &TensorProto, model_dir: &Path, expected: usize) -> Result<Bytes, ImportError> {
+pub(crate) fn read_external(t: &TensorProto, model_dir: &Path, expected: usize) -> Result<Bytes, ImportError> {
+    read_external_prefix(t, model_dir, expected, usize::MAX)
+}
+
+/// The first `limit` bytes (at most) of `t`'s external data, checked as [`read_external`]
+/// checks the whole: a caller that may decide from a prefix need not read a large weight.
+pub(crate) fn read_external_prefix(t: &TensorProto, model_dir: &Path, expected: usize, limit: usize) -> Result<Bytes, ImportError> {
     let name = t.name.clone();
     let bad = |reason: String| ImportError::BadTensor { name: name.clone(), reason };
     let mut location = None;
@@ -133,7 +139,7 @@ fn read_external(t: &TensorProto, model_dir: &Path, expected: usize) -> Result<B
         )));
     }
     file.seek(SeekFrom::Start(offset)).map_err(missing)?;
-    let mut buf = vec![0u8; length as usize];
+    let mut buf = vec![0u8; (length as usize).min(limit)];
     file.read_exact(&mut buf).map_err(missing)?;
     Ok(Bytes::from(buf))
 }
