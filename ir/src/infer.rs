@@ -515,7 +515,7 @@ fn resolve_sum(a: Dim, b: Dim, ctx: Ctx) -> Dim {
 }
 
 fn known_dims(i: In, what: &str) -> R<Vec<Dim>> {
-    i.known.map(|k| k.dims()).ok_or_else(|| format!("{what} input is not known at import (computed at run time from data)"))
+    i.known.map(|k| k.dims()).ok_or_else(|| format!("{what} input is not known at import"))
 }
 
 fn known_ints(i: In, what: &str) -> R<Vec<i64>> {

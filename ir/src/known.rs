@@ -295,6 +295,14 @@ fn binary(op: BinaryOp, x: &Known, y: &Known, out_dtype: DType, out_shape: Vec<i
         }
         return Some(Known { dtype: out_dtype, shape: out_shape, data: KnownData::Ints(out) });
     }
+    if both_int && (x.fixed_ints().is_none() || y.fixed_ints().is_none()) {
+        // A comparison with a multiple of the batch: decided where N >= 1 decides it.
+        let (a, b) = (x.dims(), y.dims());
+        let out = (0..n)
+            .map(|i| compare(op, a[bcast_index(i, &out_shape, &x.shape)], b[bcast_index(i, &out_shape, &y.shape)]).map(|c| Dim::Fixed(c as i64)))
+            .collect::<Option<Vec<Dim>>>()?;
+        return Some(Known { dtype: out_dtype, shape: out_shape, data: KnownData::Ints(out) });
+    }
     let (a, b) = (x.floats()?, y.floats()?);
     let mut out = Vec::with_capacity(n);
     for i in 0..n {
@@ -302,6 +310,29 @@ fn binary(op: BinaryOp, x: &Known, y: &Known, out_dtype: DType, out_shape: Vec<i
         out.push(float_op(op, p, q)?);
     }
     Some(from_f64s(out_dtype, out_shape, round_floats(out_dtype, out)))
+}
+
+/// A comparison of two extents, either of which may be `k * N`: every batch size is at
+/// least 1, so `k * N` is at least `k` and grows with `N`. `None` where the answer depends
+/// on `N` (`N == 4`).
+fn compare(op: BinaryOp, p: Dim, q: Dim) -> Option<bool> {
+    use std::cmp::Ordering;
+    // The order of `p` and `q` for every batch size, when there is one.
+    let order = match (p, q) {
+        (Dim::Fixed(a), Dim::Fixed(b)) => a.cmp(&b),
+        (Dim::Batch(a), Dim::Batch(b)) => a.cmp(&b),
+        (Dim::Batch(k), Dim::Fixed(c)) if c < k => Ordering::Greater,
+        (Dim::Fixed(c), Dim::Batch(k)) if c < k => Ordering::Less,
+        _ => return None,
+    };
+    Some(match op {
+        BinaryOp::Equal => order == Ordering::Equal,
+        BinaryOp::Less => order == Ordering::Less,
+        BinaryOp::Greater => order == Ordering::Greater,
+        BinaryOp::LessOrEqual => order != Ordering::Greater,
+        BinaryOp::GreaterOrEqual => order != Ordering::Less,
+        _ => return None,
+    })
 }
 
 fn int_op(op: BinaryOp, p: Dim, q: Dim) -> Option<Dim> {

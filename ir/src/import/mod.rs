@@ -340,10 +340,7 @@ impl<'a> Importer<'a> {
                     DeclaredDim::Fixed(v) if axis == 0 && batch.as_ref().is_some_and(|b| b.1 == Some(*v)) => Ok(Dim::N),
                     DeclaredDim::Fixed(v) => Ok(Dim::Fixed(*v)),
                     DeclaredDim::Param(p) if axis == 0 && batch.as_ref().is_some_and(|b| &b.0 == p) => Ok(Dim::N),
-                    DeclaredDim::Param(p) => Err(ImportError::BadTensor {
-                        name: vi.name.clone(),
-                        reason: format!("axis {axis} is the symbol {p:?}; only the batch axis (axis 0) may be symbolic"),
-                    }),
+                    DeclaredDim::Param(p) => Err(ImportError::BadTensor { name: vi.name.clone(), reason: symbolic_axis(axis, p, self.opts.batch) }),
                     DeclaredDim::Unknown => Err(ImportError::BadTensor {
                         name: vi.name.clone(),
                         reason: format!("axis {axis} has no extent; graph inputs need static shapes except the batch axis"),
@@ -417,6 +414,41 @@ impl<'a> Importer<'a> {
         }
     }
 
+    /// Where value `v`, unknown at import, stopped being known: the nearest node computing
+    /// it from known inputs (an op the importer does not evaluate), or the model input
+    /// whose values it reads; with what to do. `None` for a known value.
+    fn unknown_origin(&self, v: ValueId) -> Option<String> {
+        let known = |v: ValueId| self.known.get(v.index()).is_some_and(|k| k.is_some());
+        let (mut stack, mut seen) = (vec![v], std::collections::HashSet::new());
+        while let Some(v) = stack.pop() {
+            if known(v) || !seen.insert(v) {
+                continue;
+            }
+            match &self.graph.value(v).def {
+                ValueDef::Input => {
+                    return Some(format!(
+                        "it is computed from the values of model input {:?}, which exist only at run time; the shape must come from constants or from input shapes",
+                        self.graph.value(v).name
+                    ))
+                }
+                ValueDef::Weight(_) => continue,
+                ValueDef::Node { node, .. } => {
+                    let n = self.graph.node(*node);
+                    let unknown: Vec<ValueId> = n.inputs.iter().flatten().copied().filter(|&i| !known(i)).collect();
+                    if unknown.is_empty() {
+                        return Some(format!(
+                            "it stops being known at node {:?} ({}), whose result the importer does not compute from known inputs; export the model with this shape as a constant (or at a fixed batch), or report the pattern",
+                            n.name,
+                            n.op.name()
+                        ));
+                    }
+                    stack.extend(unknown);
+                }
+            }
+        }
+        None
+    }
+
     /// Adds one converted op reading `inputs` and defining `output_names` (an empty name
     /// is an unused output): infers its types, folds it when its inputs are constants.
     fn add_op(&mut self, node_name: &str, op_type: &str, op: crate::Op, inputs: Vec<Option<ValueId>>, output_names: &[String]) -> Result<(), ImportError> {
@@ -425,8 +457,18 @@ impl<'a> Importer<'a> {
             .iter()
             .map(|v| v.map(|v| In { ty: &self.graph.value(v).ty, known: self.known.get(v.index()).and_then(|k| k.as_ref()) }))
             .collect();
-        let out_types = infer(&op, &types, output_names.len(), self.ctx)
-            .map_err(|reason| ImportError::Shape { node: nref(), reason })?;
+        let out_types = infer(&op, &types, output_names.len(), self.ctx).map_err(|reason| {
+            // Say where a needed value stopped being known, and what to do.
+            // The needed input is a shape-like one: integers of rank at most 1, the last of
+            // them (the data operand comes first).
+            let shape_like = |v: &&ValueId| {
+                let ty = &self.graph.value(**v).ty;
+                matches!(ty.dtype, crate::DType::I64 | crate::DType::I32) && ty.shape.rank() <= 1
+            };
+            let needed = inputs.iter().flatten().filter(shape_like).rev().find_map(|&v| self.unknown_origin(v));
+            let origin = reason.contains("not known at import").then_some(needed).flatten();
+            ImportError::Shape { node: nref(), reason: origin.map_or(reason.clone(), |o| format!("{reason}: {o}")) }
+        })?;
         let operand_types = types.iter().flatten().map(|t| t.ty.dtype).chain(out_types.iter().map(|t| t.dtype));
         if let Some(d) = operand_types.filter(|d| d.is_low_precision()).find(|_| !handles_low_precision(&op)) {
             let reason = format!("{op_type} on element type {d} is not supported (only casts and the quantization ops take the low-precision types)");
@@ -898,6 +940,19 @@ fn detect_batch(inputs: &[(DType, Vec<DeclaredDim>)]) -> Option<(String, Option<
         DeclaredDim::Param(p) if firsts.iter().all(|d| *d == firsts[0]) => Some((p.clone(), None)),
         DeclaredDim::Fixed(v) if *v > 0 && firsts.iter().all(|d| *d == firsts[0]) => Some(("N".into(), Some(*v))),
         _ => None,
+    }
+}
+
+/// Why an input's symbolic axis `axis` (named `p`) cannot be imported, and what to do.
+fn symbolic_axis(axis: usize, p: &str, mode: BatchMode) -> String {
+    match (axis, mode) {
+        (0, BatchMode::Fixed) => format!(
+            "axis 0 is the symbol {p:?}, but --batch fixed keeps the extents as exported: import with --batch auto (the default) to take it for the batch, or export the model at a fixed batch"
+        ),
+        (0, BatchMode::Auto) => format!(
+            "axis 0 is the symbol {p:?}, but it cannot be taken for the batch: every model input must start with the same batch axis (and none be scanned along it); export the model with every input batched, or at a fixed batch"
+        ),
+        _ => format!("axis {axis} is the symbol {p:?}; only the batch axis (axis 0) may be symbolic: export the model with this axis at a fixed extent"),
     }
 }
 

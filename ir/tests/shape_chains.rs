@@ -1,0 +1,93 @@
+//! Shapes computed from shapes, as the TorchScript exporter writes them for a dynamic batch
+//! axis: the chains depend on the input's shape only, never on its data, so symbolic shape
+//! inference follows the batch through them and the shapes are known at import.
+
+mod common;
+
+use std::path::Path;
+
+use common::{node, tensor_i64, Ax, ModelBuilder, NodeExt, I64};
+use pipewright_ir::{import_bytes, verify, Graph, ImportOptions};
+
+fn import(m: &ModelBuilder) -> Graph {
+    let g = import_bytes(&m.bytes(), Path::new("."), &ImportOptions::default()).unwrap_or_else(|e| panic!("import failed: {e}"));
+    verify(&g).unwrap_or_else(|e| panic!("imported graph fails verification: {e:?}"));
+    g
+}
+
+fn ty(g: &Graph, name: &str) -> String {
+    let v = g.value_ids().find(|v| g.value(*v).name == name).unwrap_or_else(|| panic!("no value {name:?}"));
+    g.value(v).ty.to_string()
+}
+
+/// `torch.Tensor.expand(batch, seq)` of the legacy exporter (RoBERTa's position ids, the
+/// causal LMs' attention masks): the target is the input's shape rebuilt from
+/// Shape/Gather/Unsqueeze/Concat, with each `-1` replaced by 1 through
+/// `Where(Equal(shape, ConstantOfShape(Shape(shape)) * -1), ones, shape)`. Equal compares
+/// the batch with -1, which no batch size equals.
+#[test]
+fn an_expand_target_rebuilt_from_the_input_shape_is_known() {
+    let ones = common::tensor_i64("one", &[1], &[1]);
+    let m = ModelBuilder::new(17)
+        .input("ids", I64, &[Ax::Param("batch"), Ax::Fixed(16)])
+        .init(tensor_i64("pos", &[1, 16], &(0..16).collect::<Vec<_>>()))
+        .init(tensor_i64("i0", &[], &[0]))
+        .init(tensor_i64("i1", &[], &[1]))
+        .init(tensor_i64("axes0", &[1], &[0]))
+        .init(tensor_i64("minus_one", &[], &[-1]))
+        .node(node("Shape", "s", &["ids"], &["s"]))
+        .node(node("Gather", "b", &["s", "i0"], &["b"]).int("axis", 0))
+        .node(node("Gather", "t", &["s", "i1"], &["t"]).int("axis", 0))
+        .node(node("Unsqueeze", "bu", &["b", "axes0"], &["bu"]))
+        .node(node("Unsqueeze", "tu", &["t", "axes0"], &["tu"]))
+        .node(node("Concat", "shape", &["bu", "tu"], &["shape"]).int("axis", 0))
+        .node(node("Shape", "ss", &["shape"], &["ss"]))
+        .node(node("ConstantOfShape", "ones", &["ss"], &["ones"]).tensor("value", ones))
+        .node(node("Mul", "neg", &["ones", "minus_one"], &["neg"]))
+        .node(node("Equal", "eq", &["shape", "neg"], &["eq"]))
+        .node(node("Where", "sel", &["eq", "ones", "shape"], &["sel"]))
+        .node(node("Expand", "expand", &["pos", "sel"], &["y"]))
+        .output("y");
+    let g = import(&m);
+    assert_eq!(ty(&g, "y"), "i64[N,16]");
+    assert_eq!(ty(&g, "ids"), "i64[N,16]");
+}
+
+/// A shape input that is not known at import names where it stopped being known and what
+/// to do: the model input whose values it reads, or the op the importer does not evaluate.
+#[test]
+fn an_unknown_shape_names_where_it_stopped_being_known() {
+    let data_target = ModelBuilder::new(17)
+        .input("x", common::F32, &[Ax::Fixed(2), Ax::Fixed(16)])
+        .input("target", I64, &[Ax::Fixed(2)])
+        .node(node("Reshape", "reshape", &["x", "target"], &["y"]))
+        .output("y");
+    let e = import_bytes(&data_target.bytes(), Path::new("."), &ImportOptions::default()).unwrap_err().to_string();
+    assert!(e.contains("node \"reshape\" (Reshape): shape inference failed: shape input is not known at import: it is computed from the values of model input \"target\""), "{e}");
+    let unevaluated = ModelBuilder::new(17)
+        .input("x", common::F32, &[Ax::Param("batch"), Ax::Fixed(16)])
+        .init(tensor_i64("k", &[1], &[2]))
+        .node(node("Shape", "s", &["x"], &["s"]))
+        .node(node("TopK", "top", &["s", "k"], &["t", "ti"]))
+        .node(node("Reshape", "reshape", &["x", "t"], &["y"]))
+        .output("y");
+    let e = import_bytes(&unevaluated.bytes(), Path::new("."), &ImportOptions::default()).unwrap_err().to_string();
+    assert!(e.contains("it stops being known at node \"top\" (TopK), whose result the importer does not compute from known inputs; export the model with this shape as a constant"), "{e}");
+}
+
+/// A symbolic batch axis that cannot be the batch says why and what to do, under
+/// `--batch fixed` and when another input lacks it.
+#[test]
+fn a_symbolic_axis_that_is_not_the_batch_says_what_to_do() {
+    let m = ModelBuilder::new(17).input("x", common::F32, &[Ax::Param("batch"), Ax::Fixed(4)]).node(node("Relu", "r", &["x"], &["y"])).output("y");
+    let fixed = ImportOptions { batch: pipewright_ir::BatchMode::Fixed, ..ImportOptions::default() };
+    let e = import_bytes(&m.bytes(), Path::new("."), &fixed).unwrap_err().to_string();
+    assert!(e.contains("tensor \"x\": axis 0 is the symbol \"batch\", but --batch fixed keeps the extents as exported: import with --batch auto"), "{e}");
+    let two = ModelBuilder::new(17)
+        .input("x", common::F32, &[Ax::Param("batch"), Ax::Fixed(4)])
+        .input("scale", common::F32, &[Ax::Fixed(4)])
+        .node(node("Mul", "m", &["x", "scale"], &["y"]))
+        .output("y");
+    let e = import_bytes(&two.bytes(), Path::new("."), &ImportOptions::default()).unwrap_err().to_string();
+    assert!(e.contains("axis 0 is the symbol \"batch\", but it cannot be taken for the batch: every model input must start with the same batch axis"), "{e}");
+}
