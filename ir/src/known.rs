@@ -159,7 +159,8 @@ pub fn evaluate(
             };
             Some(Known { dtype: data.dtype, shape: idx.shape.clone(), data: out })
         }
-        Op::Slice(s) => slice_1d(s, inputs, out_shape?),
+        Op::Slice(s) => slice_nd(s, inputs, out_shape?),
+        Op::Transpose { perm } => transpose(k(0)?, perm.as_ref(), out_shape?),
         Op::ConstantOfShape { value } => {
             let shape = out_shape?;
             let n = shape.iter().try_fold(1i64, |a, &d| a.checked_mul(d))?;
@@ -410,31 +411,86 @@ fn where_(c: &Known, x: &Known, y: &Known, out_dtype: DType, out_shape: Vec<i64>
     Some(Known { dtype: out_dtype, shape: out_shape, data })
 }
 
-fn slice_1d(s: &pipewright_ops::op::Slice, inputs: &[Option<&Known>], out_shape: Vec<i64>) -> Option<Known> {
+/// The elements at flat indices `src`, in that order.
+fn pick(data: &KnownData, src: &[usize]) -> KnownData {
+    match data {
+        KnownData::Ints(v) => KnownData::Ints(src.iter().map(|&i| v[i]).collect()),
+        KnownData::Floats(v) => KnownData::Floats(src.iter().map(|&i| v[i]).collect()),
+    }
+}
+
+/// Row-major strides of `shape`.
+fn strides(shape: &[i64]) -> Vec<usize> {
+    let mut st = vec![1usize; shape.len()];
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        st[i] = st[i + 1] * shape[i + 1].max(0) as usize;
+    }
+    st
+}
+
+/// For every element of an output whose axis `a` takes the source positions `idx[a]`, its
+/// flat index in the source of shape `shape` (row-major, the last axis fastest).
+fn gather_flat(shape: &[i64], idx: &[Vec<i64>]) -> Vec<usize> {
+    let st = strides(shape);
+    let mut out = vec![0usize];
+    for (a, positions) in idx.iter().enumerate() {
+        let stride = st[a];
+        out = out.iter().flat_map(|&base| positions.iter().map(move |&p| base + p as usize * stride)).collect();
+    }
+    out
+}
+
+/// Slice of a known tensor of any rank (the shape arithmetic of pads and strides: a pads
+/// vector reshaped to `[-1, 2]` and reversed along axis 0).
+fn slice_nd(s: &pipewright_ops::op::Slice, inputs: &[Option<&Known>], out_shape: Vec<i64>) -> Option<Known> {
     let data = inputs.first().copied().flatten()?;
-    if data.shape.len() != 1 {
+    let rank = data.shape.len() as i64;
+    let get = |i: usize| inputs.get(i).copied().flatten().and_then(|k| k.fixed_ints());
+    let (starts, ends, axes, steps) = match &s.attrs {
+        Some((st, en, ax)) => (st.clone(), en.clone(), ax.clone(), None),
+        None => (get(1)?, get(2)?, match inputs.get(3).copied().flatten() {
+            Some(k) => Some(k.fixed_ints()?),
+            None => None,
+        }, match inputs.get(4).copied().flatten() {
+            Some(k) => Some(k.fixed_ints()?),
+            None => None,
+        }),
+    };
+    let axes = axes.unwrap_or_else(|| (0..starts.len() as i64).collect());
+    let steps = steps.unwrap_or_else(|| vec![1; starts.len()]);
+    if [ends.len(), axes.len(), steps.len()].iter().any(|&n| n != starts.len()) {
         return None;
     }
-    let (starts, ends, steps) = match &s.attrs {
-        Some((st, en, _)) => (st.clone(), en.clone(), vec![1]),
-        None => {
-            let get = |i: usize| inputs.get(i).copied().flatten().and_then(|k| k.fixed_ints());
-            (get(1)?, get(2)?, match inputs.get(4).copied().flatten() {
-                Some(k) => k.fixed_ints()?,
-                None => vec![1],
-            })
-        }
-    };
-    let (start, end, step) = (*starts.first()?, *ends.first()?, *steps.first()?);
-    let idx = crate::infer::slice_indices(data.len() as i64, start, end, step)?;
-    if idx.len() as i64 != *out_shape.first()? {
+    let mut idx: Vec<Vec<i64>> = data.shape.iter().map(|&d| (0..d).collect()).collect();
+    for (((&start, &end), &axis), &step) in starts.iter().zip(&ends).zip(&axes).zip(&steps) {
+        let a = if axis < 0 { axis + rank } else { axis };
+        let a = usize::try_from(a).ok().filter(|&a| a < idx.len())?;
+        idx[a] = crate::infer::slice_indices(data.shape[a], start, end, step)?;
+    }
+    if idx.iter().map(|v| v.len() as i64).ne(out_shape.iter().copied()) {
         return None;
     }
-    let out = match &data.data {
-        KnownData::Ints(v) => KnownData::Ints(idx.iter().map(|&i| v[i as usize]).collect()),
-        KnownData::Floats(v) => KnownData::Floats(idx.iter().map(|&i| v[i as usize]).collect()),
+    Some(Known { dtype: data.dtype, shape: out_shape, data: pick(&data.data, &gather_flat(&data.shape, &idx)) })
+}
+
+/// Transpose of a known tensor (default: the axes reversed).
+fn transpose(x: &Known, perm: Option<&Vec<i64>>, out_shape: Vec<i64>) -> Option<Known> {
+    let rank = x.shape.len();
+    let perm: Vec<usize> = match perm {
+        Some(p) => p.iter().map(|&a| usize::try_from(a).ok().filter(|&a| a < rank)).collect::<Option<_>>()?,
+        None => (0..rank).rev().collect(),
     };
-    Some(Known { dtype: data.dtype, shape: out_shape, data: out })
+    if perm.len() != rank || perm.iter().map(|&a| x.shape[a]).ne(out_shape.iter().copied()) {
+        return None;
+    }
+    // Output axis `i` walks source axis `perm[i]`: its source offset per step is that stride.
+    let st = strides(&x.shape);
+    let mut src = vec![0usize];
+    for &a in &perm {
+        let (stride, extent) = (st[a], x.shape[a].max(0) as usize);
+        src = src.iter().flat_map(|&base| (0..extent).map(move |p| base + p * stride)).collect();
+    }
+    Some(Known { dtype: x.dtype, shape: out_shape, data: pick(&x.data, &src) })
 }
 
 #[cfg(test)]
@@ -443,6 +499,23 @@ mod tests {
 
     fn ints(dtype: DType, v: &[i64]) -> Known {
         Known::ints(dtype, vec![v.len() as i64], v.iter().map(|&x| Dim::Fixed(x)).collect())
+    }
+
+    /// A pads vector reshaped to pairs, reversed along axis 0 and transposed, as PyTorch
+    /// exports `F.pad`'s pads: every step is shape arithmetic known at import.
+    #[test]
+    fn slices_and_transposes_of_known_tensors() {
+        let pairs = Known::ints(DType::I64, vec![3, 2], [0, 1, 2, 3, 4, 5].map(Dim::Fixed).to_vec());
+        let reversed_rows = pipewright_ops::op::Slice { attrs: Some((vec![-1], vec![i64::MIN], Some(vec![0]))) };
+        // Attribute-form slices have step 1: reverse with the input form instead.
+        assert!(slice_nd(&reversed_rows, &[Some(&pairs)], vec![0, 2]).is_some_and(|k| k.is_empty()));
+        let (st, en, ax, step) = (ints(DType::I64, &[-1]), ints(DType::I64, &[i64::MIN]), ints(DType::I64, &[0]), ints(DType::I64, &[-1]));
+        let input_form = pipewright_ops::op::Slice { attrs: None };
+        let rev = slice_nd(&input_form, &[Some(&pairs), Some(&st), Some(&en), Some(&ax), Some(&step)], vec![3, 2]).unwrap();
+        assert_eq!(rev.fixed_ints().unwrap(), [4, 5, 2, 3, 0, 1]);
+        let t = transpose(&rev, Some(&vec![1, 0]), vec![2, 3]).unwrap();
+        assert_eq!(t.fixed_ints().unwrap(), [4, 2, 0, 5, 3, 1]);
+        assert!(transpose(&rev, Some(&vec![1, 0]), vec![3, 2]).is_none(), "a wrong output shape is not evaluated");
     }
 
     #[test]

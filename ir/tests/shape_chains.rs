@@ -91,3 +91,47 @@ fn a_symbolic_axis_that_is_not_the_batch_says_what_to_do() {
     let e = import_bytes(&two.bytes(), Path::new("."), &ImportOptions::default()).unwrap_err().to_string();
     assert!(e.contains("axis 0 is the symbol \"batch\", but it cannot be taken for the batch: every model input must start with the same batch axis"), "{e}");
 }
+
+/// `F.pad` to a multiple of a window (Swin), as the legacy exporter writes it: the pads come
+/// from Mod/Sub over the input's static spatial sizes, joined with zeros, reshaped to
+/// pairs, reversed along axis 0 (Slice with step -1) and transposed into ONNX's order.
+#[test]
+fn pads_computed_from_the_input_shape_are_known() {
+    let zero = common::tensor_i64("zero", &[1], &[0]);
+    let scalar = |name: &str, v: i64| tensor_i64(name, &[], &[v]);
+    let m = ModelBuilder::new(17)
+        .input("x", common::F32, &[Ax::Param("batch"), Ax::Fixed(3), Ax::Fixed(7), Ax::Fixed(7)])
+        .init(scalar("i2", 2))
+        .init(scalar("i3", 3))
+        .init(scalar("win", 4))
+        .init(tensor_i64("axes0", &[1], &[0]))
+        .init(tensor_i64("four", &[1], &[4]))
+        .init(tensor_i64("pairs_shape", &[2], &[-1, 2]))
+        .init(tensor_i64("flat", &[1], &[-1]))
+        .init(tensor_i64("start", &[1], &[-1]))
+        .init(tensor_i64("end", &[1], &[i64::MIN]))
+        .init(tensor_i64("step", &[1], &[-1]))
+        .init(tensor_i64("zero_pad", &[1], &[0]))
+        .node(node("Shape", "s", &["x"], &["s"]))
+        .node(node("Gather", "h", &["s", "i2"], &["h"]).int("axis", 0))
+        .node(node("Gather", "w", &["s", "i3"], &["w"]).int("axis", 0))
+        .node(node("Mod", "hm", &["h", "win"], &["hm"]))
+        .node(node("Sub", "hs", &["win", "hm"], &["hs"]))
+        .node(node("Mod", "ph", &["hs", "win"], &["ph"]))
+        .node(node("Mod", "wm", &["w", "win"], &["wm"]))
+        .node(node("Sub", "ws", &["win", "wm"], &["ws"]))
+        .node(node("Mod", "pw", &["ws", "win"], &["pw"]))
+        .node(node("Unsqueeze", "phu", &["ph", "axes0"], &["phu"]))
+        .node(node("Unsqueeze", "pwu", &["pw", "axes0"], &["pwu"]))
+        .node(node("Concat", "last", &["zero_pad", "pwu", "zero_pad", "phu"], &["last"]).int("axis", 0))
+        .node(node("ConstantOfShape", "zeros", &["four"], &["zeros"]).tensor("value", zero))
+        .node(node("Concat", "full", &["last", "zeros"], &["full"]).int("axis", 0))
+        .node(node("Reshape", "pairs", &["full", "pairs_shape"], &["pairs"]))
+        .node(node("Slice", "rev", &["pairs", "start", "end", "axes0", "step"], &["rev"]))
+        .node(node("Transpose", "tr", &["rev"], &["tr"]).ints("perm", &[1, 0]))
+        .node(node("Reshape", "pads", &["tr", "flat"], &["pads"]))
+        .node(node("Pad", "pad", &["x", "pads"], &["y"]))
+        .output("y");
+    let g = import(&m);
+    assert_eq!(ty(&g, "y"), "f32[N,3,8,8]");
+}
