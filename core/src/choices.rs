@@ -34,6 +34,10 @@ pub struct ImportChoices {
     /// Whether each use of a merged initializer got its own copy (`--untie-merged`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub untied: bool,
+    /// Initializers that were also BatchNorm running statistics (or shared by several
+    /// BatchNorms' statistics): each running-statistic read got its own copy.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub split_buffers: Vec<String>,
 }
 
 /// Up to three items, then how many more.
@@ -47,7 +51,7 @@ fn some_of(items: &[String]) -> String {
 
 impl ImportChoices {
     pub fn is_empty(&self) -> bool {
-        self.frozen_batch_baked.is_empty() && self.trained_batch_baked.is_empty() && self.merged.is_empty()
+        self.frozen_batch_baked.is_empty() && self.trained_batch_baked.is_empty() && self.merged.is_empty() && self.split_buffers.is_empty()
     }
 
     /// One line per kind of choice (none when there is nothing to say).
@@ -68,6 +72,14 @@ impl ImportChoices {
                 if n == 1 { "" } else { "s" },
                 if n == 1 { "s" } else { "" },
                 some_of(&self.trained_batch_baked)
+            ));
+        }
+        if !self.split_buffers.is_empty() {
+            let n = self.split_buffers.len();
+            out.push(format!(
+                "{n} initializer{} the exporter shared between BatchNorm running statistics and weights (or other BatchNorms) got a copy per running statistic, which follows the batches while the weights train: {}",
+                if n == 1 { "" } else { "s" },
+                some_of(&self.split_buffers)
             ));
         }
         if !self.merged.is_empty() {

@@ -92,6 +92,12 @@ pub fn export_onnx(build: &Path, output: &Path) -> Result<Exported, DriverError>
     }
     let mut model = ModelProto::parse_from_bytes(&model_bytes).map_err(|e| DriverError::msg(format!("{}: {e}", model_path.display())))?;
     let graph = model.graph.as_mut().ok_or_else(|| DriverError::msg(format!("{}: no graph", model_path.display())))?;
+    // The import split BatchNorm buffers shared with weights (or other BatchNorms) into
+    // copies, which trained as their own running statistics: the same split of the source
+    // names them alike here.
+    if pipewright_ir::import::merged::split_buffers(graph) != manifest.choices.split_buffers {
+        return Err(DriverError::msg(format!("{}: its BatchNorm buffers are not those {} was compiled with; compile and train it again", model_path.display(), build.display())));
+    }
     // A build compiled with --untie-merged trained one copy per use of each merged
     // initializer: the same rewrite of the source graph names those copies as the import
     // did, so each gets its trained values.

@@ -145,6 +145,30 @@ mod tests {
         NodeProto { name: name.into(), op_type: "Mul".into(), input: inputs.iter().map(|s| s.to_string()).collect(), output: vec![format!("{name}_out")], ..Default::default() }
     }
 
+    fn bn(name: &str, inputs: &[&str]) -> NodeProto {
+        NodeProto { op_type: "BatchNormalization".into(), ..node(name, inputs) }
+    }
+
+    /// A merged tensor of ones that is the scale of two BatchNorms and their running
+    /// variance, and one of zeros for bias and mean: every running-statistic read gets its
+    /// own copy; the scale and bias stay one (tied) weight.
+    #[test]
+    fn shared_batchnorm_buffers_are_split_from_weights_and_each_other() {
+        let mut g = GraphProto {
+            initializer: vec![init("ones", &[1.0; 4]), init("zeros", &[0.0; 4]), init("mean", &[0.5; 4]), init("var", &[2.0; 4])],
+            node: vec![bn("bn1", &["x", "ones", "zeros", "zeros", "ones"]), bn("bn2", &["bn1_out", "ones", "zeros", "zeros", "ones"]), bn("bn3", &["bn2_out", "ones", "zeros", "mean", "var"])],
+            ..Default::default()
+        };
+        assert_eq!(split_buffers(&mut g), ["ones", "zeros"]);
+        let inputs: Vec<Vec<&str>> = g.node.iter().map(|n| n.input.iter().map(String::as_str).collect()).collect();
+        assert_eq!(inputs[0], ["x", "ones", "zeros", "zeros.buffer1", "ones.buffer1"]);
+        assert_eq!(inputs[1], ["bn1_out", "ones", "zeros", "zeros.buffer2", "ones.buffer2"]);
+        // A buffer read once, and by nothing else, stays as it is.
+        assert_eq!(inputs[2], ["bn2_out", "ones", "zeros", "mean", "var"]);
+        assert_eq!(g.initializer.len(), 8);
+        assert!(split_buffers(&mut g).is_empty(), "splitting twice changes nothing");
+    }
+
     #[test]
     fn uniform_multi_use_initializers_are_untied_per_node() {
         let mut g = GraphProto {
@@ -193,6 +217,77 @@ mod tests {
         // Without the data file nothing is taken for a merge (the import names the file).
         assert!(merged_initializers(&g, Path::new("/nonexistent")).is_empty());
     }
+}
+
+/// Whether input `slot` of `node` is a BatchNormalization running statistic (mean,
+/// variance): a buffer the forward updates, not a weight the optimizer trains.
+fn is_bn_buffer(node: &onnx_protobuf::NodeProto, slot: usize) -> bool {
+    node.op_type == "BatchNormalization" && (slot == 3 || slot == 4)
+}
+
+/// The initializers read only as BatchNorm running statistics (after [`split_buffers`],
+/// every one that is a running statistic at all): buffers, not trainable weights.
+pub fn bn_buffers(g: &GraphProto) -> HashSet<String> {
+    let mut buffer: HashSet<String> = HashSet::new();
+    let mut other: HashSet<&str> = HashSet::new();
+    for n in &g.node {
+        for (slot, input) in n.input.iter().enumerate() {
+            if is_bn_buffer(n, slot) {
+                buffer.insert(input.clone());
+            } else {
+                other.insert(input);
+            }
+        }
+    }
+    buffer.retain(|name| !other.contains(name.as_str()));
+    buffer
+}
+
+/// Gives every BatchNormalization running statistic its own initializer where the source
+/// shares one: an exporter that merges identical initializers makes one tensor of ones the
+/// scale of every BatchNorm and its running variance too, and one of zeros their bias and
+/// running mean. A weight and a buffer must not be one value (the weight trains, the buffer
+/// follows the batches), nor may two BatchNorms update one buffer. Each running-statistic
+/// read of an initializer that is read anywhere else gets a copy, `NAME.bufferK` (K from 1,
+/// in node order; a further `.buffer` where that name is taken). Returns the names split.
+/// The importer and `export` call it on the same source graph, so the copies have the
+/// same names in the build and in the exported model.
+pub fn split_buffers(g: &mut GraphProto) -> Vec<String> {
+    let mut reads: HashMap<String, (Vec<(usize, usize)>, usize)> = HashMap::new();
+    for (i, n) in g.node.iter().enumerate() {
+        for (slot, input) in n.input.iter().enumerate().filter(|(_, input)| !input.is_empty()) {
+            let entry = reads.entry(input.clone()).or_default();
+            if is_bn_buffer(n, slot) {
+                entry.0.push((i, slot));
+            } else {
+                entry.1 += 1;
+            }
+        }
+    }
+    let mut taken: HashSet<String> = g.initializer.iter().map(|t| t.name.clone()).chain(g.input.iter().map(|i| i.name.clone())).collect();
+    taken.extend(g.node.iter().flat_map(|n| n.output.iter().cloned()));
+    let mut copies = Vec::new();
+    let mut split = Vec::new();
+    for t in &g.initializer {
+        let Some((buffers, others)) = reads.get(&t.name) else { continue };
+        if buffers.is_empty() || buffers.len() + others < 2 {
+            continue;
+        }
+        for (k, &(node, slot)) in buffers.iter().enumerate() {
+            let mut name = format!("{}.buffer{}", t.name, k + 1);
+            while taken.contains(&name) {
+                name.push_str(".buffer");
+            }
+            taken.insert(name.clone());
+            g.node[node].input[slot] = name.clone();
+            let mut copy = t.clone();
+            copy.name = name;
+            copies.push(copy);
+        }
+        split.push(t.name.clone());
+    }
+    g.initializer.extend(copies);
+    split
 }
 
 /// `--train-batch-baked NAME`: the initializer `name`, baked for the export batch `b0`

@@ -212,7 +212,9 @@ impl<'a> Importer<'a> {
             }
         }
         // Merged initializers are found (and untied on request) before anything reads the
-        // initializers, so the copies import like any other weight.
+        // initializers, so the copies import like any other weight; BatchNorm buffers
+        // shared with weights or other BatchNorms are split first, whatever is asked.
+        self.graph.choices.split_buffers = merged::split_buffers(&mut g);
         let merged = if self.opts.untie_merged { merged::untie_merged(&mut g, self.dir) } else { merged::merged_initializers(&g, self.dir) };
         self.graph.choices.untied = self.opts.untie_merged && !merged.is_empty();
         self.graph.choices.merged = merged;
@@ -228,13 +230,15 @@ impl<'a> Importer<'a> {
             let dims = g.initializer.iter().find(|t| &t.name == name).map(|t| t.dims.clone()).unwrap_or_default();
             self.graph.choices.trained_batch_baked.push(format!("{name} {dims:?}"));
         }
+        // BatchNorm running statistics follow the batches; the optimizer never trains them.
+        let buffers = merged::bn_buffers(&g);
         for t in std::mem::take(&mut g.initializer) {
             let name = t.name.clone();
             let data = match self.opts.shapes_only.then(|| tensor::external_shape_only(&t)).flatten() {
                 Some(shape_only) => shape_only?,
                 None => tensor::tensor_from_proto(t, self.dir)?,
             };
-            let trainable = data.dtype.is_float() && !data.dims.is_empty() && !self.is_batch_baked(&name, &data);
+            let trainable = data.dtype.is_float() && !data.dims.is_empty() && !buffers.contains(&name) && !self.is_batch_baked(&name, &data);
             self.define(name, TensorType::new(data.dtype, Shape::fixed(&data.dims)), ValueDef::Weight(Weight { data, trainable }));
         }
         for idx in topo_sort(&g.node, &self.names)? {
