@@ -9,7 +9,9 @@ mod common;
 use std::path::Path;
 use std::process::Output;
 
-use common::{assert_clean_error, fails, inspect, model, ok, pw, root};
+use common::{assert_clean_error, fails, inspect, model, ok, pw};
+#[cfg(feature = "torch")]
+use common::root;
 use pipewright_runtime::build::{Manifest, StageEntry, TensorEntry};
 
 fn compile(model: &Path, d: usize, out: &Path, extra: &[&str]) -> Output {

@@ -7,7 +7,7 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use common::{model, root, try_pw};
 
@@ -118,7 +118,7 @@ use pipewright_core::Storage;
 fn exports_as_people_make_them() {
     use std::collections::BTreeMap;
     let dir = root().join("tests/exports");
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).filter(|p| p.extension().is_some_and(|e| e == "onnx")).collect();
+    let mut files: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).filter(|p| p.extension().is_some_and(|e| e == "onnx")).collect();
     files.sort();
     assert!(files.len() >= 24, "the export corpus is missing: {} files in {}", files.len(), dir.display());
     let mut failures = Vec::new();

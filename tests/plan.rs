@@ -4,7 +4,9 @@
 
 mod common;
 
-use common::{command, fails, model, pw, pw_ok, root};
+use common::{command, model, root};
+#[cfg(feature = "torch")]
+use common::{fails, pw, pw_ok};
 
 /// `pipewright plan MODEL ARGS` for the shared model `name`: whether it succeeded, its
 /// stdout and its stderr.
