@@ -6,7 +6,7 @@ mod common;
 
 use std::path::Path;
 
-use common::*;
+use common::{assert_clean_error, corpus, inspect, model, node, ok, pw_ok, tensor_external, tensor_f32, tensor_f32_zeros, ModelBuilder, NodeExt};
 
 /// A valid two-node model: `y = Relu(x + b)` with `x: f32[2,4]`.
 fn tiny_model() -> ModelBuilder {
@@ -89,7 +89,7 @@ fn empty_file() {
 #[test]
 fn truncated_model() {
     let dir = tempfile::tempdir().unwrap();
-    let full = std::fs::read(corpus().join("models/mlp.onnx")).expect("mlp.onnx in the corpus");
+    let full = std::fs::read(model("mlp")).expect("mlp.onnx in the corpus");
     let path = dir.path().join("mlp-half.onnx");
     std::fs::write(&path, &full[..full.len() / 2]).unwrap();
     let out = inspect(&path, &[]);
@@ -351,13 +351,9 @@ fn shape_error_names_the_node() {
 /// `bench-step` counts the parameters as `inspect` does (values, not weight tensors).
 #[test]
 fn bench_step_counts_parameters_as_inspect_does() {
-    let models = corpus().join("models");
-    let (model, inputs) = (models.join("mlp.onnx"), models.join("mlp.inputs"));
-    let out = pipewright(&["bench-step".as_ref(), model.as_os_str(), "--inputs".as_ref(), inputs.as_os_str(), "--steps".as_ref(), "1".as_ref()]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let bench = String::from_utf8_lossy(&out.stdout).into_owned();
-    let out = inspect(&model, &[]);
-    let summary = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (model, inputs) = (model("mlp"), corpus().join("models/mlp.inputs"));
+    let bench = pw_ok(["bench-step".as_ref(), model.as_os_str(), "--inputs".as_ref(), inputs.as_os_str(), "--steps".as_ref(), "1".as_ref()]);
+    let summary = ok(&inspect(&model, &[]));
     let count = summary.lines().find_map(|l| l.strip_prefix("parameters:")).and_then(|r| r.split_whitespace().next()).expect("a parameter count");
     assert!(bench.contains(&format!("mlp: {count} parameters in 8 weight tensors")), "{bench}\n{summary}");
 }

@@ -6,22 +6,19 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Output;
 
-use common::*;
+use common::{assert_clean_error, fails, inspect, model, ok, pw};
+#[cfg(feature = "torch")]
+use common::root;
 use pipewright_runtime::build::{Manifest, StageEntry, TensorEntry};
-
-fn models() -> PathBuf {
-    corpus().join("models")
-}
 
 fn compile(model: &Path, d: usize, out: &Path, extra: &[&str]) -> Output {
     let mut args: Vec<std::ffi::OsString> =
         vec!["compile".into(), model.into(), "--stages".into(), d.to_string().into(), "-o".into(), out.into()];
     args.extend(extra.iter().map(|s| s.into()));
-    let refs: Vec<&std::ffi::OsStr> = args.iter().map(|a| a.as_os_str()).collect();
-    pipewright(&refs)
+    pw(&args)
 }
 
 fn compile_ok(model: &Path, d: usize, out: &Path) -> Manifest {
@@ -153,7 +150,7 @@ mod run {
 
 #[cfg(feature = "torch")]
 fn modules_match(name: &str, depths: &[usize]) {
-    modules_match_at(&models().join(format!("{name}.onnx")), name, depths);
+    modules_match_at(&model(name), name, depths);
 }
 
 #[cfg(feature = "torch")]
@@ -204,7 +201,7 @@ mod stages_reproduce_the_model {
     /// encoder's output read by every decoder layer, deduplicated initializers.
     #[test]
     fn t5_tiny() {
-        let model = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/t5-tiny.onnx");
+        let model = super::root().join("tests/data/t5-tiny.onnx");
         super::modules_match_at(&model, "t5-tiny", &[1, 2, 3, 4]);
     }
 }
@@ -214,7 +211,7 @@ mod stage_onnx_chains {
     use super::*;
 
     fn chain(name: &str, d: usize) {
-        let model = models().join(format!("{name}.onnx"));
+        let model = model(name);
         let dir = tempfile::tempdir().unwrap();
         let o = compile(&model, d, dir.path(), &["--stage-onnx"]);
         assert!(o.status.success(), "compile {} d={d}: {}", model.display(), String::from_utf8_lossy(&o.stderr));
@@ -253,7 +250,7 @@ mod stage_onnx_chains {
 #[test]
 fn manifest_connects_stages() {
     let dir = tempfile::tempdir().unwrap();
-    let m = compile_ok(&models().join("resnet18.onnx"), 4, dir.path());
+    let m = compile_ok(&model("resnet18"), 4, dir.path());
     let stages: &[StageEntry] = &m.stages;
     assert_eq!((m.pipeline.schedule.name(), m.pipeline.recompute.name()), ("2bw", "none"));
     // `--stages` alone decides no microbatch, microbatch count or width.
@@ -273,17 +270,13 @@ fn manifest_connects_stages() {
     }
 }
 
-fn inspect_module(path: &Path) -> Output {
-    pipewright(&[std::ffi::OsStr::new("inspect"), path.as_os_str()])
-}
-
 #[test]
 fn inspect_prints_a_module() {
     let dir = tempfile::tempdir().unwrap();
-    let o = compile(&models().join("mlp.onnx"), 2, dir.path(), &["--schedule", "flush", "--recompute", "full"]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let out = inspect_module(&dir.path().join("stage1.pwm"));
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let o = compile(&model("mlp"), 2, dir.path(), &["--schedule", "flush", "--recompute", "full"]);
+    ok(&o);
+    let out = inspect(&dir.path().join("stage1.pwm"), &[]);
+    ok(&out);
     let text = String::from_utf8_lossy(&out.stdout);
     let version = format!("version:      {}", pipewright_runtime::module::FORMAT_VERSION);
     for needle in ["stage module: stage 1 of 2", "schedule:     flush", "recompute:    full", &version, "checksum:", "f32[N,", "Gemm[", "# "] {
@@ -294,8 +287,8 @@ fn inspect_prints_a_module() {
 #[test]
 fn corrupt_modules_fail_in_one_line() {
     let dir = tempfile::tempdir().unwrap();
-    let o = compile(&models().join("mlp.onnx"), 2, dir.path(), &[]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = compile(&model("mlp"), 2, dir.path(), &[]);
+    ok(&o);
     let good = std::fs::read(dir.path().join("stage1.pwm")).unwrap();
     let cases: Vec<(&str, Vec<u8>, &str)> = vec![
         ("flipped.pwm", { let mut b = good.clone(); let i = b.len() / 2; b[i] ^= 0x40; b }, "checksum mismatch"),
@@ -308,30 +301,19 @@ fn corrupt_modules_fail_in_one_line() {
     for (name, bytes, needle) in cases {
         let path = dir.path().join(name);
         std::fs::write(&path, bytes).unwrap();
-        let out = inspect_module(&path);
-        assert!(!out.status.success(), "{name}: succeeded");
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(err.trim_end().lines().count(), 1, "{name}: {err}");
-        assert!(err.starts_with("error: "), "{name}: {err}");
-        assert!(err.contains(name) && err.contains(needle), "{name}: {err}");
-        assert!(!err.contains("panicked"), "{name}: {err}");
+        assert_clean_error(&inspect(&path, &[]), &path, &[needle]);
     }
 }
 
 #[test]
 fn bad_arguments_fail_in_one_line() {
     let dir = tempfile::tempdir().unwrap();
-    let o = compile(&models().join("mlp.onnx"), 2, dir.path(), &["--schedule", "zigzag"]);
-    assert!(!o.status.success());
-    let err = String::from_utf8_lossy(&o.stderr);
+    let o = compile(&model("mlp"), 2, dir.path(), &["--schedule", "zigzag"]);
+    let err = fails(&o, &["error: invalid value 'zigzag' for '--schedule <SCHEDULE>' [possible values: 2bw, flush, gpipe]"]);
     assert_eq!(err.trim_end().lines().count(), 1, "{err}");
-    assert!(err.contains("zigzag"), "{err}");
     let missing = dir.path().join("absent.onnx");
     let o = compile(&missing, 2, &dir.path().join("b"), &[]);
-    assert!(!o.status.success());
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
-    assert!(err.contains("absent.onnx"), "{err}");
+    assert_clean_error(&o, &missing, &["pass import failed", "cannot read the file", "No such file"]);
 }
 
 /// `--executables`: `stageK` is this binary with the module appended; run without
@@ -339,11 +321,11 @@ fn bad_arguments_fail_in_one_line() {
 #[test]
 fn executables_carry_their_module() {
     let dir = tempfile::tempdir().unwrap();
-    let o = compile(&models().join("mlp.onnx"), 2, dir.path(), &["--executables"]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = compile(&model("mlp"), 2, dir.path(), &["--executables"]);
+    ok(&o);
     let exe = dir.path().join("stage1");
     let out = std::process::Command::new(&exe).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    ok(&out);
     assert!(String::from_utf8_lossy(&out.stdout).contains("stage module: stage 1 of 2"));
 }
 
@@ -351,12 +333,12 @@ fn executables_carry_their_module() {
 /// `--recompute MODE` and microbatch 8.
 fn inspected_stages(name: &str, d: usize, mode: &str) -> Vec<String> {
     let dir = tempfile::tempdir().unwrap();
-    let o = compile(&models().join(format!("{name}.onnx")), d, dir.path(), &["--recompute", mode, "--microbatch", "8"]);
+    let o = compile(&model(name), d, dir.path(), &["--recompute", mode, "--microbatch", "8"]);
     assert!(o.status.success(), "compile {name} d={d}: {}", String::from_utf8_lossy(&o.stderr));
     (0..d)
         .map(|k| {
-            let out = inspect_module(&dir.path().join(format!("stage{k}.pwm")));
-            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+            let out = inspect(&dir.path().join(format!("stage{k}.pwm")), &[]);
+            ok(&out);
             String::from_utf8(out.stdout).unwrap()
         })
         .collect()
@@ -383,8 +365,8 @@ fn recompute_segments_follow_the_mode() {
     let dir = tempfile::tempdir().unwrap();
     for mode in ["full", "none", "selective"] {
         let build = dir.path().join(mode);
-        let o = compile(&models().join("gpt2-tiny.onnx"), 2, &build, &["--recompute", mode, "--microbatch", "8"]);
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let o = compile(&model("gpt2-tiny"), 2, &build, &["--recompute", mode, "--microbatch", "8"]);
+        ok(&o);
         for k in 0..2 {
             let m = pipewright_runtime::module::read_module(build.join(format!("stage{k}.pwm"))).unwrap();
             let p = &m.program;
@@ -468,7 +450,7 @@ use pipewright_core::Storage;
 #[test]
 fn timings_add_up_and_modules_inspect_as_json() {
     let dir = tempfile::tempdir().unwrap();
-    let out = compile(&models().join("mlp.onnx"), 2, dir.path(), &["--timings", "--stage-onnx"]);
+    let out = compile(&model("mlp"), 2, dir.path(), &["--timings", "--stage-onnx"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
     let ms = |l: &str| -> f64 { l.split(" ms").next().and_then(|x| x.split_whitespace().last()).and_then(|x| x.parse().ok()).unwrap_or_else(|| panic!("{l}")) };
@@ -482,12 +464,12 @@ fn timings_add_up_and_modules_inspect_as_json() {
     assert!((sum - ms(total)).abs() <= 0.001 * parts.len() as f64, "lines sum to {sum}, total says {}: {err}", ms(total));
 
     let module = dir.path().join("stage0.pwm");
-    let out = pipewright(&["inspect".as_ref(), module.as_os_str(), "--json".as_ref()]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = inspect(&module, &["--json"]);
+    ok(&out);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("inspect stage.pwm --json prints JSON");
     assert_eq!((v["stage"].as_u64(), v["depth"].as_u64()), (Some(0), Some(2)));
     assert_eq!(v["inputs"][0]["name"].as_str(), Some("input"));
-    let text = String::from_utf8_lossy(&pipewright(&["inspect".as_ref(), module.as_os_str()]).stdout).to_string();
+    let text = String::from_utf8_lossy(&inspect(&module, &[]).stdout).to_string();
     let params = v["trainable_parameters"].as_u64().expect("trainable_parameters");
     assert!(params > 0 && text.contains(&format!("{params} trainable parameters")), "{params} vs {text}");
     assert_eq!(v["instructions"].as_array().map(|a| a.len()), text.lines().find_map(|l| l.strip_prefix("instructions (")?.strip_suffix("):")?.parse().ok()));

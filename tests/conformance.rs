@@ -2,18 +2,11 @@
 //! outputs from the onnx package's generators) and onnxruntime's outputs for the shared
 //! models.
 
+mod common;
+
 use std::path::PathBuf;
-use std::process::Command;
 
-fn corpus() -> PathBuf {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/corpus");
-    assert!(p.is_dir(), "the shared corpus is missing: expected it at {}", p.display());
-    p
-}
-
-fn pipewright(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_pipewright")).args(args).output().expect("runs pipewright")
-}
+use common::{corpus, model, pw, root};
 
 /// `(passed, failed, skipped)` from the runner's closing line.
 fn counts(stderr: &str) -> (usize, usize, usize) {
@@ -24,9 +17,9 @@ fn counts(stderr: &str) -> (usize, usize, usize) {
 
 #[test]
 fn backend_node_tests_of_supported_ops_pass() {
-    let report = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/conformance-node.md");
+    let report = root().join("target/conformance-node.md");
     let suite = corpus().join("onnx-backend/node");
-    let out = pipewright(&["conformance", suite.to_str().unwrap(), "--report", report.to_str().unwrap()]);
+    let out = pw(&["conformance", suite.to_str().unwrap(), "--report", report.to_str().unwrap()]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     let (passed, failed, skipped) = counts(&stderr);
@@ -44,7 +37,7 @@ fn nine_in_ten_of_all_backend_tests_pass() {
     let suites: Vec<String> = ["node", "pytorch-converted", "pytorch-operator", "simple", "light"].iter().map(|s| root.join(s).to_string_lossy().into_owned()).collect();
     let mut args = vec!["conformance"];
     args.extend(suites.iter().map(String::as_str));
-    let out = pipewright(&args);
+    let out = pw(&args);
     let stderr = String::from_utf8_lossy(&out.stderr);
     let (passed, failed, skipped) = counts(&stderr);
     assert_eq!(passed + failed + skipped, 2007, "{stderr}");
@@ -56,7 +49,7 @@ fn nine_in_ten_of_all_backend_tests_pass() {
 fn other_backend_suites_pass() {
     let root = corpus().join("onnx-backend");
     for suite in ["pytorch-converted", "pytorch-operator", "simple"] {
-        let out = pipewright(&["conformance", root.join(suite).to_str().unwrap()]);
+        let out = pw(&["conformance", root.join(suite).to_str().unwrap()]);
         let stderr = String::from_utf8_lossy(&out.stderr);
         let (passed, failed, _) = counts(&stderr);
         assert_eq!(failed, 0, "{suite}: {}", String::from_utf8_lossy(&out.stdout));
@@ -74,7 +67,7 @@ fn bitcast_matches_the_backend_suite() {
     cases.sort();
     assert_eq!(cases.len(), 10, "the suite's bitcast tests: {cases:?}");
     for case in cases {
-        let out = pipewright(&["run-forward", case.join("model.onnx").to_str().unwrap(), "--inputs", case.join("test_data_set_0").to_str().unwrap()]);
+        let out = pw(&["run-forward", case.join("model.onnx").to_str().unwrap(), "--inputs", case.join("test_data_set_0").to_str().unwrap()]);
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(out.status.success() && stdout.contains("match: all 1 compared output(s)"), "{}: {stdout}{}", case.display(), String::from_utf8_lossy(&out.stderr));
     }
@@ -99,10 +92,10 @@ fn shared_models_run_at_another_microbatch() {
 fn check_forward(name: &str, tile: usize) {
     let models = corpus().join("models");
     {
-        let model = models.join(format!("{name}.onnx"));
+        let model = model(name);
         let inputs = models.join(format!("{name}.inputs"));
         let tile = tile.to_string();
-        let out = pipewright(&["run-forward", model.to_str().unwrap(), "--inputs", inputs.to_str().unwrap(), "--tile-batch", &tile]);
+        let out = pw(&["run-forward", model.to_str().unwrap(), "--inputs", inputs.to_str().unwrap(), "--tile-batch", &tile]);
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(out.status.success(), "{name}: {}", String::from_utf8_lossy(&out.stderr));
         let rel: f64 = stdout
@@ -123,10 +116,10 @@ fn check_forward(name: &str, tile: usize) {
 fn run_forward_gives_a_verdict_and_saves_outputs() {
     use onnx_protobuf::{Message, TensorProto};
     let models = corpus().join("models");
-    let model = models.join("mlp.onnx");
+    let model = model("mlp");
     let dir = tempfile::tempdir().expect("temp dir");
     let saved = dir.path().join("out.npz");
-    let out = pipewright(&["run-forward", model.to_str().unwrap(), "--inputs", models.join("mlp.inputs").to_str().unwrap(), "--save", saved.to_str().unwrap()]);
+    let out = pw(&["run-forward", model.to_str().unwrap(), "--inputs", models.join("mlp.inputs").to_str().unwrap(), "--save", saved.to_str().unwrap()]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
     assert!(stdout.lines().any(|l| l.starts_with("match: all 1 compared output(s)")), "{stdout}");
@@ -149,13 +142,13 @@ fn run_forward_gives_a_verdict_and_saves_outputs() {
     let first = f32::from_le_bytes([want.raw_data[0], want.raw_data[1], want.raw_data[2], want.raw_data[3]]) + 1.0;
     want.raw_data[..4].copy_from_slice(&first.to_le_bytes());
     std::fs::write(inputs.join("output_0.pb"), want.write_to_bytes().unwrap()).unwrap();
-    let out = pipewright(&["run-forward", model.to_str().unwrap(), "--inputs", inputs.to_str().unwrap()]);
+    let out = pw(&["run-forward", model.to_str().unwrap(), "--inputs", inputs.to_str().unwrap()]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stdout}{stderr}");
     assert!(stdout.contains("MISMATCH: output 0 \"linear_3\": 1 of 80 elements differ") && stdout.contains("output_0.pb"), "{stdout}");
     assert!(stderr.contains("differ"), "{stderr}");
     // Loosened past the difference, it matches.
-    let out = pipewright(&["run-forward", model.to_str().unwrap(), "--inputs", inputs.to_str().unwrap(), "--atol", "1.5"]);
+    let out = pw(&["run-forward", model.to_str().unwrap(), "--inputs", inputs.to_str().unwrap(), "--atol", "1.5"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
 }

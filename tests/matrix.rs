@@ -7,21 +7,11 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 
-use common::corpus;
+use common::{model, root, try_pw};
 
 const SCHEDULES: [&str; 3] = ["2bw", "flush", "gpipe"];
-
-fn pw(args: &[&str]) -> Result<String, String> {
-    let out = Command::new(env!("CARGO_BIN_EXE_pipewright")).args(args).env("RUST_BACKTRACE", "1").output().expect("runs pipewright");
-    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned());
-    if stderr.contains("panicked") {
-        return Err(format!("panicked:\n{stderr}"));
-    }
-    if out.status.success() { Ok(stdout) } else { Err(stderr) }
-}
 
 /// The first graph output the compiled pipeline produces.
 fn output_name(build: &Path) -> String {
@@ -46,13 +36,13 @@ fn every_depth_and_schedule(model: &Path) {
         for schedule in SCHEDULES {
             let what = format!("{model} d={d} {schedule}");
             let build = dir.path().join(format!("d{d}-{schedule}"));
-            if let Err(e) = pw(&["compile", model, "--stages", &d.to_string(), "--schedule", schedule, "-o", build.to_str().unwrap()]) {
+            if let Err(e) = try_pw(&["compile", model, "--stages", &d.to_string(), "--schedule", schedule, "-o", build.to_str().unwrap()]) {
                 failures.push(format!("{what}: compile: {e}"));
                 continue;
             }
             let output = output_name(&build);
             let args = ["train", build.to_str().unwrap(), "--output", &output, "--steps", "2", "--microbatch", "1", "--no-progress", "--timeout", "120"];
-            match pw(&args) {
+            match try_pw(&args) {
                 Ok(out) => {
                     let (a, b) = losses(&out);
                     if !(a.is_finite() && b.is_finite()) {
@@ -66,45 +56,39 @@ fn every_depth_and_schedule(model: &Path) {
     assert!(failures.is_empty(), "{} of 12 runs failed:\n{}", failures.len(), failures.join("\n"));
 }
 
-fn shared(name: &str) -> PathBuf {
-    let p = corpus().join("models").join(format!("{name}.onnx"));
-    assert!(p.is_file(), "the shared corpus is missing: expected {}", p.display());
-    p
-}
-
 #[test]
 fn mlp() {
-    every_depth_and_schedule(&shared("mlp"));
+    every_depth_and_schedule(&model("mlp"));
 }
 
 #[test]
 fn gpt2_tiny() {
-    every_depth_and_schedule(&shared("gpt2-tiny"));
+    every_depth_and_schedule(&model("gpt2-tiny"));
 }
 
 #[test]
 fn bert_tiny() {
-    every_depth_and_schedule(&shared("bert-tiny"));
+    every_depth_and_schedule(&model("bert-tiny"));
 }
 
 #[test]
 fn vit_tiny() {
-    every_depth_and_schedule(&shared("vit-tiny"));
+    every_depth_and_schedule(&model("vit-tiny"));
 }
 
 #[test]
 fn mobilenet_v2() {
-    every_depth_and_schedule(&shared("mobilenet_v2"));
+    every_depth_and_schedule(&model("mobilenet_v2"));
 }
 
 #[test]
 fn resnet18() {
-    every_depth_and_schedule(&shared("resnet18"));
+    every_depth_and_schedule(&model("resnet18"));
 }
 
 #[test]
 fn t5_tiny_encoder_decoder() {
-    every_depth_and_schedule(&PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/t5-tiny.onnx"));
+    every_depth_and_schedule(&root().join("tests/data/t5-tiny.onnx"));
 }
 
 /// Models generated here (`pipewright-synth`), which nothing was tuned on: a GPT with its
@@ -133,8 +117,8 @@ use pipewright_core::Storage;
 #[test]
 fn exports_as_people_make_them() {
     use std::collections::BTreeMap;
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/exports");
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).filter(|p| p.extension().is_some_and(|e| e == "onnx")).collect();
+    let dir = root().join("tests/exports");
+    let mut files: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).filter(|p| p.extension().is_some_and(|e| e == "onnx")).collect();
     files.sort();
     assert!(files.len() >= 24, "the export corpus is missing: {} files in {}", files.len(), dir.display());
     let mut failures = Vec::new();
@@ -163,11 +147,11 @@ fn exports_as_people_make_them() {
         for d in [1usize, 2, 4] {
             let build = work.path().join(format!("{stem}-d{d}"));
             let what = format!("{stem} d={d}");
-            if let Err(e) = pw(&["compile", file.to_str().unwrap(), "--stages", &d.to_string(), "-o", build.to_str().unwrap()]) {
+            if let Err(e) = try_pw(&["compile", file.to_str().unwrap(), "--stages", &d.to_string(), "-o", build.to_str().unwrap()]) {
                 failures.push(format!("{what}: compile: {}", e.lines().last().unwrap_or("")));
                 continue;
             }
-            match pw(&["train", build.to_str().unwrap(), "--steps", "2", "--microbatch", "2", "--no-progress", "--timeout", "120"]) {
+            match try_pw(&["train", build.to_str().unwrap(), "--steps", "2", "--microbatch", "2", "--no-progress", "--timeout", "120"]) {
                 Ok(out) => by_model.entry(model.clone()).or_default().entry(d).or_default().push((stem.clone(), losses(&out))),
                 Err(e) => failures.push(format!("{what}: train: {}", e.lines().last().unwrap_or(""))),
             }

@@ -4,22 +4,16 @@
 //! runtime's peak live bytes match the planner's memory prediction.
 #![cfg(feature = "torch")]
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+mod common;
+
+use std::path::Path;
 
 use pipewright_runtime::module::{read_module, StageModule};
 use pipewright_core::{Loss, Schedule};
 use pipewright_runtime::pipeline::{train, Microbatch, Objective, OptimizerConfig, TrainConfig, TrainReport};
 use tch::{Kind, Tensor};
 
-fn model(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/corpus/models").join(format!("{name}.onnx"))
-}
-
-fn pw(args: &[&str]) {
-    let out = Command::new(env!("CARGO_BIN_EXE_pipewright")).args(args).output().expect("runs pipewright");
-    assert!(out.status.success(), "pipewright {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-}
+use common::{model, pw_ok};
 
 fn load(dir: &Path) -> Vec<StageModule> {
     let mut mods = Vec::new();
@@ -35,7 +29,7 @@ fn load(dir: &Path) -> Vec<StageModule> {
 
 fn compile(name: &str, d: usize, schedule: &str, recompute: &str, dir: &Path) -> Vec<StageModule> {
     let m = model(name);
-    pw(&["compile", m.to_str().unwrap(), "--stages", &d.to_string(), "--schedule", schedule, "--recompute", recompute, "-o", dir.to_str().unwrap()]);
+    pw_ok(["compile", m.to_str().unwrap(), "--stages", &d.to_string(), "--schedule", schedule, "--recompute", recompute, "-o", dir.to_str().unwrap()]);
     load(dir)
 }
 
@@ -137,17 +131,16 @@ fn peak_memory_matches_the_planner_prediction() {
     for recompute in ["none", "full"] {
         let tmp = tempfile::tempdir().expect("temp dir");
         let plan_file = tmp.path().join("plan.json");
-        let out = Command::new(env!("CARGO_BIN_EXE_pipewright"))
-            .args(["plan", m.to_str().unwrap(), "--stages", "2", "--workers", "2", "--microbatch", &b.to_string(), "--batch", &(b * mb as i64).to_string()])
-            .args(["--schedule", "2bw", "--recompute", recompute, "--optimizer", "sgd", "--json"])
-            .output()
-            .expect("runs pipewright");
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        std::fs::write(&plan_file, &out.stdout).unwrap();
+        let (b_arg, batch_arg) = (b.to_string(), (b * mb as i64).to_string());
+        let json = pw_ok([
+            "plan", m.to_str().unwrap(), "--stages", "2", "--workers", "2", "--microbatch", &b_arg, "--batch", &batch_arg, "--schedule", "2bw",
+            "--recompute", recompute, "--optimizer", "sgd", "--json",
+        ]);
+        std::fs::write(&plan_file, json).unwrap();
         let plan = pipewright_passes::plan_file::PlanFile::read(&plan_file).unwrap();
         let predicted = plan.plan.chosen.peak_memory_per_stage.clone();
         let build = tmp.path().join("build");
-        pw(&["compile", m.to_str().unwrap(), "--plan", plan_file.to_str().unwrap(), "-o", build.to_str().unwrap()]);
+        pw_ok(["compile", m.to_str().unwrap(), "--plan", plan_file.to_str().unwrap(), "-o", build.to_str().unwrap()]);
         let mut cfg = TrainConfig::new(Schedule::TwoBw, Objective::new(Loss::CrossEntropy, "linear"), 0.05, data.len());
         cfg.optimizer = OptimizerConfig::sgd();
         let r = train(load(&build), &cfg, feed(name, &data), &mut |_| {}).unwrap();

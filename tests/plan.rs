@@ -2,21 +2,16 @@
 //! (insta snapshots of the candidates table and the chosen partition), plus the
 //! partition pass as `--print-after partition` and the planner's bad-input errors.
 
-use std::path::PathBuf;
-use std::process::Command;
+mod common;
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
+use common::{command, model, root};
+#[cfg(feature = "torch")]
+use common::{fails, pw, pw_ok};
 
-fn model(name: &str) -> String {
-    let p = root().join("../shared/corpus/models").join(format!("{name}.onnx"));
-    assert!(p.is_file(), "the shared corpus is missing: {}", p.display());
-    p.to_string_lossy().into_owned()
-}
-
-fn plan(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_pipewright")).arg("plan").args(args).output().expect("runs pipewright");
+/// `pipewright plan MODEL ARGS` for the shared model `name`: whether it succeeded, its
+/// stdout and its stderr.
+fn plan(name: &str, args: &[&str]) -> (bool, String, String) {
+    let out = command().arg("plan").arg(model(name)).args(args).output().expect("runs pipewright");
     (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
 }
 
@@ -26,7 +21,7 @@ const MODELS: [&str; 6] = ["mlp", "gpt2-tiny", "bert-tiny", "vit-tiny", "mobilen
 #[test]
 fn plans_on_one_eight_gpu_server() {
     for name in MODELS {
-        let (ok, out, err) = plan(&[&model(name), "--workers", "8", "--memory", "16GiB", "--batch", "512", "--top", "5"]);
+        let (ok, out, err) = plan(name, &["--workers", "8", "--memory", "16GiB", "--batch", "512", "--top", "5"]);
         assert!(ok, "{name}: {err}");
         insta::assert_snapshot!(format!("server8_{name}"), out);
     }
@@ -37,7 +32,7 @@ fn plans_on_one_eight_gpu_server() {
 fn plans_with_four_stages_on_a_small_cluster() {
     let cluster = root().join("tests/data/cluster-small.toml");
     for name in MODELS {
-        let (ok, out, err) = plan(&[&model(name), "--cluster", cluster.to_str().unwrap(), "--stages", "4", "--batch", "64", "--top", "5"]);
+        let (ok, out, err) = plan(name, &["--cluster", cluster.to_str().unwrap(), "--stages", "4", "--batch", "64", "--top", "5"]);
         assert!(ok, "{name}: {err}");
         insta::assert_snapshot!(format!("small4_{name}"), out);
     }
@@ -47,8 +42,7 @@ fn plans_with_four_stages_on_a_small_cluster() {
 #[test]
 fn plans_two_servers_2bw_tight_memory() {
     for name in MODELS {
-        let (ok, out, err) = plan(&[
-            &model(name), "--workers", "8", "--workers-per-node", "4", "--memory", "512MiB", "--inter-bw", "10Gbit/s",
+        let (ok, out, err) = plan(name, &["--workers", "8", "--workers-per-node", "4", "--memory", "512MiB", "--inter-bw", "10Gbit/s",
             "--schedule", "2bw", "--batch", "256", "--top", "5",
         ]);
         assert!(ok, "{name}: {err}");
@@ -58,7 +52,7 @@ fn plans_two_servers_2bw_tight_memory() {
 
 #[test]
 fn print_after_partition_marks_every_node_with_its_stage() {
-    let (ok, out, err) = plan(&[&model("resnet18"), "--stages", "2", "--batch", "64", "--print-after", "partition"]);
+    let (ok, out, err) = plan("resnet18", &["--stages", "2", "--batch", "64", "--print-after", "partition"]);
     assert!(ok, "{err}");
     let nodes: Vec<&str> = out.lines().filter(|l| l.contains(" # n")).collect();
     assert!(nodes.iter().all(|l| l.contains(" stage=")), "a node without a stage");
@@ -70,16 +64,13 @@ fn print_after_partition_marks_every_node_with_its_stage() {
 #[test]
 fn bad_planner_input_is_one_clear_error() {
     let cases: [(&[&str], &str); 4] = [
-        (&["--memory", "lots"], "lots"),
-        (&["--cut", "no_such_node"], "no_such_node"),
-        (&["--schedule", "zigzag"], "zigzag"),
-        (&["--balance", "profile"], "--profile"),
+        (&["--memory", "lots"], "--memory: cannot parse \"lots\" as a byte size"),
+        (&["--cut", "no_such_node"], "mlp.onnx: pass plan failed: cut at unknown node \"no_such_node\""),
+        (&["--schedule", "zigzag"], "invalid value 'zigzag' for '--schedule <SCHEDULE>': unknown schedule \"zigzag\""),
+        (&["--balance", "profile"], "--balance profile needs --profile FILE"),
     ];
     for (extra, needle) in cases {
-        let mut args = vec![model("mlp")];
-        args.extend(extra.iter().map(|s| s.to_string()));
-        let refs: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
-        let (ok, _, err) = plan(&refs);
+        let (ok, _, err) = plan("mlp", extra);
         assert!(!ok, "{extra:?} should fail");
         assert!(err.starts_with("error:") && err.contains(needle), "{extra:?}: {err}");
         assert!(!err.contains("panicked"), "{err}");
@@ -88,7 +79,7 @@ fn bad_planner_input_is_one_clear_error() {
 
 #[test]
 fn explicit_cuts_start_stages_at_the_named_nodes() {
-    let (ok, out, err) = plan(&[&model("mlp"), "--cut", "node_gelu", "--batch", "64", "--top", "1"]);
+    let (ok, out, err) = plan("mlp", &["--cut", "node_gelu", "--batch", "64", "--top", "1"]);
     assert!(ok, "{err}");
     assert!(out.contains("stage 1: 4 nodes [node_gelu .."), "{out}");
 }
@@ -99,18 +90,15 @@ fn explicit_cuts_start_stages_at_the_named_nodes() {
 fn a_measured_profile_drives_the_plan() {
     let dir = tempfile::tempdir().expect("temp dir");
     let profile = dir.path().join("mlp.json");
-    let out = Command::new(env!("CARGO_BIN_EXE_pipewright"))
-        .args(["profile", &model("mlp"), "--batch", "1,8", "--reps", "2", "-o", profile.to_str().unwrap()])
-        .output()
-        .expect("runs pipewright");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let mlp = model("mlp");
+    pw_ok(["profile", mlp.to_str().unwrap(), "--batch", "1,8", "--reps", "2", "-o", profile.to_str().unwrap()]);
     let json: serde_json::Value = serde_json::from_slice(&std::fs::read(&profile).unwrap()).expect("profile is JSON");
     assert_eq!(json["nodes"].as_array().map(|a| a.len()), Some(7));
-    let args = [&model("mlp"), "--stages", "2", "--batch", "64", "--top", "1"];
-    let (_, analytic, _) = plan(&args);
+    let args = ["--stages", "2", "--batch", "64", "--top", "1"];
+    let (_, analytic, _) = plan("mlp", &args);
     let mut with = args.to_vec();
     with.extend(["--profile", profile.to_str().unwrap(), "--balance", "profile"]);
-    let (ok, measured, err) = plan(&with);
+    let (ok, measured, err) = plan("mlp", &with);
     assert!(ok, "{err}");
     assert_ne!(analytic, measured, "the profile changed nothing");
 }
@@ -121,17 +109,17 @@ fn a_measured_profile_drives_the_plan() {
 /// are explained under it; a described cluster gets no such note.
 #[test]
 fn plan_states_its_cluster_and_explains_its_columns() {
-    let (ok, out, err) = plan(&[&model("mlp"), "--top", "2"]);
+    let (ok, out, err) = plan("mlp", &["--top", "2"]);
     assert!(ok, "{err}");
     assert!(out.starts_with("note: no cluster given, so the plan assumes the default: one server of 8 V100-class GPUs"), "{out}");
     assert!(out.contains("not this machine") && out.contains("--cluster FILE"), "{out}");
     assert!(out.contains("columns: w = replicas") && out.contains("d = pipeline depth") && out.contains("b = microbatch size") && out.contains("m = microbatches per step"), "{out}");
-    let (ok, json, err) = plan(&[&model("mlp"), "--top", "2", "--json"]);
+    let (ok, json, err) = plan("mlp", &["--top", "2", "--json"]);
     assert!(ok, "{err}");
     assert!(err.contains("no cluster given") && err.contains("V100"), "{err}");
     let v: serde_json::Value = serde_json::from_str(&json).expect("--json prints JSON only");
     assert_eq!(v["cluster"]["workers"].as_u64(), Some(8));
-    let (ok, out, err) = plan(&[&model("mlp"), "--top", "2", "--workers", "2"]);
+    let (ok, out, err) = plan("mlp", &["--top", "2", "--workers", "2"]);
     assert!(ok, "{err}");
     assert!(!out.contains("no cluster given") && out.starts_with("planned for: 2 workers"), "{out}");
 }
@@ -144,10 +132,9 @@ fn plan_states_its_cluster_and_explains_its_columns() {
 fn profile_reports_the_spread_of_its_repetitions() {
     let dir = tempfile::tempdir().expect("temp dir");
     let profile = dir.path().join("mlp.json");
-    let out = Command::new(env!("CARGO_BIN_EXE_pipewright"))
-        .args(["profile", &model("mlp"), "--batch", "1,4,8", "--reps", "3", "-o", profile.to_str().unwrap()])
-        .output()
-        .expect("runs pipewright");
+    let mlp = model("mlp");
+    let mlp = mlp.to_str().unwrap();
+    let out = pw(["profile", mlp, "--batch", "1,4,8", "--reps", "3", "-o", profile.to_str().unwrap()]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
     for b in [1, 4, 8] {
@@ -246,10 +233,8 @@ fn profile_reports_the_spread_of_its_repetitions() {
         assert!(loss[k].as_array().is_some_and(|v| v.len() == 3 && v.iter().all(|x| x.as_f64() > Some(0.0))), "{loss}");
     }
     // A loss on an output the model does not have is named, with the outputs it has.
-    let out = Command::new(env!("CARGO_BIN_EXE_pipewright")).args(["profile", &model("mlp"), "--batch", "1", "--loss", "mse:nope"]).output().expect("runs pipewright");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && err.contains("no output \"nope\"") && err.contains("its outputs are"), "{err}");
+    fails(&pw(["profile", mlp, "--batch", "1", "--loss", "mse:nope"]), &["no output \"nope\"", "its outputs are"]);
     // The file still reads as a profile for the planner.
-    let (ok, _, err) = plan(&[&model("mlp"), "--stages", "2", "--batch", "64", "--top", "1", "--profile", profile.to_str().unwrap()]);
+    let (ok, _, err) = plan("mlp", &["--stages", "2", "--batch", "64", "--top", "1", "--profile", profile.to_str().unwrap()]);
     assert!(ok, "{err}");
 }

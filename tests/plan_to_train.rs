@@ -16,35 +16,30 @@ use pipewright_runtime::module::read_module;
 use pipewright_runtime::pipeline::{stage_ops, Op};
 use pipewright_runtime::timeline::{read_chrome_trace, TraceKind};
 
-use common::corpus;
-
-fn pw(args: &[&str]) -> (String, String) {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_pipewright")).args(args).output().expect("runs pipewright");
-    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned());
-    assert!(out.status.success(), "pipewright {args:?}:\n{stderr}");
-    (stdout, stderr)
-}
+use common::{assert_clean_error, command, fails, model, ok, pw, pw_ok};
 
 /// Plans `model`, compiles the plan and trains it `steps` steps (with `extra` train flags);
 /// returns the plan, the build's manifest, train's stderr, the per-step sample counts and
 /// the trace.
-fn plan_compile_train(dir: &Path, model: &str, output: &str, plan_args: &[&str], extra: &[&str]) -> (PlanFile, Manifest, String, Vec<u64>, Vec<pipewright_runtime::timeline::TraceEvent>) {
-    let model = corpus().join("models").join(model);
+fn plan_compile_train(dir: &Path, name: &str, output: &str, plan_args: &[&str], extra: &[&str]) -> (PlanFile, Manifest, String, Vec<u64>, Vec<pipewright_runtime::timeline::TraceEvent>) {
+    let model = model(name);
     let model = model.to_str().unwrap();
     let mut args = vec!["plan", model, "--json"];
     args.extend_from_slice(plan_args);
-    let (json, _) = pw(&args);
+    let json = pw_ok(&args);
     let plan_path = dir.join("plan.json");
     std::fs::write(&plan_path, json).unwrap();
     let plan = PlanFile::read(&plan_path).expect("plan --json writes a plan file");
     let build = dir.join("build");
-    pw(&["compile", model, "--plan", plan_path.to_str().unwrap(), "-o", build.to_str().unwrap()]);
+    pw_ok(["compile", model, "--plan", plan_path.to_str().unwrap(), "-o", build.to_str().unwrap()]);
     let manifest = Manifest::read(&build).unwrap();
     let (trace, metrics) = (dir.join("trace.json"), dir.join("metrics.jsonl"));
     let mut args = vec!["train", build.to_str().unwrap(), "--output", output, "--steps", "3", "--no-progress"];
     args.extend_from_slice(&["--trace", trace.to_str().unwrap(), "--metrics", metrics.to_str().unwrap()]);
     args.extend_from_slice(extra);
-    let (_, stderr) = pw(&args);
+    let out = pw(&args);
+    ok(&out);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     let samples = std::fs::read_to_string(&metrics)
         .unwrap()
         .lines()
@@ -110,7 +105,7 @@ fn planned_values_reach_the_run(model: &str, output: &str, plan_args: &[&str]) {
 #[test]
 fn a_selective_plan_reaches_the_run_on_the_mlp() {
     planned_values_reach_the_run(
-        "mlp.onnx",
+        "mlp",
         "linear_3",
         &["--stages", "2", "--workers", "4", "--batch", "32", "--microbatch", "4", "--schedule", "2bw", "--recompute", "selective"],
     );
@@ -119,7 +114,7 @@ fn a_selective_plan_reaches_the_run_on_the_mlp() {
 #[test]
 fn a_selective_plan_reaches_the_run_on_gpt2_tiny() {
     planned_values_reach_the_run(
-        "gpt2-tiny.onnx",
+        "gpt2-tiny",
         "linear",
         &["--stages", "2", "--workers", "2", "--batch", "8", "--microbatch", "2", "--schedule", "flush", "--recompute", "selective"],
     );
@@ -129,7 +124,7 @@ fn a_selective_plan_reaches_the_run_on_gpt2_tiny() {
 fn a_flag_overrides_the_build_and_says_so() {
     let dir = tempfile::tempdir().unwrap();
     let plan_args = ["--stages", "2", "--workers", "2", "--batch", "16", "--microbatch", "4", "--schedule", "2bw", "--recompute", "full"];
-    let (plan, _, stderr, samples, events) = plan_compile_train(dir.path(), "mlp.onnx", "linear_3", &plan_args, &["--microbatches", "3"]);
+    let (plan, _, stderr, samples, events) = plan_compile_train(dir.path(), "mlp", "linear_3", &plan_args, &["--microbatches", "3"]);
     let c = &plan.plan.chosen;
     assert_eq!((c.b, c.m, c.w), (4, 4, 1));
     assert!(stderr.contains("microbatches 3 (--microbatches, overriding the build's 4)"), "{stderr}");
@@ -142,27 +137,16 @@ fn a_flag_overrides_the_build_and_says_so() {
 #[test]
 fn a_plan_for_another_model_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let models = corpus().join("models");
-    let (json, _) = pw(&["plan", models.join("mlp.onnx").to_str().unwrap(), "--stages", "2", "--json"]);
+    let (mlp, gpt) = (model("mlp"), model("gpt2-tiny"));
+    let json = pw_ok(["plan", mlp.to_str().unwrap(), "--stages", "2", "--json"]);
     let plan_path = dir.path().join("plan.json");
     std::fs::write(&plan_path, json).unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_pipewright"))
-        .args(["compile", models.join("gpt2-tiny.onnx").to_str().unwrap(), "--plan", plan_path.to_str().unwrap(), "-o"])
-        .arg(dir.path().join("b"))
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
-    assert!(err.contains("plan.json: planned for model") && err.contains("mlp.onnx") && err.contains("not for this one"), "{err}");
-    assert!(!dir.path().join("b").exists(), "nothing written");
+    let build = dir.path().join("b");
+    let out = command().arg("compile").arg(&gpt).arg("--plan").arg(&plan_path).arg("-o").arg(&build).output().unwrap();
+    assert_clean_error(&out, &plan_path, &["planned for model", &mlp.display().to_string(), "not for this one"]);
+    assert!(!build.exists(), "nothing written");
     // A plan from an older pipewright (no format field) is refused by version.
     std::fs::write(&plan_path, r#"{"chosen": {"d": 2}, "stages": []}"#).unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_pipewright"))
-        .args(["compile", models.join("mlp.onnx").to_str().unwrap(), "--plan", plan_path.to_str().unwrap(), "-o"])
-        .arg(dir.path().join("b"))
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("not a plan file") && err.contains("format"), "{err}");
+    let out = command().arg("compile").arg(&mlp).arg("--plan").arg(&plan_path).arg("-o").arg(&build).output().unwrap();
+    fails(&out, &[&plan_path.display().to_string(), "not a plan file", "format"]);
 }

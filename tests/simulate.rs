@@ -2,37 +2,16 @@
 //! run's trace shows, writes the trace formats of real runs, reports what it promises,
 //! plans a model whose weights were never written, and names what is wrong with bad input.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod common;
+
+use std::path::Path;
 
 use pipewright_runtime::timeline::{read_chrome_trace, TraceEvent, TraceKind};
 use pipewright_synth::{gpt, GptShape};
 use pipewright_core::Storage;
 use serde_json::Value;
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn model(name: &str) -> String {
-    let p = root().join("../shared/corpus/models").join(format!("{name}.onnx"));
-    assert!(p.is_file(), "the shared corpus is missing: {}", p.display());
-    p.to_string_lossy().into_owned()
-}
-
-fn pw(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_pipewright")).args(args).output().expect("runs pipewright")
-}
-
-fn ok(out: &Output) -> String {
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn err(out: &Output) -> String {
-    assert!(!out.status.success(), "expected a failure: {}", String::from_utf8_lossy(&out.stdout));
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
+use common::{fails, model, pw, pw_ok, root};
 
 fn trace(path: &Path) -> Vec<TraceEvent> {
     read_chrome_trace(&std::fs::read_to_string(path).expect("trace written")).expect("a trace")
@@ -54,25 +33,27 @@ fn order(events: &[TraceEvent], stage: usize) -> Vec<String> {
 /// with a trace, replay the plan for 3 batches, and compare the two traces stage by stage.
 #[test]
 fn the_replay_runs_each_stage_in_the_order_a_real_run_does() {
+    let mlp = model("mlp");
+    let mlp = mlp.to_str().unwrap();
     let data = root().join("examples/digits/digits.npz");
     for schedule in ["2bw", "flush", "gpipe"] {
         let dir = tempfile::tempdir().unwrap();
         let plan = dir.path().join("plan.json");
-        let planned = ok(&pw(&[
-            "plan", &model("mlp"), "--stages", "2", "--workers", "2", "--batch", "64", "--microbatch", "16", "--schedule", schedule, "--recompute",
+        let planned = pw_ok(&[
+            "plan", mlp, "--stages", "2", "--workers", "2", "--batch", "64", "--microbatch", "16", "--schedule", schedule, "--recompute",
             "none", "--json",
-        ]));
+        ]);
         std::fs::write(&plan, planned).unwrap();
         let build = dir.path().join("build");
-        ok(&pw(&["compile", &model("mlp"), "--plan", plan.to_str().unwrap(), "-o", build.to_str().unwrap()]));
+        pw_ok(&["compile", mlp, "--plan", plan.to_str().unwrap(), "-o", build.to_str().unwrap()]);
         let real = dir.path().join("real.json");
-        ok(&pw(&[
+        pw_ok(&[
             "train", build.to_str().unwrap(), "--data", data.to_str().unwrap(), "--label", "label", "--output", "linear_3", "--steps", "3", "--trace",
             real.to_str().unwrap(),
-        ]));
+        ]);
         let sim = dir.path().join("sim.json");
         let svg = dir.path().join("sim.svg");
-        let report = ok(&pw(&["simulate", plan.to_str().unwrap(), "--batches", "3", "--trace", sim.to_str().unwrap(), "--svg", svg.to_str().unwrap()]));
+        let report = pw_ok(&["simulate", plan.to_str().unwrap(), "--batches", "3", "--trace", sim.to_str().unwrap(), "--svg", svg.to_str().unwrap()]);
         assert!(report.contains(&format!("\n{schedule} ")), "{report}");
         let (real, sim) = (trace(&real), trace(&sim));
         for stage in 0..2 {
@@ -89,7 +70,7 @@ fn the_replay_runs_each_stage_in_the_order_a_real_run_does() {
         // their stage's mean.
         let timed = dir.path().join("timed.json");
         let real_path = dir.path().join("real.json");
-        ok(&pw(&["simulate", plan.to_str().unwrap(), "--batches", "3", "--stage-times", real_path.to_str().unwrap(), "--trace", timed.to_str().unwrap()]));
+        pw_ok(&["simulate", plan.to_str().unwrap(), "--batches", "3", "--stage-times", real_path.to_str().unwrap(), "--trace", timed.to_str().unwrap()]);
         let timed = trace(&timed);
         let durations = |ev: &[TraceEvent], stage: usize, kind: TraceKind| -> Vec<f64> { ev.iter().filter(|e| e.stage == stage && e.kind == kind).map(|e| e.dur_us).collect() };
         let kinds = [TraceKind::Forward, TraceKind::Backward];
@@ -117,22 +98,19 @@ fn the_replay_runs_each_stage_in_the_order_a_real_run_does() {
     // A trace of another depth is refused, naming it.
     let dir = tempfile::tempdir().unwrap();
     let plan = dir.path().join("plan.json");
-    std::fs::write(&plan, ok(&pw(&["plan", &model("mlp"), "--stages", "3", "--workers", "3", "--batch", "64", "--schedule", "gpipe", "--json"]))).unwrap();
+    std::fs::write(&plan, pw_ok(&["plan", mlp, "--stages", "3", "--workers", "3", "--batch", "64", "--schedule", "gpipe", "--json"])).unwrap();
     let two = dir.path().join("two.json");
     std::fs::write(&two, r#"[{"ph":"X","name":"forward","ts":0,"dur":1,"tid":1,"args":{"microbatch":0,"version":0,"step":0}}]"#).unwrap();
-    let e = err(&pw(&["simulate", plan.to_str().unwrap(), "--stage-times", two.to_str().unwrap()]));
-    assert!(e.contains("two.json: the trace has 2 stages, the replayed configuration 3"), "{e}");
+    fails(&pw(&["simulate", plan.to_str().unwrap(), "--stage-times", two.to_str().unwrap()]), &["two.json: the trace has 2 stages, the replayed configuration 3"]);
     // A plan replayed on a cluster too small for it.
-    let e = err(&pw(&["simulate", plan.to_str().unwrap(), "--cluster", "H100", "--gpus-per-server", "2"]));
-    assert!(e.contains("plan.json: the plan needs 3 workers (w = 1, d = 3); the cluster has 2"), "{e}");
-    let e = err(&pw(&["simulate", plan.to_str().unwrap(), "--batch", "128"]));
-    assert!(e.contains("the plan is for a global batch of 64, not 128"), "{e}");
+    fails(&pw(&["simulate", plan.to_str().unwrap(), "--cluster", "H100", "--gpus-per-server", "2"]), &["plan.json: the plan needs 3 workers (w = 1, d = 3); the cluster has 2"]);
+    fails(&pw(&["simulate", plan.to_str().unwrap(), "--batch", "128"]), &["the plan is for a global batch of 64, not 128"]);
     // The plan's own cluster, and another schedule on request.
-    let out = ok(&pw(&["simulate", plan.to_str().unwrap(), "--schedule", "gpipe,flush", "--batches", "2"]));
+    let out = pw_ok(&["simulate", plan.to_str().unwrap(), "--schedule", "gpipe,flush", "--batches", "2"]);
     assert!(out.starts_with("simulated on: the plan's cluster: 3 workers"), "{out}");
     assert!(out.contains("\ngpipe ") && out.contains("\nflush "), "{out}");
     // A plan fixes a pipeline: tensor parallelism is for models.
-    let out = ok(&pw(&["simulate", plan.to_str().unwrap(), "--schedule", "tensor-parallel", "--batches", "2"]));
+    let out = pw_ok(&["simulate", plan.to_str().unwrap(), "--schedule", "tensor-parallel", "--batches", "2"]);
     assert!(out.contains("tensor-parallel a plan fixes the pipeline; simulate the model for tensor parallelism"), "{out}");
 }
 
@@ -147,7 +125,7 @@ fn tensor_parallelism_splits_layers_within_a_server() {
     gpt(&GptShape { layers: 4, hidden: 256, heads: 8, seq: 128, vocab: 1000, tied: true }).unwrap().write(&path, Storage::ShapesOnly, 0).unwrap();
     let p = path.to_str().unwrap();
     let args = ["simulate", p, "--cluster", "V100-16GB", "--servers", "2", "--precision", "fp16", "--batch", "64", "--schedule", "tensor-parallel", "--batches", "3"];
-    let v: Value = serde_json::from_str(&ok(&pw(&[&args[..], &["--json"]].concat()))).unwrap();
+    let v: Value = serde_json::from_str(&pw_ok(&[&args[..], &["--json"]].concat())).unwrap();
     let o = &v["outcomes"][0];
     assert_eq!(o["scheme"], "tensor-parallel");
     let (t, c, sim) = (o["t"].as_u64().unwrap(), &o["config"], &o["simulation"]);
@@ -165,25 +143,26 @@ fn tensor_parallelism_splits_layers_within_a_server() {
     assert!((batch_s - (busy_per_batch + allreduce)).abs() <= 1e-9 * batch_s, "{batch_s} against {busy_per_batch} + {allreduce}");
     let planned = o["planned_samples_per_s"].as_f64().unwrap();
     assert!(planned >= sim["samples_per_s"].as_f64().unwrap(), "{o}");
-    let text = ok(&pw(&args));
+    let text = pw_ok(&args);
     let row = text.lines().find(|l| l.starts_with("tensor-parallel ")).unwrap_or_else(|| panic!("{text}"));
     let cells: Vec<&str> = row.split_whitespace().collect();
     assert_eq!(cells[1..4], [w.to_string(), "1".to_string(), t.to_string()], "{row}");
     // 64 KiB per GPU: nothing fits, and the least need is named.
     let toml = dir.path().join("small.toml");
     std::fs::write(&toml, "workers = 8\nworkers_per_node = 8\nmemory_per_worker = \"64KiB\"\n").unwrap();
-    let text = ok(&pw(&["simulate", p, "--cluster", toml.to_str().unwrap(), "--batch", "8", "--schedule", "tensor-parallel,2bw"]));
+    let text = pw_ok(&["simulate", p, "--cluster", toml.to_str().unwrap(), "--batch", "8", "--schedule", "tensor-parallel,2bw"]);
     assert!(text.contains("tensor-parallel does not fit at any t: the least a GPU needs is "), "{text}");
     assert!(text.contains("(t = 8, b = 1: ") && text.contains(" of its 64.0 KiB"), "{text}");
     // One GPU per server: no group to split a layer over.
-    let text = ok(&pw(&["simulate", p, "--cluster", "H100", "--gpus-per-server", "1", "--servers", "4", "--batch", "8", "--schedule", "tensor-parallel"]));
+    let text = pw_ok(&["simulate", p, "--cluster", "H100", "--gpus-per-server", "1", "--servers", "4", "--batch", "8", "--schedule", "tensor-parallel"]);
     assert!(text.contains("the servers have 1 GPU(s); it needs at least 2"), "{text}");
 }
 
 #[test]
 fn a_model_report_has_every_scheme_and_its_numbers() {
     let gpt = model("gpt2-tiny");
-    let out = ok(&pw(&["simulate", &model("gpt2-tiny"), "--cluster", "A100-40GB", "--batch", "64", "--batches", "4", "--json"]));
+    let gpt = gpt.to_str().unwrap();
+    let out = pw_ok(&["simulate", gpt, "--cluster", "A100-40GB", "--batch", "64", "--batches", "4", "--json"]);
     let v: Value = serde_json::from_str(&out).expect("JSON");
     let outcomes = v["outcomes"].as_array().unwrap();
     let schemes: Vec<&str> = outcomes.iter().map(|o| o["scheme"].as_str().unwrap()).collect();
@@ -206,11 +185,11 @@ fn a_model_report_has_every_scheme_and_its_numbers() {
     // host cores, when the stages share them), so replayed for 6 batches here its choice
     // runs at the rate the plan predicts; the closed form is reported beside it.
     for cores in [None, Some("2")] {
-        let mut args = vec!["simulate", &gpt, "--cluster", "A100-40GB", "--batch", "64", "--batches", "6", "--schedule", "2bw,flush,gpipe", "--json"];
+        let mut args = vec!["simulate", gpt, "--cluster", "A100-40GB", "--batch", "64", "--batches", "6", "--schedule", "2bw,flush,gpipe", "--json"];
         if let Some(c) = cores {
             args.extend(["--host-cores", c]);
         }
-        let v: Value = serde_json::from_str(&ok(&pw(&args))).expect("JSON");
+        let v: Value = serde_json::from_str(&pw_ok(&args)).expect("JSON");
         for o in v["outcomes"].as_array().unwrap() {
             let (planned, replayed) = (o["planned_samples_per_s"].as_f64().unwrap(), o["simulation"]["samples_per_s"].as_f64().unwrap());
             assert!((planned - replayed).abs() <= 1e-9 * replayed, "{} ({cores:?} cores): planned {planned}, replayed {replayed}", o["scheme"]);
@@ -218,7 +197,7 @@ fn a_model_report_has_every_scheme_and_its_numbers() {
         }
     }
     // The text form: a row per scheme and the ratios.
-    let text = ok(&pw(&["simulate", &model("gpt2-tiny"), "--cluster", "A100-40GB", "--batch", "64", "--schedule", "2bw,gpipe", "--batches", "4"]));
+    let text = pw_ok(&["simulate", gpt, "--cluster", "A100-40GB", "--batch", "64", "--schedule", "2bw,gpipe", "--batches", "4"]);
     assert!(text.contains("closed form: the planner's formula"), "{text}");
     assert!(text.starts_with("simulated on: 1 x 8 A100-40GB (8x200gbit)"), "{text}");
     assert!(text.contains("slowdown against the fastest: 2bw "), "{text}");
@@ -236,45 +215,35 @@ fn paper_scale_models_need_no_weights() {
     assert!(written.bytes < 4 << 20, "{} bytes", written.bytes);
     assert!(!dir.path().join("gpt-3.8b.onnx.data").exists());
     let p = path.to_str().unwrap();
-    let out = ok(&pw(&["simulate", p, "--cluster", "V100-16GB", "--servers", "8", "--precision", "fp16", "--batch", "512", "--schedule", "2bw", "--batches", "3", "--json"]));
+    let out = pw_ok(&["simulate", p, "--cluster", "V100-16GB", "--servers", "8", "--precision", "fp16", "--batch", "512", "--schedule", "2bw", "--batches", "3", "--json"]);
     let v: Value = serde_json::from_str(&out).unwrap();
     let c = &v["outcomes"][0]["config"];
     assert_eq!(c["w"].as_u64().unwrap() * c["d"].as_u64().unwrap(), 64, "{c}");
     let peak = v["outcomes"][0]["simulation"]["stages"].as_array().unwrap().iter().map(|s| s["peak_memory"].as_f64().unwrap()).fold(0.0, f64::max);
     assert!(peak <= 16.0 * (1u64 << 30) as f64, "{peak}");
-    ok(&pw(&["plan", p, "--workers", "64", "--memory", "16GiB", "--batch", "512", "--schedule", "2bw", "--precision", "fp16", "--top", "1"]));
-    let e = err(&pw(&["compile", p, "--stages", "2", "-o", dir.path().join("build").to_str().unwrap()]));
-    assert!(e.contains("gpt-3.8b.onnx.data") && e.contains("cannot be read"), "{e}");
+    pw_ok(&["plan", p, "--workers", "64", "--memory", "16GiB", "--batch", "512", "--schedule", "2bw", "--precision", "fp16", "--top", "1"]);
+    fails(&pw(&["compile", p, "--stages", "2", "-o", dir.path().join("build").to_str().unwrap()]), &["gpt-3.8b.onnx.data", "cannot be read"]);
 }
 
 #[test]
 fn bad_input_is_named() {
-    let e = err(&pw(&["simulate", &model("mlp"), "--cluster", "K80", "--batch", "8"]));
-    assert!(e.contains("--cluster: unknown device preset \"K80\""), "{e}");
-    let e = err(&pw(&["simulate", &model("mlp"), "--cluster", "V100-16GB"]));
-    assert!(e.contains("needs the global batch (--batch B)"), "{e}");
-    let e = err(&pw(&["simulate", &model("mlp"), "--batch", "8"]));
-    assert!(e.contains("needs a cluster (--cluster FILE|PRESET)"), "{e}");
-    let e = err(&pw(&["simulate", &model("mlp"), "--cluster", "V100-16GB", "--batch", "8", "--schedule", "pipedream"]));
-    assert!(e.contains("unknown scheme \"pipedream\""), "{e}");
-    let e = err(&pw(&["simulate", &model("mlp"), "--cluster", "V100-16GB", "--batch", "8", "--precision", "bf16"]));
-    assert!(e.contains("V100-16GB has no bf16 tensor cores"), "{e}");
-    let e = err(&pw(&["simulate", &model("mlp"), "--cluster", "H100", "--network", "smoke-signals", "--batch", "8"]));
-    assert!(e.contains("--network: unknown network preset \"smoke-signals\""), "{e}");
-    let e = err(&pw(&["simulate", &model("mlp"), "--cluster", "H100", "--efficiency", "2", "--batch", "8"]));
-    assert!(e.contains("efficiency: 2 is not in (0, 1]"), "{e}");
+    let mlp = model("mlp");
+    let mlp = mlp.to_str().unwrap();
+    fails(&pw(&["simulate", mlp, "--cluster", "K80", "--batch", "8"]), &["--cluster: unknown device preset \"K80\""]);
+    fails(&pw(&["simulate", mlp, "--cluster", "V100-16GB"]), &["needs the global batch (--batch B)"]);
+    fails(&pw(&["simulate", mlp, "--batch", "8"]), &["needs a cluster (--cluster FILE|PRESET)"]);
+    fails(&pw(&["simulate", mlp, "--cluster", "V100-16GB", "--batch", "8", "--schedule", "pipedream"]), &["unknown scheme \"pipedream\""]);
+    fails(&pw(&["simulate", mlp, "--cluster", "V100-16GB", "--batch", "8", "--precision", "bf16"]), &["V100-16GB has no bf16 tensor cores"]);
+    fails(&pw(&["simulate", mlp, "--cluster", "H100", "--network", "smoke-signals", "--batch", "8"]), &["--network: unknown network preset \"smoke-signals\""]);
+    fails(&pw(&["simulate", mlp, "--cluster", "H100", "--efficiency", "2", "--batch", "8"]), &["efficiency: 2 is not in (0, 1]"]);
     let dir = tempfile::tempdir().unwrap();
     let toml = dir.path().join("c.toml");
     std::fs::write(&toml, "workers = 4\ninter_latency = \"later\"\n").unwrap();
-    let e = err(&pw(&["simulate", &model("mlp"), "--cluster", toml.to_str().unwrap(), "--batch", "8"]));
-    assert!(e.contains("c.toml: inter_latency: cannot parse \"later\""), "{e}");
-    let e = err(&pw(&["simulate", &model("mlp"), "--cluster", toml.to_str().unwrap(), "--servers", "2", "--batch", "8"]));
-    assert!(e.contains("--servers appl(ies) to a device preset, not to the cluster file"), "{e}");
-    let e = err(&pw(&["simulate", &model("mlp"), "--network", "25gbit", "--batch", "8"]));
-    assert!(e.contains("--network need(s) a device preset in --cluster"), "{e}");
+    fails(&pw(&["simulate", mlp, "--cluster", toml.to_str().unwrap(), "--batch", "8"]), &["c.toml: inter_latency: cannot parse \"later\""]);
+    fails(&pw(&["simulate", mlp, "--cluster", toml.to_str().unwrap(), "--servers", "2", "--batch", "8"]), &["--servers appl(ies) to a device preset, not to the cluster file"]);
+    fails(&pw(&["simulate", mlp, "--network", "25gbit", "--batch", "8"]), &["--network need(s) a device preset in --cluster"]);
     // A trace that cannot be written loses nothing and says where.
-    let e = err(&pw(&["simulate", &model("mlp"), "--cluster", "H100", "--batch", "8", "--schedule", "2bw", "--trace", "/nonexistent/dir/t.json"]));
-    assert!(e.contains("/nonexistent/dir/t.json"), "{e}");
+    fails(&pw(&["simulate", mlp, "--cluster", "H100", "--batch", "8", "--schedule", "2bw", "--trace", "/nonexistent/dir/t.json"]), &["/nonexistent/dir/t.json: cannot write", "No such file"]);
 }
 
 /// `--host-cores`: gpt2-tiny planned into 4 stages, replayed as 4 threads on 2 cores, is
@@ -284,14 +253,16 @@ fn bad_input_is_named() {
 /// are converted back to full-speed work, not shared twice); 0 cores is refused.
 #[test]
 fn stages_sharing_host_cores_are_replayed_slower() {
+    let gpt = model("gpt2-tiny");
+    let gpt = gpt.to_str().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let plan = dir.path().join("plan.json");
-    std::fs::write(&plan, ok(&pw(&["plan", &model("gpt2-tiny"), "--stages", "4", "--workers", "4", "--batch", "16", "--microbatch", "4", "--schedule", "2bw", "--json"]))).unwrap();
+    std::fs::write(&plan, pw_ok(&["plan", gpt, "--stages", "4", "--workers", "4", "--batch", "16", "--microbatch", "4", "--schedule", "2bw", "--json"])).unwrap();
     let p = plan.to_str().unwrap();
     let rates = |extra: &[&str]| -> Vec<f64> {
         let mut args = vec!["simulate", p, "--schedule", "2bw,gpipe", "--batches", "6", "--json"];
         args.extend_from_slice(extra);
-        let v: Value = serde_json::from_str(&ok(&pw(&args))).expect("JSON");
+        let v: Value = serde_json::from_str(&pw_ok(&args)).expect("JSON");
         v["outcomes"].as_array().unwrap().iter().map(|o| o["simulation"]["samples_per_s"].as_f64().unwrap()).collect()
     };
     let own = rates(&[]);
@@ -308,7 +279,7 @@ fn stages_sharing_host_cores_are_replayed_slower() {
     std::fs::write(&plain, "workers = 4\n").unwrap();
     assert_eq!(from_file, rates(&["--cluster", plain.to_str().unwrap(), "--host-cores", "2"]));
     assert!(from_file.iter().zip(&rates(&["--cluster", plain.to_str().unwrap()])).all(|(s, o)| s < o));
-    let text = ok(&pw(&["simulate", p, "--host-cores", "2", "--batches", "2"]));
+    let text = pw_ok(&["simulate", p, "--host-cores", "2", "--batches", "2"]);
     assert!(text.lines().next().unwrap().ends_with("the stages' threads sharing 2 CPU core(s)"), "{text}");
     // The replay's trace as a measured run's: its sends now take the stage's thread for
     // their link time too, a mean stands for every step's update, and the conversion
@@ -316,14 +287,12 @@ fn stages_sharing_host_cores_are_replayed_slower() {
     // the rate is close to, not exactly, the original; taking the shared durations as
     // they are, without converting them back, is further off.
     let t = dir.path().join("t.json");
-    ok(&pw(&["simulate", p, "--schedule", "2bw", "--batches", "6", "--host-cores", "2", "--trace", t.to_str().unwrap()]));
+    pw_ok(&["simulate", p, "--schedule", "2bw", "--batches", "6", "--host-cores", "2", "--trace", t.to_str().unwrap()]);
     let timed = rates(&["--stage-times", t.to_str().unwrap(), "--host-cores", "2"]);
     assert!((timed[0] / shared[0] - 1.0).abs() < 0.08, "{} replayed from its own trace, {} before", timed[0], shared[0]);
     let as_they_are = rates(&["--stage-times", t.to_str().unwrap()]);
     assert!((as_they_are[0] / shared[0] - 1.0).abs() > (timed[0] / shared[0] - 1.0).abs() + 0.03, "{} unconverted, {} converted, {} before", as_they_are[0], timed[0], shared[0]);
-    let e = err(&pw(&["simulate", p, "--host-cores", "0"]));
-    assert!(e.contains("--host-cores must be at least 1"), "{e}");
+    fails(&pw(&["simulate", p, "--host-cores", "0"]), &["--host-cores must be at least 1"]);
     std::fs::write(&toml, "workers = 4\nhost_cores = 0\n").unwrap();
-    let e = err(&pw(&["simulate", p, "--cluster", toml.to_str().unwrap()]));
-    assert!(e.contains("c.toml: host_cores: 0 is not a number of cores"), "{e}");
+    fails(&pw(&["simulate", p, "--cluster", toml.to_str().unwrap()]), &["c.toml: host_cores: 0 is not a number of cores"]);
 }

@@ -2,29 +2,23 @@
 //! shared MLP into 2 stages, train 5 steps on the digits with a trace, check the trace
 //! against the schedule and draw it.
 
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use pipewright_core::Schedule;
 use pipewright_runtime::pipeline::{stage_ops, Op};
 use serde_json::Value;
 
+use common::{assert_clean_error, fails, model, pw, pw_ok, root};
+
 const STEPS: usize = 5;
 const M: usize = 4;
 const DEPTH: usize = 2;
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn pw(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_pipewright")).args(args).output().expect("runs pipewright")
-}
-
 fn compile(dir: &Path, schedule: &str, recompute: &str) {
-    let model = root().join("../shared/corpus/models/mlp.onnx");
-    let out = pw(&["compile", model.to_str().unwrap(), "--stages", "2", "--schedule", schedule, "--recompute", recompute, "-o", dir.to_str().unwrap()]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let mlp = model("mlp");
+    pw_ok(["compile", mlp.to_str().unwrap(), "--stages", "2", "--schedule", schedule, "--recompute", recompute, "-o", dir.to_str().unwrap()]);
 }
 
 /// Trains `STEPS` steps with `--trace` and returns the parsed trace.
@@ -33,12 +27,11 @@ fn train_traced(dir: &Path) -> (PathBuf, Vec<Value>) {
     let trace = dir.join("trace.json");
     let steps = STEPS.to_string();
     let m = M.to_string();
-    let out = pw(&[
+    pw_ok([
         "train", dir.to_str().unwrap(), "--data", data.to_str().unwrap(), "--label", "label", "--output", "linear_3",
         "--steps", &steps, "--microbatch", "16", "--microbatches", &m, "--optimizer", "adam", "--lr", "0.003",
         "--trace", trace.to_str().unwrap(),
     ]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let text = std::fs::read_to_string(&trace).expect("trace written");
     let v: Value = serde_json::from_str(&text).expect("trace is valid JSON");
     let events = v.as_array().expect("trace is a JSON array").clone();
@@ -140,12 +133,10 @@ fn gpipe_trace_matches_the_schedule_and_draws() {
     }
 
     let svg = dir.path().join("timeline.svg");
-    let out = pw(&["trace-svg", trace.to_str().unwrap(), "-o", svg.to_str().unwrap()]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = pw_ok(["trace-svg", trace.to_str().unwrap(), "-o", svg.to_str().unwrap()]);
     let text = std::fs::read_to_string(&svg).expect("svg written");
     assert!(text.starts_with("<svg") && text.trim_end().ends_with("</svg>"));
     assert_eq!(text.matches("<rect").count(), events.len(), "one <rect> per event");
-    let stdout = String::from_utf8_lossy(&out.stdout);
     for k in 0..DEPTH {
         let line = stdout.lines().find(|l| l.starts_with(&format!("stage {k}:"))).unwrap_or_else(|| panic!("no bubble line for stage {k}: {stdout}"));
         let frac: f64 = line.split("bubble fraction ").nth(1).and_then(|r| r.split_whitespace().next()).and_then(|f| f.parse().ok()).unwrap_or_else(|| panic!("{line}"));
@@ -172,10 +163,8 @@ fn trace_svg_rejects_a_bad_trace() {
     let dir = tempfile::tempdir().expect("temp dir");
     let bad = dir.path().join("bad.json");
     std::fs::write(&bad, "{not json").unwrap();
-    let out = pw(&["trace-svg", bad.to_str().unwrap(), "-o", dir.path().join("x.svg").to_str().unwrap()]);
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.lines().last().unwrap_or_default().starts_with("error:"), "{err}");
+    let out = pw(["trace-svg", bad.to_str().unwrap(), "-o", dir.path().join("x.svg").to_str().unwrap()]);
+    assert_clean_error(&out, &bad, &["not a trace (a JSON array of events, or {\"traceEvents\": [...]})"]);
     assert!(!dir.path().join("x.svg").exists());
 }
 
@@ -204,14 +193,12 @@ fn svg_of_a_200_step_run_shows_a_window_with_microbatch_labels() {
     let dir = tempfile::tempdir().expect("temp dir");
     compile(dir.path(), "2bw", "none");
     let trace = dir.path().join("trace.json");
-    let out = pw(&["train", dir.path().to_str().unwrap(), "--steps", "200", "--microbatch", "4", "--microbatches", "4", "--trace", trace.to_str().unwrap()]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    pw_ok(["train", dir.path().to_str().unwrap(), "--steps", "200", "--microbatch", "4", "--microbatches", "4", "--trace", trace.to_str().unwrap()]);
     let svg_path = dir.path().join("t.svg");
     let draw = |extra: &[&str]| {
         let mut args = vec!["trace-svg", trace.to_str().unwrap(), "-o", svg_path.to_str().unwrap()];
         args.extend_from_slice(extra);
-        let out = pw(&args);
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        pw_ok(&args);
         std::fs::read_to_string(&svg_path).expect("svg written")
     };
     let check_labels = |boxes: &[(f64, u64, Option<u64>, Option<String>)]| {
@@ -240,10 +227,9 @@ fn svg_of_a_200_step_run_shows_a_window_with_microbatch_labels() {
     }
     check_labels(&boxes);
     std::fs::remove_file(&svg_path).unwrap();
-    let out = pw(&["trace-svg", trace.to_str().unwrap(), "-o", svg_path.to_str().unwrap(), "--steps", "500..510"]);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && err.contains("--steps 500..510") && err.contains("no events"), "{err}");
+    let out = pw(["trace-svg", trace.to_str().unwrap(), "-o", svg_path.to_str().unwrap(), "--steps", "500..510"]);
+    fails(&out, &["--steps 500..510", "no events"]);
     assert!(!svg_path.exists());
-    let out = pw(&["trace-svg", trace.to_str().unwrap(), "-o", svg_path.to_str().unwrap(), "--steps", "9..3"]);
-    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("empty"));
+    let out = pw(["trace-svg", trace.to_str().unwrap(), "-o", svg_path.to_str().unwrap(), "--steps", "9..3"]);
+    fails(&out, &["9..3", "empty"]);
 }

@@ -3,12 +3,12 @@
 //! of `examples/` (the tutorial's paths are relative to the repository root), with this
 //! build's `pipewright` first on the PATH.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
+use common::root;
 
 fn copy_dir(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();

@@ -7,26 +7,18 @@
 //! also after a kill and on the embedded executor.
 #![cfg(feature = "torch")]
 
+mod common;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn pw() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_pipewright"))
-}
+use common::{command, fails, model, ok, root};
 
 fn data() -> PathBuf {
     root().join("examples/digits/digits.npz")
-}
-
-fn model() -> PathBuf {
-    root().join("../shared/corpus/models/mlp.onnx")
 }
 
 /// The options every rank and the embedded run get: `steps` steps of 4 microbatches (2BW
@@ -44,24 +36,18 @@ fn options(steps: usize) -> Vec<String> {
     v.iter().map(|s| s.to_string()).collect()
 }
 
-fn ok(out: Output, what: &str) -> Output {
-    assert!(out.status.success(), "{what} failed:\n{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    out
-}
-
 fn compile(out: &Path, stages: usize, schedule: &str, executables: bool) {
-    let mut c = pw();
-    c.args(["compile", model().to_str().unwrap(), "--stages", &stages.to_string(), "--schedule", schedule, "-o"]).arg(out);
+    let mut c = command();
+    c.args(["compile", model("mlp").to_str().unwrap(), "--stages", &stages.to_string(), "--schedule", schedule, "-o"]).arg(out);
     if executables {
         c.arg("--executables");
     }
-    ok(c.output().unwrap(), "compile");
+    ok(&c.output().unwrap());
 }
 
 /// The flags `pipewright launch` gives mpirun on this machine (the one place they live).
 fn mpirun_flags(build: &Path) -> Vec<String> {
-    let out = ok(pw().arg("launch").arg(build).arg("--dry-run").output().unwrap(), "launch --dry-run");
-    let line = String::from_utf8(out.stdout).unwrap();
+    let line = ok(&command().arg("launch").arg(build).arg("--dry-run").output().unwrap());
     let words: Vec<String> = line.split_whitespace().map(str::to_string).collect();
     assert_eq!(words[0], "mpirun", "{line}");
     let np = words.iter().position(|w| w == "-np").unwrap();
@@ -94,7 +80,7 @@ struct Run {
 
 fn finish(build: &Path, metrics: &Path) -> Run {
     let onnx = build.join("exported.onnx");
-    ok(pw().arg("export").arg(build).arg("-o").arg(&onnx).output().unwrap(), "export");
+    ok(&command().arg("export").arg(build).arg("-o").arg(&onnx).output().unwrap());
     let path = build.join("weights.safetensors");
     let run = Run { losses: losses(metrics), weights: tensors(&path), onnx: std::fs::read(&onnx).unwrap() };
     std::fs::remove_file(&path).unwrap();
@@ -103,20 +89,19 @@ fn finish(build: &Path, metrics: &Path) -> Run {
 
 fn embedded(build: &Path, extra: &[&str]) -> Run {
     let metrics = build.join("embedded.jsonl");
-    ok(pw().arg("train").arg(build).args(options(8)).args(extra).arg("--metrics").arg(&metrics).output().unwrap(), "train");
+    ok(&command().arg("train").arg(build).args(options(8)).args(extra).arg("--metrics").arg(&metrics).output().unwrap());
     finish(build, &metrics)
 }
 
 /// `pipewright launch BUILD [--executables] -- OPTIONS`: an MPI job of stages x replicas ranks.
 fn launched(build: &Path, executables: bool, extra: &[&str]) -> Run {
     let metrics = build.join("mpi.jsonl");
-    let mut c = pw();
+    let mut c = command();
     c.arg("launch").arg(build);
     if executables {
         c.arg("--executables");
     }
-    let out = ok(c.arg("--").args(options(8)).args(extra).arg("--metrics").arg(&metrics).output().unwrap(), "launch");
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stdout = ok(&c.arg("--").args(options(8)).args(extra).arg("--metrics").arg(&metrics).output().unwrap());
     // One job, one result: a single rank reports the loss.
     assert_eq!(stdout.matches("trained ").count(), 1, "{stdout}");
     finish(build, &metrics)
@@ -183,8 +168,7 @@ fn stage_executables_with_two_replicas_train_like_the_embedded_executor() {
     let build = dir.path().join("build");
     compile(&build, 2, "2bw", true);
     let (s0, s1) = (build.join("stage0"), build.join("stage1"));
-    let out = ok(pw().arg("launch").arg(&build).args(["--executables", "--dry-run", "--", "--replicas", "2"]).output().unwrap(), "launch --dry-run");
-    let line = String::from_utf8_lossy(&out.stdout).to_string();
+    let line = ok(&command().arg("launch").arg(&build).args(["--executables", "--dry-run", "--", "--replicas", "2"]).output().unwrap());
     assert!(line.contains(&format!("-np 2 {} --replicas 2 : -np 2 {} --replicas 2", s0.display(), s1.display())), "{line}");
     same(&embedded(&build, &["--replicas", "2"]), &launched(&build, true, &["--replicas", "2"]), "2bw, stage executables (MPMD), 2 stages x 2 replicas");
     // Replica by replica: rank 1 gets stage 1's executable, but runs stage 0 of replica 1.
@@ -196,12 +180,7 @@ fn stage_executables_with_two_replicas_train_like_the_embedded_executor() {
         }
         c.args(["-np", "1"]).arg(exe).args(options(2)).args(["--replicas", "2"]);
     }
-    let out = c.output().unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{err}");
-    assert!(err.contains("rank 1 (stage 0, replica 1): this executable holds stage 1, but MPI rank 1 runs stage 0 (rank = stage x 2 replicas + replica)"), "{err}");
-    assert!(err.contains("each with -np 2"), "{err}");
-    assert!(!err.contains("panicked"), "{err}");
+    fails(&c.output().unwrap(), &["rank 1 (stage 0, replica 1): this executable holds stage 1, but MPI rank 1 runs stage 0 (rank = stage x 2 replicas + replica)", "each with -np 2"]);
 }
 
 #[test]
@@ -219,9 +198,7 @@ fn ranks_started_with_different_steps_are_refused_before_the_first_step() {
     line.push(":".into());
     line.extend(rank(20));
     let out = Command::new("mpirun").args(mpirun_flags(&build)).args(&line).output().unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{err}");
-    assert!(err.contains("rank 1 (stage 1, replica 0) has --steps 20 where rank 0 (stage 0, replica 0) has --steps 10"), "{err}");
+    let err = fails(&out, &["rank 1 (stage 1, replica 0) has --steps 20 where rank 0 (stage 0, replica 0) has --steps 10"]);
     assert!(!err.contains("step     1/"), "no step may run: {err}");
     assert!(!build.join("weights.safetensors").exists(), "a refused job writes no weights");
 }
@@ -235,7 +212,7 @@ struct Job {
 }
 
 fn long_job(build: &Path, extra: &[&str]) -> Job {
-    let mut child = pw()
+    let mut child = command()
         .arg("launch")
         .arg(build)
         .arg("--")
@@ -384,12 +361,12 @@ fn multi_process_checkpoints_resume_bit_identically_even_after_a_kill() {
     let metrics = build.join("resumed.jsonl");
     // The killed run asked for a million steps: --force resumes it for fewer (a constant
     // learning rate does not depend on the total).
-    let out = pw().arg("launch").arg(&build).arg("--").args(options(step + 4)).args(["--resume", killed.to_str().unwrap(), "--force", "--metrics"]).arg(&metrics).output().unwrap();
-    ok(out, "resume after a kill");
+    let out = command().arg("launch").arg(&build).arg("--").args(options(step + 4)).args(["--resume", killed.to_str().unwrap(), "--force", "--metrics"]).arg(&metrics).output().unwrap();
+    ok(&out);
     let after_kill = finish(&build, &metrics);
     let uninterrupted_metrics = build.join("uninterrupted.jsonl");
-    let out = pw().arg("launch").arg(&build).arg("--").args(options(step + 4)).arg("--metrics").arg(&uninterrupted_metrics).output().unwrap();
-    ok(out, "uninterrupted");
+    let out = command().arg("launch").arg(&build).arg("--").args(options(step + 4)).arg("--metrics").arg(&uninterrupted_metrics).output().unwrap();
+    ok(&out);
     let uninterrupted = finish(&build, &uninterrupted_metrics);
     assert_eq!(after_kill.losses, uninterrupted.losses[step..], "steps {step}..{more}");
     assert!(after_kill.weights == uninterrupted.weights, "resuming the killed job must reach the uninterrupted run's weights");
@@ -426,26 +403,20 @@ fn a_stage_of_another_compile_and_a_wrong_rank_count_are_refused_naming_them() {
     let dir = tempfile::tempdir().unwrap();
     let build = dir.path().join("build");
     compile(&build, 2, "flush", false);
-    let run = |np: &str| {
+    let run = |np: &str, words: &[&str]| {
         let mut c = Command::new("mpirun");
         c.args(mpirun_flags(&build)).args(["-np", np, env!("CARGO_BIN_EXE_pipewright"), "worker"]).arg(&build).args(options(4));
-        let out = c.output().unwrap();
-        assert!(!out.status.success());
-        String::from_utf8_lossy(&out.stderr).to_string()
+        fails(&c.output().unwrap(), words)
     };
-    let err = run("3");
-    assert!(err.contains("the launcher started 3 processes but the job has 2 (2 stages x 1 replicas)"), "{err}");
+    run("3", &["the launcher started 3 processes but the job has 2 (2 stages x 1 replicas)"]);
     // Without a launcher: a job of one rank, told how to start the pipeline.
-    let out = pw().arg("worker").arg(&build).args(options(4)).output().unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && err.contains("this process is a job of one rank, but the pipeline has 2") && err.contains("pipewright launch"), "{err}");
+    let out = command().arg("worker").arg(&build).args(options(4)).output().unwrap();
+    fails(&out, &["this process is a job of one rank, but the pipeline has 2", "pipewright launch"]);
     let other = dir.path().join("other");
     // A different schedule makes a different compile.
-    ok(pw().args(["compile", model().to_str().unwrap(), "--stages", "2", "--schedule", "gpipe", "-o"]).arg(&other).output().unwrap(), "compile");
+    ok(&command().args(["compile", model("mlp").to_str().unwrap(), "--stages", "2", "--schedule", "gpipe", "-o"]).arg(&other).output().unwrap());
     std::fs::copy(other.join("stage1.pwm"), build.join("stage1.pwm")).unwrap();
-    let err = run("2");
-    assert!(err.contains("rank 1 (stage 1, replica 0):") && err.contains("stage1.pwm"), "{err}");
-    assert!(!err.contains("panicked"), "{err}");
+    run("2", &["rank 1 (stage 1, replica 0):", "stage1.pwm"]);
 }
 
 /// A GPT whose output projection is tied to its token embedding (stages 0 and 1 hold a
@@ -455,13 +426,13 @@ fn a_stage_of_another_compile_and_a_wrong_rank_count_are_refused_naming_them() {
 fn tied_weights_over_two_replicas_match_the_embedded_executor() {
     let dir = tempfile::tempdir().unwrap();
     let model = dir.path().join("gpt.onnx");
-    ok(pw().args(["synth", "gpt", "--preset", "tiny", "-o"]).arg(&model).output().unwrap(), "synth");
+    ok(&command().args(["synth", "gpt", "--preset", "tiny", "-o"]).arg(&model).output().unwrap());
     let build = dir.path().join("build");
-    ok(pw().arg("compile").arg(&model).args(["--stages", "2", "--schedule", "2bw", "-o"]).arg(&build).output().unwrap(), "compile");
+    ok(&command().arg("compile").arg(&model).args(["--stages", "2", "--schedule", "2bw", "-o"]).arg(&build).output().unwrap());
     let opts = ["--steps", "3", "--microbatch", "2", "--microbatches", "2", "--replicas", "2", "--threads", "1", "--no-progress", "--metrics"];
     let run = |args: &[&str], metrics: &str| -> Run {
         let m = build.join(metrics);
-        ok(pw().args(args).arg(&build).args(if args[0] == "launch" { &["--"][..] } else { &[][..] }).args(opts).arg(&m).output().unwrap(), args[0]);
+        ok(&command().args(args).arg(&build).args(if args[0] == "launch" { &["--"][..] } else { &[][..] }).args(opts).arg(&m).output().unwrap());
         finish(&build, &m)
     };
     let one = run(&["train"], "e.jsonl");

@@ -124,7 +124,7 @@ pub fn parse_flops(text: &str) -> Result<f64, UnitError> {
 
 #[cfg(test)]
 mod tests {
-    use super::{human_bytes, parse_bytes};
+    use super::{human_bytes, parse_bandwidth, parse_bytes, parse_flops};
 
     #[test]
     fn formats_sizes() {
@@ -140,5 +140,21 @@ mod tests {
         assert_eq!(parse_bytes("16GiB"), Ok(16 << 30));
         assert_eq!(parse_bytes("1.5GB"), Ok(1_500_000_000));
         assert_eq!(parse_bytes("lots").unwrap_err().to_string(), "cannot parse \"lots\" as a byte size");
+    }
+
+    #[test]
+    fn sizes_and_rates() {
+        assert_eq!(parse_bytes("16GiB").unwrap(), 16 << 30);
+        assert_eq!(parse_bytes("512MiB").unwrap(), 512 << 20);
+        assert_eq!(parse_bytes("1.5GB").unwrap(), 1_500_000_000);
+        assert_eq!(parse_bytes("4096").unwrap(), 4096);
+        assert_eq!(parse_bytes("16 parsecs").unwrap_err().to_string(), "cannot parse \"16 parsecs\" as a byte size");
+        assert_eq!(parse_bytes("-1GB").unwrap_err().to_string(), "cannot parse \"-1GB\" as a byte size");
+        assert_eq!(parse_bandwidth("25GB/s").unwrap(), 25e9);
+        assert_eq!(parse_bandwidth("100Gbit/s").unwrap(), 12.5e9);
+        assert_eq!(parse_bandwidth("10Gbps").unwrap(), 1.25e9);
+        assert_eq!(parse_bandwidth("10Gbit").unwrap_err().to_string(), "cannot parse \"10Gbit\" as a bandwidth");
+        assert_eq!(parse_flops("15.7T").unwrap(), 15.7e12);
+        assert_eq!(parse_flops("312 TFLOPS").unwrap(), 312e12);
     }
 }

@@ -474,8 +474,8 @@ mod tests {
         let e = "2BW".parse::<Schedule>().unwrap_err();
         assert_eq!(e.to_string(), "unknown schedule \"2BW\": expected one of 2bw, flush, gpipe");
         // The old aliases of the planner are gone: one spelling everywhere.
-        assert!("on".parse::<Recompute>().is_err());
-        assert!("off".parse::<Recompute>().is_err());
+        assert_eq!("on".parse::<Recompute>().unwrap_err().to_string(), "unknown recompute mode \"on\": expected one of none, selective, full");
+        assert_eq!("off".parse::<Recompute>().unwrap_err().to_string(), "unknown recompute mode \"off\": expected one of none, selective, full");
         let e = serde_json::from_str::<Recompute>("\"on\"").unwrap_err();
         assert!(e.to_string().contains("expected one of none, selective, full"), "{e}");
     }

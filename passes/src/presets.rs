@@ -312,7 +312,9 @@ mod tests {
         assert_eq!(c.inter_latency_s, 50e-6);
         assert_eq!(c.cluster.server_bw, Some(12.5e9));
         assert_eq!(c.cluster.peak_flops, 5e12);
-        assert!(matches!(SimCluster::from_toml("c.toml", "gpus = 3"), Err(PresetError::Cluster(ClusterError::UnknownKey(_)))));
+        let e = SimCluster::from_toml("c.toml", "gpus = 3").unwrap_err();
+        assert!(matches!(e, PresetError::Cluster(ClusterError::UnknownKey(_))), "{e}");
+        assert_eq!(e.to_string(), "unknown cluster key \"gpus\"");
         assert!(SimCluster::from_toml("c.toml", "intra_latency = \"soon\"").unwrap_err().to_string().starts_with("intra_latency: cannot parse \"soon\""));
         assert_eq!(c.host_cores, None);
         assert_eq!(SimCluster::from_toml("c.toml", "workers = 4\nhost_cores = 2\n").unwrap().host_cores, Some(2));

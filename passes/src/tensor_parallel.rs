@@ -528,6 +528,8 @@ use pipewright_core::Storage;
         let relu_cost = CostModel::new(&relu, c.cluster.roofline()).unwrap();
         assert_eq!(plan_tensor_parallel(&relu, &relu_cost, &c, &opts).unwrap_err(), TensorError::NothingToSplit);
         let odd = PlanOptions { global_batch: 3, microbatch: Some(2), ..opts };
-        assert!(matches!(plan_tensor_parallel(&g, &cost, &c, &odd).unwrap_err(), TensorError::NoConfiguration { batch: 3, .. }));
+        let e = plan_tensor_parallel(&g, &cost, &c, &odd).unwrap_err();
+        assert!(matches!(e, TensorError::NoConfiguration { batch: 3, .. }), "{e}");
+        assert_eq!(e.to_string(), "no (t, groups, b) has groups dividing the global batch 3 and b a power of two dividing batch / groups (microbatch fixed at 2)");
     }
 }

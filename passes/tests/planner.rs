@@ -376,8 +376,10 @@ fn baselines_and_profile() {
     let (f1, b1) = c.time(c.topo[1], 8);
     let ratio = (f1 + b1) / (f + b);
     assert!((ratio - 1.0).abs() < 0.05, "{ratio}");
-    assert!(Profile::from_json(r#"{"model":"m","device":"d","batches":[1,2],"nodes":[{"name":"a","op":"Relu","fwd_ms":[1],"bwd_ms":[1,2]}]}"#).is_err());
-    assert!(Profile::from_json("not json").is_err());
+    let short = r#"{"model":"m","device":"d","batches":[1,2],"nodes":[{"name":"a","op":"Relu","fwd_ms":[1],"bwd_ms":[1,2]}]}"#;
+    assert_eq!(Profile::from_json(short).unwrap_err().to_string(), "invalid profile: node \"a\": fwd_ms has 1 entries for 2 batch sizes");
+    let e = Profile::from_json("not json").unwrap_err().to_string();
+    assert!(e.starts_with("the profile is not valid JSON: ") && e.contains("line 1 column 2"), "{e}");
     for balance in [
         Balance::Params,
         Balance::Flops,

@@ -222,18 +222,54 @@ mod tests {
         assert_eq!(libtorch_version(&other.join("lib")), None);
     }
 
-    /// This process runs against the CPU-only libtorch of this machine: its folder is
-    /// found, it has no CUDA libraries, and asking for CUDA says so without loading any.
+    /// This process's libtorch: its folder is found, and asking for CUDA gives what that
+    /// libtorch can do. A CPU-only libtorch (this machine's) has no CUDA libraries, and
+    /// asking for CUDA says so without loading any. A CUDA libtorch's two libraries load
+    /// from its folder, and `cuda:0` is reachable exactly when libtorch sees a device (each
+    /// listed with its memory; past the last one the count is named); or a library that
+    /// cannot be loaded is named in the error, file and loader message.
     #[cfg(feature = "torch")]
     #[test]
-    fn cpu_libtorch_has_no_cuda_libraries() {
+    fn cuda_requests_follow_the_libtorch_in_use() {
         let dir = libtorch_dir().expect("libtorch_cpu.so is mapped");
         assert!(dir.join("libtorch_cpu.so").exists());
-        if dir.join("libtorch_cuda.so").exists() {
-            return; // a CUDA libtorch: nothing to check here
+        let cuda0 = Device::Cuda(0);
+        match load_cuda() {
+            CudaLibs::Absent(found) => {
+                assert_eq!(found, &dir);
+                assert!(!dir.join("libtorch_cuda.so").exists());
+                assert_eq!(load_cuda().to_string(), format!("not present in {} (a CPU-only libtorch)", dir.display()));
+                assert_eq!(tch_device(cuda0), Err(DeviceError::NoCuda(cuda0)));
+                assert_eq!(cuda_devices(), Ok(Vec::new()));
+            }
+            CudaLibs::Loaded(found) => {
+                assert_eq!(found, &dir);
+                assert!(dir.join("libtorch_cuda.so").exists() && dir.join("libc10_cuda.so").exists());
+                assert_eq!(load_cuda().to_string(), format!("loaded from {}", dir.display()));
+                if tch::Cuda::is_available() {
+                    let count = tch::Cuda::device_count();
+                    assert!(count > 0);
+                    assert_eq!(tch_device(cuda0), Ok(tch::Device::Cuda(0)));
+                    let past = Device::Cuda(count as usize);
+                    assert_eq!(tch_device(past), Err(DeviceError::OutOfRange { device: past, count }));
+                    let gpus = cuda_devices().unwrap_or_else(|e| panic!("{e}"));
+                    assert_eq!(gpus.iter().map(|g| g.index).collect::<Vec<_>>(), (0..count as usize).collect::<Vec<_>>());
+                    assert!(gpus.iter().all(|g| g.total_bytes > 0 && g.free_bytes <= g.total_bytes), "{gpus:?}");
+                } else {
+                    // A CUDA libtorch on a machine without a GPU.
+                    assert_eq!(tch_device(cuda0), Err(DeviceError::NoCuda(cuda0)));
+                    assert_eq!(cuda_devices(), Ok(Vec::new()));
+                }
+            }
+            libs @ CudaLibs::Failed { path, message } => {
+                // A CUDA libtorch whose libraries do not load (a CUDA dependency missing).
+                assert!([dir.join("libc10_cuda.so"), dir.join("libtorch_cuda.so")].contains(path), "{libs}");
+                assert!(!message.is_empty(), "{libs}");
+                let e = tch_device(cuda0).unwrap_err();
+                assert_eq!(e, DeviceError::CudaLibs { device: cuda0, libs: libs.to_string() });
+                assert_eq!(e.to_string(), format!("CUDA device cuda:0 requested but libtorch's CUDA libraries: {} could not be loaded: {message}", path.display()));
+            }
+            CudaLibs::NoLibtorch => panic!("libtorch_cpu.so is mapped from {} but load_cuda did not find it", dir.display()),
         }
-        assert_eq!(load_cuda(), &CudaLibs::Absent(dir));
-        assert_eq!(tch_device(Device::Cuda(0)), Err(DeviceError::NoCuda(Device::Cuda(0))));
-        assert_eq!(cuda_devices(), Ok(Vec::new()));
     }
 }

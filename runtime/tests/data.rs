@@ -320,8 +320,8 @@ fn batches_shuffle_deterministically_and_drop_the_tail() {
     // Not even one batch fits; degenerate sizes.
     let e = err_of(d.batches(4, 3, 0, Stop::Epochs(1)));
     assert!(e.contains("10 samples") && e.contains("12"), "{e}");
-    assert!(d.batches(0, 2, 0, Stop::Epochs(1)).is_err());
-    assert!(d.batches(2, 0, 0, Stop::Epochs(1)).is_err());
+    assert_eq!(err_of(d.batches(0, 2, 0, Stop::Epochs(1))), "batches: microbatch size and microbatch count must be at least 1 (got 0 x 2)");
+    assert_eq!(err_of(d.batches(2, 0, 0, Stop::Epochs(1))), "batches: microbatch size and microbatch count must be at least 1 (got 2 x 0)");
     // Exactly one batch per epoch with b*m == samples: everything is used.
     let all: Vec<i64> = d.batches(5, 2, 1, Stop::Epochs(1)).unwrap().flatten().flat_map(|(_, l)| to_vec_i64(&l.unwrap())).collect();
     let mut sorted = all.clone();
@@ -367,8 +367,11 @@ fn synthetic_data_is_seeded() {
     assert_eq!(batches.len(), 7);
     assert_eq!(batches[0][0].0.len(), 4);
 
-    assert!(Dataset::synthetic(&[spec("x", DType::F32, &[-1])], 4, 0).is_err());
-    assert!(Dataset::synthetic(&inputs, 0, 0).is_err());
+    assert_eq!(
+        err_of(Dataset::synthetic(&[spec("x", DType::F32, &[-1])], 4, 0)),
+        "synthetic input `x`: per-sample shape [-1] has a dynamic dimension (-1); give a concrete size"
+    );
+    assert_eq!(err_of(Dataset::synthetic(&inputs, 0, 0)), "synthetic data set: needs at least one sample");
 }
 
 #[test]

@@ -75,6 +75,7 @@ mod tests {
     #[test]
     fn a_zero_period_is_refused() {
         let shape = LayeredShape { long_skip_every: 0, ..LayeredShape::with_nodes(1000) };
-        assert!(layered(&shape).is_err());
+        let e = layered(&shape).err().expect("a zero period is refused");
+        assert_eq!(e.to_string(), "invalid shape: long skips need a period and a span of at least 1 layer");
     }
 }

@@ -912,8 +912,15 @@ mod tests {
         assert_eq!((back.a, back.value, back.text.clone()), (7, -0.25, w.text.clone()));
         assert_eq!(back.tensors[0].0, "x");
         assert!(back.tensors[0].1.equal(&w.tensors[0].1));
-        for cut in [0, 3, 10, 30, bytes.len() - 1] {
-            assert!(Wire::decode(&bytes[..cut]).is_err(), "a message cut at {cut} bytes must be an error");
+        let cuts = [
+            (0, "message truncated at byte 0 (wanted 4 more)"),
+            (3, "message truncated at byte 0 (wanted 4 more)"),
+            (10, "message truncated at byte 4 (wanted 8 more)"),
+            (30, "message truncated at byte 28 (wanted 8 more)"),
+            (bytes.len() - 1, "message field of 12 bytes exceeds the message"),
+        ];
+        for (cut, want) in cuts {
+            assert_eq!(Wire::decode(&bytes[..cut]).err().as_deref(), Some(want), "a message cut at {cut} bytes");
         }
         // A length field claiming far more than the message holds.
         let mut huge = bytes.clone();
