@@ -8,8 +8,8 @@ use pipewright_core::timeline::{bubbles, events_in, read_chrome_trace, timeline_
 
 use crate::DriverError;
 
-/// What drawing a trace gave: a line per stage with its bubble fraction, and what the
-/// drawing shows.
+/// What drawing a trace gave: a line per stage with its bubble fraction over the steps
+/// drawn, and what the drawing shows.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Drawn {
     pub bubbles: Vec<String>,
@@ -31,8 +31,8 @@ pub fn draw_trace(trace: &Path, output: &Path, width: u32, steps: Option<StepWin
         return Err(DriverError::msg(format!("--steps {window}: the trace has no events in those steps ({what})")));
     }
     write_atomic(output, timeline_svg_with(&events, &options).as_bytes())?;
-    // The bubble fractions are the whole trace's; the drawing's are its window's.
-    let bubbles = bubbles(&events)
+    // The bubble fractions of what is drawn: the window's.
+    let bubbles = bubbles(&shown)
         .into_iter()
         .map(|(k, b)| format!("stage {k}: bubble fraction {:.4} (busy {:.3} ms of {:.3} ms)", b.fraction, b.busy_us / 1000.0, b.span_us / 1000.0))
         .collect();

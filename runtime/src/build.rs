@@ -494,6 +494,7 @@ mod tests {
             trained_batch_baked: vec!["token [1, 1, 8]".into()],
             merged: vec![pipewright_core::MergedInitializer { name: "ln.weight".into(), uses: 9 }],
             untied: true,
+            split_buffers: vec!["ones".into()],
         };
         assert_eq!(m.to_toml(), pretty(&m));
         let back: Manifest = toml::from_str(&m.to_toml()).unwrap();

@@ -245,6 +245,9 @@ impl Dataset {
     /// [`Dataset::open`] with at most `max_inflated` bytes decompressed from an `.npz`.
     pub fn open_capped<'a>(path: &Path, inputs: &[InputSpec], label: impl Into<LabelArray<'a>>, max_inflated: u64) -> Result<Dataset> {
         let label = label.into();
+        if !path.exists() {
+            bail!("{}: not found (give an .npz, an .npy, a folder of .npy files or a .safetensors file)", path.display());
+        }
         let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("").to_ascii_lowercase();
         if path.is_dir() || ext == "npy" {
             Self::from_npy(&[path], inputs, label)

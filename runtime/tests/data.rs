@@ -254,7 +254,10 @@ fn errors_name_the_file_and_the_array() {
     let e = err_of(Dataset::from_npz(&dir.path().join("junk.npz"), &ok, None));
     assert!(e.contains("junk.npz"), "{e}");
     let e = err_of(Dataset::open(&dir.path().join("missing.npz"), &ok, None));
-    assert!(e.contains("missing.npz"), "{e}");
+    assert!(e.contains("missing.npz: not found"), "{e}");
+    // A missing .npy is not found either (it used to read as a folder with no array).
+    let e = err_of(Dataset::open(&dir.path().join("nosuch.npy"), &ok, None));
+    assert!(e.contains("nosuch.npy: not found (give an .npz, an .npy, a folder of .npy files or a .safetensors file)"), "{e}");
     // Fortran order in a loose .npy names the file.
     let f = dir.path().join("f.npy");
     std::fs::write(&f, npy_with_header("{'descr': '<f4', 'fortran_order': True, 'shape': (10, 3), }\n", &[0; 120])).unwrap();
