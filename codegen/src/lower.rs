@@ -143,7 +143,7 @@ pub mod rebatch {
     /// `i` holds `values[i]` (slots past `values` are ones codegen added).
     pub fn apply_to(g: &Graph, p: &mut Program, nodes: &[NodeId], values: &[ValueId]) {
         // An export at batch 1 bakes its batch into these constants as much as one at 4.
-        let Some(b0) = g.batch.as_ref().map(|b| b.export_size).filter(|&b| b > 0) else { return };
+        let Some(b0) = g.batch.as_ref().map(|b| b.resolved_size()) else { return };
         for (k, &n) in nodes.iter().enumerate() {
             let node = g.node(n);
             let target = node.inputs.get(1).copied().flatten().filter(|v| is_const(g, *v));

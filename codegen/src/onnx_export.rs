@@ -44,7 +44,7 @@ pub fn export_stage_bytes(g: &Graph, s: &StageSlice) -> Result<Vec<u8>, ExportEr
 
 /// The ONNX model of one stage.
 pub fn export_stage(g: &Graph, s: &StageSlice) -> Result<ModelProto, ExportError> {
-    let export_batch = g.batch.as_ref().map(|b| b.export_size).unwrap_or(1);
+    let export_batch = g.batch.as_ref().map_or(1, |b| b.resolved_size());
     let name = |v: ValueId| g.value(v).name.clone();
     let mut graph = GraphProto { name: format!("{}_stage{}", g.meta.graph_name, s.stage), ..Default::default() };
     for &v in &s.inputs() {

@@ -78,10 +78,35 @@ pub fn compile(req: &CompileRequest) -> Result<Compiled, DriverError> {
     })()
     .map_err(&fail)?;
     if let Some(lowered) = lowered {
+        refuse_batch_drop(&lowered.versioned.partitioned.graph, model)?;
+        #[cfg(feature = "torch")]
+        if let Some(b) = lowered.versioned.partitioned.graph.batch.as_ref().and_then(|b| b.export_size) {
+            crate::batch_check::check_other_batch(&lowered, model, b)?;
+        }
         let outputs = BuildOutputs { executable: req.executable.as_deref(), stage_onnx: req.stage_onnx };
         written = Some(write_build(&lowered, model, &req.output, outputs)?);
     }
     Ok(Compiled { printed: pm.printed().to_string(), pass_timings: pm.timings_text(), pass_times: pm.timings().to_vec(), decision, written, choices })
+}
+
+/// A fixed-batch export whose output is computed at the export batch whatever the batch
+/// ([`pipewright_ir::batch_drop`]) would train at no other microbatch: refused, naming the
+/// node that drops the batch.
+fn refuse_batch_drop(g: &pipewright_ir::Graph, model: &Path) -> Result<(), DriverError> {
+    let Some(drop) = pipewright_ir::batch_drop::batch_drop(g) else { return Ok(()) };
+    let node = g.node(drop.node);
+    let export_batch = g.batch.as_ref().and_then(|b| b.export_size).unwrap_or(1);
+    let typed = |v: Option<&pipewright_ir::ValueId>| v.map(|&v| g.value(v).ty.to_string()).unwrap_or_default();
+    Err(DriverError::msg(format!(
+        "{}: node {:?} ({}) drops the batch: it reads {} and writes {}, at the export batch {export_batch} whatever the batch is, so the model's output {:?} is {} at every batch. The exporter wrote this step with constants of the batch it exported at; export the model with a dynamic batch axis (torch.onnx.export(..., dynamic_shapes=...) with dynamo=True, or dynamic_axes with dynamo=False) and compile that",
+        model.display(),
+        node.name,
+        node.op.name(),
+        typed(node.inputs.iter().flatten().find(|v| g.value(**v).ty.shape.has_batch())),
+        typed(node.outputs.iter().flatten().next()),
+        g.value(drop.output).name,
+        g.value(drop.output).ty
+    )))
 }
 
 impl Compiled {

@@ -60,8 +60,8 @@ impl Exported {
     /// One line on the batch axis, for people.
     pub fn batch_text(&self) -> String {
         match &self.batch {
-            Rebatched::Dynamic { inputs, reshapes, expands, sliced } => format!(
-                "batch axis dynamic (dim_param \"N\"): {inputs} input(s), {reshapes} Reshape and {expands} Expand target(s), {sliced} batch-baked constant(s) rewritten"
+            Rebatched::Dynamic { inputs, reshapes, expands, sliced, rewritten } => format!(
+                "batch axis dynamic (dim_param \"N\"): {inputs} input(s), {reshapes} Reshape and {expands} Expand target(s), {sliced} batch-baked constant(s) and {rewritten} other node(s) rewritten"
             ),
             Rebatched::NoBatch => "no batch axis found; shapes kept as in the source".into(),
             Rebatched::Fixed { batch, why } => format!("kept the export batch {batch}: {why}"),
@@ -168,7 +168,7 @@ pub fn export_onnx(build: &Path, output: &Path) -> Result<Exported, DriverError>
         // is then written with the source's fixed batch instead, saying why.
         if let Err(e) = pipewright_ir::import_bytes(&out, output_dir, &ImportOptions::default()) {
             *model.graph.as_mut().ok_or_else(|| DriverError::msg("no graph"))? = source;
-            batch = Rebatched::Fixed { batch: ir.batch.as_ref().map_or(1, |b| b.export_size), why: format!("with a dynamic batch, {e}") };
+            batch = Rebatched::Fixed { batch: ir.batch.as_ref().map_or(1, |b| b.resolved_size()), why: format!("with a dynamic batch, {e}") };
             out = model.write_to_bytes().map_err(|e| DriverError::msg(format!("{}: {e}", output.display())))?;
         }
     }

@@ -33,7 +33,9 @@ use pipewright_ir::{Dim, Graph, TensorData};
 pub enum Rebatched {
     /// The model takes any batch: `inputs` graph inputs made dynamic, `reshapes` Reshape
     /// targets, `expands` Expand targets and `sliced` batch-baked initializers rewritten.
-    Dynamic { inputs: usize, reshapes: usize, expands: usize, sliced: usize },
+    /// `rewritten` source nodes are written as the importer read them
+    /// ([`pipewright_ir::Graph::source_rewrites`]).
+    Dynamic { inputs: usize, reshapes: usize, expands: usize, sliced: usize, rewritten: usize },
     /// The source had no batch axis the importer could use; nothing changed.
     NoBatch,
     /// The model keeps its export batch `batch`: `why` names the node that bakes it.
@@ -69,6 +71,21 @@ fn set_dim0(vi: &mut ValueInfoProto, shape: &[Dim]) {
     }
 }
 
+/// Writes the source nodes the importer read as other nodes (so that they follow the
+/// batch) as it read them, with the constants they add; returns how many.
+fn apply_source_rewrites(g: &mut GraphProto, ir: &Graph) -> usize {
+    let mut count = 0;
+    for rw in &ir.source_rewrites {
+        // Matched by a named output (an omitted one is an empty name many nodes share).
+        let Some((slot, name)) = rw.node.output.iter().enumerate().find(|(_, o)| !o.is_empty()) else { continue };
+        let Some(node) = g.node.iter_mut().find(|n| n.output.get(slot) == Some(name)) else { continue };
+        *node = rw.node.clone();
+        g.initializer.extend(rw.constants.iter().map(|(name, data)| tensor_to_proto(name, data)));
+        count += 1;
+    }
+    count
+}
+
 /// Whether every node reading `x` broadcasts a leading extent of 1 back to the batch: an
 /// element-wise op, or a Gather taking `x` as indices whose result only such ops read.
 fn broadcast_safe(g: &GraphProto, x: &str) -> bool {
@@ -86,12 +103,13 @@ fn broadcast_safe(g: &GraphProto, x: &str) -> bool {
 /// On [`Rebatched::Fixed`] and [`Rebatched::NoBatch`] `g` is left as it was.
 pub fn dynamic_batch(g: &mut GraphProto, ir: &Graph) -> Rebatched {
     let Some(batch) = ir.batch.as_ref() else { return Rebatched::NoBatch };
-    let b0 = batch.export_size;
+    let b0 = batch.resolved_size();
     // The importer's frozen constants: only those can be batch-baked (a trainable weight
     // may well have the export batch as its first extent, e.g. 2 output channels).
     let frozen: std::collections::HashSet<&str> = ir.value_ids().filter(|&v| ir.value(v).weight().is_some_and(|w| !w.trainable)).map(|v| ir.value(v).name.as_str()).collect();
     let shapes: HashMap<&str, &[Dim]> = ir.value_ids().map(|v| (ir.value(v).name.as_str(), ir.value(v).ty.shape.0.as_slice())).collect();
     let mut out = g.clone();
+    let rewritten = apply_source_rewrites(&mut out, ir);
     let fixed = |why: String| Rebatched::Fixed { batch: b0, why };
     let initializers: HashMap<String, usize> = out.initializer.iter().enumerate().map(|(i, t)| (t.name.clone(), i)).collect();
     // A tensor by name: an initializer, or a Constant node's value.
@@ -271,5 +289,5 @@ pub fn dynamic_batch(g: &mut GraphProto, ir: &Graph) -> Rebatched {
     out.initializer.retain(|t| read.contains(&t.name) || !matches!(t.data_type, INT64));
     out.initializer.extend(new_inits);
     *g = out;
-    Rebatched::Dynamic { inputs, reshapes, expands, sliced }
+    Rebatched::Dynamic { inputs, reshapes, expands, sliced, rewritten }
 }

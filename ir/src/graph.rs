@@ -125,8 +125,18 @@ pub struct ModelMeta {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BatchInfo {
     pub name: String,
-    /// The batch size the model's constants were written for (used to resolve them).
-    pub export_size: i64,
+    /// The batch size the model was exported at, where its inputs declare one (a fixed
+    /// batch made symbolic); `None` where the model's batch axis is already dynamic, and
+    /// the size it was exported at is not recorded.
+    pub export_size: Option<i64>,
+}
+
+impl BatchInfo {
+    /// The batch the model's batch-baked constants are taken to be written for: the export
+    /// batch, or 1 where the model's batch is dynamic (its constants then hold no batch).
+    pub fn resolved_size(&self) -> i64 {
+        self.export_size.filter(|&s| s > 0).unwrap_or(1)
+    }
 }
 
 /// A model graph.
@@ -143,6 +153,18 @@ pub struct Graph {
     /// What import decided about initializers that changes what trains (frozen
     /// batch-baked constants, exporter-merged weights), for `compile` and `train` to say.
     pub choices: pipewright_core::ImportChoices,
+    /// Source nodes the importer read as other nodes so that they follow the batch (a
+    /// fixed-batch export's identity gathers, zero initial states, Resize sizes), for
+    /// `export` to write the same way.
+    pub source_rewrites: Vec<SourceRewrite>,
+}
+
+/// One source node read as another ([`Graph::source_rewrites`]): the node written in its
+/// place (it keeps the source node's outputs) and the constants it adds.
+#[derive(Clone, Debug, Default)]
+pub struct SourceRewrite {
+    pub node: onnx_protobuf::NodeProto,
+    pub constants: Vec<(String, TensorData)>,
 }
 
 impl Graph {
@@ -354,6 +376,7 @@ impl Graph {
         let mut out = Graph { meta: self.meta.clone(), batch: self.batch.clone(), ..Graph::default() };
         out.warnings = std::mem::take(&mut self.warnings);
         out.choices = std::mem::take(&mut self.choices);
+        out.source_rewrites = std::mem::take(&mut self.source_rewrites);
         for &v in &self.inputs {
             remap[v.index()] = Some(out.add_value(self.values[v.index()].clone()));
         }

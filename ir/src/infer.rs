@@ -613,7 +613,7 @@ fn window_out(w: &Window, input: &[i64], kernel: &[i64], ceil_mode: bool) -> R<V
 }
 
 fn fixed_spatial(s: &Shape, what: &str) -> R<Vec<i64>> {
-    s.0[2..].iter().map(|d| d.fixed().ok_or_else(|| format!("{what} spatial extents must not depend on the batch"))).collect()
+    s.0[2..].iter().map(|d| d.fixed().ok_or_else(|| format!("{what} spatial extents must not depend on the batch (they do when a shape the exporter fixed at the export batch moved the batch onto them): export the model with a dynamic batch axis"))).collect()
 }
 
 /// The inferred outputs with element type `dtype` (integer and quantized convolutions).

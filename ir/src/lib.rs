@@ -5,6 +5,7 @@
 //! shape subgraphs, compact, verify) and then passes over [`Graph`] in the
 //! `pipewright-passes` crate.
 
+pub mod batch_drop;
 pub mod dim;
 pub mod dot;
 pub mod error;

@@ -100,8 +100,13 @@ impl Parser {
                 "batch" => {
                     c.expect("N(")?;
                     let name = c.quoted()?;
-                    c.expect(", exported")?;
-                    let export_size = c.int()?;
+                    let export_size = match c.eat(", dynamic") {
+                        true => None,
+                        false => {
+                            c.expect(", exported")?;
+                            Some(c.int()?)
+                        }
+                    };
                     c.expect(")")?;
                     self.graph.batch = Some(BatchInfo { name, export_size });
                 }

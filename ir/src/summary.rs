@@ -52,7 +52,7 @@ impl Summary {
             producer: format!("{} {}", g.meta.producer_name, g.meta.producer_version).trim().to_string(),
             ir_version: g.meta.ir_version,
             opset: g.meta.opset,
-            batch: g.batch.as_ref().map(|b| format!("N = {:?} (exported as {})", b.name, b.export_size)),
+            batch: g.batch.as_ref().map(batch_line),
             inputs: g.inputs().iter().map(port).collect(),
             outputs: g.outputs().iter().map(port).collect(),
             nodes: g.node_count(),
@@ -95,5 +95,14 @@ impl Summary {
             let _ = writeln!(s, "warning: {w}");
         }
         s
+    }
+}
+
+/// `N = "batch" (dynamic in the model)`, or `N = "N" (the model's fixed batch 2, made
+/// symbolic)`: what the importer found of the batch axis.
+fn batch_line(b: &crate::BatchInfo) -> String {
+    match b.export_size {
+        Some(size) => format!("N = {:?} (exported at the fixed batch {size}, made symbolic)", b.name),
+        None => format!("N = {:?} (a dynamic axis in the model; the export batch is not recorded)", b.name),
     }
 }

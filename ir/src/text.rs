@@ -26,7 +26,11 @@ pub fn print_graph_annotated(g: &Graph, note: impl Fn(crate::NodeId) -> Option<S
         let _ = write!(s, " producer={:?}", format!("{} {}", m.producer_name, m.producer_version).trim());
     }
     if let Some(b) = &g.batch {
-        let _ = write!(s, " batch=N({:?}, exported {})", b.name, b.export_size);
+        match b.export_size {
+            Some(size) => write!(s, " batch=N({:?}, exported {size})", b.name),
+            None => write!(s, " batch=N({:?}, dynamic)", b.name),
+        }
+        .unwrap_or_default();
     }
     s.push_str(" {\n");
     for v in g.value_ids() {

@@ -146,7 +146,7 @@ fn check_edges(g: &Graph) -> Vec<VerifyError> {
 
 fn check_types(g: &Graph, order: &[NodeId]) -> Vec<VerifyError> {
     let mut errs = Vec::new();
-    let ctx = Ctx { export_batch: g.batch.as_ref().map(|b| b.export_size) };
+    let ctx = Ctx { export_batch: g.batch.as_ref().and_then(|b| b.export_size) };
     let mut known: Vec<Option<Known>> =
         g.value_ids().map(|v| g.value(v).weight().and_then(|w| Known::from_tensor(&w.data))).collect();
     for &n in order {

@@ -90,7 +90,7 @@ fn broadcasting_against_a_constant_baked_at_the_export_batch() {
     let m = model(13, &[2, 3, 4], vec![node("Add", "add_mask", &["x", "mask"], &["y"])], &["y"])
         .init(tensor_f32("mask", &[2, 1, 4], &[0.0; 8]));
     let g = import(&m);
-    assert_eq!(g.batch.as_ref().unwrap().export_size, 2);
+    assert_eq!(g.batch.as_ref().unwrap().export_size, Some(2));
     assert_eq!(ty(&g, "mask"), "f32[2,1,4]");
     assert_eq!(ty(&g, "y"), "f32[N,3,4]");
     assert!(g.warnings.iter().any(|w| w.contains("\"mask\"") && w.contains("export batch")), "{:?}", g.warnings);
@@ -639,6 +639,58 @@ fn batch_arithmetic_in_shape_subgraphs() {
     let g = import_mode(&m, BatchMode::Fixed);
     assert_eq!(op_names(&g), ["Reshape"]);
     assert_eq!(ty(&g, "y"), "f32[2,12]");
+}
+
+/// The default exporter's copies at constant indices shaped for the export batch: a
+/// Gather of every element of a flattened tensor in order (`as_strided`) becomes a Reshape
+/// that leaves the batch free, and a GatherND listing every element in order (an
+/// attention mask's copy) the tensor itself; both follow the batch. Indices in any other
+/// order stay a Gather, at the export batch.
+#[test]
+fn identity_gathers_at_the_export_batch_follow_the_batch() {
+    let all: Vec<i64> = (0..2 * 3 * 2).collect();
+    let m = model(17, &[2, 3, 2], vec![node("Reshape", "flat", &["x", "minus_one"], &["f"]), node("Gather", "as_strided", &["f", "idx"], &["y"])], &["y"])
+        .init(tensor_i64("minus_one", &[1], &[-1]))
+        .init(tensor_i64("idx", &[2, 6], &all));
+    let g = import(&m);
+    assert_eq!(op_names(&g), ["Reshape", "Reshape"]);
+    assert_eq!(ty(&g, "y"), "f32[N,6]");
+    let mut shuffled = all.clone();
+    shuffled.swap(0, 1);
+    let m = model(17, &[2, 3, 2], vec![node("Reshape", "flat", &["x", "minus_one"], &["f"]), node("Gather", "g", &["f", "idx"], &["y"])], &["y"])
+        .init(tensor_i64("minus_one", &[1], &[-1]))
+        .init(tensor_i64("idx", &[2, 6], &shuffled));
+    assert_eq!(op_names(&import(&m)), ["Reshape", "Gather"]);
+
+    let pairs: Vec<i64> = (0..2).flat_map(|b| (0..3).flat_map(move |s| [b, s])).collect();
+    let m = ModelBuilder::new(17)
+        .input("mask", I64, &fixed(&[2, 3]))
+        .init(tensor_i64("idx", &[2, 3, 2], &pairs))
+        .node(node("GatherND", "copy", &["mask", "idx"], &["y"]))
+        .output("y");
+    let g = import(&m);
+    assert_eq!(op_names(&g), ["Identity"]);
+    assert_eq!(ty(&g, "y"), "i64[N,3]");
+}
+
+/// A model whose batch axis is already dynamic records no export batch: the IR's text
+/// says `dynamic` (and parses back), and the summary says the size is not recorded, where
+/// a fixed-batch export states the batch it was exported at.
+#[test]
+fn the_export_batch_is_stated_as_found() {
+    let m = ModelBuilder::new(17).input("x", F32, &[Ax::Param("batch"), Ax::Fixed(3)]).node(node("Relu", "r", &["x"], &["y"])).output("y");
+    let g = import(&m);
+    assert_eq!(g.batch.as_ref().unwrap().export_size, None);
+    let text = pipewright_ir::text::print_graph(&g);
+    assert!(text.contains("batch=N(\"batch\", dynamic)"), "{text}");
+    let back = pipewright_ir::parse_graph(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+    assert_eq!(pipewright_ir::text::print_graph(&back), text);
+    let summary = pipewright_ir::summary::Summary::of(&g).text();
+    assert!(summary.contains("batch:       N = \"batch\" (a dynamic axis in the model; the export batch is not recorded)"), "{summary}");
+
+    let fixed = ModelBuilder::new(17).input("x", F32, &[Ax::Fixed(2), Ax::Fixed(3)]).node(node("Relu", "r", &["x"], &["y"])).output("y");
+    let summary = pipewright_ir::summary::Summary::of(&import(&fixed)).text();
+    assert!(summary.contains("(exported at the fixed batch 2, made symbolic)"), "{summary}");
 }
 
 /// What a dynamic-batch export of a transformer does to index its rows: `arange` over the

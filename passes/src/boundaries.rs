@@ -116,6 +116,12 @@ fn localize_weight_derived(g: &mut Graph, table: &mut StageMap) {
     }
 }
 
+/// Whether `v` is weight-derived: by the analysis, or as a copy made here (an earlier
+/// stage's reader may already read a copy, and its own outputs be copied on).
+fn is_derived(derived: &[bool], v: ValueId) -> bool {
+    derived.get(v.index()).copied().unwrap_or(true)
+}
+
 /// The copy of weight-derived value `v` computed in stage `t` (made on first use).
 fn copy_in_stage(g: &mut Graph, table: &mut StageMap, derived: &[bool], copies: &mut HashMap<(ValueId, u32), ValueId>, v: ValueId, t: u32) -> ValueId {
     if let Some(&c) = copies.get(&(v, t)) {
@@ -126,7 +132,7 @@ fn copy_in_stage(g: &mut Graph, table: &mut StageMap, derived: &[bool], copies: 
     let inputs = original
         .inputs
         .iter()
-        .map(|i| i.map(|u| if derived[u.index()] { copy_in_stage(g, table, derived, copies, u, t) } else { u }))
+        .map(|i| i.map(|u| if is_derived(derived, u) { copy_in_stage(g, table, derived, copies, u, t) } else { u }))
         .collect();
     let outputs = original.outputs.iter().map(|o| o.map(|o| (format!("{}@stage{t}", g.value(o).name), g.value(o).ty.clone()))).collect();
     let copy = g.add_node(format!("{}@stage{t}", original.name), original.op.clone(), inputs, outputs);

@@ -519,9 +519,7 @@ impl CostModel {
         let export = g
             .batch
             .as_ref()
-            .map(|b| b.export_size)
-            .filter(|&s| s > 0)
-            .unwrap_or(1);
+            .map_or(1, |b| b.resolved_size());
         let bound = g.node_ids().map(|n| n.index() + 1).max().unwrap_or(0);
         let mut nodes = vec![NodeCost::default(); bound];
         let mut classes = vec![OpClass::DataMovement; bound];
