@@ -164,6 +164,10 @@ pub struct TrainArgs {
     /// steps in a row.
     #[arg(long, value_name = "N", default_value_t = pipewright_core::DEFAULT_MAX_SKIPS)]
     pub max_skips: usize,
+    /// Not a choice of `train`: the schedule is compiled into the build. Accepted so that
+    /// asking for another one explains that and prints the `compile` command.
+    #[arg(long, value_enum, hide = true)]
+    pub schedule: Option<pipewright_core::Schedule>,
 }
 
 fn parse_size(text: &str) -> Result<u64, String> {
@@ -253,6 +257,7 @@ mod requests {
                 max_skips: self.max_skips,
                 precision: self.precision,
                 devices: self.devices.clone(),
+                schedule: self.schedule,
             })
         }
     }

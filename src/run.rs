@@ -1,6 +1,7 @@
 //! The subcommands that execute models (libtorch): train, worker (and stage
 //! executables), run-forward, bench-step, conformance and profile.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{anyhow, Result};
@@ -9,7 +10,7 @@ use pipewright_driver::conformance::{report, run_all, totals};
 use pipewright_driver::export::{save_weights, WEIGHTS_FILE};
 use pipewright_driver::forward::{bench_step_command, run_forward_command};
 use pipewright_driver::profile::{notes, profile_json, Progress as ProfileProgress};
-use pipewright_driver::train::{loss_range, memory_peaks, save_trace, MpiJob, Session, StepReport, WorkerSession};
+use pipewright_driver::train::{loss_range, memory_peaks, save_trace, stopped_lines, MpiJob, Session, StepReport, StopGate, WorkerSession};
 
 use crate::args::{BenchStepArgs, ConformanceArgs, ProfileArgs, RunForwardArgs, TrainArgs, WorkerArgs};
 use crate::progress::Progress;
@@ -18,11 +19,32 @@ fn progress(args: &TrainArgs, first_step: usize) -> Result<Progress> {
     Progress::new(args.steps, first_step, args.log_every, args.no_progress, args.metrics.as_deref())
 }
 
+/// On the first SIGINT or SIGTERM, asks the run to stop at the next step boundary every
+/// stage agrees on; on a second, exits at once.
+fn stop_on_signal() -> Result<Arc<StopGate>> {
+    let gate = Arc::new(StopGate::new());
+    let asked = gate.clone();
+    ctrlc::set_handler(move || {
+        if asked.requested() {
+            eprintln!("\nstopping now (second signal); nothing more is saved");
+            std::process::exit(130);
+        }
+        asked.request();
+        eprintln!("\nstopping after the current step (a second Ctrl-C stops at once, without saving)");
+    })
+    .map_err(|e| anyhow!("cannot handle Ctrl-C: {e}"))?;
+    Ok(gate)
+}
+
 pub fn train(args: &TrainArgs) -> Result<()> {
-    let session = Session::prepare(&args.build, &args.request()?)?;
+    let mut session = Session::prepare(&args.build, &args.request()?)?;
+    let gate = stop_on_signal()?;
+    session.config.stop = Some(gate.clone());
     for line in session.preamble(args.steps) {
         eprintln!("{line}");
     }
+    let pipeline = session.pipeline_text();
+    let session_start = session.start;
     let weights = args.build.join(WEIGHTS_FILE);
     let replacing = weights.is_file();
     let mut progress = progress(args, session.start)?;
@@ -47,12 +69,20 @@ pub fn train(args: &TrainArgs) -> Result<()> {
     let (first, last) = loss_range(&report);
     let skipped = if skipped > 0 { format!(" ({skipped} skipped)") } else { String::new() };
     println!(
-        "trained {} steps{skipped} in {:.1}s: loss {first:.4} -> {last:.4}; weight versions held per stage (peak): {:?}",
+        "trained {} steps{skipped} under {pipeline} in {:.1}s: loss {first:.4} -> {last:.4}; weight versions held per stage (peak): {:?}",
         report.losses.len(),
         progress.started.elapsed().as_secs_f64(),
         report.peak_versions
     );
     println!("peak live tensor bytes per stage: {}", memory_peaks(&report).join(", "));
+    let done = session_start + report.losses.len();
+    if gate.stop_after().is_some() && done < args.steps {
+        let argv: Vec<String> = std::env::args().collect();
+        for line in stopped_lines(done, args.steps, report.checkpoints.last().map(|p| p.as_path()), &argv) {
+            eprintln!("{line}");
+        }
+        std::process::exit(130);
+    }
     Ok(())
 }
 
@@ -66,7 +96,7 @@ pub fn worker(args: &WorkerArgs, embedded: Option<Vec<u8>>) -> Result<()> {
             job.finish().map_err(|e| anyhow!("{who}: {e}"))
         }
         Err(e) => {
-            eprintln!("error: {e}");
+            say(&format!("error: {e}"));
             job.abort(1)
         }
     }
@@ -86,6 +116,7 @@ fn worker_rank(args: &WorkerArgs, embedded: Option<Vec<u8>>, job: &MpiJob) -> Re
         eprint!("{}", session.shape.report());
     }
     let start = session.start;
+    let session_schedule = session.config.schedule;
     let mut progress = if reports { progress(t, start)? } else { Progress::new(t.steps, start, t.log_every, true, None)? };
     let outcome = session.run(&mut |r: StepReport| progress.step(&r))?;
     progress.finish();
@@ -93,21 +124,22 @@ fn worker_rank(args: &WorkerArgs, embedded: Option<Vec<u8>>, job: &MpiJob) -> Re
     // Every rank traces its own stage: `t.json` becomes `t.rank1.json` on rank 1.
     let trace = t.trace.as_ref().map(|p| p.with_extension(format!("rank{rank}.{}", p.extension().and_then(|e| e.to_str()).unwrap_or("json"))));
     if let Some(line) = save_trace(trace.as_deref(), report)? {
-        eprintln!("{line}");
+        say(&format!("rank {rank}: {line}"));
     }
     for p in &report.checkpoints {
-        eprintln!("rank {rank}: wrote checkpoint {}", p.display());
+        say(&format!("rank {rank}: wrote checkpoint {}", p.display()));
     }
     if let Some(all) = &outcome.job {
         let weights = t.build.join(WEIGHTS_FILE);
         save_weights(&weights, all)?;
-        eprintln!("rank {rank}: wrote every stage's weights to {}", weights.display());
+        say(&format!("rank {rank}: wrote every stage's weights to {}", weights.display()));
     }
     if reports {
         let (first, last) = loss_range(report);
         println!(
-            "trained {} steps in {:.1}s over {depth} stage(s) x {replicas} replica(s): loss {first:.4} -> {last:.4}",
+            "trained {} steps under {} over {depth} stage(s) x {replicas} replica(s) in {:.1}s: loss {first:.4} -> {last:.4}",
             report.losses.len(),
+            session_schedule,
             progress.started.elapsed().as_secs_f64(),
         );
     }
@@ -115,6 +147,13 @@ fn worker_rank(args: &WorkerArgs, embedded: Option<Vec<u8>>, job: &MpiJob) -> Re
     let versions = report.peak_versions.first().copied().unwrap_or(0);
     println!("rank {rank} (stage {stage}, replica {replica}): peak live tensor bytes {peak}, weight versions held (peak) {versions}");
     Ok(())
+}
+
+/// One line on standard error in one write: the launcher interleaves the ranks' output,
+/// and a line written in pieces (as `eprintln!` may) comes out mixed with another rank's.
+fn say(line: &str) {
+    use std::io::Write;
+    let _ = std::io::stderr().write_all(format!("{line}\n").as_bytes());
 }
 
 pub fn run_forward(args: &RunForwardArgs) -> Result<()> {

@@ -1080,3 +1080,46 @@ fn nonfinite_steps_are_skipped_on_request() {
     assert!(err.lines().last().unwrap_or_default().contains("step 3: 3 steps in a row had a non-finite loss or gradients and were skipped (--max-skips 3): training diverged"), "{err}");
     fails(&pw(args("0")), &["--max-skips must be at least 1"]);
 }
+
+/// Ctrl-C during `train`: the run stops at an agreed step boundary, writes that step's
+/// checkpoint (as `--checkpoint-every` was given), saves the weights, prints the last
+/// checkpoint and the exact command that resumes from it, and exits with 130.
+#[test]
+fn ctrl_c_stops_at_a_step_and_prints_the_resume_command() {
+    use std::io::{BufRead, BufReader};
+    let dir = tempfile::tempdir().expect("temp dir");
+    let build = dir.path().join("build");
+    pw_ok(["compile", model("mlp").to_str().unwrap(), "--stages", "2", "-o", build.to_str().unwrap()]);
+    let b = build.to_str().unwrap();
+    let mut child = common::command()
+        .args(["train", b, "--steps", "1000000", "--checkpoint-every", "100000", "--no-progress", "--log-every", "1"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("starts train");
+    let mut err = BufReader::new(child.stderr.take().expect("stderr"));
+    let mut seen = String::new();
+    // Signal once training is under way (a progress line).
+    while !seen.lines().any(|l| l.starts_with("step ")) {
+        let mut line = String::new();
+        assert!(err.read_line(&mut line).expect("reads stderr") > 0, "train ended before its first step:\n{seen}");
+        seen.push_str(&line);
+    }
+    let status = Command::new("kill").args(["-INT", &child.id().to_string()]).status().expect("runs kill");
+    assert!(status.success());
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut err, &mut rest).expect("reads stderr");
+    let out = child.wait_with_output().expect("train ends");
+    let stderr = seen + &rest;
+    assert_eq!(out.status.code(), Some(130), "{stderr}");
+    let stopped = stderr.lines().find(|l| l.starts_with("stopped by a signal after step ")).unwrap_or_else(|| panic!("{stderr}"));
+    let step: usize = stopped["stopped by a signal after step ".len()..].split(' ').next().and_then(|s| s.parse().ok()).expect("a step");
+    let checkpoint = build.join("checkpoints").join(format!("step-{step:06}"));
+    assert!(stderr.contains(&format!("the last checkpoint is {}", checkpoint.display())), "{stderr}");
+    let resume = stderr.lines().find_map(|l| l.strip_prefix("resume with: ")).unwrap_or_else(|| panic!("{stderr}"));
+    assert!(resume.ends_with(&format!("train {b} --steps 1000000 --checkpoint-every 100000 --no-progress --log-every 1 --resume {}", checkpoint.display())), "{resume}");
+    let ck = pipewright_runtime::pipeline::read_checkpoint(&checkpoint).expect("the stop's checkpoint reads back");
+    assert_eq!(ck.step as usize, step);
+    assert!(build.join("weights.safetensors").is_file(), "the weights were saved");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}

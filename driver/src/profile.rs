@@ -785,6 +785,7 @@ fn train_traced(build: &Path, device: Device, steps: usize, microbatches: u64, o
         // Not `Skip`: its agreement between the stages would put a wait in the update.
         on_nonfinite: NonFinite::Stop,
         max_skips: pipewright_core::DEFAULT_MAX_SKIPS,
+        schedule: None,
     };
     Ok(Session::prepare(build, &req)?.run(&mut |_| {})?)
 }

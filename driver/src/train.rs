@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use pipewright_core::{Decay, Device, Loss, NonFinite, Optimizer, Precision, RunFlags, RunShape};
+use pipewright_core::{Decay, Device, Loss, NonFinite, Optimizer, Precision, Recompute, RunFlags, RunShape, Schedule};
 use pipewright_runtime::build::{Build, Identity, Manifest, MANIFEST_FILE};
 use pipewright_runtime::data::{Dataset, LabelArray, Stop, DEFAULT_LABEL};
 use pipewright_runtime::device::tch_device;
@@ -25,7 +25,7 @@ use pipewright_runtime::pipeline::{
 };
 
 /// The runtime's types a command sees: each step's report, the run's, and the MPI job.
-pub use pipewright_runtime::pipeline::{MpiJob, StepReport, TrainReport};
+pub use pipewright_runtime::pipeline::{MpiJob, StepReport, StopGate, TrainReport};
 
 use crate::export::WEIGHTS_FILE;
 use crate::DriverError;
@@ -93,10 +93,14 @@ pub struct TrainRequest {
     pub on_nonfinite: NonFinite,
     /// Skipped steps in a row after which `Skip` stops.
     pub max_skips: usize,
+    /// The schedule the user expects (`train --schedule`): the build's own must be it, as
+    /// the schedule is compiled in.
+    pub schedule: Option<Schedule>,
 }
 
 /// The run's configuration, built from the request and the build's shape.
 fn config(req: &TrainRequest, manifest: &Manifest, shape: &RunShape, build: &Path) -> Result<TrainConfig, DriverError> {
+    check_schedule(req.schedule, manifest, build)?;
     check_numbers(req)?;
     check_step_size(req, manifest, shape)?;
     let output = loss_output(req, manifest)?;
@@ -144,6 +148,64 @@ fn config(req: &TrainRequest, manifest: &Manifest, shape: &RunShape, build: &Pat
         cfg.checkpoint_dir = Some(req.checkpoint_dir.clone().unwrap_or_else(|| build.join("checkpoints")));
     }
     Ok(cfg)
+}
+
+/// `train --schedule S` on a build compiled for another schedule: the schedule is compiled
+/// into the stage modules (their weight versioning), so the answer is the compile command
+/// that builds the same pipeline for `S`.
+fn check_schedule(asked: Option<Schedule>, manifest: &Manifest, build: &Path) -> Result<(), DriverError> {
+    let Some(asked) = asked else { return Ok(()) };
+    let p = &manifest.pipeline;
+    if asked == p.schedule {
+        return Ok(());
+    }
+    let recompute = match p.recompute {
+        Recompute::None => String::new(),
+        r => format!(" --recompute {r}"),
+    };
+    Err(DriverError::msg(format!(
+        "--schedule {asked}: the schedule is compiled into the build, and {} was compiled for {}; compile it for {asked} (then train it as before): pipewright compile {} --stages {} --schedule {asked}{recompute} -o {}",
+        build.display(),
+        p.schedule,
+        manifest.model,
+        p.depth,
+        build.display()
+    )))
+}
+
+/// The command that continues a run stopped early: the same arguments (`argv`, the
+/// program first), resuming from `checkpoint` in place of any earlier `--resume`.
+pub fn resume_command(argv: &[String], checkpoint: &Path) -> Vec<String> {
+    let mut out = Vec::with_capacity(argv.len() + 2);
+    let mut args = argv.iter();
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--resume" => {
+                args.next();
+            }
+            _ if a.starts_with("--resume=") => {}
+            _ => out.push(a.clone()),
+        }
+    }
+    out.extend(["--resume".to_string(), checkpoint.display().to_string()]);
+    out
+}
+
+/// What `train` says when a signal stopped it after `done` of `steps` steps: where the
+/// checkpoint of that step is and the command that resumes from it, or that none was
+/// written (and how to have one next time).
+pub fn stopped_lines(done: usize, steps: usize, checkpoint: Option<&Path>, argv: &[String]) -> Vec<String> {
+    let mut lines = vec![format!("stopped by a signal after step {done} of {steps}, at a step boundary every stage agreed on")];
+    match checkpoint {
+        Some(ck) => {
+            lines.push(format!("the last checkpoint is {}", ck.display()));
+            lines.push(format!("resume with: {}", crate::launch::shell_line(&resume_command(argv, ck))));
+        }
+        None => lines.push(format!(
+            "no checkpoint was written, so this run cannot be resumed; train with --checkpoint-every N to have a stop write one (the weights after step {done} are saved)"
+        )),
+    }
+    lines
 }
 
 /// Where the workers run when `--devices` is not given: `--device cuda` (that is,
@@ -365,6 +427,12 @@ impl Session {
 }
 
 impl Session {
+    /// `2bw over 2 stage(s) x 1 replica(s)`: the pipeline trained, for the run's summary.
+    pub fn pipeline_text(&self) -> String {
+        let c = &self.build.manifest.pipeline;
+        format!("{} over {} stage(s) x {} replica(s)", c.schedule, c.depth, self.shape.replicas.value)
+    }
+
     /// What `train` says before it starts: where each run value came from, the import's
     /// notes, the pipeline it trains, the stages' placement when one was given, and that an
     /// earlier run's weights will be replaced.
@@ -609,6 +677,17 @@ mod tests {
     use crate::compile::tests::{request, stages};
 
     #[test]
+    fn the_resume_command_repeats_the_run_from_the_checkpoint() {
+        let argv: Vec<String> = ["pipewright", "train", "b", "--steps", "9", "--resume", "old", "--lr=0.1", "--resume=older"].map(String::from).to_vec();
+        let cmd = resume_command(&argv, Path::new("b/checkpoints/step-000004"));
+        assert_eq!(cmd, ["pipewright", "train", "b", "--steps", "9", "--lr=0.1", "--resume", "b/checkpoints/step-000004"]);
+        let lines = stopped_lines(4, 9, Some(Path::new("b/my checkpoints/step-000004")), &argv[..5]);
+        assert_eq!(lines[1], "the last checkpoint is b/my checkpoints/step-000004");
+        assert_eq!(lines[2], "resume with: pipewright train b --steps 9 --resume 'b/my checkpoints/step-000004'");
+        assert!(stopped_lines(4, 9, None, &argv)[1].contains("train with --checkpoint-every N"));
+    }
+
+    #[test]
     fn a_cuda_run_spreads_over_every_visible_gpu_unless_pinned() {
         let gpus = |n: usize| (0..n).map(Device::Cuda).collect::<Vec<_>>();
         assert_eq!(default_placement(Device::Cuda(0), 4), gpus(4));
@@ -650,6 +729,7 @@ mod tests {
             devices: Vec::new(),
             on_nonfinite: NonFinite::Stop,
             max_skips: pipewright_core::DEFAULT_MAX_SKIPS,
+            schedule: None,
         }
     }
 

@@ -639,3 +639,42 @@ fn placed_stages_train_like_one_device() {
     assert_eq!(losses_one, losses_placed);
     assert_eq!(weight_gap(&r, &base), 0.0);
 }
+
+/// An early stop (Ctrl-C in `train`): asked while step 3 is reported, every worker stops
+/// after one agreed step, that step is checkpointed although no regular checkpoint is due,
+/// and resuming from it trains to the uninterrupted run's weights, bit for bit, under
+/// every schedule and with replicas.
+#[test]
+fn a_stop_at_a_step_boundary_resumes_to_the_same_weights() {
+    for (sched, replicas) in [(Schedule::TwoBw, 1), (Schedule::Flush, 1), (Schedule::GPipe, 1), (Schedule::TwoBw, 2)] {
+        let data = dataset(12, replicas * M, None);
+        let mut c = cfg(sched, OptimizerConfig::adam(), 0.05, 12);
+        c.replicas = replicas;
+        let whole = train(stages(3, sched, Recompute::None), &c, feed(&data), &mut |_| {}).unwrap();
+        let dir = tempfile::tempdir().expect("temp dir");
+        let gate = std::sync::Arc::new(StopGate::new());
+        let mut stopping = c.clone();
+        stopping.checkpoint_every = Some(100);
+        stopping.checkpoint_dir = Some(dir.path().to_path_buf());
+        stopping.stop = Some(gate.clone());
+        let asked = gate.clone();
+        let stopped = train(stages(3, sched, Recompute::None), &stopping, feed(&data), &mut |s| {
+            if s.step == 2 {
+                asked.request();
+            }
+        })
+        .unwrap();
+        let done = stopped.losses.len();
+        assert!((3..12).contains(&done), "{sched:?} x{replicas}: stopped after {done} steps");
+        assert_eq!(gate.stop_after(), Some(done as u64 - 1));
+        assert_eq!(stopped.losses[..], whole.losses[..done], "{sched:?} x{replicas}: the losses before the stop");
+        assert_eq!(stopped.checkpoints.len(), 1, "{sched:?} x{replicas}: {:?}", stopped.checkpoints);
+        let ck = read_checkpoint(&stopped.checkpoints[0]).unwrap();
+        assert_eq!(ck.step as usize, done);
+        let resumed = resume(stages(3, sched, Recompute::None), &c, ck, feed(&data[done..]), &mut |_| {}).unwrap();
+        assert_eq!(resumed.losses[..], whole.losses[done..], "{sched:?} x{replicas}: the losses after resuming");
+        for (a, b) in whole.weights.iter().flatten().zip(resumed.weights.iter().flatten()) {
+            assert!(a.1.equal(&b.1), "{sched:?} x{replicas}: {} differs after resuming", a.0);
+        }
+    }
+}

@@ -9,6 +9,7 @@ mod pieces;
 mod precision;
 mod schedule;
 mod stage;
+mod stop;
 mod trace;
 mod transport;
 
@@ -28,6 +29,7 @@ pub use schedule::{stage_ops, stage_ops_from, Op};
 pub use checkpoint::{decode_checkpoint, decode_stage, read_checkpoint, step_dir_name, write_checkpoint, Checkpoint, CheckpointError, StageState};
 pub use distributed::{batch_fingerprint, Layout, Mpi, MpiJob, DEFAULT_HEARTBEAT_TIMEOUT, HEARTBEAT_PERIOD};
 pub use memory::{bytes_of, StageMemory};
+pub use stop::StopGate;
 pub use transport::{InProcess, Named, Transport};
 
 use crate::build::{Field, Identity};
@@ -123,6 +125,10 @@ pub struct TrainConfig {
     /// With [`NonFinite::Skip`]: this many skipped steps in a row end training with
     /// [`PipelineError::TooManySkips`].
     pub max_skips: usize,
+    /// Where the embedded executor's workers agree to stop early (asked by the caller, e.g.
+    /// on Ctrl-C): after that step, checkpointed when `checkpoint_every` is set. `None`:
+    /// the run goes to `steps`. The MPI workers do not use it.
+    pub stop: Option<std::sync::Arc<StopGate>>,
 }
 
 pub use pipewright_core::DEFAULT_MAX_SKIPS;
@@ -154,6 +160,7 @@ impl TrainConfig {
             devices: Vec::new(),
             on_nonfinite: NonFinite::Stop,
             max_skips: DEFAULT_MAX_SKIPS,
+            stop: None,
         }
     }
 

@@ -242,6 +242,11 @@ fn silence_worker_panics() {
     });
 }
 
+/// Whether step `t` (from 0) writes a checkpoint (`TrainConfig::checkpoint_every`).
+fn checkpoint_due(cfg: &TrainConfig, t: u64) -> bool {
+    cfg.checkpoint_every.is_some_and(|n| n > 0 && (t + 1) % n as u64 == 0)
+}
+
 /// Pipeline worker threads are named `pipewright-r{replica}-stage{k}`.
 pub(crate) const WORKER_THREAD_PREFIX: &str = "pipewright-r";
 
@@ -251,6 +256,22 @@ struct Ctx<'a> {
     m: usize,
     cfg: &'a TrainConfig,
     start_step: u64,
+}
+
+impl Ctx<'_> {
+    /// A send's result: a neighbour that has stopped at the agreed step never needed
+    /// step `step`'s tensors when that step is beyond the stop ([`super::StopGate`]).
+    fn sent(&self, result: Result<(), String>, step: u64) -> Result<(), E> {
+        match result {
+            Err(_) if self.cfg.stop.as_ref().is_some_and(|g| g.beyond(step)) => Ok(()),
+            other => other.map_err(induced),
+        }
+    }
+
+    /// This worker has completed step `t`: whether the run stops here.
+    fn stops_after(&self, t: u64) -> bool {
+        self.cfg.stop.as_ref().is_some_and(|g| g.completed(t))
+    }
 }
 
 enum E {
@@ -346,6 +367,10 @@ fn run_inner(
                 // holds three.
                 w.retain_versions(&mut st, next_fwd[i + 1].map(|j| w.spec.update.version_for(j, m64)))?;
                 w.step_op(&mut st, t, ctx, tr, events, rec)?;
+                if ctx.stops_after(t) {
+                    w.checkpoint_at_stop(&mut st, t, ctx, events)?;
+                    break;
+                }
             }
         }
         w.retain_versions(&mut st, next_fwd[i + 1].map(|j| w.spec.update.version_for(j, m64)))?;
@@ -585,7 +610,7 @@ impl Worker {
         if self.spec.n_send > 0 {
             let t0 = rec.start();
             let sent = fwd.outputs[..self.spec.n_send].iter().zip(self.output_names()).map(|(t, n)| (n, t.detach())).collect();
-            tr.send_forward(j, sent).map_err(induced)?;
+            ctx.sent(tr.send_forward(j, sent), step)?;
             rec.record(TraceKind::Send, t0, Some(j), v, step);
         }
         if let Some(value) = loss_value {
@@ -652,7 +677,7 @@ impl Worker {
         rec.record(TraceKind::Backward, t0, Some(j), v, step);
         if self.spec.n_recv > 0 {
             let t0 = rec.start();
-            tr.send_backward(j, self.input_names().into_iter().zip(ig).collect()).map_err(induced)?;
+            ctx.sent(tr.send_backward(j, self.input_names().into_iter().zip(ig).collect()), step)?;
             rec.record(TraceKind::Send, t0, Some(j), v, step);
         }
         Ok(())
@@ -711,12 +736,23 @@ impl Worker {
         }
         st.batch_loss = 0.0;
         st.batch_samples = 0;
-        let due = cfg.checkpoint_every.is_some_and(|n| n > 0 && (t + 1) % n as u64 == 0);
-        if due && ctx.replica == 0 {
+        if checkpoint_due(cfg, t) && ctx.replica == 0 {
             let state = self.snapshot(st, t)?;
             let _ = events.send(Event::Checkpoint { step: t + 1, state });
         }
-        st.stats_at_batch_end.retain(|b, _| *b > t);
+        // Step t's statistics stay until the next step: an early stop checkpoints them.
+        st.stats_at_batch_end.retain(|b, _| *b >= t);
+        Ok(())
+    }
+
+    /// At an early stop after step `t` (replica 0, with checkpoints on): the checkpoint of
+    /// step `t + 1`, unless the step wrote one anyway.
+    fn checkpoint_at_stop(&self, st: &mut State, t: u64, ctx: &Ctx<'_>, events: &Sender<Event>) -> Result<(), E> {
+        if ctx.cfg.checkpoint_every.is_none() || checkpoint_due(ctx.cfg, t) || ctx.replica != 0 {
+            return Ok(());
+        }
+        let state = self.snapshot(st, t)?;
+        let _ = events.send(Event::Checkpoint { step: t + 1, state });
         Ok(())
     }
 
