@@ -1,0 +1,323 @@
+//! The model zoo (`zoo/`, written by `zoo/make_zoo.py`), every entry end to end through
+//! the CLI as a user takes it: `inspect`; `compile` at d = 1, 2 and 4 under 2bw, flush and
+//! gpipe, each trained 2 steps at microbatch 3 (never the export batch, 1 or 2); `export`
+//! of the d = 2 2bw build; and the exported model run by onnxruntime at two batch sizes,
+//! its outputs matched by `run-forward`.
+//!
+//! An entry passes when every step does. The one allowed failure is a refusal at import
+//! or compile that names the node: a model must never fail inside libtorch at step 1.
+//! Entries the exporter itself could not write are listed in `zoo/zoo.json` and skipped.
+//!
+//! The commands run in this process, parsed by the CLI's own argument types (`src/args.rs`
+//! and the driver's request types) and done by the same driver calls, so that some two
+//! thousand commands fit in CI's time (a process of its own costs each one the loading of
+//! libtorch).
+//!
+//! `PIPEWRIGHT_ZOO_TABLE=docs/zoo.md` writes the results table there;
+//! `PIPEWRIGHT_ZOO_FILTER=NAME` takes only the entries whose name contains NAME;
+//! `PIPEWRIGHT_ZOO_JOBS` (default 2) is how many entries run at once.
+#![cfg(feature = "torch")]
+
+mod common;
+#[path = "../src/args.rs"]
+#[allow(dead_code)]
+mod args;
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+use clap::Parser;
+use common::root;
+use pipewright_driver::inspect::InspectRequest;
+use pipewright_driver::plan::CompileSpec;
+
+const DEPTHS: [usize; 3] = [1, 2, 4];
+const SCHEDULES: [&str; 3] = ["2bw", "flush", "gpipe"];
+const MICROBATCH: &str = "3";
+
+/// One entry of `zoo/zoo.json`.
+struct Entry {
+    name: String,
+    arch: String,
+    exporter: String,
+    batch: String,
+    exporter_error: Option<String>,
+}
+
+fn entries() -> Vec<Entry> {
+    let path = root().join("zoo/zoo.json");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("the zoo index is missing: {}: {e}", path.display()));
+    let json: serde_json::Value = serde_json::from_str(&text).expect("zoo.json parses");
+    let field = |e: &serde_json::Value, k: &str| e[k].as_str().unwrap_or_else(|| panic!("zoo.json: entry without {k}: {e}")).to_string();
+    json["entries"]
+        .as_array()
+        .expect("zoo.json has entries")
+        .iter()
+        .map(|e| Entry {
+            name: field(e, "name"),
+            arch: field(e, "arch"),
+            exporter: field(e, "exporter"),
+            batch: field(e, "batch"),
+            exporter_error: e["exporter_error"].as_str().map(str::to_string),
+        })
+        .collect()
+}
+
+/// How one step of an entry ended.
+#[derive(Clone, Debug)]
+enum Outcome {
+    Pass(String),
+    /// The step failed with this message.
+    Fail(String),
+    /// Not run: an earlier step failed, or the model has too few layers for the depth.
+    NotRun(String),
+}
+
+impl Outcome {
+    fn cell(&self) -> String {
+        match self {
+            Outcome::Pass(s) => format!("pass{}", if s.is_empty() { String::new() } else { format!(" ({s})") }),
+            Outcome::Fail(m) => format!("**fail**: {}", m.replace('|', "\\|")),
+            Outcome::NotRun(why) => format!("– ({why})"),
+        }
+    }
+}
+
+/// The steps of one entry, in order: import, d=1, d=2, d=4, export, onnxruntime.
+struct Row {
+    steps: Vec<(&'static str, Outcome)>,
+}
+
+impl Row {
+    /// The first failure, if any: its step and message.
+    fn failure(&self) -> Option<(&'static str, &str)> {
+        self.steps.iter().find_map(|(step, o)| match o {
+            Outcome::Fail(m) => Some((*step, m.as_str())),
+            _ => None,
+        })
+    }
+}
+
+/// The last line of what a failed command printed (its `error:` line).
+fn last_line(stderr: &str) -> String {
+    stderr.trim_end().lines().last().unwrap_or("").trim_start_matches("error: ").to_string()
+}
+
+#[derive(Parser)]
+enum Cli {
+    Inspect(InspectRequest),
+    Compile(CompileSpec),
+    Train(args::TrainArgs),
+    Export(args::ExportArgs),
+    RunForward(args::RunForwardArgs),
+}
+
+/// `pipewright ARGS`, in this process: `Ok(what it printed)` or `Err(its error)`. A panic
+/// is an error too (the CLI would have shown a backtrace).
+fn try_pw<const N: usize>(argv: [&str; N]) -> Result<String, String> {
+    let cli = Cli::try_parse_from(std::iter::once("pipewright").chain(argv)).map_err(|e| e.to_string())?;
+    match catch_unwind(AssertUnwindSafe(|| run(cli))) {
+        Ok(result) => result.map_err(|e| format!("error: {e}")),
+        Err(panic) => Err(format!("panicked: {}", panic.downcast_ref::<String>().cloned().or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default())),
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<String> {
+    use pipewright_driver::export::{export_onnx, save_weights, WEIGHTS_FILE};
+    use pipewright_driver::train::Session;
+    Ok(match cli {
+        Cli::Inspect(req) => pipewright_driver::inspect::inspect(&req)?,
+        Cli::Compile(spec) => pipewright_driver::plan::compile_command(&spec)?.1.stdout,
+        Cli::Train(args) => {
+            let report = Session::prepare(&args.build, &args.request()?)?.run(&mut |_| {})?;
+            save_weights(&args.build.join(WEIGHTS_FILE), &report)?;
+            format!("losses {:?}", report.losses)
+        }
+        Cli::Export(args) => export_onnx(&args.build, &args.output)?.batch_text(),
+        Cli::RunForward(args) => {
+            let (lines, verdict) = pipewright_driver::forward::run_forward_command(&args.model, &args.inputs, args.device, args.tile_batch, (args.rtol, args.atol), None)?;
+            if !verdict.matched {
+                anyhow::bail!("{}: the outputs differ from the expected ones: {}", args.model.display(), lines.join("; "));
+            }
+            lines.join("\n")
+        }
+    })
+}
+
+fn run_entry(entry: &Entry, work: &Path) -> Row {
+    let model = root().join("zoo/models").join(&entry.name).join("model.onnx");
+    let model_arg = model.to_str().expect("utf-8 path");
+    let mut steps = Vec::new();
+    if let Err(e) = try_pw(["inspect", model_arg]) {
+        steps.push(("import", Outcome::Fail(last_line(&e))));
+        return Row { steps };
+    }
+    steps.push(("import", Outcome::Pass(String::new())));
+    let mut export_build = None;
+    for d in DEPTHS {
+        let outcome = depth(&model, d, work, &mut export_build);
+        steps.push((["d=1", "d=2", "d=4"][DEPTHS.iter().position(|&x| x == d).unwrap_or(0)], outcome));
+    }
+    let Some(build) = export_build else {
+        steps.push(("export", Outcome::NotRun("no trained build".into())));
+        steps.push(("onnxruntime", Outcome::NotRun("no export".into())));
+        return Row { steps };
+    };
+    let exported = work.join("exported.onnx");
+    match try_pw(["export", build.to_str().unwrap_or_default(), "-o", exported.to_str().unwrap_or_default()]) {
+        Ok(out) => steps.push(("export", Outcome::Pass(export_note(&out)))),
+        Err(e) => {
+            steps.push(("export", Outcome::Fail(last_line(&e))));
+            steps.push(("onnxruntime", Outcome::NotRun("no export".into())));
+            return Row { steps };
+        }
+    }
+    steps.push(("onnxruntime", onnxruntime_check(&exported, &model, work)));
+    Row { steps }
+}
+
+/// `kept the export batch 1` or nothing: what export said of the batch when it had to keep it.
+fn export_note(stdout: &str) -> String {
+    match stdout.split("kept the export batch ").nth(1) {
+        Some(rest) => format!("batch kept at {}", rest.split(':').next().unwrap_or("?")),
+        None => String::new(),
+    }
+}
+
+/// Compiles at depth `d` under every schedule and trains each build 2 steps; the d = 2 2bw
+/// build (or the first to train) is kept for export.
+fn depth(model: &Path, d: usize, work: &Path, export_build: &mut Option<PathBuf>) -> Outcome {
+    let mut trained = Vec::new();
+    for schedule in SCHEDULES {
+        let build = work.join(format!("d{d}-{schedule}"));
+        let compile = ["compile", model.to_str().unwrap_or_default(), "--stages", &d.to_string(), "--schedule", schedule, "-o", build.to_str().unwrap_or_default()];
+        if let Err(e) = try_pw(compile) {
+            let message = last_line(&e);
+            if message.contains("cannot be cut into") || message.contains("fewer") {
+                return Outcome::NotRun(message);
+            }
+            return Outcome::Fail(format!("compile --schedule {schedule}: {message}"));
+        }
+        let train = ["train", build.to_str().unwrap_or_default(), "--steps", "2", "--microbatch", MICROBATCH, "--threads", "1", "--timeout", "120"];
+        match try_pw(train) {
+            Ok(_) => trained.push(schedule),
+            Err(e) => return Outcome::Fail(format!("train ({schedule}): {}", last_line(&e))),
+        }
+        if export_build.is_none() || (d == 2 && schedule == "2bw") {
+            *export_build = Some(build);
+        }
+    }
+    Outcome::Pass(trained.join(", "))
+}
+
+/// The exported model through onnxruntime at the export batch and at 3x it (where export
+/// made the batch dynamic), each matched by `run-forward` on the same inputs.
+fn onnxruntime_check(exported: &Path, source: &Path, work: &Path) -> Outcome {
+    let python = match std::env::var("PIPEWRIGHT_PYTHON") {
+        Ok(p) => p,
+        Err(_) => panic!("PIPEWRIGHT_PYTHON is not set: run the tests through scripts/test.sh (it sets up onnxruntime)"),
+    };
+    let inputs = source.parent().expect("entry folder");
+    let script = root().join("zoo/onnxruntime_batches.py");
+    let out = Command::new(&python).arg(&script).arg(exported).arg(inputs).arg(work).output().expect("runs python");
+    let printed = String::from_utf8_lossy(&out.stdout).into_owned();
+    if !out.status.success() {
+        return Outcome::Fail(format!("onnxruntime: {}", last_line(&String::from_utf8_lossy(&out.stderr))));
+    }
+    let mut batches = Vec::new();
+    for line in printed.lines() {
+        let Some((batch, folder)) = line.strip_prefix("batch ").and_then(|l| l.split_once(' ')) else { continue };
+        match try_pw(["run-forward", exported.to_str().unwrap_or_default(), "--inputs", folder, "--rtol", "1e-3", "--atol", "1e-4"]) {
+            Ok(_) => batches.push(batch.to_string()),
+            Err(e) => return Outcome::Fail(format!("run-forward at batch {batch}: {}", last_line(&e))),
+        }
+    }
+    if batches.is_empty() {
+        return Outcome::Fail(format!("onnxruntime ran no batch: {printed}"));
+    }
+    Outcome::Pass(format!("batch {}", batches.join(", ")))
+}
+
+fn table(entries: &[Entry], rows: &[Option<Row>]) -> String {
+    let mut text = String::from(concat!(
+        "# The model zoo\n\n",
+        "Every architecture of `zoo/` (written by `zoo/make_zoo.py` from torchvision, transformers and torch.nn ",
+        "building blocks at tiny widths, random weights), exported by PyTorch's default exporter (`dynamo`, ",
+        "weights in an external data file) and the TorchScript exporter (`script`), at a fixed batch of 1, a ",
+        "fixed batch of 2 and with a dynamic batch axis. Each entry is taken through `inspect`, `compile` at ",
+        "d = 1, 2 and 4 under 2bw, flush and gpipe (each build trained 2 steps at microbatch 3), `export` of ",
+        "the d = 2 2bw build, and onnxruntime on the exported model at two batch sizes against `run-forward`.\n\n",
+        "Generated by `tests/zoo.rs`; to regenerate:\n\n",
+        "    PIPEWRIGHT_ZOO_TABLE=$PWD/docs/zoo.md cargo test --release --test zoo\n\n",
+    ));
+    let (mut pass, mut fail, mut exporter) = (0, 0, 0);
+    for (e, r) in entries.iter().zip(rows) {
+        match (e.exporter_error.is_some(), r.as_ref().map(Row::failure)) {
+            (true, _) => exporter += 1,
+            (false, Some(None)) => pass += 1,
+            (false, Some(Some(_))) => fail += 1,
+            (false, None) => {}
+        }
+    }
+    text.push_str(&format!(
+        "{} entries of {} architectures: **{pass} pass every step**, {fail} fail, {exporter} could not be exported by the exporter itself.\n\n",
+        entries.len(),
+        entries.iter().map(|e| e.arch.as_str()).collect::<std::collections::BTreeSet<_>>().len()
+    ));
+    text.push_str("| model | exporter | batch | import | d=1 | d=2 | d=4 | export | onnxruntime |\n|---|---|---|---|---|---|---|---|---|\n");
+    for (e, r) in entries.iter().zip(rows) {
+        let cells: Vec<String> = match (&e.exporter_error, r) {
+            (Some(err), _) => vec![format!("exporter failed: {}", err.chars().take(120).collect::<String>().replace('|', "\\|"))],
+            (None, Some(r)) => r.steps.iter().map(|(_, o)| o.cell()).collect(),
+            (None, None) => vec!["not run".into()],
+        };
+        text.push_str(&format!("| {} | {} | {} | {} |\n", e.arch, e.exporter, e.batch, cells.join(" | ")));
+    }
+    text
+}
+
+#[test]
+fn every_zoo_entry_end_to_end() {
+    let all = entries();
+    let filter = std::env::var("PIPEWRIGHT_ZOO_FILTER").unwrap_or_default();
+    if filter.is_empty() {
+        assert!(all.len() >= 240, "the zoo lists {} entries: expected six for each of at least 40 architectures (zoo/make_zoo.py)", all.len());
+    }
+    let jobs: usize = std::env::var("PIPEWRIGHT_ZOO_JOBS").ok().and_then(|j| j.parse().ok()).unwrap_or(2);
+    let work = tempfile::tempdir().expect("temp dir");
+    let rows: Vec<Mutex<Option<Row>>> = all.iter().map(|_| Mutex::new(None)).collect();
+    let next = AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        for _ in 0..jobs.max(1) {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::SeqCst);
+                let Some(entry) = all.get(i) else { break };
+                if entry.exporter_error.is_some() || !entry.name.contains(&filter) {
+                    continue;
+                }
+                let dir = work.path().join(&entry.name);
+                std::fs::create_dir_all(&dir).expect("work dir");
+                let row = run_entry(entry, &dir);
+                let _ = std::fs::remove_dir_all(&dir);
+                *rows[i].lock().expect("row") = Some(row);
+            });
+        }
+    });
+    let rows: Vec<Option<Row>> = rows.into_iter().map(|m| m.into_inner().expect("row")).collect();
+    if let Ok(path) = std::env::var("PIPEWRIGHT_ZOO_TABLE") {
+        std::fs::write(&path, table(&all, &rows)).expect("writes the table");
+    }
+    let mut failures = Vec::new();
+    for (e, r) in all.iter().zip(&rows) {
+        let Some((step, message)) = r.as_ref().and_then(Row::failure) else { continue };
+        // The one failure allowed: a refusal at import or compile naming the node.
+        let refused_early = step == "import" || message.starts_with("compile");
+        if !(refused_early && message.contains("node \"")) {
+            failures.push(format!("{} ({}): {step}: {message}", e.name, e.batch));
+        }
+    }
+    assert!(failures.is_empty(), "{} zoo entries failed:\n{}", failures.len(), failures.join("\n"));
+}
