@@ -137,6 +137,10 @@ pub fn dynamic_batch(g: &mut GraphProto, ir: &Graph) -> Rebatched {
     }
     out.value_info.clear();
 
+    let folded: HashMap<&str, Vec<i64>> = ir
+        .value_ids()
+        .filter_map(|v| ir.value(v).weight().filter(|w| !w.trainable && w.data.dtype == pipewright_ir::DType::I64).map(|w| (ir.value(v).name.as_str(), w.data.to_i64s())))
+        .collect();
     let (mut reshapes, mut expands, mut sliced) = (0, 0, 0);
     let mut added: HashMap<Vec<i64>, String> = HashMap::new();
     let mut new_inits = Vec::new();
@@ -147,7 +151,9 @@ pub fn dynamic_batch(g: &mut GraphProto, ir: &Graph) -> Rebatched {
             continue;
         }
         let (Some(data), Some(target), Some(result)) = (node.input.first().cloned(), node.input.get(1).cloned(), node.output.first().cloned()) else { continue };
-        let Some(values) = constant(&out, &target).as_ref().and_then(i64_values) else { continue };
+        // A target computed from constants in the source (a Concat of shape pieces) is one
+        // the importer folded: its value is the importer's.
+        let Some(values) = constant(&out, &target).as_ref().and_then(i64_values).or_else(|| folded.get(target.as_str()).cloned()) else { continue };
         let Some(out_shape) = shapes.get(result.as_str()).filter(|s| s.iter().any(|d| d.is_batch())) else {
             // An Expand the importer folded or kept at fixed extents (a constant operand):
             // a leading export batch in its target becomes 1 where only broadcasting

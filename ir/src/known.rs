@@ -254,7 +254,7 @@ fn map_unary(x: &Known, on_int: impl Fn(Dim) -> Option<Dim>, on_float: impl Fn(f
 }
 
 /// Index into a broadcast operand for output element `i`.
-fn bcast_index(i: usize, out: &[i64], shape: &[i64]) -> usize {
+pub(crate) fn bcast_index(i: usize, out: &[i64], shape: &[i64]) -> usize {
     let mut rem = i;
     let mut idx = 0usize;
     let mut stride = 1usize;

@@ -671,6 +671,23 @@ fn identity_gathers_at_the_export_batch_follow_the_batch() {
     let g = import(&m);
     assert_eq!(op_names(&g), ["Identity"]);
     assert_eq!(ty(&g, "y"), "i64[N,3]");
+
+    // A ScatterND over every element (its indices a Concat of expanded aranges, as the
+    // TorchScript exporter builds a causal mask's) is its updates.
+    let m = ModelBuilder::new(17)
+        .input("x", F32, &fixed(&[2, 3]))
+        .init(tensor_f32("mask", &[2, 3], &[0.0; 6]))
+        .init(tensor_i64("rows", &[2, 1, 1], &[0, 1]))
+        .init(tensor_i64("cols", &[1, 3, 1], &[0, 1, 2]))
+        .init(tensor_i64("grid", &[3], &[2, 3, 1]))
+        .node(node("Expand", "r", &["rows", "grid"], &["r"]))
+        .node(node("Expand", "c", &["cols", "grid"], &["c"]))
+        .node(node("Concat", "idx", &["r", "c"], &["idx"]).int("axis", -1))
+        .node(node("ScatterND", "fill", &["mask", "idx", "x"], &["y"]))
+        .output("y");
+    let g = import(&m);
+    assert!(op_names(&g).ends_with(&["Identity"]), "{:?}", op_names(&g));
+    assert_eq!(ty(&g, "y"), "f32[N,3]");
 }
 
 /// A model whose batch axis is already dynamic records no export batch: the IR's text

@@ -21,7 +21,7 @@ use crate::error::{ImportError, ModelError, NodeRef};
 use crate::infer::{infer, Ctx, In};
 use crate::known::{evaluate, Known};
 use crate::graph::SourceRewrite;
-use crate::{BatchInfo, DType, Graph, ModelMeta, ValueDef, ValueId, Weight};
+use crate::{BatchInfo, DType, Graph, ModelMeta, TensorData, ValueDef, ValueId, Weight};
 
 /// How the batch dimension is chosen: `Auto` makes a named (`dim_param`) axis 0, or a
 /// fixed axis 0 shared by every input, the symbol `N`; `Fixed` keeps every extent.
@@ -397,7 +397,7 @@ impl<'a> Importer<'a> {
         if let Some(reshape) = self.identity_gather_as_reshape(node) {
             return self.add_node(&reshape, opset);
         }
-        if let Some(identity) = self.identity_gather_nd(node) {
+        if let Some(identity) = self.identity_gather_nd(node).or_else(|| self.identity_scatter_nd(node)) {
             return self.add_node(&identity, opset);
         }
         if let Some(stateless) = self.zero_initial_state_dropped(node) {
@@ -679,25 +679,8 @@ impl<'a> Importer<'a> {
             return None;
         }
         let dims: Vec<i64> = data.ty.shape.dims().iter().map(|d| d.eval(b)).collect();
-        let indices = self.known_input(node, 1, "").ok()?;
-        let (&k, lead) = indices.dims.split_last()?;
-        if k as usize != dims.len() || lead != dims.as_slice() {
+        if !enumerates(&self.known_input(node, 1, "").ok()?, &dims) {
             return None;
-        }
-        // Row-major enumeration of every index tuple of `dims`.
-        let values = indices.to_i64s();
-        let mut expected = vec![0i64; dims.len()];
-        for tuple in values.chunks(dims.len()) {
-            if tuple != expected.as_slice() {
-                return None;
-            }
-            for axis in (0..dims.len()).rev() {
-                expected[axis] += 1;
-                if expected[axis] < dims[axis] {
-                    break;
-                }
-                expected[axis] = 0;
-            }
         }
         self.graph.warnings.push(format!("node {:?}: a GatherND of every element in order at the export batch is read as the tensor itself", node.name));
         let mut identity = node.clone();
@@ -708,6 +691,95 @@ impl<'a> Importer<'a> {
         Some(identity)
     }
 
+    /// The TorchScript exporter fills a causal mask with a ScatterND whose constant indices
+    /// list every element of its (export-batch) data in order: every element is replaced,
+    /// so the result is the updates themselves, which follow the batch: an Identity.
+    fn identity_scatter_nd(&mut self, node: &NodeProto) -> Option<NodeProto> {
+        if node.op_type != "ScatterND" || node.input.len() != 3 || node.attribute.iter().any(|a| a.name == "reduction" && a.s != b"none") {
+            return None;
+        }
+        let b = self.ctx.export_batch?;
+        let data = self.graph.value(*self.names.get(&node.input[0])?);
+        let updates = self.graph.value(*self.names.get(&node.input[2])?);
+        if !updates.ty.shape.has_batch() || updates.ty.shape.rank() != data.ty.shape.rank() {
+            return None;
+        }
+        let dims: Vec<i64> = data.ty.shape.dims().iter().map(|d| d.eval(b)).collect();
+        let update_dims: Vec<i64> = updates.ty.shape.dims().iter().map(|d| d.eval(b)).collect();
+        let indices = self.int_value(*self.names.get(&node.input[1])?, 8)?;
+        if dims != update_dims || !enumerates(&TensorData::from_i64s(indices.0, &indices.1), &dims) {
+            return None;
+        }
+        self.graph.warnings.push(format!("node {:?}: a ScatterND over every element in order at the export batch is read as its updates", node.name));
+        let mut identity = node.clone();
+        identity.op_type = "Identity".into();
+        identity.input = vec![node.input[2].clone()];
+        identity.attribute.clear();
+        self.graph.source_rewrites.push(SourceRewrite { node: identity.clone(), constants: Vec::new() });
+        Some(identity)
+    }
+
+    /// The integer contents of value `v` (its fixed extents and row-major values) where
+    /// they follow from constants through Unsqueeze, Reshape, Squeeze, Identity, Expand
+    /// and Concat (index grids the TorchScript exporter builds at run time), looking at
+    /// most `depth` nodes back. Shape inference does not fold these, and need not: only
+    /// the identity rewrites ask.
+    fn int_value(&self, v: ValueId, depth: usize) -> Option<(Vec<i64>, Vec<i64>)> {
+        let value = self.graph.value(v);
+        let dims: Vec<i64> = value.ty.shape.dims().iter().map(|d| d.fixed()).collect::<Option<_>>()?;
+        if dims.iter().product::<i64>() as usize > crate::known::KNOWN_LIMIT {
+            return None;
+        }
+        let node = match &value.def {
+            ValueDef::Weight(w) if !w.trainable => return Some((dims, w.data.to_i64s())),
+            ValueDef::Node { node, .. } if depth > 0 => self.graph.node(*node),
+            _ => return None,
+        };
+        let input = |i: usize| node.inputs.get(i).copied().flatten().and_then(|u| self.int_value(u, depth - 1));
+        match &node.op {
+            crate::Op::Unsqueeze { .. } | crate::Op::Reshape { .. } | crate::Op::Squeeze { .. } | crate::Op::Unary(pipewright_ops::op::UnaryOp::Identity) => {
+                Some((dims, input(0)?.1))
+            }
+            crate::Op::Expand => {
+                let (from, values) = input(0)?;
+                let n = dims.iter().product::<i64>() as usize;
+                Some((dims.clone(), (0..n).map(|i| values[crate::known::bcast_index(i, &dims, &from)]).collect()))
+            }
+            crate::Op::Concat { axis } => {
+                let axis = usize::try_from(if *axis < 0 { axis + dims.len() as i64 } else { *axis }).ok()?;
+                let parts: Vec<(Vec<i64>, Vec<i64>)> = (0..node.inputs.len()).map(input).collect::<Option<_>>()?;
+                let outer: i64 = dims[..axis].iter().product();
+                let mut out = Vec::with_capacity(dims.iter().product::<i64>() as usize);
+                for o in 0..outer as usize {
+                    for (d, values) in &parts {
+                        let chunk: usize = d[axis..].iter().product::<i64>() as usize;
+                        out.extend_from_slice(&values[o * chunk..(o + 1) * chunk]);
+                    }
+                }
+                Some((dims, out))
+            }
+            _ => None,
+        }
+    }
+
+    /// Whether value `v` is known to be all zeros: a constant, a folded value, or such a
+    /// value only reshaped, expanded or cast (an exporter's zero initial state).
+    fn all_zeros(&self, v: ValueId) -> bool {
+        let data = match &self.graph.value(v).def {
+            ValueDef::Weight(w) if !w.trainable => Some(w.data.clone()),
+            ValueDef::Node { node, .. } => {
+                let n = self.graph.node(*node);
+                let passes_zeros = matches!(n.op.name(), "Expand" | "Reshape" | "Unsqueeze" | "Squeeze" | "Identity" | "Cast" | "Transpose" | "Tile");
+                if let (true, Some(Some(first))) = (passes_zeros, n.inputs.first()) {
+                    return self.all_zeros(*first);
+                }
+                self.known.get(v.index()).and_then(|k| k.as_ref()).and_then(|k| k.to_tensor())
+            }
+            _ => None,
+        };
+        data.is_some_and(|d| d.to_f64s().iter().all(|&x| x == 0.0))
+    }
+
     /// Exporters write a recurrent layer's zero initial state as a constant (or an Expand
     /// of one) of the export batch; zeros are also what an absent initial state means, at
     /// any batch. An LSTM, GRU or RNN whose `initial_h` / `initial_c` is known to be all
@@ -716,14 +788,7 @@ impl<'a> Importer<'a> {
         if !matches!(node.op_type.as_str(), "LSTM" | "GRU" | "RNN") || self.ctx.export_batch.is_none() {
             return None;
         }
-        let zero = |name: &String| {
-            let v = *self.names.get(name)?;
-            let data = match &self.graph.value(v).def {
-                ValueDef::Weight(w) if !w.trainable => Some(w.data.clone()),
-                _ => self.known.get(v.index()).and_then(|k| k.as_ref()).and_then(|k| k.to_tensor()),
-            }?;
-            Some(data.to_f64s().iter().all(|&x| x == 0.0))
-        };
+        let zero = |name: &String| self.names.get(name).map(|&v| self.all_zeros(v));
         let mut stateless = node.clone();
         let mut dropped = false;
         for slot in [5, 6] {
@@ -1142,4 +1207,28 @@ fn constant_value(node: &NodeProto, dir: &Path) -> Result<crate::TensorData, Str
         }
         other => return Err(format!("attribute {other:?} is not a Constant value attribute")),
     })
+}
+
+/// Whether `indices` (`[..dims, rank]`) lists every index tuple of a tensor of extents
+/// `dims`, in row-major order: a GatherND or ScatterND with them touches every element, in
+/// place.
+fn enumerates(indices: &crate::TensorData, dims: &[i64]) -> bool {
+    let Some((&k, lead)) = indices.dims.split_last() else { return false };
+    if k as usize != dims.len() || lead != dims {
+        return false;
+    }
+    let mut expected = vec![0i64; dims.len()];
+    for tuple in indices.to_i64s().chunks(dims.len()) {
+        if tuple != expected.as_slice() {
+            return false;
+        }
+        for axis in (0..dims.len()).rev() {
+            expected[axis] += 1;
+            if expected[axis] < dims[axis] {
+                break;
+            }
+            expected[axis] = 0;
+        }
+    }
+    true
 }
