@@ -43,6 +43,8 @@ pub fn train(args: &TrainArgs) -> Result<()> {
     for line in session.preamble(args.steps) {
         eprintln!("{line}");
     }
+    // Held until the weights are written.
+    let _locks = session.take_locks();
     let pipeline = session.pipeline_text();
     let session_start = session.start;
     let weights = args.build.join(WEIGHTS_FILE);
@@ -96,7 +98,10 @@ pub fn worker(args: &WorkerArgs, embedded: Option<Vec<u8>>) -> Result<()> {
             job.finish().map_err(|e| anyhow!("{who}: {e}"))
         }
         Err(e) => {
-            say(&format!("error: {e}"));
+            // One line, naming the rank, however far the rank got.
+            let who = job.who(job.rank());
+            let text = e.to_string();
+            say(&format!("error: {}", if text.starts_with(&who) { text } else { format!("{who}: {text}") }));
             job.abort(1)
         }
     }
@@ -104,7 +109,9 @@ pub fn worker(args: &WorkerArgs, embedded: Option<Vec<u8>>) -> Result<()> {
 
 fn worker_rank(args: &WorkerArgs, embedded: Option<Vec<u8>>, job: &MpiJob) -> Result<()> {
     let t = &args.train;
-    let session = WorkerSession::prepare(&t.build, &args.request()?, embedded, job)?;
+    let mut session = WorkerSession::prepare(&t.build, &args.request()?, embedded, job)?;
+    // Held until the weights are written.
+    let _locks = session.take_locks();
     let (rank, stage, replica, depth) = (session.rank, session.stage, session.replica, session.depth);
     // One write, so the launcher does not interleave it with other ranks' lines.
     let line = format!("rank {rank}: stage {stage} of {depth}, replica {replica} of {}, pid {}\n", session.shape.replicas.value, std::process::id());

@@ -114,6 +114,9 @@ fn numeric_options_are_checked_before_anything_is_written() {
         (vec!["--clip-norm", "nan"], "--clip-norm NaN"),
         (vec!["--warmup", "9"], "--warmup 9"),
         (vec!["--steps", "0"], "--steps 0"),
+        (vec!["--replicas", "0"], "--replicas 0: must be at least 1"),
+        (vec!["--microbatches", "0"], "--microbatches 0: must be at least 1"),
+        (vec!["--microbatch", "0"], "--microbatch 0: must be at least 1"),
         (vec!["--microbatch", "100000000"], "--microbatch 100000000"),
         (vec!["--microbatch", "18446744073709551615"], "--microbatch 18446744073709551615"),
     ] {
@@ -1084,13 +1087,10 @@ fn nonfinite_steps_are_skipped_on_request() {
 /// Ctrl-C during `train`: the run stops at an agreed step boundary, writes that step's
 /// checkpoint (as `--checkpoint-every` was given), saves the weights, prints the last
 /// checkpoint and the exact command that resumes from it, and exits with 130.
-#[test]
-fn ctrl_c_stops_at_a_step_and_prints_the_resume_command() {
+/// A `train` of a million steps on `build`, under way (its first progress line seen);
+/// returns the process and what it printed so far.
+fn long_train(b: &str) -> (std::process::Child, std::io::BufReader<std::process::ChildStderr>, String) {
     use std::io::{BufRead, BufReader};
-    let dir = tempfile::tempdir().expect("temp dir");
-    let build = dir.path().join("build");
-    pw_ok(["compile", model("mlp").to_str().unwrap(), "--stages", "2", "-o", build.to_str().unwrap()]);
-    let b = build.to_str().unwrap();
     let mut child = common::command()
         .args(["train", b, "--steps", "1000000", "--checkpoint-every", "100000", "--no-progress", "--log-every", "1"])
         .stdout(std::process::Stdio::piped())
@@ -1099,18 +1099,33 @@ fn ctrl_c_stops_at_a_step_and_prints_the_resume_command() {
         .expect("starts train");
     let mut err = BufReader::new(child.stderr.take().expect("stderr"));
     let mut seen = String::new();
-    // Signal once training is under way (a progress line).
     while !seen.lines().any(|l| l.starts_with("step ")) {
         let mut line = String::new();
         assert!(err.read_line(&mut line).expect("reads stderr") > 0, "train ended before its first step:\n{seen}");
         seen.push_str(&line);
     }
+    (child, err, seen)
+}
+
+/// Sends SIGINT to a [`long_train`] and waits for it: its exit status, and all it printed
+/// on stderr.
+fn interrupt(child: std::process::Child, mut err: std::io::BufReader<std::process::ChildStderr>, seen: String) -> (std::process::Output, String) {
     let status = Command::new("kill").args(["-INT", &child.id().to_string()]).status().expect("runs kill");
     assert!(status.success());
     let mut rest = String::new();
     std::io::Read::read_to_string(&mut err, &mut rest).expect("reads stderr");
     let out = child.wait_with_output().expect("train ends");
-    let stderr = seen + &rest;
+    (out, seen + &rest)
+}
+
+#[test]
+fn ctrl_c_stops_at_a_step_and_prints_the_resume_command() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let build = dir.path().join("build");
+    pw_ok(["compile", model("mlp").to_str().unwrap(), "--stages", "2", "-o", build.to_str().unwrap()]);
+    let b = build.to_str().unwrap();
+    let (child, err, seen) = long_train(b);
+    let (out, stderr) = interrupt(child, err, seen);
     assert_eq!(out.status.code(), Some(130), "{stderr}");
     let stopped = stderr.lines().find(|l| l.starts_with("stopped by a signal after step ")).unwrap_or_else(|| panic!("{stderr}"));
     let step: usize = stopped["stopped by a signal after step ".len()..].split(' ').next().and_then(|s| s.parse().ok()).expect("a step");
@@ -1122,4 +1137,72 @@ fn ctrl_c_stops_at_a_step_and_prints_the_resume_command() {
     assert_eq!(ck.step as usize, step);
     assert!(build.join("weights.safetensors").is_file(), "the weights were saved");
     assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
+/// A stage entry of `pipeline.toml` edited to lead out of the build folder (a relative
+/// path up, an absolute path, or a symbolic link) is refused naming the manifest, and the
+/// file it pointed at is neither opened nor shown.
+#[test]
+fn manifest_paths_stay_inside_the_build() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let build = dir.path().join("build");
+    pw_ok(["compile", model("mlp").to_str().unwrap(), "--stages", "2", "-o", build.to_str().unwrap()]);
+    let manifest = build.join("pipeline.toml");
+    let original = std::fs::read_to_string(&manifest).unwrap();
+    std::fs::write(dir.path().join("secret"), "root:x:0:0:root:/root:/bin/bash\n").unwrap();
+    for target in ["../../../../etc/passwd", "/etc/passwd", "../secret"] {
+        std::fs::write(&manifest, original.replacen("module = \"stage0.pwm\"", &format!("module = {target:?}"), 1)).unwrap();
+        let out = pw(["train", build.to_str().unwrap(), "--steps", "1"]);
+        let err = fails(&out, &[&manifest.display().to_string(), &format!("{target:?} is not a plain file name inside the folder")]);
+        assert!(!err.contains("root:x"), "{err}");
+    }
+    std::fs::write(&manifest, &original).unwrap();
+    std::fs::rename(build.join("stage0.pwm"), dir.path().join("elsewhere.pwm")).unwrap();
+    std::os::unix::fs::symlink(dir.path().join("secret"), build.join("stage0.pwm")).unwrap();
+    let out = pw(["train", build.to_str().unwrap(), "--steps", "1"]);
+    let err = fails(&out, &["\"stage0.pwm\" is a symbolic link; the folder's files must be its own"]);
+    assert!(!err.contains("root:x"), "{err}");
+}
+
+/// `train --schedule`: the schedule is compiled into the build; asking for another says so
+/// and prints the compile command that builds it, and the build's own is accepted (and
+/// named in the summary).
+#[test]
+fn train_schedule_says_it_is_compiled_in() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let build = dir.path().join("build");
+    let mlp = model("mlp");
+    pw_ok(["compile", mlp.to_str().unwrap(), "--stages", "2", "-o", build.to_str().unwrap()]);
+    let b = build.to_str().unwrap();
+    let out = pw(["train", b, "--steps", "1", "--schedule", "flush"]);
+    let expected = format!("--schedule flush: the schedule is compiled into the build, and {b} was compiled for 2bw; compile it for flush (then train it as before): pipewright compile {} --stages 2 --schedule flush -o {b}", mlp.canonicalize().unwrap().display());
+    fails(&out, &[&expected]);
+    let stdout = pw_ok(["train", b, "--steps", "1", "--schedule", "2bw", "--no-progress"]);
+    assert!(stdout.starts_with("trained 1 steps under 2bw over 2 stage(s) x 1 replica(s) in "), "{stdout}");
+}
+
+/// One job per build folder: while a `train` runs, a second `train` and an `export` of the
+/// same build are refused naming the holder (its pid), and the first run's result is
+/// intact: it ends (on Ctrl-C) with its own checkpoint and weights.
+#[test]
+fn a_second_job_on_a_build_is_refused_naming_the_first() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let build = dir.path().join("build");
+    pw_ok(["compile", model("mlp").to_str().unwrap(), "--stages", "2", "-o", build.to_str().unwrap()]);
+    let b = build.to_str().unwrap();
+    let (child, err, seen) = long_train(b);
+    let holder = format!("{b} is in use by another job (train: host ");
+    let pid = format!("pid {}", child.id());
+    let second = pw(["train", b, "--steps", "2", "--seed", "1"]);
+    fails(&second, &[&holder, &pid, "wait for it to end, or give this job its own folder"]);
+    let export = pw(["export", b, "-o", dir.path().join("x.onnx").to_str().unwrap()]);
+    fails(&export, &[&holder, &pid]);
+    let (out, stderr) = interrupt(child, err, seen);
+    assert_eq!(out.status.code(), Some(130), "{stderr}");
+    let step: usize = stderr.lines().find_map(|l| l.strip_prefix("stopped by a signal after step ")).and_then(|s| s.split(' ').next()?.parse().ok()).expect("a stop line");
+    let ck = pipewright_runtime::pipeline::read_checkpoint(&build.join("checkpoints").join(format!("step-{step:06}"))).expect("the first run's checkpoint");
+    assert_eq!(ck.step as usize, step);
+    assert!(build.join("weights.safetensors").is_file());
+    // Released: the next job runs.
+    pw_ok(["train", b, "--steps", "1", "--no-progress"]);
 }

@@ -109,3 +109,39 @@ mod tests {
         assert!(leftovers(dir.path()).is_empty());
     }
 }
+
+/// Checks that `name`, read from a manifest (`pipeline.toml`, a checkpoint's), names a
+/// file inside the manifest's own folder: not empty, no path separator, not `.`/`..` or
+/// hidden, not absolute. An edited manifest must not make a reader open files elsewhere.
+pub fn plain_name(name: &str) -> Result<(), String> {
+    let plain = !name.is_empty() && !name.contains(['/', '\\', '\0']) && !name.starts_with('.') && !Path::new(name).is_absolute();
+    if plain {
+        Ok(())
+    } else {
+        Err(format!("{name:?} is not a plain file name inside the folder"))
+    }
+}
+
+/// `dir/name` for a `name` read from `dir`'s manifest: a [`plain_name`] that is not a
+/// symbolic link (which could lead out of the folder).
+pub fn file_in(dir: &Path, name: &str) -> Result<PathBuf, String> {
+    plain_name(name)?;
+    let path = dir.join(name);
+    match std::fs::symlink_metadata(&path) {
+        Ok(m) if m.file_type().is_symlink() => Err(format!("{name:?} is a symbolic link; the folder's files must be its own")),
+        _ => Ok(path),
+    }
+}
+
+#[cfg(test)]
+mod plain_name_tests {
+    use super::plain_name;
+
+    #[test]
+    fn only_names_inside_the_folder_are_plain() {
+        assert!(plain_name("stage0.pwm").is_ok());
+        for bad in ["", "../../etc/passwd", "/etc/passwd", "a/b", "a\\b", ".hidden", "..", "."] {
+            assert_eq!(plain_name(bad).unwrap_err(), format!("{bad:?} is not a plain file name inside the folder"));
+        }
+    }
+}

@@ -16,6 +16,7 @@ pub mod decision;
 pub mod device;
 pub mod format;
 pub mod fs;
+pub mod lock;
 pub mod rng;
 pub mod schedule;
 pub mod timeline;

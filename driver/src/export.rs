@@ -74,6 +74,8 @@ impl Exported {
 /// took a batch the importer made symbolic ([`crate::rebatch`]).
 pub fn export_onnx(build: &Path, output: &Path) -> Result<Exported, DriverError> {
     let manifest = Manifest::read(build)?;
+    // Not while a job trains this build (its weights file may be half replaced).
+    let _lock = pipewright_core::lock::FolderLock::acquire(build, "export").map_err(|e| DriverError::msg(e.to_string()))?;
     let model_path = Path::new(&manifest.model);
     let source_dir = model_path.parent().unwrap_or(Path::new("."));
     let weights_path = build.join(WEIGHTS_FILE);

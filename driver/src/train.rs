@@ -17,6 +17,7 @@ use pipewright_runtime::data::{Dataset, LabelArray, Stop, DEFAULT_LABEL};
 use pipewright_runtime::device::tch_device;
 use pipewright_runtime::module::{decode_module_bytes, read_module, StageModule};
 use pipewright_core::fs::write_atomic;
+use pipewright_core::lock::FolderLock;
 use pipewright_core::timeline::chrome_trace_json;
 use pipewright_core::units::human_bytes;
 use pipewright_runtime::pipeline::{
@@ -173,6 +174,22 @@ fn check_schedule(asked: Option<Schedule>, manifest: &Manifest, build: &Path) ->
     )))
 }
 
+/// The folder locks of a training job (`what`: `train`, `worker`): its build folder and,
+/// when given elsewhere, its checkpoint folder (created for the lock).
+fn lock_job(build: &Path, checkpoint_dir: Option<&Path>, what: &str) -> Result<Vec<FolderLock>, DriverError> {
+    let mut locks = vec![FolderLock::acquire(build, what).map_err(|e| DriverError::msg(e.to_string()))?];
+    if let Some(dir) = checkpoint_dir.filter(|d| !d.starts_with(build)) {
+        std::fs::create_dir_all(dir).map_err(|e| DriverError::msg(format!("--checkpoint-dir {}: {e}", dir.display())))?;
+        locks.push(FolderLock::acquire(dir, what).map_err(|e| DriverError::msg(e.to_string()))?);
+    }
+    Ok(locks)
+}
+
+/// `note: ...` for a lock whose last holder ended without releasing it (killed).
+fn stale_note(lock: &FolderLock) -> Option<String> {
+    lock.stale.as_ref().map(|s| format!("note: took over {}, left by a job that ended without releasing it ({s})", lock.path().display()))
+}
+
 /// The command that continues a run stopped early: the same arguments (`argv`, the
 /// program first), resuming from `checkpoint` in place of any earlier `--resume`.
 pub fn resume_command(argv: &[String], checkpoint: &Path) -> Vec<String> {
@@ -246,6 +263,12 @@ fn check_numbers(req: &TrainRequest) -> Result<(), DriverError> {
     if let Some(clip) = req.clip_norm {
         if !(clip.is_finite() && clip > 0.0) {
             return Err(bad("clip-norm", clip, "a finite number above 0"));
+        }
+    }
+    let f = req.flags;
+    for (option, value) in [("microbatch", f.microbatch), ("microbatches", f.microbatches), ("replicas", f.replicas)] {
+        if value == Some(0) {
+            return Err(DriverError::msg(format!("--{option} 0: must be at least 1")));
         }
     }
     if req.steps == 0 {
@@ -383,6 +406,8 @@ fn size(v: u64) -> usize {
 
 /// A training run on the embedded executor, ready to start.
 pub struct Session {
+    /// Held while the session lives: one job per build (and checkpoint) folder.
+    locks: Vec<FolderLock>,
     pub build: Build,
     pub shape: RunShape,
     pub config: TrainConfig,
@@ -396,6 +421,7 @@ impl Session {
     /// Opens the build, resolves the run's shape, loads the data and the checkpoint.
     pub fn prepare(build_dir: &Path, req: &TrainRequest) -> Result<Session, DriverError> {
         let build = Build::open(build_dir)?;
+        let locks = lock_job(build_dir, req.checkpoint_dir.as_deref(), "train")?;
         let shape = build.manifest.pipeline.resolve(req.flags);
         let mut config = config(req, &build.manifest, &shape, build_dir)?;
         let checkpoint = match &req.resume {
@@ -412,7 +438,13 @@ impl Session {
         let workers = build.modules.len() * w;
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         config.threads = Some(req.threads.unwrap_or((cores / workers).max(1)));
-        Ok(Session { build, shape, config, start, checkpoint, batches })
+        Ok(Session { locks, build, shape, config, start, checkpoint, batches })
+    }
+
+    /// The folder locks, for the caller to hold until it has written what the run gives
+    /// (the weights); otherwise they end with [`Session::run`].
+    pub fn take_locks(&mut self) -> Vec<FolderLock> {
+        std::mem::take(&mut self.locks)
     }
 
     /// Trains; `on_step` sees every step.
@@ -440,6 +472,7 @@ impl Session {
         let c = &self.build.manifest.pipeline;
         let mut lines: Vec<String> = self.shape.report().lines().map(str::to_string).collect();
         lines.extend(self.build.manifest.choices.lines().into_iter().map(|l| format!("note: {l}")));
+        lines.extend(self.locks.iter().filter_map(stale_note));
         lines.push(format!(
             "training {} stage(s) x {} replica(s), schedule {}, recompute {} (from the build), steps {}..{steps}",
             c.depth, self.shape.replicas.value, c.schedule, c.recompute, self.start
@@ -503,6 +536,8 @@ pub struct WorkerRequest {
 /// One stage of one replica in an MPI job (rank `stage * replicas + replica`), ready to
 /// check its configuration with the other ranks and train.
 pub struct WorkerSession {
+    /// Rank 0's, held while the session lives ([`WorkerSession::take_locks`]).
+    locks: Vec<FolderLock>,
     pub rank: usize,
     pub stage: usize,
     pub replica: usize,
@@ -538,8 +573,15 @@ impl WorkerSession {
     }
 
     fn prepare_in(build_dir: &Path, req: &WorkerRequest, embedded: Option<Vec<u8>>, job: &MpiJob) -> Result<WorkerSession, DriverError> {
+        // Before the job's layout is worked out from them (`--replicas 0` divides by 0).
+        check_numbers(&req.train)?;
         let manifest = Manifest::read(build_dir)?;
         let manifest_path = build_dir.join(MANIFEST_FILE);
+        // Rank 0 holds the job's folders (the others may be on hosts of their own).
+        let locks = if job.rank() == 0 { lock_job(build_dir, req.train.checkpoint_dir.as_deref(), "worker (rank 0 of an MPI job)")? } else { Vec::new() };
+        for note in locks.iter().filter_map(stale_note) {
+            eprintln!("{note}");
+        }
         let shape = manifest.pipeline.resolve(req.train.flags);
         let layout = Layout { depth: manifest.stages.len(), replicas: size(shape.replicas.value) };
         let config = config(&req.train, &manifest, &shape, build_dir)?;
@@ -593,12 +635,17 @@ impl WorkerSession {
         agreement.insert("--checkpoint-every".into(), config.checkpoint_every.map_or("none".into(), |n| n.to_string()));
         agreement.insert("--resume".into(), resume.as_ref().map_or("none".into(), |(s, _)| format!("from step {s}")));
         let reports_steps = main.reports_steps();
-        Ok(WorkerSession { rank, stage, replica, depth: layout.depth, start, shape, config, who: layout.who(rank), reports_steps, module, batches, resume, transport, main, agreement })
+        Ok(WorkerSession { locks, rank, stage, replica, depth: layout.depth, start, shape, config, who: layout.who(rank), reports_steps, module, batches, resume, transport, main, agreement })
     }
 
     /// Checks with every other rank that all were started alike (refusing, naming the
     /// first difference), then trains this stage; `on_step` sees every step of the job
     /// (the loss over all replicas) on the reporting rank only.
+    /// Rank 0's folder locks, for the caller to hold until it has written the weights.
+    pub fn take_locks(&mut self) -> Vec<FolderLock> {
+        std::mem::take(&mut self.locks)
+    }
+
     pub fn run(self, on_step: &mut dyn FnMut(StepReport)) -> Result<WorkerOutcome, DriverError> {
         let WorkerSession { who, module, config, replica, batches, resume, mut transport, mut main, agreement, depth, .. } = self;
         let fail = |e: String| DriverError::msg(format!("{who}: {e}"));

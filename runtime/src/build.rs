@@ -198,6 +198,11 @@ impl Manifest {
         if let Some(k) = self.stages.iter().enumerate().find(|(k, s)| s.index as usize != *k).map(|(k, _)| k) {
             return Err(format!("stage entry {k} says it is stage {}", self.stages[k].index));
         }
+        for (k, s) in self.stages.iter().enumerate() {
+            for name in std::iter::once(&s.module).chain(&s.onnx) {
+                pipewright_core::fs::plain_name(name).map_err(|e| format!("stage {k}: {e}; the manifest was edited"))?;
+            }
+        }
         if self.pipeline.microbatch == Some(0) || self.pipeline.microbatches == Some(0) || self.pipeline.replicas == Some(0) {
             return Err("microbatch, microbatches and replicas must be at least 1".into());
         }
@@ -430,7 +435,8 @@ impl Build {
         let manifest = Manifest::read(dir)?;
         let manifest_path = dir.join(MANIFEST_FILE);
         let mut modules = Vec::with_capacity(manifest.stages.len());
-        for (k, path) in manifest.module_paths(dir).iter().enumerate() {
+        for (k, entry) in manifest.stages.iter().enumerate() {
+            let path = &pipewright_core::fs::file_in(dir, &entry.module).map_err(|reason| BuildError::Invalid { path: manifest_path.clone(), reason: format!("stage {k}: {reason}") })?;
             let module = read_module(path)?;
             manifest.check_module(k, &module, path, &manifest_path)?;
             modules.push(module);

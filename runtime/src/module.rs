@@ -165,8 +165,9 @@ pub enum ModuleErrorKind {
     /// Opening, reading, writing or renaming the file failed.
     #[error("cannot {op}: {source}")]
     Io { op: &'static str, #[source] source: std::io::Error },
-    /// The file does not start with [`MAGIC`].
-    #[error("not a pipewright stage module: it starts with {}, expected {}", show_bytes(.found), show_bytes(&MAGIC))]
+    /// The file does not start with [`MAGIC`]. The message does not show what it starts
+    /// with: a file that is not a module may be anything, and is not printed.
+    #[error("not a pipewright stage module: it does not start with {}", show_bytes(&MAGIC))]
     NotAModule { found: Vec<u8> },
     /// The file is shorter than the header or than a section the header declares.
     #[error("truncated: the {what} needs {needed} bytes but the file has {len} bytes")]

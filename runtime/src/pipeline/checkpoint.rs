@@ -306,10 +306,10 @@ pub fn decode_checkpoint(
     }
     let mut stages = Vec::new();
     for (k, file) in m.stages.iter().enumerate() {
-        if file.contains('/') || file.contains('\\') || file.starts_with('.') {
-            return Err(at(&mpath, format!("stage file name {file:?} is not a plain file name")));
-        }
-        let p = dir.join(file);
+        let p = match pipewright_core::fs::file_in(dir, file) {
+            Ok(p) => p,
+            Err(e) => return Err(at(&mpath, format!("stage file name: {e}"))),
+        };
         let bytes = read_stage(file).map_err(|e| at(&p, format!("cannot read: {e}")))?;
         if bytes.len() as u64 != m.sizes[k] {
             return Err(at(&p, format!("holds {} bytes, the manifest says {}; the checkpoint is damaged", bytes.len(), m.sizes[k])));
