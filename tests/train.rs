@@ -563,15 +563,30 @@ fn resume_refuses_changed_settings_unless_forced() {
     assert!(json.contains("\"--optimizer\": \"adam\""), "{json}");
     // Resumed from step 2 of 4 (the newest checkpoint is at the last step already).
     let second = ckpts.join("step-000002");
+    // Other data of the same shape: the digits with one pixel changed.
+    let other_data = dir.path().join("other/digits.npz");
+    std::fs::create_dir_all(other_data.parent().unwrap()).unwrap();
+    let script = "import sys, numpy as np; d = dict(np.load(sys.argv[1])); k = [k for k in d if k != 'label'][0]; d[k] = d[k].copy(); d[k].flat[0] += 1; np.savez(sys.argv[2], **d)";
+    let made = Command::new(onnxruntime_python()).args(["-c", script, data.to_str().unwrap(), other_data.to_str().unwrap()]).output().expect("runs python");
+    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+    // The same data moved elsewhere is the same data.
+    let moved = dir.path().join("moved.npz");
+    std::fs::copy(&data, &moved).unwrap();
+    let out = pw(&train_args(dir.path(), &moved, "4", &["--resume", second.to_str().unwrap()]));
+    assert!(out.status.success(), "the same data at another path: {}", String::from_utf8_lossy(&out.stderr));
     for (extra, needle) in [
         (vec!["--optimizer", "sgd"], "--optimizer adam (checkpoint) -> sgd (this run)"),
         (vec!["--microbatch", "4"], "--microbatch 8 (checkpoint) -> 4 (this run)"),
         (vec!["--microbatches", "2"], "--microbatches 3 (checkpoint) -> 2 (this run)"),
+        (vec!["--label-smoothing", "0.1"], "--label-smoothing 0.0 (checkpoint) -> 0.1 (this run)"),
+        (vec!["--ignore-index", "0"], "--ignore-index -100 (checkpoint) -> 0 (this run)"),
+        (vec!["--data", other_data.to_str().unwrap()], "--data 68586 bytes, crc32 "),
     ] {
-        // Change the value train_args gives for that flag.
+        // Change the value train_args gives for that flag, or add it.
         let mut args: Vec<&str> = train_args(dir.path(), &data, "4", &["--resume", second.to_str().unwrap()]);
-        if let Some(i) = args.iter().position(|a| *a == extra[0]) {
-            args[i + 1] = extra[1];
+        match args.iter().position(|a| *a == extra[0]) {
+            Some(i) => args[i + 1] = extra[1],
+            None => args.extend_from_slice(&extra),
         }
         let out = pw(&args);
         let err = String::from_utf8_lossy(&out.stderr);

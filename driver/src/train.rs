@@ -121,6 +121,7 @@ fn config(req: &TrainRequest, manifest: &Manifest, shape: &RunShape, build: &Pat
     cfg.trace = req.trace;
     cfg.replicas = usize::try_from(shape.replicas.value).unwrap_or(usize::MAX);
     cfg.settings = settings(shape);
+    cfg.settings.insert("--data".into(), data_identity(&req.data)?);
     cfg.force_resume = req.force;
     if req.threads == Some(0) {
         return Err(DriverError::msg("--threads must be at least 1"));
@@ -323,6 +324,42 @@ fn settings(shape: &RunShape) -> BTreeMap<String, String> {
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))
         .collect()
+}
+
+/// The training data's identity, recorded in checkpoints so that a resume on other data is
+/// refused: `synthetic` (its seed is recorded apart), or each data file's name within its
+/// folder (for a folder of arrays), size and a checksum of its first MiB and last 64 KiB.
+/// Content, not the path: the same file moved resumes.
+fn data_identity(data: &DataSource) -> Result<String, DriverError> {
+    let DataSource::File(path) = data else { return Ok("synthetic".into()) };
+    if !path.is_dir() {
+        return file_identity(path).map_err(|source| DriverError::Read { path: path.clone(), source });
+    }
+    let files: Vec<std::path::PathBuf> = {
+        let mut v: Vec<_> = std::fs::read_dir(path).map_err(|source| DriverError::Read { path: path.clone(), source })?.flatten().map(|e| e.path()).filter(|p| p.is_file()).collect();
+        v.sort();
+        v
+    };
+    let mut parts = Vec::with_capacity(files.len());
+    for f in &files {
+        let name = f.file_name().map_or(String::new(), |n| n.to_string_lossy().into_owned());
+        parts.push(format!("{name}: {}", file_identity(f).map_err(|source| DriverError::Read { path: f.clone(), source })?));
+    }
+    Ok(parts.join(", "))
+}
+
+/// `N bytes, crc32 X` over the file's first MiB and its last 64 KiB.
+fn file_identity(path: &Path) -> std::io::Result<String> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut f = std::fs::File::open(path)?;
+    let len = f.metadata()?.len();
+    let mut head = Vec::new();
+    (&mut f).take(1 << 20).read_to_end(&mut head)?;
+    let mut tail = Vec::new();
+    f.seek(SeekFrom::Start(len.saturating_sub(64 << 10)))?;
+    f.read_to_end(&mut tail)?;
+    head.extend_from_slice(&tail);
+    Ok(format!("{len} bytes, crc32 {:08x}", pipewright_ir::content_crc32(&head)))
 }
 
 /// Classes of synthetic labels when neither the request nor the output's shape says.

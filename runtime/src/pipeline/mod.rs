@@ -362,7 +362,10 @@ pub fn check_resume(ck: &Checkpoint, run: &Identity, cfg: &TrainConfig) -> Resul
 }
 
 /// The settings of a run that decide its weights, as recorded in its checkpoints and
-/// compared on resume (the data and the modules are bound separately).
+/// compared on resume, and agreed on by every rank of an MPI job (the modules are bound
+/// separately; the data by `settings`, which the caller fills). Every field of
+/// [`TrainConfig`] is either here or named as not deciding the result in the test
+/// `the_run_record_holds_every_setting_that_decides_the_result`.
 pub fn run_record(cfg: &TrainConfig) -> BTreeMap<String, String> {
     let o = &cfg.optimizer;
     let l = &cfg.lr_schedule;
@@ -381,7 +384,14 @@ pub fn run_record(cfg: &TrainConfig) -> BTreeMap<String, String> {
         ("--seed", cfg.seed.to_string()),
         ("--replicas", cfg.replicas.to_string()),
         ("--loss", format!("{}:{}", cfg.loss.loss, cfg.loss.output)),
+        ("--ignore-index", cfg.loss.ignore_index.to_string()),
+        ("--label-smoothing", format!("{:?}", cfg.loss.label_smoothing)),
         ("--precision", cfg.precision.to_string()),
+        ("loss scale", format!("{:?} growing every {}", cfg.loss_scale.scale, cfg.loss_scale.growth_interval)),
+        ("final lr", format!("{:?}", l.final_lr)),
+        ("mode", format!("{:?}", cfg.mode)),
+        ("--on-nonfinite", cfg.on_nonfinite.to_string()),
+        ("--max-skips", cfg.max_skips.to_string()),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))
@@ -851,6 +861,72 @@ impl<'a> EventSink<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every field of [`TrainConfig`] is named here, so that a new one does not build
+    /// until it is placed: a change of each one that decides the result changes
+    /// [`run_record`] (so a resume and every MPI rank must agree on it), and the others say
+    /// why they do not decide it.
+    #[test]
+    fn the_run_record_holds_every_setting_that_decides_the_result() {
+        let base = TrainConfig::new(Schedule::TwoBw, Objective::new(Loss::CrossEntropy, "y"), 0.1, 10);
+        let TrainConfig {
+            schedule: _,       // the modules' (their identity is bound apart)
+            lr: _,             // below
+            lr_schedule: _,    // below
+            optimizer: _,      // below
+            clip_norm: _,      // below
+            steps: _,          // below
+            seed: _,           // below
+            device: _,         // where, not what (placement keeps results)
+            mode: _,           // below
+            loss: _,           // below
+            trace: _,          // a timeline on the side
+            replicas: _,       // below
+            checkpoint_every: _, // when snapshots are taken
+            checkpoint_dir: _, // where snapshots go
+            threads: _,        // speed only (kernels are deterministic per thread count in tests)
+            timeout: _,        // when a stall is an error
+            settings: _,       // the caller's (microbatch, data): recorded as they are
+            force_resume: _,   // how a difference is treated
+            precision: _,      // below
+            loss_scale: _,     // below
+            devices: _,        // where, not what
+            on_nonfinite: _,   // below
+            max_skips: _,      // below
+            stop: _,           // when the run ends, agreed by every worker
+        } = base.clone();
+        let changes: Vec<(&str, Box<dyn Fn(&mut TrainConfig)>)> = vec![
+            ("--lr", Box::new(|c| c.lr = 0.2)),
+            ("--warmup", Box::new(|c| c.lr_schedule.warmup_steps = 2)),
+            ("--decay", Box::new(|c| c.lr_schedule.decay = pipewright_core::Decay::Cosine)),
+            ("final lr", Box::new(|c| c.lr_schedule.final_lr = 0.01)),
+            ("--optimizer", Box::new(|c| c.optimizer.kind = pipewright_core::Optimizer::Adam)),
+            ("--momentum", Box::new(|c| c.optimizer.momentum = 0.9)),
+            ("beta1", Box::new(|c| c.optimizer.beta1 = 0.8)),
+            ("beta2", Box::new(|c| c.optimizer.beta2 = 0.9)),
+            ("eps", Box::new(|c| c.optimizer.eps = 1e-6)),
+            ("--weight-decay", Box::new(|c| c.optimizer.weight_decay = 0.1)),
+            ("--clip-norm", Box::new(|c| c.clip_norm = Some(1.0))),
+            ("--steps", Box::new(|c| c.steps = 11)),
+            ("--seed", Box::new(|c| c.seed = 1)),
+            ("mode", Box::new(|c| c.mode = Mode::Eval)),
+            ("--loss", Box::new(|c| c.loss.loss = Loss::Mse)),
+            ("--ignore-index", Box::new(|c| c.loss.ignore_index = 0)),
+            ("--label-smoothing", Box::new(|c| c.loss.label_smoothing = 0.1)),
+            ("--replicas", Box::new(|c| c.replicas = 2)),
+            ("--precision", Box::new(|c| c.precision = Precision::Bf16)),
+            ("loss scale", Box::new(|c| c.loss_scale.growth_interval += 1)),
+            ("--on-nonfinite", Box::new(|c| c.on_nonfinite = NonFinite::Skip)),
+            ("--max-skips", Box::new(|c| c.max_skips += 1)),
+        ];
+        let before = run_record(&base);
+        for (key, change) in changes {
+            let mut c = base.clone();
+            change(&mut c);
+            let after = run_record(&c);
+            assert_ne!(before.get(key), after.get(key), "{key}: a change is not recorded");
+        }
+    }
 
     /// The reported loss of a step sums the replicas' losses in replica order, whatever
     /// order they arrive in: with three replicas floating-point addition is not
