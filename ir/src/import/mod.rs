@@ -766,7 +766,9 @@ impl<'a> Importer<'a> {
     /// value only reshaped, expanded or cast (an exporter's zero initial state).
     fn all_zeros(&self, v: ValueId) -> bool {
         let data = match &self.graph.value(v).def {
-            ValueDef::Weight(w) if !w.trainable => Some(w.data.clone()),
+            // An initializer of zeros may have been taken for a trainable weight: its
+            // values are what count here.
+            ValueDef::Weight(w) => Some(w.data.clone()),
             ValueDef::Node { node, .. } => {
                 let n = self.graph.node(*node);
                 let passes_zeros = matches!(n.op.name(), "Expand" | "Reshape" | "Unsqueeze" | "Squeeze" | "Identity" | "Cast" | "Transpose" | "Tile");
