@@ -1099,9 +1099,6 @@ fn nonfinite_steps_are_skipped_on_request() {
     fails(&pw(args("0")), &["--max-skips must be at least 1"]);
 }
 
-/// Ctrl-C during `train`: the run stops at an agreed step boundary, writes that step's
-/// checkpoint (as `--checkpoint-every` was given), saves the weights, prints the last
-/// checkpoint and the exact command that resumes from it, and exits with 130.
 /// A `train` of a million steps on `build`, under way (its first progress line seen);
 /// returns the process and what it printed so far.
 fn long_train(b: &str) -> (std::process::Child, std::io::BufReader<std::process::ChildStderr>, String) {
@@ -1133,6 +1130,9 @@ fn interrupt(child: std::process::Child, mut err: std::io::BufReader<std::proces
     (out, seen + &rest)
 }
 
+/// Ctrl-C during `train`: the run stops at an agreed step boundary, writes that step's
+/// checkpoint (as `--checkpoint-every` was given), saves the weights, prints the last
+/// checkpoint and the exact command that resumes from it, and exits with 130.
 #[test]
 fn ctrl_c_stops_at_a_step_and_prints_the_resume_command() {
     let dir = tempfile::tempdir().expect("temp dir");
