@@ -826,8 +826,10 @@ mod tests {
         let build = dir.path().join("build");
         compile(&request("mlp.onnx", stages(2), &build)).unwrap();
         let t0 = std::time::Instant::now();
-        let huge = Session::prepare(&build, &req(1_000_000_000)).unwrap();
+        let mut huge = Session::prepare(&build, &req(1_000_000_000)).unwrap();
         assert!(t0.elapsed() < Duration::from_secs(10), "prepared in {:?}", t0.elapsed());
+        // Released, so that a second session may open the build.
+        drop(huge.take_locks());
         let small = Session::prepare(&build, &req(2)).unwrap();
         let (mut a, mut b) = (huge.batches, small.batches);
         for _ in 0..2 {
