@@ -863,6 +863,36 @@ fn scatter_reductions_follow_the_opset() {
     assert!(e.contains("reduction=\"max\" is not a scatter reduction"), "{e}");
 }
 
+/// Fixed-batch exports' zero initial states (a constant of the export batch) are dropped,
+/// zeros being what an absent state means, so the layer follows the batch; a state that
+/// is not zeros is kept. A Resize to sizes of the export batch becomes a Resize by scales.
+#[test]
+fn zero_initial_states_and_resize_sizes_follow_the_batch() {
+    let gru = |h0: onnx_protobuf::TensorProto| {
+        ModelBuilder::new(14)
+            .input("x", F32, &fixed(&[2, 5, 3]))
+            .init(tensor_f32_zeros("w", &[1, 12, 3]))
+            .init(tensor_f32_zeros("r", &[1, 12, 4]))
+            .init(h0)
+            .node(node("GRU", "gru", &["x", "w", "r", "", "", "h0"], &["y", "yh"]).int("hidden_size", 4).int("layout", 1))
+            .output("yh")
+    };
+    let g = import(&gru(tensor_f32_zeros("h0", &[2, 1, 4])));
+    assert_eq!(ty(&g, "yh"), "f32[N,1,4]");
+    let gru_node = g.node_ids().map(|n| g.node(n)).find(|n| n.op.name() == "GRU").unwrap();
+    assert_eq!(gru_node.inputs.iter().flatten().count(), 3, "the zero state is dropped");
+    let g = import(&gru(tensor_f32("h0", &[2, 1, 4], &[0.5; 8])));
+    let gru_node = g.node_ids().map(|n| g.node(n)).find(|n| n.op.name() == "GRU").unwrap();
+    assert_eq!(gru_node.inputs.iter().flatten().count(), 4, "a state that is not zeros stays");
+
+    let m = model(19, &[2, 3, 4, 4], vec![node("Resize", "up", &["x", "", "", "sizes"], &["y"]).string("mode", "linear")], &["y"])
+        .init(tensor_i64("sizes", &[4], &[2, 3, 8, 8]));
+    let g = import(&m);
+    assert_eq!(ty(&g, "y"), "f32[N,3,8,8]");
+    assert!(g.warnings.iter().any(|w| w.contains("read as the same Resize by scales")), "{:?}", g.warnings);
+    assert_eq!(g.source_rewrites.len(), 1);
+}
+
 /// LSTM outputs in both layouts (with the batch symbol on X's batch axis), and the
 /// importer's rejection of activations other than the defaults.
 #[test]
