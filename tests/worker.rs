@@ -183,24 +183,36 @@ fn stage_executables_with_two_replicas_train_like_the_embedded_executor() {
     fails(&c.output().unwrap(), &["rank 1 (stage 0, replica 1): this executable holds stage 1, but MPI rank 1 runs stage 0 (rank = stage x 2 replicas + replica)", "each with -np 2"]);
 }
 
+/// An MPMD line whose ranks were given different values of a setting that decides the
+/// result is refused at start-up, naming the setting, both values and both ranks, before
+/// any step (`--on-nonfinite` used to deadlock at step 1, `--label-smoothing` and
+/// `--ignore-index` to train with the last stage's value).
 #[test]
-fn ranks_started_with_different_steps_are_refused_before_the_first_step() {
+fn ranks_started_with_different_settings_are_refused_before_the_first_step() {
     let dir = tempfile::tempdir().unwrap();
     let build = dir.path().join("build");
     compile(&build, 2, "2bw", false);
-    let rank = |steps: usize| -> Vec<String> {
+    let rank = |steps: usize, extra: &[&str]| -> Vec<String> {
         let mut v = vec!["-np".to_string(), "1".into(), env!("CARGO_BIN_EXE_pipewright").into(), "worker".into(), build.display().to_string()];
         v.extend(options(steps));
         v.extend(["--log-every".to_string(), "1".into()]);
+        v.extend(extra.iter().map(|s| s.to_string()));
         v
     };
-    let mut line = rank(10);
-    line.push(":".into());
-    line.extend(rank(20));
-    let out = Command::new("mpirun").args(mpirun_flags(&build)).args(&line).output().unwrap();
-    let err = fails(&out, &["rank 1 (stage 1, replica 0) has --steps 20 where rank 0 (stage 0, replica 0) has --steps 10"]);
-    assert!(!err.contains("step     1/"), "no step may run: {err}");
-    assert!(!build.join("weights.safetensors").exists(), "a refused job writes no weights");
+    for (steps, extra, needle) in [
+        (20, &[][..], "--steps 20 where rank 0 (stage 0, replica 0) has --steps 10"),
+        (10, &["--label-smoothing", "0.1"][..], "--label-smoothing 0.1 where rank 0 (stage 0, replica 0) has --label-smoothing 0.0"),
+        (10, &["--ignore-index", "0"][..], "--ignore-index 0 where rank 0 (stage 0, replica 0) has --ignore-index -100"),
+        (10, &["--on-nonfinite", "skip"][..], "--on-nonfinite skip where rank 0 (stage 0, replica 0) has --on-nonfinite stop"),
+    ] {
+        let mut line = rank(10, &[]);
+        line.push(":".into());
+        line.extend(rank(steps, extra));
+        let out = Command::new("mpirun").args(mpirun_flags(&build)).args(&line).output().unwrap();
+        let err = fails(&out, &[&format!("rank 1 (stage 1, replica 0) has {needle}")]);
+        assert!(!err.contains("step     1/"), "no step may run: {err}");
+        assert!(!build.join("weights.safetensors").exists(), "a refused job writes no weights");
+    }
 }
 
 /// A job of 2 ranks training for long, its stderr read as it comes; the ranks' process ids.
