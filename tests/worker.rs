@@ -224,17 +224,28 @@ struct Job {
 }
 
 fn long_job(build: &Path, extra: &[&str]) -> Job {
-    let mut child = command()
-        .arg("launch")
-        .arg(build)
-        .arg("--")
-        .args(options(1_000_000))
-        .args(["--log-every", "1"])
-        .args(extra)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut c = command();
+    c.arg("launch").arg(build).arg("--").args(options(1_000_000)).args(["--log-every", "1"]).args(extra);
+    watch(c)
+}
+
+/// [`long_job`] as an MPMD line, each rank with options of its own.
+fn long_mpmd_job(build: &Path, per_rank: [&[&str]; 2]) -> Job {
+    let mut c = Command::new("mpirun");
+    c.args(mpirun_flags(build));
+    for (r, extra) in per_rank.iter().enumerate() {
+        if r > 0 {
+            c.arg(":");
+        }
+        c.args(["-np", "1", env!("CARGO_BIN_EXE_pipewright"), "worker"]).arg(build).args(options(1_000_000)).args(["--log-every", "1"]).args(*extra);
+    }
+    watch(c)
+}
+
+/// Starts `c` and reads its stderr until both ranks have said who they are and training
+/// runs.
+fn watch(mut c: Command) -> Job {
+    let mut child = c.stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
     let (tx, lines) = mpsc::channel();
     let stderr = child.stderr.take().unwrap();
     std::thread::spawn(move || {
@@ -327,6 +338,27 @@ fn a_frozen_rank_stops_every_rank_within_30_s_naming_it_and_the_wait() {
     assert!(seen.contains("rank 0 (stage 0, replica 0): rank 1 (stage 1, replica 0) sent no heartbeat for 10 s"), "{seen}");
     assert!(seen.contains("while waiting for microbatch") && seen.contains("from rank 1 (stage 1, replica 0)"), "{seen}");
     assert!(pids.iter().all(|&p| gone(p)), "every rank must have ended, the frozen one too: {pids:?}");
+}
+
+/// A rank stopped (SIGSTOP) for longer than its heartbeat timeout and then woken says that
+/// it was itself stopped, rather than blaming its healthy neighbour, and the job stops.
+/// (Rank 0 waits 60 s for heartbeats here, so that it is rank 1 that speaks first.)
+#[test]
+fn a_woken_rank_says_it_was_stopped_itself() {
+    let dir = tempfile::tempdir().unwrap();
+    let build = dir.path().join("build");
+    compile(&build, 2, "2bw", false);
+    let job = long_mpmd_job(&build, [&["--heartbeat-timeout", "60"], &["--heartbeat-timeout", "3"]]);
+    let pids = job.pids.clone();
+    assert!(Command::new("kill").args(["-STOP", &pids[1].to_string()]).status().unwrap().success());
+    std::thread::sleep(Duration::from_secs(5));
+    assert!(Command::new("kill").args(["-CONT", &pids[1].to_string()]).status().unwrap().success());
+    let (success, seen, took) = job.end(Duration::from_secs(60));
+    assert!(!success, "{seen}");
+    assert!(took < Duration::from_secs(30), "took {took:?}:\n{seen}");
+    assert!(seen.contains("rank 1 (stage 1, replica 0): this rank was itself stopped for "), "{seen}");
+    assert!(!seen.contains("rank 0 (stage 0, replica 0) sent no heartbeat"), "the woken rank blamed its neighbour:\n{seen}");
+    assert!(pids.iter().all(|&p| gone(p)), "every rank must have ended: {pids:?}");
 }
 
 #[test]

@@ -344,8 +344,26 @@ fn heartbeat(shared: Arc<Shared>, timeout: Duration) {
     let mut seen: HashMap<usize, Instant> = peers.iter().map(|&p| (p, start)).collect();
     let mut next_beat = start;
     let mut pending: Vec<Request<'static, [u8; 1]>> = Vec::new();
+    let mut last_turn = start;
     while !shared.stop.load(Ordering::SeqCst) {
         let now = Instant::now();
+        // This thread turns every 100 ms; a longer gap means this rank itself was stopped
+        // (SIGSTOP, a paused machine), not that its neighbours went silent.
+        let paused = now - std::mem::replace(&mut last_turn, now);
+        if paused > timeout {
+            let line = format!(
+                "error: {}: this rank was itself stopped for {:.0} s (SIGSTOP, or its machine paused), longer than --heartbeat-timeout {} s: its neighbours take it for frozen; stopping the job\n",
+                shared.who(rank),
+                paused.as_secs_f64(),
+                timeout.as_secs_f64()
+            );
+            let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
+            world.abort(1);
+        }
+        if paused > 2 * HEARTBEAT_PERIOD {
+            // The neighbours' beats of that time are still queued: not their silence.
+            seen.values_mut().for_each(|at| *at = now);
+        }
         if now >= next_beat {
             for &p in &peers {
                 pending.push(world.process_at_rank(p as i32).immediate_send_with_tag(StaticScope, &BEAT, HEARTBEAT));
