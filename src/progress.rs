@@ -27,6 +27,10 @@ struct MetricsLine {
     /// Present (true) only on an fp16 step skipped for overflowing gradients.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     skipped: bool,
+    /// On the first line only: the settings a resume with `--force` let differ from the
+    /// checkpoint's.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    forced: Vec<String>,
 }
 
 /// `1234 samples/s`, or `12.3 s/step` when a step takes longer than a second per sample
@@ -50,6 +54,8 @@ pub struct Progress {
     log_every: usize,
     /// The last step's line, printed in place of the bar when it is cleared.
     last: Option<String>,
+    /// What `--force` let differ on resume, for the first metrics line.
+    forced: Vec<String>,
 }
 
 impl Progress {
@@ -65,7 +71,13 @@ impl Progress {
             bar.set_position(first_step as u64);
             bar
         });
-        Ok(Progress { bar, metrics, started: Instant::now(), first_step, steps, log_every: log_every.max(1), last: None })
+        Ok(Progress { bar, metrics, started: Instant::now(), first_step, steps, log_every: log_every.max(1), last: None, forced: Vec::new() })
+    }
+
+    /// Records in the metrics what a resume with `--force` let differ.
+    pub fn forced(mut self, forced: Vec<String>) -> Self {
+        self.forced = forced;
+        self
     }
 
     pub fn step(&mut self, r: &StepReport) {
@@ -85,7 +97,8 @@ impl Progress {
             None => {}
         }
         if let Some(f) = self.metrics.as_mut() {
-            let line = MetricsLine { step: r.step + 1, loss: r.loss, samples: r.samples, seconds: r.seconds, samples_per_s: rate, skipped: r.skipped };
+            let forced = std::mem::take(&mut self.forced);
+            let line = MetricsLine { step: r.step + 1, loss: r.loss, samples: r.samples, seconds: r.seconds, samples_per_s: rate, skipped: r.skipped, forced };
             if let Ok(text) = serde_json::to_string(&line) {
                 let _ = writeln!(f, "{text}");
             }

@@ -49,7 +49,7 @@ pub fn train(args: &TrainArgs) -> Result<()> {
     let session_start = session.start;
     let weights = args.build.join(WEIGHTS_FILE);
     let replacing = weights.is_file();
-    let mut progress = progress(args, session.start)?;
+    let mut progress = progress(args, session.start)?.forced(session.forced.clone());
     let mut skipped = 0;
     let report = session.run(&mut |r: StepReport| {
         progress.step(&r);

@@ -593,9 +593,15 @@ fn resume_refuses_changed_settings_unless_forced() {
         assert!(!out.status.success(), "{extra:?} should be refused: {err}");
         let last = err.lines().last().unwrap_or_default();
         assert!(last.contains(needle) && last.contains("--force"), "{extra:?}: {err}");
-        args.push("--force");
+        // Forced through, the difference is said and recorded in the metrics.
+        let metrics = dir.path().join("forced.jsonl");
+        args.extend(["--force", "--metrics", metrics.to_str().unwrap()]);
         let out = pw(&args);
-        assert!(out.status.success(), "{extra:?} --force: {}", String::from_utf8_lossy(&out.stderr));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{extra:?} --force: {err}");
+        assert!(err.contains("note: resuming with settings that differ from the checkpoint's (--force): ") && err.contains(needle), "{extra:?}: {err}");
+        let first = std::fs::read_to_string(&metrics).unwrap().lines().next().unwrap_or_default().to_string();
+        assert!(first.contains("\"forced\":[") && first.contains(needle), "{extra:?}: {first}");
     }
     // The same settings resume, and say that the weights file is replaced.
     let out = pw(&train_args(dir.path(), &data, "4", &["--resume", second.to_str().unwrap()]));

@@ -21,7 +21,7 @@ use pipewright_core::lock::FolderLock;
 use pipewright_core::timeline::chrome_trace_json;
 use pipewright_core::units::human_bytes;
 use pipewright_runtime::pipeline::{
-    batch_fingerprint, check_resume, read_checkpoint, resume, run_record, run_worker, train, Checkpoint, Layout, LrSchedule, Microbatch, Mpi, Objective, OptimizerConfig,
+    batch_fingerprint, check_resume, read_checkpoint, resume, resume_differences, run_record, run_worker, train, Checkpoint, Layout, LrSchedule, Microbatch, Mpi, Objective, OptimizerConfig,
     StageState, TrainConfig, WorkerHooks,
 };
 
@@ -452,6 +452,8 @@ pub struct Session {
     pub start: usize,
     checkpoint: Option<Checkpoint>,
     batches: BatchStream,
+    /// The settings that differ from the checkpoint resumed from (`--force`).
+    pub forced: Vec<String>,
 }
 
 impl Session {
@@ -475,7 +477,9 @@ impl Session {
         let workers = build.modules.len() * w;
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         config.threads = Some(req.threads.unwrap_or((cores / workers).max(1)));
-        Ok(Session { locks, build, shape, config, start, checkpoint, batches })
+        // What `--force` lets differ from the checkpoint, for the preamble and the metrics.
+        let forced = checkpoint.as_ref().map(|ck| resume_differences(ck, &config)).unwrap_or_default();
+        Ok(Session { locks, build, shape, config, start, checkpoint, batches, forced })
     }
 
     /// The folder locks, for the caller to hold until it has written what the run gives
@@ -510,6 +514,9 @@ impl Session {
         let mut lines: Vec<String> = self.shape.report().lines().map(str::to_string).collect();
         lines.extend(self.build.manifest.choices.lines().into_iter().map(|l| format!("note: {l}")));
         lines.extend(self.locks.iter().filter_map(stale_note));
+        if !self.forced.is_empty() {
+            lines.push(format!("note: resuming with settings that differ from the checkpoint's (--force): {}", self.forced.join(", ")));
+        }
         lines.push(format!(
             "training {} stage(s) x {} replica(s), schedule {}, recompute {} (from the build), steps {}..{steps}",
             c.depth, self.shape.replicas.value, c.schedule, c.recompute, self.start

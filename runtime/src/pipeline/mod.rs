@@ -343,15 +343,7 @@ pub fn check_resume(ck: &Checkpoint, run: &Identity, cfg: &TrainConfig) -> Resul
     }
     // A resumed run reaches the uninterrupted run's weights only under the same
     // settings; a silently different rate or seed would train something else.
-    let now = run_record(cfg);
-    let differ: Vec<String> = now
-        .iter()
-        .filter_map(|(k, v)| match ck.config.get(k) {
-            Some(was) if was != v => Some(format!("{k} {was} (checkpoint) -> {v} (this run)")),
-            None => Some(format!("{k} unrecorded (checkpoint) -> {v} (this run)")),
-            _ => None,
-        })
-        .collect();
+    let differ = resume_differences(ck, cfg);
     if !differ.is_empty() && !cfg.force_resume {
         return Err(PipelineError::Config(format!(
             "this run differs from the one that wrote the checkpoint: {}; give the same options, or --force to continue anyway",
@@ -359,6 +351,20 @@ pub fn check_resume(ck: &Checkpoint, run: &Identity, cfg: &TrainConfig) -> Resul
         )));
     }
     Ok(())
+}
+
+/// Each setting of `cfg`'s [`run_record`] that differs from the checkpoint's, as
+/// `--lr 0.1 (checkpoint) -> 0.2 (this run)`: what a resume refuses, or with `--force`
+/// goes on despite (and says so).
+pub fn resume_differences(ck: &Checkpoint, cfg: &TrainConfig) -> Vec<String> {
+    run_record(cfg)
+        .iter()
+        .filter_map(|(k, v)| match ck.config.get(k) {
+            Some(was) if was != v => Some(format!("{k} {was} (checkpoint) -> {v} (this run)")),
+            None => Some(format!("{k} unrecorded (checkpoint) -> {v} (this run)")),
+            _ => None,
+        })
+        .collect()
 }
 
 /// The settings of a run that decide its weights, as recorded in its checkpoints and
