@@ -361,6 +361,30 @@ fn a_woken_rank_says_it_was_stopped_itself() {
     assert!(pids.iter().all(|&p| gone(p)), "every rank must have ended: {pids:?}");
 }
 
+/// An MPI job holds its build folder (rank 0 takes the lock): a `train` of the same build
+/// is refused naming the job's rank 0, and a second MPI job is refused by its rank 0 in
+/// one line that names the rank; the first job goes on until it is stopped.
+#[test]
+fn a_second_job_on_an_mpi_jobs_build_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let build = dir.path().join("build");
+    compile(&build, 2, "2bw", false);
+    let job = long_job(&build, &[]);
+    let pids = job.pids.clone();
+    let holder = format!("{} is in use by another job (worker (rank 0 of an MPI job): host ", build.display());
+    fails(&command().args(["train", build.to_str().unwrap(), "--steps", "2"]).output().unwrap(), &[&holder, &format!("pid {}", pids[0])]);
+    let mut second = command();
+    second.arg("launch").arg(&build).arg("--").args(options(2));
+    let out = second.output().unwrap();
+    let err = fails(&out, &[&holder]);
+    let line = err.lines().find(|l| l.contains(&holder)).unwrap_or_default();
+    assert!(line.starts_with("error: rank 0: "), "one line naming the rank: {err}");
+    assert!(!err.contains("error: error:"), "{err}");
+    assert!(Command::new("kill").args(["-9", &pids[1].to_string()]).status().unwrap().success());
+    let (success, seen, _) = job.end(Duration::from_secs(60));
+    assert!(!success, "{seen}");
+}
+
 #[test]
 fn multi_process_checkpoints_resume_bit_identically_even_after_a_kill() {
     let dir = tempfile::tempdir().unwrap();
