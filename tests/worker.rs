@@ -183,35 +183,71 @@ fn stage_executables_with_two_replicas_train_like_the_embedded_executor() {
     fails(&c.output().unwrap(), &["rank 1 (stage 0, replica 1): this executable holds stage 1, but MPI rank 1 runs stage 0 (rank = stage x 2 replicas + replica)", "each with -np 2"]);
 }
 
-/// An MPMD line whose ranks were given different values of a setting that decides the
-/// result is refused at start-up, naming the setting, both values and both ranks, before
-/// any step (`--on-nonfinite` used to deadlock at step 1, `--label-smoothing` and
-/// `--ignore-index` to train with the last stage's value).
+/// Every setting of the run record (everything that decides the result), given to one rank
+/// of an MPMD line with another value than to the other, is refused at start-up naming
+/// the setting, both values and both ranks, before any step (`--on-nonfinite` used to
+/// deadlock at step 1, `--label-smoothing` and `--ignore-index` to train with the last
+/// stage's value). The table is checked against the record's keys, so that a setting
+/// added to the record is added here too.
 #[test]
 fn ranks_started_with_different_settings_are_refused_before_the_first_step() {
+    use std::collections::BTreeSet;
     let dir = tempfile::tempdir().unwrap();
     let build = dir.path().join("build");
     compile(&build, 2, "2bw", false);
-    let rank = |steps: usize, extra: &[&str]| -> Vec<String> {
+    // (record key, option and the other value given to rank 1, the key the refusal names
+    // first: a different batch shape or seed changes the first batch's fingerprint too,
+    // and "--data" sorts first).
+    let flags: &[(&str, &[&str], &str)] = &[
+        ("--optimizer", &["--optimizer", "sgd"], "--optimizer"),
+        ("--lr", &["--lr", "0.01"], "--lr"),
+        ("--momentum", &["--momentum", "0.5"], "--momentum"),
+        ("--weight-decay", &["--weight-decay", "0.1"], "--weight-decay"),
+        ("--clip-norm", &["--clip-norm", "2.0"], "--clip-norm"),
+        ("--warmup", &["--warmup", "1"], "--warmup"),
+        ("--decay", &["--decay", "cosine"], "--decay"),
+        ("--steps", &["--steps", "20"], "--steps"),
+        ("--seed", &["--seed", "1"], "--data"), // the seed shuffles the data
+        ("--loss", &["--loss", "mse"], "--loss"),
+        ("--ignore-index", &["--ignore-index", "0"], "--ignore-index"),
+        ("--label-smoothing", &["--label-smoothing", "0.1"], "--label-smoothing"),
+        ("--precision", &["--precision", "bf16"], "--precision"),
+        ("--on-nonfinite", &["--on-nonfinite", "skip"], "--on-nonfinite"),
+        ("--max-skips", &["--max-skips", "5"], "--max-skips"),
+        ("--microbatch", &["--microbatch", "4"], "--data"),
+        ("--microbatches", &["--microbatches", "2"], "--data"),
+        ("--data", &["--microbatch", "2"], "--data"),
+    ];
+    // Not options: fixed in this pipewright (the same on every rank), or checked by the
+    // job's layout before the settings (`--replicas`: the rank count).
+    let not_options = ["beta1", "beta2", "eps", "loss scale", "final lr", "mode", "--replicas"];
+    let cfg = pipewright_runtime::pipeline::TrainConfig::new(pipewright_core::Schedule::TwoBw, pipewright_runtime::pipeline::Objective::new(pipewright_core::Loss::CrossEntropy, "y"), 0.1, 1);
+    let mut record: BTreeSet<String> = pipewright_runtime::pipeline::run_record(&cfg).into_keys().collect();
+    // The driver's settings: the batch shape and the data.
+    record.extend(["--microbatch", "--microbatches", "--data"].map(String::from));
+    let covered: BTreeSet<String> = flags.iter().map(|f| f.0.to_string()).chain(not_options.map(String::from)).collect();
+    assert_eq!(covered, record, "every setting of the run record is tried here (or said not to be an option)");
+    let rank = |extra: &[&str]| -> Vec<String> {
         let mut v = vec!["-np".to_string(), "1".into(), env!("CARGO_BIN_EXE_pipewright").into(), "worker".into(), build.display().to_string()];
-        v.extend(options(steps));
+        let mut o = options(10);
+        for pair in extra.chunks(2) {
+            match o.iter().position(|a| a == pair[0]) {
+                Some(i) => o[i + 1] = pair[1].to_string(),
+                None => o.extend(pair.iter().map(|s| s.to_string())),
+            }
+        }
+        v.extend(o);
         v.extend(["--log-every".to_string(), "1".into()]);
-        v.extend(extra.iter().map(|s| s.to_string()));
         v
     };
-    for (steps, extra, needle) in [
-        (20, &[][..], "--steps 20 where rank 0 (stage 0, replica 0) has --steps 10"),
-        (10, &["--label-smoothing", "0.1"][..], "--label-smoothing 0.1 where rank 0 (stage 0, replica 0) has --label-smoothing 0.0"),
-        (10, &["--ignore-index", "0"][..], "--ignore-index 0 where rank 0 (stage 0, replica 0) has --ignore-index -100"),
-        (10, &["--on-nonfinite", "skip"][..], "--on-nonfinite skip where rank 0 (stage 0, replica 0) has --on-nonfinite stop"),
-    ] {
-        let mut line = rank(10, &[]);
+    for (key, extra, named) in flags {
+        let mut line = rank(&[]);
         line.push(":".into());
-        line.extend(rank(steps, extra));
+        line.extend(rank(extra));
         let out = Command::new("mpirun").args(mpirun_flags(&build)).args(&line).output().unwrap();
-        let err = fails(&out, &[&format!("rank 1 (stage 1, replica 0) has {needle}")]);
-        assert!(!err.contains("step     1/"), "no step may run: {err}");
-        assert!(!build.join("weights.safetensors").exists(), "a refused job writes no weights");
+        let err = fails(&out, &["the ranks were started with different settings: rank 1 (stage 1, replica 0) has ", &format!(" where rank 0 (stage 0, replica 0) has {named} ")]);
+        assert!(!err.contains("step     1/"), "{key}: no step may run: {err}");
+        assert!(!build.join("weights.safetensors").exists(), "{key}: a refused job writes no weights");
     }
 }
 
