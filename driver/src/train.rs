@@ -617,8 +617,6 @@ impl WorkerSession {
     }
 
     fn prepare_in(build_dir: &Path, req: &WorkerRequest, embedded: Option<Vec<u8>>, job: &MpiJob) -> Result<WorkerSession, DriverError> {
-        // Before the job's layout is worked out from them (`--replicas 0` divides by 0).
-        check_numbers(&req.train)?;
         let manifest = Manifest::read(build_dir)?;
         let manifest_path = build_dir.join(MANIFEST_FILE);
         // Rank 0 holds the job's folders (the others may be on hosts of their own).
@@ -627,8 +625,9 @@ impl WorkerSession {
             eprintln!("{note}");
         }
         let shape = manifest.pipeline.resolve(req.train.flags);
-        let layout = Layout { depth: manifest.stages.len(), replicas: size(shape.replicas.value) };
+        // The numbers are checked (`--replicas 0`) before the layout places this rank.
         let config = config(&req.train, &manifest, &shape, build_dir)?;
+        let layout = Layout { depth: manifest.stages.len(), replicas: size(shape.replicas.value) };
         let transport = job.transport(layout, config.timeout).map_err(DriverError::msg)?;
         let main = job.transport(layout, config.timeout).map_err(DriverError::msg)?;
         let rank = job.rank();

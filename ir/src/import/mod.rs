@@ -2,6 +2,7 @@
 //! fold shape subgraphs, compact and verify.
 
 pub(crate) mod attrs;
+mod batch_rewrite;
 mod control;
 mod evaluated;
 mod legacy;
@@ -20,8 +21,7 @@ use crate::dim::{Dim, Shape, TensorType};
 use crate::error::{ImportError, ModelError, NodeRef};
 use crate::infer::{infer, Ctx, In};
 use crate::known::{evaluate, Known};
-use crate::graph::SourceRewrite;
-use crate::{BatchInfo, DType, Graph, ModelMeta, TensorData, ValueDef, ValueId, Weight};
+use crate::{BatchInfo, DType, Graph, ModelMeta, ValueDef, ValueId, Weight};
 
 /// How the batch dimension is chosen: `Auto` makes a named (`dim_param`) axis 0, or a
 /// fixed axis 0 shared by every input, the symbol `N`; `Fixed` keeps every extent.
@@ -394,17 +394,9 @@ impl<'a> Importer<'a> {
         if let Some(aligned) = self.align_second_input(node, version, opset)? {
             return self.add_node(&aligned, opset);
         }
-        if let Some(reshape) = self.identity_gather_as_reshape(node) {
-            return self.add_node(&reshape, opset);
-        }
-        if let Some(identity) = self.identity_gather_nd(node).or_else(|| self.identity_scatter_nd(node)) {
-            return self.add_node(&identity, opset);
-        }
-        if let Some(stateless) = self.zero_initial_state_dropped(node) {
-            return self.add_node(&stateless, opset);
-        }
-        if let Some(scaled) = self.resize_sizes_as_scales(node) {
-            return self.add_node(&scaled, opset);
+        if let Some(rewrite) = self.batch_rewrite(node) {
+            let replacement = self.apply_batch_rewrite(rewrite);
+            return self.add_node(&replacement, opset);
         }
         let op = attrs::convert_node(node, version).map_err(bad)?;
         let inputs = node.input.iter().map(|n| self.tensor_input(n, node)).collect::<Result<Vec<_>, _>>()?;
@@ -630,222 +622,6 @@ impl<'a> Importer<'a> {
         let mut rewritten = node.clone();
         rewritten.input[1] = aligned;
         Ok(Some(rewritten))
-    }
-
-    /// PyTorch's default exporter writes `as_strided` of a contiguous tensor as a Gather
-    /// from its flattened data at constant indices `0, 1, ..., n-1` shaped for the export
-    /// batch: a reshape that does not follow the batch. Over a batch-carrying vector, that
-    /// Gather becomes a Reshape to the indices' shape with the batch axis left free (`-1`),
-    /// which is the same at the export batch and follows any other.
-    fn identity_gather_as_reshape(&mut self, node: &NodeProto) -> Option<NodeProto> {
-        if node.op_type != "Gather" || node.input.len() != 2 || node.attribute.iter().any(|a| a.name == "axis" && a.i != 0) {
-            return None;
-        }
-        let b = self.ctx.export_batch?;
-        let data = self.graph.value(*self.names.get(&node.input[0])?);
-        if data.ty.shape.rank() != 1 || !data.ty.shape.has_batch() {
-            return None;
-        }
-        let indices = self.known_input(node, 1, "").ok()?;
-        let values = indices.to_i64s();
-        let identity = values.iter().enumerate().all(|(i, &v)| v == i as i64);
-        if !identity || indices.dims.first() != Some(&b) || values.len() as i64 != data.ty.shape.dims()[0].eval(b) {
-            return None;
-        }
-        let mut target = indices.dims.clone();
-        target[0] = -1;
-        let shape_name = format!("{}/batch_free_shape", node.name);
-        let shape_data = crate::TensorData::from_i64s(vec![target.len() as i64], &target);
-        self.define(shape_name.clone(), TensorType::new(shape_data.dtype, Shape::fixed(&shape_data.dims)), ValueDef::Weight(Weight { data: shape_data.clone(), trainable: false }));
-        self.graph.warnings.push(format!("node {:?}: a Gather of every element in order (an exported as_strided) at the export batch is read as a Reshape that follows the batch", node.name));
-        let mut reshape = node.clone();
-        reshape.op_type = "Reshape".into();
-        reshape.input[1] = shape_name.clone();
-        reshape.attribute.clear();
-        self.graph.source_rewrites.push(SourceRewrite { node: reshape.clone(), constants: vec![(shape_name, shape_data)] });
-        Some(reshape)
-    }
-
-    /// The default exporter copies a batch-carrying tensor (an attention mask) with a
-    /// GatherND at constant indices that list every element in order, shaped for the
-    /// export batch; that is the tensor itself, at any batch: an Identity.
-    fn identity_gather_nd(&mut self, node: &NodeProto) -> Option<NodeProto> {
-        if node.op_type != "GatherND" || node.input.len() != 2 || node.attribute.iter().any(|a| a.name == "batch_dims" && a.i != 0) {
-            return None;
-        }
-        let b = self.ctx.export_batch?;
-        let data = self.graph.value(*self.names.get(&node.input[0])?);
-        if !data.ty.shape.has_batch() {
-            return None;
-        }
-        let dims: Vec<i64> = data.ty.shape.dims().iter().map(|d| d.eval(b)).collect();
-        if !enumerates(&self.known_input(node, 1, "").ok()?, &dims) {
-            return None;
-        }
-        self.graph.warnings.push(format!("node {:?}: a GatherND of every element in order at the export batch is read as the tensor itself", node.name));
-        let mut identity = node.clone();
-        identity.op_type = "Identity".into();
-        identity.input.truncate(1);
-        identity.attribute.clear();
-        self.graph.source_rewrites.push(SourceRewrite { node: identity.clone(), constants: Vec::new() });
-        Some(identity)
-    }
-
-    /// The TorchScript exporter fills a causal mask with a ScatterND whose constant indices
-    /// list every element of its (export-batch) data in order: every element is replaced,
-    /// so the result is the updates themselves, which follow the batch: an Identity.
-    fn identity_scatter_nd(&mut self, node: &NodeProto) -> Option<NodeProto> {
-        if node.op_type != "ScatterND" || node.input.len() != 3 || node.attribute.iter().any(|a| a.name == "reduction" && a.s != b"none") {
-            return None;
-        }
-        let b = self.ctx.export_batch?;
-        let data = self.graph.value(*self.names.get(&node.input[0])?);
-        let updates = self.graph.value(*self.names.get(&node.input[2])?);
-        if !updates.ty.shape.has_batch() || updates.ty.shape.rank() != data.ty.shape.rank() {
-            return None;
-        }
-        let dims: Vec<i64> = data.ty.shape.dims().iter().map(|d| d.eval(b)).collect();
-        let update_dims: Vec<i64> = updates.ty.shape.dims().iter().map(|d| d.eval(b)).collect();
-        let indices = self.int_value(*self.names.get(&node.input[1])?, 8)?;
-        if dims != update_dims || !enumerates(&TensorData::from_i64s(indices.0, &indices.1), &dims) {
-            return None;
-        }
-        self.graph.warnings.push(format!("node {:?}: a ScatterND over every element in order at the export batch is read as its updates", node.name));
-        let mut identity = node.clone();
-        identity.op_type = "Identity".into();
-        identity.input = vec![node.input[2].clone()];
-        identity.attribute.clear();
-        self.graph.source_rewrites.push(SourceRewrite { node: identity.clone(), constants: Vec::new() });
-        Some(identity)
-    }
-
-    /// The integer contents of value `v` (its fixed extents and row-major values) where
-    /// they follow from constants through Unsqueeze, Reshape, Squeeze, Identity, Expand
-    /// and Concat (index grids the TorchScript exporter builds at run time), looking at
-    /// most `depth` nodes back. Shape inference does not fold these, and need not: only
-    /// the identity rewrites ask.
-    fn int_value(&self, v: ValueId, depth: usize) -> Option<(Vec<i64>, Vec<i64>)> {
-        let value = self.graph.value(v);
-        let dims: Vec<i64> = value.ty.shape.dims().iter().map(|d| d.fixed()).collect::<Option<_>>()?;
-        if dims.iter().product::<i64>() as usize > crate::known::KNOWN_LIMIT {
-            return None;
-        }
-        let node = match &value.def {
-            ValueDef::Weight(w) if !w.trainable => return Some((dims, w.data.to_i64s())),
-            ValueDef::Node { node, .. } if depth > 0 => self.graph.node(*node),
-            _ => return None,
-        };
-        let input = |i: usize| node.inputs.get(i).copied().flatten().and_then(|u| self.int_value(u, depth - 1));
-        match &node.op {
-            crate::Op::Unsqueeze { .. } | crate::Op::Reshape { .. } | crate::Op::Squeeze { .. } | crate::Op::Unary(pipewright_ops::op::UnaryOp::Identity) => {
-                Some((dims, input(0)?.1))
-            }
-            crate::Op::Expand => {
-                let (from, values) = input(0)?;
-                let n = dims.iter().product::<i64>() as usize;
-                Some((dims.clone(), (0..n).map(|i| values[crate::known::bcast_index(i, &dims, &from)]).collect()))
-            }
-            crate::Op::Concat { axis } => {
-                let axis = usize::try_from(if *axis < 0 { axis + dims.len() as i64 } else { *axis }).ok()?;
-                let parts: Vec<(Vec<i64>, Vec<i64>)> = (0..node.inputs.len()).map(input).collect::<Option<_>>()?;
-                let outer: i64 = dims[..axis].iter().product();
-                let mut out = Vec::with_capacity(dims.iter().product::<i64>() as usize);
-                for o in 0..outer as usize {
-                    for (d, values) in &parts {
-                        let chunk: usize = d[axis..].iter().product::<i64>() as usize;
-                        out.extend_from_slice(&values[o * chunk..(o + 1) * chunk]);
-                    }
-                }
-                Some((dims, out))
-            }
-            _ => None,
-        }
-    }
-
-    /// Whether value `v` is known to be all zeros: a constant, a folded value, or such a
-    /// value only reshaped, expanded or cast (an exporter's zero initial state).
-    fn all_zeros(&self, v: ValueId) -> bool {
-        let data = match &self.graph.value(v).def {
-            // An initializer of zeros may have been taken for a trainable weight: its
-            // values are what count here.
-            ValueDef::Weight(w) => Some(w.data.clone()),
-            ValueDef::Node { node, .. } => {
-                let n = self.graph.node(*node);
-                let passes_zeros = matches!(n.op.name(), "Expand" | "Reshape" | "Unsqueeze" | "Squeeze" | "Identity" | "Cast" | "Transpose" | "Tile");
-                if let (true, Some(Some(first))) = (passes_zeros, n.inputs.first()) {
-                    return self.all_zeros(*first);
-                }
-                self.known.get(v.index()).and_then(|k| k.as_ref()).and_then(|k| k.to_tensor())
-            }
-            _ => None,
-        };
-        data.is_some_and(|d| d.to_f64s().iter().all(|&x| x == 0.0))
-    }
-
-    /// Exporters write a recurrent layer's zero initial state as a constant (or an Expand
-    /// of one) of the export batch; zeros are also what an absent initial state means, at
-    /// any batch. An LSTM, GRU or RNN whose `initial_h` / `initial_c` is known to be all
-    /// zeros loses those inputs.
-    fn zero_initial_state_dropped(&mut self, node: &NodeProto) -> Option<NodeProto> {
-        if !matches!(node.op_type.as_str(), "LSTM" | "GRU" | "RNN") || self.ctx.export_batch.is_none() {
-            return None;
-        }
-        let zero = |name: &String| self.names.get(name).map(|&v| self.all_zeros(v));
-        let mut stateless = node.clone();
-        let mut dropped = false;
-        for slot in [5, 6] {
-            if let Some(name) = node.input.get(slot).filter(|n| !n.is_empty()) {
-                if zero(name) == Some(true) {
-                    stateless.input[slot] = String::new();
-                    dropped = true;
-                }
-            }
-        }
-        while stateless.input.last().is_some_and(|n| n.is_empty()) {
-            stateless.input.pop();
-        }
-        if dropped {
-            self.graph.source_rewrites.push(SourceRewrite { node: stateless.clone(), constants: Vec::new() });
-        }
-        dropped.then_some(stateless)
-    }
-
-    /// A Resize to constant `sizes` that start with the export batch (PyTorch's default
-    /// exporter writes `interpolate` so) keeps every batch at the export batch. Where each
-    /// size is a whole multiple or divisor of its input extent, the same Resize by
-    /// `scales` (1 on the batch axis) gives the same result at the export batch and follows
-    /// any other.
-    fn resize_sizes_as_scales(&mut self, node: &NodeProto) -> Option<NodeProto> {
-        if node.op_type != "Resize" || node.input.len() != 4 || node.input[3].is_empty() {
-            return None;
-        }
-        let b = self.ctx.export_batch?;
-        let x = self.graph.value(*self.names.get(&node.input[0])?);
-        let dims = x.ty.shape.dims().to_vec();
-        if dims.first().map(|d| d.is_batch()) != Some(true) || dims[1..].iter().any(|d| d.is_batch()) {
-            return None;
-        }
-        let sizes = self.known_input(node, 3, "").ok()?.to_i64s();
-        if sizes.len() != dims.len() || sizes[0] != b {
-            return None;
-        }
-        let mut scales = vec![1.0f64];
-        for (&size, d) in sizes[1..].iter().zip(&dims[1..]) {
-            let extent = d.fixed()?;
-            if size <= 0 || extent <= 0 || (size % extent != 0 && extent % size != 0) {
-                return None;
-            }
-            scales.push(size as f64 / extent as f64);
-        }
-        let name = format!("{}/batch_free_scales", node.name);
-        let data = crate::TensorData::from_f64s(crate::DType::F32, vec![scales.len() as i64], &scales);
-        self.define(name.clone(), TensorType::new(data.dtype, Shape::fixed(&data.dims)), ValueDef::Weight(Weight { data: data.clone(), trainable: false }));
-        self.graph.warnings.push(format!("node {:?}: a Resize to sizes of the export batch is read as the same Resize by scales, which follows the batch", node.name));
-        let mut scaled = node.clone();
-        scaled.input[2] = name.clone();
-        scaled.input.pop();
-        self.graph.source_rewrites.push(SourceRewrite { node: scaled.clone(), constants: vec![(name, data)] });
-        Some(scaled)
     }
 
     /// The known contents of every output: the first output's by [`evaluate`]; a Split
@@ -1209,28 +985,4 @@ fn constant_value(node: &NodeProto, dir: &Path) -> Result<crate::TensorData, Str
         }
         other => return Err(format!("attribute {other:?} is not a Constant value attribute")),
     })
-}
-
-/// Whether `indices` (`[..dims, rank]`) lists every index tuple of a tensor of extents
-/// `dims`, in row-major order: a GatherND or ScatterND with them touches every element, in
-/// place.
-fn enumerates(indices: &crate::TensorData, dims: &[i64]) -> bool {
-    let Some((&k, lead)) = indices.dims.split_last() else { return false };
-    if k as usize != dims.len() || lead != dims {
-        return false;
-    }
-    let mut expected = vec![0i64; dims.len()];
-    for tuple in indices.to_i64s().chunks(dims.len()) {
-        if tuple != expected.as_slice() {
-            return false;
-        }
-        for axis in (0..dims.len()).rev() {
-            expected[axis] += 1;
-            if expected[axis] < dims[axis] {
-                break;
-            }
-            expected[axis] = 0;
-        }
-    }
-    true
 }

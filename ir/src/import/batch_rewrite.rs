@@ -1,0 +1,263 @@
+//! Source nodes of a fixed-batch export that bake the export batch, read as nodes that
+//! follow the batch and compute the same at the export batch: identity gathers and
+//! scatters at constant indices, zero initial states of recurrent layers, and Resize to
+//! sizes of the export batch. Each rewrite is recorded on the graph
+//! (`Graph::source_rewrites`) so that `export` writes the source node the same way, and
+//! noted among the import's warnings.
+
+use onnx_protobuf::NodeProto;
+
+use super::Importer;
+use crate::dim::{Shape, TensorType};
+use crate::graph::SourceRewrite;
+use crate::{DType, TensorData, ValueDef, ValueId, Weight};
+
+/// A source node read as another: the node imported in its place (it keeps the source
+/// node's outputs), the constants it adds, and what the import notes.
+pub(super) struct BatchRewrite {
+    node: NodeProto,
+    constants: Vec<(String, TensorData)>,
+    note: String,
+}
+
+impl BatchRewrite {
+    /// `node` as `op_type` reading `inputs`, without attributes.
+    fn replace(node: &NodeProto, op_type: &str, inputs: Vec<String>, note: &str) -> BatchRewrite {
+        let mut replacement = node.clone();
+        replacement.op_type = op_type.into();
+        replacement.input = inputs;
+        replacement.attribute.clear();
+        BatchRewrite { node: replacement, constants: Vec::new(), note: format!("node {:?}: {note}", node.name) }
+    }
+}
+
+impl Importer<'_> {
+    /// The rewrite that makes `node` follow the batch, if it bakes the export batch in a
+    /// way one of the rewrites recognises (only for a fixed-batch export).
+    pub(super) fn batch_rewrite(&self, node: &NodeProto) -> Option<BatchRewrite> {
+        let b = self.ctx.export_batch?;
+        match node.op_type.as_str() {
+            "Gather" => self.identity_gather_as_reshape(node, b),
+            "GatherND" => self.identity_gather_nd(node, b),
+            "ScatterND" => self.identity_scatter_nd(node, b),
+            "LSTM" | "GRU" | "RNN" => self.zero_initial_state_dropped(node),
+            "Resize" => self.resize_sizes_as_scales(node, b),
+            _ => None,
+        }
+    }
+
+    /// Defines the rewrite's constants, notes and records it; returns the node to import.
+    pub(super) fn apply_batch_rewrite(&mut self, rewrite: BatchRewrite) -> NodeProto {
+        for (name, data) in &rewrite.constants {
+            let ty = TensorType::new(data.dtype, Shape::fixed(&data.dims));
+            self.define(name.clone(), ty, ValueDef::Weight(Weight { data: data.clone(), trainable: false }));
+        }
+        self.graph.warnings.push(rewrite.note);
+        self.graph.source_rewrites.push(SourceRewrite { node: rewrite.node.clone(), constants: rewrite.constants });
+        rewrite.node
+    }
+
+    /// The extents of value `name` at the export batch `b`, when it carries the batch.
+    fn batch_dims(&self, name: &str, b: i64) -> Option<Vec<i64>> {
+        let shape = &self.graph.value(*self.names.get(name)?).ty.shape;
+        shape.has_batch().then(|| shape.dims().iter().map(|d| d.eval(b)).collect())
+    }
+
+    /// PyTorch's default exporter writes `as_strided` of a contiguous tensor as a Gather
+    /// from its flattened data at constant indices `0, 1, ..., n-1` shaped for the export
+    /// batch: a reshape that does not follow the batch. Over a batch-carrying vector, that
+    /// Gather becomes a Reshape to the indices' shape with the batch axis left free (`-1`),
+    /// which is the same at the export batch and follows any other.
+    fn identity_gather_as_reshape(&self, node: &NodeProto, b: i64) -> Option<BatchRewrite> {
+        if node.input.len() != 2 || node.attribute.iter().any(|a| a.name == "axis" && a.i != 0) {
+            return None;
+        }
+        let data = self.batch_dims(&node.input[0], b).filter(|d| d.len() == 1)?;
+        let (index_dims, values) = self.int_value(*self.names.get(&node.input[1])?, 0)?;
+        let identity = values.iter().enumerate().all(|(i, &v)| v == i as i64);
+        if !identity || index_dims.first() != Some(&b) || values.len() as i64 != data[0] {
+            return None;
+        }
+        let mut target = index_dims;
+        target[0] = -1;
+        let shape_name = format!("{}/batch_free_shape", node.name);
+        let note = "a Gather of every element in order (an exported as_strided) at the export batch is read as a Reshape that follows the batch";
+        let mut rewrite = BatchRewrite::replace(node, "Reshape", vec![node.input[0].clone(), shape_name.clone()], note);
+        rewrite.constants.push((shape_name, TensorData::from_i64s(vec![target.len() as i64], &target)));
+        Some(rewrite)
+    }
+
+    /// The default exporter copies a batch-carrying tensor (an attention mask) with a
+    /// GatherND at constant indices that list every element in order, shaped for the
+    /// export batch; that is the tensor itself, at any batch: an Identity.
+    fn identity_gather_nd(&self, node: &NodeProto, b: i64) -> Option<BatchRewrite> {
+        if node.input.len() != 2 || node.attribute.iter().any(|a| a.name == "batch_dims" && a.i != 0) {
+            return None;
+        }
+        let dims = self.batch_dims(&node.input[0], b)?;
+        let (index_dims, indices) = self.int_value(*self.names.get(&node.input[1])?, 0)?;
+        enumerates(&index_dims, &indices, &dims).then(|| {
+            BatchRewrite::replace(node, "Identity", vec![node.input[0].clone()], "a GatherND of every element in order at the export batch is read as the tensor itself")
+        })
+    }
+
+    /// The TorchScript exporter fills a causal mask with a ScatterND whose constant indices
+    /// list every element of its (export-batch) data in order: every element is replaced,
+    /// so the result is the updates themselves, which follow the batch: an Identity.
+    fn identity_scatter_nd(&self, node: &NodeProto, b: i64) -> Option<BatchRewrite> {
+        if node.input.len() != 3 || node.attribute.iter().any(|a| a.name == "reduction" && a.s != b"none") {
+            return None;
+        }
+        let data = &self.graph.value(*self.names.get(&node.input[0])?).ty.shape;
+        let dims: Vec<i64> = data.dims().iter().map(|d| d.eval(b)).collect();
+        let updates = self.batch_dims(&node.input[2], b)?;
+        let (index_dims, indices) = self.int_value(*self.names.get(&node.input[1])?, 8)?;
+        (dims == updates && enumerates(&index_dims, &indices, &dims)).then(|| {
+            BatchRewrite::replace(node, "Identity", vec![node.input[2].clone()], "a ScatterND over every element in order at the export batch is read as its updates")
+        })
+    }
+
+    /// The integer contents of value `v` (its fixed extents and row-major values): a
+    /// constant's, or where they follow from constants through Unsqueeze, Reshape,
+    /// Squeeze, Identity, Expand and Concat (index grids the TorchScript exporter builds at
+    /// run time), looking at most `depth` nodes back. Shape inference does not fold these,
+    /// and need not: only the rewrites here ask.
+    fn int_value(&self, v: ValueId, depth: usize) -> Option<(Vec<i64>, Vec<i64>)> {
+        let value = self.graph.value(v);
+        let dims: Vec<i64> = value.ty.shape.dims().iter().map(|d| d.fixed()).collect::<Option<_>>()?;
+        if dims.iter().product::<i64>() as usize > crate::known::KNOWN_LIMIT {
+            return None;
+        }
+        let node = match &value.def {
+            ValueDef::Weight(w) if !w.trainable => return Some((dims, w.data.to_i64s())),
+            ValueDef::Node { node, .. } if depth > 0 => self.graph.node(*node),
+            _ => return None,
+        };
+        let input = |i: usize| node.inputs.get(i).copied().flatten().and_then(|u| self.int_value(u, depth - 1));
+        match &node.op {
+            crate::Op::Unsqueeze { .. } | crate::Op::Reshape { .. } | crate::Op::Squeeze { .. } | crate::Op::Unary(pipewright_ops::op::UnaryOp::Identity) => {
+                Some((dims, input(0)?.1))
+            }
+            crate::Op::Expand => {
+                let (from, values) = input(0)?;
+                let n = dims.iter().product::<i64>() as usize;
+                Some((dims.clone(), (0..n).map(|i| values[crate::known::bcast_index(i, &dims, &from)]).collect()))
+            }
+            crate::Op::Concat { axis } => {
+                let axis = usize::try_from(if *axis < 0 { axis + dims.len() as i64 } else { *axis }).ok()?;
+                let parts: Vec<(Vec<i64>, Vec<i64>)> = (0..node.inputs.len()).map(input).collect::<Option<_>>()?;
+                let outer: i64 = dims[..axis].iter().product();
+                let mut out = Vec::with_capacity(dims.iter().product::<i64>() as usize);
+                for o in 0..outer as usize {
+                    for (d, values) in &parts {
+                        let chunk: usize = d[axis..].iter().product::<i64>() as usize;
+                        out.extend_from_slice(&values[o * chunk..(o + 1) * chunk]);
+                    }
+                }
+                Some((dims, out))
+            }
+            _ => None,
+        }
+    }
+
+    /// Whether value `v` is known to be all zeros: a constant, a folded value, or such a
+    /// value only reshaped, expanded or cast (an exporter's zero initial state).
+    fn all_zeros(&self, v: ValueId) -> bool {
+        let data = match &self.graph.value(v).def {
+            // An initializer of zeros may have been taken for a trainable weight: its
+            // values are what count here.
+            ValueDef::Weight(w) => Some(w.data.clone()),
+            ValueDef::Node { node, .. } => {
+                let n = self.graph.node(*node);
+                let passes_zeros = matches!(n.op.name(), "Expand" | "Reshape" | "Unsqueeze" | "Squeeze" | "Identity" | "Cast" | "Transpose" | "Tile");
+                if let (true, Some(Some(first))) = (passes_zeros, n.inputs.first()) {
+                    return self.all_zeros(*first);
+                }
+                self.known.get(v.index()).and_then(|k| k.as_ref()).and_then(|k| k.to_tensor())
+            }
+            _ => None,
+        };
+        data.is_some_and(|d| d.to_f64s().iter().all(|&x| x == 0.0))
+    }
+
+    /// Exporters write a recurrent layer's zero initial state as a constant (or an Expand
+    /// of one) of the export batch; zeros are also what an absent initial state means, at
+    /// any batch. An LSTM, GRU or RNN whose `initial_h` / `initial_c` is known to be all
+    /// zeros loses those inputs.
+    fn zero_initial_state_dropped(&self, node: &NodeProto) -> Option<BatchRewrite> {
+        let zero = |slot: usize| node.input.get(slot).filter(|n| !n.is_empty()).and_then(|n| self.names.get(n)).is_some_and(|&v| self.all_zeros(v));
+        let dropped: Vec<usize> = [5, 6].into_iter().filter(|&slot| zero(slot)).collect();
+        if dropped.is_empty() {
+            return None;
+        }
+        let mut inputs = node.input.clone();
+        for slot in dropped {
+            inputs[slot] = String::new();
+        }
+        while inputs.last().is_some_and(|n| n.is_empty()) {
+            inputs.pop();
+        }
+        let mut rewrite = BatchRewrite::replace(node, &node.op_type, inputs, "a zero initial state of the export batch is read as no initial state (zeros at any batch)");
+        // A recurrent layer keeps its attributes (hidden size, direction, layout).
+        rewrite.node.attribute = node.attribute.clone();
+        Some(rewrite)
+    }
+
+    /// A Resize to constant `sizes` that start with the export batch (PyTorch's default
+    /// exporter writes `interpolate` so) keeps every batch at the export batch. Where each
+    /// size is a whole multiple or divisor of its input extent, the same Resize by
+    /// `scales` (1 on the batch axis) gives the same result at the export batch and follows
+    /// any other.
+    fn resize_sizes_as_scales(&self, node: &NodeProto, b: i64) -> Option<BatchRewrite> {
+        if node.input.len() != 4 || node.input[3].is_empty() {
+            return None;
+        }
+        let dims = self.graph.value(*self.names.get(&node.input[0])?).ty.shape.dims().to_vec();
+        if dims.first().map(|d| d.is_batch()) != Some(true) || dims[1..].iter().any(|d| d.is_batch()) {
+            return None;
+        }
+        let (_, sizes) = self.int_value(*self.names.get(&node.input[3])?, 0)?;
+        if sizes.len() != dims.len() || sizes[0] != b {
+            return None;
+        }
+        let mut scales = vec![1.0f64];
+        for (&size, d) in sizes[1..].iter().zip(&dims[1..]) {
+            let extent = d.fixed()?;
+            if size <= 0 || extent <= 0 || (size % extent != 0 && extent % size != 0) {
+                return None;
+            }
+            scales.push(size as f64 / extent as f64);
+        }
+        let name = format!("{}/batch_free_scales", node.name);
+        let inputs = vec![node.input[0].clone(), node.input[1].clone(), name.clone()];
+        let mut rewrite = BatchRewrite::replace(node, "Resize", inputs, "a Resize to sizes of the export batch is read as the same Resize by scales, which follows the batch");
+        // Resize keeps its attributes (mode, coordinate transformation).
+        rewrite.node.attribute = node.attribute.clone();
+        rewrite.constants.push((name, TensorData::from_f64s(DType::F32, vec![scales.len() as i64], &scales)));
+        Some(rewrite)
+    }
+}
+
+/// Whether `indices` (extents `index_dims`, `[..dims, rank]`, row-major `values`) lists
+/// every index tuple of a tensor of extents `dims`, in row-major order: a GatherND or
+/// ScatterND with them touches every element, in place.
+fn enumerates(index_dims: &[i64], values: &[i64], dims: &[i64]) -> bool {
+    let Some((&k, lead)) = index_dims.split_last() else { return false };
+    if k as usize != dims.len() || lead != dims {
+        return false;
+    }
+    let mut expected = vec![0i64; dims.len()];
+    for tuple in values.chunks(dims.len()) {
+        if tuple != expected.as_slice() {
+            return false;
+        }
+        for axis in (0..dims.len()).rev() {
+            expected[axis] += 1;
+            if expected[axis] < dims[axis] {
+                break;
+            }
+            expected[axis] = 0;
+        }
+    }
+    true
+}
