@@ -61,9 +61,24 @@ pub fn launch(args: &LaunchArgs) -> Result<()> {
         return Ok(());
     }
     eprintln!("{}", shell_line(&line));
-    match run_mpirun(&line)? {
-        0 => Ok(()),
-        code => anyhow::bail!("the MPI job failed (mpirun exit status {code}; each rank's messages are above)"),
+    let signals = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let seen = signals.clone();
+    ctrlc::set_handler(move || {
+        if seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
+            eprintln!("\nstopping every rank after the current step (a second Ctrl-C stops the job at once, without saving)");
+        } else {
+            eprintln!("\nstopping the job now");
+        }
+    })
+    .map_err(|e| anyhow::anyhow!("cannot handle Ctrl-C: {e}"))?;
+    let argv: Vec<String> = std::env::args().collect();
+    let exit = run_mpirun(&line, &argv, &signals)?;
+    match (exit.code, exit.forwarded) {
+        (0, 0) => Ok(()),
+        // Stopped at a step boundary: rank 0 printed where and how to resume.
+        (0, _) => std::process::exit(130),
+        (code, 0) => anyhow::bail!("the MPI job failed (mpirun exit status {code}; each rank's messages are above)"),
+        (code, _) => anyhow::bail!("the MPI job was stopped at once by a second signal (mpirun exit status {code}); resume from its last complete checkpoint"),
     }
 }
 

@@ -10,7 +10,7 @@ use pipewright_driver::conformance::{report, run_all, totals};
 use pipewright_driver::export::{save_weights, WEIGHTS_FILE};
 use pipewright_driver::forward::{bench_step_command, run_forward_command};
 use pipewright_driver::profile::{notes, profile_json, Progress as ProfileProgress};
-use pipewright_driver::train::{loss_range, memory_peaks, save_trace, stopped_lines, MpiJob, Session, StepReport, StopGate, WorkerSession};
+use pipewright_driver::train::{loss_range, memory_peaks, save_trace, stopped_job_lines, stopped_lines, MpiJob, Session, StepReport, StopGate, WorkerSession};
 
 use crate::args::{BenchStepArgs, ConformanceArgs, ProfileArgs, RunForwardArgs, TrainArgs, WorkerArgs};
 use crate::progress::Progress;
@@ -125,7 +125,9 @@ fn worker_rank(args: &WorkerArgs, embedded: Option<Vec<u8>>, job: &MpiJob) -> Re
     let start = session.start;
     let session_schedule = session.config.schedule;
     let mut progress = if reports { progress(t, start)? } else { Progress::new(t.steps, start, t.log_every, true, None)? };
+    let gate = session.config.stop.clone();
     let outcome = session.run(&mut |r: StepReport| progress.step(&r))?;
+    let stopped_after = gate.and_then(|g| g.stop_after());
     progress.finish();
     let report = &outcome.report;
     // Every rank traces its own stage: `t.json` becomes `t.rank1.json` on rank 1.
@@ -135,6 +137,13 @@ fn worker_rank(args: &WorkerArgs, embedded: Option<Vec<u8>>, job: &MpiJob) -> Re
     }
     for p in &report.checkpoints {
         say(&format!("rank {rank}: wrote checkpoint {}", p.display()));
+    }
+    // Rank 0 commits the checkpoints, so it says where a stopped job resumes.
+    if let Some(last) = stopped_after.filter(|_| rank == 0) {
+        let launched = pipewright_driver::launch::launch_argv();
+        for line in stopped_job_lines(last as usize + 1, t.steps, report.checkpoints.last().map(|p| p.as_path()), launched.as_deref()) {
+            say(&format!("rank 0: {line}"));
+        }
     }
     if let Some(all) = &outcome.job {
         let weights = t.build.join(WEIGHTS_FILE);

@@ -297,6 +297,9 @@ fn watch(mut c: Command) -> Job {
     while job.pids.contains(&0) || !job.seen.contains("step     3/") {
         let l = job.lines.recv_timeout(deadline.saturating_duration_since(Instant::now())).unwrap_or_else(|_| panic!("the job did not start:\n{}", job.seen));
         if let (Some(r), Some(p)) = (l.strip_prefix("rank ").and_then(|t| t.split(':').next()).and_then(|r| r.parse::<usize>().ok()), l.split("pid ").nth(1)) {
+            if r >= job.pids.len() {
+                job.pids.resize(r + 1, 0);
+            }
             job.pids[r] = p.trim().parse().unwrap();
         }
         job.seen.push_str(&l);
@@ -308,7 +311,13 @@ fn watch(mut c: Command) -> Job {
 impl Job {
     /// Waits for the job to end (at most `limit`): its exit status, all it printed and how
     /// long it took.
-    fn end(mut self, limit: Duration) -> (bool, String, Duration) {
+    fn end(self, limit: Duration) -> (bool, String, Duration) {
+        let (code, seen, took) = self.end_code(limit);
+        (code == Some(0), seen, took)
+    }
+
+    /// [`Job::end`] with the exit code (`None`: ended by a signal).
+    fn end_code(mut self, limit: Duration) -> (Option<i32>, String, Duration) {
         let t0 = Instant::now();
         loop {
             while let Ok(l) = self.lines.try_recv() {
@@ -321,7 +330,7 @@ impl Job {
                     self.seen.push_str(&l);
                     self.seen.push('\n');
                 }
-                return (status.success(), self.seen, t0.elapsed());
+                return (status.code(), self.seen, t0.elapsed());
             }
             if t0.elapsed() > limit {
                 let _ = self.child.kill();
@@ -474,6 +483,50 @@ fn multi_process_checkpoints_resume_bit_identically_even_after_a_kill() {
     let uninterrupted = finish(&build, &uninterrupted_metrics);
     assert_eq!(after_kill.losses, uninterrupted.losses[step..], "steps {step}..{more}");
     assert!(after_kill.weights == uninterrupted.weights, "resuming the killed job must reach the uninterrupted run's weights");
+}
+
+/// Ctrl-C to `pipewright launch` (with and without replicas): every rank stops after the
+/// same step, rank 0 writes that step's checkpoint and prints the exact launch line that
+/// resumes from it, the weights are saved, launch exits with 130 and no rank is left; the
+/// losses before the stop are the uninterrupted run's, and resuming reaches its weights.
+#[test]
+fn ctrl_c_to_launch_stops_every_rank_at_one_step_and_resumes_bit_identically() {
+    for extra in [&[][..], &["--replicas", "2"][..]] {
+        let dir = tempfile::tempdir().unwrap();
+        let build = dir.path().join("build");
+        compile(&build, 2, "2bw", false);
+        let ck = dir.path().join("ck");
+        let metrics = dir.path().join("stopped.jsonl");
+        let mut args: Vec<&str> = extra.to_vec();
+        args.extend(["--checkpoint-every", "100000", "--checkpoint-dir", ck.to_str().unwrap(), "--metrics", metrics.to_str().unwrap()]);
+        let job = long_job(&build, &args);
+        let pids = job.pids.clone();
+        assert!(Command::new("kill").args(["-INT", &job.child.id().to_string()]).status().unwrap().success());
+        let (code, seen, _) = job.end_code(Duration::from_secs(60));
+        assert_eq!(code, Some(130), "{extra:?}: {seen}");
+        let line = seen.lines().find_map(|l| l.strip_prefix("rank 0: stopped by a signal after step ")).unwrap_or_else(|| panic!("{seen}"));
+        let step: usize = line.split(' ').next().unwrap().parse().unwrap();
+        let checkpoint = ck.join(format!("step-{step:06}"));
+        assert!(seen.contains(&format!("rank 0: the last checkpoint is {}", checkpoint.display())), "{seen}");
+        let resume = seen.lines().find_map(|l| l.strip_prefix("rank 0: resume with: ")).unwrap_or_else(|| panic!("{seen}"));
+        assert!(resume.contains(" launch ") && resume.ends_with(&format!("--resume {}", checkpoint.display())), "{resume}");
+        assert!(build.join("weights.safetensors").is_file(), "{extra:?}: the weights were saved\n{seen}");
+        assert!(pids.iter().all(|&p| gone(p)), "{extra:?}: a rank is left\n{seen}");
+        let stopped = losses(&metrics);
+        assert_eq!(stopped.len(), step, "{extra:?}: one metrics line per step trained");
+
+        let more = options(step + 2);
+        let resumed_metrics = build.join("resumed.jsonl");
+        let out = command().arg("launch").arg(&build).arg("--").args(&more).args(extra).args(["--resume", checkpoint.to_str().unwrap(), "--force", "--metrics"]).arg(&resumed_metrics).output().unwrap();
+        ok(&out);
+        let resumed = finish(&build, &resumed_metrics);
+        let whole_metrics = build.join("whole.jsonl");
+        ok(&command().arg("launch").arg(&build).arg("--").args(&more).args(extra).arg("--metrics").arg(&whole_metrics).output().unwrap());
+        let whole = finish(&build, &whole_metrics);
+        assert_eq!(stopped[..], whole.losses[..step], "{extra:?}: the losses before the stop");
+        assert_eq!(resumed.losses[..], whole.losses[step..], "{extra:?}: the losses after resuming");
+        assert!(resumed.weights == whole.weights, "{extra:?}: resuming the stopped job must reach the uninterrupted run's weights");
+    }
 }
 
 /// With replicas the ranks of replica 0 (ranks 0 and 2 of a stage-major 2 x 2 job, not 0

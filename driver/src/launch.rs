@@ -136,12 +136,59 @@ pub fn shell_line(line: &[String]) -> String {
         .join(" ")
 }
 
-/// Runs the line (inheriting stdin, stdout and stderr): mpirun's exit status.
-pub fn run_mpirun(line: &[String]) -> Result<i32, DriverError> {
-    let status = std::process::Command::new(&line[0]).args(&line[1..]).status().map_err(|e| {
-        DriverError::msg(format!("cannot run {}: {e} (install Open MPI: scripts/prereqs.sh installs openmpi-bin)", line[0]))
-    })?;
-    Ok(status.code().unwrap_or(1))
+/// The variable through which `pipewright launch` tells the ranks its own command line
+/// (arguments separated by U+001F), so that a job stopped early prints the exact command
+/// that resumes it. mpirun passes its environment to the ranks it starts on this host.
+pub const LAUNCH_ARGV_VAR: &str = "PIPEWRIGHT_LAUNCH_ARGV";
+
+/// The `pipewright launch` command line this rank was started by, if it was.
+pub fn launch_argv() -> Option<Vec<String>> {
+    let v = std::env::var(LAUNCH_ARGV_VAR).ok()?;
+    Some(v.split('\u{1f}').map(str::to_string).collect())
+}
+
+/// How [`run_mpirun`] ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MpirunExit {
+    /// mpirun's exit status.
+    pub code: i32,
+    /// Signals forwarded to the job: 1 asked it to stop at a step boundary, more stopped
+    /// it at once.
+    pub forwarded: usize,
+}
+
+/// Runs the line (inheriting stdout and stderr; stdin is not forwarded to rank 0) in a
+/// process group of its own, so that a Ctrl-C at the terminal reaches `launch` alone, which
+/// counts it in `signals`. The first signal is forwarded as `SIGUSR1`, which mpirun passes
+/// to every rank and which stops the run after the current step, saved; any later one as
+/// `SIGTERM`, which mpirun turns into stopping the job at once. `argv`: this command line,
+/// for the ranks' resume command.
+pub fn run_mpirun(line: &[String], argv: &[String], signals: &std::sync::atomic::AtomicUsize) -> Result<MpirunExit, DriverError> {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = std::process::Command::new(&line[0]);
+    cmd.args(&line[1..]).stdin(std::process::Stdio::null()).process_group(0).env(LAUNCH_ARGV_VAR, argv.join("\u{1f}"));
+    // SAFETY: prctl is async-signal-safe; the job ends with this process even if it is
+    // killed outright (its process group no longer hears the terminal).
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().map_err(|e| DriverError::msg(format!("cannot run {}: {e} (install Open MPI: scripts/prereqs.sh installs openmpi-bin)", line[0])))?;
+    let mut forwarded = 0;
+    loop {
+        if let Some(status) = child.try_wait().map_err(|e| DriverError::msg(format!("waiting for {}: {e}", line[0])))? {
+            return Ok(MpirunExit { code: status.code().unwrap_or(1), forwarded });
+        }
+        while forwarded < signals.load(std::sync::atomic::Ordering::SeqCst) {
+            let sig = if forwarded == 0 { libc::SIGUSR1 } else { libc::SIGTERM };
+            // SAFETY: a plain kill(2) of the child, which has not been reaped yet.
+            unsafe { libc::kill(child.id() as libc::pid_t, sig) };
+            forwarded += 1;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
 }
 
 #[cfg(test)]

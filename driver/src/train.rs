@@ -213,11 +213,32 @@ pub fn resume_command(argv: &[String], checkpoint: &Path) -> Vec<String> {
 /// checkpoint of that step is and the command that resumes from it, or that none was
 /// written (and how to have one next time).
 pub fn stopped_lines(done: usize, steps: usize, checkpoint: Option<&Path>, argv: &[String]) -> Vec<String> {
+    stopped_lines_with(done, steps, checkpoint, |ck| format!("resume with: {}", crate::launch::shell_line(&resume_command(argv, ck))))
+}
+
+/// [`stopped_lines`] for a rank of an MPI job: the resume command is the `pipewright
+/// launch` line that started it (`launch_argv`, [`crate::launch::launch_argv`]), or, for a
+/// job started by hand, what to add to it.
+pub fn stopped_job_lines(done: usize, steps: usize, checkpoint: Option<&Path>, launch_argv: Option<&[String]>) -> Vec<String> {
+    stopped_lines_with(done, steps, checkpoint, |ck| match launch_argv {
+        Some(argv) => {
+            // The options after `--` go to the ranks; `--resume` is one of them.
+            let mut argv = argv.to_vec();
+            if !argv.iter().any(|a| a == "--") {
+                argv.push("--".into());
+            }
+            format!("resume with: {}", crate::launch::shell_line(&resume_command(&argv, ck)))
+        }
+        None => format!("resume by starting the job again with --resume {} added to every rank's options", crate::launch::shell_line(&[ck.display().to_string()])),
+    })
+}
+
+fn stopped_lines_with(done: usize, steps: usize, checkpoint: Option<&Path>, resume_line: impl Fn(&Path) -> String) -> Vec<String> {
     let mut lines = vec![format!("stopped by a signal after step {done} of {steps}, at a step boundary every stage agreed on")];
     match checkpoint {
         Some(ck) => {
             lines.push(format!("the last checkpoint is {}", ck.display()));
-            lines.push(format!("resume with: {}", crate::launch::shell_line(&resume_command(argv, ck))));
+            lines.push(resume_line(ck));
         }
         None => lines.push(format!(
             "no checkpoint was written, so this run cannot be resumed; train with --checkpoint-every N to have a stop write one (the weights after step {done} are saved)"
@@ -626,7 +647,9 @@ impl WorkerSession {
         }
         let shape = manifest.pipeline.resolve(req.train.flags);
         // The numbers are checked (`--replicas 0`) before the layout places this rank.
-        let config = config(&req.train, &manifest, &shape, build_dir)?;
+        let mut config = config(&req.train, &manifest, &shape, build_dir)?;
+        // SIGUSR1 stops the job at a step boundary every rank agrees on.
+        config.stop = Some(job.stop_gate());
         let layout = Layout { depth: manifest.stages.len(), replicas: size(shape.replicas.value) };
         let transport = job.transport(layout, config.timeout).map_err(DriverError::msg)?;
         let main = job.transport(layout, config.timeout).map_err(DriverError::msg)?;
@@ -775,6 +798,16 @@ mod tests {
         assert_eq!(lines[1], "the last checkpoint is b/my checkpoints/step-000004");
         assert_eq!(lines[2], "resume with: pipewright train b --steps 9 --resume 'b/my checkpoints/step-000004'");
         assert!(stopped_lines(4, 9, None, &argv)[1].contains("train with --checkpoint-every N"));
+    }
+
+    #[test]
+    fn a_stopped_job_resumes_with_its_launch_line_or_says_what_to_add() {
+        let ck = Path::new("b/checkpoints/step-000004");
+        let launch: Vec<String> = ["pipewright", "launch", "b", "--", "--steps", "9"].map(String::from).to_vec();
+        assert_eq!(stopped_job_lines(4, 9, Some(ck), Some(&launch))[2], "resume with: pipewright launch b -- --steps 9 --resume b/checkpoints/step-000004");
+        let bare: Vec<String> = ["pipewright", "launch", "b"].map(String::from).to_vec();
+        assert_eq!(stopped_job_lines(4, 9, Some(ck), Some(&bare))[2], "resume with: pipewright launch b -- --resume b/checkpoints/step-000004");
+        assert_eq!(stopped_job_lines(4, 9, Some(ck), None)[2], "resume by starting the job again with --resume b/checkpoints/step-000004 added to every rank's options");
     }
 
     #[test]

@@ -31,6 +31,10 @@
 //!   exits.
 //! - Agreement: before the first step every rank's run configuration is compared with
 //!   rank 0's, and a difference stops every rank naming the first one.
+//! - Stopping early: `SIGUSR1` (mpirun forwards it to every rank) asks the run to stop;
+//!   the first stages decide where and pass a marker down the pipeline
+//!   ([`super::StopGate`]), so every rank ends after the same step and rank 0 commits its
+//!   checkpoint.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -47,6 +51,7 @@ use ::mpi::traits::CommunicatorCollectives;
 use ::mpi::Threading;
 use tch::Tensor;
 
+use super::stop::StopGate;
 use super::checkpoint::{commit_parts, discard_parts, write_stage_part, StagePart};
 use super::transport::{sum_lists, Named, Transport};
 use crate::exec::{tensor_from_bytes, tensor_to_bytes};
@@ -114,6 +119,9 @@ struct Shared {
     layout: Mutex<Option<Layout>>,
     waiting: Mutex<Option<String>>,
     stop: AtomicBool,
+    /// Asked by `SIGUSR1` (mpirun forwards it to every rank; `pipewright launch` sends it
+    /// on Ctrl-C): the run stops at a step boundary every rank agrees on.
+    gate: Arc<StopGate>,
 }
 
 impl Shared {
@@ -170,6 +178,7 @@ impl MpiJob {
             layout: Mutex::new(None),
             waiting: Mutex::new(None),
             stop: AtomicBool::new(false),
+            gate: Arc::new(StopGate::new()),
         });
         if let Some(set) = sigs {
             let s = shared.clone();
@@ -185,6 +194,11 @@ impl MpiJob {
 
     pub fn rank(&self) -> usize {
         self.shared.rank
+    }
+
+    /// Where a `SIGUSR1` asks this rank to stop; the run's [`super::TrainConfig::stop`].
+    pub fn stop_gate(&self) -> Arc<StopGate> {
+        self.shared.gate.clone()
     }
     pub fn size(&self) -> usize {
         self.shared.size
@@ -394,8 +408,8 @@ fn heartbeat(shared: Arc<Shared>, timeout: Duration) {
     pending.into_iter().for_each(std::mem::forget);
 }
 
-/// Blocks SIGTERM and SIGINT in this thread (and so in every thread started after it);
-/// the set to wait for, or `None` when the mask cannot be set.
+/// Blocks SIGTERM, SIGINT and SIGUSR1 in this thread (and so in every thread started
+/// after it); the set to wait for, or `None` when the mask cannot be set.
 fn block_termination_signals() -> Option<libc::sigset_t> {
     // SAFETY: plain libc calls on a local signal set.
     unsafe {
@@ -403,23 +417,35 @@ fn block_termination_signals() -> Option<libc::sigset_t> {
         libc::sigemptyset(&mut set);
         libc::sigaddset(&mut set, libc::SIGTERM);
         libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGUSR1);
         (libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) == 0).then_some(set)
     }
 }
 
-/// Waits for SIGTERM or SIGINT (the launcher stopping the job: another rank died or the
-/// job was cancelled) and exits saying what this rank was doing.
+/// Waits for signals: `SIGUSR1` asks the run to stop at the next step boundary (rank 0
+/// says so once); SIGTERM or SIGINT (the launcher stopping the job: another rank died or
+/// the job was cancelled) exits at once, saying what this rank was doing.
 fn watch_signals(set: libc::sigset_t, shared: Arc<Shared>) {
-    let mut sig: libc::c_int = 0;
-    // SAFETY: `set` is an initialised signal set; sigwait writes the signal number.
-    if unsafe { libc::sigwait(&set, &mut sig) } != 0 {
-        return;
+    loop {
+        let mut sig: libc::c_int = 0;
+        // SAFETY: `set` is an initialised signal set; sigwait writes the signal number.
+        if unsafe { libc::sigwait(&set, &mut sig) } != 0 {
+            return;
+        }
+        if sig == libc::SIGUSR1 {
+            if !shared.gate.requested() && shared.rank == 0 {
+                let line = "rank 0: SIGUSR1: every rank stops after the current step and saves (SIGTERM stops the job at once)\n";
+                let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
+            }
+            shared.gate.request();
+            continue;
+        }
+        let name = if sig == libc::SIGINT { "SIGINT" } else { "SIGTERM" };
+        eprintln!("error: {}: stopped by {name} (the launcher stops every rank when one fails) {}", shared.who(shared.rank), shared.doing());
+        // SAFETY: ends the process at once, without running exit handlers that could wait
+        // on MPI peers that are gone.
+        unsafe { libc::_exit(143) }
     }
-    let name = if sig == libc::SIGINT { "SIGINT" } else { "SIGTERM" };
-    eprintln!("error: {}: stopped by {name} (the launcher stops every rank when one fails) {}", shared.who(shared.rank), shared.doing());
-    // SAFETY: ends the process at once, without running exit handlers that could wait on
-    // MPI peers that are gone.
-    unsafe { libc::_exit(143) }
 }
 
 /// A send in flight: MPI reads `buf` until the request completes, so both live together.
@@ -761,7 +787,15 @@ impl Transport for Mpi {
         let to = self.layout.rank(self.replica, self.stage as usize + 1);
         self.isend(to, FORWARD, bytes)
     }
-    fn recv_forward(&mut self, mb: u64) -> Result<Named, String> {
+    fn send_stop(&mut self, mb: u64) -> Result<(), String> {
+        if self.stage as usize + 1 >= self.layout.depth {
+            return Err("no next neighbour".into());
+        }
+        let bytes = Wire { a: mb, value: 0.0, text: vec![STOP_MARKER.into()], tensors: Vec::new() }.encode()?;
+        let to = self.layout.rank(self.replica, self.stage as usize + 1);
+        self.isend(to, FORWARD, bytes)
+    }
+    fn recv_forward(&mut self, mb: u64) -> Result<Option<Named>, String> {
         if self.stage == 0 {
             return Err("no previous neighbour".into());
         }
@@ -770,7 +804,7 @@ impl Transport for Mpi {
         if w.a != mb {
             return Err(format!("expected microbatch {mb}'s activations from {}, got microbatch {}'s", self.layout.who(from), w.a));
         }
-        Ok(w.tensors)
+        Ok(if w.text.iter().any(|t| t == STOP_MARKER) { None } else { Some(w.tensors) })
     }
     fn send_backward(&mut self, mb: u64, grads: Named) -> Result<(), String> {
         if self.stage == 0 {
@@ -832,6 +866,8 @@ struct Wire {
 }
 
 const MAGIC: &[u8; 4] = b"PWM1";
+/// A forward message's text when it is the stop marker ([`Transport::send_stop`]).
+const STOP_MARKER: &str = "stop";
 
 fn put(out: &mut Vec<u8>, b: &[u8]) {
     out.extend_from_slice(&(b.len() as u64).to_le_bytes());

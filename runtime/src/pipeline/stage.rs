@@ -259,18 +259,29 @@ struct Ctx<'a> {
 }
 
 impl Ctx<'_> {
-    /// A send's result: a neighbour that has stopped at the agreed step never needed
-    /// step `step`'s tensors when that step is beyond the stop ([`super::StopGate`]).
-    fn sent(&self, result: Result<(), String>, step: u64) -> Result<(), E> {
-        match result {
-            Err(_) if self.cfg.stop.as_ref().is_some_and(|g| g.beyond(step)) => Ok(()),
-            other => other.map_err(induced),
+    /// The first stage, about to begin step `step`: whether the run stops before it, agreed
+    /// by the first stages of every replica ([`super::StopGate`]).
+    fn stops_before(&self, step: u64, tr: &mut dyn Transport) -> Result<bool, E> {
+        let Some(gate) = self.cfg.stop.as_ref() else { return Ok(false) };
+        if step <= self.start_step {
+            return Ok(false); // a session completes at least one step
         }
+        let asked = gate.requested();
+        if self.replicas == 1 {
+            return Ok(asked);
+        }
+        // Every replica's first stage takes part at the same op, asked or not.
+        let votes = tr.all_reduce_replicas(vec![Tensor::from(f64::from(u8::from(asked)))]).map_err(induced)?;
+        let sum = votes.first().map(|v| v.f_double_value(&[])).transpose().map_err(torch("agreeing on a stop"))?;
+        Ok(sum.is_some_and(|s| s > 0.0))
     }
+}
 
-    /// This worker has completed step `t`: whether the run stops here.
-    fn stops_after(&self, t: u64) -> bool {
-        self.cfg.stop.as_ref().is_some_and(|g| g.completed(t))
+/// The step an op belongs to.
+fn op_step(op: Op, m: u64) -> u64 {
+    match op {
+        Op::Forward(j) | Op::Backward(j) => j / m,
+        Op::Step(t) => t,
     }
 }
 
@@ -358,22 +369,31 @@ fn run_inner(
         };
     }
     let m64 = ctx.m as u64;
+    // Set when the run stops early: the first step not run ([`super::StopGate`]).
+    let mut stop_before: Option<u64> = None;
     for (i, op) in ops.into_iter().enumerate() {
+        if stop_before.is_some_and(|s| op_step(op, m64) >= s) {
+            continue;
+        }
         match op {
-            Op::Forward(j) => w.forward_op(&mut st, j, ctx, data.as_ref(), tr, rec)?,
+            Op::Forward(j) => {
+                if !w.forward_op(&mut st, j, ctx, data.as_ref(), tr, rec)? {
+                    stop_before = Some(j / m64);
+                    continue;
+                }
+            }
             Op::Backward(j) => w.backward_op(&mut st, j, ctx, tr, rec)?,
             Op::Step(t) => {
                 // Free versions no longer needed before making the new one, so 2BW never
                 // holds three.
                 w.retain_versions(&mut st, next_fwd[i + 1].map(|j| w.spec.update.version_for(j, m64)))?;
                 w.step_op(&mut st, t, ctx, tr, events, rec)?;
-                if ctx.stops_after(t) {
-                    w.checkpoint_at_stop(&mut st, t, ctx, events)?;
-                    break;
-                }
             }
         }
         w.retain_versions(&mut st, next_fwd[i + 1].map(|j| w.spec.update.version_for(j, m64)))?;
+    }
+    if let Some(s) = stop_before {
+        w.checkpoint_at_stop(&mut st, s - 1, ctx, events)?;
     }
     let (_, last) = st.versions.into_iter().next_back().ok_or_else(|| E::Msg("no weights".into()))?;
     let weights = w.param_names.iter().cloned().zip(last).collect();
@@ -564,14 +584,27 @@ impl Worker {
         });
     }
 
-    fn forward_op(&mut self, st: &mut State, j: u64, ctx: &Ctx<'_>, data: Option<&Receiver<StageData>>, tr: &mut dyn Transport, rec: &mut Recorder) -> Result<(), E> {
+    /// Microbatch `j`'s forward; `false` when the run stops before it instead (`j` then
+    /// begins a step, and the stop has been passed on).
+    fn forward_op(&mut self, st: &mut State, j: u64, ctx: &Ctx<'_>, data: Option<&Receiver<StageData>>, tr: &mut dyn Transport, rec: &mut Recorder) -> Result<bool, E> {
         let (cfg, m64) = (ctx.cfg, ctx.m as u64);
         let v = self.spec.update.version_for(j, m64);
         let step = j / m64;
+        let first_of_step = j % m64 == 0;
+        if first_of_step && self.spec.n_recv == 0 && ctx.stops_before(step, tr)? {
+            self.pass_stop(j, step, ctx, tr)?;
+            return Ok(false);
+        }
         let mut inputs = Vec::new();
         if self.spec.n_recv > 0 {
             let t0 = rec.start();
-            let got = tr.recv_forward(j).map_err(induced)?;
+            let Some(got) = tr.recv_forward(j).map_err(induced)? else {
+                if !first_of_step {
+                    return Err(E::Msg(format!("a stop marker arrived in place of microbatch {j}, which does not begin a step")));
+                }
+                self.pass_stop(j, step, ctx, tr)?;
+                return Ok(false);
+            };
             for (_, t) in got {
                 // The previous stage may compute on another device.
                 inputs.push(t.f_to_device(cfg.device).map_err(torch("moving received activations"))?);
@@ -610,7 +643,7 @@ impl Worker {
         if self.spec.n_send > 0 {
             let t0 = rec.start();
             let sent = fwd.outputs[..self.spec.n_send].iter().zip(self.output_names()).map(|(t, n)| (n, t.detach())).collect();
-            ctx.sent(tr.send_forward(j, sent), step)?;
+            tr.send_forward(j, sent).map_err(induced)?;
             rec.record(TraceKind::Send, t0, Some(j), v, step);
         }
         if let Some(value) = loss_value {
@@ -627,6 +660,18 @@ impl Worker {
         let bytes = inputs.iter().chain(labels.iter()).map(bytes_of).sum::<u64>() + if grad { fwd.act_bytes } else { 0 };
         st.stash.push_back(Stash { mb: j, version: v, inputs, labels, fwd: grad.then_some(fwd), bytes });
         self.observe(st, 0, 0);
+        Ok(true)
+    }
+
+    /// The run stops before step `step` (whose first microbatch is `j`): tells the next
+    /// stage and the caller.
+    fn pass_stop(&self, j: u64, step: u64, ctx: &Ctx<'_>, tr: &mut dyn Transport) -> Result<(), E> {
+        if self.spec.n_send > 0 {
+            tr.send_stop(j).map_err(induced)?;
+        }
+        if let Some(gate) = &ctx.cfg.stop {
+            gate.stopped_before(step);
+        }
         Ok(())
     }
 
@@ -677,7 +722,7 @@ impl Worker {
         rec.record(TraceKind::Backward, t0, Some(j), v, step);
         if self.spec.n_recv > 0 {
             let t0 = rec.start();
-            ctx.sent(tr.send_backward(j, self.input_names().into_iter().zip(ig).collect()), step)?;
+            tr.send_backward(j, self.input_names().into_iter().zip(ig).collect()).map_err(induced)?;
             rec.record(TraceKind::Send, t0, Some(j), v, step);
         }
         Ok(())

@@ -1,32 +1,28 @@
-//! Stopping a run early, at a step boundary every worker agrees on (Ctrl-C, a `SIGTERM`,
-//! or the caller): the embedded executor's workers end right after the same optimizer
-//! step, with every weight version, optimizer state and running statistic of that step,
-//! so the run can be checkpointed there and resumed as if it had not stopped.
+//! Stopping a run early at a step boundary every worker agrees on (Ctrl-C, a `SIGTERM`,
+//! `SIGUSR1` to an MPI job, or the caller): every worker ends right after the same
+//! optimizer step, with every weight version, optimizer state and running statistic of
+//! that step, so the run can be checkpointed there and resumed as if it had not stopped.
 //!
-//! Workers complete step `t` at different times (the last stage first), and 2BW's first
-//! stages have already begun the next step's forwards when the last finishes a step. A
-//! request therefore picks the step after the newest one any worker has completed: no
-//! worker has passed it, and every worker can reach it, as the schedule is valid up to
-//! any step (each op before a worker's step `t` depends only on ops before the others'
-//! step `t`). Messages a worker sends for microbatches beyond the stop may find their
-//! receiver gone; those are dropped, not errors.
+//! The first stage decides, in-band. Before it begins a step `s` (its first forward of
+//! `s`, which in every schedule is a stage's first op of the step) it looks at the
+//! request; the first stages of the replicas agree on it (a sum over them), and if asked,
+//! each sends a stop marker to the next stage in place of step `s`'s first activations.
+//! Every later stage meets the marker exactly where it would have received those
+//! activations, passes it on, and from then on skips every op of step `s` and beyond. Any
+//! schedule is valid cut after a step (a stage's ops up to step `s - 1` depend only on the
+//! others' ops up to step `s - 1`), no message of step `s` is ever sent, and the decision
+//! needs no extra message between processes: it works alike for threads and MPI ranks.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
-/// The agreement on where a run stops ([`crate::pipeline::TrainConfig::stop`]).
+/// The request to stop and where the run stopped ([`crate::pipeline::TrainConfig::stop`]).
 #[derive(Debug, Default)]
 pub struct StopGate {
-    state: Mutex<Gate>,
-}
-
-#[derive(Debug, Default)]
-struct Gate {
-    /// The newest step (from 0) any worker has completed.
-    newest: Option<u64>,
-    /// Asked to stop before any worker completed a step: the first to complete one decides.
-    asked_early: bool,
-    /// The step after which every worker stops, once decided.
-    stop_after: Option<u64>,
+    asked: AtomicBool,
+    /// The last step (from 0) the run completed before stopping, once a first stage
+    /// decided (or a later stage met the marker).
+    stopped_after: Mutex<Option<u64>>,
 }
 
 impl StopGate {
@@ -34,47 +30,32 @@ impl StopGate {
         StopGate::default()
     }
 
-    /// Asks the run to stop after the step following the newest one any worker has
-    /// completed (the first step, if none has). A second request changes nothing.
+    /// Asks the run to stop before the next step the first stage begins (after the first
+    /// step, if none has completed). Safe in a signal watcher; a second request changes
+    /// nothing.
     pub fn request(&self) {
-        let mut g = self.lock();
-        match (g.stop_after, g.newest) {
-            (Some(_), _) => {}
-            (None, Some(t)) => g.stop_after = Some(t + 1),
-            (None, None) => g.asked_early = true,
-        }
+        self.asked.store(true, Ordering::SeqCst);
     }
 
     /// Whether a stop was asked for.
     pub fn requested(&self) -> bool {
-        let g = self.lock();
-        g.asked_early || g.stop_after.is_some()
+        self.asked.load(Ordering::SeqCst)
     }
 
-    /// The step after which the run stops (from 0), once asked.
+    /// The last step (from 0) of a run that stopped early.
     pub fn stop_after(&self) -> Option<u64> {
-        self.lock().stop_after
+        *self.lock()
     }
 
-    /// A worker completed step `t`: whether it stops here.
-    pub(crate) fn completed(&self, t: u64) -> bool {
+    /// A worker learnt that the run stops before step `next` (which is never the first).
+    pub(crate) fn stopped_before(&self, next: u64) {
         let mut g = self.lock();
-        g.newest = Some(g.newest.map_or(t, |n| n.max(t)));
-        if g.asked_early && g.stop_after.is_none() {
-            // Nobody had completed a step: this is the run's first, the same for all.
-            g.stop_after = Some(t);
-        }
-        g.stop_after.is_some_and(|x| t >= x)
+        g.get_or_insert(next.saturating_sub(1));
     }
 
-    /// Whether step `t`'s work is beyond the stop (its messages may go unreceived).
-    pub(crate) fn beyond(&self, t: u64) -> bool {
-        self.lock().stop_after.is_some_and(|x| t > x)
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, Gate> {
-        // The gate holds two numbers; a worker that panicked holding it left them whole.
-        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<u64>> {
+        // The gate holds one number; a worker that panicked holding it left it whole.
+        self.stopped_after.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 
@@ -83,26 +64,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn stops_after_the_step_no_worker_has_passed() {
+    fn a_request_is_remembered_and_the_first_decision_stands() {
         let gate = StopGate::new();
-        assert!(!gate.completed(0));
-        assert!(!gate.completed(1)); // the last stage is ahead
+        assert!(!gate.requested() && gate.stop_after().is_none());
         gate.request();
-        assert_eq!(gate.stop_after(), Some(2));
-        assert!(!gate.completed(1)); // the first stage catches up, and goes on
-        assert!(gate.beyond(3) && !gate.beyond(2));
-        assert!(gate.completed(2));
         gate.request();
-        assert_eq!(gate.stop_after(), Some(2), "a second request changes nothing");
-    }
-
-    #[test]
-    fn a_request_before_any_step_stops_after_the_first() {
-        let gate = StopGate::new();
-        gate.request();
-        assert!(gate.requested() && gate.stop_after().is_none());
-        assert!(!gate.beyond(5));
-        assert!(gate.completed(5), "a resumed run's first step is 5");
-        assert!(gate.completed(5) && gate.beyond(6) && !gate.beyond(5));
+        assert!(gate.requested());
+        gate.stopped_before(3);
+        gate.stopped_before(5);
+        assert_eq!(gate.stop_after(), Some(2), "every worker stops before the same step");
     }
 }

@@ -22,8 +22,12 @@ pub type Named = Vec<(String, Tensor)>;
 pub trait Transport: Send {
     /// Sends microbatch `mb`'s activations to the next stage.
     fn send_forward(&mut self, mb: u64, tensors: Named) -> Result<(), String>;
-    /// Receives microbatch `mb`'s activations from the previous stage.
-    fn recv_forward(&mut self, mb: u64) -> Result<Named, String>;
+    /// Tells the next stage that the run stops before microbatch `mb`, the first of a step,
+    /// in place of its activations ([`super::StopGate`]).
+    fn send_stop(&mut self, mb: u64) -> Result<(), String>;
+    /// Receives microbatch `mb`'s activations from the previous stage; `None`: the run
+    /// stops before `mb` (the previous stage sent [`Transport::send_stop`]).
+    fn recv_forward(&mut self, mb: u64) -> Result<Option<Named>, String>;
     /// Sends microbatch `mb`'s input gradients to the previous stage.
     fn send_backward(&mut self, mb: u64, grads: Named) -> Result<(), String>;
     /// Receives microbatch `mb`'s output gradients from the next stage.
@@ -42,7 +46,8 @@ pub trait Transport: Send {
 
 struct Msg {
     mb: u64,
-    tensors: Named,
+    /// `None`: the stop marker in place of the first activations of a step.
+    tensors: Option<Named>,
 }
 
 /// Workers as threads of one process, linked by `std::sync::mpsc` channels.
@@ -109,13 +114,13 @@ impl InProcess {
     }
 }
 
-fn send(tx: &Option<Sender<Msg>>, mb: u64, tensors: Named, what: &str) -> Result<(), String> {
+fn send(tx: &Option<Sender<Msg>>, mb: u64, tensors: Option<Named>, what: &str) -> Result<(), String> {
     let tx = tx.as_ref().ok_or_else(|| format!("no {what} neighbour"))?;
     tx.send(Msg { mb, tensors }).map_err(|_| format!("{what} neighbour has stopped"))
 }
 
 /// Microbatch `mb`'s `kind` (activations, gradients) from the `what` neighbour.
-fn recv(rx: &Option<Receiver<Msg>>, mb: u64, what: &str, kind: &str, timeout: Duration) -> Result<Named, String> {
+fn recv(rx: &Option<Receiver<Msg>>, mb: u64, what: &str, kind: &str, timeout: Duration) -> Result<Option<Named>, String> {
     let rx = rx.as_ref().ok_or_else(|| format!("no {what} neighbour"))?;
     let msg = rx.recv_timeout(timeout).map_err(|e| match e {
         RecvTimeoutError::Timeout => format!("waited {} s for microbatch {mb}'s {kind} from the {what} stage, which sent nothing", timeout.as_secs_f64()),
@@ -162,16 +167,19 @@ fn share(ts: &Vec<Tensor>) -> Vec<Tensor> {
 
 impl Transport for InProcess {
     fn send_forward(&mut self, mb: u64, tensors: Named) -> Result<(), String> {
-        send(&self.fwd_out, mb, tensors, "next")
+        send(&self.fwd_out, mb, Some(tensors), "next")
     }
-    fn recv_forward(&mut self, mb: u64) -> Result<Named, String> {
+    fn send_stop(&mut self, mb: u64) -> Result<(), String> {
+        send(&self.fwd_out, mb, None, "next")
+    }
+    fn recv_forward(&mut self, mb: u64) -> Result<Option<Named>, String> {
         recv(&self.fwd_in, mb, "previous", "activations", self.timeout)
     }
     fn send_backward(&mut self, mb: u64, grads: Named) -> Result<(), String> {
-        send(&self.bwd_out, mb, grads, "previous")
+        send(&self.bwd_out, mb, Some(grads), "previous")
     }
     fn recv_backward(&mut self, mb: u64) -> Result<Named, String> {
-        recv(&self.bwd_in, mb, "next", "gradients", self.timeout)
+        recv(&self.bwd_in, mb, "next", "gradients", self.timeout)?.ok_or_else(|| format!("a stop marker from the next stage in place of microbatch {mb}'s gradients"))
     }
     fn all_reduce_sum(&mut self, x: f64) -> Result<f64, String> {
         // The summing position, replica-major (replica, then stage): this order is the
