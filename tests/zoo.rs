@@ -134,6 +134,11 @@ fn run(cli: Cli) -> anyhow::Result<String> {
         Cli::Compile(spec) => pipewright_driver::plan::compile_command(&spec)?.1.stdout,
         Cli::Train(args) => {
             let report = Session::prepare(&args.build, &args.request()?)?.run(&mut |_| {})?;
+            // Every zoo model has static shapes at a fixed microbatch: specialisation must
+            // leave its steps no value to read back from the device.
+            if report.host_reads.iter().any(|&r| r > 0) {
+                anyhow::bail!("{}", pipewright_driver::train::host_reads_line(&report));
+            }
             save_weights(&args.build.join(WEIGHTS_FILE), &report)?;
             format!("losses {:?}", report.losses)
         }

@@ -191,6 +191,15 @@ fn stale_note(lock: &FolderLock) -> Option<String> {
     lock.stale.as_ref().map(|s| format!("note: took over {}, left by a job that ended without releasing it ({s})", lock.path().display()))
 }
 
+/// The summary line of the kernels' host reads per step, per stage: each a device
+/// synchronisation on a GPU (`TrainReport::host_reads`); 0 once specialisation folded
+/// every shape computation.
+pub fn host_reads_line(report: &TrainReport) -> String {
+    let steps = report.losses.len().max(1) as f64;
+    let per_stage: Vec<String> = report.host_reads.iter().map(|&r| format!("{}", r as f64 / steps)).collect();
+    format!("host reads of computed values per step (device syncs on a GPU) per stage: {}", per_stage.join(", "))
+}
+
 /// The command that continues a run stopped early: the same arguments (`argv`, the
 /// program first), resuming from `checkpoint` in place of any earlier `--resume`.
 pub fn resume_command(argv: &[String], checkpoint: &Path) -> Vec<String> {
@@ -779,6 +788,7 @@ fn empty_report(depth: usize) -> TrainReport {
         checkpoints: Vec::new(),
         losses: Vec::new(),
         peak_versions: vec![0; depth],
+        host_reads: vec![0; depth],
         trace: Vec::new(),
     }
 }

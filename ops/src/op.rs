@@ -12,6 +12,18 @@ use serde::{Deserialize, Serialize};
 
 use crate::{DType, TensorData};
 
+/// How an op runs when a stage computes in a low-precision type (bf16 or fp16), as
+/// PyTorch's autocast decides it: matrix products and convolutions in the low type (their
+/// float operands cast down), the numerically sensitive ops (softmax, normalisation
+/// statistics, sums and products, exp, log, pow, losses) in fp32 (cast up, output fp32),
+/// every other op in the type its inputs have.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MixedPrecisionRule {
+    LowType,
+    Fp32,
+    AsGiven,
+}
+
 /// Elementwise ops with one input and no attributes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum UnaryOp {
@@ -1217,6 +1229,34 @@ impl Op {
             Op::Gelu { .. } | Op::Elu { .. } | Op::Selu { .. } | Op::Celu { .. } => true,
             Op::Swish { .. } | Op::SwiGlu { .. } => true,
             _ => false,
+        }
+    }
+
+    /// How the op runs when a stage computes in bf16 or fp16 (autocast's rule): see
+    /// [`MixedPrecisionRule`].
+    pub fn mixed_precision_rule(&self) -> MixedPrecisionRule {
+        use MixedPrecisionRule::{AsGiven, Fp32, LowType};
+        match self {
+            Op::MatMul | Op::Gemm(_) | Op::Conv(_) | Op::ConvTranspose(_) | Op::Attention(_) | Op::LinearAttention(_) | Op::Einsum { .. } | Op::DeformConv { .. } => LowType,
+            Op::Softmax(_)
+            | Op::LogSoftmax(_)
+            | Op::LayerNormalization(_)
+            | Op::RMSNormalization(_)
+            | Op::GroupNormalization(_)
+            | Op::InstanceNormalization { .. }
+            | Op::BatchNormalization(_)
+            | Op::LpNormalization { .. }
+            | Op::MeanVarianceNormalization { .. }
+            | Op::Lrn(_)
+            | Op::NegativeLogLikelihoodLoss(_)
+            | Op::SoftmaxCrossEntropyLoss(_)
+            | Op::CumSum { .. }
+            | Op::CumProd { .. }
+            | Op::Det
+            | Op::Unary(UnaryOp::Exp | UnaryOp::Log)
+            | Op::Binary(BinaryOp::Pow) => Fp32,
+            Op::Reduce(r) if !matches!(r.kind, ReduceKind::Max | ReduceKind::Min) => Fp32,
+            _ => AsGiven,
         }
     }
 

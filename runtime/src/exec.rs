@@ -8,6 +8,7 @@
 mod bits;
 mod convert;
 mod elementwise;
+mod host;
 mod loss;
 mod index;
 mod lowp;
@@ -30,6 +31,7 @@ mod window;
 use tch::Tensor;
 
 pub use crate::device::{Device, DeviceError};
+pub use host::host_reads;
 pub use convert::{elem_type, tensor_from_bytes, tensor_to_bytes, tensor_to_bytes_as, torch_kind};
 
 use pipewright_ops::op::ScatterReduction;
@@ -144,11 +146,19 @@ pub fn run(op: &Op, inputs: &[Option<&Tensor>], mode: Mode) -> Result<Vec<Tensor
 /// fused path (LayerNormalization whose mean and inverse deviation nobody reads runs
 /// libtorch's single layer-norm kernel).
 pub fn run_node(op: &Op, sig: Signature<'_>, inputs: &[Option<&Tensor>], mode: Mode, used: Option<&[bool]>) -> Result<Vec<Tensor>, KernelError> {
-    let result = if sig.has_emulated_input() && !moves_data(op) {
-        unsigned::run(op, sig.inputs, sig.output(0), inputs)
-    } else {
-        dispatch(op, sig, inputs, mode, used)
-    };
+    run_node_with(op, sig, inputs, &[], mode, used)
+}
+
+/// [`run_node`] where `host[i]`, when given, holds `inputs[i]`'s values on the host (known
+/// before the step): the kernel reads those instead of copying from the device.
+pub fn run_node_with(op: &Op, sig: Signature<'_>, inputs: &[Option<&Tensor>], host: &[Option<&Tensor>], mode: Mode, used: Option<&[bool]>) -> Result<Vec<Tensor>, KernelError> {
+    let result = host::with_host_copies(inputs, host, || {
+        if sig.has_emulated_input() && !moves_data(op) {
+            unsigned::run(op, sig.inputs, sig.output(0), inputs)
+        } else {
+            dispatch(op, sig, inputs, mode, used)
+        }
+    });
     result.map_err(|f| f.into_error(op.name()))
 }
 

@@ -121,7 +121,7 @@ fn pow(x: &Tensor, y: &Tensor) -> R<Tensor> {
     let r = if y.numel() == 1 && !y.requires_grad() && x.is_floating_point() && y.dim() <= x.dim() {
         // With a rank no higher than the base's, a one-element exponent broadcasts to the
         // base's shape, so the result's shape is the base's as with the tensor kernel.
-        x.f_pow_tensor_scalar(y.f_double_value(&vec![0; y.dim()])?)?
+        x.f_pow_tensor_scalar(super::util::scalar_f64(y)?)?
     } else {
         x.f_pow(y)?
     };

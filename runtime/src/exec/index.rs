@@ -180,7 +180,7 @@ pub(crate) fn tensor_scatter(cache: &Tensor, update: &Tensor, write: Option<&Ten
     let pos = start.f_unsqueeze(1)?.f_add(&Tensor::f_arange(len, (Kind::Int64, dev))?.f_unsqueeze(0)?)?;
     let pos = if circular && max_len > 0 { pos.f_remainder(max_len)? } else { pos };
     if pos.numel() > 0 {
-        let (lo, hi) = (pos.f_min()?.f_int64_value(&[])?, pos.f_max()?.f_int64_value(&[])?);
+        let (lo, hi) = (scalar_i64(&pos.f_min()?)?, scalar_i64(&pos.f_max()?)?);
         if lo < 0 || hi >= max_len {
             return Err(invalid(format!("write positions {lo}..={hi} fall outside the cache's {max_len} entries")));
         }

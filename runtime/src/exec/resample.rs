@@ -54,7 +54,7 @@ fn floats(t: Option<&Tensor>) -> R<Vec<f64>> {
     match t {
         None => Ok(Vec::new()),
         Some(t) => {
-            let flat = t.f_to_kind(Kind::Double)?.f_to(tch::Device::Cpu)?.f_reshape([-1])?;
+            let flat = super::host::on_host(t)?.f_to_kind(Kind::Double)?.f_reshape([-1])?;
             Ok(Vec::<f64>::try_from(&flat)?)
         }
     }

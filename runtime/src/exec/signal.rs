@@ -171,7 +171,7 @@ pub(crate) fn roi_align(r: &RoiAlign, x: &Tensor, rois: &Tensor, batch: &Tensor)
         return Err(invalid(format!("input {d:?}, rois {:?} and batch indices {:?} must be [N,C,H,W], [R,4] and [R]", rois.size(), batch.size())));
     }
     let (c, h, w) = (d[1], d[2], d[3]);
-    let boxes = Vec::<f64>::try_from(&rois.f_to_kind(Kind::Double)?.f_to(tch::Device::Cpu)?.f_reshape([-1])?)?;
+    let boxes = Vec::<f64>::try_from(&super::host::on_host(rois)?.f_to_kind(Kind::Double)?.f_reshape([-1])?)?;
     let slots = (0..nr as usize).map(|i| {
         let (_, _, (gh, gw)) = roi_grid(r, &boxes[i * 4..i * 4 + 4]);
         gh * gw

@@ -99,7 +99,7 @@ pub(crate) fn array_feature_extractor(x: &Tensor, idx: &Tensor) -> R<Tensor> {
     let last = *x.size().last().ok_or_else(|| invalid("the data must have at least one axis"))?;
     let flat = idx.f_flatten(0, -1)?.f_to_kind(Kind::Int64)?;
     let bad = flat.f_lt(0)?.f_logical_or(&flat.f_ge(last)?)?.f_any()?;
-    if bad.int64_value(&[]) != 0 {
+    if super::util::scalar_i64(&bad)? != 0 {
         return Err(invalid(format!("an index is outside [0, {last})")));
     }
     let picked = x.f_index_select(-1, &flat)?;
@@ -160,7 +160,7 @@ fn trees(t: &TreeEnsemble) -> Trees {
 pub(crate) fn tree_ensemble(t: &TreeEnsemble, x: &Tensor) -> R<Tensor> {
     let s = x.size();
     let &[rows, features] = &s[..] else { return Err(invalid(format!("input {s:?} must be [N, features]"))) };
-    let xs = Vec::<f64>::try_from(x.f_to_kind(Kind::Double)?.f_to_device(tch::Device::Cpu)?.f_flatten(0, -1)?)?;
+    let xs = Vec::<f64>::try_from(super::host::on_host(x)?.f_to_kind(Kind::Double)?.f_flatten(0, -1)?)?;
     let extreme = if x.kind() == Kind::Double { f64::MAX } else { f32::MAX as f64 };
     let init = match t.aggregate_function {
         2 => extreme,

@@ -65,18 +65,16 @@ pub(crate) fn is_int_kind(k: Kind) -> bool {
 
 /// The values of a small integer tensor (shape, axes, pads, ...), flattened.
 pub(crate) fn ints(t: &Tensor) -> R<Vec<i64>> {
-    let flat = t
+    let flat = super::host::on_host(t)?
         .f_to_kind(Kind::Int64)?
-        .f_to(tch::Device::Cpu)?
         .f_reshape([-1])?;
     Ok(Vec::<i64>::try_from(&flat)?)
 }
 
 /// The single value of a scalar (or one-element) tensor as `f64`.
 pub(crate) fn scalar_f64(t: &Tensor) -> R<f64> {
-    let flat = t
+    let flat = super::host::on_host(t)?
         .f_to_kind(Kind::Double)?
-        .f_to(tch::Device::Cpu)?
         .f_reshape([-1])?;
     match Vec::<f64>::try_from(&flat)?.as_slice() {
         [v] => Ok(*v),

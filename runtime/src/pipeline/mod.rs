@@ -8,6 +8,7 @@ mod optim;
 mod pieces;
 mod precision;
 mod schedule;
+mod specialise;
 mod stage;
 mod stop;
 mod trace;
@@ -203,6 +204,10 @@ pub struct TrainReport {
     pub losses: Vec<f64>,
     /// Per stage: most weight versions held at once.
     pub peak_versions: Vec<usize>,
+    /// Per stage (replica 0): reads of values not known before the step made by the
+    /// stage's kernels over the run, each a device synchronisation on a GPU; zero when
+    /// specialisation folded every shape computation ([`crate::exec::host_reads`]).
+    pub host_reads: Vec<u64>,
     /// With `TrainConfig::trace`: every traced interval, stage by stage, each stage's in
     /// time order (times share one epoch, the start of training). Empty otherwise.
     pub trace: Vec<TraceEvent>,
@@ -283,6 +288,7 @@ fn empty_report(d: usize) -> TrainReport {
         checkpoints: Vec::new(),
         losses: Vec::new(),
         peak_versions: vec![0; d],
+        host_reads: vec![0; d],
         trace: Vec::new(),
     }
 }
@@ -566,6 +572,7 @@ fn run_training(
             Ok(Ok(out)) => {
                 report.peak_versions[k] = report.peak_versions[k].max(out.peak_versions);
                 if i < d {
+                    report.host_reads[k] = out.host_reads;
                     report.weights.push(out.weights);
                     report.buffers.push(out.buffers);
                     report.memory[k] = out.memory;
@@ -727,6 +734,7 @@ pub fn run_worker(
     report.buffers = vec![out.buffers];
     report.memory = vec![out.memory];
     report.peak_versions = vec![out.peak_versions];
+    report.host_reads = vec![out.host_reads];
     report.trace = out.trace;
     Ok(report)
 }

@@ -12,8 +12,11 @@ use std::ops::Range;
 use tch::{Kind, Tensor};
 
 use super::memory::bytes_of;
-use crate::exec::{run_node, Mode, Signatures};
+use super::specialise::Specialised;
+use crate::exec::{run_node_with, Mode, Signatures};
 use crate::program::{Program, SlotId};
+use pipewright_ops::op::MixedPrecisionRule;
+use pipewright_ops::Op;
 
 /// A maximal run of instructions with the same recompute flag.
 #[derive(Clone, Debug)]
@@ -119,6 +122,11 @@ pub(crate) struct Engine<'a> {
     pub last_use: &'a [Option<usize>],
     /// `(instruction, mean index, variance index)` of BatchNormalization running stats.
     pub bn_stats: &'a [(usize, usize, usize)],
+    /// The program specialised for this batch size: folded nodes and host copies.
+    pub special: Option<&'a Specialised>,
+    /// The type kernels compute in: fp32, or bf16/fp16 under mixed precision, where each
+    /// node's float operands follow its [`MixedPrecisionRule`].
+    pub compute: Kind,
 }
 
 fn leaf(t: &Tensor) -> Tensor {
@@ -137,6 +145,9 @@ impl Engine<'_> {
             slots[s.index()] = Some(t.shallow_clone());
         }
         for (s, t) in self.param_slots.iter().zip(params) {
+            slots[s.index()] = Some(t.shallow_clone());
+        }
+        for (s, t) in self.special.iter().flat_map(|sp| &sp.values) {
             slots[s.index()] = Some(t.shallow_clone());
         }
         slots
@@ -158,14 +169,28 @@ impl Engine<'_> {
         let (mut new_stats, mut act_bytes) = (Vec::new(), 0u64);
         for i in range {
             let ins = &p.instrs[i];
+            if self.special.is_some_and(|sp| sp.folded[i]) {
+                self.check_folded(i, slots)?;
+                self.free_after(i, slots, free);
+                continue;
+            }
             let outs = {
                 let args: Vec<Option<&Tensor>> = ins
                     .inputs
                     .iter()
                     .map(|s| s.map(|s| slots[s.index()].as_ref().ok_or_else(|| format!("slot {s} ({:?}) is read before it is written", p.slots[s.index()].name))).transpose())
                     .collect::<Result<_, _>>()?;
+                let host: Vec<Option<&Tensor>> = match self.special {
+                    Some(sp) => ins.inputs.iter().map(|s| s.and_then(|s| sp.host[s.index()].as_ref())).collect(),
+                    None => Vec::new(),
+                };
                 let used: Vec<bool> = ins.outputs.iter().map(Option::is_some).collect();
-                run_node(&ins.op, self.signatures.get(i), &args, self.mode, Some(&used)).map_err(|e| format!("node {:?} ({}): {e}", ins.name, ins.op.name()))?
+                let cast = self.mixed_precision_operands(&ins.op, &args).map_err(|e| format!("node {:?} ({}): casting its operands: {e}", ins.name, ins.op.name()))?;
+                let args: Vec<Option<&Tensor>> = match &cast {
+                    Some(c) => c.iter().map(Option::as_ref).collect(),
+                    None => args,
+                };
+                run_node_with(&ins.op, self.signatures.get(i), &args, &host, self.mode, Some(&used)).map_err(|e| format!("node {:?} ({}): {e}", ins.name, ins.op.name()))?
             };
             if outs.len() < ins.outputs.len() {
                 return Err(format!("node {:?}: produced {} outputs, expected {}", ins.name, outs.len(), ins.outputs.len()));
@@ -186,15 +211,49 @@ impl Engine<'_> {
                     slots[s.index()] = Some(t);
                 }
             }
-            if free {
-                for s in ins.inputs.iter().flatten() {
-                    if self.last_use[s.index()] == Some(i) && !p.outputs.contains(s) {
-                        slots[s.index()] = None;
-                    }
-                }
-            }
+            self.free_after(i, slots, free);
         }
         Ok((new_stats, act_bytes))
+    }
+
+    /// Under mixed precision, `op`'s operands cast as its rule wants (matrix products in
+    /// the compute type, sensitive ops in fp32); `None` when none needs a cast.
+    fn mixed_precision_operands(&self, op: &Op, args: &[Option<&Tensor>]) -> Result<Option<Vec<Option<Tensor>>>, tch::TchError> {
+        let low = |k: Kind| matches!(k, Kind::Float | Kind::Half | Kind::BFloat16);
+        let target = match op.mixed_precision_rule() {
+            _ if self.compute == Kind::Float => return Ok(None),
+            MixedPrecisionRule::LowType => self.compute,
+            MixedPrecisionRule::Fp32 => Kind::Float,
+            MixedPrecisionRule::AsGiven => return Ok(None),
+        };
+        if !args.iter().flatten().any(|t| low(t.kind()) && t.kind() != target) {
+            return Ok(None);
+        }
+        args.iter().map(|a| a.map(|t| if low(t.kind()) && t.kind() != target { t.f_to_kind(target) } else { Ok(t.shallow_clone()) }).transpose()).collect::<Result<Vec<_>, _>>().map(Some)
+    }
+
+    /// Frees (when `free`) the slots instruction `i` read last.
+    fn free_after(&self, i: usize, slots: &mut [Option<Tensor>], free: bool) {
+        if !free {
+            return;
+        }
+        let p = self.program;
+        for s in p.instrs[i].inputs.iter().flatten() {
+            if self.last_use[s.index()] == Some(i) && !p.outputs.contains(s) {
+                slots[s.index()] = None;
+            }
+        }
+    }
+
+    /// A folded Shape or Size node: its input has the shape it was folded for (a cheap
+    /// metadata check, no device read), or the specialisation was wrong.
+    fn check_folded(&self, i: usize, slots: &[Option<Tensor>]) -> Result<(), String> {
+        let Some((x, dims)) = self.special.and_then(|sp| sp.expect[i].as_ref()) else { return Ok(()) };
+        match &slots[x.index()] {
+            Some(t) if t.size() == *dims => Ok(()),
+            Some(t) => Err(format!("node {:?}: its input has shape {:?}, not the {dims:?} the program was specialised for (please report it)", self.program.instrs[i].name, t.size())),
+            None => Ok(()), // not computed in this range (a piece): nothing to compare
+        }
     }
 
     fn take(slots: &[Option<Tensor>], ids: &[SlotId], what: &str) -> Result<Vec<(SlotId, Tensor)>, String> {

@@ -12,6 +12,7 @@ use super::memory::{bytes_of, StageMemory};
 use super::optim::OptState;
 use super::pieces::{pieces, Engine, Piece, PieceFwd};
 use super::precision::{compute_kind, LossScaler, Precision};
+use super::specialise::{self, Specialised};
 use super::trace::Recorder;
 use crate::timeline::{TraceEvent, TraceKind};
 use super::{Event, Objective, Op, PipelineError, StageData, TrainConfig, Transport};
@@ -152,6 +153,9 @@ pub(crate) struct StageOut {
     pub peak_versions: usize,
     pub memory: StageMemory,
     pub trace: Vec<TraceEvent>,
+    /// Reads of values not known before the step that the stage's kernels made (device
+    /// synchronisations on a GPU), over the whole run.
+    pub host_reads: u64,
 }
 
 /// A stage error; `induced` when it only reflects another stage (or the feeder) stopping.
@@ -339,6 +343,7 @@ fn run_inner(
         tch::set_num_threads(n.max(1) as i32);
     }
     tch::manual_seed(cfg.seed.wrapping_add(spec.index as i64));
+    let reads_before = crate::exec::host_reads();
     let (mut w, params) = Worker::load(spec, cfg)?;
     let mut st = State {
         versions: BTreeMap::new(),
@@ -397,7 +402,8 @@ fn run_inner(
     }
     let (_, last) = st.versions.into_iter().next_back().ok_or_else(|| E::Msg("no weights".into()))?;
     let weights = w.param_names.iter().cloned().zip(last).collect();
-    Ok(StageOut { weights, buffers: w.buffers(), peak_versions: st.peak_versions, memory: st.memory, trace: std::mem::take(&mut rec.events) })
+    let host_reads = crate::exec::host_reads() - reads_before;
+    Ok(StageOut { weights, buffers: w.buffers(), peak_versions: st.peak_versions, memory: st.memory, trace: std::mem::take(&mut rec.events), host_reads })
 }
 
 struct Worker {
@@ -425,6 +431,9 @@ struct Worker {
     compute: Kind,
     /// fp16's loss scale, the same in every stage (see [`super::precision`]).
     scaler: Option<LossScaler>,
+    /// The program specialised for the batch size of the forwards so far (made by the
+    /// first forward, remade if the batch size changes).
+    special: Option<Specialised>,
 }
 
 impl Worker {
@@ -433,6 +442,15 @@ impl Worker {
     fn load(spec: StageSpec, cfg: &TrainConfig) -> Result<(Worker, Vec<Tensor>), E> {
         let p = &spec.program;
         let (mut constants, mut params, mut param_slots, mut param_sync) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        // BatchNormalization's running statistics stay fp32 under mixed precision (the
+        // node runs in fp32), so they are kept and saved at full precision.
+        let running_stats: Vec<SlotId> = p
+            .instrs
+            .iter()
+            .filter(|ins| matches!(ins.op, pipewright_ops::Op::BatchNormalization(_)))
+            .flat_map(|ins| [ins.inputs.get(3).copied().flatten(), ins.inputs.get(4).copied().flatten()])
+            .flatten()
+            .collect();
         for s in &p.stored {
             let name = &p.slots[s.slot.index()].name;
             let t = tensor_from_bytes(s.elem, &s.dims, &s.bytes).map_err(|e| E::Msg(format!("stored tensor {name:?}: {e}")))?;
@@ -444,7 +462,8 @@ impl Worker {
             } else {
                 // Non-trainable float tensors (biases folded as constants, running
                 // statistics) compute in the compute type like everything else.
-                let t = if cfg.precision.is_mixed() && matches!(t.kind(), Kind::Float | Kind::Double) { t.f_to_kind(compute_kind(cfg.precision)).map_err(torch("casting constants"))? } else { t };
+                let cast = cfg.precision.is_mixed() && matches!(t.kind(), Kind::Float | Kind::Double) && !running_stats.contains(&s.slot);
+                let t = if cast { t.f_to_kind(compute_kind(cfg.precision)).map_err(torch("casting constants"))? } else { t };
                 constants.push((s.slot, t));
             }
         }
@@ -484,6 +503,7 @@ impl Worker {
             spec,
             compute: compute_kind(cfg.precision),
             scaler: (cfg.precision == Precision::Fp16).then(|| cfg.loss_scale.clone()),
+            special: None,
         };
         Ok((w, params))
     }
@@ -626,6 +646,7 @@ impl Worker {
             st.batch_samples += sd.samples;
         }
         let grad = !self.spec.recompute_full;
+        self.specialise_for(&inputs, cfg.device)?;
         let t0 = rec.start();
         let wts = self.weights_of(st, v).ok_or_else(|| E::Msg(format!("weight version {v} for microbatch {j} is gone")))?;
         let (fwd, stats) = self.forward(wts, &inputs, labels.as_ref(), grad, true)?;
@@ -1026,7 +1047,24 @@ impl Worker {
             mode: self.mode,
             last_use: &self.last_use,
             bn_stats: &self.bn_stats,
+            special: self.special.as_ref(),
+            compute: self.compute,
         }
+    }
+
+    /// Specialises the program for the batch size of `inputs` (the program's inputs) unless
+    /// it already is: the values every step would compute alike are folded once.
+    fn specialise_for(&mut self, inputs: &[Tensor], device: tch::Device) -> Result<(), E> {
+        let p = &self.spec.program;
+        let batch = specialise::batch_of(p, inputs);
+        if self.special.as_ref().is_some_and(|sp| sp.batch == batch) {
+            return Ok(());
+        }
+        // Running statistics change every step: never folded.
+        let constants: Vec<(SlotId, &Tensor)> = self.constants.iter().enumerate().filter(|(i, _)| !self.stat_consts.contains(i)).map(|(_, (s, t))| (*s, t)).collect();
+        let special = Specialised::new(p, &self.signatures, &constants, batch, device).map_err(|e| E::Msg(format!("specialising the program: {e}")))?;
+        self.special = Some(special);
+        Ok(())
     }
 
     /// The selective forward: kept pieces record graphs, recomputed pieces do not.

@@ -1,0 +1,58 @@
+//! Values kernels read on the host: shapes, axes, pads, repeats, bounds and scalar
+//! operands. On a GPU each read of a device tensor is a device→host copy that stalls the
+//! stream, so the executor gives a kernel, for each input whose value was known before the
+//! step (a stored constant, or a value folded from constants and static shapes when the
+//! program was specialised), a host copy of it; the kernel reads the copy. Reads of any
+//! other tensor are real synchronisations and are counted per thread ([`host_reads`]), so
+//! a test can require that a specialised training step makes none.
+
+use std::cell::{Cell, RefCell};
+
+use tch::Tensor;
+
+use super::util::R;
+
+thread_local! {
+    /// The host copies of the inputs of the kernel now running, by the address of the
+    /// input tensor the kernel was given.
+    static COPIES: RefCell<Vec<(usize, Tensor)>> = const { RefCell::new(Vec::new()) };
+    /// Reads of tensors that had no host copy, on this thread.
+    static READS: Cell<u64> = const { Cell::new(0) };
+}
+
+/// Reads of values that had no host copy made by kernels on this thread so far: each is a
+/// device→host synchronisation on a GPU.
+pub fn host_reads() -> u64 {
+    READS.with(Cell::get)
+}
+
+/// Runs `f` (a kernel over `inputs`) with `copies[i]` as the host copy of `inputs[i]`.
+pub(crate) fn with_host_copies<T>(inputs: &[Option<&Tensor>], copies: &[Option<&Tensor>], f: impl FnOnce() -> T) -> T {
+    let pairs: Vec<(usize, Tensor)> = inputs
+        .iter()
+        .zip(copies)
+        .filter_map(|(t, c)| Some((address(t.as_ref()?), c.as_ref()?.shallow_clone())))
+        .collect();
+    if pairs.is_empty() {
+        return f();
+    }
+    let previous = COPIES.with(|c| std::mem::replace(&mut *c.borrow_mut(), pairs));
+    let out = f();
+    COPIES.with(|c| *c.borrow_mut() = previous);
+    out
+}
+
+fn address(t: &Tensor) -> usize {
+    t as *const Tensor as usize
+}
+
+/// `t`'s values on the host: its host copy when the executor gave one, otherwise a copy
+/// from its device, counted.
+pub(crate) fn on_host(t: &Tensor) -> R<Tensor> {
+    let at = address(t);
+    if let Some(copy) = COPIES.with(|c| c.borrow().iter().find(|(a, _)| *a == at).map(|(_, t)| t.shallow_clone())) {
+        return Ok(copy);
+    }
+    READS.with(|r| r.set(r.get() + 1));
+    Ok(t.f_to(tch::Device::Cpu)?)
+}
