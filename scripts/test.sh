@@ -9,6 +9,10 @@ bash scripts/libtorch.sh >/dev/null
 # onnxruntime, the outside reference exported models are run through (cached venv).
 PIPEWRIGHT_PYTHON="${PIPEWRIGHT_PYTHON:-$(bash scripts/pyref.sh)}"
 export PIPEWRIGHT_PYTHON
+# torch and transformers, for the CPU dry run of the GPU acceptance script (the zoo's
+# pinned environment, cached per user).
+PIPEWRIGHT_TORCH_PYTHON="${PIPEWRIGHT_TORCH_PYTHON:-$(bash zoo/env.sh)}"
+export PIPEWRIGHT_TORCH_PYTHON
 if [[ ! -d ../shared/corpus ]]; then
     echo "test.sh: the shared corpus is missing: expected it at $(cd .. && pwd)/shared/corpus" >&2
     exit 1

@@ -2,8 +2,10 @@
 # The pinned Python environment that generates the model zoo (zoo/make_zoo.py): torch,
 # torchvision, transformers, onnx, onnxscript and onnxruntime at the versions in
 # zoo/requirements.txt, from PyPI (about 4 GB with torch's CUDA libraries; the zoo is
-# exported on the CPU). Only regenerating the zoo needs it: the committed zoo is what the
-# tests use, so CI needs no Python ML stack.
+# exported on the CPU). Regenerating the zoo needs it (the committed zoo is what the
+# tests use), and so does the CPU dry run of the GPU acceptance script
+# (scripts/gpu_acceptance.py: GPT-2 from a transformers config, PyTorch eager's step),
+# which scripts/test.sh runs.
 #
 # transformers is pinned at 4.52: from 4.53 on, its decoders build their attention masks
 # with vmap, which the TorchScript exporter cannot export (`unordered_map::at`), and a

@@ -1,0 +1,39 @@
+//! The GPU acceptance run (`scripts/gpu_acceptance.py`, docs/gpu.md) on the CPU with a
+//! tiny GPT-2: everything but the GPU itself is exercised before a GPU is lent — the
+//! commands, the CPU references, the parity and host-read checks, the PyTorch-eager
+//! baseline, the planner's memory figure and the verdict table.
+#![cfg(feature = "torch")]
+
+mod common;
+
+use std::process::Command;
+
+use common::corpus;
+
+#[test]
+fn the_gpu_acceptance_script_passes_its_cpu_dry_run() {
+    let python = std::env::var("PIPEWRIGHT_TORCH_PYTHON")
+        .expect("PIPEWRIGHT_TORCH_PYTHON must name a python with torch and transformers (scripts/test.sh sets it from zoo/env.sh)");
+    let out = tempfile::tempdir().expect("temp dir");
+    let run = Command::new(&python)
+        .arg(common::root().join("scripts/gpu_acceptance.py"))
+        .args(["--bin", env!("CARGO_BIN_EXE_pipewright"), "--device", "cpu", "--size", "tiny", "--models"])
+        .arg(corpus().join("models"))
+        .arg("--out")
+        .arg(out.path())
+        .output()
+        .expect("runs the acceptance script");
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert!(run.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&run.stderr));
+    let table = std::fs::read_to_string(out.path().join("acceptance.md")).expect("the table was written");
+    let count = |check: &str| table.lines().filter(|l| l.starts_with(&format!("| {check} |"))).count();
+    assert_eq!(count("doctor"), 1, "{table}");
+    assert_eq!(count("run-forward"), 4, "{table}");
+    // d = 1 and 2 under three schedules in three precisions, and two placements at d = 2.
+    assert_eq!(count("train parity"), 24, "{table}");
+    assert_eq!(count("host reads"), 1, "{table}");
+    assert_eq!(count("step time"), 2, "{table}");
+    assert_eq!(count("peak memory"), 1, "{table}");
+    assert!(table.contains("33 checks on cpu: all passed."), "{table}");
+    assert!(!table.contains("| FAIL |"), "{table}");
+}
