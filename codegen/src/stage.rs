@@ -259,6 +259,8 @@ pub fn lower_slice(g: &Graph, s: &StageSlice) -> Result<StageProgram, LowerError
     let mut program = lower_nodes(g, &Lowering { nodes: &s.nodes, values: &values, inputs: &inputs, outputs: &outputs })
         .map_err(|e| LowerError::Stage { stage: s.stage, reason: e.to_string() })?;
     program.fill_last_uses();
+    let static_values = batch_static_values(g);
+    program.static_inputs = s.received.iter().zip(&program.inputs).filter(|(v, _)| static_values[v.index()]).map(|(_, slot)| *slot).collect();
     // One instruction per node in order, plus helper instructions inserted by the rebatch
     // rewrites; those write only new slots (past `values`), which identifies them.
     let slot_values: Vec<Option<ValueId>> = (0..program.slots.len()).map(|k| values.get(k).copied()).collect();
@@ -296,6 +298,27 @@ pub fn lower_slice(g: &Graph, s: &StageSlice) -> Result<StageProgram, LowerError
         instr_nodes,
         slot_values,
     })
+}
+
+/// Per value: whether it depends on the batch size alone, not on any data or weight — a
+/// shape, a constant, or what is computed from those (deterministically). A stage that
+/// receives such a value can read it once per batch size ([`Program::static_inputs`]).
+fn batch_static_values(g: &Graph) -> Vec<bool> {
+    let mut known: Vec<bool> = g.value_ids().map(|v| matches!(&g.value(v).def, ValueDef::Weight(w) if !w.trainable)).collect();
+    let Ok(order) = g.topo_order() else { return vec![false; known.len()] };
+    for n in order {
+        let node = g.node(n);
+        let derived = match node.op {
+            Op::Shape { .. } | Op::Size => true,
+            // Random, or carrying training-mode state.
+            Op::Dropout { .. } | Op::BatchNormalization(_) => false,
+            _ => node.inputs.iter().flatten().all(|v| known[v.index()]),
+        };
+        for v in node.outputs.iter().flatten() {
+            known[v.index()] = derived;
+        }
+    }
+    known
 }
 
 /// Gives output `i` of `p` the name `names[i]`. A slot needed under a second name — a

@@ -110,6 +110,12 @@ pub struct Program {
     pub outputs: Vec<SlotId>,
     pub stored: Vec<Stored>,
     pub instrs: Vec<Instr>,
+    /// Inputs whose values depend on the microbatch size alone (shapes, and what an earlier
+    /// stage computed from shapes and constants): the same for every microbatch of one
+    /// size, so an executor reads them once when it specialises the program. Empty in
+    /// older modules.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub static_inputs: Vec<SlotId>,
 }
 
 impl Program {

@@ -31,6 +31,7 @@ fn program() -> Program {
     let mask = vec![1u8, 0, 1];
     let bf: Vec<u8> = [0x3f80u16, 0xc000].iter().flat_map(|v| v.to_le_bytes()).collect();
     Program {
+        static_inputs: Vec::new(),
         pipeline: String::new(),
         slots: vec![
             slot("x", DType::F32, &[Batch(1), Fixed(4)]),

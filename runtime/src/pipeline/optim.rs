@@ -92,13 +92,15 @@ impl OptState {
         tch::no_grad(|| {
             self.t += 1;
             let t = self.t;
-            w.iter().zip(g).enumerate().map(|(i, (w, g))| self.update(i, w, g, lr, t)).collect()
+            let mut scalars = Scalars::default();
+            w.iter().zip(g).enumerate().map(|(i, (w, g))| self.update(i, w, g, lr, t, &mut scalars)).collect()
         })
     }
 
-    fn update(&mut self, i: usize, w: &Tensor, g: &Tensor, lr: f64, t: i32) -> Tensor {
-        // `w + a * b` with a scalar `a`, in one pass and one allocation.
-        let axpy = |w: &Tensor, a: f64, b: &Tensor| w.addcmul(b, &Tensor::from(a).to_kind(b.kind()).to_device(b.device()));
+    fn update(&mut self, i: usize, w: &Tensor, g: &Tensor, lr: f64, t: i32, scalars: &mut Scalars) -> Tensor {
+        // `w + a * b` with a scalar `a`, in one pass and one allocation; `a` is uploaded
+        // once per step and kind, not once per weight.
+        let mut axpy = |w: &Tensor, a: f64, b: &Tensor| w.addcmul(b, &scalars.get(a, b));
         let OptimizerConfig { kind, momentum, beta1, beta2, eps, weight_decay } = self.opt;
         match kind {
             Optimizer::Sgd => {
@@ -146,6 +148,26 @@ impl OptState {
                 axpy(&base, -lr / bc1, &upd)
             }
         }
+    }
+}
+
+/// The scalars of one optimizer step on the weights' devices, each uploaded once (a
+/// host-to-device copy per weight would stall a GPU's stream once per weight).
+#[derive(Default)]
+struct Scalars {
+    made: Vec<(u64, Kind, tch::Device, Tensor)>,
+}
+
+impl Scalars {
+    /// `a` as a 0-d tensor of `like`'s kind on its device.
+    fn get(&mut self, a: f64, like: &Tensor) -> Tensor {
+        let (kind, device) = (like.kind(), like.device());
+        if let Some((.., t)) = self.made.iter().find(|(v, k, d, _)| *v == a.to_bits() && *k == kind && *d == device) {
+            return t.shallow_clone();
+        }
+        let t = Tensor::from(a).to_kind(kind).to_device(device);
+        self.made.push((a.to_bits(), kind, device, t.shallow_clone()));
+        t
     }
 }
 

@@ -1060,8 +1060,11 @@ impl Worker {
         if self.special.as_ref().is_some_and(|sp| sp.batch == batch) {
             return Ok(());
         }
-        // Running statistics change every step: never folded.
-        let constants: Vec<(SlotId, &Tensor)> = self.constants.iter().enumerate().filter(|(i, _)| !self.stat_consts.contains(i)).map(|(_, (s, t))| (*s, t)).collect();
+        // Running statistics change every step: never folded. Inputs that depend on the
+        // batch size alone (shapes an earlier stage computed) are known from this first
+        // microbatch on.
+        let mut constants: Vec<(SlotId, &Tensor)> = self.constants.iter().enumerate().filter(|(i, _)| !self.stat_consts.contains(i)).map(|(_, (s, t))| (*s, t)).collect();
+        constants.extend(p.inputs.iter().zip(inputs).filter(|(s, _)| p.static_inputs.contains(s)).map(|(s, t)| (*s, t)));
         let special = Specialised::new(p, &self.signatures, &constants, batch, device).map_err(|e| E::Msg(format!("specialising the program: {e}")))?;
         self.special = Some(special);
         Ok(())

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Mixed precision against fp32 on the CPU (libtorch computes bf16 and fp16 there): each
+# shared model compiled at d = 2 (2BW) and trained STEPS steps from the same seed and
+# synthetic data in fp32, bf16 and fp16, and the largest gap between the loss curves,
+# relative to the fp32 loss of the step, printed as one Markdown table. fp16 convolutions
+# are orders of magnitude slower than fp32 on this CPU, so the convolutional models run
+# fp16 for FP16_CONV_STEPS steps only.
+#
+# Usage: bash bench/precision.sh [BINARY]      (default target/release/pipewright)
+# Env:   STEPS (100), FP16_CONV_STEPS (3), MODELS_DIR (../shared/corpus/models)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN="${1:-target/release/pipewright}"
+STEPS="${STEPS:-100}"
+FP16_CONV_STEPS="${FP16_CONV_STEPS:-3}"
+MODELS_DIR="${MODELS_DIR:-../shared/corpus/models}"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+
+train() { # build precision steps metrics
+    "$BIN" train "$1" --steps "$3" --microbatch 4 --microbatches 2 --optimizer adam --lr 0.001 --seed 0 \
+        --precision "$2" --no-progress --metrics "$4" >/dev/null 2>&1
+}
+
+gap() { # reference metrics, other metrics: the largest relative loss gap over their common steps
+    python3 -c '
+import json, sys
+a = [json.loads(l)["loss"] for l in open(sys.argv[1])]
+b = [json.loads(l)["loss"] for l in open(sys.argv[2])]
+n = min(len(a), len(b))
+print(f"{max(abs(x - y) / abs(x) for x, y in zip(a[:n], b[:n])):.2e} over {n} steps")' "$1" "$2"
+}
+
+echo "| model | bf16 vs fp32 | fp16 vs fp32 |"
+echo "|---|---|---|"
+for model in mlp resnet18 mobilenet_v2 bert-tiny gpt2-tiny vit-tiny; do
+    build="$work/$model"
+    "$BIN" compile "$MODELS_DIR/$model.onnx" --stages 2 -o "$build" >/dev/null 2>&1
+    train "$build" fp32 "$STEPS" "$work/$model-fp32.jsonl"
+    train "$build" bf16 "$STEPS" "$work/$model-bf16.jsonl"
+    fp16_steps="$STEPS"
+    [[ $model == resnet18 || $model == mobilenet_v2 ]] && fp16_steps="$FP16_CONV_STEPS"
+    train "$build" fp16 "$fp16_steps" "$work/$model-fp16.jsonl"
+    echo "| $model | $(gap "$work/$model-fp32.jsonl" "$work/$model-bf16.jsonl") | $(gap "$work/$model-fp32.jsonl" "$work/$model-fp16.jsonl") |"
+done
+echo
+echo "bench/precision.sh: d = 2 (2BW), microbatch 4 x 2, Adam lr 1e-3, seed 0, synthetic data; $("$BIN" --version 2>/dev/null || echo "$BIN")"
