@@ -16,14 +16,19 @@ check="$2"
 shift 2
 log() { echo "$name: $*" >&2; }
 
-# The stamp covers the arguments and the contents of every `-r` requirements file.
-key="$*"
+# The stamp covers the arguments, with each `-r` requirements file by its contents, not
+# its path: clones of the checkout elsewhere (CI's) share the venv.
+words=()
 args=("$@")
 for ((i = 0; i < ${#args[@]}; i++)); do
     if [[ "${args[i]}" == "-r" ]]; then
-        key+=" $(sha256sum "${args[i + 1]}" | cut -c1-64)"
+        words+=("-r" "$(sha256sum "${args[i + 1]}" | cut -c1-64)")
+        i=$((i + 1))
+    else
+        words+=("${args[i]}")
     fi
 done
+key="${words[*]}"
 cache="${PIPEWRIGHT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/pipewright}"
 venv="$cache/$name"
 stamp="$venv/.complete-$(echo "$key" | sha256sum | cut -c1-16)"
