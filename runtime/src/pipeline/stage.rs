@@ -610,7 +610,7 @@ impl Worker {
         let (cfg, m64) = (ctx.cfg, ctx.m as u64);
         let v = self.spec.update.version_for(j, m64);
         let step = j / m64;
-        let first_of_step = j % m64 == 0;
+        let first_of_step = j.is_multiple_of(m64);
         if first_of_step && self.spec.n_recv == 0 && ctx.stops_before(step, tr)? {
             self.pass_stop(j, step, ctx, tr)?;
             return Ok(false);
