@@ -67,8 +67,8 @@ class Table:
 
 
 class Runner:
-    def __init__(self, binary, out, env):
-        self.binary, self.out, self.env = binary, out, env
+    def __init__(self, binary, env):
+        self.binary, self.env = binary, env
 
     def run(self, args, timeout=300):
         """Runs the binary: (exit status, stdout, stderr); a timeout is status 124."""
@@ -272,7 +272,7 @@ def main():
     if a.device != "cpu":
         torch_lib = subprocess.run([a.python, "-c", "import torch,os; print(os.path.dirname(torch.__file__)+'/lib')"], capture_output=True, text=True, check=True).stdout.strip()
         env["LD_LIBRARY_PATH"] = torch_lib
-    r = Runner(os.path.abspath(a.bin), a.out, env)
+    r = Runner(os.path.abspath(a.bin), env)
     table = Table()
     started = time.time()
     check_doctor(r, table, a.device)

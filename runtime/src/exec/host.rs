@@ -36,10 +36,19 @@ pub(crate) fn with_host_copies<T>(inputs: &[Option<&Tensor>], copies: &[Option<&
     if pairs.is_empty() {
         return f();
     }
-    let previous = COPIES.with(|c| std::mem::replace(&mut *c.borrow_mut(), pairs));
-    let out = f();
-    COPIES.with(|c| *c.borrow_mut() = previous);
-    out
+    let _scope = Scope(COPIES.with(|c| std::mem::replace(&mut *c.borrow_mut(), pairs)));
+    f()
+}
+
+/// Puts back the copies of the enclosing call when a kernel ends, even by a panic (a
+/// stale address could otherwise match a later tensor).
+struct Scope(Vec<(usize, Tensor)>);
+
+impl Drop for Scope {
+    fn drop(&mut self) {
+        let previous = std::mem::take(&mut self.0);
+        COPIES.with(|c| *c.borrow_mut() = previous);
+    }
 }
 
 fn address(t: &Tensor) -> usize {

@@ -126,9 +126,9 @@ pub struct TrainConfig {
     /// With [`NonFinite::Skip`]: this many skipped steps in a row end training with
     /// [`PipelineError::TooManySkips`].
     pub max_skips: usize,
-    /// Where the embedded executor's workers agree to stop early (asked by the caller, e.g.
-    /// on Ctrl-C): after that step, checkpointed when `checkpoint_every` is set. `None`:
-    /// the run goes to `steps`. The MPI workers do not use it.
+    /// Where a request to stop early is made (by the caller on Ctrl-C, or by an MPI
+    /// rank's `SIGUSR1` watcher) and where the workers record the step they stopped after,
+    /// checkpointed when `checkpoint_every` is set. `None`: the run goes to `steps`.
     pub stop: Option<std::sync::Arc<StopGate>>,
 }
 

@@ -219,13 +219,15 @@ impl Engine<'_> {
     /// Under mixed precision, `op`'s operands cast as its rule wants (matrix products in
     /// the compute type, sensitive ops in fp32); `None` when none needs a cast.
     fn mixed_precision_operands(&self, op: &Op, args: &[Option<&Tensor>]) -> Result<Option<Vec<Option<Tensor>>>, tch::TchError> {
-        let low = |k: Kind| matches!(k, Kind::Float | Kind::Half | Kind::BFloat16);
+        if self.compute == Kind::Float {
+            return Ok(None);
+        }
         let target = match op.mixed_precision_rule() {
-            _ if self.compute == Kind::Float => return Ok(None),
             MixedPrecisionRule::LowType => self.compute,
             MixedPrecisionRule::Fp32 => Kind::Float,
             MixedPrecisionRule::AsGiven => return Ok(None),
         };
+        let low = |k: Kind| matches!(k, Kind::Float | Kind::Half | Kind::BFloat16);
         if !args.iter().flatten().any(|t| low(t.kind()) && t.kind() != target) {
             return Ok(None);
         }

@@ -442,15 +442,17 @@ impl Worker {
     fn load(spec: StageSpec, cfg: &TrainConfig) -> Result<(Worker, Vec<Tensor>), E> {
         let p = &spec.program;
         let (mut constants, mut params, mut param_slots, mut param_sync) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        // BatchNormalization's running statistics stay fp32 under mixed precision (the
-        // node runs in fp32), so they are kept and saved at full precision.
-        let running_stats: Vec<SlotId> = p
+        // BatchNormalization nodes with their running mean and variance slots.
+        let bn_nodes: Vec<(usize, Option<SlotId>, Option<SlotId>)> = p
             .instrs
             .iter()
-            .filter(|ins| matches!(ins.op, pipewright_ops::Op::BatchNormalization(_)))
-            .flat_map(|ins| [ins.inputs.get(3).copied().flatten(), ins.inputs.get(4).copied().flatten()])
-            .flatten()
+            .enumerate()
+            .filter(|(_, ins)| matches!(ins.op, pipewright_ops::Op::BatchNormalization(_)))
+            .map(|(i, ins)| (i, ins.inputs.get(3).copied().flatten(), ins.inputs.get(4).copied().flatten()))
             .collect();
+        // The running statistics stay fp32 under mixed precision (the node runs in fp32),
+        // so they are kept and saved at full precision.
+        let is_running_stat = |s: SlotId| bn_nodes.iter().any(|&(_, m, v)| m == Some(s) || v == Some(s));
         for s in &p.stored {
             let name = &p.slots[s.slot.index()].name;
             let t = tensor_from_bytes(s.elem, &s.dims, &s.bytes).map_err(|e| E::Msg(format!("stored tensor {name:?}: {e}")))?;
@@ -462,7 +464,7 @@ impl Worker {
             } else {
                 // Non-trainable float tensors (biases folded as constants, running
                 // statistics) compute in the compute type like everything else.
-                let cast = cfg.precision.is_mixed() && matches!(t.kind(), Kind::Float | Kind::Double) && !running_stats.contains(&s.slot);
+                let cast = cfg.precision.is_mixed() && matches!(t.kind(), Kind::Float | Kind::Double) && !is_running_stat(s.slot);
                 let t = if cast { t.f_to_kind(compute_kind(cfg.precision)).map_err(torch("casting constants"))? } else { t };
                 constants.push((s.slot, t));
             }
@@ -470,13 +472,7 @@ impl Worker {
         let param_names: Vec<String> = param_slots.iter().map(|s| p.slots[s.index()].name.clone()).collect();
         let tied_groups = tied_groups(&param_sync, &param_names, spec.index as u32);
         let const_index = |s: Option<SlotId>| s.and_then(|s| constants.iter().position(|(c, _)| *c == s));
-        let bn_stats = p
-            .instrs
-            .iter()
-            .enumerate()
-            .filter(|(_, ins)| matches!(ins.op, pipewright_ops::Op::BatchNormalization(_)))
-            .filter_map(|(i, ins)| Some((i, const_index(ins.inputs.get(3).copied().flatten())?, const_index(ins.inputs.get(4).copied().flatten())?)))
-            .collect();
+        let bn_stats = bn_nodes.iter().filter_map(|&(i, mean, var)| Some((i, const_index(mean)?, const_index(var)?))).collect();
         let mut stat_consts: Vec<usize> = Vec::new();
         for &(_, mean, var) in &bn_stats {
             for i in [mean, var] {
