@@ -782,7 +782,7 @@ impl Worker {
         // A skipped step (fp16 overflow, or --on-nonfinite skip) keeps the weights and the
         // optimizer state as they were (the new version is the old one) in every stage
         // alike.
-        let new = if apply { st.opt.step(cur, &grads, lr) } else { cur.iter().map(|x| x.shallow_clone()).collect() };
+        let new = if apply { st.opt.step(cur, &grads, lr).map_err(torch("updating the weights"))? } else { cur.iter().map(|x| x.shallow_clone()).collect() };
         // A NaN or infinite gradient (overflow at a high rate) makes the new weights
         // non-finite while the loss of this batch still reads finite; stop here, before
         // the version is used, checkpointed or returned to be saved.
