@@ -33,7 +33,8 @@ echo "| model | optimizer | largest abs. difference | largest rel. difference | 
 echo "|---|---|---|---|---|---|---|"
 for model in $MODELS; do
     for side in A B; do
-        "${!side}" compile "$CORPUS/$model.onnx" --stages 2 --schedule 2bw -o "$work/$side-$model" >/dev/null
+        "${!side}" compile "$CORPUS/$model.onnx" --stages 2 --schedule 2bw -o "$work/$side-$model" >/dev/null 2>"$work/compile.log" \
+            || { cat "$work/compile.log" >&2; exit 1; }
     done
     for opt in sgd adam adamw; do
         for side in A B; do

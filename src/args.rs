@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 
 use pipewright_core::timeline::StepWindow;
-use pipewright_core::{Decay, Device, Loss, NonFinite, Optimizer, Precision, Storage};
+use pipewright_core::{DataOrder, Decay, Device, Loss, NonFinite, Optimizer, Precision, Storage, TokenType};
 use pipewright_driver::synth::{SynthRequest, SynthShape};
 
 /// `--loss KIND[:OUTPUT]`.
@@ -147,6 +147,14 @@ pub struct TrainArgs {
     /// decompression bomb stops with an error at this cap): `16GiB`, `512MiB`, `4096`.
     #[arg(long, value_name = "SIZE", default_value = "16GiB", value_parser = parse_size)]
     pub max_data_size: u64,
+    /// --data is a flat file of token ids of this type, cut into windows of the model's
+    /// sequence length with next-token labels (a `.bin` needs it; a 1-D `.npy` of
+    /// integers is a token stream without it).
+    #[arg(long, value_enum)]
+    pub tokens: Option<TokenType>,
+    /// The order samples (or token windows) are visited in each epoch.
+    #[arg(long, value_enum, default_value_t = DataOrder::Shuffle)]
+    pub data_order: DataOrder,
     /// The element type training computes in; master weights and optimizer state stay fp32.
     #[arg(long, value_enum, default_value_t = Precision::Fp32)]
     pub precision: Precision,
@@ -253,6 +261,8 @@ mod requests {
                 threads: self.threads,
                 timeout: std::time::Duration::from_secs(self.timeout),
                 max_inflated: self.max_data_size,
+                tokens: self.tokens,
+                data_order: self.data_order,
                 on_nonfinite: self.on_nonfinite,
                 max_skips: self.max_skips,
                 precision: self.precision,
@@ -386,6 +396,17 @@ pub struct TraceSvgArgs {
     /// which).
     #[arg(long, value_name = "START..END")]
     pub steps: Option<StepWindow>,
+}
+
+#[derive(clap::Args)]
+pub struct MetricsSvgArgs {
+    /// Metrics files written by `pipewright train --metrics` (one curve each, labelled by
+    /// file name).
+    #[arg(required = true)]
+    pub metrics: Vec<PathBuf>,
+    /// Where to write the SVG.
+    #[arg(short, long, default_value = "curves.svg")]
+    pub output: PathBuf,
 }
 
 #[derive(clap::Args)]

@@ -10,7 +10,7 @@ use std::path::Path;
 
 use pipewright_runtime::module::{read_module, StageModule};
 use pipewright_core::{Loss, Schedule};
-use pipewright_runtime::pipeline::{train, Microbatch, Objective, OptimizerConfig, TrainConfig, TrainReport};
+use pipewright_runtime::pipeline::{train, BatchStream, Microbatch, Objective, OptimizerConfig, TrainConfig, TrainReport};
 use tch::{Kind, Tensor};
 
 use common::{model, pw_ok};
@@ -49,13 +49,13 @@ fn batches(name: &str, steps: usize, m: usize, b: i64) -> Vec<Vec<(Tensor, Tenso
         .collect()
 }
 
-fn feed(name: &str, data: &[Vec<(Tensor, Tensor)>]) -> Box<dyn Iterator<Item = Vec<Microbatch>> + Send> {
+fn feed(name: &str, data: &[Vec<(Tensor, Tensor)>]) -> BatchStream {
     let input = if name == "gpt2-tiny" { "input_ids" } else { "x" };
     let v: Vec<Vec<Microbatch>> = data
         .iter()
         .map(|b| b.iter().map(|(x, y)| Microbatch { inputs: vec![(input.into(), x.shallow_clone())], labels: Some(y.shallow_clone()) }).collect())
         .collect();
-    Box::new(v.into_iter())
+    Box::new(v.into_iter().map(Ok))
 }
 
 fn run(name: &str, stages: Vec<StageModule>, schedule: Schedule, data: &[Vec<(Tensor, Tensor)>]) -> TrainReport {

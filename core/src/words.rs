@@ -352,6 +352,32 @@ word_enum! {
     }
 }
 
+word_enum! {
+    /// The element type of a flat token file (`train --tokens`): little-endian unsigned ids.
+    "token type" pub enum TokenType {
+        U16 = "u16", "2-byte ids (vocabularies up to 65,536, GPT-2's included; nanoGPT's train.bin)";
+        U32 = "u32", "4-byte ids";
+    }
+}
+
+word_enum! {
+    /// The order training visits the samples (or a token stream's windows) in.
+    "data order" pub enum DataOrder {
+        Shuffle = "shuffle", "a fresh seeded random order every epoch (default)";
+        Sequential = "sequential", "the file's own order, every epoch alike";
+    }
+}
+
+impl TokenType {
+    /// Bytes per token.
+    pub fn width(self) -> usize {
+        match self {
+            TokenType::U16 => 2,
+            TokenType::U32 => 4,
+        }
+    }
+}
+
 /// Skipped steps in a row after which `--on-nonfinite skip` stops (`--max-skips`).
 pub const DEFAULT_MAX_SKIPS: usize = 10;
 
@@ -444,6 +470,8 @@ mod tests {
         check(Precision::ALL);
         check(Scheme::ALL);
         check(NonFinite::ALL);
+        check(TokenType::ALL);
+        check(DataOrder::ALL);
         check(Storage::ALL);
     }
 

@@ -780,6 +780,8 @@ fn train_traced(build: &Path, device: Device, steps: usize, microbatches: u64, o
         threads: Some(1),
         timeout: Duration::from_secs(600),
         max_inflated: DEFAULT_MAX_INFLATED,
+        tokens: None,
+        data_order: pipewright_core::DataOrder::Shuffle,
         precision: Precision::Fp32,
         devices: Vec::new(),
         // Not `Skip`: its agreement between the stages would put a wait in the update.

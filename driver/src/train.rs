@@ -11,9 +11,10 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use pipewright_core::{Decay, Device, Loss, NonFinite, Optimizer, Precision, Recompute, RunFlags, RunShape, Schedule};
+use pipewright_core::{DataOrder, Decay, Device, Loss, NonFinite, Optimizer, Precision, Recompute, RunFlags, RunShape, Schedule, TokenType};
 use pipewright_runtime::build::{Build, Identity, Manifest, MANIFEST_FILE};
 use pipewright_runtime::data::{Dataset, LabelArray, Stop, DEFAULT_LABEL};
+use pipewright_runtime::tokens::{is_token_file, TokenFile, TokenWindows};
 use pipewright_runtime::device::tch_device;
 use pipewright_runtime::module::{decode_module_bytes, read_module, StageModule};
 use pipewright_core::fs::write_atomic;
@@ -21,7 +22,7 @@ use pipewright_core::lock::FolderLock;
 use pipewright_core::timeline::chrome_trace_json;
 use pipewright_core::units::human_bytes;
 use pipewright_runtime::pipeline::{
-    batch_fingerprint, check_resume, read_checkpoint, resume, resume_differences, run_record, run_worker, train, Checkpoint, Layout, LrSchedule, Microbatch, Mpi, Objective, OptimizerConfig,
+    batch_fingerprint, check_resume, read_checkpoint, resume, resume_differences, run_record, run_worker, train, BatchStream, Checkpoint, Layout, LrSchedule, Microbatch, Mpi, Objective, OptimizerConfig,
     StageState, TrainConfig, WorkerHooks,
 };
 
@@ -85,6 +86,11 @@ pub struct TrainRequest {
     pub timeout: Duration,
     /// The most bytes decompressed from an `.npz` data file.
     pub max_inflated: u64,
+    /// The data is a flat token file of this type (`--tokens`); a 1-D `.npy` is one
+    /// without it.
+    pub tokens: Option<TokenType>,
+    /// The order samples (or token windows) are visited in.
+    pub data_order: DataOrder,
     /// The compute element type (fp32 master weights and optimizer state always).
     pub precision: Precision,
     /// Stage placement (`--devices`): worker (replica `r`, stage `k`), rank `k * w + r`, on
@@ -121,7 +127,7 @@ fn config(req: &TrainRequest, manifest: &Manifest, shape: &RunShape, build: &Pat
     cfg.trace = req.trace;
     cfg.replicas = usize::try_from(shape.replicas.value).unwrap_or(usize::MAX);
     cfg.settings = settings(shape);
-    cfg.settings.insert("--data".into(), data_identity(&req.data)?);
+    cfg.settings.insert("--data".into(), data_identity(req)?);
     cfg.force_resume = req.force;
     if req.threads == Some(0) {
         return Err(DriverError::msg("--threads must be at least 1"));
@@ -189,6 +195,15 @@ fn lock_job(build: &Path, checkpoint_dir: Option<&Path>, what: &str) -> Result<V
 /// `note: ...` for a lock whose last holder ended without releasing it (killed).
 fn stale_note(lock: &FolderLock) -> Option<String> {
     lock.stale.as_ref().map(|s| format!("note: took over {}, left by a job that ended without releasing it ({s})", lock.path().display()))
+}
+
+/// The summary line of this process's peak resident memory (Linux's `VmHWM`), or `None`
+/// where the system does not say. Data read from files is not counted: a token stream's
+/// reads sit in the page cache, not the process.
+pub fn peak_memory_line() -> Option<String> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kib: u64 = status.lines().find_map(|l| l.strip_prefix("VmHWM:"))?.trim().trim_end_matches("kB").trim().parse().ok()?;
+    Some(format!("peak resident memory of this process: {}", human_bytes(kib * 1024)))
 }
 
 /// The summary line of the kernels' host reads per step, per stage: each a device
@@ -360,13 +375,26 @@ fn settings(shape: &RunShape) -> BTreeMap<String, String> {
 /// refused: `synthetic` (its seed is recorded apart), or each data file's name within its
 /// folder (for a folder of arrays), size and a checksum of its first MiB and last 64 KiB.
 /// Content, not the path: the same file moved resumes.
-fn data_identity(data: &DataSource) -> Result<String, DriverError> {
-    let DataSource::File(path) = data else { return Ok("synthetic".into()) };
+/// A sequential order and a token type are part of it (they decide which samples a step
+/// sees).
+fn data_identity(req: &TrainRequest) -> Result<String, DriverError> {
+    let DataSource::File(path) = &req.data else { return Ok("synthetic".into()) };
+    let mut id = files_identity(path)?;
+    if req.data_order == DataOrder::Sequential {
+        id.push_str(", sequential order");
+    }
+    if let Some(t) = req.tokens {
+        id.push_str(&format!(", {t} tokens"));
+    }
+    Ok(id)
+}
+
+fn files_identity(path: &Path) -> Result<String, DriverError> {
     if !path.is_dir() {
-        return file_identity(path).map_err(|source| DriverError::Read { path: path.clone(), source });
+        return file_identity(path).map_err(|source| DriverError::Read { path: path.to_path_buf(), source });
     }
     let files: Vec<std::path::PathBuf> = {
-        let mut v: Vec<_> = std::fs::read_dir(path).map_err(|source| DriverError::Read { path: path.clone(), source })?.flatten().map(|e| e.path()).filter(|p| p.is_file()).collect();
+        let mut v: Vec<_> = std::fs::read_dir(path).map_err(|source| DriverError::Read { path: path.to_path_buf(), source })?.flatten().map(|e| e.path()).filter(|p| p.is_file()).collect();
         v.sort();
         v
     };
@@ -440,12 +468,18 @@ fn synthetic(req: &TrainRequest, manifest: &Manifest, output: &str, samples: usi
 }
 
 /// The batches of `per_batch` microbatches of `microbatch` samples.
-type BatchStream = Box<dyn Iterator<Item = Vec<Microbatch>> + Send>;
 
 /// The batches of `per_batch` microbatches of `microbatch` samples from step `start` on (a
 /// resumed run sees the batches an uninterrupted one would from there on), each made when
 /// training asks for it; synthetic labels fit the loss of `config`.
 fn batches(req: &TrainRequest, manifest: &Manifest, config: &TrainConfig, microbatch: usize, per_batch: usize, start: usize) -> Result<BatchStream, DriverError> {
+    if let DataSource::File(path) = &req.data {
+        let inputs = manifest.input_specs().map_err(|e| DriverError::msg(format!("{MANIFEST_FILE}: {e}")))?;
+        let scalar_inputs: Vec<&str> = inputs.iter().filter(|i| i.per_sample.is_empty()).map(|i| i.name.as_str()).collect();
+        if req.tokens.is_some() || is_token_file(path, &scalar_inputs) {
+            return token_batches(req, manifest, config, path, microbatch, per_batch, start);
+        }
+    }
     let data = match &req.data {
         DataSource::Synthetic => synthetic(req, manifest, &config.loss.output, microbatch * per_batch * 4)?,
         DataSource::File(path) => {
@@ -463,8 +497,27 @@ fn batches(req: &TrainRequest, manifest: &Manifest, config: &TrainConfig, microb
             data
         }
     };
-    let stream = data.into_batches(microbatch, per_batch, req.seed, Stop::Steps(req.steps))?.starting_at(start);
-    Ok(Box::new(stream.map(|batch| batch.into_iter().map(|(inputs, labels)| Microbatch { inputs, labels }).collect())))
+    let stream = data.into_batches(microbatch, per_batch, req.seed, Stop::Steps(req.steps))?.in_order(req.data_order).starting_at(start);
+    Ok(Box::new(stream.map(|batch| Ok(batch.into_iter().map(|(inputs, labels)| Microbatch { inputs, labels }).collect()))))
+}
+
+/// The batches of a token stream: windows of the model's sequence length, each position's
+/// label the next token, ids checked against the loss output's classes.
+fn token_batches(req: &TrainRequest, manifest: &Manifest, config: &TrainConfig, path: &Path, microbatch: usize, per_batch: usize, start: usize) -> Result<BatchStream, DriverError> {
+    if req.loss != Loss::CrossEntropy {
+        return Err(DriverError::msg(format!("--data {}: a token stream trains next-token prediction, with --loss cross-entropy, not --loss {}", path.display(), req.loss)));
+    }
+    if let Some(l) = &req.label {
+        return Err(DriverError::msg(format!("--label {l}: a token stream's labels are its next tokens; drop --label")));
+    }
+    let inputs = manifest.input_specs().map_err(|e| DriverError::msg(format!("{MANIFEST_FILE}: {e}")))?;
+    let vocab = manifest.output_per_sample(&config.loss.output).and_then(|s| s.last().copied()).filter(|&v| v > 0);
+    let file = TokenFile::open(path, req.tokens)?;
+    let windows = TokenWindows::new(file, &inputs, vocab, req.data_order, req.seed, microbatch, per_batch, req.steps)?.starting_at(start);
+    Ok(Box::new(windows.map(|batch| match batch {
+        Ok(b) => Ok(b.into_iter().map(|(inputs, labels)| Microbatch { inputs, labels }).collect()),
+        Err(e) => Err(e.to_string()),
+    })))
 }
 
 fn size(v: u64) -> usize {
@@ -699,9 +752,9 @@ impl WorkerSession {
         let start = resume.as_ref().map_or(0, |(s, _)| *s as usize);
         let mut batches = batches(&req.train, &manifest, &config, size(shape.microbatch.value), size(shape.microbatches.value) * layout.replicas, start)?;
         // The first batch is read now to fingerprint the data, then trained on as usual.
-        let first = batches.next().ok_or_else(|| DriverError::msg("the data holds no batch"))?;
+        let first = batches.next().ok_or_else(|| DriverError::msg("the data holds no batch"))?.map_err(DriverError::msg)?;
         let fingerprint = batch_fingerprint(&first).map_err(DriverError::msg)?;
-        let batches: BatchStream = Box::new(std::iter::once(first).chain(batches));
+        let batches: BatchStream = Box::new(std::iter::once(Ok(first)).chain(batches));
         let mut agreement = run_record(&config);
         // The module agrees with the manifest (checked above); the ranks agree on both.
         agreement.extend(manifest.identity().fields().into_iter().map(|(k, v)| (k.to_string(), v)));
@@ -858,6 +911,8 @@ mod tests {
             threads: Some(1),
             timeout: Duration::from_secs(60),
             max_inflated: pipewright_runtime::data::DEFAULT_MAX_INFLATED,
+            tokens: None,
+            data_order: pipewright_core::DataOrder::Shuffle,
             precision: Precision::Fp32,
             devices: Vec::new(),
             on_nonfinite: NonFinite::Stop,
@@ -882,7 +937,7 @@ mod tests {
         let small = Session::prepare(&build, &req(2)).unwrap();
         let (mut a, mut b) = (huge.batches, small.batches);
         for _ in 0..2 {
-            let (x, y) = (a.next().unwrap(), b.next().unwrap());
+            let (x, y) = (a.next().unwrap().unwrap(), b.next().unwrap().unwrap());
             assert_eq!(x.len(), y.len());
             for (p, q) in x.iter().zip(&y) {
                 assert!(p.inputs[0].1.equal(&q.inputs[0].1));

@@ -19,6 +19,7 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use pipewright_core::rng::SplitMix64;
+use pipewright_core::DataOrder;
 use tch::{Kind, Tensor};
 
 pub use crate::build::InputSpec;
@@ -494,6 +495,8 @@ pub struct Batches<D> {
     /// The epoch `order` is the sample order of.
     order_epoch: Option<usize>,
     order: Vec<i64>,
+    /// The stored order rather than a shuffled one.
+    sequential: bool,
 }
 
 impl<D: std::ops::Deref<Target = Dataset>> Batches<D> {
@@ -514,7 +517,13 @@ impl<D: std::ops::Deref<Target = Dataset>> Batches<D> {
             Stop::Epochs(e) => e * per_epoch,
             Stop::Steps(s) => s,
         };
-        Ok(Batches { data, microbatch, m, seed, per_epoch, total, step: 0, order_epoch: None, order: Vec::new() })
+        Ok(Batches { data, microbatch, m, seed, per_epoch, total, step: 0, order_epoch: None, order: Vec::new(), sequential: false })
+    }
+
+    /// Visits the samples in `order`: shuffled per epoch (the default) or as stored.
+    pub fn in_order(mut self, order: DataOrder) -> Self {
+        self.sequential = order == DataOrder::Sequential;
+        self
     }
 
     /// Continues at batch `step` (a resumed run) without building the batches before it.
@@ -534,7 +543,7 @@ impl<D: std::ops::Deref<Target = Dataset>> Iterator for Batches<D> {
         let epoch = self.step / self.per_epoch;
         let within = self.step % self.per_epoch;
         if self.order_epoch != Some(epoch) {
-            self.order = permutation(self.data.samples, self.seed, epoch as u64);
+            self.order = if self.sequential { (0..self.data.samples as i64).collect() } else { permutation(self.data.samples, self.seed, epoch as u64) };
             self.order_epoch = Some(epoch);
         }
         self.step += 1;
@@ -655,9 +664,9 @@ impl Rng {
 
 const NPY_MAGIC: &[u8] = b"\x93NUMPY";
 
-/// Parses a `.npy` file: versions 1.0, 2.0 and 3.0, little-endian `<f4 <f8 <i8 <i4`, `|u1`,
-/// `|b1` (and `<u1`/`<b1`/`|i1`), C order.
-pub fn parse_npy(bytes: &[u8]) -> Result<RawArray> {
+/// A `.npy` file's header (versions 1.0, 2.0, 3.0; C order): its dtype string, its shape
+/// and where the data starts. `bytes` need only hold the header.
+pub(crate) fn parse_npy_header(bytes: &[u8]) -> Result<(String, Vec<u64>, usize)> {
     if bytes.len() < 10 || &bytes[..6] != NPY_MAGIC {
         bail!("not a .npy file (no \\x93NUMPY magic)");
     }
@@ -694,6 +703,13 @@ pub fn parse_npy(bytes: &[u8]) -> Result<RawArray> {
         Some(Value::Tuple(v)) => v.clone(),
         _ => bail!(".npy header has no `shape` tuple"),
     };
+    Ok((descr, shape, end))
+}
+
+/// Parses a `.npy` file: versions 1.0, 2.0 and 3.0, little-endian `<f4 <f8 <i8 <i4`, `|u1`,
+/// `|b1` (and `<u1`/`<b1`/`|i1`), C order.
+pub fn parse_npy(bytes: &[u8]) -> Result<RawArray> {
+    let (descr, shape, end) = parse_npy_header(bytes)?;
     let elem = match descr.as_str() {
         "<f4" => DType::F32,
         "<f8" => DType::F64,

@@ -31,5 +31,7 @@ pub mod exec;
 pub mod interp;
 #[cfg(feature = "torch")]
 pub mod pipeline;
+#[cfg(feature = "torch")]
+pub mod tokens;
 
 pub use device::{Device, DeviceError};

@@ -92,12 +92,12 @@ fn dataset(steps: usize, m: usize, nan_at: Option<usize>) -> Vec<Batch> {
         .collect()
 }
 
-fn feed(data: &[Batch]) -> Box<dyn Iterator<Item = Vec<Microbatch>> + Send> {
+fn feed(data: &[Batch]) -> BatchStream {
     let v: Vec<Vec<Microbatch>> = data
         .iter()
         .map(|b| b.iter().map(|(x, y)| Microbatch { inputs: vec![("x".into(), x.shallow_clone())], labels: Some(y.shallow_clone()) }).collect())
         .collect();
-    Box::new(v.into_iter())
+    Box::new(v.into_iter().map(Ok))
 }
 
 // ---- single-stage reference ----

@@ -69,6 +69,12 @@ pub struct Microbatch {
     pub labels: Option<Tensor>,
 }
 
+/// The batches a run trains on, made as training asks for them: each a batch's
+/// microbatches, or why the data could not give it (a token out of the vocabulary, a file
+/// changed under the run); the run stops with that message before the step's update, so
+/// no checkpoint sees a partial step.
+pub type BatchStream = Box<dyn Iterator<Item = Result<Vec<Microbatch>, String>> + Send>;
+
 /// [`TrainConfig::timeout`]'s default: ten minutes, far more than any step of a stage.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(600);
 
@@ -187,6 +193,8 @@ pub struct StepReport {
     /// The update was skipped in every stage: fp16 gradients overflowed somewhere, or
     /// (`--on-nonfinite skip`) a loss or gradient was not finite.
     pub skipped: bool,
+    /// The learning rate the step's update used (the schedule's, warm-up and decay in).
+    pub lr: f64,
 }
 
 #[derive(Debug)]
@@ -259,7 +267,7 @@ pub(crate) enum Event {
 pub fn train(
     stages: Vec<StageModule>,
     cfg: &TrainConfig,
-    data: Box<dyn Iterator<Item = Vec<Microbatch>> + Send>,
+    data: BatchStream,
     on_step: &mut dyn FnMut(StepReport),
 ) -> Result<TrainReport, PipelineError> {
     run_training(stages, cfg, None, data, on_step)
@@ -274,7 +282,7 @@ pub fn resume(
     stages: Vec<StageModule>,
     cfg: &TrainConfig,
     checkpoint: Checkpoint,
-    data: Box<dyn Iterator<Item = Vec<Microbatch>> + Send>,
+    data: BatchStream,
     on_step: &mut dyn FnMut(StepReport),
 ) -> Result<TrainReport, PipelineError> {
     run_training(stages, cfg, Some(checkpoint), data, on_step)
@@ -440,7 +448,7 @@ fn data_links(specs: &[stage::StageSpec], replicas: usize, cap: usize) -> DataLi
 /// data its graph inputs and labels.
 #[allow(clippy::too_many_arguments)]
 fn feed(
-    batches: impl Iterator<Item = Vec<Microbatch>>,
+    batches: impl Iterator<Item = Result<Vec<Microbatch>, String>>,
     first_step: usize,
     steps: usize,
     m: usize,
@@ -451,6 +459,13 @@ fn feed(
     let w = txs.len();
     let mut fed = first_step;
     for (t, batch) in (first_step..steps).zip(batches) {
+        let batch = match batch {
+            Ok(batch) => batch,
+            Err(e) => {
+                let _ = err.send(PipelineError::Data(e));
+                return;
+            }
+        };
         if batch.len() != m * w {
             let _ = err.send(PipelineError::Data(format!("batch {t} has {} microbatches, expected {}", batch.len(), m * w)));
             return;
@@ -487,7 +502,7 @@ fn run_training(
     stages: Vec<StageModule>,
     cfg: &TrainConfig,
     resume: Option<Checkpoint>,
-    data: Box<dyn Iterator<Item = Vec<Microbatch>> + Send>,
+    data: BatchStream,
     on_step: &mut dyn FnMut(StepReport),
 ) -> Result<TrainReport, PipelineError> {
     let mut stages = stages;
@@ -504,7 +519,7 @@ fn run_training(
     drop(stages);
     // m (per replica) comes from the first batch.
     let mut data = data;
-    let first = data.next().ok_or_else(|| PipelineError::Data("the data iterator is empty".into()))?;
+    let first = data.next().ok_or_else(|| PipelineError::Data("the data iterator is empty".into()))?.map_err(PipelineError::Data)?;
     if first.is_empty() || first.len() % w != 0 {
         return Err(PipelineError::Data(format!("batch {start} has {} microbatches, which {w} replica(s) cannot share evenly", first.len())));
     }
@@ -518,7 +533,7 @@ fn run_training(
     let steps = cfg.steps;
     let (err_tx, err_rx) = mpsc::channel::<PipelineError>();
     let feeder_err = err_tx.clone();
-    let feeder = std::thread::spawn(move || feed(std::iter::once(first).chain(data), start, steps, m, data_tx, input_names, feeder_err));
+    let feeder = std::thread::spawn(move || feed(std::iter::once(Ok(first)).chain(data), start, steps, m, data_tx, input_names, feeder_err));
     drop(err_tx);
 
     let (ev_tx, ev_rx) = mpsc::channel::<Event>();
@@ -634,7 +649,7 @@ pub fn run_worker(
     cfg: &TrainConfig,
     replica: usize,
     transport: Box<dyn Transport>,
-    data: Box<dyn Iterator<Item = Vec<Microbatch>> + Send>,
+    data: BatchStream,
     resume: Option<(u64, StageState)>,
     hooks: WorkerHooks<'_>,
 ) -> Result<TrainReport, PipelineError> {
@@ -655,7 +670,7 @@ pub fn run_worker(
     }
     let spec = stage::spec_alone(&module, &cfg.loss)?;
     let mut data = data;
-    let first = data.next().ok_or_else(|| PipelineError::Data("the data iterator is empty".into()))?;
+    let first = data.next().ok_or_else(|| PipelineError::Data("the data iterator is empty".into()))?.map_err(PipelineError::Data)?;
     if first.is_empty() || first.len() % w != 0 {
         return Err(PipelineError::Data(format!("batch {start} has {} microbatches, which {w} replica(s) cannot share evenly", first.len())));
     }
@@ -674,7 +689,7 @@ pub fn run_worker(
     input_names[k] = spec.graph_input_names.clone();
     let (err_tx, err_rx) = mpsc::channel::<PipelineError>();
     let steps = cfg.steps;
-    let feeder = std::thread::spawn(move || feed(std::iter::once(first).chain(data), start, steps, m, txs, input_names, err_tx));
+    let feeder = std::thread::spawn(move || feed(std::iter::once(Ok(first)).chain(data), start, steps, m, txs, input_names, err_tx));
     let (ev_tx, ev_rx) = mpsc::channel::<Event>();
     let mut placed = cfg.clone();
     placed.device = cfg.worker_device(k, replica);
@@ -806,6 +821,8 @@ struct EventSink<'a> {
     /// reported loss does not depend on which replica finished first), samples, skipped.
     pending_steps: std::collections::BTreeMap<usize, (Vec<Option<f64>>, usize, bool)>,
     pending_ckpt: std::collections::BTreeMap<u64, Vec<StageState>>,
+    /// The base rate and its schedule, for each step's report.
+    lr: (f64, LrSchedule),
     last: Instant,
     losses: Vec<f64>,
     written: Vec<PathBuf>,
@@ -824,6 +841,7 @@ impl<'a> EventSink<'a> {
             on_step,
             pending_steps: Default::default(),
             pending_ckpt: Default::default(),
+            lr: (cfg.lr, cfg.lr_schedule),
             last: Instant::now(),
             losses: Vec::new(),
             written: Vec::new(),
@@ -846,7 +864,8 @@ impl<'a> EventSink<'a> {
                     let now = Instant::now();
                     let loss = losses.iter().flatten().sum::<f64>() / self.w as f64;
                     self.losses.push(loss);
-                    (self.on_step)(StepReport { step, loss, samples, seconds: now.duration_since(self.last).as_secs_f64(), skipped });
+                    let lr = self.lr.1.at(self.lr.0, step);
+                    (self.on_step)(StepReport { step, loss, samples, seconds: now.duration_since(self.last).as_secs_f64(), skipped, lr });
                     self.last = now;
                 }
             }
