@@ -10,7 +10,7 @@ use pipewright_driver::inspect::InspectRequest;
 use pipewright_driver::plan::{CompileSpec, PlanSpec};
 use pipewright_driver::simulate::SimulateSpec;
 
-use crate::args::{ExportArgs, LaunchArgs, SynthArgs, TraceSvgArgs};
+use crate::args::{ExportArgs, LaunchArgs, MetricsSvgArgs, SynthArgs, TraceSvgArgs};
 
 /// Prints a command's output: the notes on standard error, the rest on standard output.
 fn show(printed: &Printed) {
@@ -101,6 +101,11 @@ pub fn trace_svg(args: &TraceSvgArgs) -> Result<()> {
         println!("{line}");
     }
     eprintln!("{}", drawn.summary);
+    Ok(())
+}
+
+pub fn metrics_svg(args: &MetricsSvgArgs) -> Result<()> {
+    eprintln!("{}", pipewright_driver::trace::draw_metrics(&args.metrics, &args.output)?);
     Ok(())
 }
 

@@ -13,7 +13,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use args::{ExportArgs, LaunchArgs, SynthArgs, TraceSvgArgs};
+use args::{ExportArgs, LaunchArgs, MetricsSvgArgs, SynthArgs, TraceSvgArgs};
 use pipewright_driver::inspect::InspectRequest;
 use pipewright_driver::plan::{CompileSpec, PlanSpec};
 use pipewright_driver::simulate::SimulateSpec;
@@ -48,6 +48,8 @@ enum Command {
     Export(ExportArgs),
     /// Draw a `train --trace` timeline as SVG (one row per stage) and print bubble fractions.
     TraceSvg(TraceSvgArgs),
+    /// Draw the loss curves (and learning rate) of one or more `train --metrics` files as SVG.
+    MetricsSvg(MetricsSvgArgs),
     /// Generate a synthetic ONNX model at a real size (GPT-2-shaped, or a long layered graph
     /// with skips) with random weights, to try the tool at scale without downloading one.
     Synth(SynthArgs),
@@ -151,6 +153,7 @@ fn main() -> ExitCode {
         Command::Compile(args) => commands::compile_command(&args),
         Command::Export(args) => commands::export(&args),
         Command::TraceSvg(args) => commands::trace_svg(&args),
+        Command::MetricsSvg(args) => commands::metrics_svg(&args),
         Command::Synth(args) => commands::synth(&args),
         Command::Launch(args) => commands::launch(&args),
         #[cfg(feature = "torch")]

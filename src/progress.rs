@@ -13,25 +13,8 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
+use pipewright_core::metrics::MetricsLine;
 use pipewright_driver::train::StepReport;
-use serde::Serialize;
-
-/// One line of `--metrics`.
-#[derive(Serialize)]
-struct MetricsLine {
-    step: usize,
-    loss: f64,
-    samples: usize,
-    seconds: f64,
-    samples_per_s: f64,
-    /// Present (true) only on an fp16 step skipped for overflowing gradients.
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    skipped: bool,
-    /// On the first line only: the settings a resume with `--force` let differ from the
-    /// checkpoint's.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    forced: Vec<String>,
-}
 
 /// `1234 samples/s`, or `12.3 s/step` when a step takes longer than a second per sample
 /// (`0 samples/s` says nothing).
@@ -98,7 +81,7 @@ impl Progress {
         }
         if let Some(f) = self.metrics.as_mut() {
             let forced = std::mem::take(&mut self.forced);
-            let line = MetricsLine { step: r.step + 1, loss: r.loss, samples: r.samples, seconds: r.seconds, samples_per_s: rate, skipped: r.skipped, forced };
+            let line = MetricsLine { step: r.step + 1, loss: r.loss, samples: r.samples, seconds: r.seconds, samples_per_s: rate, lr: Some(r.lr), skipped: r.skipped, forced };
             if let Ok(text) = serde_json::to_string(&line) {
                 let _ = writeln!(f, "{text}");
             }

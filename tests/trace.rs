@@ -242,3 +242,49 @@ fn svg_of_a_200_step_run_shows_a_window_with_microbatch_labels() {
     let out = pw(["trace-svg", trace.to_str().unwrap(), "-o", svg_path.to_str().unwrap(), "--steps", "9..3"]);
     fails(&out, &["9..3", "empty"]);
 }
+
+/// `metrics-svg` draws two runs' losses (raw and smoothed) and their learning rates (a
+/// warm-up then a cosine decay, as the runs used) as well-formed SVG with one series of
+/// each kind per run, every step a point; a file that is not metrics is refused by name.
+#[test]
+fn metrics_svg_draws_every_run_loss_and_learning_rate() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    compile(dir.path(), "2bw", "none");
+    let data = root().join("examples/digits/digits.npz");
+    let runs = [("adam", "0.003"), ("sgd", "0.1")];
+    let mut files = Vec::new();
+    for (opt, lr) in runs {
+        let metrics = dir.path().join(format!("{opt}.jsonl"));
+        let b = dir.path().to_str().unwrap();
+        let d = data.to_str().unwrap();
+        let m = metrics.to_str().unwrap();
+        pw_ok(["train", b, "--data", d, "--label", "label", "--output", "linear_3", "--steps", "40", "--microbatch", "16", "--microbatches", "4"]
+            .into_iter()
+            .chain(["--optimizer", opt, "--lr", lr, "--warmup", "5", "--decay", "cosine", "--metrics", m, "--no-progress"]));
+        files.push(metrics);
+    }
+    let svg = dir.path().join("curves.svg");
+    let out = pw(["metrics-svg", files[0].to_str().unwrap(), files[1].to_str().unwrap(), "-o", svg.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = std::fs::read_to_string(&svg).expect("svg written");
+    let doc = roxmltree::Document::parse(&text).expect("well-formed SVG");
+    let series: Vec<(String, String, usize)> = doc
+        .descendants()
+        .filter(|n| n.has_tag_name("polyline"))
+        .map(|n| (n.attribute("data-run").unwrap_or("").to_string(), n.attribute("data-series").unwrap_or("").to_string(), n.attribute("points").unwrap_or("").split_whitespace().count()))
+        .collect();
+    for (opt, _) in runs {
+        for kind in ["loss", "smoothed", "lr"] {
+            assert!(series.contains(&(opt.to_string(), kind.to_string(), 40)), "{opt} {kind} with 40 points: {series:?}");
+        }
+    }
+    // The rates: the warm-up's first step is a fifth of the base rate, the last step's
+    // is near zero (cosine to 0).
+    let lines: Vec<Value> = std::fs::read_to_string(&files[0]).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert!((lines[0]["lr"].as_f64().unwrap() - 0.0006).abs() < 1e-12, "{}", lines[0]);
+    assert!(lines[39]["lr"].as_f64().unwrap() < 1e-4, "{}", lines[39]);
+    let bad = dir.path().join("notes.txt");
+    std::fs::write(&bad, "hello\n").unwrap();
+    let out = pw(["metrics-svg", bad.to_str().unwrap(), "-o", svg.to_str().unwrap()]);
+    assert_clean_error(&out, &bad, &["line 1: not a metrics line of `train --metrics`"]);
+}

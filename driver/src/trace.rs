@@ -1,9 +1,11 @@
 //! `pipewright trace-svg`: a training trace drawn as an SVG timeline, with the bubble
-//! fraction of every stage.
+//! fraction of every stage; and `pipewright metrics-svg`: the loss curves of one or more
+//! `train --metrics` files.
 
 use std::path::Path;
 
 use pipewright_core::fs::write_atomic;
+use pipewright_core::metrics::{curves_svg, read_metrics, Run};
 use pipewright_core::timeline::{bubbles, events_in, read_chrome_trace, timeline_svg_with, window_of, StepWindow, SvgOptions};
 
 use crate::DriverError;
@@ -37,6 +39,28 @@ pub fn draw_trace(trace: &Path, output: &Path, width: u32, steps: Option<StepWin
         .map(|(k, b)| format!("stage {k}: bubble fraction {:.4} (busy {:.3} ms of {:.3} ms)", b.fraction, b.busy_us / 1000.0, b.span_us / 1000.0))
         .collect();
     Ok(Drawn { bubbles, summary: format!("wrote {} ({} of {} events: {what})", output.display(), shown.len(), events.len()) })
+}
+
+/// Draws the loss curves of `files` (each from `train --metrics`; labelled by file name)
+/// and their learning rates into `output`; returns what it wrote.
+pub fn draw_metrics(files: &[std::path::PathBuf], output: &Path) -> Result<String, DriverError> {
+    if files.is_empty() {
+        return Err(DriverError::msg("metrics-svg: give at least one metrics file (from train --metrics)"));
+    }
+    let mut read = Vec::with_capacity(files.len());
+    for f in files {
+        let text = std::fs::read_to_string(f).map_err(|source| DriverError::Read { path: f.clone(), source })?;
+        let lines = read_metrics(&text).map_err(|e| DriverError::msg(format!("{}: {e}", f.display())))?;
+        if lines.is_empty() {
+            return Err(DriverError::msg(format!("{}: no steps (an empty metrics file)", f.display())));
+        }
+        let label = f.file_stem().map_or_else(|| f.display().to_string(), |s| s.to_string_lossy().into_owned());
+        read.push((label, lines));
+    }
+    let runs: Vec<Run<'_>> = read.iter().map(|(label, lines)| Run { label, lines }).collect();
+    write_atomic(output, curves_svg(&runs).as_bytes())?;
+    let steps: usize = read.iter().map(|(_, l)| l.len()).sum();
+    Ok(format!("wrote {} ({} run(s), {steps} steps)", output.display(), read.len()))
 }
 
 #[cfg(test)]
