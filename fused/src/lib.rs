@@ -28,16 +28,7 @@ extern "C" {
         eps: f64,
         decoupled: c_int,
     ) -> *mut c_char;
-    fn pw_fused_sgd(
-        params: *const *mut C_tensor,
-        grads: *const *mut C_tensor,
-        buffers: *const *mut C_tensor,
-        n: i64,
-        lr: f64,
-        momentum: f64,
-        weight_decay: f64,
-        first_step: c_int,
-    ) -> *mut c_char;
+    fn pw_fused_sgd(params: *const *mut C_tensor, grads: *const *mut C_tensor, buffers: *const *mut C_tensor, n: i64, lr: f64, momentum: f64, weight_decay: f64, first_step: c_int) -> *mut c_char;
 }
 
 /// Adam's hyperparameters for one step. `decoupled`: AdamW (`w -= lr*wd*w`) rather than
@@ -68,33 +59,15 @@ pub fn copy_all(ts: &[Tensor]) -> Result<Vec<Tensor>, TchError> {
     // new tensor whose ownership passes to us.
     check(unsafe { pw_foreach_copy(src.as_ptr(), ts.len() as i64, out.as_mut_ptr()) })?;
     // SAFETY: each pointer is a fresh `at::Tensor*` owned by nobody else.
-    Ok(out
-        .into_iter()
-        .map(|p| unsafe { Tensor::from_ptr(p) })
-        .collect())
+    Ok(out.into_iter().map(|p| unsafe { Tensor::from_ptr(p) }).collect())
 }
 
 /// One Adam/AdamW step in place on `params` and the moments `exp_avgs`, `exp_avg_sqs`
 /// (zeros before the first step). `step` is a 0-d float tensor on the tensors' device
 /// holding this step's number, counted from 1 (it sets the bias corrections).
-pub fn adam_(
-    params: &mut [Tensor],
-    grads: &[Tensor],
-    exp_avgs: &mut [Tensor],
-    exp_avg_sqs: &mut [Tensor],
-    step: &Tensor,
-    hp: Adam,
-) -> Result<(), TchError> {
-    same_lengths(
-        params.len(),
-        &[grads.len(), exp_avgs.len(), exp_avg_sqs.len()],
-    )?;
-    let (p, g, m, v) = (
-        pointers(params),
-        pointers(grads),
-        pointers(exp_avgs),
-        pointers(exp_avg_sqs),
-    );
+pub fn adam_(params: &mut [Tensor], grads: &[Tensor], exp_avgs: &mut [Tensor], exp_avg_sqs: &mut [Tensor], step: &Tensor, hp: Adam) -> Result<(), TchError> {
+    same_lengths(params.len(), &[grads.len(), exp_avgs.len(), exp_avg_sqs.len()])?;
+    let (p, g, m, v) = (pointers(params), pointers(grads), pointers(exp_avgs), pointers(exp_avg_sqs));
     // SAFETY: all lists hold `params.len()` live tensors; the shim only borrows them.
     check(unsafe {
         pw_fused_adam(
@@ -117,33 +90,12 @@ pub fn adam_(
 /// One SGD step in place on `params` and, with momentum, on `buffers` (one per weight;
 /// with `first_step` they are overwritten with the decayed gradient, as PyTorch starts
 /// its momentum). Without momentum `buffers` is ignored and may be empty.
-pub fn sgd_(
-    params: &mut [Tensor],
-    grads: &[Tensor],
-    buffers: &mut [Tensor],
-    hp: Sgd,
-    first_step: bool,
-) -> Result<(), TchError> {
-    let wanted = if hp.momentum != 0.0 {
-        vec![grads.len(), buffers.len()]
-    } else {
-        vec![grads.len()]
-    };
+pub fn sgd_(params: &mut [Tensor], grads: &[Tensor], buffers: &mut [Tensor], hp: Sgd, first_step: bool) -> Result<(), TchError> {
+    let wanted = if hp.momentum != 0.0 { vec![grads.len(), buffers.len()] } else { vec![grads.len()] };
     same_lengths(params.len(), &wanted)?;
     let (p, g, b) = (pointers(params), pointers(grads), pointers(buffers));
     // SAFETY: as in `adam_`; `b` is read only with momentum, when it has the length.
-    check(unsafe {
-        pw_fused_sgd(
-            p.as_ptr(),
-            g.as_ptr(),
-            b.as_ptr(),
-            params.len() as i64,
-            hp.lr,
-            hp.momentum,
-            hp.weight_decay,
-            c_int::from(first_step),
-        )
-    })
+    check(unsafe { pw_fused_sgd(p.as_ptr(), g.as_ptr(), b.as_ptr(), params.len() as i64, hp.lr, hp.momentum, hp.weight_decay, c_int::from(first_step)) })
 }
 
 fn pointers(ts: &[Tensor]) -> Vec<*mut C_tensor> {
@@ -152,9 +104,7 @@ fn pointers(ts: &[Tensor]) -> Vec<*mut C_tensor> {
 
 fn same_lengths(n: usize, others: &[usize]) -> Result<(), TchError> {
     match others.iter().find(|&&k| k != n) {
-        Some(k) => Err(TchError::Torch(format!(
-            "fused optimizer step: {n} weights but a list of {k}"
-        ))),
+        Some(k) => Err(TchError::Torch(format!("fused optimizer step: {n} weights but a list of {k}"))),
         None => Ok(()),
     }
 }
@@ -165,9 +115,7 @@ fn check(err: *mut c_char) -> Result<(), TchError> {
         return Ok(());
     }
     // SAFETY: a non-null result is a NUL-terminated string from `malloc`.
-    let msg = unsafe { CStr::from_ptr(err) }
-        .to_string_lossy()
-        .into_owned();
+    let msg = unsafe { CStr::from_ptr(err) }.to_string_lossy().into_owned();
     unsafe { libc::free(err.cast()) };
     Err(TchError::Torch(msg))
 }

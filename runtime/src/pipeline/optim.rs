@@ -88,25 +88,14 @@ pub(crate) struct OptState {
 
 impl OptState {
     pub(crate) fn new(opt: OptimizerConfig, n: usize) -> Self {
-        OptState {
-            opt,
-            t: 0,
-            m: (0..n).map(|_| None).collect(),
-            v: (0..n).map(|_| None).collect(),
-            step_on: Vec::new(),
-        }
+        OptState { opt, t: 0, m: (0..n).map(|_| None).collect(), v: (0..n).map(|_| None).collect(), step_on: Vec::new() }
     }
 
     /// New weights from `w` (the newest version) and gradient `g`, at rate `lr`. The
     /// weights are never changed in place (under 2BW the older version is still in use):
     /// they are copied, and libtorch's fused kernels update the copies and the optimizer's
     /// own state in place, one multi-tensor call per device and type.
-    pub(crate) fn step(
-        &mut self,
-        w: &[Tensor],
-        g: &[Tensor],
-        lr: f64,
-    ) -> Result<Vec<Tensor>, TchError> {
+    pub(crate) fn step(&mut self, w: &[Tensor], g: &[Tensor], lr: f64) -> Result<Vec<Tensor>, TchError> {
         tch::no_grad(|| {
             self.t += 1;
             let mut new = fused::copy_all(w)?;
@@ -118,59 +107,22 @@ impl OptState {
     }
 
     /// The fused update of the weights `idx` (one device and type) of `new`.
-    fn update_group(
-        &mut self,
-        idx: &[usize],
-        new: &mut [Tensor],
-        g: &[Tensor],
-        lr: f64,
-    ) -> Result<(), TchError> {
-        let OptimizerConfig {
-            kind,
-            momentum,
-            beta1,
-            beta2,
-            eps,
-            weight_decay,
-        } = self.opt;
+    fn update_group(&mut self, idx: &[usize], new: &mut [Tensor], g: &[Tensor], lr: f64) -> Result<(), TchError> {
+        let OptimizerConfig { kind, momentum, beta1, beta2, eps, weight_decay } = self.opt;
         let mut params: Vec<Tensor> = idx.iter().map(|&i| new[i].shallow_clone()).collect();
-        let grads = idx
-            .iter()
-            .map(|&i| g[i].f_contiguous())
-            .collect::<Result<Vec<_>, _>>()?;
+        let grads = idx.iter().map(|&i| g[i].f_contiguous()).collect::<Result<Vec<_>, _>>()?;
         match kind {
             Optimizer::Sgd => {
                 // Zero buffers updated give the decayed gradient too; the flag only saves the work.
                 let first_step = idx.iter().all(|&i| self.m[i].is_none());
-                let mut buffers = if momentum != 0.0 {
-                    state_of(&mut self.m, idx, &params)?
-                } else {
-                    Vec::new()
-                };
-                fused::sgd_(
-                    &mut params,
-                    &grads,
-                    &mut buffers,
-                    fused::Sgd {
-                        lr,
-                        momentum,
-                        weight_decay,
-                    },
-                    first_step,
-                )
+                let mut buffers = if momentum != 0.0 { state_of(&mut self.m, idx, &params)? } else { Vec::new() };
+                fused::sgd_(&mut params, &grads, &mut buffers, fused::Sgd { lr, momentum, weight_decay }, first_step)
             }
             Optimizer::Adam | Optimizer::AdamW => {
                 let mut m = state_of(&mut self.m, idx, &params)?;
                 let mut v = state_of(&mut self.v, idx, &params)?;
                 let step = self.step_tensor(params[0].device())?;
-                let hp = fused::Adam {
-                    lr,
-                    beta1,
-                    beta2,
-                    eps,
-                    weight_decay,
-                    decoupled: kind == Optimizer::AdamW,
-                };
+                let hp = fused::Adam { lr, beta1, beta2, eps, weight_decay, decoupled: kind == Optimizer::AdamW };
                 fused::adam_(&mut params, &grads, &mut m, &mut v, &step, hp)
             }
         }
@@ -189,9 +141,7 @@ impl OptState {
                 return Ok(s.shallow_clone());
             }
         }
-        let s = Tensor::f_from_slice(&[t as f32])?
-            .f_reshape([])?
-            .f_to_device(device)?;
+        let s = Tensor::f_from_slice(&[t as f32])?.f_reshape([])?.f_to_device(device)?;
         self.step_on.retain(|(d, ..)| *d != device);
         self.step_on.push((device, s.shallow_clone(), t));
         Ok(s)
@@ -218,11 +168,7 @@ fn groups(ts: &[Tensor]) -> Vec<Vec<usize>> {
 
 /// The state tensors `idx` of `slots` (zeros like the weights where there are none yet),
 /// as handles that update the stored state in place.
-fn state_of(
-    slots: &mut [Option<Tensor>],
-    idx: &[usize],
-    like: &[Tensor],
-) -> Result<Vec<Tensor>, TchError> {
+fn state_of(slots: &mut [Option<Tensor>], idx: &[usize], like: &[Tensor]) -> Result<Vec<Tensor>, TchError> {
     idx.iter()
         .zip(like)
         .map(|(&i, w)| match &slots[i] {
@@ -320,14 +266,7 @@ impl OptState {
     }
 
     /// Restores what [`OptState::export`] gave, checking names and shapes against `w`.
-    pub(crate) fn restore(
-        &mut self,
-        steps: i32,
-        names: &[String],
-        w: &[Tensor],
-        m: &[(String, Tensor)],
-        v: &[(String, Tensor)],
-    ) -> Result<(), String> {
+    pub(crate) fn restore(&mut self, steps: i32, names: &[String], w: &[Tensor], m: &[(String, Tensor)], v: &[(String, Tensor)]) -> Result<(), String> {
         self.t = steps;
         self.step_on.clear();
         for (list, slots, what) in [(m, &mut self.m, "opt.m"), (v, &mut self.v, "opt.v")] {
@@ -354,20 +293,8 @@ mod tests {
 
     /// The update rules written out per weight with plain tensor ops in double precision
     /// (the per-weight loop the fused kernels replaced), for `steps` steps.
-    fn reference(
-        opt: OptimizerConfig,
-        w: &[Tensor],
-        grads: &[Vec<Tensor>],
-        lr: f64,
-    ) -> Vec<Tensor> {
-        let OptimizerConfig {
-            kind,
-            momentum,
-            beta1,
-            beta2,
-            eps,
-            weight_decay: wd,
-        } = opt;
+    fn reference(opt: OptimizerConfig, w: &[Tensor], grads: &[Vec<Tensor>], lr: f64) -> Vec<Tensor> {
+        let OptimizerConfig { kind, momentum, beta1, beta2, eps, weight_decay: wd } = opt;
         let mut w: Vec<Tensor> = w.iter().map(|x| x.to_kind(Kind::Double)).collect();
         let mut m: Vec<Option<Tensor>> = w.iter().map(|_| None).collect();
         let mut v: Vec<Option<Tensor>> = w.iter().map(|_| None).collect();
@@ -388,22 +315,13 @@ mod tests {
                     Optimizer::Adam | Optimizer::AdamW => {
                         let decoupled = kind == Optimizer::AdamW;
                         let g = if decoupled { g } else { &g + &w[i] * wd };
-                        let mi = m[i]
-                            .take()
-                            .map_or_else(|| &g * (1.0 - beta1), |m| m * beta1 + &g * (1.0 - beta1));
-                        let vi = v[i].take().map_or_else(
-                            || &g * &g * (1.0 - beta2),
-                            |v| v * beta2 + &g * &g * (1.0 - beta2),
-                        );
+                        let mi = m[i].take().map_or_else(|| &g * (1.0 - beta1), |m| m * beta1 + &g * (1.0 - beta1));
+                        let vi = v[i].take().map_or_else(|| &g * &g * (1.0 - beta2), |v| v * beta2 + &g * &g * (1.0 - beta2));
                         let (bc1, bc2) = (1.0 - beta1.powi(t), 1.0 - beta2.powi(t));
                         let upd = &mi / ((&vi / bc2).sqrt() + eps);
                         m[i] = Some(mi);
                         v[i] = Some(vi);
-                        let base = if decoupled {
-                            &w[i] * (1.0 - lr * wd)
-                        } else {
-                            w[i].shallow_clone()
-                        };
+                        let base = if decoupled { &w[i] * (1.0 - lr * wd) } else { w[i].shallow_clone() };
                         base - upd * (lr / bc1)
                     }
                 };
@@ -429,33 +347,12 @@ mod tests {
     #[test]
     fn fused_steps_follow_the_per_weight_rules_within_rounding() {
         tch::manual_seed(7);
-        let w0 = vec![
-            Tensor::randn([64, 32], (Kind::Float, Device::Cpu)),
-            Tensor::randn([17], (Kind::Float, Device::Cpu)),
-            Tensor::randn([3, 5, 7], (Kind::Double, Device::Cpu)),
-        ];
-        let grads: Vec<Vec<Tensor>> = (0..50)
-            .map(|_| w0.iter().map(|w| w.randn_like() * 0.1).collect())
-            .collect();
-        let sgd = OptimizerConfig {
-            momentum: 0.9,
-            weight_decay: 1e-2,
-            ..OptimizerConfig::sgd()
-        };
-        let adam = OptimizerConfig {
-            weight_decay: 1e-2,
-            ..OptimizerConfig::adam()
-        };
-        let adamw = OptimizerConfig {
-            kind: Optimizer::AdamW,
-            ..adam
-        };
-        for (opt, lr) in [
-            (OptimizerConfig::sgd(), 0.05),
-            (sgd, 0.05),
-            (adam, 1e-2),
-            (adamw, 1e-2),
-        ] {
+        let w0 = vec![Tensor::randn([64, 32], (Kind::Float, Device::Cpu)), Tensor::randn([17], (Kind::Float, Device::Cpu)), Tensor::randn([3, 5, 7], (Kind::Double, Device::Cpu))];
+        let grads: Vec<Vec<Tensor>> = (0..50).map(|_| w0.iter().map(|w| w.randn_like() * 0.1).collect()).collect();
+        let sgd = OptimizerConfig { momentum: 0.9, weight_decay: 1e-2, ..OptimizerConfig::sgd() };
+        let adam = OptimizerConfig { weight_decay: 1e-2, ..OptimizerConfig::adam() };
+        let adamw = OptimizerConfig { kind: Optimizer::AdamW, ..adam };
+        for (opt, lr) in [(OptimizerConfig::sgd(), 0.05), (sgd, 0.05), (adam, 1e-2), (adamw, 1e-2)] {
             let mut state = OptState::new(opt, w0.len());
             let before: Vec<Tensor> = w0.iter().map(Tensor::copy).collect();
             let mut w: Vec<Tensor> = w0.iter().map(Tensor::shallow_clone).collect();
@@ -463,19 +360,9 @@ mod tests {
                 w = state.step(&w, g, lr).expect("a fused step");
             }
             let gap = largest_relative_gap(&reference(opt, &w0, &grads, lr), &w);
-            assert!(
-                gap < 1e-5,
-                "{opt:?}: largest relative gap to the per-weight rules {gap:e}"
-            );
-            assert!(
-                w[2].kind() == Kind::Double && w[0].kind() == Kind::Float,
-                "types kept"
-            );
-            assert_eq!(
-                largest_relative_gap(&before, &w0),
-                0.0,
-                "{opt:?} changed the weights it was given"
-            );
+            assert!(gap < 1e-5, "{opt:?}: largest relative gap to the per-weight rules {gap:e}");
+            assert!(w[2].kind() == Kind::Double && w[0].kind() == Kind::Float, "types kept");
+            assert_eq!(largest_relative_gap(&before, &w0), 0.0, "{opt:?} changed the weights it was given");
         }
     }
 
@@ -485,38 +372,17 @@ mod tests {
     fn restored_state_continues_bit_identically() {
         tch::manual_seed(3);
         let names = vec!["a".to_string(), "b".to_string()];
-        let w0 = vec![
-            Tensor::randn([8, 4], (Kind::Float, Device::Cpu)),
-            Tensor::randn([5], (Kind::Float, Device::Cpu)),
-        ];
-        let grads: Vec<Vec<Tensor>> = (0..6)
-            .map(|_| w0.iter().map(|w| w.randn_like()).collect())
-            .collect();
-        let opt = OptimizerConfig {
-            weight_decay: 1e-2,
-            ..OptimizerConfig::adam()
-        };
-        let run = |state: &mut OptState, w: Vec<Tensor>, gs: &[Vec<Tensor>]| {
-            gs.iter()
-                .fold(w, |w, g| state.step(&w, g, 1e-2).expect("a fused step"))
-        };
+        let w0 = vec![Tensor::randn([8, 4], (Kind::Float, Device::Cpu)), Tensor::randn([5], (Kind::Float, Device::Cpu))];
+        let grads: Vec<Vec<Tensor>> = (0..6).map(|_| w0.iter().map(|w| w.randn_like()).collect()).collect();
+        let opt = OptimizerConfig { weight_decay: 1e-2, ..OptimizerConfig::adam() };
+        let run = |state: &mut OptState, w: Vec<Tensor>, gs: &[Vec<Tensor>]| gs.iter().fold(w, |w, g| state.step(&w, g, 1e-2).expect("a fused step"));
         let mut straight = OptState::new(opt, 2);
-        let whole = run(
-            &mut straight,
-            w0.iter().map(Tensor::shallow_clone).collect(),
-            &grads,
-        );
+        let whole = run(&mut straight, w0.iter().map(Tensor::shallow_clone).collect(), &grads);
         let mut first = OptState::new(opt, 2);
-        let half = run(
-            &mut first,
-            w0.iter().map(Tensor::shallow_clone).collect(),
-            &grads[..3],
-        );
+        let half = run(&mut first, w0.iter().map(Tensor::shallow_clone).collect(), &grads[..3]);
         let (steps, m, v) = first.export(&names);
         let mut resumed = OptState::new(opt, 2);
-        resumed
-            .restore(steps, &names, &half, &m, &v)
-            .expect("restore");
+        resumed.restore(steps, &names, &half, &m, &v).expect("restore");
         let rest = run(&mut resumed, half, &grads[3..]);
         assert_eq!(largest_relative_gap(&whole, &rest), 0.0);
     }
@@ -524,21 +390,7 @@ mod tests {
     #[test]
     fn lists_of_different_lengths_are_refused_with_a_message() {
         let w = vec![Tensor::zeros([2], (Kind::Float, Device::Cpu))];
-        let err = fused::sgd_(
-            &mut w.iter().map(Tensor::shallow_clone).collect::<Vec<_>>(),
-            &[],
-            &mut [],
-            fused::Sgd {
-                lr: 0.1,
-                momentum: 0.0,
-                weight_decay: 0.0,
-            },
-            true,
-        )
-        .expect_err("no gradients");
-        assert!(
-            err.to_string().contains("1 weights but a list of 0"),
-            "{err}"
-        );
+        let err = fused::sgd_(&mut w.iter().map(Tensor::shallow_clone).collect::<Vec<_>>(), &[], &mut [], fused::Sgd { lr: 0.1, momentum: 0.0, weight_decay: 0.0 }, true).expect_err("no gradients");
+        assert!(err.to_string().contains("1 weights but a list of 0"), "{err}");
     }
 }
