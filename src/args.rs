@@ -155,6 +155,17 @@ pub struct TrainArgs {
     /// The order samples (or token windows) are visited in each epoch.
     #[arg(long, value_enum, default_value_t = DataOrder::Shuffle)]
     pub data_order: DataOrder,
+    /// A held-out set (the formats of --data) to evaluate during training: forward only,
+    /// no update, nothing of training changed; loss, accuracy (cross-entropy) or
+    /// perplexity (a token stream) after the last step and every --eval-every steps.
+    #[arg(long, value_name = "DATA")]
+    pub eval_data: Option<PathBuf>,
+    /// Evaluate after every N steps as well as after the last.
+    #[arg(long, value_name = "N")]
+    pub eval_every: Option<usize>,
+    /// Microbatches of --eval-data each evaluation runs (default: the whole set, in order).
+    #[arg(long, value_name = "K")]
+    pub eval_batches: Option<usize>,
     /// The element type training computes in; master weights and optimizer state stay fp32.
     #[arg(long, value_enum, default_value_t = Precision::Fp32)]
     pub precision: Precision,
@@ -263,6 +274,9 @@ mod requests {
                 max_inflated: self.max_data_size,
                 tokens: self.tokens,
                 data_order: self.data_order,
+                eval_data: self.eval_data.clone(),
+                eval_every: self.eval_every,
+                eval_batches: self.eval_batches,
                 on_nonfinite: self.on_nonfinite,
                 max_skips: self.max_skips,
                 precision: self.precision,

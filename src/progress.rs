@@ -39,6 +39,8 @@ pub struct Progress {
     last: Option<String>,
     /// What `--force` let differ on resume, for the first metrics line.
     forced: Vec<String>,
+    /// Evaluations report perplexity (the data is a token stream).
+    language_model: bool,
 }
 
 impl Progress {
@@ -54,7 +56,13 @@ impl Progress {
             bar.set_position(first_step as u64);
             bar
         });
-        Ok(Progress { bar, metrics, started: Instant::now(), first_step, steps, log_every: log_every.max(1), last: None, forced: Vec::new() })
+        Ok(Progress { bar, metrics, started: Instant::now(), first_step, steps, log_every: log_every.max(1), last: None, forced: Vec::new(), language_model: false })
+    }
+
+    /// Evaluations of a language model also report perplexity.
+    pub fn language_model(mut self, yes: bool) -> Self {
+        self.language_model = yes;
+        self
     }
 
     /// Records in the metrics what a resume with `--force` let differ.
@@ -81,7 +89,20 @@ impl Progress {
         }
         if let Some(f) = self.metrics.as_mut() {
             let forced = std::mem::take(&mut self.forced);
-            let line = MetricsLine { step: r.step + 1, loss: r.loss, samples: r.samples, seconds: r.seconds, samples_per_s: rate, lr: Some(r.lr), skipped: r.skipped, forced };
+            let eval = r.eval.as_ref();
+            let line = MetricsLine {
+                step: r.step + 1,
+                loss: r.loss,
+                samples: r.samples,
+                seconds: r.seconds,
+                samples_per_s: rate,
+                lr: Some(r.lr),
+                eval_loss: eval.map(|e| e.loss),
+                eval_accuracy: eval.and_then(|e| e.accuracy),
+                eval_perplexity: eval.filter(|_| self.language_model).map(|e| e.loss.exp()),
+                skipped: r.skipped,
+                forced,
+            };
             if let Ok(text) = serde_json::to_string(&line) {
                 let _ = writeln!(f, "{text}");
             }

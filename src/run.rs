@@ -10,7 +10,7 @@ use pipewright_driver::conformance::{report, run_all, totals};
 use pipewright_driver::export::{save_weights, WEIGHTS_FILE};
 use pipewright_driver::forward::{bench_step_command, run_forward_command};
 use pipewright_driver::profile::{notes, profile_json, Progress as ProfileProgress};
-use pipewright_driver::train::{host_reads_line, loss_range, peak_memory_line, memory_peaks, save_trace, stopped_job_lines, stopped_lines, MpiJob, Session, StepReport, StopGate, WorkerSession};
+use pipewright_driver::train::{eval_line, host_reads_line, loss_range, peak_memory_line, memory_peaks, save_trace, stopped_job_lines, stopped_lines, MpiJob, Session, StepReport, StopGate, WorkerSession};
 
 use crate::args::{BenchStepArgs, ConformanceArgs, ProfileArgs, RunForwardArgs, TrainArgs, WorkerArgs};
 use crate::progress::Progress;
@@ -49,10 +49,17 @@ pub fn train(args: &TrainArgs) -> Result<()> {
     let session_start = session.start;
     let weights = args.build.join(WEIGHTS_FILE);
     let replacing = weights.is_file();
-    let mut progress = progress(args, session.start)?.forced(session.forced.clone());
+    let language_model = session.language_model;
+    let mut progress = progress(args, session.start)?.forced(session.forced.clone()).language_model(language_model);
     let mut skipped = 0;
+    let mut last_eval = None;
     let report = session.run(&mut |r: StepReport| {
         progress.step(&r);
+        if let Some(e) = &r.eval {
+            let line = eval_line(r.step + 1, e, language_model);
+            progress.println(&line);
+            last_eval = Some(line);
+        }
         if r.skipped {
             skipped += 1;
             // Above the bar on a terminal, so it never runs into it.
@@ -78,6 +85,9 @@ pub fn train(args: &TrainArgs) -> Result<()> {
     );
     println!("peak live tensor bytes per stage: {}", memory_peaks(&report).join(", "));
     println!("{}", host_reads_line(&report));
+    if let Some(line) = last_eval {
+        println!("{line}");
+    }
     if let Some(line) = peak_memory_line() {
         println!("{line}");
     }

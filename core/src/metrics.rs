@@ -5,7 +5,8 @@
 //! The drawing is for reading at a glance: each run's raw losses faint, a moving average
 //! over them bold in the same colour, one legend entry per run, axes with round ticks, and
 //! the learning-rate panel sharing the step axis. Every series is a `<polyline>` with a
-//! `data-series` attribute (`loss`, `smoothed`, `lr`) and `data-run` (the run's label), so
+//! `data-series` attribute (`loss`, `smoothed`, `eval` (dashed, a dot per evaluation), `lr`)
+//! and `data-run` (the run's label), so
 //! tests and scripts can find them.
 
 use std::fmt::Write as _;
@@ -24,6 +25,15 @@ pub struct MetricsLine {
     /// The learning rate the step used (absent in files of older versions).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lr: Option<f64>,
+    /// The held-out set's loss after this step, when the run evaluated (`--eval-data`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval_loss: Option<f64>,
+    /// Its accuracy (cross-entropy).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval_accuracy: Option<f64>,
+    /// Its perplexity (a language model: the exponential of the loss).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval_perplexity: Option<f64>,
     /// Present (true) only on a step whose update was skipped.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub skipped: bool,
@@ -62,7 +72,7 @@ pub fn curves_svg(runs: &[Run<'_>]) -> String {
     let finite = |v: f64| v.is_finite();
     let steps = runs.iter().flat_map(|r| r.lines.iter().map(|l| l.step as f64));
     let (s0, s1) = bounds(steps).unwrap_or((0.0, 1.0));
-    let (l0, l1) = bounds(runs.iter().flat_map(|r| r.lines.iter().map(|l| l.loss).filter(|&v| finite(v)))).unwrap_or((0.0, 1.0));
+    let (l0, l1) = bounds(runs.iter().flat_map(|r| r.lines.iter().flat_map(|l| [Some(l.loss), l.eval_loss]).flatten().filter(|&v| finite(v)))).unwrap_or((0.0, 1.0));
     let lrs: Vec<f64> = runs.iter().flat_map(|r| r.lines.iter().filter_map(|l| l.lr)).collect();
     let lr_panel = !lrs.is_empty();
     let height = LOSS_TOP + LOSS_H + if lr_panel { LR_GAP + LR_H } else { 0.0 } + 50.0;
@@ -79,6 +89,10 @@ pub fn curves_svg(runs: &[Run<'_>]) -> String {
         let raw: Vec<(f64, f64)> = run.lines.iter().filter(|l| finite(l.loss)).map(|l| (l.step as f64, l.loss)).collect();
         polyline(&mut s, "loss", run.label, &raw, &x, &y, colour, 1.0, 0.35);
         polyline(&mut s, "smoothed", run.label, &moving_average(&raw), &x, &y, colour, 2.2, 1.0);
+        let eval: Vec<(f64, f64)> = run.lines.iter().filter_map(|l| l.eval_loss.filter(|v| finite(*v)).map(|v| (l.step as f64, v))).collect();
+        if !eval.is_empty() {
+            polyline_dashed(&mut s, run.label, &eval, &x, &y, colour);
+        }
     }
     if lr_panel {
         let top = LOSS_TOP + LOSS_H + LR_GAP;
@@ -187,6 +201,20 @@ fn polyline(s: &mut String, series: &str, run: &str, pts: &[(f64, f64)], x: &Axi
     );
 }
 
+/// The evaluation losses: dashed, with a dot at each evaluation.
+fn polyline_dashed(s: &mut String, run: &str, pts: &[(f64, f64)], x: &Axis, y: &Axis, colour: &str) {
+    let points: Vec<String> = pts.iter().map(|&(a, b)| format!("{:.1},{:.1}", x.at(a), y.at(b))).collect();
+    let _ = writeln!(
+        s,
+        r#"<polyline data-series="eval" data-run="{}" points="{}" fill="none" stroke="{colour}" stroke-width="2" stroke-dasharray="6 4"/>"#,
+        escape(run),
+        points.join(" ")
+    );
+    for &(a, b) in pts {
+        let _ = writeln!(s, r#"<circle cx="{:.1}" cy="{:.1}" r="3.5" fill="{colour}"/>"#, x.at(a), y.at(b));
+    }
+}
+
 /// A centred moving average over about a twentieth of the points (at least 1).
 fn moving_average(pts: &[(f64, f64)]) -> Vec<(f64, f64)> {
     let half = pts.len() / 40;
@@ -207,7 +235,7 @@ mod tests {
     use super::*;
 
     fn line(step: usize, loss: f64, lr: Option<f64>) -> MetricsLine {
-        MetricsLine { step, loss, samples: 8, seconds: 0.1, samples_per_s: 80.0, lr, skipped: false, forced: Vec::new() }
+        MetricsLine { step, loss, samples: 8, seconds: 0.1, samples_per_s: 80.0, lr, eval_loss: None, eval_accuracy: None, eval_perplexity: None, skipped: false, forced: Vec::new() }
     }
 
     #[test]

@@ -782,6 +782,9 @@ fn train_traced(build: &Path, device: Device, steps: usize, microbatches: u64, o
         max_inflated: DEFAULT_MAX_INFLATED,
         tokens: None,
         data_order: pipewright_core::DataOrder::Shuffle,
+        eval_data: None,
+        eval_every: None,
+        eval_batches: None,
         precision: Precision::Fp32,
         devices: Vec::new(),
         // Not `Skip`: its agreement between the stages would put a wait in the update.

@@ -22,7 +22,7 @@ use pipewright_core::lock::FolderLock;
 use pipewright_core::timeline::chrome_trace_json;
 use pipewright_core::units::human_bytes;
 use pipewright_runtime::pipeline::{
-    batch_fingerprint, check_resume, read_checkpoint, resume, resume_differences, run_record, run_worker, train, BatchStream, Checkpoint, Layout, LrSchedule, Microbatch, Mpi, Objective, OptimizerConfig,
+    batch_fingerprint, check_resume, read_checkpoint, resume, resume_differences, run_record, run_worker, train, train_evaluated, BatchStream, Checkpoint, EvalPoints, EvalResult, EvalSet, Layout, LrSchedule, Microbatch, Mpi, Objective, OptimizerConfig,
     StageState, TrainConfig, WorkerHooks,
 };
 
@@ -91,6 +91,12 @@ pub struct TrainRequest {
     pub tokens: Option<TokenType>,
     /// The order samples (or token windows) are visited in.
     pub data_order: DataOrder,
+    /// A held-out set to evaluate during training (the embedded executor's).
+    pub eval_data: Option<PathBuf>,
+    /// Evaluate after every this many steps (and after the last); `None`: after the last.
+    pub eval_every: Option<usize>,
+    /// Microbatches of the held-out set each evaluation runs; `None`: the whole set.
+    pub eval_batches: Option<usize>,
     /// The compute element type (fp32 master weights and optimizer state always).
     pub precision: Precision,
     /// Stage placement (`--devices`): worker (replica `r`, stage `k`), rank `k * w + r`, on
@@ -467,12 +473,15 @@ fn synthetic(req: &TrainRequest, manifest: &Manifest, output: &str, samples: usi
     })
 }
 
-/// The batches of `per_batch` microbatches of `microbatch` samples.
-
 /// The batches of `per_batch` microbatches of `microbatch` samples from step `start` on (a
 /// resumed run sees the batches an uninterrupted one would from there on), each made when
 /// training asks for it; synthetic labels fit the loss of `config`.
 fn batches(req: &TrainRequest, manifest: &Manifest, config: &TrainConfig, microbatch: usize, per_batch: usize, start: usize) -> Result<BatchStream, DriverError> {
+    batches_counted(req, manifest, config, microbatch, per_batch, start).map(|(stream, _)| stream)
+}
+
+/// [`batches`], and how many of them one pass over the data holds.
+fn batches_counted(req: &TrainRequest, manifest: &Manifest, config: &TrainConfig, microbatch: usize, per_batch: usize, start: usize) -> Result<(BatchStream, usize), DriverError> {
     if let DataSource::File(path) = &req.data {
         let inputs = manifest.input_specs().map_err(|e| DriverError::msg(format!("{MANIFEST_FILE}: {e}")))?;
         let scalar_inputs: Vec<&str> = inputs.iter().filter(|i| i.per_sample.is_empty()).map(|i| i.name.as_str()).collect();
@@ -497,13 +506,14 @@ fn batches(req: &TrainRequest, manifest: &Manifest, config: &TrainConfig, microb
             data
         }
     };
+    let per_epoch = data.batches_per_epoch(microbatch, per_batch);
     let stream = data.into_batches(microbatch, per_batch, req.seed, Stop::Steps(req.steps))?.in_order(req.data_order).starting_at(start);
-    Ok(Box::new(stream.map(|batch| Ok(batch.into_iter().map(|(inputs, labels)| Microbatch { inputs, labels }).collect()))))
+    Ok((Box::new(stream.map(|batch| Ok(batch.into_iter().map(|(inputs, labels)| Microbatch { inputs, labels }).collect()))), per_epoch))
 }
 
 /// The batches of a token stream: windows of the model's sequence length, each position's
 /// label the next token, ids checked against the loss output's classes.
-fn token_batches(req: &TrainRequest, manifest: &Manifest, config: &TrainConfig, path: &Path, microbatch: usize, per_batch: usize, start: usize) -> Result<BatchStream, DriverError> {
+fn token_batches(req: &TrainRequest, manifest: &Manifest, config: &TrainConfig, path: &Path, microbatch: usize, per_batch: usize, start: usize) -> Result<(BatchStream, usize), DriverError> {
     if req.loss != Loss::CrossEntropy {
         return Err(DriverError::msg(format!("--data {}: a token stream trains next-token prediction, with --loss cross-entropy, not --loss {}", path.display(), req.loss)));
     }
@@ -514,10 +524,65 @@ fn token_batches(req: &TrainRequest, manifest: &Manifest, config: &TrainConfig, 
     let vocab = manifest.output_per_sample(&config.loss.output).and_then(|s| s.last().copied()).filter(|&v| v > 0);
     let file = TokenFile::open(path, req.tokens)?;
     let windows = TokenWindows::new(file, &inputs, vocab, req.data_order, req.seed, microbatch, per_batch, req.steps)?.starting_at(start);
-    Ok(Box::new(windows.map(|batch| match batch {
+    let per_epoch = size(windows.windows()) / (microbatch * per_batch).max(1);
+    let stream: BatchStream = Box::new(windows.map(|batch| match batch {
         Ok(b) => Ok(b.into_iter().map(|(inputs, labels)| Microbatch { inputs, labels }).collect()),
         Err(e) => Err(e.to_string()),
-    })))
+    }));
+    Ok((stream, per_epoch))
+}
+
+/// `--eval-data`: `--eval-batches` microbatches of `microbatch` samples (default: one pass
+/// over the set), in the file's order, read once before training; the same format rules
+/// and checks as `--data` (a set whose arrays disagree with the model is refused by name).
+fn eval_set(req: &TrainRequest, manifest: &Manifest, config: &TrainConfig, microbatch: usize) -> Result<Option<EvalSet>, DriverError> {
+    let Some(path) = &req.eval_data else {
+        if req.eval_every.is_some() || req.eval_batches.is_some() {
+            return Err(DriverError::msg("--eval-every and --eval-batches need --eval-data (the held-out set to evaluate)"));
+        }
+        return Ok(None);
+    };
+    let shown = path.display();
+    if req.eval_batches == Some(0) || req.eval_every == Some(0) {
+        return Err(DriverError::msg("--eval-every and --eval-batches must be at least 1"));
+    }
+    // Counted first (one pass), then read: K of them, in order.
+    let probe = TrainRequest { data: DataSource::File(path.clone()), data_order: DataOrder::Sequential, steps: 1, ..req.clone() };
+    let (_, available) = batches_counted(&probe, manifest, config, microbatch, 1, 0).map_err(|e| DriverError::msg(format!("--eval-data: {e}")))?;
+    let wanted = req.eval_batches.unwrap_or(available);
+    if wanted > available {
+        return Err(DriverError::msg(format!(
+            "--eval-batches {wanted}: {shown} holds {available} batch(es) of {microbatch}; give --eval-batches {available} or fewer, or a larger set"
+        )));
+    }
+    let read = TrainRequest { steps: wanted, ..probe };
+    let (stream, _) = batches_counted(&read, manifest, config, microbatch, 1, 0).map_err(|e| DriverError::msg(format!("--eval-data: {e}")))?;
+    let mut microbatches = Vec::with_capacity(wanted);
+    for batch in stream {
+        microbatches.extend(batch.map_err(|e| DriverError::msg(format!("--eval-data: {e}")))?);
+    }
+    Ok(Some(EvalSet { microbatches }))
+}
+
+/// The line a run prints for the evaluation after step `step` (from 1): the loss and, for
+/// cross-entropy, the accuracy; for a language model (a token stream) the perplexity.
+pub fn eval_line(step: usize, eval: &EvalResult, language_model: bool) -> String {
+    let mut line = format!("eval after step {step}: loss {:.4}", eval.loss);
+    if language_model {
+        line.push_str(&format!(", perplexity {:.2}", eval.loss.exp()));
+    }
+    if let Some(a) = eval.accuracy {
+        line.push_str(&format!(", accuracy {:.4}", a));
+    }
+    line.push_str(&format!(" ({} samples)", eval.samples));
+    line
+}
+
+/// Whether `--data PATH` is read as a token stream.
+fn batches_are_tokens(req: &TrainRequest, manifest: &Manifest, path: &Path) -> bool {
+    let inputs = manifest.input_specs().unwrap_or_default();
+    let scalar_inputs: Vec<&str> = inputs.iter().filter(|i| i.per_sample.is_empty()).map(|i| i.name.as_str()).collect();
+    req.tokens.is_some() || is_token_file(path, &scalar_inputs)
 }
 
 fn size(v: u64) -> usize {
@@ -537,6 +602,9 @@ pub struct Session {
     batches: BatchStream,
     /// The settings that differ from the checkpoint resumed from (`--force`).
     pub forced: Vec<String>,
+    eval: Option<EvalSet>,
+    /// The data is a token stream: evaluations report perplexity.
+    pub language_model: bool,
 }
 
 impl Session {
@@ -562,7 +630,14 @@ impl Session {
         config.threads = Some(req.threads.unwrap_or((cores / workers).max(1)));
         // What `--force` lets differ from the checkpoint, for the preamble and the metrics.
         let forced = checkpoint.as_ref().map(|ck| resume_differences(ck, &config)).unwrap_or_default();
-        Ok(Session { locks, build, shape, config, start, checkpoint, batches, forced })
+        let eval = eval_set(req, &build.manifest, &config, size(shape.microbatch.value))?;
+        config.eval = match (&eval, req.eval_every) {
+            (None, _) => EvalPoints::Never,
+            (Some(_), None) => EvalPoints::AtEnd,
+            (Some(_), Some(n)) => EvalPoints::Every(n),
+        };
+        let language_model = matches!(&req.data, DataSource::File(p) if batches_are_tokens(req, &build.manifest, p));
+        Ok(Session { locks, build, shape, config, start, checkpoint, batches, forced, eval, language_model })
     }
 
     /// The folder locks, for the caller to hold until it has written what the run gives
@@ -573,10 +648,11 @@ impl Session {
 
     /// Trains; `on_step` sees every step.
     pub fn run(self, on_step: &mut dyn FnMut(StepReport)) -> Result<TrainReport, DriverError> {
-        let Session { build, config, checkpoint, batches, .. } = self;
-        match checkpoint {
-            Some(ck) => resume(build.modules, &config, ck, batches, on_step),
-            None => train(build.modules, &config, batches, on_step),
+        let Session { build, config, checkpoint, batches, eval, .. } = self;
+        match (checkpoint, eval) {
+            (ck, Some(set)) => train_evaluated(build.modules, &config, ck, set, batches, on_step),
+            (Some(ck), None) => resume(build.modules, &config, ck, batches, on_step),
+            (None, None) => train(build.modules, &config, batches, on_step),
         }
         .map_err(|e| DriverError::msg(format!("{}: {e}", build.dir.display())))
     }
@@ -750,6 +826,11 @@ impl WorkerSession {
             None => None,
         };
         let start = resume.as_ref().map_or(0, |(s, _)| *s as usize);
+        if req.train.eval_data.is_some() {
+            return Err(DriverError::msg(
+                "--eval-data: evaluation during training runs on the embedded executor (pipewright train); an MPI job does not evaluate yet: evaluate the weights it saves with pipewright export and run-forward",
+            ));
+        }
         let mut batches = batches(&req.train, &manifest, &config, size(shape.microbatch.value), size(shape.microbatches.value) * layout.replicas, start)?;
         // The first batch is read now to fingerprint the data, then trained on as usual.
         let first = batches.next().ok_or_else(|| DriverError::msg("the data holds no batch"))?.map_err(DriverError::msg)?;
@@ -913,6 +994,9 @@ mod tests {
             max_inflated: pipewright_runtime::data::DEFAULT_MAX_INFLATED,
             tokens: None,
             data_order: pipewright_core::DataOrder::Shuffle,
+            eval_data: None,
+            eval_every: None,
+            eval_batches: None,
             precision: Precision::Fp32,
             devices: Vec::new(),
             on_nonfinite: NonFinite::Stop,

@@ -3,6 +3,7 @@
 
 mod checkpoint;
 mod distributed;
+mod eval;
 mod memory;
 mod optim;
 mod pieces;
@@ -30,6 +31,7 @@ pub use schedule::{stage_ops, stage_ops_from, Op};
 pub use checkpoint::{decode_checkpoint, decode_stage, read_checkpoint, step_dir_name, write_checkpoint, Checkpoint, CheckpointError, StageState};
 pub use distributed::{batch_fingerprint, Layout, Mpi, MpiJob, DEFAULT_HEARTBEAT_TIMEOUT, HEARTBEAT_PERIOD};
 pub use memory::{bytes_of, StageMemory};
+pub use eval::{EvalResult, EvalSet};
 pub use stop::StopGate;
 pub use transport::{InProcess, Named, Transport};
 
@@ -136,6 +138,19 @@ pub struct TrainConfig {
     /// rank's `SIGUSR1` watcher) and where the workers record the step they stopped after,
     /// checkpointed when `checkpoint_every` is set. `None`: the run goes to `steps`.
     pub stop: Option<std::sync::Arc<StopGate>>,
+    /// After which steps the run evaluates ([`train_evaluated`]'s set; ignored without one).
+    pub eval: EvalPoints,
+}
+
+/// After which steps a run evaluates its held-out set.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum EvalPoints {
+    #[default]
+    Never,
+    /// After the last step only.
+    AtEnd,
+    /// After every this many steps, and after the last.
+    Every(usize),
 }
 
 pub use pipewright_core::DEFAULT_MAX_SKIPS;
@@ -168,6 +183,16 @@ impl TrainConfig {
             on_nonfinite: NonFinite::Stop,
             max_skips: DEFAULT_MAX_SKIPS,
             stop: None,
+            eval: EvalPoints::Never,
+        }
+    }
+
+    /// Whether the run evaluates after step `t` (from 0).
+    pub fn eval_due(&self, t: usize) -> bool {
+        match self.eval {
+            EvalPoints::Never => false,
+            EvalPoints::AtEnd => t + 1 == self.steps,
+            EvalPoints::Every(n) => t + 1 == self.steps || (n > 0 && (t + 1) % n == 0),
         }
     }
 
@@ -195,6 +220,8 @@ pub struct StepReport {
     pub skipped: bool,
     /// The learning rate the step's update used (the schedule's, warm-up and decay in).
     pub lr: f64,
+    /// The evaluation after this step, when the run evaluated.
+    pub eval: Option<EvalResult>,
 }
 
 #[derive(Debug)]
@@ -258,6 +285,8 @@ pub(crate) struct StageData {
 pub(crate) enum Event {
     Step { step: usize, replica: usize, loss: f64, samples: usize, skipped: bool },
     Checkpoint { step: u64, state: StageState },
+    /// A stage's newest weights and running statistics after step `step`, for evaluation.
+    Snapshot { step: usize, stage: usize, weights: Vec<Tensor>, stats: Vec<Tensor> },
 }
 
 /// Trains `stages` (any order; sorted by their header's stage index) for `cfg.steps`
@@ -286,6 +315,20 @@ pub fn resume(
     on_step: &mut dyn FnMut(StepReport),
 ) -> Result<TrainReport, PipelineError> {
     run_training(stages, cfg, Some(checkpoint), data, on_step)
+}
+
+/// [`train`] (or, with `checkpoint`, [`resume`]) that also evaluates `eval` after the steps
+/// `cfg.eval` names (see [`eval`](self::eval)): each such step's report carries the
+/// result. Training is the same as without it, bit for bit.
+pub fn train_evaluated(
+    stages: Vec<StageModule>,
+    cfg: &TrainConfig,
+    checkpoint: Option<Checkpoint>,
+    eval: EvalSet,
+    data: BatchStream,
+    on_step: &mut dyn FnMut(StepReport),
+) -> Result<TrainReport, PipelineError> {
+    run_training_with(stages, cfg, checkpoint, Some(eval), data, on_step)
 }
 
 fn empty_report(d: usize) -> TrainReport {
@@ -505,6 +548,18 @@ fn run_training(
     data: BatchStream,
     on_step: &mut dyn FnMut(StepReport),
 ) -> Result<TrainReport, PipelineError> {
+    let cfg = TrainConfig { eval: EvalPoints::Never, ..cfg.clone() };
+    run_training_with(stages, &cfg, resume, None, data, on_step)
+}
+
+fn run_training_with(
+    stages: Vec<StageModule>,
+    cfg: &TrainConfig,
+    resume: Option<Checkpoint>,
+    eval: Option<EvalSet>,
+    data: BatchStream,
+    on_step: &mut dyn FnMut(StepReport),
+) -> Result<TrainReport, PipelineError> {
     let mut stages = stages;
     stages.sort_by_key(|s| s.header.params.stage);
     check_stages(&stages, resume.as_ref(), cfg)?;
@@ -515,6 +570,10 @@ fn run_training(
     }
     let (pipeline_id, schedule) = (stages[0].program.pipeline.clone(), cfg.schedule);
     let specs = stage::specs(&stages, &cfg.loss)?;
+    let evaluator = match eval {
+        Some(set) if cfg.eval != EvalPoints::Never => Some(eval::Evaluator::new(&specs, cfg, set)?),
+        _ => None,
+    };
     let tied: Vec<Vec<u32>> = tied_sets(&stages)?;
     drop(stages);
     // m (per replica) comes from the first batch.
@@ -573,10 +632,12 @@ fn run_training(
     }
     drop(ev_tx);
     let mut events = EventSink::new(d, w, cfg, pipeline_id, schedule, on_step);
+    events.evaluator = evaluator;
     for ev in ev_rx {
         events.handle(ev);
     }
-    let (losses, checkpoints, checkpoint_error) = (events.losses, events.written, events.error);
+    events.flush(true);
+    let (losses, checkpoints, checkpoint_error, eval_error) = (events.losses, events.written, events.error, events.eval_error);
     let mut report = empty_report(d);
     report.losses = losses;
     report.checkpoints = checkpoints;
@@ -615,6 +676,9 @@ fn run_training(
     }
     if let Some(e) = checkpoint_error {
         return Err(e.into());
+    }
+    if let Some(e) = eval_error {
+        return Err(e);
     }
     Ok(report)
 }
@@ -725,6 +789,8 @@ pub fn run_worker(
             },
             // This process's sink sees one replica, whichever it is.
             Event::Step { step, loss, samples, skipped, .. } => sink.handle(Event::Step { step, replica: 0, loss, samples, skipped }),
+            // Evaluation runs on the embedded executor only (a rank holds one stage).
+            Event::Snapshot { .. } => {}
         }
     }
     let losses = sink.losses;
@@ -827,6 +893,15 @@ struct EventSink<'a> {
     losses: Vec<f64>,
     written: Vec<PathBuf>,
     error: Option<CheckpointError>,
+    /// Evaluation (embedded runs that asked for it): the steps to evaluate after, the
+    /// stages' snapshots gathering per step, the results, and the step reports held back
+    /// (in order) until their step's evaluation is done.
+    eval_due: Vec<bool>,
+    evaluator: Option<eval::Evaluator>,
+    snapshots: BTreeMap<usize, Vec<Option<eval::Snapshot>>>,
+    evals: BTreeMap<usize, EvalResult>,
+    held: BTreeMap<usize, StepReport>,
+    eval_error: Option<PipelineError>,
 }
 
 impl<'a> EventSink<'a> {
@@ -846,6 +921,12 @@ impl<'a> EventSink<'a> {
             losses: Vec::new(),
             written: Vec::new(),
             error: None,
+            eval_due: (0..cfg.steps).map(|t| cfg.eval_due(t)).collect(),
+            evaluator: None,
+            snapshots: BTreeMap::new(),
+            evals: BTreeMap::new(),
+            held: BTreeMap::new(),
+            eval_error: None,
         }
     }
 
@@ -865,8 +946,23 @@ impl<'a> EventSink<'a> {
                     let loss = losses.iter().flatten().sum::<f64>() / self.w as f64;
                     self.losses.push(loss);
                     let lr = self.lr.1.at(self.lr.0, step);
-                    (self.on_step)(StepReport { step, loss, samples, seconds: now.duration_since(self.last).as_secs_f64(), skipped, lr });
+                    self.held.insert(step, StepReport { step, loss, samples, seconds: now.duration_since(self.last).as_secs_f64(), skipped, lr, eval: None });
                     self.last = now;
+                    self.flush(false);
+                }
+            }
+            Event::Snapshot { step, stage, weights, stats } => {
+                if self.evaluator.is_none() {
+                    return;
+                }
+                let d = self.d;
+                let parts = self.snapshots.entry(step).or_insert_with(|| (0..d).map(|_| None).collect());
+                if let Some(slot) = parts.get_mut(stage) {
+                    *slot = Some(eval::Snapshot { weights, stats });
+                }
+                if parts.iter().all(Option::is_some) {
+                    let parts: Vec<eval::Snapshot> = self.snapshots.remove(&step).unwrap_or_default().into_iter().flatten().collect();
+                    self.evaluate(step, parts);
                 }
             }
             Event::Checkpoint { step, state } => {
@@ -878,6 +974,35 @@ impl<'a> EventSink<'a> {
                     self.write(step, parts);
                 }
             }
+        }
+    }
+
+    /// Step `step`'s evaluation; a failure stops further evaluation and is the run's error.
+    fn evaluate(&mut self, step: usize, parts: Vec<eval::Snapshot>) {
+        let Some(evaluator) = self.evaluator.as_mut() else { return };
+        match evaluator.run(parts) {
+            Ok(r) => {
+                self.evals.insert(step, r);
+            }
+            Err(e) => {
+                self.eval_error = Some(e);
+                self.evaluator = None;
+            }
+        }
+        self.flush(false);
+    }
+
+    /// Reports the held step reports in order, each once its evaluation (if due) is done;
+    /// `all`: every one left, the run having ended.
+    fn flush(&mut self, all: bool) {
+        while let Some((&step, _)) = self.held.first_key_value() {
+            let waits = self.evaluator.is_some() && self.eval_due.get(step).copied().unwrap_or(false) && !self.evals.contains_key(&step);
+            if waits && !all {
+                return;
+            }
+            let Some(mut report) = self.held.remove(&step) else { return };
+            report.eval = self.evals.remove(&step);
+            (self.on_step)(report);
         }
     }
 
@@ -927,6 +1052,7 @@ mod tests {
             on_nonfinite: _,   // below
             max_skips: _,      // below
             stop: _,           // when the run ends, agreed by every worker
+            eval: _,           // evaluation reads the weights, never changes them
         } = base.clone();
         let changes: Vec<(&str, Box<dyn Fn(&mut TrainConfig)>)> = vec![
             ("--lr", Box::new(|c| c.lr = 0.2)),

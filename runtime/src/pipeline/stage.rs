@@ -165,11 +165,11 @@ pub(crate) struct Failure {
 }
 
 /// The forward state a backward needs.
-struct Fwd {
+pub(super) struct Fwd {
     params: Vec<Tensor>,
     recv: Vec<Tensor>,
-    outputs: Vec<Tensor>,
-    loss: Option<Tensor>,
+    pub(super) outputs: Vec<Tensor>,
+    pub(super) loss: Option<Tensor>,
     /// Bytes of the non-view kernel outputs this forward produced while recording a graph.
     act_bytes: u64,
     /// Selective recomputation: the pieces' state and the leaf the loss was computed on.
@@ -289,7 +289,7 @@ fn op_step(op: Op, m: u64) -> u64 {
     }
 }
 
-enum E {
+pub(super) enum E {
     Msg(String),
     Induced(String),
     Err(PipelineError),
@@ -406,7 +406,7 @@ fn run_inner(
     Ok(StageOut { weights, buffers: w.buffers(), peak_versions: st.peak_versions, memory: st.memory, trace: std::mem::take(&mut rec.events), host_reads })
 }
 
-struct Worker {
+pub(super) struct Worker {
     spec: StageSpec,
     mode: Mode,
     last_use: Vec<Option<usize>>,
@@ -439,7 +439,7 @@ struct Worker {
 impl Worker {
     /// Reads the stored tensors: constants stay in the worker, trainable ones are returned
     /// as weight version 0.
-    fn load(spec: StageSpec, cfg: &TrainConfig) -> Result<(Worker, Vec<Tensor>), E> {
+    pub(super) fn load(spec: StageSpec, cfg: &TrainConfig) -> Result<(Worker, Vec<Tensor>), E> {
         let p = &spec.program;
         let (mut constants, mut params, mut param_slots, mut param_sync) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         // BatchNormalization nodes with their running mean and variance slots.
@@ -796,6 +796,12 @@ impl Worker {
         if self.spec.loss.is_some() {
             let _ = events.send(Event::Step { step: t as usize, replica: ctx.replica, loss: st.batch_loss / m as f64, samples: st.batch_samples, skipped: !apply });
         }
+        // An evaluation after this step reads every stage's newest weights (replica 0's;
+        // the replicas hold the same), as a snapshot: versions are never changed in place.
+        if ctx.replica == 0 && cfg.eval_due(t as usize) {
+            let weights = st.versions.get(&(t + 1)).map(|w| w.iter().map(Tensor::shallow_clone).collect()).unwrap_or_default();
+            let _ = events.send(Event::Snapshot { step: t as usize, stage: self.spec.index, weights, stats: self.bn_stat_tensors() });
+        }
         st.batch_loss = 0.0;
         st.batch_samples = 0;
         if checkpoint_due(cfg, t) && ctx.replica == 0 {
@@ -949,6 +955,17 @@ impl Worker {
         self.stat_consts.iter().map(|&i| p.slots[self.constants[i].0.index()].name.clone()).collect()
     }
 
+    /// Takes `stats` ([`Worker::bn_stat_tensors`] of a worker of the same stage) as its
+    /// running statistics.
+    pub(super) fn set_stats(&mut self, stats: Vec<Tensor>) {
+        let at: Vec<usize> = self.stat_consts.clone();
+        self.apply_stats(at.into_iter().zip(stats).collect());
+    }
+
+    pub(super) fn spec(&self) -> &StageSpec {
+        &self.spec
+    }
+
     fn apply_stats(&mut self, stats: Vec<(usize, Tensor)>) {
         for (i, t) in stats {
             self.constants[i].1 = t;
@@ -995,7 +1012,7 @@ impl Worker {
     /// become leaves that require gradients, otherwise nothing records a graph. With
     /// `update_stats` (and train mode) also returns the new running statistics as
     /// `(constant index, tensor)`.
-    fn forward(&self, wts: &[Tensor], inputs: &[Tensor], labels: Option<&Tensor>, grad: bool, update_stats: bool) -> Result<(Fwd, Vec<(usize, Tensor)>), E> {
+    pub(super) fn forward(&self, wts: &[Tensor], inputs: &[Tensor], labels: Option<&Tensor>, grad: bool, update_stats: bool) -> Result<(Fwd, Vec<(usize, Tensor)>), E> {
         if self.spec.recompute_selective && grad {
             return self.forward_pieces(wts, inputs, labels, update_stats);
         }
@@ -1050,7 +1067,7 @@ impl Worker {
 
     /// Specialises the program for the batch size of `inputs` (the program's inputs) unless
     /// it already is: the values every step would compute alike are folded once.
-    fn specialise_for(&mut self, inputs: &[Tensor], device: tch::Device) -> Result<(), E> {
+    pub(super) fn specialise_for(&mut self, inputs: &[Tensor], device: tch::Device) -> Result<(), E> {
         let p = &self.spec.program;
         let batch = specialise::batch_of(p, inputs);
         if self.special.as_ref().is_some_and(|sp| sp.batch == batch) {
