@@ -53,6 +53,10 @@ pub struct Sgd {
 
 /// New copies of `ts`, in one multi-tensor operation.
 pub fn copy_all(ts: &[Tensor]) -> Result<Vec<Tensor>, TchError> {
+    // libtorch's multi-tensor ops refuse an empty list (a stage without weights).
+    if ts.is_empty() {
+        return Ok(Vec::new());
+    }
     let src = pointers(ts);
     let mut out = vec![std::ptr::null_mut(); ts.len()];
     // SAFETY: `src` holds live tensors; on success the shim fills every `out[i]` with a
@@ -67,6 +71,9 @@ pub fn copy_all(ts: &[Tensor]) -> Result<Vec<Tensor>, TchError> {
 /// holding this step's number, counted from 1 (it sets the bias corrections).
 pub fn adam_(params: &mut [Tensor], grads: &[Tensor], exp_avgs: &mut [Tensor], exp_avg_sqs: &mut [Tensor], step: &Tensor, hp: Adam) -> Result<(), TchError> {
     same_lengths(params.len(), &[grads.len(), exp_avgs.len(), exp_avg_sqs.len()])?;
+    if params.is_empty() {
+        return Ok(());
+    }
     let (p, g, m, v) = (pointers(params), pointers(grads), pointers(exp_avgs), pointers(exp_avg_sqs));
     // SAFETY: all lists hold `params.len()` live tensors; the shim only borrows them.
     check(unsafe {
@@ -93,6 +100,9 @@ pub fn adam_(params: &mut [Tensor], grads: &[Tensor], exp_avgs: &mut [Tensor], e
 pub fn sgd_(params: &mut [Tensor], grads: &[Tensor], buffers: &mut [Tensor], hp: Sgd, first_step: bool) -> Result<(), TchError> {
     let wanted = if hp.momentum != 0.0 { vec![grads.len(), buffers.len()] } else { vec![grads.len()] };
     same_lengths(params.len(), &wanted)?;
+    if params.is_empty() {
+        return Ok(());
+    }
     let (p, g, b) = (pointers(params), pointers(grads), pointers(buffers));
     // SAFETY: as in `adam_`; `b` is read only with momentum, when it has the length.
     check(unsafe { pw_fused_sgd(p.as_ptr(), g.as_ptr(), b.as_ptr(), params.len() as i64, hp.lr, hp.momentum, hp.weight_decay, c_int::from(first_step)) })

@@ -387,6 +387,15 @@ mod tests {
         assert_eq!(largest_relative_gap(&whole, &rest), 0.0);
     }
 
+    /// A stage without weights (a tail of parameter-free nodes) steps over nothing.
+    #[test]
+    fn a_stage_without_weights_steps_over_nothing() {
+        for opt in [OptimizerConfig::sgd(), OptimizerConfig { momentum: 0.9, ..OptimizerConfig::sgd() }, OptimizerConfig::adam()] {
+            let mut state = OptState::new(opt, 0);
+            assert!(state.step(&[], &[], 0.1).expect("an empty step").is_empty(), "{opt:?}");
+        }
+    }
+
     #[test]
     fn lists_of_different_lengths_are_refused_with_a_message() {
         let w = vec![Tensor::zeros([2], (Kind::Float, Device::Cpu))];
