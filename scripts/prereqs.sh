@@ -2,7 +2,8 @@
 # Installs what a fresh Debian machine with only the Rust toolchain lacks for pipewright:
 # Python 3 with pip (used to fetch the libtorch wheel from PyPI), a C++ compiler (for
 # torch-sys), venv support (the tests' onnxruntime reference, scripts/pyref.sh), and Open MPI with its headers and libclang (the multi-process transport:
-# the `mpi` crate binds Open MPI through bindgen; `mpirun` launches the workers).
+# the `mpi` crate binds Open MPI through bindgen; `mpirun` launches the workers), and the
+# `fortunes` text of the language-model example (examples/text).
 # Idempotent: installs nothing when everything is present.
 set -euo pipefail
 
@@ -20,6 +21,8 @@ has_pkg libclang-dev || need+=(libclang-dev)
 command -v pkg-config >/dev/null 2>&1 || need+=(pkg-config)
 # `python3 -m venv` (scripts/pyref.sh: onnxruntime, the tests' outside reference).
 python3 -c 'import ensurepip' >/dev/null 2>&1 || need+=(python3-venv)
+# The English text the language-model example trains on (examples/text).
+[[ -d /usr/share/games/fortunes ]] || need+=(fortunes)
 
 if ((${#need[@]} == 0)); then
     log "prerequisites present"
