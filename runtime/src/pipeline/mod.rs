@@ -283,7 +283,8 @@ pub(crate) struct StageData {
 }
 
 pub(crate) enum Event {
-    Step { step: usize, replica: usize, loss: f64, samples: usize, skipped: bool },
+    /// `at`: when the step ended (the main thread may be busy evaluating when it arrives).
+    Step { step: usize, replica: usize, loss: f64, samples: usize, skipped: bool, at: Instant },
     Checkpoint { step: u64, state: StageState },
     /// A stage's newest weights and running statistics after step `step`, for evaluation.
     Snapshot { step: usize, stage: usize, weights: Vec<Tensor>, stats: Vec<Tensor> },
@@ -788,7 +789,7 @@ pub fn run_worker(
                 }
             },
             // This process's sink sees one replica, whichever it is.
-            Event::Step { step, loss, samples, skipped, .. } => sink.handle(Event::Step { step, replica: 0, loss, samples, skipped }),
+            Event::Step { step, loss, samples, skipped, at, .. } => sink.handle(Event::Step { step, replica: 0, loss, samples, skipped, at }),
             // Evaluation runs on the embedded executor only (a rank holds one stage).
             Event::Snapshot { .. } => {}
         }
@@ -932,7 +933,7 @@ impl<'a> EventSink<'a> {
 
     fn handle(&mut self, ev: Event) {
         match ev {
-            Event::Step { step, replica, loss, samples, skipped } => {
+            Event::Step { step, replica, loss, samples, skipped, at } => {
                 let w = self.w;
                 let e = self.pending_steps.entry(step).or_insert_with(|| (vec![None; w], 0, false));
                 if let Some(slot) = e.0.get_mut(replica) {
@@ -942,7 +943,8 @@ impl<'a> EventSink<'a> {
                 e.2 |= skipped;
                 if e.0.iter().all(Option::is_some) {
                     let (losses, samples, skipped) = self.pending_steps.remove(&step).unwrap_or_default();
-                    let now = Instant::now();
+                    // Timed by when the step ended, not when this thread got to it.
+                    let now = at.max(self.last);
                     let loss = losses.iter().flatten().sum::<f64>() / self.w as f64;
                     self.losses.push(loss);
                     let lr = self.lr.1.at(self.lr.0, step);
@@ -1101,7 +1103,7 @@ mod tests {
             let mut on_step = |s: StepReport| seen.push(s.loss);
             let mut sink = EventSink::new(1, 3, &cfg, "p".into(), Schedule::TwoBw, &mut on_step);
             for r in order {
-                sink.handle(Event::Step { step: 0, replica: r, loss: losses[r], samples: 1, skipped: false });
+                sink.handle(Event::Step { step: 0, replica: r, loss: losses[r], samples: 1, skipped: false, at: Instant::now() });
             }
             drop(sink);
             assert_eq!(seen.len(), 1, "{order:?}");

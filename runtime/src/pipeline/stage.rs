@@ -794,7 +794,7 @@ impl Worker {
         drop(grads);
         rec.record(TraceKind::Optimizer, t0, None, t + 1, t);
         if self.spec.loss.is_some() {
-            let _ = events.send(Event::Step { step: t as usize, replica: ctx.replica, loss: st.batch_loss / m as f64, samples: st.batch_samples, skipped: !apply });
+            let _ = events.send(Event::Step { step: t as usize, replica: ctx.replica, loss: st.batch_loss / m as f64, samples: st.batch_samples, skipped: !apply, at: std::time::Instant::now() });
         }
         // An evaluation after this step reads every stage's newest weights (replica 0's;
         // the replicas hold the same), as a snapshot: versions are never changed in place.
