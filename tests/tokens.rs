@@ -1,7 +1,8 @@
 //! Training language models on token streams (`train --data tokens.bin --tokens u16`, or
 //! a 1-D `.npy`): windows of the model's sequence length with next-token labels, resumed
-//! bit for bit, bounded memory over files larger than the machine's memory, and the bad
-//! files each refused with a message that names the file and what to do.
+//! bit for bit, bounded memory over files larger than the machine's memory (token streams
+//! and mapped `.npy` arrays alike), and the bad files each refused with a message that
+//! names the file and what to do.
 
 mod common;
 
@@ -102,6 +103,33 @@ fn a_token_file_larger_than_memory_trains_in_bounded_memory() {
     let peak = out.lines().find_map(|l| l.strip_prefix("peak resident memory of this process: ")).expect("the summary says the peak");
     let peak_bytes = parse_size(peak);
     assert!(peak_bytes < 2 << 30, "peak resident memory {peak} over a {size}-byte file");
+}
+
+/// A folder of `.npy` arrays (the digits MLP's `input` [N, 64] f32 and `label` [N] i64)
+/// of several GiB, sparse: the arrays are mapped, so the run's memory stays far below.
+#[test]
+fn npy_arrays_larger_than_memory_train_in_bounded_memory() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let data = dir.path().join("arrays");
+    std::fs::create_dir(&data).expect("folder");
+    let n: u64 = 16 << 20;
+    for (name, descr, per_sample, width) in [("input", "<f4", ", 64", 4u64 * 64), ("label", "<i8", "", 8)] {
+        let header = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': ({n}{per_sample},), }}");
+        let header = if per_sample.is_empty() { header } else { header.replace(",), }", "), }") };
+        let pad = 64 - (10 + header.len() + 1) % 64;
+        let mut head = b"\x93NUMPY\x01\x00".to_vec();
+        head.extend(((header.len() + pad + 1) as u16).to_le_bytes());
+        head.extend(header.bytes().chain(std::iter::repeat_n(b' ', pad)).chain([b'\n']));
+        let path = data.join(format!("{name}.npy"));
+        std::fs::write(&path, &head).expect("header");
+        std::fs::OpenOptions::new().write(true).open(&path).and_then(|f| f.set_len(head.len() as u64 + n * width)).expect("sparse data");
+    }
+    let build = dir.path().join("mlp");
+    pw_ok(["compile", model("mlp").to_str().unwrap(), "--stages", "2", "-o", build.to_str().unwrap()]);
+    let out = ok(&pw(["train", build.to_str().unwrap(), "--data", data.to_str().unwrap(), "--output", "linear_3", "--steps", "5", "--microbatch", "16", "--microbatches", "4", "--no-progress"]));
+    let peak = out.lines().find_map(|l| l.strip_prefix("peak resident memory of this process: ")).expect("the summary says the peak");
+    let size = n * (4 * 64 + 8);
+    assert!(parse_size(peak) < 1536 << 20, "peak resident memory {peak} over {size} bytes of arrays");
 }
 
 fn memory_bytes() -> u64 {

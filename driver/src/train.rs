@@ -508,7 +508,11 @@ fn batches_counted(req: &TrainRequest, manifest: &Manifest, config: &TrainConfig
     };
     let per_epoch = data.batches_per_epoch(microbatch, per_batch);
     let stream = data.into_batches(microbatch, per_batch, req.seed, Stop::Steps(req.steps))?.in_order(req.data_order).starting_at(start);
-    Ok((Box::new(stream.map(|batch| Ok(batch.into_iter().map(|(inputs, labels)| Microbatch { inputs, labels }).collect()))), per_epoch))
+    let stream: BatchStream = Box::new(stream.map(|batch| match batch {
+        Ok(b) => Ok(b.into_iter().map(|(inputs, labels)| Microbatch { inputs, labels }).collect()),
+        Err(e) => Err(e.to_string()),
+    }));
+    Ok((stream, per_epoch))
 }
 
 /// The batches of a token stream: windows of the model's sequence length, each position's

@@ -53,6 +53,40 @@ impl<T, E: Display> Context<T> for std::result::Result<T, E> {
     }
 }
 
+/// What identifies a data file read during a run (a token stream, a mapped `.npy`): a
+/// file replaced, grown, truncated or rewritten in place shows a different stamp, and is
+/// refused before anything more is read from it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct FileStamp {
+    path: PathBuf,
+    dev: u64,
+    ino: u64,
+    len: u64,
+    mtime_ns: i128,
+}
+
+impl FileStamp {
+    pub(crate) fn of(path: &Path, meta: &std::fs::Metadata) -> FileStamp {
+        use std::os::unix::fs::MetadataExt;
+        let mtime_ns = meta.mtime() as i128 * 1_000_000_000 + meta.mtime_nsec() as i128;
+        FileStamp { path: path.to_path_buf(), dev: meta.dev(), ino: meta.ino(), len: meta.len(), mtime_ns }
+    }
+
+    /// An error naming the file when its path no longer names the file as it was.
+    pub(crate) fn check(&self) -> Result<()> {
+        let shown = self.path.display();
+        let now = match std::fs::metadata(&self.path) {
+            Ok(meta) => FileStamp::of(&self.path, &meta),
+            Err(e) => bail!("{shown}: the data file vanished during the run ({e}); restore it and resume from the last checkpoint (train --resume)"),
+        };
+        if now != *self {
+            let what = if now.len != self.len { format!("its size went from {} to {} bytes", self.len, now.len) } else { "it was replaced or rewritten".to_string() };
+            bail!("{shown}: the data file changed during the run ({what}); what was already read came from the old contents: restore it and resume from the last checkpoint (train --resume), or start again");
+        }
+        Ok(())
+    }
+}
+
 /// One microbatch: the named inputs and the labels (when the data set has them).
 pub type MicrobatchData = (Vec<(String, Tensor)>, Option<Tensor>);
 
@@ -87,6 +121,8 @@ pub struct Dataset {
     samples: usize,
     /// Where the data came from, for messages.
     source: String,
+    /// The files arrays are mapped from, checked before each batch is read from them.
+    mapped: Vec<FileStamp>,
 }
 
 /// A raw little-endian array read from a file.
@@ -166,7 +202,7 @@ impl Dataset {
             };
             out.push((name.clone(), t));
         }
-        Ok(Dataset { inputs: out, labels: None, samples, source: "synthetic data".into() })
+        Ok(Dataset { inputs: out, labels: None, samples, source: "synthetic data".into(), mapped: Vec::new() })
     }
 
     /// Adds seeded random class labels (i64 `[samples]`, uniform in `[0, classes)`).
@@ -302,7 +338,8 @@ impl Dataset {
                 Bounded::Alloc(n) => anyhow!("{shown}: member `{member}`: cannot allocate {n} bytes for it"),
                 Bounded::Io(e) => anyhow!("{shown}: member `{member}`: {e}"),
             })?;
-            parse_npy(&bytes).with_context(|| format!("{shown}: array `{array}`"))
+            let raw = parse_npy(&bytes).with_context(|| format!("{shown}: array `{array}`"))?;
+            column(&shown, array, raw)
         })
     }
 
@@ -337,8 +374,12 @@ impl Dataset {
         let shown = paths.iter().map(|p| p.as_ref().display().to_string()).collect::<Vec<_>>().join(", ");
         Self::assemble(&shown, files.keys().cloned().collect(), inputs, label, |array| {
             let f = &files[array];
+            if let Some(mapped) = map_npy(f) {
+                return Ok(mapped);
+            }
             let bytes = std::fs::read(f).with_context(|| format!("{}: cannot read", f.display()))?;
-            parse_npy(&bytes).with_context(|| format!("{}: array `{array}`", f.display()))
+            let raw = parse_npy(&bytes).with_context(|| format!("{}: array `{array}`", f.display()))?;
+            column(&f.display().to_string(), array, raw)
         })
     }
 
@@ -362,7 +403,7 @@ impl Dataset {
             let elem = crate::module::elem_of_dtype(view.dtype())
                 .ok_or_else(|| anyhow!("{shown}: array `{array}`: dtype {:?} is not supported", view.dtype()))?;
             let shape = view.shape().iter().map(|&d| d as i64).collect();
-            Ok(RawArray { elem, shape, data: view.data().to_vec() })
+            column(&shown, array, RawArray { elem, shape, data: view.data().to_vec() })
         })
     }
 
@@ -372,11 +413,11 @@ impl Dataset {
         available: Vec<String>,
         inputs: &[InputSpec],
         label: LabelArray<'_>,
-        mut read: impl FnMut(&str) -> Result<RawArray>,
+        mut read: impl FnMut(&str) -> Result<Column>,
     ) -> Result<Dataset> {
         let listing = || if available.is_empty() { "none".to_string() } else { available.join(", ") };
         let mut samples: Option<(usize, String)> = None;
-        let mut check_samples = |name: &str, a: &RawArray| -> Result<usize> {
+        let mut check_samples = |name: &str, a: &Column| -> Result<usize> {
             let Some(&n) = a.shape.first() else {
                 bail!("{source}: array `{name}` is a scalar (shape []); its first dimension must be the sample");
             };
@@ -391,6 +432,7 @@ impl Dataset {
             Ok(n)
         };
         let mut out = Vec::with_capacity(inputs.len());
+        let mut mapped = Vec::new();
         for InputSpec { name, elem, per_sample } in inputs {
             if !available.iter().any(|a| a == name) {
                 bail!("{source}: no array for model input `{name}` (arrays: {})", listing());
@@ -411,7 +453,8 @@ impl Dataset {
                     a.shape
                 );
             }
-            out.push((name.clone(), to_tensor(source, name, &a)?));
+            mapped.extend(a.stamp);
+            out.push((name.clone(), a.values));
         }
         let labels = match label {
             LabelArray::None => None,
@@ -425,7 +468,8 @@ impl Dataset {
                 }
                 let a = read(name)?;
                 check_samples(name, &a)?;
-                Some(to_tensor(source, name, &a)?)
+                mapped.extend(a.stamp);
+                Some(a.values)
             }
         };
         let Some((samples, _)) = samples else {
@@ -434,7 +478,7 @@ impl Dataset {
         if samples == 0 {
             bail!("{source}: the arrays have no samples");
         }
-        Ok(Dataset { inputs: out, labels, samples, source: source.to_string() })
+        Ok(Dataset { inputs: out, labels, samples, source: source.to_string(), mapped })
     }
 
     pub fn samples(&self) -> usize {
@@ -534,11 +578,17 @@ impl<D: std::ops::Deref<Target = Dataset>> Batches<D> {
 }
 
 impl<D: std::ops::Deref<Target = Dataset>> Iterator for Batches<D> {
-    type Item = Vec<MicrobatchData>;
+    /// A batch, or why its mapped files can no longer be read.
+    type Item = Result<Vec<MicrobatchData>>;
 
     fn next(&mut self) -> Option<Self::Item> {
         if self.step >= self.total {
             return None;
+        }
+        // A mapped file truncated under the run would fault on access: checked first.
+        if let Some(e) = self.data.mapped.iter().find_map(|m| m.check().err()) {
+            self.step = self.total;
+            return Some(Err(e));
         }
         let epoch = self.step / self.per_epoch;
         let within = self.step % self.per_epoch;
@@ -557,7 +607,7 @@ impl<D: std::ops::Deref<Target = Dataset>> Iterator for Batches<D> {
                 (inputs, labels)
             })
             .collect();
-        Some(batch)
+        Some(Ok(batch))
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {
@@ -609,8 +659,45 @@ fn kind(elem: DType) -> Result<Kind> {
     crate::exec::torch_kind(elem).map_err(|e| anyhow!("{e}"))
 }
 
-fn to_tensor(source: &str, name: &str, a: &RawArray) -> Result<Tensor> {
-    tensor_from_bytes(a.elem, &a.shape, &a.data).map_err(|e| anyhow!("{source}: array `{name}`: {e}"))
+/// An array of a data set: its element type, its shape and its values, built from bytes
+/// read or mapped from the file.
+struct Column {
+    elem: DType,
+    shape: Vec<i64>,
+    values: Tensor,
+    /// The file it is mapped from.
+    stamp: Option<FileStamp>,
+}
+
+/// The array `a` read from `source` as a column.
+fn column(source: &str, name: &str, a: RawArray) -> Result<Column> {
+    let values = tensor_from_bytes(a.elem, &a.shape, &a.data).map_err(|e| anyhow!("{source}: array `{name}`: {e}"))?;
+    Ok(Column { elem: a.elem, shape: a.shape, values, stamp: None })
+}
+
+/// A `.npy` file's array mapped from the file (its pages are read as batches touch them,
+/// so a file larger than memory trains in bounded memory), or `None` where it is not (a
+/// header or size the parser must explain, a bool array whose bytes are checked by reading
+/// them, data not aligned for its type, an empty array, a path that is not UTF-8, a failed
+/// mapping): the caller reads it whole, and reports what is wrong with it.
+fn map_npy(path: &Path) -> Option<Column> {
+    use std::os::unix::fs::FileExt;
+    let file = std::fs::File::open(path).ok()?;
+    let meta = file.metadata().ok()?;
+    let len = meta.len();
+    let mut head = vec![0u8; (len as usize).min(1 << 16)];
+    file.read_exact_at(&mut head, 0).ok()?;
+    let (descr, shape, start) = parse_npy_header(&head).ok()?;
+    let elem = npy_elem(&descr).ok()?;
+    let data = shape.iter().try_fold(elem.size() as u64, |acc, &d| acc.checked_mul(d))?;
+    if data != len - start as u64 || elem == DType::Bool || data == 0 || start % elem.size() != 0 {
+        return None;
+    }
+    let kind = crate::exec::torch_kind(elem).ok()?;
+    let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
+    let bytes = Tensor::f_from_file(path.to_str()?, false, Some(len as i64), (Kind::Uint8, tch::Device::Cpu)).ok()?;
+    let values = bytes.f_narrow(0, start as i64, data as i64).and_then(|t| t.f_view_dtype(kind)).and_then(|t| t.f_reshape(&dims)).ok()?;
+    Some(Column { elem, shape: dims, values, stamp: Some(FileStamp::of(path, &meta)) })
 }
 
 /// A Fisher–Yates permutation of `0..n` from `(seed, epoch)`.
@@ -706,11 +793,9 @@ pub(crate) fn parse_npy_header(bytes: &[u8]) -> Result<(String, Vec<u64>, usize)
     Ok((descr, shape, end))
 }
 
-/// Parses a `.npy` file: versions 1.0, 2.0 and 3.0, little-endian `<f4 <f8 <i8 <i4`, `|u1`,
-/// `|b1` (and `<u1`/`<b1`/`|i1`), C order.
-pub fn parse_npy(bytes: &[u8]) -> Result<RawArray> {
-    let (descr, shape, end) = parse_npy_header(bytes)?;
-    let elem = match descr.as_str() {
+/// The element type of a `.npy` dtype string.
+fn npy_elem(descr: &str) -> Result<DType> {
+    Ok(match descr {
         "<f4" => DType::F32,
         "<f8" => DType::F64,
         "<i8" => DType::I64,
@@ -723,7 +808,14 @@ pub fn parse_npy(bytes: &[u8]) -> Result<RawArray> {
             &d[1..]
         ),
         d => bail!("dtype `{d}` is not supported (supported: <f4 <f8 <i8 <i4 |u1 |b1)"),
-    };
+    })
+}
+
+/// Parses a `.npy` file: versions 1.0, 2.0 and 3.0, little-endian `<f4 <f8 <i8 <i4`, `|u1`,
+/// `|b1` (and `<u1`/`<b1`/`|i1`), C order.
+pub fn parse_npy(bytes: &[u8]) -> Result<RawArray> {
+    let (descr, shape, end) = parse_npy_header(bytes)?;
+    let elem = npy_elem(&descr)?;
     // The shape is checked against the bytes the file holds before anything is
     // allocated for it (with checked products: `count * size` overflowed for shape
     // (2^64-1,) of <i4, found by pipewright-fuzz, fuzz/crashes/npy-099c2c0f26a45e3c.bin).

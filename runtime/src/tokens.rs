@@ -16,7 +16,7 @@
 //! file is still the one opened and that every id is below the model's vocabulary.
 
 use std::fs::File;
-use std::os::unix::fs::{FileExt, MetadataExt};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use pipewright_core::rng::SplitMix64;
@@ -24,7 +24,7 @@ use pipewright_core::{DataOrder, TokenType};
 use tch::{Kind, Tensor};
 
 use crate::build::InputSpec;
-use crate::data::{parse_npy_header, DataError, MicrobatchData};
+use crate::data::{parse_npy_header, DataError, FileStamp, MicrobatchData};
 use pipewright_ops::DType;
 
 type Result<T> = std::result::Result<T, DataError>;
@@ -61,22 +61,6 @@ impl Elem {
     }
 }
 
-/// What identifies the file a run opened: a file replaced, grown, truncated or rewritten
-/// in place shows a different stamp.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Stamp {
-    dev: u64,
-    ino: u64,
-    len: u64,
-    mtime_ns: i128,
-}
-
-impl Stamp {
-    fn of(meta: &std::fs::Metadata) -> Stamp {
-        Stamp { dev: meta.dev(), ino: meta.ino(), len: meta.len(), mtime_ns: meta.mtime() as i128 * 1_000_000_000 + meta.mtime_nsec() as i128 }
-    }
-}
-
 /// A token file opened for positioned reads.
 pub struct TokenFile {
     path: PathBuf,
@@ -85,7 +69,7 @@ pub struct TokenFile {
     start: u64,
     elem: Elem,
     tokens: u64,
-    stamp: Stamp,
+    stamp: FileStamp,
 }
 
 impl TokenFile {
@@ -106,7 +90,7 @@ impl TokenFile {
                 type_name(elem)
             )));
         }
-        Ok(TokenFile { path: path.to_path_buf(), file, start, elem, tokens: bytes / width, stamp: Stamp::of(&meta) })
+        Ok(TokenFile { path: path.to_path_buf(), file, start, elem, tokens: bytes / width, stamp: FileStamp::of(path, &meta) })
     }
 
     /// Tokens in the file.
@@ -124,24 +108,8 @@ impl TokenFile {
         Ok(buf.chunks_exact(width).map(|b| self.elem.decode(b)).collect())
     }
 
-    /// An error when the path no longer names the file opened, as it was then.
     fn check_unchanged(&self) -> Result<()> {
-        let shown = self.path.display();
-        let now = match std::fs::metadata(&self.path) {
-            Ok(meta) => Stamp::of(&meta),
-            Err(e) => {
-                return Err(err(format!(
-                    "{shown}: the token file vanished during the run ({e}); restore it and resume from the last checkpoint (train --resume)"
-                )))
-            }
-        };
-        if now != self.stamp {
-            let what = if now.len != self.stamp.len { format!("its size went from {} to {} bytes", self.stamp.len, now.len) } else { "it was replaced or rewritten".to_string() };
-            return Err(err(format!(
-                "{shown}: the token file changed during the run ({what}); the windows already drawn came from the old contents: restore it and resume from the last checkpoint (train --resume), or start again"
-            )));
-        }
-        Ok(())
+        self.stamp.check()
     }
 }
 
@@ -517,10 +485,10 @@ mod tests {
         s.next().expect("one").expect("first batch reads");
         std::fs::OpenOptions::new().append(true).open(&path).and_then(|mut f| std::io::Write::write_all(&mut f, &[0; 4])).expect("append");
         let e = s.next().expect("two").err().expect("the grown file is refused").to_string();
-        assert!(e.contains("count.bin: the token file changed during the run (its size went from 788 to 792 bytes)") && e.contains("--resume"), "{e}");
+        assert!(e.contains("count.bin: the data file changed during the run (its size went from 788 to 792 bytes)") && e.contains("--resume"), "{e}");
         std::fs::remove_file(&path).expect("remove");
         let e = s.next().expect("three").err().expect("the vanished file is refused").to_string();
-        assert!(e.contains("count.bin: the token file vanished during the run") && e.contains("restore it"), "{e}");
+        assert!(e.contains("count.bin: the data file vanished during the run") && e.contains("restore it"), "{e}");
     }
 
     #[test]

@@ -279,6 +279,7 @@ fn batches_shuffle_deterministically_and_drop_the_tail() {
         d.batches(2, 2, seed, stop)
             .unwrap()
             .map(|batch| {
+                let batch = batch.unwrap();
                 assert_eq!(batch.len(), 2);
                 batch
                     .iter()
@@ -326,7 +327,7 @@ fn batches_shuffle_deterministically_and_drop_the_tail() {
     assert_eq!(err_of(d.batches(0, 2, 0, Stop::Epochs(1))), "batches: microbatch size and microbatch count must be at least 1 (got 0 x 2)");
     assert_eq!(err_of(d.batches(2, 0, 0, Stop::Epochs(1))), "batches: microbatch size and microbatch count must be at least 1 (got 2 x 0)");
     // Exactly one batch per epoch with b*m == samples: everything is used.
-    let all: Vec<i64> = d.batches(5, 2, 1, Stop::Epochs(1)).unwrap().flatten().flat_map(|(_, l)| to_vec_i64(&l.unwrap())).collect();
+    let all: Vec<i64> = d.batches(5, 2, 1, Stop::Epochs(1)).unwrap().flat_map(Result::unwrap).flat_map(|(_, l)| to_vec_i64(&l.unwrap())).collect();
     let mut sorted = all.clone();
     sorted.sort();
     assert_eq!(sorted, (0..10).collect::<Vec<_>>());
@@ -366,7 +367,7 @@ fn synthetic_data_is_seeded() {
     let labels = to_vec_i64(l.labels().unwrap());
     assert_eq!(labels.len(), 100);
     assert!(labels.iter().all(|&v| (0..10).contains(&v)));
-    let batches: Vec<_> = l.batches(8, 4, 0, Stop::Steps(7)).unwrap().collect();
+    let batches: Vec<_> = l.batches(8, 4, 0, Stop::Steps(7)).unwrap().map(Result::unwrap).collect();
     assert_eq!(batches.len(), 7);
     assert_eq!(batches[0][0].0.len(), 4);
 
@@ -499,4 +500,32 @@ fn absurd_synthetic_data_is_an_error_not_an_abort() {
     assert!(e.contains("synthetic input `x`") && e.contains("cannot be allocated"), "{e}");
     let e = err_of(Dataset::synthetic(&[spec("ids", DType::I64, &[1 << 40])], 1 << 40, 0));
     assert!(e.contains("synthetic input `ids`") && e.contains("cannot be allocated"), "{e}");
+}
+
+/// A `.npy` array is mapped, not read: its values are the file's, and a file changed or
+/// deleted under a run stops the next batch with a message naming it (a truncated mapping
+/// would otherwise fault on access). Bool arrays, whose bytes are checked, are read whole.
+#[test]
+fn npy_arrays_are_mapped_and_a_changed_file_stops_the_next_batch() {
+    let (x, y) = toy();
+    let dir = tempfile::tempdir().unwrap();
+    let (xp, yp) = (dir.path().join("x.npy"), dir.path().join("y.npy"));
+    std::fs::write(&xp, encode_npy(&x).unwrap()).unwrap();
+    std::fs::write(&yp, encode_npy(&y).unwrap()).unwrap();
+    let d = Dataset::from_npy(&[dir.path()], &[spec("x", DType::F32, &[3])], Some("y")).unwrap();
+    let want = Tensor::from_slice(&x.data.chunks(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect::<Vec<_>>()).view([10, 3]);
+    assert!(d.input("x").unwrap().equal(&want), "mapped values are the file's");
+    let mut batches = d.batches(2, 2, 0, Stop::Steps(3)).unwrap();
+    batches.next().unwrap().expect("the first batch reads");
+    std::fs::OpenOptions::new().append(true).open(&xp).and_then(|mut f| f.write_all(&[0; 4])).unwrap();
+    let e = batches.next().unwrap().expect_err("the grown file is refused").to_string();
+    assert!(e.contains("x.npy: the data file changed during the run (its size went from") && e.contains("--resume"), "{e}");
+    assert!(batches.next().is_none(), "nothing after the error");
+
+    let flags = RawArray { elem: DType::Bool, shape: vec![10, 3], data: vec![1; 30] };
+    std::fs::write(&xp, encode_npy(&flags).unwrap()).unwrap();
+    let d = Dataset::from_npy(&[dir.path()], &[spec("x", DType::Bool, &[3])], Some("y")).unwrap();
+    let mut batches = d.batches(2, 2, 0, Stop::Steps(3)).unwrap();
+    std::fs::remove_file(&xp).unwrap();
+    batches.next().unwrap().expect("a bool array is read whole: its file no longer matters");
 }
