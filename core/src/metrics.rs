@@ -81,7 +81,14 @@ pub fn curves_svg(runs: &[Run<'_>]) -> String {
     let mut s = String::new();
     let _ = writeln!(s, r#"<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" viewBox="0 0 {WIDTH} {height}" font-family="sans-serif" font-size="12">"#);
     let _ = writeln!(s, r#"<rect width="{WIDTH}" height="{height}" fill="white"/>"#);
-    let _ = writeln!(s, r#"<text x="{LEFT}" y="20" font-size="15">training loss{}</text>"#, if lr_panel { " and learning rate" } else { "" });
+    let evaluated = runs.iter().any(|r| r.lines.iter().any(|l| l.eval_loss.is_some()));
+    let title = match (evaluated, lr_panel) {
+        (true, true) => "training loss (evaluation dashed) and learning rate",
+        (true, false) => "training loss (evaluation dashed)",
+        (false, true) => "training loss and learning rate",
+        (false, false) => "training loss",
+    };
+    let _ = writeln!(s, r#"<text x="{LEFT}" y="20" font-size="15">{title}</text>"#);
     legend(&mut s, runs);
     frame(&mut s, &x, &y, "loss", LOSS_TOP, LOSS_H, !lr_panel);
     for (k, run) in runs.iter().enumerate() {
