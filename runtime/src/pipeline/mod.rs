@@ -997,8 +997,13 @@ impl<'a> EventSink<'a> {
     /// Reports the held step reports in order, each once its evaluation (if due) is done;
     /// `all`: every one left, the run having ended.
     fn flush(&mut self, all: bool) {
+        self.flush_with(all, self.evaluator.is_some());
+    }
+
+    /// [`EventSink::flush`], `evaluating`: whether evaluations are still to come.
+    fn flush_with(&mut self, all: bool, evaluating: bool) {
         while let Some((&step, _)) = self.held.first_key_value() {
-            let waits = self.evaluator.is_some() && self.eval_due.get(step).copied().unwrap_or(false) && !self.evals.contains_key(&step);
+            let waits = evaluating && self.eval_due.get(step).copied().unwrap_or(false) && !self.evals.contains_key(&step);
             if waits && !all {
                 return;
             }
@@ -1131,5 +1136,48 @@ mod tests {
         assert_eq!((0..3).map(|k| cfg.worker_device(k, 1)).collect::<Vec<_>>(), vec![tch::Device::Cuda(1); 3]);
         cfg.devices.clear();
         assert_eq!(cfg.worker_device(2, 1), tch::Device::Cpu);
+    }
+
+    /// The steps evaluated after: none, the last only, or every n-th and the last.
+    #[test]
+    fn evaluation_points_are_every_nth_step_and_the_last() {
+        let mut cfg = TrainConfig::new(Schedule::TwoBw, Objective::new(Loss::Mse, "y"), 0.1, 10);
+        let due = |cfg: &TrainConfig| (0..cfg.steps).filter(|&t| cfg.eval_due(t)).map(|t| t + 1).collect::<Vec<_>>();
+        assert!(due(&cfg).is_empty());
+        cfg.eval = EvalPoints::AtEnd;
+        assert_eq!(due(&cfg), [10]);
+        cfg.eval = EvalPoints::Every(4);
+        assert_eq!(due(&cfg), [4, 8, 10]);
+        cfg.eval = EvalPoints::Every(5);
+        assert_eq!(due(&cfg), [5, 10]);
+    }
+
+    /// A step report waits for its step's evaluation, and the reports after it wait
+    /// behind it, so reports arrive in step order, each with its evaluation; at the end
+    /// whatever is held is reported.
+    #[test]
+    fn step_reports_wait_in_order_for_their_evaluation() {
+        let mut cfg = TrainConfig::new(Schedule::TwoBw, Objective::new(Loss::Mse, "y"), 0.1, 3);
+        cfg.eval = EvalPoints::Every(1);
+        let mut seen: Vec<(usize, Option<f64>)> = Vec::new();
+        let mut on_step = |r: StepReport| seen.push((r.step, r.eval.map(|e| e.loss)));
+        let mut sink = EventSink::new(1, 1, &cfg, "p".into(), Schedule::TwoBw, &mut on_step);
+        sink.evaluator = None;
+        // Without an evaluator nothing waits.
+        sink.handle(Event::Step { step: 0, replica: 0, loss: 1.0, samples: 1, skipped: false, at: Instant::now() });
+        assert_eq!(sink.held.len(), 0);
+        // With results arriving late: step 1 waits for its evaluation, step 2 behind it.
+        sink.eval_due = vec![true, true, true];
+        sink.held.insert(1, StepReport { step: 1, loss: 1.0, samples: 1, seconds: 0.0, skipped: false, lr: 0.1, eval: None });
+        sink.held.insert(2, StepReport { step: 2, loss: 1.0, samples: 1, seconds: 0.0, skipped: false, lr: 0.1, eval: None });
+        sink.evals.insert(2, EvalResult { loss: 0.2, accuracy: None, samples: 4 });
+        let waiting = |sink: &EventSink<'_>| sink.held.keys().copied().collect::<Vec<_>>();
+        sink.flush_with(false, true);
+        assert_eq!(waiting(&sink), [1, 2], "step 2's result is in, but step 1 is still evaluating");
+        sink.evals.insert(1, EvalResult { loss: 0.1, accuracy: None, samples: 4 });
+        sink.flush_with(false, true);
+        assert!(waiting(&sink).is_empty());
+        drop(sink);
+        assert_eq!(seen, [(0, None), (1, Some(0.1)), (2, Some(0.2))]);
     }
 }
