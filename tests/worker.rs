@@ -566,6 +566,10 @@ fn a_stage_of_another_compile_and_a_wrong_rank_count_are_refused_naming_them() {
         fails(&c.output().unwrap(), words)
     };
     run("3", &["the launcher started 3 processes but the job has 2 (2 stages x 1 replicas)"]);
+    // Evaluation during training is the embedded executor's: a job refuses it, saying so.
+    let mut c = Command::new("mpirun");
+    c.args(mpirun_flags(&build)).args(["-np", "2", env!("CARGO_BIN_EXE_pipewright"), "worker"]).arg(&build).args(options(4)).arg("--eval-data").arg(data());
+    fails(&c.output().unwrap(), &["--eval-data: evaluation during training runs on the embedded executor (pipewright train)"]);
     // Without a launcher: a job of one rank, told how to start the pipeline.
     let out = command().arg("worker").arg(&build).args(options(4)).output().unwrap();
     fails(&out, &["this process is a job of one rank, but the pipeline has 2", "pipewright launch"]);
