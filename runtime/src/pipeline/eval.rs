@@ -40,23 +40,25 @@ pub(crate) struct Snapshot {
 /// The stages' programs loaded for inference, and the evaluation set.
 pub(crate) struct Evaluator {
     workers: Vec<Worker>,
+    /// Each stage's device (its replica-0 worker's, where its snapshots live).
+    devices: Vec<tch::Device>,
     set: EvalSet,
 }
 
 impl Evaluator {
     pub(crate) fn new(specs: &[StageSpec], cfg: &TrainConfig, set: EvalSet) -> Result<Evaluator, PipelineError> {
-        // Each stage on its replica-0 worker's device, where its snapshots live.
+        let devices: Vec<tch::Device> = specs.iter().map(|s| cfg.worker_device(s.index, 0)).collect();
         let workers = specs
             .iter()
             .map(|s| {
-                let placed = TrainConfig { mode: Mode::Eval, device: cfg.worker_device(s.index, 0), ..cfg.clone() };
+                let placed = TrainConfig { mode: Mode::Eval, device: devices[s.index], ..cfg.clone() };
                 Worker::load(s.clone(), &placed).map(|(w, _)| w).map_err(|e| failed(s.index, e))
             })
             .collect::<Result<Vec<_>, _>>()?;
         if set.microbatches.is_empty() {
             return Err(PipelineError::Data("the evaluation set holds no microbatch".into()));
         }
-        Ok(Evaluator { workers, set })
+        Ok(Evaluator { workers, devices, set })
     }
 
     /// The evaluation set's loss and accuracy under `snaps` (one per stage, in order).
@@ -88,9 +90,8 @@ impl Evaluator {
     /// One microbatch through every stage: its loss and, for cross-entropy, (correct, counted).
     fn microbatch(&mut self, mb: &Microbatch, snaps: &[Snapshot]) -> Result<(f64, Option<(f64, f64)>), PipelineError> {
         let mut carried: Vec<Tensor> = Vec::new();
-        for (w, snap) in self.workers.iter_mut().zip(snaps) {
+        for ((w, snap), &device) in self.workers.iter_mut().zip(snaps).zip(&self.devices) {
             let k = w.spec().index;
-            let device = snap.weights.first().map_or(tch::Device::Cpu, Tensor::device);
             let mut inputs = Vec::new();
             for t in carried.drain(..).chain(graph_inputs(w.spec(), mb)?) {
                 inputs.push(t.f_to_device(device).map_err(|e| torch_failed(k, "moving inputs", e))?);
