@@ -106,9 +106,10 @@ fn a_token_file_larger_than_memory_trains_in_bounded_memory() {
 }
 
 /// A folder of `.npy` arrays (the digits MLP's `input` [N, 64] f32 and `label` [N] i64)
-/// of several GiB, sparse: the arrays are mapped, so the run's memory stays far below.
+/// of several GiB, sparse, and the same in one `.safetensors` file: the arrays are mapped,
+/// so the run's memory stays far below.
 #[test]
-fn npy_arrays_larger_than_memory_train_in_bounded_memory() {
+fn npy_and_safetensors_arrays_larger_than_memory_train_in_bounded_memory() {
     let dir = tempfile::tempdir().expect("temp dir");
     let data = dir.path().join("arrays");
     std::fs::create_dir(&data).expect("folder");
@@ -124,12 +125,27 @@ fn npy_arrays_larger_than_memory_train_in_bounded_memory() {
         std::fs::write(&path, &head).expect("header");
         std::fs::OpenOptions::new().write(true).open(&path).and_then(|f| f.set_len(head.len() as u64 + n * width)).expect("sparse data");
     }
+    // The same arrays in one sparse .safetensors file (8-byte length, JSON header padded
+    // to 8 bytes, the data).
+    let st = dir.path().join("arrays.safetensors");
+    let (a, b) = (n * 4 * 64, n * 4 * 64 + n * 8);
+    let mut header = format!(
+        r#"{{"input":{{"dtype":"F32","shape":[{n},64],"data_offsets":[0,{a}]}},"label":{{"dtype":"I64","shape":[{n}],"data_offsets":[{a},{b}]}}}}"#
+    );
+    while header.len() % 8 != 0 {
+        header.push(' ');
+    }
+    let mut head = (header.len() as u64).to_le_bytes().to_vec();
+    head.extend(header.bytes());
+    std::fs::write(&st, &head).expect("header");
+    std::fs::OpenOptions::new().write(true).open(&st).and_then(|f| f.set_len(head.len() as u64 + b)).expect("sparse data");
     let build = dir.path().join("mlp");
     pw_ok(["compile", model("mlp").to_str().unwrap(), "--stages", "2", "-o", build.to_str().unwrap()]);
-    let out = ok(&pw(["train", build.to_str().unwrap(), "--data", data.to_str().unwrap(), "--output", "linear_3", "--steps", "5", "--microbatch", "16", "--microbatches", "4", "--no-progress"]));
-    let peak = out.lines().find_map(|l| l.strip_prefix("peak resident memory of this process: ")).expect("the summary says the peak");
-    let size = n * (4 * 64 + 8);
-    assert!(parse_size(peak) < 1536 << 20, "peak resident memory {peak} over {size} bytes of arrays");
+    for data in [&data, &st] {
+        let out = ok(&pw(["train", build.to_str().unwrap(), "--data", data.to_str().unwrap(), "--output", "linear_3", "--steps", "5", "--microbatch", "16", "--microbatches", "4", "--no-progress"]));
+        let peak = out.lines().find_map(|l| l.strip_prefix("peak resident memory of this process: ")).expect("the summary says the peak");
+        assert!(parse_size(peak) < 1536 << 20, "{}: peak resident memory {peak} over {b} bytes of arrays", data.display());
+    }
 }
 
 fn memory_bytes() -> u64 {

@@ -384,15 +384,29 @@ impl Dataset {
     }
 
     /// Loads from a safetensors file (any of its little-endian dtypes libtorch has).
+    /// The file is mapped, not read, and each tensor aligned for its type is a view of the
+    /// mapping (as `.npy` arrays are); the others are copied out of it.
     pub fn from_safetensors<'a>(path: &Path, inputs: &[InputSpec], label: impl Into<LabelArray<'a>>) -> Result<Dataset> {
         let label = label.into();
-        let bytes = std::fs::read(path).with_context(|| format!("{}: cannot read", path.display()))?;
-        Self::from_safetensors_bytes(&path.display().to_string(), &bytes, inputs, label)
+        let shown = path.display().to_string();
+        if let Some((file, stamp)) = map_file(path) {
+            // SAFETY: `file` maps the whole file (`numel` bytes) and outlives `bytes`; a
+            // private mapping is never written through.
+            let bytes = unsafe { std::slice::from_raw_parts(file.data_ptr() as *const u8, file.numel()) };
+            return Self::from_safetensors_in(&shown, bytes, Some((&file, &stamp)), inputs, label);
+        }
+        let bytes = std::fs::read(path).with_context(|| format!("{shown}: cannot read"))?;
+        Self::from_safetensors_bytes(&shown, &bytes, inputs, label)
     }
 
     /// [`Dataset::from_safetensors`] on a file's bytes; errors name `shown`.
     pub fn from_safetensors_bytes<'a>(shown: &str, bytes: &[u8], inputs: &[InputSpec], label: impl Into<LabelArray<'a>>) -> Result<Dataset> {
-        let label = label.into();
+        Self::from_safetensors_in(shown, bytes, None, inputs, label.into())
+    }
+
+    /// `bytes`: the file's; with `mapped`, they are the mapping `mapped.0` of the file
+    /// `mapped.1` stamps, which aligned tensors become views of.
+    fn from_safetensors_in(shown: &str, bytes: &[u8], mapped: Option<(&Tensor, &FileStamp)>, inputs: &[InputSpec], label: LabelArray<'_>) -> Result<Dataset> {
         let st = safetensors::SafeTensors::deserialize(bytes)
             .map_err(|e| anyhow!("{shown}: not a valid safetensors file: {e:?}"))?;
         let mut names: Vec<String> = st.names().into_iter().cloned().collect();
@@ -402,8 +416,15 @@ impl Dataset {
             let view = st.tensor(array).map_err(|e| anyhow!("{shown}: array `{array}`: {e:?}"))?;
             let elem = crate::module::elem_of_dtype(view.dtype())
                 .ok_or_else(|| anyhow!("{shown}: array `{array}`: dtype {:?} is not supported", view.dtype()))?;
-            let shape = view.shape().iter().map(|&d| d as i64).collect();
-            column(&shown, array, RawArray { elem, shape, data: view.data().to_vec() })
+            let shape: Vec<i64> = view.shape().iter().map(|&d| d as i64).collect();
+            let data = view.data();
+            if let Some((file, stamp)) = mapped {
+                let offset = data.as_ptr() as usize - bytes.as_ptr() as usize;
+                if let Some(values) = typed_view(file, offset as u64, data.len() as u64, elem, &shape) {
+                    return Ok(Column { elem, shape, values, stamp: Some(stamp.clone()) });
+                }
+            }
+            column(&shown, array, RawArray { elem, shape, data: data.to_vec() })
         })
     }
 
@@ -677,9 +698,8 @@ fn column(source: &str, name: &str, a: RawArray) -> Result<Column> {
 
 /// A `.npy` file's array mapped from the file (its pages are read as batches touch them,
 /// so a file larger than memory trains in bounded memory), or `None` where it is not (a
-/// header or size the parser must explain, a bool array whose bytes are checked by reading
-/// them, data not aligned for its type, an empty array, a path that is not UTF-8, a failed
-/// mapping): the caller reads it whole, and reports what is wrong with it.
+/// header or size the parser must explain, or what [`typed_view`] and [`map_file`] refuse):
+/// the caller reads it whole, and reports what is wrong with it.
 fn map_npy(path: &Path) -> Option<Column> {
     use std::os::unix::fs::FileExt;
     let file = std::fs::File::open(path).ok()?;
@@ -690,14 +710,35 @@ fn map_npy(path: &Path) -> Option<Column> {
     let (descr, shape, start) = parse_npy_header(&head).ok()?;
     let elem = npy_elem(&descr).ok()?;
     let data = shape.iter().try_fold(elem.size() as u64, |acc, &d| acc.checked_mul(d))?;
-    if data != len - start as u64 || elem == DType::Bool || data == 0 || start % elem.size() != 0 {
+    if data != len - start as u64 {
+        return None;
+    }
+    let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
+    let (file, stamp) = map_file(path)?;
+    let values = typed_view(&file, start as u64, data, elem, &dims)?;
+    Some(Column { elem, shape: dims, values, stamp: Some(stamp) })
+}
+
+/// The whole file at `path` as a private, read-only mapping (a `u8` tensor libtorch maps),
+/// with its stamp; `None` for an empty file or a path that is not UTF-8.
+fn map_file(path: &Path) -> Option<(Tensor, FileStamp)> {
+    let meta = std::fs::metadata(path).ok()?;
+    if meta.len() == 0 {
+        return None;
+    }
+    let file = Tensor::f_from_file(path.to_str()?, false, Some(meta.len() as i64), (Kind::Uint8, tch::Device::Cpu)).ok()?;
+    Some((file, FileStamp::of(path, &meta)))
+}
+
+/// Bytes `at .. at + len` of a mapped file as an array of `elem` and `shape`, without a
+/// copy; `None` where they cannot be viewed so (bool, whose bytes must be checked; data not
+/// aligned for its type; nothing to view).
+fn typed_view(file: &Tensor, at: u64, len: u64, elem: DType, shape: &[i64]) -> Option<Tensor> {
+    if elem == DType::Bool || len == 0 || at % elem.size() as u64 != 0 {
         return None;
     }
     let kind = crate::exec::torch_kind(elem).ok()?;
-    let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
-    let bytes = Tensor::f_from_file(path.to_str()?, false, Some(len as i64), (Kind::Uint8, tch::Device::Cpu)).ok()?;
-    let values = bytes.f_narrow(0, start as i64, data as i64).and_then(|t| t.f_view_dtype(kind)).and_then(|t| t.f_reshape(&dims)).ok()?;
-    Some(Column { elem, shape: dims, values, stamp: Some(FileStamp::of(path, &meta)) })
+    file.f_narrow(0, at as i64, len as i64).and_then(|t| t.f_view_dtype(kind)).and_then(|t| t.f_reshape(shape)).ok()
 }
 
 /// A Fisher–Yates permutation of `0..n` from `(seed, epoch)`.

@@ -194,6 +194,12 @@ fn loads_safetensors() {
 
     let e = err_of(Dataset::from_safetensors(&path, &[spec("z", DType::F32, &[3])], None));
     assert!(e.contains("d.safetensors") && e.contains("`z`") && e.contains("(arrays: h, x, y)"), "{e}");
+    // The file is mapped: a change under the run stops the next batch, naming it.
+    let mut batches = d.batches(2, 2, 0, Stop::Steps(3)).unwrap();
+    batches.next().unwrap().expect("the first batch reads");
+    std::fs::OpenOptions::new().append(true).open(&path).and_then(|mut f| f.write_all(&[0; 8])).unwrap();
+    let e = batches.next().unwrap().expect_err("the grown file is refused").to_string();
+    assert!(e.contains("d.safetensors: the data file changed during the run"), "{e}");
 }
 
 /// f32 -> IEEE half bits, for the small exact values used above.
