@@ -14,7 +14,7 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use pipewright_core::metrics::MetricsLine;
-use pipewright_driver::train::StepReport;
+use pipewright_driver::train::{eval_perplexity, StepReport};
 
 /// `1234 samples/s`, or `12.3 s/step` when a step takes longer than a second per sample
 /// (`0 samples/s` says nothing).
@@ -99,7 +99,7 @@ impl Progress {
                 lr: Some(r.lr),
                 eval_loss: eval.map(|e| e.loss),
                 eval_accuracy: eval.and_then(|e| e.accuracy),
-                eval_perplexity: eval.filter(|_| self.language_model).map(|e| e.loss.exp()),
+                eval_perplexity: eval.and_then(|e| eval_perplexity(e, self.language_model)),
                 skipped: r.skipped,
                 forced,
             };

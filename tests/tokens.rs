@@ -75,11 +75,7 @@ fn a_one_dimensional_npy_is_the_same_stream() {
     let raw = dir.path().join("tokens.bin");
     token_file(&raw, 20 * (T + 1), &[]);
     let ids = std::fs::read(&raw).expect("read");
-    let header = format!("{{'descr': '<u2', 'fortran_order': False, 'shape': ({},), }}", ids.len() / 2);
-    let pad = 64 - (10 + header.len() + 1) % 64;
-    let mut npy = b"\x93NUMPY\x01\x00".to_vec();
-    npy.extend(((header.len() + pad + 1) as u16).to_le_bytes());
-    npy.extend(header.bytes().chain(std::iter::repeat_n(b' ', pad)).chain([b'\n']));
+    let mut npy = npy_header("<u2", &[ids.len() as u64 / 2]);
     npy.extend(&ids);
     let npy_path = dir.path().join("tokens.npy");
     std::fs::write(&npy_path, npy).expect("write npy");
@@ -114,13 +110,8 @@ fn npy_and_safetensors_arrays_larger_than_memory_train_in_bounded_memory() {
     let data = dir.path().join("arrays");
     std::fs::create_dir(&data).expect("folder");
     let n: u64 = 16 << 20;
-    for (name, descr, per_sample, width) in [("input", "<f4", ", 64", 4u64 * 64), ("label", "<i8", "", 8)] {
-        let header = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': ({n}{per_sample},), }}");
-        let header = if per_sample.is_empty() { header } else { header.replace(",), }", "), }") };
-        let pad = 64 - (10 + header.len() + 1) % 64;
-        let mut head = b"\x93NUMPY\x01\x00".to_vec();
-        head.extend(((header.len() + pad + 1) as u16).to_le_bytes());
-        head.extend(header.bytes().chain(std::iter::repeat_n(b' ', pad)).chain([b'\n']));
+    for (name, descr, shape, width) in [("input", "<f4", vec![n, 64], 4u64 * 64), ("label", "<i8", vec![n], 8)] {
+        let head = npy_header(descr, &shape);
         let path = data.join(format!("{name}.npy"));
         std::fs::write(&path, &head).expect("header");
         std::fs::OpenOptions::new().write(true).open(&path).and_then(|f| f.set_len(head.len() as u64 + n * width)).expect("sparse data");
@@ -148,22 +139,29 @@ fn npy_and_safetensors_arrays_larger_than_memory_train_in_bounded_memory() {
     }
 }
 
+/// A version 1.0 `.npy` header for an array of `descr` and `shape` (data to follow),
+/// padded as numpy pads it.
+fn npy_header(descr: &str, shape: &[u64]) -> Vec<u8> {
+    let dims = match shape {
+        [one] => format!("{one},"),
+        _ => shape.iter().map(u64::to_string).collect::<Vec<_>>().join(", "),
+    };
+    let header = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': ({dims}), }}");
+    let pad = 64 - (10 + header.len() + 1) % 64;
+    let mut out = b"\x93NUMPY\x01\x00".to_vec();
+    out.extend(((header.len() + pad + 1) as u16).to_le_bytes());
+    out.extend(header.bytes().chain(std::iter::repeat_n(b' ', pad)).chain([b'\n']));
+    out
+}
+
 fn memory_bytes() -> u64 {
     let info = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
     info.lines().find_map(|l| l.strip_prefix("MemTotal:")).and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok()).map_or(0, |k| k * 1024)
 }
 
-/// `312.5 MiB` and the like, as the summary prints sizes.
+/// A size as the summary prints it (`312.5 MiB`).
 fn parse_size(s: &str) -> u64 {
-    let (num, unit) = s.trim().split_once(' ').expect("a number and a unit");
-    let scale = match unit {
-        "B" => 1.0,
-        "KiB" => 1024.0,
-        "MiB" => 1024.0 * 1024.0,
-        "GiB" => 1024.0 * 1024.0 * 1024.0,
-        u => panic!("unit {u}"),
-    };
-    (num.parse::<f64>().expect("a number") * scale) as u64
+    pipewright_core::units::parse_bytes(s).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// Each bad token file is refused with a message naming it and what to do; an id out of

@@ -94,11 +94,11 @@ pub fn curves_svg(runs: &[Run<'_>]) -> String {
     for (k, run) in runs.iter().enumerate() {
         let colour = COLOURS[k % COLOURS.len()];
         let raw: Vec<(f64, f64)> = run.lines.iter().filter(|l| finite(l.loss)).map(|l| (l.step as f64, l.loss)).collect();
-        polyline(&mut s, "loss", run.label, &raw, &x, &y, colour, 1.0, 0.35);
-        polyline(&mut s, "smoothed", run.label, &moving_average(&raw), &x, &y, colour, 2.2, 1.0);
+        polyline(&mut s, "loss", run.label, &raw, &x, &y, colour, r#"stroke-width="1" stroke-opacity="0.35""#);
+        polyline(&mut s, "smoothed", run.label, &moving_average(&raw), &x, &y, colour, r#"stroke-width="2.2""#);
         let eval: Vec<(f64, f64)> = run.lines.iter().filter_map(|l| l.eval_loss.filter(|v| finite(*v)).map(|v| (l.step as f64, v))).collect();
         if !eval.is_empty() {
-            polyline_dashed(&mut s, run.label, &eval, &x, &y, colour);
+            evaluations(&mut s, run.label, &eval, &x, &y, colour);
         }
     }
     if lr_panel {
@@ -108,7 +108,7 @@ pub fn curves_svg(runs: &[Run<'_>]) -> String {
         frame(&mut s, &x, &y, "learning rate", top, LR_H, true);
         for (k, run) in runs.iter().enumerate() {
             let pts: Vec<(f64, f64)> = run.lines.iter().filter_map(|l| l.lr.map(|lr| (l.step as f64, lr))).collect();
-            polyline(&mut s, "lr", run.label, &pts, &x, &y, COLOURS[k % COLOURS.len()], 1.6, 1.0);
+            polyline(&mut s, "lr", run.label, &pts, &x, &y, COLOURS[k % COLOURS.len()], r#"stroke-width="1.6""#);
         }
     }
     s.push_str("</svg>\n");
@@ -197,38 +197,35 @@ fn legend(s: &mut String, runs: &[Run<'_>]) {
     }
 }
 
+/// One series as a `<polyline>`; `stroke` holds its width, opacity or dashes.
 #[allow(clippy::too_many_arguments)]
-fn polyline(s: &mut String, series: &str, run: &str, pts: &[(f64, f64)], x: &Axis, y: &Axis, colour: &str, width: f64, opacity: f64) {
+fn polyline(s: &mut String, series: &str, run: &str, pts: &[(f64, f64)], x: &Axis, y: &Axis, colour: &str, stroke: &str) {
     let points: Vec<String> = pts.iter().map(|&(a, b)| format!("{:.1},{:.1}", x.at(a), y.at(b))).collect();
-    let _ = writeln!(
-        s,
-        r#"<polyline data-series="{series}" data-run="{}" points="{}" fill="none" stroke="{colour}" stroke-width="{width}" stroke-opacity="{opacity}"/>"#,
-        escape(run),
-        points.join(" ")
-    );
+    let _ = writeln!(s, r#"<polyline data-series="{series}" data-run="{}" points="{}" fill="none" stroke="{colour}" {stroke}/>"#, escape(run), points.join(" "));
 }
 
 /// The evaluation losses: dashed, with a dot at each evaluation.
-fn polyline_dashed(s: &mut String, run: &str, pts: &[(f64, f64)], x: &Axis, y: &Axis, colour: &str) {
-    let points: Vec<String> = pts.iter().map(|&(a, b)| format!("{:.1},{:.1}", x.at(a), y.at(b))).collect();
-    let _ = writeln!(
-        s,
-        r#"<polyline data-series="eval" data-run="{}" points="{}" fill="none" stroke="{colour}" stroke-width="2" stroke-dasharray="6 4"/>"#,
-        escape(run),
-        points.join(" ")
-    );
+fn evaluations(s: &mut String, run: &str, pts: &[(f64, f64)], x: &Axis, y: &Axis, colour: &str) {
+    polyline(s, "eval", run, pts, x, y, colour, r#"stroke-width="2" stroke-dasharray="6 4""#);
     for &(a, b) in pts {
         let _ = writeln!(s, r#"<circle cx="{:.1}" cy="{:.1}" r="3.5" fill="{colour}"/>"#, x.at(a), y.at(b));
     }
 }
 
 /// A centred moving average over about a twentieth of the points (at least 1).
+/// Linear in the points (prefix sums), whatever the window: a long run's file has a
+/// point per step.
 fn moving_average(pts: &[(f64, f64)]) -> Vec<(f64, f64)> {
     let half = pts.len() / 40;
+    let mut prefix = Vec::with_capacity(pts.len() + 1);
+    prefix.push(0.0);
+    for p in pts {
+        prefix.push(prefix[prefix.len() - 1] + p.1);
+    }
     (0..pts.len())
         .map(|i| {
             let (a, b) = (i.saturating_sub(half), (i + half + 1).min(pts.len()));
-            (pts[i].0, pts[a..b].iter().map(|p| p.1).sum::<f64>() / (b - a) as f64)
+            (pts[i].0, (prefix[b] - prefix[a]) / (b - a) as f64)
         })
         .collect()
 }
@@ -254,6 +251,16 @@ mod tests {
         assert_eq!(read_metrics(old).expect("old line")[0].lr, None);
         let e = read_metrics("{\"step\":1}\nnot json").expect_err("bad lines");
         assert!(e.starts_with("line 1: not a metrics line of `train --metrics`: missing field `loss`"), "{e}");
+    }
+
+    #[test]
+    fn the_moving_average_is_the_mean_of_each_window() {
+        let pts: Vec<(f64, f64)> = (0..80).map(|i| (i as f64, if i % 2 == 0 { 1.0 } else { 3.0 })).collect();
+        let avg = moving_average(&pts);
+        // Windows of 2 * 2 + 1 points inside, shorter at the ends.
+        assert_eq!(avg[10], (10.0, (1.0 + 3.0 + 1.0 + 3.0 + 1.0) / 5.0));
+        assert_eq!(avg[0], (0.0, (1.0 + 3.0 + 1.0) / 3.0));
+        assert_eq!(avg[79], (79.0, (3.0 + 1.0 + 3.0) / 3.0));
     }
 
     #[test]

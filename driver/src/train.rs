@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use pipewright_core::{DataOrder, Decay, Device, Loss, NonFinite, Optimizer, Precision, Recompute, RunFlags, RunShape, Schedule, TokenType};
 use pipewright_runtime::build::{Build, Identity, Manifest, MANIFEST_FILE};
-use pipewright_runtime::data::{Dataset, LabelArray, Stop, DEFAULT_LABEL};
+use pipewright_runtime::data::{DataError, Dataset, LabelArray, MicrobatchData, Stop, DEFAULT_LABEL};
 use pipewright_runtime::tokens::{is_token_file, TokenFile, TokenWindows};
 use pipewright_runtime::device::tch_device;
 use pipewright_runtime::module::{decode_module_bytes, read_module, StageModule};
@@ -483,9 +483,7 @@ fn batches(req: &TrainRequest, manifest: &Manifest, config: &TrainConfig, microb
 /// [`batches`], and how many of them one pass over the data holds.
 fn batches_counted(req: &TrainRequest, manifest: &Manifest, config: &TrainConfig, microbatch: usize, per_batch: usize, start: usize) -> Result<(BatchStream, usize), DriverError> {
     if let DataSource::File(path) = &req.data {
-        let inputs = manifest.input_specs().map_err(|e| DriverError::msg(format!("{MANIFEST_FILE}: {e}")))?;
-        let scalar_inputs: Vec<&str> = inputs.iter().filter(|i| i.per_sample.is_empty()).map(|i| i.name.as_str()).collect();
-        if req.tokens.is_some() || is_token_file(path, &scalar_inputs) {
+        if reads_tokens(req, manifest, path) {
             return token_batches(req, manifest, config, path, microbatch, per_batch, start);
         }
     }
@@ -508,11 +506,15 @@ fn batches_counted(req: &TrainRequest, manifest: &Manifest, config: &TrainConfig
     };
     let per_epoch = data.batches_per_epoch(microbatch, per_batch);
     let stream = data.into_batches(microbatch, per_batch, req.seed, Stop::Steps(req.steps))?.in_order(req.data_order).starting_at(start);
-    let stream: BatchStream = Box::new(stream.map(|batch| match batch {
+    Ok((stream_of(stream), per_epoch))
+}
+
+/// The data loader's batches as the pipeline takes them.
+fn stream_of(batches: impl Iterator<Item = Result<Vec<MicrobatchData>, DataError>> + Send + 'static) -> BatchStream {
+    Box::new(batches.map(|batch| match batch {
         Ok(b) => Ok(b.into_iter().map(|(inputs, labels)| Microbatch { inputs, labels }).collect()),
         Err(e) => Err(e.to_string()),
-    }));
-    Ok((stream, per_epoch))
+    }))
 }
 
 /// The batches of a token stream: windows of the model's sequence length, each position's
@@ -529,11 +531,7 @@ fn token_batches(req: &TrainRequest, manifest: &Manifest, config: &TrainConfig, 
     let file = TokenFile::open(path, req.tokens)?;
     let windows = TokenWindows::new(file, &inputs, vocab, req.data_order, req.seed, microbatch, per_batch, req.steps)?.starting_at(start);
     let per_epoch = size(windows.windows()) / (microbatch * per_batch).max(1);
-    let stream: BatchStream = Box::new(windows.map(|batch| match batch {
-        Ok(b) => Ok(b.into_iter().map(|(inputs, labels)| Microbatch { inputs, labels }).collect()),
-        Err(e) => Err(e.to_string()),
-    }));
-    Ok((stream, per_epoch))
+    Ok((stream_of(windows), per_epoch))
 }
 
 /// `--eval-data`: `--eval-batches` microbatches of `microbatch` samples (default: one pass
@@ -550,30 +548,35 @@ fn eval_set(req: &TrainRequest, manifest: &Manifest, config: &TrainConfig, micro
     if req.eval_batches == Some(0) || req.eval_every == Some(0) {
         return Err(DriverError::msg("--eval-every and --eval-batches must be at least 1"));
     }
-    // Counted first (one pass), then read: K of them, in order.
-    let probe = TrainRequest { data: DataSource::File(path.clone()), data_order: DataOrder::Sequential, steps: 1, ..req.clone() };
-    let (_, available) = batches_counted(&probe, manifest, config, microbatch, 1, 0).map_err(|e| DriverError::msg(format!("--eval-data: {e}")))?;
+    // Opened once, in order; the stream makes batches as they are taken, so one longer
+    // than the set costs nothing, and K of them are taken once K is known to fit.
+    let eval = TrainRequest { data: DataSource::File(path.clone()), data_order: DataOrder::Sequential, steps: usize::MAX, ..req.clone() };
+    let (stream, available) = batches_counted(&eval, manifest, config, microbatch, 1, 0).map_err(|e| DriverError::msg(format!("--eval-data: {e}")))?;
     let wanted = req.eval_batches.unwrap_or(available);
     if wanted > available {
         return Err(DriverError::msg(format!(
             "--eval-batches {wanted}: {shown} holds {available} batch(es) of {microbatch}; give --eval-batches {available} or fewer, or a larger set"
         )));
     }
-    let read = TrainRequest { steps: wanted, ..probe };
-    let (stream, _) = batches_counted(&read, manifest, config, microbatch, 1, 0).map_err(|e| DriverError::msg(format!("--eval-data: {e}")))?;
     let mut microbatches = Vec::with_capacity(wanted);
-    for batch in stream {
+    for batch in stream.take(wanted) {
         microbatches.extend(batch.map_err(|e| DriverError::msg(format!("--eval-data: {e}")))?);
     }
     Ok(Some(EvalSet { microbatches }))
+}
+
+/// An evaluation's perplexity, for a language model (a token stream): the exponential
+/// of its mean cross-entropy.
+pub fn eval_perplexity(eval: &EvalResult, language_model: bool) -> Option<f64> {
+    language_model.then(|| eval.loss.exp())
 }
 
 /// The line a run prints for the evaluation after step `step` (from 1): the loss and, for
 /// cross-entropy, the accuracy; for a language model (a token stream) the perplexity.
 pub fn eval_line(step: usize, eval: &EvalResult, language_model: bool) -> String {
     let mut line = format!("eval after step {step}: loss {:.4}", eval.loss);
-    if language_model {
-        line.push_str(&format!(", perplexity {:.2}", eval.loss.exp()));
+    if let Some(p) = eval_perplexity(eval, language_model) {
+        line.push_str(&format!(", perplexity {p:.2}"));
     }
     if let Some(a) = eval.accuracy {
         line.push_str(&format!(", accuracy {:.4}", a));
@@ -582,8 +585,9 @@ pub fn eval_line(step: usize, eval: &EvalResult, language_model: bool) -> String
     line
 }
 
-/// Whether `--data PATH` is read as a token stream.
-fn batches_are_tokens(req: &TrainRequest, manifest: &Manifest, path: &Path) -> bool {
+/// Whether `--data PATH` is read as a token stream: `--tokens`, or a file that is one
+/// (a `.npy` named after a model input of one scalar per sample is an array).
+fn reads_tokens(req: &TrainRequest, manifest: &Manifest, path: &Path) -> bool {
     let inputs = manifest.input_specs().unwrap_or_default();
     let scalar_inputs: Vec<&str> = inputs.iter().filter(|i| i.per_sample.is_empty()).map(|i| i.name.as_str()).collect();
     req.tokens.is_some() || is_token_file(path, &scalar_inputs)
@@ -640,7 +644,7 @@ impl Session {
             (Some(_), None) => EvalPoints::AtEnd,
             (Some(_), Some(n)) => EvalPoints::Every(n),
         };
-        let language_model = matches!(&req.data, DataSource::File(p) if batches_are_tokens(req, &build.manifest, p));
+        let language_model = matches!(&req.data, DataSource::File(p) if reads_tokens(req, &build.manifest, p));
         Ok(Session { locks, build, shape, config, start, checkpoint, batches, forced, eval, language_model })
     }
 
@@ -780,6 +784,11 @@ impl WorkerSession {
     }
 
     fn prepare_in(build_dir: &Path, req: &WorkerRequest, embedded: Option<Vec<u8>>, job: &MpiJob) -> Result<WorkerSession, DriverError> {
+        if req.train.eval_data.is_some() {
+            return Err(DriverError::msg(
+                "--eval-data: evaluation during training runs on the embedded executor (pipewright train); an MPI job does not evaluate yet: evaluate the weights it saves with pipewright export and run-forward",
+            ));
+        }
         let manifest = Manifest::read(build_dir)?;
         let manifest_path = build_dir.join(MANIFEST_FILE);
         // Rank 0 holds the job's folders (the others may be on hosts of their own).
@@ -830,11 +839,6 @@ impl WorkerSession {
             None => None,
         };
         let start = resume.as_ref().map_or(0, |(s, _)| *s as usize);
-        if req.train.eval_data.is_some() {
-            return Err(DriverError::msg(
-                "--eval-data: evaluation during training runs on the embedded executor (pipewright train); an MPI job does not evaluate yet: evaluate the weights it saves with pipewright export and run-forward",
-            ));
-        }
         let mut batches = batches(&req.train, &manifest, &config, size(shape.microbatch.value), size(shape.microbatches.value) * layout.replicas, start)?;
         // The first batch is read now to fingerprint the data, then trained on as usual.
         let first = batches.next().ok_or_else(|| DriverError::msg("the data holds no batch"))?.map_err(DriverError::msg)?;

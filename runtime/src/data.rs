@@ -701,13 +701,9 @@ fn column(source: &str, name: &str, a: RawArray) -> Result<Column> {
 /// header or size the parser must explain, or what [`typed_view`] and [`map_file`] refuse):
 /// the caller reads it whole, and reports what is wrong with it.
 fn map_npy(path: &Path) -> Option<Column> {
-    use std::os::unix::fs::FileExt;
     let file = std::fs::File::open(path).ok()?;
-    let meta = file.metadata().ok()?;
-    let len = meta.len();
-    let mut head = vec![0u8; (len as usize).min(1 << 16)];
-    file.read_exact_at(&mut head, 0).ok()?;
-    let (descr, shape, start) = parse_npy_header(&head).ok()?;
+    let len = file.metadata().ok()?.len();
+    let (descr, shape, start) = parse_npy_header(&npy_head(&file).ok()?).ok()?;
     let elem = npy_elem(&descr).ok()?;
     let data = shape.iter().try_fold(elem.size() as u64, |acc, &d| acc.checked_mul(d))?;
     if data != len - start as u64 {
@@ -737,7 +733,7 @@ fn typed_view(file: &Tensor, at: u64, len: u64, elem: DType, shape: &[i64]) -> O
     if elem == DType::Bool || len == 0 || at % elem.size() as u64 != 0 {
         return None;
     }
-    let kind = crate::exec::torch_kind(elem).ok()?;
+    let kind = kind(elem).ok()?;
     file.f_narrow(0, at as i64, len as i64).and_then(|t| t.f_view_dtype(kind)).and_then(|t| t.f_reshape(shape)).ok()
 }
 
@@ -791,6 +787,16 @@ impl Rng {
 // .npy
 
 const NPY_MAGIC: &[u8] = b"\x93NUMPY";
+
+/// The first bytes of a `.npy` file, enough for any header (a few KiB at most) and no
+/// more of the data, for [`parse_npy_header`].
+pub(crate) fn npy_head(file: &std::fs::File) -> std::io::Result<Vec<u8>> {
+    use std::os::unix::fs::FileExt;
+    let len = file.metadata()?.len();
+    let mut head = vec![0u8; len.min(1 << 16) as usize];
+    file.read_exact_at(&mut head, 0)?;
+    Ok(head)
+}
 
 /// A `.npy` file's header (versions 1.0, 2.0, 3.0; C order): its dtype string, its shape
 /// and where the data starts. `bytes` need only hold the header.

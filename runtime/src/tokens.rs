@@ -12,8 +12,9 @@
 //! Windows are visited in a seeded random order that is a function of the step alone (a
 //! keyed bijection of the window indices, new every epoch), so no index of the file is
 //! built and a resumed run continues the same order exactly; replicas and MPI ranks take
-//! disjoint windows (they share each batch's microbatches). Every read checks that the
-//! file is still the one opened and that every id is below the model's vocabulary.
+//! disjoint windows (they share each batch's microbatches). Each batch checks that the
+//! file is still the one opened, and every id read that it is below the model's
+//! vocabulary.
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -24,7 +25,7 @@ use pipewright_core::{DataOrder, TokenType};
 use tch::{Kind, Tensor};
 
 use crate::build::InputSpec;
-use crate::data::{parse_npy_header, DataError, FileStamp, MicrobatchData};
+use crate::data::{npy_head, parse_npy_header, DataError, FileStamp, MicrobatchData};
 use pipewright_ops::DType;
 
 type Result<T> = std::result::Result<T, DataError>;
@@ -43,6 +44,17 @@ enum Elem {
 }
 
 impl Elem {
+    /// The element of a `.npy` token array's dtype string, if ids can be of that type.
+    fn of_npy(descr: &str) -> Option<Elem> {
+        match descr {
+            "<u2" => Some(Elem::U16),
+            "<u4" => Some(Elem::U32),
+            "<i4" => Some(Elem::I32),
+            "<i8" => Some(Elem::I64),
+            _ => None,
+        }
+    }
+
     fn width(self) -> usize {
         match self {
             Elem::U16 => 2,
@@ -98,18 +110,13 @@ impl TokenFile {
         self.tokens
     }
 
-    /// Tokens `first .. first + n`, after checking that the file is still the one opened.
+    /// Tokens `first .. first + n` (the caller checks [`TokenFile::stamp`] first).
     fn read(&self, first: u64, n: usize) -> Result<Vec<i64>> {
-        self.check_unchanged()?;
         let width = self.elem.width();
         let mut buf = vec![0u8; n * width];
         let at = self.start + first * width as u64;
         self.file.read_exact_at(&mut buf, at).map_err(|e| err(format!("{}: reading tokens {first}..{}: {e}", self.path.display(), first + n as u64)))?;
         Ok(buf.chunks_exact(width).map(|b| self.elem.decode(b)).collect())
-    }
-
-    fn check_unchanged(&self) -> Result<()> {
-        self.stamp.check()
     }
 }
 
@@ -131,28 +138,12 @@ fn raw_layout(shown: &str, given: Option<TokenType>) -> Result<(u64, Elem)> {
 }
 
 fn npy_layout(file: &File, shown: &str, given: Option<TokenType>) -> Result<(u64, Elem)> {
-    // A header is at most a few KiB: read enough for any, not the data.
-    let mut head = vec![0u8; 1 << 16];
-    let mut got = 0;
-    while got < head.len() {
-        match file.read_at(&mut head[got..], got as u64) {
-            Ok(0) => break,
-            Ok(n) => got += n,
-            Err(e) => return Err(err(format!("{shown}: {e}"))),
-        }
-    }
-    head.truncate(got);
+    let head = npy_head(file).map_err(|e| err(format!("{shown}: {e}")))?;
     let (descr, shape, start) = parse_npy_header(&head).map_err(|e| err(format!("{shown}: {e}")))?;
     if shape.len() != 1 {
         return Err(err(format!("{shown}: a token array must be 1-D (one flat run of ids), this one has shape {shape:?}")));
     }
-    let elem = match descr.as_str() {
-        "<u2" => Elem::U16,
-        "<u4" => Elem::U32,
-        "<i4" => Elem::I32,
-        "<i8" => Elem::I64,
-        d => return Err(err(format!("{shown}: token ids of dtype `{d}` are not supported (<u2, <u4, <i4, <i8 are)"))),
-    };
+    let elem = Elem::of_npy(&descr).ok_or_else(|| err(format!("{shown}: token ids of dtype `{descr}` are not supported (<u2, <u4, <i4, <i8 are)")))?;
     let agrees = match given {
         None => true,
         Some(TokenType::U16) => elem == Elem::U16,
@@ -176,11 +167,8 @@ pub fn is_token_file(path: &Path, scalar_inputs: &[&str]) -> bool {
     if ext != Some("npy") || !path.is_file() || path.file_stem().and_then(|s| s.to_str()).is_some_and(|s| scalar_inputs.contains(&s)) {
         return false;
     }
-    let Ok(file) = File::open(path) else { return false };
-    let mut head = vec![0u8; 4096];
-    let Ok(n) = file.read_at(&mut head, 0) else { return false };
-    head.truncate(n);
-    matches!(parse_npy_header(&head), Ok((d, shape, _)) if shape.len() == 1 && matches!(d.as_str(), "<u2" | "<u4" | "<i4" | "<i8"))
+    let Ok(head) = File::open(path).and_then(|f| npy_head(&f)) else { return false };
+    matches!(parse_npy_header(&head), Ok((d, shape, _)) if shape.len() == 1 && Elem::of_npy(&d).is_some())
 }
 
 /// How a stream fills one model input.
@@ -300,8 +288,10 @@ impl TokenWindows {
         }
     }
 
-    /// Batch `step`'s microbatches.
+    /// Batch `step`'s microbatches, once the file is known to be the one opened (a stat
+    /// per batch, not per window).
     fn batch(&self, step: usize) -> Result<Vec<MicrobatchData>> {
+        self.file.stamp.check()?;
         let (epoch, within) = (step as u64 / self.per_epoch, step as u64 % self.per_epoch);
         let first = within * (self.microbatch * self.per_batch) as u64;
         (0..self.per_batch as u64)

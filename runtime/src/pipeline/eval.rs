@@ -42,7 +42,7 @@ pub(crate) struct Evaluator {
     workers: Vec<Worker>,
     /// Each stage's device (its replica-0 worker's, where its snapshots live).
     devices: Vec<tch::Device>,
-    set: EvalSet,
+    microbatches: Vec<Microbatch>,
 }
 
 impl Evaluator {
@@ -58,7 +58,7 @@ impl Evaluator {
         if set.microbatches.is_empty() {
             return Err(PipelineError::Data("the evaluation set holds no microbatch".into()));
         }
-        Ok(Evaluator { workers, devices, set })
+        Ok(Evaluator { workers, devices, microbatches: set.microbatches })
     }
 
     /// The evaluation set's loss and accuracy under `snaps` (one per stage, in order).
@@ -66,16 +66,9 @@ impl Evaluator {
         for (w, snap) in self.workers.iter_mut().zip(&snaps) {
             w.set_stats(snap.stats.iter().map(Tensor::shallow_clone).collect());
         }
-        let set = std::mem::take(&mut self.set.microbatches);
-        let result = self.over(&set, &snaps);
-        self.set.microbatches = set;
-        result
-    }
-
-    fn over(&mut self, microbatches: &[Microbatch], snaps: &[Snapshot]) -> Result<EvalResult, PipelineError> {
         let (mut loss, mut correct, mut counted, mut samples) = (0.0, 0.0, 0.0, 0);
-        for mb in microbatches {
-            let (l, right) = self.microbatch(mb, snaps)?;
+        for mb in &self.microbatches {
+            let (l, right) = through_stages(&mut self.workers, &self.devices, mb, &snaps)?;
             loss += l;
             if let Some((c, n)) = right {
                 correct += c;
@@ -83,37 +76,38 @@ impl Evaluator {
             }
             samples += mb.inputs.first().map_or(0, |(_, x)| x.size().first().copied().unwrap_or(1) as usize);
         }
-        let n = microbatches.len() as f64;
+        let n = self.microbatches.len() as f64;
         Ok(EvalResult { loss: loss / n, accuracy: (counted > 0.0).then(|| correct / counted), samples })
     }
+}
 
-    /// One microbatch through every stage: its loss and, for cross-entropy, (correct, counted).
-    fn microbatch(&mut self, mb: &Microbatch, snaps: &[Snapshot]) -> Result<(f64, Option<(f64, f64)>), PipelineError> {
-        let mut carried: Vec<Tensor> = Vec::new();
-        for ((w, snap), &device) in self.workers.iter_mut().zip(snaps).zip(&self.devices) {
-            let k = w.spec().index;
-            let mut inputs = Vec::new();
-            for t in carried.drain(..).chain(graph_inputs(w.spec(), mb)?) {
-                inputs.push(t.f_to_device(device).map_err(|e| torch_failed(k, "moving inputs", e))?);
-            }
-            w.specialise_for(&inputs, device).map_err(|e| failed(k, e))?;
-            let labels = match w.spec().loss {
-                Some(_) => mb.labels.as_ref().map(|l| l.to_device(device)),
-                None => None,
-            };
-            let (fwd, _) = w.forward(&snap.weights, &inputs, labels.as_ref(), false, false).map_err(|e| failed(k, e))?;
-            if let (Some(loss), Some((objective, out))) = (&fwd.loss, &w.spec().loss) {
-                let value = loss.f_double_value(&[]).map_err(|e| torch_failed(k, "reading the loss", e))?;
-                let right = match (objective.loss, &labels) {
-                    (pipewright_core::Loss::CrossEntropy, Some(y)) => Some(hits(&fwd.outputs[*out], y, objective.ignore_index).map_err(|e| torch_failed(k, "counting hits", e))?),
-                    _ => None,
-                };
-                return Ok((value, right));
-            }
-            carried = fwd.outputs[..w.spec().n_send].iter().map(Tensor::shallow_clone).collect();
+/// One microbatch through every stage (`workers` on `devices`, with the weights of
+/// `snaps`): its loss and, for cross-entropy, (correct, counted).
+fn through_stages(workers: &mut [Worker], devices: &[tch::Device], mb: &Microbatch, snaps: &[Snapshot]) -> Result<(f64, Option<(f64, f64)>), PipelineError> {
+    let mut carried: Vec<Tensor> = Vec::new();
+    for ((w, snap), &device) in workers.iter_mut().zip(snaps).zip(devices) {
+        let k = w.spec().index;
+        let mut inputs = Vec::new();
+        for t in carried.drain(..).chain(graph_inputs(w.spec(), mb)?) {
+            inputs.push(t.f_to_device(device).map_err(|e| torch_failed(k, "moving inputs", e))?);
         }
-        Err(PipelineError::Data("no stage computes the loss".into()))
+        w.specialise_for(&inputs, device).map_err(|e| failed(k, e))?;
+        let labels = match (&w.spec().loss, &mb.labels) {
+            (Some(_), Some(l)) => Some(l.f_to_device(device).map_err(|e| torch_failed(k, "moving labels", e))?),
+            _ => None,
+        };
+        let (fwd, _) = w.forward(&snap.weights, &inputs, labels.as_ref(), false, false).map_err(|e| failed(k, e))?;
+        if let (Some(loss), Some((objective, out))) = (&fwd.loss, &w.spec().loss) {
+            let value = loss.f_double_value(&[]).map_err(|e| torch_failed(k, "reading the loss", e))?;
+            let right = match (objective.loss, &labels) {
+                (pipewright_core::Loss::CrossEntropy, Some(y)) => Some(hits(&fwd.outputs[*out], y, objective.ignore_index).map_err(|e| torch_failed(k, "counting hits", e))?),
+                _ => None,
+            };
+            return Ok((value, right));
+        }
+        carried = fwd.outputs[..w.spec().n_send].iter().map(Tensor::shallow_clone).collect();
     }
+    Err(PipelineError::Data("no stage computes the loss".into()))
 }
 
 /// Stage `spec`'s graph inputs from the microbatch, by name.

@@ -153,6 +153,17 @@ pub enum EvalPoints {
     Every(usize),
 }
 
+impl EvalPoints {
+    /// Whether a run of `steps` steps evaluates after step `t` (from 0).
+    pub fn due(self, t: usize, steps: usize) -> bool {
+        match self {
+            EvalPoints::Never => false,
+            EvalPoints::AtEnd => t + 1 == steps,
+            EvalPoints::Every(n) => t + 1 == steps || (n > 0 && (t + 1) % n == 0),
+        }
+    }
+}
+
 pub use pipewright_core::DEFAULT_MAX_SKIPS;
 
 impl TrainConfig {
@@ -189,11 +200,7 @@ impl TrainConfig {
 
     /// Whether the run evaluates after step `t` (from 0).
     pub fn eval_due(&self, t: usize) -> bool {
-        match self.eval {
-            EvalPoints::Never => false,
-            EvalPoints::AtEnd => t + 1 == self.steps,
-            EvalPoints::Every(n) => t + 1 == self.steps || (n > 0 && (t + 1) % n == 0),
-        }
+        self.eval.due(t, self.steps)
     }
 
     /// The device of stage `stage` of replica `replica` (of [`TrainConfig::replicas`]).
@@ -894,10 +901,11 @@ struct EventSink<'a> {
     losses: Vec<f64>,
     written: Vec<PathBuf>,
     error: Option<CheckpointError>,
-    /// Evaluation (embedded runs that asked for it): the steps to evaluate after, the
-    /// stages' snapshots gathering per step, the results, and the step reports held back
-    /// (in order) until their step's evaluation is done.
-    eval_due: Vec<bool>,
+    /// Evaluation (embedded runs that asked for it): the steps to evaluate after (of the
+    /// run's `steps`), the stages' snapshots gathering per step, the results, and the step
+    /// reports held back (in order) until their step's evaluation is done.
+    eval_points: EvalPoints,
+    steps: usize,
     evaluator: Option<eval::Evaluator>,
     snapshots: BTreeMap<usize, Vec<Option<eval::Snapshot>>>,
     evals: BTreeMap<usize, EvalResult>,
@@ -922,7 +930,8 @@ impl<'a> EventSink<'a> {
             losses: Vec::new(),
             written: Vec::new(),
             error: None,
-            eval_due: (0..cfg.steps).map(|t| cfg.eval_due(t)).collect(),
+            eval_points: cfg.eval,
+            steps: cfg.steps,
             evaluator: None,
             snapshots: BTreeMap::new(),
             evals: BTreeMap::new(),
@@ -1003,7 +1012,7 @@ impl<'a> EventSink<'a> {
     /// [`EventSink::flush`], `evaluating`: whether evaluations are still to come.
     fn flush_with(&mut self, all: bool, evaluating: bool) {
         while let Some((&step, _)) = self.held.first_key_value() {
-            let waits = evaluating && self.eval_due.get(step).copied().unwrap_or(false) && !self.evals.contains_key(&step);
+            let waits = evaluating && self.eval_points.due(step, self.steps) && !self.evals.contains_key(&step);
             if waits && !all {
                 return;
             }
@@ -1167,7 +1176,6 @@ mod tests {
         sink.handle(Event::Step { step: 0, replica: 0, loss: 1.0, samples: 1, skipped: false, at: Instant::now() });
         assert_eq!(sink.held.len(), 0);
         // With results arriving late: step 1 waits for its evaluation, step 2 behind it.
-        sink.eval_due = vec![true, true, true];
         sink.held.insert(1, StepReport { step: 1, loss: 1.0, samples: 1, seconds: 0.0, skipped: false, lr: 0.1, eval: None });
         sink.held.insert(2, StepReport { step: 2, loss: 1.0, samples: 1, seconds: 0.0, skipped: false, lr: 0.1, eval: None });
         sink.evals.insert(2, EvalResult { loss: 0.2, accuracy: None, samples: 4 });

@@ -958,8 +958,9 @@ impl Worker {
     /// Takes `stats` ([`Worker::bn_stat_tensors`] of a worker of the same stage) as its
     /// running statistics.
     pub(super) fn set_stats(&mut self, stats: Vec<Tensor>) {
-        let at: Vec<usize> = self.stat_consts.clone();
-        self.apply_stats(at.into_iter().zip(stats).collect());
+        for (&i, t) in self.stat_consts.iter().zip(stats) {
+            self.constants[i].1 = t;
+        }
     }
 
     pub(super) fn spec(&self) -> &StageSpec {
