@@ -138,9 +138,19 @@ fn worker_rank(args: &WorkerArgs, embedded: Option<Vec<u8>>, job: &MpiJob) -> Re
     }
     let start = session.start;
     let session_schedule = session.config.schedule;
-    let mut progress = if reports { progress(t, start)? } else { Progress::new(t.steps, start, t.log_every, true, None)? };
+    let language_model = session.language_model;
+    let mut progress = if reports { progress(t, start)?.language_model(language_model) } else { Progress::new(t.steps, start, t.log_every, true, None)? };
     let gate = session.config.stop.clone();
-    let outcome = session.run(&mut |r: StepReport| progress.step(&r))?;
+    let mut last_eval = None;
+    // Evaluations reach the reporting rank only (the last stage of replica 0 computes them).
+    let outcome = session.run(&mut |r: StepReport| {
+        progress.step(&r);
+        if let Some(e) = &r.eval {
+            let line = eval_line(r.step + 1, e, language_model);
+            progress.println(&line);
+            last_eval = Some(line);
+        }
+    })?;
     let stopped_after = gate.and_then(|g| g.stop_after());
     progress.finish();
     let report = &outcome.report;
@@ -172,6 +182,9 @@ fn worker_rank(args: &WorkerArgs, embedded: Option<Vec<u8>>, job: &MpiJob) -> Re
             session_schedule,
             progress.started.elapsed().as_secs_f64(),
         );
+        if let Some(line) = last_eval {
+            println!("{line}");
+        }
     }
     let peak = memory_peaks(report).into_iter().next().unwrap_or_else(|| "0 B".into());
     let versions = report.peak_versions.first().copied().unwrap_or(0);

@@ -102,8 +102,8 @@ fn a_token_file_larger_than_memory_trains_in_bounded_memory() {
 }
 
 /// A folder of `.npy` arrays (the digits MLP's `input` [N, 64] f32 and `label` [N] i64)
-/// of several GiB, sparse, and the same in one `.safetensors` file: the arrays are mapped,
-/// so the run's memory stays far below.
+/// of several GiB, sparse, and the same in one `.safetensors` file and in one stored
+/// `.npz` archive: the arrays are mapped, so the run's memory stays far below.
 #[test]
 fn npy_and_safetensors_arrays_larger_than_memory_train_in_bounded_memory() {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -130,13 +130,85 @@ fn npy_and_safetensors_arrays_larger_than_memory_train_in_bounded_memory() {
     head.extend(header.bytes());
     std::fs::write(&st, &head).expect("header");
     std::fs::OpenOptions::new().write(true).open(&st).and_then(|f| f.set_len(head.len() as u64 + b)).expect("sparse data");
+    // And as a stored .npz, written as numpy's savez writes one (zip64 entries).
+    let npz = dir.path().join("arrays.npz");
+    sparse_npz(&npz, &[("input.npy", npy_header("<f4", &[n, 64]), n * 4 * 64), ("label.npy", npy_header("<i8", &[n]), n * 8)]);
     let build = dir.path().join("mlp");
     pw_ok(["compile", model("mlp").to_str().unwrap(), "--stages", "2", "-o", build.to_str().unwrap()]);
-    for data in [&data, &st] {
+    for data in [&data, &st, &npz] {
         let out = ok(&pw(["train", build.to_str().unwrap(), "--data", data.to_str().unwrap(), "--output", "linear_3", "--steps", "5", "--microbatch", "16", "--microbatches", "4", "--no-progress"]));
         let peak = out.lines().find_map(|l| l.strip_prefix("peak resident memory of this process: ")).expect("the summary says the peak");
         assert!(parse_size(peak) < 1536 << 20, "{}: peak resident memory {peak} over {b} bytes of arrays", data.display());
     }
+}
+
+/// A stored (uncompressed) zip of `members` (name, `.npy` header, bytes of zeros after
+/// it), the data left as holes of a sparse file; zip64 entries, as numpy writes them.
+fn sparse_npz(path: &Path, members: &[(&str, Vec<u8>, u64)]) {
+    let (mut out, mut central) = (Vec::new(), Vec::new());
+    let mut at = 0u64;
+    let u16s = |v: &mut Vec<u8>, xs: &[u16]| xs.iter().for_each(|x| v.extend(x.to_le_bytes()));
+    let u32s = |v: &mut Vec<u8>, xs: &[u32]| xs.iter().for_each(|x| v.extend(x.to_le_bytes()));
+    let u64s = |v: &mut Vec<u8>, xs: &[u64]| xs.iter().for_each(|x| v.extend(x.to_le_bytes()));
+    let file = std::fs::File::create(path).expect("create");
+    for (name, head, zeros) in members {
+        let size = head.len() as u64 + zeros;
+        let crc = crc_of_zeros_after(head, *zeros);
+        let mut local = Vec::new();
+        u32s(&mut local, &[0x0403_4b50]);
+        u16s(&mut local, &[45, 0, 0, 0, 0x21]);
+        u32s(&mut local, &[crc, u32::MAX, u32::MAX]);
+        u16s(&mut local, &[name.len() as u16, 20]);
+        local.extend(name.bytes());
+        u16s(&mut local, &[1, 16]);
+        u64s(&mut local, &[size, size]);
+        let mut entry = Vec::new();
+        u32s(&mut entry, &[0x0201_4b50]);
+        u16s(&mut entry, &[45, 45, 0, 0, 0, 0x21]);
+        u32s(&mut entry, &[crc, u32::MAX, u32::MAX]);
+        u16s(&mut entry, &[name.len() as u16, 28, 0, 0, 0]);
+        u32s(&mut entry, &[0, u32::MAX]);
+        entry.extend(name.bytes());
+        u16s(&mut entry, &[1, 24]);
+        u64s(&mut entry, &[size, size, at]);
+        central.extend(entry);
+        std::os::unix::fs::FileExt::write_all_at(&file, &local, at).expect("local header");
+        std::os::unix::fs::FileExt::write_all_at(&file, head, at + local.len() as u64).expect(".npy header");
+        at += local.len() as u64 + size;
+    }
+    let (cd_at, cd_len, count) = (at, central.len() as u64, members.len() as u64);
+    out.extend(central);
+    u32s(&mut out, &[0x0606_4b50]);
+    u64s(&mut out, &[44]);
+    u16s(&mut out, &[45, 45]);
+    u32s(&mut out, &[0, 0]);
+    u64s(&mut out, &[count, count, cd_len, cd_at]);
+    u32s(&mut out, &[0x0706_4b50, 0]);
+    u64s(&mut out, &[cd_at + cd_len]);
+    u32s(&mut out, &[1, 0x0605_4b50]);
+    u16s(&mut out, &[0, 0, u16::MAX, u16::MAX]);
+    u32s(&mut out, &[u32::MAX, u32::MAX]);
+    u16s(&mut out, &[0]);
+    std::os::unix::fs::FileExt::write_all_at(&file, &out, at).expect("central directory");
+}
+
+/// The CRC-32 of `head` followed by `zeros` zero bytes, in time logarithmic in `zeros`.
+fn crc_of_zeros_after(head: &[u8], zeros: u64) -> u32 {
+    let mut crc = crc32fast::Hasher::new();
+    crc.update(head);
+    let mut block = crc32fast::Hasher::new();
+    block.update(&[0]);
+    let mut left = zeros;
+    // `block` holds the CRC of 2^k zero bytes; appended wherever bit k of `zeros` is set.
+    while left > 0 {
+        if left & 1 == 1 {
+            crc.combine(&block);
+        }
+        let doubled = block.clone();
+        block.combine(&doubled);
+        left >>= 1;
+    }
+    crc.finalize()
 }
 
 /// A version 1.0 `.npy` header for an array of `descr` and `shape` (data to follow),

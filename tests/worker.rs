@@ -76,13 +76,15 @@ struct Run {
     losses: Vec<f64>,
     weights: Vec<(String, Vec<u8>)>,
     onnx: Vec<u8>,
+    /// A launched job's standard output (its reporting rank's summary).
+    stdout: String,
 }
 
 fn finish(build: &Path, metrics: &Path) -> Run {
     let onnx = build.join("exported.onnx");
     ok(&command().arg("export").arg(build).arg("-o").arg(&onnx).output().unwrap());
     let path = build.join("weights.safetensors");
-    let run = Run { losses: losses(metrics), weights: tensors(&path), onnx: std::fs::read(&onnx).unwrap() };
+    let run = Run { losses: losses(metrics), weights: tensors(&path), onnx: std::fs::read(&onnx).unwrap(), stdout: String::new() };
     std::fs::remove_file(&path).unwrap();
     run
 }
@@ -104,7 +106,7 @@ fn launched(build: &Path, executables: bool, extra: &[&str]) -> Run {
     let stdout = ok(&c.arg("--").args(options(8)).args(extra).arg("--metrics").arg(&metrics).output().unwrap());
     // One job, one result: a single rank reports the loss.
     assert_eq!(stdout.matches("trained ").count(), 1, "{stdout}");
-    finish(build, &metrics)
+    Run { stdout, ..finish(build, &metrics) }
 }
 
 fn same(a: &Run, b: &Run, what: &str) {
@@ -195,6 +197,8 @@ fn ranks_started_with_different_settings_are_refused_before_the_first_step() {
     let dir = tempfile::tempdir().unwrap();
     let build = dir.path().join("build");
     compile(&build, 2, "2bw", false);
+    let data = data();
+    let held_out = data.to_str().unwrap();
     // (record key, option and the other value given to rank 1, the key the refusal names
     // first: a different batch shape or seed changes the first batch's fingerprint too,
     // and "--data" sorts first).
@@ -217,14 +221,17 @@ fn ranks_started_with_different_settings_are_refused_before_the_first_step() {
         ("--microbatch", &["--microbatch", "4"], "--data"),
         ("--microbatches", &["--microbatches", "2"], "--data"),
         ("--data", &["--microbatch", "2"], "--data"),
+        // Evaluation needs its set; rank 0 has none, which sorts first.
+        ("--eval-data", &["--eval-data", held_out], "--eval-data"),
+        ("--eval-every", &["--eval-data", held_out, "--eval-every", "2"], "--eval-data"),
     ];
     // Not options: fixed in this pipewright (the same on every rank), or checked by the
     // job's layout before the settings (`--replicas`: the rank count).
     let not_options = ["beta1", "beta2", "eps", "loss scale", "final lr", "mode", "--replicas"];
     let cfg = pipewright_runtime::pipeline::TrainConfig::new(pipewright_core::Schedule::TwoBw, pipewright_runtime::pipeline::Objective::new(pipewright_core::Loss::CrossEntropy, "y"), 0.1, 1);
     let mut record: BTreeSet<String> = pipewright_runtime::pipeline::run_record(&cfg).into_keys().collect();
-    // The driver's settings: the batch shape and the data.
-    record.extend(["--microbatch", "--microbatches", "--data"].map(String::from));
+    // The driver's settings: the batch shape, the data and the evaluation.
+    record.extend(["--microbatch", "--microbatches", "--data", "--eval-data", "--eval-every"].map(String::from));
     let covered: BTreeSet<String> = flags.iter().map(|f| f.0.to_string()).chain(not_options.map(String::from)).collect();
     assert_eq!(covered, record, "every setting of the run record is tried here (or said not to be an option)");
     let rank = |extra: &[&str]| -> Vec<String> {
@@ -555,6 +562,38 @@ fn newest(dir: &Path) -> PathBuf {
     steps.pop().unwrap()
 }
 
+/// The evaluations a run wrote to its metrics: (step, loss, accuracy).
+fn evaluations(metrics: &Path) -> Vec<(u64, f64, f64)> {
+    let text = std::fs::read_to_string(metrics).unwrap_or_else(|e| panic!("{}: {e}", metrics.display()));
+    let lines = text.lines().map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap());
+    lines.filter(|l| l.get("eval_loss").is_some()).map(|l| (l["step"].as_u64().unwrap(), l["eval_loss"].as_f64().unwrap(), l["eval_accuracy"].as_f64().unwrap())).collect()
+}
+
+/// Evaluation during training runs forward through replica 0's ranks (each rank's main
+/// thread, while its stage trains on): under every schedule, on 2 and 4 stages and on 2
+/// stages x 2 replicas, the job's evaluations are the embedded executor's bit for bit
+/// (so onnxruntime's, by `tests/eval.rs`), the reporting rank prints them, and training
+/// is unchanged (the same losses and weights as the embedded run).
+#[test]
+fn evaluation_over_mpi_equals_the_embedded_executors() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = data();
+    let eval = ["--eval-data", data.to_str().unwrap(), "--eval-every", "3", "--eval-batches", "3"];
+    for (stages, schedule, replicas) in [(2, "2bw", "1"), (2, "flush", "1"), (2, "gpipe", "1"), (4, "2bw", "1"), (2, "2bw", "2")] {
+        let what = format!("{schedule}, {stages} stages x {replicas} replica(s)");
+        let build = dir.path().join(format!("{stages}-{schedule}-{replicas}"));
+        compile(&build, stages, schedule, false);
+        let extra: Vec<&str> = eval.iter().copied().chain(["--replicas", replicas]).collect();
+        let one = embedded(&build, &extra);
+        let want = evaluations(&build.join("embedded.jsonl"));
+        assert_eq!(want.iter().map(|e| e.0).collect::<Vec<_>>(), [3, 6, 8], "{what}: the embedded run's evaluations");
+        let job = launched(&build, false, &extra);
+        same(&one, &job, &what);
+        assert_eq!(evaluations(&build.join("mpi.jsonl")), want, "{what}: the job's evaluations must be the embedded executor's");
+        assert!(job.stdout.contains(&format!("eval after step 8: loss {:.4}", want[2].1)), "{what}: the summary repeats the last evaluation:\n{}", job.stdout);
+    }
+}
+
 #[test]
 fn a_stage_of_another_compile_and_a_wrong_rank_count_are_refused_naming_them() {
     let dir = tempfile::tempdir().unwrap();
@@ -566,10 +605,6 @@ fn a_stage_of_another_compile_and_a_wrong_rank_count_are_refused_naming_them() {
         fails(&c.output().unwrap(), words)
     };
     run("3", &["the launcher started 3 processes but the job has 2 (2 stages x 1 replicas)"]);
-    // Evaluation during training is the embedded executor's: a job refuses it, saying so.
-    let mut c = Command::new("mpirun");
-    c.args(mpirun_flags(&build)).args(["-np", "2", env!("CARGO_BIN_EXE_pipewright"), "worker"]).arg(&build).args(options(4)).arg("--eval-data").arg(data());
-    fails(&c.output().unwrap(), &["--eval-data: evaluation during training runs on the embedded executor (pipewright train)"]);
     // Without a launcher: a job of one rank, told how to start the pipeline.
     let out = command().arg("worker").arg(&build).args(options(4)).output().unwrap();
     fails(&out, &["this process is a job of one rank, but the pipeline has 2", "pipewright launch"]);

@@ -22,7 +22,7 @@ use pipewright_core::lock::FolderLock;
 use pipewright_core::timeline::chrome_trace_json;
 use pipewright_core::units::human_bytes;
 use pipewright_runtime::pipeline::{
-    batch_fingerprint, check_resume, read_checkpoint, resume, resume_differences, run_record, run_worker, train, train_evaluated, BatchStream, Checkpoint, EvalPoints, EvalResult, EvalSet, Layout, LrSchedule, Microbatch, Mpi, Objective, OptimizerConfig,
+    batch_fingerprint, check_resume, read_checkpoint, resume, resume_differences, run_record, run_worker, train, train_evaluated, BatchStream, Checkpoint, EvalLink, EvalPoints, EvalResult, EvalSet, Layout, LrSchedule, Microbatch, Mpi, Objective, OptimizerConfig,
     StageState, TrainConfig, WorkerHooks,
 };
 
@@ -565,6 +565,21 @@ fn eval_set(req: &TrainRequest, manifest: &Manifest, config: &TrainConfig, micro
     Ok(Some(EvalSet { microbatches }))
 }
 
+/// After which steps a run with evaluation set `eval` evaluates (`--eval-every`).
+fn eval_points(eval: &Option<EvalSet>, req: &TrainRequest) -> EvalPoints {
+    match (eval, req.eval_every) {
+        (None, _) => EvalPoints::Never,
+        (Some(_), None) => EvalPoints::AtEnd,
+        (Some(_), Some(n)) => EvalPoints::Every(n),
+    }
+}
+
+/// Whether the run trains a language model on a token stream (its evaluations report
+/// perplexity).
+fn is_language_model(req: &TrainRequest, manifest: &Manifest) -> bool {
+    matches!(&req.data, DataSource::File(p) if reads_tokens(req, manifest, p))
+}
+
 /// An evaluation's perplexity, for a language model (a token stream): the exponential
 /// of its mean cross-entropy.
 pub fn eval_perplexity(eval: &EvalResult, language_model: bool) -> Option<f64> {
@@ -639,12 +654,8 @@ impl Session {
         // What `--force` lets differ from the checkpoint, for the preamble and the metrics.
         let forced = checkpoint.as_ref().map(|ck| resume_differences(ck, &config)).unwrap_or_default();
         let eval = eval_set(req, &build.manifest, &config, size(shape.microbatch.value))?;
-        config.eval = match (&eval, req.eval_every) {
-            (None, _) => EvalPoints::Never,
-            (Some(_), None) => EvalPoints::AtEnd,
-            (Some(_), Some(n)) => EvalPoints::Every(n),
-        };
-        let language_model = matches!(&req.data, DataSource::File(p) if reads_tokens(req, &build.manifest, p));
+        config.eval = eval_points(&eval, req);
+        let language_model = is_language_model(req, &build.manifest);
         Ok(Session { locks, build, shape, config, start, checkpoint, batches, forced, eval, language_model })
     }
 
@@ -770,6 +781,11 @@ pub struct WorkerSession {
     transport: Mpi,
     /// The main thread's: merging the replicas' step reports, gathering the weights.
     main: Mpi,
+    /// `--eval-data` (read by every rank, used by replica 0's) and the main thread's
+    /// link for running it through the stages.
+    eval: Option<(EvalSet, Mpi)>,
+    /// The data is a token stream: evaluations report perplexity.
+    pub language_model: bool,
     /// What every rank must agree on before the first step (by flag or name).
     agreement: BTreeMap<String, String>,
 }
@@ -784,11 +800,6 @@ impl WorkerSession {
     }
 
     fn prepare_in(build_dir: &Path, req: &WorkerRequest, embedded: Option<Vec<u8>>, job: &MpiJob) -> Result<WorkerSession, DriverError> {
-        if req.train.eval_data.is_some() {
-            return Err(DriverError::msg(
-                "--eval-data: evaluation during training runs on the embedded executor (pipewright train); an MPI job does not evaluate yet: evaluate the weights it saves with pipewright export and run-forward",
-            ));
-        }
         let manifest = Manifest::read(build_dir)?;
         let manifest_path = build_dir.join(MANIFEST_FILE);
         // Rank 0 holds the job's folders (the others may be on hosts of their own).
@@ -844,7 +855,19 @@ impl WorkerSession {
         let first = batches.next().ok_or_else(|| DriverError::msg("the data holds no batch"))?.map_err(DriverError::msg)?;
         let fingerprint = batch_fingerprint(&first).map_err(DriverError::msg)?;
         let batches: BatchStream = Box::new(std::iter::once(Ok(first)).chain(batches));
+        let eval = eval_set(&req.train, &manifest, &config, size(shape.microbatch.value))?;
+        config.eval = eval_points(&eval, &req.train);
+        let eval_fingerprint = match &eval {
+            Some(set) => batch_fingerprint(&set.microbatches).map_err(DriverError::msg)?,
+            None => "none".into(),
+        };
+        let eval = match eval {
+            Some(set) => Some((set, job.transport(layout, config.timeout).map_err(DriverError::msg)?)),
+            None => None,
+        };
         let mut agreement = run_record(&config);
+        agreement.insert("--eval-data".into(), eval_fingerprint);
+        agreement.insert("--eval-every".into(), format!("{:?}", config.eval));
         // The module agrees with the manifest (checked above); the ranks agree on both.
         agreement.extend(manifest.identity().fields().into_iter().map(|(k, v)| (k.to_string(), v)));
         agreement.insert("--data".into(), fingerprint);
@@ -852,7 +875,8 @@ impl WorkerSession {
         agreement.insert("--checkpoint-every".into(), config.checkpoint_every.map_or("none".into(), |n| n.to_string()));
         agreement.insert("--resume".into(), resume.as_ref().map_or("none".into(), |(s, _)| format!("from step {s}")));
         let reports_steps = main.reports_steps();
-        Ok(WorkerSession { locks, rank, stage, replica, depth: layout.depth, start, shape, config, who: layout.who(rank), reports_steps, module, batches, resume, transport, main, agreement })
+        let language_model = is_language_model(&req.train, &manifest);
+        Ok(WorkerSession { locks, rank, stage, replica, depth: layout.depth, start, shape, config, who: layout.who(rank), reports_steps, module, batches, resume, transport, main, eval, language_model, agreement })
     }
 
     /// Checks with every other rank that all were started alike (refusing, naming the
@@ -864,7 +888,7 @@ impl WorkerSession {
     }
 
     pub fn run(self, on_step: &mut dyn FnMut(StepReport)) -> Result<WorkerOutcome, DriverError> {
-        let WorkerSession { who, module, config, replica, batches, resume, mut transport, mut main, agreement, depth, .. } = self;
+        let WorkerSession { who, module, config, replica, batches, resume, mut transport, mut main, eval, agreement, depth, .. } = self;
         let fail = |e: String| DriverError::msg(format!("{who}: {e}"));
         let job = transport.agree(&agreement).map_err(fail)?;
         let (pipeline, schedule, record) = (module.program.pipeline.clone(), config.schedule, run_record(&config));
@@ -884,7 +908,8 @@ impl WorkerSession {
             };
             let dir = config.checkpoint_dir.clone().unwrap_or_default();
             let mut checkpoint = |step: u64, state: StageState| main.borrow_mut().checkpoint(&dir, step, job, &state, schedule, &pipeline, &record);
-            let hooks = WorkerHooks { on_step: &mut merged, on_checkpoint: &mut checkpoint };
+            let eval = eval.map(|(set, link)| (set, Box::new(link) as Box<dyn EvalLink>));
+            let hooks = WorkerHooks { on_step: &mut merged, on_checkpoint: &mut checkpoint, eval };
             run_worker(module, &config, replica, Box::new(transport), batches, resume, hooks)
         };
         let mut report = trained.map_err(|e| fail(e.to_string()))?;

@@ -8,6 +8,13 @@
 //!
 //! Everything lives on the CPU; the caller moves microbatches to their devices.
 //!
+//! Arrays are not read into memory where the file can be mapped instead: `.npy` files,
+//! `.safetensors` tensors and stored `.npz` members are views of a private mapping, so a
+//! batch reads only the pages of its samples; a deflated `.npz` member is inflated once,
+//! in chunks, into an unnamed scratch file (in `TMPDIR`) that is mapped the same way. An
+//! array whose bytes are not aligned for its type (numpy's `savez` puts members wherever
+//! the zip headers end) is kept as rows of bytes, copied into aligned memory per batch.
+//!
 //! Every allocation is bounded by what the file can hold: an `.npz` member is read in
 //! chunks (its claimed size is never trusted: a 1 KB zip64 entry can claim 2^40 bytes),
 //! and the bytes decompressed from one archive stop at a cap ([`DEFAULT_MAX_INFLATED`],
@@ -116,8 +123,8 @@ pub const DEFAULT_MAX_INFLATED: u64 = 16 << 30;
 /// Named arrays sharing a first (sample) dimension.
 pub struct Dataset {
     /// Input arrays `[samples, ...]`, in the order the caller asked for them.
-    inputs: Vec<(String, Tensor)>,
-    labels: Option<Tensor>,
+    inputs: Vec<(String, Values)>,
+    labels: Option<Values>,
     samples: usize,
     /// Where the data came from, for messages.
     source: String,
@@ -200,7 +207,7 @@ impl Dataset {
                 };
                 Tensor::from_slice(&v).view(full.as_slice()).to_kind(kind(*elem)?)
             };
-            out.push((name.clone(), t));
+            out.push((name.clone(), Values::Typed(t)));
         }
         Ok(Dataset { inputs: out, labels: None, samples, source: "synthetic data".into(), mapped: Vec::new() })
     }
@@ -222,7 +229,7 @@ impl Dataset {
         let v: Vec<i64> = (0..self.samples as i64 * per).map(|_| rng.below(classes as u64) as i64).collect();
         let mut dims = vec![self.samples as i64];
         dims.extend_from_slice(shape);
-        self.labels = Some(Tensor::from_slice(&v).reshape(dims));
+        self.labels = Some(Values::Typed(Tensor::from_slice(&v).reshape(dims)));
         Ok(self)
     }
 
@@ -233,7 +240,7 @@ impl Dataset {
         let v: Vec<f32> = (0..self.samples as i64 * per).map(|_| rng.normal()).collect();
         let mut dims = vec![self.samples as i64];
         dims.extend_from_slice(shape);
-        self.labels = Some(Tensor::from_slice(&v).reshape(dims));
+        self.labels = Some(Values::Typed(Tensor::from_slice(&v).reshape(dims)));
         Ok(self)
     }
 
@@ -242,7 +249,7 @@ impl Dataset {
     /// classes (negative ones other than the ignore index included) are reported by the
     /// loss, which knows the class count.
     pub fn check_class_labels(&self, name: &str) -> Result<()> {
-        let Some(y) = &self.labels else { return Ok(()) };
+        let Some(y) = self.labels() else { return Ok(()) };
         if y.numel() == 0 {
             return Ok(());
         }
@@ -268,7 +275,7 @@ impl Dataset {
         if n != Some(self.samples as i64) {
             bail!("{}: labels have shape {:?}, expected {} samples in the first dimension", self.source, labels.size(), self.samples);
         }
-        self.labels = Some(labels);
+        self.labels = Some(Values::Typed(labels));
         Ok(self)
     }
 
@@ -305,10 +312,34 @@ impl Dataset {
 
     /// [`Dataset::from_npz`] reading at most `max_inflated` bytes out of the archive (all
     /// members together).
+    /// Stored members are mapped from the archive; deflated ones are inflated into scratch
+    /// files and mapped from there (see the module documentation).
     pub fn from_npz_capped<'a>(path: &Path, inputs: &[InputSpec], label: impl Into<LabelArray<'a>>, max_inflated: u64) -> Result<Dataset> {
         let label = label.into();
-        let file = std::fs::File::open(path).with_context(|| format!("{}: cannot open", path.display()))?;
-        Self::from_npz_reader_capped(&path.display().to_string(), file, inputs, label, max_inflated)
+        let shown = path.display().to_string();
+        let file = std::fs::File::open(path).with_context(|| format!("{shown}: cannot open"))?;
+        let Some((archive, stamp)) = map_file(path) else {
+            return Self::from_npz_reader_capped(&shown, file, inputs, label, max_inflated);
+        };
+        let mut zip = zip::ZipArchive::new(file).map_err(|e| anyhow!("{shown}: not a valid .npz (zip) archive: {e}"))?;
+        let members = npz_members(&shown, &mut zip)?;
+        let mut left = max_inflated;
+        Self::assemble(&shown, members.keys().cloned().collect(), inputs, label, |array| {
+            let member = &members[array];
+            let f = zip.by_name(member).map_err(|e| anyhow!("{shown}: member `{member}`: {e}"))?;
+            let at = format!("{shown}: member `{member}`");
+            match f.compression() {
+                zip::CompressionMethod::Stored => {
+                    let (start, len) = (f.data_start(), f.size());
+                    if let Some(c) = map_stored_member(&archive, &stamp, start, len) {
+                        return Ok(c);
+                    }
+                    let bytes = read_bounded(f, &mut left).map_err(|e| bounded_error(&at, max_inflated, e))?;
+                    column(&shown, array, parse_npy(&bytes).with_context(|| format!("{shown}: array `{array}`"))?)
+                }
+                _ => inflate_member(&at, array, f, &mut left, max_inflated),
+            }
+        })
     }
 
     /// [`Dataset::from_npz`] on an archive already open (or in memory, as the fuzzer
@@ -320,24 +351,13 @@ impl Dataset {
     fn from_npz_reader_capped<'a, R: Read + std::io::Seek>(shown: &str, reader: R, inputs: &[InputSpec], label: impl Into<LabelArray<'a>>, max_inflated: u64) -> Result<Dataset> {
         let label = label.into();
         let mut zip = zip::ZipArchive::new(reader).map_err(|e| anyhow!("{shown}: not a valid .npz (zip) archive: {e}"))?;
-        let mut members = BTreeMap::new();
-        for i in 0..zip.len() {
-            let name = zip.by_index(i).map_err(|e| anyhow!("{shown}: {e}"))?.name().to_string();
-            let array = name.strip_suffix(".npy").unwrap_or(&name).to_string();
-            members.insert(array, name);
-        }
+        let members = npz_members(shown, &mut zip)?;
         let shown = shown.to_string();
         let mut left = max_inflated;
         Self::assemble(&shown, members.keys().cloned().collect(), inputs, label, |array| {
             let member = &members[array];
             let f = zip.by_name(member).map_err(|e| anyhow!("{shown}: member `{member}`: {e}"))?;
-            let bytes = read_bounded(f, &mut left).map_err(|e| match e {
-                Bounded::Cap => anyhow!(
-                    "{shown}: member `{member}`: the archive decompresses to more than {max_inflated} bytes (the cap on data read from one .npz; a decompression bomb, or a data set that needs a higher cap)"
-                ),
-                Bounded::Alloc(n) => anyhow!("{shown}: member `{member}`: cannot allocate {n} bytes for it"),
-                Bounded::Io(e) => anyhow!("{shown}: member `{member}`: {e}"),
-            })?;
+            let bytes = read_bounded(f, &mut left).map_err(|e| bounded_error(&format!("{shown}: member `{member}`"), max_inflated, e))?;
             let raw = parse_npy(&bytes).with_context(|| format!("{shown}: array `{array}`"))?;
             column(&shown, array, raw)
         })
@@ -421,7 +441,7 @@ impl Dataset {
             if let Some((file, stamp)) = mapped {
                 let offset = data.as_ptr() as usize - bytes.as_ptr() as usize;
                 if let Some(values) = typed_view(file, offset as u64, data.len() as u64, elem, &shape) {
-                    return Ok(Column { elem, shape, values, stamp: Some(stamp.clone()) });
+                    return Ok(Column { elem, shape, values: Values::Typed(values), stamp: Some(stamp.clone()) });
                 }
             }
             column(&shown, array, RawArray { elem, shape, data: data.to_vec() })
@@ -506,16 +526,19 @@ impl Dataset {
         self.samples
     }
 
-    pub fn inputs(&self) -> &[(String, Tensor)] {
-        &self.inputs
+    /// The input arrays' names, in the order the caller asked for them.
+    pub fn input_names(&self) -> Vec<&str> {
+        self.inputs.iter().map(|(n, _)| n.as_str()).collect()
     }
 
-    pub fn input(&self, name: &str) -> Option<&Tensor> {
-        self.inputs.iter().find(|(n, _)| n == name).map(|(_, t)| t)
+    /// Input array `name`, whole (a view where it is mapped and aligned, else a copy).
+    pub fn input(&self, name: &str) -> Option<Tensor> {
+        self.inputs.iter().find(|(n, _)| n == name).and_then(|(_, v)| v.whole().ok())
     }
 
-    pub fn labels(&self) -> Option<&Tensor> {
-        self.labels.as_ref()
+    /// The labels, whole (as [`Dataset::input`]).
+    pub fn labels(&self) -> Option<Tensor> {
+        self.labels.as_ref().and_then(|v| v.whole().ok())
     }
 
     /// Full batches of `m * microbatch` samples in one epoch.
@@ -619,16 +642,21 @@ impl<D: std::ops::Deref<Target = Dataset>> Iterator for Batches<D> {
         }
         self.step += 1;
         let start = within * self.m * self.microbatch;
+        let source = &self.data.source;
         let batch = (0..self.m)
             .map(|k| {
                 let lo = start + k * self.microbatch;
                 let index = Tensor::from_slice(&self.order[lo..lo + self.microbatch]);
-                let inputs = self.data.inputs.iter().map(|(n, t)| (n.clone(), t.index_select(0, &index))).collect();
-                let labels = self.data.labels.as_ref().map(|t| t.index_select(0, &index));
-                (inputs, labels)
+                let pick = |(n, v): &(String, Values)| v.select(&index).map(|t| (n.clone(), t)).with_context(|| format!("{source}: array `{n}`"));
+                let inputs = self.data.inputs.iter().map(pick).collect::<Result<Vec<_>>>()?;
+                let labels = self.data.labels.as_ref().map(|v| v.select(&index).with_context(|| format!("{source}: the labels"))).transpose()?;
+                Ok((inputs, labels))
             })
-            .collect();
-        Some(Ok(batch))
+            .collect::<Result<Vec<_>>>();
+        if batch.is_err() {
+            self.step = self.total;
+        }
+        Some(batch)
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {
@@ -645,7 +673,10 @@ enum Bounded {
     Cap,
     /// The allocator refused this many bytes.
     Alloc(usize),
+    /// Reading failed (a damaged archive).
     Io(std::io::Error),
+    /// Writing what was read failed ([`copy_bounded`]).
+    Write(std::io::Error),
 }
 
 /// Reads `r` to its end in chunks, never holding more than `left` bytes (which it lowers
@@ -676,6 +707,104 @@ fn read_bounded(mut r: impl Read, left: &mut u64) -> std::result::Result<Vec<u8>
     }
 }
 
+/// The message for a member [`read_bounded`] (or [`copy_bounded`]) stopped reading; `at`
+/// names the archive and member.
+fn bounded_error(at: &str, max_inflated: u64, e: Bounded) -> DataError {
+    match e {
+        Bounded::Cap => anyhow!(
+            "{at}: the archive decompresses to more than {max_inflated} bytes (the cap on data read from one .npz, --max-data-size; a decompression bomb, or a data set that needs a higher cap)"
+        ),
+        Bounded::Alloc(n) => anyhow!("{at}: cannot allocate {n} bytes for it"),
+        Bounded::Io(e) => anyhow!("{at}: {e}"),
+        Bounded::Write(e) => anyhow!("{at}: cannot write it: {e}"),
+    }
+}
+
+/// An archive's members by array name (`x.npy` holds `x`).
+fn npz_members<R: Read + std::io::Seek>(shown: &str, zip: &mut zip::ZipArchive<R>) -> Result<BTreeMap<String, String>> {
+    let mut members = BTreeMap::new();
+    for i in 0..zip.len() {
+        let name = zip.by_index(i).map_err(|e| anyhow!("{shown}: {e}"))?.name().to_string();
+        let array = name.strip_suffix(".npy").unwrap_or(&name).to_string();
+        members.insert(array, name);
+    }
+    Ok(members)
+}
+
+/// A stored member (`len` bytes at `start` of the mapped `archive`, a `.npy` file) as a
+/// column of the mapping: typed where its data is aligned for its type, rows of bytes
+/// where not; `None` where the member is to be read and its faults reported (a header or
+/// size the parser must explain; bool, whose bytes must be checked; no data).
+fn map_stored_member(archive: &Tensor, stamp: &FileStamp, start: u64, len: u64) -> Option<Column> {
+    let end = start.checked_add(len)?;
+    if end > archive.numel() as u64 || len == 0 {
+        return None;
+    }
+    // SAFETY: `archive` maps the whole file (`numel` bytes), `start + len` lies within it,
+    // and a private mapping is never written through.
+    let member = unsafe { std::slice::from_raw_parts((archive.data_ptr() as *const u8).add(start as usize), len as usize) };
+    let (descr, shape, header) = parse_npy_header(&member[..member.len().min(1 << 16)]).ok()?;
+    let elem = npy_elem(&descr).ok()?;
+    let data = shape.iter().try_fold(elem.size() as u64, |acc, &d| acc.checked_mul(d))?;
+    if elem == DType::Bool || data == 0 || data != len - header as u64 {
+        return None;
+    }
+    let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
+    let at = start + header as u64;
+    let values = match typed_view(archive, at, data, elem, &dims) {
+        Some(t) => Values::Typed(t),
+        None => {
+            let samples = *dims.first()?;
+            let rows = archive.f_narrow(0, at as i64, data as i64).and_then(|t| t.f_view([samples, data as i64 / samples.max(1)])).ok()?;
+            Values::Rows { rows, kind: kind(elem).ok()?, per_sample: dims[1..].to_vec() }
+        }
+    };
+    Some(Column { elem, shape: dims, values, stamp: Some(stamp.clone()) })
+}
+
+/// A deflated member inflated in chunks into an unnamed scratch file under the
+/// temporary folder (`TMPDIR`), which is then mapped as a `.npy` file is: memory stays
+/// bounded whatever the member's size, and the file is gone when the process is. The
+/// inflated bytes count against `left` (the archive's cap). `at` names archive and member.
+fn inflate_member(at: &str, array: &str, member: impl Read, left: &mut u64, max_inflated: u64) -> Result<Column> {
+    use std::os::fd::AsRawFd;
+    let folder = std::env::temp_dir();
+    let place = || format!("a scratch file in {} (TMPDIR)", folder.display());
+    let mut scratch = tempfile::tempfile_in(&folder).with_context(|| format!("{at}: cannot create {} to inflate it into", place()))?;
+    copy_bounded(member, &mut scratch, left).map_err(|e| match e {
+        Bounded::Write(e) => anyhow!("{at}: inflating it into {}: {e} (set TMPDIR to a folder with room, or store the archive uncompressed: numpy.savez)", place()),
+        e => bounded_error(at, max_inflated, e),
+    })?;
+    // The unnamed file is reached through this process's descriptor for it.
+    let path = PathBuf::from(format!("/proc/self/fd/{}", scratch.as_raw_fd()));
+    if let Some(mut c) = map_npy(&path) {
+        // Nobody else can reach the file, and its descriptor closes below: no stamp.
+        c.stamp = None;
+        return Ok(c);
+    }
+    let mut bytes = Vec::new();
+    std::io::Seek::rewind(&mut scratch).and_then(|_| scratch.read_to_end(&mut bytes)).with_context(|| format!("{at}: reading it back from {}", place()))?;
+    column(at, array, parse_npy(&bytes).with_context(|| format!("{at}: array `{array}`"))?)
+}
+
+/// Copies `r` to `w` in chunks, at most `left` bytes (which it lowers by what was copied).
+fn copy_bounded(mut r: impl Read, mut w: impl std::io::Write, left: &mut u64) -> std::result::Result<(), Bounded> {
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = match r.read(&mut buf) {
+            Ok(0) => return w.flush().map_err(Bounded::Write),
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(Bounded::Io(e)),
+        };
+        if n as u64 > *left {
+            return Err(Bounded::Cap);
+        }
+        *left -= n as u64;
+        w.write_all(&buf[..n]).map_err(Bounded::Write)?;
+    }
+}
+
 fn kind(elem: DType) -> Result<Kind> {
     crate::exec::torch_kind(elem).map_err(|e| anyhow!("{e}"))
 }
@@ -685,15 +814,51 @@ fn kind(elem: DType) -> Result<Kind> {
 struct Column {
     elem: DType,
     shape: Vec<i64>,
-    values: Tensor,
+    values: Values,
     /// The file it is mapped from.
     stamp: Option<FileStamp>,
+}
+
+/// An array's samples: typed, or (mapped bytes not aligned for the type) each sample's
+/// bytes as a row, given the type when a batch copies its rows out.
+enum Values {
+    Typed(Tensor),
+    Rows {
+        /// `u8 [samples, bytes per sample]`.
+        rows: Tensor,
+        kind: Kind,
+        per_sample: Vec<i64>,
+    },
+}
+
+impl Values {
+    /// The samples at `index` (`i64 [n]`), of the array's type, in fresh memory.
+    fn select(&self, index: &Tensor) -> std::result::Result<Tensor, tch::TchError> {
+        match self {
+            Values::Typed(t) => t.f_index_select(0, index),
+            Values::Rows { rows, kind, per_sample } => {
+                // A fresh tensor is aligned for any type, where the mapped rows were not.
+                let picked = rows.f_index_select(0, index)?;
+                let mut shape = vec![picked.size()[0]];
+                shape.extend_from_slice(per_sample);
+                picked.f_view_dtype(*kind)?.f_reshape(shape)
+            }
+        }
+    }
+
+    /// Every sample: the tensor itself when typed, else a copy.
+    fn whole(&self) -> std::result::Result<Tensor, tch::TchError> {
+        match self {
+            Values::Typed(t) => Ok(t.shallow_clone()),
+            Values::Rows { rows, .. } => self.select(&Tensor::f_arange(rows.size()[0], (Kind::Int64, tch::Device::Cpu))?),
+        }
+    }
 }
 
 /// The array `a` read from `source` as a column.
 fn column(source: &str, name: &str, a: RawArray) -> Result<Column> {
     let values = tensor_from_bytes(a.elem, &a.shape, &a.data).map_err(|e| anyhow!("{source}: array `{name}`: {e}"))?;
-    Ok(Column { elem: a.elem, shape: a.shape, values, stamp: None })
+    Ok(Column { elem: a.elem, shape: a.shape, values: Values::Typed(values), stamp: None })
 }
 
 /// A `.npy` file's array mapped from the file (its pages are read as batches touch them,
@@ -712,7 +877,7 @@ fn map_npy(path: &Path) -> Option<Column> {
     let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
     let (file, stamp) = map_file(path)?;
     let values = typed_view(&file, start as u64, data, elem, &dims)?;
-    Some(Column { elem, shape: dims, values, stamp: Some(stamp) })
+    Some(Column { elem, shape: dims, values: Values::Typed(values), stamp: Some(stamp) })
 }
 
 /// The whole file at `path` as a private, read-only mapping (a `u8` tensor libtorch maps),

@@ -137,8 +137,8 @@ fn loads_a_folder_and_files_of_npy() {
     let d = Dataset::from_npy(&[dir.path()], &inputs, Some("y")).unwrap();
     assert_eq!(d.samples(), 10);
     assert_eq!(d.input("x").unwrap().size(), vec![10, 3]);
-    assert_eq!(to_vec_f32(d.input("x").unwrap()), (0..30).map(|i| i as f32).collect::<Vec<_>>());
-    assert_eq!(to_vec_i64(d.labels().unwrap()), (0..10).collect::<Vec<_>>());
+    assert_eq!(to_vec_f32(&d.input("x").unwrap()), (0..30).map(|i| i as f32).collect::<Vec<_>>());
+    assert_eq!(to_vec_i64(&d.labels().unwrap()), (0..10).collect::<Vec<_>>());
 
     let files: Vec<PathBuf> = vec![dir.path().join("x.npy"), dir.path().join("y.npy")];
     let d = Dataset::from_npy(&files, &inputs, Some("y")).unwrap();
@@ -159,12 +159,12 @@ fn loads_npz_stored_and_deflated() {
         let inputs = [spec("x", DType::F32, &[3]), spec("mask", DType::Bool, &[2]), spec("ids", DType::I32, &[])];
         let d = Dataset::open(&path, &inputs, Some("y")).unwrap();
         assert_eq!(d.samples(), 10);
-        assert_eq!(d.inputs().iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(), ["x", "mask", "ids"]);
-        assert_eq!(to_vec_f32(d.input("x").unwrap())[29], 29.0);
+        assert_eq!(d.input_names(), ["x", "mask", "ids"]);
+        assert_eq!(to_vec_f32(&d.input("x").unwrap())[29], 29.0);
         assert_eq!(d.input("mask").unwrap().kind(), Kind::Bool);
-        assert_eq!(to_vec_i64(d.input("mask").unwrap()), (0..20).map(|i| (i % 3 == 0) as i64).collect::<Vec<_>>());
+        assert_eq!(to_vec_i64(&d.input("mask").unwrap()), (0..20).map(|i| (i % 3 == 0) as i64).collect::<Vec<_>>());
         assert_eq!(d.input("ids").unwrap().kind(), Kind::Int);
-        assert_eq!(to_vec_i64(d.labels().unwrap()), (0..10).collect::<Vec<_>>());
+        assert_eq!(to_vec_i64(&d.labels().unwrap()), (0..10).collect::<Vec<_>>());
     }
 }
 
@@ -187,10 +187,10 @@ fn loads_safetensors() {
     let inputs = [spec("x", DType::F32, &[3]), spec("h", DType::F16, &[2])];
     let d = Dataset::open(&path, &inputs, Some("y")).unwrap();
     assert_eq!(d.samples(), 10);
-    assert_eq!(to_vec_f32(d.input("x").unwrap()), (0..30).map(|i| i as f32).collect::<Vec<_>>());
+    assert_eq!(to_vec_f32(&d.input("x").unwrap()), (0..30).map(|i| i as f32).collect::<Vec<_>>());
     assert_eq!(d.input("h").unwrap().kind(), Kind::Half);
-    assert_eq!(to_vec_f32(d.input("h").unwrap())[3], 0.75);
-    assert_eq!(to_vec_i64(d.labels().unwrap()), (0..10).collect::<Vec<_>>());
+    assert_eq!(to_vec_f32(&d.input("h").unwrap())[3], 0.75);
+    assert_eq!(to_vec_i64(&d.labels().unwrap()), (0..10).collect::<Vec<_>>());
 
     let e = err_of(Dataset::from_safetensors(&path, &[spec("z", DType::F32, &[3])], None));
     assert!(e.contains("d.safetensors") && e.contains("`z`") && e.contains("(arrays: h, x, y)"), "{e}");
@@ -351,26 +351,26 @@ fn synthetic_data_is_seeded() {
     assert_eq!(a.input("ids").unwrap().kind(), Kind::Int64);
     assert_eq!(a.input("m").unwrap().kind(), Kind::Bool);
     assert_eq!(a.input("h").unwrap().kind(), Kind::Half);
-    assert_eq!(to_vec_f32(a.input("x").unwrap()), to_vec_f32(b.input("x").unwrap()));
-    assert_ne!(to_vec_f32(a.input("x").unwrap()), to_vec_f32(c.input("x").unwrap()));
+    assert_eq!(to_vec_f32(&a.input("x").unwrap()), to_vec_f32(&b.input("x").unwrap()));
+    assert_ne!(to_vec_f32(&a.input("x").unwrap()), to_vec_f32(&c.input("x").unwrap()));
     // Standard normal, roughly.
-    let xs = to_vec_f32(a.input("x").unwrap());
+    let xs = to_vec_f32(&a.input("x").unwrap());
     let mean = xs.iter().sum::<f32>() / xs.len() as f32;
     let var = xs.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / xs.len() as f32;
     assert!(mean.abs() < 0.1 && (var - 1.0).abs() < 0.15, "mean {mean} var {var}");
     // Integers default to zeros.
-    assert!(to_vec_i64(a.input("ids").unwrap()).iter().all(|&v| v == 0));
+    assert!(to_vec_i64(&a.input("ids").unwrap()).iter().all(|&v| v == 0));
 
     let u = Dataset::synthetic_with(&inputs, 100, 42, IntFill::Uniform(30)).unwrap();
-    let ids = to_vec_i64(u.input("ids").unwrap());
+    let ids = to_vec_i64(&u.input("ids").unwrap());
     assert!(ids.iter().all(|&v| (0..30).contains(&v)));
     assert!(ids.iter().collect::<std::collections::BTreeSet<_>>().len() > 20);
-    assert_eq!(ids, to_vec_i64(Dataset::synthetic_with(&inputs, 100, 42, IntFill::Uniform(30)).unwrap().input("ids").unwrap()));
-    let m = to_vec_i64(u.input("m").unwrap());
+    assert_eq!(ids, to_vec_i64(&Dataset::synthetic_with(&inputs, 100, 42, IntFill::Uniform(30)).unwrap().input("ids").unwrap()));
+    let m = to_vec_i64(&u.input("m").unwrap());
     assert!(m.contains(&0) && m.contains(&1));
 
     let l = a.with_random_labels(10, 5).unwrap();
-    let labels = to_vec_i64(l.labels().unwrap());
+    let labels = to_vec_i64(&l.labels().unwrap());
     assert_eq!(labels.len(), 100);
     assert!(labels.iter().all(|&v| (0..10).contains(&v)));
     let batches: Vec<_> = l.batches(8, 4, 0, Stop::Steps(7)).unwrap().map(Result::unwrap).collect();
@@ -392,12 +392,12 @@ fn loads_the_digits_example() {
     let x = d.input("input").unwrap();
     assert_eq!(x.size(), vec![1797, 64]);
     assert_eq!(x.kind(), Kind::Float);
-    let xs = to_vec_f32(x);
+    let xs = to_vec_f32(&x);
     assert!(xs.iter().all(|&v| (0.0..=1.0).contains(&v)));
     assert_eq!(xs.iter().cloned().fold(0.0f32, f32::max), 1.0);
     let labels = d.labels().unwrap();
     assert_eq!(labels.kind(), Kind::Int64);
-    let labels = to_vec_i64(labels);
+    let labels = to_vec_i64(&labels);
     let mut counts = [0usize; 10];
     for l in &labels {
         counts[*l as usize] += 1;
@@ -534,4 +534,56 @@ fn npy_arrays_are_mapped_and_a_changed_file_stops_the_next_batch() {
     let mut batches = d.batches(2, 2, 0, Stop::Steps(3)).unwrap();
     std::fs::remove_file(&xp).unwrap();
     batches.next().unwrap().expect("a bool array is read whole: its file no longer matters");
+}
+
+/// `.npz` members are not read whole: a stored member is a view of the mapped archive,
+/// typed where its bytes are aligned for its type and copied row by row per batch where
+/// not (the member names below put the data of `ab` and `abc` at offsets of different
+/// alignment); a deflated member is inflated into a scratch file and mapped. Every kind
+/// gives the file's values in every batch, and a stored archive changed under a run stops
+/// the next batch naming it.
+#[test]
+fn npz_members_are_mapped_whether_aligned_stored_or_deflated() {
+    let (x, y) = toy();
+    let dir = tempfile::tempdir().unwrap();
+    let want = Tensor::from_slice(&x.data.chunks(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect::<Vec<_>>()).view([10, 3]);
+    let inputs = [spec("ab", DType::F32, &[3]), spec("abc", DType::F32, &[3])];
+    let header = (encode_npy(&x).unwrap().len() - x.data.len()) as u64;
+    let mut offsets = Vec::new();
+    for deflate in [false, true] {
+        let path = dir.path().join(format!("d{deflate}.npz"));
+        write_npz(&path, &[("ab", &x), ("abc", &x), ("y", &y)], deflate);
+        if !deflate {
+            let mut zip = zip::ZipArchive::new(std::fs::File::open(&path).unwrap()).unwrap();
+            offsets = ["ab.npy", "abc.npy"].iter().map(|m| zip.by_name(m).unwrap().data_start() + header).collect();
+        }
+        let d = Dataset::open(&path, &inputs, Some("y")).unwrap();
+        for name in ["ab", "abc"] {
+            assert!(d.input(name).unwrap().equal(&want), "{name} (deflated: {deflate})");
+        }
+        assert_eq!(to_vec_i64(&d.labels().unwrap()), (0..10).collect::<Vec<_>>());
+        for batch in d.batches(2, 2, 7, Stop::Epochs(2)).unwrap() {
+            for (mb, labels) in batch.unwrap() {
+                let rows = labels.unwrap();
+                for (name, t) in &mb {
+                    assert!(t.equal(&want.index_select(0, &rows)), "{name}: the batch holds its samples' rows (deflated: {deflate})");
+                }
+            }
+        }
+    }
+    assert!(offsets[0] % 4 == 0 && offsets[1] % 4 != 0, "one member aligned for f32, one not: {offsets:?}");
+
+    let path = dir.path().join("dfalse.npz");
+    let d = Dataset::open(&path, &inputs, Some("y")).unwrap();
+    let mut batches = d.batches(2, 2, 0, Stop::Steps(3)).unwrap();
+    batches.next().unwrap().expect("the first batch reads");
+    std::fs::OpenOptions::new().append(true).open(&path).and_then(|mut f| f.write_all(&[0; 4])).unwrap();
+    let e = batches.next().unwrap().expect_err("the grown archive is refused").to_string();
+    assert!(e.contains("dfalse.npz: the data file changed during the run") && e.contains("--resume"), "{e}");
+
+    // A deflated archive's members are copies: the archive may change after loading.
+    let path = dir.path().join("dtrue.npz");
+    let d = Dataset::open(&path, &inputs, Some("y")).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    assert_eq!(d.batches(2, 2, 0, Stop::Steps(3)).unwrap().filter(|b| b.is_ok()).count(), 3);
 }

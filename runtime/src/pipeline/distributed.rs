@@ -14,6 +14,9 @@
 //!   (a send never waits for its receiver, so the schedule cannot deadlock) and received
 //!   by polling with a deadline (`--timeout`), so no wait lasts forever and a late one
 //!   names what it waited for and from whom.
+//! - Evaluation during training runs forward through replica 0's stages on a tag of its
+//!   own, from each rank's main thread while its stage worker trains on
+//!   ([`super::eval`]).
 //! - Reductions (gradient norm and fp16 overflow over every rank, gradient averaging over
 //!   the replicas of a stage, tied-weight gradients over the stages of a replica that
 //!   share them) are gathers to the group's first rank, a sum in fixed group order (the
@@ -53,6 +56,7 @@ use tch::Tensor;
 
 use super::stop::StopGate;
 use super::checkpoint::{commit_parts, discard_parts, write_stage_part, StagePart};
+use super::eval::EvalLink;
 use super::transport::{sum_lists, Named, Transport};
 use crate::exec::{tensor_from_bytes, tensor_to_bytes};
 use pipewright_ops::DType;
@@ -73,6 +77,7 @@ const HEARTBEAT: i32 = 11;
 const GATHER_PART: i32 = 12;
 const STEP: i32 = 13;
 const CHECKPOINT: i32 = 14;
+const EVAL_FORWARD: i32 = 15;
 
 /// [`MpiJob::start`]'s default heartbeat timeout: a neighbour silent this long is taken
 /// for frozen or gone (heartbeats go every [`HEARTBEAT_PERIOD`]).
@@ -853,6 +858,29 @@ impl Transport for Mpi {
         // The process stops the job (MPI_Abort) once it has printed why; nothing here may
         // wait for peers.
         self.aborted = true;
+    }
+}
+
+/// Evaluation runs through replica 0's stages, on a tag of its own so that its
+/// activations never match the training's (which flow at the same time).
+impl EvalLink for Mpi {
+    fn send_activations(&mut self, index: u64, tensors: Named) -> Result<(), String> {
+        if self.stage as usize + 1 >= self.layout.depth || self.replica != 0 {
+            return Err("no next stage to evaluate on".into());
+        }
+        let bytes = Wire { a: index, value: 0.0, text: Vec::new(), tensors }.encode()?;
+        self.isend(self.layout.rank(0, self.stage as usize + 1), EVAL_FORWARD, bytes)
+    }
+    fn recv_activations(&mut self, index: u64) -> Result<Named, String> {
+        if self.stage == 0 || self.replica != 0 {
+            return Err("no previous stage to evaluate after".into());
+        }
+        let from = self.layout.rank(0, self.stage as usize - 1);
+        let w = Wire::decode(&self.recv(from, EVAL_FORWARD, &format!("evaluation microbatch {index}'s activations"))?).map_err(|e| format!("from {}: {e}", self.layout.who(from)))?;
+        if w.a != index {
+            return Err(format!("expected evaluation microbatch {index}'s activations from {}, got microbatch {}'s", self.layout.who(from), w.a));
+        }
+        Ok(w.tensors)
     }
 }
 

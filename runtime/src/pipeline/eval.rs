@@ -3,18 +3,37 @@
 //!
 //! At a step the run evaluates after, every stage of replica 0 sends a snapshot of its
 //! newest weights and running statistics (versions are never changed in place, so the
-//! snapshot is a set of handles) to the caller's thread, where an [`Evaluator`] runs the
-//! stages' programs in turn, forward only, in inference mode (Dropout off,
-//! BatchNormalization on its running statistics) over the evaluation microbatches. The
-//! training workers never wait for it, nothing of theirs changes (no update, no weight
-//! version, no statistics, no data drawn), so an evaluated run trains, checkpoints and
-//! resumes exactly as one without evaluation. Under 2BW the snapshot is the version the
-//! step's update made, the newest weights, which the next step's microbatches begin to use.
+//! snapshot is a set of handles) to the thread that handles its events, where an
+//! [`Evaluator`] runs the stages' programs in turn, forward only, in inference mode
+//! (Dropout off, BatchNormalization on its running statistics) over the evaluation
+//! microbatches. The training workers never wait for it, nothing of theirs changes (no
+//! update, no weight version, no statistics, no data drawn), so an evaluated run trains,
+//! checkpoints and resumes exactly as one without evaluation. Under 2BW the snapshot is
+//! the version the step's update made, the newest weights, which the next step's
+//! microbatches begin to use.
+//!
+//! The embedded executor's evaluator holds every stage. A worker process holds one: its
+//! evaluator receives each evaluation microbatch's activations from the previous stage's
+//! process over an [`EvalLink`] and sends its own to the next, so the evaluation runs
+//! through the pipeline as the forwards of training do, and the last stage's process, the
+//! one that reports the job's steps, holds the result. Each process evaluates once its
+//! own stage has finished the step, so the weights are those of the same step everywhere.
 
 use tch::{Kind, Tensor};
 
 use super::stage::{StageSpec, Worker, E};
+use super::transport::Named;
 use super::{Microbatch, Mode, PipelineError, TrainConfig};
+
+/// A worker process's evaluation link to the processes of the neighbouring stages
+/// (replica 0's): the activations of evaluation microbatch `index` of each evaluation,
+/// apart from the training's messages. Errors are messages; no wait lasts forever.
+pub trait EvalLink: Send {
+    /// Sends the activations of evaluation microbatch `index` to the next stage.
+    fn send_activations(&mut self, index: u64, tensors: Named) -> Result<(), String>;
+    /// Receives the activations of evaluation microbatch `index` from the previous stage.
+    fn recv_activations(&mut self, index: u64) -> Result<Named, String>;
+}
 
 /// The held-out microbatches a run evaluates on, and how often.
 pub struct EvalSet {
@@ -39,52 +58,89 @@ pub(crate) struct Snapshot {
 
 /// The stages' programs loaded for inference, and the evaluation set.
 pub(crate) struct Evaluator {
+    /// The stages this process holds, in order: every stage, or (a worker process) one.
     workers: Vec<Worker>,
     /// Each stage's device (its replica-0 worker's, where its snapshots live).
     devices: Vec<tch::Device>,
     microbatches: Vec<Microbatch>,
+    /// To the stages before and after this process's (a worker process).
+    link: Option<Box<dyn EvalLink>>,
+}
+
+/// Where one evaluation microbatch's forward through this process's stages ended.
+enum Reached {
+    /// The loss and, for cross-entropy, (correct, counted).
+    Loss(f64, Option<(f64, f64)>),
+    /// The last stage here sends on these activations.
+    Boundary(Named),
 }
 
 impl Evaluator {
+    /// Every stage's evaluator (the embedded executor).
     pub(crate) fn new(specs: &[StageSpec], cfg: &TrainConfig, set: EvalSet) -> Result<Evaluator, PipelineError> {
+        Self::of(specs, cfg, set, None)
+    }
+
+    /// A worker process's evaluator of stage `spec`, linked to its neighbours' by `link`.
+    pub(crate) fn for_stage(spec: &StageSpec, cfg: &TrainConfig, set: EvalSet, link: Box<dyn EvalLink>) -> Result<Evaluator, PipelineError> {
+        Self::of(std::slice::from_ref(spec), cfg, set, Some(link))
+    }
+
+    fn of(specs: &[StageSpec], cfg: &TrainConfig, set: EvalSet, link: Option<Box<dyn EvalLink>>) -> Result<Evaluator, PipelineError> {
         let devices: Vec<tch::Device> = specs.iter().map(|s| cfg.worker_device(s.index, 0)).collect();
         let workers = specs
             .iter()
             .map(|s| {
-                let placed = TrainConfig { mode: Mode::Eval, device: devices[s.index], ..cfg.clone() };
+                let placed = TrainConfig { mode: Mode::Eval, device: cfg.worker_device(s.index, 0), ..cfg.clone() };
                 Worker::load(s.clone(), &placed).map(|(w, _)| w).map_err(|e| failed(s.index, e))
             })
             .collect::<Result<Vec<_>, _>>()?;
         if set.microbatches.is_empty() {
             return Err(PipelineError::Data("the evaluation set holds no microbatch".into()));
         }
-        Ok(Evaluator { workers, devices, microbatches: set.microbatches })
+        Ok(Evaluator { workers, devices, microbatches: set.microbatches, link })
     }
 
-    /// The evaluation set's loss and accuracy under `snaps` (one per stage, in order).
-    pub(crate) fn run(&mut self, snaps: Vec<Snapshot>) -> Result<EvalResult, PipelineError> {
+    /// The evaluation set's loss and accuracy under `snaps` (one per stage held here, in
+    /// order); `None` in a process whose stage does not compute the loss.
+    pub(crate) fn run(&mut self, snaps: Vec<Snapshot>) -> Result<Option<EvalResult>, PipelineError> {
         for (w, snap) in self.workers.iter_mut().zip(&snaps) {
             w.set_stats(snap.stats.iter().map(Tensor::shallow_clone).collect());
         }
-        let (mut loss, mut correct, mut counted, mut samples) = (0.0, 0.0, 0.0, 0);
-        for mb in &self.microbatches {
-            let (l, right) = through_stages(&mut self.workers, &self.devices, mb, &snaps)?;
-            loss += l;
-            if let Some((c, n)) = right {
-                correct += c;
-                counted += n;
+        let first = self.workers.first().map_or(0, |w| w.spec().index);
+        let (mut loss, mut correct, mut counted, mut samples, mut reached) = (0.0, 0.0, 0.0, 0, false);
+        for (i, mb) in self.microbatches.iter().enumerate() {
+            let carried = match &mut self.link {
+                Some(link) if first > 0 => link.recv_activations(i as u64).map_err(|e| linked(first, e))?.into_iter().map(|(_, t)| t).collect(),
+                _ => Vec::new(),
+            };
+            match through_stages(&mut self.workers, &self.devices, mb, &snaps, carried)? {
+                Reached::Loss(l, right) => {
+                    loss += l;
+                    if let Some((c, n)) = right {
+                        correct += c;
+                        counted += n;
+                    }
+                    reached = true;
+                }
+                Reached::Boundary(out) => {
+                    let last = self.workers.last().map_or(0, |w| w.spec().index);
+                    let link = self.link.as_mut().ok_or_else(|| PipelineError::Data("no stage computes the loss".into()))?;
+                    link.send_activations(i as u64, out).map_err(|e| linked(last, e))?;
+                }
             }
             samples += mb.inputs.first().map_or(0, |(_, x)| x.size().first().copied().unwrap_or(1) as usize);
         }
         let n = self.microbatches.len() as f64;
-        Ok(EvalResult { loss: loss / n, accuracy: (counted > 0.0).then(|| correct / counted), samples })
+        Ok(reached.then(|| EvalResult { loss: loss / n, accuracy: (counted > 0.0).then(|| correct / counted), samples }))
     }
 }
 
-/// One microbatch through every stage (`workers` on `devices`, with the weights of
-/// `snaps`): its loss and, for cross-entropy, (correct, counted).
-fn through_stages(workers: &mut [Worker], devices: &[tch::Device], mb: &Microbatch, snaps: &[Snapshot]) -> Result<(f64, Option<(f64, f64)>), PipelineError> {
-    let mut carried: Vec<Tensor> = Vec::new();
+/// One microbatch through the stages held here (`workers` on `devices`, with the weights
+/// of `snaps`), the first given `carried` (the previous stage's activations, if any).
+fn through_stages(workers: &mut [Worker], devices: &[tch::Device], mb: &Microbatch, snaps: &[Snapshot], carried: Vec<Tensor>) -> Result<Reached, PipelineError> {
+    let mut carried = carried;
+    let mut sent = Vec::new();
     for ((w, snap), &device) in workers.iter_mut().zip(snaps).zip(devices) {
         let k = w.spec().index;
         let mut inputs = Vec::new();
@@ -103,11 +159,13 @@ fn through_stages(workers: &mut [Worker], devices: &[tch::Device], mb: &Microbat
                 (pipewright_core::Loss::CrossEntropy, Some(y)) => Some(hits(&fwd.outputs[*out], y, objective.ignore_index).map_err(|e| torch_failed(k, "counting hits", e))?),
                 _ => None,
             };
-            return Ok((value, right));
+            return Ok(Reached::Loss(value, right));
         }
-        carried = fwd.outputs[..w.spec().n_send].iter().map(Tensor::shallow_clone).collect();
+        let n_send = w.spec().n_send;
+        carried = fwd.outputs[..n_send].iter().map(Tensor::shallow_clone).collect();
+        sent = w.output_names().into_iter().take(n_send).collect();
     }
-    Err(PipelineError::Data("no stage computes the loss".into()))
+    Ok(Reached::Boundary(sent.into_iter().zip(carried).collect()))
 }
 
 /// Stage `spec`'s graph inputs from the microbatch, by name.
@@ -139,6 +197,11 @@ fn failed(stage: usize, e: E) -> PipelineError {
         E::Msg(m) | E::Induced(m) => m,
         E::Err(e) => return e,
     };
+    PipelineError::Stage { stage, message: format!("evaluation: {message}") }
+}
+
+/// An evaluation link's failure at stage `stage`.
+fn linked(stage: usize, message: String) -> PipelineError {
     PipelineError::Stage { stage, message: format!("evaluation: {message}") }
 }
 

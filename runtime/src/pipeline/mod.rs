@@ -31,7 +31,7 @@ pub use schedule::{stage_ops, stage_ops_from, Op};
 pub use checkpoint::{decode_checkpoint, decode_stage, read_checkpoint, step_dir_name, write_checkpoint, Checkpoint, CheckpointError, StageState};
 pub use distributed::{batch_fingerprint, Layout, Mpi, MpiJob, DEFAULT_HEARTBEAT_TIMEOUT, HEARTBEAT_PERIOD};
 pub use memory::{bytes_of, StageMemory};
-pub use eval::{EvalResult, EvalSet};
+pub use eval::{EvalLink, EvalResult, EvalSet};
 pub use stop::StopGate;
 pub use transport::{InProcess, Named, Transport};
 
@@ -707,6 +707,9 @@ pub struct WorkerHooks<'a> {
     /// batches, to be written; returns the folder of the checkpoint where this process
     /// committed it (e.g. [`Mpi::checkpoint`]).
     pub on_checkpoint: &'a mut dyn FnMut(u64, StageState) -> Result<Option<PathBuf>, String>,
+    /// Replica 0, with `TrainConfig::eval`: the evaluation set and the link to the
+    /// neighbouring stages' processes (see [`eval`](self::eval)).
+    pub eval: Option<(EvalSet, Box<dyn EvalLink>)>,
 }
 
 /// Runs one stage of one replica in this process, linked to the other workers by
@@ -765,6 +768,11 @@ pub fn run_worker(
     let (ev_tx, ev_rx) = mpsc::channel::<Event>();
     let mut placed = cfg.clone();
     placed.device = cfg.worker_device(k, replica);
+    let WorkerHooks { on_step, on_checkpoint, eval } = hooks;
+    let evaluator = match eval {
+        Some((set, link)) if replica == 0 && cfg.eval != EvalPoints::Never => Some(eval::Evaluator::for_stage(&spec, cfg, set, link)?),
+        _ => None,
+    };
     let args = stage::WorkerArgs {
         spec,
         replica,
@@ -783,8 +791,8 @@ pub fn run_worker(
         .name(format!("pipewright-r{replica}-stage{k}"))
         .spawn(move || stage::run(args))
         .map_err(|e| PipelineError::Stage { stage: k, message: format!("cannot spawn thread: {e}") })?;
-    let WorkerHooks { on_step, on_checkpoint } = hooks;
     let mut sink = EventSink::new(1, 1, cfg, module.program.pipeline.clone(), cfg.schedule, on_step);
+    sink.evaluator = evaluator;
     let (mut written, mut checkpoint_error) = (Vec::new(), None);
     for ev in ev_rx {
         match ev {
@@ -795,13 +803,13 @@ pub fn run_worker(
                     checkpoint_error.get_or_insert(e);
                 }
             },
-            // This process's sink sees one replica, whichever it is.
+            // This process's sink sees one replica and one stage, whichever they are.
             Event::Step { step, loss, samples, skipped, at, .. } => sink.handle(Event::Step { step, replica: 0, loss, samples, skipped, at }),
-            // Evaluation runs on the embedded executor only (a rank holds one stage).
-            Event::Snapshot { .. } => {}
+            Event::Snapshot { step, weights, stats, .. } => sink.handle(Event::Snapshot { step, stage: 0, weights, stats }),
         }
     }
-    let losses = sink.losses;
+    sink.flush(true);
+    let (losses, eval_error) = (sink.losses, sink.eval_error);
     let out = h.join().map_err(|_| PipelineError::Stage { stage: k, message: "worker thread panicked".into() })?;
     let _ = feeder.join();
     let out = match out {
@@ -815,6 +823,9 @@ pub fn run_worker(
     };
     if let Some(e) = checkpoint_error {
         return Err(PipelineError::Stage { stage: k, message: e });
+    }
+    if let Some(e) = eval_error {
+        return Err(e);
     }
     let mut report = empty_report(1);
     report.losses = losses;
@@ -901,7 +912,7 @@ struct EventSink<'a> {
     losses: Vec<f64>,
     written: Vec<PathBuf>,
     error: Option<CheckpointError>,
-    /// Evaluation (embedded runs that asked for it): the steps to evaluate after (of the
+    /// Evaluation (runs that asked for it): the steps to evaluate after (of the
     /// run's `steps`), the stages' snapshots gathering per step, the results, and the step
     /// reports held back (in order) until their step's evaluation is done.
     eval_points: EvalPoints,
@@ -993,7 +1004,7 @@ impl<'a> EventSink<'a> {
         let Some(evaluator) = self.evaluator.as_mut() else { return };
         match evaluator.run(parts) {
             Ok(r) => {
-                self.evals.insert(step, r);
+                self.evals.extend(r.map(|r| (step, r)));
             }
             Err(e) => {
                 self.eval_error = Some(e);

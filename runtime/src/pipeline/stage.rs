@@ -999,7 +999,7 @@ fn tied_groups(sync: &[Vec<u32>], names: &[String], stage: u32) -> Vec<(Vec<u32>
 }
 
 impl Worker {
-    fn output_names(&self) -> Vec<String> {
+    pub(crate) fn output_names(&self) -> Vec<String> {
         let p = &self.spec.program;
         p.outputs.iter().map(|s| p.slots[s.index()].name.clone()).collect()
     }
