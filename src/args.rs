@@ -205,6 +205,12 @@ pub struct WorkerArgs {
     /// Save this stage's trained weights (safetensors) here.
     #[arg(long)]
     pub save: Option<PathBuf>,
+    /// Sum gradients over a stage's replicas and over tied stages in the embedded
+    /// executor's fixed order (gathered to each group's first rank): bit-identical to
+    /// `pipewright train`, but the first rank's traffic grows with the group. By default
+    /// MPI's own all-reduce sums them, in an order of its choosing (within fp32 rounding).
+    #[arg(long)]
+    pub deterministic_reduce: bool,
 }
 
 #[derive(clap::Args)]
@@ -288,7 +294,7 @@ mod requests {
 
     impl super::WorkerArgs {
         pub fn request(&self) -> anyhow::Result<WorkerRequest> {
-            Ok(WorkerRequest { train: self.train.request()?, save: self.save.clone() })
+            Ok(WorkerRequest { train: self.train.request()?, save: self.save.clone(), deterministic_reduce: self.deterministic_reduce })
         }
     }
 }
@@ -351,6 +357,19 @@ pub struct BenchStepArgs {
     /// `cpu`, `cuda` or `cuda:N`.
     #[arg(long, default_value = "cpu")]
     pub device: Device,
+}
+
+#[derive(clap::Args)]
+pub struct BenchAllreduceArgs {
+    /// Payloads to sum, each rank's (`1MiB,16MiB`).
+    #[arg(long, value_name = "SIZE,...", value_delimiter = ',', value_parser = parse_size, default_value = "1MiB,4MiB,16MiB,64MiB,256MiB")]
+    pub sizes: Vec<u64>,
+    /// Timed sums per payload and way (the median is reported).
+    #[arg(long, default_value_t = 5)]
+    pub repeat: usize,
+    /// Seconds any wait may last.
+    #[arg(long, default_value_t = 300)]
+    pub timeout: u64,
 }
 
 #[derive(clap::Args)]

@@ -18,7 +18,7 @@ use pipewright_driver::inspect::InspectRequest;
 use pipewright_driver::plan::{CompileSpec, PlanSpec};
 use pipewright_driver::simulate::SimulateSpec;
 #[cfg(feature = "torch")]
-use args::{BenchStepArgs, ConformanceArgs, ProfileArgs, RunForwardArgs, TrainArgs, WorkerArgs};
+use args::{BenchAllreduceArgs, BenchStepArgs, ConformanceArgs, ProfileArgs, RunForwardArgs, TrainArgs, WorkerArgs};
 
 #[derive(Parser)]
 #[command(name = "pipewright", version, about = "Compile ONNX models into pipeline-parallel (PipeDream-2BW) training jobs")]
@@ -69,6 +69,10 @@ enum Command {
     /// Time forward + backward steps of a model through the op layer (for benchmarks).
     #[cfg(feature = "torch")]
     BenchStep(BenchStepArgs),
+    /// Time a sum of each payload over every rank of an MPI job, by the fixed order and by
+    /// MPI's all-reduce (`mpirun -np W pipewright bench-allreduce`; for benchmarks).
+    #[cfg(feature = "torch")]
+    BenchAllreduce(BenchAllreduceArgs),
     /// Run the ONNX backend test suite through the op layer and report conformance.
     #[cfg(feature = "torch")]
     Conformance(ConformanceArgs),
@@ -164,6 +168,8 @@ fn main() -> ExitCode {
         Command::RunForward(args) => run::run_forward(&args),
         #[cfg(feature = "torch")]
         Command::BenchStep(args) => run::bench_step(&args),
+        #[cfg(feature = "torch")]
+        Command::BenchAllreduce(args) => run::bench_allreduce(&args),
         #[cfg(feature = "torch")]
         Command::Conformance(args) => run::conformance(&args),
         #[cfg(feature = "torch")]

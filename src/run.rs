@@ -12,7 +12,7 @@ use pipewright_driver::forward::{bench_step_command, run_forward_command};
 use pipewright_driver::profile::{notes, profile_json, Progress as ProfileProgress};
 use pipewright_driver::train::{eval_line, host_reads_line, loss_range, peak_memory_line, memory_peaks, save_trace, stopped_job_lines, stopped_lines, MpiJob, Session, StepReport, StopGate, WorkerSession};
 
-use crate::args::{BenchStepArgs, ConformanceArgs, ProfileArgs, RunForwardArgs, TrainArgs, WorkerArgs};
+use crate::args::{BenchAllreduceArgs, BenchStepArgs, ConformanceArgs, ProfileArgs, RunForwardArgs, TrainArgs, WorkerArgs};
 use crate::progress::Progress;
 
 fn progress(args: &TrainArgs, first_step: usize) -> Result<Progress> {
@@ -208,6 +208,31 @@ pub fn run_forward(args: &RunForwardArgs) -> Result<()> {
         anyhow::bail!("{}: the outputs differ from the expected ones (see above)", args.model.display());
     }
     Ok(())
+}
+
+/// `pipewright bench-allreduce`, on every rank of an MPI job: rank 0 prints the table.
+pub fn bench_allreduce(args: &BenchAllreduceArgs) -> Result<()> {
+    let job = MpiJob::start(Duration::from_secs(args.timeout.max(2))).map_err(|e| anyhow!("{e}"))?;
+    let ranks = job.size();
+    match pipewright_driver::allreduce::bench_allreduce(&job, &args.sizes, args.repeat, Duration::from_secs(args.timeout)) {
+        Ok(rows) => {
+            for row in rows.iter().flatten() {
+                println!(
+                    "| {} | {ranks} | {:.2} | {:.2} | {:.2} | {:.1e} |",
+                    pipewright_core::units::human_bytes(row.bytes),
+                    row.fixed_order_ms,
+                    row.collective_ms,
+                    row.collective_ms / row.fixed_order_ms,
+                    row.rel_gap
+                );
+            }
+            job.finish().map_err(|e| anyhow!("{e}"))
+        }
+        Err(e) => {
+            say(&format!("error: {}: {e}", job.who(job.rank())));
+            job.abort(1)
+        }
+    }
 }
 
 pub fn bench_step(args: &BenchStepArgs) -> Result<()> {

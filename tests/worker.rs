@@ -562,6 +562,65 @@ fn newest(dir: &Path) -> PathBuf {
     steps.pop().unwrap()
 }
 
+/// The weights of `a` and `b` agree within `rel` of each tensor's largest magnitude (every
+/// weight is f32).
+fn close(a: &Run, b: &Run, rel: f32, what: &str) {
+    assert_eq!(a.losses.len(), b.losses.len(), "{what}");
+    for (x, y) in a.losses.iter().zip(&b.losses) {
+        assert!((x - y).abs() <= rel as f64 * x.abs().max(1.0), "{what}: losses {:?} and {:?}", a.losses, b.losses);
+    }
+    let floats = |b: &[u8]| b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect::<Vec<f32>>();
+    for ((n, x), (m, y)) in a.weights.iter().zip(&b.weights) {
+        assert_eq!(n, m, "{what}");
+        let (x, y) = (floats(x), floats(y));
+        let scale = x.iter().fold(0f32, |s, v| s.max(v.abs())).max(1e-12);
+        let gap = x.iter().zip(&y).fold(0f32, |g, (p, q)| g.max((p - q).abs()));
+        assert!(gap <= rel * scale, "{what}: weight {n} differs by {gap} (largest magnitude {scale})");
+    }
+}
+
+/// Eight ranks on two cores (oversubscribed), 4 stages x 2 replicas and 2 stages x 4
+/// replicas, under every schedule. A stage's two replicas add alike in either order, so
+/// MPI's all-reduce (the default) is bit-identical to the embedded executor there; over
+/// four replicas MPI adds in an order of its own: `--deterministic-reduce` (the fixed
+/// order) is bit-identical, the default agrees within fp32 rounding.
+#[test]
+fn eight_ranks_train_like_the_embedded_executor_under_every_schedule() {
+    let dir = tempfile::tempdir().unwrap();
+    for schedule in ["2bw", "flush", "gpipe"] {
+        let four = dir.path().join(format!("four-{schedule}"));
+        compile(&four, 4, schedule, false);
+        let two = ["--replicas", "2"];
+        same(&embedded(&four, &two), &launched(&four, false, &two), &format!("{schedule}, 8 ranks = 4 stages x 2 replicas"));
+        let two_stages = dir.path().join(format!("two-{schedule}"));
+        compile(&two_stages, 2, schedule, false);
+        let one = embedded(&two_stages, &["--replicas", "4"]);
+        let what = format!("{schedule}, 8 ranks = 2 stages x 4 replicas");
+        same(&one, &launched(&two_stages, false, &["--replicas", "4", "--deterministic-reduce"]), &format!("{what}, --deterministic-reduce"));
+        close(&one, &launched(&two_stages, false, &["--replicas", "4"]), 1e-4, &format!("{what}, MPI's all-reduce"));
+    }
+}
+
+/// A replica that stalls (alive: its heartbeat goes on) leaves the other waiting in the
+/// gradient sum: the wait ends after `--timeout` naming the stalled rank (or, when it
+/// stalled after beginning the sum, saying that every member had begun it), and the job
+/// stops.
+#[test]
+fn a_rank_stalled_in_the_gradient_sum_stops_the_job_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let build = dir.path().join("build");
+    ok(&command().args(["compile", model("mlp").to_str().unwrap(), "--stages", "1", "-o"]).arg(&build).output().unwrap());
+    let job = long_job(&build, &["--replicas", "2", "--timeout", "3", "--heartbeat-timeout", "120"]);
+    let pids = job.pids.clone();
+    assert!(Command::new("kill").args(["-STOP", &pids[1].to_string()]).status().unwrap().success());
+    let (success, seen, took) = job.end(Duration::from_secs(60));
+    assert!(!success, "{seen}");
+    assert!(took < Duration::from_secs(30), "took {took:?}:\n{seen}");
+    let line = seen.lines().find(|l| l.starts_with("error: rank 0 (stage 0, replica 0): stage 0: waited 3 s (--timeout) for ")).unwrap_or_else(|| panic!("rank 0's error:\n{seen}"));
+    assert!(line.contains("rank 1 (stage 0, replica 1)") || line.ends_with("every member had begun it, and MPI did not complete it"), "{line}");
+    assert!(pids.iter().all(|&p| gone(p)), "every rank must have ended: {pids:?}");
+}
+
 /// The evaluations a run wrote to its metrics: (step, loss, accuracy).
 fn evaluations(metrics: &Path) -> Vec<(u64, f64, f64)> {
     let text = std::fs::read_to_string(metrics).unwrap_or_else(|e| panic!("{}: {e}", metrics.display()));
@@ -655,4 +714,130 @@ fn a_wait_longer_than_the_timeout_stops_the_job_naming_it() {
     assert!(seen.contains("error: rank 0 (stage 0, replica 0): stage 0: waited 3 s (--timeout) for microbatch"), "{seen}");
     assert!(seen.contains("from rank 1 (stage 1, replica 0), which sent nothing"), "{seen}");
     assert!(pids.iter().all(|&p| gone(p)), "every rank must have ended: {pids:?}");
+}
+
+/// Two "hosts" on this machine: network namespaces joined by a veth pair, each with an
+/// address of its own, and an Open MPI launch agent (in place of ssh) that starts a
+/// host's daemon inside its namespace. Removed (with the veth pair) when dropped.
+struct TwoHosts {
+    names: [String; 2],
+    addresses: [String; 2],
+    dir: tempfile::TempDir,
+}
+
+impl TwoHosts {
+    /// Needs root (CAP_NET_ADMIN): a test that cannot make them fails saying so.
+    fn new() -> TwoHosts {
+        let id = std::process::id() % 10_000;
+        let names = [format!("pw{id}a"), format!("pw{id}b")];
+        let subnet = format!("10.{}.{}", 100 + id % 100, id / 100 % 250);
+        let addresses = [format!("{subnet}.1"), format!("{subnet}.2")];
+        let ip = |args: &str| {
+            let out = Command::new("ip").args(args.split_whitespace()).output().expect("the `ip` tool (iproute2) runs");
+            assert!(out.status.success(), "ip {args}: {} (the two-host test makes network namespaces: it needs root, CAP_NET_ADMIN)", String::from_utf8_lossy(&out.stderr));
+        };
+        let hosts = TwoHosts { dir: tempfile::tempdir().unwrap(), names, addresses };
+        let [a, b] = &hosts.names;
+        ip(&format!("netns add {a}"));
+        ip(&format!("netns add {b}"));
+        ip(&format!("link add {a}v type veth peer name {b}v"));
+        for (ns, addr) in hosts.names.iter().zip(&hosts.addresses) {
+            ip(&format!("link set {ns}v netns {ns}"));
+            ip(&format!("-n {ns} addr add {addr}/24 dev {ns}v"));
+            ip(&format!("-n {ns} link set {ns}v up"));
+            ip(&format!("-n {ns} link set lo up"));
+        }
+        let agent = format!(
+            "#!/bin/sh\n# Open MPI's launch agent: [options] HOST COMMAND -> COMMAND in HOST's namespace.\nwhile [ \"${{1#-}}\" != \"$1\" ]; do shift; done\nhost=$1; shift\ncase $host in {} ) ns={a} ;; {} ) ns={b} ;; *) echo \"agent: no host $host\" >&2; exit 1 ;; esac\nexec ip netns exec \"$ns\" /bin/sh -c \"$*\"\n",
+            hosts.addresses[0], hosts.addresses[1]
+        );
+        std::fs::write(hosts.agent(), agent).unwrap();
+        Command::new("chmod").arg("+x").arg(hosts.agent()).status().unwrap();
+        std::fs::write(hosts.hostfile(), format!("{} slots=2\n{} slots=2\n", hosts.addresses[0], hosts.addresses[1])).unwrap();
+        hosts
+    }
+
+    fn agent(&self) -> PathBuf {
+        self.dir.path().join("agent.sh")
+    }
+
+    fn hostfile(&self) -> PathBuf {
+        self.dir.path().join("hostfile")
+    }
+
+    /// `pipewright launch BUILD --hostfile H -- ...` started on the first host: ranks are
+    /// placed `by` Open MPI's mapping policy (`slot`: fill a host first; `node`: round
+    /// robin), and talk over TCP on the veth pair only.
+    fn launch(&self, build: &Path, by: &str) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.names[0], env!("CARGO_BIN_EXE_pipewright"), "launch"]).arg(build).arg("--hostfile").arg(self.hostfile()).arg("--");
+        let subnet = format!("{}/24", self.addresses[0]);
+        c.env("OMPI_MCA_plm_rsh_agent", self.agent())
+            .env("OMPI_MCA_oob_tcp_if_include", &subnet)
+            .env("OMPI_MCA_btl_tcp_if_include", &subnet)
+            .env("OMPI_MCA_btl", "tcp,self")
+            .env("OMPI_MCA_rmaps_base_mapping_policy", by);
+        c
+    }
+
+    /// The host (namespace) process `pid` runs in.
+    fn host_of(&self, pid: u32) -> String {
+        let out = Command::new("ip").args(["netns", "identify", &pid.to_string()]).output().unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+}
+
+impl Drop for TwoHosts {
+    fn drop(&mut self) {
+        for ns in &self.names {
+            let _ = Command::new("ip").args(["netns", "del", ns]).status();
+        }
+    }
+}
+
+/// A job over two hosts (network namespaces on this machine, see [`TwoHosts`]): stages on
+/// different hosts (2 ranks, one per host), and replicas across hosts (2 stages x 2
+/// replicas, ranks dealt round robin, so each stage's gradient sum crosses the link) equal
+/// the embedded executor bit for bit, with checkpoints written by every rank and the
+/// weights gathered to rank 0. A rank killed on one host stops the job on both within
+/// 30 s, naming it.
+#[test]
+fn a_job_over_two_hosts_trains_like_one_host_and_a_kill_on_one_stops_both() {
+    let hosts = TwoHosts::new();
+    let dir = tempfile::tempdir().unwrap();
+    let build = dir.path().join("build");
+    compile(&build, 2, "2bw", false);
+    // Round robin over the hosts: with 1 replica the two stages, with 2 the replicas of
+    // each stage, are on different hosts; filling a host first puts stage 0's replicas on
+    // one host and stage 1's on the other.
+    for (replicas, by) in [("1", "node"), ("2", "node"), ("2", "slot")] {
+        let what = format!("2 stages x {replicas} replica(s) over two hosts, ranks by {by}");
+        let extra = ["--replicas", replicas];
+        let one = embedded(&build, &extra);
+        let metrics = build.join("hosts.jsonl");
+        let checkpoints = dir.path().join(format!("ck-{replicas}-{by}"));
+        let mut c = hosts.launch(&build, by);
+        c.args(options(8)).args(extra).arg("--metrics").arg(&metrics).args(["--checkpoint-every", "4", "--checkpoint-dir"]).arg(&checkpoints);
+        let stdout = ok(&c.output().unwrap());
+        assert_eq!(stdout.matches("trained ").count(), 1, "{what}: {stdout}");
+        same(&one, &finish(&build, &metrics), &what);
+        // Each stage's part was written by its rank (one per host with one replica).
+        for step in ["step-000004", "step-000008"] {
+            for file in ["checkpoint.json", "stage0.safetensors", "stage1.safetensors"] {
+                assert!(checkpoints.join(step).join(file).is_file(), "{what}: checkpoint {step} lacks {file}");
+            }
+        }
+    }
+    // Where the ranks run, and a kill on the second host.
+    let mut c = hosts.launch(&build, "node");
+    c.args(options(1_000_000)).args(["--log-every", "1", "--timeout", "20"]);
+    let job = watch(c);
+    let pids = job.pids.clone();
+    assert_eq!([hosts.host_of(pids[0]), hosts.host_of(pids[1])], hosts.names, "rank 0 on the first host, rank 1 on the second");
+    assert!(Command::new("kill").args(["-9", &pids[1].to_string()]).status().unwrap().success());
+    let (success, seen, took) = job.end(Duration::from_secs(60));
+    assert!(!success, "{seen}");
+    assert!(took < Duration::from_secs(30), "took {took:?}:\n{seen}");
+    assert!(seen.contains("rank 1 (stage 1, replica 0)"), "the message names the killed rank:\n{seen}");
+    assert!(gone(pids[0]), "rank 0 must have ended");
 }

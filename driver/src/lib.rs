@@ -28,6 +28,8 @@ pub mod synth;
 pub mod trace;
 
 #[cfg(feature = "torch")]
+pub mod allreduce;
+#[cfg(feature = "torch")]
 pub mod batch_check;
 #[cfg(feature = "torch")]
 pub mod conformance;

@@ -22,7 +22,7 @@ use pipewright_core::lock::FolderLock;
 use pipewright_core::timeline::chrome_trace_json;
 use pipewright_core::units::human_bytes;
 use pipewright_runtime::pipeline::{
-    batch_fingerprint, check_resume, read_checkpoint, resume, resume_differences, run_record, run_worker, train, train_evaluated, BatchStream, Checkpoint, EvalLink, EvalPoints, EvalResult, EvalSet, Layout, LrSchedule, Microbatch, Mpi, Objective, OptimizerConfig,
+    batch_fingerprint, check_resume, read_checkpoint, resume, resume_differences, run_record, run_worker, train, train_evaluated, BatchStream, Checkpoint, EvalLink, EvalPoints, EvalResult, EvalSet, Layout, Reduction, LrSchedule, Microbatch, Mpi, Objective, OptimizerConfig,
     StageState, TrainConfig, WorkerHooks,
 };
 
@@ -753,6 +753,9 @@ pub struct WorkerRequest {
     pub train: TrainRequest,
     /// Save this stage's trained weights here.
     pub save: Option<PathBuf>,
+    /// Sums over groups of ranks in the embedded executor's fixed order
+    /// ([`Reduction::FixedOrder`]) instead of MPI's all-reduce.
+    pub deterministic_reduce: bool,
 }
 
 /// One stage of one replica in an MPI job (rank `stage * replicas + replica`), ready to
@@ -813,7 +816,8 @@ impl WorkerSession {
         // SIGUSR1 stops the job at a step boundary every rank agrees on.
         config.stop = Some(job.stop_gate());
         let layout = Layout { depth: manifest.stages.len(), replicas: size(shape.replicas.value) };
-        let transport = job.transport(layout, config.timeout).map_err(DriverError::msg)?;
+        let reduction = if req.deterministic_reduce { Reduction::FixedOrder } else { Reduction::Collective };
+        let transport = job.transport(layout, config.timeout).map_err(DriverError::msg)?.with_reduction(reduction);
         let main = job.transport(layout, config.timeout).map_err(DriverError::msg)?;
         let rank = job.rank();
         let (replica, stage) = layout.place(rank);
@@ -868,6 +872,7 @@ impl WorkerSession {
         let mut agreement = run_record(&config);
         agreement.insert("--eval-data".into(), eval_fingerprint);
         agreement.insert("--eval-every".into(), format!("{:?}", config.eval));
+        agreement.insert("--deterministic-reduce".into(), req.deterministic_reduce.to_string());
         // The module agrees with the manifest (checked above); the ranks agree on both.
         agreement.extend(manifest.identity().fields().into_iter().map(|(k, v)| (k.to_string(), v)));
         agreement.insert("--data".into(), fingerprint);

@@ -50,9 +50,11 @@ use ::mpi::datatype::Equivalence;
 use ::mpi::point_to_point::{Destination, Message, Source, Status};
 use ::mpi::request::{Request, StaticScope};
 use ::mpi::topology::{Communicator, SimpleCommunicator};
+use ::mpi::collective::SystemOperation;
+use ::mpi::topology::Group;
 use ::mpi::traits::CommunicatorCollectives;
 use ::mpi::Threading;
-use tch::Tensor;
+use tch::{Kind, Tensor};
 
 use super::stop::StopGate;
 use super::checkpoint::{commit_parts, discard_parts, write_stage_part, StagePart};
@@ -78,6 +80,10 @@ const GATHER_PART: i32 = 12;
 const STEP: i32 = 13;
 const CHECKPOINT: i32 = 14;
 const EVAL_FORWARD: i32 = 15;
+/// A member's note that it has begun a collective sum (to name the late ones).
+const REDUCE_NOTE: i32 = 16;
+/// The first of the tags communicators are made on ([`group_tag`]).
+const GROUP_TAGS: i32 = 1 << 10;
 
 /// [`MpiJob::start`]'s default heartbeat timeout: a neighbour silent this long is taken
 /// for frozen or gone (heartbeats go every [`HEARTBEAT_PERIOD`]).
@@ -242,7 +248,7 @@ impl MpiJob {
         }
         self.set_layout(layout);
         let (replica, stage) = layout.place(self.rank());
-        Ok(Mpi { rank: self.rank(), layout, stage: stage as u32, replica, timeout, shared: self.shared.clone(), sends: Vec::new(), seq: HashMap::new(), aborted: false })
+        Ok(Mpi { rank: self.rank(), layout, stage: stage as u32, replica, timeout, shared: self.shared.clone(), sends: Vec::new(), seq: HashMap::new(), aborted: false, reduction: Reduction::Collective, comms: HashMap::new() })
     }
 
     /// Stops the whole job (every rank) with exit status `code`: call it after printing why.
@@ -477,6 +483,9 @@ pub struct Mpi {
     /// is an error rather than a wrong sum.
     seq: HashMap<i32, u64>,
     aborted: bool,
+    reduction: Reduction,
+    /// The communicators of the groups this rank sums over, by member ranks.
+    comms: HashMap<Vec<usize>, GroupComm>,
 }
 
 impl Mpi {
@@ -487,6 +496,20 @@ impl Mpi {
     /// The job's shape and rank numbering.
     pub fn layout(&self) -> Layout {
         self.layout
+    }
+
+    /// Takes tensor sums by `reduction` (every rank of a job must take the same).
+    pub fn with_reduction(mut self, reduction: Reduction) -> Mpi {
+        self.reduction = reduction;
+        self
+    }
+
+    /// A sum of `tensors` over `members` by this link's [`Reduction`].
+    fn sum_tensors(&mut self, members: &[usize], tags: (i32, i32), what: &str, tensors: Vec<Tensor>) -> Result<Vec<Tensor>, String> {
+        match self.reduction {
+            Reduction::Collective => self.collective_sum(members, tags, what, tensors),
+            Reduction::FixedOrder => self.reduce_tensors(members, tags, what, tensors),
+        }
     }
 
     /// Sends `bytes` to `to` without waiting for it to be received.
@@ -546,11 +569,7 @@ impl Mpi {
     /// A reduction over `members` (ranks, in summing order; this rank among them): the
     /// first gathers every part, combines them in member order and sends the result back.
     fn reduce(&mut self, members: &[usize], tags: (i32, i32), what: &str, mine: Wire, combine: impl FnOnce(Vec<Wire>) -> Result<Wire, String>) -> Result<Wire, String> {
-        let seq = {
-            let s = self.seq.entry(tags.0).or_insert(0);
-            *s += 1;
-            *s - 1
-        };
+        let seq = self.next_seq(tags.0);
         let root = members[0];
         if self.rank == root {
             let mut parts = vec![mine];
@@ -844,7 +863,7 @@ impl Transport for Mpi {
         }
         let members: Vec<usize> = (0..self.layout.replicas).map(|r| self.layout.rank(r, self.stage as usize)).collect();
         let what = format!("gradient sum of stage {}'s replicas", self.stage);
-        self.reduce_tensors(&members, (REPLICAS_PART, REPLICAS_RESULT), &what, tensors)
+        self.sum_tensors(&members, (REPLICAS_PART, REPLICAS_RESULT), &what, tensors)
     }
     fn all_reduce_tied(&mut self, stages: &[u32], tensors: Vec<Tensor>) -> Result<Vec<Tensor>, String> {
         if !stages.contains(&self.stage) || stages.iter().any(|&s| s as usize >= self.layout.depth) || !stages.windows(2).all(|w| w[0] < w[1]) {
@@ -852,13 +871,207 @@ impl Transport for Mpi {
         }
         let members: Vec<usize> = stages.iter().map(|&s| self.layout.rank(self.replica, s as usize)).collect();
         let what = format!("tied-weight gradient sum of stages {stages:?} (replica {})", self.replica);
-        self.reduce_tensors(&members, (TIED_PART, TIED_RESULT), &what, tensors)
+        self.sum_tensors(&members, (TIED_PART, TIED_RESULT), &what, tensors)
     }
     fn abort(&mut self) {
         // The process stops the job (MPI_Abort) once it has printed why; nothing here may
         // wait for peers.
         self.aborted = true;
     }
+}
+
+/// How a job sums tensors over a group of ranks (a stage's replicas, the stages that
+/// share a tied weight).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reduction {
+    /// MPI's own all-reduce (`MPI_Iallreduce`) on a communicator of the group's ranks,
+    /// polled against the timeout: each rank's traffic stays near twice the payload
+    /// whatever the group's size. MPI may add the parts in any order, so a sum of more
+    /// than two agrees with the fixed order within fp32 rounding.
+    Collective,
+    /// Every part gathered to the group's first rank, added in the embedded executor's
+    /// order and the result sent back (`--deterministic-reduce`): bit-identical to the
+    /// embedded executor, and the first rank's traffic grows with the group.
+    FixedOrder,
+}
+
+/// A communicator of a group of ranks, owned by one [`Mpi`].
+struct GroupComm(SimpleCommunicator);
+
+// SAFETY: an MPI handle; MPI_THREAD_MULTIPLE makes it usable from any thread, and the one
+// `Mpi` that owns it uses it from one thread at a time.
+unsafe impl Send for GroupComm {}
+
+/// An all-reduce in flight: MPI reads `send` and writes `recv` until it completes, so the
+/// tensors live as long as the request.
+struct PendingSum {
+    request: SumRequest,
+    send: Tensor,
+    recv: Tensor,
+}
+
+/// The request of an all-reduce of `f32` or `f64` elements.
+enum SumRequest {
+    F32(Request<'static, [f32]>),
+    F64(Request<'static, [f64]>),
+}
+
+impl SumRequest {
+    /// `Ok` once complete; the request back while not.
+    fn test(self) -> Result<(), SumRequest> {
+        match self {
+            SumRequest::F32(r) => r.test().map(drop).map_err(SumRequest::F32),
+            SumRequest::F64(r) => r.test().map(drop).map_err(SumRequest::F64),
+        }
+    }
+
+    /// Leaves the request to MPI (the job is ending; it is never completed).
+    fn abandon(self) {
+        match self {
+            SumRequest::F32(r) => std::mem::forget(r),
+            SumRequest::F64(r) => std::mem::forget(r),
+        }
+    }
+}
+
+impl Mpi {
+    /// Sums `tensors` over the ranks `members` (this rank among them) with
+    /// [`Reduction::Collective`]; `tags.0` counts the group's reductions, as the fixed
+    /// order's do. Kinds MPI cannot add (bf16, fp16) take the fixed order, alike on every
+    /// member (they hold the same weights).
+    fn collective_sum(&mut self, members: &[usize], tags: (i32, i32), what: &str, tensors: Vec<Tensor>) -> Result<Vec<Tensor>, String> {
+        let Some(kind) = tensors.first().map(Tensor::kind) else { return Ok(tensors) };
+        if !matches!(kind, Kind::Float | Kind::Double) || tensors.iter().any(|t| t.kind() != kind) {
+            return self.reduce_tensors(members, tags, what, tensors);
+        }
+        let seq = self.next_seq(tags.0);
+        self.make_communicator(members, what)?;
+        // Each member tells the others it has begun, so that a sum that never completes
+        // names the members that had not.
+        let me = self.rank;
+        let others: Vec<usize> = members.iter().copied().filter(|&r| r != me).collect();
+        for &r in &others {
+            self.isend(r, REDUCE_NOTE, seq.to_le_bytes().to_vec())?;
+        }
+        let torch = |e: tch::TchError| format!("{what}: {e}");
+        let device = tensors[0].device();
+        let flat: Vec<Tensor> = tensors.iter().map(|t| t.f_reshape([-1])).collect::<Result<_, _>>().map_err(torch)?;
+        let send = Tensor::f_cat(&flat, 0).and_then(|t| t.f_to_device(tch::Device::Cpu)).and_then(|t| t.f_contiguous()).map_err(torch)?;
+        if send.numel() > i32::MAX as usize {
+            return Err(format!("{what}: {} gradient elements exceed MPI's count of 2^31 - 1 per all-reduce (split the stage: compile with more stages)", send.numel()));
+        }
+        let recv = send.f_empty_like().map_err(torch)?;
+        let pending = start_sum(&self.comms[members].0, send, recv);
+        let recv = match self.poll_sum(pending, what) {
+            Ok(recv) => recv,
+            Err(waited) => return Err(self.late_members(members, seq, what, waited)),
+        };
+        for &r in &others {
+            let note = self.recv(r, REDUCE_NOTE, &format!("its note that it began the {what}"))?;
+            if note.get(..8).map(|b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8]))) != Some(seq) {
+                return Err(format!("{what}: {} began another reduction where {seq} was due (the ranks run different schedules)", self.layout.who(r)));
+            }
+        }
+        let sizes: Vec<i64> = tensors.iter().map(|t| t.numel() as i64).collect();
+        let parts = recv.f_split_with_sizes(&sizes, 0).map_err(torch)?;
+        parts.into_iter().zip(&tensors).map(|(p, t)| p.f_view(t.size().as_slice()).and_then(|p| p.f_to_device(device))).collect::<Result<_, _>>().map_err(torch)
+    }
+
+    /// The reduction number `tag`'s group has reached (counted from 0).
+    fn next_seq(&mut self, tag: i32) -> u64 {
+        let s = self.seq.entry(tag).or_insert(0);
+        *s += 1;
+        *s - 1
+    }
+
+    /// The communicator of the ranks `members`, made on first use by them alone
+    /// (`MPI_Comm_create_group`) and kept for the job.
+    fn make_communicator(&mut self, members: &[usize], what: &str) -> Result<(), String> {
+        if self.comms.contains_key(members) {
+            return Ok(());
+        }
+        let world = SimpleCommunicator::world();
+        let ranks: Vec<i32> = members.iter().map(|&r| r as i32).collect();
+        let group = world.group().include(&ranks);
+        let tag = group_tag(members);
+        let comm = world.split_by_subgroup_with_tag(&group, tag).ok_or_else(|| format!("{what}: MPI made no communicator of ranks {members:?}"))?;
+        self.comms.insert(members.to_vec(), GroupComm(comm));
+        Ok(())
+    }
+
+    /// Polls `pending` until it completes (its result) or the timeout passes (the seconds
+    /// waited; the request and its tensors are abandoned to MPI: the job is ending).
+    fn poll_sum(&mut self, pending: PendingSum, what: &str) -> Result<Tensor, f64> {
+        let start = Instant::now();
+        let PendingSum { mut request, send, recv } = pending;
+        self.shared.set_waiting(Some(format!("the {what} (MPI all-reduce)")));
+        let mut pause = Backoff::new();
+        loop {
+            match request.test() {
+                Ok(()) => {
+                    self.shared.set_waiting(None);
+                    return Ok(recv);
+                }
+                Err(r) if start.elapsed() < self.timeout => {
+                    request = r;
+                    self.reap();
+                    pause.wait();
+                }
+                Err(r) => {
+                    r.abandon();
+                    std::mem::forget(send);
+                    std::mem::forget(recv);
+                    return Err(start.elapsed().as_secs_f64());
+                }
+            }
+        }
+    }
+
+    /// The error for reduction `seq` of `members` that did not complete in `waited`
+    /// seconds, naming the members whose note that they had begun it has not come.
+    fn late_members(&mut self, members: &[usize], seq: u64, what: &str, waited: f64) -> String {
+        let world = SimpleCommunicator::world();
+        let mut late = Vec::new();
+        for &r in members.iter().filter(|&&r| r != self.rank) {
+            let mut seen = false;
+            // Notes of this reduction (earlier ones were all received as those completed).
+            while let Some(m) = world.process_at_rank(r as i32).immediate_matched_probe_with_tag(REDUCE_NOTE) {
+                let note = receive_bytes(m);
+                seen |= note.get(..8).map(|b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8]))) == Some(seq);
+            }
+            if !seen {
+                late.push(self.layout.who(r));
+            }
+        }
+        let who = if late.is_empty() { "every member had begun it, and MPI did not complete it".to_string() } else { format!("not begun by {}", late.join(", ")) };
+        format!("waited {waited:.0} s (--timeout) for the {what} over MPI's all-reduce: {who}")
+    }
+}
+
+/// Starts the sum of `send` (contiguous, on the host, `f32` or `f64`) into `recv` (alike)
+/// over `comm`.
+fn start_sum(comm: &SimpleCommunicator, send: Tensor, recv: Tensor) -> PendingSum {
+    let request = match send.kind() {
+        Kind::Double => SumRequest::F64(start_typed(comm, &send, &recv)),
+        _ => SumRequest::F32(start_typed(comm, &send, &recv)),
+    };
+    PendingSum { request, send, recv }
+}
+
+fn start_typed<T: Equivalence + 'static>(comm: &SimpleCommunicator, send: &Tensor, recv: &Tensor) -> Request<'static, [T]> {
+    let n = send.numel();
+    // SAFETY: `send` and `recv` are contiguous host tensors of `n` elements of `T` (the
+    // caller's kind check), kept alive with the request ([`PendingSum`]) or leaked with
+    // it; MPI writes only `recv`, which nothing else reads until the request completes.
+    let (s, r): (&'static [T], &'static mut [T]) = unsafe { (std::slice::from_raw_parts(send.data_ptr() as *const T, n), std::slice::from_raw_parts_mut(recv.data_ptr() as *mut T, n)) };
+    comm.immediate_all_reduce_into(StaticScope, s, r, SystemOperation::sum())
+}
+
+/// The tag on which the ranks of `members` make their communicator: one per group (a
+/// rank makes several, and its partners in one may be making another at that moment).
+fn group_tag(members: &[usize]) -> i32 {
+    let h = members.iter().fold(17u64, |h, &r| h.wrapping_mul(1_000_003).wrapping_add(r as u64 + 1));
+    GROUP_TAGS + (h % (1 << 14)) as i32
 }
 
 /// Evaluation runs through replica 0's stages, on a tag of its own so that its

@@ -29,7 +29,7 @@ pub use stage::loss_ms;
 pub use precision::{compute_kind, LossScaler, Precision};
 pub use schedule::{stage_ops, stage_ops_from, Op};
 pub use checkpoint::{decode_checkpoint, decode_stage, read_checkpoint, step_dir_name, write_checkpoint, Checkpoint, CheckpointError, StageState};
-pub use distributed::{batch_fingerprint, Layout, Mpi, MpiJob, DEFAULT_HEARTBEAT_TIMEOUT, HEARTBEAT_PERIOD};
+pub use distributed::{batch_fingerprint, Layout, Mpi, MpiJob, Reduction, DEFAULT_HEARTBEAT_TIMEOUT, HEARTBEAT_PERIOD};
 pub use memory::{bytes_of, StageMemory};
 pub use eval::{EvalLink, EvalResult, EvalSet};
 pub use stop::StopGate;
