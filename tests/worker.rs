@@ -621,6 +621,36 @@ fn a_rank_stalled_in_the_gradient_sum_stops_the_job_naming_it() {
     assert!(pids.iter().all(|&p| gone(p)), "every rank must have ended: {pids:?}");
 }
 
+/// Under 2BW the replicas' gradient sum of step t goes on in the background (MPI's
+/// non-blocking all-reduce) while step t + 1 computes, since the update made from it is
+/// first used by the forwards of step t + 2: in rank 0's trace every all-reduce span but
+/// the last overlaps a forward of the next step, and the job is still the embedded
+/// executor's bit for bit. Under PipeDream-Flush the next forward needs the update at
+/// once, and no span overlaps one.
+#[test]
+fn under_2bw_the_gradient_sum_overlaps_the_next_steps_compute() {
+    let dir = tempfile::tempdir().unwrap();
+    for (schedule, overlapping) in [("2bw", 7), ("flush", 0)] {
+        let build = dir.path().join(schedule);
+        compile(&build, 2, schedule, false);
+        let trace = dir.path().join(format!("{schedule}.json"));
+        let extra = ["--replicas", "2"];
+        let one = embedded(&build, &extra);
+        let job = launched(&build, false, &["--replicas", "2", "--trace", trace.to_str().unwrap()]);
+        same(&one, &job, &format!("{schedule}, 2 stages x 2 replicas, traced"));
+        let rank0 = dir.path().join(format!("{schedule}.rank0.json"));
+        let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&rank0).unwrap()).unwrap();
+        let events = v.get("traceEvents").unwrap_or(&v).as_array().unwrap().clone();
+        let spans = |name: &str| -> Vec<(f64, f64, u64)> {
+            events.iter().filter(|e| e["ph"] == "X" && e["name"] == name).map(|e| (e["ts"].as_f64().unwrap(), e["ts"].as_f64().unwrap() + e["dur"].as_f64().unwrap(), e["args"]["step"].as_u64().unwrap())).collect()
+        };
+        let (sums, forwards) = (spans("allreduce"), spans("forward"));
+        assert_eq!(sums.len(), 8, "{schedule}: one gradient sum per step");
+        let overlaps = sums.iter().filter(|&&(s, e, t)| forwards.iter().any(|&(fs, fe, ft)| ft == t + 1 && fs < e && fe > s)).count();
+        assert_eq!(overlaps, overlapping, "{schedule}: gradient sums overlapping the next step's forwards: {sums:?}");
+    }
+}
+
 /// The evaluations a run wrote to its metrics: (step, loss, accuracy).
 fn evaluations(metrics: &Path) -> Vec<(u64, f64, f64)> {
     let text = std::fs::read_to_string(metrics).unwrap_or_else(|e| panic!("{}: {e}", metrics.display()));

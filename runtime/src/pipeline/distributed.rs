@@ -39,7 +39,7 @@
 //!   ([`super::StopGate`]), so every rank ends after the same step and rank 0 commits its
 //!   checkpoint.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -248,7 +248,7 @@ impl MpiJob {
         }
         self.set_layout(layout);
         let (replica, stage) = layout.place(self.rank());
-        Ok(Mpi { rank: self.rank(), layout, stage: stage as u32, replica, timeout, shared: self.shared.clone(), sends: Vec::new(), seq: HashMap::new(), aborted: false, reduction: Reduction::Collective, comms: HashMap::new() })
+        Ok(Mpi { rank: self.rank(), layout, stage: stage as u32, replica, timeout, shared: self.shared.clone(), sends: Vec::new(), seq: HashMap::new(), aborted: false, reduction: Reduction::Collective, comms: HashMap::new(), notes: HashSet::new(), in_flight: None })
     }
 
     /// Stops the whole job (every rank) with exit status `code`: call it after printing why.
@@ -486,6 +486,10 @@ pub struct Mpi {
     reduction: Reduction,
     /// The communicators of the groups this rank sums over, by member ranks.
     comms: HashMap<Vec<usize>, GroupComm>,
+    /// Notes (member, group tag, reduction) received ahead of their sum's completion.
+    notes: HashSet<(usize, i32, u64)>,
+    /// The replica gradient sum left in the background ([`Transport::begin_replica_sum`]).
+    in_flight: Option<InFlightSum>,
 }
 
 impl Mpi {
@@ -798,6 +802,10 @@ impl Drop for Mpi {
         for s in self.sends.drain(..) {
             std::mem::forget(s.request);
         }
+        // So does a sum never finished (the job is failing).
+        if let Some(sum) = self.in_flight.take() {
+            sum.pending.abandon();
+        }
         self.shared.set_waiting(None);
     }
 }
@@ -878,7 +886,29 @@ impl Transport for Mpi {
         // wait for peers.
         self.aborted = true;
     }
+    fn begin_replica_sum(&mut self, tensors: Vec<Tensor>) -> Result<Option<Vec<Tensor>>, String> {
+        if self.layout.replicas == 1 || self.reduction == Reduction::FixedOrder {
+            return self.all_reduce_replicas(tensors).map(Some);
+        }
+        if self.in_flight.is_some() {
+            return Err("a gradient sum began while another was in flight".into());
+        }
+        let members: Vec<usize> = (0..self.layout.replicas).map(|r| self.layout.rank(r, self.stage as usize)).collect();
+        let what = format!("gradient sum of stage {}'s replicas", self.stage);
+        match self.begin_collective(&members, (REPLICAS_PART, REPLICAS_RESULT), &what, tensors)? {
+            Begun::Done(sum) => Ok(Some(sum)),
+            Begun::InFlight(sum) => {
+                self.in_flight = Some(sum);
+                Ok(None)
+            }
+        }
+    }
+    fn finish_replica_sum(&mut self) -> Result<Vec<Tensor>, String> {
+        let sum = self.in_flight.take().ok_or("no gradient sum is in flight")?;
+        self.finish_collective(sum)
+    }
 }
+
 
 /// How a job sums tensors over a group of ranks (a stage's replicas, the stages that
 /// share a tied weight).
@@ -895,6 +925,38 @@ pub enum Reduction {
     FixedOrder,
 }
 
+/// A member's note that it began reduction `seq` of the group counted on `tag`.
+fn note_bytes(tag: i32, seq: u64) -> Vec<u8> {
+    let mut b = seq.to_le_bytes().to_vec();
+    b.extend(tag.to_le_bytes());
+    b
+}
+
+fn parse_note(b: &[u8]) -> Option<(i32, u64)> {
+    let seq = u64::from_le_bytes(b.get(..8)?.try_into().ok()?);
+    let tag = i32::from_le_bytes(b.get(8..12)?.try_into().ok()?);
+    Some((tag, seq))
+}
+
+/// A sum [`Mpi::begin_collective`] began: done at once (the fixed order's kinds), or in
+/// flight.
+enum Begun {
+    Done(Vec<Tensor>),
+    InFlight(InFlightSum),
+}
+
+/// What finishing an all-reduce in flight needs.
+struct InFlightSum {
+    members: Vec<usize>,
+    others: Vec<usize>,
+    tag: i32,
+    seq: u64,
+    what: String,
+    shapes: Vec<Vec<i64>>,
+    device: tch::Device,
+    pending: PendingSum,
+}
+
 /// A communicator of a group of ranks, owned by one [`Mpi`].
 struct GroupComm(SimpleCommunicator);
 
@@ -908,6 +970,21 @@ struct PendingSum {
     request: SumRequest,
     send: Tensor,
     recv: Tensor,
+}
+
+// SAFETY: the request is an MPI handle (MPI_THREAD_MULTIPLE makes it usable from any
+// thread) and the tensors are owned by this value alone; the one `Mpi` holding it uses it
+// from one thread at a time.
+unsafe impl Send for PendingSum {}
+
+impl PendingSum {
+    /// Leaves the request and its tensors to MPI: never completed (the job is ending), and
+    /// never freed while MPI may still touch them.
+    fn abandon(self) {
+        self.request.abandon();
+        std::mem::forget(self.send);
+        std::mem::forget(self.recv);
+    }
 }
 
 /// The request of an all-reduce of `f32` or `f64` elements.
@@ -940,21 +1017,28 @@ impl Mpi {
     /// order's do. Kinds MPI cannot add (bf16, fp16) take the fixed order, alike on every
     /// member (they hold the same weights).
     fn collective_sum(&mut self, members: &[usize], tags: (i32, i32), what: &str, tensors: Vec<Tensor>) -> Result<Vec<Tensor>, String> {
-        let Some(kind) = tensors.first().map(Tensor::kind) else { return Ok(tensors) };
+        match self.begin_collective(members, tags, what, tensors)? {
+            Begun::Done(sum) => Ok(sum),
+            Begun::InFlight(sum) => self.finish_collective(sum),
+        }
+    }
+
+    /// Begins a [`Mpi::collective_sum`]: this member's note that it has begun goes to the
+    /// others (so that a sum that never completes names the members that had not), and the
+    /// packed tensors to `MPI_Iallreduce`.
+    fn begin_collective(&mut self, members: &[usize], tags: (i32, i32), what: &str, tensors: Vec<Tensor>) -> Result<Begun, String> {
+        let Some(kind) = tensors.first().map(Tensor::kind) else { return Ok(Begun::Done(tensors)) };
         if !matches!(kind, Kind::Float | Kind::Double) || tensors.iter().any(|t| t.kind() != kind) {
-            return self.reduce_tensors(members, tags, what, tensors);
+            return self.reduce_tensors(members, tags, what, tensors).map(Begun::Done);
         }
         let seq = self.next_seq(tags.0);
         self.make_communicator(members, what)?;
-        // Each member tells the others it has begun, so that a sum that never completes
-        // names the members that had not.
         let me = self.rank;
         let others: Vec<usize> = members.iter().copied().filter(|&r| r != me).collect();
         for &r in &others {
-            self.isend(r, REDUCE_NOTE, seq.to_le_bytes().to_vec())?;
+            self.isend(r, REDUCE_NOTE, note_bytes(tags.0, seq))?;
         }
         let torch = |e: tch::TchError| format!("{what}: {e}");
-        let device = tensors[0].device();
         let flat: Vec<Tensor> = tensors.iter().map(|t| t.f_reshape([-1])).collect::<Result<_, _>>().map_err(torch)?;
         let send = Tensor::f_cat(&flat, 0).and_then(|t| t.f_to_device(tch::Device::Cpu)).and_then(|t| t.f_contiguous()).map_err(torch)?;
         if send.numel() > i32::MAX as usize {
@@ -962,19 +1046,39 @@ impl Mpi {
         }
         let recv = send.f_empty_like().map_err(torch)?;
         let pending = start_sum(&self.comms[members].0, send, recv);
-        let recv = match self.poll_sum(pending, what) {
+        let shapes = tensors.iter().map(Tensor::size).collect();
+        Ok(Begun::InFlight(InFlightSum { members: members.to_vec(), others, tag: tags.0, seq, what: what.to_string(), shapes, device: tensors[0].device(), pending }))
+    }
+
+    /// Waits (up to the timeout) for a sum [`Mpi::begin_collective`] began, and takes the
+    /// other members' notes of it.
+    fn finish_collective(&mut self, sum: InFlightSum) -> Result<Vec<Tensor>, String> {
+        let InFlightSum { members, others, tag, seq, what, shapes, device, pending } = sum;
+        let recv = match self.poll_sum(pending, &what) {
             Ok(recv) => recv,
-            Err(waited) => return Err(self.late_members(members, seq, what, waited)),
+            Err(waited) => return Err(self.late_members(&members, tag, seq, &what, waited)),
         };
         for &r in &others {
-            let note = self.recv(r, REDUCE_NOTE, &format!("its note that it began the {what}"))?;
-            if note.get(..8).map(|b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8]))) != Some(seq) {
-                return Err(format!("{what}: {} began another reduction where {seq} was due (the ranks run different schedules)", self.layout.who(r)));
-            }
+            self.await_note(r, tag, seq, &what)?;
         }
-        let sizes: Vec<i64> = tensors.iter().map(|t| t.numel() as i64).collect();
+        let torch = |e: tch::TchError| format!("{what}: {e}");
+        let sizes: Vec<i64> = shapes.iter().map(|s| s.iter().product()).collect();
         let parts = recv.f_split_with_sizes(&sizes, 0).map_err(torch)?;
-        parts.into_iter().zip(&tensors).map(|(p, t)| p.f_view(t.size().as_slice()).and_then(|p| p.f_to_device(device))).collect::<Result<_, _>>().map_err(torch)
+        parts.into_iter().zip(&shapes).map(|(p, s)| p.f_view(s.as_slice()).and_then(|p| p.f_to_device(device))).collect::<Result<_, _>>().map_err(torch)
+    }
+
+    /// Receives `member`'s notes until the one of reduction `seq` of group `tag` (notes of
+    /// other sums in flight are kept for their turn).
+    fn await_note(&mut self, member: usize, tag: i32, seq: u64, what: &str) -> Result<(), String> {
+        while !self.notes.remove(&(member, tag, seq)) {
+            let note = self.recv(member, REDUCE_NOTE, &format!("its note that it began the {what}"))?;
+            let (t, s) = parse_note(&note).ok_or_else(|| format!("{what}: {} sent a malformed note", self.layout.who(member)))?;
+            if t == tag && s > seq {
+                return Err(format!("{what}: {} began reduction {s} where {seq} was due (the ranks run different schedules)", self.layout.who(member)));
+            }
+            self.notes.insert((member, t, s));
+        }
+        Ok(())
     }
 
     /// The reduction number `tag`'s group has reached (counted from 0).
@@ -1017,29 +1121,26 @@ impl Mpi {
                     self.reap();
                     pause.wait();
                 }
-                Err(r) => {
-                    r.abandon();
-                    std::mem::forget(send);
-                    std::mem::forget(recv);
+                Err(request) => {
+                    PendingSum { request, send, recv }.abandon();
                     return Err(start.elapsed().as_secs_f64());
                 }
             }
         }
     }
 
-    /// The error for reduction `seq` of `members` that did not complete in `waited`
-    /// seconds, naming the members whose note that they had begun it has not come.
-    fn late_members(&mut self, members: &[usize], seq: u64, what: &str, waited: f64) -> String {
+    /// The error for reduction `seq` of group `tag` (`members`) that did not complete in
+    /// `waited` seconds, naming the members whose note that they had begun it has not come.
+    fn late_members(&mut self, members: &[usize], tag: i32, seq: u64, what: &str, waited: f64) -> String {
         let world = SimpleCommunicator::world();
         let mut late = Vec::new();
         for &r in members.iter().filter(|&&r| r != self.rank) {
-            let mut seen = false;
-            // Notes of this reduction (earlier ones were all received as those completed).
             while let Some(m) = world.process_at_rank(r as i32).immediate_matched_probe_with_tag(REDUCE_NOTE) {
-                let note = receive_bytes(m);
-                seen |= note.get(..8).map(|b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8]))) == Some(seq);
+                if let Some((t, s)) = parse_note(&receive_bytes(m)) {
+                    self.notes.insert((r, t, s));
+                }
             }
-            if !seen {
+            if !self.notes.contains(&(r, tag, seq)) {
                 late.push(self.layout.who(r));
             }
         }

@@ -303,6 +303,30 @@ fn torch(what: &str) -> impl Fn(tch::TchError) -> E + '_ {
     move |e| E::Msg(format!("{what}: {}", e.to_string().lines().next().unwrap_or("")))
 }
 
+/// The gradients of `replicas` replicas summed, back on their devices (`here`) and divided
+/// by the replica count.
+fn replica_mean(summed: Vec<Tensor>, here: &[tch::Device], replicas: usize) -> Result<Vec<Tensor>, E> {
+    tch::no_grad(|| summed.iter().zip(here).map(|(g, &dev)| g.f_to_device(dev).map(|g| g / replicas as f64)).collect::<Result<Vec<_>, _>>()).map_err(torch("moving reduced gradients"))
+}
+
+/// What a step's microbatches saw on this stage: their summed loss (last stage), samples
+/// (first stage) and whether a loss was not finite.
+struct Batch {
+    loss: f64,
+    samples: usize,
+    nonfinite: bool,
+}
+
+/// A step whose update waits for its replicas' gradient sum (see [`Worker::step_op`]).
+struct Deferred {
+    batch: Batch,
+    t: u64,
+    /// When its sums began (the trace's all-reduce span).
+    t0: Option<std::time::Instant>,
+    /// The gradients' devices.
+    here: Vec<tch::Device>,
+}
+
 /// The mutable state of a worker between ops.
 struct State {
     versions: BTreeMap<u64, Vec<Tensor>>,
@@ -376,12 +400,19 @@ fn run_inner(
     let m64 = ctx.m as u64;
     // Set when the run stops early: the first step not run ([`super::StopGate`]).
     let mut stop_before: Option<u64> = None;
+    // A step whose update waits for its gradient sum, done before its version is needed.
+    let mut deferred: Option<Deferred> = None;
     for (i, op) in ops.into_iter().enumerate() {
         if stop_before.is_some_and(|s| op_step(op, m64) >= s) {
             continue;
         }
         match op {
             Op::Forward(j) => {
+                if deferred.as_ref().is_some_and(|d| w.spec.update.version_for(j, m64) > d.t) {
+                    if let Some(d) = deferred.take() {
+                        w.finish_step(&mut st, d, ctx, tr, events, rec)?;
+                    }
+                }
                 if !w.forward_op(&mut st, j, ctx, data.as_ref(), tr, rec)? {
                     stop_before = Some(j / m64);
                     continue;
@@ -389,13 +420,19 @@ fn run_inner(
             }
             Op::Backward(j) => w.backward_op(&mut st, j, ctx, tr, rec)?,
             Op::Step(t) => {
+                if let Some(d) = deferred.take() {
+                    w.finish_step(&mut st, d, ctx, tr, events, rec)?;
+                }
                 // Free versions no longer needed before making the new one, so 2BW never
                 // holds three.
                 w.retain_versions(&mut st, next_fwd[i + 1].map(|j| w.spec.update.version_for(j, m64)))?;
-                w.step_op(&mut st, t, ctx, tr, events, rec)?;
+                deferred = w.step_op(&mut st, t, ctx, tr, events, rec)?;
             }
         }
         w.retain_versions(&mut st, next_fwd[i + 1].map(|j| w.spec.update.version_for(j, m64)))?;
+    }
+    if let Some(d) = deferred.take() {
+        w.finish_step(&mut st, d, ctx, tr, events, rec)?;
     }
     if let Some(s) = stop_before {
         w.checkpoint_at_stop(&mut st, s - 1, ctx, events)?;
@@ -745,11 +782,46 @@ impl Worker {
         Ok(())
     }
 
-    fn step_op(&mut self, st: &mut State, t: u64, ctx: &Ctx<'_>, tr: &mut dyn Transport, events: &Sender<Event>, rec: &mut Recorder) -> Result<(), E> {
-        let (cfg, m) = (ctx.cfg, ctx.m);
+    /// Step `t`'s update from the gradients accumulated over its microbatches: summed
+    /// over tied stages and replicas, then applied. Under 2BW, where the transport can
+    /// leave the replicas' sum in the background, the update waits for it
+    /// ([`Worker::finish_step`]) and `Some` says so: its version is first used by the
+    /// forwards of step `t + 2`, so step `t + 1` computes meanwhile.
+    fn step_op(&mut self, st: &mut State, t: u64, ctx: &Ctx<'_>, tr: &mut dyn Transport, events: &Sender<Event>, rec: &mut Recorder) -> Result<Option<Deferred>, E> {
         let t0 = rec.start();
         let grads = st.acc.take().ok_or_else(|| E::Msg(format!("step {t} without gradients")))?;
-        let grads = self.reduce_gradients(grads, ctx.replicas, tr)?;
+        // What the step's microbatches saw, taken now: the next step's begin to add up
+        // while this update waits.
+        let batch = Batch { loss: std::mem::take(&mut st.batch_loss), samples: std::mem::take(&mut st.batch_samples), nonfinite: std::mem::take(&mut st.batch_nonfinite) };
+        let grads = self.sum_tied(grads, tr)?;
+        let here: Vec<tch::Device> = grads.iter().map(|g| g.device()).collect();
+        let grads = if ctx.replicas == 1 {
+            grads
+        } else {
+            let begun = if self.spec.update == UpdateRule::TwoBw { tr.begin_replica_sum(grads) } else { tr.all_reduce_replicas(grads).map(Some) };
+            match begun.map_err(induced)? {
+                Some(sum) => replica_mean(sum, &here, ctx.replicas)?,
+                None => return Ok(Some(Deferred { t, t0, here, batch })),
+            }
+        };
+        self.update(st, t, grads, batch, t0, ctx, tr, events, rec)?;
+        Ok(None)
+    }
+
+    /// Completes step `d.t`'s update once its replicas' sum, left in the background by
+    /// [`Worker::step_op`], is in.
+    fn finish_step(&mut self, st: &mut State, d: Deferred, ctx: &Ctx<'_>, tr: &mut dyn Transport, events: &Sender<Event>, rec: &mut Recorder) -> Result<(), E> {
+        let sum = tr.finish_replica_sum().map_err(induced)?;
+        let grads = replica_mean(sum, &d.here, ctx.replicas)?;
+        self.update(st, d.t, grads, d.batch, d.t0, ctx, tr, events, rec)
+    }
+
+    /// Applies step `t`'s summed gradients (the sums began at `t0`; `batch`: what its
+    /// microbatches saw): the mean over the microbatches, overflow and clipping, the
+    /// optimizer, the step's events.
+    #[allow(clippy::too_many_arguments)]
+    fn update(&mut self, st: &mut State, t: u64, grads: Vec<Tensor>, batch: Batch, t0: Option<std::time::Instant>, ctx: &Ctx<'_>, tr: &mut dyn Transport, events: &Sender<Event>, rec: &mut Recorder) -> Result<(), E> {
+        let (cfg, m) = (ctx.cfg, ctx.m);
         // The sums over tied stages and replicas (with the wait for the others) are traced
         // apart from the update, so that a trace shows the one and the other; the mean over
         // the microbatches is the update's work, not the sums'.
@@ -761,7 +833,7 @@ impl Worker {
         };
         let grads = self.mean_over_microbatches(grads, m)?;
         let skip_policy = cfg.on_nonfinite == NonFinite::Skip;
-        let (grads, apply) = self.unscale(grads, std::mem::take(&mut st.batch_nonfinite), skip_policy, tr)?;
+        let (grads, apply) = self.unscale(grads, batch.nonfinite, skip_policy, tr)?;
         if skip_policy {
             st.skips_in_a_row = if apply { 0 } else { st.skips_in_a_row + 1 };
             // Every stage reaches the same count (the decision is agreed), so all stop here.
@@ -794,7 +866,7 @@ impl Worker {
         drop(grads);
         rec.record(TraceKind::Optimizer, t0, None, t + 1, t);
         if self.spec.loss.is_some() {
-            let _ = events.send(Event::Step { step: t as usize, replica: ctx.replica, loss: st.batch_loss / m as f64, samples: st.batch_samples, skipped: !apply, at: std::time::Instant::now() });
+            let _ = events.send(Event::Step { step: t as usize, replica: ctx.replica, loss: batch.loss / m as f64, samples: batch.samples, skipped: !apply, at: std::time::Instant::now() });
         }
         // An evaluation after this step reads every stage's newest weights (replica 0's;
         // the replicas hold the same), as a snapshot: versions are never changed in place.
@@ -802,8 +874,6 @@ impl Worker {
             let weights = st.versions.get(&(t + 1)).map(|w| w.iter().map(Tensor::shallow_clone).collect()).unwrap_or_default();
             let _ = events.send(Event::Snapshot { step: t as usize, stage: self.spec.index, weights, stats: self.bn_stat_tensors() });
         }
-        st.batch_loss = 0.0;
-        st.batch_samples = 0;
         if checkpoint_due(cfg, t) && ctx.replica == 0 {
             let state = self.snapshot(st, t)?;
             let _ = events.send(Event::Checkpoint { step: t + 1, state });
@@ -848,10 +918,10 @@ impl Worker {
         Ok(grads)
     }
 
-    /// The step's accumulated gradients with the tied copies summed across their stages,
-    /// then averaged over the replicas ([`Worker::mean_over_microbatches`] divides by m
-    /// after).
-    fn reduce_gradients(&self, grads: Vec<Tensor>, replicas: usize, tr: &mut dyn Transport) -> Result<Vec<Tensor>, E> {
+    /// The step's accumulated gradients with the tied copies summed across their stages
+    /// (averaged over the replicas next, [`replica_mean`]; [`Worker::mean_over_microbatches`]
+    /// divides by m after).
+    fn sum_tied(&self, grads: Vec<Tensor>, tr: &mut dyn Transport) -> Result<Vec<Tensor>, E> {
         let mut grads = grads;
         for (stages, idx) in &self.tied_groups {
             let part: Vec<Tensor> = idx.iter().map(|&i| grads[i].shallow_clone()).collect();
@@ -859,11 +929,6 @@ impl Worker {
             for (&i, g) in idx.iter().zip(summed) {
                 grads[i] = g.f_to_device(grads[i].device()).map_err(torch("moving tied gradients"))?;
             }
-        }
-        if replicas > 1 {
-            let here: Vec<tch::Device> = grads.iter().map(|g| g.device()).collect();
-            let summed = tr.all_reduce_replicas(grads).map_err(induced)?;
-            grads = tch::no_grad(|| summed.iter().zip(&here).map(|(g, &dev)| g.f_to_device(dev).map(|g| g / replicas as f64)).collect::<Result<Vec<_>, _>>()).map_err(torch("moving reduced gradients"))?;
         }
         Ok(grads)
     }

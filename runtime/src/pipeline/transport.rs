@@ -42,6 +42,18 @@ pub trait Transport: Send {
     fn all_reduce_tied(&mut self, stages: &[u32], tensors: Vec<Tensor>) -> Result<Vec<Tensor>, String>;
     /// Makes every pending and future reduction fail (a worker has failed).
     fn abort(&mut self);
+    /// Begins [`Transport::all_reduce_replicas`] of `tensors`: `Some(sum)` when it
+    /// completed at once (the default), `None` while it goes on in the background, to be
+    /// completed by [`Transport::finish_replica_sum`] (one at a time). Under 2BW a step's
+    /// gradient sum is not needed until the update made from it is first used, so the
+    /// worker begins it and computes on meanwhile.
+    fn begin_replica_sum(&mut self, tensors: Vec<Tensor>) -> Result<Option<Vec<Tensor>>, String> {
+        self.all_reduce_replicas(tensors).map(Some)
+    }
+    /// Completes the sum [`Transport::begin_replica_sum`] left in the background.
+    fn finish_replica_sum(&mut self) -> Result<Vec<Tensor>, String> {
+        Err("no gradient sum is in flight".into())
+    }
 }
 
 struct Msg {
