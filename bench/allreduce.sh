@@ -3,17 +3,19 @@
 #  1. one sum of each payload over W ranks (`pipewright bench-allreduce` under mpirun),
 #     the fixed order (gathered to the first rank, added in the embedded executor's
 #     order, sent back: `--deterministic-reduce`) against MPI's all-reduce (the default);
-#  2. the step time of a replicated pipeline (2 stages x 2 replicas, 4 ranks) embedded,
-#     over MPI in the fixed order and over MPI's all-reduce (median seconds per step);
+#  2. the step time of a replicated pipeline (2 stages x 2 replicas, 4 ranks, 2BW) embedded,
+#     over MPI in the fixed order and over MPI's all-reduce (per model the median over
+#     ROUNDS rotated rounds of each run's median seconds per step after WARMUP);
 #  3. how far MPI's all-reduce moves training from the fixed order: 2 stages x 4 replicas
 #     (8 ranks, where the order of additions differs), STEPS_DIFF steps, the largest
 #     weight difference relative to each tensor's largest magnitude.
 #
 # Usage: bash bench/allreduce.sh
-# Env:   PW (default target/release/pipewright), RANKS ("2 4 8"), SIZES
-#        (1MiB,4MiB,16MiB,64MiB,256MiB), REPEAT (5), MODEL (gpt2-tiny), STEPS (20),
-#        WARMUP (3), DIFF_MODELS ("mlp gpt2-tiny bert-tiny"), STEPS_DIFF (50),
-#        MODELS_DIR (../shared/corpus/models), OUT (target/bench/allreduce).
+# Env:   PW (default target/release/pipewright), PARTS ("1 2 3"), RANKS ("2 4 8"), SIZES
+#        (1MiB,4MiB,16MiB,64MiB,256MiB), REPEAT (5), STEP_MODELS ("gpt2-tiny:20
+#        resnet18:6": model:timed steps), ROUNDS (3), WARMUP (3), DIFF_MODELS ("mlp
+#        gpt2-tiny bert-tiny"), STEPS_DIFF (50), MODELS_DIR (../shared/corpus/models),
+#        OUT (target/bench/allreduce).
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -22,8 +24,9 @@ PW="${PW:-$repo/target/release/pipewright}"
 RANKS="${RANKS:-2 4 8}"
 SIZES="${SIZES:-1MiB,4MiB,16MiB,64MiB,256MiB}"
 REPEAT="${REPEAT:-5}"
-MODEL="${MODEL:-gpt2-tiny}"
-STEPS="${STEPS:-20}"
+PARTS="${PARTS:-1 2 3}"
+STEP_MODELS="${STEP_MODELS:-gpt2-tiny:20 resnet18:6}"
+ROUNDS="${ROUNDS:-3}"
 WARMUP="${WARMUP:-3}"
 DIFF_MODELS="${DIFF_MODELS:-mlp gpt2-tiny bert-tiny}"
 STEPS_DIFF="${STEPS_DIFF:-50}"
@@ -35,6 +38,7 @@ mkdir -p "$OUT"
 "$PW" compile "$MODELS_DIR/mlp.onnx" --stages 2 -o "$OUT/flags" >/dev/null
 read -r -a flags <<<"$("$PW" launch "$OUT/flags" --dry-run | sed -E 's/^mpirun (.*) -np .*/\1/')"
 
+if [[ " $PARTS " == *" 1 "* ]]; then
 echo "### One sum over W ranks (median of $REPEAT, rank 0's wall time)"
 echo
 echo "| payload per rank | ranks | fixed order ms | MPI all-reduce ms | all-reduce / fixed | largest relative gap |"
@@ -42,6 +46,7 @@ echo "|---|---|---|---|---|---|"
 for w in $RANKS; do
     mpirun "${flags[@]}" -np "$w" "$PW" bench-allreduce --sizes "$SIZES" --repeat "$REPEAT" 2>/dev/null | grep '^|'
 done
+fi
 
 median_step() {
     "$PY" -c '
@@ -50,20 +55,39 @@ rows = [json.loads(l) for l in open(sys.argv[1])]
 print("%.4f" % statistics.median(r["seconds"] for r in rows[int(sys.argv[2]):]))' "$1" "$WARMUP"
 }
 
+if [[ " $PARTS " == *" 2 "* ]]; then
 echo
-echo "### $MODEL, 2 stages x 2 replicas, median seconds per step (after $WARMUP)"
+echo "### 2 stages x 2 replicas under 2BW, median seconds per step (after $WARMUP; median of $ROUNDS rounds)"
 echo
-build="$OUT/$MODEL"
-"$PW" compile "$MODELS_DIR/$MODEL.onnx" --stages 2 -o "$build" >/dev/null
-opts=(--steps "$((STEPS + WARMUP))" --microbatch 2 --microbatches 4 --replicas 2 --optimizer sgd --lr 0.0001 --threads 1 --no-progress --log-every 1000000)
-"$PW" train "$build" "${opts[@]}" --metrics "$OUT/embedded.jsonl" >/dev/null 2>&1
-"$PW" launch "$build" -- "${opts[@]}" --deterministic-reduce --metrics "$OUT/fixed.jsonl" >/dev/null 2>&1
-"$PW" launch "$build" -- "${opts[@]}" --metrics "$OUT/collective.jsonl" >/dev/null 2>&1
-e="$(median_step "$OUT/embedded.jsonl")"; f="$(median_step "$OUT/fixed.jsonl")"; c="$(median_step "$OUT/collective.jsonl")"
-echo "| embedded | MPI, fixed order | MPI, all-reduce | fixed / embedded | all-reduce / embedded |"
-echo "|---|---|---|---|---|"
-awk -v e="$e" -v f="$f" -v c="$c" 'BEGIN { printf "| %s | %s | %s | %.3f | %.3f |\n", e, f, c, f / e, c / e }'
+echo "| model | embedded | MPI, fixed order | MPI, all-reduce | fixed / embedded | all-reduce / embedded |"
+echo "|---|---|---|---|---|---|"
+for spec in $STEP_MODELS; do
+    IFS=: read -r model steps <<<"$spec"
+    build="$OUT/$model"
+    "$PW" compile "$MODELS_DIR/$model.onnx" --stages 2 -o "$build" >/dev/null 2>&1
+    opts=(--steps "$((steps + WARMUP))" --microbatch 2 --microbatches 4 --replicas 2 --optimizer sgd --lr 0.0001 --threads 1 --no-progress --log-every 1000000)
+    sides=(embedded fixed collective)
+    declare -A times=()
+    for ((r = 0; r < ROUNDS; r++)); do
+        for ((i = 0; i < 3; i++)); do
+            side="${sides[$(((i + r) % 3))]}"
+            m="$OUT/$model-$side-$r.jsonl"
+            case $side in
+                embedded) "$PW" train "$build" "${opts[@]}" --metrics "$m" >/dev/null 2>&1 ;;
+                fixed) "$PW" launch "$build" -- "${opts[@]}" --deterministic-reduce --metrics "$m" >/dev/null 2>&1 ;;
+                collective) "$PW" launch "$build" -- "${opts[@]}" --metrics "$m" >/dev/null 2>&1 ;;
+            esac
+            times[$side]+="$(median_step "$m") "
+        done
+    done
+    med() { tr ' ' '\n' <<<"$1" | grep . | sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
+    e="$(med "${times[embedded]}")"; f="$(med "${times[fixed]}")"; c="$(med "${times[collective]}")"
+    awk -v m="$model" -v e="$e" -v f="$f" -v c="$c" 'BEGIN { printf "| %s | %s | %s | %s | %.3f | %.3f |\n", m, e, f, c, f / e, c / e }'
+    unset times
+done
+fi
 
+if [[ " $PARTS " == *" 3 "* ]]; then
 echo
 echo "### MPI's all-reduce against the fixed order: 2 stages x 4 replicas, $STEPS_DIFF steps (adam)"
 echo
@@ -99,3 +123,4 @@ last = lambda way: json.loads(open(f"{base}-{way}.jsonl").read().splitlines()[-1
 print(f"| {model} | {gap:.1e} | {last('fixed'):.6f} | {last('collective'):.6f} |")
 PYEOF
 done
+fi

@@ -77,7 +77,16 @@ pub fn launch(args: &LaunchArgs) -> Result<()> {
         (0, 0) => Ok(()),
         // Stopped at a step boundary: rank 0 printed where and how to resume.
         (0, _) => std::process::exit(130),
-        (code, 0) => anyhow::bail!("the MPI job failed (mpirun exit status {code}; each rank's messages are above)"),
+        (code, 0) => match &args.hostfile {
+            // A host that cannot be reached fails before any rank starts; Open MPI (or ssh)
+            // names it above, in words of its own.
+            Some(hostfile) => anyhow::bail!(
+                "the MPI job failed (mpirun exit status {code}; each rank's messages, or mpirun's, are above); if no rank started, check that every host of {} ({}) is reachable from this one (ssh, or the launch agent) and has this pipewright and the build folder at the same paths",
+                hostfile.display(),
+                pipewright_driver::launch::hostfile_hosts(hostfile)?.join(", ")
+            ),
+            None => anyhow::bail!("the MPI job failed (mpirun exit status {code}; each rank's messages are above)"),
+        },
         (code, _) => anyhow::bail!("the MPI job was stopped at once by a second signal (mpirun exit status {code}); resume from its last complete checkpoint"),
     }
 }

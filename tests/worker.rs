@@ -799,8 +799,13 @@ impl TwoHosts {
     /// placed `by` Open MPI's mapping policy (`slot`: fill a host first; `node`: round
     /// robin), and talk over TCP on the veth pair only.
     fn launch(&self, build: &Path, by: &str) -> Command {
+        self.launch_on(build, by, &self.hostfile())
+    }
+
+    /// [`TwoHosts::launch`] with another hostfile.
+    fn launch_on(&self, build: &Path, by: &str, hostfile: &Path) -> Command {
         let mut c = Command::new("ip");
-        c.args(["netns", "exec", &self.names[0], env!("CARGO_BIN_EXE_pipewright"), "launch"]).arg(build).arg("--hostfile").arg(self.hostfile()).arg("--");
+        c.args(["netns", "exec", &self.names[0], env!("CARGO_BIN_EXE_pipewright"), "launch"]).arg(build).arg("--hostfile").arg(hostfile).arg("--");
         let subnet = format!("{}/24", self.addresses[0]);
         c.env("OMPI_MCA_plm_rsh_agent", self.agent())
             .env("OMPI_MCA_oob_tcp_if_include", &subnet)
@@ -870,4 +875,61 @@ fn a_job_over_two_hosts_trains_like_one_host_and_a_kill_on_one_stops_both() {
     assert!(took < Duration::from_secs(30), "took {took:?}:\n{seen}");
     assert!(seen.contains("rank 1 (stage 1, replica 0)"), "the message names the killed rank:\n{seen}");
     assert!(gone(pids[0]), "rank 0 must have ended");
+    // A host nobody can reach: the launch agent (ssh's stand-in) names it, no rank starts,
+    // and the job's error lists the hostfile's hosts to check.
+    let nowhere = format!("{}.9", hosts.addresses[1].strip_suffix(".2").unwrap());
+    let bad = dir.path().join("unreachable");
+    std::fs::write(&bad, format!("{} slots=1\n{nowhere} slots=1\n", hosts.addresses[0])).unwrap();
+    let mut c = hosts.launch_on(&build, "node", &bad);
+    c.args(options(8));
+    let err = fails(&c.output().unwrap(), &[&format!("agent: no host {nowhere}"), &format!("check that every host of {} ({}, {nowhere}) is reachable", bad.display(), hosts.addresses[0])]);
+    assert!(!err.contains("step     1/"), "no step may run: {err}");
+}
+
+/// A small file system mounted for a test (tmpfs of `bytes`), unmounted when dropped.
+struct SmallDisk {
+    path: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl SmallDisk {
+    /// Needs root (mount): a test that cannot make one fails saying so.
+    fn new(bytes: u64) -> SmallDisk {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("disk");
+        std::fs::create_dir(&path).unwrap();
+        let out = Command::new("mount").args(["-t", "tmpfs", "-o", &format!("size={bytes}"), "tmpfs"]).arg(&path).output().expect("mount runs");
+        assert!(out.status.success(), "mount tmpfs: {} (the full-disk test mounts a small file system: it needs root)", String::from_utf8_lossy(&out.stderr));
+        SmallDisk { path, _dir: dir }
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.path).status();
+    }
+}
+
+/// A disk that fills while checkpointing (the checkpoint folder on a file system with room
+/// for one checkpoint): the job ends with an error naming the rank that could not write
+/// and its host, and the checkpoint written before stays whole (a run resumes from it).
+#[test]
+fn a_full_disk_while_checkpointing_ends_the_job_naming_rank_and_host_and_keeps_the_last_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let build = dir.path().join("build");
+    compile(&build, 2, "2bw", false);
+    // One checkpoint's size, measured by writing one.
+    let probe = dir.path().join("probe");
+    ok(&command().arg("launch").arg(&build).arg("--").args(options(2)).args(["--checkpoint-every", "2", "--checkpoint-dir"]).arg(&probe).output().unwrap());
+    let size: u64 = std::fs::read_dir(probe.join("step-000002")).unwrap().map(|e| e.unwrap().metadata().unwrap().len()).sum();
+    let disk = SmallDisk::new(size * 3 / 2 + 16 * 1024);
+    let out = command().arg("launch").arg(&build).arg("--").args(options(8)).args(["--checkpoint-every", "2", "--checkpoint-dir"]).arg(&disk.path).output().unwrap();
+    let host = String::from_utf8_lossy(&Command::new("hostname").output().unwrap().stdout).trim().to_string();
+    fails(&out, &["checkpoint step 4 was not written: rank ", &format!(" on host {host}: "), "No space left on device"]);
+    let last = disk.path.join("step-000002");
+    for file in ["checkpoint.json", "stage0.safetensors", "stage1.safetensors"] {
+        assert!(last.join(file).is_file(), "the last good checkpoint keeps {file}");
+    }
+    assert!(!disk.path.join("step-000004").exists(), "no partial checkpoint is published");
+    ok(&command().arg("train").arg(&build).args(options(8)).arg("--resume").arg(&last).output().unwrap());
 }

@@ -122,6 +122,13 @@ pub fn mpirun_line(req: &LaunchRequest) -> Result<Vec<String>, DriverError> {
     Ok(line)
 }
 
+/// The hosts a hostfile names (the first word of each line that is not blank or a `#`
+/// comment), for messages about a job that could not start on them.
+pub fn hostfile_hosts(hostfile: &Path) -> Result<Vec<String>, DriverError> {
+    let text = std::fs::read_to_string(hostfile).map_err(|e| DriverError::msg(format!("{}: cannot read the hostfile: {e}", hostfile.display())))?;
+    Ok(text.lines().map(|l| l.split('#').next().unwrap_or("").trim()).filter_map(|l| l.split_whitespace().next()).map(str::to_string).collect())
+}
+
 /// A command line as a shell would read it back (arguments quoted where needed).
 pub fn shell_line(line: &[String]) -> String {
     line.iter()

@@ -127,6 +127,8 @@ impl Layout {
 struct Shared {
     rank: usize,
     size: usize,
+    /// The host this rank runs on (MPI's processor name), for messages about its disk.
+    host: String,
     layout: Mutex<Option<Layout>>,
     waiting: Mutex<Option<String>>,
     stop: AtomicBool,
@@ -186,6 +188,7 @@ impl MpiJob {
         let shared = Arc::new(Shared {
             rank: world.rank() as usize,
             size: world.size() as usize,
+            host: ::mpi::environment::processor_name().unwrap_or_else(|_| "an unnamed host".into()),
             layout: Mutex::new(None),
             waiting: Mutex::new(None),
             stop: AtomicBool::new(false),
@@ -652,7 +655,9 @@ impl Mpi {
         pipeline: &str,
         config: &BTreeMap<String, String>,
     ) -> Result<Option<PathBuf>, String> {
-        let mine = write_stage_part(dir, step, job, state).map_err(|e| e.to_string());
+        // A failure names the host: each rank writes where it runs (its own disk, or its
+        // mount of a shared one).
+        let mine = write_stage_part(dir, step, job, state).map_err(|e| format!("on host {}: {e}", self.shared.host));
         if self.rank != 0 {
             let text = match &mine {
                 Ok(p) => vec![p.file.clone(), p.checksum.clone(), p.size.to_string()],
@@ -683,7 +688,7 @@ impl Mpi {
             discard_parts(dir, step, job);
             return Err(format!("checkpoint step {step} was not written: {e}"));
         }
-        commit_parts(dir, step, job, schedule, pipeline, config, parts).map(Some).map_err(|e| e.to_string())
+        commit_parts(dir, step, job, schedule, pipeline, config, parts).map(Some).map_err(|e| format!("{} on host {}: {e}", self.layout.who(0), self.shared.host))
     }
 
     /// Every rank's `tensors` (named), gathered on rank 0 in rank order (collective: stage
