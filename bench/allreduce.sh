@@ -3,17 +3,20 @@
 #  1. one sum of each payload over W ranks (`pipewright bench-allreduce` under mpirun),
 #     the fixed order (gathered to the first rank, added in the embedded executor's
 #     order, sent back: `--deterministic-reduce`) against MPI's all-reduce (the default);
-#  2. the step time of a replicated pipeline (2 stages x 2 replicas, 4 ranks, 2BW) embedded,
+#  2. the step time of 2-stage pipelines under 2BW (with R replicas: 2 x R ranks) embedded,
 #     over MPI in the fixed order and over MPI's all-reduce (per model the median over
-#     ROUNDS rotated rounds of each run's median seconds per step after WARMUP);
+#     ROUNDS rotated rounds of each run's median seconds per step after WARMUP; the
+#     last step is left out too, as under 2BW an MPI run's last update ends early); the
+#     GPT-2-small-shaped model (`synth gpt`, 128 tokens, tied embedding) is written here;
 #  3. how far MPI's all-reduce moves training from the fixed order: 2 stages x 4 replicas
 #     (8 ranks, where the order of additions differs), STEPS_DIFF steps, the largest
 #     weight difference relative to each tensor's largest magnitude.
 #
 # Usage: bash bench/allreduce.sh
 # Env:   PW (default target/release/pipewright), PARTS ("1 2 3"), RANKS ("2 4 8"), SIZES
-#        (1MiB,4MiB,16MiB,64MiB,256MiB), REPEAT (5), STEP_MODELS ("gpt2-tiny:20
-#        resnet18:6": model:timed steps), ROUNDS (3), WARMUP (3), DIFF_MODELS ("mlp
+#        (1MiB,4MiB,16MiB,64MiB,256MiB), REPEAT (5), STEP_MODELS ("gpt2-tiny:20:2
+#        resnet18:6:2 gpt2-small:4:1": model:timed steps:replicas), ROUNDS (3), WARMUP
+#        (3), DIFF_MODELS ("mlp
 #        gpt2-tiny bert-tiny"), STEPS_DIFF (50), MODELS_DIR (../shared/corpus/models),
 #        OUT (target/bench/allreduce).
 set -euo pipefail
@@ -25,7 +28,7 @@ RANKS="${RANKS:-2 4 8}"
 SIZES="${SIZES:-1MiB,4MiB,16MiB,64MiB,256MiB}"
 REPEAT="${REPEAT:-5}"
 PARTS="${PARTS:-1 2 3}"
-STEP_MODELS="${STEP_MODELS:-gpt2-tiny:20 resnet18:6}"
+STEP_MODELS="${STEP_MODELS:-gpt2-tiny:20:2 resnet18:6:2 gpt2-small:4:1}"
 ROUNDS="${ROUNDS:-3}"
 WARMUP="${WARMUP:-3}"
 DIFF_MODELS="${DIFF_MODELS:-mlp gpt2-tiny bert-tiny}"
@@ -52,20 +55,25 @@ median_step() {
     "$PY" -c '
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
-print("%.4f" % statistics.median(r["seconds"] for r in rows[int(sys.argv[2]):]))' "$1" "$WARMUP"
+print("%.4f" % statistics.median(r["seconds"] for r in rows[int(sys.argv[2]):-1]))' "$1" "$WARMUP"
 }
 
 if [[ " $PARTS " == *" 2 "* ]]; then
 echo
-echo "### 2 stages x 2 replicas under 2BW, median seconds per step (after $WARMUP; median of $ROUNDS rounds)"
+echo "### 2 stages under 2BW, median seconds per step (after $WARMUP; median of $ROUNDS rounds)"
 echo
-echo "| model | embedded | MPI, fixed order | MPI, all-reduce | fixed / embedded | all-reduce / embedded |"
-echo "|---|---|---|---|---|---|"
+echo "| model | replicas | embedded | MPI, fixed order | MPI, all-reduce | fixed / embedded | all-reduce / embedded |"
+echo "|---|---|---|---|---|---|---|"
 for spec in $STEP_MODELS; do
-    IFS=: read -r model steps <<<"$spec"
-    build="$OUT/$model"
-    "$PW" compile "$MODELS_DIR/$model.onnx" --stages 2 -o "$build" >/dev/null 2>&1
-    opts=(--steps "$((steps + WARMUP))" --microbatch 2 --microbatches 4 --replicas 2 --optimizer sgd --lr 0.0001 --threads 1 --no-progress --log-every 1000000)
+    IFS=: read -r model steps replicas <<<"$spec"
+    build="$OUT/$model-r$replicas"
+    onnx="$MODELS_DIR/$model.onnx"
+    if [[ ! -f $onnx && $model == gpt2-small ]]; then
+        onnx="$OUT/gpt2-small.onnx"
+        [[ -f $onnx ]] || "$PW" synth gpt --preset gpt2-small --seq 128 --output "$onnx" >/dev/null
+    fi
+    "$PW" compile "$onnx" --stages 2 --microbatch 2 -o "$build" >/dev/null 2>&1
+    opts=(--steps "$((steps + WARMUP + 1))" --microbatch 2 --microbatches 4 --replicas "$replicas" --optimizer sgd --lr 0.0001 --threads 1 --no-progress --log-every 1000000)
     sides=(embedded fixed collective)
     declare -A times=()
     for ((r = 0; r < ROUNDS; r++)); do
@@ -82,7 +90,7 @@ for spec in $STEP_MODELS; do
     done
     med() { tr ' ' '\n' <<<"$1" | grep . | sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
     e="$(med "${times[embedded]}")"; f="$(med "${times[fixed]}")"; c="$(med "${times[collective]}")"
-    awk -v m="$model" -v e="$e" -v f="$f" -v c="$c" 'BEGIN { printf "| %s | %s | %s | %s | %.3f | %.3f |\n", m, e, f, c, f / e, c / e }'
+    awk -v m="$model" -v w="$replicas" -v e="$e" -v f="$f" -v c="$c" 'BEGIN { printf "| %s | %s | %s | %s | %s | %.3f | %.3f |\n", m, w, e, f, c, f / e, c / e }'
     unset times
 done
 fi

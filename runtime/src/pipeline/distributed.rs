@@ -59,7 +59,7 @@ use tch::{Kind, Tensor};
 use super::stop::StopGate;
 use super::checkpoint::{commit_parts, discard_parts, write_stage_part, StagePart};
 use super::eval::EvalLink;
-use super::transport::{sum_lists, Named, Transport};
+use super::transport::{sum_lists, Named, SumGroup, Transport};
 use crate::exec::{tensor_from_bytes, tensor_to_bytes};
 use pipewright_ops::DType;
 
@@ -251,7 +251,7 @@ impl MpiJob {
         }
         self.set_layout(layout);
         let (replica, stage) = layout.place(self.rank());
-        Ok(Mpi { rank: self.rank(), layout, stage: stage as u32, replica, timeout, shared: self.shared.clone(), sends: Vec::new(), seq: HashMap::new(), aborted: false, reduction: Reduction::Collective, comms: HashMap::new(), notes: HashSet::new(), in_flight: None })
+        Ok(Mpi { rank: self.rank(), layout, stage: stage as u32, replica, timeout, shared: self.shared.clone(), sends: Vec::new(), seq: HashMap::new(), aborted: false, reduction: Reduction::Collective, comms: HashMap::new(), notes: HashSet::new(), in_flight: HashMap::new() })
     }
 
     /// Stops the whole job (every rank) with exit status `code`: call it after printing why.
@@ -491,8 +491,8 @@ pub struct Mpi {
     comms: HashMap<Vec<usize>, GroupComm>,
     /// Notes (member, group tag, reduction) received ahead of their sum's completion.
     notes: HashSet<(usize, i32, u64)>,
-    /// The replica gradient sum left in the background ([`Transport::begin_replica_sum`]).
-    in_flight: Option<InFlightSum>,
+    /// The gradient sums left in the background ([`Transport::begin_sum`]).
+    in_flight: HashMap<SumGroup, InFlightSum>,
 }
 
 impl Mpi {
@@ -509,6 +509,24 @@ impl Mpi {
     pub fn with_reduction(mut self, reduction: Reduction) -> Mpi {
         self.reduction = reduction;
         self
+    }
+
+    /// The ranks of `group` (this rank's replicas, or its replica's stages sharing a tied
+    /// weight), in summing order, the tags its reductions go on, and what it is called.
+    fn sum_group(&self, group: &SumGroup) -> Result<(Vec<usize>, (i32, i32), String), String> {
+        match group {
+            SumGroup::Replicas => {
+                let members = (0..self.layout.replicas).map(|r| self.layout.rank(r, self.stage as usize)).collect();
+                Ok((members, (REPLICAS_PART, REPLICAS_RESULT), format!("gradient sum of stage {}'s replicas", self.stage)))
+            }
+            SumGroup::Tied(stages) => {
+                if !stages.contains(&self.stage) || stages.iter().any(|&s| s as usize >= self.layout.depth) || !stages.windows(2).all(|w| w[0] < w[1]) {
+                    return Err(format!("stage {} is not in a tied-weight group {stages:?}", self.stage));
+                }
+                let members = stages.iter().map(|&s| self.layout.rank(self.replica, s as usize)).collect();
+                Ok((members, (TIED_PART, TIED_RESULT), format!("tied-weight gradient sum of stages {stages:?} (replica {})", self.replica)))
+            }
+        }
     }
 
     /// A sum of `tensors` over `members` by this link's [`Reduction`].
@@ -808,7 +826,7 @@ impl Drop for Mpi {
             std::mem::forget(s.request);
         }
         // So does a sum never finished (the job is failing).
-        if let Some(sum) = self.in_flight.take() {
+        for (_, sum) in self.in_flight.drain() {
             sum.pending.abandon();
         }
         self.shared.set_waiting(None);
@@ -874,42 +892,36 @@ impl Transport for Mpi {
         if self.layout.replicas == 1 {
             return Ok(tensors);
         }
-        let members: Vec<usize> = (0..self.layout.replicas).map(|r| self.layout.rank(r, self.stage as usize)).collect();
-        let what = format!("gradient sum of stage {}'s replicas", self.stage);
-        self.sum_tensors(&members, (REPLICAS_PART, REPLICAS_RESULT), &what, tensors)
+        let (members, tags, what) = self.sum_group(&SumGroup::Replicas)?;
+        self.sum_tensors(&members, tags, &what, tensors)
     }
     fn all_reduce_tied(&mut self, stages: &[u32], tensors: Vec<Tensor>) -> Result<Vec<Tensor>, String> {
-        if !stages.contains(&self.stage) || stages.iter().any(|&s| s as usize >= self.layout.depth) || !stages.windows(2).all(|w| w[0] < w[1]) {
-            return Err(format!("stage {} is not in a tied-weight group {stages:?}", self.stage));
-        }
-        let members: Vec<usize> = stages.iter().map(|&s| self.layout.rank(self.replica, s as usize)).collect();
-        let what = format!("tied-weight gradient sum of stages {stages:?} (replica {})", self.replica);
-        self.sum_tensors(&members, (TIED_PART, TIED_RESULT), &what, tensors)
+        let (members, tags, what) = self.sum_group(&SumGroup::Tied(stages.to_vec()))?;
+        self.sum_tensors(&members, tags, &what, tensors)
     }
     fn abort(&mut self) {
         // The process stops the job (MPI_Abort) once it has printed why; nothing here may
         // wait for peers.
         self.aborted = true;
     }
-    fn begin_replica_sum(&mut self, tensors: Vec<Tensor>) -> Result<Option<Vec<Tensor>>, String> {
-        if self.layout.replicas == 1 || self.reduction == Reduction::FixedOrder {
-            return self.all_reduce_replicas(tensors).map(Some);
+    fn begin_sum(&mut self, group: &SumGroup, tensors: Vec<Tensor>) -> Result<Option<Vec<Tensor>>, String> {
+        let (members, tags, what) = self.sum_group(group)?;
+        if members.len() == 1 || self.reduction == Reduction::FixedOrder {
+            return self.sum_tensors(&members, tags, &what, tensors).map(Some);
         }
-        if self.in_flight.is_some() {
-            return Err("a gradient sum began while another was in flight".into());
+        if self.in_flight.contains_key(group) {
+            return Err(format!("{what}: begun while the last one was in flight"));
         }
-        let members: Vec<usize> = (0..self.layout.replicas).map(|r| self.layout.rank(r, self.stage as usize)).collect();
-        let what = format!("gradient sum of stage {}'s replicas", self.stage);
-        match self.begin_collective(&members, (REPLICAS_PART, REPLICAS_RESULT), &what, tensors)? {
+        match self.begin_collective(&members, tags, &what, tensors)? {
             Begun::Done(sum) => Ok(Some(sum)),
             Begun::InFlight(sum) => {
-                self.in_flight = Some(sum);
+                self.in_flight.insert(group.clone(), sum);
                 Ok(None)
             }
         }
     }
-    fn finish_replica_sum(&mut self) -> Result<Vec<Tensor>, String> {
-        let sum = self.in_flight.take().ok_or("no gradient sum is in flight")?;
+    fn finish_sum(&mut self, group: &SumGroup) -> Result<Vec<Tensor>, String> {
+        let sum = self.in_flight.remove(group).ok_or_else(|| format!("no {group} is in flight"))?;
         self.finish_collective(sum)
     }
 }

@@ -33,7 +33,7 @@ pub use distributed::{batch_fingerprint, Layout, Mpi, MpiJob, Reduction, DEFAULT
 pub use memory::{bytes_of, StageMemory};
 pub use eval::{EvalLink, EvalResult, EvalSet};
 pub use stop::StopGate;
-pub use transport::{InProcess, Named, Transport};
+pub use transport::{InProcess, Named, SumGroup, Transport};
 
 use crate::build::{Field, Identity};
 use crate::module::StageModule;

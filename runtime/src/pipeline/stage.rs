@@ -15,7 +15,7 @@ use super::precision::{compute_kind, LossScaler, Precision};
 use super::specialise::{self, Specialised};
 use super::trace::Recorder;
 use crate::timeline::{TraceEvent, TraceKind};
-use super::{Event, Objective, Op, PipelineError, StageData, TrainConfig, Transport};
+use super::{Event, Objective, Op, PipelineError, StageData, SumGroup, TrainConfig, Transport};
 use crate::exec::{tensor_from_bytes, Mode, Signatures};
 
 use crate::module::StageModule;
@@ -317,9 +317,25 @@ struct Batch {
     nonfinite: bool,
 }
 
-/// A step whose update waits for its replicas' gradient sum (see [`Worker::step_op`]).
+/// Where a step's sum over its replicas stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ReplicaSum {
+    /// Waiting for the tied sums it adds.
+    NotBegun,
+    InFlight,
+    /// Summed (or one replica).
+    Done,
+}
+
+/// A step's gradients on their way to its update (see [`Worker::step_op`]).
 struct Deferred {
     batch: Batch,
+    /// Its gradients: as accumulated, with the tied sums in, then averaged over replicas
+    /// (empty while the replicas' sum is in flight).
+    grads: Vec<Tensor>,
+    /// The tied groups (indices into the worker's) whose sums are in flight.
+    tied: Vec<usize>,
+    replicas: ReplicaSum,
     t: u64,
     /// When its sums began (the trace's all-reduce span).
     t0: Option<std::time::Instant>,
@@ -783,8 +799,8 @@ impl Worker {
     }
 
     /// Step `t`'s update from the gradients accumulated over its microbatches: summed
-    /// over tied stages and replicas, then applied. Under 2BW, where the transport can
-    /// leave the replicas' sum in the background, the update waits for it
+    /// over tied stages, then over replicas, then applied. Under 2BW, where the transport
+    /// can leave the sums in the background, the update waits for them
     /// ([`Worker::finish_step`]) and `Some` says so: its version is first used by the
     /// forwards of step `t + 2`, so step `t + 1` computes meanwhile.
     fn step_op(&mut self, st: &mut State, t: u64, ctx: &Ctx<'_>, tr: &mut dyn Transport, events: &Sender<Event>, rec: &mut Recorder) -> Result<Option<Deferred>, E> {
@@ -793,27 +809,74 @@ impl Worker {
         // What the step's microbatches saw, taken now: the next step's begin to add up
         // while this update waits.
         let batch = Batch { loss: std::mem::take(&mut st.batch_loss), samples: std::mem::take(&mut st.batch_samples), nonfinite: std::mem::take(&mut st.batch_nonfinite) };
-        let grads = self.sum_tied(grads, tr)?;
         let here: Vec<tch::Device> = grads.iter().map(|g| g.device()).collect();
-        let grads = if ctx.replicas == 1 {
-            grads
-        } else {
-            let begun = if self.spec.update == UpdateRule::TwoBw { tr.begin_replica_sum(grads) } else { tr.all_reduce_replicas(grads).map(Some) };
+        let replicas = if ctx.replicas == 1 { ReplicaSum::Done } else { ReplicaSum::NotBegun };
+        let mut d = Deferred { t, t0, here, batch, grads, tied: Vec::new(), replicas };
+        let background = self.spec.update == UpdateRule::TwoBw;
+        for (gi, (stages, idx)) in self.tied_groups.iter().enumerate() {
+            let part: Vec<Tensor> = idx.iter().map(|&i| d.grads[i].shallow_clone()).collect();
+            let begun = if background { tr.begin_sum(&SumGroup::Tied(stages.clone()), part) } else { tr.all_reduce_tied(stages, part).map(Some) };
             match begun.map_err(induced)? {
-                Some(sum) => replica_mean(sum, &here, ctx.replicas)?,
-                None => return Ok(Some(Deferred { t, t0, here, batch })),
+                Some(summed) => self.place_tied(&mut d.grads, gi, summed)?,
+                None => d.tied.push(gi),
             }
-        };
-        self.update(st, t, grads, batch, t0, ctx, tr, events, rec)?;
-        Ok(None)
+        }
+        // The replicas add the tied sums: they begin once those are in.
+        if d.tied.is_empty() {
+            self.sum_replicas(&mut d, background, ctx, tr)?;
+        }
+        if d.tied.is_empty() && d.replicas == ReplicaSum::Done {
+            self.apply(st, d, ctx, tr, events, rec)?;
+            return Ok(None);
+        }
+        Ok(Some(d))
     }
 
-    /// Completes step `d.t`'s update once its replicas' sum, left in the background by
-    /// [`Worker::step_op`], is in.
-    fn finish_step(&mut self, st: &mut State, d: Deferred, ctx: &Ctx<'_>, tr: &mut dyn Transport, events: &Sender<Event>, rec: &mut Recorder) -> Result<(), E> {
-        let sum = tr.finish_replica_sum().map_err(induced)?;
-        let grads = replica_mean(sum, &d.here, ctx.replicas)?;
-        self.update(st, d.t, grads, d.batch, d.t0, ctx, tr, events, rec)
+    /// Completes step `d.t`'s update once the sums [`Worker::step_op`] left in the
+    /// background are in (the replicas' sum begun now if it waited for the tied ones).
+    fn finish_step(&mut self, st: &mut State, mut d: Deferred, ctx: &Ctx<'_>, tr: &mut dyn Transport, events: &Sender<Event>, rec: &mut Recorder) -> Result<(), E> {
+        for gi in std::mem::take(&mut d.tied) {
+            let summed = tr.finish_sum(&SumGroup::Tied(self.tied_groups[gi].0.clone())).map_err(induced)?;
+            self.place_tied(&mut d.grads, gi, summed)?;
+        }
+        if d.replicas == ReplicaSum::NotBegun {
+            self.sum_replicas(&mut d, false, ctx, tr)?;
+        }
+        if d.replicas == ReplicaSum::InFlight {
+            let sum = tr.finish_sum(&SumGroup::Replicas).map_err(induced)?;
+            d.grads = replica_mean(sum, &d.here, ctx.replicas)?;
+            d.replicas = ReplicaSum::Done;
+        }
+        self.apply(st, d, ctx, tr, events, rec)
+    }
+
+    /// Sums `d`'s gradients over the replicas, or with `background` begins to.
+    fn sum_replicas(&self, d: &mut Deferred, background: bool, ctx: &Ctx<'_>, tr: &mut dyn Transport) -> Result<(), E> {
+        if d.replicas != ReplicaSum::NotBegun {
+            return Ok(());
+        }
+        let grads = std::mem::take(&mut d.grads);
+        let begun = if background { tr.begin_sum(&SumGroup::Replicas, grads) } else { tr.all_reduce_replicas(grads).map(Some) };
+        match begun.map_err(induced)? {
+            Some(sum) => {
+                d.grads = replica_mean(sum, &d.here, ctx.replicas)?;
+                d.replicas = ReplicaSum::Done;
+            }
+            None => d.replicas = ReplicaSum::InFlight,
+        }
+        Ok(())
+    }
+
+    /// Puts tied group `gi`'s summed gradients in place of this stage's copies.
+    fn place_tied(&self, grads: &mut [Tensor], gi: usize, summed: Vec<Tensor>) -> Result<(), E> {
+        for (&i, g) in self.tied_groups[gi].1.iter().zip(summed) {
+            grads[i] = g.f_to_device(grads[i].device()).map_err(torch("moving tied gradients"))?;
+        }
+        Ok(())
+    }
+
+    fn apply(&mut self, st: &mut State, d: Deferred, ctx: &Ctx<'_>, tr: &mut dyn Transport, events: &Sender<Event>, rec: &mut Recorder) -> Result<(), E> {
+        self.update(st, d.t, d.grads, d.batch, d.t0, ctx, tr, events, rec)
     }
 
     /// Applies step `t`'s summed gradients (the sums began at `t0`; `batch`: what its
@@ -915,21 +978,6 @@ impl Worker {
             })
         })
         .map_err(torch("scaling gradients"))?;
-        Ok(grads)
-    }
-
-    /// The step's accumulated gradients with the tied copies summed across their stages
-    /// (averaged over the replicas next, [`replica_mean`]; [`Worker::mean_over_microbatches`]
-    /// divides by m after).
-    fn sum_tied(&self, grads: Vec<Tensor>, tr: &mut dyn Transport) -> Result<Vec<Tensor>, E> {
-        let mut grads = grads;
-        for (stages, idx) in &self.tied_groups {
-            let part: Vec<Tensor> = idx.iter().map(|&i| grads[i].shallow_clone()).collect();
-            let summed = tr.all_reduce_tied(stages, part).map_err(induced)?;
-            for (&i, g) in idx.iter().zip(summed) {
-                grads[i] = g.f_to_device(grads[i].device()).map_err(torch("moving tied gradients"))?;
-            }
-        }
         Ok(grads)
     }
 

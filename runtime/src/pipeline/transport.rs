@@ -42,17 +42,40 @@ pub trait Transport: Send {
     fn all_reduce_tied(&mut self, stages: &[u32], tensors: Vec<Tensor>) -> Result<Vec<Tensor>, String>;
     /// Makes every pending and future reduction fail (a worker has failed).
     fn abort(&mut self);
-    /// Begins [`Transport::all_reduce_replicas`] of `tensors`: `Some(sum)` when it
-    /// completed at once (the default), `None` while it goes on in the background, to be
-    /// completed by [`Transport::finish_replica_sum`] (one at a time). Under 2BW a step's
-    /// gradient sum is not needed until the update made from it is first used, so the
-    /// worker begins it and computes on meanwhile.
-    fn begin_replica_sum(&mut self, tensors: Vec<Tensor>) -> Result<Option<Vec<Tensor>>, String> {
-        self.all_reduce_replicas(tensors).map(Some)
+    /// Begins the sum of `tensors` over `group` (as [`Transport::all_reduce_replicas`] or
+    /// [`Transport::all_reduce_tied`]): `Some(sum)` when it completed at once (the
+    /// default), `None` while it goes on in the background, to be completed by
+    /// [`Transport::finish_sum`] (one per group at a time). Under 2BW a step's gradient
+    /// sums are not needed until the update made from them is first used, so the worker
+    /// begins them and computes on meanwhile.
+    fn begin_sum(&mut self, group: &SumGroup, tensors: Vec<Tensor>) -> Result<Option<Vec<Tensor>>, String> {
+        match group {
+            SumGroup::Replicas => self.all_reduce_replicas(tensors),
+            SumGroup::Tied(stages) => self.all_reduce_tied(stages, tensors),
+        }
+        .map(Some)
     }
-    /// Completes the sum [`Transport::begin_replica_sum`] left in the background.
-    fn finish_replica_sum(&mut self) -> Result<Vec<Tensor>, String> {
-        Err("no gradient sum is in flight".into())
+    /// Completes the sum over `group` [`Transport::begin_sum`] left in the background.
+    fn finish_sum(&mut self, group: &SumGroup) -> Result<Vec<Tensor>, String> {
+        Err(format!("no {group} is in flight"))
+    }
+}
+
+/// A group a stage's gradients are summed over.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum SumGroup {
+    /// The replicas of the stage.
+    Replicas,
+    /// The stages (ascending) of the replica that hold copies of a tied weight.
+    Tied(Vec<u32>),
+}
+
+impl std::fmt::Display for SumGroup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SumGroup::Replicas => write!(f, "gradient sum over the replicas"),
+            SumGroup::Tied(stages) => write!(f, "tied-weight gradient sum of stages {stages:?}"),
+        }
     }
 }
 
