@@ -211,6 +211,24 @@ fn crc_of_zeros_after(head: &[u8], zeros: u64) -> u32 {
     crc.finalize()
 }
 
+/// A deflated `.npz` (numpy's `savez_compressed`) of 2 GiB of arrays: a compressed member
+/// cannot be read at random, so it is inflated in chunks into a scratch file and mapped,
+/// and the run's memory stays far below the arrays' size.
+#[test]
+fn a_deflated_npz_of_gigabytes_trains_in_bounded_memory() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let npz = dir.path().join("compressed.npz");
+    let python = std::env::var("PIPEWRIGHT_PYTHON").unwrap_or_else(|_| panic!("PIPEWRIGHT_PYTHON is not set: run the tests through scripts/test.sh (it sets up numpy)"));
+    let script = "import sys, numpy as np\nn = 8 << 20\nnp.savez_compressed(sys.argv[1], input=np.zeros((n, 64), np.float32), label=np.zeros(n, np.int64))";
+    let out = std::process::Command::new(python).arg("-c").arg(script).arg(&npz).output().expect("python runs");
+    assert!(out.status.success(), "numpy: {}", String::from_utf8_lossy(&out.stderr));
+    let build = dir.path().join("mlp");
+    pw_ok(["compile", model("mlp").to_str().unwrap(), "--stages", "2", "-o", build.to_str().unwrap()]);
+    let out = ok(&pw(["train", build.to_str().unwrap(), "--data", npz.to_str().unwrap(), "--output", "linear_3", "--steps", "5", "--microbatch", "16", "--microbatches", "4", "--no-progress"]));
+    let peak = out.lines().find_map(|l| l.strip_prefix("peak resident memory of this process: ")).expect("the summary says the peak");
+    assert!(parse_size(peak) < 1 << 30, "peak resident memory {peak} over 2 GiB of deflated arrays");
+}
+
 /// A version 1.0 `.npy` header for an array of `descr` and `shape` (data to follow),
 /// padded as numpy pads it.
 fn npy_header(descr: &str, shape: &[u64]) -> Vec<u8> {

@@ -924,6 +924,9 @@ impl Transport for Mpi {
         let sum = self.in_flight.remove(group).ok_or_else(|| format!("no {group} is in flight"))?;
         self.finish_collective(sum)
     }
+    fn sum_done(&mut self, group: &SumGroup) -> bool {
+        self.in_flight.get_mut(group).is_none_or(|s| s.pending.poll())
+    }
 }
 
 
@@ -984,7 +987,8 @@ unsafe impl Send for GroupComm {}
 /// An all-reduce in flight: MPI reads `send` and writes `recv` until it completes, so the
 /// tensors live as long as the request.
 struct PendingSum {
-    request: SumRequest,
+    /// `None` once complete.
+    request: Option<SumRequest>,
     send: Tensor,
     recv: Tensor,
 }
@@ -995,10 +999,23 @@ struct PendingSum {
 unsafe impl Send for PendingSum {}
 
 impl PendingSum {
+    /// Whether the sum is complete (asking MPI, which also advances it).
+    fn poll(&mut self) -> bool {
+        match self.request.take().map(SumRequest::test) {
+            None | Some(Ok(())) => true,
+            Some(Err(r)) => {
+                self.request = Some(r);
+                false
+            }
+        }
+    }
+
     /// Leaves the request and its tensors to MPI: never completed (the job is ending), and
     /// never freed while MPI may still touch them.
     fn abandon(self) {
-        self.request.abandon();
+        if let Some(r) = self.request {
+            r.abandon();
+        }
         std::mem::forget(self.send);
         std::mem::forget(self.recv);
     }
@@ -1124,25 +1141,20 @@ impl Mpi {
     /// waited; the request and its tensors are abandoned to MPI: the job is ending).
     fn poll_sum(&mut self, pending: PendingSum, what: &str) -> Result<Tensor, f64> {
         let start = Instant::now();
-        let PendingSum { mut request, send, recv } = pending;
+        let mut pending = pending;
         self.shared.set_waiting(Some(format!("the {what} (MPI all-reduce)")));
         let mut pause = Backoff::new();
         loop {
-            match request.test() {
-                Ok(()) => {
-                    self.shared.set_waiting(None);
-                    return Ok(recv);
-                }
-                Err(r) if start.elapsed() < self.timeout => {
-                    request = r;
-                    self.reap();
-                    pause.wait();
-                }
-                Err(request) => {
-                    PendingSum { request, send, recv }.abandon();
-                    return Err(start.elapsed().as_secs_f64());
-                }
+            if pending.poll() {
+                self.shared.set_waiting(None);
+                return Ok(pending.recv);
             }
+            if start.elapsed() >= self.timeout {
+                pending.abandon();
+                return Err(start.elapsed().as_secs_f64());
+            }
+            self.reap();
+            pause.wait();
         }
     }
 
@@ -1173,7 +1185,7 @@ fn start_sum(comm: &SimpleCommunicator, send: Tensor, recv: Tensor) -> PendingSu
         Kind::Double => SumRequest::F64(start_typed(comm, &send, &recv)),
         _ => SumRequest::F32(start_typed(comm, &send, &recv)),
     };
-    PendingSum { request, send, recv }
+    PendingSum { request: Some(request), send, recv }
 }
 
 fn start_typed<T: Equivalence + 'static>(comm: &SimpleCommunicator, send: &Tensor, recv: &Tensor) -> Request<'static, [T]> {

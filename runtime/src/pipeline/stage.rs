@@ -422,6 +422,9 @@ fn run_inner(
         if stop_before.is_some_and(|s| op_step(op, m64) >= s) {
             continue;
         }
+        if let Some(d) = deferred.as_mut() {
+            w.advance(d, ctx, tr)?;
+        }
         match op {
             Op::Forward(j) => {
                 if deferred.as_ref().is_some_and(|d| w.spec.update.version_for(j, m64) > d.t) {
@@ -848,6 +851,19 @@ impl Worker {
             d.replicas = ReplicaSum::Done;
         }
         self.apply(st, d, ctx, tr, events, rec)
+    }
+
+    /// Between ops: once a step's tied sums are in, begins its replicas' sum (which adds
+    /// them) in the background, so that it is not left to begin when the update is due.
+    fn advance(&self, d: &mut Deferred, ctx: &Ctx<'_>, tr: &mut dyn Transport) -> Result<(), E> {
+        if d.tied.is_empty() || !d.tied.iter().all(|&gi| tr.sum_done(&SumGroup::Tied(self.tied_groups[gi].0.clone()))) {
+            return Ok(());
+        }
+        for gi in std::mem::take(&mut d.tied) {
+            let summed = tr.finish_sum(&SumGroup::Tied(self.tied_groups[gi].0.clone())).map_err(induced)?;
+            self.place_tied(&mut d.grads, gi, summed)?;
+        }
+        self.sum_replicas(d, true, ctx, tr)
     }
 
     /// Sums `d`'s gradients over the replicas, or with `background` begins to.

@@ -59,6 +59,11 @@ pub trait Transport: Send {
     fn finish_sum(&mut self, group: &SumGroup) -> Result<Vec<Tensor>, String> {
         Err(format!("no {group} is in flight"))
     }
+    /// Whether the sum over `group` left in the background is complete (or none is in
+    /// flight), without waiting; asking also advances it.
+    fn sum_done(&mut self, _group: &SumGroup) -> bool {
+        true
+    }
 }
 
 /// A group a stage's gradients are summed over.
