@@ -55,11 +55,7 @@ pub fn train(args: &TrainArgs) -> Result<()> {
     let mut last_eval = None;
     let report = session.run(&mut |r: StepReport| {
         progress.step(&r);
-        if let Some(e) = &r.eval {
-            let line = eval_line(r.step + 1, e, language_model);
-            progress.println(&line);
-            last_eval = Some(line);
-        }
+        last_eval = show_eval(&mut progress, &r, language_model).or(last_eval.take());
         if r.skipped {
             skipped += 1;
             // Above the bar on a terminal, so it never runs into it.
@@ -100,6 +96,14 @@ pub fn train(args: &TrainArgs) -> Result<()> {
         std::process::exit(130);
     }
     Ok(())
+}
+
+/// Prints step `r`'s evaluation, when it has one, above the progress bar; its line, which
+/// the run's summary repeats.
+fn show_eval(progress: &mut Progress, r: &StepReport, language_model: bool) -> Option<String> {
+    let line = eval_line(r.step + 1, r.eval.as_ref()?, language_model);
+    progress.println(&line);
+    Some(line)
 }
 
 /// `pipewright worker`, or a stage executable started with options (`embedded`: its own
@@ -145,11 +149,7 @@ fn worker_rank(args: &WorkerArgs, embedded: Option<Vec<u8>>, job: &MpiJob) -> Re
     // Evaluations reach the reporting rank only (the last stage of replica 0 computes them).
     let outcome = session.run(&mut |r: StepReport| {
         progress.step(&r);
-        if let Some(e) = &r.eval {
-            let line = eval_line(r.step + 1, e, language_model);
-            progress.println(&line);
-            last_eval = Some(line);
-        }
+        last_eval = show_eval(&mut progress, &r, language_model).or(last_eval.take());
     })?;
     let stopped_after = gate.and_then(|g| g.stop_after());
     progress.finish();

@@ -7,11 +7,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::{fails, model, ok, pw, pw_ok, root};
-
-fn python() -> String {
-    std::env::var("PIPEWRIGHT_PYTHON").unwrap_or_else(|_| panic!("PIPEWRIGHT_PYTHON is not set: run the tests through scripts/test.sh (it sets up onnxruntime)"))
-}
+use common::{fails, model, ok, pw, pw_ok, python, root};
 
 fn py(script: &str, args: &[&str]) -> String {
     let out = Command::new(python()).arg("-c").arg(script).args(args).output().expect("python runs");

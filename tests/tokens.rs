@@ -8,7 +8,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{fails, model, ok, pw, pw_ok};
+use common::{fails, model, ok, pw, pw_ok, python};
 
 /// gpt2-tiny's sequence length and vocabulary (its `input_ids` [N, 32], logits [N, 32, 1000]).
 const T: usize = 32;
@@ -218,9 +218,8 @@ fn crc_of_zeros_after(head: &[u8], zeros: u64) -> u32 {
 fn a_deflated_npz_of_gigabytes_trains_in_bounded_memory() {
     let dir = tempfile::tempdir().expect("temp dir");
     let npz = dir.path().join("compressed.npz");
-    let python = std::env::var("PIPEWRIGHT_PYTHON").unwrap_or_else(|_| panic!("PIPEWRIGHT_PYTHON is not set: run the tests through scripts/test.sh (it sets up numpy)"));
     let script = "import sys, numpy as np\nn = 8 << 20\nnp.savez_compressed(sys.argv[1], input=np.zeros((n, 64), np.float32), label=np.zeros(n, np.int64))";
-    let out = std::process::Command::new(python).arg("-c").arg(script).arg(&npz).output().expect("python runs");
+    let out = std::process::Command::new(python()).arg("-c").arg(script).arg(&npz).output().expect("python runs");
     assert!(out.status.success(), "numpy: {}", String::from_utf8_lossy(&out.stderr));
     let build = dir.path().join("mlp");
     pw_ok(["compile", model("mlp").to_str().unwrap(), "--stages", "2", "-o", build.to_str().unwrap()]);

@@ -750,6 +750,13 @@ fn a_wait_longer_than_the_timeout_stops_the_job_naming_it() {
     assert!(pids.iter().all(|&p| gone(p)), "every rank must have ended: {pids:?}");
 }
 
+/// A 2-stage checkpoint folder holds its manifest and both stages' parts.
+fn assert_whole_checkpoint(dir: &Path, what: &str) {
+    for file in ["checkpoint.json", "stage0.safetensors", "stage1.safetensors"] {
+        assert!(dir.join(file).is_file(), "{what}: {} lacks {file}", dir.display());
+    }
+}
+
 /// Two "hosts" on this machine: network namespaces joined by a veth pair, each with an
 /// address of its own, and an Open MPI launch agent (in place of ssh) that starts a
 /// host's daemon inside its namespace. Removed (with the veth pair) when dropped.
@@ -862,9 +869,7 @@ fn a_job_over_two_hosts_trains_like_one_host_and_a_kill_on_one_stops_both() {
         same(&one, &finish(&build, &metrics), &what);
         // Each stage's part was written by its rank (one per host with one replica).
         for step in ["step-000004", "step-000008"] {
-            for file in ["checkpoint.json", "stage0.safetensors", "stage1.safetensors"] {
-                assert!(checkpoints.join(step).join(file).is_file(), "{what}: checkpoint {step} lacks {file}");
-            }
+            assert_whole_checkpoint(&checkpoints.join(step), &what);
         }
     }
     // Where the ranks run, and a kill on the second host.
@@ -931,9 +936,7 @@ fn a_full_disk_while_checkpointing_ends_the_job_naming_rank_and_host_and_keeps_t
     let host = String::from_utf8_lossy(&Command::new("hostname").output().unwrap().stdout).trim().to_string();
     fails(&out, &["checkpoint step 4 was not written: rank ", &format!(" on host {host}: "), "No space left on device"]);
     let last = disk.path.join("step-000002");
-    for file in ["checkpoint.json", "stage0.safetensors", "stage1.safetensors"] {
-        assert!(last.join(file).is_file(), "the last good checkpoint keeps {file}");
-    }
+    assert_whole_checkpoint(&last, "the last good checkpoint");
     assert!(!disk.path.join("step-000004").exists(), "no partial checkpoint is published");
     ok(&command().arg("train").arg(&build).args(options(8)).arg("--resume").arg(&last).output().unwrap());
 }

@@ -311,55 +311,42 @@ impl Dataset {
     }
 
     /// [`Dataset::from_npz`] reading at most `max_inflated` bytes out of the archive (all
-    /// members together).
-    /// Stored members are mapped from the archive; deflated ones are inflated into scratch
-    /// files and mapped from there (see the module documentation).
+    /// members together). Stored members are mapped from the archive; deflated ones are
+    /// inflated into scratch files and mapped from there (see the module documentation).
     pub fn from_npz_capped<'a>(path: &Path, inputs: &[InputSpec], label: impl Into<LabelArray<'a>>, max_inflated: u64) -> Result<Dataset> {
-        let label = label.into();
         let shown = path.display().to_string();
         let file = std::fs::File::open(path).with_context(|| format!("{shown}: cannot open"))?;
-        let Some((archive, stamp)) = map_file(path) else {
-            return Self::from_npz_reader_capped(&shown, file, inputs, label, max_inflated);
-        };
-        let mut zip = zip::ZipArchive::new(file).map_err(|e| anyhow!("{shown}: not a valid .npz (zip) archive: {e}"))?;
-        let members = npz_members(&shown, &mut zip)?;
-        let mut left = max_inflated;
-        Self::assemble(&shown, members.keys().cloned().collect(), inputs, label, |array| {
-            let member = &members[array];
-            let f = zip.by_name(member).map_err(|e| anyhow!("{shown}: member `{member}`: {e}"))?;
-            let at = format!("{shown}: member `{member}`");
-            match f.compression() {
-                zip::CompressionMethod::Stored => {
-                    let (start, len) = (f.data_start(), f.size());
-                    if let Some(c) = map_stored_member(&archive, &stamp, start, len) {
-                        return Ok(c);
-                    }
-                    let bytes = read_bounded(f, &mut left).map_err(|e| bounded_error(&at, max_inflated, e))?;
-                    column(&shown, array, parse_npy(&bytes).with_context(|| format!("{shown}: array `{array}`"))?)
-                }
-                _ => inflate_member(&at, array, f, &mut left, max_inflated),
-            }
-        })
+        let mapped = map_file(path);
+        Self::npz(&shown, file, mapped.as_ref().map(|(t, s)| (t, s)), inputs, label.into(), max_inflated)
     }
 
     /// [`Dataset::from_npz`] on an archive already open (or in memory, as the fuzzer
-    /// feeds it); errors name `shown`.
+    /// feeds it), its members read (within the cap); errors name `shown`.
     pub fn from_npz_reader<'a, R: Read + std::io::Seek>(shown: &str, reader: R, inputs: &[InputSpec], label: impl Into<LabelArray<'a>>) -> Result<Dataset> {
-        Self::from_npz_reader_capped(shown, reader, inputs, label, DEFAULT_MAX_INFLATED)
+        Self::npz(shown, reader, None, inputs, label.into(), DEFAULT_MAX_INFLATED)
     }
 
-    fn from_npz_reader_capped<'a, R: Read + std::io::Seek>(shown: &str, reader: R, inputs: &[InputSpec], label: impl Into<LabelArray<'a>>, max_inflated: u64) -> Result<Dataset> {
-        let label = label.into();
+    /// The arrays of the `.npz` archive `reader`: with `mapped` (the archive's mapping and
+    /// stamp) stored members are views of it and deflated ones go through scratch files;
+    /// otherwise, and for members that cannot be mapped, members are read whole.
+    fn npz<R: Read + std::io::Seek>(shown: &str, reader: R, mapped: Option<(&Tensor, &FileStamp)>, inputs: &[InputSpec], label: LabelArray<'_>, max_inflated: u64) -> Result<Dataset> {
         let mut zip = zip::ZipArchive::new(reader).map_err(|e| anyhow!("{shown}: not a valid .npz (zip) archive: {e}"))?;
         let members = npz_members(shown, &mut zip)?;
-        let shown = shown.to_string();
         let mut left = max_inflated;
-        Self::assemble(&shown, members.keys().cloned().collect(), inputs, label, |array| {
+        Self::assemble(shown, members.keys().cloned().collect(), inputs, label, |array| {
             let member = &members[array];
             let f = zip.by_name(member).map_err(|e| anyhow!("{shown}: member `{member}`: {e}"))?;
-            let bytes = read_bounded(f, &mut left).map_err(|e| bounded_error(&format!("{shown}: member `{member}`"), max_inflated, e))?;
-            let raw = parse_npy(&bytes).with_context(|| format!("{shown}: array `{array}`"))?;
-            column(&shown, array, raw)
+            let at = format!("{shown}: member `{member}`");
+            if let Some((archive, stamp)) = mapped {
+                if f.compression() != zip::CompressionMethod::Stored {
+                    return inflate_member(&at, array, f, &mut left, max_inflated);
+                }
+                if let Some(c) = map_stored_member(archive, stamp, f.data_start(), f.size()) {
+                    return Ok(c);
+                }
+            }
+            let bytes = read_bounded(f, &mut left).map_err(|e| bounded_error(&at, max_inflated, e))?;
+            column(shown, array, parse_npy(&bytes).with_context(|| format!("{shown}: array `{array}`"))?)
         })
     }
 
@@ -675,7 +662,7 @@ enum Bounded {
     Alloc(usize),
     /// Reading failed (a damaged archive).
     Io(std::io::Error),
-    /// Writing what was read failed ([`copy_bounded`]).
+    /// Writing what was read failed ([`inflate_member`]).
     Write(std::io::Error),
 }
 
@@ -683,31 +670,21 @@ enum Bounded {
 /// by what was read) and never reserving more than was actually read plus one chunk: the
 /// size a zip entry claims is not trusted, and a refused allocation is an error, not an
 /// abort.
-fn read_bounded(mut r: impl Read, left: &mut u64) -> std::result::Result<Vec<u8>, Bounded> {
-    const CHUNK: usize = 1 << 20;
+fn read_bounded(r: impl Read, left: &mut u64) -> std::result::Result<Vec<u8>, Bounded> {
     let mut out: Vec<u8> = Vec::new();
-    let mut buf = vec![0u8; CHUNK];
-    loop {
-        let n = match r.read(&mut buf) {
-            Ok(0) => return Ok(out),
-            Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(Bounded::Io(e)),
-        };
-        if n as u64 > *left {
-            return Err(Bounded::Cap);
-        }
-        *left -= n as u64;
+    copy_bounded(r, left, |chunk| {
         // Grow geometrically (amortized), but through try_reserve so a refusal reports.
-        if out.capacity() - out.len() < n {
-            let want = out.len().max(n);
+        if out.capacity() - out.len() < chunk.len() {
+            let want = out.len().max(chunk.len());
             out.try_reserve(want).map_err(|_| Bounded::Alloc(out.len() + want))?;
         }
-        out.extend_from_slice(&buf[..n]);
-    }
+        out.extend_from_slice(chunk);
+        Ok(())
+    })?;
+    Ok(out)
 }
 
-/// The message for a member [`read_bounded`] (or [`copy_bounded`]) stopped reading; `at`
+/// The message for a member [`copy_bounded`] stopped reading; `at`
 /// names the archive and member.
 fn bounded_error(at: &str, max_inflated: u64, e: Bounded) -> DataError {
     match e {
@@ -767,11 +744,13 @@ fn map_stored_member(archive: &Tensor, stamp: &FileStamp, start: u64, len: u64) 
 /// bounded whatever the member's size, and the file is gone when the process is. The
 /// inflated bytes count against `left` (the archive's cap). `at` names archive and member.
 fn inflate_member(at: &str, array: &str, member: impl Read, left: &mut u64, max_inflated: u64) -> Result<Column> {
+    use std::io::Write;
     use std::os::fd::AsRawFd;
     let folder = std::env::temp_dir();
     let place = || format!("a scratch file in {} (TMPDIR)", folder.display());
     let mut scratch = tempfile::tempfile_in(&folder).with_context(|| format!("{at}: cannot create {} to inflate it into", place()))?;
-    copy_bounded(member, &mut scratch, left).map_err(|e| match e {
+    // A file is written through at once (no buffer to flush).
+    copy_bounded(member, left, |chunk| scratch.write_all(chunk).map_err(Bounded::Write)).map_err(|e| match e {
         Bounded::Write(e) => anyhow!("{at}: inflating it into {}: {e} (set TMPDIR to a folder with room, or store the archive uncompressed: numpy.savez)", place()),
         e => bounded_error(at, max_inflated, e),
     })?;
@@ -787,12 +766,13 @@ fn inflate_member(at: &str, array: &str, member: impl Read, left: &mut u64, max_
     column(at, array, parse_npy(&bytes).with_context(|| format!("{at}: array `{array}`"))?)
 }
 
-/// Copies `r` to `w` in chunks, at most `left` bytes (which it lowers by what was copied).
-fn copy_bounded(mut r: impl Read, mut w: impl std::io::Write, left: &mut u64) -> std::result::Result<(), Bounded> {
+/// Reads `r` to its end in 1 MiB chunks, handing each to `take`, at most `left` bytes
+/// (which it lowers by what was read).
+fn copy_bounded(mut r: impl Read, left: &mut u64, mut take: impl FnMut(&[u8]) -> std::result::Result<(), Bounded>) -> std::result::Result<(), Bounded> {
     let mut buf = vec![0u8; 1 << 20];
     loop {
         let n = match r.read(&mut buf) {
-            Ok(0) => return w.flush().map_err(Bounded::Write),
+            Ok(0) => return Ok(()),
             Ok(n) => n,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(Bounded::Io(e)),
@@ -801,7 +781,7 @@ fn copy_bounded(mut r: impl Read, mut w: impl std::io::Write, left: &mut u64) ->
             return Err(Bounded::Cap);
         }
         *left -= n as u64;
-        w.write_all(&buf[..n]).map_err(Bounded::Write)?;
+        take(&buf[..n])?;
     }
 }
 

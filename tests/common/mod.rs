@@ -130,3 +130,9 @@ pub fn inspect(file: &Path, extra: &[&str]) -> Output {
 fn printed(out: &Output) -> String {
     format!("stdout:\n{}\nstderr:\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
 }
+
+/// The Python with onnxruntime and numpy the tests use (`PIPEWRIGHT_PYTHON`, which
+/// scripts/test.sh sets up); a test that needs it fails loudly without it.
+pub fn python() -> String {
+    std::env::var("PIPEWRIGHT_PYTHON").unwrap_or_else(|_| panic!("PIPEWRIGHT_PYTHON is not set: run the tests through scripts/test.sh (it sets up onnxruntime and numpy)"))
+}

@@ -17,13 +17,16 @@
 //! - Evaluation during training runs forward through replica 0's stages on a tag of its
 //!   own, from each rank's main thread while its stage worker trains on
 //!   ([`super::eval`]).
-//! - Reductions (gradient norm and fp16 overflow over every rank, gradient averaging over
-//!   the replicas of a stage, tied-weight gradients over the stages of a replica that
-//!   share them) are gathers to the group's first rank, a sum in fixed group order (the
-//!   embedded executor's: replica-major then stage over every rank, not rank order;
-//!   replica order within a stage; stage order within a replica) and a send of the result
-//!   to the group, each kind of group on its own tag. MPI's own reductions may sum in any
-//!   order; this one is bit-identical to the embedded executor.
+//! - Gradient sums over the replicas of a stage and over the stages of a replica sharing
+//!   a tied weight take MPI's own all-reduce by default ([`Reduction::Collective`]: a
+//!   communicator per group, `MPI_Iallreduce` polled with a deadline, under 2BW left in
+//!   the background while the next step computes); MPI adds in an order of its own.
+//! - The fixed-order reductions (the scalar sums over every rank, gradient norm and fp16
+//!   overflow, always; the gradient sums with [`Reduction::FixedOrder`]) are gathers to
+//!   the group's first rank, a sum in fixed group order (the embedded executor's:
+//!   replica-major then stage over every rank, not rank order; replica order within a
+//!   stage; stage order within a replica) and a send of the result to the group, each kind
+//!   of group on its own tag: bit-identical to the embedded executor.
 //! - Liveness: a thread of its own sends every rank's ring neighbours (ranks `rank +- 1`,
 //!   wrapping; usually the other replicas of its stage: every rank is watched by two
 //!   others whatever the layout) a heartbeat each second and watches theirs; a neighbour
@@ -928,7 +931,6 @@ impl Transport for Mpi {
         self.in_flight.get_mut(group).is_none_or(|s| s.pending.poll())
     }
 }
-
 
 /// How a job sums tensors over a group of ranks (a stage's replicas, the stages that
 /// share a tied weight).

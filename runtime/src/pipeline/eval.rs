@@ -111,7 +111,7 @@ impl Evaluator {
         let (mut loss, mut correct, mut counted, mut samples, mut reached) = (0.0, 0.0, 0.0, 0, false);
         for (i, mb) in self.microbatches.iter().enumerate() {
             let carried = match &mut self.link {
-                Some(link) if first > 0 => link.recv_activations(i as u64).map_err(|e| linked(first, e))?.into_iter().map(|(_, t)| t).collect(),
+                Some(link) if first > 0 => link.recv_activations(i as u64).map_err(|e| failed(first, E::Msg(e)))?.into_iter().map(|(_, t)| t).collect(),
                 _ => Vec::new(),
             };
             match through_stages(&mut self.workers, &self.devices, mb, &snaps, carried)? {
@@ -126,7 +126,7 @@ impl Evaluator {
                 Reached::Boundary(out) => {
                     let last = self.workers.last().map_or(0, |w| w.spec().index);
                     let link = self.link.as_mut().ok_or_else(|| PipelineError::Data("no stage computes the loss".into()))?;
-                    link.send_activations(i as u64, out).map_err(|e| linked(last, e))?;
+                    link.send_activations(i as u64, out).map_err(|e| failed(last, E::Msg(e)))?;
                 }
             }
             samples += mb.inputs.first().map_or(0, |(_, x)| x.size().first().copied().unwrap_or(1) as usize);
@@ -197,11 +197,6 @@ fn failed(stage: usize, e: E) -> PipelineError {
         E::Msg(m) | E::Induced(m) => m,
         E::Err(e) => return e,
     };
-    PipelineError::Stage { stage, message: format!("evaluation: {message}") }
-}
-
-/// An evaluation link's failure at stage `stage`.
-fn linked(stage: usize, message: String) -> PipelineError {
     PipelineError::Stage { stage, message: format!("evaluation: {message}") }
 }
 

@@ -838,10 +838,7 @@ impl Worker {
     /// Completes step `d.t`'s update once the sums [`Worker::step_op`] left in the
     /// background are in (the replicas' sum begun now if it waited for the tied ones).
     fn finish_step(&mut self, st: &mut State, mut d: Deferred, ctx: &Ctx<'_>, tr: &mut dyn Transport, events: &Sender<Event>, rec: &mut Recorder) -> Result<(), E> {
-        for gi in std::mem::take(&mut d.tied) {
-            let summed = tr.finish_sum(&SumGroup::Tied(self.tied_groups[gi].0.clone())).map_err(induced)?;
-            self.place_tied(&mut d.grads, gi, summed)?;
-        }
+        self.finish_tied(&mut d, tr)?;
         if d.replicas == ReplicaSum::NotBegun {
             self.sum_replicas(&mut d, false, ctx, tr)?;
         }
@@ -859,11 +856,17 @@ impl Worker {
         if d.tied.is_empty() || !d.tied.iter().all(|&gi| tr.sum_done(&SumGroup::Tied(self.tied_groups[gi].0.clone()))) {
             return Ok(());
         }
+        self.finish_tied(d, tr)?;
+        self.sum_replicas(d, true, ctx, tr)
+    }
+
+    /// Waits for the tied sums of `d` still in flight and puts them in place.
+    fn finish_tied(&self, d: &mut Deferred, tr: &mut dyn Transport) -> Result<(), E> {
         for gi in std::mem::take(&mut d.tied) {
             let summed = tr.finish_sum(&SumGroup::Tied(self.tied_groups[gi].0.clone())).map_err(induced)?;
             self.place_tied(&mut d.grads, gi, summed)?;
         }
-        self.sum_replicas(d, true, ctx, tr)
+        Ok(())
     }
 
     /// Sums `d`'s gradients over the replicas, or with `background` begins to.
