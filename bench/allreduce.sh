@@ -10,15 +10,18 @@
 #     GPT-2-small-shaped model (`synth gpt`, 128 tokens, tied embedding) is written here;
 #  3. how far MPI's all-reduce moves training from the fixed order: 2 stages x 4 replicas
 #     (8 ranks, where the order of additions differs), STEPS_DIFF steps, the largest
-#     weight difference relative to each tensor's largest magnitude.
+#     weight difference relative to each tensor's largest magnitude;
+#  4. the simulator's view of the same choice at cluster scale (`simulate --reduction`):
+#     GPT-2 small data-parallel over W = 8 to 64 V100s, the all-reduce per step and the
+#     samples/s by each way of summing (no MPI: seconds).
 #
 # Usage: bash bench/allreduce.sh
-# Env:   PW (default target/release/pipewright), PARTS ("1 2 3"), RANKS ("2 4 8"), SIZES
+# Env:   PW (default target/release/pipewright), PARTS ("1 2 3 4"), RANKS ("2 4 8"), SIZES
 #        (1MiB,4MiB,16MiB,64MiB,256MiB), REPEAT (5), STEP_MODELS ("gpt2-tiny:20:2
 #        resnet18:6:2 gpt2-small:4:1": model:timed steps:replicas), ROUNDS (3), WARMUP
 #        (3), DIFF_MODELS ("mlp
 #        gpt2-tiny bert-tiny"), STEPS_DIFF (50), MODELS_DIR (../shared/corpus/models),
-#        OUT (target/bench/allreduce).
+#        SIM_WIDTHS ("8 16 32 64"), OUT (target/bench/allreduce).
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -27,7 +30,8 @@ PW="${PW:-$repo/target/release/pipewright}"
 RANKS="${RANKS:-2 4 8}"
 SIZES="${SIZES:-1MiB,4MiB,16MiB,64MiB,256MiB}"
 REPEAT="${REPEAT:-5}"
-PARTS="${PARTS:-1 2 3}"
+PARTS="${PARTS:-1 2 3 4}"
+SIM_WIDTHS="${SIM_WIDTHS:-8 16 32 64}"
 STEP_MODELS="${STEP_MODELS:-gpt2-tiny:20:2 resnet18:6:2 gpt2-small:4:1}"
 ROUNDS="${ROUNDS:-3}"
 WARMUP="${WARMUP:-3}"
@@ -129,6 +133,39 @@ a, b = load(base + "-fixed.safetensors"), load(base + "-collective.safetensors")
 gap = max(float(np.max(np.abs(a[k] - b[k])) / max(np.max(np.abs(a[k])), 1e-12)) for k in a if a[k].size)
 last = lambda way: json.loads(open(f"{base}-{way}.jsonl").read().splitlines()[-1])["loss"]
 print(f"| {model} | {gap:.1e} | {last('fixed'):.6f} | {last('collective'):.6f} |")
+PYEOF
+done
+fi
+
+if [[ " $PARTS " == *" 4 "* ]]; then
+echo
+echo "### The simulator's view at scale: GPT-2 small (124M, 512 tokens) data-parallel under 2BW on 8 x 8 V100-16GB, 25 Gbit/s between servers, fp16, global batch 512"
+echo
+echo "| replicas w | all-reduce ms per step, collective | fixed order | fixed / collective | samples/s, collective | fixed order |"
+echo "|---|---|---|---|---|---|"
+onnx="$OUT/gpt2-small-512.onnx"
+[[ -f $onnx ]] || "$PW" synth gpt --preset gpt2-small --weights none --output "$onnx" >/dev/null
+# The paper's cluster as a file, so that `plan --workers W --stages 1` fixes the width.
+cat >"$OUT/paper.toml" <<'TOML'
+workers_per_node = 8
+memory_per_worker = "16GiB"
+intra_bw = "150GB/s"
+inter_bw = "25Gbit/s"
+server_bw = "25Gbit/s"
+peak_flops = "125T"
+mem_bw = "900GB/s"
+TOML
+for w in $SIM_WIDTHS; do
+    "$PW" plan "$onnx" --cluster "$OUT/paper.toml" --workers "$w" --stages 1 --schedule 2bw --batch 512 --precision fp16 --json >"$OUT/plan-w$w.json"
+    for way in collective fixed-order; do
+        "$PW" simulate "$OUT/plan-w$w.json" --reduction "$way" --batches 6 --json >"$OUT/sim-w$w-$way.json"
+    done
+    "$PY" - "$OUT/sim-w$w" "$w" <<'PYEOF'
+import json, sys
+base, w = sys.argv[1], sys.argv[2]
+sim = {way: json.load(open(f"{base}-{way}.json"))["outcomes"][0]["simulation"] for way in ("collective", "fixed-order")}
+ar = {way: s["stages"][0]["allreduce_s"] * 1e3 for way, s in sim.items()}
+print(f"| {w} | {ar['collective']:.1f} | {ar['fixed-order']:.1f} | {ar['fixed-order'] / ar['collective']:.1f}x | {sim['collective']['samples_per_s']:.1f} | {sim['fixed-order']['samples_per_s']:.1f} |")
 PYEOF
 done
 fi

@@ -296,3 +296,41 @@ fn stages_sharing_host_cores_are_replayed_slower() {
     std::fs::write(&toml, "workers = 4\nhost_cores = 0\n").unwrap();
     fails(&pw(&["simulate", p, "--cluster", toml.to_str().unwrap()]), &["c.toml: host_cores: 0 is not a number of cores"]);
 }
+
+/// `--reduction fixed-order` (the runtime's `--deterministic-reduce`) on a plan of 32
+/// replicas over 4 servers: the report says so, the replicas' all-reduce takes far longer
+/// than the rings' and the rate falls; a cluster file's `reduction` key makes the planner
+/// choose with it (fewer replicas than with the rings).
+#[test]
+fn the_fixed_order_gradient_sum_is_charged_at_scale() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gpt.onnx");
+    gpt(&GptShape { layers: 4, ..GptShape::GPT2_SMALL }).unwrap().write(&path, Storage::ShapesOnly, 0).unwrap();
+    let p = path.to_str().unwrap();
+    let cluster = |reduction: &str| {
+        let toml = dir.path().join(format!("{reduction}.toml"));
+        let text = format!("workers = 32\nworkers_per_node = 8\nmemory_per_worker = \"16GiB\"\nintra_bw = \"150GB/s\"\ninter_bw = \"25Gbit/s\"\nserver_bw = \"25Gbit/s\"\npeak_flops = \"125T\"\nreduction = \"{reduction}\"\n");
+        std::fs::write(&toml, text).unwrap();
+        toml.to_str().unwrap().to_string()
+    };
+    let plan = dir.path().join("plan.json");
+    std::fs::write(&plan, pw_ok(&["plan", p, "--cluster", &cluster("collective"), "--stages", "1", "--schedule", "2bw", "--batch", "256", "--precision", "fp16", "--json"])).unwrap();
+    let replay = |extra: &[&str]| -> Value {
+        let mut args = vec!["simulate", plan.to_str().unwrap(), "--batches", "4", "--json"];
+        args.extend_from_slice(extra);
+        let v: Value = serde_json::from_str(&pw_ok(&args)).unwrap();
+        v["outcomes"][0]["simulation"].clone()
+    };
+    let (rings, fixed) = (replay(&[]), replay(&["--reduction", "fixed-order"]));
+    let allreduce = |s: &Value| s["stages"][0]["allreduce_s"].as_f64().unwrap();
+    assert!(allreduce(&fixed) > 20.0 * allreduce(&rings), "{} vs {}", allreduce(&fixed), allreduce(&rings));
+    assert!(fixed["samples_per_s"].as_f64().unwrap() < rings["samples_per_s"].as_f64().unwrap() / 2.0);
+    let text = pw_ok(&["simulate", plan.to_str().unwrap(), "--batches", "2", "--reduction", "fixed-order"]);
+    assert!(text.contains("gradient sums: fixed-order (every part gathered to the group's first rank"), "{text}");
+    let width = |reduction: &str| -> u64 {
+        let v: Value = serde_json::from_str(&pw_ok(&["plan", p, "--cluster", &cluster(reduction), "--schedule", "2bw", "--batch", "256", "--precision", "fp16", "--json"])).unwrap();
+        v["chosen"]["w"].as_u64().unwrap()
+    };
+    assert!(width("fixed-order") < width("collective"));
+    fails(&pw(&["simulate", plan.to_str().unwrap(), "--reduction", "tree"]), &["invalid value 'tree' for '--reduction <REDUCTION>'"]);
+}

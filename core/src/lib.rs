@@ -1,6 +1,6 @@
 //! The vocabulary every pipewright crate shares, defined once: the configuration words
 //! ([`Schedule`], [`Recompute`], [`Optimizer`], [`Loss`], [`Decay`], [`Balance`],
-//! [`BatchMode`], [`PassName`], [`UpdateRule`]), the [`Device`] and the pipeline
+//! [`BatchMode`], [`PassName`], [`UpdateRule`], [`Reduction`]), the [`Device`] and the pipeline
 //! [`Decision`] (what a compile decided and how a run resolves its shape from it); plus the small
 //! utilities every stage of the tool needs ([`fs::write_atomic`], [`units::human_bytes`],
 //! [`format::Header`] for versioned files), and the per-stage operation order of each
@@ -28,4 +28,4 @@ pub mod words;
 pub use choices::{ImportChoices, MergedInitializer};
 pub use decision::{Decision, RunFlags, RunShape, Setting, Source, DEFAULT_MICROBATCH};
 pub use device::{Device, UnknownDevice};
-pub use words::{Balance, BatchMode, DataOrder, Decay, Loss, NonFinite, Optimizer, PassName, Precision, PrintAfter, Recompute, Schedule, Scheme, Storage, TokenType, UnknownWord, UpdateRule, Word, WordList, DEFAULT_MAX_SKIPS};
+pub use words::{Balance, BatchMode, DataOrder, Decay, Loss, NonFinite, Optimizer, PassName, Precision, PrintAfter, Recompute, Reduction, Schedule, Scheme, Storage, TokenType, UnknownWord, UpdateRule, Word, WordList, DEFAULT_MAX_SKIPS};

@@ -344,6 +344,21 @@ impl Precision {
 }
 
 word_enum! {
+    /// How a gradient sum over a group of ranks (a stage's replicas, the stages sharing a
+    /// tied weight) is taken: what the MPI runtime does and what the simulator charges.
+    "gradient sum" pub enum Reduction {
+        Collective = "collective", "MPI's own all-reduce (a ring or tree: each rank moves about twice the payload whatever the group's size); default";
+        FixedOrder = "fixed-order", "every part gathered to the group's first rank, added in the embedded executor's order and sent back (bit-identical to it; that rank moves 2 (w - 1) payloads)";
+    }
+}
+
+impl Default for Reduction {
+    fn default() -> Self {
+        Reduction::Collective
+    }
+}
+
+word_enum! {
     /// What training does with a step whose loss or gradients are not finite (NaN or
     /// infinite).
     "non-finite step policy" pub enum NonFinite {
@@ -468,6 +483,7 @@ mod tests {
         check(BatchMode::ALL);
         check(PassName::ALL);
         check(Precision::ALL);
+        check(Reduction::ALL);
         check(Scheme::ALL);
         check(NonFinite::ALL);
         check(TokenType::ALL);

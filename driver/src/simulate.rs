@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use pipewright_core::fs::write_atomic;
-use pipewright_core::{Optimizer, Precision, Schedule, Scheme, WordList};
+use pipewright_core::{Optimizer, Precision, Reduction, Schedule, Scheme, WordList};
 use pipewright_ir::{import_model, Graph, ImportOptions};
 use pipewright_passes::cost::CostModel;
 use pipewright_passes::machine::{duration_factors, AllReduce, DurationSpread, HostCores};
@@ -50,6 +50,8 @@ pub struct SimulateRequest {
     /// `stage_times` trace's durations, measured under that sharing, are first converted
     /// back to dedicated work ([`dedicated_durations`]).
     pub host_cores: Option<usize>,
+    /// How the replicas' gradient sums are taken (`--reduction`; overrides the cluster's).
+    pub reduction: Option<Reduction>,
 }
 
 /// What `pipewright simulate` is asked (its options).
@@ -111,6 +113,12 @@ pub struct SimulateSpec {
     /// are converted back to full-speed work first. Overrides a cluster file's host_cores.
     #[arg(long, value_name = "N")]
     pub host_cores: Option<usize>,
+    /// How the replicas' gradient sums are taken: `collective` (rings, as MPI's all-reduce
+    /// and NCCL run them) or `fixed-order` (as `worker --deterministic-reduce` does: every
+    /// part gathered to the first replica and the sum sent back). Overrides a cluster
+    /// file's `reduction`; default collective.
+    #[arg(long, value_enum)]
+    pub reduction: Option<Reduction>,
     /// Write the replay as a Chrome trace (the format of `train --trace`); with several
     /// schemes, one file per scheme (`t.2bw.json`, ...).
     #[arg(long, value_name = "FILE")]
@@ -145,6 +153,7 @@ impl SimulateSpec {
             record: self.trace.is_some() || self.svg.is_some(),
             stage_times: self.stage_times.clone(),
             host_cores: self.host_cores,
+            reduction: self.reduction,
         })
     }
 
@@ -251,7 +260,7 @@ pub fn simulate(req: &SimulateRequest) -> Result<SimulateReport, DriverError> {
         return simulate_plan(req);
     }
     let cluster = req.cluster.clone().ok_or_else(|| DriverError::msg("simulating a model needs a cluster (--cluster FILE|PRESET)"))?;
-    let cluster = with_host_cores(cluster, req.host_cores);
+    let cluster = with_overrides(cluster, req);
     let global_batch = req.global_batch.ok_or_else(|| DriverError::msg("simulating a model needs the global batch (--batch B)"))?;
     let g = shapes(&req.input)?;
     let cost = cost_model(&g, &cluster, req.profile.as_ref(), &req.input)?;
@@ -298,11 +307,14 @@ pub fn simulate(req: &SimulateRequest) -> Result<SimulateReport, DriverError> {
     Ok(SimulateReport { input: req.input.display().to_string(), cluster, global_batch, outcomes })
 }
 
-/// `--host-cores` replaces the cluster file's `host_cores`, so that the report says which
-/// one the replay used.
-fn with_host_cores(mut cluster: SimCluster, host_cores: Option<usize>) -> SimCluster {
-    if host_cores.is_some() {
-        cluster.host_cores = host_cores;
+/// `--host-cores` and `--reduction` replace the cluster's own, so that the report says
+/// which the replay used.
+fn with_overrides(mut cluster: SimCluster, req: &SimulateRequest) -> SimCluster {
+    if req.host_cores.is_some() {
+        cluster.host_cores = req.host_cores;
+    }
+    if let Some(r) = req.reduction {
+        cluster.cluster.reduction = r;
     }
     cluster
 }
@@ -330,7 +342,7 @@ fn tensor_outcome(g: &Graph, cost: &CostModel, cluster: &SimCluster, opts: &Plan
         batches: req.batches,
         stages: vec![plan.stage.clone()],
         links: Vec::new(),
-        allreduce: AllReduce::ring(plan.dp_link),
+        allreduce: AllReduce::ring(plan.dp_link).with_reduction(cluster.cluster.reduction),
         record: req.record,
         host: cluster.host_cores.map(|c| cost.host_cores(c, cand.b)),
         tied_groups: Vec::new(),
@@ -410,7 +422,7 @@ fn simulate_plan(req: &SimulateRequest) -> Result<SimulateReport, DriverError> {
     let g = shapes(&model)?;
     let plan = file.into_plan_for(&g, &req.input)?;
     let cluster = req.cluster.clone().unwrap_or_else(|| SimCluster::from_cluster(&format!("the plan's cluster: {}", plan.cluster.summary()), plan.cluster.clone()));
-    let cluster = with_host_cores(cluster, req.host_cores);
+    let cluster = with_overrides(cluster, req);
     if cluster.cluster.workers < plan.chosen.w * plan.chosen.d {
         return Err(DriverError::msg(format!("{}: the plan needs {} workers (w = {}, d = {}); the cluster has {}", req.input.display(), plan.chosen.w * plan.chosen.d, plan.chosen.w, plan.chosen.d, cluster.cluster.workers)));
     }
@@ -534,6 +546,10 @@ impl SimulateReport {
             Some(c) => writeln!(s, "simulated on: {}, global batch {}, the stages' threads sharing {c} CPU core(s)", self.cluster.name, self.global_batch),
             None => writeln!(s, "simulated on: {}, global batch {}", self.cluster.name, self.global_batch),
         };
+        if self.cluster.cluster.reduction != Reduction::Collective {
+            let r = self.cluster.cluster.reduction;
+            let _ = writeln!(s, "gradient sums: {r} ({})", r.help());
+        }
         let _ = writeln!(
             s,
             "{:<15} {:>4} {:>4} {:>3} {:>5} {:>5} {:>9} {:>12} {:>12} {:>11} {:>7} {:>11}",

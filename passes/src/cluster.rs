@@ -11,6 +11,8 @@
 //! peak_flops = "15.7T"      # flop/s: a number, or with suffix K/M/G/T/P (optionally "flops", "FLOPS", "/s")
 //! mem_bw = "900GB/s"        # device memory bandwidth for the roofline
 //! server_bw = "25Gbit/s"    # all of a server's network links together (optional)
+//! reduction = "collective"  # how gradient sums are taken: "collective" (rings) or
+//!                           # "fixed-order" (the MPI runtime's --deterministic-reduce)
 //! ```
 //! Without `server_bw`, every all-reduce ring and every stage-to-stage transfer that leaves a
 //! server has `inter_bw` to itself; with it, those that cross one server's network at the
@@ -32,6 +34,7 @@
 // `%`: the workspace's MSRV is 1.80.
 #![allow(clippy::manual_is_multiple_of)]
 
+use pipewright_core::Reduction;
 use pipewright_core::units::{human_bytes, parse_bandwidth, parse_bytes, parse_flops, UnitError};
 use serde::{Deserialize, Serialize};
 
@@ -73,6 +76,14 @@ pub struct Cluster {
     /// each ring has `inter_bw`). Absent from plan files written before it existed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub server_bw: Option<f64>,
+    /// How the replicas' gradient sums are taken ([`Cluster::allreduce`]): MPI's or
+    /// NCCL's rings (the default), or the runtime's fixed-order gather.
+    #[serde(default, skip_serializing_if = "is_collective")]
+    pub reduction: Reduction,
+}
+
+fn is_collective(r: &Reduction) -> bool {
+    *r == Reduction::Collective
 }
 
 /// Said wherever a plan was made on [`Cluster::default`] because no cluster was described.
@@ -93,6 +104,7 @@ impl Default for Cluster {
             peak_flops: 15.7e12,
             mem_bw: 900e9,
             server_bw: None,
+            reduction: Reduction::Collective,
         }
     }
 }
@@ -173,6 +185,7 @@ impl Cluster {
                 "peak_flops" => c.peak_flops = text_or_number(parse_flops)?,
                 "mem_bw" => c.mem_bw = text_or_number(parse_bandwidth)?,
                 "server_bw" => c.server_bw = Some(text_or_number(parse_bandwidth)?),
+                "reduction" => c.reduction = value.as_str().ok_or_else(|| bad("expected \"collective\" or \"fixed-order\""))?.parse().map_err(|e: pipewright_core::UnknownWord| bad(&e.to_string()))?,
                 _ => return Err(ClusterError::UnknownKey(key.clone())),
             }
         }
@@ -277,19 +290,28 @@ impl Cluster {
     /// NVLink when the block sits in one server, over the network at
     /// [`Cluster::allreduce_bw`] when it straddles servers unevenly (then no GPU count per
     /// server is common to the block, and NCCL's tree/ring choice is not modelled).
+    /// With [`Reduction::FixedOrder`] the same links carry the first replica's gather
+    /// ([`AllReduce::seconds`]).
     pub fn allreduce(&self, w: usize, d: usize, latencies: Latencies) -> AllReduce {
+        self.allreduce_links(w, d, latencies).with_reduction(self.reduction)
+    }
+
+    fn allreduce_links(&self, w: usize, d: usize, latencies: Latencies) -> AllReduce {
         let intra = Link { bandwidth: self.intra_bw, latency_s: latencies.intra_s };
         let g = self.workers_per_node.max(1);
         match self.allreduce_rings(w, d) {
-            0 => AllReduce { per_server: w.max(1), intra, inter: intra },
+            0 => AllReduce { per_server: w.max(1), intra, inter: intra, root_inter: intra, reduction: Reduction::Collective },
             rings if g > 1 && w % g == 0 => {
                 // Each of the g GPUs of a server runs its own ring across the servers; they
-                // all go through the server's network at once.
-                let shards = (rings * g) as f64;
-                let bandwidth = self.server_bw.map_or(self.inter_bw, |s| self.inter_bw.min(s / shards));
-                AllReduce { per_server: g, intra, inter: Link { bandwidth, latency_s: latencies.inter_s } }
+                // all go through the server's network at once. A gather's root crosses it
+                // alone (beside the other stages' groups).
+                let network = |shares: usize| Link { bandwidth: self.server_bw.map_or(self.inter_bw, |s| self.inter_bw.min(s / shares as f64)), latency_s: latencies.inter_s };
+                AllReduce { per_server: g, intra, inter: network(rings * g), root_inter: network(rings), reduction: Reduction::Collective }
             }
-            _ => AllReduce { per_server: 1, intra, inter: Link { bandwidth: self.allreduce_bw(w, d), latency_s: latencies.inter_s } },
+            _ => {
+                let inter = Link { bandwidth: self.allreduce_bw(w, d), latency_s: latencies.inter_s };
+                AllReduce { per_server: 1, intra, inter, root_inter: inter, reduction: Reduction::Collective }
+            }
         }
     }
 
@@ -455,6 +477,41 @@ mod tests {
         assert!(close(own.allreduce(16, 1, Latencies::NONE).seconds(1e9, 16), 14.0 / 8.0 / 150.0 + 0.04));
         // No replicas to reduce with: nothing to do.
         assert_eq!(paper.allreduce(1, 8, Latencies::ASSUMED).seconds(1e9, 1), 0.0);
+    }
+
+    /// The runtime's fixed order (`--deterministic-reduce`) by hand: the first replica
+    /// receives every other part and sends each the sum, so its time grows with `w`.
+    #[test]
+    fn the_fixed_order_passes_every_part_through_the_first_replica() {
+        let close = |a: f64, b: f64| (a - b).abs() <= 1e-12 * b.max(1.0);
+        let paper = Cluster { workers: 64, server_bw: Some(3.125e9), inter_bw: 3.125e9, ..Cluster::default() };
+        let fixed = Cluster { reduction: Reduction::FixedOrder, ..paper.clone() };
+        // w = 64 over 8 servers: 7 parts in its server over NVLink, 56 over its server's
+        // whole 3.125 GB/s link (it crosses it alone), in and out: 35.9 s for 1 GB.
+        let f = fixed.allreduce(64, 1, Latencies::NONE);
+        assert_eq!((f.reduction, f.root_inter.bandwidth), (Reduction::FixedOrder, 3.125e9));
+        assert!(close(f.seconds(1e9, 64), 2.0 * (7.0 / 150.0 + 56.0 / 3.125)), "{}", f.seconds(1e9, 64));
+        // The rings: 2 * 7 / 8 GB over NVLink, then 2 * 7 / 64 GB per GPU's shard ring at
+        // 3.125 / 8 GB/s: 0.573 s, 63x less.
+        let ring = paper.allreduce(64, 1, Latencies::NONE);
+        assert!(close(ring.seconds(1e9, 64), 14.0 / 8.0 / 150.0 + 14.0 / 64.0 / (3.125 / 8.0)));
+        assert!(f.seconds(1e9, 64) > 60.0 * ring.seconds(1e9, 64));
+        // Inside one server only NVLink: 2 * 7 whole payloads against the ring's 2 * 7 / 8.
+        assert!(close(fixed.allreduce(8, 8, Latencies::NONE).seconds(1e9, 8), 14.0 / 150.0));
+        // Each part pays its link's latency: 2 * 7 NVLink and 2 * 56 network messages.
+        let lat = Latencies { intra_s: 1e-3, inter_s: 1e-2 };
+        assert!(close(fixed.allreduce(64, 1, lat).seconds(1e9, 64), f.seconds(1e9, 64) + 14e-3 + 112e-2));
+        // Two stages of 32 replicas each fill servers of their own: the root still has its
+        // server's whole link; an uneven block (w = 12) shares the ring's network rate.
+        assert_eq!(fixed.allreduce(32, 2, Latencies::NONE).root_inter.bandwidth, 3.125e9);
+        assert_eq!(fixed.allreduce(12, 2, Latencies::NONE).root_inter, fixed.allreduce(12, 2, Latencies::NONE).inter);
+        // One replica: nothing to sum.
+        assert_eq!(fixed.allreduce(1, 64, Latencies::NONE).seconds(1e9, 1), 0.0);
+        // A cluster file says it; anything else is refused naming the choices.
+        assert_eq!(Cluster::from_toml("reduction = \"fixed-order\"").unwrap().reduction, Reduction::FixedOrder);
+        let e = Cluster::from_toml("reduction = \"tree\"").unwrap_err().to_string();
+        assert!(e.starts_with("cluster key \"reduction\": unknown gradient sum \"tree\""), "{e}");
+        assert!(e.contains("fixed-order"), "{e}");
     }
 
     #[test]

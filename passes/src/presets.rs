@@ -21,6 +21,7 @@ use serde::Serialize;
 
 use crate::cluster::{Cluster, ClusterError, Latencies};
 use crate::machine::{AllReduce, Link};
+use pipewright_core::Reduction;
 
 /// One accelerator's datasheet figures.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
@@ -145,6 +146,7 @@ impl SimCluster {
             peak_flops: peak * efficiency,
             mem_bw: device.mem_bw * efficiency,
             server_bw: Some(net.link_bw * f64::from(net.links)),
+            reduction: Reduction::Collective,
         };
         Ok(SimCluster {
             name: format!("{servers} x {per_server} {} ({}), {} {precision}, efficiency {efficiency}", device.name, net.name, if precision.is_mixed() { "tensor cores" } else { "no tensor cores" }),

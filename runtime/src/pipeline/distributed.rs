@@ -64,6 +64,7 @@ use super::checkpoint::{commit_parts, discard_parts, write_stage_part, StagePart
 use super::eval::EvalLink;
 use super::transport::{sum_lists, Named, SumGroup, Transport};
 use crate::exec::{tensor_from_bytes, tensor_to_bytes};
+pub use pipewright_core::Reduction;
 use pipewright_ops::DType;
 
 /// Message tags: one per direction and per kind of reduction (parts to the group's first
@@ -923,6 +924,23 @@ impl Transport for Mpi {
             }
         }
     }
+    /// Under MPI's all-reduce, makes the communicator of each group with other members
+    /// before the first step, so that no step pays for it. `MPI_Comm_create_group` blocks
+    /// until every member calls it, so every rank makes its groups in one global order
+    /// (by their ranks): the least group anyone waits in has all its members there.
+    fn prepare_sums(&mut self, groups: &[SumGroup]) -> Result<(), String> {
+        if self.reduction != Reduction::Collective {
+            return Ok(());
+        }
+        let mut made = groups.iter().map(|g| self.sum_group(g)).collect::<Result<Vec<_>, _>>()?;
+        made.retain(|(members, ..)| members.len() > 1);
+        made.sort_by_key(|(members, ..)| {
+            let mut key = members.clone();
+            key.sort_unstable();
+            key
+        });
+        made.iter().try_for_each(|(members, _, what)| self.make_communicator(members, what))
+    }
     fn finish_sum(&mut self, group: &SumGroup) -> Result<Vec<Tensor>, String> {
         let sum = self.in_flight.remove(group).ok_or_else(|| format!("no {group} is in flight"))?;
         self.finish_collective(sum)
@@ -932,20 +950,6 @@ impl Transport for Mpi {
     }
 }
 
-/// How a job sums tensors over a group of ranks (a stage's replicas, the stages that
-/// share a tied weight).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Reduction {
-    /// MPI's own all-reduce (`MPI_Iallreduce`) on a communicator of the group's ranks,
-    /// polled against the timeout: each rank's traffic stays near twice the payload
-    /// whatever the group's size. MPI may add the parts in any order, so a sum of more
-    /// than two agrees with the fixed order within fp32 rounding.
-    Collective,
-    /// Every part gathered to the group's first rank, added in the embedded executor's
-    /// order and the result sent back (`--deterministic-reduce`): bit-identical to the
-    /// embedded executor, and the first rank's traffic grows with the group.
-    FixedOrder,
-}
 
 /// A member's note that it began reduction `seq` of the group counted on `tag`.
 fn note_bytes(tag: i32, seq: u64) -> Vec<u8> {
@@ -1124,8 +1128,9 @@ impl Mpi {
         *s - 1
     }
 
-    /// The communicator of the ranks `members`, made on first use by them alone
-    /// (`MPI_Comm_create_group`) and kept for the job.
+    /// The communicator of the ranks `members`, made by them alone
+    /// (`MPI_Comm_create_group`; before the first step, [`Transport::prepare_sums`]) and
+    /// kept for the job.
     fn make_communicator(&mut self, members: &[usize], what: &str) -> Result<(), String> {
         if self.comms.contains_key(members) {
             return Ok(());

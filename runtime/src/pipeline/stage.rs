@@ -385,6 +385,7 @@ fn run_inner(
     tch::manual_seed(cfg.seed.wrapping_add(spec.index as i64));
     let reads_before = crate::exec::host_reads();
     let (mut w, params) = Worker::load(spec, cfg)?;
+    tr.prepare_sums(&w.sum_groups(ctx)).map_err(E::Msg)?;
     let mut st = State {
         versions: BTreeMap::new(),
         cast: BTreeMap::new(),
@@ -1131,6 +1132,13 @@ fn tied_groups(sync: &[Vec<u32>], names: &[String], stage: u32) -> Vec<(Vec<u32>
 }
 
 impl Worker {
+    /// Every group this worker sums gradients over: its stage's replicas (when there are
+    /// several) and each set of stages sharing a tied weight.
+    fn sum_groups(&self, ctx: &Ctx<'_>) -> Vec<SumGroup> {
+        let replicas = (ctx.replicas > 1).then_some(SumGroup::Replicas);
+        replicas.into_iter().chain(self.tied_groups.iter().map(|(stages, _)| SumGroup::Tied(stages.clone()))).collect()
+    }
+
     pub(crate) fn output_names(&self) -> Vec<String> {
         let p = &self.spec.program;
         p.outputs.iter().map(|s| p.slots[s.index()].name.clone()).collect()

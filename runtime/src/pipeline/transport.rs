@@ -55,6 +55,12 @@ pub trait Transport: Send {
         }
         .map(Some)
     }
+    /// Makes ready, before the first step, whatever the sums over `groups` (every group
+    /// this worker will sum over) need: nothing by default. Every member of a group calls
+    /// it with that group among its `groups` before any sum over it.
+    fn prepare_sums(&mut self, _groups: &[SumGroup]) -> Result<(), String> {
+        Ok(())
+    }
     /// Completes the sum over `group` [`Transport::begin_sum`] left in the background.
     fn finish_sum(&mut self, group: &SumGroup) -> Result<Vec<Tensor>, String> {
         Err(format!("no {group} is in flight"))
