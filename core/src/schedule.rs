@@ -52,6 +52,27 @@ pub fn stage_ops_from(schedule: Schedule, stage: usize, depth: usize, m: usize, 
     Ok(ops)
 }
 
+/// The most microbatches stage `stage` of `depth` holds between their forward and their
+/// backward at once under `schedule` with `m` microbatches per batch: what its stashed
+/// activations are counted by. Read off [`stage_ops`] itself (two batches, so that 2BW's
+/// steady state, which never flushes, is in it): GPipe `m`, 1F1B `min(depth - stage, m)`.
+/// `None` for a shape [`stage_ops`] refuses.
+pub fn peak_in_flight(schedule: Schedule, stage: usize, depth: usize, m: usize) -> Option<usize> {
+    let ops = stage_ops(schedule, stage, depth, m, 2).ok()?;
+    let (mut held, mut peak) = (0usize, 0usize);
+    for op in ops {
+        match op {
+            Op::Forward(_) => {
+                held += 1;
+                peak = peak.max(held);
+            }
+            Op::Backward(_) => held = held.saturating_sub(1),
+            Op::Step(_) => {}
+        }
+    }
+    Some(peak)
+}
+
 /// Microbatches `base..base+n`: `warm` forwards, steady 1F1B, then the remaining
 /// backwards; `after_b(i)` may add an op after the backward of microbatch `base + i`.
 fn one_f_one_b(ops: &mut Vec<Op>, base: u64, n: u64, warm: u64, after_b: impl Fn(u64) -> Option<Op>) {
@@ -68,5 +89,21 @@ fn one_f_one_b(ops: &mut Vec<Op>, base: u64, n: u64, warm: u64, after_b: impl Fn
         ops.push(Op::Backward(base + b));
         ops.extend(after_b(base + b));
         b += 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stages_hold_what_their_schedule_admits() {
+        let held = |s, m| (0..4).map(|k| peak_in_flight(s, k, 4, m).unwrap()).collect::<Vec<_>>();
+        assert_eq!(held(Schedule::GPipe, 6), [6, 6, 6, 6]);
+        assert_eq!(held(Schedule::Flush, 6), [4, 3, 2, 1]);
+        assert_eq!(held(Schedule::TwoBw, 6), [4, 3, 2, 1]);
+        // Fewer microbatches than stages: a flushing 1F1B holds at most m.
+        assert_eq!(held(Schedule::Flush, 2), [2, 2, 2, 1]);
+        assert_eq!(peak_in_flight(Schedule::TwoBw, 0, 4, 2), None);
     }
 }

@@ -13,14 +13,16 @@
 //! `M(i,j) = weight_factor * P(i,j) + act_factor * A(i,j) + input_factor * live(i)`
 //! ([`MemoryModel`]): with recomputation `act_factor = 1` (one microbatch's activations
 //! rebuilt at a time) and `input_factor` = microbatches in flight (their stage inputs);
-//! without it `act_factor` = microbatches in flight and `input_factor = 0`.
+//! without it `act_factor` = microbatches in flight and `input_factor = 0`. The factors
+//! are the stage's own ([`PipelineMemory`]): under 1F1B stage `k` of `d` holds `d - k`
+//! microbatches in flight, under GPipe every stage holds all `m`.
 //!
 //! # Algorithm ([`PartitionProblem::optimal_partition`])
 //! Bisection on the bottleneck `B` over the bit patterns of positive `f64`s (so it ends on
 //! the smallest representable feasible `B`, at most 64 steps) with a reachability DP per
 //! step: with prefix sums `S`, position `j` is reachable with `k` stages iff some `i < j`
 //! reachable with `k-1` stages has `S(i) - comm(i) >= S(j) + comm(j) - B` and
-//! `M(i,j) <= limit`. Writing `M(i,j) = G(j) - H(i)` with `G` non-decreasing, an `i` that
+//! `M_k(i,j) <= limit` (stage `k`'s model). Writing `M_k(i,j) = G_k(j) - H_k(i)` with `G_k` non-decreasing, an `i` that
 //! fails the memory test for `j` fails it for every later `j`; so each layer keeps the
 //! candidate `i`s in a max-heap on `S(i) - comm(i)` and drops failed tops lazily:
 //! `O(d * n log n)` per step, `O(d * n)` when the memory limit cannot bind (a running
@@ -48,6 +50,7 @@ use std::ops::Range;
 
 use petgraph::visit::{EdgeRef, IntoEdgeReferences};
 use petgraph::Direction;
+use pipewright_core::schedule::peak_in_flight;
 use pipewright_core::{Precision, Recompute, Schedule};
 use pipewright_ir::{Graph, NodeId, ValueDef};
 use serde::{Deserialize, Serialize};
@@ -55,8 +58,9 @@ use serde::{Deserialize, Serialize};
 use crate::cost::{CostModel, Lin};
 
 /// Memory of a stage `[i, j)`: `weight_factor * P + act_factor * A + kept_factor * K +
-/// input_factor * live(i)` must stay `<= limit` (`K`: the activations selective
-/// recomputation keeps).
+/// input_factor * live(i)` while it computes (`K`: the activations selective
+/// recomputation keeps), and `update_factor * P` while its update makes the new weight
+/// version; the larger must stay `<= limit`.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct MemoryModel {
     /// Copies of each weight byte: versions + gradient buffer + optimizer state.
@@ -64,6 +68,11 @@ pub struct MemoryModel {
     pub act_factor: f64,
     pub kept_factor: f64,
     pub input_factor: f64,
+    /// Copies of each weight byte while the update writes the new version beside the one
+    /// it reads (the runtime never changes a version in place), with the gradient and the
+    /// optimizer state: what a flushing schedule's stage peaks at when its weights outweigh
+    /// its activations, which it has all released by then. 0: no such phase.
+    pub update_factor: f64,
     pub limit: f64,
 }
 
@@ -75,20 +84,17 @@ impl MemoryModel {
             act_factor: 1.0,
             kept_factor: 0.0,
             input_factor: 0.0,
+            update_factor: 0.0,
             limit: f64::INFINITY,
         }
     }
 
-    /// The planner's memory model of one stage of a `d`-stage pipeline under `schedule`
-    /// with `m` microbatches: the copies of each weight byte (its versions, the gradient,
+    /// The planner's memory model of a stage holding `in_flight` microbatches under
+    /// `schedule`: the copies of each weight byte (its versions, the gradient,
     /// `state_tensors` of optimizer state, the mixed-precision casts) and the factors of
-    /// its activations in `precision`, against `limit`. The planner and the tensor-parallel
-    /// baseline count memory by it.
-    pub fn of_stage(schedule: Schedule, recompute: Recompute, d: usize, m: u64, state_tensors: u32, precision: Precision, limit: f64) -> MemoryModel {
-        let in_flight = match schedule {
-            Schedule::TwoBw | Schedule::Flush => d as f64,
-            Schedule::GPipe => m as f64,
-        };
+    /// its activations in `precision`, against `limit`. The planner, the simulator's stage
+    /// costs and the tensor-parallel baseline count memory by it.
+    pub fn of_schedule(schedule: Schedule, recompute: Recompute, in_flight: f64, state_tensors: u32, precision: Precision, limit: f64) -> MemoryModel {
         // Master weights (each version), the fp32 gradient and the optimizer state keep the
         // model's type whatever the precision. Mixed precision adds the weights cast to the
         // compute type, one copy per version (the runtime shares it among the microbatches
@@ -96,8 +102,13 @@ impl MemoryModel {
         let ratio = precision.compute_bytes() as f64 / 4.0;
         let cast_copies = if precision.is_mixed() { f64::from(schedule.weight_versions()) } else { 0.0 };
         let weight_factor = f64::from(schedule.weight_versions() + 1 + state_tensors) + ratio * cast_copies;
+        // The update reads one version and writes the next: two at that moment under every
+        // schedule (2BW has freed the older of its two by then), with 2BW's in-flight
+        // activations counted by the model itself.
+        let update_factor = f64::from(2 + 1 + state_tensors) + ratio * cast_copies;
         let model = MemoryModel::in_flight(recompute, in_flight, weight_factor, limit);
         MemoryModel {
+            update_factor,
             act_factor: model.act_factor * ratio,
             kept_factor: model.kept_factor * ratio,
             input_factor: model.input_factor * ratio,
@@ -105,14 +116,15 @@ impl MemoryModel {
         }
     }
 
-    /// The fp32 memory model of `recompute` with `in_flight` microbatches.
-    pub fn in_flight(recompute: Recompute, in_flight: f64, weight_factor: f64, limit: f64) -> MemoryModel {
+    /// The fp32 memory model of `recompute` with `in_flight` microbatches (no update phase).
+    fn in_flight(recompute: Recompute, in_flight: f64, weight_factor: f64, limit: f64) -> MemoryModel {
         match recompute {
             Recompute::Full => MemoryModel {
                 weight_factor,
                 act_factor: 1.0,
                 kept_factor: 0.0,
                 input_factor: in_flight,
+                update_factor: 0.0,
                 limit,
             },
             // Every in-flight microbatch keeps its stage inputs and matmul/conv outputs; the
@@ -122,6 +134,7 @@ impl MemoryModel {
                 act_factor: 1.0,
                 kept_factor: in_flight - 1.0,
                 input_factor: in_flight,
+                update_factor: 0.0,
                 limit,
             },
             Recompute::None => MemoryModel {
@@ -129,9 +142,71 @@ impl MemoryModel {
                 act_factor: in_flight,
                 kept_factor: 0.0,
                 input_factor: 0.0,
+                update_factor: 0.0,
                 limit,
             },
         }
+    }
+}
+
+/// The memory model of every stage of a pipeline: stage `k`'s [`MemoryModel`], as many
+/// microbatches in flight as its schedule holds there; one model for every stage alike
+/// when built [`PipelineMemory::uniform`]. All stages share one limit.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct PipelineMemory {
+    stages: Vec<MemoryModel>,
+}
+
+impl PipelineMemory {
+    /// Every stage by `model`.
+    pub fn uniform(model: MemoryModel) -> PipelineMemory {
+        PipelineMemory { stages: vec![model] }
+    }
+
+    /// Stage `k` by `models[k]` (at least one; all with the first one's limit).
+    pub fn per_stage(models: Vec<MemoryModel>) -> PipelineMemory {
+        assert!(!models.is_empty(), "a pipeline has a stage");
+        let limit = models[0].limit;
+        let mut stages: Vec<MemoryModel> = models.into_iter().map(|m| MemoryModel { limit, ..m }).collect();
+        // Stages alike (GPipe's) keep one model: one prefix to compute, not d.
+        if stages.iter().all(|m| *m == stages[0]) {
+            stages.truncate(1);
+        }
+        PipelineMemory { stages }
+    }
+
+    /// Each stage of a `d`-stage pipeline under `schedule` with `m` microbatches per batch,
+    /// holding as many microbatches in flight as the schedule's own operation order has it
+    /// hold ([`peak_in_flight`]: GPipe all `m` in every stage, 1F1B `d - k` in stage `k`).
+    pub fn of_pipeline(schedule: Schedule, recompute: Recompute, d: usize, m: u64, state_tensors: u32, precision: Precision, limit: f64) -> PipelineMemory {
+        let held = |k: usize| peak_in_flight(schedule, k, d, m as usize).unwrap_or((d - k).min(m as usize).max(1));
+        let models: Vec<MemoryModel> = (0..d.max(1)).map(|k| MemoryModel::of_schedule(schedule, recompute, held(k) as f64, state_tensors, precision, limit)).collect();
+        PipelineMemory::per_stage(models)
+    }
+
+    /// No memory limit, every stage alike.
+    pub fn unlimited() -> PipelineMemory {
+        PipelineMemory::uniform(MemoryModel::unlimited())
+    }
+
+    /// Stage `k`'s model (the last one's past the end: a uniform model's for every `k`).
+    pub fn stage(&self, k: usize) -> &MemoryModel {
+        &self.stages[k.min(self.stages.len() - 1)]
+    }
+
+    /// The models, one per distinct stage.
+    fn models(&self) -> &[MemoryModel] {
+        &self.stages
+    }
+
+    pub fn limit(&self) -> f64 {
+        self.stages[0].limit
+    }
+
+    /// A model no stage's exceeds, factor by factor: what every stage holds at least.
+    pub fn least(&self) -> MemoryModel {
+        let min = |f: fn(&MemoryModel) -> f64| self.stages.iter().map(f).fold(f64::INFINITY, f64::min);
+        MemoryModel { weight_factor: min(|m| m.weight_factor), act_factor: min(|m| m.act_factor), kept_factor: min(|m| m.kept_factor), input_factor: min(|m| m.input_factor), update_factor: min(|m| m.update_factor), limit: self.limit() }
     }
 }
 
@@ -217,10 +292,15 @@ struct Reach {
 /// Prefix sums shared by every feasibility test.
 struct Prefix {
     s: Vec<f64>,
-    /// `G(j) = wf * P(j) + ka * A(j)`.
-    g: Vec<f64>,
-    /// `H(i) = wf * P(i) + ka * A(i) - kin * live(i)`.
-    h: Vec<f64>,
+    /// `P(j)`, the parameter bytes before `j`.
+    p: Vec<f64>,
+    /// Per model `k` of the [`PipelineMemory`]: its `weight_factor` and `update_factor`.
+    weight: Vec<f64>,
+    update: Vec<f64>,
+    /// `G_k(j) = wf * P(j) + ka * A(j)`.
+    g: Vec<Vec<f64>>,
+    /// `H_k(i) = wf * P(i) + ka * A(i) - kin * live(i)`.
+    h: Vec<Vec<f64>>,
     comm: Vec<f64>,
     /// The smallest `comm(c)` of an interior cut (0 when there is none or it is infinite).
     min_comm: f64,
@@ -228,6 +308,21 @@ struct Prefix {
     best_start: Vec<f64>,
     /// `min over j >= p of S(j) + comm(j)`: the cheapest end of a stage among positions from p.
     cheapest_end: Vec<f64>,
+}
+
+impl Prefix {
+    /// `M_k(i, j)`: the larger of stage `[i, j)`'s memory while it computes and while it
+    /// updates, by model `k`. Non-decreasing in `j` for a fixed `i`.
+    fn memory(&self, k: usize, i: usize, j: usize) -> f64 {
+        self.memory_with(k, i, j, 0.0)
+    }
+
+    /// [`Prefix::memory`] with `extra` weight bytes held besides the stage's own (copies
+    /// of tied weights owned elsewhere).
+    fn memory_with(&self, k: usize, i: usize, j: usize, extra: f64) -> f64 {
+        let weights = self.p[j] - self.p[i] + extra;
+        (self.g[k][j] - self.h[k][i] + self.weight[k] * extra).max(self.update[k] * weights)
+    }
 }
 
 impl PartitionProblem {
@@ -251,25 +346,24 @@ impl PartitionProblem {
         2.0 * self.live_bytes.get(c).copied().unwrap_or(0.0) / self.bandwidth
     }
 
-    fn prefix(&self, mem: &MemoryModel) -> Prefix {
+    fn prefix(&self, mem: &PipelineMemory) -> Prefix {
         let n = self.len();
         let mut s = vec![0.0; n + 1];
         let mut p = vec![0.0; n + 1];
         let mut a = vec![0.0; n + 1];
+        let mut k = vec![0.0; n + 1];
         for i in 0..n {
             s[i + 1] = s[i] + self.time[i];
             p[i + 1] = p[i] + self.param_bytes.get(i).copied().unwrap_or(0.0);
-            a[i + 1] = a[i]
-                + mem.act_factor * self.act_bytes.get(i).copied().unwrap_or(0.0)
-                + mem.kept_factor * self.kept_bytes.get(i).copied().unwrap_or(0.0);
+            a[i + 1] = a[i] + self.act_bytes.get(i).copied().unwrap_or(0.0);
+            k[i + 1] = k[i] + self.kept_bytes.get(i).copied().unwrap_or(0.0);
         }
         let live = |c: usize| self.live_bytes.get(c).copied().unwrap_or(0.0);
-        let g = (0..=n)
-            .map(|j| mem.weight_factor * p[j] + a[j])
-            .collect();
-        let h = (0..=n)
-            .map(|i| mem.weight_factor * p[i] + a[i] - mem.input_factor * live(i))
-            .collect();
+        let held = |m: &MemoryModel, j: usize| m.weight_factor * p[j] + m.act_factor * a[j] + m.kept_factor * k[j];
+        let g = mem.models().iter().map(|m| (0..=n).map(|j| held(m, j)).collect()).collect();
+        let h = mem.models().iter().map(|m| (0..=n).map(|i| held(m, i) - m.input_factor * live(i)).collect()).collect();
+        let weight = mem.models().iter().map(|m| m.weight_factor).collect();
+        let update = mem.models().iter().map(|m| m.update_factor).collect();
         let comm: Vec<f64> = (0..=n).map(|c| self.comm(c)).collect();
         let interior = comm.get(1..n).unwrap_or(&[]);
         let min_comm = interior.iter().copied().fold(f64::INFINITY, f64::min);
@@ -284,21 +378,27 @@ impl PartitionProblem {
         for j in (0..n).rev() {
             cheapest_end[j] = cheapest_end[j].min(cheapest_end[j + 1]);
         }
-        Prefix { s, g, h, comm, min_comm, best_start, cheapest_end }
+        Prefix { s, p, weight, update, g, h, comm, min_comm, best_start, cheapest_end }
     }
 
     /// `T(i,j)`, from prefix sums (as the DP computes it).
     pub fn stage_time(&self, i: usize, j: usize) -> f64 {
-        self.evaluate_ranges(std::slice::from_ref(&(i..j)), &MemoryModel::unlimited())
+        self.evaluate_ranges(std::slice::from_ref(&(i..j)), &PipelineMemory::unlimited())
             .0[0]
     }
 
     /// `M(i,j)`, from prefix sums (as the DP computes it).
     pub fn stage_memory(&self, i: usize, j: usize, mem: &MemoryModel) -> f64 {
-        self.evaluate_ranges(std::slice::from_ref(&(i..j)), mem).1[0]
+        self.evaluate_ranges(std::slice::from_ref(&(i..j)), &PipelineMemory::uniform(*mem)).1[0]
     }
 
-    fn evaluate_ranges(&self, ranges: &[Range<usize>], mem: &MemoryModel) -> (Vec<f64>, Vec<f64>) {
+    fn evaluate_ranges(&self, ranges: &[Range<usize>], mem: &PipelineMemory) -> (Vec<f64>, Vec<f64>) {
+        self.evaluate_ranges_with(ranges, mem, &[])
+    }
+
+    /// Times and memories of `ranges`, stage `k` holding `extra[k]` weight bytes besides
+    /// its own (none past the end of `extra`).
+    fn evaluate_ranges_with(&self, ranges: &[Range<usize>], mem: &PipelineMemory, extra: &[f64]) -> (Vec<f64>, Vec<f64>) {
         let pre = self.prefix(mem);
         let t = ranges
             .iter()
@@ -306,24 +406,34 @@ impl PartitionProblem {
             .collect();
         let m = ranges
             .iter()
-            .map(|r| pre.g[r.end] - pre.h[r.start])
+            .enumerate()
+            .map(|(k, r)| {
+                let at = k.min(pre.g.len() - 1);
+                pre.memory_with(at, r.start, r.end, extra.get(k).copied().unwrap_or(0.0))
+            })
             .collect();
         (t, m)
     }
 
     /// Times and memories of the stages given by `cuts`.
-    pub fn evaluate(&self, cuts: &[usize], mem: &MemoryModel) -> (Vec<f64>, Vec<f64>) {
+    pub fn evaluate(&self, cuts: &[usize], mem: &PipelineMemory) -> (Vec<f64>, Vec<f64>) {
         self.evaluate_ranges(&stage_ranges(cuts, self.len()), mem)
+    }
+
+    /// [`PartitionProblem::evaluate`] with stage `k` also holding `extra[k]` weight bytes
+    /// (copies of tied weights another stage owns), in every phase its weights count in.
+    pub fn evaluate_with_extra(&self, cuts: &[usize], mem: &PipelineMemory, extra: &[f64]) -> (Vec<f64>, Vec<f64>) {
+        self.evaluate_ranges_with(&stage_ranges(cuts, self.len()), mem, extra)
     }
 
     /// The bottleneck of `cuts`, or `None` if a stage breaks the memory limit (with a
     /// relative slack of 1e-9 for rounding) or the cuts are not a valid split.
-    pub fn bottleneck_of(&self, cuts: &[usize], mem: &MemoryModel) -> Option<f64> {
+    pub fn bottleneck_of(&self, cuts: &[usize], mem: &PipelineMemory) -> Option<f64> {
         if !valid_cuts(cuts, self.len()) {
             return None;
         }
         let (t, m) = self.evaluate(cuts, mem);
-        if m.iter().any(|&x| x > mem.limit * (1.0 + 1e-9)) {
+        if m.iter().any(|&x| x > mem.limit() * (1.0 + 1e-9)) {
             return None;
         }
         Some(t.into_iter().fold(0.0, f64::max))
@@ -336,7 +446,7 @@ impl PartitionProblem {
         pre: &Prefix,
         d: usize,
         bound: f64,
-        mem: &MemoryModel,
+        limit: f64,
         memory_binds: bool,
         reach: &mut Reach,
     ) -> Option<Vec<usize>> {
@@ -352,6 +462,8 @@ impl PartitionProblem {
         let (latest, earliest) = greedy_reach(pre, d, bound)?;
         for k in 1..=d {
             let (mut next, prev_end) = (reach.starts[k - 1], reach.starts[k]);
+            // Stage k - 1 (from 0) by its own memory model.
+            let at = (k - 1).min(pre.g.len() - 1);
             heap.clear();
             let mut best: Option<Cand> = None;
             let window = stage_end_window(pre, d, k, bound);
@@ -369,9 +481,8 @@ impl PartitionProblem {
                 }
                 let need = pre.s[j] + pre.comm[j] - bound;
                 let top = if memory_binds {
-                    let gj = pre.g[j];
                     while let Some(t) = heap.peek() {
-                        if gj - pre.h[t.i as usize] > mem.limit {
+                        if pre.memory(at, t.i as usize, j) > limit {
                             heap.pop();
                         } else {
                             break;
@@ -410,23 +521,25 @@ impl PartitionProblem {
 
     /// The partition into exactly `d` non-empty stages minimising the bottleneck under the
     /// memory limit, or `None` when `d` is 0, exceeds `n`, or no split fits in memory.
-    pub fn optimal_partition(&self, d: usize, mem: &MemoryModel) -> Option<Partition> {
+    pub fn optimal_partition(&self, d: usize, mem: &PipelineMemory) -> Option<Partition> {
         let n = self.len();
         if d == 0 || d > n || self.time.iter().any(|t| !t.is_finite() || *t < 0.0) {
             return None;
         }
         let pre = self.prefix(mem);
         let mut reach = Reach::default();
-        // Can the memory test fail for any i < j at all?
-        let memory_binds = mem.limit.is_finite() && {
-            let mut min_h = f64::INFINITY;
-            let mut worst = f64::NEG_INFINITY;
-            for j in 1..=n {
-                min_h = min_h.min(pre.h[j - 1]);
-                worst = worst.max(pre.g[j] - min_h);
-            }
-            worst > mem.limit
-        };
+        // Can the memory test fail for any i < j, in any stage's model, at all?
+        let limit = mem.limit();
+        let memory_binds = limit.is_finite()
+            && (pre.update.iter().any(|u| u * pre.p[n] > limit) || pre.g.iter().zip(&pre.h).any(|(g, h)| {
+                let mut min_h = f64::INFINITY;
+                let mut worst = f64::NEG_INFINITY;
+                for j in 1..=n {
+                    min_h = min_h.min(h[j - 1]);
+                    worst = worst.max(g[j] - min_h);
+                }
+                worst > limit
+            }));
         let max_comm = pre.comm.iter().copied().fold(0.0, f64::max);
         let hi = pre.s[n] + 2.0 * max_comm;
         if !hi.is_finite() {
@@ -438,16 +551,16 @@ impl PartitionProblem {
         let balanced = balanced_by(&self.time, d);
         let (mut hi_cuts, mut hi_bits) = match self.bottleneck_of(&balanced, mem).filter(|&b| b < hi) {
             Some(b) => (balanced, b.to_bits()),
-            None => (self.feasible(&pre, d, hi, mem, memory_binds, &mut reach)?, hi.to_bits()),
+            None => (self.feasible(&pre, d, hi, limit, memory_binds, &mut reach)?, hi.to_bits()),
         };
         // Every split has a stage of at least total/d: start just below it.
         let lower = (pre.s[n] / d as f64) * (1.0 - 1e-12);
         let mut lo_bits =
-            if lower > 0.0 && self.feasible(&pre, d, lower, mem, memory_binds, &mut reach).is_none() {
+            if lower > 0.0 && self.feasible(&pre, d, lower, limit, memory_binds, &mut reach).is_none() {
                 lower.to_bits()
-            } else if self.feasible(&pre, d, 0.0, mem, memory_binds, &mut reach).is_some() {
+            } else if self.feasible(&pre, d, 0.0, limit, memory_binds, &mut reach).is_some() {
                 hi_bits = 0;
-                hi_cuts = self.feasible(&pre, d, 0.0, mem, memory_binds, &mut reach)?;
+                hi_cuts = self.feasible(&pre, d, 0.0, limit, memory_binds, &mut reach)?;
                 0
             } else {
                 0
@@ -456,7 +569,7 @@ impl PartitionProblem {
         // the tests; the optimum lies in (lo, hi], so the split found is within that of it.
         while hi_bits > lo_bits + 1 && f64::from_bits(hi_bits) - f64::from_bits(lo_bits) > RELATIVE_PRECISION * f64::from_bits(hi_bits) {
             let mid = lo_bits + (hi_bits - lo_bits) / 2;
-            match self.feasible(&pre, d, f64::from_bits(mid), mem, memory_binds, &mut reach) {
+            match self.feasible(&pre, d, f64::from_bits(mid), limit, memory_binds, &mut reach) {
                 Some(c) => {
                     // The split found may beat the tested bound by far: continue from it.
                     hi_bits = mid.min(bottleneck_at(&pre, &c).to_bits());
@@ -473,7 +586,7 @@ impl PartitionProblem {
     }
 
     /// Exhaustive search over all `C(n-1, d-1)` splits, for tests.
-    pub fn brute_force_partition(&self, d: usize, mem: &MemoryModel) -> Option<Partition> {
+    pub fn brute_force_partition(&self, d: usize, mem: &PipelineMemory) -> Option<Partition> {
         let n = self.len();
         if d == 0 || d > n {
             return None;
@@ -482,7 +595,7 @@ impl PartitionProblem {
         let mut cuts: Vec<usize> = (1..d).collect();
         loop {
             let (t, m) = self.evaluate(&cuts, mem);
-            if m.iter().all(|&x| x <= mem.limit) {
+            if m.iter().all(|&x| x <= mem.limit()) {
                 let b = t.into_iter().fold(0.0, f64::max);
                 if best.as_ref().map_or(true, |p| b < p.bottleneck) {
                     best = Some(Partition {
@@ -811,19 +924,19 @@ mod tests {
     #[test]
     fn chain_without_comm() {
         let p = chain(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
-        let part = p.optimal_partition(3, &MemoryModel::unlimited()).unwrap();
+        let part = p.optimal_partition(3, &PipelineMemory::unlimited()).unwrap();
         // 21 total: best split {1,2,3,4}=10? no: [1,2,3][4,5][6] -> 6,9,6 = 9; [1..4][5][6]=10.
         assert_eq!(part.bottleneck, 9.0);
         assert_eq!(part.cuts, vec![3, 5]);
         assert_eq!(
-            p.brute_force_partition(3, &MemoryModel::unlimited())
+            p.brute_force_partition(3, &PipelineMemory::unlimited())
                 .unwrap()
                 .bottleneck,
             9.0
         );
-        assert!(p.optimal_partition(7, &MemoryModel::unlimited()).is_none());
+        assert!(p.optimal_partition(7, &PipelineMemory::unlimited()).is_none());
         assert_eq!(
-            p.optimal_partition(1, &MemoryModel::unlimited())
+            p.optimal_partition(1, &PipelineMemory::unlimited())
                 .unwrap()
                 .cuts,
             Vec::<usize>::new()
@@ -835,7 +948,7 @@ mod tests {
         // Cutting at 2 costs 2*10/1 = 20 on both sides; elsewhere nothing.
         let mut p = chain(&[5.0, 5.0, 5.0, 5.0]);
         p.live_bytes = vec![0.0, 0.0, 10.0, 0.0, 0.0];
-        let part = p.optimal_partition(2, &MemoryModel::unlimited()).unwrap();
+        let part = p.optimal_partition(2, &PipelineMemory::unlimited()).unwrap();
         assert_eq!(part.bottleneck, 15.0);
         assert!(part.cuts == vec![1] || part.cuts == vec![3]);
     }
@@ -849,13 +962,51 @@ mod tests {
             act_factor: 0.0,
             kept_factor: 0.0,
             input_factor: 0.0,
+            update_factor: 0.0,
             limit: 10.0,
         };
-        let part = p.optimal_partition(2, &mem).unwrap();
+        let part = p.optimal_partition(2, &PipelineMemory::uniform(mem)).unwrap();
         assert_eq!(part.bottleneck, 2.0);
-        let tight = MemoryModel { limit: 9.0, ..mem };
+        let tight = PipelineMemory::uniform(MemoryModel { limit: 9.0, ..mem });
         assert!(p.optimal_partition(2, &tight).is_none());
         assert!(p.brute_force_partition(2, &tight).is_none());
+    }
+
+    /// Each stage by its own model: the first of two holding two microbatches' activations
+    /// and the second one's (1F1B), a limit of 3 leaves stage 0 one node and stage 1 three,
+    /// where every stage holding two fits no split at all.
+    #[test]
+    fn each_stage_holds_its_own_microbatches() {
+        let p = chain(&[1.0, 1.0, 1.0, 1.0]);
+        let holding = |k: f64| MemoryModel { weight_factor: 0.0, act_factor: k, kept_factor: 0.0, input_factor: 0.0, update_factor: 0.0, limit: 3.0 };
+        let one_f_one_b = PipelineMemory::per_stage(vec![holding(2.0), holding(1.0)]);
+        let part = p.optimal_partition(2, &one_f_one_b).unwrap();
+        assert_eq!((part.cuts.clone(), part.bottleneck), (vec![1], 3.0));
+        assert_eq!(p.brute_force_partition(2, &one_f_one_b).unwrap().cuts, vec![1]);
+        assert_eq!(p.evaluate(&[1], &one_f_one_b).1, vec![2.0, 3.0]);
+        assert!(p.optimal_partition(2, &PipelineMemory::uniform(holding(2.0))).is_none());
+        // Alike stages keep one model; the least model bounds every stage's from below.
+        assert_eq!(PipelineMemory::per_stage(vec![holding(2.0); 3]), PipelineMemory::uniform(holding(2.0)));
+        assert_eq!(one_f_one_b.least(), holding(1.0));
+    }
+
+    /// The update's phase counts apart: weights of 1 per node held 3 times while computing
+    /// and 4 times while updating (no activations then), against a limit of 8: each stage
+    /// of two may hold two nodes, by the update (3 * 2 + 2 = 8 while computing).
+    #[test]
+    fn the_update_is_a_phase_of_its_own() {
+        let p = chain(&[1.0, 1.0, 1.0, 1.0]);
+        let mem = MemoryModel { weight_factor: 3.0, act_factor: 1.0, kept_factor: 0.0, input_factor: 0.0, update_factor: 4.0, limit: 8.0 };
+        let part = p.optimal_partition(2, &PipelineMemory::uniform(mem)).unwrap();
+        assert_eq!(part.cuts, vec![2]);
+        assert_eq!(p.evaluate(&[2], &PipelineMemory::uniform(mem)).1, vec![8.0, 8.0]);
+        // A stage of three nodes would need 12 while updating (9 + 3 = 12 computing too).
+        assert!(p.optimal_partition(2, &PipelineMemory::uniform(MemoryModel { limit: 7.9, ..mem })).is_none());
+        // Tied copies held besides count in both phases: 2 extra bytes make stage 0 hold
+        // max(8 + 3 * 2, 4 * 4) = 16.
+        assert_eq!(p.evaluate_with_extra(&[2], &PipelineMemory::uniform(mem), &[2.0]).1, vec![16.0, 8.0]);
+        let computing_only = MemoryModel { update_factor: 0.0, ..mem };
+        assert_eq!(p.evaluate(&[3], &PipelineMemory::uniform(computing_only)).1, vec![12.0, 4.0]);
     }
 
     #[test]

@@ -10,10 +10,14 @@
 //! # Memory per worker (stage `[i, j)`, [`MemoryModel`])
 //! Weight bytes count `versions + 1 (gradient accumulator) + optimizer state` times
 //! (SGD 0, momentum 1, Adam 2; the gradient buffer is a pipewright addition to the
-//! paper's formula). Versions: 2BW 2, Flush and GPipe 1. Activations: in-flight
-//! microbatches `k` = `d` for 2BW and Flush (1F1B), `m` for GPipe; with recomputation
-//! `k * live(i)` (stage inputs) plus one microbatch's activations of the stage, without
-//! `k *` the stage's activations. Tied weights read in several stages count in each.
+//! paper's formula). Versions: 2BW 2, Flush and GPipe 1, and 2 under every schedule
+//! while the update writes the new version (a phase of its own for Flush and GPipe, whose
+//! activations are all released by then). Activations: the microbatches stage `k` holds
+//! in flight under the schedule's own operation order ([`PipelineMemory::of_pipeline`]:
+//! `d - k` under 1F1B, 2BW's and Flush's, `m` in every stage under GPipe); with
+//! recomputation `held * live(i)` (stage inputs) plus one microbatch's activations of the
+//! stage, without it `held *` the stage's activations. Tied weights read in several
+//! stages count in each.
 //!
 //! # Time
 //! Stage time `T_s` = compute (forward + backward, times 4/3 with recomputation) plus
@@ -67,7 +71,7 @@ use pipewright_ops::op::OpClass;
 use crate::cost::{CostError, CostModel, Lin};
 use crate::partition::{
     balanced_by, choose_order, stage_ranges, uniform_by_nodes, valid_cuts, value_bytes,
-    LinearOrder, MemoryModel, OrderKind, PartitionProblem,
+    LinearOrder, MemoryModel, OrderKind, PartitionProblem, PipelineMemory,
 };
 
 /// What to search.
@@ -557,17 +561,15 @@ impl<'a> PlanContext<'a> {
         let pbw = self.cluster.pipeline_bw(cand.w, d);
         let (extra_bytes, _, sync) = self.shared_extra(&cand.cuts, pbw);
         let state = opts.optimizer.state_tensors(opts.momentum);
-        let model = |k: f64| {
-            let base = MemoryModel::of_stage(cand.schedule, cand.recompute, d, cand.m, state, opts.precision, f64::INFINITY);
-            let one = MemoryModel::in_flight(cand.recompute, k, base.weight_factor, f64::INFINITY);
-            let ratio = opts.precision.compute_bytes() as f64 / 4.0;
-            MemoryModel { act_factor: one.act_factor * ratio, kept_factor: one.kept_factor * ratio, input_factor: one.input_factor * ratio, ..one }
-        };
+        // Memory as a line in the microbatches in flight, which the replay counts itself,
+        // and apart from it the update's.
+        let model = |k: f64| MemoryModel { update_factor: 0.0, ..MemoryModel::of_schedule(cand.schedule, cand.recompute, k, state, opts.precision, f64::INFINITY) };
         let (m1, m2) = (model(1.0), model(2.0));
+        let update_factor = MemoryModel::of_schedule(cand.schedule, cand.recompute, 1.0, state, opts.precision, f64::INFINITY).update_factor;
         let prob = self.problem(b, cand.recompute, pbw);
         let ranges = stage_ranges(&cand.cuts, prob.len());
-        let (_, mem1) = prob.evaluate(&cand.cuts, &m1);
-        let (_, mem2) = prob.evaluate(&cand.cuts, &m2);
+        let (_, mem1) = prob.evaluate(&cand.cuts, &PipelineMemory::uniform(m1));
+        let (_, mem2) = prob.evaluate(&cand.cuts, &PipelineMemory::uniform(m2));
         let live: Vec<f64> = ranges.iter().map(|r| prob.live_bytes.get(r.end).copied().unwrap_or(0.0)).collect();
         let params: Vec<f64> = ranges.iter().map(|r| prob.param_bytes[r.clone()].iter().sum::<f64>()).collect();
         let (cost, order) = (self.cost, &self.order);
@@ -623,6 +625,7 @@ impl<'a> PlanContext<'a> {
                 tied_sync_s: sync[s],
                 memory_one: mem1[s] + extra,
                 memory_per_extra: mem2[s] - mem1[s],
+                memory_at_update: update_factor * weights,
             });
         }
         out
@@ -691,9 +694,9 @@ struct Config {
 }
 
 impl Config {
-    fn memory_model(&self, opts: &PlanOptions, limit: f64) -> MemoryModel {
+    fn memory_model(&self, opts: &PlanOptions, limit: f64) -> PipelineMemory {
         let state = opts.optimizer.state_tensors(opts.momentum);
-        MemoryModel::of_stage(self.schedule, self.recompute, self.d, self.m, state, opts.precision, limit)
+        PipelineMemory::of_pipeline(self.schedule, self.recompute, self.d, self.m, state, opts.precision, limit)
     }
 }
 
@@ -710,7 +713,7 @@ fn assess(
     let mem = cfg.memory_model(opts, limit);
     let (extra_bytes, _, sync) = ctx.shared_extra(cuts, pbw);
     let prob = ctx.problem(cfg.b, cfg.recompute, pbw);
-    let (times, mems) = prob.evaluate(cuts, &mem);
+    let (times, mems) = prob.evaluate_with_extra(cuts, &mem, &extra_bytes);
     let ranges = stage_ranges(cuts, prob.len());
     // The same all-reduce the simulator replays, without latencies (the closed form has
     // none anywhere).
@@ -719,7 +722,7 @@ fn assess(
     let mut worst = (0.0f64, 0usize);
     let (mut max_time, mut max_ar) = (0.0f64, 0.0f64);
     for s in 0..cfg.d {
-        let memory = mems[s] + mem.weight_factor * extra_bytes[s];
+        let memory = mems[s];
         if memory.is_nan() || memory > limit * (1.0 + 1e-12) {
             return None;
         }
@@ -791,8 +794,8 @@ impl Caches {
         let mut jobs = Vec::new();
         for cfg in configs {
             let key = Self::free_key(cfg, cluster);
-            if !self.free.contains_key(&key) && !jobs.iter().any(|j: &(Config, MemoryModel)| Self::free_key(&j.0, cluster) == key) {
-                jobs.push((*cfg, MemoryModel::unlimited()));
+            if !self.free.contains_key(&key) && !jobs.iter().any(|j: &(Config, PipelineMemory)| Self::free_key(&j.0, cluster) == key) {
+                jobs.push((*cfg, PipelineMemory::unlimited()));
             }
         }
         for (cfg, cuts) in solve_all(ctx, jobs) {
@@ -801,7 +804,7 @@ impl Caches {
         let mut jobs = Vec::new();
         for cfg in configs {
             let key = Self::bound_key(cfg, cluster);
-            if self.bound.contains_key(&key) || jobs.iter().any(|j: &(Config, MemoryModel)| Self::bound_key(&j.0, cluster) == key) {
+            if self.bound.contains_key(&key) || jobs.iter().any(|j: &(Config, PipelineMemory)| Self::bound_key(&j.0, cluster) == key) {
                 continue;
             }
             let fits = self.free.get(&Self::free_key(cfg, cluster)).cloned().flatten().and_then(|c| assess(ctx, cfg, &c, opts)).is_some();
@@ -822,7 +825,7 @@ impl Caches {
         let free = self
             .free
             .entry(Self::free_key(cfg, cluster))
-            .or_insert_with(|| ctx.problem(cfg.b, cfg.recompute, pbw).optimal_partition(cfg.d, &MemoryModel::unlimited()).map(|p| p.cuts))
+            .or_insert_with(|| ctx.problem(cfg.b, cfg.recompute, pbw).optimal_partition(cfg.d, &PipelineMemory::unlimited()).map(|p| p.cuts))
             .clone();
         if let Some(c) = free.and_then(|c| assess(ctx, cfg, &c, opts)) {
             return Some(c);
@@ -837,7 +840,7 @@ impl Caches {
 }
 
 /// The optimal cuts of each `(configuration, memory model)` job, solved in parallel.
-fn solve_all(ctx: &mut PlanContext, jobs: Vec<(Config, MemoryModel)>) -> Vec<(Config, Option<Vec<usize>>)> {
+fn solve_all(ctx: &mut PlanContext, jobs: Vec<(Config, PipelineMemory)>) -> Vec<(Config, Option<Vec<usize>>)> {
     let keys: Vec<(u64, Recompute, u64)> = jobs
         .iter()
         .map(|(cfg, _)| {
@@ -1023,7 +1026,8 @@ pub fn plan_on(
     // exact partitions to find out.
     let limit = cluster.memory_per_worker as f64;
     configs.retain(|cfg| {
-        let mem = cfg.memory_model(opts, limit);
+        // Every stage holds at least the least of the stages' models.
+        let mem = cfg.memory_model(opts, limit).least();
         let (p, a, k) = ctx.totals(cfg.b, cfg.recompute, cluster.pipeline_bw(cfg.w, cfg.d));
         (mem.weight_factor * p + mem.act_factor * a + mem.kept_factor * k) / cfg.d as f64 <= limit * (1.0 + 1e-9)
     });
@@ -1135,15 +1139,7 @@ fn describe(ctx: &mut PlanContext, candidates: Vec<Candidate>, chosen: Candidate
     let ranges = stage_ranges(&cuts, n);
     let pbw = ctx.cluster.pipeline_bw(chosen.w, chosen.d);
     let (_, extra_numel, _) = ctx.shared_extra(&cuts, pbw);
-    let mem = MemoryModel::of_stage(
-        chosen.schedule,
-        chosen.recompute,
-        chosen.d,
-        chosen.m,
-        opts.optimizer.state_tensors(opts.momentum),
-        opts.precision,
-        f64::INFINITY,
-    );
+    let mem = PipelineMemory::of_pipeline(chosen.schedule, chosen.recompute, chosen.d, chosen.m, opts.optimizer.state_tensors(opts.momentum), opts.precision, f64::INFINITY);
     let (times, _) = ctx
         .problem(chosen.b, chosen.recompute, pbw)
         .evaluate(&cuts, &mem);

@@ -31,7 +31,7 @@
 //! Sharded nodes and both kinds of split matmul take `1/t` of their time (the
 //! [`CostModel`]'s node times) and hold `1/t` of their parameters and activations; full
 //! nodes keep all of theirs. Memory per GPU is the planner's model of a one-stage Flush
-//! pipeline ([`MemoryModel::of_stage`]: weights, gradient, optimizer state and
+//! pipeline ([`MemoryModel::of_schedule`]: weights, gradient, optimizer state and
 //! the mixed-precision copy per weight byte, one microbatch's activations) on those shares.
 //! No recomputation is searched: the planner's recomputation is per stage, and with one
 //! stage and one microbatch in flight it keeps as much as without it.
@@ -54,7 +54,7 @@ use serde::Serialize;
 
 use crate::cost::CostModel;
 use crate::machine::{allreduce_seconds, Link};
-use crate::partition::{value_bytes, MemoryModel, PartitionProblem};
+use crate::partition::{value_bytes, MemoryModel, PartitionProblem, PipelineMemory};
 use crate::planner::{Candidate, PlanOptions};
 use crate::presets::SimCluster;
 use crate::simulate::StageCost;
@@ -286,9 +286,10 @@ pub fn plan_tensor_parallel(g: &Graph, cost: &CostModel, cluster: &SimCluster, o
                 }
                 let m = per_group / b;
                 let (fwd, bwd, prob) = shares(cost, &split, &topo, t, b);
-                let mem_one = MemoryModel::of_stage(Schedule::Flush, Recompute::None, 1, m, state, opts.precision, limit);
-                let mem_two = MemoryModel::of_stage(Schedule::Flush, Recompute::None, 2, m, state, opts.precision, limit);
-                let memory = prob.evaluate(&[], &mem_one).1[0];
+                let mem_one = MemoryModel::of_schedule(Schedule::Flush, Recompute::None, 1.0, state, opts.precision, limit);
+                let mem_two = MemoryModel::of_schedule(Schedule::Flush, Recompute::None, 2.0, state, opts.precision, limit);
+                let memory = prob.evaluate(&[], &PipelineMemory::uniform(mem_one)).1[0];
+                let computing = |m: &MemoryModel| prob.evaluate(&[], &PipelineMemory::uniform(MemoryModel { update_factor: 0.0, ..*m })).1[0];
                 if memory > limit * (1.0 + 1e-12) || memory.is_nan() {
                     if least.as_ref().map_or(true, |l| memory < l.0) {
                         let params: f64 = prob.param_bytes.iter().sum();
@@ -325,8 +326,10 @@ pub fn plan_tensor_parallel(g: &Graph, cost: &CostModel, cluster: &SimCluster, o
                         send_bytes: 0.0,
                         grad_bytes: grad,
                         tied_sync_s: 0.0,
-                        memory_one: memory,
-                        memory_per_extra: prob.evaluate(&[], &mem_two).1[0] - memory,
+                        // The replay's line in the microbatches in flight, the update apart.
+                        memory_one: computing(&mem_one),
+                        memory_per_extra: computing(&mem_two) - computing(&mem_one),
+                        memory_at_update: mem_one.update_factor * grad,
                     };
                     let candidate = Candidate {
                         w: groups,

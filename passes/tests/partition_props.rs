@@ -6,7 +6,7 @@
 use pipewright_ir::{DType, Dim, Graph, ModelMeta, Op, Shape, TensorType, Value, ValueDef};
 use pipewright_passes::cost::{CostModel, Roofline};
 use pipewright_passes::partition::{
-    choose_order, live_bytes, valid_cuts, MemoryModel, PartitionProblem,
+    choose_order, live_bytes, valid_cuts, MemoryModel, PartitionProblem, PipelineMemory,
 };
 use proptest::prelude::*;
 
@@ -109,7 +109,7 @@ proptest! {
         let prob = PartitionProblem { time, param_bytes: params, act_bytes: act, kept_bytes: Vec::new(), live_bytes: live, bandwidth: bw };
 
         // Without a memory limit.
-        let free = MemoryModel::unlimited();
+        let free = PipelineMemory::unlimited();
         let dp = prob.optimal_partition(d, &free);
         let bf = prob.brute_force_partition(d, &free);
         prop_assert_eq!(dp.is_some(), bf.is_some());
@@ -141,20 +141,26 @@ proptest! {
         }
 
         // With a memory limit between the smallest one-node stage and the whole model.
-        let mem = MemoryModel { weight_factor: factors.0 as f64, act_factor: factors.1 as f64, kept_factor: 0.0, input_factor: factors.2 as f64, limit: 0.0 };
+        // A flushing schedule's update holds one more copy of the weights than its compute.
+        let mem = MemoryModel { weight_factor: factors.0 as f64, act_factor: factors.1 as f64, kept_factor: 0.0, input_factor: factors.2 as f64, update_factor: factors.0 as f64 + 1.0, limit: 0.0 };
         if n >= d {
             let lo = (0..n).map(|i| prob.stage_memory(i, i + 1, &mem)).fold(f64::INFINITY, f64::min);
             let hi = prob.stage_memory(0, n, &mem);
             let limit = (lo + (hi - lo) * limit_frac).floor();
-            let mem = MemoryModel { limit, ..mem };
-            let dp = prob.optimal_partition(d, &mem);
-            let bf = prob.brute_force_partition(d, &mem);
-            prop_assert_eq!(dp.is_some(), bf.is_some(), "limit {}", limit);
-            if let (Some(dp), Some(bf)) = (dp, bf) {
-                prop_assert!((dp.bottleneck - bf.bottleneck).abs() <= 1e-9 * bf.bottleneck.max(1e-12), "dp {} bf {}", dp.bottleneck, bf.bottleneck);
-                let (_, m) = prob.evaluate(&dp.cuts, &mem);
-                prop_assert!(m.iter().all(|&x| x <= limit));
-                prop_assert!(valid_cuts(&dp.cuts, n));
+            let uniform = PipelineMemory::uniform(MemoryModel { limit, ..mem });
+            // 1F1B's: stage k holds d - k microbatches' activations and inputs.
+            let held = |k: usize| (d - k) as f64;
+            let per_stage = PipelineMemory::per_stage((0..d).map(|k| MemoryModel { limit, act_factor: mem.act_factor * held(k), input_factor: mem.input_factor * held(k), ..mem }).collect());
+            for mem in [uniform, per_stage] {
+                let dp = prob.optimal_partition(d, &mem);
+                let bf = prob.brute_force_partition(d, &mem);
+                prop_assert_eq!(dp.is_some(), bf.is_some(), "limit {}", limit);
+                if let (Some(dp), Some(bf)) = (dp, bf) {
+                    prop_assert!((dp.bottleneck - bf.bottleneck).abs() <= 1e-9 * bf.bottleneck.max(1e-12), "dp {} bf {}", dp.bottleneck, bf.bottleneck);
+                    let (_, m) = prob.evaluate(&dp.cuts, &mem);
+                    prop_assert!(m.iter().all(|&x| x <= limit));
+                    prop_assert!(valid_cuts(&dp.cuts, n));
+                }
             }
         }
     }

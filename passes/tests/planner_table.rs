@@ -10,7 +10,7 @@ use std::path::PathBuf;
 
 use pipewright_passes::cluster::Cluster;
 use pipewright_passes::cost::CostModel;
-use pipewright_passes::partition::{balanced_by, uniform_by_nodes, MemoryModel};
+use pipewright_passes::partition::{balanced_by, uniform_by_nodes, PipelineMemory};
 use pipewright_core::Balance;
 use pipewright_passes::planner::PlanContext;
 
@@ -44,7 +44,7 @@ fn planner_table() {
             let prob = ctx.problem(b, pipewright_core::Recompute::None, cluster.pipeline_bw(1, d)).clone();
             let total: f64 = prob.time.iter().sum();
             let lb = total / d as f64;
-            let free = MemoryModel::unlimited();
+            let free = PipelineMemory::unlimited();
             let dp = prob.optimal_partition(d, &free).expect("dp").bottleneck;
             let eval = |cuts: Vec<usize>| prob.bottleneck_of(&cuts, &free).expect("valid cuts");
             let uni = eval(uniform_by_nodes(n, d));

@@ -98,6 +98,10 @@ pub struct StageCost {
     /// Memory with one microbatch in flight, and what each further one adds.
     pub memory_one: f64,
     pub memory_per_extra: f64,
+    /// Memory while the update writes the new weight version (the stage's peak when its
+    /// weights outweigh its activations; [`crate::partition::MemoryModel::update_factor`]).
+    #[serde(default)]
+    pub memory_at_update: f64,
 }
 
 /// What to replay.

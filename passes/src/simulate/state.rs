@@ -245,7 +245,7 @@ pub(super) fn report(setup: &SimSetup, ends: &[StageEnd], batch_end: &[f64], all
             busy_s: x.busy,
             bubble_fraction: if makespan > 0.0 { (1.0 - x.busy / makespan).clamp(0.0, 1.0) } else { 0.0 },
             peak_in_flight: x.peak_in_flight,
-            peak_memory: c.memory_one + c.memory_per_extra * x.peak_in_flight.saturating_sub(1) as f64,
+            peak_memory: (c.memory_one + c.memory_per_extra * x.peak_in_flight.saturating_sub(1) as f64).max(c.memory_at_update),
             allreduce_s: ar + c.tied_sync_s,
         })
         .collect();
