@@ -24,9 +24,9 @@
 //!   and the stream goes on; the update that creates version `t + 1` is applied when the
 //!   all-reduce is done, just before the first forward that needs that version (batch
 //!   `t + 2`, [`pipewright_core::UpdateRule::version_for`]). That is the overlap 2BW's
-//!   one-step delay allows, and the planner's `max(T, AR / m)` assumes. (pipewright's
-//!   executor today all-reduces inside the step; the simulator models the schedule, not
-//!   that shortcut.)
+//!   one-step delay allows, and the planner's `max(T, AR / m)` assumes (pipewright's MPI
+//!   workers do the same: `runtime/src/pipeline/stage.rs`, `Deferred`; the embedded
+//!   executor's in-process sums wait inside the step).
 //!   With `w = 1` the update runs where the step is, as the executor runs it.
 //! - Stages tied by a shared weight ([`SimSetup::tied_groups`]) sum its gradient at every
 //!   step: a stage's `Step(t)` waits until every stage tied to it has reached `Step(t)`,
