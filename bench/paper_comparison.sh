@@ -8,12 +8,13 @@
 # prediction (for the pipeline schemes its own replay over 6 batches, the default BATCHES
 # here) and its closed form.
 #
-# Usage: bench/paper_comparison.sh [PIPEWRIGHT]   Env: EFFICIENCY (1.0), BATCHES (6),
+# Usage: bench/paper_comparison.sh [PIPEWRIGHT]   Env: EFFICIENCY (unset: each device's
+#        per-kernel model of what it achieves; a number: that flat share instead), BATCHES (6),
 #        WORK (a scratch folder; default a temporary one, removed at the end).
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 pw="${1:-$repo/target/release/pipewright}"
-EFFICIENCY="${EFFICIENCY:-1.0}"
+EFFICIENCY="${EFFICIENCY:-}"
 BATCHES="${BATCHES:-6}"
 work="${WORK:-$(mktemp -d)}"
 [ -n "${WORK:-}" ] || trap 'rm -rf "$work"' EXIT
@@ -24,7 +25,7 @@ for m in 1.3b 2.2b 3.8b; do
     for batch in 512 1024 2048; do
         start=$(date +%s.%N)
         "$pw" simulate "$work/gpt-$m.onnx" --cluster V100-16GB --servers 8 --network 25gbit --precision fp16 \
-            --efficiency "$EFFICIENCY" --batch "$batch" --batches "$BATCHES" --json > "$work/$m-$batch.json"
+            ${EFFICIENCY:+--efficiency "$EFFICIENCY"} --batch "$batch" --batches "$BATCHES" --json > "$work/$m-$batch.json"
         end=$(date +%s.%N)
         echo "gpt-$m batch $batch: $(echo "$end - $start" | bc) s" >&2
     done

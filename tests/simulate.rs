@@ -334,3 +334,39 @@ fn the_fixed_order_gradient_sum_is_charged_at_scale() {
     assert!(width("fixed-order") < width("collective"));
     fails(&pw(&["simulate", plan.to_str().unwrap(), "--reduction", "tree"]), &["invalid value 'tree' for '--reduction <REDUCTION>'"]);
 }
+
+/// A device preset's report says what each kernel achieves (the published shares, no flat
+/// efficiency), `--efficiency` overrides it; inter-layer model parallelism gets its own configuration, at least as fast
+/// without pipelining as PipeDream-Flush's own.
+#[test]
+fn presets_achieve_their_published_shares_and_each_baseline_its_own_configuration() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gpt.onnx");
+    gpt(&GptShape { layers: 8, seq: 512, ..GptShape::GPT2_SMALL }).unwrap().write(&path, Storage::ShapesOnly, 0).unwrap();
+    let p = path.to_str().unwrap();
+    let run = |extra: &[&str]| -> Value {
+        let mut args = vec!["simulate", p, "--cluster", "V100-16GB", "--servers", "2", "--precision", "fp16", "--batch", "128", "--batches", "3", "--json"];
+        args.extend_from_slice(extra);
+        serde_json::from_str(&pw_ok(&args)).unwrap()
+    };
+    let modelled = run(&["--schedule", "2bw,flush,model-parallel"]);
+    let name = modelled["cluster"]["name"].as_str().unwrap();
+    assert!(name.contains("achievable: GEMM 0.66 of peak before tile and wave quantization, memory 0.90 of bandwidth, at least 5 µs per kernel"), "{name}");
+    assert_eq!(modelled["cluster"]["cluster"]["achievable"]["sms"], 80);
+    let flat = run(&["--schedule", "2bw", "--efficiency", "1"]);
+    assert!(flat["cluster"]["name"].as_str().unwrap().ends_with("efficiency 1"), "{}", flat["cluster"]["name"]);
+    assert!(flat["cluster"]["cluster"]["achievable"].is_null());
+    let rate = |v: &Value, scheme: &str| v["outcomes"].as_array().unwrap().iter().find(|o| o["scheme"] == scheme).unwrap()["simulation"]["samples_per_s"].as_f64().unwrap();
+    assert!(rate(&modelled, "2bw") != rate(&flat, "2bw"));
+    // PipeDream-Flush's configuration replayed without pipelining (as a plan file).
+    let flush = modelled["outcomes"].as_array().unwrap().iter().find(|o| o["scheme"] == "flush").unwrap()["config"].clone();
+    let (w, d, b) = (flush["w"].to_string(), flush["d"].to_string(), flush["b"].to_string());
+    let toml = dir.path().join("v100.toml");
+    std::fs::write(&toml, "workers = 16\nworkers_per_node = 8\nmemory_per_worker = \"16GiB\"\nintra_bw = \"150GB/s\"\ninter_bw = \"25Gbit/s\"\nserver_bw = \"25Gbit/s\"\npeak_flops = \"125T\"\nmem_bw = \"900GB/s\"\n").unwrap();
+    let plan = dir.path().join("flush.json");
+    let workers = (flush["w"].as_u64().unwrap() * flush["d"].as_u64().unwrap()).to_string();
+    std::fs::write(&plan, pw_ok(&["plan", p, "--cluster", toml.to_str().unwrap(), "--workers", &workers, "--stages", &d, "--microbatch", &b, "--batch", "128", "--schedule", "flush", "--precision", "fp16", "--json"])).unwrap();
+    let as_mp: Value = serde_json::from_str(&pw_ok(&["simulate", plan.to_str().unwrap(), "--cluster", "V100-16GB", "--servers", "2", "--precision", "fp16", "--schedule", "model-parallel", "--batches", "3", "--json"])).unwrap();
+    let flush_as_mp = as_mp["outcomes"][0]["simulation"]["samples_per_s"].as_f64().unwrap();
+    assert!(rate(&modelled, "model-parallel") >= flush_as_mp * (1.0 - 1e-9), "own {} vs Flush's w={w} d={d} b={b} {flush_as_mp}", rate(&modelled, "model-parallel"));
+}

@@ -74,8 +74,11 @@ pub struct SimulateSpec {
     /// (default: the one the device's usual servers have).
     #[arg(long)]
     pub network: Option<String>,
-    /// Share of the peak flop/s and memory bandwidth achieved, in (0, 1], with a device
-    /// preset (default 1; a cluster file has its own `efficiency` key).
+    /// Share of the peak flop/s and memory bandwidth every kernel achieves, in (0, 1], with
+    /// a device preset: overrides the preset's per-kernel model (matrix products at their
+    /// published share of the peak, reduced by tile and wave quantization; other kernels at
+    /// the published share of the memory bandwidth; a launch per kernel). A cluster file has
+    /// its own `efficiency` key (default 1).
     #[arg(long)]
     pub efficiency: Option<f64>,
     /// Global batch size (samples per optimizer step); a plan file has its own.
@@ -178,7 +181,7 @@ impl SimulateSpec {
         }
         let device = presets::device(spec).map_err(|e| DriverError::msg(format!("--cluster: {e}")))?;
         let network = presets::network(self.network.as_deref().unwrap_or(device.network)).map_err(|e| DriverError::msg(format!("--network: {e}")))?;
-        let (servers, per_server, efficiency) = (self.servers.unwrap_or(1), self.gpus_per_server.unwrap_or(8), self.efficiency.unwrap_or(1.0));
+        let (servers, per_server, efficiency) = (self.servers.unwrap_or(1), self.gpus_per_server.unwrap_or(8), self.efficiency);
         let cluster = SimCluster::from_preset(device, network, servers, per_server, self.training.precision, efficiency).map_err(|e| DriverError::msg(format!("--cluster {spec}: {e}")))?;
         Ok(Some(cluster))
     }
@@ -289,9 +292,22 @@ pub fn simulate(req: &SimulateRequest) -> Result<SimulateReport, DriverError> {
                 if flush.is_none() {
                     flush = Some(search(Schedule::Flush, None)?);
                 }
-                // The configuration PipeDream-Flush chose (it fits with d microbatches in
-                // flight, so with one), run one microbatch at a time.
-                flush.clone().unwrap_or_else(|| Err("no plan".into())).map_err(|e| format!("no PipeDream-Flush configuration to run without pipelining: {e}"))
+                // Its own best configuration: layers sharded over d workers, one
+                // microbatch at a time, w such pipelines data-parallel (the paper's
+                // inter-layer model parallelism). Candidates: PipeDream-Flush's plan at each
+                // depth (it fits with d - k microbatches in flight, so with one), and its
+                // free choice; the one whose replay without pipelining is fastest.
+                let mut found = flush.clone().unwrap_or_else(|| Err("no plan".into()));
+                let workers = cluster.cluster.workers;
+                for d in (0..).map(|k| 1usize << k).take_while(|&d| d <= workers) {
+                    if let Ok(c) = search(Schedule::Flush, Some(d))? {
+                        found = match found {
+                            Ok(best) if model_parallel_rate(&g, &cost, &cluster, &base, &best, req)? >= model_parallel_rate(&g, &cost, &cluster, &base, &c, req)? => Ok(best),
+                            _ => Ok(c),
+                        };
+                    }
+                }
+                found.map_err(|e| format!("no configuration fits without pipelining: {e}"))
             }
             s => {
                 let schedule = s.schedule().unwrap_or(Schedule::Flush);
@@ -386,6 +402,13 @@ fn outcome(
         simulation: Some(sim),
         why_not: None,
     })
+}
+
+/// Samples/s of `cand` replayed as inter-layer model parallelism without pipelining.
+fn model_parallel_rate(g: &Graph, cost: &CostModel, cluster: &SimCluster, opts: &PlanOptions, cand: &Candidate, req: &SimulateRequest) -> Result<f64, DriverError> {
+    let mut ctx = PlanContext::new(g, cost, &cluster.cluster).map_err(|e| DriverError::msg(format!("{}: {e}", req.input.display())))?;
+    let quiet = SimulateRequest { record: false, ..req.clone() };
+    Ok(replay_candidate(&mut ctx, cluster, opts, Scheme::ModelParallel, cand, &quiet)?.samples_per_s)
 }
 
 fn replay_candidate(ctx: &mut PlanContext, cluster: &SimCluster, opts: &PlanOptions, scheme: Scheme, cand: &Candidate, req: &SimulateRequest) -> Result<Simulation, DriverError> {

@@ -21,7 +21,7 @@ fn bench_plan(c: &mut Criterion) {
     let path = dir.path().join("gpt-3.8b.onnx");
     gpt(&GptShape::GPT_3_8B).expect("a shape").write(&path, Storage::ShapesOnly, 0).expect("written");
     let g = import_model(&path, &ImportOptions { shapes_only: true, ..ImportOptions::default() }).expect("imports without weights");
-    let cluster = SimCluster::from_preset(device("V100-16GB").expect("preset"), network("25gbit").expect("preset"), 8, 8, Precision::Fp16, 1.0).expect("cluster");
+    let cluster = SimCluster::from_preset(device("V100-16GB").expect("preset"), network("25gbit").expect("preset"), 8, 8, Precision::Fp16, Some(1.0)).expect("cluster");
     let opts = PlanOptions { global_batch: 512, precision: Precision::Fp16, ..PlanOptions::default() };
     let mut group = c.benchmark_group("paper scale");
     group.sample_size(10).measurement_time(Duration::from_secs(20));

@@ -38,7 +38,7 @@ use pipewright_core::Reduction;
 use pipewright_core::units::{human_bytes, parse_bandwidth, parse_bytes, parse_flops, UnitError};
 use serde::{Deserialize, Serialize};
 
-use crate::cost::Roofline;
+use crate::cost::{Achievable, Roofline};
 use crate::machine::{AllReduce, Link};
 
 /// Seconds per message on a server's NVLink and on the network between servers. The
@@ -80,6 +80,10 @@ pub struct Cluster {
     /// NCCL's rings (the default), or the runtime's fixed-order gather.
     #[serde(default, skip_serializing_if = "is_collective")]
     pub reduction: Reduction,
+    /// What a worker achieves of `peak_flops` and `mem_bw` per kind of kernel (a GPU
+    /// preset's published measurements); `None`: the peaks themselves.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub achievable: Option<Achievable>,
 }
 
 fn is_collective(r: &Reduction) -> bool {
@@ -105,6 +109,7 @@ impl Default for Cluster {
             mem_bw: 900e9,
             server_bw: None,
             reduction: Reduction::Collective,
+            achievable: None,
         }
     }
 }
@@ -204,6 +209,7 @@ impl Cluster {
             name: "cluster worker".into(),
             peak_flops: self.peak_flops,
             mem_bw: self.mem_bw,
+            achievable: self.achievable,
         }
     }
 

@@ -58,7 +58,11 @@
 //!
 //! # Time
 //! Analytic time per node is the roofline `max(flops / peak_flops, bytes / mem_bw)` of a
-//! [`Roofline`]. A measured [`Profile`] overrides node times by its measurements, linear
+//! [`Roofline`]. On a GPU preset the roofline is per node ([`Achievable`]): a matrix
+//! product at the achievable share of the peak times its tiles' useful share
+//! ([`GemmShape::useful_share`]; its backward as the two products it is), every other
+//! kernel at the achievable memory bandwidth (at the compute type's width), and no kernel
+//! shorter than its launch. A measured [`Profile`] overrides node times by its measurements, linear
 //! in `b` between two measured sizes and along the nearest two beyond them; nodes missing
 //! from the profile are scaled by the median measured/analytic ratio of their [`OpClass`]
 //! (or of all measured nodes when the class has none).
@@ -127,6 +131,10 @@ pub struct Roofline {
     pub peak_flops: f64,
     /// Memory bandwidth, bytes/s.
     pub mem_bw: f64,
+    /// What the device achieves of those peaks per kind of kernel; `None`: the peaks
+    /// themselves (a CPU, a cluster file, or a flat `--efficiency`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub achievable: Option<Achievable>,
 }
 
 impl Default for Roofline {
@@ -136,7 +144,84 @@ impl Default for Roofline {
             name: "default".into(),
             peak_flops: 15.7e12,
             mem_bw: 900e9,
+            achievable: None,
         }
+    }
+}
+
+/// What a GPU achieves of its datasheet peaks, from published measurements (each device
+/// preset names its sources): a roofline per node instead of one efficiency for all.
+/// A matrix product (MatMul, Gemm, convolution as an implicit GEMM) runs at `gemm` of the
+/// peak flop/s times the share of its tiles' work that is useful (tile and wave
+/// quantization, [`GemmShape::useful_share`]); every other kernel streams at `bandwidth`
+/// of the memory bandwidth; no kernel takes less than its host launch, `launch_s` (the
+/// host launches the next kernel while the device runs the last, so launches only show
+/// where kernels are shorter than them).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Achievable {
+    /// Share of the peak flop/s a large, tile-aligned matrix product reaches.
+    pub gemm: f64,
+    /// Share of the memory bandwidth a streaming kernel (one load and one store per
+    /// element) reaches.
+    pub bandwidth: f64,
+    /// Seconds of host launch per kernel, which an eager runtime (libtorch, PyTorch) pays
+    /// for every kernel and which bounds kernels shorter than it.
+    pub launch_s: f64,
+    /// Streaming multiprocessors: the thread blocks of one wave.
+    pub sms: u32,
+    /// Bytes a kernel moves per byte the graph's (fp32) types say: 0.5 when training
+    /// computes in fp16 or bf16, whose activations and weight copies are 2 bytes.
+    pub bytes_scale: f64,
+}
+
+/// The output tiles of cuBLAS's kernels in NVIDIA's *Matrix Multiplication Background
+/// User's Guide* (§2.3, from "256x128 and 128x256 (most efficient)" to "64x64 (least
+/// efficient)"), each taken at one thread block per SM (the guide's wave-quantization
+/// example) and at the same rate per multiprocessor: the guide does not quantify how much
+/// less efficient the smaller ones are, so a shape that only small tiles fit well is
+/// taken at its best (optimistic for small products).
+const TILES: [(f64, f64); 8] = [(256.0, 128.0), (128.0, 256.0), (128.0, 128.0), (256.0, 64.0), (64.0, 256.0), (128.0, 64.0), (64.0, 128.0), (64.0, 64.0)];
+
+/// A matrix product as a GPU tiles it: `count` products of a `rows x cols` output each
+/// (the leading axes of a product with a 2-D weight fold into its rows, as cuBLAS runs
+/// it; a batched product of two activations is `count` products), linear in the batch.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct GemmShape {
+    pub count: Lin,
+    pub rows: Lin,
+    pub cols: f64,
+    /// The reduction's length.
+    pub depth: f64,
+}
+
+impl GemmShape {
+    /// The share of the launched tiles' work that is useful at microbatch `b` on `sms`
+    /// multiprocessors: every tile does a whole tile's math however little of it is
+    /// inside the output (tile quantization, the guide's §3.1), and the last wave of tiles
+    /// may leave multiprocessors idle (wave quantization, §3.2). The best of the guide's
+    /// tiles, as cuBLAS's choice of kernel would take.
+    pub fn useful_share(&self, b: u64, sms: u32) -> f64 {
+        let (count, rows) = (self.count.at(b).max(1.0), self.rows.at(b).max(1.0));
+        let share = |tm: f64, tn: f64| {
+            let (tiles_m, tiles_n) = ((rows / tm).ceil(), (self.cols.max(1.0) / tn).ceil());
+            let tiles = count * tiles_m * tiles_n;
+            let waves = (tiles / f64::from(sms.max(1))).ceil();
+            count * rows * self.cols.max(1.0) / (waves * f64::from(sms.max(1)) * tm * tn)
+        };
+        TILES.iter().map(|&(tm, tn)| share(tm, tn)).fold(0.0, f64::max).min(1.0)
+    }
+
+    /// The two products of the backward: the input's gradient (`rows x depth` over
+    /// `cols`) and the other operand's (`depth x cols` over the rows, one product for a
+    /// weight shared by every row, else one per product).
+    fn backward(&self, weight: bool) -> [GemmShape; 2] {
+        let input = GemmShape { count: self.count, rows: self.rows, cols: self.depth, depth: self.cols };
+        let other = if weight {
+            GemmShape { count: Lin::new(0.0, 1.0), rows: Lin::new(0.0, self.depth), cols: self.cols, depth: 0.0 }
+        } else {
+            GemmShape { count: self.count, rows: Lin::new(0.0, self.depth), cols: self.cols, depth: 0.0 }
+        };
+        [input, other]
     }
 }
 
@@ -152,6 +237,11 @@ pub struct NodeCost {
     pub param_bytes: u64,
     /// Elements of trainable weights attributed to this node (first consumer only).
     pub params: u64,
+    /// The matrix product it runs, for a node that is one; and whether its second
+    /// operand is a weight (one gradient product for all rows).
+    pub gemm: Option<(GemmShape, bool)>,
+    /// Kernels its forward and its backward launch (0 for a view).
+    pub kernels: [u8; 2],
 }
 
 /// A trainable weight read by more than one node.
@@ -497,6 +587,53 @@ fn flops(g: &Graph, n: NodeId, export: i64) -> (Lin, f64) {
     }
 }
 
+/// The matrix product node `n` runs, as a GPU tiles it, and whether its second operand is
+/// a weight: MatMul (a 2-D second operand folds the leading axes into the rows), Gemm,
+/// and a convolution as an implicit GEMM (rows: output positions, cols: output channels
+/// per group, one product per group). `None` for any other node, and for a convolution
+/// with under 8 output channels per group (a depthwise one, which runs as its own
+/// memory-bound kernel rather than a matrix product).
+fn gemm_shape(g: &Graph, n: NodeId, export: i64) -> Option<(GemmShape, bool)> {
+    let node = g.node(n);
+    let input = |i: usize| node.inputs.get(i).copied().flatten().map(|v| g.value(v));
+    let out = node.outputs.iter().flatten().next().map(|&v| &g.value(v).ty)?;
+    let out_numel = numel_lin(out, export);
+    let dims = out.shape.eval(export);
+    let is_weight = |i: usize| input(i).is_some_and(|v| matches!(v.def, ValueDef::Weight(_)));
+    match &node.op {
+        Op::MatMul => {
+            let (a, b) = (input(0)?, input(1)?);
+            let cols = *dims.last()? as f64;
+            let depth = *a.ty.shape.eval(export).last()? as f64;
+            if b.ty.shape.rank() <= 2 || dims.len() < 2 {
+                let rows = out_numel.scale(1.0 / cols.max(1.0));
+                return Some((GemmShape { count: Lin::new(0.0, 1.0), rows, cols, depth }, is_weight(1)));
+            }
+            let m = dims[dims.len() - 2] as f64;
+            let count = out_numel.scale(1.0 / (m * cols).max(1.0));
+            Some((GemmShape { count, rows: Lin::new(0.0, m), cols, depth }, false))
+        }
+        Op::Gemm(gm) => {
+            let a = input(0)?.ty.shape.eval(export);
+            let depth = *a.get(if gm.trans_a { 0 } else { 1 })? as f64;
+            let cols = *dims.get(1)? as f64;
+            Some((GemmShape { count: Lin::new(0.0, 1.0), rows: out_numel.scale(1.0 / cols.max(1.0)), cols, depth }, is_weight(1)))
+        }
+        Op::Conv(c) => {
+            let w = input(1)?.ty.shape.eval(export);
+            let groups = c.group.max(1) as f64;
+            let c_out = *w.first()? as f64;
+            let cols = c_out / groups;
+            if cols < 8.0 {
+                return None;
+            }
+            let depth = w.iter().skip(1).product::<i64>() as f64;
+            Some((GemmShape { count: Lin::new(0.0, groups), rows: out_numel.scale(1.0 / c_out.max(1.0)), cols, depth }, true))
+        }
+        _ => None,
+    }
+}
+
 fn median(v: &mut [f64]) -> Option<f64> {
     if v.is_empty() {
         return None;
@@ -558,6 +695,14 @@ impl CostModel {
             nodes[i].bwd_flops = fwd.scale(bwd_ratio);
             nodes[i].bytes_moved = bytes;
             nodes[i].activation_bytes = if node.op.is_view() { Lin::ZERO } else { act };
+            nodes[i].gemm = gemm_shape(g, n, export);
+            // A product's backward is two products; other kernels' one; a view none.
+            nodes[i].kernels = match (node.op.is_view(), nodes[i].gemm.is_some(), bwd_ratio > 0.0) {
+                (true, _, _) => [0, 0],
+                (false, true, _) => [1, 2],
+                (false, false, true) => [1, 1],
+                (false, false, false) => [1, 0],
+            };
         }
         let mut shared: Vec<SharedWeightUse> = first_consumer
             .into_iter()
@@ -620,9 +765,29 @@ impl CostModel {
             None => return (0.0, 0.0),
         };
         let dev = &self.roofline;
-        let fwd = (c.fwd_flops.at(b) / dev.peak_flops).max(c.bytes_moved.at(b) / dev.mem_bw);
-        let bwd = (c.bwd_flops.at(b) / dev.peak_flops).max(2.0 * c.bytes_moved.at(b) / dev.mem_bw);
-        (fwd.max(0.0), bwd.max(0.0))
+        let Some(gpu) = dev.achievable else {
+            let fwd = (c.fwd_flops.at(b) / dev.peak_flops).max(c.bytes_moved.at(b) / dev.mem_bw);
+            let bwd = (c.bwd_flops.at(b) / dev.peak_flops).max(2.0 * c.bytes_moved.at(b) / dev.mem_bw);
+            return (fwd.max(0.0), bwd.max(0.0));
+        };
+        let (flops, bytes) = (c.fwd_flops.at(b), c.bytes_moved.at(b) * gpu.bytes_scale);
+        let streamed = |bytes: f64| bytes / (dev.mem_bw * gpu.bandwidth);
+        let computed = |flops: f64, shape: Option<&GemmShape>| {
+            let useful = shape.map_or(1.0, |s| s.useful_share(b, gpu.sms));
+            flops / (dev.peak_flops * gpu.gemm * useful)
+        };
+        let launches = |k: u8| f64::from(k) * gpu.launch_s;
+        let (fwd, bwd) = match &c.gemm {
+            Some((shape, weight)) => {
+                // Each of the backward's two products does the forward's flops.
+                let bwd: f64 = shape.backward(*weight).iter().map(|s| computed(flops, Some(s))).sum();
+                (computed(flops, Some(shape)).max(streamed(bytes)), bwd.max(streamed(2.0 * bytes)))
+            }
+            // Products the tiles do not describe (attention, einsum): the large-GEMM rate.
+            None if matches!(self.class(n), OpClass::MatMul | OpClass::Conv) => (computed(flops, None).max(streamed(bytes)), computed(c.bwd_flops.at(b), None).max(streamed(2.0 * bytes))),
+            None => ((flops / dev.peak_flops).max(streamed(bytes)), (c.bwd_flops.at(b) / dev.peak_flops).max(streamed(2.0 * bytes))),
+        };
+        (fwd.max(launches(c.kernels[0])), bwd.max(launches(c.kernels[1])))
     }
 
     /// `(forward, backward)` seconds of node `n` at microbatch `b`: measured when the

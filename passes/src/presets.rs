@@ -1,6 +1,8 @@
 //! Hardware for `pipewright simulate`: device and network presets (datasheet figures; the
 //! sources are listed in docs/simulator.md) and [`SimCluster`], a [`Cluster`] with the
-//! link latencies and an achieved-efficiency factor the simulator also needs.
+//! link latencies the simulator also needs, and what a device achieves of its peaks: per
+//! kernel from published measurements ([`DEVICES`], [`Achievable`]), or a flat
+//! `--efficiency` the user gives instead.
 //!
 //! # TOML (`simulate --cluster FILE`)
 //! The keys of [`Cluster::from_toml`], plus (all optional):
@@ -20,6 +22,7 @@ use pipewright_core::Precision;
 use serde::Serialize;
 
 use crate::cluster::{Cluster, ClusterError, Latencies};
+use crate::cost::Achievable;
 use crate::machine::{AllReduce, Link};
 use pipewright_core::Reduction;
 
@@ -39,18 +42,61 @@ pub struct DevicePreset {
     pub nvlink_bw: f64,
     /// The network preset its usual servers have.
     pub network: &'static str,
+    /// What it achieves of those peaks (published measurements, [`DEVICES`]).
+    pub measured: Measured,
 }
+
+/// A device's published measurements: the shares of its peaks that large matrix products
+/// and streaming kernels reach, and its multiprocessors (for tile and wave quantization).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Measured {
+    /// Large fp16/bf16 tensor-core matrix products.
+    pub gemm_half: f64,
+    /// Large fp32 matrix products; `None`: no published measurement (the peak is used).
+    pub gemm_fp32: Option<f64>,
+    /// Streaming kernels (one load, one store per element).
+    pub bandwidth: f64,
+    pub sms: u32,
+}
+
+/// Host launch time per kernel: "Usually, the launch time on the CPU side is between 5-20
+/// microseconds" (Meta, Holistic Trace Analysis, *CUDA Kernel Launch Statistics*); the low
+/// end, as libtorch launches from C++ with no Python in between.
+pub const LAUNCH_S: f64 = 5e-6;
 
 const GIB: u64 = 1 << 30;
 
-/// The device presets (sources: docs/simulator.md).
+/// The device presets (datasheet sources: docs/simulator.md). Measured shares:
+/// - V100: fp16 GEMM 83 of 125 Tflop/s (Markidis et al., *NVIDIA Tensor Core
+///   Programmability, Performance & Precision*, IPDPSW 2018, arXiv 1803.04014); fp32 GEMM
+///   14 of 15.7 (M. Li, github.com/mli/transformers-benchmarks, V100 16GB); 809 of 898 GB/s
+///   streamed (RRZE gpu-benches `gpu-stream`, "scale", Ernst et al., JPDC 2023); 80 SMs
+///   (NVIDIA Tesla V100 white paper).
+/// - A100: bf16 GEMM 267.9 of 312 Tflop/s (S. Bekman, *Machine Learning Engineering*,
+///   "Maximum Achievable Matmul FLOPS", A100 SXM); streamed 1382 of 1555 GB/s (40 GB) and
+///   1737 of 2039 (80 GB) (RRZE `gpu-stream` "scale"); 108 SMs (NVIDIA, *Matrix
+///   Multiplication Background User's Guide*).
+/// - H100: bf16 GEMM 792.1 of 989 Tflop/s (Bekman, H100 SXM); streamed 1704 of 2000 GB/s
+///   (RRZE `gpu-stream` "scale", measured on the PCIe H100, taken for the SXM one); 132 SMs
+///   (NVIDIA H100 white paper). H200: the same GH100 die, H100's shares (no H200
+///   measurement was found).
+/// - No published fp32 (non-tensor-core) GEMM share was found for A100, H100 or H200.
 pub const DEVICES: [DevicePreset; 5] = [
-    DevicePreset { name: "V100-16GB", memory: 16 * GIB, fp32_flops: 15.7e12, half_flops: 125e12, bf16: false, mem_bw: 900e9, nvlink_bw: 150e9, network: "25gbit" },
-    DevicePreset { name: "A100-40GB", memory: 40 * GIB, fp32_flops: 19.5e12, half_flops: 312e12, bf16: true, mem_bw: 1555e9, nvlink_bw: 300e9, network: "8x200gbit" },
-    DevicePreset { name: "A100-80GB", memory: 80 * GIB, fp32_flops: 19.5e12, half_flops: 312e12, bf16: true, mem_bw: 2039e9, nvlink_bw: 300e9, network: "8x200gbit" },
-    DevicePreset { name: "H100", memory: 80 * GIB, fp32_flops: 67e12, half_flops: 989e12, bf16: true, mem_bw: 3350e9, nvlink_bw: 450e9, network: "8x400gbit" },
-    DevicePreset { name: "H200", memory: 141_000_000_000, fp32_flops: 67e12, half_flops: 989e12, bf16: true, mem_bw: 4800e9, nvlink_bw: 450e9, network: "8x400gbit" },
+    DevicePreset { name: "V100-16GB", memory: 16 * GIB, fp32_flops: 15.7e12, half_flops: 125e12, bf16: false, mem_bw: 900e9, nvlink_bw: 150e9, network: "25gbit", measured: Measured { gemm_half: 83.0 / 125.0, gemm_fp32: Some(14.0 / 15.7), bandwidth: 809.0 / 898.0, sms: 80 } },
+    DevicePreset { name: "A100-40GB", memory: 40 * GIB, fp32_flops: 19.5e12, half_flops: 312e12, bf16: true, mem_bw: 1555e9, nvlink_bw: 300e9, network: "8x200gbit", measured: Measured { gemm_half: 267.9 / 312.0, gemm_fp32: None, bandwidth: 1382.0 / 1555.0, sms: 108 } },
+    DevicePreset { name: "A100-80GB", memory: 80 * GIB, fp32_flops: 19.5e12, half_flops: 312e12, bf16: true, mem_bw: 2039e9, nvlink_bw: 300e9, network: "8x200gbit", measured: Measured { gemm_half: 267.9 / 312.0, gemm_fp32: None, bandwidth: 1737.0 / 2039.0, sms: 108 } },
+    DevicePreset { name: "H100", memory: 80 * GIB, fp32_flops: 67e12, half_flops: 989e12, bf16: true, mem_bw: 3350e9, nvlink_bw: 450e9, network: "8x400gbit", measured: Measured { gemm_half: 792.1 / 989.0, gemm_fp32: None, bandwidth: 1704.0 / 2000.0, sms: 132 } },
+    DevicePreset { name: "H200", memory: 141_000_000_000, fp32_flops: 67e12, half_flops: 989e12, bf16: true, mem_bw: 4800e9, nvlink_bw: 450e9, network: "8x400gbit", measured: Measured { gemm_half: 792.1 / 989.0, gemm_fp32: None, bandwidth: 1704.0 / 2000.0, sms: 132 } },
 ];
+
+impl DevicePreset {
+    /// What it achieves per kernel computing in `precision`.
+    pub fn achievable(&self, precision: Precision) -> Achievable {
+        let m = self.measured;
+        let gemm = if precision.is_mixed() { m.gemm_half } else { m.gemm_fp32.unwrap_or(1.0) };
+        Achievable { gemm, bandwidth: m.bandwidth, launch_s: LAUNCH_S, sms: m.sms, bytes_scale: precision.compute_bytes() as f64 / 4.0 }
+    }
+}
 
 /// A server's network to the other servers.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
@@ -110,7 +156,9 @@ pub struct SimCluster {
     pub cluster: Cluster,
     pub intra_latency_s: f64,
     pub inter_latency_s: f64,
-    /// Share of the peak flop/s and memory bandwidth achieved (applied in `cluster`).
+    /// Share of the peak flop/s and memory bandwidth achieved (applied in `cluster`): a
+    /// flat override, or 1 where the cluster's per-kernel model applies
+    /// (`cluster.achievable`).
     pub efficiency: f64,
     /// The stages are threads on one host with this many CPU cores (`host_cores`); `None`:
     /// each stage has its own device.
@@ -128,8 +176,13 @@ fn check_efficiency(e: f64) -> Result<f64, PresetError> {
 impl SimCluster {
     /// `servers` servers of `per_server` `device`s joined by `net`, computing in
     /// `precision` (fp32 peak, or the tensor cores for bf16/fp16) at `efficiency` of peak.
-    pub fn from_preset(device: DevicePreset, net: NetworkPreset, servers: usize, per_server: usize, precision: Precision, efficiency: f64) -> Result<SimCluster, PresetError> {
-        let efficiency = check_efficiency(efficiency)?;
+    pub fn from_preset(device: DevicePreset, net: NetworkPreset, servers: usize, per_server: usize, precision: Precision, efficiency: Option<f64>) -> Result<SimCluster, PresetError> {
+        // Without a flat efficiency, each kernel achieves what the device's published
+        // measurements say (the model); with one, every kernel that share of the peaks.
+        let (efficiency, achievable) = match efficiency {
+            Some(e) => (check_efficiency(e)?, None),
+            None => (1.0, Some(device.achievable(precision))),
+        };
         if servers == 0 || per_server == 0 {
             return Err(PresetError::Bad { key: "servers", why: "need at least one server of at least one GPU".into() });
         }
@@ -147,9 +200,14 @@ impl SimCluster {
             mem_bw: device.mem_bw * efficiency,
             server_bw: Some(net.link_bw * f64::from(net.links)),
             reduction: Reduction::Collective,
+            achievable,
+        };
+        let achieved = match achievable {
+            Some(a) => format!("achievable: GEMM {:.2} of peak before tile and wave quantization, memory {:.2} of bandwidth, at least {} µs per kernel", a.gemm, a.bandwidth, a.launch_s * 1e6),
+            None => format!("efficiency {efficiency}"),
         };
         Ok(SimCluster {
-            name: format!("{servers} x {per_server} {} ({}), {} {precision}, efficiency {efficiency}", device.name, net.name, if precision.is_mixed() { "tensor cores" } else { "no tensor cores" }),
+            name: format!("{servers} x {per_server} {} ({}), {} {precision}, {achieved}", device.name, net.name, if precision.is_mixed() { "tensor cores" } else { "no tensor cores" }),
             cluster,
             intra_latency_s: NVLINK_LATENCY_S,
             inter_latency_s: net.latency_s,
@@ -267,7 +325,7 @@ mod tests {
 
     #[test]
     fn the_papers_cluster_from_presets() {
-        let c = SimCluster::from_preset(device("v100-16gb").unwrap(), network("25gbit").unwrap(), 8, 8, Precision::Fp16, 1.0).unwrap();
+        let c = SimCluster::from_preset(device("v100-16gb").unwrap(), network("25gbit").unwrap(), 8, 8, Precision::Fp16, Some(1.0)).unwrap();
         assert_eq!(c.cluster.workers, 64);
         assert_eq!(c.cluster.memory_per_worker, 16 << 30);
         assert_eq!(c.cluster.peak_flops, 125e12);
@@ -294,7 +352,7 @@ mod tests {
         // A 2 x 4 job fits in one server: NVLink everywhere.
         assert_eq!(c.allreduce(2, 4).inter.bandwidth, 150e9);
         assert!(c.pipeline_links(2, 4).iter().all(|l| l.bandwidth == 150e9));
-        assert_eq!(SimCluster::from_preset(device("V100-16GB").unwrap(), network("25gbit").unwrap(), 1, 8, Precision::Fp32, 0.5).unwrap().cluster.peak_flops, 15.7e12 * 0.5);
+        assert_eq!(SimCluster::from_preset(device("V100-16GB").unwrap(), network("25gbit").unwrap(), 1, 8, Precision::Fp32, Some(0.5)).unwrap().cluster.peak_flops, 15.7e12 * 0.5);
         // Tensor parallelism, t = 4: 16 groups over 8 servers, four rings (one per shard
         // position) through each server's one link; 2 groups fill one server: NVLink.
         assert_eq!(c.tensor_dp_link(4, 16), Link { bandwidth: 25e9 / 8.0 / 4.0, latency_s: 20e-6 });
@@ -307,9 +365,9 @@ mod tests {
     fn bad_presets_and_keys_are_named() {
         assert_eq!(device("K80").unwrap_err(), PresetError::UnknownDevice("K80".into()));
         assert!(network("carrier pigeon").unwrap_err().to_string().contains("expected one of 25gbit"));
-        let e = SimCluster::from_preset(device("V100-16GB").unwrap(), network("25gbit").unwrap(), 1, 8, Precision::Bf16, 1.0).unwrap_err();
+        let e = SimCluster::from_preset(device("V100-16GB").unwrap(), network("25gbit").unwrap(), 1, 8, Precision::Bf16, None).unwrap_err();
         assert_eq!(e.to_string(), "V100-16GB has no bf16 tensor cores; simulate it with --precision fp16 or fp32");
-        assert!(SimCluster::from_preset(DEVICES[0], NETWORKS[0], 1, 8, Precision::Fp32, 1.5).unwrap_err().to_string().starts_with("efficiency: 1.5"));
+        assert!(SimCluster::from_preset(DEVICES[0], NETWORKS[0], 1, 8, Precision::Fp32, Some(1.5)).unwrap_err().to_string().starts_with("efficiency: 1.5"));
         let c = SimCluster::from_toml("c.toml", "workers = 16\nworkers_per_node = 8\ninter_latency = \"50us\"\nserver_bw = \"100Gbit/s\"\nefficiency = 0.5\npeak_flops = \"10T\"\n").unwrap();
         assert_eq!(c.inter_latency_s, 50e-6);
         assert_eq!(c.cluster.server_bw, Some(12.5e9));

@@ -447,7 +447,7 @@ use pipewright_core::Storage;
     }
 
     fn cluster(servers: usize) -> SimCluster {
-        SimCluster::from_preset(device("V100-16GB").unwrap(), network("25gbit").unwrap(), servers, 8, Precision::Fp32, 1.0).unwrap()
+        SimCluster::from_preset(device("V100-16GB").unwrap(), network("25gbit").unwrap(), servers, 8, Precision::Fp32, Some(1.0)).unwrap()
     }
 
     /// The tiny GPT on one server of 8 V100s, global batch 8 at microbatch 1: its layers

@@ -10,7 +10,7 @@ use pipewright_ir::{
     ValueId, Weight,
 };
 use pipewright_passes::cluster::Cluster;
-use pipewright_passes::cost::{CostModel, Lin, Roofline};
+use pipewright_passes::cost::{Achievable, CostModel, GemmShape, Lin, Roofline};
 use pipewright_passes::machine::Crowding;
 use pipewright_passes::partition::{choose_order, live_bytes};
 use pipewright_core::{Balance, Precision, Schedule, Scheme};
@@ -142,6 +142,62 @@ fn cost_rules() {
     // Roofline: the matmul at b=1 is memory bound on the default device.
     let (f, _) = c.time(mm, 1);
     assert!((f - c.node(mm).bytes_moved.at(1) / 900e9).abs() < 1e-18);
+}
+
+/// Tile and wave quantization by hand (NVIDIA's *Matrix Multiplication Background User's
+/// Guide*: its tiles from 256 x 128 to 64 x 64, one per multiprocessor, the best one
+/// taken), and a GPU roofline per node: the matmul at its achievable share of the peak
+/// times its useful share, forward and the two backward products apart; the relu at the
+/// achievable bandwidth, at the compute type's width; no kernel under its launch.
+#[test]
+fn a_gpu_roofline_per_node() {
+    let one = Lin::new(0.0, 1.0);
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-12 * b.abs().max(1e-30);
+    // 320 x 64 tiles of 256 x 128 fill 256 waves of 80 exactly: all useful.
+    let large = GemmShape { count: one, rows: Lin::new(0.0, 81920.0), cols: 8192.0, depth: 64.0 };
+    assert!(close(large.useful_share(1, 80), 1.0));
+    // 1024 x 2048 on 80 SMs: 256 x 128 tiles make 64, one wave of 80 (0.8); 64 x 64 tiles
+    // make 512, seven waves (560 slots): 512 / 560, the best.
+    let square = GemmShape { count: one, rows: Lin::new(0.0, 1024.0), cols: 2048.0, depth: 2048.0 };
+    assert!(close(square.useful_share(1, 80), 512.0 / 560.0));
+    // One row: 32 tiles of 64 x 64, each 1/64 useful, in a wave of 80.
+    let row = GemmShape { rows: Lin::new(0.0, 1.0), ..square };
+    assert!(close(row.useful_share(1, 80), 2048.0 / (80.0 * 64.0 * 64.0)));
+    // Rows linear in the batch: 512 per sample, 160 samples = 81920 rows, as `large`.
+    let per_sample = GemmShape { count: one, rows: Lin::new(512.0, 0.0), cols: 8192.0, depth: 64.0 };
+    assert!(close(per_sample.useful_share(160, 80), 1.0));
+
+    let mut g = Graph::new(ModelMeta::default());
+    let x = input(&mut g, 2048);
+    let w = weight(&mut g, "w", &[2048, 2048]);
+    let (mm, y) = matmul(&mut g, "mm", x, w, 2048);
+    let (r, y) = unary(&mut g, "relu", y, 2048);
+    g.set_outputs(vec![y]);
+    let gpu = Achievable { gemm: 0.5, bandwidth: 0.8, launch_s: 5e-6, sms: 80, bytes_scale: 0.5 };
+    let roofline = Roofline { name: "gpu".into(), peak_flops: 100e12, mem_bw: 1e12, achievable: Some(gpu) };
+    let c = CostModel::new(&g, roofline).unwrap();
+    let (shape, weight) = c.node(mm).gemm.expect("a matmul is a product");
+    assert!(weight);
+    assert_eq!((shape.rows, shape.cols, shape.depth), (Lin::new(1.0, 0.0), 2048.0, 2048.0));
+    assert_eq!(c.node(mm).kernels, [1, 2]);
+    assert_eq!(c.node(r).kernels, [1, 1]);
+    // b = 1024: the forward's 1024 x 2048 output is 512/560 useful, and so is the
+    // backward's input gradient; the weight's gradient, 2048 x 2048, is 1024 tiles of 64 x
+    // 64 in 13 waves (1040 slots).
+    let flops = 2.0 * 1024.0 * 2048.0 * 2048.0;
+    let rate = 100e12 * 0.5;
+    let (f, bwd) = c.time(mm, 1024);
+    assert!(close(f, flops / (rate * 512.0 / 560.0)), "{f}");
+    assert!(close(bwd, flops / (rate * 512.0 / 560.0) + flops / (rate * 1024.0 / 1040.0)), "{bwd}");
+    // The relu streams 1024 x 2048 in and out, 2 bytes each in fp16: 8 MiB at 0.8 TB/s.
+    let (rf, rb) = c.time(r, 1024);
+    assert!(close(rf, 2.0 * 1024.0 * 2048.0 * 2.0 / 0.8e12), "{rf}");
+    assert!(close(rb, 2.0 * rf), "{rb}");
+    // One sample: the relu is shorter than its launches; the one-row matmul is bound by
+    // its tiles (32 of 64 x 64, each 1/64 useful), not by reading the 8 MiB weight.
+    assert_eq!(c.time(r, 1), (5e-6, 5e-6));
+    let (f1, _) = c.time(mm, 1);
+    assert!(close(f1, 2.0 * 2048.0 * 2048.0 / (rate * 2048.0 / (80.0 * 64.0 * 64.0))), "{f1}");
 }
 
 #[test]
