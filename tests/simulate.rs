@@ -215,13 +215,20 @@ fn paper_scale_models_need_no_weights() {
     assert!(written.bytes < 4 << 20, "{} bytes", written.bytes);
     assert!(!dir.path().join("gpt-3.8b.onnx.data").exists());
     let p = path.to_str().unwrap();
-    let out = pw_ok(&["simulate", p, "--cluster", "V100-16GB", "--servers", "8", "--precision", "fp16", "--batch", "512", "--schedule", "2bw", "--batches", "3", "--json"]);
+    let out = pw_ok(&["simulate", p, "--cluster", "V100-16GB", "--servers", "8", "--precision", "fp16", "--batch", "512", "--schedule", "2bw", "--batches", "6", "--json"]);
     let v: Value = serde_json::from_str(&out).unwrap();
     let c = &v["outcomes"][0]["config"];
     assert_eq!(c["w"].as_u64().unwrap() * c["d"].as_u64().unwrap(), 64, "{c}");
     let peak = v["outcomes"][0]["simulation"]["stages"].as_array().unwrap().iter().map(|s| s["peak_memory"].as_f64().unwrap()).fold(0.0, f64::max);
     assert!(peak <= 16.0 * (1u64 << 30) as f64, "{peak}");
-    pw_ok(&["plan", p, "--workers", "64", "--memory", "16GiB", "--batch", "512", "--schedule", "2bw", "--precision", "fp16", "--top", "1"]);
+    // `plan` on the same preset chooses what `simulate` replayed, with the same figure.
+    let planned: Value = serde_json::from_str(&pw_ok(&["plan", p, "--cluster", "V100-16GB", "--servers", "8", "--batch", "512", "--schedule", "2bw", "--precision", "fp16", "--top", "1", "--json"])).unwrap();
+    for key in ["w", "d", "b", "m", "recompute"] {
+        assert_eq!(planned["chosen"][key], c[key], "{key}");
+    }
+    let replayed = v["outcomes"][0]["simulation"]["samples_per_s"].as_f64().unwrap();
+    assert!((planned["chosen"]["replayed_samples_per_s"].as_f64().unwrap() - replayed).abs() <= 1e-9 * replayed);
+    assert!(planned["cluster"]["achievable"]["gemm"].as_f64().unwrap() < 1.0);
     fails(&pw(&["compile", p, "--stages", "2", "-o", dir.path().join("build").to_str().unwrap()]), &["gpt-3.8b.onnx.data", "cannot be read"]);
 }
 

@@ -13,6 +13,7 @@ use pipewright_passes::manager::PassOptions;
 use pipewright_passes::pipeline::PlanRequest;
 use pipewright_passes::plan_file::PlanFile;
 use pipewright_passes::planner::PlanOptions;
+use pipewright_passes::presets::{self, SimCluster};
 use pipewright_passes::profile::Profile;
 
 use crate::compile::{compile, plan, CompileRequest, Compiled};
@@ -42,21 +43,38 @@ pub struct ClusterSpec {
     /// Peak flop/s of one worker, e.g. 15.7T.
     #[arg(long)]
     pub peak_flops: Option<String>,
-    /// A cluster description in TOML (flags override it).
-    #[arg(long)]
+    /// A cluster description in TOML, or a device preset as `simulate` takes one
+    /// (V100-16GB, A100-40GB, A100-80GB, H100, H200, with --servers, --gpus-per-server and
+    /// --network): the values above override it.
+    #[arg(long, value_name = "FILE|PRESET")]
     pub cluster: Option<PathBuf>,
+    /// Servers, with a device preset (default 1).
+    #[arg(long)]
+    pub servers: Option<usize>,
+    /// GPUs per server, with a device preset (default 8).
+    #[arg(long)]
+    pub gpus_per_server: Option<usize>,
+    /// Network between servers, with a device preset: 25gbit, 100gbit, 8x200gbit,
+    /// 8x400gbit (default: the one the device's usual servers have).
+    #[arg(long)]
+    pub network: Option<String>,
 }
 
 impl ClusterSpec {
     /// Nothing described: the planner's default cluster is assumed (and the output says so).
     pub fn is_default(&self) -> bool {
-        let ClusterSpec { workers, memory, intra_bw, inter_bw, workers_per_node, peak_flops, cluster } = self;
-        cluster.is_none() && workers.is_none() && memory.is_none() && intra_bw.is_none() && inter_bw.is_none() && workers_per_node.is_none() && peak_flops.is_none()
+        let ClusterSpec { workers, memory, intra_bw, inter_bw, workers_per_node, peak_flops, cluster, servers, gpus_per_server, network } = self;
+        cluster.is_none() && workers.is_none() && memory.is_none() && intra_bw.is_none() && inter_bw.is_none() && workers_per_node.is_none() && peak_flops.is_none() && servers.is_none() && gpus_per_server.is_none() && network.is_none()
     }
 
-    /// The cluster: defaults, then the file, then each value given.
-    pub fn cluster(&self) -> Result<Cluster, DriverError> {
+    /// The cluster: defaults, then the file or the preset (the preset's peak is the one of
+    /// `precision`, as `simulate` takes it), then each value given.
+    pub fn cluster(&self, precision: Precision) -> Result<Cluster, DriverError> {
+        let preset_flags = [("--servers", self.servers.is_some()), ("--gpus-per-server", self.gpus_per_server.is_some()), ("--network", self.network.is_some())];
+        let given: Vec<&str> = preset_flags.iter().filter(|f| f.1).map(|f| f.0).collect();
         let mut c = match &self.cluster {
+            Some(path) if !path.is_file() && presets::device(&path.to_string_lossy()).is_ok() => self.preset(&path.to_string_lossy(), precision)?,
+            _ if !given.is_empty() => return Err(DriverError::msg(format!("{} need(s) a device preset in --cluster", given.join(", ")))),
             Some(path) => {
                 let text = std::fs::read_to_string(path).map_err(|source| DriverError::Read { path: path.clone(), source })?;
                 Cluster::from_toml(&text).map_err(|e| DriverError::msg(format!("{}: {e}", path.display())))?
@@ -83,6 +101,15 @@ impl ClusterSpec {
             c.peak_flops = parse_flops(f).map_err(|e| bad("--peak-flops", &e))?;
         }
         Ok(c)
+    }
+
+    /// The device preset `name` on `--servers` servers of `--gpus-per-server`, each kernel
+    /// achieving what the device's published measurements say (as `simulate` plans).
+    fn preset(&self, name: &str, precision: Precision) -> Result<Cluster, DriverError> {
+        let device = presets::device(name).map_err(|e| DriverError::msg(format!("--cluster: {e}")))?;
+        let network = presets::network(self.network.as_deref().unwrap_or(device.network)).map_err(|e| DriverError::msg(format!("--network: {e}")))?;
+        let sim = SimCluster::from_preset(device, network, self.servers.unwrap_or(1), self.gpus_per_server.unwrap_or(8), precision, None).map_err(|e| DriverError::msg(format!("--cluster {name}: {e}")))?;
+        Ok(sim.cluster)
     }
 }
 
@@ -179,7 +206,7 @@ impl PlanSpec {
             microbatch: self.microbatch,
             recompute: self.recompute,
         };
-        Ok(PlanRequest::Search { cluster: self.cluster.cluster()?, options, profile })
+        Ok(PlanRequest::Search { cluster: self.cluster.cluster(self.training.precision)?, options, profile })
     }
 }
 
@@ -327,19 +354,30 @@ mod tests {
     #[test]
     fn clusters_build_from_defaults_file_and_values() {
         assert!(spec().is_default());
-        assert_eq!(spec().cluster().unwrap(), Cluster::default());
-        let c = ClusterSpec { workers: Some(16), memory: Some("8GiB".into()), inter_bw: Some("25Gbit/s".into()), ..spec() }.cluster().unwrap();
+        assert_eq!(spec().cluster(Precision::Fp32).unwrap(), Cluster::default());
+        let c = ClusterSpec { workers: Some(16), memory: Some("8GiB".into()), inter_bw: Some("25Gbit/s".into()), ..spec() }.cluster(Precision::Fp32).unwrap();
         assert_eq!((c.workers, c.memory_per_worker), (16, 8 << 30));
         assert_eq!(c.inter_bw, 25e9 / 8.0);
-        let e = ClusterSpec { memory: Some("lots".into()), ..spec() }.cluster().unwrap_err().to_string();
+        let e = ClusterSpec { memory: Some("lots".into()), ..spec() }.cluster(Precision::Fp32).unwrap_err().to_string();
         assert!(e.starts_with("--memory: "), "{e}");
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("c.toml");
         std::fs::write(&file, "workers = 4\n").unwrap();
-        let c = ClusterSpec { cluster: Some(file.clone()), workers_per_node: Some(2), ..spec() }.cluster().unwrap();
+        let c = ClusterSpec { cluster: Some(file.clone()), workers_per_node: Some(2), ..spec() }.cluster(Precision::Fp32).unwrap();
         assert_eq!((c.workers, c.workers_per_node), (4, 2));
-        let e = ClusterSpec { cluster: Some(dir.path().join("none.toml")), ..spec() }.cluster().unwrap_err().to_string();
+        let e = ClusterSpec { cluster: Some(dir.path().join("none.toml")), ..spec() }.cluster(Precision::Fp32).unwrap_err().to_string();
         assert!(e.contains("none.toml: cannot read"), "{e}");
+        // A device preset, as `simulate` takes it: the tensor cores' peak for fp16, the
+        // network link shared by the server, what each kernel achieves; values override it.
+        let v100 = ClusterSpec { cluster: Some("V100-16GB".into()), servers: Some(8), ..spec() };
+        let c = v100.cluster(Precision::Fp16).unwrap();
+        assert_eq!((c.workers, c.workers_per_node, c.peak_flops, c.server_bw), (64, 8, 125e12, Some(25e9 / 8.0)));
+        assert_eq!(c.achievable.map(|a| a.sms), Some(80));
+        assert_eq!(ClusterSpec { memory: Some("32GiB".into()), ..v100 }.cluster(Precision::Fp32).unwrap().memory_per_worker, 32 << 30);
+        let e = ClusterSpec { servers: Some(2), ..spec() }.cluster(Precision::Fp32).unwrap_err().to_string();
+        assert_eq!(e, "--servers need(s) a device preset in --cluster");
+        let e = ClusterSpec { cluster: Some("V100-16GB".into()), network: Some("carrier-pigeon".into()), ..spec() }.cluster(Precision::Fp32).unwrap_err().to_string();
+        assert!(e.starts_with("--network: unknown network preset \"carrier-pigeon\""), "{e}");
     }
 
     fn compile_spec(output: &Path) -> CompileSpec {

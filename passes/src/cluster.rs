@@ -200,7 +200,8 @@ impl Cluster {
     /// One line for people: `8 workers (8 per server), 16.0 GiB, 15.7 Tflop/s each`.
     pub fn summary(&self) -> String {
         let memory = if self.memory_per_worker == u64::MAX { "no memory limit".to_string() } else { human_bytes(self.memory_per_worker) };
-        format!("{} workers ({} per server), {memory}, {:.1} Tflop/s each", self.workers, self.workers_per_node, self.peak_flops / 1e12)
+        let achieved = self.achievable.map_or(String::new(), |a| format!(" (matrix products {:.2} of it before tile and wave quantization, memory {:.2} of its bandwidth)", a.gemm, a.bandwidth));
+        format!("{} workers ({} per server), {memory}, {:.1} Tflop/s each{achieved}", self.workers, self.workers_per_node, self.peak_flops / 1e12)
     }
 
     /// The roofline description of one worker.
