@@ -48,6 +48,13 @@ pub struct ClusterSpec {
     /// --network): the values above override it.
     #[arg(long, value_name = "FILE|PRESET")]
     pub cluster: Option<PathBuf>,
+    #[command(flatten)]
+    pub preset: PresetShape,
+}
+
+/// How many servers of a device preset, and their network (`plan` and `simulate`).
+#[derive(Clone, Debug, Default, clap::Args)]
+pub struct PresetShape {
     /// Servers, with a device preset (default 1).
     #[arg(long)]
     pub servers: Option<usize>,
@@ -60,20 +67,35 @@ pub struct ClusterSpec {
     pub network: Option<String>,
 }
 
+impl PresetShape {
+    /// The flags given, by name (they need a preset).
+    pub fn given(&self) -> Vec<&'static str> {
+        [("--servers", self.servers.is_some()), ("--gpus-per-server", self.gpus_per_server.is_some()), ("--network", self.network.is_some())].iter().filter(|f| f.1).map(|f| f.0).collect()
+    }
+
+    /// The device preset `name` in this shape, computing in `precision`, each kernel at a
+    /// flat `efficiency` of the peaks or (`None`) at what the device's published
+    /// measurements say.
+    pub fn cluster(&self, name: &str, precision: Precision, efficiency: Option<f64>) -> Result<SimCluster, DriverError> {
+        let device = presets::device(name).map_err(|e| DriverError::msg(format!("--cluster: {e}")))?;
+        let network = presets::network(self.network.as_deref().unwrap_or(device.network)).map_err(|e| DriverError::msg(format!("--network: {e}")))?;
+        SimCluster::from_preset(device, network, self.servers.unwrap_or(1), self.gpus_per_server.unwrap_or(8), precision, efficiency).map_err(|e| DriverError::msg(format!("--cluster {name}: {e}")))
+    }
+}
+
 impl ClusterSpec {
     /// Nothing described: the planner's default cluster is assumed (and the output says so).
     pub fn is_default(&self) -> bool {
-        let ClusterSpec { workers, memory, intra_bw, inter_bw, workers_per_node, peak_flops, cluster, servers, gpus_per_server, network } = self;
-        cluster.is_none() && workers.is_none() && memory.is_none() && intra_bw.is_none() && inter_bw.is_none() && workers_per_node.is_none() && peak_flops.is_none() && servers.is_none() && gpus_per_server.is_none() && network.is_none()
+        let ClusterSpec { workers, memory, intra_bw, inter_bw, workers_per_node, peak_flops, cluster, preset } = self;
+        cluster.is_none() && workers.is_none() && memory.is_none() && intra_bw.is_none() && inter_bw.is_none() && workers_per_node.is_none() && peak_flops.is_none() && preset.given().is_empty()
     }
 
     /// The cluster: defaults, then the file or the preset (the preset's peak is the one of
     /// `precision`, as `simulate` takes it), then each value given.
     pub fn cluster(&self, precision: Precision) -> Result<Cluster, DriverError> {
-        let preset_flags = [("--servers", self.servers.is_some()), ("--gpus-per-server", self.gpus_per_server.is_some()), ("--network", self.network.is_some())];
-        let given: Vec<&str> = preset_flags.iter().filter(|f| f.1).map(|f| f.0).collect();
+        let given = self.preset.given();
         let mut c = match &self.cluster {
-            Some(path) if !path.is_file() && presets::device(&path.to_string_lossy()).is_ok() => self.preset(&path.to_string_lossy(), precision)?,
+            Some(path) if !path.is_file() && presets::device(&path.to_string_lossy()).is_ok() => self.preset.cluster(&path.to_string_lossy(), precision, None)?.cluster,
             _ if !given.is_empty() => return Err(DriverError::msg(format!("{} need(s) a device preset in --cluster", given.join(", ")))),
             Some(path) => {
                 let text = std::fs::read_to_string(path).map_err(|source| DriverError::Read { path: path.clone(), source })?;
@@ -101,15 +123,6 @@ impl ClusterSpec {
             c.peak_flops = parse_flops(f).map_err(|e| bad("--peak-flops", &e))?;
         }
         Ok(c)
-    }
-
-    /// The device preset `name` on `--servers` servers of `--gpus-per-server`, each kernel
-    /// achieving what the device's published measurements say (as `simulate` plans).
-    fn preset(&self, name: &str, precision: Precision) -> Result<Cluster, DriverError> {
-        let device = presets::device(name).map_err(|e| DriverError::msg(format!("--cluster: {e}")))?;
-        let network = presets::network(self.network.as_deref().unwrap_or(device.network)).map_err(|e| DriverError::msg(format!("--network: {e}")))?;
-        let sim = SimCluster::from_preset(device, network, self.servers.unwrap_or(1), self.gpus_per_server.unwrap_or(8), precision, None).map_err(|e| DriverError::msg(format!("--cluster {name}: {e}")))?;
-        Ok(sim.cluster)
     }
 }
 
@@ -369,14 +382,14 @@ mod tests {
         assert!(e.contains("none.toml: cannot read"), "{e}");
         // A device preset, as `simulate` takes it: the tensor cores' peak for fp16, the
         // network link shared by the server, what each kernel achieves; values override it.
-        let v100 = ClusterSpec { cluster: Some("V100-16GB".into()), servers: Some(8), ..spec() };
+        let v100 = ClusterSpec { cluster: Some("V100-16GB".into()), preset: PresetShape { servers: Some(8), ..PresetShape::default() }, ..spec() };
         let c = v100.cluster(Precision::Fp16).unwrap();
         assert_eq!((c.workers, c.workers_per_node, c.peak_flops, c.server_bw), (64, 8, 125e12, Some(25e9 / 8.0)));
         assert_eq!(c.achievable.map(|a| a.sms), Some(80));
         assert_eq!(ClusterSpec { memory: Some("32GiB".into()), ..v100 }.cluster(Precision::Fp32).unwrap().memory_per_worker, 32 << 30);
-        let e = ClusterSpec { servers: Some(2), ..spec() }.cluster(Precision::Fp32).unwrap_err().to_string();
+        let e = ClusterSpec { preset: PresetShape { servers: Some(2), ..PresetShape::default() }, ..spec() }.cluster(Precision::Fp32).unwrap_err().to_string();
         assert_eq!(e, "--servers need(s) a device preset in --cluster");
-        let e = ClusterSpec { cluster: Some("V100-16GB".into()), network: Some("carrier-pigeon".into()), ..spec() }.cluster(Precision::Fp32).unwrap_err().to_string();
+        let e = ClusterSpec { cluster: Some("V100-16GB".into()), preset: PresetShape { network: Some("carrier-pigeon".into()), ..PresetShape::default() }, ..spec() }.cluster(Precision::Fp32).unwrap_err().to_string();
         assert!(e.starts_with("--network: unknown network preset \"carrier-pigeon\""), "{e}");
     }
 

@@ -12,14 +12,14 @@ use pipewright_passes::cost::CostModel;
 use pipewright_passes::machine::{duration_factors, AllReduce, DurationSpread, HostCores};
 use pipewright_passes::plan_file::PlanFile;
 use pipewright_passes::planner::{plan_on, Candidate, PlanContext, PlanError, PlanOptions};
-use pipewright_passes::presets::{self, SimCluster};
+use pipewright_passes::presets::SimCluster;
 use pipewright_passes::profile::Profile;
 use pipewright_passes::simulate::{dedicated_durations, simulate as replay, SimSetup, Simulation};
 use pipewright_passes::tensor_parallel::{plan_tensor_parallel, TensorError};
 use pipewright_runtime::timeline::{after_backward_us, chrome_trace_json, read_chrome_trace, timeline_svg, TraceKind};
 use serde::Serialize;
 
-use crate::plan::TrainingShape;
+use crate::plan::{PresetShape, TrainingShape};
 use crate::DriverError;
 
 /// What `pipewright simulate` is asked to do.
@@ -64,16 +64,8 @@ pub struct SimulateSpec {
     /// Needed for a model; a plan file brings its own.
     #[arg(long, value_name = "FILE|PRESET")]
     pub cluster: Option<String>,
-    /// Servers, with a device preset (default 1).
-    #[arg(long)]
-    pub servers: Option<usize>,
-    /// GPUs per server, with a device preset (default 8).
-    #[arg(long)]
-    pub gpus_per_server: Option<usize>,
-    /// Network between servers, with a device preset: 25gbit, 100gbit, 8x200gbit, 8x400gbit
-    /// (default: the one the device's usual servers have).
-    #[arg(long)]
-    pub network: Option<String>,
+    #[command(flatten)]
+    pub preset: PresetShape,
     /// Share of the peak flop/s and memory bandwidth every kernel achieves, in (0, 1], with
     /// a device preset: overrides the preset's per-kernel model (matrix products at their
     /// published share of the peak, reduced by tile and wave quantization; other kernels at
@@ -163,8 +155,8 @@ impl SimulateSpec {
     /// `--cluster FILE|PRESET`: a file when one exists at that path, else a preset with the
     /// preset-only values; `None` without one.
     fn sim_cluster(&self) -> Result<Option<SimCluster>, DriverError> {
-        let preset_flags = [("--network", self.network.is_some()), ("--servers", self.servers.is_some()), ("--gpus-per-server", self.gpus_per_server.is_some()), ("--efficiency", self.efficiency.is_some())];
-        let given: Vec<&str> = preset_flags.iter().filter(|f| f.1).map(|f| f.0).collect();
+        let mut given = self.preset.given();
+        given.extend(self.efficiency.is_some().then_some("--efficiency"));
         let Some(spec) = &self.cluster else {
             if !given.is_empty() {
                 return Err(DriverError::msg(format!("{} need(s) a device preset in --cluster", given.join(", "))));
@@ -179,11 +171,7 @@ impl SimulateSpec {
             let text = std::fs::read_to_string(path).map_err(|source| DriverError::Read { path: path.to_path_buf(), source })?;
             return Ok(Some(SimCluster::from_toml(spec, &text).map_err(|e| DriverError::msg(format!("{spec}: {e}")))?));
         }
-        let device = presets::device(spec).map_err(|e| DriverError::msg(format!("--cluster: {e}")))?;
-        let network = presets::network(self.network.as_deref().unwrap_or(device.network)).map_err(|e| DriverError::msg(format!("--network: {e}")))?;
-        let (servers, per_server, efficiency) = (self.servers.unwrap_or(1), self.gpus_per_server.unwrap_or(8), self.efficiency);
-        let cluster = SimCluster::from_preset(device, network, servers, per_server, self.training.precision, efficiency).map_err(|e| DriverError::msg(format!("--cluster {spec}: {e}")))?;
-        Ok(Some(cluster))
+        Ok(Some(self.preset.cluster(spec, self.training.precision, self.efficiency)?))
     }
 }
 
