@@ -285,17 +285,21 @@ pub fn simulate(req: &SimulateRequest) -> Result<SimulateReport, DriverError> {
                 // inter-layer model parallelism). Candidates: PipeDream-Flush's plan at each
                 // depth (it fits with d - k microbatches in flight, so with one), and its
                 // free choice; the one whose replay without pipelining is fastest.
-                let mut found = flush.clone().unwrap_or_else(|| Err("no plan".into()));
+                let first = flush.clone().unwrap_or_else(|| Err("no plan".into()));
+                let mut best = match first {
+                    Ok(c) => Ok((model_parallel_rate(&g, &cost, &cluster, &base, &c, req)?, c)),
+                    Err(e) => Err(e),
+                };
                 let workers = cluster.cluster.workers;
                 for d in (0..).map(|k| 1usize << k).take_while(|&d| d <= workers) {
                     if let Ok(c) = search(Schedule::Flush, Some(d))? {
-                        found = match found {
-                            Ok(best) if model_parallel_rate(&g, &cost, &cluster, &base, &best, req)? >= model_parallel_rate(&g, &cost, &cluster, &base, &c, req)? => Ok(best),
-                            _ => Ok(c),
-                        };
+                        let rate = model_parallel_rate(&g, &cost, &cluster, &base, &c, req)?;
+                        if best.as_ref().map_or(true, |(r, _)| rate > *r) {
+                            best = Ok((rate, c));
+                        }
                     }
                 }
-                found.map_err(|e| format!("no configuration fits without pipelining: {e}"))
+                best.map(|(_, c)| c).map_err(|e| format!("no configuration fits without pipelining: {e}"))
             }
             s => {
                 let schedule = s.schedule().unwrap_or(Schedule::Flush);

@@ -216,11 +216,10 @@ impl GemmShape {
     /// weight shared by every row, else one per product).
     fn backward(&self, weight: bool) -> [GemmShape; 2] {
         let input = GemmShape { count: self.count, rows: self.rows, cols: self.depth, depth: self.cols };
-        let other = if weight {
-            GemmShape { count: Lin::new(0.0, 1.0), rows: Lin::new(0.0, self.depth), cols: self.cols, depth: 0.0 }
-        } else {
-            GemmShape { count: self.count, rows: Lin::new(0.0, self.depth), cols: self.cols, depth: 0.0 }
-        };
+        // Its reduction runs over the rows, which a batch-linear count cannot hold as a
+        // number; the tiles' share does not read it.
+        let count = if weight { Lin::new(0.0, 1.0) } else { self.count };
+        let other = GemmShape { count, rows: Lin::new(0.0, self.depth), cols: self.cols, depth: 0.0 };
         [input, other]
     }
 }
