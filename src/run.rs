@@ -10,7 +10,7 @@ use pipewright_driver::conformance::{report, run_all, totals};
 use pipewright_driver::export::{save_weights, WEIGHTS_FILE};
 use pipewright_driver::forward::{bench_step_command, run_forward_command};
 use pipewright_driver::profile::{notes, profile_json, Progress as ProfileProgress};
-use pipewright_driver::train::{eval_line, host_reads_line, loss_range, peak_memory_line, memory_peaks, save_trace, stopped_job_lines, stopped_lines, MpiJob, Session, StepReport, StopGate, WorkerSession};
+use pipewright_driver::train::{eval_line, host_reads_line, off_device_line, loss_range, peak_memory_line, memory_peaks, save_trace, stopped_job_lines, stopped_lines, MpiJob, Session, StepReport, StopGate, WorkerSession};
 
 use crate::args::{BenchAllreduceArgs, BenchStepArgs, ConformanceArgs, ProfileArgs, RunForwardArgs, TrainArgs, WorkerArgs};
 use crate::progress::Progress;
@@ -81,6 +81,7 @@ pub fn train(args: &TrainArgs) -> Result<()> {
     );
     println!("peak live tensor bytes per stage: {}", memory_peaks(&report).join(", "));
     println!("{}", host_reads_line(&report));
+    println!("{}", off_device_line(&report));
     if let Some(line) = last_eval {
         println!("{line}");
     }

@@ -1231,7 +1231,8 @@ fn a_second_job_on_a_build_is_refused_naming_the_first() {
 /// Specialised for its microbatch, a stage program reads nothing back from the device
 /// during a step (each read would stall a GPU's stream): every shared model, at d = 2
 /// under every schedule, makes zero host reads of computed values per step. Without
-/// specialisation gpt2-tiny's stages made 64 and 52, bert-tiny's 34 and 16.
+/// specialisation gpt2-tiny's stages made 64 and 52, bert-tiny's 34 and 16. The
+/// transformers' shape values are never uploaded.
 #[test]
 fn specialised_steps_read_nothing_back_from_the_device() {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -1243,6 +1244,14 @@ fn specialised_steps_read_nothing_back_from_the_device() {
             let out = pw_ok(["train", b, "--steps", "2", "--microbatch", "3", "--no-progress"]);
             let line = out.lines().find(|l| l.starts_with("host reads of computed values per step")).unwrap_or_else(|| panic!("{out}"));
             assert!(line.ends_with("per stage: 0, 0"), "{name} {schedule}: {line}");
+            // The exported transformers' shape constants and the shapes folded from them
+            // are only read on the host: none of them is uploaded.
+            let kept = out.lines().find(|l| l.starts_with("known values only read on the host")).unwrap_or_else(|| panic!("{out}"));
+            let counts: Vec<usize> = kept.rsplit(": ").next().unwrap_or_default().split(", ").map(|c| c.split(' ').next().unwrap_or_default().parse().expect(kept)).collect();
+            assert_eq!(counts.len(), 2, "{kept}");
+            if ["bert-tiny", "gpt2-tiny", "vit-tiny"].contains(&name) {
+                assert!(counts.iter().all(|&n| n > 0), "{name} {schedule}: {kept}");
+            }
         }
     }
 }

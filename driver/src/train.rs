@@ -221,6 +221,13 @@ pub fn host_reads_line(report: &TrainReport) -> String {
     format!("host reads of computed values per step (device syncs on a GPU) per stage: {}", per_stage.join(", "))
 }
 
+/// The summary line of the known values each stage never uploaded, because its kernels
+/// only read them on the host (`TrainReport::off_device`).
+pub fn off_device_line(report: &TrainReport) -> String {
+    let per_stage: Vec<String> = report.off_device.iter().map(|&(n, bytes)| format!("{n} ({})", human_bytes(bytes))).collect();
+    format!("known values only read on the host, never uploaded, per stage: {}", per_stage.join(", "))
+}
+
 /// The command that continues a run stopped early: the same arguments (`argv`, the
 /// program first), resuming from `checkpoint` in place of any earlier `--resume`.
 pub fn resume_command(argv: &[String], checkpoint: &Path) -> Vec<String> {
@@ -961,6 +968,7 @@ fn empty_report(depth: usize) -> TrainReport {
         losses: Vec::new(),
         peak_versions: vec![0; depth],
         host_reads: vec![0; depth],
+        off_device: vec![(0, 0); depth],
         trace: Vec::new(),
     }
 }

@@ -1260,6 +1260,26 @@ impl Op {
         }
     }
 
+    /// Whether input `i` only parameterises the op (a shape, axes, pads, counts, bounds):
+    /// its values are read on the host and never computed with on the device, so a value
+    /// known before a step needs no device copy, only its shape and type. The runtime's
+    /// interpreter gives these inputs a stand-in that holds no values, so the ONNX backend
+    /// suite checks this list against the kernels.
+    pub fn reads_on_host(&self, i: usize) -> bool {
+        match self {
+            Op::Reshape { .. } | Op::Expand | Op::Tile | Op::Squeeze { .. } | Op::Unsqueeze { .. } | Op::Split(_) | Op::Reduce(_) => i == 1,
+            Op::TopK { .. } | Op::OneHot { .. } | Op::CumSum { .. } | Op::CumProd { .. } | Op::CenterCropPad { .. } => i == 1,
+            Op::Slice(_) => (1..=4).contains(&i),
+            Op::Pad(_) => (1..=3).contains(&i),
+            Op::Dropout { .. } => (1..=2).contains(&i),
+            Op::Resize(_) => (1..=3).contains(&i),
+            Op::Upsample(_) => i == 1,
+            Op::ConstantOfShape { .. } => i == 0,
+            Op::Range => i <= 2,
+            _ => false,
+        }
+    }
+
     /// Reshape-like ops whose output shares its input's storage: they add no activation
     /// memory (the runtime's memory account and the planner's cost model agree on this).
     pub fn is_view(&self) -> bool {

@@ -31,7 +31,7 @@ mod window;
 use tch::Tensor;
 
 pub use crate::device::{Device, DeviceError};
-pub use host::host_reads;
+pub use host::{host_reads, stand_in};
 pub use convert::{elem_type, tensor_from_bytes, tensor_to_bytes, tensor_to_bytes_as, torch_kind};
 
 use pipewright_ops::op::ScatterReduction;
@@ -151,8 +151,32 @@ pub fn run_node(op: &Op, sig: Signature<'_>, inputs: &[Option<&Tensor>], mode: M
 
 /// [`run_node`] where `host[i]`, when given, holds `inputs[i]`'s values on the host (known
 /// before the step): the kernel reads those instead of copying from the device.
+///
+/// An input the op reads only on the host ([`Op::reads_on_host`]) that has no host copy is
+/// copied once here (counted, as the kernel's own read would be) and the kernel is given a
+/// [`host::stand_in`] in its place: every caller, the interpreter included, runs kernels
+/// that never compute with such an input on the device, so the executor may leave a known
+/// one off the device.
 pub fn run_node_with(op: &Op, sig: Signature<'_>, inputs: &[Option<&Tensor>], host: &[Option<&Tensor>], mode: Mode, used: Option<&[bool]>) -> Result<Vec<Tensor>, KernelError> {
-    let result = host::with_host_copies(inputs, host, || {
+    let fail = |e: Fail| e.into_error(op.name());
+    let (mut args, mut copies): (Vec<Option<Tensor>>, Vec<Option<Tensor>>) = (Vec::new(), Vec::new());
+    for (i, t) in inputs.iter().enumerate() {
+        let given = host.get(i).copied().flatten();
+        match t {
+            Some(t) if given.is_none() && op.reads_on_host(i) => {
+                copies.push(Some(host::read_to_host(t).map_err(fail)?));
+                args.push(Some(host::stand_in(t, t.device()).map_err(|e| fail(e.into()))?));
+            }
+            _ => {
+                copies.push(given.map(Tensor::shallow_clone));
+                args.push(t.map(Tensor::shallow_clone));
+            }
+        }
+    }
+    let inputs: Vec<Option<&Tensor>> = args.iter().map(Option::as_ref).collect();
+    let host: Vec<Option<&Tensor>> = copies.iter().map(Option::as_ref).collect();
+    let inputs = inputs.as_slice();
+    let result = host::with_host_copies(inputs, &host, || {
         if sig.has_emulated_input() && !moves_data(op) {
             unsigned::run(op, sig.inputs, sig.output(0), inputs)
         } else {

@@ -8,7 +8,7 @@
 
 use std::cell::{Cell, RefCell};
 
-use tch::Tensor;
+use tch::{Kind, Tensor};
 
 use super::util::R;
 
@@ -62,6 +62,27 @@ pub(crate) fn on_host(t: &Tensor) -> R<Tensor> {
     if let Some(copy) = COPIES.with(|c| c.borrow().iter().find(|(a, _)| *a == at).map(|(_, t)| t.shallow_clone())) {
         return Ok(copy);
     }
+    read_to_host(t)
+}
+
+/// A counted device→host copy of `t`.
+pub(crate) fn read_to_host(t: &Tensor) -> R<Tensor> {
     READS.with(|r| r.set(r.get() + 1));
     Ok(t.f_to(tch::Device::Cpu)?)
+}
+
+/// A stand-in for an input a kernel reads only on the host ([`pipewright_ops::Op::reads_on_host`]):
+/// `t`'s shape and type on `device` with no values of its own (one broadcast element). The
+/// element is one no shape, axis, count or bound takes (NaN for floats), so a kernel that
+/// computed with the stand-in instead of reading the host copy fails or gives NaN, which
+/// the backend suite would show.
+pub fn stand_in(t: &Tensor, device: tch::Device) -> Result<Tensor, tch::TchError> {
+    let kind = t.kind();
+    let one = match kind {
+        Kind::Float | Kind::Double | Kind::Half | Kind::BFloat16 => Tensor::f_full([] as [i64; 0], f64::NAN, (kind, device))?,
+        Kind::Bool => Tensor::f_full([] as [i64; 0], 1i64, (kind, device))?,
+        Kind::Int | Kind::Int64 => Tensor::f_full([] as [i64; 0], -(1i64 << 30) - 7, (kind, device))?,
+        _ => Tensor::f_full([] as [i64; 0], -77i64, (kind, device))?,
+    };
+    one.f_expand(t.size(), false)
 }

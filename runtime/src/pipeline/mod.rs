@@ -250,6 +250,10 @@ pub struct TrainReport {
     /// stage's kernels over the run, each a device synchronisation on a GPU; zero when
     /// specialisation folded every shape computation ([`crate::exec::host_reads`]).
     pub host_reads: Vec<u64>,
+    /// Per stage (replica 0): how many known values (stored constants and values folded
+    /// from them and static shapes) were never uploaded because no kernel computes with
+    /// them on the device (a Reshape's shape, a Slice's bounds), and their bytes.
+    pub off_device: Vec<(usize, u64)>,
     /// With `TrainConfig::trace`: every traced interval, stage by stage, each stage's in
     /// time order (times share one epoch, the start of training). Empty otherwise.
     pub trace: Vec<TraceEvent>,
@@ -348,6 +352,7 @@ fn empty_report(d: usize) -> TrainReport {
         losses: Vec::new(),
         peak_versions: vec![0; d],
         host_reads: vec![0; d],
+        off_device: vec![(0, 0); d],
         trace: Vec::new(),
     }
 }
@@ -657,6 +662,7 @@ fn run_training_with(
                 report.peak_versions[k] = report.peak_versions[k].max(out.peak_versions);
                 if i < d {
                     report.host_reads[k] = out.host_reads;
+                    report.off_device[k] = out.off_device;
                     report.weights.push(out.weights);
                     report.buffers.push(out.buffers);
                     report.memory[k] = out.memory;
@@ -835,6 +841,7 @@ pub fn run_worker(
     report.memory = vec![out.memory];
     report.peak_versions = vec![out.peak_versions];
     report.host_reads = vec![out.host_reads];
+    report.off_device = vec![out.off_device];
     report.trace = out.trace;
     Ok(report)
 }

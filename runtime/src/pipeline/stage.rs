@@ -156,6 +156,9 @@ pub(crate) struct StageOut {
     /// Reads of values not known before the step that the stage's kernels made (device
     /// synchronisations on a GPU), over the whole run.
     pub host_reads: u64,
+    /// Known values (stored constants, folded outputs) the stage never uploaded, and their
+    /// bytes (`Specialised::off_device`).
+    pub off_device: (usize, u64),
 }
 
 /// A stage error; `induced` when it only reflects another stage (or the feeder) stopping.
@@ -460,7 +463,7 @@ fn run_inner(
     let (_, last) = st.versions.into_iter().next_back().ok_or_else(|| E::Msg("no weights".into()))?;
     let weights = w.param_names.iter().cloned().zip(last).collect();
     let host_reads = crate::exec::host_reads() - reads_before;
-    Ok(StageOut { weights, buffers: w.buffers(), peak_versions: st.peak_versions, memory: st.memory, trace: std::mem::take(&mut rec.events), host_reads })
+    Ok(StageOut { weights, buffers: w.buffers(), peak_versions: st.peak_versions, memory: st.memory, trace: std::mem::take(&mut rec.events), host_reads, off_device: w.off_device() })
 }
 
 pub(super) struct Worker {
@@ -471,6 +474,9 @@ pub(super) struct Worker {
     signatures: Signatures,
     /// Non-trainable stored tensors (running statistics are replaced as training updates them).
     constants: Vec<(SlotId, Tensor)>,
+    /// Constants held on the host at load, because a step may need no device copy of them
+    /// ([`specialise::may_stay_on_host`]): the specialisation uploads those it needs.
+    kept_on_host: Vec<SlotId>,
     constant_bytes: u64,
     param_slots: Vec<SlotId>,
     param_names: Vec<String>,
@@ -499,6 +505,7 @@ impl Worker {
     pub(super) fn load(spec: StageSpec, cfg: &TrainConfig) -> Result<(Worker, Vec<Tensor>), E> {
         let p = &spec.program;
         let (mut constants, mut params, mut param_slots, mut param_sync) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let mut kept_on_host = Vec::new();
         // BatchNormalization nodes with their running mean and variance slots.
         let bn_nodes: Vec<(usize, Option<SlotId>, Option<SlotId>)> = p
             .instrs
@@ -513,9 +520,8 @@ impl Worker {
         for s in &p.stored {
             let name = &p.slots[s.slot.index()].name;
             let t = tensor_from_bytes(s.elem, &s.dims, &s.bytes).map_err(|e| E::Msg(format!("stored tensor {name:?}: {e}")))?;
-            let t = t.f_to_device(cfg.device).map_err(torch("moving weights"))?;
             if s.trainable {
-                params.push(t);
+                params.push(t.f_to_device(cfg.device).map_err(torch("moving weights"))?);
                 param_slots.push(s.slot);
                 param_sync.push(s.sync.clone());
             } else {
@@ -523,7 +529,12 @@ impl Worker {
                 // statistics) compute in the compute type like everything else.
                 let cast = cfg.precision.is_mixed() && matches!(t.kind(), Kind::Float | Kind::Double) && !is_running_stat(s.slot);
                 let t = if cast { t.f_to_kind(compute_kind(cfg.precision)).map_err(torch("casting constants"))? } else { t };
-                constants.push((s.slot, t));
+                if t.numel() as i64 <= specialise::HOST_LIMIT && !is_running_stat(s.slot) && specialise::may_stay_on_host(p, s.slot) {
+                    kept_on_host.push(s.slot);
+                    constants.push((s.slot, t));
+                } else {
+                    constants.push((s.slot, t.f_to_device(cfg.device).map_err(torch("moving constants"))?));
+                }
             }
         }
         let param_names: Vec<String> = param_slots.iter().map(|s| p.slots[s.index()].name.clone()).collect();
@@ -538,7 +549,7 @@ impl Worker {
                 }
             }
         }
-        let constant_bytes = constants.iter().map(|(_, t)| bytes_of(t)).sum();
+        let constant_bytes = constants.iter().filter(|(s, _)| !kept_on_host.contains(s)).map(|(_, t)| bytes_of(t)).sum();
         let pieces = if spec.recompute_selective { pieces(p, &param_slots) } else { Vec::new() };
         let w = Worker {
             pieces,
@@ -546,6 +557,7 @@ impl Worker {
             signatures: Signatures::of(p),
             mode: cfg.mode,
             constants,
+            kept_on_host,
             param_slots,
             param_names,
             param_sync,
@@ -559,6 +571,11 @@ impl Worker {
             special: None,
         };
         Ok((w, params))
+    }
+
+    /// Known values the specialisation left off the device (none before the first step).
+    fn off_device(&self) -> (usize, u64) {
+        self.special.as_ref().map_or((0, 0), |sp| sp.off_device)
     }
 
     /// Installs a checkpoint's weights, shadow version, optimizer state and statistics.
@@ -651,7 +668,7 @@ impl Worker {
             gradients,
             optimizer: st.opt.bytes(),
             activations,
-            constants: self.constant_bytes,
+            constants: self.constant_bytes + self.special.as_ref().map_or(0, |sp| sp.uploaded_bytes),
             versions: st.versions.len(),
             in_flight: st.stash.len() + usize::from(extra_act > 0),
         });
@@ -1219,7 +1236,7 @@ impl Worker {
         // microbatch on.
         let mut constants: Vec<(SlotId, &Tensor)> = self.constants.iter().enumerate().filter(|(i, _)| !self.stat_consts.contains(i)).map(|(_, (s, t))| (*s, t)).collect();
         constants.extend(p.inputs.iter().zip(inputs).filter(|(s, _)| p.static_inputs.contains(s)).map(|(s, t)| (*s, t)));
-        let special = Specialised::new(p, &self.signatures, &constants, batch, device).map_err(|e| E::Msg(format!("specialising the program: {e}")))?;
+        let special = Specialised::new(p, &self.signatures, &constants, &self.kept_on_host, batch, device).map_err(|e| E::Msg(format!("specialising the program: {e}")))?;
         self.special = Some(special);
         Ok(())
     }
