@@ -1,6 +1,6 @@
 //! Every model trains at every depth under every schedule: each shared model and the
 //! encoder-decoder fixture (`tests/data/t5-tiny.onnx`), compiled at d = 1, 2, 3 and 4 for
-//! 2BW, PipeDream-Flush and GPipe, trains 2 steps on synthetic data (microbatch 1) to a
+//! 2BW, PipeDream-Flush, GPipe and ZB-H1, trains 2 steps on synthetic data (microbatch 1) to a
 //! finite loss, with no panic and no hang (a stage that waited longer than `--timeout`
 //! would stop with an error). `tests/compile.rs` checks, per model and depth, that the
 //! compiled stages run in sequence give the reference outputs.
@@ -11,7 +11,7 @@ use std::path::Path;
 
 use common::{model, root, try_pw};
 
-const SCHEDULES: [&str; 3] = ["2bw", "flush", "gpipe"];
+const SCHEDULES: [&str; 4] = ["2bw", "flush", "gpipe", "zb-h1"];
 
 /// The first graph output the compiled pipeline produces.
 fn output_name(build: &Path) -> String {

@@ -1,6 +1,7 @@
 //! The pipeline executor on real models: gpt2-tiny and resnet18 compiled into 1..4
-//! stages train to the same weights under every schedule (PipeDream-Flush and GPipe: plain
-//! training; 2BW: the 1-stale update, which the single-stage 2BW run applies), and the
+//! stages train to the same weights under every schedule (PipeDream-Flush, GPipe and ZB-H1:
+//! plain training, ZB-H1's checked against Flush's too; 2BW: the 1-stale update, which the
+//! single-stage 2BW run applies), and the
 //! runtime's peak live bytes match the planner's memory prediction.
 #![cfg(feature = "torch")]
 
@@ -84,9 +85,16 @@ fn assert_same_weights(got: &TrainReport, want: &TrainReport, what: &str) -> f64
 
 fn same_weights_at_every_depth(name: &str, steps: usize, b: i64) {
     let data = batches(name, steps, 4, b);
-    for (schedule, sched, recompute) in [("gpipe", Schedule::GPipe, "full"), ("flush", Schedule::Flush, "none"), ("2bw", Schedule::TwoBw, "full")] {
+    let mut vanilla: Option<TrainReport> = None;
+    for (schedule, sched, recompute) in [("gpipe", Schedule::GPipe, "full"), ("flush", Schedule::Flush, "none"), ("zb-h1", Schedule::ZbH1, "none"), ("zb-h1", Schedule::ZbH1, "full"), ("2bw", Schedule::TwoBw, "full")] {
         let tmp = tempfile::tempdir().expect("temp dir");
         let single = run(name, compile(name, 1, schedule, recompute, &tmp.path().join("d1")), sched, &data);
+        // The split backward computes what the whole one does: ZB-H1 trains to Flush's
+        // weights (vanilla training).
+        if let (Schedule::ZbH1, Some(v)) = (sched, &vanilla) {
+            let worst = assert_same_weights(&single, v, &format!("{name} zb-h1 ({recompute}) d=1 against flush"));
+            eprintln!("{name} zb-h1 ({recompute}) d=1: largest relative weight difference to flush: {worst:.2e}");
+        }
         let initial = load(&tmp.path().join("d1"));
         let moved = single.weights[0].iter().any(|(n, t)| {
             let p = &initial[0].program;
@@ -96,13 +104,16 @@ fn same_weights_at_every_depth(name: &str, steps: usize, b: i64) {
         });
         assert!(moved, "{name} {schedule}: training did not change the weights");
         for d in 2..=4 {
-            let what = format!("{name} {schedule} d={d}");
+            let what = format!("{name} {schedule} ({recompute}) d={d}");
             let r = run(name, compile(name, d, schedule, recompute, &tmp.path().join(format!("d{d}"))), sched, &data);
             assert_eq!(r.weights.len(), d);
             let worst = assert_same_weights(&r, &single, &what);
             eprintln!("{what}: largest relative weight difference to d=1: {worst:.2e}");
             let versions = if sched == Schedule::TwoBw { 2 } else { 1 };
             assert!(r.peak_versions.iter().all(|&v| v <= versions), "{what}: {:?}", r.peak_versions);
+        }
+        if sched == Schedule::Flush {
+            vanilla = Some(single);
         }
     }
 }

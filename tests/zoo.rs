@@ -35,7 +35,7 @@ use pipewright_driver::inspect::InspectRequest;
 use pipewright_driver::plan::CompileSpec;
 
 const DEPTHS: [usize; 3] = [1, 2, 4];
-const SCHEDULES: [&str; 3] = ["2bw", "flush", "gpipe"];
+const SCHEDULES: [&str; 4] = ["2bw", "flush", "gpipe", "zb-h1"];
 const MICROBATCH: &str = "3";
 
 /// One entry of `zoo/zoo.json`.

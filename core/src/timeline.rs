@@ -21,6 +21,10 @@ use serde::{Deserialize, Serialize};
 pub enum TraceKind {
     Forward,
     Backward,
+    /// A weight gradient run apart from its backward (a schedule that splits the backward:
+    /// `Backward` is then the input gradient alone).
+    #[serde(rename = "backward-weight")]
+    BackwardWeight,
     Recompute,
     Send,
     Recv,
@@ -30,13 +34,14 @@ pub enum TraceKind {
 }
 
 impl TraceKind {
-    pub const ALL: [TraceKind; 7] = [TraceKind::Forward, TraceKind::Backward, TraceKind::Recompute, TraceKind::Send, TraceKind::Recv, TraceKind::Optimizer, TraceKind::AllReduce];
+    pub const ALL: [TraceKind; 8] = [TraceKind::Forward, TraceKind::Backward, TraceKind::BackwardWeight, TraceKind::Recompute, TraceKind::Send, TraceKind::Recv, TraceKind::Optimizer, TraceKind::AllReduce];
 
     /// The event name in the Chrome trace.
     pub fn name(self) -> &'static str {
         match self {
             TraceKind::Forward => "forward",
             TraceKind::Backward => "backward",
+            TraceKind::BackwardWeight => "backward-weight",
             TraceKind::Recompute => "recompute",
             TraceKind::Send => "send",
             TraceKind::Recv => "recv",
@@ -48,7 +53,7 @@ impl TraceKind {
     /// The Chrome trace category: compute, comm or optim.
     pub fn category(self) -> &'static str {
         match self {
-            TraceKind::Forward | TraceKind::Backward | TraceKind::Recompute => "compute",
+            TraceKind::Forward | TraceKind::Backward | TraceKind::BackwardWeight | TraceKind::Recompute => "compute",
             TraceKind::Send | TraceKind::Recv | TraceKind::AllReduce => "comm",
             TraceKind::Optimizer => "optim",
         }
@@ -63,6 +68,7 @@ impl TraceKind {
         match self {
             TraceKind::Forward => "#4e79a7",
             TraceKind::Backward => "#e15759",
+            TraceKind::BackwardWeight => "#ff9da7",
             TraceKind::Recompute => "#f28e2b",
             TraceKind::Send => "#59a14f",
             TraceKind::Recv => "#9c755f",

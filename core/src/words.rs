@@ -145,6 +145,7 @@ word_enum! {
         TwoBw = "2bw", "PipeDream-2BW: 1F1B without flushes, two weight versions, 1-stale updates";
         Flush = "flush", "PipeDream-Flush: 1F1B within each batch, then a flush and a vanilla update";
         GPipe = "gpipe", "GPipe: all forwards of a batch, then all backwards, then a vanilla update";
+        ZbH1 = "zb-h1", "zero bubble ZB-H1: 1F1B with each backward split into its input gradient and its weight gradient, the weight gradients deferred into the flush; a vanilla update";
     }
 }
 
@@ -153,7 +154,7 @@ impl Schedule {
     pub fn weight_versions(self) -> u32 {
         match self {
             Schedule::TwoBw => 2,
-            Schedule::Flush | Schedule::GPipe => 1,
+            Schedule::Flush | Schedule::GPipe | Schedule::ZbH1 => 1,
         }
     }
 
@@ -161,14 +162,20 @@ impl Schedule {
     pub fn update_rule(self) -> UpdateRule {
         match self {
             Schedule::TwoBw => UpdateRule::TwoBw,
-            Schedule::Flush | Schedule::GPipe => UpdateRule::Vanilla,
+            Schedule::Flush | Schedule::GPipe | Schedule::ZbH1 => UpdateRule::Vanilla,
         }
     }
 
     /// Whether the schedule needs at least as many microbatches per batch as stages
     /// (1F1B: every stage must have a microbatch to work on in the steady state).
     pub fn needs_m_at_least_d(self) -> bool {
-        matches!(self, Schedule::TwoBw | Schedule::Flush)
+        matches!(self, Schedule::TwoBw | Schedule::Flush | Schedule::ZbH1)
+    }
+
+    /// Whether each backward runs as two ops, the input gradient first and the weight
+    /// gradient later ([`crate::schedule::Op`]).
+    pub fn splits_backward(self) -> bool {
+        self == Schedule::ZbH1
     }
 }
 
@@ -416,12 +423,13 @@ impl Default for BatchMode {
 }
 
 word_enum! {
-    /// A way of training on many workers that `pipewright simulate` compares: the three
-    /// pipeline schedules and the three baselines without pipelining.
+    /// A way of training on many workers that `pipewright simulate` compares: the pipeline
+    /// schedules and the three baselines without pipelining.
     "scheme" pub enum Scheme {
         TwoBw = "2bw", "PipeDream-2BW (the 2bw schedule)";
         Flush = "flush", "PipeDream-Flush (the flush schedule)";
         GPipe = "gpipe", "GPipe (the gpipe schedule)";
+        ZbH1 = "zb-h1", "zero bubble ZB-H1 (the zb-h1 schedule)";
         ModelParallel = "model-parallel", "inter-layer model parallelism without pipelining: one microbatch in the pipeline at a time";
         DataParallel = "data-parallel", "data parallelism alone: every worker holds the whole model (where it fits)";
         TensorParallel = "tensor-parallel", "tensor model parallelism (Megatron): each layer split over t GPUs of a server, data parallelism across the groups";
@@ -429,12 +437,13 @@ word_enum! {
 }
 
 impl Scheme {
-    /// The pipeline schedule this scheme runs, for the three that are schedules.
+    /// The pipeline schedule this scheme runs, for those that are schedules.
     pub fn schedule(self) -> Option<Schedule> {
         match self {
             Scheme::TwoBw => Some(Schedule::TwoBw),
             Scheme::Flush => Some(Schedule::Flush),
             Scheme::GPipe => Some(Schedule::GPipe),
+            Scheme::ZbH1 => Some(Schedule::ZbH1),
             Scheme::ModelParallel | Scheme::DataParallel | Scheme::TensorParallel => None,
         }
     }
@@ -446,6 +455,7 @@ impl From<Schedule> for Scheme {
             Schedule::TwoBw => Scheme::TwoBw,
             Schedule::Flush => Scheme::Flush,
             Schedule::GPipe => Scheme::GPipe,
+            Schedule::ZbH1 => Scheme::ZbH1,
         }
     }
 }

@@ -789,6 +789,18 @@ impl CostModel {
         (fwd.max(launches(c.kernels[0])), bwd.max(launches(c.kernels[1])))
     }
 
+    /// Of node `n`'s backward seconds at microbatch `b` ([`CostModel::time`]), the weight
+    /// gradient's: for a matrix product whose other operand is a weight, the product giving
+    /// that weight's gradient, half its backward (its two products do the same flops); 0
+    /// for every other node (a norm's or a bias's weight gradient is a reduction, counted
+    /// with the input gradient).
+    pub fn weight_grad_time(&self, n: NodeId, b: u64) -> f64 {
+        match self.nodes.get(n.index()).and_then(|c| c.gemm.as_ref()) {
+            Some((_, true)) => self.time(n, b).1 / 2.0,
+            _ => 0.0,
+        }
+    }
+
     /// `(forward, backward)` seconds of node `n` at microbatch `b`: measured when the
     /// profile has the node, calibrated analytic otherwise.
     pub fn time(&self, n: NodeId, b: u64) -> (f64, f64) {

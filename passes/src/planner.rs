@@ -588,11 +588,12 @@ impl<'a> PlanContext<'a> {
         let accumulate_per_byte = cost.accumulate_time().map_or(0.0, |t| if all_params > 0.0 { accumulating * t / all_params } else { 0.0 });
         let mut out = Vec::with_capacity(d);
         for (s, r) in ranges.iter().enumerate() {
-            let (mut fwd, mut bwd, mut re) = (0.0, 0.0, 0.0);
+            let (mut fwd, mut bwd, mut re, mut wgrad) = (0.0, 0.0, 0.0, 0.0);
             for &x in &order.nodes[r.clone()] {
                 let (f, bw) = cost.time(x, b);
                 fwd += f;
                 bwd += bw;
+                wgrad += cost.weight_grad_time(x, b);
                 re += match cand.recompute {
                     Recompute::None => 0.0,
                     Recompute::Full => (f + bw) / 3.0,
@@ -613,6 +614,8 @@ impl<'a> PlanContext<'a> {
             out.push(crate::simulate::StageCost {
                 forward_s: fwd + edge_fwd,
                 backward_s: bwd + edge_bwd + accumulate_per_byte * weights,
+                // The accumulation follows the weight gradients.
+                weight_grad_s: wgrad + accumulate_per_byte * weights,
                 recompute_s: re,
                 optimizer_s: match (measured_update(&order.nodes[r.clone()]), per_byte) {
                     (Some(t), Some(per_byte)) => t + extra_bytes[s] * per_byte,
@@ -739,9 +742,11 @@ fn assess(
     // 2BW all-reduces a batch's gradients while the next batch computes (its one-step
     // delay), so a stage's rate is the slower of the two. Flush and GPipe update after the
     // flush, with this batch's gradients: the all-reduce follows the pipeline's drain.
+    // ZB-H1 is charged as Flush here, an upper bound (its deferred weight gradients only
+    // fill the drain); the replay times the split.
     let per_batch = match cfg.schedule {
         Schedule::TwoBw => cfg.m as f64 * worst.0,
-        Schedule::Flush | Schedule::GPipe => (cfg.m + cfg.d as u64 - 1) as f64 * max_time + max_ar,
+        Schedule::Flush | Schedule::GPipe | Schedule::ZbH1 => (cfg.m + cfg.d as u64 - 1) as f64 * max_time + max_ar,
     };
     let samples = (cfg.b * cfg.m * cfg.w as u64) as f64;
     let samples_per_s = if per_batch > 0.0 {

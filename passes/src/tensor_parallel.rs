@@ -319,6 +319,8 @@ pub fn plan_tensor_parallel(g: &Graph, cost: &CostModel, cluster: &SimCluster, o
                     let stage = StageCost {
                         forward_s: fwd + fc,
                         backward_s: bwd + bc,
+                        // Replayed under Flush, which never splits the backward.
+                        weight_grad_s: 0.0,
                         recompute_s: 0.0,
                         optimizer_s: f64::from(3 + 2 * state) * grad / c.mem_bw,
                         send_s: 0.0,

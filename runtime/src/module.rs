@@ -50,6 +50,7 @@ fn schedule_code(s: Schedule) -> u8 {
         Schedule::TwoBw => 0,
         Schedule::Flush => 1,
         Schedule::GPipe => 2,
+        Schedule::ZbH1 => 3,
     }
 }
 

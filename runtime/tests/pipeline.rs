@@ -187,12 +187,12 @@ const STEPS: usize = 3;
 const M: usize = 4;
 
 #[test]
-fn gpipe_and_flush_equal_vanilla_training() {
+fn gpipe_flush_and_zero_bubble_equal_vanilla_training() {
     let data = dataset(STEPS, M, None);
     for opt in [OptimizerConfig::sgd(), OptimizerConfig::adam()] {
         let lr = if opt.kind == Optimizer::Sgd { 0.3 } else { 0.05 };
         let want = ref_train(&data, opt, lr, false, None);
-        for sched in [Schedule::GPipe, Schedule::Flush] {
+        for sched in [Schedule::GPipe, Schedule::Flush, Schedule::ZbH1] {
             for d in 1..=4 {
                 for rec in [Recompute::None, Recompute::Full] {
                     let what = format!("{sched:?} d={d} {opt:?} {rec:?}");

@@ -60,13 +60,14 @@ pub(super) fn replay_dedicated(setup: &SimSetup) -> Result<Simulation, SimError>
                             acts[s + 1].put(i, t0 + dt)?;
                         }
                     }
-                    Op::Backward(i) => {
+                    Op::Backward(i) | Op::BackwardInput(i) => {
                         let ready = if s + 1 == d { Some(0.0) } else { grads[s].take(i) };
                         let Some(ready) = ready else { break };
                         let state = &mut st[s];
                         let version = rule.version_for(i, m64);
                         let mut start = state.free.max(ready);
-                        let [_, recompute_s, backward_s] = setup.op_seconds(s, i);
+                        let [_, recompute_s, _] = setup.op_seconds(s, i);
+                        let backward_s = setup.backward_seconds(s, i, op);
                         if recompute_s > 0.0 {
                             events.record(TraceKind::Recompute, s, start, recompute_s, Some(i), version, i / m64);
                             start += recompute_s;
@@ -77,7 +78,10 @@ pub(super) fn replay_dedicated(setup: &SimSetup) -> Result<Simulation, SimError>
                         state.busy += recompute_s;
                         state.busy += backward_s;
                         state.free = end;
-                        state.in_flight = state.in_flight.saturating_sub(1);
+                        let whole = matches!(op, Op::Backward(_));
+                        if whole {
+                            state.in_flight = state.in_flight.saturating_sub(1);
+                        }
                         if s > 0 {
                             let link = setup.links[s - 1];
                             state.free = end + cost.send_s;
@@ -87,7 +91,20 @@ pub(super) fn replay_dedicated(setup: &SimSetup) -> Result<Simulation, SimError>
                             events.record(TraceKind::Send, s, end, t0 + dt - end, Some(i), version, i / m64);
                             grads[s - 1].put(i, t0 + dt)?;
                         }
-                        state.free += cost.after_backward_s;
+                        if whole {
+                            state.free += cost.after_backward_s;
+                        }
+                    }
+                    Op::BackwardWeight(i) => {
+                        // Needs nothing from a neighbour: the input gradient before it
+                        // left the output gradient it reads.
+                        let state = &mut st[s];
+                        let version = rule.version_for(i, m64);
+                        let weight_s = setup.backward_seconds(s, i, op);
+                        events.record(TraceKind::BackwardWeight, s, state.free, weight_s, Some(i), version, i / m64);
+                        state.busy += weight_s;
+                        state.free += weight_s + cost.after_backward_s;
+                        state.in_flight = state.in_flight.saturating_sub(1);
                     }
                     Op::Step(t) => {
                         let ar = allreduce[s];

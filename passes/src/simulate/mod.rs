@@ -72,6 +72,11 @@ pub use shared::dedicated_durations;
 pub struct StageCost {
     pub forward_s: f64,
     pub backward_s: f64,
+    /// Of `backward_s`, the weight gradients' part (the weight operand's product of each
+    /// matrix product with a weight): what a schedule that splits the backward runs apart
+    /// from the input gradient.
+    #[serde(default)]
+    pub weight_grad_s: f64,
     /// Forward work redone before the backward (recomputation), seconds.
     pub recompute_s: f64,
     /// The weight update, seconds.
@@ -145,6 +150,18 @@ pub const SPREAD_DRAWS: u64 = 16;
 impl SimSetup {
     /// Stage `s`'s forward, recompute and backward seconds on microbatch `mb`: its
     /// [`StageCost`] times, each times its draw from the [`DurationSpread`] when there is one.
+    /// Microbatch `mb`'s backward on stage `s` as `op` runs it: the input gradient alone
+    /// (`BackwardInput`), the weight gradient alone (`BackwardWeight`), or both.
+    fn backward_seconds(&self, s: usize, mb: u64, op: Op) -> f64 {
+        let [_, _, backward_s] = self.op_seconds(s, mb);
+        let share = if self.stages[s].backward_s > 0.0 { (self.stages[s].weight_grad_s / self.stages[s].backward_s).clamp(0.0, 1.0) } else { 0.0 };
+        match op {
+            Op::BackwardInput(_) => backward_s * (1.0 - share),
+            Op::BackwardWeight(_) => backward_s * share,
+            _ => backward_s,
+        }
+    }
+
     fn op_seconds(&self, s: usize, mb: u64) -> [f64; 3] {
         let c = &self.stages[s];
         let times = [c.forward_s, c.recompute_s, c.backward_s];

@@ -271,21 +271,33 @@ pub(super) fn replay(setup: &SimSetup, host: HostCores) -> Result<Simulation, Si
                                     state.steps.push_back(Step::Link { grad: false, mb: i, version: need });
                                 }
                             }
-                            Op::Backward(i) => {
+                            Op::Backward(i) | Op::BackwardInput(i) => {
                                 let version = rule.version_for(i, m64);
                                 if s + 1 < d {
                                     state.steps.push_back(Step::Input { grad: true, mb: i });
                                 }
-                                let [_, recompute_s, backward_s] = setup.op_seconds(s, i);
+                                let [_, recompute_s, _] = setup.op_seconds(s, i);
                                 if recompute_s > 0.0 {
                                     state.steps.push_back(work(TraceKind::Recompute, recompute_s, Some(i), version, i / m64));
                                 }
-                                state.steps.push_back(work(TraceKind::Backward, backward_s, Some(i), version, i / m64));
-                                state.common.in_flight = state.common.in_flight.saturating_sub(1);
+                                state.steps.push_back(work(TraceKind::Backward, setup.backward_seconds(s, i, op), Some(i), version, i / m64));
+                                let whole = matches!(op, Op::Backward(_));
+                                if whole {
+                                    state.common.in_flight = state.common.in_flight.saturating_sub(1);
+                                }
                                 if s > 0 {
                                     state.steps.push_back(work(TraceKind::Send, cost.send_s, Some(i), version, i / m64));
                                     state.steps.push_back(Step::Link { grad: true, mb: i, version });
                                 }
+                                if whole && cost.after_backward_s > 0.0 {
+                                    let untraced = Work { kind: None, seconds: cost.after_backward_s, mb: Some(i), version, step: i / m64, ends_batch: false };
+                                    state.steps.push_back(Step::Work(untraced));
+                                }
+                            }
+                            Op::BackwardWeight(i) => {
+                                let version = rule.version_for(i, m64);
+                                state.steps.push_back(work(TraceKind::BackwardWeight, setup.backward_seconds(s, i, op), Some(i), version, i / m64));
+                                state.common.in_flight = state.common.in_flight.saturating_sub(1);
                                 if cost.after_backward_s > 0.0 {
                                     let untraced = Work { kind: None, seconds: cost.after_backward_s, mb: Some(i), version, step: i / m64, ends_batch: false };
                                     state.steps.push_back(Step::Work(untraced));
@@ -426,7 +438,7 @@ fn take_turns(st: &mut [Stage], queue: &mut VecDeque<usize>, now: f64, host: &Ho
 /// Whether an event of a real run's trace keeps its stage's thread working (a wait for a
 /// message, an all-reduce, do not).
 fn works(kind: TraceKind) -> bool {
-    matches!(kind, TraceKind::Forward | TraceKind::Backward | TraceKind::Recompute | TraceKind::Optimizer | TraceKind::Send)
+    matches!(kind, TraceKind::Forward | TraceKind::Backward | TraceKind::BackwardWeight | TraceKind::Recompute | TraceKind::Optimizer | TraceKind::Send)
 }
 
 /// Each event's duration in seconds as full-speed work: the inverse of the sharing rule for

@@ -110,6 +110,18 @@ pub(crate) struct PieceFwd {
     pub act_bytes: u64,
 }
 
+/// One instruction's reads of trainable weights in a forward whose backward is split (the
+/// input gradients first, the weight gradients later): an alias per weight operand, so
+/// that the gradient through this read is its own (a weight read twice, as a tied
+/// embedding and output layer are, gets one per read), and the instruction's outputs,
+/// whose gradients the input-gradient pass keeps for the weight-gradient pass.
+pub(crate) struct WeightRead {
+    /// `(weight index, alias read)` per weight operand.
+    pub aliases: Vec<(usize, Tensor)>,
+    /// The outputs that carry a gradient.
+    pub outputs: Vec<Tensor>,
+}
+
 /// The parts of a worker the piece engine reads.
 pub(crate) struct Engine<'a> {
     pub program: &'a Program,
@@ -157,6 +169,9 @@ impl Engine<'_> {
     /// when `free`. Returns the new running statistics when `stats` is set, and with
     /// `count_act` the bytes of the non-view kernel outputs (what a graph-recording
     /// forward keeps).
+    ///
+    /// With `reads`, each instruction reads every trainable weight through an alias of
+    /// its own and is listed there with its outputs ([`WeightRead`]).
     pub(crate) fn run_range(
         &self,
         range: Range<usize>,
@@ -164,6 +179,7 @@ impl Engine<'_> {
         free: bool,
         stats: bool,
         count_act: bool,
+        mut reads: Option<&mut Vec<WeightRead>>,
     ) -> Result<(Vec<(usize, Tensor)>, u64), String> {
         let p = self.program;
         let (mut new_stats, mut act_bytes) = (Vec::new(), 0u64);
@@ -174,11 +190,19 @@ impl Engine<'_> {
                 self.free_after(i, slots, free);
                 continue;
             }
+            let aliases = match reads {
+                Some(_) => self.weight_aliases(ins, slots).map_err(|e| format!("node {:?}: aliasing its weights: {e}", ins.name))?,
+                None => Vec::new(),
+            };
             let outs = {
                 let args: Vec<Option<&Tensor>> = ins
                     .inputs
                     .iter()
-                    .map(|s| s.map(|s| slots[s.index()].as_ref().ok_or_else(|| format!("slot {s} ({:?}) is read before it is written", p.slots[s.index()].name))).transpose())
+                    .enumerate()
+                    .map(|(j, s)| match aliases.iter().find(|a| a.0 == j) {
+                        Some((_, _, alias)) => Ok(Some(alias)),
+                        None => s.map(|s| slots[s.index()].as_ref().ok_or_else(|| format!("slot {s} ({:?}) is read before it is written", p.slots[s.index()].name))).transpose(),
+                    })
                     .collect::<Result<_, _>>()?;
                 let host: Vec<Option<&Tensor>> = match self.special {
                     Some(sp) => ins.inputs.iter().map(|s| s.and_then(|s| sp.host[s.index()].as_ref())).collect(),
@@ -203,6 +227,10 @@ impl Engine<'_> {
                     }
                 }
             }
+            if let Some(list) = reads.as_deref_mut().filter(|_| !aliases.is_empty()) {
+                let outputs = ins.outputs.iter().zip(&outs).filter(|(s, t)| s.is_some() && t.requires_grad()).map(|(_, t)| t.shallow_clone()).collect();
+                list.push(WeightRead { aliases: aliases.into_iter().map(|(_, w, a)| (w, a)).collect(), outputs });
+            }
             for (slot, t) in ins.outputs.iter().zip(outs) {
                 if let Some(s) = slot {
                     if count_act && !ins.op.is_view() {
@@ -214,6 +242,19 @@ impl Engine<'_> {
             self.free_after(i, slots, free);
         }
         Ok((new_stats, act_bytes))
+    }
+
+    /// `(input position, weight index, alias)` for each trainable weight `ins` reads.
+    fn weight_aliases(&self, ins: &crate::program::Instr, slots: &[Option<Tensor>]) -> Result<Vec<(usize, usize, Tensor)>, tch::TchError> {
+        let mut out = Vec::new();
+        for (j, s) in ins.inputs.iter().enumerate() {
+            let Some(s) = s else { continue };
+            let Some(w) = self.param_slots.iter().position(|p| p == s) else { continue };
+            if let Some(t) = slots[s.index()].as_ref().filter(|t| t.requires_grad()) {
+                out.push((j, w, t.f_alias()?));
+            }
+        }
+        Ok(out)
     }
 
     /// Under mixed precision, `op`'s operands cast as its rule wants (matrix products in
@@ -287,14 +328,14 @@ impl Engine<'_> {
             let ins = Self::take(&slots, &piece.inputs, "piece input")?;
             count(&ins);
             if piece.recompute {
-                all_stats.extend(tch::no_grad(|| self.run_range(piece.range.clone(), &mut slots, true, stats, false))?.0);
+                all_stats.extend(tch::no_grad(|| self.run_range(piece.range.clone(), &mut slots, true, stats, false, None))?.0);
                 states.push(PieceState::Recompute { inputs: ins.into_iter().map(|(s, t)| (s, t.detach())).collect() });
             } else {
                 let leaves: Vec<(SlotId, Tensor)> = ins.iter().map(|(s, t)| (*s, leaf(t))).collect();
                 for (s, t) in &leaves {
                     slots[s.index()] = Some(t.shallow_clone());
                 }
-                all_stats.extend(self.run_range(piece.range.clone(), &mut slots, true, stats, false)?.0);
+                all_stats.extend(self.run_range(piece.range.clone(), &mut slots, true, stats, false, None)?.0);
                 let outputs = Self::take(&slots, &piece.outputs, "piece output")?;
                 count(&outputs);
                 // Later pieces read these values as fresh leaves, not through this graph.
@@ -366,7 +407,7 @@ impl Engine<'_> {
         for (s, t) in &leaves {
             slots[s.index()] = Some(t.shallow_clone());
         }
-        self.run_range(piece.range.clone(), &mut slots, false, false, false)?;
+        self.run_range(piece.range.clone(), &mut slots, false, false, false, None)?;
         let outputs = Self::take(&slots, &piece.outputs, "piece output")?;
         Ok((leaves, outputs))
     }

@@ -10,7 +10,7 @@ use tch::{Kind, Tensor};
 use super::checkpoint::StageState;
 use super::memory::{bytes_of, StageMemory};
 use super::optim::OptState;
-use super::pieces::{pieces, Engine, Piece, PieceFwd};
+use super::pieces::{pieces, Engine, Piece, PieceFwd, WeightRead};
 use super::precision::{compute_kind, LossScaler, Precision};
 use super::specialise::{self, Specialised};
 use super::trace::Recorder;
@@ -177,6 +177,21 @@ pub(super) struct Fwd {
     act_bytes: u64,
     /// Selective recomputation: the pieces' state and the leaf the loss was computed on.
     pieces: Option<(PieceFwd, Option<Tensor>)>,
+    /// A schedule that splits the backward: each instruction's weight reads.
+    reads: Vec<WeightRead>,
+}
+
+/// A microbatch between its input gradient and its weight gradient (a schedule that
+/// splits the backward): its forward's graph, kept, and the gradient of each weight
+/// read's outputs.
+struct AwaitingWeights {
+    mb: u64,
+    version: u64,
+    fwd: Fwd,
+    /// Per [`WeightRead`] of `fwd`, per output: its gradient (`None` where none flowed).
+    output_grads: Vec<Vec<Option<Tensor>>>,
+    /// Live bytes this entry holds.
+    bytes: u64,
 }
 
 struct Stash {
@@ -286,9 +301,10 @@ impl Ctx<'_> {
 
 /// The step an op belongs to.
 fn op_step(op: Op, m: u64) -> u64 {
-    match op {
-        Op::Forward(j) | Op::Backward(j) => j / m,
-        Op::Step(t) => t,
+    match (op, op.microbatch()) {
+        (_, Some(j)) => j / m,
+        (Op::Step(t), None) => t,
+        (_, None) => 0,
     }
 }
 
@@ -356,6 +372,9 @@ struct State {
     cast: BTreeMap<u64, Vec<Tensor>>,
     opt: OptState,
     stash: VecDeque<Stash>,
+    /// Microbatches whose weight gradient is still to run (a schedule that splits the
+    /// backward), oldest first.
+    awaiting: VecDeque<AwaitingWeights>,
     acc: Option<Vec<Tensor>>,
     batch_loss: f64,
     batch_samples: usize,
@@ -394,6 +413,7 @@ fn run_inner(
         cast: BTreeMap::new(),
         opt: OptState::new(cfg.optimizer, params.len()),
         stash: VecDeque::new(),
+        awaiting: VecDeque::new(),
         acc: None,
         batch_loss: 0.0,
         batch_samples: 0,
@@ -442,6 +462,8 @@ fn run_inner(
                 }
             }
             Op::Backward(j) => w.backward_op(&mut st, j, ctx, tr, rec)?,
+            Op::BackwardInput(j) => w.backward_input_op(&mut st, j, ctx, tr, rec)?,
+            Op::BackwardWeight(j) => w.backward_weight_op(&mut st, j, ctx, rec)?,
             Op::Step(t) => {
                 if let Some(d) = deferred.take() {
                     w.finish_step(&mut st, d, ctx, tr, events, rec)?;
@@ -497,6 +519,9 @@ pub(super) struct Worker {
     /// The program specialised for the batch size of the forwards so far (made by the
     /// first forward, remade if the batch size changes).
     special: Option<Specialised>,
+    /// The schedule runs each backward as two ops ([`pipewright_core::Schedule::splits_backward`]):
+    /// forwards record their weight reads apart.
+    split_backward: bool,
 }
 
 impl Worker {
@@ -550,6 +575,9 @@ impl Worker {
             }
         }
         let constant_bytes = constants.iter().filter(|(s, _)| !kept_on_host.contains(s)).map(|(_, t)| bytes_of(t)).sum();
+        if spec.recompute_selective && cfg.schedule.splits_backward() {
+            return Err(E::Msg(format!("the {} schedule splits each backward in two, which selective recomputation does not: compile with --recompute none or full", cfg.schedule)));
+        }
         let pieces = if spec.recompute_selective { pieces(p, &param_slots) } else { Vec::new() };
         let w = Worker {
             pieces,
@@ -569,6 +597,7 @@ impl Worker {
             compute: compute_kind(cfg.precision),
             scaler: (cfg.precision == Precision::Fp16).then(|| cfg.loss_scale.clone()),
             special: None,
+            split_backward: cfg.schedule.splits_backward(),
         };
         Ok((w, params))
     }
@@ -661,7 +690,7 @@ impl Worker {
     fn observe(&self, st: &mut State, extra_grads: u64, extra_act: u64) {
         let weights = st.versions.values().chain(st.cast.values()).flatten().map(bytes_of).sum();
         let gradients = st.acc.iter().flatten().map(bytes_of).sum::<u64>() + extra_grads;
-        let activations = st.stash.iter().map(|s| s.bytes).sum::<u64>() + extra_act;
+        let activations = st.stash.iter().map(|s| s.bytes).chain(st.awaiting.iter().map(|a| a.bytes)).sum::<u64>() + extra_act;
         st.memory.keep_peak(StageMemory {
             total: 0,
             weights,
@@ -670,7 +699,7 @@ impl Worker {
             activations,
             constants: self.constant_bytes + self.special.as_ref().map_or(0, |sp| sp.uploaded_bytes),
             versions: st.versions.len(),
-            in_flight: st.stash.len() + usize::from(extra_act > 0),
+            in_flight: st.stash.len() + st.awaiting.len() + usize::from(extra_act > 0),
         });
     }
 
@@ -767,6 +796,48 @@ impl Worker {
     }
 
     fn backward_op(&mut self, st: &mut State, j: u64, ctx: &Ctx<'_>, tr: &mut dyn Transport, rec: &mut Recorder) -> Result<(), E> {
+        let (v, step, bytes, fwd) = self.take_forward(st, j, ctx, rec)?;
+        self.observe(st, 0, bytes);
+        let out_grads = self.receive_output_grads(j, v, step, tr, rec)?;
+        let t0 = rec.start();
+        let (pg, ig) = if fwd.pieces.is_some() { self.backward_pieces(fwd, out_grads)? } else { self.backward(&fwd, out_grads)? };
+        self.accumulate(st, v, j, pg)?;
+        rec.record(TraceKind::Backward, t0, Some(j), v, step);
+        self.send_input_grads(j, v, step, ig, tr, rec)
+    }
+
+    /// Microbatch `j`'s input gradient alone (a schedule that splits the backward): sent
+    /// upstream now; its forward's graph and the gradients of its weight reads' outputs
+    /// wait for [`Worker::backward_weight_op`].
+    fn backward_input_op(&mut self, st: &mut State, j: u64, ctx: &Ctx<'_>, tr: &mut dyn Transport, rec: &mut Recorder) -> Result<(), E> {
+        let (version, step, bytes, fwd) = self.take_forward(st, j, ctx, rec)?;
+        self.observe(st, 0, bytes);
+        let out_grads = self.receive_output_grads(j, version, step, tr, rec)?;
+        let t0 = rec.start();
+        let (ig, output_grads) = self.backward_input(&fwd, out_grads)?;
+        rec.record(TraceKind::Backward, t0, Some(j), version, step);
+        st.awaiting.push_back(AwaitingWeights { mb: j, version, fwd, output_grads, bytes });
+        self.send_input_grads(j, version, step, ig, tr, rec)
+    }
+
+    /// Microbatch `j`'s weight gradient, from what its input gradient kept: added to the
+    /// batch's.
+    fn backward_weight_op(&mut self, st: &mut State, j: u64, ctx: &Ctx<'_>, rec: &mut Recorder) -> Result<(), E> {
+        let a = st.awaiting.pop_front().ok_or_else(|| E::Msg(format!("weight gradient of microbatch {j} before its input gradient")))?;
+        if a.mb != j {
+            return Err(E::Msg(format!("weight gradient of microbatch {j}, but {} is the oldest waiting", a.mb)));
+        }
+        let t0 = rec.start();
+        let pg = self.backward_weight(&a.fwd, a.output_grads)?;
+        self.accumulate(st, a.version, j, pg)?;
+        let step = j / (ctx.m as u64).max(1);
+        rec.record(TraceKind::BackwardWeight, t0, Some(j), a.version, step);
+        Ok(())
+    }
+
+    /// Microbatch `j`'s forward state, the oldest stashed (recomputed under full
+    /// recomputation), with its version, step and the live bytes it holds.
+    fn take_forward(&mut self, st: &mut State, j: u64, ctx: &Ctx<'_>, rec: &mut Recorder) -> Result<(u64, u64, u64, Fwd), E> {
         let m64 = ctx.m as u64;
         let s = st.stash.pop_front().ok_or_else(|| E::Msg(format!("backward of microbatch {j} without its forward")))?;
         if s.mb != j {
@@ -784,17 +855,24 @@ impl Worker {
                 f
             }
         };
-        self.observe(st, 0, s.bytes + if self.spec.recompute_full { fwd.act_bytes } else { 0 });
-        let out_grads = if self.spec.n_send > 0 {
-            let t0 = rec.start();
-            let g = tr.recv_backward(j).map_err(induced)?;
-            rec.record(TraceKind::Recv, t0, Some(j), v, step);
-            Some(g)
-        } else {
-            None
-        };
+        let bytes = s.bytes + if self.spec.recompute_full { fwd.act_bytes } else { 0 };
+        Ok((v, step, bytes, fwd))
+    }
+
+    /// The gradients of this stage's outputs for microbatch `j` from the next stage (none
+    /// on the last).
+    fn receive_output_grads(&self, j: u64, v: u64, step: u64, tr: &mut dyn Transport, rec: &mut Recorder) -> Result<Option<super::Named>, E> {
+        if self.spec.n_send == 0 {
+            return Ok(None);
+        }
         let t0 = rec.start();
-        let (pg, ig) = if fwd.pieces.is_some() { self.backward_pieces(fwd, out_grads)? } else { self.backward(&fwd, out_grads)? };
+        let g = tr.recv_backward(j).map_err(induced)?;
+        rec.record(TraceKind::Recv, t0, Some(j), v, step);
+        Ok(Some(g))
+    }
+
+    /// Adds microbatch `j`'s weight gradients (of version `v`) to the batch's.
+    fn accumulate(&self, st: &mut State, v: u64, j: u64, pg: Vec<Tensor>) -> Result<(), E> {
         // Gradients of the cast weights come back to the master weights' type (fp32).
         let pg = if self.compute != Kind::Float {
             let masters = st.versions.get(&v).ok_or_else(|| E::Msg(format!("weight version {v} for microbatch {j} is gone")))?;
@@ -810,7 +888,11 @@ impl Worker {
                 a
             }
         });
-        rec.record(TraceKind::Backward, t0, Some(j), v, step);
+        Ok(())
+    }
+
+    /// Sends microbatch `j`'s input gradients upstream (not from the first stage).
+    fn send_input_grads(&self, j: u64, v: u64, step: u64, ig: Vec<Tensor>, tr: &mut dyn Transport, rec: &mut Recorder) -> Result<(), E> {
         if self.spec.n_recv > 0 {
             let t0 = rec.start();
             tr.send_backward(j, self.input_names().into_iter().zip(ig).collect()).map_err(induced)?;
@@ -1185,7 +1267,7 @@ impl Worker {
                 Some((l, i)) => Some(loss_of(l, &run.outputs[*i], labels).map_err(|e| E::Msg(format!("loss: {e}")))?),
                 None => None,
             };
-            Ok((Fwd { params, recv, outputs: run.outputs, loss, act_bytes: run.act_bytes, pieces: None }, run.stats))
+            Ok((Fwd { params, recv, outputs: run.outputs, loss, act_bytes: run.act_bytes, pieces: None, reads: run.reads }, run.stats))
         };
         if grad {
             body()
@@ -1254,7 +1336,7 @@ impl Worker {
             None => (None, None),
         };
         let recv = inputs[..self.spec.n_recv].iter().map(|t| t.shallow_clone()).collect();
-        let fwd = Fwd { params, recv, outputs: pf.outputs.iter().map(|t| t.shallow_clone()).collect(), loss, act_bytes: pf.act_bytes, pieces: None };
+        let fwd = Fwd { params, recv, outputs: pf.outputs.iter().map(|t| t.shallow_clone()).collect(), loss, act_bytes: pf.act_bytes, pieces: None, reads: Vec::new() };
         Ok((Fwd { pieces: Some((pf, loss_leaf)), ..fwd }, stats))
     }
 
@@ -1268,13 +1350,16 @@ impl Worker {
         for (s, t) in p.inputs.iter().zip(inputs) {
             slots[s.index()] = Some(t.shallow_clone());
         }
-        let (stats, act_bytes) = engine.run_range(0..p.instrs.len(), &mut slots, true, collect_stats, count_act).map_err(E::Msg)?;
+        // A split backward needs each weight read apart (only a recorded graph has any).
+        let mut reads = Vec::new();
+        let recording = (self.split_backward && count_act).then_some(&mut reads);
+        let (stats, act_bytes) = engine.run_range(0..p.instrs.len(), &mut slots, true, collect_stats, count_act, recording).map_err(E::Msg)?;
         let outputs = p
             .outputs
             .iter()
             .map(|s| slots[s.index()].as_ref().map(|t| t.shallow_clone()).ok_or_else(|| E::Msg(format!("output slot {s} was never written"))))
             .collect::<Result<_, _>>()?;
-        Ok(Run { outputs, act_bytes, stats })
+        Ok(Run { outputs, act_bytes, stats, reads })
     }
 
     /// The selective backward: seeds from the next stage and the loss, then piece by piece.
@@ -1300,8 +1385,9 @@ impl Worker {
         Ok((pg, ig))
     }
 
-    /// Weight gradients and received-input gradients (zeros where nothing flows).
-    fn backward(&self, f: &Fwd, out_grads: Option<super::Named>) -> Result<(Vec<Tensor>, Vec<Tensor>), E> {
+    /// The scalar whose gradient is the backward: the scaled loss plus each output times
+    /// the gradient received for it; `None` when nothing carries a gradient.
+    fn backward_root(&self, f: &Fwd, out_grads: Option<super::Named>) -> Result<Option<Tensor>, E> {
         let mut terms: Vec<Tensor> = Vec::new();
         if let Some(l) = &f.loss {
             if l.requires_grad() {
@@ -1322,23 +1408,80 @@ impl Worker {
                 }
             }
         }
+        let mut terms = terms.into_iter();
+        let Some(first) = terms.next() else { return Ok(None) };
+        terms.try_fold(first, |a, b| a.f_add(&b)).map(Some).map_err(torch("backward seed"))
+    }
+
+    /// Weight gradients and received-input gradients (zeros where nothing flows).
+    fn backward(&self, f: &Fwd, out_grads: Option<super::Named>) -> Result<(Vec<Tensor>, Vec<Tensor>), E> {
+        let root = self.backward_root(f, out_grads)?;
         let targets: Vec<&Tensor> = f.params.iter().chain(f.recv.iter().filter(|t| t.requires_grad())).collect();
         let zeros = |ts: &[Tensor]| -> Vec<Tensor> { ts.iter().map(|t| t.zeros_like()).collect() };
-        if terms.is_empty() || targets.is_empty() {
+        let Some(root) = root.filter(|_| !targets.is_empty()) else {
             return Ok((zeros(&f.params), zeros(&f.recv)));
-        }
-        let mut terms = terms.into_iter();
-        let first = terms.next().ok_or_else(|| E::Msg("nothing to back-propagate".into()))?;
-        let root = terms.try_fold(first, |a, b| a.f_add(&b)).map_err(torch("backward seed"))?;
+        };
         let grads = Tensor::f_run_backward(&[root], &targets, false, false).map_err(torch("backward"))?;
         let mut it = grads.into_iter();
-        let fix = |g: Option<Tensor>, t: &Tensor| match g {
-            Some(g) if g.defined() => g,
-            _ => t.zeros_like(),
-        };
-        let pg: Vec<Tensor> = f.params.iter().map(|t| fix(it.next(), t)).collect();
-        let ig: Vec<Tensor> = f.recv.iter().map(|t| if t.requires_grad() { fix(it.next(), t) } else { t.zeros_like() }).collect();
+        let pg: Vec<Tensor> = f.params.iter().map(|t| defined_or_zeros(it.next(), t)).collect();
+        let ig: Vec<Tensor> = f.recv.iter().map(|t| if t.requires_grad() { defined_or_zeros(it.next(), t) } else { t.zeros_like() }).collect();
         Ok((pg, ig))
+    }
+
+    /// The input-gradient half of a split backward: the received inputs' gradients, and
+    /// the gradient of each weight read's outputs (the graph is kept for the other half).
+    /// The engine computes only what leads to those, so no weight gradient is formed.
+    #[allow(clippy::type_complexity)]
+    fn backward_input(&self, f: &Fwd, out_grads: Option<super::Named>) -> Result<(Vec<Tensor>, Vec<Vec<Option<Tensor>>>), E> {
+        let root = self.backward_root(f, out_grads)?;
+        let recv: Vec<&Tensor> = f.recv.iter().filter(|t| t.requires_grad()).collect();
+        let outputs: Vec<&Tensor> = f.reads.iter().flat_map(|r| &r.outputs).collect();
+        let nothing = || (f.recv.iter().map(Tensor::zeros_like).collect(), f.reads.iter().map(|r| r.outputs.iter().map(|_| None).collect()).collect());
+        let Some(root) = root.filter(|_| !recv.is_empty() || !outputs.is_empty()) else { return Ok(nothing()) };
+        let targets: Vec<&Tensor> = recv.iter().chain(&outputs).copied().collect();
+        let grads = Tensor::f_run_backward(&[root], &targets, true, false).map_err(torch("backward (input gradient)"))?;
+        let mut it = grads.into_iter();
+        let ig: Vec<Tensor> = f.recv.iter().map(|t| if t.requires_grad() { defined_or_zeros(it.next(), t) } else { t.zeros_like() }).collect();
+        let output_grads = f.reads.iter().map(|r| r.outputs.iter().map(|_| it.next().filter(Tensor::defined)).collect()).collect();
+        Ok((ig, output_grads))
+    }
+
+    /// The weight-gradient half: for each weight read, its outputs' kept gradients back
+    /// through that instruction alone to the aliases it read (each read's own graph, so
+    /// nothing before it runs again), summed per weight.
+    fn backward_weight(&self, f: &Fwd, output_grads: Vec<Vec<Option<Tensor>>>) -> Result<Vec<Tensor>, E> {
+        let mut pg: Vec<Option<Tensor>> = f.params.iter().map(|_| None).collect();
+        for (read, grads) in f.reads.iter().zip(output_grads) {
+            let mut terms = Vec::new();
+            for (o, g) in read.outputs.iter().zip(grads) {
+                if let Some(g) = g {
+                    terms.push(o.f_mul(&g).and_then(|x| x.f_sum(Kind::Double)).map_err(torch("weight gradient seed"))?);
+                }
+            }
+            let mut terms = terms.into_iter();
+            let Some(first) = terms.next() else { continue };
+            let root = terms.try_fold(first, |a, b| a.f_add(&b)).map_err(torch("weight gradient seed"))?;
+            let aliases: Vec<&Tensor> = read.aliases.iter().map(|(_, a)| a).collect();
+            let grads = Tensor::f_run_backward(&[root], &aliases, false, false).map_err(torch("backward (weight gradient)"))?;
+            for ((w, _), g) in read.aliases.iter().zip(grads) {
+                if !g.defined() {
+                    continue;
+                }
+                pg[*w] = Some(match pg[*w].take() {
+                    None => g,
+                    Some(sum) => sum.f_add(&g).map_err(torch("weight gradient"))?,
+                });
+            }
+        }
+        Ok(pg.into_iter().zip(&f.params).map(|(g, t)| g.unwrap_or_else(|| t.zeros_like())).collect())
+    }
+}
+
+/// `g` when the engine computed it, zeros like `t` otherwise.
+fn defined_or_zeros(g: Option<Tensor>, t: &Tensor) -> Tensor {
+    match g {
+        Some(g) if g.defined() => g,
+        _ => t.zeros_like(),
     }
 }
 
@@ -1347,6 +1490,7 @@ struct Run {
     outputs: Vec<Tensor>,
     act_bytes: u64,
     stats: Vec<(usize, Tensor)>,
+    reads: Vec<WeightRead>,
 }
 
 /// Milliseconds of the training loss `l` on a model output like `out` (forward, then
