@@ -27,7 +27,8 @@ Definitions (steps 1..S of the metrics = batches 0..S-1 of the trace; the first 
 warm-up and dropped):
 - samples_per_s: sum of `samples` / sum of `seconds` over metrics steps W+1..S
   (`seconds` is the wall time between consecutive weight updates reported by the last stage).
-- busy: forward + backward + recompute + optimizer durations (send/recv are waiting).
+- busy: forward + backward (+ backward-weight, a split backward's weight gradient) +
+  recompute + optimizer durations (send/recv are waiting).
 - per stage, time per microbatch t_k = busy of the events of batches W..S-1 / number of
   microbatches that stage ran forward in those batches.
 - ideal_samples_per_s = samples per microbatch / max_k t_k (the slowest stage's rate, the
@@ -44,7 +45,7 @@ import random
 import statistics
 import sys
 
-BUSY = {"forward", "backward", "recompute", "optimizer"}
+BUSY = {"forward", "backward", "backward-weight", "recompute", "optimizer"}
 
 
 def step_of(e):
@@ -143,7 +144,9 @@ def replay_in_order(order, stages, dur_of):
     through the stages' dependencies alone, an event at position p of stage k lasting
     dur_of(k, p, e) (an allreduce waits for the other stages' last backward, no time)."""
     mb_of = lambda e: (e.get("args") or {}).get("microbatch")
-    last_backward = {(k, step_of(e)): id(e) for k in stages for e in order[k] if e["name"] == "backward"}
+    # A step's gradients are complete after its last backward, or its last weight gradient
+    # under a schedule that splits the backward.
+    last_backward = {(k, step_of(e)): id(e) for k in stages for e in order[k] if e["name"] in ("backward", "backward-weight")}
     done, clock, busy, pos = {}, {k: 0.0 for k in stages}, {k: 0.0 for k in stages}, {k: 0 for k in stages}
     progress = True
     while progress:
@@ -166,8 +169,8 @@ def replay_in_order(order, stages, dur_of):
                 dur = 0.0 if name == "allreduce" else dur_of(k, pos[k], e)
                 clock[k] = start + dur
                 busy[k] += dur
-                done[(k, name, mb_of(e) if name in ("forward", "backward", "recompute") else step_of(e))] = clock[k]
-                if name == "backward" and last_backward[(k, step_of(e))] == id(e):
+                done[(k, name, mb_of(e) if name in ("forward", "backward", "backward-weight", "recompute") else step_of(e))] = clock[k]
+                if name in ("backward", "backward-weight") and last_backward[(k, step_of(e))] == id(e):
                     done[(k, "last backward", step_of(e))] = clock[k]
                 pos[k] += 1
                 progress = True

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Pipeline schedules on the embedded executor: gpt2-tiny and resnet18 compiled into d = 2
-# stages with each schedule (2bw, flush, gpipe), trained on seeded random data, reporting per
+# stages with each schedule (2bw, flush, gpipe, zb-h1), trained on seeded random data, reporting per
 # run the steady-state samples/s (metrics JSON lines, first WARMUP steps dropped), each
 # stage's bubble fraction and time per microbatch (from the --trace), and the pipeline
 # efficiency = samples/s / (samples per microbatch / the slowest stage's busy time per
@@ -15,7 +15,7 @@
 #        THREADS (1: libtorch intra-op threads per stage, through OMP_NUM_THREADS and
 #        MKL_NUM_THREADS — `pipewright train` has no thread flag; 2 stage threads x 1 on the
 #        2-core machine), LR (1e-4, plain SGD: small enough that no run diverges),
-#        SCHEDULES ("2bw flush gpipe"), MODELS_DIR (../shared/corpus/models),
+#        SCHEDULES ("2bw flush gpipe zb-h1"), MODELS_DIR (../shared/corpus/models),
 #        BENCH_VENV (${XDG_CACHE_HOME:-~/.cache}/pipewright/bench-venv: numpy + onnx for
 #        bench/make_data.py), OUT (target/bench/schedules: build folders, data, metrics,
 #        traces, SVG timelines, runs.jsonl, table.md).
@@ -34,7 +34,7 @@ M="${M:-4}"
 STAGES="${STAGES:-2}"
 THREADS="${THREADS:-1}"
 LR="${LR:-0.0001}"
-read -r -a schedules <<<"${SCHEDULES:-2bw flush gpipe}"
+read -r -a schedules <<<"${SCHEDULES:-2bw flush gpipe zb-h1}"
 MODELS_DIR="${MODELS_DIR:-$repo/../shared/corpus/models}"
 cache="${PIPEWRIGHT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/pipewright}"
 py="${BENCH_VENV:-$cache/bench-venv}/bin/python"

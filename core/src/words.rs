@@ -509,7 +509,7 @@ mod tests {
         assert_eq!("all".parse::<WordList<Schedule>>(), Ok(WordList::all()));
         assert_eq!(WordList(vec![Schedule::Flush, Schedule::TwoBw]).to_string(), "flush,2bw");
         let e = "2bw,zigzag".parse::<WordList<Schedule>>().unwrap_err().to_string();
-        assert_eq!(e, "unknown schedule \"zigzag\": expected one of 2bw, flush, gpipe, all");
+        assert_eq!(e, "unknown schedule \"zigzag\": expected one of 2bw, flush, gpipe, zb-h1, all");
         assert_eq!("all".parse::<PrintAfter>(), Ok(PrintAfter::All));
         assert_eq!("plan".parse::<PrintAfter>(), Ok(PrintAfter::Pass(PassName::Plan)));
         assert!("shape-inference".parse::<PrintAfter>().unwrap_err().to_string().contains("weight-versioning, lower, all"));
@@ -526,7 +526,7 @@ mod tests {
     fn one_spelling_only() {
         assert_eq!("2bw".parse::<Schedule>(), Ok(Schedule::TwoBw));
         let e = "2BW".parse::<Schedule>().unwrap_err();
-        assert_eq!(e.to_string(), "unknown schedule \"2BW\": expected one of 2bw, flush, gpipe");
+        assert_eq!(e.to_string(), "unknown schedule \"2BW\": expected one of 2bw, flush, gpipe, zb-h1");
         // The old aliases of the planner are gone: one spelling everywhere.
         assert_eq!("on".parse::<Recompute>().unwrap_err().to_string(), "unknown recompute mode \"on\": expected one of none, selective, full");
         assert_eq!("off".parse::<Recompute>().unwrap_err().to_string(), "unknown recompute mode \"off\": expected one of none, selective, full");

@@ -60,6 +60,7 @@ use std::fmt::Write;
 
 use pipewright_ir::{Graph, NodeId, StageMap};
 use pipewright_core::units::human_bytes;
+use pipewright_core::words::spellings;
 use pipewright_core::{Balance, Optimizer, Precision, Recompute, Schedule};
 use rayon::iter::{IndexedParallelIterator, IntoParallelIterator, ParallelIterator};
 use serde::{Deserialize, Serialize};
@@ -941,6 +942,9 @@ pub fn plan_on(
         (None, Some(s)) => vec![s],
         (None, None) => (1..=cluster.workers.min(n)).collect(),
     };
+    if opts.recompute == Some(Recompute::Selective) && opts.schedules.iter().all(|s| s.splits_backward()) {
+        return Err(PlanError::Options(format!("the {} schedule splits each backward in two, which selective recomputation does not: choose --recompute none or full", spellings(&opts.schedules))));
+    }
     let recomputes: Vec<Recompute> = match opts.recompute {
         Some(r) => vec![r],
         None => vec![Recompute::None, Recompute::Selective, Recompute::Full],
@@ -980,6 +984,10 @@ pub fn plan_on(
                             if schedule != Schedule::GPipe && m < d as u64 {
                                 continue;
                             }
+                            // The split backward runs on whole graphs, not selective pieces.
+                            if schedule.splits_backward() && recompute == Recompute::Selective {
+                                continue;
+                            }
                             // Selective adds at most a third; 1 keeps the bound optimistic.
                             let slowdown = if recompute == Recompute::Full { 4.0 / 3.0 } else { 1.0 };
                             // The stages' times add up to the compute plus each interior
@@ -995,7 +1003,9 @@ pub fn plan_on(
                             let ar_lb = cluster.allreduce(w, d, Latencies::NONE).seconds(param_total / d as f64, w);
                             let per_batch = match schedule {
                                 Schedule::TwoBw => (m as f64 * t_lb).max(ar_lb),
-                                _ => (m + d as u64 - 1) as f64 * t_lb + ar_lb,
+                                // Its weight gradients may fill the whole drain.
+                                Schedule::ZbH1 => m as f64 * t_lb + ar_lb,
+                                Schedule::Flush | Schedule::GPipe => (m + d as u64 - 1) as f64 * t_lb + ar_lb,
                             };
                             let optimistic = if per_batch > 0.0 {
                                 (b * m * w as u64) as f64 / per_batch

@@ -103,7 +103,9 @@ pub(super) fn replay_dedicated(setup: &SimSetup) -> Result<Simulation, SimError>
                         let weight_s = setup.backward_seconds(s, i, op);
                         events.record(TraceKind::BackwardWeight, s, state.free, weight_s, Some(i), version, i / m64);
                         state.busy += weight_s;
-                        state.free += weight_s + cost.after_backward_s;
+                        // Two additions, as the shared engine's two segments add them.
+                        state.free += weight_s;
+                        state.free += cost.after_backward_s;
                         state.in_flight = state.in_flight.saturating_sub(1);
                     }
                     Op::Step(t) => {
