@@ -25,7 +25,8 @@ for m in 1.3b 2.2b 3.8b; do
     for batch in 512 1024 2048; do
         start=$(date +%s.%N)
         "$pw" simulate "$work/gpt-$m.onnx" --cluster V100-16GB --servers 8 --network 25gbit --precision fp16 \
-            ${EFFICIENCY:+--efficiency "$EFFICIENCY"} --batch "$batch" --batches "$BATCHES" --json > "$work/$m-$batch.json"
+            ${EFFICIENCY:+--efficiency "$EFFICIENCY"} --schedule 2bw,flush,gpipe,model-parallel,data-parallel,tensor-parallel \
+            --batch "$batch" --batches "$BATCHES" --json > "$work/$m-$batch.json"
         end=$(date +%s.%N)
         echo "gpt-$m batch $batch: $(echo "$end - $start" | bc) s" >&2
     done

@@ -50,7 +50,7 @@ fn eval_loss(stdout: &str, step: usize) -> f64 {
 fn the_evaluated_loss_is_onnxruntimes_on_the_exported_model_and_training_is_unchanged() {
     let dir = tempfile::tempdir().expect("temp dir");
     let eval = held_out(dir.path());
-    for schedule in ["2bw", "flush", "gpipe"] {
+    for schedule in ["2bw", "flush", "gpipe", "zb-h1"] {
         let build = compile_mlp(dir.path(), schedule);
         ok(&train(&build, &[]));
         let plain = std::fs::read(build.join("weights.safetensors")).expect("weights");

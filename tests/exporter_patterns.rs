@@ -73,7 +73,7 @@ fn round_trip(model: &Path, dir: &Path, schedule: &str) -> String {
 fn batchnorm_buffers_merged_with_weights_train_under_every_schedule() {
     let dir = tempfile::tempdir().unwrap();
     let model = shared_batchnorm_model(dir.path(), false);
-    for schedule in ["2bw", "flush", "gpipe"] {
+    for schedule in ["2bw", "flush", "gpipe", "zb-h1"] {
         let notes = round_trip(&model, dir.path(), schedule);
         assert!(notes.contains("note: 2 initializers the exporter shared between BatchNorm running statistics and weights (or other BatchNorms) got a copy per running statistic"), "{notes}");
     }

@@ -365,7 +365,7 @@ fn train_args<'a>(dir: &'a Path, data: &'a Path, steps: &'a str, extra: &[&'a st
 #[test]
 fn resuming_from_a_checkpoint_reaches_the_same_weights() {
     let data = root().join("examples/digits/digits.npz");
-    for schedule in ["2bw", "flush", "gpipe"] {
+    for schedule in ["2bw", "flush", "gpipe", "zb-h1"] {
         let dir = tempfile::tempdir().expect("temp dir");
         compile(dir.path(), "3", schedule, if schedule == "gpipe" { "full" } else { "none" });
         let out = pw(&train_args(dir.path(), &data, "7", &["--checkpoint-every", "3"]));
@@ -1237,7 +1237,7 @@ fn a_second_job_on_a_build_is_refused_naming_the_first() {
 fn specialised_steps_read_nothing_back_from_the_device() {
     let dir = tempfile::tempdir().expect("temp dir");
     for name in ["mlp", "resnet18", "mobilenet_v2", "bert-tiny", "gpt2-tiny", "vit-tiny"] {
-        for schedule in ["2bw", "flush", "gpipe"] {
+        for schedule in ["2bw", "flush", "gpipe", "zb-h1"] {
             let build = dir.path().join(format!("{name}-{schedule}"));
             let b = build.to_str().unwrap();
             pw_ok(["compile", model(name).to_str().unwrap(), "--stages", "2", "--schedule", schedule, "-o", b]);

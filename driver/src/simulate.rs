@@ -515,8 +515,16 @@ fn measured_stage_times(path: &Path, stages: &mut [pipewright_passes::simulate::
         let (Some(f), Some(b)) = (mean(s, TraceKind::Forward), mean(s, TraceKind::Backward)) else {
             return Err(DriverError::msg(format!("{}: stage {s} has no forward or no backward in the trace", path.display())));
         };
+        // A split backward's two halves (input gradient, weight gradient) make its whole;
+        // a whole one keeps the cost model's share of weight gradients.
+        let share = if c.backward_s > 0.0 { c.weight_grad_s / c.backward_s } else { 0.0 };
+        let (backward_s, weight_grad_s) = match mean(s, TraceKind::BackwardWeight) {
+            Some(w) => (b + w, w),
+            None => (b, b * share),
+        };
         c.forward_s = f;
-        c.backward_s = b;
+        c.backward_s = backward_s;
+        c.weight_grad_s = weight_grad_s;
         c.recompute_s = mean(s, TraceKind::Recompute).unwrap_or(0.0);
         c.optimizer_s = mean(s, TraceKind::Optimizer).unwrap_or(0.0);
         c.send_s = mean(s, TraceKind::Send).unwrap_or(0.0);
