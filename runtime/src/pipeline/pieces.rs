@@ -15,7 +15,7 @@ use super::memory::bytes_of;
 use super::specialise::Specialised;
 use crate::exec::{run_node_with, Mode, Signatures};
 use crate::program::{Program, SlotId};
-use pipewright_ops::op::MixedPrecisionRule;
+use pipewright_ops::op::{MixedPrecisionRule, OpClass};
 use pipewright_ops::Op;
 
 /// A maximal run of instructions with the same recompute flag.
@@ -120,6 +120,11 @@ pub(crate) struct WeightRead {
     pub aliases: Vec<(usize, Tensor)>,
     /// The outputs that carry a gradient.
     pub outputs: Vec<Tensor>,
+    /// The instruction is a product (matrix product, convolution), whose weight gradient
+    /// is a product of its own and waits for the weight-gradient pass. Other reads (a
+    /// norm's scale, a bias) get their weight gradient with the input gradient: it comes
+    /// out of the same kernel, or is a reduction.
+    pub deferred: bool,
 }
 
 /// The parts of a worker the piece engine reads.
@@ -229,7 +234,8 @@ impl Engine<'_> {
             }
             if let Some(list) = reads.as_deref_mut().filter(|_| !aliases.is_empty()) {
                 let outputs = ins.outputs.iter().zip(&outs).filter(|(s, t)| s.is_some() && t.requires_grad()).map(|(_, t)| t.shallow_clone()).collect();
-                list.push(WeightRead { aliases: aliases.into_iter().map(|(_, w, a)| (w, a)).collect(), outputs });
+                let deferred = matches!(ins.op.class(), OpClass::MatMul | OpClass::Conv);
+                list.push(WeightRead { aliases: aliases.into_iter().map(|(_, w, a)| (w, a)).collect(), outputs, deferred });
             }
             for (slot, t) in ins.outputs.iter().zip(outs) {
                 if let Some(s) = slot {

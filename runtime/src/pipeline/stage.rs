@@ -182,14 +182,13 @@ pub(super) struct Fwd {
 }
 
 /// A microbatch between its input gradient and its weight gradient (a schedule that
-/// splits the backward): its forward's graph, kept, and the gradient of each weight
-/// read's outputs.
+/// splits the backward): its forward's graph, kept, the gradient of each deferred weight
+/// read's outputs, and the weight gradients the input gradient already gave.
 struct AwaitingWeights {
     mb: u64,
     version: u64,
     fwd: Fwd,
-    /// Per [`WeightRead`] of `fwd`, per output: its gradient (`None` where none flowed).
-    output_grads: Vec<Vec<Option<Tensor>>>,
+    grads: SplitGrads,
     /// Live bytes this entry holds.
     bytes: u64,
 }
@@ -814,9 +813,9 @@ impl Worker {
         self.observe(st, 0, bytes);
         let out_grads = self.receive_output_grads(j, version, step, tr, rec)?;
         let t0 = rec.start();
-        let (ig, output_grads) = self.backward_input(&fwd, out_grads)?;
+        let (ig, grads) = self.backward_input(&fwd, out_grads)?;
         rec.record(TraceKind::Backward, t0, Some(j), version, step);
-        st.awaiting.push_back(AwaitingWeights { mb: j, version, fwd, output_grads, bytes });
+        st.awaiting.push_back(AwaitingWeights { mb: j, version, fwd, grads, bytes });
         self.send_input_grads(j, version, step, ig, tr, rec)
     }
 
@@ -828,7 +827,7 @@ impl Worker {
             return Err(E::Msg(format!("weight gradient of microbatch {j}, but {} is the oldest waiting", a.mb)));
         }
         let t0 = rec.start();
-        let pg = self.backward_weight(&a.fwd, a.output_grads)?;
+        let pg = self.backward_weight(&a.fwd, a.grads)?;
         self.accumulate(st, a.version, j, pg)?;
         let step = j / (ctx.m as u64).max(1);
         rec.record(TraceKind::BackwardWeight, t0, Some(j), a.version, step);
@@ -1428,53 +1427,76 @@ impl Worker {
         Ok((pg, ig))
     }
 
-    /// The input-gradient half of a split backward: the received inputs' gradients, and
-    /// the gradient of each weight read's outputs (the graph is kept for the other half).
-    /// The engine computes only what leads to those, so no weight gradient is formed.
-    #[allow(clippy::type_complexity)]
-    fn backward_input(&self, f: &Fwd, out_grads: Option<super::Named>) -> Result<(Vec<Tensor>, Vec<Vec<Option<Tensor>>>), E> {
+    /// The input-gradient half of a split backward: the received inputs' gradients, the
+    /// gradient of each deferred weight read's outputs, and the weight gradients of the
+    /// other reads (the graph is kept for the other half). The engine computes only what
+    /// leads to those, so no product's weight gradient is formed.
+    fn backward_input(&self, f: &Fwd, out_grads: Option<super::Named>) -> Result<(Vec<Tensor>, SplitGrads), E> {
         let root = self.backward_root(f, out_grads)?;
         let recv: Vec<&Tensor> = f.recv.iter().filter(|t| t.requires_grad()).collect();
-        let outputs: Vec<&Tensor> = f.reads.iter().flat_map(|r| &r.outputs).collect();
-        let nothing = || (f.recv.iter().map(Tensor::zeros_like).collect(), f.reads.iter().map(|r| r.outputs.iter().map(|_| None).collect()).collect());
-        let Some(root) = root.filter(|_| !recv.is_empty() || !outputs.is_empty()) else { return Ok(nothing()) };
-        let targets: Vec<&Tensor> = recv.iter().chain(&outputs).copied().collect();
-        let grads = Tensor::f_run_backward(&[root], &targets, true, false).map_err(torch("backward (input gradient)"))?;
-        let mut it = grads.into_iter();
+        let outputs: Vec<&Tensor> = f.reads.iter().filter(|r| r.deferred).flat_map(|r| &r.outputs).collect();
+        let now: Vec<&(usize, Tensor)> = f.reads.iter().filter(|r| !r.deferred).flat_map(|r| &r.aliases).collect();
+        let mut grads = SplitGrads { outputs: f.reads.iter().map(|r| r.outputs.iter().map(|_| None).collect()).collect(), weights: Vec::new() };
+        let Some(root) = root.filter(|_| !recv.is_empty() || !outputs.is_empty() || !now.is_empty()) else {
+            return Ok((f.recv.iter().map(Tensor::zeros_like).collect(), grads));
+        };
+        let targets: Vec<&Tensor> = recv.iter().chain(&outputs).copied().chain(now.iter().map(|(_, a)| a)).collect();
+        let computed = Tensor::f_run_backward(&[root], &targets, true, false).map_err(torch("backward (input gradient)"))?;
+        let mut it = computed.into_iter();
         let ig: Vec<Tensor> = f.recv.iter().map(|t| if t.requires_grad() { defined_or_zeros(it.next(), t) } else { t.zeros_like() }).collect();
-        let output_grads = f.reads.iter().map(|r| r.outputs.iter().map(|_| it.next().filter(Tensor::defined)).collect()).collect();
-        Ok((ig, output_grads))
+        for (read, slot) in f.reads.iter().zip(&mut grads.outputs).filter(|(r, _)| r.deferred) {
+            *slot = read.outputs.iter().map(|_| it.next().filter(Tensor::defined)).collect();
+        }
+        grads.weights = now.iter().zip(it).filter(|(_, g)| g.defined()).map(|((w, _), g)| (*w, g)).collect();
+        Ok((ig, grads))
     }
 
-    /// The weight-gradient half: for each weight read, its outputs' kept gradients back
-    /// through that instruction alone to the aliases it read (each read's own graph, so
-    /// nothing before it runs again), summed per weight.
-    fn backward_weight(&self, f: &Fwd, output_grads: Vec<Vec<Option<Tensor>>>) -> Result<Vec<Tensor>, E> {
+    /// The weight-gradient half: for each deferred weight read, its outputs' kept
+    /// gradients back through that instruction alone to the aliases it read (each read's
+    /// own graph, so nothing before it runs again), summed per weight with those the
+    /// input gradient gave.
+    fn backward_weight(&self, f: &Fwd, grads: SplitGrads) -> Result<Vec<Tensor>, E> {
         let mut pg: Vec<Option<Tensor>> = f.params.iter().map(|_| None).collect();
-        for (read, grads) in f.reads.iter().zip(output_grads) {
+        let mut add = |w: usize, g: Tensor| -> Result<(), E> {
+            pg[w] = Some(match pg[w].take() {
+                None => g,
+                Some(sum) => sum.f_add(&g).map_err(torch("weight gradient"))?,
+            });
+            Ok(())
+        };
+        for (w, g) in grads.weights {
+            add(w, g)?;
+        }
+        for (read, outs) in f.reads.iter().zip(grads.outputs).filter(|(r, _)| r.deferred) {
+            // The seed whose gradient at each output is the kept one: a dot product.
             let mut terms = Vec::new();
-            for (o, g) in read.outputs.iter().zip(grads) {
+            for (o, g) in read.outputs.iter().zip(outs) {
                 if let Some(g) = g {
-                    terms.push(o.f_mul(&g).and_then(|x| x.f_sum(Kind::Double)).map_err(torch("weight gradient seed"))?);
+                    terms.push(o.f_flatten(0, -1).and_then(|o| g.f_flatten(0, -1).and_then(|g| o.f_dot(&g))).map_err(torch("weight gradient seed"))?);
                 }
             }
             let mut terms = terms.into_iter();
             let Some(first) = terms.next() else { continue };
             let root = terms.try_fold(first, |a, b| a.f_add(&b)).map_err(torch("weight gradient seed"))?;
             let aliases: Vec<&Tensor> = read.aliases.iter().map(|(_, a)| a).collect();
-            let grads = Tensor::f_run_backward(&[root], &aliases, false, false).map_err(torch("backward (weight gradient)"))?;
-            for ((w, _), g) in read.aliases.iter().zip(grads) {
-                if !g.defined() {
-                    continue;
+            let computed = Tensor::f_run_backward(&[root], &aliases, false, false).map_err(torch("backward (weight gradient)"))?;
+            for ((w, _), g) in read.aliases.iter().zip(computed) {
+                if g.defined() {
+                    add(*w, g)?;
                 }
-                pg[*w] = Some(match pg[*w].take() {
-                    None => g,
-                    Some(sum) => sum.f_add(&g).map_err(torch("weight gradient"))?,
-                });
             }
         }
         Ok(pg.into_iter().zip(&f.params).map(|(g, t)| g.unwrap_or_else(|| t.zeros_like())).collect())
     }
+}
+
+/// What a split backward's input-gradient half leaves for its weight-gradient half.
+struct SplitGrads {
+    /// Per [`WeightRead`], per output: its gradient, kept for a deferred read (`None`
+    /// where none flowed, and for every other read).
+    outputs: Vec<Vec<Option<Tensor>>>,
+    /// `(weight index, gradient)` of the reads that were not deferred.
+    weights: Vec<(usize, Tensor)>,
 }
 
 /// `g` when the engine computed it, zeros like `t` otherwise.
