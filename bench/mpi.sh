@@ -2,10 +2,10 @@
 # Two-stage pipelines three ways, side by side in one run: the embedded executor
 # (`pipewright train`: 2 stage threads in one process), MPI (`pipewright launch`: 2 ranks,
 # one stage each) and torch.distributed.pipelining (bench/torch_pipe.py under `torchrun
-# --nproc-per-node 2`: gloo, Schedule1F1B, the same stage cut through the build's stage
-# ONNX files). Same model, microbatch, microbatches, plain SGD, one intra-op thread per
-# stage; pipewright runs SCHEDULE (default flush: 1F1B with a flush per step, as
-# Schedule1F1B). Each round runs the three in a rotated order. Reports per model the median
+# --nproc-per-node 2`: gloo, the same stage cut through the build's stage ONNX files).
+# Same model, microbatch, microbatches, plain SGD, one intra-op thread per stage;
+# pipewright runs SCHEDULE (flush, gpipe or zb-h1; default flush) and torch its namesake
+# (Schedule1F1B, ScheduleGPipe, ScheduleInterleavedZeroBubble with one stage per rank). Each round runs the three in a rotated order. Reports per model the median
 # over rounds of each run's median seconds per step after WARMUP (the wall time between
 # consecutive updates), and the ratios to the embedded executor.
 #
@@ -56,7 +56,7 @@ for spec in "${specs[@]}"; do
                 launch) "$PW" launch "$build" -- "${opts[@]}" --metrics "$m" >/dev/null 2>&1; t="$(median_step "$m")" ;;
                 torch)
                     line="$(OMP_NUM_THREADS=1 "$TORCH_PYTHON" -m torch.distributed.run --nproc-per-node 2 --master-port "$((29500 + RANDOM % 1000))" \
-                        bench/torch_pipe.py "$build" --microbatch "$mb" --microbatches "$M" --steps "$steps" --warmup "$WARMUP" 2>/dev/null | grep '^torch-pipe')"
+                        bench/torch_pipe.py "$build" --schedule "$SCHEDULE" --microbatch "$mb" --microbatches "$M" --steps "$steps" --warmup "$WARMUP" 2>/dev/null | grep '^torch-pipe')"
                     t="$(sed -E 's/.*median_ms=([0-9.]+).*/\1/' <<<"$line" | awk '{printf "%.4f", $1 / 1000}')" ;;
             esac
             times[$side]+="$t "

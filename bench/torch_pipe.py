@@ -4,8 +4,10 @@
 Started by `torchrun --nproc-per-node 2`: rank K runs BUILD/stageK.onnx (the stage ONNX files
 `pipewright compile --stage-onnx` writes, so both sides cut the model at the same place) op
 by op with eager torch ops (bench/torch_eager.py's OnnxModule, with pipewright's trainable
-tensors) as a `PipelineStage`, over gloo, under `Schedule1F1B` (1F1B with a flush per step,
-pipewright's `flush` schedule), with the mean cross-entropy of the last stage's output
+tensors) as a `PipelineStage`, over gloo, under the namesake of a pipewright schedule
+(`--schedule`: flush is `Schedule1F1B`, 1F1B with a flush per step; gpipe `ScheduleGPipe`;
+zb-h1 `ScheduleInterleavedZeroBubble` with one stage per rank, the zero-bubble schedule
+that splits each backward into input and weight gradients), with the mean cross-entropy of the last stage's output
 against seeded random labels, `torch.optim.SGD` (plain, lr), one intra-op thread per stage.
 Each step is M microbatches of B samples. The last rank reports the median seconds per step
 (the wall time between consecutive updates, as pipewright's metrics) after the warm-up.
@@ -22,7 +24,7 @@ import onnx
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleavedZeroBubble
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch_eager  # noqa: E402
@@ -59,6 +61,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--export-batch", type=int, default=2)
+    ap.add_argument("--schedule", choices=["flush", "gpipe", "zb-h1"], default="flush")
     a = ap.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -74,7 +77,11 @@ def main():
     def loss_fn(out, y):
         return F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
 
-    schedule = Schedule1F1B(stage, n_microbatches=a.microbatches, loss_fn=loss_fn)
+    if a.schedule == "zb-h1":
+        schedule = ScheduleInterleavedZeroBubble([stage], n_microbatches=a.microbatches, loss_fn=loss_fn)
+    else:
+        kind = {"flush": Schedule1F1B, "gpipe": ScheduleGPipe}[a.schedule]
+        schedule = kind(stage, n_microbatches=a.microbatches, loss_fn=loss_fn)
     opt = torch.optim.SGD(module.parameters(), lr=a.lr)
     g = torch.Generator().manual_seed(0)
     n = a.microbatch * a.microbatches
@@ -106,7 +113,7 @@ def main():
         name = os.path.basename(os.path.normpath(a.build))
         print(f"{name}: last loss {loss:.4f}, torch {torch.__version__}, {len(times)} steps after {a.warmup} warm-up", flush=True)
         print(
-            f"torch-pipe model={name} median_ms={statistics.median(times) * 1e3:.1f} steps={a.steps} warmup={a.warmup} microbatch={a.microbatch} microbatches={a.microbatches}",
+            f"torch-pipe schedule={a.schedule} model={name} median_ms={statistics.median(times) * 1e3:.1f} steps={a.steps} warmup={a.warmup} microbatch={a.microbatch} microbatches={a.microbatches}",
             flush=True,
         )
     dist.destroy_process_group()
