@@ -3,8 +3,7 @@
 //! stage's peak (Adam, no recomputation, microbatch 2, 4 microbatches per step), the plan
 //! is compiled and trained, and the run's peak live tensor bytes per stage must be within
 //! 15% of the prediction. What the model has to get right for that: the microbatches each
-//! stage holds (1F1B's `d - k` in stage `k`, GPipe's `m` in every stage, ZB-H1's
-//! `2 (d - k) - 1` up to `m`, each graph kept until its weight gradient), the weight
+//! stage holds (1F1B's and ZB-H1's `d - k` in stage `k`, GPipe's `m` in every stage), the weight
 //! versions, and the moment a flushing schedule's update holds two versions of weights
 //! that outweigh its activations.
 

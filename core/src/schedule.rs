@@ -66,7 +66,7 @@ pub fn stage_ops_from(schedule: Schedule, stage: usize, depth: usize, m: usize, 
         }
         Schedule::ZbH1 => {
             for t in start as u64..steps as u64 {
-                zb_h1(&mut ops, t * m64, m64, warm as u64);
+                zb_h1(&mut ops, t * m64, m64, stage, depth);
                 ops.push(Op::Step(t));
             }
         }
@@ -74,36 +74,84 @@ pub fn stage_ops_from(schedule: Schedule, stage: usize, depth: usize, m: usize, 
     Ok(ops)
 }
 
-/// One batch of ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism", 2024) on a stage
-/// `warm` stages from the last: 1F1B's order of forwards and input gradients, each weight
-/// gradient `warm` input gradients after its own, and the `warm` left over at the end,
-/// where 1F1B's stage would wait for the gradients of the flush. The last stage runs each
-/// weight gradient right after its input gradient.
-fn zb_h1(ops: &mut Vec<Op>, base: u64, n: u64, warm: u64) {
-    let mut split = Vec::new();
-    one_f_one_b(&mut split, base, n, warm, |_| None);
-    let mut done = 0;
-    for op in split {
-        match op {
-            Op::Backward(j) => {
-                ops.push(Op::BackwardInput(j));
-                if j - base >= warm {
-                    ops.push(Op::BackwardWeight(base + done));
-                    done += 1;
+/// One batch of ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism", 2024) on stage
+/// `stage` of `depth`: 1F1B's order of forwards and input gradients, with each weight
+/// gradient put into a wait. The order is that of a replay in unit times (every forward,
+/// input gradient and weight gradient one tick, free links): a stage whose next forward
+/// or input gradient is not ready runs its oldest waiting weight gradient instead, as
+/// does one whose next forward would hold more graphs than 1F1B's stage holds (`d - s`;
+/// a graph lives until its weight gradient here), and those still waiting when its input
+/// gradients are done end the batch.
+fn zb_h1(ops: &mut Vec<Op>, base: u64, n: u64, stage: usize, depth: usize) {
+    // Per stage: its forwards and input gradients in 1F1B order (batch-local indices).
+    let orders: Vec<Vec<Op>> = (0..depth)
+        .map(|s| {
+            let mut o = Vec::new();
+            one_f_one_b(&mut o, 0, n, (depth - 1 - s) as u64, |_| None);
+            o
+        })
+        .collect();
+    // Tick at which each stage's forward / input gradient of microbatch j ended.
+    let mut fwd_end = vec![vec![None; n as usize]; depth];
+    let mut bwd_end = vec![vec![None; n as usize]; depth];
+    let mut next = vec![0usize; depth];
+    let mut done_w = vec![0usize; depth];
+    let mut waiting: Vec<std::collections::VecDeque<u64>> = vec![std::collections::VecDeque::new(); depth];
+    let mut mine = Vec::new();
+    let mut tick: u64 = 0;
+    while (0..depth).any(|s| next[s] < orders[s].len()) {
+        let mut ran = Vec::new();
+        for s in 0..depth {
+            let ready = |op: Op| match op {
+                Op::Forward(j) => s == 0 || fwd_end[s - 1][j as usize].is_some_and(|t| t <= tick),
+                Op::Backward(j) => s + 1 == depth || bwd_end[s + 1][j as usize].is_some_and(|t| t <= tick),
+                _ => false,
+            };
+            // A forward past 1F1B's `d - s` graphs held waits for a weight gradient, so
+            // the stage holds no more than 1F1B's stage does.
+            let held = fwd_end[s].iter().filter(|t| t.is_some()).count() - done_w[s];
+            let room = |op: Op| !matches!(op, Op::Forward(_)) || held < depth - s || waiting[s].is_empty();
+            let op = match orders[s].get(next[s]).copied() {
+                Some(op) if ready(op) && room(op) => {
+                    next[s] += 1;
+                    Some(op)
                 }
+                _ => waiting[s].pop_front().map(Op::BackwardWeight),
+            };
+            if let Some(op) = op {
+                ran.push((s, op));
             }
-            other => ops.push(other),
+        }
+        tick += 1;
+        for (s, op) in ran {
+            match op {
+                Op::Forward(j) => fwd_end[s][j as usize] = Some(tick),
+                Op::Backward(j) => {
+                    bwd_end[s][j as usize] = Some(tick);
+                    waiting[s].push_back(j);
+                }
+                Op::BackwardWeight(_) => done_w[s] += 1,
+                _ => {}
+            }
+            if s == stage {
+                mine.push(op);
+            }
         }
     }
-    ops.extend((base + done..base + n).map(Op::BackwardWeight));
+    mine.extend(waiting[stage].iter().map(|&j| Op::BackwardWeight(j)));
+    ops.extend(mine.into_iter().map(|op| match op {
+        Op::Forward(j) => Op::Forward(base + j),
+        Op::Backward(j) => Op::BackwardInput(base + j),
+        Op::BackwardWeight(j) => Op::BackwardWeight(base + j),
+        other => other,
+    }));
 }
 
 /// The most microbatches stage `stage` of `depth` holds between their forward and their
 /// backward at once under `schedule` with `m` microbatches per batch: what its stashed
 /// activations are counted by. Read off [`stage_ops`] itself (two batches, so that 2BW's
-/// steady state, which never flushes, is in it): GPipe `m`, 1F1B `min(depth - stage, m)`,
-/// ZB-H1 `min(2 (depth - stage) - 1, m)` (a microbatch's forward graph lives until its
-/// weight gradient).
+/// steady state, which never flushes, is in it): GPipe `m`, 1F1B and ZB-H1 (whose graphs
+/// live until their weight gradient) `min(depth - stage, m)`.
 /// `None` for a shape [`stage_ops`] refuses.
 pub fn peak_in_flight(schedule: Schedule, stage: usize, depth: usize, m: usize) -> Option<usize> {
     let ops = stage_ops(schedule, stage, depth, m, 2).ok()?;
@@ -153,19 +201,20 @@ mod tests {
         // Fewer microbatches than stages: a flushing 1F1B holds at most m.
         assert_eq!(held(Schedule::Flush, 2), [2, 2, 2, 1]);
         assert_eq!(peak_in_flight(Schedule::TwoBw, 0, 4, 2), None);
-        assert_eq!(held(Schedule::ZbH1, 8), [7, 5, 3, 1]);
-        assert_eq!(held(Schedule::ZbH1, 4), [4, 4, 3, 1]);
+        assert_eq!(held(Schedule::ZbH1, 8), [4, 3, 2, 1]);
+        assert_eq!(held(Schedule::ZbH1, 2), [2, 2, 2, 1]);
     }
 
-    /// ZB-H1 on 3 stages, 4 microbatches: the last stage runs each W after its B, the
-    /// first defers two, every microbatch gets one B and one W after its F, in order.
+    /// ZB-H1 on 3 stages, 4 microbatches: each weight gradient goes where the stage would
+    /// otherwise wait or hold more than 1F1B does, after its input gradient; every
+    /// microbatch runs F, then B, then W.
     #[test]
-    fn zero_bubble_defers_weight_gradients_into_the_flush() {
+    fn zero_bubble_puts_weight_gradients_into_the_waits() {
         use Op::{BackwardInput as B, BackwardWeight as W, Forward as F};
         let ops = |k| stage_ops(Schedule::ZbH1, k, 3, 4, 1).unwrap();
         assert_eq!(ops(2), [F(0), B(0), W(0), F(1), B(1), W(1), F(2), B(2), W(2), F(3), B(3), W(3), Op::Step(0)]);
-        assert_eq!(ops(1), [F(0), F(1), B(0), F(2), B(1), W(0), F(3), B(2), W(1), B(3), W(2), W(3), Op::Step(0)]);
-        assert_eq!(ops(0), [F(0), F(1), F(2), B(0), F(3), B(1), B(2), W(0), B(3), W(1), W(2), W(3), Op::Step(0)]);
+        assert_eq!(ops(1), [F(0), F(1), B(0), W(0), F(2), B(1), W(1), F(3), B(2), W(2), B(3), W(3), Op::Step(0)]);
+        assert_eq!(ops(0), [F(0), F(1), F(2), B(0), W(0), F(3), B(1), W(1), B(2), W(2), B(3), W(3), Op::Step(0)]);
         for k in 0..3 {
             let flat: Vec<Op> = ops(k);
             for j in 0..4 {

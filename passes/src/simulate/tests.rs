@@ -70,6 +70,23 @@ fn flush_and_gpipe_bubbles_match_the_closed_form() {
     }
 }
 
+/// ZB-H1 on equal stages and free links (forward 1, input gradient 4/3, weight gradient
+/// 2/3): holding no more than 1F1B, a batch takes `(m + d - 1)(f + b) - (d - 1) w`, the
+/// drain's chain of input gradients without the weight gradients; Qi et al.'s bound
+/// `m (f + b) + (d - 1)(f + b - w)` needs a stage to hold more graphs than that.
+#[test]
+fn zero_bubble_h1_takes_the_weight_gradients_off_the_drain() {
+    for (d, m) in [(2u64, 2u64), (2, 4), (3, 6), (4, 4), (4, 8), (4, 16), (8, 16)] {
+        let sim = simulate(&setup(Scheme::ZbH1, d as usize, m, 1)).unwrap();
+        let (f, b, w) = (1.0, 2.0, 2.0 / 3.0);
+        let expect = (m + d - 1) as f64 * (f + b) - (d - 1) as f64 * w;
+        assert!((sim.makespan_s - expect).abs() < 1e-9, "d={d} m={m}: {} != {expect}", sim.makespan_s);
+        let held: Vec<u64> = sim.stages.iter().map(|s| s.peak_in_flight).collect();
+        let flush = simulate(&setup(Scheme::Flush, d as usize, m, 1)).unwrap();
+        assert_eq!(held, flush.stages.iter().map(|s| s.peak_in_flight).collect::<Vec<_>>(), "d={d} m={m}");
+    }
+}
+
 #[test]
 fn two_bw_reaches_a_steady_state_without_bubbles() {
     // No flush: after the warm-up every batch takes m (f + b), and over n batches the
