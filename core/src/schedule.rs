@@ -65,8 +65,10 @@ pub fn stage_ops_from(schedule: Schedule, stage: usize, depth: usize, m: usize, 
             one_f_one_b(&mut ops, base, total, warm as u64, |i| ((i + 1) % m64 == 0).then(|| Op::Step(i / m64)));
         }
         Schedule::ZbH1 => {
+            // Every batch runs the same order: made once.
+            let batch = zb_h1(m64, stage, depth);
             for t in start as u64..steps as u64 {
-                zb_h1(&mut ops, t * m64, m64, stage, depth);
+                ops.extend(batch.iter().map(|&op| shifted(op, t * m64)));
                 ops.push(Op::Step(t));
             }
         }
@@ -82,7 +84,7 @@ pub fn stage_ops_from(schedule: Schedule, stage: usize, depth: usize, m: usize, 
 /// does one whose next forward would hold more graphs than 1F1B's stage holds (`d - s`;
 /// a graph lives until its weight gradient here), and those still waiting when its input
 /// gradients are done end the batch.
-fn zb_h1(ops: &mut Vec<Op>, base: u64, n: u64, stage: usize, depth: usize) {
+fn zb_h1(n: u64, stage: usize, depth: usize) -> Vec<Op> {
     // Per stage: its forwards and input gradients in 1F1B order (batch-local indices).
     let orders: Vec<Vec<Op>> = (0..depth)
         .map(|s| {
@@ -95,7 +97,8 @@ fn zb_h1(ops: &mut Vec<Op>, base: u64, n: u64, stage: usize, depth: usize) {
     let mut fwd_end = vec![vec![None; n as usize]; depth];
     let mut bwd_end = vec![vec![None; n as usize]; depth];
     let mut next = vec![0usize; depth];
-    let mut done_w = vec![0usize; depth];
+    // Per stage: graphs held (forwards run, weight gradients not yet).
+    let mut held = vec![0usize; depth];
     let mut waiting: Vec<std::collections::VecDeque<u64>> = vec![std::collections::VecDeque::new(); depth];
     let mut mine = Vec::new();
     let mut tick: u64 = 0;
@@ -109,8 +112,7 @@ fn zb_h1(ops: &mut Vec<Op>, base: u64, n: u64, stage: usize, depth: usize) {
             };
             // A forward past 1F1B's `d - s` graphs held waits for a weight gradient, so
             // the stage holds no more than 1F1B's stage does.
-            let held = fwd_end[s].iter().filter(|t| t.is_some()).count() - done_w[s];
-            let room = |op: Op| !matches!(op, Op::Forward(_)) || held < depth - s || waiting[s].is_empty();
+            let room = |op: Op| !matches!(op, Op::Forward(_)) || held[s] < depth - s || waiting[s].is_empty();
             let op = match orders[s].get(next[s]).copied() {
                 Some(op) if ready(op) && room(op) => {
                     next[s] += 1;
@@ -125,12 +127,15 @@ fn zb_h1(ops: &mut Vec<Op>, base: u64, n: u64, stage: usize, depth: usize) {
         tick += 1;
         for (s, op) in ran {
             match op {
-                Op::Forward(j) => fwd_end[s][j as usize] = Some(tick),
+                Op::Forward(j) => {
+                    fwd_end[s][j as usize] = Some(tick);
+                    held[s] += 1;
+                }
                 Op::Backward(j) => {
                     bwd_end[s][j as usize] = Some(tick);
                     waiting[s].push_back(j);
                 }
-                Op::BackwardWeight(_) => done_w[s] += 1,
+                Op::BackwardWeight(_) => held[s] -= 1,
                 _ => {}
             }
             if s == stage {
@@ -139,12 +144,19 @@ fn zb_h1(ops: &mut Vec<Op>, base: u64, n: u64, stage: usize, depth: usize) {
         }
     }
     mine.extend(waiting[stage].iter().map(|&j| Op::BackwardWeight(j)));
-    ops.extend(mine.into_iter().map(|op| match op {
+    // The replay's input gradients are the schedule's `BackwardInput`.
+    mine.into_iter().map(|op| if let Op::Backward(j) = op { Op::BackwardInput(j) } else { op }).collect()
+}
+
+/// `op` of a batch-local order, for the batch whose first microbatch is `base`.
+fn shifted(op: Op, base: u64) -> Op {
+    match op {
         Op::Forward(j) => Op::Forward(base + j),
-        Op::Backward(j) => Op::BackwardInput(base + j),
+        Op::Backward(j) => Op::Backward(base + j),
+        Op::BackwardInput(j) => Op::BackwardInput(base + j),
         Op::BackwardWeight(j) => Op::BackwardWeight(base + j),
-        other => other,
-    }));
+        Op::Step(t) => Op::Step(t),
+    }
 }
 
 /// The most microbatches stage `stage` of `depth` holds between their forward and their
