@@ -165,10 +165,20 @@ fn shifted(op: Op, base: u64) -> Op {
 /// steady state, which never flushes, is in it): GPipe `m`, 1F1B and ZB-H1 (whose graphs
 /// live until their weight gradient) `min(depth - stage, m)`.
 /// `None` for a shape [`stage_ops`] refuses.
+///
+/// ZB-H1's order caps what a stage holds at 1F1B's by construction ([`zb_h1`]), so its
+/// peak is read off PipeDream-Flush's order: the same figure without the unit-time replay
+/// of every stage, which the planner would otherwise run for each stage of every
+/// configuration it weighs (`peak_matches_the_order_it_stands_for` checks the two agree).
 pub fn peak_in_flight(schedule: Schedule, stage: usize, depth: usize, m: usize) -> Option<usize> {
-    let ops = stage_ops(schedule, stage, depth, m, 2).ok()?;
+    let read_off = if schedule == Schedule::ZbH1 { Schedule::Flush } else { schedule };
+    Some(peak_of(&stage_ops(read_off, stage, depth, m, 2).ok()?))
+}
+
+/// The most microbatches an order holds between their forward and their last backward.
+fn peak_of(ops: &[Op]) -> usize {
     let (mut held, mut peak) = (0usize, 0usize);
-    for op in ops {
+    for &op in ops {
         match op {
             Op::Forward(_) => {
                 held += 1;
@@ -178,7 +188,7 @@ pub fn peak_in_flight(schedule: Schedule, stage: usize, depth: usize, m: usize) 
             Op::BackwardInput(_) | Op::Step(_) => {}
         }
     }
-    Some(peak)
+    peak
 }
 
 /// Microbatches `base..base+n`: `warm` forwards, steady 1F1B, then the remaining
@@ -215,6 +225,19 @@ mod tests {
         assert_eq!(peak_in_flight(Schedule::TwoBw, 0, 4, 2), None);
         assert_eq!(held(Schedule::ZbH1, 8), [4, 3, 2, 1]);
         assert_eq!(held(Schedule::ZbH1, 2), [2, 2, 2, 1]);
+    }
+
+    /// `peak_in_flight` reads ZB-H1's peak off Flush's order: the same as its own order's.
+    #[test]
+    fn peak_matches_the_order_it_stands_for() {
+        for depth in 1..=8 {
+            for m in [1, 2, 3, depth, depth + 1, 2 * depth, 16] {
+                for stage in 0..depth {
+                    let own = peak_of(&stage_ops(Schedule::ZbH1, stage, depth, m, 2).unwrap());
+                    assert_eq!(Some(own), peak_in_flight(Schedule::ZbH1, stage, depth, m), "d={depth} m={m} stage {stage}");
+                }
+            }
+        }
     }
 
     /// ZB-H1 on 3 stages, 4 microbatches: each weight gradient goes where the stage would
