@@ -146,7 +146,8 @@ fn tensor_parallelism_splits_layers_within_a_server() {
     let text = pw_ok(&args);
     let row = text.lines().find(|l| l.starts_with("tensor-parallel ")).unwrap_or_else(|| panic!("{text}"));
     let cells: Vec<&str> = row.split_whitespace().collect();
-    assert_eq!(cells[1..4], [w.to_string(), "1".to_string(), t.to_string()], "{row}");
+    // w, d, placement (none: one stage), t.
+    assert_eq!(cells[1..5], [w.to_string(), "1".to_string(), "-".to_string(), t.to_string()], "{row}");
     // 64 KiB per GPU: nothing fits, and the least need is named.
     let toml = dir.path().join("small.toml");
     std::fs::write(&toml, "workers = 8\nworkers_per_node = 8\nmemory_per_worker = \"64KiB\"\n").unwrap();

@@ -185,6 +185,34 @@ fn stage_executables_with_two_replicas_train_like_the_embedded_executor() {
     fails(&c.output().unwrap(), &["rank 1 (stage 0, replica 1): this executable holds stage 1, but MPI rank 1 runs stage 0 (rank = stage x 2 replicas + replica)", "each with -np 2"]);
 }
 
+/// A build compiled replica-major (`compile --placement replica-major`, as a plan that
+/// chose it records) numbers its ranks replica by replica: `launch --executables` lists
+/// each replica's stages in order, one rank each; the SPMD and MPMD jobs on 2 stages x 2
+/// replicas equal the embedded executor bit for bit under 2BW and Flush; the stage-major
+/// MPMD order is refused, naming the rank and the order expected.
+#[test]
+fn a_replica_major_build_numbers_its_ranks_replica_by_replica() {
+    let dir = tempfile::tempdir().unwrap();
+    for schedule in ["2bw", "flush"] {
+        let build = dir.path().join(schedule);
+        ok(&command().args(["compile", model("mlp").to_str().unwrap(), "--stages", "2", "--schedule", schedule, "--placement", "replica-major", "--executables", "-o"]).arg(&build).output().unwrap());
+        let (s0, s1) = (build.join("stage0"), build.join("stage1"));
+        let line = ok(&command().arg("launch").arg(&build).args(["--executables", "--dry-run", "--", "--replicas", "2"]).output().unwrap());
+        let want = format!("-np 1 {a} --replicas 2 : -np 1 {b} --replicas 2 : -np 1 {a} --replicas 2 : -np 1 {b} --replicas 2", a = s0.display(), b = s1.display());
+        assert!(line.contains(&want), "{line}");
+        let one = embedded(&build, &["--replicas", "2"]);
+        same(&one, &launched(&build, false, &["--replicas", "2"]), &format!("{schedule}, replica-major, 2 stages x 2 replicas (SPMD)"));
+        same(&one, &launched(&build, true, &["--replicas", "2"]), &format!("{schedule}, replica-major, 2 stages x 2 replicas (MPMD)"));
+        if schedule == "2bw" {
+            // Stage by stage: rank 1 gets stage 0's executable, but runs stage 1 of replica 0.
+            let mut c = Command::new("mpirun");
+            c.args(mpirun_flags(&build));
+            c.args(["-np", "2"]).arg(&s0).args(options(2)).args(["--replicas", "2", ":", "-np", "2"]).arg(&s1).args(options(2)).args(["--replicas", "2"]);
+            fails(&c.output().unwrap(), &["rank 1 (stage 1, replica 0): this executable holds stage 0, but MPI rank 1 runs stage 1 (replica-major: rank = replica x 2 stages + stage)", "with -np 1 each, once per replica (2 times)"]);
+        }
+    }
+}
+
 /// Every setting of the run record (everything that decides the result), given to one rank
 /// of an MPMD line with another value than to the other, is refused at start-up naming
 /// the setting, both values and both ranks, before any step (`--on-nonfinite` used to

@@ -11,7 +11,11 @@ use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
 
-use crate::{Recompute, Schedule};
+use crate::{Placement, Recompute, Schedule};
+
+fn is_stage_major(p: &Placement) -> bool {
+    *p == Placement::StageMajor
+}
 
 /// The microbatch size a run uses when neither the build nor a flag gives one.
 pub const DEFAULT_MICROBATCH: u64 = 16;
@@ -33,6 +37,10 @@ pub struct Decision {
     /// Data-parallel replicas of the pipeline (`w`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replicas: Option<u64>,
+    /// How the MPI ranks (and the embedded executor's devices) are numbered. Absent from
+    /// builds made before it was decided (stage-major, the only numbering then).
+    #[serde(default, skip_serializing_if = "is_stage_major")]
+    pub placement: Placement,
     /// What decided these values: `plan p.json`, `planned for 8 workers ...`,
     /// `compile --stages 2`.
     pub origin: String,
@@ -50,13 +58,16 @@ impl Decision {
     }
 
     /// `d=2 schedule=2bw recompute=none b=32 m=2 w=1 (plan p.json)`, leaving out what was
-    /// not decided.
+    /// not decided (and the placement when it is the default, stage-major).
     pub fn text(&self) -> String {
         let mut s = format!("d={} schedule={} recompute={}", self.depth, self.schedule, self.recompute);
         for (k, v) in [("b", self.microbatch), ("m", self.microbatches), ("w", self.replicas)] {
             if let Some(v) = v {
                 let _ = write!(s, " {k}={v}");
             }
+        }
+        if self.placement != Placement::StageMajor {
+            let _ = write!(s, " placement={}", self.placement);
         }
         let _ = write!(s, " ({})", self.origin);
         s
@@ -143,7 +154,7 @@ mod tests {
     use super::*;
 
     fn decided(microbatch: Option<u64>, microbatches: Option<u64>) -> Decision {
-        Decision { depth: 4, schedule: Schedule::TwoBw, recompute: Recompute::None, microbatch, microbatches, replicas: None, origin: "compile --stages 4".into() }
+        Decision { depth: 4, schedule: Schedule::TwoBw, recompute: Recompute::None, microbatch, microbatches, replicas: None, placement: Placement::StageMajor, origin: "compile --stages 4".into() }
     }
 
     /// A flag wins over the build, the build over the defaults; the defaults are the

@@ -1,6 +1,7 @@
 //! The vocabulary every pipewright crate shares, defined once: the configuration words
 //! ([`Schedule`], [`Recompute`], [`Optimizer`], [`Loss`], [`Decay`], [`Balance`],
-//! [`BatchMode`], [`PassName`], [`UpdateRule`], [`Reduction`]), the [`Device`] and the pipeline
+//! [`BatchMode`], [`PassName`], [`UpdateRule`], [`Reduction`], [`Placement`]), the [`Device`], the
+//! workers' [`Layout`] and the pipeline
 //! [`Decision`] (what a compile decided and how a run resolves its shape from it); plus the small
 //! utilities every stage of the tool needs ([`fs::write_atomic`], [`units::human_bytes`],
 //! [`format::Header`] for versioned files), and the per-stage operation order of each
@@ -16,6 +17,7 @@ pub mod decision;
 pub mod device;
 pub mod format;
 pub mod fs;
+pub mod layout;
 pub mod lock;
 pub mod metrics;
 pub mod rng;
@@ -28,4 +30,5 @@ pub mod words;
 pub use choices::{ImportChoices, MergedInitializer};
 pub use decision::{Decision, RunFlags, RunShape, Setting, Source, DEFAULT_MICROBATCH};
 pub use device::{Device, UnknownDevice};
-pub use words::{Balance, BatchMode, DataOrder, Decay, Loss, NonFinite, Optimizer, PassName, Precision, PrintAfter, Recompute, Reduction, Schedule, Scheme, Storage, TokenType, UnknownWord, UpdateRule, Word, WordList, DEFAULT_MAX_SKIPS};
+pub use layout::Layout;
+pub use words::{Balance, BatchMode, DataOrder, Decay, Loss, NonFinite, Optimizer, PassName, Placement, Precision, PrintAfter, Recompute, Reduction, Schedule, Scheme, Storage, TokenType, UnknownWord, UpdateRule, Word, WordList, DEFAULT_MAX_SKIPS};

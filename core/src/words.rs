@@ -366,6 +366,23 @@ impl Default for Reduction {
 }
 
 word_enum! {
+    /// How the `w x d` workers of a data-parallel pipeline are numbered (MPI ranks,
+    /// embedded devices, the planner's servers): which of a stage's replicas or a
+    /// replica's stages sit on consecutive workers, and so share a server
+    /// ([`crate::Layout`]).
+    "placement" pub enum Placement {
+        StageMajor = "stage-major", "worker stage * w + replica: a stage's replicas on consecutive workers, so their gradient sums stay in a server and the boundaries cross (default)";
+        ReplicaMajor = "replica-major", "worker replica * d + stage: each pipeline on consecutive workers, so its boundaries stay in a server and the gradient sums cross";
+    }
+}
+
+impl Default for Placement {
+    fn default() -> Self {
+        Placement::StageMajor
+    }
+}
+
+word_enum! {
     /// What training does with a step whose loss or gradients are not finite (NaN or
     /// infinite).
     "non-finite step policy" pub enum NonFinite {
@@ -494,6 +511,7 @@ mod tests {
         check(PassName::ALL);
         check(Precision::ALL);
         check(Reduction::ALL);
+        check(Placement::ALL);
         check(Scheme::ALL);
         check(NonFinite::ALL);
         check(TokenType::ALL);

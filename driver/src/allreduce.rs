@@ -28,7 +28,7 @@ const PARTS: i64 = 4;
 /// seeded by its rank), `repeat` times each, both ways; no wait lasts longer than
 /// `timeout`. `Some` on rank 0.
 pub fn bench_allreduce(job: &MpiJob, sizes: &[u64], repeat: usize, timeout: Duration) -> Result<Option<Vec<SumTiming>>, DriverError> {
-    let layout = Layout { depth: 1, replicas: job.size() };
+    let layout = Layout::new(1, job.size());
     let mut fixed = job.transport(layout, timeout).map_err(DriverError::msg)?.with_reduction(Reduction::FixedOrder);
     let mut collective = job.transport(layout, timeout).map_err(DriverError::msg)?.with_reduction(Reduction::Collective);
     tch::manual_seed(job.rank() as i64 + 1);

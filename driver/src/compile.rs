@@ -181,7 +181,7 @@ pub(crate) mod tests {
     }
 
     pub(crate) fn stages(depth: u32) -> PlanRequest {
-        PlanRequest::Stages { depth, schedule: Schedule::TwoBw, recompute: Recompute::Full, microbatch: Some(4), microbatches: None }
+        PlanRequest::Stages { depth, schedule: Schedule::TwoBw, recompute: Recompute::Full, microbatch: Some(4), microbatches: None, placement: pipewright_core::Placement::StageMajor }
     }
 
     pub(crate) fn request(name: &str, plan: PlanRequest, output: &Path) -> CompileRequest {
@@ -221,8 +221,8 @@ pub(crate) mod tests {
     fn a_plan_round_trips_into_the_build() {
         let dir = tempfile::tempdir().unwrap();
         let search = PlanRequest::Search {
-            cluster: pipewright_passes::cluster::Cluster { workers: 4, ..Default::default() },
-            options: pipewright_passes::planner::PlanOptions { global_batch: 32, stages: Some(2), ..Default::default() },
+            cluster: pipewright_passes::cluster::Cluster { workers: 4, workers_per_node: 2, ..Default::default() },
+            options: pipewright_passes::planner::PlanOptions { global_batch: 32, stages: Some(2), placement: Some(pipewright_core::Placement::ReplicaMajor), ..Default::default() },
             profile: None,
         };
         let planned = plan(&model("gpt2-tiny.onnx"), &search, &PassOptions::default()).unwrap();
@@ -237,6 +237,9 @@ pub(crate) mod tests {
         let chosen = &file.plan.chosen;
         assert_eq!((p.depth as usize, p.schedule, p.recompute), (chosen.d, chosen.schedule, chosen.recompute));
         assert_eq!((p.microbatch, p.microbatches, p.replicas), (Some(chosen.b), Some(chosen.m), Some(chosen.w as u64)));
+        // The placement the plan chose numbers the build's MPI ranks.
+        assert_eq!((chosen.placement, p.placement), (pipewright_core::Placement::ReplicaMajor, pipewright_core::Placement::ReplicaMajor));
+        assert!(p.text().contains("placement=replica-major"), "{}", p.text());
         // The same plan for another model is refused, naming both.
         let other = PlanRequest::File { path: path.clone(), file: Box::new(PlanFile::read(&path).unwrap()) };
         let e = compile(&request("mlp.onnx", other, &dir.path().join("b2"))).unwrap_err().to_string();

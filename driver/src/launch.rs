@@ -1,13 +1,14 @@
 //! `pipewright launch`: the `mpirun` line that starts a build's pipeline as an MPI job,
-//! one rank per stage and replica (rank `stage * replicas + replica`, stage-major: the
-//! replicas of a stage on consecutive ranks, so on one server when they fit), either every rank
+//! one rank per stage and replica, numbered by the build's placement ([`Layout`]:
+//! stage-major by default, the replicas of a stage on consecutive ranks, so on one server
+//! when they fit; replica-major, each pipeline on consecutive ranks), either every rank
 //! running `pipewright worker BUILD` (SPMD) or each running its stage executable (MPMD,
 //! `compile --executables`). The launch flags this tool relies on live here alone
 //! ([`local_flags`], [`cluster_flags`]); the tests take them from `launch --dry-run`.
 
 use std::path::{Path, PathBuf};
 
-use pipewright_core::{RunFlags, Source};
+use pipewright_core::{Layout, RunFlags, Source};
 use pipewright_runtime::build::Manifest;
 
 use crate::DriverError;
@@ -98,8 +99,6 @@ pub fn mpirun_line(req: &LaunchRequest) -> Result<Vec<String>, DriverError> {
         None => local_flags(),
     });
     if req.executables {
-        // MPMD: one program per stage, in stage order, each on `w` consecutive ranks (its
-        // replicas): mpirun numbers the ranks of `-np w stage0 : -np w stage1` stage-major.
         for (k, s) in manifest.stages.iter().enumerate() {
             let exe = req.build.join(format!("stage{k}"));
             if !exe.is_file() {
@@ -109,10 +108,25 @@ pub fn mpirun_line(req: &LaunchRequest) -> Result<Vec<String>, DriverError> {
                     s.module
                 )));
             }
-            if k > 0 {
+        }
+        // MPMD: mpirun numbers the ranks of `-np a prog0 : -np b prog1 ...` in order, so
+        // the programs follow the ranks' placement: stage-major, each stage once on `w`
+        // consecutive ranks (its replicas); replica-major, each replica's stages in order,
+        // one rank each.
+        let layout = Layout::new(d, w).placed(manifest.pipeline.placement);
+        let mut runs: Vec<(usize, usize)> = Vec::new();
+        for rank in 0..ranks {
+            let (_, stage) = layout.place(rank);
+            match runs.last_mut() {
+                Some((k, n)) if *k == stage => *n += 1,
+                _ => runs.push((stage, 1)),
+            }
+        }
+        for (i, (k, n)) in runs.into_iter().enumerate() {
+            if i > 0 {
                 line.push(":".into());
             }
-            line.extend(["-np".to_string(), w.to_string(), exe.display().to_string()]);
+            line.extend(["-np".to_string(), n.to_string(), req.build.join(format!("stage{k}")).display().to_string()]);
             line.extend(req.worker_args.iter().cloned());
         }
     } else {

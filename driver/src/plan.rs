@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use pipewright_core::units::parse_bytes;
-use pipewright_core::{Balance, Optimizer, PassName, Precision, PrintAfter, Recompute, Schedule, WordList};
+use pipewright_core::{Balance, Optimizer, PassName, Placement, Precision, PrintAfter, Recompute, Schedule, WordList};
 use pipewright_ir::ImportOptions;
 use pipewright_core::units::{parse_bandwidth, parse_flops};
 use pipewright_passes::cluster::{Cluster, DEFAULT_CLUSTER_NOTE};
@@ -180,6 +180,10 @@ pub struct PlanSpec {
     /// Fix activation recomputation; by default all three are tried.
     #[arg(long, value_enum)]
     pub recompute: Option<Recompute>,
+    /// Fix how the workers are numbered; by default both are tried wherever they put
+    /// different links under the stage boundaries or the gradient sums.
+    #[arg(long, value_enum)]
+    pub placement: Option<Placement>,
     /// Candidates to show.
     #[arg(long, default_value_t = 10)]
     pub top: usize,
@@ -218,6 +222,7 @@ impl PlanSpec {
             top: self.top,
             microbatch: self.microbatch,
             recompute: self.recompute,
+            placement: self.placement,
         };
         Ok(PlanRequest::Search { cluster: self.cluster.cluster(self.training.precision)?, options, profile })
     }
@@ -270,6 +275,10 @@ pub struct CompileSpec {
     /// Microbatches per step, recorded in the build for `train` (2BW needs at least the depth).
     #[arg(long, requires = "stages")]
     pub microbatches: Option<u64>,
+    /// How the MPI ranks of a job with replicas are numbered, recorded in the build
+    /// (stage-major when not given; a plan carries its own).
+    #[arg(long, value_enum, requires = "stages")]
+    pub placement: Option<Placement>,
     /// Global batch size the planner searches for (without --stages or --plan).
     #[arg(long, conflicts_with = "stages")]
     pub batch: Option<u64>,
@@ -314,7 +323,7 @@ impl CompileSpec {
         let plan = if let Some(path) = &self.plan {
             PlanRequest::File { path: path.clone(), file: Box::new(PlanFile::read(path)?) }
         } else if let Some(depth) = self.stages {
-            PlanRequest::Stages { depth, schedule: self.schedule, recompute: self.recompute, microbatch: self.microbatch, microbatches: self.microbatches }
+            PlanRequest::Stages { depth, schedule: self.schedule, recompute: self.recompute, microbatch: self.microbatch, microbatches: self.microbatches, placement: self.placement.unwrap_or_default() }
         } else {
             let options = PlanOptions {
                 global_batch: self.batch.unwrap_or(DEFAULT_GLOBAL_BATCH),
@@ -403,6 +412,7 @@ mod tests {
             recompute: Recompute::None,
             microbatch: None,
             microbatches: Some(4),
+            placement: None,
             batch: None,
             executables: false,
             stage_onnx: false,
@@ -435,6 +445,7 @@ mod tests {
             training: TrainingShape { optimizer: Optimizer::Sgd, momentum: false, precision: Precision::Fp32 },
             schedule: WordList(vec![Schedule::TwoBw]),
             recompute: Some(Recompute::None),
+            placement: None,
             top: 1,
             json: false,
             print_after: None,

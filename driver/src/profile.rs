@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use std::path::Path;
 
 use pipewright_core::timeline::{after_backward_us, TraceEvent, TraceKind};
-use pipewright_core::{Decay, Device, NonFinite, Precision, Recompute, Schedule};
+use pipewright_core::{Decay, Device, NonFinite, Placement, Precision, Recompute, Schedule};
 use pipewright_ir::{Graph, ImportOptions};
 use pipewright_core::Loss;
 use pipewright_passes::profile::{BatchSpread, BoundaryCost, HostSharing, LossTiming, Profile, ProfileNode, SharedPasses, SplitStage, StageSplit, WeightUpdate, WholePass, WholeStep};
@@ -717,7 +717,7 @@ fn boundary_share(diffs: Vec<f64>) -> f64 {
 
 /// Compiles `model` as `depth` stages at microbatch `b` into `build`.
 fn compile_stages(model: &Path, depth: u32, b: u64, build: &Path) -> Result<(), DriverError> {
-    let plan = PlanRequest::Stages { depth, schedule: Schedule::GPipe, recompute: Recompute::None, microbatch: Some(b), microbatches: Some(u64::from(depth)) };
+    let plan = PlanRequest::Stages { depth, schedule: Schedule::GPipe, recompute: Recompute::None, microbatch: Some(b), microbatches: Some(u64::from(depth)), placement: Placement::StageMajor };
     let req = CompileRequest { model: model.to_path_buf(), plan, output: build.to_path_buf(), executable: None, stage_onnx: false, passes: PassOptions::default(), import: ImportOptions::default() };
     compile(&req).map(|_| ()).map_err(|e| DriverError::msg(format!("{}: compiling it as {depth} stage(s) to time a stage boundary: {e}", model.display())))
 }

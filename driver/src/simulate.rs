@@ -419,8 +419,8 @@ fn replay_candidate(ctx: &mut PlanContext, cluster: &SimCluster, opts: &PlanOpti
         m: cand.m,
         batches: req.batches,
         stages,
-        links: cluster.pipeline_links(cand.w, cand.d),
-        allreduce: cluster.allreduce(cand.w, cand.d),
+        links: cluster.pipeline_links(cand.layout()),
+        allreduce: cluster.allreduce(cand.layout()),
         record: req.record,
         host,
         tied_groups: ctx.tied_stage_groups(&cand.cuts),
@@ -575,8 +575,8 @@ impl SimulateReport {
         }
         let _ = writeln!(
             s,
-            "{:<15} {:>4} {:>4} {:>3} {:>5} {:>5} {:>9} {:>12} {:>12} {:>11} {:>7} {:>11}",
-            "scheme", "w", "d", "t", "b", "m", "recompute", "samples/s", "planner", "closed form", "bubble", "peak memory"
+            "{:<15} {:>4} {:>4} {:>13} {:>3} {:>5} {:>5} {:>9} {:>12} {:>12} {:>11} {:>7} {:>11}",
+            "scheme", "w", "d", "placement", "t", "b", "m", "recompute", "samples/s", "planner", "closed form", "bubble", "peak memory"
         );
         let best = self.outcomes.iter().filter_map(|o| o.simulation.as_ref()).map(|x| x.samples_per_s).fold(0.0, f64::max);
         for o in &self.outcomes {
@@ -587,10 +587,11 @@ impl SimulateReport {
                     let closed = o.closed_form_samples_per_s.map_or("-".to_string(), |p| format!("{p:.1}"));
                     let _ = writeln!(
                         s,
-                        "{:<15} {:>4} {:>4} {:>3} {:>5} {:>5} {:>9} {:>12.1} {:>12} {:>11} {:>6.1}% {:>11}",
+                        "{:<15} {:>4} {:>4} {:>13} {:>3} {:>5} {:>5} {:>9} {:>12.1} {:>12} {:>11} {:>6.1}% {:>11}",
                         o.scheme.name(),
                         c.w,
                         c.d,
+                        c.placement_text(),
                         o.t,
                         c.b,
                         c.m,

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use pipewright_core::{DataOrder, Decay, Device, Loss, NonFinite, Optimizer, Precision, Recompute, RunFlags, RunShape, Schedule, TokenType};
+use pipewright_core::{DataOrder, Decay, Device, Loss, NonFinite, Optimizer, Placement, Precision, Recompute, RunFlags, RunShape, Schedule, TokenType};
 use pipewright_runtime::build::{Build, Identity, Manifest, MANIFEST_FILE};
 use pipewright_runtime::data::{DataError, Dataset, LabelArray, MicrobatchData, Stop, DEFAULT_LABEL};
 use pipewright_runtime::tokens::{is_token_file, TokenFile, TokenWindows};
@@ -132,6 +132,7 @@ fn config(req: &TrainRequest, manifest: &Manifest, shape: &RunShape, build: &Pat
     cfg.device = tch_device(req.device).map_err(|e| DriverError::msg(e.to_string()))?;
     cfg.trace = req.trace;
     cfg.replicas = usize::try_from(shape.replicas.value).unwrap_or(usize::MAX);
+    cfg.placement = manifest.pipeline.placement;
     cfg.settings = settings(shape);
     cfg.settings.insert("--data".into(), data_identity(req)?);
     cfg.force_resume = req.force;
@@ -717,19 +718,35 @@ impl Session {
     }
 }
 
+/// How a layout numbers its ranks, for messages.
+fn rank_rule(layout: Layout) -> String {
+    match layout.placement {
+        Placement::StageMajor => format!("rank = stage x {} replicas + replica", layout.replicas),
+        Placement::ReplicaMajor => format!("replica-major: rank = replica x {} stages + stage", layout.depth),
+    }
+}
+
+/// How the stage executables go into an MPMD line for a layout, for messages.
+fn mpmd_order(layout: Layout) -> String {
+    match layout.placement {
+        Placement::StageMajor => format!("list the stage executables in stage order, each with -np {} (one rank per replica)", layout.replicas),
+        Placement::ReplicaMajor => format!("list the stage executables in stage order with -np 1 each, once per replica ({} times)", layout.replicas),
+    }
+}
+
 /// `stage 0 cuda:0, stage 1 cuda:1` (replica 0; every replica when they differ).
 fn placement(cfg: &TrainConfig, depth: usize, replicas: usize) -> String {
     let name = |d: tch::Device| match d {
         tch::Device::Cuda(n) => format!("cuda:{n}"),
         _ => "cpu".to_string(),
     };
-    let alike = (0..replicas).all(|r| (0..depth).all(|k| cfg.worker_device(k, r) == cfg.worker_device(k, 0)));
+    let alike = (0..replicas).all(|r| (0..depth).all(|k| cfg.worker_device(depth, k, r) == cfg.worker_device(depth, k, 0)));
     let shown = if alike { 1 } else { replicas };
     let mut parts = Vec::new();
     for r in 0..shown {
         for k in 0..depth {
             let who = if alike { format!("stage {k}") } else { format!("replica {r} stage {k}") };
-            parts.push(format!("{who} {}", name(cfg.worker_device(k, r))));
+            parts.push(format!("{who} {}", name(cfg.worker_device(depth, k, r))));
         }
     }
     parts.join(", ")
@@ -822,7 +839,7 @@ impl WorkerSession {
         let mut config = config(&req.train, &manifest, &shape, build_dir)?;
         // SIGUSR1 stops the job at a step boundary every rank agrees on.
         config.stop = Some(job.stop_gate());
-        let layout = Layout { depth: manifest.stages.len(), replicas: size(shape.replicas.value) };
+        let layout = Layout::new(manifest.stages.len(), size(shape.replicas.value)).placed(manifest.pipeline.placement);
         let reduction = if req.deterministic_reduce { Reduction::FixedOrder } else { Reduction::Collective };
         let transport = job.transport(layout, config.timeout).map_err(DriverError::msg)?.with_reduction(reduction);
         let main = job.transport(layout, config.timeout).map_err(DriverError::msg)?;
@@ -836,8 +853,9 @@ impl WorkerSession {
             let own = m.header.params.stage as usize;
             if own != stage {
                 return Err(DriverError::msg(format!(
-                    "this executable holds stage {own}, but MPI rank {rank} runs stage {stage} (rank = stage x {} replicas + replica): list the stage executables in stage order, each with -np {} (one rank per replica), in the mpirun line (`pipewright launch BUILD --executables` writes it)",
-                    layout.replicas, layout.replicas
+                    "this executable holds stage {own}, but MPI rank {rank} runs stage {stage} ({}): {}, in the mpirun line (`pipewright launch BUILD --executables` writes it)",
+                    rank_rule(layout),
+                    mpmd_order(layout)
                 )));
             }
         }

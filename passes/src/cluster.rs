@@ -19,12 +19,16 @@
 //! same time share it ([`Cluster::allreduce_bw`], [`Cluster::boundary_bw`]).
 //!
 //! # Placement
-//! Workers are numbered stage-major, as the MPI ranks are: worker `stage * w + replica`,
-//! the `w` replicas of a stage on consecutive workers, and servers hold consecutive
-//! workers (`workers_per_node` each). A stage's all-reduce stays in a server when its block
-//! of `w` workers does (`w <= workers_per_node` and the block does not straddle two
-//! servers, e.g. `w` divides the server size); a boundary `s -> s+1` stays in a server
-//! only when both blocks sit in the same server for every replica.
+//! Workers are numbered as the MPI ranks are, by the layout's [`Placement`]: stage-major
+//! (worker `stage * w + replica`, the `w` replicas of a stage on consecutive workers) or
+//! replica-major (worker `replica * d + stage`, each pipeline on consecutive workers); servers
+//! hold consecutive workers (`workers_per_node` each). A stage's all-reduce stays in a
+//! server when all its replicas do; a boundary `s -> s+1` stays in a server only when both
+//! stages sit in the same server for every replica. Stage-major keeps the gradient sums in
+//! a server when `w` divides the server size; replica-major keeps the boundaries in one when
+//! `d` does.
+//!
+//! [`Placement`]: pipewright_core::Placement
 //! The keys may also sit in a `[cluster]` table. Unknown keys are errors.
 //!
 //! Sizes: `B`, `KB`/`MB`/`GB`/`TB` (powers of 1000), `KiB`/`MiB`/`GiB`/`TiB` (powers of
@@ -34,7 +38,9 @@
 // `%`: the workspace's MSRV is 1.80.
 #![allow(clippy::manual_is_multiple_of)]
 
-use pipewright_core::Reduction;
+use std::collections::{BTreeMap, HashMap};
+
+use pipewright_core::{Layout, Reduction};
 use pipewright_core::units::{human_bytes, parse_bandwidth, parse_bytes, parse_flops, UnitError};
 use serde::{Deserialize, Serialize};
 
@@ -214,25 +220,29 @@ impl Cluster {
         }
     }
 
-    /// The worker (and MPI rank) of stage `stage` of replica `replica` in a job of `w`
-    /// replicas: stage-major, the replicas of a stage on consecutive workers.
-    pub fn worker(w: usize, replica: usize, stage: usize) -> usize {
-        stage * w + replica
-    }
-
     /// The server holding `worker` (servers hold consecutive workers).
     pub fn server_of(&self, worker: usize) -> usize {
         worker / self.workers_per_node.max(1)
+    }
+
+    /// How many of stage `stage`'s replicas each server holds, by server, under the
+    /// layout's placement ([`Layout::rank`]).
+    fn replicas_by_server(&self, layout: Layout, stage: usize) -> BTreeMap<usize, usize> {
+        let mut by_server = BTreeMap::new();
+        for r in 0..layout.replicas.max(1) {
+            *by_server.entry(self.server_of(layout.rank(r, stage))).or_insert(0) += 1;
+        }
+        by_server
     }
 
     /// How many transfers of boundary `s -> s+1` (one per replica, all at about the same
     /// time since the replicas run in step) cross one server's network at most, counting
     /// what leaves and what enters each server; 0 when every replica's pair of workers
     /// shares a server.
-    pub fn boundary_flows(&self, w: usize, s: usize) -> usize {
-        let mut through: std::collections::HashMap<usize, usize> = std::collections::HashMap::new();
-        for r in 0..w {
-            let (a, b) = (self.server_of(Self::worker(w, r, s)), self.server_of(Self::worker(w, r, s + 1)));
+    pub fn boundary_flows(&self, layout: Layout, s: usize) -> usize {
+        let mut through: HashMap<usize, usize> = HashMap::new();
+        for r in 0..layout.replicas.max(1) {
+            let (a, b) = (self.server_of(layout.rank(r, s)), self.server_of(layout.rank(r, s + 1)));
             if a != b {
                 *through.entry(a).or_insert(0) += 1;
                 *through.entry(b).or_insert(0) += 1;
@@ -244,8 +254,8 @@ impl Cluster {
     /// Bandwidth of boundary `s -> s+1`: `intra_bw` when it stays in servers; otherwise
     /// `inter_bw`, or, with `server_bw`, its share for each transfer crossing the busiest
     /// server's network ([`Cluster::boundary_flows`]).
-    pub fn boundary_bw(&self, w: usize, s: usize) -> f64 {
-        match self.boundary_flows(w, s) {
+    pub fn boundary_bw(&self, layout: Layout, s: usize) -> f64 {
+        match self.boundary_flows(layout, s) {
             0 => self.intra_bw,
             n => self.network_share(n),
         }
@@ -257,9 +267,10 @@ impl Cluster {
     /// slowest stage's, since the slowest stage sets the pace. So a stage with one cut
     /// inside a server and one across counts about twice the network's rate, where the
     /// slowest boundary's rate alone would charge it twice its real network time. `intra_bw`
-    /// when every boundary stays in a server (all `w * d` workers in one).
-    pub fn pipeline_bw(&self, w: usize, d: usize) -> f64 {
-        let bw: Vec<f64> = (0..d.saturating_sub(1)).map(|s| self.boundary_bw(w, s)).collect();
+    /// when every boundary stays in a server.
+    pub fn pipeline_bw(&self, layout: Layout) -> f64 {
+        let d = layout.depth;
+        let bw: Vec<f64> = (0..d.saturating_sub(1)).map(|s| self.boundary_bw(layout, s)).collect();
         (0..d)
             .map(|s| {
                 let cuts: Vec<f64> = [s.checked_sub(1), (s + 1 < d).then_some(s)].into_iter().flatten().map(|b| bw[b]).collect();
@@ -268,14 +279,14 @@ impl Cluster {
             .fold(self.intra_bw, f64::min)
     }
 
-    /// How many all-reduce rings (one per stage whose `w` replicas span servers) cross the
-    /// busiest server's network: 0 when every stage's block of workers sits in one server.
-    pub fn allreduce_rings(&self, w: usize, d: usize) -> usize {
-        let mut through: std::collections::HashMap<usize, usize> = std::collections::HashMap::new();
-        for s in 0..d {
-            let (first, last) = (self.server_of(Self::worker(w, 0, s)), self.server_of(Self::worker(w, w.max(1) - 1, s)));
-            if first != last {
-                for server in first..=last {
+    /// How many all-reduce groups (one per stage whose replicas span servers) cross the
+    /// busiest server's network: 0 when every stage's replicas share one server.
+    pub fn allreduce_rings(&self, layout: Layout) -> usize {
+        let mut through: HashMap<usize, usize> = HashMap::new();
+        for s in 0..layout.depth {
+            let servers = self.replicas_by_server(layout, s);
+            if servers.len() > 1 {
+                for server in servers.into_keys() {
                     *through.entry(server).or_insert(0) += 1;
                 }
             }
@@ -283,66 +294,73 @@ impl Cluster {
         through.into_values().max().unwrap_or(0)
     }
 
-    /// The all-reduce among the `w` replicas of each stage of a `w x d` layout, with the
-    /// per-message `latencies` of its links (the planner's closed form passes
-    /// [`Latencies::NONE`], the replays their cluster's): the one description of it that
-    /// the planner and the simulator both time with [`AllReduce::seconds`].
+    /// The all-reduce among the replicas of each stage of a layout, with the per-message
+    /// `latencies` of its links (the planner's closed form passes [`Latencies::NONE`], the
+    /// replays their cluster's): the one description of it that the planner and the
+    /// simulator both time with [`AllReduce::seconds`].
     ///
-    /// When every stage's block of `w` workers covers whole servers (`w` a multiple of the
-    /// server size `g`, `k = w / g > 1` servers), it is hierarchical, as NCCL runs it on
-    /// multi-GPU servers: a ring among the `g` replicas of each server over NVLink, and one
-    /// ring per GPU across the `k` servers over the network for that GPU's `1/g` shard,
-    /// the server's network shared by those `g` rings (and by every stage's rings through
-    /// that server, [`Cluster::allreduce_rings`]). Otherwise it is the flat ring: over
-    /// NVLink when the block sits in one server, over the network at
-    /// [`Cluster::allreduce_bw`] when it straddles servers unevenly (then no GPU count per
-    /// server is common to the block, and NCCL's tree/ring choice is not modelled).
-    /// With [`Reduction::FixedOrder`] the same links carry the first replica's gather
-    /// ([`AllReduce::seconds`]).
-    pub fn allreduce(&self, w: usize, d: usize, latencies: Latencies) -> AllReduce {
-        self.allreduce_links(w, d, latencies).with_reduction(self.reduction)
+    /// When every stage's replicas spread evenly, `p > 1` in each of `k > 1` servers (with
+    /// stage-major placement: `w` a multiple of the server size, `p` the server size; with
+    /// replica-major: `p` pipelines per server), it is hierarchical, as NCCL runs it on
+    /// multi-GPU servers: a ring among the `p` replicas of each server over NVLink, and one
+    /// ring per GPU across the `k` servers over the network for that GPU's `1/p` shard, the
+    /// server's network shared by every such ring through it (those of every stage,
+    /// [`Cluster::allreduce_rings`]). Otherwise it is the flat ring: over NVLink when each
+    /// stage's replicas sit in one server, over the network at [`Cluster::allreduce_bw`]
+    /// when they straddle servers unevenly (then no GPU count per server is common to the
+    /// group, and NCCL's tree/ring choice is not modelled). With [`Reduction::FixedOrder`]
+    /// the same links carry the first replica's gather ([`AllReduce::seconds`]).
+    pub fn allreduce(&self, layout: Layout, latencies: Latencies) -> AllReduce {
+        self.allreduce_links(layout, latencies).with_reduction(self.reduction)
     }
 
-    fn allreduce_links(&self, w: usize, d: usize, latencies: Latencies) -> AllReduce {
+    fn allreduce_links(&self, layout: Layout, latencies: Latencies) -> AllReduce {
         let intra = Link { bandwidth: self.intra_bw, latency_s: latencies.intra_s };
-        let g = self.workers_per_node.max(1);
-        match self.allreduce_rings(w, d) {
-            0 => AllReduce { per_server: w.max(1), intra, inter: intra, root_inter: intra, reduction: Reduction::Collective },
-            rings if g > 1 && w % g == 0 => {
-                // Each of the g GPUs of a server runs its own ring across the servers; they
-                // all go through the server's network at once. A gather's root crosses it
-                // alone (beside the other stages' groups).
-                let network = |shares: usize| Link { bandwidth: self.server_bw.map_or(self.inter_bw, |s| self.inter_bw.min(s / shares as f64)), latency_s: latencies.inter_s };
-                AllReduce { per_server: g, intra, inter: network(rings * g), root_inter: network(rings), reduction: Reduction::Collective }
+        let spread: Vec<BTreeMap<usize, usize>> = (0..layout.depth).map(|s| self.replicas_by_server(layout, s)).collect();
+        let even = |m: &BTreeMap<usize, usize>| {
+            let mut counts = m.values();
+            let first = counts.next().copied().unwrap_or(0);
+            counts.all(|&c| c == first).then_some(first)
+        };
+        let per_server: Option<usize> = spread.iter().map(even).reduce(|a, b| a.filter(|&x| Some(x) == b)).flatten();
+        let rings = self.allreduce_rings(layout);
+        match (rings, per_server) {
+            (0, _) => AllReduce { per_server: layout.replicas.max(1), intra, inter: intra, root_inter: intra, reduction: Reduction::Collective },
+            (rings, Some(p)) if p > 1 => {
+                // Each of the p replicas a server holds of a stage runs its own ring across
+                // the servers; every stage's rings go through the server's network at once.
+                // A gather's root crosses it alone (beside the other stages' groups).
+                let network = |shares: usize| Link { bandwidth: self.network_share(shares), latency_s: latencies.inter_s };
+                AllReduce { per_server: p, intra, inter: network(rings * p), root_inter: network(rings), reduction: Reduction::Collective }
             }
             _ => {
-                let inter = Link { bandwidth: self.allreduce_bw(w, d), latency_s: latencies.inter_s };
+                let inter = Link { bandwidth: self.allreduce_bw(layout), latency_s: latencies.inter_s };
                 AllReduce { per_server: 1, intra, inter, root_inter: inter, reduction: Reduction::Collective }
             }
         }
     }
 
-    /// The links between consecutive stages of a `w x d` layout (stage-major: worker
-    /// `s * w + r` runs stage `s` of replica `r`, [`Cluster::worker`]): link `s` is NVLink
-    /// when every replica's stages `s` and `s + 1` share a server, else a network link at
-    /// [`Cluster::boundary_bw`] (the replicas crossing one server's network share it, when
-    /// `server_bw` is known), since the replicas wait for each other at every update.
-    pub fn pipeline_links(&self, w: usize, d: usize, latencies: Latencies) -> Vec<Link> {
-        (0..d.saturating_sub(1))
-            .map(|s| match self.boundary_flows(w, s) {
+    /// The links between consecutive stages of a layout (by its placement,
+    /// [`Layout::rank`]): link `s` is NVLink when every replica's stages `s` and `s + 1`
+    /// share a server, else a network link at [`Cluster::boundary_bw`] (the replicas
+    /// crossing one server's network share it, when `server_bw` is known), since the
+    /// replicas wait for each other at every update.
+    pub fn pipeline_links(&self, layout: Layout, latencies: Latencies) -> Vec<Link> {
+        (0..layout.depth.saturating_sub(1))
+            .map(|s| match self.boundary_flows(layout, s) {
                 0 => Link { bandwidth: self.intra_bw, latency_s: latencies.intra_s },
-                _ => Link { bandwidth: self.boundary_bw(w, s), latency_s: latencies.inter_s },
+                _ => Link { bandwidth: self.boundary_bw(layout, s), latency_s: latencies.inter_s },
             })
             .collect()
     }
 
-    /// Bandwidth of the all-reduce among the `w` replicas of a stage: intra-server when each
-    /// stage's block of `w` consecutive workers sits in one server; otherwise `inter_bw`,
+    /// Bandwidth of the all-reduce among the replicas of a stage: intra-server when each
+    /// stage's replicas sit in one server; otherwise `inter_bw`,
     /// or, when the servers' network is described (`server_bw`), its share for each ring
     /// crossing the busiest server ([`Cluster::allreduce_rings`]; the stages all-reduce at
     /// about the same time).
-    pub fn allreduce_bw(&self, w: usize, d: usize) -> f64 {
-        match self.allreduce_rings(w, d) {
+    pub fn allreduce_bw(&self, layout: Layout) -> f64 {
+        match self.allreduce_rings(layout) {
             0 => self.intra_bw,
             n => self.network_share(n),
         }
@@ -380,6 +398,11 @@ mod tests {
     use super::*;
     use crate::machine::allreduce_seconds;
 
+    /// `w` replicas of a `d`-stage pipeline, stage-major.
+    fn sm(w: usize, d: usize) -> Layout {
+        Layout::new(d, w)
+    }
+
     #[test]
     fn toml_keys() {
         let c = Cluster::from_toml(
@@ -396,10 +419,10 @@ mod tests {
         assert_eq!(c.server_bw, None);
         // Stage-major: 4 replicas of each of 4 stages fill one server of 4 each, so every
         // all-reduce stays in its server and every boundary crosses.
-        assert_eq!(c.allreduce_bw(4, 4), c.intra_bw);
-        assert_eq!(c.pipeline_bw(4, 4), 12.5e9);
+        assert_eq!(c.allreduce_bw(sm(4, 4)), c.intra_bw);
+        assert_eq!(c.pipeline_bw(sm(4, 4)), 12.5e9);
         // Eight replicas span two servers: the ring leaves them.
-        assert_eq!(c.allreduce_bw(8, 2), 12.5e9);
+        assert_eq!(c.allreduce_bw(sm(8, 2)), 12.5e9);
         let t = Cluster::from_toml("[cluster]\nworkers = 2\n").unwrap();
         assert_eq!(t.workers, 2);
     }
@@ -408,37 +431,37 @@ mod tests {
     #[test]
     fn placement_is_stage_major() {
         let shared = Cluster::from_toml("workers = 16\nworkers_per_node = 4\nintra_bw = \"100GB/s\"\ninter_bw = \"100Gbit/s\"\nserver_bw = \"100Gbit/s\"\n").unwrap();
-        assert_eq!((Cluster::worker(4, 1, 0), Cluster::worker(4, 0, 1), Cluster::worker(2, 1, 3)), (1, 4, 7));
+        assert_eq!((sm(4, 2).rank(1, 0), sm(4, 2).rank(0, 1), sm(2, 4).rank(1, 3)), (1, 4, 7));
         // All 16 workers in blocks of 4: each stage's replicas share a server.
-        assert_eq!(shared.allreduce_rings(4, 4), 0);
-        assert_eq!(shared.allreduce_bw(4, 4), 100e9);
+        assert_eq!(shared.allreduce_rings(sm(4, 4)), 0);
+        assert_eq!(shared.allreduce_bw(sm(4, 4)), 100e9);
         // ... and each boundary sends the 4 replicas' activations through both servers'
         // networks at once: a quarter of the server's 100 Gbit/s each, at every cut of
         // every stage.
-        assert_eq!(shared.boundary_flows(4, 0), 4);
-        assert_eq!(shared.boundary_bw(4, 0), 12.5e9 / 4.0);
-        assert_eq!(shared.pipeline_bw(4, 4), 12.5e9 / 4.0);
+        assert_eq!(shared.boundary_flows(sm(4, 4), 0), 4);
+        assert_eq!(shared.boundary_bw(sm(4, 4), 0), 12.5e9 / 4.0);
+        assert_eq!(shared.pipeline_bw(sm(4, 4)), 12.5e9 / 4.0);
         // One stage of 16 replicas: its ring crosses every server, alone.
-        assert_eq!(shared.allreduce_bw(16, 1), 12.5e9);
-        assert_eq!(shared.pipeline_bw(16, 1), 100e9);
+        assert_eq!(shared.allreduce_bw(sm(16, 1)), 12.5e9);
+        assert_eq!(shared.pipeline_bw(sm(16, 1)), 100e9);
         // 2 x 2 fits in one server: everything on the intra-server link.
-        assert_eq!((shared.allreduce_bw(2, 2), shared.pipeline_bw(2, 2)), (100e9, 100e9));
+        assert_eq!((shared.allreduce_bw(sm(2, 2)), shared.pipeline_bw(sm(2, 2))), (100e9, 100e9));
         // w = 2 divides 4: stages (0, 1) share server 0, so boundary 0 stays inside and
         // boundary 1 crosses with both replicas.
-        assert_eq!((shared.boundary_flows(2, 0), shared.boundary_flows(2, 1), shared.boundary_flows(2, 2)), (0, 2, 0));
-        assert_eq!(shared.allreduce_bw(2, 8), 100e9);
+        assert_eq!((shared.boundary_flows(sm(2, 8), 0), shared.boundary_flows(sm(2, 8), 1), shared.boundary_flows(sm(2, 8), 2)), (0, 2, 0));
+        assert_eq!(shared.allreduce_bw(sm(2, 8)), 100e9);
         // Stage 1 has one cut in its server and one across: the harmonic mean of the two.
         let slow = 12.5e9 / 2.0;
-        assert_eq!(shared.pipeline_bw(2, 8), 2.0 / (1.0 / 100e9 + 1.0 / slow));
+        assert_eq!(shared.pipeline_bw(sm(2, 8)), 2.0 / (1.0 / 100e9 + 1.0 / slow));
         // Two stages whose only boundary crosses: the network's rate.
-        assert_eq!(shared.pipeline_bw(4, 2), 12.5e9 / 4.0);
+        assert_eq!(shared.pipeline_bw(sm(4, 2)), 12.5e9 / 4.0);
         // w = 3 does not divide 4: stage 1's block (workers 3..=5) straddles servers 0 and
         // 1, and stage 2's (6..=8) servers 1 and 2: two rings through server 1.
-        assert_eq!(shared.allreduce_rings(3, 4), 2);
-        assert_eq!(shared.allreduce_bw(3, 4), 12.5e9 / 2.0);
+        assert_eq!(shared.allreduce_rings(sm(3, 4)), 2);
+        assert_eq!(shared.allreduce_bw(sm(3, 4)), 12.5e9 / 2.0);
         // Without server_bw each crossing has inter_bw to itself.
         let own = Cluster { server_bw: None, ..shared.clone() };
-        assert_eq!((own.allreduce_bw(3, 4), own.pipeline_bw(4, 4)), (12.5e9, 12.5e9));
+        assert_eq!((own.allreduce_bw(sm(3, 4)), own.pipeline_bw(sm(4, 4))), (12.5e9, 12.5e9));
     }
 
     /// Hand-computed all-reduce times of 1 GB: the paper's servers (8 GPUs, 150 GB/s NVLink,
@@ -449,41 +472,41 @@ mod tests {
         let close = |a: f64, b: f64| (a - b).abs() <= 1e-12 * b.max(1.0);
         // w = 16 over 2 servers of 8. A flat ring over the network: 2 * 15 steps of 1/16 GB
         // at 3.125 GB/s = 0.6 s.
-        let flat = AllReduce::ring(Link { bandwidth: paper.allreduce_bw(16, 1), latency_s: 0.0 });
+        let flat = AllReduce::ring(Link { bandwidth: paper.allreduce_bw(sm(16, 1)), latency_s: 0.0 });
         assert!(close(flat.seconds(1e9, 16), 0.6), "{}", flat.seconds(1e9, 16));
         // Hierarchical: inside each server 2 * 7 steps of 1/8 GB at 150 GB/s (0.011667 s),
         // then each GPU's 1/8 GB shard over the 2 servers, 2 * 1 steps of 1/16 GB, the 8
         // shards' rings sharing the server's 3.125 GB/s (0.32 s): 0.3317 s, about half.
-        let h = paper.allreduce(16, 1, Latencies::NONE);
+        let h = paper.allreduce(sm(16, 1), Latencies::NONE);
         assert_eq!((h.per_server, h.inter.bandwidth), (8, 3.125e9 / 8.0));
         assert!(close(h.seconds(1e9, 16), 14.0 / 8.0 / 150.0 + 0.32), "{}", h.seconds(1e9, 16));
         assert!(h.seconds(1e9, 16) < flat.seconds(1e9, 16));
         // Each message pays its link's latency: 14 NVLink steps and 2 network steps.
         let lat = Latencies { intra_s: 1e-3, inter_s: 1e-2 };
-        assert!(close(paper.allreduce(16, 1, lat).seconds(1e9, 16), h.seconds(1e9, 16) + 14e-3 + 2e-2));
+        assert!(close(paper.allreduce(sm(16, 1), lat).seconds(1e9, 16), h.seconds(1e9, 16) + 14e-3 + 2e-2));
         // 4 servers (w = 32): 2 * 3 network steps of 1/32 GB at 3.125/8 GB/s = 0.48 s.
         let four = Cluster { workers: 32, ..paper.clone() };
-        assert!(close(four.allreduce(32, 1, Latencies::NONE).seconds(1e9, 32), 14.0 / 8.0 / 150.0 + 0.48));
+        assert!(close(four.allreduce(sm(32, 1), Latencies::NONE).seconds(1e9, 32), 14.0 / 8.0 / 150.0 + 0.48));
         // k = 1: 8 replicas in one server, the flat ring over NVLink, 2 * 7 / 8 GB at 150 GB/s.
-        let inside = paper.allreduce(8, 2, Latencies::NONE);
+        let inside = paper.allreduce(sm(8, 2), Latencies::NONE);
         assert!(close(inside.seconds(1e9, 8), 14.0 / 8.0 / 150.0));
         assert_eq!(inside.seconds(1e9, 8), allreduce_seconds(1e9, 8, Link { bandwidth: 150e9, latency_s: 0.0 }));
         // g = 1: one GPU per server, the flat ring over the network, 2 * 3 / 4 GB at 3.125.
         let single = Cluster { workers: 4, workers_per_node: 1, ..paper.clone() };
-        let one = single.allreduce(4, 1, Latencies::NONE);
+        let one = single.allreduce(sm(4, 1), Latencies::NONE);
         assert_eq!(one.per_server, 1);
         assert!(close(one.seconds(1e9, 4), 1.5 / 3.125));
         // Uneven blocks (w = 12 on servers of 8) keep the flat ring over the network, shared
         // by the two rings crossing server 1.
         let uneven = Cluster { workers: 24, ..paper.clone() };
-        let u = uneven.allreduce(12, 2, Latencies::NONE);
+        let u = uneven.allreduce(sm(12, 2), Latencies::NONE);
         assert_eq!((u.per_server, u.inter.bandwidth), (1, 3.125e9 / 2.0));
         assert!(close(u.seconds(1e9, 12), 2.0 * 11.0 / 12.0 / 1.5625));
         // Without server_bw each GPU's ring has inter_bw to itself.
         let own = Cluster { server_bw: None, ..paper.clone() };
-        assert!(close(own.allreduce(16, 1, Latencies::NONE).seconds(1e9, 16), 14.0 / 8.0 / 150.0 + 0.04));
+        assert!(close(own.allreduce(sm(16, 1), Latencies::NONE).seconds(1e9, 16), 14.0 / 8.0 / 150.0 + 0.04));
         // No replicas to reduce with: nothing to do.
-        assert_eq!(paper.allreduce(1, 8, Latencies::ASSUMED).seconds(1e9, 1), 0.0);
+        assert_eq!(paper.allreduce(sm(1, 8), Latencies::ASSUMED).seconds(1e9, 1), 0.0);
     }
 
     /// The runtime's fixed order (`--deterministic-reduce`) by hand: the first replica
@@ -495,25 +518,25 @@ mod tests {
         let fixed = Cluster { reduction: Reduction::FixedOrder, ..paper.clone() };
         // w = 64 over 8 servers: 7 parts in its server over NVLink, 56 over its server's
         // whole 3.125 GB/s link (it crosses it alone), in and out: 35.9 s for 1 GB.
-        let f = fixed.allreduce(64, 1, Latencies::NONE);
+        let f = fixed.allreduce(sm(64, 1), Latencies::NONE);
         assert_eq!((f.reduction, f.root_inter.bandwidth), (Reduction::FixedOrder, 3.125e9));
         assert!(close(f.seconds(1e9, 64), 2.0 * (7.0 / 150.0 + 56.0 / 3.125)), "{}", f.seconds(1e9, 64));
         // The rings: 2 * 7 / 8 GB over NVLink, then 2 * 7 / 64 GB per GPU's shard ring at
         // 3.125 / 8 GB/s: 0.573 s, 63x less.
-        let ring = paper.allreduce(64, 1, Latencies::NONE);
+        let ring = paper.allreduce(sm(64, 1), Latencies::NONE);
         assert!(close(ring.seconds(1e9, 64), 14.0 / 8.0 / 150.0 + 14.0 / 64.0 / (3.125 / 8.0)));
         assert!(f.seconds(1e9, 64) > 60.0 * ring.seconds(1e9, 64));
         // Inside one server only NVLink: 2 * 7 whole payloads against the ring's 2 * 7 / 8.
-        assert!(close(fixed.allreduce(8, 8, Latencies::NONE).seconds(1e9, 8), 14.0 / 150.0));
+        assert!(close(fixed.allreduce(sm(8, 8), Latencies::NONE).seconds(1e9, 8), 14.0 / 150.0));
         // Each part pays its link's latency: 2 * 7 NVLink and 2 * 56 network messages.
         let lat = Latencies { intra_s: 1e-3, inter_s: 1e-2 };
-        assert!(close(fixed.allreduce(64, 1, lat).seconds(1e9, 64), f.seconds(1e9, 64) + 14e-3 + 112e-2));
+        assert!(close(fixed.allreduce(sm(64, 1), lat).seconds(1e9, 64), f.seconds(1e9, 64) + 14e-3 + 112e-2));
         // Two stages of 32 replicas each fill servers of their own: the root still has its
         // server's whole link; an uneven block (w = 12) shares the ring's network rate.
-        assert_eq!(fixed.allreduce(32, 2, Latencies::NONE).root_inter.bandwidth, 3.125e9);
-        assert_eq!(fixed.allreduce(12, 2, Latencies::NONE).root_inter, fixed.allreduce(12, 2, Latencies::NONE).inter);
+        assert_eq!(fixed.allreduce(sm(32, 2), Latencies::NONE).root_inter.bandwidth, 3.125e9);
+        assert_eq!(fixed.allreduce(sm(12, 2), Latencies::NONE).root_inter, fixed.allreduce(sm(12, 2), Latencies::NONE).inter);
         // One replica: nothing to sum.
-        assert_eq!(fixed.allreduce(1, 64, Latencies::NONE).seconds(1e9, 1), 0.0);
+        assert_eq!(fixed.allreduce(sm(1, 64), Latencies::NONE).seconds(1e9, 1), 0.0);
         // A cluster file says it; anything else is refused naming the choices.
         assert_eq!(Cluster::from_toml("reduction = \"fixed-order\"").unwrap().reduction, Reduction::FixedOrder);
         let e = Cluster::from_toml("reduction = \"tree\"").unwrap_err().to_string();

@@ -12,7 +12,7 @@
 
 use std::path::{Path, PathBuf};
 
-use pipewright_core::{Decision, Recompute, Schedule};
+use pipewright_core::{Decision, Placement, Recompute, Schedule};
 use pipewright_ir::text::{print_graph, print_graph_annotated};
 use pipewright_ir::{import_model, verify, verify_stages, Graph, ImportOptions, ModelError, NodeId, StageMap};
 
@@ -46,7 +46,7 @@ pub enum PlanRequest {
     File { path: PathBuf, file: Box<PlanFile> },
     /// A fixed depth without a cluster: only the stage cuts are chosen (balancing the
     /// predicted compute time at microbatch `microbatch`, or 1); the rest is as given.
-    Stages { depth: u32, schedule: Schedule, recompute: Recompute, microbatch: Option<u64>, microbatches: Option<u64> },
+    Stages { depth: u32, schedule: Schedule, recompute: Recompute, microbatch: Option<u64>, microbatches: Option<u64>, placement: Placement },
 }
 
 /// Why the plan pass failed.
@@ -87,7 +87,7 @@ pub fn plan_stages(imported: Imported, request: &PlanRequest) -> Result<Planned,
             let decision = decided_by(&plan, format!("plan {}", path.display()));
             (plan, decision)
         }
-        &PlanRequest::Stages { depth, schedule, recompute, microbatch, microbatches } => {
+        &PlanRequest::Stages { depth, schedule, recompute, microbatch, microbatches, placement } => {
             // Only the cuts are searched for: every worker is a stage and memory is not
             // limited (no cluster was described).
             let workers = depth.max(1) as usize;
@@ -106,7 +106,7 @@ pub fn plan_stages(imported: Imported, request: &PlanRequest) -> Result<Planned,
             };
             let cost = CostModel::new(&graph, cluster.roofline())?;
             let plan = plan(&graph, &cost, &cluster, &options)?;
-            let decision = Decision { depth, schedule, recompute, microbatch, microbatches, replicas: None, origin: format!("compile --stages {depth}") };
+            let decision = Decision { depth, schedule, recompute, microbatch, microbatches, replicas: None, placement, origin: format!("compile --stages {depth}") };
             (plan, decision)
         }
     };
@@ -123,6 +123,7 @@ fn decided_by(plan: &Plan, origin: String) -> Decision {
         microbatch: Some(c.b),
         microbatches: Some(c.m),
         replicas: Some(c.w as u64),
+        placement: c.placement,
         origin,
     }
 }

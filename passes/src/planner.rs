@@ -40,10 +40,15 @@
 //! communication to compute where the replay overlaps them, and leaves out latencies and
 //! the optimizer, so near the top the two can rank differently.
 //!
-//! Workers are numbered stage-major, `stage * w + replica` (the MPI ranks' order), so the
-//! replicas of a stage share a server when `w` divides the server size
-//! ([`Cluster::allreduce_bw`]) and `bw` at the cuts is the slowest boundary's
-//! ([`Cluster::pipeline_bw`]: intra-server only when all `w * d` workers share a server).
+//! # Placement
+//! Each `w x d` is searched under both numberings of its workers (the MPI ranks' order,
+//! [`Placement`]) wherever they give different links: stage-major, `stage * w + replica`,
+//! keeps a stage's replicas in a server when `w` divides the server size (the all-reduce on
+//! NVLink, the boundaries across the network); replica-major, `replica * d + stage`, keeps
+//! a pipeline in a server when `d` divides it (the boundaries on NVLink, the all-reduce
+//! across). `bw` at the cuts is [`Cluster::pipeline_bw`]'s and the all-reduce
+//! [`Cluster::allreduce`]'s for the candidate's layout; the plan records the placement and
+//! the MPI workers number their ranks by it.
 //!
 //! The search evaluates configurations in decreasing order of an optimistic throughput
 //! (bottleneck >= (total compute + the cheapest cut's communication at each of the d - 1
@@ -55,13 +60,13 @@
 // `%` and `map_or(true, ..)`: the workspace's MSRV is 1.80.
 #![allow(clippy::manual_is_multiple_of, clippy::unnecessary_map_or)]
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt::Write;
 
 use pipewright_ir::{Graph, NodeId, StageMap};
 use pipewright_core::units::human_bytes;
 use pipewright_core::words::spellings;
-use pipewright_core::{Balance, Optimizer, Precision, Recompute, Schedule};
+use pipewright_core::{Balance, Layout, Optimizer, Placement, Precision, Recompute, Schedule};
 use rayon::iter::{IndexedParallelIterator, IntoParallelIterator, ParallelIterator};
 use serde::{Deserialize, Serialize};
 
@@ -100,10 +105,19 @@ pub struct PlanOptions {
     /// weight and per activation. Absent in plan files from before it existed (fp32).
     #[serde(default, skip_serializing_if = "is_fp32")]
     pub precision: Precision,
+    /// Fix how the workers are numbered (otherwise both placements are tried wherever they
+    /// put different links under the boundaries or the gradient sums). Absent in plan files
+    /// from before it existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<Placement>,
 }
 
 fn is_fp32(p: &Precision) -> bool {
     *p == Precision::Fp32
+}
+
+fn is_stage_major(p: &Placement) -> bool {
+    *p == Placement::StageMajor
 }
 
 impl Default for PlanOptions {
@@ -120,6 +134,7 @@ impl Default for PlanOptions {
             microbatch: None,
             recompute: None,
             precision: Precision::Fp32,
+            placement: None,
         }
     }
 }
@@ -133,6 +148,10 @@ pub struct Candidate {
     pub m: u64,
     pub recompute: Recompute,
     pub schedule: Schedule,
+    /// How the `w x d` workers are numbered. Absent from plan files written before the
+    /// planner weighed it (stage-major, the only placement then).
+    #[serde(default, skip_serializing_if = "is_stage_major")]
+    pub placement: Placement,
     /// The closed form's samples/s (what the search prunes and sorts by).
     pub samples_per_s: f64,
     /// Samples/s of an event-by-event replay of this configuration ([`crate::simulate`]),
@@ -229,6 +248,17 @@ impl Candidate {
     pub fn predicted_samples_per_s(&self) -> f64 {
         self.replayed_samples_per_s.unwrap_or(self.samples_per_s)
     }
+
+    /// Its workers: `w` pipelines of `d` stages, numbered by its placement.
+    pub fn layout(&self) -> Layout {
+        Layout::new(self.d, self.w).placed(self.placement)
+    }
+
+    /// Its placement for tables: `-` where it numbers nothing differently (one replica or
+    /// one stage).
+    pub fn placement_text(&self) -> &'static str {
+        if self.w <= 1 || self.d <= 1 { "-" } else { self.placement.name() }
+    }
 }
 
 /// How many of the best configurations by the closed form are replayed at least (the
@@ -293,8 +323,8 @@ impl Plan {
         let _ = writeln!(s, "node order: {} (stages are contiguous runs of it)", self.order);
         let _ = writeln!(
             s,
-            "{:>3} {:>3} {:>3} {:>5} {:>5} {:>9} {:>8} {:>12} {:>11}  {:<10} peak memory per stage",
-            "#", "w", "d", "b", "m", "recompute", "schedule", "samples/s", "closed form", "bottleneck"
+            "{:>3} {:>3} {:>3} {:>13} {:>5} {:>5} {:>9} {:>8} {:>12} {:>11}  {:<10} peak memory per stage",
+            "#", "w", "d", "placement", "b", "m", "recompute", "schedule", "samples/s", "closed form", "bottleneck"
         );
         for (k, c) in self.candidates.iter().enumerate() {
             let mem: Vec<String> = c
@@ -304,10 +334,11 @@ impl Plan {
                 .collect();
             let _ = writeln!(
                 s,
-                "{:>3} {:>3} {:>3} {:>5} {:>5} {:>9} {:>8} {:>12.1} {:>11.1}  {:<10} {}",
+                "{:>3} {:>3} {:>3} {:>13} {:>5} {:>5} {:>9} {:>8} {:>12.1} {:>11.1}  {:<10} {}",
                 k + 1,
                 c.w,
                 c.d,
+                c.placement_text(),
                 c.b,
                 c.m,
                 c.recompute.name(),
@@ -322,9 +353,10 @@ impl Plan {
         let c = &self.chosen;
         let _ = writeln!(
             s,
-            "\nchosen: w={} d={} b={} m={} recompute={} schedule={} ({:.1} samples/s; closed form {:.1})",
+            "\nchosen: w={} d={} placement={} b={} m={} recompute={} schedule={} ({:.1} samples/s; closed form {:.1})",
             c.w,
             c.d,
+            c.placement.name(),
             c.b,
             c.m,
             c.recompute.name(),
@@ -559,7 +591,7 @@ impl<'a> PlanContext<'a> {
     /// function of the microbatches in flight (linear in them, from the planner's model).
     pub fn stage_costs(&mut self, cand: &Candidate, opts: &PlanOptions) -> Vec<crate::simulate::StageCost> {
         let (d, b) = (cand.d, cand.b);
-        let pbw = self.cluster.pipeline_bw(cand.w, d);
+        let pbw = self.cluster.pipeline_bw(cand.layout());
         let (extra_bytes, _, sync) = self.shared_extra(&cand.cuts, pbw);
         let state = opts.optimizer.state_tensors(opts.momentum);
         // Memory as a line in the microbatches in flight, which the replay counts itself,
@@ -694,10 +726,15 @@ struct Config {
     m: u64,
     recompute: Recompute,
     schedule: Schedule,
+    placement: Placement,
     optimistic: f64,
 }
 
 impl Config {
+    fn layout(&self) -> Layout {
+        Layout::new(self.d, self.w).placed(self.placement)
+    }
+
     fn memory_model(&self, opts: &PlanOptions, limit: f64) -> PipelineMemory {
         let state = opts.optimizer.state_tensors(opts.momentum);
         PipelineMemory::of_pipeline(self.schedule, self.recompute, self.d, self.m, state, opts.precision, limit)
@@ -713,7 +750,7 @@ fn assess(
 ) -> Option<Candidate> {
     let cluster = ctx.cluster;
     let limit = cluster.memory_per_worker as f64;
-    let pbw = cluster.pipeline_bw(cfg.w, cfg.d);
+    let pbw = cluster.pipeline_bw(cfg.layout());
     let mem = cfg.memory_model(opts, limit);
     let (extra_bytes, _, sync) = ctx.shared_extra(cuts, pbw);
     let prob = ctx.problem(cfg.b, cfg.recompute, pbw);
@@ -721,7 +758,7 @@ fn assess(
     let ranges = stage_ranges(cuts, prob.len());
     // The same all-reduce the simulator replays, without latencies (the closed form has
     // none anywhere).
-    let allreduce = cluster.allreduce(cfg.w, cfg.d, Latencies::NONE);
+    let allreduce = cluster.allreduce(cfg.layout(), Latencies::NONE);
     let mut peak = Vec::with_capacity(cfg.d);
     let mut worst = (0.0f64, 0usize);
     let (mut max_time, mut max_ar) = (0.0f64, 0.0f64);
@@ -762,6 +799,7 @@ fn assess(
         m: cfg.m,
         recompute: cfg.recompute,
         schedule: cfg.schedule,
+        placement: cfg.placement,
         samples_per_s,
         replayed_samples_per_s: None,
         peak_memory_per_stage: peak,
@@ -783,12 +821,12 @@ struct Caches {
 
 impl Caches {
     fn free_key(cfg: &Config, cluster: &Cluster) -> (usize, u64, Recompute, u64) {
-        (cfg.d, cfg.b, cfg.recompute, cluster.pipeline_bw(cfg.w, cfg.d).to_bits())
+        (cfg.d, cfg.b, cfg.recompute, cluster.pipeline_bw(cfg.layout()).to_bits())
     }
 
     fn bound_key(cfg: &Config, cluster: &Cluster) -> (usize, u64, Recompute, Schedule, u64, u64) {
         let m = if cfg.schedule == Schedule::GPipe { cfg.m } else { 0 };
-        (cfg.d, cfg.b, cfg.recompute, cfg.schedule, m, cluster.pipeline_bw(cfg.w, cfg.d).to_bits())
+        (cfg.d, cfg.b, cfg.recompute, cfg.schedule, m, cluster.pipeline_bw(cfg.layout()).to_bits())
     }
 
     /// Solves, in parallel, the partitions `configs` will ask for: first the unconstrained
@@ -827,7 +865,7 @@ impl Caches {
     /// partition under the memory limit.
     fn best(&mut self, ctx: &mut PlanContext, cfg: &Config, opts: &PlanOptions) -> Option<Candidate> {
         let cluster = ctx.cluster;
-        let pbw = cluster.pipeline_bw(cfg.w, cfg.d);
+        let pbw = cluster.pipeline_bw(cfg.layout());
         let free = self
             .free
             .entry(Self::free_key(cfg, cluster))
@@ -850,7 +888,7 @@ fn solve_all(ctx: &mut PlanContext, jobs: Vec<(Config, PipelineMemory)>) -> Vec<
     let keys: Vec<(u64, Recompute, u64)> = jobs
         .iter()
         .map(|(cfg, _)| {
-            let bw = ctx.cluster.pipeline_bw(cfg.w, cfg.d);
+            let bw = ctx.cluster.pipeline_bw(cfg.layout());
             ctx.problem(cfg.b, cfg.recompute, bw);
             (cfg.b, cfg.recompute, bw.to_bits())
         })
@@ -964,6 +1002,7 @@ pub fn plan_on(
             if opts.global_batch % w as u64 != 0 {
                 continue;
             }
+            for placement in placements(cluster, Layout::new(d, w), opts.placement) {
             let per_replica = opts.global_batch / w as u64;
             let mut b = 1u64;
             while b <= per_replica && per_replica % b == 0 {
@@ -996,16 +1035,18 @@ pub fn plan_on(
                             let cheapest_cut = *min_live.entry(b).or_insert_with(|| {
                                 ctx.order.live.get(1..n).unwrap_or(&[]).iter().map(|l| l.at(b).max(0.0)).fold(f64::INFINITY, f64::min)
                             });
-                            let comm_lb = if d > 1 && cheapest_cut.is_finite() { 2.0 * (d as f64 - 1.0) * 2.0 * cheapest_cut / cluster.pipeline_bw(w, d) } else { 0.0 };
+                            let layout = Layout::new(d, w).placed(placement);
+                            let comm_lb = if d > 1 && cheapest_cut.is_finite() { 2.0 * (d as f64 - 1.0) * 2.0 * cheapest_cut / cluster.pipeline_bw(layout) } else { 0.0 };
                             let t_lb = (total * slowdown + comm_lb) / d as f64;
                             // Some stage holds at least a d-th of the parameters, and its
                             // all-reduce takes at least that share's time (as in `assess`).
-                            let ar_lb = cluster.allreduce(w, d, Latencies::NONE).seconds(param_total / d as f64, w);
+                            let ar_lb = cluster.allreduce(layout, Latencies::NONE).seconds(param_total / d as f64, w);
                             let per_batch = match schedule {
                                 Schedule::TwoBw => (m as f64 * t_lb).max(ar_lb),
-                                // Its weight gradients may fill the whole drain.
-                                Schedule::ZbH1 => m as f64 * t_lb + ar_lb,
-                                Schedule::Flush | Schedule::GPipe => (m + d as u64 - 1) as f64 * t_lb + ar_lb,
+                                // ZB-H1's closed form is Flush's (its replay credits the
+                                // weight gradients in the drain), so Flush's bound bounds
+                                // it; a looser one keeps the search from stopping.
+                                Schedule::Flush | Schedule::GPipe | Schedule::ZbH1 => (m + d as u64 - 1) as f64 * t_lb + ar_lb,
                             };
                             let optimistic = if per_batch > 0.0 {
                                 (b * m * w as u64) as f64 / per_batch
@@ -1019,12 +1060,14 @@ pub fn plan_on(
                                 m,
                                 recompute,
                                 schedule,
+                                placement,
                                 optimistic,
                             });
                         }
                     }
                 }
                 b *= 2;
+            }
             }
         }
     }
@@ -1043,7 +1086,7 @@ pub fn plan_on(
     configs.retain(|cfg| {
         // Every stage holds at least the least of the stages' models.
         let mem = cfg.memory_model(opts, limit).least();
-        let (p, a, k) = ctx.totals(cfg.b, cfg.recompute, cluster.pipeline_bw(cfg.w, cfg.d));
+        let (p, a, k) = ctx.totals(cfg.b, cfg.recompute, cluster.pipeline_bw(cfg.layout()));
         (mem.weight_factor * p + mem.act_factor * a + mem.kept_factor * k) / cfg.d as f64 <= limit * (1.0 + 1e-9)
     });
     if configs.is_empty() {
@@ -1054,7 +1097,12 @@ pub fn plan_on(
     // The best by the closed form, the plan's `top` or REPLAYED of them if more: these are
     // replayed, and the plan lists the `top` by the replay.
     let keep = top.max(REPLAYED);
-    let mut found: Vec<Candidate> = Vec::new();
+    // The closed form charges every cut one bandwidth and so ranks the two placements
+    // apart poorly (deep replica-major pipelines above the stage-major ones that replay
+    // faster): each placement's own best are kept for the replay.
+    let searched: BTreeSet<Placement> = configs.iter().map(|c| c.placement).collect();
+    let mut found: BTreeMap<Placement, Vec<Candidate>> = BTreeMap::new();
+    let bar = |found: &BTreeMap<Placement, Vec<Candidate>>, p: Placement| found.get(&p).filter(|l| l.len() >= keep).map(|l| l[keep - 1].samples_per_s);
     let mut caches = Caches::default();
     let optimal = fixed_cuts.is_none() && opts.balance == Balance::Optimal;
     // The exact partitions of the next configurations are solved in parallel ahead of the
@@ -1063,8 +1111,11 @@ pub fn plan_on(
     let chunk = 4 * rayon::current_num_threads().max(1);
     let mut solved_upto = 0;
     for (i, cfg) in configs.iter().enumerate() {
-        if found.len() >= keep && cfg.optimistic < found[keep - 1].samples_per_s {
+        if searched.iter().all(|&p| bar(&found, p).is_some_and(|b| cfg.optimistic < b)) {
             break;
+        }
+        if bar(&found, cfg.placement).is_some_and(|b| cfg.optimistic < b) {
+            continue;
         }
         if optimal && i >= solved_upto {
             solved_upto = (i + chunk).min(configs.len());
@@ -1085,9 +1136,10 @@ pub fn plan_on(
         if let Some(c) = candidate {
             // The early stop is exact only if no configuration beats its optimistic rate.
             debug_assert!(c.samples_per_s <= cfg.optimistic * (1.0 + 1e-9), "{cfg:?} reaches {} samples/s, above its bound", c.samples_per_s);
-            insert_ranked(&mut found, c, keep, |x| x.samples_per_s);
+            insert_ranked(found.entry(c.placement).or_default(), c, keep, |x| x.samples_per_s);
         }
     }
+    let found: Vec<Candidate> = found.into_values().flatten().collect();
     if found.is_empty() {
         return Err(PlanError::NoFeasible(format!(
             "every configuration needs more than {} per worker",
@@ -1109,6 +1161,20 @@ pub fn plan_on(
     }
     let chosen = ranked[0].clone();
     Ok(describe(&mut ctx, ranked, chosen, opts))
+}
+
+/// The placements worth searching for `w x d` (stage-major numbering in `layout`): the
+/// one asked for, else stage-major and, when it puts different links under the boundaries
+/// or the gradient sums, replica-major (on one server, or with one replica or one stage,
+/// the two are the same).
+fn placements(cluster: &Cluster, layout: Layout, asked: Option<Placement>) -> Vec<Placement> {
+    if let Some(p) = asked {
+        return vec![p];
+    }
+    let other = layout.placed(Placement::ReplicaMajor);
+    let differs = cluster.pipeline_links(layout, Latencies::NONE) != cluster.pipeline_links(other, Latencies::NONE)
+        || cluster.allreduce(layout, Latencies::NONE) != cluster.allreduce(other, Latencies::NONE);
+    if differs { vec![Placement::StageMajor, Placement::ReplicaMajor] } else { vec![Placement::StageMajor] }
 }
 
 /// Inserts `c` into `list` (best first by `rate`, ties to the smaller peak memory, then to
@@ -1136,8 +1202,8 @@ fn replay_setup(ctx: &mut PlanContext, cand: &Candidate, opts: &PlanOptions, lat
         m: cand.m,
         batches: REPLAY_BATCHES,
         stages: ctx.stage_costs(cand, opts),
-        links: cluster.pipeline_links(cand.w, cand.d, latencies),
-        allreduce: cluster.allreduce(cand.w, cand.d, latencies),
+        links: cluster.pipeline_links(cand.layout(), latencies),
+        allreduce: cluster.allreduce(cand.layout(), latencies),
         record: false,
         host: host_cores.map(|c| ctx.cost.host_cores(c, cand.b)),
         tied_groups: ctx.tied_stage_groups(&cand.cuts),
@@ -1152,7 +1218,7 @@ fn describe(ctx: &mut PlanContext, candidates: Vec<Candidate>, chosen: Candidate
     let g = ctx.g;
     let cuts = chosen.cuts.clone();
     let ranges = stage_ranges(&cuts, n);
-    let pbw = ctx.cluster.pipeline_bw(chosen.w, chosen.d);
+    let pbw = ctx.cluster.pipeline_bw(chosen.layout());
     let (_, extra_numel, _) = ctx.shared_extra(&cuts, pbw);
     let mem = PipelineMemory::of_pipeline(chosen.schedule, chosen.recompute, chosen.d, chosen.m, opts.optimizer.state_tensors(opts.momentum), opts.precision, f64::INFINITY);
     let (times, _) = ctx
@@ -1268,8 +1334,11 @@ fn describe(ctx: &mut PlanContext, candidates: Vec<Candidate>, chosen: Candidate
 /// What the columns of [`Plan::text`]'s table mean, printed under it.
 pub const COLUMNS_LEGEND: &str = "\
 columns: w = replicas (data-parallel copies of the pipeline), d = pipeline depth (stages),
-  b = microbatch size, m = microbatches per step and replica (w x b x m = the global batch;
-  w x d workers); samples/s = the prediction on the cluster above, not a measurement: an
+  placement = how the w x d workers are numbered (stage-major: a stage's replicas on
+  consecutive workers; replica-major: a pipeline's stages; - with one replica or one
+  stage), b = microbatch size,
+  m = microbatches per step and replica (w x b x m = the global batch; w x d workers);
+  samples/s = the prediction on the cluster above, not a measurement: an
   event-by-event replay of the configuration (as `pipewright simulate` runs it) from the
   cost model, which ranks the rows; closed form = the planner's formula, which prunes the
   search; bottleneck = the stage that limits the pipeline's rate by the closed form";

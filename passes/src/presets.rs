@@ -18,7 +18,7 @@
 //! until the scheduler's next tick when a profile measured it ([`crate::cost::CostModel::tick`]).
 //! Without it every stage has its own device.
 
-use pipewright_core::Precision;
+use pipewright_core::{Layout, Precision};
 use serde::Serialize;
 
 use crate::cluster::{Cluster, ClusterError, Latencies};
@@ -270,17 +270,17 @@ impl SimCluster {
         Latencies { intra_s: self.intra_latency_s, inter_s: self.inter_latency_s }
     }
 
-    /// The links between consecutive stages of a `w x d` layout, with this cluster's
+    /// The links between consecutive stages of a layout, with this cluster's
     /// latencies ([`Cluster::pipeline_links`]).
-    pub fn pipeline_links(&self, w: usize, d: usize) -> Vec<Link> {
-        self.cluster.pipeline_links(w, d, self.latencies())
+    pub fn pipeline_links(&self, layout: Layout) -> Vec<Link> {
+        self.cluster.pipeline_links(layout, self.latencies())
     }
 
-    /// Each stage's all-reduce among its `w` replicas, with this cluster's latencies
-    /// ([`Cluster::allreduce`]: hierarchical when a stage's replicas fill whole servers,
+    /// Each stage's all-reduce among its replicas, with this cluster's latencies
+    /// ([`Cluster::allreduce`]: hierarchical when a stage's replicas spread evenly over servers,
     /// else a flat ring), as the planner times it.
-    pub fn allreduce(&self, w: usize, d: usize) -> AllReduce {
-        self.cluster.allreduce(w, d, self.latencies())
+    pub fn allreduce(&self, layout: Layout) -> AllReduce {
+        self.cluster.allreduce(layout, self.latencies())
     }
 
     /// The link of the data-parallel all-reduce among `groups` tensor-parallel groups of
@@ -322,6 +322,7 @@ pub fn parse_seconds(s: &str) -> Option<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use pipewright_core::Placement;
 
     #[test]
     fn the_papers_cluster_from_presets() {
@@ -333,25 +334,36 @@ mod tests {
         // Stage-major, w = d = 8: each stage's 8 replicas fill one server and all-reduce
         // over NVLink; every boundary sends 8 replicas' activations through the servers'
         // 25 Gbit/s at once.
-        assert_eq!(c.allreduce(8, 8).inter.bandwidth, 150e9);
-        assert!(c.pipeline_links(8, 8).iter().all(|l| l.bandwidth == 25e9 / 8.0 / 8.0 && l.latency_s == c.inter_latency_s));
+        assert_eq!(c.allreduce(Layout::new(8, 8)).inter.bandwidth, 150e9);
+        assert!(c.pipeline_links(Layout::new(8, 8)).iter().all(|l| l.bandwidth == 25e9 / 8.0 / 8.0 && l.latency_s == c.inter_latency_s));
         // w = 4, d = 16: two stages per server; the odd boundaries cross (4 replicas each).
-        let links = c.pipeline_links(4, 16);
+        let links = c.pipeline_links(Layout::new(16, 4));
         assert_eq!(links.iter().filter(|l| l.bandwidth < 1e10).count(), 7);
         assert_eq!((links[0].bandwidth, links[1].bandwidth), (150e9, 25e9 / 8.0 / 4.0));
-        assert_eq!(c.allreduce(4, 16).inter.bandwidth, 150e9);
+        assert_eq!(c.allreduce(Layout::new(16, 4)).inter.bandwidth, 150e9);
         // w = 21 spans three or four servers per stage: server 2 (workers 16..=23) holds
         // the end of stage 0's block (..=20) and the start of stage 1's (21..), so two
         // rings share its network.
-        assert_eq!(c.cluster.allreduce_rings(21, 3), 2);
-        assert_eq!(c.allreduce(21, 3).inter.bandwidth, 25e9 / 8.0 / 2.0);
+        assert_eq!(c.cluster.allreduce_rings(Layout::new(3, 21)), 2);
+        assert_eq!(c.allreduce(Layout::new(3, 21)).inter.bandwidth, 25e9 / 8.0 / 2.0);
         // w = 16 fills two servers per stage: hierarchical, a ring in each server over
         // NVLink and each GPU's eighth across the two over the shared 25 Gbit/s.
-        let h = c.allreduce(16, 4);
+        let h = c.allreduce(Layout::new(4, 16));
         assert_eq!((h.per_server, h.intra.bandwidth, h.inter.bandwidth, h.inter.latency_s), (8, 150e9, 25e9 / 8.0 / 8.0, 20e-6));
+        // Replica-major, w = d = 8: each pipeline fills one server, so every boundary
+        // rides NVLink, and each stage's 8 replicas sit one per server: a flat ring whose
+        // network each server shares among its 8 stages' rings.
+        let replica_major = Layout::new(8, 8).placed(Placement::ReplicaMajor);
+        assert!(c.pipeline_links(replica_major).iter().all(|l| l.bandwidth == 150e9 && l.latency_s == c.intra_latency_s));
+        let flat = c.allreduce(replica_major);
+        assert_eq!((flat.per_server, flat.inter.bandwidth), (1, 25e9 / 8.0 / 8.0));
+        // w = 16, d = 4 replica-major: two pipelines per server, so each stage has two
+        // replicas in each of 8 servers: hierarchical, 4 stages x 2 rings through each link.
+        let two = c.allreduce(Layout::new(4, 16).placed(Placement::ReplicaMajor));
+        assert_eq!((two.per_server, two.inter.bandwidth), (2, 25e9 / 8.0 / 8.0));
         // A 2 x 4 job fits in one server: NVLink everywhere.
-        assert_eq!(c.allreduce(2, 4).inter.bandwidth, 150e9);
-        assert!(c.pipeline_links(2, 4).iter().all(|l| l.bandwidth == 150e9));
+        assert_eq!(c.allreduce(Layout::new(4, 2)).inter.bandwidth, 150e9);
+        assert!(c.pipeline_links(Layout::new(4, 2)).iter().all(|l| l.bandwidth == 150e9));
         assert_eq!(SimCluster::from_preset(device("V100-16GB").unwrap(), network("25gbit").unwrap(), 1, 8, Precision::Fp32, Some(0.5)).unwrap().cluster.peak_flops, 15.7e12 * 0.5);
         // Tensor parallelism, t = 4: 16 groups over 8 servers, four rings (one per shard
         // position) through each server's one link; 2 groups fill one server: NVLink.

@@ -48,7 +48,7 @@
 #![allow(clippy::manual_is_multiple_of, clippy::unnecessary_map_or)]
 
 use pipewright_core::units::human_bytes;
-use pipewright_core::{Recompute, Schedule};
+use pipewright_core::{Placement, Recompute, Schedule};
 use pipewright_ir::{Graph, NodeId, Op, ValueDef, ValueId};
 use serde::Serialize;
 
@@ -59,10 +59,10 @@ use crate::planner::{Candidate, PlanOptions};
 use crate::presets::SimCluster;
 use crate::simulate::StageCost;
 
-/// How one node is placed on the `t` GPUs of a group.
+/// How one node is split over the `t` GPUs of a group.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum Placement {
+pub enum Sharding {
     /// Replicated: every GPU runs all of it.
     Full,
     /// A matmul with a weight split by columns: output sharded.
@@ -77,7 +77,7 @@ pub enum Placement {
 #[derive(Clone, Debug, PartialEq)]
 pub struct TensorSplit {
     /// By `NodeId::index()`.
-    placement: Vec<Placement>,
+    sharding: Vec<Sharding>,
     /// Outputs of row-parallel matmuls: all-reduced in the forward.
     pub forward_allreduces: Vec<ValueId>,
     /// Distinct full values read by column-parallel matmuls: their gradients are
@@ -142,7 +142,7 @@ impl TensorSplit {
     pub fn of(g: &Graph) -> Result<TensorSplit, TensorError> {
         let topo = g.topo_order().map_err(|n| TensorError::Cycle(g.node(n).name.clone()))?;
         let bound = g.node_ids().map(|x| x.index() + 1).max().unwrap_or(0);
-        let mut placement = vec![Placement::Full; bound];
+        let mut sharding = vec![Sharding::Full; bound];
         let mut sharded = vec![false; g.value_count()];
         let (mut forward, mut backward, mut gathers) = (Vec::new(), Vec::new(), Vec::new());
         for &n in &topo {
@@ -152,7 +152,7 @@ impl TensorSplit {
                 Some(_) => {
                     let x = node.inputs.first().copied().flatten();
                     if x.is_some_and(|x| sharded[x.index()]) {
-                        Placement::Row
+                        Sharding::Row
                     } else {
                         // Weights and graph inputs need no input gradient, so no `f`.
                         if let Some(x) = x.filter(|x| matches!(g.value(*x).def, ValueDef::Node { .. })) {
@@ -160,24 +160,24 @@ impl TensorSplit {
                                 backward.push(x);
                             }
                         }
-                        Placement::Column
+                        Sharding::Column
                     }
                 }
-                None if any_sharded && follows_input(&node.op) => Placement::Sharded,
+                None if any_sharded && follows_input(&node.op) => Sharding::Sharded,
                 None => {
                     for v in node.inputs.iter().flatten() {
                         if sharded[v.index()] && !gathers.contains(v) {
                             gathers.push(*v);
                         }
                     }
-                    Placement::Full
+                    Sharding::Full
                 }
             };
-            placement[n.index()] = p;
-            let out_sharded = matches!(p, Placement::Column | Placement::Sharded);
+            sharding[n.index()] = p;
+            let out_sharded = matches!(p, Sharding::Column | Sharding::Sharded);
             for v in node.outputs.iter().flatten() {
                 sharded[v.index()] = out_sharded;
-                if p == Placement::Row {
+                if p == Sharding::Row {
                     forward.push(*v);
                 }
             }
@@ -187,19 +187,19 @@ impl TensorSplit {
                 gathers.push(*v);
             }
         }
-        Ok(TensorSplit { placement, forward_allreduces: forward, backward_allreduces: backward, gathers })
+        Ok(TensorSplit { sharding, forward_allreduces: forward, backward_allreduces: backward, gathers })
     }
 
-    /// The placement of node `n`.
-    pub fn placement(&self, n: NodeId) -> Placement {
-        self.placement.get(n.index()).copied().unwrap_or(Placement::Full)
+    /// The sharding of node `n`.
+    pub fn sharding(&self, n: NodeId) -> Sharding {
+        self.sharding.get(n.index()).copied().unwrap_or(Sharding::Full)
     }
 
     /// The share of node `n`'s time, parameters and activations one of `t` GPUs has.
     pub fn share(&self, n: NodeId, t: usize) -> f64 {
-        match self.placement(n) {
-            Placement::Full => 1.0,
-            Placement::Column | Placement::Row | Placement::Sharded => 1.0 / t.max(1) as f64,
+        match self.sharding(n) {
+            Sharding::Full => 1.0,
+            Sharding::Column | Sharding::Row | Sharding::Sharded => 1.0 / t.max(1) as f64,
         }
     }
 }
@@ -264,7 +264,7 @@ pub fn plan_tensor_parallel(g: &Graph, cost: &CostModel, cluster: &SimCluster, o
     }
     let split = TensorSplit::of(g)?;
     let topo = g.topo_order().map_err(|n| TensorError::Cycle(g.node(n).name.clone()))?;
-    if !topo.iter().any(|&n| split.placement(n) == Placement::Column) {
+    if !topo.iter().any(|&n| split.sharding(n) == Sharding::Column) {
         return Err(TensorError::NothingToSplit);
     }
     let limit = c.memory_per_worker as f64;
@@ -340,6 +340,8 @@ pub fn plan_tensor_parallel(g: &Graph, cost: &CostModel, cluster: &SimCluster, o
                         m,
                         recompute: Recompute::None,
                         schedule: Schedule::Flush,
+                        // One stage: the placement numbers nothing differently.
+                        placement: Placement::StageMajor,
                         samples_per_s,
                         replayed_samples_per_s: None,
                         peak_memory_per_stage: vec![memory.max(0.0).round() as u64],
@@ -391,22 +393,22 @@ use pipewright_core::Storage;
         let shape = GptShape { layers: 3, ..GptShape::TINY };
         let g = gpt_graph(&shape);
         let split = TensorSplit::of(&g).unwrap();
-        let at = |name: &str| split.placement(by_name(&g, name));
+        let at = |name: &str| split.sharding(by_name(&g, name));
         for l in 0..shape.layers {
             let p = format!("h.{l}");
-            assert_eq!(at(&format!("{p}.attn.c_attn.matmul")), Placement::Column);
-            assert_eq!(at(&format!("{p}.mlp.c_fc.matmul")), Placement::Column);
-            assert_eq!(at(&format!("{p}.attn.c_proj.matmul")), Placement::Row);
-            assert_eq!(at(&format!("{p}.mlp.c_proj.matmul")), Placement::Row);
+            assert_eq!(at(&format!("{p}.attn.c_attn.matmul")), Sharding::Column);
+            assert_eq!(at(&format!("{p}.mlp.c_fc.matmul")), Sharding::Column);
+            assert_eq!(at(&format!("{p}.attn.c_proj.matmul")), Sharding::Row);
+            assert_eq!(at(&format!("{p}.mlp.c_proj.matmul")), Sharding::Row);
             for sharded in ["attn.c_attn.add", "attn.split", "attn.q.transpose", "attn.scores", "attn.softmax", "attn.context", "attn.merge.reshape", "mlp.c_fc.add", "mlp.gelu"] {
-                assert_eq!(at(&format!("{p}.{sharded}")), Placement::Sharded, "{p}.{sharded}");
+                assert_eq!(at(&format!("{p}.{sharded}")), Sharding::Sharded, "{p}.{sharded}");
             }
             for full in ["ln_1", "ln_2", "attn.c_proj.add", "residual_1", "mlp.c_proj.add", "residual_2"] {
-                assert_eq!(at(&format!("{p}.{full}")), Placement::Full, "{p}.{full}");
+                assert_eq!(at(&format!("{p}.{full}")), Sharding::Full, "{p}.{full}");
             }
         }
         for full in ["wte", "embed", "ln_f", "logits"] {
-            assert_eq!(at(full), Placement::Full, "{full}");
+            assert_eq!(at(full), Sharding::Full, "{full}");
         }
         assert_eq!(split.forward_allreduces.len(), 2 * shape.layers);
         assert_eq!(split.backward_allreduces.len(), 2 * shape.layers);
@@ -436,8 +438,8 @@ use pipewright_core::Storage;
         )
         .unwrap();
         let split = TensorSplit::of(&g).unwrap();
-        let at = |name: &str| split.placement(by_name(&g, name));
-        assert_eq!([at("fc1"), at("relu"), at("ln"), at("relu2")], [Placement::Column, Placement::Sharded, Placement::Full, Placement::Full]);
+        let at = |name: &str| split.sharding(by_name(&g, name));
+        assert_eq!([at("fc1"), at("relu"), at("ln"), at("relu2")], [Sharding::Column, Sharding::Sharded, Sharding::Full, Sharding::Full]);
         // relu's output: read whole by the LayerNorm and returned; gathered once.
         let names: Vec<&str> = split.gathers.iter().map(|&v| g.value(v).name.as_str()).collect();
         assert_eq!(names.len(), 1, "{names:?}");

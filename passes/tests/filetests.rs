@@ -89,7 +89,7 @@ fn run(path: &Path, input: &str) -> String {
         }
         "plan" => {
             let depth = num("stages").expect("plan stages=D") as u32;
-            let request = PlanRequest::Stages { depth, schedule: Schedule::TwoBw, recompute: Recompute::None, microbatch: num("b"), microbatches: None };
+            let request = PlanRequest::Stages { depth, schedule: Schedule::TwoBw, recompute: Recompute::None, microbatch: num("b"), microbatches: None, placement: pipewright_core::Placement::StageMajor };
             plan_stages(Imported { graph: g }, &request).unwrap().text()
         }
         other => panic!("{}: unknown pass {other:?}", path.display()),

@@ -15,7 +15,7 @@ use pipewright_passes::pipeline::{import, partition, plan_stages, recompute, ver
 const FRONT: [PassName; 5] = [PassName::Import, PassName::Plan, PassName::Partition, PassName::Recompute, PassName::WeightVersioning];
 
 fn stages(depth: u32, recompute: Recompute, microbatches: Option<u64>) -> PlanRequest {
-    PlanRequest::Stages { depth, schedule: Schedule::TwoBw, recompute, microbatch: Some(8), microbatches }
+    PlanRequest::Stages { depth, schedule: Schedule::TwoBw, recompute, microbatch: Some(8), microbatches, placement: pipewright_core::Placement::StageMajor }
 }
 
 /// Runs the passes of this crate (everything but `lower`) on a shared model.

@@ -13,7 +13,7 @@ use pipewright_passes::cluster::Cluster;
 use pipewright_passes::cost::{Achievable, CostModel, GemmShape, Lin, Roofline};
 use pipewright_passes::machine::Crowding;
 use pipewright_passes::partition::{choose_order, live_bytes};
-use pipewright_core::{Balance, Precision, Schedule, Scheme};
+use pipewright_core::{Balance, Placement, Precision, Schedule, Scheme};
 use pipewright_passes::planner::{plan, plan_on, Candidate, PlanContext, PlanError, PlanOptions, REPLAYED};
 use pipewright_passes::cluster::Latencies;
 use pipewright_passes::profile::{BoundaryCost, Profile};
@@ -988,7 +988,7 @@ fn the_planner_and_the_replay_time_the_same_allreduce() {
     let mut widths = Vec::new();
     for cand in &p.candidates {
         let stages = ctx.stage_costs(cand, &opts);
-        let allreduce = cl.allreduce(cand.w, 1, Latencies::NONE);
+        let allreduce = cl.allreduce(cand.layout(), Latencies::NONE);
         let setup = SimSetup { scheme: Scheme::Flush, w: cand.w, b: cand.b, m: cand.m, batches: 4, stages: stages.clone(), links: vec![], allreduce, record: false, host: None, tied_groups: Vec::new(), spread: None };
         let sim = simulate(&setup).unwrap();
         let closed_batch = (cand.b * cand.m * cand.w as u64) as f64 / cand.samples_per_s;
@@ -1032,4 +1032,34 @@ fn the_plan_file_keeps_the_replayed_figure() {
     assert_eq!(back.plan.chosen.replayed_samples_per_s, None);
     assert_eq!(back.plan.chosen.predicted_samples_per_s(), back.plan.chosen.samples_per_s);
     assert!((back.plan.chosen.samples_per_s - p.chosen.samples_per_s).abs() <= 1e-12 * p.chosen.samples_per_s);
+}
+
+/// Two servers of four, a slow network between them, 2 replicas of a 4-stage pipeline:
+/// the planner weighs both numberings of the workers and keeps each one's rows. Wide
+/// microbatches of a narrow chain send far more across the cuts than the replicas sum, so
+/// replica-major (each pipeline in one server, its cuts on NVLink) wins; a wide chain at
+/// one sample per microbatch sums far more than it sends, so stage-major (each stage's
+/// replicas in one server) wins. Forcing the other placement replays slower.
+#[test]
+fn the_planner_places_pipelines_or_replicas_in_a_server_by_what_crosses_more() {
+    let cl = Cluster { workers: 8, workers_per_node: 4, intra_bw: 1e11, inter_bw: 1e8, server_bw: Some(1e8), peak_flops: 1e10, mem_bw: 1e11, memory_per_worker: u64::MAX, ..Cluster::default() };
+    for (width, b, batch, want) in [(64, 1024, 16384, Placement::ReplicaMajor), (1024, 1, 16, Placement::StageMajor)] {
+        let g = matmul_chain(width);
+        let c = CostModel::new(&g, cl.roofline()).unwrap();
+        let opts = PlanOptions { global_batch: batch, stages: Some(4), microbatch: Some(b), schedules: vec![Schedule::TwoBw], recompute: Some(pipewright_core::Recompute::None), top: 4, ..PlanOptions::default() };
+        let p = plan_on(&g, &c, &cl, Latencies::ASSUMED, None, &opts).unwrap();
+        let rows: Vec<(usize, Placement, f64)> = p.candidates.iter().map(|x| (x.w, x.placement, x.predicted_samples_per_s())).collect();
+        assert_eq!((p.chosen.w, p.chosen.placement), (2, want), "width {width}: {rows:?}");
+        let forced = plan_on(&g, &c, &cl, Latencies::ASSUMED, None, &PlanOptions { placement: Some(other(want)), ..opts.clone() }).unwrap();
+        let best_other = forced.candidates.iter().filter(|x| x.w == 2).map(Candidate::predicted_samples_per_s).fold(0.0, f64::max);
+        assert!(best_other < p.chosen.predicted_samples_per_s(), "width {width}: {} forced {:?} against {}", best_other, other(want), p.chosen.predicted_samples_per_s());
+        assert!(p.text().contains(want.name()), "{}", p.text());
+    }
+}
+
+fn other(p: Placement) -> Placement {
+    match p {
+        Placement::StageMajor => Placement::ReplicaMajor,
+        Placement::ReplicaMajor => Placement::StageMajor,
+    }
 }

@@ -41,7 +41,7 @@ fn planner_table() {
             if d > n {
                 continue;
             }
-            let prob = ctx.problem(b, pipewright_core::Recompute::None, cluster.pipeline_bw(1, d)).clone();
+            let prob = ctx.problem(b, pipewright_core::Recompute::None, cluster.pipeline_bw(pipewright_core::Layout::new(d, 1))).clone();
             let total: f64 = prob.time.iter().sum();
             let lb = total / d as f64;
             let free = PipelineMemory::unlimited();

@@ -464,6 +464,7 @@ mod tests {
                 microbatch: Some(32),
                 microbatches: Some(4),
                 replicas: None,
+                placement: pipewright_core::Placement::StageMajor,
                 origin: "plan p.json".into(),
             },
             choices: ImportChoices::default(),

@@ -618,15 +618,15 @@ fn fp16_resume_continues_from_the_saved_loss_scale() {
 fn placed_stages_train_like_one_device() {
     let mut c = cfg(Schedule::TwoBw, OptimizerConfig::adam(), 0.05, STEPS);
     c.replicas = 2;
-    assert_eq!(c.worker_device(2, 1), tch::Device::Cpu);
+    assert_eq!(c.worker_device(3, 2, 1), tch::Device::Cpu);
     c.devices = vec![tch::Device::Cpu, tch::Device::Cuda(1), tch::Device::Cuda(2)];
     // Rank i = k * 2 + r: stage i / 2, replica i % 2.
-    assert_eq!((0..6).map(|i| c.worker_device(i / 2, i % 2)).collect::<Vec<_>>(), [c.devices.clone(), c.devices.clone()].concat());
+    assert_eq!((0..6).map(|i| c.worker_device(3, i / 2, i % 2)).collect::<Vec<_>>(), [c.devices.clone(), c.devices.clone()].concat());
     c.devices = vec![tch::Device::Cuda(0), tch::Device::Cuda(1)];
     // Two devices for three stages x two replicas: round-robin over the six ranks, so
     // each replica keeps one device.
-    assert_eq!(c.worker_device(2, 0), tch::Device::Cuda(0));
-    assert_eq!(c.worker_device(1, 1), tch::Device::Cuda(1));
+    assert_eq!(c.worker_device(3, 2, 0), tch::Device::Cuda(0));
+    assert_eq!(c.worker_device(3, 1, 1), tch::Device::Cuda(1));
     let data = dataset(STEPS, 2 * M, None);
     let mut one = cfg(Schedule::TwoBw, OptimizerConfig::adam(), 0.05, STEPS);
     one.replicas = 2;

@@ -2,13 +2,16 @@
 //! and linked by MPI (rsmpi on the system's Open MPI): the same [`Transport`] the embedded
 //! executor uses, so a stage process runs the very schedule the embedded executor runs.
 //!
-//! Ranks are stage-major, `stage * replicas + replica`: the replicas of a stage on
-//! consecutive ranks, stage k's block followed by stage k+1's. Launchers fill a node's
-//! slots with consecutive ranks, so when the replica count divides the ranks per node the
-//! replicas of a stage share a server and the per-step gradient all-reduce, the largest
-//! transfer, stays on the server's fast links (`shared/design/2bw.md`); only the
-//! activations and gradients of a boundary cross servers. A stage's neighbours are
-//! therefore `replicas` ranks away, never `rank +- 1`: every use goes through [`Layout`].
+//! Ranks follow the build's placement ([`Layout`]). Stage-major (the default), `stage *
+//! replicas + replica`: the replicas of a stage on consecutive ranks, stage k's block
+//! followed by stage k+1's. Launchers fill a node's slots with consecutive ranks, so when
+//! the replica count divides the ranks per node the replicas of a stage share a server and
+//! the per-step gradient all-reduce stays on the server's fast links
+//! (`shared/design/2bw.md`); only the activations and gradients of a boundary cross
+//! servers. Replica-major, `replica * depth + stage`: each pipeline on consecutive ranks,
+//! so its boundaries stay in a server and the gradient sums cross (the planner chooses it
+//! where that is faster). A stage's neighbours are therefore not `rank +- 1` in general:
+//! every use goes through [`Layout`].
 //!
 //! - Activations and gradients go point to point, tagged by direction, sent non-blocking
 //!   (a send never waits for its receiver, so the schedule cannot deadlock) and received
@@ -95,36 +98,7 @@ pub const DEFAULT_HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(10);
 /// How often a rank tells its neighbours it is alive.
 pub const HEARTBEAT_PERIOD: Duration = Duration::from_secs(1);
 
-/// The job's shape and its rank numbering: rank `stage * replicas + replica`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Layout {
-    pub depth: usize,
-    pub replicas: usize,
-}
-
-impl Layout {
-    pub fn size(&self) -> usize {
-        self.depth * self.replicas
-    }
-    pub fn rank(&self, replica: usize, stage: usize) -> usize {
-        stage * self.replicas + replica
-    }
-    /// `(replica, stage)` of a rank.
-    pub fn place(&self, rank: usize) -> (usize, usize) {
-        (rank % self.replicas.max(1), rank / self.replicas.max(1))
-    }
-    /// Every rank in the embedded executor's summing order (replica-major: for each
-    /// replica, its stages in order), so that sums over every rank add in the order
-    /// `pipewright train` adds them and stay bit-identical to it.
-    pub fn summing_order(&self) -> Vec<usize> {
-        (0..self.replicas).flat_map(|r| (0..self.depth).map(move |k| self.rank(r, k))).collect()
-    }
-    /// `rank 3 (stage 1, replica 1)`, for messages.
-    pub fn who(&self, rank: usize) -> String {
-        let (r, k) = self.place(rank);
-        format!("rank {rank} (stage {k}, replica {r})")
-    }
-}
+pub use pipewright_core::Layout;
 
 /// What the job's threads share: who this rank is, what it waits for (for the messages of
 /// the heartbeat and the signal watcher) and whether to stop.
@@ -1364,7 +1338,7 @@ mod tests {
     /// `rank`, and the everyone-sum keeps the embedded executor's replica-major order.
     #[test]
     fn ranks_are_stage_major_and_sums_keep_the_embedded_order() {
-        let l = Layout { depth: 3, replicas: 2 };
+        let l = Layout::new(3, 2);
         let ranks: Vec<usize> = (0..3).flat_map(|k| (0..2).map(move |r| l.rank(r, k))).collect();
         assert_eq!(ranks, vec![0, 1, 2, 3, 4, 5]);
         assert_eq!((l.rank(1, 0), l.rank(0, 1)), (1, 2));
@@ -1376,14 +1350,18 @@ mod tests {
         assert_eq!(l.who(1), "rank 1 (stage 0, replica 1)");
         assert_eq!(l.summing_order(), vec![0, 2, 4, 1, 3, 5]);
         // One replica: ranks are stages.
-        let one = Layout { depth: 4, replicas: 1 };
+        let one = Layout::new(4, 1);
         assert_eq!((0..4).map(|k| one.rank(0, k)).collect::<Vec<_>>(), vec![0, 1, 2, 3]);
         assert_eq!(one.summing_order(), vec![0, 1, 2, 3]);
+        // Replica-major: a pipeline's stages on consecutive ranks, the same summing pairs.
+        let r = l.placed(pipewright_core::Placement::ReplicaMajor);
+        assert_eq!((r.rank(1, 0), r.rank(0, 1)), (3, 1));
+        assert_eq!(r.summing_order(), vec![0, 1, 2, 3, 4, 5]);
     }
 
     #[test]
     fn the_first_difference_names_the_rank_and_the_setting() {
-        let layout = Layout { depth: 2, replicas: 2 };
+        let layout = Layout::new(2, 2);
         let a: BTreeMap<String, String> = [("--steps", "10"), ("--seed", "0")].into_iter().map(|(k, v)| (k.into(), v.into())).collect();
         let mut b = a.clone();
         assert_eq!(first_difference(&[a.clone(), b.clone(), a.clone()], &layout), None);

@@ -87,11 +87,11 @@ impl Evaluator {
     }
 
     fn of(specs: &[StageSpec], cfg: &TrainConfig, set: EvalSet, link: Option<Box<dyn EvalLink>>) -> Result<Evaluator, PipelineError> {
-        let devices: Vec<tch::Device> = specs.iter().map(|s| cfg.worker_device(s.index, 0)).collect();
+        let devices: Vec<tch::Device> = specs.iter().map(|s| cfg.worker_device(specs.len(), s.index, 0)).collect();
         let workers = specs
             .iter()
             .map(|s| {
-                let placed = TrainConfig { mode: Mode::Eval, device: cfg.worker_device(s.index, 0), ..cfg.clone() };
+                let placed = TrainConfig { mode: Mode::Eval, device: cfg.worker_device(specs.len(), s.index, 0), ..cfg.clone() };
                 Worker::load(s.clone(), &placed).map(|(w, _)| w).map_err(|e| failed(s.index, e))
             })
             .collect::<Result<Vec<_>, _>>()?;

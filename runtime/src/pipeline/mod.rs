@@ -20,7 +20,7 @@ use std::path::PathBuf;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use pipewright_core::{Loss, NonFinite, Schedule};
+use pipewright_core::{Loss, NonFinite, Placement, Schedule};
 use tch::Tensor;
 
 pub use crate::exec::Mode;
@@ -121,13 +121,17 @@ pub struct TrainConfig {
     /// fp16's initial loss scale and growth interval (ignored otherwise).
     pub loss_scale: LossScaler,
     /// Stage placement: worker (replica `r`, stage `k`) runs on the device of its rank in
-    /// an MPI job, `devices[(k * w + r) % len]` (ranks are stage-major, [`Layout`]), so the
-    /// embedded executor and the MPI workers place alike, and `len` GPUs per node give the
-    /// ranks a node holds one GPU each (launchers fill a node with consecutive ranks):
-    /// `d * w` devices give one per worker, `w` devices give replica r device r (the
-    /// replicas of a stage on different devices, each replica's stages on one). Empty:
+    /// an MPI job, `devices[rank % len]` (the rank by [`TrainConfig::placement`],
+    /// [`Layout::rank`]), so the embedded executor and the MPI workers place alike, and
+    /// `len` GPUs per node give the ranks a node holds one GPU each (launchers fill a node
+    /// with consecutive ranks): `d * w` devices give one per worker; stage-major, `w`
+    /// devices give replica r device r (the replicas of a stage on different devices, each
+    /// replica's stages on one); replica-major, `d` devices give stage k device k. Empty:
     /// every worker on `device`.
     pub devices: Vec<tch::Device>,
+    /// How workers are numbered (the build's decision): which rank, and so which of
+    /// `devices`, runs stage `k` of replica `r`.
+    pub placement: Placement,
     /// A step whose loss or gradients are not finite: stop (the divergence error) or skip
     /// its update in every stage.
     pub on_nonfinite: NonFinite,
@@ -191,6 +195,7 @@ impl TrainConfig {
             precision: Precision::Fp32,
             loss_scale: LossScaler::new(),
             devices: Vec::new(),
+            placement: Placement::StageMajor,
             on_nonfinite: NonFinite::Stop,
             max_skips: DEFAULT_MAX_SKIPS,
             stop: None,
@@ -204,12 +209,12 @@ impl TrainConfig {
     }
 
     /// The device of stage `stage` of replica `replica` (of [`TrainConfig::replicas`]).
-    pub fn worker_device(&self, stage: usize, replica: usize) -> tch::Device {
+    pub fn worker_device(&self, depth: usize, stage: usize, replica: usize) -> tch::Device {
         if self.devices.is_empty() {
             return self.device;
         }
-        // The worker's rank, stage-major as in `Layout::rank`; the depth does not enter it.
-        self.devices[(stage * self.replicas.max(1) + replica) % self.devices.len()]
+        let rank = Layout::new(depth, self.replicas.max(1)).placed(self.placement).rank(replica, stage);
+        self.devices[rank % self.devices.len()]
     }
 }
 
@@ -621,7 +626,7 @@ fn run_training_with(
             // Each worker computes on its own device; boundary tensors are moved to it as
             // they arrive.
             let mut placed = cfg.clone();
-            placed.device = cfg.worker_device(k, r);
+            placed.device = cfg.worker_device(d, k, r);
             let args = stage::WorkerArgs {
                 spec: specs[k].clone(),
                 replica: r,
@@ -773,7 +778,7 @@ pub fn run_worker(
     let feeder = std::thread::spawn(move || feed(std::iter::once(Ok(first)).chain(data), start, steps, m, txs, input_names, err_tx));
     let (ev_tx, ev_rx) = mpsc::channel::<Event>();
     let mut placed = cfg.clone();
-    placed.device = cfg.worker_device(k, replica);
+    placed.device = cfg.worker_device(d, k, replica);
     let WorkerHooks { on_step, on_checkpoint, eval } = hooks;
     let evaluator = match eval {
         Some((set, link)) if replica == 0 && cfg.eval != EvalPoints::Never => Some(eval::Evaluator::for_stage(&spec, cfg, set, link)?),
@@ -1083,6 +1088,7 @@ mod tests {
             precision: _,      // below
             loss_scale: _,     // below
             devices: _,        // where, not what
+            placement: _,      // which rank runs what; sums keep the replicas' order either way
             on_nonfinite: _,   // below
             max_skips: _,      // below
             stop: _,           // when the run ends, agreed by every worker
@@ -1143,26 +1149,36 @@ mod tests {
         }
     }
 
-    /// `--devices` follows the stage-major rank: the device of worker (r, k) is the one
-    /// its MPI rank gets, so per-node GPU lists give each rank of a node its own GPU.
+    /// `--devices` follows the rank: the device of worker (r, k) is the one its MPI rank
+    /// gets under the build's placement, so per-node GPU lists give each rank of a node its
+    /// own GPU.
     #[test]
-    fn worker_devices_follow_the_stage_major_rank() {
+    fn worker_devices_follow_the_rank() {
         let mut cfg = TrainConfig::new(Schedule::TwoBw, Objective::new(Loss::Mse, "y"), 0.1, 1);
         cfg.replicas = 2;
-        let layout = Layout { depth: 3, replicas: 2 };
         cfg.devices = (0..6).map(tch::Device::Cuda).collect();
-        for k in 0..3 {
-            for r in 0..2 {
-                assert_eq!(cfg.worker_device(k, r), tch::Device::Cuda(layout.rank(r, k)), "replica {r} stage {k}");
+        for placement in [Placement::StageMajor, Placement::ReplicaMajor] {
+            cfg.placement = placement;
+            let layout = Layout::new(3, 2).placed(placement);
+            for k in 0..3 {
+                for r in 0..2 {
+                    assert_eq!(cfg.worker_device(3, k, r), tch::Device::Cuda(layout.rank(r, k)), "{placement} replica {r} stage {k}");
+                }
             }
         }
-        // Stage 1 of replica 0 is rank 2, not rank 1 (replica-major numbering).
-        assert_eq!(cfg.worker_device(1, 0), tch::Device::Cuda(2));
+        // Stage 1 of replica 0 is rank 1 replica-major, rank 2 stage-major.
+        assert_eq!(cfg.worker_device(3, 1, 0), tch::Device::Cuda(1));
+        cfg.placement = Placement::StageMajor;
+        assert_eq!(cfg.worker_device(3, 1, 0), tch::Device::Cuda(2));
         // Two devices for two replicas: each replica's stages on one device.
         cfg.devices = vec![tch::Device::Cuda(0), tch::Device::Cuda(1)];
-        assert_eq!((0..3).map(|k| cfg.worker_device(k, 1)).collect::<Vec<_>>(), vec![tch::Device::Cuda(1); 3]);
+        assert_eq!((0..3).map(|k| cfg.worker_device(3, k, 1)).collect::<Vec<_>>(), vec![tch::Device::Cuda(1); 3]);
+        // Replica-major, three devices for three stages: stage k on device k.
+        cfg.placement = Placement::ReplicaMajor;
+        cfg.devices = (0..3).map(tch::Device::Cuda).collect();
+        assert_eq!((0..3).map(|k| cfg.worker_device(3, k, 1)).collect::<Vec<_>>(), (0..3).map(tch::Device::Cuda).collect::<Vec<_>>());
         cfg.devices.clear();
-        assert_eq!(cfg.worker_device(2, 1), tch::Device::Cpu);
+        assert_eq!(cfg.worker_device(3, 2, 1), tch::Device::Cpu);
     }
 
     /// The steps evaluated after: none, the last only, or every n-th and the last.
