@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use pipewright_core::fs::write_atomic;
-use pipewright_core::{Optimizer, Precision, Reduction, Schedule, Scheme, WordList};
+use pipewright_core::{Optimizer, Placement, Precision, Reduction, Schedule, Scheme, WordList};
 use pipewright_ir::{import_model, Graph, ImportOptions};
 use pipewright_passes::cost::CostModel;
 use pipewright_passes::machine::{duration_factors, AllReduce, DurationSpread, HostCores};
@@ -52,6 +52,8 @@ pub struct SimulateRequest {
     pub host_cores: Option<usize>,
     /// How the replicas' gradient sums are taken (`--reduction`; overrides the cluster's).
     pub reduction: Option<Reduction>,
+    /// Fix how the workers are numbered (`--placement`); `None`: the planner weighs both.
+    pub placement: Option<Placement>,
 }
 
 /// What `pipewright simulate` is asked (its options).
@@ -114,6 +116,11 @@ pub struct SimulateSpec {
     /// file's `reduction`; default collective.
     #[arg(long, value_enum)]
     pub reduction: Option<Reduction>,
+    /// Fix how the workers of the pipeline schemes are numbered (stage-major: a stage's
+    /// replicas on consecutive workers; replica-major: a pipeline's stages); by default the
+    /// planner weighs both for each scheme.
+    #[arg(long, value_enum)]
+    pub placement: Option<Placement>,
     /// Write the replay as a Chrome trace (the format of `train --trace`); with several
     /// schemes, one file per scheme (`t.2bw.json`, ...).
     #[arg(long, value_name = "FILE")]
@@ -149,6 +156,7 @@ impl SimulateSpec {
             stage_times: self.stage_times.clone(),
             host_cores: self.host_cores,
             reduction: self.reduction,
+            placement: self.placement,
         })
     }
 
@@ -255,7 +263,7 @@ pub fn simulate(req: &SimulateRequest) -> Result<SimulateReport, DriverError> {
     let global_batch = req.global_batch.ok_or_else(|| DriverError::msg("simulating a model needs the global batch (--batch B)"))?;
     let g = shapes(&req.input)?;
     let cost = cost_model(&g, &cluster, req.profile.as_ref(), &req.input)?;
-    let base = PlanOptions { global_batch, optimizer: req.optimizer, momentum: req.momentum, precision: req.precision, top: 1, ..PlanOptions::default() };
+    let base = PlanOptions { global_batch, optimizer: req.optimizer, momentum: req.momentum, precision: req.precision, placement: req.placement, top: 1, ..PlanOptions::default() };
     let search = |schedule: Schedule, stages: Option<usize>| -> Result<Result<Candidate, String>, DriverError> {
         let opts = PlanOptions { schedules: vec![schedule], stages, ..base.clone() };
         // The planner replays its candidates with this cluster's latencies and host cores,
