@@ -1118,8 +1118,12 @@ pub fn plan_on(
             continue;
         }
         if optimal && i >= solved_upto {
-            solved_upto = (i + chunk).min(configs.len());
-            caches.solve_ahead(&mut ctx, &configs[i..solved_upto], opts);
+            // The next `chunk` configurations that the placements' lists do not already
+            // exclude (their bars only rise).
+            let ahead: Vec<usize> = (i..configs.len()).filter(|&k| !bar(&found, configs[k].placement).is_some_and(|b| configs[k].optimistic < b)).take(chunk).collect();
+            solved_upto = ahead.last().map_or(configs.len(), |&k| k + 1);
+            let ahead: Vec<Config> = ahead.into_iter().map(|k| configs[k]).collect();
+            caches.solve_ahead(&mut ctx, &ahead, opts);
         }
         let candidate = if let Some(c) = &fixed_cuts {
             assess(&mut ctx, cfg, c, opts)
