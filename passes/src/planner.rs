@@ -621,12 +621,12 @@ impl<'a> PlanContext<'a> {
         let accumulate_per_byte = cost.accumulate_time().map_or(0.0, |t| if all_params > 0.0 { accumulating * t / all_params } else { 0.0 });
         let mut out = Vec::with_capacity(d);
         for (s, r) in ranges.iter().enumerate() {
-            let (mut fwd, mut bwd, mut re, mut wgrad) = (0.0, 0.0, 0.0, 0.0);
+            let (mut fwd, mut bwd, mut re) = (0.0, 0.0, 0.0);
+            let wgrad = self.weight_grad_time(r, b);
             for &x in &order.nodes[r.clone()] {
                 let (f, bw) = cost.time(x, b);
                 fwd += f;
                 bwd += bw;
-                wgrad += cost.weight_grad_time(x, b);
                 re += match cand.recompute {
                     Recompute::None => 0.0,
                     Recompute::Full => (f + bw) / 3.0,
@@ -669,6 +669,12 @@ impl<'a> PlanContext<'a> {
 
     /// Extra weight bytes per stage from tied weights read outside their owner's stage,
     /// and the tied-gradient all-reduce seconds per stage.
+    /// Seconds of the weight gradients a split backward defers, for the nodes at
+    /// positions `range` of the order at microbatch `b` ([`CostModel::weight_grad_time`]).
+    fn weight_grad_time(&self, range: &std::ops::Range<usize>, b: u64) -> f64 {
+        self.order.nodes[range.clone()].iter().map(|&x| self.cost.weight_grad_time(x, b)).sum()
+    }
+
     fn shared_extra(&self, cuts: &[usize], pipeline_bw: f64) -> (Vec<f64>, Vec<u64>, Vec<f64>) {
         let d = cuts.len() + 1;
         let stage = |p: usize| cuts.partition_point(|&c| c <= p);
@@ -761,7 +767,7 @@ fn assess(
     let allreduce = cluster.allreduce(cfg.layout(), Latencies::NONE);
     let mut peak = Vec::with_capacity(cfg.d);
     let mut worst = (0.0f64, 0usize);
-    let (mut max_time, mut max_ar) = (0.0f64, 0.0f64);
+    let (mut max_time, mut max_ar, mut slowest) = (0.0f64, 0.0f64, 0usize);
     for s in 0..cfg.d {
         let memory = mems[s];
         if memory.is_nan() || memory > limit * (1.0 + 1e-12) {
@@ -770,7 +776,9 @@ fn assess(
         peak.push(memory.max(0.0).round() as u64);
         let grad: f64 = prob.param_bytes[ranges[s].clone()].iter().sum::<f64>() + extra_bytes[s];
         let ar = allreduce.seconds(grad, cfg.w) + sync[s];
-        max_time = max_time.max(times[s]);
+        if times[s] > max_time {
+            (max_time, slowest) = (times[s], s);
+        }
         max_ar = max_ar.max(ar);
         let eff = times[s].max(ar / cfg.m as f64);
         if eff > worst.0 || s == 0 {
@@ -780,11 +788,14 @@ fn assess(
     // 2BW all-reduces a batch's gradients while the next batch computes (its one-step
     // delay), so a stage's rate is the slower of the two. Flush and GPipe update after the
     // flush, with this batch's gradients: the all-reduce follows the pipeline's drain.
-    // ZB-H1 is charged as Flush here, an upper bound (its deferred weight gradients only
-    // fill the drain); the replay times the split.
+    // ZB-H1 is Flush less the weight gradients its drain runs without: with equal stages
+    // a batch takes `(m + d - 1) T - (d - 1) W` (`simulate` tests), here with the slowest
+    // stage's `T` and `W`; the replay times the split stage by stage.
+    let flush = (cfg.m + cfg.d as u64 - 1) as f64 * max_time + max_ar;
     let per_batch = match cfg.schedule {
         Schedule::TwoBw => cfg.m as f64 * worst.0,
-        Schedule::Flush | Schedule::GPipe | Schedule::ZbH1 => (cfg.m + cfg.d as u64 - 1) as f64 * max_time + max_ar,
+        Schedule::Flush | Schedule::GPipe => flush,
+        Schedule::ZbH1 => flush - (cfg.d as f64 - 1.0) * ctx.weight_grad_time(&ranges[slowest], cfg.b),
     };
     let samples = (cfg.b * cfg.m * cfg.w as u64) as f64;
     let samples_per_s = if per_batch > 0.0 {
@@ -1043,10 +1054,11 @@ pub fn plan_on(
                             let ar_lb = cluster.allreduce(layout, Latencies::NONE).seconds(param_total / d as f64, w);
                             let per_batch = match schedule {
                                 Schedule::TwoBw => (m as f64 * t_lb).max(ar_lb),
-                                // ZB-H1's closed form is Flush's (its replay credits the
-                                // weight gradients in the drain), so Flush's bound bounds
-                                // it; a looser one keeps the search from stopping.
-                                Schedule::Flush | Schedule::GPipe | Schedule::ZbH1 => (m + d as u64 - 1) as f64 * t_lb + ar_lb,
+                                Schedule::Flush | Schedule::GPipe => (m + d as u64 - 1) as f64 * t_lb + ar_lb,
+                                // Its closed form takes at most the slowest stage's `W` off
+                                // each of the drain's `d - 1` slots, and a `W` (half of
+                                // some products' backward) is at most half a stage's time.
+                                Schedule::ZbH1 => (m as f64 + (d as f64 - 1.0) / 2.0) * t_lb + ar_lb,
                             };
                             let optimistic = if per_batch > 0.0 {
                                 (b * m * w as u64) as f64 / per_batch

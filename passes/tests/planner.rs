@@ -1063,3 +1063,22 @@ fn other(p: Placement) -> Placement {
         Placement::ReplicaMajor => Placement::StageMajor,
     }
 }
+
+/// ZB-H1's closed form is PipeDream-Flush's less the weight gradients its drain runs
+/// without: `(d - 1)` times the slowest stage's deferred weight-gradient seconds, the same
+/// seconds the replay gives that stage (`StageCost::weight_grad_s`).
+#[test]
+fn the_closed_form_credits_zero_bubble_with_the_drains_weight_gradients() {
+    let g = matmul_chain(256);
+    let cl = Cluster { workers: 4, workers_per_node: 4, memory_per_worker: u64::MAX, ..Cluster::default() };
+    let c = CostModel::new(&g, cl.roofline()).unwrap();
+    let opts = |s: Schedule| PlanOptions { global_batch: 32, stages: Some(4), microbatch: Some(4), schedules: vec![s], recompute: Some(pipewright_core::Recompute::None), top: 1, ..PlanOptions::default() };
+    let flush = plan_on(&g, &c, &cl, Latencies::NONE, None, &opts(Schedule::Flush)).unwrap().chosen;
+    let zb = plan_on(&g, &c, &cl, Latencies::NONE, None, &opts(Schedule::ZbH1)).unwrap().chosen;
+    assert_eq!((flush.w, flush.d, flush.m, &flush.cuts), (1, 4, 8, &zb.cuts));
+    let samples = (zb.b * zb.m) as f64;
+    let saved = samples / flush.samples_per_s - samples / zb.samples_per_s;
+    let mut ctx = PlanContext::new(&g, &c, &cl).unwrap();
+    let w = ctx.stage_costs(&zb, &opts(Schedule::ZbH1))[flush.bottleneck_stage].weight_grad_s;
+    assert!(w > 0.0 && (saved - 3.0 * w).abs() <= 1e-9 * saved, "saved {saved} s per batch, W {w} s");
+}
