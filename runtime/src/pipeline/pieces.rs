@@ -125,6 +125,67 @@ pub(crate) struct WeightRead {
     /// norm's scale, a bias) get their weight gradient with the input gradient: it comes
     /// out of the same kernel, or is a reduction.
     pub deferred: bool,
+    /// For the products whose weight gradient the weight-gradient pass forms itself
+    /// ([`DirectGrad`]) rather than through autograd: what it needs.
+    pub direct: Option<DirectGrad>,
+}
+
+/// A product whose weights' gradients are formed directly from its kept output gradient
+/// `g`, with the kernel autograd's own formula uses (`mm` of the transposed operand), so
+/// the result is the one a whole backward gives, without walking the graph again.
+pub(crate) enum DirectGrad {
+    /// `MatMul(x, W)`, `W` a 2-D weight, `x` of rank 2 or more (as the product ran it,
+    /// cast under mixed precision): `dW = x'^T g'`, `x'` and `g'` folded to 2-D as
+    /// `matmul` folds them.
+    MatMulRhs { x: Tensor },
+    /// `Gemm(A, B, C)` with `alpha = 1`, `A` not transposed and not a weight, `B` a 2-D
+    /// weight (transposed or not), `C` absent or a weight added with `beta = 1`:
+    /// `dB = A^T g` (its transpose for `trans_b`), `dC = g` summed to `C`'s shape.
+    GemmB { a: Tensor, trans_b: bool, c_shape: Option<Vec<i64>> },
+}
+
+impl DirectGrad {
+    /// The direct form of instruction `op`'s weight gradients, given its weight operands
+    /// (`(input index, alias)`) and the operands as the kernel ran them; `None` where
+    /// autograd forms them.
+    pub(crate) fn of(op: &Op, weights: &[(usize, &Tensor)], args: &[Option<&Tensor>]) -> Option<DirectGrad> {
+        let arg = |j: usize| args.get(j).copied().flatten();
+        // The operand as the kernel ran it, in the weight's operand's type (cast alike).
+        let alike = |j: usize| arg(j).filter(|t| arg(1).is_some_and(|w| w.kind() == t.kind()));
+        match (op, weights) {
+            (Op::MatMul, [(1, w)]) if w.dim() == 2 => alike(0).filter(|x| x.dim() >= 2).map(|x| DirectGrad::MatMulRhs { x: x.detach() }),
+            (Op::Gemm(g), [(1, w), rest @ ..]) if g.alpha == 1.0 && !g.trans_a && w.dim() == 2 => {
+                let c_shape = match rest {
+                    [] => None,
+                    [(2, c)] if g.beta == 1.0 => Some(c.size()),
+                    _ => return None,
+                };
+                let a = alike(0).filter(|a| a.dim() == 2)?;
+                Some(DirectGrad::GemmB { a: a.detach(), trans_b: g.trans_b, c_shape })
+            }
+            _ => None,
+        }
+    }
+
+    /// The gradients of the weight operands, in the order [`DirectGrad::of`] was given
+    /// them, from the product's output gradient `g`, each in its weight's type `kinds`.
+    pub(crate) fn gradients(&self, g: &Tensor, kinds: &[Kind]) -> Result<Vec<Tensor>, tch::TchError> {
+        let grads = match self {
+            DirectGrad::MatMulRhs { x } => {
+                let (k, n) = (x.size().last().copied().unwrap_or(1), g.size().last().copied().unwrap_or(1));
+                vec![x.f_reshape([-1, k])?.f_tr()?.f_mm(&g.f_reshape([-1, n])?)?]
+            }
+            DirectGrad::GemmB { a, trans_b, c_shape } => {
+                let ab = a.f_tr()?.f_mm(g)?;
+                let mut out = vec![if *trans_b { ab.f_tr()? } else { ab }];
+                if let Some(shape) = c_shape {
+                    out.push(g.f_sum_to_size(shape)?);
+                }
+                out
+            }
+        };
+        grads.into_iter().zip(kinds).map(|(t, &k)| if t.kind() == k { Ok(t) } else { t.f_to_kind(k) }).collect()
+    }
 }
 
 /// The parts of a worker the piece engine reads.
@@ -219,8 +280,13 @@ impl Engine<'_> {
                     Some(c) => c.iter().map(Option::as_ref).collect(),
                     None => args,
                 };
-                run_node_with(&ins.op, self.signatures.get(i), &args, &host, self.mode, Some(&used)).map_err(|e| format!("node {:?} ({}): {e}", ins.name, ins.op.name()))?
+                let direct = match (&reads, matches!(ins.op.class(), OpClass::MatMul)) {
+                    (Some(_), true) => DirectGrad::of(&ins.op, &aliases.iter().map(|(j, _, a)| (*j, a)).collect::<Vec<_>>(), &args),
+                    _ => None,
+                };
+                (run_node_with(&ins.op, self.signatures.get(i), &args, &host, self.mode, Some(&used)).map_err(|e| format!("node {:?} ({}): {e}", ins.name, ins.op.name()))?, direct)
             };
+            let (outs, direct) = outs;
             if outs.len() < ins.outputs.len() {
                 return Err(format!("node {:?}: produced {} outputs, expected {}", ins.name, outs.len(), ins.outputs.len()));
             }
@@ -235,7 +301,7 @@ impl Engine<'_> {
             if let Some(list) = reads.as_deref_mut().filter(|_| !aliases.is_empty()) {
                 let outputs = ins.outputs.iter().zip(&outs).filter(|(s, t)| s.is_some() && t.requires_grad()).map(|(_, t)| t.shallow_clone()).collect();
                 let deferred = matches!(ins.op.class(), OpClass::MatMul | OpClass::Conv);
-                list.push(WeightRead { aliases: aliases.into_iter().map(|(_, w, a)| (w, a)).collect(), outputs, deferred });
+                list.push(WeightRead { aliases: aliases.into_iter().map(|(_, w, a)| (w, a)).collect(), outputs, deferred, direct });
             }
             for (slot, t) in ins.outputs.iter().zip(outs) {
                 if let Some(s) = slot {
@@ -425,4 +491,48 @@ fn add(grads: &mut HashMap<SlotId, Tensor>, s: SlotId, g: Tensor) {
         Some(a) => tch::no_grad(|| a + g),
     };
     grads.insert(s, g);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pipewright_ops::op::Gemm;
+
+    /// The direct weight gradients equal autograd's bit for bit: `MatMul` of a rank-3
+    /// input by a 2-D weight, `Gemm` with `B` transposed or not and a bias `C`, in fp32 and
+    /// with the operands cast to bf16 (the gradient back in the weight's fp32); a `Gemm`
+    /// with `alpha != 1` or a weight as `A` is left to autograd.
+    #[test]
+    fn direct_weight_gradients_are_autograds() {
+        tch::manual_seed(0);
+        let leaf = |dims: &[i64]| Tensor::randn(dims, (Kind::Float, tch::Device::Cpu)).set_requires_grad(true);
+        let autograd = |y: &Tensor, g: &Tensor, of: &[&Tensor]| Tensor::f_run_backward(&[(y * g).sum(Kind::Float)], of, false, false).unwrap();
+        for low in [None, Some(Kind::BFloat16)] {
+            let cast = |t: &Tensor| low.map_or_else(|| t.shallow_clone(), |k| t.to_kind(k));
+            // MatMul(x, W), x [2, 3, 4], W [4, 5].
+            let (x, w) = (leaf(&[2, 3, 4]), leaf(&[4, 5]));
+            let (xc, wc) = (cast(&x), cast(&w));
+            let y = xc.matmul(&wc);
+            let g = cast(&Tensor::randn([2, 3, 5], (Kind::Float, tch::Device::Cpu)));
+            let direct = DirectGrad::of(&Op::MatMul, &[(1, &w)], &[Some(&xc), Some(&wc)]).expect("direct");
+            let got = direct.gradients(&g, &[Kind::Float]).unwrap();
+            let want = autograd(&y.to_kind(Kind::Float), &g.to_kind(Kind::Float), &[&w]);
+            assert!(got[0].equal(&want[0]), "matmul ({low:?})");
+            for trans_b in [false, true] {
+                let gemm = Op::Gemm(Gemm { alpha: 1.0, beta: 1.0, trans_a: false, trans_b });
+                let (a, b, c) = (leaf(&[3, 4]), leaf(if trans_b { &[5, 4] } else { &[4, 5] }), leaf(&[5]));
+                let (ac, bc, cc) = (cast(&a), cast(&b), cast(&c));
+                let y = crate::exec::run_node(&gemm, crate::exec::Signature::NONE, &[Some(&ac), Some(&bc), Some(&cc)], crate::exec::Mode::Train, None).unwrap().remove(0);
+                let g = cast(&Tensor::randn([3, 5], (Kind::Float, tch::Device::Cpu)));
+                let direct = DirectGrad::of(&gemm, &[(1, &b), (2, &c)], &[Some(&ac), Some(&bc), Some(&cc)]).expect("direct");
+                let got = direct.gradients(&g, &[Kind::Float, Kind::Float]).unwrap();
+                let want = autograd(&y.to_kind(Kind::Float), &g.to_kind(Kind::Float), &[&b, &c]);
+                assert!(got[0].equal(&want[0]) && got[1].equal(&want[1]), "gemm trans_b={trans_b} ({low:?})");
+            }
+        }
+        let (a, b) = (leaf(&[3, 4]), leaf(&[4, 5]));
+        let scaled = Op::Gemm(Gemm { alpha: 2.0, beta: 1.0, trans_a: false, trans_b: false });
+        assert!(DirectGrad::of(&scaled, &[(1, &b)], &[Some(&a), Some(&b)]).is_none());
+        assert!(DirectGrad::of(&Op::MatMul, &[(0, &a)], &[Some(&a), Some(&b)]).is_none());
+    }
 }

@@ -1454,7 +1454,9 @@ impl Worker {
     /// The weight-gradient half: for each deferred weight read, its outputs' kept
     /// gradients back through that instruction alone to the aliases it read (each read's
     /// own graph, so nothing before it runs again), summed per weight with those the
-    /// input gradient gave.
+    /// input gradient gave. The common products (`MatMul` by a 2-D weight, `Gemm`) form
+    /// theirs directly ([`super::pieces::DirectGrad`]): autograd's kernel without its
+    /// engine, the seed's dot product or the seed's gradient.
     fn backward_weight(&self, f: &Fwd, grads: SplitGrads) -> Result<Vec<Tensor>, E> {
         let mut pg: Vec<Option<Tensor>> = f.params.iter().map(|_| None).collect();
         let mut add = |w: usize, g: Tensor| -> Result<(), E> {
@@ -1468,6 +1470,13 @@ impl Worker {
             add(w, g)?;
         }
         for (read, outs) in f.reads.iter().zip(grads.outputs).filter(|(r, _)| r.deferred) {
+            if let (Some(direct), [Some(g)]) = (&read.direct, outs.as_slice()) {
+                let kinds: Vec<tch::Kind> = read.aliases.iter().map(|(_, a)| a.kind()).collect();
+                for ((w, _), g) in read.aliases.iter().zip(direct.gradients(g, &kinds).map_err(torch("weight gradient"))?) {
+                    add(*w, g)?;
+                }
+                continue;
+            }
             // The seed whose gradient at each output is the kept one: a dot product.
             let mut terms = Vec::new();
             for (o, g) in read.outputs.iter().zip(outs) {
