@@ -113,12 +113,15 @@ for m in all_m:
     c = next(o for o in json.load(open(f"{work}/{m}-512.json"))["outcomes"] if o["scheme"] == "2bw")["config"]
     placed = ", replica-major" if c.get("placement") == "replica-major" else ""
     print(f"| GPT {m.upper()} | w = {c['w']}, d = {c['d']}{placed} | {paper_depth[m]} |")
-print()
-print("| model | 2BW samples/s at batch 512 | at 2048 | gain |")
-print("|---|---|---|---|")
-for m in all_m:
-    a, b = rates[(m, 512, "2bw")], rates[(m, 2048, "2bw")]
-    print(f"| GPT {m.upper()} | {a:.1f} | {b:.1f} | {b / a:.2f}x |")
+def gain_table(heading, by):
+    """2BW's samples/s at batch 512 and 2048 per model, from `by[(model, batch, scheme)]`."""
+    print()
+    print(f"| model | {heading} | at 2048 | gain |")
+    print("|---|---|---|---|")
+    for m in all_m:
+        a, b = by[(m, 512, "2bw")], by[(m, 2048, "2bw")]
+        print(f"| GPT {m.upper()} | {a:.1f} | {b:.1f} | {b / a:.2f}x |")
+gain_table("2BW samples/s at batch 512", rates)
 
 # The same schemes with the planner choosing the placement too.
 placed = {}
@@ -136,10 +139,5 @@ for m in all_m:
             cells.append(f"{x['samples_per_s']:.1f} (w={c['w']} d={c['d']} {c.get('placement', 'stage-major')} b={c['b']} {c['recompute']})")
         r = lambda a, b: placed[(m, batch, a)] / placed[(m, batch, b)]
         print(f"| GPT {m.upper()} | {batch} | " + " | ".join(cells) + f" | {r('2bw', 'flush'):.2f}x | {r('2bw', 'gpipe'):.2f}x | {placed[(m, batch, '2bw')] / rates[(m, batch, '2bw')]:.2f}x |")
-print()
-print("| model | 2BW samples/s at batch 512, placement chosen | at 2048 | gain |")
-print("|---|---|---|---|")
-for m in all_m:
-    a, b = placed[(m, 512, "2bw")], placed[(m, 2048, "2bw")]
-    print(f"| GPT {m.upper()} | {a:.1f} | {b:.1f} | {b / a:.2f}x |")
+gain_table("2BW samples/s at batch 512, placement chosen", placed)
 PY
