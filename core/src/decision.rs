@@ -13,10 +13,6 @@ use serde::{Deserialize, Serialize};
 
 use crate::{Placement, Recompute, Schedule};
 
-fn is_stage_major(p: &Placement) -> bool {
-    *p == Placement::StageMajor
-}
-
 /// The microbatch size a run uses when neither the build nor a flag gives one.
 pub const DEFAULT_MICROBATCH: u64 = 16;
 
@@ -39,7 +35,7 @@ pub struct Decision {
     pub replicas: Option<u64>,
     /// How the MPI ranks (and the embedded executor's devices) are numbered. Absent from
     /// builds made before it was decided (stage-major, the only numbering then).
-    #[serde(default, skip_serializing_if = "is_stage_major")]
+    #[serde(default, skip_serializing_if = "Placement::is_stage_major")]
     pub placement: Placement,
     /// What decided these values: `plan p.json`, `planned for 8 workers ...`,
     /// `compile --stages 2`.
@@ -66,7 +62,7 @@ impl Decision {
                 let _ = write!(s, " {k}={v}");
             }
         }
-        if self.placement != Placement::StageMajor {
+        if !self.placement.is_stage_major() {
             let _ = write!(s, " placement={}", self.placement);
         }
         let _ = write!(s, " ({})", self.origin);

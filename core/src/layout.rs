@@ -52,6 +52,14 @@ impl Layout {
         (0..self.replicas).flat_map(|r| (0..self.depth).map(move |k| self.rank(r, k))).collect()
     }
 
+    /// How it numbers its ranks, for messages: `rank = stage x 2 replicas + replica`.
+    pub fn numbering(&self) -> String {
+        match self.placement {
+            Placement::StageMajor => format!("rank = stage x {} replicas + replica", self.replicas),
+            Placement::ReplicaMajor => format!("replica-major: rank = replica x {} stages + stage", self.depth),
+        }
+    }
+
     /// `rank 3 (stage 1, replica 1)`, for messages.
     pub fn who(&self, rank: usize) -> String {
         let (r, k) = self.place(rank);
@@ -83,6 +91,7 @@ mod tests {
         let replica_major = stage_major.placed(Placement::ReplicaMajor);
         assert_eq!((replica_major.rank(1, 0), replica_major.rank(0, 1)), (3, 1));
         assert_eq!(replica_major.who(4), "rank 4 (stage 1, replica 1)");
+        assert_eq!((stage_major.numbering(), replica_major.numbering()), ("rank = stage x 2 replicas + replica".to_string(), "replica-major: rank = replica x 3 stages + stage".to_string()));
         // The summing order is the same pairs in the same order under both.
         let pairs = |l: Layout| l.summing_order().into_iter().map(|rank| l.place(rank)).collect::<Vec<_>>();
         assert_eq!(pairs(stage_major), pairs(replica_major));

@@ -382,6 +382,14 @@ impl Default for Placement {
     }
 }
 
+impl Placement {
+    /// The default numbering (what files written before placements existed mean, so
+    /// serialisers leave it out).
+    pub fn is_stage_major(&self) -> bool {
+        *self == Placement::StageMajor
+    }
+}
+
 word_enum! {
     /// What training does with a step whose loss or gradients are not finite (NaN or
     /// infinite).

@@ -718,14 +718,6 @@ impl Session {
     }
 }
 
-/// How a layout numbers its ranks, for messages.
-fn rank_rule(layout: Layout) -> String {
-    match layout.placement {
-        Placement::StageMajor => format!("rank = stage x {} replicas + replica", layout.replicas),
-        Placement::ReplicaMajor => format!("replica-major: rank = replica x {} stages + stage", layout.depth),
-    }
-}
-
 /// How the stage executables go into an MPMD line for a layout, for messages.
 fn mpmd_order(layout: Layout) -> String {
     match layout.placement {
@@ -854,7 +846,7 @@ impl WorkerSession {
             if own != stage {
                 return Err(DriverError::msg(format!(
                     "this executable holds stage {own}, but MPI rank {rank} runs stage {stage} ({}): {}, in the mpirun line (`pipewright launch BUILD --executables` writes it)",
-                    rank_rule(layout),
+                    layout.numbering(),
                     mpmd_order(layout)
                 )));
             }

@@ -316,13 +316,9 @@ impl Cluster {
 
     fn allreduce_links(&self, layout: Layout, latencies: Latencies) -> AllReduce {
         let intra = Link { bandwidth: self.intra_bw, latency_s: latencies.intra_s };
-        let spread: Vec<BTreeMap<usize, usize>> = (0..layout.depth).map(|s| self.replicas_by_server(layout, s)).collect();
-        let even = |m: &BTreeMap<usize, usize>| {
-            let mut counts = m.values();
-            let first = counts.next().copied().unwrap_or(0);
-            counts.all(|&c| c == first).then_some(first)
-        };
-        let per_server: Option<usize> = spread.iter().map(even).reduce(|a, b| a.filter(|&x| Some(x) == b)).flatten();
+        // The replicas every stage has in each server it uses, when that is one count.
+        let counts: Vec<usize> = (0..layout.depth).flat_map(|s| self.replicas_by_server(layout, s).into_values()).collect();
+        let per_server = counts.first().copied().filter(|&p| counts.iter().all(|&c| c == p));
         let rings = self.allreduce_rings(layout);
         match (rings, per_server) {
             (0, _) => AllReduce { per_server: layout.replicas.max(1), intra, inter: intra, root_inter: intra, reduction: Reduction::Collective },

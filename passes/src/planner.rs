@@ -116,10 +116,6 @@ fn is_fp32(p: &Precision) -> bool {
     *p == Precision::Fp32
 }
 
-fn is_stage_major(p: &Placement) -> bool {
-    *p == Placement::StageMajor
-}
-
 impl Default for PlanOptions {
     fn default() -> PlanOptions {
         PlanOptions {
@@ -150,7 +146,7 @@ pub struct Candidate {
     pub schedule: Schedule,
     /// How the `w x d` workers are numbered. Absent from plan files written before the
     /// planner weighed it (stage-major, the only placement then).
-    #[serde(default, skip_serializing_if = "is_stage_major")]
+    #[serde(default, skip_serializing_if = "Placement::is_stage_major")]
     pub placement: Placement,
     /// The closed form's samples/s (what the search prunes and sorts by).
     pub samples_per_s: f64,
@@ -1114,7 +1110,9 @@ pub fn plan_on(
     // faster): each placement's own best are kept for the replay.
     let searched: BTreeSet<Placement> = configs.iter().map(|c| c.placement).collect();
     let mut found: BTreeMap<Placement, Vec<Candidate>> = BTreeMap::new();
-    let bar = |found: &BTreeMap<Placement, Vec<Candidate>>, p: Placement| found.get(&p).filter(|l| l.len() >= keep).map(|l| l[keep - 1].samples_per_s);
+    // A configuration whose bound is below its placement's full list can enter it no more
+    // (the lists' last rates only rise).
+    let excluded = |found: &BTreeMap<Placement, Vec<Candidate>>, p: Placement, optimistic: f64| found.get(&p).is_some_and(|l| l.len() >= keep && optimistic < l[keep - 1].samples_per_s);
     let mut caches = Caches::default();
     let optimal = fixed_cuts.is_none() && opts.balance == Balance::Optimal;
     // The exact partitions of the next configurations are solved in parallel ahead of the
@@ -1123,16 +1121,15 @@ pub fn plan_on(
     let chunk = 4 * rayon::current_num_threads().max(1);
     let mut solved_upto = 0;
     for (i, cfg) in configs.iter().enumerate() {
-        if searched.iter().all(|&p| bar(&found, p).is_some_and(|b| cfg.optimistic < b)) {
+        if searched.iter().all(|&p| excluded(&found, p, cfg.optimistic)) {
             break;
         }
-        if bar(&found, cfg.placement).is_some_and(|b| cfg.optimistic < b) {
+        if excluded(&found, cfg.placement, cfg.optimistic) {
             continue;
         }
         if optimal && i >= solved_upto {
-            // The next `chunk` configurations that the placements' lists do not already
-            // exclude (their bars only rise).
-            let ahead: Vec<usize> = (i..configs.len()).filter(|&k| !bar(&found, configs[k].placement).is_some_and(|b| configs[k].optimistic < b)).take(chunk).collect();
+            // The next `chunk` configurations not already excluded.
+            let ahead: Vec<usize> = (i..configs.len()).filter(|&k| !excluded(&found, configs[k].placement, configs[k].optimistic)).take(chunk).collect();
             solved_upto = ahead.last().map_or(configs.len(), |&k| k + 1);
             let ahead: Vec<Config> = ahead.into_iter().map(|k| configs[k]).collect();
             caches.solve_ahead(&mut ctx, &ahead, opts);

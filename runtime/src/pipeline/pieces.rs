@@ -260,7 +260,7 @@ impl Engine<'_> {
                 Some(_) => self.weight_aliases(ins, slots).map_err(|e| format!("node {:?}: aliasing its weights: {e}", ins.name))?,
                 None => Vec::new(),
             };
-            let outs = {
+            let (outs, direct) = {
                 let args: Vec<Option<&Tensor>> = ins
                     .inputs
                     .iter()
@@ -280,13 +280,15 @@ impl Engine<'_> {
                     Some(c) => c.iter().map(Option::as_ref).collect(),
                     None => args,
                 };
-                let direct = match (&reads, matches!(ins.op.class(), OpClass::MatMul)) {
-                    (Some(_), true) => DirectGrad::of(&ins.op, &aliases.iter().map(|(j, _, a)| (*j, a)).collect::<Vec<_>>(), &args),
-                    _ => None,
+                // A product reading weights: what the weight-gradient pass needs to form
+                // their gradients itself.
+                let direct = if !aliases.is_empty() && matches!(ins.op.class(), OpClass::MatMul) {
+                    DirectGrad::of(&ins.op, &aliases.iter().map(|(j, _, a)| (*j, a)).collect::<Vec<_>>(), &args)
+                } else {
+                    None
                 };
                 (run_node_with(&ins.op, self.signatures.get(i), &args, &host, self.mode, Some(&used)).map_err(|e| format!("node {:?} ({}): {e}", ins.name, ins.op.name()))?, direct)
             };
-            let (outs, direct) = outs;
             if outs.len() < ins.outputs.len() {
                 return Err(format!("node {:?}: produced {} outputs, expected {}", ins.name, outs.len(), ins.outputs.len()));
             }
