@@ -161,34 +161,24 @@ fn shifted(op: Op, base: u64) -> Op {
 
 /// The most microbatches stage `stage` of `depth` holds between their forward and their
 /// backward at once under `schedule` with `m` microbatches per batch: what its stashed
-/// activations are counted by. Read off [`stage_ops`] itself (two batches, so that 2BW's
-/// steady state, which never flushes, is in it): GPipe `m`, 1F1B and ZB-H1 (whose graphs
-/// live until their weight gradient) `min(depth - stage, m)`.
-/// `None` for a shape [`stage_ops`] refuses.
+/// activations are counted by. GPipe holds all `m`; 1F1B (2BW, PipeDream-Flush) runs
+/// `depth - 1 - stage` warm-up forwards and then one more before each backward, so at most
+/// `min(depth - stage, m)` (2BW never flushes and has `m >= depth`); ZB-H1 keeps a graph
+/// until its weight gradient, which its order places so that a stage never holds more than
+/// under 1F1B. `None` for a shape [`stage_ops`] refuses.
 ///
-/// ZB-H1's order caps what a stage holds at 1F1B's by construction ([`zb_h1`]), so its
-/// peak is read off PipeDream-Flush's order: the same figure without the unit-time replay
-/// of every stage, which the planner would otherwise run for each stage of every
-/// configuration it weighs (`peak_matches_the_order_it_stands_for` checks the two agree).
+/// A closed form, not a walk over the order: the planner asks it for every stage of every
+/// configuration it weighs, and the walk is `O(m)` each time. `peak_matches_the_order`
+/// checks it against [`stage_ops`] itself (two batches, so that 2BW's steady state is in
+/// it) for every schedule.
 pub fn peak_in_flight(schedule: Schedule, stage: usize, depth: usize, m: usize) -> Option<usize> {
-    let read_off = if schedule == Schedule::ZbH1 { Schedule::Flush } else { schedule };
-    Some(peak_of(&stage_ops(read_off, stage, depth, m, 2).ok()?))
-}
-
-/// The most microbatches an order holds between their forward and their last backward.
-fn peak_of(ops: &[Op]) -> usize {
-    let (mut held, mut peak) = (0usize, 0usize);
-    for &op in ops {
-        match op {
-            Op::Forward(_) => {
-                held += 1;
-                peak = peak.max(held);
-            }
-            Op::Backward(_) | Op::BackwardWeight(_) => held = held.saturating_sub(1),
-            Op::BackwardInput(_) | Op::Step(_) => {}
-        }
+    if m == 0 || depth == 0 || stage >= depth || (schedule == Schedule::TwoBw && m < depth) {
+        return None;
     }
-    peak
+    Some(match schedule {
+        Schedule::GPipe => m,
+        Schedule::TwoBw | Schedule::Flush | Schedule::ZbH1 => (depth - stage).min(m),
+    })
 }
 
 /// Microbatches `base..base+n`: `warm` forwards, steady 1F1B, then the remaining
@@ -214,6 +204,22 @@ fn one_f_one_b(ops: &mut Vec<Op>, base: u64, n: u64, warm: u64, after_b: impl Fn
 mod tests {
     use super::*;
 
+    /// The most microbatches an order holds between their forward and their last backward.
+    fn peak_of(ops: &[Op]) -> usize {
+        let (mut held, mut peak) = (0usize, 0usize);
+        for &op in ops {
+            match op {
+                Op::Forward(_) => {
+                    held += 1;
+                    peak = peak.max(held);
+                }
+                Op::Backward(_) | Op::BackwardWeight(_) => held = held.saturating_sub(1),
+                Op::BackwardInput(_) | Op::Step(_) => {}
+            }
+        }
+        peak
+    }
+
     #[test]
     fn stages_hold_what_their_schedule_admits() {
         let held = |s, m| (0..4).map(|k| peak_in_flight(s, k, 4, m).unwrap()).collect::<Vec<_>>();
@@ -229,12 +235,14 @@ mod tests {
 
     /// `peak_in_flight` reads ZB-H1's peak off Flush's order: the same as its own order's.
     #[test]
-    fn peak_matches_the_order_it_stands_for() {
-        for depth in 1..=8 {
-            for m in [1, 2, 3, depth, depth + 1, 2 * depth, 16] {
-                for stage in 0..depth {
-                    let own = peak_of(&stage_ops(Schedule::ZbH1, stage, depth, m, 2).unwrap());
-                    assert_eq!(Some(own), peak_in_flight(Schedule::ZbH1, stage, depth, m), "d={depth} m={m} stage {stage}");
+    fn peak_matches_the_order() {
+        for &schedule in Schedule::ALL {
+            for depth in 1..=8 {
+                for m in [1, 2, 3, depth, depth + 1, 2 * depth, 16] {
+                    for stage in 0..depth {
+                        let walked = stage_ops(schedule, stage, depth, m, 2).ok().map(|ops| peak_of(&ops));
+                        assert_eq!(walked, peak_in_flight(schedule, stage, depth, m), "{schedule:?} d={depth} m={m} stage {stage}");
+                    }
                 }
             }
         }

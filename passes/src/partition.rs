@@ -289,6 +289,27 @@ struct Reach {
     starts: Vec<usize>,
 }
 
+/// Prefix sums of the per-node inputs: `S` (time), `P` (parameter bytes), `A`
+/// (activation bytes), `K` (kept bytes).
+struct Sums {
+    s: Vec<f64>,
+    p: Vec<f64>,
+    a: Vec<f64>,
+    k: Vec<f64>,
+}
+
+impl Sums {
+    /// `G(j) = wf * P(j) + ka * A(j) + kk * K(j)` of model `m`.
+    fn held(&self, m: &MemoryModel, j: usize) -> f64 {
+        m.weight_factor * self.p[j] + m.act_factor * self.a[j] + m.kept_factor * self.k[j]
+    }
+
+    /// `H(i) = G(i) - kin * live(i)`: a stage `[i, j)` holds `G(j) - H(i)`.
+    fn start_credit(&self, m: &MemoryModel, i: usize, live: f64) -> f64 {
+        self.held(m, i) - m.input_factor * live
+    }
+}
+
 /// Prefix sums shared by every feasibility test.
 struct Prefix {
     s: Vec<f64>,
@@ -320,9 +341,15 @@ impl Prefix {
     /// [`Prefix::memory`] with `extra` weight bytes held besides the stage's own (copies
     /// of tied weights owned elsewhere).
     fn memory_with(&self, k: usize, i: usize, j: usize, extra: f64) -> f64 {
-        let weights = self.p[j] - self.p[i] + extra;
-        (self.g[k][j] - self.h[k][i] + self.weight[k] * extra).max(self.update[k] * weights)
+        held_between(self.g[k][j], self.h[k][i], self.p[j] - self.p[i], extra, self.weight[k], self.update[k])
     }
+}
+
+/// What a stage `[i, j)` holds (given `G(j)`, `H(i)` and its own parameter bytes) with
+/// `extra` weight bytes besides, weighted `weight_factor` while it computes and
+/// `update_factor` while it updates: the larger of the two phases.
+fn held_between(g_end: f64, h_start: f64, params: f64, extra: f64, weight_factor: f64, update_factor: f64) -> f64 {
+    (g_end - h_start + weight_factor * extra).max(update_factor * (params + extra))
 }
 
 impl PartitionProblem {
@@ -346,22 +373,30 @@ impl PartitionProblem {
         2.0 * self.live_bytes.get(c).copied().unwrap_or(0.0) / self.bandwidth
     }
 
+    /// The prefix sums of time, parameter, activation and kept bytes.
+    fn sums(&self) -> Sums {
+        let n = self.len();
+        let mut sums = Sums { s: vec![0.0; n + 1], p: vec![0.0; n + 1], a: vec![0.0; n + 1], k: vec![0.0; n + 1] };
+        for i in 0..n {
+            sums.s[i + 1] = sums.s[i] + self.time[i];
+            sums.p[i + 1] = sums.p[i] + self.param_bytes.get(i).copied().unwrap_or(0.0);
+            sums.a[i + 1] = sums.a[i] + self.act_bytes.get(i).copied().unwrap_or(0.0);
+            sums.k[i + 1] = sums.k[i] + self.kept_bytes.get(i).copied().unwrap_or(0.0);
+        }
+        sums
+    }
+
+    /// The live bytes at cut `c` (0 past the end).
+    fn live(&self, c: usize) -> f64 {
+        self.live_bytes.get(c).copied().unwrap_or(0.0)
+    }
+
     fn prefix(&self, mem: &PipelineMemory) -> Prefix {
         let n = self.len();
-        let mut s = vec![0.0; n + 1];
-        let mut p = vec![0.0; n + 1];
-        let mut a = vec![0.0; n + 1];
-        let mut k = vec![0.0; n + 1];
-        for i in 0..n {
-            s[i + 1] = s[i] + self.time[i];
-            p[i + 1] = p[i] + self.param_bytes.get(i).copied().unwrap_or(0.0);
-            a[i + 1] = a[i] + self.act_bytes.get(i).copied().unwrap_or(0.0);
-            k[i + 1] = k[i] + self.kept_bytes.get(i).copied().unwrap_or(0.0);
-        }
-        let live = |c: usize| self.live_bytes.get(c).copied().unwrap_or(0.0);
-        let held = |m: &MemoryModel, j: usize| m.weight_factor * p[j] + m.act_factor * a[j] + m.kept_factor * k[j];
-        let g = mem.models().iter().map(|m| (0..=n).map(|j| held(m, j)).collect()).collect();
-        let h = mem.models().iter().map(|m| (0..=n).map(|i| held(m, i) - m.input_factor * live(i)).collect()).collect();
+        let sums = self.sums();
+        let g = mem.models().iter().map(|m| (0..=n).map(|j| sums.held(m, j)).collect()).collect();
+        let h = mem.models().iter().map(|m| (0..=n).map(|i| sums.start_credit(m, i, self.live(i))).collect()).collect();
+        let Sums { s, p, .. } = sums;
         let weight = mem.models().iter().map(|m| m.weight_factor).collect();
         let update = mem.models().iter().map(|m| m.update_factor).collect();
         let comm: Vec<f64> = (0..=n).map(|c| self.comm(c)).collect();
@@ -399,17 +434,19 @@ impl PartitionProblem {
     /// Times and memories of `ranges`, stage `k` holding `extra[k]` weight bytes besides
     /// its own (none past the end of `extra`).
     fn evaluate_ranges_with(&self, ranges: &[Range<usize>], mem: &PipelineMemory, extra: &[f64]) -> (Vec<f64>, Vec<f64>) {
-        let pre = self.prefix(mem);
-        let t = ranges
-            .iter()
-            .map(|r| pre.s[r.end] - pre.s[r.start] + pre.comm[r.start] + pre.comm[r.end])
-            .collect();
+        // The same sums and expressions as the DP's prefix, for these ranges only (the
+        // planner evaluates every configuration it weighs; a full prefix holds one array
+        // per stage model).
+        let sums = self.sums();
+        let t = ranges.iter().map(|r| sums.s[r.end] - sums.s[r.start] + self.comm(r.start) + self.comm(r.end)).collect();
         let m = ranges
             .iter()
             .enumerate()
             .map(|(k, r)| {
-                let at = k.min(pre.g.len() - 1);
-                pre.memory_with(at, r.start, r.end, extra.get(k).copied().unwrap_or(0.0))
+                let model = mem.stage(k);
+                let (g_end, h_start) = (sums.held(model, r.end), sums.start_credit(model, r.start, self.live(r.start)));
+                let extra = extra.get(k).copied().unwrap_or(0.0);
+                held_between(g_end, h_start, sums.p[r.end] - sums.p[r.start], extra, model.weight_factor, model.update_factor)
             })
             .collect();
         (t, m)
