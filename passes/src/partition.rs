@@ -31,7 +31,7 @@
 //! the first `k` stages and the last `d - k` bound `S(j)` from both sides), and the
 //! bisection starts from the bottleneck of the split balanced by compute, so near the
 //! optimum the layers are narrow. The search stops when the interval is narrower than
-//! 1e-12 of the bound, so the result is the optimum to within that relative margin (the
+//! 1e-9 of the bound, so the result is the optimum to within that relative margin (the
 //! tests compare it with [`PartitionProblem::brute_force_partition`]).
 //!
 //! # Linear order ([`choose_order`])
@@ -279,7 +279,7 @@ impl Ord for Cand {
 }
 
 /// How close to the optimum bottleneck the search goes, relative to it.
-const RELATIVE_PRECISION: f64 = 1e-12;
+const RELATIVE_PRECISION: f64 = 1e-9;
 
 /// The reachable positions of one feasibility test, kept between tests so that their
 /// memory is allocated once.
@@ -602,8 +602,9 @@ impl PartitionProblem {
             } else {
                 0
             };
-        // Halving down to a relative width of 1e-12 (not to the last bit) saves a fifth of
-        // the tests; the optimum lies in (lo, hi], so the split found is within that of it.
+        // Halving down to a relative width of 1e-9, not to the last bit, saves tests; the
+        // optimum lies in (lo, hi], so the split found is within that of it, far below
+        // what any cost in the model is known to.
         while hi_bits > lo_bits + 1 && f64::from_bits(hi_bits) - f64::from_bits(lo_bits) > RELATIVE_PRECISION * f64::from_bits(hi_bits) {
             let mid = lo_bits + (hi_bits - lo_bits) / 2;
             match self.feasible(&pre, d, f64::from_bits(mid), limit, memory_binds, &mut reach) {
