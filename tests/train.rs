@@ -1051,6 +1051,7 @@ fn data_with_inf(dir: &Path, n: usize, poisoned: &[usize]) -> PathBuf {
 /// fp16's overflow skips are), training goes on, the summary and the metrics count the
 /// skipped steps, and the weights stay finite. The default (`stop`) stops at that step
 /// with the divergence error; a run of skipped steps `--max-skips` long stops with it too.
+/// ZB-H1 skips the same steps.
 #[test]
 fn nonfinite_steps_are_skipped_on_request() {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -1103,6 +1104,22 @@ fn nonfinite_steps_are_skipped_on_request() {
     assert!(!out.status.success(), "{err}");
     assert!(err.lines().last().unwrap_or_default().contains("step 3: 3 steps in a row had a non-finite loss or gradients and were skipped (--max-skips 3): training diverged"), "{err}");
     fails(&pw(args("0")), &["--max-skips must be at least 1"]);
+
+    // ZB-H1 updates after its batch's last weight gradient, so the same agreement skips the
+    // same steps there.
+    let zb = tempfile::tempdir().expect("temp dir");
+    compile(zb.path(), "2", "zb-h1", "none");
+    let data = data_with_inf(zb.path(), 96, &[40]);
+    let out = pw(&[
+        "train", zb.path().to_str().unwrap(), "--data", data.to_str().unwrap(), "--steps", "18", "--microbatch", "8", "--microbatches", "2",
+        "--optimizer", "adam", "--lr", "0.003", "--no-progress", "--on-nonfinite", "skip",
+    ]);
+    let (stdout, err) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{err}");
+    assert!(stdout.contains("trained 18 steps (3 skipped)"), "{stdout}");
+    for (name, values) in read_weights(&zb.path().join("weights.safetensors")) {
+        assert!(values.iter().all(|v| v.is_finite()), "zb-h1: weight {name} is not finite");
+    }
 }
 
 /// A `train` of a million steps on `build`, under way (its first progress line seen);

@@ -232,17 +232,22 @@ fn twobw_equals_one_stale_update_with_two_versions() {
     }
 }
 
+/// Clipping by the global norm under every synchronous schedule: ZB-H1 updates after its
+/// batch's last weight gradient, as Flush and GPipe do after their flush, so the norm it
+/// clips by is the whole batch's over every stage, with no step to validate afterwards.
 #[test]
 fn clipping_uses_the_global_norm_across_stages() {
     let data = dataset(STEPS, M, None);
     let want = ref_train(&data, OptimizerConfig::sgd(), 0.3, false, Some(0.05));
     let unclipped = ref_train(&data, OptimizerConfig::sgd(), 0.3, false, None);
     assert!((&want[0].1 - &unclipped[0].1).abs().max().double_value(&[]) > 1e-6, "clipping never engaged");
-    for d in [1, 3] {
-        let mut c = cfg(Schedule::Flush, OptimizerConfig::sgd(), 0.3, STEPS);
-        c.clip_norm = Some(0.05);
-        let r = train(stages(d, c.schedule, Recompute::None), &c, feed(&data), &mut |_| {}).unwrap();
-        assert_weights(&r, &want, &format!("clip d={d}"));
+    for schedule in [Schedule::Flush, Schedule::GPipe, Schedule::ZbH1] {
+        for d in [1, 3] {
+            let mut c = cfg(schedule, OptimizerConfig::sgd(), 0.3, STEPS);
+            c.clip_norm = Some(0.05);
+            let r = train(stages(d, c.schedule, Recompute::None), &c, feed(&data), &mut |_| {}).unwrap();
+            assert_weights(&r, &want, &format!("clip {schedule:?} d={d}"));
+        }
     }
 }
 
