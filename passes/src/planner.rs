@@ -260,12 +260,14 @@ impl Candidate {
 /// How many of the best configurations by the closed form are replayed at least (the
 /// plan's `top` if more): the closed form idealises communication (it adds to the compute,
 /// where the replay overlaps it) and the link hierarchy, so its ranking near the top is
-/// not the replay's, but it is close enough to prune with. Over all the schedules searched
+/// not the replay's, but it is close enough to prune with. 16, not 8: at the paper's scale
+/// the replica-major configurations that replay best at large batches rank 9th to 16th
+/// by the closed form (docs/planner.md, choice by replay). Over all the schedules searched
 /// together, not per schedule: keeping each schedule's best 8 doubled the planning time
 /// for GPT 3.8B on 64 GPUs (437 partitions solved where 2BW alone needs 236; the slower
 /// schedules' first feasible configurations lie deep in the search); `simulate` plans
 /// each schedule alone.
-pub const REPLAYED: usize = 8;
+pub const REPLAYED: usize = 16;
 
 /// Batches per replay of a candidate: the steady state is measured between the first and
 /// the last batch's end, and 2BW's delayed updates settle within a few batches.
