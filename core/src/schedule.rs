@@ -233,7 +233,8 @@ mod tests {
         assert_eq!(held(Schedule::ZbH1, 2), [2, 2, 2, 1]);
     }
 
-    /// `peak_in_flight` reads ZB-H1's peak off Flush's order: the same as its own order's.
+    /// `peak_in_flight`'s closed form is what each schedule's own order holds, walked op by
+    /// op, for every schedule, depth and a range of `m` (`None` where the order is refused).
     #[test]
     fn peak_matches_the_order() {
         for &schedule in Schedule::ALL {
