@@ -335,13 +335,7 @@ impl Prefix {
     /// `M_k(i, j)`: the larger of stage `[i, j)`'s memory while it computes and while it
     /// updates, by model `k`. Non-decreasing in `j` for a fixed `i`.
     fn memory(&self, k: usize, i: usize, j: usize) -> f64 {
-        self.memory_with(k, i, j, 0.0)
-    }
-
-    /// [`Prefix::memory`] with `extra` weight bytes held besides the stage's own (copies
-    /// of tied weights owned elsewhere).
-    fn memory_with(&self, k: usize, i: usize, j: usize, extra: f64) -> f64 {
-        held_between(self.g[k][j], self.h[k][i], self.p[j] - self.p[i], extra, self.weight[k], self.update[k])
+        held_between(self.g[k][j], self.h[k][i], self.p[j] - self.p[i], 0.0, self.weight[k], self.update[k])
     }
 }
 
