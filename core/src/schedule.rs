@@ -44,6 +44,11 @@ pub fn stage_ops_from(schedule: Schedule, stage: usize, depth: usize, m: usize, 
     if schedule == Schedule::TwoBw && m < depth {
         return Err(format!("2BW needs at least as many microbatches per batch as stages (m = {m} < d = {depth})"));
     }
+    if schedule.virtual_stages() > 1 {
+        let workers = interleaved_workers(schedule, depth, m)?;
+        let worker = worker_ops_from(schedule, stage % workers, depth, m, start, steps)?;
+        return Ok(worker.into_iter().filter(|&(k, _)| k == stage).map(|(_, op)| op).collect());
+    }
     let (m64, mut ops) = (m as u64, Vec::new());
     let warm = depth - 1 - stage;
     match schedule {
@@ -72,8 +77,76 @@ pub fn stage_ops_from(schedule: Schedule, stage: usize, depth: usize, m: usize, 
                 ops.push(Op::Step(t));
             }
         }
+        Schedule::Interleaved2 | Schedule::Interleaved4 => unreachable!("interleaved orders are made per worker above"),
     }
     Ok(ops)
+}
+
+/// The workers an interleaved pipeline of `depth` stages runs on with `m` microbatches
+/// per batch, or why it cannot: its order sends microbatches round the workers in groups
+/// of one per worker, so `m` must be a multiple of the workers (as in Megatron-LM).
+fn interleaved_workers(schedule: Schedule, depth: usize, m: usize) -> Result<usize, String> {
+    let workers = schedule.workers(depth)?;
+    if m % workers != 0 {
+        return Err(format!("{schedule} sends microbatches round its {workers} workers in groups of {workers}, so the microbatches per batch must be a multiple of {workers} (m = {m})"));
+    }
+    Ok(workers)
+}
+
+/// What worker `worker` runs, in order, for batches `start..steps`: `(stage, op)` pairs.
+/// A worker runs the stages `worker, worker + workers, ...` (`workers = depth / v`,
+/// [`Schedule::virtual_stages`]); for every schedule but interleaved 1F1B that is the one
+/// stage `worker`, whose order is [`stage_ops_from`]'s. An interleaved batch ends with a
+/// `Step` of each of the worker's stages, after all their backwards.
+pub fn worker_ops_from(schedule: Schedule, worker: usize, depth: usize, m: usize, start: usize, steps: usize) -> Result<Vec<(usize, Op)>, String> {
+    let v = schedule.virtual_stages();
+    if v == 1 {
+        return Ok(stage_ops_from(schedule, worker, depth, m, start, steps)?.into_iter().map(|op| (worker, op)).collect());
+    }
+    if m == 0 || start > steps {
+        return Err(format!("invalid schedule shape: depth {depth}, m {m}"));
+    }
+    let workers = interleaved_workers(schedule, depth, m)?;
+    if worker >= workers {
+        return Err(format!("invalid schedule shape: worker {worker} of {workers}"));
+    }
+    let batch = interleaved_batch(worker, workers, v, m);
+    let m64 = m as u64;
+    let mut ops = Vec::new();
+    for t in start as u64..steps as u64 {
+        ops.extend(batch.iter().map(|&(k, op)| (k, shifted(op, t * m64))));
+        ops.extend((0..v).map(|c| (worker + c * workers, Op::Step(t))));
+    }
+    Ok(ops)
+}
+
+/// One batch of interleaved 1F1B (Narayanan et al., "Efficient Large-Scale Language Model
+/// Training on GPU Clusters Using Megatron-LM", 2021) on worker `worker` of `workers`, `v`
+/// stages each, `m` microbatches (a multiple of `workers`): `(stage, op)` pairs with
+/// batch-local microbatches. The worker's `k`-th forward runs microbatch
+/// `(k / (workers v)) workers + k % workers` on its chunk `(k / workers) % v`, so
+/// microbatches go round the chunks in groups of `workers`; its `k`-th backward runs the
+/// same microbatch on the chunks in reverse. Warm-up forwards: `2 (workers - 1 - worker)
+/// + (v - 1) workers` (at most all); then one forward and one backward in turn, then the
+/// remaining backwards. (Megatron-LM runs every forward first when `m = workers`, for its
+/// paired blocking sends; this executor's sends do not block, and
+/// `interleaved_orders_never_wait_on_themselves` replays `m = workers` to its end.)
+fn interleaved_batch(worker: usize, workers: usize, v: usize, m: usize) -> Vec<(usize, Op)> {
+    let (p, total) = (workers, m * v);
+    let at = |k: usize, backward: bool| {
+        let chunk = (k / p) % v;
+        let chunk = if backward { v - 1 - chunk } else { chunk };
+        let mb = ((k / (p * v)) * p + k % p) as u64;
+        (worker + chunk * p, if backward { Op::Backward(mb) } else { Op::Forward(mb) })
+    };
+    let warm = (2 * (p - 1 - worker) + (v - 1) * p).min(total);
+    let mut ops: Vec<(usize, Op)> = (0..warm).map(|k| at(k, false)).collect();
+    for k in 0..total - warm {
+        ops.push(at(warm + k, false));
+        ops.push(at(k, true));
+    }
+    ops.extend((total - warm..total).map(|k| at(k, true)));
+    ops
 }
 
 /// One batch of ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism", 2024) on stage
@@ -178,7 +251,26 @@ pub fn peak_in_flight(schedule: Schedule, stage: usize, depth: usize, m: usize) 
     Some(match schedule {
         Schedule::GPipe => m,
         Schedule::TwoBw | Schedule::Flush | Schedule::ZbH1 => (depth - stage).min(m),
+        // Interleaved: walked over one batch of the stage's own order (it flushes, so one
+        // batch is every batch); no planner weighs these configurations yet.
+        Schedule::Interleaved2 | Schedule::Interleaved4 => held_at_most(&stage_ops(schedule, stage, depth, m, 1).ok()?),
     })
+}
+
+/// The most microbatches `ops` holds between their forward and their last backward.
+fn held_at_most(ops: &[Op]) -> usize {
+    let (mut held, mut peak) = (0usize, 0usize);
+    for &op in ops {
+        match op {
+            Op::Forward(_) => {
+                held += 1;
+                peak = peak.max(held);
+            }
+            Op::Backward(_) | Op::BackwardWeight(_) => held = held.saturating_sub(1),
+            Op::BackwardInput(_) | Op::Step(_) => {}
+        }
+    }
+    peak
 }
 
 /// Microbatches `base..base+n`: `warm` forwards, steady 1F1B, then the remaining
@@ -204,20 +296,8 @@ fn one_f_one_b(ops: &mut Vec<Op>, base: u64, n: u64, warm: u64, after_b: impl Fn
 mod tests {
     use super::*;
 
-    /// The most microbatches an order holds between their forward and their last backward.
     fn peak_of(ops: &[Op]) -> usize {
-        let (mut held, mut peak) = (0usize, 0usize);
-        for &op in ops {
-            match op {
-                Op::Forward(_) => {
-                    held += 1;
-                    peak = peak.max(held);
-                }
-                Op::Backward(_) | Op::BackwardWeight(_) => held = held.saturating_sub(1),
-                Op::BackwardInput(_) | Op::Step(_) => {}
-            }
-        }
-        peak
+        held_at_most(ops)
     }
 
     #[test]
@@ -266,5 +346,78 @@ mod tests {
                 assert!(at(F(j)) < at(B(j)) && at(B(j)) < at(W(j)), "stage {k}, microbatch {j}: {flat:?}");
             }
         }
+    }
+
+    /// Interleaved 1F1B on 2 workers, 2 stages each, 4 microbatches: worker 0 (stages 0
+    /// and 2) warms up with two microbatches on each of its stages, then alternates, its
+    /// backwards going round its stages in reverse.
+    #[test]
+    fn interleaved_goes_round_the_workers_stages_in_groups() {
+        use Op::{Backward as B, Forward as F};
+        let w0 = worker_ops_from(Schedule::Interleaved2, 0, 4, 4, 0, 1).unwrap();
+        let expected = [
+            (0, F(0)), (0, F(1)), (2, F(0)), (2, F(1)),
+            (0, F(2)), (2, B(0)), (0, F(3)), (2, B(1)), (2, F(2)), (0, B(0)), (2, F(3)), (0, B(1)),
+            (2, B(2)), (2, B(3)), (0, B(2)), (0, B(3)),
+            (0, Op::Step(0)), (2, Op::Step(0)),
+        ];
+        assert_eq!(w0, expected);
+        assert_eq!(stage_ops(Schedule::Interleaved2, 2, 4, 4, 1).unwrap(), [F(0), F(1), B(0), B(1), F(2), F(3), B(2), B(3), Op::Step(0)]);
+        assert_eq!(held_at_most(&stage_ops(Schedule::Interleaved2, 0, 4, 4, 1).unwrap()), 4);
+    }
+
+    /// Every interleaved order runs to its end when each worker runs its ops strictly in
+    /// order and an op waits only for its input (the previous stage's forward, the next
+    /// stage's backward): replayed in unit times, for 1 to 4 workers, both `v` and several
+    /// `m`. Each stage runs every microbatch once, its forward before its backward, and its
+    /// backwards in microbatch order (so it sums gradients as PipeDream-Flush's stage does).
+    #[test]
+    fn interleaved_orders_never_wait_on_themselves() {
+        for schedule in [Schedule::Interleaved2, Schedule::Interleaved4] {
+            let v = schedule.virtual_stages();
+            for workers in 1..=4 {
+                let depth = workers * v;
+                for m in [workers, 2 * workers, 3 * workers, 5 * workers] {
+                    let shape = format!("{schedule} on {workers} workers, m = {m}");
+                    let orders: Vec<Vec<(usize, Op)>> = (0..workers).map(|r| worker_ops_from(schedule, r, depth, m, 0, 1).unwrap()).collect();
+                    assert!(replays_to_the_end(&orders, depth, m), "{shape} waits on itself");
+                    for k in 0..depth {
+                        let ops = stage_ops(schedule, k, depth, m, 1).unwrap();
+                        let fwd: Vec<u64> = ops.iter().filter_map(|op| matches!(op, Op::Forward(_)).then(|| op.microbatch().unwrap())).collect();
+                        let bwd: Vec<u64> = ops.iter().filter_map(|op| matches!(op, Op::Backward(_)).then(|| op.microbatch().unwrap())).collect();
+                        let all: Vec<u64> = (0..m as u64).collect();
+                        assert_eq!((&fwd, &bwd), (&all, &all), "{shape}, stage {k}");
+                        assert_eq!(ops.last(), Some(&Op::Step(0)), "{shape}, stage {k}");
+                    }
+                }
+            }
+        }
+        assert!(stage_ops(Schedule::Interleaved2, 0, 3, 4, 1).unwrap_err().contains("multiple of 2"));
+        assert!(stage_ops(Schedule::Interleaved2, 0, 4, 3, 1).unwrap_err().contains("must be a multiple of 2 (m = 3)"));
+    }
+
+    /// Runs each worker's forwards and backwards in order, one per unit of time, an op
+    /// starting once its input was made in an earlier unit; whether all of them ran.
+    fn replays_to_the_end(orders: &[Vec<(usize, Op)>], depth: usize, m: usize) -> bool {
+        let orders: Vec<Vec<(usize, Op)>> = orders.iter().map(|o| o.iter().copied().filter(|(_, op)| op.microbatch().is_some()).collect()).collect();
+        let mut done = std::collections::HashSet::new();
+        let mut next = vec![0usize; orders.len()];
+        for _tick in 0..4 * depth * m + 8 {
+            let mut ran = Vec::new();
+            for (r, order) in orders.iter().enumerate() {
+                let Some(&(k, op)) = order.get(next[r]) else { continue };
+                let ready = match op {
+                    Op::Forward(j) => k == 0 || done.contains(&(k - 1, Op::Forward(j))),
+                    Op::Backward(j) => done.contains(&(k, Op::Forward(j))) && (k + 1 == depth || done.contains(&(k + 1, Op::Backward(j)))),
+                    _ => true,
+                };
+                if ready {
+                    next[r] += 1;
+                    ran.push((k, op));
+                }
+            }
+            done.extend(ran);
+        }
+        next.iter().zip(&orders).all(|(&n, o)| n == o.len())
     }
 }

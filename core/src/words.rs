@@ -146,6 +146,8 @@ word_enum! {
         Flush = "flush", "PipeDream-Flush: 1F1B within each batch, then a flush and a vanilla update";
         GPipe = "gpipe", "GPipe: all forwards of a batch, then all backwards, then a vanilla update";
         ZbH1 = "zb-h1", "zero bubble ZB-H1: 1F1B with each backward split into its input gradient and its weight gradient, the weight gradients deferred into the flush; a vanilla update";
+        Interleaved2 = "interleaved-2", "interleaved 1F1B (Megatron's virtual stages): each worker runs 2 stages, the pipeline's k-th and (k + d)-th, in one 1F1B order within each batch; a vanilla update";
+        Interleaved4 = "interleaved-4", "interleaved 1F1B with 4 stages per worker (stages k, k + d, k + 2d, k + 3d of worker k); a vanilla update";
     }
 }
 
@@ -154,7 +156,7 @@ impl Schedule {
     pub fn weight_versions(self) -> u32 {
         match self {
             Schedule::TwoBw => 2,
-            Schedule::Flush | Schedule::GPipe | Schedule::ZbH1 => 1,
+            Schedule::Flush | Schedule::GPipe | Schedule::ZbH1 | Schedule::Interleaved2 | Schedule::Interleaved4 => 1,
         }
     }
 
@@ -162,7 +164,7 @@ impl Schedule {
     pub fn update_rule(self) -> UpdateRule {
         match self {
             Schedule::TwoBw => UpdateRule::TwoBw,
-            Schedule::Flush | Schedule::GPipe | Schedule::ZbH1 => UpdateRule::Vanilla,
+            Schedule::Flush | Schedule::GPipe | Schedule::ZbH1 | Schedule::Interleaved2 | Schedule::Interleaved4 => UpdateRule::Vanilla,
         }
     }
 
@@ -170,6 +172,27 @@ impl Schedule {
     /// (1F1B: every stage must have a microbatch to work on in the steady state).
     pub fn needs_m_at_least_d(self) -> bool {
         matches!(self, Schedule::TwoBw | Schedule::Flush | Schedule::ZbH1)
+    }
+
+    /// Stages each worker runs (Megatron's virtual pipeline stages): a pipeline of `depth`
+    /// stages runs on `depth / v` workers, worker `k` running stages `k, k + depth / v, ...`.
+    /// 1 for every schedule but interleaved 1F1B.
+    pub fn virtual_stages(self) -> usize {
+        match self {
+            Schedule::Interleaved2 => 2,
+            Schedule::Interleaved4 => 4,
+            Schedule::TwoBw | Schedule::Flush | Schedule::GPipe | Schedule::ZbH1 => 1,
+        }
+    }
+
+    /// The workers a pipeline of `depth` stages runs on under this schedule, or why it
+    /// cannot: interleaved 1F1B needs a multiple of its stages per worker.
+    pub fn workers(self, depth: usize) -> Result<usize, String> {
+        let v = self.virtual_stages();
+        if depth == 0 || depth % v != 0 {
+            return Err(format!("{self} runs {v} stages per worker, so the pipeline's depth must be a multiple of {v} (it is {depth}); compile it with --depth {}", (depth / v).max(1) * v));
+        }
+        Ok(depth / v)
     }
 
     /// Whether each backward runs as two ops, the input gradient first and the weight
@@ -455,6 +478,8 @@ word_enum! {
         Flush = "flush", "PipeDream-Flush (the flush schedule)";
         GPipe = "gpipe", "GPipe (the gpipe schedule)";
         ZbH1 = "zb-h1", "zero bubble ZB-H1 (the zb-h1 schedule)";
+        Interleaved2 = "interleaved-2", "interleaved 1F1B, 2 stages per worker (the interleaved-2 schedule)";
+        Interleaved4 = "interleaved-4", "interleaved 1F1B, 4 stages per worker (the interleaved-4 schedule)";
         ModelParallel = "model-parallel", "inter-layer model parallelism without pipelining: one microbatch in the pipeline at a time";
         DataParallel = "data-parallel", "data parallelism alone: every worker holds the whole model (where it fits)";
         TensorParallel = "tensor-parallel", "tensor model parallelism (Megatron): each layer split over t GPUs of a server, data parallelism across the groups";
@@ -469,6 +494,8 @@ impl Scheme {
             Scheme::Flush => Some(Schedule::Flush),
             Scheme::GPipe => Some(Schedule::GPipe),
             Scheme::ZbH1 => Some(Schedule::ZbH1),
+            Scheme::Interleaved2 => Some(Schedule::Interleaved2),
+            Scheme::Interleaved4 => Some(Schedule::Interleaved4),
             Scheme::ModelParallel | Scheme::DataParallel | Scheme::TensorParallel => None,
         }
     }
@@ -481,6 +508,8 @@ impl From<Schedule> for Scheme {
             Schedule::Flush => Scheme::Flush,
             Schedule::GPipe => Scheme::GPipe,
             Schedule::ZbH1 => Scheme::ZbH1,
+            Schedule::Interleaved2 => Scheme::Interleaved2,
+            Schedule::Interleaved4 => Scheme::Interleaved4,
         }
     }
 }
@@ -535,7 +564,7 @@ mod tests {
         assert_eq!("all".parse::<WordList<Schedule>>(), Ok(WordList::all()));
         assert_eq!(WordList(vec![Schedule::Flush, Schedule::TwoBw]).to_string(), "flush,2bw");
         let e = "2bw,zigzag".parse::<WordList<Schedule>>().unwrap_err().to_string();
-        assert_eq!(e, "unknown schedule \"zigzag\": expected one of 2bw, flush, gpipe, zb-h1, all");
+        assert_eq!(e, "unknown schedule \"zigzag\": expected one of 2bw, flush, gpipe, zb-h1, interleaved-2, interleaved-4, all");
         assert_eq!("all".parse::<PrintAfter>(), Ok(PrintAfter::All));
         assert_eq!("plan".parse::<PrintAfter>(), Ok(PrintAfter::Pass(PassName::Plan)));
         assert!("shape-inference".parse::<PrintAfter>().unwrap_err().to_string().contains("weight-versioning, lower, all"));
@@ -552,7 +581,7 @@ mod tests {
     fn one_spelling_only() {
         assert_eq!("2bw".parse::<Schedule>(), Ok(Schedule::TwoBw));
         let e = "2BW".parse::<Schedule>().unwrap_err();
-        assert_eq!(e.to_string(), "unknown schedule \"2BW\": expected one of 2bw, flush, gpipe, zb-h1");
+        assert_eq!(e.to_string(), "unknown schedule \"2BW\": expected one of 2bw, flush, gpipe, zb-h1, interleaved-2, interleaved-4");
         // The old aliases of the planner are gone: one spelling everywhere.
         assert_eq!("on".parse::<Recompute>().unwrap_err().to_string(), "unknown recompute mode \"on\": expected one of none, selective, full");
         assert_eq!("off".parse::<Recompute>().unwrap_err().to_string(), "unknown recompute mode \"off\": expected one of none, selective, full");

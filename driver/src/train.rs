@@ -656,7 +656,8 @@ impl Session {
         }
         let (b, m, w) = (size(shape.microbatch.value), size(shape.microbatches.value), size(shape.replicas.value));
         let batches = batches(req, &build.manifest, &config, b, m * w, start)?;
-        let workers = build.modules.len() * w;
+        // Interleaved 1F1B runs several stages per worker thread's turn: cores go to workers.
+        let workers = config.schedule.workers(build.modules.len()).unwrap_or(build.modules.len()) * w;
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         config.threads = Some(req.threads.unwrap_or((cores / workers).max(1)));
         // What `--force` lets differ from the checkpoint, for the preamble and the metrics.

@@ -745,6 +745,39 @@ impl Config {
     }
 }
 
+/// The schedules a search weighs: interleaved ones only for a given stage count.
+fn searched_schedules(opts: &PlanOptions) -> Result<Vec<Schedule>, PlanError> {
+    if opts.stages.is_some() || opts.cuts.is_some() {
+        return Ok(opts.schedules.clone());
+    }
+    let searched: Vec<Schedule> = opts.schedules.iter().copied().filter(|s| s.virtual_stages() == 1).collect();
+    if searched.is_empty() {
+        return Err(PlanError::Options(format!(
+            "the planner does not yet search a cluster for {} (its workers would hold several stages each): give the stage count, e.g. compile --stages 4 --schedule {} for 4 stages on {} workers",
+            spellings(&opts.schedules),
+            opts.schedules[0],
+            4 / opts.schedules[0].virtual_stages()
+        )));
+    }
+    Ok(searched)
+}
+
+/// Whether `schedule` runs `d` stages with `m` microbatches per batch (as the planner
+/// weighs it: GPipe any `m`, 1F1B-like at least `d`, interleaved a multiple of its workers).
+fn runs_on(schedule: Schedule, d: usize, m: u64) -> bool {
+    match schedule.workers(d) {
+        Ok(p) if schedule.virtual_stages() > 1 => m % p as u64 == 0,
+        Ok(_) => schedule == Schedule::GPipe || m >= d as u64,
+        Err(_) => false,
+    }
+}
+
+/// Stage times per batch of interleaved 1F1B on `d` stages: `m v + d / v - 1`.
+fn interleaved_slots(schedule: Schedule, d: usize, m: u64) -> f64 {
+    let v = schedule.virtual_stages();
+    (m as f64) * v as f64 + (d / v) as f64 - 1.0
+}
+
 /// Evaluates one configuration on given cuts; `None` when over memory.
 fn assess(
     ctx: &mut PlanContext,
@@ -794,6 +827,10 @@ fn assess(
         Schedule::TwoBw => cfg.m as f64 * worst.0,
         Schedule::Flush | Schedule::GPipe => flush,
         Schedule::ZbH1 => flush - (cfg.d as f64 - 1.0) * ctx.weight_grad_time(&ranges[slowest], cfg.b),
+        // Interleaved: `d / v` workers of `v` stages each; a worker's microbatch takes
+        // `v T` and the drain `(d / v - 1) T` (Narayanan et al., 2021: the bubble shrinks v
+        // times), so a batch takes `(m v + d / v - 1) T`.
+        Schedule::Interleaved2 | Schedule::Interleaved4 => interleaved_slots(cfg.schedule, cfg.d, cfg.m) * max_time + max_ar,
     };
     let samples = (cfg.b * cfg.m * cfg.w as u64) as f64;
     let samples_per_s = if per_batch > 0.0 {
@@ -949,6 +986,11 @@ pub fn plan(
 /// stages are threads sharing `host_cores` CPU cores ([`SimSetup::host`]), on those:
 /// `simulate`'s cluster's, so that its replay of the chosen configuration is the plan's
 /// prediction.
+///
+/// Interleaved schedules are weighed only for a given stage count (`compile --stages`):
+/// their cuts are balanced as any schedule's, but the search does not yet place `v` stages
+/// on one worker's memory, so a search over a cluster leaves them out (and says so when
+/// they are all it was asked for).
 pub fn plan_on(
     g: &Graph,
     cost: &CostModel,
@@ -966,6 +1008,7 @@ pub fn plan_on(
     if cluster.workers == 0 {
         return Err(PlanError::Options("the cluster has no workers".into()));
     }
+    let searched = searched_schedules(opts)?;
     let mut ctx = PlanContext::new(g, cost, cluster)?;
     let n = ctx.n;
     let fixed_cuts = match &opts.cuts {
@@ -1028,8 +1071,8 @@ pub fn plan_on(
                             .sum()
                     });
                     for &recompute in &recomputes {
-                        for &schedule in &opts.schedules {
-                            if schedule != Schedule::GPipe && m < d as u64 {
+                        for &schedule in &searched {
+                            if !runs_on(schedule, d, m) {
                                 continue;
                             }
                             // The split backward runs on whole graphs, not selective pieces.
@@ -1057,6 +1100,7 @@ pub fn plan_on(
                                 // each of the drain's `d - 1` slots, and a `W` (half of
                                 // some products' backward) is at most half a stage's time.
                                 Schedule::ZbH1 => (m as f64 + (d as f64 - 1.0) / 2.0) * t_lb + ar_lb,
+                                Schedule::Interleaved2 | Schedule::Interleaved4 => interleaved_slots(schedule, d, m) * t_lb + ar_lb,
                             };
                             let optimistic = if per_batch > 0.0 {
                                 (b * m * w as u64) as f64 / per_batch

@@ -51,6 +51,8 @@ fn schedule_code(s: Schedule) -> u8 {
         Schedule::Flush => 1,
         Schedule::GPipe => 2,
         Schedule::ZbH1 => 3,
+        Schedule::Interleaved2 => 4,
+        Schedule::Interleaved4 => 5,
     }
 }
 

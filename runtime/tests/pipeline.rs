@@ -186,14 +186,17 @@ fn cfg(schedule: Schedule, opt: OptimizerConfig, lr: f64, steps: usize) -> Train
 const STEPS: usize = 3;
 const M: usize = 4;
 
+/// Every synchronous schedule trains to vanilla training's weights: GPipe, Flush, ZB-H1
+/// and interleaved 1F1B (on every depth its stages per worker divide: 2 and 4 stages on
+/// 1 or 2 workers).
 #[test]
-fn gpipe_flush_and_zero_bubble_equal_vanilla_training() {
+fn synchronous_schedules_equal_vanilla_training() {
     let data = dataset(STEPS, M, None);
     for opt in [OptimizerConfig::sgd(), OptimizerConfig::adam()] {
         let lr = if opt.kind == Optimizer::Sgd { 0.3 } else { 0.05 };
         let want = ref_train(&data, opt, lr, false, None);
-        for sched in [Schedule::GPipe, Schedule::Flush, Schedule::ZbH1] {
-            for d in 1..=4 {
+        for sched in [Schedule::GPipe, Schedule::Flush, Schedule::ZbH1, Schedule::Interleaved2, Schedule::Interleaved4] {
+            for d in (1..=4).filter(|d| d % sched.virtual_stages() == 0) {
                 for rec in [Recompute::None, Recompute::Full] {
                     let what = format!("{sched:?} d={d} {opt:?} {rec:?}");
                     let mut reports = Vec::new();
@@ -241,8 +244,8 @@ fn clipping_uses_the_global_norm_across_stages() {
     let want = ref_train(&data, OptimizerConfig::sgd(), 0.3, false, Some(0.05));
     let unclipped = ref_train(&data, OptimizerConfig::sgd(), 0.3, false, None);
     assert!((&want[0].1 - &unclipped[0].1).abs().max().double_value(&[]) > 1e-6, "clipping never engaged");
-    for schedule in [Schedule::Flush, Schedule::GPipe, Schedule::ZbH1] {
-        for d in [1, 3] {
+    for schedule in [Schedule::Flush, Schedule::GPipe, Schedule::ZbH1, Schedule::Interleaved2] {
+        for d in [1, 3].map(|d| d * schedule.virtual_stages()).into_iter().filter(|&d| d <= 4) {
             let mut c = cfg(schedule, OptimizerConfig::sgd(), 0.3, STEPS);
             c.clip_norm = Some(0.05);
             let r = train(stages(d, c.schedule, Recompute::None), &c, feed(&data), &mut |_| {}).unwrap();
@@ -296,6 +299,14 @@ fn configuration_errors() {
     c.loss = Objective::new(Loss::Mse, "nope");
     let e = train(stages(2, c.schedule, Recompute::None), &c, feed(&data), &mut |_| {}).unwrap_err();
     assert!(e.to_string().contains("stage 1") && e.to_string().contains("nope"), "{e}");
+    // Interleaved 1F1B: a depth its stages per worker do not divide, microbatches its
+    // workers do not divide.
+    let interleaved = cfg(Schedule::Interleaved2, OptimizerConfig::sgd(), 0.1, 1);
+    let e = train(stages(3, Schedule::Interleaved2, Recompute::None), &interleaved, feed(&data), &mut |_| {}).unwrap_err().to_string();
+    assert!(e.contains("interleaved-2 runs 2 stages per worker, so the pipeline's depth must be a multiple of 2 (it is 3)"), "{e}");
+    let odd = dataset(1, 3, None);
+    let e = train(stages(4, Schedule::Interleaved2, Recompute::None), &interleaved, feed(&odd), &mut |_| {}).unwrap_err().to_string();
+    assert!(e.contains("the microbatches per batch must be a multiple of 2 (m = 3)"), "{e}");
 }
 
 /// The weight versions each stage holds and the version each microbatch runs with come

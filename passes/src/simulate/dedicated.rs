@@ -1,7 +1,7 @@
 //! The replay when every stage has its own device: stage by stage, each as far as its
 //! inputs allow, in turn (no global clock, since the stages never slow each other).
 
-use pipewright_core::schedule::Op;
+use pipewright_core::schedule::{worker_ops_from, Op};
 use pipewright_core::timeline::TraceKind;
 
 use super::state::{report, Events, Meetings, StageEnd, StageState, Start};
@@ -14,6 +14,7 @@ pub(super) fn replay_dedicated(setup: &SimSetup) -> Result<Simulation, SimError>
     let d = setup.stages.len();
     let Start { rule, allreduce, mut meetings, deferred, mut acts, mut grads, mut batch_end, mut events } = Start::new(setup)?;
     let mut st = StageState::all(setup)?;
+    let mut workers = Workers::of(setup)?;
     let m64 = setup.m;
     loop {
         let mut progressed = false;
@@ -22,6 +23,12 @@ pub(super) fn replay_dedicated(setup: &SimSetup) -> Result<Simulation, SimError>
             let cost = &setup.stages[s];
             while let Some(&op) = st[s].ops.get(st[s].pc) {
                 done = false;
+                if let Some(w) = &workers {
+                    if !w.may_run(s, op) {
+                        break;
+                    }
+                    w.share_stream(s, op, &mut st[s]);
+                }
                 match op {
                     Op::Forward(i) => {
                         // 2BW: updates waiting for the version this microbatch needs, once
@@ -144,6 +151,9 @@ pub(super) fn replay_dedicated(setup: &SimSetup) -> Result<Simulation, SimError>
                     }
                 }
                 st[s].pc += 1;
+                if let Some(w) = &mut workers {
+                    w.ran(s, op, &st[s]);
+                }
                 progressed = true;
             }
         }
@@ -166,6 +176,63 @@ pub(super) fn replay_dedicated(setup: &SimSetup) -> Result<Simulation, SimError>
     }
     let ends: Vec<StageEnd> = st.iter().map(StageState::end).collect();
     Ok(report(setup, &ends, &batch_end, &allreduce, events.list))
+}
+
+/// Under interleaved 1F1B, how the stages share their workers ([`Schedule::virtual_stages`]):
+/// a stage's forwards and backwards run on its worker's one stream, in the worker's order
+/// ([`worker_ops_from`]), as the runtime's turns run them; its optimizer steps take no
+/// turn (`runtime/src/pipeline/turns.rs`).
+///
+/// [`Schedule::virtual_stages`]: pipewright_core::Schedule::virtual_stages
+pub(super) struct Workers {
+    count: usize,
+    /// Per worker: the stage of each of its forwards and backwards, in order.
+    order: Vec<Vec<usize>>,
+    next: Vec<usize>,
+    /// When each worker's stream is free.
+    free: Vec<f64>,
+}
+
+impl Workers {
+    /// `None` where every stage has its own worker.
+    pub(super) fn of(setup: &SimSetup) -> Result<Option<Workers>, SimError> {
+        let Some(schedule) = setup.scheme.schedule().filter(|s| s.virtual_stages() > 1) else { return Ok(None) };
+        let d = setup.stages.len();
+        let count = schedule.workers(d).map_err(SimError::Setup)?;
+        let order = (0..count)
+            .map(|r| {
+                let ops = worker_ops_from(schedule, r, d, setup.m as usize, 0, setup.batches).map_err(SimError::Setup)?;
+                Ok(ops.into_iter().filter(|(_, op)| takes_turn(*op)).map(|(k, _)| k).collect())
+            })
+            .collect::<Result<Vec<Vec<usize>>, SimError>>()?;
+        Ok(Some(Workers { count, order, next: vec![0; count], free: vec![0.0; count] }))
+    }
+
+    /// Whether stage `s` may run `op` now: a step always, other ops in their worker's turn.
+    fn may_run(&self, s: usize, op: Op) -> bool {
+        let w = s % self.count;
+        !takes_turn(op) || self.order[w].get(self.next[w]) == Some(&s)
+    }
+
+    /// Before `op` runs on stage `s`: the stage's stream is its worker's.
+    fn share_stream(&self, s: usize, op: Op, state: &mut StageState) {
+        if takes_turn(op) {
+            state.free = state.free.max(self.free[s % self.count]);
+        }
+    }
+
+    /// After `op` ran on stage `s`: the worker's stream is busy until the stage's is.
+    fn ran(&mut self, s: usize, op: Op, state: &StageState) {
+        if takes_turn(op) {
+            let w = s % self.count;
+            self.free[w] = state.free;
+            self.next[w] += 1;
+        }
+    }
+}
+
+fn takes_turn(op: Op) -> bool {
+    !matches!(op, Op::Step(_))
 }
 
 impl StageState {

@@ -14,6 +14,7 @@ mod stage;
 mod stop;
 mod trace;
 mod transport;
+mod turns;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -208,12 +209,14 @@ impl TrainConfig {
         self.eval.due(t, self.steps)
     }
 
-    /// The device of stage `stage` of replica `replica` (of [`TrainConfig::replicas`]).
+    /// The device of stage `stage` of replica `replica` (of [`TrainConfig::replicas`]): its
+    /// worker's (under interleaved 1F1B, stage `k` runs on worker `k % (depth / v)`).
     pub fn worker_device(&self, depth: usize, stage: usize, replica: usize) -> tch::Device {
         if self.devices.is_empty() {
             return self.device;
         }
-        let rank = Layout::new(depth, self.replicas.max(1)).placed(self.placement).rank(replica, stage);
+        let workers = self.schedule.workers(depth).unwrap_or(depth);
+        let rank = Layout::new(workers, self.replicas.max(1)).placed(self.placement).rank(replica, stage % workers);
         self.devices[rank % self.devices.len()]
     }
 }
@@ -601,9 +604,10 @@ fn run_training_with(
         return Err(PipelineError::Data(format!("batch {start} has {} microbatches, which {w} replica(s) cannot share evenly", first.len())));
     }
     let m = first.len() / w;
-    let mut all_ops = Vec::new();
-    for k in 0..d {
-        all_ops.push(stage_ops_from(cfg.schedule, k, d, m, start, cfg.steps).map_err(PipelineError::Config)?);
+    // Per replica and stage: its ops, and its turns where its worker runs other stages.
+    let mut orders = Vec::new();
+    for _ in 0..w {
+        orders.push(turns::Turns::for_pipeline(cfg.schedule, d, m, start, cfg.steps).map_err(PipelineError::Config)?);
     }
     let (data_tx, data_rx) = data_links(&specs, w, 2 * m + d);
     let input_names: Vec<Vec<String>> = specs.iter().map(|s| s.graph_input_names.clone()).collect();
@@ -620,8 +624,8 @@ fn run_training_with(
         None => (0..d).map(|_| None).collect(),
     };
     let mut handles = Vec::new();
-    for (r, (row, rx_row)) in transport::InProcess::grid(d, w, &tied, cfg.timeout).into_iter().zip(data_rx).enumerate() {
-        for (k, (tr, rx)) in row.into_iter().zip(rx_row).enumerate() {
+    for (r, ((row, rx_row), order)) in transport::InProcess::grid(d, w, &tied, cfg.timeout).into_iter().zip(data_rx).zip(orders).enumerate() {
+        for (k, ((tr, rx), (ops, turns))) in row.into_iter().zip(rx_row).zip(order).enumerate() {
             let saved = if r + 1 == w { resume_states[k].take() } else { resume_states[k].as_ref().map(copy_state) };
             // Each worker computes on its own device; boundary tensors are moved to it as
             // they arrive.
@@ -631,7 +635,8 @@ fn run_training_with(
                 spec: specs[k].clone(),
                 replica: r,
                 replicas: w,
-                ops: all_ops[k].clone(),
+                ops,
+                turns,
                 m,
                 cfg: placed,
                 data: rx,
@@ -761,6 +766,13 @@ pub fn run_worker(
         return Err(PipelineError::Data(format!("batch {start} has {} microbatches, which {w} replica(s) cannot share evenly", first.len())));
     }
     let m = first.len() / w;
+    if cfg.schedule.virtual_stages() > 1 {
+        return Err(PipelineError::Config(format!(
+            "the {} schedule runs {} stages per worker, which the MPI executor does not do yet (one rank runs one stage): train this build embedded (without --mpi)",
+            cfg.schedule,
+            cfg.schedule.virtual_stages()
+        )));
+    }
     let ops = stage_ops_from(cfg.schedule, k, d, m, start, cfg.steps).map_err(PipelineError::Config)?;
     // Only this worker's data channel exists; the feeder skips the others.
     let mut txs: Vec<Vec<Option<mpsc::SyncSender<StageData>>>> = (0..w).map(|_| (0..d).map(|_| None).collect()).collect();
@@ -789,6 +801,7 @@ pub fn run_worker(
         replica,
         replicas: w,
         ops,
+        turns: None,
         m,
         cfg: placed,
         data: rx,

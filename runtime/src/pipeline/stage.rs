@@ -13,6 +13,7 @@ use super::optim::OptState;
 use super::pieces::{pieces, Engine, Piece, PieceFwd, WeightRead};
 use super::precision::{compute_kind, LossScaler, Precision};
 use super::specialise::{self, Specialised};
+use super::turns::Turns;
 use super::trace::Recorder;
 use crate::timeline::{TraceEvent, TraceKind};
 use super::{Event, Objective, Op, PipelineError, StageData, SumGroup, TrainConfig, Transport};
@@ -211,6 +212,8 @@ pub(crate) struct WorkerArgs {
     pub replica: usize,
     pub replicas: usize,
     pub ops: Vec<Op>,
+    /// Where the worker runs other stages too (interleaved 1F1B): this stage's turns.
+    pub turns: Option<Turns>,
     pub m: usize,
     pub cfg: TrainConfig,
     pub data: Option<Receiver<StageData>>,
@@ -230,7 +233,7 @@ pub(crate) fn run(args: WorkerArgs) -> Result<StageOut, Failure> {
     // Every libtorch call of the worker is fallible; should one still panic (a bug), the
     // panic stops this stage with an error like any other, and the others with it.
     silence_worker_panics();
-    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_inner(spec, args.ops, &ctx, args.resume, data, tr.as_mut(), &events, &mut rec)))
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_inner(spec, args.ops, args.turns, &ctx, args.resume, data, tr.as_mut(), &events, &mut rec)))
         .unwrap_or_else(|panic| Err(E::Msg(format!("internal error (please report it): {}", panic_text(&panic)))));
     if r.is_err() {
         tr.abort();
@@ -391,6 +394,7 @@ struct State {
 fn run_inner(
     spec: StageSpec,
     ops: Vec<Op>,
+    mut turns: Option<Turns>,
     ctx: &Ctx<'_>,
     resume: Option<StageState>,
     data: Option<Receiver<StageData>>,
@@ -442,6 +446,11 @@ fn run_inner(
     // A step whose update waits for its gradient sum, done before its version is needed.
     let mut deferred: Option<Deferred> = None;
     for (i, op) in ops.into_iter().enumerate() {
+        // Passed on at the end of the iteration, however it ends (skipped ops too).
+        let _turn = match turns.as_mut() {
+            Some(t) => Some(t.take(i).map_err(induced)?),
+            None => None,
+        };
         if stop_before.is_some_and(|s| op_step(op, m64) >= s) {
             continue;
         }

@@ -1,0 +1,182 @@
+//! Turns: how the stages of one worker share it. Under interleaved 1F1B a worker runs `v`
+//! stages ([`Schedule::virtual_stages`]); the embedded executor gives each its own thread,
+//! as it does every stage, and [`Turns`] makes those threads run their forwards and
+//! backwards one at a time in the worker's order ([`worker_ops_from`]), so that the worker
+//! computes one op at a time, as one device would.
+//!
+//! Optimizer steps take no turn: a step may wait for the other stages' gradient norms
+//! (clipping) or tied sums, and a step of one of the worker's stages waiting for another's
+//! that needs the turn would never end. They follow the stage's last backward of the batch.
+//!
+//! A stage that stops early (an error) gives up its turns: the worker's other stages,
+//! waiting for a turn it would never pass on, stop with an error naming it.
+
+use std::sync::{Arc, Condvar, Mutex};
+
+use pipewright_core::schedule::{stage_ops_from, worker_ops_from, Op};
+use pipewright_core::Schedule;
+
+/// The worker's place in its order, shared by its stages' threads.
+#[derive(Default)]
+struct Gate {
+    state: Mutex<GateState>,
+    moved: Condvar,
+}
+
+#[derive(Default)]
+struct GateState {
+    /// The position in the worker's order of the op that may run now.
+    next: usize,
+    /// A stage that stopped before its last turn.
+    abandoned_by: Option<usize>,
+}
+
+/// One stage's turns on its worker: per op of the stage's order, its position in the
+/// worker's order (`None` for a step, which takes no turn).
+pub(crate) struct Turns {
+    gate: Arc<Gate>,
+    stage: usize,
+    positions: Vec<Option<usize>>,
+    /// Turns passed on so far.
+    passed: usize,
+}
+
+/// What [`Turns::take`] returns: the turn, passed on when dropped (at the end of the
+/// op, however the op ends).
+pub(crate) struct Turn<'a> {
+    turns: Option<&'a mut Turns>,
+}
+
+impl Turns {
+    /// For each stage of worker `worker` (a pipeline of `depth` stages under `schedule`):
+    /// the stage, its ops in order, and its turns. `None` for a schedule that runs one stage
+    /// per worker (no turns needed).
+    pub(crate) fn for_worker(schedule: Schedule, worker: usize, depth: usize, m: usize, start: usize, steps: usize) -> Result<Option<Vec<(usize, Vec<Op>, Turns)>>, String> {
+        if schedule.virtual_stages() == 1 {
+            return Ok(None);
+        }
+        let order = worker_ops_from(schedule, worker, depth, m, start, steps)?;
+        let gate = Arc::new(Gate::default());
+        let workers = schedule.workers(depth)?;
+        let mut stages: Vec<(usize, Vec<Op>, Turns)> = (worker..depth).step_by(workers).map(|k| (k, Vec::new(), Turns { gate: gate.clone(), stage: k, positions: Vec::new(), passed: 0 })).collect();
+        let mut position = 0;
+        for (k, op) in order {
+            let Some((_, ops, turns)) = stages.iter_mut().find(|(s, _, _)| *s == k) else {
+                return Err(format!("worker {worker}'s order names stage {k}, which it does not run"));
+            };
+            ops.push(op);
+            if let Op::Step(_) = op {
+                turns.positions.push(None);
+            } else {
+                turns.positions.push(Some(position));
+                position += 1;
+            }
+        }
+        Ok(Some(stages))
+    }
+
+    /// Per stage of a pipeline of `depth` stages: its ops and, where its worker runs other
+    /// stages too, its turns (a gate per worker; one call per replica).
+    pub(crate) fn for_pipeline(schedule: Schedule, depth: usize, m: usize, start: usize, steps: usize) -> Result<Vec<(Vec<Op>, Option<Turns>)>, String> {
+        let mut per_stage: Vec<Option<(Vec<Op>, Option<Turns>)>> = (0..depth).map(|_| None).collect();
+        for worker in 0..schedule.workers(depth)? {
+            match Turns::for_worker(schedule, worker, depth, m, start, steps)? {
+                Some(stages) => {
+                    for (k, ops, turns) in stages {
+                        per_stage[k] = Some((ops, Some(turns)));
+                    }
+                }
+                None => per_stage[worker] = Some((stage_ops_from(schedule, worker, depth, m, start, steps)?, None)),
+            }
+        }
+        per_stage.into_iter().enumerate().map(|(k, s)| s.ok_or_else(|| format!("no worker runs stage {k}"))).collect()
+    }
+
+    /// Waits for the turn of the stage's `i`-th op (at once for a step); an error when a
+    /// stage of the same worker stopped before passing the turn on.
+    pub(crate) fn take(&mut self, i: usize) -> Result<Turn<'_>, String> {
+        let Some(Some(position)) = self.positions.get(i).copied() else {
+            return Ok(Turn { turns: None });
+        };
+        let mut state = self.gate.state.lock().unwrap_or_else(|p| p.into_inner());
+        while state.next != position {
+            if let Some(k) = state.abandoned_by {
+                return Err(format!("stage {k}, which shares this stage's worker, stopped before its turn came"));
+            }
+            state = self.gate.moved.wait(state).unwrap_or_else(|p| p.into_inner());
+        }
+        drop(state);
+        Ok(Turn { turns: Some(self) })
+    }
+
+    fn pass(&mut self) {
+        let mut state = self.gate.state.lock().unwrap_or_else(|p| p.into_inner());
+        state.next += 1;
+        self.passed += 1;
+        self.gate.moved.notify_all();
+    }
+}
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        if let Some(turns) = self.turns.take() {
+            turns.pass();
+        }
+    }
+}
+
+impl Drop for Turns {
+    fn drop(&mut self) {
+        if self.passed < self.positions.iter().flatten().count() {
+            let mut state = self.gate.state.lock().unwrap_or_else(|p| p.into_inner());
+            state.abandoned_by.get_or_insert(self.stage);
+            self.gate.moved.notify_all();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two stages of one worker on their own threads run their ops in the worker's order,
+    /// whatever order the threads start in.
+    #[test]
+    fn a_workers_stages_take_turns_in_its_order() {
+        let stages = Turns::for_worker(Schedule::Interleaved2, 0, 4, 4, 0, 1).unwrap().unwrap();
+        let ran = Arc::new(Mutex::new(Vec::new()));
+        let handles: Vec<_> = stages
+            .into_iter()
+            .rev()
+            .map(|(k, ops, mut turns)| {
+                let ran = ran.clone();
+                std::thread::spawn(move || {
+                    for (i, op) in ops.into_iter().enumerate() {
+                        let _turn = turns.take(i).unwrap();
+                        if !matches!(op, Op::Step(_)) {
+                            ran.lock().unwrap().push((k, op));
+                        }
+                    }
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().unwrap();
+        }
+        let order: Vec<(usize, Op)> = worker_ops_from(Schedule::Interleaved2, 0, 4, 4, 0, 1).unwrap().into_iter().filter(|(_, op)| !matches!(op, Op::Step(_))).collect();
+        assert_eq!(*ran.lock().unwrap(), order);
+    }
+
+    /// A stage that stops early lets the worker's other stages stop too, naming it.
+    #[test]
+    fn a_stage_that_stops_releases_its_worker() {
+        let mut stages = Turns::for_worker(Schedule::Interleaved2, 0, 4, 4, 0, 1).unwrap().unwrap();
+        let (_, _, mut second) = stages.pop().unwrap();
+        let (_, _, first) = stages.pop().unwrap();
+        // Stage 2's first op comes after two of stage 0's; stage 0 stops without them.
+        let waiting = std::thread::spawn(move || second.take(0).map(|_| ()));
+        drop(first);
+        assert_eq!(waiting.join().unwrap(), Err("stage 0, which shares this stage's worker, stopped before its turn came".to_string()));
+        assert!(Turns::for_worker(Schedule::Flush, 0, 4, 4, 0, 1).unwrap().is_none());
+    }
+}
