@@ -25,9 +25,10 @@ fn train(dir: &Path, steps: &str) -> Vec<f64> {
 
 #[test]
 fn digits_train_to_a_low_loss_under_every_schedule() {
-    for (schedule, recompute) in [("2bw", "none"), ("2bw", "full"), ("flush", "none"), ("gpipe", "full")] {
+    // Interleaved 1F1B: 4 stages on 2 workers.
+    for (schedule, stages, recompute) in [("2bw", "2", "none"), ("2bw", "2", "full"), ("flush", "2", "none"), ("gpipe", "2", "full"), ("interleaved-2", "4", "none")] {
         let dir = tempfile::tempdir().expect("temp dir");
-        compile(dir.path(), "2", schedule, recompute);
+        compile(dir.path(), stages, schedule, recompute);
         let losses = train(dir.path(), "150");
         assert_eq!(losses.len(), 150);
         let (first, last) = (losses[0], losses[140..].iter().sum::<f64>() / 10.0);
@@ -365,9 +366,11 @@ fn train_args<'a>(dir: &'a Path, data: &'a Path, steps: &'a str, extra: &[&'a st
 #[test]
 fn resuming_from_a_checkpoint_reaches_the_same_weights() {
     let data = root().join("examples/digits/digits.npz");
-    for schedule in ["2bw", "flush", "gpipe", "zb-h1"] {
+    for schedule in ["2bw", "flush", "gpipe", "zb-h1", "interleaved-2"] {
         let dir = tempfile::tempdir().expect("temp dir");
-        compile(dir.path(), "3", schedule, if schedule == "gpipe" { "full" } else { "none" });
+        // Interleaved: 2 stages taking turns on one worker (the 3 microbatches per batch
+        // divide among no more workers).
+        compile(dir.path(), if schedule == "interleaved-2" { "2" } else { "3" }, schedule, if schedule == "gpipe" { "full" } else { "none" });
         let out = pw(&train_args(dir.path(), &data, "7", &["--checkpoint-every", "3"]));
         ok(&out);
         let weights = dir.path().join("weights.safetensors");
@@ -1217,6 +1220,26 @@ fn train_schedule_says_it_is_compiled_in() {
     fails(&out, &[&expected]);
     let stdout = pw_ok(["train", b, "--steps", "1", "--schedule", "2bw", "--no-progress"]);
     assert!(stdout.starts_with("trained 1 steps under 2bw over 2 stage(s) x 1 replica(s) in "), "{stdout}");
+}
+
+/// Interleaved 1F1B: a depth its stages per worker do not divide is refused at compile
+/// time, microbatches its workers do not divide at train time, each naming the fix; a
+/// build that runs says how many workers its stages take turns on.
+#[test]
+fn interleaved_builds_name_their_workers_and_refuse_shapes_they_cannot_run() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let build = dir.path().join("build");
+    let (mlp, b) = (model("mlp"), build.to_str().unwrap());
+    let out = pw(["compile", mlp.to_str().unwrap(), "--stages", "3", "--schedule", "interleaved-2", "-o", b]);
+    fails(&out, &["interleaved-2 runs 2 stages per worker, so the pipeline's depth must be a multiple of 2 (it is 3): compile the model with --stages 4"]);
+    assert!(!build.exists(), "a refused compile writes nothing");
+    pw_ok(["compile", mlp.to_str().unwrap(), "--stages", "4", "--schedule", "interleaved-2", "-o", b]);
+    let data = root().join("examples/digits/digits.npz");
+    // `train_args` asks for 3 microbatches per batch.
+    let out = pw(&train_args(&build, &data, "2", &[]));
+    fails(&out, &["the microbatches per batch must be a multiple of 2 (m = 3)"]);
+    let stdout = pw_ok(["train", b, "--steps", "1", "--no-progress"]);
+    assert!(stdout.starts_with("trained 1 steps under interleaved-2 over 4 stage(s) on 2 worker(s) x 1 replica(s) in "), "{stdout}");
 }
 
 /// One job per build folder: while a `train` runs, a second `train` and an `export` of the

@@ -190,7 +190,7 @@ impl Schedule {
     pub fn workers(self, depth: usize) -> Result<usize, String> {
         let v = self.virtual_stages();
         if depth == 0 || depth % v != 0 {
-            return Err(format!("{self} runs {v} stages per worker, so the pipeline's depth must be a multiple of {v} (it is {depth}); compile it with --depth {}", (depth / v).max(1) * v));
+            return Err(format!("{self} runs {v} stages per worker, so the pipeline's depth must be a multiple of {v} (it is {depth}): compile the model with --stages {}", depth.div_ceil(v).max(1) * v));
         }
         Ok(depth / v)
     }

@@ -686,11 +686,19 @@ impl Session {
     }
 }
 
+/// `2 stage(s)`, or `4 stage(s) on 2 worker(s)` where a worker runs several.
+fn stages_text(schedule: Schedule, depth: u32) -> String {
+    match schedule.workers(depth as usize) {
+        Ok(w) if w != depth as usize => format!("{depth} stage(s) on {w} worker(s)"),
+        _ => format!("{depth} stage(s)"),
+    }
+}
+
 impl Session {
     /// `2bw over 2 stage(s) x 1 replica(s)`: the pipeline trained, for the run's summary.
     pub fn pipeline_text(&self) -> String {
         let c = &self.build.manifest.pipeline;
-        format!("{} over {} stage(s) x {} replica(s)", c.schedule, c.depth, self.shape.replicas.value)
+        format!("{} over {} x {} replica(s)", c.schedule, stages_text(c.schedule, c.depth), self.shape.replicas.value)
     }
 
     /// What `train` says before it starts: where each run value came from, the import's
@@ -705,8 +713,12 @@ impl Session {
             lines.push(format!("note: resuming with settings that differ from the checkpoint's (--force): {}", self.forced.join(", ")));
         }
         lines.push(format!(
-            "training {} stage(s) x {} replica(s), schedule {}, recompute {} (from the build), steps {}..{steps}",
-            c.depth, self.shape.replicas.value, c.schedule, c.recompute, self.start
+            "training {} x {} replica(s), schedule {}, recompute {} (from the build), steps {}..{steps}",
+            stages_text(c.schedule, c.depth),
+            self.shape.replicas.value,
+            c.schedule,
+            c.recompute,
+            self.start
         ));
         if !self.config.devices.is_empty() {
             lines.push(format!("placement: {}", placement(&self.config, c.depth as usize, size(self.shape.replicas.value))));

@@ -93,6 +93,12 @@ pub fn plan_stages(imported: Imported, request: &PlanRequest) -> Result<Planned,
             let workers = depth.max(1) as usize;
             let cluster = Cluster { workers, workers_per_node: workers, memory_per_worker: u64::MAX, ..Cluster::default() };
             let b = microbatch.unwrap_or(1);
+            if schedule.virtual_stages() > 1 {
+                // Interleaved: the depth and the microbatches must divide among the
+                // workers, or the build could never train.
+                let m = microbatches.unwrap_or_else(|| Decision::default_microbatches(depth));
+                pipewright_core::schedule::stage_ops(schedule, 0, depth as usize, m as usize, 1).map_err(PlanError::Options)?;
+            }
             // 2BW needs at least d microbatches in flight.
             let m = microbatches.unwrap_or_else(|| Decision::default_microbatches(depth)).max(u64::from(depth));
             let options = PlanOptions {

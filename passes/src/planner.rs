@@ -753,10 +753,11 @@ fn searched_schedules(opts: &PlanOptions) -> Result<Vec<Schedule>, PlanError> {
     let searched: Vec<Schedule> = opts.schedules.iter().copied().filter(|s| s.virtual_stages() == 1).collect();
     if searched.is_empty() {
         return Err(PlanError::Options(format!(
-            "the planner does not yet search a cluster for {} (its workers would hold several stages each): give the stage count, e.g. compile --stages 4 --schedule {} for 4 stages on {} workers",
+            "the planner does not yet search a cluster for {} (its workers would hold several stages each): give the stage count, e.g. compile --stages {} --schedule {} for {} stages on 2 workers",
             spellings(&opts.schedules),
+            2 * opts.schedules[0].virtual_stages(),
             opts.schedules[0],
-            4 / opts.schedules[0].virtual_stages()
+            2 * opts.schedules[0].virtual_stages()
         )));
     }
     Ok(searched)
