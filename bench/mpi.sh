@@ -4,8 +4,10 @@
 # one stage each) and torch.distributed.pipelining (bench/torch_pipe.py under `torchrun
 # --nproc-per-node 2`: gloo, the same stage cut through the build's stage ONNX files).
 # Same model, microbatch, microbatches, plain SGD, one intra-op thread per stage;
-# pipewright runs SCHEDULE (flush, gpipe or zb-h1; default flush) and torch its namesake
-# (Schedule1F1B, ScheduleGPipe, ScheduleInterleavedZeroBubble with one stage per rank). Each round runs the three in a rotated order. Reports per model the median
+# pipewright runs SCHEDULE (flush, gpipe, zb-h1 or interleaved-V; default flush) and torch its
+# namesake (Schedule1F1B, ScheduleGPipe, ScheduleInterleavedZeroBubble with one stage per
+# rank, ScheduleInterleaved1F1B with V stages per rank of a 2V-stage build; MPI does not run
+# interleaved schedules yet, so that side is left out for them). Each round runs the three in a rotated order. Reports per model the median
 # over rounds of each run's median seconds per step after WARMUP (the wall time between
 # consecutive updates), and the ratios to the embedded executor.
 #
@@ -42,9 +44,13 @@ print("%.4f" % statistics.median(r["seconds"] for r in rows[int(sys.argv[2]):]))
 for spec in "${specs[@]}"; do
     IFS=: read -r model mb steps <<<"$spec"
     build="$OUT/$model"
-    "$PW" compile "$MODELS_DIR/$model.onnx" --stages 2 --schedule "$SCHEDULE" --microbatch "$mb" --stage-onnx -o "$build" >/dev/null
+    # Stages per worker: V under interleaved-V.
+    v=1
+    [[ "$SCHEDULE" == interleaved-* ]] && v="${SCHEDULE#interleaved-}"
+    "$PW" compile "$MODELS_DIR/$model.onnx" --stages $((2 * v)) --schedule "$SCHEDULE" --microbatch "$mb" --stage-onnx -o "$build" >/dev/null
     opts=(--steps "$((steps + WARMUP))" --microbatch "$mb" --microbatches "$M" --optimizer sgd --lr 0.0001 --threads 1 --no-progress --log-every 1000000)
-    sides=(train launch)
+    sides=(train)
+    ((v == 1)) && sides+=(launch)
     ((TORCH)) && sides+=(torch)
     declare -A times=()
     for ((r = 0; r < ROUNDS; r++)); do

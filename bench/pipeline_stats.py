@@ -3,8 +3,9 @@
 --trace (Chrome trace JSON), and a markdown table over several runs. Stdlib only.
 
 Usage:
-  pipeline_stats.py run --metrics M.jsonl --trace T.json --warmup W [--label TEXT]
-      prints one JSON object (see below) on stdout
+  pipeline_stats.py run --metrics M.jsonl --trace T.json --warmup W [--label TEXT] [--workers P]
+      prints one JSON object (see below) on stdout; with --workers P (interleaved 1F1B,
+      where worker k runs stages k, k + P, ...), the per-stage figures are per worker
   pipeline_stats.py table FILE.jsonl
       FILE holds one `run` object per line (several rounds of the same label allowed);
       prints a markdown table, one row per label, the median over its rounds
@@ -29,6 +30,7 @@ warm-up and dropped):
   (`seconds` is the wall time between consecutive weight updates reported by the last stage).
 - busy: forward + backward (+ backward-weight, a split backward's weight gradient) +
   recompute + optimizer durations (send/recv are waiting).
+- "stage" below is a worker under --workers: its stages' events together.
 - per stage, time per microbatch t_k = busy of the events of batches W..S-1 / number of
   microbatches that stage ran forward in those batches.
 - ideal_samples_per_s = samples per microbatch / max_k t_k (the slowest stage's rate, the
@@ -83,7 +85,7 @@ def mean_steady_bubble(trace_path, warmup):
     return sum(steady_bubble(ev, w0, w1, k) for k in stages) / len(stages)
 
 
-def run_stats(metrics_path, trace_path, warmup, label):
+def run_stats(metrics_path, trace_path, warmup, label, workers=None):
     steps = [json.loads(l) for l in open(metrics_path) if l.strip()]
     S = len(steps)
     if S <= warmup:
@@ -103,6 +105,11 @@ def run_stats(metrics_path, trace_path, warmup, label):
     fw0 = [e for e in ev if e["tid"] == stages[0] and e["name"] == "forward" and step_of(e) == 0]
     m = len(fw0)
     per_mb = steps[-1]["samples"] / m
+    if workers:
+        # Interleaved: a worker's stages share it; its row is theirs together.
+        for e in ev:
+            e["tid"] = e["tid"] % workers
+        stages = sorted({e["tid"] for e in ev})
 
     out = {"label": label, "steps": S, "warmup": warmup, "m": m, "samples_per_microbatch": per_mb,
            "samples_per_s": samples / seconds, "trace_window_s": (w1 - w0) / 1e6,
@@ -212,8 +219,8 @@ def table(path):
     nst = max(len(r["stages"]) for r in runs)
     med = lambda xs: statistics.median(xs)
     hdr = ["run", "rounds", "samples/s"]
-    hdr += [f"bubble s{k} (steady / whole run)" for k in range(nst)]
-    hdr += [f"ms/microbatch s{k}" for k in range(nst)]
+    hdr += [f"bubble w{k} (steady / whole run)" for k in range(nst)]
+    hdr += [f"ms/microbatch w{k}" for k in range(nst)]
     hdr += ["ideal samples/s", "efficiency"]
     print("| " + " | ".join(hdr) + " |")
     print("|" + "---|" * len(hdr))
@@ -237,6 +244,7 @@ def main():
     r.add_argument("--trace", required=True)
     r.add_argument("--warmup", type=int, required=True)
     r.add_argument("--label", default="")
+    r.add_argument("--workers", type=int, default=None)
     t = sub.add_parser("table")
     t.add_argument("file")
     b = sub.add_parser("bubble")
@@ -249,7 +257,7 @@ def main():
     how.add_argument("--shuffle", type=int, metavar="N")
     a = ap.parse_args()
     if a.cmd == "run":
-        print(json.dumps(run_stats(a.metrics, a.trace, a.warmup, a.label)))
+        print(json.dumps(run_stats(a.metrics, a.trace, a.warmup, a.label, a.workers)))
     elif a.cmd == "reorder":
         if a.shuffle is not None and a.shuffle < 1:
             sys.exit("pipeline_stats.py reorder: --shuffle takes a number of replays, at least 1")

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Pipeline schedules on the embedded executor: gpt2-tiny and resnet18 compiled into d = 2
-# stages with each schedule (2bw, flush, gpipe, zb-h1), trained on seeded random data, reporting per
+# Pipeline schedules on the embedded executor: gpt2-tiny and resnet18 compiled for d = 2
+# workers with each schedule (2bw, flush, gpipe, zb-h1: d stages; interleaved-v: d x v
+# stages, v per worker), trained on seeded random data, reporting per
 # run the steady-state samples/s (metrics JSON lines, first WARMUP steps dropped), each
-# stage's bubble fraction and time per microbatch (from the --trace), and the pipeline
-# efficiency = samples/s / (samples per microbatch / the slowest stage's busy time per
+# worker's bubble fraction and time per microbatch (from the --trace), and the pipeline
+# efficiency = samples/s / (samples per microbatch / the slowest worker's busy time per
 # microbatch). Definitions: bench/pipeline_stats.py.
 #
 # Usage: bench/schedules.sh [MODEL:MICROBATCH:STEPS ...]
@@ -11,11 +12,11 @@
 # Env:   ROUNDS (3: each round runs every model x schedule once, the schedules back to back
 #        in an order rotated by one each round, so they see the same machine noise and no
 #        schedule always runs first; the table gives the median over rounds),
-#        WARMUP (3 steps dropped), M (4 microbatches per step), STAGES (2),
+#        WARMUP (3 steps dropped), M (4 microbatches per step), STAGES (2: workers),
 #        THREADS (1: libtorch intra-op threads per stage, through OMP_NUM_THREADS and
 #        MKL_NUM_THREADS — `pipewright train` has no thread flag; 2 stage threads x 1 on the
 #        2-core machine), LR (1e-4, plain SGD: small enough that no run diverges),
-#        SCHEDULES ("2bw flush gpipe zb-h1"), MODELS_DIR (../shared/corpus/models),
+#        SCHEDULES ("2bw flush gpipe zb-h1 interleaved-2"), MODELS_DIR (../shared/corpus/models),
 #        BENCH_VENV (${XDG_CACHE_HOME:-~/.cache}/pipewright/bench-venv: numpy + onnx for
 #        bench/make_data.py), OUT (target/bench/schedules: build folders, data, metrics,
 #        traces, SVG timelines, runs.jsonl, table.md).
@@ -34,7 +35,7 @@ M="${M:-4}"
 STAGES="${STAGES:-2}"
 THREADS="${THREADS:-1}"
 LR="${LR:-0.0001}"
-read -r -a schedules <<<"${SCHEDULES:-2bw flush gpipe zb-h1}"
+read -r -a schedules <<<"${SCHEDULES:-2bw flush gpipe zb-h1 interleaved-2}"
 MODELS_DIR="${MODELS_DIR:-$repo/../shared/corpus/models}"
 cache="${PIPEWRIGHT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/pipewright}"
 py="${BENCH_VENV:-$cache/bench-venv}/bin/python"
@@ -42,6 +43,8 @@ OUT="${OUT:-$repo/target/bench/schedules}"
 specs=("$@")
 [[ ${#specs[@]} -gt 0 ]] || specs=(gpt2-tiny:4:40 resnet18:2:12)
 log() { echo "schedules.sh: $*" >&2; }
+# Stages per worker: v for interleaved-v, else 1.
+per_worker() { case "$1" in interleaved-*) echo "${1#interleaved-}" ;; *) echo 1 ;; esac; }
 
 "$py" -c 'import numpy, onnx' 2>/dev/null || { log "$py lacks numpy/onnx (see bench/fwd_bwd.sh for the venv)"; exit 1; }
 log "cargo build --release"
@@ -59,7 +62,7 @@ for spec in "${specs[@]}"; do
     out_name[$model]="$("$py" -c 'import onnx,sys; print(onnx.load(sys.argv[1], load_external_data=False).graph.output[0].name)' "$MODELS_DIR/$model.onnx")"
     "$py" bench/make_data.py "$MODELS_DIR/$model.onnx" -o "$OUT/$model.npz" --samples $((mb * M * 4)) >&2
     for s in "${schedules[@]}"; do
-        "$pw" compile "$MODELS_DIR/$model.onnx" --stages "$STAGES" --schedule "$s" -o "$OUT/$model-$s" >&2
+        "$pw" compile "$MODELS_DIR/$model.onnx" --stages $((STAGES * $(per_worker "$s"))) --schedule "$s" -o "$OUT/$model-$s" >&2
     done
 done
 
@@ -76,14 +79,14 @@ for r in $(seq 1 "$ROUNDS"); do
                 --steps "$steps" --microbatch "$mb" --microbatches "$M" --optimizer sgd --lr "$LR" \
                 --log-every 1000 --metrics "$dir/m$r.jsonl" --trace "$dir/trace$r.json" >&2
             "$pw" trace-svg "$dir/trace$r.json" -o "$dir/timeline$r.svg" 2>/dev/null | sed "s/^/round $r $model $s: trace-svg: /" >&2
-            "$py" bench/pipeline_stats.py run --metrics "$dir/m$r.jsonl" --trace "$dir/trace$r.json" --warmup "$WARMUP" \
+            "$py" bench/pipeline_stats.py run --metrics "$dir/m$r.jsonl" --trace "$dir/trace$r.json" --warmup "$WARMUP" --workers "$STAGES" \
                 --label "$model, $s (microbatch $mb, m = $M)" | tee -a "$runs" >&2
         done
     done
 done
 
 {
-    echo "d = $STAGES, $THREADS intra-op thread(s) per stage (OMP_NUM_THREADS), SGD lr $LR, steps after $WARMUP warm-up, median over $ROUNDS round(s); $(getconf _NPROCESSORS_ONLN) CPUs"
+    echo "d = $STAGES workers, $THREADS intra-op thread(s) per worker (OMP_NUM_THREADS), SGD lr $LR, steps after $WARMUP warm-up, median over $ROUNDS round(s); $(getconf _NPROCESSORS_ONLN) CPUs"
     echo
     "$py" bench/pipeline_stats.py table "$runs"
 } | tee "$OUT/table.md"

@@ -7,7 +7,9 @@ by op with eager torch ops (bench/torch_eager.py's OnnxModule, with pipewright's
 tensors) as a `PipelineStage`, over gloo, under the namesake of a pipewright schedule
 (`--schedule`: flush is `Schedule1F1B`, 1F1B with a flush per step; gpipe `ScheduleGPipe`;
 zb-h1 `ScheduleInterleavedZeroBubble` with one stage per rank, the zero-bubble schedule
-that splits each backward into input and weight gradients), with the mean cross-entropy of the last stage's output
+that splits each backward into input and weight gradients; interleaved-V
+`ScheduleInterleaved1F1B` with V stages per rank, rank K running stages K, K + ranks, ...
+of a build of V x ranks stages), with the mean cross-entropy of the last stage's output
 against seeded random labels, `torch.optim.SGD` (plain, lr), one intra-op thread per stage.
 Each step is M microbatches of B samples. The last rank reports the median seconds per step
 (the wall time between consecutive updates, as pipewright's metrics) after the warm-up.
@@ -24,7 +26,7 @@ import onnx
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleavedZeroBubble
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch_eager  # noqa: E402
@@ -61,28 +63,36 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--export-batch", type=int, default=2)
-    ap.add_argument("--schedule", choices=["flush", "gpipe", "zb-h1"], default="flush")
+    ap.add_argument("--schedule", choices=["flush", "gpipe", "zb-h1", "interleaved-2", "interleaved-4"], default="flush")
     a = ap.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    model = onnx.load(os.path.join(a.build, f"stage{rank}.onnx"))
-    module = torch_eager.OnnxModule(model)
-    torch_eager.match_pipewright(module, a.export_batch, a.microbatch)
-    module.train(True)
-    stage = PipelineStage(Stage(module), rank, world, torch.device("cpu"))
-    last = model.graph.output[0]
+    v = int(a.schedule.split("-")[1]) if a.schedule.startswith("interleaved-") else 1
+    # This rank's stages: K, K + ranks, ... (one unless interleaved).
+    indices = [rank + j * world for j in range(v)]
+    models = [onnx.load(os.path.join(a.build, f"stage{k}.onnx")) for k in indices]
+    modules = []
+    for mdl in models:
+        module = torch_eager.OnnxModule(mdl)
+        torch_eager.match_pipewright(module, a.export_batch, a.microbatch)
+        module.train(True)
+        modules.append(module)
+    stages = [PipelineStage(Stage(mod), k, world * v, torch.device("cpu")) for k, mod in zip(indices, modules)]
+    last = models[-1].graph.output[0]
     per_sample = [d.dim_value for d in last.type.tensor_type.shape.dim][1:]
 
     def loss_fn(out, y):
         return F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
 
     if a.schedule == "zb-h1":
-        schedule = ScheduleInterleavedZeroBubble([stage], n_microbatches=a.microbatches, loss_fn=loss_fn)
+        schedule = ScheduleInterleavedZeroBubble(stages, n_microbatches=a.microbatches, loss_fn=loss_fn)
+    elif v > 1:
+        schedule = ScheduleInterleaved1F1B(stages, n_microbatches=a.microbatches, loss_fn=loss_fn)
     else:
         kind = {"flush": Schedule1F1B, "gpipe": ScheduleGPipe}[a.schedule]
-        schedule = kind(stage, n_microbatches=a.microbatches, loss_fn=loss_fn)
-    opt = torch.optim.SGD(module.parameters(), lr=a.lr)
+        schedule = kind(stages[0], n_microbatches=a.microbatches, loss_fn=loss_fn)
+    opt = torch.optim.SGD([p for mod in modules for p in mod.parameters()], lr=a.lr)
     g = torch.Generator().manual_seed(0)
     n = a.microbatch * a.microbatches
     first = onnx.load(os.path.join(a.build, "stage0.onnx"))

@@ -167,7 +167,7 @@ fn a_model_report_has_every_scheme_and_its_numbers() {
     let v: Value = serde_json::from_str(&out).expect("JSON");
     let outcomes = v["outcomes"].as_array().unwrap();
     let schemes: Vec<&str> = outcomes.iter().map(|o| o["scheme"].as_str().unwrap()).collect();
-    assert_eq!(schemes, ["2bw", "flush", "gpipe", "zb-h1", "model-parallel", "data-parallel", "tensor-parallel"]);
+    assert_eq!(schemes, ["2bw", "flush", "gpipe", "zb-h1", "interleaved-2", "interleaved-4", "model-parallel", "data-parallel", "tensor-parallel"]);
     assert_eq!(v["cluster"]["cluster"]["workers"], 8);
     for o in outcomes {
         let sim = &o["simulation"];
@@ -186,7 +186,7 @@ fn a_model_report_has_every_scheme_and_its_numbers() {
     // host cores, when the stages share them), so replayed for 6 batches here its choice
     // runs at the rate the plan predicts; the closed form is reported beside it.
     for cores in [None, Some("2")] {
-        let mut args = vec!["simulate", gpt, "--cluster", "A100-40GB", "--batch", "64", "--batches", "6", "--schedule", "2bw,flush,gpipe,zb-h1", "--json"];
+        let mut args = vec!["simulate", gpt, "--cluster", "A100-40GB", "--batch", "64", "--batches", "6", "--schedule", "2bw,flush,gpipe,zb-h1,interleaved-2", "--json"];
         if let Some(c) = cores {
             args.extend(["--host-cores", c]);
         }

@@ -427,7 +427,7 @@ fn replay_candidate(ctx: &mut PlanContext, cluster: &SimCluster, opts: &PlanOpti
         m: cand.m,
         batches: req.batches,
         stages,
-        links: cluster.pipeline_links(cand.layout()),
+        links: cand.stage_links(&cluster.cluster, cluster.latencies()),
         allreduce: cluster.allreduce(cand.layout()),
         record: req.record,
         host,

@@ -240,9 +240,15 @@ impl Cluster {
     /// what leaves and what enters each server; 0 when every replica's pair of workers
     /// shares a server.
     pub fn boundary_flows(&self, layout: Layout, s: usize) -> usize {
+        self.flows_between(layout, s, s + 1)
+    }
+
+    /// [`Cluster::boundary_flows`] of a transfer from each replica's worker `from` to its
+    /// worker `to` (consecutive ones, or, under interleaved 1F1B, the last and the first).
+    fn flows_between(&self, layout: Layout, from: usize, to: usize) -> usize {
         let mut through: HashMap<usize, usize> = HashMap::new();
         for r in 0..layout.replicas.max(1) {
-            let (a, b) = (self.server_of(layout.rank(r, s)), self.server_of(layout.rank(r, s + 1)));
+            let (a, b) = (self.server_of(layout.rank(r, from)), self.server_of(layout.rank(r, to)));
             if a != b {
                 *through.entry(a).or_insert(0) += 1;
                 *through.entry(b).or_insert(0) += 1;
@@ -342,10 +348,23 @@ impl Cluster {
     /// crossing one server's network share it, when `server_bw` is known), since the
     /// replicas wait for each other at every update.
     pub fn pipeline_links(&self, layout: Layout, latencies: Latencies) -> Vec<Link> {
-        (0..layout.depth.saturating_sub(1))
-            .map(|s| match self.boundary_flows(layout, s) {
-                0 => Link { bandwidth: self.intra_bw, latency_s: latencies.intra_s },
-                _ => Link { bandwidth: self.boundary_bw(layout, s), latency_s: latencies.inter_s },
+        self.stage_links(layout, layout.depth, latencies)
+    }
+
+    /// The link under each boundary of `stages` stages on `layout`'s workers, stage `k` on
+    /// worker `k % layout.depth` (interleaved 1F1B; with `stages = layout.depth` these are
+    /// [`Cluster::pipeline_links`]). Two stages on one worker pass their tensors in its
+    /// memory: a link of no time.
+    pub fn stage_links(&self, layout: Layout, stages: usize, latencies: Latencies) -> Vec<Link> {
+        let p = layout.depth.max(1);
+        (0..stages.saturating_sub(1))
+            .map(|s| {
+                let (from, to) = (s % p, (s + 1) % p);
+                match self.flows_between(layout, from, to) {
+                    _ if from == to => Link { bandwidth: f64::INFINITY, latency_s: 0.0 },
+                    0 => Link { bandwidth: self.intra_bw, latency_s: latencies.intra_s },
+                    n => Link { bandwidth: self.network_share(n), latency_s: latencies.inter_s },
+                }
             })
             .collect()
     }

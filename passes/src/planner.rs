@@ -71,6 +71,7 @@ use rayon::iter::{IndexedParallelIterator, IntoParallelIterator, ParallelIterato
 use serde::{Deserialize, Serialize};
 
 use crate::cluster::{Cluster, Latencies};
+use crate::machine::Link;
 use crate::simulate::{simulate, SimError, SimSetup};
 use pipewright_ops::op::OpClass;
 
@@ -245,9 +246,15 @@ impl Candidate {
         self.replayed_samples_per_s.unwrap_or(self.samples_per_s)
     }
 
-    /// Its workers: `w` pipelines of `d` stages, numbered by its placement.
+    /// Its workers: `w` pipelines of `d` stages (of `d / v` workers under interleaved
+    /// 1F1B, stage `k` on worker `k % (d / v)`), numbered by its placement.
     pub fn layout(&self) -> Layout {
-        Layout::new(self.d, self.w).placed(self.placement)
+        worker_layout(self.schedule, self.d, self.w, self.placement)
+    }
+
+    /// Its stages' links, boundary by boundary ([`Cluster::stage_links`]).
+    pub fn stage_links(&self, cluster: &Cluster, latencies: Latencies) -> Vec<Link> {
+        cluster.stage_links(self.layout(), self.d, latencies)
     }
 
     /// Its placement for tables: `-` where it numbers nothing differently (one replica or
@@ -736,31 +743,23 @@ struct Config {
 
 impl Config {
     fn layout(&self) -> Layout {
-        Layout::new(self.d, self.w).placed(self.placement)
+        worker_layout(self.schedule, self.d, self.w, self.placement)
     }
 
+    /// The stages' memory models, each under its share of a worker's `limit`: all of it,
+    /// or a `v`-th under interleaved 1F1B (a worker holds `v` stages; an even share, so
+    /// that the cuts stay a partition problem per stage).
     fn memory_model(&self, opts: &PlanOptions, limit: f64) -> PipelineMemory {
         let state = opts.optimizer.state_tensors(opts.momentum);
-        PipelineMemory::of_pipeline(self.schedule, self.recompute, self.d, self.m, state, opts.precision, limit)
+        let share = limit / self.schedule.virtual_stages() as f64;
+        PipelineMemory::of_pipeline(self.schedule, self.recompute, self.d, self.m, state, opts.precision, share)
     }
 }
 
-/// The schedules a search weighs: interleaved ones only for a given stage count.
-fn searched_schedules(opts: &PlanOptions) -> Result<Vec<Schedule>, PlanError> {
-    if opts.stages.is_some() || opts.cuts.is_some() {
-        return Ok(opts.schedules.clone());
-    }
-    let searched: Vec<Schedule> = opts.schedules.iter().copied().filter(|s| s.virtual_stages() == 1).collect();
-    if searched.is_empty() {
-        return Err(PlanError::Options(format!(
-            "the planner does not yet search a cluster for {} (its workers would hold several stages each): give the stage count, e.g. compile --stages {} --schedule {} for {} stages on 2 workers",
-            spellings(&opts.schedules),
-            2 * opts.schedules[0].virtual_stages(),
-            opts.schedules[0],
-            2 * opts.schedules[0].virtual_stages()
-        )));
-    }
-    Ok(searched)
+/// The workers of `w` pipelines of `d` stages under `schedule`: `d / v` per pipeline
+/// under interleaved 1F1B, else `d`.
+fn worker_layout(schedule: Schedule, d: usize, w: usize, placement: Placement) -> Layout {
+    Layout::new(schedule.workers(d).unwrap_or(d), w).placed(placement)
 }
 
 /// Whether `schedule` runs `d` stages with `m` microbatches per batch (as the planner
@@ -787,9 +786,10 @@ fn assess(
     opts: &PlanOptions,
 ) -> Option<Candidate> {
     let cluster = ctx.cluster;
-    let limit = cluster.memory_per_worker as f64;
     let pbw = cluster.pipeline_bw(cfg.layout());
-    let mem = cfg.memory_model(opts, limit);
+    let mem = cfg.memory_model(opts, cluster.memory_per_worker as f64);
+    // Each stage's share of its worker's memory.
+    let limit = mem.limit();
     let (extra_bytes, _, sync) = ctx.shared_extra(cuts, pbw);
     let prob = ctx.problem(cfg.b, cfg.recompute, pbw);
     let (times, mems) = prob.evaluate_with_extra(cuts, &mem, &extra_bytes);
@@ -988,10 +988,9 @@ pub fn plan(
 /// `simulate`'s cluster's, so that its replay of the chosen configuration is the plan's
 /// prediction.
 ///
-/// Interleaved schedules are weighed only for a given stage count (`compile --stages`):
-/// their cuts are balanced as any schedule's, but the search does not yet place `v` stages
-/// on one worker's memory, so a search over a cluster leaves them out (and says so when
-/// they are all it was asked for).
+/// Interleaved 1F1B's configurations have `d` stages on `d / v` workers per pipeline
+/// (a search's depths are workers); each stage is held to a `v`-th of its worker's
+/// memory ([`Config::memory_model`]).
 pub fn plan_on(
     g: &Graph,
     cost: &CostModel,
@@ -1009,13 +1008,14 @@ pub fn plan_on(
     if cluster.workers == 0 {
         return Err(PlanError::Options("the cluster has no workers".into()));
     }
-    let searched = searched_schedules(opts)?;
     let mut ctx = PlanContext::new(g, cost, cluster)?;
     let n = ctx.n;
     let fixed_cuts = match &opts.cuts {
         Some(names) => Some(explicit_cuts(&ctx, names)?),
         None => None,
     };
+    let fixed_depth = fixed_cuts.is_some() || opts.stages.is_some();
+    let only_interleaved = opts.schedules.iter().all(|s| s.virtual_stages() > 1);
     let depths: Vec<usize> = match (&fixed_cuts, opts.stages) {
         (Some(c), Some(s)) if c.len() + 1 != s => {
             return Err(PlanError::StagesMismatch {
@@ -1072,8 +1072,20 @@ pub fn plan_on(
                             .sum()
                     });
                     for &recompute in &recomputes {
-                        for &schedule in &searched {
-                            if !runs_on(schedule, d, m) {
+                        for &schedule in &opts.schedules {
+                            // A search's `d` is workers, which hold `v` stages each under
+                            // interleaved 1F1B; a given stage count is the stages.
+                            let stages = if fixed_depth { d } else { d * schedule.virtual_stages() };
+                            if stages > n || !runs_on(schedule, stages, m) {
+                                continue;
+                            }
+                            // One worker has no pipeline to interleave: its stages differ
+                            // from one Flush stage only in all-reducing each stage's
+                            // gradients after its own backward, an overlap no other
+                            // schedule is credited with. Weighed only for a stage count
+                            // given with no other schedule (`compile --stages 2 --schedule
+                            // interleaved-2`).
+                            if schedule.virtual_stages() > 1 && stages == schedule.virtual_stages() && !(fixed_depth && only_interleaved) {
                                 continue;
                             }
                             // The split backward runs on whole graphs, not selective pieces.
@@ -1088,20 +1100,20 @@ pub fn plan_on(
                             let cheapest_cut = *min_live.entry(b).or_insert_with(|| {
                                 ctx.order.live.get(1..n).unwrap_or(&[]).iter().map(|l| l.at(b).max(0.0)).fold(f64::INFINITY, f64::min)
                             });
-                            let layout = Layout::new(d, w).placed(placement);
-                            let comm_lb = if d > 1 && cheapest_cut.is_finite() { 2.0 * (d as f64 - 1.0) * 2.0 * cheapest_cut / cluster.pipeline_bw(layout) } else { 0.0 };
-                            let t_lb = (total * slowdown + comm_lb) / d as f64;
+                            let layout = worker_layout(schedule, stages, w, placement);
+                            let comm_lb = if stages > 1 && cheapest_cut.is_finite() { 2.0 * (stages as f64 - 1.0) * 2.0 * cheapest_cut / cluster.pipeline_bw(layout) } else { 0.0 };
+                            let t_lb = (total * slowdown + comm_lb) / stages as f64;
                             // Some stage holds at least a d-th of the parameters, and its
                             // all-reduce takes at least that share's time (as in `assess`).
-                            let ar_lb = cluster.allreduce(layout, Latencies::NONE).seconds(param_total / d as f64, w);
+                            let ar_lb = cluster.allreduce(layout, Latencies::NONE).seconds(param_total / stages as f64, w);
                             let per_batch = match schedule {
                                 Schedule::TwoBw => (m as f64 * t_lb).max(ar_lb),
-                                Schedule::Flush | Schedule::GPipe => (m + d as u64 - 1) as f64 * t_lb + ar_lb,
+                                Schedule::Flush | Schedule::GPipe => (m + stages as u64 - 1) as f64 * t_lb + ar_lb,
                                 // Its closed form takes at most the slowest stage's `W` off
                                 // each of the drain's `d - 1` slots, and a `W` (half of
                                 // some products' backward) is at most half a stage's time.
-                                Schedule::ZbH1 => (m as f64 + (d as f64 - 1.0) / 2.0) * t_lb + ar_lb,
-                                Schedule::Interleaved2 | Schedule::Interleaved4 => interleaved_slots(schedule, d, m) * t_lb + ar_lb,
+                                Schedule::ZbH1 => (m as f64 + (stages as f64 - 1.0) / 2.0) * t_lb + ar_lb,
+                                Schedule::Interleaved2 | Schedule::Interleaved4 => interleaved_slots(schedule, stages, m) * t_lb + ar_lb,
                             };
                             let optimistic = if per_batch > 0.0 {
                                 (b * m * w as u64) as f64 / per_batch
@@ -1110,7 +1122,7 @@ pub fn plan_on(
                             };
                             configs.push(Config {
                                 w,
-                                d,
+                                d: stages,
                                 b,
                                 m,
                                 recompute,
@@ -1142,7 +1154,7 @@ pub fn plan_on(
         // Every stage holds at least the least of the stages' models.
         let mem = cfg.memory_model(opts, limit).least();
         let (p, a, k) = ctx.totals(cfg.b, cfg.recompute, cluster.pipeline_bw(cfg.layout()));
-        (mem.weight_factor * p + mem.act_factor * a + mem.kept_factor * k) / cfg.d as f64 <= limit * (1.0 + 1e-9)
+        (mem.weight_factor * p + mem.act_factor * a + mem.kept_factor * k) / cfg.d as f64 <= mem.limit * (1.0 + 1e-9)
     });
     if configs.is_empty() {
         return Err(PlanError::NoFeasible(format!("every configuration needs more than {} per worker", human_bytes(cluster.memory_per_worker))));
@@ -1262,7 +1274,7 @@ fn replay_setup(ctx: &mut PlanContext, cand: &Candidate, opts: &PlanOptions, lat
         m: cand.m,
         batches: REPLAY_BATCHES,
         stages: ctx.stage_costs(cand, opts),
-        links: cluster.pipeline_links(cand.layout(), latencies),
+        links: cand.stage_links(cluster, latencies),
         allreduce: cluster.allreduce(cand.layout(), latencies),
         record: false,
         host: host_cores.map(|c| ctx.cost.host_cores(c, cand.b)),
@@ -1397,7 +1409,8 @@ columns: w = replicas (data-parallel copies of the pipeline), d = pipeline depth
   placement = how the w x d workers are numbered (stage-major: a stage's replicas on
   consecutive workers; replica-major: a pipeline's stages; - with one replica or one
   stage), b = microbatch size,
-  m = microbatches per step and replica (w x b x m = the global batch; w x d workers);
+  m = microbatches per step and replica (w x b x m = the global batch; w x d workers,
+  w x d / v under interleaved-v, whose workers run v stages each);
   samples/s = the prediction on the cluster above, not a measurement: an
   event-by-event replay of the configuration (as `pipewright simulate` runs it) from the
   cost model, which ranks the rows; closed form = the planner's formula, which prunes the

@@ -181,7 +181,8 @@ pub(super) fn replay_dedicated(setup: &SimSetup) -> Result<Simulation, SimError>
 /// Under interleaved 1F1B, how the stages share their workers ([`Schedule::virtual_stages`]):
 /// a stage's forwards and backwards run on its worker's one stream, in the worker's order
 /// ([`worker_ops_from`]), as the runtime's turns run them; its optimizer steps take no
-/// turn (`runtime/src/pipeline/turns.rs`).
+/// turn (`runtime/src/pipeline/turns.rs`) but run on the worker's stream too, after
+/// whatever the replay has put on it so far.
 ///
 /// [`Schedule::virtual_stages`]: pipewright_core::Schedule::virtual_stages
 pub(super) struct Workers {
@@ -209,24 +210,33 @@ impl Workers {
     }
 
     /// Whether stage `s` may run `op` now: a step always, other ops in their worker's turn.
-    fn may_run(&self, s: usize, op: Op) -> bool {
+    pub(super) fn may_run(&self, s: usize, op: Op) -> bool {
         let w = s % self.count;
         !takes_turn(op) || self.order[w].get(self.next[w]) == Some(&s)
     }
 
-    /// Before `op` runs on stage `s`: the stage's stream is its worker's.
-    fn share_stream(&self, s: usize, op: Op, state: &mut StageState) {
-        if takes_turn(op) {
-            state.free = state.free.max(self.free[s % self.count]);
-        }
+    /// Whether `op` waits for its worker's turn (forwards and backwards; steps do not).
+    pub(super) fn takes_turn(&self, op: Op) -> bool {
+        takes_turn(op)
+    }
+
+    /// Stage `s`'s op that held its worker's turn is done.
+    pub(super) fn pass(&mut self, s: usize) {
+        self.next[s % self.count] += 1;
+    }
+
+    /// Before `op` runs on stage `s`: the stage's stream is its worker's (a step's
+    /// optimizer too: it takes no turn, but it computes on the worker's device).
+    fn share_stream(&self, s: usize, _op: Op, state: &mut StageState) {
+        state.free = state.free.max(self.free[s % self.count]);
     }
 
     /// After `op` ran on stage `s`: the worker's stream is busy until the stage's is.
     fn ran(&mut self, s: usize, op: Op, state: &StageState) {
+        let w = s % self.count;
+        self.free[w] = self.free[w].max(state.free);
         if takes_turn(op) {
-            let w = s % self.count;
-            self.free[w] = state.free;
-            self.next[w] += 1;
+            self.pass(s);
         }
     }
 }

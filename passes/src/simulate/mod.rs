@@ -283,21 +283,14 @@ fn mean_of(mut runs: Vec<Simulation>) -> Simulation {
 
 /// One replay, by the engine the host calls for.
 fn replay(setup: &SimSetup) -> Result<Simulation, SimError> {
-    // Under interleaved 1F1B a worker's stages take turns: one computes at a time.
+    // Under interleaved 1F1B a worker's stages take turns: one computes at a time (their
+    // optimizer steps apart, which are short).
     let d = setup.stages.len();
     let schedule = setup.scheme.schedule();
     let workers = schedule.map_or(Ok(d), |s| s.workers(d)).map_err(SimError::Setup)?;
     let threads = setup.w * workers;
     match setup.host {
-        Some(host) if host.cores < threads || host.crowding.slows(threads, host.cores) => {
-            if workers < d {
-                return Err(SimError::Setup(format!(
-                    "the replay of threads sharing cores does not run {} yet (a worker's stages take turns): give the host at least {threads} cores",
-                    setup.scheme
-                )));
-            }
-            shared::replay(setup, host)
-        }
+        Some(host) if host.cores < threads || host.crowding.slows(threads, host.cores) => shared::replay(setup, host),
         _ => replay_dedicated(setup),
     }
 }

@@ -32,6 +32,7 @@ use pipewright_core::timeline::{TraceEvent, TraceKind};
 
 use crate::machine::HostCores;
 
+use super::dedicated::Workers;
 use super::state::{report, StageEnd, StageState, Start};
 use super::{SimError, SimSetup, Simulation};
 
@@ -53,6 +54,8 @@ struct Work {
 /// One piece of an operation, run in order on its stage.
 #[derive(Clone, Copy, Debug)]
 enum Step {
+    /// Interleaved 1F1B: the op that held the worker's turn is done; the turn passes on.
+    PassTurn,
     /// Wait for microbatch `mb`'s activation (`grad` false) or gradient.
     Input { grad: bool, mb: u64 },
     /// Wait, taking no core, until then (an all-reduce).
@@ -138,6 +141,9 @@ pub(super) fn replay(setup: &SimSetup, host: HostCores) -> Result<Simulation, Si
         .into_iter()
         .map(|common| Stage { common, steps: VecDeque::new(), running: None, handoff_start: 0.0, core_until: None, queued: false })
         .collect();
+    // Interleaved 1F1B: a worker's stages take turns at their forwards and backwards (a
+    // stage waiting for its turn takes no core, as the runtime's waits on its turn).
+    let mut workers = Workers::of(setup)?;
     // Under time slices a stage takes turns as a block of its `w` replicas' threads.
     let (slice, slots) = (host.time_slice_s, (cores / setup.w).max(1));
     let mut queue: VecDeque<usize> = VecDeque::new();
@@ -173,6 +179,11 @@ pub(super) fn replay(setup: &SimSetup, host: HostCores) -> Result<Simulation, Si
                     }
                     if let Some(&step) = state.steps.front() {
                         match step {
+                            Step::PassTurn => {
+                                if let Some(w) = workers.as_mut() {
+                                    w.pass(s);
+                                }
+                            }
                             Step::Input { grad, mb } => {
                                 let arrivals = if grad { &mut grads[s] } else { &mut acts[s] };
                                 match arrivals.peek(mb) {
@@ -243,6 +254,10 @@ pub(super) fn replay(setup: &SimSetup, host: HostCores) -> Result<Simulation, Si
                         continue;
                     }
                     if let Some(&op) = state.common.ops.get(state.common.pc) {
+                        let turn = workers.as_ref().is_some_and(|w| w.takes_turn(op));
+                        if turn && workers.as_ref().is_some_and(|w| !w.may_run(s, op)) {
+                            break;
+                        }
                         state.common.pc += 1;
                         changed = true;
                         let work = |kind: TraceKind, seconds: f64, mb: Option<u64>, version: u64, step: u64| Step::Work(Work { kind: Some(kind), seconds, mb, version, step, ends_batch: false });
@@ -321,6 +336,9 @@ pub(super) fn replay(setup: &SimSetup, host: HostCores) -> Result<Simulation, Si
                                 state.steps.push_back(Step::Meet { t, sync: cost.tied_sync_s, arrive: true });
                                 state.steps.push_back(Step::Update { t });
                             }
+                        }
+                        if turn {
+                            state.steps.push_back(Step::PassTurn);
                         }
                         continue;
                     }

@@ -93,15 +93,28 @@ fn interleaved_stages_take_turns_on_their_worker() {
                 for pair in ev.windows(2) {
                     assert!(pair[1].start_us >= pair[0].start_us + pair[0].dur_us - 1e-6, "{schedule} p={p} m={m}: worker {r} overlaps {:?} and {:?}", pair[0], pair[1]);
                 }
-                let ran: Vec<(usize, Op)> = ev.iter().map(|e| (e.stage, if e.kind == TraceKind::Forward { Op::Forward(e.microbatch.unwrap()) } else { Op::Backward(e.microbatch.unwrap()) })).collect();
+                let ran = worker_compute(&sim, r, p);
                 let want: Vec<(usize, Op)> = worker_ops_from(schedule, r, d, m as usize, 0, 1).unwrap().into_iter().filter(|(_, op)| !matches!(op, Op::Step(_))).collect();
                 assert_eq!(ran, want, "{schedule} p={p} m={m}: worker {r}");
             }
         }
     }
-    let shared = SimSetup { host: Some(HostCores::ideal(1)), ..setup(Scheme::Interleaved2, 4, 4, 1) };
-    assert_eq!(simulate(&shared).unwrap_err(), SimError::Setup("the replay of threads sharing cores does not run interleaved-2 yet (a worker's stages take turns): give the host at least 2 cores".into()));
-    assert!(simulate(&SimSetup { host: Some(HostCores::ideal(2)), ..setup(Scheme::Interleaved2, 4, 4, 1) }).is_ok());
+    // Two workers' threads on one core: each worker still runs one op at a time in its
+    // order, and a batch takes twice the compute of one worker.
+    let shared = simulate(&SimSetup { host: Some(HostCores::ideal(1)), ..setup(Scheme::Interleaved2, 4, 4, 1) }).unwrap();
+    for r in 0..2 {
+        let ran: Vec<(usize, Op)> = worker_compute(&shared, r, 2);
+        let want: Vec<(usize, Op)> = worker_ops_from(Schedule::Interleaved2, r, 4, 4, 0, 1).unwrap().into_iter().filter(|(_, op)| !matches!(op, Op::Step(_))).collect();
+        assert_eq!(ran, want, "worker {r} on a shared core");
+    }
+    assert!((shared.makespan_s - 2.0 * 4.0 * 2.0 * 3.0).abs() < 1e-9, "{}", shared.makespan_s);
+}
+
+/// Worker `r`'s (of `p`) forwards and backwards in a replay's trace, in time order.
+fn worker_compute(sim: &Simulation, r: usize, p: usize) -> Vec<(usize, Op)> {
+    let mut ev: Vec<&TraceEvent> = sim.events.iter().filter(|e| e.stage % p == r && matches!(e.kind, TraceKind::Forward | TraceKind::Backward)).collect();
+    ev.sort_by(|a, b| a.start_us.total_cmp(&b.start_us));
+    ev.iter().map(|e| (e.stage, if e.kind == TraceKind::Forward { Op::Forward(e.microbatch.unwrap()) } else { Op::Backward(e.microbatch.unwrap()) })).collect()
 }
 
 /// ZB-H1 on equal stages and free links (forward 1, input gradient 4/3, weight gradient
@@ -391,8 +404,8 @@ fn shared_engine_equals_the_dedicated_one_when_the_cores_suffice() {
 
 #[test]
 fn every_stage_runs_the_runtimes_order_under_sharing() {
-    for schedule in Schedule::ALL.iter().copied().filter(|s| s.virtual_stages() == 1) {
-        for (d, m) in [(2, 2), (3, 4), (4, 4), (4, 6)] {
+    for schedule in Schedule::ALL.iter().copied() {
+        for (d, m) in [(2, 2), (3, 4), (4, 4), (4, 6), (8, 4)].into_iter().filter(|&(d, m)| stage_ops(schedule, 0, d, m as usize, 1).is_ok()) {
             for cores in [1, 2, 3] {
                 let mut s = setup(schedule.into(), d, m, 3);
                 s.host = Some(HostCores::ideal(cores));
