@@ -37,8 +37,8 @@ enum Command {
     /// The plan is for the cluster the options describe; without any, for a default server
     /// of 8 V100-class GPUs (16 GiB, 15.7 Tflop/s each), which the output says.
     Plan(PlanSpec),
-    /// Replay training on a cluster event by event: 2BW, PipeDream-Flush, GPipe and the
-    /// baselines without pipelining, each as the planner configures it, with the runtime's
+    /// Replay training on a cluster event by event: 2BW, PipeDream-Flush, GPipe, ZB-H1,
+    /// interleaved 1F1B, ZB-V and the baselines without pipelining, each as the planner configures it, with the runtime's
     /// per-stage operation order; samples/s, bubbles, busy time and memory per stage.
     Simulate(SimulateSpec),
     /// Compile a model into a build folder: per-stage modules (`stageK.pwm`) and
@@ -56,7 +56,8 @@ enum Command {
     /// Start a build's pipeline as an MPI job (one rank per stage and replica), or print
     /// the `mpirun` line (`--dry-run`).
     Launch(LaunchArgs),
-    /// Train a compiled pipeline on the embedded executor (one thread per stage and replica).
+    /// Train a compiled pipeline on the embedded executor (one thread per stage and replica;
+    /// under interleaved 1F1B and ZB-V a worker's stage threads take turns).
     #[cfg(feature = "torch")]
     Train(TrainArgs),
     /// Run one stage of one replica as a rank of an MPI job (started by `mpirun`, `srun` or

@@ -1,6 +1,7 @@
 //! The planner's memory model against the runtime (issue 39): for every shared model and
 //! for GPT-2 small, at depths 2 and 4, under each schedule, `plan --json` predicts each
-//! stage's peak (Adam, no recomputation, microbatch 2, 4 microbatches per step), the plan
+//! stage's peak (Adam, no recomputation, microbatch 2, 4 microbatches per step; interleaved
+//! 1F1B at depth 4 too), the plan
 //! is compiled and trained, and the run's peak live tensor bytes per stage must be within
 //! 15% of the prediction. What the model has to get right for that: the microbatches each
 //! stage holds (1F1B's and ZB-H1's `d - k` in stage `k`, GPipe's `m` in every stage), the weight
@@ -80,7 +81,14 @@ fn every_stage_of_every_shared_model_is_planned_within_15_percent_of_its_run() {
             }
         }
     }
-    assert_eq!(rows.len(), 6 * 4 * (2 + 4));
+    // Interleaved 1F1B and ZB-V: 4 stages on 2 workers, each stage holding what its place
+    // in its worker's order keeps in flight.
+    for name in ["mlp", "gpt2-tiny", "bert-tiny", "vit-tiny", "resnet18", "mobilenet_v2"] {
+        for schedule in ["interleaved-2", "zb-v"] {
+            rows.extend(compare(dir.path(), &model(name), 4, schedule));
+        }
+    }
+    assert_eq!(rows.len(), 6 * 4 * (2 + 4) + 6 * 2 * 4);
     assert_all_within(rows);
 }
 

@@ -25,8 +25,8 @@ fn train(dir: &Path, steps: &str) -> Vec<f64> {
 
 #[test]
 fn digits_train_to_a_low_loss_under_every_schedule() {
-    // Interleaved 1F1B: 4 stages on 2 workers.
-    for (schedule, stages, recompute) in [("2bw", "2", "none"), ("2bw", "2", "full"), ("flush", "2", "none"), ("gpipe", "2", "full"), ("interleaved-2", "4", "none")] {
+    // Interleaved 1F1B and ZB-V: 4 stages on 2 workers.
+    for (schedule, stages, recompute) in [("2bw", "2", "none"), ("2bw", "2", "full"), ("flush", "2", "none"), ("gpipe", "2", "full"), ("interleaved-2", "4", "none"), ("zb-v", "4", "none")] {
         let dir = tempfile::tempdir().expect("temp dir");
         compile(dir.path(), stages, schedule, recompute);
         let losses = train(dir.path(), "150");

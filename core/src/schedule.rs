@@ -45,8 +45,8 @@ pub fn stage_ops_from(schedule: Schedule, stage: usize, depth: usize, m: usize, 
         return Err(format!("2BW needs at least as many microbatches per batch as stages (m = {m} < d = {depth})"));
     }
     if schedule.virtual_stages() > 1 {
-        let workers = interleaved_workers(schedule, depth, m)?;
-        let worker = worker_ops_from(schedule, stage % workers, depth, m, start, steps)?;
+        schedule.workers(depth)?;
+        let worker = worker_ops_from(schedule, schedule.worker_of(stage, depth), depth, m, start, steps)?;
         return Ok(worker.into_iter().filter(|&(k, _)| k == stage).map(|(_, op)| op).collect());
     }
     let (m64, mut ops) = (m as u64, Vec::new());
@@ -77,7 +77,7 @@ pub fn stage_ops_from(schedule: Schedule, stage: usize, depth: usize, m: usize, 
                 ops.push(Op::Step(t));
             }
         }
-        Schedule::Interleaved2 | Schedule::Interleaved4 => unreachable!("interleaved orders are made per worker above"),
+        Schedule::Interleaved2 | Schedule::Interleaved4 | Schedule::ZbV => unreachable!("orders of several stages per worker are made per worker above"),
     }
     Ok(ops)
 }
@@ -106,16 +106,22 @@ pub fn worker_ops_from(schedule: Schedule, worker: usize, depth: usize, m: usize
     if m == 0 || start > steps {
         return Err(format!("invalid schedule shape: depth {depth}, m {m}"));
     }
-    let workers = interleaved_workers(schedule, depth, m)?;
+    let workers = match schedule {
+        Schedule::ZbV => schedule.workers(depth)?,
+        _ => interleaved_workers(schedule, depth, m)?,
+    };
     if worker >= workers {
         return Err(format!("invalid schedule shape: worker {worker} of {workers}"));
     }
-    let batch = interleaved_batch(worker, workers, v, m);
+    let batch = match schedule {
+        Schedule::ZbV => zb_v(workers, m).map_err(|e| format!("{schedule} on {workers} workers, m = {m}: {e}"))?.swap_remove(worker),
+        _ => interleaved_batch(worker, workers, v, m),
+    };
     let m64 = m as u64;
     let mut ops = Vec::new();
     for t in start as u64..steps as u64 {
         ops.extend(batch.iter().map(|&(k, op)| (k, shifted(op, t * m64))));
-        ops.extend((0..v).map(|c| (worker + c * workers, Op::Step(t))));
+        ops.extend(schedule.stages_of(worker, depth).into_iter().map(|k| (k, Op::Step(t))));
     }
     Ok(ops)
 }
@@ -221,6 +227,85 @@ fn zb_h1(n: u64, stage: usize, depth: usize) -> Vec<Op> {
     mine.into_iter().map(|op| if let Op::Backward(j) = op { Op::BackwardInput(j) } else { op }).collect()
 }
 
+/// One batch of ZB-V (Qi et al., "Zero Bubble Pipeline Parallelism", 2024) on `p`
+/// workers, `m` microbatches: per worker, its `(stage, op)` pairs in order, batch-local.
+/// The `2p` stages sit in a V (worker `k` runs stages `k` and `2p - 1 - k`,
+/// [`Schedule::worker_of`]), so worker 0 runs the first and the last stage and each
+/// microbatch's forward goes down the workers and back up, its backward the same in
+/// reverse. Each backward is split into the input gradient (`BackwardInput`, sent on at
+/// once) and the weight gradient (`BackwardWeight`). The order is that of a replay in unit
+/// times (every forward, input gradient and weight gradient one tick, free links): each
+/// tick a worker runs the first of its ready input gradients (oldest microbatch, then the
+/// later stage), else a ready forward while it holds fewer than `2p` graphs (a graph lives
+/// until its weight gradient; `2p` is what 1F1B's first worker holds: `p` microbatches of
+/// a stage twice the size), else its oldest waiting weight gradient.
+fn zb_v(p: usize, m: usize) -> Result<Vec<Vec<(usize, Op)>>, String> {
+    let depth = 2 * p;
+    let worker_of = |s: usize| Schedule::ZbV.worker_of(s, depth);
+    let limit = 2 * p;
+    // Per stage: the tick each microbatch's forward / input gradient ended.
+    let mut fwd_end = vec![vec![None; m]; depth];
+    let mut bwd_end = vec![vec![None; m]; depth];
+    let (mut fnext, mut bnext) = (vec![0usize; depth], vec![0usize; depth]);
+    let mut waiting: Vec<std::collections::VecDeque<usize>> = vec![std::collections::VecDeque::new(); depth];
+    let mut held = vec![0usize; p];
+    let mut orders: Vec<Vec<(usize, Op)>> = vec![Vec::new(); p];
+    let total = 3 * depth * m;
+    let (mut ran_total, mut tick) = (0usize, 0u64);
+    while ran_total < total {
+        let mut ran = Vec::new();
+        for (r, order) in orders.iter_mut().enumerate() {
+            // This worker's stages, the later one first.
+            let mine = [depth - 1 - r, r];
+            let done_before = |end: &Option<u64>| end.is_some_and(|t| t <= tick);
+            let backward = mine.iter().copied().filter(|&s| {
+                let j = bnext[s];
+                j < m && done_before(&fwd_end[s][j]) && (s + 1 == depth || done_before(&bwd_end[s + 1][j]))
+            });
+            let backward = backward.min_by_key(|&s| (bnext[s], std::cmp::Reverse(s)));
+            let forward = || {
+                mine.iter().copied().filter(|&s| fnext[s] < m && (s == 0 || done_before(&fwd_end[s - 1][fnext[s]]))).min_by_key(|&s| (fnext[s], std::cmp::Reverse(s)))
+            };
+            let weight = || mine.iter().copied().filter(|&s| !waiting[s].is_empty()).min_by_key(|&s| (waiting[s][0], std::cmp::Reverse(s)));
+            let op = if let Some(s) = backward {
+                bnext[s] += 1;
+                Some((s, Op::BackwardInput((bnext[s] - 1) as u64)))
+            } else if let Some(s) = forward().filter(|_| held[r] < limit) {
+                fnext[s] += 1;
+                held[r] += 1;
+                Some((s, Op::Forward((fnext[s] - 1) as u64)))
+            } else if let Some(s) = weight() {
+                let j = waiting[s].pop_front().unwrap_or_default();
+                held[r] -= 1;
+                Some((s, Op::BackwardWeight(j as u64)))
+            } else {
+                None
+            };
+            if let Some((s, op)) = op {
+                debug_assert_eq!(worker_of(s), r);
+                order.push((s, op));
+                ran.push((s, op));
+            }
+        }
+        if ran.is_empty() {
+            return Err(format!("the replay that orders it stopped at tick {tick} with {} of {total} operations run", ran_total));
+        }
+        tick += 1;
+        ran_total += ran.len();
+        for (s, op) in ran {
+            match op {
+                Op::Forward(j) => fwd_end[s][j as usize] = Some(tick),
+                Op::BackwardInput(j) => {
+                    bwd_end[s][j as usize] = Some(tick);
+                    waiting[s].push_back(j as usize);
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok(orders)
+}
+
 /// `op` of a batch-local order, for the batch whose first microbatch is `base`.
 fn shifted(op: Op, base: u64) -> Op {
     match op {
@@ -253,8 +338,27 @@ pub fn peak_in_flight(schedule: Schedule, stage: usize, depth: usize, m: usize) 
         Schedule::TwoBw | Schedule::Flush | Schedule::ZbH1 => (depth - stage).min(m),
         // Interleaved: walked over one batch of the stage's own order (it flushes, so one
         // batch is every batch); no planner weighs these configurations yet.
-        Schedule::Interleaved2 | Schedule::Interleaved4 => held_at_most(&stage_ops(schedule, stage, depth, m, 1).ok()?),
+        Schedule::Interleaved2 | Schedule::Interleaved4 | Schedule::ZbV => held_at_most(&stage_ops(schedule, stage, depth, m, 1).ok()?),
     })
+}
+
+/// [`peak_in_flight`] of every stage of a pipeline at once: ZB-V's order comes from one
+/// replay of the whole pipeline, made once here rather than once per stage.
+pub fn peaks_in_flight(schedule: Schedule, depth: usize, m: usize) -> Vec<Option<usize>> {
+    if schedule != Schedule::ZbV {
+        return (0..depth).map(|k| peak_in_flight(schedule, k, depth, m)).collect();
+    }
+    let orders = match schedule.workers(depth) {
+        Ok(p) if m > 0 => zb_v(p, m).ok(),
+        _ => None,
+    };
+    (0..depth)
+        .map(|k| {
+            let order = &orders.as_ref()?[schedule.worker_of(k, depth)];
+            let ops: Vec<Op> = order.iter().filter(|&&(s, _)| s == k).map(|&(_, op)| op).collect();
+            Some(held_at_most(&ops))
+        })
+        .collect()
 }
 
 /// The most microbatches `ops` holds between their forward and their last backward.
@@ -396,28 +500,74 @@ mod tests {
         assert!(stage_ops(Schedule::Interleaved2, 0, 4, 3, 1).unwrap_err().contains("must be a multiple of 2 (m = 3)"));
     }
 
-    /// Runs each worker's forwards and backwards in order, one per unit of time, an op
-    /// starting once its input was made in an earlier unit; whether all of them ran.
+    /// Runs each worker's ops in order, one per unit of time, an op starting once its input
+    /// was made in an earlier unit (a backward or input gradient the next stage's, a weight
+    /// gradient its own input gradient); whether all of them ran.
     fn replays_to_the_end(orders: &[Vec<(usize, Op)>], depth: usize, m: usize) -> bool {
         let orders: Vec<Vec<(usize, Op)>> = orders.iter().map(|o| o.iter().copied().filter(|(_, op)| op.microbatch().is_some()).collect()).collect();
+        // An input gradient counts as the backward its neighbour waits for.
+        let as_done = |(k, op): (usize, Op)| (k, if let Op::BackwardInput(j) = op { Op::Backward(j) } else { op });
         let mut done = std::collections::HashSet::new();
         let mut next = vec![0usize; orders.len()];
-        for _tick in 0..4 * depth * m + 8 {
+        for _tick in 0..8 * depth * m + 8 {
             let mut ran = Vec::new();
             for (r, order) in orders.iter().enumerate() {
                 let Some(&(k, op)) = order.get(next[r]) else { continue };
                 let ready = match op {
                     Op::Forward(j) => k == 0 || done.contains(&(k - 1, Op::Forward(j))),
-                    Op::Backward(j) => done.contains(&(k, Op::Forward(j))) && (k + 1 == depth || done.contains(&(k + 1, Op::Backward(j)))),
-                    _ => true,
+                    Op::Backward(j) | Op::BackwardInput(j) => done.contains(&(k, Op::Forward(j))) && (k + 1 == depth || done.contains(&(k + 1, Op::Backward(j)))),
+                    Op::BackwardWeight(j) => done.contains(&(k, Op::Backward(j))),
+                    Op::Step(_) => true,
                 };
                 if ready {
                     next[r] += 1;
-                    ran.push((k, op));
+                    ran.push(as_done((k, op)));
                 }
             }
             done.extend(ran);
         }
         next.iter().zip(&orders).all(|(&n, o)| n == o.len())
+    }
+
+    /// ZB-V on 1 to 6 workers and several `m`: the orders run to their end when each
+    /// worker runs its ops strictly in order; every stage runs each microbatch's forward,
+    /// input gradient and weight gradient once, in that order and in microbatch order
+    /// (so it sums gradients as Flush's stage does); a worker holds at most `2p` graphs;
+    /// worker `k` runs stages `k` and `2p - 1 - k`.
+    #[test]
+    fn zero_bubble_v_orders_run_to_their_end_within_their_memory() {
+        use Op::{BackwardInput as B, BackwardWeight as W, Forward as F};
+        for p in 1..=6 {
+            let depth = 2 * p;
+            for m in [1, 2, p, 2 * p, 3 * p + 1, 16] {
+                let shape = format!("zb-v on {p} workers, m = {m}");
+                let orders: Vec<Vec<(usize, Op)>> = (0..p).map(|r| worker_ops_from(Schedule::ZbV, r, depth, m, 0, 1).unwrap()).collect();
+                assert!(replays_to_the_end(&orders, depth, m), "{shape} waits on itself");
+                for (r, order) in orders.iter().enumerate() {
+                    let mine: std::collections::BTreeSet<usize> = order.iter().map(|&(k, _)| k).collect();
+                    assert_eq!(mine.into_iter().collect::<Vec<_>>(), [r, depth - 1 - r], "{shape}: worker {r}");
+                    let (mut held, mut peak) = (0usize, 0usize);
+                    for &(_, op) in order {
+                        match op {
+                            F(_) => held += 1,
+                            W(_) => held -= 1,
+                            _ => {}
+                        }
+                        peak = peak.max(held);
+                    }
+                    assert!(peak <= 2 * p, "{shape}: worker {r} holds {peak} graphs");
+                }
+                for k in 0..depth {
+                    let ops = stage_ops(Schedule::ZbV, k, depth, m, 1).unwrap();
+                    let of = |f: fn(u64) -> Op| -> Vec<usize> { (0..m as u64).map(|j| ops.iter().position(|&o| o == f(j)).unwrap_or_else(|| panic!("{shape}, stage {k}: no {:?}", f(j)))).collect() };
+                    let (fs, bs, ws) = (of(F), of(B), of(W));
+                    assert!(fs.windows(2).all(|x| x[0] < x[1]) && bs.windows(2).all(|x| x[0] < x[1]), "{shape}, stage {k}: {ops:?}");
+                    assert!((0..m).all(|j| fs[j] < bs[j] && bs[j] < ws[j]), "{shape}, stage {k}: {ops:?}");
+                    assert_eq!(ops.len(), 3 * m + 1, "{shape}, stage {k}: {ops:?}");
+                }
+            }
+        }
+        assert_eq!(Schedule::ZbV.stages_of(1, 6), [1, 4]);
+        assert!(stage_ops(Schedule::ZbV, 0, 3, 4, 1).unwrap_err().contains("zb-v runs 2 stages per worker"));
     }
 }

@@ -148,6 +148,7 @@ word_enum! {
         ZbH1 = "zb-h1", "zero bubble ZB-H1: 1F1B with each backward split into its input gradient and its weight gradient, the weight gradients deferred into the flush; a vanilla update";
         Interleaved2 = "interleaved-2", "interleaved 1F1B (Megatron's virtual stages): each worker runs 2 stages, the pipeline's k-th and (k + d)-th, in one 1F1B order within each batch; a vanilla update";
         Interleaved4 = "interleaved-4", "interleaved 1F1B with 4 stages per worker (stages k, k + d, k + 2d, k + 3d of worker k); a vanilla update";
+        ZbV = "zb-v", "zero bubble ZB-V: 2 stages per worker placed in a V (worker k runs stages k and 2p - 1 - k of 2p), each backward split into input and weight gradients; a vanilla update";
     }
 }
 
@@ -156,7 +157,7 @@ impl Schedule {
     pub fn weight_versions(self) -> u32 {
         match self {
             Schedule::TwoBw => 2,
-            Schedule::Flush | Schedule::GPipe | Schedule::ZbH1 | Schedule::Interleaved2 | Schedule::Interleaved4 => 1,
+            Schedule::Flush | Schedule::GPipe | Schedule::ZbH1 | Schedule::Interleaved2 | Schedule::Interleaved4 | Schedule::ZbV => 1,
         }
     }
 
@@ -164,7 +165,7 @@ impl Schedule {
     pub fn update_rule(self) -> UpdateRule {
         match self {
             Schedule::TwoBw => UpdateRule::TwoBw,
-            Schedule::Flush | Schedule::GPipe | Schedule::ZbH1 | Schedule::Interleaved2 | Schedule::Interleaved4 => UpdateRule::Vanilla,
+            Schedule::Flush | Schedule::GPipe | Schedule::ZbH1 | Schedule::Interleaved2 | Schedule::Interleaved4 | Schedule::ZbV => UpdateRule::Vanilla,
         }
     }
 
@@ -175,14 +176,31 @@ impl Schedule {
     }
 
     /// Stages each worker runs (Megatron's virtual pipeline stages): a pipeline of `depth`
-    /// stages runs on `depth / v` workers, worker `k` running stages `k, k + depth / v, ...`.
-    /// 1 for every schedule but interleaved 1F1B.
+    /// stages runs on `depth / v` workers ([`Schedule::worker_of`]). 1 for every schedule
+    /// but interleaved 1F1B and ZB-V.
     pub fn virtual_stages(self) -> usize {
         match self {
-            Schedule::Interleaved2 => 2,
+            Schedule::Interleaved2 | Schedule::ZbV => 2,
             Schedule::Interleaved4 => 4,
             Schedule::TwoBw | Schedule::Flush | Schedule::GPipe | Schedule::ZbH1 => 1,
         }
+    }
+
+    /// The worker that runs stage `stage` of a pipeline of `depth` stages (a multiple of
+    /// [`Schedule::virtual_stages`]), of `p = depth / v`: round robin under interleaved 1F1B
+    /// (`stage % p`), a V under ZB-V (worker `k` runs stages `k` and `2p - 1 - k`, so the
+    /// first and the last stage share worker 0), the stage itself otherwise.
+    pub fn worker_of(self, stage: usize, depth: usize) -> usize {
+        let p = (depth / self.virtual_stages()).max(1);
+        match self {
+            Schedule::ZbV if stage >= p => (2 * p - 1).saturating_sub(stage),
+            _ => stage % p,
+        }
+    }
+
+    /// The stages worker `worker` runs, in pipeline order ([`Schedule::worker_of`]).
+    pub fn stages_of(self, worker: usize, depth: usize) -> Vec<usize> {
+        (0..depth).filter(|&k| self.worker_of(k, depth) == worker).collect()
     }
 
     /// The workers a pipeline of `depth` stages runs on under this schedule, or why it
@@ -198,7 +216,7 @@ impl Schedule {
     /// Whether each backward runs as two ops, the input gradient first and the weight
     /// gradient later ([`crate::schedule::Op`]).
     pub fn splits_backward(self) -> bool {
-        self == Schedule::ZbH1
+        matches!(self, Schedule::ZbH1 | Schedule::ZbV)
     }
 }
 
@@ -480,6 +498,7 @@ word_enum! {
         ZbH1 = "zb-h1", "zero bubble ZB-H1 (the zb-h1 schedule)";
         Interleaved2 = "interleaved-2", "interleaved 1F1B, 2 stages per worker (the interleaved-2 schedule)";
         Interleaved4 = "interleaved-4", "interleaved 1F1B, 4 stages per worker (the interleaved-4 schedule)";
+        ZbV = "zb-v", "zero bubble ZB-V, 2 stages per worker in a V (the zb-v schedule)";
         ModelParallel = "model-parallel", "inter-layer model parallelism without pipelining: one microbatch in the pipeline at a time";
         DataParallel = "data-parallel", "data parallelism alone: every worker holds the whole model (where it fits)";
         TensorParallel = "tensor-parallel", "tensor model parallelism (Megatron): each layer split over t GPUs of a server, data parallelism across the groups";
@@ -496,6 +515,7 @@ impl Scheme {
             Scheme::ZbH1 => Some(Schedule::ZbH1),
             Scheme::Interleaved2 => Some(Schedule::Interleaved2),
             Scheme::Interleaved4 => Some(Schedule::Interleaved4),
+            Scheme::ZbV => Some(Schedule::ZbV),
             Scheme::ModelParallel | Scheme::DataParallel | Scheme::TensorParallel => None,
         }
     }
@@ -510,6 +530,7 @@ impl From<Schedule> for Scheme {
             Schedule::ZbH1 => Scheme::ZbH1,
             Schedule::Interleaved2 => Scheme::Interleaved2,
             Schedule::Interleaved4 => Scheme::Interleaved4,
+            Schedule::ZbV => Scheme::ZbV,
         }
     }
 }
@@ -564,7 +585,7 @@ mod tests {
         assert_eq!("all".parse::<WordList<Schedule>>(), Ok(WordList::all()));
         assert_eq!(WordList(vec![Schedule::Flush, Schedule::TwoBw]).to_string(), "flush,2bw");
         let e = "2bw,zigzag".parse::<WordList<Schedule>>().unwrap_err().to_string();
-        assert_eq!(e, "unknown schedule \"zigzag\": expected one of 2bw, flush, gpipe, zb-h1, interleaved-2, interleaved-4, all");
+        assert_eq!(e, "unknown schedule \"zigzag\": expected one of 2bw, flush, gpipe, zb-h1, interleaved-2, interleaved-4, zb-v, all");
         assert_eq!("all".parse::<PrintAfter>(), Ok(PrintAfter::All));
         assert_eq!("plan".parse::<PrintAfter>(), Ok(PrintAfter::Pass(PassName::Plan)));
         assert!("shape-inference".parse::<PrintAfter>().unwrap_err().to_string().contains("weight-versioning, lower, all"));
@@ -581,7 +602,7 @@ mod tests {
     fn one_spelling_only() {
         assert_eq!("2bw".parse::<Schedule>(), Ok(Schedule::TwoBw));
         let e = "2BW".parse::<Schedule>().unwrap_err();
-        assert_eq!(e.to_string(), "unknown schedule \"2BW\": expected one of 2bw, flush, gpipe, zb-h1, interleaved-2, interleaved-4");
+        assert_eq!(e.to_string(), "unknown schedule \"2BW\": expected one of 2bw, flush, gpipe, zb-h1, interleaved-2, interleaved-4, zb-v");
         // The old aliases of the planner are gone: one spelling everywhere.
         assert_eq!("on".parse::<Recompute>().unwrap_err().to_string(), "unknown recompute mode \"on\": expected one of none, selective, full");
         assert_eq!("off".parse::<Recompute>().unwrap_err().to_string(), "unknown recompute mode \"off\": expected one of none, selective, full");

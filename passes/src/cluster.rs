@@ -348,18 +348,19 @@ impl Cluster {
     /// crossing one server's network share it, when `server_bw` is known), since the
     /// replicas wait for each other at every update.
     pub fn pipeline_links(&self, layout: Layout, latencies: Latencies) -> Vec<Link> {
-        self.stage_links(layout, layout.depth, latencies)
+        let workers: Vec<usize> = (0..layout.depth).collect();
+        self.stage_links(layout, &workers, latencies)
     }
 
-    /// The link under each boundary of `stages` stages on `layout`'s workers, stage `k` on
-    /// worker `k % layout.depth` (interleaved 1F1B; with `stages = layout.depth` these are
-    /// [`Cluster::pipeline_links`]). Two stages on one worker pass their tensors in its
-    /// memory: a link of no time.
-    pub fn stage_links(&self, layout: Layout, stages: usize, latencies: Latencies) -> Vec<Link> {
-        let p = layout.depth.max(1);
-        (0..stages.saturating_sub(1))
-            .map(|s| {
-                let (from, to) = (s % p, (s + 1) % p);
+    /// The link under each boundary of stages on `layout`'s workers, stage `k` on worker
+    /// `worker_of[k]` (several stages per worker under interleaved 1F1B and ZB-V,
+    /// `Schedule::worker_of`; one each, `0..depth`, gives [`Cluster::pipeline_links`]). Two
+    /// stages on one worker pass their tensors in its memory: a link of no time.
+    pub fn stage_links(&self, layout: Layout, worker_of: &[usize], latencies: Latencies) -> Vec<Link> {
+        worker_of
+            .windows(2)
+            .map(|pair| {
+                let (from, to) = (pair[0], pair[1]);
                 match self.flows_between(layout, from, to) {
                     _ if from == to => Link { bandwidth: f64::INFINITY, latency_s: 0.0 },
                     0 => Link { bandwidth: self.intra_bw, latency_s: latencies.intra_s },

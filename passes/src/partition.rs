@@ -50,7 +50,7 @@ use std::ops::Range;
 
 use petgraph::visit::{EdgeRef, IntoEdgeReferences};
 use petgraph::Direction;
-use pipewright_core::schedule::peak_in_flight;
+use pipewright_core::schedule::peaks_in_flight;
 use pipewright_core::{Precision, Recompute, Schedule};
 use pipewright_ir::{Graph, NodeId, ValueDef};
 use serde::{Deserialize, Serialize};
@@ -177,9 +177,10 @@ impl PipelineMemory {
 
     /// Each stage of a `d`-stage pipeline under `schedule` with `m` microbatches per batch,
     /// holding as many microbatches in flight as the schedule's own operation order has it
-    /// hold ([`peak_in_flight`]: GPipe all `m` in every stage, 1F1B `d - k` in stage `k`).
+    /// hold ([`peaks_in_flight`]: GPipe all `m` in every stage, 1F1B `d - k` in stage `k`).
     pub fn of_pipeline(schedule: Schedule, recompute: Recompute, d: usize, m: u64, state_tensors: u32, precision: Precision, limit: f64) -> PipelineMemory {
-        let held = |k: usize| peak_in_flight(schedule, k, d, m as usize).unwrap_or((d - k).min(m as usize).max(1));
+        let peaks = peaks_in_flight(schedule, d, m as usize);
+        let held = |k: usize| peaks.get(k).copied().flatten().unwrap_or((d - k).min(m as usize).max(1));
         let models: Vec<MemoryModel> = (0..d.max(1)).map(|k| MemoryModel::of_schedule(schedule, recompute, held(k) as f64, state_tensors, precision, limit)).collect();
         PipelineMemory::per_stage(models)
     }

@@ -247,14 +247,15 @@ impl Candidate {
     }
 
     /// Its workers: `w` pipelines of `d` stages (of `d / v` workers under interleaved
-    /// 1F1B, stage `k` on worker `k % (d / v)`), numbered by its placement.
+    /// 1F1B and ZB-V, `Schedule::worker_of`), numbered by its placement.
     pub fn layout(&self) -> Layout {
         worker_layout(self.schedule, self.d, self.w, self.placement)
     }
 
     /// Its stages' links, boundary by boundary ([`Cluster::stage_links`]).
     pub fn stage_links(&self, cluster: &Cluster, latencies: Latencies) -> Vec<Link> {
-        cluster.stage_links(self.layout(), self.d, latencies)
+        let workers: Vec<usize> = (0..self.d).map(|k| self.schedule.worker_of(k, self.d)).collect();
+        cluster.stage_links(self.layout(), &workers, latencies)
     }
 
     /// Its placement for tables: `-` where it numbers nothing differently (one replica or
@@ -763,9 +764,11 @@ fn worker_layout(schedule: Schedule, d: usize, w: usize, placement: Placement) -
 }
 
 /// Whether `schedule` runs `d` stages with `m` microbatches per batch (as the planner
-/// weighs it: GPipe any `m`, 1F1B-like at least `d`, interleaved a multiple of its workers).
+/// weighs it: GPipe and ZB-V any `m`, 1F1B-like at least `d`, interleaved a multiple of
+/// its workers).
 fn runs_on(schedule: Schedule, d: usize, m: u64) -> bool {
     match schedule.workers(d) {
+        Ok(_) if schedule == Schedule::ZbV => true,
         Ok(p) if schedule.virtual_stages() > 1 => m % p as u64 == 0,
         Ok(_) => schedule == Schedule::GPipe || m >= d as u64,
         Err(_) => false,
@@ -832,6 +835,9 @@ fn assess(
         // `v T` and the drain `(d / v - 1) T` (Narayanan et al., 2021: the bubble shrinks v
         // times), so a batch takes `(m v + d / v - 1) T`.
         Schedule::Interleaved2 | Schedule::Interleaved4 => interleaved_slots(cfg.schedule, cfg.d, cfg.m) * max_time + max_ar,
+        // ZB-V: interleaved's slots on its two stages per worker, less the weight
+        // gradients its drain runs without (as ZB-H1's).
+        Schedule::ZbV => interleaved_slots(cfg.schedule, cfg.d, cfg.m) * max_time - (cfg.d as f64 / 2.0 - 1.0) * ctx.weight_grad_time(&ranges[slowest], cfg.b) + max_ar,
     };
     let samples = (cfg.b * cfg.m * cfg.w as u64) as f64;
     let samples_per_s = if per_batch > 0.0 {
@@ -1114,6 +1120,9 @@ pub fn plan_on(
                                 // some products' backward) is at most half a stage's time.
                                 Schedule::ZbH1 => (m as f64 + (stages as f64 - 1.0) / 2.0) * t_lb + ar_lb,
                                 Schedule::Interleaved2 | Schedule::Interleaved4 => interleaved_slots(schedule, stages, m) * t_lb + ar_lb,
+                                // Bounded by no bubble at all: each worker's `2m` stage
+                                // times.
+                                Schedule::ZbV => 2.0 * m as f64 * t_lb + ar_lb,
                             };
                             let optimistic = if per_batch > 0.0 {
                                 (b * m * w as u64) as f64 / per_batch

@@ -53,6 +53,7 @@ fn schedule_code(s: Schedule) -> u8 {
         Schedule::ZbH1 => 3,
         Schedule::Interleaved2 => 4,
         Schedule::Interleaved4 => 5,
+        Schedule::ZbV => 6,
     }
 }
 

@@ -178,7 +178,7 @@ pub(super) fn replay_dedicated(setup: &SimSetup) -> Result<Simulation, SimError>
     Ok(report(setup, &ends, &batch_end, &allreduce, events.list))
 }
 
-/// Under interleaved 1F1B, how the stages share their workers ([`Schedule::virtual_stages`]):
+/// Under interleaved 1F1B and ZB-V, how the stages share their workers ([`Schedule::virtual_stages`]):
 /// a stage's forwards and backwards run on its worker's one stream, in the worker's order
 /// ([`worker_ops_from`]), as the runtime's turns run them; its optimizer steps take no
 /// turn (`runtime/src/pipeline/turns.rs`) but run on the worker's stream too, after
@@ -186,7 +186,8 @@ pub(super) fn replay_dedicated(setup: &SimSetup) -> Result<Simulation, SimError>
 ///
 /// [`Schedule::virtual_stages`]: pipewright_core::Schedule::virtual_stages
 pub(super) struct Workers {
-    count: usize,
+    /// Per stage, its worker.
+    of_stage: Vec<usize>,
     /// Per worker: the stage of each of its forwards and backwards, in order.
     order: Vec<Vec<usize>>,
     next: Vec<usize>,
@@ -200,18 +201,19 @@ impl Workers {
         let Some(schedule) = setup.scheme.schedule().filter(|s| s.virtual_stages() > 1) else { return Ok(None) };
         let d = setup.stages.len();
         let count = schedule.workers(d).map_err(SimError::Setup)?;
+        let of_stage = (0..d).map(|k| schedule.worker_of(k, d)).collect();
         let order = (0..count)
             .map(|r| {
                 let ops = worker_ops_from(schedule, r, d, setup.m as usize, 0, setup.batches).map_err(SimError::Setup)?;
                 Ok(ops.into_iter().filter(|(_, op)| takes_turn(*op)).map(|(k, _)| k).collect())
             })
             .collect::<Result<Vec<Vec<usize>>, SimError>>()?;
-        Ok(Some(Workers { count, order, next: vec![0; count], free: vec![0.0; count] }))
+        Ok(Some(Workers { of_stage, order, next: vec![0; count], free: vec![0.0; count] }))
     }
 
     /// Whether stage `s` may run `op` now: a step always, other ops in their worker's turn.
     pub(super) fn may_run(&self, s: usize, op: Op) -> bool {
-        let w = s % self.count;
+        let w = self.of_stage[s];
         !takes_turn(op) || self.order[w].get(self.next[w]) == Some(&s)
     }
 
@@ -222,18 +224,18 @@ impl Workers {
 
     /// Stage `s`'s op that held its worker's turn is done.
     pub(super) fn pass(&mut self, s: usize) {
-        self.next[s % self.count] += 1;
+        self.next[self.of_stage[s]] += 1;
     }
 
     /// Before `op` runs on stage `s`: the stage's stream is its worker's (a step's
     /// optimizer too: it takes no turn, but it computes on the worker's device).
     fn share_stream(&self, s: usize, _op: Op, state: &mut StageState) {
-        state.free = state.free.max(self.free[s % self.count]);
+        state.free = state.free.max(self.free[self.of_stage[s]]);
     }
 
     /// After `op` ran on stage `s`: the worker's stream is busy until the stage's is.
     fn ran(&mut self, s: usize, op: Op, state: &StageState) {
-        let w = s % self.count;
+        let w = self.of_stage[s];
         self.free[w] = self.free[w].max(state.free);
         if takes_turn(op) {
             self.pass(s);

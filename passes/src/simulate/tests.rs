@@ -582,3 +582,25 @@ fn a_spread_opens_waits_between_balanced_stages() {
     let durations: std::collections::BTreeSet<u64> = b.events.iter().filter(|e| e.kind == TraceKind::Forward).map(|e| e.dur_us.round() as u64).collect();
     assert_eq!(durations.into_iter().collect::<Vec<_>>(), [800_000, 1_200_000]);
 }
+
+/// ZB-V on equal stages and free links, its forward, input gradient and weight gradient
+/// each one second (as for a matrix product: one product each): a batch takes `6m + p - 1`
+/// seconds on `p` workers, against interleaved 1F1B's `6m + 3(p - 1)` on the same stages,
+/// the weight gradients filling all but `p - 1` seconds of the drain. (Its order is made
+/// for such equal parts, [`pipewright_core::schedule`]; with others it leaves more.)
+#[test]
+fn zero_bubble_v_fills_the_drain_with_weight_gradients() {
+    for (p, m) in [(1usize, 2u64), (2, 4), (2, 8), (3, 12), (4, 8), (4, 16), (4, 32)] {
+        let d = 2 * p;
+        let equal_parts = |scheme: Scheme| {
+            let mut s = setup(scheme, d, m, 1);
+            s.stages.iter_mut().for_each(|c| c.weight_grad_s = 1.0);
+            simulate(&s).unwrap().makespan_s
+        };
+        let (zbv, interleaved) = (equal_parts(Scheme::ZbV), equal_parts(Scheme::Interleaved2));
+        let m = m as f64;
+        let p = p as f64;
+        assert!((zbv - (6.0 * m + p - 1.0)).abs() < 1e-9, "p={p} m={m}: {zbv}");
+        assert!((interleaved - (6.0 * m + 3.0 * (p - 1.0))).abs() < 1e-9, "p={p} m={m}: {interleaved}");
+    }
+}

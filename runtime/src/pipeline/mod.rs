@@ -210,13 +210,14 @@ impl TrainConfig {
     }
 
     /// The device of stage `stage` of replica `replica` (of [`TrainConfig::replicas`]): its
-    /// worker's (under interleaved 1F1B, stage `k` runs on worker `k % (depth / v)`).
+    /// worker's ([`Schedule::worker_of`]: under interleaved 1F1B and ZB-V a worker runs
+    /// several stages).
     pub fn worker_device(&self, depth: usize, stage: usize, replica: usize) -> tch::Device {
         if self.devices.is_empty() {
             return self.device;
         }
         let workers = self.schedule.workers(depth).unwrap_or(depth);
-        let rank = Layout::new(workers, self.replicas.max(1)).placed(self.placement).rank(replica, stage % workers);
+        let rank = Layout::new(workers, self.replicas.max(1)).placed(self.placement).rank(replica, self.schedule.worker_of(stage, depth));
         self.devices[rank % self.devices.len()]
     }
 }

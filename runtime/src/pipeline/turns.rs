@@ -57,8 +57,7 @@ impl Turns {
         }
         let order = worker_ops_from(schedule, worker, depth, m, start, steps)?;
         let gate = Arc::new(Gate::default());
-        let workers = schedule.workers(depth)?;
-        let mut stages: Vec<(usize, Vec<Op>, Turns)> = (worker..depth).step_by(workers).map(|k| (k, Vec::new(), Turns { gate: gate.clone(), stage: k, positions: Vec::new(), passed: 0 })).collect();
+        let mut stages: Vec<(usize, Vec<Op>, Turns)> = schedule.stages_of(worker, depth).into_iter().map(|k| (k, Vec::new(), Turns { gate: gate.clone(), stage: k, positions: Vec::new(), passed: 0 })).collect();
         let mut position = 0;
         for (k, op) in order {
             let Some((_, ops, turns)) = stages.iter_mut().find(|(s, _, _)| *s == k) else {
