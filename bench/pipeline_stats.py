@@ -3,9 +3,10 @@
 --trace (Chrome trace JSON), and a markdown table over several runs. Stdlib only.
 
 Usage:
-  pipeline_stats.py run --metrics M.jsonl --trace T.json --warmup W [--label TEXT] [--workers P]
+  pipeline_stats.py run --metrics M.jsonl --trace T.json --warmup W [--label TEXT] [--workers P [--v-shape]]
       prints one JSON object (see below) on stdout; with --workers P (interleaved 1F1B,
-      where worker k runs stages k, k + P, ...), the per-stage figures are per worker
+      where worker k runs stages k, k + P, ...; with --v-shape ZB-V, where it runs stages k
+      and 2P - 1 - k), the per-stage figures are per worker
   pipeline_stats.py table FILE.jsonl
       FILE holds one `run` object per line (several rounds of the same label allowed);
       prints a markdown table, one row per label, the median over its rounds
@@ -85,7 +86,7 @@ def mean_steady_bubble(trace_path, warmup):
     return sum(steady_bubble(ev, w0, w1, k) for k in stages) / len(stages)
 
 
-def run_stats(metrics_path, trace_path, warmup, label, workers=None):
+def run_stats(metrics_path, trace_path, warmup, label, workers=None, v_shape=False):
     steps = [json.loads(l) for l in open(metrics_path) if l.strip()]
     S = len(steps)
     if S <= warmup:
@@ -108,7 +109,8 @@ def run_stats(metrics_path, trace_path, warmup, label, workers=None):
     if workers:
         # Interleaved: a worker's stages share it; its row is theirs together.
         for e in ev:
-            e["tid"] = e["tid"] % workers
+            k = e["tid"]
+            e["tid"] = (2 * workers - 1 - k if k >= workers else k) if v_shape else k % workers
         stages = sorted({e["tid"] for e in ev})
 
     out = {"label": label, "steps": S, "warmup": warmup, "m": m, "samples_per_microbatch": per_mb,
@@ -245,6 +247,7 @@ def main():
     r.add_argument("--warmup", type=int, required=True)
     r.add_argument("--label", default="")
     r.add_argument("--workers", type=int, default=None)
+    r.add_argument("--v-shape", action="store_true")
     t = sub.add_parser("table")
     t.add_argument("file")
     b = sub.add_parser("bubble")
@@ -257,7 +260,7 @@ def main():
     how.add_argument("--shuffle", type=int, metavar="N")
     a = ap.parse_args()
     if a.cmd == "run":
-        print(json.dumps(run_stats(a.metrics, a.trace, a.warmup, a.label, a.workers)))
+        print(json.dumps(run_stats(a.metrics, a.trace, a.warmup, a.label, a.workers, a.v_shape)))
     elif a.cmd == "reorder":
         if a.shuffle is not None and a.shuffle < 1:
             sys.exit("pipeline_stats.py reorder: --shuffle takes a number of replays, at least 1")

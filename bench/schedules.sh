@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Pipeline schedules on the embedded executor: gpt2-tiny and resnet18 compiled for d = 2
 # workers with each schedule (2bw, flush, gpipe, zb-h1: d stages; interleaved-v: d x v
-# stages, v per worker), trained on seeded random data, reporting per
+# stages, v per worker; zb-v: 2d stages, 2 per worker in a V), trained on seeded random data, reporting per
 # run the steady-state samples/s (metrics JSON lines, first WARMUP steps dropped), each
 # worker's bubble fraction and time per microbatch (from the --trace), and the pipeline
 # efficiency = samples/s / (samples per microbatch / the slowest worker's busy time per
@@ -16,7 +16,7 @@
 #        THREADS (1: libtorch intra-op threads per stage, through OMP_NUM_THREADS and
 #        MKL_NUM_THREADS — `pipewright train` has no thread flag; 2 stage threads x 1 on the
 #        2-core machine), LR (1e-4, plain SGD: small enough that no run diverges),
-#        SCHEDULES ("2bw flush gpipe zb-h1 interleaved-2"), MODELS_DIR (../shared/corpus/models),
+#        SCHEDULES ("2bw flush gpipe zb-h1 interleaved-2 zb-v"), MODELS_DIR (../shared/corpus/models),
 #        BENCH_VENV (${XDG_CACHE_HOME:-~/.cache}/pipewright/bench-venv: numpy + onnx for
 #        bench/make_data.py), OUT (target/bench/schedules: build folders, data, metrics,
 #        traces, SVG timelines, runs.jsonl, table.md).
@@ -35,7 +35,7 @@ M="${M:-4}"
 STAGES="${STAGES:-2}"
 THREADS="${THREADS:-1}"
 LR="${LR:-0.0001}"
-read -r -a schedules <<<"${SCHEDULES:-2bw flush gpipe zb-h1 interleaved-2}"
+read -r -a schedules <<<"${SCHEDULES:-2bw flush gpipe zb-h1 interleaved-2 zb-v}"
 MODELS_DIR="${MODELS_DIR:-$repo/../shared/corpus/models}"
 cache="${PIPEWRIGHT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/pipewright}"
 py="${BENCH_VENV:-$cache/bench-venv}/bin/python"
@@ -44,7 +44,7 @@ specs=("$@")
 [[ ${#specs[@]} -gt 0 ]] || specs=(gpt2-tiny:4:40 resnet18:2:12)
 log() { echo "schedules.sh: $*" >&2; }
 # Stages per worker: v for interleaved-v, else 1.
-per_worker() { case "$1" in interleaved-*) echo "${1#interleaved-}" ;; *) echo 1 ;; esac; }
+per_worker() { case "$1" in interleaved-*) echo "${1#interleaved-}" ;; zb-v) echo 2 ;; *) echo 1 ;; esac; }
 
 "$py" -c 'import numpy, onnx' 2>/dev/null || { log "$py lacks numpy/onnx (see bench/fwd_bwd.sh for the venv)"; exit 1; }
 log "cargo build --release"
@@ -79,7 +79,7 @@ for r in $(seq 1 "$ROUNDS"); do
                 --steps "$steps" --microbatch "$mb" --microbatches "$M" --optimizer sgd --lr "$LR" \
                 --log-every 1000 --metrics "$dir/m$r.jsonl" --trace "$dir/trace$r.json" >&2
             "$pw" trace-svg "$dir/trace$r.json" -o "$dir/timeline$r.svg" 2>/dev/null | sed "s/^/round $r $model $s: trace-svg: /" >&2
-            "$py" bench/pipeline_stats.py run --metrics "$dir/m$r.jsonl" --trace "$dir/trace$r.json" --warmup "$WARMUP" --workers "$STAGES" \
+            "$py" bench/pipeline_stats.py run --metrics "$dir/m$r.jsonl" --trace "$dir/trace$r.json" --warmup "$WARMUP" --workers "$STAGES" $([[ "$s" == zb-v ]] && echo --v-shape) \
                 --label "$model, $s (microbatch $mb, m = $M)" | tee -a "$runs" >&2
         done
     done

@@ -9,7 +9,8 @@ tensors) as a `PipelineStage`, over gloo, under the namesake of a pipewright sch
 zb-h1 `ScheduleInterleavedZeroBubble` with one stage per rank, the zero-bubble schedule
 that splits each backward into input and weight gradients; interleaved-V
 `ScheduleInterleaved1F1B` with V stages per rank, rank K running stages K, K + ranks, ...
-of a build of V x ranks stages), with the mean cross-entropy of the last stage's output
+of a build of V x ranks stages; zb-v `ScheduleZBVZeroBubble` with stages K and 2 ranks - 1 - K
+on rank K, the V placement, of a build of 2 x ranks stages), with the mean cross-entropy of the last stage's output
 against seeded random labels, `torch.optim.SGD` (plain, lr), one intra-op thread per stage.
 Each step is M microbatches of B samples. The last rank reports the median seconds per step
 (the wall time between consecutive updates, as pipewright's metrics) after the warm-up.
@@ -26,7 +27,7 @@ import onnx
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble, ScheduleZBVZeroBubble
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch_eager  # noqa: E402
@@ -63,14 +64,16 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--export-batch", type=int, default=2)
-    ap.add_argument("--schedule", choices=["flush", "gpipe", "zb-h1", "interleaved-2", "interleaved-4"], default="flush")
+    ap.add_argument("--schedule", choices=["flush", "gpipe", "zb-h1", "interleaved-2", "interleaved-4", "zb-v"], default="flush")
     a = ap.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    v = int(a.schedule.split("-")[1]) if a.schedule.startswith("interleaved-") else 1
-    # This rank's stages: K, K + ranks, ... (one unless interleaved).
-    indices = [rank + j * world for j in range(v)]
+    v = int(a.schedule.split("-")[1]) if a.schedule.startswith("interleaved-") else 2 if a.schedule == "zb-v" else 1
+    # This rank's stages: K, K + ranks, ... (one unless interleaved); K and 2 ranks - 1 - K
+    # under ZB-V.
+    indices = [rank, 2 * world - 1 - rank] if a.schedule == "zb-v" else [rank + j * world for j in range(v)]
+    last_rank = 0 if a.schedule == "zb-v" else world - 1
     models = [onnx.load(os.path.join(a.build, f"stage{k}.onnx")) for k in indices]
     modules = []
     for mdl in models:
@@ -87,6 +90,8 @@ def main():
 
     if a.schedule == "zb-h1":
         schedule = ScheduleInterleavedZeroBubble(stages, n_microbatches=a.microbatches, loss_fn=loss_fn)
+    elif a.schedule == "zb-v":
+        schedule = ScheduleZBVZeroBubble(stages, n_microbatches=a.microbatches, loss_fn=loss_fn)
     elif v > 1:
         schedule = ScheduleInterleaved1F1B(stages, n_microbatches=a.microbatches, loss_fn=loss_fn)
     else:
@@ -107,19 +112,26 @@ def main():
     y = torch.randint(0, classes, [n] + per_sample[:-1], generator=g)
     times, prev, loss = [], None, float("nan")
     for step in range(a.warmup + a.steps):
-        if rank == 0:
+        if rank == 0 and rank == last_rank:
+            # ZB-V: the first and the last stage on rank 0.
+            losses = []
+            schedule.step(x, target=y, losses=losses)
+            loss = float(torch.stack(losses).mean())
+        elif rank == 0:
             schedule.step(x)
-        else:
+        elif rank == last_rank:
             losses = []
             schedule.step(target=y, losses=losses)
             loss = float(torch.stack(losses).mean())
+        else:
+            schedule.step()
         opt.step()
         opt.zero_grad(set_to_none=True)
         now = time.perf_counter()
         if prev is not None and step >= a.warmup:
             times.append(now - prev)
         prev = now
-    if rank == world - 1:
+    if rank == last_rank:
         name = os.path.basename(os.path.normpath(a.build))
         print(f"{name}: last loss {loss:.4f}, torch {torch.__version__}, {len(times)} steps after {a.warmup} warm-up", flush=True)
         print(

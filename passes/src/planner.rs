@@ -1419,7 +1419,7 @@ columns: w = replicas (data-parallel copies of the pipeline), d = pipeline depth
   consecutive workers; replica-major: a pipeline's stages; - with one replica or one
   stage), b = microbatch size,
   m = microbatches per step and replica (w x b x m = the global batch; w x d workers,
-  w x d / v under interleaved-v, whose workers run v stages each);
+  w x d / v under interleaved-v and zb-v (v = 2), whose workers run v stages each);
   samples/s = the prediction on the cluster above, not a measurement: an
   event-by-event replay of the configuration (as `pipewright simulate` runs it) from the
   cost model, which ranks the rows; closed form = the planner's formula, which prunes the
