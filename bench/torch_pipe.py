@@ -82,6 +82,14 @@ def main():
         module.train(True)
         modules.append(module)
     stages = [PipelineStage(Stage(mod), k, world * v, torch.device("cpu")) for k, mod in zip(indices, modules)]
+    if a.schedule == "zb-v":
+        # ZB-V puts stages p - 1 and p on one rank; the schedule's start-up exchange with
+        # each neighbour stage then sends to this rank itself, which gloo refuses ("Pair
+        # is not connected"). Leave those out: the schedule hands tensors between a rank's
+        # own stages locally.
+        for st in stages:
+            init_ops = st._get_init_p2p_neighbors_ops
+            st._get_init_p2p_neighbors_ops = lambda init_ops=init_ops: [op for op in init_ops() if op.group_peer != rank]
     last = models[-1].graph.output[0]
     per_sample = [d.dim_value for d in last.type.tensor_type.shape.dim][1:]
 

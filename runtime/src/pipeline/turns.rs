@@ -6,7 +6,9 @@
 //!
 //! Optimizer steps take no turn: a step may wait for the other stages' gradient norms
 //! (clipping) or tied sums, and a step of one of the worker's stages waiting for another's
-//! that needs the turn would never end. They follow the stage's last backward of the batch.
+//! that needs the turn would never end. A step waits instead until its worker has run all
+//! of the batch's forwards and backwards (holding nothing while it waits), so it computes
+//! beside the worker's other steps and the next batch's first ops, not inside its batch.
 //!
 //! A stage that stops early (an error) gives up its turns: the worker's other stages,
 //! waiting for a turn it would never pass on, stop with an error naming it.
@@ -31,12 +33,20 @@ struct GateState {
     abandoned_by: Option<usize>,
 }
 
-/// One stage's turns on its worker: per op of the stage's order, its position in the
-/// worker's order (`None` for a step, which takes no turn).
+/// When an op of a stage may run on its worker.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Slot {
+    /// A forward or backward: at this position of the worker's order, taking the turn.
+    Turn(usize),
+    /// A step: once the worker has passed this many turns (its batch's), taking none.
+    After(usize),
+}
+
+/// One stage's turns on its worker: per op of the stage's order, when it may run.
 pub(crate) struct Turns {
     gate: Arc<Gate>,
     stage: usize,
-    positions: Vec<Option<usize>>,
+    positions: Vec<Slot>,
     /// Turns passed on so far.
     passed: usize,
 }
@@ -65,9 +75,9 @@ impl Turns {
             };
             ops.push(op);
             if let Op::Step(_) = op {
-                turns.positions.push(None);
+                turns.positions.push(Slot::After(position));
             } else {
-                turns.positions.push(Some(position));
+                turns.positions.push(Slot::Turn(position));
                 position += 1;
             }
         }
@@ -91,21 +101,25 @@ impl Turns {
         per_stage.into_iter().enumerate().map(|(k, s)| s.ok_or_else(|| format!("no worker runs stage {k}"))).collect()
     }
 
-    /// Waits for the turn of the stage's `i`-th op (at once for a step); an error when a
-    /// stage of the same worker stopped before passing the turn on.
+    /// Waits for the turn of the stage's `i`-th op (a step: for its worker's batch to be
+    /// done); an error when a stage of the same worker stopped before passing the turn on.
     pub(crate) fn take(&mut self, i: usize) -> Result<Turn<'_>, String> {
-        let Some(Some(position)) = self.positions.get(i).copied() else {
+        let Some(slot) = self.positions.get(i).copied() else {
             return Ok(Turn { turns: None });
         };
+        let reached = |next: usize| match slot {
+            Slot::Turn(p) => next == p,
+            Slot::After(p) => next >= p,
+        };
         let mut state = self.gate.state.lock().unwrap_or_else(|p| p.into_inner());
-        while state.next != position {
+        while !reached(state.next) {
             if let Some(k) = state.abandoned_by {
                 return Err(format!("stage {k}, which shares this stage's worker, stopped before its turn came"));
             }
             state = self.gate.moved.wait(state).unwrap_or_else(|p| p.into_inner());
         }
         drop(state);
-        Ok(Turn { turns: Some(self) })
+        Ok(Turn { turns: matches!(slot, Slot::Turn(_)).then_some(self) })
     }
 
     fn pass(&mut self) {
@@ -126,7 +140,7 @@ impl Drop for Turn<'_> {
 
 impl Drop for Turns {
     fn drop(&mut self) {
-        if self.passed < self.positions.iter().flatten().count() {
+        if self.passed < self.positions.iter().filter(|s| matches!(s, Slot::Turn(_))).count() {
             let mut state = self.gate.state.lock().unwrap_or_else(|p| p.into_inner());
             state.abandoned_by.get_or_insert(self.stage);
             self.gate.moved.notify_all();
@@ -139,7 +153,7 @@ mod tests {
     use super::*;
 
     /// Two stages of one worker on their own threads run their ops in the worker's order,
-    /// whatever order the threads start in.
+    /// whatever order the threads start in, and their steps after the batch.
     #[test]
     fn a_workers_stages_take_turns_in_its_order() {
         let stages = Turns::for_worker(Schedule::Interleaved2, 0, 4, 4, 0, 1).unwrap().unwrap();
@@ -152,9 +166,7 @@ mod tests {
                 std::thread::spawn(move || {
                     for (i, op) in ops.into_iter().enumerate() {
                         let _turn = turns.take(i).unwrap();
-                        if !matches!(op, Op::Step(_)) {
-                            ran.lock().unwrap().push((k, op));
-                        }
+                        ran.lock().unwrap().push((k, op));
                     }
                 })
             })
@@ -163,7 +175,12 @@ mod tests {
             h.join().unwrap();
         }
         let order: Vec<(usize, Op)> = worker_ops_from(Schedule::Interleaved2, 0, 4, 4, 0, 1).unwrap().into_iter().filter(|(_, op)| !matches!(op, Op::Step(_))).collect();
-        assert_eq!(*ran.lock().unwrap(), order);
+        // The steps come after the batch's forwards and backwards, in either order.
+        let ran = ran.lock().unwrap();
+        assert_eq!(ran[..order.len()], order[..]);
+        let mut steps = ran[order.len()..].to_vec();
+        steps.sort_by_key(|&(k, _)| k);
+        assert_eq!(steps, [(0, Op::Step(0)), (2, Op::Step(0))]);
     }
 
     /// A stage that stops early lets the worker's other stages stop too, naming it.
