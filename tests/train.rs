@@ -366,11 +366,12 @@ fn train_args<'a>(dir: &'a Path, data: &'a Path, steps: &'a str, extra: &[&'a st
 #[test]
 fn resuming_from_a_checkpoint_reaches_the_same_weights() {
     let data = root().join("examples/digits/digits.npz");
-    for schedule in ["2bw", "flush", "gpipe", "zb-h1", "interleaved-2"] {
+    for schedule in ["2bw", "flush", "gpipe", "zb-h1", "interleaved-2", "zb-v"] {
         let dir = tempfile::tempdir().expect("temp dir");
-        // Interleaved: 2 stages taking turns on one worker (the 3 microbatches per batch
-        // divide among no more workers).
-        compile(dir.path(), if schedule == "interleaved-2" { "2" } else { "3" }, schedule, if schedule == "gpipe" { "full" } else { "none" });
+        // Interleaved and ZB-V: 2 stages taking turns on one worker (the 3 microbatches per
+        // batch divide among no more workers for interleaved; ZB-V needs an even depth).
+        let stages = if schedule.starts_with("interleaved") || schedule == "zb-v" { "2" } else { "3" };
+        compile(dir.path(), stages, schedule, if schedule == "gpipe" { "full" } else { "none" });
         let out = pw(&train_args(dir.path(), &data, "7", &["--checkpoint-every", "3"]));
         ok(&out);
         let weights = dir.path().join("weights.safetensors");
@@ -1224,7 +1225,7 @@ fn train_schedule_says_it_is_compiled_in() {
 
 /// Interleaved 1F1B: a depth its stages per worker do not divide is refused at compile
 /// time, microbatches its workers do not divide at train time, each naming the fix; a
-/// build that runs says how many workers its stages take turns on.
+/// build that runs says how many workers its stages take turns on; `launch` refuses it.
 #[test]
 fn interleaved_builds_name_their_workers_and_refuse_shapes_they_cannot_run() {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -1240,6 +1241,9 @@ fn interleaved_builds_name_their_workers_and_refuse_shapes_they_cannot_run() {
     fails(&out, &["the microbatches per batch must be a multiple of 2 (m = 3)"]);
     let stdout = pw_ok(["train", b, "--steps", "1", "--no-progress"]);
     assert!(stdout.starts_with("trained 1 steps under interleaved-2 over 4 stage(s) on 2 worker(s) x 1 replica(s) in "), "{stdout}");
+    // An MPI job runs one stage per rank: refused before any rank starts.
+    let out = pw(["launch", b, "--dry-run"]);
+    fails(&out, &[&format!("{b}: compiled for interleaved-2, which runs 2 stages per worker; an MPI job runs one stage per rank, so train this build in one process: pipewright train {b}")]);
 }
 
 /// One job per build folder: while a `train` runs, a second `train` and an `export` of the

@@ -769,7 +769,7 @@ pub fn run_worker(
     let m = first.len() / w;
     if cfg.schedule.virtual_stages() > 1 {
         return Err(PipelineError::Config(format!(
-            "the {} schedule runs {} stages per worker, which the MPI executor does not do yet (one rank runs one stage): train this build embedded (without --mpi)",
+            "the {} schedule runs {} stages per worker, which the MPI executor does not do yet (one rank runs one stage): train this build in one process (pipewright train)",
             cfg.schedule,
             cfg.schedule.virtual_stages()
         )));
