@@ -94,9 +94,9 @@ fn interleaved_workers(schedule: Schedule, depth: usize, m: usize) -> Result<usi
 }
 
 /// What worker `worker` runs, in order, for batches `start..steps`: `(stage, op)` pairs.
-/// A worker runs the stages `worker, worker + workers, ...` (`workers = depth / v`,
-/// [`Schedule::virtual_stages`]); for every schedule but interleaved 1F1B that is the one
-/// stage `worker`, whose order is [`stage_ops_from`]'s. An interleaved batch ends with a
+/// A worker runs `v` stages of the `depth` ([`Schedule::virtual_stages`], placed by
+/// [`Schedule::worker_of`]); for every schedule but interleaved 1F1B and ZB-V that is the
+/// one stage `worker`, whose order is [`stage_ops_from`]'s. A batch of theirs ends with a
 /// `Step` of each of the worker's stages, after all their backwards.
 pub fn worker_ops_from(schedule: Schedule, worker: usize, depth: usize, m: usize, start: usize, steps: usize) -> Result<Vec<(usize, Op)>, String> {
     let v = schedule.virtual_stages();

@@ -283,8 +283,8 @@ fn mean_of(mut runs: Vec<Simulation>) -> Simulation {
 
 /// One replay, by the engine the host calls for.
 fn replay(setup: &SimSetup) -> Result<Simulation, SimError> {
-    // Under interleaved 1F1B a worker's stages take turns: one computes at a time (their
-    // optimizer steps apart, which are short).
+    // Under interleaved 1F1B and ZB-V a worker's stages take turns: one computes at a
+    // time (their optimizer steps apart, which are short).
     let d = setup.stages.len();
     let schedule = setup.scheme.schedule();
     let workers = schedule.map_or(Ok(d), |s| s.workers(d)).map_err(SimError::Setup)?;

@@ -1,5 +1,6 @@
-//! Turns: how the stages of one worker share it. Under interleaved 1F1B a worker runs `v`
-//! stages ([`Schedule::virtual_stages`]); the embedded executor gives each its own thread,
+//! Turns: how the stages of one worker share it. Under interleaved 1F1B and ZB-V a worker
+//! runs `v` stages ([`Schedule::virtual_stages`], placed by [`Schedule::worker_of`]); the
+//! embedded executor gives each its own thread,
 //! as it does every stage, and [`Turns`] makes those threads run their forwards and
 //! backwards one at a time in the worker's order ([`worker_ops_from`]), so that the worker
 //! computes one op at a time, as one device would.
