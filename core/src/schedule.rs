@@ -325,8 +325,9 @@ fn shifted(op: Op, base: u64) -> Op {
 /// until its weight gradient, which its order places so that a stage never holds more than
 /// under 1F1B. `None` for a shape [`stage_ops`] refuses.
 ///
-/// A closed form, not a walk over the order: the planner asks it for every stage of every
-/// configuration it weighs, and the walk is `O(m)` each time. `peak_matches_the_order`
+/// A closed form, not a walk over the order, for the schedules of one stage per worker:
+/// the planner asks it for every stage of every configuration it weighs, and the walk is
+/// `O(m)` each time (interleaved 1F1B and ZB-V are walked). `peak_matches_the_order`
 /// checks it against [`stage_ops`] itself (two batches, so that 2BW's steady state is in
 /// it) for every schedule.
 pub fn peak_in_flight(schedule: Schedule, stage: usize, depth: usize, m: usize) -> Option<usize> {
@@ -336,8 +337,8 @@ pub fn peak_in_flight(schedule: Schedule, stage: usize, depth: usize, m: usize) 
     Some(match schedule {
         Schedule::GPipe => m,
         Schedule::TwoBw | Schedule::Flush | Schedule::ZbH1 => (depth - stage).min(m),
-        // Interleaved: walked over one batch of the stage's own order (it flushes, so one
-        // batch is every batch); no planner weighs these configurations yet.
+        // Several stages per worker: walked over one batch of the stage's own order (they
+        // flush, so one batch is every batch); `peaks_in_flight` walks every stage at once.
         Schedule::Interleaved2 | Schedule::Interleaved4 | Schedule::ZbV => held_at_most(&stage_ops(schedule, stage, depth, m, 1).ok()?),
     })
 }
@@ -400,10 +401,6 @@ fn one_f_one_b(ops: &mut Vec<Op>, base: u64, n: u64, warm: u64, after_b: impl Fn
 mod tests {
     use super::*;
 
-    fn peak_of(ops: &[Op]) -> usize {
-        held_at_most(ops)
-    }
-
     #[test]
     fn stages_hold_what_their_schedule_admits() {
         let held = |s, m| (0..4).map(|k| peak_in_flight(s, k, 4, m).unwrap()).collect::<Vec<_>>();
@@ -425,7 +422,7 @@ mod tests {
             for depth in 1..=8 {
                 for m in [1, 2, 3, depth, depth + 1, 2 * depth, 16] {
                     for stage in 0..depth {
-                        let walked = stage_ops(schedule, stage, depth, m, 2).ok().map(|ops| peak_of(&ops));
+                        let walked = stage_ops(schedule, stage, depth, m, 2).ok().map(|ops| held_at_most(&ops));
                         assert_eq!(walked, peak_in_flight(schedule, stage, depth, m), "{schedule:?} d={depth} m={m} stage {stage}");
                     }
                 }
@@ -546,15 +543,7 @@ mod tests {
                 for (r, order) in orders.iter().enumerate() {
                     let mine: std::collections::BTreeSet<usize> = order.iter().map(|&(k, _)| k).collect();
                     assert_eq!(mine.into_iter().collect::<Vec<_>>(), [r, depth - 1 - r], "{shape}: worker {r}");
-                    let (mut held, mut peak) = (0usize, 0usize);
-                    for &(_, op) in order {
-                        match op {
-                            F(_) => held += 1,
-                            W(_) => held -= 1,
-                            _ => {}
-                        }
-                        peak = peak.max(held);
-                    }
+                    let peak = held_at_most(&order.iter().map(|&(_, op)| op).collect::<Vec<_>>());
                     assert!(peak <= 2 * p, "{shape}: worker {r} holds {peak} graphs");
                 }
                 for k in 0..depth {

@@ -748,7 +748,7 @@ impl Config {
     }
 
     /// The stages' memory models, each under its share of a worker's `limit`: all of it,
-    /// or a `v`-th under interleaved 1F1B (a worker holds `v` stages; an even share, so
+    /// or a `v`-th under interleaved 1F1B and ZB-V (a worker holds `v` stages; an even share, so
     /// that the cuts stay a partition problem per stage).
     fn memory_model(&self, opts: &PlanOptions, limit: f64) -> PipelineMemory {
         let state = opts.optimizer.state_tensors(opts.momentum);
@@ -758,7 +758,7 @@ impl Config {
 }
 
 /// The workers of `w` pipelines of `d` stages under `schedule`: `d / v` per pipeline
-/// under interleaved 1F1B, else `d`.
+/// under interleaved 1F1B and ZB-V, else `d`.
 fn worker_layout(schedule: Schedule, d: usize, w: usize, placement: Placement) -> Layout {
     Layout::new(schedule.workers(d).unwrap_or(d), w).placed(placement)
 }
