@@ -1,7 +1,7 @@
 //! Multi-process pipelines on MPI: `pipewright worker` ranks (SPMD) and stage executables
 //! (MPMD) started by `mpirun` train exactly like the embedded executor (the same loss at
-//! every step and the same weights, bit for bit, under 2BW, PipeDream-Flush and GPipe, with
-//! stages and replicas), and `pipewright export` reads what they trained; ranks started
+//! every step and the same weights, bit for bit, under every schedule, with stages and
+//! replicas; where a worker runs several stages, their ranks take turns in its order), and `pipewright export` reads what they trained; ranks started
 //! differently are refused before the first step; a killed or frozen rank stops the whole
 //! job within 30 s, naming who and what; multi-process checkpoints resume bit-identically,
 //! also after a kill and on the embedded executor.
@@ -16,6 +16,8 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use common::{command, fails, model, ok, root};
+use pipewright_core::schedule::{worker_ops_from, Op};
+use pipewright_core::Schedule;
 
 fn data() -> PathBuf {
     root().join("examples/digits/digits.npz")
@@ -130,6 +132,58 @@ fn two_ranks_and_stage_executables_train_like_the_embedded_executor_under_every_
         same(&one, &spmd, &format!("{schedule}, 2 ranks (SPMD)"));
         if executables {
             same(&one, &launched(&build, true, &[]), &format!("{schedule}, stage executables (MPMD)"));
+        }
+    }
+}
+
+/// Interleaved 1F1B and ZB-V over MPI: a rank per stage, and the ranks of one worker's
+/// stages take turns. The job trains like the embedded executor bit for bit (SPMD, stage
+/// executables, two replicas), and the ranks' traces (one time origin, rank 0's clock)
+/// show each worker's forwards and backwards one at a time, in the worker's order.
+#[test]
+fn ranks_sharing_a_worker_take_turns_in_its_order_and_train_like_the_embedded_executor() {
+    let dir = tempfile::tempdir().unwrap();
+    for name in ["interleaved-2", "zb-v"] {
+        let schedule: Schedule = name.parse().unwrap();
+        let build = dir.path().join(name);
+        compile(&build, 4, name, name == "zb-v");
+        let one = embedded(&build, &[]);
+        let trace = dir.path().join(format!("{name}.json"));
+        same(&one, &launched(&build, false, &["--trace", trace.to_str().unwrap()]), &format!("{name}, 4 stages on 2 workers (SPMD)"));
+        if name == "zb-v" {
+            same(&one, &launched(&build, true, &[]), &format!("{name}, stage executables (MPMD)"));
+        } else {
+            same(&embedded(&build, &["--replicas", "2"]), &launched(&build, false, &["--replicas", "2"]), &format!("{name}, 4 stages x 2 replicas"));
+        }
+        for worker in 0..2 {
+            let mut spans: Vec<(f64, f64, usize, String, u64)> = Vec::new();
+            for stage in schedule.stages_of(worker, 4) {
+                // One replica: stage k is rank k.
+                let file = dir.path().join(format!("{name}.rank{stage}.json"));
+                let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+                for e in v.as_array().unwrap().iter().filter(|e| ["forward", "backward", "backward-weight"].contains(&e["name"].as_str().unwrap())) {
+                    let (ts, dur) = (e["ts"].as_f64().unwrap(), e["dur"].as_f64().unwrap());
+                    spans.push((ts, ts + dur, stage, e["name"].as_str().unwrap().to_string(), e["args"]["microbatch"].as_u64().unwrap()));
+                }
+            }
+            spans.sort_by(|a, b| a.0.total_cmp(&b.0));
+            for pair in spans.windows(2) {
+                // The turn passes after an op ends and a note reaches the next rank; 5 us
+                // covers the two processes' reading of the shared clock.
+                assert!(pair[1].0 >= pair[0].1 - 5.0, "{name}, worker {worker}: {:?} began before {:?} ended", pair[1], pair[0]);
+            }
+            let ran: Vec<(usize, String, u64)> = spans.into_iter().map(|(_, _, k, what, mb)| (k, what, mb)).collect();
+            let order: Vec<(usize, String, u64)> = worker_ops_from(schedule, worker, 4, 4, 0, 8)
+                .unwrap()
+                .into_iter()
+                .filter_map(|(k, op)| match op {
+                    Op::Forward(j) => Some((k, "forward".to_string(), j)),
+                    Op::Backward(j) | Op::BackwardInput(j) => Some((k, "backward".to_string(), j)),
+                    Op::BackwardWeight(j) => Some((k, "backward-weight".to_string(), j)),
+                    Op::Step(_) => None,
+                })
+                .collect();
+            assert_eq!(ran, order, "{name}, worker {worker}: the ranks' ops by time must be the worker's order");
         }
     }
 }

@@ -77,16 +77,6 @@ fn replicas_flag(args: &[String]) -> Result<Option<u64>, DriverError> {
 pub fn mpirun_line(req: &LaunchRequest) -> Result<Vec<String>, DriverError> {
     let manifest = Manifest::read(&req.build)?;
     let d = manifest.stages.len();
-    let schedule = manifest.pipeline.schedule;
-    if schedule.virtual_stages() > 1 {
-        // Refused before any rank starts: each rank would refuse it anyway.
-        return Err(DriverError::msg(format!(
-            "{}: compiled for {schedule}, which runs {} stages per worker; an MPI job runs one stage per rank, so train this build in one process: pipewright train {}",
-            req.build.display(),
-            schedule.virtual_stages(),
-            req.build.display()
-        )));
-    }
     let shape = manifest.pipeline.resolve(RunFlags { replicas: replicas_flag(&req.worker_args)?, ..RunFlags::default() });
     let w = usize::try_from(shape.replicas.value).unwrap_or(usize::MAX);
     let ranks = d.checked_mul(w).ok_or_else(|| DriverError::msg("stages x replicas overflows"))?;

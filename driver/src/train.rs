@@ -22,8 +22,8 @@ use pipewright_core::lock::FolderLock;
 use pipewright_core::timeline::chrome_trace_json;
 use pipewright_core::units::human_bytes;
 use pipewright_runtime::pipeline::{
-    batch_fingerprint, check_resume, read_checkpoint, resume, resume_differences, run_record, run_worker, train, train_evaluated, BatchStream, Checkpoint, EvalLink, EvalPoints, EvalResult, EvalSet, Layout, Reduction, LrSchedule, Microbatch, Mpi, Objective, OptimizerConfig,
-    StageState, TrainConfig, WorkerHooks,
+    batch_fingerprint, check_resume, read_checkpoint, resume, resume_differences, run_record, run_worker, train, train_evaluated, BatchStream, Checkpoint, EvalLink, EvalPoints, EvalResult, EvalSet, Layout, Reduction, LrSchedule, Microbatch, Mpi, MpiTurns, Objective, OptimizerConfig,
+    StageState, TrainConfig, TurnLink, WorkerHooks,
 };
 
 /// The runtime's types a command sees: each step's report, the run's, and the MPI job.
@@ -811,6 +811,8 @@ pub struct WorkerSession {
     resume: Option<(u64, StageState)>,
     /// The stage worker's links.
     transport: Mpi,
+    /// Its link to the other stages of its worker, under interleaved 1F1B and ZB-V.
+    turns: Option<MpiTurns>,
     /// The main thread's: merging the replicas' step reports, gathering the weights.
     main: Mpi,
     /// `--eval-data` (read by every rank, used by replica 0's) and the main thread's
@@ -848,6 +850,7 @@ impl WorkerSession {
         let reduction = if req.deterministic_reduce { Reduction::FixedOrder } else { Reduction::Collective };
         let transport = job.transport(layout, config.timeout).map_err(DriverError::msg)?.with_reduction(reduction);
         let main = job.transport(layout, config.timeout).map_err(DriverError::msg)?;
+        let turns = job.turn_link(layout, config.schedule, config.timeout).map_err(DriverError::msg)?;
         let rank = job.rank();
         let (replica, stage) = layout.place(rank);
         let embedded = match embedded {
@@ -911,7 +914,7 @@ impl WorkerSession {
         agreement.insert("--resume".into(), resume.as_ref().map_or("none".into(), |(s, _)| format!("from step {s}")));
         let reports_steps = main.reports_steps();
         let language_model = is_language_model(&req.train, &manifest);
-        Ok(WorkerSession { locks, rank, stage, replica, depth: layout.depth, start, shape, config, who: layout.who(rank), reports_steps, module, batches, resume, transport, main, eval, language_model, agreement })
+        Ok(WorkerSession { locks, rank, stage, replica, depth: layout.depth, start, shape, config, who: layout.who(rank), reports_steps, module, batches, resume, transport, turns, main, eval, language_model, agreement })
     }
 
     /// Checks with every other rank that all were started alike (refusing, naming the
@@ -923,9 +926,10 @@ impl WorkerSession {
     }
 
     pub fn run(self, on_step: &mut dyn FnMut(StepReport)) -> Result<WorkerOutcome, DriverError> {
-        let WorkerSession { who, module, config, replica, batches, resume, mut transport, mut main, eval, agreement, depth, .. } = self;
+        let WorkerSession { who, module, config, replica, batches, resume, mut transport, turns, mut main, eval, agreement, depth, .. } = self;
         let fail = |e: String| DriverError::msg(format!("{who}: {e}"));
-        let job = transport.agree(&agreement).map_err(fail)?;
+        let agreed = transport.agree(&agreement).map_err(fail)?;
+        let job = agreed.job;
         let (pipeline, schedule, record) = (module.program.pipeline.clone(), config.schedule, run_record(&config));
         let (mut losses, mut merge_error) = (Vec::new(), None);
         // The main thread's links serve both hooks, one at a time.
@@ -944,8 +948,8 @@ impl WorkerSession {
             let dir = config.checkpoint_dir.clone().unwrap_or_default();
             let mut checkpoint = |step: u64, state: StageState| main.borrow_mut().checkpoint(&dir, step, job, &state, schedule, &pipeline, &record);
             let eval = eval.map(|(set, link)| (set, Box::new(link) as Box<dyn EvalLink>));
-            let hooks = WorkerHooks { on_step: &mut merged, on_checkpoint: &mut checkpoint, eval };
-            run_worker(module, &config, replica, Box::new(transport), batches, resume, hooks)
+            let hooks = WorkerHooks { on_step: &mut merged, on_checkpoint: &mut checkpoint, eval, trace_origin: Some(agreed.clock) };
+            run_worker(module, &config, replica, Box::new(transport), turns.map(|t| Box::new(t) as Box<dyn TurnLink>), batches, resume, hooks)
         };
         let mut report = trained.map_err(|e| fail(e.to_string()))?;
         if let Some(e) = merge_error {

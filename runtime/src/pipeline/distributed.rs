@@ -49,7 +49,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use ::mpi::environment::Universe;
 use ::mpi::datatype::Equivalence;
@@ -66,6 +66,7 @@ use super::stop::StopGate;
 use super::checkpoint::{commit_parts, discard_parts, write_stage_part, StagePart};
 use super::eval::EvalLink;
 use super::transport::{sum_lists, Named, SumGroup, Transport};
+use super::turns::{abandoned, TurnLink};
 use crate::exec::{tensor_from_bytes, tensor_to_bytes};
 pub use pipewright_core::Reduction;
 use pipewright_ops::DType;
@@ -89,6 +90,9 @@ const CHECKPOINT: i32 = 14;
 const EVAL_FORWARD: i32 = 15;
 /// A member's note that it has begun a collective sum (to name the late ones).
 const REDUCE_NOTE: i32 = 16;
+/// A stage's note to the other stages of its worker that it passed a turn on (or gave up
+/// its turns), under schedules that run several stages per worker ([`MpiTurns`]).
+const TURN: i32 = 17;
 /// The first of the tags communicators are made on ([`group_tag`]).
 const GROUP_TAGS: i32 = 1 << 10;
 
@@ -451,6 +455,15 @@ struct PendingSend {
 // completes).
 unsafe impl Send for PendingSend {}
 
+/// What the ranks of a job agreed on before the first step ([`Mpi::agree`]).
+#[derive(Clone, Copy, Debug)]
+pub struct Agreed {
+    /// The job's id (rank 0's process id).
+    pub job: u32,
+    /// Rank 0's clock at the agreement: where every rank's trace starts.
+    pub clock: SystemTime,
+}
+
 /// A worker's MPI links (see the module documentation).
 pub struct Mpi {
     rank: usize,
@@ -616,8 +629,10 @@ impl Mpi {
     /// Compares this rank's run configuration (`name` -> value) with rank 0's, every rank
     /// at once (collective): `Err` naming the first difference (by rank, then name) on
     /// every rank when any rank differs. `Ok`: the job's id (rank 0's process id), which
-    /// names the job's temporary checkpoint folders.
-    pub fn agree(&mut self, config: &BTreeMap<String, String>) -> Result<u32, String> {
+    /// names the job's temporary checkpoint folders, and rank 0's clock at the agreement,
+    /// the origin every rank's trace counts from (so that traces of ranks on one host, or
+    /// on hosts with synchronised clocks, line up).
+    pub fn agree(&mut self, config: &BTreeMap<String, String>) -> Result<Agreed, String> {
         let text: Vec<String> = config.iter().flat_map(|(k, v)| [k.clone(), v.clone()]).collect();
         let mine = Wire { a: 0, value: 0.0, text, tensors: Vec::new() };
         let layout = self.layout;
@@ -625,12 +640,17 @@ impl Mpi {
         let combine = |parts: Vec<Wire>| -> Result<Wire, String> {
             let maps: Vec<BTreeMap<String, String>> = parts.iter().map(|w| w.text.chunks(2).filter(|c| c.len() == 2).map(|c| (c[0].clone(), c[1].clone())).collect()).collect();
             let verdict = first_difference(&maps, &layout).unwrap_or_default();
-            Ok(Wire { a: 0, value: 0.0, text: vec![verdict, std::process::id().to_string()], tensors: Vec::new() })
+            let clock = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_micros();
+            Ok(Wire { a: 0, value: 0.0, text: vec![verdict, std::process::id().to_string(), clock.to_string()], tensors: Vec::new() })
         };
         let verdict = self.reduce(&members, (AGREE_PART, AGREE_RESULT), "agreement on the run configuration", mine, combine)?;
         match &verdict.text[..] {
-            [v, _] if !v.is_empty() => Err(v.clone()),
-            [_, job] => job.parse().map_err(|_| format!("rank 0 sent job id {job:?}")),
+            [v, _, _] if !v.is_empty() => Err(v.clone()),
+            [_, job, clock] => {
+                let job = job.parse().map_err(|_| format!("rank 0 sent job id {job:?}"))?;
+                let clock: u64 = clock.parse().map_err(|_| format!("rank 0 sent clock {clock:?}"))?;
+                Ok(Agreed { job, clock: UNIX_EPOCH + Duration::from_micros(clock) })
+            }
             _ => Err("rank 0 sent a malformed agreement".into()),
         }
     }
@@ -1207,6 +1227,104 @@ impl EvalLink for Mpi {
         Ok(w.tensors)
     }
 }
+
+/// The turns of a worker whose stages are ranks of their own (interleaved 1F1B, ZB-V over
+/// MPI): the ranks of one worker's stages, in one replica, each keep the worker's count of
+/// passed turns, and the rank that passes a turn on tells the others the new count. Each
+/// rank waits for the count its op's slot needs, so the worker's ranks compute one op at a
+/// time in the worker's order, as the embedded executor's stage threads do. Counts only
+/// grow: a rank keeps the largest it was told, whatever order its peers' notes arrive in.
+pub struct MpiTurns {
+    link: Mpi,
+    /// The other ranks running stages of this rank's worker (this replica's).
+    peers: Vec<usize>,
+    passed: usize,
+    abandoned_by: Option<usize>,
+}
+
+impl MpiJob {
+    /// This rank's link to the other stages of its worker when `schedule` runs several
+    /// stages per worker (`None` otherwise), for a job of `layout`'s shape.
+    pub fn turn_link(&self, layout: Layout, schedule: pipewright_core::Schedule, timeout: Duration) -> Result<Option<MpiTurns>, String> {
+        if schedule.virtual_stages() == 1 {
+            return Ok(None);
+        }
+        let link = self.transport(layout, timeout)?;
+        let (replica, stage) = layout.place(link.rank);
+        let worker = schedule.worker_of(stage, layout.depth);
+        let peers = schedule.stages_of(worker, layout.depth).into_iter().filter(|&k| k != stage).map(|k| layout.rank(replica, k)).collect();
+        Ok(Some(MpiTurns { link, peers, passed: 0, abandoned_by: None }))
+    }
+}
+
+impl MpiTurns {
+    /// Takes the turn notes that have arrived, without waiting; `true` when any did.
+    fn take_notes(&mut self) -> Result<bool, String> {
+        let world = SimpleCommunicator::world();
+        let mut any = false;
+        while let Some(m) = world.any_process().immediate_matched_probe_with_tag(TURN) {
+            let from = m.1.source_rank() as usize;
+            let note = Wire::decode(&receive_bytes(m)).map_err(|e| format!("a turn note from {}: {e}", self.link.layout.who(from)))?;
+            if note.text.iter().any(|t| t == ABANDONED) {
+                self.abandoned_by.get_or_insert(note.a as usize);
+            } else {
+                self.passed = self.passed.max(note.a as usize);
+            }
+            any = true;
+        }
+        Ok(any)
+    }
+
+    fn tell_peers(&mut self, note: Wire) {
+        let Ok(bytes) = note.encode() else { return };
+        for to in self.peers.clone() {
+            // A peer gone is the launcher's to report; the note cannot help it then.
+            let _ = self.link.isend(to, TURN, bytes.clone());
+        }
+    }
+}
+
+impl TurnLink for MpiTurns {
+    fn wait(&mut self, reached: &dyn Fn(usize) -> bool) -> Result<(), String> {
+        if reached(self.passed) {
+            return Ok(());
+        }
+        let peers: Vec<String> = self.peers.iter().map(|&r| self.link.layout.who(r)).collect();
+        let what = format!("its turn on its worker (shared with {})", peers.join(", "));
+        self.link.shared.set_waiting(Some(what.clone()));
+        let deadline = Instant::now() + self.link.timeout;
+        let mut pause = Backoff::new();
+        let outcome = loop {
+            match self.take_notes() {
+                Err(e) => break Err(e),
+                Ok(true) if reached(self.passed) => break Ok(()),
+                Ok(_) => {}
+            }
+            if let Some(k) = self.abandoned_by {
+                break Err(abandoned(k));
+            }
+            if Instant::now() >= deadline {
+                break Err(format!("waited {} s (--timeout) for {what}", self.link.timeout.as_secs_f64()));
+            }
+            self.link.reap();
+            pause.wait();
+        };
+        self.link.shared.set_waiting(None);
+        outcome
+    }
+
+    fn pass(&mut self) {
+        self.passed += 1;
+        self.tell_peers(Wire { a: self.passed as u64, value: 0.0, text: Vec::new(), tensors: Vec::new() });
+    }
+
+    fn abandon(&mut self, stage: usize) {
+        self.tell_peers(Wire { a: stage as u64, value: 0.0, text: vec![ABANDONED.into()], tensors: Vec::new() });
+    }
+}
+
+/// The text of a turn note that says its stage gave up its turns.
+const ABANDONED: &str = "abandoned";
 
 /// One message: a number (microbatch, or reduction sequence), a value, strings and named
 /// tensors, in a little-endian layout read with bounds checks.

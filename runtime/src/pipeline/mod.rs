@@ -30,11 +30,12 @@ pub use stage::loss_ms;
 pub use precision::{compute_kind, LossScaler, Precision};
 pub use schedule::{stage_ops, stage_ops_from, Op};
 pub use checkpoint::{decode_checkpoint, decode_stage, read_checkpoint, step_dir_name, write_checkpoint, Checkpoint, CheckpointError, StageState};
-pub use distributed::{batch_fingerprint, Layout, Mpi, MpiJob, Reduction, DEFAULT_HEARTBEAT_TIMEOUT, HEARTBEAT_PERIOD};
+pub use distributed::{batch_fingerprint, Agreed, Layout, Mpi, MpiJob, MpiTurns, Reduction, DEFAULT_HEARTBEAT_TIMEOUT, HEARTBEAT_PERIOD};
 pub use memory::{bytes_of, StageMemory};
 pub use eval::{EvalLink, EvalResult, EvalSet};
 pub use stop::StopGate;
 pub use transport::{InProcess, Named, SumGroup, Transport};
+pub use turns::TurnLink;
 
 use crate::build::{Field, Identity};
 use crate::module::StageModule;
@@ -727,10 +728,15 @@ pub struct WorkerHooks<'a> {
     /// Replica 0, with `TrainConfig::eval`: the evaluation set and the link to the
     /// neighbouring stages' processes (see [`eval`](self::eval)).
     pub eval: Option<(EvalSet, Box<dyn EvalLink>)>,
+    /// With `TrainConfig::trace`: when the job's traces start (e.g. [`Agreed::clock`]), so
+    /// that the ranks' traces share a time origin; `None`: when this worker starts.
+    pub trace_origin: Option<std::time::SystemTime>,
 }
 
 /// Runs one stage of one replica in this process, linked to the other workers by
 /// `transport` (e.g. [`Mpi`]): the same worker the embedded executor runs per thread.
+/// Under a schedule that runs several stages per worker, `turns` links it to its worker's
+/// other stages (e.g. [`MpiTurns`]), whose ops it takes turns with in the worker's order.
 /// `data` yields whole batches (`replicas * m` microbatches, from the first step on, or
 /// from `resume`'s step on); this worker takes its replica's share. `resume`: the step
 /// to continue after and this stage's saved state ([`check_resume`] the checkpoint
@@ -741,6 +747,7 @@ pub fn run_worker(
     cfg: &TrainConfig,
     replica: usize,
     transport: Box<dyn Transport>,
+    turns: Option<Box<dyn TurnLink>>,
     data: BatchStream,
     resume: Option<(u64, StageState)>,
     hooks: WorkerHooks<'_>,
@@ -767,14 +774,7 @@ pub fn run_worker(
         return Err(PipelineError::Data(format!("batch {start} has {} microbatches, which {w} replica(s) cannot share evenly", first.len())));
     }
     let m = first.len() / w;
-    if cfg.schedule.virtual_stages() > 1 {
-        return Err(PipelineError::Config(format!(
-            "the {} schedule runs {} stages per worker, which the MPI executor does not do yet (one rank runs one stage): train this build in one process (pipewright train)",
-            cfg.schedule,
-            cfg.schedule.virtual_stages()
-        )));
-    }
-    let ops = stage_ops_from(cfg.schedule, k, d, m, start, cfg.steps).map_err(PipelineError::Config)?;
+    let (ops, turns) = turns::Turns::for_stage(cfg.schedule, k, d, m, start, cfg.steps, turns).map_err(PipelineError::Config)?;
     // Only this worker's data channel exists; the feeder skips the others.
     let mut txs: Vec<Vec<Option<mpsc::SyncSender<StageData>>>> = (0..w).map(|_| (0..d).map(|_| None).collect()).collect();
     let rx = if spec.needs_data {
@@ -792,7 +792,7 @@ pub fn run_worker(
     let (ev_tx, ev_rx) = mpsc::channel::<Event>();
     let mut placed = cfg.clone();
     placed.device = cfg.worker_device(d, k, replica);
-    let WorkerHooks { on_step, on_checkpoint, eval } = hooks;
+    let WorkerHooks { on_step, on_checkpoint, eval, trace_origin } = hooks;
     let evaluator = match eval {
         Some((set, link)) if replica == 0 && cfg.eval != EvalPoints::Never => Some(eval::Evaluator::for_stage(&spec, cfg, set, link)?),
         _ => None,
@@ -802,13 +802,13 @@ pub fn run_worker(
         replica,
         replicas: w,
         ops,
-        turns: None,
+        turns,
         m,
         cfg: placed,
         data: rx,
         transport,
         events: ev_tx,
-        epoch: cfg.trace.then(Instant::now),
+        epoch: cfg.trace.then(|| instant_of(trace_origin)),
         start_step: start as u64,
         resume: saved,
     };
@@ -865,7 +865,14 @@ pub fn run_worker(
     Ok(report)
 }
 
-/// The stage sets sharing a tied weight, each once.
+/// The instant `origin` was on this process's monotonic clock (now when `None`, or when
+/// `origin` lies ahead of the wall clock or too far behind the process's start).
+fn instant_of(origin: Option<std::time::SystemTime>) -> Instant {
+    let (now, wall) = (Instant::now(), std::time::SystemTime::now());
+    let ago = origin.and_then(|o| wall.duration_since(o).ok()).unwrap_or_default();
+    now.checked_sub(ago).unwrap_or(now)
+}
+
 /// The stage sets sharing tied weights, checked: every stage of a set must hold a copy of
 /// the same weights, or their gradient sums would pair different tensors (or wait for a
 /// stage that never joins).

@@ -19,6 +19,20 @@ use std::sync::{Arc, Condvar, Mutex};
 use pipewright_core::schedule::{stage_ops_from, worker_ops_from, Op};
 use pipewright_core::Schedule;
 
+/// How the stages of one worker follow its place in its order: a counter of the turns the
+/// worker has passed, moved on by whichever stage holds the turn. Threads of one process
+/// share it in memory ([`Turns::for_pipeline`]); ranks of an MPI job keep a copy each and
+/// tell one another each move (`distributed::MpiTurns`).
+pub trait TurnLink: Send {
+    /// Waits until `reached` holds for the worker's count of passed turns; an error when a
+    /// stage of the worker stopped before passing its turns on, or the wait timed out.
+    fn wait(&mut self, reached: &dyn Fn(usize) -> bool) -> Result<(), String>;
+    /// The stage holding the turn has passed it on: the worker's count moves by one.
+    fn pass(&mut self);
+    /// Stage `stage` stops before its last turn: the others must not wait for it.
+    fn abandon(&mut self, stage: usize);
+}
+
 /// The worker's place in its order, shared by its stages' threads.
 #[derive(Default)]
 struct Gate {
@@ -34,6 +48,36 @@ struct GateState {
     abandoned_by: Option<usize>,
 }
 
+impl TurnLink for Arc<Gate> {
+    fn wait(&mut self, reached: &dyn Fn(usize) -> bool) -> Result<(), String> {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        while !reached(state.next) {
+            if let Some(k) = state.abandoned_by {
+                return Err(abandoned(k));
+            }
+            state = self.moved.wait(state).unwrap_or_else(|p| p.into_inner());
+        }
+        Ok(())
+    }
+
+    fn pass(&mut self) {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        state.next += 1;
+        self.moved.notify_all();
+    }
+
+    fn abandon(&mut self, stage: usize) {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        state.abandoned_by.get_or_insert(stage);
+        self.moved.notify_all();
+    }
+}
+
+/// The error of a stage waiting for a turn that stage `k` will never pass on.
+pub(crate) fn abandoned(k: usize) -> String {
+    format!("stage {k}, which shares this stage's worker, stopped before its turn came")
+}
+
 /// When an op of a stage may run on its worker.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Slot {
@@ -45,7 +89,7 @@ enum Slot {
 
 /// One stage's turns on its worker: per op of the stage's order, when it may run.
 pub(crate) struct Turns {
-    gate: Arc<Gate>,
+    link: Box<dyn TurnLink>,
     stage: usize,
     positions: Vec<Slot>,
     /// Turns passed on so far.
@@ -58,31 +102,56 @@ pub(crate) struct Turn<'a> {
     turns: Option<&'a mut Turns>,
 }
 
+/// A stage's ops in its worker's order and, per op, its slot in that order.
+type StageOrder = (usize, Vec<Op>, Vec<Slot>);
+
 impl Turns {
-    /// For each stage of worker `worker` (a pipeline of `depth` stages under `schedule`):
-    /// the stage, its ops in order, and its turns. `None` for a schedule that runs one stage
-    /// per worker (no turns needed).
-    pub(crate) fn for_worker(schedule: Schedule, worker: usize, depth: usize, m: usize, start: usize, steps: usize) -> Result<Option<Vec<(usize, Vec<Op>, Turns)>>, String> {
-        if schedule.virtual_stages() == 1 {
-            return Ok(None);
-        }
+    /// Each stage of worker `worker` (a pipeline of `depth` stages under `schedule`, which
+    /// runs several stages per worker) with its ops and their slots in the worker's order.
+    fn orders(schedule: Schedule, worker: usize, depth: usize, m: usize, start: usize, steps: usize) -> Result<Vec<StageOrder>, String> {
         let order = worker_ops_from(schedule, worker, depth, m, start, steps)?;
-        let gate = Arc::new(Gate::default());
-        let mut stages: Vec<(usize, Vec<Op>, Turns)> = schedule.stages_of(worker, depth).into_iter().map(|k| (k, Vec::new(), Turns { gate: gate.clone(), stage: k, positions: Vec::new(), passed: 0 })).collect();
+        let mut stages: Vec<StageOrder> = schedule.stages_of(worker, depth).into_iter().map(|k| (k, Vec::new(), Vec::new())).collect();
         let mut position = 0;
         for (k, op) in order {
-            let Some((_, ops, turns)) = stages.iter_mut().find(|(s, _, _)| *s == k) else {
+            let Some((_, ops, slots)) = stages.iter_mut().find(|(s, _, _)| *s == k) else {
                 return Err(format!("worker {worker}'s order names stage {k}, which it does not run"));
             };
             ops.push(op);
             if let Op::Step(_) = op {
-                turns.positions.push(Slot::After(position));
+                slots.push(Slot::After(position));
             } else {
-                turns.positions.push(Slot::Turn(position));
+                slots.push(Slot::Turn(position));
                 position += 1;
             }
         }
-        Ok(Some(stages))
+        Ok(stages)
+    }
+
+    /// For each stage of worker `worker` (a pipeline of `depth` stages under `schedule`):
+    /// the stage, its ops in order, and its turns, on one gate in memory. `None` for a
+    /// schedule that runs one stage per worker (no turns needed).
+    pub(crate) fn for_worker(schedule: Schedule, worker: usize, depth: usize, m: usize, start: usize, steps: usize) -> Result<Option<Vec<(usize, Vec<Op>, Turns)>>, String> {
+        if schedule.virtual_stages() == 1 {
+            return Ok(None);
+        }
+        let gate = Arc::new(Gate::default());
+        let stages = Turns::orders(schedule, worker, depth, m, start, steps)?;
+        Ok(Some(stages.into_iter().map(|(k, ops, positions)| (k, ops, Turns { link: Box::new(gate.clone()), stage: k, positions, passed: 0 })).collect()))
+    }
+
+    /// Stage `stage`'s ops and its turns over `link` (its worker's other stages run
+    /// elsewhere, e.g. in other MPI ranks); `None` for turns when its worker runs it alone.
+    pub(crate) fn for_stage(schedule: Schedule, stage: usize, depth: usize, m: usize, start: usize, steps: usize, link: Option<Box<dyn TurnLink>>) -> Result<(Vec<Op>, Option<Turns>), String> {
+        if schedule.virtual_stages() == 1 {
+            return Ok((stage_ops_from(schedule, stage, depth, m, start, steps)?, None));
+        }
+        let link = link.ok_or_else(|| format!("the {schedule} schedule runs stage {stage} on a worker with other stages, and this run gave it no link to them"))?;
+        let worker = schedule.worker_of(stage, depth);
+        let (_, ops, positions) = Turns::orders(schedule, worker, depth, m, start, steps)?
+            .into_iter()
+            .find(|(k, _, _)| *k == stage)
+            .ok_or_else(|| format!("worker {worker} does not run stage {stage}"))?;
+        Ok((ops, Some(Turns { link, stage, positions, passed: 0 })))
     }
 
     /// Per stage of a pipeline of `depth` stages: its ops and, where its worker runs other
@@ -108,26 +177,17 @@ impl Turns {
         let Some(slot) = self.positions.get(i).copied() else {
             return Ok(Turn { turns: None });
         };
-        let reached = |next: usize| match slot {
+        let reached = move |next: usize| match slot {
             Slot::Turn(p) => next == p,
             Slot::After(p) => next >= p,
         };
-        let mut state = self.gate.state.lock().unwrap_or_else(|p| p.into_inner());
-        while !reached(state.next) {
-            if let Some(k) = state.abandoned_by {
-                return Err(format!("stage {k}, which shares this stage's worker, stopped before its turn came"));
-            }
-            state = self.gate.moved.wait(state).unwrap_or_else(|p| p.into_inner());
-        }
-        drop(state);
+        self.link.wait(&reached)?;
         Ok(Turn { turns: matches!(slot, Slot::Turn(_)).then_some(self) })
     }
 
     fn pass(&mut self) {
-        let mut state = self.gate.state.lock().unwrap_or_else(|p| p.into_inner());
-        state.next += 1;
         self.passed += 1;
-        self.gate.moved.notify_all();
+        self.link.pass();
     }
 }
 
@@ -142,9 +202,7 @@ impl Drop for Turn<'_> {
 impl Drop for Turns {
     fn drop(&mut self) {
         if self.passed < self.positions.iter().filter(|s| matches!(s, Slot::Turn(_))).count() {
-            let mut state = self.gate.state.lock().unwrap_or_else(|p| p.into_inner());
-            state.abandoned_by.get_or_insert(self.stage);
-            self.gate.moved.notify_all();
+            self.link.abandon(self.stage);
         }
     }
 }
