@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# Two-stage pipelines three ways, side by side in one run: the embedded executor
-# (`pipewright train`: 2 stage threads in one process), MPI (`pipewright launch`: 2 ranks,
-# one stage each) and torch.distributed.pipelining (bench/torch_pipe.py under `torchrun
-# --nproc-per-node 2`: gloo, the same stage cut through the build's stage ONNX files).
+# Two-worker pipelines three ways, side by side in one run: the embedded executor
+# (`pipewright train`: a thread per stage in one process), MPI (`pipewright launch`: a rank
+# per stage; where a worker runs several stages, its ranks take turns) and
+# torch.distributed.pipelining (bench/torch_pipe.py under `torchrun --nproc-per-node 2`:
+# gloo, the same stage cut through the build's stage ONNX files).
 # Same model, microbatch, microbatches, plain SGD, one intra-op thread per stage;
 # pipewright runs SCHEDULE (flush, gpipe, zb-h1, interleaved-V or zb-v; default flush) and
 # torch its namesake (Schedule1F1B, ScheduleGPipe, ScheduleInterleavedZeroBubble with one
 # stage per rank, ScheduleInterleaved1F1B with V stages per rank of a 2V-stage build,
-# ScheduleZBVZeroBubble with 2 per rank in a V; MPI does not run several stages per rank
-# yet, so that side is left out for the last two). Each round runs the three in a rotated order. Reports per model the median
+# ScheduleZBVZeroBubble with 2 per rank in a V). Each round runs the three in a rotated
+# order. Reports per model the median
 # over rounds of each run's median seconds per step after WARMUP (the wall time between
 # consecutive updates), and the ratios to the embedded executor.
 #
@@ -51,8 +52,7 @@ for spec in "${specs[@]}"; do
     [[ "$SCHEDULE" == zb-v ]] && v=2
     "$PW" compile "$MODELS_DIR/$model.onnx" --stages $((2 * v)) --schedule "$SCHEDULE" --microbatch "$mb" --stage-onnx -o "$build" >/dev/null
     opts=(--steps "$((steps + WARMUP))" --microbatch "$mb" --microbatches "$M" --optimizer sgd --lr 0.0001 --threads 1 --no-progress --log-every 1000000)
-    sides=(train)
-    ((v == 1)) && sides+=(launch)
+    sides=(train launch)
     ((TORCH)) && sides+=(torch)
     declare -A times=()
     for ((r = 0; r < ROUNDS; r++)); do

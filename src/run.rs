@@ -10,7 +10,7 @@ use pipewright_driver::conformance::{report, run_all, totals};
 use pipewright_driver::export::{save_weights, WEIGHTS_FILE};
 use pipewright_driver::forward::{bench_step_command, run_forward_command};
 use pipewright_driver::profile::{notes, profile_json, Progress as ProfileProgress};
-use pipewright_driver::train::{eval_line, host_reads_line, off_device_line, loss_range, peak_memory_line, memory_peaks, save_trace, stopped_job_lines, stopped_lines, MpiJob, Session, StepReport, StopGate, WorkerSession};
+use pipewright_driver::train::{eval_line, host_reads_line, off_device_line, loss_range, peak_memory_line, memory_peaks, save_trace, stages_text, stopped_job_lines, stopped_lines, MpiJob, Session, StepReport, StopGate, WorkerSession};
 
 use crate::args::{BenchAllreduceArgs, BenchStepArgs, ConformanceArgs, ProfileArgs, RunForwardArgs, TrainArgs, WorkerArgs};
 use crate::progress::Progress;
@@ -178,9 +178,10 @@ fn worker_rank(args: &WorkerArgs, embedded: Option<Vec<u8>>, job: &MpiJob) -> Re
     if reports {
         let (first, last) = loss_range(report);
         println!(
-            "trained {} steps under {} over {depth} stage(s) x {replicas} replica(s) in {:.1}s: loss {first:.4} -> {last:.4}",
+            "trained {} steps under {} over {} x {replicas} replica(s) in {:.1}s: loss {first:.4} -> {last:.4}",
             report.losses.len(),
             session_schedule,
+            stages_text(session_schedule, depth as u32),
             progress.started.elapsed().as_secs_f64(),
         );
         if let Some(line) = last_eval {

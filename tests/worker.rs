@@ -811,6 +811,44 @@ fn tied_weights_over_two_replicas_match_the_embedded_executor() {
     assert!(one.weights == job.weights, "tied weights over MPI must equal the embedded executor's");
 }
 
+/// gpt2-tiny in 4 stages holds two tied groups that overlap: the LayerNorm weights the
+/// exporter merged, on every stage, and the token embedding on stages 0 and 3. Each group's
+/// reductions are counted apart (counted together per kind, stage 0's second sum of a step
+/// was taken for the next step's by the stages in one group only, and a
+/// `--deterministic-reduce` job stopped at its first step): under MPI's all-reduce and the
+/// fixed order, Flush and interleaved 1F1B (whose ranks also take turns) train like the
+/// embedded executor (bit for bit in the fixed order). The summary names the workers as `train`'s does.
+#[test]
+fn overlapping_tied_groups_over_mpi_match_the_embedded_executor() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = ["--steps", "3", "--microbatch", "2", "--microbatches", "4", "--optimizer", "sgd", "--threads", "1", "--no-progress", "--metrics"];
+    for schedule in ["flush", "interleaved-2"] {
+        let build = dir.path().join(schedule);
+        ok(&command().arg("compile").arg(model("gpt2-tiny")).args(["--stages", "4", "--microbatch", "2", "--schedule", schedule, "-o"]).arg(&build).output().unwrap());
+        let run = |launch: bool, extra: &[&str], metrics: &str| -> Run {
+            let m = build.join(metrics);
+            let mut c = command();
+            if launch {
+                c.arg("launch").arg(&build).arg("--");
+            } else {
+                c.arg("train").arg(&build);
+            }
+            let stdout = ok(&c.args(extra).args(opts).arg(&m).output().unwrap());
+            let workers = if schedule == "flush" { "4 stage(s) x 1" } else { "4 stage(s) on 2 worker(s) x 1" };
+            assert!(stdout.contains(&format!("trained 3 steps under {schedule} over {workers} replica(s)")), "{stdout}");
+            finish(&build, &m)
+        };
+        let one = run(false, &[], "e.jsonl");
+        assert_eq!(one.losses.len(), 3);
+        // MPI's all-reduce adds the four stages' parts in an order of its own; the fixed
+        // order adds them as the embedded executor does, bit for bit.
+        close(&one, &run(true, &[], "m.jsonl"), 1e-5, &format!("{schedule}, MPI's all-reduce"));
+        let fixed = run(true, &["--deterministic-reduce"], "m.jsonl");
+        assert_eq!(one.losses, fixed.losses, "{schedule}, --deterministic-reduce");
+        assert!(one.weights == fixed.weights, "{schedule}, --deterministic-reduce: tied weights over MPI must equal the embedded executor's");
+    }
+}
+
 /// A neighbour that is alive (its heartbeat goes on) but sends nothing: the wait ends after
 /// `--timeout` with an error naming what was awaited and from whom, and the job stops.
 #[test]

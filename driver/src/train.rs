@@ -687,7 +687,7 @@ impl Session {
 }
 
 /// `2 stage(s)`, or `4 stage(s) on 2 worker(s)` where a worker runs several.
-fn stages_text(schedule: Schedule, depth: u32) -> String {
+pub fn stages_text(schedule: Schedule, depth: u32) -> String {
     match schedule.workers(depth as usize) {
         Ok(w) if w != depth as usize => format!("{depth} stage(s) on {w} worker(s)"),
         _ => format!("{depth} stage(s)"),

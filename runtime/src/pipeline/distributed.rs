@@ -473,15 +473,18 @@ pub struct Mpi {
     timeout: Duration,
     shared: Arc<Shared>,
     sends: Vec<PendingSend>,
-    /// Per tag: reductions begun, checked against the root's so a rank that skipped one
-    /// is an error rather than a wrong sum.
-    seq: HashMap<i32, u64>,
+    /// Per group ([`group_key`]: its kind's tag and members): reductions begun, checked
+    /// against the root's so a rank that skipped one is an error rather than a wrong sum.
+    /// Counted per group, not per kind: a rank in two groups of one kind (stages 0 and 3
+    /// sharing one tied weight, stages 0 to 3 another) counts each apart, as do the
+    /// members that are in only one of them.
+    seq: HashMap<u64, u64>,
     aborted: bool,
     reduction: Reduction,
     /// The communicators of the groups this rank sums over, by member ranks.
     comms: HashMap<Vec<usize>, GroupComm>,
-    /// Notes (member, group tag, reduction) received ahead of their sum's completion.
-    notes: HashSet<(usize, i32, u64)>,
+    /// Notes (member, group key, reduction) received ahead of their sum's completion.
+    notes: HashSet<(usize, u64, u64)>,
     /// The gradient sums left in the background ([`Transport::begin_sum`]).
     in_flight: HashMap<SumGroup, InFlightSum>,
 }
@@ -585,7 +588,7 @@ impl Mpi {
     /// A reduction over `members` (ranks, in summing order; this rank among them): the
     /// first gathers every part, combines them in member order and sends the result back.
     fn reduce(&mut self, members: &[usize], tags: (i32, i32), what: &str, mine: Wire, combine: impl FnOnce(Vec<Wire>) -> Result<Wire, String>) -> Result<Wire, String> {
-        let seq = self.next_seq(tags.0);
+        let seq = self.next_seq(group_key(tags.0, members));
         let root = members[0];
         if self.rank == root {
             let mut parts = vec![mine];
@@ -945,17 +948,23 @@ impl Transport for Mpi {
 }
 
 
-/// A member's note that it began reduction `seq` of the group counted on `tag`.
-fn note_bytes(tag: i32, seq: u64) -> Vec<u8> {
+/// A member's note that it began reduction `seq` of the group `group` ([`group_key`]).
+fn note_bytes(group: u64, seq: u64) -> Vec<u8> {
     let mut b = seq.to_le_bytes().to_vec();
-    b.extend(tag.to_le_bytes());
+    b.extend(group.to_le_bytes());
     b
 }
 
-fn parse_note(b: &[u8]) -> Option<(i32, u64)> {
+fn parse_note(b: &[u8]) -> Option<(u64, u64)> {
     let seq = u64::from_le_bytes(b.get(..8)?.try_into().ok()?);
-    let tag = i32::from_le_bytes(b.get(8..12)?.try_into().ok()?);
-    Some((tag, seq))
+    let group = u64::from_le_bytes(b.get(8..16)?.try_into().ok()?);
+    Some((group, seq))
+}
+
+/// A group's key: the tag its kind of reduction goes on and its members, hashed (a
+/// rank's groups of one kind differ in members).
+fn group_key(tag: i32, members: &[usize]) -> u64 {
+    members.iter().fold(tag as u64, |h, &r| h.wrapping_mul(1_000_003).wrapping_add(r as u64 + 1))
 }
 
 /// A sum [`Mpi::begin_collective`] began: done at once (the fixed order's kinds), or in
@@ -969,7 +978,7 @@ enum Begun {
 struct InFlightSum {
     members: Vec<usize>,
     others: Vec<usize>,
-    tag: i32,
+    group: u64,
     seq: u64,
     what: String,
     shapes: Vec<Vec<i64>>,
@@ -1065,12 +1074,13 @@ impl Mpi {
         if !matches!(kind, Kind::Float | Kind::Double) || tensors.iter().any(|t| t.kind() != kind) {
             return self.reduce_tensors(members, tags, what, tensors).map(Begun::Done);
         }
-        let seq = self.next_seq(tags.0);
+        let group = group_key(tags.0, members);
+        let seq = self.next_seq(group);
         self.make_communicator(members, what)?;
         let me = self.rank;
         let others: Vec<usize> = members.iter().copied().filter(|&r| r != me).collect();
         for &r in &others {
-            self.isend(r, REDUCE_NOTE, note_bytes(tags.0, seq))?;
+            self.isend(r, REDUCE_NOTE, note_bytes(group, seq))?;
         }
         let torch = |e: tch::TchError| format!("{what}: {e}");
         let flat: Vec<Tensor> = tensors.iter().map(|t| t.f_reshape([-1])).collect::<Result<_, _>>().map_err(torch)?;
@@ -1081,19 +1091,19 @@ impl Mpi {
         let recv = send.f_empty_like().map_err(torch)?;
         let pending = start_sum(&self.comms[members].0, send, recv);
         let shapes = tensors.iter().map(Tensor::size).collect();
-        Ok(Begun::InFlight(InFlightSum { members: members.to_vec(), others, tag: tags.0, seq, what: what.to_string(), shapes, device: tensors[0].device(), pending }))
+        Ok(Begun::InFlight(InFlightSum { members: members.to_vec(), others, group, seq, what: what.to_string(), shapes, device: tensors[0].device(), pending }))
     }
 
     /// Waits (up to the timeout) for a sum [`Mpi::begin_collective`] began, and takes the
     /// other members' notes of it.
     fn finish_collective(&mut self, sum: InFlightSum) -> Result<Vec<Tensor>, String> {
-        let InFlightSum { members, others, tag, seq, what, shapes, device, pending } = sum;
+        let InFlightSum { members, others, group, seq, what, shapes, device, pending } = sum;
         let recv = match self.poll_sum(pending, &what) {
             Ok(recv) => recv,
-            Err(waited) => return Err(self.late_members(&members, tag, seq, &what, waited)),
+            Err(waited) => return Err(self.late_members(&members, group, seq, &what, waited)),
         };
         for &r in &others {
-            self.await_note(r, tag, seq, &what)?;
+            self.await_note(r, group, seq, &what)?;
         }
         let torch = |e: tch::TchError| format!("{what}: {e}");
         let sizes: Vec<i64> = shapes.iter().map(|s| s.iter().product()).collect();
@@ -1101,23 +1111,23 @@ impl Mpi {
         parts.into_iter().zip(&shapes).map(|(p, s)| p.f_view(s.as_slice()).and_then(|p| p.f_to_device(device))).collect::<Result<_, _>>().map_err(torch)
     }
 
-    /// Receives `member`'s notes until the one of reduction `seq` of group `tag` (notes of
-    /// other sums in flight are kept for their turn).
-    fn await_note(&mut self, member: usize, tag: i32, seq: u64, what: &str) -> Result<(), String> {
-        while !self.notes.remove(&(member, tag, seq)) {
+    /// Receives `member`'s notes until the one of reduction `seq` of group `group` (notes
+    /// of other sums in flight are kept for their turn).
+    fn await_note(&mut self, member: usize, group: u64, seq: u64, what: &str) -> Result<(), String> {
+        while !self.notes.remove(&(member, group, seq)) {
             let note = self.recv(member, REDUCE_NOTE, &format!("its note that it began the {what}"))?;
-            let (t, s) = parse_note(&note).ok_or_else(|| format!("{what}: {} sent a malformed note", self.layout.who(member)))?;
-            if t == tag && s > seq {
+            let (g, s) = parse_note(&note).ok_or_else(|| format!("{what}: {} sent a malformed note", self.layout.who(member)))?;
+            if g == group && s > seq {
                 return Err(format!("{what}: {} began reduction {s} where {seq} was due (the ranks run different schedules)", self.layout.who(member)));
             }
-            self.notes.insert((member, t, s));
+            self.notes.insert((member, g, s));
         }
         Ok(())
     }
 
-    /// The reduction number `tag`'s group has reached (counted from 0).
-    fn next_seq(&mut self, tag: i32) -> u64 {
-        let s = self.seq.entry(tag).or_insert(0);
+    /// The reduction number `group` ([`group_key`]) has reached (counted from 0).
+    fn next_seq(&mut self, group: u64) -> u64 {
+        let s = self.seq.entry(group).or_insert(0);
         *s += 1;
         *s - 1
     }
@@ -1159,18 +1169,18 @@ impl Mpi {
         }
     }
 
-    /// The error for reduction `seq` of group `tag` (`members`) that did not complete in
+    /// The error for reduction `seq` of group `group` (`members`) that did not complete in
     /// `waited` seconds, naming the members whose note that they had begun it has not come.
-    fn late_members(&mut self, members: &[usize], tag: i32, seq: u64, what: &str, waited: f64) -> String {
+    fn late_members(&mut self, members: &[usize], group: u64, seq: u64, what: &str, waited: f64) -> String {
         let world = SimpleCommunicator::world();
         let mut late = Vec::new();
         for &r in members.iter().filter(|&&r| r != self.rank) {
             while let Some(m) = world.process_at_rank(r as i32).immediate_matched_probe_with_tag(REDUCE_NOTE) {
-                if let Some((t, s)) = parse_note(&receive_bytes(m)) {
-                    self.notes.insert((r, t, s));
+                if let Some((g, s)) = parse_note(&receive_bytes(m)) {
+                    self.notes.insert((r, g, s));
                 }
             }
-            if !self.notes.contains(&(r, tag, seq)) {
+            if !self.notes.contains(&(r, group, seq)) {
                 late.push(self.layout.who(r));
             }
         }
