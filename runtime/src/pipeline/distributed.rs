@@ -17,6 +17,11 @@
 //!   (a send never waits for its receiver, so the schedule cannot deadlock) and received
 //!   by polling with a deadline (`--timeout`), so no wait lasts forever and a late one
 //!   names what it waited for and from whom.
+//! - Where a worker runs several stages (interleaved 1F1B, ZB-V), each stage is still a
+//!   rank, and the ranks of one worker take turns in its order by passing the count of
+//!   turns on in small messages ([`MpiTurns`]).
+//! - Traces count from rank 0's clock at the agreement ([`Agreed`]), so ranks' traces line
+//!   up.
 //! - Evaluation during training runs forward through replica 0's stages on a tag of its
 //!   own, from each rank's main thread while its stage worker trains on
 //!   ([`super::eval`]).

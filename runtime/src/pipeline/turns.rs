@@ -21,8 +21,8 @@ use pipewright_core::Schedule;
 
 /// How the stages of one worker follow its place in its order: a counter of the turns the
 /// worker has passed, moved on by whichever stage holds the turn. Threads of one process
-/// share it in memory ([`Turns::for_pipeline`]); ranks of an MPI job keep a copy each and
-/// tell one another each move (`distributed::MpiTurns`).
+/// share it in memory (the embedded executor); ranks of an MPI job keep a copy each and
+/// tell one another each move ([`super::MpiTurns`]).
 pub trait TurnLink: Send {
     /// Waits until `reached` holds for the worker's count of passed turns; an error when a
     /// stage of the worker stopped before passing its turns on, or the wait timed out.
