@@ -103,27 +103,69 @@ pub fn worker_ops_from(schedule: Schedule, worker: usize, depth: usize, m: usize
     if v == 1 {
         return Ok(stage_ops_from(schedule, worker, depth, m, start, steps)?.into_iter().map(|op| (worker, op)).collect());
     }
-    if m == 0 || start > steps {
-        return Err(format!("invalid schedule shape: depth {depth}, m {m}"));
-    }
-    let workers = match schedule {
-        Schedule::ZbV => schedule.workers(depth)?,
-        _ => interleaved_workers(schedule, depth, m)?,
-    };
+    let workers = shared_workers(schedule, depth, m, start, steps)?;
     if worker >= workers {
         return Err(format!("invalid schedule shape: worker {worker} of {workers}"));
     }
     let batch = match schedule {
-        Schedule::ZbV => zb_v(workers, m).map_err(|e| format!("{schedule} on {workers} workers, m = {m}: {e}"))?.swap_remove(worker),
+        Schedule::ZbV => zb_v_orders(workers, m)?.swap_remove(worker),
         _ => interleaved_batch(worker, workers, v, m),
     };
+    Ok(batches_of(schedule, worker, depth, &batch, m, start, steps))
+}
+
+/// [`worker_ops_from`] of every worker at once: ZB-V's orders come from one replay of the
+/// whole pipeline, made once here rather than once per worker.
+pub fn worker_orders(schedule: Schedule, depth: usize, m: usize, start: usize, steps: usize) -> Result<Vec<Vec<(usize, Op)>>, String> {
+    if schedule != Schedule::ZbV {
+        return (0..schedule.workers(depth)?).map(|r| worker_ops_from(schedule, r, depth, m, start, steps)).collect();
+    }
+    let workers = shared_workers(schedule, depth, m, start, steps)?;
+    let orders = zb_v_orders(workers, m)?;
+    Ok(orders.iter().enumerate().map(|(r, batch)| batches_of(schedule, r, depth, batch, m, start, steps)).collect())
+}
+
+/// Every stage's order ([`stage_ops_from`]) at once, each worker's order made once.
+pub fn stage_orders(schedule: Schedule, depth: usize, m: usize, start: usize, steps: usize) -> Result<Vec<Vec<Op>>, String> {
+    if schedule.virtual_stages() == 1 {
+        return (0..depth).map(|k| stage_ops_from(schedule, k, depth, m, start, steps)).collect();
+    }
+    let mut stages = vec![Vec::new(); depth];
+    for order in worker_orders(schedule, depth, m, start, steps)? {
+        for (k, op) in order {
+            stages[k].push(op);
+        }
+    }
+    Ok(stages)
+}
+
+/// The workers of a pipeline of several stages per worker, checking its shape.
+fn shared_workers(schedule: Schedule, depth: usize, m: usize, start: usize, steps: usize) -> Result<usize, String> {
+    if m == 0 || start > steps {
+        return Err(format!("invalid schedule shape: depth {depth}, m {m}"));
+    }
+    match schedule {
+        Schedule::ZbV => schedule.workers(depth),
+        _ => interleaved_workers(schedule, depth, m),
+    }
+}
+
+/// [`zb_v`], its error naming the shape.
+fn zb_v_orders(workers: usize, m: usize) -> Result<Vec<Vec<(usize, Op)>>, String> {
+    zb_v(workers, m).map_err(|e| format!("{} on {workers} workers, m = {m}: {e}", Schedule::ZbV))
+}
+
+/// Worker `worker`'s order for batches `start..steps` from one batch's (batch-local
+/// microbatches), each batch ending with a step of each of its stages.
+fn batches_of(schedule: Schedule, worker: usize, depth: usize, batch: &[(usize, Op)], m: usize, start: usize, steps: usize) -> Vec<(usize, Op)> {
     let m64 = m as u64;
-    let mut ops = Vec::new();
+    let stages = schedule.stages_of(worker, depth);
+    let mut ops = Vec::with_capacity((steps - start) * (batch.len() + stages.len()));
     for t in start as u64..steps as u64 {
         ops.extend(batch.iter().map(|&(k, op)| (k, shifted(op, t * m64))));
-        ops.extend(schedule.stages_of(worker, depth).into_iter().map(|k| (k, Op::Step(t))));
+        ops.extend(stages.iter().map(|&k| (k, Op::Step(t))));
     }
-    Ok(ops)
+    ops
 }
 
 /// One batch of interleaved 1F1B (Narayanan et al., "Efficient Large-Scale Language Model
@@ -214,7 +256,7 @@ fn zb_h1(n: u64, stage: usize, depth: usize) -> Vec<Op> {
                     bwd_end[s][j as usize] = Some(tick);
                     waiting[s].push_back(j);
                 }
-                Op::BackwardWeight(_) => held[s] -= 1,
+                Op::BackwardWeight(_) => held[s] = held[s].saturating_sub(1),
                 _ => {}
             }
             if s == stage {
@@ -240,6 +282,29 @@ fn zb_h1(n: u64, stage: usize, depth: usize) -> Vec<Op> {
 /// until its weight gradient; `2p` is what 1F1B's first worker holds: `p` microbatches of
 /// a stage twice the size), else its oldest waiting weight gradient.
 fn zb_v(p: usize, m: usize) -> Result<Vec<Vec<(usize, Op)>>, String> {
+    let mut orders: Vec<Vec<(usize, Op)>> = vec![Vec::with_capacity(6 * m); p];
+    zb_v_replay(p, m, |r, s, op| orders[r].push((s, op)))?;
+    Ok(orders)
+}
+
+/// Every stage's [`held_at_most`] under ZB-V on `p` workers, counted during the replay
+/// ([`zb_v_replay`]) without making the orders.
+fn zb_v_peaks(p: usize, m: usize) -> Result<Vec<usize>, String> {
+    let (mut held, mut peak) = (vec![0usize; 2 * p], vec![0usize; 2 * p]);
+    zb_v_replay(p, m, |_, s, op| match op {
+        Op::Forward(_) => {
+            held[s] += 1;
+            peak[s] = peak[s].max(held[s]);
+        }
+        Op::BackwardWeight(_) => held[s] = held[s].saturating_sub(1),
+        _ => {}
+    })?;
+    Ok(peak)
+}
+
+/// The replay [`zb_v`] orders by: calls `ran(worker, stage, op)` for each operation in the
+/// order each worker runs them.
+fn zb_v_replay(p: usize, m: usize, mut ran_op: impl FnMut(usize, usize, Op)) -> Result<(), String> {
     let depth = 2 * p;
     let worker_of = |s: usize| Schedule::ZbV.worker_of(s, depth);
     let limit = 2 * p;
@@ -249,12 +314,13 @@ fn zb_v(p: usize, m: usize) -> Result<Vec<Vec<(usize, Op)>>, String> {
     let (mut fnext, mut bnext) = (vec![0usize; depth], vec![0usize; depth]);
     let mut waiting: Vec<std::collections::VecDeque<usize>> = vec![std::collections::VecDeque::new(); depth];
     let mut held = vec![0usize; p];
-    let mut orders: Vec<Vec<(usize, Op)>> = vec![Vec::new(); p];
     let total = 3 * depth * m;
     let (mut ran_total, mut tick) = (0usize, 0u64);
+    // This tick's operations: they end at its end, so none of them enables another now.
+    let mut ran = Vec::with_capacity(p);
     while ran_total < total {
-        let mut ran = Vec::new();
-        for (r, order) in orders.iter_mut().enumerate() {
+        ran.clear();
+        for r in 0..p {
             // This worker's stages, the later one first.
             let mine = [depth - 1 - r, r];
             let done_before = |end: &Option<u64>| end.is_some_and(|t| t <= tick);
@@ -283,7 +349,7 @@ fn zb_v(p: usize, m: usize) -> Result<Vec<Vec<(usize, Op)>>, String> {
             };
             if let Some((s, op)) = op {
                 debug_assert_eq!(worker_of(s), r);
-                order.push((s, op));
+                ran_op(r, s, op);
                 ran.push((s, op));
             }
         }
@@ -292,7 +358,7 @@ fn zb_v(p: usize, m: usize) -> Result<Vec<Vec<(usize, Op)>>, String> {
         }
         tick += 1;
         ran_total += ran.len();
-        for (s, op) in ran {
+        for &(s, op) in &ran {
             match op {
                 Op::Forward(j) => fwd_end[s][j as usize] = Some(tick),
                 Op::BackwardInput(j) => {
@@ -303,7 +369,7 @@ fn zb_v(p: usize, m: usize) -> Result<Vec<Vec<(usize, Op)>>, String> {
             }
         }
     }
-    Ok(orders)
+    Ok(())
 }
 
 /// `op` of a batch-local order, for the batch whose first microbatch is `base`.
@@ -343,24 +409,43 @@ pub fn peak_in_flight(schedule: Schedule, stage: usize, depth: usize, m: usize) 
     })
 }
 
-/// [`peak_in_flight`] of every stage of a pipeline at once: ZB-V's order comes from one
-/// replay of the whole pipeline, made once here rather than once per stage.
+/// [`peak_in_flight`] of every stage of a pipeline at once: the orders of interleaved
+/// 1F1B and ZB-V (one replay of the whole pipeline) are made once here rather than once
+/// per stage, and remembered per `(schedule, depth, m)` for the process: the planner asks
+/// for the same pipeline's peaks for every configuration of it that it weighs. Past `m =
+/// 4p` (`p` workers) their peaks no longer grow (the warm-up, which sets them, is over by
+/// then), so a larger `m` is answered from `4p`'s order
+/// (`peaks_stop_growing_past_four_microbatches_per_worker` checks it up to 32 workers).
 pub fn peaks_in_flight(schedule: Schedule, depth: usize, m: usize) -> Vec<Option<usize>> {
-    if schedule != Schedule::ZbV {
+    if schedule.virtual_stages() == 1 {
         return (0..depth).map(|k| peak_in_flight(schedule, k, depth, m)).collect();
     }
-    let orders = match schedule.workers(depth) {
-        Ok(p) if m > 0 => zb_v(p, m).ok(),
-        _ => None,
+    let Ok(p) = shared_workers(schedule, depth, m, 0, 1) else { return vec![None; depth] };
+    let m = m.min(SETTLED_PER_WORKER * p);
+    type Peaks = std::collections::HashMap<(Schedule, usize, usize), Vec<Option<usize>>>;
+    static KNOWN: std::sync::OnceLock<std::sync::Mutex<Peaks>> = std::sync::OnceLock::new();
+    let known = KNOWN.get_or_init(Default::default);
+    if let Some(peaks) = known.lock().unwrap_or_else(|p| p.into_inner()).get(&(schedule, depth, m)) {
+        return peaks.clone();
+    }
+    let peaks: Vec<Option<usize>> = match schedule {
+        // Counted during the replay: its orders are not needed here.
+        Schedule::ZbV => match zb_v_peaks(p, m) {
+            Ok(peaks) => peaks.into_iter().map(Some).collect(),
+            Err(_) => vec![None; depth],
+        },
+        _ => match stage_orders(schedule, depth, m, 0, 1) {
+            Ok(orders) => orders.iter().map(|ops| Some(held_at_most(ops))).collect(),
+            Err(_) => vec![None; depth],
+        },
     };
-    (0..depth)
-        .map(|k| {
-            let order = &orders.as_ref()?[schedule.worker_of(k, depth)];
-            let ops: Vec<Op> = order.iter().filter(|&&(s, _)| s == k).map(|&(_, op)| op).collect();
-            Some(held_at_most(&ops))
-        })
-        .collect()
+    known.lock().unwrap_or_else(|p| p.into_inner()).insert((schedule, depth, m), peaks.clone());
+    peaks
 }
+
+/// Microbatches per worker past which the peaks of interleaved 1F1B and ZB-V stop growing
+/// ([`peaks_in_flight`]); a multiple of 1, so `m` capped there stays a multiple of `p`.
+const SETTLED_PER_WORKER: usize = 4;
 
 /// The most microbatches `ops` holds between their forward and their last backward.
 fn held_at_most(ops: &[Op]) -> usize {
@@ -425,6 +510,51 @@ mod tests {
                         let walked = stage_ops(schedule, stage, depth, m, 2).ok().map(|ops| held_at_most(&ops));
                         assert_eq!(walked, peak_in_flight(schedule, stage, depth, m), "{schedule:?} d={depth} m={m} stage {stage}");
                     }
+                }
+            }
+        }
+    }
+
+    /// The orders made all at once (one ZB-V replay per call) are the ones made per worker
+    /// and per stage, and so are the peaks taken from them (asked twice: the second answer
+    /// is the remembered one).
+    #[test]
+    fn orders_made_at_once_are_the_per_worker_and_per_stage_ones() {
+        for &schedule in Schedule::ALL {
+            for depth in 1..=8 {
+                for m in [1, 2, 3, depth, 2 * depth] {
+                    for (start, steps) in [(0, 1), (1, 3)] {
+                        let what = format!("{schedule} d={depth} m={m} batches {start}..{steps}");
+                        let per_worker: Result<Vec<_>, _> = schedule.workers(depth).and_then(|p| (0..p).map(|r| worker_ops_from(schedule, r, depth, m, start, steps)).collect());
+                        assert_eq!(worker_orders(schedule, depth, m, start, steps), per_worker, "{what}");
+                        let per_stage: Result<Vec<_>, _> = (0..depth).map(|k| stage_ops_from(schedule, k, depth, m, start, steps)).collect();
+                        assert_eq!(stage_orders(schedule, depth, m, start, steps), per_stage, "{what}");
+                    }
+                    let one_by_one: Vec<Option<usize>> = (0..depth).map(|k| peak_in_flight(schedule, k, depth, m)).collect();
+                    assert_eq!(peaks_in_flight(schedule, depth, m), one_by_one, "{schedule} d={depth} m={m}");
+                    assert_eq!(peaks_in_flight(schedule, depth, m), one_by_one, "{schedule} d={depth} m={m}, remembered");
+                }
+            }
+        }
+    }
+
+    /// The peaks of the several-stages-per-worker schedules stop growing once `m` reaches
+    /// four microbatches per worker, which lets [`peaks_in_flight`] answer larger `m` from
+    /// that order: every `m` up to 12 per worker for up to 12 workers, and up to 8 per
+    /// worker (and 16) for up to 32, the planner's range on 64 GPUs.
+    #[test]
+    fn peaks_stop_growing_past_four_microbatches_per_worker() {
+        for schedule in [Schedule::Interleaved2, Schedule::Interleaved4, Schedule::ZbV] {
+            let v = schedule.virtual_stages();
+            for p in (1..=12).chain([16, 24, 31, 32]) {
+                let ms: Vec<usize> = if p <= 12 { (4 * p..=12 * p).collect() } else { (4 * p..=8 * p).chain([16 * p]).collect() };
+                let settled = stage_orders(schedule, p * v, 4 * p, 0, 1).unwrap().iter().map(|ops| held_at_most(ops)).collect::<Vec<_>>();
+                for m in ms.into_iter().filter(|m| schedule == Schedule::ZbV || m % p == 0) {
+                    let walked: Vec<usize> = match schedule {
+                        Schedule::ZbV => zb_v_peaks(p, m).unwrap(),
+                        _ => stage_orders(schedule, p * v, m, 0, 1).unwrap().iter().map(|ops| held_at_most(ops)).collect(),
+                    };
+                    assert_eq!(walked, settled, "{schedule} on {p} workers, m = {m}");
                 }
             }
         }

@@ -1,7 +1,7 @@
 //! The replay when every stage has its own device: stage by stage, each as far as its
 //! inputs allow, in turn (no global clock, since the stages never slow each other).
 
-use pipewright_core::schedule::{worker_ops_from, Op};
+use pipewright_core::schedule::{worker_orders, Op};
 use pipewright_core::timeline::TraceKind;
 
 use super::state::{report, Events, Meetings, StageEnd, StageState, Start};
@@ -180,7 +180,7 @@ pub(super) fn replay_dedicated(setup: &SimSetup) -> Result<Simulation, SimError>
 
 /// Under interleaved 1F1B and ZB-V, how the stages share their workers ([`Schedule::virtual_stages`]):
 /// a stage's forwards and backwards run on its worker's one stream, in the worker's order
-/// ([`worker_ops_from`]), as the runtime's turns run them; its optimizer steps take no
+/// ([`worker_orders`]), as the runtime's turns run them; its optimizer steps take no
 /// turn (`runtime/src/pipeline/turns.rs`) but run on the worker's stream too, after
 /// whatever the replay has put on it so far.
 ///
@@ -202,12 +202,8 @@ impl Workers {
         let d = setup.stages.len();
         let count = schedule.workers(d).map_err(SimError::Setup)?;
         let of_stage = (0..d).map(|k| schedule.worker_of(k, d)).collect();
-        let order = (0..count)
-            .map(|r| {
-                let ops = worker_ops_from(schedule, r, d, setup.m as usize, 0, setup.batches).map_err(SimError::Setup)?;
-                Ok(ops.into_iter().filter(|(_, op)| takes_turn(*op)).map(|(k, _)| k).collect())
-            })
-            .collect::<Result<Vec<Vec<usize>>, SimError>>()?;
+        let orders = worker_orders(schedule, d, setup.m as usize, 0, setup.batches).map_err(SimError::Setup)?;
+        let order: Vec<Vec<usize>> = orders.into_iter().map(|ops| ops.into_iter().filter(|(_, op)| takes_turn(*op)).map(|(k, _)| k).collect()).collect();
         Ok(Some(Workers { of_stage, order, next: vec![0; count], free: vec![0.0; count] }))
     }
 

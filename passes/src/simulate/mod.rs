@@ -51,7 +51,7 @@
 //! the whole run (as `pipewright trace-svg` computes it from a real trace), the most
 //! microbatches it held at once and the memory that implies.
 
-use pipewright_core::schedule::{stage_ops, Op};
+use pipewright_core::schedule::{stage_orders, Op};
 use pipewright_core::timeline::TraceEvent;
 use pipewright_core::{Schedule, Scheme};
 use serde::Serialize;
@@ -232,18 +232,18 @@ pub fn model_parallel_ops(m: usize, batches: usize) -> Vec<Op> {
     ops
 }
 
-/// The order stage `stage` of `depth` runs under `scheme`: the runtime's schedule for the
-/// three schedules (data and tensor parallelism run as Flush with one stage), or
-/// [`model_parallel_ops`].
-pub fn scheme_ops(scheme: Scheme, stage: usize, depth: usize, m: usize, batches: usize) -> Result<Vec<Op>, SimError> {
+/// The orders the `depth` stages run under `scheme`: the runtime's schedule's (data and
+/// tensor parallelism run as Flush with one stage), or [`model_parallel_ops`]; each
+/// worker's order made once ([`stage_orders`]).
+pub fn scheme_orders(scheme: Scheme, depth: usize, m: usize, batches: usize) -> Result<Vec<Vec<Op>>, SimError> {
     let schedule = match scheme {
-        Scheme::ModelParallel => return Ok(model_parallel_ops(m, batches)),
+        Scheme::ModelParallel => return Ok(vec![model_parallel_ops(m, batches); depth]),
         // Data and tensor parallelism run one stage per group: Flush's order with d = 1
         // (tensor parallelism's all-reduces are inside its forward and backward times).
         Scheme::DataParallel | Scheme::TensorParallel => Schedule::Flush,
         s => s.schedule().unwrap_or(Schedule::Flush),
     };
-    stage_ops(schedule, stage, depth, m, batches).map_err(SimError::Setup)
+    stage_orders(schedule, depth, m, 0, batches).map_err(SimError::Setup)
 }
 
 /// Replays `setup` (see the module docs): stage by stage when every stage has its own

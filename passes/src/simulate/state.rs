@@ -6,7 +6,7 @@ use pipewright_core::schedule::Op;
 use pipewright_core::timeline::{TraceEvent, TraceKind};
 use pipewright_core::{Scheme, UpdateRule};
 
-use super::{scheme_ops, SimError, SimSetup, Simulation, StageReport};
+use super::{scheme_orders, SimError, SimSetup, Simulation, StageReport};
 
 /// What both engines start a replay with besides their stages: the update rule, each
 /// stage's all-reduce, the tied stages' meetings, whether updates wait for their version
@@ -105,10 +105,10 @@ impl StageState {
         StageState { ops, pc: 0, free: 0.0, busy: 0.0, in_flight: 0, peak_in_flight: 0, fwd_link_free: 0.0, bwd_link_free: 0.0, net_free: 0.0, pending: Vec::new(), version: 0 }
     }
 
-    /// Every stage of `setup` about to run its order ([`scheme_ops`]).
+    /// Every stage of `setup` about to run its order ([`scheme_orders`]).
     pub(super) fn all(setup: &SimSetup) -> Result<Vec<StageState>, SimError> {
         let (d, m) = (setup.stages.len(), setup.m as usize);
-        (0..d).map(|s| Ok(StageState::new(scheme_ops(setup.scheme, s, d, m, setup.batches)?))).collect()
+        Ok(scheme_orders(setup.scheme, d, m, setup.batches)?.into_iter().map(StageState::new).collect())
     }
 
     /// What it ended with, for [`report`]: last busy when its stream, links or all-reduce

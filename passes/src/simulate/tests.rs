@@ -4,7 +4,7 @@
 
 use super::*;
 use crate::machine::{allreduce_seconds, default_time_slice};
-use pipewright_core::schedule::worker_ops_from;
+use pipewright_core::schedule::{stage_ops, worker_ops_from};
 use pipewright_core::timeline::TraceKind;
 
 fn equal(d: usize, f: f64, b: f64) -> Vec<StageCost> {

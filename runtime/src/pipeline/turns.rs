@@ -16,7 +16,7 @@
 
 use std::sync::{Arc, Condvar, Mutex};
 
-use pipewright_core::schedule::{stage_ops_from, worker_ops_from, Op};
+use pipewright_core::schedule::{stage_ops_from, worker_ops_from, worker_orders, Op};
 use pipewright_core::Schedule;
 
 /// How the stages of one worker follow its place in its order: a counter of the turns the
@@ -105,11 +105,18 @@ pub(crate) struct Turn<'a> {
 /// A stage's ops in its worker's order and, per op, its slot in that order.
 type StageOrder = (usize, Vec<Op>, Vec<Slot>);
 
+/// A stage's ops and, where its worker runs other stages too, its turns.
+pub(crate) type StageRun = (Vec<Op>, Option<Turns>);
+
 impl Turns {
     /// Each stage of worker `worker` (a pipeline of `depth` stages under `schedule`, which
     /// runs several stages per worker) with its ops and their slots in the worker's order.
     fn orders(schedule: Schedule, worker: usize, depth: usize, m: usize, start: usize, steps: usize) -> Result<Vec<StageOrder>, String> {
-        let order = worker_ops_from(schedule, worker, depth, m, start, steps)?;
+        Turns::split(schedule, worker, depth, worker_ops_from(schedule, worker, depth, m, start, steps)?)
+    }
+
+    /// Worker `worker`'s `order` split by stage, each op with its slot.
+    fn split(schedule: Schedule, worker: usize, depth: usize, order: Vec<(usize, Op)>) -> Result<Vec<StageOrder>, String> {
         let mut stages: Vec<StageOrder> = schedule.stages_of(worker, depth).into_iter().map(|k| (k, Vec::new(), Vec::new())).collect();
         let mut position = 0;
         for (k, op) in order {
@@ -130,13 +137,18 @@ impl Turns {
     /// For each stage of worker `worker` (a pipeline of `depth` stages under `schedule`):
     /// the stage, its ops in order, and its turns, on one gate in memory. `None` for a
     /// schedule that runs one stage per worker (no turns needed).
-    pub(crate) fn for_worker(schedule: Schedule, worker: usize, depth: usize, m: usize, start: usize, steps: usize) -> Result<Option<Vec<(usize, Vec<Op>, Turns)>>, String> {
+    #[cfg(test)]
+    fn for_worker(schedule: Schedule, worker: usize, depth: usize, m: usize, start: usize, steps: usize) -> Result<Option<Vec<(usize, Vec<Op>, Turns)>>, String> {
         if schedule.virtual_stages() == 1 {
             return Ok(None);
         }
+        Ok(Some(Turns::on_one_gate(Turns::orders(schedule, worker, depth, m, start, steps)?)))
+    }
+
+    /// A worker's stages with their ops, taking turns on one gate in memory.
+    fn on_one_gate(stages: Vec<StageOrder>) -> Vec<(usize, Vec<Op>, Turns)> {
         let gate = Arc::new(Gate::default());
-        let stages = Turns::orders(schedule, worker, depth, m, start, steps)?;
-        Ok(Some(stages.into_iter().map(|(k, ops, positions)| (k, ops, Turns { link: Box::new(gate.clone()), stage: k, positions, passed: 0 })).collect()))
+        stages.into_iter().map(|(k, ops, positions)| (k, ops, Turns { link: Box::new(gate.clone()), stage: k, positions, passed: 0 })).collect()
     }
 
     /// Stage `stage`'s ops and its turns over `link` (its worker's other stages run
@@ -156,16 +168,15 @@ impl Turns {
 
     /// Per stage of a pipeline of `depth` stages: its ops and, where its worker runs other
     /// stages too, its turns (a gate per worker; one call per replica).
-    pub(crate) fn for_pipeline(schedule: Schedule, depth: usize, m: usize, start: usize, steps: usize) -> Result<Vec<(Vec<Op>, Option<Turns>)>, String> {
-        let mut per_stage: Vec<Option<(Vec<Op>, Option<Turns>)>> = (0..depth).map(|_| None).collect();
-        for worker in 0..schedule.workers(depth)? {
-            match Turns::for_worker(schedule, worker, depth, m, start, steps)? {
-                Some(stages) => {
-                    for (k, ops, turns) in stages {
-                        per_stage[k] = Some((ops, Some(turns)));
-                    }
-                }
-                None => per_stage[worker] = Some((stage_ops_from(schedule, worker, depth, m, start, steps)?, None)),
+    pub(crate) fn for_pipeline(schedule: Schedule, depth: usize, m: usize, start: usize, steps: usize) -> Result<Vec<StageRun>, String> {
+        if schedule.virtual_stages() == 1 {
+            return (0..depth).map(|k| Ok((stage_ops_from(schedule, k, depth, m, start, steps)?, None))).collect();
+        }
+        let mut per_stage: Vec<Option<StageRun>> = (0..depth).map(|_| None).collect();
+        // Every worker's order at once (ZB-V's from one replay of the pipeline).
+        for (worker, order) in worker_orders(schedule, depth, m, start, steps)?.into_iter().enumerate() {
+            for (k, ops, turns) in Turns::on_one_gate(Turns::split(schedule, worker, depth, order)?) {
+                per_stage[k] = Some((ops, Some(turns)));
             }
         }
         per_stage.into_iter().enumerate().map(|(k, s)| s.ok_or_else(|| format!("no worker runs stage {k}"))).collect()
