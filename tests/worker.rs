@@ -138,13 +138,13 @@ fn two_ranks_and_stage_executables_train_like_the_embedded_executor_under_every_
 
 /// Interleaved 1F1B and ZB-V over MPI: a rank per stage, and the ranks of one worker's
 /// stages take turns. The job trains like the embedded executor bit for bit (SPMD, stage
-/// executables, two replicas), and the ranks' traces (one time origin, rank 0's clock)
-/// show each worker's forwards and backwards one at a time, in the worker's order.
+/// executables, two replicas; four stages per worker on a generated GPT in 8 stages), and
+/// the ranks' traces (one time origin, rank 0's clock) show each worker's forwards and
+/// backwards one at a time, in the worker's order.
 #[test]
 fn ranks_sharing_a_worker_take_turns_in_its_order_and_train_like_the_embedded_executor() {
     let dir = tempfile::tempdir().unwrap();
     for name in ["interleaved-2", "zb-v"] {
-        let schedule: Schedule = name.parse().unwrap();
         let build = dir.path().join(name);
         compile(&build, 4, name, name == "zb-v");
         let one = embedded(&build, &[]);
@@ -155,36 +155,60 @@ fn ranks_sharing_a_worker_take_turns_in_its_order_and_train_like_the_embedded_ex
         } else {
             same(&embedded(&build, &["--replicas", "2"]), &launched(&build, false, &["--replicas", "2"]), &format!("{name}, 4 stages x 2 replicas"));
         }
-        for worker in 0..2 {
-            let mut spans: Vec<(f64, f64, usize, String, u64)> = Vec::new();
-            for stage in schedule.stages_of(worker, 4) {
-                // One replica: stage k is rank k.
-                let file = dir.path().join(format!("{name}.rank{stage}.json"));
-                let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
-                for e in v.as_array().unwrap().iter().filter(|e| ["forward", "backward", "backward-weight"].contains(&e["name"].as_str().unwrap())) {
-                    let (ts, dur) = (e["ts"].as_f64().unwrap(), e["dur"].as_f64().unwrap());
-                    spans.push((ts, ts + dur, stage, e["name"].as_str().unwrap().to_string(), e["args"]["microbatch"].as_u64().unwrap()));
-                }
+        ranks_take_turns(&trace, name.parse().unwrap(), 4, 8);
+    }
+    // Four stages per worker: 8 ranks, each worker's 3 peers telling it of every turn.
+    let model = dir.path().join("gpt.onnx");
+    ok(&command().args(["synth", "gpt", "--preset", "tiny", "-o"]).arg(&model).output().unwrap());
+    let build = dir.path().join("interleaved-4");
+    ok(&command().arg("compile").arg(&model).args(["--stages", "8", "--schedule", "interleaved-4", "-o"]).arg(&build).output().unwrap());
+    let opts = ["--steps", "3", "--microbatch", "2", "--microbatches", "4", "--optimizer", "sgd", "--threads", "1", "--no-progress", "--metrics"];
+    let one = build.join("e.jsonl");
+    ok(&command().arg("train").arg(&build).args(opts).arg(&one).output().unwrap());
+    let one = finish(&build, &one);
+    let trace = dir.path().join("interleaved-4.json");
+    let job = build.join("m.jsonl");
+    ok(&command().arg("launch").arg(&build).arg("--").args(opts).arg(&job).args(["--trace", trace.to_str().unwrap()]).output().unwrap());
+    let job = finish(&build, &job);
+    assert_eq!(one.losses.len(), 3);
+    assert_eq!(one.losses, job.losses, "interleaved-4, 8 stages on 2 workers");
+    assert!(one.weights == job.weights, "interleaved-4, 8 stages on 2 workers: the weights must be the embedded executor's, bit for bit");
+    ranks_take_turns(&trace, Schedule::Interleaved4, 8, 3);
+}
+
+/// Per worker of a one-replica job of `depth` stages traced to `trace` (4 microbatches per
+/// batch, `steps` batches): its ranks' forwards and backwards, merged by time, never
+/// overlap and are the worker's order.
+fn ranks_take_turns(trace: &Path, schedule: Schedule, depth: usize, steps: usize) {
+    for worker in 0..schedule.workers(depth).unwrap() {
+        let mut spans: Vec<(f64, f64, usize, String, u64)> = Vec::new();
+        for stage in schedule.stages_of(worker, depth) {
+            // One replica: stage k is rank k.
+            let file = trace.with_extension(format!("rank{stage}.json"));
+            let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+            for e in v.as_array().unwrap().iter().filter(|e| ["forward", "backward", "backward-weight"].contains(&e["name"].as_str().unwrap())) {
+                let (ts, dur) = (e["ts"].as_f64().unwrap(), e["dur"].as_f64().unwrap());
+                spans.push((ts, ts + dur, stage, e["name"].as_str().unwrap().to_string(), e["args"]["microbatch"].as_u64().unwrap()));
             }
-            spans.sort_by(|a, b| a.0.total_cmp(&b.0));
-            for pair in spans.windows(2) {
-                // The turn passes after an op ends and a note reaches the next rank; 5 us
-                // covers the two processes' reading of the shared clock.
-                assert!(pair[1].0 >= pair[0].1 - 5.0, "{name}, worker {worker}: {:?} began before {:?} ended", pair[1], pair[0]);
-            }
-            let ran: Vec<(usize, String, u64)> = spans.into_iter().map(|(_, _, k, what, mb)| (k, what, mb)).collect();
-            let order: Vec<(usize, String, u64)> = worker_ops_from(schedule, worker, 4, 4, 0, 8)
-                .unwrap()
-                .into_iter()
-                .filter_map(|(k, op)| match op {
-                    Op::Forward(j) => Some((k, "forward".to_string(), j)),
-                    Op::Backward(j) | Op::BackwardInput(j) => Some((k, "backward".to_string(), j)),
-                    Op::BackwardWeight(j) => Some((k, "backward-weight".to_string(), j)),
-                    Op::Step(_) => None,
-                })
-                .collect();
-            assert_eq!(ran, order, "{name}, worker {worker}: the ranks' ops by time must be the worker's order");
         }
+        spans.sort_by(|a, b| a.0.total_cmp(&b.0));
+        for pair in spans.windows(2) {
+            // The turn passes after an op ends and a note reaches the next rank; 5 us
+            // covers the two processes' reading of the shared clock.
+            assert!(pair[1].0 >= pair[0].1 - 5.0, "{schedule}, worker {worker}: {:?} began before {:?} ended", pair[1], pair[0]);
+        }
+        let ran: Vec<(usize, String, u64)> = spans.into_iter().map(|(_, _, k, what, mb)| (k, what, mb)).collect();
+        let order: Vec<(usize, String, u64)> = worker_ops_from(schedule, worker, depth, 4, 0, steps)
+            .unwrap()
+            .into_iter()
+            .filter_map(|(k, op)| match op {
+                Op::Forward(j) => Some((k, "forward".to_string(), j)),
+                Op::Backward(j) | Op::BackwardInput(j) => Some((k, "backward".to_string(), j)),
+                Op::BackwardWeight(j) => Some((k, "backward-weight".to_string(), j)),
+                Op::Step(_) => None,
+            })
+            .collect();
+        assert_eq!(ran, order, "{schedule}, worker {worker}: the ranks' ops by time must be the worker's order");
     }
 }
 

@@ -266,8 +266,12 @@ impl MpiJob {
             std::mem::forget(self.universe.take());
             return Err(format!("a rank stopped answering while the job finished (no reply within {} s)", FINISH_TIMEOUT.as_secs()));
         }
-        while let Some(m) = world.any_process().immediate_matched_probe_with_tag(HEARTBEAT) {
-            receive_bytes(m);
+        // So are turn notes a rank did not need: with more than two stages per worker, a
+        // peer's note can arrive after a later one that already ended the rank's waits.
+        for tag in [HEARTBEAT, TURN] {
+            while let Some(m) = world.any_process().immediate_matched_probe_with_tag(tag) {
+                receive_bytes(m);
+            }
         }
         drop(self.universe.take());
         Ok(())
