@@ -198,6 +198,11 @@ impl Schedule {
         }
     }
 
+    /// The worker of every stage of a pipeline of `depth` ([`Schedule::worker_of`]).
+    pub fn placement(self, depth: usize) -> Vec<usize> {
+        (0..depth).map(|k| self.worker_of(k, depth)).collect()
+    }
+
     /// The stages worker `worker` runs, in pipeline order ([`Schedule::worker_of`]).
     pub fn stages_of(self, worker: usize, depth: usize) -> Vec<usize> {
         (0..depth).filter(|&k| self.worker_of(k, depth) == worker).collect()

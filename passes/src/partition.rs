@@ -57,6 +57,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::cost::{CostModel, Lin};
 
+mod workers;
+
 /// Memory of a stage `[i, j)`: `weight_factor * P + act_factor * A + kept_factor * K +
 /// input_factor * live(i)` while it computes (`K`: the activations selective
 /// recomputation keeps), and `update_factor * P` while its update makes the new weight

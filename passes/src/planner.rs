@@ -254,8 +254,7 @@ impl Candidate {
 
     /// Its stages' links, boundary by boundary ([`Cluster::stage_links`]).
     pub fn stage_links(&self, cluster: &Cluster, latencies: Latencies) -> Vec<Link> {
-        let workers: Vec<usize> = (0..self.d).map(|k| self.schedule.worker_of(k, self.d)).collect();
-        cluster.stage_links(self.layout(), &workers, latencies)
+        cluster.stage_links(self.layout(), &self.schedule.placement(self.d), latencies)
     }
 
     /// Its placement for tables: `-` where it numbers nothing differently (one replica or
@@ -868,13 +867,16 @@ fn assess(
 /// stage-major placement ([`Cluster::pipeline_bw`]) and the cuts' cost depends on it.
 #[derive(Default)]
 struct Caches {
-    free: CutsCache<(usize, u64, Recompute, u64)>,
+    free: CutsCache<(usize, u64, Recompute, u64, Option<Schedule>)>,
     bound: CutsCache<(usize, u64, Recompute, Schedule, u64, u64)>,
 }
 
 impl Caches {
-    fn free_key(cfg: &Config, cluster: &Cluster) -> (usize, u64, Recompute, u64) {
-        (cfg.d, cfg.b, cfg.recompute, cluster.pipeline_bw(cfg.layout()).to_bits())
+    fn free_key(cfg: &Config, cluster: &Cluster) -> (usize, u64, Recompute, u64, Option<Schedule>) {
+        // Schedules with one stage per worker share their cuts; the others balance their
+        // workers, each by its own placement.
+        let placed = (cfg.schedule.virtual_stages() > 1).then_some(cfg.schedule);
+        (cfg.d, cfg.b, cfg.recompute, cluster.pipeline_bw(cfg.layout()).to_bits(), placed)
     }
 
     fn bound_key(cfg: &Config, cluster: &Cluster) -> (usize, u64, Recompute, Schedule, u64, u64) {
@@ -922,7 +924,7 @@ impl Caches {
         let free = self
             .free
             .entry(Self::free_key(cfg, cluster))
-            .or_insert_with(|| ctx.problem(cfg.b, cfg.recompute, pbw).optimal_partition(cfg.d, &PipelineMemory::unlimited()).map(|p| p.cuts))
+            .or_insert_with(|| cuts_for(ctx.problem(cfg.b, cfg.recompute, pbw), cfg, &PipelineMemory::unlimited()))
             .clone();
         if let Some(c) = free.and_then(|c| assess(ctx, cfg, &c, opts)) {
             return Some(c);
@@ -930,13 +932,24 @@ impl Caches {
         let mem = cfg.memory_model(opts, ctx.cluster.memory_per_worker as f64);
         self.bound
             .entry(Self::bound_key(cfg, cluster))
-            .or_insert_with(|| ctx.problem(cfg.b, cfg.recompute, pbw).optimal_partition(cfg.d, &mem).map(|p| p.cuts))
+            .or_insert_with(|| cuts_for(ctx.problem(cfg.b, cfg.recompute, pbw), cfg, &mem))
             .clone()
             .and_then(|c| assess(ctx, cfg, &c, opts))
     }
 }
 
-/// The optimal cuts of each `(configuration, memory model)` job, solved in parallel.
+/// The cuts of `cfg` under `mem`: the partitioner's optimum (the slowest stage as fast as
+/// can be) and, where a worker runs several stages, then its workers balanced
+/// ([`PartitionProblem::balance_workers`]): a worker's rate is its stages' sum.
+fn cuts_for(prob: &PartitionProblem, cfg: &Config, mem: &PipelineMemory) -> Option<Vec<usize>> {
+    let cuts = prob.optimal_partition(cfg.d, mem)?.cuts;
+    if cfg.schedule.virtual_stages() == 1 {
+        return Some(cuts);
+    }
+    Some(prob.balance_workers(&cuts, &cfg.schedule.placement(cfg.d), mem))
+}
+
+/// The cuts of each `(configuration, memory model)` job ([`cuts_for`]), solved in parallel.
 fn solve_all(ctx: &mut PlanContext, jobs: Vec<(Config, PipelineMemory)>) -> Vec<(Config, Option<Vec<usize>>)> {
     let keys: Vec<(u64, Recompute, u64)> = jobs
         .iter()
@@ -950,7 +963,7 @@ fn solve_all(ctx: &mut PlanContext, jobs: Vec<(Config, PipelineMemory)>) -> Vec<
     jobs.into_par_iter()
         .zip(keys)
         .map(|((cfg, mem), key)| {
-            let cuts = problems.get(&key).and_then(|p| p.optimal_partition(cfg.d, &mem)).map(|p| p.cuts);
+            let cuts = problems.get(&key).and_then(|p| cuts_for(p, &cfg, &mem));
             (cfg, cuts)
         })
         .collect()

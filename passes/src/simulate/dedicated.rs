@@ -201,7 +201,7 @@ impl Workers {
         let Some(schedule) = setup.scheme.schedule().filter(|s| s.virtual_stages() > 1) else { return Ok(None) };
         let d = setup.stages.len();
         let count = schedule.workers(d).map_err(SimError::Setup)?;
-        let of_stage = (0..d).map(|k| schedule.worker_of(k, d)).collect();
+        let of_stage = schedule.placement(d);
         let orders = worker_orders(schedule, d, setup.m as usize, 0, setup.batches).map_err(SimError::Setup)?;
         let order: Vec<Vec<usize>> = orders.into_iter().map(|ops| ops.into_iter().filter(|(_, op)| takes_turn(*op)).map(|(k, _)| k).collect()).collect();
         Ok(Some(Workers { of_stage, order, next: vec![0; count], free: vec![0.0; count] }))
