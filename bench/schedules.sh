@@ -17,6 +17,9 @@
 #        MKL_NUM_THREADS — `pipewright train` has no thread flag; 2 stage threads x 1 on the
 #        2-core machine), LR (1e-4, plain SGD: small enough that no run diverges),
 #        SCHEDULES ("2bw flush gpipe zb-h1 interleaved-2 zb-v"), MODELS_DIR (../shared/corpus/models),
+#        CUTS_FROM (another pipewright binary, e.g. a release build of an earlier commit:
+#        each schedule is also compiled by it and trained by this one, labelled "cuts from
+#        CUTS_FROM", so two partitioners' cuts run side by side in the same rounds),
 #        BENCH_VENV (${XDG_CACHE_HOME:-~/.cache}/pipewright/bench-venv: numpy + onnx for
 #        bench/make_data.py), OUT (target/bench/schedules: build folders, data, metrics,
 #        traces, SVG timelines, runs.jsonl, table.md).
@@ -36,6 +39,13 @@ STAGES="${STAGES:-2}"
 THREADS="${THREADS:-1}"
 LR="${LR:-0.0001}"
 read -r -a schedules <<<"${SCHEDULES:-2bw flush gpipe zb-h1 interleaved-2 zb-v}"
+CUTS_FROM="${CUTS_FROM:-}"
+# What each round runs: every schedule, and with CUTS_FROM each again as `SCHEDULE@other`.
+variants=()
+for s in "${schedules[@]}"; do
+    variants+=("$s")
+    [[ -z "$CUTS_FROM" ]] || variants+=("$s@other")
+done
 MODELS_DIR="${MODELS_DIR:-$repo/../shared/corpus/models}"
 cache="${PIPEWRIGHT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/pipewright}"
 py="${BENCH_VENV:-$cache/bench-venv}/bin/python"
@@ -61,8 +71,11 @@ for spec in "${specs[@]}"; do
     IFS=: read -r model mb steps <<<"$spec"
     out_name[$model]="$("$py" -c 'import onnx,sys; print(onnx.load(sys.argv[1], load_external_data=False).graph.output[0].name)' "$MODELS_DIR/$model.onnx")"
     "$py" bench/make_data.py "$MODELS_DIR/$model.onnx" -o "$OUT/$model.npz" --samples $((mb * M * 4)) >&2
-    for s in "${schedules[@]}"; do
-        "$pw" compile "$MODELS_DIR/$model.onnx" --stages $((STAGES * $(per_worker "$s"))) --schedule "$s" -o "$OUT/$model-$s" >&2
+    for v in "${variants[@]}"; do
+        s="${v%@other}"
+        compiler="$pw"
+        [[ "$v" == "$s" ]] || compiler="$CUTS_FROM"
+        "$compiler" compile "$MODELS_DIR/$model.onnx" --stages $((STAGES * $(per_worker "$s"))) --schedule "$s" -o "$OUT/$model-$v" >&2
     done
 done
 
@@ -70,17 +83,20 @@ export OMP_NUM_THREADS="$THREADS" MKL_NUM_THREADS="$THREADS"
 for r in $(seq 1 "$ROUNDS"); do
     for spec in "${specs[@]}"; do
         IFS=: read -r model mb steps <<<"$spec"
-        n=${#schedules[@]}
+        n=${#variants[@]}
         for ((i = 0; i < n; i++)); do
-            s="${schedules[$(((i + r - 1) % n))]}"
-            dir="$OUT/$model-$s"
-            log "round $r: $model, schedule $s, microbatch $mb x $M, $steps steps"
+            v="${variants[$(((i + r - 1) % n))]}"
+            s="${v%@other}"
+            label="$model, $s (microbatch $mb, m = $M)"
+            [[ "$v" == "$s" ]] || label="$label, cuts from $CUTS_FROM"
+            dir="$OUT/$model-$v"
+            log "round $r: $model, schedule $v, microbatch $mb x $M, $steps steps"
             "$pw" train "$dir" --data "$OUT/$model.npz" --label label --loss cross-entropy --output "${out_name[$model]}" \
                 --steps "$steps" --microbatch "$mb" --microbatches "$M" --optimizer sgd --lr "$LR" \
                 --log-every 1000 --metrics "$dir/m$r.jsonl" --trace "$dir/trace$r.json" >&2
             "$pw" trace-svg "$dir/trace$r.json" -o "$dir/timeline$r.svg" 2>/dev/null | sed "s/^/round $r $model $s: trace-svg: /" >&2
             "$py" bench/pipeline_stats.py run --metrics "$dir/m$r.jsonl" --trace "$dir/trace$r.json" --warmup "$WARMUP" --workers "$STAGES" $([[ "$s" == zb-v ]] && echo --v-shape) \
-                --label "$model, $s (microbatch $mb, m = $M)" | tee -a "$runs" >&2
+                --label "$label" | tee -a "$runs" >&2
         done
     done
 done
