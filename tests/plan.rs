@@ -61,10 +61,30 @@ fn print_after_partition_marks_every_node_with_its_stage() {
     assert!(nodes.iter().any(|l| l.contains("stage=1")) && nodes.iter().any(|l| l.contains("stage=0")));
 }
 
+/// A given stage count under interleaved 1F1B and ZB-V takes `stages / v` workers per
+/// pipeline: 4 stages fit 2 workers, and 4 workers hold 2 replicas.
+#[test]
+fn given_stages_of_v_shaped_and_interleaved_schedules_fit_their_workers() {
+    for schedule in ["zb-v", "interleaved-2"] {
+        let (ok, out, err) = plan("mlp", &["--workers", "2", "--stages", "4", "--schedule", schedule, "--batch", "8", "--top", "1"]);
+        assert!(ok, "{schedule}: {err}");
+        assert!(out.contains("chosen: w=1 d=4 placement=stage-major b=") && out.contains(&format!("schedule={schedule} ")), "{out}");
+        let (ok, out, err) = plan("mlp", &["--workers", "4", "--stages", "4", "--schedule", schedule, "--batch", "64", "--top", "20"]);
+        assert!(ok, "{schedule}: {err}");
+        // Table rows: rank, w, d, placement, ...
+        let two_replicas = out.lines().any(|l| {
+            let cols: Vec<&str> = l.split_whitespace().collect();
+            cols.get(1..3) == Some(&["2", "4"][..]) && cols.contains(&schedule)
+        });
+        assert!(two_replicas, "no row with 2 replicas: {out}");
+    }
+}
+
 #[test]
 fn bad_planner_input_is_one_clear_error() {
-    let cases: [(&[&str], &str); 4] = [
+    let cases: [(&[&str], &str); 5] = [
         (&["--memory", "lots"], "--memory: cannot parse \"lots\" as a byte size"),
+        (&["--workers", "1", "--stages", "4", "--schedule", "zb-v"], "mlp.onnx: pass plan failed: invalid plan options: 4 stages need 2 workers but the cluster has 1"),
         (&["--cut", "no_such_node"], "mlp.onnx: pass plan failed: cut at unknown node \"no_such_node\""),
         (&["--schedule", "zigzag"], "invalid value 'zigzag' for '--schedule <SCHEDULE>': unknown schedule \"zigzag\""),
         (&["--balance", "profile"], "--balance profile needs --profile FILE"),

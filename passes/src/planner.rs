@@ -1064,17 +1064,31 @@ pub fn plan_on(
     let mut min_live: HashMap<u64, f64> = HashMap::new();
     let param_total: f64 = ctx.param_bytes.iter().sum();
     for &d in &depths {
-        if d > cluster.workers {
+        // The workers one pipeline takes under `schedule`: a search's `d` is workers; a
+        // given stage count takes `d / v` under interleaved 1F1B and ZB-V.
+        let pipeline_workers = |schedule: Schedule| if fixed_depth { schedule.workers(d).unwrap_or(d) } else { d };
+        let least = opts.schedules.iter().map(|&s| pipeline_workers(s)).min().unwrap_or(d);
+        if least > cluster.workers {
             return Err(PlanError::Options(format!(
-                "{d} stages but the cluster has {} workers",
+                "{d} stages need {least} workers but the cluster has {}",
                 cluster.workers
             )));
         }
-        for w in 1..=cluster.workers / d {
+        for w in 1..=cluster.workers / least {
             if opts.global_batch % w as u64 != 0 {
                 continue;
             }
-            for placement in placements(cluster, Layout::new(d, w), opts.placement) {
+            // Each worker count's placements (they differ where its links do).
+            let mut tried: Vec<Placement> = Vec::new();
+            for &schedule in &opts.schedules {
+                let p = pipeline_workers(schedule);
+                if w * p <= cluster.workers {
+                    tried.extend(placements(cluster, Layout::new(p, w), opts.placement));
+                }
+            }
+            tried.sort_unstable();
+            tried.dedup();
+            for placement in tried {
             let per_replica = opts.global_batch / w as u64;
             let mut b = 1u64;
             while b <= per_replica && per_replica % b == 0 {
@@ -1095,7 +1109,7 @@ pub fn plan_on(
                             // A search's `d` is workers, which hold `v` stages each under
                             // interleaved 1F1B; a given stage count is the stages.
                             let stages = if fixed_depth { d } else { d * schedule.virtual_stages() };
-                            if stages > n || !runs_on(schedule, stages, m) {
+                            if stages > n || w * pipeline_workers(schedule) > cluster.workers || !runs_on(schedule, stages, m) {
                                 continue;
                             }
                             // One worker has no pipeline to interleave: its stages differ
