@@ -20,6 +20,9 @@
 #        CUTS_FROM (another pipewright binary, e.g. a release build of an earlier commit:
 #        each schedule is also compiled by it and trained by this one, labelled "cuts from
 #        CUTS_FROM", so two partitioners' cuts run side by side in the same rounds),
+#        PROFILE (1: also `pipewright profile` each model at its microbatch, outside the
+#        rounds, and compile each schedule again from a plan cut by that profile, labelled
+#        "cut by a measured profile", beside the cost model's cuts),
 #        BENCH_VENV (${XDG_CACHE_HOME:-~/.cache}/pipewright/bench-venv: numpy + onnx for
 #        bench/make_data.py), OUT (target/bench/schedules: build folders, data, metrics,
 #        traces, SVG timelines, runs.jsonl, table.md).
@@ -40,11 +43,14 @@ THREADS="${THREADS:-1}"
 LR="${LR:-0.0001}"
 read -r -a schedules <<<"${SCHEDULES:-2bw flush gpipe zb-h1 interleaved-2 zb-v}"
 CUTS_FROM="${CUTS_FROM:-}"
-# What each round runs: every schedule, and with CUTS_FROM each again as `SCHEDULE@other`.
+PROFILE="${PROFILE:-0}"
+# What each round runs: every schedule, and each again as `SCHEDULE@other` with CUTS_FROM
+# and as `SCHEDULE@profile` with PROFILE=1.
 variants=()
 for s in "${schedules[@]}"; do
     variants+=("$s")
     [[ -z "$CUTS_FROM" ]] || variants+=("$s@other")
+    [[ "$PROFILE" != 1 ]] || variants+=("$s@profile")
 done
 MODELS_DIR="${MODELS_DIR:-$repo/../shared/corpus/models}"
 cache="${PIPEWRIGHT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/pipewright}"
@@ -71,11 +77,18 @@ for spec in "${specs[@]}"; do
     IFS=: read -r model mb steps <<<"$spec"
     out_name[$model]="$("$py" -c 'import onnx,sys; print(onnx.load(sys.argv[1], load_external_data=False).graph.output[0].name)' "$MODELS_DIR/$model.onnx")"
     "$py" bench/make_data.py "$MODELS_DIR/$model.onnx" -o "$OUT/$model.npz" --samples $((mb * M * 4)) >&2
+    [[ "$PROFILE" != 1 ]] || "$pw" profile "$MODELS_DIR/$model.onnx" --batch "$mb" -o "$OUT/$model.profile.json" >&2
     for v in "${variants[@]}"; do
-        s="${v%@other}"
-        compiler="$pw"
-        [[ "$v" == "$s" ]] || compiler="$CUTS_FROM"
-        "$compiler" compile "$MODELS_DIR/$model.onnx" --stages $((STAGES * $(per_worker "$s"))) --schedule "$s" -o "$OUT/$model-$v" >&2
+        s="${v%@*}"
+        stages=$((STAGES * $(per_worker "$s")))
+        case "$v" in
+            *@other) "$CUTS_FROM" compile "$MODELS_DIR/$model.onnx" --stages "$stages" --schedule "$s" -o "$OUT/$model-$v" >&2 ;;
+            *@profile)
+                "$pw" plan "$MODELS_DIR/$model.onnx" --workers "$STAGES" --stages "$stages" --schedule "$s" --recompute none \
+                    --microbatch "$mb" --batch $((mb * M)) --profile "$OUT/$model.profile.json" --json >"$OUT/$model-$v.plan.json"
+                "$pw" compile "$MODELS_DIR/$model.onnx" --plan "$OUT/$model-$v.plan.json" -o "$OUT/$model-$v" >&2 ;;
+            *) "$pw" compile "$MODELS_DIR/$model.onnx" --stages "$stages" --schedule "$s" -o "$OUT/$model-$v" >&2 ;;
+        esac
     done
 done
 
@@ -86,9 +99,12 @@ for r in $(seq 1 "$ROUNDS"); do
         n=${#variants[@]}
         for ((i = 0; i < n; i++)); do
             v="${variants[$(((i + r - 1) % n))]}"
-            s="${v%@other}"
+            s="${v%@*}"
             label="$model, $s (microbatch $mb, m = $M)"
-            [[ "$v" == "$s" ]] || label="$label, cuts from $CUTS_FROM"
+            case "$v" in
+                *@other) label="$label, cuts from $CUTS_FROM" ;;
+                *@profile) label="$label, cut by a measured profile" ;;
+            esac
             dir="$OUT/$model-$v"
             log "round $r: $model, schedule $v, microbatch $mb x $M, $steps steps"
             "$pw" train "$dir" --data "$OUT/$model.npz" --label label --loss cross-entropy --output "${out_name[$model]}" \
