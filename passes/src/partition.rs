@@ -281,6 +281,9 @@ impl Ord for Cand {
     }
 }
 
+/// How far, relative to the limit, a stage's memory may exceed it (rounding).
+const MEMORY_SLACK: f64 = 1e-9;
+
 /// How close to the optimum bottleneck the search goes, relative to it.
 const RELATIVE_PRECISION: f64 = 1e-9;
 
@@ -339,6 +342,11 @@ impl Prefix {
     /// updates, by model `k`. Non-decreasing in `j` for a fixed `i`.
     fn memory(&self, k: usize, i: usize, j: usize) -> f64 {
         held_between(self.g[k][j], self.h[k][i], self.p[j] - self.p[i], 0.0, self.weight[k], self.update[k])
+    }
+
+    /// `T(i, j)`: the stage's compute and the communication at both its cuts.
+    fn stage_time(&self, i: usize, j: usize) -> f64 {
+        self.s[j] - self.s[i] + self.comm[i] + self.comm[j]
     }
 }
 
@@ -467,7 +475,7 @@ impl PartitionProblem {
             return None;
         }
         let (t, m) = self.evaluate(cuts, mem);
-        if m.iter().any(|&x| x > mem.limit() * (1.0 + 1e-9)) {
+        if m.iter().any(|&x| x > mem.limit() * (1.0 + MEMORY_SLACK)) {
             return None;
         }
         Some(t.into_iter().fold(0.0, f64::max))
@@ -680,7 +688,7 @@ fn bottleneck_at(pre: &Prefix, cuts: &[usize]) -> f64 {
     let n = pre.s.len() - 1;
     stage_ranges(cuts, n)
         .iter()
-        .map(|r| pre.s[r.end] - pre.s[r.start] + pre.comm[r.start] + pre.comm[r.end])
+        .map(|r| pre.stage_time(r.start, r.end))
         .fold(0.0, f64::max)
 }
 

@@ -6,8 +6,11 @@
 //! ZB-V worker 0 runs the first and the last stage, which on a CNN are the stem and the
 //! classifier's widest blocks). [`PartitionProblem::balance_workers`] starts from such a
 //! split and lowers, in this order, the busiest worker's time, the sum of the squared
-//! worker times and the slowest stage's time; every stage keeps fitting its memory model,
-//! and the result is never worse than the start by the first measure.
+//! worker times and the slowest stage's time; every stage keeps fitting its memory model
+//! and no stage gets slower than the start's slowest (balancing workers by leaving one
+//! stage nearly empty beside a heavy one makes the schedules' hand-offs wait: their
+//! orders assume stages of similar times, which replays showed). The result is never
+//! worse than the start by the first measure.
 //!
 //! A worker's stages are not contiguous, so the partitioner's reachability DP does not
 //! apply. Two steps instead:
@@ -26,7 +29,7 @@
 
 use std::cmp::Ordering;
 
-use super::{PartitionProblem, PipelineMemory, Prefix};
+use super::{stage_ranges, valid_cuts, PartitionProblem, PipelineMemory, Prefix, MEMORY_SLACK};
 
 /// Positions tried on either side of a cut's balancing point (nodes of zero time make
 /// several positions balance equally well; the communication differs between them).
@@ -49,13 +52,6 @@ const SEARCH_STEPS: usize = 200_000;
 const RELATIVE_GAIN: f64 = 1e-12;
 
 impl PartitionProblem {
-    /// Each worker's time per microbatch under `cuts`: the sum of `T(i, j)` over the stages
-    /// it runs (`workers[k]`: the worker of stage `k`).
-    pub fn worker_loads(&self, cuts: &[usize], workers: &[usize]) -> Vec<f64> {
-        let times = self.evaluate(cuts, &PipelineMemory::unlimited()).0;
-        loads_of(&times, workers)
-    }
-
     /// `cuts` moved to balance the workers that run the stages (`workers[k]`: the worker
     /// of stage `k`; see the module docs), every stage within `mem`'s limit. Returns
     /// `cuts` unchanged when one worker runs every stage, when `workers` does not give one
@@ -63,14 +59,13 @@ impl PartitionProblem {
     pub fn balance_workers(&self, cuts: &[usize], workers: &[usize], mem: &PipelineMemory) -> Vec<usize> {
         let n = self.len();
         let single = workers.iter().all(|&w| w == workers[0]);
-        if single || workers.len() != cuts.len() + 1 || !super::valid_cuts(cuts, n) || self.bottleneck_of(cuts, mem).is_none() {
+        if single || workers.len() != cuts.len() + 1 || !valid_cuts(cuts, n) {
             return cuts.to_vec();
         }
-        let mut balancer = Balancer { pre: self.prefix(mem), workers, limit: mem.limit(), cap: f64::INFINITY, n };
-        // No stage may get slower than the start's slowest: balancing workers by leaving
-        // one stage nearly empty and another heavy makes the schedules' hand-offs wait
-        // (their orders assume stages of similar times), which replays showed.
-        balancer.cap = balancer.measure(cuts).slowest_stage * (1.0 + RELATIVE_GAIN);
+        let Some(slowest) = self.bottleneck_of(cuts, mem) else {
+            return cuts.to_vec();
+        };
+        let balancer = Balancer { pre: self.prefix(mem), workers, limit: mem.limit(), cap: slowest * (1.0 + RELATIVE_GAIN), n };
         let descended = balancer.descend(cuts.to_vec());
         match balancer.search(&descended) {
             // The search minimises the busiest worker only: descend from its split for
@@ -81,10 +76,14 @@ impl PartitionProblem {
     }
 }
 
+/// How many workers `workers` (the worker of each stage) numbers.
+fn worker_count(workers: &[usize]) -> usize {
+    workers.iter().max().map_or(0, |&w| w + 1)
+}
+
 /// The sum of `times` per worker.
 fn loads_of(times: &[f64], workers: &[usize]) -> Vec<f64> {
-    let count = workers.iter().max().map_or(0, |&w| w + 1);
-    let mut loads = vec![0.0; count];
+    let mut loads = vec![0.0; worker_count(workers)];
     for (t, &w) in times.iter().zip(workers) {
         loads[w] += t;
     }
@@ -141,29 +140,20 @@ struct Balancer<'a> {
 }
 
 impl Balancer<'_> {
-    /// `T(i, j)`, as [`PartitionProblem::evaluate`] computes it.
-    fn stage_time(&self, i: usize, j: usize) -> f64 {
-        self.pre.s[j] - self.pre.s[i] + self.pre.comm[i] + self.pre.comm[j]
-    }
-
     /// Whether stage `k` over `[i, j)` fits its memory model (with the partitioner's
     /// slack for rounding).
     fn fits(&self, k: usize, i: usize, j: usize) -> bool {
         let model = k.min(self.pre.g.len() - 1);
-        self.pre.memory(model, i, j) <= self.limit * (1.0 + 1e-9)
+        self.pre.memory(model, i, j) <= self.limit * (1.0 + MEMORY_SLACK)
     }
 
-    fn bounds(&self, cuts: &[usize]) -> Vec<usize> {
-        let mut b = Vec::with_capacity(cuts.len() + 2);
-        b.push(0);
-        b.extend_from_slice(cuts);
-        b.push(self.n);
-        b
+    /// Each stage's `T(i, j)` under `cuts`.
+    fn stage_times(&self, cuts: &[usize]) -> Vec<f64> {
+        stage_ranges(cuts, self.n).iter().map(|r| self.pre.stage_time(r.start, r.end)).collect()
     }
 
     fn measure(&self, cuts: &[usize]) -> Measure {
-        let b = self.bounds(cuts);
-        let times: Vec<f64> = b.windows(2).map(|w| self.stage_time(w[0], w[1])).collect();
+        let times = self.stage_times(cuts);
         let loads = loads_of(&times, self.workers);
         Measure {
             busiest: loads.iter().copied().fold(0.0, f64::max),
@@ -181,7 +171,7 @@ impl Balancer<'_> {
             bound: self.measure(cuts).busiest,
             found: None,
             path: Vec::with_capacity(cuts.len()),
-            loads: vec![0.0; self.workers.iter().max().map_or(0, |&w| w + 1)],
+            loads: vec![0.0; worker_count(self.workers)],
             steps: 0,
             // later[k]: the workers that run a stage after stage k.
             later: (0..self.workers.len())
@@ -216,7 +206,7 @@ impl Balancer<'_> {
             if st.loads[w] + least >= to_beat || least > self.cap || !self.fits(k, i, j) {
                 return;
             }
-            let time = self.stage_time(i, j);
+            let time = self.pre.stage_time(i, j);
             let load = st.loads[w] + time;
             if load >= to_beat || time > self.cap {
                 continue;
@@ -229,9 +219,8 @@ impl Balancer<'_> {
                     return;
                 }
                 st.bound = busiest;
-                let mut cuts = st.path.clone();
-                cuts.truncate(d - 1);
-                st.found = Some(cuts);
+                // The ends of stages 0..d - 1: the cuts.
+                st.found = Some(st.path.clone());
                 return;
             }
             // What is left must fit in what the later stages' workers have left.
@@ -288,7 +277,7 @@ impl Balancer<'_> {
         let mut best: Option<(usize, Measure)> = None;
         let mut trial = cuts.to_vec();
         for y in candidates {
-            if y == cuts[c] || !self.fits(c, start, y) || !self.fits(c + 1, y, end) || self.stage_time(start, y) > self.cap || self.stage_time(y, end) > self.cap {
+            if y == cuts[c] || !self.fits(c, start, y) || !self.fits(c + 1, y, end) || self.pre.stage_time(start, y) > self.cap || self.pre.stage_time(y, end) > self.cap {
                 continue;
             }
             trial[c] = y;
@@ -311,12 +300,9 @@ impl Balancer<'_> {
         if left == right {
             return (s[start] + s[end]) / 2.0;
         }
-        let b = self.bounds(cuts);
+        let times = self.stage_times(cuts);
         let others = |w: usize, skip: usize| -> f64 {
-            (0..self.workers.len())
-                .filter(|&k| self.workers[k] == w && k != skip)
-                .map(|k| self.stage_time(b[k], b[k + 1]))
-                .sum()
+            (0..self.workers.len()).filter(|&k| self.workers[k] == w && k != skip).map(|k| times[k]).sum()
         };
         // others(left) + S(y) - S(start) = others(right) + S(end) - S(y).
         (others(right, c + 1) - others(left, c) + s[start] + s[end]) / 2.0
@@ -328,6 +314,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::super::{valid_cuts, MemoryModel, PartitionProblem, PipelineMemory};
+    use super::loads_of;
     use pipewright_core::Schedule;
 
     fn problem(time: Vec<f64>, live: Vec<f64>, params: Vec<f64>) -> PartitionProblem {
@@ -335,8 +322,10 @@ mod tests {
         PartitionProblem { time, param_bytes: params, act_bytes: vec![0.0; n], kept_bytes: Vec::new(), live_bytes: live, bandwidth: 100.0 }
     }
 
+    /// The busiest worker's time under `cuts`, from the partitioner's own stage times.
     fn busiest(prob: &PartitionProblem, cuts: &[usize], workers: &[usize]) -> f64 {
-        prob.worker_loads(cuts, workers).into_iter().fold(0.0, f64::max)
+        let times = prob.evaluate(cuts, &PipelineMemory::unlimited()).0;
+        loads_of(&times, workers).into_iter().fold(0.0, f64::max)
     }
 
     /// The least busiest-worker time over every split into `d` stages that fits `mem` with
