@@ -23,6 +23,10 @@
 #        PROFILE (1: also `pipewright profile` each model at its microbatch, outside the
 #        rounds, and compile each schedule again from a plan cut by that profile, labelled
 #        "cut by a measured profile", beside the cost model's cuts),
+#        REFINE (1: with PROFILE=1, also train each schedule's profile-cut build for 8 steps
+#        with a trace outside the rounds, `pipewright refine-profile` the profile by that
+#        trace (its stages' measured shares of the pass) and compile the schedule again from
+#        a plan cut by the refined profile, labelled "cut by a profile refined by its trace"),
 #        BENCH_VENV (${XDG_CACHE_HOME:-~/.cache}/pipewright/bench-venv: numpy + onnx for
 #        bench/make_data.py), OUT (target/bench/schedules: build folders, data, metrics,
 #        traces, SVG timelines, runs.jsonl, table.md).
@@ -44,13 +48,17 @@ LR="${LR:-0.0001}"
 read -r -a schedules <<<"${SCHEDULES:-2bw flush gpipe zb-h1 interleaved-2 zb-v}"
 CUTS_FROM="${CUTS_FROM:-}"
 PROFILE="${PROFILE:-0}"
+REFINE="${REFINE:-0}"
+[[ "$REFINE" != 1 ]] || PROFILE=1
 # What each round runs: every schedule, and each again as `SCHEDULE@other` with CUTS_FROM
-# and as `SCHEDULE@profile` with PROFILE=1.
+# as `SCHEDULE@profile` with PROFILE=1 and as `SCHEDULE@refined` with REFINE=1 (after
+# `@profile`, whose build it refines by).
 variants=()
 for s in "${schedules[@]}"; do
     variants+=("$s")
     [[ -z "$CUTS_FROM" ]] || variants+=("$s@other")
     [[ "$PROFILE" != 1 ]] || variants+=("$s@profile")
+    [[ "$REFINE" != 1 ]] || variants+=("$s@refined")
 done
 MODELS_DIR="${MODELS_DIR:-$repo/../shared/corpus/models}"
 cache="${PIPEWRIGHT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/pipewright}"
@@ -71,6 +79,15 @@ mkdir -p "$OUT"
 runs="$OUT/runs.jsonl"
 : >"$runs"
 
+# Compiles MODEL as variant VARIANT of SCHEDULE in STAGES stages at microbatch MB from a
+# plan cut by PROFILE.
+compile_planned() {
+    local model="$1" s="$2" stages="$3" mb="$4" profile="$5" v="$6"
+    "$pw" plan "$MODELS_DIR/$model.onnx" --workers "$STAGES" --stages "$stages" --schedule "$s" --recompute none \
+        --microbatch "$mb" --batch $((mb * M)) --profile "$profile" --json >"$OUT/$model-$v.plan.json"
+    "$pw" compile "$MODELS_DIR/$model.onnx" --plan "$OUT/$model-$v.plan.json" -o "$OUT/$model-$v" >&2
+}
+
 # Compile and make the data once per model (outside the timed rounds).
 declare -A out_name
 for spec in "${specs[@]}"; do
@@ -83,10 +100,14 @@ for spec in "${specs[@]}"; do
         stages=$((STAGES * $(per_worker "$s")))
         case "$v" in
             *@other) "$CUTS_FROM" compile "$MODELS_DIR/$model.onnx" --stages "$stages" --schedule "$s" -o "$OUT/$model-$v" >&2 ;;
-            *@profile)
-                "$pw" plan "$MODELS_DIR/$model.onnx" --workers "$STAGES" --stages "$stages" --schedule "$s" --recompute none \
-                    --microbatch "$mb" --batch $((mb * M)) --profile "$OUT/$model.profile.json" --json >"$OUT/$model-$v.plan.json"
-                "$pw" compile "$MODELS_DIR/$model.onnx" --plan "$OUT/$model-$v.plan.json" -o "$OUT/$model-$v" >&2 ;;
+            *@profile) compile_planned "$model" "$s" "$stages" "$mb" "$OUT/$model.profile.json" "$v" ;;
+            *@refined)
+                OMP_NUM_THREADS="$THREADS" MKL_NUM_THREADS="$THREADS" "$pw" train "$OUT/$model-$s@profile" --data "$OUT/$model.npz" --label label \
+                    --loss cross-entropy --output "${out_name[$model]}" --steps 8 --microbatch "$mb" --microbatches "$M" --optimizer sgd \
+                    --lr "$LR" --log-every 1000 --trace "$OUT/$model-$v.trace.json" >&2
+                "$pw" refine-profile "$OUT/$model.profile.json" --build "$OUT/$model-$s@profile" --trace "$OUT/$model-$v.trace.json" \
+                    --batch "$mb" --warmup 2 -o "$OUT/$model-$v.profile.json"
+                compile_planned "$model" "$s" "$stages" "$mb" "$OUT/$model-$v.profile.json" "$v" ;;
             *) "$pw" compile "$MODELS_DIR/$model.onnx" --stages "$stages" --schedule "$s" -o "$OUT/$model-$v" >&2 ;;
         esac
     done
@@ -104,6 +125,7 @@ for r in $(seq 1 "$ROUNDS"); do
             case "$v" in
                 *@other) label="$label, cuts from $CUTS_FROM" ;;
                 *@profile) label="$label, cut by a measured profile" ;;
+                *@refined) label="$label, cut by a profile refined by its trace" ;;
             esac
             dir="$OUT/$model-$v"
             log "round $r: $model, schedule $v, microbatch $mb x $M, $steps steps"

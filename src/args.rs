@@ -414,6 +414,27 @@ pub struct ProfileArgs {
 }
 
 #[derive(clap::Args)]
+pub struct RefineProfileArgs {
+    /// The profile written by `pipewright profile`.
+    pub profile: PathBuf,
+    /// The build folder the trace's run trained (`pipewright compile`).
+    #[arg(long)]
+    pub build: PathBuf,
+    /// The trace of that run (`pipewright train --trace`).
+    #[arg(long)]
+    pub trace: PathBuf,
+    /// The microbatch the run trained at (default: the one the build decided).
+    #[arg(long)]
+    pub batch: Option<u64>,
+    /// Steps of the trace left out at its start (the warm-up).
+    #[arg(long, default_value_t = 1)]
+    pub warmup: u64,
+    /// Write the refined profile here (atomically) instead of stdout.
+    #[arg(short, long)]
+    pub output: Option<PathBuf>,
+}
+
+#[derive(clap::Args)]
 pub struct TraceSvgArgs {
     /// The trace written by `pipewright train --trace`.
     pub trace: PathBuf,

@@ -18,7 +18,7 @@ use pipewright_driver::inspect::InspectRequest;
 use pipewright_driver::plan::{CompileSpec, PlanSpec};
 use pipewright_driver::simulate::SimulateSpec;
 #[cfg(feature = "torch")]
-use args::{BenchAllreduceArgs, BenchStepArgs, ConformanceArgs, ProfileArgs, RunForwardArgs, TrainArgs, WorkerArgs};
+use args::{BenchAllreduceArgs, BenchStepArgs, ConformanceArgs, ProfileArgs, RefineProfileArgs, RunForwardArgs, TrainArgs, WorkerArgs};
 
 #[derive(Parser)]
 #[command(name = "pipewright", version, about = "Compile ONNX models into pipeline-parallel (PipeDream-2BW) training jobs")]
@@ -80,6 +80,11 @@ enum Command {
     /// Measure forward and backward time per node at several microbatch sizes, and what the runtime adds (a stage boundary, its untraced work after a backward, how it divides the pass between two stages, threads crowding the CPU cores, the scheduler's turn): JSON for `plan` and `simulate`.
     #[cfg(feature = "torch")]
     Profile(ProfileArgs),
+    /// Replace a profile's stage split at a microbatch by the stages' times in a pipeline's
+    /// trace (a `train --trace` run of a build), so that `plan --profile` cuts by what the
+    /// pipeline measured.
+    #[cfg(feature = "torch")]
+    RefineProfile(RefineProfileArgs),
     /// Print the libtorch in use (version, folder), whether CUDA is available and the
     /// devices with their memory (for bug reports and for checking a GPU machine).
     #[cfg(feature = "torch")]
@@ -175,6 +180,8 @@ fn main() -> ExitCode {
         Command::Conformance(args) => run::conformance(&args),
         #[cfg(feature = "torch")]
         Command::Profile(args) => run::profile(&args),
+        #[cfg(feature = "torch")]
+        Command::RefineProfile(args) => run::refine_profile(&args),
         #[cfg(feature = "torch")]
         Command::Doctor => {
             print!("{}", pipewright_driver::doctor::doctor());

@@ -9,10 +9,10 @@ use pipewright_core::fs::write_atomic;
 use pipewright_driver::conformance::{report, run_all, totals};
 use pipewright_driver::export::{save_weights, WEIGHTS_FILE};
 use pipewright_driver::forward::{bench_step_command, run_forward_command};
-use pipewright_driver::profile::{notes, profile_json, Progress as ProfileProgress};
+use pipewright_driver::profile::{notes, profile_json, refine_files, split_note, Progress as ProfileProgress};
 use pipewright_driver::train::{eval_line, host_reads_line, off_device_line, loss_range, peak_memory_line, memory_peaks, save_trace, stages_text, stopped_job_lines, stopped_lines, MpiJob, Session, StepReport, StopGate, WorkerSession};
 
-use crate::args::{BenchAllreduceArgs, BenchStepArgs, ConformanceArgs, ProfileArgs, RunForwardArgs, TrainArgs, WorkerArgs};
+use crate::args::{BenchAllreduceArgs, BenchStepArgs, ConformanceArgs, ProfileArgs, RefineProfileArgs, RunForwardArgs, TrainArgs, WorkerArgs};
 use crate::progress::Progress;
 
 fn progress(args: &TrainArgs, first_step: usize) -> Result<Progress> {
@@ -253,6 +253,19 @@ pub fn conformance(args: &ConformanceArgs) -> Result<()> {
     }
     let (p, f, k) = totals(&rows);
     eprintln!("conformance: {p} passed, {f} failed, {k} skipped");
+    Ok(())
+}
+
+pub fn refine_profile(args: &RefineProfileArgs) -> Result<()> {
+    let p = refine_files(&args.profile, &args.build, &args.trace, args.batch, args.warmup)?;
+    if let Some(line) = p.split.last().and_then(|sp| split_note(&p, sp)) {
+        eprintln!("{line}");
+    }
+    let text = profile_json(&p)?;
+    match &args.output {
+        Some(path) => write_atomic(path, text.as_bytes())?,
+        None => println!("{text}"),
+    }
     Ok(())
 }
 

@@ -123,6 +123,56 @@ fn a_measured_profile_drives_the_plan() {
     assert_ne!(analytic, measured, "the profile changed nothing");
 }
 
+/// `refine-profile` replaces a profile's split at the trace's microbatch by the stages'
+/// times in a pipeline's trace: one entry per stage of the build, holding the stage's
+/// nodes, and `plan` reads the result; a microbatch the profile did not measure, a build
+/// that decided none, and a trace of another build are each one clear error.
+#[cfg(feature = "torch")]
+#[test]
+fn a_pipelines_trace_refines_the_profiles_split() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = |name: &str| dir.path().join(name).to_str().unwrap().to_string();
+    let mlp = model("mlp");
+    let mlp = mlp.to_str().unwrap();
+    pw_ok(["profile", mlp, "--batch", "1,4", "--reps", "2", "-o", &path("p.json")]);
+    let data = root().join("examples/digits/digits.npz");
+    for (build, stages, schedule) in [("zbv", "4", "zb-v"), ("flush", "2", "flush")] {
+        pw_ok(["compile", mlp, "--stages", stages, "--schedule", schedule, "-o", &path(build)]);
+        pw_ok([
+            "train", &path(build), "--data", data.to_str().unwrap(), "--label", "label", "--output", "linear_3",
+            "--steps", "3", "--microbatch", "4", "--microbatches", "4", "--trace", &path(&format!("{build}.trace.json")),
+        ]);
+    }
+    let refine = |build: &str, trace: &str, extra: &[&str]| {
+        let mut args = vec!["refine-profile".to_string(), path("p.json"), "--build".into(), path(build), "--trace".into(), path(trace), "-o".into(), path("r.json")];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        pw(args)
+    };
+    fails(&refine("zbv", "zbv.trace.json", &[]), &["p.json", "zbv.trace.json", "the build decided no microbatch", "(--batch)"]);
+    fails(&refine("zbv", "zbv.trace.json", &["--batch", "8"]), &["microbatch 8, which the profile did not measure (it has 1, 4)", "--batch 8"]);
+    fails(&refine("flush", "zbv.trace.json", &["--batch", "4"]), &["the trace has a stage 2 but the build has 2 stage(s)"]);
+    fails(&refine("zbv", "zbv.trace.json", &["--batch", "4", "--warmup", "3"]), &["no forward of stage 0 from step 3 on"]);
+    assert!(!dir.path().join("r.json").exists(), "a failed refinement wrote its output");
+    let out = refine("zbv", "zbv.trace.json", &["--batch", "4"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("trained as 4 stages") && err.contains("at batch 4"), "{err}");
+    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(path("r.json")).unwrap()).expect("refined profile is JSON");
+    let splits = json["split"].as_array().expect("split");
+    assert_eq!(splits.iter().filter(|s| s["batch"].as_u64() == Some(4)).count(), 1, "{splits:?}");
+    let at4 = splits.iter().find(|s| s["batch"].as_u64() == Some(4)).unwrap();
+    let stages = at4["stages"].as_array().expect("stages");
+    assert_eq!(stages.len(), 4);
+    let mut nodes: Vec<&str> = stages.iter().flat_map(|s| s["nodes"].as_array().unwrap().iter().filter_map(|n| n.as_str())).collect();
+    nodes.sort_unstable();
+    let mut profiled: Vec<&str> = json["nodes"].as_array().unwrap().iter().filter_map(|n| n["name"].as_str()).collect();
+    profiled.sort_unstable();
+    assert_eq!(nodes, profiled, "every profiled node in exactly one stage");
+    assert!(stages.iter().all(|s| s["fwd_ms"].as_f64() > Some(0.0) && s["bwd_ms"].as_f64() > Some(0.0)), "{stages:?}");
+    let (ok, out, err) = plan("mlp", &["--workers", "2", "--stages", "4", "--schedule", "zb-v", "--microbatch", "4", "--batch", "16", "--profile", &path("r.json")]);
+    assert!(ok && out.contains("zb-v"), "{out}\n{err}");
+}
+
 /// With no cluster described, `plan` says in every output that it assumed the default
 /// server of 8 V100-class GPUs (text: on stdout above the table; --json: on stderr, the
 /// JSON on stdout staying parseable and carrying the cluster), and the table's columns

@@ -142,8 +142,14 @@ struct Profiled<'a> {
 impl Profiled<'_> {
     /// The loss's forward and backward milliseconds at batch `b` (0 where not measured).
     fn loss_at(&self, b: u64) -> (f64, f64) {
-        self.batches.iter().position(|&x| x == b).map_or((0.0, 0.0), |k| (self.loss.fwd_ms[k], self.loss.bwd_ms[k]))
+        loss_at(self.batches, self.loss, b)
     }
+}
+
+/// `loss`'s forward and backward milliseconds at batch `b` of the profile's `batches` (0
+/// where not measured).
+fn loss_at(batches: &[u64], loss: &LossTiming, b: u64) -> (f64, f64) {
+    batches.iter().position(|&x| x == b).map_or((0.0, 0.0), |k| (loss.fwd_ms[k], loss.bwd_ms[k]))
 }
 
 /// Random float inputs (seeded) and zero index inputs of the graph's input shapes at `b`.
@@ -548,7 +554,7 @@ fn time_boundary(model: &Path, device: Device, profiled: &Profiled<'_>, objectiv
     }
     let split = per_size
         .iter()
-        .map(|(b, runs)| stage_split(&build_path(dir.path(), *b, 2), *b, BoundaryCost::pass_ms_at(&costs, *b), &runs.per_stage, profiled))
+        .map(|(b, runs)| stage_split(&build_path(dir.path(), *b, 2), *b, BoundaryCost::pass_ms_at(&costs, *b), &runs.per_stage, profiled.nodes, profiled.loss_at(*b)))
         .collect::<Result<_, _>>()?;
     let mut factors = Vec::new();
     for (b, _) in &per_size {
@@ -670,14 +676,13 @@ fn boundary_at(model: &Path, device: Device, b: u64, profiled: &Profiled<'_>, ob
     Ok((BoundaryCost { batch: b, fwd_ms, bwd_ms, step_ms, after_backward_ms }, runs))
 }
 
-/// The two-stage build's [`StageSplit`] at microbatch `b`: each stage's nodes (those the
-/// profile timed) and its mean forward and backward per step in `per_stage`, less half of
-/// the boundary's forward and backward cost at `b`, `boundary` (each stage has one side
-/// of it), and, for the last, the loss.
-fn stage_split(build: &Path, b: u64, boundary: [f64; 2], per_stage: &[[f64; 2]], profiled: &Profiled<'_>) -> Result<StageSplit, DriverError> {
+/// A build's [`StageSplit`] at microbatch `b`: each stage's nodes (those of `nodes`, the
+/// profile's) and its mean forward and backward per microbatch in `per_stage`, less half
+/// of the boundary's forward and backward cost at `b`, `boundary`, per boundary it has
+/// (the first and the last one, the others two), and, for the last, the loss (`loss_ms`).
+fn stage_split(build: &Path, b: u64, boundary: [f64; 2], per_stage: &[[f64; 2]], nodes: &[ProfileNode], loss_ms: (f64, f64)) -> Result<StageSplit, DriverError> {
     let manifest = Manifest::read(build).map_err(|e| DriverError::msg(e.to_string()))?;
-    let timed_nodes: std::collections::HashSet<&str> = profiled.nodes.iter().map(|n| n.name.as_str()).collect();
-    let (loss_fwd, loss_bwd) = profiled.loss_at(b);
+    let timed_nodes: std::collections::HashSet<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
     let last = per_stage.len().saturating_sub(1);
     let stages = manifest
         .module_paths(build)
@@ -687,11 +692,76 @@ fn stage_split(build: &Path, b: u64, boundary: [f64; 2], per_stage: &[[f64; 2]],
         .map(|(i, (path, ms))| {
             let module = read_module(path).map_err(|e| DriverError::msg(e.to_string()))?;
             let nodes = module.program.instrs.iter().map(|ins| ins.name.clone()).filter(|n| timed_nodes.contains(n.as_str())).collect();
-            let (lf, lb) = if i == last { (loss_fwd, loss_bwd) } else { (0.0, 0.0) };
-            Ok(SplitStage { nodes, fwd_ms: (ms[0] - boundary[0] / 2.0 - lf).max(0.0), bwd_ms: (ms[1] - boundary[1] / 2.0 - lb).max(0.0) })
+            let (lf, lb) = if i == last { loss_ms } else { (0.0, 0.0) };
+            let sides = f64::from(u8::from(i > 0) + u8::from(i < last));
+            Ok(SplitStage { nodes, fwd_ms: (ms[0] - sides * boundary[0] / 2.0 - lf).max(0.0), bwd_ms: (ms[1] - sides * boundary[1] / 2.0 - lb).max(0.0) })
         })
         .collect::<Result<_, DriverError>>()?;
     Ok(StageSplit { batch: b, stages })
+}
+
+/// `profile` with its [`StageSplit`] at the microbatch a pipeline was trained at replaced
+/// by the one that pipeline's trace measured: the stages of `build` (as `train` ran them,
+/// at `batch`, by default the microbatch the build decided), each one's mean forward and
+/// backward (input and weight gradients together, recomputation apart) per microbatch in
+/// `trace` over the steps from `warmup` on. A profile's own split comes from two stages
+/// taking turns; a pipeline's stages share the machine, and with several stages per worker
+/// their cuts need every stage's share, which only such a run measures (docs/planner.md,
+/// "Cuts from a pipeline's trace"). The cost model scales each stage's nodes to its
+/// measured share, so re-planning with the result moves the cuts toward the stages'
+/// measured times; nodes that change stage keep the scale of the stage they ran in.
+pub fn refine(mut profile: Profile, build: &Path, trace: &[TraceEvent], batch: Option<u64>, warmup: u64) -> Result<Profile, DriverError> {
+    let manifest = Manifest::read(build).map_err(|e| DriverError::msg(e.to_string()))?;
+    let b = batch.or(manifest.pipeline.microbatch).ok_or_else(|| {
+        DriverError::msg(format!("{}: the build decided no microbatch; give the one its trace was trained at (--batch)", build.display()))
+    })?;
+    if !profile.batches.contains(&b) {
+        let sizes: Vec<String> = profile.batches.iter().map(u64::to_string).collect();
+        return Err(DriverError::msg(format!("the trace was trained at microbatch {b}, which the profile did not measure (it has {}): profile at {b} too (`pipewright profile --batch {b}`)", sizes.join(", "))));
+    }
+    let per_stage = traced_stage_ms(trace, manifest.stages.len(), warmup)?;
+    let boundary = BoundaryCost::pass_ms_at(&profile.boundary, b);
+    let loss = profile.loss.as_ref().map_or((0.0, 0.0), |l| loss_at(&profile.batches, l, b));
+    let split = stage_split(build, b, boundary, &per_stage, &profile.nodes, loss)?;
+    if split.stages.iter().all(|s| s.nodes.is_empty()) {
+        return Err(DriverError::msg(format!("{}: none of its stages' nodes is in the profile; profile the model the build was compiled from ({})", build.display(), manifest.model)));
+    }
+    profile.split.retain(|s| s.batch != b);
+    profile.split.push(split);
+    Ok(profile)
+}
+
+/// [`refine`] of the profile file `profile` by the trace file `trace` (`train --trace`) of
+/// a run of `build`.
+pub fn refine_files(profile: &Path, build: &Path, trace: &Path, batch: Option<u64>, warmup: u64) -> Result<Profile, DriverError> {
+    let p = crate::plan::read_profile(profile)?;
+    let text = std::fs::read_to_string(trace).map_err(|source| DriverError::Read { path: trace.to_path_buf(), source })?;
+    let events = pipewright_core::timeline::read_chrome_trace(&text).map_err(|e| DriverError::msg(format!("{}: {e}", trace.display())))?;
+    refine(p, build, &events, batch, warmup).map_err(|e| DriverError::msg(format!("refining {} by {}: {e}", profile.display(), trace.display())))
+}
+
+/// Per stage of a pipeline of `stages`, its mean forward and backward milliseconds per
+/// microbatch in `trace` over the steps from `warmup` on (a split backward's input and
+/// weight gradients added).
+fn traced_stage_ms(trace: &[TraceEvent], stages: usize, warmup: u64) -> Result<Vec<[f64; 2]>, DriverError> {
+    let mut sums = vec![[0.0; 2]; stages];
+    let mut forwards = vec![0u64; stages];
+    for e in trace.iter().filter(|e| e.step >= warmup) {
+        let k = match e.kind {
+            TraceKind::Forward => 0,
+            TraceKind::Backward | TraceKind::BackwardWeight => 1,
+            _ => continue,
+        };
+        let Some(sum) = sums.get_mut(e.stage) else {
+            return Err(DriverError::msg(format!("the trace has a stage {} but the build has {stages} stage(s): trace a run of this build", e.stage)));
+        };
+        sum[k] += e.dur_us / 1e3;
+        forwards[e.stage] += u64::from(k == 0);
+    }
+    if let Some(s) = forwards.iter().position(|&n| n == 0) {
+        return Err(DriverError::msg(format!("the trace has no forward of stage {s} from step {warmup} on: trace more steps, or fewer warm-up steps (--warmup)")));
+    }
+    Ok(sums.iter().zip(&forwards).map(|(s, &n)| s.map(|ms| ms / n as f64)).collect())
 }
 
 /// What [`per_step_ms`] measures of one training run.
@@ -884,7 +954,7 @@ pub fn notes(p: &Profile) -> Vec<String> {
 }
 
 /// How the stages of a split divided the pass against their nodes timed alone.
-fn split_note(p: &Profile, sp: &StageSplit) -> Option<String> {
+pub fn split_note(p: &Profile, sp: &StageSplit) -> Option<String> {
     let k = p.batches.iter().position(|&b| b == sp.batch)?;
     let text = |v: Option<Vec<f64>>| v.map_or("-".to_string(), |v| v.iter().map(|x| format!("{x:.2}")).collect::<Vec<_>>().join(" / "));
     let (fwd, bwd) = sp.stage_scales(&p.nodes, k);
@@ -953,6 +1023,30 @@ mod tests {
         let mut one_slow = vec![1.0; 2000];
         one_slow[700] = 4.0;
         assert!(quantiles(one_slow).iter().all(|&f| f == 1.0));
+    }
+
+    /// A trace's stage times are each stage's forwards and backwards (input and weight
+    /// gradients added, recomputation left out) per forward it ran, from the warm-up on.
+    #[test]
+    fn traced_stage_times_are_per_microbatch_after_the_warm_up() {
+        let ev = |kind, stage, step: u64, dur_us| TraceEvent { kind, stage, start_us: 0.0, dur_us, microbatch: Some(step), version: 0, step };
+        let mut trace = vec![ev(TraceKind::Forward, 0, 0, 9e6), ev(TraceKind::Backward, 1, 0, 9e6)];
+        for step in [1, 2] {
+            trace.extend([
+                ev(TraceKind::Forward, 0, step, 1000.0),
+                ev(TraceKind::Backward, 0, step, 2000.0),
+                ev(TraceKind::Forward, 1, step, 3000.0),
+                ev(TraceKind::Backward, 1, step, 1000.0),
+                ev(TraceKind::BackwardWeight, 1, step, 500.0),
+                ev(TraceKind::Recompute, 1, step, 7000.0),
+                ev(TraceKind::Optimizer, 1, step, 7000.0),
+            ]);
+        }
+        assert_eq!(traced_stage_ms(&trace, 2, 1).unwrap(), [[1.0, 2.0], [3.0, 1.5]]);
+        let e = traced_stage_ms(&trace, 1, 1).unwrap_err().to_string();
+        assert!(e.contains("the trace has a stage 1 but the build has 1 stage(s)"), "{e}");
+        let e = traced_stage_ms(&trace, 3, 1).unwrap_err().to_string();
+        assert!(e.contains("no forward of stage 2 from step 1 on"), "{e}");
     }
 
     /// A spinning thread's turns are the runs between two losses of its core; the run
