@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# Two-worker pipelines three ways, side by side in one run: the embedded executor
+# WORKERS-worker pipelines (default 2) three ways, side by side in one run: the embedded executor
 # (`pipewright train`: a thread per stage in one process), MPI (`pipewright launch`: a rank
 # per stage; where a worker runs several stages, its ranks take turns) and
-# torch.distributed.pipelining (bench/torch_pipe.py under `torchrun --nproc-per-node 2`:
+# torch.distributed.pipelining (bench/torch_pipe.py under `torchrun --nproc-per-node WORKERS`:
 # gloo, the same stage cut through the build's stage ONNX files).
 # Same model, microbatch, microbatches, plain SGD, one intra-op thread per stage;
 # pipewright runs SCHEDULE (flush, gpipe, zb-h1, interleaved-V or zb-v; default flush) and
 # torch its namesake (Schedule1F1B, ScheduleGPipe, ScheduleInterleavedZeroBubble with one
-# stage per rank, ScheduleInterleaved1F1B with V stages per rank of a 2V-stage build,
+# stage per rank, ScheduleInterleaved1F1B with V stages per rank of a WORKERS x V-stage build,
 # ScheduleZBVZeroBubble with 2 per rank in a V). Each round runs the three in a rotated
 # order. Reports per model the median
 # over rounds of each run's median seconds per step after WARMUP (the wall time between
@@ -15,7 +15,7 @@
 #
 # Usage: bench/mpi.sh [MODEL:MICROBATCH:STEPS ...]   (default: gpt2-tiny:2:30 resnet18:2:10)
 # Env:   PW (the pipewright binary; default target/release/pipewright), ROUNDS (3),
-#        WARMUP (3 steps dropped), M (4 microbatches per step), SCHEDULE (flush),
+#        WARMUP (3 steps dropped), M (4 microbatches per step), SCHEDULE (flush), WORKERS (2),
 #        TORCH_PYTHON (a python with torch and onnx; default python3; TORCH=0 skips torch),
 #        MODELS_DIR (../shared/corpus/models), OUT (target/bench/mpi).
 set -euo pipefail
@@ -27,6 +27,7 @@ ROUNDS="${ROUNDS:-3}"
 WARMUP="${WARMUP:-3}"
 M="${M:-4}"
 SCHEDULE="${SCHEDULE:-flush}"
+WORKERS="${WORKERS:-2}"
 TORCH="${TORCH:-1}"
 TORCH_PYTHON="${TORCH_PYTHON:-python3}"
 MODELS_DIR="${MODELS_DIR:-$repo/../shared/corpus/models}"
@@ -50,7 +51,7 @@ for spec in "${specs[@]}"; do
     v=1
     [[ "$SCHEDULE" == interleaved-* ]] && v="${SCHEDULE#interleaved-}"
     [[ "$SCHEDULE" == zb-v ]] && v=2
-    "$PW" compile "$MODELS_DIR/$model.onnx" --stages $((2 * v)) --schedule "$SCHEDULE" --microbatch "$mb" --stage-onnx -o "$build" >/dev/null
+    "$PW" compile "$MODELS_DIR/$model.onnx" --stages $((WORKERS * v)) --schedule "$SCHEDULE" --microbatch "$mb" --stage-onnx -o "$build" >/dev/null
     opts=(--steps "$((steps + WARMUP))" --microbatch "$mb" --microbatches "$M" --optimizer sgd --lr 0.0001 --threads 1 --no-progress --log-every 1000000)
     sides=(train launch)
     ((TORCH)) && sides+=(torch)
@@ -63,7 +64,7 @@ for spec in "${specs[@]}"; do
                 train) "$PW" train "$build" "${opts[@]}" --metrics "$m" >/dev/null 2>&1; t="$(median_step "$m")" ;;
                 launch) "$PW" launch "$build" -- "${opts[@]}" --metrics "$m" >/dev/null 2>&1; t="$(median_step "$m")" ;;
                 torch)
-                    line="$(OMP_NUM_THREADS=1 "$TORCH_PYTHON" -m torch.distributed.run --nproc-per-node 2 --master-port "$((29500 + RANDOM % 1000))" \
+                    line="$(OMP_NUM_THREADS=1 "$TORCH_PYTHON" -m torch.distributed.run --nproc-per-node "$WORKERS" --master-port "$((29500 + RANDOM % 1000))" \
                         bench/torch_pipe.py "$build" --schedule "$SCHEDULE" --microbatch "$mb" --microbatches "$M" --steps "$steps" --warmup "$WARMUP" 2>"$OUT/$model-torch-$r.err" | grep '^torch-pipe' || true)"
                     if [[ -z "$line" ]]; then
                         # Reported, not fatal: the other sides' figures still stand.
