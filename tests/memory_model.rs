@@ -5,8 +5,9 @@
 //! is compiled and trained, and the run's peak live tensor bytes per stage must be within
 //! 15% of the prediction. What the model has to get right for that: the microbatches each
 //! stage holds (1F1B's and ZB-H1's `d - k` in stage `k`, GPipe's `m` in every stage), the weight
-//! versions, and the moment a flushing schedule's update holds two versions of weights
-//! that outweigh its activations.
+//! versions, the moment a flushing schedule's update holds two versions of weights
+//! that outweigh its activations, and that a stage's gradient exists only from its batch's
+//! first weight gradient on (`m = 2` at `d = 2`, and ZB-V replicas at `m = 2`).
 
 mod common;
 
@@ -37,11 +38,17 @@ fn printed_bytes(text: &str) -> (f64, f64) {
 /// The cluster has one pipeline's workers (`workers`: `d`, or `d / v` under interleaved
 /// 1F1B and ZB-V), so the plan is one pipeline of 4 microbatches.
 fn compare(dir: &Path, onnx: &Path, d: usize, workers: usize, schedule: &str) -> Vec<(String, bool)> {
+    compare_at(dir, onnx, d, workers, schedule, 8)
+}
+
+/// [`compare`] with `batch` samples per step (microbatch 2 still).
+fn compare_at(dir: &Path, onnx: &Path, d: usize, workers: usize, schedule: &str, batch: u64) -> Vec<(String, bool)> {
     let onnx_arg = onnx.to_str().unwrap();
-    let tag = format!("{}-{d}-{schedule}", onnx.file_stem().unwrap().to_string_lossy());
+    let tag = format!("{}-{d}-{schedule}-w{workers}-b{batch}", onnx.file_stem().unwrap().to_string_lossy());
     let plan_path = dir.join(format!("{tag}.json"));
     let (d_arg, workers_arg) = (d.to_string(), workers.to_string());
-    let plan = pw_ok(["plan", onnx_arg, "--stages", &d_arg, "--workers", &workers_arg, "--schedule", schedule, "--microbatch", "2", "--batch", "8", "--optimizer", "adam", "--recompute", "none", "--json"]);
+    let batch_arg = batch.to_string();
+    let plan = pw_ok(["plan", onnx_arg, "--stages", &d_arg, "--workers", &workers_arg, "--schedule", schedule, "--microbatch", "2", "--batch", &batch_arg, "--optimizer", "adam", "--recompute", "none", "--json"]);
     std::fs::write(&plan_path, &plan).unwrap();
     let v: Value = serde_json::from_str(&plan).unwrap();
     let predicted: Vec<f64> = v["chosen"]["peak_memory_per_stage"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
@@ -94,6 +101,25 @@ fn every_stage_of_every_shared_model_is_planned_within_15_percent_of_its_run() {
     assert_all_within(rows);
 }
 
+/// Stages that hold their most microbatches before their batch's first weight gradient,
+/// where the gradient does not exist yet: two microbatches per pipeline at d = 2 (PipeDream-
+/// Flush's and ZB-H1's first stage, every GPipe stage), and ZB-V in two replicas of two
+/// workers at two microbatches each (where bert-tiny's first stage and mobilenet_v2's last
+/// were predicted 21% and 19% above their runs while the gradient was counted with them).
+#[test]
+fn stages_full_before_their_first_weight_gradient_are_planned_within_15_percent() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut rows = Vec::new();
+    for name in ["bert-tiny", "mobilenet_v2", "gpt2-tiny"] {
+        for schedule in ["flush", "gpipe", "zb-h1"] {
+            rows.extend(compare_at(dir.path(), &model(name), 2, 2, schedule, 4));
+        }
+        rows.extend(compare_at(dir.path(), &model(name), 4, 4, "zb-v", 8));
+    }
+    assert_eq!(rows.len(), 3 * (3 * 2 + 4));
+    assert_all_within(rows);
+}
+
 /// GPT-2 small (124M parameters, 128 tokens, tied embedding): the case, where the
 /// later stages were overestimated by 40% to 75% and GPipe predicted as PipeDream-Flush.
 #[test]
@@ -108,7 +134,7 @@ fn gpt2_small_is_planned_within_15_percent_of_its_run_at_depths_2_and_4() {
         }
     }
     // GPipe holds all four microbatches in every stage, Flush four down to one.
-    let last = |schedule: &str| rows.iter().find(|(r, _)| r.starts_with(&format!("gpt2-small-4-{schedule} stage 3"))).unwrap().0.clone();
+    let last = |schedule: &str| rows.iter().find(|(r, _)| r.starts_with(&format!("gpt2-small-4-{schedule}-w4-b8 stage 3"))).unwrap().0.clone();
     assert_ne!(last("gpipe").split(", measured").next(), last("flush").split(", measured").next());
     assert_all_within(rows);
 }

@@ -287,19 +287,27 @@ fn zb_v(p: usize, m: usize) -> Result<Vec<Vec<(usize, Op)>>, String> {
     Ok(orders)
 }
 
-/// Every stage's [`held_at_most`] under ZB-V on `p` workers, counted during the replay
+/// Every stage's [`held_peaks`] under ZB-V on `p` workers, counted during the replay
 /// ([`zb_v_replay`]) without making the orders.
-fn zb_v_peaks(p: usize, m: usize) -> Result<Vec<usize>, String> {
-    let (mut held, mut peak) = (vec![0usize; 2 * p], vec![0usize; 2 * p]);
-    zb_v_replay(p, m, |_, s, op| match op {
-        Op::Forward(_) => {
-            held[s] += 1;
-            peak[s] = peak[s].max(held[s]);
+fn zb_v_peaks(p: usize, m: usize) -> Result<Vec<(usize, usize)>, String> {
+    // Per stage: held now, whether a weight gradient exists, and the two peaks.
+    let mut stages = vec![(0usize, false, 0usize, 0usize); 2 * p];
+    zb_v_replay(p, m, |_, s, op| {
+        let (held, gradient, peak, with_gradient) = &mut stages[s];
+        match op {
+            Op::Forward(_) => *held += 1,
+            Op::BackwardWeight(_) => {
+                *held = held.saturating_sub(1);
+                *gradient = true;
+            }
+            _ => {}
         }
-        Op::BackwardWeight(_) => held[s] = held[s].saturating_sub(1),
-        _ => {}
+        *peak = (*peak).max(*held);
+        if *gradient {
+            *with_gradient = (*with_gradient).max(*held);
+        }
     })?;
-    Ok(peak)
+    Ok(stages.into_iter().map(|(_, _, peak, with_gradient)| (peak, with_gradient)).collect())
 }
 
 /// The replay [`zb_v`] orders by: calls `ran(worker, stage, op)` for each operation in the
@@ -409,6 +417,29 @@ pub fn peak_in_flight(schedule: Schedule, stage: usize, depth: usize, m: usize) 
     })
 }
 
+/// The most microbatches stage `stage` of `depth` holds at once while its batch's weight
+/// gradients exist (from its first weight gradient to its step) under `schedule` with `m`
+/// microbatches per batch: [`peak_in_flight`] where a forward follows the stage's first
+/// weight gradient, one less where none does. A stage's memory peaks at the larger of its
+/// weights and state with [`peak_in_flight`]'s activations, and with the gradient too and
+/// this many. GPipe runs every forward before its first backward (`m - 1`); 1F1B's stage
+/// `k` runs a forward after its first backward only when `m > d - k`, and ZB-H1's weight
+/// gradients follow its input gradients there; 2BW, which never flushes, runs the next
+/// batch's forwards before the step (but with one microbatch per batch). `None` where
+/// [`peak_in_flight`] is. Checked against the orders by
+/// `gradient_peak_matches_the_order`.
+pub fn peak_in_flight_with_gradient(schedule: Schedule, stage: usize, depth: usize, m: usize) -> Option<usize> {
+    let peak = peak_in_flight(schedule, stage, depth, m)?;
+    Some(match schedule {
+        Schedule::GPipe => m - 1,
+        // 2BW never flushes: the next batch's forwards run before this batch's step, but
+        // for one microbatch per batch (one stage), whose step comes between.
+        Schedule::TwoBw => peak - usize::from(m == 1),
+        Schedule::Flush | Schedule::ZbH1 => peak - usize::from(m <= depth - stage),
+        Schedule::Interleaved2 | Schedule::Interleaved4 | Schedule::ZbV => held_peaks(&stage_ops(schedule, stage, depth, m, 1).ok()?).1,
+    })
+}
+
 /// [`peak_in_flight`] of every stage of a pipeline at once: the orders of interleaved
 /// 1F1B and ZB-V (one replay of the whole pipeline) are made once here rather than once
 /// per stage, and remembered per `(schedule, depth, m)` for the process: the planner asks
@@ -417,25 +448,36 @@ pub fn peak_in_flight(schedule: Schedule, stage: usize, depth: usize, m: usize) 
 /// then), so a larger `m` is answered from `4p`'s order
 /// (`peaks_stop_growing_past_four_microbatches_per_worker` checks it up to 32 workers).
 pub fn peaks_in_flight(schedule: Schedule, depth: usize, m: usize) -> Vec<Option<usize>> {
+    pipeline_peaks(schedule, depth, m).into_iter().map(|p| p.map(|(peak, _)| peak)).collect()
+}
+
+/// [`peak_in_flight_with_gradient`] of every stage of a pipeline at once, made and
+/// remembered as [`peaks_in_flight`] are.
+pub fn peaks_in_flight_with_gradient(schedule: Schedule, depth: usize, m: usize) -> Vec<Option<usize>> {
+    pipeline_peaks(schedule, depth, m).into_iter().map(|p| p.map(|(_, with_gradient)| with_gradient)).collect()
+}
+
+/// Per stage, [`peak_in_flight`] and [`peak_in_flight_with_gradient`].
+fn pipeline_peaks(schedule: Schedule, depth: usize, m: usize) -> Vec<Option<(usize, usize)>> {
     if schedule.virtual_stages() == 1 {
-        return (0..depth).map(|k| peak_in_flight(schedule, k, depth, m)).collect();
+        return (0..depth).map(|k| Some((peak_in_flight(schedule, k, depth, m)?, peak_in_flight_with_gradient(schedule, k, depth, m)?))).collect();
     }
     let Ok(p) = shared_workers(schedule, depth, m, 0, 1) else { return vec![None; depth] };
     let m = m.min(SETTLED_PER_WORKER * p);
-    type Peaks = std::collections::HashMap<(Schedule, usize, usize), Vec<Option<usize>>>;
+    type Peaks = std::collections::HashMap<(Schedule, usize, usize), Vec<Option<(usize, usize)>>>;
     static KNOWN: std::sync::OnceLock<std::sync::Mutex<Peaks>> = std::sync::OnceLock::new();
     let known = KNOWN.get_or_init(Default::default);
     if let Some(peaks) = known.lock().unwrap_or_else(|p| p.into_inner()).get(&(schedule, depth, m)) {
         return peaks.clone();
     }
-    let peaks: Vec<Option<usize>> = match schedule {
+    let peaks: Vec<Option<(usize, usize)>> = match schedule {
         // Counted during the replay: its orders are not needed here.
         Schedule::ZbV => match zb_v_peaks(p, m) {
             Ok(peaks) => peaks.into_iter().map(Some).collect(),
             Err(_) => vec![None; depth],
         },
         _ => match stage_orders(schedule, depth, m, 0, 1) {
-            Ok(orders) => orders.iter().map(|ops| Some(held_at_most(ops))).collect(),
+            Ok(orders) => orders.iter().map(|ops| Some(held_peaks(ops))).collect(),
             Err(_) => vec![None; depth],
         },
     };
@@ -449,18 +491,32 @@ const SETTLED_PER_WORKER: usize = 4;
 
 /// The most microbatches `ops` holds between their forward and their last backward.
 fn held_at_most(ops: &[Op]) -> usize {
-    let (mut held, mut peak) = (0usize, 0usize);
+    held_peaks(ops).0
+}
+
+/// The most microbatches `ops` holds between their forward and their last backward, and
+/// the most it holds while its batch's weight gradients exist: from the batch's first op
+/// that makes one (a whole backward or a weight gradient) to its step, which takes them
+/// (the runtime frees a stage's accumulated gradients at each update and allocates them
+/// again with the next batch's first weight gradient).
+fn held_peaks(ops: &[Op]) -> (usize, usize) {
+    let (mut held, mut peak, mut with_gradient, mut gradient) = (0usize, 0usize, 0usize, false);
     for &op in ops {
         match op {
-            Op::Forward(_) => {
-                held += 1;
-                peak = peak.max(held);
+            Op::Forward(_) => held += 1,
+            Op::Backward(_) | Op::BackwardWeight(_) => {
+                held = held.saturating_sub(1);
+                gradient = true;
             }
-            Op::Backward(_) | Op::BackwardWeight(_) => held = held.saturating_sub(1),
-            Op::BackwardInput(_) | Op::Step(_) => {}
+            Op::BackwardInput(_) => {}
+            Op::Step(_) => gradient = false,
+        }
+        peak = peak.max(held);
+        if gradient {
+            with_gradient = with_gradient.max(held);
         }
     }
-    peak
+    (peak, with_gradient)
 }
 
 /// Microbatches `base..base+n`: `warm` forwards, steady 1F1B, then the remaining
@@ -515,6 +571,29 @@ mod tests {
         }
     }
 
+    /// The closed form of the peak while a batch's weight gradients exist is what the
+    /// orders hold from each batch's first weight gradient to its step (two batches, so
+    /// that 2BW's steady state is in it), and never more than the peak.
+    #[test]
+    fn gradient_peak_matches_the_order() {
+        for &schedule in Schedule::ALL {
+            for depth in 1..=8 {
+                for m in [1, 2, 3, depth, depth + 1, 2 * depth, 16] {
+                    for stage in 0..depth {
+                        let walked = stage_ops(schedule, stage, depth, m, 2).ok().map(|ops| held_peaks(&ops).1);
+                        let closed = peak_in_flight_with_gradient(schedule, stage, depth, m);
+                        assert_eq!(walked, closed, "{schedule:?} d={depth} m={m} stage {stage}");
+                        assert!(closed <= peak_in_flight(schedule, stage, depth, m), "{schedule:?} d={depth} m={m} stage {stage}");
+                    }
+                }
+            }
+        }
+        // PipeDream-Flush at m = d: stage 0 holds both microbatches before its first
+        // backward, one after it; with a third microbatch its forward follows that backward.
+        assert_eq!((peak_in_flight(Schedule::Flush, 0, 2, 2), peak_in_flight_with_gradient(Schedule::Flush, 0, 2, 2)), (Some(2), Some(1)));
+        assert_eq!(peak_in_flight_with_gradient(Schedule::Flush, 0, 2, 3), Some(2));
+    }
+
     /// The orders made all at once (one ZB-V replay per call) are the ones made per worker
     /// and per stage, and so are the peaks taken from them (asked twice: the second answer
     /// is the remembered one).
@@ -533,6 +612,8 @@ mod tests {
                     let one_by_one: Vec<Option<usize>> = (0..depth).map(|k| peak_in_flight(schedule, k, depth, m)).collect();
                     assert_eq!(peaks_in_flight(schedule, depth, m), one_by_one, "{schedule} d={depth} m={m}");
                     assert_eq!(peaks_in_flight(schedule, depth, m), one_by_one, "{schedule} d={depth} m={m}, remembered");
+                    let with_gradient: Vec<Option<usize>> = (0..depth).map(|k| peak_in_flight_with_gradient(schedule, k, depth, m)).collect();
+                    assert_eq!(peaks_in_flight_with_gradient(schedule, depth, m), with_gradient, "{schedule} d={depth} m={m}");
                 }
             }
         }
@@ -548,11 +629,11 @@ mod tests {
             let v = schedule.virtual_stages();
             for p in (1..=12).chain([16, 24, 31, 32]) {
                 let ms: Vec<usize> = if p <= 12 { (4 * p..=12 * p).collect() } else { (4 * p..=8 * p).chain([16 * p]).collect() };
-                let settled = stage_orders(schedule, p * v, 4 * p, 0, 1).unwrap().iter().map(|ops| held_at_most(ops)).collect::<Vec<_>>();
+                let settled = stage_orders(schedule, p * v, 4 * p, 0, 1).unwrap().iter().map(|ops| held_peaks(ops)).collect::<Vec<_>>();
                 for m in ms.into_iter().filter(|m| schedule == Schedule::ZbV || m % p == 0) {
-                    let walked: Vec<usize> = match schedule {
+                    let walked: Vec<(usize, usize)> = match schedule {
                         Schedule::ZbV => zb_v_peaks(p, m).unwrap(),
-                        _ => stage_orders(schedule, p * v, m, 0, 1).unwrap().iter().map(|ops| held_at_most(ops)).collect(),
+                        _ => stage_orders(schedule, p * v, m, 0, 1).unwrap().iter().map(|ops| held_peaks(ops)).collect(),
                     };
                     assert_eq!(walked, settled, "{schedule} on {p} workers, m = {m}");
                 }

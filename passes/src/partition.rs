@@ -15,7 +15,10 @@
 //! rebuilt at a time) and `input_factor` = microbatches in flight (their stage inputs);
 //! without it `act_factor` = microbatches in flight and `input_factor = 0`. The factors
 //! are the stage's own ([`PipelineMemory`]): under 1F1B stage `k` of `d` holds `d - k`
-//! microbatches in flight, under GPipe every stage holds all `m`.
+//! microbatches in flight, under GPipe every stage holds all `m`. A stage whose order
+//! holds fewer microbatches once its batch's weight gradients exist (GPipe's `m - 1`, the
+//! first stages of a flushing 1F1B at `m = d`) has a second computing phase: its weights
+//! without the gradient and the larger count; its memory is the larger of the phases.
 //!
 //! # Algorithm ([`PartitionProblem::optimal_partition`])
 //! Bisection on the bottleneck `B` over the bit patterns of positive `f64`s (so it ends on
@@ -50,7 +53,7 @@ use std::ops::Range;
 
 use petgraph::visit::{EdgeRef, IntoEdgeReferences};
 use petgraph::Direction;
-use pipewright_core::schedule::peaks_in_flight;
+use pipewright_core::schedule::{peaks_in_flight, peaks_in_flight_with_gradient};
 use pipewright_core::{Precision, Recompute, Schedule};
 use pipewright_ir::{Graph, NodeId, ValueDef};
 use serde::{Deserialize, Serialize};
@@ -154,37 +157,69 @@ impl MemoryModel {
 /// The memory model of every stage of a pipeline: stage `k`'s [`MemoryModel`], as many
 /// microbatches in flight as its schedule holds there; one model for every stage alike
 /// when built [`PipelineMemory::uniform`]. All stages share one limit.
+///
+/// A stage's gradients exist from its batch's first weight gradient to its update (the
+/// runtime frees them at each update), and some orders hold their most microbatches before
+/// that: PipeDream-Flush's stage 0 at `m = d` holds `d` microbatches before its first
+/// backward and `d - 1` after it. Such a stage's model counts the microbatches it holds
+/// with the gradient, and `before_gradient` the larger count without it (its
+/// weight factor one less, no update phase); the stage holds the larger of the two.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct PipelineMemory {
     stages: Vec<MemoryModel>,
+    /// Per stage (as `stages`), the phase before its first weight gradient where that
+    /// holds more microbatches than the phase after it; empty: none anywhere.
+    before_gradient: Vec<Option<MemoryModel>>,
 }
 
 impl PipelineMemory {
     /// Every stage by `model`.
     pub fn uniform(model: MemoryModel) -> PipelineMemory {
-        PipelineMemory { stages: vec![model] }
+        PipelineMemory { stages: vec![model], before_gradient: Vec::new() }
     }
 
     /// Stage `k` by `models[k]` (at least one; all with the first one's limit).
     pub fn per_stage(models: Vec<MemoryModel>) -> PipelineMemory {
+        PipelineMemory::phased(models.into_iter().map(|m| (m, None)).collect())
+    }
+
+    /// Stage `k` by `models[k]`: its model with the gradient and, where it holds more
+    /// microbatches before its first weight gradient, that phase's (at least one; all with
+    /// the first one's limit).
+    fn phased(models: Vec<(MemoryModel, Option<MemoryModel>)>) -> PipelineMemory {
         assert!(!models.is_empty(), "a pipeline has a stage");
-        let limit = models[0].limit;
-        let mut stages: Vec<MemoryModel> = models.into_iter().map(|m| MemoryModel { limit, ..m }).collect();
+        let limit = models[0].0.limit;
+        let mut phases: Vec<(MemoryModel, Option<MemoryModel>)> = models.into_iter().map(|(m, b)| (MemoryModel { limit, ..m }, b.map(|b| MemoryModel { limit, ..b }))).collect();
         // Stages alike (GPipe's) keep one model: one prefix to compute, not d.
-        if stages.iter().all(|m| *m == stages[0]) {
-            stages.truncate(1);
+        if phases.iter().all(|p| *p == phases[0]) {
+            phases.truncate(1);
         }
-        PipelineMemory { stages }
+        let (stages, mut before_gradient): (Vec<MemoryModel>, Vec<Option<MemoryModel>>) = phases.into_iter().unzip();
+        if before_gradient.iter().all(Option::is_none) {
+            before_gradient.clear();
+        }
+        PipelineMemory { stages, before_gradient }
     }
 
     /// Each stage of a `d`-stage pipeline under `schedule` with `m` microbatches per batch,
     /// holding as many microbatches in flight as the schedule's own operation order has it
     /// hold ([`peaks_in_flight`]: GPipe all `m` in every stage, 1F1B `d - k` in stage `k`).
     pub fn of_pipeline(schedule: Schedule, recompute: Recompute, d: usize, m: u64, state_tensors: u32, precision: Precision, limit: f64) -> PipelineMemory {
-        let peaks = peaks_in_flight(schedule, d, m as usize);
+        let (peaks, with_gradient) = (peaks_in_flight(schedule, d, m as usize), peaks_in_flight_with_gradient(schedule, d, m as usize));
         let held = |k: usize| peaks.get(k).copied().flatten().unwrap_or((d - k).min(m as usize).max(1));
-        let models: Vec<MemoryModel> = (0..d.max(1)).map(|k| MemoryModel::of_schedule(schedule, recompute, held(k) as f64, state_tensors, precision, limit)).collect();
-        PipelineMemory::per_stage(models)
+        let model = |k: f64| MemoryModel::of_schedule(schedule, recompute, k, state_tensors, precision, limit);
+        let models = (0..d.max(1))
+            .map(|k| match with_gradient.get(k).copied().flatten() {
+                // At least one microbatch counted with the gradient: the backward that makes
+                // it frees its microbatch's activations as it goes, not all at its end.
+                Some(after) if after < held(k) => {
+                    let before = model(held(k) as f64);
+                    (model(after.max(1) as f64), Some(MemoryModel { weight_factor: before.weight_factor - 1.0, update_factor: 0.0, ..before }))
+                }
+                _ => (model(held(k) as f64), None),
+            })
+            .collect();
+        PipelineMemory::phased(models)
     }
 
     /// No memory limit, every stage alike.
@@ -200,6 +235,15 @@ impl PipelineMemory {
     /// The models, one per distinct stage.
     fn models(&self) -> &[MemoryModel] {
         &self.stages
+    }
+
+    /// Stage `k`'s phase before its first weight gradient, where it holds more then
+    /// (indexed as [`PipelineMemory::stage`]).
+    pub fn before_gradient(&self, k: usize) -> Option<&MemoryModel> {
+        if self.before_gradient.is_empty() {
+            return None;
+        }
+        self.before_gradient[k.min(self.before_gradient.len() - 1)].as_ref()
     }
 
     pub fn limit(&self) -> f64 {
@@ -328,6 +372,9 @@ struct Prefix {
     g: Vec<Vec<f64>>,
     /// `H_k(i) = wf * P(i) + ka * A(i) - kin * live(i)`.
     h: Vec<Vec<f64>>,
+    /// Per model `k`, `G` and `H` of its phase before the first weight gradient, where it
+    /// has one ([`PipelineMemory::before_gradient`]).
+    before_gradient: Vec<Option<(Vec<f64>, Vec<f64>)>>,
     comm: Vec<f64>,
     /// The smallest `comm(c)` of an interior cut (0 when there is none or it is infinite).
     min_comm: f64,
@@ -341,7 +388,16 @@ impl Prefix {
     /// `M_k(i, j)`: the larger of stage `[i, j)`'s memory while it computes and while it
     /// updates, by model `k`. Non-decreasing in `j` for a fixed `i`.
     fn memory(&self, k: usize, i: usize, j: usize) -> f64 {
-        held_between(self.g[k][j], self.h[k][i], self.p[j] - self.p[i], 0.0, self.weight[k], self.update[k])
+        let phases = held_between(self.g[k][j], self.h[k][i], self.p[j] - self.p[i], 0.0, self.weight[k], self.update[k]);
+        match self.before_gradient.get(k) {
+            Some(Some((g, h))) => phases.max(g[j] - h[i]),
+            _ => phases,
+        }
+    }
+
+    /// Every computing phase's `G` and `H`, of every model.
+    fn computing_phases(&self) -> impl Iterator<Item = (&Vec<f64>, &Vec<f64>)> {
+        self.g.iter().zip(&self.h).chain(self.before_gradient.iter().flatten().map(|(g, h)| (g, h)))
     }
 
     /// `T(i, j)`: the stage's compute and the communication at both its cuts.
@@ -401,6 +457,9 @@ impl PartitionProblem {
         let sums = self.sums();
         let g = mem.models().iter().map(|m| (0..=n).map(|j| sums.held(m, j)).collect()).collect();
         let h = mem.models().iter().map(|m| (0..=n).map(|i| sums.start_credit(m, i, self.live(i))).collect()).collect();
+        let before_gradient = (0..mem.models().len())
+            .map(|k| mem.before_gradient(k).map(|m| ((0..=n).map(|j| sums.held(m, j)).collect(), (0..=n).map(|i| sums.start_credit(m, i, self.live(i))).collect())))
+            .collect();
         let Sums { s, p, .. } = sums;
         let weight = mem.models().iter().map(|m| m.weight_factor).collect();
         let update = mem.models().iter().map(|m| m.update_factor).collect();
@@ -418,7 +477,7 @@ impl PartitionProblem {
         for j in (0..n).rev() {
             cheapest_end[j] = cheapest_end[j].min(cheapest_end[j + 1]);
         }
-        Prefix { s, p, weight, update, g, h, comm, min_comm, best_start, cheapest_end }
+        Prefix { s, p, weight, update, g, h, before_gradient, comm, min_comm, best_start, cheapest_end }
     }
 
     /// `T(i,j)`, from prefix sums (as the DP computes it).
@@ -451,7 +510,11 @@ impl PartitionProblem {
                 let model = mem.stage(k);
                 let (g_end, h_start) = (sums.held(model, r.end), sums.start_credit(model, r.start, self.live(r.start)));
                 let extra = extra.get(k).copied().unwrap_or(0.0);
-                held_between(g_end, h_start, sums.p[r.end] - sums.p[r.start], extra, model.weight_factor, model.update_factor)
+                let phases = held_between(g_end, h_start, sums.p[r.end] - sums.p[r.start], extra, model.weight_factor, model.update_factor);
+                mem.before_gradient(k).map_or(phases, |b| {
+                    let (g_end, h_start) = (sums.held(b, r.end), sums.start_credit(b, r.start, self.live(r.start)));
+                    phases.max(held_between(g_end, h_start, sums.p[r.end] - sums.p[r.start], extra, b.weight_factor, 0.0))
+                })
             })
             .collect();
         (t, m)
@@ -573,7 +636,7 @@ impl PartitionProblem {
         // Can the memory test fail for any i < j, in any stage's model, at all?
         let limit = mem.limit();
         let memory_binds = limit.is_finite()
-            && (pre.update.iter().any(|u| u * pre.p[n] > limit) || pre.g.iter().zip(&pre.h).any(|(g, h)| {
+            && (pre.update.iter().any(|u| u * pre.p[n] > limit) || pre.computing_phases().any(|(g, h)| {
                 let mut min_h = f64::INFINITY;
                 let mut worst = f64::NEG_INFINITY;
                 for j in 1..=n {
@@ -984,6 +1047,29 @@ mod tests {
                 .cuts,
             Vec::<usize>::new()
         );
+    }
+
+    /// The gradient counts from a stage's first weight gradient: PipeDream-Flush's stage 0
+    /// at `m = d = 2` holds both microbatches before it (weights alone beside them) and one
+    /// after it (weights and gradient), where the model used to hold both with the gradient;
+    /// a third microbatch's forward follows that backward, and GPipe holds all but one with
+    /// the gradient. The partitioner cuts by the phases too.
+    #[test]
+    fn the_gradient_counts_from_the_first_weight_gradient() {
+        let mut p = chain(&[1.0, 1.0]);
+        p.act_bytes = vec![10.0, 10.0];
+        // SGD, fp32: one weight version, the gradient, no state.
+        let memory = |schedule, m| p.evaluate(&[1], &PipelineMemory::of_pipeline(schedule, Recompute::None, 2, m, 0, Precision::Fp32, f64::INFINITY)).1;
+        // Stage 0: max(2 * 1 + 1 * 10, 1 * 1 + 2 * 10); stage 1 holds one either way.
+        assert_eq!(memory(Schedule::Flush, 2), [21.0, 12.0]);
+        assert_eq!(memory(Schedule::Flush, 3), [22.0, 12.0]);
+        assert_eq!(memory(Schedule::GPipe, 2), [21.0, 21.0]);
+        // 2BW (two weight versions) runs its next batch's forwards before the step.
+        assert_eq!(memory(Schedule::TwoBw, 2), [3.0 * 1.0 + 2.0 * 10.0, 3.0 * 1.0 + 10.0]);
+        let limited = PipelineMemory::of_pipeline(Schedule::Flush, Recompute::None, 2, 2, 0, Precision::Fp32, 21.5);
+        assert_eq!(p.optimal_partition(2, &limited).map(|x| x.cuts), Some(vec![1]));
+        let tighter = PipelineMemory::of_pipeline(Schedule::Flush, Recompute::None, 2, 2, 0, Precision::Fp32, 20.5);
+        assert_eq!(p.optimal_partition(2, &tighter), None);
     }
 
     #[test]

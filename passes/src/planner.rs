@@ -667,6 +667,7 @@ impl<'a> PlanContext<'a> {
                 memory_one: mem1[s] + extra,
                 memory_per_extra: mem2[s] - mem1[s],
                 memory_at_update: update_factor * weights,
+                gradient_bytes: weights,
             });
         }
         out

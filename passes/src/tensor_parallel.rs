@@ -332,6 +332,7 @@ pub fn plan_tensor_parallel(g: &Graph, cost: &CostModel, cluster: &SimCluster, o
                         memory_one: computing(&mem_one),
                         memory_per_extra: computing(&mem_two) - computing(&mem_one),
                         memory_at_update: mem_one.update_factor * grad,
+                        gradient_bytes: grad,
                     };
                     let candidate = Candidate {
                         w: groups,

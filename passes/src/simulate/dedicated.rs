@@ -55,8 +55,7 @@ pub(super) fn replay_dedicated(setup: &SimSetup) -> Result<Simulation, SimError>
                         events.record(TraceKind::Forward, s, start, forward_s, Some(i), need, i / m64);
                         state.free = end;
                         state.busy += forward_s;
-                        state.in_flight += 1;
-                        state.peak_in_flight = state.peak_in_flight.max(state.in_flight);
+                        state.hold();
                         if s + 1 < d {
                             let link = setup.links[s];
                             state.free = end + cost.send_s;
@@ -87,7 +86,7 @@ pub(super) fn replay_dedicated(setup: &SimSetup) -> Result<Simulation, SimError>
                         state.free = end;
                         let whole = matches!(op, Op::Backward(_));
                         if whole {
-                            state.in_flight = state.in_flight.saturating_sub(1);
+                            state.release();
                         }
                         if s > 0 {
                             let link = setup.links[s - 1];
@@ -113,7 +112,7 @@ pub(super) fn replay_dedicated(setup: &SimSetup) -> Result<Simulation, SimError>
                         // Two additions, as the shared engine's two segments add them.
                         state.free += weight_s;
                         state.free += cost.after_backward_s;
-                        state.in_flight = state.in_flight.saturating_sub(1);
+                        state.release();
                     }
                     Op::Step(t) => {
                         let ar = allreduce[s];
@@ -123,6 +122,7 @@ pub(super) fn replay_dedicated(setup: &SimSetup) -> Result<Simulation, SimError>
                             // that needs them.
                             meetings.arrive(s, t, st[s].free);
                             let state = &mut st[s];
+                            state.drop_gradient();
                             let start = state.free.max(state.net_free);
                             if ar > 0.0 {
                                 events.record(TraceKind::AllReduce, s, start, ar, None, t + 1, t);
@@ -134,6 +134,7 @@ pub(super) fn replay_dedicated(setup: &SimSetup) -> Result<Simulation, SimError>
                             // Tied stages meet, then sum the tied gradients on the stream.
                             let Some(met) = meetings.arrive(s, t, st[s].free) else { break };
                             let state = &mut st[s];
+                            state.drop_gradient();
                             if cost.tied_sync_s > 0.0 {
                                 events.record(TraceKind::AllReduce, s, met, cost.tied_sync_s, None, t + 1, t);
                             }

@@ -107,6 +107,10 @@ pub struct StageCost {
     /// weights outweigh its activations; [`crate::partition::MemoryModel::update_factor`]).
     #[serde(default)]
     pub memory_at_update: f64,
+    /// Bytes of the stage's gradients, which `memory_one` counts but it does not hold
+    /// before its batch's first weight gradient (the runtime frees them at each update).
+    #[serde(default)]
+    pub gradient_bytes: f64,
 }
 
 /// What to replay.

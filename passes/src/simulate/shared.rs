@@ -279,8 +279,7 @@ pub(super) fn replay(setup: &SimSetup, host: HostCores) -> Result<Simulation, Si
                                 }
                                 let [forward_s, _, _] = setup.op_seconds(s, i);
                                 state.steps.push_back(work(TraceKind::Forward, forward_s, Some(i), need, i / m64));
-                                state.common.in_flight += 1;
-                                state.common.peak_in_flight = state.common.peak_in_flight.max(state.common.in_flight);
+                                state.common.hold();
                                 if s + 1 < d {
                                     state.steps.push_back(work(TraceKind::Send, cost.send_s, Some(i), need, i / m64));
                                     state.steps.push_back(Step::Link { grad: false, mb: i, version: need });
@@ -298,7 +297,7 @@ pub(super) fn replay(setup: &SimSetup, host: HostCores) -> Result<Simulation, Si
                                 state.steps.push_back(work(TraceKind::Backward, setup.backward_seconds(s, i, op), Some(i), version, i / m64));
                                 let whole = matches!(op, Op::Backward(_));
                                 if whole {
-                                    state.common.in_flight = state.common.in_flight.saturating_sub(1);
+                                    state.common.release();
                                 }
                                 if s > 0 {
                                     state.steps.push_back(work(TraceKind::Send, cost.send_s, Some(i), version, i / m64));
@@ -312,7 +311,7 @@ pub(super) fn replay(setup: &SimSetup, host: HostCores) -> Result<Simulation, Si
                             Op::BackwardWeight(i) => {
                                 let version = rule.version_for(i, m64);
                                 state.steps.push_back(work(TraceKind::BackwardWeight, setup.backward_seconds(s, i, op), Some(i), version, i / m64));
-                                state.common.in_flight = state.common.in_flight.saturating_sub(1);
+                                state.common.release();
                                 if cost.after_backward_s > 0.0 {
                                     let untraced = Work { kind: None, seconds: cost.after_backward_s, mb: Some(i), version, step: i / m64, ends_batch: false };
                                     state.steps.push_back(Step::Work(untraced));
@@ -323,6 +322,7 @@ pub(super) fn replay(setup: &SimSetup, host: HostCores) -> Result<Simulation, Si
                                 // channel; the meeting and the update wait for the forward
                                 // that needs them (`Step::Meet`).
                                 meetings.arrive(s, t, now);
+                                state.common.drop_gradient();
                                 let ar = allreduce[s];
                                 let start = now.max(state.common.net_free);
                                 if ar > 0.0 {
@@ -333,6 +333,7 @@ pub(super) fn replay(setup: &SimSetup, host: HostCores) -> Result<Simulation, Si
                                 batch_end[t as usize] = batch_end[t as usize].max(start + ar);
                             }
                             Op::Step(t) => {
+                                state.common.drop_gradient();
                                 state.steps.push_back(Step::Meet { t, sync: cost.tied_sync_s, arrive: true });
                                 state.steps.push_back(Step::Update { t });
                             }

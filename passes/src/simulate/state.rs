@@ -6,7 +6,7 @@ use pipewright_core::schedule::Op;
 use pipewright_core::timeline::{TraceEvent, TraceKind};
 use pipewright_core::{Scheme, UpdateRule};
 
-use super::{scheme_orders, SimError, SimSetup, Simulation, StageReport};
+use super::{scheme_orders, SimError, SimSetup, Simulation, StageCost, StageReport};
 
 /// What both engines start a replay with besides their stages: the update rule, each
 /// stage's all-reduce, the tied stages' meetings, whether updates wait for their version
@@ -88,6 +88,10 @@ pub(super) struct StageState {
     pub(super) busy: f64,
     pub(super) in_flight: u64,
     pub(super) peak_in_flight: u64,
+    /// Whether its batch's weight gradients exist (from the first weight gradient to the
+    /// step), and the most microbatches it held while they did.
+    gradient: bool,
+    peak_with_gradient: u64,
     /// Link to the next stage (forward) and to the previous one (backward) free from.
     pub(super) fwd_link_free: f64,
     pub(super) bwd_link_free: f64,
@@ -102,7 +106,7 @@ pub(super) struct StageState {
 impl StageState {
     /// A stage about to run `ops`, at time 0 with nothing done.
     fn new(ops: Vec<Op>) -> StageState {
-        StageState { ops, pc: 0, free: 0.0, busy: 0.0, in_flight: 0, peak_in_flight: 0, fwd_link_free: 0.0, bwd_link_free: 0.0, net_free: 0.0, pending: Vec::new(), version: 0 }
+        StageState { ops, pc: 0, free: 0.0, busy: 0.0, in_flight: 0, peak_in_flight: 0, gradient: false, peak_with_gradient: 0, fwd_link_free: 0.0, bwd_link_free: 0.0, net_free: 0.0, pending: Vec::new(), version: 0 }
     }
 
     /// Every stage of `setup` about to run its order ([`scheme_orders`]).
@@ -111,10 +115,32 @@ impl StageState {
         Ok(scheme_orders(setup.scheme, d, m, setup.batches)?.into_iter().map(StageState::new).collect())
     }
 
+    /// A forward: one more microbatch held.
+    pub(super) fn hold(&mut self) {
+        self.in_flight += 1;
+        self.peak_in_flight = self.peak_in_flight.max(self.in_flight);
+        if self.gradient {
+            self.peak_with_gradient = self.peak_with_gradient.max(self.in_flight);
+        }
+    }
+
+    /// A whole backward or a weight gradient: its microbatch released, the batch's weight
+    /// gradients there from now on.
+    pub(super) fn release(&mut self) {
+        self.in_flight = self.in_flight.saturating_sub(1);
+        self.gradient = true;
+        self.peak_with_gradient = self.peak_with_gradient.max(self.in_flight);
+    }
+
+    /// The update took the batch's gradients.
+    pub(super) fn drop_gradient(&mut self) {
+        self.gradient = false;
+    }
+
     /// What it ended with, for [`report`]: last busy when its stream, links or all-reduce
     /// channel last were.
     pub(super) fn end(&self) -> StageEnd {
-        StageEnd { busy: self.busy, peak_in_flight: self.peak_in_flight, last: self.free.max(self.fwd_link_free).max(self.bwd_link_free).max(self.net_free) }
+        StageEnd { busy: self.busy, peak_in_flight: self.peak_in_flight, peak_with_gradient: self.peak_with_gradient, last: self.free.max(self.fwd_link_free).max(self.bwd_link_free).max(self.net_free) }
     }
 }
 
@@ -223,8 +249,18 @@ impl Events {
 pub(super) struct StageEnd {
     busy: f64,
     peak_in_flight: u64,
+    peak_with_gradient: u64,
     /// When its stream, links and all-reduce channel were last busy.
     last: f64,
+}
+
+/// A stage's peak memory by its costs: with its gradient and the most microbatches it held
+/// while that existed (at least one: the backward that makes it frees its microbatch's
+/// activations as it goes), without it and the most it held at all, or while it updates,
+/// whichever is the largest (as the planner's [`crate::partition::PipelineMemory`]).
+fn peak_memory(c: &StageCost, x: &StageEnd) -> f64 {
+    let holding = |k: u64| c.memory_one + c.memory_per_extra * k.saturating_sub(1) as f64;
+    holding(x.peak_with_gradient.max(1)).max(holding(x.peak_in_flight) - c.gradient_bytes).max(c.memory_at_update)
 }
 
 /// The report both engines give: steady-state rate between the ends of the first and the
@@ -245,7 +281,7 @@ pub(super) fn report(setup: &SimSetup, ends: &[StageEnd], batch_end: &[f64], all
             busy_s: x.busy,
             bubble_fraction: if makespan > 0.0 { (1.0 - x.busy / makespan).clamp(0.0, 1.0) } else { 0.0 },
             peak_in_flight: x.peak_in_flight,
-            peak_memory: (c.memory_one + c.memory_per_extra * x.peak_in_flight.saturating_sub(1) as f64).max(c.memory_at_update),
+            peak_memory: peak_memory(c, x),
             allreduce_s: ar + c.tied_sync_s,
         })
         .collect();

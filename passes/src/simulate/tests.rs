@@ -9,7 +9,7 @@ use pipewright_core::timeline::TraceKind;
 
 fn equal(d: usize, f: f64, b: f64) -> Vec<StageCost> {
     // A third of the backward is the weight gradients (what a splitting schedule defers).
-    vec![StageCost { forward_s: f, backward_s: b, weight_grad_s: b / 3.0, recompute_s: 0.0, optimizer_s: 0.0, send_s: 0.0, after_backward_s: 0.0, send_bytes: 0.0, grad_bytes: 0.0, tied_sync_s: 0.0, memory_one: 0.0, memory_per_extra: 0.0, memory_at_update: 0.0 }; d]
+    vec![StageCost { forward_s: f, backward_s: b, weight_grad_s: b / 3.0, recompute_s: 0.0, optimizer_s: 0.0, send_s: 0.0, after_backward_s: 0.0, send_bytes: 0.0, grad_bytes: 0.0, tied_sync_s: 0.0, memory_one: 0.0, memory_per_extra: 0.0, memory_at_update: 0.0, gradient_bytes: 0.0 }; d]
 }
 
 fn setup(scheme: Scheme, d: usize, m: u64, batches: usize) -> SimSetup {
@@ -384,6 +384,29 @@ fn tied_stages_meet_at_every_step() {
     let mut bad = setup(Scheme::Flush, 2, 2, 1);
     bad.tied_groups = vec![vec![0, 2]];
     assert_eq!(simulate(&bad).unwrap_err(), SimError::Setup("a tied group names stage 2 of 2".into()));
+}
+
+/// A stage's peak memory counts its gradient from its batch's first weight gradient, as
+/// the planner does: PipeDream-Flush's stage 0 at `m = d = 2` peaks with both microbatches
+/// and no gradient, 2BW's with both and its gradient (its next batch's forwards come
+/// before the step); both engines alike.
+#[test]
+fn the_replayed_memory_counts_the_gradient_from_the_first_weight_gradient() {
+    let with_memory = |scheme| {
+        let mut s = setup(scheme, 2, 2, 3);
+        for c in &mut s.stages {
+            (c.memory_one, c.memory_per_extra, c.gradient_bytes) = (12.0, 10.0, 1.0);
+        }
+        s
+    };
+    for (scheme, stage0) in [(Scheme::Flush, 21.0), (Scheme::TwoBw, 22.0), (Scheme::GPipe, 21.0)] {
+        let s = with_memory(scheme);
+        let dedicated = simulate(&s).unwrap();
+        let shared = simulate(&SimSetup { host: Some(HostCores::ideal(1)), ..s }).unwrap();
+        for sim in [dedicated, shared] {
+            assert_eq!(sim.stages[0].peak_memory, stage0, "{scheme}");
+        }
+    }
 }
 
 #[test]
