@@ -420,9 +420,10 @@ pub struct RefineProfileArgs {
     /// The build folder the trace's run trained (`pipewright compile`).
     #[arg(long)]
     pub build: PathBuf,
-    /// The trace of that run (`pipewright train --trace`).
-    #[arg(long)]
-    pub trace: PathBuf,
+    /// The trace of that run (`pipewright train --trace`), or one file per rank of an MPI
+    /// run of it (`t.rankR.json`, each given: their events are read together).
+    #[arg(long, num_args = 1.., required = true)]
+    pub trace: Vec<PathBuf>,
     /// The microbatch the run trained at (default: the one the build decided).
     #[arg(long)]
     pub batch: Option<u64>,

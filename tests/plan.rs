@@ -171,6 +171,17 @@ fn a_pipelines_trace_refines_the_profiles_split() {
     assert!(stages.iter().all(|s| s["fwd_ms"].as_f64() > Some(0.0) && s["bwd_ms"].as_f64() > Some(0.0)), "{stages:?}");
     let (ok, out, err) = plan("mlp", &["--workers", "2", "--stages", "4", "--schedule", "zb-v", "--microbatch", "4", "--batch", "16", "--profile", &path("r.json")]);
     assert!(ok && out.contains("zb-v"), "{out}\n{err}");
+    // An MPI run's trace comes as one file per rank: the same events split over two files
+    // refine the profile as the one file did.
+    let events: Vec<serde_json::Value> = serde_json::from_slice(&std::fs::read(path("zbv.trace.json")).unwrap()).expect("trace is a JSON array");
+    for (rank, stages) in [(0, [0, 3]), (1, [1, 2])] {
+        let mine: Vec<&serde_json::Value> = events.iter().filter(|e| e["tid"].as_u64().is_some_and(|t| stages.contains(&t))).collect();
+        std::fs::write(path(&format!("t.rank{rank}.json")), serde_json::to_vec(&mine).unwrap()).unwrap();
+    }
+    let by_ranks = pw(["refine-profile", &path("p.json"), "--build", &path("zbv"), "--trace", &path("t.rank0.json"), &path("t.rank1.json"), "--batch", "4", "-o", &path("r2.json")]);
+    assert!(by_ranks.status.success(), "{}", String::from_utf8_lossy(&by_ranks.stderr));
+    assert_eq!(std::fs::read(path("r2.json")).unwrap(), std::fs::read(path("r.json")).unwrap());
+    fails(&pw(["refine-profile", &path("p.json"), "--build", &path("zbv"), "--trace", &path("t.rank0.json"), "--batch", "4"]), &["t.rank0.json", "no forward of stage 1"]);
 }
 
 /// With no cluster described, `plan` says in every output that it assumed the default

@@ -731,13 +731,17 @@ pub fn refine(mut profile: Profile, build: &Path, trace: &[TraceEvent], batch: O
     Ok(profile)
 }
 
-/// [`refine`] of the profile file `profile` by the trace file `trace` (`train --trace`) of
-/// a run of `build`.
-pub fn refine_files(profile: &Path, build: &Path, trace: &Path, batch: Option<u64>, warmup: u64) -> Result<Profile, DriverError> {
+/// [`refine`] of the profile file `profile` by the trace files `traces` (`train --trace`:
+/// one file, or one per rank of an MPI run) of a run of `build`.
+pub fn refine_files(profile: &Path, build: &Path, traces: &[std::path::PathBuf], batch: Option<u64>, warmup: u64) -> Result<Profile, DriverError> {
     let p = crate::plan::read_profile(profile)?;
-    let text = std::fs::read_to_string(trace).map_err(|source| DriverError::Read { path: trace.to_path_buf(), source })?;
-    let events = pipewright_core::timeline::read_chrome_trace(&text).map_err(|e| DriverError::msg(format!("{}: {e}", trace.display())))?;
-    refine(p, build, &events, batch, warmup).map_err(|e| DriverError::msg(format!("refining {} by {}: {e}", profile.display(), trace.display())))
+    let mut events = Vec::new();
+    for trace in traces {
+        let text = std::fs::read_to_string(trace).map_err(|source| DriverError::Read { path: trace.to_path_buf(), source })?;
+        events.extend(pipewright_core::timeline::read_chrome_trace(&text).map_err(|e| DriverError::msg(format!("{}: {e}", trace.display())))?);
+    }
+    let named: Vec<String> = traces.iter().map(|t| t.display().to_string()).collect();
+    refine(p, build, &events, batch, warmup).map_err(|e| DriverError::msg(format!("refining {} by {}: {e}", profile.display(), named.join(", "))))
 }
 
 /// Per stage of a pipeline of `stages`, its mean forward and backward milliseconds per
