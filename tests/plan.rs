@@ -168,7 +168,10 @@ fn a_pipelines_trace_refines_the_profiles_split() {
     let mut profiled: Vec<&str> = json["nodes"].as_array().unwrap().iter().filter_map(|n| n["name"].as_str()).collect();
     profiled.sort_unstable();
     assert_eq!(nodes, profiled, "every profiled node in exactly one stage");
-    assert!(stages.iter().all(|s| s["fwd_ms"].as_f64() > Some(0.0) && s["bwd_ms"].as_f64() > Some(0.0)), "{stages:?}");
+    // Each stage's time less its share of the boundaries and the loss as the profile timed
+    // them; on a model this small that can reach 0 (then the split leaves that direction
+    // unscaled), never below.
+    assert!(stages.iter().all(|s| s["fwd_ms"].as_f64() >= Some(0.0) && s["bwd_ms"].as_f64() >= Some(0.0)), "{stages:?}");
     let (ok, out, err) = plan("mlp", &["--workers", "2", "--stages", "4", "--schedule", "zb-v", "--microbatch", "4", "--batch", "16", "--profile", &path("r.json")]);
     assert!(ok && out.contains("zb-v"), "{out}\n{err}");
     // An MPI run's trace comes as one file per rank: the same events split over two files
