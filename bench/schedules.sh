@@ -88,6 +88,15 @@ compile_planned() {
     "$pw" compile "$MODELS_DIR/$model.onnx" --plan "$OUT/$model-$v.plan.json" -o "$OUT/$model-$v" >&2
 }
 
+# Trains build DIR of MODEL at microbatch MB for STEPS steps on the model's data, with
+# the rest of the arguments (metrics, trace) added.
+train_run() {
+    local dir="$1" model="$2" mb="$3" steps="$4"
+    shift 4
+    "$pw" train "$dir" --data "$OUT/$model.npz" --label label --loss cross-entropy --output "${out_name[$model]}" \
+        --steps "$steps" --microbatch "$mb" --microbatches "$M" --optimizer sgd --lr "$LR" --log-every 1000 "$@" >&2
+}
+
 # Compile and make the data once per model (outside the timed rounds).
 declare -A out_name
 for spec in "${specs[@]}"; do
@@ -102,9 +111,7 @@ for spec in "${specs[@]}"; do
             *@other) "$CUTS_FROM" compile "$MODELS_DIR/$model.onnx" --stages "$stages" --schedule "$s" -o "$OUT/$model-$v" >&2 ;;
             *@profile) compile_planned "$model" "$s" "$stages" "$mb" "$OUT/$model.profile.json" "$v" ;;
             *@refined)
-                OMP_NUM_THREADS="$THREADS" MKL_NUM_THREADS="$THREADS" "$pw" train "$OUT/$model-$s@profile" --data "$OUT/$model.npz" --label label \
-                    --loss cross-entropy --output "${out_name[$model]}" --steps 8 --microbatch "$mb" --microbatches "$M" --optimizer sgd \
-                    --lr "$LR" --log-every 1000 --trace "$OUT/$model-$v.trace.json" >&2
+                OMP_NUM_THREADS="$THREADS" MKL_NUM_THREADS="$THREADS" train_run "$OUT/$model-$s@profile" "$model" "$mb" 8 --trace "$OUT/$model-$v.trace.json"
                 "$pw" refine-profile "$OUT/$model.profile.json" --build "$OUT/$model-$s@profile" --trace "$OUT/$model-$v.trace.json" \
                     --batch "$mb" --warmup 2 -o "$OUT/$model-$v.profile.json"
                 compile_planned "$model" "$s" "$stages" "$mb" "$OUT/$model-$v.profile.json" "$v" ;;
@@ -129,9 +136,7 @@ for r in $(seq 1 "$ROUNDS"); do
             esac
             dir="$OUT/$model-$v"
             log "round $r: $model, schedule $v, microbatch $mb x $M, $steps steps"
-            "$pw" train "$dir" --data "$OUT/$model.npz" --label label --loss cross-entropy --output "${out_name[$model]}" \
-                --steps "$steps" --microbatch "$mb" --microbatches "$M" --optimizer sgd --lr "$LR" \
-                --log-every 1000 --metrics "$dir/m$r.jsonl" --trace "$dir/trace$r.json" >&2
+            train_run "$dir" "$model" "$mb" "$steps" --metrics "$dir/m$r.jsonl" --trace "$dir/trace$r.json"
             "$pw" trace-svg "$dir/trace$r.json" -o "$dir/timeline$r.svg" 2>/dev/null | sed "s/^/round $r $model $s: trace-svg: /" >&2
             "$py" bench/pipeline_stats.py run --metrics "$dir/m$r.jsonl" --trace "$dir/trace$r.json" --warmup "$WARMUP" --workers "$STAGES" $([[ "$s" == zb-v ]] && echo --v-shape) \
                 --label "$label" | tee -a "$runs" >&2

@@ -256,17 +256,21 @@ pub fn conformance(args: &ConformanceArgs) -> Result<()> {
     Ok(())
 }
 
+/// A profile's JSON (`profile_json`), written (atomically) to `output`, else printed.
+fn write_profile(text: &str, output: Option<&std::path::Path>) -> Result<()> {
+    match output {
+        Some(path) => write_atomic(path, text.as_bytes())?,
+        None => println!("{text}"),
+    }
+    Ok(())
+}
+
 pub fn refine_profile(args: &RefineProfileArgs) -> Result<()> {
     let p = refine_files(&args.profile, &args.build, &args.trace, args.batch, args.warmup)?;
     if let Some(line) = p.split.last().and_then(|sp| split_note(&p, sp)) {
         eprintln!("{line}");
     }
-    let text = profile_json(&p)?;
-    match &args.output {
-        Some(path) => write_atomic(path, text.as_bytes())?,
-        None => println!("{text}"),
-    }
-    Ok(())
+    write_profile(&profile_json(&p)?, args.output.as_deref())
 }
 
 pub fn profile(args: &ProfileArgs) -> Result<()> {
@@ -279,10 +283,5 @@ pub fn profile(args: &ProfileArgs) -> Result<()> {
     for line in notes(&p) {
         eprintln!("{line}");
     }
-    let text = profile_json(&p)?;
-    match &args.output {
-        Some(path) => write_atomic(path, text.as_bytes())?,
-        None => println!("{text}"),
-    }
-    Ok(())
+    write_profile(&profile_json(&p)?, args.output.as_deref())
 }

@@ -554,7 +554,11 @@ fn time_boundary(model: &Path, device: Device, profiled: &Profiled<'_>, objectiv
     }
     let split = per_size
         .iter()
-        .map(|(b, runs)| stage_split(&build_path(dir.path(), *b, 2), *b, BoundaryCost::pass_ms_at(&costs, *b), &runs.per_stage, profiled.nodes, profiled.loss_at(*b)))
+        .map(|(b, runs)| {
+            let build = build_path(dir.path(), *b, 2);
+            let manifest = Manifest::read(&build).map_err(|e| DriverError::msg(e.to_string()))?;
+            stage_split(&build, &manifest, *b, BoundaryCost::pass_ms_at(&costs, *b), &runs.per_stage, profiled.nodes, profiled.loss_at(*b))
+        })
         .collect::<Result<_, _>>()?;
     let mut factors = Vec::new();
     for (b, _) in &per_size {
@@ -676,12 +680,11 @@ fn boundary_at(model: &Path, device: Device, b: u64, profiled: &Profiled<'_>, ob
     Ok((BoundaryCost { batch: b, fwd_ms, bwd_ms, step_ms, after_backward_ms }, runs))
 }
 
-/// A build's [`StageSplit`] at microbatch `b`: each stage's nodes (those of `nodes`, the
+/// A build's [`StageSplit`] at microbatch `b` (`manifest`, read from `build`): each stage's nodes (those of `nodes`, the
 /// profile's) and its mean forward and backward per microbatch in `per_stage`, less half
 /// of the boundary's forward and backward cost at `b`, `boundary`, per boundary it has
 /// (the first and the last one, the others two), and, for the last, the loss (`loss_ms`).
-fn stage_split(build: &Path, b: u64, boundary: [f64; 2], per_stage: &[[f64; 2]], nodes: &[ProfileNode], loss_ms: (f64, f64)) -> Result<StageSplit, DriverError> {
-    let manifest = Manifest::read(build).map_err(|e| DriverError::msg(e.to_string()))?;
+fn stage_split(build: &Path, manifest: &Manifest, b: u64, boundary: [f64; 2], per_stage: &[[f64; 2]], nodes: &[ProfileNode], loss_ms: (f64, f64)) -> Result<StageSplit, DriverError> {
     let timed_nodes: std::collections::HashSet<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
     let last = per_stage.len().saturating_sub(1);
     let stages = manifest
@@ -722,7 +725,7 @@ pub fn refine(mut profile: Profile, build: &Path, trace: &[TraceEvent], batch: O
     let per_stage = traced_stage_ms(trace, manifest.stages.len(), warmup)?;
     let boundary = BoundaryCost::pass_ms_at(&profile.boundary, b);
     let loss = profile.loss.as_ref().map_or((0.0, 0.0), |l| loss_at(&profile.batches, l, b));
-    let split = stage_split(build, b, boundary, &per_stage, &profile.nodes, loss)?;
+    let split = stage_split(build, &manifest, b, boundary, &per_stage, &profile.nodes, loss)?;
     if split.stages.iter().all(|s| s.nodes.is_empty()) {
         return Err(DriverError::msg(format!("{}: none of its stages' nodes is in the profile; profile the model the build was compiled from ({})", build.display(), manifest.model)));
     }

@@ -455,11 +455,11 @@ impl PartitionProblem {
     fn prefix(&self, mem: &PipelineMemory) -> Prefix {
         let n = self.len();
         let sums = self.sums();
-        let g = mem.models().iter().map(|m| (0..=n).map(|j| sums.held(m, j)).collect()).collect();
-        let h = mem.models().iter().map(|m| (0..=n).map(|i| sums.start_credit(m, i, self.live(i))).collect()).collect();
-        let before_gradient = (0..mem.models().len())
-            .map(|k| mem.before_gradient(k).map(|m| ((0..=n).map(|j| sums.held(m, j)).collect(), (0..=n).map(|i| sums.start_credit(m, i, self.live(i))).collect())))
-            .collect();
+        let g_of = |m: &MemoryModel| -> Vec<f64> { (0..=n).map(|j| sums.held(m, j)).collect() };
+        let h_of = |m: &MemoryModel| -> Vec<f64> { (0..=n).map(|i| sums.start_credit(m, i, self.live(i))).collect() };
+        let g = mem.models().iter().map(g_of).collect();
+        let h = mem.models().iter().map(h_of).collect();
+        let before_gradient = (0..mem.models().len()).map(|k| mem.before_gradient(k).map(|m| (g_of(m), h_of(m)))).collect();
         let Sums { s, p, .. } = sums;
         let weight = mem.models().iter().map(|m| m.weight_factor).collect();
         let update = mem.models().iter().map(|m| m.update_factor).collect();
@@ -507,14 +507,13 @@ impl PartitionProblem {
             .iter()
             .enumerate()
             .map(|(k, r)| {
-                let model = mem.stage(k);
-                let (g_end, h_start) = (sums.held(model, r.end), sums.start_credit(model, r.start, self.live(r.start)));
                 let extra = extra.get(k).copied().unwrap_or(0.0);
-                let phases = held_between(g_end, h_start, sums.p[r.end] - sums.p[r.start], extra, model.weight_factor, model.update_factor);
-                mem.before_gradient(k).map_or(phases, |b| {
-                    let (g_end, h_start) = (sums.held(b, r.end), sums.start_credit(b, r.start, self.live(r.start)));
-                    phases.max(held_between(g_end, h_start, sums.p[r.end] - sums.p[r.start], extra, b.weight_factor, 0.0))
-                })
+                let held = |m: &MemoryModel, update_factor: f64| {
+                    held_between(sums.held(m, r.end), sums.start_credit(m, r.start, self.live(r.start)), sums.p[r.end] - sums.p[r.start], extra, m.weight_factor, update_factor)
+                };
+                let model = mem.stage(k);
+                let phases = held(model, model.update_factor);
+                mem.before_gradient(k).map_or(phases, |b| phases.max(held(b, 0.0)))
             })
             .collect();
         (t, m)
