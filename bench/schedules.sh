@@ -20,6 +20,9 @@
 #        CUTS_FROM (another pipewright binary, e.g. a release build of an earlier commit:
 #        each schedule is also compiled by it and trained by this one, labelled "cuts from
 #        CUTS_FROM", so two partitioners' cuts run side by side in the same rounds),
+#        TRAINED_BY (another pipewright binary, e.g. a release build of an earlier commit:
+#        each schedule's build, compiled by this one, is also trained by it, labelled
+#        "trained by TRAINED_BY", so two runtimes run side by side in the same rounds),
 #        PROFILE (1: also `pipewright profile` each model at its microbatch, outside the
 #        rounds, and compile each schedule again from a plan cut by that profile, labelled
 #        "cut by a measured profile", beside the cost model's cuts),
@@ -47,16 +50,18 @@ THREADS="${THREADS:-1}"
 LR="${LR:-0.0001}"
 read -r -a schedules <<<"${SCHEDULES:-2bw flush gpipe zb-h1 interleaved-2 zb-v}"
 CUTS_FROM="${CUTS_FROM:-}"
+TRAINED_BY="${TRAINED_BY:-}"
 PROFILE="${PROFILE:-0}"
 REFINE="${REFINE:-0}"
 [[ "$REFINE" != 1 ]] || PROFILE=1
-# What each round runs: every schedule, and each again as `SCHEDULE@other` with CUTS_FROM
-# as `SCHEDULE@profile` with PROFILE=1 and as `SCHEDULE@refined` with REFINE=1 (after
+# What each round runs: every schedule, and each again as `SCHEDULE@other` with CUTS_FROM,
+# as `SCHEDULE@trained` with TRAINED_BY, as `SCHEDULE@profile` with PROFILE=1 and as `SCHEDULE@refined` with REFINE=1 (after
 # `@profile`, whose build it refines by).
 variants=()
 for s in "${schedules[@]}"; do
     variants+=("$s")
     [[ -z "$CUTS_FROM" ]] || variants+=("$s@other")
+    [[ -z "$TRAINED_BY" ]] || variants+=("$s@trained")
     [[ "$PROFILE" != 1 ]] || variants+=("$s@profile")
     [[ "$REFINE" != 1 ]] || variants+=("$s@refined")
 done
@@ -88,12 +93,12 @@ compile_planned() {
     "$pw" compile "$MODELS_DIR/$model.onnx" --plan "$OUT/$model-$v.plan.json" -o "$OUT/$model-$v" >&2
 }
 
-# Trains build DIR of MODEL at microbatch MB for STEPS steps on the model's data, with
-# the rest of the arguments (metrics, trace) added.
+# Trains build DIR of MODEL at microbatch MB for STEPS steps on the model's data with
+# pipewright binary BIN, with the rest of the arguments (metrics, trace) added.
 train_run() {
-    local dir="$1" model="$2" mb="$3" steps="$4"
-    shift 4
-    "$pw" train "$dir" --data "$OUT/$model.npz" --label label --loss cross-entropy --output "${out_name[$model]}" \
+    local bin="$1" dir="$2" model="$3" mb="$4" steps="$5"
+    shift 5
+    "$bin" train "$dir" --data "$OUT/$model.npz" --label label --loss cross-entropy --output "${out_name[$model]}" \
         --steps "$steps" --microbatch "$mb" --microbatches "$M" --optimizer sgd --lr "$LR" --log-every 1000 "$@" >&2
 }
 
@@ -111,7 +116,7 @@ for spec in "${specs[@]}"; do
             *@other) "$CUTS_FROM" compile "$MODELS_DIR/$model.onnx" --stages "$stages" --schedule "$s" -o "$OUT/$model-$v" >&2 ;;
             *@profile) compile_planned "$model" "$s" "$stages" "$mb" "$OUT/$model.profile.json" "$v" ;;
             *@refined)
-                OMP_NUM_THREADS="$THREADS" MKL_NUM_THREADS="$THREADS" train_run "$OUT/$model-$s@profile" "$model" "$mb" 8 --trace "$OUT/$model-$v.trace.json"
+                OMP_NUM_THREADS="$THREADS" MKL_NUM_THREADS="$THREADS" train_run "$pw" "$OUT/$model-$s@profile" "$model" "$mb" 8 --trace "$OUT/$model-$v.trace.json"
                 "$pw" refine-profile "$OUT/$model.profile.json" --build "$OUT/$model-$s@profile" --trace "$OUT/$model-$v.trace.json" \
                     --batch "$mb" --warmup 2 -o "$OUT/$model-$v.profile.json"
                 compile_planned "$model" "$s" "$stages" "$mb" "$OUT/$model-$v.profile.json" "$v" ;;
@@ -131,12 +136,15 @@ for r in $(seq 1 "$ROUNDS"); do
             label="$model, $s (microbatch $mb, m = $M)"
             case "$v" in
                 *@other) label="$label, cuts from $CUTS_FROM" ;;
+                *@trained) label="$label, trained by $TRAINED_BY" ;;
                 *@profile) label="$label, cut by a measured profile" ;;
                 *@refined) label="$label, cut by a profile refined by its trace" ;;
             esac
             dir="$OUT/$model-$v"
             log "round $r: $model, schedule $v, microbatch $mb x $M, $steps steps"
-            train_run "$dir" "$model" "$mb" "$steps" --metrics "$dir/m$r.jsonl" --trace "$dir/trace$r.json"
+            bin="$pw"
+            [[ "$v" != *@trained ]] || bin="$TRAINED_BY"
+            train_run "$bin" "$dir" "$model" "$mb" "$steps" --metrics "$dir/m$r.jsonl" --trace "$dir/trace$r.json"
             "$pw" trace-svg "$dir/trace$r.json" -o "$dir/timeline$r.svg" 2>/dev/null | sed "s/^/round $r $model $s: trace-svg: /" >&2
             "$py" bench/pipeline_stats.py run --metrics "$dir/m$r.jsonl" --trace "$dir/trace$r.json" --warmup "$WARMUP" --workers "$STAGES" $([[ "$s" == zb-v ]] && echo --v-shape) \
                 --label "$label" | tee -a "$runs" >&2

@@ -223,6 +223,16 @@ impl Schedule {
     pub fn splits_backward(self) -> bool {
         matches!(self, Schedule::ZbH1 | Schedule::ZbV)
     }
+
+    /// Whether stage `stage` computes its backward in two halves under this schedule. The
+    /// first stage's inputs are data, so it sends no input gradient and nothing waits on
+    /// its input-gradient op: that op only takes the output gradients, and its
+    /// weight-gradient op runs the whole backward in one pass (a split costs a second
+    /// pass of the autograd engine and the kept gradients between them, for nothing).
+    /// Its graph is held until that op either way.
+    pub fn splits_stage_backward(self, stage: usize) -> bool {
+        self.splits_backward() && stage > 0
+    }
 }
 
 word_enum! {

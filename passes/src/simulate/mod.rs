@@ -155,10 +155,17 @@ impl SimSetup {
     /// Stage `s`'s forward, recompute and backward seconds on microbatch `mb`: its
     /// [`StageCost`] times, each times its draw from the [`DurationSpread`] when there is one.
     /// Microbatch `mb`'s backward on stage `s` as `op` runs it: the input gradient alone
-    /// (`BackwardInput`), the weight gradient alone (`BackwardWeight`), or both.
+    /// (`BackwardInput`), the weight gradient alone (`BackwardWeight`), or both. A stage
+    /// that does not split its backward ([`Schedule::splits_stage_backward`]) runs all of
+    /// it at the weight-gradient op.
     fn backward_seconds(&self, s: usize, mb: u64, op: Op) -> f64 {
         let [_, _, backward_s] = self.op_seconds(s, mb);
-        let share = if self.stages[s].backward_s > 0.0 { (self.stages[s].weight_grad_s / self.stages[s].backward_s).clamp(0.0, 1.0) } else { 0.0 };
+        let splits = self.scheme.schedule().is_some_and(|k| k.splits_stage_backward(s));
+        let share = match self.stages[s].backward_s {
+            _ if !splits => 1.0,
+            b if b > 0.0 => (self.stages[s].weight_grad_s / b).clamp(0.0, 1.0),
+            _ => 0.0,
+        };
         match op {
             Op::BackwardInput(_) => backward_s * (1.0 - share),
             Op::BackwardWeight(_) => backward_s * share,

@@ -135,6 +135,25 @@ fn zero_bubble_h1_takes_the_weight_gradients_off_the_drain() {
 }
 
 #[test]
+fn the_first_stage_runs_its_whole_backward_at_the_weight_gradient() {
+    // Nothing waits on the first stage's input gradient (its inputs are data): its
+    // `backward` takes no time and its `backward-weight` the whole backward, as the
+    // runtime runs it; the other stages split theirs by their weight_grad_s (a third).
+    for scheme in [Scheme::ZbH1, Scheme::ZbV] {
+        let sim = simulate(&setup(scheme, 4, 8, 2)).unwrap();
+        for e in sim.events.iter().filter(|e| matches!(e.kind, TraceKind::Backward | TraceKind::BackwardWeight)) {
+            let expect_s = match (e.stage, e.kind) {
+                (0, TraceKind::Backward) => 0.0,
+                (0, _) => 2.0,
+                (_, TraceKind::Backward) => 4.0 / 3.0,
+                _ => 2.0 / 3.0,
+            };
+            assert!((e.dur_us / 1e6 - expect_s).abs() < 1e-9, "{scheme} stage {} {:?} microbatch {:?}: {} s", e.stage, e.kind, e.microbatch, e.dur_us / 1e6);
+        }
+    }
+}
+
+#[test]
 fn two_bw_reaches_a_steady_state_without_bubbles() {
     // No flush: after the warm-up every batch takes m (f + b), and over n batches the
     // bubble is the one warm-up and cool-down, (d - 1) / (n m + d - 1).
@@ -611,8 +630,10 @@ fn a_spread_opens_waits_between_balanced_stages() {
 /// ZB-V on equal stages and free links, its forward, input gradient and weight gradient
 /// each one second (as for a matrix product: one product each): a batch takes `6m + p - 1`
 /// seconds on `p` workers, against interleaved 1F1B's `6m + 3(p - 1)` on the same stages,
-/// the weight gradients filling all but `p - 1` seconds of the drain. (Its order is made
-/// for such equal parts, [`pipewright_core::schedule`]; with others it leaves more.)
+/// the weight gradients filling all but `p - 1` seconds of the drain; at most one second
+/// more where the first stage's whole backward runs at its weight gradient (two seconds
+/// in a slot the order made for one). (Its order is made for such equal parts,
+/// [`pipewright_core::schedule`]; with others it leaves more.)
 #[test]
 fn zero_bubble_v_fills_the_drain_with_weight_gradients() {
     for (p, m) in [(1usize, 2u64), (2, 4), (2, 8), (3, 12), (4, 8), (4, 16), (4, 32)] {
@@ -625,7 +646,8 @@ fn zero_bubble_v_fills_the_drain_with_weight_gradients() {
         let (zbv, interleaved) = (equal_parts(Scheme::ZbV), equal_parts(Scheme::Interleaved2));
         let m = m as f64;
         let p = p as f64;
-        assert!((zbv - (6.0 * m + p - 1.0)).abs() < 1e-9, "p={p} m={m}: {zbv}");
+        let split = 6.0 * m + p - 1.0;
+        assert!(zbv > split - 1e-9 && zbv < split + 1.0 + 1e-9, "p={p} m={m}: {zbv}");
         assert!((interleaved - (6.0 * m + 3.0 * (p - 1.0))).abs() < 1e-9, "p={p} m={m}: {interleaved}");
     }
 }

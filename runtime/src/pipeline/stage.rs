@@ -189,7 +189,7 @@ struct AwaitingWeights {
     mb: u64,
     version: u64,
     fwd: Fwd,
-    grads: SplitGrads,
+    half: WeightHalf,
     /// Live bytes this entry holds.
     bytes: u64,
 }
@@ -527,8 +527,9 @@ pub(super) struct Worker {
     /// The program specialised for the batch size of the forwards so far (made by the
     /// first forward, remade if the batch size changes).
     special: Option<Specialised>,
-    /// The schedule runs each backward as two ops ([`pipewright_core::Schedule::splits_backward`]):
-    /// forwards record their weight reads apart.
+    /// This stage computes each backward in two halves
+    /// ([`pipewright_core::Schedule::splits_stage_backward`]): forwards record their
+    /// weight reads apart.
     split_backward: bool,
 }
 
@@ -587,6 +588,7 @@ impl Worker {
             return Err(E::Msg(format!("the {} schedule splits each backward in two, which selective recomputation does not: compile with --recompute none or full", cfg.schedule)));
         }
         let pieces = if spec.recompute_selective { pieces(p, &param_slots) } else { Vec::new() };
+        let split_backward = cfg.schedule.splits_stage_backward(spec.index);
         let w = Worker {
             pieces,
             last_use: p.last_uses(),
@@ -605,7 +607,7 @@ impl Worker {
             compute: compute_kind(cfg.precision),
             scaler: (cfg.precision == Precision::Fp16).then(|| cfg.loss_scale.clone()),
             special: None,
-            split_backward: cfg.schedule.splits_backward(),
+            split_backward,
         };
         Ok((w, params))
     }
@@ -816,15 +818,22 @@ impl Worker {
 
     /// Microbatch `j`'s input gradient alone (a schedule that splits the backward): sent
     /// upstream now; its forward's graph and the gradients of its weight reads' outputs
-    /// wait for [`Worker::backward_weight_op`].
+    /// wait for [`Worker::backward_weight_op`]. A stage that does not split its backward
+    /// ([`pipewright_core::Schedule::splits_stage_backward`]) only takes the output gradients here, for
+    /// the weight-gradient op's whole backward.
     fn backward_input_op(&mut self, st: &mut State, j: u64, ctx: &Ctx<'_>, tr: &mut dyn Transport, rec: &mut Recorder) -> Result<(), E> {
         let (version, step, bytes, fwd) = self.take_forward(st, j, ctx, rec)?;
         self.observe(st, 0, bytes);
         let out_grads = self.receive_output_grads(j, version, step, tr, rec)?;
         let t0 = rec.start();
+        if !self.split_backward {
+            rec.record(TraceKind::Backward, t0, Some(j), version, step);
+            st.awaiting.push_back(AwaitingWeights { mb: j, version, fwd, half: WeightHalf::Whole(out_grads), bytes });
+            return Ok(());
+        }
         let (ig, grads) = self.backward_input(&fwd, out_grads)?;
         rec.record(TraceKind::Backward, t0, Some(j), version, step);
-        st.awaiting.push_back(AwaitingWeights { mb: j, version, fwd, grads, bytes });
+        st.awaiting.push_back(AwaitingWeights { mb: j, version, fwd, half: WeightHalf::Split(grads), bytes });
         self.send_input_grads(j, version, step, ig, tr, rec)
     }
 
@@ -836,7 +845,11 @@ impl Worker {
             return Err(E::Msg(format!("weight gradient of microbatch {j}, but {} is the oldest waiting", a.mb)));
         }
         let t0 = rec.start();
-        let pg = self.backward_weight(&a.fwd, a.grads)?;
+        let pg = match a.half {
+            WeightHalf::Split(grads) => self.backward_weight(&a.fwd, grads)?,
+            // Nothing upstream takes an input gradient (the first stage).
+            WeightHalf::Whole(out_grads) => self.backward(&a.fwd, out_grads)?.0,
+        };
         self.accumulate(st, a.version, j, pg)?;
         let step = j / (ctx.m as u64).max(1);
         rec.record(TraceKind::BackwardWeight, t0, Some(j), a.version, step);
@@ -1506,6 +1519,14 @@ impl Worker {
         }
         Ok(pg.into_iter().zip(&f.params).map(|(g, t)| g.unwrap_or_else(|| t.zeros_like())).collect())
     }
+}
+
+/// What a backward's input-gradient op leaves for its weight-gradient op.
+enum WeightHalf {
+    /// A split backward's kept gradients.
+    Split(SplitGrads),
+    /// The output gradients received, for a whole backward (none on the last stage).
+    Whole(Option<super::Named>),
 }
 
 /// What a split backward's input-gradient half leaves for its weight-gradient half.
