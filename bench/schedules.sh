@@ -16,7 +16,7 @@
 #        THREADS (1: libtorch intra-op threads per stage, through OMP_NUM_THREADS and
 #        MKL_NUM_THREADS — `pipewright train` has no thread flag; 2 stage threads x 1 on the
 #        2-core machine), LR (1e-4, plain SGD: small enough that no run diverges),
-#        SCHEDULES ("2bw flush gpipe zb-h1 interleaved-2 zb-v"), MODELS_DIR (../shared/corpus/models),
+#        SCHEDULES ("2bw flush gpipe zb-h1 zb-h2 interleaved-2 zb-v"), MODELS_DIR (../shared/corpus/models),
 #        CUTS_FROM (another pipewright binary, e.g. a release build of an earlier commit:
 #        each schedule is also compiled by it and trained by this one, labelled "cuts from
 #        CUTS_FROM", so two partitioners' cuts run side by side in the same rounds),
@@ -48,7 +48,7 @@ M="${M:-4}"
 STAGES="${STAGES:-2}"
 THREADS="${THREADS:-1}"
 LR="${LR:-0.0001}"
-read -r -a schedules <<<"${SCHEDULES:-2bw flush gpipe zb-h1 interleaved-2 zb-v}"
+read -r -a schedules <<<"${SCHEDULES:-2bw flush gpipe zb-h1 zb-h2 interleaved-2 zb-v}"
 CUTS_FROM="${CUTS_FROM:-}"
 TRAINED_BY="${TRAINED_BY:-}"
 PROFILE="${PROFILE:-0}"

@@ -37,7 +37,7 @@ enum Command {
     /// The plan is for the cluster the options describe; without any, for a default server
     /// of 8 V100-class GPUs (16 GiB, 15.7 Tflop/s each), which the output says.
     Plan(PlanSpec),
-    /// Replay training on a cluster event by event: 2BW, PipeDream-Flush, GPipe, ZB-H1,
+    /// Replay training on a cluster event by event: 2BW, PipeDream-Flush, GPipe, ZB-H1, ZB-H2,
     /// interleaved 1F1B, ZB-V and the baselines without pipelining, each as the planner configures it, with the runtime's
     /// per-stage operation order; samples/s, bubbles, busy time and memory per stage.
     Simulate(SimulateSpec),

@@ -309,7 +309,7 @@ fn corrupt_modules_fail_in_one_line() {
 fn bad_arguments_fail_in_one_line() {
     let dir = tempfile::tempdir().unwrap();
     let o = compile(&model("mlp"), 2, dir.path(), &["--schedule", "zigzag"]);
-    let err = fails(&o, &["error: invalid value 'zigzag' for '--schedule <SCHEDULE>' [possible values: 2bw, flush, gpipe, zb-h1, interleaved-2, interleaved-4, zb-v]"]);
+    let err = fails(&o, &["error: invalid value 'zigzag' for '--schedule <SCHEDULE>' [possible values: 2bw, flush, gpipe, zb-h1, zb-h2, interleaved-2, interleaved-4, zb-v]"]);
     assert_eq!(err.trim_end().lines().count(), 1, "{err}");
     let missing = dir.path().join("absent.onnx");
     let o = compile(&missing, 2, &dir.path().join("b"), &[]);

@@ -1,6 +1,6 @@
 //! Every model trains at every depth under every schedule: each shared model and the
 //! encoder-decoder fixture (`tests/data/t5-tiny.onnx`), compiled at d = 1, 2, 3 and 4 for
-//! 2BW, PipeDream-Flush, GPipe and ZB-H1 (and interleaved 1F1B and ZB-V where their stages
+//! 2BW, PipeDream-Flush, GPipe, ZB-H1 and ZB-H2 (and interleaved 1F1B and ZB-V where their stages
 //! per worker divide d: interleaved-2 and zb-v at 2 and 4, interleaved-4 at 4), trains 2 steps on synthetic data (microbatch 1) to a
 //! finite loss, with no panic and no hang (a stage that waited longer than `--timeout`
 //! would stop with an error). `tests/compile.rs` checks, per model and depth, that the
@@ -12,7 +12,7 @@ use std::path::Path;
 
 use common::{model, root, try_pw};
 
-const SCHEDULES: [&str; 7] = ["2bw", "flush", "gpipe", "zb-h1", "interleaved-2", "interleaved-4", "zb-v"];
+const SCHEDULES: [&str; 8] = ["2bw", "flush", "gpipe", "zb-h1", "zb-h2", "interleaved-2", "interleaved-4", "zb-v"];
 
 /// Stages per worker of a schedule (interleaved 1F1B's `v`).
 fn stages_per_worker(schedule: &str) -> usize {

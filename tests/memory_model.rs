@@ -87,7 +87,7 @@ fn every_stage_of_every_shared_model_is_planned_within_15_percent_of_its_run() {
     let mut rows = Vec::new();
     for name in ["mlp", "gpt2-tiny", "bert-tiny", "vit-tiny", "resnet18", "mobilenet_v2"] {
         for d in [2, 4] {
-            for schedule in ["2bw", "flush", "gpipe", "zb-h1"] {
+            for schedule in ["2bw", "flush", "gpipe", "zb-h1", "zb-h2"] {
                 rows.extend(compare(dir.path(), &model(name), d, d, schedule));
             }
         }
@@ -99,7 +99,7 @@ fn every_stage_of_every_shared_model_is_planned_within_15_percent_of_its_run() {
             rows.extend(compare(dir.path(), &model(name), 4, 2, schedule));
         }
     }
-    assert_eq!(rows.len(), 6 * 4 * (2 + 4) + 6 * 2 * 4);
+    assert_eq!(rows.len(), 6 * 5 * (2 + 4) + 6 * 2 * 4);
     assert_all_within(rows);
 }
 

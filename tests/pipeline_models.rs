@@ -86,14 +86,14 @@ fn assert_same_weights(got: &TrainReport, want: &TrainReport, what: &str) -> f64
 fn same_weights_at_every_depth(name: &str, steps: usize, b: i64) {
     let data = batches(name, steps, 4, b);
     let mut vanilla: Option<TrainReport> = None;
-    for (schedule, sched, recompute) in [("gpipe", Schedule::GPipe, "full"), ("flush", Schedule::Flush, "none"), ("zb-h1", Schedule::ZbH1, "none"), ("zb-h1", Schedule::ZbH1, "full"), ("2bw", Schedule::TwoBw, "full")] {
+    for (schedule, sched, recompute) in [("gpipe", Schedule::GPipe, "full"), ("flush", Schedule::Flush, "none"), ("zb-h1", Schedule::ZbH1, "none"), ("zb-h1", Schedule::ZbH1, "full"), ("zb-h2", Schedule::ZbH2, "none"), ("2bw", Schedule::TwoBw, "full")] {
         let tmp = tempfile::tempdir().expect("temp dir");
         let single = run(name, compile(name, 1, schedule, recompute, &tmp.path().join("d1")), sched, &data);
         // The split backward computes what the whole one does: ZB-H1 trains to Flush's
         // weights (vanilla training).
-        if let (Schedule::ZbH1, Some(v)) = (sched, &vanilla) {
-            let worst = assert_same_weights(&single, v, &format!("{name} zb-h1 ({recompute}) d=1 against flush"));
-            eprintln!("{name} zb-h1 ({recompute}) d=1: largest relative weight difference to flush: {worst:.2e}");
+        if let (Schedule::ZbH1 | Schedule::ZbH2, Some(v)) = (sched, &vanilla) {
+            let worst = assert_same_weights(&single, v, &format!("{name} {schedule} ({recompute}) d=1 against flush"));
+            eprintln!("{name} {schedule} ({recompute}) d=1: largest relative weight difference to flush: {worst:.2e}");
         }
         let initial = load(&tmp.path().join("d1"));
         let moved = single.weights[0].iter().any(|(n, t)| {

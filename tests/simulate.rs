@@ -167,7 +167,7 @@ fn a_model_report_has_every_scheme_and_its_numbers() {
     let v: Value = serde_json::from_str(&out).expect("JSON");
     let outcomes = v["outcomes"].as_array().unwrap();
     let schemes: Vec<&str> = outcomes.iter().map(|o| o["scheme"].as_str().unwrap()).collect();
-    assert_eq!(schemes, ["2bw", "flush", "gpipe", "zb-h1", "interleaved-2", "interleaved-4", "zb-v", "model-parallel", "data-parallel", "tensor-parallel"]);
+    assert_eq!(schemes, ["2bw", "flush", "gpipe", "zb-h1", "zb-h2", "interleaved-2", "interleaved-4", "zb-v", "model-parallel", "data-parallel", "tensor-parallel"]);
     assert_eq!(v["cluster"]["cluster"]["workers"], 8);
     for o in outcomes {
         let sim = &o["simulation"];

@@ -366,7 +366,7 @@ fn train_args<'a>(dir: &'a Path, data: &'a Path, steps: &'a str, extra: &[&'a st
 #[test]
 fn resuming_from_a_checkpoint_reaches_the_same_weights() {
     let data = root().join("examples/digits/digits.npz");
-    for schedule in ["2bw", "flush", "gpipe", "zb-h1", "interleaved-2", "zb-v"] {
+    for schedule in ["2bw", "flush", "gpipe", "zb-h1", "zb-h2", "interleaved-2", "zb-v"] {
         let dir = tempfile::tempdir().expect("temp dir");
         // Interleaved and ZB-V: 2 stages taking turns on one worker (the 3 microbatches per
         // batch divide among no more workers for interleaved; ZB-V needs an even depth).

@@ -123,7 +123,7 @@ fn same(a: &Run, b: &Run, what: &str) {
 #[test]
 fn two_ranks_and_stage_executables_train_like_the_embedded_executor_under_every_schedule() {
     let dir = tempfile::tempdir().unwrap();
-    for schedule in ["2bw", "flush", "gpipe", "zb-h1"] {
+    for schedule in ["2bw", "flush", "gpipe", "zb-h1", "zb-h2"] {
         let build = dir.path().join(schedule);
         let executables = schedule == "2bw" || schedule == "zb-h1";
         compile(&build, 2, schedule, executables);
@@ -226,7 +226,7 @@ fn four_stages_and_two_stages_by_two_replicas_train_like_the_embedded_executor()
         assert!(v.to_string().contains("forward"), "{}", t.display());
     }
     // Every schedule, both 4-rank shapes (the 2BW 4-stage case is above).
-    for schedule in ["2bw", "flush", "gpipe", "zb-h1"] {
+    for schedule in ["2bw", "flush", "gpipe", "zb-h1", "zb-h2"] {
         if schedule != "2bw" {
             let four = dir.path().join(format!("four-{schedule}"));
             compile(&four, 4, schedule, false);

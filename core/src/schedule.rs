@@ -69,9 +69,9 @@ pub fn stage_ops_from(schedule: Schedule, stage: usize, depth: usize, m: usize, 
             let (base, total) = (start as u64 * m64, (steps - start) as u64 * m64);
             one_f_one_b(&mut ops, base, total, warm as u64, |i| ((i + 1) % m64 == 0).then(|| Op::Step(i / m64)));
         }
-        Schedule::ZbH1 => {
+        Schedule::ZbH1 | Schedule::ZbH2 => {
             // Every batch runs the same order: made once.
-            let batch = zb_h1(m64, stage, depth);
+            let batch = zero_bubble(schedule, m64, stage, depth)?;
             for t in start as u64..steps as u64 {
                 ops.extend(batch.iter().map(|&op| shifted(op, t * m64)));
                 ops.push(Op::Step(t));
@@ -197,76 +197,108 @@ fn interleaved_batch(worker: usize, workers: usize, v: usize, m: usize) -> Vec<(
     ops
 }
 
-/// One batch of ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism", 2024) on stage
-/// `stage` of `depth`: 1F1B's order of forwards and input gradients, with each weight
-/// gradient put into a wait. The order is that of a replay in unit times (every forward,
-/// input gradient and weight gradient one tick, free links): a stage whose next forward
-/// or input gradient is not ready runs its oldest waiting weight gradient instead, as
-/// does one whose next forward would hold more graphs than 1F1B's stage holds (`d - s`;
-/// a graph lives until its weight gradient here), and those still waiting when its input
-/// gradients are done end the batch.
-fn zb_h1(n: u64, stage: usize, depth: usize) -> Vec<Op> {
+/// One batch of ZB-H1 or ZB-H2 (Qi et al., "Zero Bubble Pipeline Parallelism", 2024) on
+/// stage `stage` of `depth`: 1F1B's order of forwards and input gradients (with
+/// [`zero_bubble_bounds`]' warm-up forwards), with each weight gradient put into a wait.
+/// The order is that of a replay of the whole pipeline (free links) in which a forward,
+/// input gradient and weight gradient take one tick each, but the first stage's, which
+/// does not split its backward ([`Schedule::splits_stage_backward`]): its input gradient
+/// takes none and its weight gradient, the whole backward, two. A stage whose next forward
+/// or input gradient is not ready runs its oldest waiting weight gradient instead, as does
+/// one whose next forward would hold more graphs than the bound (a graph lives until its
+/// weight gradient), and those still waiting when its input gradients are done end the
+/// batch.
+fn zero_bubble(schedule: Schedule, n: u64, stage: usize, depth: usize) -> Result<Vec<Op>, String> {
+    let ticks = |s: usize, op: Op| match op {
+        _ if schedule.splits_stage_backward(s) => 1,
+        Op::Backward(_) => 0,
+        Op::BackwardWeight(_) => 2,
+        _ => 1,
+    };
     // Per stage: its forwards and input gradients in 1F1B order (batch-local indices).
     let orders: Vec<Vec<Op>> = (0..depth)
         .map(|s| {
             let mut o = Vec::new();
-            one_f_one_b(&mut o, 0, n, (depth - 1 - s) as u64, |_| None);
+            one_f_one_b(&mut o, 0, n, zero_bubble_bounds(schedule, s, depth).0, |_| None);
             o
         })
         .collect();
-    // Tick at which each stage's forward / input gradient of microbatch j ended.
+    // The tick each stage's forward / input gradient of microbatch j ends.
     let mut fwd_end = vec![vec![None; n as usize]; depth];
     let mut bwd_end = vec![vec![None; n as usize]; depth];
     let mut next = vec![0usize; depth];
-    // Per stage: graphs held (forwards run, weight gradients not yet).
+    // Per stage: graphs held (forwards run, weight gradients not yet), the microbatches
+    // whose weight gradient waits (with the tick it may run from), and the tick its
+    // running operation ends.
     let mut held = vec![0usize; depth];
-    let mut waiting: Vec<std::collections::VecDeque<u64>> = vec![std::collections::VecDeque::new(); depth];
+    let mut waiting: Vec<std::collections::VecDeque<(u64, u64)>> = vec![std::collections::VecDeque::new(); depth];
+    let mut free_at = vec![0u64; depth];
     let mut mine = Vec::new();
+    let (total, mut ran) = (3 * n as usize * depth, 0usize);
     let mut tick: u64 = 0;
-    while (0..depth).any(|s| next[s] < orders[s].len()) {
-        let mut ran = Vec::new();
+    while ran < total {
         for s in 0..depth {
-            let ready = |op: Op| match op {
-                Op::Forward(j) => s == 0 || fwd_end[s - 1][j as usize].is_some_and(|t| t <= tick),
-                Op::Backward(j) => s + 1 == depth || bwd_end[s + 1][j as usize].is_some_and(|t| t <= tick),
-                _ => false,
-            };
-            // A forward past 1F1B's `d - s` graphs held waits for a weight gradient, so
-            // the stage holds no more than 1F1B's stage does.
-            let room = |op: Op| !matches!(op, Op::Forward(_)) || held[s] < depth - s || waiting[s].is_empty();
-            let op = match orders[s].get(next[s]).copied() {
-                Some(op) if ready(op) && room(op) => {
-                    next[s] += 1;
-                    Some(op)
+            while free_at[s] <= tick {
+                let done_by = |end: Option<u64>| end.is_some_and(|t| t <= tick);
+                let ready = |op: Op| match op {
+                    Op::Forward(j) => s == 0 || done_by(fwd_end[s - 1][j as usize]),
+                    Op::Backward(j) => s + 1 == depth || done_by(bwd_end[s + 1][j as usize]),
+                    _ => false,
+                };
+                // A forward past the bound waits for a weight gradient.
+                let room = |op: Op| !matches!(op, Op::Forward(_)) || held[s] < zero_bubble_bounds(schedule, s, depth).1 || waiting[s].is_empty();
+                let op = match orders[s].get(next[s]).copied() {
+                    Some(op) if ready(op) && room(op) => {
+                        next[s] += 1;
+                        op
+                    }
+                    _ => match waiting[s].front() {
+                        Some(&(j, at)) if at <= tick => {
+                            waiting[s].pop_front();
+                            Op::BackwardWeight(j)
+                        }
+                        _ => break,
+                    },
+                };
+                let end = tick + ticks(s, op);
+                match op {
+                    Op::Forward(j) => {
+                        fwd_end[s][j as usize] = Some(end);
+                        held[s] += 1;
+                    }
+                    Op::Backward(j) => {
+                        bwd_end[s][j as usize] = Some(end);
+                        waiting[s].push_back((j, end));
+                    }
+                    _ => held[s] = held[s].saturating_sub(1),
                 }
-                _ => waiting[s].pop_front().map(Op::BackwardWeight),
-            };
-            if let Some(op) = op {
-                ran.push((s, op));
+                free_at[s] = end;
+                ran += 1;
+                if s == stage {
+                    mine.push(op);
+                }
             }
+        }
+        if ran < total && free_at.iter().all(|&t| t <= tick) {
+            return Err(format!("the replay that orders {schedule} stopped at tick {tick} with {ran} of {total} operations run"));
         }
         tick += 1;
-        for (s, op) in ran {
-            match op {
-                Op::Forward(j) => {
-                    fwd_end[s][j as usize] = Some(tick);
-                    held[s] += 1;
-                }
-                Op::Backward(j) => {
-                    bwd_end[s][j as usize] = Some(tick);
-                    waiting[s].push_back(j);
-                }
-                Op::BackwardWeight(_) => held[s] = held[s].saturating_sub(1),
-                _ => {}
-            }
-            if s == stage {
-                mine.push(op);
-            }
-        }
     }
-    mine.extend(waiting[stage].iter().map(|&j| Op::BackwardWeight(j)));
     // The replay's input gradients are the schedule's `BackwardInput`.
-    mine.into_iter().map(|op| if let Op::Backward(j) = op { Op::BackwardInput(j) } else { op }).collect()
+    Ok(mine.into_iter().map(|op| if let Op::Backward(j) = op { Op::BackwardInput(j) } else { op }).collect())
+}
+
+/// Stage `stage`'s warm-up forwards and the most graphs it may hold under a zero-bubble
+/// schedule of one stage per worker: ZB-H1 holds what 1F1B's stage holds (`d - 1 - s`
+/// warm-up forwards, `d - s` graphs); ZB-H2 runs `2(d - 1 - s)` warm-up forwards (so a
+/// stage waits less for its first input gradient) and lets every stage hold up to `2d -
+/// 1` graphs, as the paper's ZB-H2 does its first: weight gradients wait longer, for the
+/// ends of the batch, where the flush would leave the stage idle.
+fn zero_bubble_bounds(schedule: Schedule, stage: usize, depth: usize) -> (u64, usize) {
+    match schedule {
+        Schedule::ZbH2 => ((2 * (depth - 1 - stage)) as u64, 2 * depth - 1),
+        _ => ((depth - 1 - stage) as u64, depth - stage),
+    }
 }
 
 /// One batch of ZB-V (Qi et al., "Zero Bubble Pipeline Parallelism", 2024) on `p`
@@ -399,9 +431,10 @@ fn shifted(op: Op, base: u64) -> Op {
 /// until its weight gradient, which its order places so that a stage never holds more than
 /// under 1F1B. `None` for a shape [`stage_ops`] refuses.
 ///
-/// A closed form, not a walk over the order, for the schedules of one stage per worker:
-/// the planner asks it for every stage of every configuration it weighs, and the walk is
-/// `O(m)` each time (interleaved 1F1B and ZB-V are walked). `peak_matches_the_order`
+/// A closed form, not a walk over the order, for the schedules of one stage per worker
+/// but ZB-H2: the planner asks it for every stage of every configuration it weighs, and
+/// the walk is `O(m)` each time (interleaved 1F1B, ZB-V and ZB-H2, whose replay sets how
+/// far below its bound each stage stays, are walked; [`peaks_in_flight`] remembers them). `peak_matches_the_order`
 /// checks it against [`stage_ops`] itself (two batches, so that 2BW's steady state is in
 /// it) for every schedule.
 pub fn peak_in_flight(schedule: Schedule, stage: usize, depth: usize, m: usize) -> Option<usize> {
@@ -411,9 +444,9 @@ pub fn peak_in_flight(schedule: Schedule, stage: usize, depth: usize, m: usize) 
     Some(match schedule {
         Schedule::GPipe => m,
         Schedule::TwoBw | Schedule::Flush | Schedule::ZbH1 => (depth - stage).min(m),
-        // Several stages per worker: walked over one batch of the stage's own order (they
-        // flush, so one batch is every batch); `peaks_in_flight` walks every stage at once.
-        Schedule::Interleaved2 | Schedule::Interleaved4 | Schedule::ZbV => held_at_most(&stage_ops(schedule, stage, depth, m, 1).ok()?),
+        // Walked over one batch of the stage's own order (they flush, so one batch is every
+        // batch); `peaks_in_flight` walks every stage at once.
+        Schedule::ZbH2 | Schedule::Interleaved2 | Schedule::Interleaved4 | Schedule::ZbV => held_at_most(&stage_ops(schedule, stage, depth, m, 1).ok()?),
     })
 }
 
@@ -436,7 +469,7 @@ pub fn peak_in_flight_with_gradient(schedule: Schedule, stage: usize, depth: usi
         // for one microbatch per batch (one stage), whose step comes between.
         Schedule::TwoBw => peak - usize::from(m == 1),
         Schedule::Flush | Schedule::ZbH1 => peak - usize::from(m <= depth - stage),
-        Schedule::Interleaved2 | Schedule::Interleaved4 | Schedule::ZbV => held_peaks(&stage_ops(schedule, stage, depth, m, 1).ok()?).1,
+        Schedule::ZbH2 | Schedule::Interleaved2 | Schedule::Interleaved4 | Schedule::ZbV => held_peaks(&stage_ops(schedule, stage, depth, m, 1).ok()?).1,
     })
 }
 
@@ -459,10 +492,18 @@ pub fn peaks_in_flight_with_gradient(schedule: Schedule, depth: usize, m: usize)
 
 /// Per stage, [`peak_in_flight`] and [`peak_in_flight_with_gradient`].
 fn pipeline_peaks(schedule: Schedule, depth: usize, m: usize) -> Vec<Option<(usize, usize)>> {
-    if schedule.virtual_stages() == 1 {
+    let walked = schedule.virtual_stages() > 1 || schedule == Schedule::ZbH2;
+    if !walked {
         return (0..depth).map(|k| Some((peak_in_flight(schedule, k, depth, m)?, peak_in_flight_with_gradient(schedule, k, depth, m)?))).collect();
     }
-    let Ok(p) = shared_workers(schedule, depth, m, 0, 1) else { return vec![None; depth] };
+    let p = if schedule.virtual_stages() == 1 {
+        depth
+    } else {
+        match shared_workers(schedule, depth, m, 0, 1) {
+            Ok(p) => p,
+            Err(_) => return vec![None; depth],
+        }
+    };
     let m = m.min(SETTLED_PER_WORKER * p);
     type Peaks = std::collections::HashMap<(Schedule, usize, usize), Vec<Option<(usize, usize)>>>;
     static KNOWN: std::sync::OnceLock<std::sync::Mutex<Peaks>> = std::sync::OnceLock::new();
@@ -625,12 +666,12 @@ mod tests {
     /// worker (and 16) for up to 32, the planner's range on 64 GPUs.
     #[test]
     fn peaks_stop_growing_past_four_microbatches_per_worker() {
-        for schedule in [Schedule::Interleaved2, Schedule::Interleaved4, Schedule::ZbV] {
+        for schedule in [Schedule::Interleaved2, Schedule::Interleaved4, Schedule::ZbV, Schedule::ZbH2] {
             let v = schedule.virtual_stages();
             for p in (1..=12).chain([16, 24, 31, 32]) {
                 let ms: Vec<usize> = if p <= 12 { (4 * p..=12 * p).collect() } else { (4 * p..=8 * p).chain([16 * p]).collect() };
                 let settled = stage_orders(schedule, p * v, 4 * p, 0, 1).unwrap().iter().map(|ops| held_peaks(ops)).collect::<Vec<_>>();
-                for m in ms.into_iter().filter(|m| schedule == Schedule::ZbV || m % p == 0) {
+                for m in ms.into_iter().filter(|m| v == 1 || schedule == Schedule::ZbV || m % p == 0) {
                     let walked: Vec<(usize, usize)> = match schedule {
                         Schedule::ZbV => zb_v_peaks(p, m).unwrap(),
                         _ => stage_orders(schedule, p * v, m, 0, 1).unwrap().iter().map(|ops| held_peaks(ops)).collect(),
@@ -639,6 +680,24 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// ZB-H2 on 2 stages, 4 microbatches: the first stage runs two warm-up forwards more
+    /// than 1F1B's and its whole backwards at its weight gradients; the last defers its
+    /// weight gradients while it holds fewer than `2d - 1 = 3` graphs, so they fill the
+    /// end of the batch, where it would wait for the first stage's last backward.
+    #[test]
+    fn zero_bubble_h2_defers_weight_gradients_to_the_ends_of_the_batch() {
+        use Op::{BackwardInput as B, BackwardWeight as W, Forward as F};
+        let ops = |k| stage_ops(Schedule::ZbH2, k, 2, 4, 1).unwrap();
+        assert_eq!(ops(0), [F(0), F(1), F(2), B(0), W(0), F(3), B(1), W(1), B(2), W(2), B(3), W(3), Op::Step(0)]);
+        assert_eq!(ops(1), [F(0), B(0), F(1), B(1), F(2), B(2), W(0), F(3), B(3), W(1), W(2), W(3), Op::Step(0)]);
+        assert_eq!(peaks_in_flight(Schedule::ZbH2, 2, 4), [Some(3), Some(3)]);
+        // At d = 4, m = 16 no stage holds more than 2d - 1 = 7, the first stage all of them.
+        let peaks: Vec<usize> = peaks_in_flight(Schedule::ZbH2, 4, 16).into_iter().flatten().collect();
+        assert_eq!(peaks.len(), 4);
+        assert_eq!(peaks[0], 7);
+        assert!(peaks.iter().all(|&p| p <= 7), "{peaks:?}");
     }
 
     /// ZB-H1 on 3 stages, 4 microbatches: each weight gradient goes where the stage would

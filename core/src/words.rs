@@ -146,6 +146,7 @@ word_enum! {
         Flush = "flush", "PipeDream-Flush: 1F1B within each batch, then a flush and a vanilla update";
         GPipe = "gpipe", "GPipe: all forwards of a batch, then all backwards, then a vanilla update";
         ZbH1 = "zb-h1", "zero bubble ZB-H1: 1F1B with each backward split into its input gradient and its weight gradient, the weight gradients deferred into the flush; a vanilla update";
+        ZbH2 = "zb-h2", "zero bubble ZB-H2: ZB-H1 with more warm-up forwards and up to 2d - 1 microbatches held per stage, so the weight gradients fill the batch's ends; a vanilla update";
         Interleaved2 = "interleaved-2", "interleaved 1F1B (Megatron's virtual stages): each worker runs 2 stages, the pipeline's k-th and (k + d)-th, in one 1F1B order within each batch; a vanilla update";
         Interleaved4 = "interleaved-4", "interleaved 1F1B with 4 stages per worker (stages k, k + d, k + 2d, k + 3d of worker k); a vanilla update";
         ZbV = "zb-v", "zero bubble ZB-V: 2 stages per worker placed in a V (worker k runs stages k and 2p - 1 - k of 2p), each backward split into input and weight gradients; a vanilla update";
@@ -157,7 +158,7 @@ impl Schedule {
     pub fn weight_versions(self) -> u32 {
         match self {
             Schedule::TwoBw => 2,
-            Schedule::Flush | Schedule::GPipe | Schedule::ZbH1 | Schedule::Interleaved2 | Schedule::Interleaved4 | Schedule::ZbV => 1,
+            Schedule::Flush | Schedule::GPipe | Schedule::ZbH1 | Schedule::ZbH2 | Schedule::Interleaved2 | Schedule::Interleaved4 | Schedule::ZbV => 1,
         }
     }
 
@@ -165,14 +166,14 @@ impl Schedule {
     pub fn update_rule(self) -> UpdateRule {
         match self {
             Schedule::TwoBw => UpdateRule::TwoBw,
-            Schedule::Flush | Schedule::GPipe | Schedule::ZbH1 | Schedule::Interleaved2 | Schedule::Interleaved4 | Schedule::ZbV => UpdateRule::Vanilla,
+            Schedule::Flush | Schedule::GPipe | Schedule::ZbH1 | Schedule::ZbH2 | Schedule::Interleaved2 | Schedule::Interleaved4 | Schedule::ZbV => UpdateRule::Vanilla,
         }
     }
 
     /// Whether the schedule needs at least as many microbatches per batch as stages
     /// (1F1B: every stage must have a microbatch to work on in the steady state).
     pub fn needs_m_at_least_d(self) -> bool {
-        matches!(self, Schedule::TwoBw | Schedule::Flush | Schedule::ZbH1)
+        matches!(self, Schedule::TwoBw | Schedule::Flush | Schedule::ZbH1 | Schedule::ZbH2)
     }
 
     /// Stages each worker runs (Megatron's virtual pipeline stages): a pipeline of `depth`
@@ -182,7 +183,7 @@ impl Schedule {
         match self {
             Schedule::Interleaved2 | Schedule::ZbV => 2,
             Schedule::Interleaved4 => 4,
-            Schedule::TwoBw | Schedule::Flush | Schedule::GPipe | Schedule::ZbH1 => 1,
+            Schedule::TwoBw | Schedule::Flush | Schedule::GPipe | Schedule::ZbH1 | Schedule::ZbH2 => 1,
         }
     }
 
@@ -221,7 +222,7 @@ impl Schedule {
     /// Whether each backward runs as two ops, the input gradient first and the weight
     /// gradient later ([`crate::schedule::Op`]).
     pub fn splits_backward(self) -> bool {
-        matches!(self, Schedule::ZbH1 | Schedule::ZbV)
+        matches!(self, Schedule::ZbH1 | Schedule::ZbH2 | Schedule::ZbV)
     }
 
     /// Whether stage `stage` computes its backward in two halves under this schedule. The
@@ -511,6 +512,7 @@ word_enum! {
         Flush = "flush", "PipeDream-Flush (the flush schedule)";
         GPipe = "gpipe", "GPipe (the gpipe schedule)";
         ZbH1 = "zb-h1", "zero bubble ZB-H1 (the zb-h1 schedule)";
+        ZbH2 = "zb-h2", "zero bubble ZB-H2 (the zb-h2 schedule)";
         Interleaved2 = "interleaved-2", "interleaved 1F1B, 2 stages per worker (the interleaved-2 schedule)";
         Interleaved4 = "interleaved-4", "interleaved 1F1B, 4 stages per worker (the interleaved-4 schedule)";
         ZbV = "zb-v", "zero bubble ZB-V, 2 stages per worker in a V (the zb-v schedule)";
@@ -528,6 +530,7 @@ impl Scheme {
             Scheme::Flush => Some(Schedule::Flush),
             Scheme::GPipe => Some(Schedule::GPipe),
             Scheme::ZbH1 => Some(Schedule::ZbH1),
+            Scheme::ZbH2 => Some(Schedule::ZbH2),
             Scheme::Interleaved2 => Some(Schedule::Interleaved2),
             Scheme::Interleaved4 => Some(Schedule::Interleaved4),
             Scheme::ZbV => Some(Schedule::ZbV),
@@ -543,6 +546,7 @@ impl From<Schedule> for Scheme {
             Schedule::Flush => Scheme::Flush,
             Schedule::GPipe => Scheme::GPipe,
             Schedule::ZbH1 => Scheme::ZbH1,
+            Schedule::ZbH2 => Scheme::ZbH2,
             Schedule::Interleaved2 => Scheme::Interleaved2,
             Schedule::Interleaved4 => Scheme::Interleaved4,
             Schedule::ZbV => Scheme::ZbV,
@@ -600,7 +604,7 @@ mod tests {
         assert_eq!("all".parse::<WordList<Schedule>>(), Ok(WordList::all()));
         assert_eq!(WordList(vec![Schedule::Flush, Schedule::TwoBw]).to_string(), "flush,2bw");
         let e = "2bw,zigzag".parse::<WordList<Schedule>>().unwrap_err().to_string();
-        assert_eq!(e, "unknown schedule \"zigzag\": expected one of 2bw, flush, gpipe, zb-h1, interleaved-2, interleaved-4, zb-v, all");
+        assert_eq!(e, "unknown schedule \"zigzag\": expected one of 2bw, flush, gpipe, zb-h1, zb-h2, interleaved-2, interleaved-4, zb-v, all");
         assert_eq!("all".parse::<PrintAfter>(), Ok(PrintAfter::All));
         assert_eq!("plan".parse::<PrintAfter>(), Ok(PrintAfter::Pass(PassName::Plan)));
         assert!("shape-inference".parse::<PrintAfter>().unwrap_err().to_string().contains("weight-versioning, lower, all"));
@@ -617,7 +621,7 @@ mod tests {
     fn one_spelling_only() {
         assert_eq!("2bw".parse::<Schedule>(), Ok(Schedule::TwoBw));
         let e = "2BW".parse::<Schedule>().unwrap_err();
-        assert_eq!(e.to_string(), "unknown schedule \"2BW\": expected one of 2bw, flush, gpipe, zb-h1, interleaved-2, interleaved-4, zb-v");
+        assert_eq!(e.to_string(), "unknown schedule \"2BW\": expected one of 2bw, flush, gpipe, zb-h1, zb-h2, interleaved-2, interleaved-4, zb-v");
         // The old aliases of the planner are gone: one spelling everywhere.
         assert_eq!("on".parse::<Recompute>().unwrap_err().to_string(), "unknown recompute mode \"on\": expected one of none, selective, full");
         assert_eq!("off".parse::<Recompute>().unwrap_err().to_string(), "unknown recompute mode \"off\": expected one of none, selective, full");

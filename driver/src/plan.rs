@@ -174,7 +174,7 @@ pub struct PlanSpec {
     pub profile: Option<PathBuf>,
     #[command(flatten)]
     pub training: TrainingShape,
-    /// Schedules to consider: 2bw, flush, gpipe, zb-h1, interleaved-2, interleaved-4, zb-v (comma-separated), or all.
+    /// Schedules to consider: 2bw, flush, gpipe, zb-h1, zb-h2, interleaved-2, interleaved-4, zb-v (comma-separated), or all.
     #[arg(long, default_value = "all")]
     pub schedule: WordList<Schedule>,
     /// Fix activation recomputation; by default all three are tried.

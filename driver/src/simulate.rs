@@ -78,7 +78,7 @@ pub struct SimulateSpec {
     /// Global batch size (samples per optimizer step); a plan file has its own.
     #[arg(long)]
     pub batch: Option<u64>,
-    /// Schemes to compare: 2bw, flush, gpipe, zb-h1, interleaved-2, interleaved-4, zb-v, model-parallel, data-parallel, tensor-parallel
+    /// Schemes to compare: 2bw, flush, gpipe, zb-h1, zb-h2, interleaved-2, interleaved-4, zb-v, model-parallel, data-parallel, tensor-parallel
     /// (comma-separated), or all. Default: all for a model, the plan's schedule for a plan.
     #[arg(long)]
     pub schedule: Option<WordList<Scheme>>,

@@ -831,6 +831,12 @@ fn assess(
         Schedule::TwoBw => cfg.m as f64 * worst.0,
         Schedule::Flush | Schedule::GPipe => flush,
         Schedule::ZbH1 => flush - (cfg.d as f64 - 1.0) * ctx.weight_grad_time(&ranges[slowest], cfg.b),
+        // ZB-H2 with `m >= 2d - 1` (its warm-up complete): the weight gradients fill the
+        // drain and only the first forward's way down the pipeline is left, `(d - 1) F`
+        // (`simulate` tests), with a forward a third of a stage's time; with fewer
+        // microbatches, ZB-H1's.
+        Schedule::ZbH2 if cfg.m + 1 >= 2 * cfg.d as u64 => cfg.m as f64 * max_time + (cfg.d as f64 - 1.0) * max_time / 3.0 + max_ar,
+        Schedule::ZbH2 => flush - (cfg.d as f64 - 1.0) * ctx.weight_grad_time(&ranges[slowest], cfg.b),
         // Interleaved: `d / v` workers of `v` stages each; a worker's microbatch takes
         // `v T` and the drain `(d / v - 1) T` (Narayanan et al., 2021: the bubble shrinks v
         // times), so a batch takes `(m v + d / v - 1) T`.
@@ -1147,6 +1153,8 @@ pub fn plan_on(
                                 // each of the drain's `d - 1` slots, and a `W` (half of
                                 // some products' backward) is at most half a stage's time.
                                 Schedule::ZbH1 => (m as f64 + (stages as f64 - 1.0) / 2.0) * t_lb + ar_lb,
+                                // Bounded by no bubble at all.
+                                Schedule::ZbH2 => m as f64 * t_lb + ar_lb,
                                 Schedule::Interleaved2 | Schedule::Interleaved4 => interleaved_slots(schedule, stages, m) * t_lb + ar_lb,
                                 // Bounded by no bubble at all: each worker's `2m` stage
                                 // times.

@@ -54,6 +54,7 @@ fn schedule_code(s: Schedule) -> u8 {
         Schedule::Interleaved2 => 4,
         Schedule::Interleaved4 => 5,
         Schedule::ZbV => 6,
+        Schedule::ZbH2 => 7,
     }
 }
 

@@ -195,7 +195,7 @@ fn synchronous_schedules_equal_vanilla_training() {
     for opt in [OptimizerConfig::sgd(), OptimizerConfig::adam()] {
         let lr = if opt.kind == Optimizer::Sgd { 0.3 } else { 0.05 };
         let want = ref_train(&data, opt, lr, false, None);
-        for sched in [Schedule::GPipe, Schedule::Flush, Schedule::ZbH1, Schedule::Interleaved2, Schedule::Interleaved4, Schedule::ZbV] {
+        for sched in [Schedule::GPipe, Schedule::Flush, Schedule::ZbH1, Schedule::ZbH2, Schedule::Interleaved2, Schedule::Interleaved4, Schedule::ZbV] {
             for d in (1..=4).filter(|d| d % sched.virtual_stages() == 0) {
                 for rec in [Recompute::None, Recompute::Full] {
                     let what = format!("{sched:?} d={d} {opt:?} {rec:?}");
@@ -244,7 +244,7 @@ fn clipping_uses_the_global_norm_across_stages() {
     let want = ref_train(&data, OptimizerConfig::sgd(), 0.3, false, Some(0.05));
     let unclipped = ref_train(&data, OptimizerConfig::sgd(), 0.3, false, None);
     assert!((&want[0].1 - &unclipped[0].1).abs().max().double_value(&[]) > 1e-6, "clipping never engaged");
-    for schedule in [Schedule::Flush, Schedule::GPipe, Schedule::ZbH1, Schedule::Interleaved2, Schedule::ZbV] {
+    for schedule in [Schedule::Flush, Schedule::GPipe, Schedule::ZbH1, Schedule::ZbH2, Schedule::Interleaved2, Schedule::ZbV] {
         for d in [1, 3].map(|d| d * schedule.virtual_stages()).into_iter().filter(|&d| d <= 4) {
             let mut c = cfg(schedule, OptimizerConfig::sgd(), 0.3, STEPS);
             c.clip_norm = Some(0.05);

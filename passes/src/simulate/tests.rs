@@ -651,3 +651,18 @@ fn zero_bubble_v_fills_the_drain_with_weight_gradients() {
         assert!((interleaved - (6.0 * m + 3.0 * (p - 1.0))).abs() < 1e-9, "p={p} m={m}: {interleaved}");
     }
 }
+
+#[test]
+fn zero_bubble_h2_leaves_only_the_first_forwards_way_down() {
+    // Equal stages, free links, a third of each backward the weight gradients (the first
+    // stage's whole backward at its weight gradient): once its warm-up is complete (m >=
+    // 2d - 1), a batch takes m (f + b) + (d - 1) f; the drain is all weight gradients.
+    // ZB-H1 leaves more, Flush more again.
+    for (d, m) in [(2usize, 4u64), (2, 8), (4, 8), (4, 16), (8, 16), (8, 32)] {
+        let makespan = |scheme| simulate(&setup(scheme, d, m, 1)).unwrap().makespan_s;
+        let h2 = makespan(Scheme::ZbH2);
+        let expect = m as f64 * 3.0 + (d - 1) as f64;
+        assert!((h2 - expect).abs() < 1e-9, "d={d} m={m}: {h2} != {expect}");
+        assert!(h2 < makespan(Scheme::ZbH1) && makespan(Scheme::ZbH1) < makespan(Scheme::Flush), "d={d} m={m}");
+    }
+}
