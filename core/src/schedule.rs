@@ -71,7 +71,7 @@ pub fn stage_ops_from(schedule: Schedule, stage: usize, depth: usize, m: usize, 
         }
         Schedule::ZbH1 | Schedule::ZbH2 => {
             // Every batch runs the same order: made once.
-            let batch = zero_bubble(schedule, m64, stage, depth)?;
+            let batch = zero_bubble(schedule, m64, depth)?.swap_remove(stage);
             for t in start as u64..steps as u64 {
                 ops.extend(batch.iter().map(|&op| shifted(op, t * m64)));
                 ops.push(Op::Step(t));
@@ -127,6 +127,15 @@ pub fn worker_orders(schedule: Schedule, depth: usize, m: usize, start: usize, s
 
 /// Every stage's order ([`stage_ops_from`]) at once, each worker's order made once.
 pub fn stage_orders(schedule: Schedule, depth: usize, m: usize, start: usize, steps: usize) -> Result<Vec<Vec<Op>>, String> {
+    if matches!(schedule, Schedule::ZbH1 | Schedule::ZbH2) && m > 0 && depth > 0 && start <= steps {
+        // One replay of the whole pipeline gives every stage's batch.
+        let m64 = m as u64;
+        let batches = zero_bubble(schedule, m64, depth)?;
+        return Ok(batches
+            .iter()
+            .map(|batch| (start as u64..steps as u64).flat_map(|t| batch.iter().map(move |&op| shifted(op, t * m64)).chain([Op::Step(t)])).collect())
+            .collect());
+    }
     if schedule.virtual_stages() == 1 {
         return (0..depth).map(|k| stage_ops_from(schedule, k, depth, m, start, steps)).collect();
     }
@@ -198,7 +207,7 @@ fn interleaved_batch(worker: usize, workers: usize, v: usize, m: usize) -> Vec<(
 }
 
 /// One batch of ZB-H1 or ZB-H2 (Qi et al., "Zero Bubble Pipeline Parallelism", 2024) on
-/// stage `stage` of `depth`: 1F1B's order of forwards and input gradients (with
+/// each stage of `depth`: 1F1B's order of forwards and input gradients (with
 /// [`zero_bubble_bounds`]' warm-up forwards), with each weight gradient put into a wait.
 /// The order is that of a replay of the whole pipeline (free links) in which a forward,
 /// input gradient and weight gradient take one tick each, but the first stage's, which
@@ -208,7 +217,7 @@ fn interleaved_batch(worker: usize, workers: usize, v: usize, m: usize) -> Vec<(
 /// one whose next forward would hold more graphs than the bound (a graph lives until its
 /// weight gradient), and those still waiting when its input gradients are done end the
 /// batch.
-fn zero_bubble(schedule: Schedule, n: u64, stage: usize, depth: usize) -> Result<Vec<Op>, String> {
+fn zero_bubble(schedule: Schedule, n: u64, depth: usize) -> Result<Vec<Vec<Op>>, String> {
     let ticks = |s: usize, op: Op| match op {
         _ if schedule.splits_stage_backward(s) => 1,
         Op::Backward(_) => 0,
@@ -233,7 +242,7 @@ fn zero_bubble(schedule: Schedule, n: u64, stage: usize, depth: usize) -> Result
     let mut held = vec![0usize; depth];
     let mut waiting: Vec<std::collections::VecDeque<(u64, u64)>> = vec![std::collections::VecDeque::new(); depth];
     let mut free_at = vec![0u64; depth];
-    let mut mine = Vec::new();
+    let mut orders_run = vec![Vec::with_capacity(3 * n as usize); depth];
     let (total, mut ran) = (3 * n as usize * depth, 0usize);
     let mut tick: u64 = 0;
     while ran < total {
@@ -274,9 +283,8 @@ fn zero_bubble(schedule: Schedule, n: u64, stage: usize, depth: usize) -> Result
                 }
                 free_at[s] = end;
                 ran += 1;
-                if s == stage {
-                    mine.push(op);
-                }
+                // The replay's input gradients are the schedule's `BackwardInput`.
+                orders_run[s].push(if let Op::Backward(j) = op { Op::BackwardInput(j) } else { op });
             }
         }
         if ran < total && free_at.iter().all(|&t| t <= tick) {
@@ -284,8 +292,7 @@ fn zero_bubble(schedule: Schedule, n: u64, stage: usize, depth: usize) -> Result
         }
         tick += 1;
     }
-    // The replay's input gradients are the schedule's `BackwardInput`.
-    Ok(mine.into_iter().map(|op| if let Op::Backward(j) = op { Op::BackwardInput(j) } else { op }).collect())
+    Ok(orders_run)
 }
 
 /// Stage `stage`'s warm-up forwards and the most graphs it may hold under a zero-bubble
