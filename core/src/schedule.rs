@@ -72,10 +72,7 @@ pub fn stage_ops_from(schedule: Schedule, stage: usize, depth: usize, m: usize, 
         Schedule::ZbH1 | Schedule::ZbH2 => {
             // Every batch runs the same order: made once.
             let batch = zero_bubble(schedule, m64, depth)?.swap_remove(stage);
-            for t in start as u64..steps as u64 {
-                ops.extend(batch.iter().map(|&op| shifted(op, t * m64)));
-                ops.push(Op::Step(t));
-            }
+            ops = stage_batches(&batch, m64, start, steps);
         }
         Schedule::Interleaved2 | Schedule::Interleaved4 | Schedule::ZbV => unreachable!("orders of several stages per worker are made per worker above"),
     }
@@ -129,12 +126,8 @@ pub fn worker_orders(schedule: Schedule, depth: usize, m: usize, start: usize, s
 pub fn stage_orders(schedule: Schedule, depth: usize, m: usize, start: usize, steps: usize) -> Result<Vec<Vec<Op>>, String> {
     if matches!(schedule, Schedule::ZbH1 | Schedule::ZbH2) && m > 0 && depth > 0 && start <= steps {
         // One replay of the whole pipeline gives every stage's batch.
-        let m64 = m as u64;
-        let batches = zero_bubble(schedule, m64, depth)?;
-        return Ok(batches
-            .iter()
-            .map(|batch| (start as u64..steps as u64).flat_map(|t| batch.iter().map(move |&op| shifted(op, t * m64)).chain([Op::Step(t)])).collect())
-            .collect());
+        let batches = zero_bubble(schedule, m as u64, depth)?;
+        return Ok(batches.iter().map(|batch| stage_batches(batch, m as u64, start, steps)).collect());
     }
     if schedule.virtual_stages() == 1 {
         return (0..depth).map(|k| stage_ops_from(schedule, k, depth, m, start, steps)).collect();
@@ -162,6 +155,12 @@ fn shared_workers(schedule: Schedule, depth: usize, m: usize, start: usize, step
 /// [`zb_v`], its error naming the shape.
 fn zb_v_orders(workers: usize, m: usize) -> Result<Vec<Vec<(usize, Op)>>, String> {
     zb_v(workers, m).map_err(|e| format!("{} on {workers} workers, m = {m}: {e}", Schedule::ZbV))
+}
+
+/// A stage's order for batches `start..steps` from one batch's (batch-local microbatches,
+/// `m` of them), each batch ending with its step.
+fn stage_batches(batch: &[Op], m: u64, start: usize, steps: usize) -> Vec<Op> {
+    (start as u64..steps as u64).flat_map(|t| batch.iter().map(move |&op| shifted(op, t * m)).chain([Op::Step(t)])).collect()
 }
 
 /// Worker `worker`'s order for batches `start..steps` from one batch's (batch-local
@@ -441,8 +440,8 @@ fn shifted(op: Op, base: u64) -> Op {
 /// A closed form, not a walk over the order, for the schedules of one stage per worker
 /// but ZB-H2: the planner asks it for every stage of every configuration it weighs, and
 /// the walk is `O(m)` each time (interleaved 1F1B, ZB-V and ZB-H2, whose replay sets how
-/// far below its bound each stage stays, are walked; [`peaks_in_flight`] remembers them). `peak_matches_the_order`
-/// checks it against [`stage_ops`] itself (two batches, so that 2BW's steady state is in
+/// far below its bound each stage stays, are walked; [`peaks_in_flight`] remembers them).
+/// `peak_matches_the_order` checks it against [`stage_ops`] itself (two batches, so that 2BW's steady state is in
 /// it) for every schedule.
 pub fn peak_in_flight(schedule: Schedule, stage: usize, depth: usize, m: usize) -> Option<usize> {
     if m == 0 || depth == 0 || stage >= depth || (schedule == Schedule::TwoBw && m < depth) {

@@ -830,13 +830,12 @@ fn assess(
     let per_batch = match cfg.schedule {
         Schedule::TwoBw => cfg.m as f64 * worst.0,
         Schedule::Flush | Schedule::GPipe => flush,
-        Schedule::ZbH1 => flush - (cfg.d as f64 - 1.0) * ctx.weight_grad_time(&ranges[slowest], cfg.b),
         // ZB-H2 with `m >= 2d - 1` (its warm-up complete): the weight gradients fill the
         // drain and only the first forward's way down the pipeline is left, `(d - 1) F`
         // (`simulate` tests), with a forward a third of a stage's time; with fewer
         // microbatches, ZB-H1's.
         Schedule::ZbH2 if cfg.m + 1 >= 2 * cfg.d as u64 => cfg.m as f64 * max_time + (cfg.d as f64 - 1.0) * max_time / 3.0 + max_ar,
-        Schedule::ZbH2 => flush - (cfg.d as f64 - 1.0) * ctx.weight_grad_time(&ranges[slowest], cfg.b),
+        Schedule::ZbH1 | Schedule::ZbH2 => flush - (cfg.d as f64 - 1.0) * ctx.weight_grad_time(&ranges[slowest], cfg.b),
         // Interleaved: `d / v` workers of `v` stages each; a worker's microbatch takes
         // `v T` and the drain `(d / v - 1) T` (Narayanan et al., 2021: the bubble shrinks v
         // times), so a batch takes `(m v + d / v - 1) T`.
