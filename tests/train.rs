@@ -710,6 +710,33 @@ fn mixed_precision_tracks_fp32_on_gpt2_tiny() {
     fails(&out, &["invalid value 'fp8' for '--precision <PRECISION>' [possible values: fp32, bf16, fp16]"]);
 }
 
+/// Under 2BW a stage whose gradient sum goes on in the background (here gpt2-tiny's token
+/// embedding, tied to the output projection of the last stage) defers its update. Where
+/// the update needs an answer every stage agrees on (`--clip-norm`, `--on-nonfinite
+/// skip`), every stage makes it after its last forward of the next step: a stage waiting
+/// in the agreement before forwarding what another needs to reach it would wait out the
+/// timeout. At d = 3 both train, to d = 1's losses (the tied sums add in another order:
+/// within fp32 rounding).
+#[test]
+fn tied_stages_under_2bw_agree_on_clipping_and_skips() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let model = model("gpt2-tiny");
+    for d in ["1", "3"] {
+        let out = pw(&["compile", model.to_str().unwrap(), "--stages", d, "--schedule", "2bw", "-o", dir.path().join(d).to_str().unwrap()]);
+        ok(&out);
+    }
+    for agreed in [["--clip-norm", "0.5"], ["--on-nonfinite", "skip"]] {
+        let run = |d: &str| {
+            let mut args = vec!["--steps", "4", "--microbatch", "2", "--microbatches", "3", "--optimizer", "adam", "--lr", "0.001", "--timeout", "60"];
+            args.extend(agreed);
+            train_losses(&dir.path().join(d), &args)
+        };
+        let (one, three) = (run("1"), run("3"));
+        assert_eq!(three.len(), 4, "{agreed:?}");
+        assert!(one.iter().zip(&three).all(|(a, b)| (a - b).abs() <= 1e-4 * a.abs()), "{agreed:?}: d = 3 {three:?} vs d = 1 {one:?}");
+    }
+}
+
 /// `--devices cpu,cpu` places the two stages on two "devices" (both the CPU): the losses
 /// are those of the one-device run; a device libtorch cannot reach is named.
 #[test]

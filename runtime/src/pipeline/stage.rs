@@ -362,6 +362,10 @@ struct Deferred {
     t0: Option<std::time::Instant>,
     /// The gradients' devices.
     here: Vec<tch::Device>,
+    /// Where the update needs an answer every stage agrees on ([`Worker::needs_agreement`]):
+    /// the microbatch after whose forward it is made, the last of step `t + 1`. `None`:
+    /// it is made when its version is first needed.
+    agree_after: Option<u64>,
 }
 
 /// The mutable state of a worker between ops.
@@ -378,6 +382,9 @@ struct State {
     /// backward), oldest first.
     awaiting: VecDeque<AwaitingWeights>,
     acc: Option<Vec<Tensor>>,
+    /// Bytes of the gradients of an update waiting for its sums ([`Deferred`]): held
+    /// beside the next batch's accumulator until the update is applied.
+    deferred_gradients: u64,
     batch_loss: f64,
     batch_samples: usize,
     /// `--on-nonfinite skip`: this batch's loss was not finite (so far, on this stage).
@@ -418,6 +425,7 @@ fn run_inner(
         stash: VecDeque::new(),
         awaiting: VecDeque::new(),
         acc: None,
+        deferred_gradients: 0,
         batch_loss: 0.0,
         batch_samples: 0,
         batch_nonfinite: false,
@@ -467,6 +475,11 @@ fn run_inner(
                 if !w.forward_op(&mut st, j, ctx, data.as_ref(), tr, rec)? {
                     stop_before = Some(j / m64);
                     continue;
+                }
+                if deferred.as_ref().is_some_and(|d| d.agree_after == Some(j)) {
+                    if let Some(d) = deferred.take() {
+                        w.finish_step(&mut st, d, ctx, tr, events, rec)?;
+                    }
                 }
             }
             Op::Backward(j) => w.backward_op(&mut st, j, ctx, tr, rec)?,
@@ -699,7 +712,7 @@ impl Worker {
 
     fn observe(&self, st: &mut State, extra_grads: u64, extra_act: u64) {
         let weights = st.versions.values().chain(st.cast.values()).flatten().map(bytes_of).sum();
-        let gradients = st.acc.iter().flatten().map(bytes_of).sum::<u64>() + extra_grads;
+        let gradients = st.acc.iter().flatten().map(bytes_of).sum::<u64>() + st.deferred_gradients + extra_grads;
         let activations = st.stash.iter().map(|s| s.bytes).chain(st.awaiting.iter().map(|a| a.bytes)).sum::<u64>() + extra_act;
         st.memory.keep_peak(StageMemory {
             total: 0,
@@ -930,13 +943,17 @@ impl Worker {
     fn step_op(&mut self, st: &mut State, t: u64, ctx: &Ctx<'_>, tr: &mut dyn Transport, events: &Sender<Event>, rec: &mut Recorder) -> Result<Option<Deferred>, E> {
         let t0 = rec.start();
         let grads = st.acc.take().ok_or_else(|| E::Msg(format!("step {t} without gradients")))?;
+        let grad_bytes = grads.iter().map(bytes_of).sum();
         // What the step's microbatches saw, taken now: the next step's begin to add up
         // while this update waits.
         let batch = Batch { loss: std::mem::take(&mut st.batch_loss), samples: std::mem::take(&mut st.batch_samples), nonfinite: std::mem::take(&mut st.batch_nonfinite) };
         let here: Vec<tch::Device> = grads.iter().map(|g| g.device()).collect();
         let replicas = if ctx.replicas == 1 { ReplicaSum::Done } else { ReplicaSum::NotBegun };
-        let mut d = Deferred { t, t0, here, batch, grads, tied: Vec::new(), replicas };
-        let background = self.spec.update == UpdateRule::TwoBw;
+        // fp16's loss scale is agreed at each update and scales the next batch's
+        // backwards: it must change between batches, so those updates never wait.
+        let background = self.spec.update == UpdateRule::TwoBw && self.scaler.is_none();
+        let agree_after = (background && self.needs_agreement(ctx)).then(|| (t + 2) * ctx.m as u64 - 1);
+        let mut d = Deferred { t, t0, here, batch, grads, tied: Vec::new(), replicas, agree_after };
         for (gi, (stages, idx)) in self.tied_groups.iter().enumerate() {
             let part: Vec<Tensor> = idx.iter().map(|&i| d.grads[i].shallow_clone()).collect();
             let begun = if background { tr.begin_sum(&SumGroup::Tied(stages.clone()), part) } else { tr.all_reduce_tied(stages, part).map(Some) };
@@ -949,16 +966,30 @@ impl Worker {
         if d.tied.is_empty() {
             self.sum_replicas(&mut d, background, ctx, tr)?;
         }
-        if d.tied.is_empty() && d.replicas == ReplicaSum::Done {
+        if d.tied.is_empty() && d.replicas == ReplicaSum::Done && d.agree_after.is_none() {
             self.apply(st, d, ctx, tr, events, rec)?;
             return Ok(None);
         }
+        st.deferred_gradients = grad_bytes;
         Ok(Some(d))
+    }
+
+    /// Whether an update needs an answer every stage agrees on: `--on-nonfinite skip`,
+    /// `--clip-norm`'s global norm. Under 2BW every stage then makes its update at the
+    /// same point of its order, after its last forward of the next step, whether or not
+    /// its sums are done sooner: stages deferring by how their sums arrive would reach the
+    /// agreement at different points, and one waiting in it before forwarding what a later
+    /// stage needs to reach it would never be joined. Every stage reaches that point once
+    /// the stage before it has forwarded the step, which it does before its own.
+    fn needs_agreement(&self, ctx: &Ctx<'_>) -> bool {
+        ctx.cfg.on_nonfinite == NonFinite::Skip || ctx.cfg.clip_norm.is_some()
     }
 
     /// Completes step `d.t`'s update once the sums [`Worker::step_op`] left in the
     /// background are in (the replicas' sum begun now if it waited for the tied ones).
     fn finish_step(&mut self, st: &mut State, mut d: Deferred, ctx: &Ctx<'_>, tr: &mut dyn Transport, events: &Sender<Event>, rec: &mut Recorder) -> Result<(), E> {
+        // Counted by `apply` as the gradients of the update in progress from here.
+        st.deferred_gradients = 0;
         self.finish_tied(&mut d, tr)?;
         if d.replicas == ReplicaSum::NotBegun {
             self.sum_replicas(&mut d, false, ctx, tr)?;

@@ -110,6 +110,9 @@ pub struct InProcess {
     tied: HashMap<Vec<u32>, Arc<Gather<Vec<Tensor>>>>,
     /// Every gather this worker takes part in, to abort them all.
     all: Vec<Arc<dyn Abort>>,
+    /// The sums begun in the background ([`Transport::begin_sum`]): the generation of
+    /// the group's gather this worker contributed to.
+    in_flight: HashMap<SumGroup, u64>,
     timeout: Duration,
 }
 
@@ -142,6 +145,7 @@ impl InProcess {
                         replicas: per_stage[k].clone(),
                         tied: mine,
                         all,
+                        in_flight: HashMap::new(),
                         timeout,
                     }
                 })
@@ -241,8 +245,7 @@ impl Transport for InProcess {
         self.replicas.reduce(self.replica, tensors, sum_lists, share, self.timeout)
     }
     fn all_reduce_tied(&mut self, stages: &[u32], tensors: Vec<Tensor>) -> Result<Vec<Tensor>, String> {
-        let g = self.tied.get(stages).ok_or_else(|| format!("stage {} is not in a tied-weight group {stages:?}", self.stage))?;
-        let rank = stages.iter().position(|&s| s == self.stage).unwrap_or(0);
+        let (g, rank) = self.tied_gather(stages)?;
         g.reduce(rank, tensors, sum_lists, share, self.timeout)
     }
     fn abort(&mut self) {
@@ -250,6 +253,56 @@ impl Transport for InProcess {
             g.abort();
         }
     }
+    /// Contributes this worker's part and goes on; the last member to arrive adds the
+    /// parts (on its own thread, in member order, as [`Transport::all_reduce_tied`] and
+    /// [`Transport::all_reduce_replicas`] do), so nobody waits for a member still
+    /// computing.
+    fn begin_sum(&mut self, group: &SumGroup, tensors: Vec<Tensor>) -> Result<Option<Vec<Tensor>>, String> {
+        let Some((g, rank)) = self.gather_of(group)? else { return Ok(Some(tensors)) };
+        if self.in_flight.contains_key(group) {
+            return Err(format!("{group}: begun while the last one was in flight"));
+        }
+        let gen = g.contribute(rank, tensors, sum_lists)?;
+        if g.ready(gen) {
+            return g.collect(gen, share, self.timeout).map(Some);
+        }
+        self.in_flight.insert(group.clone(), gen);
+        Ok(None)
+    }
+    fn finish_sum(&mut self, group: &SumGroup) -> Result<Vec<Tensor>, String> {
+        let gen = self.in_flight.remove(group).ok_or_else(|| format!("no {group} is in flight"))?;
+        let (g, _) = self.gather_of(group)?.ok_or_else(|| format!("no {group} is in flight"))?;
+        g.collect(gen, share, self.timeout)
+    }
+    fn sum_done(&mut self, group: &SumGroup) -> bool {
+        match (self.in_flight.get(group), self.gather_of(group)) {
+            (Some(&gen), Ok(Some((g, _)))) => g.ready(gen),
+            _ => true,
+        }
+    }
+}
+
+impl InProcess {
+    /// The gather of tied stage set `stages` and this stage's place in it.
+    fn tied_gather(&self, stages: &[u32]) -> Result<(Arc<Gather<Vec<Tensor>>>, usize), String> {
+        let g = self.tied.get(stages).ok_or_else(|| format!("stage {} is not in a tied-weight group {stages:?}", self.stage))?;
+        let rank = stages.iter().position(|&s| s == self.stage).unwrap_or(0);
+        Ok((g.clone(), rank))
+    }
+
+    /// The gather `group` sums over and this worker's place in it; `None` when this
+    /// worker is its only member.
+    fn gather_of(&self, group: &SumGroup) -> Result<Option<(Arc<Gather<Vec<Tensor>>>, usize)>, String> {
+        match group {
+            SumGroup::Replicas if self.replicas.n == 1 => Ok(None),
+            SumGroup::Replicas => Ok(Some((self.replicas.clone(), self.replica))),
+            SumGroup::Tied(stages) => self.tied_gather(stages).map(Some),
+        }
+    }
+}
+
+fn gather_aborted() -> String {
+    "reduction aborted: another worker has stopped".to_string()
 }
 
 trait Abort: Send + Sync {
@@ -283,10 +336,18 @@ impl<T: Send> Gather<T> {
     /// Contributes `x` as participant `rank` and returns the combined result; errs when
     /// the others have not all contributed within `timeout`, naming the missing ones.
     fn reduce(&self, rank: usize, x: T, combine: impl FnOnce(Vec<T>) -> Result<T, String>, share: impl Fn(&T) -> T, timeout: Duration) -> Result<T, String> {
-        let aborted = || "reduction aborted: another worker has stopped".to_string();
-        let mut s = self.state.lock().map_err(|_| aborted())?;
+        let gen = self.contribute(rank, x, combine)?;
+        self.collect(gen, share, timeout)
+    }
+
+    /// Contributes `x` as participant `rank` without waiting for the others, and returns
+    /// the generation contributed to, for [`Gather::collect`]; the last to arrive combines
+    /// the parts. A participant collects a generation before it contributes to the next,
+    /// so a result stays until every participant has taken its share.
+    fn contribute(&self, rank: usize, x: T, combine: impl FnOnce(Vec<T>) -> Result<T, String>) -> Result<u64, String> {
+        let mut s = self.state.lock().map_err(|_| gather_aborted())?;
         if s.aborted {
-            return Err(aborted());
+            return Err(gather_aborted());
         }
         if rank >= self.n || s.parts[rank].is_some() {
             return Err(format!("reduction: rank {rank} of {} contributed twice or is out of range", self.n));
@@ -295,23 +356,33 @@ impl<T: Send> Gather<T> {
         s.parts[rank] = Some(x);
         s.arrived += 1;
         if s.arrived == self.n {
-            let parts: Vec<T> = s.parts.iter_mut().map(|p| p.take()).collect::<Option<_>>().ok_or_else(aborted)?;
-            let result = match combine(parts) {
-                Ok(r) => r,
+            let parts: Vec<T> = s.parts.iter_mut().map(|p| p.take()).collect::<Option<_>>().ok_or_else(gather_aborted)?;
+            match combine(parts) {
+                Ok(r) => s.result = Some(r),
                 Err(e) => {
                     // The others would wait for a result that never comes: fail them too.
                     s.aborted = true;
                     self.cv.notify_all();
                     return Err(format!("{}: {e}", self.what));
                 }
-            };
-            let mine = share(&result);
-            s.result = Some(result);
+            }
             s.arrived = 0;
             s.generation += 1;
             self.cv.notify_all();
-            return Ok(mine);
         }
+        Ok(gen)
+    }
+
+    /// Whether generation `gen` is combined (or the gather aborted), without waiting.
+    fn ready(&self, gen: u64) -> bool {
+        self.state.lock().map_or(true, |s| s.generation != gen || s.aborted)
+    }
+
+    /// A share of generation `gen`'s result, waiting for it at most `timeout`; errs naming
+    /// the participants that have not contributed.
+    fn collect(&self, gen: u64, share: impl Fn(&T) -> T, timeout: Duration) -> Result<T, String> {
+        let aborted = gather_aborted;
+        let mut s = self.state.lock().map_err(|_| aborted())?;
         // The result of `gen` stays until all `n` have arrived at `gen + 1`, which needs
         // every waiter of `gen` to have left, so it cannot be overwritten under a waiter.
         let deadline = Instant::now() + timeout;
@@ -361,5 +432,31 @@ mod tests {
         let mut grid = InProcess::grid(2, 1, &[vec![0, 1]], Duration::from_millis(50));
         let e = grid[0][0].all_reduce_tied(&[0, 1], vec![Tensor::from(1.0)]).unwrap_err();
         assert!(e.contains("tied-weight gradient sum of stages [0, 1] (replica 0): participant(s) [1]"), "{e}");
+    }
+
+    #[test]
+    fn a_sum_begun_in_the_background_completes_when_the_last_member_arrives() {
+        let tied = SumGroup::Tied(vec![0, 1]);
+        let mut grid = InProcess::grid(2, 2, &[vec![0, 1]], Duration::from_millis(50));
+        // The first member goes on; the last one adds the parts, in member order.
+        assert!(grid[0][0].begin_sum(&tied, vec![Tensor::from(1.0)]).unwrap().is_none());
+        assert!(!grid[0][0].sum_done(&tied));
+        assert_eq!(grid[0][0].begin_sum(&tied, vec![Tensor::from(5.0)]).unwrap_err(), "tied-weight gradient sum of stages [0, 1]: begun while the last one was in flight");
+        let last = grid[0][1].begin_sum(&tied, vec![Tensor::from(2.0)]).unwrap().expect("the last member's sum is complete");
+        assert_eq!(last[0].double_value(&[]), 3.0);
+        assert!(grid[0][0].sum_done(&tied));
+        assert_eq!(grid[0][0].finish_sum(&tied).unwrap()[0].double_value(&[]), 3.0);
+        assert_eq!(grid[0][0].finish_sum(&tied).unwrap_err(), "no tied-weight gradient sum of stages [0, 1] is in flight");
+        // The next step's sum starts afresh; a member that never comes is named.
+        assert!(grid[0][1].begin_sum(&tied, vec![Tensor::from(4.0)]).unwrap().is_none());
+        let e = grid[0][1].finish_sum(&tied).unwrap_err();
+        assert_eq!(e, "waited 0.05 s for the tied-weight gradient sum of stages [0, 1] (replica 0): participant(s) [0] of 2 never contributed");
+        // The replicas' sum likewise; with one replica there is nothing to wait for.
+        assert!(grid[1][0].begin_sum(&SumGroup::Replicas, vec![Tensor::from(1.5)]).unwrap().is_none());
+        let sum = grid[0][0].begin_sum(&SumGroup::Replicas, vec![Tensor::from(0.5)]).unwrap().expect("complete");
+        assert_eq!(sum[0].double_value(&[]), 2.0);
+        assert_eq!(grid[1][0].finish_sum(&SumGroup::Replicas).unwrap()[0].double_value(&[]), 2.0);
+        let mut single = InProcess::grid(1, 1, &[], Duration::from_millis(50));
+        assert_eq!(single[0][0].begin_sum(&SumGroup::Replicas, vec![Tensor::from(7.0)]).unwrap().expect("alone")[0].double_value(&[]), 7.0);
     }
 }
