@@ -116,7 +116,7 @@ pub(super) fn replay_dedicated(setup: &SimSetup) -> Result<Simulation, SimError>
                     }
                     Op::Step(t) => {
                         let ar = allreduce[s];
-                        if deferred {
+                        if deferred[s] {
                             // The stream goes on: the all-reduce on the stage's network
                             // channel, the meeting and the update wait for the forward
                             // that needs them.

@@ -24,15 +24,15 @@
 //!   and the stream goes on; the update that creates version `t + 1` is applied when the
 //!   all-reduce is done, just before the first forward that needs that version (batch
 //!   `t + 2`, [`pipewright_core::UpdateRule::version_for`]). That is the overlap 2BW's
-//!   one-step delay allows, and the planner's `max(T, AR / m)` assumes (pipewright's MPI
-//!   workers do the same: `runtime/src/pipeline/stage.rs`, `Deferred`; the embedded
-//!   executor's in-process sums wait inside the step).
-//!   With `w = 1` the update runs where the step is, as the executor runs it.
+//!   one-step delay allows, and the planner's `max(T, AR / m)` assumes (the runtime's
+//!   workers do the same, over MPI and in one process: `runtime/src/pipeline/stage.rs`,
+//!   `Deferred`). With `w = 1` an untied stage's update runs where the step is, as the
+//!   executor runs it.
 //! - Stages tied by a shared weight ([`SimSetup::tied_groups`]) sum its gradient at every
 //!   step: a stage's `Step(t)` waits until every stage tied to it has reached `Step(t)`,
 //!   then takes [`StageCost::tied_sync_s`] on the stream, as the runtime's step does. 2BW
-//!   with `w > 1` defers that too: the update waits for the meeting and the sum just
-//!   before the forward that needs it.
+//!   defers that too: the update waits for the meeting and the sum just before the
+//!   forward that needs it.
 //! - Inter-layer model parallelism without pipelining runs each microbatch's forward and
 //!   backward through all stages before the next one enters ([`model_parallel_ops`]).
 //! - With [`SimSetup::host`]'s cores below the `w * d` threads, the stages' threads share

@@ -317,7 +317,7 @@ pub(super) fn replay(setup: &SimSetup, host: HostCores) -> Result<Simulation, Si
                                     state.steps.push_back(Step::Work(untraced));
                                 }
                             }
-                            Op::Step(t) if deferred => {
+                            Op::Step(t) if deferred[s] => {
                                 // The stream goes on: the all-reduce on the stage's network
                                 // channel; the meeting and the update wait for the forward
                                 // that needs them (`Step::Meet`).

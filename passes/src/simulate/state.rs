@@ -9,14 +9,14 @@ use pipewright_core::{Scheme, UpdateRule};
 use super::{scheme_orders, SimError, SimSetup, Simulation, StageCost, StageReport};
 
 /// What both engines start a replay with besides their stages: the update rule, each
-/// stage's all-reduce, the tied stages' meetings, whether updates wait for their version
-/// ([`defers_updates`]), the stages' inputs arriving, each batch's end and the intervals
-/// kept for the trace.
+/// stage's all-reduce, the tied stages' meetings, per stage whether its updates wait for
+/// their version ([`defers_updates`]), the stages' inputs arriving, each batch's end and
+/// the intervals kept for the trace.
 pub(super) struct Start {
     pub(super) rule: UpdateRule,
     pub(super) allreduce: Vec<f64>,
     pub(super) meetings: Meetings,
-    pub(super) deferred: bool,
+    pub(super) deferred: Vec<bool>,
     /// Activations arriving at each stage, and gradients.
     pub(super) acts: Vec<Arrivals>,
     pub(super) grads: Vec<Arrivals>,
@@ -154,7 +154,7 @@ fn allreduce_per_stage(setup: &SimSetup) -> Vec<f64> {
 /// every stage of its component (the stages linked through [`SimSetup::tied_groups`]; a
 /// stage tied to none is a component of its own) has reached the same step, then sums the
 /// tied gradients. Synchronous updates wait there on the stream; 2BW's deferred ones
-/// (`w > 1`, [`defers_updates`]) wait only before the forward that needs the update.
+/// ([`defers_updates`]) wait only before the forward that needs the update.
 pub(super) struct Meetings {
     component: Vec<usize>,
     members: Vec<Vec<usize>>,
@@ -215,12 +215,16 @@ impl Meetings {
     }
 }
 
-/// Whether `setup`'s updates are deferred: 2BW with replicas starts the step's sums (the
-/// replicas' all-reduce and the tied stages' meeting) and goes on, applying the update
-/// once they are done, just before the first forward that needs its version. With one
-/// replica the update runs at the step, as the executor runs it.
-fn defers_updates(setup: &SimSetup) -> bool {
-    setup.scheme == Scheme::TwoBw && setup.w > 1
+/// Per stage, whether its updates are deferred: under 2BW a stage that sums its gradients
+/// with others (its replicas, `w > 1`, or the stages it shares a tied weight with) begins
+/// the step's sums and goes on, applying the update once they are done, just before the
+/// first forward that needs its version, as both of the runtime's transports do. A stage
+/// that sums with nobody updates at the step, as the executor runs it. (Where the update
+/// needs an answer all stages agree on, `--clip-norm` and the like, the runtime makes it
+/// after the next step's last forward instead, and under fp16 at the step; a replay
+/// knows no training options.)
+fn defers_updates(setup: &SimSetup) -> Vec<bool> {
+    (0..setup.stages.len()).map(|s| setup.scheme == Scheme::TwoBw && (setup.w > 1 || setup.tied_groups.iter().any(|g| g.contains(&s)))).collect()
 }
 
 /// Arrival times for each stage's inputs, in a window of `2m + 2d + 2` slots.
