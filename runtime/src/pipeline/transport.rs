@@ -282,9 +282,12 @@ impl Transport for InProcess {
     }
 }
 
+/// A gather of gradients and this worker's place (rank) in it.
+type Member = (Arc<Gather<Vec<Tensor>>>, usize);
+
 impl InProcess {
     /// The gather of tied stage set `stages` and this stage's place in it.
-    fn tied_gather(&self, stages: &[u32]) -> Result<(Arc<Gather<Vec<Tensor>>>, usize), String> {
+    fn tied_gather(&self, stages: &[u32]) -> Result<Member, String> {
         let g = self.tied.get(stages).ok_or_else(|| format!("stage {} is not in a tied-weight group {stages:?}", self.stage))?;
         let rank = stages.iter().position(|&s| s == self.stage).unwrap_or(0);
         Ok((g.clone(), rank))
@@ -292,7 +295,7 @@ impl InProcess {
 
     /// The gather `group` sums over and this worker's place in it; `None` when this
     /// worker is its only member.
-    fn gather_of(&self, group: &SumGroup) -> Result<Option<(Arc<Gather<Vec<Tensor>>>, usize)>, String> {
+    fn gather_of(&self, group: &SumGroup) -> Result<Option<Member>, String> {
         match group {
             SumGroup::Replicas if self.replicas.n == 1 => Ok(None),
             SumGroup::Replicas => Ok(Some((self.replicas.clone(), self.replica))),
