@@ -840,13 +840,15 @@ fn tied_weights_over_two_replicas_match_the_embedded_executor() {
 /// reductions are counted apart (counted together per kind, stage 0's second sum of a step
 /// was taken for the next step's by the stages in one group only, and a
 /// `--deterministic-reduce` job stopped at its first step): under MPI's all-reduce and the
-/// fixed order, Flush and interleaved 1F1B (whose ranks also take turns) train like the
-/// embedded executor (bit for bit in the fixed order). The summary names the workers as `train`'s does.
+/// fixed order, Flush, interleaved 1F1B (whose ranks also take turns) and 2BW (whose sums
+/// go on in the background on both sides, its updates deferred; with `--clip-norm` made
+/// by every stage at one point of its order) train like the embedded executor (bit for
+/// bit in the fixed order). The summary names the workers as `train`'s does.
 #[test]
 fn overlapping_tied_groups_over_mpi_match_the_embedded_executor() {
     let dir = tempfile::tempdir().unwrap();
     let opts = ["--steps", "3", "--microbatch", "2", "--microbatches", "4", "--optimizer", "sgd", "--threads", "1", "--no-progress", "--metrics"];
-    for schedule in ["flush", "interleaved-2"] {
+    for schedule in ["flush", "interleaved-2", "2bw"] {
         let build = dir.path().join(schedule);
         ok(&command().arg("compile").arg(model("gpt2-tiny")).args(["--stages", "4", "--microbatch", "2", "--schedule", schedule, "-o"]).arg(&build).output().unwrap());
         let run = |launch: bool, extra: &[&str], metrics: &str| -> Run {
@@ -858,7 +860,7 @@ fn overlapping_tied_groups_over_mpi_match_the_embedded_executor() {
                 c.arg("train").arg(&build);
             }
             let stdout = ok(&c.args(extra).args(opts).arg(&m).output().unwrap());
-            let workers = if schedule == "flush" { "4 stage(s) x 1" } else { "4 stage(s) on 2 worker(s) x 1" };
+            let workers = if schedule == "interleaved-2" { "4 stage(s) on 2 worker(s) x 1" } else { "4 stage(s) x 1" };
             assert!(stdout.contains(&format!("trained 3 steps under {schedule} over {workers} replica(s)")), "{stdout}");
             finish(&build, &m)
         };
@@ -870,6 +872,10 @@ fn overlapping_tied_groups_over_mpi_match_the_embedded_executor() {
         let fixed = run(true, &["--deterministic-reduce"], "m.jsonl");
         assert_eq!(one.losses, fixed.losses, "{schedule}, --deterministic-reduce");
         assert!(one.weights == fixed.weights, "{schedule}, --deterministic-reduce: tied weights over MPI must equal the embedded executor's");
+        if schedule == "2bw" {
+            let clipped = ["--clip-norm", "0.5", "--timeout", "60"];
+            close(&run(false, &clipped, "ec.jsonl"), &run(true, &clipped, "mc.jsonl"), 1e-5, "2bw --clip-norm, MPI's all-reduce");
+        }
     }
 }
 
