@@ -267,6 +267,17 @@ impl UpdateRule {
             UpdateRule::Constant => 0,
         }
     }
+
+    /// Whether a stage under this rule lets its step's gradient sums go on in the
+    /// background and defers its update to the first forward that needs it: under 2BW, a
+    /// stage with replicas, or tied to a stage before it. The first stage of a tied group
+    /// reaches the step last (the backward reaches it last), so it sums there. Fixed by
+    /// the build, not by which member of a sum arrives last, so that where a stage updates
+    /// and what it holds meanwhile do not vary from run to run. The runtime and the
+    /// simulator both decide by this.
+    pub fn defers_update(self, replicas: usize, tied_to_an_earlier_stage: bool) -> bool {
+        self == UpdateRule::TwoBw && (replicas > 1 || tied_to_an_earlier_stage)
+    }
 }
 
 word_enum! {

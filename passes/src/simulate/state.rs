@@ -32,7 +32,7 @@ impl Start {
             rule,
             allreduce: allreduce_per_stage(setup),
             meetings: Meetings::new(setup)?,
-            deferred: defers_updates(setup),
+            deferred: defers_updates(setup, rule),
             acts: arrivals(setup),
             grads: arrivals(setup),
             batch_end: vec![0.0f64; setup.batches],
@@ -218,14 +218,15 @@ impl Meetings {
 /// Per stage, whether its updates are deferred: under 2BW a stage with replicas (`w > 1`)
 /// or tied to a stage before it begins the step's sums and goes on, applying the update
 /// once they are done, just before the first forward that needs its version, as both of
-/// the runtime's transports do. The first stage of a tied group, which reaches the step
-/// last, and a stage that sums with nobody update at the step. (Where the update needs an
+/// the runtime's transports do ([`UpdateRule::defers_update`]). The first stage of a tied
+/// group, which reaches the step last, and a stage that sums with nobody update at the
+/// step. (Where the update needs an
 /// answer all stages agree on, `--clip-norm` and the like, the runtime makes it after the
 /// next step's last forward instead, and under fp16 at the step; a replay knows no
 /// training options.)
-fn defers_updates(setup: &SimSetup) -> Vec<bool> {
+fn defers_updates(setup: &SimSetup, rule: UpdateRule) -> Vec<bool> {
     let tied_to_an_earlier_stage = |s: usize| setup.tied_groups.iter().any(|g| g.contains(&s) && g.iter().any(|&x| x < s));
-    (0..setup.stages.len()).map(|s| setup.scheme == Scheme::TwoBw && (setup.w > 1 || tied_to_an_earlier_stage(s))).collect()
+    (0..setup.stages.len()).map(|s| rule.defers_update(setup.w, tied_to_an_earlier_stage(s))).collect()
 }
 
 /// Arrival times for each stage's inputs, in a window of `2m + 2d + 2` slots.

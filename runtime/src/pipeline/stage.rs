@@ -953,13 +953,9 @@ impl Worker {
         // backwards: it must change between batches, so those updates never wait.
         let twobw = self.spec.update == UpdateRule::TwoBw && self.scaler.is_none();
         let agree_after = (twobw && self.needs_agreement(ctx)).then(|| (t + 2) * ctx.m as u64 - 1);
-        // Which stages defer is fixed by the build, not by which member of a sum arrives
-        // last, so that where a stage updates and what it holds meanwhile do not vary from
-        // run to run: a stage with replicas, or tied to a stage before it. The first stage
-        // of a tied group reaches the step last (the backward reaches it last), so it
-        // waits there for sums already begun.
         let me = self.spec.index as u32;
-        let background = agree_after.is_some() || (twobw && (ctx.replicas > 1 || self.tied_groups.iter().any(|(stages, _)| stages.first() != Some(&me))));
+        let tied_to_an_earlier_stage = self.tied_groups.iter().any(|(stages, _)| stages.first() != Some(&me));
+        let background = agree_after.is_some() || (twobw && self.spec.update.defers_update(ctx.replicas, tied_to_an_earlier_stage));
         let mut d = Deferred { t, t0, here, batch, grads, tied: Vec::new(), replicas, agree_after };
         for (gi, (stages, idx)) in self.tied_groups.iter().enumerate() {
             let part: Vec<Tensor> = idx.iter().map(|&i| d.grads[i].shallow_clone()).collect();
