@@ -34,6 +34,8 @@ fn the_gpu_acceptance_script_passes_its_cpu_dry_run() {
     assert_eq!(count("host reads"), 1, "{table}");
     assert_eq!(count("step time"), 2, "{table}");
     assert_eq!(count("peak memory"), 1, "{table}");
-    assert!(table.contains("33 checks on cpu: all passed."), "{table}");
+    // d = 2 and 4: 2bw, flush and gpipe in fp32, and 2bw in bf16.
+    assert_eq!(count("schedules"), 8, "{table}");
+    assert!(table.contains("41 checks on cpu: all passed."), "{table}");
     assert!(!table.contains("| FAIL |"), "{table}");
 }
