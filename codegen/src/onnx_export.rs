@@ -7,7 +7,8 @@
 //! type, name and attributes; `StageBoundary` nodes are not emitted. Sent tensors carry
 //! their wire name (`x@stage2`, the name the next stage's model reads them by) through an
 //! `Identity` node, so stage models chain by name. The opset and IR version are the
-//! source model's.
+//! source model's; a `Gelu` the importer fused is spelled out again for opsets before
+//! 20, which lack the op.
 //!
 //! Batch axes: when the source was exported at a batch size above 1 (constants such as
 //! reshape targets and attention masks are baked for it), every extent is written at that
@@ -23,7 +24,8 @@ use onnx_protobuf::{
     TypeProto, ValueInfoProto,
 };
 use pipewright_ir::import::{attribute_proto, tensor::tensor_to_proto};
-use pipewright_ir::{Dim, Graph, Op, ValueId};
+use pipewright_ir::{DType, Dim, Graph, Op, TensorData, ValueId};
+use pipewright_ops::op::GeluApprox;
 use protobuf::{Message, MessageField};
 
 use crate::stage::StageSlice;
@@ -62,6 +64,12 @@ pub fn export_stage(g: &Graph, s: &StageSlice) -> Result<ModelProto, ExportError
             continue;
         }
         let names = |vs: &[Option<ValueId>]| vs.iter().map(|v| v.map(name).unwrap_or_default()).collect::<Vec<_>>();
+        if let (Op::Gelu { approximate }, [Some(x)], [Some(y)]) = (&node.op, node.inputs.as_slice(), node.outputs.as_slice()) {
+            if g.meta.opset < GELU_OPSET {
+                spell_out_gelu(&mut graph, &node.name, *approximate, (&name(*x), &name(*y)), g.value(*x).ty.dtype);
+                continue;
+            }
+        }
         // Ops of other domains (training, ML) carry their domain and import it.
         let domain = pipewright_ops::onnx::spec(node.op.name()).map_or("", |s| s.domain);
         if !domain.is_empty() && !domains.iter().any(|(d, _)| *d == domain) {
@@ -109,6 +117,43 @@ pub fn export_stage(g: &Graph, s: &StageSlice) -> Result<ModelProto, ExportError
     })
 }
 
+/// The first opset with a `Gelu` op.
+const GELU_OPSET: i64 = 20;
+
+/// A `Gelu` node (the importer fuses the spelled-out chains, `pipewright_ir::fuse`) as the
+/// elementwise nodes an opset before 20 has: `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`
+/// or `0.5 x (1 + erf(x / sqrt(2)))`, with its constants as initializers of `x`'s type.
+fn spell_out_gelu(graph: &mut GraphProto, node: &str, approximate: GeluApprox, (x, y): (&str, &str), dtype: DType) {
+    let at = |part: &str| format!("{y}/gelu/{part}");
+    let mut constant = |part: &str, v: f64| {
+        graph.initializer.push(tensor_to_proto(&at(part), &TensorData::from_f64s(dtype, Vec::new(), &[v])));
+        at(part)
+    };
+    let (half, one) = (constant("half", 0.5), constant("one", 1.0));
+    let mut steps: Vec<(&str, Vec<String>, String)> = match approximate {
+        GeluApprox::Tanh => {
+            let (three, cubic, scale) = (constant("three", 3.0), constant("cubic", 0.044_715), constant("scale", (2.0 / std::f64::consts::PI).sqrt()));
+            vec![
+                ("Pow", vec![x.into(), three], at("cube")),
+                ("Mul", vec![at("cube"), cubic], at("cubic_term")),
+                ("Add", vec![x.into(), at("cubic_term")], at("inner")),
+                ("Mul", vec![at("inner"), scale], at("scaled")),
+                ("Tanh", vec![at("scaled")], at("core")),
+            ]
+        }
+        GeluApprox::None => {
+            let sqrt2 = constant("sqrt2", std::f64::consts::SQRT_2);
+            vec![("Div", vec![x.into(), sqrt2], at("scaled")), ("Erf", vec![at("scaled")], at("core"))]
+        }
+    };
+    steps.push(("Add", vec![at("core"), one], at("one_plus")));
+    steps.push(("Mul", vec![x.into(), half], at("half_x")));
+    steps.push(("Mul", vec![at("half_x"), at("one_plus")], y.into()));
+    for (k, (op, input, output)) in steps.into_iter().enumerate() {
+        graph.node.push(NodeProto { name: format!("{node}/gelu_{k}"), op_type: op.into(), input, output: vec![output], ..Default::default() });
+    }
+}
+
 fn value_info(g: &Graph, v: ValueId, name: &str, export_batch: i64) -> ValueInfoProto {
     let ty = &g.value(v).ty;
     let dim = ty
@@ -139,4 +184,48 @@ fn value_info(g: &Graph, v: ValueId, name: &str, export_batch: i64) -> ValueInfo
 /// The ONNX attributes of `op` (the inverse of the importer's conversion).
 pub fn attributes(op: &Op) -> Vec<AttributeProto> {
     op.attributes().iter().map(|(name, value)| attribute_proto(name, value)).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use pipewright_ir::{import_bytes, parse_graph, ImportOptions, StageMap};
+
+    use super::export_stage;
+    use crate::stage::slice_stages;
+
+    /// A one-stage slice of `text`'s graph, exported.
+    fn exported(text: &str) -> onnx_protobuf::ModelProto {
+        let mut g = parse_graph(text).unwrap_or_else(|e| panic!("{e}"));
+        let mut map = StageMap::new(1);
+        for n in g.topo_order().unwrap() {
+            map.set(n, 0);
+        }
+        let stages = pipewright_passes::boundaries::insert_stage_boundaries(&mut g, &map).unwrap();
+        let slices = slice_stages(&g, &stages).unwrap();
+        export_stage(&g, &slices[0]).unwrap()
+    }
+
+    #[test]
+    fn gelu_is_spelled_out_before_opset_20_and_fused_again_on_import() {
+        for (opset, spelled) in [(17, true), (20, false)] {
+            let text = format!(
+                "graph \"g\" ir_version=8 opset={opset} producer=\"t\" batch=N(\"N\", dynamic) {{\n  %v0: f32[N,8] = input \"x\"\n  %v1: f32[N,8] = Gelu[approximate=\"tanh\"](%v0)  # n0 \"act\"\n  %v2: f32[N,8] = Gelu(%v1)  # n1 \"act2\"\n  return %v2 \"y\"\n}}\n"
+            );
+            let model = exported(&text);
+            let ops: Vec<&str> = model.graph.node.iter().map(|n| n.op_type.as_str()).collect();
+            let expected: &[&str] = if spelled {
+                &["Pow", "Mul", "Add", "Mul", "Tanh", "Add", "Mul", "Mul", "Div", "Erf", "Add", "Mul", "Mul"]
+            } else {
+                &["Gelu", "Gelu"]
+            };
+            assert_eq!(ops, expected, "opset {opset}");
+            let bytes = protobuf::Message::write_to_bytes(&model).unwrap();
+            let back = import_bytes(&bytes, Path::new("."), &ImportOptions::default()).unwrap_or_else(|e| panic!("opset {opset}: {e}"));
+            let text = pipewright_ir::text::print_graph(&back);
+            assert!(text.contains("Gelu[approximate=\"tanh\"](%v0)") && text.contains("Gelu(%v1)"), "opset {opset}: {text}");
+            assert_eq!(back.node_count(), 2, "opset {opset}: {text}");
+        }
+    }
 }

@@ -2,13 +2,14 @@
 //! dimension, the verifier and the text form.
 //!
 //! The flow is `import_model` (parse, convert nodes to [`Op`]s, infer shapes, fold
-//! shape subgraphs, compact, verify) and then passes over [`Graph`] in the
+//! shape subgraphs, fuse spelled-out GELUs, compact, verify) and then passes over [`Graph`] in the
 //! `pipewright-passes` crate.
 
 pub mod batch_drop;
 pub mod dim;
 pub mod dot;
 pub mod error;
+pub mod fuse;
 pub mod graph;
 pub mod import;
 pub mod infer;

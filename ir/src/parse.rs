@@ -235,7 +235,10 @@ impl Parser {
         // An op of another domain is at its newest version (the text form records the
         // default opset only).
         let at = if s.domain.is_empty() { self.graph.meta.opset } else { *s.versions.last().unwrap_or(&1) };
-        let version = s.version_at(at).ok_or_else(|| format!("{op_type} does not exist at opset {}", self.graph.meta.opset))?;
+        // The importer fuses ops whatever the opset (`crate::fuse`): those parse at any
+        // opset, at their first version.
+        let fused = crate::fuse::FUSED_OPS.contains(&op_type).then(|| s.versions.first().copied()).flatten();
+        let version = s.version_at(at).or(fused).ok_or_else(|| format!("{op_type} does not exist at opset {}", self.graph.meta.opset))?;
         let node = NodeProto {
             op_type: op_type.into(),
             input: vec![String::new(); n_inputs],

@@ -1,5 +1,5 @@
 //! ONNX to [`Graph`]: parse, validate domains/opsets/ops, convert nodes, infer shapes,
-//! fold shape subgraphs, compact and verify.
+//! fold shape subgraphs, fuse spelled-out GELUs ([`crate::fuse`]), compact and verify.
 
 pub(crate) mod attrs;
 mod batch_rewrite;
@@ -259,6 +259,7 @@ impl<'a> Importer<'a> {
             .collect::<Result<Vec<_>, _>>()?;
         self.graph.set_outputs(outputs);
         self.check_declared_types(g.output.iter().chain(&g.value_info));
+        crate::fuse::fuse_gelu(&mut self.graph);
         self.graph.remove_dead_nodes();
         self.graph
             .compact()

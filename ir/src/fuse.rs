@@ -1,0 +1,256 @@
+//! Fuses the GELU activations exporters spell out as chains of elementwise nodes into one
+//! `Gelu` node: the tanh form `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))` (GPT-2's
+//! `gelu_new`) and the erf form `0.5 x (1 + erf(x / sqrt(2)))` (BERT's, ViT's), whatever
+//! the order of their products and sums.
+//!
+//! Why: each elementwise node is a kernel that reads and writes the whole activation,
+//! forward and backward, and a transformer's MLP activation is its largest one; the fused
+//! node is one kernel each way (libtorch's `gelu`) computing the same function. On a GPU
+//! the spelled-out chain costs GPT-2 small several milliseconds a step.
+//!
+//! A chain is fused only when each of its intermediate values has exactly one reader (so
+//! nothing outside the chain needs them), its result has its input's type, and its
+//! constants are scalars within a relative 1e-3 of the exact ones (an fp16 export rounds
+//! them). The stage ONNX writer spells a fused node out again for opsets before 20, which
+//! have no `Gelu`.
+
+use pipewright_ops::op::{BinaryOp, GeluApprox, UnaryOp};
+
+use crate::{Graph, NodeId, Op, ValueDef, ValueId};
+
+/// The ops fusion writes, which the graph may hold at any opset (the text form parses
+/// them whatever the graph's opset).
+pub const FUSED_OPS: &[&str] = &["Gelu"];
+
+/// `sqrt(2 / pi)`, the tanh form's inner factor.
+const TANH_SCALE: f64 = 0.797_884_560_802_865_4;
+/// The tanh form's cubic coefficient.
+const TANH_CUBIC: f64 = 0.044_715;
+
+/// Rewrites the last node of each GELU chain into `Gelu` reading the chain's input and
+/// returns how many it fused. The rest of each chain is left without readers, for
+/// [`Graph::remove_dead_nodes`].
+pub fn fuse_gelu(g: &mut Graph) -> usize {
+    let uses = g.use_counts();
+    let found: Vec<(NodeId, ValueId, GeluApprox)> =
+        g.node_ids().filter_map(|n| match_gelu(g, &uses, n).map(|(x, approx)| (n, x, approx))).collect();
+    for &(n, x, approximate) in &found {
+        let arity = g.node(n).inputs.len();
+        for slot in 1..arity {
+            g.set_input(n, slot, None);
+        }
+        g.set_input(n, 0, Some(x));
+        let node = g.node_mut(n);
+        node.inputs.truncate(1);
+        node.op = Op::Gelu { approximate };
+    }
+    found.len()
+}
+
+/// The input and form of the GELU chain ending at node `n`, if it ends one.
+fn match_gelu(g: &Graph, uses: &[usize], n: NodeId) -> Option<(ValueId, GeluApprox)> {
+    let node = g.node(n);
+    if node.op != Op::Binary(BinaryOp::Mul) {
+        return None;
+    }
+    let out = (*node.outputs.first()?)?;
+    let product = factors(g, uses, out, true);
+    if !close(product.constant, 0.5) || product.terms.len() != 2 {
+        return None;
+    }
+    let (a, b) = (product.terms[0], product.terms[1]);
+    let (x, approx) = one_plus_gelu_core(g, uses, b, a).or_else(|| one_plus_gelu_core(g, uses, a, b))?;
+    let ty = &g.value(x).ty;
+    (ty.dtype.is_float() && *ty == g.value(out).ty).then_some((x, approx))
+}
+
+/// Whether `d` is `1 + tanh(...)` or `1 + erf(...)` of `x`'s GELU, read only by the chain.
+fn one_plus_gelu_core(g: &Graph, uses: &[usize], d: ValueId, x: ValueId) -> Option<(ValueId, GeluApprox)> {
+    let (p, q) = binary_operands(g, uses, d, BinaryOp::Add)?;
+    let core = match (scalar(g, p), scalar(g, q)) {
+        (Some(one), None) if close(one, 1.0) => q,
+        (None, Some(one)) if close(one, 1.0) => p,
+        _ => return None,
+    };
+    let (op, arg) = unary_operand(g, uses, core)?;
+    match op {
+        UnaryOp::Tanh if is_tanh_argument(g, uses, arg, x) => Some((x, GeluApprox::Tanh)),
+        UnaryOp::Erf if is_erf_argument(g, uses, arg, x) => Some((x, GeluApprox::None)),
+        _ => None,
+    }
+}
+
+/// `z = sqrt(2/pi) (x + 0.044715 x^3)`, the cube as `Pow(x, 3)` or `x x x`.
+fn is_tanh_argument(g: &Graph, uses: &[usize], z: ValueId, x: ValueId) -> bool {
+    let outer = factors(g, uses, z, uses[z.index()] == 1);
+    let [sum] = outer.terms[..] else { return false };
+    if !close(outer.constant, TANH_SCALE) {
+        return false;
+    }
+    let Some((p, q)) = binary_operands(g, uses, sum, BinaryOp::Add) else { return false };
+    let cubic = match (p == x, q == x) {
+        (true, false) => q,
+        (false, true) => p,
+        _ => return false,
+    };
+    let cube = factors(g, uses, cubic, uses[cubic.index()] == 1);
+    if !close(cube.constant, TANH_CUBIC) {
+        return false;
+    }
+    match cube.terms[..] {
+        [a, b, c] => a == x && b == x && c == x,
+        [power] => binary_operands(g, uses, power, BinaryOp::Pow).is_some_and(|(base, e)| base == x && scalar(g, e).is_some_and(|e| e == 3.0)),
+        _ => false,
+    }
+}
+
+/// `z = x / sqrt(2)` (or `x * (1 / sqrt(2))`).
+fn is_erf_argument(g: &Graph, uses: &[usize], z: ValueId, x: ValueId) -> bool {
+    let f = factors(g, uses, z, uses[z.index()] == 1);
+    f.terms == [x] && close(f.constant, std::f64::consts::FRAC_1_SQRT_2)
+}
+
+/// A value as a product: the constant factor and the other factors.
+struct Product {
+    constant: f64,
+    terms: Vec<ValueId>,
+}
+
+/// `v` as a product, looking through `Mul` nodes and divisions by a constant; below `v`
+/// only through values read by nothing else (`descend` says whether `v`'s own node may
+/// be looked through).
+fn factors(g: &Graph, uses: &[usize], v: ValueId, descend: bool) -> Product {
+    let mut p = Product { constant: 1.0, terms: Vec::new() };
+    collect_factors(g, uses, v, descend, &mut p);
+    p
+}
+
+fn collect_factors(g: &Graph, uses: &[usize], v: ValueId, descend: bool, p: &mut Product) {
+    if let Some(c) = scalar(g, v) {
+        p.constant *= c;
+        return;
+    }
+    let single = |v: ValueId| uses[v.index()] == 1;
+    match producer(g, v).filter(|_| descend) {
+        Some((Op::Binary(BinaryOp::Mul), [a, b])) => {
+            collect_factors(g, uses, a, single(a), p);
+            collect_factors(g, uses, b, single(b), p);
+        }
+        Some((Op::Binary(BinaryOp::Div), [a, b])) if scalar(g, b).is_some_and(|c| c != 0.0) => {
+            p.constant /= scalar(g, b).unwrap_or(1.0);
+            collect_factors(g, uses, a, single(a), p);
+        }
+        _ => p.terms.push(v),
+    }
+}
+
+/// The operands of the binary `op` node that alone reads into `v`'s reader.
+fn binary_operands(g: &Graph, uses: &[usize], v: ValueId, op: BinaryOp) -> Option<(ValueId, ValueId)> {
+    match producer(g, v).filter(|_| uses[v.index()] == 1)? {
+        (Op::Binary(o), [a, b]) if *o == op => Some((a, b)),
+        _ => None,
+    }
+}
+
+/// The op and operand of the unary node that alone produces `v` for its one reader.
+fn unary_operand(g: &Graph, uses: &[usize], v: ValueId) -> Option<(UnaryOp, ValueId)> {
+    match producer(g, v).filter(|_| uses[v.index()] == 1)? {
+        (Op::Unary(u), [a]) => Some((*u, a)),
+        _ => None,
+    }
+}
+
+/// The op and operands of the node producing `v` (its first output), when every operand
+/// is present.
+fn producer<const N: usize>(g: &Graph, v: ValueId) -> Option<(&Op, [ValueId; N])> {
+    let ValueDef::Node { node, slot: 0 } = g.value(v).def else { return None };
+    let node = g.node(node);
+    let inputs: Vec<ValueId> = node.inputs.iter().copied().collect::<Option<_>>()?;
+    Some((&node.op, inputs.try_into().ok()?))
+}
+
+/// A float constant of one element: its value.
+fn scalar(g: &Graph, v: ValueId) -> Option<f64> {
+    let w = g.value(v).weight()?;
+    let complete = w.data.numel() == 1 && w.data.bytes.len() == w.data.byte_len();
+    (!w.trainable && w.data.dtype.is_float() && complete).then(|| w.data.to_f64s()[0])
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() <= 1e-3 * b.abs()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fuse_gelu;
+    use crate::{parse_graph, text::print_graph, Graph};
+
+    const HEADER: &str = "graph \"g\" ir_version=8 opset=17 producer=\"t\" batch=N(\"N\", dynamic) {\n  %v0: f32[N,8] = input \"x\"\n";
+
+    /// GPT-2's `gelu_new` as torch.onnx writes it, with `cubic` as the cube's coefficient
+    /// and `extra` appended before the return (another reader of an intermediate, say).
+    fn tanh_chain(cubic: &str, extra: &str, ret: &str) -> String {
+        format!(
+            "{HEADER}  %v1: f32[] = const \"half\" [0.5]\n  %v2: f32[] = const \"three\" [3.0]\n  %v3: f32[] = const \"cubic\" [{cubic}]\n  %v4: f32[] = const \"scale\" [0.7978845834732056]\n  %v5: f32[] = const \"one\" [1.0]\n  %v6: f32[N,8] = Mul(%v0, %v1)  # n0 \"Mul\"\n  %v7: f32[N,8] = Pow(%v0, %v2)  # n1 \"Pow\"\n  %v8: f32[N,8] = Mul(%v7, %v3)  # n2 \"Mul_1\"\n  %v9: f32[N,8] = Add(%v0, %v8)  # n3 \"Add\"\n  %v10: f32[N,8] = Mul(%v9, %v4)  # n4 \"Mul_2\"\n  %v11: f32[N,8] = Tanh(%v10)  # n5 \"Tanh\"\n  %v12: f32[N,8] = Add(%v11, %v5)  # n6 \"Add_1\"\n  %v13: f32[N,8] = Mul(%v6, %v12)  # n7 \"Mul_3\"\n{extra}  return {ret}\n}}\n"
+        )
+    }
+
+    fn fused(text: &str) -> (usize, Graph) {
+        let mut g = parse_graph(text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        let n = fuse_gelu(&mut g);
+        g.remove_dead_nodes();
+        g.compact().expect("acyclic");
+        crate::verify(&g).unwrap_or_else(|e| panic!("{e:?}"));
+        (n, g)
+    }
+
+    #[test]
+    fn the_tanh_form_becomes_one_gelu_node_of_the_chain_input() {
+        let (n, g) = fused(&tanh_chain("0.044714998453855515", "", "%v13 \"y\""));
+        assert_eq!(n, 1);
+        let text = print_graph(&g);
+        assert!(text.contains("= Gelu[approximate=\"tanh\"](%v0)  # n0 \"Mul_3\""), "{text}");
+        assert_eq!(g.node_count(), 1, "{text}");
+    }
+
+    #[test]
+    fn the_erf_form_in_either_product_order_becomes_gelu() {
+        // torch.onnx before opset 20: `x * (1 + erf(x / sqrt 2))`, then `* 0.5`; and the
+        // same with `0.5 x` first and a product by `1 / sqrt 2`.
+        let variants = [
+            ("Div(%v0, %v1)", "Mul(%v0, %v6)", "Mul(%v7, %v2)"),
+            ("Mul(%v0, %v1)", "Mul(%v2, %v0)", "Mul(%v7, %v6)"),
+        ];
+        for (inner, first, last) in variants {
+            let sqrt2 = if inner.starts_with("Div") { "1.4142135381698608" } else { "0.7071067690849304" };
+            let text = format!(
+                "{HEADER}  %v1: f32[] = const \"sqrt2\" [{sqrt2}]\n  %v2: f32[] = const \"half\" [0.5]\n  %v3: f32[] = const \"one\" [1.0]\n  %v4: f32[N,8] = {inner}  # n0 \"Div\"\n  %v5: f32[N,8] = Erf(%v4)  # n1 \"Erf\"\n  %v6: f32[N,8] = Add(%v5, %v3)  # n2 \"Add\"\n  %v7: f32[N,8] = {first}  # n3 \"Mul\"\n  %v8: f32[N,8] = {last}  # n4 \"Mul_1\"\n  return %v8 \"y\"\n}}\n"
+            );
+            let (n, g) = fused(&text);
+            let printed = print_graph(&g);
+            assert_eq!((n, g.node_count()), (1, 1), "{text}\n{printed}");
+            assert!(printed.contains("= Gelu(%v0)  # n0 \"Mul_1\""), "{printed}");
+        }
+    }
+
+    #[test]
+    fn a_chain_whose_intermediate_is_read_elsewhere_is_left_alone() {
+        // The tanh's input is also a graph output: removing the chain would lose it.
+        let (n, g) = fused(&tanh_chain("0.044714998453855515", "", "%v13 \"y\", %v10 \"inner\""));
+        assert_eq!((n, g.node_count()), (0, 8), "{}", print_graph(&g));
+    }
+
+    #[test]
+    fn a_chain_with_another_coefficient_is_not_gelu() {
+        let (n, g) = fused(&tanh_chain("0.05", "", "%v13 \"y\""));
+        assert_eq!((n, g.node_count()), (0, 8), "{}", print_graph(&g));
+    }
+
+    #[test]
+    fn a_cube_written_as_products_is_recognised() {
+        let text = tanh_chain("0.044714998453855515", "", "%v13 \"y\"")
+            .replace("%v7: f32[N,8] = Pow(%v0, %v2)  # n1 \"Pow\"", "%v14: f32[N,8] = Mul(%v0, %v0)  # n8 \"Sq\"\n  %v7: f32[N,8] = Mul(%v14, %v0)  # n1 \"Cube\"");
+        let (n, g) = fused(&text);
+        assert_eq!((n, g.node_count()), (1, 1), "{}", print_graph(&g));
+    }
+}
