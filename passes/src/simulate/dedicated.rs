@@ -122,13 +122,12 @@ pub(super) fn replay_dedicated(setup: &SimSetup) -> Result<Simulation, SimError>
                             // that needs them.
                             meetings.arrive(s, t, st[s].free);
                             let state = &mut st[s];
-                            state.drop_gradient();
                             let start = state.free.max(state.net_free);
                             if ar > 0.0 {
                                 events.record(TraceKind::AllReduce, s, start, ar, None, t + 1, t);
                             }
                             state.net_free = start + ar;
-                            state.pending.push((t, start + ar));
+                            state.defer_update(t, start + ar);
                             batch_end[t as usize] = batch_end[t as usize].max(start + ar);
                         } else {
                             // Tied stages meet, then sum the tied gradients on the stream.

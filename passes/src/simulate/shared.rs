@@ -322,14 +322,13 @@ pub(super) fn replay(setup: &SimSetup, host: HostCores) -> Result<Simulation, Si
                                 // channel; the meeting and the update wait for the forward
                                 // that needs them (`Step::Meet`).
                                 meetings.arrive(s, t, now);
-                                state.common.drop_gradient();
                                 let ar = allreduce[s];
                                 let start = now.max(state.common.net_free);
                                 if ar > 0.0 {
                                     events.record(TraceKind::AllReduce, s, start, ar, None, t + 1, t);
                                 }
                                 state.common.net_free = start + ar;
-                                state.common.pending.push((t, start + ar));
+                                state.common.defer_update(t, start + ar);
                                 batch_end[t as usize] = batch_end[t as usize].max(start + ar);
                             }
                             Op::Step(t) => {

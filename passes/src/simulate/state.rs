@@ -89,14 +89,18 @@ pub(super) struct StageState {
     pub(super) in_flight: u64,
     pub(super) peak_in_flight: u64,
     /// Whether its batch's weight gradients exist (from the first weight gradient to the
-    /// step), and the most microbatches it held while they did.
+    /// step), and the most microbatches it held while some batch's did (this one's, or a
+    /// deferred update's in `pending`).
     gradient: bool,
     peak_with_gradient: u64,
+    /// The most microbatches it held while two batches' gradients existed: a deferred
+    /// update's, held until the update (as the runtime holds it), and the next batch's.
+    peak_with_two_gradients: Option<u64>,
     /// Link to the next stage (forward) and to the previous one (backward) free from.
     pub(super) fwd_link_free: f64,
     pub(super) bwd_link_free: f64,
     /// 2BW's all-reduce channel free from, and updates waiting for their version's turn:
-    /// (step, all-reduce done).
+    /// (step, all-reduce done); each holds its batch's gradients until it is applied.
     pub(super) net_free: f64,
     pub(super) pending: Vec<(u64, f64)>,
     /// Version the stage's weights are at (updates applied).
@@ -106,7 +110,7 @@ pub(super) struct StageState {
 impl StageState {
     /// A stage about to run `ops`, at time 0 with nothing done.
     fn new(ops: Vec<Op>) -> StageState {
-        StageState { ops, pc: 0, free: 0.0, busy: 0.0, in_flight: 0, peak_in_flight: 0, gradient: false, peak_with_gradient: 0, fwd_link_free: 0.0, bwd_link_free: 0.0, net_free: 0.0, pending: Vec::new(), version: 0 }
+        StageState { ops, pc: 0, free: 0.0, busy: 0.0, in_flight: 0, peak_in_flight: 0, gradient: false, peak_with_gradient: 0, peak_with_two_gradients: None, fwd_link_free: 0.0, bwd_link_free: 0.0, net_free: 0.0, pending: Vec::new(), version: 0 }
     }
 
     /// Every stage of `setup` about to run its order ([`scheme_orders`]).
@@ -119,9 +123,7 @@ impl StageState {
     pub(super) fn hold(&mut self) {
         self.in_flight += 1;
         self.peak_in_flight = self.peak_in_flight.max(self.in_flight);
-        if self.gradient {
-            self.peak_with_gradient = self.peak_with_gradient.max(self.in_flight);
-        }
+        self.note_gradients();
     }
 
     /// A whole backward or a weight gradient: its microbatch released, the batch's weight
@@ -129,7 +131,7 @@ impl StageState {
     pub(super) fn release(&mut self) {
         self.in_flight = self.in_flight.saturating_sub(1);
         self.gradient = true;
-        self.peak_with_gradient = self.peak_with_gradient.max(self.in_flight);
+        self.note_gradients();
     }
 
     /// The update took the batch's gradients.
@@ -137,10 +139,29 @@ impl StageState {
         self.gradient = false;
     }
 
+    /// The step left its update for later (`ready`: when its all-reduce is done): the
+    /// batch's gradients stay held, with the update, until it is applied.
+    pub(super) fn defer_update(&mut self, t: u64, ready: f64) {
+        self.gradient = false;
+        self.pending.push((t, ready));
+        self.note_gradients();
+    }
+
+    /// Records what it holds now against the peaks kept per number of gradients held.
+    fn note_gradients(&mut self) {
+        let held = usize::from(self.gradient) + self.pending.len();
+        if held >= 1 {
+            self.peak_with_gradient = self.peak_with_gradient.max(self.in_flight);
+        }
+        if held >= 2 {
+            self.peak_with_two_gradients = Some(self.peak_with_two_gradients.unwrap_or(0).max(self.in_flight));
+        }
+    }
+
     /// What it ended with, for [`report`]: last busy when its stream, links or all-reduce
     /// channel last were.
     pub(super) fn end(&self) -> StageEnd {
-        StageEnd { busy: self.busy, peak_in_flight: self.peak_in_flight, peak_with_gradient: self.peak_with_gradient, last: self.free.max(self.fwd_link_free).max(self.bwd_link_free).max(self.net_free) }
+        StageEnd { busy: self.busy, peak_in_flight: self.peak_in_flight, peak_with_gradient: self.peak_with_gradient, peak_with_two_gradients: self.peak_with_two_gradients, last: self.free.max(self.fwd_link_free).max(self.bwd_link_free).max(self.net_free) }
     }
 }
 
@@ -256,6 +277,7 @@ pub(super) struct StageEnd {
     busy: f64,
     peak_in_flight: u64,
     peak_with_gradient: u64,
+    peak_with_two_gradients: Option<u64>,
     /// When its stream, links and all-reduce channel were last busy.
     last: f64,
 }
@@ -263,10 +285,13 @@ pub(super) struct StageEnd {
 /// A stage's peak memory by its costs: with its gradient and the most microbatches it held
 /// while that existed (at least one: the backward that makes it frees its microbatch's
 /// activations as it goes), without it and the most it held at all, or while it updates,
-/// whichever is the largest (as the planner's [`crate::partition::PipelineMemory`]).
+/// whichever is the largest (as the planner's [`crate::partition::PipelineMemory`]); and,
+/// where a deferred update held its gradients into the next batch, one gradient more with
+/// the most it held then.
 fn peak_memory(c: &StageCost, x: &StageEnd) -> f64 {
     let holding = |k: u64| c.memory_one + c.memory_per_extra * k.saturating_sub(1) as f64;
-    holding(x.peak_with_gradient.max(1)).max(holding(x.peak_in_flight) - c.gradient_bytes).max(c.memory_at_update)
+    let two = x.peak_with_two_gradients.map_or(0.0, |k| holding(k.max(1)) + c.gradient_bytes);
+    holding(x.peak_with_gradient.max(1)).max(holding(x.peak_in_flight) - c.gradient_bytes).max(c.memory_at_update).max(two)
 }
 
 /// The report both engines give: steady-state rate between the ends of the first and the

@@ -665,3 +665,27 @@ fn zero_bubble_h2_leaves_only_the_first_forwards_way_down() {
         assert!(h2 < makespan(Scheme::ZbH1) && makespan(Scheme::ZbH1) < makespan(Scheme::Flush), "d={d} m={m}");
     }
 }
+
+/// A deferred update (2BW with replicas) holds its batch's gradients until it is applied,
+/// before the forward that needs it, as the runtime holds them: into the next batch's
+/// backwards, so such a stage peaks with two batches' gradients; one that updates at its
+/// step never does. Both engines alike.
+#[test]
+fn a_deferred_update_holds_its_gradients_into_the_next_batch() {
+    let mut s = setup(Scheme::TwoBw, 2, 2, 4);
+    for c in &mut s.stages {
+        // Gradient-heavy stages: one microbatch's activations 1, the gradients 10.
+        (c.memory_one, c.memory_per_extra, c.gradient_bytes) = (11.0, 1.0, 10.0);
+    }
+    let at_step = simulate(&s).unwrap();
+    let replicated = SimSetup { w: 2, ..s };
+    let deferred = simulate(&replicated).unwrap();
+    let shared = simulate(&SimSetup { host: Some(HostCores::ideal(4)), ..replicated }).unwrap();
+    // At its step: the first stage holds two microbatches with its gradient, the last one.
+    for (k, held) in [(0, 12.0), (1, 11.0)] {
+        assert_eq!(at_step.stages[k].peak_memory, held, "stage {k}");
+        for sim in [&deferred, &shared] {
+            assert_eq!(sim.stages[k].peak_memory, 21.0, "stage {k}: one microbatch and two gradients");
+        }
+    }
+}
