@@ -26,6 +26,7 @@ Checks, each a row of the table:
   schedules         the same GPT-2 at d = 2 and 4 under 2bw, flush and gpipe (fp32) and 2bw
                     bf16, every stage on the one device: samples/s (measured, not judged)
 
+`--checks` runs a subset (a short GPU lease: `--checks speed,schedules`).
 `--device cpu --size tiny` runs the same script on the CPU with a tiny GPT-2 (CI does, so
 everything but the GPU itself is tested before a GPU is lent): parity compares the CPU
 with itself, and the speed goals and the memory row are reported, not judged.
@@ -41,6 +42,9 @@ import sys
 import threading
 import time
 
+# The checks, in the order they run (`--checks` picks a subset): speed is the step-time
+# and peak-memory rows, schedules reuses speed's GPT-2.
+CHECKS = ["doctor", "forward", "parity", "speed", "schedules"]
 PARITY_TOL = {"fp32": 1e-3, "bf16": 5e-2, "fp16": 5e-2}
 SIZES = {
     # GPT-2 small (124M) at batch 16 x 128, as measured in the issue.
@@ -304,7 +308,12 @@ def main():
     ap.add_argument("--size", default="small", choices=sorted(SIZES))
     ap.add_argument("--python", default=sys.executable, help="python with torch and transformers (default: this one)")
     ap.add_argument("--table", help="also write the table here (docs/gpu-acceptance.md after a GPU run)")
+    ap.add_argument("--checks", default=",".join(CHECKS), help=f"comma-separated subset of {','.join(CHECKS)} (default: all; schedules needs speed's GPT-2)")
     a = ap.parse_args()
+    checks = a.checks.split(",")
+    unknown = [c for c in checks if c not in CHECKS]
+    if unknown or ("schedules" in checks and "speed" not in checks):
+        ap.error(f"--checks {a.checks}: choose from {','.join(CHECKS)}; schedules needs speed")
     os.makedirs(a.out, exist_ok=True)
     env = dict(os.environ)
     env.pop("LD_PRELOAD", None)
@@ -314,13 +323,17 @@ def main():
     r = Runner(os.path.abspath(a.bin), env)
     table = Table()
     started = time.time()
-    check_doctor(r, table, a.device)
-    check_forward(r, table, a.device, a.models)
-    check_parity(r, table, a.device, a.models, a.out)
-    onnx = check_gpt2_speed(r, table, a.device, a.size, a.python, a.out)
-    if onnx:
+    if "doctor" in checks:
+        check_doctor(r, table, a.device)
+    if "forward" in checks:
+        check_forward(r, table, a.device, a.models)
+    if "parity" in checks:
+        check_parity(r, table, a.device, a.models, a.out)
+    onnx = check_gpt2_speed(r, table, a.device, a.size, a.python, a.out) if "speed" in checks else None
+    if onnx and "schedules" in checks:
         check_schedules(r, table, a.device, a.size, onnx, a.out)
-    text = table.markdown(a.device) + f"\nRun in {time.time() - started:.0f} s by `python3 scripts/gpu_acceptance.py --device {a.device} --size {a.size}`.\n"
+    subset = "" if len(checks) == len(CHECKS) else f" --checks {a.checks}"
+    text = table.markdown(a.device) + f"\nRun in {time.time() - started:.0f} s by `python3 scripts/gpu_acceptance.py --device {a.device} --size {a.size}{subset}`.\n"
     for path in [f"{a.out}/acceptance.md", a.table]:
         if path:
             with open(path, "w") as f:

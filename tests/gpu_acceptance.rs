@@ -39,3 +39,34 @@ fn the_gpu_acceptance_script_passes_its_cpu_dry_run() {
     assert!(table.contains("41 checks on cpu: all passed."), "{table}");
     assert!(!table.contains("| FAIL |"), "{table}");
 }
+
+/// `--checks` runs a subset (for a short GPU lease): only its rows, its count in the
+/// verdict; an unknown check, or schedules without speed, is refused before anything runs.
+#[test]
+fn the_gpu_acceptance_script_runs_a_chosen_subset() {
+    let python = std::env::var("PIPEWRIGHT_TORCH_PYTHON")
+        .expect("PIPEWRIGHT_TORCH_PYTHON must name a python with torch and transformers (scripts/test.sh sets it from zoo/env.sh)");
+    let out = tempfile::tempdir().expect("temp dir");
+    let run = |checks: &str| {
+        Command::new(&python)
+            .arg(common::root().join("scripts/gpu_acceptance.py"))
+            .args(["--bin", env!("CARGO_BIN_EXE_pipewright"), "--device", "cpu", "--size", "tiny", "--checks", checks, "--models"])
+            .arg(corpus().join("models"))
+            .arg("--out")
+            .arg(out.path())
+            .output()
+            .expect("runs the acceptance script")
+    };
+    let ok = run("doctor,forward");
+    assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
+    let table = std::fs::read_to_string(out.path().join("acceptance.md")).expect("the table was written");
+    assert!(table.contains("5 checks on cpu: all passed."), "{table}");
+    assert!(table.contains("--checks doctor,forward`"), "{table}");
+    assert!(!table.contains("| train parity |"), "{table}");
+    for bad in ["doctor,speeed", "schedules"] {
+        let refused = run(bad);
+        let stderr = String::from_utf8_lossy(&refused.stderr);
+        assert_eq!(refused.status.code(), Some(2), "{bad}: {stderr}");
+        assert!(stderr.contains(&format!("--checks {bad}: choose from doctor,forward,parity,speed,schedules; schedules needs speed")), "{bad}: {stderr}");
+    }
+}
