@@ -136,10 +136,13 @@ fn collect_factors(g: &Graph, uses: &[usize], v: ValueId, descend: bool, p: &mut
             collect_factors(g, uses, a, single(a), p);
             collect_factors(g, uses, b, single(b), p);
         }
-        Some((Op::Binary(BinaryOp::Div), [a, b])) if scalar(g, b).is_some_and(|c| c != 0.0) => {
-            p.constant /= scalar(g, b).unwrap_or(1.0);
-            collect_factors(g, uses, a, single(a), p);
-        }
+        Some((Op::Binary(BinaryOp::Div), [a, b])) => match scalar(g, b) {
+            Some(c) if c != 0.0 => {
+                p.constant /= c;
+                collect_factors(g, uses, a, single(a), p);
+            }
+            _ => p.terms.push(v),
+        },
         _ => p.terms.push(v),
     }
 }
