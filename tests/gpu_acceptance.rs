@@ -38,6 +38,24 @@ fn the_gpu_acceptance_script_passes_its_cpu_dry_run() {
     assert_eq!(count("schedules"), 8, "{table}");
     assert!(table.contains("41 checks on cpu: all passed."), "{table}");
     assert!(!table.contains("| FAIL |"), "{table}");
+    fused_attention_of_the_torchscript_export_matches_onnxruntime(&out.path().join("gpt2-tiny.onnx"));
+}
+
+/// The script's GPT-2 export (torch.onnx's TorchScript exporter, transformers' SDPA
+/// attention) imports with every attention fused (`pipewright_ir::fuse::attention`), and
+/// runs as onnxruntime runs the export.
+fn fused_attention_of_the_torchscript_export_matches_onnxruntime(model: &std::path::Path) {
+    let ir = common::pw(&["inspect", model.to_str().unwrap(), "--ir"]);
+    let text = String::from_utf8_lossy(&ir.stdout);
+    assert_eq!((text.matches("= Attention[").count(), text.matches("= Softmax").count()), (2, 0), "{text}");
+    let python = std::env::var("PIPEWRIGHT_PYTHON").expect("PIPEWRIGHT_PYTHON must name a python with onnxruntime (scripts/test.sh sets it)");
+    let inputs = model.with_extension("inputs");
+    let script = "import sys, os, numpy as np, onnxruntime as ort\nfrom onnx import numpy_helper\nm, d = sys.argv[1], sys.argv[2]\nos.makedirs(d)\ns = ort.InferenceSession(m)\ni = s.get_inputs()[0]\nx = np.random.default_rng(0).integers(0, 100, size=(3, i.shape[1])).astype(np.int64)\nopen(f'{d}/input_0.pb', 'wb').write(numpy_helper.from_array(x, i.name).SerializeToString())\ny = s.run(None, {i.name: x})[0]\nopen(f'{d}/output_0.pb', 'wb').write(numpy_helper.from_array(y, 'logits').SerializeToString())\n";
+    let run = Command::new(&python).args(["-c", script]).arg(model).arg(&inputs).output().expect("runs onnxruntime");
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let out = common::pw(&["run-forward", model.to_str().unwrap(), "--inputs", inputs.to_str().unwrap()]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && stdout.contains("match: all 1 compared output(s) agree"), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
 }
 
 /// `--checks` runs a subset (for a short GPU lease): only its rows, its count in the

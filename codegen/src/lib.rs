@@ -10,6 +10,7 @@ pub mod build;
 pub mod lower;
 pub mod module;
 pub mod onnx_export;
+pub mod spell_out;
 pub mod stage;
 
 pub use lower::{lower_graph, LowerError};

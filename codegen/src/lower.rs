@@ -333,11 +333,12 @@ pub mod rebatch {
         slot
     }
 
-    /// Constants `[B0, ...]` whose B0 slices are equal and whose readers all broadcast.
+    /// Constants `[B0, ...]` whose B0 slices are equal and whose readers all broadcast them.
     fn shrink_repeated_constants(g: &Graph, p: &mut Program, b0: i64, values: &[ValueId]) {
         let readers_broadcast = |v: ValueId| {
             let c = g.consumers(v);
-            !c.is_empty() && c.iter().all(|(n, _)| matches!(g.node(*n).op, Op::Binary(_) | Op::Variadic(_) | Op::Where))
+            // Attention's mask (operand 3) broadcasts over the batch as an added one does.
+            !c.is_empty() && c.iter().all(|&(n, slot)| matches!(g.node(n).op, Op::Binary(_) | Op::Variadic(_) | Op::Where) || matches!(g.node(n).op, Op::Attention(_)) && slot == 3)
         };
         for s in p.stored.iter_mut() {
             let Some(&v) = values.get(s.slot.index()) else { continue };

@@ -7,8 +7,8 @@
 //! type, name and attributes; `StageBoundary` nodes are not emitted. Sent tensors carry
 //! their wire name (`x@stage2`, the name the next stage's model reads them by) through an
 //! `Identity` node, so stage models chain by name. The opset and IR version are the
-//! source model's; a `Gelu` the importer fused is spelled out again for opsets before
-//! 20, which lack the op.
+//! source model's; an op the importer fused (`Gelu`, `Attention`) is spelled out again for
+//! opsets that lack it ([`crate::spell_out`]).
 //!
 //! Batch axes: when the source was exported at a batch size above 1 (constants such as
 //! reshape targets and attention masks are baked for it), every extent is written at that
@@ -24,10 +24,10 @@ use onnx_protobuf::{
     TypeProto, ValueInfoProto,
 };
 use pipewright_ir::import::{attribute_proto, tensor::tensor_to_proto};
-use pipewright_ir::{DType, Dim, Graph, Op, TensorData, ValueId};
-use pipewright_ops::op::GeluApprox;
+use pipewright_ir::{Dim, Graph, Op, ValueId};
 use protobuf::{Message, MessageField};
 
+use crate::spell_out::spell_out;
 use crate::stage::StageSlice;
 
 /// Why a stage could not be exported.
@@ -35,6 +35,8 @@ use crate::stage::StageSlice;
 pub enum ExportError {
     #[error("stage {stage}: node {node:?} ({op}) has no ONNX form")]
     NotOnnx { stage: u32, node: String, op: &'static str },
+    #[error("stage {stage}: node {node:?} cannot be written at the model's opset: {reason}")]
+    NoSpelling { stage: u32, node: String, reason: String },
     #[error("stage {stage}: cannot serialise the model: {reason}")]
     Encode { stage: u32, reason: String },
 }
@@ -64,11 +66,10 @@ pub fn export_stage(g: &Graph, s: &StageSlice) -> Result<ModelProto, ExportError
             continue;
         }
         let names = |vs: &[Option<ValueId>]| vs.iter().map(|v| v.map(name).unwrap_or_default()).collect::<Vec<_>>();
-        if let (Op::Gelu { approximate }, [Some(x)], [Some(y)]) = (&node.op, node.inputs.as_slice(), node.outputs.as_slice()) {
-            if g.meta.opset < GELU_OPSET {
-                spell_out_gelu(&mut graph, &node.name, *approximate, (&name(*x), &name(*y)), g.value(*x).ty.dtype);
-                continue;
-            }
+        if let Some(nodes) = spell_out(g, n).map_err(|reason| ExportError::NoSpelling { stage: s.stage, node: node.name.clone(), reason })? {
+            graph.initializer.extend(nodes.initializers);
+            graph.node.extend(nodes.nodes);
+            continue;
         }
         // Ops of other domains (training, ML) carry their domain and import it.
         let domain = pipewright_ops::onnx::spec(node.op.name()).map_or("", |s| s.domain);
@@ -115,43 +116,6 @@ pub fn export_stage(g: &Graph, s: &StageSlice) -> Result<ModelProto, ExportError
         graph: MessageField::some(graph),
         ..Default::default()
     })
-}
-
-/// The first opset with a `Gelu` op.
-const GELU_OPSET: i64 = 20;
-
-/// A `Gelu` node (the importer fuses the spelled-out chains, `pipewright_ir::fuse`) as the
-/// elementwise nodes an opset before 20 has: `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`
-/// or `0.5 x (1 + erf(x / sqrt(2)))`, with its constants as initializers of `x`'s type.
-fn spell_out_gelu(graph: &mut GraphProto, node: &str, approximate: GeluApprox, (x, y): (&str, &str), dtype: DType) {
-    let at = |part: &str| format!("{y}/gelu/{part}");
-    let mut constant = |part: &str, v: f64| {
-        graph.initializer.push(tensor_to_proto(&at(part), &TensorData::from_f64s(dtype, Vec::new(), &[v])));
-        at(part)
-    };
-    let (half, one) = (constant("half", 0.5), constant("one", 1.0));
-    let mut steps: Vec<(&str, Vec<String>, String)> = match approximate {
-        GeluApprox::Tanh => {
-            let (three, cubic, scale) = (constant("three", 3.0), constant("cubic", 0.044_715), constant("scale", (2.0 / std::f64::consts::PI).sqrt()));
-            vec![
-                ("Pow", vec![x.into(), three], at("cube")),
-                ("Mul", vec![at("cube"), cubic], at("cubic_term")),
-                ("Add", vec![x.into(), at("cubic_term")], at("inner")),
-                ("Mul", vec![at("inner"), scale], at("scaled")),
-                ("Tanh", vec![at("scaled")], at("core")),
-            ]
-        }
-        GeluApprox::None => {
-            let sqrt2 = constant("sqrt2", std::f64::consts::SQRT_2);
-            vec![("Div", vec![x.into(), sqrt2], at("scaled")), ("Erf", vec![at("scaled")], at("core"))]
-        }
-    };
-    steps.push(("Add", vec![at("core"), one], at("one_plus")));
-    steps.push(("Mul", vec![x.into(), half], at("half_x")));
-    steps.push(("Mul", vec![at("half_x"), at("one_plus")], y.into()));
-    for (k, (op, input, output)) in steps.into_iter().enumerate() {
-        graph.node.push(NodeProto { name: format!("{node}/gelu_{k}"), op_type: op.into(), input, output: vec![output], ..Default::default() });
-    }
 }
 
 fn value_info(g: &Graph, v: ValueId, name: &str, export_batch: i64) -> ValueInfoProto {
@@ -227,5 +191,40 @@ mod tests {
             assert!(text.contains("Gelu[approximate=\"tanh\"](%v0)") && text.contains("Gelu(%v1)"), "opset {opset}: {text}");
             assert_eq!(back.node_count(), 2, "opset {opset}: {text}");
         }
+    }
+
+    #[test]
+    fn attention_is_spelled_out_before_opset_23_and_fused_again_on_import() {
+        let masks = [("f32[1,1,8,8]", "Add"), ("bool[1,1,8,8]", "Where")];
+        for (opset, spelled) in [(17, true), (23, false)] {
+            for (mask_type, mask_op) in masks {
+                let text = format!(
+                    "graph \"g\" ir_version=8 opset={opset} producer=\"t\" batch=N(\"N\", dynamic) {{\n  %v0: f32[N,4,8,16] = input \"q\"\n  %v1: f32[N,4,8,16] = input \"k\"\n  %v2: f32[N,4,8,16] = input \"v\"\n  %v3: {mask_type} = const \"mask\"\n  %v4: f32[N,4,8,16] = Attention[scale=0.25, softmax_precision=f32](%v0, %v1, %v2, %v3)  # n0 \"attn\"\n  return %v4 \"y\"\n}}\n"
+                );
+                let model = exported(&text);
+                let ops: Vec<&str> = model.graph.node.iter().map(|n| n.op_type.as_str()).collect();
+                let expected: Vec<&str> = if spelled { vec!["Transpose", "MatMul", "Mul", mask_op, "Softmax", "IsNaN", "Where", "MatMul"] } else { vec!["Attention"] };
+                assert_eq!(ops, expected, "opset {opset}, mask {mask_type}");
+                let bytes = protobuf::Message::write_to_bytes(&model).unwrap();
+                let back = import_bytes(&bytes, Path::new("."), &ImportOptions::default()).unwrap_or_else(|e| panic!("opset {opset}: {e}"));
+                let printed = pipewright_ir::text::print_graph(&back);
+                assert!(printed.contains("= Attention[scale=0.25, softmax_precision=f32](%v0, %v1, %v2, %v3)"), "opset {opset}: {printed}");
+                assert_eq!(back.node_count(), 1, "opset {opset}: {printed}");
+            }
+        }
+    }
+
+    #[test]
+    fn attention_the_old_opsets_cannot_express_is_refused_by_name() {
+        let text = "graph \"g\" ir_version=8 opset=17 producer=\"t\" batch=N(\"N\", dynamic) {\n  %v0: f32[N,4,8,16] = input \"q\"\n  %v1: f32[N,4,8,16] = input \"k\"\n  %v2: f32[N,4,8,16] = input \"v\"\n  %v3: f32[N,4,8,16] = Attention[is_causal=1](%v0, %v1, %v2)  # n0 \"attn\"\n  return %v3 \"y\"\n}\n";
+        let mut g = parse_graph(text).unwrap();
+        let mut map = StageMap::new(1);
+        for n in g.topo_order().unwrap() {
+            map.set(n, 0);
+        }
+        let stages = pipewright_passes::boundaries::insert_stage_boundaries(&mut g, &map).unwrap();
+        let slices = slice_stages(&g, &stages).unwrap();
+        let err = export_stage(&g, &slices[0]).err().expect("refused").to_string();
+        assert_eq!(err, "stage 0: node \"attn\" cannot be written at the model's opset: only 4-D attention without a cache, causal flag, soft cap, window or extra outputs has a form before opset 23; export the model at opset 23");
     }
 }

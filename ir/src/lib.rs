@@ -2,7 +2,7 @@
 //! dimension, the verifier and the text form.
 //!
 //! The flow is `import_model` (parse, convert nodes to [`Op`]s, infer shapes, fold
-//! shape subgraphs, fuse spelled-out GELUs, compact, verify) and then passes over [`Graph`] in the
+//! shape subgraphs, fuse spelled-out GELUs and attention, compact, verify) and then passes over [`Graph`] in the
 //! `pipewright-passes` crate.
 
 pub mod batch_drop;

@@ -401,7 +401,9 @@ use pipewright_core::Storage;
             assert_eq!(at(&format!("{p}.mlp.c_fc.matmul")), Sharding::Column);
             assert_eq!(at(&format!("{p}.attn.c_proj.matmul")), Sharding::Row);
             assert_eq!(at(&format!("{p}.mlp.c_proj.matmul")), Sharding::Row);
-            for sharded in ["attn.c_attn.add", "attn.split", "attn.q.transpose", "attn.scores", "attn.softmax", "attn.context", "attn.merge.reshape", "mlp.c_fc.add", "mlp.gelu"] {
+            // Import fuses the attention (scores, scale, mask, softmax, context) into one
+            // node, the context's.
+            for sharded in ["attn.c_attn.add", "attn.split", "attn.q.transpose", "attn.context", "attn.merge.reshape", "mlp.c_fc.add", "mlp.gelu"] {
                 assert_eq!(at(&format!("{p}.{sharded}")), Sharding::Sharded, "{p}.{sharded}");
             }
             for full in ["ln_1", "ln_2", "attn.c_proj.add", "residual_1", "mlp.c_proj.add", "residual_2"] {

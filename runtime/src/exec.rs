@@ -268,7 +268,10 @@ fn dispatch_nn(k: &Op, sig: Signature<'_>, ins: &[Option<&Tensor>], mode: Mode, 
             nn::layer_norm(l, ins, stats_read)
         }
         Op::RMSNormalization(l) => one(transformer::rms_norm(l, x()?, y()?)),
-        Op::Attention(a) => transformer::attention(a, ins),
+        Op::Attention(a) => {
+            let scores_read = outputs_read.map_or(true, |u| u.get(3).copied().unwrap_or(false));
+            transformer::attention(a, ins, scores_read)
+        }
         Op::RotaryEmbedding(r) => one(transformer::rotary_embedding(r, ins)),
         Op::LinearAttention(l) => recurrent::linear_attention(l, ins),
         Op::CausalConvWithState { silu } => recurrent::causal_conv_with_state(*silu, ins),

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use pipewright_ir::{import_model, Graph};
+use pipewright_ir::{import_model, Graph, ImportOptions};
 use pipewright_synth::{gpt, layered, GptShape, LayeredShape};
 use pipewright_core::Storage;
 
@@ -30,7 +30,11 @@ fn a_tiny_gpt_imports_with_its_promised_shapes_and_parameters() {
     assert!(written.data.is_none());
     let g = import(&written.model);
     assert_eq!(g.parameter_count(), written.parameters);
-    assert_eq!(g.node_count(), written.nodes);
+    // Every node written is read (the import fuses each layer's attention into one node).
+    let unfused = import_model(&written.model, &ImportOptions { unfused: true, ..ImportOptions::default() }).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(unfused.node_count(), written.nodes);
+    let fused = g.node_ids().filter(|&n| g.node(n).op.name() == "Attention").count();
+    assert_eq!(fused, GptShape::TINY.layers as usize);
     let output = g.value(g.outputs()[0]);
     assert_eq!(output.name, "logits");
     assert_eq!(output.ty.to_string(), "f32[N,16,100]");

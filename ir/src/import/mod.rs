@@ -1,5 +1,5 @@
 //! ONNX to [`Graph`]: parse, validate domains/opsets/ops, convert nodes, infer shapes,
-//! fold shape subgraphs, fuse spelled-out GELUs ([`crate::fuse`]), compact and verify.
+//! fold shape subgraphs, fuse spelled-out GELUs and attention ([`crate::fuse`]), compact and verify.
 
 pub(crate) mod attrs;
 mod batch_rewrite;
@@ -51,6 +51,9 @@ pub struct ImportOptions {
     /// Initializers baked for the export batch to train as one slice shared by the batch
     /// ([`merged::train_batch_baked`]) instead of keeping them frozen.
     pub train_batch_baked: Vec<String>,
+    /// Keep the patterns fusion rewrites ([`crate::fuse`]) node by node, as exported: for
+    /// `export`, which reads the importer's view of every source node by its name.
+    pub unfused: bool,
 }
 
 impl ImportOptions {
@@ -259,7 +262,10 @@ impl<'a> Importer<'a> {
             .collect::<Result<Vec<_>, _>>()?;
         self.graph.set_outputs(outputs);
         self.check_declared_types(g.output.iter().chain(&g.value_info));
-        crate::fuse::fuse_gelu(&mut self.graph);
+        if !self.opts.unfused {
+            crate::fuse::fuse_gelu(&mut self.graph);
+            crate::fuse::fuse_attention(&mut self.graph);
+        }
         self.graph.remove_dead_nodes();
         self.graph
             .compact()
@@ -662,11 +668,14 @@ impl<'a> Importer<'a> {
         evaluate(op, &ks, &dims, out.dtype, fixed_shape)
     }
 
-    /// Folding may consume constants, and inputs whose static shape is all that is read;
-    /// never a trainable weight, which must stay a parameter.
+    /// Folding may consume constants, inputs whose static shape is all that is read, and
+    /// node outputs whose contents are known without the batch (the last extent of a
+    /// `Shape` whose first is `N`: an attention's head size, read as its scale); never a
+    /// trainable weight, which must stay a parameter.
     fn is_constant_or_shape_source(&self, op: &crate::Op, v: ValueId) -> bool {
         match &self.graph.value(v).def {
             ValueDef::Weight(w) => !w.trainable,
+            ValueDef::Node { .. } if self.known.get(v.index()).and_then(|k| k.as_ref()).is_some_and(|k| k.to_tensor().is_some()) => true,
             _ => matches!(op, crate::Op::Shape { .. } | crate::Op::Size),
         }
     }

@@ -16,7 +16,11 @@ use pipewright_ops::op::{Attention, LayerNorm, Rotary};
 /// Attention: outputs Y, present key, present value (the cache with K and V appended, or
 /// K and V themselves as `[batch, heads, seq, head_size]`) and the scores of
 /// `qk_matmul_output_mode`.
-pub(crate) fn attention(at: &Attention, ins: &[Option<&Tensor>]) -> R<Vec<Tensor>> {
+///
+/// When nobody reads the scores (`scores_read` false) and nothing but a mask or the causal
+/// frontier applies, libtorch's scaled dot-product attention computes Y in one fused
+/// kernel ([`fused_attention`]); the scores output is then an empty placeholder.
+pub(crate) fn attention(at: &Attention, ins: &[Option<&Tensor>], scores_read: bool) -> R<Vec<Tensor>> {
     let (q, k, v) = (need(ins, 0)?, need(ins, 1)?, need(ins, 2)?);
     let rank = q.dim();
     if k.dim() != rank || v.dim() != rank {
@@ -24,6 +28,13 @@ pub(crate) fn attention(at: &Attention, ins: &[Option<&Tensor>]) -> R<Vec<Tensor
     }
     let q4 = split_heads(q, at.q_num_heads, "Q")?;
     let (mut k4, mut v4) = (split_heads(k, at.kv_num_heads, "K")?, split_heads(v, at.kv_num_heads, "V")?);
+    if !scores_read {
+        if let Some(y) = fused_attention(at, ins, (&q4, &k4, &v4))? {
+            let y = if rank == 3 { y.f_transpose(1, 2)?.f_reshape([q.size()[0], q4.size()[2], -1])? } else { y };
+            let placeholder = Tensor::f_empty([0], (kind(q)?, q.device()))?;
+            return Ok(vec![y, k4, v4, placeholder]);
+        }
+    }
     let past = match (opt(ins, 4), opt(ins, 5)) {
         (Some(pk), Some(pv)) => {
             k4 = Tensor::f_cat(&[pk, &k4], 2)?;
@@ -64,6 +75,47 @@ pub(crate) fn attention(at: &Attention, ins: &[Option<&Tensor>]) -> R<Vec<Tensor
     let y = probs.f_to_kind(kind(q)?)?.f_to_kind(kind(&vr)?)?.f_matmul(&vr)?;
     let y = if rank == 3 { y.f_transpose(1, 2)?.f_reshape([qs[0], sq, -1])? } else { y };
     Ok(vec![y, k4, v4, qk_out])
+}
+
+/// Y by libtorch's scaled dot-product attention (flash or memory-efficient kernels where
+/// the device and types allow, its math fallback elsewhere), or `None` when the node needs
+/// what only the composed form does: soft capping, a past cache, `nonpad_kv_seqlen`, a
+/// window, a mask together with the causal frontier, a mask that needs padding to the
+/// keys, or a mask that takes a gradient (the fused kernels may not return one).
+///
+/// Same function: libtorch's kernels give a query row with no key to attend zeros, as ONNX
+/// defines (the composed form's guard); they accumulate the softmax in fp32 for bf16 and
+/// fp16 inputs, which covers a `softmax_precision` of fp32 there.
+fn fused_attention(at: &Attention, ins: &[Option<&Tensor>], (q, k, v): (&Tensor, &Tensor, &Tensor)) -> R<Option<Tensor>> {
+    let plain = at.softcap == 0.0 && at.left_window_size < 0 && at.right_window_size < 0 && (4..=6).all(|i| opt(ins, i).is_none());
+    // The kernels run the softmax at least as wide as the inputs (fp32 for bf16/fp16): a
+    // narrower `softmax_precision` than the inputs (f32 for f64) is the composed form's.
+    let input_width = kind(q)?.elt_size_in_bytes();
+    let wide_precision = at.softmax_precision.map_or(true, |p| p.is_float() && p.size() >= input_width);
+    let mask = opt(ins, 3);
+    let skv = k.size()[2];
+    let mask_fits = mask.map_or(true, |m| m.dim() <= 4 && m.size().last() == Some(&skv) && !m.requires_grad() && !at.is_causal);
+    if !(plain && wide_precision && mask_fits) {
+        return Ok(None);
+    }
+    let k_kind = kind(q)?;
+    // A float mask is added in the inputs' type, as the composed form adds it.
+    let mask = match mask {
+        Some(m) if m.f_kind()? != Kind::Bool => Some(m.f_to_kind(k_kind)?),
+        other => other.map(Tensor::shallow_clone),
+    };
+    let grouped = q.size()[1] != k.size()[1];
+    if grouped {
+        let (qh, kh) = (q.size()[1], k.size()[1]);
+        if kh == 0 || qh % kh != 0 || v.size()[1] != kh {
+            return Err(invalid(format!("{qh} query heads do not group over {kh} key and {} value heads", v.size()[1])));
+        }
+    }
+    if k.size()[3] != q.size()[3] {
+        return Err(invalid(format!("Q head size {} differs from K head size {}", q.size()[3], k.size()[3])));
+    }
+    let scale = at.scale.map(f64::from);
+    Ok(Some(Tensor::f_scaled_dot_product_attention(q, k, v, mask.as_ref(), 0.0, at.is_causal, scale, grouped)?))
 }
 
 /// Q, K or V as `[batch, heads, seq, head_size]`: 3-D inputs pack the heads into their

@@ -1,7 +1,6 @@
-//! Fuses the GELU activations exporters spell out as chains of elementwise nodes into one
-//! `Gelu` node: the tanh form `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))` (GPT-2's
-//! `gelu_new`) and the erf form `0.5 x (1 + erf(x / sqrt(2)))` (BERT's, ViT's), whatever
-//! the order of their products and sums.
+//! GELU: the chains exporters spell out, `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`
+//! (GPT-2's `gelu_new`) and `0.5 x (1 + erf(x / sqrt(2)))` (BERT's, ViT's), in any order of
+//! their products and sums, become one `Gelu` node.
 //!
 //! Why: each elementwise node is a kernel that reads and writes the whole activation,
 //! forward and backward, and a transformer's MLP activation is its largest one; the fused
@@ -16,11 +15,8 @@
 
 use pipewright_ops::op::{BinaryOp, GeluApprox, UnaryOp};
 
-use crate::{Graph, NodeId, Op, ValueDef, ValueId};
-
-/// The ops fusion writes, which the graph may hold at any opset (the text form parses
-/// them whatever the graph's opset).
-pub const FUSED_OPS: &[&str] = &["Gelu"];
+use super::pattern::{binary_operands, close, factors, rewrite_node, scalar, unary_operand};
+use crate::{Graph, NodeId, Op, ValueId};
 
 /// `sqrt(2 / pi)`, the tanh form's inner factor.
 const TANH_SCALE: f64 = 0.797_884_560_802_865_4;
@@ -35,14 +31,7 @@ pub fn fuse_gelu(g: &mut Graph) -> usize {
     let found: Vec<(NodeId, ValueId, GeluApprox)> =
         g.node_ids().filter_map(|n| match_gelu(g, &uses, n).map(|(x, approx)| (n, x, approx))).collect();
     for &(n, x, approximate) in &found {
-        let arity = g.node(n).inputs.len();
-        for slot in 1..arity {
-            g.set_input(n, slot, None);
-        }
-        g.set_input(n, 0, Some(x));
-        let node = g.node_mut(n);
-        node.inputs.truncate(1);
-        node.op = Op::Gelu { approximate };
+        rewrite_node(g, n, Op::Gelu { approximate }, &[Some(x)]);
     }
     found.len()
 }
@@ -108,79 +97,6 @@ fn is_tanh_argument(g: &Graph, uses: &[usize], z: ValueId, x: ValueId) -> bool {
 fn is_erf_argument(g: &Graph, uses: &[usize], z: ValueId, x: ValueId) -> bool {
     let f = factors(g, uses, z, uses[z.index()] == 1);
     f.terms == [x] && close(f.constant, std::f64::consts::FRAC_1_SQRT_2)
-}
-
-/// A value as a product: the constant factor and the other factors.
-struct Product {
-    constant: f64,
-    terms: Vec<ValueId>,
-}
-
-/// `v` as a product, looking through `Mul` nodes and divisions by a constant; below `v`
-/// only through values read by nothing else (`descend` says whether `v`'s own node may
-/// be looked through).
-fn factors(g: &Graph, uses: &[usize], v: ValueId, descend: bool) -> Product {
-    let mut p = Product { constant: 1.0, terms: Vec::new() };
-    collect_factors(g, uses, v, descend, &mut p);
-    p
-}
-
-fn collect_factors(g: &Graph, uses: &[usize], v: ValueId, descend: bool, p: &mut Product) {
-    if let Some(c) = scalar(g, v) {
-        p.constant *= c;
-        return;
-    }
-    let single = |v: ValueId| uses[v.index()] == 1;
-    match producer(g, v).filter(|_| descend) {
-        Some((Op::Binary(BinaryOp::Mul), [a, b])) => {
-            collect_factors(g, uses, a, single(a), p);
-            collect_factors(g, uses, b, single(b), p);
-        }
-        Some((Op::Binary(BinaryOp::Div), [a, b])) => match scalar(g, b) {
-            Some(c) if c != 0.0 => {
-                p.constant /= c;
-                collect_factors(g, uses, a, single(a), p);
-            }
-            _ => p.terms.push(v),
-        },
-        _ => p.terms.push(v),
-    }
-}
-
-/// The operands of the binary `op` node that alone reads into `v`'s reader.
-fn binary_operands(g: &Graph, uses: &[usize], v: ValueId, op: BinaryOp) -> Option<(ValueId, ValueId)> {
-    match producer(g, v).filter(|_| uses[v.index()] == 1)? {
-        (Op::Binary(o), [a, b]) if *o == op => Some((a, b)),
-        _ => None,
-    }
-}
-
-/// The op and operand of the unary node that alone produces `v` for its one reader.
-fn unary_operand(g: &Graph, uses: &[usize], v: ValueId) -> Option<(UnaryOp, ValueId)> {
-    match producer(g, v).filter(|_| uses[v.index()] == 1)? {
-        (Op::Unary(u), [a]) => Some((*u, a)),
-        _ => None,
-    }
-}
-
-/// The op and operands of the node producing `v` (its first output), when every operand
-/// is present.
-fn producer<const N: usize>(g: &Graph, v: ValueId) -> Option<(&Op, [ValueId; N])> {
-    let ValueDef::Node { node, slot: 0 } = g.value(v).def else { return None };
-    let node = g.node(node);
-    let inputs: Vec<ValueId> = node.inputs.iter().copied().collect::<Option<_>>()?;
-    Some((&node.op, inputs.try_into().ok()?))
-}
-
-/// A float constant of one element: its value.
-fn scalar(g: &Graph, v: ValueId) -> Option<f64> {
-    let w = g.value(v).weight()?;
-    let complete = w.data.numel() == 1 && w.data.bytes.len() == w.data.byte_len();
-    (!w.trainable && w.data.dtype.is_float() && complete).then(|| w.data.to_f64s()[0])
-}
-
-fn close(a: f64, b: f64) -> bool {
-    (a - b).abs() <= 1e-3 * b.abs()
 }
 
 #[cfg(test)]

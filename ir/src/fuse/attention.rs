@@ -1,0 +1,313 @@
+//! Attention: `softmax(scale * Q K^T + mask) V`, as exporters spell it out node by node,
+//! becomes one `Attention` node (ONNX opset 23's op, with 4-D `[batch, heads, seq, head]`
+//! inputs) that the runtime runs as libtorch's scaled dot-product attention.
+//!
+//! Why: spelled out, attention materialises its `[batch, heads, q_seq, kv_seq]` scores
+//! several times (the product, the scaled and masked logits, the probabilities) and keeps
+//! them for the backward pass; a fused kernel (flash or memory-efficient attention on a
+//! GPU, the flash kernel on the CPU) computes the same function in tiles and keeps only the
+//! output and one statistic per row. On a GPU in bf16 the spelled-out form costs GPT-2
+//! small a large part of its step.
+//!
+//! The pattern, from the last node back, each part optional where marked:
+//! - `MatMul(P, V)`, `P` the probabilities, through an identity `Cast` (optional) and
+//!   the guard `Where(IsNaN(S), 0, S)` (optional; torch.onnx's dynamo exporter writes it so
+//!   a row with no key to attend gives zeros, which is what `Attention` defines);
+//! - `S = Softmax(L)` over the last axis of a 4-D value;
+//! - `L = A + M` (either order; `M` a float mask whose last axis is the keys'),
+//!   `L = Where(C, A, f)` (`C` a boolean mask, `f` a constant at most -1e4, low enough that
+//!   its exponential is zero beside any attended key), or `L = A`;
+//! - `A = c * MatMul(a * Q, b * K^T)` with `a`, `b`, `c` scalar constants as products or
+//!   divisions (each optional), so the scale is `a * b * c`;
+//! - `K^T` a `Transpose` of a 4-D value (K is then that value with the permutation's last
+//!   two axes swapped back: a `Transpose` is added where that is not the value itself), or
+//!   the dynamo exporter's `Reshape(Transpose(Reshape(K)))` through 3-D.
+//!
+//! Q, K and V must have the same number of heads (a broadcast K is left alone) and one
+//! float type. What changes: a `Where` mask sets the masked logits to minus infinity rather
+//! than `f`, which differs only for a query row that may attend no key at all (the
+//! spelled-out form averages V there, `Attention` gives zeros).
+
+use pipewright_ops::op::{Attention, BinaryOp, UnaryOp};
+
+use super::pattern::{factors, producer, producer_of, rewrite_node, scalar, unary_operand};
+use crate::{DType, Dim, Graph, NodeId, Op, Shape, TensorType, ValueId};
+
+/// The highest `Where` fill value read as "masked": `exp(-1e4 + s)` underflows to zero in
+/// fp32 for any logit `s` a trained model produces, as `exp(-inf)` does.
+const MASK_FILL_AT_MOST: f64 = -1.0e4;
+
+/// Where K comes from: a value of the graph, or a permutation of one (`K^T` was written as
+/// one `Transpose` of the heads-last tensor, so K itself is not in the graph).
+enum Key {
+    Value(ValueId),
+    Permuted { of: ValueId, perm: Vec<i64> },
+}
+
+impl Key {
+    fn ty(&self, g: &Graph) -> TensorType {
+        match self {
+            Key::Value(v) => g.value(*v).ty.clone(),
+            Key::Permuted { of, perm } => {
+                let t = &g.value(*of).ty;
+                TensorType::new(t.dtype, Shape(perm.iter().map(|&a| t.shape.0[a as usize]).collect()))
+            }
+        }
+    }
+
+    /// K as a value of the graph, adding the `Transpose` that makes it where needed.
+    fn materialise(&self, g: &mut Graph, name: &str) -> ValueId {
+        match self {
+            Key::Value(v) => *v,
+            Key::Permuted { of, perm } => {
+                let ty = self.ty(g);
+                let out = format!("{}/key", g.value(*of).name);
+                let n = g.add_node(format!("{name}/key"), Op::Transpose { perm: Some(perm.clone()) }, vec![Some(*of)], vec![Some((out, ty))]);
+                g.node(n).outputs[0].expect("one output")
+            }
+        }
+    }
+}
+
+/// One matched attention: the operands of the fused node.
+struct Matched {
+    q: ValueId,
+    k: Key,
+    v: ValueId,
+    mask: Option<ValueId>,
+    scale: f64,
+    /// The type the spelled-out softmax ran in.
+    softmax_type: DType,
+}
+
+/// Rewrites the last `MatMul` of each spelled-out attention into `Attention` and returns
+/// how many it fused.
+pub fn fuse_attention(g: &mut Graph) -> usize {
+    let uses = g.use_counts();
+    let found: Vec<(NodeId, Matched)> = g.node_ids().filter_map(|n| match_attention(g, &uses, n).map(|m| (n, m))).collect();
+    for (n, m) in &found {
+        let op = Op::Attention(Attention {
+            is_causal: false,
+            q_num_heads: None,
+            kv_num_heads: None,
+            qk_matmul_output_mode: 0,
+            // An f32 attribute, as ONNX stores it.
+            scale: Some(m.scale as f32),
+            softcap: 0.0,
+            // The spelled-out softmax's type: a mixed-precision stage keeps it (autocast
+            // runs softmax in fp32), as the fused kernels do.
+            softmax_precision: Some(m.softmax_type),
+            left_window_size: -1,
+            right_window_size: -1,
+        });
+        let name = g.node(*n).name.clone();
+        let k = m.k.materialise(g, &name);
+        rewrite_node(g, *n, op, &[Some(m.q), Some(k), Some(m.v), m.mask]);
+    }
+    found.len()
+}
+
+/// The attention whose last node is `n`, if `n` ends one.
+fn match_attention(g: &Graph, uses: &[usize], n: NodeId) -> Option<Matched> {
+    let node = g.node(n);
+    let (Op::MatMul, [Some(probs), Some(v)], [Some(y)]) = (&node.op, node.inputs.as_slice(), node.outputs.as_slice()) else {
+        return None;
+    };
+    let softmax_out = unguarded(g, uses, uncast(g, uses, *probs)?)?;
+    let logits = softmax_input(g, uses, softmax_out)?;
+    let (scores, mask) = unmasked(g, uses, logits)?;
+    let (q, kt, scale) = scaled_product(g, uses, scores)?;
+    let k = untransposed(g, uses, kt)?;
+    let m = Matched { q, k, v: *v, mask, scale, softmax_type: g.value(logits).ty.dtype };
+    shapes_agree(g, &m, *y).then_some(m)
+}
+
+/// `p` through an identity `Cast` read only by the product.
+fn uncast(g: &Graph, uses: &[usize], p: ValueId) -> Option<ValueId> {
+    if uses[p.index()] != 1 {
+        return None;
+    }
+    match producer(g, p) {
+        Some((Op::Cast { .. }, [x])) if g.value(x).ty == g.value(p).ty => Some(x),
+        _ => Some(p),
+    }
+}
+
+/// `p = Where(IsNaN(s), 0, s)`: `s`; otherwise `p` itself.
+fn unguarded(g: &Graph, uses: &[usize], p: ValueId) -> Option<ValueId> {
+    let Some((Op::Where, [nan, zero, s])) = producer(g, p) else { return Some(p) };
+    let guard = uses[p.index()] == 1
+        && uses[s.index()] == 2
+        && scalar(g, zero) == Some(0.0)
+        && unary_operand(g, uses, nan) == Some((UnaryOp::IsNaN, s));
+    guard.then_some(s)
+}
+
+/// The logits of `s = Softmax(logits)` over the last axis of a 4-D value read only here.
+fn softmax_input(g: &Graph, uses: &[usize], s: ValueId) -> Option<ValueId> {
+    let Some((Op::Softmax(sm), [logits])) = producer(g, s) else { return None };
+    let rank = g.value(logits).ty.shape.rank();
+    let last = sm.axis == -1 || sm.axis == rank as i64 - 1;
+    (rank == 4 && last && uses[logits.index()] == 1 && g.value(logits).ty.dtype.is_float()).then_some(logits)
+}
+
+/// The unmasked scores and the mask of `logits`: `A + M`, `Where(C, A, f)` or `A`. The
+/// scores operand is the one that is a scaled product of the logits' full shape.
+fn unmasked(g: &Graph, uses: &[usize], logits: ValueId) -> Option<(ValueId, Option<ValueId>)> {
+    let ty = &g.value(logits).ty;
+    let keys = *ty.shape.0.last()?;
+    let full = |a: ValueId| g.value(a).ty == *ty && scaled_product(g, uses, a).is_some();
+    let covers_keys = |m: ValueId| g.value(m).ty.shape.rank() <= 4 && g.value(m).ty.shape.0.last() == Some(&keys);
+    let Some((op, operands)) = producer_of(g, logits) else { return Some((logits, None)) };
+    match (op, operands.as_slice()) {
+        (Op::Binary(BinaryOp::Add), &[a, b]) => {
+            let (scores, mask) = if full(a) { (a, b) } else { (b, a) };
+            let float_mask = g.value(mask).ty.dtype == ty.dtype && covers_keys(mask);
+            (full(scores) && float_mask).then_some((scores, Some(mask)))
+        }
+        (Op::Where, &[cond, a, fill]) => {
+            let masks = g.value(cond).ty.dtype == DType::Bool && covers_keys(cond);
+            let low = scalar(g, fill).is_some_and(|f| f <= MASK_FILL_AT_MOST);
+            (full(a) && masks && low).then_some((a, Some(cond)))
+        }
+        _ => Some((logits, None)),
+    }
+}
+
+/// `A = c * MatMul(a * Q, b * K^T)`: Q, K^T and the scale `a * b * c`.
+fn scaled_product(g: &Graph, uses: &[usize], scores: ValueId) -> Option<(ValueId, ValueId, f64)> {
+    let outer = factors(g, uses, scores, uses[scores.index()] == 1);
+    let [product] = outer.terms[..] else { return None };
+    if uses[product.index()] != 1 {
+        return None;
+    }
+    let Some((Op::MatMul, [a, b])) = producer(g, product) else { return None };
+    let (left, right) = (factors(g, uses, a, uses[a.index()] == 1), factors(g, uses, b, uses[b.index()] == 1));
+    let ([q], [kt]) = (&left.terms[..], &right.terms[..]) else { return None };
+    let scale = outer.constant * left.constant * right.constant;
+    (scale.is_finite() && scale > 0.0).then_some((*q, *kt, scale))
+}
+
+/// K from `K^T`: a `Transpose` of 4-D `x` (K is `x` permuted with the last two axes
+/// swapped back, `x` itself when that is the identity), or `Reshape(Transpose(Reshape(K)))`
+/// that merges K's first two axes, swaps the last two and splits the first again.
+fn untransposed(g: &Graph, uses: &[usize], kt: ValueId) -> Option<Key> {
+    let single = |v: ValueId| uses[v.index()] == 1;
+    let dims = |v: ValueId| g.value(v).ty.shape.0.clone();
+    if !single(kt) {
+        return None;
+    }
+    let (op, operands) = producer_of(g, kt)?;
+    match (op, operands.as_slice()) {
+        (Op::Transpose { perm: Some(p) }, &[x]) if p.len() == 4 => {
+            let perm = vec![p[0], p[1], p[3], p[2]];
+            Some(if perm == [0, 1, 2, 3] { Key::Value(x) } else { Key::Permuted { of: x, perm } })
+        }
+        (Op::Reshape { .. }, &[swapped, _]) if single(swapped) => {
+            let Some((Op::Transpose { perm: Some(p) }, [merged])) = producer(g, swapped) else { return None };
+            let Some((Op::Reshape { .. }, [k, _])) = producer(g, merged) else { return None };
+            let (kd, md, sd, td) = (dims(k), dims(merged), dims(swapped), dims(kt));
+            let through_3d = p[..] == [0, 2, 1]
+                && single(merged)
+                && matches!((&kd[..], &md[..], &sd[..], &td[..]),
+                    ([b, h, s, d], [x, s2, d2], [x2, d3, s3], [b2, h2, d4, s4])
+                        if b.mul(*h) == Some(*x) && x == x2 && s == s2 && s == s3 && s == s4 && d == d2 && d == d3 && d == d4 && b == b2 && h == h2);
+            through_3d.then_some(Key::Value(k))
+        }
+        _ => None,
+    }
+}
+
+/// Whether Q `[b, h, sq, d]`, K `[b, h, skv, d]` and V `[b, h, skv, dv]` share their type,
+/// batch and heads, and the product `y` is `[b, h, sq, dv]` of that type.
+fn shapes_agree(g: &Graph, m: &Matched, y: ValueId) -> bool {
+    let ty = |v: ValueId| &g.value(v).ty;
+    let key = m.k.ty(g);
+    let (q, k, v, out) = (ty(m.q), &key, ty(m.v), ty(y));
+    let same_type = [k, v, out].iter().all(|t| t.dtype == q.dtype) && q.dtype.is_float();
+    let fits = |qd: &[Dim], kd: &[Dim], vd: &[Dim], yd: &[Dim]| match (qd, kd, vd, yd) {
+        ([b, h, sq, d], [kb, kh, skv, kd], [vb, vh, vs, dv], [yb, yh, ysq, ydv]) => {
+            [kb, vb, yb].iter().all(|x| *x == b) && [kh, vh, yh].iter().all(|x| *x == h) && d == kd && skv == vs && sq == ysq && dv == ydv
+        }
+        _ => false,
+    };
+    same_type && fits(&q.shape.0, &k.shape.0, &v.shape.0, &out.shape.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fuse_attention;
+    use crate::{parse_graph, text::print_graph, Graph};
+
+    const HEADER: &str = "graph \"g\" ir_version=8 opset=17 producer=\"t\" batch=N(\"N\", dynamic) {\n  %v0: f32[N,4,8,16] = input \"q\"\n  %v1: f32[N,4,8,16] = input \"k\"\n  %v2: f32[N,4,8,16] = input \"v\"\n";
+
+    fn fused(body: &str) -> (usize, Graph, String) {
+        let text = format!("{HEADER}{body}}}\n");
+        let mut g = parse_graph(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        let n = fuse_attention(&mut g);
+        g.remove_dead_nodes();
+        g.compact().expect("acyclic");
+        crate::verify(&g).unwrap_or_else(|e| panic!("{e:?}"));
+        let printed = print_graph(&g);
+        (n, g, printed)
+    }
+
+    /// torch.onnx's TorchScript form of BERT/GPT-2 eager attention: `Q K^T / sqrt(d)`, an
+    /// added float mask, the softmax, the product with V.
+    const EAGER: &str = "  %v3: f32[] = const \"sqrt_d\" [4.0]\n  %v4: f32[1,1,8,8] = const \"mask\"\n  %v5: f32[N,4,16,8] = Transpose[perm=[0, 1, 3, 2]](%v1)  # n0 \"kt\"\n  %v6: f32[N,4,8,8] = MatMul(%v0, %v5)  # n1 \"qk\"\n  %v7: f32[N,4,8,8] = Div(%v6, %v3)  # n2 \"scaled\"\n  %v8: f32[N,4,8,8] = Add(%v7, %v4)  # n3 \"masked\"\n  %v9: f32[N,4,8,8] = Softmax[axis=-1](%v8)  # n4 \"probs\"\n  %v10: f32[N,4,8,16] = MatMul(%v9, %v2)  # n5 \"attn\"\n";
+
+    #[test]
+    fn eager_attention_with_an_added_mask_becomes_one_node() {
+        let (n, g, text) = fused(&format!("{EAGER}  return %v10 \"y\"\n"));
+        assert_eq!((n, g.node_count()), (1, 1), "{text}");
+        assert!(text.contains("= Attention[scale=0.25, softmax_precision=f32](%v0, %v1, %v2, %v3)  # n0 \"attn\""), "{text}");
+    }
+
+    #[test]
+    fn the_dynamo_form_with_split_scale_nan_guard_and_3d_transpose_is_fused() {
+        // torch.onnx's dynamo decomposition of SDPA: sqrt(scale) on each operand, K^T
+        // through 3-D, and the guard that zeroes rows with no key to attend.
+        let body = "  %v3: f32[] = const \"root_scale\" [0.5]\n  %v4: i64[3] = const \"flat\" [-1, 8, 16]\n  %v5: i64[4] = const \"back\" [-1, 4, 16, 8]\n  %v6: f32[] = const \"zero\" [0.0]\n  %v7: f32[4N,8,16] = Reshape(%v1, %v4)  # n0 \"flat_k\"\n  %v8: f32[4N,16,8] = Transpose[perm=[0, 2, 1]](%v7)  # n1 \"flat_kt\"\n  %v9: f32[N,4,16,8] = Reshape(%v8, %v5)  # n2 \"kt\"\n  %v10: f32[N,4,8,16] = Mul(%v0, %v3)  # n3 \"q_scaled\"\n  %v11: f32[N,4,16,8] = Mul(%v9, %v3)  # n4 \"kt_scaled\"\n  %v12: f32[N,4,8,8] = MatMul(%v10, %v11)  # n5 \"qk\"\n  %v13: f32[N,4,8,8] = Softmax[axis=-1](%v12)  # n6 \"probs\"\n  %v14: bool[N,4,8,8] = IsNaN(%v13)  # n7 \"nan\"\n  %v15: f32[N,4,8,8] = Where(%v14, %v6, %v13)  # n8 \"guarded\"\n  %v16: f32[N,4,8,16] = MatMul(%v15, %v2)  # n9 \"sdpa\"\n  return %v16 \"y\"\n";
+        let (n, g, text) = fused(body);
+        assert_eq!((n, g.node_count()), (1, 1), "{text}");
+        assert!(text.contains("= Attention[scale=0.25, softmax_precision=f32](%v0, %v1, %v2)  # n0 \"sdpa\""), "{text}");
+    }
+
+    #[test]
+    fn a_heads_last_key_transposed_once_gets_its_own_transpose() {
+        // TorchScript's SDPA export: K^T as one Transpose of `[batch, seq, heads, head]`.
+        let body = EAGER.replace(
+            "  %v5: f32[N,4,16,8] = Transpose[perm=[0, 1, 3, 2]](%v1)",
+            "  %v11: f32[N,8,4,16] = Transpose[perm=[0, 2, 1, 3]](%v1)  # n6 \"heads_last\"\n  %v5: f32[N,4,16,8] = Transpose[perm=[0, 2, 3, 1]](%v11)",
+        ) + "  return %v10 \"y\"\n";
+        let (n, g, text) = fused(&body);
+        assert_eq!((n, g.node_count()), (1, 3), "{text}");
+        assert!(text.contains("%v5: f32[N,4,8,16] = Transpose[perm=[0, 2, 1, 3]](%v4)  # n1 \"attn/key\""), "{text}");
+        assert!(text.contains("Attention[scale=0.25, softmax_precision=f32](%v0, %v5, %v2, %v3)"), "{text}");
+    }
+
+    #[test]
+    fn a_boolean_mask_kept_by_where_becomes_the_mask_input() {
+        let body = "  %v3: f32[] = const \"scale\" [0.25]\n  %v4: bool[1,1,8,8] = const \"causal\"\n  %v5: f32[] = const \"lowest\" [-3.4028234663852886e38]\n  %v6: f32[N,4,16,8] = Transpose[perm=[0, 1, 3, 2]](%v1)  # n0 \"kt\"\n  %v7: f32[N,4,8,8] = MatMul(%v0, %v6)  # n1 \"qk\"\n  %v8: f32[N,4,8,8] = Mul(%v7, %v3)  # n2 \"scaled\"\n  %v9: f32[N,4,8,8] = Where(%v4, %v8, %v5)  # n3 \"masked\"\n  %v10: f32[N,4,8,8] = Softmax[axis=3](%v9)  # n4 \"probs\"\n  %v11: f32[N,4,8,16] = MatMul(%v10, %v2)  # n5 \"attn\"\n  return %v11 \"y\"\n";
+        let (n, _, text) = fused(body);
+        assert_eq!(n, 1, "{text}");
+        assert!(text.contains("Attention[scale=0.25, softmax_precision=f32](%v0, %v1, %v2, %v3)") && text.contains("bool[1,1,8,8]"), "{text}");
+        // A fill that does not underflow the softmax is a bias, not a mask: left alone.
+        let (n, g, text) = fused(&body.replace("[-3.4028234663852886e38]", "[-1.0]"));
+        assert_eq!((n, g.node_count()), (0, 6), "{text}");
+    }
+
+    #[test]
+    fn attention_whose_scores_are_read_elsewhere_or_whose_key_broadcasts_is_left_alone() {
+        let (n, g, text) = fused(&format!("{EAGER}  return %v10 \"y\", %v9 \"probs\"\n"));
+        assert_eq!((n, g.node_count()), (0, 6), "{text}");
+        // One key head shared by four query heads by broadcasting, not grouped attention.
+        let shared = EAGER.replace(
+            "  %v5: f32[N,4,16,8] = Transpose[perm=[0, 1, 3, 2]](%v1)",
+            "  %v11: f32[N,1,8,16] = Slice(%v1, %v12, %v13, %v14)  # n6 \"one_head\"\n  %v5: f32[N,1,16,8] = Transpose[perm=[0, 1, 3, 2]](%v11)",
+        ) + "  return %v10 \"y\"\n";
+        let shared = shared.replace("  %v3: f32[] = const", "  %v12: i64[1] = const \"s\" [0]\n  %v13: i64[1] = const \"e\" [1]\n  %v14: i64[1] = const \"a\" [1]\n  %v3: f32[] = const");
+        let (n, _, text) = fused(&shared);
+        assert_eq!(n, 0, "{text}");
+    }
+}
