@@ -322,7 +322,7 @@ fn the_fixed_order_gradient_sum_is_charged_at_scale() {
         toml.to_str().unwrap().to_string()
     };
     let plan = dir.path().join("plan.json");
-    std::fs::write(&plan, pw_ok(&["plan", p, "--cluster", &cluster("collective"), "--stages", "1", "--schedule", "2bw", "--batch", "256", "--precision", "fp16", "--json"])).unwrap();
+    std::fs::write(&plan, pw_ok(&["plan", p, "--cluster", &cluster("collective"), "--stages", "1", "--schedule", "2bw", "--batch", "512", "--precision", "fp16", "--json"])).unwrap();
     let replay = |extra: &[&str]| -> Value {
         let mut args = vec!["simulate", plan.to_str().unwrap(), "--batches", "4", "--json"];
         args.extend_from_slice(extra);
@@ -336,7 +336,7 @@ fn the_fixed_order_gradient_sum_is_charged_at_scale() {
     let text = pw_ok(&["simulate", plan.to_str().unwrap(), "--batches", "2", "--reduction", "fixed-order"]);
     assert!(text.contains("gradient sums: fixed-order (every part gathered to the group's first rank"), "{text}");
     let width = |reduction: &str| -> u64 {
-        let v: Value = serde_json::from_str(&pw_ok(&["plan", p, "--cluster", &cluster(reduction), "--schedule", "2bw", "--batch", "256", "--precision", "fp16", "--json"])).unwrap();
+        let v: Value = serde_json::from_str(&pw_ok(&["plan", p, "--cluster", &cluster(reduction), "--schedule", "2bw", "--batch", "512", "--precision", "fp16", "--json"])).unwrap();
         v["chosen"]["w"].as_u64().unwrap()
     };
     assert!(width("fixed-order") < width("collective"));

@@ -222,6 +222,27 @@ impl PipelineMemory {
         PipelineMemory::phased(models)
     }
 
+    /// The same with one gradient more in every stage and phase when `deferred`: a stage
+    /// whose update waits for its replicas' sum (2BW with replicas,
+    /// [`UpdateRule::defers_update`](pipewright_core::UpdateRule::defers_update)) applies
+    /// it only before the first forward that needs the new version, so the next batch's
+    /// gradients grow beside the ones still to apply. The simulator's replay counts this
+    /// where it happens (with the microbatches held then); the planner counts it at the
+    /// stage's peak, which is never less.
+    pub fn with_deferred_updates(mut self, deferred: bool) -> PipelineMemory {
+        if deferred {
+            let add = |m: &mut MemoryModel| {
+                m.weight_factor += 1.0;
+                if m.update_factor > 0.0 {
+                    m.update_factor += 1.0;
+                }
+            };
+            self.stages.iter_mut().for_each(add);
+            self.before_gradient.iter_mut().flatten().for_each(add);
+        }
+        self
+    }
+
     /// No memory limit, every stage alike.
     pub fn unlimited() -> PipelineMemory {
         PipelineMemory::uniform(MemoryModel::unlimited())

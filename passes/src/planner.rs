@@ -749,11 +749,15 @@ impl Config {
 
     /// The stages' memory models, each under its share of a worker's `limit`: all of it,
     /// or a `v`-th under interleaved 1F1B and ZB-V (a worker holds `v` stages; an even share, so
-    /// that the cuts stay a partition problem per stage).
+    /// that the cuts stay a partition problem per stage). Replicas under 2BW defer their
+    /// updates and hold a second gradient ([`PipelineMemory::with_deferred_updates`]; a
+    /// stage tied to an earlier one does too, which the cuts decide and this model does
+    /// not see).
     fn memory_model(&self, opts: &PlanOptions, limit: f64) -> PipelineMemory {
         let state = opts.optimizer.state_tensors(opts.momentum);
         let share = limit / self.schedule.virtual_stages() as f64;
-        PipelineMemory::of_pipeline(self.schedule, self.recompute, self.d, self.m, state, opts.precision, share)
+        let deferred = self.schedule.update_rule().defers_update(self.w, false);
+        PipelineMemory::of_pipeline(self.schedule, self.recompute, self.d, self.m, state, opts.precision, share).with_deferred_updates(deferred)
     }
 }
 
