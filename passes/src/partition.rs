@@ -1092,6 +1092,19 @@ mod tests {
         assert_eq!(p.optimal_partition(2, &tighter), None);
     }
 
+    /// 2BW whose update waits for its replicas' sum holds a second gradient in every stage:
+    /// one more copy of each weight byte, nothing else; not deferred, nothing changes.
+    #[test]
+    fn a_deferred_update_adds_one_gradient_per_stage() {
+        let mut p = chain(&[1.0, 1.0]);
+        p.act_bytes = vec![10.0, 10.0];
+        let two_bw = || PipelineMemory::of_pipeline(Schedule::TwoBw, Recompute::None, 2, 2, 0, Precision::Fp32, f64::INFINITY);
+        let (_, alone) = p.evaluate(&[1], &two_bw().with_deferred_updates(false));
+        let (_, deferred) = p.evaluate(&[1], &two_bw().with_deferred_updates(true));
+        assert_eq!(alone, [23.0, 13.0]);
+        assert_eq!(deferred, [24.0, 14.0]);
+    }
+
     #[test]
     fn comm_moves_the_cut() {
         // Cutting at 2 costs 2*10/1 = 20 on both sides; elsewhere nothing.
