@@ -45,16 +45,18 @@ pub fn spell_out(g: &Graph, n: NodeId) -> Result<Option<Spelled>, String> {
     }
 }
 
-/// Writes the nodes of one spelled-out op: intermediate values are named `{y}/{op}/{part}`.
+/// Writes the nodes of one spelled-out op: intermediate values are named `{y}/{op}/{part}`,
+/// nodes `{node}/{op}_{k}`.
 struct Writer {
     node: String,
+    op: &'static str,
     prefix: String,
     out: Spelled,
 }
 
 impl Writer {
-    fn new(node: &str, y: &str, op: &str) -> Writer {
-        Writer { node: node.to_string(), prefix: format!("{y}/{op}"), out: Spelled::default() }
+    fn new(node: &str, y: &str, op: &'static str) -> Writer {
+        Writer { node: node.to_string(), op, prefix: format!("{y}/{op}"), out: Spelled::default() }
     }
 
     fn part(&self, part: &str) -> String {
@@ -72,7 +74,7 @@ impl Writer {
     fn step(&mut self, op: &str, inputs: &[&str], output: &str, attributes: Vec<AttributeProto>) {
         let k = self.out.nodes.len();
         self.out.nodes.push(NodeProto {
-            name: format!("{}/{}_{k}", self.node, self.prefix.rsplit('/').next().unwrap_or("op")),
+            name: format!("{}/{}_{k}", self.node, self.op),
             op_type: op.into(),
             input: inputs.iter().map(|s| s.to_string()).collect(),
             output: vec![output.to_string()],
@@ -80,34 +82,46 @@ impl Writer {
             ..Default::default()
         });
     }
+
+    /// A node `op(inputs)` writing the intermediate `part`: its name.
+    fn derive(&mut self, op: &str, inputs: &[&str], part: &str, attributes: Vec<AttributeProto>) -> String {
+        let out = self.part(part);
+        self.step(op, inputs, &out, attributes);
+        out
+    }
+
+    /// `x` cast to `to`, or `x` itself without a type to cast to.
+    fn cast_to(&mut self, x: String, to: Option<DType>, part: &str) -> String {
+        match to {
+            Some(t) => self.derive("Cast", &[&x], part, vec![attribute_proto("to", &AttrValue::DType(t))]),
+            None => x,
+        }
+    }
 }
 
 /// `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))` or `0.5 x (1 + erf(x / sqrt(2)))`,
 /// its constants of `x`'s type.
 fn gelu(w: &mut Writer, approximate: GeluApprox, (x, y): (&str, &str), dtype: DType) {
     let (half, one) = (w.constant("half", dtype, 0.5), w.constant("one", dtype, 1.0));
-    let (core, scaled) = (w.part("core"), w.part("scaled"));
-    match approximate {
+    let core = match approximate {
         GeluApprox::Tanh => {
             let three = w.constant("three", dtype, 3.0);
             let cubic = w.constant("cubic", dtype, 0.044_715);
             let scale = w.constant("scale", dtype, (2.0 / std::f64::consts::PI).sqrt());
-            let (cube, term, inner) = (w.part("cube"), w.part("cubic_term"), w.part("inner"));
-            w.step("Pow", &[x, &three], &cube, vec![]);
-            w.step("Mul", &[&cube, &cubic], &term, vec![]);
-            w.step("Add", &[x, &term], &inner, vec![]);
-            w.step("Mul", &[&inner, &scale], &scaled, vec![]);
-            w.step("Tanh", &[&scaled], &core, vec![]);
+            let cube = w.derive("Pow", &[x, &three], "cube", vec![]);
+            let term = w.derive("Mul", &[&cube, &cubic], "cubic_term", vec![]);
+            let inner = w.derive("Add", &[x, &term], "inner", vec![]);
+            let scaled = w.derive("Mul", &[&inner, &scale], "scaled", vec![]);
+            w.derive("Tanh", &[&scaled], "core", vec![])
         }
         GeluApprox::None => {
             let sqrt2 = w.constant("sqrt2", dtype, std::f64::consts::SQRT_2);
-            w.step("Div", &[x, &sqrt2], &scaled, vec![]);
-            w.step("Erf", &[&scaled], &core, vec![]);
+            let scaled = w.derive("Div", &[x, &sqrt2], "scaled", vec![]);
+            w.derive("Erf", &[&scaled], "core", vec![])
         }
-    }
-    let (one_plus, half_x) = (w.part("one_plus"), w.part("half_x"));
-    w.step("Add", &[&core, &one], &one_plus, vec![]);
-    w.step("Mul", &[x, &half], &half_x, vec![]);
+    };
+    let one_plus = w.derive("Add", &[&core, &one], "one_plus", vec![]);
+    let half_x = w.derive("Mul", &[x, &half], "half_x", vec![]);
     w.step("Mul", &[&half_x, &one_plus], y, vec![]);
 }
 
@@ -133,47 +147,25 @@ fn attention(at: &Attention, node: &str, inputs: &[Option<String>], outputs: &[O
         _ => return Err("the scale is the default and the head size is not known".into()),
     };
     let mut w = Writer::new(node, y, "attention");
-    let (kt, product, scores) = (w.part("k_t"), w.part("product"), w.part("scores"));
-    w.step("Transpose", &[k], &kt, vec![attribute_proto("perm", &AttrValue::Ints(vec![0, 1, 3, 2]))]);
-    w.step("MatMul", &[q, &kt], &product, vec![]);
+    let kt = w.derive("Transpose", &[k], "k_t", vec![attribute_proto("perm", &AttrValue::Ints(vec![0, 1, 3, 2]))]);
+    let product = w.derive("MatMul", &[q, &kt], "product", vec![]);
     let scale = w.constant("scale", dtype, scale);
-    w.step("Mul", &[&product, &scale], &scores, vec![]);
+    let scores = w.derive("Mul", &[&product, &scale], "scores", vec![]);
     let logits = match inputs.get(3).cloned().flatten() {
         Some(mask) if mask_bool => {
             let lowest = w.constant("lowest", dtype, lowest_finite(dtype)?);
-            let out = w.part("masked");
-            w.step("Where", &[&mask, &scores, &lowest], &out, vec![]);
-            out
+            w.derive("Where", &[&mask, &scores, &lowest], "masked", vec![])
         }
-        Some(mask) => {
-            let out = w.part("masked");
-            w.step("Add", &[&scores, &mask], &out, vec![]);
-            out
-        }
+        Some(mask) => w.derive("Add", &[&scores, &mask], "masked", vec![]),
         None => scores,
     };
     let wide = at.softmax_precision.filter(|p| p.size() > dtype.size());
-    let softmax_in = match wide {
-        Some(p) => {
-            let out = w.part("wide");
-            w.step("Cast", &[&logits], &out, vec![attribute_proto("to", &AttrValue::DType(p))]);
-            out
-        }
-        None => logits,
-    };
-    let probs = w.part("probs");
-    w.step("Softmax", &[&softmax_in], &probs, vec![attribute_proto("axis", &AttrValue::Int(3))]);
-    let (nan, guarded, zero) = (w.part("nan"), w.part("guarded"), w.constant("zero", wide.unwrap_or(dtype), 0.0));
-    w.step("IsNaN", &[&probs], &nan, vec![]);
-    w.step("Where", &[&nan, &zero, &probs], &guarded, vec![]);
-    let narrowed = match wide {
-        Some(_) => {
-            let out = w.part("narrow");
-            w.step("Cast", &[&guarded], &out, vec![attribute_proto("to", &AttrValue::DType(dtype))]);
-            out
-        }
-        None => guarded,
-    };
+    let softmax_in = w.cast_to(logits, wide, "wide");
+    let probs = w.derive("Softmax", &[&softmax_in], "probs", vec![attribute_proto("axis", &AttrValue::Int(3))]);
+    let zero = w.constant("zero", wide.unwrap_or(dtype), 0.0);
+    let nan = w.derive("IsNaN", &[&probs], "nan", vec![]);
+    let guarded = w.derive("Where", &[&nan, &zero, &probs], "guarded", vec![]);
+    let narrowed = w.cast_to(guarded, wide.map(|_| dtype), "narrow");
     w.step("MatMul", &[&narrowed, v], y, vec![]);
     Ok(w.out)
 }

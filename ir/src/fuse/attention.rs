@@ -115,8 +115,7 @@ fn match_attention(g: &Graph, uses: &[usize], n: NodeId) -> Option<Matched> {
     };
     let softmax_out = unguarded(g, uses, uncast(g, uses, *probs)?)?;
     let logits = softmax_input(g, uses, softmax_out)?;
-    let (scores, mask) = unmasked(g, uses, logits)?;
-    let (q, kt, scale) = scaled_product(g, uses, scores)?;
+    let ((q, kt, scale), mask) = unmasked(g, uses, logits)?;
     let k = untransposed(g, uses, kt)?;
     let m = Matched { q, k, v: *v, mask, scale, softmax_type: g.value(logits).ty.dtype };
     shapes_agree(g, &m, *y).then_some(m)
@@ -151,31 +150,41 @@ fn softmax_input(g: &Graph, uses: &[usize], s: ValueId) -> Option<ValueId> {
     (rank == 4 && last && uses[logits.index()] == 1 && g.value(logits).ty.dtype.is_float()).then_some(logits)
 }
 
-/// The unmasked scores and the mask of `logits`: `A + M`, `Where(C, A, f)` or `A`. The
-/// scores operand is the one that is a scaled product of the logits' full shape.
-fn unmasked(g: &Graph, uses: &[usize], logits: ValueId) -> Option<(ValueId, Option<ValueId>)> {
+/// The scaled product under `logits` ([`scaled_product`]) and the mask: `A + M`,
+/// `Where(C, A, f)` or `A`, where `A` is the operand that is a scaled product of the
+/// logits' full shape.
+fn unmasked(g: &Graph, uses: &[usize], logits: ValueId) -> Option<(ScaledProduct, Option<ValueId>)> {
     let ty = &g.value(logits).ty;
     let keys = *ty.shape.0.last()?;
-    let full = |a: ValueId| g.value(a).ty == *ty && scaled_product(g, uses, a).is_some();
+    let full = |a: ValueId| if g.value(a).ty == *ty { scaled_product(g, uses, a) } else { None };
     let covers_keys = |m: ValueId| g.value(m).ty.shape.rank() <= 4 && g.value(m).ty.shape.0.last() == Some(&keys);
-    let Some((op, operands)) = producer_of(g, logits) else { return Some((logits, None)) };
+    let Some((op, operands)) = producer_of(g, logits) else { return Some((scaled_product(g, uses, logits)?, None)) };
     match (op, operands.as_slice()) {
         (Op::Binary(BinaryOp::Add), &[a, b]) => {
-            let (scores, mask) = if full(a) { (a, b) } else { (b, a) };
+            let (scores, mask) = match full(a) {
+                Some(scores) => (scores, b),
+                None => (full(b)?, a),
+            };
             let float_mask = g.value(mask).ty.dtype == ty.dtype && covers_keys(mask);
-            (full(scores) && float_mask).then_some((scores, Some(mask)))
+            float_mask.then_some((scores, Some(mask)))
         }
         (Op::Where, &[cond, a, fill]) => {
             let masks = g.value(cond).ty.dtype == DType::Bool && covers_keys(cond);
             let low = scalar(g, fill).is_some_and(|f| f <= MASK_FILL_AT_MOST);
-            (full(a) && masks && low).then_some((a, Some(cond)))
+            if !(masks && low) {
+                return None;
+            }
+            Some((full(a)?, Some(cond)))
         }
-        _ => Some((logits, None)),
+        _ => Some((scaled_product(g, uses, logits)?, None)),
     }
 }
 
+/// Q, K^T and the scale of attention's scores.
+type ScaledProduct = (ValueId, ValueId, f64);
+
 /// `A = c * MatMul(a * Q, b * K^T)`: Q, K^T and the scale `a * b * c`.
-fn scaled_product(g: &Graph, uses: &[usize], scores: ValueId) -> Option<(ValueId, ValueId, f64)> {
+fn scaled_product(g: &Graph, uses: &[usize], scores: ValueId) -> Option<ScaledProduct> {
     let outer = factors(g, uses, scores, uses[scores.index()] == 1);
     let [product] = outer.terms[..] else { return None };
     if uses[product.index()] != 1 {

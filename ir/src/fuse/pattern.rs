@@ -84,7 +84,6 @@ pub(super) fn close(a: f64, b: f64) -> bool {
     (a - b).abs() <= 1e-3 * b.abs()
 }
 
-
 /// Turns node `n` into `op` reading `inputs`, keeping its outputs (and so every reader of
 /// them); the nodes that fed it alone are left without readers, for
 /// [`Graph::remove_dead_nodes`].

@@ -28,6 +28,7 @@ pub(crate) fn attention(at: &Attention, ins: &[Option<&Tensor>], scores_read: bo
     }
     let q4 = split_heads(q, at.q_num_heads, "Q")?;
     let (mut k4, mut v4) = (split_heads(k, at.kv_num_heads, "K")?, split_heads(v, at.kv_num_heads, "V")?);
+    check_heads(&q4, &k4, &v4)?;
     if !scores_read {
         if let Some(y) = fused_attention(at, ins, (&q4, &k4, &v4))? {
             let y = if rank == 3 { y.f_transpose(1, 2)?.f_reshape([q.size()[0], q4.size()[2], -1])? } else { y };
@@ -90,30 +91,20 @@ fn fused_attention(at: &Attention, ins: &[Option<&Tensor>], (q, k, v): (&Tensor,
     let plain = at.softcap == 0.0 && at.left_window_size < 0 && at.right_window_size < 0 && (4..=6).all(|i| opt(ins, i).is_none());
     // The kernels run the softmax at least as wide as the inputs (fp32 for bf16/fp16): a
     // narrower `softmax_precision` than the inputs (f32 for f64) is the composed form's.
-    let input_width = kind(q)?.elt_size_in_bytes();
-    let wide_precision = at.softmax_precision.map_or(true, |p| p.is_float() && p.size() >= input_width);
+    let input_kind = kind(q)?;
+    let wide_precision = at.softmax_precision.map_or(true, |p| p.is_float() && p.size() >= input_kind.elt_size_in_bytes());
     let mask = opt(ins, 3);
     let skv = k.size()[2];
     let mask_fits = mask.map_or(true, |m| m.dim() <= 4 && m.size().last() == Some(&skv) && !m.requires_grad() && !at.is_causal);
     if !(plain && wide_precision && mask_fits) {
         return Ok(None);
     }
-    let k_kind = kind(q)?;
     // A float mask is added in the inputs' type, as the composed form adds it.
     let mask = match mask {
-        Some(m) if m.f_kind()? != Kind::Bool => Some(m.f_to_kind(k_kind)?),
+        Some(m) if m.f_kind()? != Kind::Bool => Some(m.f_to_kind(input_kind)?),
         other => other.map(Tensor::shallow_clone),
     };
     let grouped = q.size()[1] != k.size()[1];
-    if grouped {
-        let (qh, kh) = (q.size()[1], k.size()[1]);
-        if kh == 0 || qh % kh != 0 || v.size()[1] != kh {
-            return Err(invalid(format!("{qh} query heads do not group over {kh} key and {} value heads", v.size()[1])));
-        }
-    }
-    if k.size()[3] != q.size()[3] {
-        return Err(invalid(format!("Q head size {} differs from K head size {}", q.size()[3], k.size()[3])));
-    }
     let scale = at.scale.map(f64::from);
     Ok(Some(Tensor::f_scaled_dot_product_attention(q, k, v, mask.as_ref(), 0.0, at.is_causal, scale, grouped)?))
 }
@@ -131,13 +122,24 @@ fn split_heads(t: &Tensor, heads: Option<i64>, name: &str) -> R<Tensor> {
     }
 }
 
-/// Grouped-query attention: each key/value head serves `q_heads / kv_heads` consecutive
-/// query heads, so K and V repeat each head in place (`h0, h0, h1, h1, ...`).
-fn repeat_kv(k: &Tensor, v: &Tensor, q_heads: i64) -> R<(Tensor, Tensor)> {
-    let kv_heads = k.size()[1];
+/// Q `[b, q_heads, q_seq, d]`, K `[b, kv_heads, kv_seq, d]`, V `[b, kv_heads, kv_seq, dv]`:
+/// the query heads group over the key/value heads and Q's head size is K's (both paths
+/// rely on it).
+fn check_heads(q: &Tensor, k: &Tensor, v: &Tensor) -> R<()> {
+    let (q_heads, kv_heads) = (q.size()[1], k.size()[1]);
     if v.size()[1] != kv_heads || kv_heads == 0 || q_heads % kv_heads != 0 {
         return Err(invalid(format!("{q_heads} query heads do not group over {kv_heads} key and {} value heads", v.size()[1])));
     }
+    if k.size()[3] != q.size()[3] {
+        return Err(invalid(format!("Q head size {} differs from K head size {}", q.size()[3], k.size()[3])));
+    }
+    Ok(())
+}
+
+/// Grouped-query attention: each key/value head serves `q_heads / kv_heads` consecutive
+/// query heads ([`check_heads`]), so K and V repeat each head in place (`h0, h0, h1, h1, ...`).
+fn repeat_kv(k: &Tensor, v: &Tensor, q_heads: i64) -> R<(Tensor, Tensor)> {
+    let kv_heads = k.size()[1];
     if q_heads == kv_heads {
         return Ok((k.shallow_clone(), v.shallow_clone()));
     }
@@ -149,9 +151,6 @@ fn repeat_kv(k: &Tensor, v: &Tensor, q_heads: i64) -> R<(Tensor, Tensor)> {
 /// overflow in narrow types, and rounded to the inputs' type first, as ONNX does.
 fn scores(at: &Attention, q: &Tensor, k: &Tensor) -> R<Tensor> {
     let head = q.size()[3];
-    if k.size()[3] != head {
-        return Err(invalid(format!("Q head size {head} differs from K head size {}", k.size()[3])));
-    }
     let scale = at.scale.map_or(1.0 / (head as f64).sqrt(), f64::from);
     let s = Tensor::f_scalar_tensor(scale.sqrt(), (kind(q)?, q.device()))?;
     Ok(q.f_mul(&s)?.f_matmul(&k.f_mul(&s)?.f_transpose(-2, -1)?)?)
