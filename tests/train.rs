@@ -915,6 +915,37 @@ fn merged_initializers_are_announced_and_can_be_untied() {
     }
 }
 
+/// The zoo's fixed-batch dynamo GPT-2 writes `sqrt(scale)` as a trainable `[1]`
+/// initializer (`val_88`) read by the Q and K^T products of both layers: by default its
+/// value becomes the fused attentions' scale, compile and train say so naming
+/// `--train-attention-scales`, and the stage program runs `Attention`; with the flag it
+/// trains as a weight (saved after training) and the attention stays spelled out.
+#[test]
+fn a_one_element_attention_scale_is_folded_and_said_or_kept_trained() {
+    let model = root().join("zoo/models/gpt2-dynamo-b2/model.onnx");
+    let dir = tempfile::tempdir().expect("temp dir");
+    for train_scales in [false, true] {
+        let build = dir.path().join(if train_scales { "trained" } else { "folded" });
+        let mut args = vec!["compile", model.to_str().unwrap(), "--stages", "1", "-o", build.to_str().unwrap()];
+        if train_scales {
+            args.push("--train-attention-scales");
+        }
+        let out = pw(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{err}");
+        let line = "note: 1 one-element initializer read only as attention scales became the fused attentions' scale (not trained): val_88 [1]; compile --train-attention-scales trains it and keeps those attentions spelled out";
+        assert_eq!(err.contains(line), !train_scales, "{err}");
+        let program = pw_ok(["inspect", build.join("stage0.pwm").to_str().unwrap()]);
+        assert_eq!((program.matches("Attention").count() > 0, program.matches("Softmax").count() > 0), (!train_scales, train_scales), "{program}");
+        let out = pw(&["train", build.to_str().unwrap(), "--steps", "2", "--microbatch", "3", "--optimizer", "adam", "--lr", "0.01", "--no-progress"]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{err}");
+        assert_eq!(err.contains(line), !train_scales, "train does not repeat the compile's choice: {err}");
+        let weights = read_weights(&build.join("weights.safetensors"));
+        assert_eq!(weights.contains_key("val_88"), train_scales, "{:?}", weights.keys().collect::<Vec<_>>());
+    }
+}
+
 /// ViT's class token, which the exporter expanded to the export batch (`expand`, `[2, 1,
 /// 128]`), is frozen by default, and compile and train say so, naming
 /// `--train-batch-baked`; with it, the token trains as one slice `[1, 1, 128]` shared by

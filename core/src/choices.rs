@@ -6,7 +6,10 @@
 //!   evaluated, such as ViT's expanded class token) is kept as a frozen constant;
 //! - an initializer the exporter merged because several parameters had identical values
 //!   (all LayerNorm weights are ones when exported untrained) is read by several nodes and
-//!   trains as one tied weight, unless `compile --untie-merged` gives each use a copy.
+//!   trains as one tied weight, unless `compile --untie-merged` gives each use a copy;
+//! - a one-element initializer read only as a factor of attention scales (the dynamo
+//!   exporter's `sqrt(scale)` in a fixed-batch export) becomes the fused `Attention`'s
+//!   `scale`, not a weight, unless `compile --train-attention-scales` keeps it trained.
 
 use serde::{Deserialize, Serialize};
 
@@ -28,6 +31,11 @@ pub struct ImportChoices {
     /// (`--train-batch-baked`): `name [1, d1, ...]`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub trained_batch_baked: Vec<String>,
+    /// One-element initializers read only as factors of attention scales, whose value the
+    /// fused `Attention` took as its `scale` (not trained): `name [1]`. Empty with
+    /// `--train-attention-scales`, which keeps them trained and the attention spelled out.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub frozen_attention_scales: Vec<String>,
     /// Merged initializers (tied, or untied when `untied`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub merged: Vec<MergedInitializer>,
@@ -51,7 +59,7 @@ fn some_of(items: &[String]) -> String {
 
 impl ImportChoices {
     pub fn is_empty(&self) -> bool {
-        self.frozen_batch_baked.is_empty() && self.trained_batch_baked.is_empty() && self.merged.is_empty() && self.split_buffers.is_empty()
+        self.frozen_batch_baked.is_empty() && self.trained_batch_baked.is_empty() && self.frozen_attention_scales.is_empty() && self.merged.is_empty() && self.split_buffers.is_empty()
     }
 
     /// One line per kind of choice (none when there is nothing to say).
@@ -72,6 +80,15 @@ impl ImportChoices {
                 if n == 1 { "" } else { "s" },
                 if n == 1 { "s" } else { "" },
                 some_of(&self.trained_batch_baked)
+            ));
+        }
+        if !self.frozen_attention_scales.is_empty() {
+            let n = self.frozen_attention_scales.len();
+            out.push(format!(
+                "{n} one-element initializer{} read only as attention scales became the fused attentions' scale (not trained): {}; compile --train-attention-scales trains {} and keeps those attentions spelled out",
+                if n == 1 { "" } else { "s" },
+                some_of(&self.frozen_attention_scales),
+                if n == 1 { "it" } else { "them" },
             ));
         }
         if !self.split_buffers.is_empty() {
@@ -119,5 +136,8 @@ mod tests {
         assert!(untied.lines()[1].starts_with("untied 5 exporter-merged initializers into 15 separately trained weights"));
         let trained = ImportChoices { trained_batch_baked: vec!["cls [1, 1, 8]".into()], ..ImportChoices::default() };
         assert_eq!(trained.lines(), ["1 initializer baked for the export batch trains as one slice shared by the batch (--train-batch-baked): cls [1, 1, 8]"]);
+        let scales = ImportChoices { frozen_attention_scales: vec!["val_88 [1]".into()], ..ImportChoices::default() };
+        assert!(!scales.is_empty());
+        assert_eq!(scales.lines(), ["1 one-element initializer read only as attention scales became the fused attentions' scale (not trained): val_88 [1]; compile --train-attention-scales trains it and keeps those attentions spelled out"]);
     }
 }

@@ -309,6 +309,11 @@ pub struct CompileSpec {
     /// batch, instead of keeping them frozen; not for attention masks.
     #[arg(long, value_delimiter = ',', value_name = "NAME")]
     pub train_batch_baked: Vec<String>,
+    /// Keep training the one-element initializers the model reads only as attention scales
+    /// (a fixed-batch dynamo export's `[1]` scale), leaving those attentions spelled out,
+    /// instead of making their value the fused attention's scale.
+    #[arg(long)]
+    pub train_attention_scales: bool,
 }
 
 impl CompileSpec {
@@ -346,7 +351,12 @@ impl CompileSpec {
             executable,
             stage_onnx: self.stage_onnx,
             passes: PassOptions { print_after: self.print_after.unwrap_or_default(), stop_after: self.stop_after, ..PassOptions::default() },
-            import: ImportOptions { untie_merged: self.untie_merged, train_batch_baked: self.train_batch_baked.clone(), ..ImportOptions::default() },
+            import: ImportOptions {
+                untie_merged: self.untie_merged,
+                train_batch_baked: self.train_batch_baked.clone(),
+                train_attention_scales: self.train_attention_scales,
+                ..ImportOptions::default()
+            },
         })
     }
 }
@@ -421,6 +431,7 @@ mod tests {
             timings: false,
             untie_merged: false,
             train_batch_baked: Vec::new(),
+            train_attention_scales: false,
         }
     }
 

@@ -499,6 +499,7 @@ mod tests {
         m.choices = ImportChoices {
             frozen_batch_baked: vec!["cls [2, 1, 8]".into()],
             trained_batch_baked: vec!["token [1, 1, 8]".into()],
+            frozen_attention_scales: vec!["val_88 [1]".into()],
             merged: vec![pipewright_core::MergedInitializer { name: "ln.weight".into(), uses: 9 }],
             untied: true,
             split_buffers: vec!["ones".into()],

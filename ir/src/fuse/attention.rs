@@ -16,7 +16,9 @@
 //! - `S = Softmax(L)` over the last axis of a 4-D value;
 //! - `L = A + M` (either order; `M` a float mask whose last axis is the keys'),
 //!   `L = Where(C, A, f)` (`C` a boolean mask, `f` a constant at most -1e4, low enough that
-//!   its exponential is zero beside any attended key), or `L = A`;
+//!   its exponential is zero beside any attended key), both at once as GPT-Neo writes them,
+//!   `Where(C, A, f) + M` (the fused node's mask is then `Where(C, M, f)`, one node added),
+//!   or `L = A`;
 //! - `A = c * MatMul(a * Q, b * K^T)` with `a`, `b`, `c` scalar constants as products or
 //!   divisions (each optional), so the scale is `a * b * c`;
 //! - `K^T` a `Transpose` of a 4-D value (K is then that value with the permutation's last
@@ -30,7 +32,8 @@
 
 use pipewright_ops::op::{Attention, BinaryOp, UnaryOp};
 
-use super::pattern::{factors, producer, producer_of, rewrite_node, scalar, unary_operand};
+use super::pattern::{factors, one_element_weight, producer, producer_of, rewrite_node, scalar, unary_operand, Product};
+use crate::infer::{broadcast, Ctx};
 use crate::{DType, Dim, Graph, NodeId, Op, Shape, TensorType, ValueId};
 
 /// The highest `Where` fill value read as "masked": `exp(-1e4 + s)` underflows to zero in
@@ -69,23 +72,93 @@ impl Key {
     }
 }
 
+/// The mask the fused node reads: a value of the graph, or a boolean mask and an added
+/// float one, combined as `Where(keep, added, fill)` (which is `added` where the boolean
+/// mask keeps a key and `fill` elsewhere, what `Where(keep, A, fill) + added` adds to `A`
+/// up to the masked keys, whose exponentials are zero either way).
+enum Mask {
+    Value(ValueId),
+    Combined { keep: ValueId, added: ValueId, fill: ValueId },
+}
+
+impl Mask {
+    /// The mask as a value of the graph, adding the `Where` that combines it where needed.
+    fn materialise(&self, g: &mut Graph, name: &str) -> Option<ValueId> {
+        match *self {
+            Mask::Value(v) => Some(v),
+            Mask::Combined { keep, added, fill } => {
+                let ctx = Ctx { export_batch: g.batch.as_ref().and_then(|b| b.export_size) };
+                let shapes = [keep, added, fill].map(|v| g.value(v).ty.shape.clone());
+                let ty = TensorType::new(g.value(added).ty.dtype, broadcast(&[&shapes[0], &shapes[1], &shapes[2]], ctx).ok()?);
+                let out = format!("{}/mask", g.value(added).name);
+                let n = g.add_node(format!("{name}/mask"), Op::Where, vec![Some(keep), Some(added), Some(fill)], vec![Some((out, ty))]);
+                g.node(n).outputs[0]
+            }
+        }
+    }
+}
+
 /// One matched attention: the operands of the fused node.
 struct Matched {
     q: ValueId,
     k: Key,
     v: ValueId,
-    mask: Option<ValueId>,
+    mask: Option<Mask>,
     scale: f64,
+    /// Trainable one-element weights read as factors of the scale, one entry per read.
+    scale_weights: Vec<ValueId>,
     /// The type the spelled-out softmax ran in.
     softmax_type: DType,
 }
 
-/// Rewrites the last `MatMul` of each spelled-out attention into `Attention` and returns
-/// how many it fused.
-pub fn fuse_attention(g: &mut Graph) -> usize {
+/// What [`fuse_attention`] did.
+#[derive(Debug, Default, PartialEq)]
+pub struct FusedAttention {
+    /// Attentions fused.
+    pub count: usize,
+    /// Trainable one-element weights whose every read was a factor of a fused attention's
+    /// scale: their value is now the fused nodes' `scale` attribute, so they no longer
+    /// train (the caller says so).
+    pub frozen_scales: Vec<ValueId>,
+}
+
+/// Rewrites the last `MatMul` of each spelled-out attention into `Attention`. With
+/// `fold_weight_scales`, a scale factor may be a trainable one-element weight, provided
+/// every read of it is a factor of a fused attention's scale (the dynamo exporter writes a
+/// fixed-batch export's `sqrt(scale)` so); otherwise such attentions stay spelled out.
+pub fn fuse_attention(g: &mut Graph, fold_weight_scales: bool) -> FusedAttention {
     let uses = g.use_counts();
-    let found: Vec<(NodeId, Matched)> = g.node_ids().filter_map(|n| match_attention(g, &uses, n).map(|m| (n, m))).collect();
+    let mut found: Vec<(NodeId, Matched)> = g.node_ids().filter_map(|n| match_attention(g, &uses, n).map(|m| (n, m))).collect();
+    if !fold_weight_scales {
+        found.retain(|(_, m)| m.scale_weights.is_empty());
+    }
+    // Drop the attentions reading a weight that something else reads too, until none is
+    // left (dropping one may leave another weight read outside the fused attentions).
+    let frozen_scales = loop {
+        let mut absorbed: Vec<(ValueId, usize)> = Vec::new();
+        for w in found.iter().flat_map(|(_, m)| &m.scale_weights) {
+            match absorbed.iter_mut().find(|(v, _)| v == w) {
+                Some((_, n)) => *n += 1,
+                None => absorbed.push((*w, 1)),
+            }
+        }
+        let read_elsewhere: Vec<ValueId> = absorbed.iter().filter(|&&(w, n)| uses[w.index()] != n).map(|&(w, _)| w).collect();
+        if read_elsewhere.is_empty() {
+            break absorbed.into_iter().map(|(w, _)| w).collect();
+        }
+        found.retain(|(_, m)| !m.scale_weights.iter().any(|w| read_elsewhere.contains(w)));
+    };
+    let mut fused = 0;
     for (n, m) in &found {
+        let name = g.node(*n).name.clone();
+        // A combined mask whose shapes do not broadcast leaves the attention as it is.
+        let mask = match &m.mask {
+            Some(mask) => match mask.materialise(g, &name) {
+                Some(v) => Some(v),
+                None => continue,
+            },
+            None => None,
+        };
         let op = Op::Attention(Attention {
             is_causal: false,
             q_num_heads: None,
@@ -100,11 +173,11 @@ pub fn fuse_attention(g: &mut Graph) -> usize {
             left_window_size: -1,
             right_window_size: -1,
         });
-        let name = g.node(*n).name.clone();
         let k = m.k.materialise(g, &name);
-        rewrite_node(g, *n, op, &[Some(m.q), Some(k), Some(m.v), m.mask]);
+        rewrite_node(g, *n, op, &[Some(m.q), Some(k), Some(m.v), mask]);
+        fused += 1;
     }
-    found.len()
+    FusedAttention { count: fused, frozen_scales }
 }
 
 /// The attention whose last node is `n`, if `n` ends one.
@@ -115,9 +188,9 @@ fn match_attention(g: &Graph, uses: &[usize], n: NodeId) -> Option<Matched> {
     };
     let softmax_out = unguarded(g, uses, uncast(g, uses, *probs)?)?;
     let logits = softmax_input(g, uses, softmax_out)?;
-    let ((q, kt, scale), mask) = unmasked(g, uses, logits)?;
+    let (ScaledProduct { q, kt, scale, weights }, mask) = unmasked(g, uses, logits)?;
     let k = untransposed(g, uses, kt)?;
-    let m = Matched { q, k, v: *v, mask, scale, softmax_type: g.value(logits).ty.dtype };
+    let m = Matched { q, k, v: *v, mask, scale, scale_weights: weights, softmax_type: g.value(logits).ty.dtype };
     shapes_agree(g, &m, *y).then_some(m)
 }
 
@@ -151,50 +224,74 @@ fn softmax_input(g: &Graph, uses: &[usize], s: ValueId) -> Option<ValueId> {
 }
 
 /// The scaled product under `logits` ([`scaled_product`]) and the mask: `A + M`,
-/// `Where(C, A, f)` or `A`, where `A` is the operand that is a scaled product of the
-/// logits' full shape.
-fn unmasked(g: &Graph, uses: &[usize], logits: ValueId) -> Option<(ScaledProduct, Option<ValueId>)> {
+/// `Where(C, A, f)`, `Where(C, A, f) + M` or `A`, where `A` is the operand that is a
+/// scaled product of the logits' full shape.
+fn unmasked(g: &Graph, uses: &[usize], logits: ValueId) -> Option<(ScaledProduct, Option<Mask>)> {
     let ty = &g.value(logits).ty;
     let keys = *ty.shape.0.last()?;
     let full = |a: ValueId| if g.value(a).ty == *ty { scaled_product(g, uses, a) } else { None };
     let covers_keys = |m: ValueId| g.value(m).ty.shape.rank() <= 4 && g.value(m).ty.shape.0.last() == Some(&keys);
+    // `Where(C, A, f)` keeping the keys `C` marks: `A` and `C`, `f`.
+    let kept = |w: ValueId, single: bool| -> Option<(ScaledProduct, ValueId, ValueId)> {
+        let Some((Op::Where, [cond, a, fill])) = producer(g, w) else { return None };
+        let masks = g.value(cond).ty.dtype == DType::Bool && covers_keys(cond);
+        let low = scalar(g, fill).is_some_and(|f| f <= MASK_FILL_AT_MOST);
+        (single && masks && low && g.value(w).ty == *ty).then_some(())?;
+        Some((full(a)?, cond, fill))
+    };
     let Some((op, operands)) = producer_of(g, logits) else { return Some((scaled_product(g, uses, logits)?, None)) };
     match (op, operands.as_slice()) {
         (Op::Binary(BinaryOp::Add), &[a, b]) => {
-            let (scores, mask) = match full(a) {
-                Some(scores) => (scores, b),
-                None => (full(b)?, a),
-            };
-            let float_mask = g.value(mask).ty.dtype == ty.dtype && covers_keys(mask);
-            float_mask.then_some((scores, Some(mask)))
-        }
-        (Op::Where, &[cond, a, fill]) => {
-            let masks = g.value(cond).ty.dtype == DType::Bool && covers_keys(cond);
-            let low = scalar(g, fill).is_some_and(|f| f <= MASK_FILL_AT_MOST);
-            if !(masks && low) {
-                return None;
+            let float_mask = |m: ValueId| g.value(m).ty.dtype == ty.dtype && covers_keys(m);
+            if let Some((scores, added)) = full(a).map(|s| (s, b)).or_else(|| full(b).map(|s| (s, a))) {
+                return float_mask(added).then_some((scores, Some(Mask::Value(added))));
             }
-            Some((full(a)?, Some(cond)))
+            let single = |v: ValueId| uses[v.index()] == 1;
+            let ((scores, keep, fill), added) = kept(a, single(a)).map(|k| (k, b)).or_else(|| kept(b, single(b)).map(|k| (k, a)))?;
+            float_mask(added).then_some((scores, Some(Mask::Combined { keep, added, fill })))
+        }
+        (Op::Where, _) => {
+            let (scores, cond, _) = kept(logits, true)?;
+            Some((scores, Some(Mask::Value(cond))))
         }
         _ => Some((scaled_product(g, uses, logits)?, None)),
     }
 }
 
 /// Q, K^T and the scale of attention's scores.
-type ScaledProduct = (ValueId, ValueId, f64);
+struct ScaledProduct {
+    q: ValueId,
+    kt: ValueId,
+    scale: f64,
+    /// Trainable one-element weights among the scale's factors (the dynamo exporter's
+    /// `[1]` initializer in a fixed-batch export), one entry per read.
+    weights: Vec<ValueId>,
+}
 
-/// `A = c * MatMul(a * Q, b * K^T)`: Q, K^T and the scale `a * b * c`.
+/// `A = c * MatMul(a * Q, b * K^T)`: Q, K^T and the scale `a * b * c`, each of `a`, `b`,
+/// `c` a product of scalar constants and one-element weights.
 fn scaled_product(g: &Graph, uses: &[usize], scores: ValueId) -> Option<ScaledProduct> {
-    let outer = factors(g, uses, scores, uses[scores.index()] == 1);
-    let [product] = outer.terms[..] else { return None };
+    let mut weights = Vec::new();
+    let mut scale = 1.0;
+    let mut split = |p: Product| -> Vec<ValueId> {
+        scale *= p.constant;
+        let (scalars, terms): (Vec<ValueId>, Vec<ValueId>) = p.terms.into_iter().partition(|&t| one_element_weight(g, t).is_some());
+        for w in scalars {
+            scale *= one_element_weight(g, w).unwrap_or(1.0);
+            weights.push(w);
+        }
+        terms
+    };
+    let outer = split(factors(g, uses, scores, uses[scores.index()] == 1));
+    let [product] = outer[..] else { return None };
     if uses[product.index()] != 1 {
         return None;
     }
     let Some((Op::MatMul, [a, b])) = producer(g, product) else { return None };
-    let (left, right) = (factors(g, uses, a, uses[a.index()] == 1), factors(g, uses, b, uses[b.index()] == 1));
-    let ([q], [kt]) = (&left.terms[..], &right.terms[..]) else { return None };
-    let scale = outer.constant * left.constant * right.constant;
-    (scale.is_finite() && scale > 0.0).then_some((*q, *kt, scale))
+    let left = split(factors(g, uses, a, uses[a.index()] == 1));
+    let right = split(factors(g, uses, b, uses[b.index()] == 1));
+    let ([q], [kt]) = (&left[..], &right[..]) else { return None };
+    (scale.is_finite() && scale > 0.0).then_some(ScaledProduct { q: *q, kt: *kt, scale, weights })
 }
 
 /// K from `K^T`: a `Transpose` of 4-D `x` (K is `x` permuted with the last two axes
@@ -253,7 +350,7 @@ mod tests {
     fn fused(body: &str) -> (usize, Graph, String) {
         let text = format!("{HEADER}{body}}}\n");
         let mut g = parse_graph(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
-        let n = fuse_attention(&mut g);
+        let n = fuse_attention(&mut g, true).count;
         g.remove_dead_nodes();
         g.compact().expect("acyclic");
         crate::verify(&g).unwrap_or_else(|e| panic!("{e:?}"));
@@ -304,6 +401,44 @@ mod tests {
         // A fill that does not underflow the softmax is a bias, not a mask: left alone.
         let (n, g, text) = fused(&body.replace("[-3.4028234663852886e38]", "[-1.0]"));
         assert_eq!((n, g.node_count()), (0, 6), "{text}");
+    }
+
+    /// GPT-Neo's form (TorchScript and dynamo alike): no scale, a causal `Where` and then
+    /// the padding mask added; the fused node reads `Where(causal, padding, fill)`, one
+    /// node per attention, and the padding mask may be read by other layers too.
+    #[test]
+    fn a_causal_where_then_an_added_mask_becomes_one_combined_mask() {
+        let body = "  %v3: bool[1,1,8,8] = const \"causal\"\n  %v4: f32[] = const \"lowest\" [-3.4028234663852886e38]\n  %v5: f32[N,1,1,8] = input \"padding\"\n  %v6: f32[N,4,16,8] = Transpose[perm=[0, 1, 3, 2]](%v1)  # n0 \"kt\"\n  %v7: f32[N,4,8,8] = MatMul(%v0, %v6)  # n1 \"qk\"\n  %v8: f32[N,4,8,8] = Where(%v3, %v7, %v4)  # n2 \"causal_masked\"\n  %v9: f32[N,4,8,8] = Add(%v8, %v5)  # n3 \"masked\"\n  %v10: f32[N,4,8,8] = Softmax[axis=-1](%v9)  # n4 \"probs\"\n  %v11: f32[N,4,8,16] = MatMul(%v10, %v2)  # n5 \"attn\"\n  %v12: f32[N,1,1,8] = Neg(%v5)  # n6 \"other_reader\"\n  return %v11 \"y\", %v12 \"z\"\n";
+        let (n, g, text) = fused(body);
+        assert_eq!((n, g.node_count()), (1, 3), "{text}");
+        assert!(text.contains("%v7: f32[N,1,8,8] = Where(%v4, %v3, %v5)  # n1 \"attn/mask\""), "{text}");
+        assert!(text.contains("Attention[scale=1.0, softmax_precision=f32](%v0, %v1, %v2, %v7)"), "{text}");
+        // The added mask first, and a causal Where read elsewhere: the first fuses, the
+        // second is left alone.
+        let (n, _, text) = fused(&body.replace("Add(%v8, %v5)", "Add(%v5, %v8)"));
+        assert_eq!(n, 1, "{text}");
+        let (n, g, text) = fused(&body.replace("return %v11 \"y\"", "return %v8 \"w\", %v11 \"y\""));
+        assert_eq!((n, g.node_count()), (0, 7), "{text}");
+    }
+
+    /// A fixed-batch dynamo export: `sqrt(scale)` on Q and on K^T as a trainable `[1]`
+    /// initializer. Folded (the import's default) its value is the scale and the weight
+    /// is frozen; not folded, or read by anything else too, the attention stays.
+    #[test]
+    fn a_one_element_weight_read_only_as_the_scale_is_folded_into_it() {
+        let body = "  %v3: f32[1] = weight \"root_scale\" [0.5]\n  %v4: f32[N,4,16,8] = Transpose[perm=[0, 1, 3, 2]](%v1)  # n0 \"kt\"\n  %v5: f32[N,4,8,16] = Mul(%v0, %v3)  # n1 \"q_scaled\"\n  %v6: f32[N,4,16,8] = Mul(%v4, %v3)  # n2 \"kt_scaled\"\n  %v7: f32[N,4,8,8] = MatMul(%v5, %v6)  # n3 \"qk\"\n  %v8: f32[N,4,8,8] = Softmax[axis=-1](%v7)  # n4 \"probs\"\n  %v9: f32[N,4,8,16] = MatMul(%v8, %v2)  # n5 \"attn\"\n  return %v9 \"y\"\n";
+        let parse = |body: &str| parse_graph(&format!("{HEADER}{body}}}\n")).unwrap();
+        let mut g = parse(body);
+        let fused = fuse_attention(&mut g, true);
+        assert_eq!(fused.count, 1);
+        assert_eq!(fused.frozen_scales.iter().map(|&w| g.value(w).name.as_str()).collect::<Vec<_>>(), ["root_scale"]);
+        g.remove_dead_nodes();
+        g.compact().unwrap();
+        let text = print_graph(&g);
+        assert!(text.contains("Attention[scale=0.25, softmax_precision=f32](%v0, %v1, %v2)") && !text.contains("root_scale"), "{text}");
+        assert_eq!(fuse_attention(&mut parse(body), false), super::FusedAttention::default());
+        let elsewhere = body.replace("return %v9 \"y\"", "%v10: f32[1] = Neg(%v3)  # n6 \"other\"\n  return %v9 \"y\", %v10 \"z\"");
+        assert_eq!(fuse_attention(&mut parse(&elsewhere), true), super::FusedAttention::default());
     }
 
     #[test]

@@ -80,6 +80,13 @@ pub(super) fn scalar(g: &Graph, v: ValueId) -> Option<f64> {
     (!w.trainable && w.data.dtype.is_float() && complete).then(|| w.data.to_f64s()[0])
 }
 
+/// A trainable float weight of one element: its value.
+pub(super) fn one_element_weight(g: &Graph, v: ValueId) -> Option<f64> {
+    let w = g.value(v).weight()?;
+    let complete = w.data.numel() == 1 && w.data.bytes.len() == w.data.byte_len();
+    (w.trainable && w.data.dtype.is_float() && complete).then(|| w.data.to_f64s()[0])
+}
+
 pub(super) fn close(a: f64, b: f64) -> bool {
     (a - b).abs() <= 1e-3 * b.abs()
 }

@@ -54,6 +54,10 @@ pub struct ImportOptions {
     /// Keep the patterns fusion rewrites ([`crate::fuse`]) node by node, as exported: for
     /// `export`, which reads the importer's view of every source node by its name.
     pub unfused: bool,
+    /// Keep training the one-element initializers read only as attention scales (the
+    /// attention then stays spelled out) instead of folding their value into the fused
+    /// `Attention` ([`crate::fuse::attention::FusedAttention::frozen_scales`]).
+    pub train_attention_scales: bool,
 }
 
 impl ImportOptions {
@@ -264,7 +268,17 @@ impl<'a> Importer<'a> {
         self.check_declared_types(g.output.iter().chain(&g.value_info));
         if !self.opts.unfused {
             crate::fuse::fuse_gelu(&mut self.graph);
-            crate::fuse::fuse_attention(&mut self.graph);
+            let fused = crate::fuse::fuse_attention(&mut self.graph, !self.opts.train_attention_scales);
+            for w in fused.frozen_scales {
+                let v = self.graph.value(w);
+                let name = v.name.clone();
+                self.graph.choices.frozen_attention_scales.push(format!("{name} {}", v.ty.shape));
+                // No longer a tied weight. (Untied, the list stays whole: it is what
+                // `export` repeats on the source, one copy per use, frozen or not.)
+                if !self.graph.choices.untied {
+                    self.graph.choices.merged.retain(|m| m.name != name);
+                }
+            }
         }
         self.graph.remove_dead_nodes();
         self.graph
