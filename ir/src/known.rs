@@ -374,6 +374,8 @@ fn float_op(op: BinaryOp, p: f64, q: f64) -> Option<f64> {
         BinaryOp::Sub => p - q,
         BinaryOp::Mul => p * q,
         BinaryOp::Div => p / q,
+        // Swin's attention scale, `head_dim ** -0.5`, is written as a Pow of constants.
+        BinaryOp::Pow => p.powf(q),
         BinaryOp::Equal => b(p == q),
         BinaryOp::Less => b(p < q),
         BinaryOp::Greater => b(p > q),
@@ -524,6 +526,17 @@ mod tests {
         assert_eq!(d.to_tensor().unwrap().to_i64s(), [255, 100]);
         let p = binary(BinaryOp::Mul, &ints(DType::U16, &[300]), &ints(DType::U16, &[300]), DType::U16, vec![1]).unwrap();
         assert_eq!(p.to_tensor().unwrap().to_i64s(), [90_000 % 65_536]);
+    }
+
+    /// Swin's `head_dim ** -0.5`, a Pow of two float constants, is known (so the
+    /// attention fusion sees its scale), rounded to the output type.
+    #[test]
+    fn a_power_of_float_constants_is_known() {
+        let scalar = |v: f64| Known::from_tensor(&TensorData::from_f64s(DType::F32, vec![], &[v])).unwrap();
+        let p = binary(BinaryOp::Pow, &scalar(4.0), &scalar(-0.5), DType::F32, vec![]).unwrap();
+        assert_eq!(p.floats().unwrap(), [0.5]);
+        let third = binary(BinaryOp::Pow, &scalar(3.0), &scalar(-1.0), DType::F32, vec![]).unwrap();
+        assert_eq!(third.floats().unwrap(), [f64::from(1.0f32 / 3.0)]);
     }
 
     #[test]

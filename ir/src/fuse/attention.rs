@@ -34,17 +34,21 @@ use pipewright_ops::op::{Attention, BinaryOp, UnaryOp};
 
 use super::pattern::{factors, one_element_weight, producer, producer_of, rewrite_node, scalar, unary_operand, Product};
 use crate::infer::{broadcast, Ctx};
-use crate::{DType, Dim, Graph, NodeId, Op, Shape, TensorType, ValueId};
+use crate::{DType, Dim, Graph, NodeId, Op, Shape, TensorData, TensorType, Value, ValueDef, ValueId, Weight};
 
 /// The highest `Where` fill value read as "masked": `exp(-1e4 + s)` underflows to zero in
 /// fp32 for any logit `s` a trained model produces, as `exp(-inf)` does.
 const MASK_FILL_AT_MOST: f64 = -1.0e4;
 
-/// Where K comes from: a value of the graph, or a permutation of one (`K^T` was written as
-/// one `Transpose` of the heads-last tensor, so K itself is not in the graph).
+/// Where K comes from: a value of the graph, a permutation of one (`K^T` was written as
+/// one `Transpose` of the heads-last tensor, so K itself is not in the graph), or a
+/// reshape of one (`K^T` was transposed in 3-D, `[batch * heads, seq, head]`, from a value
+/// that is not K in 4-D: torchvision's sequence-first attention, or the grouped-query
+/// exports' keys repeated over the heads in 5-D).
 enum Key {
     Value(ValueId),
     Permuted { of: ValueId, perm: Vec<i64> },
+    Reshaped { of: ValueId, dims: Vec<Dim> },
 }
 
 impl Key {
@@ -55,6 +59,7 @@ impl Key {
                 let t = &g.value(*of).ty;
                 TensorType::new(t.dtype, Shape(perm.iter().map(|&a| t.shape.0[a as usize]).collect()))
             }
+            Key::Reshaped { of, dims } => TensorType::new(g.value(*of).ty.dtype, Shape(dims.clone())),
         }
     }
 
@@ -68,32 +73,56 @@ impl Key {
                 let n = g.add_node(format!("{name}/key"), Op::Transpose { perm: Some(perm.clone()) }, vec![Some(*of)], vec![Some((out, ty))]);
                 g.node(n).outputs[0].expect("one output")
             }
+            Key::Reshaped { of, dims } => {
+                let ty = self.ty(g);
+                // The batch as -1 (the other extents are fixed, [`untransposed`] checks).
+                let extents: Vec<i64> = dims.iter().map(|d| d.fixed().unwrap_or(-1)).collect();
+                let shape_name = format!("{name}/key_shape");
+                let data = TensorData::from_i64s(vec![4], &extents);
+                let shape = g.add_value(Value { name: shape_name, ty: TensorType::new(DType::I64, Shape::fixed(&[4])), def: ValueDef::Weight(Weight { data, trainable: false }) });
+                let out = format!("{}/key", g.value(*of).name);
+                let n = g.add_node(format!("{name}/key"), Op::Reshape { allow_zero: false }, vec![Some(*of), Some(shape)], vec![Some((out, ty))]);
+                g.node(n).outputs[0].expect("one output")
+            }
         }
     }
 }
 
-/// The mask the fused node reads: a value of the graph, or a boolean mask and an added
-/// float one, combined as `Where(keep, added, fill)` (which is `added` where the boolean
-/// mask keeps a key and `fill` elsewhere, what `Where(keep, A, fill) + added` adds to `A`
-/// up to the masked keys, whose exponentials are zero either way).
-enum Mask {
-    Value(ValueId),
-    Combined { keep: ValueId, added: ValueId, fill: ValueId },
+/// The mask the fused node reads: float masks added to the scores (`added`, in the order
+/// they were added) and a boolean mask that keeps keys (`keep`, with its fill). One of
+/// them alone is read as it is; more are combined by nodes added for it: their sum, and
+/// `Where(keep, sum, fill)` (what `Where(keep, A, fill) + sum` adds to `A` wherever `keep`
+/// keeps a key; elsewhere both give logits whose exponentials are zero).
+struct Mask {
+    added: Vec<ValueId>,
+    keep: Option<(ValueId, ValueId)>,
 }
 
 impl Mask {
-    /// The mask as a value of the graph, adding the `Where` that combines it where needed.
+    /// The mask as a value of the graph, adding the nodes that combine it where needed;
+    /// `None` when its parts do not broadcast together.
     fn materialise(&self, g: &mut Graph, name: &str) -> Option<ValueId> {
-        match *self {
-            Mask::Value(v) => Some(v),
-            Mask::Combined { keep, added, fill } => {
-                let ctx = Ctx { export_batch: g.batch.as_ref().and_then(|b| b.export_size) };
-                let shapes = [keep, added, fill].map(|v| g.value(v).ty.shape.clone());
-                let ty = TensorType::new(g.value(added).ty.dtype, broadcast(&[&shapes[0], &shapes[1], &shapes[2]], ctx).ok()?);
-                let out = format!("{}/mask", g.value(added).name);
-                let n = g.add_node(format!("{name}/mask"), Op::Where, vec![Some(keep), Some(added), Some(fill)], vec![Some((out, ty))]);
-                g.node(n).outputs[0]
+        let ctx = Ctx { export_batch: g.batch.as_ref().and_then(|b| b.export_size) };
+        let node = |g: &mut Graph, op: Op, inputs: Vec<ValueId>, dtype: DType, suffix: &str| -> Option<ValueId> {
+            let shapes: Vec<Shape> = inputs.iter().map(|&v| g.value(v).ty.shape.clone()).collect();
+            let ty = TensorType::new(dtype, broadcast(&shapes.iter().collect::<Vec<_>>(), ctx).ok()?);
+            let n = g.add_node(format!("{name}/{suffix}"), op, inputs.into_iter().map(Some).collect(), vec![Some((format!("{name}/{suffix}"), ty))]);
+            g.node(n).outputs[0]
+        };
+        let (last, keep) = (self.added.len().checked_sub(1), self.keep);
+        let mut sum = self.added.first().copied();
+        for (i, &m) in self.added.iter().enumerate().skip(1) {
+            let dtype = g.value(m).ty.dtype;
+            let suffix = if keep.is_none() && Some(i) == last { "mask".to_string() } else { format!("mask_sum{i}") };
+            sum = Some(node(g, Op::Binary(BinaryOp::Add), vec![sum?, m], dtype, &suffix)?);
+        }
+        match (sum, keep) {
+            (Some(sum), Some((cond, fill))) => {
+                let dtype = g.value(sum).ty.dtype;
+                node(g, Op::Where, vec![cond, sum, fill], dtype, "mask")
             }
+            (None, Some((cond, _))) => Some(cond),
+            (sum, None) => sum,
         }
     }
 }
@@ -187,7 +216,7 @@ fn match_attention(g: &Graph, uses: &[usize], n: NodeId) -> Option<Matched> {
         return None;
     };
     let softmax_out = unguarded(g, uses, uncast(g, uses, *probs)?)?;
-    let logits = softmax_input(g, uses, softmax_out)?;
+    let logits = uncast(g, uses, softmax_input(g, uses, softmax_out)?)?;
     let (ScaledProduct { q, kt, scale, weights }, mask) = unmasked(g, uses, logits)?;
     let k = untransposed(g, uses, kt)?;
     let m = Matched { q, k, v: *v, mask, scale, scale_weights: weights, softmax_type: g.value(logits).ty.dtype };
@@ -223,39 +252,53 @@ fn softmax_input(g: &Graph, uses: &[usize], s: ValueId) -> Option<ValueId> {
     (rank == 4 && last && uses[logits.index()] == 1 && g.value(logits).ty.dtype.is_float()).then_some(logits)
 }
 
-/// The scaled product under `logits` ([`scaled_product`]) and the mask: `A + M`,
-/// `Where(C, A, f)`, `Where(C, A, f) + M` or `A`, where `A` is the operand that is a
-/// scaled product of the logits' full shape.
+/// The most float masks added to one attention's scores (MPNet adds a relative-position
+/// bias and the padding mask).
+const ADDED_MASKS_AT_MOST: usize = 4;
+
+/// The scaled product under `logits` ([`scaled_product`]) and the mask: `A`, `A + M`,
+/// `Where(C, A, f)`, `Where(C, A, f) + M` or with more masks added (`(A + M1) + M2`, in
+/// either order), where `A` is the operand that is a scaled product of the logits' full
+/// shape.
 fn unmasked(g: &Graph, uses: &[usize], logits: ValueId) -> Option<(ScaledProduct, Option<Mask>)> {
     let ty = &g.value(logits).ty;
     let keys = *ty.shape.0.last()?;
+    let single = |v: ValueId| uses[v.index()] == 1;
     let full = |a: ValueId| if g.value(a).ty == *ty { scaled_product(g, uses, a) } else { None };
     let covers_keys = |m: ValueId| g.value(m).ty.shape.rank() <= 4 && g.value(m).ty.shape.0.last() == Some(&keys);
+    let float_mask = |m: ValueId| g.value(m).ty.dtype == ty.dtype && covers_keys(m);
     // `Where(C, A, f)` keeping the keys `C` marks: `A` and `C`, `f`.
-    let kept = |w: ValueId, single: bool| -> Option<(ScaledProduct, ValueId, ValueId)> {
+    let kept = |w: ValueId| -> Option<(ScaledProduct, (ValueId, ValueId))> {
         let Some((Op::Where, [cond, a, fill])) = producer(g, w) else { return None };
         let masks = g.value(cond).ty.dtype == DType::Bool && covers_keys(cond);
         let low = scalar(g, fill).is_some_and(|f| f <= MASK_FILL_AT_MOST);
-        (single && masks && low && g.value(w).ty == *ty).then_some(())?;
-        Some((full(a)?, cond, fill))
+        (single(w) && masks && low && g.value(w).ty == *ty).then_some(())?;
+        Some((full(a)?, (cond, fill)))
     };
-    let Some((op, operands)) = producer_of(g, logits) else { return Some((scaled_product(g, uses, logits)?, None)) };
-    match (op, operands.as_slice()) {
-        (Op::Binary(BinaryOp::Add), &[a, b]) => {
-            let float_mask = |m: ValueId| g.value(m).ty.dtype == ty.dtype && covers_keys(m);
-            if let Some((scores, added)) = full(a).map(|s| (s, b)).or_else(|| full(b).map(|s| (s, a))) {
-                return float_mask(added).then_some((scores, Some(Mask::Value(added))));
-            }
-            let single = |v: ValueId| uses[v.index()] == 1;
-            let ((scores, keep, fill), added) = kept(a, single(a)).map(|k| (k, b)).or_else(|| kept(b, single(b)).map(|k| (k, a)))?;
-            float_mask(added).then_some((scores, Some(Mask::Combined { keep, added, fill })))
+    let scores_in = |v: ValueId| full(v).map(|s| (s, None)).or_else(|| kept(v).map(|(s, k)| (s, Some(k))));
+    // Down the chain of additions (each read only by the next) to the scores, the masks
+    // added on the way collected, the last added first.
+    let (mut at, mut added) = (logits, Vec::new());
+    let (scores, keep) = loop {
+        if let Some(found) = scores_in(at) {
+            break found;
         }
-        (Op::Where, _) => {
-            let (scores, cond, _) = kept(logits, true)?;
-            Some((scores, Some(Mask::Value(cond))))
+        let Some((Op::Binary(BinaryOp::Add), [a, b])) = producer(g, at).filter(|_| single(at)) else { return None };
+        let (next, mask) = match (scores_in(a).is_some(), scores_in(b).is_some()) {
+            (true, _) => (a, b),
+            (_, true) => (b, a),
+            _ if producer(g, a).is_some_and(|(op, [_, _])| *op == Op::Binary(BinaryOp::Add)) => (a, b),
+            _ => (b, a),
+        };
+        if !float_mask(mask) || added.len() == ADDED_MASKS_AT_MOST {
+            return None;
         }
-        _ => Some((scaled_product(g, uses, logits)?, None)),
-    }
+        added.push(mask);
+        at = next;
+    };
+    added.reverse();
+    let mask = (!added.is_empty() || keep.is_some()).then_some(Mask { added, keep });
+    Some((scores, mask))
 }
 
 /// Q, K^T and the scale of attention's scores.
@@ -295,8 +338,10 @@ fn scaled_product(g: &Graph, uses: &[usize], scores: ValueId) -> Option<ScaledPr
 }
 
 /// K from `K^T`: a `Transpose` of 4-D `x` (K is `x` permuted with the last two axes
-/// swapped back, `x` itself when that is the identity), or `Reshape(Transpose(Reshape(K)))`
-/// that merges K's first two axes, swaps the last two and splits the first again.
+/// swapped back, `x` itself when that is the identity), or `Reshape(Transpose(M))` that
+/// swaps the last two axes of a 3-D `M = [b * h, s, d]` and splits its first into `[b,
+/// h]` (K is the 4-D value `M` reshapes when there is one, else `M` reshaped to `[b, h,
+/// s, d]`, which needs every extent but the batch fixed).
 fn untransposed(g: &Graph, uses: &[usize], kt: ValueId) -> Option<Key> {
     let single = |v: ValueId| uses[v.index()] == 1;
     let dims = |v: ValueId| g.value(v).ty.shape.0.clone();
@@ -311,14 +356,17 @@ fn untransposed(g: &Graph, uses: &[usize], kt: ValueId) -> Option<Key> {
         }
         (Op::Reshape { .. }, &[swapped, _]) if single(swapped) => {
             let Some((Op::Transpose { perm: Some(p) }, [merged])) = producer(g, swapped) else { return None };
-            let Some((Op::Reshape { .. }, [k, _])) = producer(g, merged) else { return None };
-            let (kd, md, sd, td) = (dims(k), dims(merged), dims(swapped), dims(kt));
-            let through_3d = p[..] == [0, 2, 1]
-                && single(merged)
-                && matches!((&kd[..], &md[..], &sd[..], &td[..]),
-                    ([b, h, s, d], [x, s2, d2], [x2, d3, s3], [b2, h2, d4, s4])
-                        if b.mul(*h) == Some(*x) && x == x2 && s == s2 && s == s3 && s == s4 && d == d2 && d == d3 && d == d4 && b == b2 && h == h2);
-            through_3d.then_some(Key::Value(k))
+            let (md, sd, td) = (dims(merged), dims(swapped), dims(kt));
+            let ([x, s, d], [x2, d2, s2], [b, h, d3, s3]) = (&md[..], &sd[..], &td[..]) else { return None };
+            let through_3d = p[..] == [0, 2, 1] && single(merged) && b.mul(*h) == Some(*x) && x == x2 && s == s2 && s == s3 && d == d2 && d == d3;
+            if !through_3d {
+                return None;
+            }
+            let k = vec![*b, *h, *s, *d];
+            match producer(g, merged) {
+                Some((Op::Reshape { .. }, [k4, _])) if dims(k4) == k => Some(Key::Value(k4)),
+                _ => [h, s, d].iter().all(|e| e.fixed().is_some()).then_some(Key::Reshaped { of: merged, dims: k }),
+            }
         }
         _ => None,
     }
@@ -439,6 +487,37 @@ mod tests {
         assert_eq!(fuse_attention(&mut parse(body), false), super::FusedAttention::default());
         let elsewhere = body.replace("return %v9 \"y\"", "%v10: f32[1] = Neg(%v3)  # n6 \"other\"\n  return %v9 \"y\", %v10 \"z\"");
         assert_eq!(fuse_attention(&mut parse(&elsewhere), true), super::FusedAttention::default());
+    }
+
+    /// torchvision's sequence-first attention (dynamo, fixed batch): K only exists in 3-D,
+    /// `[batch * heads, seq, head]`, transposed there and split into heads after, so K in
+    /// 4-D is a `Reshape` added to it.
+    #[test]
+    fn a_key_transposed_in_3d_from_no_4d_value_gets_its_own_reshape() {
+        let body = "  %v3: f32[8,4N,16] = input \"k_seq_first\"\n  %v4: i64[4] = const \"split\" [-1, 4, 16, 8]\n  %v5: f32[] = const \"scale\" [0.25]\n  %v6: f32[4N,8,16] = Transpose[perm=[1, 0, 2]](%v3)  # n0 \"batch_first\"\n  %v7: f32[4N,16,8] = Transpose[perm=[0, 2, 1]](%v6)  # n1 \"flat_kt\"\n  %v8: f32[N,4,16,8] = Reshape(%v7, %v4)  # n2 \"kt\"\n  %v9: f32[N,4,8,8] = MatMul(%v0, %v8)  # n3 \"qk\"\n  %v10: f32[N,4,8,8] = Mul(%v9, %v5)  # n4 \"scaled\"\n  %v11: f32[N,4,8,8] = Softmax[axis=-1](%v10)  # n5 \"probs\"\n  %v12: f32[N,4,8,16] = MatMul(%v11, %v2)  # n6 \"attn\"\n  return %v12 \"y\"\n";
+        let (n, g, text) = fused(body);
+        assert_eq!((n, g.node_count()), (1, 3), "{text}");
+        assert!(text.contains("i64[4] = const \"attn/key_shape\" [-1, 4, 8, 16]"), "{text}");
+        assert!(text.contains("%v6: f32[N,4,8,16] = Reshape(%v5, %v4)  # n1 \"attn/key\""), "{text}");
+        assert!(text.contains("Attention[scale=0.25, softmax_precision=f32](%v0, %v6, %v2)"), "{text}");
+    }
+
+    /// MPNet's form: a relative-position bias and then the padding mask added to the
+    /// scaled scores (the fused mask is their sum, one node added); T5's identity `Cast`
+    /// between the logits and the softmax is looked through.
+    #[test]
+    fn two_added_masks_become_their_sum_and_a_cast_before_the_softmax_is_looked_through() {
+        let body = "  %v3: f32[] = const \"sqrt_d\" [4.0]\n  %v4: f32[1,4,8,8] = input \"bias\"\n  %v5: f32[N,1,1,8] = input \"padding\"\n  %v6: f32[N,4,16,8] = Transpose[perm=[0, 1, 3, 2]](%v1)  # n0 \"kt\"\n  %v7: f32[N,4,8,8] = MatMul(%v0, %v6)  # n1 \"qk\"\n  %v8: f32[N,4,8,8] = Div(%v7, %v3)  # n2 \"scaled\"\n  %v9: f32[N,4,8,8] = Add(%v8, %v4)  # n3 \"biased\"\n  %v10: f32[N,4,8,8] = Add(%v9, %v5)  # n4 \"masked\"\n  %v11: f32[N,4,8,8] = Cast[to=f32](%v10)  # n5 \"as_f32\"\n  %v12: f32[N,4,8,8] = Softmax[axis=-1](%v11)  # n6 \"probs\"\n  %v13: f32[N,4,8,16] = MatMul(%v12, %v2)  # n7 \"attn\"\n  return %v13 \"y\"\n";
+        let (n, g, text) = fused(body);
+        assert_eq!((n, g.node_count()), (1, 2), "{text}");
+        assert!(text.contains("%v5: f32[N,4,8,8] = Add(%v3, %v4)  # n0 \"attn/mask\""), "{text}");
+        assert!(text.contains("Attention[scale=0.25, softmax_precision=f32](%v0, %v1, %v2, %v5)"), "{text}");
+        // The mask first in the outer sum, the scores first in the inner: the same.
+        let (n, _, text) = fused(&body.replace("Add(%v9, %v5)", "Add(%v5, %v9)").replace("Add(%v8, %v4)", "Add(%v4, %v8)"));
+        assert_eq!(n, 1, "{text}");
+        // The partial sum read elsewhere: left alone.
+        let (n, _, text) = fused(&body.replace("return %v13 \"y\"", "return %v13 \"y\", %v9 \"biased\""));
+        assert_eq!(n, 0, "{text}");
     }
 
     #[test]
