@@ -13,22 +13,29 @@
 //! - `MatMul(P, V)`, `P` the probabilities, through an identity `Cast` (optional) and
 //!   the guard `Where(IsNaN(S), 0, S)` (optional; torch.onnx's dynamo exporter writes it so
 //!   a row with no key to attend gives zeros, which is what `Attention` defines);
-//! - `S = Softmax(L)` over the last axis of a 4-D value;
-//! - `L = A + M` (either order; `M` a float mask whose last axis is the keys'),
-//!   `L = Where(C, A, f)` (`C` a boolean mask, `f` a constant at most -1e4, low enough that
-//!   its exponential is zero beside any attended key), both at once as GPT-Neo writes them,
-//!   `Where(C, A, f) + M` (the fused node's mask is then `Where(C, M, f)`, one node added),
-//!   or `L = A`;
-//! - `A = c * MatMul(a * Q, b * K^T)` with `a`, `b`, `c` scalar constants as products or
-//!   divisions (each optional), so the scale is `a * b * c`;
+//! - `S = Softmax(L)` over the last axis of a 4-D value, through an identity `Cast` (T5);
+//! - `L = A + M` (either order; `M` a float mask whose last axis is the keys', up to four
+//!   of them added one after the other, as MPNet adds a position bias and the padding
+//!   mask: the fused node's mask is then their sum, nodes added), `L = Where(C, A, f)`
+//!   (`C` a boolean mask, `f` a constant at most -1e4, low enough that its exponential is
+//!   zero beside any attended key), both at once as GPT-Neo writes them, `Where(C, A, f) +
+//!   M` (the fused node's mask is then `Where(C, M, f)`, one node added), or `L = A`;
+//! - `A = c * MatMul(a * Q, b * K^T)` with `a`, `b`, `c` products or divisions of scalar
+//!   constants (each optional), so the scale is `a * b * c`; a trainable one-element weight
+//!   may be such a factor (a fixed-batch dynamo export's `sqrt(scale)`), and is then folded
+//!   into the scale, only where every read of it is ([`fuse_attention`]);
 //! - `K^T` a `Transpose` of a 4-D value (K is then that value with the permutation's last
 //!   two axes swapped back: a `Transpose` is added where that is not the value itself), or
-//!   the dynamo exporter's `Reshape(Transpose(Reshape(K)))` through 3-D.
+//!   `Reshape(Transpose(M))` through 3-D (`M = [batch * heads, seq, head]`; K is the 4-D
+//!   value `M` reshapes, as the dynamo exporter writes it, or else `M` reshaped, a `Reshape`
+//!   added: torchvision's sequence-first attention, grouped-query keys repeated in 5-D).
 //!
 //! Q, K and V must have the same number of heads (a broadcast K is left alone) and one
 //! float type. What changes: a `Where` mask sets the masked logits to minus infinity rather
 //! than `f`, which differs only for a query row that may attend no key at all (the
-//! spelled-out form averages V there, `Attention` gives zeros).
+//! spelled-out form averages V there, `Attention` gives zeros); masks added one after the
+//! other are summed first, which rounds differently from adding them to the logits in turn
+//! (by an ulp of the logits).
 
 use pipewright_ops::op::{Attention, BinaryOp, UnaryOp};
 
