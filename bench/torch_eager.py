@@ -88,6 +88,8 @@ OPS = {
     "MatMul": lambda a, b: a @ b,
     "Pow": lambda a, b: torch.pow(a, b),
     "Tanh": lambda x: torch.tanh(x),
+    # pipewright's stage ONNX files write a fused GELU as opset 20's `Gelu` (bytes attribute).
+    "Gelu": lambda x, approximate=b"none": F.gelu(x, approximate=approximate.decode() if isinstance(approximate, bytes) else approximate),
     "IsNaN": lambda x: torch.isnan(x),
     "Where": lambda c, a, b: torch.where(c, a, b),
     "ReduceMean": _reduce_mean,

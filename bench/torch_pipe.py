@@ -35,14 +35,36 @@ import torch_eager  # noqa: E402
 torch_eager.OPS.setdefault("Identity", lambda x: x)
 
 
+class ContiguousGrad(torch.autograd.Function):
+    """The identity, whose backward makes the gradient contiguous (gloo sends only
+    contiguous tensors; ZB-V's input-gradient pass sends what autograd gives, which through
+    a Split or Transpose is a view)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g.contiguous()
+
+
 class Stage(torch.nn.Module):
-    def __init__(self, module):
+    def __init__(self, module, zb_v=False):
         super().__init__()
-        self.module = module
+        self.module, self.zb_v = module, zb_v
 
     def forward(self, *xs):
-        # Sent tensors must be contiguous (pipewright sends contiguous bytes too).
+        if self.zb_v:
+            xs = tuple(ContiguousGrad.apply(x) if x.requires_grad else x for x in xs)
+        # Sent tensors must be contiguous (pipewright sends contiguous bytes too). Under ZB-V
+        # also copies: the schedule detaches a stage's output in place once sent, and where
+        # that output is a value the last op saved for its backward (ReLU saves its result)
+        # the later weight-gradient pass fails ("a saved tensor that has been detached
+        # in-place").
         outs = [o.contiguous() for o in self.module(*xs)]
+        if self.zb_v:
+            outs = [o.clone() for o in outs]
         return tuple(outs) if len(outs) > 1 else outs[0]
 
 
@@ -81,7 +103,7 @@ def main():
         torch_eager.match_pipewright(module, a.export_batch, a.microbatch)
         module.train(True)
         modules.append(module)
-    stages = [PipelineStage(Stage(mod), k, world * v, torch.device("cpu")) for k, mod in zip(indices, modules)]
+    stages = [PipelineStage(Stage(mod, a.schedule == "zb-v"), k, world * v, torch.device("cpu")) for k, mod in zip(indices, modules)]
     if a.schedule == "zb-v":
         # ZB-V puts stages p - 1 and p on one rank; the schedule's start-up exchange with
         # each neighbour stage then sends to this rank itself, which gloo refuses ("Pair
