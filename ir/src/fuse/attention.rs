@@ -164,15 +164,27 @@ pub struct FusedAttention {
 /// fixed-batch export's `sqrt(scale)` so); otherwise such attentions stay spelled out.
 pub fn fuse_attention(g: &mut Graph, fold_weight_scales: bool) -> FusedAttention {
     let uses = g.use_counts();
-    let mut found: Vec<(NodeId, Matched)> = g.node_ids().filter_map(|n| match_attention(g, &uses, n).map(|m| (n, m))).collect();
-    if !fold_weight_scales {
-        found.retain(|(_, m)| m.scale_weights.is_empty());
+    let matched: Vec<(NodeId, Matched)> = g.node_ids().filter_map(|n| match_attention(g, &uses, n).map(|m| (n, m))).collect();
+    // Each combined mask's nodes first: one whose parts do not broadcast leaves its
+    // attention as it is, before the scale weights are counted below. (Nodes added for an
+    // attention dropped after have no reader, for `remove_dead_nodes`.)
+    let mut found: Vec<(NodeId, Matched, Option<ValueId>)> = Vec::new();
+    for (n, m) in matched {
+        if !fold_weight_scales && !m.scale_weights.is_empty() {
+            continue;
+        }
+        let name = g.node(n).name.clone();
+        match m.mask.as_ref().map(|mask| mask.materialise(g, &name)) {
+            Some(None) => continue,
+            Some(Some(mask)) => found.push((n, m, Some(mask))),
+            None => found.push((n, m, None)),
+        }
     }
     // Drop the attentions reading a weight that something else reads too, until none is
     // left (dropping one may leave another weight read outside the fused attentions).
     let frozen_scales = loop {
         let mut absorbed: Vec<(ValueId, usize)> = Vec::new();
-        for w in found.iter().flat_map(|(_, m)| &m.scale_weights) {
+        for w in found.iter().flat_map(|(_, m, _)| &m.scale_weights) {
             match absorbed.iter_mut().find(|(v, _)| v == w) {
                 Some((_, n)) => *n += 1,
                 None => absorbed.push((*w, 1)),
@@ -182,19 +194,10 @@ pub fn fuse_attention(g: &mut Graph, fold_weight_scales: bool) -> FusedAttention
         if read_elsewhere.is_empty() {
             break absorbed.into_iter().map(|(w, _)| w).collect();
         }
-        found.retain(|(_, m)| !m.scale_weights.iter().any(|w| read_elsewhere.contains(w)));
+        found.retain(|(_, m, _)| !m.scale_weights.iter().any(|w| read_elsewhere.contains(w)));
     };
-    let mut fused = 0;
-    for (n, m) in &found {
+    for (n, m, mask) in &found {
         let name = g.node(*n).name.clone();
-        // A combined mask whose shapes do not broadcast leaves the attention as it is.
-        let mask = match &m.mask {
-            Some(mask) => match mask.materialise(g, &name) {
-                Some(v) => Some(v),
-                None => continue,
-            },
-            None => None,
-        };
         let op = Op::Attention(Attention {
             is_causal: false,
             q_num_heads: None,
@@ -210,10 +213,9 @@ pub fn fuse_attention(g: &mut Graph, fold_weight_scales: bool) -> FusedAttention
             right_window_size: -1,
         });
         let k = m.k.materialise(g, &name);
-        rewrite_node(g, *n, op, &[Some(m.q), Some(k), Some(m.v), mask]);
-        fused += 1;
+        rewrite_node(g, *n, op, &[Some(m.q), Some(k), Some(m.v), *mask]);
     }
-    FusedAttention { count: fused, frozen_scales }
+    FusedAttention { count: found.len(), frozen_scales }
 }
 
 /// The attention whose last node is `n`, if `n` ends one.
@@ -279,7 +281,9 @@ fn unmasked(g: &Graph, uses: &[usize], logits: ValueId) -> Option<(ScaledProduct
         let Some((Op::Where, [cond, a, fill])) = producer(g, w) else { return None };
         let masks = g.value(cond).ty.dtype == DType::Bool && covers_keys(cond);
         let low = scalar(g, fill).is_some_and(|f| f <= MASK_FILL_AT_MOST);
-        (single(w) && masks && low && g.value(w).ty == *ty).then_some(())?;
+        if !(single(w) && masks && low && g.value(w).ty == *ty) {
+            return None;
+        }
         Some((full(a)?, (cond, fill)))
     };
     let scores_in = |v: ValueId| full(v).map(|s| (s, None)).or_else(|| kept(v).map(|(s, k)| (s, Some(k))));
@@ -325,10 +329,15 @@ fn scaled_product(g: &Graph, uses: &[usize], scores: ValueId) -> Option<ScaledPr
     let mut scale = 1.0;
     let mut split = |p: Product| -> Vec<ValueId> {
         scale *= p.constant;
-        let (scalars, terms): (Vec<ValueId>, Vec<ValueId>) = p.terms.into_iter().partition(|&t| one_element_weight(g, t).is_some());
-        for w in scalars {
-            scale *= one_element_weight(g, w).unwrap_or(1.0);
-            weights.push(w);
+        let mut terms = Vec::new();
+        for t in p.terms {
+            match one_element_weight(g, t) {
+                Some(w) => {
+                    scale *= w;
+                    weights.push(t);
+                }
+                None => terms.push(t),
+            }
         }
         terms
     };

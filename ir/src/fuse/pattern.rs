@@ -75,16 +75,19 @@ pub(super) fn producer_of(g: &Graph, v: ValueId) -> Option<(&Op, Vec<ValueId>)> 
 
 /// A float constant of one element: its value.
 pub(super) fn scalar(g: &Graph, v: ValueId) -> Option<f64> {
-    let w = g.value(v).weight()?;
-    let complete = w.data.numel() == 1 && w.data.bytes.len() == w.data.byte_len();
-    (!w.trainable && w.data.dtype.is_float() && complete).then(|| w.data.to_f64s()[0])
+    one_element(g, v, false)
 }
 
 /// A trainable float weight of one element: its value.
 pub(super) fn one_element_weight(g: &Graph, v: ValueId) -> Option<f64> {
+    one_element(g, v, true)
+}
+
+/// The value of a float initializer of one element, trainable or not as asked.
+fn one_element(g: &Graph, v: ValueId, trainable: bool) -> Option<f64> {
     let w = g.value(v).weight()?;
     let complete = w.data.numel() == 1 && w.data.bytes.len() == w.data.byte_len();
-    (w.trainable && w.data.dtype.is_float() && complete).then(|| w.data.to_f64s()[0])
+    (w.trainable == trainable && w.data.dtype.is_float() && complete).then(|| w.data.to_f64s()[0])
 }
 
 pub(super) fn close(a: f64, b: f64) -> bool {
