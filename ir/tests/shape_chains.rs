@@ -135,3 +135,35 @@ fn pads_computed_from_the_input_shape_are_known() {
     let g = import(&m);
     assert_eq!(ty(&g, "y"), "f32[N,3,8,8]");
 }
+
+/// TorchScript's `x.view(x.size(0), 4, 3, 2)`: the target is rebuilt from `Shape(x)` at
+/// run time. At import it is known up to the batch, so the `Reshape` reads a constant with
+/// -1 for the batch, and the chain is left without a reader (the stage program runs no
+/// shape arithmetic, and the attention fusion sees the reshaped value read only once).
+#[test]
+fn a_reshape_target_computed_from_the_batch_becomes_a_constant() {
+    let m = ModelBuilder::new(17)
+        .input_f32("x", &[2, 4, 6])
+        .init(tensor_i64("i0", &[], &[0]))
+        .init(tensor_i64("axes0", &[1], &[0]))
+        .init(tensor_i64("rest", &[3], &[4, 3, 2]))
+        .node(node("Shape", "s", &["x"], &["s"]))
+        .node(node("Gather", "b", &["s", "i0"], &["b"]).int("axis", 0))
+        .node(node("Unsqueeze", "bu", &["b", "axes0"], &["bu"]))
+        .node(node("Concat", "target", &["bu", "rest"], &["target"]).int("axis", 0))
+        .node(node("Reshape", "r", &["x", "target"], &["y"]))
+        .output("y");
+    let g = import(&m);
+    let text = pipewright_ir::text::print_graph(&g);
+    assert_eq!(ty(&g, "y"), "f32[N,4,3,2]");
+    assert!(text.contains("i64[4] = const \"r/target\" [-1, 4, 3, 2]"), "{text}");
+    assert!(!text.contains("Shape(") && !text.contains("Concat"), "{text}");
+    // A target that is a constant already is read as it is.
+    let fixed = ModelBuilder::new(17)
+        .input_f32("x", &[2, 4, 6])
+        .init(tensor_i64("target", &[4], &[0, 4, 3, 2]))
+        .node(node("Reshape", "r", &["x", "target"], &["y"]))
+        .output("y");
+    let text = pipewright_ir::text::print_graph(&import(&fixed));
+    assert!(text.contains("const \"target\" [0, 4, 3, 2]") && !text.contains("r/target"), "{text}");
+}

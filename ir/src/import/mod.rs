@@ -267,6 +267,8 @@ impl<'a> Importer<'a> {
         self.graph.set_outputs(outputs);
         self.check_declared_types(g.output.iter().chain(&g.value_info));
         if !self.opts.unfused {
+            // Shape arithmetic left without a reader must not count as a reader.
+            self.graph.remove_dead_nodes();
             crate::fuse::fuse_gelu(&mut self.graph);
             let fused = crate::fuse::fuse_attention(&mut self.graph, !self.opts.train_attention_scales);
             for w in fused.frozen_scales {
@@ -524,6 +526,10 @@ impl<'a> Importer<'a> {
             }
             return Ok(());
         }
+        let mut inputs = inputs;
+        if let (Some(out), crate::Op::Reshape { .. }) = (out_types.first(), &op) {
+            self.fix_reshape_target(node_name, &mut inputs, out);
+        }
         let outputs = output_names
             .iter()
             .zip(out_types)
@@ -538,6 +544,25 @@ impl<'a> Importer<'a> {
             }
         }
         Ok(())
+    }
+
+    /// A `Reshape` whose target is computed from the batch (TorchScript's `Shape`, `Gather`,
+    /// `Concat` chains) reads a constant instead: its output's extents, -1 for the one that
+    /// follows the batch. The chain is then left without a reader (the fusions need its
+    /// source read by nothing else, and the stage program has no shape arithmetic to run).
+    fn fix_reshape_target(&mut self, node_name: &str, inputs: &mut [Option<ValueId>], out: &TensorType) {
+        let [Some(_), Some(target)] = *inputs else { return };
+        let computed = !matches!(self.graph.value(target).def, ValueDef::Weight(_)) && self.known.get(target.index()).is_some_and(Option::is_some);
+        let batch_extents = out.shape.0.iter().filter(|d| d.fixed().is_none()).count();
+        let empty = out.shape.0.iter().any(|d| d.fixed() == Some(0));
+        let name = format!("{node_name}/target");
+        if !computed || batch_extents != 1 || empty || self.names.contains_key(&name) {
+            return;
+        }
+        let extents: Vec<i64> = out.shape.0.iter().map(|d| d.fixed().unwrap_or(-1)).collect();
+        let data = crate::TensorData::from_i64s(vec![extents.len() as i64], &extents);
+        let ty = TensorType::new(crate::DType::I64, Shape::fixed(&[extents.len() as i64]));
+        inputs[1] = Some(self.define(name, ty, ValueDef::Weight(Weight { data, trainable: false })));
     }
 
     /// The contents of input `slot` when known at import (a constant, a frozen graph
