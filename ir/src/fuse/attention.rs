@@ -10,20 +10,30 @@
 //! small a large part of its step.
 //!
 //! The pattern, from the last node back, each part optional where marked:
-//! - `MatMul(P, V)`, `P` the probabilities, through an identity `Cast` (optional) and
+//! - `MatMul(P, V)`, `P` the probabilities, through identity `Cast`s (optional) and
 //!   the guard `Where(IsNaN(S), 0, S)` (optional; torch.onnx's dynamo exporter writes it so
-//!   a row with no key to attend gives zeros, which is what `Attention` defines);
-//! - `S = Softmax(L)` over the last axis of a 4-D value, through an identity `Cast` (T5);
+//!   a row with no key to attend gives zeros, which is what `Attention` defines); or the
+//!   same product taken in 3-D and split into heads after, `Reshape(MatMul(P', V'))` with
+//!   `P'` and `V'` flattened to `[batch * heads, seq, _]` (BLOOM, DeBERTa-v2): the fused
+//!   node reads the 4-D values they flatten, or adds the `Reshape` that splits them;
+//! - `S = Softmax(L)` over the last axis of a 4-D value, through identity `Cast`s (T5);
 //! - `L = A + M` (either order; `M` a float mask whose last axis is the keys', up to four
 //!   of them added one after the other, as MPNet adds a position bias and the padding
 //!   mask: the fused node's mask is then their sum, nodes added), `L = Where(C, A, f)`
 //!   (`C` a boolean mask, `f` a constant at most -1e4, low enough that its exponential is
-//!   zero beside any attended key), both at once as GPT-Neo writes them, `Where(C, A, f) +
-//!   M` (the fused node's mask is then `Where(C, M, f)`, one node added), or `L = A`;
+//!   zero beside any attended key), `L = Where(C, f, A)` (DeBERTa's `masked_fill`: the
+//!   keys kept are `Not(C)`, `C`'s operand when `C` is a `Not`, else a `Not` added), both
+//!   at once as GPT-Neo writes them, `Where(C, A, f) + M` (the fused node's mask is then
+//!   `Where(C, M, f)`, one node added), or `L = A`;
+//! - `A` the 4-D split of 3-D scores `A' + M'` (BLOOM's `baddbmm(alibi, Q', K'^T)`: masks
+//!   added in 3-D are split into heads by a `Reshape` added, or broadcast as they are when
+//!   their first extent is 1), the 3-D product's Q and K flattened as V is;
 //! - `A = c * MatMul(a * Q, b * K^T)` with `a`, `b`, `c` products or divisions of scalar
 //!   constants (each optional), so the scale is `a * b * c`; a trainable one-element weight
 //!   may be such a factor (a fixed-batch dynamo export's `sqrt(scale)`), and is then folded
-//!   into the scale, only where every read of it is ([`fuse_attention`]);
+//!   into the scale, only where every read of it is ([`fuse_attention`]); a factor of 4-D
+//!   scores that is the same along their last two axes (Swin-v2's trained per-head
+//!   temperature `[heads, 1, 1]`) multiplies the fused node's Q instead, one `Mul` added;
 //! - `K^T` a `Transpose` of a 4-D value (K is then that value with the permutation's last
 //!   two axes swapped back: a `Transpose` is added where that is not the value itself), or
 //!   `Reshape(Transpose(M))` through 3-D (`M = [batch * heads, seq, head]`; K is the 4-D
@@ -35,7 +45,8 @@
 //! than `f`, which differs only for a query row that may attend no key at all (the
 //! spelled-out form averages V there, `Attention` gives zeros); masks added one after the
 //! other are summed first, which rounds differently from adding them to the logits in turn
-//! (by an ulp of the logits).
+//! (by an ulp of the logits), and so does a per-head temperature applied to Q rather than
+//! to the scores.
 
 use pipewright_ops::op::{Attention, BinaryOp, UnaryOp};
 
@@ -47,62 +58,68 @@ use crate::{DType, Dim, Graph, NodeId, Op, Shape, TensorData, TensorType, Value,
 /// fp32 for any logit `s` a trained model produces, as `exp(-inf)` does.
 const MASK_FILL_AT_MOST: f64 = -1.0e4;
 
-/// Where K comes from: a value of the graph, a permutation of one (`K^T` was written as
-/// one `Transpose` of the heads-last tensor, so K itself is not in the graph), or a
-/// reshape of one (`K^T` was transposed in 3-D, `[batch * heads, seq, head]`, from a value
-/// that is not K in 4-D: torchvision's sequence-first attention, or the grouped-query
-/// exports' keys repeated over the heads in 5-D).
-enum Key {
+/// An operand of the fused node in 4-D (Q, K, V, or a float mask added to the scores): a
+/// value of the graph, a permutation of one (`K^T` was written as one `Transpose` of the
+/// heads-last tensor, so K itself is not in the graph), or a reshape of one (the operand
+/// exists only flattened to 3-D, `[batch * heads, seq, head]`: torchvision's
+/// sequence-first attention, the grouped-query exports' keys repeated over the heads in
+/// 5-D, BLOOM's ALiBi bias).
+enum Operand {
     Value(ValueId),
     Permuted { of: ValueId, perm: Vec<i64> },
     Reshaped { of: ValueId, dims: Vec<Dim> },
 }
 
-impl Key {
+impl Operand {
     fn ty(&self, g: &Graph) -> TensorType {
         match self {
-            Key::Value(v) => g.value(*v).ty.clone(),
-            Key::Permuted { of, perm } => {
+            Operand::Value(v) => g.value(*v).ty.clone(),
+            Operand::Permuted { of, perm } => {
                 let t = &g.value(*of).ty;
                 TensorType::new(t.dtype, Shape(perm.iter().map(|&a| t.shape.0[a as usize]).collect()))
             }
-            Key::Reshaped { of, dims } => TensorType::new(g.value(*of).ty.dtype, Shape(dims.clone())),
+            Operand::Reshaped { of, dims } => TensorType::new(g.value(*of).ty.dtype, Shape(dims.clone())),
         }
     }
 
-    /// K as a value of the graph, adding the `Transpose` that makes it where needed.
-    fn materialise(&self, g: &mut Graph, name: &str) -> ValueId {
-        match self {
-            Key::Value(v) => *v,
-            Key::Permuted { of, perm } => {
-                let ty = self.ty(g);
-                let out = format!("{}/key", g.value(*of).name);
-                let n = g.add_node(format!("{name}/key"), Op::Transpose { perm: Some(perm.clone()) }, vec![Some(*of)], vec![Some((out, ty))]);
-                g.node(n).outputs[0].expect("one output")
-            }
-            Key::Reshaped { of, dims } => {
-                let ty = self.ty(g);
-                // The batch as -1 (the other extents are fixed, [`untransposed`] checks).
+    /// The operand as a value of the graph, adding the `Transpose` or `Reshape` (node
+    /// `{name}/{role}`) that makes it where needed.
+    fn materialise(&self, g: &mut Graph, name: &str, role: &str) -> ValueId {
+        let ty = self.ty(g);
+        let out = format!("{name}/{role}");
+        let n = match self {
+            Operand::Value(v) => return *v,
+            Operand::Permuted { of, perm } => g.add_node(out.clone(), Op::Transpose { perm: Some(perm.clone()) }, vec![Some(*of)], vec![Some((out, ty))]),
+            Operand::Reshaped { of, dims } => {
+                // The batch as -1 (the other extents are fixed, [`unflattened`] checks).
                 let extents: Vec<i64> = dims.iter().map(|d| d.fixed().unwrap_or(-1)).collect();
-                let shape_name = format!("{name}/key_shape");
                 let data = TensorData::from_i64s(vec![4], &extents);
-                let shape = g.add_value(Value { name: shape_name, ty: TensorType::new(DType::I64, Shape::fixed(&[4])), def: ValueDef::Weight(Weight { data, trainable: false }) });
-                let out = format!("{}/key", g.value(*of).name);
-                let n = g.add_node(format!("{name}/key"), Op::Reshape { allow_zero: false }, vec![Some(*of), Some(shape)], vec![Some((out, ty))]);
-                g.node(n).outputs[0].expect("one output")
+                let shape_ty = TensorType::new(DType::I64, Shape::fixed(&[4]));
+                let shape = g.add_value(Value { name: format!("{out}_shape"), ty: shape_ty, def: ValueDef::Weight(Weight { data, trainable: false }) });
+                g.add_node(out.clone(), Op::Reshape { allow_zero: false }, vec![Some(*of), Some(shape)], vec![Some((out, ty))])
             }
-        }
+        };
+        g.node(n).outputs[0].expect("one output")
     }
 }
 
+/// A boolean mask of the keys attended: `cond` itself, or its negation when the scores
+/// were written `Where(masked, fill, A)` (DeBERTa's `masked_fill`) of a condition that is
+/// not a `Not` already.
+struct Keep {
+    cond: ValueId,
+    fill: ValueId,
+    negated: bool,
+}
+
 /// The mask the fused node reads: float masks added to the scores (`added`, in the order
-/// they were added) and a boolean mask that keeps keys (`keep`, with its fill). One of
-/// them alone is read as it is; more are combined by nodes added for it: their sum, and
-/// `Where(keep, sum, fill)` (what `Where(keep, A, fill) + sum` adds to `A` wherever `keep`
-/// keeps a key; elsewhere both give logits whose exponentials are zero).
+/// they were added) and a boolean mask that keeps keys. One of them alone is read as it
+/// is; more are combined by nodes added for it: their sum, and `Where(keep, sum, fill)`
+/// (what `Where(keep, A, fill) + sum` adds to `A` wherever `keep` keeps a key; elsewhere
+/// both give logits whose exponentials are zero).
 struct Mask {
-    added: Vec<ValueId>,
-    keep: Option<(ValueId, ValueId)>,
+    added: Vec<Operand>,
+    keep: Option<Keep>,
 }
 
 impl Mask {
@@ -116,9 +133,15 @@ impl Mask {
             let n = g.add_node(format!("{name}/{suffix}"), op, inputs.into_iter().map(Some).collect(), vec![Some((format!("{name}/{suffix}"), ty))]);
             g.node(n).outputs[0]
         };
-        let (last, keep) = (self.added.len().checked_sub(1), self.keep);
-        let mut sum = self.added.first().copied();
-        for (i, &m) in self.added.iter().enumerate().skip(1) {
+        let added: Vec<ValueId> = self.added.iter().enumerate().map(|(i, m)| m.materialise(g, name, &format!("mask_part{i}"))).collect();
+        let keep = match &self.keep {
+            Some(Keep { cond, fill, negated: true }) => Some((node(g, Op::Unary(UnaryOp::Not), vec![*cond], DType::Bool, "keep")?, *fill)),
+            Some(Keep { cond, fill, negated: false }) => Some((*cond, *fill)),
+            None => None,
+        };
+        let last = added.len().checked_sub(1);
+        let mut sum = added.first().copied();
+        for (i, &m) in added.iter().enumerate().skip(1) {
             let dtype = g.value(m).ty.dtype;
             let suffix = if keep.is_none() && Some(i) == last { "mask".to_string() } else { format!("mask_sum{i}") };
             sum = Some(node(g, Op::Binary(BinaryOp::Add), vec![sum?, m], dtype, &suffix)?);
@@ -136,9 +159,11 @@ impl Mask {
 
 /// One matched attention: the operands of the fused node.
 struct Matched {
-    q: ValueId,
-    k: Key,
-    v: ValueId,
+    q: Operand,
+    /// Factors Q is multiplied by ([`ScaledProduct::q_factors`]).
+    q_factors: Vec<ValueId>,
+    k: Operand,
+    v: Operand,
     mask: Option<Mask>,
     scale: f64,
     /// Trainable one-element weights read as factors of the scale, one entry per read.
@@ -212,34 +237,83 @@ pub fn fuse_attention(g: &mut Graph, fold_weight_scales: bool) -> FusedAttention
             left_window_size: -1,
             right_window_size: -1,
         });
-        let k = m.k.materialise(g, &name);
-        rewrite_node(g, *n, op, &[Some(m.q), Some(k), Some(m.v), *mask]);
+        let (q, k, v) = (m.q.materialise(g, &name, "query"), m.k.materialise(g, &name, "key"), m.v.materialise(g, &name, "value"));
+        let q = scaled_query(g, &name, q, &m.q_factors);
+        rewrite_node(g, *n, op, &[Some(q), Some(k), Some(v), *mask]);
     }
     FusedAttention { count: found.len(), frozen_scales }
 }
 
-/// The attention whose last node is `n`, if `n` ends one.
+/// Q multiplied by `factors`, one `Mul` node added per factor (each keeps Q's type,
+/// [`scaled_product`] checks).
+fn scaled_query(g: &mut Graph, name: &str, q: ValueId, factors: &[ValueId]) -> ValueId {
+    factors.iter().enumerate().fold(q, |q, (i, &f)| {
+        let (ty, out) = (g.value(q).ty.clone(), format!("{name}/query_scaled{i}"));
+        let n = g.add_node(out.clone(), Op::Binary(BinaryOp::Mul), vec![Some(q), Some(f)], vec![Some((out, ty))]);
+        g.node(n).outputs[0].expect("one output")
+    })
+}
+
+/// The attention whose last node is `n`, if `n` ends one: `MatMul(P, V)` in 4-D, or
+/// `Reshape(MatMul(P', V'))` splitting the heads out of a product taken in 3-D (`P'` and
+/// `V'` flattened to `[batch * heads, seq, _]`, as BLOOM and DeBERTa-v2 write it).
 fn match_attention(g: &Graph, uses: &[usize], n: NodeId) -> Option<Matched> {
     let node = g.node(n);
-    let (Op::MatMul, [Some(probs), Some(v)], [Some(y)]) = (&node.op, node.inputs.as_slice(), node.outputs.as_slice()) else {
-        return None;
+    let [Some(y)] = node.outputs.as_slice() else { return None };
+    let (probs, v) = match (&node.op, node.inputs.as_slice()) {
+        (Op::MatMul, [Some(p), Some(v)]) => (*p, Operand::Value(*v)),
+        (Op::Reshape { .. }, [Some(flat), Some(_)]) => flat_product(g, uses, *flat, *y)?,
+        _ => return None,
     };
-    let softmax_out = unguarded(g, uses, uncast(g, uses, *probs)?)?;
+    let softmax_out = unguarded(g, uses, uncast(g, uses, probs)?)?;
     let logits = uncast(g, uses, softmax_input(g, uses, softmax_out)?)?;
-    let (ScaledProduct { q, kt, scale, weights }, mask) = unmasked(g, uses, logits)?;
-    let k = untransposed(g, uses, kt)?;
-    let m = Matched { q, k, v: *v, mask, scale, scale_weights: weights, softmax_type: g.value(logits).ty.dtype };
+    let (ScaledProduct { q, q_factors, k, scale, weights }, mask) = unmasked(g, uses, logits)?;
+    let m = Matched { q, q_factors, k, v, mask, scale, scale_weights: weights, softmax_type: g.value(logits).ty.dtype };
     shapes_agree(g, &m, *y).then_some(m)
 }
 
-/// `p` through an identity `Cast` read only by the product.
-fn uncast(g: &Graph, uses: &[usize], p: ValueId) -> Option<ValueId> {
-    if uses[p.index()] != 1 {
+/// `y = Reshape(flat)` with `flat = MatMul(P', V')` of 3-D `[b * h, sq, dv]` values split
+/// into `[b, h, sq, dv]`, `P'` the 4-D probabilities flattened: the probabilities and V
+/// in 4-D.
+fn flat_product(g: &Graph, uses: &[usize], flat: ValueId, y: ValueId) -> Option<(ValueId, Operand)> {
+    let dims = |v: ValueId| g.value(v).ty.shape.0.clone();
+    let Some((Op::MatMul, [flat_probs, flat_v])) = producer(g, flat) else { return None };
+    let Some((Op::Reshape { .. }, [probs, _])) = producer(g, flat_probs) else { return None };
+    let ([b, h, sq, dv], [x, sq2, dv2]) = (&dims(y)[..], &dims(flat)[..]) else { return None };
+    let split = b.mul(*h) == Some(*x) && sq == sq2 && dv == dv2;
+    let probs_4d = matches!(&dims(probs)[..], [pb, ph, psq, _] if pb == b && ph == h && psq == sq);
+    let single = uses[flat.index()] == 1 && uses[flat_probs.index()] == 1;
+    (split && probs_4d && single).then_some(())?;
+    Some((probs, unflattened(g, flat_v, *b, *h)?))
+}
+
+/// The 4-D `[b, h, s, d]` operand a 3-D `[b * h, s, d]` value flattens: the value it is
+/// a `Reshape` of when there is one, else the value reshaped (which needs every extent
+/// but the batch fixed).
+fn unflattened(g: &Graph, flat: ValueId, b: Dim, h: Dim) -> Option<Operand> {
+    let [x, s, d] = g.value(flat).ty.shape.0[..] else { return None };
+    if b.mul(h) != Some(x) {
         return None;
     }
-    match producer(g, p) {
-        Some((Op::Cast { .. }, [x])) if g.value(x).ty == g.value(p).ty => Some(x),
-        _ => Some(p),
+    let dims = vec![b, h, s, d];
+    match producer(g, flat) {
+        Some((Op::Reshape { .. }, [four, _])) if g.value(four).ty.shape.0 == dims => Some(Operand::Value(four)),
+        _ => [h, s, d].iter().all(|e| e.fixed().is_some()).then_some(Operand::Reshaped { of: flat, dims }),
+    }
+}
+
+/// `p` through identity `Cast`s (BLOOM's TorchScript export writes two), each read only
+/// by the next.
+fn uncast(g: &Graph, uses: &[usize], p: ValueId) -> Option<ValueId> {
+    let mut at = p;
+    loop {
+        if uses[at.index()] != 1 {
+            return None;
+        }
+        match producer(g, at) {
+            Some((Op::Cast { .. }, [x])) if g.value(x).ty == g.value(at).ty => at = x,
+            _ => return Some(at),
+        }
     }
 }
 
@@ -265,66 +339,132 @@ fn softmax_input(g: &Graph, uses: &[usize], s: ValueId) -> Option<ValueId> {
 /// bias and the padding mask).
 const ADDED_MASKS_AT_MOST: usize = 4;
 
-/// The scaled product under `logits` ([`scaled_product`]) and the mask: `A`, `A + M`,
-/// `Where(C, A, f)`, `Where(C, A, f) + M` or with more masks added (`(A + M1) + M2`, in
-/// either order), where `A` is the operand that is a scaled product of the logits' full
-/// shape.
-fn unmasked(g: &Graph, uses: &[usize], logits: ValueId) -> Option<(ScaledProduct, Option<Mask>)> {
-    let ty = &g.value(logits).ty;
-    let keys = *ty.shape.0.last()?;
-    let single = |v: ValueId| uses[v.index()] == 1;
-    let full = |a: ValueId| if g.value(a).ty == *ty { scaled_product(g, uses, a) } else { None };
-    let covers_keys = |m: ValueId| g.value(m).ty.shape.rank() <= 4 && g.value(m).ty.shape.0.last() == Some(&keys);
-    let float_mask = |m: ValueId| g.value(m).ty.dtype == ty.dtype && covers_keys(m);
-    // `Where(C, A, f)` keeping the keys `C` marks: `A` and `C`, `f`.
-    let kept = |w: ValueId| -> Option<(ScaledProduct, (ValueId, ValueId))> {
-        let Some((Op::Where, [cond, a, fill])) = producer(g, w) else { return None };
-        let masks = g.value(cond).ty.dtype == DType::Bool && covers_keys(cond);
-        let low = scalar(g, fill).is_some_and(|f| f <= MASK_FILL_AT_MOST);
-        if !(single(w) && masks && low && g.value(w).ty == *ty) {
-            return None;
-        }
-        Some((full(a)?, (cond, fill)))
-    };
-    let scores_in = |v: ValueId| full(v).map(|s| (s, None)).or_else(|| kept(v).map(|(s, k)| (s, Some(k))));
-    // Down the chain of additions (each read only by the next) to the scores, the masks
-    // added on the way collected, the last added first.
-    let (mut at, mut added) = (logits, Vec::new());
-    let (scores, keep) = loop {
+/// Down the chain of additions from `at` (each read only by the next) to the operand
+/// `scores_in` recognises, collecting the masks added on the way in the order they were
+/// added; `None` when an addend is not a mask `is_mask` accepts or there are more than
+/// `at_most`.
+fn added_masks<T>(g: &Graph, uses: &[usize], mut at: ValueId, at_most: usize, scores_in: impl Fn(ValueId) -> Option<T>, is_mask: impl Fn(ValueId) -> bool) -> Option<(T, Vec<ValueId>)> {
+    let mut added = Vec::new();
+    let found = loop {
         if let Some(found) = scores_in(at) {
             break found;
         }
-        let Some((Op::Binary(BinaryOp::Add), [a, b])) = producer(g, at).filter(|_| single(at)) else { return None };
+        let Some((Op::Binary(BinaryOp::Add), [a, b])) = producer(g, at).filter(|_| uses[at.index()] == 1) else { return None };
         let (next, mask) = match (scores_in(a).is_some(), scores_in(b).is_some()) {
             (true, _) => (a, b),
             (_, true) => (b, a),
             _ if producer(g, a).is_some_and(|(op, [_, _])| *op == Op::Binary(BinaryOp::Add)) => (a, b),
             _ => (b, a),
         };
-        if !float_mask(mask) || added.len() == ADDED_MASKS_AT_MOST {
+        if !is_mask(mask) || added.len() == at_most {
             return None;
         }
         added.push(mask);
         at = next;
     };
     added.reverse();
-    let mask = (!added.is_empty() || keep.is_some()).then_some(Mask { added, keep });
+    Some((found, added))
+}
+
+/// The scaled product under `logits` ([`scaled_product`]) and the mask: `A`, `A + M`,
+/// `Where(C, A, f)`, `Where(C, f, A)` (the mask then `Not(C)`), `Where(C, A, f) + M` or
+/// with more masks added (`(A + M1) + M2`, in either order), where `A` is the operand that
+/// is a scaled product of the logits' full shape, or one computed in 3-D and split into
+/// heads ([`flat_scores`]).
+fn unmasked(g: &Graph, uses: &[usize], logits: ValueId) -> Option<(ScaledProduct, Option<Mask>)> {
+    let ty = &g.value(logits).ty;
+    let [b, h, _, keys] = ty.shape.0[..] else { return None };
+    let single = |v: ValueId| uses[v.index()] == 1;
+    let full = |a: ValueId| -> Option<(ScaledProduct, Vec<Operand>)> {
+        if g.value(a).ty != *ty {
+            return None;
+        }
+        match scaled_product(g, uses, a, Layout::Heads) {
+            Some(s) => Some((s, Vec::new())),
+            None => flat_scores(g, uses, a, b, h),
+        }
+    };
+    let covers_keys = |m: ValueId| g.value(m).ty.shape.rank() <= 4 && g.value(m).ty.shape.0.last() == Some(&keys);
+    // `Where(C, A, f)` keeping the keys `C` marks, or `Where(C, f, A)` keeping the others.
+    let kept = |w: ValueId| -> Option<(ScaledProduct, Vec<Operand>, Keep)> {
+        let Some((Op::Where, [cond, x, y])) = producer(g, w) else { return None };
+        let low = |f: ValueId| scalar(g, f).is_some_and(|f| f <= MASK_FILL_AT_MOST);
+        let masks = g.value(cond).ty.dtype == DType::Bool && covers_keys(cond);
+        if !(single(w) && masks && g.value(w).ty == *ty) {
+            return None;
+        }
+        let (a, keep) = match (low(y), low(x)) {
+            (true, _) => (x, Keep { cond, fill: y, negated: false }),
+            (_, true) => match unary_operand(g, uses, cond) {
+                Some((UnaryOp::Not, kept)) => (y, Keep { cond: kept, fill: x, negated: false }),
+                _ => (y, Keep { cond, fill: x, negated: true }),
+            },
+            _ => return None,
+        };
+        let (scores, inner) = full(a)?;
+        Some((scores, inner, keep))
+    };
+    let scores_in = |v: ValueId| full(v).map(|(s, inner)| (s, inner, None)).or_else(|| kept(v).map(|(s, inner, k)| (s, inner, Some(k))));
+    let float_mask = |m: ValueId| g.value(m).ty.dtype == ty.dtype && covers_keys(m);
+    let ((scores, mut inner, keep), outer) = added_masks(g, uses, logits, ADDED_MASKS_AT_MOST, scores_in, float_mask)?;
+    if inner.len() + outer.len() > ADDED_MASKS_AT_MOST {
+        return None;
+    }
+    // The masks added in 3-D were added first.
+    inner.extend(outer.into_iter().map(Operand::Value));
+    let mask = (!inner.is_empty() || keep.is_some()).then_some(Mask { added: inner, keep });
     Some((scores, mask))
 }
 
-/// Q, K^T and the scale of attention's scores.
+/// `Reshape(L')` splitting the heads out of 3-D logits `L' = A' + M'...` (BLOOM's
+/// `baddbmm(alibi, Q, K^T)`; DeBERTa-v2's product): the scaled product of 3-D Q and K^T
+/// and the added masks, each in 4-D: one of `[b * h, _, keys]` split into heads, one
+/// broadcast over them as it is.
+fn flat_scores(g: &Graph, uses: &[usize], split: ValueId, b: Dim, h: Dim) -> Option<(ScaledProduct, Vec<Operand>)> {
+    let Some((Op::Reshape { .. }, [flat, _])) = producer(g, split) else { return None };
+    let ty = &g.value(flat).ty;
+    let [x, _, keys] = ty.shape.0[..] else { return None };
+    if uses[split.index()] != 1 || b.mul(h) != Some(x) {
+        return None;
+    }
+    let scores_in = |v: ValueId| (g.value(v).ty == *ty).then(|| scaled_product(g, uses, v, Layout::Flat { b, h })).flatten();
+    let lifted = |m: ValueId| -> Option<Operand> {
+        let t = &g.value(m).ty;
+        match t.shape.0[..] {
+            _ if t.dtype != ty.dtype || t.shape.0.last() != Some(&keys) => None,
+            [first, _, _] if first == x => unflattened(g, m, b, h),
+            [Dim::Fixed(1), _, _] | [_, _] | [_] => Some(Operand::Value(m)),
+            _ => None,
+        }
+    };
+    let (scores, masks) = added_masks(g, uses, flat, ADDED_MASKS_AT_MOST, scores_in, |m| lifted(m).is_some())?;
+    Some((scores, masks.into_iter().map(lifted).collect::<Option<_>>()?))
+}
+
+/// Q, K and the scale of attention's scores.
 struct ScaledProduct {
-    q: ValueId,
-    kt: ValueId,
+    q: Operand,
+    /// Factors of the scores constant along their last two axes (a per-head temperature),
+    /// which the fused node's Q is multiplied by.
+    q_factors: Vec<ValueId>,
+    k: Operand,
     scale: f64,
     /// Trainable one-element weights among the scale's factors (the dynamo exporter's
     /// `[1]` initializer in a fixed-batch export), one entry per read.
     weights: Vec<ValueId>,
 }
 
-/// `A = c * MatMul(a * Q, b * K^T)`: Q, K^T and the scale `a * b * c`, each of `a`, `b`,
+/// How the scores' product is laid out: 4-D with the heads an axis of their own, or 3-D
+/// with them merged into the batch (`[b * h, seq, head]`).
+#[derive(Clone, Copy)]
+enum Layout {
+    Heads,
+    Flat { b: Dim, h: Dim },
+}
+
+/// `A = c * MatMul(a * Q, b * K^T)`: Q, K and the scale `a * b * c`, each of `a`, `b`,
 /// `c` a product of scalar constants and one-element weights.
-fn scaled_product(g: &Graph, uses: &[usize], scores: ValueId) -> Option<ScaledProduct> {
+fn scaled_product(g: &Graph, uses: &[usize], scores: ValueId, layout: Layout) -> Option<ScaledProduct> {
     let mut weights = Vec::new();
     let mut scale = 1.0;
     let mut split = |p: Product| -> Vec<ValueId> {
@@ -342,25 +482,53 @@ fn scaled_product(g: &Graph, uses: &[usize], scores: ValueId) -> Option<ScaledPr
         terms
     };
     let outer = split(factors(g, uses, scores, uses[scores.index()] == 1));
-    let [product] = outer[..] else { return None };
+    let is_product = |t: ValueId| matches!(producer(g, t), Some((Op::MatMul, [_, _])));
+    let (product, mut q_factors) = one_operand(g, outer, is_product)?;
     if uses[product.index()] != 1 {
         return None;
     }
     let Some((Op::MatMul, [a, b])) = producer(g, product) else { return None };
-    let left = split(factors(g, uses, a, uses[a.index()] == 1));
-    let right = split(factors(g, uses, b, uses[b.index()] == 1));
-    let ([q], [kt]) = (&left[..], &right[..]) else { return None };
-    (scale.is_finite() && scale > 0.0).then_some(ScaledProduct { q: *q, kt: *kt, scale, weights })
+    let not_factor = |t: ValueId| !row_constant(g, t);
+    let (q, left) = one_operand(g, split(factors(g, uses, a, uses[a.index()] == 1)), not_factor)?;
+    let (kt, right) = one_operand(g, split(factors(g, uses, b, uses[b.index()] == 1)), not_factor)?;
+    q_factors.extend(left.into_iter().chain(right));
+    let (q, k) = match layout {
+        Layout::Heads => (Operand::Value(q), untransposed(g, uses, kt)?),
+        // Flattened, a factor's axes would not line up with Q's in 4-D.
+        Layout::Flat { .. } if !q_factors.is_empty() => return None,
+        Layout::Flat { b, h } => (unflattened(g, q, b, h)?, flat_untransposed(g, uses, kt, b, h)?),
+    };
+    let q_ty = q.ty(g);
+    let fits_q = |f: &ValueId| {
+        let t = &g.value(*f).ty;
+        let dims = &t.shape.0;
+        let aligned = q_ty.shape.0.iter().skip(q_ty.shape.rank().saturating_sub(dims.len()));
+        t.dtype == q_ty.dtype && dims.len() <= q_ty.shape.rank() && dims.iter().zip(aligned).all(|(d, e)| *d == Dim::Fixed(1) || d == e)
+    };
+    let sound = scale.is_finite() && scale > 0.0 && q_factors.iter().all(fits_q);
+    sound.then_some(ScaledProduct { q, q_factors, k, scale, weights })
+}
+
+/// The one term `is_operand` picks and the others, each of which must be a factor
+/// constant over the last two axes ([`row_constant`]).
+fn one_operand(g: &Graph, terms: Vec<ValueId>, is_operand: impl Fn(ValueId) -> bool) -> Option<(ValueId, Vec<ValueId>)> {
+    let (operands, others): (Vec<ValueId>, Vec<ValueId>) = terms.into_iter().partition(|&t| is_operand(t));
+    let [operand] = operands[..] else { return None };
+    others.iter().all(|&t| row_constant(g, t)).then_some((operand, others))
+}
+
+/// Whether `t` is the same along the scores' last two axes (extent 1 there): a factor of
+/// the scores that may multiply Q instead, as Swin-v2's per-head `exp(logit_scale)` does.
+fn row_constant(g: &Graph, t: ValueId) -> bool {
+    g.value(t).ty.shape.0.iter().rev().take(2).all(|d| *d == Dim::Fixed(1))
 }
 
 /// K from `K^T`: a `Transpose` of 4-D `x` (K is `x` permuted with the last two axes
 /// swapped back, `x` itself when that is the identity), or `Reshape(Transpose(M))` that
 /// swaps the last two axes of a 3-D `M = [b * h, s, d]` and splits its first into `[b,
-/// h]` (K is the 4-D value `M` reshapes when there is one, else `M` reshaped to `[b, h,
-/// s, d]`, which needs every extent but the batch fixed).
-fn untransposed(g: &Graph, uses: &[usize], kt: ValueId) -> Option<Key> {
+/// h]` (K is `M` in 4-D, [`unflattened`]).
+fn untransposed(g: &Graph, uses: &[usize], kt: ValueId) -> Option<Operand> {
     let single = |v: ValueId| uses[v.index()] == 1;
-    let dims = |v: ValueId| g.value(v).ty.shape.0.clone();
     if !single(kt) {
         return None;
     }
@@ -368,33 +536,30 @@ fn untransposed(g: &Graph, uses: &[usize], kt: ValueId) -> Option<Key> {
     match (op, operands.as_slice()) {
         (Op::Transpose { perm: Some(p) }, &[x]) if p.len() == 4 => {
             let perm = vec![p[0], p[1], p[3], p[2]];
-            Some(if perm == [0, 1, 2, 3] { Key::Value(x) } else { Key::Permuted { of: x, perm } })
+            Some(if perm == [0, 1, 2, 3] { Operand::Value(x) } else { Operand::Permuted { of: x, perm } })
         }
         (Op::Reshape { .. }, &[swapped, _]) if single(swapped) => {
-            let Some((Op::Transpose { perm: Some(p) }, [merged])) = producer(g, swapped) else { return None };
-            let (md, sd, td) = (dims(merged), dims(swapped), dims(kt));
-            let ([x, s, d], [x2, d2, s2], [b, h, d3, s3]) = (&md[..], &sd[..], &td[..]) else { return None };
-            let through_3d = p[..] == [0, 2, 1] && single(merged) && b.mul(*h) == Some(*x) && x == x2 && s == s2 && s == s3 && d == d2 && d == d3;
-            if !through_3d {
-                return None;
-            }
-            let k = vec![*b, *h, *s, *d];
-            match producer(g, merged) {
-                Some((Op::Reshape { .. }, [k4, _])) if dims(k4) == k => Some(Key::Value(k4)),
-                _ => [h, s, d].iter().all(|e| e.fixed().is_some()).then_some(Key::Reshaped { of: merged, dims: k }),
-            }
+            let [b, h, d, s] = g.value(kt).ty.shape.0[..] else { return None };
+            let k = flat_untransposed(g, uses, swapped, b, h)?;
+            (k.ty(g).shape.0 == [b, h, s, d]).then_some(k)
         }
         _ => None,
     }
 }
 
+/// K from a 3-D `K^T = Transpose(M)` that swaps the last two axes of `M = [b * h, s,
+/// d]`: `M` in 4-D ([`unflattened`]).
+fn flat_untransposed(g: &Graph, uses: &[usize], kt: ValueId, b: Dim, h: Dim) -> Option<Operand> {
+    let Some((Op::Transpose { perm: Some(p) }, [flat])) = producer(g, kt) else { return None };
+    (uses[kt.index()] == 1 && p[..] == [0, 2, 1] && uses[flat.index()] == 1).then_some(())?;
+    unflattened(g, flat, b, h)
+}
+
 /// Whether Q `[b, h, sq, d]`, K `[b, h, skv, d]` and V `[b, h, skv, dv]` share their type,
 /// batch and heads, and the product `y` is `[b, h, sq, dv]` of that type.
 fn shapes_agree(g: &Graph, m: &Matched, y: ValueId) -> bool {
-    let ty = |v: ValueId| &g.value(v).ty;
-    let key = m.k.ty(g);
-    let (q, k, v, out) = (ty(m.q), &key, ty(m.v), ty(y));
-    let same_type = [k, v, out].iter().all(|t| t.dtype == q.dtype) && q.dtype.is_float();
+    let (q, k, v, out) = (m.q.ty(g), m.k.ty(g), m.v.ty(g), g.value(y).ty.clone());
+    let same_type = [&k, &v, &out].iter().all(|t| t.dtype == q.dtype) && q.dtype.is_float();
     let fits = |qd: &[Dim], kd: &[Dim], vd: &[Dim], yd: &[Dim]| match (qd, kd, vd, yd) {
         ([b, h, sq, d], [kb, kh, skv, kd], [vb, vh, vs, dv], [yb, yh, ysq, ydv]) => {
             [kb, vb, yb].iter().all(|x| *x == b) && [kh, vh, yh].iter().all(|x| *x == h) && d == kd && skv == vs && sq == ysq && dv == ydv
@@ -534,6 +699,70 @@ mod tests {
         // The partial sum read elsewhere: left alone.
         let (n, _, text) = fused(&body.replace("return %v13 \"y\"", "return %v13 \"y\", %v9 \"biased\""));
         assert_eq!(n, 0, "{text}");
+    }
+
+    /// BLOOM's form (dynamo and TorchScript alike): Q, K and V flattened to `[batch *
+    /// heads, seq, head]`, `baddbmm(alibi, Q, K^T)` in 3-D, the scores split into heads
+    /// for the causal mask and the softmax, flattened again for the product with V, whose
+    /// output is split into heads last. The fused node reads the 4-D values; ALiBi, one
+    /// bias per flattened row, is split into heads and added to the causal mask.
+    const FLAT: &str = "  %v3: f32[] = const \"inv_norm\" [0.25]\n  %v4: i64[3] = const \"flat\" [-1, 8, 16]\n  %v5: i64[4] = const \"split\" [-1, 4, 8, 8]\n  %v6: i64[3] = const \"flat_scores\" [-1, 8, 8]\n  %v7: i64[4] = const \"split_out\" [-1, 4, 8, 16]\n  %v8: f32[4N,1,8] = input \"alibi\"\n  %v9: f32[N,1,8,8] = input \"causal\"\n  %v10: f32[4N,8,16] = Reshape(%v0, %v4)  # n0 \"flat_q\"\n  %v11: f32[4N,8,16] = Reshape(%v1, %v4)  # n1 \"flat_k\"\n  %v12: f32[4N,16,8] = Transpose[perm=[0, 2, 1]](%v11)  # n2 \"flat_kt\"\n  %v13: f32[4N,8,8] = MatMul(%v10, %v12)  # n3 \"qk\"\n  %v14: f32[4N,8,8] = Mul(%v13, %v3)  # n4 \"scaled\"\n  %v15: f32[4N,8,8] = Add(%v14, %v8)  # n5 \"baddbmm\"\n  %v16: f32[N,4,8,8] = Reshape(%v15, %v5)  # n6 \"split_scores\"\n  %v17: f32[N,4,8,8] = Add(%v16, %v9)  # n7 \"masked\"\n  %v18: f32[N,4,8,8] = Softmax[axis=-1](%v17)  # n8 \"probs\"\n  %v19: f32[4N,8,8] = Reshape(%v18, %v6)  # n9 \"flat_probs\"\n  %v20: f32[4N,8,16] = Reshape(%v2, %v4)  # n10 \"flat_v\"\n  %v21: f32[4N,8,16] = MatMul(%v19, %v20)  # n11 \"bmm\"\n  %v22: f32[N,4,8,16] = Reshape(%v21, %v7)  # n12 \"attn\"\n  return %v22 \"y\"\n";
+
+    #[test]
+    fn attention_taken_in_3d_and_split_into_heads_reads_the_4d_values() {
+        let (n, g, text) = fused(FLAT);
+        assert_eq!((n, g.node_count()), (1, 3), "{text}");
+        assert!(text.contains("i64[4] = const \"attn/mask_part0_shape\" [-1, 4, 1, 8]"), "{text}");
+        assert!(text.contains("f32[N,4,1,8] = Reshape(%v3, %v5)  # n0 \"attn/mask_part0\""), "{text}");
+        assert!(text.contains("f32[N,4,8,8] = Add(%v6, %v4)  # n1 \"attn/mask\""), "{text}");
+        assert!(text.contains("= Attention[scale=0.25, softmax_precision=f32](%v0, %v1, %v2, %v7)  # n2 \"attn\""), "{text}");
+        // A bias shared by every row broadcasts as it is, without a Reshape.
+        let (n, g, text) = fused(&FLAT.replace("f32[4N,1,8] = input", "f32[1,1,8] = input"));
+        assert_eq!((n, g.node_count()), (1, 2), "{text}");
+        // V flattened from another 4-D layout (heads first): its flat form is split into
+        // `[b, h]` by a Reshape added, which pairs each row of the probabilities with the
+        // row of V the spelled-out product does.
+        let swapped = FLAT.replace("%v20: f32[4N,8,16] = Reshape(%v2, %v4)", "%v23: f32[4,N,8,16] = Transpose[perm=[1, 0, 2, 3]](%v2)  # n13 \"heads_first\"\n  %v20: f32[4N,8,16] = Reshape(%v23, %v4)");
+        let (n, _, text) = fused(&swapped);
+        assert_eq!(n, 1, "{text}");
+        assert!(text.contains("\"attn/value\""), "{text}");
+        // The flat product read elsewhere: left alone.
+        let (n, _, text) = fused(&FLAT.replace("return %v22 \"y\"", "return %v22 \"y\", %v21 \"flat\""));
+        assert_eq!(n, 0, "{text}");
+    }
+
+    /// DeBERTa-v2's form: the scale divides K^T in 3-D, and `masked_fill` writes the mask
+    /// as `Where(Not(keep), fill, scores)`: the fused node reads `keep`, or a `Not` added
+    /// for it where the condition is not one.
+    #[test]
+    fn a_where_that_fills_where_its_condition_holds_keeps_the_negation() {
+        let body = FLAT
+            .replace("%v14: f32[4N,8,8] = Mul(%v13, %v3)  # n4 \"scaled\"\n  %v15: f32[4N,8,8] = Add(%v14, %v8)", "%v14: f32[4N,16,8] = Div(%v12, %v3)  # n4 \"scaled_kt\"\n  %v15: f32[4N,8,8] = MatMul(%v10, %v14)")
+            .replace("%v13: f32[4N,8,8] = MatMul(%v10, %v12)  # n3 \"qk\"\n  ", "")
+            .replace("%v8: f32[4N,1,8] = input \"alibi\"\n  %v9: f32[N,1,8,8] = input \"causal\"", "%v8: bool[N,1,1,8] = input \"keep\"\n  %v9: f32[] = const \"lowest\" [-3.4028234663852886e38]\n  %v13: bool[N,1,1,8] = Not(%v8)  # n3 \"masked\"")
+            .replace("Add(%v16, %v9)  # n7 \"masked\"", "Where(%v13, %v9, %v16)  # n7 \"masked_fill\"");
+        let (n, g, text) = fused(&body);
+        assert_eq!((n, g.node_count()), (1, 1), "{text}");
+        assert!(text.contains("= Attention[scale=4.0, softmax_precision=f32](%v0, %v1, %v2, %v3)"), "{text}");
+        let negated = body.replace("%v13: bool[N,1,1,8] = Not(%v8)  # n3 \"masked\"", "%v13: bool[N,1,1,8] = Identity(%v8)  # n3 \"masked\"");
+        let (n, g, text) = fused(&negated);
+        assert_eq!((n, g.node_count()), (1, 3), "{text}");
+        assert!(text.contains("bool[N,1,1,8] = Not(%v4)  # n1 \"attn/keep\""), "{text}");
+    }
+
+    /// Swin-v2's cosine attention: the scores multiplied by a trained per-head
+    /// temperature `[heads, 1, 1]` rather than a scalar. The factor is the same along a
+    /// row, so it multiplies Q (one node added) and the fused scale is 1; a factor that
+    /// varies along the keys is not a scale, and the attention stays.
+    #[test]
+    fn a_per_head_temperature_multiplies_the_query() {
+        let body = "  %v3: f32[4,1,1] = weight \"logit_scale\"\n  %v4: f32[N,4,16,8] = Transpose[perm=[0, 1, 3, 2]](%v1)  # n0 \"kt\"\n  %v5: f32[N,4,8,8] = MatMul(%v0, %v4)  # n1 \"qk\"\n  %v6: f32[N,4,8,8] = Mul(%v5, %v3)  # n2 \"scaled\"\n  %v7: f32[N,4,8,8] = Softmax[axis=-1](%v6)  # n3 \"probs\"\n  %v8: f32[N,4,8,16] = MatMul(%v7, %v2)  # n4 \"attn\"\n  return %v8 \"y\"\n";
+        let (n, g, text) = fused(body);
+        assert_eq!((n, g.node_count()), (1, 2), "{text}");
+        assert!(text.contains("%v4: f32[N,4,8,16] = Mul(%v0, %v3)  # n0 \"attn/query_scaled0\""), "{text}");
+        assert!(text.contains("Attention[scale=1.0, softmax_precision=f32](%v4, %v1, %v2)"), "{text}");
+        let (n, g, text) = fused(&body.replace("f32[4,1,1] = weight", "f32[1,1,8] = weight"));
+        assert_eq!((n, g.node_count()), (0, 5), "{text}");
     }
 
     #[test]
