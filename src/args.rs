@@ -220,7 +220,7 @@ pub struct LaunchArgs {
     /// Ranks to start (default: stages x replicas, which it must equal).
     #[arg(long)]
     pub np: Option<usize>,
-    /// An Open MPI hostfile (hosts and slots) for a job over several machines.
+    /// An Open MPI hostfile (hosts and slots) for a job over several machines. Under interleaved 1F1B and ZB-V each worker's stages are placed on one host (every host then needs `slots=N`)
     #[arg(long)]
     pub hostfile: Option<PathBuf>,
     /// Run the build's stage executables (MPMD; `compile --executables`) instead of

@@ -919,7 +919,9 @@ struct TwoHosts {
 impl TwoHosts {
     /// Needs root (CAP_NET_ADMIN): a test that cannot make them fails saying so.
     fn new() -> TwoHosts {
-        let id = std::process::id() % 10_000;
+        // One pair per test, tests of this process running at once.
+        static MADE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let id = (std::process::id() % 1_000) * 10 + MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 10;
         let names = [format!("pw{id}a"), format!("pw{id}b")];
         let subnet = format!("10.{}.{}", 100 + id % 100, id / 100 % 250);
         let addresses = [format!("{subnet}.1"), format!("{subnet}.2")];
@@ -1043,6 +1045,45 @@ fn a_job_over_two_hosts_trains_like_one_host_and_a_kill_on_one_stops_both() {
     c.args(options(8));
     let err = fails(&c.output().unwrap(), &[&format!("agent: no host {nowhere}"), &format!("check that every host of {} ({}, {nowhere}) is reachable", bad.display(), hosts.addresses[0])]);
     assert!(!err.contains("step     1/"), "no step may run: {err}");
+}
+
+/// ZB-V over two hosts of two slots: `launch` gives each worker's two stages one host
+/// (worker 0's stages 0 and 3 the first, worker 1's stages 1 and 2 the second), where
+/// filling a host in rank order would split both workers; the job trains as the embedded
+/// executor does, bit for bit.
+#[test]
+fn zb_v_over_two_hosts_keeps_each_workers_stages_on_one_host() {
+    let hosts = TwoHosts::new();
+    let dir = tempfile::tempdir().unwrap();
+    let build = dir.path().join("build");
+    compile(&build, 4, "zb-v", false);
+    let one = embedded(&build, &[]);
+    let metrics = build.join("hosts.jsonl");
+    let mut c = hosts.launch(&build, "slot");
+    c.args(options(8)).arg("--metrics").arg(&metrics);
+    ok(&c.output().unwrap());
+    same(&one, &finish(&build, &metrics), "zb-v, 4 stages on 2 workers over two hosts");
+    let mut c = hosts.launch(&build, "slot");
+    c.args(options(1_000_000)).args(["--log-every", "1", "--timeout", "20"]);
+    let mut job = watch(c);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while job.pids.len() < 4 || job.pids.contains(&0) {
+        let l = job.lines.recv_timeout(deadline.saturating_duration_since(Instant::now())).unwrap_or_else(|_| panic!("not every rank said who it is:\n{}", job.seen));
+        if let (Some(r), Some(p)) = (l.strip_prefix("rank ").and_then(|t| t.split(':').next()).and_then(|r| r.parse::<usize>().ok()), l.split("pid ").nth(1)) {
+            job.pids.resize(job.pids.len().max(r + 1), 0);
+            job.pids[r] = p.trim().parse().unwrap();
+        }
+        job.seen.push_str(&l);
+        job.seen.push('\n');
+    }
+    let on: Vec<String> = job.pids.iter().map(|&p| hosts.host_of(p)).collect();
+    let [a, b] = &hosts.names;
+    assert_eq!(on, [a.as_str(), b, b, a], "ranks 0 to 3 (stages 0 to 3)");
+    let pids = job.pids.clone();
+    job.child.kill().unwrap();
+    for p in pids {
+        let _ = Command::new("kill").args(["-9", &p.to_string()]).status();
+    }
 }
 
 /// A small file system mounted for a test (tmpfs of `bytes`), unmounted when dropped.

@@ -8,7 +8,7 @@
 
 use std::path::{Path, PathBuf};
 
-use pipewright_core::{Layout, RunFlags, Source};
+use pipewright_core::{Layout, RunFlags, Schedule, Source};
 use pipewright_runtime::build::Manifest;
 
 use crate::DriverError;
@@ -98,6 +98,15 @@ pub fn mpirun_line(req: &LaunchRequest) -> Result<Vec<String>, DriverError> {
         Some(h) => cluster_flags(h),
         None => local_flags(),
     });
+    let layout = Layout::new(d, w).placed(manifest.pipeline.placement);
+    let schedule = manifest.pipeline.schedule;
+    // Several stages per worker over several hosts: each rank is placed on its worker's
+    // host, one app context per run of ranks sharing a host (mpirun numbers the ranks in
+    // the contexts' order).
+    let hosts = match &req.hostfile {
+        Some(h) if schedule.virtual_stages() > 1 => Some(worker_hosts(h, layout, schedule)?),
+        _ => None,
+    };
     if req.executables {
         for (k, s) in manifest.stages.iter().enumerate() {
             let exe = req.build.join(format!("stage{k}"));
@@ -113,27 +122,99 @@ pub fn mpirun_line(req: &LaunchRequest) -> Result<Vec<String>, DriverError> {
         // the programs follow the ranks' placement: stage-major, each stage once on `w`
         // consecutive ranks (its replicas); replica-major, each replica's stages in order,
         // one rank each.
-        let layout = Layout::new(d, w).placed(manifest.pipeline.placement);
-        let mut runs: Vec<(usize, usize)> = Vec::new();
-        for rank in 0..ranks {
-            let (_, stage) = layout.place(rank);
-            match runs.last_mut() {
-                Some((k, n)) if *k == stage => *n += 1,
-                _ => runs.push((stage, 1)),
-            }
-        }
-        for (i, (k, n)) in runs.into_iter().enumerate() {
-            if i > 0 {
-                line.push(":".into());
-            }
-            line.extend(["-np".to_string(), n.to_string(), req.build.join(format!("stage{k}")).display().to_string()]);
-            line.extend(req.worker_args.iter().cloned());
-        }
+        let program = |rank: usize| vec![req.build.join(format!("stage{}", layout.place(rank).1)).display().to_string()];
+        line.extend(app_contexts(ranks, hosts.as_deref(), program, &req.worker_args));
     } else {
-        line.extend(["-np".to_string(), ranks.to_string(), req.program.display().to_string(), "worker".into(), req.build.display().to_string()]);
-        line.extend(req.worker_args.iter().cloned());
+        let program = |_: usize| vec![req.program.display().to_string(), "worker".into(), req.build.display().to_string()];
+        line.extend(app_contexts(ranks, hosts.as_deref(), program, &req.worker_args));
     }
     Ok(line)
+}
+
+/// `-np n [--host H] PROGRAM ARGS` for each run of consecutive ranks that share their
+/// program and host, joined by `:`.
+fn app_contexts(ranks: usize, hosts: Option<&[String]>, program: impl Fn(usize) -> Vec<String>, args: &[String]) -> Vec<String> {
+    let mut runs: Vec<(Vec<String>, Option<&String>, usize)> = Vec::new();
+    for rank in 0..ranks {
+        let (prog, host) = (program(rank), hosts.map(|h| &h[rank]));
+        match runs.last_mut() {
+            Some((p, h, n)) if *p == prog && *h == host => *n += 1,
+            _ => runs.push((prog, host, 1)),
+        }
+    }
+    let mut line = Vec::new();
+    for (i, (prog, host, n)) in runs.into_iter().enumerate() {
+        if i > 0 {
+            line.push(":".into());
+        }
+        line.extend(["-np".to_string(), n.to_string()]);
+        if let Some(h) = host {
+            line.extend(["--host".to_string(), h.clone()]);
+        }
+        line.extend(prog);
+        line.extend(args.iter().cloned());
+    }
+    line
+}
+
+/// The host of each rank when every worker's stages (`schedule` runs several per worker)
+/// must share one: each replica's workers, in the order of their first rank, fill the
+/// hostfile's hosts in turn, a worker on the first host with slots left for all its stages.
+/// Each is written `host:slots` with the hostfile's slots, as `mpirun --host` takes it:
+/// Open MPI counts the slots a host gives the whole job from one app context's `--host`
+/// alone, so a count of the context's ranks would leave none for the next context there.
+pub fn worker_hosts(hostfile: &Path, layout: Layout, schedule: Schedule) -> Result<Vec<String>, DriverError> {
+    let hosts = hostfile_slots(hostfile)?;
+    let depth = layout.depth;
+    let workers = schedule.workers(depth).map_err(DriverError::msg)?;
+    let mut groups: Vec<Vec<usize>> = (0..layout.replicas)
+        .flat_map(|r| (0..workers).map(move |k| schedule.stages_of(k, depth).into_iter().map(|s| layout.rank(r, s)).collect()))
+        .collect();
+    groups.sort_by_key(|g: &Vec<usize>| g.iter().min().copied());
+    let mut left: Vec<usize> = hosts.iter().map(|(_, slots)| *slots).collect();
+    let mut placed = vec![String::new(); layout.size()];
+    let mut at = 0;
+    for group in groups {
+        while at < hosts.len() && left[at] < group.len() {
+            at += 1;
+        }
+        let Some((host, slots)) = hosts.get(at) else {
+            let slots: usize = hosts.iter().map(|(_, s)| s).sum();
+            return Err(DriverError::msg(format!(
+                "{}: {slots} slot(s) on {} host(s) cannot keep each worker's {} stages ({schedule}: {} worker(s) x {} replica(s)) on one host; give the hosts more slots or add hosts",
+                hostfile.display(),
+                hosts.len(),
+                schedule.virtual_stages(),
+                workers,
+                layout.replicas
+            )));
+        };
+        left[at] -= group.len();
+        for rank in group {
+            placed[rank] = format!("{host}:{slots}");
+        }
+    }
+    Ok(placed)
+}
+
+/// Each host of a hostfile with its slots (`node1 slots=8`), which keeping a worker's
+/// stages together needs stated.
+fn hostfile_slots(hostfile: &Path) -> Result<Vec<(String, usize)>, DriverError> {
+    let text = std::fs::read_to_string(hostfile).map_err(|e| DriverError::msg(format!("{}: cannot read the hostfile: {e}", hostfile.display())))?;
+    let mut hosts = Vec::new();
+    for line in text.lines().map(|l| l.split('#').next().unwrap_or("").trim()).filter(|l| !l.is_empty()) {
+        let mut words = line.split_whitespace();
+        let host = words.next().unwrap_or_default().to_string();
+        let slots = words.find_map(|w| w.strip_prefix("slots=")).and_then(|n| n.parse::<usize>().ok());
+        let Some(slots) = slots else {
+            return Err(DriverError::msg(format!(
+                "{}: host {host} has no `slots=N`: give every host its slots, so that launch can place each worker's stages on one host",
+                hostfile.display()
+            )));
+        };
+        hosts.push((host, slots));
+    }
+    Ok(hosts)
 }
 
 /// The hosts a hostfile names (the first word of each line that is not blank or a `#`
@@ -217,6 +298,8 @@ mod tests {
     use super::*;
     use crate::compile::compile;
     use crate::compile::tests::{request, stages};
+    use pipewright_passes::pipeline::PlanRequest;
+    use pipewright_core::{Placement, Recompute};
 
     fn req(build: &Path, np: Option<usize>, args: &[&str]) -> LaunchRequest {
         LaunchRequest {
@@ -253,6 +336,42 @@ mod tests {
         assert!(shell_line(&h).contains("--hostfile hosts") && !h.iter().any(|a| a == "--oversubscribe"));
         assert_eq!(shell_line(&["a b".into(), "it's".into(), "x".into()]), r"'a b' 'it'\''s' x");
     }
+    /// ZB-V over two hosts: worker 0 runs stages 0 and 3, worker 1 stages 1 and 2, and
+    /// each worker's ranks are given one host (one app context per run of ranks on a
+    /// host), whatever the replicas; a hostfile whose slots cannot hold them so, or that
+    /// does not state its slots, is refused saying what to give.
+    #[test]
+    fn several_stages_per_worker_keep_each_worker_on_one_host() {
+        let dir = tempfile::tempdir().unwrap();
+        let build = dir.path().join("build");
+        let zb_v = PlanRequest::Stages { depth: 4, schedule: Schedule::ZbV, recompute: Recompute::Full, microbatch: Some(4), microbatches: None, placement: Placement::StageMajor };
+        compile(&request("mlp.onnx", zb_v, &build)).unwrap();
+        let hostfile = |text: &str| {
+            let path = dir.path().join("hosts");
+            std::fs::write(&path, text).unwrap();
+            LaunchRequest { hostfile: Some(path), ..req(&build, None, &["--steps", "2"]) }
+        };
+        let worker = format!("/bin/pipewright worker {} --steps 2", build.display());
+        let text = shell_line(&mpirun_line(&hostfile("a slots=2\nb slots=2\n")).unwrap());
+        assert!(text.ends_with(&format!("-np 1 --host a:2 {worker} : -np 2 --host b:2 {worker} : -np 1 --host a:2 {worker}")), "{text}");
+        // Two replicas, stage-major (rank = stage x 2 + replica): ranks 0, 1, 6 and 7 run
+        // worker 0's stages.
+        let mut two = hostfile("a slots=4\nb slots=4\n");
+        two.worker_args = vec!["--replicas".into(), "2".into()];
+        let text = shell_line(&mpirun_line(&two).unwrap());
+        assert!(text.contains("-np 2 --host a:4 /bin/pipewright worker") && text.contains(": -np 4 --host b:4 ") && text.ends_with("--replicas 2"), "{text}");
+        assert_eq!(text.matches(" : ").count(), 2, "{text}");
+        let e = mpirun_line(&hostfile("a slots=1\nb slots=3\n")).unwrap_err().to_string();
+        assert!(e.contains("4 slot(s) on 2 host(s) cannot keep each worker's 2 stages (zb-v: 2 worker(s) x 1 replica(s)) on one host"), "{e}");
+        let e = mpirun_line(&hostfile("a slots=2\nb\n")).unwrap_err().to_string();
+        assert!(e.contains("host b has no `slots=N`"), "{e}");
+        // One stage per worker: the hostfile is Open MPI's to read, as before.
+        let mut one = hostfile("a\n");
+        compile(&request("mlp.onnx", stages(2), &build)).unwrap();
+        one.worker_args.clear();
+        assert!(!shell_line(&mpirun_line(&one).unwrap()).contains(" --host "));
+    }
+
     /// MPMD lists each stage's executable once, on as many consecutive ranks as replicas,
     /// in stage order: the stage-major rank numbering the workers expect.
     #[test]
