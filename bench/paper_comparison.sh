@@ -27,12 +27,20 @@ for m in 1.3b 2.2b 3.8b; do
         # The paper's placement: a stage's replicas on consecutive workers (its planner
         # charges the all-reduce NVLink when they fit in a server, the design's model).
         "$pw" simulate "$work/gpt-$m.onnx" --cluster V100-16GB --servers 8 --network 25gbit --precision fp16 \
-            ${EFFICIENCY:+--efficiency "$EFFICIENCY"} --schedule 2bw,flush,gpipe,model-parallel,data-parallel,tensor-parallel \
+            ${EFFICIENCY:+--efficiency "$EFFICIENCY"} --schedule 2bw,flush,model-parallel,data-parallel,tensor-parallel \
             --placement stage-major --batch "$batch" --batches "$BATCHES" --json > "$work/$m-$batch.json"
+        # GPipe as the paper runs it (after Huang et al.): always recomputing, keeping only
+        # each microbatch's stage input until its backward.
+        "$pw" simulate "$work/gpt-$m.onnx" --cluster V100-16GB --servers 8 --network 25gbit --precision fp16 \
+            ${EFFICIENCY:+--efficiency "$EFFICIENCY"} --schedule gpipe --recompute full \
+            --placement stage-major --batch "$batch" --batches "$BATCHES" --json > "$work/$m-$batch-gpipe.json"
         # The planner free to number the workers replica-major as well.
         "$pw" simulate "$work/gpt-$m.onnx" --cluster V100-16GB --servers 8 --network 25gbit --precision fp16 \
-            ${EFFICIENCY:+--efficiency "$EFFICIENCY"} --schedule 2bw,flush,gpipe \
+            ${EFFICIENCY:+--efficiency "$EFFICIENCY"} --schedule 2bw,flush \
             --batch "$batch" --batches "$BATCHES" --json > "$work/$m-$batch-placed.json"
+        "$pw" simulate "$work/gpt-$m.onnx" --cluster V100-16GB --servers 8 --network 25gbit --precision fp16 \
+            ${EFFICIENCY:+--efficiency "$EFFICIENCY"} --schedule gpipe --recompute full \
+            --batch "$batch" --batches "$BATCHES" --json > "$work/$m-$batch-placed-gpipe.json"
         end=$(date +%s.%N)
         echo "gpt-$m batch $batch: $(echo "$end - $start" | bc) s" >&2
     done
@@ -45,12 +53,19 @@ done
 python3 - "$work" <<'PY'
 import json, sys
 work = sys.argv[1]
+
+def replays(name):
+    """A run's report, GPipe's outcome (its own run, always recomputing) appended."""
+    r = json.load(open(f"{work}/{name}.json"))
+    r["outcomes"] += json.load(open(f"{work}/{name}-gpipe.json"))["outcomes"]
+    return r
+
 schemes = ["2bw", "flush", "gpipe", "model-parallel", "data-parallel", "tensor-parallel"]
 print("| model | batch | " + " | ".join(schemes) + " | 2BW / Flush | 2BW / GPipe | 2BW / model-parallel | 2BW / tensor-parallel |")
 print("|---|---|" + "---|" * (len(schemes) + 4))
 for m in ["1.3b", "2.2b", "3.8b"]:
     for batch in [512, 1024, 2048]:
-        r = json.load(open(f"{work}/{m}-{batch}.json"))
+        r = replays(f"{m}-{batch}")
         by = {o["scheme"]: o for o in r["outcomes"]}
         cells, rate = [], {}
         for s in schemes:
@@ -75,7 +90,7 @@ for m in ["1.3b", "2.2b", "3.8b"]:
 rates = {}
 for m in ["1.3b", "2.2b", "3.8b"]:
     for batch in [512, 1024, 2048]:
-        r = json.load(open(f"{work}/{m}-{batch}.json"))
+        r = replays(f"{m}-{batch}")
         for o in r["outcomes"]:
             if o.get("simulation"):
                 rates[(m, batch, o["scheme"])] = o["simulation"]["samples_per_s"]
@@ -130,7 +145,7 @@ print("| model | batch | 2bw | flush | gpipe | 2BW / Flush | 2BW / GPipe | 2BW a
 print("|---|---|---|---|---|---|---|---|")
 for m in all_m:
     for batch in all_b:
-        by = {o["scheme"]: o for o in json.load(open(f"{work}/{m}-{batch}-placed.json"))["outcomes"]}
+        by = {o["scheme"]: o for o in replays(f"{m}-{batch}-placed")["outcomes"]}
         cells = []
         for s in ["2bw", "flush", "gpipe"]:
             o = by[s]

@@ -233,6 +233,29 @@ fn paper_scale_models_need_no_weights() {
     fails(&pw(&["compile", p, "--stages", "2", "-o", dir.path().join("build").to_str().unwrap()]), &["gpt-3.8b.onnx.data", "cannot be read"]);
 }
 
+/// `--recompute` fixes the pipeline schemes' recomputation, as `plan --recompute` does
+/// (the paper's GPipe always recomputes): every configuration replayed has it, and a free
+/// search is at least as fast; a plan file, which brings its own, refuses it.
+#[test]
+fn recomputation_can_be_fixed_for_the_search() {
+    let gpt = model("gpt2-tiny");
+    let gpt = gpt.to_str().unwrap();
+    let run = |extra: &[&str]| -> Value {
+        let args = [&["simulate", gpt, "--cluster", "A100-40GB", "--batch", "64", "--batches", "4", "--schedule", "2bw,gpipe", "--json"][..], extra].concat();
+        serde_json::from_str(&pw_ok(&args)).unwrap()
+    };
+    let (free, full) = (run(&[]), run(&["--recompute", "full"]));
+    for (f, r) in free["outcomes"].as_array().unwrap().iter().zip(full["outcomes"].as_array().unwrap()) {
+        assert_eq!(r["config"]["recompute"], "full", "{r}");
+        let rate = |o: &Value| o["simulation"]["samples_per_s"].as_f64().unwrap();
+        assert!(rate(f) >= rate(r) * (1.0 - 1e-9), "{}: free {} against full {}", f["scheme"], rate(f), rate(r));
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let plan = dir.path().join("plan.json");
+    std::fs::write(&plan, pw_ok(&["plan", gpt, "--stages", "2", "--workers", "2", "--batch", "16", "--schedule", "gpipe", "--json"])).unwrap();
+    fails(&pw(&["simulate", plan.to_str().unwrap(), "--recompute", "full"]), &["plan.json: --recompute full is for a model", "plan again with --recompute"]);
+}
+
 #[test]
 fn bad_input_is_named() {
     let mlp = model("mlp");

@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use pipewright_core::fs::write_atomic;
-use pipewright_core::{Optimizer, Placement, Precision, Reduction, Schedule, Scheme, WordList};
+use pipewright_core::{Optimizer, Placement, Precision, Recompute, Reduction, Schedule, Scheme, WordList};
 use pipewright_ir::{import_model, Graph, ImportOptions};
 use pipewright_passes::cost::CostModel;
 use pipewright_passes::machine::{duration_factors, AllReduce, DurationSpread, HostCores};
@@ -54,6 +54,9 @@ pub struct SimulateRequest {
     pub reduction: Option<Reduction>,
     /// Fix how the workers are numbered (`--placement`); `None`: the planner weighs both.
     pub placement: Option<Placement>,
+    /// Fix the pipeline schemes' activation recomputation (`--recompute`); `None`: the
+    /// planner tries all three for each.
+    pub recompute: Option<Recompute>,
 }
 
 /// What `pipewright simulate` is asked (its options).
@@ -121,6 +124,11 @@ pub struct SimulateSpec {
     /// planner weighs both for each scheme.
     #[arg(long, value_enum)]
     pub placement: Option<Placement>,
+    /// Fix the pipeline schemes' activation recomputation, as `plan --recompute` does (the
+    /// PipeDream-2BW paper's GPipe always recomputes); by default all three are tried for
+    /// each scheme. Not with a plan file, which brings its own.
+    #[arg(long, value_enum)]
+    pub recompute: Option<Recompute>,
     /// Write the replay as a Chrome trace (the format of `train --trace`); with several
     /// schemes, one file per scheme (`t.2bw.json`, ...).
     #[arg(long, value_name = "FILE")]
@@ -157,6 +165,7 @@ impl SimulateSpec {
             host_cores: self.host_cores,
             reduction: self.reduction,
             placement: self.placement,
+            recompute: self.recompute,
         })
     }
 
@@ -256,6 +265,9 @@ pub fn simulate(req: &SimulateRequest) -> Result<SimulateReport, DriverError> {
         return Err(DriverError::msg("--host-cores must be at least 1 (the CPU cores the stages' threads share)"));
     }
     if looks_like_plan(&req.input) {
+        if let Some(r) = req.recompute {
+            return Err(DriverError::msg(format!("{}: --recompute {} is for a model; a plan file's configuration has its own recomputation (plan again with --recompute)", req.input.display(), r.name())));
+        }
         return simulate_plan(req);
     }
     let cluster = req.cluster.clone().ok_or_else(|| DriverError::msg("simulating a model needs a cluster (--cluster FILE|PRESET)"))?;
@@ -263,7 +275,7 @@ pub fn simulate(req: &SimulateRequest) -> Result<SimulateReport, DriverError> {
     let global_batch = req.global_batch.ok_or_else(|| DriverError::msg("simulating a model needs the global batch (--batch B)"))?;
     let g = shapes(&req.input)?;
     let cost = cost_model(&g, &cluster, req.profile.as_ref(), &req.input)?;
-    let base = PlanOptions { global_batch, optimizer: req.optimizer, momentum: req.momentum, precision: req.precision, placement: req.placement, top: 1, ..PlanOptions::default() };
+    let base = PlanOptions { global_batch, optimizer: req.optimizer, momentum: req.momentum, precision: req.precision, placement: req.placement, recompute: req.recompute, top: 1, ..PlanOptions::default() };
     let search = |schedule: Schedule, stages: Option<usize>| -> Result<Result<Candidate, String>, DriverError> {
         let opts = PlanOptions { schedules: vec![schedule], stages, ..base.clone() };
         // The planner replays its candidates with this cluster's latencies and host cores,
