@@ -1,5 +1,5 @@
 //! GELU: the chains exporters spell out, `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`
-//! (GPT-2's `gelu_new`) and `0.5 x (1 + erf(x / sqrt(2)))` (BERT's, ViT's), in any order of
+//! (GPT-2's `gelu_new`; BLOOM's factors it, `sqrt(2/pi) x (1 + 0.044715 x^2)`) and `0.5 x (1 + erf(x / sqrt(2)))` (BERT's, ViT's), in any order of
 //! their products and sums, become one `Gelu` node.
 //!
 //! Why: each elementwise node is a kernel that reads and writes the whole activation,
@@ -69,13 +69,43 @@ fn one_plus_gelu_core(g: &Graph, uses: &[usize], d: ValueId, x: ValueId) -> Opti
     }
 }
 
-/// `z = sqrt(2/pi) (x + 0.044715 x^3)`, the cube as `Pow(x, 3)` or `x x x`.
+/// `z = sqrt(2/pi) (x + 0.044715 x^3)`, the cube as `Pow(x, 3)` or `x x x`, or factored
+/// as BLOOM writes it, `sqrt(2/pi) x (1 + 0.044715 x^2)`.
 fn is_tanh_argument(g: &Graph, uses: &[usize], z: ValueId, x: ValueId) -> bool {
     let outer = factors(g, uses, z, uses[z.index()] == 1);
-    let [sum] = outer.terms[..] else { return false };
     if !close(outer.constant, TANH_SCALE) {
         return false;
     }
+    match outer.terms[..] {
+        [sum] => is_x_plus_cubic(g, uses, sum, x),
+        [a, b] if a == x => is_one_plus_square(g, uses, b, x),
+        [a, b] if b == x => is_one_plus_square(g, uses, a, x),
+        _ => false,
+    }
+}
+
+/// `1 + 0.044715 x^2`, the square as `Pow(x, 2)` or `x x`.
+fn is_one_plus_square(g: &Graph, uses: &[usize], sum: ValueId, x: ValueId) -> bool {
+    let Some((p, q)) = binary_operands(g, uses, sum, BinaryOp::Add) else { return false };
+    let quadratic = match (scalar(g, p), scalar(g, q)) {
+        (Some(one), None) if close(one, 1.0) => q,
+        (None, Some(one)) if close(one, 1.0) => p,
+        _ => return false,
+    };
+    let square = factors(g, uses, quadratic, uses[quadratic.index()] == 1);
+    close(square.constant, TANH_CUBIC) && is_power(g, uses, &square.terms, x, 2)
+}
+
+/// Whether `terms` multiply to `x^n`: `x` `n` times, or one `Pow(x, n)`.
+fn is_power(g: &Graph, uses: &[usize], terms: &[ValueId], x: ValueId, n: usize) -> bool {
+    match terms {
+        [power] if n > 1 => binary_operands(g, uses, *power, BinaryOp::Pow).is_some_and(|(base, e)| base == x && scalar(g, e) == Some(n as f64)),
+        _ => terms.len() == n && terms.iter().all(|&t| t == x),
+    }
+}
+
+/// `x + 0.044715 x^3`.
+fn is_x_plus_cubic(g: &Graph, uses: &[usize], sum: ValueId, x: ValueId) -> bool {
     let Some((p, q)) = binary_operands(g, uses, sum, BinaryOp::Add) else { return false };
     let cubic = match (p == x, q == x) {
         (true, false) => q,
@@ -83,14 +113,7 @@ fn is_tanh_argument(g: &Graph, uses: &[usize], z: ValueId, x: ValueId) -> bool {
         _ => return false,
     };
     let cube = factors(g, uses, cubic, uses[cubic.index()] == 1);
-    if !close(cube.constant, TANH_CUBIC) {
-        return false;
-    }
-    match cube.terms[..] {
-        [a, b, c] => a == x && b == x && c == x,
-        [power] => binary_operands(g, uses, power, BinaryOp::Pow).is_some_and(|(base, e)| base == x && scalar(g, e).is_some_and(|e| e == 3.0)),
-        _ => false,
-    }
+    close(cube.constant, TANH_CUBIC) && is_power(g, uses, &cube.terms, x, 3)
 }
 
 /// `z = x / sqrt(2)` (or `x * (1 / sqrt(2))`).
@@ -130,6 +153,21 @@ mod tests {
         let text = print_graph(&g);
         assert!(text.contains("= Gelu[approximate=\"tanh\"](%v0)  # n0 \"Mul_3\""), "{text}");
         assert_eq!(g.node_count(), 1, "{text}");
+    }
+
+    /// BLOOM's `bloom_gelu_forward`: `x * 0.5 * (1 + tanh(0.79788456 * x * (1 + 0.044715 *
+    /// x * x)))`, the cubic factored; with the square's coefficient off, left alone.
+    #[test]
+    fn the_factored_tanh_form_becomes_gelu() {
+        let chain = |cubic: &str| format!(
+            "{HEADER}  %v1: f32[] = const \"half\" [0.5]\n  %v2: f32[] = const \"scale\" [0.79788456]\n  %v3: f32[] = const \"cubic\" [{cubic}]\n  %v4: f32[] = const \"one\" [1.0]\n  %v5: f32[N,8] = Mul(%v0, %v1)  # n0 \"half_x\"\n  %v6: f32[N,8] = Mul(%v0, %v2)  # n1 \"scaled_x\"\n  %v7: f32[N,8] = Mul(%v0, %v3)  # n2 \"k_x\"\n  %v8: f32[N,8] = Mul(%v7, %v0)  # n3 \"k_x2\"\n  %v9: f32[N,8] = Add(%v8, %v4)  # n4 \"poly\"\n  %v10: f32[N,8] = Mul(%v6, %v9)  # n5 \"arg\"\n  %v11: f32[N,8] = Tanh(%v10)  # n6 \"tanh\"\n  %v12: f32[N,8] = Add(%v11, %v4)  # n7 \"one_plus\"\n  %v13: f32[N,8] = Mul(%v5, %v12)  # n8 \"gelu\"\n  return %v13 \"y\"\n}}\n"
+        );
+        let (n, g) = fused(&chain("0.044715"));
+        let text = print_graph(&g);
+        assert_eq!((n, g.node_count()), (1, 1), "{text}");
+        assert!(text.contains("= Gelu[approximate=\"tanh\"](%v0)  # n0 \"gelu\""), "{text}");
+        let (n, g) = fused(&chain("0.05"));
+        assert_eq!((n, g.node_count()), (0, 9), "{}", print_graph(&g));
     }
 
     #[test]
