@@ -534,7 +534,8 @@ fn untransposed(g: &Graph, uses: &[usize], kt: ValueId) -> Option<Operand> {
     }
     let (op, operands) = producer_of(g, kt)?;
     match (op, operands.as_slice()) {
-        (Op::Transpose { perm: Some(p) }, &[x]) if p.len() == 4 => {
+        // A permutation of the four axes as numbers 0 to 3 (a negative one is left alone).
+        (Op::Transpose { perm: Some(p) }, &[x]) if p.len() == 4 && (0..4).all(|a| p.contains(&a)) => {
             let perm = vec![p[0], p[1], p[3], p[2]];
             Some(if perm == [0, 1, 2, 3] { Operand::Value(x) } else { Operand::Permuted { of: x, perm } })
         }
