@@ -393,7 +393,13 @@ fn long_mpmd_job(build: &Path, per_rank: [&[&str]; 2]) -> Job {
 
 /// Starts `c` and reads its stderr until both ranks have said who they are and training
 /// runs.
-fn watch(mut c: Command) -> Job {
+fn watch(c: Command) -> Job {
+    watch_ranks(c, 2)
+}
+
+/// [`watch`] for a job of `ranks` ranks: reads until every one has said who it is (its
+/// pid) and training runs.
+fn watch_ranks(mut c: Command, ranks: usize) -> Job {
     let mut child = c.stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
     let (tx, lines) = mpsc::channel();
     let stderr = child.stderr.take().unwrap();
@@ -404,8 +410,7 @@ fn watch(mut c: Command) -> Job {
             }
         }
     });
-    let mut job = Job { child, lines, seen: String::new(), pids: vec![0, 0] };
-    // Wait until both ranks have said who they are and training runs.
+    let mut job = Job { child, lines, seen: String::new(), pids: vec![0; ranks] };
     let deadline = Instant::now() + Duration::from_secs(60);
     while job.pids.contains(&0) || !job.seen.contains("step     3/") {
         let l = job.lines.recv_timeout(deadline.saturating_duration_since(Instant::now())).unwrap_or_else(|_| panic!("the job did not start:\n{}", job.seen));
@@ -1065,17 +1070,7 @@ fn zb_v_over_two_hosts_keeps_each_workers_stages_on_one_host() {
     same(&one, &finish(&build, &metrics), "zb-v, 4 stages on 2 workers over two hosts");
     let mut c = hosts.launch(&build, "slot");
     c.args(options(1_000_000)).args(["--log-every", "1", "--timeout", "20"]);
-    let mut job = watch(c);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while job.pids.len() < 4 || job.pids.contains(&0) {
-        let l = job.lines.recv_timeout(deadline.saturating_duration_since(Instant::now())).unwrap_or_else(|_| panic!("not every rank said who it is:\n{}", job.seen));
-        if let (Some(r), Some(p)) = (l.strip_prefix("rank ").and_then(|t| t.split(':').next()).and_then(|r| r.parse::<usize>().ok()), l.split("pid ").nth(1)) {
-            job.pids.resize(job.pids.len().max(r + 1), 0);
-            job.pids[r] = p.trim().parse().unwrap();
-        }
-        job.seen.push_str(&l);
-        job.seen.push('\n');
-    }
+    let mut job = watch_ranks(c, 4);
     let on: Vec<String> = job.pids.iter().map(|&p| hosts.host_of(p)).collect();
     let [a, b] = &hosts.names;
     assert_eq!(on, [a.as_str(), b, b, a], "ranks 0 to 3 (stages 0 to 3)");

@@ -163,7 +163,7 @@ fn app_contexts(ranks: usize, hosts: Option<&[String]>, program: impl Fn(usize) 
 /// Each is written `host:slots` with the hostfile's slots, as `mpirun --host` takes it:
 /// Open MPI counts the slots a host gives the whole job from one app context's `--host`
 /// alone, so a count of the context's ranks would leave none for the next context there.
-pub fn worker_hosts(hostfile: &Path, layout: Layout, schedule: Schedule) -> Result<Vec<String>, DriverError> {
+fn worker_hosts(hostfile: &Path, layout: Layout, schedule: Schedule) -> Result<Vec<String>, DriverError> {
     let hosts = hostfile_slots(hostfile)?;
     let depth = layout.depth;
     let workers = schedule.workers(depth).map_err(DriverError::msg)?;
@@ -197,31 +197,38 @@ pub fn worker_hosts(hostfile: &Path, layout: Layout, schedule: Schedule) -> Resu
     Ok(placed)
 }
 
-/// Each host of a hostfile with its slots (`node1 slots=8`), which keeping a worker's
-/// stages together needs stated.
-fn hostfile_slots(hostfile: &Path) -> Result<Vec<(String, usize)>, DriverError> {
+/// Each host a hostfile names with its slots when the line states them (`node1 slots=8`):
+/// the first word and the `slots=` word of each line that is not blank or a `#` comment.
+fn hostfile_entries(hostfile: &Path) -> Result<Vec<(String, Option<usize>)>, DriverError> {
     let text = std::fs::read_to_string(hostfile).map_err(|e| DriverError::msg(format!("{}: cannot read the hostfile: {e}", hostfile.display())))?;
-    let mut hosts = Vec::new();
-    for line in text.lines().map(|l| l.split('#').next().unwrap_or("").trim()).filter(|l| !l.is_empty()) {
-        let mut words = line.split_whitespace();
-        let host = words.next().unwrap_or_default().to_string();
-        let slots = words.find_map(|w| w.strip_prefix("slots=")).and_then(|n| n.parse::<usize>().ok());
-        let Some(slots) = slots else {
-            return Err(DriverError::msg(format!(
-                "{}: host {host} has no `slots=N`: give every host its slots, so that launch can place each worker's stages on one host",
-                hostfile.display()
-            )));
-        };
-        hosts.push((host, slots));
-    }
-    Ok(hosts)
+    let lines = text.lines().map(|l| l.split('#').next().unwrap_or("").trim());
+    Ok(lines
+        .filter_map(|l| {
+            let mut words = l.split_whitespace();
+            let host = words.next()?.to_string();
+            Some((host, words.find_map(|w| w.strip_prefix("slots=")).and_then(|n| n.parse::<usize>().ok())))
+        })
+        .collect())
 }
 
-/// The hosts a hostfile names (the first word of each line that is not blank or a `#`
-/// comment), for messages about a job that could not start on them.
+/// Each host of a hostfile with its slots, which keeping a worker's stages together needs
+/// stated.
+fn hostfile_slots(hostfile: &Path) -> Result<Vec<(String, usize)>, DriverError> {
+    hostfile_entries(hostfile)?
+        .into_iter()
+        .map(|(host, slots)| match slots {
+            Some(n) => Ok((host, n)),
+            None => Err(DriverError::msg(format!(
+                "{}: host {host} has no `slots=N`: give every host its slots, so that launch can place each worker's stages on one host",
+                hostfile.display()
+            ))),
+        })
+        .collect()
+}
+
+/// The hosts a hostfile names, for messages about a job that could not start on them.
 pub fn hostfile_hosts(hostfile: &Path) -> Result<Vec<String>, DriverError> {
-    let text = std::fs::read_to_string(hostfile).map_err(|e| DriverError::msg(format!("{}: cannot read the hostfile: {e}", hostfile.display())))?;
-    Ok(text.lines().map(|l| l.split('#').next().unwrap_or("").trim()).filter_map(|l| l.split_whitespace().next()).map(str::to_string).collect())
+    Ok(hostfile_entries(hostfile)?.into_iter().map(|(host, _)| host).collect())
 }
 
 /// A command line as a shell would read it back (arguments quoted where needed).

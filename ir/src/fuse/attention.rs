@@ -528,8 +528,7 @@ fn row_constant(g: &Graph, t: ValueId) -> bool {
 /// swaps the last two axes of a 3-D `M = [b * h, s, d]` and splits its first into `[b,
 /// h]` (K is `M` in 4-D, [`unflattened`]).
 fn untransposed(g: &Graph, uses: &[usize], kt: ValueId) -> Option<Operand> {
-    let single = |v: ValueId| uses[v.index()] == 1;
-    if !single(kt) {
+    if uses[kt.index()] != 1 {
         return None;
     }
     let (op, operands) = producer_of(g, kt)?;
@@ -539,7 +538,7 @@ fn untransposed(g: &Graph, uses: &[usize], kt: ValueId) -> Option<Operand> {
             let perm = vec![p[0], p[1], p[3], p[2]];
             Some(if perm == [0, 1, 2, 3] { Operand::Value(x) } else { Operand::Permuted { of: x, perm } })
         }
-        (Op::Reshape { .. }, &[swapped, _]) if single(swapped) => {
+        (Op::Reshape { .. }, &[swapped, _]) => {
             let [b, h, d, s] = g.value(kt).ty.shape.0[..] else { return None };
             let k = flat_untransposed(g, uses, swapped, b, h)?;
             (k.ty(g).shape.0 == [b, h, s, d]).then_some(k)
