@@ -51,12 +51,13 @@ for spec in "${specs[@]}"; do
     v=1
     [[ "$SCHEDULE" == interleaved-* ]] && v="${SCHEDULE#interleaved-}"
     [[ "$SCHEDULE" == zb-v ]] && v=2
-    # Under ZB-V every side trains the build with exporter-merged initializers untied (one
-    # copy per use): torch's ScheduleZBVZeroBubble (2.11) fails its weight-gradient pass
+    # Under ZB-V and ZB-H1 every side trains the build with exporter-merged initializers untied (one
+    # copy per use): torch's zero-bubble schedules (2.11: ScheduleZBVZeroBubble and
+    # ScheduleInterleavedZeroBubble) fail their weight-gradient pass
     # ("backward through the graph a second time") on a parameter that several nodes of one
     # stage read, as gpt2-tiny's merged LayerNorm weights are.
     untie=()
-    [[ "$SCHEDULE" == zb-v ]] && untie=(--untie-merged)
+    [[ "$SCHEDULE" == zb-v || "$SCHEDULE" == zb-h1 ]] && untie=(--untie-merged)
     "$PW" compile "$MODELS_DIR/$model.onnx" --stages $((WORKERS * v)) --schedule "$SCHEDULE" --microbatch "$mb" --stage-onnx "${untie[@]}" -o "$build" >/dev/null
     opts=(--steps "$((steps + WARMUP))" --microbatch "$mb" --microbatches "$M" --optimizer sgd --lr 0.0001 --threads 1 --no-progress --log-every 1000000)
     sides=(train launch)
