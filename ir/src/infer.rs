@@ -753,10 +753,13 @@ fn reshape(input: &Shape, target: &[Dim], allow_zero: bool, ctx: Ctx) -> R<Shape
     let known_product = product(&dims, ctx)?;
     match out.iter().position(|d| d.is_none()) {
         Some(hole) => {
-            // A leading export-batch literal next to a -1 is the batch (`[2, 65, -1]`).
+            // A leading literal next to a -1, where the input leads with the batch, holds the
+            // batch as its outermost factor, as a reshape that keeps the samples apart must:
+            // the export batch itself (`[2, 65, -1]`), or the batch folded with the next
+            // axis (`view(batch * heads, -1, head)` exported at batch 1 as `[2, -1, 8]`).
             if let (Some(Dim::Batch(_)), Some(b), Some(Dim::Batch(1))) = (total, ctx.export_batch, input.0.first()) {
-                if hole != 0 && dims[0] == Dim::Fixed(b) && !dims.iter().any(|d| d.is_batch()) {
-                    dims[0] = Dim::N;
+                if let Some(v) = dims[0].fixed().filter(|&v| hole != 0 && b > 0 && v > 0 && v % b == 0 && !dims.iter().any(|d| d.is_batch())) {
+                    dims[0] = Dim::Batch(v / b);
                 }
             }
             let known_product = product(&dims.iter().enumerate().map(|(i, &d)| if i == hole { Dim::Fixed(1) } else { d }).collect::<Vec<_>>(), ctx)?;

@@ -153,7 +153,9 @@ fn reshape_with_minus_one() {
     assert_eq!(ty(&import(&reshape_model(&[2, 8], &[-1, 2, 4])), "y"), "f32[N,2,4]");
     assert_eq!(ty(&import(&reshape_model(&[2, 2, 4], &[0, -1])), "y"), "f32[N,8]");
     assert_eq!(ty(&import(&reshape_model(&[2, 8], &[-1])), "y"), "f32[8N]");
-    assert_eq!(ty(&import(&reshape_model(&[2, 8], &[4, -1, 2])), "y"), "f32[4,N,2]");
+    // The input leads with the batch, so the leading 4 holds it (the export batch 2 times
+    // 2): `[4, N, 2]` would put parts of two samples in one row at any other batch.
+    assert_eq!(ty(&import(&reshape_model(&[2, 8], &[4, -1, 2])), "y"), "f32[2N,2,2]");
 }
 
 #[test]
@@ -163,6 +165,11 @@ fn reshape_with_a_literal_export_batch() {
     assert_eq!(ty(&import(&reshape_model(&[2, 2, 4], &[2, -1])), "y"), "f32[N,8]");
     // The batch folded into a larger leading extent.
     assert_eq!(ty(&import(&reshape_model(&[2, 8], &[4, 4])), "y"), "f32[2N,4]");
+    // Next to a -1, a leading literal holds the batch folded with the next axis
+    // (`view(batch * heads, -1, head)`), exported at batch 1 as at batch 2; the -1 is
+    // what is left of one sample.
+    assert_eq!(ty(&import(&reshape_model(&[1, 2, 6, 8], &[2, -1, 8])), "y"), "f32[2N,6,8]");
+    assert_eq!(ty(&import(&reshape_model(&[2, 2, 6, 8], &[4, -1, 8])), "y"), "f32[2N,6,8]");
     // With the batch fixed nothing is symbolic.
     assert_eq!(ty(&import_mode(&reshape_model(&[2, 8], &[2, 2, 4]), BatchMode::Fixed), "y"), "f32[2,2,4]");
 }
