@@ -474,3 +474,23 @@ fn timings_add_up_and_modules_inspect_as_json() {
     assert!(params > 0 && text.contains(&format!("{params} trainable parameters")), "{params} vs {text}");
     assert_eq!(v["instructions"].as_array().map(|a| a.len()), text.lines().find_map(|l| l.strip_prefix("instructions (")?.strip_suffix("):")?.parse().ok()));
 }
+
+/// A fixed-batch export whose baked shapes pipewright reads so that every kernel runs at
+/// another batch but values move between samples (MobileViT exported at batch 1 by the
+/// dynamo exporter: its unfolding into patches) is refused at compile, naming the graph
+/// output whose samples differ though every sample was the same input, and no build is
+/// written.
+#[test]
+fn a_fixed_batch_reading_that_mixes_samples_is_refused() {
+    let model = common::root().join("zoo/models/mobilevit-dynamo-b1/model.onnx");
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("build");
+    let o = compile(&model, 1, &out, &[]);
+    fails(&o, &[
+        "graph output \"output\": sample 1 differs from sample 0",
+        "though every sample was the same input",
+        "at batch 2 (the model was exported at the fixed batch 1)",
+        "export the model with a dynamic batch axis",
+    ]);
+    assert!(!out.join("pipeline.toml").exists(), "a refused compile wrote a build");
+}

@@ -5,7 +5,13 @@ the model's batch axis is dynamic, at three times it (the inputs repeated along 
 
 For each batch B it writes WORK_FOLDER/ortB/ with input_K.pb and what onnxruntime
 computes (output_K.pb), for `pipewright run-forward --inputs` to match, and prints
-`batch B FOLDER`. Needs onnx, onnxruntime and numpy (scripts/pyref.sh).
+`batch B FOLDER`. At three times the export batch each output that leads with the batch
+must also be the output at the export batch repeated three times, within 1e-3 of its
+largest magnitude: at the export batch the batch-following shapes export wrote give the
+values the exporter's fixed ones did, and at any other batch they must not move values
+between samples (weights trained by pipewright, so not the entry's own outputs). A
+mismatch is printed on stderr and the script exits 1. Needs onnx, onnxruntime and numpy
+(scripts/pyref.sh).
 """
 import glob
 import os
@@ -23,9 +29,14 @@ def main():
     session = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
     dims = [i.shape[0] if i.shape else None for i in session.get_inputs()]
     dynamic = all(isinstance(d, str) or d is None for d in dims)
+    at_export_batch = None
     for repeat in (1, 3) if dynamic else (1,):
         feeds = {t.name: np.concatenate([numpy_helper.to_array(t)] * repeat, 0) for t in inputs}
         outputs = session.run(None, feeds)
+        if repeat == 1:
+            at_export_batch = outputs
+        else:
+            check_samples(outputs, at_export_batch, repeat)
         batch = next(iter(feeds.values())).shape[0]
         folder = os.path.join(work, f"ort{batch}")
         os.makedirs(folder, exist_ok=True)
@@ -36,6 +47,20 @@ def main():
             with open(os.path.join(folder, f"output_{k}.pb"), "wb") as f:
                 f.write(numpy_helper.from_array(np.asarray(value), f"output_{k}").SerializeToString())
         print(f"batch {batch} {folder}", flush=True)
+
+
+def check_samples(outputs, expected, repeat):
+    """Each output leading with the batch against the one at the export batch repeated."""
+    for k, (got, want) in enumerate(zip(outputs, expected)):
+        got, want = np.asarray(got), np.asarray(want)
+        if want.ndim == 0 or not np.issubdtype(want.dtype, np.floating) or got.shape != (want.shape[0] * repeat,) + want.shape[1:]:
+            continue
+        tiled = np.concatenate([want] * repeat, 0).astype(np.float64)
+        scale = float(np.max(np.abs(tiled))) if tiled.size else 0.0
+        diff = float(np.max(np.abs(got.astype(np.float64) - tiled))) if tiled.size else 0.0
+        if diff > 1e-3 * scale:
+            sys.exit(f"output {k} at batch {got.shape[0]} (the inputs repeated {repeat} times) is not its value at the "
+                     f"export batch repeated: it differs by up to {diff:.3e} where the values reach {scale:.3e}")
 
 
 if __name__ == "__main__":
