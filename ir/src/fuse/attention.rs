@@ -267,23 +267,33 @@ fn match_attention(g: &Graph, uses: &[usize], n: NodeId) -> Option<Matched> {
     };
     let softmax_out = unguarded(g, uses, uncast(g, uses, probs)?)?;
     let logits = uncast(g, uses, softmax_input(g, uses, softmax_out)?)?;
-    let (ScaledProduct { q, q_factors, k, scale, weights }, mask) = unmasked(g, uses, logits)?;
+    let (ScaledProduct { q, q_factors, k, scale, weights }, mask) = match (&g.value(logits).ty.shape.0[..], &g.value(*y).ty.shape.0[..]) {
+        ([_, _, _, _], _) => unmasked(g, uses, logits)?,
+        // Unmasked scores taken in 3-D, with no 4-D logits between them and the softmax
+        // (Pegasus's encoder and cross attention): the product itself, split into heads.
+        ([_, _, _], [b, h, _, _]) => (scaled_product(g, uses, logits, Layout::Flat { b: *b, h: *h })?, None),
+        _ => return None,
+    };
     let m = Matched { q, q_factors, k, v, mask, scale, scale_weights: weights, softmax_type: g.value(logits).ty.dtype };
     shapes_agree(g, &m, *y).then_some(m)
 }
 
 /// `y = Reshape(flat)` with `flat = MatMul(P', V')` of 3-D `[b * h, sq, dv]` values split
-/// into `[b, h, sq, dv]`, `P'` the 4-D probabilities flattened: the probabilities and V
-/// in 4-D.
+/// into `[b, h, sq, dv]`, `P'` the 4-D probabilities flattened, or the probabilities
+/// themselves taken in 3-D (a softmax over flattened 4-D logits, [`softmax_input`]): the
+/// probabilities and V in 4-D.
 fn flat_product(g: &Graph, uses: &[usize], flat: ValueId, y: ValueId) -> Option<(ValueId, Operand)> {
     let dims = |v: ValueId| g.value(v).ty.shape.0.clone();
     let Some((Op::MatMul, [flat_probs, flat_v])) = producer(g, flat) else { return None };
-    let Some((Op::Reshape { .. }, [probs, _])) = producer(g, flat_probs) else { return None };
     let ([b, h, sq, dv], [x, sq2, dv2]) = (&dims(y)[..], &dims(flat)[..]) else { return None };
     let split = b.mul(*h) == Some(*x) && sq == sq2 && dv == dv2;
-    let probs_4d = matches!(&dims(probs)[..], [pb, ph, psq, _] if pb == b && ph == h && psq == sq);
+    let probs = match producer(g, flat_probs) {
+        Some((Op::Reshape { .. }, [probs, _])) if matches!(&dims(probs)[..], [pb, ph, psq, _] if pb == b && ph == h && psq == sq) => probs,
+        _ if matches!(&dims(flat_probs)[..], [px, psq, _] if px == x && psq == sq) => flat_probs,
+        _ => return None,
+    };
     let single = uses[flat.index()] == 1 && uses[flat_probs.index()] == 1;
-    (split && probs_4d && single).then_some(())?;
+    (split && single).then_some(())?;
     Some((probs, unflattened(g, flat_v, *b, *h)?))
 }
 
@@ -327,12 +337,30 @@ fn unguarded(g: &Graph, uses: &[usize], p: ValueId) -> Option<ValueId> {
     guard.then_some(s)
 }
 
-/// The logits of `s = Softmax(logits)` over the last axis of a 4-D value read only here.
+/// The logits of `s = Softmax(logits)` over the last axis, `logits` read only here: a 4-D
+/// value; the 4-D logits `[b, h, sq, sk]` a 3-D `[b * h, sq, sk]` one flattens (Pegasus's
+/// eager attention adds its mask in 4-D and takes the softmax in 3-D), over whose last
+/// axis the softmax is the same; or 3-D logits made in 3-D (the caller checks for the
+/// product).
 fn softmax_input(g: &Graph, uses: &[usize], s: ValueId) -> Option<ValueId> {
     let Some((Op::Softmax(sm), [logits])) = producer(g, s) else { return None };
-    let rank = g.value(logits).ty.shape.rank();
+    let ty = &g.value(logits).ty;
+    let rank = ty.shape.rank();
     let last = sm.axis == -1 || sm.axis == rank as i64 - 1;
-    (rank == 4 && last && uses[logits.index()] == 1 && g.value(logits).ty.dtype.is_float()).then_some(logits)
+    if !(last && uses[logits.index()] == 1 && ty.dtype.is_float()) {
+        return None;
+    }
+    match ty.shape.0[..] {
+        [_, _, _, _] => Some(logits),
+        [x, sq, sk] => match producer(g, logits) {
+            Some((Op::Reshape { .. }, [four, _])) if uses[four.index()] == 1 => match g.value(four).ty.shape.0[..] {
+                [b, h, fsq, fsk] if b.mul(h) == Some(x) && fsq == sq && fsk == sk => Some(four),
+                _ => None,
+            },
+            _ => Some(logits),
+        },
+        _ => None,
+    }
 }
 
 /// The most float masks added to one attention's scores (MPNet adds a relative-position
@@ -734,6 +762,29 @@ mod tests {
     /// DeBERTa-v2's form: the scale divides K^T in 3-D, and `masked_fill` writes the mask
     /// as `Where(Not(keep), fill, scores)`: the fused node reads `keep`, or a `Not` added
     /// for it where the condition is not one.
+    /// Pegasus's eager attention (dynamo and TorchScript alike): the mask added to the
+    /// scores split into heads, then the softmax taken over them flattened again; and,
+    /// with no mask (its encoder and cross attention), the softmax over the 3-D product
+    /// itself. Both read the 4-D values.
+    #[test]
+    fn attention_whose_softmax_is_taken_in_3d_reads_the_4d_values() {
+        let softmax_3d = FLAT.replace(
+            "%v18: f32[N,4,8,8] = Softmax[axis=-1](%v17)  # n8 \"probs\"\n  %v19: f32[4N,8,8] = Reshape(%v18, %v6)  # n9 \"flat_probs\"",
+            "%v18: f32[4N,8,8] = Reshape(%v17, %v6)  # n8 \"flat_logits\"\n  %v19: f32[4N,8,8] = Softmax[axis=-1](%v18)  # n9 \"flat_probs\"",
+        );
+        assert_ne!(softmax_3d, FLAT);
+        let (n, g, text) = fused(&softmax_3d);
+        assert_eq!((n, g.node_count()), (1, 3), "{text}");
+        assert!(text.contains("= Attention[scale=0.25, softmax_precision=f32](%v0, %v1, %v2, %v7)  # n2 \"attn\""), "{text}");
+        let unmasked = "  %v3: f32[] = const \"inv_norm\" [0.25]\n  %v4: i64[3] = const \"flat\" [-1, 8, 16]\n  %v5: i64[4] = const \"split_out\" [-1, 4, 8, 16]\n  %v6: f32[4N,8,16] = Reshape(%v0, %v4)  # n0 \"flat_q\"\n  %v7: f32[4N,8,16] = Reshape(%v1, %v4)  # n1 \"flat_k\"\n  %v8: f32[4N,16,8] = Transpose[perm=[0, 2, 1]](%v7)  # n2 \"flat_kt\"\n  %v9: f32[4N,8,8] = MatMul(%v6, %v8)  # n3 \"qk\"\n  %v10: f32[4N,8,8] = Mul(%v9, %v3)  # n4 \"scaled\"\n  %v11: f32[4N,8,8] = Softmax[axis=-1](%v10)  # n5 \"probs\"\n  %v12: f32[4N,8,16] = Reshape(%v2, %v4)  # n6 \"flat_v\"\n  %v13: f32[4N,8,16] = MatMul(%v11, %v12)  # n7 \"bmm\"\n  %v14: f32[N,4,8,16] = Reshape(%v13, %v5)  # n8 \"attn\"\n  return %v14 \"y\"\n";
+        let (n, g, text) = fused(unmasked);
+        assert_eq!((n, g.node_count()), (1, 1), "{text}");
+        assert!(text.contains("= Attention[scale=0.25, softmax_precision=f32](%v0, %v1, %v2)  # n0 \"attn\""), "{text}");
+        // The 3-D probabilities read elsewhere: left alone.
+        let (n, _, text) = fused(&unmasked.replace("return %v14 \"y\"", "return %v14 \"y\", %v11 \"p\""));
+        assert_eq!(n, 0, "{text}");
+    }
+
     #[test]
     fn a_where_that_fills_where_its_condition_holds_keeps_the_negation() {
         let body = FLAT
