@@ -757,8 +757,12 @@ fn reshape(input: &Shape, target: &[Dim], allow_zero: bool, ctx: Ctx) -> R<Shape
             // batch as its outermost factor, as a reshape that keeps the samples apart must:
             // the export batch itself (`[2, 65, -1]`), or the batch folded with the next
             // axis (`view(batch * heads, -1, head)` exported at batch 1 as `[2, -1, 8]`).
-            if let (Some(Dim::Batch(_)), Some(b), Some(Dim::Batch(1))) = (total, ctx.export_batch, input.0.first()) {
-                if let Some(v) = dims[0].fixed().filter(|&v| hole != 0 && b > 0 && v > 0 && v % b == 0 && !dims.iter().any(|d| d.is_batch())) {
+            if let (Some(Dim::Batch(_)), Some(b), Some(Dim::Batch(k))) = (total, ctx.export_batch, input.0.first()) {
+                // Where the input's first extent holds more than the batch (`[8N, 8]`,
+                // the batch and a sequence merged), only a literal equal to the export
+                // batch is read as the batch (`view(batch, -1, heads, head)`).
+                let holds_batch = |v: i64| if *k == 1 { v % b == 0 } else { v == b };
+                if let Some(v) = dims[0].fixed().filter(|&v| hole != 0 && b > 0 && v > 0 && holds_batch(v) && !dims.iter().any(|d| d.is_batch())) {
                     dims[0] = Dim::Batch(v / b);
                 }
             }

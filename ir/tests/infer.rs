@@ -170,6 +170,14 @@ fn reshape_with_a_literal_export_batch() {
     // what is left of one sample.
     assert_eq!(ty(&import(&reshape_model(&[1, 2, 6, 8], &[2, -1, 8])), "y"), "f32[2N,6,8]");
     assert_eq!(ty(&import(&reshape_model(&[2, 2, 6, 8], &[4, -1, 8])), "y"), "f32[2N,6,8]");
+    // Where the input's first extent holds the batch and more (`[8N, 8]`, batch and
+    // sequence merged), a leading literal equal to the export batch is the batch
+    // (`view(batch, -1, heads, head)` exported at batch 1), not a 1 beside it.
+    let two = model(13, &[1, 8, 8], vec![node("Reshape", "merge", &["x", "s1"], &["m"]), node("Reshape", "split", &["m", "s2"], &["y"])], &["y"])
+        .init(tensor_i64("s1", &[2], &[8, 8]))
+        .init(tensor_i64("s2", &[4], &[1, -1, 1, 8]));
+    assert_eq!(ty(&import(&two), "m"), "f32[8N,8]");
+    assert_eq!(ty(&import(&two), "y"), "f32[N,8,1,8]");
     // With the batch fixed nothing is symbolic.
     assert_eq!(ty(&import_mode(&reshape_model(&[2, 8], &[2, 2, 4]), BatchMode::Fixed), "y"), "f32[2,2,4]");
 }
