@@ -476,18 +476,31 @@ fn timings_add_up_and_modules_inspect_as_json() {
 }
 
 /// A fixed-batch export whose baked shapes pipewright reads so that every kernel runs at
-/// another batch but values move between samples (MobileViT exported at batch 1 by the
-/// dynamo exporter: its unfolding into patches) is refused at compile, naming the graph
+/// another batch but values move between samples is refused at compile, naming the graph
 /// output whose samples differ though every sample was the same input, and no build is
-/// written.
+/// written. The model, exported at batch 1: a sample's 8 values viewed as 2 rows of 4,
+/// transposed, and flattened into one row of 8. Import reads the rows as following the
+/// batch (`[2N, 4]`) and the flat row as the batch (`[N, 8]`); at batch 2 that row takes
+/// the first two columns of both samples.
 #[test]
 fn a_fixed_batch_reading_that_mixes_samples_is_refused() {
-    let model = common::root().join("zoo/models/mobilevit-dynamo-b1/model.onnx");
+    use common::{node, tensor_f32, tensor_i64, ModelBuilder, NodeExt};
     let dir = tempfile::tempdir().unwrap();
+    let model = ModelBuilder::new(13)
+        .input_f32("x", &[1, 4, 2])
+        .init(tensor_i64("rows_shape", &[2], &[2, 4]))
+        .init(tensor_i64("flat_shape", &[2], &[1, 8]))
+        .init(tensor_f32("w", &[8], &[0.5, 0.625, 0.75, 0.875, 1.0, 1.125, 1.25, 1.375]))
+        .node(node("Reshape", "rows", &["x", "rows_shape"], &["a"]))
+        .node(node("Transpose", "columns", &["a"], &["t"]).ints("perm", &[1, 0]))
+        .node(node("Reshape", "flat", &["t", "flat_shape"], &["f"]))
+        .node(node("Mul", "scale", &["f", "w"], &["y"]))
+        .output("y")
+        .write(dir.path(), "mixes.onnx");
     let out = dir.path().join("build");
     let o = compile(&model, 1, &out, &[]);
     fails(&o, &[
-        "graph output \"output\": sample 1 differs from sample 0",
+        "stage 0: graph output \"y\": sample 1 differs from sample 0",
         "though every sample was the same input",
         "at batch 2 (the model was exported at the fixed batch 1)",
         "export the model with a dynamic batch axis",

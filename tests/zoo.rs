@@ -4,7 +4,9 @@
 //! of the d = 2 2bw build; and the exported model run by onnxruntime at two batch sizes,
 //! its outputs matched by `run-forward`, and at three times the export batch (inputs
 //! repeated) matched against its outputs at the export batch repeated
-//! (`zoo/onnxruntime_batches.py`).
+//! (`zoo/onnxruntime_batches.py`); and the source model at three times its export batch
+//! through `run-forward`, against onnxruntime's outputs for the entry at its export batch
+//! repeated.
 //!
 //! An entry passes when every step does. The one allowed failure is a refusal at import
 //! or compile that names the node (or the graph output whose samples a fixed batch's
@@ -235,7 +237,9 @@ fn depth(model: &Path, d: usize, work: &Path, export_build: &mut Option<PathBuf>
 
 /// The exported model through onnxruntime at the export batch and at 3x it (where export
 /// made the batch dynamic), each matched by `run-forward` on the same inputs; at 3x also
-/// against its outputs at the export batch repeated (the script fails otherwise).
+/// against its outputs at the export batch repeated (the script fails otherwise). Then the
+/// source model at 3x its export batch through `run-forward`, against the entry's own
+/// onnxruntime outputs repeated.
 fn onnxruntime_check(exported: &Path, source: &Path, work: &Path) -> Outcome {
     let python = match std::env::var("PIPEWRIGHT_PYTHON") {
         Ok(p) => p,
@@ -259,7 +263,15 @@ fn onnxruntime_check(exported: &Path, source: &Path, work: &Path) -> Outcome {
     if batches.is_empty() {
         return Outcome::Fail(format!("onnxruntime ran no batch: {printed}"));
     }
-    Outcome::Pass(format!("batch {}", batches.join(", ")))
+    // The source model itself at 3x its export batch against onnxruntime's outputs at the
+    // export batch repeated: a fixed batch's reading must not mix samples.
+    let Some((batch, folder)) = printed.lines().find_map(|l| l.strip_prefix("source ").and_then(|l| l.split_once(' '))) else {
+        return Outcome::Fail(format!("onnxruntime wrote no tripled source inputs: {printed}"));
+    };
+    if let Err(e) = try_pw(["run-forward", source.to_str().unwrap_or_default(), "--inputs", folder, "--rtol", "1e-3", "--atol", "1e-4"]) {
+        return Outcome::Fail(format!("run-forward of the source at batch {batch}: {}", last_line(&e)));
+    }
+    Outcome::Pass(format!("batch {}; source at {batch}", batches.join(", ")))
 }
 
 fn table(entries: &[Entry], rows: &[Option<Row>]) -> String {

@@ -10,8 +10,10 @@ must also be the output at the export batch repeated three times, within 1e-3 of
 largest magnitude: at the export batch the batch-following shapes export wrote give the
 values the exporter's fixed ones did, and at any other batch they must not move values
 between samples (weights trained by pipewright, so not the entry's own outputs). A
-mismatch is printed on stderr and the script exits 1. Needs onnx, onnxruntime and numpy
-(scripts/pyref.sh).
+mismatch is printed on stderr and the script exits 1. Last it writes the entry's own
+inputs and outputs (onnxruntime on the model as exported) repeated three times, for
+`run-forward` of that source model at three times its export batch, and prints `source B
+FOLDER`. Needs onnx, onnxruntime and numpy (scripts/pyref.sh).
 """
 import glob
 import os
@@ -47,6 +49,24 @@ def main():
             with open(os.path.join(folder, f"output_{k}.pb"), "wb") as f:
                 f.write(numpy_helper.from_array(np.asarray(value), f"output_{k}").SerializeToString())
         print(f"batch {batch} {folder}", flush=True)
+    write_source_tripled(entry, work)
+
+
+def write_source_tripled(entry, work):
+    """The entry's inputs and onnxruntime's outputs for them (on the model as the exporter
+    wrote it) repeated three times along the batch, in WORK_FOLDER/source3x/, for
+    `run-forward` of the source model at three times its export batch; prints
+    `source B FOLDER`."""
+    folder = os.path.join(work, "source3x")
+    os.makedirs(folder, exist_ok=True)
+    batch = None
+    for path in sorted(glob.glob(os.path.join(entry, "input_*.pb")) + glob.glob(os.path.join(entry, "output_*.pb"))):
+        t = onnx.load_tensor(path)
+        a = np.concatenate([numpy_helper.to_array(t)] * 3, 0)
+        batch = batch or (a.shape[0] if os.path.basename(path).startswith("input_") else None)
+        with open(os.path.join(folder, os.path.basename(path)), "wb") as f:
+            f.write(numpy_helper.from_array(a, t.name).SerializeToString())
+    print(f"source {batch} {folder}", flush=True)
 
 
 def check_samples(outputs, expected, repeat):

@@ -34,7 +34,7 @@ pub fn check_other_batch(lowered: &Lowered, model: &Path, export_batch: i64) -> 
     let mut env: HashMap<String, Tensor> = HashMap::new();
     let refuse = |stage: u32, what: String| {
         DriverError::msg(format!(
-            "{}: stage {stage}: {what}, at batch {batch} (the model was exported at the fixed batch {export_batch}). The export fixed the batch in shapes this node depends on, which pipewright cannot make follow the batch: export the model with a dynamic batch axis (torch.onnx.export(..., dynamic_shapes=...) with dynamo=True, or dynamic_axes={{{axes}}} with dynamo=False) and compile that",
+            "{}: stage {stage}: {what}, at batch {batch} (the model was exported at the fixed batch {export_batch}). The export fixed the batch in shapes this depends on, which pipewright cannot make follow the batch: export the model with a dynamic batch axis (torch.onnx.export(..., dynamic_shapes=...) with dynamo=True, or dynamic_axes={{{axes}}} with dynamo=False) and compile that",
             model.display()
         ))
     };
