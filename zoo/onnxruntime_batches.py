@@ -41,32 +41,25 @@ def main():
             check_samples(outputs, at_export_batch, repeat)
         batch = next(iter(feeds.values())).shape[0]
         folder = os.path.join(work, f"ort{batch}")
-        os.makedirs(folder, exist_ok=True)
-        for k, t in enumerate(inputs):
-            with open(os.path.join(folder, f"input_{k}.pb"), "wb") as f:
-                f.write(numpy_helper.from_array(feeds[t.name], t.name).SerializeToString())
-        for k, value in enumerate(outputs):
-            with open(os.path.join(folder, f"output_{k}.pb"), "wb") as f:
-                f.write(numpy_helper.from_array(np.asarray(value), f"output_{k}").SerializeToString())
+        write_tensors(folder, [(t.name, feeds[t.name]) for t in inputs], [(f"output_{k}", v) for k, v in enumerate(outputs)])
         print(f"batch {batch} {folder}", flush=True)
-    write_source_tripled(entry, work)
-
-
-def write_source_tripled(entry, work):
-    """The entry's inputs and onnxruntime's outputs for them (on the model as the exporter
-    wrote it) repeated three times along the batch, in WORK_FOLDER/source3x/, for
-    `run-forward` of the source model at three times its export batch; prints
-    `source B FOLDER`."""
+    # The entry's inputs and onnxruntime's outputs for them (on the model as the exporter
+    # wrote it) repeated three times, for `run-forward` of that source model.
+    tripled = lambda t: (t.name, np.concatenate([numpy_helper.to_array(t)] * 3, 0))
+    expected = [onnx.load_tensor(p) for p in sorted(glob.glob(os.path.join(entry, "output_*.pb")))]
     folder = os.path.join(work, "source3x")
+    sources = [tripled(t) for t in inputs]
+    write_tensors(folder, sources, [tripled(t) for t in expected])
+    print(f"source {sources[0][1].shape[0]} {folder}", flush=True)
+
+
+def write_tensors(folder, inputs, outputs):
+    """`(name, array)` pairs as FOLDER/input_K.pb and FOLDER/output_K.pb."""
     os.makedirs(folder, exist_ok=True)
-    batch = None
-    for path in sorted(glob.glob(os.path.join(entry, "input_*.pb")) + glob.glob(os.path.join(entry, "output_*.pb"))):
-        t = onnx.load_tensor(path)
-        a = np.concatenate([numpy_helper.to_array(t)] * 3, 0)
-        batch = batch or (a.shape[0] if os.path.basename(path).startswith("input_") else None)
-        with open(os.path.join(folder, os.path.basename(path)), "wb") as f:
-            f.write(numpy_helper.from_array(a, t.name).SerializeToString())
-    print(f"source {batch} {folder}", flush=True)
+    for kind, tensors in (("input", inputs), ("output", outputs)):
+        for k, (name, value) in enumerate(tensors):
+            with open(os.path.join(folder, f"{kind}_{k}.pb"), "wb") as f:
+                f.write(numpy_helper.from_array(np.asarray(value), name).SerializeToString())
 
 
 def check_samples(outputs, expected, repeat):

@@ -67,7 +67,7 @@ pub fn check_other_batch(lowered: &Lowered, model: &Path, export_batch: i64) -> 
 fn same_samples(input: &StageTensor, kind: tch::Kind, batch: i64) -> Result<Tensor, tch::TchError> {
     let dims: Vec<i64> = input.shape.iter().map(|e| e.at(batch)).collect();
     let leads_with_batch = input.shape.first() == Some(&Extent::Batch(1));
-    if !(leads_with_batch && matches!(kind, tch::Kind::Float | tch::Kind::Double | tch::Kind::Half | tch::Kind::BFloat16)) {
+    if !(leads_with_batch && input.elem.is_float()) {
         return Ok(Tensor::zeros(dims.as_slice(), (kind, tch::Device::Cpu)));
     }
     let sample: i64 = dims[1..].iter().product();
