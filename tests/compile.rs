@@ -507,3 +507,27 @@ fn a_fixed_batch_reading_that_mixes_samples_is_refused() {
     ]);
     assert!(!out.join("pipeline.toml").exists(), "a refused compile wrote a build");
 }
+
+/// Token type ids the TorchScript exporter folded at the export batch (a constant `[2, 4]`
+/// of zeros) and looked up in their embedding are one slice repeated: the build keeps one
+/// slice, whose rows the sum with the word embeddings broadcasts, so the model compiles
+/// (and passes compile's check at batch 3) instead of pinning batch 2.
+#[test]
+fn token_type_ids_folded_at_the_export_batch_follow_the_batch() {
+    use common::{node, tensor_f32, tensor_i64, Ax, ModelBuilder, I64};
+    let dir = tempfile::tempdir().unwrap();
+    let table = |name: &str, rows: i64| tensor_f32(name, &[rows, 3], &(0..rows * 3).map(|i| i as f32 * 0.25).collect::<Vec<_>>());
+    let model = ModelBuilder::new(13)
+        .input("ids", I64, &[Ax::Fixed(2), Ax::Fixed(4)])
+        .init(table("words", 10))
+        .init(table("types", 2))
+        .init(tensor_i64("type_ids", &[2, 4], &[0; 8]))
+        .node(node("Gather", "word_embeddings", &["words", "ids"], &["w"]))
+        .node(node("Gather", "type_embeddings", &["types", "type_ids"], &["t"]))
+        .node(node("Add", "embeddings", &["w", "t"], &["y"]))
+        .output("y")
+        .write(dir.path(), "types.onnx");
+    let out = dir.path().join("build");
+    let o = compile(&model, 1, &out, &[]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}

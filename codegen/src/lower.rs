@@ -123,7 +123,8 @@ fn extent(d: Dim) -> Extent {
 /// microbatch size: Reshape targets get `-1` where the IR inferred the batch, Expand
 /// targets and Tile repeats get `1` where they would pin the export batch, constants that
 /// are one slice repeated over the export batch (attention masks) keep a single slice when
-/// every reader broadcasts, and repeated slices concatenated with a batched tensor (class
+/// every reader broadcasts it (directly, or through a Gather or Expand that keeps it one
+/// slice), and repeated slices concatenated with a batched tensor (class
 /// tokens) are expanded to its batch at run time.
 pub mod rebatch {
     use pipewright_core::UpdateRule;
@@ -162,7 +163,7 @@ pub mod rebatch {
                 p.instrs[k].inputs[1] = Some(slot);
             }
         }
-        shrink_repeated_constants(g, p, b0, values);
+        shrink_repeated_constants(g, p, b0, nodes, values);
         expand_concat_slices(p, b0);
     }
 
@@ -333,25 +334,68 @@ pub mod rebatch {
         slot
     }
 
-    /// Constants `[B0, ...]` whose B0 slices are equal and whose readers all broadcast them.
-    fn shrink_repeated_constants(g: &Graph, p: &mut Program, b0: i64, values: &[ValueId]) {
-        let readers_broadcast = |v: ValueId| {
+    /// Constants `[B0, ...]` whose B0 slices are equal and whose readers all broadcast them
+    /// keep one slice. So do those read where one slice gives one slice of the result,
+    /// which broadcasting readers then take: a Gather (axis 0) taking them as indices
+    /// (token type ids the exporter folded to the export batch, looked up in their
+    /// embedding), and an Expand of a constant target that repeats the export batch (a
+    /// mask of those ids expanded over the heads), whose target's batch becomes 1.
+    fn shrink_repeated_constants(g: &Graph, p: &mut Program, b0: i64, nodes: &[NodeId], values: &[ValueId]) {
+        let broadcasts = |v: ValueId| {
             let c = g.consumers(v);
             // Attention's mask (operand 3) broadcasts over the batch as an added one does.
             !c.is_empty() && c.iter().all(|&(n, slot)| matches!(g.node(n).op, Op::Binary(_) | Op::Variadic(_) | Op::Where) || matches!(g.node(n).op, Op::Attention(_)) && slot == 3)
         };
+        // The results a slice of `v` narrows to one slice, and the Expand targets (by
+        // instruction) that must repeat it once; `None` when a reader needs every slice.
+        let narrowing = |v: ValueId| -> Option<(Vec<ValueId>, Vec<(usize, Vec<i64>)>)> {
+            let (mut outs, mut targets) = (Vec::new(), Vec::new());
+            for (n, slot) in g.consumers(v) {
+                let node = g.node(n);
+                let out = node.outputs.first().copied().flatten();
+                match (&node.op, slot) {
+                    (Op::Binary(_) | Op::Variadic(_) | Op::Where, _) | (Op::Attention(_), 3) => {}
+                    (Op::Gather { axis: 0 }, 1) if out.is_some_and(broadcasts) => outs.extend(out),
+                    (Op::Expand, 0) if out.is_some_and(broadcasts) => {
+                        let target = node.inputs.get(1).copied().flatten().filter(|t| is_const(g, *t))?;
+                        let mut t = g.value(target).weight()?.data.to_i64s();
+                        let k = nodes.iter().position(|&m| m == n)?;
+                        (t.first() == Some(&b0)).then_some(())?;
+                        t[0] = 1;
+                        outs.extend(out);
+                        targets.push((k, t));
+                    }
+                    _ => return None,
+                }
+            }
+            Some((outs, targets))
+        };
+        let slot_of = |v: ValueId| values.iter().position(|&x| x == v);
+        let (mut narrowed, mut retargeted) = (Vec::new(), Vec::new());
         for s in p.stored.iter_mut() {
             let Some(&v) = values.get(s.slot.index()) else { continue };
-            if s.trainable || s.dims.len() < 2 || s.dims[0] != b0 || !readers_broadcast(v) {
+            if s.trainable || s.dims.len() < 2 || s.dims[0] != b0 || g.consumers(v).is_empty() {
                 continue;
             }
+            let Some((outs, targets)) = narrowing(v) else { continue };
             let slice = s.bytes.len() / b0 as usize;
             let first = &s.bytes[..slice];
             if s.bytes.chunks(slice).all(|c| c == first) {
                 s.bytes = s.bytes.slice(..slice);
                 s.dims[0] = 1;
-                p.slots[s.slot.index()].shape[0] = Extent::Fixed(1);
+                narrowed.push(s.slot.index());
+                narrowed.extend(outs.into_iter().filter_map(slot_of));
+                retargeted.extend(targets);
             }
+        }
+        for slot in narrowed {
+            if let Some(first) = p.slots[slot].shape.first_mut() {
+                *first = Extent::Fixed(1);
+            }
+        }
+        for (k, target) in retargeted {
+            let slot = push_i64(p, &format!("{}:one_slice", g.node(nodes[k]).name), &target);
+            p.instrs[k].inputs[1] = Some(slot);
         }
     }
 }

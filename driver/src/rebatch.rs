@@ -78,8 +78,9 @@ fn apply_source_rewrites(g: &mut GraphProto, ir: &Graph) -> usize {
     for rw in &ir.source_rewrites {
         // Matched by a named output (an omitted one is an empty name many nodes share).
         let Some((slot, name)) = rw.node.output.iter().enumerate().find(|(_, o)| !o.is_empty()) else { continue };
-        let Some(node) = g.node.iter_mut().find(|n| n.output.get(slot) == Some(name)) else { continue };
-        *node = rw.node.clone();
+        let Some(at) = g.node.iter().position(|n| n.output.get(slot) == Some(name)) else { continue };
+        g.node[at] = rw.node.clone();
+        g.node.splice(at..at, rw.before.iter().cloned());
         g.initializer.extend(rw.constants.iter().map(|(name, data)| tensor_to_proto(name, data)));
         count += 1;
     }
@@ -153,7 +154,11 @@ pub fn dynamic_batch(g: &mut GraphProto, ir: &Graph) -> Rebatched {
         let (Some(data), Some(target), Some(result)) = (node.input.first().cloned(), node.input.get(1).cloned(), node.output.first().cloned()) else { continue };
         // A target computed from constants in the source (a Concat of shape pieces) is one
         // the importer folded: its value is the importer's.
-        let Some(values) = constant(&out, &target).as_ref().and_then(i64_values).or_else(|| folded.get(target.as_str()).cloned()) else { continue };
+        // An Expand the importer folded whole (a float mask expanded from a constant) may
+        // leave no value for its target: the result's extents are a target that expands
+        // the operand the same way.
+        let folded_result = || (op == "Expand").then(|| shapes.get(result.as_str())?.iter().map(|d| d.fixed()).collect::<Option<Vec<i64>>>()).flatten();
+        let Some(values) = constant(&out, &target).as_ref().and_then(i64_values).or_else(|| folded.get(target.as_str()).cloned()).or_else(folded_result) else { continue };
         let Some(out_shape) = shapes.get(result.as_str()).filter(|s| s.iter().any(|d| d.is_batch())) else {
             // An Expand the importer folded or kept at fixed extents (a constant operand):
             // a leading export batch in its target becomes 1 where only broadcasting

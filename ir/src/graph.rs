@@ -160,10 +160,12 @@ pub struct Graph {
 }
 
 /// One source node read as another ([`Graph::source_rewrites`]): the node written in its
-/// place (it keeps the source node's outputs) and the constants it adds.
+/// place (it keeps the source node's outputs), the nodes written just before it (which
+/// read only what it reads) and the constants it adds.
 #[derive(Clone, Debug, Default)]
 pub struct SourceRewrite {
     pub node: onnx_protobuf::NodeProto,
+    pub before: Vec<onnx_protobuf::NodeProto>,
     pub constants: Vec<(String, TensorData)>,
 }
 

@@ -129,10 +129,10 @@ pub fn evaluate(
         }
         Op::Cast { to, .. } => cast(k(0)?, *to),
         Op::CastLike { .. } => cast(k(0)?, out_dtype),
-        Op::Concat { .. } => {
+        Op::Concat { axis } => {
             let parts: Vec<&Known> = inputs.iter().map(|x| *x).collect::<Option<_>>()?;
             if parts.iter().any(|p| p.shape.len() > 1) {
-                return None;
+                return concat_nd(&parts, *axis, out_dtype, out_shape?);
             }
             let data = if out_dtype.is_float() {
                 KnownData::Floats(parts.iter().map(|p| p.floats()).collect::<Option<Vec<_>>>()?.concat())
@@ -201,8 +201,75 @@ pub fn evaluate(
             where_(&pick, x, y, out_dtype, out_shape?)
         }
         Op::Where => where_(k(0)?, k(1)?, k(2)?, out_dtype, out_shape?),
+        Op::Expand => expand(k(0)?, out_shape?),
+        Op::Trilu { upper } => trilu(k(0)?, k(1), *upper),
         _ => None,
     }
+}
+
+/// Parts of rank 2 or more joined along `axis` (a mask of constants built in pieces).
+fn concat_nd(parts: &[&Known], axis: i64, out_dtype: DType, shape: Vec<i64>) -> Option<Known> {
+    let rank = shape.len() as i64;
+    let axis = usize::try_from(if axis < 0 { axis + rank } else { axis }).ok()?;
+    let n = shape.iter().try_fold(1i64, |a, &d| a.checked_mul(d))? as usize;
+    if n > KNOWN_LIMIT || axis >= shape.len() || parts.iter().any(|p| p.shape.len() != shape.len() || p.dtype != out_dtype) {
+        return None;
+    }
+    let outer: usize = shape[..axis].iter().product::<i64>() as usize;
+    let chunk = |p: &Known| p.shape[axis..].iter().product::<i64>() as usize;
+    let mut src: Vec<(usize, usize)> = Vec::with_capacity(n);
+    for o in 0..outer {
+        for (k, p) in parts.iter().enumerate() {
+            let c = chunk(p);
+            src.extend((o * c..(o + 1) * c).map(|i| (k, i)));
+        }
+    }
+    let data = match parts[0].data {
+        KnownData::Ints(_) => KnownData::Ints(src.iter().map(|&(k, i)| match &parts[k].data {
+            KnownData::Ints(v) => Some(v[i]),
+            KnownData::Floats(_) => None,
+        }).collect::<Option<_>>()?),
+        KnownData::Floats(_) => KnownData::Floats(src.iter().map(|&(k, i)| match &parts[k].data {
+            KnownData::Floats(v) => Some(v[i]),
+            KnownData::Ints(_) => None,
+        }).collect::<Option<_>>()?),
+    };
+    (src.len() == n).then_some(Known { dtype: out_dtype, shape, data })
+}
+
+/// Float `x` broadcast to `shape` (Expand of a constant: a causal mask repeated over
+/// the export batch, which lowering keeps one slice of where its readers broadcast).
+/// Integer expands stay ops: position ids expanded to the export batch feed a Gather,
+/// which does not broadcast, and lowering makes the Expand follow the batch instead.
+fn expand(x: &Known, shape: Vec<i64>) -> Option<Known> {
+    if !x.dtype.is_float() {
+        return None;
+    }
+    let n = shape.iter().try_fold(1i64, |a, &d| a.checked_mul(d))? as usize;
+    if n > KNOWN_LIMIT || shape.len() < x.shape.len() {
+        return None;
+    }
+    let src: Vec<usize> = (0..n).map(|i| bcast_index(i, &shape, &x.shape)).collect();
+    Some(Known { dtype: x.dtype, shape, data: pick(&x.data, &src) })
+}
+
+/// The upper (or lower) triangle of each matrix of `x` from diagonal `k` on, zeros
+/// elsewhere (a causal mask built from a constant).
+fn trilu(x: &Known, k: Option<&Known>, upper: bool) -> Option<Known> {
+    let diagonal = match k {
+        Some(k) => *k.fixed_ints()?.first()?,
+        None => 0,
+    };
+    let [.., rows, cols] = x.shape[..] else { return None };
+    let keep = |i: usize| {
+        let (r, c) = ((i as i64 / cols) % rows, i as i64 % cols);
+        if upper { c - r >= diagonal } else { c - r <= diagonal }
+    };
+    let data = match &x.data {
+        KnownData::Ints(v) => KnownData::Ints(v.iter().enumerate().map(|(i, &d)| if keep(i) { d } else { Dim::Fixed(0) }).collect()),
+        KnownData::Floats(v) => KnownData::Floats(v.iter().enumerate().map(|(i, &f)| if keep(i) { f } else { 0.0 }).collect()),
+    };
+    Some(Known { dtype: x.dtype, shape: x.shape.clone(), data })
 }
 
 fn filled(dtype: DType, shape: Vec<i64>, fill: f64, n: usize) -> Known {

@@ -909,6 +909,123 @@ fn zero_initial_states_and_resize_sizes_follow_the_batch() {
     assert_eq!(g.source_rewrites.len(), 1);
 }
 
+/// `nn.MultiheadAttention` at a fixed batch of 1: sequence first (`[seq, batch, width]`),
+/// `view(seq * batch, width)` before its output projection and `view(seq, batch, width)`
+/// after it, written as the targets `[5, 4]` and `[5, 1, 3]`. The projection's weight
+/// says the width stays 4, so the rows take the batch, and the view after it takes it
+/// back out; without a weight contracting the width, the reading is the layout's.
+#[test]
+fn sequence_first_rows_take_the_batch_before_a_weight() {
+    let layer = |weight: bool| {
+        let mut m = ModelBuilder::new(17)
+            .input("x", F32, &fixed(&[1, 5, 4]))
+            .init(tensor_i64("rows", &[2], &[5, 4]))
+            .init(tensor_i64("back", &[3], &[5, 1, 3]))
+            .init(tensor_f32_zeros("w", &[3, 4]))
+            .node(node("Transpose", "seq_first", &["x"], &["t"]).ints("perm", &[1, 0, 2]))
+            .node(node("Reshape", "merge", &["t", "rows"], &["r"]));
+        m = if weight {
+            m.node(node("Gemm", "proj", &["r", "w"], &["p"]).int("transB", 1))
+                .node(node("Reshape", "split", &["p", "back"], &["s"]))
+                .node(node("Transpose", "batch_first", &["s"], &["y"]).ints("perm", &[1, 0, 2]))
+                .output("y")
+        } else {
+            m.node(node("Relu", "act", &["r"], &["y"])).output("y")
+        };
+        m
+    };
+    let g = import(&layer(true));
+    assert_eq!(ty(&g, "r"), "f32[5N,4]");
+    assert_eq!(ty(&g, "p"), "f32[5N,3]");
+    assert_eq!(ty(&g, "s"), "f32[5,N,3]");
+    assert_eq!(ty(&g, "y"), "f32[N,5,3]");
+    assert!(g.warnings.iter().any(|w| w.contains("\"merge\"") && w.contains("takes the batch into its rows")), "{:?}", g.warnings);
+    assert!(g.warnings.iter().any(|w| w.contains("\"split\"") && w.contains("takes it back out")), "{:?}", g.warnings);
+    assert_eq!(g.source_rewrites.len(), 2);
+    let g = import(&layer(false));
+    assert_eq!(ty(&g, "y"), "f32[5,4N]");
+    assert!(g.source_rewrites.is_empty());
+    // At batch 2 the rows `[8, 4]` read as `[4N, 4]`; the view after the layer, `[4, 2,
+    // 3]`, would read its leading 4 as `2N`: the rows say the batch comes after 4.
+    let m = ModelBuilder::new(17)
+        .input("x", F32, &fixed(&[2, 4, 4]))
+        .init(tensor_i64("rows", &[2], &[8, 4]))
+        .init(tensor_i64("back", &[3], &[4, 2, 3]))
+        .init(tensor_f32_zeros("w", &[3, 4]))
+        .node(node("Transpose", "seq_first", &["x"], &["t"]).ints("perm", &[1, 0, 2]))
+        .node(node("Reshape", "merge", &["t", "rows"], &["r"]))
+        .node(node("Gemm", "proj", &["r", "w"], &["p"]).int("transB", 1))
+        .node(node("Reshape", "split", &["p", "back"], &["s"]))
+        .output("s");
+    let g = import(&m);
+    assert_eq!(ty(&g, "r"), "f32[4N,4]");
+    assert_eq!(ty(&g, "s"), "f32[4,N,3]");
+}
+
+/// An export at batch 1 that multiplies per-head queries `[1, heads, seq, dim]` with keys
+/// whose batch and heads it merged (`[heads, dim, seq]`, the `bmm` operand) relies on
+/// broadcasting that holds at batch 1 only; the keys are split into `[batch, heads, ...]`
+/// first, and the product follows the batch. At batch 2 the same MatMul would not have
+/// been exported, and is read as it stands.
+#[test]
+fn per_head_matmul_with_merged_heads_splits_them() {
+    let attention = |batch: i64| {
+        ModelBuilder::new(17)
+            .input("q", F32, &fixed(&[batch, 2, 5, 4]))
+            .input("k", F32, &fixed(&[batch, 2, 5, 4]))
+            .init(tensor_i64("merge", &[3], &[2 * batch, 5, 4]))
+            .node(node("Reshape", "merge_heads", &["k", "merge"], &["km"]))
+            .node(node("Transpose", "kt", &["km"], &["kt"]).ints("perm", &[0, 2, 1]))
+            .node(node("MatMul", "scores", &["q", "kt"], &["s"]))
+            .output("s")
+    };
+    let g = import(&attention(1));
+    assert_eq!(ty(&g, "kt"), "f32[2N,4,5]");
+    assert_eq!(ty(&g, "s"), "f32[N,2,5,5]");
+    assert!(g.warnings.iter().any(|w| w.contains("\"scores\"") && w.contains("splits them apart first")), "{:?}", g.warnings);
+    assert_eq!(g.source_rewrites.len(), 1);
+    assert_eq!(g.source_rewrites[0].before.len(), 1, "the Reshape that splits the heads is written before the MatMul");
+    let e = import_err(&attention(2)).to_string();
+    assert!(e.contains("\"scores\""), "{e}");
+}
+
+/// A causal mask built from constants (Trilu of a filled matrix, expanded to the export
+/// batch) folds into one constant, which lowering and `export` keep one slice of; an
+/// integer Expand stays an op (position ids expanded to the batch feed a Gather).
+#[test]
+fn a_causal_mask_of_constants_folds() {
+    let m = ModelBuilder::new(17)
+        .input("x", F32, &fixed(&[2, 1, 3, 3]))
+        .init(tensor_f32("full", &[3, 3], &[-9.0; 9]))
+        .init(tensor_i64("diag", &[], &[1]))
+        .init(tensor_i64("batch_shape", &[4], &[2, 1, 3, 3]))
+        .init(tensor_i64("ids", &[1, 3], &[0, 1, 2]))
+        .init(tensor_i64("ids_shape", &[2], &[2, 3]))
+        .node(node("Trilu", "triu", &["full", "diag"], &["upper"]).int("upper", 1))
+        .node(node("Expand", "to_batch", &["upper", "batch_shape"], &["mask"]))
+        .node(node("Add", "masked", &["x", "mask"], &["y"]))
+        .node(node("Expand", "ids_to_batch", &["ids", "ids_shape"], &["positions"]))
+        .output("y")
+        .output("positions");
+    let g = import(&m);
+    let mut ops = op_names(&g);
+    ops.sort();
+    assert_eq!(ops, ["Add", "Expand"]);
+    assert_eq!(ty(&g, "mask"), "f32[2,1,3,3]");
+    let mask = g.value_ids().find(|&v| g.value(v).name == "mask").and_then(|v| g.value(v).weight()).expect("a constant");
+    let upper = [0.0, -9.0, -9.0, 0.0, 0.0, -9.0, 0.0, 0.0, 0.0];
+    assert_eq!(mask.data.to_f64s(), [upper, upper].concat());
+    // Constant pieces joined along an inner axis fold too.
+    let m = ModelBuilder::new(17)
+        .input("x", F32, &fixed(&[2, 3]))
+        .init(tensor_i64("left", &[2, 1], &[1, 4]))
+        .init(tensor_i64("right", &[2, 2], &[2, 3, 5, 6]))
+        .node(node("Concat", "join", &["left", "right"], &["rows"]).int("axis", 1))
+        .output("rows");
+    let text = pipewright_ir::text::print_graph(&import(&m));
+    assert!(text.contains("i64[2,3] = const \"rows\" [1, 2, 3, 4, 5, 6]"), "{text}");
+}
+
 /// LSTM outputs in both layouts (with the batch symbol on X's batch axis), and the
 /// importer's rejection of activations other than the defaults.
 #[test]

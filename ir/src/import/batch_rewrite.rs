@@ -1,14 +1,14 @@
 //! Source nodes of a fixed-batch export that bake the export batch, read as nodes that
 //! follow the batch and compute the same at the export batch: identity gathers and
-//! scatters at constant indices, zero initial states of recurrent layers, and Resize to
-//! sizes of the export batch. Each rewrite is recorded on the graph
+//! scatters at constant indices, zero initial states of recurrent layers, Resize to
+//! sizes of the export batch, and a sequence-first Reshape whose rows take the batch. Each rewrite is recorded on the graph
 //! (`Graph::source_rewrites`) so that `export` writes the source node the same way, and
 //! noted among the import's warnings.
 
 use onnx_protobuf::NodeProto;
 
 use super::Importer;
-use crate::dim::{Shape, TensorType};
+use crate::dim::{Dim, Shape, TensorType};
 use crate::graph::SourceRewrite;
 use crate::{DType, TensorData, ValueDef, ValueId, Weight};
 
@@ -16,6 +16,8 @@ use crate::{DType, TensorData, ValueDef, ValueId, Weight};
 /// node's outputs), the constants it adds, and what the import notes.
 pub(super) struct BatchRewrite {
     node: NodeProto,
+    /// Nodes imported (and exported) just before `node`, reading what it reads.
+    before: Vec<NodeProto>,
     constants: Vec<(String, TensorData)>,
     note: String,
 }
@@ -27,7 +29,7 @@ impl BatchRewrite {
         replacement.op_type = op_type.into();
         replacement.input = inputs;
         replacement.attribute.clear();
-        BatchRewrite { node: replacement, constants: Vec::new(), note: format!("node {:?}: {note}", node.name) }
+        BatchRewrite { node: replacement, before: Vec::new(), constants: Vec::new(), note: format!("node {:?}: {note}", node.name) }
     }
 }
 
@@ -42,19 +44,23 @@ impl Importer<'_> {
             "ScatterND" => self.identity_scatter_nd(node, b),
             "LSTM" | "GRU" | "RNN" => self.zero_initial_state_dropped(node),
             "Resize" => self.resize_sizes_as_scales(node, b),
+            "Reshape" => self.reshape_batch_into_rows(node, b).or_else(|| self.reshape_batch_out_of_rows(node, b)),
+            "MatMul" if b == 1 => self.matmul_heads_split(node),
             _ => None,
         }
     }
 
-    /// Defines the rewrite's constants, notes and records it; returns the node to import.
-    pub(super) fn apply_batch_rewrite(&mut self, rewrite: BatchRewrite) -> NodeProto {
+    /// Defines the rewrite's constants, notes and records it; returns the nodes to import,
+    /// in order.
+    pub(super) fn apply_batch_rewrite(&mut self, rewrite: BatchRewrite) -> Vec<NodeProto> {
         for (name, data) in &rewrite.constants {
             let ty = TensorType::new(data.dtype, Shape::fixed(&data.dims));
             self.define(name.clone(), ty, ValueDef::Weight(Weight { data: data.clone(), trainable: false }));
         }
         self.graph.warnings.push(rewrite.note);
-        self.graph.source_rewrites.push(SourceRewrite { node: rewrite.node.clone(), constants: rewrite.constants });
-        rewrite.node
+        let BatchRewrite { node, before, constants, .. } = rewrite;
+        self.graph.source_rewrites.push(SourceRewrite { node: node.clone(), before: before.clone(), constants });
+        before.into_iter().chain([node]).collect()
     }
 
     /// The extents of value `name` at the export batch `b`, when it carries the batch.
@@ -103,14 +109,19 @@ impl Importer<'_> {
 
     /// The TorchScript exporter fills a causal mask with a ScatterND whose constant indices
     /// list every element of its (export-batch) data in order: every element is replaced,
-    /// so the result is the updates themselves, which follow the batch: an Identity.
+    /// so the result is the updates themselves, which follow the batch: an Identity. (So
+    /// do updates that the export fixed at its batch, as a decoder's mask built from its
+    /// input's shape is: the index grid, which cannot follow the batch, is then gone, and
+    /// the mask is left to the rewrites that make such constants broadcast.)
     fn identity_scatter_nd(&self, node: &NodeProto, b: i64) -> Option<BatchRewrite> {
         if node.input.len() != 3 || node.attribute.iter().any(|a| a.name == "reduction" && a.s != b"none") {
             return None;
         }
-        let data = &self.graph.value(*self.names.get(&node.input[0])?).ty.shape;
-        let dims: Vec<i64> = data.dims().iter().map(|d| d.eval(b)).collect();
-        let updates = self.batch_dims(&node.input[2], b)?;
+        let extents = |name: &str| -> Option<Vec<i64>> {
+            Some(self.graph.value(*self.names.get(name)?).ty.shape.dims().iter().map(|d| d.eval(b)).collect())
+        };
+        let dims = extents(&node.input[0])?;
+        let updates = extents(&node.input[2])?;
         let (index_dims, indices) = self.int_value(*self.names.get(&node.input[1])?, 8)?;
         (dims == updates && enumerates(&index_dims, &indices, &dims)).then(|| {
             BatchRewrite::replace(node, "Identity", vec![node.input[2].clone()], "a ScatterND over every element in order at the export batch is read as its updates")
@@ -235,6 +246,123 @@ impl Importer<'_> {
         rewrite.node.attribute = node.attribute.clone();
         rewrite.constants.push((name, TensorData::from_f64s(DType::F32, vec![scales.len() as i64], &scales)));
         Some(rewrite)
+    }
+
+    /// A Reshape of a tensor whose batch is not its leading axis (sequence first,
+    /// `[seq, batch, features]`) to a target written for the export batch, whose last
+    /// extent a layer contracts against its weight (`Gemm` or `MatMul`). Exported at batch
+    /// 1, `view(seq * batch, features)` (as `nn.MultiheadAttention` writes it) is the
+    /// target `[seq, features]`, which could as well put the batch among the features; the
+    /// weight says the features keep their width. The extent that ends where the input's
+    /// batch axis ends becomes -1, so the batch joins the rows; at the export batch the
+    /// target is the same.
+    fn reshape_batch_into_rows(&self, node: &NodeProto, b: i64) -> Option<BatchRewrite> {
+        let [input, target] = node.input.as_slice() else { return None };
+        let width = *self.contraction_widths.get(node.output.first()?)?;
+        let shape = &self.graph.value(*self.names.get(input)?).ty.shape;
+        let axis = shape.dims().iter().position(|d| d.is_batch()).filter(|&a| a > 0)?;
+        let before: i64 = shape.dims()[..axis].iter().map(|d| d.fixed()).product::<Option<i64>>()?;
+        let (_, extents) = self.int_value(*self.names.get(target)?, 0)?;
+        if extents.len() < 2 || extents.iter().any(|&v| v <= 0) || extents.last() != Some(&width) {
+            return None;
+        }
+        // Where each target extent starts in the row-major layout. Read as it stands, the
+        // batch goes to the extent starting where the input's batch axis starts; only when
+        // that is the contracted last one is the reading wrong.
+        let starts: Vec<i64> = extents.iter().scan(1i64, |p, &v| Some(std::mem::replace(p, p.saturating_mul(v)))).collect();
+        if starts.iter().position(|&s| s == before) != Some(extents.len() - 1) {
+            return None;
+        }
+        let rows = (0..extents.len() - 1).rev().find(|&i| starts[i].saturating_mul(extents[i]) == before.saturating_mul(b))?;
+        let mut rewritten = extents.clone();
+        rewritten[rows] = -1;
+        let name = format!("{}/batch_rows_target", node.name);
+        let mut rewrite = BatchRewrite::replace(
+            node,
+            "Reshape",
+            vec![input.clone(), name.clone()],
+            &format!("a Reshape to {extents:?} written for the export batch, whose last extent a weight contracts, takes the batch into its rows ({rewritten:?})"),
+        );
+        rewrite.constants.push((name, TensorData::from_i64s(vec![rewritten.len() as i64], &rewritten)));
+        Some(rewrite)
+    }
+
+    /// The Reshape that splits rows holding the batch inside outer rows
+    /// ([`Importer::batch_rows`]) after the layer (`view(seq, batch, features)` of the
+    /// layer's `[seq * batch, features]` output, the target `[seq, 1, features]` at batch
+    /// 1): a symbolic extent `seq·N` does not say where its batch sits, so the target
+    /// extent starting after the outer rows becomes -1 and takes the batch back out.
+    fn reshape_batch_out_of_rows(&self, node: &NodeProto, b: i64) -> Option<BatchRewrite> {
+        let [input, target] = node.input.as_slice() else { return None };
+        let outer = self.rows_through_layer(*self.names.get(input)?)?;
+        let (_, extents) = self.int_value(*self.names.get(target)?, 0)?;
+        if extents.iter().any(|&v| v <= 0) {
+            return None;
+        }
+        let starts: Vec<i64> = extents.iter().scan(1i64, |p, &v| Some(std::mem::replace(p, p.saturating_mul(v)))).collect();
+        let at = (1..extents.len()).find(|&i| starts[i] == outer && extents[i] % b == 0)?;
+        let mut rewritten = extents.clone();
+        rewritten[at] = -1;
+        let name = format!("{}/batch_unrows_target", node.name);
+        let mut rewrite = BatchRewrite::replace(
+            node,
+            "Reshape",
+            vec![input.clone(), name.clone()],
+            &format!("a Reshape to {extents:?} of rows that hold the batch inside {outer} outer rows takes it back out ({rewritten:?})"),
+        );
+        rewrite.constants.push((name, TensorData::from_i64s(vec![rewritten.len() as i64], &rewritten)));
+        Some(rewrite)
+    }
+
+    /// A MatMul of per-head 4-D operands `[batch, heads, m, k]` with 3-D ones whose
+    /// batch and heads are merged (`[batch * heads, k, n]`), as an export at batch 1
+    /// writes `bmm` after dropping the `view(batch * heads, ...)` of the other side: it
+    /// broadcasts `[1, heads]` against `[heads]` there, and at no other batch. The merged
+    /// operand is split into `[batch, heads, ...]` first, which is the same at batch 1.
+    fn matmul_heads_split(&self, node: &NodeProto) -> Option<BatchRewrite> {
+        let [x, y] = node.input.as_slice() else { return None };
+        let shape = |name: &str| Some(self.graph.value(*self.names.get(name)?).ty.shape.0.clone());
+        let (xs, ys) = (shape(x)?, shape(y)?);
+        let heads_of = |four: &[Dim], three: &[Dim]| match (four, three) {
+            ([Dim::Batch(1), Dim::Fixed(h), _, _], [Dim::Batch(k), r, c]) if h == k && *h > 1 => Some((*h, r.fixed()?, c.fixed()?)),
+            _ => None,
+        };
+        let (slot, (heads, r, c)) = match (heads_of(&xs, &ys), heads_of(&ys, &xs)) {
+            (Some(split), _) => (1, split),
+            (None, Some(split)) => (0, split),
+            (None, None) => return None,
+        };
+        let merged = &node.input[slot];
+        let target = format!("{}/heads_split_target", node.name);
+        let split = format!("{}/heads_split", node.name);
+        let reshape = NodeProto {
+            name: split.clone(),
+            op_type: "Reshape".into(),
+            input: vec![merged.clone(), target.clone()],
+            output: vec![split.clone()],
+            ..Default::default()
+        };
+        let mut inputs = node.input.clone();
+        inputs[slot] = split;
+        let mut rewrite = BatchRewrite::replace(
+            node,
+            "MatMul",
+            inputs,
+            &format!("a MatMul of per-head operands with {merged:?}, whose batch and {heads} heads the export at batch 1 merged, splits them apart first"),
+        );
+        rewrite.before.push(reshape);
+        rewrite.constants.push((target, TensorData::from_i64s(vec![4], &[-1, heads, r, c])));
+        Some(rewrite)
+    }
+
+    /// The outer rows of `v`'s leading extent when `v` is a `Gemm` or 2-D `MatMul` of
+    /// rows that hold the batch inside outer rows (the layer keeps its rows).
+    fn rows_through_layer(&self, v: ValueId) -> Option<i64> {
+        let ValueDef::Node { node, .. } = &self.graph.value(v).def else { return None };
+        let layer = self.graph.node(*node);
+        let is_layer = matches!(layer.op, crate::Op::Gemm(_)) || (matches!(layer.op, crate::Op::MatMul) && self.graph.value(v).ty.shape.rank() == 2);
+        let rows = layer.inputs.first().copied().flatten()?;
+        is_layer.then(|| self.batch_rows.get(&self.graph.value(rows).name).copied()).flatten()
     }
 }
 

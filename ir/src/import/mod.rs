@@ -12,7 +12,7 @@ pub mod tensor;
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
-use onnx_protobuf::{Message, ModelProto, NodeProto, ValueInfoProto};
+use onnx_protobuf::{Message, ModelProto, NodeProto, TensorProto, ValueInfoProto};
 use pipewright_ops::dtype::onnx_type_name;
 use pipewright_ops::onnx::AttrSource;
 use pipewright_ops::onnx::{spec_in, MAX_KNOWN_OPSET};
@@ -179,13 +179,19 @@ struct Importer<'a> {
     scans_axis0: bool,
     /// Names read as a layer's own parameter ([`layer_weights_read`]).
     layer_weights: std::collections::HashSet<String>,
+    /// Names whose last extent a layer contracts against its weight ([`contraction_widths_read`]).
+    contraction_widths: HashMap<String, i64>,
+    /// Values whose leading extent holds the batch as the inner factor after this many
+    /// outer rows (`[seq * batch, features]`), by name: a symbolic extent `seq·N` does not
+    /// say where its batch sits, and the Reshape that splits it again needs to know.
+    batch_rows: HashMap<String, i64>,
     opsets: Opsets,
     ctx: Ctx,
 }
 
 impl<'a> Importer<'a> {
     fn new(dir: &'a Path, opts: &'a ImportOptions) -> Importer<'a> {
-        Importer { dir, opts, graph: Graph::default(), names: HashMap::new(), known: Vec::new(), composites: HashMap::new(), scans_axis0: false, layer_weights: Default::default(), opsets: Opsets::default(), ctx: Ctx::default() }
+        Importer { dir, opts, graph: Graph::default(), names: HashMap::new(), known: Vec::new(), composites: HashMap::new(), scans_axis0: false, layer_weights: Default::default(), contraction_widths: HashMap::new(), batch_rows: HashMap::new(), opsets: Opsets::default(), ctx: Ctx::default() }
     }
 
     fn run(mut self, mut model: ModelProto) -> Result<Graph, ImportError> {
@@ -229,6 +235,7 @@ impl<'a> Importer<'a> {
         let initializer_names: std::collections::HashSet<String> = g.initializer.iter().map(|t| t.name.clone()).collect();
         let params = float_parameters_read(&g.node, &self.opts.float_parameters);
         self.layer_weights = layer_weights_read(&g.node);
+        self.contraction_widths = contraction_widths_read(&g.node, &g.initializer);
         self.scans_axis0 = control::scans_inputs_along_axis0(&g.node, &g.input, opset);
         self.add_inputs(&g.input, &initializer_names, &params)?;
         // The export batch is known from here on.
@@ -418,8 +425,10 @@ impl<'a> Importer<'a> {
             return self.add_node(&aligned, opset);
         }
         if let Some(rewrite) = self.batch_rewrite(node) {
-            let replacement = self.apply_batch_rewrite(rewrite);
-            return self.add_node(&replacement, opset);
+            for replacement in self.apply_batch_rewrite(rewrite) {
+                self.add_node(&replacement, opset)?;
+            }
+            return Ok(());
         }
         let op = attrs::convert_node(node, version).map_err(bad)?;
         let inputs = node.input.iter().map(|n| self.tensor_input(n, node)).collect::<Result<Vec<_>, _>>()?;
@@ -529,6 +538,7 @@ impl<'a> Importer<'a> {
         let mut inputs = inputs;
         if let (Some(out), crate::Op::Reshape { .. }) = (out_types.first(), &op) {
             self.fix_reshape_target(node_name, &mut inputs, out);
+            self.note_batch_rows(&inputs, out, output_names);
         }
         let outputs = output_names
             .iter()
@@ -544,6 +554,20 @@ impl<'a> Importer<'a> {
             }
         }
         Ok(())
+    }
+
+    /// Records a Reshape output whose leading extent merges the input's axes up to its
+    /// batch axis, the batch innermost (`[seq, batch * heads, dim]` to `[seq * batch,
+    /// heads * dim]`, as `nn.MultiheadAttention` views its output): the Reshape that splits
+    /// those rows again finds the batch after the outer rows ([`Importer::batch_rows`]).
+    fn note_batch_rows(&mut self, inputs: &[Option<ValueId>], out: &TensorType, output_names: &[String]) {
+        let (Some(Some(input)), Some(name)) = (inputs.first(), output_names.first()) else { return };
+        let dims = &self.graph.value(*input).ty.shape.0;
+        let Some(axis) = dims.iter().position(|d| d.is_batch()).filter(|&a| a > 0) else { return };
+        let Some(before) = dims[..axis].iter().map(|d| d.fixed()).product::<Option<i64>>() else { return };
+        if before > 1 && out.shape.0.first() == Some(&Dim::Batch(before)) {
+            self.batch_rows.insert(name.clone(), before);
+        }
     }
 
     /// A `Reshape` whose target is computed from the batch (TorchScript's `Shape`, `Gather`,
@@ -987,6 +1011,24 @@ fn layer_weights_read(nodes: &[NodeProto]) -> std::collections::HashSet<String> 
         .iter()
         .flat_map(|n| n.input.iter().enumerate().filter(move |&(slot, name)| !name.is_empty() && is_weight(n, slot)).map(|(_, name)| name.clone()))
         .collect()
+}
+
+/// The names a `Gemm` or `MatMul` reads as its left operand against an initializer
+/// weight, with the width the weight contracts their last extent with.
+fn contraction_widths_read(nodes: &[NodeProto], initializers: &[TensorProto]) -> HashMap<String, i64> {
+    let dims: HashMap<&str, &[i64]> = initializers.iter().map(|t| (t.name.as_str(), t.dims.as_slice())).collect();
+    let int_attr = |n: &NodeProto, name: &str| n.attribute.iter().find(|a| a.name == name).map_or(0, |a| a.i);
+    let mut widths = HashMap::new();
+    for n in nodes.iter().filter(|n| n.input.len() >= 2) {
+        let Some(w) = dims.get(n.input[1].as_str()).filter(|d| d.len() >= 2) else { continue };
+        let width = match n.op_type.as_str() {
+            "Gemm" if int_attr(n, "transA") == 0 => w[usize::from(int_attr(n, "transB") != 0)],
+            "MatMul" => w[w.len() - 2],
+            _ => continue,
+        };
+        widths.insert(n.input[0].clone(), width);
+    }
+    widths
 }
 
 fn detect_batch(inputs: &[(DType, Vec<DeclaredDim>)]) -> Option<(String, Option<i64>)> {
