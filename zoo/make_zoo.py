@@ -64,6 +64,8 @@ class Wrapped(nn.Module):
         for key in ("logits", "last_hidden_state", "sample"):
             if hasattr(out, key) and getattr(out, key) is not None:
                 return getattr(out, key)
+        if isinstance(out, dict):  # torchvision's segmentation models: {"out": ..., "aux": ...}
+            return out["out"]
         return out[0] if isinstance(out, (tuple, list)) else out
 
 
@@ -191,6 +193,38 @@ def tv_resnext():
     m.fc = nn.Linear(64, 10)
     m.layer3, m.layer4 = nn.Identity(), nn.Identity()
     return m, image()
+
+
+def tv_maxvit():
+    """torchvision's MaxViT (MBConv, then block and grid attention over 2x2 partitions), two tiny stages."""
+    from torchvision.models import MaxVit
+    return MaxVit(input_size=(32, 32), stem_channels=8, partition_size=2, block_channels=[8, 16], block_layers=[1, 1],
+                  head_dim=4, stochastic_depth_prob=0.0, num_classes=10), image()
+
+
+def tv_r3d():
+    """torchvision's video ResNet (R3D: 3-D convolutions over frames), stem and two stages at a tiny width."""
+    from torchvision.models.video.resnet import BasicBlock, BasicStem, Conv3DSimple, VideoResNet
+    m = VideoResNet(BasicBlock, [Conv3DSimple] * 4, [1, 1, 1, 1], BasicStem, num_classes=10)
+    m.inplanes = 8
+    m.stem = nn.Sequential(nn.Conv3d(3, 8, (3, 7, 7), (1, 2, 2), (1, 3, 3), bias=False), nn.BatchNorm3d(8),
+                           nn.ReLU(inplace=True))
+    m.layer1 = m._make_layer(BasicBlock, Conv3DSimple, 8, 1)
+    m.layer2 = m._make_layer(BasicBlock, Conv3DSimple, 16, 1, stride=2)
+    m.layer3, m.layer4 = nn.Identity(), nn.Identity()
+    m.fc = nn.Linear(16, 10)
+    return m, {"video": lambda b: torch.randn(b, 3, 4, 16, 16)}
+
+
+def tv_deeplabv3():
+    """torchvision's DeepLabV3 (atrous spatial pyramid pooling, bilinear upsampling) on the tiny ResNet."""
+    from torchvision.models._utils import IntermediateLayerGetter
+    from torchvision.models.segmentation.deeplabv3 import ASPP, DeepLabV3
+    backbone = IntermediateLayerGetter(tv_resnet()[0], {"layer4": "out"})
+    # DeepLabHead's layout with its 256 channels narrowed to 16.
+    head = nn.Sequential(ASPP(32, [2, 4, 6], out_channels=16), nn.Conv2d(16, 16, 3, padding=1, bias=False),
+                         nn.BatchNorm2d(16), nn.ReLU(), nn.Conv2d(16, 3, 1))
+    return DeepLabV3(backbone, head), image()
 
 
 class SqueezeNet(nn.Module):
@@ -379,6 +413,9 @@ ARCHS = {
     "googlenet": lambda: (GoogLeNet(), image()),
     "mnasnet": lambda: tv_mnasnet(),
     "unet": lambda: (UNet(), image(16)),
+    "maxvit": lambda: tv_maxvit(),
+    "r3d": lambda: tv_r3d(),
+    "deeplabv3": lambda: tv_deeplabv3(),
     "hf_resnet": lambda: hf("ResNetConfig", "ResNetForImageClassification", image(),
                             embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], num_labels=5),
     "deit": lambda: hf("DeiTConfig", "DeiTForImageClassification", image(16), image_size=16, patch_size=4,
@@ -394,6 +431,20 @@ ARCHS = {
     "beit": lambda: hf("BeitConfig", "BeitForImageClassification", image(16), image_size=16, patch_size=4,
                        hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
                        use_relative_position_bias=True),
+    "cvt": lambda: hf("CvtConfig", "CvtForImageClassification", image(32), embed_dim=[8, 16], num_heads=[1, 2],
+                      depth=[1, 2], patch_sizes=[7, 3], patch_stride=[4, 2], patch_padding=[2, 1],
+                      mlp_ratio=[2.0, 2.0], attention_drop_rate=[0.0, 0.0], drop_rate=[0.0, 0.0],
+                      drop_path_rate=[0.0, 0.0], qkv_bias=[True, True], cls_token=[False, True],
+                      qkv_projection_method=["dw_bn", "dw_bn"], kernel_qkv=[3, 3], padding_kv=[1, 1],
+                      stride_kv=[2, 2], padding_q=[1, 1], stride_q=[1, 1], num_labels=5),
+    "levit": lambda: hf("LevitConfig", "LevitForImageClassification", image(32), image_size=32, patch_size=16,
+                        hidden_sizes=[16, 24, 32], num_attention_heads=[2, 3, 4], depths=[1, 1, 1], key_dim=[8, 8, 8],
+                        drop_path_rate=0.0, mlp_ratio=[2, 2, 2], attention_ratio=[2, 2, 2],
+                        down_ops=[["Subsample", 8, 2, 4, 2, 2], ["Subsample", 8, 3, 4, 2, 2]], num_labels=5),
+    "mobilevitv2": lambda: hf("MobileViTV2Config", "MobileViTV2ForImageClassification", image(64), image_size=64,
+                              width_multiplier=0.25, num_labels=5),
+    "dinov2": lambda: hf("Dinov2Config", "Dinov2ForImageClassification", image(16), image_size=16, patch_size=4,
+                         hidden_size=16, num_hidden_layers=2, num_attention_heads=2, mlp_ratio=2, num_labels=5),
     # language: encoders
     "bert": lambda: hf("BertConfig", "BertForMaskedLM", tokens(), **TEXT),
     "roberta": lambda: hf("RobertaConfig", "RobertaForSequenceClassification", tokens(), pad_token_id=1,
@@ -408,6 +459,14 @@ ARCHS = {
     "convbert": lambda: hf("ConvBertConfig", "ConvBertForMaskedLM", tokens(), embedding_size=16, **TEXT),
     "funnel": lambda: hf("FunnelConfig", "FunnelForSequenceClassification", tokens(), vocab_size=VOCAB, d_model=16,
                          n_head=2, d_head=8, d_inner=32, block_sizes=[1, 1], num_decoder_layers=1),
+    "roformer": lambda: hf("RoFormerConfig", "RoFormerForMaskedLM", tokens(), embedding_size=16, **TEXT),
+    "squeezebert": lambda: hf("SqueezeBertConfig", "SqueezeBertForSequenceClassification", tokens(), embedding_size=16,
+                              q_groups=2, k_groups=2, v_groups=2, post_attention_groups=2, intermediate_groups=2,
+                              output_groups=2, num_labels=3, **TEXT),
+    "nystromformer": lambda: hf("NystromformerConfig", "NystromformerForMaskedLM", tokens(), num_landmarks=4,
+                                segment_means_seq_len=SEQ, conv_kernel_size=None, **TEXT),
+    "esm": lambda: hf("EsmConfig", "EsmForMaskedLM", tokens(), position_embedding_type="rotary", pad_token_id=1,
+                      mask_token_id=2, **TEXT),
     # language: decoders
     "gpt2": lambda: hf("GPT2Config", "GPT2LMHeadModel", tokens(), vocab_size=VOCAB, n_positions=32, n_embd=16,
                        n_layer=2, n_head=2),
@@ -433,6 +492,15 @@ ARCHS = {
     "biogpt": lambda: hf("BioGptConfig", "BioGptForCausalLM", tokens(), **TEXT),
     "stablelm": lambda: hf("StableLmConfig", "StableLmForCausalLM", tokens(), **DECODER),
     "olmo": lambda: hf("OlmoConfig", "OlmoForCausalLM", tokens(), pad_token_id=0, **DECODER),
+    "gpt_bigcode": lambda: hf("GPTBigCodeConfig", "GPTBigCodeForCausalLM", tokens(), vocab_size=VOCAB, n_positions=32,
+                              n_embd=16, n_layer=2, n_head=2, multi_query=True),
+    "mpt": lambda: hf("MptConfig", "MptForCausalLM", tokens(), vocab_size=VOCAB, d_model=16, n_heads=2, n_layers=2,
+                      max_seq_len=32, expansion_ratio=2),
+    # CodeGen splits its fused projection into 4 model-parallel parts: 4 heads of 4.
+    "codegen": lambda: hf("CodeGenConfig", "CodeGenForCausalLM", tokens(), vocab_size=VOCAB, n_positions=32, n_ctx=32,
+                          n_embd=16, n_layer=2, n_head=4, rotary_dim=4),
+    "xglm": lambda: hf("XGLMConfig", "XGLMForCausalLM", tokens(), vocab_size=VOCAB, d_model=16, num_layers=2,
+                       attention_heads=2, ffn_dim=32, max_position_embeddings=32),
     # language: encoder-decoders
     "t5": lambda: hf("T5Config", "T5ForConditionalGeneration", seq2seq(), vocab_size=VOCAB, d_model=16, d_kv=8, d_ff=32,
                      num_layers=2, num_decoder_layers=2, num_heads=2, decoder_start_token_id=0, pad_token_id=0),
@@ -442,6 +510,9 @@ ARCHS = {
     "pegasus": lambda: hf("PegasusConfig", "PegasusForConditionalGeneration", seq2seq(), vocab_size=VOCAB, d_model=16,
                           encoder_layers=2, decoder_layers=2, encoder_attention_heads=2, decoder_attention_heads=2,
                           encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=32),
+    "marian": lambda: hf("MarianConfig", "MarianMTModel", seq2seq(), vocab_size=VOCAB, d_model=16, encoder_layers=2,
+                         decoder_layers=2, encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
+                         decoder_ffn_dim=32, max_position_embeddings=32, pad_token_id=0, decoder_start_token_id=0),
     # speech
     "whisper_encoder": lambda: whisper_encoder(),
     "wav2vec2": lambda: hf("Wav2Vec2Config", "Wav2Vec2Model", {"input_values": lambda b: torch.randn(b, 400)},
