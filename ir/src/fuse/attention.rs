@@ -17,6 +17,8 @@
 //!   `P'` and `V'` flattened to `[batch * heads, seq, _]` (BLOOM, DeBERTa-v2): the fused
 //!   node reads the 4-D values they flatten, or adds the `Reshape` that splits them;
 //! - `S = Softmax(L)` over the last axis of a 4-D value, through identity `Cast`s (T5);
+//! - `L` through `Max(L, f)`, `f` a constant at most -1e4 (optional; XGLM clamps the
+//!   masked logits at the lowest float), which changes nothing for a row that attends a key;
 //! - `L = A + M` (either order; `M` a float mask whose last axis is the keys', up to four
 //!   of them added one after the other, as MPNet adds a position bias and the padding
 //!   mask: the fused node's mask is then their sum, nodes added), `L = Where(C, A, f)`
@@ -48,7 +50,7 @@
 //! (by an ulp of the logits), and so does a per-head temperature applied to Q rather than
 //! to the scores.
 
-use pipewright_ops::op::{Attention, BinaryOp, UnaryOp};
+use pipewright_ops::op::{Attention, BinaryOp, UnaryOp, VariadicOp};
 
 use super::pattern::{factors, one_element_weight, producer, producer_of, rewrite_node, scalar, unary_operand, Product};
 use crate::infer::{broadcast, Ctx};
@@ -266,7 +268,7 @@ fn match_attention(g: &Graph, uses: &[usize], n: NodeId) -> Option<Matched> {
         _ => return None,
     };
     let softmax_out = unguarded(g, uses, uncast(g, uses, probs)?)?;
-    let logits = uncast(g, uses, softmax_input(g, uses, softmax_out)?)?;
+    let logits = unclamped(g, uses, uncast(g, uses, softmax_input(g, uses, softmax_out)?)?);
     let (ScaledProduct { q, q_factors, k, scale, weights }, mask) = match (&g.value(logits).ty.shape.0[..], &g.value(*y).ty.shape.0[..]) {
         ([_, _, _, _], _) => unmasked(g, uses, logits)?,
         // Unmasked scores taken in 3-D, with no 4-D logits between them and the softmax
@@ -363,6 +365,20 @@ fn softmax_input(g: &Graph, uses: &[usize], s: ValueId) -> Option<ValueId> {
     }
 }
 
+/// `L` under `Max(L, f)` with `f` a constant at most [`MASK_FILL_AT_MOST`] (XGLM clamps
+/// its masked logits at the lowest float before the softmax), else `logits` itself: the
+/// clamp changes no probability of a row that attends any key.
+fn unclamped(g: &Graph, uses: &[usize], logits: ValueId) -> ValueId {
+    let low = |f: ValueId| scalar(g, f).is_some_and(|f| f <= MASK_FILL_AT_MOST);
+    let Some((Op::Variadic(VariadicOp::Max), [a, b])) = producer(g, logits) else { return logits };
+    let same = |x: ValueId| g.value(x).ty == g.value(logits).ty;
+    match (uses[logits.index()] == 1, low(b) && same(a), low(a) && same(b)) {
+        (true, true, _) => a,
+        (true, _, true) => b,
+        _ => logits,
+    }
+}
+
 /// The most float masks added to one attention's scores (MPNet adds a relative-position
 /// bias and the padding mask).
 const ADDED_MASKS_AT_MOST: usize = 4;
@@ -413,7 +429,10 @@ fn unmasked(g: &Graph, uses: &[usize], logits: ValueId) -> Option<(ScaledProduct
         }
     };
     let covers_keys = |m: ValueId| g.value(m).ty.shape.rank() <= 4 && g.value(m).ty.shape.0.last() == Some(&keys);
-    // `Where(C, A, f)` keeping the keys `C` marks, or `Where(C, f, A)` keeping the others.
+    let float_mask = |m: ValueId| g.value(m).ty.dtype == ty.dtype && covers_keys(m);
+    // `Where(C, A, f)` keeping the keys `C` marks, or `Where(C, f, A)` keeping the others;
+    // `A` may carry added masks itself (MPT masks its ALiBi-biased scores), which then
+    // join the fused mask as they do when added after the `Where`.
     let kept = |w: ValueId| -> Option<(ScaledProduct, Vec<Operand>, Keep)> {
         let Some((Op::Where, [cond, x, y])) = producer(g, w) else { return None };
         let low = |f: ValueId| scalar(g, f).is_some_and(|f| f <= MASK_FILL_AT_MOST);
@@ -429,11 +448,11 @@ fn unmasked(g: &Graph, uses: &[usize], logits: ValueId) -> Option<(ScaledProduct
             },
             _ => return None,
         };
-        let (scores, inner) = full(a)?;
+        let ((scores, mut inner), biases) = added_masks(g, uses, a, ADDED_MASKS_AT_MOST, full, float_mask)?;
+        inner.extend(biases.into_iter().map(Operand::Value));
         Some((scores, inner, keep))
     };
     let scores_in = |v: ValueId| full(v).map(|(s, inner)| (s, inner, None)).or_else(|| kept(v).map(|(s, inner, k)| (s, inner, Some(k))));
-    let float_mask = |m: ValueId| g.value(m).ty.dtype == ty.dtype && covers_keys(m);
     let ((scores, mut inner, keep), outer) = added_masks(g, uses, logits, ADDED_MASKS_AT_MOST, scores_in, float_mask)?;
     if inner.len() + outer.len() > ADDED_MASKS_AT_MOST {
         return None;
@@ -626,6 +645,21 @@ mod tests {
         assert!(text.contains("= Attention[scale=0.25, softmax_precision=f32](%v0, %v1, %v2, %v3)  # n0 \"attn\""), "{text}");
     }
 
+    /// XGLM's clamp of the masked logits at the lowest float, between the mask and the
+    /// softmax, is looked through; a clamp at a value that could change an attended
+    /// key's weight is not.
+    #[test]
+    fn a_clamp_of_the_masked_logits_at_the_lowest_float_is_looked_through() {
+        let clamped = |floor: &str| {
+            let clamp = format!("  %v11: f32[] = const \"floor\" [{floor}]\n  %v12: f32[N,4,8,8] = Max(%v8, %v11)  # n6 \"clamped\"\n  %v9: f32[N,4,8,8] = Softmax[axis=-1](%v12)");
+            EAGER.replace("  %v9: f32[N,4,8,8] = Softmax[axis=-1](%v8)", &clamp) + "  return %v10 \"y\"\n"
+        };
+        let (n, g, text) = fused(&clamped("-3.4028234663852886e38"));
+        assert_eq!((n, g.node_count()), (1, 1), "{text}");
+        let (n, _, text) = fused(&clamped("-1.0"));
+        assert_eq!(n, 0, "{text}");
+    }
+
     #[test]
     fn the_dynamo_form_with_split_scale_nan_guard_and_3d_transpose_is_fused() {
         // torch.onnx's dynamo decomposition of SDPA: sqrt(scale) on each operand, K^T
@@ -676,6 +710,13 @@ mod tests {
         assert_eq!(n, 1, "{text}");
         let (n, g, text) = fused(&body.replace("return %v11 \"y\"", "return %v8 \"w\", %v11 \"y\""));
         assert_eq!((n, g.node_count()), (0, 7), "{text}");
+        // MPT's order: the bias added first, the causal Where over the biased scores.
+        let inside = body
+            .replace("Where(%v3, %v7, %v4)  # n2 \"causal_masked\"", "Add(%v7, %v5)  # n2 \"biased\"")
+            .replace("Add(%v8, %v5)  # n3 \"masked\"", "Where(%v3, %v8, %v4)  # n3 \"masked\"");
+        let (n, g, text) = fused(&inside);
+        assert_eq!((n, g.node_count()), (1, 3), "{text}");
+        assert!(text.contains("%v7: f32[N,1,8,8] = Where(%v4, %v3, %v5)  # n1 \"attn/mask\""), "{text}");
     }
 
     /// A fixed-batch dynamo export: `sqrt(scale)` on Q and on K^T as a trainable `[1]`
