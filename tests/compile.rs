@@ -508,20 +508,21 @@ fn a_fixed_batch_reading_that_mixes_samples_is_refused() {
     assert!(!out.join("pipeline.toml").exists(), "a refused compile wrote a build");
 }
 
-/// Token type ids the TorchScript exporter folded at the export batch (a constant `[2, 4]`
-/// of zeros) and looked up in their embedding are one slice repeated: the build keeps one
-/// slice, whose rows the sum with the word embeddings broadcasts, so the model compiles
-/// (and passes compile's check at batch 3) instead of pinning batch 2.
+/// Token type ids the TorchScript exporter folded at the export batch (a `Constant` node
+/// `[2, 4]` of zeros) and looked up in their embedding are one slice repeated: the build
+/// keeps one slice, whose rows the sum with the word embeddings broadcasts, so the model
+/// compiles (and passes compile's check at batch 3) instead of pinning batch 2, and
+/// `export` writes a model that takes any batch, the constant one slice too.
 #[test]
 fn token_type_ids_folded_at_the_export_batch_follow_the_batch() {
-    use common::{node, tensor_f32, tensor_i64, Ax, ModelBuilder, I64};
+    use common::{node, tensor_f32, tensor_i64, Ax, ModelBuilder, NodeExt, I64};
     let dir = tempfile::tempdir().unwrap();
     let table = |name: &str, rows: i64| tensor_f32(name, &[rows, 3], &(0..rows * 3).map(|i| i as f32 * 0.25).collect::<Vec<_>>());
     let model = ModelBuilder::new(13)
         .input("ids", I64, &[Ax::Fixed(2), Ax::Fixed(4)])
         .init(table("words", 10))
         .init(table("types", 2))
-        .init(tensor_i64("type_ids", &[2, 4], &[0; 8]))
+        .node(node("Constant", "type_ids", &[], &["type_ids"]).tensor("value", tensor_i64("type_ids", &[2, 4], &[0; 8])))
         .node(node("Gather", "word_embeddings", &["words", "ids"], &["w"]))
         .node(node("Gather", "type_embeddings", &["types", "type_ids"], &["t"]))
         .node(node("Add", "embeddings", &["w", "t"], &["y"]))
@@ -530,4 +531,9 @@ fn token_type_ids_folded_at_the_export_batch_follow_the_batch() {
     let out = dir.path().join("build");
     let o = compile(&model, 1, &out, &[]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    ok(&pw(["train", out.to_str().unwrap(), "--steps", "1", "--microbatch", "3", "--no-progress"]));
+    let exported = dir.path().join("trained.onnx");
+    let o = pw(["export", out.to_str().unwrap(), "-o", exported.to_str().unwrap()]);
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success() && stdout.contains("batch axis dynamic") && stdout.contains("1 batch-baked constant(s)"), "{stdout}{}", String::from_utf8_lossy(&o.stderr));
 }

@@ -14,7 +14,9 @@
 //!   a frozen constant of rank >= 3, leading extent the export batch, equal slices) keeps
 //!   one slice (`[1, ...]`): broadcasting element-wise ops take it as it is, and a Concat
 //!   along another axis reads it expanded to the batch of the tensor it is concatenated
-//!   with (`Expand(c, Concat(Gather(Shape(x), 0), c.dims[1..]))`, as the lowering does).
+//!   with (`Expand(c, Concat(Gather(Shape(x), 0), c.dims[1..]))`, as the lowering does);
+//!   a `Constant` node holding such a tensor (token type ids the TorchScript exporter
+//!   folded) is written as an initializer first, and rewritten the same way.
 //!
 //! Anything else that bakes the batch (a Tile over the batch, a Reshape whose output has
 //! two batch extents) is not rewritten: the model then keeps its export batch, and
@@ -87,6 +89,28 @@ fn apply_source_rewrites(g: &mut GraphProto, ir: &Graph) -> usize {
     count
 }
 
+/// Rewrites `Constant` nodes whose tensor leads with the export batch (token type ids the
+/// TorchScript exporter folded) as initializers of the same name, so that the rewrites of
+/// batch-baked initializers see them.
+fn hoist_batch_constants(g: &mut GraphProto, b0: i64) {
+    let mut hoisted = Vec::new();
+    g.node.retain(|n| {
+        let value = n.attribute.iter().find(|a| a.name == "value").and_then(|a| a.t.as_ref());
+        let (true, Some(t), Some(name)) = (n.op_type == "Constant", value, n.output.first()) else { return true };
+        if t.dims.len() < 2 || t.dims[0] != b0 || !t.external_data.is_empty() {
+            return true;
+        }
+        match tensor_from_proto(t.clone(), Path::new("")) {
+            Ok(data) => {
+                hoisted.push(tensor_to_proto(name, &data));
+                false
+            }
+            Err(_) => true,
+        }
+    });
+    g.initializer.extend(hoisted);
+}
+
 /// Whether every node reading `x` broadcasts a leading extent of 1 back to the batch: an
 /// element-wise op, or a Gather taking `x` as indices whose result only such ops read.
 fn broadcast_safe(g: &GraphProto, x: &str) -> bool {
@@ -111,6 +135,7 @@ pub fn dynamic_batch(g: &mut GraphProto, ir: &Graph) -> Rebatched {
     let shapes: HashMap<&str, &[Dim]> = ir.value_ids().map(|v| (ir.value(v).name.as_str(), ir.value(v).ty.shape.0.as_slice())).collect();
     let mut out = g.clone();
     let rewritten = apply_source_rewrites(&mut out, ir);
+    hoist_batch_constants(&mut out, b0);
     let fixed = |why: String| Rebatched::Fixed { batch: b0, why };
     let initializers: HashMap<String, usize> = out.initializer.iter().enumerate().map(|(i, t)| (t.name.clone(), i)).collect();
     // A tensor by name: an initializer, or a Constant node's value.
