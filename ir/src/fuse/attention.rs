@@ -17,6 +17,8 @@
 //!   `P'` and `V'` flattened to `[batch * heads, seq, _]` (BLOOM, DeBERTa-v2): the fused
 //!   node reads the 4-D values they flatten, or adds the `Reshape` that splits them;
 //! - `S = Softmax(L)` over the last axis of a 4-D value, through identity `Cast`s (T5);
+//! - `L = (A + M...) / s` or `(A + M...) * s`, `s` a scalar constant (CodeGen scales the
+//!   masked scores): the scale joins `A`'s and each mask is scaled by it, a `Mul` added;
 //! - `L` through `Max(L, f)`, `f` a constant at most -1e4 (optional; XGLM clamps the
 //!   masked logits at the lowest float), which changes nothing for a row that attends a key;
 //! - `L = A + M` (either order; `M` a float mask whose last axis is the keys', up to four
@@ -70,12 +72,15 @@ enum Operand {
     Value(ValueId),
     Permuted { of: ValueId, perm: Vec<i64> },
     Reshaped { of: ValueId, dims: Vec<Dim> },
+    /// A mask times a constant: one added before the scores were scaled (CodeGen's
+    /// `(Q K^T + M) / s`), scaled as the scores are.
+    Scaled { of: ValueId, factor: f64 },
 }
 
 impl Operand {
     fn ty(&self, g: &Graph) -> TensorType {
         match self {
-            Operand::Value(v) => g.value(*v).ty.clone(),
+            Operand::Value(v) | Operand::Scaled { of: v, .. } => g.value(*v).ty.clone(),
             Operand::Permuted { of, perm } => {
                 let t = &g.value(*of).ty;
                 TensorType::new(t.dtype, Shape(perm.iter().map(|&a| t.shape.0[a as usize]).collect()))
@@ -99,6 +104,12 @@ impl Operand {
                 let shape_ty = TensorType::new(DType::I64, Shape::fixed(&[4]));
                 let shape = g.add_value(Value { name: format!("{out}_shape"), ty: shape_ty, def: ValueDef::Weight(Weight { data, trainable: false }) });
                 g.add_node(out.clone(), Op::Reshape { allow_zero: false }, vec![Some(*of), Some(shape)], vec![Some((out, ty))])
+            }
+            Operand::Scaled { of, factor } => {
+                let data = TensorData::from_f64s(ty.dtype, vec![], &[*factor]);
+                let scalar_ty = TensorType::new(ty.dtype, Shape::fixed(&[]));
+                let c = g.add_value(Value { name: format!("{out}_factor"), ty: scalar_ty, def: ValueDef::Weight(Weight { data, trainable: false }) });
+                g.add_node(out.clone(), Op::Binary(BinaryOp::Mul), vec![Some(*of), Some(c)], vec![Some((out, ty))])
             }
         };
         g.node(n).outputs[0].expect("one output")
@@ -453,6 +464,9 @@ fn unmasked(g: &Graph, uses: &[usize], logits: ValueId) -> Option<(ScaledProduct
         Some((scores, inner, keep))
     };
     let scores_in = |v: ValueId| full(v).map(|(s, inner)| (s, inner, None)).or_else(|| kept(v).map(|(s, inner, k)| (s, inner, Some(k))));
+    if let Some(found) = scaled_after_masks(g, uses, logits, full, float_mask) {
+        return Some(found);
+    }
     let ((scores, mut inner, keep), outer) = added_masks(g, uses, logits, ADDED_MASKS_AT_MOST, scores_in, float_mask)?;
     if inner.len() + outer.len() > ADDED_MASKS_AT_MOST {
         return None;
@@ -461,6 +475,34 @@ fn unmasked(g: &Graph, uses: &[usize], logits: ValueId) -> Option<(ScaledProduct
     inner.extend(outer.into_iter().map(Operand::Value));
     let mask = (!inner.is_empty() || keep.is_some()).then_some(Mask { added: inner, keep });
     Some((scores, mask))
+}
+
+/// Logits scaled after the masks were added, `(A + M...) / s` or `(A + M...) * s` with `s`
+/// a scalar constant (CodeGen): the scale joins `A`'s and each mask is scaled by it (a
+/// `Mul` added), which is the same function.
+fn scaled_after_masks(
+    g: &Graph,
+    uses: &[usize],
+    logits: ValueId,
+    full: impl Fn(ValueId) -> Option<(ScaledProduct, Vec<Operand>)>,
+    float_mask: impl Fn(ValueId) -> bool,
+) -> Option<(ScaledProduct, Option<Mask>)> {
+    let (op, [x, c]) = producer(g, logits)?;
+    let factor = match (op, scalar(g, c)?) {
+        (Op::Binary(BinaryOp::Div), s) if s != 0.0 => 1.0 / s,
+        (Op::Binary(BinaryOp::Mul), s) => s,
+        _ => return None,
+    };
+    if uses[logits.index()] != 1 || g.value(x).ty != g.value(logits).ty {
+        return None;
+    }
+    let ((mut scores, inner), masks) = added_masks(g, uses, x, ADDED_MASKS_AT_MOST, full, float_mask)?;
+    if masks.is_empty() || !inner.is_empty() {
+        return None;
+    }
+    scores.scale *= factor;
+    let added = masks.into_iter().map(|of| Operand::Scaled { of, factor }).collect();
+    Some((scores, Some(Mask { added, keep: None })))
 }
 
 /// `Reshape(L')` splitting the heads out of 3-D logits `L' = A' + M'...` (BLOOM's
@@ -643,6 +685,20 @@ mod tests {
         let (n, g, text) = fused(&format!("{EAGER}  return %v10 \"y\"\n"));
         assert_eq!((n, g.node_count()), (1, 1), "{text}");
         assert!(text.contains("= Attention[scale=0.25, softmax_precision=f32](%v0, %v1, %v2, %v3)  # n0 \"attn\""), "{text}");
+    }
+
+    /// CodeGen's order: the mask added to `Q K^T` before the scale divides them; the mask
+    /// is scaled too (a `Mul` added), the scale joins the product's.
+    #[test]
+    fn scores_scaled_after_the_mask_was_added_scale_the_mask_too() {
+        let body = EAGER
+            .replace("Div(%v6, %v3)  # n2 \"scaled\"", "Add(%v6, %v4)  # n2 \"masked_first\"")
+            .replace("Add(%v7, %v4)  # n3 \"masked\"", "Div(%v7, %v3)  # n3 \"scaled_after\"")
+            + "  return %v10 \"y\"\n";
+        let (n, g, text) = fused(&body);
+        assert_eq!((n, g.node_count()), (1, 2), "{text}");
+        assert!(text.contains("= Mul(%v3, %v4)  # n0 \"attn/mask_part0\""), "{text}");
+        assert!(text.contains("Attention[scale=0.25, softmax_precision=f32](%v0, %v1, %v2, %v5)"), "{text}");
     }
 
     /// XGLM's clamp of the masked logits at the lowest float, between the mask and the
