@@ -42,7 +42,9 @@
 //!   two axes swapped back: a `Transpose` is added where that is not the value itself), or
 //!   `Reshape(Transpose(M))` through 3-D (`M = [batch * heads, seq, head]`; K is the 4-D
 //!   value `M` reshapes, as the dynamo exporter writes it, or else `M` reshaped, a `Reshape`
-//!   added: torchvision's sequence-first attention, grouped-query keys repeated in 5-D).
+//!   added: torchvision's sequence-first attention, grouped-query keys repeated in 5-D),
+//!   or any other 4-D value, K^T as its producer laid it out (SqueezeBERT's channel-first
+//!   keys): K is then that value with its last two axes swapped, a `Transpose` added.
 //!
 //! Q, K and V must have the same number of heads (a broadcast K is left alone) and one
 //! float type. What changes: a `Where` mask sets the masked logits to minus infinity rather
@@ -620,19 +622,24 @@ fn untransposed(g: &Graph, uses: &[usize], kt: ValueId) -> Option<Operand> {
     if uses[kt.index()] != 1 {
         return None;
     }
-    let (op, operands) = producer_of(g, kt)?;
+    // Keys laid out heads-last by their producer (SqueezeBERT's channel-first `[batch,
+    // heads, head, seq]`): K is `K^T` with its last two axes swapped, a Transpose added.
+    let swapped = || (g.value(kt).ty.shape.rank() == 4).then(|| Operand::Permuted { of: kt, perm: vec![0, 1, 3, 2] });
+    let Some((op, operands)) = producer_of(g, kt) else { return swapped() };
     match (op, operands.as_slice()) {
         // A permutation of the four axes as numbers 0 to 3 (a negative one is left alone).
         (Op::Transpose { perm: Some(p) }, &[x]) if p.len() == 4 && (0..4).all(|a| p.contains(&a)) => {
             let perm = vec![p[0], p[1], p[3], p[2]];
             Some(if perm == [0, 1, 2, 3] { Operand::Value(x) } else { Operand::Permuted { of: x, perm } })
         }
-        (Op::Reshape { .. }, &[swapped, _]) => {
+        (Op::Reshape { .. }, &[flat, _]) => {
             let [b, h, d, s] = g.value(kt).ty.shape.0[..] else { return None };
-            let k = flat_untransposed(g, uses, swapped, b, h)?;
-            (k.ty(g).shape.0 == [b, h, s, d]).then_some(k)
+            match flat_untransposed(g, uses, flat, b, h) {
+                Some(k) => (k.ty(g).shape.0 == [b, h, s, d]).then_some(k),
+                None => swapped(),
+            }
         }
-        _ => None,
+        _ => swapped(),
     }
 }
 
@@ -699,6 +706,16 @@ mod tests {
         assert_eq!((n, g.node_count()), (1, 2), "{text}");
         assert!(text.contains("= Mul(%v3, %v4)  # n0 \"attn/mask_part0\""), "{text}");
         assert!(text.contains("Attention[scale=0.25, softmax_precision=f32](%v0, %v1, %v2, %v5)"), "{text}");
+    }
+
+    /// SqueezeBERT's channel-first keys: `K^T` is the producer's own layout, `[batch,
+    /// heads, head, seq]`, with no Transpose to look through; K is it swapped back.
+    #[test]
+    fn channel_first_keys_are_swapped_back_into_k() {
+        let body = "  %v3: f32[] = const \"sqrt_d\" [4.0]\n  %v4: f32[N,4,16,8] = input \"k_channels\"\n  %v5: f32[N,4,8,8] = MatMul(%v0, %v4)  # n0 \"qk\"\n  %v6: f32[N,4,8,8] = Div(%v5, %v3)  # n1 \"scaled\"\n  %v7: f32[N,4,8,8] = Softmax[axis=-1](%v6)  # n2 \"probs\"\n  %v8: f32[N,4,8,16] = MatMul(%v7, %v2)  # n3 \"attn\"\n  return %v8 \"y\"\n";
+        let (n, g, text) = fused(body);
+        assert_eq!((n, g.node_count()), (1, 2), "{text}");
+        assert!(text.contains("= Transpose[perm=[0, 1, 3, 2]](%v3)  # n0 \"attn/key\""), "{text}");
     }
 
     /// XGLM's clamp of the masked logits at the lowest float, between the mask and the
