@@ -32,7 +32,8 @@
 //! - `A` the 4-D split of 3-D scores `A' + M'` (BLOOM's `baddbmm(alibi, Q', K'^T)`: masks
 //!   added in 3-D are split into heads by a `Reshape` added, or broadcast as they are when
 //!   their first extent is 1), the 3-D product's Q and K flattened as V is;
-//! - `A = c * MatMul(a * Q, b * K^T)` with `a`, `b`, `c` products or divisions of scalar
+//! - `A = c * MatMul(a * Q, b * K^T)` (or the same product as a 4-D `Einsum`, CvT's
+//!   `bhlk,bhtk->bhlt` of Q and K themselves; the product with V likewise) with `a`, `b`, `c` products or divisions of scalar
 //!   constants (each optional), so the scale is `a * b * c`; a trainable one-element weight
 //!   may be such a factor (a fixed-batch dynamo export's `sqrt(scale)`), and is then folded
 //!   into the scale, only where every read of it is ([`fuse_attention`]); a factor of 4-D
@@ -277,6 +278,7 @@ fn match_attention(g: &Graph, uses: &[usize], n: NodeId) -> Option<Matched> {
     let [Some(y)] = node.outputs.as_slice() else { return None };
     let (probs, v) = match (&node.op, node.inputs.as_slice()) {
         (Op::MatMul, [Some(p), Some(v)]) => (*p, Operand::Value(*v)),
+        (Op::Einsum { equation }, [Some(p), Some(v)]) if batched_product(equation) == Some(Product4::AB) => (*p, Operand::Value(*v)),
         (Op::Reshape { .. }, [Some(flat), Some(_)]) => flat_product(g, uses, *flat, *y)?,
         _ => return None,
     };
@@ -573,17 +575,24 @@ fn scaled_product(g: &Graph, uses: &[usize], scores: ValueId, layout: Layout) ->
         terms
     };
     let outer = split(factors(g, uses, scores, uses[scores.index()] == 1));
-    let is_product = |t: ValueId| matches!(producer(g, t), Some((Op::MatMul, [_, _])));
-    let (product, mut q_factors) = one_operand(g, outer, is_product)?;
+    // `Q K^T` as a MatMul, or as a 4-D Einsum (CvT) taking K^T or K itself.
+    let product_kind = |t: ValueId| match producer(g, t) {
+        Some((Op::MatMul, [_, _])) => Some(Product4::AB),
+        Some((Op::Einsum { equation }, [_, _])) if matches!(layout, Layout::Heads) => batched_product(equation),
+        _ => None,
+    };
+    let (product, mut q_factors) = one_operand(g, outer, |t| product_kind(t).is_some())?;
     if uses[product.index()] != 1 {
         return None;
     }
-    let Some((Op::MatMul, [a, b])) = producer(g, product) else { return None };
+    let kind = product_kind(product)?;
+    let Some((_, [a, b])) = producer(g, product) else { return None };
     let not_factor = |t: ValueId| !row_constant(g, t);
     let (q, left) = one_operand(g, split(factors(g, uses, a, uses[a.index()] == 1)), not_factor)?;
     let (kt, right) = one_operand(g, split(factors(g, uses, b, uses[b.index()] == 1)), not_factor)?;
     q_factors.extend(left.into_iter().chain(right));
     let (q, k) = match layout {
+        Layout::Heads if kind == Product4::ABt => (Operand::Value(q), Operand::Value(kt)),
         Layout::Heads => (Operand::Value(q), untransposed(g, uses, kt)?),
         // Flattened, a factor's axes would not line up with Q's in 4-D.
         Layout::Flat { .. } if !q_factors.is_empty() => return None,
@@ -598,6 +607,37 @@ fn scaled_product(g: &Graph, uses: &[usize], scores: ValueId, layout: Layout) ->
     };
     let sound = scale.is_finite() && scale > 0.0 && q_factors.iter().all(fits_q);
     sound.then_some(ScaledProduct { q, q_factors, k, scale, weights })
+}
+
+/// A product of 4-D operands over their two leading (batch and heads) axes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Product4 {
+    /// `A B`, as MatMul computes it (`bhij,bhjk->bhik`).
+    AB,
+    /// `A B^T` (`bhik,bhjk->bhij`: scores from Q and K themselves).
+    ABt,
+}
+
+/// Which batched product a 4-D Einsum `equation` is, if either (any letters, spaces
+/// ignored).
+fn batched_product(equation: &str) -> Option<Product4> {
+    let eq: String = equation.chars().filter(|c| !c.is_whitespace()).collect();
+    let (ins, out) = eq.split_once("->")?;
+    let (a, b) = ins.split_once(',')?;
+    let [a, b, out] = [a, b, out].map(|t| t.chars().collect::<Vec<char>>());
+    if a.len() != 4 || b.len() != 4 || out.len() != 4 || a[..2] != b[..2] || a[..2] != out[..2] {
+        return None;
+    }
+    let (i, k, j) = (a[2], a[3], out[3]);
+    let distinct = a[0] != a[1] && ![a[0], a[1]].iter().any(|c| [i, k, j].contains(c)) && i != k && k != j && i != j;
+    if !distinct || out[2] != i {
+        return None;
+    }
+    match (b[2], b[3]) {
+        (x, y) if x == k && y == j => Some(Product4::AB),
+        (x, y) if x == j && y == k => Some(Product4::ABt),
+        _ => None,
+    }
 }
 
 /// The one term `is_operand` picks and the others, each of which must be a factor
@@ -716,6 +756,22 @@ mod tests {
         let (n, g, text) = fused(body);
         assert_eq!((n, g.node_count()), (1, 2), "{text}");
         assert!(text.contains("= Transpose[perm=[0, 1, 3, 2]](%v3)  # n0 \"attn/key\""), "{text}");
+    }
+
+    /// CvT's einsum attention: `bhlk,bhtk->bhlt` takes Q and K themselves, `bhlt,bhtv->bhlv`
+    /// the probabilities and V; an einsum of another form is not a product of the pattern.
+    #[test]
+    fn einsum_attention_is_fused() {
+        let body = |scores: &str| format!("  %v3: f32[] = const \"scale\" [0.25]\n  %v4: f32[N,4,8,8] = Einsum[equation=\"{scores}\"](%v0, %v1)  # n0 \"qk\"\n  %v5: f32[N,4,8,8] = Mul(%v4, %v3)  # n1 \"scaled\"\n  %v6: f32[N,4,8,8] = Softmax[axis=-1](%v5)  # n2 \"probs\"\n  %v7: f32[N,4,8,16] = Einsum[equation=\"bhlt,bhtv->bhlv\"](%v6, %v2)  # n3 \"attn\"\n  return %v7 \"y\"\n");
+        let (n, g, text) = fused(&body("bhlk,bhtk->bhlt"));
+        assert_eq!((n, g.node_count()), (1, 1), "{text}");
+        assert!(text.contains("= Attention[scale=0.25, softmax_precision=f32](%v0, %v1, %v2)  # n0 \"attn\""), "{text}");
+        let (n, _, text) = fused(&body("bhlk,bhtk->bhtl"));
+        assert_eq!(n, 0, "{text}");
+        assert_eq!(super::batched_product("b h i j, b h j k -> b h i k"), Some(super::Product4::AB));
+        assert_eq!(super::batched_product("bhij,bhkj->bhik"), Some(super::Product4::ABt));
+        assert_eq!(super::batched_product("bhij,bhjk->bhki"), None);
+        assert_eq!(super::batched_product("bij,bjk->bik"), None);
     }
 
     /// XGLM's clamp of the masked logits at the lowest float, between the mask and the
