@@ -15,8 +15,8 @@
 //!   one slice (`[1, ...]`): broadcasting element-wise ops take it as it is, and a Concat
 //!   along another axis reads it expanded to the batch of the tensor it is concatenated
 //!   with (`Expand(c, Concat(Gather(Shape(x), 0), c.dims[1..]))`, as the lowering does);
-//!   a `Constant` node holding such a tensor (token type ids the TorchScript exporter
-//!   folded) is written as an initializer first, and rewritten the same way.
+//!   a `Constant` node holding one slice repeated so (token type ids the TorchScript
+//!   exporter folded) is written as an initializer first, and rewritten the same way.
 //!
 //! Anything else that bakes the batch (a Tile over the batch, a Reshape whose output has
 //! two batch extents) is not rewritten: the model then keeps its export batch, and
@@ -89,9 +89,9 @@ fn apply_source_rewrites(g: &mut GraphProto, ir: &Graph) -> usize {
     count
 }
 
-/// Rewrites `Constant` nodes whose tensor leads with the export batch (token type ids the
-/// TorchScript exporter folded) as initializers of the same name, so that the rewrites of
-/// batch-baked initializers see them.
+/// Rewrites `Constant` nodes whose tensor repeats one slice over the export batch (token
+/// type ids the TorchScript exporter folded) as initializers of the same name, so that the
+/// rewrites of batch-baked initializers see them.
 fn hoist_batch_constants(g: &mut GraphProto, b0: i64) {
     let mut hoisted = Vec::new();
     g.node.retain(|n| {
@@ -100,13 +100,16 @@ fn hoist_batch_constants(g: &mut GraphProto, b0: i64) {
         if t.dims.len() < 2 || t.dims[0] != b0 || !t.external_data.is_empty() {
             return true;
         }
-        match tensor_from_proto(t.clone(), Path::new("")) {
-            Ok(data) => {
-                hoisted.push(tensor_to_proto(name, &data));
-                false
-            }
-            Err(_) => true,
+        let Ok(data) = tensor_from_proto(t.clone(), Path::new("")) else { return true };
+        let proto = tensor_to_proto(name, &data);
+        // Only one slice repeated: a constant whose leading extent merely equals the export
+        // batch (MPT's ALiBi slopes for 2 heads) stays as it was.
+        let slice = proto.raw_data.len() / b0 as usize;
+        if slice == 0 || !proto.raw_data.chunks(slice).all(|c| c == &proto.raw_data[..slice]) {
+            return true;
         }
+        hoisted.push(proto);
+        false
     });
     g.initializer.extend(hoisted);
 }
