@@ -124,8 +124,8 @@ fn extent(d: Dim) -> Extent {
 /// targets and Tile repeats get `1` where they would pin the export batch, constants that
 /// are one slice repeated over the export batch (attention masks) keep a single slice when
 /// every reader broadcasts it (directly, or through a Gather or Expand that keeps it one
-/// slice), and repeated slices concatenated with a batched tensor (class
-/// tokens) are expanded to its batch at run time.
+/// slice), and repeated slices concatenated with a batched tensor (class tokens) are
+/// expanded to its batch at run time.
 pub mod rebatch {
     use pipewright_core::UpdateRule;
     use pipewright_ir::{Dim, Graph, NodeId, Op, ValueDef, ValueId};
@@ -341,10 +341,11 @@ pub mod rebatch {
     /// embedding), and an Expand of a constant target that repeats the export batch (a
     /// mask of those ids expanded over the heads), whose target's batch becomes 1.
     fn shrink_repeated_constants(g: &Graph, p: &mut Program, b0: i64, nodes: &[NodeId], values: &[ValueId]) {
+        // Attention's mask (operand 3) broadcasts over the batch as an added one does.
+        let broadcasting = |n: NodeId, slot: usize| matches!(g.node(n).op, Op::Binary(_) | Op::Variadic(_) | Op::Where) || matches!(g.node(n).op, Op::Attention(_)) && slot == 3;
         let broadcasts = |v: ValueId| {
             let c = g.consumers(v);
-            // Attention's mask (operand 3) broadcasts over the batch as an added one does.
-            !c.is_empty() && c.iter().all(|&(n, slot)| matches!(g.node(n).op, Op::Binary(_) | Op::Variadic(_) | Op::Where) || matches!(g.node(n).op, Op::Attention(_)) && slot == 3)
+            !c.is_empty() && c.iter().all(|&(n, slot)| broadcasting(n, slot))
         };
         // The results a slice of `v` narrows to one slice, and the Expand targets (by
         // instruction) that must repeat it once; `None` when a reader needs every slice.
@@ -354,13 +355,15 @@ pub mod rebatch {
                 let node = g.node(n);
                 let out = node.outputs.first().copied().flatten();
                 match (&node.op, slot) {
-                    (Op::Binary(_) | Op::Variadic(_) | Op::Where, _) | (Op::Attention(_), 3) => {}
+                    _ if broadcasting(n, slot) => {}
                     (Op::Gather { axis: 0 }, 1) if out.is_some_and(broadcasts) => outs.extend(out),
                     (Op::Expand, 0) if out.is_some_and(broadcasts) => {
                         let target = node.inputs.get(1).copied().flatten().filter(|t| is_const(g, *t))?;
                         let mut t = g.value(target).weight()?.data.to_i64s();
                         let k = nodes.iter().position(|&m| m == n)?;
-                        (t.first() == Some(&b0)).then_some(())?;
+                        if t.first() != Some(&b0) {
+                            return None;
+                        }
                         t[0] = 1;
                         outs.extend(out);
                         targets.push((k, t));

@@ -104,14 +104,19 @@ fn hoist_batch_constants(g: &mut GraphProto, b0: i64) {
         let proto = tensor_to_proto(name, &data);
         // Only one slice repeated: a constant whose leading extent merely equals the export
         // batch (MPT's ALiBi slopes for 2 heads) stays as it was.
-        let slice = proto.raw_data.len() / b0 as usize;
-        if slice == 0 || !proto.raw_data.chunks(slice).all(|c| c == &proto.raw_data[..slice]) {
+        if !repeats_one_slice(&proto, b0) {
             return true;
         }
         hoisted.push(proto);
         false
     });
     g.initializer.extend(hoisted);
+}
+
+/// Whether `t`'s stored bytes are `b0` equal slices (data in the file, not external).
+fn repeats_one_slice(t: &TensorProto, b0: i64) -> bool {
+    let slice = t.raw_data.len() / b0 as usize;
+    t.external_data.is_empty() && slice > 0 && t.raw_data.chunks(slice).all(|c| c == &t.raw_data[..slice])
 }
 
 /// Whether every node reading `x` broadcasts a leading extent of 1 back to the batch: an
@@ -255,8 +260,7 @@ pub fn dynamic_batch(g: &mut GraphProto, ir: &Graph) -> Rebatched {
         if readers.is_empty() {
             continue;
         }
-        let slice = t.raw_data.len() / b0 as usize;
-        if !t.external_data.is_empty() || t.raw_data.is_empty() || slice == 0 || !t.raw_data.chunks(slice).all(|c| c == &t.raw_data[..slice]) {
+        if !repeats_one_slice(t, b0) {
             // Read where the batch meets it, it fixes the batch; read otherwise (a
             // convolution's weight with as many output channels as the export batch), it
             // has nothing to do with the batch.
@@ -312,6 +316,7 @@ pub fn dynamic_batch(g: &mut GraphProto, ir: &Graph) -> Rebatched {
             inserts.push((k, nodes));
         }
         let t = &mut out.initializer[i];
+        let slice = t.raw_data.len() / b0 as usize;
         t.raw_data.truncate(slice);
         t.dims[0] = 1;
         sliced += 1;

@@ -224,17 +224,18 @@ fn concat_nd(parts: &[&Known], axis: i64, out_dtype: DType, shape: Vec<i64>) -> 
             src.extend((o * c..(o + 1) * c).map(|i| (k, i)));
         }
     }
-    let data = match parts[0].data {
-        KnownData::Ints(_) => KnownData::Ints(src.iter().map(|&(k, i)| match &parts[k].data {
-            KnownData::Ints(v) => Some(v[i]),
-            KnownData::Floats(_) => None,
-        }).collect::<Option<_>>()?),
-        KnownData::Floats(_) => KnownData::Floats(src.iter().map(|&(k, i)| match &parts[k].data {
-            KnownData::Floats(v) => Some(v[i]),
-            KnownData::Ints(_) => None,
-        }).collect::<Option<_>>()?),
+    if src.len() != n {
+        return None;
+    }
+    // As the 1-D case reads its parts.
+    let data = if out_dtype.is_float() {
+        let values: Vec<Vec<f64>> = parts.iter().map(|p| p.floats()).collect::<Option<_>>()?;
+        KnownData::Floats(src.iter().map(|&(k, i)| values[k][i]).collect())
+    } else {
+        let values: Vec<Vec<Dim>> = parts.iter().map(|p| p.dims()).collect();
+        KnownData::Ints(src.iter().map(|&(k, i)| values[k][i]).collect())
     };
-    (src.len() == n).then_some(Known { dtype: out_dtype, shape, data })
+    Some(Known { dtype: out_dtype, shape, data })
 }
 
 /// Float `x` broadcast to `shape` (Expand of a constant: a causal mask repeated over

@@ -33,12 +33,13 @@
 //!   added in 3-D are split into heads by a `Reshape` added, or broadcast as they are when
 //!   their first extent is 1), the 3-D product's Q and K flattened as V is;
 //! - `A = c * MatMul(a * Q, b * K^T)` (or the same product as a 4-D `Einsum`, CvT's
-//!   `bhlk,bhtk->bhlt` of Q and K themselves; the product with V likewise) with `a`, `b`, `c` products or divisions of scalar
-//!   constants (each optional), so the scale is `a * b * c`; a trainable one-element weight
-//!   may be such a factor (a fixed-batch dynamo export's `sqrt(scale)`), and is then folded
-//!   into the scale, only where every read of it is ([`fuse_attention`]); a factor of 4-D
-//!   scores that is the same along their last two axes (Swin-v2's trained per-head
-//!   temperature `[heads, 1, 1]`) multiplies the fused node's Q instead, one `Mul` added;
+//!   `bhlk,bhtk->bhlt` of Q and K themselves; the product with V likewise) with `a`, `b`,
+//!   `c` products or divisions of scalar constants (each optional), so the scale is
+//!   `a * b * c`; a trainable one-element weight may be such a factor (a fixed-batch
+//!   dynamo export's `sqrt(scale)`), and is then folded into the scale, only where every
+//!   read of it is ([`fuse_attention`]); a factor of 4-D scores that is the same along
+//!   their last two axes (Swin-v2's trained per-head temperature `[heads, 1, 1]`)
+//!   multiplies the fused node's Q instead, one `Mul` added;
 //! - `K^T` a `Transpose` of a 4-D value (K is then that value with the permutation's last
 //!   two axes swapped back: a `Transpose` is added where that is not the value itself), or
 //!   `Reshape(Transpose(M))` through 3-D (`M = [batch * heads, seq, head]`; K is the 4-D
@@ -103,20 +104,22 @@ impl Operand {
             Operand::Reshaped { of, dims } => {
                 // The batch as -1 (the other extents are fixed, [`unflattened`] checks).
                 let extents: Vec<i64> = dims.iter().map(|d| d.fixed().unwrap_or(-1)).collect();
-                let data = TensorData::from_i64s(vec![4], &extents);
-                let shape_ty = TensorType::new(DType::I64, Shape::fixed(&[4]));
-                let shape = g.add_value(Value { name: format!("{out}_shape"), ty: shape_ty, def: ValueDef::Weight(Weight { data, trainable: false }) });
+                let shape = add_constant(g, format!("{out}_shape"), TensorData::from_i64s(vec![4], &extents));
                 g.add_node(out.clone(), Op::Reshape { allow_zero: false }, vec![Some(*of), Some(shape)], vec![Some((out, ty))])
             }
             Operand::Scaled { of, factor } => {
-                let data = TensorData::from_f64s(ty.dtype, vec![], &[*factor]);
-                let scalar_ty = TensorType::new(ty.dtype, Shape::fixed(&[]));
-                let c = g.add_value(Value { name: format!("{out}_factor"), ty: scalar_ty, def: ValueDef::Weight(Weight { data, trainable: false }) });
+                let c = add_constant(g, format!("{out}_factor"), TensorData::from_f64s(ty.dtype, vec![], &[*factor]));
                 g.add_node(out.clone(), Op::Binary(BinaryOp::Mul), vec![Some(*of), Some(c)], vec![Some((out, ty))])
             }
         };
         g.node(n).outputs[0].expect("one output")
     }
+}
+
+/// A constant `data` added to `g` as value `name`.
+fn add_constant(g: &mut Graph, name: String, data: TensorData) -> ValueId {
+    let ty = TensorType::new(data.dtype, Shape::fixed(&data.dims));
+    g.add_value(Value { name, ty, def: ValueDef::Weight(Weight { data, trainable: false }) })
 }
 
 /// A boolean mask of the keys attended: `cond` itself, or its negation when the scores
@@ -384,7 +387,7 @@ fn softmax_input(g: &Graph, uses: &[usize], s: ValueId) -> Option<ValueId> {
 /// its masked logits at the lowest float before the softmax), else `logits` itself: the
 /// clamp changes no probability of a row that attends any key.
 fn unclamped(g: &Graph, uses: &[usize], logits: ValueId) -> ValueId {
-    let low = |f: ValueId| scalar(g, f).is_some_and(|f| f <= MASK_FILL_AT_MOST);
+    let low = |f: ValueId| is_mask_fill(g, f);
     let Some((Op::Variadic(VariadicOp::Max), [a, b])) = producer(g, logits) else { return logits };
     let same = |x: ValueId| g.value(x).ty == g.value(logits).ty;
     match (uses[logits.index()] == 1, low(b) && same(a), low(a) && same(b)) {
@@ -392,6 +395,11 @@ fn unclamped(g: &Graph, uses: &[usize], logits: ValueId) -> ValueId {
         (true, _, true) => b,
         _ => logits,
     }
+}
+
+/// Whether `f` is a scalar constant low enough to read as "masked" ([`MASK_FILL_AT_MOST`]).
+fn is_mask_fill(g: &Graph, f: ValueId) -> bool {
+    scalar(g, f).is_some_and(|f| f <= MASK_FILL_AT_MOST)
 }
 
 /// The most float masks added to one attention's scores (MPNet adds a relative-position
@@ -450,7 +458,7 @@ fn unmasked(g: &Graph, uses: &[usize], logits: ValueId) -> Option<(ScaledProduct
     // join the fused mask as they do when added after the `Where`.
     let kept = |w: ValueId| -> Option<(ScaledProduct, Vec<Operand>, Keep)> {
         let Some((Op::Where, [cond, x, y])) = producer(g, w) else { return None };
-        let low = |f: ValueId| scalar(g, f).is_some_and(|f| f <= MASK_FILL_AT_MOST);
+        let low = |f: ValueId| is_mask_fill(g, f);
         let masks = g.value(cond).ty.dtype == DType::Bool && covers_keys(cond);
         if !(single(w) && masks && g.value(w).ty == *ty) {
             return None;
@@ -493,11 +501,12 @@ fn scaled_after_masks(
 ) -> Option<(ScaledProduct, Option<Mask>)> {
     let (op, [x, c]) = producer(g, logits)?;
     let factor = match (op, scalar(g, c)?) {
-        (Op::Binary(BinaryOp::Div), s) if s != 0.0 => 1.0 / s,
+        (Op::Binary(BinaryOp::Div), s) => 1.0 / s,
         (Op::Binary(BinaryOp::Mul), s) => s,
         _ => return None,
     };
-    if uses[logits.index()] != 1 || g.value(x).ty != g.value(logits).ty {
+    // A positive, finite scale, as [`scaled_product`] requires of its own.
+    if !(factor.is_finite() && factor > 0.0) || uses[logits.index()] != 1 || g.value(x).ty != g.value(logits).ty {
         return None;
     }
     let ((mut scores, inner), masks) = added_masks(g, uses, x, ADDED_MASKS_AT_MOST, full, float_mask)?;

@@ -1,9 +1,10 @@
 //! Source nodes of a fixed-batch export that bake the export batch, read as nodes that
 //! follow the batch and compute the same at the export batch: identity gathers and
 //! scatters at constant indices, zero initial states of recurrent layers, Resize to
-//! sizes of the export batch, and a sequence-first Reshape whose rows take the batch. Each rewrite is recorded on the graph
-//! (`Graph::source_rewrites`) so that `export` writes the source node the same way, and
-//! noted among the import's warnings.
+//! sizes of the export batch, the sequence-first Reshapes around a layer whose rows take
+//! the batch, and a per-head MatMul whose other side merged batch and heads. Each rewrite
+//! is recorded on the graph (`Graph::source_rewrites`) so that `export` writes the source
+//! node the same way, and noted among the import's warnings.
 
 use onnx_protobuf::NodeProto;
 
@@ -259,9 +260,7 @@ impl Importer<'_> {
     fn reshape_batch_into_rows(&self, node: &NodeProto, b: i64) -> Option<BatchRewrite> {
         let [input, target] = node.input.as_slice() else { return None };
         let width = *self.contraction_widths.get(node.output.first()?)?;
-        let shape = &self.graph.value(*self.names.get(input)?).ty.shape;
-        let axis = shape.dims().iter().position(|d| d.is_batch()).filter(|&a| a > 0)?;
-        let before: i64 = shape.dims()[..axis].iter().map(|d| d.fixed()).product::<Option<i64>>()?;
+        let before = rows_before_batch(self.graph.value(*self.names.get(input)?).ty.shape.dims())?;
         let (_, extents) = self.int_value(*self.names.get(target)?, 0)?;
         if extents.len() < 2 || extents.iter().any(|&v| v <= 0) || extents.last() != Some(&width) {
             return None;
@@ -269,22 +268,13 @@ impl Importer<'_> {
         // Where each target extent starts in the row-major layout. Read as it stands, the
         // batch goes to the extent starting where the input's batch axis starts; only when
         // that is the contracted last one is the reading wrong.
-        let starts: Vec<i64> = extents.iter().scan(1i64, |p, &v| Some(std::mem::replace(p, p.saturating_mul(v)))).collect();
+        let starts = extent_starts(&extents);
         if starts.iter().position(|&s| s == before) != Some(extents.len() - 1) {
             return None;
         }
         let rows = (0..extents.len() - 1).rev().find(|&i| starts[i].saturating_mul(extents[i]) == before.saturating_mul(b))?;
-        let mut rewritten = extents.clone();
-        rewritten[rows] = -1;
-        let name = format!("{}/batch_rows_target", node.name);
-        let mut rewrite = BatchRewrite::replace(
-            node,
-            "Reshape",
-            vec![input.clone(), name.clone()],
-            &format!("a Reshape to {extents:?} written for the export batch, whose last extent a weight contracts, takes the batch into its rows ({rewritten:?})"),
-        );
-        rewrite.constants.push((name, TensorData::from_i64s(vec![rewritten.len() as i64], &rewritten)));
-        Some(rewrite)
+        let note = "written for the export batch, whose last extent a weight contracts, takes the batch into its rows";
+        Some(reshape_freeing(node, &extents, rows, "batch_rows_target", note))
     }
 
     /// The Reshape that splits rows holding the batch inside outer rows
@@ -299,19 +289,10 @@ impl Importer<'_> {
         if extents.iter().any(|&v| v <= 0) {
             return None;
         }
-        let starts: Vec<i64> = extents.iter().scan(1i64, |p, &v| Some(std::mem::replace(p, p.saturating_mul(v)))).collect();
+        let starts = extent_starts(&extents);
         let at = (1..extents.len()).find(|&i| starts[i] == outer && extents[i] % b == 0)?;
-        let mut rewritten = extents.clone();
-        rewritten[at] = -1;
-        let name = format!("{}/batch_unrows_target", node.name);
-        let mut rewrite = BatchRewrite::replace(
-            node,
-            "Reshape",
-            vec![input.clone(), name.clone()],
-            &format!("a Reshape to {extents:?} of rows that hold the batch inside {outer} outer rows takes it back out ({rewritten:?})"),
-        );
-        rewrite.constants.push((name, TensorData::from_i64s(vec![rewritten.len() as i64], &rewritten)));
-        Some(rewrite)
+        let note = format!("of rows that hold the batch inside {outer} outer rows takes it back out");
+        Some(reshape_freeing(node, &extents, at, "batch_unrows_target", &note))
     }
 
     /// A MatMul of per-head 4-D operands `[batch, heads, m, k]` with 3-D ones whose
@@ -364,6 +345,30 @@ impl Importer<'_> {
         let rows = layer.inputs.first().copied().flatten()?;
         is_layer.then(|| self.batch_rows.get(&self.graph.value(rows).name).copied()).flatten()
     }
+}
+
+/// The product of the extents before the batch axis of `dims` (`seq` of `[seq, batch,
+/// ...]`), where the batch is not the leading axis and those extents are fixed.
+pub(super) fn rows_before_batch(dims: &[Dim]) -> Option<i64> {
+    let axis = dims.iter().position(|d| d.is_batch()).filter(|&a| a > 0)?;
+    dims[..axis].iter().map(|d| d.fixed()).product()
+}
+
+/// Where each of `extents` starts in their row-major layout: the product of those before.
+fn extent_starts(extents: &[i64]) -> Vec<i64> {
+    extents.iter().scan(1i64, |p, &v| Some(std::mem::replace(p, p.saturating_mul(v)))).collect()
+}
+
+/// `node`, a Reshape to the constant `extents`, reading a target with `-1` at `free` instead
+/// (the constant `{node}/{suffix}`), so that extent takes the batch.
+fn reshape_freeing(node: &NodeProto, extents: &[i64], free: usize, suffix: &str, note: &str) -> BatchRewrite {
+    let mut rewritten = extents.to_vec();
+    rewritten[free] = -1;
+    let name = format!("{}/{suffix}", node.name);
+    let note = format!("a Reshape to {extents:?} {note} ({rewritten:?})");
+    let mut rewrite = BatchRewrite::replace(node, "Reshape", vec![node.input[0].clone(), name.clone()], &note);
+    rewrite.constants.push((name, TensorData::from_i64s(vec![rewritten.len() as i64], &rewritten)));
+    rewrite
 }
 
 /// Whether `indices` (extents `index_dims`, `[..dims, rank]`, row-major `values`) lists

@@ -562,9 +562,7 @@ impl<'a> Importer<'a> {
     /// those rows again finds the batch after the outer rows ([`Importer::batch_rows`]).
     fn note_batch_rows(&mut self, inputs: &[Option<ValueId>], out: &TensorType, output_names: &[String]) {
         let (Some(Some(input)), Some(name)) = (inputs.first(), output_names.first()) else { return };
-        let dims = &self.graph.value(*input).ty.shape.0;
-        let Some(axis) = dims.iter().position(|d| d.is_batch()).filter(|&a| a > 0) else { return };
-        let Some(before) = dims[..axis].iter().map(|d| d.fixed()).product::<Option<i64>>() else { return };
+        let Some(before) = batch_rewrite::rows_before_batch(self.graph.value(*input).ty.shape.dims()) else { return };
         if before > 1 && out.shape.0.first() == Some(&Dim::Batch(before)) {
             self.batch_rows.insert(name.clone(), before);
         }
