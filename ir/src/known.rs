@@ -3,7 +3,7 @@
 //! bounds, ...) and constant folding of shape-computing subgraphs.
 
 use crate::dim::Dim;
-use pipewright_ops::op::{BinaryOp, Op, UnaryOp, VariadicOp};
+use pipewright_ops::op::{BinaryOp, Op, Reduce, ReduceKind, ScatterReduction, UnaryOp, VariadicOp};
 use crate::{DType, TensorData};
 
 /// Tensors larger than this are never tracked or folded: shape arithmetic is small.
@@ -61,6 +61,13 @@ impl Known {
             KnownData::Ints(v) => v.clone(),
             KnownData::Floats(v) => v.iter().map(|&f| Dim::Fixed(f as i64)).collect(),
         }
+    }
+
+    /// The one value every element holds, if they all hold one (and there is one).
+    pub fn uniform(&self) -> Option<f64> {
+        let v = self.floats()?;
+        let first = *v.first()?;
+        v.iter().all(|&x| x == first).then_some(first)
     }
 
     /// Elements as fixed integers; `None` if any is a multiple of `N`.
@@ -203,8 +210,120 @@ pub fn evaluate(
         Op::Where => where_(k(0)?, k(1)?, k(2)?, out_dtype, out_shape?),
         Op::Expand => expand(k(0)?, out_shape?),
         Op::Trilu { upper } => trilu(k(0)?, k(1), *upper),
+        Op::Reduce(r) => reduce(r, k(0)?, k(1), out_shape?),
+        Op::ScatterElements { axis, reduction: ScatterReduction::None } | Op::Scatter { axis } => scatter_1d(*axis, k(0)?, k(1)?, k(2)?),
         _ => None,
     }
+}
+
+/// `data` with the `updates` written at `indices` (vectors: replacing one extent of a
+/// shape, as a model writes a new sequence length into its cache's shape).
+fn scatter_1d(axis: i64, data: &Known, indices: &Known, updates: &Known) -> Option<Known> {
+    if data.shape.len() != 1 || indices.shape.len() != 1 || updates.len() != indices.len() || !(axis == 0 || axis == -1) {
+        return None;
+    }
+    let n = data.len() as i64;
+    let mut out = data.clone();
+    for (slot, i) in indices.fixed_ints()?.into_iter().enumerate() {
+        let i = usize::try_from(if i < 0 { i + n } else { i }).ok().filter(|&i| i < data.len())?;
+        match (&mut out.data, &updates.data) {
+            (KnownData::Ints(o), KnownData::Ints(u)) => o[i] = u[slot],
+            (KnownData::Floats(o), KnownData::Floats(u)) => o[i] = u[slot],
+            _ => return None,
+        }
+    }
+    Some(out)
+}
+
+/// The one value every element of `op`'s output holds when every element of its input 0
+/// is `fill`: ops that only select, move or repeat elements keep it (a cast converts it),
+/// and `ConstantOfShape` starts one. This knows the contents of a value whose shape
+/// holds the batch (an all-zeros cache of `[batch, heads, length, dim]` that a model
+/// indexes and counts at its first step) once an op's output no longer does.
+pub fn fill_through(op: &Op, fill: Option<f64>, out_dtype: DType) -> Option<f64> {
+    let v = match op {
+        Op::ConstantOfShape { value } => value.as_ref().map_or(Some(0.0), |t| t.to_f64s().first().copied())?,
+        Op::Gather { .. }
+        | Op::Slice(_)
+        | Op::Squeeze { .. }
+        | Op::Unsqueeze { .. }
+        | Op::Reshape { .. }
+        | Op::Flatten { .. }
+        | Op::Transpose { .. }
+        | Op::Expand
+        | Op::Tile
+        | Op::Unary(UnaryOp::Identity)
+        | Op::Cast { .. }
+        | Op::CastLike { .. } => fill?,
+        _ => return None,
+    };
+    Some(if out_dtype == DType::Bool {
+        (v != 0.0) as i64 as f64
+    } else if out_dtype.is_float() {
+        round_floats(out_dtype, vec![v])[0]
+    } else {
+        v.trunc()
+    })
+}
+
+/// `fill` over the fixed `shape` (the value [`fill_through`] found, once its shape is fixed).
+pub fn filled_shape(dtype: DType, shape: Vec<i64>, fill: f64) -> Option<Known> {
+    let n = shape.iter().try_fold(1i64, |a, &d| a.checked_mul(d))?;
+    (n as usize <= KNOWN_LIMIT && !dtype.is_low_precision()).then(|| filled(dtype, shape, fill, n as usize))
+}
+
+/// A sum, product, maximum or minimum of `x` over the axes of `r` (or input `axes`),
+/// for shape arithmetic that counts (how many cache positions are filled).
+fn reduce(r: &Reduce, x: &Known, axes: Option<&Known>, out_shape: Vec<i64>) -> Option<Known> {
+    let rank = x.shape.len();
+    let listed = match (&r.axes, axes) {
+        (Some(a), _) => a.clone(),
+        (None, Some(k)) => k.fixed_ints()?,
+        (None, None) => Vec::new(),
+    };
+    if listed.is_empty() && r.noop_with_empty_axes {
+        return Some(Known { shape: out_shape, ..x.clone() });
+    }
+    let mut reduced = vec![listed.is_empty(); rank];
+    for a in listed {
+        *reduced.get_mut(usize::try_from(if a < 0 { a + rank as i64 } else { a }).ok()?)? = true;
+    }
+    let n_out: i64 = x.shape.iter().zip(&reduced).filter(|(_, &r)| !r).map(|(&d, _)| d).product();
+    if n_out != out_shape.iter().product::<i64>() {
+        return None;
+    }
+    let (init, step): (f64, fn(f64, f64) -> f64) = match r.kind {
+        ReduceKind::Sum => (0.0, |a, b| a + b),
+        ReduceKind::Prod => (1.0, |a, b| a * b),
+        ReduceKind::Max => (f64::NEG_INFINITY, f64::max),
+        ReduceKind::Min => (f64::INFINITY, f64::min),
+        _ => return None,
+    };
+    let values = x.floats()?;
+    if values.is_empty() && matches!(r.kind, ReduceKind::Max | ReduceKind::Min) {
+        return None;
+    }
+    let mut out = vec![init; n_out as usize];
+    for (i, &v) in values.iter().enumerate() {
+        let o = reduced_index(i, &x.shape, &reduced);
+        out[o] = step(out[o], v);
+    }
+    let out = if x.dtype.is_float() { round_floats(x.dtype, out) } else { out };
+    Some(from_f64s(x.dtype, out_shape, out))
+}
+
+/// The output position of input element `i` of `shape` once the `reduced` axes are summed away.
+fn reduced_index(i: usize, shape: &[i64], reduced: &[bool]) -> usize {
+    let (mut rem, mut o, mut stride) = (i, 0usize, 1usize);
+    for ax in (0..shape.len()).rev() {
+        let d = shape[ax] as usize;
+        if !reduced[ax] {
+            o += (rem % d) * stride;
+            stride *= d;
+        }
+        rem /= d;
+    }
+    o
 }
 
 /// Parts of rank 2 or more joined along `axis` (a mask of constants built in pieces).

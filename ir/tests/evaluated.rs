@@ -225,3 +225,58 @@ fn layer_parameters_are_never_taken_for_batch_baked_activations() {
         assert!(frozen.iter().all(|f| !f.contains("weight")), "{name}: {frozen:?}");
     }
 }
+
+/// A mixture-of-experts step as TorchScript writes it: the pairs a routing mask selects
+/// (`NonZero` of a mask computed at run time), the token rows gathered at them, an
+/// expert applied row by row, and the rows scattered back into zeros of all tokens.
+fn routed(mask_into: &str, output: &str) -> ModelBuilder {
+    ModelBuilder::new(17)
+        .input("x", F32, &[Ax::Param("batch"), Ax::Fixed(4)])
+        .input("route", F32, &[Ax::Param("batch"), Ax::Fixed(2)])
+        .init(tensor_f32("expert", &[4, 4], &[0.5; 16]))
+        .init(tensor_f32("half", &[], &[0.5]))
+        .init(tensor_i64("second", &[1], &[1]))
+        .init(tensor_i64("rows", &[1], &[-1]))
+        .init(tensor_i64("ones", &[2], &[1, 1]))
+        .node(node("Transpose", "pairs_first", &["route"], &["rt"]).ints("perm", &[1, 0]))
+        .node(node("Greater", "chose", &["rt", "half"], &["mask"]))
+        .node(node("NonZero", "selected", &[mask_into], &["nz"]))
+        .node(node("Transpose", "pair_rows", &["nz"], &["nzt"]).ints("perm", &[1, 0]))
+        .node(node("Split", "coordinates", &["nzt", "ones"], &["choice", "tok2"]).int("axis", 1))
+        .node(node("Reshape", "tokens", &["tok2", "rows"], &["tok_flat"]))
+        .node(node("Squeeze", "token", &["tok2", "second"], &["tok"]))
+        .node(node("Gather", "rows_at", &["x", "tok"], &["picked"]).int("axis", 0))
+        .node(node("MatMul", "apply", &["picked", "expert"], &["out"]))
+        .node(node("Shape", "x_shape", &["x"], &["xs"]))
+        .node(node("ConstantOfShape", "zeros", &["xs"], &["z"]).tensor("value", tensor_f32("", &[1], &[0.0])))
+        .node(node("Unsqueeze", "token_col", &["tok", "second"], &["tc"]))
+        .node(node("Shape", "out_shape", &["out"], &["os"]))
+        .node(node("Expand", "at", &["tc", "os"], &["idx"]))
+        .node(node("ScatterElements", "back", &["z", "idx", "out"], &["y"]).int("axis", 0))
+        .output(output)
+}
+
+/// The dense reading: every (choice, token) position, the scatter's updates masked and
+/// summed into the zeros; the import says so.
+#[test]
+fn non_zero_of_routing_is_read_densely() {
+    let g = import(&routed("mask", "y"));
+    let ops: Vec<&str> = g.node_ids().map(|n| g.node(n).op.name()).collect();
+    assert!(ops.contains(&"Range") && !ops.contains(&"NonZero"), "{ops:?}");
+    assert!(g.warnings.iter().any(|w| w.contains("\"selected\"") && w.contains("every position of its mask")), "{:?}", g.warnings);
+    let text = pipewright_ir::text::print_graph(&g);
+    assert!(text.contains("ScatterElements[axis=0, reduction=\"add\"]"), "{text}");
+    let y = g.value_ids().find(|&v| g.value(v).name == "y").expect("y");
+    assert_eq!(g.value(y).ty.to_string(), "f32[N,4]");
+}
+
+/// Where the positions or rows go elsewhere than back into zeros, the dense reading
+/// would change the result: refused, naming the node or the output.
+#[test]
+fn non_zero_of_data_used_otherwise_is_refused() {
+    let e = import_with(&routed("mask", "picked"), &ImportOptions::default()).expect_err("rows as an output").to_string();
+    assert!(e.contains("\"picked\"") && e.contains("scattered back into zeros"), "{e}");
+    let reduced = routed("mask", "y").node(node("ReduceSum", "count", &["tok_flat"], &["n"]).int("keepdims", 0)).output("n");
+    let e = import_with(&reduced, &ImportOptions::default()).expect_err("a reduction of positions").to_string();
+    assert!(e.contains("\"count\"") && e.contains("reads the positions"), "{e}");
+}

@@ -704,6 +704,26 @@ fn identity_gathers_at_the_export_batch_follow_the_batch() {
     let g = import(&m);
     assert!(op_names(&g).ends_with(&["Identity"]), "{:?}", op_names(&g));
     assert_eq!(ty(&g, "y"), "f32[N,3]");
+
+    // A ScatterElements writing each element of a cache of the export batch at its own
+    // position along axis 1 (positions expanded over the batch, as Gemma 2's fixed-batch
+    // TorchScript export writes its cache) is its updates; one position off is not.
+    let cache = |positions: [i64; 3]| {
+        ModelBuilder::new(17)
+            .input("x", F32, &fixed(&[2, 3, 2]))
+            .init(tensor_f32("cache", &[2, 3, 2], &[0.0; 12]))
+            .init(tensor_i64("positions", &[1, 3, 1], &positions))
+            .init(tensor_i64("grid", &[3], &[2, 3, 2]))
+            .node(node("Expand", "at", &["positions", "grid"], &["at"]))
+            .node(node("ScatterElements", "write", &["cache", "at", "x"], &["y"]).int("axis", 1))
+            .output("y")
+    };
+    let g = import(&cache([0, 1, 2]));
+    assert!(op_names(&g).ends_with(&["Identity"]), "{:?}", op_names(&g));
+    assert_eq!(ty(&g, "y"), "f32[N,3,2]");
+    assert!(g.warnings.iter().any(|w| w.contains("ScatterElements writing every element")), "{:?}", g.warnings);
+    let g = import(&cache([0, 2, 1]));
+    assert!(op_names(&g).ends_with(&["ScatterElements"]), "{:?}", op_names(&g));
 }
 
 /// A model whose batch axis is already dynamic records no export batch: the IR's text
@@ -996,7 +1016,7 @@ fn per_head_matmul_with_merged_heads_splits_them() {
 fn a_causal_mask_of_constants_folds() {
     let m = ModelBuilder::new(17)
         .input("x", F32, &fixed(&[2, 1, 3, 3]))
-        .init(tensor_f32("full", &[3, 3], &[-9.0; 9]))
+        .node(node("Constant", "full_c", &[], &["full"]).tensor("value", tensor_f32("", &[3, 3], &[-9.0; 9])))
         .init(tensor_i64("diag", &[], &[1]))
         .init(tensor_i64("batch_shape", &[4], &[2, 1, 3, 3]))
         .init(tensor_i64("ids", &[1, 3], &[0, 1, 2]))
@@ -1024,6 +1044,66 @@ fn a_causal_mask_of_constants_folds() {
         .output("rows");
     let text = pipewright_ir::text::print_graph(&import(&m));
     assert!(text.contains("i64[2,3] = const \"rows\" [1, 2, 3, 4, 5, 6]"), "{text}");
+}
+
+/// A float initializer is a parameter, and what is computed from it alone stays
+/// computed though its contents are known: folding a Reshape and an Unsqueeze of it
+/// into one constant would freeze it (DINOv2's and DeiT's TorchScript exports read
+/// position embeddings and tokens so).
+#[test]
+fn what_a_weight_alone_computes_is_not_folded() {
+    let m = ModelBuilder::new(17)
+        .input("x", F32, &[Ax::Param("batch"), Ax::Fixed(3), Ax::Fixed(4)])
+        .init(tensor_f32("w", &[4], &[0.0, 1.0, 2.0, 3.0]))
+        .init(tensor_i64("column", &[2], &[4, 1]))
+        .init(tensor_i64("lead", &[1], &[0]))
+        .node(node("Reshape", "as_column", &["w", "column"], &["wc"]))
+        .node(node("Unsqueeze", "lead_axis", &["wc", "lead"], &["wu"]))
+        .node(node("MatMul", "project", &["x", "wu"], &["y"]))
+        .output("y");
+    let g = import(&m);
+    let mut ops = op_names(&g);
+    ops.sort();
+    assert_eq!(ops, ["MatMul", "Reshape", "Unsqueeze"]);
+    let w = g.value_ids().find(|&v| g.value(v).name == "w").and_then(|v| g.value(v).weight()).expect("the weight");
+    assert!(w.trainable);
+}
+
+/// A zero-filled cache whose shape holds the batch, indexed down to fixed extents and
+/// counted (how many positions a model's cache has filled, Gemma 2's first step): the
+/// count is known at import, and the Range it bounds has a fixed length; a ScatterElements
+/// writing one extent of a shape vector is known too.
+#[test]
+fn a_filled_cache_indexed_and_counted_is_known() {
+    let zero = tensor_f32("", &[1], &[0.0]);
+    let m = ModelBuilder::new(17)
+        .input("x", F32, &[Ax::Param("batch"), Ax::Fixed(4)])
+        .init(tensor_i64("tail", &[3], &[1, 4, 8]))
+        .init(tensor_i64("first", &[], &[0]))
+        .init(tensor_i64("last_axis", &[1], &[-1]))
+        .init(tensor_i64("two", &[], &[2]))
+        .init(tensor_i64("one", &[], &[1]))
+        .init(tensor_f32("nothing", &[], &[0.0]))
+        .init(tensor_i64("slot", &[1], &[1]))
+        .init(tensor_i64("six", &[1], &[6]))
+        .node(node("Shape", "shape", &["x"], &["xs"]).int("end", 1))
+        .node(node("Concat", "cache_shape", &["xs", "tail"], &["cs"]).int("axis", 0))
+        .node(node("ConstantOfShape", "cache", &["cs"], &["cache"]).tensor("value", zero))
+        .node(node("Gather", "row", &["cache", "first"], &["r"]).int("axis", 0))
+        .node(node("Gather", "head", &["r", "first"], &["h"]).int("axis", 0))
+        .node(node("ReduceSum", "per_position", &["h", "last_axis"], &["p"]).int("keepdims", 0))
+        .node(node("Greater", "filled", &["p", "nothing"], &["f"]))
+        .node(node("Cast", "as_int", &["f"], &["fi"]).int("to", 7))
+        .node(node("ReduceSum", "count", &["fi"], &["n"]).int("keepdims", 0))
+        .node(node("Add", "end", &["n", "two"], &["e"]))
+        .node(node("Range", "positions", &["n", "e", "one"], &["pos"]))
+        .node(node("ScatterElements", "new_length", &["tail", "slot", "six"], &["tail6"]).int("axis", 0))
+        .output("pos")
+        .output("tail6");
+    let g = import(&m);
+    let text = pipewright_ir::text::print_graph(&g);
+    assert!(text.contains("i64[2] = const \"pos\" [0, 1]"), "{text}");
+    assert!(text.contains("i64[3] = const \"tail6\" [1, 6, 8]"), "{text}");
 }
 
 /// LSTM outputs in both layouts (with the batch symbol on X's batch axis), and the

@@ -7,6 +7,7 @@
 //! node the same way, and noted among the import's warnings.
 
 use onnx_protobuf::NodeProto;
+use pipewright_ops::onnx::AttrSource;
 
 use super::Importer;
 use crate::dim::{Dim, Shape, TensorType};
@@ -43,6 +44,8 @@ impl Importer<'_> {
             "Gather" => self.identity_gather_as_reshape(node, b),
             "GatherND" => self.identity_gather_nd(node, b),
             "ScatterND" => self.identity_scatter_nd(node, b),
+            "ScatterElements" => self.identity_scatter_elements(node, b),
+            "Add" => self.zeros_added(node, b),
             "LSTM" | "GRU" | "RNN" => self.zero_initial_state_dropped(node),
             "Resize" => self.resize_sizes_as_scales(node, b),
             "Reshape" => self.reshape_batch_into_rows(node, b).or_else(|| self.reshape_batch_out_of_rows(node, b)),
@@ -129,6 +132,43 @@ impl Importer<'_> {
         })
     }
 
+    /// A ScatterElements that writes every element of its data at its own position along
+    /// `axis` from updates of the data's shape is its updates: Gemma 2's sliding-window
+    /// cache, exported by TorchScript at a fixed batch, is a constant of the export batch
+    /// overwritten at positions `0..len` by the step's keys and values.
+    fn identity_scatter_elements(&self, node: &NodeProto, b: i64) -> Option<BatchRewrite> {
+        let mut attrs = super::attrs::Attrs::new(&node.attribute);
+        let axis = attrs.int_or("axis", 0).ok()?;
+        if node.input.len() != 3 || attrs.string("reduction").ok()?.is_some_and(|r| r != "none") {
+            return None;
+        }
+        let extents = |name: &str| -> Option<Vec<i64>> {
+            Some(self.graph.value(*self.names.get(name)?).ty.shape.dims().iter().map(|d| d.eval(b)).collect())
+        };
+        let dims = extents(&node.input[0])?;
+        let axis = usize::try_from(if axis < 0 { axis + dims.len() as i64 } else { axis }).ok()?;
+        let (index_dims, indices) = self.int_value(*self.names.get(&node.input[1])?, 8)?;
+        (dims == extents(&node.input[2])? && index_dims == dims && indexes_own_position(&dims, &indices, axis)).then(|| {
+            BatchRewrite::replace(node, "Identity", vec![node.input[2].clone()], "a ScatterElements writing every element at its own position at the export batch is read as its updates")
+        })
+    }
+
+    /// Constant zeros of the export batch's shape added to a value of that shape leave
+    /// the value: a mixture-of-experts layer's sum starts from such a constant at a fixed
+    /// batch, which would keep the sum at the export batch. (A trainable weight of zeros,
+    /// a bias at its initial value, is no such constant.)
+    fn zeros_added(&self, node: &NodeProto, b: i64) -> Option<BatchRewrite> {
+        let [x, y] = &node.input[..] else { return None };
+        let value = |name: &String| self.names.get(name).copied();
+        let (zeros, other) = [(x, y), (y, x)].into_iter().find(|(z, _)| value(z).is_some_and(|v| matches!(&self.graph.value(v).def, ValueDef::Weight(w) if !w.trainable) && self.all_zeros(v)))?;
+        let other_value = value(other)?;
+        let at_export = |v: ValueId| -> Vec<i64> { self.graph.value(v).ty.shape.dims().iter().map(|d| d.eval(b)).collect() };
+        let follows = self.graph.value(other_value).ty.shape.has_batch();
+        (follows && at_export(value(zeros)?) == at_export(other_value)).then(|| {
+            BatchRewrite::replace(node, "Identity", vec![other.clone()], "zeros of the export batch's shape added to a value are read as the value")
+        })
+    }
+
     /// The integer contents of value `v` (its fixed extents and row-major values): a
     /// constant's, or where they follow from constants through Unsqueeze, Reshape,
     /// Squeeze, Identity, Expand and Concat (index grids the TorchScript exporter builds at
@@ -174,7 +214,7 @@ impl Importer<'_> {
 
     /// Whether value `v` is known to be all zeros: a constant, a folded value, or such a
     /// value only reshaped, expanded or cast (an exporter's zero initial state).
-    fn all_zeros(&self, v: ValueId) -> bool {
+    pub(super) fn all_zeros(&self, v: ValueId) -> bool {
         let data = match &self.graph.value(v).def {
             // An initializer of zeros may have been taken for a trainable weight: its
             // values are what count here.
@@ -393,4 +433,11 @@ fn enumerates(index_dims: &[i64], values: &[i64], dims: &[i64]) -> bool {
         }
     }
     true
+}
+
+/// Whether every element of `values` (row-major over `dims`) is its own coordinate along `axis`.
+fn indexes_own_position(dims: &[i64], values: &[i64], axis: usize) -> bool {
+    let Some(&extent) = dims.get(axis) else { return false };
+    let inner: i64 = dims[axis + 1..].iter().product();
+    values.len() as i64 == dims.iter().product::<i64>() && values.iter().enumerate().all(|(i, &v)| v == (i as i64 / inner) % extent)
 }

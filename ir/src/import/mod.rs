@@ -4,6 +4,7 @@
 pub(crate) mod attrs;
 mod batch_rewrite;
 mod control;
+mod dense_select;
 mod evaluated;
 mod legacy;
 pub mod merged;
@@ -185,13 +186,20 @@ struct Importer<'a> {
     /// outer rows (`[seq * batch, features]`), by name: a symbolic extent `seq·N` does not
     /// say where its batch sits, and the Reshape that splits it again needs to know.
     batch_rows: HashMap<String, i64>,
+    /// Values unknown at import only because their shape holds the batch, whose every
+    /// element is this one number ([`crate::known::fill_through`]).
+    fills: HashMap<ValueId, f64>,
+    /// Node outputs computed from trainable weights: never folded, known or not.
+    from_weights: std::collections::HashSet<ValueId>,
+    /// What the dense reading of data-dependent `NonZero`s reaches ([`dense_select`]).
+    dense: dense_select::DenseSelect,
     opsets: Opsets,
     ctx: Ctx,
 }
 
 impl<'a> Importer<'a> {
     fn new(dir: &'a Path, opts: &'a ImportOptions) -> Importer<'a> {
-        Importer { dir, opts, graph: Graph::default(), names: HashMap::new(), known: Vec::new(), composites: HashMap::new(), scans_axis0: false, layer_weights: Default::default(), contraction_widths: HashMap::new(), batch_rows: HashMap::new(), opsets: Opsets::default(), ctx: Ctx::default() }
+        Importer { dir, opts, graph: Graph::default(), names: HashMap::new(), known: Vec::new(), composites: HashMap::new(), scans_axis0: false, layer_weights: Default::default(), contraction_widths: HashMap::new(), batch_rows: HashMap::new(), fills: HashMap::new(), from_weights: Default::default(), dense: Default::default(), opsets: Opsets::default(), ctx: Ctx::default() }
     }
 
     fn run(mut self, mut model: ModelProto) -> Result<Graph, ImportError> {
@@ -271,6 +279,7 @@ impl<'a> Importer<'a> {
                 (None, None) => Err(ImportError::UndefinedOutput(o.name.clone())),
             })
             .collect::<Result<Vec<_>, _>>()?;
+        self.check_dense_outputs(&outputs)?;
         self.graph.set_outputs(outputs);
         self.check_declared_types(g.output.iter().chain(&g.value_info));
         if !self.opts.unfused {
@@ -393,6 +402,18 @@ impl<'a> Importer<'a> {
     }
 
     fn add_node(&mut self, node: &NodeProto, opset: i64) -> Result<(), ImportError> {
+        if self.reads_nonzero_densely(node) {
+            return self.add_dense_nonzero(node, opset);
+        }
+        if self.add_dense_reader(node, opset)? {
+            return Ok(());
+        }
+        self.add_node_plain(node, opset)
+    }
+
+    /// Imports `node` as written (or as a rewrite reads it), without regard to what a
+    /// dense `NonZero` reaches.
+    fn add_node_plain(&mut self, node: &NodeProto, opset: i64) -> Result<(), ImportError> {
         let nref = || NodeRef { name: node.name.clone(), op_type: node.op_type.clone() };
         let bad = |reason: String| ImportError::BadNode { node: nref(), reason };
         if node.op_type == "Constant" {
@@ -521,7 +542,8 @@ impl<'a> Importer<'a> {
         if let Some(t) = out_types.iter().find(|t| byte_size(t, self.ctx.export_batch.unwrap_or(1)).is_none()) {
             return Err(ImportError::Shape { node: nref(), reason: format!("output {t} is too large (its byte size overflows 64 bits)") });
         }
-        let known_outs = self.evaluate_known_all(&op, &inputs, &out_types);
+        let mut known_outs = self.evaluate_known_all(&op, &inputs, &out_types);
+        let fill = self.fill_of(&op, &inputs, &out_types, &mut known_outs);
         let foldable = output_names
             .iter()
             .zip(&known_outs)
@@ -553,7 +575,30 @@ impl<'a> Importer<'a> {
                 self.set_known(*v, known_outs.get(slot).cloned().flatten());
             }
         }
+        if let (Some(f), Some(Some(out))) = (fill, outs.first()) {
+            self.fills.insert(*out, f);
+        }
+        if self.reads_weights(&self.graph.node(id).op, &self.graph.node(id).inputs) {
+            self.from_weights.extend(outs.iter().flatten());
+        }
         Ok(())
+    }
+
+    /// The one value every element of the op's first output holds (when its input holds
+    /// one): made its known contents when the output's shape is fixed (and small), else
+    /// returned to be recorded for the ops that read it.
+    fn fill_of(&self, op: &crate::Op, inputs: &[Option<ValueId>], out_types: &[TensorType], known_outs: &mut [Option<Known>]) -> Option<f64> {
+        let (Some(first), Some(out)) = (known_outs.first_mut(), out_types.first()) else { return None };
+        if first.is_some() {
+            return None;
+        }
+        let input = inputs.first().copied().flatten();
+        let known_fill = || self.known.get(input?.index())?.as_ref()?.uniform();
+        let input_fill = input.and_then(|v| self.fills.get(&v).copied()).or_else(known_fill);
+        let fill = crate::known::fill_through(op, input_fill, out.dtype)?;
+        let shape: Option<Vec<i64>> = out.shape.0.iter().map(|d| d.fixed()).collect();
+        *first = shape.and_then(|shape| crate::known::filled_shape(out.dtype, shape, fill));
+        first.is_none().then_some(fill)
     }
 
     /// Records a Reshape output whose leading extent merges the input's axes up to its
@@ -733,12 +778,26 @@ impl<'a> Importer<'a> {
     /// node outputs whose contents are known without the batch (the last extent of a
     /// `Shape` whose first is `N`: an attention's head size, read as its scale); never a
     /// trainable weight, which must stay a parameter.
+    ///
+    /// A node output computed from a trainable weight is no constant either, though its
+    /// contents are known (a Reshape of a parameter): folding it would freeze the weight
+    /// (DINOv2's TorchScript export reads its patch position embeddings through a Reshape
+    /// and a Transpose).
     fn is_constant_or_shape_source(&self, op: &crate::Op, v: ValueId) -> bool {
+        if matches!(op, crate::Op::Shape { .. } | crate::Op::Size) {
+            return true;
+        }
         match &self.graph.value(v).def {
             ValueDef::Weight(w) => !w.trainable,
-            ValueDef::Node { .. } if self.known.get(v.index()).and_then(|k| k.as_ref()).is_some_and(|k| k.to_tensor().is_some()) => true,
-            _ => matches!(op, crate::Op::Shape { .. } | crate::Op::Size),
+            ValueDef::Node { .. } => !self.from_weights.contains(&v) && self.known.get(v.index()).and_then(|k| k.as_ref()).is_some_and(|k| k.to_tensor().is_some()),
+            _ => false,
         }
+    }
+
+    /// Whether an op reading `inputs` computes from a trainable weight's values.
+    fn reads_weights(&self, op: &crate::Op, inputs: &[Option<ValueId>]) -> bool {
+        let trainable = |v: &ValueId| matches!(&self.graph.value(*v).def, ValueDef::Weight(w) if w.trainable);
+        !matches!(op, crate::Op::Shape { .. } | crate::Op::Size) && inputs.iter().flatten().any(|v| trainable(v) || self.from_weights.contains(v))
     }
 
     /// Compares declared `value_info`/output types with inferred ones; disagreements are
