@@ -279,4 +279,12 @@ fn non_zero_of_data_used_otherwise_is_refused() {
     let reduced = routed("mask", "y").node(node("ReduceSum", "count", &["tok_flat"], &["n"]).int("keepdims", 0)).output("n");
     let e = import_with(&reduced, &ImportOptions::default()).expect_err("a reduction of positions").to_string();
     assert!(e.contains("\"count\"") && e.contains("reads the positions"), "{e}");
+    // The count itself (how many pairs chose the expert) would be every position's.
+    let counted = routed("mask", "y")
+        .node(node("Shape", "how_many", &["tok"], &["hm"]))
+        .node(node("Cast", "as_float", &["hm"], &["hmf"]).int("to", 1))
+        .node(node("Div", "share", &["y", "hmf"], &["ys"]))
+        .output("ys");
+    let e = import_with(&counted, &ImportOptions::default()).expect_err("arithmetic on the count").to_string();
+    assert!(e.contains("\"share\"") && e.contains("the count of positions"), "{e}");
 }

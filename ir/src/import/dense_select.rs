@@ -36,12 +36,20 @@ pub(super) struct DenseSelect {
     positions: HashMap<ValueId, String>,
     /// Rows gathered at positions and what is computed from them row by row.
     rows: HashMap<ValueId, String>,
+    /// Shapes (and sizes) of either, which hold the count of positions: only ever shapes.
+    counts: HashMap<ValueId, String>,
     /// The mask each flattened mask was flattened from.
     masks: HashMap<String, String>,
 }
 
 /// Ops that compute positions from positions element by element (or move them).
 const INDEX_OPS: &[&str] = &["Transpose", "Split", "Squeeze", "Unsqueeze", "Expand", "Reshape", "Flatten", "Cast", "Add", "Sub", "Mul", "Identity"];
+
+/// Ops that build a shape vector from shape vectors.
+const COUNT_OPS: &[&str] = &["Gather", "Concat", "Unsqueeze", "Squeeze", "Slice", "Cast", "Identity"];
+
+/// Ops that read a shape vector as the shape they produce, in slot 1.
+const SHAPED_OPS: &[&str] = &["Reshape", "Expand", "Tile"];
 
 /// Ops that compute each row from that row alone, given rows in their first operand.
 const ROW_OPS: &[&str] = &[
@@ -56,8 +64,11 @@ enum Reads {
     /// Positions or rows, computing more of them: the outputs join the given set.
     Positions(String),
     Rows(String),
-    /// The shape only (`Shape`, `Size`): the outputs are ordinary.
-    Shape,
+    /// A shape holding the count (`Shape`, `Size` of either), or a vector made of it.
+    Counts(String),
+    /// An op that takes a count only as the shape it produces (a Reshape or Expand
+    /// target): its outputs are what its other inputs make them.
+    Shaped,
     /// A scatter of rows into zeros at positions: written masked.
     Scatter(String),
 }
@@ -120,13 +131,17 @@ impl Importer<'_> {
         match reads {
             Reads::Nothing => return Ok(false),
             Reads::Scatter(mask) => return self.add_masked_scatter(node, &mask, opset).map(|_| true),
-            Reads::Shape | Reads::Positions(_) | Reads::Rows(_) => self.add_node_plain(node, opset)?,
+            Reads::Shaped => return Ok(false),
+            Reads::Counts(_) | Reads::Positions(_) | Reads::Rows(_) => self.add_node_plain(node, opset)?,
         }
         let outputs: Vec<ValueId> = node.output.iter().filter_map(|o| self.names.get(o).copied()).collect();
-        match reads {
-            Reads::Positions(mask) => self.dense.positions.extend(outputs.into_iter().map(|v| (v, mask.clone()))),
-            Reads::Rows(mask) => self.dense.rows.extend(outputs.into_iter().map(|v| (v, mask.clone()))),
-            _ => {}
+        let set = match &reads {
+            Reads::Positions(_) => &mut self.dense.positions,
+            Reads::Rows(_) => &mut self.dense.rows,
+            _ => &mut self.dense.counts,
+        };
+        if let Reads::Positions(mask) | Reads::Rows(mask) | Reads::Counts(mask) = reads {
+            set.extend(outputs.into_iter().map(|v| (v, mask.clone())));
         }
         Ok(true)
     }
@@ -147,8 +162,8 @@ impl Importer<'_> {
         let slot_of = |set: &HashMap<ValueId, String>| -> Vec<(usize, String)> {
             node.input.iter().enumerate().filter_map(|(i, n)| Some((i, set.get(self.names.get(n)?)?.clone()))).collect()
         };
-        let (positions, rows) = (slot_of(&self.dense.positions), slot_of(&self.dense.rows));
-        let Some(mask) = positions.first().or(rows.first()).map(|(_, m)| m.clone()) else { return Ok(Reads::Nothing) };
+        let (positions, rows, counts) = (slot_of(&self.dense.positions), slot_of(&self.dense.rows), slot_of(&self.dense.counts));
+        let Some(mask) = positions.iter().chain(&rows).chain(&counts).map(|(_, m)| m.clone()).next() else { return Ok(Reads::Nothing) };
         let op = node.op_type.as_str();
         let refuse = |what: &str| {
             let reason = format!(
@@ -157,16 +172,23 @@ impl Importer<'_> {
             Err(ImportError::BadNode { node: NodeRef { name: node.name.clone(), op_type: node.op_type.clone() }, reason })
         };
         let only_slots = |list: &[(usize, String)], allowed: &[usize]| list.iter().all(|(i, _)| allowed.contains(i));
-        Ok(match op {
-            "Shape" | "Size" => Reads::Shape,
-            "ScatterElements" if only_slots(&positions, &[1]) && only_slots(&rows, &[2]) && !positions.is_empty() => Reads::Scatter(mask),
-            "Gather" if only_slots(&positions, &[1]) && rows.is_empty() => Reads::Rows(mask),
-            _ if rows.is_empty() && INDEX_OPS.contains(&op) => Reads::Positions(mask),
-            "MatMul" | "Gemm" if only_slots(&rows, &[0]) && positions.is_empty() => Reads::Rows(mask),
-            _ if ROW_OPS.contains(&op) && positions.is_empty() => Reads::Rows(mask),
-            _ if positions.is_empty() => return refuse("rows computed at the positions"),
-            _ => return refuse("the positions"),
-        })
+        if positions.iter().chain(&rows).chain(&counts).any(|(_, m)| *m != mask) {
+            return refuse("the positions of two NonZeros together");
+        }
+        if !counts.is_empty() {
+            let as_target = SHAPED_OPS.contains(&op) && only_slots(&counts, &[1]);
+            if !as_target {
+                return match op {
+                    "ConstantOfShape" => Ok(Reads::Rows(mask)),
+                    _ if COUNT_OPS.contains(&op) && (op == "Concat" || only_slots(&counts, &[0])) && positions.is_empty() && rows.is_empty() => Ok(Reads::Counts(mask)),
+                    _ => refuse("the count of positions"),
+                };
+            }
+            if positions.is_empty() && rows.is_empty() {
+                return Ok(Reads::Shaped);
+            }
+        }
+        classify(op, &positions, &rows, mask).map_or_else(|what| refuse(what), Ok)
     }
 
     /// `ScatterElements(zeros, positions, rows)` along the rows' axis, as
@@ -273,4 +295,20 @@ impl Importer<'_> {
 /// A node of `op_type` without attributes.
 fn plain(name: &str, op_type: &str, inputs: &[&str], output: &str) -> NodeProto {
     NodeProto { name: name.into(), op_type: op_type.into(), input: inputs.iter().map(|s| s.to_string()).collect(), output: vec![output.into()], ..Default::default() }
+}
+
+/// What an op of type `op` does with the positions and rows it reads (at the given
+/// slots), all of one mask; `Err` says what it reads that the dense reading cannot allow.
+fn classify(op: &str, positions: &[(usize, String)], rows: &[(usize, String)], mask: String) -> Result<Reads, &'static str> {
+    let only_slots = |list: &[(usize, String)], allowed: &[usize]| list.iter().all(|(i, _)| allowed.contains(i));
+    Ok(match op {
+        "Shape" | "Size" => Reads::Counts(mask),
+        "ScatterElements" if only_slots(positions, &[1]) && only_slots(rows, &[2]) && !positions.is_empty() => Reads::Scatter(mask),
+        "Gather" if only_slots(positions, &[1]) && rows.is_empty() => Reads::Rows(mask),
+        _ if rows.is_empty() && INDEX_OPS.contains(&op) => Reads::Positions(mask),
+        "MatMul" | "Gemm" if only_slots(rows, &[0]) && positions.is_empty() => Reads::Rows(mask),
+        _ if ROW_OPS.contains(&op) && positions.is_empty() => Reads::Rows(mask),
+        _ if positions.is_empty() => return Err("rows computed at the positions"),
+        _ => return Err("the positions"),
+    })
 }
