@@ -119,6 +119,14 @@ def tv_efficientnet():
     return EfficientNet(setting, dropout=0.0, stochastic_depth_prob=0.0, num_classes=10, last_channel=32), image()
 
 
+def tv_efficientnet_v2():
+    """torchvision's EfficientNetV2 layout: fused MBConv stages (one expanded 3x3 convolution), then MBConv."""
+    from torchvision.models.efficientnet import EfficientNet, FusedMBConvConfig, MBConvConfig
+    setting = [FusedMBConvConfig(1, 3, 1, 8, 8, 1), FusedMBConvConfig(4, 3, 2, 8, 16, 1),
+               MBConvConfig(4, 3, 2, 16, 24, 1, 1.0, 1.0)]
+    return EfficientNet(setting, dropout=0.0, stochastic_depth_prob=0.0, num_classes=10, last_channel=32), image()
+
+
 def tv_regnet():
     from torchvision.models.regnet import BlockParams, RegNet
     params = BlockParams.from_init_params(depth=3, w_0=8, w_a=8.0, w_m=2.0, group_width=4, se_ratio=0.25)
@@ -445,6 +453,18 @@ ARCHS = {
                               width_multiplier=0.25, num_labels=5),
     "dinov2": lambda: hf("Dinov2Config", "Dinov2ForImageClassification", image(16), image_size=16, patch_size=4,
                          hidden_size=16, num_hidden_layers=2, num_attention_heads=2, mlp_ratio=2, num_labels=5),
+    "efficientnet_v2": lambda: tv_efficientnet_v2(),
+    "convnextv2": lambda: hf("ConvNextV2Config", "ConvNextV2ForImageClassification", image(32), num_stages=2,
+                             hidden_sizes=[8, 16], depths=[1, 1], num_labels=5),
+    "focalnet": lambda: hf("FocalNetConfig", "FocalNetForImageClassification", image(32), image_size=32, patch_size=4,
+                           embed_dim=8, depths=[1, 1], focal_levels=[2, 2], focal_windows=[3, 3], num_labels=5),
+    "pvt_v2": lambda: hf("PvtV2Config", "PvtV2ForImageClassification", image(32), hidden_sizes=[8, 16],
+                         depths=[1, 1], num_encoder_blocks=2, sr_ratios=[2, 1], num_attention_heads=[1, 2],
+                         patch_sizes=[7, 3], strides=[4, 2], mlp_ratios=[2, 2], num_labels=5),
+    "swiftformer": lambda: hf("SwiftFormerConfig", "SwiftFormerForImageClassification", image(32),
+                              depths=[1, 1, 1, 1], embed_dims=[8, 8, 16, 16], num_labels=5),
+    "bit": lambda: hf("BitConfig", "BitForImageClassification", image(32), embedding_size=8, hidden_sizes=[8, 16],
+                      depths=[1, 1], layer_type="preactivation", num_groups=4, num_labels=5),
     # language: encoders
     "bert": lambda: hf("BertConfig", "BertForMaskedLM", tokens(), **TEXT),
     "roberta": lambda: hf("RobertaConfig", "RobertaForSequenceClassification", tokens(), pad_token_id=1,
@@ -467,6 +487,12 @@ ARCHS = {
                                 segment_means_seq_len=SEQ, conv_kernel_size=None, **TEXT),
     "esm": lambda: hf("EsmConfig", "EsmForMaskedLM", tokens(), position_embedding_type="rotary", pad_token_id=1,
                       mask_token_id=2, **TEXT),
+    "fnet": lambda: hf("FNetConfig", "FNetForMaskedLM", tokens(mask=False), **dict(TEXT, num_attention_heads=None)),
+    "mobilebert": lambda: hf("MobileBertConfig", "MobileBertForMaskedLM", tokens(), embedding_size=16,
+                             intra_bottleneck_size=8, true_hidden_size=8, num_feedforward_networks=2, **TEXT),
+    "xlnet": lambda: hf("XLNetConfig", "XLNetLMHeadModel", tokens(), vocab_size=VOCAB, d_model=16, n_layer=2, n_head=2,
+                        d_inner=32),
+    "megatron_bert": lambda: hf("MegatronBertConfig", "MegatronBertForMaskedLM", tokens(), **TEXT),
     # language: decoders
     "gpt2": lambda: hf("GPT2Config", "GPT2LMHeadModel", tokens(), vocab_size=VOCAB, n_positions=32, n_embd=16,
                        n_layer=2, n_head=2),
@@ -501,6 +527,14 @@ ARCHS = {
                           n_embd=16, n_layer=2, n_head=4, rotary_dim=4),
     "xglm": lambda: hf("XGLMConfig", "XGLMForCausalLM", tokens(), vocab_size=VOCAB, d_model=16, num_layers=2,
                        attention_heads=2, ffn_dim=32, max_position_embeddings=32),
+    "gemma2": lambda: hf("Gemma2Config", "Gemma2ForCausalLM", tokens(), head_dim=8, sliding_window=4,
+                         **DECODER),
+    "cohere": lambda: hf("CohereConfig", "CohereForCausalLM", tokens(), pad_token_id=0, bos_token_id=1,
+                         eos_token_id=2, **DECODER),
+    "olmo2": lambda: hf("Olmo2Config", "Olmo2ForCausalLM", tokens(), pad_token_id=0, **DECODER),
+    "starcoder2": lambda: hf("Starcoder2Config", "Starcoder2ForCausalLM", tokens(), **DECODER),
+    "mixtral": lambda: hf("MixtralConfig", "MixtralForCausalLM", tokens(), num_local_experts=4,
+                          num_experts_per_tok=2, **DECODER),
     # language: encoder-decoders
     "t5": lambda: hf("T5Config", "T5ForConditionalGeneration", seq2seq(), vocab_size=VOCAB, d_model=16, d_kv=8, d_ff=32,
                      num_layers=2, num_decoder_layers=2, num_heads=2, decoder_start_token_id=0, pad_token_id=0),
@@ -513,6 +547,13 @@ ARCHS = {
     "marian": lambda: hf("MarianConfig", "MarianMTModel", seq2seq(), vocab_size=VOCAB, d_model=16, encoder_layers=2,
                          decoder_layers=2, encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
                          decoder_ffn_dim=32, max_position_embeddings=32, pad_token_id=0, decoder_start_token_id=0),
+    "mbart": lambda: hf("MBartConfig", "MBartForConditionalGeneration", seq2seq(), vocab_size=VOCAB, d_model=16,
+                        encoder_layers=2, decoder_layers=2, encoder_attention_heads=2, decoder_attention_heads=2,
+                        encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=32),
+    "m2m100": lambda: hf("M2M100Config", "M2M100ForConditionalGeneration", seq2seq(), vocab_size=VOCAB, d_model=16,
+                         encoder_layers=2, decoder_layers=2, encoder_attention_heads=2, decoder_attention_heads=2,
+                         encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=32, pad_token_id=0,
+                         decoder_start_token_id=2),
     # speech
     "whisper_encoder": lambda: whisper_encoder(),
     "wav2vec2": lambda: hf("Wav2Vec2Config", "Wav2Vec2Model", {"input_values": lambda b: torch.randn(b, 400)},
@@ -523,6 +564,13 @@ ARCHS = {
                          hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
                          conv_dim=(8, 8), conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=8,
                          num_conv_pos_embedding_groups=2),
+    "wavlm": lambda: hf("WavLMConfig", "WavLMModel", {"input_values": lambda b: torch.randn(b, 400)},
+                        hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
+                        conv_dim=(8, 8), conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=8,
+                        num_conv_pos_embedding_groups=2, num_buckets=8, max_bucket_distance=16),
+    "ast": lambda: hf("ASTConfig", "ASTForAudioClassification", {"input_values": lambda b: torch.randn(b, 16, 8)},
+                      hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32, patch_size=4,
+                      frequency_stride=4, time_stride=4, max_length=16, num_mel_bins=8, num_labels=5),
     # others
     "mlp_mixer": lambda: (MlpMixer(), image(16)),
     "diffusion_unet": lambda: (DiffusionUNet(), {"sample": lambda b: torch.randn(b, 3, 16, 16),

@@ -1,0 +1,78 @@
+//! Training against PyTorch: zoo architectures whose import reads something the exporter
+//! wrote in a way of its own take one SGD step in pipewright and in PyTorch
+//! (`zoo/torch_step.py`, the same model from its constructor), and the model pipewright
+//! exports after the step must compute what PyTorch's stepped model does.
+//!
+//! - Mixtral (mixture of experts; TorchScript, dynamic and fixed batch): the routing's
+//!   data-dependent `NonZero` is read densely, every expert on every (choice, token)
+//!   pair with the unselected pairs masked out of the sum; the step checks its gradients.
+//! - DINOv2 (TorchScript): the patch position embeddings reach the model through a Reshape
+//!   and a Transpose of the parameter, which must stay a parameter.
+//! - Gemma 2 (TorchScript): its cache's length is counted from a zero-filled cache at
+//!   import; TorchScript unties the embedding and the output projection, and PyTorch's
+//!   model is untied to match (`--untie`).
+//!
+//! The step is 0.5 on the mean cross-entropy against fixed labels, at d = 2 under
+//! PipeDream-Flush with one microbatch of the export batch (the mean PyTorch takes), with
+//! the exporter's merged initializers untied (each LayerNorm its own weight, as PyTorch's
+//! are). The source model must not match PyTorch's stepped outputs, so that a step that
+//! changed nothing cannot pass.
+#![cfg(feature = "torch")]
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+use common::{pw_ok, root, try_pw};
+
+/// A zoo entry, and whether PyTorch's model must be untied to match its export.
+const ENTRIES: [(&str, &str, bool); 4] =
+    [("mixtral", "mixtral-script-dyn", false), ("mixtral", "mixtral-script-b2", false), ("dinov2", "dinov2-script-dyn", false), ("gemma2", "gemma2-script-dyn", true)];
+
+fn torch_python() -> String {
+    std::env::var("PIPEWRIGHT_TORCH_PYTHON")
+        .unwrap_or_else(|_| panic!("PIPEWRIGHT_TORCH_PYTHON must name a python with torch and transformers (scripts/test.sh sets it from zoo/env.sh)"))
+}
+
+/// PyTorch's step on `arch` at the entry's inputs, written to `out`.
+fn torch_step(arch: &str, entry: &Path, out: &Path, untie: bool) {
+    let mut cmd = Command::new(torch_python());
+    cmd.arg(root().join("zoo/torch_step.py")).arg(arch).arg(entry).arg("0.5").arg(out);
+    if untie {
+        cmd.arg("--untie");
+    }
+    let run = cmd.output().expect("runs python");
+    assert!(run.status.success(), "zoo/torch_step.py {arch}: {}", String::from_utf8_lossy(&run.stderr));
+}
+
+/// pipewright's step on the entry's model, exported to `work/stepped.onnx`.
+fn pipewright_step(model: &Path, data: &Path, work: &Path) -> std::path::PathBuf {
+    let (build, exported) = (work.join("build"), work.join("stepped.onnx"));
+    let s = |p: &Path| p.to_str().expect("utf-8 path").to_string();
+    pw_ok(["compile", &s(model), "--stages", "2", "--schedule", "flush", "--untie-merged", "-o", &s(&build)]);
+    let batch = "2";
+    pw_ok(["train", &s(&build), "--data", &s(data), "--steps", "1", "--microbatch", batch, "--microbatches", "1", "--lr", "0.5", "--no-progress"]);
+    pw_ok(["export", &s(&build), "-o", &s(&exported)]);
+    exported
+}
+
+#[test]
+fn one_step_matches_pytorch() {
+    let mut failures = Vec::new();
+    for (arch, name, untie) in ENTRIES {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let entry = root().join("zoo/models").join(name);
+        let reference = dir.path().join("torch");
+        torch_step(arch, &entry, &reference, untie);
+        let exported = pipewright_step(&entry.join("model.onnx"), &reference.join("data.safetensors"), dir.path());
+        let compare = |model: &Path| try_pw(["run-forward", model.to_str().unwrap(), "--inputs", reference.to_str().unwrap(), "--rtol", "1e-3", "--atol", "1e-4"]);
+        if let Err(e) = compare(&exported) {
+            failures.push(format!("{name}: pipewright's step differs from PyTorch's:\n{e}"));
+        }
+        if compare(&entry.join("model.onnx")).is_ok() {
+            failures.push(format!("{name}: the source model already matches PyTorch's stepped outputs; the step shows nothing"));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}

@@ -1,0 +1,83 @@
+"""One SGD step of a zoo architecture in PyTorch: the reference `tests/torch_reference.rs`
+holds pipewright's training to.
+
+Builds ARCH as `zoo/make_zoo.py` does (same seed, so the same weights as its exports),
+reads the entry's inputs (`input_K.pb`), takes the cross-entropy of the model's output
+against fixed labels (`(7 * i + 3) % classes` over the output's leading axes, averaged
+over all of them), takes one plain SGD step at LR, and writes to OUT:
+  - `data.safetensors`: the inputs by name and `label`, for `pipewright train`;
+  - `input_K.pb` and `output_0.pb`: the inputs and the output after the step, for
+    `pipewright run-forward --inputs OUT`;
+and prints the loss before the step.
+
+With `--untie`, parameters the model shares between modules (a language model's
+embedding and output projection) are first given one copy per module, as the TorchScript
+exporter writes them (it folds the projection's transpose into a constant of its own).
+
+    python zoo/torch_step.py ARCH ENTRY_FOLDER LR OUT [--untie]
+"""
+import os
+import shutil
+import sys
+
+import numpy as np
+import onnx
+import torch
+from onnx import numpy_helper
+from safetensors.numpy import save_file
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import make_zoo  # noqa: E402
+
+
+def read_inputs(folder, names):
+    arrays = []
+    for k in range(len(names)):
+        with open(os.path.join(folder, f"input_{k}.pb"), "rb") as f:
+            t = numpy_helper.to_array(onnx.TensorProto.FromString(f.read()))
+        arrays.append(t)
+    return arrays
+
+
+def untie(model):
+    """Every module holding a parameter another module already holds gets its own copy."""
+    seen = set()
+    for module in model.modules():
+        for name, p in list(module.named_parameters(recurse=False)):
+            if id(p) in seen:
+                setattr(module, name, torch.nn.Parameter(p.detach().clone()))
+            seen.add(id(p))
+
+
+def main():
+    arch, entry, lr, out = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4]
+    model, inputs, _ = make_zoo.build(arch)
+    if "--untie" in sys.argv[5:]:
+        untie(model)
+    names = list(inputs)
+    arrays = read_inputs(entry, names)
+    args = [torch.from_numpy(a) for a in arrays]
+    logits = model(*args)
+    classes = logits.shape[-1]
+    count = int(np.prod(logits.shape[:-1]))
+    labels = torch.tensor([(7 * i + 3) % classes for i in range(count)], dtype=torch.int64).reshape(logits.shape[:-1])
+    loss = torch.nn.functional.cross_entropy(logits.reshape(count, classes), labels.reshape(count))
+    loss.backward()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.grad is not None:
+                p -= lr * p.grad
+        after = model(*args)
+    os.makedirs(out, exist_ok=True)
+    tensors = {n: np.ascontiguousarray(a) for n, a in zip(names, arrays)}
+    tensors["label"] = labels.numpy()
+    save_file(tensors, os.path.join(out, "data.safetensors"))
+    for k in range(len(names)):
+        shutil.copy(os.path.join(entry, f"input_{k}.pb"), os.path.join(out, f"input_{k}.pb"))
+    with open(os.path.join(out, "output_0.pb"), "wb") as f:
+        f.write(numpy_helper.from_array(after.numpy(), "output_0").SerializeToString())
+    print(f"loss {loss.item():.6f}")
+
+
+if __name__ == "__main__":
+    main()
