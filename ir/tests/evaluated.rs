@@ -212,17 +212,22 @@ fn compress_as_gather() {
 /// batch (attention masks, ViT's expanded class token, position embeddings expanded per
 /// sample), never a layer's own parameters: in the batch-4 ResNet export two convolutions
 /// have 4 output channels (kernels `[4, 8, 1, 1]`), and they must still train. Every
-/// batch-4 export of the corpus, with how many initializers it really baked.
+/// batch-4 export of the corpus, with how many initializers it really baked, and how many
+/// more the exporter itself marks as folded from no parameter (the attention masks, and
+/// Llama's rotary tables: constants whatever their leading extent).
 #[test]
 fn layer_parameters_are_never_taken_for_batch_baked_activations() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/exports");
-    let baked = [("resnet-b4", 0), ("convnext-b4", 0), ("bert-b4", 2), ("gpt2-b4", 1), ("llama-b4", 1), ("whisper-b4", 2), ("vit-b4", 3)];
-    for (name, count) in baked {
+    let baked = [("resnet-b4", 0, 0), ("convnext-b4", 0, 0), ("bert-b4", 1, 1), ("gpt2-b4", 0, 1), ("llama-b4", 0, 3), ("whisper-b4", 1, 1), ("vit-b4", 1, 2)];
+    for (name, count, folded) in baked {
         let g = pipewright_ir::import_model(&dir.join(format!("{name}.onnx")), &pipewright_ir::ImportOptions::default())
             .unwrap_or_else(|e| panic!("{name}: {e}"));
         let frozen = &g.choices.frozen_batch_baked;
         assert_eq!(frozen.len(), count, "{name}: {frozen:?}");
         assert!(frozen.iter().all(|f| !f.contains("weight")), "{name}: {frozen:?}");
+        let constants: Vec<&String> = g.warnings.iter().filter(|w| w.contains("folded it from no parameter")).collect();
+        assert_eq!(constants.len(), folded, "{name}: {constants:?}");
+        assert!(constants.iter().all(|w| !w.contains("weight\"")), "{name}: {constants:?}");
     }
 }
 

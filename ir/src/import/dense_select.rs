@@ -40,10 +40,14 @@ pub(super) struct DenseSelect {
     counts: HashMap<ValueId, String>,
     /// The mask each flattened mask was flattened from.
     masks: HashMap<String, String>,
+    /// How many positions each mask has (its size): the pairs' extent.
+    pairs: HashMap<String, crate::Dim>,
 }
 
 /// Ops that compute positions from positions element by element (or move them).
-const INDEX_OPS: &[&str] = &["Transpose", "Split", "Squeeze", "Unsqueeze", "Expand", "Reshape", "Flatten", "Cast", "Add", "Sub", "Mul", "Identity"];
+/// (`Slice` and `Concat` must keep every extent of the count where it was: they may pick
+/// or join coordinates, never pairs.)
+const INDEX_OPS: &[&str] = &["Transpose", "Split", "Squeeze", "Unsqueeze", "Expand", "Reshape", "Flatten", "Cast", "Add", "Sub", "Mul", "Identity", "Slice", "Concat"];
 
 /// Ops that build a shape vector from shape vectors.
 const COUNT_OPS: &[&str] = &["Gather", "Concat", "Unsqueeze", "Squeeze", "Slice", "Cast", "Identity"];
@@ -53,7 +57,7 @@ const SHAPED_OPS: &[&str] = &["Reshape", "Expand", "Tile"];
 
 /// Ops that compute each row from that row alone, given rows in their first operand.
 const ROW_OPS: &[&str] = &[
-    "MatMul", "Gemm", "Add", "Sub", "Mul", "Div", "Pow", "Where", "Cast", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Expand", "Identity", "Sigmoid",
+    "MatMul", "Gemm", "Add", "Sub", "Mul", "Div", "Pow", "Where", "Cast", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Expand", "Identity", "Transpose", "Sigmoid",
     "Relu", "Tanh", "Gelu", "Erf", "Exp", "Neg", "Sqrt", "Softplus", "HardSigmoid", "HardSwish", "LeakyRelu", "Elu", "Selu", "Mish",
 ];
 
@@ -121,6 +125,8 @@ impl Importer<'_> {
         let positions = self.names[&node.output[0]];
         self.dense.positions.insert(positions, at("mask_flat"));
         self.dense.masks.insert(at("mask_flat"), mask);
+        let pairs = self.graph.value(positions).ty.shape.dims()[1];
+        self.dense.pairs.insert(at("mask_flat"), pairs);
         Ok(())
     }
 
@@ -134,6 +140,12 @@ impl Importer<'_> {
             Reads::Shaped => return Ok(false),
             Reads::Counts(_) | Reads::Positions(_) | Reads::Rows(_) => self.add_node_plain(node, opset)?,
         }
+        if let (Reads::Positions(mask), "Slice" | "Concat") = (&reads, node.op_type.as_str()) {
+            self.check_pairs_kept(node, mask)?;
+        }
+        if let Reads::Rows(mask) = &reads {
+            self.check_rows_hold_pairs(node, mask)?;
+        }
         let outputs: Vec<ValueId> = node.output.iter().filter_map(|o| self.names.get(o).copied()).collect();
         let set = match &reads {
             Reads::Positions(_) => &mut self.dense.positions,
@@ -144,6 +156,34 @@ impl Importer<'_> {
             set.extend(outputs.into_iter().map(|v| (v, mask.clone())));
         }
         Ok(true)
+    }
+
+    /// A Slice or Concat of positions may pick or join coordinates, never pairs: every
+    /// axis where an input has the pairs' extent keeps it in the output.
+    fn check_pairs_kept(&self, node: &NodeProto, mask: &str) -> Result<(), ImportError> {
+        let pairs = self.dense.pairs[mask];
+        let dims = |name: &String| self.names.get(name).map(|&v| self.graph.value(v).ty.shape.dims().to_vec());
+        let out = dims(&node.output[0]).unwrap_or_default();
+        let kept = node.input.iter().filter(|n| self.names.get(*n).is_some_and(|v| self.dense.positions.contains_key(v))).filter_map(dims).all(|d| {
+            d.len() == out.len() && d.iter().zip(&out).all(|(i, o)| *i != pairs || o == i)
+        });
+        if kept {
+            return Ok(());
+        }
+        let reason = "picks or joins the positions of a NonZero whose count depends on the data (not only their coordinates), which its dense reading cannot follow; export the model with a dense formulation".into();
+        Err(ImportError::BadNode { node: NodeRef { name: node.name.clone(), op_type: node.op_type.clone() }, reason })
+    }
+
+    /// Rows keep an extent of one row per pair (a product contracting over the pairs
+    /// would sum selected and unselected ones alike).
+    fn check_rows_hold_pairs(&self, node: &NodeProto, mask: &str) -> Result<(), ImportError> {
+        let pairs = self.dense.pairs[mask];
+        let holds = |name: &String| self.names.get(name).is_none_or(|&v| self.graph.value(v).ty.shape.dims().contains(&pairs));
+        if node.output.iter().filter(|o| !o.is_empty()).all(holds) {
+            return Ok(());
+        }
+        let reason = "computes across the rows gathered at the positions of a NonZero whose count depends on the data (its output has no row per position), which its dense reading cannot follow; export the model with a dense formulation".into();
+        Err(ImportError::BadNode { node: NodeRef { name: node.name.clone(), op_type: node.op_type.clone() }, reason })
     }
 
     /// A graph output the dense reading reaches would hold every position, not the
@@ -191,31 +231,40 @@ impl Importer<'_> {
         classify(op, &positions, &rows, mask).map_or_else(|what| refuse(what), Ok)
     }
 
-    /// `ScatterElements(zeros, positions, rows)` along the rows' axis, as
-    /// `ScatterElements(zeros, positions, rows * mask, reduction = add)`: the pairs the
-    /// mask did not select add zero where the selected one writes.
+    /// A scatter of rows at positions, with the rows multiplied by the mask at each
+    /// position and summed in: `ScatterElements(zeros, positions, rows)` along the rows'
+    /// axis (Mixtral's, as TorchScript writes it) becomes `ScatterElements(zeros,
+    /// positions, rows * mask, reduction = add)`, where the pairs the mask did not select
+    /// add zero where the selected one writes; a scatter that already adds
+    /// (`ScatterND(sum, positions, rows, reduction = add)`, OLMoE's `index_add_` as the
+    /// default exporter writes it) keeps its data and adds the masked rows.
     fn add_masked_scatter(&mut self, node: &NodeProto, mask: &str, opset: i64) -> Result<(), ImportError> {
         let refuse = |reason: &str| {
             Err(ImportError::BadNode {
                 node: NodeRef { name: node.name.clone(), op_type: node.op_type.clone() },
-                reason: format!("scatters rows computed at the positions of a NonZero whose count depends on the data, {reason}; pipewright reads such a NonZero densely only when its rows are scattered into zeros along their own axis (mixture-of-experts routing)"),
+                reason: format!("scatters rows computed at the positions of a NonZero whose count depends on the data, {reason}; pipewright reads such a NonZero densely only when its rows are added into a tensor, or scattered into zeros along their own axis (mixture-of-experts routing)"),
             })
         };
         let mut attrs = Attrs::new(&node.attribute);
         let axis = attrs.int_or("axis", 0).unwrap_or(-1);
         let reduction = attrs.string("reduction").ok().flatten().unwrap_or_else(|| "none".into());
-        if axis != 0 || reduction != "none" {
-            return refuse(&format!("along axis {axis} with reduction {reduction:?}"));
-        }
         let data = self.names[&node.input[0]];
-        if !self.all_zeros(data) && self.fills.get(&data) != Some(&0.0) {
-            return refuse("into a tensor not known to be zeros");
-        }
-        let zeros = match self.zeros_following_the_batch(node, data, mask, opset)? {
-            Some(zeros) => zeros,
-            None => node.input[0].clone(),
+        let zeros = self.all_zeros(data) || self.fills.get(&data) == Some(&0.0);
+        let target = match reduction.as_str() {
+            "add" if zeros => self.zeros_following_the_batch(node, data, mask, opset)?.unwrap_or_else(|| node.input[0].clone()),
+            "add" => node.input[0].clone(),
+            "none" if node.op_type == "ScatterElements" && axis == 0 => {
+                if !zeros {
+                    return refuse("into a tensor not known to be zeros");
+                }
+                self.zeros_following_the_batch(node, data, mask, opset)?.unwrap_or_else(|| node.input[0].clone())
+            }
+            _ => return refuse(&format!("along axis {axis} with reduction {reduction:?}")),
         };
         let updates = self.names[&node.input[2]];
+        if self.graph.value(updates).ty.shape.dims().first() != Some(&self.dense.pairs[mask]) {
+            return refuse("whose updates do not have one row per position first");
+        }
         let rank = self.graph.value(updates).ty.shape.rank();
         let dtype = self.graph.value(updates).ty.dtype;
         let at = |what: &str| format!("{}/dense/{what}", node.name);
@@ -224,11 +273,11 @@ impl Importer<'_> {
         self.constant_i64(&at("rows_shape"), &[rows_shape.len() as i64], &rows_shape);
         let mut cast = plain(&at("mask"), "Cast", &[mask], &at("mask"));
         cast.attribute.push(attribute_proto("to", &pipewright_ops::op::AttrValue::Int(dtype.onnx_code() as i64)));
-        let mut scatter = plain(&node.name, "ScatterElements", &[&zeros, &node.input[1], &at("masked")], &node.output[0]);
-        scatter.attribute = vec![
-            attribute_proto("axis", &pipewright_ops::op::AttrValue::Int(0)),
-            attribute_proto("reduction", &pipewright_ops::op::AttrValue::Str("add".into())),
-        ];
+        let mut scatter = plain(&node.name, &node.op_type, &[&target, &node.input[1], &at("masked")], &node.output[0]);
+        scatter.attribute = vec![attribute_proto("reduction", &pipewright_ops::op::AttrValue::Str("add".into()))];
+        if node.op_type == "ScatterElements" {
+            scatter.attribute.push(attribute_proto("axis", &pipewright_ops::op::AttrValue::Int(0)));
+        }
         let nodes = [
             cast,
             plain(&at("mask_rows"), "Reshape", &[&at("mask"), &at("rows_shape")], &at("mask_rows")),
@@ -303,8 +352,8 @@ fn classify(op: &str, positions: &[(usize, String)], rows: &[(usize, String)], m
     let only_slots = |list: &[(usize, String)], allowed: &[usize]| list.iter().all(|(i, _)| allowed.contains(i));
     Ok(match op {
         "Shape" | "Size" => Reads::Counts(mask),
-        "ScatterElements" if only_slots(positions, &[1]) && only_slots(rows, &[2]) && !positions.is_empty() => Reads::Scatter(mask),
-        "Gather" if only_slots(positions, &[1]) && rows.is_empty() => Reads::Rows(mask),
+        "ScatterElements" | "ScatterND" if only_slots(positions, &[1]) && only_slots(rows, &[2]) && !positions.is_empty() => Reads::Scatter(mask),
+        "Gather" | "GatherND" if only_slots(positions, &[1]) && rows.is_empty() => Reads::Rows(mask),
         _ if rows.is_empty() && INDEX_OPS.contains(&op) => Reads::Positions(mask),
         "MatMul" | "Gemm" if only_slots(rows, &[0]) && positions.is_empty() => Reads::Rows(mask),
         _ if ROW_OPS.contains(&op) && positions.is_empty() => Reads::Rows(mask),
