@@ -915,15 +915,27 @@ fn merged_initializers_are_announced_and_can_be_untied() {
     }
 }
 
-/// The zoo's fixed-batch dynamo GPT-2 writes `sqrt(scale)` as a trainable `[1]`
-/// initializer (`val_88`) read by the Q and K^T products of both layers: by default its
-/// value becomes the fused attentions' scale, compile and train say so naming
-/// `--train-attention-scales`, and the stage program runs `Attention`; with the flag it
-/// trains as a weight (saved after training) and the attention stays spelled out.
+/// The zoo's fixed-batch dynamo GPT-2 writes `sqrt(scale)` as a `[1]` initializer
+/// (`val_88`) read by the Q and K^T products of both layers, which its exporter marks as
+/// folded from no parameter: a constant, said by `inspect`. Without that mark (a copy with
+/// the `value_info` metadata dropped, as an exporter that records none writes it) it is a
+/// trainable one-element initializer: by default its value becomes the fused attentions'
+/// scale, compile and train say so naming `--train-attention-scales`, and the stage
+/// program runs `Attention`; with the flag it trains as a weight (saved after training)
+/// and the attention stays spelled out.
 #[test]
 fn a_one_element_attention_scale_is_folded_and_said_or_kept_trained() {
-    let model = root().join("zoo/models/gpt2-dynamo-b2/model.onnx");
+    let source = root().join("zoo/models/gpt2-dynamo-b2");
+    let said = pw_ok(["inspect", source.join("model.onnx").to_str().unwrap()]);
+    assert!(said.contains("initializer \"val_88\": the exporter folded it from no parameter"), "{said}");
     let dir = tempfile::tempdir().expect("temp dir");
+    let mut unmarked = ModelProto::parse_from_bytes(&std::fs::read(source.join("model.onnx")).unwrap()).unwrap();
+    for info in unmarked.graph.mut_or_insert_default().value_info.iter_mut() {
+        info.metadata_props.clear();
+    }
+    let model = dir.path().join("model.onnx");
+    std::fs::write(&model, unmarked.write_to_bytes().unwrap()).unwrap();
+    std::fs::copy(source.join("model.onnx.data"), dir.path().join("model.onnx.data")).unwrap();
     for train_scales in [false, true] {
         let build = dir.path().join(if train_scales { "trained" } else { "folded" });
         let mut args = vec!["compile", model.to_str().unwrap(), "--stages", "1", "-o", build.to_str().unwrap()];

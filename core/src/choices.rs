@@ -7,6 +7,8 @@
 //! - an initializer the exporter merged because several parameters had identical values
 //!   (all LayerNorm weights are ones when exported untrained) is read by several nodes and
 //!   trains as one tied weight, unless `compile --untie-merged` gives each use a copy;
+//! - an initializer the exporter marks as folded from no parameter (a causal mask, a
+//!   rotary table) is kept as a frozen constant;
 //! - a one-element initializer read only as a factor of attention scales (the dynamo
 //!   exporter's `sqrt(scale)` in a fixed-batch export) becomes the fused `Attention`'s
 //!   `scale`, not a weight, unless `compile --train-attention-scales` keeps it trained.
@@ -27,6 +29,10 @@ pub struct ImportChoices {
     /// Batch-baked initializers kept as frozen constants: `name [d0, d1, ...]`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub frozen_batch_baked: Vec<String>,
+    /// Initializers the exporter marks as folded from no parameter (or lifted as buffers),
+    /// kept as frozen constants: `name [d0, d1, ...]`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub exporter_constants: Vec<String>,
     /// Batch-baked initializers trained as one slice shared by the batch
     /// (`--train-batch-baked`): `name [1, d1, ...]`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -59,7 +65,7 @@ fn some_of(items: &[String]) -> String {
 
 impl ImportChoices {
     pub fn is_empty(&self) -> bool {
-        self.frozen_batch_baked.is_empty() && self.trained_batch_baked.is_empty() && self.frozen_attention_scales.is_empty() && self.merged.is_empty() && self.split_buffers.is_empty()
+        self.frozen_batch_baked.is_empty() && self.exporter_constants.is_empty() && self.trained_batch_baked.is_empty() && self.frozen_attention_scales.is_empty() && self.merged.is_empty() && self.split_buffers.is_empty()
     }
 
     /// One line per kind of choice (none when there is nothing to say).
@@ -71,6 +77,14 @@ impl ImportChoices {
                 "{n} initializer{} baked for the export batch kept frozen (not trained): {}; compile --train-batch-baked NAME trains one (a class token, not a mask) as a weight shared by the batch",
                 if n == 1 { "" } else { "s" },
                 some_of(&self.frozen_batch_baked),
+            ));
+        }
+        if !self.exporter_constants.is_empty() {
+            let n = self.exporter_constants.len();
+            out.push(format!(
+                "{n} initializer{} the exporter marks as folded from no parameter (a mask, a rotary table) kept frozen (not trained): {}",
+                if n == 1 { "" } else { "s" },
+                some_of(&self.exporter_constants),
             ));
         }
         if !self.trained_batch_baked.is_empty() {
@@ -139,5 +153,8 @@ mod tests {
         let scales = ImportChoices { frozen_attention_scales: vec!["val_88 [1]".into()], ..ImportChoices::default() };
         assert!(!scales.is_empty());
         assert_eq!(scales.lines(), ["1 one-element initializer read only as attention scales became the fused attentions' scale (not trained): val_88 [1]; compile --train-attention-scales trains it and keeps those attentions spelled out"]);
+        let constants = ImportChoices { exporter_constants: vec!["unsqueeze_7 [1, 1, 8, 8]".into(), "val_35 [16]".into()], ..ImportChoices::default() };
+        assert!(!constants.is_empty());
+        assert_eq!(constants.lines(), ["2 initializers the exporter marks as folded from no parameter (a mask, a rotary table) kept frozen (not trained): unsqueeze_7 [1, 1, 8, 8], val_35 [16]"]);
     }
 }

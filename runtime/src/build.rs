@@ -498,6 +498,7 @@ mod tests {
         // read back field for field.
         m.choices = ImportChoices {
             frozen_batch_baked: vec!["cls [2, 1, 8]".into()],
+            exporter_constants: vec!["unsqueeze_7 [1, 1, 8, 8]".into()],
             trained_batch_baked: vec!["token [1, 1, 8]".into()],
             frozen_attention_scales: vec!["val_88 [1]".into()],
             merged: vec![pipewright_core::MergedInitializer { name: "ln.weight".into(), uses: 9 }],

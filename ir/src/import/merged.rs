@@ -88,9 +88,12 @@ fn find(g: &GraphProto, model_dir: &Path) -> Vec<(MergedInitializer, Vec<usize>)
     }
     let mut inner = HashSet::new();
     subgraph_reads(g, &mut inner);
+    // What the exporter marks as a constant is no parameter, merged or not: it stays one
+    // frozen value.
+    let constants = super::provenance::exporter_constants(g);
     g.initializer
         .iter()
-        .filter(|t| !t.dims.is_empty() && !inner.contains(&t.name))
+        .filter(|t| !t.dims.is_empty() && !inner.contains(&t.name) && !constants.contains_key(&t.name))
         .filter_map(|t| {
             let r = readers.get(t.name.as_str()).filter(|r| r.len() > 1)?;
             uniform(t, model_dir).then(|| (MergedInitializer { name: t.name.clone(), uses: r.len() }, r.clone()))

@@ -7,6 +7,7 @@ mod control;
 mod dense_select;
 mod evaluated;
 mod legacy;
+mod provenance;
 pub mod merged;
 pub mod tensor;
 
@@ -255,13 +256,15 @@ impl<'a> Importer<'a> {
         }
         // BatchNorm running statistics follow the batches; the optimizer never trains them.
         let buffers = merged::bn_buffers(&g);
+        let exporter_constants = provenance::exporter_constants(&g);
         for t in std::mem::take(&mut g.initializer) {
             let name = t.name.clone();
             let data = match self.opts.shapes_only.then(|| tensor::external_shape_only(&t)).flatten() {
                 Some(shape_only) => shape_only?,
                 None => tensor::tensor_from_proto(t, self.dir)?,
             };
-            let trainable = data.dtype.is_float() && !data.dims.is_empty() && !buffers.contains(&name) && !self.is_batch_baked(&name, &data);
+            let frozen_by_exporter = data.dtype.is_float() && !data.dims.is_empty() && self.is_exporter_constant(&name, &data, &exporter_constants);
+            let trainable = data.dtype.is_float() && !data.dims.is_empty() && !buffers.contains(&name) && !frozen_by_exporter && !self.is_batch_baked(&name, &data);
             self.define(name, TensorType::new(data.dtype, Shape::fixed(&data.dims)), ValueDef::Weight(Weight { data, trainable }));
         }
         for idx in topo_sort(&g.node, &self.names)? {
@@ -339,6 +342,15 @@ impl<'a> Importer<'a> {
             ));
         }
         baked
+    }
+
+    /// A float initializer its exporter marks as no parameter ([`provenance`]) is kept as
+    /// a constant, with a warning.
+    fn is_exporter_constant(&mut self, name: &str, data: &crate::TensorData, constants: &HashMap<String, String>) -> bool {
+        let Some(why) = constants.get(name) else { return false };
+        self.graph.warnings.push(format!("initializer {name:?}: {why}; kept as a constant, not trained"));
+        self.graph.choices.exporter_constants.push(format!("{name} {:?}", data.dims));
+        true
     }
 
     fn set_known(&mut self, id: ValueId, k: Option<Known>) {
