@@ -11,6 +11,9 @@
 //! - Gemma 2 (TorchScript): its cache's length is counted from a zero-filled cache at
 //!   import; TorchScript unties the embedding and the output projection, and PyTorch's
 //!   model is untied to match (`--untie`).
+//! - Llama and OLMo (the default exporter, dynamic batch and batch 1) and OLMoE: the
+//!   exporter folds the causal mask, the rotary tables and a weightless LayerNorm's ones
+//!   into initializers it marks as folded from no parameter, which must stay constants.
 //!
 //! The step is 0.5 on the mean cross-entropy against fixed labels, at d = 2 under
 //! PipeDream-Flush with one microbatch of the export batch (the mean PyTorch takes), with
@@ -27,8 +30,16 @@ use std::process::Command;
 use common::{pw_ok, root, try_pw};
 
 /// A zoo entry, and whether PyTorch's model must be untied to match its export.
-const ENTRIES: [(&str, &str, bool); 4] =
-    [("mixtral", "mixtral-script-dyn", false), ("mixtral", "mixtral-script-b2", false), ("dinov2", "dinov2-script-dyn", false), ("gemma2", "gemma2-script-dyn", true)];
+const ENTRIES: [(&str, &str, bool); 8] = [
+    ("mixtral", "mixtral-script-dyn", false),
+    ("mixtral", "mixtral-script-b2", false),
+    ("olmoe", "olmoe-dynamo-dyn", false),
+    ("dinov2", "dinov2-script-dyn", false),
+    ("gemma2", "gemma2-script-dyn", true),
+    ("llama", "llama-dynamo-dyn", false),
+    ("llama", "llama-dynamo-b1", false),
+    ("olmo", "olmo-dynamo-dyn", false),
+];
 
 fn torch_python() -> String {
     std::env::var("PIPEWRIGHT_TORCH_PYTHON")
@@ -51,7 +62,8 @@ fn pipewright_step(model: &Path, data: &Path, work: &Path) -> std::path::PathBuf
     let (build, exported) = (work.join("build"), work.join("stepped.onnx"));
     let s = |p: &Path| p.to_str().expect("utf-8 path").to_string();
     pw_ok(["compile", &s(model), "--stages", "2", "--schedule", "flush", "--untie-merged", "-o", &s(&build)]);
-    let batch = "2";
+    // One microbatch of the export batch (the inputs'), the mean PyTorch takes.
+    let batch = if model.to_string_lossy().contains("-b1") { "1" } else { "2" };
     pw_ok(["train", &s(&build), "--data", &s(data), "--steps", "1", "--microbatch", batch, "--microbatches", "1", "--lr", "0.5", "--no-progress"]);
     pw_ok(["export", &s(&build), "-o", &s(&exported)]);
     exported

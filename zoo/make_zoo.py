@@ -535,6 +535,12 @@ ARCHS = {
     "starcoder2": lambda: hf("Starcoder2Config", "Starcoder2ForCausalLM", tokens(), **DECODER),
     "mixtral": lambda: hf("MixtralConfig", "MixtralForCausalLM", tokens(), num_local_experts=4,
                           num_experts_per_tok=2, **DECODER),
+    "qwen2_moe": lambda: hf("Qwen2MoeConfig", "Qwen2MoeForCausalLM", tokens(), num_experts=4, num_experts_per_tok=2,
+                            moe_intermediate_size=16, shared_expert_intermediate_size=16, **DECODER),
+    "olmoe": lambda: hf("OlmoeConfig", "OlmoeForCausalLM", tokens(), num_experts=4, num_experts_per_tok=2,
+                        pad_token_id=0, **DECODER),
+    "granitemoe": lambda: hf("GraniteMoeConfig", "GraniteMoeForCausalLM", tokens(), num_local_experts=4,
+                             num_experts_per_tok=2, **DECODER),
     # language: encoder-decoders
     "t5": lambda: hf("T5Config", "T5ForConditionalGeneration", seq2seq(), vocab_size=VOCAB, d_model=16, d_kv=8, d_ff=32,
                      num_layers=2, num_decoder_layers=2, num_heads=2, decoder_start_token_id=0, pad_token_id=0),
