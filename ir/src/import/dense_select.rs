@@ -211,7 +211,6 @@ impl Importer<'_> {
             );
             Err(ImportError::BadNode { node: NodeRef { name: node.name.clone(), op_type: node.op_type.clone() }, reason })
         };
-        let only_slots = |list: &[(usize, String)], allowed: &[usize]| list.iter().all(|(i, _)| allowed.contains(i));
         if positions.iter().chain(&rows).chain(&counts).any(|(_, m)| *m != mask) {
             return refuse("the positions of two NonZeros together");
         }
@@ -349,7 +348,6 @@ fn plain(name: &str, op_type: &str, inputs: &[&str], output: &str) -> NodeProto 
 /// What an op of type `op` does with the positions and rows it reads (at the given
 /// slots), all of one mask; `Err` says what it reads that the dense reading cannot allow.
 fn classify(op: &str, positions: &[(usize, String)], rows: &[(usize, String)], mask: String) -> Result<Reads, &'static str> {
-    let only_slots = |list: &[(usize, String)], allowed: &[usize]| list.iter().all(|(i, _)| allowed.contains(i));
     Ok(match op {
         "Shape" | "Size" => Reads::Counts(mask),
         "ScatterElements" | "ScatterND" if only_slots(positions, &[1]) && only_slots(rows, &[2]) && !positions.is_empty() => Reads::Scatter(mask),
@@ -360,4 +358,9 @@ fn classify(op: &str, positions: &[(usize, String)], rows: &[(usize, String)], m
         _ if positions.is_empty() => return Err("rows computed at the positions"),
         _ => return Err("the positions"),
     })
+}
+
+/// Whether every slot in `list` is one of `allowed`.
+fn only_slots(list: &[(usize, String)], allowed: &[usize]) -> bool {
+    list.iter().all(|(i, _)| allowed.contains(i))
 }

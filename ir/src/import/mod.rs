@@ -263,8 +263,11 @@ impl<'a> Importer<'a> {
                 Some(shape_only) => shape_only?,
                 None => tensor::tensor_from_proto(t, self.dir)?,
             };
-            let frozen_by_exporter = data.dtype.is_float() && !data.dims.is_empty() && self.is_exporter_constant(&name, &data, &exporter_constants);
-            let trainable = data.dtype.is_float() && !data.dims.is_empty() && !buffers.contains(&name) && !frozen_by_exporter && !self.is_batch_baked(&name, &data);
+            let parameter_like = data.dtype.is_float() && !data.dims.is_empty();
+            let trainable = parameter_like
+                && !buffers.contains(&name)
+                && !self.is_exporter_constant(&name, &data, &exporter_constants)
+                && !self.is_batch_baked(&name, &data);
             self.define(name, TensorType::new(data.dtype, Shape::fixed(&data.dims)), ValueDef::Weight(Weight { data, trainable }));
         }
         for idx in topo_sort(&g.node, &self.names)? {
