@@ -915,6 +915,75 @@ fn merged_initializers_are_announced_and_can_be_untied() {
     }
 }
 
+/// The default exporter folds the transpose of BERT's tied embedding (also its output
+/// projection) into a second initializer, `val_182`, recorded as folded from the
+/// embedding: compile says it is computed from the embedding again, the build trains no
+/// weight of that name, and the exported model holds it as the trained embedding
+/// transposed, bit for bit. A relative-position table gathered with repeats (Swin's) is
+/// said to train as computed, naming `optimize=False`.
+#[test]
+fn a_tied_weight_stored_transposed_trains_as_one() {
+    let model = root().join("zoo/models/bert-dynamo-dyn/model.onnx");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let build = dir.path().join("b");
+    let out = pw(&["compile", model.to_str().unwrap(), "--stages", "2", "-o", build.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("note: 1 initializer holding a permuted copy of another weight (a tied weight the exporter stored transposed) is computed from that weight and trains with it: val_182 = model.cls.predictions.decoder.weight permuted [1, 0]"), "{err}");
+    pw_ok(["train", build.to_str().unwrap(), "--steps", "2", "--microbatch", "3", "--lr", "0.5", "--no-progress"]);
+    let weights = read_weights(&build.join("weights.safetensors"));
+    assert!(!weights.contains_key("val_182") && weights.contains_key("model.cls.predictions.decoder.weight"), "{:?}", weights.keys().collect::<Vec<_>>());
+    let exported = dir.path().join("stepped.onnx");
+    pw_ok(["export", build.to_str().unwrap(), "-o", exported.to_str().unwrap()]);
+    let m = ModelProto::parse_from_bytes(&std::fs::read(&exported).unwrap()).unwrap();
+    let init = |name: &str| {
+        let t = m.graph.initializer.iter().find(|t| t.name == name).unwrap_or_else(|| panic!("no {name}")).clone();
+        pipewright_ir::import::tensor::tensor_from_proto(t, dir.path()).expect("reads")
+    };
+    let (embedding, projection) = (init("model.cls.predictions.decoder.weight"), init("val_182"));
+    let source = pipewright_ir::import::tensor::tensor_from_proto(
+        ModelProto::parse_from_bytes(&std::fs::read(&model).unwrap()).unwrap().graph.initializer.iter().find(|t| t.name == "model.cls.predictions.decoder.weight").unwrap().clone(),
+        model.parent().unwrap(),
+    )
+    .expect("reads");
+    assert_ne!(embedding.bytes, source.bytes, "the embedding trained");
+    assert_eq!(embedding.permuted(&[1, 0]).expect("a matrix"), projection, "the projection is the trained embedding transposed");
+
+    let swin = root().join("zoo/models/swin-dynamo-dyn/model.onnx");
+    let out = pw(&["compile", swin.to_str().unwrap(), "--stages", "1", "-o", dir.path().join("swin").to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("note: 2 initializers the exporter computed from parameters by more than a transpose, a slice or a gather at distinct positions train as computed") && err.contains("relative_position_bias_table") && err.contains("optimize=False"), "{err}");
+}
+
+/// `compile --freeze NAME` keeps a weight out of training (as PyTorch does a parameter
+/// with `requires_grad=False`): compile and train say so, the build saves no such weight
+/// and `export` writes the source's values back; a name the model lacks is refused,
+/// naming it.
+#[test]
+fn frozen_on_request_stays_as_exported() {
+    let model = root().join("zoo/models/gpt2-script-dyn/model.onnx");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let build = dir.path().join("b");
+    let out = pw(&["compile", model.to_str().unwrap(), "--stages", "2", "--freeze", "model.transformer.wpe.weight", "-o", build.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let line = "note: 1 initializer kept frozen on request (--freeze): model.transformer.wpe.weight [32, 16]";
+    assert!(err.contains(line), "{err}");
+    let out = pw(&["train", build.to_str().unwrap(), "--steps", "2", "--microbatch", "3", "--lr", "0.5", "--no-progress"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && err.contains(line), "{err}");
+    let weights = read_weights(&build.join("weights.safetensors"));
+    assert!(!weights.contains_key("model.transformer.wpe.weight") && weights.contains_key("model.transformer.wte.weight"), "{:?}", weights.keys().collect::<Vec<_>>());
+    let exported = dir.path().join("stepped.onnx");
+    pw_ok(["export", build.to_str().unwrap(), "-o", exported.to_str().unwrap()]);
+    let init = |path: &Path, name: &str| ModelProto::parse_from_bytes(&std::fs::read(path).unwrap()).unwrap().graph.initializer.iter().find(|t| t.name == name).cloned().unwrap_or_else(|| panic!("no {name}"));
+    assert_eq!(init(&exported, "model.transformer.wpe.weight"), init(&model, "model.transformer.wpe.weight"));
+    assert_ne!(init(&exported, "model.transformer.wte.weight").raw_data, init(&model, "model.transformer.wte.weight").raw_data);
+    let out = pw(&["compile", model.to_str().unwrap(), "--stages", "1", "--freeze", "wpe", "-o", dir.path().join("x").to_str().unwrap()]);
+    fails(&out, &["tensor \"wpe\": --freeze: the model has no float initializer of this name"]);
+}
+
 /// The zoo's fixed-batch dynamo GPT-2 writes `sqrt(scale)` as a `[1]` initializer
 /// (`val_88`) read by the Q and K^T products of both layers, which its exporter marks as
 /// folded from no parameter: a constant, said by `inspect`. Without that mark (a copy with

@@ -1,6 +1,6 @@
 //! The model zoo (`zoo/`, written by `zoo/make_zoo.py`), every entry end to end through
 //! the CLI as a user takes it: `inspect`; `compile` at d = 1, 2 and 4 under every schedule
-//! of [`SCHEDULES`] (at d = 4 also [`SEVERAL_PER_WORKER`]'s), each trained 2 steps at microbatch 3 (never the export batch, 1 or 2); `export`
+//! of [`SCHEDULES`] (at d = 4 also [`SEVERAL_PER_WORKER`]'s), each trained 2 steps at microbatch 3 (never the export batch, 1 or 2) on the entry's own inputs repeated; `export`
 //! of the d = 2 2bw build; and the exported model run by onnxruntime at two batch sizes,
 //! its outputs matched by `run-forward`, and at three times the export batch (inputs
 //! repeated) matched against its outputs at the export batch repeated
@@ -20,7 +20,7 @@
 //! libtorch).
 //!
 //! `PIPEWRIGHT_ZOO_TABLE=docs/zoo.md` writes the results table there;
-//! `PIPEWRIGHT_ZOO_FILTER=NAME` takes only the entries whose name contains NAME;
+//! `PIPEWRIGHT_ZOO_FILTER=NAME[,NAME...]` takes only the entries whose name contains one of the NAMEs;
 //! `PIPEWRIGHT_ZOO_JOBS` (default 2) is how many entries run at once.
 #![cfg(feature = "torch")]
 
@@ -178,9 +178,14 @@ fn run_entry(entry: &Entry, work: &Path) -> Row {
         return Row { steps };
     }
     steps.push(("import", Outcome::Pass(String::new())));
+    let data = work.join("data.safetensors");
+    if let Err(e) = write_entry_data(model.parent().expect("entry folder"), &data) {
+        steps.push(("d=1", Outcome::Fail(format!("the entry's inputs: {e}"))));
+        return Row { steps };
+    }
     let mut export_build = None;
     for d in DEPTHS {
-        let outcome = depth(&model, d, work, &mut export_build);
+        let outcome = depth(&model, d, &data, work, &mut export_build);
         steps.push((["d=1", "d=2", "d=4"][DEPTHS.iter().position(|&x| x == d).unwrap_or(0)], outcome));
     }
     let Some(build) = export_build else {
@@ -201,6 +206,74 @@ fn run_entry(entry: &Entry, work: &Path) -> Row {
     Row { steps }
 }
 
+/// Samples of the training data written for each entry: its inputs repeated, enough for
+/// 2 steps of as many microbatches of [`MICROBATCH`] as stages (at most 4, the default
+/// count at d = 4).
+const DATA_SAMPLES: usize = 24;
+
+/// The entry's own inputs (`input_K.pb`, at its export batch) repeated to
+/// [`DATA_SAMPLES`] samples, with labels `(7 i + 3) mod C` over the leading axes of its
+/// output (`output_0.pb`, C its last extent), as a safetensors file for `train --data`.
+/// Real inputs, not synthetic zeros: an attention mask of zeros masks every position, and
+/// some models (Helium's) then compute NaN.
+fn write_entry_data(entry: &Path, out: &Path) -> Result<(), String> {
+    use protobuf::Message;
+    let read = |file: &str| -> Result<pipewright_ir::TensorData, String> {
+        let path = entry.join(file);
+        let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let proto = onnx_protobuf::TensorProto::parse_from_bytes(&bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+        pipewright_ir::import::tensor::tensor_from_proto(proto, entry).map_err(|e| format!("{}: {e}", path.display()))
+    };
+    let names = input_names(&entry.join("model.onnx"))?;
+    let mut arrays = Vec::new();
+    for (k, name) in names.iter().enumerate() {
+        let t = read(&format!("input_{k}.pb"))?;
+        let batch = *t.dims.first().ok_or(format!("input_{k}.pb is a scalar"))? as usize;
+        let mut dims: Vec<usize> = t.dims.iter().map(|&d| d as usize).collect();
+        dims[0] = DATA_SAMPLES;
+        let bytes: Vec<u8> = t.bytes.chunks(t.bytes.len() / batch.max(1)).cycle().take(DATA_SAMPLES).flatten().copied().collect();
+        arrays.push((name.clone(), safetensors_dtype(t.dtype)?, dims, bytes));
+    }
+    let output = read("output_0.pb")?;
+    let (classes, per_sample) = match output.dims.as_slice() {
+        [_, middle @ .., last] => (*last, middle.iter().product::<i64>()),
+        _ => return Err("output_0.pb has no class axis".into()),
+    };
+    let labels: Vec<u8> = (0..DATA_SAMPLES as i64 * per_sample).flat_map(|i| ((7 * i + 3) % classes.max(1)).to_le_bytes()).collect();
+    let mut label_dims = vec![DATA_SAMPLES];
+    label_dims.extend(output.dims[1..output.dims.len() - 1].iter().map(|&d| d as usize));
+    arrays.push(("label".into(), safetensors::Dtype::I64, label_dims, labels));
+    let views: Vec<(String, safetensors::tensor::TensorView)> = arrays
+        .iter()
+        .map(|(n, dt, dims, b)| safetensors::tensor::TensorView::new(*dt, dims.clone(), b).map(|v| (n.clone(), v)).map_err(|e| format!("{n}: {e:?}")))
+        .collect::<Result<_, _>>()?;
+    let bytes = safetensors::serialize(views, &None).map_err(|e| format!("{e:?}"))?;
+    std::fs::write(out, bytes).map_err(|e| format!("{}: {e}", out.display()))
+}
+
+/// The model's graph inputs that are not initializers, in order (the order of `input_K.pb`).
+fn input_names(model: &Path) -> Result<Vec<String>, String> {
+    use protobuf::Message;
+    let bytes = std::fs::read(model).map_err(|e| format!("{}: {e}", model.display()))?;
+    let m = onnx_protobuf::ModelProto::parse_from_bytes(&bytes).map_err(|e| format!("{}: {e}", model.display()))?;
+    let g = m.graph.as_ref().ok_or("no graph")?;
+    let inits: std::collections::HashSet<&str> = g.initializer.iter().map(|t| t.name.as_str()).collect();
+    Ok(g.input.iter().filter(|i| !inits.contains(i.name.as_str())).map(|i| i.name.clone()).collect())
+}
+
+fn safetensors_dtype(d: pipewright_ir::DType) -> Result<safetensors::Dtype, String> {
+    use pipewright_ir::DType;
+    Ok(match d {
+        DType::F32 => safetensors::Dtype::F32,
+        DType::F64 => safetensors::Dtype::F64,
+        DType::F16 => safetensors::Dtype::F16,
+        DType::I64 => safetensors::Dtype::I64,
+        DType::I32 => safetensors::Dtype::I32,
+        DType::Bool => safetensors::Dtype::BOOL,
+        other => return Err(format!("input type {other:?} has no safetensors form here")),
+    })
+}
+
 /// `kept the export batch 1` or nothing: what export said of the batch when it had to keep it.
 fn export_note(stdout: &str) -> String {
     match stdout.split("kept the export batch ").nth(1) {
@@ -211,7 +284,7 @@ fn export_note(stdout: &str) -> String {
 
 /// Compiles at depth `d` under every schedule and trains each build 2 steps; the d = 2 2bw
 /// build (or the first to train) is kept for export.
-fn depth(model: &Path, d: usize, work: &Path, export_build: &mut Option<PathBuf>) -> Outcome {
+fn depth(model: &Path, d: usize, data: &Path, work: &Path, export_build: &mut Option<PathBuf>) -> Outcome {
     let mut trained = Vec::new();
     for schedule in schedules_at(d) {
         let build = work.join(format!("d{d}-{schedule}"));
@@ -223,7 +296,7 @@ fn depth(model: &Path, d: usize, work: &Path, export_build: &mut Option<PathBuf>
             }
             return Outcome::Fail(format!("compile --schedule {schedule}: {message}"));
         }
-        let train = ["train", build.to_str().unwrap_or_default(), "--steps", "2", "--microbatch", MICROBATCH, "--threads", "1", "--timeout", "120"];
+        let train = ["train", build.to_str().unwrap_or_default(), "--data", data.to_str().unwrap_or_default(), "--steps", "2", "--microbatch", MICROBATCH, "--threads", "1", "--timeout", "120"];
         match try_pw(train) {
             Ok(_) => trained.push(schedule),
             Err(e) => return Outcome::Fail(format!("train ({schedule}): {}", last_line(&e))),
@@ -287,7 +360,7 @@ fn table(entries: &[Entry], rows: &[Option<Row>]) -> String {
     text.push_str(&SEVERAL_PER_WORKER.join(", "));
     text.push(')');
     text.push_str(concat!(
-        "; each build trained 2 steps at microbatch 3; `export` of ",
+        "; each build trained 2 steps at microbatch 3 on the entry's own inputs, repeated; `export` of ",
         "the d = 2 2bw build, and onnxruntime on the exported model at two batch sizes against `run-forward`; ",
         "last `run-forward` of the source model at three times its export batch (\"source at B\") against ",
         "onnxruntime's outputs for the entry at its export batch, repeated.\n\n",
@@ -336,7 +409,7 @@ fn every_zoo_entry_end_to_end() {
             s.spawn(|| loop {
                 let i = next.fetch_add(1, Ordering::SeqCst);
                 let Some(entry) = all.get(i) else { break };
-                if entry.exporter_error.is_some() || !entry.name.contains(&filter) {
+                if entry.exporter_error.is_some() || !filter.split(',').any(|f| entry.name.contains(f)) {
                     continue;
                 }
                 let dir = work.path().join(&entry.name);

@@ -10,11 +10,7 @@ over all of them), takes one plain SGD step at LR, and writes to OUT:
     `pipewright run-forward --inputs OUT`;
 and prints the loss before the step.
 
-With `--untie`, parameters the model shares between modules (a language model's
-embedding and output projection) are first given one copy per module, as the TorchScript
-exporter writes them (it folds the projection's transpose into a constant of its own).
-
-    python zoo/torch_step.py ARCH ENTRY_FOLDER LR OUT [--untie]
+    python zoo/torch_step.py ARCH ENTRY_FOLDER LR OUT
 """
 import os
 import shutil
@@ -39,21 +35,9 @@ def read_inputs(folder, names):
     return arrays
 
 
-def untie(model):
-    """Every module holding a parameter another module already holds gets its own copy."""
-    seen = set()
-    for module in model.modules():
-        for name, p in list(module.named_parameters(recurse=False)):
-            if id(p) in seen:
-                setattr(module, name, torch.nn.Parameter(p.detach().clone()))
-            seen.add(id(p))
-
-
 def main():
     arch, entry, lr, out = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4]
     model, inputs, _ = make_zoo.build(arch)
-    if "--untie" in sys.argv[5:]:
-        untie(model)
     names = list(inputs)
     arrays = read_inputs(entry, names)
     args = [torch.from_numpy(a) for a in arrays]

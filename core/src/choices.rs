@@ -9,6 +9,17 @@
 //!   trains as one tied weight, unless `compile --untie-merged` gives each use a copy;
 //! - an initializer the exporter marks as folded from no parameter (a causal mask, a
 //!   rotary table) is kept as a frozen constant;
+//! - an initializer holding exactly a permutation of another weight's values (the
+//!   exporter folded the transpose of a tied weight, such as a language model's output
+//!   projection, into a second initializer) is computed from that weight again, so the
+//!   two train as one, as in the model exported;
+//! - an initializer the exporter folded from parameters by more than a transpose, a
+//!   reshape, a slice or a gather at distinct positions (a relative-position table
+//!   gathered with repeats, a weight norm, `exp(A_log)`) trains as the tensor computed,
+//!   not as those parameters: said, so that the user can export without folding;
+//! - parameters the exporter's signature lists that the model holds under no name (its
+//!   optimizer drops all-zero biases and stores equal parameters once) are said, with
+//!   the export that keeps them;
 //! - a one-element initializer read only as a factor of attention scales (the dynamo
 //!   exporter's `sqrt(scale)` in a fixed-batch export) becomes the fused `Attention`'s
 //!   `scale`, not a weight, unless `compile --train-attention-scales` keeps it trained.
@@ -21,6 +32,15 @@ pub struct MergedInitializer {
     pub name: String,
     /// Nodes reading it.
     pub uses: usize,
+}
+
+/// An initializer the importer found to hold a permutation of another weight's values
+/// and computes from it (`Transpose(source, perm)`), so that the tie trains as one weight.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FoldedImage {
+    pub name: String,
+    pub source: String,
+    pub perm: Vec<usize>,
 }
 
 /// What the importer decided about initializers (see the module docs).
@@ -45,6 +65,19 @@ pub struct ImportChoices {
     /// Merged initializers (tied, or untied when `untied`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub merged: Vec<MergedInitializer>,
+    /// Initializers computed again from the weight they are a permuted copy of.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub retied: Vec<FoldedImage>,
+    /// Trained initializers the exporter folded from parameters by more than re-indexing:
+    /// `name (sources)`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub computed_from_parameters: Vec<String>,
+    /// Parameters the exporter's signature lists that no name in the model holds.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub missing_parameters: Vec<String>,
+    /// Initializers frozen on request (`compile --freeze`): `name [d0, d1, ...]`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub frozen_on_request: Vec<String>,
     /// Whether each use of a merged initializer got its own copy (`--untie-merged`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub untied: bool,
@@ -65,7 +98,7 @@ fn some_of(items: &[String]) -> String {
 
 impl ImportChoices {
     pub fn is_empty(&self) -> bool {
-        self.frozen_batch_baked.is_empty() && self.exporter_constants.is_empty() && self.trained_batch_baked.is_empty() && self.frozen_attention_scales.is_empty() && self.merged.is_empty() && self.split_buffers.is_empty()
+        self.frozen_batch_baked.is_empty() && self.exporter_constants.is_empty() && self.trained_batch_baked.is_empty() && self.frozen_attention_scales.is_empty() && self.merged.is_empty() && self.split_buffers.is_empty() && self.retied.is_empty() && self.computed_from_parameters.is_empty() && self.missing_parameters.is_empty() && self.frozen_on_request.is_empty()
     }
 
     /// One line per kind of choice (none when there is nothing to say).
@@ -78,6 +111,10 @@ impl ImportChoices {
                 if n == 1 { "" } else { "s" },
                 some_of(&self.frozen_batch_baked),
             ));
+        }
+        if !self.frozen_on_request.is_empty() {
+            let n = self.frozen_on_request.len();
+            out.push(format!("{n} initializer{} kept frozen on request (--freeze): {}", if n == 1 { "" } else { "s" }, some_of(&self.frozen_on_request)));
         }
         if !self.exporter_constants.is_empty() {
             let n = self.exporter_constants.len();
@@ -103,6 +140,35 @@ impl ImportChoices {
                 if n == 1 { "" } else { "s" },
                 some_of(&self.frozen_attention_scales),
                 if n == 1 { "it" } else { "them" },
+            ));
+        }
+        if !self.retied.is_empty() {
+            let n = self.retied.len();
+            let named: Vec<String> = self.retied.iter().map(|r| format!("{} = {} permuted {:?}", r.name, r.source, r.perm)).collect();
+            out.push(format!(
+                "{n} initializer{} holding a permuted copy of another weight (a tied weight the exporter stored transposed) {} computed from that weight and train{} with it: {}",
+                if n == 1 { "" } else { "s" },
+                if n == 1 { "is" } else { "are" },
+                if n == 1 { "s" } else { "" },
+                some_of(&named)
+            ));
+        }
+        if !self.computed_from_parameters.is_empty() {
+            let n = self.computed_from_parameters.len();
+            out.push(format!(
+                "{n} initializer{} the exporter computed from parameters by more than a transpose, a slice or a gather at distinct positions train{} as computed, not as those parameters (training differs from the source model's where values repeat or are transformed): {}; export from PyTorch with torch.onnx.export(..., optimize=False) to train the parameters themselves",
+                if n == 1 { "" } else { "s" },
+                if n == 1 { "s" } else { "" },
+                some_of(&self.computed_from_parameters)
+            ));
+        }
+        if !self.missing_parameters.is_empty() {
+            let n = self.missing_parameters.len();
+            out.push(format!(
+                "{n} parameter{} the exported program lists {} not in the model by name (the exporter's optimizer drops all-zero biases and stores parameters of equal values once, under one name): {}; export from PyTorch with torch.onnx.export(..., optimize=False) to keep every parameter",
+                if n == 1 { "" } else { "s" },
+                if n == 1 { "is" } else { "are" },
+                some_of(&self.missing_parameters)
             ));
         }
         if !self.split_buffers.is_empty() {
@@ -156,5 +222,17 @@ mod tests {
         let constants = ImportChoices { exporter_constants: vec!["unsqueeze_7 [1, 1, 8, 8]".into(), "val_35 [16]".into()], ..ImportChoices::default() };
         assert!(!constants.is_empty());
         assert_eq!(constants.lines(), ["2 initializers the exporter marks as folded from no parameter (a mask, a rotary table) kept frozen (not trained): unsqueeze_7 [1, 1, 8, 8], val_35 [16]"]);
+        let retied = ImportChoices { retied: vec![FoldedImage { name: "val_182".into(), source: "decoder.weight".into(), perm: vec![1, 0] }], ..ImportChoices::default() };
+        assert!(!retied.is_empty());
+        let computed = ImportChoices { computed_from_parameters: vec!["index (clone, index, rel_pos_h, permute_1)".into()], ..ImportChoices::default() };
+        assert!(!computed.is_empty());
+        assert!(computed.lines()[0].starts_with("1 initializer the exporter computed from parameters by more than a transpose, a slice or a gather at distinct positions trains as computed"), "{}", computed.lines()[0]);
+        assert!(computed.lines()[0].ends_with("index (clone, index, rel_pos_h, permute_1); export from PyTorch with torch.onnx.export(..., optimize=False) to train the parameters themselves"));
+        let frozen = ImportChoices { frozen_on_request: vec!["pos.weight [32, 16]".into()], ..ImportChoices::default() };
+        assert_eq!(frozen.lines(), ["1 initializer kept frozen on request (--freeze): pos.weight [32, 16]"]);
+        let missing = ImportChoices { missing_parameters: vec!["conv.bias".into()], ..ImportChoices::default() };
+        assert!(!missing.is_empty());
+        assert_eq!(missing.lines(), ["1 parameter the exported program lists is not in the model by name (the exporter's optimizer drops all-zero biases and stores parameters of equal values once, under one name): conv.bias; export from PyTorch with torch.onnx.export(..., optimize=False) to keep every parameter"]);
+        assert_eq!(retied.lines(), ["1 initializer holding a permuted copy of another weight (a tied weight the exporter stored transposed) is computed from that weight and trains with it: val_182 = decoder.weight permuted [1, 0]"]);
     }
 }

@@ -27,7 +27,7 @@ pub mod units;
 #[macro_use]
 pub mod words;
 
-pub use choices::{ImportChoices, MergedInitializer};
+pub use choices::{FoldedImage, ImportChoices, MergedInitializer};
 pub use decision::{Decision, RunFlags, RunShape, Setting, Source, DEFAULT_MICROBATCH};
 pub use device::{Device, UnknownDevice};
 pub use layout::Layout;

@@ -149,6 +149,7 @@ pub fn export_onnx(build: &Path, output: &Path) -> Result<Exported, DriverError>
     if replaced == 0 {
         return Err(DriverError::msg(format!("{}: none of its weights names an initializer of {}", weights_path.display(), model_path.display())));
     }
+    write_folded_images(graph, &manifest.choices.retied, &trained, &weights_path)?;
     // The importer's view of the same source (the batch axis and every extent): training
     // ran at any batch, so the model written takes any batch too. (Trained batch-baked
     // initializers are back at the export batch here, and the rewrite treats them as the
@@ -177,6 +178,29 @@ pub fn export_onnx(build: &Path, output: &Path) -> Result<Exported, DriverError>
     }
     write_atomic(output, &out)?;
     Ok(Exported { replaced, batch, data: data.map(|(path, _)| path) })
+}
+
+/// The import computed each permuted copy of a tied weight from that weight
+/// ([`pipewright_ir::import::images`]): each goes back as its source's trained values,
+/// permuted, so the model written holds the tie as the source did.
+fn write_folded_images(graph: &mut GraphProto, images: &[pipewright_core::FoldedImage], trained: &HashMap<String, TensorView>, weights_path: &Path) -> Result<(), DriverError> {
+    for image in images {
+        let Some(view) = trained.get(&image.source) else { continue };
+        let Some(init) = graph.initializer.iter_mut().find(|t| t.name == image.name) else { continue };
+        let dims: Vec<i64> = view.shape().iter().map(|&d| d as i64).collect();
+        let dtype = pipewright_ir::DType::from_onnx(init.data_type).ok_or_else(|| DriverError::msg(format!("{}: initializer {:?} has no element type", weights_path.display(), image.name)))?;
+        let permuted = pipewright_ir::TensorData::new(dtype, dims, bytes::Bytes::copy_from_slice(view.data()))
+            .and_then(|source| source.permuted(&image.perm))
+            .filter(|p| p.dims == init.dims)
+            .ok_or_else(|| DriverError::msg(format!("{}: weight {:?} permuted {:?} is not the shape of {:?} {:?}; compile and train again", weights_path.display(), image.source, image.perm, image.name, init.dims)))?;
+        init.external_data.clear();
+        init.data_location = EnumOrUnknown::new(DataLocation::DEFAULT);
+        init.raw_data = permuted.bytes.to_vec();
+        init.float_data.clear();
+        init.double_data.clear();
+        init.int32_data.clear();
+    }
+    Ok(())
 }
 
 /// Protobuf cannot hold a model of 2 GiB or more: past this many initializer bytes the

@@ -314,6 +314,11 @@ pub struct CompileSpec {
     /// instead of making their value the fused attention's scale.
     #[arg(long)]
     pub train_attention_scales: bool,
+    /// Keep these initializers frozen (not trained), as a parameter PyTorch does not train
+    /// (`requires_grad=False`, e.g. a sinusoidal position table) or a part being
+    /// fine-tuned around; `export` writes them back unchanged.
+    #[arg(long, value_delimiter = ',', value_name = "NAME")]
+    pub freeze: Vec<String>,
 }
 
 impl CompileSpec {
@@ -355,6 +360,7 @@ impl CompileSpec {
                 untie_merged: self.untie_merged,
                 train_batch_baked: self.train_batch_baked.clone(),
                 train_attention_scales: self.train_attention_scales,
+                freeze: self.freeze.clone(),
                 ..ImportOptions::default()
             },
         })
@@ -432,6 +438,7 @@ mod tests {
             untie_merged: false,
             train_batch_baked: Vec::new(),
             train_attention_scales: false,
+            freeze: Vec::new(),
         }
     }
 

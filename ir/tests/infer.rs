@@ -1188,6 +1188,9 @@ fn resize_and_upsample_shapes() {
     let g = import(&m);
     assert_eq!(ty(&g, "a"), "f32[N,3,3,10]");
     assert_eq!(ty(&g, "b"), "f32[N,3,6,8]");
+    // Float scales are a shape's parameters, never a weight (nor read back each step).
+    let scales = g.value_ids().find(|v| g.value(*v).name == "scales").expect("scales");
+    assert!(matches!(&g.value(scales).def, pipewright_ir::ValueDef::Weight(w) if !w.trainable), "{:?}", g.value(scales).def);
     // not_larger: min(20 / 7, 4 / 5) = 0.8 for both axes: round(5 * 0.8), round(7 * 0.8).
     assert_eq!(ty(&g, "c"), "f32[N,3,4,6]");
     let up = ModelBuilder::new(9)

@@ -44,6 +44,40 @@ impl TensorData {
         self.bytes.is_empty() && self.byte_len() > 0
     }
 
+    /// The tensor with its axes permuted as ONNX `Transpose(perm)` does (output axis `i` is
+    /// input axis `perm[i]`); `None` for a permutation of the wrong rank, a sub-byte element
+    /// type or values not read.
+    pub fn permuted(&self, perm: &[usize]) -> Option<TensorData> {
+        let rank = self.dims.len();
+        let mut seen = vec![false; rank];
+        if perm.len() != rank || perm.iter().any(|&p| p >= rank || std::mem::replace(&mut seen[p], true)) || self.dtype.bits() < 8 || self.is_shape_only() {
+            return None;
+        }
+        let size = self.dtype.size();
+        let dims: Vec<usize> = self.dims.iter().map(|&d| d as usize).collect();
+        let mut strides = vec![1usize; rank];
+        for a in (0..rank.saturating_sub(1)).rev() {
+            strides[a] = strides[a + 1] * dims[a + 1];
+        }
+        let out_dims: Vec<usize> = perm.iter().map(|&p| dims[p]).collect();
+        let out_strides: Vec<usize> = perm.iter().map(|&p| strides[p]).collect();
+        let mut out = Vec::with_capacity(self.bytes.len());
+        let mut index = vec![0usize; rank];
+        for _ in 0..self.numel() {
+            let at: usize = index.iter().zip(&out_strides).map(|(i, s)| i * s).sum::<usize>() * size;
+            out.extend_from_slice(&self.bytes[at..at + size]);
+            // The next output index, last axis fastest.
+            for a in (0..rank).rev() {
+                index[a] += 1;
+                if index[a] < out_dims[a] {
+                    break;
+                }
+                index[a] = 0;
+            }
+        }
+        Some(TensorData { dtype: self.dtype, dims: out_dims.iter().map(|&d| d as i64).collect(), bytes: Bytes::from(out) })
+    }
+
     pub fn from_i64s(dims: Vec<i64>, values: &[i64]) -> TensorData {
         let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
         TensorData { dtype: DType::I64, dims, bytes: Bytes::from(bytes) }
@@ -180,6 +214,19 @@ fn hex_bytes(hex: &str) -> Option<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn permuted_moves_axes_as_transpose_does() {
+        // [2, 3] -> [3, 2]: element (i, j) lands at (j, i).
+        let t = TensorData::from_i64s(vec![2, 3], &[0, 1, 2, 10, 11, 12]);
+        assert_eq!(t.permuted(&[1, 0]), Some(TensorData::from_i64s(vec![3, 2], &[0, 10, 1, 11, 2, 12])));
+        // [2, 1, 3] -> perm [2, 0, 1]: output (k, i, j) is input (i, j, k).
+        let t = TensorData::from_i64s(vec![2, 1, 3], &[0, 1, 2, 10, 11, 12]);
+        assert_eq!(t.permuted(&[2, 0, 1]), Some(TensorData::from_i64s(vec![3, 2, 1], &[0, 10, 1, 11, 2, 12])));
+        assert_eq!(t.permuted(&[0, 1, 2]), Some(t.clone()));
+        assert_eq!(t.permuted(&[0, 0, 1]), None, "not a permutation");
+        assert_eq!(t.permuted(&[1, 0]), None, "wrong rank");
+    }
 
     /// An attribute tensor survives serialisation bit for bit, extreme integers included.
     #[test]

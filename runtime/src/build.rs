@@ -504,6 +504,10 @@ mod tests {
             merged: vec![pipewright_core::MergedInitializer { name: "ln.weight".into(), uses: 9 }],
             untied: true,
             split_buffers: vec!["ones".into()],
+            retied: vec![pipewright_core::FoldedImage { name: "val_182".into(), source: "wte".into(), perm: vec![1, 0] }],
+            computed_from_parameters: vec!["index (clone, index, rel_pos_h)".into()],
+            missing_parameters: vec!["conv.bias".into()],
+            frozen_on_request: vec!["pos.weight [32, 16]".into()],
         };
         assert_eq!(m.to_toml(), pretty(&m));
         let back: Manifest = toml::from_str(&m.to_toml()).unwrap();

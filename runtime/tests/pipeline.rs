@@ -254,6 +254,19 @@ fn clipping_uses_the_global_norm_across_stages() {
     }
 }
 
+/// A non-finite loss at the first step comes from the data or the model, not from an
+/// update: the error says so and asks for real data.
+#[test]
+fn nan_loss_at_the_first_step_blames_the_data() {
+    let data = dataset(STEPS, M, Some(0));
+    for sched in [Schedule::TwoBw, Schedule::Flush] {
+        let e = train(stages(3, sched, Recompute::None), &cfg(sched, OptimizerConfig::sgd(), 0.1, STEPS), feed(&data), &mut |_| {}).unwrap_err();
+        let msg = e.to_string();
+        assert!(matches!(e, PipelineError::NonFiniteFirstLoss { step: 1, stage: 2, .. }), "{sched:?}: {msg}");
+        assert!(msg.contains("before any update") && msg.contains("--data"), "{msg}");
+    }
+}
+
 #[test]
 fn nan_loss_names_step_and_stage() {
     let data = dataset(STEPS, M, Some(1));

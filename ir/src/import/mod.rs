@@ -6,6 +6,7 @@ mod batch_rewrite;
 mod control;
 mod dense_select;
 mod evaluated;
+pub mod images;
 mod legacy;
 mod provenance;
 pub mod merged;
@@ -60,6 +61,8 @@ pub struct ImportOptions {
     /// attention then stays spelled out) instead of folding their value into the fused
     /// `Attention` ([`crate::fuse::attention::FusedAttention::frozen_scales`]).
     pub train_attention_scales: bool,
+    /// Initializers kept frozen on request (`compile --freeze`).
+    pub freeze: Vec<String>,
 }
 
 impl ImportOptions {
@@ -237,6 +240,12 @@ impl<'a> Importer<'a> {
         // Merged initializers are found (and untied on request) before anything reads the
         // initializers, so the copies import like any other weight; BatchNorm buffers
         // shared with weights or other BatchNorms are split first, whatever is asked.
+        // A tied weight the exporter also stored permuted is read through a Transpose of it
+        // again, so the tie trains as one weight (weights left unread have nothing to compare).
+        if !self.opts.shapes_only {
+            self.graph.choices.retied = images::retie(&mut g, self.dir)?;
+        }
+        self.graph.choices.missing_parameters = provenance::parameters_not_in_graph(&g);
         self.graph.choices.split_buffers = merged::split_buffers(&mut g);
         let merged = if self.opts.untie_merged { merged::untie_merged(&mut g, self.dir) } else { merged::merged_initializers(&g, self.dir) };
         self.graph.choices.untied = self.opts.untie_merged && !merged.is_empty();
@@ -257,6 +266,10 @@ impl<'a> Importer<'a> {
         // BatchNorm running statistics follow the batches; the optimizer never trains them.
         let buffers = merged::bn_buffers(&g);
         let exporter_constants = provenance::exporter_constants(&g);
+        let computed = provenance::computed_from_parameters(&g);
+        // A float initializer only ever read as a Resize's scales decides shapes: a
+        // constant, known at import (a weight would be read back from the device each step).
+        let shape_parameters = read_only_where(&g.node, is_resize_parameter);
         for t in std::mem::take(&mut g.initializer) {
             let name = t.name.clone();
             let data = match self.opts.shapes_only.then(|| tensor::external_shape_only(&t)).flatten() {
@@ -266,9 +279,21 @@ impl<'a> Importer<'a> {
             let parameter_like = data.dtype.is_float() && !data.dims.is_empty();
             let trainable = parameter_like
                 && !buffers.contains(&name)
+                && !shape_parameters.contains(&name)
                 && !self.is_exporter_constant(&name, &data, &exporter_constants)
                 && !self.is_batch_baked(&name, &data);
+            let frozen_on_request = parameter_like && self.opts.freeze.contains(&name);
+            let trainable = trainable && !frozen_on_request;
+            if frozen_on_request {
+                self.graph.choices.frozen_on_request.push(format!("{name} {:?}", data.dims));
+            }
+            if let Some(sources) = computed.get(&name).filter(|_| trainable) {
+                self.graph.choices.computed_from_parameters.push(format!("{name} ({sources})"));
+            }
             self.define(name, TensorType::new(data.dtype, Shape::fixed(&data.dims)), ValueDef::Weight(Weight { data, trainable }));
+        }
+        if let Some(name) = self.opts.freeze.iter().find(|n| !self.graph.choices.frozen_on_request.iter().any(|f| f.rsplit_once(" [").map(|(n, _)| n) == Some(n.as_str()))) {
+            return Err(ImportError::BadTensor { name: name.clone(), reason: "--freeze: the model has no float initializer of this name (`pipewright inspect MODEL --ir` lists its weights)".into() });
         }
         for idx in topo_sort(&g.node, &self.names)? {
             self.add_node(&g.node[idx], opset)?;
@@ -1044,16 +1069,31 @@ fn declared_type(vi: &ValueInfoProto) -> Result<(DType, Vec<DeclaredDim>), Impor
 /// as a shape-fixing parameter (Resize's roi and scales, Upsample's scales, the inputs
 /// of NonZero, Unique and NonMaxSuppression, whose output shapes depend on their values).
 fn float_parameters_read(nodes: &[NodeProto], candidates: &HashMap<String, crate::TensorData>) -> HashMap<String, crate::TensorData> {
-    let is_param = |n: &NodeProto, slot: usize| match n.op_type.as_str() {
+    let is_param = |n: &NodeProto, slot: usize| {
+        is_resize_parameter(n, slot)
+            || match n.op_type.as_str() {
+                // Ops computed at import, whose output shapes depend on these values.
+                "NonZero" | "Unique" => slot == 0,
+                "NonMaxSuppression" => slot < 5,
+                "Compress" => slot == 1,
+                _ => false,
+            }
+    };
+    let params = read_only_where(nodes, is_param);
+    candidates.iter().filter(|(name, _)| params.contains(name.as_str())).map(|(name, t)| (name.clone(), t.clone())).collect()
+}
+
+/// A Resize's (or Upsample's) scales or region of interest: values that decide a shape.
+fn is_resize_parameter(n: &NodeProto, slot: usize) -> bool {
+    match n.op_type.as_str() {
         "Resize" => slot == 1 || slot == 2,
         "Upsample" => slot == 1,
-        // Ops computed at import, whose output shapes depend on these values.
-        "NonZero" | "Unique" => slot == 0,
-        "NonMaxSuppression" => slot < 5,
-        "Compress" => slot == 1,
         _ => false,
-    };
-    // Per name: whether some node reads it, and whether every read is a parameter slot.
+    }
+}
+
+/// The names every node reading them reads where `is_param(node, slot)`.
+fn read_only_where(nodes: &[NodeProto], is_param: impl Fn(&NodeProto, usize) -> bool) -> std::collections::HashSet<String> {
     let mut reads: HashMap<&str, bool> = HashMap::new();
     for n in nodes {
         for (slot, name) in n.input.iter().enumerate() {
@@ -1061,11 +1101,7 @@ fn float_parameters_read(nodes: &[NodeProto], candidates: &HashMap<String, crate
             *all &= is_param(n, slot);
         }
     }
-    candidates
-        .iter()
-        .filter(|(name, _)| reads.get(name.as_str()) == Some(&true))
-        .map(|(name, t)| (name.clone(), t.clone()))
-        .collect()
+    reads.into_iter().filter(|(_, all)| *all).map(|(name, _)| name.to_string()).collect()
 }
 
 /// The names some node reads in a layer-parameter slot: kernels and biases of

@@ -40,11 +40,96 @@ pub fn exporter_constants(g: &GraphProto) -> HashMap<String, String> {
     constants
 }
 
+/// The exported program's signature (graph metadata): one line per input, `NAME: KIND
+/// target='PARAMETER.NAME'` for module state.
+const SIGNATURE: &str = "pkg.torch.export.ExportedProgram.graph_signature";
+
+/// The parameters the exporter's signature lists that the model holds under no name: no
+/// initializer, graph input or folded constant's source is named after them, in a graph
+/// the exporter's optimizer folded (it records its folds). That optimizer drops a Conv's
+/// or Gemm's all-zero bias and stores parameters of equal values (fresh zero biases,
+/// zero class tokens) once, under one name. Without it, a parameter is missing only
+/// because no output reads it, or under the name of the parameter it is tied to.
+pub fn parameters_not_in_graph(g: &GraphProto) -> Vec<String> {
+    let Some(signature) = g.metadata_props.iter().find(|p| p.key == SIGNATURE) else { return Vec::new() };
+    if !g.value_info.iter().any(|v| v.metadata_props.iter().any(|p| p.key == FOLDED_FROM)) {
+        return Vec::new();
+    }
+    let mut named: HashSet<&str> = g.initializer.iter().map(|t| t.name.as_str()).chain(g.input.iter().map(|i| i.name.as_str())).collect();
+    for info in &g.value_info {
+        if let Some(sources) = info.metadata_props.iter().find(|p| p.key == FOLDED_FROM) {
+            named.extend(source_names(&sources.value));
+        }
+    }
+    signature
+        .value
+        .lines()
+        .filter_map(|line| line.split_once(": PARAMETER target=")?.1.trim().strip_prefix('\'')?.strip_suffix('\'').map(str::to_string))
+        .filter(|name| !named.contains(name.as_str()))
+        .collect()
+}
+
+/// For each initializer of `g` the exporter records as folded, the module state it was
+/// folded from (its sources with a dotted name that is no buffer); empty when the exporter
+/// recorded nothing (the TorchScript exporter never does).
+pub fn folded_parameters(g: &GraphProto) -> HashMap<String, Vec<String>> {
+    let initializers: HashSet<&str> = g.initializer.iter().map(|t| t.name.as_str()).collect();
+    g.value_info
+        .iter()
+        .filter(|v| initializers.contains(v.name.as_str()))
+        .filter_map(|info| {
+            let sources = info.metadata_props.iter().find(|p| p.key == FOLDED_FROM)?;
+            Some((info.name.clone(), source_names(&sources.value).filter(|n| is_parameter(n)).map(String::from).collect()))
+        })
+        .collect()
+}
+
+/// What the exporter's folding may do to a parameter and still leave each of its
+/// elements in one place of the constant (so training the constant trains the parameter):
+/// its own values (`val_N`), moving axes, slicing, and gathering at distinct positions
+/// (an `arange`, or a `position_ids` buffer holding one).
+const REINDEXING: &[&str] = &[
+    "val", "t", "transpose", "permute", "view", "reshape", "_unsafe_view", "unsqueeze", "squeeze", "slice", "select", "clone", "_to_copy", "detach",
+    "type_as", "contiguous", "alias", "lift_fresh_copy", "arange", "embedding", "position_ids",
+];
+
+/// The initializers of `g` the exporter folded from parameters by more than
+/// [`REINDEXING`] (a relative-position table gathered with repeats, a weight norm,
+/// `exp(A_log)`, positions interpolated), each with what it was folded from: trained, they
+/// move as the tensors computed, not as the parameters they came from.
+pub fn computed_from_parameters(g: &GraphProto) -> HashMap<String, String> {
+    let initializers: HashSet<&str> = g.initializer.iter().map(|t| t.name.as_str()).collect();
+    let mut computed = HashMap::new();
+    for info in g.value_info.iter().filter(|v| initializers.contains(v.name.as_str())) {
+        let Some(sources) = info.metadata_props.iter().find(|p| p.key == FOLDED_FROM).map(|p| p.value.as_str()) else { continue };
+        let parameters = source_names(sources).filter(|n| is_parameter(n)).count();
+        let reindexing = source_names(sources).filter(|n| !is_parameter(n)).all(|n| REINDEXING.contains(&op_of(n)));
+        if parameters > 1 || (parameters == 1 && !reindexing) {
+            computed.insert(info.name.clone(), abbreviated(sources));
+        }
+    }
+    computed
+}
+
+/// The operation an exporter value is named after: `embedding_2` -> `embedding`, a
+/// buffer `model.embeddings.position_ids` -> `position_ids`.
+fn op_of(name: &str) -> &str {
+    let last = name.rsplit('.').next().unwrap_or(name);
+    match last.rsplit_once('_') {
+        Some((op, n)) if !op.is_empty() && n.chars().all(|c| c.is_ascii_digit()) => op,
+        _ => last,
+    }
+}
+
+fn is_parameter(name: &str) -> bool {
+    name.contains('.') && !BUFFER_NAMES.contains(&name.rsplit('.').next().unwrap_or(name))
+}
+
 /// Whether a folded constant's sources (a Python list of value names) include module
 /// state other than a buffer: module state has a dotted name (`model.layers.0.weight`),
 /// the exporter's own values do not (`arange`, `val_12`).
 fn folded_from_a_parameter(sources: &str) -> bool {
-    source_names(sources).any(|name| name.contains('.') && !BUFFER_NAMES.contains(&name.rsplit('.').next().unwrap_or(name)))
+    source_names(sources).any(is_parameter)
 }
 
 fn source_names(sources: &str) -> impl Iterator<Item = &str> {
@@ -61,6 +146,54 @@ fn abbreviated(sources: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn what_more_than_reindexes_a_parameter_is_computed_from_it() {
+        let record = |name: &str, sources: &str| onnx_protobuf::ValueInfoProto {
+            name: name.into(),
+            metadata_props: vec![onnx_protobuf::StringStringEntryProto { key: FOLDED_FROM.into(), value: sources.into(), ..Default::default() }],
+            ..Default::default()
+        };
+        let folds = [
+            ("val_9", "['model.layers.0.q_proj.weight']"),
+            ("embedding_2", "['model.bert.embeddings.position_embeddings.weight', 'model.bert.embeddings.position_ids', 'slice_2', 'val_19']"),
+            ("index", "['clone', 'index', 'model.features.1.0.attn.relative_position_bias_table', 'model.features.1.0.attn.relative_position_index', 'permute_1', 'val_10']"),
+            ("unsqueeze_1", "['exp', 'model.backbone.layers.0.mixer.A_log', 'neg', 'unsqueeze', 'val_33']"),
+            ("mul", "['div', 'linalg_vector_norm', 'model.conv.weight_g', 'model.conv.weight_v']"),
+            ("triu", "['arange', 'full', 'triu']"),
+        ];
+        let g = GraphProto {
+            initializer: folds.iter().map(|(n, _)| onnx_protobuf::TensorProto { name: (*n).into(), ..Default::default() }).collect(),
+            value_info: folds.iter().map(|(n, s)| record(n, s)).collect(),
+            ..Default::default()
+        };
+        let mut computed: Vec<String> = computed_from_parameters(&g).into_keys().collect();
+        computed.sort();
+        assert_eq!(computed, ["index", "mul", "unsqueeze_1"]);
+        assert_eq!(op_of("embedding_2"), "embedding");
+        assert_eq!(op_of("model.bert.embeddings.position_ids"), "position_ids");
+        assert_eq!(op_of("_to_copy"), "_to_copy");
+    }
+
+    #[test]
+    fn parameters_the_signature_lists_and_the_graph_lacks_are_found() {
+        let signature = "\n# inputs\np_conv_weight: PARAMETER target='conv.weight'\np_conv_bias: PARAMETER target='conv.bias'\np_pos: PARAMETER target='pos.weight'\nb_ids: BUFFER target='pos.ids' persistent=False\nargs_0: USER_INPUT\n";
+        let g = GraphProto {
+            initializer: vec![onnx_protobuf::TensorProto { name: "conv.weight".into(), ..Default::default() }, onnx_protobuf::TensorProto { name: "embedding".into(), ..Default::default() }],
+            value_info: vec![onnx_protobuf::ValueInfoProto {
+                name: "embedding".into(),
+                metadata_props: vec![onnx_protobuf::StringStringEntryProto { key: FOLDED_FROM.into(), value: "['pos.weight', 'pos.ids']".into(), ..Default::default() }],
+                ..Default::default()
+            }],
+            metadata_props: vec![onnx_protobuf::StringStringEntryProto { key: SIGNATURE.into(), value: signature.into(), ..Default::default() }],
+            ..Default::default()
+        };
+        assert_eq!(parameters_not_in_graph(&g), ["conv.bias"]);
+        assert!(parameters_not_in_graph(&GraphProto::default()).is_empty());
+        // Not optimized (nothing folded): a parameter no output reads is left out, not dropped.
+        let unoptimized = GraphProto { value_info: Vec::new(), ..g };
+        assert!(parameters_not_in_graph(&unoptimized).is_empty());
+    }
 
     #[test]
     fn masks_and_rotary_tables_are_folded_from_no_parameter() {

@@ -282,6 +282,11 @@ pub enum PipelineError {
         "step {step}, stage {stage}: the loss is {value} (not finite): training diverged and nothing of this step was saved; try a lower --lr, clip the gradients with --clip-norm (e.g. 1.0), or warm up with --warmup"
     )]
     NonFiniteLoss { step: usize, stage: usize, value: f64 },
+    /// The first step of a run (`step` from 1): nothing was updated yet.
+    #[error(
+        "step {step}, stage {stage}: the loss is {value} (not finite) at the weights training started from, before any update: the model computes it from this data (synthetic data sets every integer input to 0, and an attention mask of zeros masks every position); train on real data (--data), or check the data for NaN or infinite values"
+    )]
+    NonFiniteFirstLoss { step: usize, stage: usize, value: f64 },
     /// `step` counts from 1, as the progress lines do.
     #[error("step {step}, stage {stage}: the optimizer update made weights non-finite (NaN or infinite gradients); nothing of this step was saved (try a lower --lr, or --clip-norm)")]
     NonFiniteWeights { step: usize, stage: usize },

@@ -794,7 +794,11 @@ impl Worker {
                 // Skipping: the step's update is dropped everywhere at its optimizer step
                 // (where every stage learns of it), so the backward still runs.
                 if cfg.on_nonfinite != NonFinite::Skip {
-                    return Err(E::Err(PipelineError::NonFiniteLoss { step: step as usize + 1, stage: self.spec.index, value }));
+                    let stage = self.spec.index;
+                    // The run's first step computes with the weights it started from: no
+                    // update can have made the loss non-finite.
+                    let first = step == ctx.start_step;
+                    return Err(E::Err(if first { PipelineError::NonFiniteFirstLoss { step: step as usize + 1, stage, value } } else { PipelineError::NonFiniteLoss { step: step as usize + 1, stage, value } }));
                 }
                 st.batch_nonfinite = true;
             }
