@@ -16,6 +16,13 @@
 //! - Llama and OLMo (the default exporter, dynamic batch and batch 1) and OLMoE: the
 //!   exporter folds the causal mask, the rotary tables and a weightless LayerNorm's ones
 //!   into initializers it marks as folded from no parameter, which must stay constants.
+//! - Eight architectures exported by the default exporter without its optimizer
+//!   (`optimize=False`, the zoo's `dynamo-noopt-dyn`), the export compile recommends
+//!   where the optimizer computed constants from parameters or dropped some: Swin and
+//!   DeBERTa v2 (relative-position tables), T5 (bucketed relative attention bias),
+//!   HuBERT (a weight-normed convolution), DeiT and SigLIP (zero biases and class tokens),
+//!   ConvNeXt, and Whisper's encoder with its sinusoidal position table frozen as PyTorch
+//!   keeps it (`compile --freeze`).
 //!
 //! The step is 0.5 on the mean cross-entropy against fixed labels, at d = 2 under
 //! PipeDream-Flush with one microbatch of the export batch (the mean PyTorch takes), with
@@ -31,17 +38,25 @@ use std::process::Command;
 
 use common::{pw_ok, root, try_pw};
 
-/// A zoo architecture and one of its entries.
-const ENTRIES: [(&str, &str); 9] = [
-    ("mixtral", "mixtral-script-dyn"),
-    ("mixtral", "mixtral-script-b2"),
-    ("olmoe", "olmoe-dynamo-dyn"),
-    ("dinov2", "dinov2-script-dyn"),
-    ("gemma2", "gemma2-script-dyn"),
-    ("bert", "bert-dynamo-dyn"),
-    ("llama", "llama-dynamo-dyn"),
-    ("llama", "llama-dynamo-b1"),
-    ("olmo", "olmo-dynamo-dyn"),
+/// A zoo architecture, one of its entries, and what compile needs besides.
+const ENTRIES: [(&str, &str, &[&str]); 17] = [
+    ("mixtral", "mixtral-script-dyn", &[]),
+    ("mixtral", "mixtral-script-b2", &[]),
+    ("olmoe", "olmoe-dynamo-dyn", &[]),
+    ("dinov2", "dinov2-script-dyn", &[]),
+    ("gemma2", "gemma2-script-dyn", &[]),
+    ("bert", "bert-dynamo-dyn", &[]),
+    ("swin", "swin-dynamo-noopt-dyn", &[]),
+    ("deberta_v2", "deberta_v2-dynamo-noopt-dyn", &[]),
+    ("t5", "t5-dynamo-noopt-dyn", &[]),
+    ("hubert", "hubert-dynamo-noopt-dyn", &[]),
+    ("deit", "deit-dynamo-noopt-dyn", &[]),
+    ("siglip_vision", "siglip_vision-dynamo-noopt-dyn", &[]),
+    ("convnext", "convnext-dynamo-noopt-dyn", &[]),
+    ("whisper_encoder", "whisper_encoder-dynamo-noopt-dyn", &["--freeze", "model.embed_positions.weight"]),
+    ("llama", "llama-dynamo-dyn", &[]),
+    ("llama", "llama-dynamo-b1", &[]),
+    ("olmo", "olmo-dynamo-dyn", &[]),
 ];
 
 fn torch_python() -> String {
@@ -56,10 +71,12 @@ fn torch_step(arch: &str, entry: &Path, out: &Path) {
 }
 
 /// pipewright's step on the entry's model, exported to `work/stepped.onnx`.
-fn pipewright_step(model: &Path, data: &Path, work: &Path) -> std::path::PathBuf {
+fn pipewright_step(model: &Path, data: &Path, work: &Path, compile_flags: &[&str]) -> std::path::PathBuf {
     let (build, exported) = (work.join("build"), work.join("stepped.onnx"));
     let s = |p: &Path| p.to_str().expect("utf-8 path").to_string();
-    pw_ok(["compile", &s(model), "--stages", "2", "--schedule", "flush", "--untie-merged", "-o", &s(&build)]);
+    let mut compile = vec!["compile".to_string(), s(model), "--stages".into(), "2".into(), "--schedule".into(), "flush".into(), "--untie-merged".into(), "-o".into(), s(&build)];
+    compile.extend(compile_flags.iter().map(|f| f.to_string()));
+    pw_ok(compile);
     // One microbatch of the export batch (the inputs'), the mean PyTorch takes.
     let batch = if model.to_string_lossy().contains("-b1") { "1" } else { "2" };
     pw_ok(["train", &s(&build), "--data", &s(data), "--steps", "1", "--microbatch", batch, "--microbatches", "1", "--lr", "0.5", "--no-progress"]);
@@ -70,12 +87,12 @@ fn pipewright_step(model: &Path, data: &Path, work: &Path) -> std::path::PathBuf
 #[test]
 fn one_step_matches_pytorch() {
     let mut failures = Vec::new();
-    for (arch, name) in ENTRIES {
+    for (arch, name, compile_flags) in ENTRIES {
         let dir = tempfile::tempdir().expect("temp dir");
         let entry = root().join("zoo/models").join(name);
         let reference = dir.path().join("torch");
         torch_step(arch, &entry, &reference);
-        let exported = pipewright_step(&entry.join("model.onnx"), &reference.join("data.safetensors"), dir.path());
+        let exported = pipewright_step(&entry.join("model.onnx"), &reference.join("data.safetensors"), dir.path(), compile_flags);
         let compare = |model: &Path| try_pw(["run-forward", model.to_str().unwrap(), "--inputs", reference.to_str().unwrap(), "--rtol", "1e-3", "--atol", "1e-4"]);
         if let Err(e) = compare(&exported) {
             failures.push(format!("{name}: pipewright's step differs from PyTorch's:\n{e}"));

@@ -212,7 +212,7 @@ fn run_entry(entry: &Entry, work: &Path) -> Row {
 const DATA_SAMPLES: usize = 24;
 
 /// The entry's own inputs (`input_K.pb`, at its export batch) repeated to
-/// [`DATA_SAMPLES`] samples, with labels `(7 i + 3) mod C` over the leading axes of its
+/// [`DATA_SAMPLES`] samples (float inputs' repeats jittered, [`jitter_repeats`]), with labels `(7 i + 3) mod C` over the leading axes of its
 /// output (`output_0.pb`, C its last extent), as a safetensors file for `train --data`.
 /// Real inputs, not synthetic zeros: an attention mask of zeros masks every position, and
 /// some models (Helium's) then compute NaN.
@@ -231,7 +231,11 @@ fn write_entry_data(entry: &Path, out: &Path) -> Result<(), String> {
         let batch = *t.dims.first().ok_or(format!("input_{k}.pb is a scalar"))? as usize;
         let mut dims: Vec<usize> = t.dims.iter().map(|&d| d as usize).collect();
         dims[0] = DATA_SAMPLES;
-        let bytes: Vec<u8> = t.bytes.chunks(t.bytes.len() / batch.max(1)).cycle().take(DATA_SAMPLES).flatten().copied().collect();
+        let sample = t.bytes.len() / batch.max(1);
+        let mut bytes: Vec<u8> = t.bytes.chunks(sample).cycle().take(DATA_SAMPLES).flatten().copied().collect();
+        if t.dtype == pipewright_ir::DType::F32 {
+            jitter_repeats(&mut bytes[t.bytes.len()..]);
+        }
         arrays.push((name.clone(), safetensors_dtype(t.dtype)?, dims, bytes));
     }
     let output = read("output_0.pb")?;
@@ -249,6 +253,19 @@ fn write_entry_data(entry: &Path, out: &Path) -> Result<(), String> {
         .collect::<Result<_, _>>()?;
     let bytes = safetensors::serialize(views, &None).map_err(|e| format!("{e:?}"))?;
     std::fs::write(out, bytes).map_err(|e| format!("{}: {e}", out.display()))
+}
+
+/// Adds up to +-0.1 to every f32 of the repeated samples (a fixed sequence): identical
+/// samples would leave a BatchNorm after pooling (or after a per-sample normalization)
+/// with no variance across the batch, which no real batch has.
+fn jitter_repeats(bytes: &mut [u8]) {
+    let mut state: u64 = 0x9E37_79B9_7F4A_7C15;
+    for chunk in bytes.chunks_exact_mut(4) {
+        state = state.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+        let unit = (state >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0;
+        let v = f32::from_le_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]) + 0.1 * unit;
+        chunk.copy_from_slice(&v.to_le_bytes());
+    }
 }
 
 /// The model's graph inputs that are not initializers, in order (the order of `input_K.pb`).
@@ -353,7 +370,9 @@ fn table(entries: &[Entry], rows: &[Option<Row>]) -> String {
         "Every architecture of `zoo/` (written by `zoo/make_zoo.py` from torchvision, transformers and torch.nn ",
         "building blocks at tiny widths, random weights), exported by PyTorch's default exporter (`dynamo`, ",
         "weights in an external data file) and the TorchScript exporter (`script`), at a fixed batch of 1, a ",
-        "fixed batch of 2 and with a dynamic batch axis. Each entry is taken through `inspect`, `compile` at ",
+        "fixed batch of 2 and with a dynamic batch axis, and by the default exporter without its graph optimizer ",
+        "(`dynamo-noopt`, `optimize=False`, dynamic batch: every parameter kept as the model trains it). ",
+        "Each entry is taken through `inspect`, `compile` at ",
         "d = 1, 2 and 4 under "));
     text.push_str(&SCHEDULES.join(", "));
     text.push_str(" (at d = 4 also ");

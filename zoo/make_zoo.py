@@ -3,10 +3,13 @@
 Every architecture is built from its library's own constructor or config (torchvision,
 transformers; a few from torch.nn building blocks) at a tiny width and depth that keeps
 its structure, with random weights from seed 0 (nothing is downloaded). Each one is
-exported six ways: by PyTorch's default exporter (`dynamo=True`, weights in an external
+exported seven ways: by PyTorch's default exporter (`dynamo=True`, weights in an external
 `model.onnx.data` file, as that exporter writes them) and by the TorchScript exporter
 (`dynamo=False`), each at a fixed batch of 1, a fixed batch of 2, and with a dynamic batch
-axis (exported at batch 2).
+axis (exported at batch 2); and by the default exporter without its graph optimizer
+(`optimize=False`, dynamic batch), the export that keeps every parameter as the model
+trains it (the optimizer folds parameters into constants, drops all-zero biases and
+stores equal parameters once).
 
 Entry `ARCH-WAY` is the folder `zoo/models/ARCH-WAY/` with `model.onnx` (and
 `model.onnx.data`), `input_K.pb` (the inputs at the export batch) and `output_K.pb` (what
@@ -15,7 +18,8 @@ error where the exporter itself could not export the model (the zoo records that
 not pipewright's failure). `tests/zoo.rs` takes every entry end to end.
 
 Run with the pinned environment (`zoo/env.sh` creates it), from the repository root:
-    "$(bash zoo/env.sh)" zoo/make_zoo.py [ARCH ...]
+    "$(bash zoo/env.sh)" zoo/make_zoo.py [--ways WAY,...] [ARCH ...]
+(`--ways` re-exports only those ways of each architecture, e.g. `dynamo-noopt-dyn`.)
 """
 import json
 import os
@@ -38,6 +42,7 @@ WAYS = [
     ("dynamo-b1", "dynamo", 1, False),
     ("dynamo-b2", "dynamo", 2, False),
     ("dynamo-dyn", "dynamo", 2, True),
+    ("dynamo-noopt-dyn", "dynamo-noopt", 2, True),
     ("script-b1", "torchscript", 1, False),
     ("script-b2", "torchscript", 2, False),
     ("script-dyn", "torchscript", 2, True),
@@ -61,7 +66,7 @@ class Wrapped(nn.Module):
             if "use_cache" in self.model.forward.__code__.co_varnames:
                 kwargs["use_cache"] = False
             out = self.model(**kwargs)
-        for key in ("logits", "last_hidden_state", "sample"):
+        for key in ("logits", "last_hidden_state", "sample", "predicted_depth", "prediction_outputs"):
             if hasattr(out, key) and getattr(out, key) is not None:
                 return getattr(out, key)
         if isinstance(out, dict):  # torchvision's segmentation models: {"out": ..., "aux": ...}
@@ -465,6 +470,42 @@ ARCHS = {
                               depths=[1, 1, 1, 1], embed_dims=[8, 8, 16, 16], num_labels=5),
     "bit": lambda: hf("BitConfig", "BitForImageClassification", image(32), embedding_size=8, hidden_sizes=[8, 16],
                       depths=[1, 1], layer_type="preactivation", num_groups=4, num_labels=5),
+    "yolos": lambda: hf("YolosConfig", "YolosForObjectDetection", image(32), image_size=[32, 32], patch_size=8,
+                        hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
+                        num_detection_tokens=4, num_labels=5),
+    "dpt": lambda: hf("DPTConfig", "DPTForDepthEstimation", image(32), image_size=32, patch_size=8, hidden_size=16,
+                      num_hidden_layers=4, num_attention_heads=2, intermediate_size=32,
+                      backbone_out_indices=[0, 1, 2, 3], neck_hidden_sizes=[8, 8, 8, 8], fusion_hidden_size=8,
+                      head_hidden_size=8, reassemble_factors=[4, 2, 1, 0.5]),
+    "hiera": lambda: hf("HieraConfig", "HieraForImageClassification", image(64), image_size=[64, 64], embed_dim=8,
+                        depths=[1, 1, 1, 1], num_heads=[1, 1, 2, 2], num_labels=5),
+    "clip_vision": lambda: hf("CLIPVisionConfig", "CLIPVisionModel", image(32), image_size=32, patch_size=8,
+                              hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32),
+    "siglip_vision": lambda: hf("SiglipVisionConfig", "SiglipVisionModel", image(32), image_size=32, patch_size=8,
+                                hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32),
+    "vitdet": lambda: hf("VitDetConfig", "VitDetModel", image(32), image_size=32, pretrain_image_size=32,
+                         patch_size=8, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, mlp_ratio=2,
+                         window_size=2, window_block_indices=[0], use_relative_position_embeddings=True),
+    "data2vec_vision": lambda: hf("Data2VecVisionConfig", "Data2VecVisionForImageClassification", image(16),
+                                  image_size=16, patch_size=4, hidden_size=16, num_hidden_layers=2,
+                                  num_attention_heads=2, intermediate_size=32, use_relative_position_bias=True,
+                                  num_labels=5),
+    "dinov2_registers": lambda: hf("Dinov2WithRegistersConfig", "Dinov2WithRegistersForImageClassification",
+                                   image(16), image_size=16, patch_size=4, hidden_size=16, num_hidden_layers=2,
+                                   num_attention_heads=2, mlp_ratio=2, num_register_tokens=2, num_labels=5),
+    "mobilenet_v1": lambda: hf("MobileNetV1Config", "MobileNetV1ForImageClassification", image(32), image_size=32,
+                               depth_multiplier=0.25, min_depth=4, num_labels=5),
+    "glpn": lambda: hf("GLPNConfig", "GLPNForDepthEstimation", image(32), hidden_sizes=[8, 8, 16, 16],
+                       depths=[1, 1, 1, 1], num_attention_heads=[1, 1, 2, 2], decoder_hidden_size=8),
+    # video
+    "videomae": lambda: hf("VideoMAEConfig", "VideoMAEForVideoClassification",
+                           {"pixel_values": lambda b: torch.randn(b, 4, 3, 16, 16)}, image_size=16, patch_size=8,
+                           num_frames=4, tubelet_size=2, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                           intermediate_size=32, num_labels=5),
+    "timesformer": lambda: hf("TimesformerConfig", "TimesformerForVideoClassification",
+                              {"pixel_values": lambda b: torch.randn(b, 4, 3, 16, 16)}, image_size=16, patch_size=8,
+                              num_frames=4, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                              intermediate_size=32, num_labels=5),
     # language: encoders
     "bert": lambda: hf("BertConfig", "BertForMaskedLM", tokens(), **TEXT),
     "roberta": lambda: hf("RobertaConfig", "RobertaForSequenceClassification", tokens(), pad_token_id=1,
@@ -493,6 +534,17 @@ ARCHS = {
     "xlnet": lambda: hf("XLNetConfig", "XLNetLMHeadModel", tokens(), vocab_size=VOCAB, d_model=16, n_layer=2, n_head=2,
                         d_inner=32),
     "megatron_bert": lambda: hf("MegatronBertConfig", "MegatronBertForMaskedLM", tokens(), **TEXT),
+    "ernie": lambda: hf("ErnieConfig", "ErnieForMaskedLM", tokens(), **TEXT),
+    "rembert": lambda: hf("RemBertConfig", "RemBertForMaskedLM", tokens(), input_embedding_size=8,
+                          output_embedding_size=16, pad_token_id=0, **TEXT),
+    "big_bird": lambda: hf("BigBirdConfig", "BigBirdForMaskedLM", tokens(), attention_type="original_full", **TEXT),
+    "xlm": lambda: hf("XLMConfig", "XLMWithLMHeadModel", tokens(), vocab_size=VOCAB, emb_dim=16, n_layers=2,
+                      n_heads=2, max_position_embeddings=32),
+    "modernbert": lambda: hf("ModernBertConfig", "ModernBertForMaskedLM", tokens(), vocab_size=VOCAB, hidden_size=16,
+                             intermediate_size=32, num_hidden_layers=3, num_attention_heads=2,
+                             global_attn_every_n_layers=2, local_attention=4, max_position_embeddings=32,
+                             pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2,
+                             reference_compile=False),
     # language: decoders
     "gpt2": lambda: hf("GPT2Config", "GPT2LMHeadModel", tokens(), vocab_size=VOCAB, n_positions=32, n_embd=16,
                        n_layer=2, n_head=2),
@@ -541,6 +593,35 @@ ARCHS = {
                         pad_token_id=0, **DECODER),
     "granitemoe": lambda: hf("GraniteMoeConfig", "GraniteMoeForCausalLM", tokens(), num_local_experts=4,
                              num_experts_per_tok=2, **DECODER),
+    "granite": lambda: hf("GraniteConfig", "GraniteForCausalLM", tokens(), **DECODER),
+    "nemotron": lambda: hf("NemotronConfig", "NemotronForCausalLM", tokens(), head_dim=8, partial_rotary_factor=0.5,
+                           **DECODER),
+    "glm": lambda: hf("GlmConfig", "GlmForCausalLM", tokens(), head_dim=8, pad_token_id=0, **DECODER),
+    "helium": lambda: hf("HeliumConfig", "HeliumForCausalLM", tokens(), head_dim=8, pad_token_id=0, **DECODER),
+    "persimmon": lambda: hf("PersimmonConfig", "PersimmonForCausalLM", tokens(), **TEXT),
+    "diffllama": lambda: hf("DiffLlamaConfig", "DiffLlamaForCausalLM", tokens(), **DECODER),
+    "gemma3": lambda: hf("Gemma3TextConfig", "Gemma3ForCausalLM", tokens(), head_dim=8, sliding_window=4,
+                         sliding_window_pattern=2, **DECODER),
+    "cohere2": lambda: hf("Cohere2Config", "Cohere2ForCausalLM", tokens(), sliding_window=4, pad_token_id=0,
+                          bos_token_id=1, eos_token_id=2, **DECODER),
+    "ctrl": lambda: hf("CTRLConfig", "CTRLLMHeadModel", tokens(), vocab_size=VOCAB, n_positions=32, n_embd=16,
+                       dff=32, n_layer=2, n_head=2),
+    "mamba": lambda: hf("MambaConfig", "MambaForCausalLM", tokens(mask=False), vocab_size=VOCAB, hidden_size=16,
+                        state_size=4, num_hidden_layers=2, expand=2, conv_kernel=4, time_step_rank=2),
+    "rwkv": lambda: hf("RwkvConfig", "RwkvForCausalLM", tokens(mask=False), vocab_size=VOCAB, context_length=32,
+                       hidden_size=16, num_hidden_layers=2, attention_hidden_size=16, intermediate_size=32),
+    "qwen3_moe": lambda: hf("Qwen3MoeConfig", "Qwen3MoeForCausalLM", tokens(), num_experts=4, num_experts_per_tok=2,
+                            moe_intermediate_size=16, head_dim=8, **DECODER),
+    "deepseek_v3": lambda: hf("DeepseekV3Config", "DeepseekV3ForCausalLM", tokens(), n_routed_experts=4,
+                              num_experts_per_tok=2, n_group=2, topk_group=1, moe_intermediate_size=16,
+                              first_k_dense_replace=1, kv_lora_rank=8, q_lora_rank=8, qk_rope_head_dim=4,
+                              qk_nope_head_dim=4, v_head_dim=8, pad_token_id=0, **dict(DECODER, num_key_value_heads=2)),
+    "dbrx": lambda: hf("DbrxConfig", "DbrxForCausalLM", tokens(), d_model=16, n_heads=2, n_layers=2, max_seq_len=32,
+                       vocab_size=VOCAB, attn_config={"kv_n_heads": 1, "clip_qkv": 8},
+                       ffn_config={"ffn_hidden_size": 32, "moe_num_experts": 4, "moe_top_k": 2}),
+    "jetmoe": lambda: hf("JetMoeConfig", "JetMoeForCausalLM", tokens(), vocab_size=VOCAB, hidden_size=16,
+                         num_hidden_layers=2, num_key_value_heads=2, kv_channels=4, intermediate_size=32,
+                         max_position_embeddings=32, num_local_experts=4, num_experts_per_tok=2),
     # language: encoder-decoders
     "t5": lambda: hf("T5Config", "T5ForConditionalGeneration", seq2seq(), vocab_size=VOCAB, d_model=16, d_kv=8, d_ff=32,
                      num_layers=2, num_decoder_layers=2, num_heads=2, decoder_start_token_id=0, pad_token_id=0),
@@ -560,6 +641,23 @@ ARCHS = {
                          encoder_layers=2, decoder_layers=2, encoder_attention_heads=2, decoder_attention_heads=2,
                          encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=32, pad_token_id=0,
                          decoder_start_token_id=2),
+    "switch_transformers": lambda: hf("SwitchTransformersConfig", "SwitchTransformersForConditionalGeneration",
+                                      seq2seq(), vocab_size=VOCAB, d_model=16, d_kv=8, d_ff=32, num_layers=2,
+                                      num_decoder_layers=2, num_heads=2, num_experts=4, expert_capacity=16,
+                                      decoder_start_token_id=0, pad_token_id=0),
+    "umt5": lambda: hf("UMT5Config", "UMT5ForConditionalGeneration", seq2seq(), vocab_size=VOCAB, d_model=16, d_kv=8,
+                       d_ff=32, num_layers=2, num_decoder_layers=2, num_heads=2, decoder_start_token_id=0,
+                       pad_token_id=0),
+    "longt5": lambda: hf("LongT5Config", "LongT5ForConditionalGeneration", seq2seq(), vocab_size=VOCAB, d_model=16,
+                         d_kv=8, d_ff=32, num_layers=2, num_decoder_layers=2, num_heads=2, local_radius=2,
+                         encoder_attention_type="local", decoder_start_token_id=0, pad_token_id=0),
+    "blenderbot": lambda: hf("BlenderbotConfig", "BlenderbotForConditionalGeneration", seq2seq(), vocab_size=VOCAB,
+                             d_model=16, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2,
+                             decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32,
+                             max_position_embeddings=32),
+    "plbart": lambda: hf("PLBartConfig", "PLBartForConditionalGeneration", seq2seq(), vocab_size=VOCAB, d_model=16,
+                         encoder_layers=2, decoder_layers=2, encoder_attention_heads=2, decoder_attention_heads=2,
+                         encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=32),
     # speech
     "whisper_encoder": lambda: whisper_encoder(),
     "wav2vec2": lambda: hf("Wav2Vec2Config", "Wav2Vec2Model", {"input_values": lambda b: torch.randn(b, 400)},
@@ -577,6 +675,34 @@ ARCHS = {
     "ast": lambda: hf("ASTConfig", "ASTForAudioClassification", {"input_values": lambda b: torch.randn(b, 16, 8)},
                       hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32, patch_size=4,
                       frequency_stride=4, time_stride=4, max_length=16, num_mel_bins=8, num_labels=5),
+    "wav2vec2_conformer": lambda: hf("Wav2Vec2ConformerConfig", "Wav2Vec2ConformerModel",
+                                     {"input_values": lambda b: torch.randn(b, 400)}, hidden_size=16,
+                                     num_hidden_layers=2, num_attention_heads=2, intermediate_size=32, conv_dim=(8, 8),
+                                     conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=8,
+                                     num_conv_pos_embedding_groups=2, position_embeddings_type="relative",
+                                     conv_depthwise_kernel_size=3, max_source_positions=64),
+    "sew_d": lambda: hf("SEWDConfig", "SEWDModel", {"input_values": lambda b: torch.randn(b, 400)}, hidden_size=16,
+                        num_hidden_layers=2, num_attention_heads=2, intermediate_size=32, conv_dim=(8, 8),
+                        conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=8,
+                        num_conv_pos_embedding_groups=2, squeeze_factor=2, max_position_embeddings=64,
+                        position_buckets=8),
+    "data2vec_audio": lambda: hf("Data2VecAudioConfig", "Data2VecAudioModel",
+                                 {"input_values": lambda b: torch.randn(b, 400)}, hidden_size=16,
+                                 num_hidden_layers=2, num_attention_heads=2, intermediate_size=32, conv_dim=(8, 8),
+                                 conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=8,
+                                 num_conv_pos_embedding_groups=2, conv_pos_kernel_size=5),
+    "speech_to_text": lambda: hf("Speech2TextConfig", "Speech2TextForConditionalGeneration",
+                                 {"input_features": lambda b: torch.randn(b, 16, 8),
+                                  "decoder_input_ids": lambda b: torch.randint(1, VOCAB, (b, 6))},
+                                 vocab_size=VOCAB, d_model=16, encoder_layers=2, decoder_layers=2,
+                                 encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
+                                 decoder_ffn_dim=32, input_feat_per_channel=8, num_conv_layers=2, conv_channels=16,
+                                 conv_kernel_sizes=[5, 5], max_source_positions=32, max_target_positions=32),
+    # time series
+    "patchtst": lambda: hf("PatchTSTConfig", "PatchTSTForPrediction",
+                           {"past_values": lambda b: torch.randn(b, 32, 3)}, num_input_channels=3, context_length=32,
+                           patch_length=8, patch_stride=8, prediction_length=8, d_model=16, num_attention_heads=2,
+                           num_hidden_layers=2, ffn_dim=32),
     # others
     "mlp_mixer": lambda: (MlpMixer(), image(16)),
     "diffusion_unet": lambda: (DiffusionUNet(), {"sample": lambda b: torch.randn(b, 3, 16, 16),
@@ -611,11 +737,11 @@ def export_one(model, inputs, folder, exporter, batch, dynamic):
     args = tuple(f(batch) for f in inputs.values())
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        if exporter == "dynamo":
+        if exporter.startswith("dynamo"):
             batch_dim = torch.export.Dim("batch", min=1, max=1024)
             shapes = {"args": tuple({0: batch_dim} for _ in names)} if dynamic else None
             torch.onnx.export(model, args, path, dynamo=True, input_names=names, output_names=["output"],
-                              dynamic_shapes=shapes)
+                              dynamic_shapes=shapes, optimize=exporter != "dynamo-noopt")
         else:
             axes = {n: {0: "batch"} for n in names + ["output"]} if dynamic else None
             torch.onnx.export(model, args, path, dynamo=False, input_names=names, output_names=["output"],
@@ -642,9 +768,11 @@ def build(arch):
     return Wrapped(model.eval(), list(inputs)), inputs, params
 
 
-def export_arch(arch, index):
+def export_arch(arch, index, ways):
     model, inputs, params = build(arch)
     for way, exporter, batch, dynamic in WAYS:
+        if ways and way not in ways:
+            continue
         name = f"{arch}-{way}"
         folder = os.path.join(MODELS, name)
         shutil.rmtree(folder, ignore_errors=True)
@@ -664,7 +792,14 @@ def export_arch(arch, index):
 
 
 def main():
-    archs = sys.argv[1:] or list(ARCHS)
+    args = sys.argv[1:]
+    ways = []
+    if args[:1] == ["--ways"]:
+        ways, args = args[1].split(","), args[2:]
+        unknown = [w for w in ways if w not in [w[0] for w in WAYS]]
+        if unknown:
+            sys.exit(f"make_zoo.py: unknown ways {unknown}; known: {', '.join(w[0] for w in WAYS)}")
+    archs = args or list(ARCHS)
     unknown = [a for a in archs if a not in ARCHS]
     if unknown:
         sys.exit(f"make_zoo.py: unknown architectures {unknown}; known: {', '.join(ARCHS)}")
@@ -673,7 +808,7 @@ def main():
         index = {e["name"]: e for e in json.load(open(INDEX))["entries"]}
     os.makedirs(MODELS, exist_ok=True)
     for arch in archs:
-        export_arch(arch, index)
+        export_arch(arch, index, ways)
         entries = [index[k] for k in sorted(index)]
         versions = {"torch": torch.__version__, "onnx": onnx.__version__, "onnxruntime": ort.__version__}
         import torchvision
