@@ -124,11 +124,7 @@ pub fn export_onnx(build: &Path, output: &Path) -> Result<Exported, DriverError>
         // as that slice repeated over the export batch, as the source holds it.
         let slice_of = |name: &str| manifest.choices.trained_batch_baked.iter().any(|t| t.rsplit_once(" [").map(|(n, _)| n) == Some(name));
         if slice_of(&init.name) && dims.first() == Some(&1) && dims.len() == init.dims.len() && dims[1..] == init.dims[1..] && init.external_data.is_empty() {
-            init.raw_data = view.data().repeat(usize::try_from(init.dims[0]).unwrap_or(1));
-            init.float_data.clear();
-            init.double_data.clear();
-            init.int32_data.clear();
-            init.int64_data.clear();
+            set_raw_data(init, view.data().repeat(usize::try_from(init.dims[0]).unwrap_or(1)));
             replaced += 1;
             continue;
         }
@@ -137,13 +133,7 @@ pub fn export_onnx(build: &Path, output: &Path) -> Result<Exported, DriverError>
         }
         // An external weight comes back inline here; [`externalize`] lays out the data
         // file of the model written.
-        init.external_data.clear();
-        init.data_location = EnumOrUnknown::new(DataLocation::DEFAULT);
-        init.raw_data = view.data().to_vec();
-        init.float_data.clear();
-        init.double_data.clear();
-        init.int32_data.clear();
-        init.int64_data.clear();
+        set_raw_data(init, view.data().to_vec());
         replaced += 1;
     }
     if replaced == 0 {
@@ -193,14 +183,20 @@ fn write_folded_images(graph: &mut GraphProto, images: &[pipewright_core::Folded
             .and_then(|source| source.permuted(&image.perm))
             .filter(|p| p.dims == init.dims)
             .ok_or_else(|| DriverError::msg(format!("{}: weight {:?} permuted {:?} is not the shape of {:?} {:?}; compile and train again", weights_path.display(), image.source, image.perm, image.name, init.dims)))?;
-        init.external_data.clear();
-        init.data_location = EnumOrUnknown::new(DataLocation::DEFAULT);
-        init.raw_data = permuted.bytes.to_vec();
-        init.float_data.clear();
-        init.double_data.clear();
-        init.int32_data.clear();
+        set_raw_data(init, permuted.bytes.to_vec());
     }
     Ok(())
+}
+
+/// Makes `init` hold `bytes` inline as its raw data, and nothing else.
+fn set_raw_data(init: &mut TensorProto, bytes: Vec<u8>) {
+    init.external_data.clear();
+    init.data_location = EnumOrUnknown::new(DataLocation::DEFAULT);
+    init.raw_data = bytes;
+    init.float_data.clear();
+    init.double_data.clear();
+    init.int32_data.clear();
+    init.int64_data.clear();
 }
 
 /// Protobuf cannot hold a model of 2 GiB or more: past this many initializer bytes the

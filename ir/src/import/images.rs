@@ -21,6 +21,7 @@ use onnx_protobuf::{AttributeProto, GraphProto, NodeProto, TensorProto};
 use pipewright_core::FoldedImage;
 use protobuf::EnumOrUnknown;
 
+use super::merged::float_size;
 use super::provenance::folded_parameters;
 use super::tensor::tensor_from_proto;
 use crate::error::ImportError;
@@ -93,8 +94,7 @@ fn find(g: &GraphProto, model_dir: &Path) -> Result<Vec<FoldedImage>, ImportErro
 
 /// Float tensors of rank 2 or more (a bias or a norm's scale is never stored transposed).
 fn is_candidate(t: &TensorProto) -> bool {
-    let float = matches!(t.data_type, 1 | 10 | 11 | 16);
-    float && (2..=MAX_RANK).contains(&t.dims.len()) && t.dims.iter().all(|&d| d > 0)
+    float_size(t.data_type).is_some() && (2..=MAX_RANK).contains(&t.dims.len()) && t.dims.iter().all(|&d| d > 0)
 }
 
 /// (image, source) pairs the exporter recorded: an initializer folded from exactly one
@@ -138,11 +138,7 @@ fn same_extents(a: &TensorProto, b: &TensorProto) -> bool {
 
 /// The raw bytes of `t`'s first element, read without reading the rest.
 fn first_element(t: &TensorProto, model_dir: &Path) -> Option<Vec<u8>> {
-    let size = match t.data_type {
-        1 => 4,
-        11 => 8,
-        _ => 2,
-    };
+    let size = float_size(t.data_type)?;
     if !t.external_data.is_empty() {
         let numel: i64 = t.dims.iter().product();
         let bytes = usize::try_from(numel).ok()? * size;

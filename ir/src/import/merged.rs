@@ -20,7 +20,7 @@ use pipewright_core::MergedInitializer;
 use super::tensor::read_external_prefix;
 
 /// ONNX element types that are floats, with their byte sizes.
-fn float_size(data_type: i32) -> Option<usize> {
+pub(super) fn float_size(data_type: i32) -> Option<usize> {
     match data_type {
         1 => Some(4),       // FLOAT
         11 => Some(8),      // DOUBLE

@@ -237,15 +237,15 @@ impl<'a> Importer<'a> {
                 return Err(ImportError::DuplicateValue { value: name.clone(), first: "a graph input".into(), second: "another graph input".into() });
             }
         }
-        // Merged initializers are found (and untied on request) before anything reads the
-        // initializers, so the copies import like any other weight; BatchNorm buffers
-        // shared with weights or other BatchNorms are split first, whatever is asked.
         // A tied weight the exporter also stored permuted is read through a Transpose of it
         // again, so the tie trains as one weight (weights left unread have nothing to compare).
         if !self.opts.shapes_only {
             self.graph.choices.retied = images::retie(&mut g, self.dir)?;
         }
         self.graph.choices.missing_parameters = provenance::parameters_not_in_graph(&g);
+        // Merged initializers are found (and untied on request) before anything reads the
+        // initializers, so the copies import like any other weight; BatchNorm buffers
+        // shared with weights or other BatchNorms are split first, whatever is asked.
         self.graph.choices.split_buffers = merged::split_buffers(&mut g);
         let merged = if self.opts.untie_merged { merged::untie_merged(&mut g, self.dir) } else { merged::merged_initializers(&g, self.dir) };
         self.graph.choices.untied = self.opts.untie_merged && !merged.is_empty();
@@ -270,6 +270,7 @@ impl<'a> Importer<'a> {
         // A float initializer only ever read as a Resize's scales decides shapes: a
         // constant, known at import (a weight would be read back from the device each step).
         let shape_parameters = read_only_where(&g.node, is_resize_parameter);
+        let mut frozen_on_request = std::collections::HashSet::new();
         for t in std::mem::take(&mut g.initializer) {
             let name = t.name.clone();
             let data = match self.opts.shapes_only.then(|| tensor::external_shape_only(&t)).flatten() {
@@ -282,17 +283,18 @@ impl<'a> Importer<'a> {
                 && !shape_parameters.contains(&name)
                 && !self.is_exporter_constant(&name, &data, &exporter_constants)
                 && !self.is_batch_baked(&name, &data);
-            let frozen_on_request = parameter_like && self.opts.freeze.contains(&name);
-            let trainable = trainable && !frozen_on_request;
-            if frozen_on_request {
+            let frozen = parameter_like && self.opts.freeze.contains(&name);
+            if frozen {
                 self.graph.choices.frozen_on_request.push(format!("{name} {:?}", data.dims));
+                frozen_on_request.insert(name.clone());
             }
+            let trainable = trainable && !frozen;
             if let Some(sources) = computed.get(&name).filter(|_| trainable) {
                 self.graph.choices.computed_from_parameters.push(format!("{name} ({sources})"));
             }
             self.define(name, TensorType::new(data.dtype, Shape::fixed(&data.dims)), ValueDef::Weight(Weight { data, trainable }));
         }
-        if let Some(name) = self.opts.freeze.iter().find(|n| !self.graph.choices.frozen_on_request.iter().any(|f| f.rsplit_once(" [").map(|(n, _)| n) == Some(n.as_str()))) {
+        if let Some(name) = self.opts.freeze.iter().find(|n| !frozen_on_request.contains(*n)) {
             return Err(ImportError::BadTensor { name: name.clone(), reason: "--freeze: the model has no float initializer of this name (`pipewright inspect MODEL --ir` lists its weights)".into() });
         }
         for idx in topo_sort(&g.node, &self.names)? {

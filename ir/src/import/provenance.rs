@@ -40,6 +40,17 @@ pub fn exporter_constants(g: &GraphProto) -> HashMap<String, String> {
     constants
 }
 
+/// What a value was folded from, as the exporter recorded it (a Python list of names).
+fn folded_from(info: &onnx_protobuf::ValueInfoProto) -> Option<&str> {
+    info.metadata_props.iter().find(|p| p.key == FOLDED_FROM).map(|p| p.value.as_str())
+}
+
+/// Each initializer of `g` the exporter records as folded, with what it was folded from.
+fn folds(g: &GraphProto) -> impl Iterator<Item = (&str, &str)> {
+    let initializers: HashSet<&str> = g.initializer.iter().map(|t| t.name.as_str()).collect();
+    g.value_info.iter().filter(move |v| initializers.contains(v.name.as_str())).filter_map(|info| Some((info.name.as_str(), folded_from(info)?)))
+}
+
 /// The exported program's signature (graph metadata): one line per input, `NAME: KIND
 /// target='PARAMETER.NAME'` for module state.
 const SIGNATURE: &str = "pkg.torch.export.ExportedProgram.graph_signature";
@@ -52,15 +63,12 @@ const SIGNATURE: &str = "pkg.torch.export.ExportedProgram.graph_signature";
 /// because no output reads it, or under the name of the parameter it is tied to.
 pub fn parameters_not_in_graph(g: &GraphProto) -> Vec<String> {
     let Some(signature) = g.metadata_props.iter().find(|p| p.key == SIGNATURE) else { return Vec::new() };
-    if !g.value_info.iter().any(|v| v.metadata_props.iter().any(|p| p.key == FOLDED_FROM)) {
+    let records: Vec<&str> = g.value_info.iter().filter_map(folded_from).collect();
+    if records.is_empty() {
         return Vec::new();
     }
     let mut named: HashSet<&str> = g.initializer.iter().map(|t| t.name.as_str()).chain(g.input.iter().map(|i| i.name.as_str())).collect();
-    for info in &g.value_info {
-        if let Some(sources) = info.metadata_props.iter().find(|p| p.key == FOLDED_FROM) {
-            named.extend(source_names(&sources.value));
-        }
-    }
+    named.extend(records.into_iter().flat_map(source_names));
     signature
         .value
         .lines()
@@ -73,15 +81,7 @@ pub fn parameters_not_in_graph(g: &GraphProto) -> Vec<String> {
 /// folded from (its sources with a dotted name that is no buffer); empty when the exporter
 /// recorded nothing (the TorchScript exporter never does).
 pub fn folded_parameters(g: &GraphProto) -> HashMap<String, Vec<String>> {
-    let initializers: HashSet<&str> = g.initializer.iter().map(|t| t.name.as_str()).collect();
-    g.value_info
-        .iter()
-        .filter(|v| initializers.contains(v.name.as_str()))
-        .filter_map(|info| {
-            let sources = info.metadata_props.iter().find(|p| p.key == FOLDED_FROM)?;
-            Some((info.name.clone(), source_names(&sources.value).filter(|n| is_parameter(n)).map(String::from).collect()))
-        })
-        .collect()
+    folds(g).map(|(name, sources)| (name.to_string(), source_names(sources).filter(|n| is_parameter(n)).map(String::from).collect())).collect()
 }
 
 /// What the exporter's folding may do to a parameter and still leave each of its
@@ -98,17 +98,14 @@ const REINDEXING: &[&str] = &[
 /// `exp(A_log)`, positions interpolated), each with what it was folded from: trained, they
 /// move as the tensors computed, not as the parameters they came from.
 pub fn computed_from_parameters(g: &GraphProto) -> HashMap<String, String> {
-    let initializers: HashSet<&str> = g.initializer.iter().map(|t| t.name.as_str()).collect();
-    let mut computed = HashMap::new();
-    for info in g.value_info.iter().filter(|v| initializers.contains(v.name.as_str())) {
-        let Some(sources) = info.metadata_props.iter().find(|p| p.key == FOLDED_FROM).map(|p| p.value.as_str()) else { continue };
-        let parameters = source_names(sources).filter(|n| is_parameter(n)).count();
-        let reindexing = source_names(sources).filter(|n| !is_parameter(n)).all(|n| REINDEXING.contains(&op_of(n)));
-        if parameters > 1 || (parameters == 1 && !reindexing) {
-            computed.insert(info.name.clone(), abbreviated(sources));
-        }
-    }
-    computed
+    folds(g)
+        .filter(|(_, sources)| {
+            let parameters = source_names(sources).filter(|n| is_parameter(n)).count();
+            let reindexing = source_names(sources).filter(|n| !is_parameter(n)).all(|n| REINDEXING.contains(&op_of(n)));
+            parameters > 1 || (parameters == 1 && !reindexing)
+        })
+        .map(|(name, sources)| (name.to_string(), abbreviated(sources)))
+        .collect()
 }
 
 /// The operation an exporter value is named after: `embedding_2` -> `embedding`, a

@@ -794,11 +794,15 @@ impl Worker {
                 // Skipping: the step's update is dropped everywhere at its optimizer step
                 // (where every stage learns of it), so the backward still runs.
                 if cfg.on_nonfinite != NonFinite::Skip {
-                    let stage = self.spec.index;
+                    let (counted, stage) = (step as usize + 1, self.spec.index);
                     // The run's first step computes with the weights it started from: no
                     // update can have made the loss non-finite.
-                    let first = step == ctx.start_step;
-                    return Err(E::Err(if first { PipelineError::NonFiniteFirstLoss { step: step as usize + 1, stage, value } } else { PipelineError::NonFiniteLoss { step: step as usize + 1, stage, value } }));
+                    let error = if step == ctx.start_step {
+                        PipelineError::NonFiniteFirstLoss { step: counted, stage, value }
+                    } else {
+                        PipelineError::NonFiniteLoss { step: counted, stage, value }
+                    };
+                    return Err(E::Err(error));
                 }
                 st.batch_nonfinite = true;
             }
