@@ -89,3 +89,38 @@ fn external_data_models_note_merges_and_export_their_data() {
     assert!(notes.contains("initializers the exporter merged (identical values) train as tied weights"), "{notes}");
     assert!(dir.path().join("trained-2bw.onnx.data").is_file(), "the exported weights' data file");
 }
+
+/// The default exporter's optimizer drops a Conv's or Gemm's all-zero bias (ViT's patch
+/// projection and its attention output projections, freshly initialised): compile restores
+/// each as a zero bias that trains, and says so; `export` writes the trained bias into the
+/// model, read by its node again. `--no-restore-biases` trains the model as exported, whose
+/// note then lists those biases among the parameters the model lacks. (That the restored
+/// model's step is PyTorch's: `tests/torch_reference.rs`.)
+#[test]
+fn biases_the_exporter_dropped_train_again_and_export_into_the_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = common::root().join("zoo/models/vit-dynamo-dyn/model.onnx");
+    assert!(model.is_file(), "{}: the zoo's ViT (default exporter, dynamic batch) is part of the checkout", model.display());
+    let compile = |build: &Path, extra: &[&str]| {
+        let mut args = vec!["compile", model.to_str().unwrap(), "--stages", "2", "--schedule", "flush", "-o", build.to_str().unwrap()];
+        args.extend(extra);
+        let out = pw(args);
+        assert!(out.status.success(), "compile: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stderr).to_string()
+    };
+    let (restored, kept) = (dir.path().join("restored"), dir.path().join("kept"));
+    let notes = compile(&restored, &[]);
+    assert!(notes.contains("note: 4 all-zero biases the exporter's optimizer dropped (a Conv or Gemm without its bias, which the exported program lists) train again from zeros, as in the source model: model.conv_proj.bias [16], "), "{notes}");
+    let notes = compile(&kept, &["--no-restore-biases"]);
+    assert!(!notes.contains("train again from zeros"), "{notes}");
+    assert!(notes.contains("not in the model by name") && notes.contains("model.conv_proj.bias"), "{notes}");
+    pw_ok(["train", restored.to_str().unwrap(), "--steps", "1", "--microbatch", "2", "--microbatches", "1", "--lr", "0.5", "--no-progress"]);
+    let exported = dir.path().join("trained.onnx");
+    pw_ok(["export", restored.to_str().unwrap(), "-o", exported.to_str().unwrap()]);
+    use onnx_protobuf::Message;
+    let written = onnx_protobuf::ModelProto::parse_from_bytes(&std::fs::read(&exported).unwrap()).unwrap();
+    let graph = written.graph.as_ref().unwrap();
+    let conv = graph.node.iter().find(|n| n.op_type == "Conv" && n.input.get(1).map(String::as_str) == Some("model.conv_proj.weight")).expect("the patch projection");
+    assert_eq!(conv.input.get(2).map(String::as_str), Some("model.conv_proj.bias"), "{:?}", conv.input);
+    assert!(graph.initializer.iter().any(|t| t.name == "model.conv_proj.bias" && t.dims == [16]), "the trained bias is an initializer of the model written");
+}

@@ -16,6 +16,10 @@
 //! - Llama and OLMo (the default exporter, dynamic batch and batch 1) and OLMoE: the
 //!   exporter folds the causal mask, the rotary tables and a weightless LayerNorm's ones
 //!   into initializers it marks as folded from no parameter, which must stay constants.
+//! - ViT, ConvNeXt and OPT (the default exporter): its optimizer drops a Conv's or Gemm's
+//!   all-zero bias (the patch projection, attention output and MLP projections, heads),
+//!   which the import restores as zeros from the exported program's signature; without
+//!   them, each layer trained without its bias and one step landed away from PyTorch's.
 //! - Eight architectures exported by the default exporter without its optimizer
 //!   (`optimize=False`, the zoo's `dynamo-noopt-dyn`), the export compile recommends
 //!   where the optimizer computed constants from parameters or dropped some: Swin and
@@ -39,13 +43,16 @@ use std::process::Command;
 use common::{pw_ok, root, try_pw};
 
 /// A zoo architecture, one of its entries, and what compile needs besides.
-const ENTRIES: [(&str, &str, &[&str]); 17] = [
+const ENTRIES: [(&str, &str, &[&str]); 20] = [
     ("mixtral", "mixtral-script-dyn", &[]),
     ("mixtral", "mixtral-script-b2", &[]),
     ("olmoe", "olmoe-dynamo-dyn", &[]),
     ("dinov2", "dinov2-script-dyn", &[]),
     ("gemma2", "gemma2-script-dyn", &[]),
     ("bert", "bert-dynamo-dyn", &[]),
+    ("vit", "vit-dynamo-dyn", &[]),
+    ("convnext", "convnext-dynamo-dyn", &[]),
+    ("opt", "opt-dynamo-dyn", &[]),
     ("swin", "swin-dynamo-noopt-dyn", &[]),
     ("deberta_v2", "deberta_v2-dynamo-noopt-dyn", &[]),
     ("t5", "t5-dynamo-noopt-dyn", &[]),

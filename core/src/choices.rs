@@ -75,6 +75,9 @@ pub struct ImportChoices {
     /// Parameters the exporter's signature lists that no name in the model holds.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub missing_parameters: Vec<String>,
+    /// All-zero biases the exporter dropped, restored as zero trainable biases: `name [n]`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub restored_biases: Vec<String>,
     /// Initializers frozen on request (`compile --freeze`): `name [d0, d1, ...]`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub frozen_on_request: Vec<String>,
@@ -98,7 +101,7 @@ fn some_of(items: &[String]) -> String {
 
 impl ImportChoices {
     pub fn is_empty(&self) -> bool {
-        self.frozen_batch_baked.is_empty() && self.exporter_constants.is_empty() && self.trained_batch_baked.is_empty() && self.frozen_attention_scales.is_empty() && self.merged.is_empty() && self.split_buffers.is_empty() && self.retied.is_empty() && self.computed_from_parameters.is_empty() && self.missing_parameters.is_empty() && self.frozen_on_request.is_empty()
+        self.frozen_batch_baked.is_empty() && self.exporter_constants.is_empty() && self.trained_batch_baked.is_empty() && self.frozen_attention_scales.is_empty() && self.merged.is_empty() && self.split_buffers.is_empty() && self.retied.is_empty() && self.computed_from_parameters.is_empty() && self.missing_parameters.is_empty() && self.restored_biases.is_empty() && self.frozen_on_request.is_empty()
     }
 
     /// One line per kind of choice (none when there is nothing to say).
@@ -160,6 +163,15 @@ impl ImportChoices {
                 if n == 1 { "" } else { "s" },
                 if n == 1 { "s" } else { "" },
                 some_of(&self.computed_from_parameters)
+            ));
+        }
+        if !self.restored_biases.is_empty() {
+            let n = self.restored_biases.len();
+            out.push(format!(
+                "{n} all-zero bias{} the exporter's optimizer dropped (a Conv or Gemm without its bias, which the exported program lists) train{} again from zeros, as in the source model: {}; compile --no-restore-biases trains the model as exported",
+                if n == 1 { "" } else { "es" },
+                if n == 1 { "s" } else { "" },
+                some_of(&self.restored_biases)
             ));
         }
         if !self.missing_parameters.is_empty() {
@@ -233,6 +245,9 @@ mod tests {
         let missing = ImportChoices { missing_parameters: vec!["conv.bias".into()], ..ImportChoices::default() };
         assert!(!missing.is_empty());
         assert_eq!(missing.lines(), ["1 parameter the exported program lists is not in the model by name (the exporter's optimizer drops all-zero biases and stores parameters of equal values once, under one name): conv.bias; export from PyTorch with torch.onnx.export(..., optimize=False) to keep every parameter"]);
+        let restored = ImportChoices { restored_biases: vec!["head.bias [10]".into(), "conv.bias [8]".into()], ..ImportChoices::default() };
+        assert!(!restored.is_empty());
+        assert_eq!(restored.lines(), ["2 all-zero biases the exporter's optimizer dropped (a Conv or Gemm without its bias, which the exported program lists) train again from zeros, as in the source model: head.bias [10], conv.bias [8]; compile --no-restore-biases trains the model as exported"]);
         assert_eq!(retied.lines(), ["1 initializer holding a permuted copy of another weight (a tied weight the exporter stored transposed) is computed from that weight and trains with it: val_182 = decoder.weight permuted [1, 0]"]);
     }
 }

@@ -94,6 +94,14 @@ pub fn export_onnx(build: &Path, output: &Path) -> Result<Exported, DriverError>
     }
     let mut model = ModelProto::parse_from_bytes(&model_bytes).map_err(|e| DriverError::msg(format!("{}: {e}", model_path.display())))?;
     let graph = model.graph.as_mut().ok_or_else(|| DriverError::msg(format!("{}: no graph", model_path.display())))?;
+    // The import gave back the all-zero biases the exporter dropped, first thing: the same
+    // rewrite of the source names them alike here, so their trained values go in.
+    if !manifest.choices.restored_biases.is_empty() {
+        let restored = pipewright_ir::import::biases::restore_dropped_biases(graph);
+        if restored != manifest.choices.restored_biases {
+            return Err(DriverError::msg(format!("{}: the biases its exporter dropped are not those {} was compiled with; compile and train it again", model_path.display(), build.display())));
+        }
+    }
     // The import split BatchNorm buffers shared with weights (or other BatchNorms) into
     // copies, which trained as their own running statistics: the same split of the source
     // names them alike here.
@@ -145,7 +153,7 @@ pub fn export_onnx(build: &Path, output: &Path) -> Result<Exported, DriverError>
     // initializers are back at the export batch here, and the rewrite treats them as the
     // frozen ones: one slice, expanded to the batch.) Unfused: the rewrite finds the source's
     // nodes by name, those inside a fused attention included.
-    let options = ImportOptions { untie_merged: manifest.choices.untied, unfused: true, ..ImportOptions::default() };
+    let options = ImportOptions { untie_merged: manifest.choices.untied, unfused: true, no_restore_biases: manifest.choices.restored_biases.is_empty(), ..ImportOptions::default() };
     let ir = pipewright_ir::import_bytes(&model_bytes, model_path.parent().unwrap_or(Path::new(".")), &options).map_err(|e| DriverError::msg(format!("{}: {e}", model_path.display())))?;
     let data = externalize(graph, &external_in_source, source_dir, output)?;
     let output_dir = output.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));

@@ -319,6 +319,11 @@ pub struct CompileSpec {
     /// fine-tuned around; `export` writes them back unchanged.
     #[arg(long, value_delimiter = ',', value_name = "NAME")]
     pub freeze: Vec<String>,
+    /// Train the model as exported where PyTorch's default exporter dropped all-zero
+    /// biases (a Conv or Gemm without the bias its exported program lists), instead of
+    /// restoring them as zero biases that train as the source model's do.
+    #[arg(long)]
+    pub no_restore_biases: bool,
 }
 
 impl CompileSpec {
@@ -361,6 +366,7 @@ impl CompileSpec {
                 train_batch_baked: self.train_batch_baked.clone(),
                 train_attention_scales: self.train_attention_scales,
                 freeze: self.freeze.clone(),
+                no_restore_biases: self.no_restore_biases,
                 ..ImportOptions::default()
             },
         })
@@ -439,6 +445,7 @@ mod tests {
             train_batch_baked: Vec::new(),
             train_attention_scales: false,
             freeze: Vec::new(),
+            no_restore_biases: false,
         }
     }
 

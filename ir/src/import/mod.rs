@@ -3,6 +3,7 @@
 
 pub(crate) mod attrs;
 mod batch_rewrite;
+pub mod biases;
 mod control;
 mod dense_select;
 mod evaluated;
@@ -63,6 +64,9 @@ pub struct ImportOptions {
     pub train_attention_scales: bool,
     /// Initializers kept frozen on request (`compile --freeze`).
     pub freeze: Vec<String>,
+    /// Train the model as exported where its exporter dropped all-zero biases
+    /// (`compile --no-restore-biases`), instead of restoring them ([`biases`]).
+    pub no_restore_biases: bool,
 }
 
 impl ImportOptions {
@@ -236,6 +240,11 @@ impl<'a> Importer<'a> {
             if !seen.insert(name) {
                 return Err(ImportError::DuplicateValue { value: name.clone(), first: "a graph input".into(), second: "another graph input".into() });
             }
+        }
+        // First, on the graph as exported (`export` rewrites the same source): the biases
+        // the exporter's optimizer dropped, back as zeros.
+        if !self.opts.no_restore_biases {
+            self.graph.choices.restored_biases = biases::restore_dropped_biases(&mut g);
         }
         // A tied weight the exporter also stored permuted is read through a Transpose of it
         // again, so the tie trains as one weight (weights left unread have nothing to compare).
