@@ -20,6 +20,10 @@
 //!   all-zero bias (the patch projection, attention output and MLP projections, heads),
 //!   which the import restores as zeros from the exported program's signature; without
 //!   them, each layer trained without its bias and one step landed away from PyTorch's.
+//! - ALBERT (the default exporter): one layer's weights shared by every layer, whose
+//!   LayerNorm ones and zero biases the exporter also merged with other modules': untied
+//!   by the parameter of each reading node's module (the exporter records it), the
+//!   shared layer stays one weight; untied per node, each layer trained its own copy.
 //! - Eight architectures exported by the default exporter without its optimizer
 //!   (`optimize=False`, the zoo's `dynamo-noopt-dyn`), the export compile recommends
 //!   where the optimizer computed constants from parameters or dropped some: Swin and
@@ -43,7 +47,7 @@ use std::process::Command;
 use common::{pw_ok, root, try_pw};
 
 /// A zoo architecture, one of its entries, and what compile needs besides.
-const ENTRIES: [(&str, &str, &[&str]); 20] = [
+const ENTRIES: [(&str, &str, &[&str]); 21] = [
     ("mixtral", "mixtral-script-dyn", &[]),
     ("mixtral", "mixtral-script-b2", &[]),
     ("olmoe", "olmoe-dynamo-dyn", &[]),
@@ -53,6 +57,7 @@ const ENTRIES: [(&str, &str, &[&str]); 20] = [
     ("vit", "vit-dynamo-dyn", &[]),
     ("convnext", "convnext-dynamo-dyn", &[]),
     ("opt", "opt-dynamo-dyn", &[]),
+    ("albert", "albert-dynamo-dyn", &[]),
     ("swin", "swin-dynamo-noopt-dyn", &[]),
     ("deberta_v2", "deberta_v2-dynamo-noopt-dyn", &[]),
     ("t5", "t5-dynamo-noopt-dyn", &[]),

@@ -1168,8 +1168,12 @@ fn export_keeps_the_export_batch_where_it_must_and_says_why() {
     ok(&out);
     assert!(stdout.contains("kept the export batch 1: with a dynamic batch, node \"node_cat\" (Concat)"), "{stdout}");
     let m = ModelProto::parse_from_bytes(&std::fs::read(&exported).unwrap()).unwrap();
-    let source = ModelProto::parse_from_bytes(&std::fs::read(&model).unwrap()).unwrap();
+    let mut source = ModelProto::parse_from_bytes(&std::fs::read(&model).unwrap()).unwrap();
     assert_eq!(m.graph.input, source.graph.input, "the inputs are the source's");
+    // The source's nodes, with the patch projection's and the classifier's zero biases the
+    // exporter dropped read again (restored at import, trained, written back).
+    let restored = pipewright_ir::import::biases::restore_dropped_biases(source.graph.as_mut().unwrap());
+    assert_eq!(restored, ["model.classifier.bias [5]", "model.vit.embeddings.patch_embeddings.projection.bias [32]"]);
     assert_eq!(m.graph.node, source.graph.node);
 }
 

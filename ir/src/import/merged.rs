@@ -110,21 +110,34 @@ pub fn merged_initializers(g: &GraphProto, model_dir: &Path) -> Vec<MergedInitia
 /// Gives every node after the first that reads a merged initializer its own copy
 /// (`NAME.untiedK`, K from 1, a further `.untied` where that name is taken; a copy of an
 /// external tensor names the same bytes of the same file); returns what was untied.
+///
+/// Where the default exporter recorded each reading node's module and its exported
+/// program lists the parameter of that module the initializer stands for (`M.weight` for
+/// an initializer `....weight` read by a node of module `M`), the copies follow the
+/// parameters instead: the nodes of one module share one copy, named after its parameter
+/// (a module applied several times, as ALBERT's one shared layer is, stays one weight, as
+/// in PyTorch).
 pub fn untie_merged(g: &mut GraphProto, model_dir: &Path) -> Vec<MergedInitializer> {
     let found = find(g, model_dir);
     let mut taken: HashSet<String> = g.initializer.iter().map(|t| t.name.clone()).chain(g.input.iter().map(|i| i.name.clone())).collect();
     taken.extend(g.node.iter().flat_map(|n| n.output.iter().cloned()));
+    let listed = super::provenance::listed_parameters(g);
     let mut copies = Vec::new();
     for (m, readers) in &found {
         let Some(source) = g.initializer.iter().find(|t| t.name == m.name) else { continue };
-        for (k, &node) in readers.iter().enumerate().skip(1) {
-            let mut name = format!("{}.untied{k}", m.name);
+        for (k, (param, nodes)) in copies_of(g, &m.name, readers, &listed).into_iter().enumerate() {
+            if param.as_deref() == Some(m.name.as_str()) {
+                continue;
+            }
+            let mut name = param.filter(|p| !taken.contains(p)).unwrap_or_else(|| format!("{}.untied{k}", m.name));
             while taken.contains(&name) {
                 name.push_str(".untied");
             }
             taken.insert(name.clone());
-            for input in g.node[node].input.iter_mut().filter(|i| **i == m.name) {
-                *input = name.clone();
+            for node in nodes {
+                for input in g.node[node].input.iter_mut().filter(|i| **i == m.name) {
+                    *input = name.clone();
+                }
             }
             let mut copy = source.clone();
             copy.name = name;
@@ -133,6 +146,31 @@ pub fn untie_merged(g: &mut GraphProto, model_dir: &Path) -> Vec<MergedInitializ
     }
     g.initializer.extend(copies);
     found.into_iter().map(|(m, _)| m).collect()
+}
+
+/// The groups of `readers` (node indices) of merged initializer `name` that get a weight
+/// each, with the parameter each stands for: by the parameter of each node's module
+/// ([`untie_merged`]) when every reader names one `listed`, the group holding `name`'s
+/// own parameter (or else the first) keeping `name`; otherwise one group per node, the
+/// first keeping `name`.
+fn copies_of(g: &GraphProto, name: &str, readers: &[usize], listed: &HashSet<String>) -> Vec<(Option<String>, Vec<usize>)> {
+    let suffix = name.rsplit('.').next().unwrap_or(name);
+    let params: Option<Vec<String>> = readers.iter().map(|&n| super::provenance::module_of(&g.node[n]).map(|m| format!("{m}.{suffix}")).filter(|p| listed.contains(p))).collect();
+    let Some(params) = params else {
+        return readers.iter().enumerate().map(|(k, &n)| (if k == 0 { Some(name.to_string()) } else { None }, vec![n])).collect();
+    };
+    let mut groups: Vec<(Option<String>, Vec<usize>)> = Vec::new();
+    for (&n, p) in readers.iter().zip(params) {
+        match groups.iter_mut().find(|(q, _)| q.as_deref() == Some(p.as_str())) {
+            Some((_, nodes)) => nodes.push(n),
+            None => groups.push((Some(p), vec![n])),
+        }
+    }
+    // The initializer's own name stays with one group: its parameter's, or the first.
+    if !groups.iter().any(|(p, _)| p.as_deref() == Some(name)) {
+        groups[0].0 = Some(name.to_string());
+    }
+    groups
 }
 
 #[cfg(test)]
@@ -188,6 +226,34 @@ mod tests {
         assert_eq!(g.initializer.len(), 5);
         assert_eq!(g.initializer[3].raw_data, g.initializer[0].raw_data);
         assert!(merged_initializers(&g, dir).is_empty());
+    }
+
+    /// The default exporter's record of each node's module and the exported program's
+    /// parameters: the copies follow the parameters. Two LayerNorms of module `a` (one
+    /// layer applied twice, as ALBERT's shared layer) keep one weight, named as the
+    /// initializer is; module `b`'s gets a copy named after its own parameter.
+    #[test]
+    fn the_copies_follow_the_modules_parameters_where_the_exporter_names_them() {
+        use onnx_protobuf::StringStringEntryProto;
+        let scoped = |name: &str, module: &str| {
+            let mut n = node(name, &["x", "a.weight"]);
+            n.metadata_props.push(StringStringEntryProto { key: "pkg.torch.onnx.name_scopes".into(), value: format!("['', 'model', '{module}', '{name}']"), ..Default::default() });
+            n
+        };
+        let mut g = GraphProto { initializer: vec![init("a.weight", &[1.0; 4])], node: vec![scoped("n1", "a"), scoped("n2", "b"), scoped("n3", "a")], ..Default::default() };
+        let signature = "p_a_weight: PARAMETER target='a.weight'\np_b_weight: PARAMETER target='b.weight'";
+        g.metadata_props.push(StringStringEntryProto { key: "pkg.torch.export.ExportedProgram.graph_signature".into(), value: signature.into(), ..Default::default() });
+        let dir = Path::new(".");
+        let mut plain = g.clone();
+        plain.metadata_props.clear();
+        assert_eq!(untie_merged(&mut g, dir), vec![MergedInitializer { name: "a.weight".into(), uses: 3 }]);
+        let inputs: Vec<&str> = g.node.iter().map(|n| n.input[1].as_str()).collect();
+        assert_eq!(inputs, ["a.weight", "b.weight", "a.weight"]);
+        assert_eq!(g.initializer.len(), 2);
+        // Without the signature, one copy per node as before.
+        untie_merged(&mut plain, dir);
+        let inputs: Vec<&str> = plain.node.iter().map(|n| n.input[1].as_str()).collect();
+        assert_eq!(inputs, ["a.weight", "a.weight.untied1", "a.weight.untied2"]);
     }
 
     /// An initializer whose values live in an external data file is found like an inline

@@ -69,12 +69,26 @@ pub fn parameters_not_in_graph(g: &GraphProto) -> Vec<String> {
     }
     let mut named: HashSet<&str> = g.initializer.iter().map(|t| t.name.as_str()).chain(g.input.iter().map(|i| i.name.as_str())).collect();
     named.extend(records.into_iter().flat_map(source_names));
-    signature
-        .value
-        .lines()
-        .filter_map(|line| line.split_once(": PARAMETER target=")?.1.trim().strip_prefix('\'')?.strip_suffix('\'').map(str::to_string))
-        .filter(|name| !named.contains(name.as_str()))
-        .collect()
+    signature_parameters(&signature.value).filter(|name| !named.contains(name.as_str())).collect()
+}
+
+/// The parameters an exported program's signature lists, in its order.
+fn signature_parameters(signature: &str) -> impl Iterator<Item = String> + '_ {
+    signature.lines().filter_map(|line| line.split_once(": PARAMETER target=")?.1.trim().strip_prefix('\'')?.strip_suffix('\'').map(str::to_string))
+}
+
+/// Every parameter the exported program's signature (graph metadata) lists; empty for an
+/// export without one.
+pub fn listed_parameters(g: &GraphProto) -> HashSet<String> {
+    g.metadata_props.iter().find(|p| p.key == SIGNATURE).map(|s| signature_parameters(&s.value).collect()).unwrap_or_default()
+}
+
+/// The module the default exporter recorded `node` in (`pkg.torch.onnx.name_scopes`, a
+/// Python list whose last entry is the node's own op): `model.encoder.layer.0.output`.
+pub fn module_of(node: &onnx_protobuf::NodeProto) -> Option<&str> {
+    let scopes = node.metadata_props.iter().find(|p| p.key == "pkg.torch.onnx.name_scopes")?.value.as_str();
+    let names: Vec<&str> = source_names(scopes).collect();
+    names.len().checked_sub(2).map(|i| names[i]).filter(|m| !m.is_empty())
 }
 
 /// For each initializer of `g` the exporter records as folded, the module state it was
