@@ -149,24 +149,19 @@ pub fn untie_merged(g: &mut GraphProto, model_dir: &Path) -> Vec<MergedInitializ
 }
 
 /// The groups of `readers` (node indices) of merged initializer `name` that get a weight
-/// each, with the parameter each stands for: by the parameter of each node's module
-/// ([`untie_merged`]) when every reader names one `listed`, the group holding `name`'s
-/// own parameter (or else the first) keeping `name`; otherwise one group per node, the
-/// first keeping `name`.
+/// each, with the parameter each stands for ([`untie_merged`]): the readers whose module's
+/// parameter is `listed` by that parameter, every other reader alone. The group holding
+/// `name`'s own parameter (or else the first) keeps `name`.
 fn copies_of(g: &GraphProto, name: &str, readers: &[usize], listed: &HashSet<String>) -> Vec<(Option<String>, Vec<usize>)> {
     let suffix = name.rsplit('.').next().unwrap_or(name);
-    let params: Option<Vec<String>> = readers.iter().map(|&n| super::provenance::module_of(&g.node[n]).map(|m| format!("{m}.{suffix}")).filter(|p| listed.contains(p))).collect();
-    let Some(params) = params else {
-        return readers.iter().enumerate().map(|(k, &n)| (if k == 0 { Some(name.to_string()) } else { None }, vec![n])).collect();
-    };
     let mut groups: Vec<(Option<String>, Vec<usize>)> = Vec::new();
-    for (&n, p) in readers.iter().zip(params) {
-        match groups.iter_mut().find(|(q, _)| q.as_deref() == Some(p.as_str())) {
+    for &n in readers {
+        let param = super::provenance::module_of(&g.node[n]).map(|m| format!("{m}.{suffix}")).filter(|p| listed.contains(p));
+        match groups.iter_mut().find(|(q, _)| param.is_some() && *q == param) {
             Some((_, nodes)) => nodes.push(n),
-            None => groups.push((Some(p), vec![n])),
+            None => groups.push((param, vec![n])),
         }
     }
-    // The initializer's own name stays with one group: its parameter's, or the first.
     if !groups.iter().any(|(p, _)| p.as_deref() == Some(name)) {
         groups[0].0 = Some(name.to_string());
     }
@@ -231,7 +226,8 @@ mod tests {
     /// The default exporter's record of each node's module and the exported program's
     /// parameters: the copies follow the parameters. Two LayerNorms of module `a` (one
     /// layer applied twice, as ALBERT's shared layer) keep one weight, named as the
-    /// initializer is; module `b`'s gets a copy named after its own parameter.
+    /// initializer is; module `b`'s gets a copy named after its own parameter, and a node
+    /// whose module's parameter the program does not list a copy of its own.
     #[test]
     fn the_copies_follow_the_modules_parameters_where_the_exporter_names_them() {
         use onnx_protobuf::StringStringEntryProto;
@@ -240,20 +236,21 @@ mod tests {
             n.metadata_props.push(StringStringEntryProto { key: "pkg.torch.onnx.name_scopes".into(), value: format!("['', 'model', '{module}', '{name}']"), ..Default::default() });
             n
         };
-        let mut g = GraphProto { initializer: vec![init("a.weight", &[1.0; 4])], node: vec![scoped("n1", "a"), scoped("n2", "b"), scoped("n3", "a")], ..Default::default() };
+        let mut g = GraphProto { initializer: vec![init("a.weight", &[1.0; 4])], node: vec![scoped("n1", "a"), scoped("n2", "b"), scoped("n3", "a"), scoped("n4", "c")], ..Default::default() };
         let signature = "p_a_weight: PARAMETER target='a.weight'\np_b_weight: PARAMETER target='b.weight'";
         g.metadata_props.push(StringStringEntryProto { key: "pkg.torch.export.ExportedProgram.graph_signature".into(), value: signature.into(), ..Default::default() });
         let dir = Path::new(".");
         let mut plain = g.clone();
         plain.metadata_props.clear();
-        assert_eq!(untie_merged(&mut g, dir), vec![MergedInitializer { name: "a.weight".into(), uses: 3 }]);
+        assert_eq!(untie_merged(&mut g, dir), vec![MergedInitializer { name: "a.weight".into(), uses: 4 }]);
+        // Module `c`'s parameter is not listed: its node gets a copy of its own.
         let inputs: Vec<&str> = g.node.iter().map(|n| n.input[1].as_str()).collect();
-        assert_eq!(inputs, ["a.weight", "b.weight", "a.weight"]);
-        assert_eq!(g.initializer.len(), 2);
+        assert_eq!(inputs, ["a.weight", "b.weight", "a.weight", "a.weight.untied2"]);
+        assert_eq!(g.initializer.len(), 3);
         // Without the signature, one copy per node as before.
         untie_merged(&mut plain, dir);
         let inputs: Vec<&str> = plain.node.iter().map(|n| n.input[1].as_str()).collect();
-        assert_eq!(inputs, ["a.weight", "a.weight.untied1", "a.weight.untied2"]);
+        assert_eq!(inputs, ["a.weight", "a.weight.untied1", "a.weight.untied2", "a.weight.untied3"]);
     }
 
     /// An initializer whose values live in an external data file is found like an inline

@@ -251,7 +251,6 @@ impl<'a> Importer<'a> {
         if !self.opts.shapes_only {
             self.graph.choices.retied = images::retie(&mut g, self.dir)?;
         }
-        self.graph.choices.missing_parameters = provenance::parameters_not_in_graph(&g);
         // Merged initializers are found (and untied on request) before anything reads the
         // initializers, so the copies import like any other weight; BatchNorm buffers
         // shared with weights or other BatchNorms are split first, whatever is asked.
@@ -259,6 +258,8 @@ impl<'a> Importer<'a> {
         let merged = if self.opts.untie_merged { merged::untie_merged(&mut g, self.dir) } else { merged::merged_initializers(&g, self.dir) };
         self.graph.choices.untied = self.opts.untie_merged && !merged.is_empty();
         self.graph.choices.merged = merged;
+        // After the rewrites: restored biases and copies untied by parameter hold their names.
+        self.graph.choices.missing_parameters = provenance::parameters_not_in_graph(&g);
         let initializer_names: std::collections::HashSet<String> = g.initializer.iter().map(|t| t.name.clone()).collect();
         let params = float_parameters_read(&g.node, &self.opts.float_parameters);
         self.layer_weights = layer_weights_read(&g.node);
