@@ -29,6 +29,7 @@ pub fn restore_dropped_biases(g: &mut GraphProto) -> Vec<String> {
     let weights: HashMap<&str, &TensorProto> = g.initializer.iter().map(|t| (t.name.as_str(), t)).collect();
     let mut restored: BTreeMap<String, (i64, i32)> = BTreeMap::new();
     let mut rewired: Vec<(usize, String)> = Vec::new();
+    let mut conflicting: HashSet<String> = HashSet::new();
     for (k, node) in g.node.iter().enumerate() {
         let Some(module) = node.input.get(1).and_then(|w| w.strip_suffix(".weight")) else { continue };
         let bias = format!("{module}.bias");
@@ -37,9 +38,11 @@ pub fn restore_dropped_biases(g: &mut GraphProto) -> Vec<String> {
         }
         let Some(weight) = weights.get(node.input[1].as_str()).filter(|w| float_size(w.data_type).is_some()) else { continue };
         let Some(channels) = output_channels(node, &weight.dims) else { continue };
-        // A weight several nodes read (one module applied twice) has one bias.
-        if restored.insert(bias.clone(), (channels, weight.data_type)).is_some_and(|(n, _)| n != channels) {
+        // A weight several nodes read (one module applied twice) has one bias; readers
+        // that disagree on its extent get none.
+        if conflicting.contains(&bias) || restored.insert(bias.clone(), (channels, weight.data_type)).is_some_and(|(n, _)| n != channels) {
             restored.remove(&bias);
+            conflicting.insert(bias);
             continue;
         }
         rewired.push((k, bias));
@@ -133,6 +136,15 @@ mod tests {
         // The rewrite is the same on the same source (export makes it again), and a model
         // that lists no missing bias keeps its graph.
         assert!(restore_dropped_biases(&mut g).is_empty());
+    }
+
+    /// One module applied twice (two nodes reading its weight) gets one bias, read by both.
+    #[test]
+    fn a_module_applied_twice_gets_one_bias() {
+        let mut g = exported(vec![node("Conv", &["x", "shared.weight"]), node("Conv", &["Conv_out", "shared.weight"])], vec![weight("shared.weight", &[3, 3, 1, 1])], &["shared.weight", "shared.bias"]);
+        assert_eq!(restore_dropped_biases(&mut g), ["shared.bias [3]"]);
+        assert!(g.node.iter().all(|n| n.input.get(2).map(String::as_str) == Some("shared.bias")));
+        assert_eq!(g.initializer.iter().filter(|t| t.name == "shared.bias").count(), 1);
     }
 
     #[test]
