@@ -10,6 +10,10 @@ over all of them), takes one plain SGD step at LR, and writes to OUT:
     `pipewright run-forward --inputs OUT`;
 and prints the loss before the step.
 
+The model is in eval mode, as exported, but for its BatchNorms: they take the step on the
+batch's statistics and update their running ones, as pipewright trains them; the output
+after the step is taken in eval mode throughout.
+
     python zoo/torch_step.py ARCH ENTRY_FOLDER LR OUT
 """
 import os
@@ -41,12 +45,17 @@ def main():
     names = list(inputs)
     arrays = read_inputs(entry, names)
     args = [torch.from_numpy(a) for a in arrays]
+    batchnorms = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    for m in batchnorms:
+        m.train()
     logits = model(*args)
     classes = logits.shape[-1]
     count = int(np.prod(logits.shape[:-1]))
     labels = torch.tensor([(7 * i + 3) % classes for i in range(count)], dtype=torch.int64).reshape(logits.shape[:-1])
     loss = torch.nn.functional.cross_entropy(logits.reshape(count, classes), labels.reshape(count))
     loss.backward()
+    for m in batchnorms:
+        m.eval()
     with torch.no_grad():
         for p in model.parameters():
             if p.grad is not None:

@@ -242,6 +242,12 @@ fn dispatch(op: &Op, sig: Signature<'_>, ins: &[Option<&Tensor>], mode: Mode, ou
     }
 }
 
+/// Whether the node reads any output past the first (a normalization's statistics); with
+/// nothing declared, all of them.
+fn statistics_read(outputs_read: Option<&[bool]>) -> bool {
+    outputs_read.map_or(true, |u| u.iter().skip(1).any(|&x| x))
+}
+
 fn dispatch_nn(k: &Op, sig: Signature<'_>, ins: &[Option<&Tensor>], mode: Mode, outputs_read: Option<&[bool]>) -> R<Vec<Tensor>> {
     let x = || need(ins, 0);
     let y = || need(ins, 1);
@@ -262,11 +268,8 @@ fn dispatch_nn(k: &Op, sig: Signature<'_>, ins: &[Option<&Tensor>], mode: Mode, 
         Op::LpPool { pool, p } => one(window::lp_pool(pool, *p, x()?)),
         Op::GlobalAveragePool => one(window::global_pool(x()?, false)),
         Op::GlobalMaxPool => one(window::global_pool(x()?, true)),
-        Op::BatchNormalization(b) => nn::batch_norm(b, ins, mode),
-        Op::LayerNormalization(l) => {
-            let stats_read = outputs_read.map_or(true, |u| u.iter().skip(1).any(|&x| x));
-            nn::layer_norm(l, ins, stats_read)
-        }
+        Op::BatchNormalization(b) => nn::batch_norm(b, ins, mode, statistics_read(outputs_read)),
+        Op::LayerNormalization(l) => nn::layer_norm(l, ins, statistics_read(outputs_read)),
         Op::RMSNormalization(l) => one(transformer::rms_norm(l, x()?, y()?)),
         Op::Attention(a) => {
             let scores_read = outputs_read.map_or(true, |u| u.get(3).copied().unwrap_or(false));

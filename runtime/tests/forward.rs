@@ -4,7 +4,7 @@
 mod common;
 
 use common::{assert_close, eval, f64s, i64s, to_f64, to_i64};
-use pipewright_runtime::exec::{run, tensor_from_bytes, tensor_to_bytes, tensor_to_bytes_as, KernelError, Mode};
+use pipewright_runtime::exec::{run, run_node, tensor_from_bytes, tensor_to_bytes, tensor_to_bytes_as, KernelError, Mode, Signature};
 use pipewright_ops::op::{AutoPad, BatchNorm, BinaryOp, CastMode, Conv, ConvTranspose, LayerNorm, Pad, PadMode, Pool, Reduce, ReduceKind, Rnn, RnnCell, RnnDirection, Slice, Softmax, Split, TreeEnsemble, UnaryOp, Window};
 use pipewright_ops::{DType, Op, TensorData};
 use pipewright_runtime::device::{tch_device, Device};
@@ -438,6 +438,12 @@ fn batch_norm_modes_and_dropout() {
     assert_eq!(outs.len(), 3);
     assert_close(&to_f64(&outs[0]), &[-1.0, -1.0, 1.0, 1.0], 1e-12);
     let inference = Op::BatchNormalization(BatchNorm { epsilon: 0.0, momentum: 0.9, training_mode: false });
+    // Trained where the graph reads only Y, the running variance is runtime state and
+    // takes PyTorch's unbiased estimate (variance 8 of [1, 5], not 4).
+    let only_y = [true, false, false];
+    let outs = run_node(&inference, Signature::NONE, &ins, Mode::Train, Some(&only_y)).unwrap();
+    assert_close(&to_f64(&outs[1]), &[0.3, 0.5], 1e-6);
+    assert_close(&to_f64(&outs[2]), &[0.9 + 0.8, 0.9 + 0.8], 1e-6);
     let outs = eval(&inference, &ins, Mode::Eval);
     assert_eq!(outs.len(), 1);
     assert_close(&to_f64(&outs[0]), &[1.0, 3.0, 5.0, 7.0], 1e-12);

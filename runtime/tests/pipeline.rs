@@ -503,7 +503,9 @@ fn batchnorm_running_statistics_follow_training() {
     let (mut mean, mut var) = (Tensor::from_slice(&[0.1f64, -0.2, 0.3, 0.0]), Tensor::from_slice(&[1.0f64, 2.0, 0.5, 1.5]));
     for (x, _) in data.iter().flatten() {
         let bm = x.mean_dim([0i64].as_slice(), false, Kind::Double);
-        let bv = (x - &bm).square().mean_dim([0i64].as_slice(), false, Kind::Double);
+        // The unbiased estimate, as PyTorch keeps it (the graph reads no statistics).
+        let n = x.size()[0] as f64;
+        let bv = (x - &bm).square().sum_dim_intlist([0i64].as_slice(), false, Kind::Double) / (n - 1.0);
         // The attribute is an f32, as in ONNX.
         let mom = 0.9f32 as f64;
         mean = &mean * mom + bm * (1.0 - mom);

@@ -64,9 +64,18 @@ pub(crate) fn gemm(g: &Gemm, a: &Tensor, b: &Tensor, c: Option<&Tensor>) -> R<Te
 }
 
 /// BatchNormalization. Train: batch statistics, and the updated running mean and variance
-/// (ONNX momentum convention, population variance) as outputs 1 and 2. Eval: running stats,
-/// unless the node was exported with `training_mode = 1`.
-pub(crate) fn batch_norm(bn: &BatchNorm, ins: &[Option<&Tensor>], mode: Mode) -> R<Vec<Tensor>> {
+/// (ONNX momentum convention) as outputs 1 and 2. Eval: running stats, unless the node was
+/// exported with `training_mode = 1`.
+///
+/// The running variance takes the batch's variance two ways. Where the graph reads the
+/// running statistics (`stats_read`: a node exported with `training_mode = 1` and those
+/// outputs), they are values the ONNX definition gives, with the population variance.
+/// Otherwise they are state the runtime keeps while training (a node exported for
+/// inference has no such outputs) and follow the batches as the framework that trains
+/// such models does: PyTorch (and cuDNN) take the unbiased estimate, n / (n - 1) times the
+/// population variance over the n values per channel. At batch 2 with 2 x 2 maps (n = 8)
+/// the two differ by 14%, and the model exported after training would not be PyTorch's.
+pub(crate) fn batch_norm(bn: &BatchNorm, ins: &[Option<&Tensor>], mode: Mode, stats_read: bool) -> R<Vec<Tensor>> {
     let (x, scale, bias) = (need(ins, 0)?, need(ins, 1)?, need(ins, 2)?);
     let (mean, var) = (need(ins, 3)?, need(ins, 4)?);
     if x.dim() < 2 {
@@ -89,6 +98,7 @@ pub(crate) fn batch_norm(bn: &BatchNorm, ins: &[Option<&Tensor>], mode: Mode) ->
     }
     let y = x.f_batch_norm(Some(scale), Some(bias), None, None, true, 0.0, eps, true)?;
     let (bm, bv) = batch_stats(&x.f_detach()?)?;
+    let bv = if stats_read { bv } else { unbiased(bv, x)? };
     let m = bn.momentum as f64;
     let run_mean = mean
         .f_detach()?
@@ -99,6 +109,13 @@ pub(crate) fn batch_norm(bn: &BatchNorm, ins: &[Option<&Tensor>], mode: Mode) ->
         .f_mul_scalar(m)?
         .f_add(&bv.f_mul_scalar(1.0 - m)?)?;
     Ok(vec![y, run_mean, run_var])
+}
+
+/// The unbiased estimate from the population variance `var` of `x`'s channels (one value
+/// per channel stays as it is: there is nothing to correct, and PyTorch refuses it).
+fn unbiased(var: Tensor, x: &Tensor) -> R<Tensor> {
+    let n = x.numel() as f64 / x.size()[1].max(1) as f64;
+    Ok(if n > 1.0 { var.f_mul_scalar(n / (n - 1.0))? } else { var })
 }
 
 /// Per-channel (dimension 1) mean and population variance.
