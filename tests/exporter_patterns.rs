@@ -124,3 +124,26 @@ fn biases_the_exporter_dropped_train_again_and_export_into_the_model() {
     assert_eq!(conv.input.get(2).map(String::as_str), Some("model.conv_proj.bias"), "{:?}", conv.input);
     assert!(graph.initializer.iter().any(|t| t.name == "model.conv_proj.bias" && t.dims == [16]), "the trained bias is an initializer of the model written");
 }
+
+/// The default exporter's optimizer fuses an eval-mode BatchNorm into the convolution
+/// before it: compile names the BatchNorms by module and says they train as convolution
+/// weights (their scale and shift are not missing parameters of another kind); exported
+/// without the optimizer, the same model keeps its BatchNorms and has nothing to say.
+#[test]
+fn batchnorms_the_exporter_fused_are_named_at_compile() {
+    let dir = tempfile::tempdir().unwrap();
+    let notes = |entry: &str| {
+        let model = common::root().join("zoo/models").join(entry).join("model.onnx");
+        assert!(model.is_file(), "{}: the zoo's HF ResNet is part of the checkout", model.display());
+        let build = dir.path().join(entry);
+        let out = pw(["compile", model.to_str().unwrap(), "--stages", "2", "-o", build.to_str().unwrap()]);
+        assert!(out.status.success(), "compile {entry}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stderr).to_string()
+    };
+    let fused = notes("hf_resnet-dynamo-dyn");
+    assert!(fused.contains("note: 8 BatchNorms the exporter's optimizer fused into the Conv or Gemm before them (a model exported in eval mode) train as that layer's weight and bias, normalising no batch, unlike the source model in training: model.resnet.embedder.embedder.normalization, "), "{fused}");
+    assert!(fused.contains("torch.onnx.export(..., optimize=False) to train them as BatchNorms"), "{fused}");
+    assert!(!fused.contains("not in the model by name"), "{fused}");
+    let kept = notes("hf_resnet-dynamo-noopt-dyn");
+    assert!(!kept.contains("BatchNorm"), "{kept}");
+}

@@ -75,6 +75,10 @@ pub struct ImportChoices {
     /// Parameters the exporter's signature lists that no name in the model holds.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub missing_parameters: Vec<String>,
+    /// BatchNorm modules the exporter's optimizer fused into the layer before them, which
+    /// train as that layer's weights and bias, without batch statistics.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fused_batchnorms: Vec<String>,
     /// All-zero biases the exporter dropped, restored as zero trainable biases: `name [n]`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub restored_biases: Vec<String>,
@@ -101,7 +105,7 @@ fn some_of(items: &[String]) -> String {
 
 impl ImportChoices {
     pub fn is_empty(&self) -> bool {
-        self.frozen_batch_baked.is_empty() && self.exporter_constants.is_empty() && self.trained_batch_baked.is_empty() && self.frozen_attention_scales.is_empty() && self.merged.is_empty() && self.split_buffers.is_empty() && self.retied.is_empty() && self.computed_from_parameters.is_empty() && self.missing_parameters.is_empty() && self.restored_biases.is_empty() && self.frozen_on_request.is_empty()
+        self.frozen_batch_baked.is_empty() && self.exporter_constants.is_empty() && self.trained_batch_baked.is_empty() && self.frozen_attention_scales.is_empty() && self.merged.is_empty() && self.split_buffers.is_empty() && self.retied.is_empty() && self.computed_from_parameters.is_empty() && self.missing_parameters.is_empty() && self.fused_batchnorms.is_empty() && self.restored_biases.is_empty() && self.frozen_on_request.is_empty()
     }
 
     /// One line per kind of choice (none when there is nothing to say).
@@ -172,6 +176,18 @@ impl ImportChoices {
                 if n == 1 { "" } else { "es" },
                 if n == 1 { "s" } else { "" },
                 some_of(&self.restored_biases)
+            ));
+        }
+        if !self.fused_batchnorms.is_empty() {
+            let n = self.fused_batchnorms.len();
+            out.push(format!(
+                "{n} BatchNorm{} the exporter's optimizer fused into the Conv or Gemm before {} (a model exported in eval mode) train{} as that layer's weight and bias, normalising no batch, unlike the source model in training: {}; export from PyTorch with torch.onnx.export(..., optimize=False) to train {} as BatchNorm{}",
+                if n == 1 { "" } else { "s" },
+                if n == 1 { "it" } else { "them" },
+                if n == 1 { "s" } else { "" },
+                some_of(&self.fused_batchnorms),
+                if n == 1 { "it" } else { "them" },
+                if n == 1 { "" } else { "s" },
             ));
         }
         if !self.missing_parameters.is_empty() {
@@ -245,6 +261,9 @@ mod tests {
         let missing = ImportChoices { missing_parameters: vec!["conv.bias".into()], ..ImportChoices::default() };
         assert!(!missing.is_empty());
         assert_eq!(missing.lines(), ["1 parameter the exported program lists is not in the model by name (the exporter's optimizer drops all-zero biases and stores parameters of equal values once, under one name): conv.bias; export from PyTorch with torch.onnx.export(..., optimize=False) to keep every parameter"]);
+        let fused = ImportChoices { fused_batchnorms: vec!["model.bn1".into(), "model.layer1.0.bn1".into()], ..ImportChoices::default() };
+        assert!(!fused.is_empty());
+        assert_eq!(fused.lines(), ["2 BatchNorms the exporter's optimizer fused into the Conv or Gemm before them (a model exported in eval mode) train as that layer's weight and bias, normalising no batch, unlike the source model in training: model.bn1, model.layer1.0.bn1; export from PyTorch with torch.onnx.export(..., optimize=False) to train them as BatchNorms"]);
         let restored = ImportChoices { restored_biases: vec!["head.bias [10]".into(), "conv.bias [8]".into()], ..ImportChoices::default() };
         assert!(!restored.is_empty());
         assert_eq!(restored.lines(), ["2 all-zero biases the exporter's optimizer dropped (a Conv or Gemm without its bias, which the exported program lists) train again from zeros, as in the source model: head.bias [10], conv.bias [8]; compile --no-restore-biases trains the model as exported"]);

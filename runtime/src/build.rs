@@ -507,6 +507,7 @@ mod tests {
             retied: vec![pipewright_core::FoldedImage { name: "val_182".into(), source: "wte".into(), perm: vec![1, 0] }],
             computed_from_parameters: vec!["index (clone, index, rel_pos_h)".into()],
             missing_parameters: vec!["conv.bias".into()],
+            fused_batchnorms: vec!["model.bn1".into()],
             restored_biases: vec!["head.bias [10]".into()],
             frozen_on_request: vec!["pos.weight [32, 16]".into()],
         };

@@ -259,7 +259,11 @@ impl<'a> Importer<'a> {
         self.graph.choices.untied = self.opts.untie_merged && !merged.is_empty();
         self.graph.choices.merged = merged;
         // After the rewrites: restored biases and copies untied by parameter hold their names.
-        self.graph.choices.missing_parameters = provenance::parameters_not_in_graph(&g);
+        // The parameters of BatchNorms fused into convolutions are missing for that reason.
+        let fused = provenance::fused_batchnorms(&g);
+        self.graph.choices.missing_parameters =
+            provenance::parameters_not_in_graph(&g).into_iter().filter(|p| !fused.iter().any(|m| provenance::is_state_of(p, m))).collect();
+        self.graph.choices.fused_batchnorms = fused;
         let initializer_names: std::collections::HashSet<String> = g.initializer.iter().map(|t| t.name.clone()).collect();
         let params = float_parameters_read(&g.node, &self.opts.float_parameters);
         self.layer_weights = layer_weights_read(&g.node);

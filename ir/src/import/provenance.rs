@@ -91,6 +91,31 @@ pub fn module_of(node: &onnx_protobuf::NodeProto) -> Option<&str> {
     names.len().checked_sub(2).map(|i| names[i]).filter(|m| !m.is_empty())
 }
 
+/// The rewrite rules the default exporter's optimizer applied to a node, comma-separated.
+const RULES: &str = "pkg.onnxscript.rewriter.rule_name";
+
+/// The BatchNorm modules the exporter's optimizer fused into the Conv, ConvTranspose or
+/// Gemm before them (its `FuseBatchNormInto...` rules, which an export in eval mode
+/// allows), in node order: the fused node records the rule and keeps the BatchNorm's
+/// module. Their scale, shift and running statistics are then folded into that node's
+/// weight and bias, and no longer in the model.
+pub fn fused_batchnorms(g: &GraphProto) -> Vec<String> {
+    let mut modules: Vec<String> = Vec::new();
+    for node in &g.node {
+        let fused = node.metadata_props.iter().any(|p| p.key == RULES && p.value.split(", ").any(|r| r.starts_with("FuseBatchNormInto")));
+        if let Some(module) = module_of(node).filter(|m| fused && !modules.iter().any(|k| k == m)) {
+            modules.push(module.to_string());
+        }
+    }
+    modules
+}
+
+/// Whether `parameter` is state of `module` (`module.weight`), not of a module whose name
+/// merely begins the same (`module2.weight`).
+pub fn is_state_of(parameter: &str, module: &str) -> bool {
+    parameter.strip_prefix(module).is_some_and(|rest| rest.starts_with('.'))
+}
+
 /// For each initializer of `g` the exporter records as folded, the module state it was
 /// folded from (its sources with a dotted name that is no buffer); empty when the exporter
 /// recorded nothing (the TorchScript exporter never does).
@@ -157,6 +182,30 @@ fn abbreviated(sources: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A node the optimizer fused a BatchNorm into names it by module, once however many
+    /// rules it lists; a node fused by other rules names nothing.
+    #[test]
+    fn batchnorms_fused_into_convolutions_are_named_by_module() {
+        let entry = |key: &str, value: &str| onnx_protobuf::StringStringEntryProto { key: key.into(), value: value.into(), ..Default::default() };
+        let node = |rules: &str, module: &str| onnx_protobuf::NodeProto {
+            op_type: "Conv".into(),
+            metadata_props: vec![entry(RULES, rules), entry("pkg.torch.onnx.name_scopes", &format!("['', 'model', '{module}', '_native_batch_norm_legit_no_training']"))],
+            ..Default::default()
+        };
+        let g = GraphProto {
+            node: vec![
+                node("RemoveOptionalBiasFromConv, FuseBatchNormIntoConv, RemoveOptionalBiasFromConv", "model.bn1"),
+                node("RemoveOptionalBiasFromConv", "model.conv2"),
+                node("FuseBatchNormIntoConv", "model.bn1"),
+                node("FuseBatchNormIntoGemm", "model.head.bn"),
+            ],
+            ..Default::default()
+        };
+        assert_eq!(fused_batchnorms(&g), ["model.bn1", "model.head.bn"]);
+        assert!(is_state_of("model.bn1.weight", "model.bn1"));
+        assert!(!is_state_of("model.bn10.weight", "model.bn1"));
+    }
 
     #[test]
     fn what_more_than_reindexes_a_parameter_is_computed_from_it() {
