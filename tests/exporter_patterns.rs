@@ -147,3 +147,33 @@ fn batchnorms_the_exporter_fused_are_named_at_compile() {
     let kept = notes("hf_resnet-dynamo-noopt-dyn");
     assert!(!kept.contains("BatchNorm"), "{kept}");
 }
+
+/// Whisper's encoder stores its sinusoidal position table as a parameter (PyTorch keeps
+/// it with `requires_grad=False`, which no export records): compile keeps it frozen and
+/// says so; `--train-sinusoidal` trains it on request, and names a table that is none.
+#[test]
+fn sinusoidal_position_tables_stay_frozen_unless_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = common::root().join("zoo/models/whisper_encoder-dynamo-noopt-dyn/model.onnx");
+    assert!(model.is_file(), "{}: the zoo's Whisper encoder is part of the checkout", model.display());
+    let compile = |name: &str, extra: &[&str]| {
+        let build = dir.path().join(name);
+        let mut args = vec!["compile", model.to_str().unwrap(), "--stages", "2", "-o", build.to_str().unwrap()];
+        args.extend(extra);
+        pw(args)
+    };
+    let out = compile("frozen", &[]);
+    let notes = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{notes}");
+    assert!(notes.contains("note: 1 initializer holding a sinusoidal position table (every column a sinusoid along the positions) kept frozen (not trained), as PyTorch keeps such tables: model.embed_positions.weight [8, 16]; compile --train-sinusoidal NAME trains one"), "{notes}");
+    let out = compile("trained", &["--train-sinusoidal", "model.embed_positions.weight"]);
+    let notes = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{notes}");
+    assert!(notes.contains("note: 1 sinusoidal position table trains on request (--train-sinusoidal): model.embed_positions.weight [8, 16]"), "{notes}");
+    assert!(!notes.contains("kept frozen"), "{notes}");
+    let out = compile("bad", &["--train-sinusoidal", "model.conv1.weight"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("model.conv1.weight") && err.contains("--train-sinusoidal: the model has no sinusoidal position table of this name (compile's note lists those it keeps frozen)"), "{err}");
+    assert!(!dir.path().join("bad").exists(), "a refused compile leaves no build folder");
+}

@@ -82,6 +82,12 @@ pub struct ImportChoices {
     /// All-zero biases the exporter dropped, restored as zero trainable biases: `name [n]`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub restored_biases: Vec<String>,
+    /// Sinusoidal position tables kept frozen, as PyTorch keeps them: `name [d0, d1]`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub frozen_sinusoidal: Vec<String>,
+    /// Sinusoidal position tables trained on request (`compile --train-sinusoidal`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub trained_sinusoidal: Vec<String>,
     /// Initializers frozen on request (`compile --freeze`): `name [d0, d1, ...]`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub frozen_on_request: Vec<String>,
@@ -105,7 +111,7 @@ fn some_of(items: &[String]) -> String {
 
 impl ImportChoices {
     pub fn is_empty(&self) -> bool {
-        self.frozen_batch_baked.is_empty() && self.exporter_constants.is_empty() && self.trained_batch_baked.is_empty() && self.frozen_attention_scales.is_empty() && self.merged.is_empty() && self.split_buffers.is_empty() && self.retied.is_empty() && self.computed_from_parameters.is_empty() && self.missing_parameters.is_empty() && self.fused_batchnorms.is_empty() && self.restored_biases.is_empty() && self.frozen_on_request.is_empty()
+        self.frozen_batch_baked.is_empty() && self.exporter_constants.is_empty() && self.trained_batch_baked.is_empty() && self.frozen_attention_scales.is_empty() && self.merged.is_empty() && self.split_buffers.is_empty() && self.retied.is_empty() && self.computed_from_parameters.is_empty() && self.missing_parameters.is_empty() && self.fused_batchnorms.is_empty() && self.restored_biases.is_empty() && self.frozen_on_request.is_empty() && self.frozen_sinusoidal.is_empty() && self.trained_sinusoidal.is_empty()
     }
 
     /// One line per kind of choice (none when there is nothing to say).
@@ -117,6 +123,23 @@ impl ImportChoices {
                 "{n} initializer{} baked for the export batch kept frozen (not trained): {}; compile --train-batch-baked NAME trains one (a class token, not a mask) as a weight shared by the batch",
                 if n == 1 { "" } else { "s" },
                 some_of(&self.frozen_batch_baked),
+            ));
+        }
+        if !self.frozen_sinusoidal.is_empty() {
+            let n = self.frozen_sinusoidal.len();
+            out.push(format!(
+                "{n} initializer{} holding a sinusoidal position table (every column a sinusoid along the positions) kept frozen (not trained), as PyTorch keeps such tables: {}; compile --train-sinusoidal NAME trains one",
+                if n == 1 { "" } else { "s" },
+                some_of(&self.frozen_sinusoidal),
+            ));
+        }
+        if !self.trained_sinusoidal.is_empty() {
+            let n = self.trained_sinusoidal.len();
+            out.push(format!(
+                "{n} sinusoidal position table{} train{} on request (--train-sinusoidal): {}",
+                if n == 1 { "" } else { "s" },
+                if n == 1 { "s" } else { "" },
+                some_of(&self.trained_sinusoidal),
             ));
         }
         if !self.frozen_on_request.is_empty() {
@@ -256,6 +279,11 @@ mod tests {
         assert!(!computed.is_empty());
         assert!(computed.lines()[0].starts_with("1 initializer the exporter computed from parameters by more than a transpose, a slice or a gather at distinct positions trains as computed"), "{}", computed.lines()[0]);
         assert!(computed.lines()[0].ends_with("index (clone, index, rel_pos_h, permute_1); export from PyTorch with torch.onnx.export(..., optimize=False) to train the parameters themselves"));
+        let tables = ImportChoices { frozen_sinusoidal: vec!["model.embed_positions.weight [8, 16]".into()], ..ImportChoices::default() };
+        assert!(!tables.is_empty());
+        assert_eq!(tables.lines(), ["1 initializer holding a sinusoidal position table (every column a sinusoid along the positions) kept frozen (not trained), as PyTorch keeps such tables: model.embed_positions.weight [8, 16]; compile --train-sinusoidal NAME trains one"]);
+        let trained = ImportChoices { trained_sinusoidal: vec!["pe [8, 16]".into()], ..ImportChoices::default() };
+        assert_eq!(trained.lines(), ["1 sinusoidal position table trains on request (--train-sinusoidal): pe [8, 16]"]);
         let frozen = ImportChoices { frozen_on_request: vec!["pos.weight [32, 16]".into()], ..ImportChoices::default() };
         assert_eq!(frozen.lines(), ["1 initializer kept frozen on request (--freeze): pos.weight [32, 16]"]);
         let missing = ImportChoices { missing_parameters: vec!["conv.bias".into()], ..ImportChoices::default() };

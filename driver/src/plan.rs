@@ -315,10 +315,15 @@ pub struct CompileSpec {
     #[arg(long)]
     pub train_attention_scales: bool,
     /// Keep these initializers frozen (not trained), as a parameter PyTorch does not train
-    /// (`requires_grad=False`, e.g. a sinusoidal position table) or a part being
-    /// fine-tuned around; `export` writes them back unchanged.
+    /// (`requires_grad=False`) or a part being fine-tuned around; `export` writes them
+    /// back unchanged. (Sinusoidal position tables are kept frozen without asking.)
     #[arg(long, value_delimiter = ',', value_name = "NAME")]
     pub freeze: Vec<String>,
+    /// Train these sinusoidal position tables (named by compile's note), which are
+    /// otherwise kept frozen as PyTorch keeps them: for a learned position embedding that
+    /// starts from sinusoids.
+    #[arg(long, value_delimiter = ',', value_name = "NAME")]
+    pub train_sinusoidal: Vec<String>,
     /// Train the model as exported where PyTorch's default exporter dropped all-zero
     /// biases (a Conv or Gemm without the bias its exported program lists), instead of
     /// restoring them as zero biases that train as the source model's do.
@@ -366,6 +371,7 @@ impl CompileSpec {
                 train_batch_baked: self.train_batch_baked.clone(),
                 train_attention_scales: self.train_attention_scales,
                 freeze: self.freeze.clone(),
+                train_sinusoidal: self.train_sinusoidal.clone(),
                 no_restore_biases: self.no_restore_biases,
                 ..ImportOptions::default()
             },
@@ -445,6 +451,7 @@ mod tests {
             train_batch_baked: Vec::new(),
             train_attention_scales: false,
             freeze: Vec::new(),
+            train_sinusoidal: Vec::new(),
             no_restore_biases: false,
         }
     }

@@ -101,6 +101,11 @@ impl TensorData {
         (0..self.numel()).map(|i| self.get_f64_or_i64(i).1).collect()
     }
 
+    /// Element `i` (row-major) as f64, without decoding the others.
+    pub fn f64_at(&self, i: usize) -> f64 {
+        self.get_f64_or_i64(i).0
+    }
+
     /// Elements as f64.
     pub fn to_f64s(&self) -> Vec<f64> {
         (0..self.numel()).map(|i| self.get_f64_or_i64(i).0).collect()

@@ -510,6 +510,8 @@ mod tests {
             fused_batchnorms: vec!["model.bn1".into()],
             restored_biases: vec!["head.bias [10]".into()],
             frozen_on_request: vec!["pos.weight [32, 16]".into()],
+            frozen_sinusoidal: vec!["model.embed_positions.weight [8, 16]".into()],
+            trained_sinusoidal: vec!["pe [8, 16]".into()],
         };
         assert_eq!(m.to_toml(), pretty(&m));
         let back: Manifest = toml::from_str(&m.to_toml()).unwrap();

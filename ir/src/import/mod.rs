@@ -11,6 +11,7 @@ pub mod images;
 mod legacy;
 mod provenance;
 pub mod merged;
+mod sinusoids;
 pub mod tensor;
 
 use std::collections::{BTreeMap, HashMap};
@@ -64,6 +65,9 @@ pub struct ImportOptions {
     pub train_attention_scales: bool,
     /// Initializers kept frozen on request (`compile --freeze`).
     pub freeze: Vec<String>,
+    /// Sinusoidal position tables to train all the same (`compile --train-sinusoidal`),
+    /// which [`sinusoids`] would keep frozen.
+    pub train_sinusoidal: Vec<String>,
     /// Train the model as exported where its exporter dropped all-zero biases
     /// (`compile --no-restore-biases`), instead of restoring them ([`biases`]).
     pub no_restore_biases: bool,
@@ -296,7 +300,8 @@ impl<'a> Importer<'a> {
                 && !buffers.contains(&name)
                 && !shape_parameters.contains(&name)
                 && !self.is_exporter_constant(&name, &data, &exporter_constants)
-                && !self.is_batch_baked(&name, &data);
+                && !self.is_batch_baked(&name, &data)
+                && !self.is_sinusoidal_table(&name, &data);
             let frozen = parameter_like && self.opts.freeze.contains(&name);
             if frozen {
                 self.graph.choices.frozen_on_request.push(format!("{name} {:?}", data.dims));
@@ -307,6 +312,9 @@ impl<'a> Importer<'a> {
                 self.graph.choices.computed_from_parameters.push(format!("{name} ({sources})"));
             }
             self.define(name, TensorType::new(data.dtype, Shape::fixed(&data.dims)), ValueDef::Weight(Weight { data, trainable }));
+        }
+        if let Some(name) = self.opts.train_sinusoidal.iter().find(|n| !self.graph.choices.trained_sinusoidal.iter().any(|t| t.split(' ').next() == Some(n.as_str()))) {
+            return Err(ImportError::BadTensor { name: name.clone(), reason: "--train-sinusoidal: the model has no sinusoidal position table of this name (compile's note lists those it keeps frozen)".into() });
         }
         if let Some(name) = self.opts.freeze.iter().find(|n| !frozen_on_request.contains(*n)) {
             return Err(ImportError::BadTensor { name: name.clone(), reason: "--freeze: the model has no float initializer of this name (`pipewright inspect MODEL --ir` lists its weights)".into() });
@@ -386,6 +394,21 @@ impl<'a> Importer<'a> {
             ));
         }
         baked
+    }
+
+    /// A sinusoidal position table ([`sinusoids`]) is kept as a constant, as PyTorch keeps
+    /// it, unless `--train-sinusoidal` names it.
+    fn is_sinusoidal_table(&mut self, name: &str, data: &crate::TensorData) -> bool {
+        if !sinusoids::is_sinusoidal_table(data) {
+            return false;
+        }
+        let entry = format!("{name} {:?}", data.dims);
+        if self.opts.train_sinusoidal.iter().any(|n| n == name) {
+            self.graph.choices.trained_sinusoidal.push(entry);
+            return false;
+        }
+        self.graph.choices.frozen_sinusoidal.push(entry);
+        true
     }
 
     /// A float initializer its exporter marks as no parameter ([`provenance`]) is kept as
