@@ -101,17 +101,10 @@ fn biases_the_exporter_dropped_train_again_and_export_into_the_model() {
     let dir = tempfile::tempdir().unwrap();
     let model = common::root().join("zoo/models/vit-dynamo-dyn/model.onnx");
     assert!(model.is_file(), "{}: the zoo's ViT (default exporter, dynamic batch) is part of the checkout", model.display());
-    let compile = |build: &Path, extra: &[&str]| {
-        let mut args = vec!["compile", model.to_str().unwrap(), "--stages", "2", "--schedule", "flush", "-o", build.to_str().unwrap()];
-        args.extend(extra);
-        let out = pw(args);
-        assert!(out.status.success(), "compile: {}", String::from_utf8_lossy(&out.stderr));
-        String::from_utf8_lossy(&out.stderr).to_string()
-    };
     let (restored, kept) = (dir.path().join("restored"), dir.path().join("kept"));
-    let notes = compile(&restored, &[]);
+    let notes = compile_notes(&model, &restored, &["--schedule", "flush"]);
     assert!(notes.contains("note: 4 all-zero biases the exporter's optimizer dropped (a Conv or Gemm without its bias, which the exported program lists) train again from zeros, as in the source model: model.conv_proj.bias [16], "), "{notes}");
-    let notes = compile(&kept, &["--no-restore-biases"]);
+    let notes = compile_notes(&model, &kept, &["--schedule", "flush", "--no-restore-biases"]);
     assert!(!notes.contains("train again from zeros"), "{notes}");
     assert!(notes.contains("not in the model by name") && notes.contains("model.conv_proj.bias"), "{notes}");
     pw_ok(["train", restored.to_str().unwrap(), "--steps", "1", "--microbatch", "2", "--microbatches", "1", "--lr", "0.5", "--no-progress"]);
@@ -135,10 +128,7 @@ fn batchnorms_the_exporter_fused_are_named_at_compile() {
     let notes = |entry: &str| {
         let model = common::root().join("zoo/models").join(entry).join("model.onnx");
         assert!(model.is_file(), "{}: the zoo's HF ResNet is part of the checkout", model.display());
-        let build = dir.path().join(entry);
-        let out = pw(["compile", model.to_str().unwrap(), "--stages", "2", "-o", build.to_str().unwrap()]);
-        assert!(out.status.success(), "compile {entry}: {}", String::from_utf8_lossy(&out.stderr));
-        String::from_utf8_lossy(&out.stderr).to_string()
+        compile_notes(&model, &dir.path().join(entry), &[])
     };
     let fused = notes("hf_resnet-dynamo-dyn");
     assert!(fused.contains("note: 8 BatchNorms the exporter's optimizer fused into the Conv or Gemm before them (a model exported in eval mode) train as that layer's weight and bias, normalising no batch, unlike the source model in training: model.resnet.embedder.embedder.normalization, "), "{fused}");
@@ -156,24 +146,29 @@ fn sinusoidal_position_tables_stay_frozen_unless_asked() {
     let dir = tempfile::tempdir().unwrap();
     let model = common::root().join("zoo/models/whisper_encoder-dynamo-noopt-dyn/model.onnx");
     assert!(model.is_file(), "{}: the zoo's Whisper encoder is part of the checkout", model.display());
-    let compile = |name: &str, extra: &[&str]| {
-        let build = dir.path().join(name);
-        let mut args = vec!["compile", model.to_str().unwrap(), "--stages", "2", "-o", build.to_str().unwrap()];
-        args.extend(extra);
-        pw(args)
-    };
-    let out = compile("frozen", &[]);
-    let notes = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{notes}");
+    let notes = compile_notes(&model, &dir.path().join("frozen"), &[]);
     assert!(notes.contains("note: 1 initializer holding a sinusoidal position table (every column a sinusoid along the positions) kept frozen (not trained), as PyTorch keeps such tables: model.embed_positions.weight [8, 16]; compile --train-sinusoidal NAME trains one"), "{notes}");
-    let out = compile("trained", &["--train-sinusoidal", "model.embed_positions.weight"]);
-    let notes = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{notes}");
+    let notes = compile_notes(&model, &dir.path().join("trained"), &["--train-sinusoidal", "model.embed_positions.weight"]);
     assert!(notes.contains("note: 1 sinusoidal position table trains on request (--train-sinusoidal): model.embed_positions.weight [8, 16]"), "{notes}");
     assert!(!notes.contains("kept frozen"), "{notes}");
-    let out = compile("bad", &["--train-sinusoidal", "model.conv1.weight"]);
+    let out = compile(&model, &dir.path().join("bad"), &["--train-sinusoidal", "model.conv1.weight"]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("model.conv1.weight") && err.contains("--train-sinusoidal: the model has no sinusoidal position table of this name (compile's note lists those it keeps frozen)"), "{err}");
     assert!(!dir.path().join("bad").exists(), "a refused compile leaves no build folder");
+}
+
+/// `pipewright compile MODEL --stages 2 -o BUILD EXTRA...`, as it ended.
+fn compile(model: &Path, build: &Path, extra: &[&str]) -> std::process::Output {
+    let mut args = vec!["compile", model.to_str().unwrap(), "--stages", "2", "-o", build.to_str().unwrap()];
+    args.extend(extra);
+    pw(args)
+}
+
+/// [`compile`]'s notes (stderr), which must come with success.
+fn compile_notes(model: &Path, build: &Path, extra: &[&str]) -> String {
+    let out = compile(model, build, extra);
+    let notes = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(out.status.success(), "compile {}: {notes}", model.display());
+    notes
 }

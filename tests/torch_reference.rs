@@ -33,7 +33,8 @@
 //! - Whisper's encoder and Marian (the default exporter, Marian with its optimizer, which
 //!   gathers the table at the positions used into an initializer of its own): their
 //!   sinusoidal position tables, parameters PyTorch does not train, are recognised by
-//!   their values and kept frozen; trained, one step landed 1e-2 away.
+//!   their values and kept frozen; trained, one step landed 0.14 (Whisper)
+//!   and 1.9e-3 (Marian) away.
 //! - HF ResNet and DenseNet (the default exporter without its optimizer, which would fuse
 //!   their BatchNorms into the convolutions): exported in eval mode, their BatchNorms
 //!   train on batch statistics as PyTorch's do in training, and keep running statistics

@@ -57,13 +57,18 @@ const MICROBATCH: &str = "3";
 /// The relative tolerance the trained model's outputs are held to against onnxruntime's.
 const TRAINED_RTOL: &str = "1e-3";
 
+/// The relative tolerance for the trained models of [`ILL_CONDITIONED`].
+const ILL_CONDITIONED_RTOL: &str = "1e-2";
+
 /// Entries whose trained model is ill-conditioned at the zoo's sizes, so that two
-/// libraries' roundings land further apart than [`TRAINED_RTOL`]; their trained model is
-/// held to 1e-2, and why. (Their source model keeps the common tolerance.)
-const ILL_CONDITIONED: [(&str, &str); 1] = [(
-    "mobilenet_v1-dynamo-noopt-dyn",
-    "its 27 BatchNorms (eps 1e-3, PyTorch momentum 0.9997) take their running variance almost wholly from the last microbatch, at its last layers' 1 x 1 maps an estimate from 3 values per channel; trained, 1 of its 10 outputs lands 5.1e-4 from onnxruntime's (both f32), past atol 1e-4 + rtol 1e-3 (in the one-step PyTorch referee's procedure, PyTorch's own f32 and f64 steps of it differ by 1.7)",
-)];
+/// libraries' roundings land further apart than [`TRAINED_RTOL`] (their source model
+/// keeps it). MobileNet v1 without the exporter's optimizer: its 27 BatchNorms (eps 1e-3,
+/// PyTorch momentum 0.9997) take their running variance almost wholly from the last
+/// microbatch, at its last layers' 1 x 1 maps an estimate from 3 values per channel;
+/// trained, 1 of its 10 outputs lands 5.1e-4 from onnxruntime's (both f32), past 1e-4
+/// absolute plus 1e-3 relative (in the one-step PyTorch referee's procedure, PyTorch's own
+/// f32 and f64 steps of it differ by 1.7).
+const ILL_CONDITIONED: [&str; 1] = ["mobilenet_v1-dynamo-noopt-dyn"];
 
 /// One entry of `zoo/zoo.json`.
 struct Entry {
@@ -213,7 +218,7 @@ fn run_entry(entry: &Entry, work: &Path) -> Row {
             return Row { steps };
         }
     }
-    let rtol = if ILL_CONDITIONED.iter().any(|(name, _)| *name == entry.name) { "1e-2" } else { TRAINED_RTOL };
+    let rtol = if ILL_CONDITIONED.contains(&entry.name.as_str()) { ILL_CONDITIONED_RTOL } else { TRAINED_RTOL };
     steps.push(("onnxruntime", onnxruntime_check(&exported, &model, work, rtol)));
     Row { steps }
 }

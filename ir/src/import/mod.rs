@@ -289,6 +289,7 @@ impl<'a> Importer<'a> {
         // constant, known at import (a weight would be read back from the device each step).
         let shape_parameters = read_only_where(&g.node, is_resize_parameter);
         let mut frozen_on_request = std::collections::HashSet::new();
+        let mut trained_tables = std::collections::HashSet::new();
         for t in std::mem::take(&mut g.initializer) {
             let name = t.name.clone();
             let data = match self.opts.shapes_only.then(|| tensor::external_shape_only(&t)).flatten() {
@@ -301,7 +302,7 @@ impl<'a> Importer<'a> {
                 && !shape_parameters.contains(&name)
                 && !self.is_exporter_constant(&name, &data, &exporter_constants)
                 && !self.is_batch_baked(&name, &data)
-                && !self.is_sinusoidal_table(&name, &data);
+                && !self.is_sinusoidal_table(&name, &data, &mut trained_tables);
             let frozen = parameter_like && self.opts.freeze.contains(&name);
             if frozen {
                 self.graph.choices.frozen_on_request.push(format!("{name} {:?}", data.dims));
@@ -313,7 +314,7 @@ impl<'a> Importer<'a> {
             }
             self.define(name, TensorType::new(data.dtype, Shape::fixed(&data.dims)), ValueDef::Weight(Weight { data, trainable }));
         }
-        if let Some(name) = self.opts.train_sinusoidal.iter().find(|n| !self.graph.choices.trained_sinusoidal.iter().any(|t| t.split(' ').next() == Some(n.as_str()))) {
+        if let Some(name) = self.opts.train_sinusoidal.iter().find(|n| !trained_tables.contains(*n)) {
             return Err(ImportError::BadTensor { name: name.clone(), reason: "--train-sinusoidal: the model has no sinusoidal position table of this name (compile's note lists those it keeps frozen)".into() });
         }
         if let Some(name) = self.opts.freeze.iter().find(|n| !frozen_on_request.contains(*n)) {
@@ -397,14 +398,15 @@ impl<'a> Importer<'a> {
     }
 
     /// A sinusoidal position table ([`sinusoids`]) is kept as a constant, as PyTorch keeps
-    /// it, unless `--train-sinusoidal` names it.
-    fn is_sinusoidal_table(&mut self, name: &str, data: &crate::TensorData) -> bool {
+    /// it, unless `--train-sinusoidal` names it (then it joins `trained`).
+    fn is_sinusoidal_table(&mut self, name: &str, data: &crate::TensorData, trained: &mut std::collections::HashSet<String>) -> bool {
         if !sinusoids::is_sinusoidal_table(data) {
             return false;
         }
         let entry = format!("{name} {:?}", data.dims);
         if self.opts.train_sinusoidal.iter().any(|n| n == name) {
             self.graph.choices.trained_sinusoidal.push(entry);
+            trained.insert(name.to_string());
             return false;
         }
         self.graph.choices.frozen_sinusoidal.push(entry);

@@ -4,7 +4,7 @@
 //! buffer, or a parameter with `requires_grad=False`), but an ONNX file stores them as
 //! initializers like any weight, and an export records no `requires_grad`: trained, the
 //! table moves and the model is no longer the one exported (Whisper's encoder stepped
-//! 1e-2 away from PyTorch's).
+//! 0.14 away from PyTorch's).
 //!
 //! A table is recognised by its values, not its name: along the positions (the
 //! second-to-last axis; any axes before it of extent 1) every column is a sinusoid of
