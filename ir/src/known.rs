@@ -212,8 +212,41 @@ pub fn evaluate(
         Op::Trilu { upper } => trilu(k(0)?, k(1), *upper),
         Op::Reduce(r) => reduce(r, k(0)?, k(1), out_shape?),
         Op::ScatterElements { axis, reduction: ScatterReduction::None } | Op::Scatter { axis } => scatter_1d(*axis, k(0)?, k(1)?, k(2)?),
+        Op::OneHot { axis } => one_hot(k(0)?, k(1)?, k(2)?, *axis),
         _ => None,
     }
+}
+
+/// ONNX OneHot of known indices: `values[1]` where an index (negative ones counted from
+/// `depth`) equals the position along the new axis `axis`, `values[0]` elsewhere (an
+/// index outside `[-depth, depth)` selects no position). The TorchScript exporter builds
+/// `Tile` repeats this way (`[1, heads, 1, 1]` as a one-hot of the heads axis scaled by
+/// the head count).
+fn one_hot(indices: &Known, depth: &Known, values: &Known, axis: i64) -> Option<Known> {
+    let depth = *depth.floats()?.first()? as i64;
+    let rank = indices.shape.len() as i64;
+    let a = usize::try_from(if axis < 0 { axis + rank + 1 } else { axis }).ok().filter(|&a| a as i64 <= rank)?;
+    if depth < 1 || values.len() != 2 || indices.len().checked_mul(depth as usize)? > KNOWN_LIMIT {
+        return None;
+    }
+    let idx = indices.fixed_ints()?;
+    let inner: usize = indices.shape[a..].iter().map(|&d| d.max(0) as usize).product();
+    let outer = idx.len().checked_div(inner).unwrap_or(0);
+    // Per output element: whether it is "on" (row-major over [outer, depth, inner]).
+    let on: Vec<bool> = (0..outer)
+        .flat_map(|o| (0..depth).flat_map(move |d| (0..inner).map(move |i| (o, d, i))))
+        .map(|(o, d, i)| {
+            let x = idx[o * inner + i];
+            (if x < 0 { x + depth } else { x }) == d
+        })
+        .collect();
+    let data = match &values.data {
+        KnownData::Ints(v) => KnownData::Ints(on.iter().map(|&b| v[usize::from(b)]).collect()),
+        KnownData::Floats(v) => KnownData::Floats(on.iter().map(|&b| v[usize::from(b)]).collect()),
+    };
+    let mut shape = indices.shape.clone();
+    shape.insert(a, depth);
+    Some(Known { dtype: values.dtype, shape, data })
 }
 
 /// `data` with the `updates` written at `indices` (vectors: replacing one extent of a
@@ -688,6 +721,35 @@ mod tests {
 
     fn ints(dtype: DType, v: &[i64]) -> Known {
         Known::ints(dtype, vec![v.len() as i64], v.iter().map(|&x| Dim::Fixed(x)).collect())
+    }
+
+    /// ONNX's OneHot examples (onnx/backend/test/case/node/onehot.py): the new axis last,
+    /// first and in the middle, negative indices counted from the depth, an index past it
+    /// all "off", a float depth; the values may be shape arithmetic (a multiple of the
+    /// batch).
+    #[test]
+    fn one_hot_of_known_indices() {
+        let idx = Known::ints(DType::I64, vec![2, 2], [0, 7, -1, 2].map(Dim::Fixed).to_vec());
+        let depth = ints(DType::I64, &[3]);
+        let values = ints(DType::I64, &[0, 5]);
+        let last = one_hot(&idx, &depth, &values, -1).unwrap();
+        assert_eq!(last.shape, vec![2, 2, 3]);
+        assert_eq!(last.fixed_ints().unwrap(), vec![5, 0, 0, 0, 0, 0, 0, 0, 5, 0, 0, 5]);
+        let first = one_hot(&idx, &depth, &values, 0).unwrap();
+        assert_eq!(first.shape, vec![3, 2, 2]);
+        assert_eq!(first.fixed_ints().unwrap(), vec![5, 0, 0, 0, 0, 0, 0, 0, 0, 0, 5, 5]);
+        let middle = one_hot(&idx, &depth, &values, 1).unwrap();
+        assert_eq!(middle.shape, vec![2, 3, 2]);
+        assert_eq!(middle.fixed_ints().unwrap(), vec![5, 0, 0, 0, 0, 0, 0, 0, 0, 0, 5, 5]);
+        let batch = Known::ints(DType::I64, vec![2], vec![Dim::Fixed(1), Dim::Batch(2)]);
+        let repeats = one_hot(&ints(DType::I64, &[1]), &ints(DType::I64, &[4]), &batch, -1).unwrap();
+        assert_eq!(repeats.dims(), vec![Dim::Fixed(1), Dim::Batch(2), Dim::Fixed(1), Dim::Fixed(1)]);
+        let floats = Known { dtype: DType::F32, shape: vec![2], data: KnownData::Floats(vec![-1.0, 1.0]) };
+        let float_depth = Known { dtype: DType::F32, shape: vec![], data: KnownData::Floats(vec![3.0]) };
+        let f = one_hot(&ints(DType::I64, &[1]), &float_depth, &floats, -1).unwrap();
+        assert_eq!((f.dtype, f.floats().unwrap()), (DType::F32, vec![-1.0, 1.0, -1.0]));
+        assert!(one_hot(&ints(DType::I64, &[1]), &ints(DType::I64, &[0]), &values, -1).is_none(), "depth 0");
+        assert!(one_hot(&ints(DType::I64, &[1]), &depth, &values, 3).is_none(), "axis past the rank");
     }
 
     /// A pads vector reshaped to pairs, reversed along axis 0 and transposed, as PyTorch

@@ -167,3 +167,28 @@ fn a_reshape_target_computed_from_the_batch_becomes_a_constant() {
     let text = pipewright_ir::text::print_graph(&import(&fixed));
     assert!(text.contains("const \"target\" [0, 4, 3, 2]") && !text.contains("r/target"), "{text}");
 }
+
+/// `Tensor.repeat` by a head count as the TorchScript exporter writes it (YOSO's
+/// attention): the repeats are a OneHot of a constant position, its "on" value read from
+/// the input's shape, reshaped to a vector. The importer computes the OneHot, so Tile's
+/// repeats and output shape are known.
+#[test]
+fn tile_repeats_made_by_a_one_hot_of_a_shape_are_known() {
+    let m = ModelBuilder::new(17)
+        .input("x", common::F32, &[Ax::Param("batch"), Ax::Fixed(3), Ax::Fixed(1), Ax::Fixed(4)])
+        .init(tensor_i64("i1", &[], &[1]))
+        .init(tensor_i64("one", &[1], &[1]))
+        .init(tensor_i64("position", &[1], &[2]))
+        .init(tensor_i64("depth", &[], &[4]))
+        .init(tensor_i64("flat", &[1], &[-1]))
+        .node(node("Shape", "s", &["x"], &["s"]))
+        .node(node("Gather", "heads", &["s", "i1"], &["heads"]).int("axis", 0))
+        .node(node("Reshape", "heads1", &["heads", "one"], &["heads1"]))
+        .node(node("Concat", "values", &["one", "heads1"], &["values"]).int("axis", 0))
+        .node(node("OneHot", "onehot", &["position", "depth", "values"], &["onehot"]))
+        .node(node("Reshape", "repeats", &["onehot", "flat"], &["repeats"]))
+        .node(node("Tile", "tile", &["x", "repeats"], &["y"]))
+        .output("y");
+    let g = import(&m);
+    assert_eq!(ty(&g, "y"), "f32[N,3,3,4]");
+}
