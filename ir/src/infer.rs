@@ -1359,6 +1359,11 @@ fn split(s: &Split, x: In, sizes: Option<In>, n_out: usize, ctx: Ctx) -> R<Vec<T
     if !total.is_some_and(|t| dims_agree(t, extent, ctx)) {
         let sum: i64 = parts.iter().map(|d| d.eval(batch(ctx))).sum();
         if sum != extent.eval(batch(ctx)) {
+            if matches!(extent, Dim::Batch(_)) && parts.iter().all(|d| d.fixed().is_some()) {
+                // The TorchScript exporter writes a split along the batch with the sizes
+                // of the batch it traced: the model then runs at no other batch size.
+                return Err(format!("split sizes {} are constants, but the axis they split follows the batch ({extent}): the exporter fixed them for one batch size, and ONNX requires them to add up to the axis, so the model runs at no other; export the model at a fixed batch size", fmt_target(&parts)));
+            }
             return Err(format!("split sizes {} do not add up to extent {extent}", fmt_target(&parts)));
         }
     }

@@ -192,3 +192,20 @@ fn tile_repeats_made_by_a_one_hot_of_a_shape_are_known() {
     let g = import(&m);
     assert_eq!(ty(&g, "y"), "f32[N,3,3,4]");
 }
+
+/// Constant split sizes along the batch axis (XMOD's language adapters, exported by
+/// TorchScript with a dynamic batch): the model runs at one batch size only, and the
+/// refusal says so and what to do.
+#[test]
+fn constant_split_sizes_along_the_batch_say_the_export_fixed_them() {
+    let m = ModelBuilder::new(17)
+        .input("x", common::F32, &[Ax::Param("batch"), Ax::Fixed(4)])
+        .init(tensor_i64("sizes", &[1], &[2]))
+        .node(node("Split", "split", &["x", "sizes"], &["y"]).int("axis", 0))
+        .output("y");
+    let e = import_bytes(&m.bytes(), Path::new("."), &ImportOptions::default()).unwrap_err().to_string();
+    assert!(
+        e.contains("node \"split\" (Split): shape inference failed: split sizes [2] are constants, but the axis they split follows the batch (N): the exporter fixed them for one batch size, and ONNX requires them to add up to the axis, so the model runs at no other; export the model at a fixed batch size"),
+        "{e}"
+    );
+}
