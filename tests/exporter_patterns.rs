@@ -121,13 +121,14 @@ fn biases_the_exporter_dropped_train_again_and_export_into_the_model() {
 /// The default exporter's optimizer fuses an eval-mode BatchNorm into the convolution
 /// before it: compile names the BatchNorms by module and says they train as convolution
 /// weights (their scale and shift are not missing parameters of another kind); exported
-/// without the optimizer, the same model keeps its BatchNorms and has nothing to say.
+/// without the optimizer, the same model keeps its BatchNorms and has nothing to say. The
+/// TorchScript exporter fuses them too, and compile names the convolutions.
 #[test]
 fn batchnorms_the_exporter_fused_are_named_at_compile() {
     let dir = tempfile::tempdir().unwrap();
     let notes = |entry: &str| {
         let model = common::root().join("zoo/models").join(entry).join("model.onnx");
-        assert!(model.is_file(), "{}: the zoo's HF ResNet is part of the checkout", model.display());
+        assert!(model.is_file(), "{}: the zoo's entry is part of the checkout", model.display());
         compile_notes(&model, &dir.path().join(entry), &[])
     };
     let fused = notes("hf_resnet-dynamo-dyn");
@@ -136,6 +137,14 @@ fn batchnorms_the_exporter_fused_are_named_at_compile() {
     assert!(!fused.contains("not in the model by name"), "{fused}");
     let kept = notes("hf_resnet-dynamo-noopt-dyn");
     assert!(!kept.contains("BatchNorm"), "{kept}");
+    // The TorchScript exporter records no fusion: the constants it made for each fused
+    // convolution's weight and bias (`onnx::Conv_N`, some stored once and read through an
+    // Identity) are the evidence, and a convolution without a BatchNorm keeps its names.
+    let script = notes("resnet-script-dyn");
+    assert!(script.contains("note: 12 convolutions the TorchScript exporter fused the BatchNorm after them into (a model exported in eval mode; the weight and bias are constants it named itself, onnx::Conv_N) train as plain convolutions, normalising no batch, unlike the source model in training: /model/conv1/Conv, "), "{script}");
+    assert!(script.contains("torch.onnx.export(..., dynamo=True, optimize=False) to train them as BatchNorms"), "{script}");
+    let unfused = notes("convnext-script-dyn");
+    assert!(!unfused.contains("BatchNorm"), "{unfused}");
 }
 
 /// Whisper's encoder stores its sinusoidal position table as a parameter (PyTorch keeps

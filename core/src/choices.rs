@@ -79,6 +79,10 @@ pub struct ImportChoices {
     /// train as that layer's weights and bias, without batch statistics.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub fused_batchnorms: Vec<String>,
+    /// Convolutions (node names) the TorchScript exporter fused the BatchNorm after them
+    /// into, which train as plain convolutions, without batch statistics.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub script_fused_batchnorms: Vec<String>,
     /// All-zero biases the exporter dropped, restored as zero trainable biases: `name [n]`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub restored_biases: Vec<String>,
@@ -111,7 +115,7 @@ fn some_of(items: &[String]) -> String {
 
 impl ImportChoices {
     pub fn is_empty(&self) -> bool {
-        self.frozen_batch_baked.is_empty() && self.exporter_constants.is_empty() && self.trained_batch_baked.is_empty() && self.frozen_attention_scales.is_empty() && self.merged.is_empty() && self.split_buffers.is_empty() && self.retied.is_empty() && self.computed_from_parameters.is_empty() && self.missing_parameters.is_empty() && self.fused_batchnorms.is_empty() && self.restored_biases.is_empty() && self.frozen_on_request.is_empty() && self.frozen_sinusoidal.is_empty() && self.trained_sinusoidal.is_empty()
+        self.frozen_batch_baked.is_empty() && self.exporter_constants.is_empty() && self.trained_batch_baked.is_empty() && self.frozen_attention_scales.is_empty() && self.merged.is_empty() && self.split_buffers.is_empty() && self.retied.is_empty() && self.computed_from_parameters.is_empty() && self.missing_parameters.is_empty() && self.fused_batchnorms.is_empty() && self.script_fused_batchnorms.is_empty() && self.restored_biases.is_empty() && self.frozen_on_request.is_empty() && self.frozen_sinusoidal.is_empty() && self.trained_sinusoidal.is_empty()
     }
 
     /// One line per kind of choice (none when there is nothing to say).
@@ -199,6 +203,15 @@ impl ImportChoices {
                 if n == 1 { "" } else { "es" },
                 if n == 1 { "s" } else { "" },
                 some_of(&self.restored_biases)
+            ));
+        }
+        if !self.script_fused_batchnorms.is_empty() {
+            let n = self.script_fused_batchnorms.len();
+            let these = if n == 1 { "1 convolution the TorchScript exporter fused the BatchNorm after it".to_string() } else { format!("{n} convolutions the TorchScript exporter fused the BatchNorm after them") };
+            let (train, back) = if n == 1 { ("trains as a plain convolution", "it as a BatchNorm") } else { ("train as plain convolutions", "them as BatchNorms") };
+            out.push(format!(
+                "{these} into (a model exported in eval mode; the weight and bias are constants it named itself, onnx::Conv_N) {train}, normalising no batch, unlike the source model in training: {}; export from PyTorch with torch.onnx.export(..., dynamo=True, optimize=False) to train {back}",
+                some_of(&self.script_fused_batchnorms),
             ));
         }
         if !self.fused_batchnorms.is_empty() {
@@ -292,6 +305,9 @@ mod tests {
         let fused = ImportChoices { fused_batchnorms: vec!["model.bn1".into(), "model.layer1.0.bn1".into()], ..ImportChoices::default() };
         assert!(!fused.is_empty());
         assert_eq!(fused.lines(), ["2 BatchNorms the exporter's optimizer fused into the Conv or Gemm before them (a model exported in eval mode) train as that layer's weight and bias, normalising no batch, unlike the source model in training: model.bn1, model.layer1.0.bn1; export from PyTorch with torch.onnx.export(..., optimize=False) to train them as BatchNorms"]);
+        let script = ImportChoices { script_fused_batchnorms: vec!["/model/down1/down1.0/Conv".into()], ..ImportChoices::default() };
+        assert!(!script.is_empty());
+        assert_eq!(script.lines(), ["1 convolution the TorchScript exporter fused the BatchNorm after it into (a model exported in eval mode; the weight and bias are constants it named itself, onnx::Conv_N) trains as a plain convolution, normalising no batch, unlike the source model in training: /model/down1/down1.0/Conv; export from PyTorch with torch.onnx.export(..., dynamo=True, optimize=False) to train it as a BatchNorm"]);
         let restored = ImportChoices { restored_biases: vec!["head.bias [10]".into(), "conv.bias [8]".into()], ..ImportChoices::default() };
         assert!(!restored.is_empty());
         assert_eq!(restored.lines(), ["2 all-zero biases the exporter's optimizer dropped (a Conv or Gemm without its bias, which the exported program lists) train again from zeros, as in the source model: head.bias [10], conv.bias [8]; compile --no-restore-biases trains the model as exported"]);

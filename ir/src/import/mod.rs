@@ -268,6 +268,7 @@ impl<'a> Importer<'a> {
         self.graph.choices.missing_parameters =
             provenance::parameters_not_in_graph(&g).into_iter().filter(|p| !fused.iter().any(|m| provenance::is_state_of(p, m))).collect();
         self.graph.choices.fused_batchnorms = fused;
+        self.graph.choices.script_fused_batchnorms = provenance::script_fused_batchnorms(&g);
         let initializer_names: std::collections::HashSet<String> = g.initializer.iter().map(|t| t.name.clone()).collect();
         let params = float_parameters_read(&g.node, &self.opts.float_parameters);
         self.layer_weights = layer_weights_read(&g.node);

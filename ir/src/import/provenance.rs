@@ -110,6 +110,32 @@ pub fn fused_batchnorms(g: &GraphProto) -> Vec<String> {
     modules
 }
 
+/// The convolutions the TorchScript exporter fused the BatchNorm after them into, in node
+/// order, by node name. Exporting a model in eval mode, that exporter folds each
+/// BatchNorm's scale, shift and running statistics into the convolution before it and
+/// stores the results as new constants it names itself (`onnx::Conv_N` for the weight and
+/// `onnx::Conv_M` for the bias, which the fused layer has even where the convolution had
+/// none); a convolution it leaves alone keeps its parameters' names. It records nothing
+/// else of the fusion, so both names are the evidence. Equal constants (the fused biases
+/// of freshly initialised BatchNorms are all zeros) it stores once, the others becoming
+/// `Identity` nodes of that one.
+pub fn script_fused_batchnorms(g: &GraphProto) -> Vec<String> {
+    let initializers: HashSet<&str> = g.initializer.iter().map(|t| t.name.as_str()).collect();
+    let identities: HashMap<&str, &str> =
+        g.node.iter().filter(|n| n.op_type == "Identity" && n.input.len() == 1 && n.output.len() == 1).map(|n| (n.output[0].as_str(), n.input[0].as_str())).collect();
+    let stored = |name: &str| initializers.contains(name) || identities.get(name).is_some_and(|source| initializers.contains(source));
+    g.node
+        .iter()
+        .filter(|n| matches!(n.op_type.as_str(), "Conv" | "ConvTranspose"))
+        .filter(|n| {
+            let made = format!("onnx::{}_", n.op_type);
+            let is_made = |i: usize| n.input.get(i).is_some_and(|name| name.starts_with(&made) && stored(name));
+            is_made(1) && is_made(2)
+        })
+        .map(|n| n.name.clone())
+        .collect()
+}
+
 /// Whether `parameter` is state of `module` (`module.weight`), not of a module whose name
 /// merely begins the same (`module2.weight`).
 pub fn is_state_of(parameter: &str, module: &str) -> bool {
@@ -205,6 +231,36 @@ mod tests {
         assert_eq!(fused_batchnorms(&g), ["model.bn1", "model.head.bn"]);
         assert!(is_state_of("model.bn1.weight", "model.bn1"));
         assert!(!is_state_of("model.bn10.weight", "model.bn1"));
+    }
+
+    /// Weight and bias both made by the TorchScript exporter (stored, or an `Identity` of
+    /// an equal stored one): a BatchNorm was fused in. A convolution with its parameters'
+    /// names, or with only its weight made (a folded weight, no fusion), or reading names
+    /// no initializer holds, names nothing.
+    #[test]
+    fn batchnorms_the_torchscript_exporter_fused_are_found_by_their_constants() {
+        let conv = |name: &str, op: &str, inputs: &[&str]| onnx_protobuf::NodeProto {
+            name: name.into(),
+            op_type: op.into(),
+            input: inputs.iter().map(|s| s.to_string()).collect(),
+            ..Default::default()
+        };
+        let init = |name: &str| onnx_protobuf::TensorProto { name: name.into(), ..Default::default() };
+        let g = GraphProto {
+            node: vec![
+                conv("/down1/Conv", "Conv", &["x", "onnx::Conv_115", "onnx::Conv_116"]),
+                conv("/up/ConvTranspose", "ConvTranspose", &["y", "onnx::ConvTranspose_7", "onnx::ConvTranspose_8"]),
+                conv("/head/Conv", "Conv", &["z", "head.weight", "head.bias"]),
+                conv("/folded/Conv", "Conv", &["z", "onnx::Conv_9", "folded.bias"]),
+                conv("/computed/Conv", "Conv", &["z", "onnx::Conv_11", "onnx::Conv_12"]),
+                conv("/mixed/Conv", "Conv", &["z", "onnx::Conv_115", "onnx::Mul_3"]),
+                onnx_protobuf::NodeProto { op_type: "Identity".into(), input: vec!["onnx::Conv_116".into()], output: vec!["onnx::Conv_121".into()], ..Default::default() },
+                conv("/deduplicated/Conv", "Conv", &["z", "onnx::Conv_120", "onnx::Conv_121"]),
+            ],
+            initializer: ["onnx::Conv_115", "onnx::Conv_116", "onnx::Conv_120", "onnx::ConvTranspose_7", "onnx::ConvTranspose_8", "head.weight", "head.bias", "onnx::Conv_9", "folded.bias", "onnx::Mul_3"].map(init).to_vec(),
+            ..Default::default()
+        };
+        assert_eq!(script_fused_batchnorms(&g), ["/down1/Conv", "/up/ConvTranspose", "/deduplicated/Conv"]);
     }
 
     #[test]
