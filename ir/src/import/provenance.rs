@@ -26,13 +26,14 @@ const BUFFER_NAMES: &[&str] = &["inv_freq", "position_ids", "token_type_ids", "r
 /// The initializers of `g` its exporter marks as no parameter, each with why.
 pub fn exporter_constants(g: &GraphProto) -> HashMap<String, String> {
     let initializers: HashSet<&str> = g.initializer.iter().map(|t| t.name.as_str()).collect();
+    let parameters = Parameters::of(g);
     let mut constants = HashMap::new();
     for info in g.value_info.iter().filter(|v| initializers.contains(v.name.as_str())) {
         let meta = |key: &str| info.metadata_props.iter().find(|p| p.key == key).map(|p| p.value.as_str());
         if let Some(kind) = meta(INPUT_KIND).filter(|k| *k == "BUFFER" || *k == "CONSTANT_TENSOR") {
             constants.insert(info.name.clone(), format!("the exporter lifted it as a {}", kind.to_lowercase().replace('_', " ")));
         } else if let Some(sources) = meta(FOLDED_FROM) {
-            if !folded_from_a_parameter(sources) {
+            if !source_names(sources).any(|n| parameters.contains(n)) {
                 constants.insert(info.name.clone(), format!("the exporter folded it from no parameter ({})", abbreviated(sources)));
             }
         }
@@ -74,7 +75,16 @@ pub fn parameters_not_in_graph(g: &GraphProto) -> Vec<String> {
 
 /// The parameters an exported program's signature lists, in its order.
 fn signature_parameters(signature: &str) -> impl Iterator<Item = String> + '_ {
-    signature.lines().filter_map(|line| line.split_once(": PARAMETER target=")?.1.trim().strip_prefix('\'')?.strip_suffix('\'').map(str::to_string))
+    signature_targets(signature, "PARAMETER")
+}
+
+/// The module state an exported program's signature lists as `kind` (`PARAMETER`,
+/// `BUFFER`), in its order: the lines `NAME: KIND target='STATE.NAME' ...`.
+fn signature_targets<'a>(signature: &'a str, kind: &'a str) -> impl Iterator<Item = String> + 'a {
+    signature.lines().filter_map(move |line| {
+        let target = line.split_once(": ")?.1.strip_prefix(kind)?.strip_prefix(" target='")?;
+        target.split_once('\'').map(|(name, _)| name.to_string())
+    })
 }
 
 /// Every parameter the exported program's signature (graph metadata) lists; empty for an
@@ -146,7 +156,8 @@ pub fn is_state_of(parameter: &str, module: &str) -> bool {
 /// folded from (its sources with a dotted name that is no buffer); empty when the exporter
 /// recorded nothing (the TorchScript exporter never does).
 pub fn folded_parameters(g: &GraphProto) -> HashMap<String, Vec<String>> {
-    folds(g).map(|(name, sources)| (name.to_string(), source_names(sources).filter(|n| is_parameter(n)).map(String::from).collect())).collect()
+    let parameters = Parameters::of(g);
+    folds(g).map(|(name, sources)| (name.to_string(), source_names(sources).filter(|n| parameters.contains(n)).map(String::from).collect())).collect()
 }
 
 /// What the exporter's folding may do to a parameter and still leave each of its
@@ -163,10 +174,11 @@ const REINDEXING: &[&str] = &[
 /// `exp(A_log)`, positions interpolated), each with what it was folded from: trained, they
 /// move as the tensors computed, not as the parameters they came from.
 pub fn computed_from_parameters(g: &GraphProto) -> HashMap<String, String> {
+    let known = Parameters::of(g);
     folds(g)
         .filter(|(_, sources)| {
-            let parameters = source_names(sources).filter(|n| is_parameter(n)).count();
-            let reindexing = source_names(sources).filter(|n| !is_parameter(n)).all(|n| REINDEXING.contains(&op_of(n)));
+            let parameters = source_names(sources).filter(|n| known.contains(n)).count();
+            let reindexing = source_names(sources).filter(|n| !known.contains(n)).all(|n| REINDEXING.contains(&op_of(n)));
             parameters > 1 || (parameters == 1 && !reindexing)
         })
         .map(|(name, sources)| (name.to_string(), abbreviated(sources)))
@@ -183,15 +195,24 @@ fn op_of(name: &str) -> &str {
     }
 }
 
-fn is_parameter(name: &str) -> bool {
-    name.contains('.') && !BUFFER_NAMES.contains(&name.rsplit('.').next().unwrap_or(name))
+/// Which names among a folded constant's sources are parameters: module state by its name,
+/// dotted (`model.layers.0.weight`, where the exporter's own values are not: `arange`,
+/// `val_12`) and no buffer name PyTorch models use ([`BUFFER_NAMES`]), unless the exported
+/// program's signature lists the name as a buffer: a `FrozenBatchNorm2d`'s `weight` and
+/// `bias`, as DETR's backbone keeps them, are buffers whatever their names.
+struct Parameters {
+    buffers: HashSet<String>,
 }
 
-/// Whether a folded constant's sources (a Python list of value names) include module
-/// state other than a buffer: module state has a dotted name (`model.layers.0.weight`),
-/// the exporter's own values do not (`arange`, `val_12`).
-fn folded_from_a_parameter(sources: &str) -> bool {
-    source_names(sources).any(is_parameter)
+impl Parameters {
+    fn of(g: &GraphProto) -> Parameters {
+        let signature = g.metadata_props.iter().find(|p| p.key == SIGNATURE).map_or("", |p| p.value.as_str());
+        Parameters { buffers: signature_targets(signature, "BUFFER").collect() }
+    }
+
+    fn contains(&self, name: &str) -> bool {
+        name.contains('.') && !BUFFER_NAMES.contains(&name.rsplit('.').next().unwrap_or(name)) && !self.buffers.contains(name)
+    }
 }
 
 fn source_names(sources: &str) -> impl Iterator<Item = &str> {
@@ -291,6 +312,33 @@ mod tests {
         assert_eq!(op_of("_to_copy"), "_to_copy");
     }
 
+    /// A source the signature lists as a buffer is none of the parameters, whatever its
+    /// name: folded from a frozen BatchNorm's buffers named `weight` and `running_var`, a
+    /// constant is the exporter's (frozen); folded from a parameter, it trains with it.
+    #[test]
+    fn the_signature_tells_buffers_named_like_parameters() {
+        let signature = "p_conv_weight: PARAMETER target='m.conv.weight'\nb_bn_weight: BUFFER target='m.bn.weight' persistent=True\nb_bn_var: BUFFER target='m.bn.running_var' persistent=True\n";
+        let record = |name: &str, sources: &str| onnx_protobuf::ValueInfoProto {
+            name: name.into(),
+            metadata_props: vec![onnx_protobuf::StringStringEntryProto { key: FOLDED_FROM.into(), value: sources.into(), ..Default::default() }],
+            ..Default::default()
+        };
+        let folds = [("mul_4", "['add_9', 'm.bn.running_var', 'm.bn.weight', 'rsqrt']"), ("val_3", "['m.conv.weight', 'permute']")];
+        let mut g = GraphProto {
+            initializer: folds.iter().map(|(n, _)| onnx_protobuf::TensorProto { name: (*n).into(), ..Default::default() }).collect(),
+            value_info: folds.iter().map(|(n, s)| record(n, s)).collect(),
+            metadata_props: vec![onnx_protobuf::StringStringEntryProto { key: SIGNATURE.into(), value: signature.into(), ..Default::default() }],
+            ..Default::default()
+        };
+        assert_eq!(exporter_constants(&g).into_keys().collect::<Vec<_>>(), ["mul_4"]);
+        assert_eq!(folded_parameters(&g)["val_3"], ["m.conv.weight"]);
+        assert!(folded_parameters(&g)["mul_4"].is_empty());
+        // Without a signature, the names decide: `weight` is a parameter's.
+        g.metadata_props.clear();
+        assert!(exporter_constants(&g).is_empty());
+        assert_eq!(folded_parameters(&g)["mul_4"], ["m.bn.weight"]);
+    }
+
     #[test]
     fn parameters_the_signature_lists_and_the_graph_lacks_are_found() {
         let signature = "\n# inputs\np_conv_weight: PARAMETER target='conv.weight'\np_conv_bias: PARAMETER target='conv.bias'\np_pos: PARAMETER target='pos.weight'\nb_ids: BUFFER target='pos.ids' persistent=False\nargs_0: USER_INPUT\n";
@@ -313,6 +361,9 @@ mod tests {
 
     #[test]
     fn masks_and_rotary_tables_are_folded_from_no_parameter() {
+        // No signature: the names decide.
+        let by_name = Parameters::of(&GraphProto::default());
+        let folded_from_a_parameter = |sources: &str| source_names(sources).any(|n| by_name.contains(n));
         assert!(!folded_from_a_parameter("['arange', 'arange_1', 'full', 'triu', 'val_4']"));
         assert!(!folded_from_a_parameter("['_to_copy', 'cos', 'model.model.rotary_emb.inv_freq', 'val_19']"));
         assert!(folded_from_a_parameter("['model.model.layers.0.self_attn.q_proj.weight']"));
