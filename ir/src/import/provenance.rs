@@ -63,14 +63,19 @@ const SIGNATURE: &str = "pkg.torch.export.ExportedProgram.graph_signature";
 /// zero class tokens) once, under one name. Without it, a parameter is missing only
 /// because no output reads it, or under the name of the parameter it is tied to.
 pub fn parameters_not_in_graph(g: &GraphProto) -> Vec<String> {
-    let Some(signature) = g.metadata_props.iter().find(|p| p.key == SIGNATURE) else { return Vec::new() };
+    let Some(signature) = signature(g) else { return Vec::new() };
     let records: Vec<&str> = g.value_info.iter().filter_map(folded_from).collect();
     if records.is_empty() {
         return Vec::new();
     }
     let mut named: HashSet<&str> = g.initializer.iter().map(|t| t.name.as_str()).chain(g.input.iter().map(|i| i.name.as_str())).collect();
     named.extend(records.into_iter().flat_map(source_names));
-    signature_parameters(&signature.value).filter(|name| !named.contains(name.as_str())).collect()
+    signature_parameters(signature).filter(|name| !named.contains(name.as_str())).collect()
+}
+
+/// The exported program's signature of `g` (graph metadata), if its exporter wrote one.
+fn signature(g: &GraphProto) -> Option<&str> {
+    g.metadata_props.iter().find(|p| p.key == SIGNATURE).map(|p| p.value.as_str())
 }
 
 /// The parameters an exported program's signature lists, in its order.
@@ -90,7 +95,7 @@ fn signature_targets<'a>(signature: &'a str, kind: &'a str) -> impl Iterator<Ite
 /// Every parameter the exported program's signature (graph metadata) lists; empty for an
 /// export without one.
 pub fn listed_parameters(g: &GraphProto) -> HashSet<String> {
-    g.metadata_props.iter().find(|p| p.key == SIGNATURE).map(|s| signature_parameters(&s.value).collect()).unwrap_or_default()
+    signature(g).map(|s| signature_parameters(s).collect()).unwrap_or_default()
 }
 
 /// The module the default exporter recorded `node` in (`pkg.torch.onnx.name_scopes`, a
@@ -206,8 +211,7 @@ struct Parameters {
 
 impl Parameters {
     fn of(g: &GraphProto) -> Parameters {
-        let signature = g.metadata_props.iter().find(|p| p.key == SIGNATURE).map_or("", |p| p.value.as_str());
-        Parameters { buffers: signature_targets(signature, "BUFFER").collect() }
+        Parameters { buffers: signature(g).map(|s| signature_targets(s, "BUFFER").collect()).unwrap_or_default() }
     }
 
     fn contains(&self, name: &str) -> bool {
@@ -284,13 +288,22 @@ mod tests {
         assert_eq!(script_fused_batchnorms(&g), ["/down1/Conv", "/up/ConvTranspose", "/deduplicated/Conv"]);
     }
 
-    #[test]
-    fn what_more_than_reindexes_a_parameter_is_computed_from_it() {
+    /// A graph of initializers the exporter records as folded, `(name, sources)` each.
+    fn folded_graph(folds: &[(&str, &str)]) -> GraphProto {
         let record = |name: &str, sources: &str| onnx_protobuf::ValueInfoProto {
             name: name.into(),
             metadata_props: vec![onnx_protobuf::StringStringEntryProto { key: FOLDED_FROM.into(), value: sources.into(), ..Default::default() }],
             ..Default::default()
         };
+        GraphProto {
+            initializer: folds.iter().map(|(n, _)| onnx_protobuf::TensorProto { name: (*n).into(), ..Default::default() }).collect(),
+            value_info: folds.iter().map(|(n, s)| record(n, s)).collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn what_more_than_reindexes_a_parameter_is_computed_from_it() {
         let folds = [
             ("val_9", "['model.layers.0.q_proj.weight']"),
             ("embedding_2", "['model.bert.embeddings.position_embeddings.weight', 'model.bert.embeddings.position_ids', 'slice_2', 'val_19']"),
@@ -299,11 +312,7 @@ mod tests {
             ("mul", "['div', 'linalg_vector_norm', 'model.conv.weight_g', 'model.conv.weight_v']"),
             ("triu", "['arange', 'full', 'triu']"),
         ];
-        let g = GraphProto {
-            initializer: folds.iter().map(|(n, _)| onnx_protobuf::TensorProto { name: (*n).into(), ..Default::default() }).collect(),
-            value_info: folds.iter().map(|(n, s)| record(n, s)).collect(),
-            ..Default::default()
-        };
+        let g = folded_graph(&folds);
         let mut computed: Vec<String> = computed_from_parameters(&g).into_keys().collect();
         computed.sort();
         assert_eq!(computed, ["index", "mul", "unsqueeze_1"]);
@@ -318,18 +327,8 @@ mod tests {
     #[test]
     fn the_signature_tells_buffers_named_like_parameters() {
         let signature = "p_conv_weight: PARAMETER target='m.conv.weight'\nb_bn_weight: BUFFER target='m.bn.weight' persistent=True\nb_bn_var: BUFFER target='m.bn.running_var' persistent=True\n";
-        let record = |name: &str, sources: &str| onnx_protobuf::ValueInfoProto {
-            name: name.into(),
-            metadata_props: vec![onnx_protobuf::StringStringEntryProto { key: FOLDED_FROM.into(), value: sources.into(), ..Default::default() }],
-            ..Default::default()
-        };
-        let folds = [("mul_4", "['add_9', 'm.bn.running_var', 'm.bn.weight', 'rsqrt']"), ("val_3", "['m.conv.weight', 'permute']")];
-        let mut g = GraphProto {
-            initializer: folds.iter().map(|(n, _)| onnx_protobuf::TensorProto { name: (*n).into(), ..Default::default() }).collect(),
-            value_info: folds.iter().map(|(n, s)| record(n, s)).collect(),
-            metadata_props: vec![onnx_protobuf::StringStringEntryProto { key: SIGNATURE.into(), value: signature.into(), ..Default::default() }],
-            ..Default::default()
-        };
+        let mut g = folded_graph(&[("mul_4", "['add_9', 'm.bn.running_var', 'm.bn.weight', 'rsqrt']"), ("val_3", "['m.conv.weight', 'permute']")]);
+        g.metadata_props.push(onnx_protobuf::StringStringEntryProto { key: SIGNATURE.into(), value: signature.into(), ..Default::default() });
         assert_eq!(exporter_constants(&g).into_keys().collect::<Vec<_>>(), ["mul_4"]);
         assert_eq!(folded_parameters(&g)["val_3"], ["m.conv.weight"]);
         assert!(folded_parameters(&g)["mul_4"].is_empty());
