@@ -147,6 +147,26 @@ fn batchnorms_the_exporter_fused_are_named_at_compile() {
     assert!(!unfused.contains("BatchNorm"), "{unfused}");
 }
 
+/// DAC's quantizer passes gradients straight through, `z + (q - z).detach()`: the default
+/// exporter's optimizer drops the detach and records it only in the reading node's
+/// metadata, and compile says where it put it back; without the optimizer the detach is a
+/// node of the graph, and TorchScript records none (so neither has anything to say).
+#[test]
+fn detaches_the_exporter_dropped_are_named_at_compile() {
+    let dir = tempfile::tempdir().unwrap();
+    let notes = |entry: &str| {
+        let model = common::root().join("zoo/models").join(entry).join("model.onnx");
+        assert!(model.is_file(), "{}: the zoo's entry is part of the checkout", model.display());
+        compile_notes(&model, &dir.path().join(entry), &[])
+    };
+    let dropped = notes("dac-dynamo-dyn");
+    assert!(dropped.contains("note: 2 reads of a value the source model detaches (detach(), which the exporter's optimizer dropped and its metadata records) pass no gradient back, as in the source model: node_add_624 reads sub_150, node_add_747 reads sub_190"), "{dropped}");
+    for kept in ["dac-dynamo-noopt-dyn", "dac-script-dyn"] {
+        let notes = notes(kept);
+        assert!(!notes.contains("detach"), "{kept}: {notes}");
+    }
+}
+
 /// Whisper's encoder stores its sinusoidal position table as a parameter (PyTorch keeps
 /// it with `requires_grad=False`, which no export records): compile keeps it frozen and
 /// says so; `--train-sinusoidal` trains it on request, and names a table that is none.

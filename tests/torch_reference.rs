@@ -40,6 +40,11 @@
 //!   train on batch statistics as PyTorch's do in training, and keep running statistics
 //!   with PyTorch's unbiased variance (at these small maps the population variance ONNX
 //!   defines for its outputs put the stepped outputs 2e-3 away).
+//! - DAC (the default exporter, with and without its optimizer): its quantizer's
+//!   straight-through estimator, `z + (q - z).detach()`, must pass no gradient through
+//!   `q - z`; the optimizer drops the detach and records it in the reading node's metadata
+//!   only, where the import finds it again. Read as a plain value (as before), one step
+//!   landed 2e-3 away, both ways.
 //!
 //! The step is 0.5 on the mean cross-entropy against fixed labels, at d = 2 under
 //! PipeDream-Flush with one microbatch of the export batch (the mean PyTorch takes), with
@@ -56,7 +61,7 @@ use std::process::Command;
 use common::{pw_ok, root, try_pw};
 
 /// A zoo architecture, one of its entries, and what compile needs besides.
-const ENTRIES: [(&str, &str, &[&str]); 24] = [
+const ENTRIES: [(&str, &str, &[&str]); 26] = [
     ("mixtral", "mixtral-script-dyn", &[]),
     ("mixtral", "mixtral-script-b2", &[]),
     ("olmoe", "olmoe-dynamo-dyn", &[]),
@@ -81,6 +86,8 @@ const ENTRIES: [(&str, &str, &[&str]); 24] = [
     ("llama", "llama-dynamo-dyn", &[]),
     ("llama", "llama-dynamo-b1", &[]),
     ("olmo", "olmo-dynamo-dyn", &[]),
+    ("dac", "dac-dynamo-dyn", &[]),
+    ("dac", "dac-dynamo-noopt-dyn", &[]),
 ];
 
 fn torch_python() -> String {

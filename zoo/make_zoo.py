@@ -66,7 +66,7 @@ class Wrapped(nn.Module):
             if "use_cache" in self.model.forward.__code__.co_varnames:
                 kwargs["use_cache"] = False
             out = self.model(**kwargs)
-        for key in ("logits", "last_hidden_state", "sample", "predicted_depth", "prediction_outputs"):
+        for key in ("logits", "last_hidden_state", "sample", "predicted_depth", "prediction_outputs", "audio_values"):
             if hasattr(out, key) and getattr(out, key) is not None:
                 return getattr(out, key)
         if isinstance(out, dict):  # torchvision's segmentation models: {"out": ..., "aux": ...}
@@ -698,6 +698,11 @@ ARCHS = {
                                  encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
                                  decoder_ffn_dim=32, input_feat_per_channel=8, num_conv_layers=2, conv_channels=16,
                                  conv_kernel_sizes=[5, 5], max_source_positions=32, max_target_positions=32),
+    # audio codec: a residual vector quantizer whose straight-through estimator,
+    # `z + (q - z).detach()`, the default exporter's optimizer leaves in node metadata only
+    "dac": lambda: hf("DacConfig", "DacModel", {"input_values": lambda b: torch.randn(b, 1, 256)},
+                      encoder_hidden_size=4, downsampling_ratios=[2, 4], decoder_hidden_size=16, n_codebooks=2,
+                      codebook_size=32, codebook_dim=4, hidden_size=32, sampling_rate=8000),
     # time series
     "patchtst": lambda: hf("PatchTSTConfig", "PatchTSTForPrediction",
                            {"past_values": lambda b: torch.randn(b, 32, 3)}, num_input_channels=3, context_length=32,

@@ -193,6 +193,17 @@ mod tests {
         }
     }
 
+    /// ONNX has no stop-gradient: the stage model computes it as the `Identity` it is in
+    /// inference, under the node's name, and the text form reads the op back.
+    #[test]
+    fn stop_gradient_is_written_as_identity() {
+        let text = "graph \"g\" ir_version=8 opset=17 producer=\"t\" batch=N(\"N\", dynamic) {\n  %v0: f32[N,8] = input \"x\"\n  %v1: f32[N,8] = StopGradient(%v0)  # n0 \"detach:x\"\n  %v2: f32[N,8] = Add(%v0, %v1)  # n1 \"add\"\n  return %v2 \"y\"\n}\n";
+        assert_eq!(pipewright_ir::text::print_graph(&parse_graph(text).unwrap()), text);
+        let model = exported(text);
+        let nodes: Vec<(&str, &str)> = model.graph.node.iter().map(|n| (n.name.as_str(), n.op_type.as_str())).collect();
+        assert_eq!(nodes, [("detach:x", "Identity"), ("add", "Add")]);
+    }
+
     #[test]
     fn attention_is_spelled_out_before_opset_23_and_fused_again_on_import() {
         let masks = [("f32[1,1,8,8]", "Add"), ("bool[1,1,8,8]", "Where")];

@@ -1,6 +1,8 @@
 //! The ops the importer fuses (`pipewright_ir::fuse`), written for opsets that lack them as
 //! the nodes those opsets have: `Gelu` before opset 20, `Attention` before opset 23. The
 //! importer fuses the written form again, so a stage model re-imports as its stage.
+//! `StopGradient`, which no opset has, is written as the `Identity` it computes (ONNX
+//! describes inference, where the two agree).
 
 use onnx_protobuf::{AttributeProto, NodeProto, TensorProto};
 use pipewright_ir::import::{attribute_proto, tensor::tensor_to_proto};
@@ -40,6 +42,18 @@ pub fn spell_out(g: &Graph, n: NodeId) -> Result<Option<Spelled>, String> {
             let ty = &g.value(q).ty;
             let head = ty.shape.0.get(3).and_then(|d| d.fixed());
             attention(at, &node.name, &inputs, &outputs, (ty.dtype, ty.shape.rank(), head), mask_bool).map(Some)
+        }
+        (Op::StopGradient, [Some(y)]) => {
+            let x = node.inputs.first().copied().flatten().ok_or("StopGradient has no input")?;
+            let mut w = Writer::new(&node.name, &g.value(*y).name, "stop_gradient");
+            w.out.nodes.push(NodeProto {
+                name: node.name.clone(),
+                op_type: "Identity".into(),
+                input: vec![g.value(x).name.clone()],
+                output: vec![g.value(*y).name.clone()],
+                ..Default::default()
+            });
+            Ok(Some(w.out))
         }
         _ => Ok(None),
     }

@@ -22,7 +22,10 @@
 //!   the export that keeps them;
 //! - a one-element initializer read only as a factor of attention scales (the dynamo
 //!   exporter's `sqrt(scale)` in a fixed-batch export) becomes the fused `Attention`'s
-//!   `scale`, not a weight, unless `compile --train-attention-scales` keeps it trained.
+//!   `scale`, not a weight, unless `compile --train-attention-scales` keeps it trained;
+//! - a value the source model detaches (`detach()`), which the exporter's optimizer left
+//!   in node metadata only, is read through a `StopGradient` again, and a detach that
+//!   metadata does not place is said, with the export that keeps it.
 
 use serde::{Deserialize, Serialize};
 
@@ -98,6 +101,15 @@ pub struct ImportChoices {
     /// Whether each use of a merged initializer got its own copy (`--untie-merged`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub untied: bool,
+    /// Reads of a value the source model detached (`detach()`), which pass no gradient
+    /// back: `NODE reads VALUE`. Only those the exporter's optimizer dropped and its
+    /// metadata records; an unoptimized export's detaches are nodes of the graph.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub detached_reads: Vec<String>,
+    /// Nodes whose metadata records a detached argument that matches no one input: read
+    /// as plain values, they pass gradients the source model does not.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unplaced_detaches: Vec<String>,
     /// Initializers that were also BatchNorm running statistics (or shared by several
     /// BatchNorms' statistics): each running-statistic read got its own copy.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -115,7 +127,7 @@ fn some_of(items: &[String]) -> String {
 
 impl ImportChoices {
     pub fn is_empty(&self) -> bool {
-        self.frozen_batch_baked.is_empty() && self.exporter_constants.is_empty() && self.trained_batch_baked.is_empty() && self.frozen_attention_scales.is_empty() && self.merged.is_empty() && self.split_buffers.is_empty() && self.retied.is_empty() && self.computed_from_parameters.is_empty() && self.missing_parameters.is_empty() && self.fused_batchnorms.is_empty() && self.script_fused_batchnorms.is_empty() && self.restored_biases.is_empty() && self.frozen_on_request.is_empty() && self.frozen_sinusoidal.is_empty() && self.trained_sinusoidal.is_empty()
+        self.frozen_batch_baked.is_empty() && self.exporter_constants.is_empty() && self.trained_batch_baked.is_empty() && self.frozen_attention_scales.is_empty() && self.merged.is_empty() && self.split_buffers.is_empty() && self.retied.is_empty() && self.computed_from_parameters.is_empty() && self.missing_parameters.is_empty() && self.fused_batchnorms.is_empty() && self.script_fused_batchnorms.is_empty() && self.restored_biases.is_empty() && self.frozen_on_request.is_empty() && self.frozen_sinusoidal.is_empty() && self.trained_sinusoidal.is_empty() && self.detached_reads.is_empty() && self.unplaced_detaches.is_empty()
     }
 
     /// One line per kind of choice (none when there is nothing to say).
@@ -235,6 +247,26 @@ impl ImportChoices {
                 some_of(&self.missing_parameters)
             ));
         }
+        if !self.detached_reads.is_empty() {
+            let n = self.detached_reads.len();
+            out.push(format!(
+                "{n} read{} of a value the source model detaches (detach(), which the exporter's optimizer dropped and its metadata records) pass{} no gradient back, as in the source model: {}",
+                if n == 1 { "" } else { "s" },
+                if n == 1 { "es" } else { "" },
+                some_of(&self.detached_reads)
+            ));
+        }
+        if !self.unplaced_detaches.is_empty() {
+            let n = self.unplaced_detaches.len();
+            out.push(format!(
+                "{n} node{} the exporter's metadata says read{} a detached value (detach()) not told apart among {} inputs pass{} gradients back through it, unlike the source model: {}; export from PyTorch with torch.onnx.export(..., dynamo=True, optimize=False) to keep the detaches as nodes",
+                if n == 1 { "" } else { "s" },
+                if n == 1 { "s" } else { "" },
+                if n == 1 { "its" } else { "their" },
+                if n == 1 { "es" } else { "" },
+                some_of(&self.unplaced_detaches)
+            ));
+        }
         if !self.split_buffers.is_empty() {
             let n = self.split_buffers.len();
             out.push(format!(
@@ -311,6 +343,12 @@ mod tests {
         let restored = ImportChoices { restored_biases: vec!["head.bias [10]".into(), "conv.bias [8]".into()], ..ImportChoices::default() };
         assert!(!restored.is_empty());
         assert_eq!(restored.lines(), ["2 all-zero biases the exporter's optimizer dropped (a Conv or Gemm without its bias, which the exported program lists) train again from zeros, as in the source model: head.bias [10], conv.bias [8]; compile --no-restore-biases trains the model as exported"]);
+        let detached = ImportChoices { detached_reads: vec!["node_add_624 reads sub_150".into()], ..ImportChoices::default() };
+        assert!(!detached.is_empty());
+        assert_eq!(detached.lines(), ["1 read of a value the source model detaches (detach(), which the exporter's optimizer dropped and its metadata records) passes no gradient back, as in the source model: node_add_624 reads sub_150"]);
+        let unplaced = ImportChoices { unplaced_detaches: vec!["node_linear".into(), "node_MatMul".into()], ..ImportChoices::default() };
+        assert!(!unplaced.is_empty());
+        assert_eq!(unplaced.lines(), ["2 nodes the exporter's metadata says read a detached value (detach()) not told apart among their inputs pass gradients back through it, unlike the source model: node_linear, node_MatMul; export from PyTorch with torch.onnx.export(..., dynamo=True, optimize=False) to keep the detaches as nodes"]);
         assert_eq!(retied.lines(), ["1 initializer holding a permuted copy of another weight (a tied weight the exporter stored transposed) is computed from that weight and trains with it: val_182 = decoder.weight permuted [1, 0]"]);
     }
 }

@@ -55,7 +55,8 @@ pub fn infer(op: &Op, ins: &[Option<In>], n_out: usize, ctx: Ctx) -> R<Vec<Tenso
         | Op::MeanVarianceNormalization { .. }
         | Op::GroupNormalization(_)
         | Op::ReverseSequence { .. }
-        | Op::StageBoundary { .. } => out1(x()?.ty.dtype, x()?.ty.shape.clone()),
+        | Op::StageBoundary { .. }
+        | Op::StopGradient => out1(x()?.ty.dtype, x()?.ty.shape.clone()),
         Op::Hardmax(s) => axis_op(x()?, s.axis, s.coerce_2d),
         Op::LpNormalization { axis, .. } => axis_op(x()?, *axis, false),
         Op::TopK { axis, .. } => top_k(x()?, req(1)?, *axis),

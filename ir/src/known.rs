@@ -130,7 +130,7 @@ pub fn evaluate(
             let n = dims.iter().try_fold(Dim::Fixed(1), |a, &d| a.mul(d))?;
             Some(Known::ints(DType::I64, vec![], vec![n]))
         }
-        Op::Unary(UnaryOp::Identity) | Op::StageBoundary { .. } | Op::Reshape { .. } | Op::Squeeze { .. } | Op::Unsqueeze { .. } | Op::Flatten { .. } => {
+        Op::Unary(UnaryOp::Identity) | Op::StageBoundary { .. } | Op::StopGradient | Op::Reshape { .. } | Op::Squeeze { .. } | Op::Unsqueeze { .. } | Op::Flatten { .. } => {
             let x = k(0)?;
             Some(Known { dtype: x.dtype, shape: out_shape?, data: x.data.clone() })
         }
@@ -286,6 +286,7 @@ pub fn fill_through(op: &Op, fill: Option<f64>, out_dtype: DType) -> Option<f64>
         | Op::Expand
         | Op::Tile
         | Op::Unary(UnaryOp::Identity)
+        | Op::StopGradient
         | Op::Cast { .. }
         | Op::CastLike { .. } => fill?,
         _ => return None,

@@ -4,8 +4,8 @@
 //! Ops go through the importer's own conversion: a node's attributes are turned into
 //! ONNX attributes (the same table the printer and the ONNX exporter use,
 //! `Op::attributes`) and converted at the graph's opset, so the parser accepts exactly the
-//! ops and attributes import does. `StageBoundary[from=A, to=B]` (not ONNX) is read
-//! directly. Output types are taken from the text; run the verifier to check them.
+//! ops and attributes import does. `StageBoundary[from=A, to=B]` and `StopGradient` (not
+//! ONNX) are read directly. Output types are taken from the text; run the verifier to check them.
 //!
 //! The text never carries weight values: weights and constants shown without values parse
 //! as zeros; constants shown with values (`const "axes" [0, 1]`) keep them. Node output
@@ -230,6 +230,9 @@ impl Parser {
                 _ => Err(format!("needs an integer `{k}`")),
             };
             return Ok(Op::StageBoundary { from: stage("from")?, to: stage("to")? });
+        }
+        if op_type == "StopGradient" {
+            return Ok(Op::StopGradient);
         }
         let s = spec(op_type).ok_or_else(|| format!("unknown op {op_type:?}"))?;
         // An op of another domain is at its newest version (the text form records the

@@ -688,6 +688,11 @@ pub enum Op {
     /// `from + 1` (a send on one side, a receive on the other), inserted by the partition
     /// pass. Identity on the value; its gradient crosses back the same way.
     StageBoundary { from: u32, to: u32 },
+    /// Not an ONNX op: the value unchanged, with no gradient back through it (PyTorch's
+    /// `detach()`, which ONNX cannot state: the default exporter writes an `Identity`, or
+    /// its optimizer drops the node and only the consumer's metadata records it). The
+    /// exporter writes it as `Identity` again.
+    StopGradient,
 }
 
 impl Op {
@@ -811,6 +816,7 @@ impl Op {
             Op::RoiAlign(_) => "RoiAlign",
             Op::DeformConv { .. } => "DeformConv",
             Op::StageBoundary { .. } => "StageBoundary",
+            Op::StopGradient => "StopGradient",
         }
     }
 
@@ -824,7 +830,7 @@ impl Op {
     pub fn attributes(&self) -> Vec<(&'static str, AttrValue)> {
         let mut a = Attrs::default();
         match self {
-            Op::Unary(_) | Op::Variadic(_) | Op::MatMul | Op::GlobalAveragePool | Op::GlobalMaxPool | Op::Expand => {}
+            Op::Unary(_) | Op::Variadic(_) | Op::MatMul | Op::GlobalAveragePool | Op::GlobalMaxPool | Op::Expand | Op::StopGradient => {}
             Op::Where | Op::Size | Op::Range | Op::Tile | Op::Det | Op::DynamicQuantizeLinear | Op::ArrayFeatureExtractor => {}
             Op::MatMulInteger | Op::QLinearMatMul => {}
             Op::Swish { alpha } | Op::SwiGlu { alpha } => a.f("alpha", *alpha),
@@ -1285,7 +1291,7 @@ impl Op {
     pub fn is_view(&self) -> bool {
         matches!(
             self,
-            Op::Reshape { .. } | Op::Flatten { .. } | Op::Squeeze { .. } | Op::Unsqueeze { .. } | Op::Unary(UnaryOp::Identity)
+            Op::Reshape { .. } | Op::Flatten { .. } | Op::Squeeze { .. } | Op::Unsqueeze { .. } | Op::Unary(UnaryOp::Identity) | Op::StopGradient
         )
     }
 

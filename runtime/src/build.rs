@@ -513,6 +513,8 @@ mod tests {
             frozen_on_request: vec!["pos.weight [32, 16]".into()],
             frozen_sinusoidal: vec!["model.embed_positions.weight [8, 16]".into()],
             trained_sinusoidal: vec!["pe [8, 16]".into()],
+            detached_reads: vec!["node_add_624 reads sub_150".into()],
+            unplaced_detaches: vec!["node_linear".into()],
         };
         assert_eq!(m.to_toml(), pretty(&m));
         let back: Manifest = toml::from_str(&m.to_toml()).unwrap();

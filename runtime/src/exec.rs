@@ -194,7 +194,7 @@ fn moves_data(op: &Op) -> bool {
         Op::Reshape { .. } | Op::Flatten { .. } | Op::Transpose { .. } | Op::Squeeze { .. } | Op::Unsqueeze { .. } | Op::Concat { .. }
             | Op::Split(_) | Op::Slice(_) | Op::Gather { .. } | Op::GatherElements { .. } | Op::GatherND { .. } | Op::Expand
             | Op::Shape { .. } | Op::Size | Op::Tile | Op::Where | Op::DepthToSpace { .. } | Op::SpaceToDepth { .. }
-            | Op::StageBoundary { .. } | Op::BitCast { .. }
+            | Op::StageBoundary { .. } | Op::StopGradient | Op::BitCast { .. }
     )
 }
 
@@ -238,6 +238,7 @@ fn dispatch(op: &Op, sig: Signature<'_>, ins: &[Option<&Tensor>], mode: Mode, ou
         Op::DynamicQuantizeLinear => quant::dynamic_quantize(x()?),
         // Within one program a crossing is the identity; stage modules split there.
         Op::StageBoundary { .. } => one(Ok(x()?.shallow_clone())),
+        Op::StopGradient => one(Ok(x()?.detach())),
         _ => dispatch_nn(op, sig, ins, mode, outputs_read),
     }
 }

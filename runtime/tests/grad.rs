@@ -65,6 +65,19 @@ fn unary_ops() {
     }
 }
 
+/// `StopGradient` (a `detach()` of the source model) is the identity forward and passes
+/// no gradient back: `x + StopGradient(x)` has derivative 1, not 2.
+#[test]
+fn stop_gradient_passes_values_and_no_gradient() {
+    let x = signed(&[2, 3], 27).set_requires_grad(true);
+    let stopped = common::eval(&Op::StopGradient, &[Some(&x)], pipewright_runtime::exec::Mode::Train).remove(0);
+    assert_eq!(common::to_f64(&stopped), common::to_f64(&x));
+    assert!(!stopped.requires_grad());
+    let y = (&x + &stopped).sum(tch::Kind::Double);
+    let grad = Tensor::run_backward(&[&y], &[&x], false, false).remove(0);
+    assert_eq!(common::to_f64(&grad), vec![1.0; 6]);
+}
+
 #[test]
 fn activations() {
     let x = || signed(&[3, 4], 31);

@@ -6,6 +6,8 @@ mod batch_rewrite;
 pub mod biases;
 mod control;
 mod dense_select;
+mod detached;
+mod fx;
 mod evaluated;
 pub mod images;
 mod legacy;
@@ -205,13 +207,15 @@ struct Importer<'a> {
     from_weights: std::collections::HashSet<ValueId>,
     /// What the dense reading of data-dependent `NonZero`s reaches ([`dense_select`]).
     dense: dense_select::DenseSelect,
+    /// The nodes [`detached::stop_detached_reads`] added, imported as `StopGradient`.
+    stop_gradients: std::collections::HashSet<String>,
     opsets: Opsets,
     ctx: Ctx,
 }
 
 impl<'a> Importer<'a> {
     fn new(dir: &'a Path, opts: &'a ImportOptions) -> Importer<'a> {
-        Importer { dir, opts, graph: Graph::default(), names: HashMap::new(), known: Vec::new(), composites: HashMap::new(), scans_axis0: false, layer_weights: Default::default(), contraction_widths: HashMap::new(), batch_rows: HashMap::new(), fills: HashMap::new(), from_weights: Default::default(), dense: Default::default(), opsets: Opsets::default(), ctx: Ctx::default() }
+        Importer { dir, opts, graph: Graph::default(), names: HashMap::new(), known: Vec::new(), composites: HashMap::new(), scans_axis0: false, layer_weights: Default::default(), contraction_widths: HashMap::new(), batch_rows: HashMap::new(), fills: HashMap::new(), from_weights: Default::default(), dense: Default::default(), stop_gradients: Default::default(), opsets: Opsets::default(), ctx: Ctx::default() }
     }
 
     fn run(mut self, mut model: ModelProto) -> Result<Graph, ImportError> {
@@ -250,6 +254,11 @@ impl<'a> Importer<'a> {
         if !self.opts.no_restore_biases {
             self.graph.choices.restored_biases = biases::restore_dropped_biases(&mut g);
         }
+        // The detaches the exporter's optimizer dropped, back in front of their readers.
+        let detached = detached::stop_detached_reads(&mut g);
+        self.stop_gradients = detached.nodes;
+        self.graph.choices.detached_reads = detached.reads;
+        self.graph.choices.unplaced_detaches = detached.unplaced;
         // A tied weight the exporter also stored permuted is read through a Transpose of it
         // again, so the tie trains as one weight (weights left unread have nothing to compare).
         if !self.opts.shapes_only {
@@ -533,7 +542,11 @@ impl<'a> Importer<'a> {
             }
             return Ok(());
         }
-        let op = attrs::convert_node(node, version).map_err(bad)?;
+        let op = if self.stop_gradients.contains(&node.name) || detached::is_detach(node) {
+            crate::Op::StopGradient
+        } else {
+            attrs::convert_node(node, version).map_err(bad)?
+        };
         let inputs = node.input.iter().map(|n| self.tensor_input(n, node)).collect::<Result<Vec<_>, _>>()?;
         self.add_op(&node.name, &node.op_type, op, inputs, &node.output)
     }
