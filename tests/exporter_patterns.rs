@@ -167,6 +167,21 @@ fn detaches_the_exporter_dropped_are_named_at_compile() {
     }
 }
 
+/// Speech2Text's decoder embedding has a padding index, which only the default exporter
+/// records (in the lookup's FX node): compile says that row trains no more, with or
+/// without the exporter's optimizer; the TorchScript export cannot say.
+#[test]
+fn padding_rows_of_embeddings_are_named_at_compile() {
+    let dir = tempfile::tempdir().unwrap();
+    let notes = |entry: &str| compile_notes(&common::root().join("zoo/models").join(entry).join("model.onnx"), &dir.path().join(entry), &[]);
+    for entry in ["speech_to_text-dynamo-dyn", "speech_to_text-dynamo-noopt-dyn"] {
+        let notes = notes(entry);
+        assert!(notes.contains("note: 1 embedding lookup of a module with a padding index (nn.Embedding(padding_idx=P), which the exporter's metadata records) trains no row at that index, as in the source model: node_embedding (row 1 of model.lm_head.weight)"), "{entry}: {notes}");
+    }
+    let script = notes("speech_to_text-script-dyn");
+    assert!(!script.contains("padding index"), "{script}");
+}
+
 /// Whisper's encoder stores its sinusoidal position table as a parameter (PyTorch keeps
 /// it with `requires_grad=False`, which no export records): compile keeps it frozen and
 /// says so; `--train-sinusoidal` trains it on request, and names a table that is none.

@@ -25,7 +25,9 @@
 //!   `scale`, not a weight, unless `compile --train-attention-scales` keeps it trained;
 //! - a value the source model detaches (`detach()`), which the exporter's optimizer left
 //!   in node metadata only, is read through a `StopGradient` again, and a detach that
-//!   metadata does not place is said, with the export that keeps it.
+//!   metadata does not place is said, with the export that keeps it;
+//! - an embedding lookup of a module with a padding index (which the exporter's metadata
+//!   records) trains no row at that index, as PyTorch's does not.
 
 use serde::{Deserialize, Serialize};
 
@@ -110,6 +112,10 @@ pub struct ImportChoices {
     /// as plain values, they pass gradients the source model does not.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unplaced_detaches: Vec<String>,
+    /// Embedding lookups of a module with a padding index, whose row at that index gets no
+    /// gradient: `NODE (row P of WEIGHT)`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub padding_rows: Vec<String>,
     /// Initializers that were also BatchNorm running statistics (or shared by several
     /// BatchNorms' statistics): each running-statistic read got its own copy.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -127,7 +133,7 @@ fn some_of(items: &[String]) -> String {
 
 impl ImportChoices {
     pub fn is_empty(&self) -> bool {
-        self.frozen_batch_baked.is_empty() && self.exporter_constants.is_empty() && self.trained_batch_baked.is_empty() && self.frozen_attention_scales.is_empty() && self.merged.is_empty() && self.split_buffers.is_empty() && self.retied.is_empty() && self.computed_from_parameters.is_empty() && self.missing_parameters.is_empty() && self.fused_batchnorms.is_empty() && self.script_fused_batchnorms.is_empty() && self.restored_biases.is_empty() && self.frozen_on_request.is_empty() && self.frozen_sinusoidal.is_empty() && self.trained_sinusoidal.is_empty() && self.detached_reads.is_empty() && self.unplaced_detaches.is_empty()
+        self.frozen_batch_baked.is_empty() && self.exporter_constants.is_empty() && self.trained_batch_baked.is_empty() && self.frozen_attention_scales.is_empty() && self.merged.is_empty() && self.split_buffers.is_empty() && self.retied.is_empty() && self.computed_from_parameters.is_empty() && self.missing_parameters.is_empty() && self.fused_batchnorms.is_empty() && self.script_fused_batchnorms.is_empty() && self.restored_biases.is_empty() && self.frozen_on_request.is_empty() && self.frozen_sinusoidal.is_empty() && self.trained_sinusoidal.is_empty() && self.detached_reads.is_empty() && self.unplaced_detaches.is_empty() && self.padding_rows.is_empty()
     }
 
     /// One line per kind of choice (none when there is nothing to say).
@@ -267,6 +273,15 @@ impl ImportChoices {
                 some_of(&self.unplaced_detaches)
             ));
         }
+        if !self.padding_rows.is_empty() {
+            let n = self.padding_rows.len();
+            out.push(format!(
+                "{n} embedding lookup{} of a module with a padding index (nn.Embedding(padding_idx=P), which the exporter's metadata records) train{} no row at that index, as in the source model: {}",
+                if n == 1 { "" } else { "s" },
+                if n == 1 { "s" } else { "" },
+                some_of(&self.padding_rows)
+            ));
+        }
         if !self.split_buffers.is_empty() {
             let n = self.split_buffers.len();
             out.push(format!(
@@ -349,6 +364,9 @@ mod tests {
         let unplaced = ImportChoices { unplaced_detaches: vec!["node_linear".into(), "node_MatMul".into()], ..ImportChoices::default() };
         assert!(!unplaced.is_empty());
         assert_eq!(unplaced.lines(), ["2 nodes the exporter's metadata says read a detached value (detach()) not told apart among their inputs pass gradients back through it, unlike the source model: node_linear, node_MatMul; export from PyTorch with torch.onnx.export(..., dynamo=True, optimize=False) to keep the detaches as nodes"]);
+        let padding = ImportChoices { padding_rows: vec!["node_embedding (row 1 of model.lm_head.weight)".into()], ..ImportChoices::default() };
+        assert!(!padding.is_empty());
+        assert_eq!(padding.lines(), ["1 embedding lookup of a module with a padding index (nn.Embedding(padding_idx=P), which the exporter's metadata records) trains no row at that index, as in the source model: node_embedding (row 1 of model.lm_head.weight)"]);
         assert_eq!(retied.lines(), ["1 initializer holding a permuted copy of another weight (a tied weight the exporter stored transposed) is computed from that weight and trains with it: val_182 = decoder.weight permuted [1, 0]"]);
     }
 }

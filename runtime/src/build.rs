@@ -515,6 +515,7 @@ mod tests {
             trained_sinusoidal: vec!["pe [8, 16]".into()],
             detached_reads: vec!["node_add_624 reads sub_150".into()],
             unplaced_detaches: vec!["node_linear".into()],
+            padding_rows: vec!["node_embedding (row 1 of lm_head.weight)".into()],
         };
         assert_eq!(m.to_toml(), pretty(&m));
         let back: Manifest = toml::from_str(&m.to_toml()).unwrap();

@@ -1,7 +1,8 @@
 //! The default exporter's record of where each node came from: the FX node of the exported
 //! program (`pkg.torch.onnx.fx_node` node metadata), `%out : [...] =
 //! call_function[target=torch.ops.aten.add.Tensor](args = (%a, %b), kwargs = {})`. It
-//! keeps what ONNX cannot state, such as a `detach()` ([`super::detached`]).
+//! keeps what ONNX cannot state: a `detach()` ([`super::detached`]), an embedding's
+//! padding index ([`super::padding`]).
 
 use onnx_protobuf::NodeProto;
 

@@ -11,6 +11,7 @@ mod fx;
 mod evaluated;
 pub mod images;
 mod legacy;
+mod padding;
 mod provenance;
 pub mod merged;
 mod sinusoids;
@@ -259,6 +260,10 @@ impl<'a> Importer<'a> {
         self.stop_gradients = detached.nodes;
         self.graph.choices.detached_reads = detached.reads;
         self.graph.choices.unplaced_detaches = detached.unplaced;
+        // Embedding rows PyTorch keeps from training (a padding index), the same way.
+        let padding = padding::stop_padding_rows(&mut g.node, &mut g.initializer, opset);
+        self.stop_gradients.extend(padding.stops);
+        self.graph.choices.padding_rows = padding.lookups;
         // A tied weight the exporter also stored permuted is read through a Transpose of it
         // again, so the tie trains as one weight (weights left unread have nothing to compare).
         if !self.opts.shapes_only {
