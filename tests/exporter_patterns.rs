@@ -182,6 +182,20 @@ fn padding_rows_of_embeddings_are_named_at_compile() {
     assert!(!script.contains("padding index"), "{script}");
 }
 
+/// BART's family keeps its logits bias as a buffer: the TorchScript exporter writes it
+/// like a parameter, and compile keeps it frozen by its name, saying so; the default
+/// exporter's signature lists it as a buffer, which needs no name.
+#[test]
+fn buffers_a_torchscript_export_writes_as_parameters_stay_frozen_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let notes = |entry: &str| compile_notes(&common::root().join("zoo/models").join(entry).join("model.onnx"), &dir.path().join(entry), &[]);
+    let script = notes("marian-script-dyn");
+    assert!(script.contains("note: 1 initializer named as PyTorch models name buffers (final_logits_bias, inv_freq, ...), which this export (no exported program's signature) does not tell from parameters, kept frozen (not trained), as PyTorch keeps buffers: model.final_logits_bias [1, 64]"), "{script}");
+    let dynamo = notes("marian-dynamo-dyn");
+    assert!(!dynamo.contains("named as PyTorch models name buffers"), "{dynamo}");
+    assert!(dynamo.contains("model.final_logits_bias [1, 64]"), "{dynamo}");
+}
+
 /// Whisper's encoder stores its sinusoidal position table as a parameter (PyTorch keeps
 /// it with `requires_grad=False`, which no export records): compile keeps it frozen and
 /// says so; `--train-sinusoidal` trains it on request, and names a table that is none.

@@ -27,7 +27,9 @@
 //!   in node metadata only, is read through a `StopGradient` again, and a detach that
 //!   metadata does not place is said, with the export that keeps it;
 //! - an embedding lookup of a module with a padding index (which the exporter's metadata
-//!   records) trains no row at that index, as PyTorch's does not.
+//!   records) trains no row at that index, as PyTorch's does not;
+//! - an initializer of an export without a signature (TorchScript's) named as PyTorch
+//!   models name buffers (`final_logits_bias`) is kept as a frozen constant.
 
 use serde::{Deserialize, Serialize};
 
@@ -116,6 +118,10 @@ pub struct ImportChoices {
     /// gradient: `NODE (row P of WEIGHT)`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub padding_rows: Vec<String>,
+    /// Initializers of an export without a signature (TorchScript's) that carry the name of
+    /// a buffer PyTorch models keep (`final_logits_bias`, `inv_freq`), kept frozen.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub named_buffers: Vec<String>,
     /// Initializers that were also BatchNorm running statistics (or shared by several
     /// BatchNorms' statistics): each running-statistic read got its own copy.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -133,7 +139,7 @@ fn some_of(items: &[String]) -> String {
 
 impl ImportChoices {
     pub fn is_empty(&self) -> bool {
-        self.frozen_batch_baked.is_empty() && self.exporter_constants.is_empty() && self.trained_batch_baked.is_empty() && self.frozen_attention_scales.is_empty() && self.merged.is_empty() && self.split_buffers.is_empty() && self.retied.is_empty() && self.computed_from_parameters.is_empty() && self.missing_parameters.is_empty() && self.fused_batchnorms.is_empty() && self.script_fused_batchnorms.is_empty() && self.restored_biases.is_empty() && self.frozen_on_request.is_empty() && self.frozen_sinusoidal.is_empty() && self.trained_sinusoidal.is_empty() && self.detached_reads.is_empty() && self.unplaced_detaches.is_empty() && self.padding_rows.is_empty()
+        self.frozen_batch_baked.is_empty() && self.exporter_constants.is_empty() && self.trained_batch_baked.is_empty() && self.frozen_attention_scales.is_empty() && self.merged.is_empty() && self.split_buffers.is_empty() && self.retied.is_empty() && self.computed_from_parameters.is_empty() && self.missing_parameters.is_empty() && self.fused_batchnorms.is_empty() && self.script_fused_batchnorms.is_empty() && self.restored_biases.is_empty() && self.frozen_on_request.is_empty() && self.frozen_sinusoidal.is_empty() && self.trained_sinusoidal.is_empty() && self.detached_reads.is_empty() && self.unplaced_detaches.is_empty() && self.padding_rows.is_empty() && self.named_buffers.is_empty()
     }
 
     /// One line per kind of choice (none when there is nothing to say).
@@ -174,6 +180,14 @@ impl ImportChoices {
                 "{n} initializer{} the exporter marks as folded from no parameter (a mask, a rotary table) kept frozen (not trained): {}",
                 if n == 1 { "" } else { "s" },
                 some_of(&self.exporter_constants),
+            ));
+        }
+        if !self.named_buffers.is_empty() {
+            let n = self.named_buffers.len();
+            out.push(format!(
+                "{n} initializer{} named as PyTorch models name buffers (final_logits_bias, inv_freq, ...), which this export (no exported program's signature) does not tell from parameters, kept frozen (not trained), as PyTorch keeps buffers: {}; compile --freeze does the same for others",
+                if n == 1 { "" } else { "s" },
+                some_of(&self.named_buffers),
             ));
         }
         if !self.trained_batch_baked.is_empty() {
@@ -367,6 +381,9 @@ mod tests {
         let padding = ImportChoices { padding_rows: vec!["node_embedding (row 1 of model.lm_head.weight)".into()], ..ImportChoices::default() };
         assert!(!padding.is_empty());
         assert_eq!(padding.lines(), ["1 embedding lookup of a module with a padding index (nn.Embedding(padding_idx=P), which the exporter's metadata records) trains no row at that index, as in the source model: node_embedding (row 1 of model.lm_head.weight)"]);
+        let named = ImportChoices { named_buffers: vec!["model.final_logits_bias [1, 64]".into()], ..ImportChoices::default() };
+        assert!(!named.is_empty());
+        assert_eq!(named.lines(), ["1 initializer named as PyTorch models name buffers (final_logits_bias, inv_freq, ...), which this export (no exported program's signature) does not tell from parameters, kept frozen (not trained), as PyTorch keeps buffers: model.final_logits_bias [1, 64]; compile --freeze does the same for others"]);
         assert_eq!(retied.lines(), ["1 initializer holding a permuted copy of another weight (a tied weight the exporter stored transposed) is computed from that weight and trains with it: val_182 = decoder.weight permuted [1, 0]"]);
     }
 }

@@ -516,6 +516,7 @@ mod tests {
             detached_reads: vec!["node_add_624 reads sub_150".into()],
             unplaced_detaches: vec!["node_linear".into()],
             padding_rows: vec!["node_embedding (row 1 of lm_head.weight)".into()],
+            named_buffers: vec!["model.final_logits_bias [1, 64]".into()],
         };
         assert_eq!(m.to_toml(), pretty(&m));
         let back: Manifest = toml::from_str(&m.to_toml()).unwrap();

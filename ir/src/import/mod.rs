@@ -299,6 +299,7 @@ impl<'a> Importer<'a> {
         // BatchNorm running statistics follow the batches; the optimizer never trains them.
         let buffers = merged::bn_buffers(&g);
         let exporter_constants = provenance::exporter_constants(&g);
+        let named_buffers = provenance::buffers_by_name(&g);
         let computed = provenance::computed_from_parameters(&g);
         // A float initializer only ever read as a Resize's scales decides shapes: a
         // constant, known at import (a weight would be read back from the device each step).
@@ -316,6 +317,7 @@ impl<'a> Importer<'a> {
                 && !buffers.contains(&name)
                 && !shape_parameters.contains(&name)
                 && !self.is_exporter_constant(&name, &data, &exporter_constants)
+                && !self.is_named_buffer(&name, &data, &named_buffers)
                 && !self.is_batch_baked(&name, &data)
                 && !self.is_sinusoidal_table(&name, &data, &mut trained_tables);
             let frozen = parameter_like && self.opts.freeze.contains(&name);
@@ -434,6 +436,16 @@ impl<'a> Importer<'a> {
         let Some(why) = constants.get(name) else { return false };
         self.graph.warnings.push(format!("initializer {name:?}: {why}; kept as a constant, not trained"));
         self.graph.choices.exporter_constants.push(format!("{name} {:?}", data.dims));
+        true
+    }
+
+    /// A float initializer of an export without a signature that carries a buffer's name
+    /// ([`provenance::buffers_by_name`]) is kept as a constant, as PyTorch keeps buffers.
+    fn is_named_buffer(&mut self, name: &str, data: &crate::TensorData, buffers: &std::collections::HashSet<String>) -> bool {
+        if !buffers.contains(name) {
+            return false;
+        }
+        self.graph.choices.named_buffers.push(format!("{name} {:?}", data.dims));
         true
     }
 

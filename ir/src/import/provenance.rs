@@ -20,8 +20,21 @@ const FOLDED_FROM: &str = "pkg.onnxscript.optimizer.folded_from";
 const INPUT_KIND: &str = "pkg.torch.export.graph_signature.InputSpec.kind";
 
 /// Module state PyTorch models register as buffers, never trained, by the last part of
-/// its name (rotary frequencies, index tables, running statistics).
-const BUFFER_NAMES: &[&str] = &["inv_freq", "position_ids", "token_type_ids", "running_mean", "running_var", "num_batches_tracked", "relative_position_index"];
+/// its name (rotary frequencies, index tables, running statistics, the logits bias of
+/// BART's family).
+const BUFFER_NAMES: &[&str] = &["inv_freq", "position_ids", "token_type_ids", "running_mean", "running_var", "num_batches_tracked", "relative_position_index", "final_logits_bias"];
+
+/// The float initializers of an export without an exported program's signature (the
+/// TorchScript exporter's) that carry a buffer's name ([`BUFFER_NAMES`]): that exporter
+/// writes buffers as initializers like parameters, and nothing else tells them apart. An
+/// export with a signature says which are buffers ([`exporter_constants`]).
+pub fn buffers_by_name(g: &GraphProto) -> HashSet<String> {
+    if signature(g).is_some() {
+        return HashSet::new();
+    }
+    let is_buffer = |name: &str| BUFFER_NAMES.contains(&name.rsplit('.').next().unwrap_or(name));
+    g.initializer.iter().filter(|t| is_buffer(&t.name)).map(|t| t.name.clone()).collect()
+}
 
 /// The initializers of `g` its exporter marks as no parameter, each with why.
 pub fn exporter_constants(g: &GraphProto) -> HashMap<String, String> {
@@ -233,6 +246,18 @@ fn abbreviated(sources: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A TorchScript export (no signature) tells buffers only by their names; an export
+    /// with a signature is taken at its word.
+    #[test]
+    fn buffers_are_told_by_name_only_without_a_signature() {
+        let init = |name: &str| onnx_protobuf::TensorProto { name: name.into(), ..Default::default() };
+        let mut g = GraphProto { initializer: vec![init("model.final_logits_bias"), init("model.lm_head.bias"), init("rotary.inv_freq")], ..Default::default() };
+        assert_eq!(buffers_by_name(&g), HashSet::from(["model.final_logits_bias".to_string(), "rotary.inv_freq".to_string()]));
+        let signature = "p_model_lm_head_bias: PARAMETER target='model.lm_head.bias'";
+        g.metadata_props.push(onnx_protobuf::StringStringEntryProto { key: SIGNATURE.into(), value: signature.into(), ..Default::default() });
+        assert!(buffers_by_name(&g).is_empty());
+    }
 
     /// A node the optimizer fused a BatchNorm into names it by module, once however many
     /// rules it lists; a node fused by other rules names nothing.
