@@ -126,11 +126,7 @@ fn biases_the_exporter_dropped_train_again_and_export_into_the_model() {
 #[test]
 fn batchnorms_the_exporter_fused_are_named_at_compile() {
     let dir = tempfile::tempdir().unwrap();
-    let notes = |entry: &str| {
-        let model = common::root().join("zoo/models").join(entry).join("model.onnx");
-        assert!(model.is_file(), "{}: the zoo's entry is part of the checkout", model.display());
-        compile_notes(&model, &dir.path().join(entry), &[])
-    };
+    let notes = |entry: &str| zoo_notes(entry, dir.path());
     let fused = notes("hf_resnet-dynamo-dyn");
     assert!(fused.contains("note: 8 BatchNorms the exporter's optimizer fused into the Conv or Gemm before them (a model exported in eval mode) train as that layer's weight and bias, normalising no batch, unlike the source model in training: model.resnet.embedder.embedder.normalization, "), "{fused}");
     assert!(fused.contains("torch.onnx.export(..., optimize=False) to train them as BatchNorms"), "{fused}");
@@ -154,11 +150,7 @@ fn batchnorms_the_exporter_fused_are_named_at_compile() {
 #[test]
 fn detaches_the_exporter_dropped_are_named_at_compile() {
     let dir = tempfile::tempdir().unwrap();
-    let notes = |entry: &str| {
-        let model = common::root().join("zoo/models").join(entry).join("model.onnx");
-        assert!(model.is_file(), "{}: the zoo's entry is part of the checkout", model.display());
-        compile_notes(&model, &dir.path().join(entry), &[])
-    };
+    let notes = |entry: &str| zoo_notes(entry, dir.path());
     let dropped = notes("dac-dynamo-dyn");
     assert!(dropped.contains("note: 2 reads of a value the source model detaches (detach(), which the exporter's optimizer dropped and its metadata records) pass no gradient back, as in the source model: node_add_624 reads sub_150, node_add_747 reads sub_190"), "{dropped}");
     for kept in ["dac-dynamo-noopt-dyn", "dac-script-dyn"] {
@@ -173,7 +165,7 @@ fn detaches_the_exporter_dropped_are_named_at_compile() {
 #[test]
 fn padding_rows_of_embeddings_are_named_at_compile() {
     let dir = tempfile::tempdir().unwrap();
-    let notes = |entry: &str| compile_notes(&common::root().join("zoo/models").join(entry).join("model.onnx"), &dir.path().join(entry), &[]);
+    let notes = |entry: &str| zoo_notes(entry, dir.path());
     for entry in ["speech_to_text-dynamo-dyn", "speech_to_text-dynamo-noopt-dyn"] {
         let notes = notes(entry);
         assert!(notes.contains("note: 1 embedding lookup of a module with a padding index (nn.Embedding(padding_idx=P), which the exporter's metadata records) trains no row at that index, as in the source model: node_embedding (row 1 of model.lm_head.weight)"), "{entry}: {notes}");
@@ -188,7 +180,7 @@ fn padding_rows_of_embeddings_are_named_at_compile() {
 #[test]
 fn buffers_a_torchscript_export_writes_as_parameters_stay_frozen_by_name() {
     let dir = tempfile::tempdir().unwrap();
-    let notes = |entry: &str| compile_notes(&common::root().join("zoo/models").join(entry).join("model.onnx"), &dir.path().join(entry), &[]);
+    let notes = |entry: &str| zoo_notes(entry, dir.path());
     let script = notes("marian-script-dyn");
     assert!(script.contains("note: 1 initializer named as PyTorch models name buffers (final_logits_bias, inv_freq, ...), which this export (no exported program's signature) does not tell from parameters, kept frozen (not trained), as PyTorch keeps buffers: model.final_logits_bias [1, 64]"), "{script}");
     let dynamo = notes("marian-dynamo-dyn");
@@ -221,6 +213,13 @@ fn compile(model: &Path, build: &Path, extra: &[&str]) -> std::process::Output {
     let mut args = vec!["compile", model.to_str().unwrap(), "--stages", "2", "-o", build.to_str().unwrap()];
     args.extend(extra);
     pw(args)
+}
+
+/// [`compile_notes`] of the zoo's `entry`, built under `dir`.
+fn zoo_notes(entry: &str, dir: &Path) -> String {
+    let model = common::root().join("zoo/models").join(entry).join("model.onnx");
+    assert!(model.is_file(), "{}: the zoo's entry is part of the checkout", model.display());
+    compile_notes(&model, &dir.join(entry), &[])
 }
 
 /// [`compile`]'s notes (stderr), which must come with success.

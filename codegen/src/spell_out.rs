@@ -45,15 +45,8 @@ pub fn spell_out(g: &Graph, n: NodeId) -> Result<Option<Spelled>, String> {
         }
         (Op::StopGradient, [Some(y)]) => {
             let x = node.inputs.first().copied().flatten().ok_or("StopGradient has no input")?;
-            let mut w = Writer::new(&node.name, &g.value(*y).name, "stop_gradient");
-            w.out.nodes.push(NodeProto {
-                name: node.name.clone(),
-                op_type: "Identity".into(),
-                input: vec![g.value(x).name.clone()],
-                output: vec![g.value(*y).name.clone()],
-                ..Default::default()
-            });
-            Ok(Some(w.out))
+            let identity = NodeProto { name: node.name.clone(), op_type: "Identity".into(), input: vec![g.value(x).name.clone()], output: vec![g.value(*y).name.clone()], ..Default::default() };
+            Ok(Some(Spelled { nodes: vec![identity], initializers: Vec::new() }))
         }
         _ => Ok(None),
     }

@@ -65,9 +65,10 @@ fn detached_inputs(fx: &str, group: &[usize], g: &GraphProto, held: &HashSet<&st
         return Ok(unnamed);
     }
     let [single] = group else { return Err(()) };
-    let positions: Vec<usize> = top_level(args).iter().enumerate().filter(|(_, a)| a.strip_prefix('%').is_some_and(|v| v.starts_with("detach") && !held.contains(v))).map(|(k, _)| k).collect();
+    let arguments = top_level(args);
+    let positions: Vec<usize> = arguments.iter().enumerate().filter(|(_, a)| a.strip_prefix('%').is_some_and(|v| v.starts_with("detach") && !held.contains(v))).map(|(k, _)| k).collect();
     let picked: Vec<(usize, usize)> = unnamed.iter().copied().filter(|&(_, k)| positions.contains(&k)).collect();
-    if picked.len() == positions.len() && g.node[*single].input.len() == top_level(args).len() {
+    if picked.len() == positions.len() && g.node[*single].input.len() == arguments.len() {
         Ok(picked)
     } else {
         Err(())

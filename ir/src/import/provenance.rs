@@ -24,7 +24,12 @@ const INPUT_KIND: &str = "pkg.torch.export.graph_signature.InputSpec.kind";
 /// BART's family).
 const BUFFER_NAMES: &[&str] = &["inv_freq", "position_ids", "token_type_ids", "running_mean", "running_var", "num_batches_tracked", "relative_position_index", "final_logits_bias"];
 
-/// The float initializers of an export without an exported program's signature (the
+/// Whether the last part of `name` is one of [`BUFFER_NAMES`].
+fn has_buffer_name(name: &str) -> bool {
+    BUFFER_NAMES.contains(&name.rsplit('.').next().unwrap_or(name))
+}
+
+/// The initializers of an export without an exported program's signature (the
 /// TorchScript exporter's) that carry a buffer's name ([`BUFFER_NAMES`]): that exporter
 /// writes buffers as initializers like parameters, and nothing else tells them apart. An
 /// export with a signature says which are buffers ([`exporter_constants`]).
@@ -32,8 +37,7 @@ pub fn buffers_by_name(g: &GraphProto) -> HashSet<String> {
     if signature(g).is_some() {
         return HashSet::new();
     }
-    let is_buffer = |name: &str| BUFFER_NAMES.contains(&name.rsplit('.').next().unwrap_or(name));
-    g.initializer.iter().filter(|t| is_buffer(&t.name)).map(|t| t.name.clone()).collect()
+    g.initializer.iter().filter(|t| has_buffer_name(&t.name)).map(|t| t.name.clone()).collect()
 }
 
 /// The initializers of `g` its exporter marks as no parameter, each with why.
@@ -228,7 +232,7 @@ impl Parameters {
     }
 
     fn contains(&self, name: &str) -> bool {
-        name.contains('.') && !BUFFER_NAMES.contains(&name.rsplit('.').next().unwrap_or(name)) && !self.buffers.contains(name)
+        name.contains('.') && !has_buffer_name(name) && !self.buffers.contains(name)
     }
 }
 
