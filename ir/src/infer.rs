@@ -1416,9 +1416,12 @@ fn slice(s: &Slice, ins: &[Option<In>], ctx: Ctx) -> R<Vec<TensorType>> {
     let get = |i: usize, what: &str| -> R<Option<Vec<i64>>> {
         ins.get(i).copied().flatten().map(|k| known_ints(k, what)).transpose()
     };
+    // Starts and ends may be multiples of the batch size (`x[:N]`); axes and steps not.
+    let bound = |i: usize, what: &str| -> R<Vec<Dim>> { ins.get(i).copied().flatten().map(|k| known_dims(k, what)).transpose()?.ok_or_else(|| format!("{what} is required")) };
+    let fixed = |v: &[i64]| v.iter().map(|&x| Dim::Fixed(x)).collect::<Vec<Dim>>();
     let (starts, ends, axes, steps) = match &s.attrs {
-        Some((st, en, ax)) => (st.clone(), en.clone(), ax.clone(), None),
-        None => (get(1, "starts")?.ok_or("starts is required")?, get(2, "ends")?.ok_or("ends is required")?, get(3, "axes")?, get(4, "steps")?),
+        Some((st, en, ax)) => (fixed(st), fixed(en), ax.clone(), None),
+        None => (bound(1, "starts")?, bound(2, "ends")?, get(3, "axes")?, get(4, "steps")?),
     };
     let r = t.shape.rank();
     let axes = axes.unwrap_or_else(|| (0..starts.len() as i64).collect());
@@ -1429,15 +1432,39 @@ fn slice(s: &Slice, ins: &[Option<In>], ctx: Ctx) -> R<Vec<TensorType>> {
     let mut d = t.shape.0.clone();
     for i in 0..starts.len() {
         let a = normalize_axis(axes[i], r).ok_or(format!("axis {} out of range for {}", axes[i], t.shape))?;
-        let whole = starts[i] == 0 && steps[i] == 1 && ends[i] >= i32::MAX as i64;
+        let (Some(start), Some(end)) = (starts[i].fixed(), ends[i].fixed()) else {
+            d[a] = batch_slice(d[a], starts[i], ends[i], steps[i]).ok_or_else(|| format!("slice {}..{} (step {}) of an axis of extent {}: a bound that depends on the batch size is followed only where both bounds are multiples of it (or 0, or the end), the step is 1 and the axis is a multiple of it", starts[i], ends[i], steps[i], d[a]))?;
+            continue;
+        };
+        let whole = start == 0 && steps[i] == 1 && end >= i32::MAX as i64;
         if whole {
             continue;
         }
         let n = d[a].eval(batch(ctx));
-        let len = slice_len(n, starts[i], ends[i], steps[i]).ok_or("step 0")?;
+        let len = slice_len(n, start, end, steps[i]).ok_or("step 0")?;
         d[a] = if d[a].is_batch() && len == n { d[a] } else { Dim::Fixed(len) };
     }
     Ok(vec![TensorType::new(t.dtype, Shape(d))])
+}
+
+/// The extent a Slice of step 1 selects over an axis of `k N` when a bound is a multiple
+/// of the batch size `N` (`x[:N]` of `k N` rows, as a model slicing its batch back out of
+/// a merged axis writes it): bounds clamped to the axis as multiples of `N`, so the extent
+/// is one at every batch size. `None` for anything else (a fixed offset from a multiple of
+/// `N`, a negative bound, another step), whose extent no [`Dim`] states.
+fn batch_slice(axis: Dim, start: Dim, end: Dim, step: i64) -> Option<Dim> {
+    let Dim::Batch(k) = axis else { return None };
+    if step != 1 {
+        return None;
+    }
+    let multiple = |b: Dim| match b {
+        Dim::Batch(c) => Some(c.min(k)),
+        Dim::Fixed(0) => Some(0),
+        Dim::Fixed(v) if v >= i32::MAX as i64 => Some(k),
+        Dim::Fixed(_) => None,
+    };
+    let (s, e) = (multiple(start)?, multiple(end)?);
+    Some(if e > s { Dim::Batch(e - s) } else { Dim::Fixed(0) })
 }
 
 fn reduce_shape(s: &Shape, axes: &[usize], keepdims: bool) -> Shape {

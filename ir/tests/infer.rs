@@ -353,6 +353,39 @@ fn slice_over_the_batch_axis() {
     assert_eq!(ty(&import(&slice_model(0, 1, 0, 1)), "y"), "f32[1,10]");
 }
 
+/// `x` ([N, 10]) twice along the batch axis ([2N, 10]), sliced from `start` to `end`
+/// along it, where each bound is a literal or `"n"`, the batch size read from `x`'s
+/// shape (TimeSformer's `embeddings[:batch_size]` of its frames merged into the batch).
+fn slice_by_the_batch_model(start: Option<i64>, end: Option<i64>) -> ModelBuilder {
+    let bound = |name: &str, v: Option<i64>| match v {
+        Some(v) => node("Constant", name, &[], &[name]).tensor("value", tensor_i64("", &[1], &[v])),
+        None => node("Shape", name, &["x"], &[name]).int("start", 0).int("end", 1),
+    };
+    model(
+        15,
+        &[2, 10],
+        vec![
+            node("Concat", "frames", &["x", "x"], &["t"]).int("axis", 0),
+            bound("start", start),
+            bound("end", end),
+            node("Slice", "slice", &["t", "start", "end", "axes0"], &["y"]),
+        ],
+        &["y"],
+    )
+    .init(tensor_i64("axes0", &[1], &[0]))
+}
+
+#[test]
+fn slice_bounded_by_the_batch_size() {
+    // t[:N] and t[N:] of t: [2N, 10] are N rows at every batch size.
+    assert_eq!(ty(&import(&slice_by_the_batch_model(Some(0), None)), "y"), "f32[N,10]");
+    assert_eq!(ty(&import(&slice_by_the_batch_model(None, Some(i64::MAX))), "y"), "f32[N,10]");
+    // t[N:N] is empty.
+    assert_eq!(ty(&import(&slice_by_the_batch_model(None, None)), "y"), "f32[0,10]");
+    // t[1:N] has N - 1 rows, which no extent of pipewright's states: refused, saying so.
+    assert_shape_error(&slice_by_the_batch_model(Some(1), None), &["\"slice\"", "slice 1..N (step 1) of an axis of extent 2N", "followed only where both bounds are multiples of it"]);
+}
+
 #[test]
 fn slice_with_step_zero() {
     let e = import_err(&slice_model(0, 5, 1, 0));
