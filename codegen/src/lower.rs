@@ -167,12 +167,13 @@ pub mod rebatch {
         expand_concat_slices(p, b0);
     }
 
-    /// A tensor `[B0, ...]` of repeated slices concatenated (on another axis) with a batched
-    /// tensor, like a class token, becomes its first slice expanded to the batch of that
-    /// tensor at run time: `Expand(c[0:1], Concat(Shape(x)[0:1], c.dims[1..]))`. Its slices
-    /// are known to repeat when it is a constant whose slices are equal, when the export
-    /// batch is 1 (the exporter dropped the no-op expand of a parameter), or when an Expand
-    /// of an operand with a leading 1 made it.
+    /// A tensor `[k B0, ...]` of repeated slices concatenated (on another axis) with a
+    /// tensor of `k N` rows, like a class token (TimeSformer's, one per frame of each
+    /// sample: `k` frames), becomes its first slice expanded to the rows of that tensor at
+    /// run time: `Expand(c[0:1], Concat(Shape(x)[0:1], c.dims[1..]))`. Its slices are known
+    /// to repeat when it is a constant whose slices are equal, when it has one row (the
+    /// exporter dropped the no-op expand of a parameter at batch 1), or when an Expand of
+    /// an operand with a leading 1, or of fewer axes, made it.
     fn expand_concat_slices(p: &mut Program, b0: i64) {
         use pipewright_ops::Op;
         let mut k = p.instrs.len();
@@ -184,38 +185,42 @@ pub mod rebatch {
             if rank < 2 || axis == 0 || axis == -rank {
                 continue;
             }
-            let Some(batched) = ins.iter().flatten().copied().find(|s| matches!(p.slots[s.index()].shape.first(), Some(Extent::Batch(1)))) else {
+            let Some((batched, per_sample)) = ins.iter().flatten().copied().find_map(|s| match p.slots[s.index()].shape.first() {
+                Some(&Extent::Batch(c)) => Some((s, c)),
+                _ => None,
+            }) else {
                 continue;
             };
+            let rows = per_sample * b0;
             // Instructions go in before the Concat, which moves down as they do.
             let mut concat_at = k;
             for (pos, s) in ins.iter().enumerate() {
                 let Some(s) = *s else { continue };
                 let shape = &p.slots[s.index()].shape;
-                if shape.len() < 2 || shape[0] != Extent::Fixed(b0) {
+                if shape.len() < 2 || shape[0] != Extent::Fixed(rows) {
                     continue;
                 }
                 let fixed: Option<Vec<i64>> = shape.iter().map(|e| if let Extent::Fixed(v) = e { Some(*v) } else { None }).collect();
                 let Some(dims) = fixed else { continue };
                 let before = p.instrs.len();
-                let Some(single) = first_slice(p, s, b0, concat_at) else { continue };
+                let Some(single) = first_slice(p, s, rows, concat_at) else { continue };
                 concat_at += p.instrs.len() - before;
-                let expanded = expand_to_batch(p, single, batched, &dims, concat_at);
+                let expanded = expand_to_batch(p, single, (batched, per_sample), &dims, concat_at);
                 concat_at += 3;
                 p.instrs[concat_at].inputs[pos] = Some(expanded);
             }
         }
     }
 
-    /// A slot holding the first of `s`'s `b0` equal slices, or `None` when they are not
+    /// A slot holding the first of `s`'s `rows` equal slices, or `None` when they are not
     /// known to be equal. May insert a Slice instruction at `k`.
-    fn first_slice(p: &mut Program, s: SlotId, b0: i64, k: usize) -> Option<SlotId> {
+    fn first_slice(p: &mut Program, s: SlotId, rows: i64, k: usize) -> Option<SlotId> {
         use pipewright_ops::Op;
         use pipewright_ops::op::Slice;
         use pipewright_runtime::program::Instr;
         if let Some(st) = p.stored.iter().position(|x| x.slot == s && !x.trainable) {
             let (dims, bytes) = (p.stored[st].dims.clone(), p.stored[st].bytes.clone());
-            let slice = bytes.len() / b0.max(1) as usize;
+            let slice = bytes.len() / rows.max(1) as usize;
             if slice == 0 || !bytes.chunks(slice).all(|c| c == &bytes[..slice]) {
                 return None;
             }
@@ -226,12 +231,13 @@ pub mod rebatch {
             p.stored.push(Stored { slot: single, elem, dims: one, bytes: bytes.slice(..slice), trainable: false, versions: 1, update: UpdateRule::Constant, sync: Vec::new() });
             return Some(single);
         }
-        if b0 == 1 {
+        if rows == 1 {
             return Some(s);
         }
         let producer = p.instrs[..k].iter().rev().find(|i| i.outputs.contains(&Some(s)))?;
-        let operand = producer.inputs.first().copied().flatten()?;
-        if !matches!(producer.op, Op::Expand) || p.slots[operand.index()].shape.first() != Some(&Extent::Fixed(1)) {
+        let operand = &p.slots[producer.inputs.first().copied().flatten()?.index()].shape;
+        let repeats = operand.len() < p.slots[s.index()].shape.len() || operand.first() == Some(&Extent::Fixed(1));
+        if !matches!(producer.op, Op::Expand) || !repeats {
             return None;
         }
         let (name, elem) = (p.slots[s.index()].name.clone(), p.slots[s.index()].elem);
@@ -245,15 +251,15 @@ pub mod rebatch {
     }
 
     /// Inserts, at `k`, `Expand(single, Concat(Shape(batched)[0:1], dims[1..]))` and
-    /// returns its output slot.
-    fn expand_to_batch(p: &mut Program, single: SlotId, batched: SlotId, dims: &[i64], k: usize) -> SlotId {
+    /// returns its output slot; `batched` has `rows N` rows.
+    fn expand_to_batch(p: &mut Program, single: SlotId, (batched, rows): (SlotId, i64), dims: &[i64], k: usize) -> SlotId {
         use pipewright_ops::Op;
         use pipewright_runtime::program::Instr;
         let (name, elem) = (p.slots[single.index()].name.clone(), p.slots[single.index()].elem);
         let rest = push_i64(p, &format!("{name}:dims"), &dims[1..]);
         let n_slot = new_slot(p, &format!("{name}:batch"), DType::I64, vec![Extent::Fixed(1)]);
         let target = new_slot(p, &format!("{name}:target"), DType::I64, vec![Extent::Fixed(dims.len() as i64)]);
-        let mut shape = vec![Extent::Batch(1)];
+        let mut shape = vec![Extent::Batch(rows)];
         shape.extend(dims[1..].iter().map(|&d| Extent::Fixed(d)));
         let expanded = new_slot(p, &format!("{name}:expanded"), elem, shape);
         let label = p.instrs[k].name.clone();
