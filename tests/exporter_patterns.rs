@@ -208,6 +208,22 @@ fn sinusoidal_position_tables_stay_frozen_unless_asked() {
     assert!(!dir.path().join("bad").exists(), "a refused compile leaves no build folder");
 }
 
+/// Class tokens an export at a fixed batch expanded for that batch follow any other:
+/// CLIP's vision tower exported by TorchScript at batch 2 (its token expanded to 2 rows),
+/// and TimeSformer's at batch 1, whose token is expanded once per frame of each sample
+/// (4 rows beside `4 N` rows of patches). Both compiled (which runs the stages at another
+/// batch) and trained at microbatch 3; before, both stopped at their Concat at batch 3.
+#[test]
+fn class_tokens_expanded_for_the_export_batch_follow_the_batch() {
+    let dir = tempfile::tempdir().unwrap();
+    for entry in ["clip_vision-script-b2", "timesformer-script-b1"] {
+        let model = common::root().join("zoo/models").join(entry).join("model.onnx");
+        let build = dir.path().join(entry);
+        compile_notes(&model, &build, &[]);
+        pw_ok(["train", build.to_str().unwrap(), "--steps", "2", "--microbatch", "3", "--no-progress"]);
+    }
+}
+
 /// `pipewright compile MODEL --stages 2 -o BUILD EXTRA...`, as it ended.
 fn compile(model: &Path, build: &Path, extra: &[&str]) -> std::process::Output {
     let mut args = vec!["compile", model.to_str().unwrap(), "--stages", "2", "-o", build.to_str().unwrap()];
