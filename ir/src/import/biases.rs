@@ -147,6 +147,24 @@ mod tests {
         assert_eq!(g.initializer.iter().filter(|t| t.name == "shared.bias").count(), 1);
     }
 
+    /// An export whose optimizer only dropped zero Conv biases (SpeechT5's HiFi-GAN
+    /// vocoder: no fold recorded) says so on the Conv it rewrote; without that record, or
+    /// a fold's, nothing tells a dropped bias from a parameter no output reads.
+    #[test]
+    fn a_rewrite_record_alone_marks_the_export_optimized() {
+        let mut conv = node("Conv", &["x", "conv.weight"]);
+        let unread = |conv: NodeProto| {
+            let mut g = exported(vec![conv], vec![weight("conv.weight", &[8, 3, 3])], &["conv.weight", "conv.bias"]);
+            g.value_info.clear();
+            g
+        };
+        assert!(restore_dropped_biases(&mut unread(conv.clone())).is_empty());
+        conv.metadata_props.push(StringStringEntryProto { key: "pkg.onnxscript.rewriter.rule_name".into(), value: "RemoveOptionalBiasFromConv".into(), ..Default::default() });
+        let mut g = unread(conv);
+        assert_eq!(restore_dropped_biases(&mut g), ["conv.bias [8]"]);
+        assert_eq!(g.node[0].input, ["x", "conv.weight", "conv.bias"]);
+    }
+
     #[test]
     fn only_a_listed_bias_of_a_weight_read_as_such_is_restored() {
         // A layer PyTorch built without a bias (not listed), a Gemm whose beta scales its

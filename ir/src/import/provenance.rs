@@ -75,14 +75,17 @@ const SIGNATURE: &str = "pkg.torch.export.ExportedProgram.graph_signature";
 
 /// The parameters the exporter's signature lists that the model holds under no name: no
 /// initializer, graph input or folded constant's source is named after them, in a graph
-/// the exporter's optimizer folded (it records its folds). That optimizer drops a Conv's
-/// or Gemm's all-zero bias and stores parameters of equal values (fresh zero biases,
-/// zero class tokens) once, under one name. Without it, a parameter is missing only
-/// because no output reads it, or under the name of the parameter it is tied to.
+/// the exporter's optimizer went over (it records its folds, and the rules it rewrote
+/// nodes by). That optimizer drops a Conv's or Gemm's all-zero bias (recording
+/// `RemoveOptionalBiasFromConv` on the Conv, which may be all it folds) and stores
+/// parameters of equal values (fresh zero biases, zero class tokens) once, under one
+/// name. Without it, a parameter is missing only because no output reads it, or under the
+/// name of the parameter it is tied to.
 pub fn parameters_not_in_graph(g: &GraphProto) -> Vec<String> {
     let Some(signature) = signature(g) else { return Vec::new() };
     let records: Vec<&str> = g.value_info.iter().filter_map(folded_from).collect();
-    if records.is_empty() {
+    let rewritten = g.node.iter().any(|n| n.metadata_props.iter().any(|p| p.key == RULES));
+    if records.is_empty() && !rewritten {
         return Vec::new();
     }
     let mut named: HashSet<&str> = g.initializer.iter().map(|t| t.name.as_str()).chain(g.input.iter().map(|i| i.name.as_str())).collect();
