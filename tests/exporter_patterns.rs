@@ -116,6 +116,10 @@ fn biases_the_exporter_dropped_train_again_and_export_into_the_model() {
     let conv = graph.node.iter().find(|n| n.op_type == "Conv" && n.input.get(1).map(String::as_str) == Some("model.conv_proj.weight")).expect("the patch projection");
     assert_eq!(conv.input.get(2).map(String::as_str), Some("model.conv_proj.bias"), "{:?}", conv.input);
     assert!(graph.initializer.iter().any(|t| t.name == "model.conv_proj.bias" && t.dims == [16]), "the trained bias is an initializer of the model written");
+    // An optimizer that folded nothing records the rewrite on each Conv it dropped the
+    // bias of, which is enough: SpeechT5's HiFi-GAN vocoder gets its ten biases back.
+    let notes = zoo_notes("speecht5_hifigan-dynamo-dyn", dir.path());
+    assert!(notes.contains("note: 10 all-zero biases the exporter's optimizer dropped (a Conv or Gemm without its bias, which the exported program lists) train again from zeros, as in the source model: model.conv_post.bias [1], model.conv_pre.bias [16], "), "{notes}");
 }
 
 /// The default exporter's optimizer fuses an eval-mode BatchNorm into the convolution

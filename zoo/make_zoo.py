@@ -703,6 +703,12 @@ ARCHS = {
     "dac": lambda: hf("DacConfig", "DacModel", {"input_values": lambda b: torch.randn(b, 1, 256)},
                       encoder_hidden_size=4, downsampling_ratios=[2, 4], decoder_hidden_size=16, n_codebooks=2,
                       codebook_size=32, codebook_dim=4, hidden_size=32, sampling_rate=8000),
+    # vocoder: convolutions with zero biases, which the default exporter's optimizer drops
+    # recording only that rewrite (no fold)
+    "speecht5_hifigan": lambda: hf("SpeechT5HifiGanConfig", "SpeechT5HifiGan", {"spectrogram": lambda b: torch.randn(b, 6, 8)},
+                                   model_in_dim=8, upsample_initial_channel=16, upsample_rates=[2, 2],
+                                   upsample_kernel_sizes=[4, 4], resblock_kernel_sizes=[3], resblock_dilation_sizes=[[1, 3]],
+                                   normalize_before=False),
     # time series
     "patchtst": lambda: hf("PatchTSTConfig", "PatchTSTForPrediction",
                            {"past_values": lambda b: torch.randn(b, 32, 3)}, num_input_channels=3, context_length=32,
