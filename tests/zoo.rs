@@ -354,7 +354,8 @@ fn onnxruntime_check(exported: &Path, source: &Path, work: &Path, rtol: &str) ->
     };
     let inputs = source.parent().expect("entry folder");
     let script = root().join("zoo/onnxruntime_batches.py");
-    let out = Command::new(&python).arg(&script).arg(exported).arg(inputs).arg(work).output().expect("runs python");
+    // One BLAS thread: numpy's pool would only spin beside the other job.
+    let out = Command::new(&python).env("OPENBLAS_NUM_THREADS", "1").arg(&script).arg(exported).arg(inputs).arg(work).output().expect("runs python");
     let printed = String::from_utf8_lossy(&out.stdout).into_owned();
     if !out.status.success() {
         return Outcome::Fail(format!("onnxruntime: {}", last_line(&String::from_utf8_lossy(&out.stderr))));
@@ -443,6 +444,9 @@ fn every_zoo_entry_end_to_end() {
     std::thread::scope(|s| {
         for _ in 0..jobs.max(1) {
             s.spawn(|| loop {
+                // The jobs share the cores: `run-forward` on this thread takes one intra-op
+                // thread (a second would only spin while the other job computes).
+                tch::set_num_threads(1);
                 let i = next.fetch_add(1, Ordering::SeqCst);
                 let Some(entry) = all.get(i) else { break };
                 if entry.exporter_error.is_some() || !filter.split(',').any(|f| entry.name.contains(f)) {
