@@ -4,7 +4,7 @@
 //! of the d = 2 2bw build; and the exported model run by onnxruntime at two batch sizes,
 //! its outputs matched by `run-forward`, and at three times the export batch (inputs
 //! repeated) matched against its outputs at the export batch repeated
-//! (`zoo/onnxruntime_batches.py`); and the source model at three times its export batch
+//! (`zoo/onnxruntime_batches.py`, one Python process per job serving every entry); and the source model at three times its export batch
 //! through `run-forward`, against onnxruntime's outputs for the entry at its export batch
 //! repeated.
 //!
@@ -185,7 +185,7 @@ fn run(cli: Cli) -> anyhow::Result<String> {
     })
 }
 
-fn run_entry(entry: &Entry, work: &Path) -> Row {
+fn run_entry(entry: &Entry, work: &Path, ort: &mut Option<Onnxruntime>) -> Row {
     let model = root().join("zoo/models").join(&entry.name).join("model.onnx");
     let model_arg = model.to_str().expect("utf-8 path");
     let mut steps = Vec::new();
@@ -219,7 +219,7 @@ fn run_entry(entry: &Entry, work: &Path) -> Row {
         }
     }
     let rtol = if ILL_CONDITIONED.contains(&entry.name.as_str()) { ILL_CONDITIONED_RTOL } else { TRAINED_RTOL };
-    steps.push(("onnxruntime", onnxruntime_check(&exported, &model, work, rtol)));
+    steps.push(("onnxruntime", onnxruntime_check(ort, &exported, &model, work, rtol)));
     Row { steps }
 }
 
@@ -347,19 +347,21 @@ fn depth(model: &Path, d: usize, data: &Path, work: &Path, export_build: &mut Op
 /// against its outputs at the export batch repeated (the script fails otherwise). Then the
 /// source model at 3x its export batch through `run-forward`, against the entry's own
 /// onnxruntime outputs repeated. The exported model is held to `rtol` (atol 1e-4).
-fn onnxruntime_check(exported: &Path, source: &Path, work: &Path, rtol: &str) -> Outcome {
-    let python = match std::env::var("PIPEWRIGHT_PYTHON") {
-        Ok(p) => p,
-        Err(_) => panic!("PIPEWRIGHT_PYTHON is not set: run the tests through scripts/test.sh (it sets up onnxruntime)"),
-    };
+fn onnxruntime_check(ort: &mut Option<Onnxruntime>, exported: &Path, source: &Path, work: &Path, rtol: &str) -> Outcome {
     let inputs = source.parent().expect("entry folder");
-    let script = root().join("zoo/onnxruntime_batches.py");
-    // One BLAS thread: numpy's pool would only spin beside the other job.
-    let out = Command::new(&python).env("OPENBLAS_NUM_THREADS", "1").arg(&script).arg(exported).arg(inputs).arg(work).output().expect("runs python");
-    let printed = String::from_utf8_lossy(&out.stdout).into_owned();
-    if !out.status.success() {
-        return Outcome::Fail(format!("onnxruntime: {}", last_line(&String::from_utf8_lossy(&out.stderr))));
-    }
+    let server = match ort {
+        Some(server) => server,
+        None => ort.insert(Onnxruntime::start()),
+    };
+    let printed = match server.run(exported, inputs, work) {
+        Ok(printed) => printed,
+        Err(Answer::Refused(message)) => return Outcome::Fail(format!("onnxruntime: {message}")),
+        Err(Answer::Lost(message)) => {
+            // The next entry starts a new Python.
+            *ort = None;
+            return Outcome::Fail(format!("onnxruntime: {message}"));
+        }
+    };
     let mut batches = Vec::new();
     for line in printed.lines() {
         let Some((batch, folder)) = line.strip_prefix("batch ").and_then(|l| l.split_once(' ')) else { continue };
@@ -380,6 +382,79 @@ fn onnxruntime_check(exported: &Path, source: &Path, work: &Path, rtol: &str) ->
         return Outcome::Fail(format!("run-forward of the source at batch {batch}: {}", last_line(&e)));
     }
     Outcome::Pass(format!("batch {}; source at {batch}", batches.join(", ")))
+}
+
+/// `zoo/onnxruntime_batches.py --serve`, one per job, so that Python and onnxruntime
+/// start once rather than for each of some nine hundred entries.
+struct Onnxruntime {
+    child: std::process::Child,
+    requests: std::process::ChildStdin,
+    answers: std::io::BufReader<std::process::ChildStdout>,
+}
+
+/// Why a request to [`Onnxruntime`] got no lines: the script's error for this model, or
+/// the process itself gone.
+enum Answer {
+    Refused(String),
+    Lost(String),
+}
+
+impl Onnxruntime {
+    fn start() -> Self {
+        let python = std::env::var("PIPEWRIGHT_PYTHON").unwrap_or_else(|_| panic!("PIPEWRIGHT_PYTHON is not set: run the tests through scripts/test.sh (it sets up onnxruntime)"));
+        let script = root().join("zoo/onnxruntime_batches.py");
+        let mut child = Command::new(&python)
+            // One BLAS thread: numpy's pool would only spin beside the other job.
+            .env("OPENBLAS_NUM_THREADS", "1")
+            .arg(&script)
+            .arg("--serve")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("{python}: {e}"));
+        let requests = child.stdin.take().expect("piped stdin");
+        let answers = std::io::BufReader::new(child.stdout.take().expect("piped stdout"));
+        Onnxruntime { child, requests, answers }
+    }
+
+    /// The lines the script printed for `exported` before `end ok`.
+    fn run(&mut self, exported: &Path, inputs: &Path, work: &Path) -> Result<String, Answer> {
+        use std::io::{BufRead, Write};
+        let request = [exported, inputs, work].map(|p| p.display().to_string()).join("\t");
+        if request.contains('\n') || request.split('\t').count() != 3 {
+            return Err(Answer::Refused(format!("a path holds a tab or a line break: {request:?}")));
+        }
+        writeln!(self.requests, "{request}").and_then(|()| self.requests.flush()).map_err(|e| self.lost(&e.to_string()))?;
+        let mut printed = String::new();
+        loop {
+            let mut line = String::new();
+            match self.answers.read_line(&mut line) {
+                Ok(0) => return Err(self.lost("no answer")),
+                Err(e) => return Err(self.lost(&e.to_string())),
+                Ok(_) => {}
+            }
+            match line.trim_end().strip_prefix("end ") {
+                Some("ok") => return Ok(printed),
+                Some(error) => return Err(Answer::Refused(error.strip_prefix("error ").unwrap_or(error).to_string())),
+                None => printed.push_str(&line),
+            }
+        }
+    }
+
+    /// The process is gone (or no longer answers): how it ended.
+    fn lost(&mut self, what: &str) -> Answer {
+        let _ = self.child.kill();
+        let status = self.child.wait().map(|s| s.to_string()).unwrap_or_else(|e| e.to_string());
+        Answer::Lost(format!("the Python process ended ({status}; {what})"))
+    }
+}
+
+impl Drop for Onnxruntime {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
 
 fn table(entries: &[Entry], rows: &[Option<Row>]) -> String {
@@ -443,20 +518,23 @@ fn every_zoo_entry_end_to_end() {
     let next = AtomicUsize::new(0);
     std::thread::scope(|s| {
         for _ in 0..jobs.max(1) {
-            s.spawn(|| loop {
+            s.spawn(|| {
                 // The jobs share the cores: `run-forward` on this thread takes one intra-op
                 // thread (a second would only spin while the other job computes).
                 tch::set_num_threads(1);
-                let i = next.fetch_add(1, Ordering::SeqCst);
-                let Some(entry) = all.get(i) else { break };
-                if entry.exporter_error.is_some() || !filter.split(',').any(|f| entry.name.contains(f)) {
-                    continue;
+                let mut ort = None;
+                loop {
+                    let i = next.fetch_add(1, Ordering::SeqCst);
+                    let Some(entry) = all.get(i) else { break };
+                    if entry.exporter_error.is_some() || !filter.split(',').any(|f| entry.name.contains(f)) {
+                        continue;
+                    }
+                    let dir = work.path().join(&entry.name);
+                    std::fs::create_dir_all(&dir).expect("work dir");
+                    let row = run_entry(entry, &dir, &mut ort);
+                    let _ = std::fs::remove_dir_all(&dir);
+                    *rows[i].lock().expect("row") = Some(row);
                 }
-                let dir = work.path().join(&entry.name);
-                std::fs::create_dir_all(&dir).expect("work dir");
-                let row = run_entry(entry, &dir);
-                let _ = std::fs::remove_dir_all(&dir);
-                *rows[i].lock().expect("row") = Some(row);
             });
         }
     });

@@ -2,6 +2,11 @@
 the model's batch axis is dynamic, at three times it (the inputs repeated along the batch).
 
     python zoo/onnxruntime_batches.py MODEL.onnx ENTRY_FOLDER WORK_FOLDER
+    python zoo/onnxruntime_batches.py --serve
+
+`--serve` reads one request per line on stdin, the three paths separated by tabs, and
+answers each with the lines below and then `end ok` or `end error MESSAGE`, so that
+tests/zoo.rs starts Python and imports onnxruntime once per job rather than per entry.
 
 For each batch B it writes WORK_FOLDER/ortB/ with input_K.pb and what onnxruntime
 computes (output_K.pb), for `pipewright run-forward --inputs` to match, and prints
@@ -25,8 +30,33 @@ import onnxruntime as ort
 from onnx import numpy_helper
 
 
+class Mismatch(Exception):
+    """An output at three times the export batch that is not its value repeated."""
+
+
 def main():
-    model, entry, work = sys.argv[1:4]
+    if sys.argv[1:] == ["--serve"]:
+        serve()
+        return
+    try:
+        check(*sys.argv[1:4], lambda line: print(line, flush=True))
+    except Mismatch as e:
+        sys.exit(str(e))
+
+
+def serve():
+    """Requests from stdin, one per line: `MODEL<TAB>ENTRY<TAB>WORK`."""
+    for request in sys.stdin:
+        try:
+            check(*request.rstrip("\n").split("\t"), print)
+            print("end ok", flush=True)
+        except Exception as e:  # a model onnxruntime refuses fails its entry, not the rest
+            message = " ".join((str(e) if isinstance(e, Mismatch) else f"{type(e).__name__}: {e}").split())
+            print(f"end error {message}", flush=True)
+
+
+def check(model, entry, work, emit):
+    """Writes the folders for one exported model, `emit`ting a line for each."""
     inputs = [onnx.load_tensor(p) for p in sorted(glob.glob(os.path.join(entry, "input_*.pb")))]
     session = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
     dims = [i.shape[0] if i.shape else None for i in session.get_inputs()]
@@ -42,7 +72,7 @@ def main():
         batch = next(iter(feeds.values())).shape[0]
         folder = os.path.join(work, f"ort{batch}")
         write_tensors(folder, [(t.name, feeds[t.name]) for t in inputs], [(f"output_{k}", v) for k, v in enumerate(outputs)])
-        print(f"batch {batch} {folder}", flush=True)
+        emit(f"batch {batch} {folder}")
     # The entry's inputs and onnxruntime's outputs for them (on the model as the exporter
     # wrote it) repeated three times, for `run-forward` of that source model.
     tripled = lambda t: (t.name, np.concatenate([numpy_helper.to_array(t)] * 3, 0))
@@ -50,7 +80,7 @@ def main():
     folder = os.path.join(work, "source3x")
     sources = [tripled(t) for t in inputs]
     write_tensors(folder, sources, [tripled(t) for t in expected])
-    print(f"source {sources[0][1].shape[0]} {folder}", flush=True)
+    emit(f"source {sources[0][1].shape[0]} {folder}")
 
 
 def write_tensors(folder, inputs, outputs):
@@ -72,8 +102,8 @@ def check_samples(outputs, expected, repeat):
         scale = float(np.max(np.abs(tiled))) if tiled.size else 0.0
         diff = float(np.max(np.abs(got.astype(np.float64) - tiled))) if tiled.size else 0.0
         if diff > 1e-3 * scale:
-            sys.exit(f"output {k} at batch {got.shape[0]} (the inputs repeated {repeat} times) is not its value at the "
-                     f"export batch repeated: it differs by up to {diff:.3e} where the values reach {scale:.3e}")
+            raise Mismatch(f"output {k} at batch {got.shape[0]} (the inputs repeated {repeat} times) is not its value at the "
+                           f"export batch repeated: it differs by up to {diff:.3e} where the values reach {scale:.3e}")
 
 
 if __name__ == "__main__":
