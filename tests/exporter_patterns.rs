@@ -212,6 +212,18 @@ fn sinusoidal_position_tables_stay_frozen_unless_asked() {
     assert!(!dir.path().join("bad").exists(), "a refused compile leaves no build folder");
 }
 
+/// The TorchScript exporter stores a fresh BatchNorm's running variance and mean once
+/// with its scale and bias, and reads them through `Identity` nodes (DenseNet exported in
+/// eval mode, in the BatchNorms it did not fuse into a convolution): each running
+/// statistic gets a copy of its own, which compile names; before, they trained as the
+/// scale and bias.
+#[test]
+fn running_statistics_read_through_identities_get_copies_of_their_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let notes = zoo_notes("densenet-script-dyn", dir.path());
+    assert!(notes.contains("note: 6 initializers the exporter shared between BatchNorm running statistics and weights (or other BatchNorms) got a copy per running statistic, which follows the batches while the weights train: model.features.denseblock1.denselayer1.norm1.weight, model.features.denseblock1.denselayer1.norm1.bias"), "{notes}");
+}
+
 /// Class tokens an export at a fixed batch expanded for that batch follow any other:
 /// CLIP's vision tower exported by TorchScript at batch 2 (its token expanded to 2 rows),
 /// and TimeSformer's at batch 1, whose token is expanded once per frame of each sample

@@ -12,7 +12,12 @@ and prints the loss before the step.
 
 The model is in eval mode, as exported, but for its BatchNorms: they take the step on the
 batch's statistics and update their running ones, as pipewright trains them; the output
-after the step is taken in eval mode throughout.
+after the step is taken in eval mode throughout. Where the export has fewer
+BatchNormalization nodes than the model has BatchNorms, the exporter fused the others into
+the convolution before them (an eval-mode export; compile says so), and only those it kept
+(their scale's initializer names the module) take the step so; a fused one stays in eval
+mode with its scale frozen, as the fused graph trains it (the fused convolution's weight
+trains as the convolution's: a fresh BatchNorm's scale and variance are ones).
 
     python zoo/torch_step.py ARCH ENTRY_FOLDER LR OUT
 """
@@ -39,13 +44,28 @@ def read_inputs(folder, names):
     return arrays
 
 
+def training_batchnorms(model, entry):
+    """The model's BatchNorms the export keeps as BatchNormalization nodes (every one, where
+    it keeps as many); the scales of the others, fused by the exporter, are frozen."""
+    everyone = [(n, m) for n, m in model.named_modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    graph = onnx.load(os.path.join(entry, "model.onnx"), load_external_data=False).graph
+    nodes = [n for n in graph.node if n.op_type == "BatchNormalization"]
+    if len(nodes) >= len(everyone):
+        return [m for _, m in everyone]
+    kept = {n.input[1].rsplit(".", 1)[0] for n in nodes}
+    for name, m in everyone:
+        if name not in kept:
+            m.weight.requires_grad_(False)
+    return [m for name, m in everyone if name in kept]
+
+
 def main():
     arch, entry, lr, out = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4]
     model, inputs, _ = make_zoo.build(arch)
     names = list(inputs)
     arrays = read_inputs(entry, names)
     args = [torch.from_numpy(a) for a in arrays]
-    batchnorms = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    batchnorms = training_batchnorms(model, entry)
     for m in batchnorms:
         m.train()
     logits = model(*args)

@@ -205,6 +205,25 @@ mod tests {
         assert!(split_buffers(&mut g).is_empty(), "splitting twice changes nothing");
     }
 
+    /// The TorchScript exporter's form of a fresh BatchNorm: its running mean and variance
+    /// are `Identity` reads of its bias (zeros) and scale (ones). They become reads of
+    /// copies of those initializers, and the Identities go; one read elsewhere stays.
+    #[test]
+    fn running_statistics_read_through_identities_are_split_too() {
+        let identity = |name: &str, input: &str| NodeProto { name: name.into(), op_type: "Identity".into(), input: vec![input.into()], output: vec![name.into()], ..Default::default() };
+        let mut g = GraphProto {
+            initializer: vec![init("bn.weight", &[1.0; 4]), init("bn.bias", &[0.0; 4])],
+            node: vec![identity("id_mean", "bn.bias"), identity("id_var", "bn.weight"), identity("id_kept", "bn.weight"), bn("bn", &["x", "bn.weight", "bn.bias", "id_mean", "id_var"]), node("mul", &["bn_out", "id_kept"])],
+            ..Default::default()
+        };
+        assert_eq!(split_buffers(&mut g), ["bn.weight", "bn.bias"]);
+        let names: Vec<&str> = g.node.iter().map(|n| n.name.as_str()).collect();
+        assert_eq!(names, ["id_kept", "bn", "mul"]);
+        assert_eq!(g.node[1].input, ["x", "bn.weight", "bn.bias", "bn.bias.buffer1", "bn.weight.buffer1"]);
+        let copies: Vec<&str> = g.initializer.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(copies, ["bn.weight", "bn.bias", "bn.weight.buffer1", "bn.bias.buffer1"]);
+    }
+
     #[test]
     fn uniform_multi_use_initializers_are_untied_per_node() {
         let mut g = GraphProto {
@@ -317,8 +336,11 @@ pub fn bn_buffers(g: &GraphProto) -> HashSet<String> {
 /// read of an initializer that is read anywhere else gets a copy, `NAME.bufferK` (K from 1,
 /// in node order; a further `.buffer` where that name is taken). Returns the names split.
 /// The importer and `export` call it on the same source graph, so the copies have the
-/// same names in the build and in the exported model.
+/// same names in the build and in the exported model. A running statistic read through an
+/// `Identity` of an initializer is first made to read that initializer
+/// ([`read_buffers_directly`]).
 pub fn split_buffers(g: &mut GraphProto) -> Vec<String> {
+    read_buffers_directly(g);
     let mut reads: HashMap<String, (Vec<(usize, usize)>, usize)> = HashMap::new();
     for (i, n) in g.node.iter().enumerate() {
         for (slot, input) in n.input.iter().enumerate().filter(|(_, input)| !input.is_empty()) {
@@ -354,6 +376,35 @@ pub fn split_buffers(g: &mut GraphProto) -> Vec<String> {
     }
     g.initializer.extend(copies);
     split
+}
+
+/// Makes each BatchNorm running statistic read through an `Identity` of an initializer
+/// read the initializer itself, and drops the `Identity` where nothing else reads it. The
+/// TorchScript exporter stores a value once and reads its duplicates through `Identity`:
+/// a fresh BatchNorm's running variance (ones) and mean (zeros) become Identities of its
+/// scale and bias, and a running statistic that is not an initializer would be neither a
+/// buffer the forward updates nor split from the weight it equals.
+fn read_buffers_directly(g: &mut GraphProto) {
+    let initializers: HashSet<&str> = g.initializer.iter().map(|t| t.name.as_str()).collect();
+    let identity_of: HashMap<String, String> = g
+        .node
+        .iter()
+        .filter(|n| n.op_type == "Identity" && n.input.len() == 1 && n.output.len() == 1 && initializers.contains(n.input[0].as_str()))
+        .map(|n| (n.output[0].clone(), n.input[0].clone()))
+        .collect();
+    let mut bypassed = HashSet::new();
+    for n in &mut g.node {
+        for slot in [3, 4] {
+            let Some(source) = n.input.get(slot).filter(|_| is_bn_buffer(n, slot)).and_then(|x| identity_of.get(x)) else { continue };
+            bypassed.insert(std::mem::replace(&mut n.input[slot], source.clone()));
+        }
+    }
+    if bypassed.is_empty() {
+        return;
+    }
+    let mut read: HashSet<String> = g.node.iter().flat_map(|n| n.input.iter().cloned()).chain(g.output.iter().map(|o| o.name.clone())).collect();
+    subgraph_reads(g, &mut read);
+    g.node.retain(|n| !(n.op_type == "Identity" && n.output.len() == 1 && bypassed.contains(&n.output[0]) && !read.contains(&n.output[0])));
 }
 
 /// `--train-batch-baked NAME`: the initializer `name`, baked for the export batch `b0`
