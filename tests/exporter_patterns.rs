@@ -135,6 +135,9 @@ fn batchnorms_the_exporter_fused_are_named_at_compile() {
     assert!(fused.contains("note: 8 BatchNorms the exporter's optimizer fused into the Conv or Gemm before them (a model exported in eval mode) train as that layer's weight and bias, normalising no batch, unlike the source model in training: model.resnet.embedder.embedder.normalization, "), "{fused}");
     assert!(fused.contains("torch.onnx.export(..., optimize=False) to train them as BatchNorms"), "{fused}");
     assert!(!fused.contains("not in the model by name"), "{fused}");
+    // A fresh BatchNorm's fused bias is zeros, which the optimizer dropped again: it comes
+    // back as the BatchNorm's shift, which the fused bias trains as.
+    assert!(fused.contains("note: 8 all-zero biases the exporter's optimizer dropped (a Conv or Gemm without its bias, which the exported program lists) train again from zeros, as in the source model: model.resnet.embedder.embedder.normalization.bias [8], "), "{fused}");
     let kept = notes("hf_resnet-dynamo-noopt-dyn");
     assert!(!kept.contains("BatchNorm"), "{kept}");
     // The TorchScript exporter records no fusion: the constants it made for each fused

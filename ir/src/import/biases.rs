@@ -9,7 +9,9 @@
 //! name ([`provenance::parameters_not_in_graph`]) and a node of those kinds reads the
 //! initializer `M.weight` with no bias operand, [`restore_dropped_biases`] gives the node
 //! back a zero initializer `M.bias` (the element type of `M.weight`, one value per output
-//! channel), which then trains as PyTorch's bias does. Both the importer and `export` make
+//! channel), which then trains as PyTorch's bias does. A node the optimizer fused a
+//! BatchNorm `BN` into (an export in eval mode) gets `BN.bias` back the same way: the
+//! fused bias is that BatchNorm's shift, zeros when fresh, and dropped again as such. Both the importer and `export` make
 //! the rewrite on the same source graph, so the trained bias lands in the model written.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -31,11 +33,7 @@ pub fn restore_dropped_biases(g: &mut GraphProto) -> Vec<String> {
     let mut rewired: Vec<(usize, String)> = Vec::new();
     let mut conflicting: HashSet<String> = HashSet::new();
     for (k, node) in g.node.iter().enumerate() {
-        let Some(module) = node.input.get(1).and_then(|w| w.strip_suffix(".weight")) else { continue };
-        let bias = format!("{module}.bias");
-        if !missing.contains(&bias) || !lacks_bias(node) {
-            continue;
-        }
+        let Some(bias) = dropped_bias(node, &missing).filter(|_| lacks_bias(node)) else { continue };
         let Some(weight) = weights.get(node.input[1].as_str()).filter(|w| float_size(w.data_type).is_some()) else { continue };
         let Some(channels) = output_channels(node, &weight.dims) else { continue };
         // A weight several nodes read (one module applied twice) has one bias; readers
@@ -61,6 +59,21 @@ pub fn restore_dropped_biases(g: &mut GraphProto) -> Vec<String> {
         g.initializer.push(TensorProto { name: name.clone(), dims: vec![channels], data_type, raw_data: vec![0; bytes], ..TensorProto::default() });
     }
     restored.into_iter().map(|(name, (channels, _))| format!("{name} [{channels}]")).collect()
+}
+
+/// The parameter whose zeros `node` (reading the weight `M.weight`) lost, if the signature
+/// lists it and the model lacks it: `M.bias`, or, where the optimizer fused a BatchNorm
+/// into the node, that BatchNorm's shift `BN.bias` (the fused bias, which trains as the
+/// shift does, and which the optimizer drops again when it is zeros, as a fresh
+/// BatchNorm's is).
+fn dropped_bias(node: &NodeProto, missing: &HashSet<String>) -> Option<String> {
+    let module = node.input.get(1)?.strip_suffix(".weight")?;
+    let own = format!("{module}.bias");
+    if missing.contains(&own) {
+        return Some(own);
+    }
+    let shift = format!("{}.bias", provenance::fused_batchnorm_of(node)?);
+    missing.contains(&shift).then_some(shift)
 }
 
 /// Whether `node` is a `Conv`, `ConvTranspose` or `Gemm` (default domain) reading no bias,
@@ -163,6 +176,19 @@ mod tests {
         let mut g = unread(conv);
         assert_eq!(restore_dropped_biases(&mut g), ["conv.bias [8]"]);
         assert_eq!(g.node[0].input, ["x", "conv.weight", "conv.bias"]);
+    }
+
+    /// A Conv the optimizer fused a fresh BatchNorm into, whose zero fused bias it then
+    /// dropped (hgnet_v2's stem, a convolution without a bias of its own): the bias comes
+    /// back as the BatchNorm's shift, which is what the fused bias trains as.
+    #[test]
+    fn a_batchnorm_fused_into_a_conv_gets_its_dropped_shift_back() {
+        let mut conv = node("Conv", &["x", "stem.conv.weight"]);
+        conv.metadata_props.push(StringStringEntryProto { key: "pkg.onnxscript.rewriter.rule_name".into(), value: "RemoveOptionalBiasFromConv, FuseBatchNormIntoConv, RemoveOptionalBiasFromConv".into(), ..Default::default() });
+        conv.metadata_props.push(StringStringEntryProto { key: "pkg.torch.onnx.name_scopes".into(), value: "['', 'stem.bn', '_native_batch_norm_legit_no_training']".into(), ..Default::default() });
+        let mut g = exported(vec![conv], vec![weight("stem.conv.weight", &[8, 3, 3, 3])], &["stem.conv.weight", "stem.bn.weight", "stem.bn.bias"]);
+        assert_eq!(restore_dropped_biases(&mut g), ["stem.bn.bias [8]"]);
+        assert_eq!(g.node[0].input, ["x", "stem.conv.weight", "stem.bn.bias"]);
     }
 
     #[test]

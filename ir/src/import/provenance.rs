@@ -137,12 +137,18 @@ const RULES: &str = "pkg.onnxscript.rewriter.rule_name";
 pub fn fused_batchnorms(g: &GraphProto) -> Vec<String> {
     let mut modules: Vec<String> = Vec::new();
     for node in &g.node {
-        let fused = node.metadata_props.iter().any(|p| p.key == RULES && p.value.split(", ").any(|r| r.starts_with("FuseBatchNormInto")));
-        if let Some(module) = module_of(node).filter(|m| fused && !modules.iter().any(|k| k == m)) {
+        if let Some(module) = fused_batchnorm_of(node).filter(|m| !modules.iter().any(|k| k == m)) {
             modules.push(module.to_string());
         }
     }
     modules
+}
+
+/// The BatchNorm module the exporter's optimizer fused into `node`, where it did (see
+/// [`fused_batchnorms`]).
+pub fn fused_batchnorm_of(node: &onnx_protobuf::NodeProto) -> Option<&str> {
+    let fused = node.metadata_props.iter().any(|p| p.key == RULES && p.value.split(", ").any(|r| r.starts_with("FuseBatchNormInto")));
+    module_of(node).filter(|_| fused)
 }
 
 /// The convolutions the TorchScript exporter fused the BatchNorm after them into, in node
