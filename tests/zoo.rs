@@ -4,9 +4,9 @@
 //! of the d = 2 2bw build; and the exported model run by onnxruntime at two batch sizes,
 //! its outputs matched by `run-forward`, and at three times the export batch (inputs
 //! repeated) matched against its outputs at the export batch repeated
-//! (`zoo/onnxruntime_batches.py`, one Python process per job serving every entry); and the source model at three times its export batch
-//! through `run-forward`, against onnxruntime's outputs for the entry at its export batch
-//! repeated.
+//! (`zoo/onnxruntime_batches.py`, one Python process per job serving every entry); and
+//! the source model at three times its export batch through `run-forward`, against
+//! onnxruntime's outputs for the entry at its export batch repeated.
 //!
 //! An entry passes when every step does. The one allowed failure is a refusal at import
 //! or compile that names the node (or the graph output whose samples a fixed batch's
