@@ -117,6 +117,28 @@ fn activations() {
     );
 }
 
+/// At a bound, the gradient follows PyTorch's op behind the Clip: none with both bounds
+/// (`hardtanh`, ReLU6), all of it with one (`clamp_min`), whether the bounds are
+/// attributes or inputs. (Central differences straddle a bound, so this is no gradcheck.)
+#[test]
+fn clip_gradients_at_the_bounds_follow_pytorch() {
+    let x = || Tensor::from_slice(&[0.0f64, 3.0, 6.0, -1.0, 7.0]).set_requires_grad(true);
+    let gradient = |op: Op, bounds: Vec<Tensor>| {
+        let x = x();
+        let mut ins: Vec<Option<&Tensor>> = vec![Some(&x)];
+        ins.extend(bounds.iter().map(Some));
+        let y = common::eval(&op, &ins, pipewright_runtime::exec::Mode::Train).remove(0);
+        y.sum(tch::Kind::Double).backward();
+        Vec::<f64>::try_from(x.grad()).unwrap()
+    };
+    let relu6 = gradient(Op::Clip { min: Some(0.0), max: Some(6.0) }, vec![]);
+    assert_eq!(relu6, [0.0, 1.0, 0.0, 0.0, 0.0]);
+    let relu6_inputs = gradient(Op::Clip { min: None, max: None }, vec![Tensor::from(0.0f64), Tensor::from(6.0f64)]);
+    assert_eq!(relu6_inputs, [0.0, 1.0, 0.0, 0.0, 0.0]);
+    let clamp_min = gradient(Op::Clip { min: None, max: None }, vec![Tensor::from(0.0f64)]);
+    assert_eq!(clamp_min, [1.0, 1.0, 1.0, 0.0, 1.0]);
+}
+
 #[test]
 fn clip_attrs_and_inputs() {
     let x = || rand(&[2, 5], 41, -2.0, 2.0);

@@ -204,19 +204,66 @@ pub(crate) fn gelu(x: &Tensor, a: GeluApprox) -> R<Tensor> {
 }
 
 /// Clip: attribute bounds (opset < 11) or inputs 1 and 2; any bound may be absent.
+///
+/// With both bounds, the gradient passes only strictly between them, as PyTorch's
+/// `hardtanh` (ReLU6), which its exporters write as `Clip(min, max)`, passes it; with one,
+/// also at the bound, as its `clamp_min` / `clamp_max`, written as `Clip` with one bound.
+/// libtorch's `clamp` passes it at both bounds, and an input exactly at one is common: a
+/// depthwise convolution over a window that a ReLU6 before it zeroed outputs its bias, 0.
+/// The forward is `clamp`'s either way.
 pub(crate) fn clip(ins: &[Option<&Tensor>], min: Option<f32>, max: Option<f32>) -> R<Tensor> {
-    let mut y = need(ins, 0)?.shallow_clone();
-    match (min, opt(ins, 1)) {
-        (Some(m), _) => y = y.f_clamp_min(m as f64)?,
-        (None, Some(t)) => y = y.f_clamp_min_tensor(t)?,
-        (None, None) => {}
+    let x = need(ins, 0)?;
+    let (lower, upper) = (Bound::of(min, opt(ins, 1)), Bound::of(max, opt(ins, 2)));
+    let mut y = x.shallow_clone();
+    match &lower {
+        Some(Bound::Value(m)) => y = y.f_clamp_min(*m)?,
+        Some(Bound::Tensor(t)) => y = y.f_clamp_min_tensor(t)?,
+        None => {}
     }
-    match (max, opt(ins, 2)) {
-        (Some(m), _) => y = y.f_clamp_max(m as f64)?,
-        (None, Some(t)) => y = y.f_clamp_max_tensor(t)?,
-        (None, None) => {}
+    match &upper {
+        Some(Bound::Value(m)) => y = y.f_clamp_max(*m)?,
+        Some(Bound::Tensor(t)) => y = y.f_clamp_max_tensor(t)?,
+        None => {}
     }
-    Ok(y)
+    let (Some(lower), Some(upper)) = (lower, upper) else { return Ok(y) };
+    if !x.requires_grad() {
+        return Ok(y);
+    }
+    let inside = lower.below(x)?.f_logical_and(&upper.above(x)?)?;
+    // Between the bounds `x` itself (its gradient); elsewhere the clamped value, constant.
+    Ok(x.f_where_self(&inside, &y.f_detach()?)?)
+}
+
+/// A bound of [`clip`]: an attribute's value or an input tensor.
+enum Bound<'a> {
+    Value(f64),
+    Tensor(&'a Tensor),
+}
+
+impl<'a> Bound<'a> {
+    fn of(attribute: Option<f32>, input: Option<&'a Tensor>) -> Option<Self> {
+        match (attribute, input) {
+            (Some(v), _) => Some(Bound::Value(v as f64)),
+            (None, Some(t)) => Some(Bound::Tensor(t)),
+            (None, None) => None,
+        }
+    }
+
+    /// Where `x` is above this bound, strictly.
+    fn below(&self, x: &Tensor) -> R<Tensor> {
+        Ok(match self {
+            Bound::Value(v) => x.f_gt(*v)?,
+            Bound::Tensor(t) => x.f_gt_tensor(*t)?,
+        })
+    }
+
+    /// Where `x` is below this bound, strictly.
+    fn above(&self, x: &Tensor) -> R<Tensor> {
+        Ok(match self {
+            Bound::Value(v) => x.f_lt(*v)?,
+            Bound::Tensor(t) => x.f_lt_tensor(*t)?,
+        })
+    }
 }
 
 pub(crate) fn is_inf(x: &Tensor, pos: bool, neg: bool) -> R<Tensor> {
