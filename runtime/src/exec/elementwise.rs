@@ -229,7 +229,7 @@ pub(crate) fn clip(ins: &[Option<&Tensor>], min: Option<f32>, max: Option<f32>) 
     if !x.requires_grad() {
         return Ok(y);
     }
-    let inside = lower.below(x)?.f_logical_and(&upper.above(x)?)?;
+    let inside = lower.exceeded_by(x)?.f_logical_and(&upper.not_reached_by(x)?)?;
     // Between the bounds `x` itself (its gradient); elsewhere the clamped value, constant.
     Ok(x.f_where_self(&inside, &y.f_detach()?)?)
 }
@@ -250,7 +250,7 @@ impl<'a> Bound<'a> {
     }
 
     /// Where `x` is above this bound, strictly.
-    fn below(&self, x: &Tensor) -> R<Tensor> {
+    fn exceeded_by(&self, x: &Tensor) -> R<Tensor> {
         Ok(match self {
             Bound::Value(v) => x.f_gt(*v)?,
             Bound::Tensor(t) => x.f_gt_tensor(*t)?,
@@ -258,7 +258,7 @@ impl<'a> Bound<'a> {
     }
 
     /// Where `x` is below this bound, strictly.
-    fn above(&self, x: &Tensor) -> R<Tensor> {
+    fn not_reached_by(&self, x: &Tensor) -> R<Tensor> {
         Ok(match self {
             Bound::Value(v) => x.f_lt(*v)?,
             Bound::Tensor(t) => x.f_lt_tensor(*t)?,
