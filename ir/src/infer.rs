@@ -1121,18 +1121,26 @@ fn rnn(r: &Rnn, x: In, w: In, rec: In, ctx: Ctx) -> R<Vec<TensorType>> {
 }
 
 /// TopK's values and indices: the input's shape with extent `k` (input 1) at the axis.
+/// `k` may follow the batch size: a sort of a whole axis that does (`torch.sort`, as the
+/// exporters write it, takes `k` from the axis's own extent: mixture-of-experts routers).
 fn top_k(x: In, k: In, axis: i64) -> R<Vec<TensorType>> {
     let t = &x.ty;
     let a = t.shape.axis(axis).ok_or(format!("axis {axis} out of range for {}", t.shape))?;
-    let k = match known_ints(k, "k")?.as_slice() {
+    let k = match known_dims(k, "k")?.as_slice() {
         [k] => *k,
         v => return Err(format!("k must be one value, got {}", v.len())),
     };
-    if k < 0 || t.shape.0[a].fixed().is_some_and(|n| k > n) {
+    let fits = match (k, t.shape.0[a]) {
+        (Dim::Fixed(k), Dim::Fixed(n)) => (0..=n).contains(&k),
+        (Dim::Fixed(k), Dim::Batch(_)) => k >= 0,
+        (Dim::Batch(k), Dim::Batch(n)) => k <= n,
+        (Dim::Batch(_), Dim::Fixed(_)) => false,
+    };
+    if !fits {
         return Err(format!("k = {k} does not fit axis {a} of {}", t.shape));
     }
     let mut d = t.shape.0.clone();
-    d[a] = Dim::Fixed(k);
+    d[a] = k;
     Ok(vec![TensorType::new(t.dtype, Shape(d.clone())), TensorType::new(DType::I64, Shape(d))])
 }
 
@@ -1363,7 +1371,7 @@ fn split(s: &Split, x: In, sizes: Option<In>, n_out: usize, ctx: Ctx) -> R<Vec<T
             if matches!(extent, Dim::Batch(_)) && parts.iter().all(|d| d.fixed().is_some()) {
                 // The TorchScript exporter writes a split along the batch with the sizes
                 // of the batch it traced: the model then runs at no other batch size.
-                return Err(format!("split sizes {} are constants, but the axis they split follows the batch ({extent}): the exporter fixed them for one batch size, and ONNX requires them to add up to the axis, so the model runs at no other; export the model at a fixed batch size", fmt_target(&parts)));
+                return Err(format!("split sizes {} are constants, but the axis they split follows the batch ({extent}): the exporter fixed them for one batch size (or, tracing, for one input's data: a mixture-of-experts router's counts per expert), and ONNX requires them to add up to the axis, so the model runs at no other; export the model at a fixed batch size, or, where the sizes come from the data, with PyTorch's default exporter (torch.onnx.export(..., dynamo=True)), which computes them", fmt_target(&parts)));
             }
             return Err(format!("split sizes {} do not add up to extent {extent}", fmt_target(&parts)));
         }

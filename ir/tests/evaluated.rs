@@ -293,3 +293,82 @@ fn non_zero_of_data_used_otherwise_is_refused() {
     let e = import_with(&counted, &ImportOptions::default()).expect_err("arithmetic on the count").to_string();
     assert!(e.contains("\"share\"") && e.contains("the count of positions"), "{e}");
 }
+
+/// Experts as GraniteMoE's `ParallelExperts` are exported: the rows (sorted by expert)
+/// split at sizes known only at run time, one expert's linear map per part, the parts
+/// joined again in order.
+fn experts(joined: &[&str], output: &str) -> ModelBuilder {
+    ModelBuilder::new(17)
+        .input("x", F32, &[Ax::Param("batch"), Ax::Fixed(4)])
+        .input("route", F32, &[Ax::Param("batch"), Ax::Fixed(2)])
+        .init(tensor_f32("half", &[], &[0.5]))
+        .init(tensor_i64("tokens", &[1], &[0]))
+        .init(tensor_f32("expert0", &[4, 3], &[0.5; 12]))
+        .init(tensor_f32("expert1", &[4, 3], &[0.25; 12]))
+        .init(tensor_f32("bias1", &[3], &[1.0; 3]))
+        .node(node("Greater", "chose", &["route", "half"], &["mask"]))
+        .node(node("Cast", "as_count", &["mask"], &["counts"]).int("to", 7))
+        .node(node("ReduceSum", "per_expert", &["counts", "tokens"], &["sizes"]).int("keepdims", 0))
+        .node(node("Split", "by_expert", &["x", "sizes"], &["part0", "part1"]).int("axis", 0))
+        .node(node("MatMul", "apply0", &["part0", "expert0"], &["out0"]))
+        .node(node("MatMul", "apply1", &["part1", "expert1"], &["pre1"]))
+        .node(node("Add", "bias", &["pre1", "bias1"], &["out1"]))
+        .node(node("Concat", "joined", joined, &["y"]).int("axis", 0))
+        .output(output)
+}
+
+/// The dense reading: every part holds all the rows, the Concat takes each row from
+/// the part whose range holds it; the import says so, and the result keeps the rows.
+#[test]
+fn split_at_sizes_computed_at_run_time_is_read_densely() {
+    let g = import(&experts(&["out0", "out1"], "y"));
+    let ops: Vec<&str> = g.node_ids().map(|n| g.node(n).op.name()).collect();
+    assert!(ops.contains(&"CumSum") && ops.contains(&"Where") && !ops.contains(&"Split") && !ops.contains(&"Concat"), "{ops:?}");
+    assert!(g.warnings.iter().any(|w| w.contains("\"by_expert\"") && w.contains("each of its 2 parts read as all the rows")), "{:?}", g.warnings);
+    let y = g.value_ids().find(|&v| g.value(v).name == "y").expect("y");
+    assert_eq!(g.value(y).ty.to_string(), "f32[N,3]");
+}
+
+/// Where a part goes elsewhere than through row-by-row computation into one Concat of
+/// all the parts in order, the dense reading would change the result: refused, naming
+/// the node or the output.
+#[test]
+fn split_at_run_time_sizes_used_otherwise_is_refused() {
+    let refused = |m: &ModelBuilder| import_with(m, &ImportOptions::default()).expect_err("refused").to_string();
+    let e = refused(&experts(&["out1", "out0"], "y"));
+    assert!(e.contains("\"joined\"") && e.contains("not all of them in order"), "{e}");
+    let e = refused(&experts(&["out0", "out1"], "out0"));
+    assert!(e.contains("\"out0\"") && e.contains("one Concat joins all its parts"), "{e}");
+    let reduced = experts(&["out0", "out1"], "y").node(node("ReduceSum", "total", &["out1"], &["t"]).int("keepdims", 0)).output("t");
+    let e = refused(&reduced);
+    assert!(e.contains("\"total\"") && e.contains("computes across the rows"), "{e}");
+    let wide = ModelBuilder::new(17)
+        .input("x", F32, &[Ax::Param("batch"), Ax::Fixed(4)])
+        .input("route", F32, &[Ax::Param("batch"), Ax::Fixed(2)])
+        .init(tensor_i64("tokens", &[1], &[0]))
+        .node(node("Cast", "as_count", &["route"], &["counts"]).int("to", 7))
+        .node(node("ReduceSum", "per_expert", &["counts", "tokens"], &["sizes"]).int("keepdims", 0))
+        .node(node("Split", "columns", &["x", "sizes"], &["a", "b"]).int("axis", 1))
+        .node(node("Concat", "joined", &["a", "b"], &["y"]).int("axis", 1))
+        .output("y");
+    let e = refused(&wide);
+    assert!(e.contains("\"columns\"") && e.contains("along axis 1"), "{e}");
+}
+
+/// A sort of an axis that follows the batch (TopK of the whole axis, `k` its extent
+/// computed from the shape) keeps the axis's symbolic extent.
+#[test]
+fn sort_of_a_batch_axis_keeps_its_extent() {
+    let m = ModelBuilder::new(17)
+        .input("x", F32, &[Ax::Param("batch"), Ax::Fixed(2)])
+        .init(tensor_i64("flat", &[1], &[-1]))
+        .init(tensor_i64("first", &[1], &[0]))
+        .node(node("Reshape", "flatten", &["x", "flat"], &["f"]))
+        .node(node("Shape", "extent", &["f"], &["fs"]))
+        .node(node("Gather", "k", &["fs", "first"], &["k"]).int("axis", 0))
+        .node(node("TopK", "sort", &["f", "k"], &["values", "order"]).int("largest", 0))
+        .output("order");
+    let g = import(&m);
+    let order = g.value_ids().find(|&v| g.value(v).name == "order").expect("order");
+    assert_eq!(g.value(order).ty.to_string(), "i64[2N]");
+}

@@ -205,7 +205,7 @@ fn constant_split_sizes_along_the_batch_say_the_export_fixed_them() {
         .output("y");
     let e = import_bytes(&m.bytes(), Path::new("."), &ImportOptions::default()).unwrap_err().to_string();
     assert!(
-        e.contains("node \"split\" (Split): shape inference failed: split sizes [2] are constants, but the axis they split follows the batch (N): the exporter fixed them for one batch size, and ONNX requires them to add up to the axis, so the model runs at no other; export the model at a fixed batch size"),
+        e.contains("node \"split\" (Split): shape inference failed: split sizes [2] are constants, but the axis they split follows the batch (N): the exporter fixed them for one batch size (or, tracing, for one input's data: a mixture-of-experts router's counts per expert), and ONNX requires them to add up to the axis, so the model runs at no other; export the model at a fixed batch size, or, where the sizes come from the data, with PyTorch's default exporter (torch.onnx.export(..., dynamo=True)), which computes them"),
         "{e}"
     );
 }

@@ -9,6 +9,7 @@
 use onnx_protobuf::NodeProto;
 use pipewright_ops::onnx::AttrSource;
 
+use super::dense_select::plain;
 use super::Importer;
 use crate::dim::{Dim, Shape, TensorType};
 use crate::graph::SourceRewrite;
@@ -43,8 +44,9 @@ impl Importer<'_> {
         match node.op_type.as_str() {
             "Gather" => self.identity_gather_as_reshape(node, b),
             "GatherND" => self.identity_gather_nd(node, b),
-            "ScatterND" => self.identity_scatter_nd(node, b),
-            "ScatterElements" => self.identity_scatter_elements(node, b),
+            "ScatterND" => self.identity_scatter_nd(node, b).or_else(|| self.zeros_at_positions(node, b)),
+            "TopK" => self.whole_axis_sort(node, b),
+            "ScatterElements" => self.identity_scatter_elements(node, b).or_else(|| self.fill_scatter_elements(node, b)),
             "Add" => self.zeros_added(node, b),
             "LSTM" | "GRU" | "RNN" => self.zero_initial_state_dropped(node),
             "Resize" => self.resize_sizes_as_scales(node, b),
@@ -151,6 +153,156 @@ impl Importer<'_> {
         (dims == extents(&node.input[2])? && index_dims == dims && indexes_own_position(&dims, &indices, axis)).then(|| {
             BatchRewrite::replace(node, "Identity", vec![node.input[2].clone()], "a ScatterElements writing every element at its own position at the export batch is read as its updates")
         })
+    }
+
+    /// A mixture-of-experts router's one-hot choice (`zeros.scatter(1, top_k_indices, 1)`,
+    /// as the default exporter writes it at a fixed batch) scatters a constant fill into a
+    /// constant fill, both shaped for the export batch's tokens, at indices that follow the
+    /// batch: the same fills, shaped from the indices at run time (the data's extents
+    /// that match a batch-carrying extent of the indices, off the scatter's axis, follow
+    /// it; the updates take the indices' shape, as ScatterElements requires).
+    fn fill_scatter_elements(&self, node: &NodeProto, b: i64) -> Option<BatchRewrite> {
+        let axis = super::attrs::Attrs::new(&node.attribute).int_or("axis", 0).ok()?;
+        let [data, indices, updates] = &node.input[..] else { return None };
+        let value = |name: &String| self.names.get(name).copied();
+        let (data_value, index_value, update_value) = (value(data)?, value(indices)?, value(updates)?);
+        let index_dims = self.graph.value(index_value).ty.shape.dims().to_vec();
+        let fixed = |v: ValueId| -> Option<Vec<i64>> { self.graph.value(v).ty.shape.dims().iter().map(|d| d.fixed()).collect() };
+        let (data_dims, update_dims) = (fixed(data_value)?, fixed(update_value)?);
+        let rank = data_dims.len();
+        let axis = usize::try_from(if axis < 0 { axis + rank as i64 } else { axis }).ok()?;
+        if index_dims.len() != rank || update_dims != index_dims.iter().map(|d| d.eval(b)).collect::<Vec<_>>() {
+            return None;
+        }
+        let follows: Vec<bool> = (0..rank).map(|a| a != axis && index_dims[a].is_batch() && index_dims[a].eval(b) == data_dims[a]).collect();
+        if !follows.contains(&true) {
+            return None;
+        }
+        let (data_fill, update_fill) = (self.uniform_fill(data_value)?, self.uniform_fill(update_value)?);
+        let at = |what: &str| format!("{}/batch/{what}", node.name);
+        let mut rewrite = BatchRewrite::replace(node, "ScatterElements", vec![at("data"), indices.clone(), at("updates")], "a ScatterElements of a constant fill into a constant fill, both of the export batch's extent, is read with both fills shaped from its indices, which follow the batch");
+        rewrite.node.attribute = node.attribute.clone();
+        let mut extents = Vec::new();
+        for (a, &follow) in follows.iter().enumerate() {
+            let name = at(&format!("extent{a}"));
+            let (constant, extent) = if follow {
+                rewrite.before.push(plain(&name, "Gather", &[&at("index_shape"), &at(&format!("axis{a}"))], &name));
+                (at(&format!("axis{a}")), a as i64)
+            } else {
+                (name.clone(), data_dims[a])
+            };
+            rewrite.constants.push((constant, TensorData::from_i64s(vec![1], &[extent])));
+            extents.push(name);
+        }
+        rewrite.before.insert(0, plain(&at("index_shape"), "Shape", &[indices], &at("index_shape")));
+        let mut concat = plain(&at("data_shape"), "Concat", &extents.iter().map(String::as_str).collect::<Vec<_>>(), &at("data_shape"));
+        concat.attribute.push(super::attrs::attribute_proto("axis", &pipewright_ops::op::AttrValue::Int(0)));
+        let fill = |name: &str, shape: &str, v: ValueId, x: f64| {
+            let mut n = plain(name, "ConstantOfShape", &[shape], name);
+            let value = TensorData::from_f64s(self.graph.value(v).ty.dtype, vec![1], &[x]);
+            n.attribute.push(super::attrs::attribute_proto("value", &pipewright_ops::op::AttrValue::Tensor(value)));
+            n
+        };
+        rewrite.before.extend([concat, fill(&at("data"), &at("data_shape"), data_value, data_fill), fill(&at("updates"), &at("index_shape"), update_value, update_fill)]);
+        Some(rewrite)
+    }
+
+    /// A sort along an axis that follows the batch (`torch.sort`, which the exporters
+    /// write as a TopK of the whole axis) takes `k` from the axis's extent at a fixed
+    /// batch, as a constant: `k` read from the axis's extent at run time instead, so that
+    /// it still sorts the whole axis.
+    fn whole_axis_sort(&self, node: &NodeProto, b: i64) -> Option<BatchRewrite> {
+        let [x, k] = &node.input[..] else { return None };
+        let shape = &self.graph.value(*self.names.get(x)?).ty.shape;
+        let axis = shape.axis(super::attrs::Attrs::new(&node.attribute).int_or("axis", -1).ok()?)?;
+        let (_, k_value) = self.int_value(*self.names.get(k)?, 0)?;
+        let extent = shape.dims()[axis];
+        if k_value != [extent.eval(b)] || !extent.is_batch() {
+            return None;
+        }
+        let at = |what: &str| format!("{}/batch/{what}", node.name);
+        let note = "a TopK of every element of an axis that follows the batch (a sort), its k the axis's extent at the export batch, is read with k the axis's extent at run time";
+        let mut rewrite = BatchRewrite::replace(node, "TopK", vec![x.clone(), at("k")], note);
+        rewrite.node.attribute = node.attribute.clone();
+        rewrite.constants.push((at("axis"), TensorData::from_i64s(vec![1], &[axis as i64])));
+        rewrite.before = vec![plain(&at("shape"), "Shape", &[x], &at("shape")), plain(&at("k"), "Gather", &[&at("shape"), &at("axis")], &at("k"))];
+        Some(rewrite)
+    }
+
+    /// A mixture-of-experts layer's `zeros.index_add(0, positions, rows)` (ScatterND, as
+    /// the default exporter writes it at a fixed batch) scatters into constant zeros of
+    /// the export batch's rows. Where the positions are known to index the rows of a value
+    /// that follows the batch, of the zeros' extent at the export batch ([`Self::rows_indexed`]),
+    /// the zeros take that value's rows at run time.
+    fn zeros_at_positions(&self, node: &NodeProto, b: i64) -> Option<BatchRewrite> {
+        let [data, indices, _updates] = &node.input[..] else { return None };
+        let data_value = *self.names.get(data)?;
+        let dims: Vec<i64> = self.graph.value(data_value).ty.shape.dims().iter().map(|d| d.fixed()).collect::<Option<_>>()?;
+        let index_value = *self.names.get(indices)?;
+        let index_dims = self.graph.value(index_value).ty.shape.dims();
+        if index_dims.last() != Some(&Dim::Fixed(1)) || dims.is_empty() || !self.all_zeros(data_value) {
+            return None;
+        }
+        let (rows_of, axis) = self.rows_indexed(self.unsqueezed_from(index_value).unwrap_or(index_value))?;
+        let extent = self.graph.value(rows_of).ty.shape.dims()[axis];
+        if !extent.is_batch() || extent.eval(b) != dims[0] {
+            return None;
+        }
+        let at = |what: &str| format!("{}/batch/{what}", node.name);
+        let rows_name = self.graph.value(rows_of).name.clone();
+        let note = "a ScatterND into constant zeros of the export batch's rows, at positions that index a value following the batch, is read with zeros of that value's rows";
+        let mut rewrite = BatchRewrite::replace(node, "ScatterND", vec![at("zeros"), indices.clone(), node.input[2].clone()], note);
+        rewrite.node.attribute = node.attribute.clone();
+        rewrite.constants.push((at("axis"), TensorData::from_i64s(vec![1], &[axis as i64])));
+        rewrite.constants.push((at("row_extent"), TensorData::from_i64s(vec![dims.len() as i64 - 1], &dims[1..])));
+        let mut concat = plain(&at("zeros_shape"), "Concat", &[&at("rows"), &at("row_extent")], &at("zeros_shape"));
+        concat.attribute.push(super::attrs::attribute_proto("axis", &pipewright_ops::op::AttrValue::Int(0)));
+        let mut zeros = plain(&at("zeros"), "ConstantOfShape", &[&at("zeros_shape")], &at("zeros"));
+        let zero = TensorData::from_f64s(self.graph.value(data_value).ty.dtype, vec![1], &[0.0]);
+        zeros.attribute.push(super::attrs::attribute_proto("value", &pipewright_ops::op::AttrValue::Tensor(zero)));
+        rewrite.before = vec![plain(&at("shape"), "Shape", &[&rows_name], &at("shape")), plain(&at("rows"), "Gather", &[&at("shape"), &at("axis")], &at("rows")), concat, zeros];
+        Some(rewrite)
+    }
+
+    /// The value, and its axis, whose positions the integer value `positions` holds:
+    /// the indices of a sort (a TopK whose `k` is its whole axis, so they are a permutation
+    /// of that axis's positions), or positions that a Gather (axis 0) or GatherND already
+    /// imported reads rows of a value at.
+    fn rows_indexed(&self, positions: ValueId) -> Option<(ValueId, usize)> {
+        if let ValueDef::Node { node, slot: 1 } = &self.graph.value(positions).def {
+            let n = self.graph.node(*node);
+            if let (crate::Op::TopK { axis, .. }, Some(Some(x))) = (&n.op, n.inputs.first()) {
+                let shape = &self.graph.value(*x).ty.shape;
+                let axis = shape.axis(*axis)?;
+                return (self.graph.value(positions).ty.shape.dims()[axis] == shape.dims()[axis]).then_some((*x, axis));
+            }
+        }
+        self.graph.node_ids().map(|id| self.graph.node(id)).find_map(|n| {
+            let [Some(rows), Some(at)] = n.inputs[..] else { return None };
+            let reads_rows = matches!(n.op, crate::Op::GatherND { batch_dims: 0 } | crate::Op::Gather { axis: 0 });
+            let same = at == positions || self.unsqueezed_from(at) == Some(positions);
+            (reads_rows && same && self.graph.value(rows).ty.shape.rank() >= 1).then_some((rows, 0))
+        })
+    }
+
+    /// The value `v` is an Unsqueeze of (positions made a column for ScatterND or
+    /// GatherND), if it is one.
+    fn unsqueezed_from(&self, v: ValueId) -> Option<ValueId> {
+        let ValueDef::Node { node, .. } = &self.graph.value(v).def else { return None };
+        let n = self.graph.node(*node);
+        matches!(n.op, crate::Op::Unsqueeze { .. }).then(|| n.inputs.first().copied().flatten()).flatten()
+    }
+
+    /// The one number every element of value `v` holds, where it is a constant (or
+    /// known at import) that holds one.
+    fn uniform_fill(&self, v: ValueId) -> Option<f64> {
+        if let Some(fill) = self.known.get(v.index()).and_then(|k| k.as_ref()).and_then(|k| k.uniform()) {
+            return Some(fill);
+        }
+        let ValueDef::Weight(w) = &self.graph.value(v).def else { return None };
+        let values = w.data.to_f64s();
+        let first = *values.first()?;
+        values.iter().all(|&x| x == first).then_some(first)
     }
 
     /// Constant zeros of the export batch's shape added to a value of that shape leave
@@ -441,3 +593,4 @@ fn indexes_own_position(dims: &[i64], values: &[i64], axis: usize) -> bool {
     let inner: i64 = dims[axis + 1..].iter().product();
     values.len() as i64 == dims.iter().product::<i64>() && values.iter().enumerate().all(|(i, &v)| v == (i as i64 / inner) % extent)
 }
+

@@ -192,7 +192,7 @@ impl Importer<'_> {
             "Loop" => self.unroll_loop(node, &mut a, opset),
             "Scan" if version < 9 => self.unroll_scan8(node, &mut a, opset),
             "Scan" => self.unroll_scan(node, &mut a, opset),
-            "SplitToSequence" => self.split_to_sequence(node, &mut a),
+            "SplitToSequence" => self.split_to_sequence(node, &mut a, opset),
             "ConcatFromSequence" => self.concat_from_sequence(node, &mut a),
             "FlexAttention" => self.flex_attention(node, &mut a, opset),
             _ => self.sequence_or_optional(node, &mut a),
@@ -621,10 +621,14 @@ impl Importer<'_> {
 
     /// SplitToSequence: the pieces along `axis` (size-1 pieces without `split`, squeezed
     /// unless `keepdims`; equal chunks for a scalar `split`; the given sizes for a list).
-    fn split_to_sequence(&mut self, node: &NodeProto, a: &mut Attrs) -> Result<(), ImportError> {
+    fn split_to_sequence(&mut self, node: &NodeProto, a: &mut Attrs, opset: i64) -> Result<(), ImportError> {
         let axis = a.int_or("axis", 0).map_err(|r| bad(node, r))?;
         let keepdims = a.bool_or("keepdims", true).map_err(|r| bad(node, r))?;
         let x = self.tensor_at(node, 0)?.ok_or_else(|| bad(node, "has no input"))?;
+        if let Some(pieces) = self.dense_split_to_sequence(node, x, axis, opset)? {
+            self.bind(node.output[0].clone(), Bound::Composite(Composite::Sequence(pieces)));
+            return Ok(());
+        }
         let (ax, extent) = self.extent(node, x, axis)?;
         let split = match self.tensor_at(node, 1)? {
             None => None,
@@ -669,6 +673,30 @@ impl Importer<'_> {
         }
         self.bind(node.output[0].clone(), Bound::Composite(Composite::Sequence(pieces)));
         Ok(())
+    }
+
+    /// A SplitToSequence at sizes computed at run time (one per piece, a vector of fixed
+    /// length) is read as the Split it is, densely ([`super::dense_split`]): its pieces
+    /// are the Split's parts; `None` where its sizes are known or absent.
+    fn dense_split_to_sequence(&mut self, node: &NodeProto, x: ValueId, axis: i64, opset: i64) -> Result<Option<Vec<ValueId>>, ImportError> {
+        let Some(sizes) = self.tensor_at(node, 1)? else { return Ok(None) };
+        let size_dims = self.graph.value(sizes).ty.shape.dims().to_vec();
+        let [crate::Dim::Fixed(count)] = size_dims[..] else { return Ok(None) };
+        if self.known.get(sizes.index()).is_some_and(|k| k.is_some()) {
+            return Ok(None);
+        }
+        let name = &node.name;
+        let pieces: Vec<String> = (0..count).map(|i| format!("{name}/piece_{i}")).collect();
+        let split = NodeProto {
+            name: name.clone(),
+            op_type: "Split".into(),
+            input: vec![self.graph.value(x).name.clone(), self.graph.value(sizes).name.clone()],
+            output: pieces.clone(),
+            attribute: vec![super::attrs::attribute_proto("axis", &pipewright_ops::op::AttrValue::Int(axis))],
+            ..Default::default()
+        };
+        self.add_dense_split(&split, opset)?;
+        Ok(Some(pieces.iter().map(|p| self.names[p]).collect()))
     }
 
     /// ConcatFromSequence: Concat of the elements, or their stack with `new_axis`.

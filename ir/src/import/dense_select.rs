@@ -46,8 +46,9 @@ pub(super) struct DenseSelect {
 
 /// Ops that compute positions from positions element by element (or move them).
 /// (`Slice` and `Concat` must keep every extent of the count where it was: they may pick
-/// or join coordinates, never pairs.)
-const INDEX_OPS: &[&str] = &["Transpose", "Split", "Squeeze", "Unsqueeze", "Expand", "Reshape", "Flatten", "Cast", "Add", "Sub", "Mul", "Identity", "Slice", "Concat"];
+/// or join coordinates, never pairs. `Max` of one operand, the default exporter's
+/// broadcast of one index tensor without its optimizer, is the positions themselves.)
+const INDEX_OPS: &[&str] = &["Transpose", "Split", "Squeeze", "Unsqueeze", "Expand", "Reshape", "Flatten", "Cast", "Add", "Sub", "Mul", "Max", "Min", "Identity", "Slice", "Concat"];
 
 /// Ops that build a shape vector from shape vectors.
 const COUNT_OPS: &[&str] = &["Gather", "Concat", "Unsqueeze", "Squeeze", "Slice", "Cast", "Identity"];
@@ -333,7 +334,7 @@ impl Importer<'_> {
         Ok(Some(at("zeros")))
     }
 
-    fn constant_i64(&mut self, name: &str, dims: &[i64], values: &[i64]) {
+    pub(super) fn constant_i64(&mut self, name: &str, dims: &[i64], values: &[i64]) {
         let data = crate::TensorData::from_i64s(dims.to_vec(), values);
         let ty = crate::dim::TensorType::new(data.dtype, crate::dim::Shape::fixed(dims));
         self.define(name.to_string(), ty, crate::ValueDef::Weight(crate::Weight { data, trainable: false }));
@@ -341,7 +342,7 @@ impl Importer<'_> {
 }
 
 /// A node of `op_type` without attributes.
-fn plain(name: &str, op_type: &str, inputs: &[&str], output: &str) -> NodeProto {
+pub(super) fn plain(name: &str, op_type: &str, inputs: &[&str], output: &str) -> NodeProto {
     NodeProto { name: name.into(), op_type: op_type.into(), input: inputs.iter().map(|s| s.to_string()).collect(), output: vec![output.into()], ..Default::default() }
 }
 

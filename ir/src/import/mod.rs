@@ -6,6 +6,7 @@ mod batch_rewrite;
 pub mod biases;
 mod control;
 mod dense_select;
+mod dense_split;
 mod detached;
 mod fx;
 mod evaluated;
@@ -208,6 +209,8 @@ struct Importer<'a> {
     from_weights: std::collections::HashSet<ValueId>,
     /// What the dense reading of data-dependent `NonZero`s reaches ([`dense_select`]).
     dense: dense_select::DenseSelect,
+    /// What the dense reading of `Split`s at run-time sizes reaches ([`dense_split`]).
+    dense_split: dense_split::DenseSplit,
     /// The nodes [`detached::stop_detached_reads`] added, imported as `StopGradient`.
     stop_gradients: std::collections::HashSet<String>,
     opsets: Opsets,
@@ -216,7 +219,7 @@ struct Importer<'a> {
 
 impl<'a> Importer<'a> {
     fn new(dir: &'a Path, opts: &'a ImportOptions) -> Importer<'a> {
-        Importer { dir, opts, graph: Graph::default(), names: HashMap::new(), known: Vec::new(), composites: HashMap::new(), scans_axis0: false, layer_weights: Default::default(), contraction_widths: HashMap::new(), batch_rows: HashMap::new(), fills: HashMap::new(), from_weights: Default::default(), dense: Default::default(), stop_gradients: Default::default(), opsets: Opsets::default(), ctx: Ctx::default() }
+        Importer { dir, opts, graph: Graph::default(), names: HashMap::new(), known: Vec::new(), composites: HashMap::new(), scans_axis0: false, layer_weights: Default::default(), contraction_widths: HashMap::new(), batch_rows: HashMap::new(), fills: HashMap::new(), from_weights: Default::default(), dense: Default::default(), dense_split: Default::default(), stop_gradients: Default::default(), opsets: Opsets::default(), ctx: Ctx::default() }
     }
 
     fn run(mut self, mut model: ModelProto) -> Result<Graph, ImportError> {
@@ -353,6 +356,7 @@ impl<'a> Importer<'a> {
             })
             .collect::<Result<Vec<_>, _>>()?;
         self.check_dense_outputs(&outputs)?;
+        self.check_dense_split_outputs(&outputs)?;
         self.graph.set_outputs(outputs);
         self.check_declared_types(g.output.iter().chain(&g.value_info));
         if !self.opts.unfused {
@@ -512,6 +516,12 @@ impl<'a> Importer<'a> {
     fn add_node(&mut self, node: &NodeProto, opset: i64) -> Result<(), ImportError> {
         if self.reads_nonzero_densely(node) {
             return self.add_dense_nonzero(node, opset);
+        }
+        if self.splits_densely(node) {
+            return self.add_dense_split(node, opset);
+        }
+        if self.add_split_part_reader(node, opset)? {
+            return Ok(());
         }
         if self.add_dense_reader(node, opset)? {
             return Ok(());
