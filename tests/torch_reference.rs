@@ -78,6 +78,15 @@
 //!   depthwise convolutions output exactly 0 (their bias) over windows the ReLU6 before
 //!   them zeroed. Lowered as libtorch's `clamp` (as before), which passes it at the
 //!   bounds, one step landed 6.0e-4 away.
+//! - GraniteMoE (the default exporter, with and without its optimizer) and JetMoE (at
+//!   batch 1): their experts split the rows sorted by expert at sizes the routing
+//!   computes (a `Split`, or a `SplitToSequence` without the optimizer), read densely,
+//!   every expert on every row with the rows outside its part masked out of the
+//!   `Concat`; at batch 1 the router's one-hot choice, its sort and the zeros it scatters
+//!   the rows back into are read so that they follow the batch. Both were refused before.
+//! - Qwen3-MoE (the default exporter without its optimizer): its routing's `NonZero`
+//!   positions pass through a `Max` of one operand (the exporter's broadcast of one index
+//!   tensor), index arithmetic that the dense reading follows; refused before.
 //!
 //! The step is 0.5 on the mean cross-entropy against fixed labels, at d = 2 under
 //! PipeDream-Flush with one microbatch of the export batch (the mean PyTorch takes), with
@@ -94,7 +103,7 @@ use std::process::Command;
 use common::{pw_ok, root, try_pw};
 
 /// A zoo architecture, one of its entries, and what compile needs besides.
-const ENTRIES: [(&str, &str, &[&str]); 37] = [
+const ENTRIES: [(&str, &str, &[&str]); 41] = [
     ("mixtral", "mixtral-script-dyn", &[]),
     ("mixtral", "mixtral-script-b2", &[]),
     ("olmoe", "olmoe-dynamo-dyn", &[]),
@@ -132,6 +141,10 @@ const ENTRIES: [(&str, &str, &[&str]); 37] = [
     ("hf_resnet", "hf_resnet-dynamo-dyn", &[]),
     ("resnet", "resnet-dynamo-dyn", &[]),
     ("mobilenet_v2", "mobilenet_v2-dynamo-dyn", &[]),
+    ("granitemoe", "granitemoe-dynamo-dyn", &[]),
+    ("granitemoe", "granitemoe-dynamo-noopt-dyn", &[]),
+    ("jetmoe", "jetmoe-dynamo-b1", &[]),
+    ("qwen3_moe", "qwen3_moe-dynamo-noopt-dyn", &[]),
 ];
 
 fn torch_python() -> String {
