@@ -87,6 +87,12 @@
 //! - Qwen3-MoE (the default exporter without its optimizer): its routing's `NonZero`
 //!   positions pass through a `Max` of one operand (the exporter's broadcast of one index
 //!   tensor), index arithmetic that the dense reading follows; refused before.
+//! - DeepSeek-V3 (TorchScript, batch 1): its router's group mask scatters into zeros the
+//!   exporter wrote for the export batch's tokens, read so that they follow the batch.
+//! - PatchTST (batch 2) and ViTDet (batch 1), the default exporter: views whose leading
+//!   literal holds the batch merged with channels, windows or heads (`[6, -1, 2, 8]` of
+//!   `[3N, 4, 16]` at batch 2), read so that the batch stays where it was; read with the
+//!   -1 taking the batch, as before, neither compiled at another batch.
 //!
 //! The step is 0.5 on the mean cross-entropy against fixed labels, at d = 2 under
 //! PipeDream-Flush with one microbatch of the export batch (the mean PyTorch takes), with
@@ -103,7 +109,7 @@ use std::process::Command;
 use common::{pw_ok, root, try_pw};
 
 /// A zoo architecture, one of its entries, and what compile needs besides.
-const ENTRIES: [(&str, &str, &[&str]); 41] = [
+const ENTRIES: [(&str, &str, &[&str]); 44] = [
     ("mixtral", "mixtral-script-dyn", &[]),
     ("mixtral", "mixtral-script-b2", &[]),
     ("olmoe", "olmoe-dynamo-dyn", &[]),
@@ -145,6 +151,9 @@ const ENTRIES: [(&str, &str, &[&str]); 41] = [
     ("granitemoe", "granitemoe-dynamo-noopt-dyn", &[]),
     ("jetmoe", "jetmoe-dynamo-b1", &[]),
     ("qwen3_moe", "qwen3_moe-dynamo-noopt-dyn", &[]),
+    ("deepseek_v3", "deepseek_v3-script-b1", &[]),
+    ("patchtst", "patchtst-dynamo-b2", &[]),
+    ("vitdet", "vitdet-dynamo-b1", &[]),
 ];
 
 fn torch_python() -> String {

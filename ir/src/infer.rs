@@ -761,10 +761,38 @@ fn reshape(input: &Shape, target: &[Dim], allow_zero: bool, ctx: Ctx) -> R<Shape
             if let (Some(Dim::Batch(_)), Some(b), Some(Dim::Batch(k))) = (total, ctx.export_batch, input.0.first()) {
                 // Where the input's first extent holds more than the batch (`[8N, 8]`,
                 // the batch and a sequence merged), only a literal equal to the export
-                // batch is read as the batch (`view(batch, -1, heads, head)`).
-                let holds_batch = |v: i64| if *k == 1 { v % b == 0 } else { v == b };
-                if let Some(v) = dims[0].fixed().filter(|&v| hole != 0 && b > 0 && v > 0 && holds_batch(v) && !dims.iter().any(|d| d.is_batch())) {
-                    dims[0] = Dim::Batch(v / b);
+                // batch is read as the batch (`view(batch, -1, heads, head)`), or one equal
+                // to the product of the input's leading extents, which then stay merged
+                // as they were (PatchTST's `view(batch * channels, -1, heads, head)` of
+                // `[3N, 4, 16]`, and `view(batch * channels * heads, -1, head)` of
+                // `[3N, 2, 4, 8]`, at batch 1).
+                let leading = |v: i64| -> Option<Dim> {
+                    let mut p = Dim::Fixed(1);
+                    input.0.iter().find_map(|&d| {
+                        p = p.mul(d)?;
+                        (p.eval(b) == v).then_some(p)
+                    })
+                };
+                // (A -1 that reading would leave at the export batch stands for the batch
+                // itself, as in a sequence-first `view(seq, -1, width)`: the literal is
+                // then the rows.)
+                let hole_of = |lead: Dim| total.and_then(|t| t.div_exact(product(&dims.iter().enumerate().map(|(i, &d)| if i == hole { Dim::Fixed(1) } else if i == 0 { lead } else { d }).collect::<Vec<_>>(), ctx).ok()?));
+                // The batch is the outermost factor of `k*N`: a literal of the batch times a
+                // divisor of `k` holds it with some of the factors inside it (ViTDet's
+                // `view(windows, heads, h, w, -1)` of `[8N, 4, 8]`, windows and heads
+                // merged, written `[4, 2, 2, 2, -1]` at batch 1).
+                let as_batch = |v: i64| -> Option<Dim> {
+                    match *k {
+                        1 if v % b == 0 => Some(Dim::Batch(v / b)),
+                        _ if v == b => Some(Dim::N),
+                        _ => Some(Dim::Batch(v / b))
+                            .filter(|_| v % b == 0 && k % (v / b) == 0)
+                            .or_else(|| leading(v))
+                            .filter(|d| d.is_batch() && hole_of(*d) != Some(Dim::Fixed(b))),
+                    }
+                };
+                if let Some(d) = dims[0].fixed().filter(|&v| hole != 0 && b > 0 && v > 0 && !dims.iter().any(|d| d.is_batch())).and_then(as_batch) {
+                    dims[0] = d;
                 }
             }
             let known_product = product(&dims.iter().enumerate().map(|(i, &d)| if i == hole { Dim::Fixed(1) } else { d }).collect::<Vec<_>>(), ctx)?;

@@ -1578,3 +1578,39 @@ fn training_and_ml_domain_ops() {
     assert!(matches!(e, ImportError::UnknownOps(_)), "{e}");
     assert_eq!(e.to_string(), "1 unknown operator type(s): Adam (nodes \"adam\")");
 }
+
+/// PatchTST at a fixed batch of 1: each channel of each sample is a sequence of its own
+/// (`[batch * channels, patches, width]`, read `[3N, 4, 16]`), and its attention views
+/// that as `view(batch * channels, -1, heads, head)` and `view(batch * channels * heads,
+/// -1, head)`, written `[3, -1, 2, 8]` and `[6, -1, 8]`. The leading literal is the
+/// input's leading extents merged as they were, so the -1 keeps the patches, not the batch.
+#[test]
+fn leading_literals_of_merged_batch_extents_keep_them_merged() {
+    let m = ModelBuilder::new(17)
+        .input("x", F32, &fixed(&[1, 3, 4, 16]))
+        .init(tensor_i64("samples", &[3], &[3, 4, 16]))
+        .init(tensor_i64("heads", &[4], &[3, -1, 2, 8]))
+        .init(tensor_i64("merged", &[3], &[6, -1, 8]))
+        .node(node("Reshape", "per_channel", &["x", "samples"], &["c"]))
+        .node(node("Reshape", "split_heads", &["c", "heads"], &["h"]))
+        .node(node("Transpose", "heads_first", &["h"], &["t"]).ints("perm", &[0, 2, 1, 3]))
+        .node(node("Reshape", "merge_heads", &["t", "merged"], &["y"]))
+        .output("y");
+    let g = import(&m);
+    assert_eq!(ty(&g, "c"), "f32[3N,4,16]");
+    assert_eq!(ty(&g, "h"), "f32[3N,4,2,8]");
+    assert_eq!(ty(&g, "y"), "f32[6N,4,8]");
+    // ViTDet at batch 1: windows and heads merged (`[8N, 4, 8]`, four windows of two
+    // heads), viewed as `view(windows, heads, h, w, -1)`, written `[4, 2, 2, 2, -1]`: the
+    // 4 is the batch times a divisor of 8, the windows.
+    let m = ModelBuilder::new(17)
+        .input("x", F32, &fixed(&[1, 8, 4, 8]))
+        .init(tensor_i64("merged", &[3], &[8, 4, 8]))
+        .init(tensor_i64("windows", &[5], &[4, 2, 2, 2, -1]))
+        .node(node("Reshape", "merge", &["x", "merged"], &["m"]))
+        .node(node("Reshape", "per_window", &["m", "windows"], &["w"]))
+        .output("w");
+    let g = import(&m);
+    assert_eq!(ty(&g, "m"), "f32[8N,4,8]");
+    assert_eq!(ty(&g, "w"), "f32[4N,2,2,2,8]");
+}

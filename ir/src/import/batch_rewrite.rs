@@ -156,11 +156,12 @@ impl Importer<'_> {
     }
 
     /// A mixture-of-experts router's one-hot choice (`zeros.scatter(1, top_k_indices, 1)`,
-    /// as the default exporter writes it at a fixed batch) scatters a constant fill into a
-    /// constant fill, both shaped for the export batch's tokens, at indices that follow the
+    /// as the default exporter writes it at a fixed batch; DeepSeek-V3's group mask, as
+    /// TorchScript does) scatters a constant fill (or updates that follow the batch) into
+    /// a constant fill, shaped for the export batch's tokens, at indices that follow the
     /// batch: the same fills, shaped from the indices at run time (the data's extents
     /// that match a batch-carrying extent of the indices, off the scatter's axis, follow
-    /// it; the updates take the indices' shape, as ScatterElements requires).
+    /// it; constant updates take the indices' shape, as ScatterElements requires).
     fn fill_scatter_elements(&self, node: &NodeProto, b: i64) -> Option<BatchRewrite> {
         let axis = super::attrs::Attrs::new(&node.attribute).int_or("axis", 0).ok()?;
         let [data, indices, updates] = &node.input[..] else { return None };
@@ -168,19 +169,25 @@ impl Importer<'_> {
         let (data_value, index_value, update_value) = (value(data)?, value(indices)?, value(updates)?);
         let index_dims = self.graph.value(index_value).ty.shape.dims().to_vec();
         let fixed = |v: ValueId| -> Option<Vec<i64>> { self.graph.value(v).ty.shape.dims().iter().map(|d| d.fixed()).collect() };
-        let (data_dims, update_dims) = (fixed(data_value)?, fixed(update_value)?);
+        let data_dims = fixed(data_value)?;
         let rank = data_dims.len();
         let axis = usize::try_from(if axis < 0 { axis + rank as i64 } else { axis }).ok()?;
-        if index_dims.len() != rank || update_dims != index_dims.iter().map(|d| d.eval(b)).collect::<Vec<_>>() {
+        // Updates that already follow the batch (TorchScript's `ones_like` of the indices)
+        // stay; a constant fill of the indices' extents at the export batch is rebuilt.
+        let updates_follow = self.graph.value(update_value).ty.shape.dims() == index_dims;
+        if index_dims.len() != rank || !(updates_follow || fixed(update_value)? == index_dims.iter().map(|d| d.eval(b)).collect::<Vec<_>>()) {
             return None;
         }
         let follows: Vec<bool> = (0..rank).map(|a| a != axis && index_dims[a].is_batch() && index_dims[a].eval(b) == data_dims[a]).collect();
         if !follows.contains(&true) {
             return None;
         }
-        let (data_fill, update_fill) = (self.uniform_fill(data_value)?, self.uniform_fill(update_value)?);
+        let data_fill = self.uniform_fill(data_value)?;
+        let update_fill = if updates_follow { None } else { Some(self.uniform_fill(update_value)?) };
         let at = |what: &str| format!("{}/batch/{what}", node.name);
-        let mut rewrite = BatchRewrite::replace(node, "ScatterElements", vec![at("data"), indices.clone(), at("updates")], "a ScatterElements of a constant fill into a constant fill, both of the export batch's extent, is read with both fills shaped from its indices, which follow the batch");
+        let updates_read = if updates_follow { updates.clone() } else { at("updates") };
+        let note = "a ScatterElements into a constant fill of the export batch's extent (of a constant fill, or of updates that follow the batch) is read with the fills shaped from its indices, which follow the batch";
+        let mut rewrite = BatchRewrite::replace(node, "ScatterElements", vec![at("data"), indices.clone(), updates_read], note);
         rewrite.node.attribute = node.attribute.clone();
         let mut extents = Vec::new();
         for (a, &follow) in follows.iter().enumerate() {
@@ -203,7 +210,10 @@ impl Importer<'_> {
             n.attribute.push(super::attrs::attribute_proto("value", &pipewright_ops::op::AttrValue::Tensor(value)));
             n
         };
-        rewrite.before.extend([concat, fill(&at("data"), &at("data_shape"), data_value, data_fill), fill(&at("updates"), &at("index_shape"), update_value, update_fill)]);
+        rewrite.before.extend([concat, fill(&at("data"), &at("data_shape"), data_value, data_fill)]);
+        if let Some(update_fill) = update_fill {
+            rewrite.before.push(fill(&at("updates"), &at("index_shape"), update_value, update_fill));
+        }
         Some(rewrite)
     }
 
