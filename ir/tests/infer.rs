@@ -1614,3 +1614,42 @@ fn leading_literals_of_merged_batch_extents_keep_them_merged() {
     assert_eq!(ty(&g, "m"), "f32[8N,4,8]");
     assert_eq!(ty(&g, "w"), "f32[4N,2,2,2,8]");
 }
+
+/// A mixture-of-experts router exported at a fixed batch of 2 (four tokens a sample):
+/// its one-hot choice scatters constant ones into constant zeros of the export batch's
+/// tokens, its sort is a TopK whose constant k is those tokens, and `index_add` writes
+/// the rows it gathered at the sorted positions back into constant zeros of those
+/// tokens. Each follows the batch, and the import notes each.
+#[test]
+fn a_fixed_batch_router_follows_the_batch() {
+    let m = ModelBuilder::new(17)
+        .input("x", F32, &fixed(&[2, 4, 3]))
+        .init(tensor_i64("rows", &[2], &[-1, 3]))
+        .init(tensor_f32("router", &[3, 2], &[0.5, -0.5, 0.25, 0.75, -1.0, 1.0]))
+        .init(tensor_i64("one", &[1], &[1]))
+        .init(tensor_f32_zeros("choice_zeros", &[8, 2]))
+        .init(tensor_f32("ones", &[8, 1], &[1.0; 8]))
+        .init(tensor_i64("flat", &[1], &[-1]))
+        .init(tensor_i64("tokens", &[1], &[8]))
+        .init(tensor_f32_zeros("sum_zeros", &[8, 3]))
+        .node(node("Reshape", "token_rows", &["x", "rows"], &["t"]))
+        .node(node("MatMul", "logits", &["t", "router"], &["l"]))
+        .node(node("TopK", "top", &["l", "one"], &["top_values", "chosen"]).int("axis", 1))
+        .node(node("ScatterElements", "one_hot", &["choice_zeros", "chosen", "ones"], &["onehot"]).int("axis", 1))
+        .node(node("Reshape", "experts", &["chosen", "flat"], &["e"]))
+        .node(node("TopK", "sort", &["e", "tokens"], &["sorted", "order"]).int("axis", 0).int("largest", 0))
+        .node(node("Gather", "grouped", &["t", "order"], &["g"]).int("axis", 0))
+        .node(node("Unsqueeze", "positions", &["order", "one"], &["p"]))
+        .node(node("ScatterND", "index_add", &["sum_zeros", "p", "g"], &["y"]).string("reduction", "add"))
+        .output("onehot")
+        .output("y");
+    let g = import(&m);
+    assert_eq!(ty(&g, "t"), "f32[4N,3]");
+    assert_eq!(ty(&g, "onehot"), "f32[4N,2]");
+    assert_eq!(ty(&g, "order"), "i64[4N]");
+    assert_eq!(ty(&g, "y"), "f32[4N,3]");
+    for (node, note) in [("one_hot", "fills shaped from its indices"), ("sort", "k the axis's extent at run time"), ("index_add", "zeros of that value's rows")] {
+        assert!(g.warnings.iter().any(|w| w.contains(&format!("{node:?}")) && w.contains(note)), "{node}: {:?}", g.warnings);
+    }
+    assert_eq!(g.source_rewrites.len(), 3);
+}
