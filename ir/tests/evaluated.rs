@@ -337,6 +337,9 @@ fn split_at_run_time_sizes_used_otherwise_is_refused() {
     let refused = |m: &ModelBuilder| import_with(m, &ImportOptions::default()).expect_err("refused").to_string();
     let e = refused(&experts(&["out1", "out0"], "y"));
     assert!(e.contains("\"joined\"") && e.contains("not all of them in order"), "{e}");
+    let no_output = experts(&["out0", "out1"], "out0").node(node("Concat", "nowhere", &["out0", "out1"], &[]).int("axis", 0));
+    let e = refused(&no_output);
+    assert!(e.contains("\"nowhere\"") && e.contains("without one output"), "{e}");
     let e = refused(&experts(&["out0", "out1"], "out0"));
     assert!(e.contains("\"out0\"") && e.contains("one Concat joins all its parts"), "{e}");
     let reduced = experts(&["out0", "out1"], "y").node(node("ReduceSum", "total", &["out1"], &["t"]).int("keepdims", 0)).output("t");

@@ -171,6 +171,9 @@ impl Importer<'_> {
                 reason: format!("joins parts of a Split whose sizes depend on the data {reason}; pipewright reads such a Split densely only where one Concat joins all its parts, in order, along the rows (mixture-of-experts experts)"),
             })
         };
+        if node.output.len() != 1 || node.output[0].is_empty() {
+            return refuse("without one output (a Concat gives one)");
+        }
         let split = read[0].1.split.clone();
         let rows = &self.dense_split.splits[&split];
         let in_order = read.len() == node.input.len() && read.len() == rows.parts && read.iter().enumerate().all(|(k, (slot, p))| *slot == k && p.index == k && p.split == split);
