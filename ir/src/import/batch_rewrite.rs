@@ -9,7 +9,7 @@
 use onnx_protobuf::NodeProto;
 use pipewright_ops::onnx::AttrSource;
 
-use super::dense_select::plain;
+use super::node_proto::{concat0, filled, plain};
 use super::Importer;
 use crate::dim::{Dim, Shape, TensorType};
 use crate::graph::SourceRewrite;
@@ -189,6 +189,7 @@ impl Importer<'_> {
         let note = "a ScatterElements into a constant fill of the export batch's extent (of a constant fill, or of updates that follow the batch) is read with the fills shaped from its indices, which follow the batch";
         let mut rewrite = BatchRewrite::replace(node, "ScatterElements", vec![at("data"), indices.clone(), updates_read], note);
         rewrite.node.attribute = node.attribute.clone();
+        rewrite.before.push(plain(&at("index_shape"), "Shape", &[indices], &at("index_shape")));
         let mut extents = Vec::new();
         for (a, &follow) in follows.iter().enumerate() {
             let name = at(&format!("extent{a}"));
@@ -201,18 +202,13 @@ impl Importer<'_> {
             rewrite.constants.push((constant, TensorData::from_i64s(vec![1], &[extent])));
             extents.push(name);
         }
-        rewrite.before.insert(0, plain(&at("index_shape"), "Shape", &[indices], &at("index_shape")));
-        let mut concat = plain(&at("data_shape"), "Concat", &extents.iter().map(String::as_str).collect::<Vec<_>>(), &at("data_shape"));
-        concat.attribute.push(super::attrs::attribute_proto("axis", &pipewright_ops::op::AttrValue::Int(0)));
-        let fill = |name: &str, shape: &str, v: ValueId, x: f64| {
-            let mut n = plain(name, "ConstantOfShape", &[shape], name);
-            let value = TensorData::from_f64s(self.graph.value(v).ty.dtype, vec![1], &[x]);
-            n.attribute.push(super::attrs::attribute_proto("value", &pipewright_ops::op::AttrValue::Tensor(value)));
-            n
-        };
-        rewrite.before.extend([concat, fill(&at("data"), &at("data_shape"), data_value, data_fill)]);
+        let dtype = |v: ValueId| self.graph.value(v).ty.dtype;
+        rewrite.before.extend([
+            concat0(&at("data_shape"), &extents.iter().map(String::as_str).collect::<Vec<_>>(), &at("data_shape")),
+            filled(&at("data"), &at("data_shape"), dtype(data_value), data_fill),
+        ]);
         if let Some(update_fill) = update_fill {
-            rewrite.before.push(fill(&at("updates"), &at("index_shape"), update_value, update_fill));
+            rewrite.before.push(filled(&at("updates"), &at("index_shape"), dtype(update_value), update_fill));
         }
         Some(rewrite)
     }
@@ -265,12 +261,12 @@ impl Importer<'_> {
         rewrite.node.attribute = node.attribute.clone();
         rewrite.constants.push((at("axis"), TensorData::from_i64s(vec![1], &[axis as i64])));
         rewrite.constants.push((at("row_extent"), TensorData::from_i64s(vec![dims.len() as i64 - 1], &dims[1..])));
-        let mut concat = plain(&at("zeros_shape"), "Concat", &[&at("rows"), &at("row_extent")], &at("zeros_shape"));
-        concat.attribute.push(super::attrs::attribute_proto("axis", &pipewright_ops::op::AttrValue::Int(0)));
-        let mut zeros = plain(&at("zeros"), "ConstantOfShape", &[&at("zeros_shape")], &at("zeros"));
-        let zero = TensorData::from_f64s(self.graph.value(data_value).ty.dtype, vec![1], &[0.0]);
-        zeros.attribute.push(super::attrs::attribute_proto("value", &pipewright_ops::op::AttrValue::Tensor(zero)));
-        rewrite.before = vec![plain(&at("shape"), "Shape", &[&rows_name], &at("shape")), plain(&at("rows"), "Gather", &[&at("shape"), &at("axis")], &at("rows")), concat, zeros];
+        rewrite.before = vec![
+            plain(&at("shape"), "Shape", &[&rows_name], &at("shape")),
+            plain(&at("rows"), "Gather", &[&at("shape"), &at("axis")], &at("rows")),
+            concat0(&at("zeros_shape"), &[&at("rows"), &at("row_extent")], &at("zeros_shape")),
+            filled(&at("zeros"), &at("zeros_shape"), self.graph.value(data_value).ty.dtype, 0.0),
+        ];
         Some(rewrite)
     }
 
@@ -603,4 +599,3 @@ fn indexes_own_position(dims: &[i64], values: &[i64], axis: usize) -> bool {
     let inner: i64 = dims[axis + 1..].iter().product();
     values.len() as i64 == dims.iter().product::<i64>() && values.iter().enumerate().all(|(i, &v)| v == (i as i64 / inner) % extent)
 }
-

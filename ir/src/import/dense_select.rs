@@ -24,6 +24,7 @@ use onnx_protobuf::NodeProto;
 use pipewright_ops::onnx::AttrSource;
 
 use super::attrs::{attribute_proto, Attrs};
+use super::node_proto::{concat0, filled, plain};
 use super::Importer;
 use crate::error::{ImportError, NodeRef};
 use crate::ValueId;
@@ -56,11 +57,15 @@ const COUNT_OPS: &[&str] = &["Gather", "Concat", "Unsqueeze", "Squeeze", "Slice"
 /// Ops that read a shape vector as the shape they produce, in slot 1.
 const SHAPED_OPS: &[&str] = &["Reshape", "Expand", "Tile"];
 
-/// Ops that compute each row from that row alone, given rows in their first operand.
-const ROW_OPS: &[&str] = &[
-    "MatMul", "Gemm", "Add", "Sub", "Mul", "Div", "Pow", "Where", "Cast", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Expand", "Identity", "Transpose", "Sigmoid",
-    "Relu", "Tanh", "Gelu", "Erf", "Exp", "Neg", "Sqrt", "Softplus", "HardSigmoid", "HardSwish", "LeakyRelu", "Elu", "Selu", "Mish",
+/// Ops that compute each element from the same element of their operands (broadcast).
+pub(super) const ELEMENTWISE_OPS: &[&str] = &[
+    "Add", "Sub", "Mul", "Div", "Pow", "Where", "Cast", "Identity", "Sigmoid", "Relu", "Tanh", "Gelu", "Erf", "Exp", "Neg", "Sqrt", "Softplus", "HardSigmoid", "HardSwish",
+    "LeakyRelu", "Elu", "Selu", "Mish",
 ];
+
+/// Besides [`ELEMENTWISE_OPS`], ops that compute each row from that row alone, given rows
+/// in their first operand.
+const ROW_SHAPE_OPS: &[&str] = &["MatMul", "Gemm", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Expand", "Transpose"];
 
 /// What a node does with values the dense reading reaches.
 enum Reads {
@@ -112,9 +117,7 @@ impl Importer<'_> {
                 plain(&at("row_lead"), "Unsqueeze", &[&at("row"), &at("lead")], &at("row_lead")),
                 plain(&at("column_lead"), "Unsqueeze", &[&at("column"), &at("lead")], &at("column_lead")),
             ]);
-            let mut concat = plain(&node.name, "Concat", &[&at("row_lead"), &at("column_lead")], &node.output[0]);
-            concat.attribute.push(attribute_proto("axis", &pipewright_ops::op::AttrValue::Int(0)));
-            nodes.push(concat);
+            nodes.push(concat0(&node.name, &[&at("row_lead"), &at("column_lead")], &node.output[0]));
         }
         for n in &nodes {
             self.add_node(n, opset)?;
@@ -312,16 +315,11 @@ impl Importer<'_> {
         for (name, data) in &constants {
             self.constant_i64(name, &data.dims, &data.to_i64s());
         }
-        let mut concat = plain(&at("zeros_shape"), "Concat", &[&at("tokens"), &at("row_extent")], &at("zeros_shape"));
-        concat.attribute.push(attribute_proto("axis", &pipewright_ops::op::AttrValue::Int(0)));
-        let mut zeros = plain(&at("zeros"), "ConstantOfShape", &[&at("zeros_shape")], &at("zeros"));
-        let zero = crate::TensorData::from_f64s(self.graph.value(data).ty.dtype, vec![1], &[0.0]);
-        zeros.attribute.push(attribute_proto("value", &pipewright_ops::op::AttrValue::Tensor(zero)));
         let nodes = [
             plain(&at("mask_shape"), "Shape", &[&mask], &at("mask_shape")),
             plain(&at("tokens"), "Gather", &[&at("mask_shape"), &at("token_axis")], &at("tokens")),
-            concat,
-            zeros,
+            concat0(&at("zeros_shape"), &[&at("tokens"), &at("row_extent")], &at("zeros_shape")),
+            filled(&at("zeros"), &at("zeros_shape"), self.graph.value(data).ty.dtype, 0.0),
         ];
         for n in &nodes {
             self.add_node_plain(n, opset)?;
@@ -341,11 +339,6 @@ impl Importer<'_> {
     }
 }
 
-/// A node of `op_type` without attributes.
-pub(super) fn plain(name: &str, op_type: &str, inputs: &[&str], output: &str) -> NodeProto {
-    NodeProto { name: name.into(), op_type: op_type.into(), input: inputs.iter().map(|s| s.to_string()).collect(), output: vec![output.into()], ..Default::default() }
-}
-
 /// What an op of type `op` does with the positions and rows it reads (at the given
 /// slots), all of one mask; `Err` says what it reads that the dense reading cannot allow.
 fn classify(op: &str, positions: &[(usize, String)], rows: &[(usize, String)], mask: String) -> Result<Reads, &'static str> {
@@ -355,7 +348,7 @@ fn classify(op: &str, positions: &[(usize, String)], rows: &[(usize, String)], m
         "Gather" | "GatherND" if only_slots(positions, &[1]) && rows.is_empty() => Reads::Rows(mask),
         _ if rows.is_empty() && INDEX_OPS.contains(&op) => Reads::Positions(mask),
         "MatMul" | "Gemm" if only_slots(rows, &[0]) && positions.is_empty() => Reads::Rows(mask),
-        _ if ROW_OPS.contains(&op) && positions.is_empty() => Reads::Rows(mask),
+        _ if (ELEMENTWISE_OPS.contains(&op) || ROW_SHAPE_OPS.contains(&op)) && positions.is_empty() => Reads::Rows(mask),
         _ if positions.is_empty() => return Err("rows computed at the positions"),
         _ => return Err("the positions"),
     })

@@ -25,7 +25,8 @@ use onnx_protobuf::NodeProto;
 use pipewright_ops::onnx::AttrSource;
 
 use super::attrs::Attrs;
-use super::dense_select::plain;
+use super::dense_select::ELEMENTWISE_OPS;
+use super::node_proto::plain;
 use super::Importer;
 use crate::error::{ImportError, NodeRef};
 use crate::ValueId;
@@ -53,13 +54,6 @@ struct SplitRows {
     inside: String,
 }
 
-/// Ops computing each element from the same element of their operands (or a
-/// broadcast of operands without rows).
-const ELEMENTWISE_OPS: &[&str] = &[
-    "Add", "Sub", "Mul", "Div", "Pow", "Where", "Cast", "Identity", "Sigmoid", "Relu", "Tanh", "Gelu", "Erf", "Exp", "Neg", "Sqrt", "Softplus", "HardSigmoid", "HardSwish",
-    "LeakyRelu", "Elu", "Selu", "Mish",
-];
-
 impl Importer<'_> {
     /// Whether `node` is a `Split` at sizes computed at run time (its `split` input is
     /// neither a constant nor computed from shapes), which the importer reads densely.
@@ -71,13 +65,14 @@ impl Importer<'_> {
     /// Every part as the split's whole input, and which part's range holds each row:
     /// `ends = CumSum(sizes)`, `starts = ends - sizes`, `inside[r, i] = starts[i] <= r < ends[i]`.
     pub(super) fn add_dense_split(&mut self, node: &NodeProto, opset: i64) -> Result<(), ImportError> {
-        let refuse = |reason: String| Err(ImportError::BadNode { node: NodeRef { name: node.name.clone(), op_type: node.op_type.clone() }, reason });
+        let nref = || NodeRef { name: node.name.clone(), op_type: node.op_type.clone() };
+        let refuse = |reason: String| Err(ImportError::BadNode { node: nref(), reason });
         let (data, sizes) = (node.input[0].clone(), node.input[1].clone());
         let Some(&data_id) = self.names.get(&data) else {
-            return Err(ImportError::UndefinedInput { node: NodeRef { name: node.name.clone(), op_type: node.op_type.clone() }, input: data });
+            return Err(ImportError::UndefinedInput { node: nref(), input: data });
         };
         let rank = self.graph.value(data_id).ty.shape.rank();
-        let axis = Attrs::new(&node.attribute).int_or("axis", 0).map_err(|e| ImportError::BadNode { node: NodeRef { name: node.name.clone(), op_type: node.op_type.clone() }, reason: e })?;
+        let axis = Attrs::new(&node.attribute).int_or("axis", 0).map_err(|reason| ImportError::BadNode { node: nref(), reason })?;
         if rank == 0 || (axis != 0 && axis != -(rank as i64)) {
             return refuse(format!("splits at sizes computed at run time along axis {axis} of a rank-{rank} tensor; pipewright reads such a Split densely only along the rows (axis 0: mixture-of-experts experts); export the model with a dense formulation"));
         }
@@ -155,9 +150,9 @@ impl Importer<'_> {
             "MatMul" => read.iter().all(|(i, _)| *i == 0) && part_rank >= 2 && others.into_iter().all(|(_, n)| rank(n) == Some(2)),
             "Gemm" => {
                 let trans_a = attrs.int_or("transA", 0).unwrap_or(1);
-                read.iter().all(|(i, _)| *i == 0) && trans_a == 0 && others.into_iter().all(|(i, n)| i == 1 || rank(n).is_some_and(|r| r < 2) || dims(n).is_some_and(|d| d[0] == crate::Dim::Fixed(1)))
+                read.iter().all(|(i, _)| *i == 0) && trans_a == 0 && others.into_iter().all(|(i, n)| i == 1 || rank(n).is_some_and(|r| r < 2) || dims(n).is_some_and(|d| d.first() == Some(&crate::Dim::Fixed(1))))
             }
-            op if ELEMENTWISE_OPS.contains(&op) => others.into_iter().all(|(_, n)| rank(n).is_some_and(|r| r < part_rank) || dims(n).is_some_and(|d| d.len() == part_rank && d[0] == crate::Dim::Fixed(1))),
+            op if ELEMENTWISE_OPS.contains(&op) => others.into_iter().all(|(_, n)| rank(n).is_some_and(|r| r < part_rank) || dims(n).is_some_and(|d| d.len() == part_rank && d.first() == Some(&crate::Dim::Fixed(1)))),
             _ => false,
         }
     }
@@ -197,22 +192,28 @@ impl Importer<'_> {
         self.define(at("zero"), zero_ty, crate::ValueDef::Weight(crate::Weight { data: zero, trainable: false }));
         let mut nodes = Vec::new();
         let last = node.input.len() - 1;
+        // The running sum of the parts' rows; the last sum (or the only part's rows)
+        // defines the Concat's output, under the Concat's name.
+        let mut sum: Option<String> = None;
         for (k, input) in node.input.iter().enumerate() {
             let part = |what: &str| at(&format!("{what}{k}"));
             self.constant_i64(&part("from"), &[1], &[k as i64]);
             self.constant_i64(&part("to"), &[1], &[k as i64 + 1]);
+            let only = node.input.len() == 1;
+            let (rows_node, rows) = if only { (node.name.clone(), node.output[0].clone()) } else { (part("rows"), part("rows")) };
             nodes.extend([
                 plain(&part("inside"), "Slice", &[&inside, &part("from"), &part("to"), &at("parts_axis")], &part("inside")),
                 plain(&part("mask"), "Reshape", &[&part("inside"), &at("mask_shape")], &part("mask")),
-                plain(&part("rows"), "Where", &[&part("mask"), input, &at("zero")], &part("rows")),
+                plain(&rows_node, "Where", &[&part("mask"), input, &at("zero")], &rows),
             ]);
-            // The running sum of the parts' rows; the last one (or the only part) defines
-            // the Concat's output, under the Concat's name.
-            let (name, output) = if k == last { (node.name.clone(), node.output[0].clone()) } else { (part("sum"), part("sum")) };
-            match k {
-                0 => nodes.push(plain(&name, "Identity", &[&part("rows")], &output)),
-                _ => nodes.push(plain(&name, "Add", &[&at(&format!("sum{}", k - 1)), &part("rows")], &output)),
-            }
+            sum = Some(match sum {
+                None => rows,
+                Some(previous) => {
+                    let (name, output) = if k == last { (node.name.clone(), node.output[0].clone()) } else { (part("sum"), part("sum")) };
+                    nodes.push(plain(&name, "Add", &[&previous, &rows], &output));
+                    output
+                }
+            });
         }
         for n in &nodes {
             self.add_node_plain(n, opset)?;

@@ -9,6 +9,7 @@ mod dense_select;
 mod dense_split;
 mod detached;
 mod fx;
+mod node_proto;
 mod evaluated;
 pub mod images;
 mod legacy;
