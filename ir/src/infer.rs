@@ -801,7 +801,10 @@ fn reshape(input: &Shape, target: &[Dim], allow_zero: bool, ctx: Ctx) -> R<Shape
                 None => {
                     let (t, k) = (input.numel(n), known_product.eval(n));
                     if k == 0 || t % k != 0 {
-                        return Err(format!("cannot reshape {input} to {}", fmt_target(target)));
+                        return Err(match (total, known_product) {
+                            (Some(Dim::Batch(rows)), Dim::Fixed(p)) if p > 0 => split_batch_error(input, target, rows, p),
+                            _ => format!("cannot reshape {input} to {}", fmt_target(target)),
+                        });
                     }
                     Dim::Fixed(t / k)
                 }
@@ -860,6 +863,23 @@ fn symbolize_batch(dims: &mut [Dim], input: &Shape, k: i64, b: i64) {
 
 fn fmt_target(t: &[Dim]) -> String {
     format!("[{}]", t.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(","))
+}
+
+/// A Reshape of `rows * N` elements whose fixed extents `p` do not divide them: the batch
+/// axis would be cut into groups of rows. That is an export whose batch axis holds several
+/// rows per sample (MusicGen's `[batch * codebooks, seq]` input reshaped to `[-1,
+/// codebooks, seq]`), which pipewright cannot cut into microbatches of whole samples.
+fn split_batch_error(input: &Shape, target: &[Dim], rows: i64, p: i64) -> String {
+    let group = p / gcd(p, rows);
+    format!(
+        "cannot reshape {input} to {}: it would cut the batch axis N into groups of {group} rows, so N must hold {group} rows per sample; \
+         pipewright's batch axis holds whole samples: export the model with those {group} rows on an axis of their own (its inputs' leading axis the sample)",
+        fmt_target(target)
+    )
+}
+
+fn gcd(a: i64, b: i64) -> i64 {
+    if b == 0 { a.abs() } else { gcd(b, a % b) }
 }
 
 /// The loss of NegativeLogLikelihoodLoss and SoftmaxCrossEntropyLoss: per target element

@@ -188,6 +188,18 @@ fn reshape_errors() {
     assert!(e.to_string().contains("more than one -1"), "{e}");
     let e = import_err(&reshape_model(&[2, 8], &[3, 5]));
     assert!(e.to_string().contains("cannot reshape"), "{e}");
+    // MusicGen's `[batch * codebooks, seq]` input, its batch axis declared as the batch:
+    // grouping its rows by codebook would cut the batch axis.
+    let musicgen = ModelBuilder::new(13)
+        .input("x", F32, &[Ax::Param("batch"), Ax::Fixed(6)])
+        .node(node("Reshape", "reshape", &["x", "shape"], &["y"]))
+        .output("y")
+        .init(tensor_i64("shape", &[3], &[-1, 2, 6]));
+    let e = import_err(&musicgen);
+    assert!(
+        e.to_string().contains("cannot reshape [N,6] to [-1,2,6]: it would cut the batch axis N into groups of 2 rows, so N must hold 2 rows per sample"),
+        "{e}"
+    );
 }
 
 #[test]
