@@ -752,6 +752,14 @@ fn reshape(input: &Shape, target: &[Dim], allow_zero: bool, ctx: Ctx) -> R<Shape
     let n = batch(ctx);
     let mut dims: Vec<Dim> = out.iter().map(|d| d.unwrap_or(Dim::Fixed(1))).collect();
     let known_product = product(&dims, ctx)?;
+    // A target that follows the batch (its extents read from a batch-carrying value) over
+    // a value whose rows were fixed at export fits at the export batch only.
+    if total.is_some_and(|t| !t.is_batch()) && known_product.is_batch() {
+        return Err(format!(
+            "cannot reshape {input} to {}: the target follows the batch, but the value's extents were fixed at export (it does not follow the batch)",
+            fmt_target(target)
+        ));
+    }
     match out.iter().position(|d| d.is_none()) {
         Some(hole) => {
             // A leading literal next to a -1, where the input leads with the batch, holds the

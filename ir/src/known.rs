@@ -167,6 +167,7 @@ pub fn evaluate(
             Some(Known { dtype: data.dtype, shape: idx.shape.clone(), data: out })
         }
         Op::Slice(s) => slice_nd(s, inputs, out_shape?),
+        Op::Pad(p) if p.mode == pipewright_ops::op::PadMode::Constant => pad_constant(p, inputs, out_shape?),
         Op::Transpose { perm } => transpose(k(0)?, perm.as_ref(), out_shape?),
         Op::ConstantOfShape { value } => {
             let shape = out_shape?;
@@ -696,6 +697,47 @@ fn slice_nd(s: &pipewright_ops::op::Slice, inputs: &[Option<&Known>], out_shape:
     Some(Known { dtype: data.dtype, shape: out_shape, data: pick(&data.data, &gather_flat(&data.shape, &idx)) })
 }
 
+/// Constant-mode Pad of a known tensor by non-negative pads (a mask padded to whole
+/// blocks, as PEGASUS-X's local attention pads its ones).
+fn pad_constant(p: &pipewright_ops::op::Pad, inputs: &[Option<&Known>], out_shape: Vec<i64>) -> Option<Known> {
+    let x = inputs.first().copied().flatten()?;
+    let rank = x.shape.len();
+    let input = |i: usize| inputs.get(i).copied().flatten();
+    let (pads, fill) = match &p.attrs {
+        Some((pads, value)) => (pads.clone(), f64::from(*value)),
+        None => (input(1)?.fixed_ints()?, input(2).map(|v| v.floats().and_then(|f| f.first().copied())).unwrap_or(Some(0.0))?),
+    };
+    let axes: Vec<usize> = match input(3) {
+        Some(a) => a.fixed_ints()?.into_iter().map(|a| usize::try_from(if a < 0 { a + rank as i64 } else { a }).ok()).collect::<Option<_>>()?,
+        None => (0..rank).collect(),
+    };
+    if pads.len() != 2 * axes.len() || pads.iter().any(|&v| v < 0) || axes.iter().any(|&a| a >= rank) {
+        return None;
+    }
+    let mut before = vec![0i64; rank];
+    for (i, &a) in axes.iter().enumerate() {
+        before[a] = pads[i];
+    }
+    let shape_fits = (0..rank).all(|a| out_shape.get(a).is_some_and(|&o| o >= x.shape[a] + before[a])) && out_shape.len() == rank;
+    if !shape_fits {
+        return None;
+    }
+    // Each output position's source element, or none where it lies in the padding.
+    let (src_strides, out_strides) = (strides(&x.shape), strides(&out_shape));
+    let total = out_shape.iter().try_fold(1usize, |a, &d| a.checked_mul(usize::try_from(d).ok()?))?;
+    let source = |flat: usize| -> Option<usize> {
+        (0..rank).try_fold(0usize, |at, a| {
+            let p = (flat / out_strides[a]) as i64 % out_shape[a] - before[a];
+            (0..x.shape[a]).contains(&p).then(|| at + p as usize * src_strides[a])
+        })
+    };
+    let data = match &x.data {
+        KnownData::Ints(v) => KnownData::Ints((0..total).map(|i| source(i).map_or(Dim::Fixed(fill as i64), |s| v[s])).collect()),
+        KnownData::Floats(v) => KnownData::Floats((0..total).map(|i| source(i).map_or(fill, |s| v[s])).collect()),
+    };
+    Some(Known { dtype: x.dtype, shape: out_shape, data })
+}
+
 /// Transpose of a known tensor (default: the axes reversed).
 fn transpose(x: &Known, perm: Option<&Vec<i64>>, out_shape: Vec<i64>) -> Option<Known> {
     let rank = x.shape.len();
@@ -751,6 +793,23 @@ mod tests {
         assert_eq!((f.dtype, f.floats().unwrap()), (DType::F32, vec![-1.0, 1.0, -1.0]));
         assert!(one_hot(&ints(DType::I64, &[1]), &ints(DType::I64, &[0]), &values, -1).is_none(), "depth 0");
         assert!(one_hot(&ints(DType::I64, &[1]), &depth, &values, 3).is_none(), "axis past the rank");
+    }
+
+    /// ONNX's constant Pad (onnx/backend/test/case/node/pad.py's `constant_pad`, pads
+    /// `[0, 2, 0, 0]` of a `[3, 2]` input): the fill where no input element lands; by
+    /// axes (opset 18); negative pads (a crop) and other modes are left to run time.
+    #[test]
+    fn pad_of_a_known_tensor() {
+        let pad = Op::Pad(pipewright_ops::op::Pad { mode: pipewright_ops::op::PadMode::Constant, attrs: None });
+        let x = Known { dtype: DType::F32, shape: vec![3, 2], data: KnownData::Floats(vec![1.0, 1.2, 2.3, 3.4, 4.5, 5.7]) };
+        let value = Known { dtype: DType::F32, shape: vec![], data: KnownData::Floats(vec![1.2]) };
+        let padded = evaluate(&pad, &[Some(&x), Some(&ints(DType::I64, &[0, 2, 0, 0])), Some(&value)], &[], DType::F32, Some(vec![3, 4])).unwrap();
+        assert_eq!(padded.floats().unwrap(), vec![1.2, 1.2, 1.0, 1.2, 1.2, 1.2, 2.3, 3.4, 1.2, 1.2, 4.5, 5.7]);
+        let by_axes = evaluate(&pad, &[Some(&x), Some(&ints(DType::I64, &[0, 1])), None, Some(&ints(DType::I64, &[0]))], &[], DType::F32, Some(vec![4, 2])).unwrap();
+        assert_eq!(by_axes.floats().unwrap(), vec![1.0, 1.2, 2.3, 3.4, 4.5, 5.7, 0.0, 0.0]);
+        assert!(evaluate(&pad, &[Some(&x), Some(&ints(DType::I64, &[0, -1, 0, 0])), None], &[], DType::F32, Some(vec![3, 1])).is_none(), "a crop");
+        let edge = Op::Pad(pipewright_ops::op::Pad { mode: pipewright_ops::op::PadMode::Edge, attrs: None });
+        assert!(evaluate(&edge, &[Some(&x), Some(&ints(DType::I64, &[0, 2, 0, 0])), None], &[], DType::F32, Some(vec![3, 4])).is_none());
     }
 
     /// A pads vector reshaped to pairs, reversed along axis 0 and transposed, as PyTorch

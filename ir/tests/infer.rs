@@ -1665,3 +1665,82 @@ fn a_fixed_batch_router_follows_the_batch() {
     }
     assert_eq!(g.source_rewrites.len(), 3);
 }
+
+/// `x: [2,3,4]` (exported at batch 2) plus `mask` viewed by x's batch: `Reshape(mask,
+/// Concat(Shape(x)[0], [3, 4]))`, `mask` a `[2,10]` constant padded to `[2,12]` (the
+/// TorchScript exporter's PEGASUS-X pads a mask of ones to whole blocks so).
+fn mask_viewed_by_the_batch(rows: &[f32]) -> ModelBuilder {
+    model(
+        13,
+        &[2, 3, 4],
+        vec![
+            node("Constant", "mask", &[], &["mask"]).tensor("value", tensor_f32("", &[2, 10], rows)),
+            node("Pad", "pad", &["mask", "pads"], &["padded"]),
+            node("Shape", "shape", &["x"], &["s"]),
+            node("Gather", "batch", &["s", "zero"], &["b"]).int("axis", 0),
+            node("Unsqueeze", "unsqueeze", &["b", "axes0"], &["bu"]),
+            node("Concat", "concat", &["bu", "blocks"], &["target"]).int("axis", 0),
+            node("Reshape", "view", &["padded", "target"], &["viewed"]),
+            node("Add", "add", &["x", "viewed"], &["y"]),
+        ],
+        &["y"],
+    )
+    .init(tensor_i64("pads", &[4], &[0, 0, 0, 2]))
+    .init(tensor_i64("zero", &[], &[0]))
+    .init(tensor_i64("axes0", &[1], &[0]))
+    .init(tensor_i64("blocks", &[2], &[3, 4]))
+}
+
+#[test]
+fn a_constant_of_alike_rows_viewed_by_the_batch_is_expanded_to_it() {
+    let g = import(&mask_viewed_by_the_batch(&[1.0; 20]));
+    let text = pipewright_ir::text::print_graph(&g);
+    assert_eq!(ty(&g, "viewed"), "f32[N,3,4]", "{text}");
+    assert!(op_names(&g).contains(&"Expand"), "{text}");
+    assert!(g.warnings.iter().any(|w| w.contains("node \"view\": reshapes a value whose export-batch rows are all the same")), "{:?}", g.warnings);
+}
+
+#[test]
+fn a_constant_of_differing_rows_viewed_by_the_batch_is_refused() {
+    let mut rows = [1.0; 20];
+    rows[15] = 0.0;
+    let e = import_err(&mask_viewed_by_the_batch(&rows));
+    assert!(
+        e.to_string().contains("node \"view\" (Reshape): shape inference failed: cannot reshape [2,12] to [N,3,4]: the target follows the batch, but the value's extents were fixed at export"),
+        "{e}"
+    );
+}
+
+/// `x: [2,3]` (exported at batch 2) beside tokens embedded at indices expanded to the
+/// export batch, `embedding(arange(4).expand(2, -1))` (PEGASUS-X's global tokens as the
+/// TorchScript exporter writes them), viewed per sample and concatenated with `x`.
+fn tokens_expanded_to_the_batch(rows: &[i64]) -> ModelBuilder {
+    model(
+        13,
+        &[2, 3],
+        vec![
+            node("Expand", "expand", &["ids", "ids_shape"], &["idx"]),
+            node("Gather", "embed", &["w", "idx"], &["tokens"]),
+            node("Reshape", "view", &["tokens", "flat"], &["flat_tokens"]),
+            node("Concat", "concat", &["x", "flat_tokens"], &["y"]).int("axis", 1),
+        ],
+        &["y"],
+    )
+    .init(tensor_i64("ids", &[rows.len() as i64 / 4, 4], rows))
+    .init(tensor_i64("ids_shape", &[2], &[2, 4]))
+    .init(tensor_f32("w", &[4, 3], &[0.5; 12]))
+    .init(tensor_i64("flat", &[2], &[2, 12]))
+}
+
+#[test]
+fn a_gather_at_indices_expanded_to_the_export_batch_follows_the_batch() {
+    let g = import(&tokens_expanded_to_the_batch(&[0, 1, 2, 3]));
+    let text = pipewright_ir::text::print_graph(&g);
+    assert_eq!(ty(&g, "tokens"), "f32[N,4,3]", "{text}");
+    assert_eq!(ty(&g, "y"), "f32[N,15]", "{text}");
+    assert!(g.warnings.iter().any(|w| w.contains("node \"embed\": a Gather at indices of the export batch's rows, all alike")), "{:?}", g.warnings);
+    // Rows that differ are no expansion of one row: the Gather is left as it was.
+    let g = import(&tokens_expanded_to_the_batch(&[0, 1, 2, 3, 3, 2, 1, 0]));
+    assert_eq!(ty(&g, "tokens"), "f32[2,4,3]");
+    assert!(!g.warnings.iter().any(|w| w.contains("a Gather at indices")), "{:?}", g.warnings);
+}

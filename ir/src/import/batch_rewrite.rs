@@ -42,7 +42,7 @@ impl Importer<'_> {
     pub(super) fn batch_rewrite(&self, node: &NodeProto) -> Option<BatchRewrite> {
         let b = self.ctx.export_batch?;
         match node.op_type.as_str() {
-            "Gather" => self.identity_gather_as_reshape(node, b),
+            "Gather" => self.identity_gather_as_reshape(node, b).or_else(|| self.gather_at_alike_rows(node, b)),
             "GatherND" => self.identity_gather_nd(node, b),
             "ScatterND" => self.identity_scatter_nd(node, b).or_else(|| self.zeros_at_positions(node, b)),
             "TopK" => self.whole_axis_sort(node, b),
@@ -50,7 +50,7 @@ impl Importer<'_> {
             "Add" => self.zeros_added(node, b),
             "LSTM" | "GRU" | "RNN" => self.zero_initial_state_dropped(node),
             "Resize" => self.resize_sizes_as_scales(node, b),
-            "Reshape" => self.reshape_batch_into_rows(node, b).or_else(|| self.reshape_batch_out_of_rows(node, b)),
+            "Reshape" => self.reshape_batch_into_rows(node, b).or_else(|| self.reshape_batch_out_of_rows(node, b)).or_else(|| self.reshape_uniform_rows(node, b)),
             "MatMul" if b == 1 => self.matmul_heads_split(node),
             _ => None,
         }
@@ -491,6 +491,87 @@ impl Importer<'_> {
         let at = (1..extents.len()).find(|&i| starts[i] == outer && extents[i] % b == 0)?;
         let note = format!("of rows that hold the batch inside {outer} outer rows takes it back out");
         Some(reshape_freeing(node, &extents, at, "batch_unrows_target", &note))
+    }
+
+    /// A Reshape to a target that follows the batch (its leading extent read from a value
+    /// that does) of a value known at import whose export-batch rows are all the same: a
+    /// mask or positions the TorchScript exporter computed from ones of the export batch
+    /// (PEGASUS-X pads such a mask to whole blocks, then views it per block by the hidden
+    /// states' batch). Its first row is expanded to the target's batch first, which at the
+    /// export batch is the value itself.
+    fn reshape_uniform_rows(&self, node: &NodeProto, b: i64) -> Option<BatchRewrite> {
+        let [data, target] = node.input.as_slice() else { return None };
+        let data_value = *self.names.get(data)?;
+        let shape = self.graph.value(data_value).ty.shape.dims();
+        let row: Vec<i64> = shape.get(1..)?.iter().map(|d| d.fixed()).collect::<Option<_>>()?;
+        let leads_with_target_batch = self.known.get(self.names.get(target)?.index())?.as_ref()?.dims().first() == Some(&Dim::N);
+        if shape.first() != Some(&Dim::Fixed(b)) || !leads_with_target_batch || !self.rows_alike(data_value, b) {
+            return None;
+        }
+        let at = |what: &str| format!("{}/uniform_rows/{what}", node.name);
+        let note = "reshapes a value whose export-batch rows are all the same to a target that follows the batch: its first row is expanded to that batch first";
+        let mut rewrite = BatchRewrite::replace(node, "Reshape", vec![at("expanded"), target.clone()], note);
+        rewrite.node.attribute = node.attribute.clone();
+        rewrite.constants.push((at("zero"), TensorData::from_i64s(vec![1], &[0])));
+        rewrite.constants.push((at("one"), TensorData::from_i64s(vec![1], &[1])));
+        rewrite.constants.push((at("row_extent"), TensorData::from_i64s(vec![row.len() as i64], &row)));
+        rewrite.before = vec![
+            plain(&at("row"), "Slice", &[data, &at("zero"), &at("one"), &at("zero")], &at("row")),
+            plain(&at("batch"), "Slice", &[target, &at("zero"), &at("one"), &at("zero")], &at("batch")),
+            concat0(&at("shape"), &[&at("batch"), &at("row_extent")], &at("shape")),
+            plain(&at("expanded"), "Expand", &[&at("row"), &at("shape")], &at("expanded")),
+        ];
+        Some(rewrite)
+    }
+
+    /// A Gather (axis 0) of a value without the batch at indices known at import whose
+    /// leading extent is the export batch `b` (at least 2) and whose rows are all the
+    /// same: `embedding(arange(n).expand(batch, -1))`, PEGASUS-X's global tokens as the
+    /// TorchScript exporter writes them. The first row of indices is expanded to the batch
+    /// of the model's first batch-carrying input, which at the export batch is the indices
+    /// themselves.
+    fn gather_at_alike_rows(&self, node: &NodeProto, b: i64) -> Option<BatchRewrite> {
+        let [data, indices] = node.input.as_slice() else { return None };
+        if b < 2 || node.attribute.iter().any(|a| a.name == "axis" && a.i != 0) || self.graph.value(*self.names.get(data)?).ty.shape.has_batch() {
+            return None;
+        }
+        let index_value = *self.names.get(indices)?;
+        let index_dims = self.graph.value(index_value).ty.shape.dims();
+        let rest: Vec<i64> = index_dims.get(1..)?.iter().map(|d| d.fixed()).collect::<Option<_>>()?;
+        if index_dims.first() != Some(&Dim::Fixed(b)) || !self.rows_alike(index_value, b) {
+            return None;
+        }
+        let source = self.graph.inputs().iter().find(|&&v| self.graph.value(v).ty.shape.dims().first() == Some(&Dim::N))?;
+        let source = self.graph.value(*source).name.clone();
+        let at = |what: &str| format!("{}/alike_rows/{what}", node.name);
+        let note = "a Gather at indices of the export batch's rows, all alike, reads them expanded to the batch";
+        let mut rewrite = BatchRewrite::replace(node, "Gather", vec![data.clone(), at("expanded")], note);
+        rewrite.node.attribute = node.attribute.clone();
+        rewrite.constants.push((at("zero"), TensorData::from_i64s(vec![1], &[0])));
+        rewrite.constants.push((at("one"), TensorData::from_i64s(vec![1], &[1])));
+        rewrite.constants.push((at("row_extent"), TensorData::from_i64s(vec![rest.len() as i64], &rest)));
+        rewrite.before = vec![
+            plain(&at("row"), "Slice", &[indices, &at("zero"), &at("one"), &at("zero")], &at("row")),
+            plain(&at("source_shape"), "Shape", &[&source], &at("source_shape")),
+            plain(&at("batch"), "Slice", &[&at("source_shape"), &at("zero"), &at("one"), &at("zero")], &at("batch")),
+            concat0(&at("shape"), &[&at("batch"), &at("row_extent")], &at("shape")),
+            plain(&at("expanded"), "Expand", &[&at("row"), &at("shape")], &at("expanded")),
+        ];
+        Some(rewrite)
+    }
+
+    /// Whether value `v`, known at import with `b` rows (or an integer grid that follows
+    /// from constants, [`Self::int_value`]), holds the same values in each.
+    fn rows_alike(&self, v: ValueId, b: i64) -> bool {
+        let values = match self.known.get(v.index()) {
+            Some(Some(known)) => known.dims(),
+            _ => match self.int_value(v, 4) {
+                Some((_, ints)) => ints.into_iter().map(Dim::Fixed).collect(),
+                None => return false,
+            },
+        };
+        let Some(width) = usize::try_from(b).ok().filter(|&b| b > 0 && values.len() % b == 0).map(|b| values.len() / b) else { return false };
+        width > 0 && values.chunks(width).all(|row| row == &values[..width])
     }
 
     /// A MatMul of per-head 4-D operands `[batch, heads, m, k]` with 3-D ones whose
