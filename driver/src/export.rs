@@ -131,7 +131,7 @@ pub fn export_onnx(build: &Path, output: &Path) -> Result<Exported, DriverError>
         // A batch-baked initializer trained as one slice (--train-batch-baked) goes back
         // as that slice repeated over the export batch, as the source holds it.
         let slice_of = |name: &str| manifest.choices.trained_batch_baked.iter().any(|t| t.rsplit_once(" [").map(|(n, _)| n) == Some(name));
-        if slice_of(&init.name) && dims.first() == Some(&1) && dims.len() == init.dims.len() && dims[1..] == init.dims[1..] && init.external_data.is_empty() {
+        if slice_of(&init.name) && dims.first() == Some(&1) && dims.len() == init.dims.len() && dims[1..] == init.dims[1..] {
             set_raw_data(init, view.data().repeat(usize::try_from(init.dims[0]).unwrap_or(1)));
             replaced += 1;
             continue;

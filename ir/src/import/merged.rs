@@ -411,30 +411,49 @@ fn read_buffers_directly(g: &mut GraphProto) {
 /// (its `b0` leading slices equal: an exporter's `cls_token.expand(B, -1, -1)`), becomes
 /// its first slice, a trainable weight of the same name shared by the whole batch, read
 /// through `Expand(NAME, [b0, ...])` by the nodes that read it (the pattern of a class
-/// token the legacy exporter writes, which the lowering expands to any batch). Errors say
-/// why `name` cannot be.
-pub fn train_batch_baked(g: &mut GraphProto, name: &str, b0: i64) -> Result<(), String> {
+/// token the legacy exporter writes, which the lowering expands to any batch). Its values
+/// may be in the model file or in an external data file beside it (`model_dir`, as the
+/// default exporter writes them); the slice is then stored in the model. With a
+/// `batch_source` (a graph input whose leading axis is the batch), the Expand's target
+/// takes its batch from that input at run time instead. Errors say why `name` cannot be.
+pub fn train_batch_baked(g: &mut GraphProto, name: &str, b0: i64, model_dir: &Path, batch_source: Option<&str>) -> Result<(), String> {
     let t = g.initializer.iter_mut().find(|t| t.name == name).ok_or("no initializer of that name")?;
     let dims = t.dims.clone();
     if b0 <= 1 || dims.len() < 2 || dims[0] != b0 {
         return Err(format!("its shape {dims:?} does not start with the export batch ({b0})"));
     }
-    if float_size(t.data_type).is_none() || t.raw_data.is_empty() || !t.external_data.is_empty() {
-        return Err("it is not a float tensor stored in the model file".into());
+    if float_size(t.data_type).is_none() {
+        return Err("it is not a float tensor".into());
     }
-    let slice = t.raw_data.len() / b0 as usize;
-    if slice == 0 || !t.raw_data.chunks(slice).all(|c| c == &t.raw_data[..slice]) {
+    let data = super::tensor::tensor_from_proto(t.clone(), model_dir).map_err(|e| e.to_string())?;
+    let slice = data.bytes.len() / b0 as usize;
+    if slice == 0 || !data.bytes.chunks(slice).all(|c| c == &data.bytes[..slice]) {
         return Err(format!("its {b0} slices differ, so it is not one value expanded to the batch"));
     }
-    t.raw_data.truncate(slice);
-    t.dims[0] = 1;
+    let first = crate::TensorData { dims: [1].into_iter().chain(dims[1..].iter().copied()).collect(), bytes: data.bytes.slice(..slice), ..data };
+    *t = super::tensor::tensor_to_proto(name, &first);
     let (shape, expanded) = (format!("{name}:batch_shape"), format!("{name}:expanded"));
     for n in g.node.iter_mut() {
         for i in n.input.iter_mut().filter(|i| *i == name) {
             *i = expanded.clone();
         }
     }
-    g.initializer.push(TensorProto { name: shape.clone(), data_type: 7, dims: vec![dims.len() as i64], raw_data: dims.iter().flat_map(|d| d.to_le_bytes()).collect(), ..Default::default() });
+    let ints = |name: &str, values: &[i64]| TensorProto { name: name.into(), data_type: 7, dims: vec![values.len() as i64], raw_data: values.iter().flat_map(|d| d.to_le_bytes()).collect(), ..Default::default() };
+    let node = |name: &str, op: &str, inputs: &[&str]| onnx_protobuf::NodeProto { name: name.into(), op_type: op.into(), input: inputs.iter().map(|i| i.to_string()).collect(), output: vec![name.into()], ..Default::default() };
+    match batch_source {
+        // The batch read from that input at run time, so that whatever reads the slice
+        // (a layer norm, a projection, a view per head) follows the batch too.
+        Some(source) => {
+            let at = |what: &str| format!("{name}:{what}");
+            g.initializer.extend([ints(&at("zero"), &[0]), ints(&at("one"), &[1]), ints(&at("rest"), &dims[1..])]);
+            g.node.push(node(&at("source_shape"), "Shape", &[source]));
+            g.node.push(node(&at("batch"), "Slice", &[&at("source_shape"), &at("zero"), &at("one"), &at("zero")]));
+            let mut concat = node(&shape, "Concat", &[&at("batch"), &at("rest")]);
+            concat.attribute.push(super::attrs::attribute_proto("axis", &pipewright_ops::op::AttrValue::Int(0)));
+            g.node.push(concat);
+        }
+        None => g.initializer.push(ints(&shape, &dims)),
+    }
     g.node.push(onnx_protobuf::NodeProto { name: expanded.clone(), op_type: "Expand".into(), input: vec![name.to_string(), shape], output: vec![expanded], ..Default::default() });
     Ok(())
 }

@@ -294,17 +294,36 @@ impl<'a> Importer<'a> {
         self.scans_axis0 = control::scans_inputs_along_axis0(&g.node, &g.input, opset);
         self.add_inputs(&g.input, &initializer_names, &params)?;
         // The export batch is known from here on.
+        let batch_source = g.input.iter().map(|i| i.name.as_str()).find(|&i| {
+            self.names.get(i).is_some_and(|&v| self.graph.value(v).ty.shape.dims().first() == Some(&Dim::N))
+        }).map(String::from);
+        let export_batch = self.ctx.export_batch.unwrap_or(1);
         for name in &self.opts.train_batch_baked {
-            merged::train_batch_baked(&mut g, name, self.ctx.export_batch.unwrap_or(1))
+            merged::train_batch_baked(&mut g, name, export_batch, self.dir, batch_source.as_deref())
                 .map_err(|reason| ImportError::BadTensor { name: name.clone(), reason: format!("--train-batch-baked: {reason}") })?;
             let dims = g.initializer.iter().find(|t| &t.name == name).map(|t| t.dims.clone()).unwrap_or_default();
             self.graph.choices.trained_batch_baked.push(format!("{name} {dims:?}"));
+        }
+        // A parameter the exporter expanded to the export batch and folded trains as the
+        // parameter by default; one whose slices differ is no such expansion and stays as
+        // it was (a batch-baked constant, kept frozen).
+        let mut expanded: Vec<(String, String)> = provenance::expanded_parameters(&g).into_iter().filter(|(name, _)| !self.opts.train_batch_baked.contains(name)).collect();
+        expanded.sort();
+        let mut slices_of_parameters = std::collections::HashSet::new();
+        for (name, parameter) in expanded {
+            if merged::train_batch_baked(&mut g, &name, export_batch, self.dir, batch_source.as_deref()).is_ok() {
+                slices_of_parameters.insert(name.clone());
+                let dims = g.initializer.iter().find(|t| t.name == name).map(|t| t.dims.clone()).unwrap_or_default();
+                self.graph.choices.trained_batch_baked.push(format!("{name} {dims:?} (the parameter {parameter} expanded)"));
+            }
         }
         // BatchNorm running statistics follow the batches; the optimizer never trains them.
         let buffers = merged::bn_buffers(&g);
         let exporter_constants = provenance::exporter_constants(&g);
         let named_buffers = provenance::buffers_by_name(&g);
-        let computed = provenance::computed_from_parameters(&g);
+        let mut computed = provenance::computed_from_parameters(&g);
+        // (An expanded parameter's slice is that parameter: it trains as the source's.)
+        computed.retain(|name, _| !slices_of_parameters.contains(name));
         // A float initializer only ever read as a Resize's scales decides shapes: a
         // constant, known at import (a weight would be read back from the device each step).
         let shape_parameters = read_only_where(&g.node, is_resize_parameter);

@@ -200,6 +200,23 @@ const REINDEXING: &[&str] = &[
     "type_as", "contiguous", "alias", "lift_fresh_copy", "arange", "embedding", "position_ids",
 ];
 
+/// The initializers of `g` the exporter folded from one parameter by [`REINDEXING`] and
+/// an `expand` (PEGASUS-X's global token embeddings, `embed_global(arange(G).expand(B,
+/// -1))`, folded at the export batch), each with that parameter: where such a constant
+/// repeats one slice over the export batch, that slice is the parameter itself.
+pub fn expanded_parameters(g: &GraphProto) -> HashMap<String, String> {
+    let known = Parameters::of(g);
+    folds(g)
+        .filter_map(|(name, sources)| {
+            let mut parameters = source_names(sources).filter(|n| known.contains(n));
+            let (parameter, None) = (parameters.next()?, parameters.next()) else { return None };
+            let others: Vec<&str> = source_names(sources).filter(|n| !known.contains(n)).map(op_of).collect();
+            let expands = others.contains(&"expand") && others.iter().all(|op| *op == "expand" || REINDEXING.contains(op));
+            expands.then(|| (name.to_string(), parameter.to_string()))
+        })
+        .collect()
+}
+
 /// The initializers of `g` the exporter folded from parameters by more than
 /// [`REINDEXING`] (a relative-position table gathered with repeats, a weight norm,
 /// `exp(A_log)`, positions interpolated), each with what it was folded from: trained, they
@@ -357,6 +374,23 @@ mod tests {
         assert_eq!(op_of("embedding_2"), "embedding");
         assert_eq!(op_of("model.bert.embeddings.position_ids"), "position_ids");
         assert_eq!(op_of("_to_copy"), "_to_copy");
+    }
+
+    /// PEGASUS-X's global tokens, `embed_global(arange(4).expand(batch, -1))` folded at
+    /// the export batch, are that parameter expanded; an expanded mask (no parameter), an
+    /// expansion of two parameters, or one computed further, is none.
+    #[test]
+    fn a_parameter_expanded_to_the_batch_is_found_with_its_name() {
+        let folds = [
+            ("embedding_1", "['arange_2', 'expand_2', 'model.model.encoder.embed_global.weight', 'unsqueeze_4', 'val_67']"),
+            ("expand_1", "['arange', 'expand', 'val_3']"),
+            ("cat", "['cat', 'expand', 'model.a.weight', 'model.b.weight']"),
+            ("mul_3", "['expand', 'model.scale.weight', 'mul']"),
+            ("view_1", "['model.cls_token', 'view']"),
+        ];
+        let g = folded_graph(&folds);
+        let expanded = expanded_parameters(&g);
+        assert_eq!(expanded, HashMap::from([("embedding_1".to_string(), "model.model.encoder.embed_global.weight".to_string())]));
     }
 
     /// A source the signature lists as a buffer is none of the parameters, whatever its
