@@ -803,6 +803,9 @@ fn reshape(input: &Shape, target: &[Dim], allow_zero: bool, ctx: Ctx) -> R<Shape
                     dims[0] = d;
                 }
             }
+            if let Some(axis) = batch_kept_in_place(input, &dims, hole, ctx.export_batch) {
+                dims[axis] = Dim::N;
+            }
             let known_product = product(&dims.iter().enumerate().map(|(i, &d)| if i == hole { Dim::Fixed(1) } else { d }).collect::<Vec<_>>(), ctx)?;
             dims[hole] = match total.and_then(|t| t.div_exact(known_product)) {
                 Some(d) => d,
@@ -871,6 +874,17 @@ fn symbolize_batch(dims: &mut [Dim], input: &Shape, k: i64, b: i64) {
 
 fn fmt_target(t: &[Dim]) -> String {
     format!("[{}]", t.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(","))
+}
+
+/// Where a Reshape beside a -1 keeps the input's batch axis in place: the input's first
+/// batch axis `[.., N, ..]` is not its first, the target repeats the extents before it and
+/// has the export batch `b` at its position (MLCD's sequence-first `view(seq, batch, -1)`
+/// of `[seq, N, heads, head]`, written `[17, 1, -1]` at batch 1). Read otherwise the -1
+/// would take the batch and merge it into the features.
+fn batch_kept_in_place(input: &Shape, dims: &[Dim], hole: usize, b: Option<i64>) -> Option<usize> {
+    let axis = input.0.iter().position(|d| d.is_batch()).filter(|&a| a > 0)?;
+    let kept = input.0[axis] == Dim::N && hole > axis && dims.get(axis) == Some(&Dim::Fixed(b?)) && !dims.iter().any(|d| d.is_batch());
+    (kept && dims[..axis] == input.0[..axis]).then_some(axis)
 }
 
 /// A Reshape of `rows * N` elements whose fixed extents `p` do not divide them: the batch

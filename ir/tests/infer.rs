@@ -178,6 +178,11 @@ fn reshape_with_a_literal_export_batch() {
         .init(tensor_i64("s2", &[4], &[1, -1, 1, 8]));
     assert_eq!(ty(&import(&two), "m"), "f32[8N,8]");
     assert_eq!(ty(&import(&two), "y"), "f32[N,8,1,8]");
+    // A sequence-first `view(seq, batch, -1)` of `[seq, N, heads, head]` (MLCD), written
+    // with the export batch in the batch's place, keeps the batch there.
+    let seq_first = model(13, &[1, 17, 2, 8], vec![node("Transpose", "t", &["x"], &["s"]).ints("perm", &[1, 0, 2, 3]), node("Reshape", "view", &["s", "shape"], &["y"])], &["y"])
+        .init(tensor_i64("shape", &[3], &[17, 1, -1]));
+    assert_eq!(ty(&import(&seq_first), "y"), "f32[17,N,16]");
     // With the batch fixed nothing is symbolic.
     assert_eq!(ty(&import_mode(&reshape_model(&[2, 8], &[2, 2, 4]), BatchMode::Fixed), "y"), "f32[2,2,4]");
 }
