@@ -153,7 +153,13 @@ pub fn export_onnx(build: &Path, output: &Path) -> Result<Exported, DriverError>
     // initializers are back at the export batch here, and the rewrite treats them as the
     // frozen ones: one slice, expanded to the batch.) Unfused: the rewrite finds the source's
     // nodes by name, those inside a fused attention included.
-    let options = ImportOptions { untie_merged: manifest.choices.untied, unfused: true, no_restore_biases: manifest.choices.restored_biases.is_empty(), ..ImportOptions::default() };
+    let options = ImportOptions {
+        untie_merged: manifest.choices.untied,
+        unfused: true,
+        no_restore_biases: manifest.choices.restored_biases.is_empty(),
+        expanded_parameters_baked: true,
+        ..ImportOptions::default()
+    };
     let ir = pipewright_ir::import_bytes(&model_bytes, model_path.parent().unwrap_or(Path::new(".")), &options).map_err(|e| DriverError::msg(format!("{}: {e}", model_path.display())))?;
     let data = externalize(graph, &external_in_source, source_dir, output)?;
     let output_dir = output.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));

@@ -214,16 +214,21 @@ fn compress_as_gather() {
 /// have 4 output channels (kernels `[4, 8, 1, 1]`), and they must still train. Every
 /// batch-4 export of the corpus, with how many initializers it really baked, and how many
 /// more the exporter itself marks as folded from no parameter (the attention masks, and
-/// Llama's rotary tables: constants whatever their leading extent).
+/// Llama's rotary tables: constants whatever their leading extent). ViT's class token, which
+/// the exporter records as folded from the `cls_token` parameter by an expand, trains as
+/// that parameter instead of being frozen.
 #[test]
 fn layer_parameters_are_never_taken_for_batch_baked_activations() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/exports");
-    let baked = [("resnet-b4", 0, 0), ("convnext-b4", 0, 0), ("bert-b4", 1, 1), ("gpt2-b4", 0, 1), ("llama-b4", 0, 3), ("whisper-b4", 1, 1), ("vit-b4", 1, 2)];
-    for (name, count, folded) in baked {
+    let baked = [("resnet-b4", 0, 0, 0), ("convnext-b4", 0, 0, 0), ("bert-b4", 1, 1, 0), ("gpt2-b4", 0, 1, 0), ("llama-b4", 0, 3, 0), ("whisper-b4", 1, 1, 0), ("vit-b4", 0, 2, 1)];
+    for (name, count, folded, expanded) in baked {
         let g = pipewright_ir::import_model(&dir.join(format!("{name}.onnx")), &pipewright_ir::ImportOptions::default())
             .unwrap_or_else(|e| panic!("{name}: {e}"));
         let frozen = &g.choices.frozen_batch_baked;
         assert_eq!(frozen.len(), count, "{name}: {frozen:?}");
+        let trained = &g.choices.trained_batch_baked;
+        assert_eq!(trained.len(), expanded, "{name}: {trained:?}");
+        assert!(trained.iter().all(|t| t.contains("(the parameter") && t.contains("expanded)")), "{name}: {trained:?}");
         assert!(frozen.iter().all(|f| !f.contains("weight")), "{name}: {frozen:?}");
         let constants: Vec<&String> = g.warnings.iter().filter(|w| w.contains("folded it from no parameter")).collect();
         assert_eq!(constants.len(), folded, "{name}: {constants:?}");

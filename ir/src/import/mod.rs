@@ -61,6 +61,11 @@ pub struct ImportOptions {
     /// Initializers baked for the export batch to train as one slice shared by the batch
     /// ([`merged::train_batch_baked`]) instead of keeping them frozen.
     pub train_batch_baked: Vec<String>,
+    /// Keep initializers the exporter folded from a parameter expanded to the export batch
+    /// ([`provenance::expanded_parameters`]) as batch-baked constants instead of training
+    /// them as that parameter: `export`'s view of the source, into which the trained slice
+    /// goes back repeated over the export batch, as the source holds it.
+    pub expanded_parameters_baked: bool,
     /// Keep the patterns fusion rewrites ([`crate::fuse`]) node by node, as exported: for
     /// `export`, which reads the importer's view of every source node by its name.
     pub unfused: bool,
@@ -307,7 +312,10 @@ impl<'a> Importer<'a> {
         // A parameter the exporter expanded to the export batch and folded trains as the
         // parameter by default; one whose slices differ is no such expansion and stays as
         // it was (a batch-baked constant, kept frozen).
-        let mut expanded: Vec<(String, String)> = provenance::expanded_parameters(&g).into_iter().filter(|(name, _)| !self.opts.train_batch_baked.contains(name)).collect();
+        let mut expanded: Vec<(String, String)> = match self.opts.expanded_parameters_baked {
+            true => Vec::new(),
+            false => provenance::expanded_parameters(&g).into_iter().filter(|(name, _)| !self.opts.train_batch_baked.contains(name)).collect(),
+        };
         expanded.sort();
         let mut slices_of_parameters = std::collections::HashSet::new();
         for (name, parameter) in expanded {

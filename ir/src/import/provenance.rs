@@ -211,7 +211,9 @@ pub fn expanded_parameters(g: &GraphProto) -> HashMap<String, String> {
             let mut parameters = source_names(sources).filter(|n| known.contains(n));
             let (parameter, None) = (parameters.next()?, parameters.next()) else { return None };
             let others: Vec<&str> = source_names(sources).filter(|n| !known.contains(n)).map(op_of).collect();
-            let expands = others.contains(&"expand") && others.iter().all(|op| *op == "expand" || REINDEXING.contains(op));
+            // The expand is a source, or the folded value itself (`expand_2`, CLIP's class
+            // embedding `expand`ed to the batch, folded from that parameter alone).
+            let expands = (others.contains(&"expand") || op_of(name) == "expand") && others.iter().all(|op| *op == "expand" || REINDEXING.contains(op));
             expands.then(|| (name.to_string(), parameter.to_string()))
         })
         .collect()
@@ -377,7 +379,8 @@ mod tests {
     }
 
     /// PEGASUS-X's global tokens, `embed_global(arange(4).expand(batch, -1))` folded at
-    /// the export batch, are that parameter expanded; an expanded mask (no parameter), an
+    /// the export batch, and CLIP's class embedding expanded to the batch (the folded value
+    /// named after the expand) are those parameters expanded; an expanded mask (no parameter), an
     /// expansion of two parameters, or one computed further, is none.
     #[test]
     fn a_parameter_expanded_to_the_batch_is_found_with_its_name() {
@@ -387,10 +390,17 @@ mod tests {
             ("cat", "['cat', 'expand', 'model.a.weight', 'model.b.weight']"),
             ("mul_3", "['expand', 'model.scale.weight', 'mul']"),
             ("view_1", "['model.cls_token', 'view']"),
+            ("expand_2", "['model.vision_model.embeddings.class_embedding', 'val_59', 'val_60']"),
         ];
         let g = folded_graph(&folds);
         let expanded = expanded_parameters(&g);
-        assert_eq!(expanded, HashMap::from([("embedding_1".to_string(), "model.model.encoder.embed_global.weight".to_string())]));
+        assert_eq!(
+            expanded,
+            HashMap::from([
+                ("embedding_1".to_string(), "model.model.encoder.embed_global.weight".to_string()),
+                ("expand_2".to_string(), "model.vision_model.embeddings.class_embedding".to_string()),
+            ])
+        );
     }
 
     /// A source the signature lists as a buffer is none of the parameters, whatever its
