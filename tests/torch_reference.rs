@@ -109,7 +109,7 @@ use std::process::Command;
 use common::{pw_ok, root, try_pw};
 
 /// A zoo architecture, one of its entries, and what compile needs besides.
-const ENTRIES: [(&str, &str, &[&str]); 44] = [
+const ENTRIES: [(&str, &str, &[&str]); 49] = [
     ("mixtral", "mixtral-script-dyn", &[]),
     ("mixtral", "mixtral-script-b2", &[]),
     ("olmoe", "olmoe-dynamo-dyn", &[]),
@@ -154,6 +154,11 @@ const ENTRIES: [(&str, &str, &[&str]); 44] = [
     ("deepseek_v3", "deepseek_v3-script-b1", &[]),
     ("patchtst", "patchtst-dynamo-b2", &[]),
     ("vitdet", "vitdet-dynamo-b1", &[]),
+    ("pegasus_x", "pegasus_x-script-b1", &[]),
+    ("pegasus_x", "pegasus_x-script-b2", &[]),
+    ("pegasus_x", "pegasus_x-dynamo-b2", &[]),
+    ("vit", "vit-dynamo-b2", &[]),
+    ("longt5", "longt5-script-b2", &[]),
 ];
 
 fn torch_python() -> String {

@@ -658,6 +658,11 @@ ARCHS = {
     "plbart": lambda: hf("PLBartConfig", "PLBartForConditionalGeneration", seq2seq(), vocab_size=VOCAB, d_model=16,
                          encoder_layers=2, decoder_layers=2, encoder_attention_heads=2, decoder_attention_heads=2,
                          encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=32),
+    # PEGASUS-X: block-local attention with global tokens, its mask padded to whole blocks
+    "pegasus_x": lambda: hf("PegasusXConfig", "PegasusXForConditionalGeneration", seq2seq(), vocab_size=VOCAB,
+                            d_model=16, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2,
+                            decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32,
+                            max_position_embeddings=32, num_global_tokens=4, block_size=4, stagger_local_blocks=True),
     # speech
     "whisper_encoder": lambda: whisper_encoder(),
     "wav2vec2": lambda: hf("Wav2Vec2Config", "Wav2Vec2Model", {"input_values": lambda b: torch.randn(b, 400)},
@@ -691,6 +696,11 @@ ARCHS = {
                                  num_hidden_layers=2, num_attention_heads=2, intermediate_size=32, conv_dim=(8, 8),
                                  conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=8,
                                  num_conv_pos_embedding_groups=2, conv_pos_kernel_size=5),
+    # MusicGen's decoder: its batch axis holds batch x codebooks rows (refused at import)
+    "musicgen": lambda: hf("MusicgenDecoderConfig", "MusicgenForCausalLM",
+                           {"input_ids": lambda b: torch.randint(0, 32, (b * 2, 6))}, vocab_size=32, hidden_size=16,
+                           num_hidden_layers=2, num_attention_heads=2, ffn_dim=32, num_codebooks=2,
+                           max_position_embeddings=32),
     "speech_to_text": lambda: hf("Speech2TextConfig", "Speech2TextForConditionalGeneration",
                                  {"input_features": lambda b: torch.randn(b, 16, 8),
                                   "decoder_input_ids": lambda b: torch.randint(1, VOCAB, (b, 6))},
