@@ -306,7 +306,8 @@ pub struct CompileSpec {
     pub untie_merged: bool,
     /// Train these initializers baked for the export batch (named by compile's note, e.g. a
     /// class token the exporter expanded to the batch) as one slice shared by the whole
-    /// batch, instead of keeping them frozen; not for attention masks.
+    /// batch, instead of keeping them frozen; not for attention masks. (One the default
+    /// exporter records as a parameter it expanded to the batch trains so without asking.)
     #[arg(long, value_delimiter = ',', value_name = "NAME")]
     pub train_batch_baked: Vec<String>,
     /// Keep training the one-element initializers the model reads only as attention scales

@@ -9,7 +9,7 @@
 use onnx_protobuf::NodeProto;
 use pipewright_ops::onnx::AttrSource;
 
-use super::node_proto::{concat0, filled, plain};
+use super::node_proto::{batch_led_shape, concat0, filled, plain};
 use super::Importer;
 use crate::dim::{Dim, Shape, TensorType};
 use crate::graph::SourceRewrite;
@@ -512,15 +512,7 @@ impl Importer<'_> {
         let note = "reshapes a value whose export-batch rows are all the same to a target that follows the batch: its first row is expanded to that batch first";
         let mut rewrite = BatchRewrite::replace(node, "Reshape", vec![at("expanded"), target.clone()], note);
         rewrite.node.attribute = node.attribute.clone();
-        rewrite.constants.push((at("zero"), TensorData::from_i64s(vec![1], &[0])));
-        rewrite.constants.push((at("one"), TensorData::from_i64s(vec![1], &[1])));
-        rewrite.constants.push((at("row_extent"), TensorData::from_i64s(vec![row.len() as i64], &row)));
-        rewrite.before = vec![
-            plain(&at("row"), "Slice", &[data, &at("zero"), &at("one"), &at("zero")], &at("row")),
-            plain(&at("batch"), "Slice", &[target, &at("zero"), &at("one"), &at("zero")], &at("batch")),
-            concat0(&at("shape"), &[&at("batch"), &at("row_extent")], &at("shape")),
-            plain(&at("expanded"), "Expand", &[&at("row"), &at("shape")], &at("expanded")),
-        ];
+        first_row_expanded(&mut rewrite, &at(""), data, &row, target);
         Some(rewrite)
     }
 
@@ -541,23 +533,21 @@ impl Importer<'_> {
         if index_dims.first() != Some(&Dim::Fixed(b)) || !self.rows_alike(index_value, b) {
             return None;
         }
-        let source = self.graph.inputs().iter().find(|&&v| self.graph.value(v).ty.shape.dims().first() == Some(&Dim::N))?;
-        let source = self.graph.value(*source).name.clone();
+        let source = self.batch_source()?;
         let at = |what: &str| format!("{}/alike_rows/{what}", node.name);
         let note = "a Gather at indices of the export batch's rows, all alike, reads them expanded to the batch";
         let mut rewrite = BatchRewrite::replace(node, "Gather", vec![data.clone(), at("expanded")], note);
         rewrite.node.attribute = node.attribute.clone();
-        rewrite.constants.push((at("zero"), TensorData::from_i64s(vec![1], &[0])));
-        rewrite.constants.push((at("one"), TensorData::from_i64s(vec![1], &[1])));
-        rewrite.constants.push((at("row_extent"), TensorData::from_i64s(vec![rest.len() as i64], &rest)));
-        rewrite.before = vec![
-            plain(&at("row"), "Slice", &[indices, &at("zero"), &at("one"), &at("zero")], &at("row")),
-            plain(&at("source_shape"), "Shape", &[&source], &at("source_shape")),
-            plain(&at("batch"), "Slice", &[&at("source_shape"), &at("zero"), &at("one"), &at("zero")], &at("batch")),
-            concat0(&at("shape"), &[&at("batch"), &at("row_extent")], &at("shape")),
-            plain(&at("expanded"), "Expand", &[&at("row"), &at("shape")], &at("expanded")),
-        ];
+        rewrite.before.push(plain(&at("source_shape"), "Shape", &[&source], &at("source_shape")));
+        first_row_expanded(&mut rewrite, &at(""), indices, &rest, &at("source_shape"));
         Some(rewrite)
+    }
+
+    /// The name of the model's first input whose leading axis is the batch: where a
+    /// rewrite reads the batch at run time.
+    pub(super) fn batch_source(&self) -> Option<String> {
+        let v = self.graph.inputs().iter().find(|&&v| self.graph.value(v).ty.shape.dims().first() == Some(&Dim::N))?;
+        Some(self.graph.value(*v).name.clone())
     }
 
     /// Whether value `v`, known at import with `b` rows (or an integer grid that follows
@@ -624,6 +614,18 @@ impl Importer<'_> {
         let rows = layer.inputs.first().copied().flatten()?;
         is_layer.then(|| self.batch_rows.get(&self.graph.value(rows).name).copied()).flatten()
     }
+}
+
+/// Adds to `rewrite` the nodes writing `{prefix}expanded`: the first row of `value` (rows
+/// of extents `row`) expanded to the batch that leads the shape vector `leading_of`.
+fn first_row_expanded(rewrite: &mut BatchRewrite, prefix: &str, value: &str, row: &[i64], leading_of: &str) {
+    let at = |what: &str| format!("{prefix}{what}");
+    let (constants, shape_nodes) = batch_led_shape(&at("shape"), leading_of, row, &at("shape"));
+    let (zero, one) = (constants[0].0.clone(), constants[1].0.clone());
+    rewrite.constants.extend(constants);
+    rewrite.before.push(plain(&at("row"), "Slice", &[value, &zero, &one, &zero], &at("row")));
+    rewrite.before.extend(shape_nodes);
+    rewrite.before.push(plain(&at("expanded"), "Expand", &[&at("row"), &at("shape")], &at("expanded")));
 }
 
 /// The product of the extents before the batch axis of `dims` (`seq` of `[seq, batch,

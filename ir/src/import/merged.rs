@@ -438,21 +438,17 @@ pub fn train_batch_baked(g: &mut GraphProto, name: &str, b0: i64, model_dir: &Pa
             *i = expanded.clone();
         }
     }
-    let ints = |name: &str, values: &[i64]| TensorProto { name: name.into(), data_type: 7, dims: vec![values.len() as i64], raw_data: values.iter().flat_map(|d| d.to_le_bytes()).collect(), ..Default::default() };
-    let node = |name: &str, op: &str, inputs: &[&str]| onnx_protobuf::NodeProto { name: name.into(), op_type: op.into(), input: inputs.iter().map(|i| i.to_string()).collect(), output: vec![name.into()], ..Default::default() };
     match batch_source {
         // The batch read from that input at run time, so that whatever reads the slice
         // (a layer norm, a projection, a view per head) follows the batch too.
         Some(source) => {
-            let at = |what: &str| format!("{name}:{what}");
-            g.initializer.extend([ints(&at("zero"), &[0]), ints(&at("one"), &[1]), ints(&at("rest"), &dims[1..])]);
-            g.node.push(node(&at("source_shape"), "Shape", &[source]));
-            g.node.push(node(&at("batch"), "Slice", &[&at("source_shape"), &at("zero"), &at("one"), &at("zero")]));
-            let mut concat = node(&shape, "Concat", &[&at("batch"), &at("rest")]);
-            concat.attribute.push(super::attrs::attribute_proto("axis", &pipewright_ops::op::AttrValue::Int(0)));
-            g.node.push(concat);
+            let source_shape = format!("{name}:source_shape");
+            let (constants, nodes) = super::node_proto::batch_led_shape(&format!("{name}:batch"), &source_shape, &dims[1..], &shape);
+            g.initializer.extend(constants.iter().map(|(n, t)| super::tensor::tensor_to_proto(n, t)));
+            g.node.push(super::node_proto::plain(&source_shape, "Shape", &[source], &source_shape));
+            g.node.extend(nodes);
         }
-        None => g.initializer.push(ints(&shape, &dims)),
+        None => g.initializer.push(super::tensor::tensor_to_proto(&shape, &crate::TensorData::from_i64s(vec![dims.len() as i64], &dims))),
     }
     g.node.push(onnx_protobuf::NodeProto { name: expanded.clone(), op_type: "Expand".into(), input: vec![name.to_string(), shape], output: vec![expanded], ..Default::default() });
     Ok(())

@@ -299,9 +299,7 @@ impl<'a> Importer<'a> {
         self.scans_axis0 = control::scans_inputs_along_axis0(&g.node, &g.input, opset);
         self.add_inputs(&g.input, &initializer_names, &params)?;
         // The export batch is known from here on.
-        let batch_source = g.input.iter().map(|i| i.name.as_str()).find(|&i| {
-            self.names.get(i).is_some_and(|&v| self.graph.value(v).ty.shape.dims().first() == Some(&Dim::N))
-        }).map(String::from);
+        let batch_source = self.batch_source();
         let export_batch = self.ctx.export_batch.unwrap_or(1);
         for name in &self.opts.train_batch_baked {
             merged::train_batch_baked(&mut g, name, export_batch, self.dir, batch_source.as_deref())

@@ -1,5 +1,6 @@
 //! The ONNX nodes the importer writes for its own readings of a source node (the dense
-//! readings, the batch rewrites): built here, then imported like any node of the model.
+//! readings, the batch rewrites, a batch-baked initializer trained as one slice): built
+//! here, then imported like any node of the model.
 
 use onnx_protobuf::NodeProto;
 use pipewright_ops::op::AttrValue;
@@ -24,4 +25,22 @@ pub(super) fn filled(name: &str, shape: &str, dtype: DType, value: f64) -> NodeP
     let mut n = plain(name, "ConstantOfShape", &[shape], name);
     n.attribute.push(attribute_proto("value", &AttrValue::Tensor(TensorData::from_f64s(dtype, vec![1], &[value]))));
     n
+}
+
+/// The nodes writing `shape`, the vector `[batch, rest...]` whose `batch` is the leading
+/// element of the shape vector `leading_of` (a Reshape target that follows the batch, or
+/// `Shape` of a batch-carrying input), with the constants they read, named from `prefix`:
+/// how a value fixed at the export batch is expanded to the batch at run time.
+pub(super) fn batch_led_shape(prefix: &str, leading_of: &str, rest: &[i64], shape: &str) -> (Vec<(String, TensorData)>, Vec<NodeProto>) {
+    let at = |what: &str| format!("{prefix}/{what}");
+    let constants = vec![
+        (at("zero"), TensorData::from_i64s(vec![1], &[0])),
+        (at("one"), TensorData::from_i64s(vec![1], &[1])),
+        (at("rest"), TensorData::from_i64s(vec![rest.len() as i64], rest)),
+    ];
+    let nodes = vec![
+        plain(&at("batch"), "Slice", &[leading_of, &at("zero"), &at("one"), &at("zero")], &at("batch")),
+        concat0(shape, &[&at("batch"), &at("rest")], shape),
+    ];
+    (constants, nodes)
 }
