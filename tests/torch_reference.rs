@@ -93,6 +93,9 @@
 //!   literal holds the batch merged with channels, windows or heads (`[6, -1, 2, 8]` of
 //!   `[3N, 4, 16]` at batch 2), read so that the batch stays where it was; read with the
 //!   -1 taking the batch, as before, neither compiled at another batch.
+//! - BridgeTower's vision tower: its output stacks every layer's, `[L, N, S, D]`, the
+//!   batch on the second axis; the labels (sample first, as `train --data` reads them)
+//!   move there for the loss. Refused before: the loss took them as they came.
 //!
 //! The step is 0.5 on the mean cross-entropy against fixed labels, at d = 2 under
 //! PipeDream-Flush with one microbatch of the export batch (the mean PyTorch takes), with
@@ -109,7 +112,7 @@ use std::process::Command;
 use common::{pw_ok, root, try_pw};
 
 /// A zoo architecture, one of its entries, and what compile needs besides.
-const ENTRIES: [(&str, &str, &[&str]); 49] = [
+const ENTRIES: [(&str, &str, &[&str]); 51] = [
     ("mixtral", "mixtral-script-dyn", &[]),
     ("mixtral", "mixtral-script-b2", &[]),
     ("olmoe", "olmoe-dynamo-dyn", &[]),
@@ -159,6 +162,8 @@ const ENTRIES: [(&str, &str, &[&str]); 49] = [
     ("pegasus_x", "pegasus_x-dynamo-b2", &[]),
     ("vit", "vit-dynamo-b2", &[]),
     ("longt5", "longt5-script-b2", &[]),
+    ("bridgetower_vision", "bridgetower_vision-script-dyn", &[]),
+    ("bridgetower_vision", "bridgetower_vision-dynamo-b2", &[]),
 ];
 
 fn torch_python() -> String {

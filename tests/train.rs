@@ -1443,3 +1443,38 @@ fn specialised_steps_read_nothing_back_from_the_device() {
         }
     }
 }
+
+/// `n` images for BridgeTower's vision tower (`image` [n, 3, 16, 16]) with class ids
+/// `label` of per-sample shape `per_sample`.
+fn tower_data(dir: &Path, n: usize, per_sample: &[usize]) -> PathBuf {
+    use safetensors::tensor::{Dtype, TensorView};
+    let x: Vec<u8> = (0..n * 3 * 16 * 16).flat_map(|i| (((i * 7) % 19) as f32 / 9.0 - 1.0).to_le_bytes()).collect();
+    let labels: usize = n * per_sample.iter().product::<usize>();
+    let y: Vec<u8> = (0..labels as i64).flat_map(|i| ((7 * i + 3) % 64).to_le_bytes()).collect();
+    let mut dims = vec![n];
+    dims.extend_from_slice(per_sample);
+    let views = vec![("image".to_string(), TensorView::new(Dtype::F32, vec![n, 3, 16, 16], &x).unwrap()), ("label".to_string(), TensorView::new(Dtype::I64, dims, &y).unwrap())];
+    let path = dir.join(format!("tower{per_sample:?}.safetensors"));
+    std::fs::write(&path, safetensors::serialize(views, &None).unwrap()).unwrap();
+    path
+}
+
+/// BridgeTower's vision tower stacks every layer's output, `[L, N, S, D]` (3 layers, 5
+/// tokens): the batch is on its second axis. Labels are read sample first (`[n, 3, 5]`) and
+/// the loss moves that axis to the output's batch axis, so synthetic labels and a data
+/// file's train alike; labels whose per-sample shape is not the output's without its batch
+/// and class axes are refused, saying where their sample axis went.
+#[test]
+fn an_output_carrying_the_batch_second_takes_its_labels_sample_first() {
+    let model = root().join("zoo/models/bridgetower_vision-script-dyn/model.onnx");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let build = dir.path().join("b");
+    pw_ok(["compile", model.to_str().unwrap(), "--stages", "2", "-o", build.to_str().unwrap()]);
+    let b = build.to_str().unwrap();
+    pw_ok(["train", b, "--data", "synthetic", "--steps", "2", "--microbatch", "3", "--microbatches", "2", "--no-progress"]);
+    let good = tower_data(dir.path(), 6, &[3, 5]);
+    pw_ok(["train", b, "--data", good.to_str().unwrap(), "--steps", "2", "--microbatch", "3", "--microbatches", "2", "--no-progress"]);
+    let bad = tower_data(dir.path(), 6, &[5, 3]);
+    let out = pw(&["train", b, "--data", bad.to_str().unwrap(), "--steps", "1", "--microbatch", "3", "--microbatches", "2", "--no-progress"]);
+    fails(&out, &["stage 1: loss: cross-entropy: labels have shape [5, 3, 3] (their sample axis moved to axis 1, where the output carries the batch), but output \"output\" of shape [3, 3, 5, 64] needs class ids of shape [3, 3, 5]"]);
+}

@@ -195,7 +195,14 @@ fn run_entry(entry: &Entry, work: &Path, ort: &mut Option<Onnxruntime>) -> Row {
     }
     steps.push(("import", Outcome::Pass(String::new())));
     let data = work.join("data.safetensors");
-    if let Err(e) = write_entry_data(model.parent().expect("entry folder"), &data) {
+    let batch_axis = match output_batch_axis(&model) {
+        Ok(axis) => axis,
+        Err(e) => {
+            steps.push(("d=1", Outcome::Fail(format!("the output's batch axis: {e}"))));
+            return Row { steps };
+        }
+    };
+    if let Err(e) = write_entry_data(model.parent().expect("entry folder"), &data, batch_axis) {
         steps.push(("d=1", Outcome::Fail(format!("the entry's inputs: {e}"))));
         return Row { steps };
     }
@@ -219,7 +226,7 @@ fn run_entry(entry: &Entry, work: &Path, ort: &mut Option<Onnxruntime>) -> Row {
         }
     }
     let rtol = if ILL_CONDITIONED.contains(&entry.name.as_str()) { ILL_CONDITIONED_RTOL } else { TRAINED_RTOL };
-    steps.push(("onnxruntime", onnxruntime_check(ort, &exported, &model, work, rtol)));
+    steps.push(("onnxruntime", onnxruntime_check(ort, &exported, &model, work, rtol, batch_axis)));
     Row { steps }
 }
 
@@ -230,10 +237,11 @@ const DATA_SAMPLES: usize = 24;
 
 /// The entry's own inputs (`input_K.pb`, at its export batch) repeated to
 /// [`DATA_SAMPLES`] samples (float inputs' repeats jittered, [`jitter_repeats`]), with labels `(7 i + 3) mod C` over the leading axes of its
-/// output (`output_0.pb`, C its last extent), as a safetensors file for `train --data`.
+/// output (`output_0.pb`, C its last extent) but its batch axis, sample axis first, as a
+/// safetensors file for `train --data`.
 /// Real inputs, not synthetic zeros: an attention mask of zeros masks every position, and
 /// some models (Helium's) then compute NaN.
-fn write_entry_data(entry: &Path, out: &Path) -> Result<(), String> {
+fn write_entry_data(entry: &Path, out: &Path, batch_axis: usize) -> Result<(), String> {
     use protobuf::Message;
     let read = |file: &str| -> Result<pipewright_ir::TensorData, String> {
         let path = entry.join(file);
@@ -256,13 +264,15 @@ fn write_entry_data(entry: &Path, out: &Path) -> Result<(), String> {
         arrays.push((name.clone(), safetensors_dtype(t.dtype)?, dims, bytes));
     }
     let output = read("output_0.pb")?;
-    let (classes, per_sample) = match output.dims.as_slice() {
-        [_, middle @ .., last] => (*last, middle.iter().product::<i64>()),
-        _ => return Err("output_0.pb has no class axis".into()),
+    // A sample's labels: the output's extents but its batch axis and its class axis.
+    let Some((&classes, leading)) = output.dims.split_last().filter(|(_, leading)| batch_axis < leading.len()) else {
+        return Err(format!("output_0.pb (shape {:?}) has no class axis after its batch axis {batch_axis}", output.dims));
     };
-    let labels: Vec<u8> = (0..DATA_SAMPLES as i64 * per_sample).flat_map(|i| ((7 * i + 3) % classes.max(1)).to_le_bytes()).collect();
+    let sample_dims: Vec<usize> = leading.iter().enumerate().filter(|(a, _)| *a != batch_axis).map(|(_, &d)| d as usize).collect();
+    let per_sample: usize = sample_dims.iter().product();
+    let labels: Vec<u8> = (0..(DATA_SAMPLES * per_sample) as i64).flat_map(|i| ((7 * i + 3) % classes.max(1)).to_le_bytes()).collect();
     let mut label_dims = vec![DATA_SAMPLES];
-    label_dims.extend(output.dims[1..output.dims.len() - 1].iter().map(|&d| d as usize));
+    label_dims.extend(sample_dims);
     arrays.push(("label".into(), safetensors::Dtype::I64, label_dims, labels));
     let views: Vec<(String, safetensors::tensor::TensorView)> = arrays
         .iter()
@@ -283,6 +293,15 @@ fn jitter_repeats(bytes: &mut [u8]) {
         let v = f32::from_le_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]) + 0.1 * unit;
         chunk.copy_from_slice(&v.to_le_bytes());
     }
+}
+
+/// The axis of the model's output that carries the batch as pipewright imports it: the
+/// first unless the output carries it further in (a stack of layers' outputs); the first
+/// where none does (a batch the export fixed).
+fn output_batch_axis(model: &Path) -> Result<usize, String> {
+    let g = pipewright_ir::import_model(model, &pipewright_ir::ImportOptions::default()).map_err(|e| e.to_string())?;
+    let output = *g.outputs().first().ok_or_else(|| format!("{}: no outputs", model.display()))?;
+    Ok(g.value(output).ty.shape.0.iter().position(|d| *d == pipewright_ir::Dim::N).unwrap_or(0))
 }
 
 /// The model's graph inputs that are not initializers, in order (the order of `input_K.pb`).
@@ -346,14 +365,15 @@ fn depth(model: &Path, d: usize, data: &Path, work: &Path, export_build: &mut Op
 /// made the batch dynamic), each matched by `run-forward` on the same inputs; at 3x also
 /// against its outputs at the export batch repeated (the script fails otherwise). Then the
 /// source model at 3x its export batch through `run-forward`, against the entry's own
-/// onnxruntime outputs repeated. The exported model is held to `rtol` (atol 1e-4).
-fn onnxruntime_check(ort: &mut Option<Onnxruntime>, exported: &Path, source: &Path, work: &Path, rtol: &str) -> Outcome {
+/// onnxruntime outputs repeated. The exported model is held to `rtol` (atol 1e-4). The
+/// outputs repeat along `batch_axis`, where they carry the batch.
+fn onnxruntime_check(ort: &mut Option<Onnxruntime>, exported: &Path, source: &Path, work: &Path, rtol: &str, batch_axis: usize) -> Outcome {
     let inputs = source.parent().expect("entry folder");
     let server = match ort {
         Some(server) => server,
         None => ort.insert(Onnxruntime::start()),
     };
-    let printed = match server.run(exported, inputs, work) {
+    let printed = match server.run(exported, inputs, work, batch_axis) {
         Ok(printed) => printed,
         Err(Answer::Refused(message)) => return Outcome::Fail(format!("onnxruntime: {message}")),
         Err(Answer::Lost(message)) => {
@@ -418,13 +438,15 @@ impl Onnxruntime {
         Onnxruntime { child, requests, answers }
     }
 
-    /// The lines the script printed for `exported` before `end ok`.
-    fn run(&mut self, exported: &Path, inputs: &Path, work: &Path) -> Result<String, Answer> {
+    /// The lines the script printed for `exported` (whose outputs carry the batch on
+    /// `batch_axis`) before `end ok`.
+    fn run(&mut self, exported: &Path, inputs: &Path, work: &Path, batch_axis: usize) -> Result<String, Answer> {
         use std::io::{BufRead, Write};
-        let request = [exported, inputs, work].map(|p| p.display().to_string()).join("\t");
-        if request.contains('\n') || request.split('\t').count() != 3 {
-            return Err(Answer::Refused(format!("a path holds a tab or a line break: {request:?}")));
+        let paths = [exported, inputs, work].map(|p| p.display().to_string()).join("\t");
+        if paths.contains('\n') || paths.split('\t').count() != 3 {
+            return Err(Answer::Refused(format!("a path holds a tab or a line break: {paths:?}")));
         }
+        let request = format!("{paths}\t{batch_axis}");
         writeln!(self.requests, "{request}").and_then(|()| self.requests.flush()).map_err(|e| self.lost(&e.to_string()))?;
         let mut printed = String::new();
         loop {

@@ -730,7 +730,17 @@ ARCHS = {
                                                  "timestep": lambda b: torch.randint(0, 1000, (b,))}),
     "lstm": lambda: (LstmTagger(), tokens(mask=False)),
     "gru": lambda: (GruClassifier(), tokens(mask=False)),
+    "bridgetower_vision": lambda: bridgetower_vision(),
 }
+
+
+def bridgetower_vision():
+    """BridgeTower's vision tower: every layer's output stacked, [L, N, S, D], the batch on
+    the second axis (its heads are 64 wide, so the width is 64)."""
+    from transformers import BridgeTowerVisionConfig
+    from transformers.models.bridgetower.modeling_bridgetower import BridgeTowerVisionModel
+    cfg = BridgeTowerVisionConfig(hidden_size=64, num_hidden_layers=3, image_size=16, patch_size=8)
+    return BridgeTowerVisionModel(cfg), {"image": lambda b: torch.randn(b, 3, 16, 16)}
 
 
 def whisper_encoder():

@@ -4,7 +4,8 @@ holds pipewright's training to.
 Builds ARCH as `zoo/make_zoo.py` does (same seed, so the same weights as its exports),
 reads the entry's inputs (`input_K.pb`), takes the cross-entropy of the model's output
 against fixed labels (`(7 * i + 3) % classes` over the output's leading axes, averaged
-over all of them), takes one plain SGD step at LR, and writes to OUT:
+over all of them; written sample first where the output carries the batch further in),
+takes one plain SGD step at LR, and writes to OUT:
   - `data.safetensors`: the inputs by name and `label`, for `pipewright train`;
   - `input_K.pb` and `output_0.pb`: the inputs and the output after the step, for
     `pipewright run-forward --inputs OUT`;
@@ -59,12 +60,21 @@ def training_batchnorms(model, entry):
     return [m for name, m in everyone if name in kept]
 
 
+def batch_axis(model, args):
+    """The axis of the model's output that carries the batch: the one that doubles with its
+    inputs (an eval-mode forward, which leaves every running statistic as it is)."""
+    with torch.no_grad():
+        once, twice = model(*args).shape, model(*[torch.cat([a, a]) for a in args]).shape
+    return next((a for a, (x, y) in enumerate(zip(once, twice)) if y == 2 * x and x > 0), 0)
+
+
 def main():
     arch, entry, lr, out = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4]
     model, inputs, _ = make_zoo.build(arch)
     names = list(inputs)
     arrays = read_inputs(entry, names)
     args = [torch.from_numpy(a) for a in arrays]
+    axis = batch_axis(model, args)
     batchnorms = training_batchnorms(model, entry)
     for m in batchnorms:
         m.train()
@@ -83,7 +93,8 @@ def main():
         after = model(*args)
     os.makedirs(out, exist_ok=True)
     tensors = {n: np.ascontiguousarray(a) for n, a in zip(names, arrays)}
-    tensors["label"] = labels.numpy()
+    # `train --data` reads labels sample first.
+    tensors["label"] = np.ascontiguousarray(labels.movedim(axis, 0).numpy())
     save_file(tensors, os.path.join(out, "data.safetensors"))
     for k in range(len(names)):
         shutil.copy(os.path.join(entry, f"input_{k}.pb"), os.path.join(out, f"input_{k}.pb"))

@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 
 use pipewright_ops::DType;
 use crate::module::{read_module, ModuleError, StageModule};
-use crate::program::Extent;
+use crate::program::{split_batch_axis, Extent};
 
 /// The manifest's file name in a build folder.
 pub const MANIFEST_FILE: &str = "pipeline.toml";
@@ -237,7 +237,7 @@ impl Manifest {
             if out.iter().any(|o| o.name == t.name) {
                 continue;
             }
-            let per_sample = per_sample(&t.shape).ok_or_else(|| {
+            let per_sample = split_batch_axis(&t.shape).filter(|(axis, _)| *axis == 0).map(|(_, rest)| rest).ok_or_else(|| {
                 format!("input {:?} has shape {}, which has no batch axis N first followed by fixed extents", t.name, shape_text(&t.shape))
             })?;
             out.push(InputSpec { name: t.name.clone(), elem: t.dtype, per_sample });
@@ -250,9 +250,10 @@ impl Manifest {
         self.stages.iter().flat_map(|s| &s.graph_outputs)
     }
 
-    /// The per-sample shape of graph output `name` (`None` when absent or not batched).
+    /// The per-sample shape of graph output `name`: its shape without the batch axis,
+    /// wherever that is (`None` when absent or not batched).
     pub fn output_per_sample(&self, name: &str) -> Option<Vec<i64>> {
-        self.outputs().find(|t| t.name == name).and_then(|t| per_sample(&t.shape))
+        self.outputs().find(|t| t.name == name).and_then(|t| split_batch_axis(&t.shape)).map(|(_, rest)| rest)
     }
 
     /// The stage module files, in stage order.
@@ -349,20 +350,6 @@ impl Identity {
             v.push((Field::Recompute.name(), r.to_string()));
         }
         v
-    }
-}
-
-/// `[N, 3, 4]` → `[3, 4]`; `None` unless the first extent is `N` and the rest are fixed.
-fn per_sample(shape: &[Extent]) -> Option<Vec<i64>> {
-    match shape.split_first() {
-        Some((Extent::Batch(1), rest)) => rest
-            .iter()
-            .map(|e| match e {
-                Extent::Fixed(v) => Some(*v),
-                Extent::Batch(_) => None,
-            })
-            .collect(),
-        _ => None,
     }
 }
 

@@ -40,6 +40,19 @@ impl Extent {
     }
 }
 
+/// The axis of `shape` that carries the batch and the extents of the others (a sample's
+/// shape): `None` unless exactly one extent is `N` and the others are fixed. The batch
+/// is usually the first axis; a sequence-first recurrent network's output (`[T,N,V]`) or
+/// a stack of layers' outputs (`[L,N,S,D]`) carries it further in.
+pub fn split_batch_axis(shape: &[Extent]) -> Option<(usize, Vec<i64>)> {
+    let axis = shape.iter().position(|e| *e == Extent::Batch(1))?;
+    let rest = shape.iter().enumerate().filter(|(a, _)| *a != axis).map(|(_, e)| match e {
+        Extent::Fixed(v) => Some(*v),
+        Extent::Batch(_) => None,
+    });
+    Some((axis, rest.collect::<Option<Vec<i64>>>()?))
+}
+
 /// The declared type of a slot.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SlotInfo {
@@ -183,5 +196,22 @@ impl Program {
     /// The slot of a program input by its source name.
     pub fn input_named(&self, name: &str) -> Option<SlotId> {
         self.inputs.iter().copied().find(|s| self.slots[s.index()].name == name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{split_batch_axis, Extent};
+
+    /// The batch axis is found wherever it is; a shape with none, or with more than one
+    /// extent following the batch, has no sample shape.
+    #[test]
+    fn the_batch_axis_is_found_wherever_it_is() {
+        let (n, f) = (Extent::Batch(1), Extent::Fixed);
+        assert_eq!(split_batch_axis(&[n, f(10)]), Some((0, vec![10])));
+        assert_eq!(split_batch_axis(&[f(3), n, f(5), f(64)]), Some((1, vec![3, 5, 64])));
+        assert_eq!(split_batch_axis(&[f(3), f(5)]), None);
+        assert_eq!(split_batch_axis(&[Extent::Batch(2), f(5)]), None);
+        assert_eq!(split_batch_axis(&[n, f(2), Extent::Batch(3)]), None);
     }
 }

@@ -156,7 +156,10 @@ fn through_stages(workers: &mut [Worker], devices: &[tch::Device], mb: &Microbat
         if let (Some(loss), Some((objective, out))) = (&fwd.loss, &w.spec().loss) {
             let value = loss.f_double_value(&[]).map_err(|e| torch_failed(k, "reading the loss", e))?;
             let right = match (objective.loss, &labels) {
-                (pipewright_core::Loss::CrossEntropy, Some(y)) => Some(hits(&fwd.outputs[*out], y, objective.ignore_index).map_err(|e| torch_failed(k, "counting hits", e))?),
+                (pipewright_core::Loss::CrossEntropy, Some(y)) => {
+                    let y = super::stage::labels_along(y, w.spec().label_axis).map_err(|e| failed(k, E::Msg(e)))?;
+                    Some(hits(&fwd.outputs[*out], &y, objective.ignore_index).map_err(|e| torch_failed(k, "counting hits", e))?)
+                }
                 _ => None,
             };
             return Ok(Reached::Loss(value, right));

@@ -20,7 +20,7 @@ use super::{Event, Objective, Op, PipelineError, StageData, SumGroup, TrainConfi
 use crate::exec::{tensor_from_bytes, Mode, Signatures};
 
 use crate::module::StageModule;
-use crate::program::{Program, SlotId};
+use crate::program::{split_batch_axis, Program, SlotId};
 
 #[derive(Clone)]
 pub(crate) struct StageSpec {
@@ -33,6 +33,9 @@ pub(crate) struct StageSpec {
     pub n_send: usize,
     /// Last stage: the loss and the index of its output in `program.outputs`.
     pub loss: Option<(Objective, usize)>,
+    /// The axis of the loss's output that carries the batch (0 unless the output carries
+    /// it further in, [`split_batch_axis`]): the labels' sample axis goes there.
+    pub label_axis: usize,
     pub recompute_full: bool,
     /// The update rule of the stage's trainable weights (the weight-versioning pass's
     /// decision, from the module); `Constant` when the stage trains nothing.
@@ -74,6 +77,7 @@ fn stage_spec(s: &StageModule, last: bool, ins: &[String], outs: &[String], n_re
     };
     let graph_input_names = ins[n_recv..].to_vec();
     let (update, version_budget) = weight_versioning(s)?;
+    let label_axis = loss.as_ref().and_then(|(_, i)| s.program.outputs.get(*i)).and_then(|o| split_batch_axis(&s.program.slots[o.index()].shape)).map_or(0, |(axis, _)| axis);
     Ok(StageSpec {
         index: k,
         program: s.program.clone(),
@@ -82,6 +86,7 @@ fn stage_spec(s: &StageModule, last: bool, ins: &[String], outs: &[String], n_re
         graph_input_names,
         n_send,
         loss,
+        label_axis,
         recompute_full: s.header.params.recompute == Recompute::Full,
         update,
         version_budget,
@@ -1327,7 +1332,7 @@ impl Worker {
             all.extend(inputs[self.spec.n_recv..].iter().map(|t| t.shallow_clone()));
             let run = self.execute(&params, &all, update_stats && self.mode == Mode::Train, grad)?;
             let loss = match &self.spec.loss {
-                Some((l, i)) => Some(loss_of(l, &run.outputs[*i], labels).map_err(|e| E::Msg(format!("loss: {e}")))?),
+                Some((l, i)) => Some(loss_of(l, &run.outputs[*i], labels, self.spec.label_axis).map_err(|e| E::Msg(format!("loss: {e}")))?),
                 None => None,
             };
             Ok((Fwd { params, recv, outputs: run.outputs, loss, act_bytes: run.act_bytes, pieces: None, reads: run.reads }, run.stats))
@@ -1393,7 +1398,7 @@ impl Worker {
         let (loss, loss_leaf) = match &self.spec.loss {
             Some((l, i)) => {
                 let leaf = pf.outputs[*i].detach().set_requires_grad(pf.outputs[*i].is_floating_point());
-                let loss = loss_of(l, &leaf, labels).map_err(|e| E::Msg(format!("loss: {e}")))?;
+                let loss = loss_of(l, &leaf, labels, self.spec.label_axis).map_err(|e| E::Msg(format!("loss: {e}")))?;
                 (Some(loss), Some(leaf))
             }
             None => (None, None),
@@ -1614,7 +1619,7 @@ pub fn loss_ms(l: &Objective, out: &Tensor, reps: usize) -> Result<(f64, f64), S
     for rep in 0..reps.max(1) + 1 {
         let leaf = out.detach().set_requires_grad(true);
         let start = std::time::Instant::now();
-        let loss = loss_of(l, &leaf, labels.as_ref())?;
+        let loss = loss_of(l, &leaf, labels.as_ref(), 0)?;
         let mid = std::time::Instant::now();
         Tensor::f_run_backward(&[loss], &[&leaf], false, false).map_err(|e| first_line(&e))?;
         if rep > 0 {
@@ -1629,13 +1634,17 @@ pub fn loss_ms(l: &Objective, out: &Tensor, reps: usize) -> Result<(f64, f64), S
     Ok((median(fwd), median(bwd)))
 }
 
-fn loss_of(l: &Objective, out: &Tensor, labels: Option<&Tensor>) -> Result<Tensor, String> {
+/// The loss of output `out` (whose batch is on axis `label_axis`) against the microbatch's
+/// `labels` (sample axis first).
+fn loss_of(l: &Objective, out: &Tensor, labels: Option<&Tensor>, label_axis: usize) -> Result<Tensor, String> {
     // Under mixed precision the loss (a softmax, a mean) is computed in fp32.
     let out = &match out.kind() {
         Kind::BFloat16 | Kind::Half => out.f_to_kind(Kind::Float).map_err(|e| e.to_string())?,
         _ => out.shallow_clone(),
     };
-    let need = || labels.ok_or_else(|| "the microbatch has no labels".to_string());
+    let labels = labels.map(|y| labels_along(y, label_axis)).transpose()?;
+    let need = || labels.as_ref().ok_or_else(|| "the microbatch has no labels".to_string());
+    let moved = if label_axis > 0 { format!(" (their sample axis moved to axis {label_axis}, where the output carries the batch)") } else { String::new() };
     let output = &l.output;
     let r = match l.loss {
         Loss::Output => {
@@ -1647,7 +1656,7 @@ fn loss_of(l: &Objective, out: &Tensor, labels: Option<&Tensor>) -> Result<Tenso
         Loss::Mse => {
             let y = need()?;
             if y.size() != out.size() {
-                return Err(format!("mse: targets have shape {:?}, output {output:?} has {:?}", y.size(), out.size()));
+                return Err(format!("mse: targets have shape {:?}{moved}, output {output:?} has {:?}", y.size(), out.size()));
             }
             (|| (out - y.f_to_kind(out.kind())?).f_square()?.f_mean(out.kind()))()
         }
@@ -1657,7 +1666,7 @@ fn loss_of(l: &Objective, out: &Tensor, labels: Option<&Tensor>) -> Result<Tenso
             let c = *dims.last().ok_or("logits are a scalar")?;
             if y.size() != dims[..dims.len() - 1] {
                 return Err(format!(
-                    "cross-entropy: labels have shape {:?}, but output {output:?} of shape {dims:?} needs class ids of shape {:?}",
+                    "cross-entropy: labels have shape {:?}{moved}, but output {output:?} of shape {dims:?} needs class ids of shape {:?}",
                     y.size(),
                     &dims[..dims.len() - 1]
                 ));
@@ -1675,6 +1684,18 @@ fn loss_of(l: &Objective, out: &Tensor, labels: Option<&Tensor>) -> Result<Tenso
         }
     };
     r.map_err(|e: tch::TchError| first_line(&e))
+}
+
+/// A microbatch's labels (or targets), sample axis first, with that axis moved to `axis`,
+/// where the loss's output carries the batch.
+pub(super) fn labels_along(y: &Tensor, axis: usize) -> Result<Tensor, String> {
+    if axis == 0 {
+        return Ok(y.shallow_clone());
+    }
+    if y.dim() <= axis {
+        return Err(format!("labels of shape {:?} (sample axis first) have no axis {axis}, where the output carries the batch", y.size()));
+    }
+    y.f_movedim(&[0], &[axis as i64]).map_err(|e| first_line(&e))
 }
 
 fn first_line(e: &tch::TchError) -> String {
