@@ -731,6 +731,12 @@ ARCHS = {
     "lstm": lambda: (LstmTagger(), tokens(mask=False)),
     "gru": lambda: (GruClassifier(), tokens(mask=False)),
     "bridgetower_vision": lambda: bridgetower_vision(),
+    "seggpt": lambda: hf("SegGptConfig", "SegGptModel", {"pixel_values": lambda b: torch.randn(b, 3, 32, 16),
+                                                         "prompt_pixel_values": lambda b: torch.randn(b, 3, 32, 16),
+                                                         "prompt_masks": lambda b: torch.randn(b, 3, 32, 16)},
+                         hidden_size=16, num_hidden_layers=2, num_attention_heads=2, image_size=[64, 16],
+                         patch_size=8, mlp_dim=32, intermediate_hidden_state_indices=[0, 1], merge_index=0,
+                         decoder_hidden_size=8, pretrain_image_size=32),
 }
 
 

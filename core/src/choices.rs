@@ -39,6 +39,11 @@ pub struct MergedInitializer {
     pub name: String,
     /// Nodes reading it.
     pub uses: usize,
+    /// The weights it trains as once untied (`--untie-merged`): one per use but where
+    /// several uses are one parameter's (a module applied more than once); `None` where
+    /// it was not untied.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weights: Option<usize>,
 }
 
 /// An initializer the importer found to hold a permutation of another weight's values
@@ -306,9 +311,10 @@ impl ImportChoices {
         }
         if !self.merged.is_empty() {
             let (n, uses) = (self.merged.len(), self.merged.iter().map(|m| m.uses).sum::<usize>());
+            let weights = self.merged.iter().map(|m| m.weights.unwrap_or(m.uses)).sum::<usize>();
             let named: Vec<String> = self.merged.iter().map(|m| format!("{:?} x{}", m.name, m.uses)).collect();
             out.push(if self.untied {
-                format!("untied {n} exporter-merged initializer{} into {uses} separately trained weights (--untie-merged): {}", if n == 1 { "" } else { "s" }, some_of(&named))
+                format!("untied {n} exporter-merged initializer{} into {weights} separately trained weights (--untie-merged): {}", if n == 1 { "" } else { "s" }, some_of(&named))
             } else {
                 format!(
                     "{n} initializer{} the exporter merged (identical values) train{} as tied weights: {uses} uses of {n} tensor{} ({}); compile --untie-merged trains each use separately",
@@ -330,7 +336,7 @@ mod tests {
     #[test]
     fn one_short_line_per_kind() {
         assert!(ImportChoices::default().lines().is_empty());
-        let merged = (0..5).map(|i| MergedInitializer { name: format!("w{i}"), uses: 3 }).collect();
+        let merged = (0..5).map(|i| MergedInitializer { name: format!("w{i}"), uses: 3, weights: Some(3) }).collect();
         let c = ImportChoices { frozen_batch_baked: vec!["cls [2, 1, 8]".into()], merged, ..ImportChoices::default() };
         let lines = c.lines();
         assert_eq!(lines.len(), 2);

@@ -488,7 +488,7 @@ mod tests {
             exporter_constants: vec!["unsqueeze_7 [1, 1, 8, 8]".into()],
             trained_batch_baked: vec!["token [1, 1, 8]".into()],
             frozen_attention_scales: vec!["val_88 [1]".into()],
-            merged: vec![pipewright_core::MergedInitializer { name: "ln.weight".into(), uses: 9 }],
+            merged: vec![pipewright_core::MergedInitializer { name: "ln.weight".into(), uses: 9, weights: Some(9) }],
             untied: true,
             split_buffers: vec!["ones".into()],
             retied: vec![pipewright_core::FoldedImage { name: "val_182".into(), source: "wte".into(), perm: vec![1, 0] }],

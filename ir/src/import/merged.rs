@@ -96,7 +96,7 @@ fn find(g: &GraphProto, model_dir: &Path) -> Vec<(MergedInitializer, Vec<usize>)
         .filter(|t| !t.dims.is_empty() && !inner.contains(&t.name) && !constants.contains_key(&t.name))
         .filter_map(|t| {
             let r = readers.get(t.name.as_str()).filter(|r| r.len() > 1)?;
-            uniform(t, model_dir).then(|| (MergedInitializer { name: t.name.clone(), uses: r.len() }, r.clone()))
+            uniform(t, model_dir).then(|| (MergedInitializer { name: t.name.clone(), uses: r.len(), weights: None }, r.clone()))
         })
         .collect()
 }
@@ -123,9 +123,12 @@ pub fn untie_merged(g: &mut GraphProto, model_dir: &Path) -> Vec<MergedInitializ
     taken.extend(g.node.iter().flat_map(|n| n.output.iter().cloned()));
     let listed = super::provenance::listed_parameters(g);
     let mut copies = Vec::new();
+    let mut untied = Vec::new();
     for (m, readers) in &found {
         let Some(source) = g.initializer.iter().find(|t| t.name == m.name) else { continue };
-        for (k, (param, nodes)) in copies_of(g, &m.name, readers, &listed).into_iter().enumerate() {
+        let groups = copies_of(g, &m.name, readers, &listed);
+        untied.push(MergedInitializer { weights: Some(groups.len()), ..m.clone() });
+        for (k, (param, nodes)) in groups.into_iter().enumerate() {
             if param.as_deref() == Some(m.name.as_str()) {
                 continue;
             }
@@ -145,18 +148,27 @@ pub fn untie_merged(g: &mut GraphProto, model_dir: &Path) -> Vec<MergedInitializ
         }
     }
     g.initializer.extend(copies);
-    found.into_iter().map(|(m, _)| m).collect()
+    untied
 }
 
 /// The groups of `readers` (node indices) of merged initializer `name` that get a weight
 /// each, with the parameter each stands for ([`untie_merged`]): the readers whose module's
-/// parameter is `listed` by that parameter, every other reader alone. The group holding
-/// `name`'s own parameter (or else the first) keeps `name`.
+/// parameter is `listed` by that parameter, the nodes reading `name` itself beside
+/// `Identity` readers, every other reader alone. The group holding `name`'s own parameter
+/// (or else the first) keeps `name`.
 fn copies_of(g: &GraphProto, name: &str, readers: &[usize], listed: &HashSet<String>) -> Vec<(Option<String>, Vec<usize>)> {
     let suffix = name.rsplit('.').next().unwrap_or(name);
+    // TorchScript's exporter keeps one of several equal parameters and reads each of the
+    // others through an `Identity` of it: where it did, the `Identity` nodes are the
+    // other parameters, and the nodes reading the initializer itself are its own
+    // parameter, applied more than once where there are several (SegGPT's patch
+    // embedding, on the prompt and on the input; ALBERT's shared layer).
+    let is_identity = |n: usize| g.node[n].op_type == "Identity";
+    let identity_form = readers.iter().any(|&n| is_identity(n));
     let mut groups: Vec<(Option<String>, Vec<usize>)> = Vec::new();
     for &n in readers {
-        let param = super::provenance::module_of(&g.node[n]).map(|m| format!("{m}.{suffix}")).filter(|p| listed.contains(p));
+        let own = (identity_form && !is_identity(n)).then(|| name.to_string());
+        let param = own.or_else(|| super::provenance::module_of(&g.node[n]).map(|m| format!("{m}.{suffix}")).filter(|p| listed.contains(p)));
         match groups.iter_mut().find(|(q, _)| param.is_some() && *q == param) {
             Some((_, nodes)) => nodes.push(n),
             None => groups.push((param, vec![n])),
@@ -164,6 +176,11 @@ fn copies_of(g: &GraphProto, name: &str, readers: &[usize], listed: &HashSet<Str
     }
     if !groups.iter().any(|(p, _)| p.as_deref() == Some(name)) {
         groups[0].0 = Some(name.to_string());
+    }
+    // The direct readers first, so that the copies count from 1 as they do otherwise.
+    if let Some(i) = groups.iter().position(|(p, _)| identity_form && p.as_deref() == Some(name)) {
+        let own = groups.remove(i);
+        groups.insert(0, own);
     }
     groups
 }
@@ -233,13 +250,30 @@ mod tests {
         };
         // The random weight read twice is a deliberate tie; `single` has one reader.
         let dir = Path::new(".");
-        assert_eq!(merged_initializers(&g, dir), vec![MergedInitializer { name: "ones".into(), uses: 3 }]);
-        assert_eq!(untie_merged(&mut g, dir).len(), 1);
+        assert_eq!(merged_initializers(&g, dir), vec![MergedInitializer { name: "ones".into(), uses: 3, weights: None }]);
+        assert_eq!(untie_merged(&mut g, dir), vec![MergedInitializer { name: "ones".into(), uses: 3, weights: Some(3) }]);
         let inputs: Vec<&str> = g.node.iter().map(|n| n.input[1].as_str()).collect();
         assert_eq!(inputs, ["ones", "ones.untied1", "random", "random", "ones.untied2"]);
         assert_eq!(g.initializer.len(), 5);
         assert_eq!(g.initializer[3].raw_data, g.initializer[0].raw_data);
         assert!(merged_initializers(&g, dir).is_empty());
+    }
+
+    /// TorchScript's form of a merge: the kept parameter read directly (here by two nodes,
+    /// one module applied twice) and the others each through an `Identity`. Each
+    /// `Identity` gets a copy; the direct readers keep one weight between them.
+    #[test]
+    fn direct_readers_beside_identities_are_one_parameter() {
+        let identity = |name: &str| NodeProto { name: name.into(), op_type: "Identity".into(), input: vec!["zeros".into()], output: vec![format!("{name}_out")], ..Default::default() };
+        let mut g = GraphProto {
+            initializer: vec![init("zeros", &[0.0; 4])],
+            node: vec![identity("i1"), node("conv1", &["x", "zeros"]), identity("i2"), node("conv2", &["y", "zeros"])],
+            ..Default::default()
+        };
+        assert_eq!(untie_merged(&mut g, Path::new(".")), vec![MergedInitializer { name: "zeros".into(), uses: 4, weights: Some(3) }]);
+        let inputs: Vec<&str> = g.node.iter().map(|n| n.input.last().map(String::as_str).unwrap_or_default()).collect();
+        assert_eq!(inputs, ["zeros.untied1", "zeros", "zeros.untied2", "zeros"]);
+        assert_eq!(g.initializer.len(), 3);
     }
 
     /// The default exporter's record of each node's module and the exported program's
@@ -261,7 +295,7 @@ mod tests {
         let dir = Path::new(".");
         let mut plain = g.clone();
         plain.metadata_props.clear();
-        assert_eq!(untie_merged(&mut g, dir), vec![MergedInitializer { name: "a.weight".into(), uses: 4 }]);
+        assert_eq!(untie_merged(&mut g, dir), vec![MergedInitializer { name: "a.weight".into(), uses: 4, weights: Some(3) }]);
         // Module `c`'s parameter is not listed: its node gets a copy of its own.
         let inputs: Vec<&str> = g.node.iter().map(|n| n.input[1].as_str()).collect();
         assert_eq!(inputs, ["a.weight", "b.weight", "a.weight", "a.weight.untied2"]);
@@ -295,7 +329,7 @@ mod tests {
             node: vec![node("a", &["x", "ln.weight"]), node("b", &["a_out", "ln.weight"]), node("c", &["b_out", "w"]), node("d", &["c_out", "w"])],
             ..Default::default()
         };
-        assert_eq!(merged_initializers(&g, dir.path()), vec![MergedInitializer { name: "ln.weight".into(), uses: 2 }]);
+        assert_eq!(merged_initializers(&g, dir.path()), vec![MergedInitializer { name: "ln.weight".into(), uses: 2, weights: None }]);
         untie_merged(&mut g, dir.path());
         let copy = g.initializer.iter().find(|t| t.name == "ln.weight.untied1").expect("the copy");
         assert_eq!(copy.external_data, g.initializer[0].external_data);
