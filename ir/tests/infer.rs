@@ -1749,3 +1749,33 @@ fn a_gather_at_indices_expanded_to_the_export_batch_follows_the_batch() {
     assert_eq!(ty(&g, "tokens"), "f32[2,4,3]");
     assert!(!g.warnings.iter().any(|w| w.contains("a Gather at indices")), "{:?}", g.warnings);
 }
+
+/// A model that runs its prompt and its input as one batch (SegGPT) concatenates them
+/// into `2N` rows and averages the halves: an export at a fixed batch writes the halves
+/// as Slices at the export batch (`[:b]`, `[b:]`), read as row groups that follow the
+/// batch. Bounds that are not whole row groups are read as they stand.
+#[test]
+fn slices_of_whole_row_groups_follow_the_batch() {
+    let halves = |batch: i64, cut: i64| {
+        ModelBuilder::new(17)
+            .input("prompt", F32, &fixed(&[batch, 3]))
+            .input("x", F32, &fixed(&[batch, 3]))
+            .init(tensor_i64("zero", &[1], &[0]))
+            .init(tensor_i64("cut", &[1], &[cut]))
+            .init(tensor_i64("end", &[1], &[i64::MAX]))
+            .node(node("Concat", "both", &["prompt", "x"], &["both"]).int("axis", 0))
+            .node(node("Slice", "first", &["both", "zero", "cut", "zero"], &["first"]))
+            .node(node("Slice", "second", &["both", "cut", "end", "zero"], &["second"]))
+            .node(node("Add", "merge", &["first", "second"], &["merged"]))
+            .output("merged")
+    };
+    for batch in [1, 2] {
+        let g = import(&halves(batch, batch));
+        assert_eq!(ty(&g, "both"), "f32[2N,3]");
+        assert_eq!((ty(&g, "first"), ty(&g, "second"), ty(&g, "merged")), ("f32[N,3]".to_string(), "f32[N,3]".to_string(), "f32[N,3]".to_string()));
+        assert!(g.warnings.iter().any(|w| w.contains("\"first\"") && w.contains(&format!("rows 0..{batch}")) && w.contains("row groups 0..1, which follow the batch")), "{:?}", g.warnings);
+        assert_eq!(g.source_rewrites.len(), 2);
+    }
+    let g = import(&halves(2, 3));
+    assert!(g.source_rewrites.is_empty(), "rows 0..3 of 2 x 2 are no whole row groups");
+}

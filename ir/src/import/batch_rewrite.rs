@@ -52,6 +52,7 @@ impl Importer<'_> {
             "Resize" => self.resize_sizes_as_scales(node, b),
             "Reshape" => self.reshape_batch_into_rows(node, b).or_else(|| self.reshape_batch_out_of_rows(node, b)).or_else(|| self.reshape_uniform_rows(node, b)),
             "MatMul" if b == 1 => self.matmul_heads_split(node),
+            "Slice" => self.slice_row_groups(node, b),
             _ => None,
         }
     }
@@ -602,6 +603,49 @@ impl Importer<'_> {
         );
         rewrite.before.push(reshape);
         rewrite.constants.push((target, TensorData::from_i64s(vec![4], &[-1, heads, r, c])));
+        Some(rewrite)
+    }
+
+    /// A Slice at constant bounds of an axis that holds `k` row groups of the batch (`k N`
+    /// rows, as a model that runs its prompt and its input as one batch concatenates
+    /// them): at bounds that are multiples of the export batch `b` it takes whole row
+    /// groups (SegGPT's `(x[:b] + x[b:]) / 2`), and is read as those row groups at any
+    /// batch, its bounds computed from the axis's extent.
+    fn slice_row_groups(&self, node: &NodeProto, b: i64) -> Option<BatchRewrite> {
+        let [data, starts, ends, rest @ ..] = node.input.as_slice() else { return None };
+        let constant = |name: &str| self.int_value(*self.names.get(name)?, 0).map(|(_, v)| v);
+        let dims = self.graph.value(*self.names.get(data)?).ty.shape.0.clone();
+        let one = |name: &str| constant(name).filter(|v| v.len() == 1).map(|v| v[0]);
+        let axis = match rest.first().filter(|a| !a.is_empty()) {
+            Some(axes) => one(axes)?,
+            None => 0,
+        };
+        let axis = usize::try_from(if axis < 0 { axis + dims.len() as i64 } else { axis }).ok()?;
+        if rest.get(1).filter(|s| !s.is_empty()).is_some_and(|steps| constant(steps).as_deref() != Some(&[1])) {
+            return None;
+        }
+        let Some(&Dim::Batch(k)) = dims.get(axis) else { return None };
+        let (start, end) = (one(starts)?, one(ends)?.min(k * b));
+        let whole_groups = k >= 2 && b >= 1 && start >= 0 && start % b == 0 && end % b == 0 && start < end && end - start < k * b;
+        if !whole_groups {
+            return None;
+        }
+        let (first, last) = (start / b, end / b);
+        let at = |what: &str| format!("{}/row_groups_{what}", node.name);
+        let note = format!("a Slice of rows {start}..{end} of an axis of {k} row groups of the batch ({} rows at the export batch {b}) is read as row groups {first}..{last}, which follow the batch", k * b);
+        let mut inputs = vec![data.clone(), at("starts"), at("ends")];
+        inputs.extend(rest.iter().cloned());
+        let mut rewrite = BatchRewrite::replace(node, "Slice", inputs, &note);
+        for (name, value) in [("axis", axis as i64), ("next", axis as i64 + 1), ("k", k), ("first", first), ("last", last)] {
+            rewrite.constants.push((at(name), TensorData::from_i64s(vec![1], &[value])));
+        }
+        rewrite.before.extend([
+            plain(&at("shape"), "Shape", &[data], &at("shape")),
+            plain(&at("extent"), "Slice", &[&at("shape"), &at("axis"), &at("next")], &at("extent")),
+            plain(&at("group"), "Div", &[&at("extent"), &at("k")], &at("group")),
+            plain(&at("starts"), "Mul", &[&at("group"), &at("first")], &at("starts")),
+            plain(&at("ends"), "Mul", &[&at("group"), &at("last")], &at("ends")),
+        ]);
         Some(rewrite)
     }
 
