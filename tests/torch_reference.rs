@@ -105,6 +105,9 @@
 //! - TimeSformer (TorchScript, batch 2): the class tokens come back out of frames merged
 //!   into the batch as `x[:2]` of `[frames * 2, ...]`, read as the first row group at
 //!   any batch; refused before (the class tokens stayed at the export batch).
+//! - CSM's depth decoder (batch 2, both exporters): `x[:, 0] = y`, a ScatterElements at
+//!   indices all 0 (or a ScatterND at the pairs `(i, 0)`) shaped for the export batch's
+//!   rows, read as one at position 0 of every row; refused before.
 //!
 //! The step is 0.5 on the mean cross-entropy against fixed labels, at d = 2 under
 //! PipeDream-Flush with one microbatch of the export batch (the mean PyTorch takes), with
@@ -121,7 +124,7 @@ use std::process::Command;
 use common::{pw_ok, root, try_pw};
 
 /// A zoo architecture, one of its entries, and what compile needs besides.
-const ENTRIES: [(&str, &str, &[&str]); 54] = [
+const ENTRIES: [(&str, &str, &[&str]); 56] = [
     ("mixtral", "mixtral-script-dyn", &[]),
     ("mixtral", "mixtral-script-b2", &[]),
     ("olmoe", "olmoe-dynamo-dyn", &[]),
@@ -176,6 +179,8 @@ const ENTRIES: [(&str, &str, &[&str]); 54] = [
     ("seggpt", "seggpt-script-dyn", &[]),
     ("albert", "albert-script-dyn", &[]),
     ("timesformer", "timesformer-script-b2", &[]),
+    ("csm_depth", "csm_depth-dynamo-b2", &[]),
+    ("csm_depth", "csm_depth-script-b2", &[]),
 ];
 
 fn torch_python() -> String {

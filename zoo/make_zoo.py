@@ -737,6 +737,12 @@ ARCHS = {
                          hidden_size=16, num_hidden_layers=2, num_attention_heads=2, image_size=[64, 16],
                          patch_size=8, mlp_dim=32, intermediate_hidden_state_indices=[0, 1], merge_index=0,
                          decoder_hidden_size=8, pretrain_image_size=32),
+    "csm_depth": lambda: hf("CsmDepthDecoderConfig", "CsmDepthDecoderModel",
+                            {"input_ids": lambda b: torch.randint(0, 32, (b, 4)),
+                             "backbone_last_hidden_state": lambda b: torch.randn(b, 16)},
+                            vocab_size=32, backbone_hidden_size=16, hidden_size=16, intermediate_size=32,
+                            num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, num_codebooks=4,
+                            max_position_embeddings=8, head_dim=8),
 }
 
 

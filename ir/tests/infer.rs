@@ -1779,3 +1779,49 @@ fn slices_of_whole_row_groups_follow_the_batch() {
     let g = import(&halves(2, 3));
     assert!(g.source_rewrites.is_empty(), "rows 0..3 of 2 x 2 are no whole row groups");
 }
+
+/// `x[:, 0] = y` at a fixed batch (CSM's depth decoder puts the backbone's state at
+/// position 0): the default exporter writes a ScatterElements at constant indices, all 0,
+/// shaped as the updates at the export batch; read with those indices shaped from the
+/// updates, it follows the batch. Indices that are not all one position are read as they
+/// stand.
+#[test]
+fn a_scatter_at_one_position_follows_the_batch() {
+    let scatter = |positions: &[i64]| {
+        ModelBuilder::new(17)
+            .input("x", F32, &fixed(&[2, 4, 3]))
+            .input("y", F32, &fixed(&[2, 1, 3]))
+            .init(tensor_i64("at", &[2, 1, 3], positions))
+            .node(node("Relu", "rx", &["x"], &["rx"]))
+            .node(node("ScatterElements", "put", &["rx", "at", "y"], &["put"]).int("axis", 1))
+            .output("put")
+    };
+    let g = import(&scatter(&[0; 6]));
+    assert_eq!(ty(&g, "put"), "f32[N,4,3]");
+    assert!(g.warnings.iter().any(|w| w.contains("\"put\"") && w.contains("indices all 0")), "{:?}", g.warnings);
+    assert_eq!(g.source_rewrites.len(), 1);
+    let g = import(&scatter(&[0, 0, 0, 1, 1, 1]));
+    assert!(g.source_rewrites.is_empty(), "{:?}", g.warnings);
+}
+
+/// `x[:, 0] = y` as TorchScript writes it at a fixed batch: a ScatterND at the pairs
+/// `(i, 0)` of every row `i` of the export batch, read as a ScatterElements at position 0
+/// of every row, which follows the batch. Pairs that skip a row are read as they stand.
+#[test]
+fn a_scatter_nd_at_one_position_per_row_follows_the_batch() {
+    let scatter = |pairs: &[i64]| {
+        ModelBuilder::new(17)
+            .input("x", F32, &fixed(&[2, 4, 3]))
+            .input("y", F32, &fixed(&[2, 1, 3]))
+            .init(tensor_i64("at", &[2, 1, 2], pairs))
+            .node(node("Relu", "rx", &["x"], &["rx"]))
+            .node(node("ScatterND", "put", &["rx", "at", "y"], &["put"]))
+            .output("put")
+    };
+    let g = import(&scatter(&[0, 0, 1, 0]));
+    assert_eq!(ty(&g, "put"), "f32[N,4,3]");
+    assert!(g.warnings.iter().any(|w| w.contains("\"put\"") && w.contains("positions [0] of every row")), "{:?}", g.warnings);
+    assert_eq!(g.source_rewrites.len(), 1);
+    let g = import(&scatter(&[0, 0, 0, 1]));
+    assert!(g.source_rewrites.is_empty(), "{:?}", g.warnings);
+}

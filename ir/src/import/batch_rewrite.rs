@@ -8,7 +8,9 @@
 
 use onnx_protobuf::NodeProto;
 use pipewright_ops::onnx::AttrSource;
+use pipewright_ops::op::AttrValue;
 
+use super::attrs::attribute_proto;
 use super::node_proto::{batch_led_shape, concat0, filled, plain};
 use super::Importer;
 use crate::dim::{Dim, Shape, TensorType};
@@ -44,9 +46,9 @@ impl Importer<'_> {
         match node.op_type.as_str() {
             "Gather" => self.identity_gather_as_reshape(node, b).or_else(|| self.gather_at_alike_rows(node, b)),
             "GatherND" => self.identity_gather_nd(node, b),
-            "ScatterND" => self.identity_scatter_nd(node, b).or_else(|| self.zeros_at_positions(node, b)),
+            "ScatterND" => self.identity_scatter_nd(node, b).or_else(|| self.zeros_at_positions(node, b)).or_else(|| self.scatter_nd_per_row(node, b)),
             "TopK" => self.whole_axis_sort(node, b),
-            "ScatterElements" => self.identity_scatter_elements(node, b).or_else(|| self.fill_scatter_elements(node, b)),
+            "ScatterElements" => self.identity_scatter_elements(node, b).or_else(|| self.fill_scatter_elements(node, b)).or_else(|| self.scatter_at_one_position(node, b)),
             "Add" => self.zeros_added(node, b),
             "LSTM" | "GRU" | "RNN" => self.zero_initial_state_dropped(node),
             "Resize" => self.resize_sizes_as_scales(node, b),
@@ -156,6 +158,32 @@ impl Importer<'_> {
         })
     }
 
+    /// `x[:, c] = y` as the default exporter writes it at a fixed batch (CSM's depth
+    /// decoder puts the backbone's state at position 0): a ScatterElements of updates that
+    /// follow the batch at constant indices that are all `c`, shaped as the updates at the
+    /// export batch. The indices are read as `c` everywhere in the updates' shape at run
+    /// time.
+    fn scatter_at_one_position(&self, node: &NodeProto, b: i64) -> Option<BatchRewrite> {
+        let [data, indices, updates] = &node.input[..] else { return None };
+        let value = |name: &String| self.names.get(name).copied();
+        let (data_value, update_value) = (value(data)?, value(updates)?);
+        let update_dims = self.graph.value(update_value).ty.shape.dims().to_vec();
+        if !self.graph.value(data_value).ty.shape.has_batch() || !update_dims.iter().any(|d| d.is_batch()) {
+            return None;
+        }
+        let (index_dims, values) = self.int_value(value(indices)?, 0)?;
+        let position = *values.first()?;
+        if index_dims != update_dims.iter().map(|d| d.eval(b)).collect::<Vec<_>>() || values.iter().any(|&v| v != position) {
+            return None;
+        }
+        let at = |what: &str| format!("{}/batch/{what}", node.name);
+        let note = format!("a ScatterElements at indices all {position}, shaped as its updates at the export batch, is read with those indices shaped from the updates, which follow the batch");
+        let mut rewrite = BatchRewrite::replace(node, "ScatterElements", vec![data.clone(), at("indices"), updates.clone()], &note);
+        rewrite.node.attribute = node.attribute.clone();
+        rewrite.before.extend([plain(&at("update_shape"), "Shape", &[updates], &at("update_shape")), filled(&at("indices"), &at("update_shape"), DType::I64, position as f64)]);
+        Some(rewrite)
+    }
+
     /// A mixture-of-experts router's one-hot choice (`zeros.scatter(1, top_k_indices, 1)`,
     /// as the default exporter writes it at a fixed batch; DeepSeek-V3's group mask, as
     /// TorchScript does) scatters a constant fill (or updates that follow the batch) into
@@ -233,6 +261,42 @@ impl Importer<'_> {
         rewrite.node.attribute = node.attribute.clone();
         rewrite.constants.push((at("axis"), TensorData::from_i64s(vec![1], &[axis as i64])));
         rewrite.before = vec![plain(&at("shape"), "Shape", &[x], &at("shape")), plain(&at("k"), "Gather", &[&at("shape"), &at("axis")], &at("k"))];
+        Some(rewrite)
+    }
+
+    /// `x[:, c] = y` as TorchScript writes it at a fixed batch: a ScatterND at constant
+    /// index pairs `(i, p_j)`, `i` every row of the export batch in order and the positions
+    /// `p_j` the same in every row, of updates `[N, m, ...]` that follow the batch. That is
+    /// a ScatterElements along axis 1 at `p_j` in every row, its indices shaped from the
+    /// updates at run time.
+    fn scatter_nd_per_row(&self, node: &NodeProto, b: i64) -> Option<BatchRewrite> {
+        let [data, indices, updates] = &node.input[..] else { return None };
+        if node.attribute.iter().any(|a| a.name == "reduction" && a.s != b"none") {
+            return None;
+        }
+        let value = |name: &String| self.names.get(name).copied();
+        let data_dims = self.graph.value(value(data)?).ty.shape.dims().to_vec();
+        let update_dims = self.graph.value(value(updates)?).ty.shape.dims().to_vec();
+        let (index_dims, pairs) = self.int_value(value(indices)?, 8)?;
+        let [rows, m, 2] = index_dims[..] else { return None };
+        let rank = data_dims.len();
+        let leads = |dims: &[Dim]| dims.first() == Some(&Dim::N);
+        if rows != b || rank < 2 || !leads(&data_dims) || !leads(&update_dims) || update_dims.len() != rank || update_dims[1] != Dim::Fixed(m) {
+            return None;
+        }
+        let positions: Vec<i64> = pairs.chunks(2).take(m as usize).map(|p| p[1]).collect();
+        let per_row = pairs.chunks(2).enumerate().all(|(k, p)| p[0] == k as i64 / m && p[1] == positions[k % m as usize]);
+        if !per_row {
+            return None;
+        }
+        let at = |what: &str| format!("{}/batch/{what}", node.name);
+        let note = format!("a ScatterND at positions {positions:?} of every row of the export batch is read as a ScatterElements at those positions in every row, which follows the batch");
+        let mut rewrite = BatchRewrite::replace(node, "ScatterElements", vec![data.clone(), at("indices"), updates.clone()], &note);
+        rewrite.node.attribute = vec![attribute_proto("axis", &AttrValue::Int(1))];
+        let mut position_dims = vec![1, m];
+        position_dims.resize(rank, 1);
+        rewrite.constants.push((at("positions"), TensorData::from_i64s(position_dims, &positions)));
+        rewrite.before.extend([plain(&at("update_shape"), "Shape", &[updates], &at("update_shape")), plain(&at("indices"), "Expand", &[&at("positions"), &at("update_shape")], &at("indices"))]);
         Some(rewrite)
     }
 
