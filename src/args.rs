@@ -48,7 +48,8 @@ pub struct TrainArgs {
     #[arg(long, default_value = "synthetic")]
     pub data: PathBuf,
     /// The labels array in the data file (default: the array named `label`, for a loss
-    /// that needs labels).
+    /// that needs labels), sample axis first like every array; where the output carries
+    /// the batch further in (`[L, N, ...]`), the loss moves that axis there.
     #[arg(long)]
     pub label: Option<String>,
     /// The loss: cross-entropy, mse, or output (the model output is the loss itself, e.g.

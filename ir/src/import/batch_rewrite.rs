@@ -176,11 +176,9 @@ impl Importer<'_> {
         if index_dims != update_dims.iter().map(|d| d.eval(b)).collect::<Vec<_>>() || values.iter().any(|&v| v != position) {
             return None;
         }
-        let at = |what: &str| format!("{}/batch/{what}", node.name);
         let note = format!("a ScatterElements at indices all {position}, shaped as its updates at the export batch, is read with those indices shaped from the updates, which follow the batch");
-        let mut rewrite = BatchRewrite::replace(node, "ScatterElements", vec![data.clone(), at("indices"), updates.clone()], &note);
+        let mut rewrite = scatter_at_positions(node, data, updates, vec![1; update_dims.len()], &[position], &note);
         rewrite.node.attribute = node.attribute.clone();
-        rewrite.before.extend([plain(&at("update_shape"), "Shape", &[updates], &at("update_shape")), filled(&at("indices"), &at("update_shape"), DType::I64, position as f64)]);
         Some(rewrite)
     }
 
@@ -289,14 +287,11 @@ impl Importer<'_> {
         if !per_row {
             return None;
         }
-        let at = |what: &str| format!("{}/batch/{what}", node.name);
         let note = format!("a ScatterND at positions {positions:?} of every row of the export batch is read as a ScatterElements at those positions in every row, which follows the batch");
-        let mut rewrite = BatchRewrite::replace(node, "ScatterElements", vec![data.clone(), at("indices"), updates.clone()], &note);
-        rewrite.node.attribute = vec![attribute_proto("axis", &AttrValue::Int(1))];
         let mut position_dims = vec![1, m];
         position_dims.resize(rank, 1);
-        rewrite.constants.push((at("positions"), TensorData::from_i64s(position_dims, &positions)));
-        rewrite.before.extend([plain(&at("update_shape"), "Shape", &[updates], &at("update_shape")), plain(&at("indices"), "Expand", &[&at("positions"), &at("update_shape")], &at("indices"))]);
+        let mut rewrite = scatter_at_positions(node, data, updates, position_dims, &positions, &note);
+        rewrite.node.attribute = vec![attribute_proto("axis", &AttrValue::Int(1))];
         Some(rewrite)
     }
 
@@ -722,6 +717,17 @@ impl Importer<'_> {
         let rows = layer.inputs.first().copied().flatten()?;
         is_layer.then(|| self.batch_rows.get(&self.graph.value(rows).name).copied()).flatten()
     }
+}
+
+/// `node` read as a ScatterElements of `updates` into `data` (its attributes left to the
+/// caller) at the constant `positions` (extents `position_dims`, 1 where they repeat)
+/// expanded to the updates' shape at run time.
+fn scatter_at_positions(node: &NodeProto, data: &str, updates: &str, position_dims: Vec<i64>, positions: &[i64], note: &str) -> BatchRewrite {
+    let at = |what: &str| format!("{}/batch/{what}", node.name);
+    let mut rewrite = BatchRewrite::replace(node, "ScatterElements", vec![data.to_string(), at("indices"), updates.to_string()], note);
+    rewrite.constants.push((at("positions"), TensorData::from_i64s(position_dims, positions)));
+    rewrite.before.extend([plain(&at("update_shape"), "Shape", &[updates], &at("update_shape")), plain(&at("indices"), "Expand", &[&at("positions"), &at("update_shape")], &at("indices"))]);
+    rewrite
 }
 
 /// Adds to `rewrite` the nodes writing `{prefix}expanded`: the first row of `value` (rows
