@@ -1049,7 +1049,7 @@ fn batch_baked_initializers_are_announced_and_can_train() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "{err}");
         let line = if train_it {
-            "note: 1 initializer baked for the export batch trains as one slice shared by the batch (--train-batch-baked, or a parameter the exporter expanded): expand [1, 1, 128]"
+            "note: 1 initializer baked for the export batch trains as one slice shared by the batch (--train-batch-baked, or a parameter the exporter expanded or looked up at fixed positions): expand [1, 1, 128]"
         } else {
             "note: 1 initializer baked for the export batch kept frozen (not trained): expand [2, 1, 128]; compile --train-batch-baked NAME trains one"
         };

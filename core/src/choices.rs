@@ -198,7 +198,7 @@ impl ImportChoices {
         if !self.trained_batch_baked.is_empty() {
             let n = self.trained_batch_baked.len();
             out.push(format!(
-                "{n} initializer{} baked for the export batch train{} as one slice shared by the batch (--train-batch-baked, or a parameter the exporter expanded): {}",
+                "{n} initializer{} baked for the export batch train{} as one slice shared by the batch (--train-batch-baked, or a parameter the exporter expanded or looked up at fixed positions): {}",
                 if n == 1 { "" } else { "s" },
                 if n == 1 { "s" } else { "" },
                 some_of(&self.trained_batch_baked)
@@ -346,7 +346,7 @@ mod tests {
         let untied = ImportChoices { untied: true, ..c };
         assert!(untied.lines()[1].starts_with("untied 5 exporter-merged initializers into 15 separately trained weights"));
         let trained = ImportChoices { trained_batch_baked: vec!["cls [1, 1, 8]".into()], ..ImportChoices::default() };
-        assert_eq!(trained.lines(), ["1 initializer baked for the export batch trains as one slice shared by the batch (--train-batch-baked, or a parameter the exporter expanded): cls [1, 1, 8]"]);
+        assert_eq!(trained.lines(), ["1 initializer baked for the export batch trains as one slice shared by the batch (--train-batch-baked, or a parameter the exporter expanded or looked up at fixed positions): cls [1, 1, 8]"]);
         let scales = ImportChoices { frozen_attention_scales: vec!["val_88 [1]".into()], ..ImportChoices::default() };
         assert!(!scales.is_empty());
         assert_eq!(scales.lines(), ["1 one-element initializer read only as attention scales became the fused attentions' scale (not trained): val_88 [1]; compile --train-attention-scales trains it and keeps those attentions spelled out"]);

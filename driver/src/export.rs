@@ -131,11 +131,12 @@ pub fn export_onnx(build: &Path, output: &Path) -> Result<Exported, DriverError>
     for init in graph.initializer.iter_mut() {
         let Some(view) = trained.get(&init.name) else { continue };
         let dims: Vec<i64> = view.shape().iter().map(|&d| d as i64).collect();
-        // A batch-baked initializer trained as one slice (--train-batch-baked) goes back
-        // as that slice repeated over the export batch, as the source holds it.
+        // A batch-baked initializer trained as one slice (--train-batch-baked; a row
+        // looked up at every position, one row) goes back as that slice repeated over the
+        // export batch (and the positions), as the source holds it.
         let slice_of = |name: &str| manifest.choices.trained_batch_baked.iter().any(|t| t.rsplit_once(" [").map(|(n, _)| n) == Some(name));
-        if slice_of(&init.name) && dims.first() == Some(&1) && dims.len() == init.dims.len() && dims[1..] == init.dims[1..] {
-            set_raw_data(init, view.data().repeat(usize::try_from(init.dims[0]).unwrap_or(1)));
+        if let Some(copies) = slice_of(&init.name).then(|| leading_repeats(&dims, &init.dims)).flatten() {
+            set_raw_data(init, view.data().repeat(copies));
             replaced += 1;
             continue;
         }
@@ -205,6 +206,17 @@ fn write_folded_images(graph: &mut GraphProto, images: &[pipewright_core::Folded
     Ok(())
 }
 
+/// How many copies of a tensor of `slice` extents fill one of `full` extents when `slice`
+/// is `full` with some leading axes (the batch first) shrunk to one; `None` otherwise.
+fn leading_repeats(slice: &[i64], full: &[i64]) -> Option<usize> {
+    if slice.len() != full.len() {
+        return None;
+    }
+    let shrunk = slice.iter().take_while(|&&d| d == 1).count();
+    let k = (1..=shrunk).find(|&k| slice[k..] == full[k..])?;
+    usize::try_from(full[..k].iter().product::<i64>()).ok()
+}
+
 /// Makes `init` hold `bytes` inline as its raw data, and nothing else.
 fn set_raw_data(init: &mut TensorProto, bytes: Vec<u8>) {
     init.external_data.clear();
@@ -268,6 +280,18 @@ fn crc32(bytes: &[u8]) -> u32 {
 
 #[cfg(test)]
 mod tests {
+    /// A class token's slice repeats over the batch; a row looked up at every position
+    /// over the batch and the positions; a slice of other extents is no such copy.
+    #[test]
+    fn trained_slices_fill_the_baked_extents() {
+        assert_eq!(leading_repeats(&[1, 1, 16], &[2, 1, 16]), Some(2));
+        assert_eq!(leading_repeats(&[1, 1, 16], &[2, 8, 16]), Some(16));
+        assert_eq!(leading_repeats(&[1, 8, 16], &[2, 8, 16]), Some(2));
+        assert_eq!(leading_repeats(&[2, 8, 16], &[2, 8, 16]), None);
+        assert_eq!(leading_repeats(&[1, 4, 16], &[2, 8, 16]), None);
+        assert_eq!(leading_repeats(&[1, 16], &[2, 8, 16]), None);
+    }
+
     use super::*;
     use crate::compile::compile;
     use crate::compile::tests::{request, stages};

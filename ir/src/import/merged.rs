@@ -449,8 +449,11 @@ fn read_buffers_directly(g: &mut GraphProto) {
 /// may be in the model file or in an external data file beside it (`model_dir`, as the
 /// default exporter writes them); the slice is then stored in the model. With a
 /// `batch_source` (a graph input whose leading axis is the batch), the Expand's target
-/// takes its batch from that input at run time instead. Errors say why `name` cannot be.
-pub fn train_batch_baked(g: &mut GraphProto, name: &str, b0: i64, model_dir: &Path, batch_source: Option<&str>) -> Result<(), String> {
+/// takes its batch from that input at run time instead. With `alike_rows` (a lookup of a
+/// parameter's rows), the leading axes after the batch along which the slice repeats too
+/// (one row looked up at every position) shrink to one, so that the row trains once for
+/// all the positions that read it. Errors say why `name` cannot be.
+pub fn train_batch_baked(g: &mut GraphProto, name: &str, b0: i64, model_dir: &Path, batch_source: Option<&str>, alike_rows: bool) -> Result<(), String> {
     let t = g.initializer.iter_mut().find(|t| t.name == name).ok_or("no initializer of that name")?;
     let dims = t.dims.clone();
     if b0 <= 1 || dims.len() < 2 || dims[0] != b0 {
@@ -464,7 +467,20 @@ pub fn train_batch_baked(g: &mut GraphProto, name: &str, b0: i64, model_dir: &Pa
     if slice == 0 || !data.bytes.chunks(slice).all(|c| c == &data.bytes[..slice]) {
         return Err(format!("its {b0} slices differ, so it is not one value expanded to the batch"));
     }
-    let first = crate::TensorData { dims: [1].into_iter().chain(dims[1..].iter().copied()).collect(), bytes: data.bytes.slice(..slice), ..data };
+    let mut kept: Vec<i64> = [1].into_iter().chain(dims[1..].iter().copied()).collect();
+    let mut bytes = data.bytes.slice(..slice);
+    if alike_rows {
+        // Axis by axis from the first after the batch, never the row itself.
+        for axis in 1..kept.len() - 1 {
+            let part = bytes.len() / kept[axis] as usize;
+            if part == 0 || !bytes.chunks(part).all(|c| c == &bytes[..part]) {
+                break;
+            }
+            bytes = bytes.slice(..part);
+            kept[axis] = 1;
+        }
+    }
+    let first = crate::TensorData { dims: kept, bytes, ..data };
     *t = super::tensor::tensor_to_proto(name, &first);
     let (shape, expanded) = (format!("{name}:batch_shape"), format!("{name}:expanded"));
     for n in g.node.iter_mut() {

@@ -302,7 +302,7 @@ impl<'a> Importer<'a> {
         let batch_source = self.batch_source();
         let export_batch = self.ctx.export_batch.unwrap_or(1);
         for name in &self.opts.train_batch_baked {
-            merged::train_batch_baked(&mut g, name, export_batch, self.dir, batch_source.as_deref())
+            merged::train_batch_baked(&mut g, name, export_batch, self.dir, batch_source.as_deref(), false)
                 .map_err(|reason| ImportError::BadTensor { name: name.clone(), reason: format!("--train-batch-baked: {reason}") })?;
             let dims = g.initializer.iter().find(|t| &t.name == name).map(|t| t.dims.clone()).unwrap_or_default();
             self.graph.choices.trained_batch_baked.push(format!("{name} {dims:?}"));
@@ -310,17 +310,18 @@ impl<'a> Importer<'a> {
         // A parameter the exporter expanded to the export batch and folded trains as the
         // parameter by default; one whose slices differ is no such expansion and stays as
         // it was (a batch-baked constant, kept frozen).
-        let mut expanded: Vec<(String, String)> = match self.opts.expanded_parameters_baked {
+        let mut expanded: Vec<(String, provenance::BakedParameter)> = match self.opts.expanded_parameters_baked {
             true => Vec::new(),
             false => provenance::expanded_parameters(&g).into_iter().filter(|(name, _)| !self.opts.train_batch_baked.contains(name)).collect(),
         };
-        expanded.sort();
+        expanded.sort_by(|a, b| a.0.cmp(&b.0));
         let mut slices_of_parameters = std::collections::HashSet::new();
-        for (name, parameter) in expanded {
-            if merged::train_batch_baked(&mut g, &name, export_batch, self.dir, batch_source.as_deref()).is_ok() {
+        for (name, baked) in expanded {
+            if merged::train_batch_baked(&mut g, &name, export_batch, self.dir, batch_source.as_deref(), baked.lookup).is_ok() {
                 slices_of_parameters.insert(name.clone());
                 let dims = g.initializer.iter().find(|t| t.name == name).map(|t| t.dims.clone()).unwrap_or_default();
-                self.graph.choices.trained_batch_baked.push(format!("{name} {dims:?} (the parameter {parameter} expanded)"));
+                let how = if baked.lookup { "looked up" } else { "expanded" };
+                self.graph.choices.trained_batch_baked.push(format!("{name} {dims:?} (the parameter {} {how})", baked.parameter));
             }
         }
         // BatchNorm running statistics follow the batches; the optimizer never trains them.

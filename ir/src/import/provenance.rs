@@ -200,21 +200,43 @@ const REINDEXING: &[&str] = &[
     "type_as", "contiguous", "alias", "lift_fresh_copy", "arange", "embedding", "position_ids",
 ];
 
+/// What the exporter's folding may further do to the positions a parameter is read at, or
+/// to its values, and leave the constant moving one to one with it when trained: expand it
+/// to the batch, look it up at indices filled with one value (`zeros`, `full`, a buffer
+/// of token type ids) or shifted by a constant (BART's positions `arange + 2`), or shift
+/// its values by a constant (`add`, `sub`).
+const EXPANDING: &[&str] = &["expand", "zeros", "ones", "full", "add", "sub"];
+
+/// A batch-baked constant the exporter folded from one parameter: where it repeats one
+/// slice over the export batch, that slice is the parameter (or rows of it) read at fixed
+/// positions, and trains as the parameter.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BakedParameter {
+    pub parameter: String,
+    /// The folded value is a lookup of the parameter's rows (`embedding`): positions whose
+    /// rows are alike read one row (BERT's token type 0 at every position), which trains
+    /// once for all of them, as the parameter's row does.
+    pub lookup: bool,
+}
+
 /// The initializers of `g` the exporter folded from one parameter by [`REINDEXING`] and
-/// an `expand` (PEGASUS-X's global token embeddings, `embed_global(arange(G).expand(B,
-/// -1))`, folded at the export batch), each with that parameter: where such a constant
-/// repeats one slice over the export batch, that slice is the parameter itself.
-pub fn expanded_parameters(g: &GraphProto) -> HashMap<String, String> {
+/// [`EXPANDING`], expanded or looked up (PEGASUS-X's global token embeddings,
+/// `embed_global(arange(G).expand(B, -1))`; BERT's token type embeddings at ids of zeros;
+/// CLIP's class embedding expanded to the batch), each with that parameter.
+pub fn expanded_parameters(g: &GraphProto) -> HashMap<String, BakedParameter> {
     let known = Parameters::of(g);
     folds(g)
         .filter_map(|(name, sources)| {
             let mut parameters = source_names(sources).filter(|n| known.contains(n));
             let (parameter, None) = (parameters.next()?, parameters.next()) else { return None };
-            let others: Vec<&str> = source_names(sources).filter(|n| !known.contains(n)).map(op_of).collect();
-            // The expand is a source, or the folded value itself (`expand_2`, CLIP's class
-            // embedding `expand`ed to the batch, folded from that parameter alone).
-            let expands = (others.contains(&"expand") || op_of(name) == "expand") && others.iter().all(|op| *op == "expand" || REINDEXING.contains(op));
-            expands.then(|| (name.to_string(), parameter.to_string()))
+            // Buffers (dotted, no parameter) hold indices: token type ids, position ids.
+            let others: Vec<&str> = source_names(sources).filter(|n| !known.contains(n) && !n.contains('.')).map(op_of).collect();
+            // The expand or lookup is a source, or the folded value itself (`expand_2`,
+            // CLIP's class embedding `expand`ed to the batch, folded from that parameter alone).
+            let lookup = op_of(name) == "embedding";
+            let expands = others.contains(&"expand") || op_of(name) == "expand" || lookup;
+            let moves_with_it = others.iter().all(|op| EXPANDING.contains(op) || REINDEXING.contains(op));
+            (expands && moves_with_it).then(|| (name.to_string(), BakedParameter { parameter: parameter.to_string(), lookup }))
         })
         .collect()
 }
@@ -380,8 +402,10 @@ mod tests {
 
     /// PEGASUS-X's global tokens, `embed_global(arange(4).expand(batch, -1))` folded at
     /// the export batch, and CLIP's class embedding expanded to the batch (the folded value
-    /// named after the expand) are those parameters expanded; an expanded mask (no parameter), an
-    /// expansion of two parameters, or one computed further, is none.
+    /// named after the expand) are those parameters expanded; so are lookups at token type
+    /// ids (a buffer, or `zeros`) and at shifted positions (BART's). An expanded mask (no
+    /// parameter), an expansion of two parameters, one computed further, or a lookup at
+    /// computed buckets (T5's relative positions), is none.
     #[test]
     fn a_parameter_expanded_to_the_batch_is_found_with_its_name() {
         let folds = [
@@ -391,14 +415,22 @@ mod tests {
             ("mul_3", "['expand', 'model.scale.weight', 'mul']"),
             ("view_1", "['model.cls_token', 'view']"),
             ("expand_2", "['model.vision_model.embeddings.class_embedding', 'val_59', 'val_60']"),
+            ("embedding_3", "['expand', 'model.bert.embeddings.token_type_embeddings.weight', 'model.bert.embeddings.token_type_ids', 'slice_1', 'val_0']"),
+            ("embedding_4", "['model.dpr.token_type_embeddings.weight', 'val_0', 'zeros']"),
+            ("embedding_5", "['add', 'arange', 'expand', 'model.bart.embed_positions.weight', 'val_5']"),
+            ("embedding_6", "['abs_1', 'div', 'model.t5.relative_attention_bias.weight', 'log']"),
         ];
         let g = folded_graph(&folds);
         let expanded = expanded_parameters(&g);
+        let baked = |parameter: &str, lookup| BakedParameter { parameter: parameter.into(), lookup };
         assert_eq!(
             expanded,
             HashMap::from([
-                ("embedding_1".to_string(), "model.model.encoder.embed_global.weight".to_string()),
-                ("expand_2".to_string(), "model.vision_model.embeddings.class_embedding".to_string()),
+                ("embedding_1".to_string(), baked("model.model.encoder.embed_global.weight", true)),
+                ("expand_2".to_string(), baked("model.vision_model.embeddings.class_embedding", false)),
+                ("embedding_3".to_string(), baked("model.bert.embeddings.token_type_embeddings.weight", true)),
+                ("embedding_4".to_string(), baked("model.dpr.token_type_embeddings.weight", true)),
+                ("embedding_5".to_string(), baked("model.bart.embed_positions.weight", true)),
             ])
         );
     }
