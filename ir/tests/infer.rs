@@ -951,7 +951,8 @@ fn scatter_reductions_follow_the_opset() {
 
 /// Fixed-batch exports' zero initial states (a constant of the export batch) are dropped,
 /// zeros being what an absent state means, so the layer follows the batch; a state that
-/// is not zeros is kept. A Resize to sizes of the export batch becomes a Resize by scales.
+/// is not zeros is kept. A Resize to sizes of the export batch becomes a Resize by scales,
+/// or, where a size is no whole scale of its extent, a Resize to sizes led by the batch.
 #[test]
 fn zero_initial_states_and_resize_sizes_follow_the_batch() {
     let gru = |h0: onnx_protobuf::TensorProto| {
@@ -976,6 +977,13 @@ fn zero_initial_states_and_resize_sizes_follow_the_batch() {
     let g = import(&m);
     assert_eq!(ty(&g, "y"), "f32[N,3,8,8]");
     assert!(g.warnings.iter().any(|w| w.contains("read as the same Resize by scales")), "{:?}", g.warnings);
+    assert_eq!(g.source_rewrites.len(), 1);
+    // 4 to 7 is no whole scale: the sizes stay, their batch read from the input.
+    let m = model(19, &[2, 3, 4, 4], vec![node("Resize", "up", &["x", "", "", "sizes"], &["y"]).string("mode", "linear")], &["y"])
+        .init(tensor_i64("sizes", &[4], &[2, 3, 7, 7]));
+    let g = import(&m);
+    assert_eq!(ty(&g, "y"), "f32[N,3,7,7]");
+    assert!(g.warnings.iter().any(|w| w.contains("read as the same Resize to those sizes with the batch of its input")), "{:?}", g.warnings);
     assert_eq!(g.source_rewrites.len(), 1);
 }
 
@@ -1778,6 +1786,57 @@ fn slices_of_whole_row_groups_follow_the_batch() {
     }
     let g = import(&halves(2, 3));
     assert!(g.source_rewrites.is_empty(), "rows 0..3 of 2 x 2 are no whole row groups");
+}
+
+/// `x[:, :, -3:] = 0` at a fixed batch (Mllama's tile mask): the default exporter moves
+/// the sliced axis first, `[8, 3, N, 1]`, and writes a ScatterND of constant zeros shaped
+/// for the export batch at rows 5..8; read with the zeros shaped from the data, it follows
+/// the batch. Updates that are not one fill are read as they stand.
+#[test]
+fn a_fill_at_positions_of_a_leading_axis_follows_the_batch() {
+    let masked = |updates: onnx_protobuf::TensorProto| {
+        ModelBuilder::new(17)
+            .input("x", F32, &fixed(&[2, 3, 8, 1]))
+            .init(tensor_i64("rows", &[3, 1], &[5, 6, 7]))
+            .init(updates)
+            .node(node("Transpose", "first", &["x"], &["xt"]).ints("perm", &[2, 1, 0, 3]))
+            .node(node("ScatterND", "fill", &["xt", "rows", "zeros"], &["filled"]))
+            .node(node("Transpose", "back", &["filled"], &["y"]).ints("perm", &[2, 1, 0, 3]))
+            .output("y")
+    };
+    let g = import(&masked(tensor_f32_zeros("zeros", &[3, 3, 2, 1])));
+    assert_eq!(ty(&g, "y"), "f32[N,3,8,1]");
+    assert!(g.warnings.iter().any(|w| w.contains("\"fill\"") && w.contains("read with the fill shaped from the data at run time")), "{:?}", g.warnings);
+    assert_eq!(g.source_rewrites.len(), 1);
+    let g = import(&masked(tensor_f32("zeros", &[3, 3, 2, 1], &(0..18).map(|i| i as f32).collect::<Vec<_>>())));
+    assert!(g.source_rewrites.is_empty(), "updates of differing values stay");
+}
+
+/// ZoeDepth's neck runs four hidden states as one batch and takes them apart with
+/// `split(batch_size)`: the TorchScript export writes a Split into parts of the export
+/// batch, read (at opsets before and after 18) as an equal split into row groups that
+/// follow the batch. Parts of another size are read as they stand.
+#[test]
+fn splits_into_whole_row_groups_follow_the_batch() {
+    let stacked = |opset: i64, part: i64| {
+        ModelBuilder::new(opset)
+            .input("a", F32, &fixed(&[2, 3]))
+            .input("b", F32, &fixed(&[2, 3]))
+            .init(tensor_i64("parts", &[2], &[part, 4 - part]))
+            .node(node("Concat", "both", &["a", "b"], &["both"]).int("axis", 0))
+            .node(node("Split", "apart", &["both", "parts"], &["first", "second"]).int("axis", 0))
+            .node(node("Mul", "merge", &["first", "second"], &["merged"]))
+            .output("merged")
+    };
+    for opset in [17, 18] {
+        let g = import(&stacked(opset, 2));
+        assert_eq!((ty(&g, "both"), ty(&g, "first"), ty(&g, "merged")), ("f32[2N,3]".to_string(), "f32[N,3]".to_string(), "f32[N,3]".to_string()));
+        assert!(g.warnings.iter().any(|w| w.contains("\"apart\"") && w.contains("read as an equal split into the 2 row groups")), "{:?}", g.warnings);
+        assert_eq!(g.source_rewrites.len(), 1);
+    }
+    let g = import(&stacked(17, 1));
+    assert!(g.source_rewrites.is_empty(), "parts of 1 and 3 rows are no row groups of 2");
+    assert_eq!(ty(&g, "first"), "f32[1,3]");
 }
 
 /// `x[:, 0] = y` at a fixed batch (CSM's depth decoder puts the backbone's state at

@@ -46,15 +46,19 @@ impl Importer<'_> {
         match node.op_type.as_str() {
             "Gather" => self.identity_gather_as_reshape(node, b).or_else(|| self.gather_at_alike_rows(node, b)),
             "GatherND" => self.identity_gather_nd(node, b),
-            "ScatterND" => self.identity_scatter_nd(node, b).or_else(|| self.zeros_at_positions(node, b)).or_else(|| self.scatter_nd_per_row(node, b)),
+            "ScatterND" => self.identity_scatter_nd(node, b)
+                .or_else(|| self.zeros_at_positions(node, b))
+                .or_else(|| self.scatter_nd_per_row(node, b))
+                .or_else(|| self.fill_at_leading_positions(node, b)),
             "TopK" => self.whole_axis_sort(node, b),
             "ScatterElements" => self.identity_scatter_elements(node, b).or_else(|| self.fill_scatter_elements(node, b)).or_else(|| self.scatter_at_one_position(node, b)),
             "Add" => self.zeros_added(node, b),
             "LSTM" | "GRU" | "RNN" => self.zero_initial_state_dropped(node),
-            "Resize" => self.resize_sizes_as_scales(node, b),
+            "Resize" => self.resize_sizes_as_scales(node, b).or_else(|| self.resize_sizes_led_by_the_batch(node, b)),
             "Reshape" => self.reshape_batch_into_rows(node, b).or_else(|| self.reshape_batch_out_of_rows(node, b)).or_else(|| self.reshape_uniform_rows(node, b)),
             "MatMul" if b == 1 => self.matmul_heads_split(node),
             "Slice" => self.slice_row_groups(node, b),
+            "Split" => self.split_row_groups(node, b),
             _ => None,
         }
     }
@@ -330,6 +334,42 @@ impl Importer<'_> {
         Some(rewrite)
     }
 
+    /// A constant fill written at positions of the leading axis of a value that carries
+    /// the batch further in (`x[:, :, -3:] = 0`, which the default exporter writes as a
+    /// ScatterND of constant zeros at indices `[[5], [6], [7]]` into `x` transposed, the
+    /// batch now third; Mllama's tile mask): the fill, its extents past the positions
+    /// read from the data at run time, follows the batch.
+    fn fill_at_leading_positions(&self, node: &NodeProto, b: i64) -> Option<BatchRewrite> {
+        let [data, indices, updates] = &node.input[..] else { return None };
+        let value = |name: &String| self.names.get(name).copied();
+        let (data_value, index_value, update_value) = (value(data)?, value(indices)?, value(updates)?);
+        let data_dims = self.graph.value(data_value).ty.shape.dims().to_vec();
+        let index_dims = self.graph.value(index_value).ty.shape.dims().to_vec();
+        let update_dims = self.graph.value(update_value).ty.shape.dims().to_vec();
+        let ([Dim::Fixed(count), Dim::Fixed(1)], Some(Dim::Fixed(_))) = (index_dims.as_slice(), data_dims.first()) else { return None };
+        let at_export: Vec<Option<i64>> = data_dims[1..].iter().map(|d| Some(d.eval(b))).collect();
+        let update_rest: Vec<Option<i64>> = update_dims.get(1..)?.iter().map(|d| d.fixed()).collect();
+        if !data_dims[1..].iter().any(|d| d.is_batch()) || update_dims.first() != Some(&Dim::Fixed(*count)) || update_rest != at_export {
+            return None;
+        }
+        let fill = self.uniform_fill(update_value)?;
+        let at = |what: &str| format!("{}/batch/{what}", node.name);
+        let note = "a ScatterND of a constant fill shaped for the export batch, at positions of a leading axis that does not carry the batch, is read with the fill shaped from the data at run time";
+        let mut rewrite = BatchRewrite::replace(node, "ScatterND", vec![data.clone(), indices.clone(), at("updates")], note);
+        rewrite.node.attribute = node.attribute.clone();
+        let rank = data_dims.len() as i64;
+        for (name, value) in [("count", *count), ("one", 1), ("end", rank)] {
+            rewrite.constants.push((at(name), TensorData::from_i64s(vec![1], &[value])));
+        }
+        rewrite.before.extend([
+            plain(&at("data_shape"), "Shape", &[data], &at("data_shape")),
+            plain(&at("rest"), "Slice", &[&at("data_shape"), &at("one"), &at("end")], &at("rest")),
+            concat0(&at("update_shape"), &[&at("count"), &at("rest")], &at("update_shape")),
+            filled(&at("updates"), &at("update_shape"), self.graph.value(update_value).ty.dtype, fill),
+        ]);
+        Some(rewrite)
+    }
+
     /// The value, and its axis, whose positions the integer value `positions` holds:
     /// the indices of a sort (a TopK whose `k` is its whole axis, so they are a permutation
     /// of that axis's positions), or positions that a Gather (axis 0) or GatherND already
@@ -504,6 +544,34 @@ impl Importer<'_> {
         // Resize keeps its attributes (mode, coordinate transformation).
         rewrite.node.attribute = node.attribute.clone();
         rewrite.constants.push((name, TensorData::from_f64s(DType::F32, vec![scales.len() as i64], &scales)));
+        Some(rewrite)
+    }
+
+    /// The same Resize to constant `sizes` that start with the export batch, where some
+    /// size is no whole multiple or divisor of its extent (DepthAnything's head resizes
+    /// 16 to 28): scales would round the output extent and move the sampling grid, so the
+    /// sizes are kept and their batch is read from the input at run time instead.
+    fn resize_sizes_led_by_the_batch(&self, node: &NodeProto, b: i64) -> Option<BatchRewrite> {
+        if node.input.len() != 4 || node.input[3].is_empty() {
+            return None;
+        }
+        let dims = self.graph.value(*self.names.get(&node.input[0])?).ty.shape.dims().to_vec();
+        if dims.first().map(|d| d.is_batch()) != Some(true) || dims[1..].iter().any(|d| d.is_batch()) {
+            return None;
+        }
+        let (_, sizes) = self.int_value(*self.names.get(&node.input[3])?, 0)?;
+        if sizes.len() != dims.len() || sizes[0] != b {
+            return None;
+        }
+        let at = |what: &str| format!("{}/{what}", node.name);
+        let (input_shape, batch_sizes) = (at("input_shape"), at("batch_led_sizes"));
+        let inputs = vec![node.input[0].clone(), node.input[1].clone(), node.input[2].clone(), batch_sizes.clone()];
+        let mut rewrite = BatchRewrite::replace(node, "Resize", inputs, "a Resize to sizes of the export batch is read as the same Resize to those sizes with the batch of its input");
+        rewrite.node.attribute = node.attribute.clone();
+        let (constants, shape_nodes) = batch_led_shape(&at("sizes"), &input_shape, &sizes[1..], &batch_sizes);
+        rewrite.constants.extend(constants);
+        rewrite.before.push(plain(&input_shape, "Shape", &[&node.input[0]], &input_shape));
+        rewrite.before.extend(shape_nodes);
         Some(rewrite)
     }
 
@@ -705,6 +773,36 @@ impl Importer<'_> {
             plain(&at("starts"), "Mul", &[&at("group"), &at("first")], &at("starts")),
             plain(&at("ends"), "Mul", &[&at("group"), &at("last")], &at("ends")),
         ]);
+        Some(rewrite)
+    }
+
+    /// A Split of an axis that holds `k` row groups of the batch into `k` parts of the
+    /// export batch `b` each (ZoeDepth's neck runs its four hidden states as one batch,
+    /// `torch.cat(states)`, and takes them apart with `split(batch_size)`, which the
+    /// TorchScript exporter writes with constant sizes): read as an equal split into `k`
+    /// row groups, which follows the batch.
+    fn split_row_groups(&self, node: &NodeProto, b: i64) -> Option<BatchRewrite> {
+        let data = node.input.first()?;
+        let dims = self.graph.value(*self.names.get(data)?).ty.shape.0.clone();
+        let attribute = |name: &str| node.attribute.iter().find(|a| a.name == name);
+        let axis = attribute("axis").map_or(0, |a| a.i);
+        let axis = usize::try_from(if axis < 0 { axis + dims.len() as i64 } else { axis }).ok()?;
+        let sizes = match (node.input.get(1).filter(|s| !s.is_empty()), attribute("split")) {
+            (Some(sizes), _) => self.int_value(*self.names.get(sizes)?, 0)?.1,
+            (None, Some(split)) => split.ints.clone(),
+            (None, None) => return None,
+        };
+        let Some(&Dim::Batch(k)) = dims.get(axis) else { return None };
+        if k < 2 || sizes.len() as i64 != k || node.output.len() as i64 != k || sizes.iter().any(|&s| s != b) {
+            return None;
+        }
+        let note = format!("a Split of an axis of {k} row groups of the batch ({} rows at the export batch {b}) into parts of {b} rows is read as an equal split into the {k} row groups, which follows the batch", k * b);
+        let mut rewrite = BatchRewrite::replace(node, "Split", vec![data.clone()], &note);
+        rewrite.node.attribute = vec![attribute_proto("axis", &AttrValue::Int(axis as i64))];
+        // From opset 18 an equal split names its count.
+        if self.opsets.of_domain("").is_some_and(|v| v >= 18) {
+            rewrite.node.attribute.push(attribute_proto("num_outputs", &AttrValue::Int(k)));
+        }
         Some(rewrite)
     }
 
