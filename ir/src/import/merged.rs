@@ -306,6 +306,40 @@ mod tests {
         assert_eq!(inputs, ["a.weight", "a.weight.untied1", "a.weight.untied2", "a.weight.untied3"]);
     }
 
+    /// A constant of the export batch 2 repeating one slice trains as that slice: with a
+    /// leading extent of 2 groups of the batch (a class token expanded to the batch's
+    /// tiles) too, expanded to twice the batch read from the source at run time; with
+    /// `alike_rows`, a row repeated along the positions shrinks to one row. Slices that
+    /// differ, or a leading extent no multiple of the batch, are refused, saying why.
+    #[test]
+    fn batch_baked_slices_train_as_one_shared_value() {
+        let baked = |dims: &[i64], values: &[f32]| {
+            let t = TensorProto { dims: dims.to_vec(), ..init("tok", values) };
+            GraphProto { initializer: vec![t], node: vec![node("use", &["x", "tok"])], ..Default::default() }
+        };
+        let kept = |g: &GraphProto| g.initializer.iter().find(|t| t.name == "tok").map(|t| (t.dims.clone(), t.raw_data.len() / 4)).unwrap();
+        let row = [0.5, -1.0, 2.0];
+        let dir = Path::new(".");
+        let mut g = baked(&[4, 1, 3], &row.repeat(4));
+        train_batch_baked(&mut g, "tok", 2, dir, Some("x"), false).unwrap();
+        assert_eq!(kept(&g), (vec![1, 1, 3], 3));
+        assert_eq!(g.node[0].input[1], "tok:expanded");
+        let groups = g.initializer.iter().find(|t| t.name.ends_with("/groups")).map(|t| t.raw_data.clone());
+        assert_eq!(groups, Some(2i64.to_le_bytes().to_vec()), "twice the batch");
+        let mut g = baked(&[2, 4, 3], &row.repeat(8));
+        train_batch_baked(&mut g, "tok", 2, dir, Some("x"), true).unwrap();
+        assert_eq!(kept(&g), (vec![1, 1, 3], 3));
+        let mut g = baked(&[2, 4, 3], &row.repeat(8));
+        train_batch_baked(&mut g, "tok", 2, dir, Some("x"), false).unwrap();
+        assert_eq!(kept(&g), (vec![1, 4, 3], 12), "positions stay apart unless asked");
+        let differing: Vec<f32> = (0..6).map(|i| i as f32).collect();
+        assert_eq!(train_batch_baked(&mut baked(&[2, 1, 3], &differing), "tok", 2, dir, None, false), Err("its 2 slices differ, so it is not one value expanded to the batch".to_string()));
+        assert_eq!(
+            train_batch_baked(&mut baked(&[3, 1, 3], &row.repeat(3)), "tok", 2, dir, None, false),
+            Err("its shape [3, 1, 3] does not start with the export batch (2) or a multiple of it".to_string())
+        );
+    }
+
     /// An initializer whose values live in an external data file is found like an inline
     /// one (the default exporter writes every weight there), and its copies name the same
     /// bytes of the same file.
@@ -456,16 +490,19 @@ fn read_buffers_directly(g: &mut GraphProto) {
 pub fn train_batch_baked(g: &mut GraphProto, name: &str, b0: i64, model_dir: &Path, batch_source: Option<&str>, alike_rows: bool) -> Result<(), String> {
     let t = g.initializer.iter_mut().find(|t| t.name == name).ok_or("no initializer of that name")?;
     let dims = t.dims.clone();
-    if b0 <= 1 || dims.len() < 2 || dims[0] != b0 {
-        return Err(format!("its shape {dims:?} does not start with the export batch ({b0})"));
+    // `groups` rows of the batch each (Mllama's class embedding expanded to the batch's
+    // tiles, `[batch * tiles, 1, width]`).
+    if b0 <= 1 || dims.len() < 2 || dims[0] < b0 || dims[0] % b0 != 0 {
+        return Err(format!("its shape {dims:?} does not start with the export batch ({b0}) or a multiple of it"));
     }
+    let groups = dims[0] / b0;
     if float_size(t.data_type).is_none() {
         return Err("it is not a float tensor".into());
     }
     let data = super::tensor::tensor_from_proto(t.clone(), model_dir).map_err(|e| e.to_string())?;
-    let slice = data.bytes.len() / b0 as usize;
+    let slice = data.bytes.len() / dims[0] as usize;
     if slice == 0 || !data.bytes.chunks(slice).all(|c| c == &data.bytes[..slice]) {
-        return Err(format!("its {b0} slices differ, so it is not one value expanded to the batch"));
+        return Err(format!("its {} slices differ, so it is not one value expanded to the batch", dims[0]));
     }
     let mut kept: Vec<i64> = [1].into_iter().chain(dims[1..].iter().copied()).collect();
     let mut bytes = data.bytes.slice(..slice);
@@ -493,7 +530,7 @@ pub fn train_batch_baked(g: &mut GraphProto, name: &str, b0: i64, model_dir: &Pa
         // (a layer norm, a projection, a view per head) follows the batch too.
         Some(source) => {
             let source_shape = format!("{name}:source_shape");
-            let (constants, nodes) = super::node_proto::batch_led_shape(&format!("{name}:batch"), &source_shape, &dims[1..], &shape);
+            let (constants, nodes) = super::node_proto::batch_groups_led_shape(&format!("{name}:batch"), &source_shape, groups, &dims[1..], &shape);
             g.initializer.extend(constants.iter().map(|(n, t)| super::tensor::tensor_to_proto(n, t)));
             g.node.push(super::node_proto::plain(&source_shape, "Shape", &[source], &source_shape));
             g.node.extend(nodes);

@@ -32,15 +32,24 @@ pub(super) fn filled(name: &str, shape: &str, dtype: DType, value: f64) -> NodeP
 /// `Shape` of a batch-carrying input), with the constants they read, named from `prefix`:
 /// how a value fixed at the export batch is expanded to the batch at run time.
 pub(super) fn batch_led_shape(prefix: &str, leading_of: &str, rest: &[i64], shape: &str) -> (Vec<(String, TensorData)>, Vec<NodeProto>) {
+    batch_groups_led_shape(prefix, leading_of, 1, rest, shape)
+}
+
+/// [`batch_led_shape`] led by `groups` times the batch (`groups` rows per sample).
+pub(super) fn batch_groups_led_shape(prefix: &str, leading_of: &str, groups: i64, rest: &[i64], shape: &str) -> (Vec<(String, TensorData)>, Vec<NodeProto>) {
     let at = |what: &str| format!("{prefix}/{what}");
-    let constants = vec![
+    let mut constants = vec![
         (at("zero"), TensorData::from_i64s(vec![1], &[0])),
         (at("one"), TensorData::from_i64s(vec![1], &[1])),
         (at("rest"), TensorData::from_i64s(vec![rest.len() as i64], rest)),
     ];
-    let nodes = vec![
-        plain(&at("batch"), "Slice", &[leading_of, &at("zero"), &at("one"), &at("zero")], &at("batch")),
-        concat0(shape, &[&at("batch"), &at("rest")], shape),
-    ];
+    let mut nodes = vec![plain(&at("batch"), "Slice", &[leading_of, &at("zero"), &at("one"), &at("zero")], &at("batch"))];
+    let mut leading = at("batch");
+    if groups != 1 {
+        constants.push((at("groups"), TensorData::from_i64s(vec![1], &[groups])));
+        nodes.push(plain(&at("rows"), "Mul", &[&at("batch"), &at("groups")], &at("rows")));
+        leading = at("rows");
+    }
+    nodes.push(concat0(shape, &[&leading, &at("rest")], shape));
     (constants, nodes)
 }
