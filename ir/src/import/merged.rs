@@ -338,6 +338,11 @@ mod tests {
             train_batch_baked(&mut baked(&[3, 1, 3], &row.repeat(3)), "tok", 2, dir, None, false),
             Err("its shape [3, 1, 3] does not start with the export batch (2) or a multiple of it".to_string())
         );
+        // At the export batch 1: 3 rows of the batch (TimeSformer's class token per frame).
+        let mut g = baked(&[3, 1, 3], &row.repeat(3));
+        train_batch_baked(&mut g, "tok", 1, dir, Some("x"), false).unwrap();
+        assert_eq!(kept(&g), (vec![1, 1, 3], 3));
+        assert!(train_batch_baked(&mut baked(&[1, 1, 3], &row), "tok", 1, dir, None, false).is_err(), "one row is one slice already");
     }
 
     /// An initializer whose values live in an external data file is found like an inline
@@ -491,8 +496,10 @@ pub fn train_batch_baked(g: &mut GraphProto, name: &str, b0: i64, model_dir: &Pa
     let t = g.initializer.iter_mut().find(|t| t.name == name).ok_or("no initializer of that name")?;
     let dims = t.dims.clone();
     // `groups` rows of the batch each (Mllama's class embedding expanded to the batch's
-    // tiles, `[batch * tiles, 1, width]`).
-    if b0 <= 1 || dims.len() < 2 || dims[0] < b0 || dims[0] % b0 != 0 {
+    // tiles, `[batch * tiles, 1, width]`). At the export batch 1, the export's other
+    // extents decide: read as the batch's rows, a leading extent that was not fails at
+    // another batch where it meets the model's activations.
+    if b0 < 1 || dims.len() < 2 || dims[0] < 2 || dims[0] < b0 || dims[0] % b0 != 0 {
         return Err(format!("its shape {dims:?} does not start with the export batch ({b0}) or a multiple of it"));
     }
     let groups = dims[0] / b0;
