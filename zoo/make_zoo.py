@@ -743,7 +743,34 @@ ARCHS = {
                             vocab_size=32, backbone_hidden_size=16, hidden_size=16, intermediate_size=32,
                             num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, num_codebooks=4,
                             max_position_embeddings=8, head_dim=8),
+    "mllama_vision": lambda: mllama_vision(),
+    "depth_anything": lambda: depth_anything(),
 }
+
+
+def mllama_vision():
+    """Mllama's vision encoder: images in tiles, `[N, images, tiles, C, H, W]`, with the
+    class embedding expanded to every tile of every sample and a mask over the tiles."""
+    from transformers.models.mllama.configuration_mllama import MllamaVisionConfig
+    from transformers.models.mllama.modeling_mllama import MllamaVisionModel
+    cfg = MllamaVisionConfig(hidden_size=16, num_hidden_layers=2, num_global_layers=1, num_attention_heads=2,
+                             intermediate_size=32, vision_output_dim=32, image_size=16, patch_size=8, max_num_tiles=2,
+                             intermediate_layers_indices=[0], supported_aspect_ratios=[[1, 1], [1, 2]])
+    return MllamaVisionModel(cfg), {"pixel_values": lambda b: torch.randn(b, 1, 2, 3, 16, 16),
+                                    "aspect_ratio_ids": lambda b: torch.ones(b, 1, dtype=torch.int64),
+                                    "aspect_ratio_mask": lambda b: torch.ones(b, 1, 2, dtype=torch.int64)}
+
+
+def depth_anything():
+    """Depth Anything: a DINOv2 backbone, a DPT-style neck and a head that resizes its
+    16 x 16 map to the 28 x 28 input (no whole scale)."""
+    from transformers import DepthAnythingConfig, DepthAnythingForDepthEstimation, Dinov2Config
+    backbone = Dinov2Config(hidden_size=16, num_hidden_layers=4, num_attention_heads=2, mlp_ratio=2, image_size=28,
+                            patch_size=14, out_features=["stage1", "stage2", "stage3", "stage4"],
+                            reshape_hidden_states=False)
+    cfg = DepthAnythingConfig(backbone_config=backbone, reassemble_hidden_size=16, neck_hidden_sizes=[8, 8, 16, 16],
+                              fusion_hidden_size=8, head_hidden_size=8, patch_size=14)
+    return DepthAnythingForDepthEstimation(cfg), image(28)
 
 
 def bridgetower_vision():
