@@ -112,6 +112,11 @@
 //!   looked up at ids of zeros into a constant of the export batch, `[2, 8, 16]`, recorded
 //!   as folded from `token_type_embeddings.weight`: the one row it repeats trains, as
 //!   PyTorch trains row 0; kept frozen (as before), one step landed 0.28 away.
+//! - TimeSformer (the default exporter, batch 1): the class token expanded to every frame
+//!   of the batch, `[frames * batch, 1, width]`, folded at the export batch into
+//!   `[frames, 1, width]` and recorded as the `cls_token` parameter expanded: one slice,
+//!   expanded to frames times the batch at run time, trains as that parameter; refused
+//!   before (the frames' tokens stayed at the export batch's).
 //!
 //! The step is 0.5 on the mean cross-entropy against fixed labels, at d = 2 under
 //! PipeDream-Flush with one microbatch of the export batch (the mean PyTorch takes), with
@@ -128,7 +133,7 @@ use std::process::Command;
 use common::{pw_ok, root, try_pw};
 
 /// A zoo architecture, one of its entries, and what compile needs besides.
-const ENTRIES: [(&str, &str, &[&str]); 57] = [
+const ENTRIES: [(&str, &str, &[&str]); 58] = [
     ("mixtral", "mixtral-script-dyn", &[]),
     ("mixtral", "mixtral-script-b2", &[]),
     ("olmoe", "olmoe-dynamo-dyn", &[]),
@@ -186,6 +191,7 @@ const ENTRIES: [(&str, &str, &[&str]); 57] = [
     ("csm_depth", "csm_depth-dynamo-b2", &[]),
     ("csm_depth", "csm_depth-script-b2", &[]),
     ("bert", "bert-dynamo-b2", &[]),
+    ("timesformer", "timesformer-dynamo-b1", &[]),
 ];
 
 fn torch_python() -> String {
