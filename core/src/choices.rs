@@ -7,6 +7,8 @@
 //! - an initializer the exporter merged because several parameters had identical values
 //!   (all LayerNorm weights are ones when exported untrained) is read by several nodes and
 //!   trains as one tied weight, unless `compile --untie-merged` gives each use a copy;
+//!   its reads by modules that hold no parameter (a LayerNorm without affine weights,
+//!   whose ones the exporter merged with a weight) read a frozen copy instead;
 //! - an initializer the exporter marks as folded from no parameter (a causal mask, a
 //!   rotary table) is kept as a frozen constant;
 //! - an initializer holding exactly a permutation of another weight's values (the
@@ -131,6 +133,10 @@ pub struct ImportChoices {
     /// BatchNorms' statistics): each running-statistic read got its own copy.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub split_buffers: Vec<String>,
+    /// Merged initializers (or their copies, `NAME.constant`) read only by modules that
+    /// hold no parameter (a LayerNorm without affine weights), kept frozen.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub weightless_reads: Vec<String>,
 }
 
 /// Up to three items, then how many more.
@@ -144,7 +150,7 @@ fn some_of(items: &[String]) -> String {
 
 impl ImportChoices {
     pub fn is_empty(&self) -> bool {
-        self.frozen_batch_baked.is_empty() && self.exporter_constants.is_empty() && self.trained_batch_baked.is_empty() && self.frozen_attention_scales.is_empty() && self.merged.is_empty() && self.split_buffers.is_empty() && self.retied.is_empty() && self.computed_from_parameters.is_empty() && self.missing_parameters.is_empty() && self.fused_batchnorms.is_empty() && self.script_fused_batchnorms.is_empty() && self.restored_biases.is_empty() && self.frozen_on_request.is_empty() && self.frozen_sinusoidal.is_empty() && self.trained_sinusoidal.is_empty() && self.detached_reads.is_empty() && self.unplaced_detaches.is_empty() && self.padding_rows.is_empty() && self.named_buffers.is_empty()
+        self.frozen_batch_baked.is_empty() && self.exporter_constants.is_empty() && self.trained_batch_baked.is_empty() && self.frozen_attention_scales.is_empty() && self.merged.is_empty() && self.split_buffers.is_empty() && self.weightless_reads.is_empty() && self.retied.is_empty() && self.computed_from_parameters.is_empty() && self.missing_parameters.is_empty() && self.fused_batchnorms.is_empty() && self.script_fused_batchnorms.is_empty() && self.restored_biases.is_empty() && self.frozen_on_request.is_empty() && self.frozen_sinusoidal.is_empty() && self.trained_sinusoidal.is_empty() && self.detached_reads.is_empty() && self.unplaced_detaches.is_empty() && self.padding_rows.is_empty() && self.named_buffers.is_empty()
     }
 
     /// One line per kind of choice (none when there is nothing to say).
@@ -307,6 +313,15 @@ impl ImportChoices {
                 "{n} initializer{} the exporter shared between BatchNorm running statistics and weights (or other BatchNorms) got a copy per running statistic, which follows the batches while the weights train: {}",
                 if n == 1 { "" } else { "s" },
                 some_of(&self.split_buffers)
+            ));
+        }
+        if !self.weightless_reads.is_empty() {
+            let n = self.weightless_reads.len();
+            out.push(format!(
+                "{n} initializer{} the exporter merged with parameters of equal values {} also read by modules that hold no parameter (a LayerNorm without affine weights), which read a frozen copy, as their PyTorch modules hold no weight: {}",
+                if n == 1 { "" } else { "s" },
+                if n == 1 { "is" } else { "are" },
+                some_of(&self.weightless_reads)
             ));
         }
         if !self.merged.is_empty() {

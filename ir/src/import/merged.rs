@@ -74,8 +74,27 @@ fn subgraph_reads(g: &GraphProto, out: &mut HashSet<String>) {
 }
 
 /// The merged initializers of `g` (see the module docs; external data relative to
-/// `model_dir`), in initializer order, with the indices of the nodes reading each.
+/// `model_dir`), in initializer order, with the indices of the nodes reading each. One
+/// read only by modules that hold no parameter ([`split_weightless_reads`]) is a constant,
+/// no merge.
 fn find(g: &GraphProto, model_dir: &Path) -> Vec<(MergedInitializer, Vec<usize>)> {
+    let weightless = weightless_readers(g);
+    uniform_shared(g, model_dir).into_iter().filter(|(_, readers)| !readers.iter().all(|&n| weightless(n))).collect()
+}
+
+/// Whether node `n` of `g` runs in a module that holds no parameter (a LayerNorm without
+/// affine weights), by the exported program's signature and the node's recorded module;
+/// never where either is missing.
+fn weightless_readers(g: &GraphProto) -> impl Fn(usize) -> bool + '_ {
+    let listed = super::provenance::listed_parameters(g);
+    move |n: usize| {
+        !listed.is_empty() && super::provenance::module_of(&g.node[n]).is_some_and(|m| !listed.iter().any(|p| super::provenance::is_state_of(p, m)))
+    }
+}
+
+/// The uniform float initializers of `g` read by more than one node of the main graph,
+/// with those nodes.
+fn uniform_shared(g: &GraphProto, model_dir: &Path) -> Vec<(MergedInitializer, Vec<usize>)> {
     let mut readers: HashMap<&str, Vec<usize>> = HashMap::new();
     for (i, n) in g.node.iter().enumerate() {
         for input in &n.input {
@@ -345,6 +364,34 @@ mod tests {
         assert!(train_batch_baked(&mut baked(&[1, 1, 3], &row), "tok", 1, dir, None, false).is_err(), "one row is one slice already");
     }
 
+    /// Ones merged with a LayerNorm weight and read by a LayerNorm module without
+    /// parameters (`elementwise_affine=False`): that read gets a frozen copy, and the
+    /// weight, read once more by its own module, is no merge. Without the exported
+    /// program's signature nothing tells, and nothing is split.
+    #[test]
+    fn reads_by_modules_without_parameters_get_a_frozen_copy() {
+        use onnx_protobuf::StringStringEntryProto;
+        let entry = |k: &str, v: &str| StringStringEntryProto { key: k.into(), value: v.into(), ..Default::default() };
+        let in_module = |name: &str, input: &str, module: &str| NodeProto {
+            metadata_props: vec![entry("pkg.torch.onnx.name_scopes", &format!("['', 'enc', '{module}', 'layer_norm']"))],
+            ..node(name, &["x", input])
+        };
+        let graph = |signature: Option<&str>| GraphProto {
+            initializer: vec![init("enc.ln.weight", &[1.0; 4])],
+            node: vec![in_module("pos", "enc.ln.weight", "enc.pos.norm"), in_module("ln", "enc.ln.weight", "enc.ln")],
+            metadata_props: signature.map(|s| entry("pkg.torch.export.ExportedProgram.graph_signature", s)).into_iter().collect(),
+            ..Default::default()
+        };
+        let mut g = graph(Some("p_enc_ln_weight: PARAMETER target='enc.ln.weight'\nargs_0: USER_INPUT"));
+        assert_eq!(split_weightless_reads(&mut g, Path::new(".")), ["enc.ln.weight.constant"]);
+        assert_eq!(g.node[0].input[1], "enc.ln.weight.constant");
+        assert_eq!(g.node[1].input[1], "enc.ln.weight");
+        assert!(merged_initializers(&g, Path::new(".")).is_empty());
+        let mut g = graph(None);
+        assert!(split_weightless_reads(&mut g, Path::new(".")).is_empty());
+        assert_eq!(merged_initializers(&g, Path::new(".")).len(), 1);
+    }
+
     /// An initializer whose values live in an external data file is found like an inline
     /// one (the default exporter writes every weight there), and its copies name the same
     /// bytes of the same file.
@@ -449,6 +496,53 @@ pub fn split_buffers(g: &mut GraphProto) -> Vec<String> {
     }
     g.initializer.extend(copies);
     split
+}
+
+/// Gives the reads of a merged initializer by modules that hold no parameter (a
+/// `LayerNorm(elementwise_affine=False)`, whose ones the default exporter's optimizer
+/// merged with a parameter of equal values: Data2VecAudio's positional convolutions read
+/// the encoder's LayerNorm weight so) one copy, `NAME.constant` (a further `.constant`
+/// where that name is taken), which the import keeps frozen: PyTorch's modules hold no
+/// weight there, and tied to the parameter they moved with it. Needs the exported
+/// program's signature (which lists every parameter) and each reading node's module;
+/// where every reader is such a module, the initializer itself is the constant. Returns
+/// the frozen initializers' names. The importer and `export` call it on the same source
+/// graph, so the copies have the same names in the build and in the exported model.
+pub fn split_weightless_reads(g: &mut GraphProto, model_dir: &Path) -> Vec<String> {
+    let plan: Vec<(String, Vec<usize>, bool)> = {
+        let weightless = weightless_readers(g);
+        uniform_shared(g, model_dir)
+            .into_iter()
+            .filter_map(|(m, readers)| {
+                let constant: Vec<usize> = readers.iter().copied().filter(|&n| weightless(n)).collect();
+                (!constant.is_empty()).then(|| (m.name, constant.clone(), constant.len() == readers.len()))
+            })
+            .collect()
+    };
+    let mut taken: HashSet<String> = g.initializer.iter().map(|t| t.name.clone()).chain(g.input.iter().map(|i| i.name.clone())).collect();
+    taken.extend(g.node.iter().flat_map(|n| n.output.iter().cloned()));
+    let mut frozen = Vec::new();
+    for (name, readers, all) in plan {
+        if all {
+            frozen.push(name);
+            continue;
+        }
+        let Some(source) = g.initializer.iter().find(|t| t.name == name) else { continue };
+        let mut copy = source.clone();
+        copy.name = format!("{name}.constant");
+        while taken.contains(&copy.name) {
+            copy.name.push_str(".constant");
+        }
+        taken.insert(copy.name.clone());
+        for n in readers {
+            for input in g.node[n].input.iter_mut().filter(|i| **i == name) {
+                *input = copy.name.clone();
+            }
+        }
+        frozen.push(copy.name.clone());
+        g.initializer.push(copy);
+    }
+    frozen
 }
 
 /// Makes each BatchNorm running statistic read through an `Identity` of an initializer

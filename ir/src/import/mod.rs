@@ -282,6 +282,14 @@ impl<'a> Importer<'a> {
         // initializers, so the copies import like any other weight; BatchNorm buffers
         // shared with weights or other BatchNorms are split first, whatever is asked.
         self.graph.choices.split_buffers = merged::split_buffers(&mut g);
+        // Reads of a merged parameter by modules that hold none (a LayerNorm without
+        // affine weights) get a frozen copy, whatever is asked.
+        let weightless: std::collections::HashSet<String> = merged::split_weightless_reads(&mut g, self.dir).into_iter().collect();
+        self.graph.choices.weightless_reads = {
+            let mut names: Vec<String> = weightless.iter().cloned().collect();
+            names.sort();
+            names
+        };
         let merged = if self.opts.untie_merged { merged::untie_merged(&mut g, self.dir) } else { merged::merged_initializers(&g, self.dir) };
         self.graph.choices.untied = self.opts.untie_merged && !merged.is_empty();
         self.graph.choices.merged = merged;
@@ -345,6 +353,7 @@ impl<'a> Importer<'a> {
             let parameter_like = data.dtype.is_float() && !data.dims.is_empty();
             let trainable = parameter_like
                 && !buffers.contains(&name)
+                && !weightless.contains(&name)
                 && !shape_parameters.contains(&name)
                 && !self.is_exporter_constant(&name, &data, &exporter_constants)
                 && !self.is_named_buffer(&name, &data, &named_buffers)
