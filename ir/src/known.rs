@@ -150,22 +150,33 @@ pub fn evaluate(
         }
         Op::Gather { axis } => {
             let (data, idx) = (k(0)?, k(1)?);
-            if data.shape.len() != 1 || (*axis != 0 && *axis != -1) {
+            // Along the leading axis: elements of a vector, or rows of a table (a
+            // sinusoidal position table looked up at positions known at import).
+            if data.shape.is_empty() || (*axis != 0 && !(*axis == -1 && data.shape.len() == 1)) {
                 return None;
             }
-            let n = data.len() as i64;
+            let n = data.shape[0];
+            let row = usize::try_from(data.shape[1..].iter().product::<i64>()).ok()?;
             let picks: Vec<usize> = idx
                 .fixed_ints()?
                 .into_iter()
                 .map(|i| if i < 0 { i + n } else { i })
                 .map(|i| (0..n).contains(&i).then_some(i as usize))
                 .collect::<Option<_>>()?;
+            if picks.len().checked_mul(row)? > KNOWN_LIMIT {
+                return None;
+            }
+            fn rows<T: Clone>(v: &[T], picks: &[usize], row: usize) -> Vec<T> {
+                picks.iter().flat_map(|&i| v[i * row..(i + 1) * row].iter().cloned()).collect()
+            }
             let out = match &data.data {
-                KnownData::Ints(v) => KnownData::Ints(picks.iter().map(|&i| v[i]).collect()),
-                KnownData::Floats(v) => KnownData::Floats(picks.iter().map(|&i| v[i]).collect()),
+                KnownData::Ints(v) => KnownData::Ints(rows(v, &picks, row)),
+                KnownData::Floats(v) => KnownData::Floats(rows(v, &picks, row)),
             };
-            Some(Known { dtype: data.dtype, shape: idx.shape.clone(), data: out })
+            let shape = idx.shape.iter().chain(&data.shape[1..]).copied().collect();
+            Some(Known { dtype: data.dtype, shape, data: out })
         }
+        Op::CumSum { exclusive, reverse } => cumsum(k(0)?, k(1)?, *exclusive, *reverse),
         Op::Slice(s) => slice_nd(s, inputs, out_shape?),
         Op::Pad(p) if p.mode == pipewright_ops::op::PadMode::Constant => pad_constant(p, inputs, out_shape?),
         Op::Transpose { perm } => transpose(k(0)?, perm.as_ref(), out_shape?),
@@ -758,6 +769,44 @@ fn transpose(x: &Known, perm: Option<&Vec<i64>>, out_shape: Vec<i64>) -> Option<
     Some(Known { dtype: x.dtype, shape: out_shape, data: pick(&x.data, &src) })
 }
 
+/// Running sums along one axis (ONNX `CumSum`) of fixed integers or floats: positions
+/// counted from a mask known at import (`cumsum(ones) * mask + padding_idx`).
+fn cumsum(x: &Known, axis: &Known, exclusive: bool, reverse: bool) -> Option<Known> {
+    let rank = x.shape.len() as i64;
+    let a = *axis.fixed_ints()?.first()?;
+    let a = usize::try_from(if a < 0 { a + rank } else { a }).ok().filter(|&a| (a as i64) < rank)?;
+    let extent = usize::try_from(x.shape[a]).ok()?;
+    let inner = usize::try_from(x.shape[a + 1..].iter().product::<i64>()).ok()?;
+    let outer = usize::try_from(x.shape[..a].iter().product::<i64>()).ok()?;
+    fn run<T: Copy + std::ops::Add<Output = T>>(v: &[T], zero: T, (outer, extent, inner): (usize, usize, usize), exclusive: bool, reverse: bool) -> Vec<T> {
+        let mut out = v.to_vec();
+        for o in 0..outer {
+            for i in 0..inner {
+                let mut acc = zero;
+                let steps: Vec<usize> = if reverse { (0..extent).rev().collect() } else { (0..extent).collect() };
+                for e in steps {
+                    let at = (o * extent + e) * inner + i;
+                    let here = v[at];
+                    if exclusive {
+                        out[at] = acc;
+                        acc = acc + here;
+                    } else {
+                        acc = acc + here;
+                        out[at] = acc;
+                    }
+                }
+            }
+        }
+        out
+    }
+    let dims = (outer, extent, inner);
+    let data = match &x.data {
+        KnownData::Ints(_) => KnownData::Ints(run(&x.fixed_ints()?, 0i64, dims, exclusive, reverse).into_iter().map(Dim::Fixed).collect()),
+        KnownData::Floats(v) => KnownData::Floats(run(v, 0.0f64, dims, exclusive, reverse)),
+    };
+    Some(Known { dtype: x.dtype, shape: x.shape.clone(), data })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -810,6 +859,24 @@ mod tests {
         assert!(evaluate(&pad, &[Some(&x), Some(&ints(DType::I64, &[0, -1, 0, 0])), None], &[], DType::F32, Some(vec![3, 1])).is_none(), "a crop");
         let edge = Op::Pad(pipewright_ops::op::Pad { mode: pipewright_ops::op::PadMode::Edge, attrs: None });
         assert!(evaluate(&edge, &[Some(&x), Some(&ints(DType::I64, &[0, 2, 0, 0])), None], &[], DType::F32, Some(vec![3, 4])).is_none());
+    }
+
+    /// Running sums along an axis (inclusive, exclusive, reversed), and rows of a table
+    /// looked up at known positions.
+    #[test]
+    fn cumsum_and_row_lookups_of_known_tensors() {
+        let mask = Known { dtype: DType::I64, shape: vec![2, 3], data: KnownData::Ints([1, 1, 1, 1, 0, 1].iter().map(|&x| Dim::Fixed(x)).collect()) };
+        let axis = ints(DType::I64, &[1]);
+        let sums = |exclusive, reverse| evaluate(&Op::CumSum { exclusive, reverse }, &[Some(&mask), Some(&axis)], &[], DType::I64, Some(vec![2, 3])).unwrap().fixed_ints().unwrap();
+        assert_eq!(sums(false, false), [1, 2, 3, 1, 1, 2]);
+        assert_eq!(sums(true, false), [0, 1, 2, 0, 1, 1]);
+        assert_eq!(sums(false, true), [3, 2, 1, 2, 1, 1]);
+        let table = Known { dtype: DType::F32, shape: vec![3, 2], data: KnownData::Floats(vec![0.5, 0.25, 1.5, 1.25, 2.5, 2.25]) };
+        let at = Known { dtype: DType::I64, shape: vec![2, 2], data: KnownData::Ints([2, 0, -1, 1].iter().map(|&x| Dim::Fixed(x)).collect()) };
+        let rows = evaluate(&Op::Gather { axis: 0 }, &[Some(&table), Some(&at)], &[], DType::F32, Some(vec![2, 2, 2])).unwrap();
+        assert_eq!(rows.shape, [2, 2, 2]);
+        assert_eq!(rows.floats().unwrap(), vec![2.5, 2.25, 0.5, 0.25, 2.5, 2.25, 1.5, 1.25]);
+        assert!(evaluate(&Op::Gather { axis: 1 }, &[Some(&table), Some(&at)], &[], DType::F32, None).is_none(), "only along the leading axis");
     }
 
     /// A pads vector reshaped to pairs, reversed along axis 0 and transposed, as PyTorch

@@ -1812,6 +1812,38 @@ fn a_fill_at_positions_of_a_leading_axis_follows_the_batch() {
     assert!(g.source_rewrites.is_empty(), "updates of differing values stay");
 }
 
+/// Speech2Text's sinusoidal positions at a fixed batch (TorchScript): `cumsum` of a mask
+/// of ones of the export batch, a table looked up at the flattened positions and viewed
+/// back as `[2, 4, 3]`, all known at import, added to the features: their rows are alike,
+/// so the sum reads the first row, which broadcasts over any batch. Positions of rows that
+/// differ (a mask that pads one row) are read as they stand.
+#[test]
+fn positions_known_at_import_with_alike_rows_broadcast_over_the_batch() {
+    let positions = |mask: &[i64]| {
+        ModelBuilder::new(17)
+            .input("x", F32, &fixed(&[2, 4, 3]))
+            .init(tensor_i64("mask", &[2, 4], mask))
+            .init(tensor_i64("axis", &[], &[1]))
+            .init(tensor_i64("flat", &[1], &[-1]))
+            .init(tensor_i64("view", &[3], &[2, 4, -1]))
+            .init(tensor_f32("table", &[10, 3], &(0..30).map(|i| i as f32 * 0.25).collect::<Vec<_>>()))
+            .node(node("CumSum", "count", &["mask", "axis"], &["counted"]))
+            .node(node("Mul", "masked", &["counted", "mask"], &["at"]))
+            .node(node("Reshape", "flatten", &["at", "flat"], &["at_flat"]))
+            .node(node("Gather", "lookup", &["table", "at_flat"], &["rows"]).int("axis", 0))
+            .node(node("Reshape", "per_sample", &["rows", "view"], &["pos"]))
+            .node(node("Relu", "features", &["x"], &["h"]))
+            .node(node("Add", "add_positions", &["h", "pos"], &["y"]))
+            .output("y")
+    };
+    let g = import(&positions(&[1; 8]));
+    assert_eq!(ty(&g, "y"), "f32[N,4,3]");
+    assert!(g.warnings.iter().any(|w| w.contains("\"add_positions\"") && w.contains("read as its first row, which broadcasts over the batch")), "{:?}", g.warnings);
+    assert_eq!(g.source_rewrites.len(), 1);
+    let g = import(&positions(&[1, 1, 1, 1, 1, 1, 0, 0]));
+    assert!(g.source_rewrites.is_empty(), "rows that differ are read as they stand");
+}
+
 /// ZoeDepth's neck runs four hidden states as one batch and takes them apart with
 /// `split(batch_size)`: the TorchScript export writes a Split into parts of the export
 /// batch, read (at opsets before and after 18) as an equal split into row groups that

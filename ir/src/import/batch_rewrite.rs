@@ -15,6 +15,7 @@ use super::node_proto::{batch_led_shape, concat0, filled, plain};
 use super::Importer;
 use crate::dim::{Dim, Shape, TensorType};
 use crate::graph::SourceRewrite;
+use crate::known::{Known, KnownData};
 use crate::{DType, TensorData, ValueDef, ValueId, Weight};
 
 /// A source node read as another: the node imported in its place (it keeps the source
@@ -52,7 +53,8 @@ impl Importer<'_> {
                 .or_else(|| self.fill_at_leading_positions(node, b)),
             "TopK" => self.whole_axis_sort(node, b),
             "ScatterElements" => self.identity_scatter_elements(node, b).or_else(|| self.fill_scatter_elements(node, b)).or_else(|| self.scatter_at_one_position(node, b)),
-            "Add" => self.zeros_added(node, b),
+            "Add" => self.zeros_added(node, b).or_else(|| self.alike_rows_broadcast(node, b)),
+            "Sub" | "Mul" | "Div" => self.alike_rows_broadcast(node, b),
             "LSTM" | "GRU" | "RNN" => self.zero_initial_state_dropped(node),
             "Resize" => self.resize_sizes_as_scales(node, b).or_else(|| self.resize_sizes_led_by_the_batch(node, b)),
             "Reshape" => self.reshape_batch_into_rows(node, b).or_else(|| self.reshape_batch_out_of_rows(node, b)).or_else(|| self.reshape_uniform_rows(node, b)),
@@ -681,15 +683,42 @@ impl Importer<'_> {
     /// Whether value `v`, known at import with `b` rows (or an integer grid that follows
     /// from constants, [`Self::int_value`]), holds the same values in each.
     fn rows_alike(&self, v: ValueId, b: i64) -> bool {
-        let values = match self.known.get(v.index()) {
-            Some(Some(known)) => known.dims(),
-            _ => match self.int_value(v, 4) {
-                Some((_, ints)) => ints.into_iter().map(Dim::Fixed).collect(),
-                None => return false,
-            },
-        };
-        let Some(width) = usize::try_from(b).ok().filter(|&b| b > 0 && values.len() % b == 0).map(|b| values.len() / b) else { return false };
-        width > 0 && values.chunks(width).all(|row| row == &values[..width])
+        fn alike<T: PartialEq>(values: &[T], b: i64) -> bool {
+            let Some(width) = usize::try_from(b).ok().filter(|&b| b > 0 && values.len() % b == 0).map(|b| values.len() / b) else { return false };
+            width > 0 && values.chunks(width).all(|row| row == &values[..width])
+        }
+        match self.known.get(v.index()) {
+            // Floats compare as they are (as integers, 0.25 and 0.5 would be alike).
+            Some(Some(Known { data: KnownData::Floats(values), .. })) => alike(values, b),
+            Some(Some(Known { data: KnownData::Ints(values), .. })) => alike(values, b),
+            _ => self.int_value(v, 4).is_some_and(|(_, ints)| alike(&ints, b)),
+        }
+    }
+
+    /// A binary elementwise node reading, beside a value that carries the batch, a value
+    /// known at import whose export-batch rows are all alike (Speech2Text's sinusoidal
+    /// positions at `cumsum` of a mask of ones of the export batch, which TorchScript
+    /// evaluates for that batch): that value's first row, which broadcasts over any batch.
+    fn alike_rows_broadcast(&self, node: &NodeProto, b: i64) -> Option<BatchRewrite> {
+        let [x, y] = node.input.as_slice() else { return None };
+        let value = |name: &String| self.names.get(name).copied();
+        let dims = |v: ValueId| self.graph.value(v).ty.shape.0.clone();
+        let slot = [(0, x, y), (1, y, x)].into_iter().find_map(|(slot, fixed, other)| {
+            let (f, o) = (dims(value(fixed)?), dims(value(other)?));
+            // (A constant of the export batch is the lowering's to keep one slice of.)
+            let computed = !matches!(self.graph.value(value(fixed)?).def, ValueDef::Weight(_));
+            let fits = b > 1 && computed && f.len() == o.len() && f.first() == Some(&Dim::Fixed(b)) && o.first().is_some_and(|d| d.is_batch()) && !f.iter().any(|d| d.is_batch());
+            (fits && self.rows_alike(value(fixed)?, b)).then_some(slot)
+        })?;
+        let at = |what: &str| format!("{}/alike_rows/{what}", node.name);
+        let mut inputs = node.input.clone();
+        let source = std::mem::replace(&mut inputs[slot], at("first_row"));
+        let mut rewrite = BatchRewrite::replace(node, &node.op_type, inputs, "an operand known at import whose export-batch rows are alike is read as its first row, which broadcasts over the batch");
+        rewrite.node.attribute = node.attribute.clone();
+        rewrite.constants.push((at("zero"), TensorData::from_i64s(vec![1], &[0])));
+        rewrite.constants.push((at("one"), TensorData::from_i64s(vec![1], &[1])));
+        rewrite.before.push(plain(&at("first_row"), "Slice", &[&source, &at("zero"), &at("one"), &at("zero")], &at("first_row")));
+        Some(rewrite)
     }
 
     /// A MatMul of per-head 4-D operands `[batch, heads, m, k]` with 3-D ones whose
