@@ -504,6 +504,7 @@ mod tests {
             unplaced_detaches: vec!["node_linear".into()],
             padding_rows: vec!["node_embedding (row 1 of lm_head.weight)".into()],
             named_buffers: vec!["model.final_logits_bias [1, 64]".into()],
+            weightless_reads: vec!["model.encoder.layer_norm.weight.constant".into()],
         };
         assert_eq!(m.to_toml(), pretty(&m));
         let back: Manifest = toml::from_str(&m.to_toml()).unwrap();
