@@ -111,9 +111,7 @@ pub fn export_onnx(build: &Path, output: &Path) -> Result<Exported, DriverError>
     }
     // The import gave the reads of merged parameters by weightless modules a frozen copy:
     // the same split of the source keeps them reading it.
-    let mut weightless = pipewright_ir::import::merged::split_weightless_reads(graph, source_dir);
-    weightless.sort();
-    if weightless != manifest.choices.weightless_reads {
+    if pipewright_ir::import::merged::split_weightless_reads(graph, source_dir) != manifest.choices.weightless_reads {
         return Err(DriverError::msg(format!("{}: its weightless modules' reads are not those {} was compiled with; compile and train it again", model_path.display(), build.display())));
     }
     // A build compiled with --untie-merged trained one copy per use of each merged

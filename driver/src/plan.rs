@@ -301,13 +301,16 @@ pub struct CompileSpec {
     pub timings: bool,
     /// Give each node reading an initializer the exporter merged (identical values, e.g.
     /// every LayerNorm's ones) its own copy, trained separately, instead of one tied
-    /// weight; `export` writes the copies into the model.
+    /// weight; `export` writes the copies into the model. (Nodes of modules that hold no
+    /// parameter read a frozen copy either way.)
     #[arg(long)]
     pub untie_merged: bool,
     /// Train these initializers baked for the export batch (named by compile's note, e.g. a
-    /// class token the exporter expanded to the batch) as one slice shared by the whole
-    /// batch, instead of keeping them frozen; not for attention masks. (One the default
-    /// exporter records as a parameter it expanded to the batch trains so without asking.)
+    /// class token the exporter expanded to the batch; a leading extent of k rows per sample
+    /// is expanded to k times the batch) as one slice shared by the whole batch, instead of
+    /// keeping them frozen; not for attention masks. (One the default exporter records as
+    /// a parameter it expanded to the batch, or looked up at fixed positions, trains so
+    /// without asking.)
     #[arg(long, value_delimiter = ',', value_name = "NAME")]
     pub train_batch_baked: Vec<String>,
     /// Keep training the one-element initializers the model reads only as attention scales

@@ -56,7 +56,7 @@ impl Importer<'_> {
             "Add" => self.zeros_added(node, b).or_else(|| self.alike_rows_broadcast(node, b)),
             "Sub" | "Mul" | "Div" => self.alike_rows_broadcast(node, b),
             "LSTM" | "GRU" | "RNN" => self.zero_initial_state_dropped(node),
-            "Resize" => self.resize_sizes_as_scales(node, b).or_else(|| self.resize_sizes_led_by_the_batch(node, b)),
+            "Resize" => self.resize_sizes_follow_the_batch(node, b),
             "Reshape" => self.reshape_batch_into_rows(node, b).or_else(|| self.reshape_batch_out_of_rows(node, b)).or_else(|| self.reshape_uniform_rows(node, b)),
             "MatMul" if b == 1 => self.matmul_heads_split(node),
             "Slice" => self.slice_row_groups(node, b),
@@ -519,8 +519,10 @@ impl Importer<'_> {
     /// exporter writes `interpolate` so) keeps every batch at the export batch. Where each
     /// size is a whole multiple or divisor of its input extent, the same Resize by
     /// `scales` (1 on the batch axis) gives the same result at the export batch and follows
-    /// any other.
-    fn resize_sizes_as_scales(&self, node: &NodeProto, b: i64) -> Option<BatchRewrite> {
+    /// any other. Where one is not (DepthAnything's head resizes 16 to 28), scales would
+    /// round the output extent and move the sampling grid: the sizes are kept, their batch
+    /// read from the input at run time.
+    fn resize_sizes_follow_the_batch(&self, node: &NodeProto, b: i64) -> Option<BatchRewrite> {
         if node.input.len() != 4 || node.input[3].is_empty() {
             return None;
         }
@@ -532,48 +534,30 @@ impl Importer<'_> {
         if sizes.len() != dims.len() || sizes[0] != b {
             return None;
         }
-        let mut scales = vec![1.0f64];
-        for (&size, d) in sizes[1..].iter().zip(&dims[1..]) {
-            let extent = d.fixed()?;
-            if size <= 0 || extent <= 0 || (size % extent != 0 && extent % size != 0) {
-                return None;
+        let whole = |(&size, d): (&i64, &Dim)| d.fixed().filter(|&e| size > 0 && e > 0 && (size % e == 0 || e % size == 0)).map(|e| size as f64 / e as f64);
+        let scales: Option<Vec<f64>> = [Some(1.0)].into_iter().chain(sizes[1..].iter().zip(&dims[1..]).map(whole)).collect();
+        let at = |what: &str| format!("{}/{what}", node.name);
+        let mut rewrite = match scales {
+            Some(scales) => {
+                let name = at("batch_free_scales");
+                let inputs = vec![node.input[0].clone(), node.input[1].clone(), name.clone()];
+                let mut rewrite = BatchRewrite::replace(node, "Resize", inputs, "a Resize to sizes of the export batch is read as the same Resize by scales, which follows the batch");
+                rewrite.constants.push((name, TensorData::from_f64s(DType::F32, vec![scales.len() as i64], &scales)));
+                rewrite
             }
-            scales.push(size as f64 / extent as f64);
-        }
-        let name = format!("{}/batch_free_scales", node.name);
-        let inputs = vec![node.input[0].clone(), node.input[1].clone(), name.clone()];
-        let mut rewrite = BatchRewrite::replace(node, "Resize", inputs, "a Resize to sizes of the export batch is read as the same Resize by scales, which follows the batch");
+            None => {
+                let (input_shape, batch_sizes) = (at("input_shape"), at("batch_led_sizes"));
+                let inputs = vec![node.input[0].clone(), node.input[1].clone(), node.input[2].clone(), batch_sizes.clone()];
+                let mut rewrite = BatchRewrite::replace(node, "Resize", inputs, "a Resize to sizes of the export batch is read as the same Resize to those sizes with the batch of its input");
+                let (constants, shape_nodes) = batch_led_shape(&at("sizes"), &input_shape, &sizes[1..], &batch_sizes);
+                rewrite.constants.extend(constants);
+                rewrite.before.push(plain(&input_shape, "Shape", &[&node.input[0]], &input_shape));
+                rewrite.before.extend(shape_nodes);
+                rewrite
+            }
+        };
         // Resize keeps its attributes (mode, coordinate transformation).
         rewrite.node.attribute = node.attribute.clone();
-        rewrite.constants.push((name, TensorData::from_f64s(DType::F32, vec![scales.len() as i64], &scales)));
-        Some(rewrite)
-    }
-
-    /// The same Resize to constant `sizes` that start with the export batch, where some
-    /// size is no whole multiple or divisor of its extent (DepthAnything's head resizes
-    /// 16 to 28): scales would round the output extent and move the sampling grid, so the
-    /// sizes are kept and their batch is read from the input at run time instead.
-    fn resize_sizes_led_by_the_batch(&self, node: &NodeProto, b: i64) -> Option<BatchRewrite> {
-        if node.input.len() != 4 || node.input[3].is_empty() {
-            return None;
-        }
-        let dims = self.graph.value(*self.names.get(&node.input[0])?).ty.shape.dims().to_vec();
-        if dims.first().map(|d| d.is_batch()) != Some(true) || dims[1..].iter().any(|d| d.is_batch()) {
-            return None;
-        }
-        let (_, sizes) = self.int_value(*self.names.get(&node.input[3])?, 0)?;
-        if sizes.len() != dims.len() || sizes[0] != b {
-            return None;
-        }
-        let at = |what: &str| format!("{}/{what}", node.name);
-        let (input_shape, batch_sizes) = (at("input_shape"), at("batch_led_sizes"));
-        let inputs = vec![node.input[0].clone(), node.input[1].clone(), node.input[2].clone(), batch_sizes.clone()];
-        let mut rewrite = BatchRewrite::replace(node, "Resize", inputs, "a Resize to sizes of the export batch is read as the same Resize to those sizes with the batch of its input");
-        rewrite.node.attribute = node.attribute.clone();
-        let (constants, shape_nodes) = batch_led_shape(&at("sizes"), &input_shape, &sizes[1..], &batch_sizes);
-        rewrite.constants.extend(constants);
-        rewrite.before.push(plain(&input_shape, "Shape", &[&node.input[0]], &input_shape));
-        rewrite.before.extend(shape_nodes);
         Some(rewrite)
     }
 

@@ -506,7 +506,7 @@ pub fn split_buffers(g: &mut GraphProto) -> Vec<String> {
 /// weight there, and tied to the parameter they moved with it. Needs the exported
 /// program's signature (which lists every parameter) and each reading node's module;
 /// where every reader is such a module, the initializer itself is the constant. Returns
-/// the frozen initializers' names. The importer and `export` call it on the same source
+/// the frozen initializers' names, sorted. The importer and `export` call it on the same source
 /// graph, so the copies have the same names in the build and in the exported model.
 pub fn split_weightless_reads(g: &mut GraphProto, model_dir: &Path) -> Vec<String> {
     let plan: Vec<(String, Vec<usize>, bool)> = {
@@ -515,7 +515,8 @@ pub fn split_weightless_reads(g: &mut GraphProto, model_dir: &Path) -> Vec<Strin
             .into_iter()
             .filter_map(|(m, readers)| {
                 let constant: Vec<usize> = readers.iter().copied().filter(|&n| weightless(n)).collect();
-                (!constant.is_empty()).then(|| (m.name, constant.clone(), constant.len() == readers.len()))
+                let all = constant.len() == readers.len();
+                (!constant.is_empty()).then_some((m.name, constant, all))
             })
             .collect()
     };
@@ -542,6 +543,7 @@ pub fn split_weightless_reads(g: &mut GraphProto, model_dir: &Path) -> Vec<Strin
         frozen.push(copy.name.clone());
         g.initializer.push(copy);
     }
+    frozen.sort();
     frozen
 }
 
@@ -593,7 +595,7 @@ pub fn train_batch_baked(g: &mut GraphProto, name: &str, b0: i64, model_dir: &Pa
     // tiles, `[batch * tiles, 1, width]`). At the export batch 1, the export's other
     // extents decide: read as the batch's rows, a leading extent that was not fails at
     // another batch where it meets the model's activations.
-    if b0 < 1 || dims.len() < 2 || dims[0] < 2 || dims[0] < b0 || dims[0] % b0 != 0 {
+    if b0 < 1 || dims.len() < 2 || dims[0] < 2 || dims[0] % b0 != 0 {
         return Err(format!("its shape {dims:?} does not start with the export batch ({b0}) or a multiple of it"));
     }
     let groups = dims[0] / b0;

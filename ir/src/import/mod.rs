@@ -284,12 +284,8 @@ impl<'a> Importer<'a> {
         self.graph.choices.split_buffers = merged::split_buffers(&mut g);
         // Reads of a merged parameter by modules that hold none (a LayerNorm without
         // affine weights) get a frozen copy, whatever is asked.
-        let weightless: std::collections::HashSet<String> = merged::split_weightless_reads(&mut g, self.dir).into_iter().collect();
-        self.graph.choices.weightless_reads = {
-            let mut names: Vec<String> = weightless.iter().cloned().collect();
-            names.sort();
-            names
-        };
+        self.graph.choices.weightless_reads = merged::split_weightless_reads(&mut g, self.dir);
+        let weightless = self.graph.choices.weightless_reads.clone();
         let merged = if self.opts.untie_merged { merged::untie_merged(&mut g, self.dir) } else { merged::merged_initializers(&g, self.dir) };
         self.graph.choices.untied = self.opts.untie_merged && !merged.is_empty();
         self.graph.choices.merged = merged;
