@@ -159,6 +159,44 @@ fn tensor_parallelism_splits_layers_within_a_server() {
     assert!(text.contains("the servers have 1 GPU(s); it needs at least 2"), "{text}");
 }
 
+/// `--stages`, `--width`, `--microbatch` and `--tensor-ways` fix every scheme's
+/// configuration as the PipeDream-2BW paper's comparison does (each scheme at the same
+/// model-parallel size): the pipelines and inter-layer model parallelism at that depth
+/// and width, tensor parallelism at that `t` (here two whole servers, so its all-reduces
+/// cross the network and it is slower than within one), all at that microbatch; a plan
+/// file refuses them, and a `t` that is neither a divisor of a server nor whole servers
+/// is refused, saying why.
+#[test]
+fn the_configuration_can_be_fixed_for_every_scheme() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gpt.onnx");
+    gpt(&GptShape { layers: 4, hidden: 256, heads: 8, seq: 128, vocab: 1000, tied: true }).unwrap().write(&path, Storage::ShapesOnly, 0).unwrap();
+    let p = path.to_str().unwrap();
+    // Four servers of 8: t = 16 spans two, and two groups of it fill them.
+    let run = |schemes: &str, extra: &[&str]| -> Value {
+        let args = [&["simulate", p, "--cluster", "V100-16GB", "--servers", "4", "--precision", "fp16", "--batch", "64", "--batches", "3", "--schedule", schemes, "--json"][..], extra].concat();
+        serde_json::from_str(&pw_ok(&args)).unwrap()
+    };
+    let fixed = run("2bw,gpipe,model-parallel,tensor-parallel", &["--stages", "4", "--width", "2", "--microbatch", "2", "--tensor-ways", "16"]);
+    for o in fixed["outcomes"].as_array().unwrap() {
+        let c = &o["config"];
+        assert_eq!((c["w"].as_u64(), c["b"].as_u64()), (Some(2), Some(2)), "{o}");
+        if o["scheme"] == "tensor-parallel" {
+            assert_eq!((o["t"].as_u64(), c["d"].as_u64()), (Some(16), Some(1)), "{o}");
+        } else {
+            assert_eq!(c["d"].as_u64(), Some(4), "{o}");
+        }
+    }
+    let rate = |v: &Value| v["outcomes"][0]["simulation"]["samples_per_s"].as_f64().unwrap();
+    let tensor = |ways: &str| run("tensor-parallel", &["--width", "1", "--microbatch", "2", "--tensor-ways", ways]);
+    let (within, across) = (tensor("8"), tensor("16"));
+    assert!(rate(&across) < rate(&within), "t = 16 over the network {} against t = 8 over NVLink {}", rate(&across), rate(&within));
+    fails(&pw(&["simulate", p, "--cluster", "V100-16GB", "--servers", "2", "--batch", "64", "--schedule", "tensor-parallel", "--tensor-ways", "12"]), &["gpt.onnx: --tensor-ways 12: a group must divide a server of 8 GPUs or be whole servers (a multiple of 8)"]);
+    let plan = dir.path().join("plan.json");
+    std::fs::write(&plan, pw_ok(&["plan", p, "--stages", "2", "--workers", "2", "--batch", "16", "--schedule", "flush", "--json"])).unwrap();
+    fails(&pw(&["simulate", plan.to_str().unwrap(), "--width", "2", "--microbatch", "1"]), &["plan.json: --width, --microbatch fix(es) a model's configuration; a plan file has its own"]);
+}
+
 #[test]
 fn a_model_report_has_every_scheme_and_its_numbers() {
     let gpt = model("gpt2-tiny");

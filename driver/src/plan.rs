@@ -163,6 +163,9 @@ pub struct PlanSpec {
     /// Fix the pipeline depth.
     #[arg(long)]
     pub stages: Option<u32>,
+    /// Fix the data-parallel width: the replicas of the pipeline.
+    #[arg(long)]
+    pub width: Option<usize>,
     /// Explicit stage starts, by ONNX node name.
     #[arg(long, value_delimiter = ',')]
     pub cut: Vec<String>,
@@ -214,6 +217,7 @@ impl PlanSpec {
             global_batch: self.batch,
             schedules: self.schedule.0.clone(),
             stages: self.stages.map(|d| d as usize),
+            width: self.width,
             cuts: (!self.cut.is_empty()).then(|| self.cut.clone()),
             balance: self.balance,
             optimizer: self.training.optimizer,
@@ -475,6 +479,7 @@ mod tests {
             batch: 64,
             microbatch: None,
             stages: Some(2),
+            width: None,
             cut: Vec::new(),
             balance: Balance::Optimal,
             profile: None,

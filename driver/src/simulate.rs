@@ -57,6 +57,44 @@ pub struct SimulateRequest {
     /// Fix the pipeline schemes' activation recomputation (`--recompute`); `None`: the
     /// planner tries all three for each.
     pub recompute: Option<Recompute>,
+    /// How each scheme's configuration is fixed rather than searched (`--stages`,
+    /// `--width`, `--microbatch`, `--tensor-ways`).
+    pub fixed: FixedShape,
+}
+
+/// What a comparison may fix in every scheme's configuration, as the PipeDream-2BW paper's
+/// does (each scheme at the planner's depth on all the GPUs, the largest microbatch that
+/// fits): `None` leaves it to each scheme's search.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::Args)]
+pub struct FixedShape {
+    /// Fix the depth of the pipeline schemes and of inter-layer model parallelism, as
+    /// `plan --stages` does (data parallelism is depth 1 and tensor parallelism has its own
+    /// --tensor-ways).
+    #[arg(long)]
+    pub stages: Option<usize>,
+    /// Fix the data-parallel width: each pipeline scheme's replicas, data parallelism's
+    /// workers, tensor parallelism's groups.
+    #[arg(long)]
+    pub width: Option<usize>,
+    /// Fix every scheme's microbatch size.
+    #[arg(long)]
+    pub microbatch: Option<u64>,
+    /// Fix tensor parallelism's t (the GPUs each layer is split over): a divisor of the
+    /// server size, or a multiple of it, whose groups then span whole servers and
+    /// all-reduce over the network (the paper's 16-way baseline on GPT 3.8B); by default t
+    /// is searched among the server size's divisors.
+    #[arg(long)]
+    pub tensor_ways: Option<usize>,
+}
+
+impl FixedShape {
+    /// The options given, by flag, for the error that a plan file takes none.
+    fn given(&self) -> Vec<&'static str> {
+        [("--stages", self.stages.is_some()), ("--width", self.width.is_some()), ("--microbatch", self.microbatch.is_some()), ("--tensor-ways", self.tensor_ways.is_some())]
+            .into_iter()
+            .filter_map(|(f, set)| set.then_some(f))
+            .collect()
+    }
 }
 
 /// What `pipewright simulate` is asked (its options).
@@ -129,6 +167,8 @@ pub struct SimulateSpec {
     /// each scheme. Not with a plan file, which brings its own.
     #[arg(long, value_enum)]
     pub recompute: Option<Recompute>,
+    #[command(flatten)]
+    pub fixed: FixedShape,
     /// Write the replay as a Chrome trace (the format of `train --trace`); with several
     /// schemes, one file per scheme (`t.2bw.json`, ...).
     #[arg(long, value_name = "FILE")]
@@ -166,6 +206,7 @@ impl SimulateSpec {
             reduction: self.reduction,
             placement: self.placement,
             recompute: self.recompute,
+            fixed: self.fixed,
         })
     }
 
@@ -268,6 +309,10 @@ pub fn simulate(req: &SimulateRequest) -> Result<SimulateReport, DriverError> {
         if let Some(r) = req.recompute {
             return Err(DriverError::msg(format!("{}: --recompute {} is for a model; a plan file's configuration has its own recomputation (plan again with --recompute)", req.input.display(), r.name())));
         }
+        let fixed = req.fixed.given();
+        if !fixed.is_empty() {
+            return Err(DriverError::msg(format!("{}: {} fix(es) a model's configuration; a plan file has its own (plan again with them)", req.input.display(), fixed.join(", "))));
+        }
         return simulate_plan(req);
     }
     let cluster = req.cluster.clone().ok_or_else(|| DriverError::msg("simulating a model needs a cluster (--cluster FILE|PRESET)"))?;
@@ -275,7 +320,18 @@ pub fn simulate(req: &SimulateRequest) -> Result<SimulateReport, DriverError> {
     let global_batch = req.global_batch.ok_or_else(|| DriverError::msg("simulating a model needs the global batch (--batch B)"))?;
     let g = shapes(&req.input)?;
     let cost = cost_model(&g, &cluster, req.profile.as_ref(), &req.input)?;
-    let base = PlanOptions { global_batch, optimizer: req.optimizer, momentum: req.momentum, precision: req.precision, placement: req.placement, recompute: req.recompute, top: 1, ..PlanOptions::default() };
+    let base = PlanOptions {
+        global_batch,
+        optimizer: req.optimizer,
+        momentum: req.momentum,
+        precision: req.precision,
+        placement: req.placement,
+        recompute: req.recompute,
+        width: req.fixed.width,
+        microbatch: req.fixed.microbatch,
+        top: 1,
+        ..PlanOptions::default()
+    };
     let search = |schedule: Schedule, stages: Option<usize>| -> Result<Result<Candidate, String>, DriverError> {
         let opts = PlanOptions { schedules: vec![schedule], stages, ..base.clone() };
         // The planner replays its candidates with this cluster's latencies and host cores,
@@ -298,7 +354,7 @@ pub fn simulate(req: &SimulateRequest) -> Result<SimulateReport, DriverError> {
             Scheme::DataParallel => search(Schedule::Flush, Some(1))?.map_err(|e| format!("the whole model on every worker: {e}")),
             Scheme::ModelParallel => {
                 if flush.is_none() {
-                    flush = Some(search(Schedule::Flush, None)?);
+                    flush = Some(search(Schedule::Flush, req.fixed.stages)?);
                 }
                 // Its own best configuration: layers sharded over d workers, one
                 // microbatch at a time, w such pipelines data-parallel (the paper's
@@ -311,7 +367,9 @@ pub fn simulate(req: &SimulateRequest) -> Result<SimulateReport, DriverError> {
                     Err(e) => Err(e),
                 };
                 let workers = cluster.cluster.workers;
-                for d in (0..).map(|k| 1usize << k).take_while(|&d| d <= workers) {
+                // A fixed depth is Flush's own (searched above); else every power of two.
+                let depths = (0..).map(|k| 1usize << k).take_while(|&d| d <= workers && req.fixed.stages.is_none());
+                for d in depths {
                     if let Ok(c) = search(Schedule::Flush, Some(d))? {
                         let rate = model_parallel_rate(&g, &cost, &cluster, &base, &c, req)?;
                         if best.as_ref().map_or(true, |(r, _)| rate > *r) {
@@ -323,7 +381,7 @@ pub fn simulate(req: &SimulateRequest) -> Result<SimulateReport, DriverError> {
             }
             s => {
                 let schedule = s.schedule().unwrap_or(Schedule::Flush);
-                let found = search(schedule, None)?;
+                let found = search(schedule, req.fixed.stages)?;
                 if schedule == Schedule::Flush {
                     flush = Some(found.clone());
                 }
@@ -356,9 +414,9 @@ fn tensor_outcome(g: &Graph, cost: &CostModel, cluster: &SimCluster, opts: &Plan
         // A pipeline run's per-stage times say nothing about a layer split over t GPUs.
         return Ok(SchemeOutcome::not_run(scheme, "--stage-times holds a pipeline run's stage times; tensor parallelism is simulated from the cost model only".into()));
     }
-    let plan = match plan_tensor_parallel(g, cost, cluster, opts) {
+    let plan = match plan_tensor_parallel(g, cost, cluster, opts, req.fixed.tensor_ways) {
         Ok(p) => p,
-        Err(e @ TensorError::Cycle(_)) => return Err(DriverError::msg(format!("{}: {e}", req.input.display()))),
+        Err(e @ (TensorError::Cycle(_) | TensorError::Ways { .. })) => return Err(DriverError::msg(format!("{}: {e}", req.input.display()))),
         Err(e) => return Ok(SchemeOutcome::not_run(scheme, e.to_string())),
     };
     let cand = plan.candidate.clone();

@@ -390,13 +390,22 @@ impl Cluster {
 
     /// How many data-parallel rings of Megatron-style tensor parallelism cross the busiest
     /// server's network: `groups` groups of `t` GPUs on consecutive workers (group `g` on
-    /// workers `g t .. (g + 1) t`, each inside one server since `t` divides the server
-    /// size), and one ring per shard position `j` through workers `j, t + j, 2t + j, ...`.
-    /// 0 when all the groups share one server (the rings stay on NVLink); otherwise all `t`
-    /// rings cross every server they touch.
+    /// workers `g t .. (g + 1) t`: inside one server when `t` divides the server size,
+    /// whole servers when it is a multiple of it), and one ring per shard position `j`
+    /// through workers `j, t + j, 2t + j, ...`. 0 when all the groups share one server
+    /// (the rings stay on NVLink); otherwise every ring through a server crosses its
+    /// network: `t` of them, or the server's GPUs when a group spans servers.
     pub fn tensor_dp_rings(&self, t: usize, groups: usize) -> usize {
         let last = (t * groups).max(1) - 1;
-        if self.server_of(0) == self.server_of(last) { 0 } else { t }
+        if self.server_of(0) == self.server_of(last) { 0 } else { t.min(self.workers_per_node.max(1)) }
+    }
+
+    /// Bandwidth of the ring a tensor-parallel group of `t` GPUs larger than a server
+    /// all-reduces over: it runs through whole servers, entering and leaving each once, so
+    /// each server's network carries one ring's traffic each way (Megatron's rings are per
+    /// group, and a server holds GPUs of one group only).
+    pub fn tensor_group_bw(&self, t: usize) -> f64 {
+        if t <= self.workers_per_node { self.intra_bw } else { self.network_share(1) }
     }
 
     /// Bandwidth of the data-parallel all-reduce among `groups` tensor-parallel groups of

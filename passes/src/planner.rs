@@ -89,6 +89,11 @@ pub struct PlanOptions {
     pub schedules: Vec<Schedule>,
     /// Fix the pipeline depth.
     pub stages: Option<usize>,
+    /// Fix the data-parallel width: `w` replicas of the pipeline (the number of
+    /// tensor-parallel groups for `simulate`'s tensor parallelism). Absent in plan files
+    /// from before it existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub width: Option<usize>,
     /// Explicit boundaries: a stage starts at each named node.
     pub cuts: Option<Vec<String>>,
     pub balance: Balance,
@@ -123,6 +128,7 @@ impl Default for PlanOptions {
             global_batch: 64,
             schedules: vec![Schedule::TwoBw, Schedule::Flush, Schedule::GPipe],
             stages: None,
+            width: None,
             cuts: None,
             balance: Balance::Optimal,
             optimizer: Optimizer::Adam,
@@ -1062,6 +1068,13 @@ pub fn plan_on(
         (None, Some(s)) => vec![s],
         (None, None) => (1..=cluster.workers.min(n)).collect(),
     };
+    match opts.width {
+        Some(0) => return Err(PlanError::Options("width must be at least 1".into())),
+        Some(w) if opts.global_batch % w as u64 != 0 => {
+            return Err(PlanError::Options(format!("a width of {w} replicas does not divide the global batch {}", opts.global_batch)))
+        }
+        _ => {}
+    }
     if opts.recompute == Some(Recompute::Selective) && opts.schedules.iter().all(|s| s.splits_backward()) {
         return Err(PlanError::Options(format!("the {} schedule splits each backward in two, which selective recomputation does not: choose --recompute none or full", spellings(&opts.schedules))));
     }
@@ -1085,7 +1098,7 @@ pub fn plan_on(
             )));
         }
         for w in 1..=cluster.workers / least {
-            if opts.global_batch % w as u64 != 0 {
+            if opts.global_batch % w as u64 != 0 || opts.width.is_some_and(|x| x != w) {
                 continue;
             }
             // Each worker count's placements (they differ where its links do).
@@ -1188,8 +1201,11 @@ pub fn plan_on(
     }
     if configs.is_empty() {
         return Err(PlanError::NoFeasible(format!(
-            "no (w, d, b, m) satisfies w*d <= {} workers, b a power of two dividing {}/w, and m >= d for 2BW/Flush",
-            cluster.workers, opts.global_batch
+            "no (w, d, b, m) satisfies w*d <= {} workers{}, b a power of two dividing {}/w{}, and m >= d for 2BW/Flush",
+            cluster.workers,
+            opts.width.map_or(String::new(), |w| format!(" with w = {w}")),
+            opts.global_batch,
+            opts.microbatch.map_or(String::new(), |b| format!(" (b = {b})")),
         )));
     }
     // Any split into d stages has a stage holding at least a d-th of the whole model's

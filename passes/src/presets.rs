@@ -294,9 +294,13 @@ impl SimCluster {
     }
 
     /// The link the `t` GPUs of a tensor-parallel group all-reduce over: NVLink inside
-    /// their server.
-    pub fn nvlink(&self) -> Link {
-        Link { bandwidth: self.cluster.intra_bw, latency_s: self.intra_latency_s }
+    /// their server; a group of whole servers is a ring crossing each server's network
+    /// once ([`Cluster::tensor_group_bw`]).
+    pub fn tensor_link(&self, t: usize) -> Link {
+        if t <= self.cluster.workers_per_node {
+            return Link { bandwidth: self.cluster.intra_bw, latency_s: self.intra_latency_s };
+        }
+        Link { bandwidth: self.cluster.tensor_group_bw(t), latency_s: self.inter_latency_s }
     }
 }
 
@@ -370,7 +374,11 @@ mod tests {
         assert_eq!(c.tensor_dp_link(4, 16), Link { bandwidth: 25e9 / 8.0 / 4.0, latency_s: 20e-6 });
         assert_eq!(c.tensor_dp_link(8, 8).bandwidth, 25e9 / 8.0 / 8.0);
         assert_eq!(c.tensor_dp_link(4, 2), Link { bandwidth: 150e9, latency_s: 5e-6 });
-        assert_eq!(c.nvlink(), Link { bandwidth: 150e9, latency_s: 5e-6 });
+        assert_eq!(c.tensor_link(8), Link { bandwidth: 150e9, latency_s: 5e-6 });
+        // t = 16 spans two servers: its ring crosses each one's link once, and 8 of the
+        // 16 data-parallel rings (one per shard position) run through each server.
+        assert_eq!(c.tensor_link(16), Link { bandwidth: 25e9 / 8.0, latency_s: 20e-6 });
+        assert_eq!(c.tensor_dp_link(16, 4).bandwidth, 25e9 / 8.0 / 8.0);
     }
 
     #[test]

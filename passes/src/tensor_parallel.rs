@@ -20,12 +20,15 @@
 //!   in the forward and a reduce-scatter in the backward ([`TensorSplit::gathers`]; also
 //!   for sharded graph outputs). Megatron's GPT blocks never need one.
 //!
-//! # Communication per microbatch, inside the group (ring over NVLink)
+//! # Communication per microbatch, inside the group (a ring)
 //! Forward: one all-reduce of each row-parallel matmul's output (Megatron's `g`).
 //! Backward: one all-reduce of the gradient of each distinct full value that
 //! column-parallel matmuls read (Megatron's `f`; none for graph inputs and weights, whose
 //! gradient with respect to the input nobody needs). So a GPT block has two of each. They
 //! are on the critical path, so the replay adds them to the forward and backward time.
+//! The ring runs over NVLink when the group sits in one server; a group of a fixed `t`
+//! larger than a server (`simulate --tensor-ways`) spans whole servers and its ring
+//! crosses each server's network once, at the network's speed.
 //!
 //! # Cost and memory with `t`
 //! Sharded nodes and both kinds of split matmul take `1/t` of their time (the
@@ -33,11 +36,22 @@
 //! nodes keep all of theirs. Memory per GPU is the planner's model of a one-stage Flush
 //! pipeline ([`MemoryModel::of_schedule`]: weights, gradient, optimizer state and
 //! the mixed-precision copy per weight byte, one microbatch's activations) on those shares.
-//! No recomputation is searched: the planner's recomputation is per stage, and with one
-//! stage and one microbatch in flight it keeps as much as without it.
+//!
+//! # Recomputation
+//! None is searched: with one stage and one microbatch in flight it keeps as much as
+//! without it. Fixed (`simulate --recompute`, as the PipeDream-2BW paper runs every
+//! baseline with activation recomputation), it costs what Megatron's activation
+//! checkpointing costs: `full` reruns each microbatch's forward before its backward,
+//! the forward's tensor all-reduces and gathers included (they are part of the layer
+//! function that is checkpointed); `selective` reruns the nodes outside the matmul class
+//! (their outputs are the ones not kept), which communicate nothing. The memory is the
+//! planner's model of that recomputation on one stage.
 //!
 //! # Search
-//! `t` over the divisors of the server size from 2 (a group never leaves its server),
+//! `t` over the divisors of the server size from 2 (a group never leaves its server, as
+//! Megatron places it), or the one `t` asked for (`simulate --tensor-ways`: a divisor of the
+//! server size or a multiple of it, the way the PipeDream-2BW paper runs its 16-way
+//! tensor-parallel baseline over two servers);
 //! `groups` from 1 to `workers / t` dividing the global batch, `b` a power of two
 //! dividing `batch / groups`, `m = batch / (groups * b)` (gradient accumulation). Per
 //! batch a group takes `m * T + AR` (`T` the microbatch's compute and tensor all-reduces,
@@ -53,6 +67,7 @@ use pipewright_ir::{Graph, NodeId, Op, ValueDef, ValueId};
 use serde::Serialize;
 
 use crate::cost::CostModel;
+use pipewright_ops::op::OpClass;
 use crate::machine::{allreduce_seconds, Link};
 use crate::partition::{value_bytes, MemoryModel, PartitionProblem, PipelineMemory};
 use crate::planner::{Candidate, PlanOptions};
@@ -97,10 +112,30 @@ pub enum TensorError {
     NothingToSplit,
     #[error("tensor parallelism splits layers over the GPUs of one server, and the servers have {0} GPU(s); it needs at least 2")]
     ServerTooSmall(usize),
-    #[error("no (t, groups, b) has groups dividing the global batch {batch} and b a power of two dividing batch / groups{microbatch}")]
-    NoConfiguration { batch: u64, microbatch: String },
+    #[error("no (t, groups, b) has t x groups within the {workers} GPUs, groups dividing the global batch {batch} and b a power of two dividing batch / groups{fixed}")]
+    NoConfiguration { workers: usize, batch: u64, fixed: String },
     #[error("does not fit at any t: {0}")]
     DoesNotFit(String),
+    #[error("--tensor-ways {ways}: {why}")]
+    Ways { ways: usize, why: String },
+}
+
+/// The `t` to try: the divisors of the server size from 2, or `ways` when it is one of
+/// them or a multiple of the server size within the cluster (a group of whole servers).
+fn tensor_ways(ways: Option<usize>, per_server: usize, workers: usize) -> Result<Vec<usize>, TensorError> {
+    let divisors = || (2..=per_server).filter(|t| per_server % t == 0);
+    let Some(t) = ways else { return Ok(divisors().collect()) };
+    let bad = |why: String| Err(TensorError::Ways { ways: t, why });
+    if t < 2 {
+        return bad("a layer is split over at least 2 GPUs".into());
+    }
+    if t > workers {
+        return bad(format!("the cluster has {workers} GPUs"));
+    }
+    if t <= per_server && per_server % t != 0 || t > per_server && t % per_server != 0 {
+        return bad(format!("a group must divide a server of {per_server} GPUs or be whole servers (a multiple of {per_server})"));
+    }
+    Ok(vec![t])
 }
 
 /// Ops that run on a slice of a sharded input without communication (see the module docs).
@@ -210,10 +245,12 @@ pub struct TensorParallelPlan {
     /// GPUs per group: each split layer is divided among them.
     pub t: usize,
     /// The configuration as the simulator replays it: `w` data-parallel groups, one stage,
-    /// microbatch `b`, `m` microbatches per batch and group (no recomputation; the Flush
-    /// order with one stage); `samples_per_s` the closed form `groups * b * m / (m T + AR)`.
+    /// microbatch `b`, `m` microbatches per batch and group, the recomputation asked for
+    /// (none unless fixed; the Flush order with one stage); `samples_per_s` the closed form
+    /// `groups * b * m / (m T + AR)`.
     pub candidate: Candidate,
-    /// `T`: forward and backward compute plus the tensor all-reduces, per microbatch.
+    /// `T`: forward and backward compute plus the tensor all-reduces, and what the
+    /// recomputation reruns, per microbatch.
     pub microbatch_s: f64,
     /// Seconds of the tensor all-reduces (and gathers) per microbatch, forward and backward.
     pub forward_comm_s: f64,
@@ -224,10 +261,11 @@ pub struct TensorParallelPlan {
     pub dp_link: Link,
 }
 
-/// One GPU's share of the model at `t`, microbatch `b`: forward and backward compute
-/// seconds, and the per-position numbers of the planner's one-stage memory model.
-fn shares(cost: &CostModel, split: &TensorSplit, topo: &[NodeId], t: usize, b: u64) -> (f64, f64, PartitionProblem) {
-    let (mut fwd, mut bwd) = (0.0, 0.0);
+/// One GPU's share of the model at `t`, microbatch `b`: forward, backward and recomputed
+/// compute seconds (`recompute`'s compute only; see the module docs), and the
+/// per-position numbers of the planner's one-stage memory model.
+fn shares(cost: &CostModel, split: &TensorSplit, topo: &[NodeId], t: usize, b: u64, recompute: Recompute) -> (f64, f64, f64, PartitionProblem) {
+    let (mut fwd, mut bwd, mut re) = (0.0, 0.0, 0.0);
     let n = topo.len();
     let mut prob = PartitionProblem { time: Vec::with_capacity(n), param_bytes: Vec::with_capacity(n), act_bytes: Vec::with_capacity(n), kept_bytes: Vec::new(), live_bytes: vec![0.0; n + 1], bandwidth: f64::INFINITY };
     for &x in topo {
@@ -235,12 +273,18 @@ fn shares(cost: &CostModel, split: &TensorSplit, topo: &[NodeId], t: usize, b: u
         let (f, bw) = cost.time(x, b);
         fwd += f * k;
         bwd += bw * k;
+        re += match recompute {
+            Recompute::None => 0.0,
+            Recompute::Full => f * k,
+            Recompute::Selective if matches!(cost.class(x), OpClass::MatMul | OpClass::Conv) => 0.0,
+            Recompute::Selective => f * k,
+        };
         let c = cost.node(x);
         prob.time.push((f + bw) * k);
         prob.param_bytes.push(c.param_bytes as f64 * k);
         prob.act_bytes.push(c.activation_bytes.at(b).max(0.0) * k);
     }
-    (fwd, bwd, prob)
+    (fwd, bwd, re, prob)
 }
 
 /// Seconds of the tensor all-reduces and gathers per microbatch `b` among `t` GPUs over
@@ -255,13 +299,16 @@ fn tensor_comm(g: &Graph, split: &TensorSplit, export: i64, ratio: f64, t: usize
 }
 
 /// Chooses `t`, the groups and the microbatch for `g` on `cluster` (see the module docs),
-/// with `opts`'s global batch, optimizer, precision and fixed microbatch if any.
-pub fn plan_tensor_parallel(g: &Graph, cost: &CostModel, cluster: &SimCluster, opts: &PlanOptions) -> Result<TensorParallelPlan, TensorError> {
+/// with `opts`'s global batch, optimizer, precision, and fixed microbatch and width (the
+/// groups) if any; `ways` fixes `t`.
+pub fn plan_tensor_parallel(g: &Graph, cost: &CostModel, cluster: &SimCluster, opts: &PlanOptions, ways: Option<usize>) -> Result<TensorParallelPlan, TensorError> {
     let c = &cluster.cluster;
     let per_server = c.workers_per_node.min(c.workers);
-    if per_server < 2 {
+    if per_server < 2 && ways.is_none() {
         return Err(TensorError::ServerTooSmall(per_server));
     }
+    let ts = tensor_ways(ways, per_server, c.workers)?;
+    let recompute = opts.recompute.unwrap_or(Recompute::None);
     let split = TensorSplit::of(g)?;
     let topo = g.topo_order().map_err(|n| TensorError::Cycle(g.node(n).name.clone()))?;
     if !topo.iter().any(|&n| split.sharding(n) == Sharding::Column) {
@@ -270,13 +317,14 @@ pub fn plan_tensor_parallel(g: &Graph, cost: &CostModel, cluster: &SimCluster, o
     let limit = c.memory_per_worker as f64;
     let ratio = opts.precision.compute_bytes() as f64 / 4.0;
     let state = opts.optimizer.state_tensors(opts.momentum);
-    let nvlink = cluster.nvlink();
+
     let batch = opts.global_batch;
     let mut best: Option<(f64, f64, TensorParallelPlan)> = None;
     // The smallest memory any configuration needs, for the error when none fits.
     let mut least: Option<(f64, String)> = None;
-    for t in (2..=per_server).filter(|t| per_server % t == 0) {
-        for groups in (1..=c.workers / t).filter(|&w| batch % w as u64 == 0) {
+    for t in ts {
+        let ring = cluster.tensor_link(t);
+        for groups in (1..=c.workers / t).filter(|&w| batch % w as u64 == 0 && opts.width.map_or(true, |x| x == w)) {
             let per_group = batch / groups as u64;
             let mut b = 1u64;
             while b <= per_group && per_group % b == 0 {
@@ -285,9 +333,9 @@ pub fn plan_tensor_parallel(g: &Graph, cost: &CostModel, cluster: &SimCluster, o
                     continue;
                 }
                 let m = per_group / b;
-                let (fwd, bwd, prob) = shares(cost, &split, &topo, t, b);
-                let mem_one = MemoryModel::of_schedule(Schedule::Flush, Recompute::None, 1.0, state, opts.precision, limit);
-                let mem_two = MemoryModel::of_schedule(Schedule::Flush, Recompute::None, 2.0, state, opts.precision, limit);
+                let (fwd, bwd, re, prob) = shares(cost, &split, &topo, t, b, recompute);
+                let mem_one = MemoryModel::of_schedule(Schedule::Flush, recompute, 1.0, state, opts.precision, limit);
+                let mem_two = MemoryModel::of_schedule(Schedule::Flush, recompute, 2.0, state, opts.precision, limit);
                 let memory = prob.evaluate(&[], &PipelineMemory::uniform(mem_one)).1[0];
                 let computing = |m: &MemoryModel| prob.evaluate(&[], &PipelineMemory::uniform(MemoryModel { update_factor: 0.0, ..*m })).1[0];
                 if memory > limit * (1.0 + 1e-12) || memory.is_nan() {
@@ -306,8 +354,9 @@ pub fn plan_tensor_parallel(g: &Graph, cost: &CostModel, cluster: &SimCluster, o
                     b *= 2;
                     continue;
                 }
-                let (fc, bc) = tensor_comm(g, &split, cost.export_batch, ratio, t, b, nvlink);
-                let microbatch_s = fwd + bwd + fc + bc;
+                let (fc, bc) = tensor_comm(g, &split, cost.export_batch, ratio, t, b, ring);
+                let recompute_s = re + if recompute == Recompute::Full { fc } else { 0.0 };
+                let microbatch_s = fwd + bwd + fc + bc + recompute_s;
                 let grad: f64 = prob.param_bytes.iter().sum();
                 let dp_bw = c.tensor_dp_bw(t, groups);
                 let ar = if groups > 1 { 2.0 * (groups as f64 - 1.0) / groups as f64 * grad / dp_bw } else { 0.0 };
@@ -321,7 +370,7 @@ pub fn plan_tensor_parallel(g: &Graph, cost: &CostModel, cluster: &SimCluster, o
                         backward_s: bwd + bc,
                         // Replayed under Flush, which never splits the backward.
                         weight_grad_s: 0.0,
-                        recompute_s: 0.0,
+                        recompute_s,
                         optimizer_s: f64::from(3 + 2 * state) * grad / c.mem_bw,
                         send_s: 0.0,
                         after_backward_s: 0.0,
@@ -339,7 +388,7 @@ pub fn plan_tensor_parallel(g: &Graph, cost: &CostModel, cluster: &SimCluster, o
                         d: 1,
                         b,
                         m,
-                        recompute: Recompute::None,
+                        recompute,
                         schedule: Schedule::Flush,
                         // One stage: the placement numbers nothing differently.
                         placement: Placement::StageMajor,
@@ -359,7 +408,11 @@ pub fn plan_tensor_parallel(g: &Graph, cost: &CostModel, cluster: &SimCluster, o
     match (best, least) {
         (Some((_, _, plan)), _) => Ok(plan),
         (None, Some((_, why))) => Err(TensorError::DoesNotFit(why)),
-        (None, None) => Err(TensorError::NoConfiguration { batch, microbatch: opts.microbatch.map_or(String::new(), |b| format!(" (microbatch fixed at {b})")) }),
+        (None, None) => {
+            let fixed: Vec<String> = [opts.width.map(|w| format!("groups fixed at {w}")), opts.microbatch.map(|b| format!("microbatch fixed at {b}"))].into_iter().flatten().collect();
+            let fixed = if fixed.is_empty() { String::new() } else { format!(" ({})", fixed.join(", ")) };
+            Err(TensorError::NoConfiguration { workers: c.workers, batch, fixed })
+        }
     }
 }
 
@@ -470,7 +523,7 @@ use pipewright_core::Storage;
         let c = cluster(1);
         let cost = CostModel::new(&g, c.cluster.roofline()).unwrap();
         let opts = PlanOptions { global_batch: 8, microbatch: Some(1), precision: Precision::Fp32, ..PlanOptions::default() };
-        let p = plan_tensor_parallel(&g, &cost, &c, &opts).unwrap();
+        let p = plan_tensor_parallel(&g, &cost, &c, &opts, None).unwrap();
         assert_eq!((p.t, p.candidate.w, p.candidate.b, p.candidate.m, p.candidate.d), (2, 4, 1, 2, 1));
         let mut compute = 0.0;
         for n in g.node_ids() {
@@ -487,13 +540,13 @@ use pipewright_core::Storage;
         assert!((p.stage.forward_s + p.stage.backward_s - hand).abs() <= 1e-12 * hand);
         // The replay: per batch m microbatches, then the groups' all-reduce of each GPU's
         // gradients (inside the server: NVLink) and the optimizer.
-        assert_eq!(p.dp_link, c.nvlink());
+        assert_eq!(p.dp_link, c.tensor_link(2));
         let setup = SimSetup { scheme: pipewright_core::Scheme::TensorParallel, w: 4, b: 1, m: 2, batches: 4, stages: vec![p.stage.clone()], links: Vec::new(), allreduce: crate::machine::AllReduce::ring(p.dp_link), record: false, host: None, tied_groups: Vec::new(), spread: None };
         let sim = simulate(&setup).unwrap();
-        let per_batch = 2.0 * hand + allreduce_seconds(p.stage.grad_bytes, 4, c.nvlink()) + p.stage.optimizer_s;
+        let per_batch = 2.0 * hand + allreduce_seconds(p.stage.grad_bytes, 4, c.tensor_link(2)) + p.stage.optimizer_s;
         assert!((sim.batch_s - per_batch).abs() <= 1e-9 * per_batch, "{} against {per_batch}", sim.batch_s);
         assert!((sim.samples_per_s - 8.0 / per_batch).abs() <= 1e-9 * sim.samples_per_s);
-        let two = SimSetup { stages: vec![p.stage.clone(); 2], links: vec![c.nvlink()], ..setup };
+        let two = SimSetup { stages: vec![p.stage.clone(); 2], links: vec![c.tensor_link(2)], ..setup };
         assert_eq!(simulate(&two).unwrap_err(), crate::simulate::SimError::Setup("tensor parallelism runs one stage per group of GPUs, not 2".into()));
         // Each GPU holds half of the split weights and all of the rest.
         let (mut half, mut full) = (0.0, 0.0);
@@ -514,19 +567,19 @@ use pipewright_core::Storage;
         // Microbatch 1: 8 groups of 2 (m = 8) over both servers beat 4 in one (m = 16),
         // since a microbatch (latency-bound all-reduces) costs more than the network ring.
         let opts = PlanOptions { global_batch: 64, microbatch: Some(1), precision: Precision::Fp32, ..PlanOptions::default() };
-        let p = plan_tensor_parallel(&g, &cost, &c, &opts).unwrap();
+        let p = plan_tensor_parallel(&g, &cost, &c, &opts, None).unwrap();
         assert_eq!((p.t, p.candidate.w, p.candidate.m), (2, 8, 8));
         assert_eq!(p.dp_link, Link { bandwidth: 25e9 / 8.0 / 2.0, latency_s: 20e-6 });
         let opts = PlanOptions { microbatch: None, ..opts };
         let mut small = c.clone();
         small.cluster.memory_per_worker = 64 << 10;
-        let e = plan_tensor_parallel(&g, &cost, &small, &opts).unwrap_err();
+        let e = plan_tensor_parallel(&g, &cost, &small, &opts, None).unwrap_err();
         let text = e.to_string();
         assert!(text.starts_with("does not fit at any t: the least a GPU needs is "), "{text}");
         assert!(text.contains("(t = 8, b = 1:") && text.ends_with("of its 64.0 KiB"), "{text}");
         let mut one = c.clone();
         one.cluster.workers_per_node = 1;
-        assert_eq!(plan_tensor_parallel(&g, &cost, &one, &opts).unwrap_err(), TensorError::ServerTooSmall(1));
+        assert_eq!(plan_tensor_parallel(&g, &cost, &one, &opts, None).unwrap_err(), TensorError::ServerTooSmall(1));
         let relu = pipewright_ir::parse_graph(
             r#"graph "r" ir_version=10 opset=20 batch=N("N", exported 4) {
   %v0: f32[N,8] = input "x"
@@ -536,10 +589,67 @@ use pipewright_core::Storage;
         )
         .unwrap();
         let relu_cost = CostModel::new(&relu, c.cluster.roofline()).unwrap();
-        assert_eq!(plan_tensor_parallel(&relu, &relu_cost, &c, &opts).unwrap_err(), TensorError::NothingToSplit);
-        let odd = PlanOptions { global_batch: 3, microbatch: Some(2), ..opts };
-        let e = plan_tensor_parallel(&g, &cost, &c, &odd).unwrap_err();
+        assert_eq!(plan_tensor_parallel(&relu, &relu_cost, &c, &opts, None).unwrap_err(), TensorError::NothingToSplit);
+        let odd = PlanOptions { global_batch: 3, microbatch: Some(2), ..opts.clone() };
+        let e = plan_tensor_parallel(&g, &cost, &c, &odd, None).unwrap_err();
         assert!(matches!(e, TensorError::NoConfiguration { batch: 3, .. }), "{e}");
-        assert_eq!(e.to_string(), "no (t, groups, b) has groups dividing the global batch 3 and b a power of two dividing batch / groups (microbatch fixed at 2)");
+        assert_eq!(e.to_string(), "no (t, groups, b) has t x groups within the 16 GPUs, groups dividing the global batch 3 and b a power of two dividing batch / groups (microbatch fixed at 2)");
+        let wide = PlanOptions { width: Some(2), ..opts.clone() };
+        let e = plan_tensor_parallel(&g, &cost, &c, &wide, Some(16)).unwrap_err();
+        assert_eq!(e.to_string(), "no (t, groups, b) has t x groups within the 16 GPUs, groups dividing the global batch 64 and b a power of two dividing batch / groups (groups fixed at 2)");
+    }
+
+    /// Recomputation fixed: `full` reruns the forward, its tensor all-reduces included
+    /// (Megatron's checkpointed layer function holds them); `selective` only the nodes
+    /// outside the matmul class, which communicate nothing; unfixed, none.
+    #[test]
+    fn recomputation_reruns_the_forward_and_its_all_reduces() {
+        let g = gpt_graph(&GptShape::TINY);
+        let c = cluster(1);
+        let cost = CostModel::new(&g, c.cluster.roofline()).unwrap();
+        let at = |recompute| {
+            let opts = PlanOptions { global_batch: 8, microbatch: Some(1), recompute, precision: Precision::Fp32, ..PlanOptions::default() };
+            plan_tensor_parallel(&g, &cost, &c, &opts, Some(2)).unwrap()
+        };
+        let (none, full, selective) = (at(None), at(Some(Recompute::Full)), at(Some(Recompute::Selective)));
+        assert_eq!((none.stage.recompute_s, none.candidate.recompute), (0.0, Recompute::None));
+        assert_eq!((full.stage.recompute_s, full.candidate.recompute), (none.stage.forward_s, Recompute::Full));
+        assert!((full.microbatch_s - none.microbatch_s - none.stage.forward_s).abs() < 1e-12 * full.microbatch_s);
+        let compute = none.stage.forward_s - none.forward_comm_s;
+        assert!(selective.stage.recompute_s > 0.0 && selective.stage.recompute_s < compute, "{} of {compute}", selective.stage.recompute_s);
+        assert_eq!(selective.candidate.recompute, Recompute::Selective);
+    }
+
+    /// A fixed `t` of whole servers: one group over both, its all-reduces over the
+    /// network (the same bytes as at `t = 8` over NVLink, so the microbatch's
+    /// communication grows by the links' ratio, less the ring's shorter shares); a fixed
+    /// width is the number of groups; a `t` that neither divides a server nor is whole
+    /// servers is refused, saying why.
+    #[test]
+    fn a_fixed_t_may_span_servers() {
+        let g = gpt_graph(&GptShape::TINY);
+        let c = cluster(2);
+        let cost = CostModel::new(&g, c.cluster.roofline()).unwrap();
+        let opts = PlanOptions { global_batch: 64, microbatch: Some(1), precision: Precision::Fp32, ..PlanOptions::default() };
+        let within = plan_tensor_parallel(&g, &cost, &c, &PlanOptions { width: Some(1), ..opts.clone() }, Some(8)).unwrap();
+        let across = plan_tensor_parallel(&g, &cost, &c, &PlanOptions { width: Some(1), ..opts.clone() }, Some(16)).unwrap();
+        assert_eq!((within.t, within.candidate.w, across.t, across.candidate.w), (8, 1, 16, 1));
+        let split = TensorSplit::of(&g).unwrap();
+        let ratio = 1.0;
+        let net = Link { bandwidth: 25e9 / 8.0, latency_s: 20e-6 };
+        assert_eq!(c.tensor_link(16), net);
+        let (f, b) = tensor_comm(&g, &split, cost.export_batch, ratio, 16, 1, net);
+        assert_eq!((across.forward_comm_s, across.backward_comm_s), (f, b));
+        assert!(across.forward_comm_s > 5.0 * within.forward_comm_s, "{} vs {}", across.forward_comm_s, within.forward_comm_s);
+        let two = plan_tensor_parallel(&g, &cost, &c, &PlanOptions { width: Some(2), ..opts.clone() }, Some(8)).unwrap();
+        assert_eq!((two.t, two.candidate.w, two.candidate.m), (8, 2, 32));
+        for (ways, why) in [
+            (1, "--tensor-ways 1: a layer is split over at least 2 GPUs"),
+            (3, "--tensor-ways 3: a group must divide a server of 8 GPUs or be whole servers (a multiple of 8)"),
+            (12, "--tensor-ways 12: a group must divide a server of 8 GPUs or be whole servers (a multiple of 8)"),
+            (32, "--tensor-ways 32: the cluster has 16 GPUs"),
+        ] {
+            assert_eq!(plan_tensor_parallel(&g, &cost, &c, &opts, Some(ways)).unwrap_err().to_string(), why);
+        }
     }
 }

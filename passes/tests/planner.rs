@@ -355,6 +355,9 @@ fn plan_errors() {
         }),
         PlanError::Options(_)
     ));
+    for (width, why) in [(0, "width must be at least 1"), (3, "a width of 3 replicas does not divide the global batch 64")] {
+        assert_eq!(bad(PlanOptions { width: Some(width), ..PlanOptions::default() }).to_string(), format!("invalid plan options: {why}"));
+    }
     let tiny = Cluster {
         memory_per_worker: 16,
         ..cl.clone()
@@ -372,6 +375,22 @@ fn plan_errors() {
         ),
         Err(PlanError::EmptyGraph)
     ));
+}
+
+/// A fixed width keeps the search to that many replicas; one the cluster cannot hold
+/// with any depth finds nothing, saying which width it kept to.
+#[test]
+fn a_fixed_width_is_the_replicas() {
+    let g = chain(4);
+    let c = CostModel::new(&g, Roofline::default()).unwrap();
+    let cl = small_cluster();
+    for w in [1, 2] {
+        let p = plan(&g, &c, &cl, &PlanOptions { width: Some(w), ..PlanOptions::default() }).unwrap();
+        assert_eq!(p.chosen.w, w, "{}", p.text());
+        assert!(p.candidates.iter().all(|k| k.w == w), "{}", p.text());
+    }
+    let e = plan(&g, &c, &cl, &PlanOptions { width: Some(cl.workers * 2), global_batch: 64, ..PlanOptions::default() }).unwrap_err();
+    assert!(e.to_string().contains(&format!("with w = {}", cl.workers * 2)), "{e}");
 }
 
 #[test]
