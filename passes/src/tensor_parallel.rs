@@ -5,23 +5,32 @@
 //! for the replay (a one-stage pipeline per group).
 //!
 //! # The split (propagated in topological order)
-//! - A MatMul or Gemm whose second operand is a 2-D weight initializer is
+//! - A MatMul or Gemm whose second operand is a 2-D weight initializer (or its transpose,
+//!   as a tied LM head reads the token embedding) is
 //!   **column-parallel** (each GPU holds `1/t` of the weight's columns and computes `1/t`
 //!   of the output, which stays sharded) when its activation operand is full, and
 //!   **row-parallel** (`1/t` of the rows; the partial outputs are summed by an all-reduce,
 //!   so the output is full) when its activation operand is sharded.
+//! - A `Gather` of rows of a 2-D weight by a graph input (the token embedding) is split
+//!   **by vocabulary** (Megatron's `VocabParallelEmbedding`): `1/t` of the table per GPU,
+//!   each looking every token up in its rows, the partial outputs summed by an all-reduce.
 //! - Elementwise ops, reshapes, transposes, splits, casts, dropout, softmax and the
 //!   matmuls between two activations (attention's scores and context) are **sharded**
 //!   when any input is sharded (Megatron splits attention by heads), full otherwise.
-//! - Everything else is **full**: normalisations over the hidden axis, gathers
-//!   (embeddings), reductions, convolutions, and any op not named above. That is
+//! - Everything else is **full**: normalisations over the hidden axis, other gathers
+//!   (a position table), reductions, convolutions, and any op not named above. That is
 //!   conservative: such a node is replicated on every GPU of the group with its full time
 //!   and memory. A full node reading a sharded value needs the whole value: an all-gather
-//!   in the forward and a reduce-scatter in the backward ([`TensorSplit::gathers`]; also
-//!   for sharded graph outputs). Megatron's GPT blocks never need one.
+//!   in the forward and a reduce-scatter in the backward ([`TensorSplit::gathers`]).
+//!   Megatron's GPT blocks never need one.
+//! - A graph output sharded along its last axis (the vocabulary-split logits) is finished
+//!   by the loss from per-position partials, as Megatron's parallel cross-entropy does
+//!   (three all-reduces of one fp32 value per position; [`TensorSplit::loss_allreduces`]);
+//!   one of unknown last extent is gathered.
 //!
 //! # Communication per microbatch, inside the group (a ring)
-//! Forward: one all-reduce of each row-parallel matmul's output (Megatron's `g`).
+//! Forward: one all-reduce of each row-parallel matmul's and vocabulary-split lookup's
+//! output (Megatron's `g`), and the loss's three per position.
 //! Backward: one all-reduce of the gradient of each distinct full value that
 //! column-parallel matmuls read (Megatron's `f`; none for graph inputs and weights, whose
 //! gradient with respect to the input nobody needs). So a GPT block has two of each. They
@@ -86,6 +95,10 @@ pub enum Sharding {
     Row,
     /// Runs on a `1/t` slice (heads, hidden columns) of its inputs.
     Sharded,
+    /// An embedding lookup split by vocabulary: each GPU holds `1/t` of the table's rows
+    /// and looks every token up in them (zeros for the rows it lacks); the partial
+    /// outputs are summed by an all-reduce, so the output is full.
+    Vocab,
 }
 
 /// Which nodes Megatron-style tensor parallelism splits (see the module docs).
@@ -101,6 +114,11 @@ pub struct TensorSplit {
     /// Sharded values a full node or the graph's outputs need whole: all-gathered in the
     /// forward, reduce-scattered in the backward.
     pub gathers: Vec<ValueId>,
+    /// Graph outputs sharded along their last axis (of the given extent), which the loss
+    /// finishes from per-position partials as Megatron's parallel cross-entropy does:
+    /// three all-reduces of one fp32 value per position (the maximum, the sum of the
+    /// exponentials, the target's logit) in the forward, none in the backward.
+    pub loss_allreduces: Vec<(ValueId, i64)>,
 }
 
 /// Why tensor parallelism cannot be planned.
@@ -161,15 +179,47 @@ fn follows_input(op: &Op) -> bool {
         )
 }
 
-/// The 2-D weight initializer a MatMul or Gemm multiplies its first operand by.
+/// `v` when it is a trainable 2-D weight initializer.
+fn weight_matrix(g: &Graph, v: ValueId) -> Option<ValueId> {
+    let val = g.value(v);
+    (val.weight().is_some_and(|x| x.trainable) && val.ty.shape.rank() == 2).then_some(v)
+}
+
+/// The trainable 2-D weight `v` is the transpose of (`Transpose` swapping its two axes),
+/// as a tied language-model head reads the token embedding.
+fn transposed_weight(g: &Graph, v: ValueId) -> Option<ValueId> {
+    let ValueDef::Node { node, .. } = &g.value(v).def else { return None };
+    let t = g.node(*node);
+    let swaps = match &t.op {
+        Op::Transpose { perm: None } => true,
+        Op::Transpose { perm: Some(p) } => p.as_slice() == [1, 0],
+        _ => false,
+    };
+    t.inputs.first().copied().flatten().filter(|_| swaps).and_then(|w| weight_matrix(g, w))
+}
+
+/// The 2-D weight initializer a MatMul or Gemm multiplies its first operand by, read
+/// directly or through a transpose (the tied LM head: Megatron splits it by vocabulary).
 fn split_weight(g: &Graph, n: NodeId) -> Option<ValueId> {
     let node = g.node(n);
     if !matches!(node.op, Op::MatMul | Op::Gemm(_)) {
         return None;
     }
     let w = node.inputs.get(1).copied().flatten()?;
-    let v = g.value(w);
-    (v.weight().is_some_and(|x| x.trainable) && v.ty.shape.rank() == 2).then_some(w)
+    weight_matrix(g, w).or_else(|| transposed_weight(g, w))
+}
+
+/// The embedding table a `Gather` of rows looks the graph's token ids up in: a trainable
+/// 2-D weight indexed by a graph input (Megatron splits it by vocabulary; a position
+/// table indexed by computed positions stays whole).
+fn vocabulary_table(g: &Graph, n: NodeId) -> Option<ValueId> {
+    let node = g.node(n);
+    if !matches!(node.op, Op::Gather { axis: 0 }) {
+        return None;
+    }
+    let ids = node.inputs.get(1).copied().flatten()?;
+    matches!(g.value(ids).def, ValueDef::Input).then_some(())?;
+    weight_matrix(g, node.inputs.first().copied().flatten()?)
 }
 
 impl TensorSplit {
@@ -183,7 +233,11 @@ impl TensorSplit {
         for &n in &topo {
             let node = g.node(n);
             let any_sharded = node.inputs.iter().flatten().any(|v| sharded[v.index()]);
+            let transposes_a_weight = matches!(node.op, Op::Transpose { .. }) && node.outputs.iter().flatten().any(|&v| transposed_weight(g, v).is_some());
             let p = match split_weight(g, n) {
+                _ if vocabulary_table(g, n).is_some() => Sharding::Vocab,
+                // Each GPU transposes its own slice of the weight.
+                _ if transposes_a_weight => Sharding::Sharded,
                 Some(_) => {
                     let x = node.inputs.first().copied().flatten();
                     if x.is_some_and(|x| sharded[x.index()]) {
@@ -212,17 +266,24 @@ impl TensorSplit {
             let out_sharded = matches!(p, Sharding::Column | Sharding::Sharded);
             for v in node.outputs.iter().flatten() {
                 sharded[v.index()] = out_sharded;
-                if p == Sharding::Row {
+                if matches!(p, Sharding::Row | Sharding::Vocab) {
                     forward.push(*v);
                 }
             }
         }
+        let mut loss_allreduces = Vec::new();
         for v in g.outputs() {
-            if sharded[v.index()] && !gathers.contains(v) {
-                gathers.push(*v);
+            if !sharded[v.index()] || gathers.contains(v) {
+                continue;
+            }
+            // Sharded along its last axis with a known extent: the loss finishes it from
+            // per-position partials (Megatron's parallel cross-entropy), else it is gathered.
+            match g.value(*v).ty.shape.dims().last().and_then(|d| d.fixed()) {
+                Some(k) if k > 0 => loss_allreduces.push((*v, k)),
+                _ => gathers.push(*v),
             }
         }
-        Ok(TensorSplit { sharding, forward_allreduces: forward, backward_allreduces: backward, gathers })
+        Ok(TensorSplit { sharding, forward_allreduces: forward, backward_allreduces: backward, gathers, loss_allreduces })
     }
 
     /// The sharding of node `n`.
@@ -233,8 +294,17 @@ impl TensorSplit {
     /// The share of node `n`'s time, parameters and activations one of `t` GPUs has.
     pub fn share(&self, n: NodeId, t: usize) -> f64 {
         match self.sharding(n) {
-            Sharding::Full => 1.0,
+            // Every GPU looks up every token and writes the whole output.
+            Sharding::Full | Sharding::Vocab => 1.0,
             Sharding::Column | Sharding::Row | Sharding::Sharded => 1.0 / t.max(1) as f64,
+        }
+    }
+
+    /// The share of node `n`'s parameters one of `t` GPUs holds.
+    pub fn param_share(&self, n: NodeId, t: usize) -> f64 {
+        match self.sharding(n) {
+            Sharding::Vocab => 1.0 / t.max(1) as f64,
+            _ => self.share(n, t),
         }
     }
 }
@@ -281,7 +351,7 @@ fn shares(cost: &CostModel, split: &TensorSplit, topo: &[NodeId], t: usize, b: u
         };
         let c = cost.node(x);
         prob.time.push((f + bw) * k);
-        prob.param_bytes.push(c.param_bytes as f64 * k);
+        prob.param_bytes.push(c.param_bytes as f64 * split.param_share(x, t));
         prob.act_bytes.push(c.activation_bytes.at(b).max(0.0) * k);
     }
     (fwd, bwd, re, prob)
@@ -294,6 +364,10 @@ fn tensor_comm(g: &Graph, split: &TensorSplit, export: i64, ratio: f64, t: usize
     // An all-gather (or reduce-scatter) is half a ring all-reduce: t - 1 steps of 1/t.
     let gathers: f64 = split.gathers.iter().map(|v| allreduce_seconds(bytes(v), t, link) / 2.0).sum();
     let fwd: f64 = split.forward_allreduces.iter().map(|v| allreduce_seconds(bytes(v), t, link)).sum();
+    // Per position, fp32 (the graph's outputs are fp32 values, 4 bytes each).
+    let partials = |(v, k): &(ValueId, i64)| value_bytes(g.value(*v), export).at(b).max(0.0) / *k as f64;
+    let loss: f64 = split.loss_allreduces.iter().map(|o| 3.0 * allreduce_seconds(partials(o), t, link)).sum();
+    let fwd = fwd + loss;
     let bwd: f64 = split.backward_allreduces.iter().map(|v| allreduce_seconds(bytes(v), t, link)).sum();
     (fwd + gathers, bwd + gathers)
 }
@@ -463,15 +537,20 @@ use pipewright_core::Storage;
                 assert_eq!(at(&format!("{p}.{full}")), Sharding::Full, "{p}.{full}");
             }
         }
-        for full in ["wte", "embed", "ln_f", "logits"] {
-            assert_eq!(at(full), Sharding::Full, "{full}");
-        }
-        assert_eq!(split.forward_allreduces.len(), 2 * shape.layers);
-        assert_eq!(split.backward_allreduces.len(), 2 * shape.layers);
+        // The token embedding and the tied head split by vocabulary: the lookup's output
+        // all-reduced, the head's logits left sharded for the loss to finish.
+        assert_eq!([at("wte"), at("embed"), at("ln_f"), at("lm_head.transpose"), at("logits")], [Sharding::Vocab, Sharding::Full, Sharding::Full, Sharding::Sharded, Sharding::Column]);
+        assert_eq!(split.forward_allreduces.len(), 2 * shape.layers + 1);
+        assert_eq!(split.backward_allreduces.len(), 2 * shape.layers + 1);
         assert!(split.gathers.is_empty());
         let names = |vs: &[ValueId]| vs.iter().map(|&v| g.value(v).name.clone()).collect::<Vec<_>>();
-        assert_eq!(names(&split.forward_allreduces)[..2], ["h.0.attn.c_proj.matmul", "h.0.mlp.c_proj.matmul"]);
+        assert_eq!(names(&split.forward_allreduces)[..3], ["wte", "h.0.attn.c_proj.matmul", "h.0.mlp.c_proj.matmul"]);
         assert_eq!(names(&split.backward_allreduces)[..2], ["h.0.ln_1", "h.0.ln_2"]);
+        assert_eq!(names(&split.backward_allreduces).last().map(String::as_str), Some("ln_f"));
+        let logits: Vec<(String, i64)> = split.loss_allreduces.iter().map(|&(v, k)| (g.value(v).name.clone(), k)).collect();
+        assert_eq!(logits, [("logits".to_string(), shape.vocab as i64)]);
+        // Each GPU holds a t-th of the table, and looks up every token.
+        assert_eq!((split.share(by_name(&g, "wte"), 4), split.param_share(by_name(&g, "wte"), 4)), (1.0, 0.25));
     }
 
     /// A full node reading a sharded value needs it whole (an all-gather), and so does a
@@ -506,6 +585,40 @@ use pipewright_core::Storage;
         assert_eq!(split.share(by_name(&g, "ln"), 4), 1.0);
     }
 
+    /// Only a lookup of graph-input ids splits by vocabulary (a table indexed by computed
+    /// positions stays whole); a matmul by a weight's transpose is column-parallel; a
+    /// sharded output of unknown last extent is gathered, one of known extent is left to
+    /// the loss.
+    #[test]
+    fn lookups_of_ids_and_transposed_weights_split_by_vocabulary() {
+        let g = pipewright_ir::parse_graph(
+            r#"graph "g" ir_version=10 opset=20 batch=N("N", exported 4) {
+  %v0: i64[N,4] = input "ids"
+  %v1: f32[10,8] = weight "table"
+  %v2: f32[6,8] = weight "positions"
+  %v3: i64[4] = const "where" [0, 1, 2, 3]
+  %v4: f32[N,4,8] = Gather[axis=0](%v1, %v0)  # n0 "tokens"
+  %v5: f32[4,8] = Gather[axis=0](%v2, %v3)  # n1 "placed"
+  %v6: f32[N,4,8] = Add(%v4, %v5)  # n2 "embed"
+  %v7: f32[8,10] = Transpose[perm=[1, 0]](%v1)  # n3 "head.transpose"
+  %v8: f32[N,4,10] = MatMul(%v6, %v7)  # n4 "head"
+  %v9: f32[N,4,N] = MatMul(%v8, %v8)  # n5 "odd"
+  return %v8 "logits", %v9 "odd"
+}"#,
+        )
+        .unwrap();
+        let split = TensorSplit::of(&g).unwrap();
+        let at = |name: &str| split.sharding(by_name(&g, name));
+        assert_eq!([at("tokens"), at("placed"), at("embed"), at("head.transpose"), at("head"), at("odd")], [Sharding::Vocab, Sharding::Full, Sharding::Full, Sharding::Sharded, Sharding::Column, Sharding::Sharded]);
+        // By value: the lookup's output and the head's input (unnamed in the text), the
+        // logits and the odd product (graph outputs, named).
+        let name = |v: &ValueId| g.value(*v).name.clone();
+        assert_eq!(split.forward_allreduces.iter().map(name).collect::<Vec<_>>(), ["v4"]);
+        assert_eq!(split.backward_allreduces.iter().map(name).collect::<Vec<_>>(), ["v6"]);
+        assert_eq!(split.loss_allreduces.iter().map(|(v, k)| (name(v), *k)).collect::<Vec<_>>(), [("logits".to_string(), 10)]);
+        assert_eq!(split.gathers.iter().map(name).collect::<Vec<_>>(), ["odd"]);
+    }
+
     fn cluster(servers: usize) -> SimCluster {
         SimCluster::from_preset(device("V100-16GB").unwrap(), network("25gbit").unwrap(), servers, 8, Precision::Fp32, Some(1.0)).unwrap()
     }
@@ -514,8 +627,10 @@ use pipewright_core::Storage;
     /// are so small that every all-reduce costs its latency (2 (t - 1) NVLink messages of
     /// 5 us), so the fewest GPUs per group win (t = 2) with the most groups (4, so m = 2).
     /// The time per microbatch, summed by hand from the node names: the attention and MLP
-    /// nodes but the output projections' bias adds at half their time, everything else in
-    /// full, plus 2 forward and 2 backward all-reduces per layer of `seq x hidden` fp32.
+    /// nodes but the output projections' bias adds and the tied head at half their time,
+    /// everything else in full, plus 2 forward and 2 backward all-reduces per layer of
+    /// `seq x hidden` fp32, one more each way for the embedding's lookup (forward) and the
+    /// head's input (backward), and the loss's three of one fp32 per position.
     #[test]
     fn the_tiny_gpt_picks_t_2_and_its_microbatch_time_is_the_hand_sum() {
         let shape = GptShape::TINY;
@@ -529,14 +644,16 @@ use pipewright_core::Storage;
         for n in g.node_ids() {
             let name = &g.node(n).name;
             let (f, b) = cost.time(n, 1);
-            let split = (name.contains(".attn.") || name.contains(".mlp.")) && !name.ends_with("c_proj.add");
+            let split = (name.contains(".attn.") || name.contains(".mlp.")) && !name.ends_with("c_proj.add") || name == "lm_head.transpose" || name == "logits";
             compute += if split { (f + b) / 2.0 } else { f + b };
         }
-        let bytes = (shape.seq * shape.hidden * 4) as f64;
-        let one_allreduce = 2.0 * (2.0 - 1.0) * (5e-6 + bytes / 2.0 / 150e9);
-        let hand = compute + 4.0 * shape.layers as f64 * one_allreduce;
+        let allreduce = |bytes: f64| 2.0 * (2.0 - 1.0) * (5e-6 + bytes / 2.0 / 150e9);
+        let one_allreduce = allreduce((shape.seq * shape.hidden * 4) as f64);
+        let loss = 3.0 * allreduce((shape.seq * 4) as f64);
+        let forward = (2 * shape.layers + 1) as f64 * one_allreduce + loss;
+        let hand = compute + (4 * shape.layers + 2) as f64 * one_allreduce + loss;
         assert!((p.microbatch_s - hand).abs() <= 1e-12 * hand, "{} against {hand}", p.microbatch_s);
-        assert!((p.forward_comm_s - 2.0 * shape.layers as f64 * one_allreduce).abs() < 1e-15);
+        assert!((p.forward_comm_s - forward).abs() < 1e-15 + 1e-12 * forward, "{} against {forward}", p.forward_comm_s);
         assert!((p.stage.forward_s + p.stage.backward_s - hand).abs() <= 1e-12 * hand);
         // The replay: per batch m microbatches, then the groups' all-reduce of each GPU's
         // gradients (inside the server: NVLink) and the optimizer.
@@ -552,7 +669,7 @@ use pipewright_core::Storage;
         let (mut half, mut full) = (0.0, 0.0);
         for n in g.node_ids() {
             let c = cost.node(n).param_bytes as f64;
-            if split_weight(&g, n).is_some() || (g.node(n).name.contains(".attn.") || g.node(n).name.contains(".mlp.")) && !g.node(n).name.ends_with("c_proj.add") { half += c } else { full += c }
+            if split_weight(&g, n).is_some() || vocabulary_table(&g, n).is_some() || (g.node(n).name.contains(".attn.") || g.node(n).name.contains(".mlp.")) && !g.node(n).name.ends_with("c_proj.add") { half += c } else { full += c }
         }
         assert_eq!(p.stage.grad_bytes, half / 2.0 + full);
     }
