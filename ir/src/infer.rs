@@ -1415,7 +1415,8 @@ fn split(s: &Split, x: In, sizes: Option<In>, n_out: usize, ctx: Ctx) -> R<Vec<T
     let extent = t.shape.0[a];
     let parts: Vec<Dim> = match (&s.split, sizes) {
         (Some(v), _) => v.iter().map(|&x| Dim::Fixed(x)).collect(),
-        (None, Some(i)) => known_ints(i, "split")?.into_iter().map(Dim::Fixed).collect(),
+        // Sizes computed from the batch (row groups of it) are extents like any other.
+        (None, Some(i)) => known_dims(i, "split")?,
         (None, None) => {
             // `num_outputs` must be the node's output count: it sizes a Vec, and a
             // crafted 2^31 made the importer ask for 32 GiB (found by pipewright-fuzz,

@@ -328,6 +328,31 @@ fn split_num_outputs_uneven() {
     assert_eq!([ty(&g, "a"), ty(&g, "b"), ty(&g, "c")], ["f32[N,3]", "f32[N,3]", "f32[N,2]"]);
 }
 
+/// A fixed-batch export's Split of an axis of `5 N` rows (the export batch 2 tiled five
+/// times) into whole row groups, `[8, 2]` at batch 2, follows the batch as `[4N, N]`.
+#[test]
+fn split_into_row_groups_of_a_fixed_batch_follows_the_batch() {
+    let m = model(13, &[2, 4], vec![node("Tile", "tile", &["x", "reps"], &["t"]), node("Split", "split", &["t", "sizes"], &["a", "b"]).int("axis", 0)], &["a", "b"])
+        .init(tensor_i64("reps", &[2], &[5, 1]))
+        .init(tensor_i64("sizes", &[2], &[8, 2]));
+    let g = import(&m);
+    assert_eq!([ty(&g, "t"), ty(&g, "a"), ty(&g, "b")], ["f32[5N,4]", "f32[4N,4]", "f32[N,4]"]);
+    assert!(g.warnings.iter().any(|w| w.contains("into parts of [8, 2] rows is read as a split into [4, 1] row groups")), "{:?}", g.warnings);
+}
+
+/// A ScatterND of no updates is its data, whatever batch its empty updates were exported
+/// with.
+#[test]
+fn a_scatter_of_no_updates_is_its_data() {
+    let m = model(13, &[2, 4], vec![node("ScatterND", "scatter", &["x", "nowhere", "nothing"], &["y"])], &["y"])
+        .init(tensor_i64("nowhere", &[0, 1], &[]))
+        .init(tensor_f32("nothing", &[0, 4], &[]));
+    let g = import(&m);
+    assert_eq!(ty(&g, "y"), "f32[N,4]");
+    assert_eq!(op_names(&g), ["Identity"]);
+    assert!(g.warnings.iter().any(|w| w.contains("a ScatterND of no updates")), "{:?}", g.warnings);
+}
+
 #[test]
 fn split_sizes_that_do_not_add_up() {
     let m = model(13, &[2, 8], vec![node("Split", "split", &["x", "sizes"], &["a", "b"]).int("axis", 1)], &["a", "b"])

@@ -47,7 +47,8 @@ impl Importer<'_> {
         match node.op_type.as_str() {
             "Gather" => self.identity_gather_as_reshape(node, b).or_else(|| self.gather_at_alike_rows(node, b)),
             "GatherND" => self.identity_gather_nd(node, b),
-            "ScatterND" => self.identity_scatter_nd(node, b)
+            "ScatterND" => self.empty_scatter_nd(node)
+                .or_else(|| self.identity_scatter_nd(node, b))
                 .or_else(|| self.zeros_at_positions(node, b))
                 .or_else(|| self.scatter_nd_per_row(node, b))
                 .or_else(|| self.fill_at_leading_positions(node, b)),
@@ -128,6 +129,19 @@ impl Importer<'_> {
     /// do updates that the export fixed at its batch, as a decoder's mask built from its
     /// input's shape is: the index grid, which cannot follow the batch, is then gone, and
     /// the mask is left to the rewrites that make such constants broadcast.)
+    /// A ScatterND of no updates (indices with an empty leading extent) is its data,
+    /// whatever extents the exporter gave the empty updates: Chameleon's text-only
+    /// forward scatters its zero image tokens' embeddings, `[0, 2, 8]` at the export
+    /// batch 2.
+    fn empty_scatter_nd(&self, node: &NodeProto) -> Option<BatchRewrite> {
+        let [data, indices, _] = node.input.as_slice() else { return None };
+        let dims = self.graph.value(*self.names.get(indices)?).ty.shape.0.clone();
+        let (_, leading) = dims.split_last()?;
+        leading.iter().any(|d| d.fixed() == Some(0)).then(|| {
+            BatchRewrite::replace(node, "Identity", vec![data.clone()], "a ScatterND of no updates (its indices have an empty extent) is read as its data")
+        })
+    }
+
     fn identity_scatter_nd(&self, node: &NodeProto, b: i64) -> Option<BatchRewrite> {
         if node.input.len() != 3 || node.attribute.iter().any(|a| a.name == "reduction" && a.s != b"none") {
             return None;
@@ -789,11 +803,13 @@ impl Importer<'_> {
         Some(rewrite)
     }
 
-    /// A Split of an axis that holds `k` row groups of the batch into `k` parts of the
-    /// export batch `b` each (ZoeDepth's neck runs its four hidden states as one batch,
-    /// `torch.cat(states)`, and takes them apart with `split(batch_size)`, which the
-    /// TorchScript exporter writes with constant sizes): read as an equal split into `k`
-    /// row groups, which follows the batch.
+    /// A Split of an axis that holds `k` row groups of the batch into parts of whole row
+    /// groups, each a multiple of the export batch `b` (ZoeDepth's neck runs its four
+    /// hidden states as one batch, `torch.cat(states)`, and takes them apart with
+    /// `split(batch_size)`; Depth Pro splits its `4 N` patches of one scale from the `N`
+    /// of the other; the exporters write the sizes as constants): read as a split into
+    /// those row groups, which follows the batch (an equal split when every part is one
+    /// group, else sizes computed from the axis's extent).
     fn split_row_groups(&self, node: &NodeProto, b: i64) -> Option<BatchRewrite> {
         let data = node.input.first()?;
         let dims = self.graph.value(*self.names.get(data)?).ty.shape.0.clone();
@@ -806,16 +822,39 @@ impl Importer<'_> {
             (None, None) => return None,
         };
         let Some(&Dim::Batch(k)) = dims.get(axis) else { return None };
-        if k < 2 || sizes.len() as i64 != k || node.output.len() as i64 != k || sizes.iter().any(|&s| s != b) {
+        let whole_groups = b >= 1 && sizes.iter().all(|&s| s > 0 && s % b == 0) && sizes.iter().sum::<i64>() == k * b;
+        if k < 2 || sizes.len() < 2 || node.output.len() != sizes.len() || !whole_groups {
             return None;
         }
-        let note = format!("a Split of an axis of {k} row groups of the batch ({} rows at the export batch {b}) into parts of {b} rows is read as an equal split into the {k} row groups, which follows the batch", k * b);
-        let mut rewrite = BatchRewrite::replace(node, "Split", vec![data.clone()], &note);
-        rewrite.node.attribute = vec![attribute_proto("axis", &AttrValue::Int(axis as i64))];
-        // From opset 18 an equal split names its count.
-        if self.opsets.of_domain("").is_some_and(|v| v >= 18) {
-            rewrite.node.attribute.push(attribute_proto("num_outputs", &AttrValue::Int(k)));
+        let groups: Vec<i64> = sizes.iter().map(|&s| s / b).collect();
+        if groups.iter().all(|&g| g == 1) {
+            let note = format!("a Split of an axis of {k} row groups of the batch ({} rows at the export batch {b}) into parts of {b} rows is read as an equal split into the {k} row groups, which follows the batch", k * b);
+            let mut rewrite = BatchRewrite::replace(node, "Split", vec![data.clone()], &note);
+            rewrite.node.attribute = vec![attribute_proto("axis", &AttrValue::Int(axis as i64))];
+            // From opset 18 an equal split names its count.
+            if self.opsets.of_domain("").is_some_and(|v| v >= 18) {
+                rewrite.node.attribute.push(attribute_proto("num_outputs", &AttrValue::Int(k)));
+            }
+            return Some(rewrite);
         }
+        // Sizes computed at run time are an input from opset 13 on.
+        if !self.opsets.of_domain("").is_some_and(|v| v >= 13) {
+            return None;
+        }
+        let at = |what: &str| format!("{}/row_groups_{what}", node.name);
+        let note = format!("a Split of an axis of {k} row groups of the batch ({} rows at the export batch {b}) into parts of {sizes:?} rows is read as a split into {groups:?} row groups, which follows the batch", k * b);
+        let mut rewrite = BatchRewrite::replace(node, "Split", vec![data.clone(), at("sizes")], &note);
+        rewrite.node.attribute = vec![attribute_proto("axis", &AttrValue::Int(axis as i64))];
+        for (name, value) in [("axis", axis as i64), ("next", axis as i64 + 1), ("k", k)] {
+            rewrite.constants.push((at(name), TensorData::from_i64s(vec![1], &[value])));
+        }
+        rewrite.constants.push((at("groups"), TensorData::from_i64s(vec![groups.len() as i64], &groups)));
+        rewrite.before.extend([
+            plain(&at("shape"), "Shape", &[data], &at("shape")),
+            plain(&at("extent"), "Slice", &[&at("shape"), &at("axis"), &at("next")], &at("extent")),
+            plain(&at("group"), "Div", &[&at("extent"), &at("k")], &at("group")),
+            plain(&at("sizes"), "Mul", &[&at("group"), &at("groups")], &at("sizes")),
+        ]);
         Some(rewrite)
     }
 
