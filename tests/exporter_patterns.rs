@@ -195,6 +195,24 @@ fn buffers_a_torchscript_export_writes_as_parameters_stay_frozen_by_name() {
     assert!(dynamo.contains("model.final_logits_bias [1, 64]"), "{dynamo}");
 }
 
+/// BART's logits bias, a buffer, reaches a fixed-batch TorchScript export as a constant
+/// the exporter computed and named itself (`onnx::Add_968`, folded through
+/// `.to(device)`), which no name or signature marks: compile says it trains as a weight
+/// of its own and how to keep it frozen, which `--freeze` then does; the default
+/// exporter's entry, whose signature lists the buffer, has no such constant.
+#[test]
+fn constants_a_torchscript_export_computed_are_named_at_compile() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = zoo_notes("bart-script-b2", dir.path());
+    assert!(script.contains("note: 1 initializer the TorchScript exporter computed and named itself (onnx::Op_N), read other than as a layer's weight, trains as a weight of its own: "), "{script}");
+    assert!(script.contains("this export records neither: onnx::Add_968 [1, 64]; compile --freeze NAME keeps one frozen"), "{script}");
+    let model = common::root().join("zoo/models/bart-script-b2/model.onnx");
+    let frozen = compile_notes(&model, &dir.path().join("frozen"), &["--freeze", "onnx::Add_968"]);
+    assert!(!frozen.contains("computed and named itself") && frozen.contains("onnx::Add_968"), "{frozen}");
+    let dynamo = zoo_notes("bart-dynamo-b2", dir.path());
+    assert!(!dynamo.contains("computed and named itself"), "{dynamo}");
+}
+
 /// Whisper's encoder stores its sinusoidal position table as a parameter (PyTorch keeps
 /// it with `requires_grad=False`, which no export records): compile keeps it frozen and
 /// says so; `--train-sinusoidal` trains it on request, and names a table that is none.

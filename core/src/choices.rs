@@ -86,6 +86,10 @@ pub struct ImportChoices {
     /// `name (sources)`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub computed_from_parameters: Vec<String>,
+    /// Trained initializers a TorchScript export computed and named itself (`onnx::Op_N`)
+    /// that no layer reads as its weight: `name [dims]`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub script_computed_constants: Vec<String>,
     /// Parameters the exporter's signature lists that no name in the model holds.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub missing_parameters: Vec<String>,
@@ -150,7 +154,7 @@ fn some_of(items: &[String]) -> String {
 
 impl ImportChoices {
     pub fn is_empty(&self) -> bool {
-        self.frozen_batch_baked.is_empty() && self.exporter_constants.is_empty() && self.trained_batch_baked.is_empty() && self.frozen_attention_scales.is_empty() && self.merged.is_empty() && self.split_buffers.is_empty() && self.weightless_reads.is_empty() && self.retied.is_empty() && self.computed_from_parameters.is_empty() && self.missing_parameters.is_empty() && self.fused_batchnorms.is_empty() && self.script_fused_batchnorms.is_empty() && self.restored_biases.is_empty() && self.frozen_on_request.is_empty() && self.frozen_sinusoidal.is_empty() && self.trained_sinusoidal.is_empty() && self.detached_reads.is_empty() && self.unplaced_detaches.is_empty() && self.padding_rows.is_empty() && self.named_buffers.is_empty()
+        self.frozen_batch_baked.is_empty() && self.exporter_constants.is_empty() && self.trained_batch_baked.is_empty() && self.frozen_attention_scales.is_empty() && self.merged.is_empty() && self.split_buffers.is_empty() && self.weightless_reads.is_empty() && self.retied.is_empty() && self.computed_from_parameters.is_empty() && self.script_computed_constants.is_empty() && self.missing_parameters.is_empty() && self.fused_batchnorms.is_empty() && self.script_fused_batchnorms.is_empty() && self.restored_biases.is_empty() && self.frozen_on_request.is_empty() && self.frozen_sinusoidal.is_empty() && self.trained_sinusoidal.is_empty() && self.detached_reads.is_empty() && self.unplaced_detaches.is_empty() && self.padding_rows.is_empty() && self.named_buffers.is_empty()
     }
 
     /// One line per kind of choice (none when there is nothing to say).
@@ -246,6 +250,17 @@ impl ImportChoices {
                 if n == 1 { "" } else { "es" },
                 if n == 1 { "s" } else { "" },
                 some_of(&self.restored_biases)
+            ));
+        }
+        if !self.script_computed_constants.is_empty() {
+            let n = self.script_computed_constants.len();
+            out.push(format!(
+                "{n} initializer{} the TorchScript exporter computed and named itself (onnx::Op_N), read other than as a layer's weight, train{} as {} of {}: where the source model computes one from a parameter (a scale, 1 - x) it steps differently from that parameter, and where it comes from a buffer (final_logits_bias) the source model does not train it, and this export records neither: {}; compile --freeze NAME keeps one frozen, and an export with torch.onnx.export(..., dynamo=True, optimize=False) keeps the computation",
+                if n == 1 { "" } else { "s" },
+                if n == 1 { "s" } else { "" },
+                if n == 1 { "a weight" } else { "weights" },
+                if n == 1 { "its own" } else { "their own" },
+                some_of(&self.script_computed_constants),
             ));
         }
         if !self.script_fused_batchnorms.is_empty() {
@@ -387,6 +402,9 @@ mod tests {
         let fused = ImportChoices { fused_batchnorms: vec!["model.bn1".into(), "model.layer1.0.bn1".into()], ..ImportChoices::default() };
         assert!(!fused.is_empty());
         assert_eq!(fused.lines(), ["2 BatchNorms the exporter's optimizer fused into the Conv or Gemm before them (a model exported in eval mode) train as that layer's weight and bias, normalising no batch, unlike the source model in training: model.bn1, model.layer1.0.bn1; export from PyTorch with torch.onnx.export(..., optimize=False) to train them as BatchNorms"]);
+        let computed = ImportChoices { script_computed_constants: vec!["onnx::Add_968 [1, 64]".into()], ..ImportChoices::default() };
+        assert!(!computed.is_empty());
+        assert_eq!(computed.lines(), ["1 initializer the TorchScript exporter computed and named itself (onnx::Op_N), read other than as a layer's weight, trains as a weight of its own: where the source model computes one from a parameter (a scale, 1 - x) it steps differently from that parameter, and where it comes from a buffer (final_logits_bias) the source model does not train it, and this export records neither: onnx::Add_968 [1, 64]; compile --freeze NAME keeps one frozen, and an export with torch.onnx.export(..., dynamo=True, optimize=False) keeps the computation"]);
         let script = ImportChoices { script_fused_batchnorms: vec!["/model/down1/down1.0/Conv".into()], ..ImportChoices::default() };
         assert!(!script.is_empty());
         assert_eq!(script.lines(), ["1 convolution the TorchScript exporter fused the BatchNorm after it into (a model exported in eval mode; the weight and bias are constants it named itself, onnx::Conv_N) trains as a plain convolution, normalising no batch, unlike the source model in training: /model/down1/down1.0/Conv; export from PyTorch with torch.onnx.export(..., dynamo=True, optimize=False) to train it as a BatchNorm"]);

@@ -496,6 +496,7 @@ mod tests {
             missing_parameters: vec!["conv.bias".into()],
             fused_batchnorms: vec!["model.bn1".into()],
             script_fused_batchnorms: vec!["/model/down1/down1.0/Conv".into()],
+            script_computed_constants: vec!["onnx::Add_968 [1, 64]".into()],
             restored_biases: vec!["head.bias [10]".into()],
             frozen_on_request: vec!["pos.weight [32, 16]".into()],
             frozen_sinusoidal: vec!["model.embed_positions.weight [8, 16]".into()],

@@ -332,6 +332,7 @@ impl<'a> Importer<'a> {
         let buffers = merged::bn_buffers(&g);
         let exporter_constants = provenance::exporter_constants(&g);
         let named_buffers = provenance::buffers_by_name(&g);
+        let script_computed = provenance::script_computed_constants(&g);
         let mut computed = provenance::computed_from_parameters(&g);
         // (An expanded parameter's slice is that parameter: it trains as the source's.)
         computed.retain(|name, _| !slices_of_parameters.contains(name));
@@ -363,6 +364,9 @@ impl<'a> Importer<'a> {
             let trainable = trainable && !frozen;
             if let Some(sources) = computed.get(&name).filter(|_| trainable) {
                 self.graph.choices.computed_from_parameters.push(format!("{name} ({sources})"));
+            }
+            if trainable && script_computed.contains(&name) {
+                self.graph.choices.script_computed_constants.push(format!("{name} {:?}", data.dims));
             }
             self.define(name, TensorType::new(data.dtype, Shape::fixed(&data.dims)), ValueDef::Weight(Weight { data, trainable }));
         }

@@ -177,6 +177,29 @@ pub fn script_fused_batchnorms(g: &GraphProto) -> Vec<String> {
         .collect()
 }
 
+/// The initializers an export without a signature (the TorchScript exporter's) computed
+/// and named itself (`onnx::Op_N`, after the first node that reads it) and that no layer
+/// reads as its weight (MatMul, Gemm, Conv, ConvTranspose and the recurrent layers, whose
+/// folded weights are the parameter moved or a fused BatchNorm, said apart). Folding a
+/// parameter through arithmetic (`1 - x`, a scale) or a buffer (`final_logits_bias`
+/// through `.to(device)`) leaves such a constant and nothing else: the export records
+/// neither its source nor that it was one.
+pub fn script_computed_constants(g: &GraphProto) -> HashSet<String> {
+    if signature(g).is_some() {
+        return HashSet::new();
+    }
+    const LAYERS: &[&str] = &["MatMul", "Gemm", "Conv", "ConvTranspose", "LSTM", "GRU", "RNN"];
+    let identities: HashMap<&str, &str> =
+        g.node.iter().filter(|n| n.op_type == "Identity" && n.input.len() == 1 && n.output.len() == 1).map(|n| (n.output[0].as_str(), n.input[0].as_str())).collect();
+    let mut read_by_layer: HashSet<&str> = HashSet::new();
+    for n in g.node.iter().filter(|n| LAYERS.contains(&n.op_type.as_str())) {
+        for input in &n.input {
+            read_by_layer.insert(identities.get(input.as_str()).copied().unwrap_or(input.as_str()));
+        }
+    }
+    g.initializer.iter().map(|t| t.name.as_str()).filter(|name| name.starts_with("onnx::") && !read_by_layer.contains(name)).map(String::from).collect()
+}
+
 /// Whether `parameter` is state of `module` (`module.weight`), not of a module whose name
 /// merely begins the same (`module2.weight`).
 pub fn is_state_of(parameter: &str, module: &str) -> bool {
