@@ -123,25 +123,24 @@ impl Importer<'_> {
         })
     }
 
-    /// The TorchScript exporter fills a causal mask with a ScatterND whose constant indices
-    /// list every element of its (export-batch) data in order: every element is replaced,
-    /// so the result is the updates themselves, which follow the batch: an Identity. (So
-    /// do updates that the export fixed at its batch, as a decoder's mask built from its
-    /// input's shape is: the index grid, which cannot follow the batch, is then gone, and
-    /// the mask is left to the rewrites that make such constants broadcast.)
     /// A ScatterND of no updates (indices with an empty leading extent) is its data,
     /// whatever extents the exporter gave the empty updates: Chameleon's text-only
     /// forward scatters its zero image tokens' embeddings, `[0, 2, 8]` at the export
     /// batch 2.
     fn empty_scatter_nd(&self, node: &NodeProto) -> Option<BatchRewrite> {
         let [data, indices, _] = node.input.as_slice() else { return None };
-        let dims = self.graph.value(*self.names.get(indices)?).ty.shape.0.clone();
-        let (_, leading) = dims.split_last()?;
+        let (_, leading) = self.graph.value(*self.names.get(indices)?).ty.shape.dims().split_last()?;
         leading.iter().any(|d| d.fixed() == Some(0)).then(|| {
             BatchRewrite::replace(node, "Identity", vec![data.clone()], "a ScatterND of no updates (its indices have an empty extent) is read as its data")
         })
     }
 
+    /// The TorchScript exporter fills a causal mask with a ScatterND whose constant indices
+    /// list every element of its (export-batch) data in order: every element is replaced,
+    /// so the result is the updates themselves, which follow the batch: an Identity. (So
+    /// do updates that the export fixed at its batch, as a decoder's mask built from its
+    /// input's shape is: the index grid, which cannot follow the batch, is then gone, and
+    /// the mask is left to the rewrites that make such constants broadcast.)
     fn identity_scatter_nd(&self, node: &NodeProto, b: i64) -> Option<BatchRewrite> {
         if node.input.len() != 3 || node.attribute.iter().any(|a| a.name == "reduction" && a.s != b"none") {
             return None;
