@@ -255,8 +255,12 @@ fn zero_bubble(schedule: Schedule, n: u64, depth: usize) -> Result<Vec<Vec<Op>>,
                 };
                 // A forward past the bound waits for a weight gradient.
                 let room = |op: Op| !matches!(op, Op::Forward(_)) || held[s] < zero_bubble_bounds(schedule, s, depth).1 || waiting[s].is_empty();
+                // A stage that does not split its backward only takes the output
+                // gradients at its input gradient (no time): its waiting weight gradient
+                // (the whole backward) runs before it waits for the next one.
+                let whole_first = |op: Op| matches!(op, Op::Backward(_)) && !schedule.splits_stage_backward(s) && waiting[s].front().is_some_and(|&(_, at)| at <= tick);
                 let op = match orders[s].get(next[s]).copied() {
-                    Some(op) if ready(op) && room(op) => {
+                    Some(op) if ready(op) && room(op) && !whole_first(op) => {
                         next[s] += 1;
                         op
                     }
@@ -299,10 +303,15 @@ fn zero_bubble(schedule: Schedule, n: u64, depth: usize) -> Result<Vec<Vec<Op>>,
 /// warm-up forwards, `d - s` graphs); ZB-H2 runs `2(d - 1 - s)` warm-up forwards (so a
 /// stage waits less for its first input gradient) and lets every stage hold up to `2d -
 /// 1` graphs, as the paper's ZB-H2 does its first: weight gradients wait longer, for the
-/// ends of the batch, where the flush would leave the stage idle.
+/// ends of the batch, where the flush would leave the stage idle. The last stage may hold
+/// `2d`: the update is synchronous, so between stage `s`'s last input gradient and its
+/// next batch's first forward the gradient goes back through the stages before it (`s -
+/// 1` ticks), the first stage runs its whole backward (2), updates (about one) and the
+/// forward comes down again (`s` ticks): `2s + 2` ticks, which its deferred weight
+/// gradients fill, `2d` on the last stage, within `2d - 1` on every other.
 fn zero_bubble_bounds(schedule: Schedule, stage: usize, depth: usize) -> (u64, usize) {
     match schedule {
-        Schedule::ZbH2 => ((2 * (depth - 1 - stage)) as u64, 2 * depth - 1),
+        Schedule::ZbH2 => ((2 * (depth - 1 - stage)) as u64, (2 * depth - 1).max(2 * stage + 2)),
         _ => ((depth - 1 - stage) as u64, depth - stage),
     }
 }
@@ -688,22 +697,42 @@ mod tests {
         }
     }
 
-    /// ZB-H2 on 2 stages, 4 microbatches: the first stage runs two warm-up forwards more
-    /// than 1F1B's and its whole backwards at its weight gradients; the last defers its
-    /// weight gradients while it holds fewer than `2d - 1 = 3` graphs, so they fill the
-    /// end of the batch, where it would wait for the first stage's last backward.
+    /// ZB-H2 on 2 stages: the first stage runs two warm-up forwards more than 1F1B's and
+    /// its whole backwards at its weight gradients; the last defers its weight gradients
+    /// while it holds fewer than `2d = 4` graphs, so the last four fill the end of the
+    /// batch, where it would wait for the first stage's last backward, update and next
+    /// forward.
     #[test]
     fn zero_bubble_h2_defers_weight_gradients_to_the_ends_of_the_batch() {
         use Op::{BackwardInput as B, BackwardWeight as W, Forward as F};
         let ops = |k| stage_ops(Schedule::ZbH2, k, 2, 4, 1).unwrap();
         assert_eq!(ops(0), [F(0), F(1), F(2), B(0), W(0), F(3), B(1), W(1), B(2), W(2), B(3), W(3), Op::Step(0)]);
-        assert_eq!(ops(1), [F(0), B(0), F(1), B(1), F(2), B(2), W(0), F(3), B(3), W(1), W(2), W(3), Op::Step(0)]);
-        assert_eq!(peaks_in_flight(Schedule::ZbH2, 2, 4), [Some(3), Some(3)]);
-        // At d = 4, m = 16 no stage holds more than 2d - 1 = 7, the first stage all of them.
+        assert_eq!(ops(1), [F(0), B(0), F(1), B(1), F(2), B(2), F(3), B(3), W(0), W(1), W(2), W(3), Op::Step(0)]);
+        assert_eq!(peaks_in_flight(Schedule::ZbH2, 2, 4), [Some(3), Some(4)]);
+        let ops = stage_ops(Schedule::ZbH2, 1, 2, 8, 1).unwrap();
+        assert_eq!(ops[ops.len() - 5..], [W(4), W(5), W(6), W(7), Op::Step(0)]);
+        // At d = 4, m = 16 no stage but the last holds more than 2d - 1 = 7, the first
+        // stage all of them; the last holds at most 2d = 8.
         let peaks: Vec<usize> = peaks_in_flight(Schedule::ZbH2, 4, 16).into_iter().flatten().collect();
         assert_eq!(peaks.len(), 4);
         assert_eq!(peaks[0], 7);
-        assert!(peaks.iter().all(|&p| p <= 7), "{peaks:?}");
+        assert!(peaks[..3].iter().all(|&p| p <= 7) && peaks[3] <= 8, "{peaks:?}");
+    }
+
+    /// A stage that does not split its backward (the first) runs a whole backward whose
+    /// output gradients it has before it takes the next ones: taking them is no work, and
+    /// waiting there would leave a backward it could run undone. On ZB-H2's d = 2, m = 8
+    /// the first stage's whole backwards follow their input gradients one for one.
+    #[test]
+    fn a_whole_backward_runs_before_the_next_output_gradients_are_awaited() {
+        use Op::{BackwardInput as B, BackwardWeight as W};
+        for (schedule, d, m) in [(Schedule::ZbH2, 2, 8), (Schedule::ZbH2, 3, 8), (Schedule::ZbH1, 4, 8), (Schedule::ZbH2, 4, 16)] {
+            let ops = stage_ops(schedule, 0, d, m, 1).unwrap();
+            for j in 0..m as u64 {
+                let at = ops.iter().position(|&o| o == B(j)).unwrap();
+                assert_eq!(ops[at + 1], W(j), "{schedule} d = {d}, m = {m}: {ops:?}");
+            }
+        }
     }
 
     /// ZB-H1 on 3 stages, 4 microbatches: each weight gradient goes where the stage would

@@ -930,6 +930,9 @@ impl Transport for Mpi {
             }
         }
     }
+    fn sums_in_background(&self, group: &SumGroup) -> bool {
+        self.reduction == Reduction::Collective || self.sum_group(group).is_ok_and(|(members, ..)| members.len() == 1)
+    }
     /// Under MPI's all-reduce, makes the communicator of each group with other members
     /// before the first step, so that no step pays for it. `MPI_Comm_create_group` blocks
     /// until every member calls it, so every rank makes its groups in one global order

@@ -373,6 +373,26 @@ struct Deferred {
     agree_after: Option<u64>,
 }
 
+/// The tied weights' gradients of a stage that sums them early ([`Worker::early_tied`]),
+/// kept apart from the batch's accumulator (whose entries for them stay empty scalars
+/// until the sum takes their place).
+#[derive(Default)]
+struct EarlyTied {
+    /// This batch's gradients so far, by weight index: each input gradient adds its own.
+    acc: BTreeMap<usize, Tensor>,
+    /// The tied groups whose sum the batch's last input gradient began, each with its sum
+    /// where that completed at once.
+    begun: Vec<(usize, Option<Vec<Tensor>>)>,
+    /// Bytes of the begun groups' gradients, held until the step.
+    begun_bytes: u64,
+}
+
+impl EarlyTied {
+    fn bytes(&self) -> u64 {
+        self.acc.values().map(bytes_of).sum::<u64>() + self.begun_bytes
+    }
+}
+
 /// The mutable state of a worker between ops.
 struct State {
     versions: BTreeMap<u64, Vec<Tensor>>,
@@ -387,6 +407,8 @@ struct State {
     /// backward), oldest first.
     awaiting: VecDeque<AwaitingWeights>,
     acc: Option<Vec<Tensor>>,
+    /// The tied weights' gradients of a stage that sums them early ([`Worker::early_tied`]).
+    tied: EarlyTied,
     /// Bytes of the gradients of an update waiting for its sums ([`Deferred`]): held
     /// beside the next batch's accumulator until the update is applied.
     deferred_gradients: u64,
@@ -430,6 +452,7 @@ fn run_inner(
         stash: VecDeque::new(),
         awaiting: VecDeque::new(),
         acc: None,
+        tied: EarlyTied::default(),
         deferred_gradients: 0,
         batch_loss: 0.0,
         batch_samples: 0,
@@ -549,6 +572,14 @@ pub(super) struct Worker {
     /// ([`pipewright_core::Schedule::splits_stage_backward`]): forwards record their
     /// weight reads apart.
     split_backward: bool,
+    /// A split stage with tied weights under a synchronous update: their reads' weight
+    /// gradients come with the input gradient, so they are complete at the batch's last
+    /// input gradient, and their sum over the tied stages begins there, while the weight
+    /// gradients still run. Otherwise the stage before, waiting in the step for that sum,
+    /// would wait for this stage's last weight gradient, and this stage's deferred weight
+    /// gradients could not fill the time the stage before takes to update and run the next
+    /// batch's first forward.
+    early_tied: bool,
 }
 
 impl Worker {
@@ -607,6 +638,7 @@ impl Worker {
         }
         let pieces = if spec.recompute_selective { pieces(p, &param_slots) } else { Vec::new() };
         let split_backward = cfg.schedule.splits_stage_backward(spec.index);
+        let early_tied = split_backward && !tied_groups.is_empty() && spec.update != UpdateRule::TwoBw;
         let w = Worker {
             pieces,
             last_use: p.last_uses(),
@@ -626,6 +658,7 @@ impl Worker {
             scaler: (cfg.precision == Precision::Fp16).then(|| cfg.loss_scale.clone()),
             special: None,
             split_backward,
+            early_tied,
         };
         Ok((w, params))
     }
@@ -717,7 +750,7 @@ impl Worker {
 
     fn observe(&self, st: &mut State, extra_grads: u64, extra_act: u64) {
         let weights = st.versions.values().chain(st.cast.values()).flatten().map(bytes_of).sum();
-        let gradients = st.acc.iter().flatten().map(bytes_of).sum::<u64>() + st.deferred_gradients + extra_grads;
+        let gradients = st.acc.iter().flatten().map(bytes_of).sum::<u64>() + st.tied.bytes() + st.deferred_gradients + extra_grads;
         let activations = st.stash.iter().map(|s| s.bytes).chain(st.awaiting.iter().map(|a| a.bytes)).sum::<u64>() + extra_act;
         st.memory.keep_peak(StageMemory {
             total: 0,
@@ -857,10 +890,73 @@ impl Worker {
             st.awaiting.push_back(AwaitingWeights { mb: j, version, fwd, half: WeightHalf::Whole(out_grads), bytes });
             return Ok(());
         }
-        let (ig, grads) = self.backward_input(&fwd, out_grads)?;
+        let (ig, mut grads) = self.backward_input(&fwd, out_grads)?;
+        if self.early_tied {
+            let (tied, rest): (Vec<_>, Vec<_>) = std::mem::take(&mut grads.weights).into_iter().partition(|(w, _)| self.is_tied(*w));
+            grads.weights = rest;
+            self.accumulate_tied(st, version, tied)?;
+        }
         rec.record(TraceKind::Backward, t0, Some(j), version, step);
         st.awaiting.push_back(AwaitingWeights { mb: j, version, fwd, half: WeightHalf::Split(grads), bytes });
-        self.send_input_grads(j, version, step, ig, tr, rec)
+        self.send_input_grads(j, version, step, ig, tr, rec)?;
+        // Input gradients run in microbatch order: this batch's tied gradients are complete.
+        if self.early_tied && (j + 1).is_multiple_of((ctx.m as u64).max(1)) {
+            self.begin_tied_sums(st, tr)?;
+        }
+        Ok(())
+    }
+
+    fn is_tied(&self, w: usize) -> bool {
+        self.tied_groups.iter().any(|(_, idx)| idx.contains(&w))
+    }
+
+    /// Adds one microbatch's tied-weight gradients to the batch's (in the master type,
+    /// in microbatch order, as [`Worker::accumulate`] adds the others).
+    fn accumulate_tied(&self, st: &mut State, v: u64, tied: Vec<(usize, Tensor)>) -> Result<(), E> {
+        for (w, g) in tied {
+            let master = st.versions.get(&v).and_then(|ws| ws.get(w)).ok_or_else(|| E::Msg(format!("weight version {v} for its tied gradient is gone")))?;
+            let g = if g.kind() != master.kind() { g.f_to_kind(master.kind()).map_err(torch("casting gradients"))? } else { g };
+            match st.tied.acc.get_mut(&w) {
+                Some(sum) => {
+                    tch::no_grad(|| sum.f_add_(&g)).map(|_| ()).map_err(torch("accumulating gradients"))?;
+                }
+                None => {
+                    st.tied.acc.insert(w, g);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Tied group `gi`'s part of the sum: this batch's gradients of its weights (zeros
+    /// for one no microbatch read), taken from [`EarlyTied`].
+    fn early_tied_part(&self, st: &mut State, gi: usize) -> Result<Vec<Tensor>, E> {
+        let newest = st.versions.values().next_back().ok_or_else(|| E::Msg("no weights".into()))?;
+        let mut part = Vec::with_capacity(self.tied_groups[gi].1.len());
+        for &i in &self.tied_groups[gi].1 {
+            part.push(match st.tied.acc.remove(&i) {
+                Some(g) => g,
+                None => newest.get(i).ok_or_else(|| E::Msg(format!("no weight {i}")))?.zeros_like(),
+            });
+        }
+        Ok(part)
+    }
+
+    /// Begins each tied group's sum where the transport sums in the background (one that
+    /// waits for the other stages would hold this one's weight gradients back until the
+    /// stage before reaches its step; those groups are summed there).
+    fn begin_tied_sums(&self, st: &mut State, tr: &mut dyn Transport) -> Result<(), E> {
+        for (gi, (stages, _)) in self.tied_groups.iter().enumerate() {
+            let group = SumGroup::Tied(stages.clone());
+            if !tr.sums_in_background(&group) {
+                continue;
+            }
+            let part = self.early_tied_part(st, gi)?;
+            st.tied.begun_bytes += part.iter().map(bytes_of).sum::<u64>();
+            let begun = tr.begin_sum(&group, part).map_err(induced)?;
+            st.tied.begun.push((gi, begun));
+        }
+        Ok(())
     }
 
     /// Microbatch `j`'s weight gradient, from what its input gradient kept: added to the
@@ -970,8 +1066,18 @@ impl Worker {
         let tied_to_an_earlier_stage = self.tied_groups.iter().any(|(stages, _)| stages.first() != Some(&me));
         let background = agree_after.is_some() || (twobw && self.spec.update.defers_update(ctx.replicas, tied_to_an_earlier_stage));
         let mut d = Deferred { t, t0, here, batch, grads, tied: Vec::new(), replicas, agree_after };
+        let mut begun = std::mem::take(&mut st.tied.begun);
+        st.tied.begun_bytes = 0;
         for (gi, (stages, idx)) in self.tied_groups.iter().enumerate() {
-            let part: Vec<Tensor> = idx.iter().map(|&i| d.grads[i].shallow_clone()).collect();
+            if let Some(at) = begun.iter().position(|(g, _)| *g == gi) {
+                let summed = match begun.swap_remove(at).1 {
+                    Some(sum) => sum,
+                    None => tr.finish_sum(&SumGroup::Tied(stages.clone())).map_err(induced)?,
+                };
+                self.place_tied(&mut d.grads, gi, summed)?;
+                continue;
+            }
+            let part: Vec<Tensor> = if self.early_tied { self.early_tied_part(st, gi)? } else { idx.iter().map(|&i| d.grads[i].shallow_clone()).collect() };
             let begun = if background { tr.begin_sum(&SumGroup::Tied(stages.clone()), part) } else { tr.all_reduce_tied(stages, part).map(Some) };
             match begun.map_err(induced)? {
                 Some(summed) => self.place_tied(&mut d.grads, gi, summed)?,
@@ -1335,7 +1441,14 @@ impl Worker {
                 Some((l, i)) => Some(loss_of(l, &run.outputs[*i], labels, self.spec.label_axis).map_err(|e| E::Msg(format!("loss: {e}")))?),
                 None => None,
             };
-            Ok((Fwd { params, recv, outputs: run.outputs, loss, act_bytes: run.act_bytes, pieces: None, reads: run.reads }, run.stats))
+            let mut reads = run.reads;
+            if self.early_tied {
+                for r in reads.iter_mut().filter(|r| r.aliases.iter().any(|(w, _)| self.is_tied(*w))) {
+                    r.deferred = false;
+                    r.direct = None;
+                }
+            }
+            Ok((Fwd { params, recv, outputs: run.outputs, loss, act_bytes: run.act_bytes, pieces: None, reads }, run.stats))
         };
         if grad {
             body()
@@ -1564,7 +1677,10 @@ impl Worker {
                 }
             }
         }
-        Ok(pg.into_iter().zip(&f.params).map(|(g, t)| g.unwrap_or_else(|| t.zeros_like())).collect())
+        // An early-tied weight's gradient is summed apart ([`EarlyTied`]): a scalar zero
+        // holds its place in the accumulator, not a copy of its size.
+        let empty = |w: usize, t: &Tensor| if self.early_tied && self.is_tied(w) { Tensor::zeros([], (t.kind(), t.device())) } else { t.zeros_like() };
+        Ok(pg.into_iter().zip(&f.params).enumerate().map(|(w, (g, t))| g.unwrap_or_else(|| empty(w, t))).collect())
     }
 }
 

@@ -55,6 +55,11 @@ pub trait Transport: Send {
         }
         .map(Some)
     }
+    /// Whether [`Transport::begin_sum`] over `group` returns without waiting for the
+    /// group's other members (false by default: it is the blocking sum).
+    fn sums_in_background(&self, _group: &SumGroup) -> bool {
+        false
+    }
     /// Makes ready, before the first step, whatever the sums over `groups` (every group
     /// this worker will sum over) need: nothing by default. Every member of a group calls
     /// it with that group among its `groups` before any sum over it.
@@ -268,6 +273,9 @@ impl Transport for InProcess {
         }
         self.in_flight.insert(group.clone(), gen);
         Ok(None)
+    }
+    fn sums_in_background(&self, _group: &SumGroup) -> bool {
+        true
     }
     fn finish_sum(&mut self, group: &SumGroup) -> Result<Vec<Tensor>, String> {
         let gen = self.in_flight.remove(group).ok_or_else(|| format!("no {group} is in flight"))?;
