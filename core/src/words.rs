@@ -234,6 +234,15 @@ impl Schedule {
     pub fn splits_stage_backward(self, stage: usize) -> bool {
         self.splits_backward() && stage > 0
     }
+
+    /// Whether stage `stage`, if it holds tied weights, begins their gradient sums over
+    /// the tied stages after its batch's last input gradient rather than at its step: a
+    /// stage that splits its backward forms the tied weights' gradients with the input
+    /// gradients, so they are complete there while its weight gradients still run. The
+    /// runtime does so, and the simulator replays it.
+    pub fn sums_tied_early(self, stage: usize) -> bool {
+        self.splits_stage_backward(stage)
+    }
 }
 
 word_enum! {

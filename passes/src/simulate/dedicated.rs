@@ -12,7 +12,7 @@ use super::{SimError, SimSetup, Simulation, StageCost};
 /// other down).
 pub(super) fn replay_dedicated(setup: &SimSetup) -> Result<Simulation, SimError> {
     let d = setup.stages.len();
-    let Start { rule, allreduce, mut meetings, deferred, mut acts, mut grads, mut batch_end, mut events } = Start::new(setup)?;
+    let Start { rule, allreduce, mut meetings, deferred, early_tied, mut acts, mut grads, mut batch_end, mut events } = Start::new(setup)?;
     let mut st = StageState::all(setup)?;
     let mut workers = Workers::of(setup)?;
     let m64 = setup.m;
@@ -97,6 +97,9 @@ pub(super) fn replay_dedicated(setup: &SimSetup) -> Result<Simulation, SimError>
                             events.record(TraceKind::Send, s, end, t0 + dt - end, Some(i), version, i / m64);
                             grads[s - 1].put(i, t0 + dt)?;
                         }
+                        if early_tied[s] && (i + 1).is_multiple_of(m64) {
+                            meetings.arrive(s, i / m64, state.free);
+                        }
                         if whole {
                             state.free += cost.after_backward_s;
                         }
@@ -137,7 +140,8 @@ pub(super) fn replay_dedicated(setup: &SimSetup) -> Result<Simulation, SimError>
                             if cost.tied_sync_s > 0.0 {
                                 events.record(TraceKind::AllReduce, s, met, cost.tied_sync_s, None, t + 1, t);
                             }
-                            state.free = met + cost.tied_sync_s;
+                            // A stage that met early ([`Start::early_tied`]) may be past the sum.
+                            state.free = state.free.max(met + cost.tied_sync_s);
                             let start = state.free;
                             if ar > 0.0 {
                                 events.record(TraceKind::AllReduce, s, start, ar, None, t + 1, t);

@@ -64,6 +64,9 @@ enum Step {
     /// deferred update, having arrived at the step before), then sum the tied gradients
     /// for `sync` seconds, taking no core.
     Meet { t: u64, sync: f64, arrive: bool },
+    /// Reach the tied stages' meeting at step `t` now, going on at once (a stage that sums
+    /// its tied weights early, [`Start::early_tied`]).
+    Arrive { t: u64 },
     /// The rest of step `t` from when the stages have met: the replicas' all-reduce and
     /// the update.
     Update { t: u64 },
@@ -136,7 +139,7 @@ pub(super) fn replay(setup: &SimSetup, host: HostCores) -> Result<Simulation, Si
     let cores = host.cores;
     let d = setup.stages.len();
     let m64 = setup.m;
-    let Start { rule, allreduce, mut meetings, deferred, mut acts, mut grads, mut batch_end, mut events } = Start::new(setup)?;
+    let Start { rule, allreduce, mut meetings, deferred, early_tied, mut acts, mut grads, mut batch_end, mut events } = Start::new(setup)?;
     let mut st: Vec<Stage> = StageState::all(setup)?
         .into_iter()
         .map(|common| Stage { common, steps: VecDeque::new(), running: None, handoff_start: 0.0, core_until: None, queued: false })
@@ -206,6 +209,12 @@ pub(super) fn replay(setup: &SimSetup, host: HostCores) -> Result<Simulation, Si
                                 }
                                 state.steps.pop_front();
                                 state.steps.push_front(Step::Until(met + sync));
+                                changed = true;
+                                continue;
+                            }
+                            Step::Arrive { t } => {
+                                meetings.arrive(s, t, now);
+                                state.steps.pop_front();
                                 changed = true;
                                 continue;
                             }
@@ -302,6 +311,9 @@ pub(super) fn replay(setup: &SimSetup, host: HostCores) -> Result<Simulation, Si
                                 if s > 0 {
                                     state.steps.push_back(work(TraceKind::Send, cost.send_s, Some(i), version, i / m64));
                                     state.steps.push_back(Step::Link { grad: true, mb: i, version });
+                                }
+                                if early_tied[s] && (i + 1).is_multiple_of(m64) {
+                                    state.steps.push_back(Step::Arrive { t: i / m64 });
                                 }
                                 if whole && cost.after_backward_s > 0.0 {
                                     let untraced = Work { kind: None, seconds: cost.after_backward_s, mb: Some(i), version, step: i / m64, ends_batch: false };

@@ -17,6 +17,9 @@ pub(super) struct Start {
     pub(super) allreduce: Vec<f64>,
     pub(super) meetings: Meetings,
     pub(super) deferred: Vec<bool>,
+    /// Per stage: it reaches its tied stages' meeting at its batch's last input gradient
+    /// ([`pipewright_core::Schedule::sums_tied_early`]), not at its step.
+    pub(super) early_tied: Vec<bool>,
     /// Activations arriving at each stage, and gradients.
     pub(super) acts: Vec<Arrivals>,
     pub(super) grads: Vec<Arrivals>,
@@ -28,11 +31,15 @@ impl Start {
     /// For `setup` (already checked); refuses tied groups naming no stage of it.
     pub(super) fn new(setup: &SimSetup) -> Result<Start, SimError> {
         let rule = if setup.scheme == Scheme::TwoBw { UpdateRule::TwoBw } else { UpdateRule::Vanilla };
+        let deferred = defers_updates(setup, rule);
+        let tied = |s: usize| setup.tied_groups.iter().any(|g| g.contains(&s));
+        let early_tied = (0..setup.stages.len()).map(|s| !deferred[s] && tied(s) && setup.scheme.schedule().is_some_and(|k| k.sums_tied_early(s))).collect();
         Ok(Start {
             rule,
             allreduce: allreduce_per_stage(setup),
             meetings: Meetings::new(setup)?,
-            deferred: defers_updates(setup, rule),
+            deferred,
+            early_tied,
             acts: arrivals(setup),
             grads: arrivals(setup),
             batch_end: vec![0.0f64; setup.batches],

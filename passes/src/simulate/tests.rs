@@ -404,6 +404,37 @@ fn tied_stages_meet_at_every_step() {
     assert_eq!(simulate(&bad).unwrap_err(), SimError::Setup("a tied group names stage 2 of 2".into()));
 }
 
+/// Under the zero-bubble schedules the last stage, which splits its backward, reaches the
+/// tied stages' meeting at its batch's last input gradient, as the runtime begins the sum
+/// there: the sum starts once the first stage has reached its step, under ZB-H2 while the
+/// last stage's deferred weight gradients still run; both engines alike.
+#[test]
+fn a_splitting_stage_meets_its_tied_stages_at_its_last_input_gradient() {
+    for scheme in [Scheme::ZbH1, Scheme::ZbH2] {
+        for (d, host) in [(2usize, None), (4, None), (2, Some(HostCores::linux(2)))] {
+            let mut s = setup(scheme, d, 2 * d as u64, 4);
+            s.tied_groups = vec![vec![0, d - 1]];
+            s.host = host;
+            s.stages.iter_mut().for_each(|c| c.tied_sync_s = 0.5);
+            let sim = simulate(&s).unwrap();
+            let end_of = |stage: usize, kind: TraceKind, t: u64| sim.events.iter().filter(|e| e.stage == stage && e.kind == kind && e.step == t).map(|e| e.start_us + e.dur_us).fold(0.0, f64::max);
+            let mut early = 0;
+            for t in 0..4u64 {
+                // The first stage reaches its step after its last whole backward.
+                let meet = end_of(0, TraceKind::BackwardWeight, t).max(end_of(d - 1, TraceKind::Backward, t));
+                let sum = sim.events.iter().find(|e| e.stage == d - 1 && e.kind == TraceKind::AllReduce && e.step == t).unwrap_or_else(|| panic!("{scheme} d = {d}: no sum at step {t}"));
+                assert!((sum.start_us - meet).abs() < 1e-6, "{scheme} d = {d} {host:?} step {t}: the sum starts at {} against {meet}", sum.start_us);
+                early += usize::from(sum.start_us + 1e-6 < end_of(d - 1, TraceKind::BackwardWeight, t));
+            }
+            // ZB-H2's last stage keeps enough weight gradients for the end of the batch to
+            // outlast the first stage's last whole backward.
+            if scheme == Scheme::ZbH2 {
+                assert!(early > 0, "{scheme} d = {d} {host:?}: no sum began before the last stage's weight gradients ended");
+            }
+        }
+    }
+}
+
 /// A stage's peak memory counts its gradient from its batch's first weight gradient, as
 /// the planner does: PipeDream-Flush's stage 0 at `m = d = 2` peaks with both microbatches
 /// and no gradient, 2BW's with both and its gradient (its next batch's forwards come

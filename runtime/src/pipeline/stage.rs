@@ -638,7 +638,7 @@ impl Worker {
         }
         let pieces = if spec.recompute_selective { pieces(p, &param_slots) } else { Vec::new() };
         let split_backward = cfg.schedule.splits_stage_backward(spec.index);
-        let early_tied = split_backward && !tied_groups.is_empty() && spec.update != UpdateRule::TwoBw;
+        let early_tied = cfg.schedule.sums_tied_early(spec.index) && !tied_groups.is_empty();
         let w = Worker {
             pieces,
             last_use: p.last_uses(),
