@@ -32,7 +32,8 @@
 //!   step: a stage's `Step(t)` waits until every stage tied to it has reached `Step(t)`,
 //!   then takes [`StageCost::tied_sync_s`] on the stream, as the runtime's step does. 2BW
 //!   defers that too: the update waits for the meeting and the sum just before the
-//!   forward that needs it.
+//!   forward that needs it. A stage that splits its backward arrives at its batch's last
+//!   input gradient ([`pipewright_core::Schedule::sums_tied_early`]).
 //! - Inter-layer model parallelism without pipelining runs each microbatch's forward and
 //!   backward through all stages before the next one enters ([`model_parallel_ops`]).
 //! - With [`SimSetup::host`]'s cores below the `w * d` threads, the stages' threads share
