@@ -853,7 +853,9 @@ fn tied_weights_over_two_replicas_match_the_embedded_executor() {
 fn overlapping_tied_groups_over_mpi_match_the_embedded_executor() {
     let dir = tempfile::tempdir().unwrap();
     let opts = ["--steps", "3", "--microbatch", "2", "--microbatches", "4", "--optimizer", "sgd", "--threads", "1", "--no-progress", "--metrics"];
-    // ZB-H2: split backwards, whose weight gradients land in the sums at the step.
+    // ZB-H2: split backwards; the stages after the first form their tied gradients with
+    // the input gradients and begin their sums after the last (MPI's all-reduce) or make
+    // them at the step (the fixed order).
     for schedule in ["flush", "interleaved-2", "2bw", "zb-h2"] {
         let build = dir.path().join(schedule);
         ok(&command().arg("compile").arg(model("gpt2-tiny")).args(["--stages", "4", "--microbatch", "2", "--schedule", schedule, "-o"]).arg(&build).output().unwrap());
