@@ -140,8 +140,11 @@ pub(super) fn replay_dedicated(setup: &SimSetup) -> Result<Simulation, SimError>
                             if cost.tied_sync_s > 0.0 {
                                 events.record(TraceKind::AllReduce, s, met, cost.tied_sync_s, None, t + 1, t);
                             }
-                            // A stage that met early ([`Start::early_tied`]) may be past the sum.
-                            state.free = state.free.max(met + cost.tied_sync_s);
+                            // A stage that met early ([`Start::early_tied`]) may be past the
+                            // sum. Any other arrived here, at the time its step takes (which
+                            // waits for no worker's turn, though its clock may have been
+                            // moved on by one meanwhile).
+                            state.free = if early_tied[s] { state.free.max(met + cost.tied_sync_s) } else { met + cost.tied_sync_s };
                             let start = state.free;
                             if ar > 0.0 {
                                 events.record(TraceKind::AllReduce, s, start, ar, None, t + 1, t);
