@@ -911,9 +911,18 @@ impl Worker {
     }
 
     /// Adds one microbatch's tied-weight gradients to the batch's (in the master type,
-    /// in microbatch order, as [`Worker::accumulate`] adds the others).
+    /// in microbatch order, as [`Worker::accumulate`] adds the others). A weight read more
+    /// than once gets its reads' gradients summed first, in read order, as the
+    /// weight-gradient half sums them, so the batch's sum rounds as it did there.
     fn accumulate_tied(&self, st: &mut State, v: u64, tied: Vec<(usize, Tensor)>) -> Result<(), E> {
+        let mut per_weight: Vec<(usize, Tensor)> = Vec::new();
         for (w, g) in tied {
+            match per_weight.iter_mut().find(|(x, _)| *x == w) {
+                Some((_, sum)) => *sum = sum.f_add(&g).map_err(torch("weight gradient"))?,
+                None => per_weight.push((w, g)),
+            }
+        }
+        for (w, g) in per_weight {
             let master = st.versions.get(&v).and_then(|ws| ws.get(w)).ok_or_else(|| E::Msg(format!("weight version {v} for its tied gradient is gone")))?;
             let g = if g.kind() != master.kind() { g.f_to_kind(master.kind()).map_err(torch("casting gradients"))? } else { g };
             match st.tied.acc.get_mut(&w) {
