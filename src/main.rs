@@ -149,6 +149,10 @@ fn argument_error(e: clap::Error) -> ExitCode {
 }
 
 fn main() -> ExitCode {
+    // Before any thread starts: libtorch's tensors are malloc'd, and a step frees and
+    // allocates the same ones each microbatch.
+    #[cfg(feature = "torch")]
+    pipewright_driver::heap::keep_freed_memory();
     if let Some(code) = stage_executable() {
         return code;
     }

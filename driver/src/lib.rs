@@ -41,5 +41,8 @@ pub mod forward;
 pub mod profile;
 #[cfg(feature = "torch")]
 pub mod train;
+/// The process heap's settings for training, which the executable sets as it starts.
+#[cfg(feature = "torch")]
+pub use pipewright_runtime::heap;
 
 pub use error::DriverError;

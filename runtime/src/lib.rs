@@ -28,6 +28,8 @@ pub mod data;
 #[cfg(feature = "torch")]
 pub mod exec;
 #[cfg(feature = "torch")]
+pub mod heap;
+#[cfg(feature = "torch")]
 pub mod interp;
 #[cfg(feature = "torch")]
 pub mod pipeline;
