@@ -211,11 +211,12 @@ fn interleaved_batch(worker: usize, workers: usize, v: usize, m: usize) -> Vec<(
 /// The order is that of a replay of the whole pipeline (free links) in which a forward,
 /// input gradient and weight gradient take one tick each, but the first stage's, which
 /// does not split its backward ([`Schedule::splits_stage_backward`]): its input gradient
-/// takes none and its weight gradient, the whole backward, two. A stage whose next forward
-/// or input gradient is not ready runs its oldest waiting weight gradient instead, as does
-/// one whose next forward would hold more graphs than the bound (a graph lives until its
-/// weight gradient), and those still waiting when its input gradients are done end the
-/// batch.
+/// takes none and its weight gradient, the whole backward, two. A weight gradient that
+/// [`runs_at_once`] follows its input gradient; any other waits: a stage whose next
+/// forward or input gradient is not ready runs its oldest waiting weight gradient instead,
+/// as does one whose next forward would hold more graphs than the bound (a graph lives
+/// until its weight gradient), and those still waiting when its input gradients are done
+/// end the batch.
 fn zero_bubble(schedule: Schedule, n: u64, depth: usize) -> Result<Vec<Vec<Op>>, String> {
     let ticks = |s: usize, op: Op| match op {
         _ if schedule.splits_stage_backward(s) => 1,
@@ -255,12 +256,9 @@ fn zero_bubble(schedule: Schedule, n: u64, depth: usize) -> Result<Vec<Vec<Op>>,
                 };
                 // A forward past the bound waits for a weight gradient.
                 let room = |op: Op| !matches!(op, Op::Forward(_)) || held[s] < zero_bubble_bounds(schedule, s, depth).1 || waiting[s].is_empty();
-                // A stage that does not split its backward only takes the output
-                // gradients at its input gradient (no time): its waiting weight gradient
-                // (the whole backward) runs before it waits for the next one.
-                let whole_first = |op: Op| matches!(op, Op::Backward(_)) && !schedule.splits_stage_backward(s) && waiting[s].front().is_some_and(|&(_, at)| at <= tick);
+                let now = waiting[s].front().is_some_and(|&(j, at)| at <= tick && runs_at_once(schedule, s, depth, j, n));
                 let op = match orders[s].get(next[s]).copied() {
-                    Some(op) if ready(op) && room(op) && !whole_first(op) => {
+                    Some(op) if ready(op) && room(op) && !now => {
                         next[s] += 1;
                         op
                     }
@@ -298,20 +296,51 @@ fn zero_bubble(schedule: Schedule, n: u64, depth: usize) -> Result<Vec<Vec<Op>>,
     Ok(orders_run)
 }
 
+/// Whether stage `stage`'s weight gradient of batch-local microbatch `j` (of `n`) runs as
+/// soon as its input gradient has, before the stage's next forward or input gradient. A
+/// stage that does not split its backward only takes the output gradients at its input
+/// gradient (no time), so its whole backward always follows at once. Under ZB-H2 a
+/// splitting stage keeps back only the weight gradients of the batch's last microbatches,
+/// as many as it may hold graphs ([`zero_bubble_bounds`]), for the batch's end: one kept
+/// back from the middle of the batch would only hold its graph longer (one more graph
+/// live in the middle of the batch, and measured slower on gpt2-tiny's last stage: a
+/// weight gradient that runs right after its input gradient finds what it reads in
+/// cache), and the end has as many to run either way.
+fn runs_at_once(schedule: Schedule, stage: usize, depth: usize, j: u64, n: u64) -> bool {
+    if !schedule.splits_stage_backward(stage) {
+        return true;
+    }
+    schedule == Schedule::ZbH2 && j + (zero_bubble_bounds(schedule, stage, depth).1 as u64) < n
+}
+
 /// Stage `stage`'s warm-up forwards and the most graphs it may hold under a zero-bubble
 /// schedule of one stage per worker: ZB-H1 holds what 1F1B's stage holds (`d - 1 - s`
 /// warm-up forwards, `d - s` graphs); ZB-H2 runs `2(d - 1 - s)` warm-up forwards (so a
 /// stage waits less for its first input gradient) and lets every stage hold up to `2d -
 /// 1` graphs, as the paper's ZB-H2 does its first: weight gradients wait longer, for the
-/// ends of the batch, where the flush would leave the stage idle. The last stage may hold
-/// `2d`: the update is synchronous, so between stage `s`'s last input gradient and its
-/// next batch's first forward the gradient goes back through the stages before it (`s -
-/// 1` ticks), the first stage runs its whole backward (2), updates (about one) and the
-/// forward comes down again (`s` ticks): `2s + 2` ticks, which its deferred weight
-/// gradients fill, `2d` on the last stage, within `2d - 1` on every other.
+/// ends of the batch, where the flush would leave the stage idle.
+///
+/// Two stages differ from the paper's, from what the runtime does. The first stage does
+/// not split its backward, so nothing of its own can fill a wait for its first input
+/// gradient, which comes back after a forward on every stage and an input gradient on
+/// every later one: `2(d - 1)` warm-up forwards would cover that only if an input
+/// gradient took no longer than a forward, and it takes longer (about 1.2 forwards on
+/// gpt2-tiny's last stage), so it runs one more, `2d - 1`. The last stage may hold `2d +
+/// 1` graphs: the update is synchronous, so between stage `s`'s last input gradient and
+/// its next batch's first forward the gradient goes back through the stages before it
+/// (`s - 1` ticks), the first stage runs its whole backward (2), updates (about one) and
+/// the forward comes down again (`s` ticks): `2s + 2` ticks, which its kept-back weight
+/// gradients fill, within `2d - 1` on every stage but the last; on the last, `2d` weight
+/// gradients would fill them only if one took as long as a forward, and it takes less
+/// (about 0.6 of one on gpt2-tiny's last stage), so it keeps one more.
 fn zero_bubble_bounds(schedule: Schedule, stage: usize, depth: usize) -> (u64, usize) {
     match schedule {
-        Schedule::ZbH2 => ((2 * (depth - 1 - stage)) as u64, (2 * depth - 1).max(2 * stage + 2)),
+        Schedule::ZbH2 => {
+            let first = stage == 0 && depth > 1 && !schedule.splits_stage_backward(stage);
+            let warm = 2 * (depth - 1 - stage) + usize::from(first);
+            let bound = if stage + 1 == depth { 2 * depth + 1 } else { 2 * depth - 1 };
+            (warm as u64, bound)
+        }
         _ => ((depth - 1 - stage) as u64, depth - stage),
     }
 }
@@ -703,20 +732,29 @@ mod tests {
     /// batch, where it would wait for the first stage's last backward, update and next
     /// forward.
     #[test]
-    fn zero_bubble_h2_defers_weight_gradients_to_the_ends_of_the_batch() {
+    fn zero_bubble_h2_keeps_the_last_weight_gradients_for_the_end_of_the_batch() {
         use Op::{BackwardInput as B, BackwardWeight as W, Forward as F};
         let ops = |k| stage_ops(Schedule::ZbH2, k, 2, 4, 1).unwrap();
-        assert_eq!(ops(0), [F(0), F(1), F(2), B(0), W(0), F(3), B(1), W(1), B(2), W(2), B(3), W(3), Op::Step(0)]);
+        // The first stage runs 2d - 1 = 3 warm-up forwards; the last keeps back up to 2d + 1
+        // = 5 weight gradients, here all 4.
+        assert_eq!(ops(0), [F(0), F(1), F(2), F(3), B(0), W(0), B(1), W(1), B(2), W(2), B(3), W(3), Op::Step(0)]);
         assert_eq!(ops(1), [F(0), B(0), F(1), B(1), F(2), B(2), F(3), B(3), W(0), W(1), W(2), W(3), Op::Step(0)]);
-        assert_eq!(peaks_in_flight(Schedule::ZbH2, 2, 4), [Some(3), Some(4)]);
+        assert_eq!(peaks_in_flight(Schedule::ZbH2, 2, 4), [Some(4), Some(4)]);
+        // m = 8: the last stage runs the first 3 weight gradients after their input
+        // gradients and keeps the last 5 for the end.
         let ops = stage_ops(Schedule::ZbH2, 1, 2, 8, 1).unwrap();
-        assert_eq!(ops[ops.len() - 5..], [W(4), W(5), W(6), W(7), Op::Step(0)]);
-        // At d = 4, m = 16 no stage but the last holds more than 2d - 1 = 7, the first
-        // stage all of them; the last holds at most 2d = 8.
+        for j in 0..3 {
+            let at = ops.iter().position(|&o| o == B(j)).unwrap();
+            assert_eq!(ops[at + 1], W(j), "{ops:?}");
+        }
+        assert_eq!(ops[ops.len() - 6..], [W(3), W(4), W(5), W(6), W(7), Op::Step(0)]);
+        assert_eq!(peaks_in_flight(Schedule::ZbH2, 2, 8), [Some(4), Some(5)]);
+        // At d = 4, m = 16 the first stage holds 2d = 8, the middle ones at most 2d - 1 = 7
+        // and the last at most 2d + 1 = 9.
         let peaks: Vec<usize> = peaks_in_flight(Schedule::ZbH2, 4, 16).into_iter().flatten().collect();
         assert_eq!(peaks.len(), 4);
-        assert_eq!(peaks[0], 7);
-        assert!(peaks[..3].iter().all(|&p| p <= 7) && peaks[3] <= 8, "{peaks:?}");
+        assert_eq!(peaks[0], 8);
+        assert!(peaks[1..3].iter().all(|&p| p <= 7) && peaks[3] <= 9, "{peaks:?}");
     }
 
     /// A stage that does not split its backward (the first) runs a whole backward whose
