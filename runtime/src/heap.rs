@@ -33,8 +33,8 @@ fn user_has_chosen(is_set: impl Fn(&str) -> bool) -> bool {
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 fn set_options() -> bool {
     let as_int = |n: usize| libc::c_int::try_from(n).unwrap_or(libc::c_int::MAX);
-    // SAFETY: mallopt only changes the allocator's thresholds; it is called before the
-    // process starts its worker threads.
+    // SAFETY: mallopt takes no pointers and holds the allocator's lock while it changes
+    // its thresholds; blocks already allocated stay valid.
     unsafe {
         libc::mallopt(libc::M_TRIM_THRESHOLD, libc::c_int::MAX) == 1
             && libc::mallopt(libc::M_TOP_PAD, as_int(TOP_PAD)) == 1
