@@ -1614,6 +1614,29 @@ pub enum OpClass {
 }
 
 impl Op {
+    /// Whether a split backward defers this op's weight gradient to the weight-gradient
+    /// pass when it reads trainable weights: a product's (matrix product or
+    /// convolution), a product of its own; other ops' come with the input gradient.
+    pub fn defers_weight_gradient(&self) -> bool {
+        matches!(self.class(), OpClass::MatMul | OpClass::Conv)
+    }
+
+    /// Whether this product's weight gradient is formed directly from its first operand
+    /// and its output's gradient, without its graph, when it reads trainable weights at
+    /// inputs `weights` (ascending), the one at input 1 of rank `weight_rank`, input 0 of
+    /// rank `operand_rank`: `MatMul(x, W)` with `W` 2-D and `x` of rank 2 or more, and
+    /// `Gemm(A, B[, C])` with `alpha = 1`, `A` not transposed and 2-D, `B` 2-D and `C`, if a
+    /// weight, added with `beta = 1`. A split backward then keeps only those two for it
+    /// between its input and weight gradients; the runtime forms them so, and the
+    /// planner counts them so.
+    pub fn forms_weight_gradient_directly(&self, weights: &[usize], weight_rank: usize, operand_rank: usize) -> bool {
+        match (self, weights) {
+            (Op::MatMul, [1]) => weight_rank == 2 && operand_rank >= 2,
+            (Op::Gemm(g), [1] | [1, 2]) => g.alpha == 1.0 && !g.trans_a && weight_rank == 2 && operand_rank == 2 && (weights.len() == 1 || g.beta == 1.0),
+            _ => false,
+        }
+    }
+
     /// The op's class: the cost model's unit of flop rules and of profile calibration
     /// (an op not listed is elementwise if it maps elements, else data movement).
     pub fn class(&self) -> OpClass {

@@ -38,7 +38,7 @@ fn bench_plan(c: &mut Criterion) {
 /// batches: 8.2 million forward and backward operations.
 fn bench_replay(c: &mut Criterion) {
     let (d, w, m) = (64usize, 16usize, 64u64);
-    let stage = StageCost { forward_s: 0.01, backward_s: 0.02, weight_grad_s: 0.0, recompute_s: 0.0, optimizer_s: 0.001, send_s: 0.0, after_backward_s: 0.0, send_bytes: 12e6, grad_bytes: 240e6, tied_sync_s: 0.0, memory_one: 1e9, memory_per_extra: 1e8, memory_at_update: 0.0, gradient_bytes: 0.0 };
+    let stage = StageCost { forward_s: 0.01, backward_s: 0.02, weight_grad_s: 0.0, recompute_s: 0.0, optimizer_s: 0.001, send_s: 0.0, after_backward_s: 0.0, send_bytes: 12e6, grad_bytes: 240e6, tied_sync_s: 0.0, memory_one: 1e9, memory_per_extra: 1e8, memory_at_update: 0.0, gradient_bytes: 0.0, memory_per_awaiting: 0.0 };
     let mut group = c.benchmark_group("replay");
     group.sample_size(10).measurement_time(Duration::from_secs(30));
     for scheme in [Scheme::TwoBw, Scheme::GPipe] {

@@ -67,7 +67,7 @@
 //! from the profile are scaled by the median measured/analytic ratio of their [`OpClass`]
 //! (or of all measured nodes when the class has none).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use pipewright_ops::op::{OpClass, ResizeMode};
 use pipewright_ir::{Dim, Graph, NodeId, Op, TensorType, ValueDef, ValueId};
@@ -224,6 +224,32 @@ impl GemmShape {
     }
 }
 
+/// Fills each node's [`NodeCost::awaiting_bytes`] and [`NodeCost::keeps_graph`]
+/// (`readers`: the nodes reading each trainable weight). A weight read by several nodes
+/// (tied) is taken as summed with the input gradients, as the runtime does for weights
+/// tied across stages.
+fn awaiting_for_weight_gradients(g: &Graph, topo: &[NodeId], readers: &HashMap<ValueId, Vec<NodeId>>, export: i64, nodes: &mut [NodeCost]) {
+    let mut operands_kept: HashSet<ValueId> = HashSet::new();
+    for &n in topo {
+        let node = g.node(n);
+        let weights: Vec<usize> = node.inputs.iter().enumerate().filter_map(|(j, v)| v.filter(|v| readers.contains_key(v)).map(|_| j)).collect();
+        let tied = node.inputs.iter().flatten().any(|v| readers.get(v).is_some_and(|r| r.len() > 1));
+        if weights.is_empty() || tied || !node.op.defers_weight_gradient() {
+            continue;
+        }
+        let rank = |j: usize| node.inputs.get(j).copied().flatten().map_or(0, |v| g.value(v).ty.shape.rank());
+        let cost = &mut nodes[n.index()];
+        for &v in node.outputs.iter().flatten() {
+            cost.awaiting_bytes += bytes_lin(&g.value(v).ty, export);
+        }
+        if !node.op.forms_weight_gradient_directly(&weights, rank(1), rank(0)) {
+            cost.keeps_graph = true;
+        } else if let Some(x) = node.inputs.first().copied().flatten().filter(|&x| operands_kept.insert(x)) {
+            cost.awaiting_bytes += bytes_lin(&g.value(x).ty, export);
+        }
+    }
+}
+
 /// Costs of one node.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct NodeCost {
@@ -241,6 +267,16 @@ pub struct NodeCost {
     pub gemm: Option<(GemmShape, bool)>,
     /// Kernels its forward and its backward launch (0 for a view).
     pub kernels: [u8; 2],
+    /// What a backward split into input and weight gradients keeps for this node's
+    /// weight gradient between the two, per microbatch: the gradient of its output where
+    /// it defers one ([`pipewright_ops::op::Op::defers_weight_gradient`], reading trainable
+    /// weights no other node reads), and its first operand where it forms it directly
+    /// ([`pipewright_ops::op::Op::forms_weight_gradient_directly`]; counted at the operand's
+    /// first such node, as the runtime keeps it once).
+    pub awaiting_bytes: Lin,
+    /// Whether that deferred weight gradient needs the forward's graph (not formed
+    /// directly): a stage with such a node keeps its whole graph until its weight gradients.
+    pub keeps_graph: bool,
 }
 
 /// A trainable weight read by more than one node.
@@ -703,6 +739,7 @@ impl CostModel {
                 (false, false, false) => [1, 0],
             };
         }
+        awaiting_for_weight_gradients(g, &topo, &first_consumer, export, &mut nodes);
         let mut shared: Vec<SharedWeightUse> = first_consumer
             .into_iter()
             .filter(|(_, users)| users.len() > 1)

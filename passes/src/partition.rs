@@ -53,7 +53,7 @@ use std::ops::Range;
 
 use petgraph::visit::{EdgeRef, IntoEdgeReferences};
 use petgraph::Direction;
-use pipewright_core::schedule::{peaks_in_flight, peaks_in_flight_with_gradient};
+use pipewright_core::schedule::{holdings_in_flight, Holding};
 use pipewright_core::{Precision, Recompute, Schedule};
 use pipewright_ir::{Graph, NodeId, ValueDef};
 use serde::{Deserialize, Serialize};
@@ -63,9 +63,11 @@ use crate::cost::{CostModel, Lin};
 mod workers;
 
 /// Memory of a stage `[i, j)`: `weight_factor * P + act_factor * A + kept_factor * K +
-/// input_factor * live(i)` while it computes (`K`: the activations selective
-/// recomputation keeps), and `update_factor * P` while its update makes the new weight
-/// version; the larger must stay `<= limit`.
+/// input_factor * live(i) + awaiting_factor * W` while it computes (`K`: the activations
+/// selective recomputation keeps; `W`: what a microbatch between its input and weight
+/// gradients keeps, [`PartitionProblem::awaiting_bytes`], plus `A` where the stage keeps its
+/// graph for them, [`PartitionProblem::keeps_graph`]), and `update_factor * P` while its
+/// update makes the new weight version; the larger must stay `<= limit`.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct MemoryModel {
     /// Copies of each weight byte: versions + gradient buffer + optimizer state.
@@ -78,6 +80,10 @@ pub struct MemoryModel {
     /// optimizer state: what a flushing schedule's stage peaks at when its weights outweigh
     /// its activations, which it has all released by then. 0: no such phase.
     pub update_factor: f64,
+    /// Microbatches held between their input and weight gradients on a stage that splits
+    /// its backward (in the compute type's share of fp32 bytes, as the other activation
+    /// factors).
+    pub awaiting_factor: f64,
     pub limit: f64,
 }
 
@@ -90,6 +96,7 @@ impl MemoryModel {
             kept_factor: 0.0,
             input_factor: 0.0,
             update_factor: 0.0,
+            awaiting_factor: 0.0,
             limit: f64::INFINITY,
         }
     }
@@ -121,6 +128,12 @@ impl MemoryModel {
         }
     }
 
+    /// This model with `awaiting` microbatches between their input and weight gradients
+    /// besides, in `precision`'s compute type.
+    pub fn with_awaiting(self, awaiting: f64, precision: Precision) -> MemoryModel {
+        MemoryModel { awaiting_factor: awaiting * precision.compute_bytes() as f64 / 4.0, ..self }
+    }
+
     /// The fp32 memory model of `recompute` with `in_flight` microbatches (no update phase).
     fn in_flight(recompute: Recompute, in_flight: f64, weight_factor: f64, limit: f64) -> MemoryModel {
         match recompute {
@@ -130,6 +143,7 @@ impl MemoryModel {
                 kept_factor: 0.0,
                 input_factor: in_flight,
                 update_factor: 0.0,
+                awaiting_factor: 0.0,
                 limit,
             },
             // Every in-flight microbatch keeps its stage inputs and matmul/conv outputs; the
@@ -140,6 +154,7 @@ impl MemoryModel {
                 kept_factor: in_flight - 1.0,
                 input_factor: in_flight,
                 update_factor: 0.0,
+                awaiting_factor: 0.0,
                 limit,
             },
             Recompute::None => MemoryModel {
@@ -148,75 +163,72 @@ impl MemoryModel {
                 kept_factor: 0.0,
                 input_factor: 0.0,
                 update_factor: 0.0,
+                awaiting_factor: 0.0,
                 limit,
             },
         }
     }
 }
 
-/// The memory model of every stage of a pipeline: stage `k`'s [`MemoryModel`], as many
-/// microbatches in flight as its schedule holds there; one model for every stage alike
-/// when built [`PipelineMemory::uniform`]. All stages share one limit.
+/// The memory model of every stage of a pipeline: stage `k`'s [`MemoryModel`]s, by what
+/// its schedule's order has it hold ([`holdings_in_flight`]); one model for every stage
+/// alike when built [`PipelineMemory::uniform`]. All stages share one limit.
 ///
 /// A stage's gradients exist from its batch's first weight gradient to its update (the
 /// runtime frees them at each update), and some orders hold their most microbatches before
 /// that: PipeDream-Flush's stage 0 at `m = d` holds `d` microbatches before its first
-/// backward and `d - 1` after it. Such a stage's model counts the microbatches it holds
-/// with the gradient, and `before_gradient` the larger count without it (its
-/// weight factor one less, no update phase); the stage holds the larger of the two.
+/// backward and `d - 1` after it. A stage that splits its backward holds two kinds of
+/// microbatch, whole ones and ones awaiting their weight gradient, in a mix that changes
+/// along its order. A stage's model counts what it holds at its peak with the gradient,
+/// and `others` what it holds at each other moment that may weigh more (without the
+/// gradient there: its weight factor one less, no update phase); the stage holds the
+/// largest.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct PipelineMemory {
     stages: Vec<MemoryModel>,
-    /// Per stage (as `stages`), the phase before its first weight gradient where that
-    /// holds more microbatches than the phase after it; empty: none anywhere.
-    before_gradient: Vec<Option<MemoryModel>>,
+    /// Per stage (as `stages`), its other phases; empty: none anywhere.
+    others: Vec<Vec<MemoryModel>>,
 }
 
 impl PipelineMemory {
     /// Every stage by `model`.
     pub fn uniform(model: MemoryModel) -> PipelineMemory {
-        PipelineMemory { stages: vec![model], before_gradient: Vec::new() }
+        PipelineMemory { stages: vec![model], others: Vec::new() }
     }
 
     /// Stage `k` by `models[k]` (at least one; all with the first one's limit).
     pub fn per_stage(models: Vec<MemoryModel>) -> PipelineMemory {
-        PipelineMemory::phased(models.into_iter().map(|m| (m, None)).collect())
+        PipelineMemory::phased(models.into_iter().map(|m| (m, Vec::new())).collect())
     }
 
-    /// Stage `k` by `models[k]`: its model with the gradient and, where it holds more
-    /// microbatches before its first weight gradient, that phase's (at least one; all with
-    /// the first one's limit).
-    fn phased(models: Vec<(MemoryModel, Option<MemoryModel>)>) -> PipelineMemory {
+    /// Stage `k` by `models[k]`: its model with the gradient and its other phases (at
+    /// least one stage; all with the first one's limit).
+    fn phased(models: Vec<(MemoryModel, Vec<MemoryModel>)>) -> PipelineMemory {
         assert!(!models.is_empty(), "a pipeline has a stage");
         let limit = models[0].0.limit;
-        let mut phases: Vec<(MemoryModel, Option<MemoryModel>)> = models.into_iter().map(|(m, b)| (MemoryModel { limit, ..m }, b.map(|b| MemoryModel { limit, ..b }))).collect();
+        let mut phases: Vec<(MemoryModel, Vec<MemoryModel>)> = models.into_iter().map(|(m, o)| (MemoryModel { limit, ..m }, o.into_iter().map(|o| MemoryModel { limit, ..o }).collect())).collect();
         // Stages alike (GPipe's) keep one model: one prefix to compute, not d.
         if phases.iter().all(|p| *p == phases[0]) {
             phases.truncate(1);
         }
-        let (stages, mut before_gradient): (Vec<MemoryModel>, Vec<Option<MemoryModel>>) = phases.into_iter().unzip();
-        if before_gradient.iter().all(Option::is_none) {
-            before_gradient.clear();
+        let (stages, mut others): (Vec<MemoryModel>, Vec<Vec<MemoryModel>>) = phases.into_iter().unzip();
+        if others.iter().all(Vec::is_empty) {
+            others.clear();
         }
-        PipelineMemory { stages, before_gradient }
+        PipelineMemory { stages, others }
     }
 
     /// Each stage of a `d`-stage pipeline under `schedule` with `m` microbatches per batch,
-    /// holding as many microbatches in flight as the schedule's own operation order has it
-    /// hold ([`peaks_in_flight`]: GPipe all `m` in every stage, 1F1B `d - k` in stage `k`).
+    /// holding what the schedule's own operation order has it hold ([`holdings_in_flight`]:
+    /// GPipe all `m` in every stage, 1F1B `d - k` in stage `k`, the zero-bubble schedules'
+    /// stages some of them awaiting their weight gradients).
     pub fn of_pipeline(schedule: Schedule, recompute: Recompute, d: usize, m: u64, state_tensors: u32, precision: Precision, limit: f64) -> PipelineMemory {
-        let (peaks, with_gradient) = (peaks_in_flight(schedule, d, m as usize), peaks_in_flight_with_gradient(schedule, d, m as usize));
-        let held = |k: usize| peaks.get(k).copied().flatten().unwrap_or((d - k).min(m as usize).max(1));
-        let model = |k: f64| MemoryModel::of_schedule(schedule, recompute, k, state_tensors, precision, limit);
+        let holdings = holdings_in_flight(schedule, d, m as usize);
+        let model = |h: &Holding| MemoryModel::of_schedule(schedule, recompute, h.whole as f64, state_tensors, precision, limit).with_awaiting(h.awaiting as f64, precision);
         let models = (0..d.max(1))
-            .map(|k| match with_gradient.get(k).copied().flatten() {
-                // At least one microbatch counted with the gradient: the backward that makes
-                // it frees its microbatch's activations as it goes, not all at its end.
-                Some(after) if after < held(k) => {
-                    let before = model(held(k) as f64);
-                    (model(after.max(1) as f64), Some(MemoryModel { weight_factor: before.weight_factor - 1.0, update_factor: 0.0, ..before }))
-                }
-                _ => (model(held(k) as f64), None),
+            .map(|k| {
+                let held = holdings.get(k).cloned().flatten().unwrap_or_else(|| vec![Holding { whole: (d - k).min(m as usize).max(1), awaiting: 0, gradient: true }]);
+                stage_phases(&held, model)
             })
             .collect();
         PipelineMemory::phased(models)
@@ -238,7 +250,7 @@ impl PipelineMemory {
                 }
             };
             self.stages.iter_mut().for_each(add);
-            self.before_gradient.iter_mut().flatten().for_each(add);
+            self.others.iter_mut().flatten().for_each(add);
         }
         self
     }
@@ -258,13 +270,12 @@ impl PipelineMemory {
         &self.stages
     }
 
-    /// Stage `k`'s phase before its first weight gradient, where it holds more then
-    /// (indexed as [`PipelineMemory::stage`]).
-    pub fn before_gradient(&self, k: usize) -> Option<&MemoryModel> {
-        if self.before_gradient.is_empty() {
-            return None;
+    /// Stage `k`'s other phases (indexed as [`PipelineMemory::stage`]).
+    pub fn others(&self, k: usize) -> &[MemoryModel] {
+        if self.others.is_empty() {
+            return &[];
         }
-        self.before_gradient[k.min(self.before_gradient.len() - 1)].as_ref()
+        &self.others[k.min(self.others.len() - 1)]
     }
 
     pub fn limit(&self) -> f64 {
@@ -274,8 +285,30 @@ impl PipelineMemory {
     /// A model no stage's exceeds, factor by factor: what every stage holds at least.
     pub fn least(&self) -> MemoryModel {
         let min = |f: fn(&MemoryModel) -> f64| self.stages.iter().map(f).fold(f64::INFINITY, f64::min);
-        MemoryModel { weight_factor: min(|m| m.weight_factor), act_factor: min(|m| m.act_factor), kept_factor: min(|m| m.kept_factor), input_factor: min(|m| m.input_factor), update_factor: min(|m| m.update_factor), limit: self.limit() }
+        MemoryModel { weight_factor: min(|m| m.weight_factor), act_factor: min(|m| m.act_factor), kept_factor: min(|m| m.kept_factor), input_factor: min(|m| m.input_factor), update_factor: min(|m| m.update_factor), awaiting_factor: min(|m| m.awaiting_factor), limit: self.limit() }
     }
+}
+
+/// A stage's model and other phases from what it holds (`held`, [`Holding`]s none covers):
+/// the model at the holding with the gradient that holds the most microbatches (at least
+/// one: the backward that makes the gradient frees its microbatch's activations as it
+/// goes, not all at its end), with the update's phase; the others without it.
+fn stage_phases(held: &[Holding], model: impl Fn(&Holding) -> MemoryModel) -> (MemoryModel, Vec<MemoryModel>) {
+    let main = held.iter().filter(|h| h.gradient).max_by_key(|h| (h.total(), h.whole)).copied();
+    let peak = match main {
+        Some(h) if h.total() > 0 => h,
+        _ => Holding { whole: 1, awaiting: 0, gradient: true },
+    };
+    let others = held
+        .iter()
+        .filter(|h| Some(**h) != main)
+        .map(|h| {
+            let m = model(h);
+            let weight_factor = if h.gradient { m.weight_factor } else { m.weight_factor - 1.0 };
+            MemoryModel { weight_factor, update_factor: 0.0, ..m }
+        })
+        .collect();
+    (model(&peak), others)
 }
 
 /// The numeric inputs of the partitioner.
@@ -292,6 +325,14 @@ pub struct PartitionProblem {
     pub kept_bytes: Vec<f64>,
     /// `live(c)` for `c` in `0..=n`.
     pub live_bytes: Vec<f64>,
+    /// `w_i`, what a microbatch keeps for position `i`'s weight gradient between its
+    /// input and weight gradients under a schedule that splits the backward
+    /// ([`crate::cost::NodeCost::awaiting_bytes`]); empty = none.
+    pub awaiting_bytes: Vec<f64>,
+    /// Whether position `i`'s weight gradient needs the forward's graph: a stage with one
+    /// keeps its whole graph for its weight gradients, `A` more per awaiting microbatch;
+    /// empty = none.
+    pub keeps_graph: Vec<bool>,
     /// Bytes/s between consecutive stages.
     pub bandwidth: f64,
 }
@@ -361,18 +402,31 @@ struct Reach {
 }
 
 /// Prefix sums of the per-node inputs: `S` (time), `P` (parameter bytes), `A`
-/// (activation bytes), `K` (kept bytes).
+/// (activation bytes), `K` (kept bytes), `W` (awaiting bytes), and the count of positions
+/// that keep the graph.
 struct Sums {
     s: Vec<f64>,
     p: Vec<f64>,
     a: Vec<f64>,
     k: Vec<f64>,
+    w: Vec<f64>,
+    graph: Vec<u32>,
 }
 
 impl Sums {
-    /// `G(j) = wf * P(j) + ka * A(j) + kk * K(j)` of model `m`.
+    /// `G(j) = wf * P(j) + ka * A(j) + kk * K(j) + kw * W(j)` of model `m`.
     fn held(&self, m: &MemoryModel, j: usize) -> f64 {
-        m.weight_factor * self.p[j] + m.act_factor * self.a[j] + m.kept_factor * self.k[j]
+        m.weight_factor * self.p[j] + m.act_factor * self.a[j] + m.kept_factor * self.k[j] + m.awaiting_factor * self.w[j]
+    }
+
+    /// What each microbatch awaiting its weight gradients holds besides `W` in stage `[i,
+    /// j)`: its whole graph `A` where a position there keeps it.
+    fn graph_kept(&self, i: usize, j: usize) -> f64 {
+        if self.graph[j] > self.graph[i] {
+            self.a[j] - self.a[i]
+        } else {
+            0.0
+        }
     }
 
     /// `H(i) = G(i) - kin * live(i)`: a stage `[i, j)` holds `G(j) - H(i)`.
@@ -393,9 +447,14 @@ struct Prefix {
     g: Vec<Vec<f64>>,
     /// `H_k(i) = wf * P(i) + ka * A(i) - kin * live(i)`.
     h: Vec<Vec<f64>>,
-    /// Per model `k`, `G` and `H` of its phase before the first weight gradient, where it
-    /// has one ([`PipelineMemory::before_gradient`]).
-    before_gradient: Vec<Option<(Vec<f64>, Vec<f64>)>>,
+    /// Per model `k`, its `awaiting_factor`.
+    awaiting: Vec<f64>,
+    /// Per model `k`, `G`, `H` and the `awaiting_factor` of each of its other phases
+    /// ([`PipelineMemory::others`]).
+    others: Vec<Vec<(Vec<f64>, Vec<f64>, f64)>>,
+    /// `A(j)` and the positions before `j` that keep the graph, for [`Sums::graph_kept`].
+    a: Vec<f64>,
+    graph: Vec<u32>,
     comm: Vec<f64>,
     /// The smallest `comm(c)` of an interior cut (0 when there is none or it is infinite).
     min_comm: f64,
@@ -409,16 +468,14 @@ impl Prefix {
     /// `M_k(i, j)`: the larger of stage `[i, j)`'s memory while it computes and while it
     /// updates, by model `k`. Non-decreasing in `j` for a fixed `i`.
     fn memory(&self, k: usize, i: usize, j: usize) -> f64 {
-        let phases = held_between(self.g[k][j], self.h[k][i], self.p[j] - self.p[i], 0.0, self.weight[k], self.update[k]);
-        match self.before_gradient.get(k) {
-            Some(Some((g, h))) => phases.max(g[j] - h[i]),
-            _ => phases,
-        }
+        let graph = if self.graph[j] > self.graph[i] { self.a[j] - self.a[i] } else { 0.0 };
+        let phases = held_between(self.g[k][j] + self.awaiting[k] * graph, self.h[k][i], self.p[j] - self.p[i], 0.0, self.weight[k], self.update[k]);
+        self.others.get(k).into_iter().flatten().fold(phases, |most, (g, h, aw)| most.max(g[j] - h[i] + aw * graph))
     }
 
-    /// Every computing phase's `G` and `H`, of every model.
-    fn computing_phases(&self) -> impl Iterator<Item = (&Vec<f64>, &Vec<f64>)> {
-        self.g.iter().zip(&self.h).chain(self.before_gradient.iter().flatten().map(|(g, h)| (g, h)))
+    /// Every computing phase's `G`, `H` and `awaiting_factor`, of every model.
+    fn computing_phases(&self) -> impl Iterator<Item = (&Vec<f64>, &Vec<f64>, f64)> {
+        self.g.iter().zip(&self.h).zip(&self.awaiting).map(|((g, h), aw)| (g, h, *aw)).chain(self.others.iter().flatten().map(|(g, h, aw)| (g, h, *aw)))
     }
 
     /// `T(i, j)`: the stage's compute and the communication at both its cuts.
@@ -458,12 +515,14 @@ impl PartitionProblem {
     /// The prefix sums of time, parameter, activation and kept bytes.
     fn sums(&self) -> Sums {
         let n = self.len();
-        let mut sums = Sums { s: vec![0.0; n + 1], p: vec![0.0; n + 1], a: vec![0.0; n + 1], k: vec![0.0; n + 1] };
+        let mut sums = Sums { s: vec![0.0; n + 1], p: vec![0.0; n + 1], a: vec![0.0; n + 1], k: vec![0.0; n + 1], w: vec![0.0; n + 1], graph: vec![0; n + 1] };
         for i in 0..n {
             sums.s[i + 1] = sums.s[i] + self.time[i];
             sums.p[i + 1] = sums.p[i] + self.param_bytes.get(i).copied().unwrap_or(0.0);
             sums.a[i + 1] = sums.a[i] + self.act_bytes.get(i).copied().unwrap_or(0.0);
             sums.k[i + 1] = sums.k[i] + self.kept_bytes.get(i).copied().unwrap_or(0.0);
+            sums.w[i + 1] = sums.w[i] + self.awaiting_bytes.get(i).copied().unwrap_or(0.0);
+            sums.graph[i + 1] = sums.graph[i] + u32::from(self.keeps_graph.get(i).copied().unwrap_or(false));
         }
         sums
     }
@@ -480,8 +539,9 @@ impl PartitionProblem {
         let h_of = |m: &MemoryModel| -> Vec<f64> { (0..=n).map(|i| sums.start_credit(m, i, self.live(i))).collect() };
         let g = mem.models().iter().map(g_of).collect();
         let h = mem.models().iter().map(h_of).collect();
-        let before_gradient = (0..mem.models().len()).map(|k| mem.before_gradient(k).map(|m| (g_of(m), h_of(m)))).collect();
-        let Sums { s, p, .. } = sums;
+        let others = (0..mem.models().len()).map(|k| mem.others(k).iter().map(|m| (g_of(m), h_of(m), m.awaiting_factor)).collect()).collect();
+        let awaiting = mem.models().iter().map(|m| m.awaiting_factor).collect();
+        let Sums { s, p, a, graph, .. } = sums;
         let weight = mem.models().iter().map(|m| m.weight_factor).collect();
         let update = mem.models().iter().map(|m| m.update_factor).collect();
         let comm: Vec<f64> = (0..=n).map(|c| self.comm(c)).collect();
@@ -498,7 +558,7 @@ impl PartitionProblem {
         for j in (0..n).rev() {
             cheapest_end[j] = cheapest_end[j].min(cheapest_end[j + 1]);
         }
-        Prefix { s, p, weight, update, g, h, before_gradient, comm, min_comm, best_start, cheapest_end }
+        Prefix { s, p, weight, update, g, h, awaiting, others, a, graph, comm, min_comm, best_start, cheapest_end }
     }
 
     /// `T(i,j)`, from prefix sums (as the DP computes it).
@@ -529,12 +589,13 @@ impl PartitionProblem {
             .enumerate()
             .map(|(k, r)| {
                 let extra = extra.get(k).copied().unwrap_or(0.0);
+                let graph = sums.graph_kept(r.start, r.end);
                 let held = |m: &MemoryModel, update_factor: f64| {
-                    held_between(sums.held(m, r.end), sums.start_credit(m, r.start, self.live(r.start)), sums.p[r.end] - sums.p[r.start], extra, m.weight_factor, update_factor)
+                    held_between(sums.held(m, r.end) + m.awaiting_factor * graph, sums.start_credit(m, r.start, self.live(r.start)), sums.p[r.end] - sums.p[r.start], extra, m.weight_factor, update_factor)
                 };
                 let model = mem.stage(k);
                 let phases = held(model, model.update_factor);
-                mem.before_gradient(k).map_or(phases, |b| phases.max(held(b, 0.0)))
+                mem.others(k).iter().fold(phases, |most, o| most.max(held(o, 0.0)))
             })
             .collect();
         (t, m)
@@ -656,12 +717,13 @@ impl PartitionProblem {
         // Can the memory test fail for any i < j, in any stage's model, at all?
         let limit = mem.limit();
         let memory_binds = limit.is_finite()
-            && (pre.update.iter().any(|u| u * pre.p[n] > limit) || pre.computing_phases().any(|(g, h)| {
+            && (pre.update.iter().any(|u| u * pre.p[n] > limit) || pre.computing_phases().any(|(g, h, aw)| {
+                // Every stage's graph counted kept: an upper bound.
                 let mut min_h = f64::INFINITY;
                 let mut worst = f64::NEG_INFINITY;
                 for j in 1..=n {
-                    min_h = min_h.min(h[j - 1]);
-                    worst = worst.max(g[j] - min_h);
+                    min_h = min_h.min(h[j - 1] + aw * pre.a[j - 1]);
+                    worst = worst.max(g[j] + aw * pre.a[j] - min_h);
                 }
                 worst > limit
             }));
@@ -1044,6 +1106,8 @@ mod tests {
             kept_bytes: Vec::new(),
             live_bytes: vec![0.0; n + 1],
             bandwidth: 1.0,
+            awaiting_bytes: Vec::new(),
+            keeps_graph: Vec::new(),
         }
     }
 
@@ -1105,6 +1169,27 @@ mod tests {
         assert_eq!(deferred, [24.0, 14.0]);
     }
 
+    /// Microbatches awaiting their weight gradients count what they keep per position,
+    /// and their stage's whole graph besides where a position there keeps it.
+    #[test]
+    fn awaiting_microbatches_hold_what_their_weight_gradients_keep() {
+        let mut p = chain(&[1.0, 1.0, 1.0]);
+        p.act_bytes = vec![10.0; 3];
+        p.awaiting_bytes = vec![2.0; 3];
+        p.keeps_graph = vec![false, false, true];
+        let mem = MemoryModel { weight_factor: 1.0, act_factor: 1.0, awaiting_factor: 3.0, ..MemoryModel::unlimited() };
+        // Stage [0, 2): 2 weights + 20 activations + 3 * 4 kept; stage [2, 3): 1 + 10 + 3 *
+        // (2 + 10) with its graph.
+        assert_eq!(p.evaluate(&[2], &PipelineMemory::uniform(mem)).1, vec![34.0, 47.0]);
+        assert_eq!(p.evaluate(&[1], &PipelineMemory::uniform(mem)).1, vec![17.0, 2.0 + 20.0 + 3.0 * 24.0]);
+        // Under a limit of 40 only the first split fits, and the partitioner finds it.
+        let limited = PipelineMemory::uniform(MemoryModel { limit: 40.0, ..mem });
+        assert_eq!(p.optimal_partition(2, &limited), None);
+        let limited = PipelineMemory::uniform(MemoryModel { limit: 47.0, ..mem });
+        assert_eq!(p.optimal_partition(2, &limited).map(|x| x.cuts), Some(vec![2]));
+        assert_eq!(p.brute_force_partition(2, &limited).map(|x| x.cuts), Some(vec![2]));
+    }
+
     #[test]
     fn comm_moves_the_cut() {
         // Cutting at 2 costs 2*10/1 = 20 on both sides; elsewhere nothing.
@@ -1125,6 +1210,7 @@ mod tests {
             kept_factor: 0.0,
             input_factor: 0.0,
             update_factor: 0.0,
+            awaiting_factor: 0.0,
             limit: 10.0,
         };
         let part = p.optimal_partition(2, &PipelineMemory::uniform(mem)).unwrap();
@@ -1140,7 +1226,7 @@ mod tests {
     #[test]
     fn each_stage_holds_its_own_microbatches() {
         let p = chain(&[1.0, 1.0, 1.0, 1.0]);
-        let holding = |k: f64| MemoryModel { weight_factor: 0.0, act_factor: k, kept_factor: 0.0, input_factor: 0.0, update_factor: 0.0, limit: 3.0 };
+        let holding = |k: f64| MemoryModel { weight_factor: 0.0, act_factor: k, kept_factor: 0.0, input_factor: 0.0, update_factor: 0.0, awaiting_factor: 0.0, limit: 3.0 };
         let one_f_one_b = PipelineMemory::per_stage(vec![holding(2.0), holding(1.0)]);
         let part = p.optimal_partition(2, &one_f_one_b).unwrap();
         assert_eq!((part.cuts.clone(), part.bottleneck), (vec![1], 3.0));
@@ -1158,7 +1244,7 @@ mod tests {
     #[test]
     fn the_update_is_a_phase_of_its_own() {
         let p = chain(&[1.0, 1.0, 1.0, 1.0]);
-        let mem = MemoryModel { weight_factor: 3.0, act_factor: 1.0, kept_factor: 0.0, input_factor: 0.0, update_factor: 4.0, limit: 8.0 };
+        let mem = MemoryModel { weight_factor: 3.0, act_factor: 1.0, kept_factor: 0.0, input_factor: 0.0, update_factor: 4.0, awaiting_factor: 0.0, limit: 8.0 };
         let part = p.optimal_partition(2, &PipelineMemory::uniform(mem)).unwrap();
         assert_eq!(part.cuts, vec![2]);
         assert_eq!(p.evaluate(&[2], &PipelineMemory::uniform(mem)).1, vec![8.0, 8.0]);

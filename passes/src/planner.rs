@@ -445,6 +445,9 @@ pub struct PlanContext<'a> {
     params: Vec<u64>,
     flops: Vec<Lin>,
     act: Vec<Lin>,
+    /// Per position, [`crate::cost::NodeCost::awaiting_bytes`] and `keeps_graph`.
+    awaiting: Vec<Lin>,
+    keeps_graph: Vec<bool>,
     shared: Vec<SharedInfo>,
     problems: HashMap<(u64, Recompute, u64), PartitionProblem>,
     totals: HashMap<(u64, Recompute, u64), (f64, f64, f64)>,
@@ -508,6 +511,8 @@ impl<'a> PlanContext<'a> {
             params: costs.iter().map(|c| c.params).collect(),
             flops: costs.iter().map(|c| c.fwd_flops + c.bwd_flops).collect(),
             act: costs.iter().map(|c| c.activation_bytes).collect(),
+            awaiting: costs.iter().map(|c| c.awaiting_bytes).collect(),
+            keeps_graph: costs.iter().map(|c| c.keeps_graph).collect(),
             order,
             shared,
             problems: HashMap::new(),
@@ -533,6 +538,7 @@ impl<'a> PlanContext<'a> {
     pub fn problem(&mut self, b: u64, recompute: Recompute, bandwidth: f64) -> &PartitionProblem {
         let key = (b, recompute, bandwidth.to_bits());
         let (cost, order, act, pb) = (self.cost, &self.order, &self.act, &self.param_bytes);
+        let (awaiting, keeps_graph) = (&self.awaiting, &self.keeps_graph);
         self.problems.entry(key).or_insert_with(|| {
             let kept = |x: NodeId| matches!(cost.class(x), OpClass::MatMul | OpClass::Conv);
             PartitionProblem {
@@ -559,6 +565,8 @@ impl<'a> PlanContext<'a> {
                     .collect(),
                 live_bytes: order.live.iter().map(|l| l.at(b).max(0.0)).collect(),
                 bandwidth,
+                awaiting_bytes: awaiting.iter().map(|w| w.at(b).max(0.0)).collect(),
+                keeps_graph: keeps_graph.clone(),
             }
         })
     }
@@ -614,6 +622,7 @@ impl<'a> PlanContext<'a> {
         let ranges = stage_ranges(&cand.cuts, prob.len());
         let (_, mem1) = prob.evaluate(&cand.cuts, &PipelineMemory::uniform(m1));
         let (_, mem2) = prob.evaluate(&cand.cuts, &PipelineMemory::uniform(m2));
+        let (_, mem1_awaiting) = prob.evaluate(&cand.cuts, &PipelineMemory::uniform(m1.with_awaiting(1.0, opts.precision)));
         let live: Vec<f64> = ranges.iter().map(|r| prob.live_bytes.get(r.end).copied().unwrap_or(0.0)).collect();
         let params: Vec<f64> = ranges.iter().map(|r| prob.param_bytes[r.clone()].iter().sum::<f64>()).collect();
         let (cost, order) = (self.cost, &self.order);
@@ -674,6 +683,7 @@ impl<'a> PlanContext<'a> {
                 memory_per_extra: mem2[s] - mem1[s],
                 memory_at_update: update_factor * weights,
                 gradient_bytes: weights,
+                memory_per_awaiting: mem1_awaiting[s] - mem1[s],
             });
         }
         out

@@ -337,7 +337,7 @@ pub struct TensorParallelPlan {
 fn shares(cost: &CostModel, split: &TensorSplit, topo: &[NodeId], t: usize, b: u64, recompute: Recompute) -> (f64, f64, f64, PartitionProblem) {
     let (mut fwd, mut bwd, mut re) = (0.0, 0.0, 0.0);
     let n = topo.len();
-    let mut prob = PartitionProblem { time: Vec::with_capacity(n), param_bytes: Vec::with_capacity(n), act_bytes: Vec::with_capacity(n), kept_bytes: Vec::new(), live_bytes: vec![0.0; n + 1], bandwidth: f64::INFINITY };
+    let mut prob = PartitionProblem { time: Vec::with_capacity(n), param_bytes: Vec::with_capacity(n), act_bytes: Vec::with_capacity(n), kept_bytes: Vec::new(), live_bytes: vec![0.0; n + 1], bandwidth: f64::INFINITY, awaiting_bytes: Vec::new(), keeps_graph: Vec::new() };
     for &x in topo {
         let k = split.share(x, t);
         let (f, bw) = cost.time(x, b);
@@ -456,6 +456,7 @@ pub fn plan_tensor_parallel(g: &Graph, cost: &CostModel, cluster: &SimCluster, o
                         memory_per_extra: computing(&mem_two) - computing(&mem_one),
                         memory_at_update: mem_one.update_factor * grad,
                         gradient_bytes: grad,
+                        memory_per_awaiting: 0.0,
                     };
                     let candidate = Candidate {
                         w: groups,

@@ -106,7 +106,7 @@ proptest! {
         let (time, params, act) = (time[..n].to_vec(), params[..n].to_vec(), act[..n].to_vec());
         let live: Vec<f64> = live_bytes(&g, &order.nodes, &cost).iter().map(|l| l.at(1)).collect();
         prop_assert_eq!(live.len(), n + 1);
-        let prob = PartitionProblem { time, param_bytes: params, act_bytes: act, kept_bytes: Vec::new(), live_bytes: live, bandwidth: bw };
+        let prob = PartitionProblem { time, param_bytes: params, act_bytes: act, kept_bytes: Vec::new(), live_bytes: live, bandwidth: bw, awaiting_bytes: Vec::new(), keeps_graph: Vec::new() };
 
         // Without a memory limit.
         let free = PipelineMemory::unlimited();
@@ -142,7 +142,7 @@ proptest! {
 
         // With a memory limit between the smallest one-node stage and the whole model.
         // A flushing schedule's update holds one more copy of the weights than its compute.
-        let mem = MemoryModel { weight_factor: factors.0 as f64, act_factor: factors.1 as f64, kept_factor: 0.0, input_factor: factors.2 as f64, update_factor: factors.0 as f64 + 1.0, limit: 0.0 };
+        let mem = MemoryModel { weight_factor: factors.0 as f64, act_factor: factors.1 as f64, kept_factor: 0.0, input_factor: factors.2 as f64, update_factor: factors.0 as f64 + 1.0, awaiting_factor: 0.0, limit: 0.0 };
         if n >= d {
             let lo = (0..n).map(|i| prob.stage_memory(i, i + 1, &mem)).fold(f64::INFINITY, f64::min);
             let hi = prob.stage_memory(0, n, &mem);

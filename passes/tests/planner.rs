@@ -1101,3 +1101,34 @@ fn the_closed_form_credits_zero_bubble_with_the_drains_weight_gradients() {
     let w = ctx.stage_costs(&zb, &opts(Schedule::ZbH1))[flush.bottleneck_stage].weight_grad_s;
     assert!(w > 0.0 && (saved - 3.0 * w).abs() <= 1e-9 * saved, "saved {saved} s per batch, W {w} s");
 }
+
+/// What a backward split into input and weight gradients keeps for each node's weight
+/// gradient between the two, per sample: a product by a 2-D weight its output's gradient
+/// and its operand, the operand counted once for the products that share it (a query and
+/// a key projection); a product of a weight another node also reads (tied) nothing, its
+/// gradient coming with the input gradient; a product that cannot form its weight
+/// gradient directly (`alpha != 1`) its output's gradient, and its stage keeps the graph.
+#[test]
+fn a_split_backward_keeps_each_products_operand_once_and_its_output_gradient() {
+    let mut g = Graph::new(ModelMeta::default());
+    let x = input(&mut g, 64);
+    let (wq, wk, tied) = (weight(&mut g, "wq", &[64, 32]), weight(&mut g, "wk", &[64, 32]), weight(&mut g, "tied", &[32, 32]));
+    let (q_node, q) = matmul(&mut g, "q", x, wq, 32);
+    let (k_node, k) = matmul(&mut g, "k", x, wk, 32);
+    let (add_node, s) = add(&mut g, "s", q, k, 32);
+    let (t1_node, t1) = matmul(&mut g, "t1", s, tied, 32);
+    let (t2_node, t2) = matmul(&mut g, "t2", t1, tied, 32);
+    let wg = weight(&mut g, "wg", &[32, 16]);
+    let gemm = pipewright_ops::op::Gemm { alpha: 0.5, beta: 1.0, trans_a: false, trans_b: false };
+    let gemm_node = g.add_node("g".into(), Op::Gemm(gemm), vec![Some(t2), Some(wg)], vec![Some(("g_out".into(), row(16)))]);
+    let out = g.node(gemm_node).outputs[0].unwrap();
+    g.set_outputs(vec![out]);
+    let c = CostModel::new(&g, Roofline::default()).unwrap();
+    let per_sample = |n: NodeId| (c.node(n).awaiting_bytes.at(2) - c.node(n).awaiting_bytes.at(1), c.node(n).keeps_graph);
+    assert_eq!(per_sample(q_node), (4.0 * (32.0 + 64.0), false));
+    assert_eq!(per_sample(k_node), (4.0 * 32.0, false));
+    assert_eq!(per_sample(add_node), (0.0, false));
+    assert_eq!(per_sample(t1_node), (0.0, false));
+    assert_eq!(per_sample(t2_node), (0.0, false));
+    assert_eq!(per_sample(gemm_node), (4.0 * 16.0, true));
+}

@@ -319,7 +319,7 @@ mod tests {
 
     fn problem(time: Vec<f64>, live: Vec<f64>, params: Vec<f64>) -> PartitionProblem {
         let n = time.len();
-        PartitionProblem { time, param_bytes: params, act_bytes: vec![0.0; n], kept_bytes: Vec::new(), live_bytes: live, bandwidth: 100.0 }
+        PartitionProblem { time, param_bytes: params, act_bytes: vec![0.0; n], kept_bytes: Vec::new(), live_bytes: live, bandwidth: 100.0, awaiting_bytes: Vec::new(), keeps_graph: Vec::new() }
     }
 
     /// The busiest worker's time under `cuts`, from the partitioner's own stage times.
@@ -421,7 +421,7 @@ mod tests {
         let prob = problem(time, live, params.clone());
         let workers = schedule.placement(d);
         let total: f64 = params.iter().sum();
-        let limited = PipelineMemory::uniform(MemoryModel { weight_factor: 1.0, act_factor: 0.0, kept_factor: 0.0, input_factor: 0.0, update_factor: 0.0, limit: total / 2.0 });
+        let limited = PipelineMemory::uniform(MemoryModel { weight_factor: 1.0, act_factor: 0.0, kept_factor: 0.0, input_factor: 0.0, update_factor: 0.0, awaiting_factor: 0.0, limit: total / 2.0 });
         let mut ratios = Vec::new();
         for mem in [PipelineMemory::unlimited(), limited] {
             let Some(start) = prob.optimal_partition(d, &mem) else { continue };

@@ -87,6 +87,8 @@ pub(super) fn replay_dedicated(setup: &SimSetup) -> Result<Simulation, SimError>
                         let whole = matches!(op, Op::Backward(_));
                         if whole {
                             state.release();
+                        } else {
+                            state.input_gradient();
                         }
                         if s > 0 {
                             let link = setup.links[s - 1];

@@ -112,6 +112,10 @@ pub struct StageCost {
     /// before its batch's first weight gradient (the runtime frees them at each update).
     #[serde(default)]
     pub gradient_bytes: f64,
+    /// What each microbatch between its input and weight gradients holds, on a stage that
+    /// splits its backward (in place of what `memory_per_extra` counts for a whole one).
+    #[serde(default)]
+    pub memory_per_awaiting: f64,
 }
 
 /// What to replay.

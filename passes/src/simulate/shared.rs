@@ -307,6 +307,8 @@ pub(super) fn replay(setup: &SimSetup, host: HostCores) -> Result<Simulation, Si
                                 let whole = matches!(op, Op::Backward(_));
                                 if whole {
                                     state.common.release();
+                                } else {
+                                    state.common.input_gradient();
                                 }
                                 if s > 0 {
                                     state.steps.push_back(work(TraceKind::Send, cost.send_s, Some(i), version, i / m64));

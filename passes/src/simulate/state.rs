@@ -95,14 +95,16 @@ pub(super) struct StageState {
     pub(super) busy: f64,
     pub(super) in_flight: u64,
     pub(super) peak_in_flight: u64,
+    /// Whether the stage splits its backward, and of `in_flight` those between their
+    /// input and weight gradients there.
+    splits: bool,
+    awaiting: u64,
+    /// What it held at each moment no other moment's holding covers: `(whole, awaiting,
+    /// batches' gradients held)`.
+    held: Vec<(u64, u64, usize)>,
     /// Whether its batch's weight gradients exist (from the first weight gradient to the
-    /// step), and the most microbatches it held while some batch's did (this one's, or a
-    /// deferred update's in `pending`).
+    /// step).
     gradient: bool,
-    peak_with_gradient: u64,
-    /// The most microbatches it held while two batches' gradients existed: a deferred
-    /// update's, held until the update (as the runtime holds it), and the next batch's.
-    peak_with_two_gradients: Option<u64>,
     /// Link to the next stage (forward) and to the previous one (backward) free from.
     pub(super) fwd_link_free: f64,
     pub(super) bwd_link_free: f64,
@@ -116,14 +118,15 @@ pub(super) struct StageState {
 
 impl StageState {
     /// A stage about to run `ops`, at time 0 with nothing done.
-    fn new(ops: Vec<Op>) -> StageState {
-        StageState { ops, pc: 0, free: 0.0, busy: 0.0, in_flight: 0, peak_in_flight: 0, gradient: false, peak_with_gradient: 0, peak_with_two_gradients: None, fwd_link_free: 0.0, bwd_link_free: 0.0, net_free: 0.0, pending: Vec::new(), version: 0 }
+    fn new(ops: Vec<Op>, splits: bool) -> StageState {
+        StageState { ops, pc: 0, free: 0.0, busy: 0.0, in_flight: 0, peak_in_flight: 0, splits, awaiting: 0, held: Vec::new(), gradient: false, fwd_link_free: 0.0, bwd_link_free: 0.0, net_free: 0.0, pending: Vec::new(), version: 0 }
     }
 
     /// Every stage of `setup` about to run its order ([`scheme_orders`]).
     pub(super) fn all(setup: &SimSetup) -> Result<Vec<StageState>, SimError> {
         let (d, m) = (setup.stages.len(), setup.m as usize);
-        Ok(scheme_orders(setup.scheme, d, m, setup.batches)?.into_iter().map(StageState::new).collect())
+        let splits = |k: usize| setup.scheme.schedule().is_some_and(|s| s.splits_stage_backward(k));
+        Ok(scheme_orders(setup.scheme, d, m, setup.batches)?.into_iter().enumerate().map(|(k, ops)| StageState::new(ops, splits(k))).collect())
     }
 
     /// A forward: one more microbatch held.
@@ -137,8 +140,20 @@ impl StageState {
     /// gradients there from now on.
     pub(super) fn release(&mut self) {
         self.in_flight = self.in_flight.saturating_sub(1);
+        if self.splits {
+            self.awaiting = self.awaiting.saturating_sub(1);
+        }
         self.gradient = true;
         self.note_gradients();
+    }
+
+    /// An input gradient: on a stage that splits its backward, its microbatch now awaits
+    /// its weight gradient (and holds what that keeps, not its whole forward's state).
+    pub(super) fn input_gradient(&mut self) {
+        if self.splits {
+            self.awaiting += 1;
+            self.note_gradients();
+        }
     }
 
     /// The update took the batch's gradients.
@@ -154,21 +169,22 @@ impl StageState {
         self.note_gradients();
     }
 
-    /// Records what it holds now against the peaks kept per number of gradients held.
+    /// Records what it holds now: its whole and awaiting microbatches and the batches'
+    /// gradients it holds (its own, and a deferred update's in `pending`).
     fn note_gradients(&mut self) {
         let held = usize::from(self.gradient) + self.pending.len();
-        if held >= 1 {
-            self.peak_with_gradient = self.peak_with_gradient.max(self.in_flight);
-        }
-        if held >= 2 {
-            self.peak_with_two_gradients = Some(self.peak_with_two_gradients.unwrap_or(0).max(self.in_flight));
+        let now = (self.in_flight - self.awaiting.min(self.in_flight), self.awaiting.min(self.in_flight), held);
+        let covers = |a: &(u64, u64, usize), b: &(u64, u64, usize)| a.0 >= b.0 && a.1 >= b.1 && a.2 >= b.2;
+        if !self.held.iter().any(|h| covers(h, &now)) {
+            self.held.retain(|h| !covers(&now, h));
+            self.held.push(now);
         }
     }
 
     /// What it ended with, for [`report`]: last busy when its stream, links or all-reduce
     /// channel last were.
     pub(super) fn end(&self) -> StageEnd {
-        StageEnd { busy: self.busy, peak_in_flight: self.peak_in_flight, peak_with_gradient: self.peak_with_gradient, peak_with_two_gradients: self.peak_with_two_gradients, last: self.free.max(self.fwd_link_free).max(self.bwd_link_free).max(self.net_free) }
+        StageEnd { busy: self.busy, peak_in_flight: self.peak_in_flight, held: self.held.clone(), last: self.free.max(self.fwd_link_free).max(self.bwd_link_free).max(self.net_free) }
     }
 }
 
@@ -283,22 +299,25 @@ impl Events {
 pub(super) struct StageEnd {
     busy: f64,
     peak_in_flight: u64,
-    peak_with_gradient: u64,
-    peak_with_two_gradients: Option<u64>,
+    /// [`StageState`]'s holdings.
+    held: Vec<(u64, u64, usize)>,
     /// When its stream, links and all-reduce channel were last busy.
     last: f64,
 }
 
-/// A stage's peak memory by its costs: with its gradient and the most microbatches it held
-/// while that existed (at least one: the backward that makes it frees its microbatch's
-/// activations as it goes), without it and the most it held at all, or while it updates,
-/// whichever is the largest (as the planner's [`crate::partition::PipelineMemory`]); and,
-/// where a deferred update held its gradients into the next batch, one gradient more with
-/// the most it held then.
+/// A stage's peak memory by its costs, the largest over what it held at each moment
+/// ([`StageState`]'s holdings) and while it updates (as the planner's
+/// [`crate::partition::PipelineMemory`]): its whole microbatches and those awaiting their
+/// weight gradients; with its gradient (at least one microbatch then: the backward that
+/// makes it frees its microbatch's activations as it goes), without it, or, where a
+/// deferred update held its gradients into the next batch, with one gradient more.
 fn peak_memory(c: &StageCost, x: &StageEnd) -> f64 {
-    let holding = |k: u64| c.memory_one + c.memory_per_extra * k.saturating_sub(1) as f64;
-    let two = x.peak_with_two_gradients.map_or(0.0, |k| holding(k.max(1)) + c.gradient_bytes);
-    holding(x.peak_with_gradient.max(1)).max(holding(x.peak_in_flight) - c.gradient_bytes).max(c.memory_at_update).max(two)
+    let base = c.memory_one - c.memory_per_extra;
+    let holding = |&(whole, awaiting, gradients): &(u64, u64, usize)| {
+        let whole = if gradients > 0 && whole + awaiting == 0 { 1 } else { whole };
+        base + c.memory_per_extra * whole as f64 + c.memory_per_awaiting * awaiting as f64 + c.gradient_bytes * (gradients as f64 - 1.0)
+    };
+    x.held.iter().map(holding).fold(c.memory_at_update, f64::max)
 }
 
 /// The report both engines give: steady-state rate between the ends of the first and the

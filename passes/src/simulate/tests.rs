@@ -9,7 +9,7 @@ use pipewright_core::timeline::TraceKind;
 
 fn equal(d: usize, f: f64, b: f64) -> Vec<StageCost> {
     // A third of the backward is the weight gradients (what a splitting schedule defers).
-    vec![StageCost { forward_s: f, backward_s: b, weight_grad_s: b / 3.0, recompute_s: 0.0, optimizer_s: 0.0, send_s: 0.0, after_backward_s: 0.0, send_bytes: 0.0, grad_bytes: 0.0, tied_sync_s: 0.0, memory_one: 0.0, memory_per_extra: 0.0, memory_at_update: 0.0, gradient_bytes: 0.0 }; d]
+    vec![StageCost { forward_s: f, backward_s: b, weight_grad_s: b / 3.0, recompute_s: 0.0, optimizer_s: 0.0, send_s: 0.0, after_backward_s: 0.0, send_bytes: 0.0, grad_bytes: 0.0, tied_sync_s: 0.0, memory_one: 0.0, memory_per_extra: 0.0, memory_at_update: 0.0, gradient_bytes: 0.0, memory_per_awaiting: 0.0 }; d]
 }
 
 fn setup(scheme: Scheme, d: usize, m: u64, batches: usize) -> SimSetup {

@@ -15,7 +15,7 @@ use super::memory::bytes_of;
 use super::specialise::Specialised;
 use crate::exec::{run_node_with, Mode, Signatures};
 use crate::program::{Program, SlotId};
-use pipewright_ops::op::{MixedPrecisionRule, OpClass};
+use pipewright_ops::op::MixedPrecisionRule;
 use pipewright_ops::Op;
 
 /// A maximal run of instructions with the same recompute flag.
@@ -150,20 +150,27 @@ impl DirectGrad {
     /// autograd forms them.
     pub(crate) fn of(op: &Op, weights: &[(usize, &Tensor)], args: &[Option<&Tensor>]) -> Option<DirectGrad> {
         let arg = |j: usize| args.get(j).copied().flatten();
+        let at: Vec<usize> = weights.iter().map(|(j, _)| *j).collect();
+        let (w, x) = (arg(1)?, arg(0)?);
         // The operand as the kernel ran it, in the weight's operand's type (cast alike).
-        let alike = |j: usize| arg(j).filter(|t| arg(1).is_some_and(|w| w.kind() == t.kind()));
+        if !op.forms_weight_gradient_directly(&at, w.dim(), x.dim()) || w.kind() != x.kind() {
+            return None;
+        }
         match (op, weights) {
-            (Op::MatMul, [(1, w)]) if w.dim() == 2 => alike(0).filter(|x| x.dim() >= 2).map(|x| DirectGrad::MatMulRhs { x: x.detach() }),
-            (Op::Gemm(g), [(1, w), rest @ ..]) if g.alpha == 1.0 && !g.trans_a && w.dim() == 2 => {
-                let c_shape = match rest {
-                    [] => None,
-                    [(2, c)] if g.beta == 1.0 => Some(c.size()),
-                    _ => return None,
-                };
-                let a = alike(0).filter(|a| a.dim() == 2)?;
-                Some(DirectGrad::GemmB { a: a.detach(), trans_b: g.trans_b, c_shape })
+            (Op::MatMul, _) => Some(DirectGrad::MatMulRhs { x: x.detach() }),
+            (Op::Gemm(g), [_, rest @ ..]) => {
+                let c_shape = rest.first().map(|(_, c)| c.size());
+                Some(DirectGrad::GemmB { a: x.detach(), trans_b: g.trans_b, c_shape })
             }
             _ => None,
+        }
+    }
+
+    /// The operand it keeps for the weight-gradient pass.
+    pub(crate) fn operand(&self) -> &Tensor {
+        match self {
+            DirectGrad::MatMulRhs { x } => x,
+            DirectGrad::GemmB { a, .. } => a,
         }
     }
 
@@ -282,7 +289,7 @@ impl Engine<'_> {
                 };
                 // A product reading weights: what the weight-gradient pass needs to form
                 // their gradients itself.
-                let direct = if !aliases.is_empty() && matches!(ins.op.class(), OpClass::MatMul) {
+                let direct = if !aliases.is_empty() {
                     DirectGrad::of(&ins.op, &aliases.iter().map(|(j, _, a)| (*j, a)).collect::<Vec<_>>(), &args)
                 } else {
                     None
@@ -302,7 +309,7 @@ impl Engine<'_> {
             }
             if let Some(list) = reads.as_deref_mut().filter(|_| !aliases.is_empty()) {
                 let outputs = ins.outputs.iter().zip(&outs).filter(|(s, t)| s.is_some() && t.requires_grad()).map(|(_, t)| t.shallow_clone()).collect();
-                let deferred = matches!(ins.op.class(), OpClass::MatMul | OpClass::Conv);
+                let deferred = ins.op.defers_weight_gradient();
                 list.push(WeightRead { aliases: aliases.into_iter().map(|(_, w, a)| (w, a)).collect(), outputs, deferred, direct });
             }
             for (slot, t) in ins.outputs.iter().zip(outs) {

@@ -187,9 +187,49 @@ pub(super) struct Fwd {
     reads: Vec<WeightRead>,
 }
 
+impl Fwd {
+    /// Whether the weight-gradient half walks the forward's graph again: a deferred read
+    /// whose gradient is not formed directly ([`super::pieces::DirectGrad`]) does.
+    fn weights_need_graph(&self) -> bool {
+        self.reads.iter().any(|r| r.deferred && r.direct.is_none())
+    }
+
+    /// What the weight-gradient half reads once the input gradient has run: the weights and
+    /// the reads. Where the graph was not kept ([`Fwd::weights_need_graph`]) the outputs,
+    /// the loss, the received inputs and the direct reads' outputs go too, so that the
+    /// microbatch holds only its products' operands and kept gradients until then, not
+    /// every activation its backward saved.
+    fn weight_half(mut self) -> Fwd {
+        if self.weights_need_graph() {
+            return self;
+        }
+        self.outputs.clear();
+        self.loss = None;
+        self.recv.clear();
+        for r in self.reads.iter_mut().filter(|r| r.direct.is_some()) {
+            r.outputs.clear();
+        }
+        self
+    }
+
+    /// The live bytes of a microbatch between its input and weight gradients: the kept
+    /// output gradients, and the forward's `graph_bytes` where the graph is kept, or else
+    /// the products' operands (each tensor once: projections of one input share it).
+    fn awaiting_bytes(&self, graph_bytes: u64, grads: &SplitGrads) -> u64 {
+        let kept: u64 = grads.outputs.iter().flatten().flatten().map(bytes_of).sum();
+        if self.weights_need_graph() {
+            return graph_bytes + kept;
+        }
+        let mut seen = std::collections::HashSet::new();
+        let operands: u64 = self.reads.iter().filter_map(|r| r.direct.as_ref()).map(|d| d.operand()).filter(|t| seen.insert(t.data_ptr() as usize)).map(bytes_of).sum();
+        operands + kept
+    }
+}
+
 /// A microbatch between its input gradient and its weight gradient (a schedule that
-/// splits the backward): its forward's graph, kept, the gradient of each deferred weight
-/// read's outputs, and the weight gradients the input gradient already gave.
+/// splits the backward): what its weight gradients read of its forward
+/// ([`Fwd::weight_half`]), the gradient of each deferred weight read's outputs, and the
+/// weight gradients the input gradient already gave.
 struct AwaitingWeights {
     mb: u64,
     version: u64,
@@ -891,6 +931,8 @@ impl Worker {
             return Ok(());
         }
         let (ig, mut grads) = self.backward_input(&fwd, out_grads)?;
+        let fwd = fwd.weight_half();
+        let bytes = fwd.awaiting_bytes(bytes, &grads);
         if self.early_tied {
             let (tied, rest): (Vec<_>, Vec<_>) = std::mem::take(&mut grads.weights).into_iter().partition(|(w, _)| self.is_tied(*w));
             grads.weights = rest;
@@ -898,6 +940,9 @@ impl Worker {
         }
         rec.record(TraceKind::Backward, t0, Some(j), version, step);
         st.awaiting.push_back(AwaitingWeights { mb: j, version, fwd, half: WeightHalf::Split(grads), bytes });
+        // What it holds until its weight gradient, which may be more than before (the
+        // graph kept with the output gradients) or less (the graph freed).
+        self.observe(st, 0, 0);
         self.send_input_grads(j, version, step, ig, tr, rec)?;
         // Input gradients run in microbatch order: this batch's tied gradients are complete.
         if self.early_tied && (j + 1).is_multiple_of((ctx.m as u64).max(1)) {
@@ -1632,7 +1677,8 @@ impl Worker {
             return Ok((f.recv.iter().map(Tensor::zeros_like).collect(), grads));
         };
         let targets: Vec<&Tensor> = recv.iter().chain(&outputs).copied().chain(now.iter().map(|(_, a)| a)).collect();
-        let computed = Tensor::f_run_backward(&[root], &targets, true, false).map_err(torch("backward (input gradient)"))?;
+        let keep_graph = f.weights_need_graph();
+        let computed = Tensor::f_run_backward(&[root], &targets, keep_graph, false).map_err(torch("backward (input gradient)"))?;
         let mut it = computed.into_iter();
         let ig: Vec<Tensor> = f.recv.iter().map(|t| if t.requires_grad() { defined_or_zeros(it.next(), t) } else { t.zeros_like() }).collect();
         for (read, slot) in f.reads.iter().zip(&mut grads.outputs).filter(|(r, _)| r.deferred) {
