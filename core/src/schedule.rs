@@ -511,13 +511,13 @@ pub fn peak_in_flight_with_gradient(schedule: Schedule, stage: usize, depth: usi
 /// then), so a larger `m` is answered from `4p`'s order
 /// (`peaks_stop_growing_past_four_microbatches_per_worker` checks it up to 32 workers).
 pub fn peaks_in_flight(schedule: Schedule, depth: usize, m: usize) -> Vec<Option<usize>> {
-    holdings_in_flight(schedule, depth, m).into_iter().map(|h| h.map(|h| peak_of(&h).0)).collect()
+    holdings_in_flight(schedule, depth, m).iter().map(|h| h.as_deref().map(|h| peak_of(h).0)).collect()
 }
 
 /// [`peak_in_flight_with_gradient`] of every stage of a pipeline at once, made and
 /// remembered as [`peaks_in_flight`] are.
 pub fn peaks_in_flight_with_gradient(schedule: Schedule, depth: usize, m: usize) -> Vec<Option<usize>> {
-    holdings_in_flight(schedule, depth, m).into_iter().map(|h| h.map(|h| peak_of(&h).1)).collect()
+    holdings_in_flight(schedule, depth, m).iter().map(|h| h.as_deref().map(|h| peak_of(h).1)).collect()
 }
 
 /// What a stage holds at one moment of its order, as the memory of its microbatches
@@ -553,42 +553,41 @@ impl Holding {
 /// [`peaks_in_flight`] are: the peaks are the same; ZB-V's steady state on 12 or 24
 /// workers moves one microbatch between the two kinds on some stages
 /// (`holdings_stop_changing_past_four_microbatches_per_worker`).
-pub fn holdings_in_flight(schedule: Schedule, depth: usize, m: usize) -> Vec<Option<Vec<Holding>>> {
+pub fn holdings_in_flight(schedule: Schedule, depth: usize, m: usize) -> std::sync::Arc<[Option<Vec<Holding>>]> {
     let walked = schedule.virtual_stages() > 1 || schedule.splits_backward();
-    if !walked {
-        let closed = |k: usize| {
-            let (peak, after) = (peak_in_flight(schedule, k, depth, m)?, peak_in_flight_with_gradient(schedule, k, depth, m)?);
-            let mut walk = HoldWalk::new(false);
-            walk.note(Holding { whole: peak, awaiting: 0, gradient: false });
-            walk.note(Holding { whole: after, awaiting: 0, gradient: true });
-            Some(walk.holdings())
-        };
-        return (0..depth).map(closed).collect();
-    }
-    let p = if schedule.virtual_stages() == 1 {
-        depth
-    } else {
-        match shared_workers(schedule, depth, m, 0, 1) {
+    let p = match (walked, schedule.virtual_stages()) {
+        (false, _) | (true, 1) => depth,
+        _ => match shared_workers(schedule, depth, m, 0, 1) {
             Ok(p) => p,
-            Err(_) => return vec![None; depth],
-        }
+            Err(_) => return vec![None; depth].into(),
+        },
     };
-    let m = m.min(SETTLED_PER_WORKER * p);
-    type Known = std::collections::HashMap<(Schedule, usize, usize), Vec<Option<Vec<Holding>>>>;
+    let m = if walked { m.min(SETTLED_PER_WORKER * p) } else { m };
+    // Shared, not copied: the planner asks for the same pipeline's for every
+    // configuration of it it weighs.
+    type Known = std::collections::HashMap<(Schedule, usize, usize), std::sync::Arc<[Option<Vec<Holding>>]>>;
     static KNOWN: std::sync::OnceLock<std::sync::Mutex<Known>> = std::sync::OnceLock::new();
     let known = KNOWN.get_or_init(Default::default);
     if let Some(h) = known.lock().unwrap_or_else(|p| p.into_inner()).get(&(schedule, depth, m)) {
         return h.clone();
     }
-    let holdings: Vec<Option<Vec<Holding>>> = match schedule {
+    let closed = |k: usize| {
+        let (peak, after) = (peak_in_flight(schedule, k, depth, m)?, peak_in_flight_with_gradient(schedule, k, depth, m)?);
+        let mut walk = HoldWalk::new(false);
+        walk.note(Holding { whole: peak, awaiting: 0, gradient: false });
+        walk.note(Holding { whole: after, awaiting: 0, gradient: true });
+        Some(walk.holdings())
+    };
+    let holdings: std::sync::Arc<[Option<Vec<Holding>>]> = match schedule {
+        _ if !walked => (0..depth).map(closed).collect(),
         // Walked during the replay: its orders are not needed here.
         Schedule::ZbV => match zb_v_holdings(p, m) {
             Ok(h) => h.into_iter().map(Some).collect(),
-            Err(_) => vec![None; depth],
+            Err(_) => vec![None; depth].into(),
         },
         _ => match stage_orders(schedule, depth, m, 0, 1) {
             Ok(orders) => orders.iter().enumerate().map(|(k, ops)| Some(walk_holdings(ops, schedule.splits_stage_backward(k)))).collect(),
-            Err(_) => vec![None; depth],
+            Err(_) => vec![None; depth].into(),
         },
     };
     known.lock().unwrap_or_else(|p| p.into_inner()).insert((schedule, depth, m), holdings.clone());

@@ -227,8 +227,8 @@ impl PipelineMemory {
         let model = |h: &Holding| MemoryModel::of_schedule(schedule, recompute, h.whole as f64, state_tensors, precision, limit).with_awaiting(h.awaiting as f64, precision);
         let models = (0..d.max(1))
             .map(|k| {
-                let held = holdings.get(k).cloned().flatten().unwrap_or_else(|| vec![Holding { whole: (d - k).min(m as usize).max(1), awaiting: 0, gradient: true }]);
-                stage_phases(&held, model)
+                let fallback = [Holding { whole: (d - k).min(m as usize).max(1), awaiting: 0, gradient: true }];
+                stage_phases(holdings.get(k).and_then(Option::as_deref).unwrap_or(&fallback), model)
             })
             .collect();
         PipelineMemory::phased(models)
@@ -465,12 +465,22 @@ struct Prefix {
 }
 
 impl Prefix {
-    /// `M_k(i, j)`: the larger of stage `[i, j)`'s memory while it computes and while it
-    /// updates, by model `k`. Non-decreasing in `j` for a fixed `i`.
-    fn memory(&self, k: usize, i: usize, j: usize) -> f64 {
-        let graph = if self.graph[j] > self.graph[i] { self.a[j] - self.a[i] } else { 0.0 };
-        let phases = held_between(self.g[k][j] + self.awaiting[k] * graph, self.h[k][i], self.p[j] - self.p[i], 0.0, self.weight[k], self.update[k]);
-        self.others.get(k).into_iter().flatten().fold(phases, |most, (g, h, aw)| most.max(g[j] - h[i] + aw * graph))
+    /// Whether `M_k(i, j) <= limit`: `M_k` is the largest of stage `[i, j)`'s memory in each
+    /// of its phases while it computes and while it updates, by model `k`, non-decreasing
+    /// in `j` for a fixed `i`. Stops at the first phase over the limit.
+    fn fits(&self, k: usize, i: usize, j: usize, limit: f64) -> bool {
+        let graph = self.graph_kept(i, j);
+        held_between(self.g[k][j] + self.awaiting[k] * graph, self.h[k][i], self.p[j] - self.p[i], 0.0, self.weight[k], self.update[k]) <= limit
+            && self.others.get(k).into_iter().flatten().all(|(g, h, aw)| g[j] - h[i] + aw * graph <= limit)
+    }
+
+    /// [`Sums::graph_kept`] from the prefix's own sums.
+    fn graph_kept(&self, i: usize, j: usize) -> f64 {
+        if self.graph[j] > self.graph[i] {
+            self.a[j] - self.a[i]
+        } else {
+            0.0
+        }
     }
 
     /// Every computing phase's `G`, `H` and `awaiting_factor`, of every model.
@@ -668,7 +678,7 @@ impl PartitionProblem {
                 let need = pre.s[j] + pre.comm[j] - bound;
                 let top = if memory_binds {
                     while let Some(t) = heap.peek() {
-                        if pre.memory(at, t.i as usize, j) > limit {
+                        if !pre.fits(at, t.i as usize, j, limit) {
                             heap.pop();
                         } else {
                             break;

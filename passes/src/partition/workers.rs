@@ -144,7 +144,7 @@ impl Balancer<'_> {
     /// slack for rounding).
     fn fits(&self, k: usize, i: usize, j: usize) -> bool {
         let model = k.min(self.pre.g.len() - 1);
-        self.pre.memory(model, i, j) <= self.limit * (1.0 + MEMORY_SLACK)
+        self.pre.fits(model, i, j, self.limit * (1.0 + MEMORY_SLACK))
     }
 
     /// Each stage's `T(i, j)` under `cuts`.
