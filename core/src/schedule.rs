@@ -509,7 +509,7 @@ pub fn peak_in_flight_with_gradient(schedule: Schedule, stage: usize, depth: usi
 /// for the same pipeline's peaks for every configuration of it that it weighs. Past `m =
 /// 4p` (`p` workers) their peaks no longer grow (the warm-up, which sets them, is over by
 /// then), so a larger `m` is answered from `4p`'s order
-/// (`peaks_stop_growing_past_four_microbatches_per_worker` checks it up to 32 workers).
+/// (`holdings_stop_changing_past_four_microbatches_per_worker` checks it up to 32 workers).
 pub fn peaks_in_flight(schedule: Schedule, depth: usize, m: usize) -> Vec<Option<usize>> {
     holdings_in_flight(schedule, depth, m).iter().map(|h| h.as_deref().map(|h| peak_of(h).0)).collect()
 }
