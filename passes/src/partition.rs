@@ -419,14 +419,8 @@ impl Sums {
         m.weight_factor * self.p[j] + m.act_factor * self.a[j] + m.kept_factor * self.k[j] + m.awaiting_factor * self.w[j]
     }
 
-    /// What each microbatch awaiting its weight gradients holds besides `W` in stage `[i,
-    /// j)`: its whole graph `A` where a position there keeps it.
     fn graph_kept(&self, i: usize, j: usize) -> f64 {
-        if self.graph[j] > self.graph[i] {
-            self.a[j] - self.a[i]
-        } else {
-            0.0
-        }
+        graph_kept(&self.a, &self.graph, i, j)
     }
 
     /// `H(i) = G(i) - kin * live(i)`: a stage `[i, j)` holds `G(j) - H(i)`.
@@ -443,16 +437,16 @@ struct Prefix {
     /// Per model `k` of the [`PipelineMemory`]: its `weight_factor` and `update_factor`.
     weight: Vec<f64>,
     update: Vec<f64>,
-    /// `G_k(j) = wf * P(j) + ka * A(j)`.
+    /// `G_k(j) = wf * P(j) + ka * A(j) + kk * K(j) + kw * W(j)`.
     g: Vec<Vec<f64>>,
-    /// `H_k(i) = wf * P(i) + ka * A(i) - kin * live(i)`.
+    /// `H_k(i) = G_k(i) - kin * live(i)`.
     h: Vec<Vec<f64>>,
     /// Per model `k`, its `awaiting_factor`.
     awaiting: Vec<f64>,
     /// Per model `k`, `G`, `H` and the `awaiting_factor` of each of its other phases
     /// ([`PipelineMemory::others`]).
     others: Vec<Vec<(Vec<f64>, Vec<f64>, f64)>>,
-    /// `A(j)` and the positions before `j` that keep the graph, for [`Sums::graph_kept`].
+    /// `A(j)` and the positions before `j` that keep the graph, for [`graph_kept`].
     a: Vec<f64>,
     graph: Vec<u32>,
     comm: Vec<f64>,
@@ -474,13 +468,8 @@ impl Prefix {
             && self.others.get(k).into_iter().flatten().all(|(g, h, aw)| g[j] - h[i] + aw * graph <= limit)
     }
 
-    /// [`Sums::graph_kept`] from the prefix's own sums.
     fn graph_kept(&self, i: usize, j: usize) -> f64 {
-        if self.graph[j] > self.graph[i] {
-            self.a[j] - self.a[i]
-        } else {
-            0.0
-        }
+        graph_kept(&self.a, &self.graph, i, j)
     }
 
     /// Every computing phase's `G`, `H` and `awaiting_factor`, of every model.
@@ -491,6 +480,17 @@ impl Prefix {
     /// `T(i, j)`: the stage's compute and the communication at both its cuts.
     fn stage_time(&self, i: usize, j: usize) -> f64 {
         self.s[j] - self.s[i] + self.comm[i] + self.comm[j]
+    }
+}
+
+/// What each microbatch awaiting its weight gradients holds besides `W` in stage `[i,
+/// j)`, from the prefix sums `a` (`A`) and `graph` (positions that keep the graph): its
+/// whole graph `A` where a position there keeps it.
+fn graph_kept(a: &[f64], graph: &[u32], i: usize, j: usize) -> f64 {
+    if graph[j] > graph[i] {
+        a[j] - a[i]
+    } else {
+        0.0
     }
 }
 

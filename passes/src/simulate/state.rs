@@ -173,7 +173,7 @@ impl StageState {
     /// gradients it holds (its own, and a deferred update's in `pending`).
     fn note_gradients(&mut self) {
         let held = usize::from(self.gradient) + self.pending.len();
-        let now = (self.in_flight - self.awaiting.min(self.in_flight), self.awaiting.min(self.in_flight), held);
+        let now = (self.in_flight.saturating_sub(self.awaiting), self.awaiting, held);
         let covers = |a: &(u64, u64, usize), b: &(u64, u64, usize)| a.0 >= b.0 && a.1 >= b.1 && a.2 >= b.2;
         if !self.held.iter().any(|h| covers(h, &now)) {
             self.held.retain(|h| !covers(&now, h));
