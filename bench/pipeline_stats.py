@@ -36,6 +36,10 @@ warm-up and dropped):
   microbatches that stage ran forward in those batches.
 - ideal_samples_per_s = samples per microbatch / max_k t_k (the slowest stage's rate, the
   most a pipeline of these stages can sustain); efficiency = samples_per_s / ideal.
+- against 2BW (table): the median over rounds of a run's samples_per_s over the 2BW run of
+  the same model, microbatches and binary in the same round (the k-th run of a label is
+  round k's), so both saw the same machine; with the lowest and highest round's ratio,
+  the machine's noise.
 - bubble_k (steady): 1 - busy of stage k inside the window / window length, the window
   running from the end of the last stage's update of batch W-1 to the end of its update
   of batch S-1 (the interval the steady samples/s is measured over); busy intervals are
@@ -223,7 +227,7 @@ def table(path):
     hdr = ["run", "rounds", "samples/s"]
     hdr += [f"bubble w{k} (steady / whole run)" for k in range(nst)]
     hdr += [f"ms/microbatch w{k}" for k in range(nst)]
-    hdr += ["ideal samples/s", "efficiency"]
+    hdr += ["ideal samples/s", "efficiency", "against 2BW (median; lowest to highest round)"]
     print("| " + " | ".join(hdr) + " |")
     print("|" + "---|" * len(hdr))
     for lab in labels:
@@ -235,7 +239,27 @@ def table(path):
             row.append(f"{med([r['stages'][k]['ms_per_microbatch'] for r in rs]):.1f}")
         row.append(f"{med([r['ideal_samples_per_s'] for r in rs]):.2f}")
         row.append(f"{med([r['efficiency'] for r in rs]):.3f}")
+        ratios = ratios_to_2bw(lab, runs)
+        row.append(f"{med(ratios):.3f}x ({min(ratios):.2f} to {max(ratios):.2f})" if ratios else "-")
         print("| " + " | ".join(row) + " |")
+
+
+def twobw_label(label):
+    """The label of the 2BW run beside `label`'s ("MODEL, SCHEDULE (...)...": the same model,
+    microbatches and binary), or None where `label` is a 2BW run."""
+    model, _, rest = label.partition(", ")
+    schedule, _, tail = rest.partition(" ")
+    return None if schedule == "2bw" else f"{model}, 2bw {tail}"
+
+
+def ratios_to_2bw(label, runs):
+    """Per round, `label`'s samples/s over its 2BW run's in the same round (the k-th run of
+    a label is round k's: each round runs every label once), so that both saw the same
+    machine; empty where there is no 2BW run to pair with."""
+    base = twobw_label(label)
+    mine = [r["samples_per_s"] for r in runs if r["label"] == label]
+    theirs = [r["samples_per_s"] for r in runs if r["label"] == base]
+    return [a / b for a, b in zip(mine, theirs)] if base and len(theirs) == len(mine) else []
 
 
 def main():

@@ -5,7 +5,8 @@
 # run the steady-state samples/s (metrics JSON lines, first WARMUP steps dropped), each
 # worker's bubble fraction and time per microbatch (from the --trace), and the pipeline
 # efficiency = samples/s / (samples per microbatch / the slowest worker's busy time per
-# microbatch). Definitions: bench/pipeline_stats.py.
+# microbatch), and each run's rate against 2BW's (the median of per-round ratios).
+# Definitions: bench/pipeline_stats.py.
 #
 # Usage: bench/schedules.sh [MODEL:MICROBATCH:STEPS ...]
 #        (default: gpt2-tiny:4:40 resnet18:2:12)
