@@ -132,8 +132,9 @@
 
 mod common;
 
+use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
-use std::process::Command;
+use std::process::{Child, ChildStdout, Command, Stdio};
 
 use common::{pw_ok, root, try_pw};
 
@@ -205,10 +206,48 @@ fn torch_python() -> String {
         .unwrap_or_else(|_| panic!("PIPEWRIGHT_TORCH_PYTHON must name a python with torch and transformers (scripts/test.sh sets it from zoo/env.sh)"))
 }
 
-/// PyTorch's step on `arch` at the entry's inputs, written to `out`.
-fn torch_step(arch: &str, entry: &Path, out: &Path) {
-    let run = Command::new(torch_python()).arg(root().join("zoo/torch_step.py")).arg(arch).arg(entry).arg("0.5").arg(out).output().expect("runs python");
-    assert!(run.status.success(), "zoo/torch_step.py {arch}: {}", String::from_utf8_lossy(&run.stderr));
+/// `zoo/torch_step.py --serve`: one Python process takes every entry's PyTorch step, so
+/// that torch and transformers are imported once, not once per entry.
+struct TorchSteps {
+    child: Child,
+    answers: BufReader<ChildStdout>,
+}
+
+impl TorchSteps {
+    fn start() -> TorchSteps {
+        let mut child = Command::new(torch_python())
+            .arg(root().join("zoo/torch_step.py"))
+            .arg("--serve")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("runs python");
+        let answers = BufReader::new(child.stdout.take().expect("piped stdout"));
+        TorchSteps { child, answers }
+    }
+
+    /// PyTorch's step on `arch` at the entry's inputs, written to `out`: `Err` with the
+    /// script's message (its traceback went to this test's standard error).
+    fn step(&mut self, arch: &str, entry: &Path, out: &Path) -> Result<(), String> {
+        let stdin = self.child.stdin.as_mut().expect("piped stdin");
+        writeln!(stdin, "{arch}\t{}\t0.5\t{}", entry.display(), out.display()).map_err(|e| format!("zoo/torch_step.py stopped: {e}"))?;
+        stdin.flush().map_err(|e| format!("zoo/torch_step.py stopped: {e}"))?;
+        let mut answer = String::new();
+        self.answers.read_line(&mut answer).map_err(|e| format!("zoo/torch_step.py: {e}"))?;
+        match answer.trim_end() {
+            a if a.starts_with("loss ") => Ok(()),
+            "" => Err("zoo/torch_step.py exited (its standard error is above)".into()),
+            a => Err(format!("zoo/torch_step.py {arch}: {a}")),
+        }
+    }
+}
+
+impl Drop for TorchSteps {
+    fn drop(&mut self) {
+        // Closing its standard input ends the serving loop.
+        drop(self.child.stdin.take());
+        let _ = self.child.wait();
+    }
 }
 
 /// pipewright's step on the entry's model, exported to `work/stepped.onnx`.
@@ -228,11 +267,15 @@ fn pipewright_step(model: &Path, data: &Path, work: &Path, compile_flags: &[&str
 #[test]
 fn one_step_matches_pytorch() {
     let mut failures = Vec::new();
+    let mut torch = TorchSteps::start();
     for (arch, name, compile_flags) in ENTRIES {
         let dir = tempfile::tempdir().expect("temp dir");
         let entry = root().join("zoo/models").join(name);
         let reference = dir.path().join("torch");
-        torch_step(arch, &entry, &reference);
+        if let Err(e) = torch.step(arch, &entry, &reference) {
+            failures.push(e);
+            continue;
+        }
         let exported = pipewright_step(&entry.join("model.onnx"), &reference.join("data.safetensors"), dir.path(), compile_flags);
         let compare = |model: &Path| try_pw(["run-forward", model.to_str().unwrap(), "--inputs", reference.to_str().unwrap(), "--rtol", "1e-3", "--atol", "1e-4"]);
         if let Err(e) = compare(&exported) {

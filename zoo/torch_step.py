@@ -21,10 +21,18 @@ mode with its scale frozen, as the fused graph trains it (the fused convolution'
 trains as the convolution's: a fresh BatchNorm's scale and variance are ones).
 
     python zoo/torch_step.py ARCH ENTRY_FOLDER LR OUT
+    python zoo/torch_step.py --serve
+
+`--serve` takes one step per line of standard input, `ARCH<TAB>ENTRY_FOLDER<TAB>LR<TAB>OUT`,
+and answers each with one line, `loss L` or `error: MESSAGE` (the traceback on standard
+error): a test of many architectures then imports torch and transformers once instead of
+once per architecture. Every step builds its model from the same seed, so a served step is
+the step a process of its own takes.
 """
 import os
 import shutil
 import sys
+import traceback
 
 import numpy as np
 import onnx
@@ -68,8 +76,8 @@ def batch_axis(model, args):
     return next((a for a, (x, y) in enumerate(zip(once, twice)) if y == 2 * x and x > 0), 0)
 
 
-def main():
-    arch, entry, lr, out = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4]
+def step(arch, entry, lr, out):
+    """Takes the step and writes OUT; returns the loss before the step."""
     model, inputs, _ = make_zoo.build(arch)
     names = list(inputs)
     arrays = read_inputs(entry, names)
@@ -100,7 +108,25 @@ def main():
         shutil.copy(os.path.join(entry, f"input_{k}.pb"), os.path.join(out, f"input_{k}.pb"))
     with open(os.path.join(out, "output_0.pb"), "wb") as f:
         f.write(numpy_helper.from_array(after.numpy(), "output_0").SerializeToString())
-    print(f"loss {loss.item():.6f}")
+    return loss.item()
+
+
+def serve():
+    for line in sys.stdin:
+        arch, entry, lr, out = line.rstrip("\n").split("\t")
+        try:
+            print(f"loss {step(arch, entry, float(lr), out):.6f}", flush=True)
+        except Exception as e:  # reported to the caller, which names the architecture
+            traceback.print_exc()
+            print(f"error: {type(e).__name__}: {e}".replace("\n", " "), flush=True)
+
+
+def main():
+    if sys.argv[1:] == ["--serve"]:
+        serve()
+        return
+    arch, entry, lr, out = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4]
+    print(f"loss {step(arch, entry, lr, out):.6f}")
 
 
 if __name__ == "__main__":
