@@ -229,8 +229,12 @@ impl TorchSteps {
     /// PyTorch's step on `arch` at the entry's inputs, written to `out`: `Err` with the
     /// script's message (its traceback went to this test's standard error).
     fn step(&mut self, arch: &str, entry: &Path, out: &Path) -> Result<(), String> {
+        let request = format!("{arch}\t{}\t0.5\t{}", entry.display(), out.display());
+        if request.contains('\n') || request.split('\t').count() != 4 {
+            return Err(format!("zoo/torch_step.py {arch}: a path holds a tab or a line break: {request:?}"));
+        }
         let stdin = self.child.stdin.as_mut().expect("piped stdin");
-        writeln!(stdin, "{arch}\t{}\t0.5\t{}", entry.display(), out.display()).map_err(|e| format!("zoo/torch_step.py stopped: {e}"))?;
+        writeln!(stdin, "{request}").map_err(|e| format!("zoo/torch_step.py stopped: {e}"))?;
         stdin.flush().map_err(|e| format!("zoo/torch_step.py stopped: {e}"))?;
         let mut answer = String::new();
         self.answers.read_line(&mut answer).map_err(|e| format!("zoo/torch_step.py: {e}"))?;
@@ -244,8 +248,8 @@ impl TorchSteps {
 
 impl Drop for TorchSteps {
     fn drop(&mut self) {
-        // Closing its standard input ends the serving loop.
-        drop(self.child.stdin.take());
+        // Killed, not waited for: a step that never returns must not hang the test's end.
+        let _ = self.child.kill();
         let _ = self.child.wait();
     }
 }

@@ -113,8 +113,8 @@ def step(arch, entry, lr, out):
 
 def serve():
     for line in sys.stdin:
-        arch, entry, lr, out = line.rstrip("\n").split("\t")
         try:
+            arch, entry, lr, out = line.rstrip("\n").split("\t")
             print(f"loss {step(arch, entry, float(lr), out):.6f}", flush=True)
         except Exception as e:  # reported to the caller, which names the architecture
             traceback.print_exc()
