@@ -420,6 +420,14 @@ impl Precision {
         }
     }
 
+    /// Bytes of an activation per byte the model's fp32 graph gives it: activations are
+    /// computed, stashed and sent between stages in the compute type (each forward casts
+    /// the weights and the inputs to it). The memory model, the kernels' traffic and every
+    /// transfer of activations scale by it.
+    pub fn activation_share(self) -> f64 {
+        self.compute_bytes() as f64 / 4.0
+    }
+
     /// Whether the weights are cast to a lower type for the forward (so a stage also
     /// holds the cast copy of the weights it computes with).
     pub fn is_mixed(self) -> bool {

@@ -460,7 +460,7 @@ fn outcome(
         Ok(c) => c,
         Err(why) => return Ok(SchemeOutcome::not_run(scheme, why)),
     };
-    let mut ctx = PlanContext::new(g, cost, &cluster.cluster).map_err(|e| DriverError::msg(format!("{}: {e}", req.input.display())))?;
+    let mut ctx = PlanContext::new(g, cost, &cluster.cluster, opts.precision).map_err(|e| DriverError::msg(format!("{}: {e}", req.input.display())))?;
     let sim = replay_candidate(&mut ctx, cluster, opts, scheme, &cand, req)?;
     let planned = (scheme != Scheme::ModelParallel).then_some(&cand);
     Ok(SchemeOutcome {
@@ -476,7 +476,7 @@ fn outcome(
 
 /// Samples/s of `cand` replayed as inter-layer model parallelism without pipelining.
 fn model_parallel_rate(g: &Graph, cost: &CostModel, cluster: &SimCluster, opts: &PlanOptions, cand: &Candidate, req: &SimulateRequest) -> Result<f64, DriverError> {
-    let mut ctx = PlanContext::new(g, cost, &cluster.cluster).map_err(|e| DriverError::msg(format!("{}: {e}", req.input.display())))?;
+    let mut ctx = PlanContext::new(g, cost, &cluster.cluster, opts.precision).map_err(|e| DriverError::msg(format!("{}: {e}", req.input.display())))?;
     let quiet = SimulateRequest { record: false, ..req.clone() };
     Ok(replay_candidate(&mut ctx, cluster, opts, Scheme::ModelParallel, cand, &quiet)?.samples_per_s)
 }
@@ -520,7 +520,7 @@ fn simulate_plan(req: &SimulateRequest) -> Result<SimulateReport, DriverError> {
         return Err(DriverError::msg(format!("{}: the plan needs {} workers (w = {}, d = {}); the cluster has {}", req.input.display(), plan.chosen.w * plan.chosen.d, plan.chosen.w, plan.chosen.d, cluster.cluster.workers)));
     }
     let cost = cost_model(&g, &cluster, req.profile.as_ref(), &model)?;
-    let mut ctx = PlanContext::new(&g, &cost, &cluster.cluster).map_err(|e| DriverError::msg(format!("{}: {e}", model.display())))?;
+    let mut ctx = PlanContext::new(&g, &cost, &cluster.cluster, plan.options.precision).map_err(|e| DriverError::msg(format!("{}: {e}", model.display())))?;
     if ctx.order().kind != plan.order {
         return Err(DriverError::msg(format!(
             "{}: the plan cuts the {} order of the nodes, but with this cost model the {} order is chosen; plan again with the same profile",

@@ -111,7 +111,7 @@ impl MemoryModel {
         // model's type whatever the precision. Mixed precision adds the weights cast to the
         // compute type, one copy per version (the runtime shares it among the microbatches
         // using that version), and computes every activation in the compute type.
-        let ratio = precision.compute_bytes() as f64 / 4.0;
+        let ratio = precision.activation_share();
         let cast_copies = if precision.is_mixed() { f64::from(schedule.weight_versions()) } else { 0.0 };
         let weight_factor = f64::from(schedule.weight_versions() + 1 + state_tensors) + ratio * cast_copies;
         // The update reads one version and writes the next: two at that moment under every
@@ -131,7 +131,7 @@ impl MemoryModel {
     /// This model with `awaiting` microbatches between their input and weight gradients
     /// besides, in `precision`'s compute type.
     pub fn with_awaiting(self, awaiting: f64, precision: Precision) -> MemoryModel {
-        MemoryModel { awaiting_factor: awaiting * precision.compute_bytes() as f64 / 4.0, ..self }
+        MemoryModel { awaiting_factor: awaiting * precision.activation_share(), ..self }
     }
 
     /// The fp32 memory model of `recompute` with `in_flight` microbatches (no update phase).
@@ -335,6 +335,9 @@ pub struct PartitionProblem {
     pub keeps_graph: Vec<bool>,
     /// Bytes/s between consecutive stages.
     pub bandwidth: f64,
+    /// Bytes a cut's live byte puts on that link: activations cross in the compute type
+    /// ([`pipewright_core::Precision::activation_share`]; 1 in fp32).
+    pub transfer_share: f64,
 }
 
 /// A partition into stages: `cuts` are the first positions of stages `1..d` (increasing).
@@ -510,7 +513,7 @@ impl PartitionProblem {
         self.time.is_empty()
     }
 
-    /// `comm(c) = 2 * live(c) / bandwidth`, zero at both ends.
+    /// `comm(c) = 2 * live(c) * transfer_share / bandwidth`, zero at both ends.
     pub fn comm(&self, c: usize) -> f64 {
         let n = self.len();
         if c == 0 || c >= n || self.bandwidth <= 0.0 {
@@ -519,7 +522,7 @@ impl PartitionProblem {
             }
             return f64::INFINITY;
         }
-        2.0 * self.live_bytes.get(c).copied().unwrap_or(0.0) / self.bandwidth
+        2.0 * self.live_bytes.get(c).copied().unwrap_or(0.0) * self.transfer_share / self.bandwidth
     }
 
     /// The prefix sums of time, parameter, activation and kept bytes.
@@ -1116,6 +1119,7 @@ mod tests {
             kept_bytes: Vec::new(),
             live_bytes: vec![0.0; n + 1],
             bandwidth: 1.0,
+            transfer_share: 1.0,
             awaiting_bytes: Vec::new(),
             keeps_graph: Vec::new(),
         }

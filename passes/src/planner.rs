@@ -185,8 +185,9 @@ pub struct StagePlan {
     pub time_s: f64,
     /// Predicted bytes per worker.
     pub memory: u64,
-    /// Values live across the stage's first cut (received), with bytes per microbatch;
-    /// values passing through (skip connections) appear in both lists.
+    /// Values live across the stage's first cut (received), with bytes per microbatch as
+    /// they cross (float activations in the compute type); values passing through (skip
+    /// connections) appear in both lists.
     pub inputs: Vec<(String, u64)>,
     /// Values live across the stage's last cut (sent).
     pub outputs: Vec<(String, u64)>,
@@ -449,6 +450,8 @@ pub struct PlanContext<'a> {
     awaiting: Vec<Lin>,
     keeps_graph: Vec<bool>,
     shared: Vec<SharedInfo>,
+    /// Bytes a live fp32 byte at a cut puts on the link in the precision planned for.
+    transfer_share: f64,
     problems: HashMap<(u64, Recompute, u64), PartitionProblem>,
     totals: HashMap<(u64, Recompute, u64), (f64, f64, f64)>,
 }
@@ -459,12 +462,9 @@ impl<'a> PlanContext<'a> {
         self.cost
     }
 
-    /// Chooses the linear order and gathers per-position costs.
-    pub fn new(
-        g: &'a Graph,
-        cost: &'a CostModel,
-        cluster: &'a Cluster,
-    ) -> Result<PlanContext<'a>, PlanError> {
+    /// Chooses the linear order and gathers per-position costs, for training in
+    /// `precision` (the type activations cross the stage boundaries in).
+    pub fn new(g: &'a Graph, cost: &'a CostModel, cluster: &'a Cluster, precision: Precision) -> Result<PlanContext<'a>, PlanError> {
         if g.node_count() == 0 {
             return Err(PlanError::EmptyGraph);
         }
@@ -515,6 +515,7 @@ impl<'a> PlanContext<'a> {
             keeps_graph: costs.iter().map(|c| c.keeps_graph).collect(),
             order,
             shared,
+            transfer_share: precision.activation_share(),
             problems: HashMap::new(),
             totals: HashMap::new(),
         })
@@ -538,7 +539,7 @@ impl<'a> PlanContext<'a> {
     pub fn problem(&mut self, b: u64, recompute: Recompute, bandwidth: f64) -> &PartitionProblem {
         let key = (b, recompute, bandwidth.to_bits());
         let (cost, order, act, pb) = (self.cost, &self.order, &self.act, &self.param_bytes);
-        let (awaiting, keeps_graph) = (&self.awaiting, &self.keeps_graph);
+        let (awaiting, keeps_graph, transfer_share) = (&self.awaiting, &self.keeps_graph, self.transfer_share);
         self.problems.entry(key).or_insert_with(|| {
             let kept = |x: NodeId| matches!(cost.class(x), OpClass::MatMul | OpClass::Conv);
             PartitionProblem {
@@ -565,6 +566,7 @@ impl<'a> PlanContext<'a> {
                     .collect(),
                 live_bytes: order.live.iter().map(|l| l.at(b).max(0.0)).collect(),
                 bandwidth,
+                transfer_share,
                 awaiting_bytes: awaiting.iter().map(|w| w.at(b).max(0.0)).collect(),
                 keeps_graph: keeps_graph.clone(),
             }
@@ -676,7 +678,7 @@ impl<'a> PlanContext<'a> {
                 } + edge_step,
                 send_s: 0.0,
                 after_backward_s: after_backward,
-                send_bytes: if s + 1 < d { live[s] } else { 0.0 },
+                send_bytes: if s + 1 < d { live[s] * self.transfer_share } else { 0.0 },
                 grad_bytes: weights,
                 tied_sync_s: sync[s],
                 memory_one: mem1[s] + extra,
@@ -1053,7 +1055,7 @@ pub fn plan_on(
     if cluster.workers == 0 {
         return Err(PlanError::Options("the cluster has no workers".into()));
     }
-    let mut ctx = PlanContext::new(g, cost, cluster)?;
+    let mut ctx = PlanContext::new(g, cost, cluster, opts.precision)?;
     let n = ctx.n;
     let fixed_cuts = match &opts.cuts {
         Some(names) => Some(explicit_cuts(&ctx, names)?),
@@ -1093,8 +1095,11 @@ pub fn plan_on(
         None => vec![Recompute::None, Recompute::Selective, Recompute::Full],
     };
     let mut configs = Vec::new();
-    let mut totals: HashMap<u64, f64> = HashMap::new();
-    let mut min_live: HashMap<u64, f64> = HashMap::new();
+    // Per microbatch size: the nodes' summed and largest forward + backward time.
+    let mut totals: HashMap<u64, (f64, f64)> = HashMap::new();
+    // Per microbatch size: the interior cuts' live bytes, smallest first, summed (entry `k`
+    // is the least `k` distinct cuts can carry).
+    let mut cheapest_cuts: HashMap<u64, Vec<f64>> = HashMap::new();
     let param_total: f64 = ctx.param_bytes.iter().sum();
     for &d in &depths {
         // The workers one pipeline takes under `schedule`: a search's `d` is workers; a
@@ -1127,15 +1132,11 @@ pub fn plan_on(
             while b <= per_replica && per_replica % b == 0 {
                 if opts.microbatch.map_or(true, |x| x == b) {
                     let m = per_replica / b;
-                    let total = *totals.entry(b).or_insert_with(|| {
-                        ctx.order
-                            .nodes
-                            .iter()
-                            .map(|&x| {
-                                let (f, bw) = cost.time(x, b);
-                                f + bw
-                            })
-                            .sum()
+                    let (total, largest) = *totals.entry(b).or_insert_with(|| {
+                        ctx.order.nodes.iter().fold((0.0, 0.0), |(sum, most): (f64, f64), &x| {
+                            let (f, bw) = cost.time(x, b);
+                            (sum + f + bw, most.max(f + bw))
+                        })
                     });
                     for &recompute in &recomputes {
                         for &schedule in &opts.schedules {
@@ -1162,13 +1163,26 @@ pub fn plan_on(
                             let slowdown = if recompute == Recompute::Full { 4.0 / 3.0 } else { 1.0 };
                             // The stages' times add up to the compute plus each interior
                             // cut's communication twice (it ends one stage and starts the
-                            // next), and the slowest stage takes at least the mean.
-                            let cheapest_cut = *min_live.entry(b).or_insert_with(|| {
-                                ctx.order.live.get(1..n).unwrap_or(&[]).iter().map(|l| l.at(b).max(0.0)).fold(f64::INFINITY, f64::min)
+                            // next), at least that of the `d - 1` cheapest cuts (a model's
+                            // few small cuts, such as the token ids before the embedding,
+                            // stand for one cut each, not for all of them), and the
+                            // slowest stage takes at least the mean and at
+                            // least the largest node (a deep pipeline's mean falls below a
+                            // transformer's LM head, so its configurations stop being
+                            // solved sooner).
+                            let cut_sums = cheapest_cuts.entry(b).or_insert_with(|| {
+                                let mut live: Vec<f64> = ctx.order.live.get(1..n).unwrap_or(&[]).iter().map(|l| l.at(b).max(0.0)).collect();
+                                live.sort_by(f64::total_cmp);
+                                std::iter::once(0.0).chain(live.iter().scan(0.0, |sum, x| {
+                                    *sum += x;
+                                    Some(*sum)
+                                }))
+                                .collect()
                             });
+                            let least_cut_bytes = cut_sums.get(stages - 1).copied().unwrap_or(0.0);
                             let layout = worker_layout(schedule, stages, w, placement);
-                            let comm_lb = if stages > 1 && cheapest_cut.is_finite() { 2.0 * (stages as f64 - 1.0) * 2.0 * cheapest_cut / cluster.pipeline_bw(layout) } else { 0.0 };
-                            let t_lb = (total * slowdown + comm_lb) / stages as f64;
+                            let comm_lb = 2.0 * 2.0 * least_cut_bytes * ctx.transfer_share / cluster.pipeline_bw(layout);
+                            let t_lb = ((total * slowdown + comm_lb) / stages as f64).max(largest * slowdown);
                             // Some stage holds at least a d-th of the parameters, and its
                             // all-reduce takes at least that share's time (as in `assess`).
                             let ar_lb = cluster.allreduce(layout, Latencies::NONE).seconds(param_total / stages as f64, w);
@@ -1400,12 +1414,9 @@ fn describe(ctx: &mut PlanContext, candidates: Vec<Candidate>, chosen: Candidate
             pipewright_ir::ValueDef::Weight(_) => continue,
         };
         if first <= q {
-            spans.push((
-                first,
-                q,
-                val.name.clone(),
-                value_bytes(val, export).at(b).max(0.0) as u64,
-            ));
+            // What crosses a boundary: float activations in the compute type.
+            let share = if val.ty.dtype.is_float() { ctx.transfer_share } else { 1.0 };
+            spans.push((first, q, val.name.clone(), (value_bytes(val, export).at(b).max(0.0) * share) as u64));
         }
     }
     // The values live at each stage boundary, in one pass over the spans (a filter over

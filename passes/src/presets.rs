@@ -94,7 +94,7 @@ impl DevicePreset {
     pub fn achievable(&self, precision: Precision) -> Achievable {
         let m = self.measured;
         let gemm = if precision.is_mixed() { m.gemm_half } else { m.gemm_fp32.unwrap_or(1.0) };
-        Achievable { gemm, bandwidth: m.bandwidth, launch_s: LAUNCH_S, sms: m.sms, bytes_scale: precision.compute_bytes() as f64 / 4.0 }
+        Achievable { gemm, bandwidth: m.bandwidth, launch_s: LAUNCH_S, sms: m.sms, bytes_scale: precision.activation_share() }
     }
 }
 

@@ -337,7 +337,7 @@ pub struct TensorParallelPlan {
 fn shares(cost: &CostModel, split: &TensorSplit, topo: &[NodeId], t: usize, b: u64, recompute: Recompute) -> (f64, f64, f64, PartitionProblem) {
     let (mut fwd, mut bwd, mut re) = (0.0, 0.0, 0.0);
     let n = topo.len();
-    let mut prob = PartitionProblem { time: Vec::with_capacity(n), param_bytes: Vec::with_capacity(n), act_bytes: Vec::with_capacity(n), kept_bytes: Vec::new(), live_bytes: vec![0.0; n + 1], bandwidth: f64::INFINITY, awaiting_bytes: Vec::new(), keeps_graph: Vec::new() };
+    let mut prob = PartitionProblem { time: Vec::with_capacity(n), param_bytes: Vec::with_capacity(n), act_bytes: Vec::with_capacity(n), kept_bytes: Vec::new(), live_bytes: vec![0.0; n + 1], bandwidth: f64::INFINITY, transfer_share: 1.0, awaiting_bytes: Vec::new(), keeps_graph: Vec::new() };
     for &x in topo {
         let k = split.share(x, t);
         let (f, bw) = cost.time(x, b);
@@ -389,7 +389,7 @@ pub fn plan_tensor_parallel(g: &Graph, cost: &CostModel, cluster: &SimCluster, o
         return Err(TensorError::NothingToSplit);
     }
     let limit = c.memory_per_worker as f64;
-    let ratio = opts.precision.compute_bytes() as f64 / 4.0;
+    let ratio = opts.precision.activation_share();
     let state = opts.optimizer.state_tensors(opts.momentum);
 
     let batch = opts.global_batch;

@@ -106,7 +106,7 @@ proptest! {
         let (time, params, act) = (time[..n].to_vec(), params[..n].to_vec(), act[..n].to_vec());
         let live: Vec<f64> = live_bytes(&g, &order.nodes, &cost).iter().map(|l| l.at(1)).collect();
         prop_assert_eq!(live.len(), n + 1);
-        let prob = PartitionProblem { time, param_bytes: params, act_bytes: act, kept_bytes: Vec::new(), live_bytes: live, bandwidth: bw, awaiting_bytes: Vec::new(), keeps_graph: Vec::new() };
+        let prob = PartitionProblem { time, param_bytes: params, act_bytes: act, kept_bytes: Vec::new(), live_bytes: live, bandwidth: bw, transfer_share: 1.0, awaiting_bytes: Vec::new(), keeps_graph: Vec::new() };
 
         // Without a memory limit.
         let free = PipelineMemory::unlimited();

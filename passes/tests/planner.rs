@@ -533,7 +533,7 @@ fn a_profiles_whole_pass_and_weight_updates_drive_the_stage_costs() {
     for (optimizer, momentum, expect) in [(Optimizer::Sgd, false, [1e-3, 3e-3]), (Optimizer::Sgd, true, [2e-3, 4e-3]), (Optimizer::Adam, false, [5e-3, 7e-3])] {
         let opts = PlanOptions { stages: Some(3), microbatch: Some(1), optimizer, momentum, ..PlanOptions::default() };
         let p = plan(&g, &c, &cl, &opts).unwrap();
-        let mut ctx = PlanContext::new(&g, &c, &cl).unwrap();
+        let mut ctx = PlanContext::new(&g, &c, &cl, opts.precision).unwrap();
         let stages = ctx.stage_costs(&p.chosen, &opts);
         let per_byte = (expect[0] + expect[1]) / (2.0 * 8.0 * 8.0 * 4.0);
         // The last stage updates its copy of the tied w1 at the measured rate per byte.
@@ -620,7 +620,7 @@ fn a_profiles_gradient_accumulation_is_paid_by_the_backward_of_later_microbatche
         let opts = PlanOptions { stages: Some(3), microbatch: Some(1), global_batch: m, ..PlanOptions::default() };
         let chosen = plan(&g, &c, &cl, &opts).unwrap().chosen;
         assert_eq!(chosen.m, m);
-        PlanContext::new(&g, &c, &cl).unwrap().stage_costs(&chosen, &opts)
+        PlanContext::new(&g, &c, &cl, opts.precision).unwrap().stage_costs(&chosen, &opts)
     };
     // Three stages of one 8 x 8 weight each: 2 ms of the 6 each, times 3/4 at m = 4; one
     // microbatch per step accumulates nothing.
@@ -711,7 +711,7 @@ fn a_profiles_stage_boundary_is_paid_half_on_either_side() {
         let mut c = CostModel::new(&g, Roofline::default()).unwrap();
         c.apply_profile(&g, p).unwrap();
         let chosen = plan(&g, &c, &cl, &opts).unwrap().chosen;
-        PlanContext::new(&g, &c, &cl).unwrap().stage_costs(&chosen, &opts)
+        PlanContext::new(&g, &c, &cl, opts.precision).unwrap().stage_costs(&chosen, &opts)
     };
     let (paid, free) = (costs(&with), costs(&without));
     // Three stages, two boundaries: the end stages have one side each, the middle two.
@@ -745,7 +745,7 @@ fn a_profiles_untraced_work_after_a_backward_is_paid_by_every_stage() {
     let cl = small_cluster();
     let opts = PlanOptions { stages: Some(3), microbatch: Some(2), optimizer: pipewright_core::Optimizer::Sgd, ..PlanOptions::default() };
     let chosen = plan(&g, &c, &cl, &opts).unwrap().chosen;
-    let costs = PlanContext::new(&g, &c, &cl).unwrap().stage_costs(&chosen, &opts);
+    let costs = PlanContext::new(&g, &c, &cl, opts.precision).unwrap().stage_costs(&chosen, &opts);
     assert_eq!(costs.len(), 3);
     assert!(costs.iter().all(|s| (s.after_backward_s - 0.2e-3).abs() < 1e-15), "{costs:?}");
     let bad = json.replace(r#""after_backward_ms": 0.1"#, r#""after_backward_ms": -0.1"#);
@@ -953,6 +953,37 @@ fn precision_in_the_memory_model() {
     assert_eq!(back.precision, Precision::Fp32);
 }
 
+/// Activations cross the stage boundaries in the compute type, as the runtime sends them
+/// (it casts the weights and the inputs, so what a stage computes and sends is in that
+/// type): under bf16 the bytes each stage sends in the replay, the bytes the plan lists
+/// at its boundaries and the partitioner's communication time are half of fp32's.
+#[test]
+fn activations_cross_the_boundaries_in_the_compute_type() {
+    use pipewright_core::{Layout, Recompute};
+    let g = matmul_chain(64);
+    let c = CostModel::new(&g, Roofline::default()).unwrap();
+    let cl = small_cluster();
+    let opts = |precision| PlanOptions { stages: Some(4), microbatch: Some(8), schedules: vec![Schedule::TwoBw], recompute: Some(Recompute::None), precision, ..PlanOptions::default() };
+    let (full, half) = (opts(Precision::Fp32), opts(Precision::Bf16));
+    let (fp32, bf16) = (plan(&g, &c, &cl, &full).unwrap(), plan(&g, &c, &cl, &half).unwrap());
+    assert_eq!(fp32.chosen.cuts, bf16.chosen.cuts);
+    for (a, b) in fp32.stages.iter().zip(&bf16.stages).take(3) {
+        assert!(!a.outputs.is_empty(), "stage {} sends nothing", a.index);
+        let bytes = |s: &pipewright_passes::planner::StagePlan| s.outputs.iter().map(|o| o.1).collect::<Vec<u64>>();
+        assert_eq!(bytes(a), bytes(b).iter().map(|x| 2 * x).collect::<Vec<u64>>(), "stage {}", a.index);
+    }
+    let sends = |o: &PlanOptions| PlanContext::new(&g, &c, &cl, o.precision).unwrap().stage_costs(&fp32.chosen, o).iter().map(|s| s.send_bytes).collect::<Vec<f64>>();
+    let (f, h) = (sends(&full), sends(&half));
+    assert!(f[..3].iter().all(|&b| b > 0.0) && f[3] == 0.0, "{f:?}");
+    assert_eq!(f, h.iter().map(|b| 2.0 * b).collect::<Vec<f64>>());
+    let comm = |o: &PlanOptions| {
+        let mut ctx = PlanContext::new(&g, &c, &cl, o.precision).unwrap();
+        ctx.problem(8, Recompute::None, cl.pipeline_bw(Layout::new(4, 1))).comm(fp32.chosen.cuts[0])
+    };
+    assert!(comm(&full) > 0.0);
+    assert_eq!(comm(&full), 2.0 * comm(&half));
+}
+
 /// The chain of eight 64-wide matmul + relu layers.
 fn matmul_chain(width: i64) -> Graph {
     let mut g = Graph::new(ModelMeta::default());
@@ -1003,7 +1034,7 @@ fn the_planner_and_the_replay_time_the_same_allreduce() {
     let c = CostModel::new(&g, cl.roofline()).unwrap();
     let opts = PlanOptions { global_batch: 64, stages: Some(1), microbatch: Some(4), schedules: vec![Schedule::Flush], recompute: Some(pipewright_core::Recompute::None), top: 16, ..PlanOptions::default() };
     let p = plan_on(&g, &c, &cl, Latencies::NONE, None, &opts).unwrap();
-    let mut ctx = PlanContext::new(&g, &c, &cl).unwrap();
+    let mut ctx = PlanContext::new(&g, &c, &cl, opts.precision).unwrap();
     let mut widths = Vec::new();
     for cand in &p.candidates {
         let stages = ctx.stage_costs(cand, &opts);
@@ -1097,7 +1128,7 @@ fn the_closed_form_credits_zero_bubble_with_the_drains_weight_gradients() {
     assert_eq!((flush.w, flush.d, flush.m, &flush.cuts), (1, 4, 8, &zb.cuts));
     let samples = (zb.b * zb.m) as f64;
     let saved = samples / flush.samples_per_s - samples / zb.samples_per_s;
-    let mut ctx = PlanContext::new(&g, &c, &cl).unwrap();
+    let mut ctx = PlanContext::new(&g, &c, &cl, opts(Schedule::ZbH1).precision).unwrap();
     let w = ctx.stage_costs(&zb, &opts(Schedule::ZbH1))[flush.bottleneck_stage].weight_grad_s;
     assert!(w > 0.0 && (saved - 3.0 * w).abs() <= 1e-9 * saved, "saved {saved} s per batch, W {w} s");
 }

@@ -32,7 +32,7 @@ fn planner_table() {
         let g = pipewright_ir::import_model(&path, &Default::default()).expect("import");
         let cost = CostModel::new(&g, cluster.roofline()).expect("cost");
         let b = cost.export_batch.max(1) as u64;
-        let mut ctx = PlanContext::new(&g, &cost, &cluster).expect("context");
+        let mut ctx = PlanContext::new(&g, &cost, &cluster, pipewright_core::Precision::Fp32).expect("context");
         let n = ctx.len();
         let order = ctx.order().kind;
         let params = ctx.balance_weights(Balance::Params, b);

@@ -319,7 +319,7 @@ mod tests {
 
     fn problem(time: Vec<f64>, live: Vec<f64>, params: Vec<f64>) -> PartitionProblem {
         let n = time.len();
-        PartitionProblem { time, param_bytes: params, act_bytes: vec![0.0; n], kept_bytes: Vec::new(), live_bytes: live, bandwidth: 100.0, awaiting_bytes: Vec::new(), keeps_graph: Vec::new() }
+        PartitionProblem { time, param_bytes: params, act_bytes: vec![0.0; n], kept_bytes: Vec::new(), live_bytes: live, bandwidth: 100.0, transfer_share: 1.0, awaiting_bytes: Vec::new(), keeps_graph: Vec::new() }
     }
 
     /// The busiest worker's time under `cuts`, from the partitioner's own stage times.
