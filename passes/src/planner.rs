@@ -1163,13 +1163,10 @@ pub fn plan_on(
                             let slowdown = if recompute == Recompute::Full { 4.0 / 3.0 } else { 1.0 };
                             // The stages' times add up to the compute plus each interior
                             // cut's communication twice (it ends one stage and starts the
-                            // next), at least that of the `d - 1` cheapest cuts (a model's
-                            // few small cuts, such as the token ids before the embedding,
-                            // stand for one cut each, not for all of them), and the
-                            // slowest stage takes at least the mean and at
-                            // least the largest node (a deep pipeline's mean falls below a
-                            // transformer's LM head, so its configurations stop being
-                            // solved sooner).
+                            // next): at least that of the `d - 1` cheapest distinct cuts.
+                            // The slowest stage takes at least their mean, and at least
+                            // the largest node (a deep pipeline's mean can fall below one
+                            // node, such as a transformer's LM head).
                             let cut_sums = cheapest_cuts.entry(b).or_insert_with(|| {
                                 let mut live: Vec<f64> = ctx.order.live.get(1..n).unwrap_or(&[]).iter().map(|l| l.at(b).max(0.0)).collect();
                                 live.sort_by(f64::total_cmp);
